@@ -1,0 +1,39 @@
+# Two commands a fresh machine needs (README, "Quick start"):
+#   make serve   # a local kvmesh cluster on an embedded default model
+#   make test    # the whole test suite
+# Each creates .venv and installs the project into it on first use.
+
+PYTHON ?= python3
+VENV ?= .venv
+# torch is installed before the project so that pip never pulls a CUDA build onto a
+# CPU-only machine. TORCH_SPEC picks the build; set TORCH_INDEX to a wheel index
+# (e.g. PyTorch's CPU index) if your default index would serve a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+EXTRAS ?= dev
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvmesh-installed
+
+.PHONY: serve test lint install clean
+
+serve: $(STAMP)
+	$(BIN)/kvmesh serve $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "kvmesh needs Python >= 3.10, found " + sys.version.split()[0]'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``kvmesh`` CLI (see ``kvmesh.cluster.cli``)."""

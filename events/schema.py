@@ -1,0 +1,107 @@
+"""The KV event wire schema, byte-compatible with vLLM 0.33's ``vllm.distributed.kv_events``.
+
+A batch travels as a msgpack *array* ``[ts, events, data_parallel_rank]``; each event is a
+msgpack *map* whose ``"type"`` key names its class (msgspec ``tag=True``). Fields without a
+default are always written; fields that default to ``None`` are omitted when unset
+(``omit_defaults=True``), so a plain vLLM subscriber sees exactly what vLLM sends.
+
+Decoding is lenient where vLLM versions differ: events may also arrive in the older
+positional encoding (``["BlockStored", hashes, parent, ...]``), block hashes may be
+unsigned 64-bit ints or raw bytes, and unknown map keys are ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+# A block hash as it appears on the wire: vLLM sends the low 64 bits of the digest as an
+# unsigned int; some versions send the raw digest bytes instead.
+ExternalBlockHash = int | bytes
+
+
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    """Base class of every KV cache event; the msgpack map's ``"type"`` is the class name."""
+
+
+class BlockStored(KVCacheEvent):
+    """Full blocks became cached: a chain of ``len(block_hashes)`` blocks hanging off a parent."""
+
+    block_hashes: list[ExternalBlockHash]
+    """External hashes of the stored blocks, in chain order."""
+    parent_block_hash: ExternalBlockHash | None
+    """Hash of the block before ``block_hashes[0]``; None when the chain starts the prompt."""
+    token_ids: list[int]
+    """The tokens of all stored blocks: ``len == block_size * len(block_hashes)``."""
+    block_size: int
+    """Tokens per block."""
+    lora_id: int | None
+    """Integer id of the LoRA adapter the blocks were computed with, if any."""
+    medium: str | None
+    """Where the blocks live: ``"GPU"``, or ``"CPU"`` for a CPU-only engine."""
+    lora_name: str | None
+    """Name of the LoRA adapter, if any (part of the hash's extra keys)."""
+    extra_keys: list[Any] | None = None
+    """Extra hash keys per block (e.g. cache salt), when the engine reports them."""
+    group_idx: int | None = None
+    """KV cache group the blocks belong to (hybrid models); None for a single group."""
+    kv_cache_spec_kind: str | None = None
+    """Kind of KV cache spec of the group (full attention, sliding window, ...)."""
+    kv_cache_spec_sliding_window: int | None = None
+    """Sliding window of the group's spec, when it has one."""
+    kv_cache_spec_attention_chunk_size: int | None = None
+    """Chunk size of chunked local attention, when the group uses it."""
+    kv_cache_spec_num_kv_heads: int | None = None
+    """KV heads of the group's spec."""
+    kv_cache_spec_head_size: int | None = None
+    """Head size of the group's spec."""
+    kv_cache_spec_dtype: str | None = None
+    """Cache dtype of the group's spec."""
+    kv_cache_spec_page_size_bytes: int | None = None
+    """Page size in bytes of the group's spec."""
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"BlockStored.block_size must be positive, got {self.block_size}")
+
+
+class BlockRemoved(KVCacheEvent):
+    """Blocks were evicted from the cache."""
+
+    block_hashes: list[ExternalBlockHash]
+    """External hashes of the evicted blocks."""
+    medium: str | None
+    """Where the blocks lived (``"GPU"`` / ``"CPU"``)."""
+    group_idx: int | None = None
+    """KV cache group of the blocks; None for a single group."""
+
+
+class AllBlocksCleared(KVCacheEvent):
+    """The whole cache was reset (prefix-cache reset, or a replica restart)."""
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """What one engine step publishes: ``[ts, events, data_parallel_rank]`` on the wire."""
+
+    ts: float
+    """Wall-clock time (seconds since the epoch) when the batch was made."""
+    events: list[Any]
+    """The events of the step, oldest first."""
+    data_parallel_rank: int | None = None
+    """Data-parallel rank of the engine that published the batch."""
+
+
+class KVEventBatch(EventBatch):
+    """A batch of KV cache events."""
+
+    events: list[KVEvent]
+
+
+def make_batch(events: list[KVEvent], data_parallel_rank: int = 0) -> KVEventBatch:
+    """A batch of ``events`` stamped with the current time."""
+    return KVEventBatch(ts=time.time(), events=events, data_parallel_rank=data_parallel_rank)

@@ -1,0 +1,52 @@
+"""How to pick the next token of a request, and when to stop (vLLM's ``SamplingParams``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Per-request sampling and stopping rules. Validated on construction."""
+
+    max_tokens: int = 16
+    """Most tokens to generate (>= 1)."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability mass is >= top_p (0 < top_p <= 1)."""
+    top_k: int = -1
+    """Keep only the k most likely tokens; -1 (or 0) keeps all."""
+    seed: int | None = None
+    """Per-request random seed: the same seed and prompt give the same tokens."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings: generation ends when the text contains one; it is not returned."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Token ids that end generation (returned in the token ids, not in the text)."""
+    ignore_eos: bool = False
+    """Keep generating past the model's EOS token."""
+    min_tokens: int = 0
+    """Do not stop (on EOS or stop tokens) before this many tokens."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature must be in [0, 100], got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}")
+        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling reduces to argmax."""
+        return self.temperature == 0.0 or self.top_k == 1

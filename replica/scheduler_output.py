@@ -1,0 +1,53 @@
+"""What the scheduler hands the model runner for one engine step.
+
+The scheduler decides *which tokens of which requests* are computed this step; the model
+runner turns that into tensors, runs the forward pass, writes the new K/V into the paged
+cache and samples a token for every request whose computed tokens reach its end.
+
+    request r: all_token_ids = [p0 p1 p2 ... p(n-1) | o0 o1 ...]   (prompt | output so far)
+                               <- num_computed_tokens -><- token_ids of this step ->
+    the K/V of positions [0, num_computed_tokens) are already in the cache at block_ids;
+    this step computes positions [num_computed_tokens, num_computed_tokens + len(token_ids)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvmesh.replica.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step."""
+
+    request_id: str
+    """The engine's id of the request."""
+    token_ids: list[int]
+    """Tokens to compute this step (a prefill chunk, or the one newest token when decoding)."""
+    num_computed_tokens: int
+    """Position of ``token_ids[0]``: how many tokens already have K/V in the cache."""
+    block_ids: list[int]
+    """The request's whole block table (ids into the KV cache), covering every computed token."""
+    sample: bool
+    """True when this chunk reaches the request's last known token, so a new token is sampled."""
+    sampling_params: SamplingParams
+    """How to sample (only read when ``sample``)."""
+    output_token_ids: list[int] = field(default_factory=list)
+    """Tokens generated so far (seeded sampling derives its generator state from their count)."""
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """Everything one engine step computes. Requests are in the order the runner should batch them."""
+
+    scheduled: list[ScheduledRequest]
+    """The requests that run this step."""
+    num_batched_tokens: int
+    """Sum of ``len(r.token_ids)``; never above ``max_num_batched_tokens``."""
+    finished_request_ids: set[str] = field(default_factory=set)
+    """Requests that ended since the last step (the runner drops any per-request state)."""
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
