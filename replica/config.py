@@ -1,0 +1,103 @@
+"""How one replica's engine is built: model, KV cache sizing, scheduler budgets (vLLM's ``EngineConfig``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+DEVICES = (None, "cpu", "cuda")
+DEFAULT_KV_CACHE_MEMORY = 1 << 30  # bytes of KV cache on CPU when kv_cache_memory is None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything needed to build one replica's engine. Validated on construction; immutable."""
+
+    model: str
+    """Hugging Face directory or hub id of the model (or any name when ``load_format="dummy"`` with ``hf_config``)."""
+    tokenizer: str | None = None
+    """Tokenizer directory or hub id; None uses ``model``."""
+    dtype: str = "auto"
+    """Weight/activation dtype: "float32", "bfloat16", "float16", or "auto" (the model's; float32 on CPU)."""
+    load_format: str = "auto"
+    """"safetensors" reads weights, "dummy" makes random ones (benchmarks), "auto" = safetensors if present."""
+    block_size: int = 16
+    """Tokens per KV cache block (every replica of one cluster must use the same)."""
+    max_model_len: int | None = None
+    """Longest sequence (prompt + output) served; None uses the model's ``max_position_embeddings``."""
+    max_num_seqs: int = 256
+    """Most requests running in one step."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step (prefill chunks + decode tokens)."""
+    kv_cache_memory: int | None = None
+    """Bytes of KV cache on CPU; None means 1 GiB."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory the replica may use (weights + activations + KV cache), in (0, 1]."""
+    num_kv_blocks: int | None = None
+    """Cap on the KV blocks the scheduler may use (tests force preemption with a small pool); None = all."""
+    enable_prefix_caching: bool = True
+    """Reuse cached KV blocks of identical prefixes."""
+    eviction_policy: str = "lru"
+    """Which free cached block is recycled first (kvcache eviction policy registry name)."""
+    tensor_parallel_size: int = 1
+    """Number of ranks the model is sharded over."""
+    attention_backend: str | None = None
+    """Attention backend registry name ("torch", "flash_attn"); None picks the best available."""
+    device: str | None = None
+    """"cpu" or "cuda"; None uses cuda when available, else cpu."""
+    seed: int = 0
+    """Seed for dummy weights and for sampling requests that bring no seed of their own."""
+    hash_seed: bytes | None = None
+    """Secret seed of the block hash chain (same on every replica of a cluster); None -> generated per engine."""
+    hf_overrides: dict[str, Any] | None = None
+    """Values that replace fields of the model's HF config (e.g. ``{"num_hidden_layers": 2}``)."""
+    hf_config: dict[str, Any] | None = None
+    """A whole HF config as a dict, for dummy models without a directory (used instead of reading ``model``)."""
+    kv_events_endpoint: str | None = None
+    """ZeroMQ PUB endpoint for KV events (port 0 = ephemeral); None publishes no events."""
+    kv_events_replay_endpoint: str | None = None
+    """ZeroMQ ROUTER endpoint for replay/snapshot requests; None derives nothing (no replay socket)."""
+    kv_events_topic: str = "kv-events"
+    """Topic frame of every KV event message."""
+    debug_check_integrity: bool = False
+    """Run ``KVCacheManager.check_integrity()`` after every engine step (slow; tests and debugging)."""
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must be a Hugging Face directory or hub id, got an empty string")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        _check_positive_int("block_size", self.block_size)
+        _check_positive_int("max_num_seqs", self.max_num_seqs)
+        _check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        _check_positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        for name in ("max_model_len", "kv_cache_memory", "num_kv_blocks"):
+            if getattr(self, name) is not None:
+                _check_positive_int(name, getattr(self, name))
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be >= 2 (block 0 is the null block), got {self.num_kv_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.hash_seed is not None and not isinstance(self.hash_seed, bytes | str):
+            raise ValueError("hash_seed must be bytes or str (or None to generate one)")
+
+    @property
+    def tokenizer_path(self) -> str:
+        """Where the tokenizer is loaded from."""
+        return self.tokenizer or self.model
+
+    @property
+    def resolved_kv_cache_memory(self) -> int:
+        """Bytes of KV cache on CPU."""
+        return self.kv_cache_memory if self.kv_cache_memory is not None else DEFAULT_KV_CACHE_MEMORY
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
