@@ -1,0 +1,164 @@
+"""Torch-free tokenizer loading and prompt rendering, shared by the replica and the router.
+
+The router must turn a request into exactly the token ids the replica will compute, or its
+prefix keys miss. So both sides call the same two functions here:
+
+    render_completion(prompt)   str -> encode(prompt, add_special_tokens=True)   (BOS added as HF does)
+                                list[int] -> used as is
+    render_chat(messages)       apply the chat template to text, then
+                                encode(text, add_special_tokens=False)           (the template already
+                                                                                  holds BOS etc. - vLLM's rule)
+
+``transformers.AutoTokenizer`` imports torch; ``PreTrainedTokenizerFast`` (the ``tokenizers``
+backend fed by tokenizer.json + tokenizer_config.json) does not, and gives the same ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+"""Used when the model ships no chat template (e.g. stories260K): BOS, then one
+``role: content`` line per message, then ``assistant:`` when a reply is wanted."""
+
+# Keys of a Hugging Face config.json that hold the model's context length, most specific first.
+_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+DEFAULT_MAX_MODEL_LEN = 2048
+"""Context length assumed when neither config.json nor tokenizer_config.json says."""
+
+
+def _resolve_file(model: str, filename: str, revision: str | None = None) -> Path | None:
+    """``filename`` from a local model directory or the Hugging Face hub cache; None if missing."""
+    local = Path(model) / filename
+    if local.is_dir() or Path(model).is_dir():
+        return local if local.exists() else None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(model, filename, revision=revision))
+    except Exception:
+        return None
+
+
+def model_max_len(model: str, revision: str | None = None) -> int | None:
+    """The context length in the model's config.json (text_config for multimodal ones), or None."""
+    path = _resolve_file(model, "config.json", revision)
+    if path is None:
+        return None
+    cfg = json.loads(path.read_text())
+    cfg = cfg.get("text_config", cfg)
+    for key in _MAX_LEN_KEYS:
+        if isinstance(cfg.get(key), int) and cfg[key] > 0:
+            return int(cfg[key])
+    return None
+
+
+class Tokenizer:
+    """A model's tokenizer plus the rules for turning requests into token ids."""
+
+    def __init__(self, hf_tokenizer: Any, max_model_len: int, chat_template: str | None = None, name: str = ""):
+        self.hf = hf_tokenizer
+        """The ``transformers`` fast tokenizer (tokenizers backend, no torch)."""
+        self.max_model_len = max_model_len
+        """Most tokens (prompt + output) a request may hold."""
+        self.chat_template = chat_template or getattr(hf_tokenizer, "chat_template", None) or DEFAULT_CHAT_TEMPLATE
+        """Jinja chat template: the model's own, or ``DEFAULT_CHAT_TEMPLATE``."""
+        self.name = name
+
+    # ------------------------------------------------------------ properties
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.hf.bos_token_id
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.hf.eos_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    # ------------------------------------------------------------ encoding
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def render_completion(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of a completion prompt: text is encoded with special tokens (BOS), ids pass through."""
+        if isinstance(prompt, str):
+            return self.encode(prompt, add_special_tokens=True)
+        ids = list(prompt)
+        if any(not isinstance(t, int) or t < 0 for t in ids):
+            raise ValueError("prompt token ids must be non-negative integers")
+        return ids
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, chat_template: str | None = None
+    ) -> str:
+        """The chat rendered to text by the (given or the model's) template."""
+        return self.hf.apply_chat_template(
+            [_as_dict(m) for m in messages],
+            chat_template=chat_template or self.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+        )
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+    ) -> list[int]:
+        """Token ids of a chat: the template output encoded without adding special tokens again."""
+        text = self.apply_chat_template(messages, add_generation_prompt, chat_template)
+        return self.encode(text, add_special_tokens=False)
+
+
+def _as_dict(message: Any) -> dict[str, Any]:
+    """A template-ready message from a dict or a ``protocol.ChatMessage``."""
+    if isinstance(message, dict):
+        return message
+    return message.to_template_dict()
+
+
+def load_tokenizer(
+    model: str | os.PathLike,
+    max_model_len: int | None = None,
+    chat_template: str | None = None,
+    revision: str | None = None,
+) -> Tokenizer:
+    """Load the tokenizer of ``model`` (a local Hugging Face directory or a hub id) without torch.
+
+    ``max_model_len`` None means the model's (config.json, else tokenizer_config's
+    ``model_max_length``, else ``DEFAULT_MAX_MODEL_LEN``). ``chat_template`` is a Jinja string or
+    a path to a file holding one.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    model = str(model)
+    try:
+        hf = PreTrainedTokenizerFast.from_pretrained(model, revision=revision)
+    except Exception as e:
+        raise ValueError(
+            f"cannot load a fast tokenizer (tokenizer.json) for {model!r}: {e}. "
+            "Point --model (or --tokenizer) at a Hugging Face directory that has tokenizer.json."
+        ) from e
+    if max_model_len is None:
+        max_model_len = model_max_len(model, revision)
+    if max_model_len is None:
+        tok_max = getattr(hf, "model_max_length", None)
+        max_model_len = int(tok_max) if isinstance(tok_max, int) and 0 < tok_max < 10**8 else DEFAULT_MAX_MODEL_LEN
+    if chat_template is not None and os.path.isfile(chat_template):
+        chat_template = Path(chat_template).read_text()
+    return Tokenizer(hf, max_model_len=max_model_len, chat_template=chat_template, name=model)

@@ -1,0 +1,110 @@
+"""OpenAI request models: validation, conversion to SamplingParams, error shapes."""
+
+from __future__ import annotations
+
+import pytest
+from kvmesh.replica.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ProtocolError,
+    UsageInfo,
+    error_body,
+    parse_request,
+)
+
+
+def completion(**kw):
+    return parse_request(CompletionRequest, {"prompt": "hi", **kw})
+
+
+def chat(**kw):
+    return parse_request(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], **kw})
+
+
+def test_error_body_is_openai_shaped():
+    body = error_body("nope", 404)
+    assert set(body["error"]) >= {"message", "type", "code"}
+    assert body["error"]["code"] == 404 and body["error"]["type"] == "not_found_error"
+
+
+def test_missing_prompt_is_400_naming_the_field():
+    with pytest.raises(ProtocolError) as e:
+        parse_request(CompletionRequest, {"model": "m"})
+    assert e.value.status_code == 400 and "prompt" in e.value.message
+
+
+def test_body_must_be_an_object():
+    with pytest.raises(ProtocolError):
+        parse_request(CompletionRequest, ["prompt"])
+
+
+def test_completion_defaults_to_16_tokens():
+    sp = completion().to_sampling_params(prompt_len=3, max_model_len=512)
+    assert sp.max_tokens == 16 and sp.temperature == 1.0 and sp.top_k == -1
+
+
+def test_chat_max_completion_tokens_wins_and_default_fills_context():
+    assert chat(max_tokens=5, max_completion_tokens=7).to_sampling_params(3, 512).max_tokens == 7
+    assert chat().to_sampling_params(12, 512).max_tokens == 500
+
+
+def test_sampling_fields_are_carried():
+    sp = completion(temperature=0, top_p=0.5, top_k=3, seed=7, stop="x", stop_token_ids=[2], ignore_eos=True)
+    sp = sp.to_sampling_params(3, 512)
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.seed, sp.stop, sp.stop_token_ids, sp.ignore_eos) == (
+        0.0, 0.5, 3, 7, ["x"], [2], True,
+    )
+
+
+@pytest.mark.parametrize(
+    "kw, word",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -5}, "top_k"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 1000}, "max_tokens"),
+        ({"n": 2}, "n=2"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"cache_salt": ""}, "cache_salt"),
+    ],
+)
+def test_bad_values_raise_400_saying_what(kw, word):
+    with pytest.raises(ProtocolError) as e:
+        completion(**kw).to_sampling_params(prompt_len=3, max_model_len=512)
+    assert e.value.status_code == 400 and word in e.value.message
+
+
+def test_prompt_longer_than_context_is_400():
+    with pytest.raises(ProtocolError) as e:
+        completion().to_sampling_params(prompt_len=600, max_model_len=512)
+    assert "600" in e.value.message and "512" in e.value.message
+
+
+def test_chat_logprobs_refused():
+    with pytest.raises(ProtocolError):
+        chat(logprobs=True).to_sampling_params(3, 512)
+
+
+def test_batch_of_prompts_refused_single_unwrapped():
+    assert parse_request(CompletionRequest, {"prompt": ["a"]}).single_prompt() == "a"
+    assert parse_request(CompletionRequest, {"prompt": [1, 2]}).single_prompt() == [1, 2]
+    with pytest.raises(ProtocolError):
+        parse_request(CompletionRequest, {"prompt": ["a", "b"]}).single_prompt()
+
+
+def test_chat_content_parts_join_text():
+    req = parse_request(
+        ChatCompletionRequest,
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
+    )
+    assert req.template_messages() == [{"role": "user", "content": "a\nb"}]
+
+
+def test_usage_reports_cached_tokens():
+    u = UsageInfo.of(10, 5, 8).model_dump()
+    assert u["total_tokens"] == 15 and u["prompt_tokens_details"]["cached_tokens"] == 8
+
+
+def test_unknown_fields_are_ignored():
+    assert completion(frequency_penalty=0, logit_bias={}).prompt == "hi"
