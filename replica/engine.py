@@ -1,0 +1,263 @@
+"""The engine loop of one replica: requests in, scheduled steps through the model runner, outputs out.
+
+    add_request ──▶ Scheduler ──SchedulerOutput──▶ ModelRunner.execute_model ──{request_id: token}──┐
+                      ▲  KVCacheManager (blocks, prefix cache, events)                             │
+    step() ◀── RequestOutput ◀── stop checks + incremental detokenization ◀────────────────────────┘
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.detokenizer import IncrementalDetokenizer
+from kvmesh.replica.outputs import RequestMetrics, RequestOutput
+from kvmesh.replica.request import Request, RequestStatus, validate_request_input
+from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.scheduler import Scheduler
+from kvmesh.replica.stats import EngineStats
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    """Single-threaded engine: call ``add_request`` / ``abort_request`` and ``step()`` from one thread."""
+
+    def __init__(self, config: EngineConfig, model_runner: Any = None, tokenizer: Any = None,
+                 event_publisher: Any = None, skip_tokenizer_init: bool = False) -> None:
+        from kvmesh.kvcache.hashing import generate_seed
+        from kvmesh.kvcache.kv_cache_manager import KVCacheManager
+
+        self.config = config
+        if model_runner is None:
+            from kvmesh.replica.model_runner import ModelRunner
+
+            model_runner = ModelRunner(config)
+        self.model_runner = model_runner
+        self.max_model_len: int = model_runner.max_model_len
+        self.vocab_size: int = model_runner.vocab_size
+        self.eos_token_ids = frozenset(model_runner.eos_token_ids or ())
+        self.num_kv_blocks = min(model_runner.num_kv_blocks, config.num_kv_blocks or model_runner.num_kv_blocks)
+        self.tokenizer = tokenizer if tokenizer is not None or skip_tokenizer_init else _load_tokenizer(config)
+        self.event_publisher = event_publisher
+        self._step_events: list = []
+        hash_seed = config.hash_seed or generate_seed()
+        self.kv_cache_manager = KVCacheManager(
+            self.num_kv_blocks, config.block_size,
+            hash_seed.encode() if isinstance(hash_seed, str) else hash_seed,
+            enable_caching=config.enable_prefix_caching,
+            event_sink=self._step_events.append if self._wants_events() else None,
+            eviction_policy=config.eviction_policy,
+            medium="GPU" if str(getattr(model_runner, "device", config.device) or "cpu").startswith("cuda") else "CPU",
+        )
+        if event_publisher is None and config.kv_events_endpoint is not None:
+            self.event_publisher = _make_publisher(config, self.kv_cache_manager.block_pool.snapshot_events)
+        self.scheduler = Scheduler(config, self.kv_cache_manager)
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._pending: list[RequestOutput] = []  # outputs of aborts between steps
+        self._stats = EngineStats()
+
+    def _wants_events(self) -> bool:
+        return self.event_publisher is not None or self.config.kv_events_endpoint is not None
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
+                    cache_salt: str | None = None, arrival_time: float | None = None) -> None:
+        """Queue a request. Raises ValueError (and queues nothing) when the input is invalid."""
+        params = SamplingParams() if sampling_params is None else sampling_params
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request id {request_id!r} is already in use; use a unique id per request")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError(f"cache_salt must be a string or None, got {type(cache_salt).__name__}")
+        validate_request_input(
+            prompt_token_ids, params, max_model_len=self.max_model_len, vocab_size=self.vocab_size,
+            block_size=self.config.block_size, num_usable_blocks=self.num_kv_blocks - 1,
+            has_tokenizer=self.tokenizer is not None)
+        request = Request(request_id, prompt_token_ids, params, self.eos_token_ids, cache_salt,
+                          arrival_time=arrival_time)
+        if self.tokenizer is not None:
+            self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params)
+        self._stats.num_prompt_tokens += request.num_prompt_tokens
+        self.scheduler.add_request(request)
+
+    def abort_request(self, request_id: str | list[str]) -> None:
+        """End requests now (unknown or finished ids are ignored); their final outputs come with the next step."""
+        for rid in [request_id] if isinstance(request_id, str) else request_id:
+            self._finish_with(rid, RequestStatus.FINISHED_ABORTED)
+
+    def fail_request(self, request_id: str, error: str) -> None:
+        """End one request with finish_reason "error" (the engine keeps serving the others)."""
+        self._finish_with(request_id, RequestStatus.FINISHED_ERROR, error)
+
+    def _finish_with(self, request_id: str, status: RequestStatus, error: str | None = None) -> None:
+        request = self.scheduler.finish_request(request_id, status)
+        if request is not None:
+            request.error = error
+            self._pending.append(self._make_output(request, []))
+            self._on_finished(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self._pending)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.scheduler.requests)
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, and return the outputs of every request that progressed or ended."""
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        if sched.scheduled:
+            try:
+                sampled = self.model_runner.execute_model(sched)
+            except Exception as e:  # the runner failed this batch: fail its requests, keep serving
+                logger.exception("model runner failed a step of %d requests", len(sched.scheduled))
+                for sr in sched.scheduled:
+                    self.fail_request(sr.request_id, f"model runner error: {e!r}")
+                outputs += self._pending
+                self._pending = []
+                sampled = {}
+            outputs += self._process_sampled(sched.scheduled, sampled)
+        else:
+            self.scheduler.finished_request_ids |= sched.finished_request_ids  # tell the runner next time
+        self._publish_events()
+        if self.config.debug_check_integrity:
+            self.kv_cache_manager.check_integrity()
+        return outputs
+
+    def _process_sampled(self, scheduled: list, sampled: dict[str, int]) -> list[RequestOutput]:
+        now = time.monotonic()
+        outputs: list[RequestOutput] = []
+        finished: list[Request] = []
+        requests = self.scheduler.requests
+        for sr in scheduled:
+            token = sampled.get(sr.request_id) if sr.sample else None
+            request = requests.get(sr.request_id)
+            if token is None or request is None:
+                continue
+            try:
+                self._append_token(request, token, now)
+            except Exception as e:  # e.g. a tokenizer failure: only this request fails
+                logger.exception("request %s failed while processing its output", sr.request_id)
+                self.fail_request(sr.request_id, f"output processing error: {e!r}")
+                continue
+            if request.status.is_finished:
+                finished.append(request)
+            outputs.append(self._make_output(request, [token]))
+        self.scheduler.finish_running(finished)
+        for request in finished:
+            self._on_finished(request)
+        outputs += self._pending
+        self._pending = []
+        return outputs
+
+    def _append_token(self, request: Request, token: int, now: float) -> None:
+        stats = self._stats
+        if request.first_token_time is None:
+            request.first_token_time = now
+            stats.ttft.observe(now - request.arrival_time)
+        else:
+            stats.tpot.observe(now - request.last_token_time)
+        request.last_token_time = now
+        stats.num_generation_tokens += 1
+        request.append_output_token(token)
+        detok = self._detokenizers.get(request.request_id)
+        stop_str = detok.update(token) if detok is not None else None
+        if stop_str is not None:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = stop_str
+        else:
+            request.check_stop_token()
+
+    def _make_output(self, request: Request, new_token_ids: list[int]) -> RequestOutput:
+        finished = request.status.is_finished
+        detok = self._detokenizers.get(request.request_id)
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            new_token_ids=new_token_ids,
+            output_token_ids=list(request.output_token_ids),
+            delta_text=detok.take_delta(finished) if detok is not None else "",
+            text=detok.visible_text(finished) if detok is not None else "",
+            finished=finished,
+            finish_reason=request.status.finish_reason,
+            stop_reason=request.stop_reason,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            error=request.error,
+            metrics=_metrics(request) if finished else None,
+        )
+
+    def _on_finished(self, request: Request) -> None:
+        """Forget per-request state (the detokenizer is dropped after the final output was built)."""
+        reason = request.status.finish_reason or "unknown"
+        self._stats.num_finished[reason] = self._stats.num_finished.get(reason, 0) + 1
+        self._detokenizers.pop(request.request_id, None)
+
+    # -- events, stats, lifecycle ------------------------------------------------------------------
+
+    def _publish_events(self) -> None:
+        """Send the KV events of this step as one batch (none are sent for a step without events)."""
+        if not self._step_events:
+            return
+        events = list(self._step_events)
+        self._step_events.clear()
+        if self.event_publisher is not None:
+            self.event_publisher.publish(events)
+
+    def get_stats(self) -> EngineStats:
+        """The live stats object, its gauges refreshed (counters and histograms are cumulative)."""
+        stats = self._stats
+        stats.num_running = self.scheduler.num_running
+        stats.num_waiting = self.scheduler.num_waiting
+        stats.kv_cache_usage = self.kv_cache_manager.usage
+        cache_stats = self.kv_cache_manager.prefix_cache_stats
+        stats.prefix_cache_queries = cache_stats.queries
+        stats.prefix_cache_hits = cache_stats.hits
+        stats.num_preemptions = self.scheduler.num_preemptions
+        return stats
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.get_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def close(self) -> None:
+        if self.event_publisher is not None:
+            self.event_publisher.close()
+            self.event_publisher = None
+
+
+def _metrics(request: Request) -> RequestMetrics:
+    return RequestMetrics(
+        arrival_time=request.arrival_time, first_scheduled_time=request.first_scheduled_time,
+        first_token_time=request.first_token_time, last_token_time=request.last_token_time,
+        finished_time=request.finished_time or time.monotonic(), num_preemptions=request.num_preemptions)
+
+
+def _load_tokenizer(config: EngineConfig) -> Any:
+    """The HF tokenizer, or None when there is none (dummy models without a directory)."""
+    from pathlib import Path
+
+    path = config.tokenizer_path
+    if config.load_format == "dummy" and config.tokenizer is None and not Path(path).exists():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _make_publisher(config: EngineConfig, snapshot_source: Any) -> Any:
+    from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
+
+    kwargs = {"endpoint": config.kv_events_endpoint, "topic": config.kv_events_topic}
+    if config.kv_events_replay_endpoint is not None:
+        kwargs["replay_endpoint"] = config.kv_events_replay_endpoint
+    return ZmqEventPublisher(PublisherConfig(**kwargs), snapshot_source=snapshot_source)

@@ -1,0 +1,164 @@
+"""One generation request as the engine tracks it: tokens, progress through the KV cache, status."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from kvmesh.replica.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in its life. Every status from FINISHED_STOPPED on is final."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI-style finish reason of a final status, else None."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+
+
+class Request:
+    """A request's tokens and progress.
+
+        all_token_ids = [p0 p1 ... p(n-1) | o0 o1 ... ]      prompt | output so far
+                         <- num_computed_tokens ->            K/V already in the cache
+    """
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "sampling_params", "cache_salt", "lora_name", "eos_token_ids",
+        "all_token_ids", "output_token_ids", "num_computed_tokens", "num_cached_tokens", "status",
+        "stop_reason", "error", "num_preemptions", "arrival_time", "first_scheduled_time",
+        "first_token_time", "last_token_time", "finished_time",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_ids: frozenset[int] = frozenset(),
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.cache_salt = cache_salt
+        self.lora_name = lora_name
+        self.eos_token_ids = frozenset() if sampling_params.ignore_eos else eos_token_ids
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prompt tokens found in the prefix cache at first scheduling
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+        self.error: str | None = None
+        self.num_preemptions = 0
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.finished_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling_params.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def check_stop_token(self) -> bool:
+        """Set a final status if the newest token ends the request (EOS, stop token, max_tokens)."""
+        params = self.sampling_params
+        token_id = self.output_token_ids[-1]
+        if self.num_output_tokens >= params.min_tokens:
+            if token_id in self.eos_token_ids:
+                self.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if token_id in params.stop_token_ids:
+                self.status = RequestStatus.FINISHED_STOPPED
+                self.stop_reason = token_id
+                return True
+        if self.num_output_tokens >= params.max_tokens:
+            self.status = RequestStatus.FINISHED_LENGTH
+            return True
+        return False
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
+                f"output={self.num_output_tokens}, computed={self.num_computed_tokens})")
+
+
+def validate_request_input(
+    prompt_token_ids: list[int],
+    params: SamplingParams,
+    *,
+    max_model_len: int,
+    vocab_size: int,
+    block_size: int,
+    num_usable_blocks: int,
+    has_tokenizer: bool,
+) -> None:
+    """Raise ValueError saying what is wrong with a request before it is queued (validate at the edge)."""
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+    try:
+        params.validate()
+    except TypeError as e:
+        raise ValueError(f"invalid sampling parameters: {e}") from None
+    n = len(prompt_token_ids)
+    if n == 0:
+        raise ValueError("prompt is empty; send at least one token")
+    for pos, tok in enumerate(prompt_token_ids):
+        if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
+            raise ValueError(f"prompt token {tok!r} at position {pos} is outside the vocabulary "
+                             f"[0, {vocab_size}); send token ids of this model's tokenizer")
+    needed = n + params.max_tokens
+    if n >= max_model_len or needed > max_model_len:
+        what = "prompt" if n >= max_model_len else "prompt + max_tokens"
+        raise ValueError(f"prompt has {n} tokens; model context is {max_model_len} "
+                         f"(max_tokens={params.max_tokens} needs {needed}); shorten the {what}")
+    num_blocks = -(-needed // block_size)
+    if num_blocks > num_usable_blocks:
+        raise ValueError(f"request needs {num_blocks} KV blocks ({needed} tokens) but the KV cache holds only "
+                         f"{num_usable_blocks}; shorten it or give the replica more KV cache memory")
+    if params.stop and not has_tokenizer:
+        raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
