@@ -1,0 +1,45 @@
+"""The architecture folders install under the ``kvmesh.`` namespace, editable and as a wheel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("kvcache", "events", "replica", "router", "cluster")
+
+
+def test_editable_install_maps_folders_to_kvmesh_namespace():
+    import importlib
+
+    for layer in LAYERS:
+        module = importlib.import_module(f"kvmesh.{layer}")
+        assert Path(module.__file__).resolve().parent == REPO_ROOT / layer
+
+
+@pytest.mark.slow
+def test_wheel_contains_only_namespaced_packages(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO_ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("kvmesh-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top_level = {name.split("/")[0] for name in names if not name.startswith("kvmesh-")}
+    assert top_level == {"kvmesh"}, f"wheel installs generic top-level names: {top_level - {'kvmesh'}}"
+    for layer in LAYERS:
+        assert f"kvmesh/{layer}/__init__.py" in names
+    assert "kvmesh/events/schema.py" in names
+    assert not any(name.startswith("kvmesh/tests/") for name in names)
+
+
+def test_console_script_prints_help():
+    out = subprocess.run(
+        [sys.executable, "-m", "kvmesh.cluster.cli", "--help"], check=True, capture_output=True, text=True
+    )
+    assert "kvmesh" in out.stdout
