@@ -1,0 +1,259 @@
+"""The router's prefix index: which replica holds which leading blocks of a prompt.
+
+Fed by each replica's KV event stream. One global dict maps a router key (router/keys.py) to a
+bitmask of the replicas that hold the block; each replica owns one bit (its *slot*)::
+
+    _blocks: {router_key: 0b1010}       replicas in slots 1 and 3 hold this block
+    replica.ext_to_key: {external_hash: router_key}   to apply BlockRemoved
+
+A match walks the request's keys AND-ing the masks (in C, via ``accumulate``) while the set is
+non-empty, so a replica counts a block only while the chain up to it is unbroken. Because every
+running AND is a subset of the one before, the sequence is non-increasing as integers too, and the
+point where each replica drops out is found by bisection.
+
+*Predicted* entries: when the router sends a request to a replica it credits that replica with the
+request's blocks for ``predict_ttl_s`` (bits set in ``_blocks`` and recorded in ``_predicted``),
+until the real ``BlockStored`` events arrive. A burst of requests sharing a new prefix then goes
+to one replica instead of scattering. Invariant: a predicted bit is never also a real one.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Hashable, Iterable, Sequence
+from itertools import accumulate, repeat
+from operator import and_, neg
+
+from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
+from kvmesh.router.index_stats import IndexStats, ReplicaTree
+from kvmesh.router.keys import RouterKeyHasher, chain_keys, pack_tokens
+
+ReplicaId = Hashable
+
+
+class PrefixIndex:
+    """Per-replica cached blocks under router keys, matched against a request's keys."""
+
+    def __init__(self, block_size: int = 16, hasher: RouterKeyHasher | None = None,
+                 predict_ttl_s: float = 2.0) -> None:
+        self.hasher = hasher or RouterKeyHasher(block_size)
+        """Computes router keys; its block size and seed must match the one hashing requests."""
+        self.block_size = self.hasher.block_size
+        """Tokens per block (events with another block size are counted and dropped)."""
+        if predict_ttl_s < 0:
+            raise ValueError(f"predict_ttl_s must be >= 0, got {predict_ttl_s}")
+        self.predict_ttl_s = predict_ttl_s
+        """How long a routed request's blocks count as held by its replica before events confirm them."""
+        self._blocks: dict[int, int] = {}
+        self._predicted: dict[int, int] = {}          # router_key -> bits predicted but not real
+        self._predict_queue: deque[tuple[float, int, list[int]]] = deque()
+        self._replicas: dict[ReplicaId, ReplicaTree] = {}
+        self._slot_owner: list[ReplicaId | None] = []
+        self._free_slots: list[int] = []
+        self.stats = IndexStats()
+        """Counters: events applied, blocks stored/removed, orphans, mismatched block sizes."""
+
+    # ---------------------------------------------------------------- replicas
+    def add_replica(self, replica_id: ReplicaId) -> ReplicaTree:
+        """Register a replica (idempotent); returns its tree."""
+        tree = self._replicas.get(replica_id)
+        if tree is None:
+            if self._free_slots:
+                slot = self._free_slots.pop()
+                self._slot_owner[slot] = replica_id
+            else:
+                slot = len(self._slot_owner)
+                self._slot_owner.append(replica_id)
+            tree = self._replicas[replica_id] = ReplicaTree(replica_id, slot)
+        return tree
+
+    def remove_replica(self, replica_id: ReplicaId) -> None:
+        """Forget a replica and everything it held; its slot is reused later."""
+        tree = self._replicas.get(replica_id)
+        if tree is None:
+            return
+        self.clear_replica(replica_id)
+        del self._replicas[replica_id]
+        self._slot_owner[tree.slot] = None
+        self._free_slots.append(tree.slot)
+
+    def clear_replica(self, replica_id: ReplicaId) -> None:
+        """Drop a replica's whole tree (AllBlocksCleared, restart); real and predicted blocks."""
+        tree = self._replicas.get(replica_id)
+        if tree is None:
+            return
+        bit, mask_off, blocks = tree.bit, ~tree.bit, self._blocks
+        for key in set(tree.ext_to_key.values()):
+            mask = blocks.get(key, 0) & mask_off
+            if mask:
+                blocks[key] = mask
+            else:
+                blocks.pop(key, None)
+        for key in [k for k, m in self._predicted.items() if m & bit]:
+            self._unpredict(key, bit)
+        tree.ext_to_key.clear()
+        tree.ext_dups.clear()
+        tree.key_dups.clear()
+
+    @property
+    def replica_ids(self) -> list[ReplicaId]:
+        return list(self._replicas)
+
+    def num_blocks(self, replica_id: ReplicaId | None = None) -> int:
+        """Blocks really held (no predictions): by one replica, or distinct keys over all."""
+        if replica_id is None:
+            return len(self._blocks) - len(self._predicted)
+        tree = self._replicas.get(replica_id)
+        return 0 if tree is None else len(tree.ext_to_key) + sum(tree.ext_dups.values())
+
+    def cached_hashes(self, replica_id: ReplicaId) -> set:
+        """The external block hashes a replica holds, as far as its events say."""
+        tree = self._replicas.get(replica_id)
+        return set() if tree is None else set(tree.ext_to_key)
+
+    # ---------------------------------------------------------------- events
+    def apply(self, replica_id: ReplicaId, batch_or_events) -> None:
+        """Apply a KVEventBatch (or a list of events) published by ``replica_id``."""
+        events = getattr(batch_or_events, "events", batch_or_events)
+        tree = self._replicas.get(replica_id) or self.add_replica(replica_id)
+        stats = self.stats
+        for event in events:
+            if type(event) is BlockStored:
+                self._store(tree, event)
+            elif type(event) is BlockRemoved:
+                self._remove(tree, event.block_hashes)
+            elif type(event) is AllBlocksCleared:
+                self.clear_replica(replica_id)
+                stats.clears += 1
+            stats.events += 1
+
+    def _store(self, tree: ReplicaTree, event: BlockStored) -> None:
+        hashes = event.block_hashes
+        n = len(hashes)
+        if event.block_size != self.block_size or len(event.token_ids) != n * self.block_size:
+            self.stats.bad_block_size += n
+            return
+        ext_to_key = tree.ext_to_key
+        parent = event.parent_block_hash
+        if parent is None:
+            parent_key = self.hasher.seed
+        else:
+            parent_key = ext_to_key.get(parent)
+            if parent_key is None:  # parent unknown (missed events): the chain cannot be keyed
+                self.stats.orphan_blocks += n
+                return
+        extra = event.extra_keys
+        if extra is None and event.lora_name is not None:
+            from kvmesh.kvcache.hashing import block_extra_keys
+
+            extra = [block_extra_keys(1, None, event.lora_name)] * n
+        keys = chain_keys(pack_tokens(event.token_ids), n, self.block_size, parent_key, extra)
+        blocks, predicted = self._blocks, self._predicted
+        bit = tree.bit
+        for ext, key in zip(hashes, keys, strict=False):
+            if ext in ext_to_key:
+                tree.ext_dups[ext] = tree.ext_dups.get(ext, 0) + 1
+                continue
+            ext_to_key[ext] = key
+            mask = blocks.get(key, 0)
+            if not mask & bit:
+                blocks[key] = mask | bit
+            elif predicted and predicted.get(key, 0) & bit:
+                self._confirm(key, bit)
+            else:  # another external hash of this replica already maps to the key
+                tree.key_dups[key] = tree.key_dups.get(key, 0) + 1
+        self.stats.blocks_stored += n
+
+    def _remove(self, tree: ReplicaTree, hashes: Iterable) -> None:
+        ext_to_key, blocks = tree.ext_to_key, self._blocks
+        mask_off = ~tree.bit
+        for ext in hashes:
+            key = ext_to_key.get(ext)
+            if key is None:
+                self.stats.unknown_removals += 1
+                continue
+            self.stats.blocks_removed += 1
+            if tree.ext_dups and ext in tree.ext_dups:
+                tree.ext_dups[ext] -= 1
+                if not tree.ext_dups[ext]:
+                    del tree.ext_dups[ext]
+                continue
+            del ext_to_key[ext]
+            if tree.key_dups and key in tree.key_dups:
+                tree.key_dups[key] -= 1
+                if not tree.key_dups[key]:
+                    del tree.key_dups[key]
+                continue
+            mask = blocks.get(key, 0) & mask_off
+            if mask:
+                blocks[key] = mask
+            else:
+                blocks.pop(key, None)
+
+    # ---------------------------------------------------------------- predictions
+    def predict(self, replica_id: ReplicaId, keys: Sequence[int], now: float | None = None) -> int:
+        """Credit ``replica_id`` with ``keys`` for ``predict_ttl_s``; returns newly credited blocks."""
+        tree = self._replicas.get(replica_id)
+        if tree is None or not keys or self.predict_ttl_s <= 0:
+            return 0
+        now = time.monotonic() if now is None else now
+        self._expire(now)
+        bit, blocks, predicted = tree.bit, self._blocks, self._predicted
+        added = []
+        for key in keys:
+            mask = blocks.get(key, 0)
+            if not mask & bit:
+                blocks[key] = mask | bit
+                predicted[key] = predicted.get(key, 0) | bit
+                added.append(key)
+        if added:
+            self._predict_queue.append((now + self.predict_ttl_s, bit, added))
+        return len(added)
+
+    def _confirm(self, key: int, bit: int) -> None:
+        mask = self._predicted[key] & ~bit
+        if mask:
+            self._predicted[key] = mask
+        else:
+            del self._predicted[key]
+
+    def _unpredict(self, key: int, bit: int) -> None:
+        self._confirm(key, bit)
+        mask = self._blocks.get(key, 0) & ~bit
+        if mask:
+            self._blocks[key] = mask
+        else:
+            self._blocks.pop(key, None)
+
+    def _expire(self, now: float) -> None:
+        queue, predicted = self._predict_queue, self._predicted
+        while queue and queue[0][0] <= now:
+            _, bit, keys = queue.popleft()
+            for key in keys:
+                if predicted.get(key, 0) & bit:
+                    self._unpredict(key, bit)
+
+    # ---------------------------------------------------------------- matching
+    def match(self, keys: Sequence[int], now: float | None = None) -> dict[ReplicaId, int]:
+        """Per replica, the number of leading blocks of ``keys`` it holds (replicas with 0 omitted)."""
+        if self._predict_queue:
+            self._expire(time.monotonic() if now is None else now)
+        get = self._blocks.get
+        if not keys or not get(keys[0]):
+            return {}
+        # running[i] = replicas holding blocks 0..i; non-increasing, trailing zeros once empty.
+        running = list(accumulate(map(get, keys, repeat(0)), and_))
+        n = bisect_left(running, 0, key=neg)  # blocks held by at least one replica
+        owners, out = self._slot_owner, {}
+        i = 0
+        while i < n:
+            mask = running[i]
+            i = bisect_left(running, -mask + 1, lo=i, key=neg)  # first index with a smaller set
+            dropped = mask & ~running[i] if i < n else mask
+            while dropped:
+                low = dropped & -dropped
+                out[owners[low.bit_length() - 1]] = i
+                dropped ^= low
+        return out

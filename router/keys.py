@@ -1,0 +1,110 @@
+"""Router-side block keys: a fast 64-bit chain over token ids, independent of the replicas' seed.
+
+The router never sees the replicas' secret hash seed. It computes its own chained key for every
+full block, both from the ``token_ids`` carried by ``BlockStored`` events and from a request's
+prompt, so the two sides agree whenever the tokens (and extra keys) agree::
+
+    key_0 = xxh3_64(tokens_0 [+ extra_0], seed=root_seed)
+    key_i = xxh3_64(tokens_i [+ extra_i], seed=key_{i-1})
+
+Tokens are packed as little-endian uint32 (4 bytes each), so a block's token bytes have a fixed
+length and any extra-key bytes appended after them are unambiguous. Extra keys (cache salt digest,
+LoRA name) come from ``kvmesh.kvcache.hashing.block_extra_keys`` for requests and from the event's
+``extra_keys`` for stored blocks; both are msgpack-encoded, so a tuple and the list it becomes on
+the wire give the same bytes.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+
+import msgspec
+import xxhash
+
+# Default root seed of the chain. Router keys are private to one router process (they are never
+# sent anywhere), so a fixed default is fine; the HTTP router picks a random one per process.
+DEFAULT_ROUTER_SEED = 0x6B766D657368  # "kvmesh"
+
+_hash = xxhash.xxh3_64_intdigest
+_encode_extra = msgspec.msgpack.Encoder().encode
+
+
+def pack_tokens(token_ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian uint32 bytes (falls back to uint64 for huge ids)."""
+    try:
+        return array("I", token_ids).tobytes()
+    except OverflowError:
+        raise ValueError(f"token ids must be in [0, 2**32); got one outside in {list(token_ids)[:8]}...") from None
+
+
+def chain_keys(
+    token_bytes: bytes,
+    num_blocks: int,
+    block_size: int,
+    parent_key: int,
+    extra_keys: Sequence | None = None,
+) -> list[int]:
+    """Chained keys of ``num_blocks`` blocks packed in ``token_bytes``, continuing ``parent_key``.
+
+    ``extra_keys`` is None or one entry per block (None for a block without extra keys).
+    """
+    stride = 4 * block_size
+    keys = []
+    append = keys.append
+    key = parent_key
+    if extra_keys is None:
+        for start in range(0, num_blocks * stride, stride):
+            key = _hash(token_bytes[start : start + stride], key)
+            append(key)
+        return keys
+    for i in range(num_blocks):
+        start = i * stride
+        data = token_bytes[start : start + stride]
+        extra = extra_keys[i]
+        if extra is not None:
+            data += _encode_extra(extra)
+        key = _hash(data, key)
+        append(key)
+    return keys
+
+
+class RouterKeyHasher:
+    """Computes a request's router keys (one per full block) from its token ids."""
+
+    __slots__ = ("block_size", "seed")
+
+    def __init__(self, block_size: int = 16, seed: int = DEFAULT_ROUTER_SEED) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be an unsigned 64-bit int, got {seed}")
+        self.block_size = block_size
+        """Tokens per block; must equal the replicas' block size."""
+        self.seed = seed
+        """Root seed of the key chain (the parent key of block 0)."""
+
+    def keys(
+        self,
+        token_ids: Sequence[int],
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+    ) -> list[int]:
+        """Router keys of the full blocks of ``token_ids`` (a trailing partial block has none)."""
+        num_blocks = len(token_ids) // self.block_size
+        if num_blocks == 0:
+            return []
+        token_bytes = pack_tokens(token_ids[: num_blocks * self.block_size])
+        extra = None
+        if cache_salt is not None or lora_name is not None:
+            extra = request_extra_keys(num_blocks, cache_salt, lora_name)
+        return chain_keys(token_bytes, num_blocks, self.block_size, self.seed, extra)
+
+
+def request_extra_keys(num_blocks: int, cache_salt: str | None, lora_name: str | None) -> list:
+    """Per-block extra keys of a request, exactly as the replicas' hasher derives them."""
+    from kvmesh.kvcache.hashing import block_extra_keys
+
+    first = block_extra_keys(0, cache_salt, lora_name)
+    rest = block_extra_keys(1, cache_salt, lora_name) if num_blocks > 1 else None
+    return [first] + [rest] * (num_blocks - 1)

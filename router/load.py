@@ -1,0 +1,85 @@
+"""Per-replica load as the router sees it: its own in-flight requests plus the replica's ``/load``.
+
+The router's own counters are exact and immediate; the replica's report (polled from its JSON
+``/load``: running, waiting, KV usage, queued prefill tokens) also covers work other routers or
+clients sent, but is a little stale. Policies read the two combined properties below.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class ReplicaLoad:
+    """Load of one replica. Policies read ``prefill_backlog`` and ``decode_load``."""
+
+    in_flight: int = 0
+    """Requests this router sent to the replica that have not finished."""
+    pending_prefill_tokens: int = 0
+    """Uncached prompt tokens of this router's requests that have produced no output yet."""
+    num_running: int = 0
+    """Running requests, as the replica last reported."""
+    num_waiting: int = 0
+    """Waiting (queued) requests, as the replica last reported."""
+    kv_usage: float = 0.0
+    """Fraction of the replica's KV cache blocks in use, as last reported."""
+    queued_prefill_tokens: int = 0
+    """Prompt tokens the replica still has to prefill, as last reported."""
+    reported_at: float | None = None
+    """``time.monotonic()`` of the last report; None before the first one."""
+
+    @property
+    def prefill_backlog(self) -> int:
+        """Prompt tokens the replica must prefill before a new request's own prefill starts."""
+        return max(self.pending_prefill_tokens, self.queued_prefill_tokens)
+
+    @property
+    def decode_load(self) -> int:
+        """Requests sharing the replica's decode steps."""
+        return max(self.in_flight, self.num_running + self.num_waiting)
+
+    def update_report(self, report: dict) -> None:
+        """Take a replica's ``/load`` JSON (unknown keys ignored, missing ones keep their value)."""
+        self.num_running = int(report.get("num_running", report.get("running", self.num_running)))
+        self.num_waiting = int(report.get("num_waiting", report.get("waiting", self.num_waiting)))
+        self.kv_usage = float(report.get("kv_usage", report.get("kv_cache_usage", self.kv_usage)))
+        self.queued_prefill_tokens = int(report.get("queued_prefill_tokens", self.queued_prefill_tokens))
+        self.reported_at = time.monotonic()
+
+
+class LoadTracker:
+    """The router's per-replica loads; dispatch/first-token/finish keep the counters exact."""
+
+    def __init__(self) -> None:
+        self.loads: dict[Hashable, ReplicaLoad] = {}
+        """replica id -> its load (the mapping policies receive, filtered to healthy replicas)."""
+
+    def add_replica(self, replica_id: Hashable) -> ReplicaLoad:
+        return self.loads.setdefault(replica_id, ReplicaLoad())
+
+    def remove_replica(self, replica_id: Hashable) -> None:
+        self.loads.pop(replica_id, None)
+
+    def on_dispatch(self, replica_id: Hashable, uncached_tokens: int) -> None:
+        """A request was sent; it will prefill ``uncached_tokens`` tokens there."""
+        load = self.loads.get(replica_id)
+        if load is not None:
+            load.in_flight += 1
+            load.pending_prefill_tokens += uncached_tokens
+
+    def on_first_output(self, replica_id: Hashable, uncached_tokens: int) -> None:
+        """The request produced its first byte: its prefill is done."""
+        load = self.loads.get(replica_id)
+        if load is not None:
+            load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)
+
+    def on_finish(self, replica_id: Hashable, uncached_tokens: int, had_output: bool) -> None:
+        """The request finished (or failed); ``had_output`` says whether on_first_output ran."""
+        load = self.loads.get(replica_id)
+        if load is not None:
+            load.in_flight = max(0, load.in_flight - 1)
+            if not had_output:
+                load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)

@@ -1,0 +1,60 @@
+"""``cache_aware`` (default): the replica where the request would finish its prefill soonest.
+
+For each candidate replica ``r``, in prefill-token units::
+
+    cost(r) = uncached(r)              prompt tokens it would still compute (prompt - cached prefix)
+            + prefill_backlog(r)       prompt tokens queued before ours
+            + decode_weight * decode_load(r)   running requests slowing every step
+
+The trade-off is continuous, not a threshold: a cached prefix keeps attracting requests until the
+replica's backlog outweighs the prefill it saves. With ``temperature > 0`` the choice is sampled
+with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
+replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvmesh.router.policies.base import Policy
+
+
+class CacheAwarePolicy(Policy):
+    name = "cache_aware"
+
+    def __init__(self, decode_weight: float = 64.0, temperature: float = 0.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if decode_weight < 0:
+            raise ValueError(f"decode_weight must be >= 0, got {decode_weight}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = always the cheapest), got {temperature}")
+        self.decode_weight = decode_weight
+        """Prefill tokens one running request on a replica is worth."""
+        self.temperature = temperature
+        """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
+        self._tie = 0
+
+    def costs(self, request_keys, matches, loads, num_prompt_tokens=None) -> dict:
+        """Cost of every candidate replica (for metrics and tests)."""
+        prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
+        bs, w, get = self.block_size, self.decode_weight, matches.get
+        out = {}
+        for rid, load in loads.items():
+            uncached = prompt - bs * get(rid, 0)
+            out[rid] = (uncached if uncached > 0 else 0) + load.prefill_backlog + w * load.decode_load
+        return out
+
+    def choose(self, request_keys, matches, loads, num_prompt_tokens=None):
+        self._check(loads)
+        costs = self.costs(request_keys, matches, loads, num_prompt_tokens)
+        best = min(costs.values())
+        if self.temperature > 0:
+            t = self.temperature
+            ids = list(costs)
+            weights = [math.exp((best - c) / t) for c in costs.values()]
+            return self.rng.choices(ids, weights)[0]
+        ties = [rid for rid, c in costs.items() if c == best]
+        if len(ties) == 1:
+            return ties[0]
+        self._tie += 1
+        return ties[self._tie % len(ties)]
