@@ -1,0 +1,157 @@
+"""``AsyncLLM``: the engine on a background thread, streaming each request's outputs to asyncio callers.
+
+    caller coroutines ──commands (SimpleQueue)──▶ engine thread: drain commands, step(), repeat
+            ▲                                              │
+            └── per-request asyncio.Queue ◀─ call_soon_threadsafe ┘
+
+The engine itself is single-threaded; only the engine thread touches it. A generate() that is
+cancelled or closed early aborts its request. A request that fails gets a final output with
+finish_reason "error"; the others keep running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine import LLMEngine
+from kvmesh.replica.outputs import RequestOutput
+from kvmesh.replica.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncLLM:
+    """Thread-safe, asyncio-friendly front of one ``LLMEngine``."""
+
+    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None) -> None:
+        if engine is None:
+            if config is None:
+                raise ValueError("AsyncLLM needs an EngineConfig or a ready LLMEngine")
+            engine = LLMEngine(config)
+        self.engine = engine
+        self.config = engine.config
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._closed = False
+        self.errored: BaseException | None = None  # set if the engine loop itself died
+        self._thread = threading.Thread(target=self._run, name="kvmesh-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._closed
+
+    # -- caller side (any thread / event loop) -----------------------------------------------------
+
+    async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
+                       request_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs until its final one. Raises ValueError for invalid input."""
+        if not self.is_running:
+            raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
+        request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use; use a unique id per request")
+        out_queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), out_queue)
+        accepted: concurrent.futures.Future = concurrent.futures.Future()
+        self._submit(("add", request_id, prompt_token_ids, sampling_params, cache_salt, accepted))
+        try:
+            await asyncio.wrap_future(accepted)
+        except BaseException:
+            self._streams.pop(request_id, None)
+            raise
+        finished = False
+        try:
+            while not finished:
+                out = await out_queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._submit(("abort", request_id))
+
+    async def abort(self, request_id: str) -> None:
+        """End a request; its stream gets a final output with finish_reason "abort"."""
+        self._submit(("abort", request_id))
+
+    def get_stats(self) -> Any:
+        """The engine's stats (read without locking: gauges may be one step old)."""
+        return self.engine.get_stats()
+
+    def shutdown(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+        self.engine.close()
+
+    def _submit(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    # -- engine thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while not self._closed:
+                self._wake.clear()
+                self._drain_commands()
+                if not engine.has_unfinished_requests():
+                    self._wake.wait()
+                    continue
+                for out in engine.step():
+                    self._deliver(out)
+        except BaseException as e:  # a bug in the engine loop: fail every open stream, say why
+            logger.exception("engine loop died")
+            self.errored = e
+            self._closed = True
+            for request_id in list(self._streams):
+                self._deliver(RequestOutput(request_id, [], [], [], finished=True, finish_reason="error",
+                                            error=f"engine loop died: {e!r}"))
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                _, request_id, prompt, params, salt, accepted = command
+                try:
+                    self.engine.add_request(request_id, prompt, params, cache_salt=salt)
+                except BaseException as e:
+                    accepted.set_exception(e)
+                else:
+                    accepted.set_result(None)
+            else:
+                self.engine.abort_request(command[1])
+
+    def _deliver(self, out: RequestOutput) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return
+        loop, out_queue = stream
+        try:
+            loop.call_soon_threadsafe(out_queue.put_nowait, out)
+        except RuntimeError:  # the caller's event loop is gone: nobody will read this request
+            self._streams.pop(out.request_id, None)
+            self.engine.abort_request(out.request_id)

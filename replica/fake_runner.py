@@ -1,0 +1,64 @@
+"""A model-free stand-in for ``ModelRunner``: for scheduler tests and engine-overhead benchmarks.
+
+It keeps a paged "KV cache" of token ids (one slot per token, like the real cache keeps K/V) and
+samples from what it reads back through each request's block table, so wrong block tables, stale
+prefix-cache hits or a mis-positioned chunk change the tokens, exactly as they would with a model.
+"""
+
+from __future__ import annotations
+
+from kvmesh.replica.scheduler_output import SchedulerOutput
+
+
+class FakeModelRunner:
+    """Deterministic next token = a hash of the whole context as read back from the paged cache."""
+
+    def __init__(self, num_kv_blocks: int = 64, block_size: int = 16, vocab_size: int = 1000,
+                 max_model_len: int = 4096, eos_token_ids: tuple[int, ...] = (), read_back: bool = True) -> None:
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = list(eos_token_ids)
+        self.read_back = read_back  # False: skip the cache simulation (pure engine-overhead runs)
+        self.hf_config = None
+        self.device = "cpu"
+        self.cache = [[-1] * block_size for _ in range(num_kv_blocks)]  # [num_blocks][block_size] token ids
+        self.num_steps = 0
+        self.fail_on: set[str] = set()  # request ids whose presence makes execute_model raise
+
+    def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
+        self.num_steps += 1
+        sampled: dict[str, int] = {}
+        bs = self.block_size
+        for sr in out.scheduled:
+            if sr.request_id in self.fail_on:
+                raise RuntimeError(f"injected failure for {sr.request_id}")
+            if not self.read_back:
+                if sr.sample:
+                    sampled[sr.request_id] = (sr.num_computed_tokens * 7 + len(sr.token_ids)) % self.vocab_size
+                continue
+            for j, tok in enumerate(sr.token_ids):
+                pos = sr.num_computed_tokens + j
+                block_id = sr.block_ids[pos // bs]
+                assert block_id != 0, "wrote into the null block"
+                self.cache[block_id][pos % bs] = tok
+            if sr.sample:
+                end = sr.num_computed_tokens + len(sr.token_ids)
+                context = [self.cache[sr.block_ids[p // bs]][p % bs] for p in range(end)]
+                sampled[sr.request_id] = self.next_token(context)
+        return sampled
+
+    def next_token(self, context: list[int]) -> int:
+        """The token this runner samples after ``context`` (tests compute expected outputs with it)."""
+        h = 1469598103934665603
+        for t in context:
+            h = ((h ^ (t + 1)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+        return h % self.vocab_size
+
+    def reference_generate(self, prompt: list[int], max_tokens: int) -> list[int]:
+        """What greedy generation gives without any cache (the expected output)."""
+        ctx = list(prompt)
+        for _ in range(max_tokens):
+            ctx.append(self.next_token(ctx))
+        return ctx[len(prompt):]

@@ -1,0 +1,95 @@
+"""Offline batch generation (vLLM's ``LLM``): ``LLM(model=...).generate(prompts, sampling_params)``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine import LLMEngine
+from kvmesh.replica.outputs import RequestOutput
+from kvmesh.replica.sampling_params import SamplingParams
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+class LLM:
+    """Load a model and generate for a batch of prompts; returns outputs in prompt order.
+
+    Prompts are strings (tokenized with the model's tokenizer, special tokens added as HF does),
+    token id lists, or dicts with "prompt" or "prompt_token_ids" (and optionally "cache_salt").
+    Extra keyword arguments are ``EngineConfig`` fields.
+    """
+
+    def __init__(self, model: str, tokenizer: str | None = None, **config_kwargs: Any) -> None:
+        self.llm_engine = LLMEngine(EngineConfig(model=model, tokenizer=tokenizer, **config_kwargs))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        prompts = _as_prompt_list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(f"got {len(params_list)} sampling_params for {len(prompts)} prompts; "
+                                 "pass one SamplingParams or one per prompt")
+        engine = self.llm_engine
+        request_ids: list[str] = []
+        try:
+            for prompt, params in zip(prompts, params_list, strict=True):
+                token_ids, salt = self._tokenize(prompt)
+                request_ids.append(str(next(self._ids)))
+                engine.add_request(request_ids[-1], token_ids, params, cache_salt=salt)
+        except Exception:
+            engine.abort_request(request_ids)
+            engine.step()  # collect the abort outputs
+            raise
+        return self._run(request_ids, use_tqdm)
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finals: dict[str, RequestOutput] = {}
+        progress = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            progress = tqdm(total=len(request_ids), desc="generate")
+        wanted = set(request_ids)
+        while len(finals) < len(request_ids):
+            for out in self.llm_engine.step():
+                if out.finished and out.request_id in wanted:
+                    finals[out.request_id] = out
+                    if progress is not None:
+                        progress.update(1)
+        if progress is not None:
+            progress.close()
+        return [finals[rid] for rid in request_ids]
+
+    def _tokenize(self, prompt: PromptType) -> tuple[list[int], str | None]:
+        salt = None
+        if isinstance(prompt, dict):
+            salt = prompt.get("cache_salt")
+            if "prompt_token_ids" in prompt:
+                return list(prompt["prompt_token_ids"]), salt
+            prompt = prompt["prompt"]
+        if isinstance(prompt, str):
+            tokenizer = self.llm_engine.tokenizer
+            if tokenizer is None:
+                raise ValueError("this engine has no tokenizer; pass prompts as token id lists")
+            return list(tokenizer(prompt).input_ids), salt
+        return list(prompt), salt
+
+
+def _as_prompt_list(prompts: Any) -> list[PromptType]:
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):  # one prompt given as token ids
+        return [prompts]
+    return prompts
