@@ -16,6 +16,8 @@ generated at cluster start when not configured and reaches replicas only as an a
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import ipaddress
 import re
 from dataclasses import dataclass, field
@@ -162,10 +164,10 @@ class ReplicaConfig:
 class RouterConfig:
     """The router: OpenAI HTTP front, routing policy and its weights."""
 
-    policy: str = "kv_aware"
-    """Routing policy name from the router's registry (e.g. kv_aware, round_robin, least_loaded)."""
+    policy: str = "cache_aware"
+    """Routing policy from the router's registry: cache_aware, least_loaded, round_robin, random, prefix_hash."""
     policy_weights: dict[str, float] = field(default_factory=dict)
-    """Keyword weights passed to the policy (e.g. {prefix_weight: 1.0, load_weight: 0.5})."""
+    """Numeric options passed to the policy (e.g. {decode_weight: 64.0} for cache_aware)."""
     host: str | None = None
     """Address to bind; None -> 127.0.0.1 on an embedded cluster, the node's IP in a Ray cluster."""
     port: int = 8000
@@ -174,10 +176,10 @@ class RouterConfig:
     """SECRET bearer token clients must send; None -> no auth. Prefer KVMESH_API_KEY."""
 
     def __post_init__(self) -> None:
-        _check(bool(self.policy.strip()), "router.policy is empty; give a policy name such as kv_aware")
         for name, weight in self.policy_weights.items():
             _check(isinstance(weight, (int, float)) and not isinstance(weight, bool),
                    f"router.policy_weights.{name}={weight!r} must be a number")
+        _check_policy(self.policy, self.policy_weights)
         _check_port(self.port, "router.port", allow_zero=True)
         if self.host is not None:
             try:
@@ -187,6 +189,24 @@ class RouterConfig:
                        f"router.host={self.host!r} is not an IP address or host name")
         _check(self.api_key is None or len(self.api_key) >= 8,
                "router.api_key is shorter than 8 characters; use a longer secret or leave it unset")
+
+
+def _check_policy(policy: str, weights: dict[str, float]) -> None:
+    """The policy exists in the router's registry and takes every weight as an option."""
+    from kvmesh.router.policies import POLICIES  # torch-free
+
+    _check(policy in POLICIES, f"router.policy={policy!r} is not a routing policy"
+           f"{_did_you_mean(policy, list(POLICIES))}; choose one of {', '.join(POLICIES)}")
+    options = {name for klass in POLICIES[policy].__mro__ if "__init__" in vars(klass)
+               for name in inspect.signature(klass.__init__).parameters} - {"self", "kwargs", "block_size", "seed"}
+    for name in weights:
+        _check(name in options, f"router.policy_weights.{name} is not an option of policy {policy!r}"
+               f"{_did_you_mean(name, sorted(options))}; its options: {', '.join(sorted(options)) or 'none'}")
+
+
+def _did_you_mean(key: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 @dataclass(frozen=True, slots=True)

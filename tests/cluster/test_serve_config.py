@@ -35,26 +35,26 @@ def test_defaults_are_the_embedded_local_cluster():
 def test_example_config_in_deploy_loads():
     config = load_config(EXAMPLE, env={})
     assert config.cache.kv_cache_memory == 256 * 2**20
-    assert config.router.policy == "kv_aware"
+    assert config.router.policy == "cache_aware"
 
 
 def test_yaml_values_are_loaded(tmp_path):
     path = _write(tmp_path, "model: {model: /models/x, dtype: bfloat16}\nreplicas: {num_replicas: 4}\n"
-                            "router: {policy_weights: {load_weight: 0.5}}\n")
+                            "router: {policy_weights: {decode_weight: 0.5}}\n")
     config = load_config(path, env={})
     assert config.model.model == "/models/x" and config.model.dtype == "bfloat16"
     assert config.replicas.num_replicas == 4
-    assert config.router.policy_weights == {"load_weight": 0.5}
+    assert config.router.policy_weights == {"decode_weight": 0.5}
 
 
 def test_cli_flags_override_yaml(tmp_path):
     path = _write(tmp_path, "replicas: {num_replicas: 4}\nrouter: {port: 9000}\n")
     config = config_from_args(_args(["--config", str(path), "--replicas", "3", "--model", "m",
-                                     "--policy-weight", "load_weight=2", "--set", "cache.block_size=32"]))
+                                     "--policy-weight", "decode_weight=2", "--set", "cache.block_size=32"]))
     assert config.replicas.num_replicas == 3  # flag beats file
     assert config.router.port == 9000  # file beats default
     assert config.model.model == "m" and config.cache.block_size == 32
-    assert config.router.policy_weights == {"load_weight": 2}
+    assert config.router.policy_weights == {"decode_weight": 2}
 
 
 def test_flags_left_out_change_nothing(monkeypatch):
@@ -86,9 +86,11 @@ def test_unknown_set_path_is_rejected():
     ({"cache": {"kv_cache_memory": "lots"}}, r"kv_cache_memory='lots' is not a size"),
     ({"model": {"dtype": "fp8"}}, r"model\.dtype='fp8'; expected one of auto, float32"),
     ({"router": {"port": 70000}}, r"router\.port=70000 is not a TCP port"),
-    ({"router": {"policy_weights": {"load_weight": "high"}}}, r"policy_weights must be a mapping"),
+    ({"router": {"policy_weights": {"decode_weight": "high"}}}, r"policy_weights must be a mapping"),
     ({"cache": {"enable_prefix_caching": "yes"}}, r"enable_prefix_caching must be true/false"),
     ({"replicas": 3}, r"replicas must be a mapping"),
+    ({"router": {"policy": "cache_awre"}}, r"router\.policy='cache_awre' is not a routing policy \(did you mean 'cache_aware'\?\)"),
+    ({"router": {"policy_weights": {"decode_weigth": 1}}}, r"decode_weigth is not an option of policy 'cache_aware' \(did you mean 'decode_weight'\?\)"),
     ({"model": {"model": "embedded", "load_format": "safetensors"}}, r"cannot load the embedded model"),
 ])
 def test_bad_values_are_rejected_with_the_path(data, message):
