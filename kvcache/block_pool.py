@@ -1,0 +1,160 @@
+"""The block pool: every KV cache block, the free blocks' eviction order and the prefix-cache map.
+
+Block 0 is the null block and is never handed out. A freed block keeps its hash and stays findable
+through ``cached_block_hash_to_block`` until the eviction policy hands it out again; only then is
+it evicted (lazily, in ``get_new_blocks``) and a ``BlockRemoved`` emitted. Events go to the
+``event_sink`` the owner supplies; the pool knows nothing of transports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from kvmesh.kvcache.block import KVCacheBlock
+from kvmesh.kvcache.eviction import make_eviction_policy
+from kvmesh.kvcache.hashing import BlockHash, external_hash
+from kvmesh.kvcache.pool_integrity import check_pool_integrity
+from kvmesh.kvcache.snapshot import block_stored_event, snapshot_events
+
+__all__ = ["BlockPool", "KVCacheBlock"]
+
+
+class BlockPool:
+    """All blocks of one KV cache, preallocated; see the module docstring."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 event_sink: Callable[[KVEvent], None] | None = None, eviction_policy: str = "lru",
+                 medium: str | None = "CPU", eviction_policy_kwargs: dict[str, Any] | None = None):
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.event_sink = event_sink
+        self.medium = medium
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.null_block = self.blocks[0]
+        self.eviction_policy = make_eviction_policy(
+            eviction_policy, self.blocks[1:], num_blocks, **(eviction_policy_kwargs or {}))
+        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        """Prefix-cache map: hash -> the one block holding that content (in use or free)."""
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        """The block holding ``block_hash``, or None."""
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """``num_blocks`` blocks with ref_cnt 1; recycled ones that were cached are evicted now."""
+        if num_blocks > self.eviction_policy.num_free_blocks:
+            raise ValueError(f"cannot get {num_blocks} blocks: only "
+                             f"{self.eviction_policy.num_free_blocks} are free")
+        blocks = self.eviction_policy.popleft_n(num_blocks)
+        removed: list[BlockHash] | None = None
+        cached = self.cached_block_hash_to_block
+        for block in blocks:
+            h = block.block_hash
+            if h is not None:
+                if cached.get(h) is block:
+                    del cached[h]
+                    if removed is None:
+                        removed = []
+                    removed.append(h)
+                block.reset_hash()
+            block.ref_cnt = 1
+        if removed and self.event_sink is not None:
+            self.event_sink(BlockRemoved(block_hashes=[external_hash(h) for h in removed],
+                                         medium=self.medium))
+        return blocks
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Prefix-cache hits: take a reference; a hit on a free block pulls it out of the free queue."""
+        policy = self.eviction_policy
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                policy.remove(block)
+            block.ref_cnt += 1
+            block.hit_count += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drops one reference per block; blocks reaching zero join the free queue in this order."""
+        freed = []
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0 and block.block_id != 0:
+                freed.append(block)
+        self.eviction_policy.append_n(freed)
+
+    def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
+                          num_cached_blocks: int, num_full_blocks: int, token_ids: Sequence[int],
+                          extra_keys: Callable[[int], tuple | None] | None = None,
+                          lora_name: str | None = None) -> None:
+        """Caches ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes; emits BlockStored.
+
+        ``token_ids`` are the request's tokens (block ``i`` holds ``token_ids[i*bs:(i+1)*bs]``) and
+        ``extra_keys(i)`` gives block ``i``'s extra hash keys. A block whose content another block
+        already holds (two requests computed it in the same step) is left uncached.
+        """
+        if not self.enable_caching or num_full_blocks <= num_cached_blocks:
+            return
+        bs = self.block_size
+        cached = self.cached_block_hash_to_block
+        parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
+        emit = self.event_sink is not None
+        run: list[KVCacheBlock] = []
+        for i in range(num_cached_blocks, num_full_blocks):
+            block, h = blocks[i], block_hashes[i]
+            if block.block_hash is not None or h in cached:
+                if run:
+                    self._emit(run)
+                    run = []
+                parent = h
+                continue
+            block.block_hash = h
+            block.parent_block_hash = parent
+            block.token_ids = token_ids[i * bs : (i + 1) * bs]
+            if extra_keys is not None:
+                block.extra_keys = extra_keys(i)
+            block.lora_name = lora_name
+            cached[h] = block
+            parent = h
+            if emit:
+                run.append(block)
+        if run:
+            self._emit(run)
+
+    def _emit(self, chain: list[KVCacheBlock]) -> None:
+        event: BlockStored = block_stored_event(chain, self.block_size, self.medium)
+        self.event_sink(event)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached hash; refused (False) while any block is in use."""
+        num_used = self.num_blocks - 1 - self.eviction_policy.num_free_blocks
+        if num_used > 0:
+            return False
+        for block in self.cached_block_hash_to_block.values():
+            block.reset_hash()
+        self.cached_block_hash_to_block.clear()
+        self.eviction_policy.reset()
+        if self.event_sink is not None:
+            self.event_sink(AllBlocksCleared())
+        return True
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks that can be handed out (free, cached or not)."""
+        return self.eviction_policy.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of the usable blocks (all but the null block) in use."""
+        return 1.0 - self.eviction_policy.num_free_blocks / (self.num_blocks - 1)
+
+    def snapshot_events(self) -> list[BlockStored]:
+        """Every cached block as BlockStored chains, parents before children."""
+        return snapshot_events(self.cached_block_hash_to_block, self.block_size, self.medium)
+
+    def check_integrity(self) -> None:
+        """Raises AssertionError if a pool invariant is broken (tests and debug mode)."""
+        check_pool_integrity(self)

@@ -1,0 +1,34 @@
+"""Eviction policies for the block pool's free blocks, by name (``BlockPool(eviction_policy=...)``).
+
+A new policy is one file and one line in ``EVICTION_POLICIES``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvmesh.kvcache.block import KVCacheBlock
+from kvmesh.kvcache.eviction.base import EvictionPolicy
+from kvmesh.kvcache.eviction.lru import LRUEvictionPolicy
+from kvmesh.kvcache.eviction.slru import SLRUEvictionPolicy
+
+EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
+    LRUEvictionPolicy.name: LRUEvictionPolicy,
+    SLRUEvictionPolicy.name: SLRUEvictionPolicy,
+}
+
+
+def make_eviction_policy(name: str, blocks: list[KVCacheBlock], num_blocks: int,
+                         **kwargs: Any) -> EvictionPolicy:
+    """The policy called ``name`` holding ``blocks`` (initially free) of a pool of ``num_blocks``."""
+    try:
+        cls = EVICTION_POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown eviction policy {name!r}; choose one of {sorted(EVICTION_POLICIES)}"
+        ) from None
+    return cls(blocks, num_blocks, **kwargs)
+
+
+__all__ = ["EVICTION_POLICIES", "EvictionPolicy", "LRUEvictionPolicy", "SLRUEvictionPolicy",
+           "make_eviction_policy"]

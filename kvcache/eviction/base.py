@@ -1,0 +1,41 @@
+"""The interface between the block pool and an eviction policy.
+
+The pool owns ref counts and the hash map; a policy only orders the *free* blocks (ref_cnt == 0),
+which stay cached and findable until the policy hands them out again. Evicting a block lazily,
+at the moment ``popleft_n`` returns it, is the pool's job.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from kvmesh.kvcache.block import KVCacheBlock
+
+
+class EvictionPolicy(ABC):
+    """Orders the free blocks of a pool; every operation must be O(1) per block."""
+
+    name: str = ""
+    """Registry name (``eviction_policy=`` of the pool)."""
+    num_free_blocks: int
+    """Number of free blocks the policy holds."""
+
+    @abstractmethod
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Removes and returns ``n`` free blocks to reuse, best victims first."""
+
+    @abstractmethod
+    def append_n(self, blocks: list[KVCacheBlock]) -> None:
+        """Takes blocks whose ref count dropped to zero; the first of them should go first."""
+
+    @abstractmethod
+    def remove(self, block: KVCacheBlock) -> None:
+        """Takes ``block`` out of the free set (a prefix-cache hit revived it)."""
+
+    @abstractmethod
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """Every free block in the order the policy would hand them out (tests; O(n))."""
+
+    def reset(self) -> None:
+        """The cache was cleared: forget any per-block history (blocks stay free)."""
+        return None  # stateless policies have nothing to forget

@@ -1,0 +1,170 @@
+"""Chained block hashing: ``hash_i = xxh3_128(parent_i, extra_keys_i, tokens_i)``.
+
+Only full blocks get a hash. The first block's parent is ``NONE_HASH = H(seed)``, where the seed
+is a per-cluster secret: xxhash is not collision resistant, so whoever knows the seed could craft
+colliding prompts and read another tenant's cache. The seed is never logged nor sent in events.
+
+The hashed bytes are a canonical, unambiguous encoding (no pickle)::
+
+    +----------------+--------------------+-------------------+--------------------------+
+    | parent digest  | len(extra) as u32  | extra-key bytes   | token ids, u32 LE each   |
+    | 16 bytes       | little endian      | (see _encode_key) | (the rest of the buffer) |
+    +----------------+--------------------+-------------------+--------------------------+
+
+The parent has a fixed width and the extra keys are length-prefixed, so the token ids are exactly
+the rest of the message. Token ids are packed with ``array('I')`` in one C call per extension,
+which also rejects negative ids and ids above 2**32 - 1 for free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import struct
+import sys
+from array import array
+from collections.abc import Sequence
+
+from xxhash import xxh3_128_digest
+
+BlockHash = bytes
+"""A 16-byte xxh3_128 digest (big-endian canonical form); internal to a replica."""
+
+_U32 = struct.Struct("<I")
+_NO_EXTRA = _U32.pack(0)
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
+_NONE_HASH_DOMAIN = b"kvmesh/none-hash/v1\x00"
+_SALT_DOMAIN = b"kvmesh/cache-salt/v1\x00"
+
+
+def generate_seed() -> bytes:
+    """A fresh secret hash seed (32 random bytes); generate one per cluster, never log it."""
+    return secrets.token_bytes(32)
+
+
+def make_none_hash(seed: bytes | str) -> BlockHash:
+    """``NONE_HASH = H(seed)``: the parent of every request's first block."""
+    if isinstance(seed, str):
+        seed = seed.encode()
+    if not isinstance(seed, bytes | bytearray) or not seed:
+        raise ValueError("hash seed must be non-empty bytes or str (use generate_seed())")
+    return xxh3_128_digest(_NONE_HASH_DOMAIN + bytes(seed))
+
+
+def external_hash(h: BlockHash) -> int:
+    """The hash events carry: the digest's low 64 bits as an unsigned int (vLLM's convention)."""
+    return int.from_bytes(h[8:], "big")
+
+
+def salt_key(cache_salt: str) -> str:
+    """Public digest of a cache salt, used as block 0's extra key (events never show the salt)."""
+    return hashlib.sha256(_SALT_DOMAIN + cache_salt.encode()).hexdigest()[:32]
+
+
+def block_extra_keys(block_index: int, cache_salt: str | None, lora_name: str | None) -> tuple | None:
+    """Extra hash keys of block ``block_index``: the salt key on block 0, the LoRA name on all."""
+    keys: tuple = ()
+    if block_index == 0 and cache_salt is not None:
+        keys = (salt_key(cache_salt),)
+    if lora_name is not None:
+        keys += (lora_name,)
+    return keys or None
+
+
+def _encode_key(key: object, out: bytearray) -> None:
+    """Appends one extra key as ``tag, u32 length, payload`` (tuples recurse)."""
+    if isinstance(key, str):
+        payload, tag = key.encode(), b"s"
+    elif isinstance(key, bytes | bytearray):
+        payload, tag = bytes(key), b"b"
+    elif isinstance(key, bool) or key is None:
+        payload, tag = repr(key).encode(), b"c"
+    elif isinstance(key, int):
+        payload, tag = str(key).encode(), b"i"
+    elif isinstance(key, tuple | list):
+        inner = bytearray()
+        for item in key:
+            _encode_key(item, inner)
+        payload, tag = bytes(inner), b"t"
+    else:
+        raise ValueError(f"extra hash key {key!r} has type {type(key).__name__}; use str, bytes, int or tuple")
+    out += tag
+    out += _U32.pack(len(payload))
+    out += payload
+
+
+def encode_extra_keys(extra_keys: tuple | None) -> bytes:
+    """The length-prefixed extra-key field of the hashed message (4 zero bytes when None)."""
+    if not extra_keys:
+        return _NO_EXTRA
+    body = bytearray()
+    for key in extra_keys:
+        _encode_key(key, body)
+    return _U32.pack(len(body)) + bytes(body)
+
+
+def pack_token_ids(token_ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian u32; ValueError on a negative or too large id."""
+    try:
+        packed = array("I", token_ids)
+    except OverflowError:
+        bad = next(t for t in token_ids if not 0 <= t < 2**32)
+        raise ValueError(f"token id {bad} is out of range: token ids must be in [0, 2**32)") from None
+    if _BIG_ENDIAN_HOST:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def hash_block_tokens(parent: BlockHash, token_ids: Sequence[int], extra_keys: tuple | None) -> BlockHash:
+    """The hash of one block given its parent's hash, its token ids and its extra keys."""
+    return xxh3_128_digest(parent + encode_extra_keys(extra_keys) + pack_token_ids(token_ids))
+
+
+class RequestBlockHasher:
+    """Hashes a request's full blocks incrementally: prefill fills many, decode one token at a time."""
+
+    __slots__ = ("block_size", "none_hash", "block_hashes", "_first_extra", "_rest_extra", "_rest_keys",
+                 "_first_keys")
+
+    def __init__(self, block_size: int, none_hash: BlockHash, cache_salt: str | None = None,
+                 lora_name: str | None = None):
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.none_hash = none_hash
+        self.block_hashes: list[BlockHash] = []
+        """Hashes of the request's full blocks so far, in order."""
+        self._first_keys = block_extra_keys(0, cache_salt, lora_name)
+        self._rest_keys = block_extra_keys(1, cache_salt, lora_name)
+        self._first_extra = encode_extra_keys(self._first_keys)
+        self._rest_extra = encode_extra_keys(self._rest_keys)
+
+    def extra_keys(self, block_index: int) -> tuple | None:
+        """Extra keys of block ``block_index`` (what BlockStored reports for it)."""
+        return self._first_keys if block_index == 0 else self._rest_keys
+
+    def extend(self, all_token_ids: Sequence[int]) -> list[BlockHash]:
+        """Hashes the blocks completed since the last call; returns only the new hashes."""
+        hashes = self.block_hashes
+        start_block = len(hashes)
+        end_block = len(all_token_ids) // self.block_size
+        if end_block <= start_block:
+            return []
+        bs = self.block_size
+        buf = pack_token_ids(all_token_ids[start_block * bs : end_block * bs])
+        step = 4 * bs  # bytes per block
+        new: list[BlockHash] = []
+        append = new.append
+        first = 0
+        if start_block == 0:
+            parent = xxh3_128_digest(self.none_hash + self._first_extra + buf[:step])
+            append(parent)
+            first = step
+        else:
+            parent = hashes[-1]
+        extra = self._rest_extra
+        for offset in range(first, len(buf), step):
+            parent = xxh3_128_digest(parent + extra + buf[offset : offset + step])
+            append(parent)
+        hashes.extend(new)
+        return new

@@ -1,0 +1,170 @@
+"""The KV cache manager: the scheduler's view of the cache (vLLM v1's ``KVCacheManager``).
+
+For each request it keeps the block table (``req_to_blocks``), how many of its blocks are cached
+(``num_cached_block``) and its incremental block hasher. ``get_computed_blocks`` finds the longest
+cached prefix; ``allocate_slots`` reserves blocks for a step (or returns None so the scheduler can
+preempt) and caches the blocks the step fills; ``free`` returns a request's blocks tail first.
+
+A "request" is any object with ``request_id``, ``all_token_ids`` (prompt + output so far),
+``num_tokens``, ``num_computed_tokens``, ``cache_salt`` and ``lora_name``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvmesh.events.schema import KVEvent
+from kvmesh.kvcache.block_pool import BlockPool, KVCacheBlock
+from kvmesh.kvcache.hashing import RequestBlockHasher, generate_seed, make_none_hash
+from kvmesh.kvcache.stats import PrefixCacheStats
+
+MAX_REMEMBERED_FREED = 65_536
+"""Default number of recently freed request ids remembered to detect a double free."""
+
+
+class KVCacheManager:
+    """Prefix-cached block allocation for the scheduler; see the module docstring."""
+
+    def __init__(self, num_blocks: int, block_size: int, hash_seed: bytes | str | None,
+                 enable_caching: bool = True, event_sink: Callable[[KVEvent], None] | None = None,
+                 eviction_policy: str = "lru", medium: str | None = "CPU",
+                 eviction_policy_kwargs: dict[str, Any] | None = None,
+                 max_remembered_freed: int = MAX_REMEMBERED_FREED):
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, block_size, enable_caching, event_sink, eviction_policy,
+                                    medium, eviction_policy_kwargs)
+        self.none_hash = make_none_hash(generate_seed() if hash_seed is None else hash_seed)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        """Block table of each running request."""
+        self.num_cached_block: dict[str, int] = {}
+        """How many leading blocks of each request are cached (hashed and in the map)."""
+        self.req_to_hasher: dict[str, RequestBlockHasher] = {}
+        """Each known request's incremental hasher (created on first sight, dropped on free)."""
+        self.prefix_cache_stats = PrefixCacheStats()
+        """Lookups, queried tokens and hit tokens."""
+        self._recently_freed: dict[str, None] = {}
+        self._max_remembered_freed = max_remembered_freed
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the usable blocks in use."""
+        return self.block_pool.get_usage()
+
+    def _hasher(self, request: Any) -> RequestBlockHasher:
+        hasher = self.req_to_hasher.get(request.request_id)
+        if hasher is None:
+            hasher = RequestBlockHasher(self.block_size, self.none_hash,
+                                        getattr(request, "cache_salt", None),
+                                        getattr(request, "lora_name", None))
+            self.req_to_hasher[request.request_id] = hasher
+            self._recently_freed.pop(request.request_id, None)
+        hasher.extend(request.all_token_ids)
+        return hasher
+
+    def get_computed_blocks(self, request: Any) -> tuple[list[KVCacheBlock], int]:
+        """The request's longest cached prefix and its length in tokens.
+
+        Capped at ``num_tokens - 1`` tokens: the last prompt token must be computed again so the
+        forward pass produces logits to sample from.
+        """
+        if not self.enable_caching:
+            return [], 0
+        hashes = self._hasher(request).block_hashes
+        get = self.block_pool.cached_block_hash_to_block.get
+        computed: list[KVCacheBlock] = []
+        for i in range(min(len(hashes), (request.num_tokens - 1) // self.block_size)):
+            block = get(hashes[i])
+            if block is None:
+                break
+            computed.append(block)
+        num_computed_tokens = len(computed) * self.block_size
+        self.prefix_cache_stats.record(request.num_tokens, num_computed_tokens)
+        return computed, num_computed_tokens
+
+    def allocate_slots(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: Sequence[KVCacheBlock] | None = None
+                       ) -> list[KVCacheBlock] | None:
+        """Reserves blocks for ``num_new_tokens`` more tokens; None when the pool cannot fit them.
+
+        ``new_computed_blocks`` (from ``get_computed_blocks``, first allocation only) are touched
+        and prepended to the block table. Blocks the step fills completely are cached and announced
+        with BlockStored. Returns the newly allocated blocks.
+        """
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        rid = request.request_id
+        new_computed_blocks = new_computed_blocks or ()
+        req_blocks = self.req_to_blocks.get(rid)
+        num_existing = len(req_blocks) if req_blocks is not None else 0
+        num_tokens_need_slot = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_required_blocks = -(-num_tokens_need_slot // self.block_size)
+        num_new_blocks = num_required_blocks - num_existing - len(new_computed_blocks)
+        pool = self.block_pool
+        # Touching a free cached block takes it out of the free queue, so it cannot be counted twice.
+        num_evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks > pool.get_num_free_blocks() - num_evictable:
+            return None
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[rid] = []
+            self._recently_freed.pop(rid, None)
+        if new_computed_blocks:
+            pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
+            self.num_cached_block.setdefault(rid, len(req_blocks))
+        new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        req_blocks.extend(new_blocks)
+        if self.enable_caching:
+            num_full_blocks = min(num_tokens_need_slot, request.num_tokens) // self.block_size
+            num_cached = self.num_cached_block.get(rid, 0)
+            if num_full_blocks > num_cached:
+                hasher = self._hasher(request)
+                pool.cache_full_blocks(req_blocks, hasher.block_hashes, num_cached, num_full_blocks,
+                                       request.all_token_ids, hasher.extra_keys,
+                                       getattr(request, "lora_name", None))
+                self.num_cached_block[rid] = num_full_blocks
+        return new_blocks
+
+    def free(self, request: Any) -> None:
+        """Releases the request's blocks, tail first (its last blocks are evicted first)."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.pop(rid, None)
+        self.num_cached_block.pop(rid, None)
+        self.req_to_hasher.pop(rid, None)
+        if blocks is None:
+            if rid in self._recently_freed:
+                raise ValueError(f"request {rid!r} was already freed; free each request once")
+            return  # never allocated (e.g. aborted while waiting): nothing to release
+        self.block_pool.free_blocks(reversed(blocks))
+        freed = self._recently_freed
+        freed[rid] = None
+        if len(freed) > self._max_remembered_freed:
+            del freed[next(iter(freed))]
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table as block ids."""
+        return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
+
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached block; False (nothing done) while any request holds blocks."""
+        return self.block_pool.reset_prefix_cache()
+
+    def check_integrity(self) -> None:
+        """Raises AssertionError if a pool or block-table invariant is broken."""
+        self.block_pool.check_integrity()
+        refs: Counter[int] = Counter()
+        for rid, blocks in self.req_to_blocks.items():
+            for block in blocks:
+                assert not block.is_null, f"request {rid!r} holds the null block"
+                refs[block.block_id] += 1
+            num_cached = self.num_cached_block.get(rid, 0)
+            assert num_cached <= len(blocks), f"request {rid!r}: {num_cached} cached of {len(blocks)}"
+            if num_cached and self.enable_caching:
+                hashes = self.req_to_hasher[rid].block_hashes
+                for block, h in zip(blocks[:num_cached], hashes, strict=False):
+                    assert block.block_hash in (None, h), f"request {rid!r}: {block} has a foreign hash"
+        for block in self.block_pool.blocks[1:]:
+            assert block.ref_cnt == refs[block.block_id], (
+                f"{block}: ref_cnt {block.ref_cnt} but {refs[block.block_id]} block tables hold it")
