@@ -42,12 +42,29 @@ class ReplicaLoad:
         return max(self.in_flight, self.num_running + self.num_waiting)
 
     def update_report(self, report: dict) -> None:
-        """Take a replica's ``/load`` JSON (unknown keys ignored, missing ones keep their value)."""
-        self.num_running = int(report.get("num_running", report.get("running", self.num_running)))
-        self.num_waiting = int(report.get("num_waiting", report.get("waiting", self.num_waiting)))
-        self.kv_usage = float(report.get("kv_usage", report.get("kv_cache_usage", self.kv_usage)))
-        self.queued_prefill_tokens = int(report.get("queued_prefill_tokens", self.queued_prefill_tokens))
+        """Take a replica's ``/load`` JSON (``protocol.LoadReport``; a few other spellings too).
+
+        Unknown keys are ignored; missing ones keep their value.
+        """
+        self.num_running = int(_first(report, _RUNNING_KEYS, self.num_running))
+        self.num_waiting = int(_first(report, _WAITING_KEYS, self.num_waiting))
+        self.kv_usage = float(_first(report, _KV_USAGE_KEYS, self.kv_usage))
+        self.queued_prefill_tokens = int(_first(report, _PREFILL_KEYS, self.queued_prefill_tokens))
         self.reported_at = time.monotonic()
+
+
+_RUNNING_KEYS = ("num_requests_running", "num_running", "running")
+_WAITING_KEYS = ("num_requests_waiting", "num_waiting", "waiting")
+_KV_USAGE_KEYS = ("kv_cache_usage", "kv_usage")
+_PREFILL_KEYS = ("num_waiting_prefill_tokens", "queued_prefill_tokens")
+
+
+def _first(report: dict, keys: tuple[str, ...], default):
+    for key in keys:
+        value = report.get(key)
+        if value is not None:
+            return value
+    return default
 
 
 class LoadTracker:

@@ -1,0 +1,123 @@
+"""The routing decision: request tokens -> router keys -> prefix match -> policy -> replica.
+
+``KVRouter`` is what the HTTP front (router/server.py), the benchmarks and tests drive. It holds
+the index, the key hasher, the per-replica loads, the health set and the policy; it does no I/O.
+Event batches may arrive on another thread (the subscriber's), so index updates and decisions
+take one lock; each holds it for microseconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvmesh.router.index import PrefixIndex
+from kvmesh.router.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
+from kvmesh.router.load import LoadTracker
+from kvmesh.router.policies import DEFAULT_POLICY, NoReplicaError, get_policy
+
+_ns = time.perf_counter_ns
+
+
+@dataclass(slots=True)
+class RouteDecision:
+    """One routing decision and what it cost."""
+
+    replica_id: Hashable
+    """The chosen replica."""
+    keys: list[int]
+    """The request's router keys (one per full prompt block)."""
+    matched_blocks: int
+    """Leading prompt blocks the chosen replica holds (real or predicted)."""
+    predicted_hit_tokens: int
+    """Prompt tokens the replica should report as cached (matched blocks, capped at prompt - 1)."""
+    uncached_tokens: int
+    """Prompt tokens the replica will still compute."""
+    timings_ns: dict[str, int] = field(default_factory=dict)
+    """Nanoseconds spent per stage: hash, match, score."""
+
+
+class KVRouter:
+    """Index + loads + health + policy: decides where each request goes."""
+
+    def __init__(self, block_size: int = 16, policy: str = DEFAULT_POLICY, policy_kwargs: dict | None = None,
+                 seed: int = DEFAULT_ROUTER_SEED, predict_ttl_s: float = 2.0) -> None:
+        self.hasher = RouterKeyHasher(block_size, seed)
+        self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
+        self.loads = LoadTracker()
+        self.policy_name = policy
+        self.policy = get_policy(policy, block_size=block_size, **(policy_kwargs or {}))
+        self.healthy: set[Hashable] = set()
+        """Replicas that may receive requests."""
+        self.lock = threading.Lock()
+        self.events_applied = 0
+        """Events applied from all replicas."""
+
+    @property
+    def block_size(self) -> int:
+        return self.hasher.block_size
+
+    # ---------------------------------------------------------------- replica set
+    def add_replica(self, replica_id: Hashable, healthy: bool = True) -> None:
+        with self.lock:
+            self.index.add_replica(replica_id)
+            self.loads.add_replica(replica_id)
+            if healthy:
+                self.healthy.add(replica_id)
+
+    def remove_replica(self, replica_id: Hashable) -> None:
+        with self.lock:
+            self.index.remove_replica(replica_id)
+            self.loads.remove_replica(replica_id)
+            self.healthy.discard(replica_id)
+
+    def set_healthy(self, replica_id: Hashable, healthy: bool, clear_cache: bool = False) -> None:
+        """Mark a replica (un)healthy; ``clear_cache`` drops its tree (it died and lost its cache)."""
+        with self.lock:
+            if replica_id not in self.loads.loads:
+                return
+            if healthy:
+                self.healthy.add(replica_id)
+            else:
+                self.healthy.discard(replica_id)
+            if clear_cache:
+                self.index.clear_replica(replica_id)
+
+    def apply_events(self, replica_id: Hashable, batch_or_events) -> None:
+        """Apply a replica's event batch (called from the subscriber's thread)."""
+        events = getattr(batch_or_events, "events", batch_or_events)
+        with self.lock:
+            if replica_id in self.loads.loads:
+                self.index.apply(replica_id, events)
+                self.events_applied += len(events)
+
+    # ---------------------------------------------------------------- decisions
+    def route(self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None,
+              exclude: Iterable[Hashable] = ()) -> RouteDecision:
+        """Choose a healthy replica (not in ``exclude``) for a prompt; credits it with the prompt's blocks.
+
+        Raises NoReplicaError when no candidate is left.
+        """
+        t0 = _ns()
+        keys = self.hasher.keys(token_ids, cache_salt, lora_name)
+        t1 = _ns()
+        with self.lock:
+            matches = self.index.match(keys)
+            t2 = _ns()
+            all_loads = self.loads.loads
+            excluded = set(exclude)
+            healthy = self.healthy
+            loads = {r: load for r, load in all_loads.items() if r in healthy and r not in excluded}
+            if not loads:
+                raise NoReplicaError("no healthy replica to route to (all are down or already failed "
+                                     "this request); retry later or register a replica")
+            replica_id = self.policy.choose(keys, matches, loads, len(token_ids))
+            self.index.predict(replica_id, keys)
+        t3 = _ns()
+        bs = self.hasher.block_size
+        matched = matches.get(replica_id, 0)
+        hit = min(matched * bs, ((len(token_ids) - 1) // bs) * bs) if token_ids else 0
+        return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit,
+                             {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2})

@@ -1,0 +1,34 @@
+"""Shared builders for router tests: events for a token chain, fake loads."""
+
+from __future__ import annotations
+
+import xxhash
+from kvmesh.events.schema import BlockRemoved, BlockStored
+
+
+def ext_hashes(token_ids, block_size, salt=""):
+    """Fake replica-side external hashes of each full block (a chain, like the real ones)."""
+    out, parent = [], 0
+    for i in range(len(token_ids) // block_size):
+        blk = token_ids[i * block_size:(i + 1) * block_size]
+        parent = xxhash.xxh3_64_intdigest(f"{salt}|{parent}|{blk}".encode())
+        out.append(parent)
+    return out
+
+
+def stored(token_ids, block_size, start_block=0, num_blocks=None, salt="", extra_keys=None):
+    """BlockStored for blocks [start_block, start_block + num_blocks) of a prompt."""
+    hashes = ext_hashes(token_ids, block_size, salt)
+    end = len(hashes) if num_blocks is None else start_block + num_blocks
+    return BlockStored(
+        block_hashes=hashes[start_block:end],
+        parent_block_hash=hashes[start_block - 1] if start_block else None,
+        token_ids=list(token_ids[start_block * block_size:end * block_size]),
+        block_size=block_size, lora_id=None, medium="CPU", lora_name=None,
+        extra_keys=extra_keys,
+    )
+
+
+def removed(token_ids, block_size, blocks, salt=""):
+    hashes = ext_hashes(token_ids, block_size, salt)
+    return BlockRemoved(block_hashes=[hashes[i] for i in blocks], medium="CPU")

@@ -1,0 +1,103 @@
+"""Routing policies with fake loads: the cache/load trade-off and the baselines."""
+
+from __future__ import annotations
+
+import pytest
+from kvmesh.router.load import ReplicaLoad
+from kvmesh.router.policies import POLICIES, NoReplicaError, get_policy
+
+BS = 16
+KEYS = list(range(64))  # a 1,024-token prompt
+
+
+def loads(n=2, **per_replica):
+    out = {f"r{i}": ReplicaLoad() for i in range(n)}
+    for rid, kw in per_replica.items():
+        for k, v in kw.items():
+            setattr(out[rid], k, v)
+    return out
+
+
+def test_cache_aware_prefers_replica_holding_the_prefix():
+    policy = get_policy("cache_aware", block_size=BS)
+    assert policy.choose(KEYS, {"r1": 40}, loads(3)) == "r1"
+
+
+def test_cache_aware_leaves_prefix_when_backlog_outweighs_saved_prefill():
+    policy = get_policy("cache_aware", block_size=BS, decode_weight=0)
+    saved = 40 * BS
+    assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"queued_prefill_tokens": saved - 1})) == "r1"
+    assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"queued_prefill_tokens": saved + 1})) == "r0"
+
+
+def test_cache_aware_trade_off_is_continuous_in_decode_load():
+    policy = get_policy("cache_aware", block_size=BS, decode_weight=32)
+    saved = 40 * BS  # = 20 running requests' worth
+    assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"in_flight": 19})) == "r1"
+    assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"in_flight": 21})) == "r0"
+    assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"num_running": 21})) == "r0"
+    assert saved == 20 * 32
+
+
+def test_cache_aware_router_pending_prefill_counts_as_backlog():
+    policy = get_policy("cache_aware", block_size=BS, decode_weight=0)
+    busy = loads(2, r1={"pending_prefill_tokens": 10_000})
+    assert policy.choose(KEYS, {"r1": 64}, busy) == "r0"
+
+
+def test_cache_aware_ties_rotate_over_idle_replicas():
+    policy = get_policy("cache_aware", block_size=BS)
+    picks = {policy.choose(KEYS, {}, loads(4)) for _ in range(8)}
+    assert picks == {"r0", "r1", "r2", "r3"}
+
+
+def test_cache_aware_temperature_samples_near_equal_replicas():
+    policy = get_policy("cache_aware", block_size=BS, temperature=50.0, seed=1)
+    near = loads(3, r2={"queued_prefill_tokens": 100_000})
+    picks = [policy.choose(KEYS, {"r0": 1}, near) for _ in range(200)]
+    assert {"r0", "r1"} <= set(picks) and "r2" not in picks
+
+
+def test_least_loaded_ignores_cache():
+    policy = get_policy("least_loaded")
+    assert policy.choose(KEYS, {"r1": 64}, loads(2, r1={"in_flight": 1})) == "r0"
+
+
+def test_round_robin_cycles():
+    policy = get_policy("round_robin")
+    assert [policy.choose(KEYS, {}, loads(3)) for _ in range(6)] == ["r0", "r1", "r2"] * 2
+
+
+def test_random_is_seeded():
+    a = [get_policy("random", seed=3).choose(KEYS, {}, loads(5)) for _ in range(5)]
+    b = [get_policy("random", seed=3).choose(KEYS, {}, loads(5)) for _ in range(5)]
+    assert a == b
+
+
+def test_prefix_hash_keeps_a_prefix_together_and_moves_little_on_removal():
+    policy = get_policy("prefix_hash", prefix_blocks=2)
+    prompts = [[i * 1000 + j for j in range(8)] for i in range(200)]
+    first = {i: policy.choose(p, {}, loads(10)) for i, p in enumerate(prompts)}
+    assert first == {i: policy.choose(p, {}, loads(10)) for i, p in enumerate(prompts)}
+    assert policy.choose([prompts[0][0], prompts[0][1], 999], {}, loads(10)) == first[0]
+    fewer = loads(10)
+    del fewer["r3"]
+    moved = sum(policy.choose(p, {}, fewer) != first[i] for i, p in enumerate(prompts))
+    assert moved == sum(v == "r3" for v in first.values())
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_raises_without_candidates(name):
+    with pytest.raises(NoReplicaError):
+        get_policy(name).choose(KEYS, {}, {})
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_picks_among_a_thousand_replicas(name):
+    many = loads(1000)
+    assert get_policy(name).choose(KEYS, {"r7": 3}, many) in many
+
+
+def test_unknown_policy_names_the_choices():
+    with pytest.raises(ValueError, match="cache_aware"):
+        get_policy("nope")
