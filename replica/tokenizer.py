@@ -32,6 +32,7 @@ DEFAULT_CHAT_TEMPLATE = (
 
 # Keys of a Hugging Face config.json that hold the model's context length, most specific first.
 _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+VERY_LARGE_LENGTH = int(1e30)  # transformers' own "no limit" value
 DEFAULT_MAX_MODEL_LEN = 2048
 """Context length assumed when neither config.json nor tokenizer_config.json says."""
 
@@ -159,6 +160,8 @@ def load_tokenizer(
     if max_model_len is None:
         tok_max = getattr(hf, "model_max_length", None)
         max_model_len = int(tok_max) if isinstance(tok_max, int) and 0 < tok_max < 10**8 else DEFAULT_MAX_MODEL_LEN
+    # Length checks belong to the server (with a clear 400), not to a tokenizer warning.
+    hf.model_max_length = VERY_LARGE_LENGTH
     if chat_template is not None and os.path.isfile(chat_template):
         chat_template = Path(chat_template).read_text()
     return Tokenizer(hf, max_model_len=max_model_len, chat_template=chat_template, name=model)

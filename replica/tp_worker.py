@@ -1,0 +1,181 @@
+"""Tensor parallelism over Ray: one worker actor per rank, driven step by step by the engine.
+
+    replica actor (LLMEngine: scheduler + block pool + events)
+        │  RayTPExecutor.execute_model(SchedulerOutput)  -- looks like a ModelRunner to the engine
+        │  ray.put(out) once, then one Ray call per rank and step
+        ▼
+    TPWorker rank 0 ◀── all_reduce / all_gather (gloo | NCCL) ──▶ TPWorker rank 1 … N-1
+      ModelRunner(config, rank=0, world_size=N)                    ModelRunner(config, rank=i, …)
+      (its KV cache holds num_kv_heads / N heads: sharded by KV heads, same block ids on every rank)
+
+Every rank computes the same sampled tokens (the logits are gathered before sampling); the
+executor returns rank 0's. The ranks live in one placement group (one bundle per rank: a GPU each
+on a GPU cluster, CPUs otherwise). A rank that fails or hangs past ``step_timeout_s`` marks the
+executor dead: every later step raises at once and the owner takes the replica down.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.distributed import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedInit
+
+logger = logging.getLogger(__name__)
+
+
+class TPWorker:
+    """One rank: its own process, its shard of the weights and of the KV cache."""
+
+    def __init__(self, config: EngineConfig, rank: int, world_size: int):
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.runner: Any = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's node IP and a free port there (the group's meeting point)."""
+        import ray
+        from kvmesh.replica.distributed import free_port
+
+        ip = ray.util.get_node_ip_address()
+        return ip, free_port()
+
+    def init_model(self, init: DistributedInit) -> dict[str, Any]:
+        """Join the process group, build this rank's ModelRunner, report what the engine needs."""
+        from kvmesh.replica.distributed import init_distributed
+        from kvmesh.replica.model_runner import ModelRunner
+
+        init_distributed(init, self.rank)
+        self.runner = ModelRunner(self.config, rank=self.rank, world_size=self.world_size)
+        r = self.runner
+        return {"num_kv_blocks": r.num_kv_blocks, "max_model_len": r.max_model_len, "vocab_size": r.vocab_size,
+                "eos_token_ids": list(r.eos_token_ids or ()), "device": str(getattr(r, "device", "cpu"))}
+
+    def execute_model(self, out: Any) -> dict[str, int] | None:
+        sampled = self.runner.execute_model(out)
+        return sampled if self.rank == 0 else None
+
+    def ping(self) -> int:
+        return self.rank
+
+    def shutdown(self) -> None:
+        from kvmesh.replica.distributed import destroy_distributed
+
+        self.runner = None
+        destroy_distributed()
+
+
+class RayTPExecutor:
+    """Drives ``tensor_parallel_size`` TPWorker actors; has ModelRunner's interface for LLMEngine."""
+
+    def __init__(self, config: EngineConfig, placement_group: Any = None, num_cpus_per_worker: float = 1.0,
+                 init_timeout_s: float = 300.0, step_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S):
+        import ray
+        from kvmesh.replica.distributed import backend_for
+        from ray.util.placement_group import placement_group as make_pg
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.world_size = n = config.tensor_parallel_size
+        self.step_timeout_s = step_timeout_s
+        self.dead_reason: str | None = None
+        device = config.device or ("cuda" if _cuda_on_cluster() else "cpu")
+        use_gpu = device == "cuda"
+        # Each rank must not start its own TP group: the worker's config says device explicitly.
+        config = replace(config, device=device)
+        self._own_pg = placement_group is None
+        if placement_group is None:
+            bundle = {"GPU": 1, "CPU": num_cpus_per_worker} if use_gpu else {"CPU": num_cpus_per_worker}
+            placement_group = make_pg([dict(bundle) for _ in range(n)], strategy="STRICT_PACK")
+            try:
+                ray.get(placement_group.ready(), timeout=init_timeout_s)
+            except Exception as e:
+                ray.util.remove_placement_group(placement_group)
+                raise RuntimeError(f"no room for {n} TP ranks ({bundle} each) within {init_timeout_s}s: {e}. "
+                                   "Free resources or lower tensor_parallel_size.") from e
+        self.placement_group = placement_group
+        worker_cls = ray.remote(TPWorker)
+        self.workers = [
+            worker_cls.options(
+                num_cpus=num_cpus_per_worker if not use_gpu else 0, num_gpus=1 if use_gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=i),
+                max_restarts=0, max_concurrency=2,
+            ).remote(config, i, n)
+            for i in range(n)
+        ]
+        try:
+            addr, port = ray.get(self.workers[0].rendezvous.remote(), timeout=init_timeout_s)
+            init = DistributedInit(addr, port, n, backend_for(device), step_timeout_s)
+            infos = ray.get([w.init_model.remote(init) for w in self.workers], timeout=init_timeout_s)
+        except Exception:
+            self.shutdown()
+            raise
+        info = infos[0]
+        self.num_kv_blocks = min(i["num_kv_blocks"] for i in infos)
+        self.max_model_len = info["max_model_len"]
+        self.vocab_size = info["vocab_size"]
+        self.eos_token_ids = info["eos_token_ids"]
+        self.device = info["device"]
+        self.hf_config = None
+        logger.info("TP group of %d ranks ready on %s (%d KV blocks)", n, self.device, self.num_kv_blocks)
+
+    def execute_model(self, out: Any) -> dict[str, int]:
+        import ray
+
+        if self.dead_reason is not None:
+            raise RuntimeError(f"tensor-parallel group is down: {self.dead_reason}")
+        ref = ray.put(out)
+        futures = [w.execute_model.remote(ref) for w in self.workers]
+        try:
+            results = ray.get(futures, timeout=self.step_timeout_s)
+        except Exception as e:  # a rank died, raised or hung: the group is unusable from now on
+            self.dead_reason = f"a rank failed a step: {type(e).__name__}: {e}"
+            logger.error("tensor-parallel step failed; replica must restart: %s", self.dead_reason)
+            for f in futures:
+                ray.cancel(f, force=False)
+            raise RuntimeError(self.dead_reason) from e
+        return results[0]
+
+    def check_health(self, timeout_s: float = 10.0) -> str | None:
+        """None when every rank answers, else why not (and the executor is marked dead)."""
+        import ray
+
+        if self.dead_reason is None:
+            try:
+                ray.get([w.ping.remote() for w in self.workers], timeout=timeout_s)
+            except Exception as e:
+                self.dead_reason = f"a rank does not answer: {type(e).__name__}: {e}"
+        return self.dead_reason
+
+    def shutdown(self) -> None:
+        import ray
+
+        for w in getattr(self, "workers", []):
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.workers = []
+        if self._own_pg and getattr(self, "placement_group", None) is not None:
+            try:
+                ray.util.remove_placement_group(self.placement_group)
+            except Exception:  # noqa: BLE001
+                pass
+            self.placement_group = None
+
+
+def _cuda_on_cluster() -> bool:
+    import ray
+
+    return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
+
+
+def make_model_runner(config: EngineConfig, placement_group: Any = None, **executor_kwargs: Any) -> Any:
+    """A ModelRunner in this process for TP=1, a RayTPExecutor for TP>1."""
+    if config.tensor_parallel_size == 1:
+        from kvmesh.replica.model_runner import ModelRunner
+
+        return ModelRunner(config)
+    return RayTPExecutor(config, placement_group=placement_group, **executor_kwargs)
