@@ -1,0 +1,105 @@
+"""``kvmesh sim``: compare routing policies on a trace with simulated replicas (see kvmesh.cluster.sim)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+DEFAULT_TRACE = "mooncake_synthetic_trace.jsonl"
+
+
+def default_trace() -> str:
+    shared = os.environ.get("KVMESH_SHARED_DIR")
+    root = Path(shared) if shared else Path(__file__).resolve().parents[2].parent / "shared"
+    return str(root / "traces" / DEFAULT_TRACE)
+
+
+def _key_value(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "sim", help="replay a trace through the real router in front of simulated replicas",
+        description="Replay a Mooncake hash_ids trace through the real router index and policies in front "
+                    "of N simulated replicas (real kvcache block pools, model time from a cost model), and "
+                    "compare policies: prefix hit rate vs. infinite-cache and single-pool ceilings, TTFT and "
+                    "queueing p50/p99, load imbalance, events/s. Writes JSON + a PNG plot.")
+    p.add_argument("--trace", default=default_trace(), help="Mooncake JSONL trace (default: %(default)s)")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N requests")
+    p.add_argument("--replicas", type=int, default=16, help="simulated replicas (default: 16)")
+    p.add_argument("--policies", default=None,
+                   help="comma-separated policies (default: every registered policy)")
+    p.add_argument("--block-size", type=int, default=512,
+                   help="tokens per KV block of a replica; 512 = one Mooncake hash_id per block (default)")
+    p.add_argument("--blocks-per-replica", type=int, default=None, help="KV blocks per replica")
+    p.add_argument("--capacity-fraction", type=float, default=0.25,
+                   help="total KV capacity as a fraction of the trace's working set (default: 0.25)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply arrival times by this (0.25 = 4x the request rate)")
+    p.add_argument("--event-delay", type=float, default=0.0, help="seconds before the router sees an event")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most running sequences per replica")
+    p.add_argument("--cost", type=_key_value, action="append", default=[], metavar="FIELD=SECONDS",
+                   help="override a CostModel constant, e.g. --cost prefill_s_per_token=1e-4 (repeatable)")
+    p.add_argument("--policy-arg", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for the policies, e.g. --policy-arg load_weight=0.5 (repeatable)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-ceilings", action="store_true", help="skip the infinite/single-pool ceilings")
+    p.add_argument("--out", default="results/sim.json", help="JSON report path (default: %(default)s)")
+    p.add_argument("--plot", default=None, help="PNG path (default: the JSON path with .png)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def build_config(args):
+    from kvmesh.cluster.sim.config import SimConfig
+    from kvmesh.cluster.sim.cost_model import CostModel
+
+    known = {f.name for f in fields(CostModel)}
+    for key, _ in args.cost:
+        if key not in known:
+            raise ValueError(f"--cost {key}: unknown CostModel field; choose from {sorted(known)}")
+    cost = CostModel(**{k: float(v) for k, v in args.cost})
+    return SimConfig(
+        num_replicas=args.replicas, block_size=args.block_size, blocks_per_replica=args.blocks_per_replica,
+        capacity_fraction=args.capacity_fraction, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs, event_delay_s=args.event_delay, time_scale=args.time_scale,
+        seed=args.seed, cost=cost, policy_kwargs=dict(args.policy_arg))
+
+
+def run(args) -> int:
+    from kvmesh.cluster.benchmarks.traces import TraceError, read_mooncake
+    from kvmesh.cluster.sim.plots import plot_report
+    from kvmesh.cluster.sim.report import format_table, write_json
+    from kvmesh.cluster.sim.router_adapter import available_policies
+    from kvmesh.cluster.sim.runner import compare_policies
+
+    try:
+        config = build_config(args)
+        records = read_mooncake(args.trace, limit=args.limit)
+        registered = available_policies()
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else registered
+        unknown = [p for p in policies if p not in registered]
+        if unknown:
+            raise ValueError(f"unknown policies {unknown}; registered: {registered}")
+        report = compare_policies(records, config, policies, show_progress=not args.no_progress,
+                                  with_ceilings=not args.no_ceilings)
+    except (TraceError, ValueError) as e:
+        print(f"kvmesh sim: {e}", file=sys.stderr)
+        return 2
+    out = write_json(report, args.out)
+    plot = plot_report(report, args.plot or Path(args.out).with_suffix(".png"))
+    print(format_table(report))
+    print(f"wrote {out} and {plot}")
+    return 0

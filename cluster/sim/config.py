@@ -1,0 +1,60 @@
+"""Configuration of one simulation run (validated at the edge, trusted inside)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvmesh.cluster.sim.cost_model import CostModel
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """N simulated replicas, each a real ``KVCacheManager`` behind a cost model."""
+
+    num_replicas: int = 16
+    """Simulated replicas behind the router."""
+    block_size: int = 512
+    """Tokens per KV block of a simulated replica. 512 = one Mooncake ``hash_id`` per block: a
+    real engine would use 16, but 512 keeps the pools, events and index 32x smaller at scale and
+    gives the same hit rates on hash_id traces (prefixes are shared in whole 512-token blocks)."""
+    blocks_per_replica: int | None = None
+    """KV blocks per replica (the null block comes on top). None: ``capacity_fraction`` of the
+    trace's working set (distinct blocks), split evenly across replicas."""
+    capacity_fraction: float = 0.25
+    """Total cluster KV capacity as a fraction of the trace's working set (when ``blocks_per_replica`` is None)."""
+    max_num_batched_tokens: int = 8192
+    """Token budget of one engine step (prefill chunks + one token per decoding sequence)."""
+    max_num_seqs: int = 256
+    """Most sequences running at once on a replica."""
+    event_delay_s: float = 0.0
+    """Simulated delay between a cache change on a replica and the router applying its event."""
+    time_scale: float = 1.0
+    """Multiplies trace arrival times: 0.25 replays the trace 4x faster (4x the request rate)."""
+    vocab_size: int = 32_000
+    """Token ids generated per hash id are drawn from [3, vocab_size)."""
+    seed: int = 0
+    """Seed for generated token ids and for policies that draw random numbers."""
+    cost: CostModel = field(default_factory=CostModel)
+    """Step-time model (H100-class defaults for an 8B model)."""
+    policy_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments for every policy built by ``get_policy(name, **policy_kwargs)``
+    (a key a policy does not take is dropped for it)."""
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1 token, got {self.block_size}")
+        if self.blocks_per_replica is not None and self.blocks_per_replica < 1:
+            raise ValueError(f"blocks_per_replica must be >= 1, got {self.blocks_per_replica}")
+        if not self.capacity_fraction > 0:
+            raise ValueError(f"capacity_fraction must be > 0, got {self.capacity_fraction}")
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1, got "
+                             f"{self.max_num_batched_tokens} and {self.max_num_seqs}")
+        if self.event_delay_s < 0:
+            raise ValueError(f"event_delay_s must be >= 0, got {self.event_delay_s}")
+        if not self.time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+        if self.vocab_size < 4:
+            raise ValueError(f"vocab_size must be >= 4, got {self.vocab_size}")

@@ -1,0 +1,167 @@
+"""A simulated replica: a real ``KVCacheManager`` with a continuous-batching scheduler whose
+step time comes from the cost model.
+
+Scheduling mirrors the engine (DESIGN.md, "Scheduler"): one queue, a token budget per step,
+running requests first (one token per decoding sequence, then prefill chunks), then waiting
+requests in arrival order. A request's blocks are allocated in full on admission (prompt +
+output), so it never needs preemption; it waits while they do not fit. Blocks are freed on
+completion and stay findable (lazy LRU) until recycled.
+
+A step that only decodes is simulated as a *stretch* of ``k`` identical steps that ends at the
+next completion; an arrival interrupts the stretch after the step in progress (see
+:meth:`SimReplica.interrupt`). Step time inside a stretch uses the context lengths at its
+start (a sub-percent error: outputs are short next to prompts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from kvmesh.cluster.sim.config import SimConfig
+from kvmesh.cluster.sim.request import SimRequest
+
+
+@dataclass(slots=True)
+class Step:
+    """A planned step (or stretch of ``num_steps`` identical decode steps)."""
+
+    start_s: float
+    step_s: float  # duration of one step
+    num_steps: int
+    prefill_chunks: list[tuple[SimRequest, int]]  # (request, tokens computed this step)
+    decodes: list[SimRequest]
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.step_s * self.num_steps
+
+
+class SimReplica:
+    def __init__(self, replica_id: int, num_blocks: int, config: SimConfig, hash_seed: bytes):
+        from kvmesh.kvcache.kv_cache_manager import KVCacheManager
+
+        self.replica_id = replica_id
+        self.config = config
+        self.num_blocks = num_blocks
+        self.pending_events: list = []
+        # +1: block 0 is the null block, so `num_blocks` stay usable.
+        self.kv = KVCacheManager(num_blocks + 1, config.block_size, hash_seed,
+                                 event_sink=self.pending_events.append)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.step: Step | None = None
+        self.version = 0  # bumped when a planned step is cut short (stale heap entries are skipped)
+        # -- measured --
+        self.busy_s = 0.0
+        self.num_steps = 0
+        self.prefill_tokens = 0
+        self.num_requests = 0
+
+    # -- load, as a router would see it ---------------------------------------------------
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def blocks_needed(self, req: SimRequest) -> int:
+        return math.ceil((req.num_prompt_tokens + req.max_output_tokens) / self.config.block_size)
+
+    def add(self, req: SimRequest) -> None:
+        if self.blocks_needed(req) > self.num_blocks:
+            raise ValueError(f"{req.request_id} needs {self.blocks_needed(req)} blocks of "
+                             f"{self.config.block_size} tokens; a replica holds {self.num_blocks}: "
+                             "raise --blocks-per-replica or --capacity-fraction")
+        self.waiting.append(req)
+        self.num_requests += 1
+
+    # -- scheduling --------------------------------------------------------------------
+    def _admit(self, req: SimRequest) -> bool:
+        computed_blocks, num_cached = self.kv.get_computed_blocks(req)
+        num_new = req.num_prompt_tokens + req.max_output_tokens - num_cached
+        if self.kv.allocate_slots(req, num_new, num_cached, computed_blocks) is None:
+            return False
+        req.num_cached_tokens = num_cached
+        req.num_computed_tokens = num_cached
+        return True
+
+    def schedule(self, now: float) -> Step | None:
+        """Plan the next step at ``now``; None when there is nothing to run."""
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        decodes = [r for r in self.running if r.prefill_done]
+        budget -= len(decodes)
+        chunks: list[tuple[SimRequest, int]] = []
+        for r in self.running:
+            if not r.prefill_done and budget > 0:
+                n = min(r.remaining_prefill, budget)
+                chunks.append((r, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting[0]
+            if not self._admit(req):
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            req.admitted_s = now
+            n = min(req.remaining_prefill, budget)
+            chunks.append((req, n))
+            budget -= n
+        if not chunks and not decodes:
+            if self.waiting:  # nothing runs, yet the head does not fit: cannot happen (checked in add)
+                raise RuntimeError(f"replica {self.replica_id}: {self.waiting[0].request_id} cannot be admitted")
+            self.step = None
+            return None
+        num_prefill = sum(n for _, n in chunks)
+        step_s = cfg.cost.step_time(num_prefill, len(decodes), sum(r.context_len for r in decodes))
+        num_steps = min(r.remaining_output for r in decodes) if not chunks else 1
+        self.step = Step(now, step_s, num_steps, chunks, decodes)
+        return self.step
+
+    def interrupt(self, now: float) -> float | None:
+        """Cut a decode stretch short after the step running at ``now``; returns the new end
+        time (the caller reschedules it under the new ``version``), or None if unchanged."""
+        step = self.step
+        if step is None or step.num_steps == 1:
+            return None
+        done = min(step.num_steps, int((now - step.start_s) / step.step_s) + 1)
+        if done >= step.num_steps:
+            return None
+        step.num_steps = done
+        self.version += 1
+        return step.end_s
+
+    def complete_step(self, now: float) -> tuple[list[SimRequest], list[SimRequest]]:
+        """Apply the planned step's work; returns (requests that got their first token,
+        requests that finished). Finished requests' blocks are freed."""
+        step = self.step
+        assert step is not None
+        self.step = None
+        self.busy_s += step.step_s * step.num_steps
+        self.num_steps += step.num_steps
+        first, finished = [], []
+        for r in step.decodes:
+            r.num_output_tokens += step.num_steps
+        for r, n in step.prefill_chunks:
+            r.num_computed_tokens += n
+            self.prefill_tokens += n
+            if r.prefill_done:  # the step that computes the last prompt token samples the first output token
+                r.num_output_tokens = 1
+                r.first_token_s = now
+                first.append(r)
+        still = []
+        for r in self.running:
+            if r.prefill_done and r.remaining_output <= 0:
+                r.finished_s = now
+                self.kv.free(r)
+                r.all_token_ids = []  # drop the tokens; the pool keeps the blocks
+                finished.append(r)
+            else:
+                still.append(r)
+        self.running = still
+        return first, finished
+
+    def take_events(self) -> list:
+        events = self.pending_events[:]
+        self.pending_events.clear()
+        return events

@@ -1,0 +1,37 @@
+"""The simulator's printed table and JSON file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def format_table(report: dict) -> str:
+    ceil = report.get("ceilings", {})
+    lines = [
+        f"{report['config']['num_replicas']} replicas x {report['blocks_per_replica']} blocks of "
+        f"{report['config']['block_size']} tokens (total {report['total_blocks']}; trace working set "
+        f"{report['trace']['working_set_blocks']} blocks), {report['trace']['requests']} requests "
+        f"over {report['trace']['duration_s']:.0f} s",
+    ]
+    if ceil:
+        lines.append(f"ceilings: infinite cache {ceil['infinite_cache_hit_rate']:.1%}, "
+                     f"single pool of the same total capacity {ceil['single_pool_hit_rate']:.1%}")
+    header = (f"{'policy':<16}{'hit':>7}{'/pool':>7}{'TTFT p50':>10}{'TTFT p99':>10}{'queue p50':>10}"
+              f"{'queue p99':>10}{'max/mean':>9}{'events/s':>11}{'wall s':>8}")
+    lines += [header, "-" * len(header)]
+    for name, s in report["policies"].items():
+        rel = s.get("hit_rate_vs_single_pool")
+        lines.append(
+            f"{name:<16}{s['hit_rate']:>7.1%}{(f'{rel:.0%}' if rel is not None else '-'):>7}"
+            f"{s['ttft_s']['p50']:>10.3f}{s['ttft_s']['p99']:>10.3f}{s['queue_s']['p50']:>10.3f}"
+            f"{s['queue_s']['p99']:>10.3f}{s['load_imbalance']:>9.2f}{s['events_per_s']:>11,.0f}"
+            f"{s['wall_s']:>8.1f}")
+    return "\n".join(lines)
+
+
+def write_json(report: dict, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+    return p
