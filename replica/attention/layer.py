@@ -1,0 +1,21 @@
+"""The attention layer of one decoder layer: owns its slice of the KV cache, delegates to a backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from kvmesh.replica.attention.backend import AttentionBackend
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.num_kv_heads, self.scale = num_heads, head_dim, num_kv_heads, scale
+        self.backend: AttentionBackend | None = None
+        self.kv_cache: torch.Tensor | None = None  # [2, num_blocks, block_size, num_kv_heads, head_dim], bound by the runner
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hk, D] -> [T, Hq, D]."""
+        return self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale)

@@ -1,0 +1,63 @@
+"""The paged KV cache: one preallocated tensor for all layers, sized from a memory budget.
+
+    kv_cache: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+                           ^ 0 = K, 1 = V            ^ this rank's K/V heads
+    layer l's view kv_cache[l] is what its attention backend reads and writes;
+    token at position p of a request lives at slot block_table[p // block_size] * block_size
+    + p % block_size. Block 0 is the null block: never allocated to a request, it pads block tables.
+
+On CPU the budget is ``kv_cache_memory`` bytes for the whole replica (all TP ranks together, so a
+TP=2 replica gets as many blocks as a TP=1 one). On CUDA it is what ``gpu_memory_utilization``
+leaves after the weights and the peak activation memory of a profiling forward.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes on this rank (K and V, all layers)."""
+    return num_layers * 2 * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def num_blocks_for_budget(budget_bytes: int, block_bytes: int, block_size: int, max_model_len: int) -> int:
+    """How many blocks (null block included) fit; raises when not even one full-length sequence fits."""
+    num_blocks = budget_bytes // block_bytes
+    needed = -(-max_model_len // block_size) + 1
+    if num_blocks < 2:
+        raise ValueError(
+            f"KV cache budget of {budget_bytes} bytes holds {num_blocks} blocks of {block_bytes} bytes; "
+            "raise kv_cache_memory / gpu_memory_utilization or lower max_model_len"
+        )
+    if num_blocks < needed:
+        logger.warning("KV cache holds %d blocks, fewer than the %d one %d-token sequence needs",
+                       num_blocks, needed, max_model_len)
+    return num_blocks
+
+
+def cuda_kv_budget(gpu_memory_utilization: float, device: torch.device) -> int:
+    """Bytes left for the KV cache after a profiling forward (call right after it)."""
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    non_torch = total - free - torch.cuda.memory_reserved(device)  # other processes, CUDA context
+    return int(total * gpu_memory_utilization - peak - non_torch)
+
+
+def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                      dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The zeroed cache tensor (zeros: padded slots are read masked, and must not hold NaN)."""
+    # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+    return torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+
+
+def log_capacity(num_blocks: int, block_size: int, max_model_len: int, block_bytes: int) -> None:
+    tokens = (num_blocks - 1) * block_size
+    logger.info("KV cache: %d blocks x %d tokens (%.1f MiB), %d tokens; max concurrency %.2fx at %d tokens/request",
+                num_blocks, block_size, num_blocks * block_bytes / 2**20, tokens, tokens / max_model_len,
+                max_model_len)

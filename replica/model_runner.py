@@ -1,0 +1,167 @@
+"""The model runner: owns the model, the paged KV cache and the sampler of one rank.
+
+``execute_model(SchedulerOutput)`` turns the scheduler's decision into tensors, runs the
+forward pass (writing the step's K/V into the cache), computes logits only for the rows that
+sample and returns ``{request_id: token}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import torch
+from kvmesh.replica.attention.backend import get_attn_backend
+from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.input_batch import prepare_inputs
+from kvmesh.replica.kv_cache import (
+    allocate_kv_cache,
+    bytes_per_block,
+    cuda_kv_budget,
+    log_capacity,
+    num_blocks_for_budget,
+)
+from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
+from kvmesh.replica.models import get_model_class
+from kvmesh.replica.parallel_state import ParallelState
+from kvmesh.replica.sampler import Sampler, build_sampling_metadata
+from kvmesh.replica.scheduler_output import SchedulerOutput
+from kvmesh.replica.weights import load_model_weights
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(self, config, rank: int = 0, world_size: int = 1, parallel: ParallelState | None = None) -> None:
+        self.config = config
+        self.parallel = parallel or ParallelState(rank, world_size)
+        self.device = _pick_device(config.device, rank)
+        _set_num_threads(self.device, world_size)
+        self.hf_config = load_hf_config(config.model, config.hf_config, config.hf_overrides)
+        self.spec = spec_from_hf_config(self.hf_config)
+        self.dtype = resolve_dtype(config.dtype, self.spec, self.device)
+        self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
+        self.vocab_size = self.spec.vocab_size
+        self.eos_token_ids = _eos_token_ids(config.model, self.spec.eos_token_ids)
+        self.block_size = config.block_size
+        if self.spec.sliding_window and self.spec.sliding_window < self.max_model_len:
+            logger.warning("model declares sliding_window=%d; attention here is full (exact up to the window)",
+                           self.spec.sliding_window)
+
+        self.model = self._build_model()
+        self.attn_backend = get_attn_backend(config.attention_backend, self.device, self.dtype)
+        for attn in self.model.attention_layers():
+            attn.backend = self.attn_backend
+        self.num_kv_blocks = self._size_kv_cache()
+        attn0 = self.model.attention_layers()[0]
+        # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, self.num_kv_blocks, self.block_size,
+                                          attn0.num_kv_heads, attn0.head_dim, self.dtype, self.device)
+        for i, attn in enumerate(self.model.attention_layers()):
+            attn.kv_cache = self.kv_cache[i]
+        generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.sampler = Sampler(generator)
+
+    def _build_model(self) -> torch.nn.Module:
+        cls = get_model_class(self.spec.architecture)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = cls(self.spec, self.max_model_len, self.parallel)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        model.to(self.device).eval()
+        load_format = self.config.load_format
+        if load_format == "auto":
+            has_weights = os.path.isdir(self.config.model) and any(
+                f.endswith(".safetensors") for f in os.listdir(self.config.model))
+            load_format = "safetensors" if has_weights or self.config.hf_config is None else "dummy"
+        load_model_weights(model, self.config.model, load_format, self.config.seed, self.device)
+        return model
+
+    def _size_kv_cache(self) -> int:
+        attn0 = self.model.attention_layers()[0]
+        block_bytes = bytes_per_block(self.spec.num_hidden_layers, self.block_size, attn0.num_kv_heads,
+                                      attn0.head_dim, self.dtype)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.profile_run()
+            budget = cuda_kv_budget(self.config.gpu_memory_utilization, self.device)
+        else:
+            budget = self.config.resolved_kv_cache_memory // self.parallel.tp_size
+        num_blocks = num_blocks_for_budget(budget, block_bytes, self.block_size, self.max_model_len)
+        if self.config.num_kv_blocks is not None:
+            num_blocks = min(num_blocks, self.config.num_kv_blocks)
+        num_blocks = self.parallel.all_reduce_min_int(num_blocks)
+        log_capacity(num_blocks, self.block_size, self.max_model_len, block_bytes)
+        return num_blocks
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """A forward over a full token budget of fresh prefills (no KV cache), to measure peak memory."""
+        budget = min(self.config.max_num_batched_tokens, self.config.max_num_seqs * self.max_model_len)
+        lens = [min(self.max_model_len, budget - i) for i in range(0, budget, self.max_model_len)]
+        cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        zeros = torch.zeros(len(lens), 1, dtype=torch.int32, device=self.device)
+        common = CommonAttentionMetadata(
+            num_reqs=len(lens), num_decodes=0, num_actual_tokens=budget, max_query_len=max(lens),
+            max_seq_len=max(lens), block_size=self.block_size, query_start_loc=cu.to(self.device),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device), block_tables=zeros,
+            slot_mapping=torch.zeros(budget, dtype=torch.int64, device=self.device),
+            query_start_loc_cpu=cu.tolist(), seq_lens_cpu=lens)
+        positions = torch.cat([torch.arange(n) for n in lens]).to(self.device)
+        hidden = self.model(torch.zeros(budget, dtype=torch.int64, device=self.device), positions,
+                            self.attn_backend.build(common))
+        rows = min(self.config.max_num_seqs, budget)
+        self.model.compute_logits(hidden[:rows])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
+        """Run one step; returns the sampled token of every scheduled request with ``sample=True``."""
+        if out.is_empty:
+            return {}
+        inputs = prepare_inputs(out.scheduled, self.block_size, self.device)
+        attn_metadata = self.attn_backend.build(inputs.common)
+        hidden = self.model(inputs.input_ids, inputs.positions, attn_metadata)  # [T, H]
+        if not inputs.sample_requests:
+            return {}
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [N, V]
+        sampling = build_sampling_metadata(inputs.sample_requests, self.vocab_size, self.eos_token_ids,
+                                           self.device)
+        tokens = self.sampler(logits, sampling).tolist()
+        return {r.request_id: t for r, t in zip(inputs.sample_requests, tokens, strict=True)}
+
+
+def _pick_device(device: str | None, rank: int) -> torch.device:
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no CUDA device; use device='cpu'")
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device(device)
+
+
+def _set_num_threads(device: torch.device, world_size: int) -> None:
+    """On CPU use this process's share of the cores (TP ranks share a machine), unless OMP_NUM_THREADS is set."""
+    if device.type != "cpu" or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores // world_size))
+
+
+def _eos_token_ids(model: str, from_config: tuple[int, ...]) -> list[int]:
+    """EOS ids of the model config plus those of generation_config.json (when the directory has one)."""
+    ids = list(from_config)
+    path = os.path.join(model, "generation_config.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            eos = json.load(f).get("eos_token_id")
+        for t in eos if isinstance(eos, list) else [eos] if eos is not None else []:
+            if t not in ids:
+                ids.append(t)
+    return ids
