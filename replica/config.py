@@ -58,7 +58,7 @@ class EngineConfig:
     kv_events_endpoint: str | None = None
     """ZeroMQ PUB endpoint for KV events (port 0 = ephemeral); None publishes no events."""
     kv_events_replay_endpoint: str | None = None
-    """ZeroMQ ROUTER endpoint for replay/snapshot requests; None derives nothing (no replay socket)."""
+    """ZeroMQ ROUTER endpoint for replay/snapshot requests (port 0 = ephemeral); None disables replay."""
     kv_events_topic: str = "kv-events"
     """Topic frame of every KV event message."""
     debug_check_integrity: bool = False

@@ -257,7 +257,6 @@ def _load_tokenizer(config: EngineConfig) -> Any:
 def _make_publisher(config: EngineConfig, snapshot_source: Any) -> Any:
     from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
 
-    kwargs = {"endpoint": config.kv_events_endpoint, "topic": config.kv_events_topic}
-    if config.kv_events_replay_endpoint is not None:
-        kwargs["replay_endpoint"] = config.kv_events_replay_endpoint
-    return ZmqEventPublisher(PublisherConfig(**kwargs), snapshot_source=snapshot_source)
+    publisher_config = PublisherConfig(endpoint=config.kv_events_endpoint, topic=config.kv_events_topic,
+                                       replay_endpoint=config.kv_events_replay_endpoint)
+    return ZmqEventPublisher(publisher_config, snapshot_source=snapshot_source)

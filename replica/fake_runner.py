@@ -7,6 +7,8 @@ prefix-cache hits or a mis-positioned chunk change the tokens, exactly as they w
 
 from __future__ import annotations
 
+import time
+
 from kvmesh.replica.scheduler_output import SchedulerOutput
 
 
@@ -26,9 +28,12 @@ class FakeModelRunner:
         self.cache = [[-1] * block_size for _ in range(num_kv_blocks)]  # [num_blocks][block_size] token ids
         self.num_steps = 0
         self.fail_on: set[str] = set()  # request ids whose presence makes execute_model raise
+        self.step_delay = 0.0  # seconds each step sleeps (to simulate a model's forward time)
 
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
         self.num_steps += 1
+        if self.step_delay:
+            time.sleep(self.step_delay)
         sampled: dict[str, int] = {}
         bs = self.block_size
         for sr in out.scheduled:

@@ -1,0 +1,83 @@
+"""The engine publishes its block pool's events: one batch per step, in order, CPU medium."""
+
+from __future__ import annotations
+
+import time
+
+from kvmesh.events.schema import BlockRemoved, BlockStored
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine import LLMEngine
+from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.sampling_params import SamplingParams
+
+
+class RecordingPublisher:
+    def __init__(self):
+        self.batches: list[list] = []
+        self.closed = False
+
+    def publish(self, events):
+        self.batches.append(list(events))
+
+    def close(self):
+        self.closed = True
+
+
+def make_engine(publisher, num_blocks=16):
+    runner = FakeModelRunner(num_kv_blocks=num_blocks, block_size=4)
+    config = EngineConfig(model="fake", block_size=4, hash_seed=b"seed")
+    return LLMEngine(config, model_runner=runner, skip_tokenizer_init=True, event_publisher=publisher)
+
+
+def run(engine, rid, prompt, n=2):
+    engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n))
+    steps = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    return steps
+
+
+def test_one_batch_per_step_with_the_steps_stored_blocks():
+    pub = RecordingPublisher()
+    engine = make_engine(pub)
+    steps = run(engine, "a", list(range(1, 13)), n=2)  # 3 full prompt blocks, stored in the prefill step
+    assert 1 <= len(pub.batches) <= steps
+    stored = [e for batch in pub.batches for e in batch if isinstance(e, BlockStored)]
+    assert sum(len(e.block_hashes) for e in stored) == 3
+    assert all(e.medium == "CPU" for e in stored)
+    assert all(batch for batch in pub.batches), "empty batches are not published"
+    engine.close()
+    assert pub.closed
+
+
+def test_evictions_are_published_as_block_removed():
+    pub = RecordingPublisher()
+    engine = make_engine(pub, num_blocks=8)  # 7 usable blocks: the second prompt evicts the first's
+    run(engine, "a", list(range(1, 25)), n=1)
+    run(engine, "b", list(range(100, 124)), n=1)
+    removed = [e for batch in pub.batches for e in batch if isinstance(e, BlockRemoved)]
+    assert removed
+
+
+def test_events_reach_a_zmq_subscriber():
+    import zmq
+
+    runner = FakeModelRunner(num_kv_blocks=32, block_size=4)
+    config = EngineConfig(model="fake", block_size=4, hash_seed=b"seed", kv_events_endpoint="tcp://127.0.0.1:0",
+                          kv_events_replay_endpoint=None, kv_events_topic="kv-test")
+    engine = LLMEngine(config, model_runner=runner, skip_tokenizer_init=True)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(engine.event_publisher.endpoint)
+    try:
+        time.sleep(0.3)  # PUB/SUB join
+        run(engine, "a", list(range(1, 13)), n=2)
+        assert sub.poll(5000), "no event batch arrived"
+        topic, seq, payload = sub.recv_multipart()
+        assert topic == b"kv-test" and int.from_bytes(seq, "big") == 0 and payload
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+        engine.close()
