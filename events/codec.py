@@ -1,0 +1,146 @@
+"""Encode and decode event batches: strict vLLM 0.33 bytes out, every known vLLM dialect in.
+
+``encode_batch`` writes exactly what vLLM writes (see ``schema.py`` and its golden vector).
+``decode_batch`` takes the fast typed path first and falls back to a lenient one that also reads:
+
+- events as positional arrays with the tag first (``["BlockStored", hashes, parent, ...]``,
+  the encoding of vLLM releases before the map form);
+- block hashes as raw digest bytes instead of u64 ints (converted to the low 64 bits, vLLM's
+  ``ExternalBlockHash`` convention);
+- unknown map keys (ignored) and unknown event types (dropped and counted, so a newer engine's
+  new event kinds do not cost the whole batch).
+
+A payload that is not a batch at all raises ``DecodeError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+
+_U64_MASK = (1 << 64) - 1
+
+_ENCODER = msgspec.msgpack.Encoder()
+_TYPED_DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+_ANY_DECODER = msgspec.msgpack.Decoder()
+
+EVENT_TYPES: dict[str, type[KVEvent]] = {
+    "BlockStored": BlockStored,
+    "BlockRemoved": BlockRemoved,
+    "AllBlocksCleared": AllBlocksCleared,
+}
+# Field order of each event type = the order of the legacy positional encoding.
+_FIELDS = {name: cls.__struct_fields__ for name, cls in EVENT_TYPES.items()}
+
+
+class DecodeError(ValueError):
+    """The payload is not a KV event batch in any encoding we know."""
+
+
+class DecodedBatch(msgspec.Struct, gc=False):
+    """A decoded batch plus what the lenient path had to leave out."""
+
+    batch: KVEventBatch
+    """The batch, with every hash as an unsigned 64-bit int."""
+    unknown_events: int = 0
+    """Events of an unknown type (or unreadable) that were dropped from the batch."""
+
+
+def encode_batch(batch: KVEventBatch) -> bytes:
+    """The msgpack payload vLLM would send for ``batch``."""
+    return _ENCODER.encode(batch)
+
+
+def encode_events(events: list[Any]) -> bytes:
+    """Encode any msgspec-encodable object (used for snapshot chunks and tests)."""
+    return _ENCODER.encode(events)
+
+
+def external_hash_from_bytes(digest: bytes) -> int:
+    """vLLM's int form of a digest-bytes hash: the low 64 bits, big-endian, unsigned."""
+    return int.from_bytes(digest, "big") & _U64_MASK
+
+
+def _as_int(h: Any) -> Any:
+    if h.__class__ is bytes:
+        return external_hash_from_bytes(h)
+    return h
+
+
+def _normalize_hashes(event: KVEvent) -> None:
+    """Convert bytes hashes to ints in place (msgspec Structs are mutable)."""
+    if event.__class__ is AllBlocksCleared:
+        return
+    hashes = event.block_hashes
+    for h in hashes:
+        if h.__class__ is bytes:
+            event.block_hashes = [_as_int(x) for x in hashes]
+            break
+    if event.__class__ is BlockStored and event.parent_block_hash.__class__ is bytes:
+        event.parent_block_hash = external_hash_from_bytes(event.parent_block_hash)
+
+
+def decode_batch(payload: bytes) -> KVEventBatch:
+    """Decode a payload leniently; raises ``DecodeError`` if it is not a batch."""
+    return decode_batch_counted(payload).batch
+
+
+def decode_batch_counted(payload: bytes) -> DecodedBatch:
+    """Like ``decode_batch`` but also reports how many unknown events were dropped."""
+    try:
+        batch = _TYPED_DECODER.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return _decode_lenient(payload)
+    for event in batch.events:
+        _normalize_hashes(event)
+    return DecodedBatch(batch)
+
+
+def _decode_lenient(payload: bytes) -> DecodedBatch:
+    try:
+        raw = _ANY_DECODER.decode(payload)
+    except msgspec.DecodeError as e:
+        raise DecodeError(f"payload is not msgpack ({e}); expected [ts, events, dp_rank]") from None
+    if not isinstance(raw, (list, tuple)) or len(raw) < 2 or not isinstance(raw[1], (list, tuple)):
+        raise DecodeError(f"payload is not a batch [ts, events, dp_rank]: got {type(raw).__name__}")
+    ts, raw_events = raw[0], raw[1]
+    dp_rank = raw[2] if len(raw) > 2 else None
+    if not isinstance(ts, (int, float)) or not (dp_rank is None or isinstance(dp_rank, int)):
+        raise DecodeError(f"batch header has ts={ts!r}, data_parallel_rank={dp_rank!r}")
+    events: list[KVEvent] = []
+    unknown = 0
+    for raw_event in raw_events:
+        event = _convert_event(raw_event)
+        if event is None:
+            unknown += 1
+        else:
+            events.append(event)
+    return DecodedBatch(KVEventBatch(ts=float(ts), events=events, data_parallel_rank=dp_rank), unknown)
+
+
+def _convert_event(raw: Any) -> KVEvent | None:
+    """One event from its map or positional form; None if its type is unknown or it is malformed."""
+    if isinstance(raw, dict):
+        name = raw.get("type")
+        fields = {k: v for k, v in raw.items() if k != "type"}
+    elif isinstance(raw, (list, tuple)) and raw and isinstance(raw[0], str):
+        name = raw[0]
+        names = _FIELDS.get(name, ())
+        fields = dict(zip(names, raw[1:], strict=False))
+    else:
+        return None
+    cls = EVENT_TYPES.get(name)
+    if cls is None:
+        return None
+    # Older encodings lack trailing fields that the current schema writes always (medium,
+    # lora_name): they meant "unset".
+    for field_name in cls.__struct_fields__:
+        fields.setdefault(field_name, None)
+    try:
+        event = msgspec.convert(fields, cls, strict=False)
+    except (msgspec.ValidationError, ValueError, TypeError):
+        return None
+    _normalize_hashes(event)
+    return event

@@ -1,0 +1,211 @@
+"""Publishes a replica's KV events on ZeroMQ, vLLM-compatible, with replay and snapshots.
+
+::
+
+    engine thread                      I/O thread (owns every socket)
+    publish(events) ──deque──wake──▶   seq = next; encode; PUB send [topic, seq, payload]
+       (never touches the network)     shadow.apply(events); ring buffer (seq, payload)
+                                       ROUTER: replay request  -> buffered batches + end marker
+                                               snapshot request -> shadow as BlockStored chains
+
+Snapshots come from a *shadow* of the cache that the I/O thread folds from the very batches it
+sends, not from calling the block pool. Why: (1) the I/O thread answers between two sends, so
+the shadow is consistent with exactly the last sent seq, by construction, with no lock against
+the engine thread that mutates the pool; (2) snapshots are answered while the engine is idle
+(an engine-thread design would wait for the next step); (3) the shadow equals the fold of the
+stream, which is precisely the state a subscriber that saw every batch holds. The cost is one
+dict entry per cached block (token ids are shared with the sent events, not copied).
+
+``snapshot_source`` (the block pool's ``snapshot_events``) is called on the *caller's* thread
+only: at construction, to announce a non-empty starting cache as batch 0
+(``[AllBlocksCleared, *chains]``), and when the send queue overflows, to replace every queued
+batch by one such resync batch -- so memory stays bounded and the stream stays exact. Without
+a source, an overflowing ``publish`` waits for the I/O thread (CPU back-pressure, never network:
+the PUB socket drops at its high-water mark rather than block).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+from kvmesh.events.endpoints import attach, offset_port, parse_listen_endpoint, parse_pub_endpoint
+from kvmesh.events.publisher_io import PublisherIO
+from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEvent, KVEventBatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PublisherConfig:
+    """Where and how a replica publishes its KV events."""
+
+    endpoint: str = "bind://tcp://127.0.0.1:5557"
+    """PUB address. vLLM's rule: wildcard host / ipc / inproc binds, others connect; ``bind://``
+    forces a bind (default: loopback only), ``connect://`` a connect; port 0 = ephemeral."""
+    replay_endpoint: str | None = "tcp://127.0.0.1:5558"
+    """ROUTER address for replay and snapshot requests (always binds); None disables both."""
+    topic: str = "kv-events"
+    """Topic frame of every message (subscribers filter on its prefix)."""
+    buffer_steps: int = 10_000
+    """Batches kept for replay (ring buffer)."""
+    buffer_max_bytes: int = 256 << 20
+    """Byte cap of the replay ring buffer; the oldest batches go first."""
+    hwm: int = 100_000
+    """ZeroMQ send high-water mark (messages) of the PUB and ROUTER sockets."""
+    max_queue_size: int = 100_000
+    """Batches waiting for the I/O thread before ``publish`` resyncs (or waits, without source)."""
+    snapshot_chunk_blocks: int = 8192
+    """Blocks per snapshot message."""
+    shutdown_timeout: float = 1.0
+    """Seconds ``close`` waits for queued batches to go out."""
+    extra: dict = field(default_factory=dict)
+    """Reserved for transport options of other publishers (unused by ZeroMQ)."""
+
+    def __post_init__(self) -> None:
+        for name in ("buffer_steps", "buffer_max_bytes", "hwm", "max_queue_size", "snapshot_chunk_blocks"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"PublisherConfig.{name} must be positive, got {getattr(self, name)}")
+        if not self.endpoint:
+            raise ValueError("PublisherConfig.endpoint is empty; use e.g. bind://tcp://127.0.0.1:0")
+        if self.shutdown_timeout < 0:
+            raise ValueError(f"PublisherConfig.shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
+
+
+class ZmqEventPublisher:
+    """Non-blocking KV event publisher (one per replica / data-parallel rank)."""
+
+    def __init__(
+        self,
+        config: PublisherConfig | None = None,
+        snapshot_source: Callable[[], list[BlockStored]] | None = None,
+        data_parallel_rank: int = 0,
+    ) -> None:
+        self.config = config = config or PublisherConfig()
+        self._snapshot_source = snapshot_source
+        self._dp_rank = data_parallel_rank
+        ctx = zmq.Context.instance()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.SNDHWM, config.hwm)
+        pub.setsockopt(zmq.LINGER, int(config.shutdown_timeout * 1000))
+        self.endpoint = attach(pub, parse_pub_endpoint(offset_port(config.endpoint, data_parallel_rank)))
+        """The PUB address, port resolved (for a connect: the address connected to)."""
+        replay = None
+        self.replay_endpoint: str | None = None
+        """The bound replay/snapshot ROUTER address, port resolved; None when disabled."""
+        if config.replay_endpoint is not None:
+            replay = ctx.socket(zmq.ROUTER)
+            replay.setsockopt(zmq.SNDHWM, config.hwm)
+            replay.setsockopt(zmq.LINGER, 0)
+            ep = parse_listen_endpoint(offset_port(config.replay_endpoint, data_parallel_rank))
+            try:
+                self.replay_endpoint = attach(replay, ep)
+            except zmq.ZMQError:
+                pub.close(linger=0)
+                replay.close(linger=0)
+                raise
+        wake_addr = f"inproc://kvmesh-publisher-wake-{id(self)}-{time.monotonic_ns()}"
+        wake_recv = ctx.socket(zmq.PULL)
+        wake_recv.bind(wake_addr)
+        self._wake = ctx.socket(zmq.PUSH)
+        self._wake.setsockopt(zmq.SNDHWM, 1)
+        self._wake.setsockopt(zmq.LINGER, 0)
+        self._wake.connect(wake_addr)
+        self._wake_lock = threading.Lock()
+        self._queue: deque = deque()
+        self._space = threading.Condition()
+        self._io = PublisherIO(
+            pub, replay, wake_recv, self._queue, self._space, config.topic.encode(), data_parallel_rank,
+            config.buffer_steps, config.buffer_max_bytes, config.snapshot_chunk_blocks,
+        )
+        self._closed = False
+        self._thread = threading.Thread(target=self._io.run, name="kvmesh-event-publisher", daemon=True)
+        self._thread.start()
+        if snapshot_source is not None:
+            initial = snapshot_source()
+            if initial:
+                self.publish([AllBlocksCleared(), *initial])
+
+    @property
+    def seq(self) -> int:
+        """The seq the next sent batch will carry (= batches sent so far)."""
+        return self._io.next_seq
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: batches, events, replays, snapshots, resyncs, bad_requests."""
+        return dict(self._io.stats)
+
+    def publish(self, events: list[KVEvent] | KVEventBatch) -> None:
+        """Queue one engine step's events; returns at once. Empty batches are not sent."""
+        if self._closed:
+            raise RuntimeError("publish() on a closed ZmqEventPublisher; create a new one")
+        if isinstance(events, KVEventBatch):
+            batch = events
+            if batch.data_parallel_rank is None:
+                batch.data_parallel_rank = self._dp_rank
+        else:
+            batch = KVEventBatch(ts=time.time(), events=list(events), data_parallel_rank=self._dp_rank)
+        if not batch.events:
+            return
+        if len(self._queue) >= self.config.max_queue_size:
+            self._overflow(batch)
+        else:
+            self._queue.append(batch)
+        self._kick()
+
+    def _overflow(self, batch: KVEventBatch) -> None:
+        if self._snapshot_source is not None:
+            # The pool already reflects ``batch``: one resync batch replaces everything queued.
+            resync = KVEventBatch(
+                ts=time.time(), events=[AllBlocksCleared(), *self._snapshot_source()],
+                data_parallel_rank=self._dp_rank,
+            )
+            self._queue.clear()
+            self._queue.append(resync)
+            self._io.stats["resyncs"] += 1
+            logger.warning("event queue full (%d batches): replaced by one resync batch", self.config.max_queue_size)
+            return
+        with self._space:
+            while len(self._queue) >= self.config.max_queue_size and self._thread.is_alive():
+                self._kick()
+                self._space.wait(0.05)
+        self._queue.append(batch)
+
+    def _kick(self) -> None:
+        with self._wake_lock:
+            if self._wake is not None:
+                try:
+                    self._wake.send(b"", zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # a wake-up is already pending
+
+    def close(self) -> None:
+        """Send what is queued (up to ``shutdown_timeout``), then close the sockets. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        while self._queue and time.monotonic() < deadline and self._thread.is_alive():
+            self._kick()
+            time.sleep(0.005)
+        if self._queue:
+            logger.warning("closing event publisher with %d unsent batches", len(self._queue))
+        self._io.stop()
+        self._kick()
+        self._thread.join(timeout=max(self.config.shutdown_timeout, 0.5))
+        with self._wake_lock:
+            self._wake.close(linger=0)
+            self._wake = None
+
+    def __enter__(self) -> ZmqEventPublisher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

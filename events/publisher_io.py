@@ -1,0 +1,169 @@
+"""The publisher's I/O thread: sends batches, keeps the replay ring and the shadow, answers requests.
+
+Everything here runs on one thread, which owns the PUB, ROUTER and wake-up sockets; the only
+state shared with the engine thread is the batch deque (append/popleft are atomic) and the
+``stats`` counters (ints, read without a lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+import zmq
+from kvmesh.events.codec import encode_batch
+from kvmesh.events.schema import BlockStored, KVEventBatch
+from kvmesh.events.state import CachedBlockSet
+from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
+
+logger = logging.getLogger(__name__)
+
+# Replay/snapshot requests answered per loop turn, so a flood of requests cannot starve sends.
+_REQUESTS_PER_TURN = 16
+
+
+class PublisherIO:
+    """State and loop of the publisher's I/O thread (see ``publisher.py`` for the picture)."""
+
+    def __init__(
+        self, pub, replay, wake, queue: deque, space: threading.Condition, topic: bytes,
+        dp_rank: int, buffer_steps: int, buffer_max_bytes: int, snapshot_chunk_blocks: int,
+    ) -> None:
+        self._pub, self._replay, self._wake = pub, replay, wake
+        self._queue, self._space = queue, space
+        self._topic = topic
+        self._dp_rank = dp_rank
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._buffer_bytes = 0
+        self._buffer_max_bytes = buffer_max_bytes
+        self._chunk_blocks = snapshot_chunk_blocks
+        self.shadow = CachedBlockSet()
+        self.next_seq = 0
+        self.stats = {"batches": 0, "events": 0, "replays": 0, "snapshots": 0, "resyncs": 0, "bad_requests": 0}
+        self._stopping = False
+        self._warned: set[str] = set()
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake, zmq.POLLIN)
+        if self._replay is not None:
+            poller.register(self._replay, zmq.POLLIN)
+        try:
+            while True:
+                self._send_queued()
+                if self._stopping:
+                    break
+                ready = dict(poller.poll(100))
+                if self._wake in ready:
+                    self._drain_wake()
+                if self._replay is not None and self._replay in ready:
+                    self._serve_requests()
+        except Exception:  # pragma: no cover - a bug here must not pass silently
+            logger.exception("KV event publisher I/O thread crashed; no more events will be sent")
+        finally:
+            self._pub.close()
+            if self._replay is not None:
+                self._replay.close(linger=0)
+            self._wake.close(linger=0)
+
+    def _drain_wake(self) -> None:
+        try:
+            while True:
+                self._wake.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def _send_queued(self) -> None:
+        queue = self._queue
+        sent = False
+        while queue:
+            try:
+                batch = queue.popleft()
+            except IndexError:
+                break
+            self._send(batch)
+            sent = True
+        if sent:
+            with self._space:
+                self._space.notify_all()
+
+    def _send(self, batch: KVEventBatch) -> None:
+        seq = self.next_seq
+        payload = encode_batch(batch)
+        try:
+            self._pub.send_multipart((self._topic, pack_seq(seq), payload), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # PUB at its high-water mark: the batch stays in the replay buffer
+        self.next_seq = seq + 1
+        self.shadow.apply_all(batch.events)
+        self._remember(seq, payload)
+        self.stats["batches"] += 1
+        self.stats["events"] += len(batch.events)
+
+    def _remember(self, seq: int, payload: bytes) -> None:
+        buf = self._buffer
+        if len(buf) == buf.maxlen:
+            self._buffer_bytes -= len(buf[0][1])
+        buf.append((seq, payload))
+        self._buffer_bytes += len(payload)
+        while self._buffer_bytes > self._buffer_max_bytes and len(buf) > 1:
+            self._buffer_bytes -= len(buf.popleft()[1])
+
+    def _serve_requests(self) -> None:
+        for _ in range(_REQUESTS_PER_TURN):
+            try:
+                frames = self._replay.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 3 or frames[1] != b"":
+                self._bad_request(f"expected [identity, b'', request], got {len(frames)} frames")
+                continue
+            identity, _, request = frames
+            if request == SNAPSHOT_REQUEST:
+                self._send_snapshot(identity)
+            elif len(request) == 8:
+                self._send_replay(identity, unpack_seq(request))
+            else:
+                self._bad_request(f"request frame of {len(request)} bytes is neither a seq nor a snapshot")
+                self._replay.send_multipart((identity, b"", b"", END_SEQ, b""))
+
+    def _bad_request(self, what: str) -> None:
+        self.stats["bad_requests"] += 1
+        if what not in self._warned:
+            self._warned.add(what)
+            logger.warning("ignoring a bad replay request: %s", what)
+
+    def _send_replay(self, identity: bytes, start_seq: int) -> None:
+        """vLLM's answer: every buffered batch with seq >= start_seq, then the end marker."""
+        send = self._replay.send_multipart
+        for seq, payload in self._buffer:
+            if seq >= start_seq:
+                send((identity, b"", self._topic, pack_seq(seq), payload))
+        send((identity, b"", b"", END_SEQ, b""))
+        self.stats["replays"] += 1
+
+    def _send_snapshot(self, identity: bytes) -> None:
+        """The shadow as BlockStored chains in chunks, tagged with the next seq (wire.py)."""
+        next_seq = pack_seq(self.next_seq)
+        send = self._replay.send_multipart
+        chunk: list[BlockStored] = []
+        size = 0
+        ts = time.time()
+        for event in self.shadow.snapshot(self._chunk_blocks):
+            if size + len(event.block_hashes) > self._chunk_blocks and chunk:
+                send((identity, b"", SNAPSHOT_TAG, next_seq, self._encode_chunk(ts, chunk)))
+                chunk, size = [], 0
+            chunk.append(event)
+            size += len(event.block_hashes)
+        if chunk:
+            send((identity, b"", SNAPSHOT_TAG, next_seq, self._encode_chunk(ts, chunk)))
+        send((identity, b"", SNAPSHOT_TAG, next_seq, b""))
+        self.stats["snapshots"] += 1
+
+    def _encode_chunk(self, ts: float, events: list[BlockStored]) -> bytes:
+        return encode_batch(KVEventBatch(ts=ts, events=events, data_parallel_rank=self._dp_rank))

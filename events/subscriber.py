@@ -1,0 +1,201 @@
+"""Follows the KV event streams of many publishers (one per replica) and delivers them in order.
+
+One background thread owns every socket: a SUB per publisher (or one bound SUB that many
+publishers connect to, told apart by topic) and a DEALER per publisher for replay/snapshot
+requests. Ordering and recovery are ``tracker.SourceTracker``'s; this file moves frames.
+Batches go to ``on_batch(source_name, seq, batch)`` on that thread, or, without a callback,
+to ``async for source_name, seq, batch in subscriber``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+from kvmesh.events.schema import KVEventBatch
+from kvmesh.events.subscriber_io import SubscriberIO
+from kvmesh.events.tracker import SourceStats
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PublisherSource:
+    """One publisher to follow."""
+
+    name: str
+    """How batches of this publisher are labelled (e.g. the replica id)."""
+    endpoint: str
+    """Its PUB address: connect to it, or ``bind://tcp://host:port`` to listen for publishers
+    that connect (several sources may share one bound address, told apart by ``topic``)."""
+    replay_endpoint: str | None = None
+    """Its replay/snapshot ROUTER address; None: no recovery (gaps are only counted)."""
+    topic: str = ""
+    """Topic prefix to subscribe to ("" = all)."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("PublisherSource.name is empty; name the replica it follows")
+        if "://" not in self.endpoint:
+            raise ValueError(f"PublisherSource.endpoint {self.endpoint!r}: expected tcp://HOST:PORT")
+
+
+@dataclass
+class SubscriberConfig:
+    """Timeouts and limits of an ``EventSubscriber``."""
+
+    snapshot_on_start: bool = True
+    """Ask each source with a replay endpoint for a snapshot when following starts (late join)."""
+    replay_timeout: float = 2.0
+    """Seconds without an answer before a replay request is given up (then: snapshot)."""
+    snapshot_timeout: float = 5.0
+    """Seconds without an answer before a snapshot request is given up (and counted)."""
+    rcvhwm: int = 100_000
+    """ZeroMQ receive high-water mark of each SUB socket (messages)."""
+    max_pending: int = 100_000
+    """Live batches held per source while a gap is being recovered."""
+    reconnect_ivl_ms: int = 100
+    """First reconnect delay after a publisher goes away."""
+    reconnect_ivl_max_ms: int = 2000
+    """Longest reconnect delay (exponential back-off up to this)."""
+
+    def __post_init__(self) -> None:
+        for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_pending", "reconnect_ivl_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SubscriberConfig.{name} must be positive, got {getattr(self, name)}")
+
+
+BatchCallback = Callable[[str, int, KVEventBatch], None]
+StatusCallback = Callable[[str, str, str], None]
+
+
+class EventSubscriber:
+    """Follows many publishers; see the module doc."""
+
+    def __init__(
+        self,
+        sources: list[PublisherSource] | None = None,
+        on_batch: BatchCallback | None = None,
+        config: SubscriberConfig | None = None,
+        on_status: StatusCallback | None = None,
+    ) -> None:
+        self.config = config or SubscriberConfig()
+        self._on_batch = on_batch
+        self._on_status = on_status
+        self._items: deque[tuple[str, int, KVEventBatch]] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Event | None = None
+        self._ctx = zmq.Context.instance()
+        self._io = SubscriberIO(self._ctx, self.config, self._deliver, self._status)
+        for src in sources or []:
+            self._io.add_source(src)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> EventSubscriber:
+        """Start following (returns self)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._io.run, name="kvmesh-event-subscriber", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the thread and close every socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._io.call(None)
+            self._thread.join(timeout=5)
+        else:
+            self._io.close_sockets()
+        self._wake_iterator()
+
+    def __enter__(self) -> EventSubscriber:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- sources ----------------------------------------------------------------------------------
+    def add_source(self, source: PublisherSource) -> None:
+        """Follow one more publisher (thread-safe)."""
+        self._io.call(("add", source))
+
+    def remove_source(self, name: str) -> None:
+        """Stop following a publisher and drop its state (thread-safe)."""
+        self._io.call(("remove", name))
+
+    def bound_endpoint(self, name: str) -> str | None:
+        """For a source with a ``bind://`` endpoint: the address publishers should connect to."""
+        return self._io.bound.get(name)
+
+    @property
+    def stats(self) -> dict[str, SourceStats]:
+        """Counters per source name (a live view; read without a lock)."""
+        return {name: t.stats for name, t in list(self._io.trackers.items())}
+
+    def totals(self) -> dict[str, int]:
+        """Counters summed over every source (last_seq left out)."""
+        out: dict[str, int] = {}
+        for st in self.stats.values():
+            for k, v in st.as_dict().items():
+                if k != "last_seq":
+                    out[k] = out.get(k, 0) + v
+        return out
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Poll ``predicate`` until it holds or ``timeout`` seconds pass; True if it held."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.005)
+        return predicate()
+
+    # -- delivery ---------------------------------------------------------------------------------
+    def _deliver(self, name: str, seq: int, batch: KVEventBatch) -> None:
+        if self._on_batch is not None:
+            self._on_batch(name, seq, batch)
+            return
+        self._items.append((name, seq, batch))
+        self._wake_iterator()
+
+    def _status(self, name: str, status: str, detail: str) -> None:
+        if self._on_status is not None:
+            self._on_status(name, status, detail)
+
+    def _wake_iterator(self) -> None:
+        loop, ready = self._loop, self._ready
+        if loop is not None and ready is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(ready.set)
+            except RuntimeError:
+                pass  # the loop closed meanwhile
+
+    def __aiter__(self) -> EventSubscriber:
+        self._loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()
+        return self
+
+    async def __anext__(self) -> tuple[str, int, KVEventBatch]:
+        while True:
+            if self._items:
+                return self._items.popleft()
+            if self._closed:
+                raise StopAsyncIteration
+            assert self._ready is not None, "use `async for ... in subscriber`"
+            self._ready.clear()
+            if self._items:
+                continue
+            try:
+                await asyncio.wait_for(self._ready.wait(), timeout=0.5)
+            except asyncio.TimeoutError:
+                pass

@@ -1,0 +1,297 @@
+"""The subscriber's I/O thread: SUB and DEALER sockets, frame parsing, request timeouts.
+
+Runs on one thread, which owns every socket; other threads talk to it through ``call``
+(a command deque plus an inproc wake-up socket).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+import zmq
+from kvmesh.events.codec import DecodeError, decode_batch_counted
+from kvmesh.events.endpoints import attach, parse_sub_endpoint
+from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
+from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
+
+logger = logging.getLogger(__name__)
+
+_MESSAGES_PER_TURN = 512  # per socket and loop turn, so one busy publisher cannot starve others
+
+
+class _Feed:
+    """One SUB socket and the sources it carries (one, or several on a bound address)."""
+
+    def __init__(self, sock: zmq.Socket, address: str, shared: bool) -> None:
+        self.sock, self.address, self.shared = sock, address, shared
+        self.topics: dict[str, bytes] = {}  # source name -> topic
+
+    def owner(self, topic: bytes) -> str | None:
+        if len(self.topics) == 1:
+            return next(iter(self.topics))
+        for name, t in self.topics.items():
+            if topic == t:
+                return name
+        for name, t in self.topics.items():
+            if topic.startswith(t):
+                return name
+        return None
+
+
+class SubscriberIO:
+    def __init__(self, ctx: zmq.Context, config, deliver, status) -> None:
+        self._ctx, self._config = ctx, config
+        self._deliver_cb, self._status_cb = deliver, status
+        self.trackers: dict[str, SourceTracker] = {}
+        self.bound: dict[str, str] = {}
+        self._sources: dict = {}
+        self._feeds: dict[str, _Feed] = {}  # key: source name, or "bind:" + address when shared
+        self._feed_of: dict[str, _Feed] = {}
+        self._dealers: dict[str, zmq.Socket] = {}
+        self._dealer_owner: dict[zmq.Socket, str] = {}
+        self._inflight: dict[str, tuple[str, float]] = {}
+        self._to_start: list[str] = []
+        self._poller = zmq.Poller()
+        self._warned: set[tuple[str, str]] = set()
+        self._calls: deque = deque()
+        addr = f"inproc://kvmesh-subscriber-wake-{id(self)}-{time.monotonic_ns()}"
+        self._wake_recv = ctx.socket(zmq.PULL)
+        self._wake_recv.bind(addr)
+        self._wake_send = ctx.socket(zmq.PUSH)
+        self._wake_send.setsockopt(zmq.LINGER, 0)
+        self._wake_send.connect(addr)
+        self._poller.register(self._wake_recv, zmq.POLLIN)
+        self._running = True
+
+    # -- commands (any thread) --------------------------------------------------------------------
+    def call(self, command) -> None:
+        """Queue ``("add", source)``, ``("remove", name)`` or ``None`` (stop) for the I/O thread."""
+        self._calls.append(command)
+        try:
+            self._wake_send.send(b"", zmq.NOBLOCK)
+        except (zmq.Again, zmq.ZMQError):
+            pass
+
+    def _run_calls(self) -> None:
+        while self._calls:
+            cmd = self._calls.popleft()
+            if cmd is None:
+                self._running = False
+            elif cmd[0] == "add":
+                self.add_source(cmd[1])
+            elif cmd[0] == "remove":
+                self._remove_source(cmd[1])
+
+    # -- sources ----------------------------------------------------------------------------------
+    def add_source(self, src) -> None:
+        if src.name in self._sources:
+            raise ValueError(f"source {src.name!r} is already followed; remove it first")
+        ep = parse_sub_endpoint(src.endpoint)
+        key = f"bind:{ep.address}" if ep.bind else src.name
+        feed = self._feeds.get(key)
+        if feed is None:
+            sock = self._ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.RCVHWM, self._config.rcvhwm)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RECONNECT_IVL, self._config.reconnect_ivl_ms)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._config.reconnect_ivl_max_ms)
+            address = attach(sock, ep)
+            feed = self._feeds[key] = _Feed(sock, address, ep.bind)
+            self._poller.register(sock, zmq.POLLIN)
+        feed.topics[src.name] = src.topic.encode()
+        feed.sock.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
+        self._feed_of[src.name] = feed
+        if ep.bind:
+            self.bound[src.name] = feed.address
+        self._sources[src.name] = src
+        self.trackers[src.name] = SourceTracker(
+            src.name, self._deliver, self._request, self._status_cb,
+            has_replay=src.replay_endpoint is not None, max_pending=self._config.max_pending,
+        )
+        self._to_start.append(src.name)
+
+    def _remove_source(self, name: str) -> None:
+        if self._sources.pop(name, None) is None:
+            return
+        self.trackers.pop(name, None)
+        self.bound.pop(name, None)
+        self._inflight.pop(name, None)
+        self._close_dealer(name)
+        feed = self._feed_of.pop(name)
+        feed.topics.pop(name, None)
+        if not feed.topics:
+            self._poller.unregister(feed.sock)
+            feed.sock.close(linger=0)
+            self._feeds = {k: f for k, f in self._feeds.items() if f is not feed}
+
+    # -- loop -------------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while self._running:
+                self._run_calls()
+                while self._to_start:
+                    name = self._to_start.pop(0)
+                    if name in self.trackers:
+                        self.trackers[name].start(self._config.snapshot_on_start)
+                ready = dict(self._poller.poll(self._poll_timeout_ms()))
+                for sock in ready:
+                    if sock is self._wake_recv:
+                        self._drain(sock)
+                    elif sock in self._dealer_owner:
+                        self._on_dealer(self._dealer_owner[sock], sock)
+                    else:
+                        self._on_sub(sock)
+                self._expire_requests()
+        except Exception:  # pragma: no cover - a bug here must not pass silently
+            logger.exception("KV event subscriber I/O thread crashed")
+        finally:
+            self.close_sockets()
+
+    def close_sockets(self) -> None:
+        for name in list(self._sources):
+            self._remove_source(name)
+        self._wake_recv.close(linger=0)
+        self._wake_send.close(linger=0)
+
+    def _poll_timeout_ms(self) -> int:
+        if not self._inflight:
+            return 100
+        soonest = min(deadline for _, deadline in self._inflight.values())
+        return max(0, min(100, int((soonest - time.monotonic()) * 1000) + 1))
+
+    @staticmethod
+    def _drain(sock: zmq.Socket) -> None:
+        try:
+            while True:
+                sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    # -- live messages ----------------------------------------------------------------------------
+    def _on_sub(self, sock: zmq.Socket) -> None:
+        feed = next((f for f in self._feeds.values() if f.sock is sock), None)
+        if feed is None:
+            return
+        for _ in range(_MESSAGES_PER_TURN):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            name = feed.owner(frames[0]) if frames else None
+            tracker = self.trackers.get(name) if name is not None else None
+            if tracker is None:
+                self._warn_once(feed.address, "message for an unknown topic", f"{frames[0][:40]!r}")
+                continue
+            if len(frames) != 3 or len(frames[1]) != 8:
+                tracker.on_decode_error()
+                self._warn_once(name, "bad frames", f"{len(frames)} frames; expected [topic, seq, payload]")
+                continue
+            batch = self._decode(name, frames[2])
+            if batch is not None:
+                tracker.on_live(unpack_seq(frames[1]), batch)
+
+    def _decode(self, name: str, payload: bytes):
+        tracker = self.trackers[name]
+        try:
+            decoded = decode_batch_counted(payload)
+        except DecodeError as e:
+            tracker.on_decode_error()
+            self._warn_once(name, "undecodable payload", str(e))
+            return None
+        if decoded.unknown_events:
+            tracker.stats.unknown_events += decoded.unknown_events
+            self._warn_once(name, "unknown events", f"{decoded.unknown_events} dropped")
+        return decoded.batch
+
+    def _deliver(self, name: str, seq: int, batch) -> None:
+        try:
+            self._deliver_cb(name, seq, batch)
+        except Exception as e:
+            self._warn_once(name, "on_batch raised", repr(e))
+
+    def _warn_once(self, name: str, what: str, detail: str) -> None:
+        if (name, what) not in self._warned:
+            self._warned.add((name, what))
+            logger.warning("KV events from %s: %s (%s); further ones are only counted", name, what, detail)
+
+    # -- replay and snapshot requests -------------------------------------------------------------
+    def _request(self, name: str, kind: str, start_seq: int) -> None:
+        src = self._sources[name]
+        dealer = self._dealers.get(name)
+        if dealer is None:
+            dealer = self._ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.RCVHWM, 0)
+            dealer.connect(parse_sub_endpoint(src.replay_endpoint).address)
+            self._dealers[name] = dealer
+            self._dealer_owner[dealer] = name
+            self._poller.register(dealer, zmq.POLLIN)
+        body = SNAPSHOT_REQUEST if kind == SNAPSHOT else pack_seq(start_seq)
+        dealer.send_multipart((b"", body))
+        self._inflight[name] = (kind, time.monotonic() + self._timeout(kind))
+
+    def _timeout(self, kind: str) -> float:
+        return self._config.snapshot_timeout if kind == SNAPSHOT else self._config.replay_timeout
+
+    def _close_dealer(self, name: str) -> None:
+        dealer = self._dealers.pop(name, None)
+        if dealer is not None:
+            self._dealer_owner.pop(dealer, None)
+            self._poller.unregister(dealer)
+            dealer.close(linger=0)
+
+    def _expire_requests(self) -> None:
+        now = time.monotonic()
+        for name, (kind, deadline) in list(self._inflight.items()):
+            if now >= deadline:
+                del self._inflight[name]
+                # A fresh DEALER, so a late answer to this request cannot be taken for the next one.
+                self._close_dealer(name)
+                self._warn_once(name, f"{kind} timeout", f"no answer in {self._timeout(kind)}s")
+                self.trackers[name].on_request_failed(kind, f"no {kind} answer in {self._timeout(kind)}s")
+
+    def _on_dealer(self, name: str, dealer: zmq.Socket) -> None:
+        tracker = self.trackers[name]
+        for _ in range(_MESSAGES_PER_TURN):
+            if self._dealers.get(name) is not dealer:
+                return  # closed by a timeout or failure below
+            try:
+                frames = dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = self._inflight.get(name, (None, 0.0))[0]
+            if kind is None:
+                continue  # a stray answer to a request we gave up
+            self._inflight[name] = (kind, time.monotonic() + self._timeout(kind))
+            body = frames[1:] if frames and frames[0] == b"" else frames
+            if len(body) == 3 and body[0] == SNAPSHOT_TAG:
+                self._on_snapshot_frame(name, tracker, body)
+            elif len(body) in (2, 3) and len(body[-2]) == 8:
+                seq_frame, payload = body[-2], body[-1]
+                if seq_frame == END_SEQ or not payload:
+                    del self._inflight[name]
+                    if kind == SNAPSHOT:
+                        tracker.on_request_failed(SNAPSHOT, "the source does not serve snapshots", True)
+                    else:
+                        tracker.on_replay_end()
+                elif kind == REPLAY:
+                    tracker.on_replay_batch(unpack_seq(seq_frame), self._decode(name, payload))
+            else:
+                tracker.on_decode_error()
+                self._warn_once(name, "bad replay frames", f"{len(frames)} frames")
+
+    def _on_snapshot_frame(self, name: str, tracker: SourceTracker, body: list) -> None:
+        next_seq, payload = unpack_seq(body[1]), body[2]
+        if not payload:
+            del self._inflight[name]
+            tracker.on_snapshot_end(next_seq)
+            return
+        batch = self._decode(name, payload)
+        if batch is None:
+            del self._inflight[name]
+            self._close_dealer(name)
+            tracker.on_request_failed(SNAPSHOT, "a snapshot chunk could not be decoded")
+            return
+        tracker.on_snapshot_chunk(batch.events)

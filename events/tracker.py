@@ -1,0 +1,254 @@
+"""Per-publisher ordering and recovery: the subscriber's logic, without sockets.
+
+A ``SourceTracker`` sees live batches (``on_live``), replay and snapshot answers, and request
+failures; it delivers batches in seq order and asks its owner for replays and snapshots::
+
+    LIVE ──gap (seq > last+1)──▶ REPLAY(last+1) ──covered──▶ LIVE (pending drained)
+      │                             │ hole / timeout / no progress
+      │                             ▼
+      ├──start (late joiner)──▶ SNAPSHOT ──answer──▶ deliver [AllBlocksCleared, *chains]; LIVE
+      │                             │ unsupported (vLLM) / timeout
+      │                             ▼
+      │                         give up: count, tell the consumer, resume from what arrives
+      └──seq drop──▶ restart: the next delivered batch starts with AllBlocksCleared
+
+While recovering, live batches wait in ``pending`` (bounded); once recovered they are
+delivered, skipping what the replay or snapshot already covered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEventBatch
+
+logger = logging.getLogger(__name__)
+
+LIVE, REPLAY, SNAPSHOT = "live", "replay", "snapshot"
+
+
+@dataclass
+class SourceStats:
+    """Counters of one publisher as seen by a subscriber."""
+
+    batches: int = 0
+    """Batches delivered (a snapshot counts as one)."""
+    events: int = 0
+    """Events delivered."""
+    gaps: int = 0
+    """Times a seq jumped forward (messages lost)."""
+    replays: int = 0
+    """Replay requests answered."""
+    snapshots: int = 0
+    """Snapshots applied."""
+    snapshot_failures: int = 0
+    """Snapshot requests given up (no answer in time, or a source without snapshots)."""
+    unrecovered: int = 0
+    """Times a loss could not be repaired; the consumer was told (``on_status``)."""
+    decode_errors: int = 0
+    """Messages that could not be read (bad payload, frame count, seq frame)."""
+    unknown_events: int = 0
+    """Events of unknown type dropped from otherwise good batches."""
+    restarts: int = 0
+    """Publisher restarts seen (seq went backwards, or AllBlocksCleared in the stream)."""
+    last_seq: int = -1
+    """Seq of the last delivered batch (-1: none yet)."""
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class SourceTracker:
+    """Orders one publisher's batches and drives gap recovery (see the module picture)."""
+
+    def __init__(
+        self,
+        name: str,
+        deliver: Callable[[str, int, KVEventBatch], None],
+        request: Callable[[str, str, int], None],
+        notify: Callable[[str, str, str], None],
+        has_replay: bool,
+        max_pending: int = 100_000,
+    ) -> None:
+        self.name = name
+        self._deliver, self._request, self._notify = deliver, request, notify
+        self.has_replay = has_replay
+        self.snapshot_supported: bool | None = None if has_replay else False
+        self.stats = SourceStats()
+        self.mode = LIVE
+        self.last: int | None = None  # seq of the last delivered batch; None = no baseline yet
+        self.pending: deque[tuple[int, KVEventBatch]] = deque(maxlen=max_pending)
+        self._clear_next = False  # prepend AllBlocksCleared to the next delivery (after a restart)
+        self._replay_hole = False
+        self._replay_from = 0
+        self._snapshot_events: list[BlockStored] = []
+        self._joining = False
+        self._accept_next = False  # after giving up: take the next batch as the new baseline
+
+    # -- starting -----------------------------------------------------------------------------
+    def start(self, snapshot_on_start: bool) -> None:
+        """A late joiner asks for a snapshot first (if the source may have one)."""
+        if snapshot_on_start and self.has_replay:
+            self._joining = True
+            self._begin(SNAPSHOT)
+
+    # -- live stream ----------------------------------------------------------------------------
+    def on_live(self, seq: int, batch: KVEventBatch) -> None:
+        if self.mode != LIVE:
+            self.pending.append((seq, batch))
+            return
+        last = self.last
+        if last is None:  # no baseline yet
+            if seq != 0 and not self._accept_next:
+                if self.has_replay:
+                    self.last = last = -1  # missed the start of the stream: recover it
+                else:
+                    self._lost(f"joined at seq {seq}; the source has no replay endpoint")
+            if last is None:
+                self._accept_next = False
+                self._emit(seq, batch)
+                return
+        if seq == last + 1:
+            self._emit(seq, batch)
+        elif seq <= last:
+            self.stats.restarts += 1
+            logger.info("source %s restarted (seq %d after %d)", self.name, seq, last)
+            self._clear_next = True
+            self.last = -1
+            if seq == 0:
+                self._emit(seq, batch)
+            else:
+                self._gap(seq, batch)
+        else:
+            self._gap(seq, batch)
+
+    def _gap(self, seq: int, batch: KVEventBatch) -> None:
+        self.stats.gaps += 1
+        self.pending.append((seq, batch))
+        self._begin(REPLAY if self.has_replay else None)
+
+    def on_decode_error(self) -> None:
+        self.stats.decode_errors += 1
+
+    # -- recovery -------------------------------------------------------------------------------
+    def _begin(self, kind: str | None) -> None:
+        if kind == SNAPSHOT and self.snapshot_supported is False:
+            kind = None
+        if kind is None:
+            self._gave_up("the lost batches cannot be replayed or snapshotted")
+            return
+        self.mode = kind
+        if kind == REPLAY:
+            self._replay_hole = False
+            self._replay_from = self.last + 1
+            self._request(self.name, REPLAY, self._replay_from)
+        else:
+            self._snapshot_events = []
+            self._request(self.name, SNAPSHOT, 0)
+
+    def on_replay_batch(self, seq: int, batch: KVEventBatch | None) -> None:
+        """One replayed batch (None when its payload could not be decoded)."""
+        if self.mode != REPLAY or self._replay_hole or seq <= self.last:
+            return
+        if seq != self.last + 1 or batch is None:
+            self._replay_hole = True  # the ring buffer no longer holds what we miss
+            return
+        self._emit(seq, batch)
+
+    def on_replay_end(self) -> None:
+        if self.mode != REPLAY:
+            return
+        self.stats.replays += 1
+        progressed = self.last >= self._replay_from
+        if self._replay_hole or (not progressed and self._next_pending_seq() != self.last + 1):
+            self._begin(SNAPSHOT)
+            return
+        self.mode = LIVE
+        self._drain()
+
+    def on_snapshot_chunk(self, events: list) -> None:
+        if self.mode == SNAPSHOT:
+            self._snapshot_events.extend(e for e in events if e.__class__ is BlockStored)
+
+    def on_snapshot_end(self, next_seq: int) -> None:
+        if self.mode != SNAPSHOT:
+            return
+        events, self._snapshot_events = self._snapshot_events, []
+        self.snapshot_supported = True
+        self._joining = False
+        self.stats.snapshots += 1
+        self._clear_next = False  # the snapshot batch starts with AllBlocksCleared itself
+        self._emit(next_seq - 1, KVEventBatch(ts=0.0, events=[AllBlocksCleared(), *events]), snapshot=True)
+        self.mode = LIVE
+        self._drain()
+
+    def on_request_failed(self, kind: str, reason: str, unsupported: bool = False) -> None:
+        """A replay/snapshot got no (usable) answer: timeout, or a source without snapshots."""
+        if self.mode != kind:
+            return
+        if kind == SNAPSHOT:
+            self.stats.snapshot_failures += 1
+            self._snapshot_events = []
+            if unsupported:
+                self.snapshot_supported = False
+            self._notify(self.name, "snapshot_failed", reason)
+            if self._joining:  # a vLLM source: the replay buffer may still reach back to seq 0
+                self._joining = False
+                self.last = -1
+                self._begin(REPLAY)
+                return
+            self._gave_up(reason)
+        else:
+            self._begin(SNAPSHOT)
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _next_pending_seq(self) -> int | None:
+        return self.pending[0][0] if self.pending else None
+
+    def _lost(self, reason: str) -> None:
+        self.stats.unrecovered += 1
+        logger.warning("source %s: events lost and not recoverable (%s)", self.name, reason)
+        self._notify(self.name, "unrecovered", reason)
+
+    def _gave_up(self, reason: str) -> None:
+        """Accept the loss and resume from the oldest waiting batch (or the next to arrive)."""
+        self._lost(reason)
+        self._joining = False
+        self.mode = LIVE
+        if self.pending:
+            self.last = self.pending[0][0] - 1
+            self._drain()
+        else:
+            self.last = None
+            self._accept_next = True
+
+    def _drain(self) -> None:
+        """Deliver waiting live batches, skipping those a replay or snapshot covered."""
+        items = list(self.pending)
+        self.pending.clear()
+        prev = None
+        for i, (seq, batch) in enumerate(items):
+            if self.mode != LIVE:  # a new gap opened: the rest waits again
+                self.pending.extend(items[i:])
+                return
+            restart_inside = prev is not None and seq <= prev
+            prev = seq
+            if not restart_inside and self.last is not None and seq <= self.last:
+                continue
+            self.on_live(seq, batch)
+
+    def _emit(self, seq: int, batch: KVEventBatch, snapshot: bool = False) -> None:
+        if self._clear_next:
+            self._clear_next = False
+            batch = KVEventBatch(ts=batch.ts, events=[AllBlocksCleared(), *batch.events],
+                                 data_parallel_rank=batch.data_parallel_rank)
+        elif not snapshot and any(e.__class__ is AllBlocksCleared for e in batch.events):
+            self.stats.restarts += 1
+        self.last = seq
+        self.stats.last_seq = seq
+        self.stats.batches += 1
+        self.stats.events += len(batch.events)
+        self._deliver(self.name, seq, batch)
