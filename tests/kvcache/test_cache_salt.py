@@ -1,0 +1,44 @@
+"""cache_salt and LoRA names isolate tenants: different keys never share a block."""
+
+from kvmesh.events.schema import BlockStored
+from kvmesh.kvcache.hashing import salt_key
+from kvmesh.kvcache.kv_cache_manager import KVCacheManager
+
+BS = 4
+PROMPT = list(range(13))
+
+
+def fresh_manager(event_log=None):
+    return KVCacheManager(num_blocks=20, block_size=BS, hash_seed=b"seed", event_sink=event_log)
+
+
+def test_requests_with_different_salts_never_share_a_block(make_request, run_step):
+    manager = fresh_manager()
+    run_step(manager, make_request("a", PROMPT, cache_salt="tenant-a"))
+    for rid, salt in (("b", "tenant-b"), ("c", None)):
+        computed, _ = run_step(manager, make_request(rid, PROMPT, cache_salt=salt))
+        assert computed == []
+    ids = [set(manager.get_block_ids(r)) for r in "abc"]
+    assert not ids[0] & ids[1] and not ids[0] & ids[2] and not ids[1] & ids[2]
+
+
+def test_requests_with_the_same_salt_share_blocks(make_request, run_step):
+    manager = fresh_manager()
+    run_step(manager, make_request("a", PROMPT, cache_salt="tenant-a"))
+    computed, _ = run_step(manager, make_request("b", PROMPT, cache_salt="tenant-a"))
+    assert [b.block_id for b in computed] == manager.get_block_ids("a")[:3]
+
+
+def test_different_lora_adapters_never_share_a_block(make_request, run_step):
+    manager = fresh_manager()
+    run_step(manager, make_request("a", PROMPT, lora_name="l1"))
+    assert run_step(manager, make_request("b", PROMPT, lora_name="l2"))[0] == []
+    assert len(run_step(manager, make_request("c", PROMPT, lora_name="l1"))[0]) == 3
+
+
+def test_block_stored_reports_the_salt_key_on_the_first_block_only(make_request, run_step, event_log):
+    manager = fresh_manager(event_log)
+    run_step(manager, make_request("a", PROMPT, cache_salt="s", lora_name="l1"))
+    (stored,) = event_log.of_type(BlockStored)
+    assert stored.extra_keys == [(salt_key("s"), "l1"), ("l1",), ("l1",)]
+    assert stored.lora_name == "l1"
