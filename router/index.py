@@ -94,6 +94,8 @@ class PrefixIndex:
         for key in [k for k, m in self._predicted.items() if m & bit]:
             self._unpredict(key, bit)
         tree.ext_to_key.clear()
+        tree.orphans.clear()
+        tree.orphan_parent.clear()
         tree.ext_dups.clear()
         tree.key_dups.clear()
 
@@ -106,12 +108,14 @@ class PrefixIndex:
         if replica_id is None:
             return len(self._blocks) - len(self._predicted)
         tree = self._replicas.get(replica_id)
-        return 0 if tree is None else len(tree.ext_to_key) + sum(tree.ext_dups.values())
+        if tree is None:
+            return 0
+        return len(tree.ext_to_key) + len(tree.orphan_parent) + sum(tree.ext_dups.values())
 
     def cached_hashes(self, replica_id: ReplicaId) -> set:
         """The external block hashes a replica holds, as far as its events say."""
         tree = self._replicas.get(replica_id)
-        return set() if tree is None else set(tree.ext_to_key)
+        return set() if tree is None else set(tree.ext_to_key) | set(tree.orphan_parent)
 
     # ---------------------------------------------------------------- events
     def apply(self, replica_id: ReplicaId, batch_or_events) -> None:
@@ -137,19 +141,27 @@ class PrefixIndex:
             return
         ext_to_key = tree.ext_to_key
         parent = event.parent_block_hash
-        if parent is None:
-            parent_key = self.hasher.seed
-        else:
-            parent_key = ext_to_key.get(parent)
-            if parent_key is None:  # parent unknown (missed events): the chain cannot be keyed
-                self.stats.orphan_blocks += n
-                return
         extra = event.extra_keys
         if extra is None and event.lora_name is not None:
             from kvmesh.kvcache.hashing import block_extra_keys
 
             extra = [block_extra_keys(1, None, event.lora_name)] * n
-        keys = chain_keys(pack_tokens(event.token_ids), n, self.block_size, parent_key, extra)
+        token_bytes = pack_tokens(event.token_ids)
+        if parent is None:
+            parent_key = self.hasher.seed
+        else:
+            parent_key = ext_to_key.get(parent)
+            if parent_key is None:  # parent evicted or its event missed: key the chain once it comes
+                self._park_orphans(tree, parent, hashes, token_bytes, extra)
+                return
+        keys = chain_keys(token_bytes, n, self.block_size, parent_key, extra)
+        self._insert(tree, hashes, keys)
+        self.stats.blocks_stored += n
+        if tree.orphans:
+            self._adopt_orphans(tree, hashes)
+
+    def _insert(self, tree: ReplicaTree, hashes: Sequence, keys: list[int]) -> None:
+        ext_to_key = tree.ext_to_key
         blocks, predicted = self._blocks, self._predicted
         bit = tree.bit
         for ext, key in zip(hashes, keys, strict=False):
@@ -164,7 +176,32 @@ class PrefixIndex:
                 self._confirm(key, bit)
             else:  # another external hash of this replica already maps to the key
                 tree.key_dups[key] = tree.key_dups.get(key, 0) + 1
-        self.stats.blocks_stored += n
+
+    # A stored block whose parent the index does not know (the parent was evicted before a
+    # snapshot, or its event was lost) cannot be keyed yet. It is parked under its parent's
+    # external hash and keyed as soon as that parent is stored again.
+    def _park_orphans(self, tree: ReplicaTree, parent, hashes: Sequence, token_bytes: bytes, extra) -> None:
+        stride = 4 * self.block_size
+        for i, ext in enumerate(hashes):
+            if ext in tree.ext_to_key or ext in tree.orphan_parent:
+                tree.ext_dups[ext] = tree.ext_dups.get(ext, 0) + 1
+            else:
+                block = (ext, token_bytes[i * stride:(i + 1) * stride], None if extra is None else extra[i])
+                tree.orphans.setdefault(parent, []).append(block)
+                tree.orphan_parent[ext] = parent
+            parent = ext
+        self.stats.orphan_blocks += len(hashes)
+
+    def _adopt_orphans(self, tree: ReplicaTree, hashes: Sequence) -> None:
+        stack = [ext for ext in hashes if ext in tree.orphans]
+        while stack:
+            parent = stack.pop()
+            parent_key = tree.ext_to_key.get(parent)
+            for ext, data, extra in tree.orphans.pop(parent, ()):
+                del tree.orphan_parent[ext]
+                keys = chain_keys(data, 1, self.block_size, parent_key, None if extra is None else [extra])
+                self._insert(tree, (ext,), keys)
+                stack.append(ext)
 
     def _remove(self, tree: ReplicaTree, hashes: Iterable) -> None:
         ext_to_key, blocks = tree.ext_to_key, self._blocks
@@ -172,7 +209,10 @@ class PrefixIndex:
         for ext in hashes:
             key = ext_to_key.get(ext)
             if key is None:
-                self.stats.unknown_removals += 1
+                if ext in tree.orphan_parent:
+                    self._drop_orphan(tree, ext)
+                else:
+                    self.stats.unknown_removals += 1
                 continue
             self.stats.blocks_removed += 1
             if tree.ext_dups and ext in tree.ext_dups:
@@ -191,6 +231,19 @@ class PrefixIndex:
                 blocks[key] = mask
             else:
                 blocks.pop(key, None)
+
+    def _drop_orphan(self, tree: ReplicaTree, ext) -> None:
+        self.stats.blocks_removed += 1
+        if tree.ext_dups.get(ext):
+            tree.ext_dups[ext] -= 1
+            if not tree.ext_dups[ext]:
+                del tree.ext_dups[ext]
+            return
+        parent = tree.orphan_parent.pop(ext)
+        siblings = tree.orphans[parent]
+        siblings[:] = [b for b in siblings if b[0] != ext]
+        if not siblings:
+            del tree.orphans[parent]
 
     # ---------------------------------------------------------------- predictions
     def predict(self, replica_id: ReplicaId, keys: Sequence[int], now: float | None = None) -> int:

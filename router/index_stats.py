@@ -16,6 +16,10 @@ class ReplicaTree:
     """Bit position of this replica in the index's masks."""
     ext_to_key: dict = field(default_factory=dict)
     """The replica's external block hash -> router key, for every block it holds."""
+    orphans: dict = field(default_factory=dict)
+    """Parent external hash -> [(external hash, token bytes, extra keys)] of blocks waiting for it."""
+    orphan_parent: dict = field(default_factory=dict)
+    """External hash of each parked orphan block -> its parent's external hash."""
     ext_dups: dict = field(default_factory=dict)
     """External hashes stored more than once (extra copies), so one BlockRemoved leaves the block."""
     key_dups: dict = field(default_factory=dict)
@@ -39,7 +43,7 @@ class IndexStats:
     clears: int = 0
     """AllBlocksCleared events applied."""
     orphan_blocks: int = 0
-    """Stored blocks dropped because their parent was unknown (events were missed)."""
+    """Stored blocks parked because their parent was unknown (evicted earlier, or events missed)."""
     unknown_removals: int = 0
     """BlockRemoved hashes the replica was not known to hold."""
     bad_block_size: int = 0

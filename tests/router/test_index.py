@@ -122,3 +122,21 @@ def test_prediction_does_not_shadow_real_removal():
     assert index.match(keys(), now=100.1) == {}  # the prediction hangs off a broken chain
     assert index.match(keys(), now=200.0) == {}
     assert index.num_blocks() == 0 and not index._blocks
+
+
+def test_orphan_is_keyed_once_its_parent_is_stored_again():
+    index = make_index()
+    index.apply("a", [stored(PROMPT, BS, start_block=1, num_blocks=3)])  # parent (block 0) unknown
+    assert index.num_blocks("a") == 3 and index.match(keys()) == {}
+    index.apply("a", [stored(PROMPT, BS, num_blocks=1)])
+    assert index.match(keys()) == {"a": 4}
+    assert index.stats.orphan_blocks == 3
+
+
+def test_removed_orphan_is_not_adopted():
+    index = make_index()
+    index.apply("a", [stored(PROMPT, BS, start_block=1, num_blocks=3)])
+    index.apply("a", [removed(PROMPT, BS, [2])])
+    index.apply("a", [stored(PROMPT, BS, num_blocks=1)])
+    assert index.match(keys()) == {"a": 2}
+    assert index.num_blocks("a") == 3  # blocks 0, 1 and the still-parked 3

@@ -1,0 +1,164 @@
+"""Forwarding one OpenAI request: validate, tokenize, route, proxy (streaming passed through).
+
+A replica that fails before sending its first byte (refused connection, reset, 5xx) is excluded
+and the request goes to the next choice, up to ``max_attempts`` replicas; a refused connection
+also marks the replica unhealthy. Once bytes flow they go straight to the client; a failure
+then ends the stream with an OpenAI-shaped error event. The body is forwarded unchanged, so the
+replica tokenizes it exactly as the router did.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import httpx
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from kvmesh.replica import protocol as p
+from kvmesh.router.core import RouteDecision
+from kvmesh.router.policies import NoReplicaError
+from kvmesh.router.service import RouterService
+
+_CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+_RETRYABLE = (httpx.TransportError,)
+
+
+class Forwarder:
+    """The /v1/completions and /v1/chat/completions handlers of the router."""
+
+    def __init__(self, service: RouterService) -> None:
+        self.service = service
+
+    # ---------------------------------------------------------------- request -> token ids
+    def parse(self, raw: bytes, chat: bool) -> tuple[Any, list[int]]:
+        """Validate the body and render its prompt exactly as the replica will (ProtocolError on bad input)."""
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            raise p.ProtocolError(f"request body is not valid JSON: {e}") from None
+        req = p.parse_request(p.ChatCompletionRequest if chat else p.CompletionRequest, body)
+        served = self.service.config.served_model_name
+        if served is not None and req.model not in (None, served):
+            raise p.ProtocolError(f"model {req.model!r} does not exist; this router serves {served!r}", 404,
+                                  param="model")
+        tok = self.service.tokenizer
+        if tok is None:  # no tokenizer configured: load-only routing, the replica validates
+            return req, []
+        try:
+            if chat:
+                ids = tok.render_chat(req.template_messages(), req.add_generation_prompt, req.chat_template)
+            else:
+                ids = tok.render_completion(req.single_prompt())
+        except p.ProtocolError:
+            raise
+        except Exception as e:
+            what = "messages" if chat else "prompt"
+            raise p.ProtocolError(f"cannot tokenize the {what}: {e}", param=what) from None
+        req.to_sampling_params(len(ids), tok.max_model_len)  # context / max_tokens / sampling checks
+        return req, ids
+
+    # ---------------------------------------------------------------- proxy
+    async def handle(self, http: Request, path: str, chat: bool) -> Response:
+        raw = await http.body()
+        if len(raw) > self.service.config.max_body_bytes:
+            raise p.ProtocolError(f"request body has {len(raw)} bytes; the limit is "
+                                  f"{self.service.config.max_body_bytes}", 413)
+        t0 = time.perf_counter_ns()
+        req, ids = self.parse(raw, chat)
+        tokenize_ns = time.perf_counter_ns() - t0
+        svc, router = self.service, self.service.router
+        headers = {"content-type": "application/json", **svc.headers()}
+        tried: list[str] = []
+        for attempt in range(svc.config.max_attempts):
+            try:
+                decision = router.route(ids, req.cache_salt, exclude=tried)
+            except NoReplicaError as e:
+                raise p.ProtocolError(str(e), 503) from None
+            if attempt == 0:
+                svc.metrics.observe_stages({"tokenize": tokenize_ns, **decision.timings_ns})
+            rid = decision.replica_id
+            spec = svc.specs.get(rid)
+            if spec is None:  # removed meanwhile
+                tried.append(rid)
+                continue
+            router.loads.on_dispatch(rid, decision.uncached_tokens)
+            upstream, first = await self._open(spec.url + path, raw, headers)
+            if isinstance(upstream, Exception) or upstream.status_code >= 500:
+                router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
+                if isinstance(upstream, Exception):
+                    svc.mark_failed(rid, isinstance(upstream, httpx.ConnectError))
+                elif attempt + 1 < svc.config.max_attempts:
+                    await upstream.aclose()
+                else:  # last attempt: pass the replica's error through
+                    return await self._finish(upstream, first, decision, req.stream)
+                svc.metrics.retries.labels(str(rid)).inc()
+                tried.append(rid)
+                continue
+            router.loads.on_first_output(rid, decision.uncached_tokens)
+            self._count_decision(decision, len(ids))
+            return await self._finish(upstream, first, decision, req.stream)
+        raise p.ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
+                              "retry later", 503)
+
+    async def _open(self, url: str, raw: bytes, headers: dict) -> tuple[httpx.Response | Exception, bytes]:
+        """Send the request and wait for the first body bytes (or the failure)."""
+        client = self.service.client
+        try:
+            upstream = await client.send(client.build_request("POST", url, content=raw, headers=headers),
+                                         stream=True)
+        except _RETRYABLE as e:
+            return e, b""
+        try:
+            first = await upstream.aiter_raw().__anext__()
+        except StopAsyncIteration:
+            first = b""
+        except _RETRYABLE as e:
+            await upstream.aclose()
+            return e, b""
+        return upstream, first
+
+    def _count_decision(self, decision: RouteDecision, prompt_tokens: int) -> None:
+        m, rid = self.service.metrics, str(decision.replica_id)
+        m.decisions.labels(rid, self.service.router.policy_name).inc()
+        m.predicted_hit_tokens.labels(rid).inc(decision.predicted_hit_tokens)
+        m.prompt_tokens.labels(rid).inc(prompt_tokens)
+
+    def _report_cached(self, rid: str, chunk: bytes) -> None:
+        if b"cached_tokens" in chunk:
+            found = _CACHED.findall(chunk)
+            if found:
+                self.service.metrics.reported_cached_tokens.labels(rid).inc(int(found[-1]))
+
+    async def _finish(self, upstream: httpx.Response, first: bytes, decision: RouteDecision,
+                      stream: bool) -> Response:
+        rid, loads = decision.replica_id, self.service.router.loads
+        media = upstream.headers.get("content-type", "application/json")
+        status = upstream.status_code
+        self.service.metrics.requests.labels(f"{status // 100}xx").inc()
+        if not stream or status != 200:
+            try:
+                rest = [chunk async for chunk in upstream.aiter_raw()]
+            finally:
+                await upstream.aclose()
+                loads.on_finish(rid, decision.uncached_tokens, had_output=True)
+            body = first + b"".join(rest)
+            self._report_cached(str(rid), body)
+            return Response(body, status_code=status, media_type=media)
+        return StreamingResponse(self._relay(upstream, first, decision), status_code=status, media_type=media)
+
+    async def _relay(self, upstream: httpx.Response, first: bytes, decision: RouteDecision):
+        rid = decision.replica_id
+        try:
+            yield first
+            async for chunk in upstream.aiter_raw():
+                self._report_cached(str(rid), chunk)
+                yield chunk
+        except httpx.HTTPError as e:
+            err = p.error_body(f"replica {rid} failed mid-stream: {e}; the output is incomplete", 502)
+            yield f"data: {json.dumps(err)}\n\n".encode()
+        finally:
+            await upstream.aclose()
+            self.service.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)

@@ -1,0 +1,108 @@
+"""The router's Prometheus metrics, on a private registry (several routers can share a process).
+
+Counters and histograms are updated per request; gauges that mirror state (index size, loads,
+health, subscriber counters, event lag) are read at scrape time by a custom collector.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Routing stages take microseconds; buckets from 1 µs to 100 ms.
+_STAGE_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 1e-1)
+_LAG_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0)
+
+
+class RouterMetrics:
+    """Everything the router exposes on ``/metrics``."""
+
+    def __init__(self, state_source: Callable[[], dict] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter("kvmesh_router_decisions", "Requests routed, per replica and policy",
+                                 ["replica", "policy"], registry=r)
+        self.predicted_hit_tokens = Counter(
+            "kvmesh_router_predicted_hit_tokens", "Prompt tokens the router expected the replica to have cached",
+            ["replica"], registry=r)
+        self.reported_cached_tokens = Counter(
+            "kvmesh_router_reported_cached_tokens", "Cached prompt tokens the replica reported in usage",
+            ["replica"], registry=r)
+        self.prompt_tokens = Counter("kvmesh_router_prompt_tokens", "Prompt tokens routed", ["replica"], registry=r)
+        self.retries = Counter("kvmesh_router_retries", "Requests retried on another replica before any output",
+                               ["replica"], registry=r)
+        self.requests = Counter("kvmesh_router_requests", "Requests answered, per HTTP status class",
+                                ["status"], registry=r)
+        self.stage_seconds = Histogram("kvmesh_router_routing_seconds",
+                                       "Routing overhead per stage (tokenize, hash, match, score)",
+                                       ["stage"], buckets=_STAGE_BUCKETS, registry=r)
+        self.event_lag = Histogram("kvmesh_router_event_lag_seconds",
+                                   "Delay from a replica publishing an event batch to the router applying it",
+                                   buckets=_LAG_BUCKETS, registry=r)
+        self.last_event_lag: dict[str, float] = {}
+        if state_source is not None:
+            r.register(_StateCollector(state_source))
+
+    def observe_stages(self, timings_ns: dict[str, int]) -> None:
+        for stage, ns in timings_ns.items():
+            self.stage_seconds.labels(stage).observe(ns * 1e-9)
+
+    def observe_batch(self, replica_id: str, batch_ts: float) -> None:
+        lag = max(0.0, time.time() - batch_ts)
+        self.last_event_lag[replica_id] = lag
+        self.event_lag.observe(lag)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector:
+    """Reads the router's current state at scrape time (see ``RouterServer.metrics_state``)."""
+
+    def __init__(self, source: Callable[[], dict]) -> None:
+        self.source = source
+
+    def collect(self):
+        state = self.source()
+        g = GaugeMetricFamily("kvmesh_router_index_blocks", "Blocks held by replicas according to the index",
+                              labels=["replica"])
+        for rid, n in state["index_blocks"].items():
+            g.add_metric([rid], n)
+        yield g
+        yield GaugeMetricFamily("kvmesh_router_index_keys", "Distinct router keys in the index",
+                                value=state["index_keys"])
+        yield CounterMetricFamily("kvmesh_router_events_applied", "KV events applied to the index",
+                                  value=state["events_applied"])
+        for name, help_text in (("orphan_blocks", "Stored blocks dropped: parent unknown"),
+                                ("unknown_removals", "Removed blocks the index did not hold")):
+            yield CounterMetricFamily(f"kvmesh_router_index_{name}", help_text, value=state["index"][name])
+        sub = CounterMetricFamily("kvmesh_router_event_stream", "Event subscriber counters per replica",
+                                  labels=["replica", "counter"])
+        for rid, counters in state["subscriber"].items():
+            for key, value in counters.items():
+                if key != "last_seq":
+                    sub.add_metric([rid, key], value)
+        yield sub
+        lag = GaugeMetricFamily("kvmesh_router_event_lag_last_seconds", "Lag of the last applied batch",
+                                labels=["replica"])
+        for rid, value in state["event_lag"].items():
+            lag.add_metric([rid], value)
+        yield lag
+        healthy = GaugeMetricFamily("kvmesh_router_replica_healthy", "1 if the replica receives requests",
+                                    labels=["replica"])
+        for rid, ok in state["healthy"].items():
+            healthy.add_metric([rid], 1.0 if ok else 0.0)
+        yield healthy
+        fields = ("in_flight", "pending_prefill_tokens", "num_running", "num_waiting", "kv_usage",
+                  "queued_prefill_tokens")
+        for f in fields:
+            fam = GaugeMetricFamily(f"kvmesh_router_replica_{f}",
+                                    f"Replica load: {f} (router's own counters or the replica's /load)",
+                                    labels=["replica"])
+            for rid, load in state["loads"].items():
+                fam.add_metric([rid], float(getattr(load, f)))
+            yield fam

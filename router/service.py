@@ -1,0 +1,172 @@
+"""The running router: decision core + tokenizer + replica registry + event feed + polling.
+
+``RouterService`` owns what lives as long as the HTTP front: the ``KVRouter``, the tokenizer, the
+replica specs, the ``EventSubscriber`` feeding the index, the httpx client and the task that polls
+every replica's ``/health`` and ``/load`` (which is also how a failed replica is probed back).
+Replicas can be added, re-registered with new endpoints, and removed at runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import Any
+
+import httpx
+from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.core import KVRouter
+from kvmesh.router.metrics import RouterMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class RouterService:
+    """See the module doc. ``start``/``stop`` run inside the server's event loop."""
+
+    def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None,
+                 tokenizer: Any = None) -> None:
+        self.config = config
+        self.router = KVRouter(config.block_size, config.policy, config.policy_kwargs,
+                               seed=secrets.randbits(64), predict_ttl_s=config.predict_ttl_s)
+        if tokenizer is None and (config.tokenizer or config.model):
+            from kvmesh.replica.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(config.tokenizer or config.model, max_model_len=config.max_model_len)
+        self.tokenizer = tokenizer
+        """The replicas' tokenizer (replica/tokenizer.py); None = route without cache awareness."""
+        self.metrics = RouterMetrics(self.metrics_state)
+        self.specs: dict[str, ReplicaSpec] = {}
+        self._initial = list(replicas or [])
+        self.client: httpx.AsyncClient | None = None
+        self.subscriber = None
+        self._poller: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        from kvmesh.events.subscriber import EventSubscriber
+
+        self._loop = asyncio.get_running_loop()
+        cfg = self.config
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(cfg.request_timeout_s, connect=cfg.connect_timeout_s),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024),
+        )
+        self.subscriber = EventSubscriber(on_batch=self._on_batch).start()
+        for spec in self._initial:
+            self.add_replica(spec)
+        await self.probe_all()
+        self._poller = asyncio.create_task(self._poll_loop())
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        if self.subscriber is not None:
+            await asyncio.to_thread(self.subscriber.close)
+        if self.client is not None:
+            await self.client.aclose()
+
+    # ---------------------------------------------------------------- replica set
+    def add_replica(self, spec: ReplicaSpec) -> None:
+        """Register a replica, or re-register it with new endpoints (its tree is dropped then)."""
+        old = self.specs.get(spec.replica_id)
+        if old == spec:
+            return
+        if old is not None:
+            self.remove_replica(spec.replica_id)
+        self.specs[spec.replica_id] = spec
+        self.router.add_replica(spec.replica_id, healthy=False)
+        if spec.events and self.subscriber is not None:
+            from kvmesh.events.subscriber import PublisherSource
+
+            self.subscriber.add_source(PublisherSource(spec.replica_id, spec.events, spec.replay))
+        if self._loop is not None:  # probe now rather than at the next poll
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.probe(spec)))
+        logger.info("replica %s registered at %s (events %s)", spec.replica_id, spec.url, spec.events)
+
+    def remove_replica(self, replica_id: str) -> bool:
+        spec = self.specs.pop(replica_id, None)
+        if spec is None:
+            return False
+        if spec.events and self.subscriber is not None:
+            self.subscriber.remove_source(replica_id)
+        self.router.remove_replica(replica_id)
+        self.metrics.last_event_lag.pop(replica_id, None)
+        return True
+
+    def mark_failed(self, replica_id: str, connect_error: bool) -> None:
+        """A request to the replica failed: stop routing to it until a probe succeeds.
+
+        A refused connection means the process is gone and its cache with it: drop its tree.
+        """
+        if replica_id in self.router.healthy:
+            logger.warning("replica %s failed; routing around it until it answers /health", replica_id)
+        self.router.set_healthy(replica_id, False, clear_cache=connect_error)
+
+    def headers(self) -> dict[str, str]:
+        key = self.config.replica_api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    # ---------------------------------------------------------------- events
+    def _on_batch(self, source: str, seq: int, batch) -> None:
+        self.router.apply_events(source, batch)
+        self.metrics.observe_batch(source, batch.ts)
+
+    # ---------------------------------------------------------------- health and load
+    async def probe(self, spec: ReplicaSpec) -> bool:
+        """GET /health (and /load when it has one); marks the replica healthy or not."""
+        timeout = self.config.connect_timeout_s
+        try:
+            health = await self.client.get(spec.url + "/health", timeout=timeout, headers=self.headers())
+            ok = health.status_code == 200
+            if ok:
+                load = await self.client.get(spec.url + "/load", timeout=timeout, headers=self.headers())
+                if load.status_code == 200:
+                    report = self.router.loads.loads.get(spec.replica_id)
+                    if report is not None:
+                        report.update_report(load.json())
+            connect_error = False
+        except (httpx.HTTPError, ValueError) as e:
+            ok, connect_error = False, isinstance(e, httpx.ConnectError)
+        if self.specs.get(spec.replica_id) is not spec:
+            return ok  # removed or re-registered meanwhile
+        was = spec.replica_id in self.router.healthy
+        if ok and not was:
+            logger.info("replica %s is healthy", spec.replica_id)
+            self.router.set_healthy(spec.replica_id, True)
+        elif not ok and was:
+            self.mark_failed(spec.replica_id, connect_error)
+        elif not ok and connect_error:
+            self.router.set_healthy(spec.replica_id, False, clear_cache=True)
+        return ok
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(s) for s in list(self.specs.values())), return_exceptions=True)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.poll_interval_s)
+            try:
+                await self.probe_all()
+            except Exception:  # never let the poller die
+                logger.exception("replica poll failed")
+
+    # ---------------------------------------------------------------- metrics
+    def metrics_state(self) -> dict:
+        r = self.router
+        with r.lock:
+            index_blocks = {str(rid): r.index.num_blocks(rid) for rid in r.index.replica_ids}
+            loads = {str(rid): load for rid, load in r.loads.loads.items()}
+            stats = r.index.stats
+            out = {
+                "index_blocks": index_blocks, "index_keys": len(r.index._blocks),
+                "events_applied": r.events_applied,
+                "index": {"orphan_blocks": stats.orphan_blocks, "unknown_removals": stats.unknown_removals},
+                "healthy": {rid: rid in r.healthy for rid in loads}, "loads": loads,
+            }
+        sub = self.subscriber.stats if self.subscriber is not None else {}
+        out["subscriber"] = {name: st.as_dict() for name, st in sub.items()}
+        out["event_lag"] = dict(self.metrics.last_event_lag)
+        return out
