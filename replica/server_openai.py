@@ -76,6 +76,8 @@ class OpenAIHandlers:
             stream = await engine.generate(request_id, prompt_ids, params, cache_salt=req.cache_salt)
         except ValueError as e:
             raise p.ProtocolError(str(e)) from None
+        except RuntimeError as e:  # draining or broken: a router should retry elsewhere
+            raise p.ProtocolError(str(e), 503) from None
         model = req.model or self.state.model_name
         if req.stream:
             gen = self._stream_chat if chat else self._stream_completion

@@ -1,0 +1,156 @@
+"""One replica as a Ray actor: engine (+ TP workers), KV event publisher and HTTP server on its node.
+
+    ReplicaActor (Ray, max_restarts)
+      ├─ LLMEngine on the AsyncLLM thread ── model runner (TP=1) | RayTPExecutor ──▶ TPWorker × N
+      ├─ ZmqEventPublisher   PUB + replay/snapshot ROUTER (ephemeral ports on the node IP)
+      ├─ HTTPServer          FastAPI app (server.py) on its own thread
+      └─ watchdog thread     engine or TP group broken -> the process exits, Ray restarts it
+
+A (re)started actor announces its empty cache as the first batch of its stream: seq 0 is
+``[AllBlocksCleared()]``, so subscribers drop whatever they knew about the previous incarnation.
+Whoever needs the replica asks ``endpoints()`` (HTTP URL, event endpoints, model, block size);
+after a restart the ports may differ (when configured as 0), so ask again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kvmesh.replica.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ReplicaOptions:
+    """How one replica actor serves (engine settings are in ``engine``)."""
+
+    engine: EngineConfig
+    """The engine's configuration (model, cache, TP size, ...)."""
+    replica_id: str = "replica-0"
+    """Name used in logs, endpoints and metrics."""
+    host: str | None = None
+    """Address for HTTP and events; None -> 127.0.0.1 on a one-node Ray cluster, the node IP otherwise."""
+    http_port: int = 0
+    """HTTP port; 0 = ephemeral (reported by ``endpoints()``)."""
+    event_port: int = 0
+    """KV event PUB port; 0 = ephemeral."""
+    replay_port: int = 0
+    """Replay/snapshot ROUTER port; 0 = ephemeral."""
+    api_key: str | None = field(default=None, repr=False)
+    """Bearer token for /v1/* routes; None disables auth."""
+    served_model_name: str | None = None
+    """Name clients use in "model"; None -> the model path."""
+    num_cpus_per_worker: float = 1.0
+    """Ray CPUs per TP worker (TP > 1)."""
+    placement_group: Any = None
+    """Placement group for the TP workers (one bundle per rank); None -> the executor makes one."""
+    step_timeout_s: float = 120.0
+    """A TP step (or collective) slower than this means a rank is broken: the replica restarts."""
+    watchdog_interval_s: float = 1.0
+    """How often the watchdog checks the engine and TP group."""
+
+    def __post_init__(self) -> None:
+        for name in ("http_port", "event_port", "replay_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{name}={getattr(self, name)} is not a TCP port; use 0..65535 (0 = ephemeral)")
+        if self.step_timeout_s <= 0 or self.watchdog_interval_s <= 0:
+            raise ValueError("step_timeout_s and watchdog_interval_s must be positive")
+
+
+def default_host() -> str:
+    """127.0.0.1 on a one-node (local) Ray cluster, this node's IP on a multi-node one."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    return "127.0.0.1" if len(alive) <= 1 else ray.util.get_node_ip_address()
+
+
+class ReplicaActor:
+    """Ray actor class (wrap with ``ray.remote`` or use ``start_replica_actor``)."""
+
+    def __init__(self, options: ReplicaOptions):
+        import ray
+        from kvmesh.replica.server_runtime import ReplicaRuntime
+
+        self.options = options
+        ctx = ray.get_runtime_context()
+        self.restarted = bool(ctx.was_current_actor_reconstructed)
+        host = options.host or default_host()
+        self.runtime = ReplicaRuntime.start(
+            options.engine, host=host, http_port=options.http_port, event_port=options.event_port,
+            replay_port=options.replay_port, api_key=options.api_key, served_model_name=options.served_model_name,
+            replica_id=options.replica_id,
+            executor_kwargs={"placement_group": options.placement_group,
+                             "num_cpus_per_worker": options.num_cpus_per_worker,
+                             "step_timeout_s": options.step_timeout_s})
+        self.started_at = time.time()
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="replica-watchdog", daemon=True)
+        self._watchdog.start()
+        logger.info("replica %s ready (restarted=%s): %s", options.replica_id, self.restarted,
+                    self.runtime.endpoints())
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.options.watchdog_interval_s):
+            reason = self.runtime.broken_reason()
+            if reason is not None:
+                logger.error("replica %s is broken (%s); exiting so Ray restarts it", self.options.replica_id, reason)
+                self.runtime.close_events()  # publish nothing stale
+                os._exit(1)
+
+    def ready(self) -> dict[str, Any]:
+        """Returns (the endpoints) once the replica serves; callers wait on it."""
+        return self.endpoints()
+
+    def endpoints(self) -> dict[str, Any]:
+        import ray
+
+        info = self.runtime.endpoints()
+        info.update(replica_id=self.options.replica_id, restarted=self.restarted, pid=os.getpid(),
+                    node_id=ray.get_runtime_context().get_node_id(), started_at=self.started_at)
+        return info
+
+    def health(self) -> dict[str, Any]:
+        reason = self.runtime.dead_reason()
+        return {"healthy": reason is None, "reason": reason}
+
+    def stats(self) -> dict[str, Any]:
+        return self.runtime.stats_dict()
+
+    def load(self) -> dict[str, Any]:
+        return self.runtime.engine.load_report().model_dump()
+
+    def shutdown(self, graceful_s: float = 10.0) -> bool:
+        """Stop accepting, let in-flight requests finish for ``graceful_s`` (then abort), close everything."""
+        self._stop.set()
+        return self.runtime.shutdown(graceful_s)
+
+
+def start_replica_actor(options: ReplicaOptions, name: str | None = None, max_restarts: int = 3,
+                        namespace: str | None = None, **ray_options: Any) -> Any:
+    """Create a ``ReplicaActor`` (not yet waited for: ``ray.get(actor.ready.remote())``).
+
+    TP=1 on a GPU cluster needs the GPU in the actor itself (``num_gpus=1`` in ``ray_options``);
+    with TP>1 the workers hold the GPUs and the actor needs none.
+    """
+    import ray
+
+    opts: dict[str, Any] = {"num_cpus": 1, "max_restarts": max_restarts, "max_task_retries": 0,
+                            "max_concurrency": 8}
+    if name is not None:
+        opts["name"] = name
+    if namespace is not None:
+        opts["namespace"] = namespace
+    opts.update(ray_options)
+    return ray.remote(ReplicaActor).options(**opts).remote(options)
+
+
+def with_ports(options: ReplicaOptions, http_port: int, event_port: int, replay_port: int) -> ReplicaOptions:
+    """A copy of ``options`` with fixed ports (standalone defaults: 8100+i, 5557+2i, 5558+2i)."""
+    return replace(options, http_port=http_port, event_port=event_port, replay_port=replay_port)
