@@ -1,0 +1,127 @@
+"""SourceTracker: in-order delivery and the recovery decisions, without sockets."""
+
+from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, KVEventBatch
+from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
+
+
+def batch(tag: int) -> KVEventBatch:
+    return KVEventBatch(ts=0.0, events=[BlockRemoved(block_hashes=[tag], medium="CPU")], data_parallel_rank=0)
+
+
+class Harness:
+    def __init__(self, has_replay=True):
+        self.delivered: list[tuple[int, list]] = []
+        self.requests: list[tuple[str, int]] = []
+        self.status: list[str] = []
+        self.t = SourceTracker(
+            "r0",
+            deliver=lambda name, seq, b: self.delivered.append((seq, b.events)),
+            request=lambda name, kind, start: self.requests.append((kind, start)),
+            notify=lambda name, status, detail: self.status.append(status),
+            has_replay=has_replay,
+        )
+
+    def seqs(self):
+        return [s for s, _ in self.delivered]
+
+
+def test_in_order_batches_are_delivered_at_once():
+    h = Harness()
+    for s in range(3):
+        h.t.on_live(s, batch(s))
+    assert h.seqs() == [0, 1, 2] and h.requests == []
+
+
+def test_a_gap_is_replayed_and_waiting_batches_follow_in_order():
+    h = Harness()
+    h.t.on_live(0, batch(0))
+    h.t.on_live(3, batch(3))
+    h.t.on_live(4, batch(4))
+    assert h.requests == [(REPLAY, 1)] and h.seqs() == [0]
+    for s in (1, 2, 3):  # the replay overlaps what is waiting
+        h.t.on_replay_batch(s, batch(s))
+    h.t.on_replay_end()
+    assert h.seqs() == [0, 1, 2, 3, 4]
+    assert h.t.stats.gaps == 1 and h.t.stats.replays == 1
+
+
+def test_a_hole_in_the_replay_buffer_falls_back_to_a_snapshot():
+    h = Harness()
+    h.t.on_live(0, batch(0))
+    h.t.on_live(9, batch(9))
+    h.t.on_replay_batch(7, batch(7))  # 1..6 were evicted from the ring buffer
+    h.t.on_replay_end()
+    assert h.requests[-1] == (SNAPSHOT, 0)
+    h.t.on_snapshot_chunk([])
+    h.t.on_snapshot_end(next_seq=9)
+    assert h.seqs() == [0, 8, 9]
+    assert h.delivered[1][1] == [AllBlocksCleared()]
+    assert h.t.stats.snapshots == 1
+
+
+def test_late_joiner_asks_for_a_snapshot_and_skips_what_it_covers():
+    h = Harness()
+    h.t.start(snapshot_on_start=True)
+    assert h.requests == [(SNAPSHOT, 0)]
+    h.t.on_live(5, batch(5))
+    h.t.on_live(6, batch(6))
+    h.t.on_snapshot_end(next_seq=6)
+    assert h.seqs() == [5, 6]  # the snapshot (as seq 5), then live batch 6; live 5 is covered
+
+
+def test_a_source_without_snapshots_falls_back_to_replay_from_zero_and_says_so():
+    h = Harness()
+    h.t.start(snapshot_on_start=True)
+    h.t.on_live(2, batch(2))
+    h.t.on_request_failed(SNAPSHOT, "no snapshots", unsupported=True)
+    assert h.status == ["snapshot_failed"] and h.requests[-1] == (REPLAY, 0)
+    h.t.on_replay_batch(0, batch(0))
+    h.t.on_replay_batch(1, batch(1))
+    h.t.on_replay_end()
+    assert h.seqs() == [0, 1, 2] and h.t.stats.snapshot_failures == 1
+
+
+def test_an_unrecoverable_gap_is_counted_reported_and_skipped():
+    h = Harness()
+    h.t.on_live(0, batch(0))
+    h.t.snapshot_supported = False
+    h.t.on_live(5, batch(5))
+    h.t.on_request_failed(REPLAY, "timeout")
+    assert h.seqs() == [0, 5]
+    assert h.t.stats.unrecovered == 1 and "unrecovered" in h.status
+
+
+def test_without_replay_endpoint_gaps_are_only_counted():
+    h = Harness(has_replay=False)
+    h.t.on_live(0, batch(0))
+    h.t.on_live(3, batch(3))
+    assert h.seqs() == [0, 3] and h.requests == [] and h.t.stats.gaps == 1
+
+
+def test_seq_going_back_is_a_restart_that_clears_first():
+    h = Harness()
+    for s in range(3):
+        h.t.on_live(s, batch(s))
+    h.t.on_live(0, batch(100))
+    assert h.seqs() == [0, 1, 2, 0]
+    assert h.delivered[-1][1][0] == AllBlocksCleared()
+    assert h.t.stats.restarts == 1
+
+
+def test_restart_seen_mid_stream_replays_the_new_publishers_start():
+    h = Harness()
+    for s in range(5):
+        h.t.on_live(s, batch(s))
+    h.t.on_live(2, batch(102))  # new publisher, its 0 and 1 were missed
+    assert h.requests == [(REPLAY, 0)]
+    h.t.on_replay_batch(0, batch(100))
+    h.t.on_replay_batch(1, batch(101))
+    h.t.on_replay_end()
+    assert h.seqs()[-3:] == [0, 1, 2]
+    assert h.delivered[-3][1][0] == AllBlocksCleared()
+
+
+def test_all_blocks_cleared_in_the_stream_counts_as_a_restart():
+    h = Harness()
+    h.t.on_live(0, KVEventBatch(ts=0.0, events=[AllBlocksCleared()]))
+    assert h.t.stats.restarts == 1 and h.seqs() == [0]
