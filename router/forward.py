@@ -85,7 +85,7 @@ class Forwarder:
                 tried.append(rid)
                 continue
             router.loads.on_dispatch(rid, decision.uncached_tokens)
-            upstream, first = await self._open(spec.url + path, raw, headers)
+            upstream, first, body = await self._open(spec.url + path, raw, headers)
             if isinstance(upstream, Exception) or upstream.status_code >= 500:
                 router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
                 if isinstance(upstream, Exception):
@@ -93,32 +93,33 @@ class Forwarder:
                 elif attempt + 1 < svc.config.max_attempts:
                     await upstream.aclose()
                 else:  # last attempt: pass the replica's error through
-                    return await self._finish(upstream, first, decision, req.stream)
+                    return await self._finish(upstream, first, body, decision, req.stream)
                 svc.metrics.retries.labels(str(rid)).inc()
                 tried.append(rid)
                 continue
             router.loads.on_first_output(rid, decision.uncached_tokens)
             self._count_decision(decision, len(ids))
-            return await self._finish(upstream, first, decision, req.stream)
+            return await self._finish(upstream, first, body, decision, req.stream)
         raise p.ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
                               "retry later", 503)
 
-    async def _open(self, url: str, raw: bytes, headers: dict) -> tuple[httpx.Response | Exception, bytes]:
-        """Send the request and wait for the first body bytes (or the failure)."""
+    async def _open(self, url: str, raw: bytes, headers: dict):
+        """Send the request and wait for the first body bytes: (response or error, first bytes, rest)."""
         client = self.service.client
         try:
             upstream = await client.send(client.build_request("POST", url, content=raw, headers=headers),
                                          stream=True)
         except _RETRYABLE as e:
-            return e, b""
+            return e, b"", None
+        body = upstream.aiter_raw()
         try:
-            first = await upstream.aiter_raw().__anext__()
+            first = await body.__anext__()
         except StopAsyncIteration:
             first = b""
         except _RETRYABLE as e:
             await upstream.aclose()
-            return e, b""
-        return upstream, first
+            return e, b"", None
+        return upstream, first, body
 
     def _count_decision(self, decision: RouteDecision, prompt_tokens: int) -> None:
         m, rid = self.service.metrics, str(decision.replica_id)
@@ -132,7 +133,7 @@ class Forwarder:
             if found:
                 self.service.metrics.reported_cached_tokens.labels(rid).inc(int(found[-1]))
 
-    async def _finish(self, upstream: httpx.Response, first: bytes, decision: RouteDecision,
+    async def _finish(self, upstream: httpx.Response, first: bytes, body, decision: RouteDecision,
                       stream: bool) -> Response:
         rid, loads = decision.replica_id, self.service.router.loads
         media = upstream.headers.get("content-type", "application/json")
@@ -140,20 +141,21 @@ class Forwarder:
         self.service.metrics.requests.labels(f"{status // 100}xx").inc()
         if not stream or status != 200:
             try:
-                rest = [chunk async for chunk in upstream.aiter_raw()]
+                rest = [chunk async for chunk in body]
             finally:
                 await upstream.aclose()
                 loads.on_finish(rid, decision.uncached_tokens, had_output=True)
-            body = first + b"".join(rest)
-            self._report_cached(str(rid), body)
-            return Response(body, status_code=status, media_type=media)
-        return StreamingResponse(self._relay(upstream, first, decision), status_code=status, media_type=media)
+            content = first + b"".join(rest)
+            self._report_cached(str(rid), content)
+            return Response(content, status_code=status, media_type=media)
+        return StreamingResponse(self._relay(upstream, first, body, decision), status_code=status,
+                                 media_type=media)
 
-    async def _relay(self, upstream: httpx.Response, first: bytes, decision: RouteDecision):
+    async def _relay(self, upstream: httpx.Response, first: bytes, body, decision: RouteDecision):
         rid = decision.replica_id
         try:
             yield first
-            async for chunk in upstream.aiter_raw():
+            async for chunk in body:
                 self._report_cached(str(rid), chunk)
                 yield chunk
         except httpx.HTTPError as e:

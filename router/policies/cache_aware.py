@@ -2,12 +2,14 @@
 
 For each candidate replica ``r``, in prefill-token units::
 
-    cost(r) = uncached(r)              prompt tokens it would still compute (prompt - cached prefix)
-            + prefill_backlog(r)       prompt tokens queued before ours
-            + decode_weight * decode_load(r)   running requests slowing every step
+    cost(r) = uncached(r)                          prompt tokens it would still compute (prompt - cached prefix)
+            + backlog_weight * prefill_backlog(r)  prompt tokens queued before ours
+            + decode_weight * decode_load(r)       running requests slowing every step
 
 The trade-off is continuous, not a threshold: a cached prefix keeps attracting requests until the
-replica's backlog outweighs the prefill it saves. With ``temperature > 0`` the choice is sampled
+replica's backlog outweighs the prefill it saves. ``backlog_weight`` < 1 leans towards reuse:
+queued prefill only delays this request, while prefill saved by a hit is compute every later
+request gets back (and a burst sharing a new prefix stays on the replica that is computing it). With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
 """
@@ -22,14 +24,17 @@ from kvmesh.router.policies.base import Policy
 class CacheAwarePolicy(Policy):
     name = "cache_aware"
 
-    def __init__(self, decode_weight: float = 64.0, temperature: float = 0.0, **kwargs) -> None:
+    def __init__(self, decode_weight: float = 8.0, backlog_weight: float = 0.5, temperature: float = 0.0,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
-        if decode_weight < 0:
-            raise ValueError(f"decode_weight must be >= 0, got {decode_weight}")
+        if decode_weight < 0 or backlog_weight < 0:
+            raise ValueError(f"decode_weight and backlog_weight must be >= 0, got {decode_weight}, {backlog_weight}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = always the cheapest), got {temperature}")
         self.decode_weight = decode_weight
         """Prefill tokens one running request on a replica is worth."""
+        self.backlog_weight = backlog_weight
+        """Weight of the prompt tokens queued on a replica against the ones a cache hit saves."""
         self.temperature = temperature
         """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
         self._tie = 0
@@ -37,11 +42,11 @@ class CacheAwarePolicy(Policy):
     def costs(self, request_keys, matches, loads, num_prompt_tokens=None) -> dict:
         """Cost of every candidate replica (for metrics and tests)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        bs, w, get = self.block_size, self.decode_weight, matches.get
+        bs, w, wb, get = self.block_size, self.decode_weight, self.backlog_weight, matches.get
         out = {}
         for rid, load in loads.items():
             uncached = prompt - bs * get(rid, 0)
-            out[rid] = (uncached if uncached > 0 else 0) + load.prefill_backlog + w * load.decode_load
+            out[rid] = (uncached if uncached > 0 else 0) + wb * load.prefill_backlog + w * load.decode_load
         return out
 
     def choose(self, request_keys, matches, loads, num_prompt_tokens=None):

@@ -8,7 +8,7 @@ from kvmesh.router.policies.base import Policy
 class LeastLoadedPolicy(Policy):
     name = "least_loaded"
 
-    def __init__(self, decode_weight: float = 64.0, **kwargs) -> None:
+    def __init__(self, decode_weight: float = 8.0, **kwargs) -> None:
         super().__init__(**kwargs)
         if decode_weight < 0:
             raise ValueError(f"decode_weight must be >= 0, got {decode_weight}")

@@ -24,7 +24,7 @@ def test_cache_aware_prefers_replica_holding_the_prefix():
 
 
 def test_cache_aware_leaves_prefix_when_backlog_outweighs_saved_prefill():
-    policy = get_policy("cache_aware", block_size=BS, decode_weight=0)
+    policy = get_policy("cache_aware", block_size=BS, decode_weight=0, backlog_weight=1.0)
     saved = 40 * BS
     assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"queued_prefill_tokens": saved - 1})) == "r1"
     assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"queued_prefill_tokens": saved + 1})) == "r0"
@@ -37,6 +37,13 @@ def test_cache_aware_trade_off_is_continuous_in_decode_load():
     assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"in_flight": 21})) == "r0"
     assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"num_running": 21})) == "r0"
     assert saved == 20 * 32
+
+
+def test_cache_aware_backlog_weight_scales_queued_prefill():
+    policy = get_policy("cache_aware", block_size=BS, decode_weight=0, backlog_weight=0.5)
+    saved = 40 * BS
+    assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"queued_prefill_tokens": 2 * saved - 2})) == "r1"
+    assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"queued_prefill_tokens": 2 * saved + 2})) == "r0"
 
 
 def test_cache_aware_router_pending_prefill_counts_as_backlog():

@@ -1,0 +1,96 @@
+"""Router test fixtures: the replicas' tokenizer, fake replicas in subprocesses, in-process routers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.server import RouterServer
+
+FAKE = Path(__file__).with_name("fake_replica.py")
+BLOCK_SIZE = 4
+
+
+class FakeProc:
+    """A fake replica process (fake_replica.py) that can be killed and restarted on the same ports."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+        self.ports = (0, 0, 0)
+        self.info: dict = {}
+
+    def launch(self) -> FakeProc:
+        http, ev, rp = self.ports
+        self.proc = subprocess.Popen(
+            [sys.executable, str(FAKE), "--name", self.name, "--port", str(http), "--event-port", str(ev),
+             "--replay-port", str(rp), "--block-size", str(BLOCK_SIZE)],
+            stdout=subprocess.PIPE, text=True)
+        return self
+
+    def wait_ready(self) -> FakeProc:
+        line = self.proc.stdout.readline()
+        assert line, f"fake replica {self.name} did not start"
+        self.info = json.loads(line)
+        port = lambda u: int(u.rsplit(":", 1)[1])  # noqa: E731
+        self.ports = (port(self.info["url"]), port(self.info["events"]), port(self.info["replay"]))
+        return self
+
+    @property
+    def spec(self) -> ReplicaSpec:
+        return ReplicaSpec(self.info["url"], self.info["events"], self.info["replay"], replica_id=self.name)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def configure(self, **kw) -> None:
+        httpx.post(self.info["url"] + "/fake/config", json=kw, timeout=5).raise_for_status()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(stories_path):
+    from kvmesh.replica.tokenizer import load_tokenizer
+
+    return load_tokenizer(stories_path)
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    procs = [FakeProc(name).launch() for name in ("a", "b")]
+    try:
+        yield [p.wait_ready() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+
+
+@pytest.fixture
+def start_router(tokenizer):
+    started = []
+
+    def start(specs, **kw) -> RouterServer:
+        cfg = RouterConfig(port=0, block_size=BLOCK_SIZE, poll_interval_s=0.1, connect_timeout_s=1.0, **kw)
+        server = RouterServer(cfg, specs, tokenizer=tokenizer).start()
+        started.append(server)
+        return server
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def wait_for(predicate, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -1,0 +1,95 @@
+"""The router's HTTP front against fake replicas (real prefix caches and real event streams)."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+
+from .conftest import BLOCK_SIZE, wait_for
+
+
+def prompt(seed: int, n: int = 64) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 500) for _ in range(n)]
+
+
+def complete(router, ids, **kw):
+    r = httpx.post(router.url + "/v1/completions", json={"prompt": ids, "max_tokens": 2, **kw}, timeout=20)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def counter(router, name, replica):
+    return router.service.metrics.registry.get_sample_value(f"kvmesh_router_{name}_total", {"replica": replica}) or 0
+
+
+def test_shared_prefix_goes_to_its_holder_and_cached_tokens_match_prediction(fakes, start_router):
+    router = start_router([f.spec for f in fakes])
+    base = prompt(1)
+    holder = complete(router, base)["choices"][0]["text"]
+    index = router.service.router.index
+    wait_for(lambda: index.num_blocks(holder) >= len(base) // BLOCK_SIZE, what="BlockStored events")
+    for i in range(4):
+        out = complete(router, base + prompt(100 + i, 9))
+        assert out["choices"][0]["text"] == holder
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(base)
+    assert counter(router, "predicted_hit_tokens", holder) == counter(router, "reported_cached_tokens", holder)
+    assert counter(router, "predicted_hit_tokens", holder) == 4 * len(base)
+
+
+def test_burst_sharing_a_new_prefix_stays_on_one_replica(fakes, start_router):
+    router = start_router([f.spec for f in fakes])
+    base = prompt(2, 200)
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(6) as pool:
+        outs = list(pool.map(lambda i: complete(router, base + [i + 3] * 5), range(6)))
+    assert len({o["choices"][0]["text"] for o in outs}) == 1
+
+
+def test_streaming_is_passed_through_with_usage(fakes, start_router):
+    router = start_router([f.spec for f in fakes])
+    body = {"prompt": prompt(3), "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=20) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        text = "".join(r.iter_text())
+    assert text.rstrip().endswith("data: [DONE]")
+    assert '"usage"' in text
+
+
+def test_chat_requests_are_routed(fakes, start_router):
+    router = start_router([f.spec for f in fakes])
+    r = httpx.post(router.url + "/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 2}, timeout=20)
+    assert r.status_code == 200, r.text
+
+
+def test_metrics_show_decisions_stages_and_events(fakes, start_router):
+    router = start_router([f.spec for f in fakes])
+    complete(router, prompt(4))
+    wait_for(lambda: router.service.router.events_applied > 0, what="events")
+    text = httpx.get(router.url + "/metrics").text
+    for name in ("kvmesh_router_decisions_total", "kvmesh_router_predicted_hit_tokens_total",
+                 "kvmesh_router_reported_cached_tokens_total", 'kvmesh_router_routing_seconds_count{stage="tokenize"}',
+                 'stage="hash"', 'stage="match"', 'stage="score"', "kvmesh_router_index_blocks",
+                 "kvmesh_router_events_applied_total", "kvmesh_router_event_stream_total",
+                 "kvmesh_router_event_lag_seconds", "kvmesh_router_replica_in_flight",
+                 "kvmesh_router_replica_queued_prefill_tokens"):
+        assert name in text, name
+    assert 'policy="cache_aware"' in text
+
+
+def test_replicas_can_be_added_and_removed_at_runtime(fakes, start_router):
+    router = start_router([])
+    assert httpx.get(router.url + "/health").status_code == 503
+    spec = fakes[0].spec
+    r = httpx.post(router.url + "/replicas", json={"url": spec.url, "events": spec.events, "replay": spec.replay,
+                                                   "id": "a"})
+    assert r.status_code == 200 and r.json()["healthy"] is True
+    assert httpx.get(router.url + "/health").status_code == 200
+    assert complete(router, prompt(5))["choices"][0]["text"] == "a"
+    assert httpx.delete(router.url + "/replicas/a").status_code == 200
+    r = httpx.post(router.url + "/v1/completions", json={"prompt": prompt(5)})
+    assert r.status_code == 503 and r.json()["error"]["code"] == 503
