@@ -1,0 +1,92 @@
+"""Starting or joining Ray, and what serve needs to know about the cluster it runs on.
+
+Three cases:
+- embedded (``ray.address`` unset): a local Ray instance on 127.0.0.1 with an explicit number of
+  logical CPUs, owned by serve and shut down with it;
+- join (``--address auto`` or host:port): the driver connects to an existing cluster and leaves it
+  running on exit (only kvmesh's own actors and placement groups are removed);
+- already initialized in this process (tests' ``ray_session``): used as is, never shut down.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from kvmesh.cluster.config import ServeConfig
+
+logger = logging.getLogger(__name__)
+
+LOCAL_HOST = "127.0.0.1"
+# logical CPUs left for the router actor, readiness probes and the supervisor's tasks
+DRIVER_CPUS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RayHandle:
+    """The Ray instance serve is running on."""
+
+    owned: bool
+    """serve started it (embedded) and must shut it down."""
+    local: bool
+    """Everything runs on this machine (bind to 127.0.0.1)."""
+    node_ip: str
+    """The driver's node IP: where the router binds in a cluster."""
+    num_gpus: float
+    """GPUs in the whole cluster (decides device=auto)."""
+
+
+def embedded_num_cpus(config: ServeConfig) -> int:
+    """Logical CPUs for an embedded instance: every replica's workers + the router (may exceed cores)."""
+    if config.ray.num_cpus is not None:
+        return config.ray.num_cpus
+    per_replica = config.replicas.tensor_parallel_size * config.replicas.num_cpus_per_worker
+    return int(-(-config.replicas.num_replicas * per_replica // 1)) + DRIVER_CPUS
+
+
+def connect(config: ServeConfig, log_to_driver: bool = False) -> RayHandle:
+    """Start or join Ray as the config says; return what serve needs to know about it."""
+    import ray
+
+    if ray.is_initialized():
+        owned = False
+    elif config.ray.address is None:
+        ray.init(
+            num_cpus=embedded_num_cpus(config),
+            namespace=config.ray.namespace,
+            include_dashboard=False,
+            log_to_driver=log_to_driver,
+            configure_logging=False,
+            _node_ip_address=LOCAL_HOST,
+        )
+        owned = True
+    else:
+        ray.init(address=config.ray.address, namespace=config.ray.namespace,
+                 log_to_driver=log_to_driver, configure_logging=False)
+        owned = False
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    node_ip = ray.util.get_node_ip_address()
+    local = owned or all(n["NodeManagerAddress"] in (node_ip, LOCAL_HOST) for n in nodes)
+    num_gpus = float(ray.cluster_resources().get("GPU", 0))
+    return RayHandle(owned=owned, local=local and len(nodes) <= 1, node_ip=node_ip, num_gpus=num_gpus)
+
+
+def resolve_device(config: ServeConfig, handle: RayHandle) -> str:
+    """device=auto -> "cuda" when the cluster has GPUs (the driver's node may have none), else "cpu"."""
+    if config.replicas.device != "auto":
+        return config.replicas.device
+    return "cuda" if handle.num_gpus >= 1 else "cpu"
+
+
+def router_host(config: ServeConfig, handle: RayHandle) -> str:
+    """127.0.0.1 on one machine, the node's IP in a cluster; never 0.0.0.0 unless configured."""
+    if config.router.host is not None:
+        return config.router.host
+    return LOCAL_HOST if handle.local else handle.node_ip
+
+
+def disconnect(handle: RayHandle | None) -> None:
+    import ray
+
+    if handle is not None and handle.owned and ray.is_initialized():
+        ray.shutdown()
