@@ -1,0 +1,127 @@
+"""Faults at the HTTP edge: disconnects abort and free blocks, one failing request fails alone, auth, draining."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import httpx
+import pytest
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.server_runtime import ReplicaRuntime
+
+POISON = 511  # a prompt ending in this token makes the engine fail that request (injected below)
+LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def replica(stories_path):
+    config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20)
+    runtime = ReplicaRuntime.start(config, http_port=0, event_port=None)
+    engine = runtime.engine.engine
+    real_append = engine._append_token
+
+    def append_or_fail(request, token, now):  # runs on the engine thread
+        if request.prompt_token_ids[-1] == POISON:
+            raise RuntimeError("injected failure")
+        real_append(request, token, now)
+
+    engine._append_token = append_or_fail
+    yield runtime
+    runtime.shutdown(graceful_s=1)
+
+
+def wait_idle(runtime, timeout_s: float = 20.0) -> None:
+    """Until no request is left and every KV block is free again."""
+    deadline = time.monotonic() + timeout_s
+    manager = runtime.engine.engine.kv_cache_manager
+    while time.monotonic() < deadline:
+        if runtime.engine.num_unfinished() == 0 and manager.usage == 0.0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"still busy: {runtime.engine.num_unfinished()} requests, usage {manager.usage}")
+
+
+def aborted(runtime) -> int:
+    return runtime.engine.get_stats().num_finished.get("abort", 0)
+
+
+def test_disconnect_mid_stream_aborts_and_frees_blocks(replica):
+    before = aborted(replica)
+    with httpx.Client(base_url=replica.http.url, timeout=30) as c, \
+            c.stream("POST", "/v1/completions", json={"prompt": "Once upon a time", "stream": True, **LONG}) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any(line.startswith("data: ") for line in got)
+        assert replica.engine.engine.kv_cache_manager.usage > 0
+    wait_idle(replica)
+    assert aborted(replica) == before + 1
+
+
+def test_disconnect_while_waiting_for_full_response_aborts(replica):
+    before = aborted(replica)
+    body = json.dumps({"prompt": "Once upon a time", **LONG}).encode()
+    host, port = replica.http.host, replica.http.port
+    with socket.create_connection((host, port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 10
+        while replica.engine.num_unfinished() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    wait_idle(replica)
+    assert aborted(replica) == before + 1
+
+
+async def test_exception_inside_one_request_fails_only_that_request(replica):
+    async with httpx.AsyncClient(base_url=replica.http.url, timeout=60) as c:
+        good = c.post("/v1/completions", json={"prompt": [1, 403, 407], "max_tokens": 20, "ignore_eos": True})
+        bad = c.post("/v1/completions", json={"prompt": [1, 403, POISON], "max_tokens": 20})
+        bad_stream = c.post("/v1/completions", json={"prompt": [1, 9, POISON], "max_tokens": 20, "stream": True})
+        good_r, bad_r, bad_stream_r = await asyncio.gather(good, bad, bad_stream)
+        assert good_r.status_code == 200 and good_r.json()["usage"]["completion_tokens"] == 20
+        assert bad_r.status_code == 500 and "injected failure" in bad_r.json()["error"]["message"]
+        events = [line for line in bad_stream_r.text.splitlines() if line.startswith("data: ")]
+        assert "injected failure" in json.loads(events[-2][6:])["error"]["message"] and events[-1] == "data: [DONE]"
+        assert (await c.get("/health")).status_code == 200
+    wait_idle(replica)
+
+
+@pytest.fixture
+def fake_replica(stories_path):
+    """A replica with a model-free runner: for HTTP behaviour that does not depend on the model."""
+    runner = FakeModelRunner(num_kv_blocks=128, vocab_size=512, max_model_len=512)
+    config = EngineConfig(model=str(stories_path))
+    runtime = ReplicaRuntime.start(config, http_port=0, event_port=None, api_key="sekrit-key",
+                                   served_model_name="tiny", model_runner=runner)
+    yield runtime
+    runtime.shutdown(graceful_s=0)
+
+
+def test_api_key_guards_v1_routes_only(fake_replica):
+    with httpx.Client(base_url=fake_replica.http.url, timeout=30) as c:
+        req = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = c.post("/v1/completions", json=req, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert c.get("/v1/models").status_code == 401
+        ok = c.post("/v1/completions", json=req, headers={"Authorization": "Bearer sekrit-key"})
+        assert ok.status_code == 200 and ok.json()["model"] == "tiny"
+        assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+
+
+async def test_graceful_shutdown_finishes_in_flight_and_refuses_new(fake_replica):
+    url, headers = fake_replica.http.url, {"Authorization": "Bearer sekrit-key"}
+    async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as c:
+        slow = asyncio.ensure_future(c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 200,
+                                                                     "ignore_eos": True}))
+        while fake_replica.engine.num_unfinished() == 0:
+            await asyncio.sleep(0.01)
+        done = asyncio.get_running_loop().run_in_executor(None, fake_replica.shutdown, 10.0)
+        await asyncio.sleep(0.05)
+        assert fake_replica.engine.dead_reason() == "shutting down"
+        r = await slow
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 200
+        assert await done is True
