@@ -63,7 +63,9 @@ class BlockPool:
                     if removed is None:
                         removed = []
                     removed.append(h)
-                block.reset_hash()
+                # Evicted: the other cached-content fields are rewritten when it is cached again.
+                block.block_hash = block.token_ids = None
+                block.hit_count = 0
             block.ref_cnt = 1
         if removed and self.event_sink is not None:
             self.event_sink(BlockRemoved(block_hashes=[external_hash(h) for h in removed],
@@ -116,8 +118,7 @@ class BlockPool:
             block.block_hash = h
             block.parent_block_hash = parent
             block.token_ids = token_ids[i * bs : (i + 1) * bs]
-            if extra_keys is not None:
-                block.extra_keys = extra_keys(i)
+            block.extra_keys = extra_keys(i) if extra_keys is not None else None
             block.lora_name = lora_name
             cached[h] = block
             parent = h
