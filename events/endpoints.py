@@ -15,12 +15,15 @@ A tcp port of 0 asks the OS for an ephemeral port, which only a bind can have, s
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 
 import zmq
 
 BIND_PREFIX = "bind://"
 CONNECT_PREFIX = "connect://"
+BIND_RETRY_S = 1.0
+"""How long a bind retries while the address is still held by a socket just closed."""
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:/]*):(?P<port>\*|\d+)$")
 
 
@@ -105,10 +108,19 @@ def attach(sock: zmq.Socket, endpoint: Endpoint) -> str:
         sock.connect(endpoint.address)
         return endpoint.address
     m = _TCP.match(endpoint.address)
-    if m and m.group("port") == "0":
-        sock.bind(f"tcp://{m.group('host')}:*")
-    else:
-        sock.bind(endpoint.address)
+    address = f"tcp://{m.group('host')}:*" if m and m.group("port") == "0" else endpoint.address
+    # A socket closed a moment ago (a publisher restarting on its old port) releases the port
+    # asynchronously: retry briefly before calling the address taken.
+    deadline = time.monotonic() + BIND_RETRY_S
+    while True:
+        try:
+            sock.bind(address)
+            break
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EADDRINUSE or time.monotonic() >= deadline:
+                raise zmq.ZMQError(e.errno, f"cannot bind {endpoint.address}: {e.strerror}; "
+                                            "pick another port, or port 0 for an ephemeral one") from None
+            time.sleep(0.02)
     return bound_endpoint(sock, endpoint.address)
 
 

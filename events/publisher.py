@@ -136,6 +136,10 @@ class ZmqEventPublisher:
         """The seq the next sent batch will carry (= batches sent so far)."""
         return self._io.next_seq
 
+    def flushed(self) -> bool:
+        """True when every batch handed to ``publish`` so far has been sent (and buffered)."""
+        return not self._queue and not self._io.busy
+
     @property
     def stats(self) -> dict[str, int]:
         """Counters: batches, events, replays, snapshots, resyncs, bad_requests."""

@@ -43,6 +43,7 @@ class PublisherIO:
         self.next_seq = 0
         self.stats = {"batches": 0, "events": 0, "replays": 0, "snapshots": 0, "resyncs": 0, "bad_requests": 0}
         self._stopping = False
+        self.busy = False
         self._warned: set[str] = set()
 
     def stop(self) -> None:
@@ -81,6 +82,7 @@ class PublisherIO:
     def _send_queued(self) -> None:
         queue = self._queue
         sent = False
+        self.busy = True  # set before popping: see ZmqEventPublisher.flushed()
         while queue:
             try:
                 batch = queue.popleft()
@@ -88,6 +90,7 @@ class PublisherIO:
                 break
             self._send(batch)
             sent = True
+        self.busy = False
         if sent:
             with self._space:
                 self._space.notify_all()

@@ -60,6 +60,9 @@ class SubscriberConfig:
     """ZeroMQ receive high-water mark of each SUB socket (messages)."""
     max_pending: int = 100_000
     """Live batches held per source while a gap is being recovered."""
+    idle_probe_interval: float | None = 1.0
+    """Seconds a source may stay silent before we ask its replay socket for anything newer
+    (finds batches lost at the tail of a burst); None disables probing."""
     reconnect_ivl_ms: int = 100
     """First reconnect delay after a publisher goes away."""
     reconnect_ivl_max_ms: int = 2000

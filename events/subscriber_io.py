@@ -53,6 +53,8 @@ class SubscriberIO:
         self._dealer_owner: dict[zmq.Socket, str] = {}
         self._inflight: dict[str, tuple[str, float]] = {}
         self._to_start: list[str] = []
+        self._active: dict[str, float] = {}  # source -> last time it sent us anything
+        self._next_probe_check = 0.0
         self._poller = zmq.Poller()
         self._warned: set[tuple[str, str]] = set()
         self._calls: deque = deque()
@@ -111,11 +113,13 @@ class SubscriberIO:
             has_replay=src.replay_endpoint is not None, max_pending=self._config.max_pending,
         )
         self._to_start.append(src.name)
+        self._active[src.name] = time.monotonic()
 
     def _remove_source(self, name: str) -> None:
         if self._sources.pop(name, None) is None:
             return
         self.trackers.pop(name, None)
+        self._active.pop(name, None)
         self.bound.pop(name, None)
         self._inflight.pop(name, None)
         self._close_dealer(name)
@@ -144,6 +148,7 @@ class SubscriberIO:
                     else:
                         self._on_sub(sock)
                 self._expire_requests()
+                self._probe_idle()
         except Exception:  # pragma: no cover - a bug here must not pass silently
             logger.exception("KV event subscriber I/O thread crashed")
         finally:
@@ -188,6 +193,7 @@ class SubscriberIO:
                 tracker.on_decode_error()
                 self._warn_once(name, "bad frames", f"{len(frames)} frames; expected [topic, seq, payload]")
                 continue
+            self._active[name] = time.monotonic()
             batch = self._decode(name, frames[2])
             if batch is not None:
                 tracker.on_live(unpack_seq(frames[1]), batch)
@@ -252,6 +258,19 @@ class SubscriberIO:
                 self._warn_once(name, f"{kind} timeout", f"no answer in {self._timeout(kind)}s")
                 self.trackers[name].on_request_failed(kind, f"no {kind} answer in {self._timeout(kind)}s")
 
+    def _probe_idle(self) -> None:
+        interval = self._config.idle_probe_interval
+        if interval is None:
+            return
+        now = time.monotonic()
+        if now < self._next_probe_check:
+            return
+        self._next_probe_check = now + min(interval, 0.1)
+        for name, tracker in self.trackers.items():
+            if name not in self._inflight and now - self._active.get(name, 0.0) >= interval:
+                self._active[name] = now
+                tracker.probe()
+
     def _on_dealer(self, name: str, dealer: zmq.Socket) -> None:
         tracker = self.trackers[name]
         for _ in range(_MESSAGES_PER_TURN):
@@ -264,7 +283,8 @@ class SubscriberIO:
             kind = self._inflight.get(name, (None, 0.0))[0]
             if kind is None:
                 continue  # a stray answer to a request we gave up
-            self._inflight[name] = (kind, time.monotonic() + self._timeout(kind))
+            self._active[name] = now = time.monotonic()
+            self._inflight[name] = (kind, now + self._timeout(kind))
             body = frames[1:] if frames and frames[0] == b"" else frames
             if len(body) == 3 and body[0] == SNAPSHOT_TAG:
                 self._on_snapshot_frame(name, tracker, body)

@@ -86,6 +86,8 @@ class SourceTracker:
         self._replay_from = 0
         self._snapshot_events: list[BlockStored] = []
         self._joining = False
+        self._probing = False
+        self._snapshot_failed = False  # within the current recovery
         self._accept_next = False  # after giving up: take the next batch as the new baseline
 
     # -- starting -----------------------------------------------------------------------------
@@ -161,13 +163,25 @@ class SourceTracker:
     def on_replay_end(self) -> None:
         if self.mode != REPLAY:
             return
-        self.stats.replays += 1
         progressed = self.last >= self._replay_from
-        if self._replay_hole or (not progressed and self._next_pending_seq() != self.last + 1):
+        if progressed or not self._probing:
+            self.stats.replays += 1
+        self._probing = False
+        first_pending = self._next_pending_seq()
+        still_gap = first_pending is not None and first_pending > self.last + 1
+        if self._replay_hole or (still_gap and not progressed):
             self._begin(SNAPSHOT)
             return
         self.mode = LIVE
         self._drain()
+
+    def probe(self) -> None:
+        """Ask for anything after the last delivered batch. Catches batches lost at the tail of a
+        burst (a gap shows only when a later batch arrives) and after joining; a publisher with
+        nothing new answers with just the end marker."""
+        if self.mode == LIVE and self.has_replay and self.last is not None:
+            self._probing = True
+            self._begin(REPLAY)
 
     def on_snapshot_chunk(self, events: list) -> None:
         if self.mode == SNAPSHOT:
@@ -179,11 +193,13 @@ class SourceTracker:
         events, self._snapshot_events = self._snapshot_events, []
         self.snapshot_supported = True
         self._joining = False
+        self._snapshot_failed = False
         self.stats.snapshots += 1
         self._clear_next = False  # the snapshot batch starts with AllBlocksCleared itself
         self._emit(next_seq - 1, KVEventBatch(ts=0.0, events=[AllBlocksCleared(), *events]), snapshot=True)
         self.mode = LIVE
         self._drain()
+        self.probe()  # batches sent before our subscription took effect are in no pending list
 
     def on_request_failed(self, kind: str, reason: str, unsupported: bool = False) -> None:
         """A replay/snapshot got no (usable) answer: timeout, or a source without snapshots."""
@@ -192,6 +208,7 @@ class SourceTracker:
         if kind == SNAPSHOT:
             self.stats.snapshot_failures += 1
             self._snapshot_events = []
+            self._snapshot_failed = True
             if unsupported:
                 self.snapshot_supported = False
             self._notify(self.name, "snapshot_failed", reason)
@@ -201,8 +218,15 @@ class SourceTracker:
                 self._begin(REPLAY)
                 return
             self._gave_up(reason)
+        elif self._probing and not self.pending:
+            self._probing = False
+            self.mode = LIVE
         else:
-            self._begin(SNAPSHOT)
+            self._probing = False
+            if self._snapshot_failed:  # this recovery already tried one: do not wait twice
+                self._gave_up(reason)
+            else:
+                self._begin(SNAPSHOT)
 
     # -- helpers --------------------------------------------------------------------------------
     def _next_pending_seq(self) -> int | None:
@@ -217,6 +241,7 @@ class SourceTracker:
         """Accept the loss and resume from the oldest waiting batch (or the next to arrive)."""
         self._lost(reason)
         self._joining = False
+        self._snapshot_failed = False
         self.mode = LIVE
         if self.pending:
             self.last = self.pending[0][0] - 1

@@ -7,6 +7,8 @@ import time
 import zmq
 from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
 from kvmesh.events.schema import BlockStored
+from kvmesh.events.state import CachedBlockSet
+from kvmesh.events.subscriber import EventSubscriber
 
 LOOPBACK = "tcp://127.0.0.1:0"
 
@@ -50,3 +52,53 @@ def recv_until_end(dealer: zmq.Socket, timeout_ms: int = 3000) -> list[list[byte
         if frames[-1] == b"":
             return out
     raise AssertionError(f"no end marker after {len(out)} answers")
+
+
+class DroppingSocket:
+    """Wraps a PUB socket and silently drops the batches whose seq ``drop(seq)`` selects."""
+
+    def __init__(self, sock: zmq.Socket, drop) -> None:
+        self._sock, self._drop = sock, drop
+
+    def send_multipart(self, frames, flags=0):
+        if self._drop(int.from_bytes(frames[1], "big")):
+            return
+        self._sock.send_multipart(frames, flags)
+
+    def close(self, *a, **kw):
+        self._sock.close(*a, **kw)
+
+
+class Follower:
+    """An EventSubscriber that folds what it receives into one CachedBlockSet per source."""
+
+    def __init__(self, sources, config=None, slow_first: int = 0, delay: float = 0.0) -> None:
+        self.states: dict[str, CachedBlockSet] = {s.name: CachedBlockSet() for s in sources}
+        self.statuses: list[tuple[str, str]] = []
+        self._slow_left, self._delay = slow_first, delay
+        self.sub = EventSubscriber(sources, on_batch=self._on_batch, config=config,
+                                   on_status=lambda n, s, d: self.statuses.append((n, s)))
+
+    def _on_batch(self, name, seq, batch) -> None:
+        if self._slow_left > 0:
+            self._slow_left -= 1
+            time.sleep(self._delay)
+        self.states.setdefault(name, CachedBlockSet())
+        self.states[name].apply_all(batch.events)
+
+    def start(self) -> Follower:
+        self.sub.start()
+        return self
+
+    def close(self) -> None:
+        self.sub.close()
+
+    def caught_up(self, name: str, pub) -> bool:
+        st = self.sub.stats.get(name)
+        tracker = self.sub._io.trackers.get(name)
+        return pub.flushed() and st is not None and st.last_seq == pub.seq - 1 and tracker is not None and tracker.mode == "live"
+
+    def converges(self, name: str, pub, timeout: float = 8.0) -> bool:
+        """Caught up with ``pub`` and holding exactly its shadow (what it has sent)."""
+        return wait_for(lambda: self.caught_up(name, pub) and self.states[name].keys() == pub._io.shadow.keys(),
+                        timeout)
