@@ -31,7 +31,7 @@ class KVCacheManager:
                  enable_caching: bool = True, event_sink: Callable[[KVEvent], None] | None = None,
                  eviction_policy: str = "lru", medium: str | None = "CPU",
                  eviction_policy_kwargs: dict[str, Any] | None = None,
-                 max_remembered_freed: int = MAX_REMEMBERED_FREED):
+                 max_remembered_freed: int = MAX_REMEMBERED_FREED, debug: bool = False):
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, block_size, enable_caching, event_sink, eviction_policy,
@@ -47,6 +47,8 @@ class KVCacheManager:
         """Lookups, queried tokens and hit tokens."""
         self._recently_freed: dict[str, None] = {}
         self._max_remembered_freed = max_remembered_freed
+        self.debug = debug
+        """Check every invariant after each allocation and free (O(num_blocks): tests only)."""
 
     @property
     def usage(self) -> float:
@@ -125,6 +127,8 @@ class KVCacheManager:
                                        request.all_token_ids, hasher.extra_keys,
                                        getattr(request, "lora_name", None))
                 self.num_cached_block[rid] = num_full_blocks
+        if self.debug:
+            self.check_integrity()
         return new_blocks
 
     def free(self, request: Any) -> None:
@@ -142,6 +146,8 @@ class KVCacheManager:
         freed[rid] = None
         if len(freed) > self._max_remembered_freed:
             del freed[next(iter(freed))]
+        if self.debug:
+            self.check_integrity()
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table as block ids."""

@@ -109,3 +109,17 @@ def test_events_carry_medium_and_block_size(make_request, run_step, event_log):
     assert stored.medium == "GPU" and stored.block_size == BS and stored.extra_keys is None
     removed = event_log.of_type(BlockRemoved)
     assert len(removed) == 1 and len(removed[0].block_hashes) == 2 and removed[0].medium == "GPU"
+
+
+def test_debug_mode_checks_invariants_after_each_operation(make_request, run_step):
+    manager = KVCacheManager(9, BS, b"seed", debug=True)
+    req = make_request("r", list(range(10)))
+    run_step(manager, req)
+    manager.req_to_blocks["r"][0].ref_cnt += 1  # corrupt the pool behind the manager's back
+    with pytest.raises(AssertionError, match="ref_cnt"):
+        manager.allocate_slots(req, 1)
+
+
+def test_negative_num_new_tokens_raises_value_error(manager, make_request):
+    with pytest.raises(ValueError, match="num_new_tokens"):
+        manager.allocate_slots(make_request("r", [1, 2]), -1)
