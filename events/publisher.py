@@ -57,7 +57,7 @@ class PublisherConfig:
     buffer_max_bytes: int = 256 << 20
     """Byte cap of the replay ring buffer; the oldest batches go first."""
     hwm: int = 100_000
-    """ZeroMQ send high-water mark (messages) of the PUB and ROUTER sockets."""
+    """ZeroMQ send high-water mark (messages) of the PUB socket (the PUB drops beyond it)."""
     max_queue_size: int = 100_000
     """Batches waiting for the I/O thread before ``publish`` resyncs (or waits, without source)."""
     snapshot_chunk_blocks: int = 8192
@@ -100,7 +100,9 @@ class ZmqEventPublisher:
         """The bound replay/snapshot ROUTER address, port resolved; None when disabled."""
         if config.replay_endpoint is not None:
             replay = ctx.socket(zmq.ROUTER)
-            replay.setsockopt(zmq.SNDHWM, config.hwm)
+            # Room for a whole replay (and a snapshot's chunks), whatever the PUB's hwm: a ROUTER
+            # drops what exceeds its hwm, which would punch holes into answers.
+            replay.setsockopt(zmq.SNDHWM, 2 * config.buffer_steps + 1024)
             replay.setsockopt(zmq.LINGER, 0)
             ep = parse_listen_endpoint(offset_port(config.replay_endpoint, data_parallel_rank))
             try:

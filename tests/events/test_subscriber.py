@@ -81,7 +81,7 @@ def test_a_tiny_hwm_loses_messages_and_still_converges():
             p.publish([stored(1000 + i, None, bs=25_000)])
         publish_chain(p, 1, 20)
         assert f.converges("r0", p, timeout=15)
-        print("tiny-hwm stats", f.sub.stats["r0"])
+        assert f.sub.stats["r0"].gaps >= 1  # the napping consumer did lose messages
     finally:
         f.close()
         p.close()
