@@ -31,15 +31,17 @@ from kvmesh.replica.weights import load_model_weights
 
 logger = logging.getLogger(__name__)
 
+SMALL_MODEL_HIDDEN = 256  # below this hidden size the CPU forward runs single-threaded
+
 
 class ModelRunner:
     def __init__(self, config, rank: int = 0, world_size: int = 1, parallel: ParallelState | None = None) -> None:
         self.config = config
         self.parallel = parallel or ParallelState(rank, world_size)
         self.device = _pick_device(config.device, rank)
-        _set_num_threads(self.device, world_size)
         self.hf_config = load_hf_config(config.model, config.hf_config, config.hf_overrides)
         self.spec = spec_from_hf_config(self.hf_config)
+        _set_num_threads(self.device, world_size, self.spec.hidden_size)
         self.dtype = resolve_dtype(config.dtype, self.spec, self.device)
         self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
         self.vocab_size = self.spec.vocab_size
@@ -146,12 +148,15 @@ def _pick_device(device: str | None, rank: int) -> torch.device:
     return torch.device(device)
 
 
-def _set_num_threads(device: torch.device, world_size: int) -> None:
-    """On CPU use this process's share of the cores (TP ranks share a machine), unless OMP_NUM_THREADS is set."""
+def _set_num_threads(device: torch.device, world_size: int, hidden_size: int) -> None:
+    """On CPU use this process's share of the cores (TP ranks share a machine), unless OMP_NUM_THREADS
+    or KVMESH_NUM_THREADS is set. Tiny models run on one thread: their ops are too small to split, and
+    idle OpenMP workers spinning on a busy machine cost more than they give."""
     if device.type != "cpu" or "OMP_NUM_THREADS" in os.environ:
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(1, cores // world_size))
+    threads = 1 if hidden_size < SMALL_MODEL_HIDDEN else max(1, cores // world_size)
+    torch.set_num_threads(int(os.environ.get("KVMESH_NUM_THREADS", threads)))
 
 
 def _eos_token_ids(model: str, from_config: tuple[int, ...]) -> list[int]:
