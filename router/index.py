@@ -7,9 +7,9 @@ bitmask of the replicas that hold the block; each replica owns one bit (its *slo
     replica.ext_to_key: {external_hash: router_key}   to apply BlockRemoved
 
 A match walks the request's keys AND-ing the masks (in C, via ``accumulate``) while the set is
-non-empty, so a replica counts a block only while the chain up to it is unbroken. Because every
-running AND is a subset of the one before, the sequence is non-increasing as integers too, and the
-point where each replica drops out is found by bisection.
+non-empty, so a replica counts a block only while the chain up to it is unbroken. Every running
+AND is a subset of the one before, so equal values form runs; the run lengths (a ``Counter``, in
+C) say where each replica drops out.
 
 *Predicted* entries: when the router sends a request to a replica it credits that replica with the
 request's blocks for ``predict_ttl_s`` (bits set in ``_blocks`` and recorded in ``_predicted``),
@@ -20,11 +20,10 @@ to one replica instead of scattering. Invariant: a predicted bit is never also a
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import accumulate, repeat
-from operator import and_, neg
+from operator import and_
 
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
 from kvmesh.router.index_stats import IndexStats, ReplicaTree
@@ -296,17 +295,25 @@ class PrefixIndex:
         get = self._blocks.get
         if not keys or not get(keys[0]):
             return {}
-        # running[i] = replicas holding blocks 0..i; non-increasing, trailing zeros once empty.
-        running = list(accumulate(map(get, keys, repeat(0)), and_))
-        n = bisect_left(running, 0, key=neg)  # blocks held by at least one replica
+        # running[i] = replicas holding blocks 0..i: non-increasing (each a subset of the one
+        # before), so equal values are contiguous and Counter lists them in order with run lengths.
+        runs = Counter(accumulate(map(get, keys, repeat(0)), and_))
         owners, out = self._slot_owner, {}
-        i = 0
-        while i < n:
-            mask = running[i]
-            i = bisect_left(running, -mask + 1, lo=i, key=neg)  # first index with a smaller set
-            dropped = mask & ~running[i] if i < n else mask
-            while dropped:
-                low = dropped & -dropped
-                out[owners[low.bit_length() - 1]] = i
-                dropped ^= low
+        end, prev = 0, 0
+        for mask, length in runs.items():
+            dropped = prev & ~mask  # replicas whose chain ended at block `end`
+            if dropped & (dropped - 1) == 0:
+                if dropped:
+                    out[owners[dropped.bit_length() - 1]] = end
+            else:
+                while dropped:
+                    low = dropped & -dropped
+                    out[owners[low.bit_length() - 1]] = end
+                    dropped ^= low
+            end += length
+            prev = mask
+        while prev:  # replicas holding the whole prompt
+            low = prev & -prev
+            out[owners[low.bit_length() - 1]] = end
+            prev ^= low
         return out

@@ -1,0 +1,104 @@
+"""Added latency of the router: a prompt through the router vs straight to the replica.
+
+The replica is an instant echo server (no model: the router's overhead is the whole difference),
+in its own process; the router runs in another, so the client does not share their GIL.
+Requests alternate between the two paths, one at a time (low load).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import time
+
+ECHO_BODY = (b'{"id":"cmpl-echo","object":"text_completion","created":0,"model":"echo","choices":'
+             b'[{"index":0,"text":"!","finish_reason":"length"}],"usage":{"prompt_tokens":1,'
+             b'"completion_tokens":1,"total_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}')
+
+
+def _run_echo(q) -> None:
+    import asyncio
+
+    import uvicorn
+    from fastapi import FastAPI, Request
+    from fastapi.responses import Response
+
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        await request.body()
+        return Response(ECHO_BODY, media_type="application/json")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/load")
+    async def load():
+        return {"num_requests_running": 0, "num_requests_waiting": 0, "kv_cache_usage": 0.0,
+                "num_waiting_prefill_tokens": 0}
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False))
+
+    async def main():
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        q.put(server.servers[0].sockets[0].getsockname()[1])
+        await task
+
+    asyncio.run(main())
+
+
+def _run_router(q, replica_url: str, model: str | None) -> None:
+    from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.server import RouterServer
+
+    cfg = RouterConfig(port=0, model=model, max_model_len=8192 if model else None)
+    server = RouterServer(cfg, [ReplicaSpec(replica_url, replica_id="echo")]).start()
+    q.put(server.port)
+    while True:
+        time.sleep(3600)
+
+
+def measure_added_latency(tokenizer_factory, text_factory, n: int) -> dict:
+    import httpx
+
+    tok = tokenizer_factory()
+    model = str(tok.name) if tok is not None else None
+    prompt = text_factory(tok, 1000) if tok is not None else list(range(1000))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    echo = ctx.Process(target=_run_echo, args=(q,), daemon=True)
+    echo.start()
+    echo_url = f"http://127.0.0.1:{q.get(timeout=60)}"
+    router = ctx.Process(target=_run_router, args=(q, echo_url, model), daemon=True)
+    router.start()
+    try:
+        router_url = f"http://127.0.0.1:{q.get(timeout=120)}"
+        body = {"prompt": prompt, "max_tokens": 1}
+        direct, routed = [], []
+        with httpx.Client(timeout=30) as client:
+            for _ in range(100):  # both up, connections warm
+                if client.get(router_url + "/health").status_code == 200:
+                    break
+                time.sleep(0.1)
+            for i in range(n + 20):
+                for url, out in ((echo_url, direct), (router_url, routed)):
+                    t0 = time.perf_counter()
+                    r = client.post(url + "/v1/completions", json=body)
+                    dt = time.perf_counter() - t0
+                    assert r.status_code == 200, r.text
+                    if i >= 20:
+                        out.append(dt * 1e3)
+        d50, r50 = statistics.median(direct), statistics.median(routed)
+        p99 = lambda xs: sorted(xs)[int(len(xs) * 0.99)]  # noqa: E731
+        return {"requests": n, "prompt": "text" if tok is not None else "token ids",
+                "prompt_tokens": len(tok.encode(prompt)) if tok is not None else len(prompt),
+                "direct_p50_ms": d50, "router_p50_ms": r50, "added_p50_ms": r50 - d50,
+                "direct_p99_ms": p99(direct), "router_p99_ms": p99(routed), "target_added_p50_ms": 1.0}
+    finally:
+        for p in (router, echo):
+            p.terminate()
+            p.join(5)

@@ -1,0 +1,131 @@
+"""Faults: a replica killed mid-run, a router restart, bad input, no healthy replica, auth."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import socket
+
+import httpx
+import pytest
+from kvmesh.router.config import ReplicaSpec
+
+from .conftest import BLOCK_SIZE, FakeProc, wait_for
+from .test_router_http import complete, prompt
+
+
+@pytest.fixture
+def own_fakes():
+    procs = [FakeProc(name).launch() for name in ("x", "y")]
+    try:
+        yield [p.wait_ready() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_killed_replica_is_retried_avoided_and_rejoins_empty(own_fakes, start_router):
+    by_name = {f.name: f for f in own_fakes}
+    router = start_router([f.spec for f in own_fakes])
+    core = router.service.router
+    base = prompt(10)
+    holder = complete(router, base)["choices"][0]["text"]
+    other = "y" if holder == "x" else "x"
+    wait_for(lambda: core.index.num_blocks(holder) >= len(base) // BLOCK_SIZE, what="events")
+
+    by_name[holder].configure(delay=30)  # holds requests before their first byte
+    with cf.ThreadPoolExecutor(2) as pool:
+        in_flight = [pool.submit(complete, router, base + [7, 7, 7, i]) for i in range(2)]
+        wait_for(lambda: core.loads.loads[holder].in_flight == 2, what="requests in flight on the holder")
+        by_name[holder].kill()
+        outs = [f.result(timeout=20) for f in in_flight]
+    assert {o["choices"][0]["text"] for o in outs} == {other}  # retried elsewhere, no error
+    assert holder not in core.healthy
+    assert complete(router, base)["choices"][0]["text"] == other  # new requests avoid it
+    wait_for(lambda: core.index.num_blocks(holder) == 0, what="the dead replica's tree to be dropped")
+
+    by_name[holder].launch().wait_ready()  # same ports: a new incarnation
+    wait_for(lambda: holder in core.healthy, what="the restarted replica to be probed back")
+    assert core.index.num_blocks(holder) == 0
+    by_name[other].configure(delay=0, status=503)  # now only the rejoined replica can answer
+    assert complete(router, prompt(11))["choices"][0]["text"] == holder
+
+
+def test_router_restart_rebuilds_index_from_snapshots(own_fakes, start_router):
+    first = start_router([f.spec for f in own_fakes])
+    base = prompt(20, 80)
+    holder = complete(first, base)["choices"][0]["text"]
+    wait_for(lambda: first.service.router.index.num_blocks(holder) >= 20, what="events")
+    first.stop()
+
+    second = start_router([f.spec for f in own_fakes])  # new process state, new key seed
+    wait_for(lambda: second.service.router.index.num_blocks(holder) >= 20, what="snapshot")
+    out = complete(second, base + [5, 5, 5, 5])
+    assert out["choices"][0]["text"] == holder
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(base)
+    reg = second.service.metrics.registry
+    assert reg.get_sample_value("kvmesh_router_predicted_hit_tokens_total", {"replica": holder}) == len(base)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_no_healthy_replica_gives_503(start_router):
+    router = start_router([ReplicaSpec(f"http://127.0.0.1:{_free_port()}", replica_id="dead")])
+    health = httpx.get(router.url + "/health")
+    assert health.status_code == 503
+    r = httpx.post(router.url + "/v1/completions", json={"prompt": "Once upon a time"})
+    assert r.status_code == 503
+    err = r.json()["error"]
+    assert err["code"] == 503 and err["type"] == "service_unavailable" and "replica" in err["message"]
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    (b'{"max_tokens": 4}', 400, None),                                   # no prompt
+    (b'{"prompt": "hi", "max_tokens": 0}', 400, "max_tokens"),
+    (b'{"prompt": "hi", "max_tokens": 100000}', 400, "max_tokens"),
+    (b'{"prompt": "hi", "temperature": -1}', 400, None),
+    (b'{"prompt": [' + b"5," * 600 + b'5]}', 400, "prompt"),              # longer than the context
+    (b'{"prompt": "hi", "model": "gpt-9"}', 404, "model"),
+])
+def test_bad_input_gets_openai_shaped_4xx(start_router, body, status, param):
+    router = start_router([], served_model_name="stories")
+    r = httpx.post(router.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == status and err["message"] and err["type"]
+    if param:
+        assert err["param"] == param
+
+
+def test_bad_chat_messages_get_400(start_router):
+    router = start_router([])
+    r = httpx.post(router.url + "/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+
+
+def test_api_key_guards_v1_but_not_health(start_router):
+    router = start_router([], api_key="sekret")
+    assert httpx.post(router.url + "/v1/completions", json={"prompt": "x"}).status_code == 401
+    wrong = httpx.post(router.url + "/v1/completions", json={"prompt": "x"},
+                       headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == 401
+    ok = httpx.get(router.url + "/v1/models", headers={"Authorization": "Bearer sekret"})
+    assert ok.status_code == 200 and ok.json()["data"]
+    assert httpx.get(router.url + "/health").status_code == 503  # open, but no replica
+    assert httpx.get(router.url + "/metrics").status_code == 200
+
+
+def test_unknown_route_is_openai_shaped_404(start_router):
+    router = start_router([])
+    r = httpx.get(router.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == 404
+
+
+def test_router_binds_loopback_by_default(start_router):
+    router = start_router([])
+    assert router.config.host == "127.0.0.1" and router.url.startswith("http://127.0.0.1:")
