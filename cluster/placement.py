@@ -36,11 +36,24 @@ class ReplicaPlacement:
 
 
 def replica_bundles(tensor_parallel_size: int, num_cpus_per_worker: float, device: str) -> list[dict[str, float]]:
-    """One bundle per tensor-parallel rank; a GPU each on cuda."""
-    bundle = {"CPU": float(num_cpus_per_worker)}
+    """Bundles of one replica's placement group.
+
+    TP=1: one bundle; the replica actor itself runs the model.
+    TP>1: bundles 0..tp-1 for the TP worker ranks (replica/tp_worker.py uses bundle i for rank i),
+    then one CPU bundle for the replica actor (scheduler + HTTP) on the same node.
+    """
+    worker = {"CPU": float(num_cpus_per_worker)}
     if device == "cuda":
-        bundle["GPU"] = 1.0
-    return [dict(bundle) for _ in range(tensor_parallel_size)]
+        worker["GPU"] = 1.0
+    bundles = [dict(worker) for _ in range(tensor_parallel_size)]
+    if tensor_parallel_size > 1:
+        bundles.append({"CPU": 1.0})
+    return bundles
+
+
+def actor_bundle_index(tensor_parallel_size: int) -> int:
+    """Which bundle the replica actor sits in (see ``replica_bundles``)."""
+    return 0 if tensor_parallel_size == 1 else tensor_parallel_size
 
 
 def plan_nodes(nodes: list[dict[str, Any]], bundles: list[dict[str, float]], num_replicas: int,

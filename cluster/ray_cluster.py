@@ -37,10 +37,13 @@ class RayHandle:
 
 
 def embedded_num_cpus(config: ServeConfig) -> int:
-    """Logical CPUs for an embedded instance: every replica's workers + the router (may exceed cores)."""
+    """Logical CPUs for an embedded instance: every replica's bundles + the router (may exceed cores)."""
+    from kvmesh.cluster.placement import replica_bundles
+
     if config.ray.num_cpus is not None:
         return config.ray.num_cpus
-    per_replica = config.replicas.tensor_parallel_size * config.replicas.num_cpus_per_worker
+    bundles = replica_bundles(config.replicas.tensor_parallel_size, config.replicas.num_cpus_per_worker, "cpu")
+    per_replica = sum(b["CPU"] for b in bundles)
     return int(-(-config.replicas.num_replicas * per_replica // 1)) + DRIVER_CPUS
 
 

@@ -1,0 +1,83 @@
+"""``kvmesh serve``: start (or join) Ray, the replicas and the router; Ctrl-C stops it all.
+
+With no flags: an embedded local Ray instance on CPU, 2 replicas of a tiny random-weight Llama,
+the router on 127.0.0.1:8000. ``--config FILE`` and the flags below change that (flags win).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+
+from kvmesh.cluster.config_cli import add_config_arguments
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: shut down like Ctrl-C."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run a kvmesh cluster (embedded Ray on CPU by default)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the effective config (secrets redacted) and exit")
+    parser.add_argument("--verbose", "-v", action="store_true", help="show the replicas' logs")
+    parser.set_defaults(func=run)
+
+
+def report(message: str) -> None:
+    print(f"kvmesh: {message}", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvmesh.cluster.config_cli import ConfigError, config_from_args
+
+    try:
+        config = config_from_args(args)
+    except ConfigError as e:
+        print(f"kvmesh serve: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        import yaml
+
+        print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
+        return 0
+
+    from kvmesh.cluster.launcher import ServeCluster
+
+    _install_signal_handlers()
+    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose)
+    code = 0
+    try:
+        cluster.start()
+        _install_signal_handlers()  # after ray.init, which may have installed its own
+        print(f"\nkvmesh is ready in {cluster.elapsed_s:.1f}s: {cluster.url}  ({config.replicas.num_replicas} "
+              f"replicas, policy {config.router.policy}, model {cluster.state.served_model_name})\n"
+              f"Try it:\n  {cluster.curl_line()}\n"
+              f"Status: kvmesh status --url {cluster.url}\nStop:   Ctrl-C\n", flush=True)
+        while True:
+            time.sleep(3600)
+    except (KeyboardInterrupt, _Terminated):
+        report("shutting down...")
+        code = 0
+    except Exception as e:  # startup failed: say why, then clean up
+        print(f"kvmesh serve: {e}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave orphans
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        cluster.stop()
+        report("stopped")
+    return code
+
+
+def _install_signal_handlers() -> None:
+    def on_term(signum, frame):
+        raise _Terminated()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)

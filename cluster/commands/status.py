@@ -1,0 +1,63 @@
+"""``kvmesh status``: the router's replicas, their health, KV usage, hit rates and event lag."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("status", help="show a running cluster's replicas (via its router)",
+                                   description=__doc__)
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="router URL (default %(default)s)")
+    parser.add_argument("--api-key", default=None, help="router API key (default: $KVMESH_API_KEY)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import httpx
+    from kvmesh.cluster.router_client import RouterClient
+
+    client = RouterClient(args.url, api_key=args.api_key or os.environ.get("KVMESH_API_KEY"))
+    try:
+        rows = client.status()
+        health = client.health()
+    except httpx.HTTPStatusError as e:
+        hint = " (set --api-key or KVMESH_API_KEY)" if e.response.status_code == 401 else ""
+        print(f"kvmesh status: router at {args.url} answered {e.response.status_code}{hint}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as e:
+        print(f"kvmesh status: no router at {args.url} ({type(e).__name__}); is `kvmesh serve` running? "
+              "Pass --url for another address.", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps({"router": args.url, "health": health,
+                          "replicas": [{**_row_dict(r), "hit_rate": r.hit_rate} for r in rows]}, indent=2))
+        return 0
+    print(format_table(rows, args.url, health))
+    return 0
+
+
+def _row_dict(row) -> dict:
+    return {name: getattr(row, name) for name in row.__slots__}
+
+
+def format_table(rows, url: str, health: dict) -> str:
+    header = ("REPLICA", "HEALTH", "KV USE", "INDEX BLK", "RUN", "WAIT", "ROUTED", "HIT RATE", "EVENT LAG",
+              "GAPS", "URL")
+    lines = [header]
+    for r in rows:
+        lines.append((r.replica_id, "ok" if r.healthy else "DOWN", f"{r.kv_usage:.0%}", str(r.index_blocks),
+                      str(r.num_running), str(r.num_waiting), str(r.requests_routed),
+                      "-" if r.hit_rate is None else f"{r.hit_rate:.0%}",
+                      "-" if r.event_lag_s is None else f"{r.event_lag_s * 1e3:.1f} ms", str(r.event_gaps), r.url))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    table = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+                      for line in lines)
+    healthy = len(health.get("healthy_replicas", []))
+    return f"router {url}: {healthy}/{len(rows)} replicas healthy\n{table}"
