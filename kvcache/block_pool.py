@@ -153,8 +153,13 @@ class BlockPool:
         return 1.0 - self.eviction_policy.num_free_blocks / (self.num_blocks - 1)
 
     def snapshot_events(self) -> list[BlockStored]:
-        """Every cached block as BlockStored chains, parents before children."""
-        return snapshot_events(self.cached_block_hash_to_block, self.block_size, self.medium)
+        """Every cached block as BlockStored chains, parents before children.
+
+        Call it on the engine's thread (between steps): the pool is not locked. The map is copied
+        first (atomically under the GIL), so a concurrent caller gets an error-free, if possibly
+        stale, answer.
+        """
+        return snapshot_events(dict(self.cached_block_hash_to_block), self.block_size, self.medium)
 
     def check_integrity(self) -> None:
         """Raises AssertionError if a pool invariant is broken (tests and debug mode)."""

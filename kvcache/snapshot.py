@@ -36,10 +36,16 @@ def block_stored_event(chain: list[KVCacheBlock], block_size: int, medium: str |
 
 
 def snapshot_chains(cached: dict[BlockHash, KVCacheBlock]) -> list[list[KVCacheBlock]]:
-    """Every cached block exactly once, grouped into parent-first chains (see the module doc)."""
+    """Every cached block exactly once, grouped into parent-first chains (see the module doc).
+
+    ``cached`` must be a copy of the pool's map: stale entries are dropped from it.
+    """
     children: dict[BlockHash, list[KVCacheBlock]] = {}
     roots: list[KVCacheBlock] = []
-    for block in cached.values():
+    for h, block in list(cached.items()):
+        if block.block_hash != h or block.token_ids is None:  # evicted meanwhile (concurrent caller)
+            del cached[h]
+            continue
         parent = block.parent_block_hash
         if parent is not None and parent in cached:
             children.setdefault(parent, []).append(block)
