@@ -155,8 +155,13 @@ class SubscriberIO:
             self.close_sockets()
 
     def close_sockets(self) -> None:
-        for name in list(self._sources):
-            self._remove_source(name)
+        """Close every socket; the trackers (and their stats) stay readable."""
+        for name in list(self._dealers):
+            self._close_dealer(name)
+        for feed in {id(f): f for f in self._feeds.values()}.values():
+            feed.sock.close(linger=0)
+        self._feeds.clear()
+        self._inflight.clear()
         self._wake_recv.close(linger=0)
         self._wake_send.close(linger=0)
 
