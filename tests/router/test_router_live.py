@@ -1,0 +1,124 @@
+"""The router in front of two live kvmesh replicas serving stories260K (real engine, real events).
+
+- router and replica compute the same keys for completions and chat, with and without cache_salt;
+  a salted request never matches an unsalted prefix;
+- requests sharing a prefix go to the replica holding it, which reports the cached tokens the
+  router predicted, until that replica's load outweighs the saved prefill.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.forward import Forwarder
+from kvmesh.router.server import RouterServer
+
+from .conftest import wait_for
+
+pytestmark = pytest.mark.slow
+
+STORY = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her "
+         "big red ball. One day, she saw a dog in the park and the dog wanted to play with the ball too. "
+         "Lily was happy to share, and they played together until the sun went down.")
+
+
+@pytest.fixture(scope="module")
+def live(stories_path, tokenizer):
+    from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.server_runtime import ReplicaRuntime
+
+    runtimes = []
+    try:
+        for _ in range(2):
+            config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=32)
+            runtimes.append(ReplicaRuntime.start(config, http_port=0, event_port=0, replay_port=0))
+        specs = [ReplicaSpec(rt.http.url, rt.endpoints()["events_endpoint"], rt.endpoints()["replay_endpoint"],
+                             replica_id=f"live{i}") for i, rt in enumerate(runtimes)]
+        router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2), specs,
+                              tokenizer=tokenizer).start()
+        wait_for(lambda: len(router.service.router.healthy) == 2, what="both replicas healthy")
+        yield router
+        router.stop()
+    finally:
+        for rt in runtimes:
+            rt.shutdown(graceful_s=0.5)
+
+
+def post(router, path, body):
+    r = httpx.post(router.url + path, json={"max_tokens": 3, "temperature": 0, **body}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def router_keys(router, path, body):
+    req, ids = Forwarder(router.service).parse(json.dumps(body).encode(), chat="chat" in path)
+    return router.service.router.hasher.keys(ids, req.cache_salt)
+
+
+def holders(router, keys):
+    """Replicas that hold every one of ``keys`` according to their real events (no predictions)."""
+    index = router.service.router.index
+    with router.service.router.lock:
+        index._expire(float("inf"))
+        return {rid for rid, n in index.match(keys).items() if n == len(keys)}
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": STORY}),
+    ("/v1/completions", {"prompt": STORY + " The end.", "cache_salt": "tenant-1"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": STORY}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "Be kind."},
+                                           {"role": "user", "content": STORY}], "cache_salt": "tenant-2"}),
+])
+def test_router_keys_equal_the_blocks_the_replica_stored(live, path, body):
+    keys = router_keys(live, path, body)
+    assert len(keys) >= 4
+    post(live, path, body)
+    wait_for(lambda: len(holders(live, keys)) == 1, what="the replica's BlockStored events")
+
+
+def test_salted_request_never_matches_unsalted_prefix(live):
+    body = {"prompt": STORY + " Salt test."}
+    post(live, "/v1/completions", body)
+    plain = router_keys(live, "/v1/completions", body)
+    wait_for(lambda: holders(live, plain), what="events")
+    salted = router_keys(live, "/v1/completions", {**body, "cache_salt": "other-tenant"})
+    assert not set(plain) & set(salted)
+    assert live.service.router.index.match(salted) == {}
+    out = post(live, "/v1/completions", {**body, "cache_salt": "other-tenant"})
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill(live):
+    core, metrics = live.service.router, live.service.metrics
+    base = STORY + " Then Lily went home and"
+    post(live, "/v1/completions", {"prompt": base})
+    base_keys = router_keys(live, "/v1/completions", {"prompt": base})
+    wait_for(lambda: holders(live, base_keys), what="events")
+    (holder,) = holders(live, base_keys)
+    other = next(r for r in core.healthy if r != holder)
+    sample = lambda name: metrics.registry.get_sample_value(name, {"replica": holder}) or 0  # noqa: E731
+    pred0, rep0 = sample("kvmesh_router_predicted_hit_tokens_total"), sample("kvmesh_router_reported_cached_tokens_total")
+    for ending in (" ate dinner.", " slept well.", " read a book."):
+        out = post(live, "/v1/completions", {"prompt": base + ending})
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * len(base_keys) - 16
+    predicted = sample("kvmesh_router_predicted_hit_tokens_total") - pred0
+    reported = sample("kvmesh_router_reported_cached_tokens_total") - rep0
+    assert predicted == reported > 0
+
+    # The holder gets busy: as many running requests as the saved prefill is worth, and then some.
+    saved = 16 * len(base_keys)
+    busy = core.loads.loads[holder]
+    busy.in_flight += saved // int(core.policy.decode_weight) + 2
+    decisions = lambda: metrics.registry.get_sample_value(  # noqa: E731
+        "kvmesh_router_decisions_total", {"replica": other, "policy": "cache_aware"}) or 0
+    before = decisions()
+    try:
+        out = post(live, "/v1/completions", {"prompt": base + " played chess."})
+        assert decisions() == before + 1
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    finally:
+        busy.in_flight -= saved // int(core.policy.decode_weight) + 2
