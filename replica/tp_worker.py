@@ -46,11 +46,16 @@ class TPWorker:
     def init_model(self, init: DistributedInit) -> dict[str, Any]:
         """Join the process group, build this rank's ModelRunner, report what the engine needs."""
         from kvmesh.replica.distributed import init_distributed
-        from kvmesh.replica.model_runner import ModelRunner
 
         init_distributed(init, self.rank)
-        self.runner = ModelRunner(self.config, rank=self.rank, world_size=self.world_size)
-        r = self.runner
+        return self.load_model(self.config)
+
+    def load_model(self, config: EngineConfig) -> dict[str, Any]:
+        """(Re)build this rank's ModelRunner for ``config`` in the existing process group."""
+        from kvmesh.replica.model_runner import ModelRunner
+
+        self.config, self.runner = config, None
+        self.runner = r = ModelRunner(config, rank=self.rank, world_size=self.world_size)
         return {"num_kv_blocks": r.num_kv_blocks, "max_model_len": r.max_model_len, "vocab_size": r.vocab_size,
                 "eos_token_ids": list(r.eos_token_ids or ()), "device": str(getattr(r, "device", "cpu"))}
 
@@ -105,6 +110,7 @@ class RayTPExecutor:
             ).remote(config, i, n)
             for i in range(n)
         ]
+        self.init_timeout_s = init_timeout_s
         try:
             addr, port = ray.get(self.workers[0].rendezvous.remote(), timeout=init_timeout_s)
             init = DistributedInit(addr, port, n, backend_for(device), step_timeout_s)
@@ -112,6 +118,18 @@ class RayTPExecutor:
         except Exception:
             self.shutdown()
             raise
+        self._adopt(infos)
+
+    def reload(self, config: EngineConfig) -> None:
+        """Load another model (same TP size and device) into the running ranks; the caller builds a new engine."""
+        import ray
+
+        if config.tensor_parallel_size != self.world_size:
+            raise ValueError(f"reload needs tensor_parallel_size={self.world_size}, got {config.tensor_parallel_size}")
+        config = replace(config, device=self.device.split(":")[0])
+        self._adopt(ray.get([w.load_model.remote(config) for w in self.workers], timeout=self.init_timeout_s))
+
+    def _adopt(self, infos: list[dict[str, Any]]) -> None:
         info = infos[0]
         self.num_kv_blocks = min(i["num_kv_blocks"] for i in infos)
         self.max_model_len = info["max_model_len"]
@@ -119,7 +137,8 @@ class RayTPExecutor:
         self.eos_token_ids = info["eos_token_ids"]
         self.device = info["device"]
         self.hf_config = None
-        logger.info("TP group of %d ranks ready on %s (%d KV blocks)", n, self.device, self.num_kv_blocks)
+        logger.info("TP group of %d ranks ready on %s (%d KV blocks)", self.world_size, self.device,
+                    self.num_kv_blocks)
 
     def execute_model(self, out: Any) -> dict[str, int]:
         import ray
