@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.input_batch import prepare_inputs
 from kvmesh.replica.model_runner import ModelRunner
@@ -59,7 +58,7 @@ def check_prefill_then_decode(path, hf_model, vocab: int) -> None:
     for i, p in enumerate(prompts):
         torch.testing.assert_close(got[f"r{i}"], hf_logits(hf_model, p), atol=ATOL, rtol=1e-4)
     seqs = [list(p) for p in prompts]
-    for step in range(2):
+    for _ in range(2):
         nxt = [int(torch.randint(3, vocab, (1,), generator=gen)) for _ in seqs]
         reqs = [ScheduledRequest(f"r{i}", [nxt[i]], len(s), blocks[i], True, GREEDY) for i, s in enumerate(seqs)]
         got = all_logits(runner, reqs)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.input_batch import prepare_inputs
 from kvmesh.replica.model_runner import ModelRunner

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from kvmesh.replica.sampler import Sampler, apply_top_k_top_p, build_sampling_metadata
 from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler_output import ScheduledRequest
