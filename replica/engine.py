@@ -242,12 +242,18 @@ def _metrics(request: Request) -> RequestMetrics:
         finished_time=request.finished_time or time.monotonic(), num_preemptions=request.num_preemptions)
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def _load_tokenizer(config: EngineConfig) -> Any:
     """The HF tokenizer, or None when there is none (dummy models without a directory)."""
     from pathlib import Path
 
     path = config.tokenizer_path
     if config.load_format == "dummy" and config.tokenizer is None and not Path(path).exists():
+        return None
+    if Path(path).is_dir() and not any((Path(path) / f).exists() for f in _TOKENIZER_FILES):
+        logger.warning("no tokenizer in %s: outputs will have token ids but no text", path)
         return None
     from transformers import AutoTokenizer
 
