@@ -93,8 +93,14 @@ def decode_batch_counted(payload: bytes) -> DecodedBatch:
         batch = _TYPED_DECODER.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return _decode_lenient(payload)
-    for event in batch.events:
-        _normalize_hashes(event)
+    for event in batch.events:  # inlined _normalize_hashes: this loop is the decoder's hot path
+        cls = event.__class__
+        if cls is AllBlocksCleared:
+            continue
+        if bytes in map(type, event.block_hashes) or (
+            cls is BlockStored and event.parent_block_hash.__class__ is bytes
+        ):
+            _normalize_hashes(event)
     return DecodedBatch(batch)
 
 

@@ -60,7 +60,7 @@ class PublisherConfig:
     """ZeroMQ send high-water mark (messages) of the PUB socket (the PUB drops beyond it)."""
     max_queue_size: int = 100_000
     """Batches waiting for the I/O thread before ``publish`` resyncs (or waits, without source)."""
-    snapshot_chunk_blocks: int = 8192
+    snapshot_chunk_blocks: int = 2048
     """Blocks per snapshot message."""
     shutdown_timeout: float = 1.0
     """Seconds ``close`` waits for queued batches to go out."""
@@ -163,7 +163,8 @@ class ZmqEventPublisher:
             self._overflow(batch)
         else:
             self._queue.append(batch)
-        self._kick()
+        if not self._io.busy:  # a busy I/O thread re-checks the queue before it sleeps
+            self._kick()
 
     def _overflow(self, batch: KVEventBatch) -> None:
         if self._snapshot_source is not None:

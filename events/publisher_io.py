@@ -83,14 +83,19 @@ class PublisherIO:
         queue = self._queue
         sent = False
         self.busy = True  # set before popping: see ZmqEventPublisher.flushed()
-        while queue:
-            try:
-                batch = queue.popleft()
-            except IndexError:
+        while True:
+            while queue:
+                try:
+                    batch = queue.popleft()
+                except IndexError:
+                    break
+                self._send(batch)
+                sent = True
+            # publish() skips the wake-up while we are busy: clear the flag, then look once more.
+            self.busy = False
+            if not queue:
                 break
-            self._send(batch)
-            sent = True
-        self.busy = False
+            self.busy = True
         if sent:
             with self._space:
                 self._space.notify_all()
@@ -157,7 +162,7 @@ class PublisherIO:
         chunk: list[BlockStored] = []
         size = 0
         ts = time.time()
-        for event in self.shadow.snapshot(self._chunk_blocks):
+        for event in self.shadow.iter_snapshot(self._chunk_blocks):  # streamed while built
             if size + len(event.block_hashes) > self._chunk_blocks and chunk:
                 send((identity, b"", SNAPSHOT_TAG, next_seq, self._encode_chunk(ts, chunk)))
                 chunk, size = [], 0
