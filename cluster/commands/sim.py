@@ -36,7 +36,10 @@ def add_parser(subparsers) -> None:
                     "compare policies: prefix hit rate vs. infinite-cache and single-pool ceilings, TTFT and "
                     "queueing p50/p99, load imbalance, events/s. Writes JSON + a PNG plot.")
     p.add_argument("--trace", default=default_trace(), help="Mooncake JSONL trace (default: %(default)s)")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N requests")
+    p.add_argument("--start", type=int, default=0, help="skip the first N requests (a window of the trace)")
+    p.add_argument("--limit", type=int, default=None, help="use only N requests (from --start)")
+    p.add_argument("--max-prompt-blocks", type=int, default=None,
+                   help="truncate prompts to this many hash ids (keeps prefixes; for quick cuts)")
     p.add_argument("--replicas", type=int, default=16, help="simulated replicas (default: 16)")
     p.add_argument("--policies", default=None,
                    help="comma-separated policies (default: every registered policy)")
@@ -82,12 +85,13 @@ def run(args) -> int:
     from kvmesh.cluster.benchmarks.traces import TraceError, read_mooncake
     from kvmesh.cluster.sim.plots import plot_report
     from kvmesh.cluster.sim.report import format_table, write_json
+    from kvmesh.cluster.sim.request import cut_trace
     from kvmesh.cluster.sim.router_adapter import available_policies
     from kvmesh.cluster.sim.runner import compare_policies
 
     try:
         config = build_config(args)
-        records = read_mooncake(args.trace, limit=args.limit)
+        records = cut_trace(read_mooncake(args.trace), args.start, args.limit, args.max_prompt_blocks)
         registered = available_policies()
         policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else registered
         unknown = [p for p in policies if p not in registered]

@@ -30,8 +30,10 @@ class SimConfig:
     """Simulated delay between a cache change on a replica and the router applying its event."""
     time_scale: float = 1.0
     """Multiplies trace arrival times: 0.25 replays the trace 4x faster (4x the request rate)."""
-    vocab_size: int = 32_000
-    """Token ids generated per hash id are drawn from [3, vocab_size)."""
+    vocab_size: int = 256
+    """Token ids generated per hash id are drawn from [3, vocab_size). 256 keeps every id a shared
+    small int in CPython (8 bytes per token in the pools' token lists instead of 36); 253**512
+    possible blocks still never collide, so prefixes are shared exactly as the trace says."""
     seed: int = 0
     """Seed for generated token ids and for policies that draw random numbers."""
     cost: CostModel = field(default_factory=CostModel)
@@ -58,3 +60,20 @@ class SimConfig:
             raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
         if self.vocab_size < 4:
             raise ValueError(f"vocab_size must be >= 4, got {self.vocab_size}")
+
+
+def miniature(config: SimConfig, factor: int) -> SimConfig:
+    """The same simulation with every token count divided by ``factor`` and every per-token cost
+    multiplied by it: blocks of ``block_size / factor`` tokens (still one per hash id), a step
+    budget ``factor`` times smaller. Model time, hit rates and queueing stay the same to within
+    rounding, while hashing and token generation get ``factor`` times cheaper (quick cuts, tests).
+    """
+    from dataclasses import replace
+
+    if factor < 1 or config.block_size % factor:
+        raise ValueError(f"miniature factor {factor} must divide block_size {config.block_size}")
+    c = config.cost
+    cost = replace(c, prefill_s_per_token=c.prefill_s_per_token * factor,
+                   decode_s_per_context_token=c.decode_s_per_context_token * factor)
+    return replace(config, block_size=config.block_size // factor, cost=cost,
+                   max_num_batched_tokens=max(1, config.max_num_batched_tokens // factor))

@@ -22,7 +22,8 @@ def plot_report(report: dict, path: str | Path) -> Path:
             ax_hit.axhline(100 * ceil[key], linestyle=style, color="k", label=label)
     ax_hit.set_ylabel("prefix hit rate (% of prompt tokens)")
     ax_hit.set_title("Prefix cache hit rate")
-    ax_hit.legend(loc="lower right", fontsize=8)
+    if ceil:
+        ax_hit.legend(loc="lower right", fontsize=8)
     x = range(len(names))
     width = 0.38
     ax_ttft.bar([i - width / 2 for i in x], [pol[n]["ttft_s"]["p50"] for n in names], width, label="p50")

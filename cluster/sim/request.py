@@ -65,3 +65,21 @@ def requests_from_mooncake(records: list[MooncakeRecord], time_scale: float = 1.
         n = max(1, min(round(r.input_length * scale), len(r.hash_ids) * block_size))
         out.append(SimRequest(f"req-{i}", r.arrival_s * time_scale, r.hash_ids, n, max(1, r.output_length)))
     return out
+
+
+def cut_trace(records: list[MooncakeRecord], start: int = 0, count: int | None = None,
+              max_prompt_blocks: int | None = None, trace_block_tokens: int = 512) -> list[MooncakeRecord]:
+    """A window of a trace (``count`` records from ``start``), prompts truncated to at most
+    ``max_prompt_blocks`` hash ids (a prefix of a chain is a chain: sharing is preserved).
+    Arrival times are shifted so the window starts at 0."""
+    window = records[start: None if count is None else start + count]
+    if not window:
+        raise ValueError(f"the trace has {len(records)} records; nothing from index {start}")
+    t0 = window[0].timestamp_ms
+    out = []
+    for r in window:
+        ids, n = r.hash_ids, r.input_length
+        if max_prompt_blocks is not None and len(ids) > max_prompt_blocks:
+            ids, n = ids[:max_prompt_blocks], max_prompt_blocks * trace_block_tokens
+        out.append(MooncakeRecord(r.timestamp_ms - t0, n, r.output_length, ids))
+    return out
