@@ -62,14 +62,24 @@ def tokenizer(stories_path):
     return load_tokenizer(stories_path)
 
 
-@pytest.fixture(scope="module")
-def fakes():
+@pytest.fixture(scope="session")
+def _fake_pair():
     procs = [FakeProc(name).launch() for name in ("a", "b")]
     try:
         yield [p.wait_ready() for p in procs]
     finally:
         for p in procs:
             p.kill()
+
+
+@pytest.fixture
+def fakes(_fake_pair):
+    """Two fake replicas "a" and "b" (shared by the session; a test may kill and relaunch one)."""
+    yield _fake_pair
+    for p in _fake_pair:
+        if p.proc.poll() is not None:
+            p.launch().wait_ready()
+        p.configure(delay=0, status=200)
 
 
 @pytest.fixture

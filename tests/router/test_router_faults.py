@@ -7,29 +7,20 @@ import socket
 
 import httpx
 import pytest
-from kvmesh.router.config import ReplicaSpec
+from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.server import RouterServer
 
-from .conftest import BLOCK_SIZE, FakeProc, wait_for
+from .conftest import BLOCK_SIZE, wait_for
 from .test_router_http import complete, prompt
 
 
-@pytest.fixture
-def own_fakes():
-    procs = [FakeProc(name).launch() for name in ("x", "y")]
-    try:
-        yield [p.wait_ready() for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-
-
-def test_killed_replica_is_retried_avoided_and_rejoins_empty(own_fakes, start_router):
-    by_name = {f.name: f for f in own_fakes}
-    router = start_router([f.spec for f in own_fakes])
+def test_killed_replica_is_retried_avoided_and_rejoins_empty(fakes, start_router):
+    by_name = {f.name: f for f in fakes}
+    router = start_router([f.spec for f in fakes])
     core = router.service.router
-    base = prompt(10)
+    base = prompt(10, 72)
     holder = complete(router, base)["choices"][0]["text"]
-    other = "y" if holder == "x" else "x"
+    other = "b" if holder == "a" else "a"
     wait_for(lambda: core.index.num_blocks(holder) >= len(base) // BLOCK_SIZE, what="events")
 
     by_name[holder].configure(delay=30)  # holds requests before their first byte
@@ -50,14 +41,14 @@ def test_killed_replica_is_retried_avoided_and_rejoins_empty(own_fakes, start_ro
     assert complete(router, prompt(11))["choices"][0]["text"] == holder
 
 
-def test_router_restart_rebuilds_index_from_snapshots(own_fakes, start_router):
-    first = start_router([f.spec for f in own_fakes])
+def test_router_restart_rebuilds_index_from_snapshots(fakes, start_router):
+    first = start_router([f.spec for f in fakes])
     base = prompt(20, 80)
     holder = complete(first, base)["choices"][0]["text"]
     wait_for(lambda: first.service.router.index.num_blocks(holder) >= 20, what="events")
     first.stop()
 
-    second = start_router([f.spec for f in own_fakes])  # new process state, new key seed
+    second = start_router([f.spec for f in fakes])  # new process state, new key seed
     wait_for(lambda: second.service.router.index.num_blocks(holder) >= 20, what="snapshot")
     out = complete(second, base + [5, 5, 5, 5])
     assert out["choices"][0]["text"] == holder
@@ -82,6 +73,18 @@ def test_no_healthy_replica_gives_503(start_router):
     assert err["code"] == 503 and err["type"] == "service_unavailable" and "replica" in err["message"]
 
 
+AUTH = {"content-type": "application/json", "Authorization": "Bearer sekret"}
+
+
+@pytest.fixture(scope="module")
+def keyed_router(tokenizer):
+    """One router without replicas, with an API key and a served model name."""
+    cfg = RouterConfig(port=0, block_size=BLOCK_SIZE, api_key="sekret", served_model_name="stories")
+    server = RouterServer(cfg, [], tokenizer=tokenizer).start()
+    yield server
+    server.stop()
+
+
 @pytest.mark.parametrize("body, status, param", [
     (b"{not json", 400, None),
     (b"[1, 2]", 400, None),
@@ -92,9 +95,9 @@ def test_no_healthy_replica_gives_503(start_router):
     (b'{"prompt": [' + b"5," * 600 + b'5]}', 400, "prompt"),              # longer than the context
     (b'{"prompt": "hi", "model": "gpt-9"}', 404, "model"),
 ])
-def test_bad_input_gets_openai_shaped_4xx(start_router, body, status, param):
-    router = start_router([], served_model_name="stories")
-    r = httpx.post(router.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+def test_bad_input_gets_openai_shaped_4xx(keyed_router, body, status, param):
+    router = keyed_router
+    r = httpx.post(router.url + "/v1/completions", content=body, headers=AUTH)
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["code"] == status and err["message"] and err["type"]
@@ -102,14 +105,13 @@ def test_bad_input_gets_openai_shaped_4xx(start_router, body, status, param):
         assert err["param"] == param
 
 
-def test_bad_chat_messages_get_400(start_router):
-    router = start_router([])
-    r = httpx.post(router.url + "/v1/chat/completions", json={"messages": []})
+def test_bad_chat_messages_get_400(keyed_router):
+    r = httpx.post(keyed_router.url + "/v1/chat/completions", json={"messages": []}, headers=AUTH)
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
 
 
-def test_api_key_guards_v1_but_not_health(start_router):
-    router = start_router([], api_key="sekret")
+def test_api_key_guards_v1_but_not_health(keyed_router):
+    router = keyed_router
     assert httpx.post(router.url + "/v1/completions", json={"prompt": "x"}).status_code == 401
     wrong = httpx.post(router.url + "/v1/completions", json={"prompt": "x"},
                        headers={"Authorization": "Bearer nope"})
@@ -120,12 +122,11 @@ def test_api_key_guards_v1_but_not_health(start_router):
     assert httpx.get(router.url + "/metrics").status_code == 200
 
 
-def test_unknown_route_is_openai_shaped_404(start_router):
-    router = start_router([])
-    r = httpx.get(router.url + "/v1/nothing")
+def test_unknown_route_is_openai_shaped_404(keyed_router):
+    r = httpx.get(keyed_router.url + "/v1/nothing")
     assert r.status_code == 404 and r.json()["error"]["code"] == 404
 
 
-def test_router_binds_loopback_by_default(start_router):
-    router = start_router([])
+def test_router_binds_loopback_by_default(keyed_router):
+    router = keyed_router
     assert router.config.host == "127.0.0.1" and router.url.startswith("http://127.0.0.1:")

@@ -115,10 +115,14 @@ def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill
     busy.in_flight += saved // int(core.policy.decode_weight) + 2
     decisions = lambda: metrics.registry.get_sample_value(  # noqa: E731
         "kvmesh_router_decisions_total", {"replica": other, "policy": "cache_aware"}) or 0
+    other_sample = lambda name: metrics.registry.get_sample_value(name, {"replica": other}) or 0  # noqa: E731
     before = decisions()
+    pred0 = other_sample("kvmesh_router_predicted_hit_tokens_total")
     try:
         out = post(live, "/v1/completions", {"prompt": base + " played chess."})
         assert decisions() == before + 1
-        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        cached = out["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached == other_sample("kvmesh_router_predicted_hit_tokens_total") - pred0
+        assert cached < saved
     finally:
         busy.in_flight -= saved // int(core.policy.decode_weight) + 2
