@@ -15,6 +15,7 @@ from kvmesh.events.codec import DecodeError, decode_batch_counted
 from kvmesh.events.endpoints import attach, parse_sub_endpoint
 from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
 from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
+from zmq.utils.monitor import recv_monitor_message
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ class _Feed:
 
     def __init__(self, sock: zmq.Socket, address: str, shared: bool) -> None:
         self.sock, self.address, self.shared = sock, address, shared
+        self.monitor: zmq.Socket | None = None
+        self.dropped = False  # the connection went down since it last came up
         self.topics: dict[str, bytes] = {}  # source name -> topic
 
     def owner(self, topic: bytes) -> str | None:
@@ -102,6 +105,9 @@ class SubscriberIO:
             address = attach(sock, ep)
             feed = self._feeds[key] = _Feed(sock, address, ep.bind)
             self._poller.register(sock, zmq.POLLIN)
+            if not ep.bind:  # a connection of our own: watch it drop and come back
+                feed.monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+                self._poller.register(feed.monitor, zmq.POLLIN)
         feed.topics[src.name] = src.topic.encode()
         feed.sock.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
         self._feed_of[src.name] = feed
@@ -127,7 +133,7 @@ class SubscriberIO:
         feed.topics.pop(name, None)
         if not feed.topics:
             self._poller.unregister(feed.sock)
-            feed.sock.close(linger=0)
+            self._close_feed(feed)
             self._feeds = {k: f for k, f in self._feeds.items() if f is not feed}
 
     # -- loop -------------------------------------------------------------------------------------
@@ -146,7 +152,7 @@ class SubscriberIO:
                     elif sock in self._dealer_owner:
                         self._on_dealer(self._dealer_owner[sock], sock)
                     else:
-                        self._on_sub(sock)
+                        self._on_socket(sock)
                 self._expire_requests()
                 self._probe_idle()
         except Exception:  # pragma: no cover - a bug here must not pass silently
@@ -159,11 +165,31 @@ class SubscriberIO:
         for name in list(self._dealers):
             self._close_dealer(name)
         for feed in {id(f): f for f in self._feeds.values()}.values():
-            feed.sock.close(linger=0)
+            self._close_feed(feed)
         self._feeds.clear()
         self._inflight.clear()
         self._wake_recv.close(linger=0)
         self._wake_send.close(linger=0)
+
+    def _close_feed(self, feed: _Feed) -> None:
+        if feed.monitor is not None:
+            if feed.monitor in self._poller:
+                self._poller.unregister(feed.monitor)
+            feed.sock.disable_monitor()
+            feed.monitor.close(linger=0)
+            feed.monitor = None
+        feed.sock.close(linger=0)
+
+    def _on_monitor(self, feed: _Feed) -> None:
+        while feed.monitor is not None and feed.monitor.poll(0):
+            event = recv_monitor_message(feed.monitor)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                feed.dropped = True
+            elif event == zmq.EVENT_CONNECTED and feed.dropped:
+                feed.dropped = False
+                for name in list(feed.topics):
+                    logger.info("KV events from %s: reconnected to %s", name, feed.address)
+                    self.trackers[name].on_reconnect()
 
     def _poll_timeout_ms(self) -> int:
         if not self._inflight:
@@ -180,10 +206,17 @@ class SubscriberIO:
             pass
 
     # -- live messages ----------------------------------------------------------------------------
-    def _on_sub(self, sock: zmq.Socket) -> None:
-        feed = next((f for f in self._feeds.values() if f.sock is sock), None)
-        if feed is None:
-            return
+    def _on_socket(self, sock: zmq.Socket) -> None:
+        for feed in self._feeds.values():
+            if feed.sock is sock:
+                self._on_sub(feed)
+                return
+            if feed.monitor is sock:
+                self._on_monitor(feed)
+                return
+
+    def _on_sub(self, feed: _Feed) -> None:
+        sock = feed.sock
         for _ in range(_MESSAGES_PER_TURN):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)

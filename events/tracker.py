@@ -54,6 +54,8 @@ class SourceStats:
     """Events of unknown type dropped from otherwise good batches."""
     restarts: int = 0
     """Publisher restarts seen (seq went backwards, or AllBlocksCleared in the stream)."""
+    reconnects: int = 0
+    """Times the connection to the publisher dropped and came back."""
     last_seq: int = -1
     """Seq of the last delivered batch (-1: none yet)."""
 
@@ -87,6 +89,7 @@ class SourceTracker:
         self._snapshot_events: list[BlockStored] = []
         self._joining = False
         self._probing = False
+        self._resync_after = False  # a reconnect happened during a replay: snapshot after it
         self._snapshot_failed = False  # within the current recovery
         self._accept_next = False  # after giving up: take the next batch as the new baseline
 
@@ -174,6 +177,9 @@ class SourceTracker:
             return
         self.mode = LIVE
         self._drain()
+        if self._resync_after and self.mode == LIVE:
+            self._resync_after = False
+            self._begin(SNAPSHOT)
 
     def probe(self) -> None:
         """Ask for anything after the last delivered batch. Catches batches lost at the tail of a
@@ -195,11 +201,24 @@ class SourceTracker:
         self._joining = False
         self._snapshot_failed = False
         self.stats.snapshots += 1
+        if self.last is not None and next_seq - 1 < self.last:
+            self.stats.restarts += 1  # the publisher behind the endpoint is a new one
         self._clear_next = False  # the snapshot batch starts with AllBlocksCleared itself
         self._emit(next_seq - 1, KVEventBatch(ts=0.0, events=[AllBlocksCleared(), *events]), snapshot=True)
         self.mode = LIVE
         self._drain()
         self.probe()  # batches sent before our subscription took effect are in no pending list
+
+    def on_reconnect(self) -> None:
+        """The connection came back. A restarted publisher may already have passed our last seq,
+        which no seq check can tell: resync from a snapshot when the source has them."""
+        self.stats.reconnects += 1
+        if not self.has_replay or self.snapshot_supported is False:
+            return
+        if self.mode == LIVE:
+            self._begin(SNAPSHOT)
+        elif self.mode == REPLAY:
+            self._resync_after = True
 
     def on_request_failed(self, kind: str, reason: str, unsupported: bool = False) -> None:
         """A replay/snapshot got no (usable) answer: timeout, or a source without snapshots."""

@@ -237,3 +237,25 @@ def test_sources_can_be_added_and_removed_while_running(pub):
         assert wait_for(lambda: "r0" not in f.sub.stats)
     finally:
         f.close()
+
+
+def test_a_restarted_publisher_that_ran_ahead_is_caught_by_the_reconnect_snapshot():
+    p1 = make_publisher()
+    endpoint, replay = p1.endpoint, p1.replay_endpoint
+    f = Follower([PublisherSource("r0", endpoint, replay)], FAST).start()
+    try:
+        publish_chain(p1, 1, 3)
+        assert f.converges("r0", p1)
+        p1.close()
+        p2 = make_publisher(endpoint="bind://" + endpoint, replay_endpoint=replay)
+        try:
+            # Before we reconnect, the new publisher is already past our last seq (2): no seq check
+            # can see the restart, the reconnect does.
+            publish_chain(p2, 100, 10)
+            assert f.converges("r0", p2)
+            assert f.states["r0"].hashes() == set(range(100, 110))
+            assert f.sub.stats["r0"].reconnects >= 1
+        finally:
+            p2.close()
+    finally:
+        f.close()
