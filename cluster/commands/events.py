@@ -44,7 +44,7 @@ def _sources(args):
         raise SystemExit("kvmesh events tail: more --replay-endpoint than --endpoint values")
     sources = []
     for i, spec in enumerate(args.endpoint):
-        name, _, address = spec.rpartition("=") if "=" in spec.split("://", 1)[0] else ("", "", spec)
+        name, _, address = spec.partition("=") if "=" in spec.split("://", 1)[0] else ("", "", spec)
         replay = args.replay_endpoint[i] if i < len(args.replay_endpoint) else None
         sources.append(PublisherSource(name or f"replica-{i}", address, replay, topic=args.topic))
     return sources

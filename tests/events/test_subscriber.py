@@ -216,11 +216,14 @@ async def test_batches_can_be_consumed_by_async_iteration(pub):
     try:
         publish_chain(pub, 1, 1)
         got = []
-        async with asyncio.timeout(5):
+
+        async def collect():
             async for name, seq, batch in sub:
                 got.append((name, seq, batch.events))
                 if any(e == stored(1, None) for e in batch.events):
-                    break
+                    return
+
+        await asyncio.wait_for(collect(), timeout=5)
         assert got[0][2][0] == AllBlocksCleared()  # the snapshot comes first
     finally:
         sub.close()
@@ -257,5 +260,19 @@ def test_a_restarted_publisher_that_ran_ahead_is_caught_by_the_reconnect_snapsho
             assert f.sub.stats["r0"].reconnects >= 1
         finally:
             p2.close()
+    finally:
+        f.close()
+
+
+def test_a_batch_lost_at_the_tail_of_a_burst_is_found_by_the_idle_probe(pub):
+    f = Follower([source(pub)], SubscriberConfig(replay_timeout=0.5, snapshot_timeout=0.5,
+                                                 idle_probe_interval=0.2)).start()
+    try:
+        assert wait_for(lambda: f.sub.stats["r0"].snapshots == 1)
+        time.sleep(0.1)
+        pub._io._pub = DroppingSocket(pub._io._pub, drop=lambda seq: seq == 4)
+        publish_chain(pub, 1, 5)  # seq 4 is the last: no later batch reveals the gap
+        assert f.converges("r0", pub, timeout=3)
+        assert f.sub.stats["r0"].gaps == 0 and f.sub.stats["r0"].last_seq == 4
     finally:
         f.close()
