@@ -40,6 +40,8 @@ class BlockPool:
         self.null_block = self.blocks[0]
         self.eviction_policy = make_eviction_policy(
             eviction_policy, self.blocks[1:], num_blocks, **(eviction_policy_kwargs or {}))
+        # Policies that learn from (re)cached content (ghost lists) get every newly cached block.
+        self._on_cached = self.eviction_policy.on_cached if self.eviction_policy.wants_on_cached else None
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
         """Prefix-cache map: hash -> the one block holding that content (in use or free)."""
 
@@ -105,31 +107,33 @@ class BlockPool:
         bs = self.block_size
         cached = self.cached_block_hash_to_block
         parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
-        emit = self.event_sink is not None
-        run: list[KVCacheBlock] = []
+        stored: list[KVCacheBlock] = []
         for i in range(num_cached_blocks, num_full_blocks):
             block, h = blocks[i], block_hashes[i]
-            if block.block_hash is not None or h in cached:
-                if run:
-                    self._emit(run)
-                    run = []
-                parent = h
-                continue
-            block.block_hash = h
-            block.parent_block_hash = parent
-            block.token_ids = token_ids[i * bs : (i + 1) * bs]
-            block.extra_keys = extra_keys(i) if extra_keys is not None else None
-            block.lora_name = lora_name
-            cached[h] = block
+            if block.block_hash is None and h not in cached:
+                block.block_hash = h
+                block.parent_block_hash = parent
+                block.token_ids = token_ids[i * bs : (i + 1) * bs]
+                block.extra_keys = extra_keys(i) if extra_keys is not None else None
+                block.lora_name = lora_name
+                cached[h] = block
+                stored.append(block)
             parent = h
-            if emit:
-                run.append(block)
-        if run:
-            self._emit(run)
+        if not stored:
+            return
+        if self._on_cached is not None:
+            self._on_cached(stored)
+        if self.event_sink is not None:
+            self._emit(stored)
 
-    def _emit(self, chain: list[KVCacheBlock]) -> None:
-        event: BlockStored = block_stored_event(chain, self.block_size, self.medium)
-        self.event_sink(event)
+    def _emit(self, stored: list[KVCacheBlock]) -> None:
+        """One BlockStored per unbroken chain of newly cached blocks."""
+        start = 0
+        for i in range(1, len(stored)):
+            if stored[i].parent_block_hash != stored[i - 1].block_hash:
+                self.event_sink(block_stored_event(stored[start:i], self.block_size, self.medium))
+                start = i
+        self.event_sink(block_stored_event(stored[start:], self.block_size, self.medium))
 
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached hash; refused (False) while any block is in use."""

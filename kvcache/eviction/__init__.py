@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvmesh.kvcache.block import KVCacheBlock
+from kvmesh.kvcache.eviction.arc import ARCEvictionPolicy
 from kvmesh.kvcache.eviction.base import EvictionPolicy
 from kvmesh.kvcache.eviction.lru import LRUEvictionPolicy
 from kvmesh.kvcache.eviction.slru import SLRUEvictionPolicy
@@ -15,6 +16,7 @@ from kvmesh.kvcache.eviction.slru import SLRUEvictionPolicy
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
     LRUEvictionPolicy.name: LRUEvictionPolicy,
     SLRUEvictionPolicy.name: SLRUEvictionPolicy,
+    ARCEvictionPolicy.name: ARCEvictionPolicy,
 }
 
 
@@ -30,5 +32,5 @@ def make_eviction_policy(name: str, blocks: list[KVCacheBlock], num_blocks: int,
     return cls(blocks, num_blocks, **kwargs)
 
 
-__all__ = ["EVICTION_POLICIES", "EvictionPolicy", "LRUEvictionPolicy", "SLRUEvictionPolicy",
+__all__ = ["ARCEvictionPolicy", "EVICTION_POLICIES", "EvictionPolicy", "LRUEvictionPolicy", "SLRUEvictionPolicy",
            "make_eviction_policy"]

@@ -19,6 +19,8 @@ class EvictionPolicy(ABC):
     """Registry name (``eviction_policy=`` of the pool)."""
     num_free_blocks: int
     """Number of free blocks the policy holds."""
+    wants_on_cached: bool = False
+    """Whether the pool should call ``on_cached`` (off by default: it costs a call per step)."""
 
     @abstractmethod
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
@@ -39,3 +41,7 @@ class EvictionPolicy(ABC):
     def reset(self) -> None:
         """The cache was cleared: forget any per-block history (blocks stay free)."""
         return None  # stateless policies have nothing to forget
+
+    def on_cached(self, blocks: list[KVCacheBlock]) -> None:
+        """``blocks`` (in use) just got their hashes; called only if ``wants_on_cached``."""
+        return None
