@@ -1,1 +1,13 @@
-"""kvmesh.events"""
+"""kvmesh.events: the KV cache event stream (vLLM 0.33 wire format, plus snapshots).
+
+Modules (import what you need; this package imports nothing itself):
+
+- ``schema``      BlockStored / BlockRemoved / AllBlocksCleared / KVEventBatch (msgspec)
+- ``codec``       encode_batch (vLLM bytes) / decode_batch (every vLLM dialect)
+- ``wire``        frame layouts: PUB, replay (vLLM) and snapshot (kvmesh) requests and answers
+- ``endpoints``   bind-or-connect rules (vLLM's, plus ``bind://`` / ``connect://``), port 0
+- ``state``       CachedBlockSet: the set of blocks a stream describes, and its snapshot chains
+- ``publisher``   ZmqEventPublisher (+ ``publisher_io``, its I/O thread)
+- ``subscriber``  EventSubscriber (+ ``subscriber_io``, its I/O thread; ``tracker``, the
+                  per-publisher ordering and gap-recovery logic)
+"""

@@ -102,3 +102,50 @@ class Follower:
         """Caught up with ``pub`` and holding exactly its shadow (what it has sent)."""
         return wait_for(lambda: self.caught_up(name, pub) and self.states[name].keys() == pub._io.shadow.keys(),
                         timeout)
+
+
+class OldVllmPublisher:
+    """A publisher the way older vLLM releases behave: replay answers without the topic frame
+    (``[b"", seq, payload]``, end ``[b"", 0xFF*8, b""]``) and no snapshots (a snapshot request
+    reads as a huge start_seq). Single-threaded: call ``serve()`` to answer pending requests."""
+
+    def __init__(self, topic: bytes = b"kv-events") -> None:
+        import threading
+
+        ctx = zmq.Context.instance()
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"tcp://127.0.0.1:{self.pub.bind_to_random_port('tcp://127.0.0.1')}"
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.replay_endpoint = f"tcp://127.0.0.1:{self.router.bind_to_random_port('tcp://127.0.0.1')}"
+        self.topic, self.buffer, self.seq = topic, [], 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def publish(self, payload: bytes, send: bool = True) -> None:
+        with self._lock:
+            if send:
+                self.pub.send_multipart([self.topic, self.seq.to_bytes(8, "big"), payload])
+            self.buffer.append((self.seq, payload))
+            self.seq += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.router.poll(20):
+                continue
+            with self._lock:
+                client_id, _, start = self.router.recv_multipart()
+                start_seq = int.from_bytes(start, "big")
+                for seq, payload in self.buffer:
+                    if seq >= start_seq:
+                        self.router.send_multipart([client_id, b"", seq.to_bytes(8, "big"), payload])
+                self.router.send_multipart([client_id, b"", b"\xff" * 8, b""])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.pub.close()
+        self.router.close()

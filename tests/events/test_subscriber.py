@@ -276,3 +276,29 @@ def test_a_batch_lost_at_the_tail_of_a_burst_is_found_by_the_idle_probe(pub):
         assert f.sub.stats["r0"].gaps == 0 and f.sub.stats["r0"].last_seq == 4
     finally:
         f.close()
+
+
+def test_an_older_vllm_publisher_is_followed_through_replays():
+    from events_testkit import OldVllmPublisher
+
+    old = OldVllmPublisher()
+    cfg = SubscriberConfig(replay_timeout=0.5, snapshot_timeout=0.5, idle_probe_interval=0.2)
+    f = None
+    try:
+        def payload(h):
+            return encode_batch(KVEventBatch(ts=0.0, events=[stored(h, h - 1 or None)], data_parallel_rank=0))
+
+        old.publish(payload(1))  # before we join: only a replay from seq 0 can give it
+        f = Follower([PublisherSource("v", old.endpoint, old.replay_endpoint)], cfg).start()
+        assert wait_for(lambda: f.sub.stats["v"].snapshot_failures == 1)
+        time.sleep(0.1)
+        old.publish(payload(2), send=False)  # lost on the way
+        old.publish(payload(3))
+        assert wait_for(lambda: f.states["v"].hashes() == {1, 2, 3} and f.sub.stats["v"].last_seq == 2)
+        st = f.sub.stats["v"]
+        assert st.snapshots == 0 and st.gaps == 1 and st.unrecovered == 0
+        assert ("v", "snapshot_failed") in f.statuses
+    finally:
+        if f is not None:
+            f.close()
+        old.close()
