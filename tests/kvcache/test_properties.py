@@ -56,7 +56,7 @@ def apply(manager, running: list[FakeRequest], op, counter: list[int]) -> None:
         manager.reset_prefix_cache()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, policy=st.sampled_from(["lru", "slru", "arc"]), num_blocks=st.integers(2, 16))
 def test_invariants_and_event_replay_hold_after_any_operations(ops, policy, num_blocks):
     log = EventLog()
