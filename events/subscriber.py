@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import zmq
 from kvmesh.events.schema import KVEventBatch
+from kvmesh.events.stats import SourceStats
 from kvmesh.events.subscriber_io import SubscriberIO
-from kvmesh.events.tracker import SourceStats
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,38 @@
+"""Per-publisher counters kept by the subscriber."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class SourceStats:
+    """Counters of one publisher as seen by a subscriber."""
+
+    batches: int = 0
+    """Batches delivered (a snapshot counts as one)."""
+    events: int = 0
+    """Events delivered."""
+    gaps: int = 0
+    """Times a seq jumped forward (messages lost)."""
+    replays: int = 0
+    """Replay requests answered."""
+    snapshots: int = 0
+    """Snapshots applied."""
+    snapshot_failures: int = 0
+    """Snapshot requests given up (no answer in time, or a source without snapshots)."""
+    unrecovered: int = 0
+    """Times a loss could not be repaired; the consumer was told (``on_status``)."""
+    decode_errors: int = 0
+    """Messages that could not be read (bad payload, frame count, seq frame)."""
+    unknown_events: int = 0
+    """Events of unknown type dropped from otherwise good batches."""
+    restarts: int = 0
+    """Publisher restarts seen (seq went backwards, or AllBlocksCleared in the stream)."""
+    reconnects: int = 0
+    """Times the connection to the publisher dropped and came back."""
+    last_seq: int = -1
+    """Seq of the last delivered batch (-1: none yet)."""
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

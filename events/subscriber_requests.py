@@ -1,0 +1,117 @@
+"""The subscriber's replay and snapshot requests: one DEALER per publisher, one request in flight.
+
+Mixed into ``SubscriberIO`` (same thread, same state). A request that gets no answer within its
+timeout is given up and its DEALER replaced, so a late answer cannot be taken for the next
+request's. Answers are read in both layouts (wire.py): vLLM 0.33's ``[b"", topic, seq, payload]``
+and older vLLM's ``[b"", seq, payload]``; an end marker in answer to a snapshot request means
+the source has no snapshots (a vLLM publisher reads the request as a start_seq beyond its end).
+"""
+
+from __future__ import annotations
+
+import time
+
+import zmq
+from kvmesh.events.endpoints import parse_sub_endpoint
+from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
+from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
+
+MESSAGES_PER_TURN = 512
+"""Messages read per socket and loop turn, so one busy publisher cannot starve the others."""
+
+
+class ReplayRequests:
+    """Request/answer half of ``SubscriberIO``."""
+
+    def _request(self, name: str, kind: str, start_seq: int) -> None:
+        src = self._sources[name]
+        dealer = self._dealers.get(name)
+        if dealer is None:
+            dealer = self._ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.RCVHWM, 0)
+            dealer.connect(parse_sub_endpoint(src.replay_endpoint).address)
+            self._dealers[name] = dealer
+            self._dealer_owner[dealer] = name
+            self._poller.register(dealer, zmq.POLLIN)
+        body = SNAPSHOT_REQUEST if kind == SNAPSHOT else pack_seq(start_seq)
+        dealer.send_multipart((b"", body))
+        self._inflight[name] = (kind, time.monotonic() + self._timeout(kind))
+
+    def _timeout(self, kind: str) -> float:
+        return self._config.snapshot_timeout if kind == SNAPSHOT else self._config.replay_timeout
+
+    def _close_dealer(self, name: str) -> None:
+        dealer = self._dealers.pop(name, None)
+        if dealer is not None:
+            self._dealer_owner.pop(dealer, None)
+            self._poller.unregister(dealer)
+            dealer.close(linger=0)
+
+    def _expire_requests(self) -> None:
+        now = time.monotonic()
+        for name, (kind, deadline) in list(self._inflight.items()):
+            if now >= deadline:
+                del self._inflight[name]
+                # A fresh DEALER, so a late answer to this request cannot be taken for the next one.
+                self._close_dealer(name)
+                self._warn_once(name, f"{kind} timeout", f"no answer in {self._timeout(kind)}s")
+                self.trackers[name].on_request_failed(kind, f"no {kind} answer in {self._timeout(kind)}s")
+
+    def _probe_idle(self) -> None:
+        interval = self._config.idle_probe_interval
+        if interval is None:
+            return
+        now = time.monotonic()
+        if now < self._next_probe_check:
+            return
+        self._next_probe_check = now + min(interval, 0.1)
+        for name, tracker in self.trackers.items():
+            if name not in self._inflight and now - self._active.get(name, 0.0) >= interval:
+                self._active[name] = now
+                tracker.probe()
+
+    def _on_dealer(self, name: str, dealer: zmq.Socket) -> None:
+        tracker = self.trackers[name]
+        for _ in range(MESSAGES_PER_TURN):
+            if self._dealers.get(name) is not dealer:
+                return  # closed by a timeout or failure below
+            try:
+                frames = dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = self._inflight.get(name, (None, 0.0))[0]
+            if kind is None:
+                continue  # a stray answer to a request we gave up
+            self._active[name] = now = time.monotonic()
+            self._inflight[name] = (kind, now + self._timeout(kind))
+            body = frames[1:] if frames and frames[0] == b"" else frames
+            if len(body) == 3 and body[0] == SNAPSHOT_TAG:
+                self._on_snapshot_frame(name, tracker, body)
+            elif len(body) in (2, 3) and len(body[-2]) == 8:
+                seq_frame, payload = body[-2], body[-1]
+                if seq_frame == END_SEQ or not payload:
+                    del self._inflight[name]
+                    if kind == SNAPSHOT:
+                        tracker.on_request_failed(SNAPSHOT, "the source does not serve snapshots", True)
+                    else:
+                        tracker.on_replay_end()
+                elif kind == REPLAY:
+                    tracker.on_replay_batch(unpack_seq(seq_frame), self._decode(name, payload))
+            else:
+                tracker.on_decode_error()
+                self._warn_once(name, "bad replay frames", f"{len(frames)} frames")
+
+    def _on_snapshot_frame(self, name: str, tracker: SourceTracker, body: list) -> None:
+        next_seq, payload = unpack_seq(body[1]), body[2]
+        if not payload:
+            del self._inflight[name]
+            tracker.on_snapshot_end(next_seq)
+            return
+        batch = self._decode(name, payload)
+        if batch is None:
+            del self._inflight[name]
+            self._close_dealer(name)
+            tracker.on_request_failed(SNAPSHOT, "a snapshot chunk could not be decoded")
+            return
+        tracker.on_snapshot_chunk(batch.events)
