@@ -114,7 +114,7 @@ class KVRouter:
                 raise NoReplicaError("no healthy replica to route to (all are down or already failed "
                                      "this request); retry later or register a replica")
             replica_id = self.policy.choose(keys, matches, loads, len(token_ids))
-            self.index.predict(replica_id, keys)
+            self.index.predict(replica_id, keys, start=matches.get(replica_id, 0))
         t3 = _ns()
         bs = self.hasher.block_size
         matched = matches.get(replica_id, 0)

@@ -8,7 +8,7 @@ bitmask of the replicas that hold the block; each replica owns one bit (its *slo
 
 A match walks the request's keys AND-ing the masks (in C, via ``accumulate``) while the set is
 non-empty, so a replica counts a block only while the chain up to it is unbroken. Every running
-AND is a subset of the one before, so equal values form runs; the run lengths (a ``Counter``, in
+AND is a subset of the one before, so equal values form runs; the run lengths (``groupby``, in
 C) say where each replica drops out.
 
 *Predicted* entries: when the router sends a request to a replica it credits that replica with the
@@ -20,10 +20,10 @@ to one replica instead of scattering. Invariant: a predicted bit is never also a
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import accumulate, repeat
-from operator import and_
+from itertools import accumulate, groupby, repeat
+from operator import and_, or_
 
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
 from kvmesh.router.index_stats import IndexStats, ReplicaTree
@@ -110,6 +110,11 @@ class PrefixIndex:
         if tree is None:
             return 0
         return len(tree.ext_to_key) + len(tree.orphan_parent) + sum(tree.ext_dups.values())
+
+    @property
+    def num_keys(self) -> int:
+        """Distinct router keys in the index (real and predicted)."""
+        return len(self._blocks)
 
     def cached_hashes(self, replica_id: ReplicaId) -> set:
         """The external block hashes a replica holds, as far as its events say."""
@@ -245,21 +250,31 @@ class PrefixIndex:
             del tree.orphans[parent]
 
     # ---------------------------------------------------------------- predictions
-    def predict(self, replica_id: ReplicaId, keys: Sequence[int], now: float | None = None) -> int:
-        """Credit ``replica_id`` with ``keys`` for ``predict_ttl_s``; returns newly credited blocks."""
+    def predict(self, replica_id: ReplicaId, keys: Sequence[int], now: float | None = None,
+                start: int = 0) -> int:
+        """Credit ``replica_id`` with ``keys[start:]`` for ``predict_ttl_s``; returns newly credited blocks.
+
+        ``start`` may be the replica's match length (those blocks are held already).
+        """
         tree = self._replicas.get(replica_id)
-        if tree is None or not keys or self.predict_ttl_s <= 0:
+        if tree is None or len(keys) <= start or self.predict_ttl_s <= 0:
             return 0
         now = time.monotonic() if now is None else now
         self._expire(now)
         bit, blocks, predicted = tree.bit, self._blocks, self._predicted
-        added = []
-        for key in keys:
-            mask = blocks.get(key, 0)
-            if not mask & bit:
-                blocks[key] = mask | bit
-                predicted[key] = predicted.get(key, 0) | bit
-                added.append(key)
+        tail = keys[start:] if start else keys
+        masks = list(map(blocks.get, tail, repeat(0)))
+        if not any(map(and_, masks, repeat(bit))):  # the usual case: none held yet, update in C
+            blocks.update(zip(tail, map(or_, masks, repeat(bit)), strict=False))
+            predicted.update(zip(tail, map(or_, map(predicted.get, tail, repeat(0)), repeat(bit)), strict=False))
+            added = list(tail)
+        else:
+            added = []
+            for key, mask in zip(tail, masks, strict=False):
+                if not mask & bit:
+                    blocks[key] = mask | bit
+                    predicted[key] = predicted.get(key, 0) | bit
+                    added.append(key)
         if added:
             self._predict_queue.append((now + self.predict_ttl_s, bit, added))
         return len(added)
@@ -297,10 +312,10 @@ class PrefixIndex:
             return {}
         # running[i] = replicas holding blocks 0..i: non-increasing (each a subset of the one
         # before), so equal values are contiguous and Counter lists them in order with run lengths.
-        runs = Counter(accumulate(map(get, keys, repeat(0)), and_))
         owners, out = self._slot_owner, {}
         end, prev = 0, 0
-        for mask, length in runs.items():
+        for mask, run in groupby(accumulate(map(get, keys, repeat(0)), and_)):
+            length = len(list(run))
             dropped = prev & ~mask  # replicas whose chain ended at block `end`
             if dropped & (dropped - 1) == 0:
                 if dropped:

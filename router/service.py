@@ -161,7 +161,7 @@ class RouterService:
             loads = {str(rid): load for rid, load in r.loads.loads.items()}
             stats = r.index.stats
             out = {
-                "index_blocks": index_blocks, "index_keys": len(r.index._blocks),
+                "index_blocks": index_blocks, "index_keys": r.index.num_keys,
                 "events_applied": r.events_applied,
                 "index": {"orphan_blocks": stats.orphan_blocks, "unknown_removals": stats.unknown_removals},
                 "healthy": {rid: rid in r.healthy for rid in loads}, "loads": loads,

@@ -5,8 +5,7 @@
 - ``request_keys``: the request's router keys (one per full prompt block, router/keys.py).
 - ``matches``: replica id -> leading blocks of the prompt it holds (``PrefixIndex.match``);
   replicas holding nothing may be absent; replicas not in ``loads`` are ignored.
-- ``loads``: the *candidate* replicas (healthy ones), id -> ``ReplicaLoad`` (router/load.py) or
-  any object with ``prefill_backlog`` and ``decode_load``.
+- ``loads``: the *candidate* replicas (healthy ones), id -> ``ReplicaLoad`` (router/load.py).
 - ``num_prompt_tokens``: the prompt length; defaults to ``len(request_keys) * block_size``.
 """
 

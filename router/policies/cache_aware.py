@@ -51,14 +51,27 @@ class CacheAwarePolicy(Policy):
 
     def choose(self, request_keys, matches, loads, num_prompt_tokens=None):
         self._check(loads)
-        costs = self.costs(request_keys, matches, loads, num_prompt_tokens)
-        best = min(costs.values())
         if self.temperature > 0:
-            t = self.temperature
-            ids = list(costs)
+            costs = self.costs(request_keys, matches, loads, num_prompt_tokens)
+            best, t = min(costs.values()), self.temperature
             weights = [math.exp((best - c) / t) for c in costs.values()]
-            return self.rng.choices(ids, weights)[0]
-        ties = [rid for rid, c in costs.items() if c == best]
+            return self.rng.choices(list(costs), weights)[0]
+        # One pass, fields read directly (this runs once per request over every candidate).
+        prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
+        bs, w, wb, get = self.block_size, self.decode_weight, self.backlog_weight, matches.get
+        best_cost, ties = math.inf, []
+        for rid, load in loads.items():
+            cached = get(rid)
+            cost = prompt - bs * cached if cached else prompt
+            if cost < 0:
+                cost = 0
+            pending, queued = load.pending_prefill_tokens, load.queued_prefill_tokens
+            in_flight, reported = load.in_flight, load.num_running + load.num_waiting
+            cost += wb * (pending if pending > queued else queued) + w * (in_flight if in_flight > reported else reported)
+            if cost < best_cost:
+                best_cost, ties = cost, [rid]
+            elif cost == best_cost:
+                ties.append(rid)
         if len(ties) == 1:
             return ties[0]
         self._tie += 1
