@@ -64,22 +64,16 @@ def external_hash_from_bytes(digest: bytes) -> int:
 
 
 def _as_int(h: Any) -> Any:
-    if h.__class__ is bytes:
-        return external_hash_from_bytes(h)
-    return h
+    return external_hash_from_bytes(h) if isinstance(h, bytes) else h
 
 
-def _normalize_hashes(event: KVEvent) -> None:
-    """Convert bytes hashes to ints in place (msgspec Structs are mutable)."""
-    if event.__class__ is AllBlocksCleared:
-        return
-    hashes = event.block_hashes
-    for h in hashes:
-        if h.__class__ is bytes:
-            event.block_hashes = [_as_int(x) for x in hashes]
-            break
-    if event.__class__ is BlockStored and event.parent_block_hash.__class__ is bytes:
-        event.parent_block_hash = external_hash_from_bytes(event.parent_block_hash)
+def _normalize_hashes(fields: dict) -> None:
+    """Bytes hashes of a raw event's fields -> ints, before conversion to the int-typed schema."""
+    hashes = fields.get("block_hashes")
+    if isinstance(hashes, (list, tuple)):
+        fields["block_hashes"] = [_as_int(h) for h in hashes]
+    if isinstance(fields.get("parent_block_hash"), bytes):
+        fields["parent_block_hash"] = external_hash_from_bytes(fields["parent_block_hash"])
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:
@@ -93,15 +87,7 @@ def decode_batch_counted(payload: bytes) -> DecodedBatch:
         batch = _TYPED_DECODER.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return _decode_lenient(payload)
-    for event in batch.events:  # inlined _normalize_hashes: this loop is the decoder's hot path
-        cls = event.__class__
-        if cls is AllBlocksCleared:
-            continue
-        if bytes in map(type, event.block_hashes) or (
-            cls is BlockStored and event.parent_block_hash.__class__ is bytes
-        ):
-            _normalize_hashes(event)
-    return DecodedBatch(batch)
+    return DecodedBatch(batch)  # the schema types hashes as int: bytes took the lenient path
 
 
 def _decode_lenient(payload: bytes) -> DecodedBatch:
@@ -144,9 +130,8 @@ def _convert_event(raw: Any) -> KVEvent | None:
     # lora_name): they meant "unset".
     for field_name in cls.__struct_fields__:
         fields.setdefault(field_name, None)
+    _normalize_hashes(fields)
     try:
-        event = msgspec.convert(fields, cls, strict=False)
+        return msgspec.convert(fields, cls, strict=False)
     except (msgspec.ValidationError, ValueError, TypeError):
         return None
-    _normalize_hashes(event)
-    return event

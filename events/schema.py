@@ -17,9 +17,12 @@ from typing import Any
 
 import msgspec
 
-# A block hash as it appears on the wire: vLLM sends the low 64 bits of the digest as an
-# unsigned int; some versions send the raw digest bytes instead.
-ExternalBlockHash = int | bytes
+# A block hash as events carry it: the low 64 bits of the digest as an unsigned int (vLLM's
+# convention). Some vLLM versions send the raw digest bytes instead; ``codec.decode_batch``
+# accepts those and converts them, so decoded events always hold ints. (Typing the field as
+# int only also lets the fast typed decoder skip a per-hash check: bytes fail validation and
+# take the lenient path.)
+ExternalBlockHash = int
 
 
 class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):

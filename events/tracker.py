@@ -256,7 +256,7 @@ class SourceTracker:
             self._clear_next = False
             batch = KVEventBatch(ts=batch.ts, events=[AllBlocksCleared(), *batch.events],
                                  data_parallel_rank=batch.data_parallel_rank)
-        elif not snapshot and any(e.__class__ is AllBlocksCleared for e in batch.events):
+        elif not snapshot and AllBlocksCleared in map(type, batch.events):
             self.stats.restarts += 1
         self.last = seq
         self.stats.last_seq = seq
