@@ -125,3 +125,14 @@ async def test_graceful_shutdown_finishes_in_flight_and_refuses_new(fake_replica
         r = await slow
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 200
         assert await done is True
+
+
+def test_broken_tp_group_makes_health_and_new_requests_503(fake_replica):
+    fake_replica.engine.runner.dead_reason = "a rank failed a step: RayActorError"
+    with httpx.Client(base_url=fake_replica.http.url, timeout=30,
+                      headers={"Authorization": "Bearer sekrit-key"}) as c:
+        health = c.get("/health")
+        assert health.status_code == 503 and "rank failed" in health.json()["error"]["message"]
+        r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["code"] == 503
+    assert fake_replica.broken_reason() is not None
