@@ -153,7 +153,10 @@ class RayTPExecutor:
             self.dead_reason = f"a rank failed a step: {type(e).__name__}: {e}"
             logger.error("tensor-parallel step failed; replica must restart: %s", self.dead_reason)
             for f in futures:
-                ray.cancel(f, force=False)
+                try:
+                    ray.cancel(f, force=False)
+                except Exception:  # noqa: BLE001 - the rank may be gone already
+                    pass
             raise RuntimeError(self.dead_reason) from e
         return results[0]
 
