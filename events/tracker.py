@@ -174,7 +174,11 @@ class SourceTracker:
         self._emit(next_seq - 1, KVEventBatch(ts=0.0, events=[AllBlocksCleared(), *events]), snapshot=True)
         self.mode = LIVE
         self._drain()
-        self.probe()  # batches sent before our subscription took effect are in no pending list
+        if self._resync_after and self.mode == LIVE:  # asked before a reconnect: maybe stale
+            self._resync_after = False
+            self._begin(SNAPSHOT)
+        else:
+            self.probe()  # batches sent before our subscription took effect are in no pending list
 
     def on_reconnect(self) -> None:
         """The connection came back. A restarted publisher may already have passed our last seq,
@@ -184,12 +188,16 @@ class SourceTracker:
             return
         if self.mode == LIVE:
             self._begin(SNAPSHOT)
-        elif self.mode == REPLAY:
+        else:  # after the replay; or, if the snapshot request died with the old peer, once more
             self._resync_after = True
 
     def on_request_failed(self, kind: str, reason: str, unsupported: bool = False) -> None:
         """A replay/snapshot got no (usable) answer: timeout, or a source without snapshots."""
         if self.mode != kind:
+            return
+        if kind == SNAPSHOT and self._resync_after:  # asked before a reconnect: ask again
+            self._resync_after = False
+            self._begin(SNAPSHOT)
             return
         if kind == SNAPSHOT:
             self.stats.snapshot_failures += 1

@@ -125,3 +125,20 @@ def test_all_blocks_cleared_in_the_stream_counts_as_a_restart():
     h = Harness()
     h.t.on_live(0, KVEventBatch(ts=0.0, events=[AllBlocksCleared()]))
     assert h.t.stats.restarts == 1 and h.seqs() == [0]
+
+
+def test_a_reconnect_resyncs_from_a_snapshot():
+    h = Harness()
+    h.t.on_live(0, batch(0))
+    h.t.on_reconnect()
+    assert h.requests == [(SNAPSHOT, 0)]
+    h.t.on_snapshot_end(next_seq=7)
+    assert h.seqs() == [0, 6] and h.t.stats.reconnects == 1
+
+
+def test_a_snapshot_request_lost_with_the_old_peer_is_asked_again_after_a_reconnect():
+    h = Harness()
+    h.t.start(snapshot_on_start=True)
+    h.t.on_reconnect()
+    h.t.on_request_failed(SNAPSHOT, "timeout")
+    assert h.requests == [(SNAPSHOT, 0), (SNAPSHOT, 0)] and h.t.stats.snapshot_failures == 0
