@@ -38,7 +38,7 @@ def plot_run(requests: list[dict], title: str, path: str | Path) -> Path:
     axes[2].set_xlabel("cached share of the prompt")
     axes[2].set_title("Prefix cache hits per request")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.84, wspace=0.3)
     return _save(fig, plt, path)
 
 
@@ -64,7 +64,7 @@ def plot_compare(summaries: dict[str, dict], title: str, path: str | Path) -> Pa
     ax_ttft.set_title("Time to first token")
     ax_ttft.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.84, wspace=0.3)
     return _save(fig, plt, path)
 
 

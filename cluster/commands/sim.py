@@ -61,6 +61,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-ceilings", action="store_true", help="skip the infinite/single-pool ceilings")
     p.add_argument("--out", default="results/sim.json", help="JSON report path (default: %(default)s)")
     p.add_argument("--plot", default=None, help="PNG path (default: the JSON path with .png)")
+    p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -102,8 +103,9 @@ def run(args) -> int:
     except (TraceError, ValueError) as e:
         print(f"kvmesh sim: {e}", file=sys.stderr)
         return 2
-    out = write_json(report, args.out)
-    plot = plot_report(report, args.plot or Path(args.out).with_suffix(".png"))
+    written = [str(write_json(report, args.out))]
+    if not args.no_plot:
+        written.append(str(plot_report(report, args.plot or Path(args.out).with_suffix(".png"))))
     print(format_table(report))
-    print(f"wrote {out} and {plot}")
+    print("wrote " + " and ".join(written))
     return 0

@@ -33,6 +33,7 @@ def summarize(run: SimRun) -> dict:
     busy = [rep.busy_s for rep in run.replicas]
     makespan = max(r.finished_s for r in reqs) - min(r.arrival_s for r in reqs)
     router = run.router
+    stats = _index_stats(router.index)
     return {
         "policy": run.policy,
         "num_requests": len(reqs),
@@ -54,7 +55,10 @@ def summarize(run: SimRun) -> dict:
         "events_per_s": router.num_events / router.apply_s if router.apply_s > 0 else 0.0,
         "route_ms_per_request": 1000 * run.route_s / len(reqs) if reqs else 0.0,
         "wall_s": run.wall_s,
-        "index_stats": _index_stats(router.index),
+        "cpu_s": run.cpu_s,
+        "index_stats": stats,
+        "index_blocks_per_s": (stats.get("blocks_stored", 0) + stats.get("blocks_removed", 0)) / router.apply_s
+        if router.apply_s > 0 else 0.0,
     }
 
 

@@ -18,15 +18,15 @@ def format_table(report: dict) -> str:
         lines.append(f"ceilings: infinite cache {ceil['infinite_cache_hit_rate']:.1%}, "
                      f"single pool of the same total capacity {ceil['single_pool_hit_rate']:.1%}")
     header = (f"{'policy':<16}{'hit':>7}{'/pool':>7}{'TTFT p50':>10}{'TTFT p99':>10}{'queue p50':>10}"
-              f"{'queue p99':>10}{'max/mean':>9}{'events/s':>11}{'wall s':>8}")
+              f"{'queue p99':>10}{'max/mean':>9}{'events/s':>10}{'blocks/s':>10}{'cpu s':>7}")
     lines += [header, "-" * len(header)]
     for name, s in report["policies"].items():
         rel = s.get("hit_rate_vs_single_pool")
         lines.append(
             f"{name:<16}{s['hit_rate']:>7.1%}{(f'{rel:.0%}' if rel is not None else '-'):>7}"
             f"{s['ttft_s']['p50']:>10.3f}{s['ttft_s']['p99']:>10.3f}{s['queue_s']['p50']:>10.3f}"
-            f"{s['queue_s']['p99']:>10.3f}{s['load_imbalance']:>9.2f}{s['events_per_s']:>11,.0f}"
-            f"{s['wall_s']:>8.1f}")
+            f"{s['queue_s']['p99']:>10.3f}{s['load_imbalance']:>9.2f}{s['events_per_s']:>10,.0f}"
+            f"{s['index_blocks_per_s']:>10,.0f}{s['cpu_s']:>7.1f}")
     return "\n".join(lines)
 
 

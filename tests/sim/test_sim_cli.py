@@ -1,0 +1,38 @@
+"""``kvmesh sim`` end to end on a tiny cut, and its errors."""
+
+from __future__ import annotations
+
+import json
+
+from kvmesh.cluster.cli import main
+
+
+def test_sim_writes_json_table_and_plot_for_every_registered_policy(mooncake_trace, tmp_path, capsys):
+    from kvmesh.router.policies import POLICIES
+
+    out = tmp_path / "sim.json"
+    rc = main(["sim", "--trace", str(mooncake_trace), "--start", "3800", "--limit", "120",
+               "--max-prompt-blocks", "32", "--replicas", "4", "--block-size", "32", "--time-scale", "0.5",
+               "--out", str(out), "--no-progress"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert list(report["policies"]) == list(POLICIES)
+    assert 0 < report["ceilings"]["single_pool_hit_rate"] <= report["ceilings"]["infinite_cache_hit_rate"]
+    assert out.with_suffix(".png").stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in POLICIES)
+
+
+def test_sim_reports_a_malformed_trace_line(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{"oops"\n')
+    assert main(["sim", "--trace", str(trace), "--out", str(tmp_path / "o.json"), "--no-progress"]) == 2
+    assert "t.jsonl:2: not valid JSON" in capsys.readouterr().err
+
+
+def test_sim_rejects_unknown_policy_and_cost_field(mooncake_trace, tmp_path, capsys):
+    args = ["sim", "--trace", str(mooncake_trace), "--limit", "5", "--out", str(tmp_path / "o.json"), "--no-progress"]
+    assert main([*args, "--policies", "cache_awar"]) == 2
+    assert "unknown policies ['cache_awar']" in capsys.readouterr().err
+    assert main([*args, "--cost", "prefill_per_token=1"]) == 2
+    assert "unknown CostModel field" in capsys.readouterr().err
