@@ -11,6 +11,9 @@ import multiprocessing as mp
 import statistics
 import time
 
+from fastapi import FastAPI, Request  # module level: FastAPI resolves the handlers' annotations here
+from fastapi.responses import Response
+
 ECHO_BODY = (b'{"id":"cmpl-echo","object":"text_completion","created":0,"model":"echo","choices":'
              b'[{"index":0,"text":"!","finish_reason":"length"}],"usage":{"prompt_tokens":1,'
              b'"completion_tokens":1,"total_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}')
@@ -20,8 +23,6 @@ def _run_echo(q) -> None:
     import asyncio
 
     import uvicorn
-    from fastapi import FastAPI, Request
-    from fastapi.responses import Response
 
     app = FastAPI()
 

@@ -93,3 +93,18 @@ def test_replicas_can_be_added_and_removed_at_runtime(fakes, start_router):
     assert httpx.delete(router.url + "/replicas/a").status_code == 200
     r = httpx.post(router.url + "/v1/completions", json={"prompt": prompt(5)})
     assert r.status_code == 503 and r.json()["error"]["code"] == 503
+
+
+def test_re_registering_a_replica_with_new_endpoints_drops_its_tree(fakes, start_router):
+    a, b = fakes
+    router = start_router([a.spec])
+    core = router.service.router
+    old = prompt(6)
+    complete(router, old)
+    wait_for(lambda: core.index.num_blocks("a") >= len(old) // BLOCK_SIZE, what="events from a")
+    moved = b.spec
+    moved.replica_id = "a"  # the cluster restarted replica "a" elsewhere: same id, new endpoints
+    router.service.add_replica(moved)
+    wait_for(lambda: "a" in core.healthy, what="the re-registered replica to be probed")
+    assert core.index.match(core.hasher.keys(old)).get("a", 0) == 0  # the old incarnation's blocks are gone
+    assert complete(router, prompt(7))["choices"][0]["text"] == "b"

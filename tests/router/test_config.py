@@ -1,0 +1,67 @@
+"""Router configuration: the --replica spec, validation, and the CLI parser."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from kvmesh.router.config import ReplicaSpec, RouterConfig
+
+
+def test_replica_spec_parses_events_replay_and_name():
+    spec = ReplicaSpec.parse("http://10.0.0.5:8100/v1,events=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,name=r0")
+    assert spec == ReplicaSpec("http://10.0.0.5:8100", "tcp://10.0.0.5:5557", "tcp://10.0.0.5:5558", "r0")
+
+
+def test_replica_spec_defaults_its_id_to_the_url():
+    spec = ReplicaSpec.parse("http://127.0.0.1:8100/")
+    assert spec.replica_id == "http://127.0.0.1:8100" and spec.events is None
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("127.0.0.1:8100", "http://"),
+    ("http://h:1,events=5557", "tcp://"),
+    ("http://h:1,color=red", "bad replica option"),
+])
+def test_bad_replica_spec_says_what_to_write(text, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        ReplicaSpec.parse(text)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"policy": "fastest"}, "unknown policy"),
+    ({"port": 70000}, "port"),
+    ({"block_size": 0}, "block_size"),
+    ({"max_attempts": 0}, "max_attempts"),
+    ({"api_key": ""}, "api_key"),
+])
+def test_router_config_rejects_bad_values(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        RouterConfig(**kwargs)
+
+
+def test_router_config_binds_loopback_by_default():
+    assert RouterConfig().host == "127.0.0.1"
+
+
+def test_cli_parses_a_standalone_router():
+    from kvmesh.cluster.commands import router as command
+
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    args = parser.parse_args([
+        "router", "--replica", "http://127.0.0.1:8100,events=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558",
+        "--replica", "http://127.0.0.1:8101", "--policy", "prefix_hash", "--port", "9000", "--api-key", "k",
+        "--model", "some/model"])
+    assert args.func is command.run and len(args.replica) == 2 and args.policy == "prefix_hash"
+    assert args.host == "127.0.0.1" and args.port == 9000 and args.api_key == "k"
+
+
+def test_cli_reports_a_bad_replica_spec_without_a_traceback(capsys):
+    from kvmesh.cluster.commands import router as command
+
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["router", "--replica", "localhost:8100"])
+    assert command.run(args) == 2
+    assert "http://" in capsys.readouterr().out
