@@ -96,25 +96,45 @@ def _error(e: p.ProtocolError) -> JSONResponse:
     return JSONResponse(e.to_dict(), status_code=e.status_code)
 
 
+class AuthAndCountMiddleware:
+    """Pure ASGI (no response buffering, unlike ``BaseHTTPMiddleware``): the API key check on
+    /v1/* and a per-endpoint status counter."""
+
+    def __init__(self, app: Any, state: ServerState):
+        self.app = app
+        self.state = state
+        key = state.config.api_key
+        self.expected = f"Bearer {key}".encode() if key is not None else None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if self.expected is not None and path.startswith("/v1"):
+            header = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(header, self.expected):
+                self.state.metrics.count_request(path, 401)
+                err = p.ProtocolError("missing or wrong API key; send 'Authorization: Bearer <key>'", 401)
+                return await _error(err)(scope, receive, send)
+        status = [500]
+
+        async def send_counting(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counting)
+        finally:
+            self.state.metrics.count_request(path if status[0] != 404 else "other", status[0])
+
+
 def build_app(state: ServerState) -> FastAPI:
     """The FastAPI app of one replica."""
     app = FastAPI(title="kvmesh replica", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.kvmesh = state
     handlers = OpenAIHandlers(state)
-    api_key = state.config.api_key
-
-    @app.middleware("http")
-    async def auth_and_count(request: Request, call_next):
-        path = request.url.path
-        if api_key is not None and path.startswith("/v1"):
-            header = request.headers.get("authorization", "")
-            if not hmac.compare_digest(header.encode(), f"Bearer {api_key}".encode()):
-                state.metrics.count_request(path, 401)
-                return _error(p.ProtocolError("missing or wrong API key; send 'Authorization: Bearer <key>'",
-                                              401))
-        response = await call_next(request)
-        state.metrics.count_request(path if response.status_code != 404 else "other", response.status_code)
-        return response
+    app.add_middleware(AuthAndCountMiddleware, state=state)
 
     @app.exception_handler(p.ProtocolError)
     async def protocol_error(_: Request, e: p.ProtocolError):
