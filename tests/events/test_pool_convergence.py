@@ -2,8 +2,9 @@
 
 The pool (kvmesh.kvcache) runs a random serving workload (shared prefixes, decode, preemption,
 frees, prefix-cache resets); each engine step's events are one published batch, some of which
-the network "loses". Followers that saw everything, joined late, or were restarted mid-stream
-must all hold the pool's cached blocks at the end.
+the network "loses". Followers that were there from the start (one with a 1-message receive HWM
+and a slow consumer), joined late, or were restarted mid-stream must all hold the pool's cached
+blocks at the end.
 """
 
 from __future__ import annotations
@@ -92,8 +93,10 @@ def test_late_dropped_and_restarted_followers_end_with_the_pools_cached_set(seed
     followers: list[Follower] = []
     try:
         lossy = Follower([src], CONFIG).start()          # from the start, but loses batches
-        followers.append(lossy)
-        assert wait_for(lambda: lossy.sub.stats["r0"].snapshots == 1)
+        tiny_cfg = SubscriberConfig(replay_timeout=1.0, snapshot_timeout=1.0, idle_probe_interval=0.2, rcvhwm=1)
+        tiny = Follower([src], tiny_cfg, slow_first=3, delay=0.05).start()  # tiny HWM, slow consumer
+        followers += [lossy, tiny]
+        assert wait_for(lambda: lossy.sub.stats["r0"].snapshots == 1 and tiny.sub.stats["r0"].snapshots == 1)
         time.sleep(0.05)  # the subscription reaches the publisher
         steps = 120
         restarted = late = None
@@ -113,7 +116,7 @@ def test_late_dropped_and_restarted_followers_end_with_the_pools_cached_set(seed
                 pub.publish(events)
             time.sleep(0.002)  # engine steps take time; followers see a live stream
         expected = work.cached()
-        for name, f in (("lossy", lossy), ("late", late), ("restarted", restarted)):
+        for name, f in (("lossy", lossy), ("tiny-hwm", tiny), ("late", late), ("restarted", restarted)):
             assert f.converges("r0", pub, timeout=10), f"{name}: {f.sub.stats['r0']}"
             assert f.states["r0"].keys() == expected, name
         assert pub._io.shadow.keys() == expected
