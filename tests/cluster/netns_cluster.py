@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 RAY_BIN = Path(sys.executable).parent / "ray"
+# Same settings for both nodes and the driver: no usage stats; token auth off (whether Ray turns it on
+# depends on a ~/.ray/auth_token left by earlier local ray.init() calls, so pin it).
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
 
 def netns_unavailable_reason() -> str | None:
@@ -46,29 +49,36 @@ def _ip(*args: str) -> None:
 class TwoNodeCluster:
     """Head + worker Ray nodes in two namespaces; use as a context manager."""
 
-    def __init__(self, cpus_per_node: int = 2, subnet: int | None = None) -> None:
+    def __init__(self, cpus_per_node: int = 2, subnet: int | None = None, attempts: int = 2) -> None:
         tag = os.getpid() % 100000
         self.head_ns, self.worker_ns = f"kvh{tag}", f"kvw{tag}"
         n = subnet if subnet is not None else 16 + tag % 200
         self.head_ip, self.worker_ip = f"10.213.{n}.1", f"10.213.{n}.2"
         self.address = f"{self.head_ip}:6379"
         self.cpus_per_node = cpus_per_node
+        self.attempts = attempts
         self.temp_dir = tempfile.mkdtemp(prefix="kvnetns-")
         self.procs: list[subprocess.Popen] = []
 
     # -------------------------------------------------------------- lifecycle
     def __enter__(self) -> TwoNodeCluster:
-        try:
-            self._make_network()
-            self._start_node(self.head_ns, ["--head", "--port", "6379", "--node-ip-address", self.head_ip,
-                                            "--include-dashboard=false", "--temp-dir", self.temp_dir])
-            self._wait_started(self.head_ns, timeout_s=90)
-            self._start_node(self.worker_ns, ["--address", self.address, "--node-ip-address", self.worker_ip])
-            self._wait_started(self.worker_ns, timeout_s=90)
-        except BaseException:
-            self.close()
-            raise
-        return self
+        # Ray gives a raylet a fixed 30 s to register; on a loaded 2-core machine that can fail once.
+        for attempt in range(1, self.attempts + 1):
+            try:
+                self._make_network()
+                self._start_node(self.head_ns, ["--head", "--port", "6379", "--node-ip-address", self.head_ip,
+                                                "--include-dashboard=false", "--temp-dir", self.temp_dir])
+                self._wait_started(self.head_ns, timeout_s=90)
+                self._start_node(self.worker_ns, ["--address", self.address, "--node-ip-address", self.worker_ip])
+                self._wait_started(self.worker_ns, timeout_s=90)
+                return self
+            except BaseException:
+                self.close()
+                if attempt == self.attempts:
+                    raise
+                self.procs = []
+                self.temp_dir = tempfile.mkdtemp(prefix="kvnetns-")
+        raise AssertionError("unreachable")
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -76,7 +86,7 @@ class TwoNodeCluster:
     def run_in_head(self, argv: list[str], timeout_s: float, env: dict | None = None) -> subprocess.CompletedProcess:
         """Run a command inside the head's namespace (the driver lives there)."""
         return subprocess.run(["ip", "netns", "exec", self.head_ns, *argv], capture_output=True, text=True,
-                              timeout=timeout_s, env={**os.environ, **(env or {})})
+                              timeout=timeout_s, env={**os.environ, **RAY_ENV, **(env or {})})
 
     def close(self) -> None:
         for proc in self.procs:  # ray start --block stops its own children on SIGTERM
@@ -112,7 +122,7 @@ class TwoNodeCluster:
             _ip("-n", ns, "link", "set", dev, "up")
 
     def _start_node(self, ns: str, args: list[str]) -> None:
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {**os.environ, **RAY_ENV}
         log = open(os.path.join(self.temp_dir, f"{ns}.log"), "w")  # noqa: SIM115 (lives with the process)
         self.procs.append(subprocess.Popen(
             ["ip", "netns", "exec", ns, str(RAY_BIN), "start", "--block", "--num-cpus", str(self.cpus_per_node),
