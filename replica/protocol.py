@@ -108,6 +108,8 @@ class SamplingFields(OpenAIBaseModel):
         """Refuse what the engine does not do, with a clear 400."""
         if self.n != 1:
             raise ProtocolError(f"n={self.n} is not supported; send n=1 (one choice per request)", param="n")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ProtocolError(f"seed must fit in 64 bits, got {self.seed}", param="seed")
         if self.cache_salt is not None and not self.cache_salt:
             raise ProtocolError("cache_salt must be a non-empty string when given", param="cache_salt")
 

@@ -82,7 +82,10 @@ class HTTPServer:
                 started.set()
                 return
             started.set()
-            loop.run_until_complete(self._task)
+            try:
+                loop.run_until_complete(self._task)
+            finally:
+                loop.close()
 
         self._thread = threading.Thread(target=run, name="replica-http", daemon=True)
         self._thread.start()

@@ -67,6 +67,7 @@ def test_sampling_fields_are_carried():
         ({"n": 2}, "n=2"),
         ({"logprobs": 1}, "logprobs"),
         ({"cache_salt": ""}, "cache_salt"),
+        ({"seed": 2**70}, "seed"),
     ],
 )
 def test_bad_values_raise_400_saying_what(kw, word):
