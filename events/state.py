@@ -57,29 +57,46 @@ class CachedBlockSet:
 
     def apply(self, event: KVEvent) -> None:
         """Fold one event into the set."""
-        cls = event.__class__
-        if cls is BlockStored:
-            blocks = self._media.get(event.medium)
-            if blocks is None:
-                blocks = self._media[event.medium] = {}
-            order = self._order = self._order + 1
-            for i, h in enumerate(event.block_hashes):
-                if h in blocks:
-                    del blocks[h]
-                blocks[h] = (event, i, order)
-        elif cls is BlockRemoved:
-            blocks = self._media.get(event.medium)
-            if blocks:
+        self.apply_all((event,))
+
+    def apply_all(self, events: Iterable[KVEvent]) -> None:
+        """Fold events into the set, in order (the publisher's hot path: kept in one loop)."""
+        media = self._media
+        order = self._order
+        last_medium, blocks = object(), None  # cache the medium's dict across events
+        for event in events:
+            cls = event.__class__
+            if cls is BlockStored:
+                if event.medium is not last_medium:
+                    last_medium = event.medium
+                    blocks = media.get(last_medium)
+                    if blocks is None:
+                        blocks = media[last_medium] = {}
+                order += 1
+                hashes = event.block_hashes
+                if len(hashes) == 1:
+                    h = hashes[0]
+                    if h in blocks:
+                        del blocks[h]
+                    blocks[h] = (event, 0, order)
+                    continue
+                for i, h in enumerate(hashes):
+                    if h in blocks:
+                        del blocks[h]
+                    blocks[h] = (event, i, order)
+            elif cls is BlockRemoved:
+                if event.medium is not last_medium:
+                    last_medium = event.medium
+                    blocks = media.get(last_medium)
+                    if blocks is None:
+                        blocks = media[last_medium] = {}
                 pop = blocks.pop
                 for h in event.block_hashes:
                     pop(h, None)
-        elif cls is AllBlocksCleared:
-            self._media.clear()
-
-    def apply_all(self, events: Iterable[KVEvent]) -> None:
-        apply = self.apply
-        for event in events:
-            apply(event)
+            elif cls is AllBlocksCleared:
+                media.clear()
+                last_medium, blocks = object(), None
+        self._order = order
 
     def snapshot(self, max_blocks_per_event: int = 4096) -> list[BlockStored]:
         """The whole set as BlockStored chains, parents before children.
