@@ -123,7 +123,7 @@ class LLMEngine:
                 outputs += self._pending
                 self._pending = []
                 sampled = {}
-            outputs += self._process_sampled(sched.scheduled, sampled)
+            outputs += self._process_sampled(sampled)
         else:
             self.scheduler.finished_request_ids |= sched.finished_request_ids  # tell the runner next time
         self._publish_events()
@@ -131,25 +131,31 @@ class LLMEngine:
             self.kv_cache_manager.check_integrity()
         return outputs
 
-    def _process_sampled(self, scheduled: list, sampled: dict[str, int]) -> list[RequestOutput]:
+    def _process_sampled(self, sampled: dict[str, int]) -> list[RequestOutput]:
+        """Append each sampled token, run the stop checks, and build the outputs (the per-token hot path)."""
         now = time.monotonic()
         outputs: list[RequestOutput] = []
         finished: list[Request] = []
-        requests = self.scheduler.requests
-        for sr in scheduled:
-            token = sampled.get(sr.request_id) if sr.sample else None
-            request = requests.get(sr.request_id)
-            if token is None or request is None:
+        requests, detokenizers = self.scheduler.requests, self._detokenizers
+        for request_id, token in sampled.items():
+            request = requests.get(request_id)
+            if request is None:
                 continue
             try:
-                self._append_token(request, token, now)
+                done = self._append_token(request, token, now)
             except Exception as e:  # e.g. a tokenizer failure: only this request fails
-                logger.exception("request %s failed while processing its output", sr.request_id)
-                self.fail_request(sr.request_id, f"output processing error: {e!r}")
+                logger.exception("request %s failed while processing its output", request_id)
+                self.fail_request(request_id, f"output processing error: {e!r}")
                 continue
-            if request.status.is_finished:
+            if done:
                 finished.append(request)
-            outputs.append(self._make_output(request, [token]))
+            if done or request_id in detokenizers:
+                outputs.append(self._make_output(request, [token]))
+            else:  # running, no text: the common case, built without the general path's lookups
+                outputs.append(RequestOutput(request_id, request.prompt_token_ids, [token],
+                                             request.output_token_ids.copy(),
+                                             num_cached_tokens=request.num_cached_tokens))
+        self._stats.num_generation_tokens += len(outputs)
         self.scheduler.finish_running(finished)
         for request in finished:
             self._on_finished(request)
@@ -157,23 +163,24 @@ class LLMEngine:
         self._pending = []
         return outputs
 
-    def _append_token(self, request: Request, token: int, now: float) -> None:
-        stats = self._stats
+    def _append_token(self, request: Request, token: int, now: float) -> bool:
+        """Add a sampled token; True when it ends the request (status set)."""
         if request.first_token_time is None:
             request.first_token_time = now
-            stats.ttft.observe(now - request.arrival_time)
+            self._stats.ttft.observe(now - request.arrival_time)
         else:
-            stats.tpot.observe(now - request.last_token_time)
+            self._stats.tpot.observe(now - request.last_token_time)
         request.last_token_time = now
-        stats.num_generation_tokens += 1
-        request.append_output_token(token)
+        request.output_token_ids.append(token)
+        request.all_token_ids.append(token)
         detok = self._detokenizers.get(request.request_id)
-        stop_str = detok.update(token) if detok is not None else None
-        if stop_str is not None:
+        if detok is not None and (stop_str := detok.update(token)) is not None:
             request.status = RequestStatus.FINISHED_STOPPED
             request.stop_reason = stop_str
-        else:
-            request.check_stop_token()
+            return True
+        if token in request.stop_token_ids or len(request.output_token_ids) >= request.sampling_params.max_tokens:
+            return request.check_stop_token()
+        return False
 
     def _make_output(self, request: Request, new_token_ids: list[int]) -> RequestOutput:
         finished = request.status.is_finished

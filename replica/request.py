@@ -46,7 +46,8 @@ class Request:
 
     __slots__ = (
         "request_id", "prompt_token_ids", "sampling_params", "cache_salt", "lora_name", "eos_token_ids",
-        "all_token_ids", "output_token_ids", "num_computed_tokens", "num_cached_tokens", "status",
+        "stop_token_ids",
+        "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens", "status",
         "stop_reason", "error", "num_preemptions", "arrival_time", "first_scheduled_time",
         "first_token_time", "last_token_time", "finished_time",
     )
@@ -67,9 +68,11 @@ class Request:
         self.cache_salt = cache_salt
         self.lora_name = lora_name
         self.eos_token_ids = frozenset() if sampling_params.ignore_eos else eos_token_ids
+        self.stop_token_ids = self.eos_token_ids | frozenset(sampling_params.stop_token_ids)  # any ends it
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        self.block_ids: list[int] = []  # the block table, kept in step with the KV cache manager's
         self.num_cached_tokens = -1  # prompt tokens found in the prefix cache at first scheduling
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it

@@ -30,6 +30,7 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.enable_caching = config.enable_prefix_caching
+        self.block_size = config.block_size
         self.kv_cache_manager = kv_cache_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -88,14 +89,15 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         num_preemptions = self.num_preemptions
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if num_new <= 0:  # a request waiting for a token it already sampled never happens
-                i += 1
-                continue
-            if not self._allocate_or_preempt(request, num_new):
+        running, block_size, i = self.running, self.block_size, 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            computed = request.num_computed_tokens
+            num_new = min(len(request.all_token_ids) - computed, budget)
+            # Fast path: a decode token that lands inside a partly filled block and does not fill it
+            # needs no new block and completes no block to cache, so allocate_slots would do nothing.
+            fast = num_new == 1 and computed % block_size and (computed + 1) % block_size
+            if not fast and not self._allocate_or_preempt(request, num_new):
                 break  # the request itself was preempted (it was the newest)
             scheduled.append(self._schedule_chunk(request, num_new))
             budget -= num_new
@@ -112,17 +114,20 @@ class Scheduler:
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
         """Make room for ``num_new`` tokens of a running request, preempting newer ones as needed."""
-        while self.kv_cache_manager.allocate_slots(request, num_new) is None:
+        while (new_blocks := self.kv_cache_manager.allocate_slots(request, num_new)) is None:
             victim = self.running.pop()
             self._preempt(victim)
             if victim is request:
                 return False
+        if new_blocks:
+            request.block_ids.extend([b.block_id for b in new_blocks])
         return True
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.block_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
@@ -138,6 +143,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(request)
+            request.block_ids = kv.get_block_ids(request.request_id)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_cached
             if request.num_cached_tokens < 0:
@@ -155,7 +161,7 @@ class Scheduler:
             request_id=request.request_id,
             token_ids=request.all_token_ids[start:end],
             num_computed_tokens=start,
-            block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
+            block_ids=request.block_ids,  # the live block table (extended as blocks are allocated)
             sample=end == request.num_tokens,
             sampling_params=request.sampling_params,
             output_token_ids=request.output_token_ids,
