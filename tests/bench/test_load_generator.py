@@ -81,3 +81,14 @@ def test_cli_writes_json_and_plot(fake_server, tmp_path):
     data = json.loads(out.read_text())
     assert data["summary"]["ok"] == 4 and len(data["requests"]) == 4
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+async def test_azure_replay_uses_trace_lengths_within_budget(fake_server, tmp_path):
+    trace = tmp_path / "azure.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.0000000,40,3\n2023-11-16 18:15:46.0100000,4000,900\n")
+    run = await run_async(_args(fake_server.url, "--workload", "azure", "--trace", str(trace), "--mode", "open",
+                                "--max-prompt-tokens", "64", "--max-tokens", "5"))
+    assert run["summary"]["ok"] == 2
+    sizes = sorted((len(b["prompt"]), b["max_tokens"]) for b in fake_server.state.requests)
+    assert sizes == [(40, 3), (64, 5)]
