@@ -14,7 +14,9 @@ the shadow is consistent with exactly the last sent seq, by construction, with n
 the engine thread that mutates the pool; (2) snapshots are answered while the engine is idle
 (an engine-thread design would wait for the next step); (3) the shadow equals the fold of the
 stream, which is precisely the state a subscriber that saw every batch holds. The cost is one
-dict entry per cached block (token ids are shared with the sent events, not copied).
+dict entry per cached block (token ids are shared with the sent events, not copied) and ~0.3 us
+of I/O-thread CPU per event; sending a snapshot pauses sends while it is built and encoded
+(~0.1-0.2 s per 100k blocks), and the batches queued meanwhile follow it in order.
 
 ``snapshot_source`` (the block pool's ``snapshot_events``) is called on the *caller's* thread
 only: at construction, to announce a non-empty starting cache as batch 0
@@ -31,7 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import zmq
 from kvmesh.events.endpoints import attach, offset_port, parse_listen_endpoint, parse_pub_endpoint
@@ -64,8 +66,6 @@ class PublisherConfig:
     """Blocks per snapshot message."""
     shutdown_timeout: float = 1.0
     """Seconds ``close`` waits for queued batches to go out."""
-    extra: dict = field(default_factory=dict)
-    """Reserved for transport options of other publishers (unused by ZeroMQ)."""
 
     def __post_init__(self) -> None:
         for name in ("buffer_steps", "buffer_max_bytes", "hwm", "max_queue_size", "snapshot_chunk_blocks"):
