@@ -96,6 +96,20 @@ class EngineClient:
             return runner_dead
         return None
 
+    def abort_all(self) -> int:
+        """Abort every unfinished request (graceful shutdown's last resort); returns how many."""
+        for _ in range(5):  # read racily: the engine thread may be mutating the dict
+            try:
+                ids = list(self.engine.scheduler.requests)
+                break
+            except RuntimeError:
+                continue
+        else:
+            ids = []
+        if ids:
+            self.llm._submit(("abort", ids))  # AsyncLLM.abort without needing an event loop
+        return len(ids)
+
     def num_unfinished(self) -> int:
         return self.engine.get_num_unfinished_requests()
 

@@ -117,9 +117,8 @@ class ReplicaRuntime:
             time.sleep(0.02)
         clean = self.engine.num_unfinished() == 0
         if not clean:
-            logger.warning("replica %s: aborting %d unfinished requests", self.replica_id, self.engine.num_unfinished())
-            eng = self.engine.engine
-            self.engine.llm._submit(("abort", list(eng.scheduler.requests)))
+            n = self.engine.abort_all()
+            logger.warning("replica %s: aborted %d unfinished requests after %.1fs", self.replica_id, n, graceful_s)
             time.sleep(0.2)  # let the streams receive their final "abort" output
         self.http.stop_thread()
         _stop_engine(self.engine)
