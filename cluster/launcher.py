@@ -1,8 +1,8 @@
 """``ServeCluster``: Ray + placement groups + replica actors + router + supervisor, up and down.
 
-    start():  connect Ray ─▶ model on every node ─▶ router (this process) ─▶ one placement group
-              per replica ─▶ replica actors ─▶ wait for ready (progress) ─▶ register endpoints
-              with the router ─▶ supervisor thread (restarts -> re-registration)
+    start():  connect Ray ─▶ model on every node ─▶ one placement group per replica ─▶ replica
+              actors (loading) ─▶ router (this process) ─▶ wait for ready (progress) ─▶ register
+              endpoints with the router ─▶ supervisor thread (restarts -> re-registration)
     stop():   supervisor ─▶ router ─▶ replicas (graceful, then killed) ─▶ placement groups ─▶
               Ray (only if serve started it)
 
@@ -69,12 +69,13 @@ class ServeCluster:
         self.report(f"starting {where}" + (f" ({ray_cluster.embedded_num_cpus(cfg)} logical CPUs)"
                                            if cfg.is_embedded_ray else ""))
         st.ray = ray_cluster.connect(cfg, log_to_driver=self.log_to_driver)
+        _check_port_free(ray_cluster.router_host(cfg, st.ray), cfg.router.port)  # fail before loading anything
         st.device = ray_cluster.resolve_device(cfg, st.ray)
         st.model_path = resolve_model_path(cfg, st.ray, self.report)
         st.served_model_name = cfg.model.served_model_name or (SERVED_NAME if cfg.model.is_embedded
                                                                 else cfg.model.model)
+        self._start_replicas()  # they load the model while the router starts
         self._start_router()
-        self._start_replicas()
         self._wait_ready()
         st.supervisor = Supervisor(st.replicas, st.router_client, interval_s=self.supervise_interval_s,
                                    report=self.report).start()
@@ -86,7 +87,6 @@ class ServeCluster:
 
         cfg, st = self.config, self.state
         host = ray_cluster.router_host(cfg, st.ray)
-        _check_port_free(host, cfg.router.port)
         router_config = RouterConfig(
             host=host, port=cfg.router.port, model=st.model_path, tokenizer=cfg.model.tokenizer,
             served_model_name=st.served_model_name, max_model_len=cfg.model.max_model_len,

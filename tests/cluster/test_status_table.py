@@ -1,0 +1,46 @@
+"""`kvmesh status` reads the router's real /metrics text into per-replica rows."""
+
+from __future__ import annotations
+
+from kvmesh.cluster.commands.status import format_table
+from kvmesh.cluster.router_client import ReplicaStatus, apply_metrics
+from kvmesh.router.load import LoadTracker
+from kvmesh.router.metrics import RouterMetrics
+
+
+def _router_metrics_text() -> str:
+    loads = LoadTracker()
+    for rid in ("replica-0", "replica-1"):
+        loads.add_replica(rid)
+    state = {
+        "index_blocks": {"replica-0": 12, "replica-1": 3}, "index_keys": 15, "events_applied": 40,
+        "index": {"orphan_blocks": 0, "unknown_removals": 0},
+        "healthy": {"replica-0": True, "replica-1": False}, "loads": dict(loads.loads),
+        "subscriber": {"replica-0": {"batches": 5, "gaps": 1, "restarts": 2, "last_seq": 4}},
+        "event_lag": {"replica-0": 0.002, "replica-1": 1.7e9},  # replica-1: a batch with ts 0
+    }
+    metrics = RouterMetrics(lambda: state)
+    metrics.prompt_tokens.labels("replica-0").inc(200)
+    metrics.reported_cached_tokens.labels("replica-0").inc(150)
+    metrics.decisions.labels("replica-0", "cache_aware").inc(4)
+    return metrics.render().decode()
+
+
+def test_metrics_fill_rows_per_replica():
+    rows = {rid: ReplicaStatus(replica_id=rid) for rid in ("replica-0", "replica-1")}
+    apply_metrics(rows, _router_metrics_text())
+    r0, r1 = rows["replica-0"], rows["replica-1"]
+    assert r0.index_blocks == 12 and r1.index_blocks == 3
+    assert r0.requests_routed == 4 and r0.hit_rate == 0.75 and r1.hit_rate is None
+    assert r0.event_gaps == 1 and r0.event_restarts == 2
+    assert abs(r0.event_lag_s - 0.002) < 1e-9
+    assert r1.event_lag_s is None  # an implausible lag is shown as unknown
+
+
+def test_table_lists_health_hit_rate_and_lag():
+    rows = [ReplicaStatus("replica-0", url="http://127.0.0.1:1", healthy=True, prompt_tokens=10, cached_tokens=5,
+                          event_lag_s=0.0015),
+            ReplicaStatus("replica-1", url="http://127.0.0.1:2", healthy=False)]
+    table = format_table(rows, "http://127.0.0.1:8000", {"healthy_replicas": ["replica-0"]})
+    assert "1/2 replicas healthy" in table
+    assert "DOWN" in table and "50%" in table and "1.5 ms" in table
