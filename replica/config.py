@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -49,7 +49,7 @@ class EngineConfig:
     """"cpu" or "cuda"; None uses cuda when available, else cpu."""
     seed: int = 0
     """Seed for dummy weights and for sampling requests that bring no seed of their own."""
-    hash_seed: bytes | None = None
+    hash_seed: bytes | None = field(default=None, repr=False)
     """Secret seed of the block hash chain (same on every replica of a cluster); None -> generated per engine."""
     hf_overrides: dict[str, Any] | None = None
     """Values that replace fields of the model's HF config (e.g. ``{"num_hidden_layers": 2}``)."""
