@@ -136,3 +136,25 @@ def test_broken_tp_group_makes_health_and_new_requests_503(fake_replica):
         r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["code"] == 503
     assert fake_replica.broken_reason() is not None
+
+
+async def test_drain_timeout_aborts_in_flight_streams(fake_replica, monkeypatch):
+    runner = fake_replica.engine.runner
+    real_execute = runner.execute_model
+
+    def slow_execute(out):  # 500 tokens take >= 2.5 s: the drain surely finds the stream running
+        time.sleep(0.005)
+        return real_execute(out)
+
+    monkeypatch.setattr(runner, "execute_model", slow_execute)
+    url, headers = fake_replica.http.url, {"Authorization": "Bearer sekrit-key"}
+    async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as c:
+        req = {"prompt": "hi", "max_tokens": 500, "ignore_eos": True, "stream": True}
+        async with c.stream("POST", "/v1/completions", json=req) as r:
+            lines = r.aiter_lines()
+            await lines.__anext__()
+            done = asyncio.get_running_loop().run_in_executor(None, fake_replica.shutdown, 0.0)
+            rest = [line async for line in lines if line.startswith("data: ")]
+        assert await done is False
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "abort"
