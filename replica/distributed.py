@@ -55,6 +55,10 @@ def init_distributed(init: DistributedInit, rank: int) -> None:
 
     if dist.is_initialized():
         raise RuntimeError("torch.distributed is already initialized in this process; one TP group per worker")
+    if init.backend == "nccl":  # NCCL binds to the current device: the one this rank's model uses
+        import torch
+
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(
         backend=init.backend,
         init_method=f"tcp://{init.master_addr}:{init.master_port}",
