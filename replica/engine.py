@@ -153,8 +153,8 @@ class LLMEngine:
                 outputs.append(self._make_output(request, [token]))
             else:  # running, no text: the common case, built without the general path's lookups
                 outputs.append(RequestOutput(request_id, request.prompt_token_ids, [token],
-                                             request.output_token_ids.copy(),
-                                             num_cached_tokens=request.num_cached_tokens))
+                                             request.output_token_ids.copy(), "", "", False, None, None,
+                                             request.num_cached_tokens))
         self._stats.num_generation_tokens += len(outputs)
         self.scheduler.finish_running(finished)
         for request in finished:

@@ -155,14 +155,9 @@ class Scheduler:
 
     def _schedule_chunk(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
-        end = start + num_new
-        request.num_computed_tokens = end
-        return ScheduledRequest(
-            request_id=request.request_id,
-            token_ids=request.all_token_ids[start:end],
-            num_computed_tokens=start,
-            block_ids=request.block_ids,  # the live block table (extended as blocks are allocated)
-            sample=end == request.num_tokens,
-            sampling_params=request.sampling_params,
-            output_token_ids=request.output_token_ids,
-        )
+        end = request.num_computed_tokens = start + num_new
+        all_token_ids = request.all_token_ids
+        # positional for speed: request_id, token_ids, num_computed_tokens, block_ids (the live block table,
+        # extended as blocks are allocated), sample, sampling_params, output_token_ids
+        return ScheduledRequest(request.request_id, all_token_ids[start:end], start, request.block_ids,
+                                end == len(all_token_ids), request.sampling_params, request.output_token_ids)

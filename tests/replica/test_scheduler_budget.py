@@ -101,3 +101,15 @@ def test_preempted_request_goes_back_to_the_front_of_the_queue():
     while engine.scheduler.num_preemptions == 0:
         engine.step()
     assert [r.request_id for r in engine.scheduler.waiting] == ["b", "c"]
+
+
+def test_cache_salt_isolates_prefixes():
+    engine, _ = make_engine()
+    prompt = list(range(1, 18))
+    engine.add_request("a", prompt, GREEDY, cache_salt="tenant-a")
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.add_request("b", prompt, GREEDY, cache_salt="tenant-b")
+    assert schedule_once(engine).scheduled[0].num_computed_tokens == 0
+    engine.add_request("c", prompt, GREEDY, cache_salt="tenant-a")
+    assert schedule_once(engine).scheduled[0].num_computed_tokens == 16
