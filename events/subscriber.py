@@ -116,7 +116,8 @@ class EventSubscriber:
         self._closed = True
         if self._thread is not None:
             self._io.call(None)
-            self._thread.join(timeout=5)
+            if threading.current_thread() is not self._thread:  # close() from on_batch: no join
+                self._thread.join(timeout=5)
         else:
             self._io.close_sockets()
         self._wake_iterator()

@@ -302,3 +302,16 @@ def test_an_older_vllm_publisher_is_followed_through_replays():
         if f is not None:
             f.close()
         old.close()
+
+
+def test_close_from_inside_the_callback_stops_cleanly(pub):
+    seen = []
+
+    def on_batch(name, seq, batch):
+        seen.append(seq)
+        sub.close()
+
+    sub = EventSubscriber([source(pub)], on_batch=on_batch, config=FAST)
+    sub.start()
+    assert wait_for(lambda: not sub._thread.is_alive(), 3)
+    assert seen == [-1]  # the (empty) start snapshot, then nothing more
