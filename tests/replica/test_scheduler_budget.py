@@ -112,4 +112,5 @@ def test_cache_salt_isolates_prefixes():
     engine.add_request("b", prompt, GREEDY, cache_salt="tenant-b")
     assert schedule_once(engine).scheduled[0].num_computed_tokens == 0
     engine.add_request("c", prompt, GREEDY, cache_salt="tenant-a")
-    assert schedule_once(engine).scheduled[0].num_computed_tokens == 16
+    scheduled = {s.request_id: s for s in schedule_once(engine).scheduled}
+    assert scheduled["c"].num_computed_tokens == 16
