@@ -4,7 +4,8 @@
    client and server do not share a GIL) vs. calling the engine directly (``AsyncLLM.generate``
    in this process). The difference is what the HTTP layer costs per request.
 2. Streaming throughput: ``--concurrency`` clients each stream ``--stream-tokens`` tokens at once
-   (SSE); output tokens/s, requests/s and the TTFT spread.
+   (SSE); output tokens/s, requests/s and the TTFT spread -- and the same streams through
+   ``AsyncLLM`` directly, for the engine's own ceiling.
 
 Writes ``results/replica_http.json`` (``--out``) and a PNG of the latency distributions.
 """
@@ -59,26 +60,41 @@ async def http_latency(url: str, prompt: list[int], n: int, warmup: int) -> list
     return out
 
 
-async def engine_latency(model: str, kv_cache_memory: int, prompt: list[int], n: int, warmup: int) -> list[float]:
+async def engine_direct(args: argparse.Namespace, prompt: list[int]) -> tuple[list[float], dict]:
+    """1-token latencies and 64-stream throughput through ``AsyncLLM`` in this process (no HTTP)."""
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.sampling_params import SamplingParams
     from kvmesh.replica.server_engine import build_engine_client
     from kvmesh.replica.tokenizer import load_tokenizer
 
-    config = EngineConfig(model=model, kv_cache_memory=kv_cache_memory)
-    client = build_engine_client(config, load_tokenizer(model))
+    tok = load_tokenizer(args.model)
+    config = EngineConfig(model=args.model, kv_cache_memory=args.kv_cache_memory, max_num_seqs=256)
+    client = build_engine_client(config, tok)
     params = SamplingParams(max_tokens=1, temperature=0.0)
     out = []
     try:
-        for i in range(n + warmup):
+        for i in range(args.requests + args.warmup):
             t0 = time.perf_counter()
             async for _ in client.llm.generate(prompt, params, request_id=f"b{i}"):
                 pass
-            if i >= warmup:
+            if i >= args.warmup:
                 out.append(time.perf_counter() - t0)
+
+        async def one(i: int) -> int:
+            sp = SamplingParams(max_tokens=args.stream_tokens, ignore_eos=True, seed=i)
+            last = None
+            async for o in client.llm.generate(tok.render_completion(f"Story {i}: once upon a time"), sp,
+                                               request_id=f"s{i}"):
+                last = o
+            return len(last.output_token_ids)
+
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(*(one(i) for i in range(args.concurrency)))
+        wall = time.perf_counter() - t0
     finally:
         client.llm.shutdown()
-    return out
+    return out, {"concurrency": args.concurrency, "wall_s": wall, "output_tokens": sum(counts),
+                 "output_tokens_per_s": sum(counts) / wall}
 
 
 async def stream_throughput(url: str, concurrency: int, tokens: int) -> dict:
@@ -148,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     prompt = [1, 403, 407, 261, 378]  # "Once upon a time" in stories260K
     print(f"engine-direct latency ({args.requests} requests) ...", flush=True)
-    engine_s = asyncio.run(engine_latency(args.model, args.kv_cache_memory, prompt, args.requests, args.warmup))
+    engine_s, engine_streaming = asyncio.run(engine_direct(args, prompt))
     print("starting replica subprocess ...", flush=True)
     proc, info = start_replica(args)
     try:
@@ -167,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         "one_token_latency": {"http": _summary(http_s), "engine_direct": _summary(engine_s)},
         "http_overhead_p50_ms": _summary(http_s)["p50_ms"] - _summary(engine_s)["p50_ms"],
         "streaming": streaming,
+        "streaming_engine_direct": engine_streaming,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
