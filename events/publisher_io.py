@@ -20,6 +20,8 @@ from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq
 
 logger = logging.getLogger(__name__)
 
+_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
+_LAST = int(zmq.NOBLOCK)
 # Replay/snapshot requests answered per loop turn, so a flood of requests cannot starve sends.
 _REQUESTS_PER_TURN = 16
 
@@ -103,8 +105,11 @@ class PublisherIO:
     def _send(self, batch: KVEventBatch) -> None:
         seq = self.next_seq
         payload = encode_batch(batch)
-        try:
-            self._pub.send_multipart((self._topic, pack_seq(seq), payload), zmq.NOBLOCK)
+        pub = self._pub
+        try:  # three sends with int flags: send_multipart's enum arithmetic costs ~3x more
+            pub.send(self._topic, _MORE)
+            pub.send(pack_seq(seq), _MORE)
+            pub.send(payload, _LAST)
         except zmq.Again:
             pass  # PUB at its high-water mark: the batch stays in the replay buffer
         self.next_seq = seq + 1

@@ -19,6 +19,7 @@ from kvmesh.events.wire import unpack_seq
 from zmq.utils.monitor import recv_monitor_message
 
 logger = logging.getLogger(__name__)
+_NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path
 
 
 
@@ -221,7 +222,7 @@ class SubscriberIO(ReplayRequests):
         sock = feed.sock
         for _ in range(MESSAGES_PER_TURN):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 return
             name = feed.owner(frames[0]) if frames else None

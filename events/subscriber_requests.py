@@ -16,6 +16,7 @@ from kvmesh.events.endpoints import parse_sub_endpoint
 from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
 from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
 
+_NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path
 MESSAGES_PER_TURN = 512
 """Messages read per socket and loop turn, so one busy publisher cannot starve the others."""
 
@@ -77,7 +78,7 @@ class ReplayRequests:
             if self._dealers.get(name) is not dealer:
                 return  # closed by a timeout or failure below
             try:
-                frames = dealer.recv_multipart(zmq.NOBLOCK)
+                frames = dealer.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 return
             kind = self._inflight.get(name, (None, 0.0))[0]

@@ -59,11 +59,15 @@ class DroppingSocket:
 
     def __init__(self, sock: zmq.Socket, drop) -> None:
         self._sock, self._drop = sock, drop
+        self._frames: list = []
 
-    def send_multipart(self, frames, flags=0):
-        if self._drop(int.from_bytes(frames[1], "big")):
+    def send(self, frame, flags=0):
+        self._frames.append(frame)
+        if flags & zmq.SNDMORE:
             return
-        self._sock.send_multipart(frames, flags)
+        frames, self._frames = self._frames, []
+        if not self._drop(int.from_bytes(frames[1], "big")):
+            self._sock.send_multipart(frames, flags)
 
     def close(self, *a, **kw):
         self._sock.close(*a, **kw)
