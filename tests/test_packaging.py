@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -23,8 +24,16 @@ def test_editable_install_maps_folders_to_kvmesh_namespace():
 
 @pytest.mark.slow
 def test_wheel_contains_only_namespaced_packages(tmp_path):
+    # Build from a copy so the checkout gets no build/ directory.
+    source = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(REPO_ROOT / name, source / name)
+    for layer in LAYERS:
+        shutil.copytree(REPO_ROOT / layer, source / layer, ignore=ignore)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO_ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
         check=True,
         capture_output=True,
     )
