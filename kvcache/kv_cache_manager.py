@@ -11,7 +11,7 @@ A "request" is any object with ``request_id``, ``all_token_ids`` (prompt + outpu
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,7 +45,7 @@ class KVCacheManager:
         """Each known request's incremental hasher (created on first sight, dropped on free)."""
         self.prefix_cache_stats = PrefixCacheStats()
         """Lookups, queried tokens and hit tokens."""
-        self._recently_freed: dict[str, None] = {}
+        self._recently_freed: OrderedDict[str, None] = OrderedDict()
         self._max_remembered_freed = max_remembered_freed
         self.debug = debug
         """Check every invariant after each allocation and free (O(num_blocks): tests only)."""
@@ -145,7 +145,7 @@ class KVCacheManager:
         freed = self._recently_freed
         freed[rid] = None
         if len(freed) > self._max_remembered_freed:
-            del freed[next(iter(freed))]
+            freed.popitem(last=False)
         if self.debug:
             self.check_integrity()
 

@@ -19,6 +19,8 @@ it just cached. Only free blocks are ordered here; blocks in use are pinned by t
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from kvmesh.kvcache.block import KVCacheBlock
 from kvmesh.kvcache.eviction.base import EvictionPolicy
 from kvmesh.kvcache.free_queue import FreeKVCacheBlockQueue
@@ -42,8 +44,10 @@ class ARCEvictionPolicy(EvictionPolicy):
         """ARC's p: how many free blocks the probation segment may keep before T2 is evicted."""
         self.probation = FreeKVCacheBlockQueue(blocks)
         self.protected = FreeKVCacheBlockQueue()
-        self.ghost_probation: dict[BlockHash, None] = {}
-        self.ghost_protected: dict[BlockHash, None] = {}
+        # OrderedDict: popitem(last=False) is O(1); deleting a plain dict's first key is not
+        # (iteration walks the deleted slots left at the front).
+        self.ghost_probation: OrderedDict[BlockHash, None] = OrderedDict()
+        self.ghost_protected: OrderedDict[BlockHash, None] = OrderedDict()
         for block in blocks:
             block.protected = False
 
@@ -71,12 +75,12 @@ class ARCEvictionPolicy(EvictionPolicy):
         self._remember(out[first + second :], self.ghost_probation)
         return out
 
-    def _remember(self, blocks: list[KVCacheBlock], ghost: dict[BlockHash, None]) -> None:
+    def _remember(self, blocks: list[KVCacheBlock], ghost: OrderedDict[BlockHash, None]) -> None:
         for block in blocks:
             if block.block_hash is not None:
                 ghost[block.block_hash] = None
         while len(ghost) > self.ghost_capacity:
-            del ghost[next(iter(ghost))]
+            ghost.popitem(last=False)
 
     def on_cached(self, blocks: list[KVCacheBlock]) -> None:
         b1, b2 = self.ghost_probation, self.ghost_protected
