@@ -54,14 +54,7 @@ def connect(config: ServeConfig, log_to_driver: bool = False) -> RayHandle:
     if ray.is_initialized():
         owned = False
     elif config.ray.address is None:
-        ray.init(
-            num_cpus=embedded_num_cpus(config),
-            namespace=config.ray.namespace,
-            include_dashboard=False,
-            log_to_driver=log_to_driver,
-            configure_logging=False,
-            _node_ip_address=LOCAL_HOST,
-        )
+        _start_embedded(config, log_to_driver)
         owned = True
     else:
         ray.init(address=config.ray.address, namespace=config.ray.namespace,
@@ -72,6 +65,29 @@ def connect(config: ServeConfig, log_to_driver: bool = False) -> RayHandle:
     local = owned or all(n["NodeManagerAddress"] in (node_ip, LOCAL_HOST) for n in nodes)
     num_gpus = float(ray.cluster_resources().get("GPU", 0))
     return RayHandle(owned=owned, local=local and len(nodes) <= 1, node_ip=node_ip, num_gpus=num_gpus)
+
+
+def _start_embedded(config: ServeConfig, log_to_driver: bool, attempts: int = 2) -> None:
+    """``ray.init`` a local instance; retried once, because Ray gives its raylet a fixed 30 s to
+    register and a busy machine (a laptop compiling, a loaded CI box) can miss that once."""
+    import ray
+
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(
+                num_cpus=embedded_num_cpus(config),
+                namespace=config.ray.namespace,
+                include_dashboard=False,
+                log_to_driver=log_to_driver,
+                configure_logging=False,
+                _node_ip_address=LOCAL_HOST,
+            )
+            return
+        except Exception as e:
+            if attempt == attempts or "timed out during startup" not in str(e):
+                raise
+            logger.warning("Ray was slow to start (%s); trying once more", e)
+            ray.shutdown()
 
 
 def resolve_device(config: ServeConfig, handle: RayHandle) -> str:

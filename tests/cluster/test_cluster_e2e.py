@@ -99,7 +99,7 @@ def test_killed_replica_does_not_fail_requests_sent_after_it_died(cluster):
     assert any("back at" in m for m in cluster.messages)
 
 
-def test_restarted_replica_is_routed_to_again_with_an_empty_tree(cluster):
+def test_restarted_replica_gets_an_empty_tree_rebuilt_from_its_new_event_stream(cluster):
     from kvmesh.cluster.router_client import RouterClient
 
     client = RouterClient(cluster.url)
@@ -111,6 +111,15 @@ def test_restarted_replica_is_routed_to_again_with_an_empty_tree(cluster):
         time.sleep(0.3)
     assert all(r.healthy for r in rows.values()), rows
     assert rows["replica-0"].index_blocks == 0  # its cache was announced empty (AllBlocksCleared)
+
+    # The new incarnation's event stream feeds the router's tree again: fill its cache directly.
+    victim = cluster.state.replicas[0]
+    body = {"model": cluster.state.served_model_name, "prompt": STORY, "max_tokens": 2}
+    assert httpx.post(victim.endpoints["http_url"] + "/v1/completions", json=body, timeout=60).status_code == 200
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and {r.replica_id: r for r in client.status()}["replica-0"].index_blocks == 0:
+        time.sleep(0.2)
+    assert {r.replica_id: r for r in client.status()}["replica-0"].index_blocks >= 6
     client.close()
 
 

@@ -73,7 +73,9 @@ def _read_lines(stream, sink: queue.Queue) -> None:
 def test_serve_with_no_flags_gets_ready_and_answers_the_printed_curl_line(tmp_path):
     # Exactly what a new user types; only if something else holds port 8000 do we move the port.
     argv = [str(KVMESH), "serve"] if _port_free(8000) else [str(KVMESH), "serve", "--port", "18000"]
-    env = {**os.environ, "KVMESH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    seed = "cli-test-secret-seed-0123456789"  # must never be printed
+    env = {**os.environ, "KVMESH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1",
+           "KVMESH_HASH_SEED": seed}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             cwd=tmp_path)
@@ -114,6 +116,10 @@ def test_serve_with_no_flags_gets_ready_and_answers_the_printed_curl_line(tmp_pa
                 os.kill(pid, signal.SIGKILL)
             raise
     assert code == 0
+    while (line := lines.get(timeout=10)) is not None:
+        seen.append(line)
+    assert "kvmesh: stopped" in "".join(seen)
+    assert seed not in "".join(seen)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(_alive(p) for p in tree):
         time.sleep(0.2)
