@@ -176,14 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/router.json")
     ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     ap.add_argument("--skip-http", action="store_true", help="skip the added-latency benchmark")
+    ap.add_argument("--only", choices=["ingest", "match", "decide", "latency"], help="run one part")
     args = ap.parse_args(argv)
     results = {"calibration": calibration()}
     print(json.dumps(results, indent=1), flush=True)
     for name, fn in (("ingest", bench_ingest), ("match", bench_match), ("decide", bench_decide)):
+        if args.only and args.only != name:
+            continue
         print(f"[router bench] {name} ...", flush=True)
         results[name] = fn(args.quick)
         print(json.dumps(results[name], indent=1), flush=True)
-    if not args.skip_http:
+    if not args.skip_http and args.only in (None, "latency"):
         print("[router bench] latency ...", flush=True)
         results["latency"] = measure_added_latency(_stories_tokenizer, story_text, 100 if args.quick else 500)
         print(json.dumps(results["latency"], indent=1), flush=True)

@@ -63,6 +63,18 @@ def _run_router(q, replica_url: str, model: str | None) -> None:
         time.sleep(3600)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc; 0 elsewhere)."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
 def measure_added_latency(tokenizer_factory, text_factory, n: int) -> dict:
     import httpx
 
@@ -85,6 +97,7 @@ def measure_added_latency(tokenizer_factory, text_factory, n: int) -> dict:
                 if client.get(router_url + "/health").status_code == 200:
                     break
                 time.sleep(0.1)
+            cpu0 = {"router": _cpu_seconds(router.pid), "echo": _cpu_seconds(echo.pid)}
             for i in range(n + 20):
                 for url, out in ((echo_url, direct), (router_url, routed)):
                     t0 = time.perf_counter()
@@ -93,12 +106,17 @@ def measure_added_latency(tokenizer_factory, text_factory, n: int) -> dict:
                     assert r.status_code == 200, r.text
                     if i >= 20:
                         out.append(dt * 1e3)
+            cpu = {k: (_cpu_seconds(p.pid) - cpu0[k]) * 1e3 for k, p in (("router", router), ("echo", echo))}
         d50, r50 = statistics.median(direct), statistics.median(routed)
         p99 = lambda xs: sorted(xs)[int(len(xs) * 0.99)]  # noqa: E731
         return {"requests": n, "prompt": "text" if tok is not None else "token ids",
                 "prompt_tokens": len(tok.encode(prompt)) if tok is not None else len(prompt),
                 "direct_p50_ms": d50, "router_p50_ms": r50, "added_p50_ms": r50 - d50,
-                "direct_p99_ms": p99(direct), "router_p99_ms": p99(routed), "target_added_p50_ms": 1.0}
+                "direct_p99_ms": p99(direct), "router_p99_ms": p99(routed), "target_added_p50_ms": 1.0,
+                # CPU the router process spent per routed request (tokenize, route, proxy, HTTP both
+                # ways): what the hop costs regardless of how busy the machine is.
+                "router_cpu_ms_per_request": cpu["router"] / (n + 20),
+                "echo_cpu_ms_per_request": cpu["echo"] / (2 * (n + 20))}
     finally:
         for p in (router, echo):
             p.terminate()
