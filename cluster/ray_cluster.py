@@ -88,6 +88,45 @@ def _start_embedded(config: ServeConfig, log_to_driver: bool, attempts: int = 2)
                 raise
             logger.warning("Ray was slow to start (%s); trying once more", e)
             ray.shutdown()
+            _kill_own_ray_processes()  # what the failed attempt started (ray.shutdown never knew them)
+
+
+def _kill_own_ray_processes() -> None:
+    """SIGKILL this process's Ray children (GCS, raylet, ...) and all their descendants."""
+    import os
+    import signal
+
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+
+    def is_ray(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return b"ray" in f.read()
+        except OSError:
+            return False
+
+    doomed, stack = [], [c for c in children.get(os.getpid(), []) if is_ray(c)]
+    while stack:
+        pid = stack.pop()
+        doomed.append(pid)
+        stack.extend(children.get(pid, []))
+    for pid in reversed(doomed):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in doomed:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
 
 
 def resolve_device(config: ServeConfig, handle: RayHandle) -> str:
