@@ -169,3 +169,20 @@ def test_u64_hashes_above_2_63_travel_unsigned(pub):
         assert raw[1][0]["block_hashes"] == [big] and raw[1][0]["parent_block_hash"] == (1 << 63) + 1
     finally:
         sub.close()
+
+
+def test_publish_never_waits_for_the_network():
+    # vLLM's rule: a non-wildcard tcp address connects -- here to a port where nobody listens.
+    p = make_publisher(endpoint="tcp://127.0.0.1:9")
+    dealer = raw_socket(zmq.DEALER, p.replay_endpoint)
+    try:
+        t0 = time.perf_counter()
+        for i in range(2000):
+            p.publish([stored(i + 1, None)])
+        assert time.perf_counter() - t0 < 1.0
+        assert wait_for(lambda: p.seq == 2000)
+        dealer.send_multipart([b"", (1999).to_bytes(8, "big")])  # still buffered for replay
+        assert int.from_bytes(recv_until_end(dealer)[0][2], "big") == 1999
+    finally:
+        dealer.close()
+        p.close()
