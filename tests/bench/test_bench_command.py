@@ -1,0 +1,37 @@
+"""``kvmesh bench``: tools and component areas behind one command."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from kvmesh.cluster.cli import main
+from kvmesh.cluster.commands import bench
+
+
+def test_help_lists_tools_and_installed_areas(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "load" in out and "compare-policies" in out
+    for area in bench.available_areas():
+        assert f"  {area}" in out
+    assert "traces" not in bench.available_areas()  # a shared helper, not a benchmark
+
+
+def test_area_dispatches_to_its_main_with_the_remaining_arguments(monkeypatch):
+    seen = {}
+    fake = types.SimpleNamespace(main=lambda argv: seen.setdefault("argv", argv) and 0)
+    monkeypatch.setattr(bench, "available_areas", lambda: ["fakearea"])
+    real_import = bench.importlib.import_module
+    monkeypatch.setattr(bench.importlib, "import_module",
+                        lambda name: fake if name.endswith(".fakearea") else real_import(name))
+    assert main(["bench", "fakearea", "--quick", "--out", "x.json"]) == 0
+    assert seen["argv"] == ["--quick", "--out", "x.json"]
+
+
+def test_unknown_target_names_the_choices(capsys):
+    assert main(["bench", "nonesuch"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown target 'nonesuch'" in err and "load" in err
