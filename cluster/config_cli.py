@@ -46,6 +46,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", "-c", metavar="FILE", help="serve config YAML (see deploy/serve.example.yaml)")
     group = parser.add_argument_group("config overrides (beat the YAML file)")
     for flags, dotted, kwargs in FLAGS:
+        if "action" not in kwargs:
+            kwargs = {"metavar": dotted.rsplit(".", 1)[-1].upper(), **kwargs}
         group.add_argument(*flags, dest=_dest(dotted), default=argparse.SUPPRESS, **kwargs)
     group.add_argument("--policy-weight", action="append", default=[], metavar="NAME=VALUE",
                        help="a routing policy weight, e.g. --policy-weight load_weight=0.5 (repeatable)")

@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         _install_signal_handlers()  # after ray.init, which may have installed its own
         print(f"\nkvmesh is ready in {cluster.elapsed_s:.1f}s: {cluster.url}  ({config.replicas.num_replicas} "
               f"replicas, policy {config.router.policy}, model {cluster.state.served_model_name})\n"
-              f"Try it:\n  {cluster.curl_line()}\n"
+              f"Try it{' (export KVMESH_API_KEY first)' if config.router.api_key else ''}:\n"
+              f"  {cluster.curl_line()}\n"
               f"Status: kvmesh status --url {cluster.url}\nStop:   Ctrl-C\n", flush=True)
         while True:
             time.sleep(3600)
