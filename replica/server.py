@@ -96,6 +96,12 @@ def _error(e: p.ProtocolError) -> JSONResponse:
     return JSONResponse(e.to_dict(), status_code=e.status_code)
 
 
+KNOWN_PATHS = frozenset({
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/health", "/metrics", "/load",
+    "/server_info", "/get_server_info", "/model_info", "/get_model_info",
+})
+
+
 class AuthAndCountMiddleware:
     """Pure ASGI (no response buffering, unlike ``BaseHTTPMiddleware``): the API key check on
     /v1/* and a per-endpoint status counter."""
@@ -110,10 +116,11 @@ class AuthAndCountMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
+        label = path if path in KNOWN_PATHS else "other"  # bounded label set, whatever clients send
         if self.expected is not None and path.startswith("/v1"):
             header = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(header, self.expected):
-                self.state.metrics.count_request(path, 401)
+                self.state.metrics.count_request(label, 401)
                 err = p.ProtocolError("missing or wrong API key; send 'Authorization: Bearer <key>'", 401)
                 return await _error(err)(scope, receive, send)
         status = [500]
@@ -126,7 +133,7 @@ class AuthAndCountMiddleware:
         try:
             await self.app(scope, receive, send_counting)
         finally:
-            self.state.metrics.count_request(path if status[0] != 404 else "other", status[0])
+            self.state.metrics.count_request(label, status[0])
 
 
 def build_app(state: ServerState) -> FastAPI:
