@@ -54,6 +54,7 @@ class SubscriberIO(ReplayRequests):
         self.bound: dict[str, str] = {}
         self._sources: dict = {}
         self._feeds: dict[str, _Feed] = {}  # key: source name, or "bind:" + address when shared
+        self._by_socket: dict[zmq.Socket, _Feed] = {}  # SUB and monitor sockets -> their feed
         self._feed_of: dict[str, _Feed] = {}
         self._dealers: dict[str, zmq.Socket] = {}
         self._dealer_owner: dict[zmq.Socket, str] = {}
@@ -106,10 +107,11 @@ class SubscriberIO(ReplayRequests):
             sock.setsockopt(zmq.RECONNECT_IVL, self._config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._config.reconnect_ivl_max_ms)
             address = attach(sock, ep)
-            feed = self._feeds[key] = _Feed(sock, address, ep.bind)
+            feed = self._feeds[key] = self._by_socket[sock] = _Feed(sock, address, ep.bind)
             self._poller.register(sock, zmq.POLLIN)
             if not ep.bind:  # a connection of our own: watch it drop and come back
                 feed.monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+                self._by_socket[feed.monitor] = feed
                 self._poller.register(feed.monitor, zmq.POLLIN)
         feed.topics[src.name] = src.topic.encode()
         feed.sock.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
@@ -175,7 +177,9 @@ class SubscriberIO(ReplayRequests):
         self._wake_send.close(linger=0)
 
     def _close_feed(self, feed: _Feed) -> None:
+        self._by_socket.pop(feed.sock, None)
         if feed.monitor is not None:
+            self._by_socket.pop(feed.monitor, None)
             if feed.monitor in self._poller:
                 self._poller.unregister(feed.monitor)
             feed.sock.disable_monitor()
@@ -210,13 +214,13 @@ class SubscriberIO(ReplayRequests):
 
     # -- live messages ----------------------------------------------------------------------------
     def _on_socket(self, sock: zmq.Socket) -> None:
-        for feed in self._feeds.values():
-            if feed.sock is sock:
-                self._on_sub(feed)
-                return
-            if feed.monitor is sock:
-                self._on_monitor(feed)
-                return
+        feed = self._by_socket.get(sock)
+        if feed is None:
+            return
+        if feed.sock is sock:
+            self._on_sub(feed)
+        else:
+            self._on_monitor(feed)
 
     def _on_sub(self, feed: _Feed) -> None:
         sock = feed.sock

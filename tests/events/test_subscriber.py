@@ -315,3 +315,23 @@ def test_close_from_inside_the_callback_stops_cleanly(pub):
     sub.start()
     assert wait_for(lambda: not sub._thread.is_alive(), 3)
     assert seen == [-1]  # the (empty) start snapshot, then nothing more
+
+
+def test_one_subscriber_follows_many_publishers_each_in_order():
+    pubs = [make_publisher() for _ in range(4)]
+    seqs: dict[str, list[int]] = {}
+    sub = EventSubscriber([source(p, name=f"r{i}") for i, p in enumerate(pubs)],
+                          on_batch=lambda name, seq, b: seqs.setdefault(name, []).append(seq), config=FAST)
+    sub.start()
+    try:
+        assert wait_for(lambda: all(st.snapshots == 1 for st in sub.stats.values()) and len(sub.stats) == 4)
+        time.sleep(0.1)
+        for k in range(20):
+            for i, p in enumerate(pubs):
+                p.publish([stored(1000 * i + k + 1, None)])
+        assert wait_for(lambda: all(sub.stats[f"r{i}"].last_seq == 19 for i in range(4)))
+        assert all(seqs[f"r{i}"] == [-1, *range(20)] for i in range(4))
+    finally:
+        sub.close()
+        for p in pubs:
+            p.close()
