@@ -23,16 +23,17 @@ import time
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import accumulate, groupby, repeat
-from operator import and_, or_
+from operator import and_
 
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
 from kvmesh.router.index_stats import IndexStats, ReplicaTree
 from kvmesh.router.keys import RouterKeyHasher, chain_keys, pack_tokens
+from kvmesh.router.predictions import PredictionMixin
 
 ReplicaId = Hashable
 
 
-class PrefixIndex:
+class PrefixIndex(PredictionMixin):
     """Per-replica cached blocks under router keys, matched against a request's keys."""
 
     def __init__(self, block_size: int = 16, hasher: RouterKeyHasher | None = None,
@@ -249,59 +250,6 @@ class PrefixIndex:
         if not siblings:
             del tree.orphans[parent]
 
-    # ---------------------------------------------------------------- predictions
-    def predict(self, replica_id: ReplicaId, keys: Sequence[int], now: float | None = None,
-                start: int = 0) -> int:
-        """Credit ``replica_id`` with ``keys[start:]`` for ``predict_ttl_s``; returns newly credited blocks.
-
-        ``start`` may be the replica's match length (those blocks are held already).
-        """
-        tree = self._replicas.get(replica_id)
-        if tree is None or len(keys) <= start or self.predict_ttl_s <= 0:
-            return 0
-        now = time.monotonic() if now is None else now
-        self._expire(now)
-        bit, blocks, predicted = tree.bit, self._blocks, self._predicted
-        tail = keys[start:] if start else keys
-        masks = list(map(blocks.get, tail, repeat(0)))
-        if not any(map(and_, masks, repeat(bit))):  # the usual case: none held yet, update in C
-            blocks.update(zip(tail, map(or_, masks, repeat(bit)), strict=False))
-            predicted.update(zip(tail, map(or_, map(predicted.get, tail, repeat(0)), repeat(bit)), strict=False))
-            added = list(tail)
-        else:
-            added = []
-            for key, mask in zip(tail, masks, strict=False):
-                if not mask & bit:
-                    blocks[key] = mask | bit
-                    predicted[key] = predicted.get(key, 0) | bit
-                    added.append(key)
-        if added:
-            self._predict_queue.append((now + self.predict_ttl_s, bit, added))
-        return len(added)
-
-    def _confirm(self, key: int, bit: int) -> None:
-        mask = self._predicted[key] & ~bit
-        if mask:
-            self._predicted[key] = mask
-        else:
-            del self._predicted[key]
-
-    def _unpredict(self, key: int, bit: int) -> None:
-        self._confirm(key, bit)
-        mask = self._blocks.get(key, 0) & ~bit
-        if mask:
-            self._blocks[key] = mask
-        else:
-            self._blocks.pop(key, None)
-
-    def _expire(self, now: float) -> None:
-        queue, predicted = self._predict_queue, self._predicted
-        while queue and queue[0][0] <= now:
-            _, bit, keys = queue.popleft()
-            for key in keys:
-                if predicted.get(key, 0) & bit:
-                    self._unpredict(key, bit)
-
     # ---------------------------------------------------------------- matching
     def match(self, keys: Sequence[int], now: float | None = None) -> dict[ReplicaId, int]:
         """Per replica, the number of leading blocks of ``keys`` it holds (replicas with 0 omitted)."""
@@ -311,7 +259,7 @@ class PrefixIndex:
         if not keys or not get(keys[0]):
             return {}
         # running[i] = replicas holding blocks 0..i: non-increasing (each a subset of the one
-        # before), so equal values are contiguous and Counter lists them in order with run lengths.
+        # before), so equal values are contiguous: groupby yields them in order, with run lengths.
         owners, out = self._slot_owner, {}
         end, prev = 0, 0
         for mask, run in groupby(accumulate(map(get, keys, repeat(0)), and_)):
