@@ -45,12 +45,17 @@ def add_parser(subparsers) -> None:
                    help="comma-separated policies (default: every registered policy)")
     p.add_argument("--block-size", type=int, default=512,
                    help="tokens per KV block of a replica; 512 = one Mooncake hash_id per block (default)")
+    p.add_argument("--miniature", type=int, default=1, metavar="FACTOR",
+                   help="divide every token count by FACTOR and multiply per-token costs by it: same model "
+                        "time, FACTOR times less hashing (quick runs; default: 1 = off)")
     p.add_argument("--blocks-per-replica", type=int, default=None, help="KV blocks per replica")
     p.add_argument("--capacity-fraction", type=float, default=0.25,
                    help="total KV capacity as a fraction of the trace's working set (default: 0.25)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply arrival times by this (0.25 = 4x the request rate)")
     p.add_argument("--event-delay", type=float, default=0.0, help="seconds before the router sees an event")
+    p.add_argument("--predict-ttl", type=float, default=2.0,
+                   help="seconds a routed request's blocks count as held before events arrive; 0 = off")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step")
     p.add_argument("--max-num-seqs", type=int, default=256, help="most running sequences per replica")
     p.add_argument("--cost", type=_key_value, action="append", default=[], metavar="FIELD=SECONDS",
@@ -67,7 +72,7 @@ def add_parser(subparsers) -> None:
 
 
 def build_config(args):
-    from kvmesh.cluster.sim.config import SimConfig
+    from kvmesh.cluster.sim.config import SimConfig, miniature
     from kvmesh.cluster.sim.cost_model import CostModel
 
     known = {f.name for f in fields(CostModel)}
@@ -75,11 +80,12 @@ def build_config(args):
         if key not in known:
             raise ValueError(f"--cost {key}: unknown CostModel field; choose from {sorted(known)}")
     cost = CostModel(**{k: float(v) for k, v in args.cost})
-    return SimConfig(
+    return miniature(SimConfig(
         num_replicas=args.replicas, block_size=args.block_size, blocks_per_replica=args.blocks_per_replica,
         capacity_fraction=args.capacity_fraction, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs, event_delay_s=args.event_delay, time_scale=args.time_scale,
-        seed=args.seed, cost=cost, policy_kwargs=dict(args.policy_arg))
+        max_num_seqs=args.max_num_seqs, event_delay_s=args.event_delay, predict_ttl_s=args.predict_ttl,
+        time_scale=args.time_scale,
+        seed=args.seed, cost=cost, policy_kwargs=dict(args.policy_arg)), args.miniature)
 
 
 def run(args) -> int:

@@ -28,6 +28,9 @@ class SimConfig:
     """Most sequences running at once on a replica."""
     event_delay_s: float = 0.0
     """Simulated delay between a cache change on a replica and the router applying its event."""
+    predict_ttl_s: float = 2.0
+    """The index's prediction window (``PrefixIndex.predict_ttl_s``, router default): how long a
+    routed request's blocks count as held before events confirm them; 0 disables predictions."""
     time_scale: float = 1.0
     """Multiplies trace arrival times: 0.25 replays the trace 4x faster (4x the request rate)."""
     vocab_size: int = 256
@@ -56,6 +59,8 @@ class SimConfig:
                              f"{self.max_num_batched_tokens} and {self.max_num_seqs}")
         if self.event_delay_s < 0:
             raise ValueError(f"event_delay_s must be >= 0, got {self.event_delay_s}")
+        if self.predict_ttl_s < 0:
+            raise ValueError(f"predict_ttl_s must be >= 0, got {self.predict_ttl_s}")
         if not self.time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
         if self.vocab_size < 4:

@@ -46,7 +46,7 @@ class SimRouter:
 
         self.block_size = config.block_size
         self.hasher = RouterKeyHasher(config.block_size)
-        self.index = PrefixIndex(hasher=self.hasher)
+        self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=config.predict_ttl_s)
         self.tracker = LoadTracker()
         for rep in replicas:
             self.index.add_replica(rep.replica_id)
