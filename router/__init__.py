@@ -1,1 +1,12 @@
-"""kvmesh.router"""
+"""kvmesh.router: the KV-cache-aware router (never imports torch).
+
+    keys.py         router-side chained block keys (64-bit xxh3 chain over token ids + extra keys)
+    index.py        PrefixIndex: per-replica cached blocks from KV events, prefix match per replica
+    predictions.py  predicted entries: a routed request's blocks count as cached for a short TTL
+    load.py         ReplicaLoad / LoadTracker: the router's in-flight counters + the replicas' /load
+    policies/       registry: cache_aware (default), round_robin, least_loaded, random, prefix_hash
+    core.py         KVRouter: tokens -> keys -> match -> policy -> replica (pure, no I/O)
+    service.py      RouterService: replica set, event subscriber, health/load polling
+    forward.py      proxying an OpenAI request (streaming passed through, retry before first byte)
+    server.py       the FastAPI app and RouterServer (uvicorn); metrics.py: Prometheus
+"""

@@ -151,7 +151,11 @@ class PrefixIndex(PredictionMixin):
             from kvmesh.kvcache.hashing import block_extra_keys
 
             extra = [block_extra_keys(1, None, event.lora_name)] * n
-        token_bytes = pack_tokens(event.token_ids)
+        try:
+            token_bytes = pack_tokens(event.token_ids)
+        except (ValueError, TypeError):  # a token id outside [0, 2**32): not from a real tokenizer
+            self.stats.bad_events += 1
+            return
         if parent is None:
             parent_key = self.hasher.seed
         else:

@@ -46,5 +46,7 @@ class IndexStats:
     """Stored blocks parked because their parent was unknown (evicted earlier, or events missed)."""
     unknown_removals: int = 0
     """BlockRemoved hashes the replica was not known to hold."""
+    bad_events: int = 0
+    """BlockStored events dropped because their token ids could not be packed."""
     bad_block_size: int = 0
     """Stored blocks dropped because the event's block size differs from the router's."""

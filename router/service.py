@@ -111,8 +111,11 @@ class RouterService:
 
     # ---------------------------------------------------------------- events
     def _on_batch(self, source: str, seq: int, batch) -> None:
-        self.router.apply_events(source, batch)
-        self.metrics.observe_batch(source, batch.ts)
+        try:
+            self.router.apply_events(source, batch)
+            self.metrics.observe_batch(source, batch.ts)
+        except Exception:  # a bad batch must not stop the event feed of every replica
+            logger.exception("could not apply event batch %d of replica %s", seq, source)
 
     # ---------------------------------------------------------------- health and load
     async def probe(self, spec: ReplicaSpec) -> bool:

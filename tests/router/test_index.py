@@ -140,3 +140,12 @@ def test_removed_orphan_is_not_adopted():
     index.apply("a", [stored(PROMPT, BS, num_blocks=1)])
     assert index.match(keys()) == {"a": 2}
     assert index.num_blocks("a") == 3  # blocks 0, 1 and the still-parked 3
+
+
+def test_event_with_impossible_token_ids_is_counted_not_fatal():
+    index = make_index()
+    bad = stored(PROMPT, BS, num_blocks=1)
+    bad.token_ids = [-1] * BS
+    index.apply("a", [bad, stored(PROMPT, BS, num_blocks=2)])
+    assert index.stats.bad_events == 1
+    assert index.match(keys()) == {"a": 2}
