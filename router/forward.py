@@ -142,6 +142,8 @@ class Forwarder:
         if not stream or status != 200:
             try:
                 rest = [chunk async for chunk in body]
+            except httpx.HTTPError as e:
+                raise p.ProtocolError(f"replica {rid} failed while answering: {e}; retry the request", 502) from None
             finally:
                 await upstream.aclose()
                 loads.on_finish(rid, decision.uncached_tokens, had_output=True)
