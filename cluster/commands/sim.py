@@ -36,6 +36,9 @@ def add_parser(subparsers) -> None:
                     "compare policies: prefix hit rate vs. infinite-cache and single-pool ceilings, TTFT and "
                     "queueing p50/p99, load imbalance, events/s. Writes JSON + a PNG plot.")
     p.add_argument("--trace", default=default_trace(), help="Mooncake JSONL trace (default: %(default)s)")
+    p.add_argument("--synthetic", type=int, default=None, metavar="N",
+                   help="simulate N generated multi-turn requests instead of --trace (cluster/sim/synthetic.py)")
+    p.add_argument("--synthetic-rate", type=float, default=1.0, help="conversations started per second")
     p.add_argument("--start", type=int, default=0, help="skip the first N requests (a window of the trace)")
     p.add_argument("--limit", type=int, default=None, help="use only N requests (from --start)")
     p.add_argument("--max-prompt-blocks", type=int, default=None,
@@ -95,10 +98,16 @@ def run(args) -> int:
     from kvmesh.cluster.sim.request import cut_trace
     from kvmesh.cluster.sim.router_adapter import available_policies
     from kvmesh.cluster.sim.runner import compare_policies
+    from kvmesh.cluster.sim.synthetic import SyntheticTrace
 
     try:
         config = build_config(args)
-        records = cut_trace(read_mooncake(args.trace), args.start, args.limit, args.max_prompt_blocks)
+        if args.synthetic:
+            trace = SyntheticTrace(num_requests=args.synthetic, conversations_per_s=args.synthetic_rate, seed=args.seed)
+            records = trace.records()
+        else:
+            records = read_mooncake(args.trace)
+        records = cut_trace(records, args.start, args.limit, args.max_prompt_blocks)
         registered = available_policies()
         policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else registered
         unknown = [p for p in policies if p not in registered]
