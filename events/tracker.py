@@ -212,9 +212,10 @@ class SourceTracker:
                 self._begin(REPLAY)
                 return
             self._gave_up(reason)
-        elif self._probing and not self.pending:
+        elif self._probing:  # a probe is optional: carry on with what is waiting
             self._probing = False
             self.mode = LIVE
+            self._drain()
         else:
             self._probing = False
             if self._snapshot_failed:  # this recovery already tried one: do not wait twice

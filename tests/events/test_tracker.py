@@ -142,3 +142,12 @@ def test_a_snapshot_request_lost_with_the_old_peer_is_asked_again_after_a_reconn
     h.t.on_reconnect()
     h.t.on_request_failed(SNAPSHOT, "timeout")
     assert h.requests == [(SNAPSHOT, 0), (SNAPSHOT, 0)] and h.t.stats.snapshot_failures == 0
+
+
+def test_an_unanswered_probe_just_resumes_live_delivery():
+    h = Harness()
+    h.t.on_live(0, batch(0))
+    h.t.probe()
+    h.t.on_live(1, batch(1))  # waits while the probe is out
+    h.t.on_request_failed(REPLAY, "timeout")
+    assert h.seqs() == [0, 1] and h.t.mode == "live" and h.t.stats.unrecovered == 0
