@@ -6,10 +6,9 @@ bitmask of the replicas that hold the block; each replica owns one bit (its *slo
     _blocks: {router_key: 0b1010}       replicas in slots 1 and 3 hold this block
     replica.ext_to_key: {external_hash: router_key}   to apply BlockRemoved
 
-A match walks the request's keys AND-ing the masks (in C, via ``accumulate``) while the set is
-non-empty, so a replica counts a block only while the chain up to it is unbroken. Every running
-AND is a subset of the one before, so equal values form runs; the run lengths (``groupby``, in
-C) say where each replica drops out.
+A match walks the request's keys AND-ing the masks while the set is non-empty, so a replica
+counts a block only while the chain up to it is unbroken. The masks come in runs of equal values
+(``groupby``, in C); the AND changes only where a run starts, so Python touches each run once.
 
 *Predicted* entries: when the router sends a request to a replica it credits that replica with the
 request's blocks for ``predict_ttl_s`` (bits set in ``_blocks`` and recorded in ``_predicted``),
@@ -22,8 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import accumulate, groupby, repeat
-from operator import and_
+from itertools import groupby, repeat
 
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
 from kvmesh.router.index_stats import IndexStats, ReplicaTree
@@ -262,13 +260,14 @@ class PrefixIndex(PredictionMixin):
         get = self._blocks.get
         if not keys or not get(keys[0]):
             return {}
-        # running[i] = replicas holding blocks 0..i: non-increasing (each a subset of the one
-        # before), so equal values are contiguous: groupby yields them in order, with run lengths.
+        # Raw masks come in runs of equal values (a prefix shared by the same replicas); the
+        # running AND only changes where a run starts, so it is taken once per run, in Python,
+        # while groupby finds the runs in C. Lookups stop as soon as no replica is left.
         owners, out = self._slot_owner, {}
-        end, prev = 0, 0
-        for mask, run in groupby(accumulate(map(get, keys, repeat(0)), and_)):
-            length = len(list(run))
-            dropped = prev & ~mask  # replicas whose chain ended at block `end`
+        end, held = 0, -1  # held: replicas holding every block so far (-1 = all bits)
+        for mask, run in groupby(map(get, keys, repeat(0))):
+            now_held = held & mask
+            dropped = held & ~now_held if end else 0  # replicas whose chain ended at block `end`
             if dropped & (dropped - 1) == 0:
                 if dropped:
                     out[owners[dropped.bit_length() - 1]] = end
@@ -277,10 +276,12 @@ class PrefixIndex(PredictionMixin):
                     low = dropped & -dropped
                     out[owners[low.bit_length() - 1]] = end
                     dropped ^= low
-            end += length
-            prev = mask
-        while prev:  # replicas holding the whole prompt
-            low = prev & -prev
+            if not now_held:
+                return out
+            end += len(list(run))
+            held = now_held
+        while held:  # replicas holding the whole prompt
+            low = held & -held
             out[owners[low.bit_length() - 1]] = end
-            prev ^= low
+            held ^= low
         return out

@@ -149,3 +149,10 @@ def test_event_with_impossible_token_ids_is_counted_not_fatal():
     index.apply("a", [bad, stored(PROMPT, BS, num_blocks=2)])
     assert index.stats.bad_events == 1
     assert index.match(keys()) == {"a": 2}
+
+
+def test_hole_in_one_chain_does_not_affect_another_replica():
+    index = make_index()
+    index.apply("a", [stored(PROMPT, BS, num_blocks=8), removed(PROMPT, BS, [3])])
+    index.apply("b", [stored(PROMPT, BS, num_blocks=6)])
+    assert index.match(keys()) == {"a": 3, "b": 6}
