@@ -60,6 +60,16 @@ def _chunk_text(chunk: dict) -> str:
     return "".join(parts)
 
 
+def _is_token_chunk(chunk: dict, text: str) -> bool:
+    """Whether a chunk marks generated tokens: usage-only chunks, chat role/empty deltas and the
+    closing finish_reason chunk do not; an empty completions ``text`` with no finish_reason does
+    (the server's detokenizer held back an incomplete character)."""
+    choices = chunk.get("choices") or ()
+    if text:
+        return True
+    return any("text" in c and c.get("finish_reason") is None for c in choices)
+
+
 async def send_streaming(client: httpx.AsyncClient, path: str, body: dict, result: RequestResult,
                          t0: float) -> RequestResult:
     """POST ``body`` to ``path`` with ``stream: true`` and fill ``result`` (never raises for HTTP errors)."""
@@ -89,8 +99,7 @@ async def send_streaming(client: httpx.AsyncClient, path: str, body: dict, resul
                 if chunk.get("usage"):
                     usage = chunk["usage"]
                 text = _chunk_text(chunk)
-                if not text and not any(c.get("finish_reason") is None and "text" in c
-                                        for c in chunk.get("choices") or ()):
+                if not _is_token_chunk(chunk, text):
                     continue
                 now = time.perf_counter()
                 if last is None:

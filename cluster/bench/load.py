@@ -101,8 +101,8 @@ async def run_async(args, cache_salt: str | None = None) -> dict:
 
     if args.api == "chat" and args.prompt_format != "text":
         raise ValueError("--api chat needs --prompt-format text (chat messages are text)")
-    load = LoadConfig(args.mode, args.rate, args.concurrency, args.think_time, args.max_prompt_tokens,
-                      args.timeout, args.seed)
+    load = LoadConfig(mode=args.mode, rate=args.rate, concurrency=args.concurrency, think_time_s=args.think_time,
+                      max_prompt_tokens=args.max_prompt_tokens, seed=args.seed)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     timeout = httpx.Timeout(args.timeout, connect=5.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)

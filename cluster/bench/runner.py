@@ -34,8 +34,6 @@ class LoadConfig:
     """Pause between the turns of a session."""
     max_prompt_tokens: int = 384
     """Multi-turn sessions stop before exceeding this."""
-    request_timeout_s: float = 300.0
-    """Per request (read timeout between stream chunks)."""
     seed: int = 0
     """Poisson arrival seed."""
 
