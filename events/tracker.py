@@ -134,11 +134,15 @@ class SourceTracker:
         if self.mode != REPLAY:
             return
         progressed = self.last >= self._replay_from
-        if progressed or not self._probing:
+        was_probe, self._probing = self._probing, False
+        if progressed or not was_probe:
             self.stats.replays += 1
-        self._probing = False
         first_pending = self._next_pending_seq()
         still_gap = first_pending is not None and first_pending > self.last + 1
+        if still_gap and not progressed and was_probe and not self._replay_hole:
+            self.stats.gaps += 1  # the gap opened after the probe was answered: replay it
+            self._begin(REPLAY)
+            return
         if self._replay_hole or (still_gap and not progressed):
             self._begin(SNAPSHOT)
             return

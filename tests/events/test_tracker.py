@@ -151,3 +151,15 @@ def test_an_unanswered_probe_just_resumes_live_delivery():
     h.t.on_live(1, batch(1))  # waits while the probe is out
     h.t.on_request_failed(REPLAY, "timeout")
     assert h.seqs() == [0, 1] and h.t.mode == "live" and h.t.stats.unrecovered == 0
+
+
+def test_a_gap_that_opens_while_a_probe_is_out_is_replayed():
+    h = Harness()
+    h.t.on_live(0, batch(0))
+    h.t.probe()
+    h.t.on_live(2, batch(2))  # 1 was lost after the publisher answered the probe
+    h.t.on_replay_end()       # the probe found nothing
+    assert h.requests[-1] == (REPLAY, 1)
+    h.t.on_replay_batch(1, batch(1))
+    h.t.on_replay_end()
+    assert h.seqs() == [0, 1, 2] and h.t.stats.snapshots == 0
