@@ -130,7 +130,8 @@ class EventSubscriber:
 
     # -- sources ----------------------------------------------------------------------------------
     def add_source(self, source: PublisherSource) -> None:
-        """Follow one more publisher (thread-safe)."""
+        """Follow one more publisher (thread-safe). A source of the same name is replaced,
+        unless it is identical (then nothing changes)."""
         self._io.call(("add", source))
 
     def remove_source(self, name: str) -> None:

@@ -7,6 +7,7 @@ Runs on one thread, which owns every socket; other threads talk to it through ``
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 
@@ -71,6 +72,7 @@ class SubscriberIO(ReplayRequests):
         self._wake_send = ctx.socket(zmq.PUSH)
         self._wake_send.setsockopt(zmq.LINGER, 0)
         self._wake_send.connect(addr)
+        self._wake_lock = threading.Lock()
         self._poller.register(self._wake_recv, zmq.POLLIN)
         self._running = True
 
@@ -78,25 +80,32 @@ class SubscriberIO(ReplayRequests):
     def call(self, command) -> None:
         """Queue ``("add", source)``, ``("remove", name)`` or ``None`` (stop) for the I/O thread."""
         self._calls.append(command)
-        try:
-            self._wake_send.send(b"", zmq.NOBLOCK)
-        except (zmq.Again, zmq.ZMQError):
-            pass
+        with self._wake_lock:  # zmq sockets are not thread-safe; callers may be many threads
+            try:
+                self._wake_send.send(b"", zmq.NOBLOCK)
+            except (zmq.Again, zmq.ZMQError):
+                pass
 
     def _run_calls(self) -> None:
         while self._calls:
             cmd = self._calls.popleft()
-            if cmd is None:
-                self._running = False
-            elif cmd[0] == "add":
-                self.add_source(cmd[1])
-            elif cmd[0] == "remove":
-                self._remove_source(cmd[1])
+            try:
+                if cmd is None:
+                    self._running = False
+                elif cmd[0] == "add":
+                    self.add_source(cmd[1])
+                elif cmd[0] == "remove":
+                    self._remove_source(cmd[1])
+            except Exception as e:  # a bad source must not stop the others
+                logger.error("KV event subscriber: %s %r failed: %s", cmd[0], cmd[1], e)
 
     # -- sources ----------------------------------------------------------------------------------
     def add_source(self, src) -> None:
+        """Follow ``src``; a source of the same name is replaced (or kept, if identical)."""
         if src.name in self._sources:
-            raise ValueError(f"source {src.name!r} is already followed; remove it first")
+            if self._sources[src.name] == src:
+                return
+            self._remove_source(src.name)
         ep = parse_sub_endpoint(src.endpoint)
         key = f"bind:{ep.address}" if ep.bind else src.name
         feed = self._feeds.get(key)
@@ -106,7 +115,11 @@ class SubscriberIO(ReplayRequests):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, self._config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._config.reconnect_ivl_max_ms)
-            address = attach(sock, ep)
+            try:
+                address = attach(sock, ep)
+            except Exception:
+                sock.close(linger=0)
+                raise
             feed = self._feeds[key] = self._by_socket[sock] = _Feed(sock, address, ep.bind)
             self._poller.register(sock, zmq.POLLIN)
             if not ep.bind:  # a connection of our own: watch it drop and come back

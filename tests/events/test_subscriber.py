@@ -335,3 +335,15 @@ def test_one_subscriber_follows_many_publishers_each_in_order():
         sub.close()
         for p in pubs:
             p.close()
+
+
+def test_re_adding_a_source_replaces_it_and_a_bad_one_does_not_stop_the_others(pub):
+    f = Follower([source(pub)], FAST).start()
+    try:
+        f.sub.add_source(source(pub))                                   # identical: kept
+        f.sub.add_source(PublisherSource("bad", "nosuch://transport"))  # zmq refuses: logged
+        publish_chain(pub, 1, 3)
+        assert f.converges("r0", pub)
+        assert f.sub.stats["r0"].snapshots == 1 and "bad" not in f.sub.stats
+    finally:
+        f.close()
