@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
@@ -108,8 +109,6 @@ def calibration() -> dict:
     for _ in range(2000):
         list(map(d.get, keys))
     per_get = (time.thread_time() - c0) / (2000 * 256)
-    import os
-
     return {"ns_per_dict_get": per_get * 1e9, "cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0]}
 
 
@@ -192,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print("[router bench] latency ...", flush=True)
         results["latency"] = measure_added_latency(_stories_tokenizer, story_text, 100 if args.quick else 500)
         print(json.dumps(results["latency"], indent=1), flush=True)
-    results["calibration"]["load_average_1m_end"] = __import__("os").getloadavg()[0]
+    results["calibration"]["load_average_1m_end"] = os.getloadavg()[0]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
