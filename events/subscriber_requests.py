@@ -27,16 +27,22 @@ class ReplayRequests:
     def _request(self, name: str, kind: str, start_seq: int) -> None:
         src = self._sources[name]
         dealer = self._dealers.get(name)
-        if dealer is None:
-            dealer = self._ctx.socket(zmq.DEALER)
-            dealer.setsockopt(zmq.LINGER, 0)
-            dealer.setsockopt(zmq.RCVHWM, 0)
-            dealer.connect(parse_sub_endpoint(src.replay_endpoint).address)
-            self._dealers[name] = dealer
-            self._dealer_owner[dealer] = name
-            self._poller.register(dealer, zmq.POLLIN)
         body = SNAPSHOT_REQUEST if kind == SNAPSHOT else pack_seq(start_seq)
-        dealer.send_multipart((b"", body))
+        try:
+            if dealer is None:
+                dealer = self._ctx.socket(zmq.DEALER)
+                dealer.setsockopt(zmq.LINGER, 0)
+                dealer.setsockopt(zmq.RCVHWM, 0)
+                self._dealers[name] = dealer
+                self._dealer_owner[dealer] = name
+                self._poller.register(dealer, zmq.POLLIN)
+                dealer.connect(parse_sub_endpoint(src.replay_endpoint).address)
+            dealer.send_multipart((b"", body))
+        except zmq.ZMQError as e:
+            # Fail it through the normal timeout path on the next loop turn (no re-entry here).
+            self._warn_once(name, "replay endpoint unusable", f"{src.replay_endpoint}: {e}")
+            self._inflight[name] = (kind, 0.0)
+            return
         self._inflight[name] = (kind, time.monotonic() + self._timeout(kind))
 
     def _timeout(self, kind: str) -> float:

@@ -347,3 +347,14 @@ def test_re_adding_a_source_replaces_it_and_a_bad_one_does_not_stop_the_others(p
         assert f.sub.stats["r0"].snapshots == 1 and "bad" not in f.sub.stats
     finally:
         f.close()
+
+
+def test_an_unusable_replay_endpoint_is_reported_and_live_events_still_flow(pub):
+    f = Follower([PublisherSource("r0", pub.endpoint, "nosuch://replay")], FAST).start()
+    try:
+        assert wait_for(lambda: f.sub.stats["r0"].unrecovered >= 1)
+        time.sleep(0.1)
+        publish_chain(pub, 1, 2)
+        assert wait_for(lambda: f.states["r0"].hashes() == {1, 2})
+    finally:
+        f.close()
