@@ -27,7 +27,7 @@ def replica(stories_path):
     def append_or_fail(request, token, now):  # runs on the engine thread
         if request.prompt_token_ids[-1] == POISON:
             raise RuntimeError("injected failure")
-        real_append(request, token, now)
+        return real_append(request, token, now)
 
     engine._append_token = append_or_fail
     yield runtime
