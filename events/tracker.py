@@ -58,6 +58,7 @@ class SourceTracker:
         self._probing = False
         self._resync_after = False  # a reconnect happened during a replay: snapshot after it
         self._snapshot_failed = False  # within the current recovery
+        self._logged: set[str] = set()
         self._accept_next = False  # after giving up: take the next batch as the new baseline
 
     # -- starting -----------------------------------------------------------------------------
@@ -87,7 +88,7 @@ class SourceTracker:
             self._emit(seq, batch)
         elif seq <= last:
             self.stats.restarts += 1
-            logger.info("source %s restarted (seq %d after %d)", self.name, seq, last)
+            self._log_once("restart", "source %s restarted (seq %d after %d)", self.name, seq, last)
             self._clear_next = True
             self.last = -1
             if seq == 0:
@@ -228,12 +229,18 @@ class SourceTracker:
                 self._begin(SNAPSHOT)
 
     # -- helpers --------------------------------------------------------------------------------
+    def _log_once(self, kind: str, msg: str, *args) -> None:
+        """Warn the first time, then only at debug level: a flapping source must not flood logs."""
+        level = logging.DEBUG if kind in self._logged else logging.WARNING
+        self._logged.add(kind)
+        logger.log(level, msg + ("" if level == logging.DEBUG else "; further ones are only counted"), *args)
+
     def _next_pending_seq(self) -> int | None:
         return self.pending[0][0] if self.pending else None
 
     def _lost(self, reason: str) -> None:
         self.stats.unrecovered += 1
-        logger.warning("source %s: events lost and not recoverable (%s)", self.name, reason)
+        self._log_once("lost", "source %s: events lost and not recoverable (%s)", self.name, reason)
         self._notify(self.name, "unrecovered", reason)
 
     def _gave_up(self, reason: str) -> None:
