@@ -1,0 +1,38 @@
+"""ReplicaOptions and the TP rendezvous settings validate at the edge, with messages that say what to do."""
+
+from __future__ import annotations
+
+import pytest
+from kvmesh.replica.actor import ReplicaOptions, with_ports
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.distributed import DistributedInit, backend_for
+from kvmesh.replica.server import ServerConfig
+
+ENGINE = EngineConfig(model="some/model")
+
+
+def test_options_default_to_ephemeral_ports():
+    opts = ReplicaOptions(engine=ENGINE)
+    assert (opts.http_port, opts.event_port, opts.replay_port) == (0, 0, 0) and opts.host is None
+
+
+def test_fixed_ports_follow_design_defaults():
+    opts = with_ports(ReplicaOptions(engine=ENGINE), 8101, 5559, 5560)
+    assert (opts.http_port, opts.event_port, opts.replay_port) == (8101, 5559, 5560)
+
+
+@pytest.mark.parametrize("field", ["http_port", "event_port", "replay_port"])
+def test_bad_port_is_refused(field):
+    with pytest.raises(ValueError, match=field):
+        ReplicaOptions(engine=ENGINE, **{field: 70000})
+
+
+def test_api_key_is_not_in_repr():
+    assert "hunter2" not in repr(ReplicaOptions(engine=ENGINE, api_key="hunter2-secret"))
+    assert "hunter2" not in repr(ServerConfig(api_key="hunter2-secret"))
+
+
+def test_distributed_backend_follows_device():
+    assert backend_for("cuda:0") == "nccl" and backend_for("cpu") == "gloo"
+    with pytest.raises(ValueError, match="backend"):
+        DistributedInit("127.0.0.1", 1234, 2, backend="mpi")
