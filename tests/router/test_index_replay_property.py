@@ -78,7 +78,7 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=1, max_size=40), num_blocks=st.integers(6, 24))
 def test_index_converges_to_replica_cached_set(ops, num_blocks):
     replica = Replica(num_blocks)
