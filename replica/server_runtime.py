@@ -87,9 +87,15 @@ class ReplicaRuntime:
     def dead_reason(self) -> str | None:
         return self.engine.dead_reason()
 
-    def broken_reason(self) -> str | None:
-        """Like ``dead_reason`` but not counting a deliberate shutdown."""
-        return None if self.engine.draining or self._closed else self.engine.dead_reason()
+    def broken_reason(self, probe_timeout_s: float = 10.0) -> str | None:
+        """Like ``dead_reason`` but not counting a deliberate shutdown; also pings the TP ranks, so a
+        rank that dies while the replica is idle is noticed before a request needs it."""
+        if self.engine.draining or self._closed:
+            return None
+        check = getattr(self.engine.runner, "check_health", None)
+        if check is not None:
+            check(probe_timeout_s)
+        return self.engine.dead_reason()
 
     def stats_dict(self) -> dict[str, Any]:
         s = self.engine.get_stats()
