@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -31,7 +32,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--events-endpoint", default=None,
                    help="full PUB endpoint instead of --host/--event-port (e.g. connect://tcp://collector:5557)")
     p.add_argument("--no-events", action="store_true", help="publish no KV events")
-    p.add_argument("--api-key", default=None, help="bearer token required on /v1/* (default: none)")
+    p.add_argument("--api-key", default=os.environ.get("KVMESH_API_KEY"),
+                   help="bearer token required on /v1/* (default: $KVMESH_API_KEY, else none)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"])
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if available")
@@ -47,8 +49,6 @@ def add_parser(subparsers) -> None:
 
 
 def engine_config_from_args(args: argparse.Namespace):
-    import os
-
     from kvmesh.replica.config import EngineConfig
 
     return EngineConfig(
