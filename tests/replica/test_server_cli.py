@@ -10,7 +10,8 @@ def parse(*argv: str):
     return build_parser().parse_args(["replica", "--model", "some/model", *argv])
 
 
-def test_defaults_follow_design_ports_and_loopback():
+def test_defaults_follow_design_ports_and_loopback(monkeypatch):
+    monkeypatch.delenv("KVMESH_API_KEY", raising=False)
     args = parse()
     assert (args.host, args.port, args.event_port, args.replay_port) == ("127.0.0.1", 8100, 5557, 5558)
     assert args.tp == 1 and args.api_key is None
@@ -26,3 +27,8 @@ def test_flags_reach_the_engine_config():
     assert config.enable_prefix_caching is False
     assert config.kv_events_endpoint == "connect://tcp://collector:5557"
     assert config.kv_events_replay_endpoint == "tcp://127.0.0.1:6000"
+
+
+def test_api_key_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("KVMESH_API_KEY", "from-env-secret")
+    assert parse().api_key == "from-env-secret"
