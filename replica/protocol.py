@@ -235,6 +235,8 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     chat_template: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
 
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -243,6 +245,12 @@ class ChatCompletionRequest(SamplingFields):
         super().check_supported()
         if self.logprobs or self.top_logprobs:
             raise ProtocolError("logprobs is not supported by this server; leave it unset", param="logprobs")
+        if self.tools:
+            raise ProtocolError("tools (function calling) are not supported by this server; leave them unset",
+                                param="tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise ProtocolError("only response_format {'type': 'text'} is supported (no JSON mode)",
+                                param="response_format")
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.to_template_dict() for m in self.messages]

@@ -82,9 +82,12 @@ def test_prompt_longer_than_context_is_400():
     assert "600" in e.value.message and "512" in e.value.message
 
 
-def test_chat_logprobs_refused():
-    with pytest.raises(ProtocolError):
-        chat(logprobs=True).to_sampling_params(3, 512)
+@pytest.mark.parametrize("kw", [{"logprobs": True}, {"tools": [{"type": "function"}]},
+                                {"response_format": {"type": "json_object"}}])
+def test_chat_features_we_lack_are_refused(kw):
+    with pytest.raises(ProtocolError) as e:
+        chat(**kw).to_sampling_params(3, 512)
+    assert e.value.param == next(iter(kw))
 
 
 def test_batch_of_prompts_refused_single_unwrapped():
