@@ -1,7 +1,9 @@
 """The paged KV cache: one preallocated tensor for all layers, sized from a memory budget.
 
-    kv_cache: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-                           ^ 0 = K, 1 = V            ^ this rank's K/V heads
+    kv_cache: [num_layers, *backend.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)]
+      torch:      [num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]   (head-major)
+      flash_attn: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]   (flash-attn's paged layout)
+                               ^ 0 = K, 1 = V                ^ this rank's K/V heads
     layer l's view kv_cache[l] is what its attention backend reads and writes;
     token at position p of a request lives at slot block_table[p // block_size] * block_size
     + p % block_size. Block 0 is the null block: never allocated to a request, it pads block tables.
@@ -49,11 +51,11 @@ def cuda_kv_budget(gpu_memory_utilization: float, device: torch.device) -> int:
     return int(total * gpu_memory_utilization - peak - non_torch)
 
 
-def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                      dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The zeroed cache tensor (zeros: padded slots are read masked, and must not hold NaN)."""
-    # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-    return torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+def allocate_kv_cache(num_layers: int, layer_shape: tuple[int, ...], dtype: torch.dtype,
+                      device: torch.device) -> torch.Tensor:
+    """The zeroed cache tensor [num_layers, *layer_shape] (zeros: padded slots are read masked, and must
+    not hold NaN)."""
+    return torch.zeros(num_layers, *layer_shape, dtype=dtype, device=device)
 
 
 def log_capacity(num_blocks: int, block_size: int, max_model_len: int, block_bytes: int) -> None:

@@ -57,9 +57,10 @@ class ModelRunner:
             attn.backend = self.attn_backend
         self.num_kv_blocks = self._size_kv_cache()
         attn0 = self.model.attention_layers()[0]
-        # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-        self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, self.num_kv_blocks, self.block_size,
-                                          attn0.num_kv_heads, attn0.head_dim, self.dtype, self.device)
+        layer_shape = self.attn_backend.kv_cache_shape(self.num_kv_blocks, self.block_size, attn0.num_kv_heads,
+                                                       attn0.head_dim)
+        # [num_layers, *layer_shape], e.g. torch: [num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]
+        self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, layer_shape, self.dtype, self.device)
         for i, attn in enumerate(self.model.attention_layers()):
             attn.kv_cache = self.kv_cache[i]
         generator = torch.Generator(device=self.device).manual_seed(config.seed)

@@ -1,9 +1,14 @@
 """Batched sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens.
 
-One pass over the [N, vocab] logits of the sampling rows. Random rows draw with the
-"exponential race" (argmax of probs / Exp(1) noise == a sample from probs), so a seeded row only
-needs its own noise row: it comes from a generator seeded by (seed, number of tokens generated so
-far), which makes a seeded request's tokens independent of what else is in the batch.
+All rows are processed together on [N, vocab] tensors. A random row draws by inverse CDF: one
+uniform number u per row, token = first index whose cumulative probability exceeds u. So a seeded
+row needs one number from its own generator, seeded by (seed, tokens generated so far): a seeded
+request's tokens do not depend on what else is in the batch.
+
+Top-k / top-p avoid sorting the vocabulary (a [256, 32000] sort costs ~1 s on one CPU core):
+``topk`` picks enough candidates per row (the largest top_k, or TOP_P_CANDIDATES[i] for nucleus
+rows); the masks and the draw then run on [N, K]. Rows whose nucleus is wider than the candidates
+(very flat distributions) fall back to ``apply_top_k_top_p``'s full sort.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import torch
 from kvmesh.replica.scheduler_output import ScheduledRequest
 
 _MIX_A, _MIX_B, _MASK = 6364136223846793005, 1442695040888963407, (1 << 63) - 1
+TOP_P_CANDIDATES = (256, 4096)  # candidates per nucleus row tried in turn before a full sort
 
 
 @dataclass(slots=True)
@@ -89,24 +95,72 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     return logits.scatter(-1, logits_idx, logits_sort)
 
 
+def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: probs [N, K] (need not be normalized), u [N] uniform in [0, 1) -> indices [N]."""
+    cdf = probs.cumsum(dim=-1)  # [N, K]
+    target = (u * cdf[:, -1]).unsqueeze(1)  # [N, 1]
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def _truncated_candidates(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
+                          num_candidates: int):
+    """(probs [N, K], indices [N, K]) of each row's top-k / nucleus set, or None when K would be the
+    whole vocabulary or a nucleus does not fit in the candidates (then the caller sorts)."""
+    vocab = logits.shape[-1]
+    n = logits.shape[0]
+    k_eff = k if k is not None else torch.full((n,), vocab, dtype=torch.long, device=logits.device)
+    if p is not None:  # nucleus rows without top-k start from TOP_P_CANDIDATES candidates
+        k_eff = torch.where((p < 1.0) & (k_eff >= vocab), min(num_candidates, vocab), k_eff)
+    num = int(k_eff.max())
+    if num >= vocab:
+        return None
+    values, indices = logits.topk(num, dim=-1)  # [N, K], descending
+    pos = torch.arange(num, device=logits.device)
+    values = values.masked_fill(pos[None, :] >= k_eff[:, None], float("-inf"))  # top-k
+    if p is not None:
+        has_k = k is not None and (k < vocab)
+        full_lse = logits.logsumexp(dim=-1)
+        lse = torch.where(has_k, values.logsumexp(dim=-1), full_lse) if k is not None else full_lse
+        probs = (values - lse[:, None]).exp()
+        before = probs.cumsum(dim=-1) - probs  # mass of the more likely candidates
+        covered = (before[:, -1] + probs[:, -1]) >= p  # the nucleus ends inside the candidates
+        limited = k_eff < num if k is None else (k < vocab)
+        if not bool((covered | limited | (p >= 1.0)).all()):
+            return None
+        keep = (before < p[:, None]) | (pos[None, :] == 0)
+        values = values.masked_fill(~keep, float("-inf"))
+    return torch.softmax(values, dim=-1), indices
+
+
 class Sampler:
     """logits [N, V] + SamplingMetadata -> token ids [N]."""
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
-        self.generator = generator  # noise for unseeded random rows
+        self.generator = generator  # uniforms for unseeded random rows
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         logits = logits.to(torch.float32, copy=bool(md.banned))
         for row, token_ids in md.banned:
             logits[row, token_ids] = float("-inf")
-        greedy = logits.argmax(dim=-1)
         if md.all_greedy:
-            return greedy
+            return logits.argmax(dim=-1)
+        greedy = logits.argmax(dim=-1) if bool(md.greedy_rows.any()) else None
         logits = logits / md.temperature.unsqueeze(1)
-        logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        probs = logits.softmax(dim=-1)
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        u = torch.rand(logits.shape[0], generator=self.generator, device=logits.device)
         for row, gen in md.generators.items():
-            noise[row].exponential_(generator=gen)
-        sampled = probs.div_(noise).argmax(dim=-1)
-        return torch.where(md.greedy_rows, greedy, sampled)
+            u[row] = torch.rand(1, generator=gen, device=logits.device)[0]
+        candidates = None
+        if md.top_k is not None or md.top_p is not None:
+            for num_candidates in TOP_P_CANDIDATES if md.top_p is not None else (0,):
+                candidates = _truncated_candidates(logits, md.top_k, md.top_p, num_candidates)
+                if candidates is not None:
+                    break
+            if candidates is None:
+                logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+        if candidates is None:
+            sampled = sample_from_probs(torch.softmax(logits, dim=-1), u)
+        else:
+            probs, indices = candidates
+            sampled = indices.gather(1, sample_from_probs(probs, u).unsqueeze(1)).squeeze(1)
+        return sampled if greedy is None else torch.where(md.greedy_rows, greedy, sampled)

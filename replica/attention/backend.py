@@ -18,12 +18,16 @@ _BACKENDS = {
 class AttentionBackend(Protocol):
     name: str
 
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        """Shape of one layer's cache (K and V) in this backend's layout."""
+
     def build(self, common: CommonAttentionMetadata) -> Any:
         """Per-step metadata derived once and shared by all layers."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
                 metadata: Any, scale: float) -> torch.Tensor:
-        """Write k/v [T, Hk, D] into ``kv_cache`` [2, num_blocks, block_size, Hk, D] at the step's slots,
+        """Write k/v [T, Hk, D] into ``kv_cache`` (one layer, ``kv_cache_shape``) at the step's slots,
         then attend q [T, Hq, D] over each request's context; returns [T, Hq, D]. With ``kv_cache``
         None (profiling), every request must be a fresh prefill."""
 

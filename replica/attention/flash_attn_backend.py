@@ -36,6 +36,10 @@ class FlashAttentionMetadata:
 class FlashAttentionBackend:
     name = "flash_attn"
 
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
     def __init__(self) -> None:
         from flash_attn import flash_attn_varlen_func
 

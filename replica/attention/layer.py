@@ -14,7 +14,7 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.head_dim, self.num_kv_heads, self.scale = num_heads, head_dim, num_kv_heads, scale
         self.backend: AttentionBackend | None = None
-        self.kv_cache: torch.Tensor | None = None  # [2, num_blocks, block_size, num_kv_heads, head_dim], bound by the runner
+        self.kv_cache: torch.Tensor | None = None  # one layer's cache in the backend's layout, bound by the runner
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hk, D] -> [T, Hq, D]."""

@@ -1,9 +1,15 @@
 """Attention in plain PyTorch (any device): scatter new K/V by slot, gather by block table, SDPA.
 
-Decode rows (one query token each) are attended together in one batched call: their block tables
-are gathered into ``[D, L, Hk, Dh]`` (L = longest decode context rounded up to whole blocks) and
-keys past each row's ``seq_len`` are masked. Prefill chunks run one request at a time with the
-causal diagonal shifted by the cached prefix: query i (position ctx + i) sees keys 0..ctx + i.
+The cache is head-major so that gathering a batch's blocks yields, with one ``index_select`` and
+no transposes, exactly the ``[heads, keys, head_dim]`` operand batched matmuls want:
+
+    per layer: [2, num_kv_heads, num_blocks, block_size, head_dim]
+    slot s = block_id * block_size + offset  ->  kv[:, h].view(-1, head_dim)[s]
+
+Decode rows (one query token each) are attended together: their blocks are gathered into
+``[Hk * D, L, Dh]`` (L = longest decode context rounded up to whole blocks), keys past each row's
+``seq_len`` get -inf. Prefill chunks run one request at a time with the causal diagonal shifted by
+the cached prefix: query i (position ctx + i) sees keys 0..ctx + i.
 """
 
 from __future__ import annotations
@@ -33,10 +39,10 @@ class TorchAttentionMetadata:
     """[T] cache slot of every token of the step."""
     num_decodes: int
     """Leading decode rows."""
-    decode_block_tables: torch.Tensor | None
-    """[D, max_decode_blocks] block ids of the decode rows."""
-    decode_mask: torch.Tensor | None
-    """[D, 1, 1, max_decode_blocks * block_size] bool: key position < seq_len."""
+    decode_block_ids: torch.Tensor | None
+    """[D * max_decode_blocks] block ids of the decode rows, row after row (0-padded)."""
+    decode_bias: torch.Tensor | None
+    """[D, 1, max_decode_blocks * block_size] float: 0 where key position < seq_len, else -inf."""
     prefills: list[PrefillChunk]
     """The prefill chunks after the decode rows."""
 
@@ -44,16 +50,21 @@ class TorchAttentionMetadata:
 class TorchAttentionBackend:
     name = "torch"
 
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        return (2, num_kv_heads, num_blocks, block_size, head_dim)
+
     def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         bs, d = common.block_size, common.num_decodes
         device = common.slot_mapping.device
-        decode_bt = decode_mask = None
+        decode_ids = decode_bias = None
         if d:
             max_len = max(common.seq_lens_cpu[:d])
             num_blocks = -(-max_len // bs)
-            decode_bt = common.block_tables[:d, :num_blocks].long()
+            decode_ids = common.block_tables[:d, :num_blocks].reshape(-1)
             key_pos = torch.arange(num_blocks * bs, device=device)
-            decode_mask = (key_pos[None, :] < common.seq_lens[:d, None]).view(d, 1, 1, -1)
+            decode_bias = torch.zeros(d, 1, num_blocks * bs, device=device)
+            decode_bias.masked_fill_((key_pos[None, :] >= common.seq_lens[:d, None]).unsqueeze(1), float("-inf"))
         prefills = []
         qsl, seq_lens = common.query_start_loc_cpu, common.seq_lens_cpu
         for i in range(d, common.num_reqs):
@@ -67,45 +78,45 @@ class TorchAttentionBackend:
                 q_pos = torch.arange(ctx, seq_len, device=device)
                 mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
             prefills.append(PrefillChunk(qsl[i], qsl[i + 1], key_slots, mask))
-        return TorchAttentionMetadata(common.slot_mapping, d, decode_bt, decode_mask, prefills)
+        return TorchAttentionMetadata(common.slot_mapping, d, decode_ids, decode_bias, prefills)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
                 md: TorchAttentionMetadata, scale: float) -> torch.Tensor:
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         if kv_cache is not None:
-            k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hk, Dh]
-            k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # [num_slots, Hk, Dh]
-            v_flat = v_cache.view(-1, num_kv_heads, head_dim)
-            k_flat.index_copy_(0, md.slot_mapping, k)
-            v_flat.index_copy_(0, md.slot_mapping, v)
+            k_slots = kv_cache[0].view(num_kv_heads, -1, head_dim)  # [Hk, num_slots, Dh]
+            v_slots = kv_cache[1].view(num_kv_heads, -1, head_dim)
+            k_slots.index_copy_(1, md.slot_mapping, k.transpose(0, 1))
+            v_slots.index_copy_(1, md.slot_mapping, v.transpose(0, 1))
         out = torch.empty_like(q)
         d = md.num_decodes
         if d:
-            out[:d] = self._decode(q[:d], k_cache, v_cache, md, scale)
+            out[:d] = self._decode(q[:d], kv_cache, md, scale)
         for chunk in md.prefills:
             qc = q[chunk.q_start:chunk.q_end].transpose(0, 1)  # [Hq, Lq, Dh]
             if chunk.key_slots is None:
-                kc = k[chunk.q_start:chunk.q_end].transpose(0, 1)
+                kc = k[chunk.q_start:chunk.q_end].transpose(0, 1)  # [Hk, Lq, Dh]
                 vc = v[chunk.q_start:chunk.q_end].transpose(0, 1)
                 o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, scale=scale, enable_gqa=True)
             else:
-                kc = k_flat[chunk.key_slots].transpose(0, 1)  # [Hk, seq_len, Dh]
-                vc = v_flat[chunk.key_slots].transpose(0, 1)
+                kc = k_slots.index_select(1, chunk.key_slots)  # [Hk, seq_len, Dh]
+                vc = v_slots.index_select(1, chunk.key_slots)
                 o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=chunk.mask, scale=scale, enable_gqa=True)
             out[chunk.q_start:chunk.q_end] = o.transpose(0, 1)
         return out
 
     @staticmethod
-    def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: TorchAttentionMetadata,
-                scale: float) -> torch.Tensor:
+    def _decode(q: torch.Tensor, kv_cache: torch.Tensor, md: TorchAttentionMetadata, scale: float) -> torch.Tensor:
         d, num_heads, head_dim = q.shape
-        num_kv_heads = k_cache.shape[2]
+        num_kv_heads = kv_cache.shape[1]
         group = num_heads // num_kv_heads
-        # [D, nb, bs, Hk, Dh] -> [D, Hk, L, Dh]
-        keys = k_cache[md.decode_block_tables].view(d, -1, num_kv_heads, head_dim).transpose(1, 2)
-        values = v_cache[md.decode_block_tables].view(d, -1, num_kv_heads, head_dim).transpose(1, 2)
-        qg = q.view(d, num_kv_heads, group, head_dim)  # query heads of one K/V head side by side
-        scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale  # [D, Hk, G, L]
-        scores.masked_fill_(~md.decode_mask, float("-inf"))
+        # [Hk, D * nb, bs, Dh] -> [Hk * D, L, Dh]: row (h, d) holds request d's keys of K/V head h
+        keys = kv_cache[0].index_select(1, md.decode_block_ids).view(num_kv_heads * d, -1, head_dim)
+        values = kv_cache[1].index_select(1, md.decode_block_ids).view(num_kv_heads * d, -1, head_dim)
+        # query heads of one K/V head side by side: [D, Hk, G, Dh] -> [Hk * D, G, Dh]
+        qg = (q * scale).view(d, num_kv_heads, group, head_dim).transpose(0, 1).reshape(-1, group, head_dim)
+        scores = torch.bmm(qg, keys.transpose(1, 2))  # [Hk * D, G, L]
+        scores.view(num_kv_heads, d, group, -1).add_(md.decode_bias)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.matmul(probs, values).view(d, num_heads, head_dim)
+        out = torch.bmm(probs, values)  # [Hk * D, G, Dh]
+        return out.view(num_kv_heads, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)

@@ -61,6 +61,15 @@ def reference(q, k, v, cache, specs, tables, scale):
     return out, cache
 
 
+def in_layout(cache, backend):
+    """The logical [2, num_blocks, block_size, Hk, Dh] cache in the backend's layout."""
+    shape = backend.kv_cache_shape(cache.shape[1], cache.shape[2], cache.shape[3], cache.shape[4])
+    if shape == tuple(cache.shape):
+        return cache.clone()
+    assert shape == (2, cache.shape[3], cache.shape[1], cache.shape[2], cache.shape[4])  # head-major
+    return cache.permute(0, 3, 1, 2, 4).contiguous()
+
+
 SPECS = [(7, 1), (0, 1), (12, 1), (0, 9), (5, 6), (8, 3)]  # decodes first, then fresh/prefix/chunk prefills
 
 
@@ -68,9 +77,10 @@ def test_torch_backend_matches_reference_on_a_mixed_batch():
     q, k, v, cache, common, tables = make_step(SPECS, torch.device("cpu"))
     expected, expected_cache = reference(q, k, v, cache, SPECS, tables, DH**-0.5)
     backend = get_attn_backend("torch", torch.device("cpu"), torch.float32)
-    got = backend.forward(q, k, v, cache, backend.build(common), DH**-0.5)
+    layout = in_layout(cache, backend)
+    got = backend.forward(q, k, v, layout, backend.build(common), DH**-0.5)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(cache, expected_cache)
+    torch.testing.assert_close(layout, in_layout(expected_cache, backend))
 
 
 def test_torch_backend_decode_only_and_prefill_only_batches():
@@ -78,8 +88,8 @@ def test_torch_backend_decode_only_and_prefill_only_batches():
         q, k, v, cache, common, tables = make_step(specs, torch.device("cpu"), seed=1)
         expected, _ = reference(q, k, v, cache, specs, tables, 0.3)
         backend = get_attn_backend("torch", torch.device("cpu"), torch.float32)
-        torch.testing.assert_close(backend.forward(q, k, v, cache, backend.build(common), 0.3), expected,
-                                   atol=1e-5, rtol=1e-5)
+        got = backend.forward(q, k, v, in_layout(cache, backend), backend.build(common), 0.3)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_auto_backend_is_torch_on_cpu_and_unknown_names_are_rejected():
@@ -101,7 +111,7 @@ def test_flash_attn_backend_matches_torch_backend(block_size):
         q, k, v, cache, common, tables = make_step(SPECS, dev, num_blocks=40)
         expected, _ = reference(q, k, v, cache, SPECS, tables, DH**-0.5)
         flash = get_attn_backend("flash_attn", dev, torch.bfloat16)
-        bf = [x.to(dev, torch.bfloat16) for x in (q, k, v, cache)]
+        bf = [x.to(dev, torch.bfloat16) for x in (q, k, v, in_layout(cache, flash))]
         got = flash.forward(*bf, flash.build(common), DH**-0.5)
         torch.testing.assert_close(got.float().cpu(), expected, atol=2e-2, rtol=2e-2)
     finally:

@@ -101,4 +101,4 @@ def test_runner_reports_capacity_and_model_facts(runner):
     assert runner.num_kv_blocks == (1 << 22) // (5 * 2 * 4 * 4 * 8 * 4)
     assert runner.max_model_len == 512 and runner.vocab_size == 512
     assert 2 in runner.eos_token_ids
-    assert tuple(runner.kv_cache.shape) == (5, 2, runner.num_kv_blocks, 4, 4, 8)
+    assert tuple(runner.kv_cache.shape) == (5, 2, 4, runner.num_kv_blocks, 4, 8)  # torch backend: head-major

@@ -89,3 +89,31 @@ def test_min_tokens_bans_eos_and_stop_tokens_until_reached():
     params = [SamplingParams(temperature=0.0, min_tokens=3, max_tokens=8, stop_token_ids=[7])] * 2
     assert sample(logits, params, num_out=1) == [11, 11]
     assert sample(logits, params, num_out=3) == [2, 2]
+
+
+def draw_frequencies(logits_row, params, n=3000):
+    got = torch.tensor(sample(logits_row.repeat(n, 1), [params] * n))
+    return torch.bincount(got, minlength=V).float() / n
+
+
+def test_top_p_and_top_k_draws_follow_the_renormalized_kept_set():
+    logits = torch.full((1, V), -8.0)
+    logits[0, :4] = torch.tensor([2.0, 1.5, 1.0, 0.0])
+    for params in (SamplingParams(top_p=0.8), SamplingParams(top_k=3), SamplingParams(top_k=3, top_p=0.7)):
+        k = torch.tensor([params.top_k if params.top_k > 0 else V])
+        kept = apply_top_k_top_p(logits.clone(), k, torch.tensor([params.top_p]))
+        expected = torch.softmax(kept[0], 0)
+        torch.testing.assert_close(draw_frequencies(logits, params), expected, atol=0.035, rtol=0)
+
+
+def test_flat_distribution_falls_back_to_the_full_sort():
+    import kvmesh.replica.sampler as sampler_mod
+
+    old, sampler_mod.TOP_P_CANDIDATES = sampler_mod.TOP_P_CANDIDATES, (2, 4)  # nucleus wider than the candidates
+    try:
+        logits = torch.zeros(1, V)
+        logits[0, :10] = 0.5
+        expected = torch.softmax(apply_top_k_top_p(logits.clone(), None, torch.tensor([0.5]))[0], 0)
+        torch.testing.assert_close(draw_frequencies(logits, SamplingParams(top_p=0.5)), expected, atol=0.035, rtol=0)
+    finally:
+        sampler_mod.TOP_P_CANDIDATES = old
