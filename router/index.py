@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import groupby, repeat
+from operator import and_, or_
 
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
 from kvmesh.router.index_stats import IndexStats, ReplicaTree
@@ -171,6 +172,12 @@ class PrefixIndex(PredictionMixin):
         ext_to_key = tree.ext_to_key
         blocks, predicted = self._blocks, self._predicted
         bit = tree.bit
+        if ext_to_key.keys().isdisjoint(hashes):  # the usual case, done with C-level bulk updates
+            masks = list(map(blocks.get, keys, repeat(0)))
+            if not any(map(and_, masks, repeat(bit))):
+                ext_to_key.update(zip(hashes, keys, strict=False))
+                blocks.update(zip(keys, map(or_, masks, repeat(bit)), strict=False))
+                return
         for ext, key in zip(hashes, keys, strict=False):
             if ext in ext_to_key:
                 tree.ext_dups[ext] = tree.ext_dups.get(ext, 0) + 1
