@@ -120,6 +120,9 @@ class LLMEngine:
                 logger.exception("model runner failed a step of %d requests", len(sched.scheduled))
                 for sr in sched.scheduled:
                     self.fail_request(sr.request_id, f"model runner error: {e!r}")
+                # Blocks are cached when scheduled; their K/V may never have been written: forget them.
+                if not self.kv_cache_manager.reset_prefix_cache():
+                    logger.warning("prefix cache not reset after a runner failure: other requests hold blocks")
                 outputs += self._pending
                 self._pending = []
                 sampled = {}

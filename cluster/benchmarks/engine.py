@@ -244,8 +244,49 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
+    plot(results, out.with_suffix(".png"))
     print(f"wrote {out}")
     return 0
+
+
+def plot(results: dict, path: Path) -> None:
+    """One panel per benchmark: measured (CPU-time based) vs its target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = []
+    if "throughput" in results:
+        t = results["throughput"]
+        panels.append(("output tok/s (CPU time)", ["engine", f"HF static b={t['hf_batch_size']}"],
+                       [t["engine"]["output_tok_per_s_cpu"], t["hf_static_batches"]["output_tok_per_s_cpu"]], None))
+    if "cached_ttft" in results:
+        t = results["cached_ttft"]
+        panels.append((f"TTFT s, {t['prefix_len']}-token prefix", ["cold", "cached"],
+                       [t["cold"]["cpu_s"], t["warm"]["cpu_s"]], t["cold"]["cpu_s"] * 0.10))
+    if "caching_overhead" in results:
+        t = results["caching_overhead"]
+        panels.append(("tok/s at 0% hits", ["caching on", "caching off"],
+                       [t["median_on"]["tok_per_s_cpu"], t["median_off"]["tok_per_s_cpu"]],
+                       t["median_off"]["tok_per_s_cpu"] * 0.97))
+    if "step_overhead" in results:
+        ms = results["step_overhead"]["cpu_ms_per_step"]
+        keys = ["schedule", "prepare_inputs", "sampler", "overhead"]
+        panels.append((f"ms/step, {results['step_overhead']['running_seqs']} seqs", keys, [ms[k] for k in keys], 2.0))
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.5))
+    for ax, (title, labels, values, target) in zip(list(getattr(axes, "flat", [axes])), panels, strict=True):
+        ax.bar(labels, values, color="tab:blue")
+        if target is not None:
+            ax.axhline(target, color="tab:red", linestyle="--", label="target")
+            ax.legend()
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(axis="x", labelsize=7, rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def summary(results: dict, name: str) -> dict:
