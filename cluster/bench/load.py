@@ -42,8 +42,9 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--mode", choices=("open", "closed"), default="closed")
     lo.add_argument("--rate", type=float, default=None,
                     help="open loop: sessions/s, Poisson (default for traces: their timestamps)")
-    lo.add_argument("--concurrency", type=int, default=8,
-                    help="closed loop: sessions in flight; open loop: cap on requests in flight, 0 = none")
+    lo.add_argument("--concurrency", type=int, default=None,
+                    help="closed loop: sessions in flight (default 8); open loop: cap on requests in flight "
+                         "(default 0 = none, arrivals are never delayed)")
     lo.add_argument("--think-time", type=float, default=0.0, help="seconds between turns of a session")
     lo.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
     lo.add_argument("--cache-salt", default=None, help="send this cache_salt with every request")
@@ -101,7 +102,8 @@ async def run_async(args, cache_salt: str | None = None) -> dict:
 
     if args.api == "chat" and args.prompt_format != "text":
         raise ValueError("--api chat needs --prompt-format text (chat messages are text)")
-    load = LoadConfig(mode=args.mode, rate=args.rate, concurrency=args.concurrency, think_time_s=args.think_time,
+    concurrency = args.concurrency if args.concurrency is not None else (8 if args.mode == "closed" else 0)
+    load = LoadConfig(mode=args.mode, rate=args.rate, concurrency=concurrency, think_time_s=args.think_time,
                       max_prompt_tokens=args.max_prompt_tokens, seed=args.seed)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     timeout = httpx.Timeout(args.timeout, connect=5.0)
