@@ -9,12 +9,13 @@ replica tokenizes it exactly as the router did.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from kvmesh.replica import protocol as p
@@ -23,7 +24,8 @@ from kvmesh.router.policies import NoReplicaError
 from kvmesh.router.service import RouterService
 
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
-_RETRYABLE = (httpx.TransportError,)
+# Failures of the upstream connection (refused, reset, timed out, truncated).
+_UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class Forwarder:
@@ -86,12 +88,12 @@ class Forwarder:
                 continue
             router.loads.on_dispatch(rid, decision.uncached_tokens)
             upstream, first, body = await self._open(spec.url + path, raw, headers)
-            if isinstance(upstream, Exception) or upstream.status_code >= 500:
+            if isinstance(upstream, Exception) or upstream.status >= 500:
                 router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
                 if isinstance(upstream, Exception):
-                    svc.mark_failed(rid, isinstance(upstream, httpx.ConnectError))
+                    svc.mark_failed(rid, isinstance(upstream, aiohttp.ClientConnectorError))
                 elif attempt + 1 < svc.config.max_attempts:
-                    await upstream.aclose()
+                    upstream.close()
                 else:  # last attempt: pass the replica's error through
                     return await self._finish(upstream, first, body, decision, req.stream)
                 svc.metrics.retries.labels(str(rid)).inc()
@@ -105,19 +107,17 @@ class Forwarder:
 
     async def _open(self, url: str, raw: bytes, headers: dict):
         """Send the request and wait for the first body bytes: (response or error, first bytes, rest)."""
-        client = self.service.client
         try:
-            upstream = await client.send(client.build_request("POST", url, content=raw, headers=headers),
-                                         stream=True)
-        except _RETRYABLE as e:
+            upstream = await self.service.session.post(url, data=raw, headers=headers)
+        except _UPSTREAM_ERRORS as e:
             return e, b"", None
-        body = upstream.aiter_raw()
+        body = upstream.content.iter_any()
         try:
             first = await body.__anext__()
         except StopAsyncIteration:
             first = b""
-        except _RETRYABLE as e:
-            await upstream.aclose()
+        except _UPSTREAM_ERRORS as e:
+            upstream.close()
             return e, b"", None
         return upstream, first, body
 
@@ -133,19 +133,20 @@ class Forwarder:
             if found:
                 self.service.metrics.reported_cached_tokens.labels(rid).inc(int(found[-1]))
 
-    async def _finish(self, upstream: httpx.Response, first: bytes, body, decision: RouteDecision,
+    async def _finish(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
                       stream: bool) -> Response:
         rid, loads = decision.replica_id, self.service.router.loads
         media = upstream.headers.get("content-type", "application/json")
-        status = upstream.status_code
+        status = upstream.status
         self.service.metrics.requests.labels(f"{status // 100}xx").inc()
         if not stream or status != 200:
             try:
                 rest = [chunk async for chunk in body]
-            except httpx.HTTPError as e:
-                raise p.ProtocolError(f"replica {rid} failed while answering: {e}; retry the request", 502) from None
+            except _UPSTREAM_ERRORS as e:
+                raise p.ProtocolError(f"replica {rid} failed while answering: {e!r}; retry the request",
+                                      502) from None
             finally:
-                await upstream.aclose()
+                upstream.release()
                 loads.on_finish(rid, decision.uncached_tokens, had_output=True)
             content = first + b"".join(rest)
             self._report_cached(str(rid), content)
@@ -153,16 +154,16 @@ class Forwarder:
         return StreamingResponse(self._relay(upstream, first, body, decision), status_code=status,
                                  media_type=media)
 
-    async def _relay(self, upstream: httpx.Response, first: bytes, body, decision: RouteDecision):
+    async def _relay(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision):
         rid = decision.replica_id
         try:
             yield first
             async for chunk in body:
                 self._report_cached(str(rid), chunk)
                 yield chunk
-        except httpx.HTTPError as e:
-            err = p.error_body(f"replica {rid} failed mid-stream: {e}; the output is incomplete", 502)
+        except _UPSTREAM_ERRORS as e:
+            err = p.error_body(f"replica {rid} failed mid-stream: {e!r}; the output is incomplete", 502)
             yield f"data: {json.dumps(err)}\n\n".encode()
         finally:
-            await upstream.aclose()
+            upstream.release()
             self.service.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)
