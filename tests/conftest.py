@@ -39,14 +39,21 @@ def ray_session():
     """One local Ray instance for the whole test session (started on first use)."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(
-            num_cpus=RAY_NUM_CPUS,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            runtime_env={"env_vars": {"KVMESH_TEST": "1"}},
-        )
+    for attempt in (1, 2):  # Ray gives its raylet a fixed 30 s to register; a loaded box can miss it once
+        if ray.is_initialized():
+            break
+        try:
+            ray.init(
+                num_cpus=RAY_NUM_CPUS,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                runtime_env={"env_vars": {"KVMESH_TEST": "1"}},
+            )
+        except Exception as e:
+            if attempt == 2 or "timed out during startup" not in str(e):
+                raise
+            ray.shutdown()
     yield ray
     ray.shutdown()
 
