@@ -36,7 +36,10 @@ def cluster(ray_session, stories_path):
     messages: list[str] = []
     serve = ServeCluster(config, report=messages.append, supervise_interval_s=0.5)
     try:
-        serve.start()
+        try:
+            serve.start()
+        except Exception as e:
+            pytest.fail(f"cluster did not start: {type(e).__name__}: {e}\nprogress:\n" + "\n".join(messages))
         serve.messages = messages
         yield serve
     finally:
