@@ -96,7 +96,7 @@ class Forwarder:
                     upstream.close()
                 else:  # last attempt: pass the replica's error through
                     return await self._finish(upstream, first, body, decision, req.stream)
-                svc.metrics.retries.labels(str(rid)).inc()
+                svc.metrics.child(svc.metrics.retries, str(rid)).inc()
                 tried.append(rid)
                 continue
             router.loads.on_first_output(rid, decision.uncached_tokens)
@@ -123,22 +123,24 @@ class Forwarder:
 
     def _count_decision(self, decision: RouteDecision, prompt_tokens: int) -> None:
         m, rid = self.service.metrics, str(decision.replica_id)
-        m.decisions.labels(rid, self.service.router.policy_name).inc()
-        m.predicted_hit_tokens.labels(rid).inc(decision.predicted_hit_tokens)
-        m.prompt_tokens.labels(rid).inc(prompt_tokens)
+        m.child(m.decisions, rid, self.service.router.policy_name).inc()
+        m.child(m.predicted_hit_tokens, rid).inc(decision.predicted_hit_tokens)
+        m.child(m.prompt_tokens, rid).inc(prompt_tokens)
 
     def _report_cached(self, rid: str, chunk: bytes) -> None:
         if b"cached_tokens" in chunk:
             found = _CACHED.findall(chunk)
             if found:
-                self.service.metrics.reported_cached_tokens.labels(rid).inc(int(found[-1]))
+                m = self.service.metrics
+                m.child(m.reported_cached_tokens, rid).inc(int(found[-1]))
 
     async def _finish(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
                       stream: bool) -> Response:
         rid, loads = decision.replica_id, self.service.router.loads
         media = upstream.headers.get("content-type", "application/json")
         status = upstream.status
-        self.service.metrics.requests.labels(f"{status // 100}xx").inc()
+        m = self.service.metrics
+        m.child(m.requests, f"{status // 100}xx").inc()
         if not stream or status != 200:
             try:
                 rest = [chunk async for chunk in body]
