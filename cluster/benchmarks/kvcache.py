@@ -28,7 +28,7 @@ from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
 SHARED_DIR = Path(os.environ.get("KVMESH_SHARED_DIR", Path(__file__).resolve().parents[3] / "shared"))
 DEFAULT_TRACE = SHARED_DIR / "traces" / "mooncake_synthetic_trace.jsonl"
-DEFAULT_POOL_BLOCKS = [12_288, 24_576, 49_152, 98_304, 196_608, 393_216, 786_432, 1_572_864]
+DEFAULT_POOL_BLOCKS = [12_288, 49_152, 196_608, 393_216, 786_432, 1_572_864]
 POLICIES = ["lru", "slru", "arc"]
 SEED = b"kvmesh-bench-seed"
 VOCAB_SIZE = 32_000
