@@ -88,14 +88,16 @@ class Forwarder:
                 continue
             router.loads.on_dispatch(rid, decision.uncached_tokens)
             upstream, first, body = await self._open(spec.url + path, raw, headers)
-            if isinstance(upstream, Exception) or upstream.status >= 500:
-                router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
-                if isinstance(upstream, Exception):
-                    svc.mark_failed(rid, isinstance(upstream, aiohttp.ClientConnectorError))
-                elif attempt + 1 < svc.config.max_attempts:
-                    upstream.close()
-                else:  # last attempt: pass the replica's error through
+            failed = isinstance(upstream, Exception)
+            if failed or upstream.status >= 500:
+                if not failed and attempt + 1 == svc.config.max_attempts:  # pass the last error through
+                    router.loads.on_first_output(rid, decision.uncached_tokens)
                     return await self._finish(upstream, first, body, decision, req.stream)
+                router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
+                if failed:
+                    svc.mark_failed(rid, isinstance(upstream, aiohttp.ClientConnectorError))
+                else:
+                    upstream.close()
                 svc.metrics.child(svc.metrics.retries, str(rid)).inc()
                 tried.append(rid)
                 continue

@@ -130,3 +130,16 @@ def test_unknown_route_is_openai_shaped_404(keyed_router):
 def test_router_binds_loopback_by_default(keyed_router):
     router = keyed_router
     assert router.config.host == "127.0.0.1" and router.url.startswith("http://127.0.0.1:")
+
+
+def test_replica_5xx_is_retried_elsewhere_and_load_accounting_stays_exact(fakes, start_router):
+    a, b = fakes
+    router = start_router([a.spec, b.spec], max_attempts=2)
+    core = router.service.router
+    a.configure(status=503)
+    outs = {complete(router, prompt(30 + i))["choices"][0]["text"] for i in range(3)}
+    assert outs == {"b"}
+    b.configure(status=500)  # both fail: the last replica's error is passed through
+    r = httpx.post(router.url + "/v1/completions", json={"prompt": prompt(40)}, timeout=20)
+    assert r.status_code in (500, 503) and "error" in r.json()
+    assert all(load.in_flight == 0 and load.pending_prefill_tokens == 0 for load in core.loads.loads.values())
