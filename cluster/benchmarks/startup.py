@@ -74,8 +74,10 @@ def one_run(args: argparse.Namespace, run_index: int) -> dict:
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     stages: list[dict] = []
+    output: list[str] = []
     ready_s = reported_s = None
     for line in proc.stdout:
+        output.append(line)
         now = time.monotonic() - t0
         if line.startswith("kvmesh: "):
             stages.append({"t_s": round(now, 2), "message": line[8:].strip()[:160]})
@@ -88,7 +90,7 @@ def one_run(args: argparse.Namespace, run_index: int) -> dict:
             break
     if ready_s is None:
         proc.kill()
-        raise RuntimeError(f"serve did not get ready within {args.timeout}s; last lines: {stages[-3:]}")
+        raise RuntimeError(f"serve did not get ready within {args.timeout}s; its output:\n" + "".join(output[-20:]))
     import httpx
 
     t1 = time.monotonic()
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "startup", "command": f"kvmesh serve --replicas {args.replicas} --model {args.model}",
         "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
         "ready_s_median": statistics.median(ready), "ready_s_all": ready,
-        "replica_rss_mib_median": statistics.median(rss) if rss else None,
+        "replica_rss_mib_median": round(statistics.median(rss), 1) if rss else None,
         "runs": runs,
     }
     out = Path(args.out)
