@@ -16,12 +16,15 @@ generated at cluster start when not configured and reaches replicas only as an a
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import inspect
 import ipaddress
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from kvmesh.cluster.config_checks import check as _check
+from kvmesh.cluster.config_checks import check_policy as _check_policy
+from kvmesh.cluster.config_checks import check_port as _check_port
+from kvmesh.cluster.config_checks import parse_size
 
 # ``model`` value that selects the tiny Llama built locally (cluster/embedded_model.py).
 EMBEDDED_MODEL = "embedded"
@@ -32,31 +35,6 @@ _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 _DEVICES = ("auto", "cpu", "cuda")
 _EVICTION_POLICIES = ("lru",)
 _PLACEMENTS = ("spread", "pack")
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_size(value: int | str | None, what: str) -> int | None:
-    """``"512MiB"``, ``"1GiB"``, ``"2e9"`` or an int -> bytes (None stays None)."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(f"{what}={value!r} is not a size; use bytes or a unit, e.g. 512MiB or 2GiB")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-def _check_port(port: int, what: str, allow_zero: bool = True) -> None:
-    low = 0 if allow_zero else 1
-    _check(low <= port <= 65535, f"{what}={port} is not a TCP port; use {low}..65535"
-           + (" (0 = ephemeral, reported through Ray)" if allow_zero else ""))
-
-
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Which model every replica serves."""
@@ -189,24 +167,6 @@ class RouterConfig:
                        f"router.host={self.host!r} is not an IP address or host name")
         _check(self.api_key is None or len(self.api_key) >= 8,
                "router.api_key is shorter than 8 characters; use a longer secret or leave it unset")
-
-
-def _check_policy(policy: str, weights: dict[str, float]) -> None:
-    """The policy exists in the router's registry and takes every weight as an option."""
-    from kvmesh.router.policies import POLICIES  # torch-free
-
-    _check(policy in POLICIES, f"router.policy={policy!r} is not a routing policy"
-           f"{_did_you_mean(policy, list(POLICIES))}; choose one of {', '.join(POLICIES)}")
-    options = {name for klass in POLICIES[policy].__mro__ if "__init__" in vars(klass)
-               for name in inspect.signature(klass.__init__).parameters} - {"self", "kwargs", "block_size", "seed"}
-    for name in weights:
-        _check(name in options, f"router.policy_weights.{name} is not an option of policy {policy!r}"
-               f"{_did_you_mean(name, sorted(options))}; its options: {', '.join(sorted(options)) or 'none'}")
-
-
-def _did_you_mean(key: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 @dataclass(frozen=True, slots=True)

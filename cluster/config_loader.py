@@ -11,7 +11,6 @@ type are rejected with the dotted path, the expected type and the value; the sec
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import types
 import typing
@@ -21,6 +20,7 @@ from typing import Any
 
 import yaml
 from kvmesh.cluster.config import ServeConfig
+from kvmesh.cluster.config_checks import did_you_mean
 
 # environment variable -> dotted config path (secrets stay out of argv, which `ps` shows)
 ENV_OVERRIDES = {"KVMESH_HASH_SEED": "cache.hash_seed", "KVMESH_API_KEY": "router.api_key"}
@@ -98,7 +98,7 @@ def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            raise ConfigError(f"{source}: unknown key {prefix}{key}{_did_you_mean(str(key), names)}; "
+            raise ConfigError(f"{source}: unknown key {prefix}{key}{did_you_mean(str(key), names)}; "
                               f"valid keys in {where}: {', '.join(names)}")
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
@@ -165,8 +165,3 @@ def _type_name(tp: Any) -> str:
 
 def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
-
-
-def _did_you_mean(key: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
