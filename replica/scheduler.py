@@ -92,16 +92,23 @@ class Scheduler:
         running, block_size, i = self.running, self.block_size, 0
         while i < len(running) and budget > 0:
             request = running[i]
+            i += 1
             computed = request.num_computed_tokens
-            num_new = min(len(request.all_token_ids) - computed, budget)
-            # Fast path: a decode token that lands inside a partly filled block and does not fill it
-            # needs no new block and completes no block to cache, so allocate_slots would do nothing.
-            fast = num_new == 1 and computed % block_size and (computed + 1) % block_size
-            if not fast and not self._allocate_or_preempt(request, num_new):
+            all_token_ids = request.all_token_ids
+            num_new = min(len(all_token_ids) - computed, budget)
+            budget -= num_new
+            if num_new == 1 and computed % block_size and (computed + 1) % block_size:
+                # Fast path: a decode token inside a partly filled block that it does not fill needs no
+                # new block and completes no block to cache, so allocate_slots would do nothing.
+                request.num_computed_tokens = computed + 1
+                scheduled.append(ScheduledRequest(
+                    request.request_id, all_token_ids[computed:computed + 1], computed, request.block_ids,
+                    len(all_token_ids) == computed + 1, request.sampling_params, request.output_token_ids))
+                continue
+            if not self._allocate_or_preempt(request, num_new):
+                budget += num_new
                 break  # the request itself was preempted (it was the newest)
             scheduled.append(self._schedule_chunk(request, num_new))
-            budget -= num_new
-            i += 1
         if self.num_preemptions == num_preemptions:  # no room was short: admit new work
             budget = self._schedule_waiting(scheduled, budget)
         out = SchedulerOutput(

@@ -109,3 +109,11 @@ def test_abort_frees_the_requests_blocks():
     assert not engine.has_unfinished_requests()
     assert engine.kv_cache_manager.usage == 0.0
     assert engine.kv_cache_manager.block_pool.get_num_free_blocks() == free_before
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3])
+def test_tiny_token_budgets_split_prefills_into_single_tokens(budget):
+    prompts = {"a": list(range(1, 12)), "b": list(range(50, 61)), "c": [7, 8, 9]}
+    outs = run_all(make_engine(max_num_batched_tokens=budget), prompts, 6)
+    for rid, prompt in prompts.items():
+        assert outs[rid] == reference(make_engine(), prompt, 6), rid
