@@ -100,9 +100,6 @@ _GAUGES = {
 }
 
 
-MAX_PLAUSIBLE_LAG_S = 86400.0
-
-
 def apply_metrics(rows: dict[str, ReplicaStatus], text: str) -> None:
     """Fill ``rows`` from the router's Prometheus text (unknown replicas get rows of their own)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -114,8 +111,6 @@ def apply_metrics(rows: dict[str, ReplicaStatus], text: str) -> None:
                 continue
             row = rows.setdefault(replica, ReplicaStatus(replica_id=replica))
             name = sample.name
-            if name == "kvmesh_router_event_lag_last_seconds" and sample.value > MAX_PLAUSIBLE_LAG_S:
-                continue  # a batch without a publish time (ts 0): no lag to show
             if name in _GAUGES:
                 current = getattr(row, _GAUGES[name])
                 kind = type(current) if current is not None else float

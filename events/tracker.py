@@ -19,6 +19,7 @@ delivered, skipping what the replay or snapshot already covered.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -176,7 +177,9 @@ class SourceTracker:
         if self.last is not None and next_seq - 1 < self.last:
             self.stats.restarts += 1  # the publisher behind the endpoint is a new one
         self._clear_next = False  # the snapshot batch starts with AllBlocksCleared itself
-        self._emit(next_seq - 1, KVEventBatch(ts=0.0, events=[AllBlocksCleared(), *events]), snapshot=True)
+        # The snapshot's state is as of now: stamp it with the time it arrived.
+        batch = KVEventBatch(ts=time.time(), events=[AllBlocksCleared(), *events])
+        self._emit(next_seq - 1, batch, snapshot=True)
         self.mode = LIVE
         self._drain()
         if self._resync_after and self.mode == LIVE:  # asked before a reconnect: maybe stale

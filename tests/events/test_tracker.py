@@ -1,5 +1,7 @@
 """SourceTracker: in-order delivery and the recovery decisions, without sockets."""
 
+import time
+
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, KVEventBatch
 from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
 
@@ -67,6 +69,16 @@ def test_late_joiner_asks_for_a_snapshot_and_skips_what_it_covers():
     h.t.on_live(6, batch(6))
     h.t.on_snapshot_end(next_seq=6)
     assert h.seqs() == [5, 6]  # the snapshot (as seq 5), then live batch 6; live 5 is covered
+
+
+def test_a_snapshot_batch_is_stamped_with_the_time_it_arrived():
+    deliveries = []
+    t = SourceTracker("r0", deliver=lambda name, seq, b: deliveries.append(b),
+                      request=lambda *a: None, notify=lambda *a: None, has_replay=True)
+    t.start(snapshot_on_start=True)
+    before = time.time()
+    t.on_snapshot_end(next_seq=1)
+    assert before <= deliveries[0].ts <= time.time()  # consumers measure event lag from ts
 
 
 def test_a_source_without_snapshots_falls_back_to_replay_from_zero_and_says_so():
