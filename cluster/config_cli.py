@@ -32,7 +32,7 @@ FLAGS: tuple[tuple[tuple[str, ...], str, dict[str, Any]], ...] = (
     (("--device",), "replicas.device", {"help": "auto, cpu, cuda"}),
     (("--max-num-seqs",), "replicas.max_num_seqs", {"type": int}),
     (("--max-restarts",), "replicas.max_restarts", {"type": int, "help": "Ray restarts of a dead replica"}),
-    (("--policy",), "router.policy", {"help": "routing policy (default kv_aware)"}),
+    (("--policy",), "router.policy", {"help": "routing policy (default cache_aware)"}),
     (("--host",), "router.host", {"help": "router bind address (default 127.0.0.1 locally, node IP in a cluster)"}),
     (("--port",), "router.port", {"type": int, "help": "router HTTP port (default 8000)"}),
     (("--api-key",), "router.api_key", {"help": "require this bearer token (prefer KVMESH_API_KEY)"}),
