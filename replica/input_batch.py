@@ -11,11 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.scheduler_output import ScheduledRequest
+
+_token_ids = attrgetter("token_ids")
+_block_ids = attrgetter("block_ids")
+_num_computed = attrgetter("num_computed_tokens")
+_sample = attrgetter("sample")
 
 
 @dataclass(slots=True)
@@ -32,14 +38,78 @@ class ModelInputs:
     """The N requests that sample, in row order."""
 
 
-def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device) -> ModelInputs:
-    """Build the step's tensors; ``scheduled`` must be non-empty."""
-    reqs = sorted(scheduled, key=lambda r: len(r.token_ids) != 1)  # stable: decodes first
+class BlockTables:
+    """Block tables kept between steps, one row per live request, updated incrementally.
+
+    The scheduler hands over each request's live ``block_ids`` list, which it only ever extends;
+    it gives a request a *new* list object when it re-admits it (after preemption). So: the same
+    object as last step -> copy only the appended ids; another object -> rewrite the row. Rows are
+    released with ``free`` when requests finish.
+    """
+
+    def __init__(self, num_rows: int = 256, num_cols: int = 64) -> None:
+        self.table = np.zeros((num_rows, num_cols), np.int32)  # [rows, max blocks per request]
+        self.entries: dict[str, list] = {}  # request_id -> [row, block_ids list object, ids written]
+        self.free_rows = list(range(num_rows - 1, -1, -1))
+
+    def free(self, request_ids) -> None:
+        for rid in request_ids:
+            entry = self.entries.pop(rid, None)
+            if entry is not None:
+                self.table[entry[0], : entry[2]] = 0
+                self.free_rows.append(entry[0])
+
+    def gather(self, reqs: list[ScheduledRequest], width: int) -> np.ndarray:
+        """[len(reqs), width] block tables of ``reqs`` (0-padded)."""
+        if width > self.table.shape[1]:
+            self.table = np.pad(self.table, ((0, 0), (0, max(width, 2 * self.table.shape[1]) - self.table.shape[1])))
+        rows: list[int] = []
+        entries = self.entries
+        for r in reqs:
+            ids = r.block_ids
+            entry = entries.get(r.request_id)
+            if entry is None or entry[1] is not ids or entry[2] != len(ids):
+                entry = self._update(r.request_id, entry, ids)
+            rows.append(entry[0])
+        table = self.table
+        return table[:, :width].take(rows, axis=0)
+
+    def _update(self, request_id: str, entry: list | None, ids: list[int]) -> list:
+        if entry is None:
+            entry = self.entries[request_id] = [self._new_row(), None, 0]
+        row, known, written = entry
+        if known is not ids or len(ids) < written:  # a new table: rewrite the row
+            self.table[row, : len(ids)] = ids
+            self.table[row, len(ids): written] = 0
+            entry[1] = ids
+        else:  # the same table, extended
+            self.table[row, written: len(ids)] = ids[written:]
+        entry[2] = len(ids)
+        return entry
+
+    def _new_row(self) -> int:
+        if not self.free_rows:
+            old = self.table.shape[0]
+            self.table = np.concatenate([self.table, np.zeros_like(self.table)])
+            self.free_rows = list(range(2 * old - 1, old - 1, -1))
+        return self.free_rows.pop()
+
+
+def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device,
+                   block_tables_cache: BlockTables | None = None) -> ModelInputs:
+    """Build the step's tensors; ``scheduled`` must be non-empty. With ``block_tables_cache`` the
+    block tables are updated incrementally (the runner's path); without, built from scratch."""
+    # map/attrgetter iterate in C: no Python frame per request
+    query_lens = np.fromiter(map(len, map(_token_ids, scheduled)), np.int64, len(scheduled))
+    is_prefill = query_lens != 1
+    num_decodes = len(scheduled) - int(is_prefill.sum())
+    reqs = scheduled
+    if num_decodes and is_prefill[:num_decodes].any():  # stable reorder: decodes first
+        order = np.argsort(is_prefill, kind="stable")
+        reqs, query_lens = [scheduled[i] for i in order], query_lens[order]
     n = len(reqs)
-    num_decodes = sum(1 for r in reqs if len(r.token_ids) == 1)
-    query_lens = np.fromiter((len(r.token_ids) for r in reqs), np.int64, n)
-    num_computed = np.fromiter((r.num_computed_tokens for r in reqs), np.int64, n)
-    num_blocks = np.fromiter((len(r.block_ids) for r in reqs), np.int64, n)
+    num_computed = np.fromiter(map(_num_computed, reqs), np.int64, n)
+    num_blocks = np.fromiter(map(len, map(_block_ids, reqs)), np.int64, n)
     query_start_loc = np.zeros(n + 1, np.int64)
     np.cumsum(query_lens, out=query_start_loc[1:])
     num_tokens = int(query_start_loc[-1])
@@ -49,15 +119,21 @@ def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int, device: t
         raise ValueError(f"request {reqs[bad].request_id} needs {seq_lens[bad]} token slots but its block table "
                          f"has {num_blocks[bad]} blocks of {block_size}; the scheduler must allocate them first")
 
-    input_ids = np.fromiter(chain.from_iterable(r.token_ids for r in reqs), np.int64, num_tokens)
-    req_of_token = np.repeat(np.arange(n), query_lens)
-    positions = np.arange(num_tokens) - np.repeat(query_start_loc[:-1] - num_computed, query_lens)
-    block_tables = np.zeros((n, int(num_blocks.max())), np.int32)  # 0 = null block padding
-    block_tables[np.arange(block_tables.shape[1])[None, :] < num_blocks[:, None]] = np.fromiter(
-        chain.from_iterable(r.block_ids for r in reqs), np.int32, int(num_blocks.sum()))
+    input_ids = np.fromiter(chain.from_iterable(map(_token_ids, reqs)), np.int64, num_tokens)
+    if num_tokens == n:  # decode-only step: one token per request
+        req_of_token, positions = np.arange(n), num_computed
+    else:
+        req_of_token = np.repeat(np.arange(n), query_lens)
+        positions = np.arange(num_tokens) - np.repeat(query_start_loc[:-1] - num_computed, query_lens)
+    if block_tables_cache is not None:
+        block_tables = block_tables_cache.gather(reqs, int(num_blocks.max()))
+    else:
+        block_tables = np.zeros((n, int(num_blocks.max())), np.int32)  # 0 = null block padding
+        block_tables[np.arange(block_tables.shape[1])[None, :] < num_blocks[:, None]] = np.fromiter(
+            chain.from_iterable(map(_block_ids, reqs)), np.int32, int(num_blocks.sum()))
     slot_mapping = block_tables[req_of_token, positions // block_size].astype(np.int64) * block_size
     slot_mapping += positions % block_size
-    sample_mask = np.fromiter((r.sample for r in reqs), bool, n)
+    sample_mask = np.fromiter(map(_sample, reqs), bool, n)
     logits_indices = query_start_loc[1:][sample_mask] - 1
 
     def dev(a: np.ndarray) -> torch.Tensor:
@@ -71,5 +147,5 @@ def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int, device: t
         block_tables=dev(block_tables), slot_mapping=dev(slot_mapping),
         query_start_loc_cpu=query_start_loc.tolist(), seq_lens_cpu=seq_lens.tolist(),
     )
-    return ModelInputs(dev(input_ids), dev(positions), common, dev(logits_indices),
-                       [r for r in reqs if r.sample])
+    sample_requests = reqs if sample_mask.all() else [r for r in reqs if r.sample]
+    return ModelInputs(dev(input_ids), dev(positions), common, dev(logits_indices), sample_requests)

@@ -14,7 +14,7 @@ import os
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.input_batch import prepare_inputs
+from kvmesh.replica.input_batch import BlockTables, prepare_inputs
 from kvmesh.replica.kv_cache import (
     allocate_kv_cache,
     bytes_per_block,
@@ -63,6 +63,7 @@ class ModelRunner:
         self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, layer_shape, self.dtype, self.device)
         for i, attn in enumerate(self.model.attention_layers()):
             attn.kv_cache = self.kv_cache[i]
+        self.block_tables = BlockTables(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
 
@@ -125,9 +126,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the sampled token of every scheduled request with ``sample=True``."""
+        if out.finished_request_ids:
+            self.block_tables.free(out.finished_request_ids)
         if out.is_empty:
             return {}
-        inputs = prepare_inputs(out.scheduled, self.block_size, self.device)
+        inputs = prepare_inputs(out.scheduled, self.block_size, self.device, self.block_tables)
         attn_metadata = self.attn_backend.build(inputs.common)
         hidden = self.model(inputs.input_ids, inputs.positions, attn_metadata)  # [T, H]
         if not inputs.sample_requests:

@@ -1,0 +1,49 @@
+"""Input preparation: positions, slots and logits rows from a SchedulerOutput; incremental block tables."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from kvmesh.replica.input_batch import BlockTables, prepare_inputs
+from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.scheduler_output import ScheduledRequest
+
+CPU = torch.device("cpu")
+SP = SamplingParams(temperature=0.0)
+
+
+def test_decodes_go_first_and_positions_slots_follow_the_block_tables():
+    reqs = [ScheduledRequest("p", [10, 11, 12], 2, [7, 3], True, SP),  # positions 2..4 in blocks 7, 3
+            ScheduledRequest("d", [20], 5, [9, 4], True, SP),          # position 5 -> block 4, offset 1
+            ScheduledRequest("c", [30, 31], 0, [5], False, SP)]        # a chunk that does not sample
+    inputs = prepare_inputs(reqs, 4, CPU)
+    assert inputs.input_ids.tolist() == [20, 10, 11, 12, 30, 31]
+    assert inputs.positions.tolist() == [5, 2, 3, 4, 0, 1]
+    assert inputs.common.slot_mapping.tolist() == [4 * 4 + 1, 7 * 4 + 2, 7 * 4 + 3, 3 * 4 + 0, 5 * 4, 5 * 4 + 1]
+    assert inputs.common.num_decodes == 1
+    assert inputs.common.query_start_loc_cpu == [0, 1, 4, 6] and inputs.common.seq_lens_cpu == [6, 5, 2]
+    assert inputs.common.block_tables.tolist() == [[9, 4], [7, 3], [5, 0]]
+    assert inputs.logits_indices.tolist() == [0, 3]
+    assert [r.request_id for r in inputs.sample_requests] == ["d", "p"]
+
+
+def test_incremental_block_tables_match_tables_built_from_scratch():
+    rng = random.Random(0)
+    cache = BlockTables(num_rows=2, num_cols=2)  # both grow
+    live = {f"r{i}": [rng.randrange(1, 500) for _ in range(rng.randrange(1, 4))] for i in range(6)}
+    for _ in range(30):
+        rid = rng.choice(sorted(live))
+        action = rng.random()
+        if action < 0.5:
+            live[rid].extend(rng.randrange(1, 500) for _ in range(rng.randrange(0, 3)))  # extended in place
+        elif action < 0.7:
+            live[rid] = [rng.randrange(1, 500) for _ in range(rng.randrange(1, 6))]  # re-admitted: a new list
+        elif action < 0.8:
+            cache.free([rid])
+            live[f"n{rng.random()}"] = live.pop(rid)[:]
+        reqs = [ScheduledRequest(r, [1], 0, ids, True, SP) for r, ids in live.items()]
+        width = max(len(ids) for ids in live.values())
+        expected = np.array([ids + [0] * (width - len(ids)) for ids in live.values()], np.int32)
+        np.testing.assert_array_equal(cache.gather(reqs, width), expected)
