@@ -136,37 +136,30 @@ class LLMEngine:
 
     def _process_sampled(self, sampled: dict[str, int]) -> list[RequestOutput]:
         """Append each sampled token, run the stop checks, build the outputs (the per-token hot path:
-        a token that cannot end its request and has no text to decode takes the short branch)."""
+        a running request without text to decode gets its output built without the general path)."""
         now = time.monotonic()
         outputs: list[RequestOutput] = []
         finished: list[Request] = []
         requests, detokenizers = self.scheduler.requests, self._detokenizers
-        ttft_observe, tpot_observe = self._stats.ttft.observe, self._stats.tpot.observe
+        append_token = self._append_token
         for request_id, token in sampled.items():
             request = requests.get(request_id)
             if request is None:
                 continue
-            if request.first_token_time is None:
-                request.first_token_time = now
-                ttft_observe(now - request.arrival_time)
-            else:
-                tpot_observe(now - request.last_token_time)
-            request.last_token_time = now
-            output_token_ids = request.output_token_ids
-            output_token_ids.append(token)
-            request.all_token_ids.append(token)
-            if (detokenizers or token in request.stop_token_ids
-                    or len(output_token_ids) >= request.sampling_params.max_tokens):
-                try:
-                    if self._check_stop(request, token):
-                        finished.append(request)
+            try:
+                done = append_token(request, token, now)
+                if done or detokenizers:
                     outputs.append(self._make_output(request, [token]))
-                except Exception as e:  # e.g. a tokenizer failure: only this request fails
-                    logger.exception("request %s failed while processing its output", request_id)
-                    self.fail_request(request_id, f"output processing error: {e!r}")
-            else:
-                outputs.append(RequestOutput(request_id, request.prompt_token_ids, [token], output_token_ids.copy(),
-                                             "", "", False, None, None, request.num_cached_tokens))
+                else:
+                    outputs.append(RequestOutput(request_id, request.prompt_token_ids, [token],
+                                                 request.output_token_ids.copy(), "", "", False, None, None,
+                                                 request.num_cached_tokens))
+            except Exception as e:  # e.g. a tokenizer failure: only this request fails
+                logger.exception("request %s failed while processing its output", request_id)
+                self.fail_request(request_id, f"output processing error: {e!r}")
+                continue
+            if done:
+                finished.append(request)
         self._stats.num_generation_tokens += len(sampled)
         self.scheduler.finish_running(finished)
         for request in finished:
@@ -175,13 +168,22 @@ class LLMEngine:
         self._pending = []
         return outputs
 
-    def _check_stop(self, request: Request, token: int) -> bool:
-        """Detokenize the new token and check every stop rule; True when the request ended (status set)."""
-        detok = self._detokenizers.get(request.request_id)
-        if detok is not None and (stop_str := detok.update(token)) is not None:
-            request.status = RequestStatus.FINISHED_STOPPED
-            request.stop_reason = stop_str
-            return True
+    def _append_token(self, request: Request, token: int, now: float) -> bool:
+        """Add a sampled token and run every stop rule; True when it ended the request (status set)."""
+        if request.first_token_time is None:
+            request.first_token_time = now
+            self._stats.ttft.observe(now - request.arrival_time)
+        else:
+            self._stats.tpot.observe(now - request.last_token_time)
+        request.last_token_time = now
+        request.output_token_ids.append(token)
+        request.all_token_ids.append(token)
+        if self._detokenizers:
+            detok = self._detokenizers.get(request.request_id)
+            if detok is not None and (stop_str := detok.update(token)) is not None:
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = stop_str
+                return True
         if token in request.stop_token_ids or len(request.output_token_ids) >= request.sampling_params.max_tokens:
             return request.check_stop_token()
         return False
