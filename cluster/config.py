@@ -25,6 +25,7 @@ from kvmesh.cluster.config_checks import check as _check
 from kvmesh.cluster.config_checks import check_policy as _check_policy
 from kvmesh.cluster.config_checks import check_port as _check_port
 from kvmesh.cluster.config_checks import parse_size
+from kvmesh.kvcache.eviction import EVICTION_POLICIES
 
 # ``model`` value that selects the tiny Llama built locally (cluster/embedded_model.py).
 EMBEDDED_MODEL = "embedded"
@@ -33,7 +34,7 @@ REDACTED = "<redacted>"
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 _DEVICES = ("auto", "cpu", "cuda")
-_EVICTION_POLICIES = ("lru",)
+_EVICTION_POLICIES = tuple(EVICTION_POLICIES)  # the kvcache registry: lru, slru, arc
 _PLACEMENTS = ("spread", "pack")
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
