@@ -1,7 +1,7 @@
 """SchedulerOutput -> the step's input tensors, with numpy (no per-token Python loops).
 
-Requests are reordered decodes-first (see attention/metadata.py); all index arithmetic is done on
-whole arrays:
+Requests are reordered decodes-first, longest context first (see attention/metadata.py); all index
+arithmetic is done on whole arrays:
     positions[t]   = num_computed_tokens[req(t)] + (t - query_start_loc[req(t)])
     slot_mapping[t] = block_table[req(t), positions[t] // block_size] * block_size + positions[t] % block_size
     logits_indices  = query_start_loc[1:] - 1 for the requests that sample (their last token)
@@ -100,15 +100,16 @@ def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int, device: t
     """Build the step's tensors; ``scheduled`` must be non-empty. With ``block_tables_cache`` the
     block tables are updated incrementally (the runner's path); without, built from scratch."""
     # map/attrgetter iterate in C: no Python frame per request
-    query_lens = np.fromiter(map(len, map(_token_ids, scheduled)), np.int64, len(scheduled))
+    n = len(scheduled)
+    query_lens = np.fromiter(map(len, map(_token_ids, scheduled)), np.int64, n)
+    num_computed = np.fromiter(map(_num_computed, scheduled), np.int64, n)
     is_prefill = query_lens != 1
-    num_decodes = len(scheduled) - int(is_prefill.sum())
+    num_decodes = n - int(is_prefill.sum())
     reqs = scheduled
-    if num_decodes and is_prefill[:num_decodes].any():  # stable reorder: decodes first
-        order = np.argsort(is_prefill, kind="stable")
-        reqs, query_lens = [scheduled[i] for i in order], query_lens[order]
-    n = len(reqs)
-    num_computed = np.fromiter(map(_num_computed, reqs), np.int64, n)
+    if num_decodes:  # decodes first, longest context first (attention groups them by length); prefills stable
+        order = np.lexsort((np.where(is_prefill, 0, -num_computed), is_prefill))
+        if (order != np.arange(n)).any():
+            reqs, query_lens, num_computed = [scheduled[i] for i in order], query_lens[order], num_computed[order]
     num_blocks = np.fromiter(map(len, map(_block_ids, reqs)), np.int64, n)
     query_start_loc = np.zeros(n + 1, np.int64)
     np.cumsum(query_lens, out=query_start_loc[1:])

@@ -6,9 +6,10 @@ no transposes, exactly the ``[heads, keys, head_dim]`` operand batched matmuls w
     per layer: [2, num_kv_heads, num_blocks, block_size, head_dim]
     slot s = block_id * block_size + offset  ->  kv[:, h].view(-1, head_dim)[s]
 
-Decode rows (one query token each) are attended together: their blocks are gathered into
-``[Hk * D, L, Dh]`` (L = longest decode context rounded up to whole blocks), keys past each row's
-``seq_len`` get -inf. Prefill chunks run one request at a time with the causal diagonal shifted by
+Decode rows (one query token each) are attended together in a few groups: the runner orders them
+longest first, and rows whose context is at least half the group's longest share a group. A
+group's blocks are gathered into ``[Hk * rows, L, Dh]`` (L = its longest context in whole
+blocks), keys past each row's ``seq_len`` get -inf. Grouping bounds the padding the gather copies. Prefill chunks run one request at a time with the causal diagonal shifted by
 the cached prefix: query i (position ctx + i) sees keys 0..ctx + i.
 """
 
@@ -34,15 +35,28 @@ class PrefillChunk:
 
 
 @dataclass(slots=True)
+class DecodeGroup:
+    """Consecutive decode rows attended with one padded gather."""
+
+    start: int
+    end: int
+    block_ids: torch.Tensor
+    """[(end - start) * max_blocks] int64 block ids, row after row (0-padded)."""
+    bias: torch.Tensor
+    """[end - start, 1, max_blocks * block_size] float: 0 where key position < seq_len, else -inf."""
+
+
+MIN_GROUP_ROWS = 8  # a decode group is never cut below this many rows (per-group cost is fixed)
+
+
+@dataclass(slots=True)
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor
     """[T] cache slot of every token of the step."""
     num_decodes: int
     """Leading decode rows."""
-    decode_block_ids: torch.Tensor | None
-    """[D * max_decode_blocks] block ids of the decode rows, row after row (0-padded)."""
-    decode_bias: torch.Tensor | None
-    """[D, 1, max_decode_blocks * block_size] float: 0 where key position < seq_len, else -inf."""
+    decode_groups: list[DecodeGroup]
+    """The decode rows, in groups of similar context length."""
     prefills: list[PrefillChunk]
     """The prefill chunks after the decode rows."""
 
@@ -57,14 +71,21 @@ class TorchAttentionBackend:
     def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         bs, d = common.block_size, common.num_decodes
         device = common.slot_mapping.device
-        decode_ids = decode_bias = None
+        groups = []
         if d:
-            max_len = max(common.seq_lens_cpu[:d])
-            num_blocks = -(-max_len // bs)
-            decode_ids = common.block_tables[:d, :num_blocks].reshape(-1).long()  # int64: 3x faster gathers
-            key_pos = torch.arange(num_blocks * bs, device=device, dtype=common.seq_lens.dtype)  # same dtype: 5x faster
-            decode_bias = torch.zeros(d, 1, num_blocks * bs, device=device)
-            decode_bias.masked_fill_((key_pos[None, :] >= common.seq_lens[:d, None]).unsqueeze(1), float("-inf"))
+            blocks = [-(-n // bs) for n in common.seq_lens_cpu[:d]]
+            start = 0
+            while start < d:
+                end = start + 1
+                while end < d and (2 * blocks[end] >= blocks[start] or end - start < MIN_GROUP_ROWS):
+                    end += 1
+                width = max(blocks[start:end])  # == blocks[start] when rows come longest first
+                ids = common.block_tables[start:end, :width].reshape(-1).long()  # int64: 3x faster gathers
+                key_pos = torch.arange(width * bs, device=device, dtype=common.seq_lens.dtype)  # same dtype: 5x faster
+                bias = torch.zeros(end - start, 1, width * bs, device=device)
+                bias.masked_fill_((key_pos[None, :] >= common.seq_lens[start:end, None]).unsqueeze(1), float("-inf"))
+                groups.append(DecodeGroup(start, end, ids, bias))
+                start = end
         prefills = []
         qsl, seq_lens = common.query_start_loc_cpu, common.seq_lens_cpu
         for i in range(d, common.num_reqs):
@@ -78,7 +99,7 @@ class TorchAttentionBackend:
                 q_pos = torch.arange(ctx, seq_len, device=device)
                 mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
             prefills.append(PrefillChunk(qsl[i], qsl[i + 1], key_slots, mask))
-        return TorchAttentionMetadata(common.slot_mapping, d, decode_ids, decode_bias, prefills)
+        return TorchAttentionMetadata(common.slot_mapping, d, groups, prefills)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
                 md: TorchAttentionMetadata, scale: float) -> torch.Tensor:
@@ -90,10 +111,9 @@ class TorchAttentionBackend:
             v_slots.index_copy_(1, md.slot_mapping, v.transpose(0, 1))
             num_slots = k_slots.shape[1]
         out = torch.empty_like(q)
-        d = md.num_decodes
-        if d:
-            out[:d] = self._decode(q[:d], kv_cache, md, scale)
-        group = q.shape[1] // num_kv_heads
+        for g in md.decode_groups:
+            out[g.start:g.end] = self._decode(q[g.start:g.end], kv_cache, g, scale)
+        gqa = q.shape[1] // num_kv_heads
         for chunk in md.prefills:
             qc = q[chunk.q_start:chunk.q_end].transpose(0, 1)  # [Hq, Lq, Dh]
             if chunk.key_slots is None:
@@ -103,30 +123,30 @@ class TorchAttentionBackend:
                 rows = _head_offsets(num_kv_heads, num_slots, chunk.key_slots)  # rows of [Hk * num_slots, Dh]
                 kc = k_slots.view(-1, head_dim).index_select(0, rows).view(num_kv_heads, -1, head_dim)
                 vc = v_slots.view(-1, head_dim).index_select(0, rows).view(num_kv_heads, -1, head_dim)
-            if group > 1:  # SDPA's fused CPU kernels take neither enable_gqa nor 3-d inputs (4x slower)
-                kc, vc = kc.repeat_interleave(group, dim=0), vc.repeat_interleave(group, dim=0)
+            if gqa > 1:  # SDPA's fused CPU kernels take neither enable_gqa nor 3-d inputs (4x slower)
+                kc, vc = kc.repeat_interleave(gqa, dim=0), vc.repeat_interleave(gqa, dim=0)
             o = F.scaled_dot_product_attention(qc[None], kc[None], vc[None], attn_mask=chunk.mask,
                                                is_causal=chunk.mask is None, scale=scale)
             out[chunk.q_start:chunk.q_end] = o[0].transpose(0, 1)
         return out
 
     @staticmethod
-    def _decode(q: torch.Tensor, kv_cache: torch.Tensor, md: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+    def _decode(q: torch.Tensor, kv_cache: torch.Tensor, dg: DecodeGroup, scale: float) -> torch.Tensor:
         d, num_heads, head_dim = q.shape
         num_kv_heads = kv_cache.shape[1]
-        group = num_heads // num_kv_heads
+        gqa = num_heads // num_kv_heads
         # rows of the [Hk * num_blocks, bs * Dh] view -> [Hk * D, L, Dh]: row (h, d) = request d's keys of head h
-        rows = _head_offsets(num_kv_heads, kv_cache.shape[2], md.decode_block_ids)
+        rows = _head_offsets(num_kv_heads, kv_cache.shape[2], dg.block_ids)
         block_dim = kv_cache.shape[3] * head_dim
         keys = kv_cache[0].view(-1, block_dim).index_select(0, rows).view(num_kv_heads * d, -1, head_dim)
         values = kv_cache[1].view(-1, block_dim).index_select(0, rows).view(num_kv_heads * d, -1, head_dim)
         # query heads of one K/V head side by side: [D, Hk, G, Dh] -> [Hk * D, G, Dh]
-        qg = (q * scale).view(d, num_kv_heads, group, head_dim).transpose(0, 1).reshape(-1, group, head_dim)
+        qg = (q * scale).view(d, num_kv_heads, gqa, head_dim).transpose(0, 1).reshape(-1, gqa, head_dim)
         scores = torch.bmm(qg, keys.transpose(1, 2))  # [Hk * D, G, L]
-        scores.view(num_kv_heads, d, group, -1).add_(md.decode_bias)
+        scores.view(num_kv_heads, d, gqa, -1).add_(dg.bias)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.bmm(probs, values)  # [Hk * D, G, Dh]
-        return out.view(num_kv_heads, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
+        return out.view(num_kv_heads, d, gqa, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
 
 
 def _head_offsets(num_kv_heads: int, per_head: int, ids: torch.Tensor) -> torch.Tensor:

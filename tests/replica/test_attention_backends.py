@@ -92,6 +92,17 @@ def test_torch_backend_decode_only_and_prefill_only_batches():
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_torch_backend_groups_decode_rows_of_very_different_lengths():
+    specs = [(n, 1) for n in (90, 85, 60, 44, 40, 33, 30, 21, 20, 17, 9, 8, 7, 5, 3, 2, 1, 0)]  # longest first
+    q, k, v, cache, common, tables = make_step(specs, torch.device("cpu"), num_blocks=200, seed=2)
+    expected, _ = reference(q, k, v, cache, specs, tables, 0.5)
+    backend = get_attn_backend("torch", torch.device("cpu"), torch.float32)
+    md = backend.build(common)
+    assert len(md.decode_groups) > 1
+    got = backend.forward(q, k, v, in_layout(cache, backend), md, 0.5)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_auto_backend_is_torch_on_cpu_and_unknown_names_are_rejected():
     assert get_attn_backend(None, torch.device("cpu"), torch.float32).name == "torch"
     with pytest.raises(ValueError, match="unknown attention backend"):

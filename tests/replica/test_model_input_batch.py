@@ -29,6 +29,13 @@ def test_decodes_go_first_and_positions_slots_follow_the_block_tables():
     assert [r.request_id for r in inputs.sample_requests] == ["d", "p"]
 
 
+def test_decode_rows_are_ordered_longest_context_first():
+    reqs = [ScheduledRequest(f"d{n}", [1], n, [1, 2, 3, 4], True, SP) for n in (3, 9, 0, 12)]
+    inputs = prepare_inputs(reqs, 4, CPU)
+    assert inputs.common.seq_lens_cpu == [13, 10, 4, 1]
+    assert [r.request_id for r in inputs.sample_requests] == ["d12", "d9", "d3", "d0"]
+
+
 def test_incremental_block_tables_match_tables_built_from_scratch():
     rng = random.Random(0)
     cache = BlockTables(num_rows=2, num_cols=2)  # both grow
