@@ -44,6 +44,10 @@ class DecodeGroup:
     """[(end - start) * max_blocks] int64 block ids, row after row (0-padded)."""
     bias: torch.Tensor
     """[end - start, 1, max_blocks * block_size] float: 0 where key position < seq_len, else -inf."""
+    pv_rows: torch.Tensor | None = None
+    """[Hk * rows * G * L] value rows each query head sums (built by the first layer, reused by the rest)."""
+    pv_offsets: torch.Tensor | None = None
+    """[Hk * rows * G] start of each query head's bag in ``pv_rows``."""
 
 
 MIN_GROUP_ROWS = 8  # a decode group is never cut below this many rows (per-group cost is fixed)
@@ -139,13 +143,20 @@ class TorchAttentionBackend:
         rows = _head_offsets(num_kv_heads, kv_cache.shape[2], dg.block_ids)
         block_dim = kv_cache.shape[3] * head_dim
         keys = kv_cache[0].view(-1, block_dim).index_select(0, rows).view(num_kv_heads * d, -1, head_dim)
-        values = kv_cache[1].view(-1, block_dim).index_select(0, rows).view(num_kv_heads * d, -1, head_dim)
         # query heads of one K/V head side by side: [D, Hk, G, Dh] -> [Hk * D, G, Dh]
         qg = (q * scale).view(d, num_kv_heads, gqa, head_dim).transpose(0, 1).reshape(-1, gqa, head_dim)
         scores = torch.bmm(qg, keys.transpose(1, 2))  # [Hk * D, G, L]
         scores.view(num_kv_heads, d, gqa, -1).add_(dg.bias)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.bmm(probs, values)  # [Hk * D, G, Dh]
+        # probs @ V without gathering V: each query head's output is a weighted sum of value rows
+        if dg.pv_rows is None:
+            block_size, length = kv_cache.shape[3], scores.shape[-1]
+            slots = (dg.block_ids.view(d, -1, 1) * block_size + torch.arange(block_size, device=q.device)).view(d, -1)
+            per_head = _head_offsets(num_kv_heads, kv_cache.shape[2] * block_size, slots.view(-1)).view(-1, 1, length)
+            dg.pv_rows = per_head.expand(-1, gqa, -1).reshape(-1)  # [Hk * D * G * L]
+            dg.pv_offsets = torch.arange(0, dg.pv_rows.numel(), length, device=q.device)
+        out = F.embedding_bag(dg.pv_rows, kv_cache[1].view(-1, head_dim), dg.pv_offsets, mode="sum",
+                              per_sample_weights=probs.view(-1))  # [Hk * D * G, Dh]
         return out.view(num_kv_heads, d, gqa, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
 
 
