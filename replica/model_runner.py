@@ -148,7 +148,9 @@ def _pick_device(device: str | None, rank: int) -> torch.device:
     if device == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("device='cuda' but torch sees no CUDA device; use device='cpu'")
-        return torch.device("cuda", rank % torch.cuda.device_count())
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)  # NCCL collectives and .cuda() use the current device
+        return dev
     return torch.device(device)
 
 
