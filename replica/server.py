@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from kvmesh.replica import protocol as p
+from kvmesh.replica.http_errors import error_response, install_error_handlers
 from kvmesh.replica.metrics import CONTENT_TYPE, ReplicaMetrics
 from kvmesh.replica.server_openai import OpenAIHandlers
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
 
@@ -92,10 +92,6 @@ class ServerState:
                 "tensor_parallel_size": e.tensor_parallel_size, "version": "kvmesh", **self.extra_info}
 
 
-def _error(e: p.ProtocolError) -> JSONResponse:
-    return JSONResponse(e.to_dict(), status_code=e.status_code)
-
-
 KNOWN_PATHS = frozenset({
     "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/health", "/metrics", "/load",
     "/server_info", "/get_server_info", "/model_info", "/get_model_info",
@@ -122,7 +118,7 @@ class AuthAndCountMiddleware:
             if not hmac.compare_digest(header, self.expected):
                 self.state.metrics.count_request(label, 401)
                 err = p.ProtocolError("missing or wrong API key; send 'Authorization: Bearer <key>'", 401)
-                return await _error(err)(scope, receive, send)
+                return await error_response(err)(scope, receive, send)
         status = [500]
 
         async def send_counting(message: dict) -> None:
@@ -143,18 +139,7 @@ def build_app(state: ServerState) -> FastAPI:
     handlers = OpenAIHandlers(state)
     app.add_middleware(AuthAndCountMiddleware, state=state)
 
-    @app.exception_handler(p.ProtocolError)
-    async def protocol_error(_: Request, e: p.ProtocolError):
-        return _error(e)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException):
-        return _error(p.ProtocolError(str(e.detail), e.status_code))
-
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, e: Exception):
-        logger.exception("unhandled error in a request")
-        return _error(p.ProtocolError(f"internal error: {e!r}", 500))
+    install_error_handlers(app, "replica")
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -189,7 +174,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def health():
         reason = state.engine.dead_reason()
         if reason is not None:
-            return _error(p.ProtocolError(f"replica is not healthy: {reason}", 503))
+            return error_response(p.ProtocolError(f"replica is not healthy: {reason}", 503))
         return Response(status_code=200)
 
     @app.get("/metrics")

@@ -24,17 +24,13 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from kvmesh.replica import protocol as p
+from kvmesh.replica.http_errors import install_error_handlers
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.forward import Forwarder
 from kvmesh.router.metrics import CONTENT_TYPE
 from kvmesh.router.service import RouterService
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
-
-
-def _error(e: p.ProtocolError) -> JSONResponse:
-    return JSONResponse(e.to_dict(), status_code=e.status_code)
 
 
 def build_app(service: RouterService) -> FastAPI:
@@ -57,19 +53,9 @@ def build_app(service: RouterService) -> FastAPI:
         if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
             raise p.ProtocolError("missing or wrong API key; send 'Authorization: Bearer <key>'", 401)
 
-    @app.exception_handler(p.ProtocolError)
-    async def protocol_error(_: Request, e: p.ProtocolError):
-        service.metrics.requests.labels(f"{e.status_code // 100}xx").inc()
-        return _error(e)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException):
-        return _error(p.ProtocolError(str(e.detail), e.status_code))
-
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, e: Exception):
-        logger.exception("router error")
-        return _error(p.ProtocolError(f"internal router error: {type(e).__name__}: {e}", 500))
+    install_error_handlers(
+        app, "router", on_error=lambda e: service.metrics.requests.labels(f"{e.status_code // 100}xx").inc()
+    )
 
     @app.post("/v1/completions")
     async def completions(request: Request):
