@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from kvmesh.router.index import PrefixIndex
 from kvmesh.router.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.load import LoadTracker
-from kvmesh.router.policies import DEFAULT_POLICY, NoReplicaError, get_policy
+from kvmesh.router.policies import DEFAULT_POLICY, NoReplicaError, Policy, get_policy
 
 _ns = time.perf_counter_ns
 
@@ -42,13 +42,16 @@ class RouteDecision:
 class KVRouter:
     """Index + loads + health + policy: decides where each request goes."""
 
-    def __init__(self, block_size: int = 16, policy: str = DEFAULT_POLICY, policy_kwargs: dict | None = None,
-                 seed: int = DEFAULT_ROUTER_SEED, predict_ttl_s: float = 2.0) -> None:
+    def __init__(self, block_size: int = 16, policy: str | Policy = DEFAULT_POLICY,
+                 policy_kwargs: dict | None = None, seed: int = DEFAULT_ROUTER_SEED,
+                 predict_ttl_s: float = 2.0) -> None:
         self.hasher = RouterKeyHasher(block_size, seed)
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
         self.loads = LoadTracker()
-        self.policy_name = policy
-        self.policy = get_policy(policy, block_size=block_size, **(policy_kwargs or {}))
+        if isinstance(policy, str):  # a registry name, or a policy built by the caller
+            policy = get_policy(policy, block_size=block_size, **(policy_kwargs or {}))
+        self.policy = policy
+        self.policy_name = policy.name
         self.healthy: set[Hashable] = set()
         """Replicas that may receive requests."""
         self.lock = threading.Lock()
@@ -95,16 +98,17 @@ class KVRouter:
 
     # ---------------------------------------------------------------- decisions
     def route(self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None,
-              exclude: Iterable[Hashable] = ()) -> RouteDecision:
+              exclude: Iterable[Hashable] = (), now: float | None = None) -> RouteDecision:
         """Choose a healthy replica (not in ``exclude``) for a prompt; credits it with the prompt's blocks.
 
-        Raises NoReplicaError when no candidate is left.
+        ``now`` is the clock that predictions expire by (``time.monotonic()`` when None; the
+        simulator passes simulated time). Raises NoReplicaError when no candidate is left.
         """
         t0 = _ns()
         keys = self.hasher.keys(token_ids, cache_salt, lora_name)
         t1 = _ns()
         with self.lock:
-            matches = self.index.match(keys)
+            matches = self.index.match(keys, now=now)
             t2 = _ns()
             all_loads = self.loads.loads
             excluded = set(exclude)
@@ -114,7 +118,7 @@ class KVRouter:
                 raise NoReplicaError("no healthy replica to route to (all are down or already failed "
                                      "this request); retry later or register a replica")
             replica_id = self.policy.choose(keys, matches, loads, len(token_ids))
-            self.index.predict(replica_id, keys, start=matches.get(replica_id, 0))
+            self.index.predict(replica_id, keys, now=now, start=matches.get(replica_id, 0))
         t3 = _ns()
         bs = self.hasher.block_size
         matched = matches.get(replica_id, 0)

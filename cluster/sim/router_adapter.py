@@ -1,6 +1,6 @@
-"""The real router pieces in front of the simulated replicas: ``PrefixIndex``, ``RouterKeyHasher``,
-``LoadTracker`` and a policy from the registry, fed in-process (no sockets) with the replicas'
-KV events and driven in simulated time.
+"""The real router in front of the simulated replicas: a ``KVRouter`` (``RouterKeyHasher``,
+``PrefixIndex`` with predictions, ``LoadTracker``, a policy from the registry), fed in-process (no
+sockets) with the replicas' KV events and driven in simulated time.
 
 Loads are what the HTTP router itself knows (its ``LoadTracker`` counters: requests in flight,
 uncached prompt tokens not yet past prefill); the replicas' polled ``/load`` reports are not
@@ -39,33 +39,31 @@ def build_policy(name: str, kwargs: dict, block_size: int, seed: int):
 
 
 class SimRouter:
+    """A real ``KVRouter`` driven in simulated time, plus the dispatch/first-token/finish load
+    accounting the HTTP front does around it."""
+
     def __init__(self, policy: str, config: SimConfig, replicas: list) -> None:
-        from kvmesh.router.index import PrefixIndex
-        from kvmesh.router.keys import RouterKeyHasher
-        from kvmesh.router.load import LoadTracker
+        from kvmesh.router.core import KVRouter
 
         self.block_size = config.block_size
-        self.hasher = RouterKeyHasher(config.block_size)
-        self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=config.predict_ttl_s)
-        self.tracker = LoadTracker()
+        self.router = KVRouter(
+            block_size=config.block_size,
+            policy=build_policy(policy, config.policy_kwargs, config.block_size, config.seed),
+            predict_ttl_s=config.predict_ttl_s,
+        )
         for rep in replicas:
-            self.index.add_replica(rep.replica_id)
-            self.tracker.add_replica(rep.replica_id)
+            self.router.add_replica(rep.replica_id)
+        self.index = self.router.index
+        self.tracker = self.router.loads
         self.policy_name = policy
-        self.policy = build_policy(policy, config.policy_kwargs, config.block_size, config.seed)
         # -- measured --
         self.num_events = 0
         self.apply_s = 0.0
 
     def route(self, req: SimRequest) -> int:
-        now = req.arrival_s
-        keys = self.hasher.keys(req.all_token_ids, req.cache_salt, req.lora_name)
-        matches = self.index.match(keys, now=now)
-        rid = self.policy.choose(keys, matches, self.tracker.loads, req.num_prompt_tokens)
-        self.index.predict(rid, keys, now=now)
-        req.replica_id = rid
-        req.predicted_hit_tokens = min(matches.get(rid, 0) * self.block_size,
-                                       (req.num_prompt_tokens - 1) // self.block_size * self.block_size)
+        decision = self.router.route(req.all_token_ids, req.cache_salt, req.lora_name, now=req.arrival_s)
+        rid = req.replica_id = decision.replica_id
+        req.predicted_hit_tokens = decision.predicted_hit_tokens
         self.tracker.on_dispatch(rid, self._uncached(req))
         return rid
 
@@ -82,6 +80,6 @@ class SimRouter:
 
     def apply(self, rid: int, events: list) -> None:
         t0 = time.perf_counter()
-        self.index.apply(rid, events)
+        self.router.apply_events(rid, events)
         self.apply_s += time.perf_counter() - t0
         self.num_events += len(events)
