@@ -7,6 +7,7 @@ report, and the health verdict (engine loop alive, TP group intact).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -150,4 +151,8 @@ def build_engine_client(config: Any, tokenizer: Any, model_runner: Any = None, e
         if hasattr(model_runner, "shutdown"):
             model_runner.shutdown()
         raise
+    # Everything built so far (model, every KV block object, tokenizer) lives as long as the server:
+    # move it out of the garbage collector's generations so full collections do not rescan it.
+    gc.collect()
+    gc.freeze()
     return EngineClient(AsyncLLM(engine=engine))
