@@ -1,14 +1,17 @@
 """The ``kvmesh`` command line: one sub-command per module in ``kvmesh.cluster.commands``.
 
 Each command module defines ``add_parser(subparsers)``, which registers its parser and sets
-``func`` (``args -> int`` exit code) as a default. Modules are imported only when listed
-here, and heavy imports (torch, ray) happen inside ``func``, so ``kvmesh --help`` is quick.
+``func`` (``args -> int`` exit code) as a default. Command modules import only the config
+dataclasses (torch-free); heavy imports (torch, ray) happen inside ``func``, so ``kvmesh --help``
+and ``kvmesh router`` work on an install without the engine extra.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import re
 import sys
 
 # name -> module under kvmesh.cluster.commands; the order is the order in --help.
@@ -23,11 +26,54 @@ COMMANDS = {
 }
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a did-you-mean for mistyped flags (``--blok-size`` -> ``--block-size``)."""
+
+    def error(self, message: str):
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            flags = [f for p in _parsers(self) for f in p._option_string_actions]
+            hints = []
+            for arg in unknown.group(1).split():
+                name = arg.split("=", 1)[0]
+                close = difflib.get_close_matches(name, flags, n=1, cutoff=0.7) if name.startswith("-") else []
+                if close:
+                    hints.append(f"{name} (did you mean {close[0]}?)")
+            if hints:
+                message += "; " + "; ".join(hints)
+        super().error(message)
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parser and, for the sub-command given on this command line, its parser (recursively)."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = [p for name, p in action.choices.items() if name in _ARGV]
+            for sub in chosen:
+                found += _parsers(sub)
+    return found
+
+
+_ARGV: list[str] = []
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("kvmesh")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="kvmesh",
         description="kvmesh: a Ray-distributed LLM serving cluster with a KV-cache-aware router.",
     )
+    parser.add_argument("--version", action="version", version=f"kvmesh {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMANDS.values():
         try:
@@ -42,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    _ARGV[:] = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -50,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:  # a command that needs an extra this install does not have
+        print(f"kvmesh {args.command}: needs the Python package {e.name!r}, which is not installed; "
+              "install the engine extra: pip install 'kvmesh[engine]'", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""CLI flags of ``kvmesh serve`` that override the serve config (YAML < env < flags).
+"""CLI flags derived from a command's config schema (``config_schema.py``), and their parsing.
 
-Each flag maps to one dotted config path; flags left out change nothing. ``--set
-section.key=value`` reaches every other field. Secrets have no flag of their own except
-``--api-key`` (argv is visible to every user of the machine; prefer KVMESH_API_KEY); the hash
-seed only comes from YAML or KVMESH_HASH_SEED.
+Every visible field gets one flag named after it (``engine.block_size`` -> ``--block-size``) with
+its doc line and default as help; booleans get ``--x/--no-x``; mappings take ``NAME=VALUE``
+(repeatable). Flags left out change nothing, so YAML < environment < flags holds field by field.
+Secrets without a flag (the hash seed) are refused with a message that says where they go.
 """
 
 from __future__ import annotations
@@ -11,74 +11,87 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvmesh.cluster.config import ServeConfig
-from kvmesh.cluster.config_loader import ConfigError, load_config, parse_assignment
-
-# (flags, dotted path, argparse kwargs)
-FLAGS: tuple[tuple[tuple[str, ...], str, dict[str, Any]], ...] = (
-    (("--model",), "model.model", {"help": "HF id, local directory, or 'embedded' (default: a tiny random Llama)"}),
-    (("--tokenizer",), "model.tokenizer", {"help": "tokenizer id or directory (default: the model's)"}),
-    (("--served-model-name",), "model.served_model_name", {"help": "model name clients send"}),
-    (("--dtype",), "model.dtype", {"help": "auto, float32, bfloat16, float16"}),
-    (("--load-format",), "model.load_format", {"help": "auto, safetensors, dummy"}),
-    (("--max-model-len",), "model.max_model_len", {"type": int, "help": "context length in tokens"}),
-    (("--block-size",), "cache.block_size", {"type": int, "help": "tokens per KV block (default 16)"}),
-    (("--kv-cache-memory",), "cache.kv_cache_memory", {"help": "KV cache per replica on CPU, e.g. 256MiB"}),
-    (("--gpu-memory-utilization",), "cache.gpu_memory_utilization", {"type": float}),
-    (("--no-prefix-caching",), "cache.enable_prefix_caching",
-     {"action": "store_const", "const": False, "help": "disable prefix caching"}),
-    (("--replicas", "--num-replicas"), "replicas.num_replicas", {"type": int, "help": "replicas (default 2)"}),
-    (("--tensor-parallel-size", "-tp"), "replicas.tensor_parallel_size", {"type": int, "help": "workers per replica"}),
-    (("--device",), "replicas.device", {"help": "auto, cpu, cuda"}),
-    (("--max-num-seqs",), "replicas.max_num_seqs", {"type": int}),
-    (("--max-restarts",), "replicas.max_restarts", {"type": int, "help": "Ray restarts of a dead replica"}),
-    (("--policy",), "router.policy", {"help": "routing policy (default cache_aware)"}),
-    (("--host",), "router.host", {"help": "router bind address (default 127.0.0.1 locally, node IP in a cluster)"}),
-    (("--port",), "router.port", {"type": int, "help": "router HTTP port (default 8000)"}),
-    (("--api-key",), "router.api_key", {"help": "require this bearer token (prefer KVMESH_API_KEY)"}),
-    (("--address",), "ray.address", {"help": "Ray cluster to join ('auto' or host:port); default: start a local one"}),
-    (("--num-cpus",), "ray.num_cpus", {"type": int, "help": "logical CPUs of the embedded Ray instance"}),
-    (("--placement",), "ray.placement", {"help": "spread (default) or pack"}),
-)
+from kvmesh.cluster.config_loader import ConfigError, load
+from kvmesh.cluster.config_schema import Option, Schema, assignments, field_docs, value_from_text
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", metavar="FILE", help="serve config YAML (see deploy/serve.example.yaml)")
-    group = parser.add_argument_group("config overrides (beat the YAML file)")
-    for flags, dotted, kwargs in FLAGS:
-        if "action" not in kwargs:
-            kwargs = {"metavar": dotted.rsplit(".", 1)[-1].upper(), **kwargs}
-        group.add_argument(*flags, dest=_dest(dotted), default=argparse.SUPPRESS, **kwargs)
-    group.add_argument("--policy-weight", action="append", default=[], metavar="NAME=VALUE",
-                       help="a routing policy weight, e.g. --policy-weight load_weight=0.5 (repeatable)")
-    group.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="set_values",
-                       help="override any config field, e.g. --set replicas.max_num_seqs=64 (repeatable)")
+class _RefuseSecret(argparse.Action):
+    """A secret given on the command line: refuse it (argv is visible to every user in `ps`)."""
+
+    def __init__(self, option_strings, dest, option: Option, **kwargs):
+        self.option = option
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: {self.option.dotted} is a secret and is not accepted on the command line "
+                     f"(every user of this machine sees argv in `ps`); set {' or '.join(self.option.envs)}, "
+                     "or put it in the --config file")
 
 
-def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The dotted-path overrides the user gave on the command line, in precedence order."""
+def add_config_arguments(parser: argparse.ArgumentParser, schema: Schema, config_file: bool = True) -> None:
+    """One flag per visible field of ``schema``, grouped by section."""
+    if config_file:
+        parser.add_argument("--config", "-c", metavar="FILE",
+                            help="YAML config file with the sections below (see deploy/serve.example.yaml)")
+    defaults = schema.section_defaults()
+    root_docs = field_docs(schema.root)
+    for section in schema.sections:
+        group = parser.add_argument_group(f"{section} ({section}: in YAML, KVMESH_{section.upper()}_* variables)",
+                                          root_docs.get(section))
+        for opt in (o for o in schema.options if o.section == section):
+            if not opt.on_cli:
+                group.add_argument(opt.flag, dest=_dest(opt), option=opt, action=_RefuseSecret)
+                continue
+            default = defaults.get(section, {}).get(opt.name, None)
+            help_text = opt.doc.replace("%", "%%")
+            if not opt.secret and default not in (None, {}, ""):
+                help_text += f" [default: {default}]"
+            if opt.secret:
+                help_text += f" Prefer {opt.envs[-1]}: argv is visible in `ps`."
+            kwargs: dict[str, Any] = {"dest": _dest(opt), "default": argparse.SUPPRESS, "help": help_text}
+            if opt.is_bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            elif opt.is_mapping:
+                kwargs.update(action="append", metavar="NAME=VALUE")
+                kwargs["help"] += " (repeatable)"
+            else:
+                kwargs["metavar"] = _metavar(opt)
+            group.add_argument(opt.flag, **kwargs)
+
+
+def overrides_from_args(args: argparse.Namespace, schema: Schema) -> dict[str, Any]:
+    """The dotted-path values the user gave on the command line."""
     overrides: dict[str, Any] = {}
-    for text in getattr(args, "set_values", []):
-        dotted, value = parse_assignment(text)
-        overrides[dotted] = value
-    for _, dotted, _ in FLAGS:
-        if hasattr(args, _dest(dotted)):
-            overrides[dotted] = getattr(args, _dest(dotted))
-    for text in getattr(args, "policy_weight", []):
-        name, value = parse_assignment(text)
-        overrides[f"router.policy_weights.{name}"] = value
-    if "cache.kv_cache_memory" in overrides and str(overrides["cache.kv_cache_memory"]).isdigit():
-        overrides["cache.kv_cache_memory"] = int(overrides["cache.kv_cache_memory"])
+    for opt in schema.options:
+        if not hasattr(args, _dest(opt)):
+            continue
+        raw = getattr(args, _dest(opt))
+        if opt.is_bool:
+            overrides[opt.dotted] = raw
+        elif opt.is_mapping:
+            try:
+                overrides[opt.dotted] = assignments(raw, opt.flag)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        else:
+            overrides[opt.dotted] = value_from_text(raw, opt.type)
     return overrides
 
 
-def config_from_args(args: argparse.Namespace) -> ServeConfig:
-    """YAML (``--config``) + environment + flags -> ``ServeConfig``; raises ``ConfigError``."""
-    return load_config(getattr(args, "config", None), overrides_from_args(args))
+def config_from_args(args: argparse.Namespace, schema: Schema, env: Any = None) -> Any:
+    """YAML (``--config``) + environment + flags -> the root config; raises ``ConfigError``."""
+    return load(schema, getattr(args, "config", None), overrides_from_args(args, schema), env)
 
 
-def _dest(dotted: str) -> str:
-    return "cfg__" + dotted.replace(".", "__")
+def _metavar(opt: Option) -> str:
+    import typing
+
+    arms = set(typing.get_args(opt.type)) or {opt.type}
+    return "N" if int in arms and str not in arms else "X" if float in arms else "VALUE"
+
+
+def _dest(opt: Option) -> str:
+    return "cfg__" + opt.dotted.replace(".", "__")
 
 
 __all__ = ["ConfigError", "add_config_arguments", "config_from_args", "overrides_from_args"]

@@ -16,11 +16,11 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvmesh.cluster import placement as pl
-from kvmesh.cluster import ray_cluster
+from kvmesh.cluster import preflight, ray_cluster
 from kvmesh.cluster.config import ServeConfig
 from kvmesh.cluster.embedded_model import SERVED_NAME
 from kvmesh.cluster.model_files import resolve_model_path
@@ -65,15 +65,15 @@ class ServeCluster:
     def start(self) -> ServeCluster:
         cfg, st = self.config, self.state
         self.started_at = time.monotonic()
+        preflight.check(cfg)  # model, ports: fail in a second, before Ray starts
         where = "a local Ray instance" if cfg.is_embedded_ray else f"the Ray cluster at {cfg.ray.address}"
         self.report(f"starting {where}" + (f" ({ray_cluster.embedded_num_cpus(cfg)} logical CPUs)"
                                            if cfg.is_embedded_ray else ""))
         st.ray = ray_cluster.connect(cfg, log_to_driver=self.log_to_driver)
-        _check_port_free(ray_cluster.router_host(cfg, st.ray), cfg.router.port)  # fail before loading anything
         st.device = ray_cluster.resolve_device(cfg, st.ray)
         st.model_path = resolve_model_path(cfg, st.ray, self.report)
-        st.served_model_name = cfg.model.served_model_name or (SERVED_NAME if cfg.model.is_embedded
-                                                                else cfg.model.model)
+        st.served_model_name = cfg.router.served_model_name or (SERVED_NAME if cfg.is_embedded_model
+                                                                 else cfg.engine.model)
         self._start_replicas()  # they load the model while the router starts
         self._start_router()
         self._wait_ready()
@@ -82,69 +82,61 @@ class ServeCluster:
         return self
 
     def _start_router(self) -> None:
-        from kvmesh.router.config import RouterConfig
         from kvmesh.router.server import RouterServer
 
         cfg, st = self.config, self.state
-        host = ray_cluster.router_host(cfg, st.ray)
-        router_config = RouterConfig(
-            host=host, port=cfg.router.port, model=st.model_path, tokenizer=cfg.model.tokenizer,
-            served_model_name=st.served_model_name, max_model_len=cfg.model.max_model_len,
-            policy=cfg.router.policy, policy_kwargs=dict(cfg.router.policy_weights),
-            block_size=cfg.cache.block_size, api_key=cfg.router.api_key, replica_api_key=cfg.router.api_key)
-        st.router = RouterServer(router_config).start()
+        st.router = RouterServer(self.router_config()).start()
         st.router_client = RouterClient(self.url, api_key=cfg.router.api_key)
+
+    def router_config(self) -> Any:
+        """The serve config's router section, plus what the router takes from the engine's."""
+        cfg, st = self.config, self.state
+        return replace(cfg.router, host=ray_cluster.router_host(cfg, st.ray), model=st.model_path,
+                       tokenizer=cfg.engine.tokenizer, served_model_name=st.served_model_name,
+                       max_model_len=cfg.engine.max_model_len, block_size=cfg.engine.block_size,
+                       replica_api_key=cfg.router.api_key)
 
     def _start_replicas(self) -> None:
         from kvmesh.replica.actor import ReplicaOptions, start_replica_actor
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         cfg, st = self.config, self.state
-        rc = cfg.replicas
-        bundles = pl.replica_bundles(rc.tensor_parallel_size, rc.num_cpus_per_worker, st.device)
-        self.report(f"placing {rc.num_replicas} replica(s): {rc.tensor_parallel_size} worker(s) each on "
+        rc, tp = cfg.replicas, cfg.engine.tensor_parallel_size
+        bundles = pl.replica_bundles(tp, rc.num_cpus_per_worker, st.device)
+        self.report(f"placing {rc.num_replicas} replica(s): {tp} worker(s) each on "
                     f"{st.device}, bundles {bundles}, placement {cfg.ray.placement}")
         st.groups = pl.create_placement_groups(rc.num_replicas, bundles, cfg.ray.placement)
         pl.wait_ready(st.groups, timeout_s=min(cfg.ray.ready_timeout_s, 300.0))
         engine = self.engine_config()
-        actor_bundle = pl.actor_bundle_index(rc.tensor_parallel_size)
-        tp1_gpu = st.device == "cuda" and rc.tensor_parallel_size == 1
+        actor_bundle = pl.actor_bundle_index(tp)
+        http_ports, event_ports = rc.http_ports(), rc.event_ports()
         for group in st.groups:
             i = group.replica_index
             options = ReplicaOptions(
                 engine=engine, replica_id=f"replica-{i}",
                 host=ray_cluster.LOCAL_HOST if st.ray.local else None,
-                http_port=rc.http_port + i if rc.http_port else 0,
-                event_port=rc.event_port + 2 * i if rc.event_port else 0,
-                replay_port=rc.event_port + 2 * i + 1 if rc.event_port else 0,
+                http_port=http_ports[i], event_port=event_ports[i][0], replay_port=event_ports[i][1],
                 api_key=cfg.router.api_key, served_model_name=st.served_model_name,
                 num_cpus_per_worker=rc.num_cpus_per_worker,
-                placement_group=group.placement_group if rc.tensor_parallel_size > 1 else None)
+                placement_group=group.placement_group if tp > 1 else None)
             actor = start_replica_actor(
                 options, name=f"kvmesh-replica-{i}", max_restarts=rc.max_restarts,
-                namespace=cfg.ray.namespace, num_cpus=bundles[actor_bundle]["CPU"], num_gpus=1 if tp1_gpu else 0,
+                namespace=cfg.ray.namespace, num_cpus=bundles[actor_bundle]["CPU"],
+                num_gpus=1 if st.device == "cuda" and tp == 1 else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     group.placement_group, placement_group_bundle_index=actor_bundle))
             st.replicas.append(ReplicaHandle(replica_id=f"replica-{i}", actor=actor))
 
     def engine_config(self) -> Any:
-        """The EngineConfig every replica gets (with the cluster's secret hash seed)."""
-        from kvmesh.replica.config import EngineConfig
-
+        """The serve config's engine section as every replica gets it (with the cluster's secret hash seed)."""
         cfg, st = self.config, self.state
-        seed = cfg.cache.hash_seed.encode() if cfg.cache.hash_seed else secrets.token_bytes(32)
-        kv_memory = cfg.cache.kv_cache_memory
-        if kv_memory is None and cfg.model.is_embedded:
-            kv_memory = EMBEDDED_KV_CACHE_MEMORY
-        return EngineConfig(
-            model=st.model_path, tokenizer=cfg.model.tokenizer, dtype=cfg.model.dtype,
-            load_format="dummy" if cfg.model.is_embedded else cfg.model.load_format,
-            block_size=cfg.cache.block_size, max_model_len=cfg.model.max_model_len,
-            max_num_seqs=cfg.replicas.max_num_seqs, max_num_batched_tokens=cfg.replicas.max_num_batched_tokens,
-            kv_cache_memory=kv_memory, gpu_memory_utilization=cfg.cache.gpu_memory_utilization,
-            enable_prefix_caching=cfg.cache.enable_prefix_caching, eviction_policy=cfg.cache.eviction_policy,
-            tensor_parallel_size=cfg.replicas.tensor_parallel_size, device=st.device, seed=cfg.model.seed,
-            hash_seed=seed)
+        engine = cfg.engine
+        return replace(
+            engine, model=st.model_path, device=st.device, kv_events_topic=cfg.events.topic,
+            load_format="dummy" if cfg.is_embedded_model else engine.load_format,
+            kv_cache_memory=EMBEDDED_KV_CACHE_MEMORY if engine.kv_cache_memory is None and cfg.is_embedded_model
+            else engine.kv_cache_memory,
+            hash_seed=engine.hash_seed or secrets.token_hex(32))
 
     def _wait_ready(self) -> None:
         import ray
@@ -229,20 +221,6 @@ class ServeCluster:
         st.groups = []
         ray_cluster.disconnect(st.ray)
         st.ray = None
-
-
-def _check_port_free(host: str, port: int) -> None:
-    import socket
-
-    if port == 0:
-        return
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise RuntimeError(f"router port {host}:{port} is not available ({e.strerror}); another kvmesh "
-                               f"(or something else) is using it: stop it or pass --port") from None
 
 
 def _first_line(e: BaseException) -> str:

@@ -18,22 +18,73 @@ from kvmesh.cluster.embedded_model import cache_dir, embedded_model_files, mater
 
 def resolve_model_path(config: ServeConfig, handle: Any, report: Callable[[str], None] = print) -> str:
     """The model path every replica (and the router's tokenizer) loads."""
-    if config.model.is_embedded:
+    if config.is_embedded_model:
         files = embedded_model_files()
         path = materialize(files) if handle.local else _materialize_on_all_nodes(files)
         report(f"model: the embedded tiny Llama with RANDOM weights (its text is noise; pass --model for a "
                f"real one), built at {path}")
         return path
-    model = os.path.expanduser(config.model.model)
-    if os.path.isdir(model):
-        path = os.path.abspath(model)
+    path = check_model(config.engine.model)
+    if os.path.isdir(path):
         report(f"model: {path}" + ("" if handle.local else " (must exist at this path on every node)"))
-        return path
-    if os.path.exists(model) or model.startswith((".", "/")):
-        raise FileNotFoundError(f"--model {config.model.model!r} is not a model directory; give a directory "
-                                "with config.json, a Hugging Face id, or leave it out for the embedded model")
-    report(f"model: {model} (Hugging Face id; each replica's node downloads it unless cached)")
+    else:
+        report(f"model: {path} (Hugging Face id, found in the local cache)")
+    return path
+
+
+def check_model(model: str, timeout_s: float = 10.0) -> str:
+    """A local model directory (made absolute) or a Hugging Face id that resolves; else ValueError, fast.
+
+    Runs before Ray starts. A hub id must be in the local cache or answer within ``timeout_s``;
+    with ``HF_HUB_OFFLINE=1`` only the cache counts. No minutes of retries.
+    """
+    expanded = os.path.expanduser(model)
+    if os.path.isdir(expanded):
+        if not os.path.isfile(os.path.join(expanded, "config.json")):
+            raise ValueError(f"model {model!r} is a directory without config.json; give a Hugging Face model "
+                             "directory or a hub id")
+        return os.path.abspath(expanded)
+    if os.path.exists(expanded) or model.startswith((".", "/", "~")) or model.count("/") > 1:
+        raise ValueError(f"model {model!r} is not a directory; give a Hugging Face model directory (with "
+                         "config.json) or a hub id such as Qwen/Qwen2.5-0.5B")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        raise ValueError(f"model {model!r} is not a local directory and huggingface_hub is not installed "
+                         "(pip install 'kvmesh[engine]')") from None
+    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+        return model
+    if _offline():
+        raise ValueError(f"model {model!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+                         f"download it first (`hf download {model}`) or pass a local directory")
+    _probe_hub(model, timeout_s)
     return model
+
+
+def _probe_hub(model: str, timeout_s: float) -> None:
+    """One HEAD request to the hub (no retries): the id exists and is readable, or ValueError."""
+    import urllib.error
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    request = urllib.request.Request(f"{endpoint}/{model}/resolve/main/config.json", method="HEAD")
+    token = os.environ.get("HF_TOKEN")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        urllib.request.urlopen(request, timeout=timeout_s).close()
+    except urllib.error.HTTPError as e:
+        raise ValueError(f"model {model!r}: the Hugging Face hub answered {e.code} ({e.reason}); check the id, "
+                         "or set HF_TOKEN for a gated model") from None
+    except (urllib.error.URLError, OSError) as e:
+        why = getattr(e, "reason", e)
+        raise ValueError(f"model {model!r} is not in the local Hugging Face cache and {endpoint} cannot be "
+                         f"reached ({why}); download it first (`hf download {model}`) or pass a local directory"
+                         ) from None
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
 
 
 def _materialize_on_all_nodes(files: dict[str, str]) -> str:

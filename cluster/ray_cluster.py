@@ -42,7 +42,7 @@ def embedded_num_cpus(config: ServeConfig) -> int:
 
     if config.ray.num_cpus is not None:
         return config.ray.num_cpus
-    bundles = replica_bundles(config.replicas.tensor_parallel_size, config.replicas.num_cpus_per_worker, "cpu")
+    bundles = replica_bundles(config.engine.tensor_parallel_size, config.replicas.num_cpus_per_worker, "cpu")
     per_replica = sum(b["CPU"] for b in bundles)
     return int(-(-config.replicas.num_replicas * per_replica // 1)) + DRIVER_CPUS
 
@@ -130,17 +130,15 @@ def _kill_own_ray_processes() -> None:
 
 
 def resolve_device(config: ServeConfig, handle: RayHandle) -> str:
-    """device=auto -> "cuda" when the cluster has GPUs (the driver's node may have none), else "cpu"."""
-    if config.replicas.device != "auto":
-        return config.replicas.device
+    """device None (auto) -> "cuda" when the cluster has GPUs (the driver's node may have none), else "cpu"."""
+    if config.engine.device is not None:
+        return config.engine.device
     return "cuda" if handle.num_gpus >= 1 else "cpu"
 
 
 def router_host(config: ServeConfig, handle: RayHandle) -> str:
-    """127.0.0.1 on one machine, the node's IP in a cluster; never 0.0.0.0 unless configured."""
-    if config.router.host is not None:
-        return config.router.host
-    return LOCAL_HOST if handle.local else handle.node_ip
+    """router.host (127.0.0.1 unless configured, also in a multi-node cluster; never 0.0.0.0 by default)."""
+    return config.router.host
 
 
 def disconnect(handle: RayHandle | None) -> None:

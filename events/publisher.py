@@ -52,8 +52,8 @@ class PublisherConfig:
     forces a bind (default: loopback only), ``connect://`` a connect; port 0 = ephemeral."""
     replay_endpoint: str | None = "tcp://127.0.0.1:5558"
     """ROUTER address for replay and snapshot requests (always binds); None disables both."""
-    topic: str = "kv-events"
-    """Topic frame of every message (subscribers filter on its prefix)."""
+    topic: str = ""
+    """ZeroMQ topic frame of every message; vLLM's default, the empty string (vllm-router subscribes to it)."""
     buffer_steps: int = 10_000
     """Batches kept for replay (ring buffer)."""
     buffer_max_bytes: int = 256 << 20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,6 +10,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DEVICES = (None, "cpu", "cuda")
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # bytes of KV cache on CPU when kv_cache_memory is None
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +34,8 @@ class EngineConfig:
     """Most requests running in one step."""
     max_num_batched_tokens: int = 2048
     """Token budget of one step (prefill chunks + decode tokens)."""
-    kv_cache_memory: int | None = None
-    """Bytes of KV cache on CPU; None means 1 GiB."""
+    kv_cache_memory: int | str | None = None
+    """KV cache per replica on CPU: bytes or a size such as "512MiB" (stored as bytes); None means 1 GiB."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory the replica may use (weights + activations + KV cache), in (0, 1]."""
     num_kv_blocks: int | None = None
@@ -46,11 +49,11 @@ class EngineConfig:
     attention_backend: str | None = None
     """Attention backend registry name ("torch", "flash_attn"); None picks the best available."""
     device: str | None = None
-    """"cpu" or "cuda"; None uses cuda when available, else cpu."""
+    """"cpu" or "cuda"; None (or "auto") uses cuda when available, else cpu."""
     seed: int = 0
     """Seed for dummy weights and for sampling requests that bring no seed of their own."""
-    hash_seed: bytes | None = field(default=None, repr=False)
-    """Secret seed of the block hash chain (same on every replica of a cluster); None -> generated per engine."""
+    hash_seed: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_HASH_SEED"})
+    """Secret seed of the block hash chain, the same on every replica; None -> generated (bytes also accepted)."""
     hf_overrides: dict[str, Any] | None = None
     """Values that replace fields of the model's HF config (e.g. ``{"num_hidden_layers": 2}``)."""
     hf_config: dict[str, Any] | None = None
@@ -59,12 +62,15 @@ class EngineConfig:
     """ZeroMQ PUB endpoint for KV events (port 0 = ephemeral); None publishes no events."""
     kv_events_replay_endpoint: str | None = None
     """ZeroMQ ROUTER endpoint for replay/snapshot requests (port 0 = ephemeral); None disables replay."""
-    kv_events_topic: str = "kv-events"
-    """Topic frame of every KV event message."""
+    kv_events_topic: str = ""
+    """Topic frame of every KV event message; vLLM's default, the empty string (vllm-router subscribes to it)."""
     debug_check_integrity: bool = False
     """Run ``KVCacheManager.check_integrity()`` after every engine step (slow; tests and debugging)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory, "kv_cache_memory"))
+        if self.device == "auto":
+            object.__setattr__(self, "device", None)
         if not self.model:
             raise ValueError("model must be a Hugging Face directory or hub id, got an empty string")
         if self.dtype not in DTYPES:
@@ -101,3 +107,13 @@ class EngineConfig:
 def _check_positive_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def parse_size(value: int | str | None, what: str) -> int | None:
+    """``"512MiB"``, ``"1GiB"``, ``"2e9"`` or an int -> bytes (None stays None)."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"{what}={value!r} is not a size; use bytes or a unit, e.g. 512MiB or 2GiB")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])

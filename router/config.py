@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvmesh.router.policies import DEFAULT_POLICY, POLICIES
+
+MIN_API_KEY_CHARS = 8
 
 
 @dataclass(slots=True)
@@ -64,14 +69,14 @@ class RouterConfig:
     max_model_len: int | None = None
     """Context length for validating requests; None = the model's."""
     policy: str = DEFAULT_POLICY
-    """Routing policy name (router/policies)."""
-    policy_kwargs: dict = field(default_factory=dict)
-    """Options of the policy (decode_weight, temperature, ...)."""
+    """Routing policy: cache_aware, round_robin, least_loaded, random or prefix_hash (router/policies)."""
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Options of the policy, e.g. decode_weight=8 or temperature=0 for cache_aware."""
     block_size: int = 16
     """Tokens per KV block; must equal the replicas' block size."""
-    api_key: str | None = field(default=None, repr=False)
-    """Bearer token clients must send on /v1/* routes; None disables auth."""
-    replica_api_key: str | None = field(default=None, repr=False)
+    api_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_API_KEY", "cli": True})
+    """Bearer token clients must send on /v1/* routes (at least 8 characters); None disables auth."""
+    replica_api_key: str | None = field(default=None, repr=False, metadata={"cli": True})
     """Bearer token sent to replicas, if they require one."""
     predict_ttl_s: float = 2.0
     """Seconds a routed request's blocks count as cached on its replica before events confirm them."""
@@ -89,13 +94,42 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} is not a TCP port; use 0..65535 (0 = ephemeral)")
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
+        check_policy(self.policy, self.policy_kwargs)
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("api_key is empty; give a secret or leave it unset")
+        check_api_key(self.api_key, "api_key")
+        if self.replica_api_key is not None and not self.replica_api_key:
+            raise ValueError("replica_api_key is empty; give the replicas' key or leave it unset")
+
+
+def check_api_key(key: str | None, what: str) -> None:
+    """The one rule for API keys, router and replicas alike: unset, or at least 8 characters."""
+    if key is not None and len(key) < MIN_API_KEY_CHARS:
+        raise ValueError(f"{what} has {len(key)} characters; use a secret of at least {MIN_API_KEY_CHARS} "
+                         "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(24))'`) or leave it unset")
+
+
+def check_policy(policy: str, options: dict[str, Any]) -> None:
+    """The policy is registered and takes every option given (with a did-you-mean otherwise)."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}{_did_you_mean(policy, list(POLICIES))}; "
+                         f"choose one of {', '.join(POLICIES)}")
+    known = {p.name: p.default for klass in reversed(POLICIES[policy].__mro__) if "__init__" in vars(klass)
+             for p in inspect.signature(klass.__init__).parameters.values()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "block_size", "seed")}
+    for name, value in options.items():
+        if name not in known:
+            raise ValueError(f"policy_kwargs: {name!r} is not an option of policy {policy!r}"
+                             f"{_did_you_mean(name, sorted(known))}; its options: {', '.join(sorted(known)) or 'none'}")
+        numeric = isinstance(known[name], int | float) and not isinstance(known[name], bool)
+        if numeric and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise ValueError(f"policy_kwargs: {name}={value!r} must be a number (default {known[name]})")
+
+
+def _did_you_mean(key: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

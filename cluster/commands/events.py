@@ -1,7 +1,11 @@
 """``kvmesh events tail``: print the KV event streams of one or more replicas.
 
     kvmesh events tail --endpoint tcp://127.0.0.1:5557 --replay-endpoint tcp://127.0.0.1:5558
-    kvmesh events tail --endpoint r0=tcp://10.0.0.5:5557 --endpoint r1=tcp://10.0.0.6:5557 --json
+    kvmesh events tail --endpoint r0=tcp://127.0.0.1:5557 --endpoint r1=tcp://127.0.0.1:5559 --json
+
+The ports above are replica 0's and 1's under ``kvmesh serve``'s defaults (replicas.event_port
+5557: replica i publishes on 5557+2i, replay on 5558+2i); ``kvmesh status`` and the serve log
+print each replica's actual addresses.
 
 People get one line per event (replica, seq, type, #blocks, first hash, parent); ``--json`` gives
 one JSON object per event for tools. With a replay endpoint, gaps are repaired and the tail
@@ -28,7 +32,7 @@ def add_parser(subparsers) -> None:
                            "listens for publishers that connect instead")
     tail.add_argument("--replay-endpoint", action="append", default=[], metavar="ADDRESS",
                       help="the replay/snapshot address of each --endpoint, in the same order")
-    tail.add_argument("--topic", default="", help="topic prefix to subscribe to (default: all)")
+    tail.add_argument("--topic", default="", help="topic prefix to subscribe to (default: '', every topic)")
     tail.add_argument("--json", action="store_true", help="one JSON object per event")
     tail.add_argument("--no-snapshot", action="store_true", help="do not start from a snapshot")
     tail.add_argument("--count", type=int, default=None, help="exit after this many events")
@@ -41,7 +45,7 @@ def _sources(args):
     from kvmesh.events.subscriber import PublisherSource
 
     if len(args.replay_endpoint) > len(args.endpoint):
-        raise SystemExit("kvmesh events tail: more --replay-endpoint than --endpoint values")
+        raise ValueError("more --replay-endpoint than --endpoint values")
     sources = []
     for i, spec in enumerate(args.endpoint):
         name, _, address = spec.partition("=") if "=" in spec.split("://", 1)[0] else ("", "", spec)
@@ -99,8 +103,12 @@ def run(args) -> int:
         print(f"# {name}: {status}: {detail}", file=sys.stderr, flush=True)
 
     config = SubscriberConfig(snapshot_on_start=not args.no_snapshot)
-    subscriber = EventSubscriber(_sources(args), on_batch=on_batch, config=config, on_status=on_status)
-    subscriber.start()
+    try:
+        subscriber = EventSubscriber(_sources(args), on_batch=on_batch, config=config, on_status=on_status)
+        subscriber.start()
+    except (ValueError, OSError) as e:  # a malformed or unusable address
+        print(f"kvmesh events tail: {e} (e.g. --endpoint tcp://127.0.0.1:5557)", file=sys.stderr)
+        return 2
     try:
         done.wait(args.duration) if args.duration is not None else _wait_forever(done)
     except KeyboardInterrupt:

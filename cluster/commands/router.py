@@ -2,16 +2,21 @@
 
     kvmesh router --model PATH --replica http://127.0.0.1:8100,events=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558 \\
                   --replica http://127.0.0.1:8101,events=tcp://127.0.0.1:5559,replay=tcp://127.0.0.1:5560
+    kvmesh router --config serve.yaml --replica ...      # the router: section of a serve config
 
 Works in front of kvmesh replicas and of vLLM servers started with KV events on
 (``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", ...}'``). A replica
-without ``events=`` is routed by load only.
+without ``events=`` is routed by load only. The settings are the ``router:`` section of
+``kvmesh serve``'s config (same YAML keys, KVMESH_ROUTER_* variables and flags).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
+
+from kvmesh.cluster.config import ROUTER_SCHEMA
+from kvmesh.cluster.config_cli import add_config_arguments
 
 
 def add_parser(subparsers) -> None:
@@ -19,46 +24,25 @@ def add_parser(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replica", action="append", default=[], metavar="URL[,events=tcp://H:P,replay=tcp://H:P,name=ID]",
                    help="a replica to route to (repeat; more can be added at runtime with POST /replicas)")
-    p.add_argument("--policy", default="cache_aware",
-                   help="routing policy: cache_aware (default), round_robin, least_loaded, random, prefix_hash")
-    p.add_argument("--policy-args", default="{}", metavar="JSON",
-                   help='policy options as JSON, e.g. \'{"decode_weight": 8, "temperature": 0}\'')
-    p.add_argument("--model", help="model path or hub id (its tokenizer must be the replicas')")
-    p.add_argument("--tokenizer", help="tokenizer path if not the model's")
-    p.add_argument("--served-model-name", help="name clients send in 'model' (others get 404)")
-    p.add_argument("--max-model-len", type=int, help="context length for validation (default: the model's)")
-    p.add_argument("--block-size", type=int, default=16, help="the replicas' KV block size (default 16)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
-    p.add_argument("--replica-api-key", help="bearer token to send to the replicas")
-    p.add_argument("--predict-ttl", type=float, default=2.0,
-                   help="seconds a routed request's blocks count as cached before events confirm them")
-    p.add_argument("--poll-interval", type=float, default=0.5, help="seconds between /health + /load polls")
-    p.add_argument("--max-attempts", type=int, default=3, help="replicas tried per request before giving up")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_config_arguments(p, ROUTER_SCHEMA)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     import logging
 
-    from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.cluster.config_cli import ConfigError, config_from_args
+    from kvmesh.router.config import ReplicaSpec
     from kvmesh.router.server import RouterServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        policy_kwargs = json.loads(args.policy_args)
+        config = config_from_args(args, ROUTER_SCHEMA).router
         specs = [ReplicaSpec.parse(text) for text in args.replica]
-        config = RouterConfig(
-            host=args.host, port=args.port, model=args.model, tokenizer=args.tokenizer,
-            served_model_name=args.served_model_name, max_model_len=args.max_model_len, policy=args.policy,
-            policy_kwargs=policy_kwargs, block_size=args.block_size, api_key=args.api_key,
-            replica_api_key=args.replica_api_key, predict_ttl_s=args.predict_ttl,
-            poll_interval_s=args.poll_interval, max_attempts=args.max_attempts)
         server = RouterServer(config, specs)
-    except (ValueError, TypeError) as e:
-        print(f"kvmesh router: {e}")
+    except (ConfigError, ValueError, TypeError, OSError) as e:
+        print(f"kvmesh router: {e}", file=sys.stderr)
         return 2
     if config.model is None and config.tokenizer is None:
         logging.warning("no --model/--tokenizer: routing by load only (no prefix cache awareness)")

@@ -1,7 +1,15 @@
 """``kvmesh serve``: start (or join) Ray, the replicas and the router; Ctrl-C stops it all.
 
 With no flags: an embedded local Ray instance on CPU, 2 replicas of a tiny random-weight Llama,
-the router on 127.0.0.1:8000. ``--config FILE`` and the flags below change that (flags win).
+the router on 127.0.0.1:8000, replica i on HTTP 8100+i and KV events 5557+2i (replay +1).
+A YAML file (--config), KVMESH_<SECTION>_<FIELD> variables and the flags below change that
+(flags win). Secrets: KVMESH_API_KEY, KVMESH_HASH_SEED (the hash seed is refused on the command line).
+
+examples:
+  kvmesh serve --model /models/Qwen2.5-0.5B-Instruct --num-replicas 4 --device cuda
+  kvmesh serve --policy cache_aware --policy-kwargs decode_weight=4 --policy-kwargs temperature=0.1
+  kvmesh serve --config deploy/serve.example.yaml --port 9000 --event-port 0
+  kvmesh serve --print-config > my-serve.yaml     # every setting with its doc line
 """
 
 from __future__ import annotations
@@ -11,7 +19,13 @@ import signal
 import sys
 import time
 
+from kvmesh.cluster.config import SERVE_SCHEMA
 from kvmesh.cluster.config_cli import add_config_arguments
+
+EXAMPLE_HEADER = """\
+# kvmesh serve config: every setting with its default (`kvmesh serve --print-config` writes this).
+# Use: kvmesh serve --config FILE. Precedence: defaults < this file < KVMESH_<SECTION>_<FIELD> < flags.
+# Secrets: KVMESH_API_KEY, KVMESH_HASH_SEED (never on the command line, better not in a file)."""
 
 
 class _Terminated(Exception):
@@ -22,10 +36,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve", help="run a kvmesh cluster (embedded Ray on CPU by default)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_arguments(parser)
     parser.add_argument("--print-config", action="store_true",
-                        help="print the effective config (secrets redacted) and exit")
+                        help="print the effective config as commented YAML (secrets redacted) and exit")
     parser.add_argument("--verbose", "-v", action="store_true", help="show the replicas' logs")
+    add_config_arguments(parser, SERVE_SCHEMA)
     parser.set_defaults(func=run)
 
 
@@ -35,17 +49,18 @@ def report(message: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvmesh.cluster.config_cli import ConfigError, config_from_args
+    from kvmesh.cluster.config_schema import commented_yaml
+    from kvmesh.cluster.preflight import PreflightError, check
 
     try:
-        config = config_from_args(args)
-    except ConfigError as e:
+        config = config_from_args(args, SERVE_SCHEMA)
+        if args.print_config:
+            print(commented_yaml(SERVE_SCHEMA, config, header=EXAMPLE_HEADER), end="")
+            return 0
+        check(config)  # again inside start(); here so a mistake never reaches the Ray import
+    except (ConfigError, PreflightError) as e:
         print(f"kvmesh serve: {e}", file=sys.stderr)
         return 2
-    if args.print_config:
-        import yaml
-
-        print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
-        return 0
 
     from kvmesh.cluster.launcher import ServeCluster
 

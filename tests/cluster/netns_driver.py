@@ -16,8 +16,8 @@ from kvmesh.cluster.launcher import ServeCluster
 
 def main(address: str) -> int:
     config = from_dict({
-        "replicas": {"num_replicas": 2, "max_num_batched_tokens": 512},
-        "cache": {"kv_cache_memory": "16MiB"},
+        "engine": {"kv_cache_memory": "16MiB", "max_num_batched_tokens": 512},
+        "replicas": {"num_replicas": 2, "http_port": 0, "event_port": 0},
         "router": {"port": 0},
         "ray": {"address": address, "ready_timeout_s": 240, "placement": "spread"},
     })

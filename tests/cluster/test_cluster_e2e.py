@@ -24,12 +24,31 @@ STORY = ("Once upon a time, there was a little girl named Lily. She loved to pla
          "Her mom said, you can keep the ball if you share it. Lily was happy and said thank you. ")
 
 
+def _free_port_run(n: int) -> int:
+    """A base port with n free ports from it (stable event ports: replica i on base + 2i, base + 2i + 1)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no run of free ports")
+
+
 @pytest.fixture(scope="module")
 def cluster(ray_session, stories_path):
     config = from_dict({
-        "model": {"model": str(stories_path)},
-        "cache": {"kv_cache_memory": "16MiB"},
-        "replicas": {"num_replicas": 2, "max_restarts": 2, "max_num_batched_tokens": 512},
+        "engine": {"model": str(stories_path), "kv_cache_memory": "16MiB", "max_num_batched_tokens": 512},
+        "replicas": {"num_replicas": 2, "max_restarts": 2, "http_port": 0, "event_port": _free_port_run(4)},
         "router": {"port": 0},
         "ray": {"namespace": f"kvmesh-test-{os.getpid()}", "ready_timeout_s": 240},
     })
@@ -132,6 +151,14 @@ def test_status_command_shows_every_replica(cluster, capsys):
     assert main(["status", "--url", cluster.url]) == 0
     out = capsys.readouterr().out
     assert "2/2 replicas healthy" in out and "replica-0" in out and "replica-1" in out
+
+
+def test_event_ports_are_the_base_plus_2i_even_after_a_restart(cluster):
+    base = cluster.config.replicas.event_port
+    for i, handle in enumerate(cluster.state.replicas):
+        assert handle.endpoints["events_endpoint"].endswith(f":{base + 2 * i}")
+        assert handle.endpoints["replay_endpoint"].endswith(f":{base + 2 * i + 1}")
+        assert handle.endpoints["events_topic"] == ""  # vLLM's default: vllm-router subscribes to it
 
 
 def test_cluster_shuts_down_with_no_leftover_processes(cluster):

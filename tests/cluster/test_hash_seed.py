@@ -14,14 +14,14 @@ def _engine_config(config):
 
 def test_seed_is_generated_per_cluster_when_not_configured():
     first, second = _engine_config(from_dict({})), _engine_config(from_dict({}))
-    assert isinstance(first.hash_seed, bytes) and len(first.hash_seed) == 32
+    assert isinstance(first.hash_seed, str) and len(first.hash_seed) == 64  # 32 random bytes, hex
     assert first.hash_seed != second.hash_seed
 
 
 def test_configured_seed_reaches_the_engine_and_not_its_repr():
     seed = "0123456789abcdef-secret"
     engine = _engine_config(load_config(env={"KVMESH_HASH_SEED": seed}))
-    assert engine.hash_seed == seed.encode()
+    assert engine.hash_seed == seed
     assert seed not in repr(engine) and "secret" not in repr(engine)
 
 

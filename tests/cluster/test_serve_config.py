@@ -1,4 +1,5 @@
-"""The serve config: YAML load, CLI overrides, clear rejection of unknown keys and bad values."""
+"""The serve config: one tree of the components' own dataclasses; YAML, environment and flags derived
+from their fields; clear rejection of unknown keys and bad values; secrets kept out of argv and output."""
 
 from __future__ import annotations
 
@@ -6,17 +7,23 @@ import argparse
 from pathlib import Path
 
 import pytest
-from kvmesh.cluster.config import REDACTED, ServeConfig
+from kvmesh.cluster.config import SERVE_SCHEMA, ServeConfig
 from kvmesh.cluster.config_cli import add_config_arguments, config_from_args
 from kvmesh.cluster.config_loader import ConfigError, from_dict, load_config
+from kvmesh.cluster.config_schema import REDACTED
+from kvmesh.events.publisher import PublisherConfig
+from kvmesh.replica.config import EngineConfig
+from kvmesh.router.config import RouterConfig
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "serve.example.yaml"
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_config_arguments(parser, SERVE_SCHEMA)
+    return parser
 
 
-def _args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_config_arguments(parser)
-    return parser.parse_args(argv)
+def _from_argv(argv: list[str], env: dict | None = None) -> ServeConfig:
+    return config_from_args(_parser().parse_args(argv), SERVE_SCHEMA, env=env or {})
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -25,42 +32,69 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def test_sections_are_the_components_own_config_classes():
+    config = load_config(env={})
+    assert type(config.engine) is EngineConfig and type(config.router) is RouterConfig
+    assert type(config.events) is PublisherConfig
+
+
 def test_defaults_are_the_embedded_local_cluster():
     config = load_config(env={})
-    assert config.model.is_embedded and config.is_embedded_ray
+    assert config.is_embedded_model and config.is_embedded_ray
     assert config.replicas.num_replicas == 2 and config.router.port == 8000
-    assert config.router.host is None  # -> 127.0.0.1 locally, never 0.0.0.0
+    assert config.router.host == "127.0.0.1"  # never 0.0.0.0 by default
 
 
-def test_example_config_in_deploy_loads():
-    config = load_config(EXAMPLE, env={})
-    assert config.cache.kv_cache_memory == 256 * 2**20
-    assert config.router.policy == "cache_aware"
+def test_event_topic_defaults_to_vllms_empty_string():
+    assert load_config(env={}).events.topic == ""
+    assert _from_argv(["--topic", "kv"]).events.topic == "kv"
+
+
+def test_stable_event_ports_follow_the_base_port():
+    config = _from_argv(["--event-port", "6000", "--num-replicas", "3"])
+    assert config.replicas.event_ports() == [(6000, 6001), (6002, 6003), (6004, 6005)]
+    assert _from_argv(["--event-port", "0"]).replicas.event_ports() == [(0, 0), (0, 0)]
 
 
 def test_yaml_values_are_loaded(tmp_path):
-    path = _write(tmp_path, "model: {model: /models/x, dtype: bfloat16}\nreplicas: {num_replicas: 4}\n"
-                            "router: {policy_weights: {decode_weight: 0.5}}\n")
+    path = _write(tmp_path, "engine: {model: /models/x, dtype: bfloat16, kv_cache_memory: 256MiB}\n"
+                            "replicas: {num_replicas: 4}\nrouter: {policy_kwargs: {decode_weight: 0.5}}\n")
     config = load_config(path, env={})
-    assert config.model.model == "/models/x" and config.model.dtype == "bfloat16"
+    assert config.engine.model == "/models/x" and config.engine.dtype == "bfloat16"
+    assert config.engine.kv_cache_memory == 256 * 2**20
     assert config.replicas.num_replicas == 4
-    assert config.router.policy_weights == {"decode_weight": 0.5}
+    assert config.router.policy_kwargs == {"decode_weight": 0.5}
 
 
-def test_cli_flags_override_yaml(tmp_path):
-    path = _write(tmp_path, "replicas: {num_replicas: 4}\nrouter: {port: 9000}\n")
-    config = config_from_args(_args(["--config", str(path), "--replicas", "3", "--model", "m",
-                                     "--policy-weight", "decode_weight=2", "--set", "cache.block_size=32"]))
+def test_flags_beat_env_beat_yaml(tmp_path):
+    path = _write(tmp_path, "replicas: {num_replicas: 4}\nrouter: {port: 9000, max_attempts: 5}\n")
+    env = {"KVMESH_ROUTER_PORT": "9100", "KVMESH_ENGINE_BLOCK_SIZE": "32"}
+    config = _from_argv(["--config", str(path), "--num-replicas", "3", "--model", "m",
+                         "--policy-kwargs", "decode_weight=2"], env)
     assert config.replicas.num_replicas == 3  # flag beats file
-    assert config.router.port == 9000  # file beats default
-    assert config.model.model == "m" and config.cache.block_size == 32
-    assert config.router.policy_weights == {"decode_weight": 2}
+    assert config.router.port == 9100  # env beats file
+    assert config.router.max_attempts == 5  # file beats default
+    assert config.engine.model == "m" and config.engine.block_size == 32
+    assert config.router.policy_kwargs == {"decode_weight": 2}
 
 
-def test_flags_left_out_change_nothing(monkeypatch):
-    monkeypatch.delenv("KVMESH_HASH_SEED", raising=False)
-    monkeypatch.delenv("KVMESH_API_KEY", raising=False)
-    assert config_from_args(_args([])) == ServeConfig()
+def test_router_settings_missing_from_the_old_serve_cli_are_flags_now():
+    config = _from_argv(["--predict-ttl-s", "0.5", "--max-attempts", "1", "--no-enable-prefix-caching"])
+    assert config.router.predict_ttl_s == 0.5 and config.router.max_attempts == 1
+    assert config.engine.enable_prefix_caching is False
+
+
+def test_flags_left_out_change_nothing():
+    assert _from_argv([]) == ServeConfig()
+
+
+def test_one_flag_per_field_and_no_duplicates():
+    flags = [o.flag for o in SERVE_SCHEMA.options]
+    assert len(flags) == len(set(flags))
+    parser = _parser()
+    for legacy in ("--policy-weight", "--policy-args", "-tp", "--set", "--replicas"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([legacy, "1"])  # rejected, one name per idea
 
 
 def test_unknown_nested_key_is_rejected_with_suggestion(tmp_path):
@@ -70,38 +104,47 @@ def test_unknown_nested_key_is_rejected_with_suggestion(tmp_path):
 
 
 def test_unknown_section_is_rejected_with_suggestion():
-    with pytest.raises(ConfigError, match=r"unknown key rooter \(did you mean 'router'\?\)"):
+    with pytest.raises(ConfigError, match=r"unknown section 'rooter' \(did you mean 'router'\?\)"):
         from_dict({"rooter": {"port": 1}})
 
 
-def test_unknown_set_path_is_rejected():
-    with pytest.raises(ConfigError, match=r"unknown key cache\.blok_size \(did you mean 'block_size'\?\)"):
-        config_from_args(_args(["--set", "cache.blok_size=32"]))
+def test_a_field_derived_from_another_section_says_where_to_set_it():
+    with pytest.raises(ConfigError, match=r"router\.block_size cannot be set .*engine\.block_size"):
+        from_dict({"router": {"block_size": 32}})
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    ({"replicas": {"num_replicas": "two"}}, r"replicas\.num_replicas must be an integer, got 'two'"),
+    ({"replicas": {"num_replicas": "two"}}, r"replicas\.num_replicas \(--num-replicas or KVMESH_REPLICAS_NUM_REPLICAS\): expected `int`"),
     ({"replicas": {"num_replicas": 0}}, r"num_replicas=0 must be at least 1"),
-    ({"cache": {"block_size": 15}}, r"block_size=15 must be a positive power of two"),
-    ({"cache": {"kv_cache_memory": "lots"}}, r"kv_cache_memory='lots' is not a size"),
-    ({"model": {"dtype": "fp8"}}, r"model\.dtype='fp8'; expected one of auto, float32"),
-    ({"router": {"port": 70000}}, r"router\.port=70000 is not a TCP port"),
-    ({"router": {"policy_weights": {"decode_weight": "high"}}}, r"policy_weights must be a mapping"),
-    ({"cache": {"enable_prefix_caching": "yes"}}, r"enable_prefix_caching must be true/false"),
+    ({"engine": {"block_size": 0}}, r"block_size must be a positive integer"),
+    ({"engine": {"kv_cache_memory": "lots"}}, r"kv_cache_memory='lots' is not a size"),
+    ({"engine": {"dtype": "fp8"}}, r"dtype must be one of"),
+    ({"router": {"port": 70000}}, r"port=70000 is not a TCP port"),
+    ({"router": {"policy_kwargs": {"decode_weight": "high"}}}, r"decode_weight"),
+    ({"engine": {"enable_prefix_caching": "maybe"}}, r"engine\.enable_prefix_caching .*expected `bool`"),
     ({"replicas": 3}, r"replicas must be a mapping"),
-    ({"router": {"policy": "cache_awre"}}, r"router\.policy='cache_awre' is not a routing policy \(did you mean 'cache_aware'\?\)"),
-    ({"router": {"policy_weights": {"decode_weigth": 1}}}, r"decode_weigth is not an option of policy 'cache_aware' \(did you mean 'decode_weight'\?\)"),
-    ({"model": {"model": "embedded", "load_format": "safetensors"}}, r"cannot load the embedded model"),
+    ({"router": {"policy": "cache_awre"}}, r"unknown policy 'cache_awre' \(did you mean 'cache_aware'\?\)"),
+    ({"router": {"policy_kwargs": {"decode_weigth": 1}}}, r"'decode_weigth' is not an option of policy 'cache_aware' \(did you mean 'decode_weight'\?\)"),
+    ({"engine": {"load_format": "safetensors"}}, r"cannot load the embedded model"),
+    ({"router": {"port": 8100}}, r"router\.port and replicas\.http_port both use port 8100"),
+    ({"router": {"api_key": "short"}}, r"api_key has 5 characters; use a secret of at least 8"),
 ])
 def test_bad_values_are_rejected_with_the_path(data, message):
     with pytest.raises(ConfigError, match=message):
         from_dict(data)
 
 
+def test_the_help_example_is_accepted():
+    from kvmesh.cluster.commands.serve import __doc__ as help_text
+
+    example = next(line for line in help_text.splitlines() if "--policy-kwargs" in line).split()[2:]
+    config = _from_argv(example)
+    assert config.router.policy_kwargs == {"decode_weight": 4, "temperature": 0.1}
+
+
 def test_bad_yaml_names_the_file(tmp_path):
-    path = _write(tmp_path, "model: [unclosed\n")
     with pytest.raises(ConfigError, match="is not valid YAML"):
-        load_config(path, env={})
+        load_config(_write(tmp_path, "engine: [unclosed\n"), env={})
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
@@ -112,10 +155,21 @@ def test_missing_file_is_a_clear_error(tmp_path):
 def test_secrets_come_from_env_and_are_never_shown():
     seed, key = "s" * 64, "k" * 32
     config = load_config(env={"KVMESH_HASH_SEED": seed, "KVMESH_API_KEY": key})
-    assert config.cache.hash_seed == seed and config.router.api_key == key
+    assert config.engine.hash_seed == seed and config.router.api_key == key
     assert seed not in repr(config) and key not in repr(config)
     shown = config.to_dict()
-    assert shown["cache"]["hash_seed"] == REDACTED and shown["router"]["api_key"] == REDACTED
+    assert shown["engine"]["hash_seed"] == REDACTED and shown["router"]["api_key"] == REDACTED
+
+
+def test_hash_seed_on_the_command_line_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--hash-seed", "0123456789abcdef0123"])
+    assert "KVMESH_HASH_SEED" in capsys.readouterr().err
+
+
+def test_short_hash_seed_is_refused():
+    with pytest.raises(ConfigError, match="hash_seed is shorter than 16"):
+        load_config(env={"KVMESH_HASH_SEED": "short"})
 
 
 def test_config_is_frozen():

@@ -113,7 +113,7 @@ class OldVllmPublisher:
     (``[b"", seq, payload]``, end ``[b"", 0xFF*8, b""]``) and no snapshots (a snapshot request
     reads as a huge start_seq). Single-threaded: call ``serve()`` to answer pending requests."""
 
-    def __init__(self, topic: bytes = b"kv-events") -> None:
+    def __init__(self, topic: bytes = b"") -> None:
         import threading
 
         ctx = zmq.Context.instance()

@@ -1,34 +1,54 @@
-"""``kvmesh replica`` parses its flags into an EngineConfig and the runtime's options."""
+"""``kvmesh replica`` parses its flags into the same engine: and events: sections as ``kvmesh serve``."""
 
 from __future__ import annotations
 
-from kvmesh.cluster.cli import build_parser
-from kvmesh.cluster.commands.replica import engine_config_from_args
+import pytest
+from kvmesh.cluster.cli import build_parser, main
+from kvmesh.cluster.commands.replica import load
+
+MODEL = "some/model"  # parsing only: load() (which checks the model) is not called
 
 
 def parse(*argv: str):
-    return build_parser().parse_args(["replica", "--model", "some/model", *argv])
+    return build_parser().parse_args(["replica", "--model", MODEL, "--load-format", "dummy", *argv])
 
 
-def test_defaults_follow_design_ports_and_loopback(monkeypatch):
-    monkeypatch.delenv("KVMESH_API_KEY", raising=False)
-    args = parse()
-    assert (args.host, args.port, args.event_port, args.replay_port) == ("127.0.0.1", 8100, 5557, 5558)
-    assert args.tp == 1 and args.api_key is None
-    config = engine_config_from_args(args)
-    assert config.tensor_parallel_size == 1 and config.kv_events_endpoint is None  # the runtime binds events
+def _load(*argv: str, env: dict | None = None):
+    from kvmesh.cluster.config import REPLICA_SCHEMA
+    from kvmesh.cluster.config_cli import config_from_args
+
+    return config_from_args(parse(*argv), REPLICA_SCHEMA, env=env or {})
 
 
-def test_flags_reach_the_engine_config():
-    args = parse("--tp", "2", "--block-size", "32", "--max-model-len", "256", "--no-prefix-caching",
-                 "--events-endpoint", "connect://tcp://collector:5557", "--replay-port", "6000")
-    config = engine_config_from_args(args)
-    assert config.tensor_parallel_size == 2 and config.block_size == 32 and config.max_model_len == 256
-    assert config.enable_prefix_caching is False
-    assert config.kv_events_endpoint == "connect://tcp://collector:5557"
-    assert config.kv_events_replay_endpoint == "tcp://127.0.0.1:6000"
+def test_defaults_follow_design_ports_and_loopback():
+    server = _load().server
+    assert (server.host, server.port, server.event_port, server.replay_port) == ("127.0.0.1", 8100, 5557, 5558)
+    assert server.api_key is None
 
 
-def test_api_key_comes_from_the_environment(monkeypatch):
-    monkeypatch.setenv("KVMESH_API_KEY", "from-env-secret")
-    assert parse().api_key == "from-env-secret"
+def test_flags_reach_the_engine_config(stories_path):
+    model = str(stories_path)
+    args = build_parser().parse_args([
+        "replica", "--model", model, "--tensor-parallel-size", "2", "--block-size", "32", "--max-model-len", "256",
+        "--no-enable-prefix-caching", "--events-endpoint", "connect://tcp://collector:5557", "--replay-port", "0",
+        "--port", "0", "--topic", "kv"])
+    _, engine = load(args)
+    assert engine.tensor_parallel_size == 2 and engine.block_size == 32 and engine.max_model_len == 256
+    assert engine.enable_prefix_caching is False and engine.kv_events_topic == "kv"
+    assert engine.kv_events_endpoint == "connect://tcp://collector:5557"
+    assert engine.kv_events_replay_endpoint == "tcp://127.0.0.1:0"
+
+
+def test_api_key_comes_from_the_environment():
+    assert _load(env={"KVMESH_API_KEY": "from-env-secret"}).server.api_key == "from-env-secret"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["replica", "--model", "/bad/path"], "is not a directory"),
+    (["replica"], "engine.model (--model or KVMESH_ENGINE_MODEL): is required"),
+    (["replica", "--model", "/tmp", "--api-key", "short"], "at least 8"),
+])
+def test_a_users_mistake_is_one_line_not_a_traceback(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

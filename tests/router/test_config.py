@@ -34,6 +34,8 @@ def test_bad_replica_spec_says_what_to_write(text, fragment):
     ({"block_size": 0}, "block_size"),
     ({"max_attempts": 0}, "max_attempts"),
     ({"api_key": ""}, "api_key"),
+    ({"api_key": "1234567"}, "at least 8"),
+    ({"policy_kwargs": {"decode_wieght": 1}}, "did you mean 'decode_weight'"),
 ])
 def test_router_config_rejects_bad_values(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
@@ -46,15 +48,28 @@ def test_router_config_binds_loopback_by_default():
 
 def test_cli_parses_a_standalone_router():
     from kvmesh.cluster.commands import router as command
+    from kvmesh.cluster.config import ROUTER_SCHEMA
+    from kvmesh.cluster.config_cli import config_from_args
 
     parser = argparse.ArgumentParser()
     command.add_parser(parser.add_subparsers())
     args = parser.parse_args([
         "router", "--replica", "http://127.0.0.1:8100,events=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558",
-        "--replica", "http://127.0.0.1:8101", "--policy", "prefix_hash", "--port", "9000", "--api-key", "k",
-        "--model", "some/model"])
-    assert args.func is command.run and len(args.replica) == 2 and args.policy == "prefix_hash"
-    assert args.host == "127.0.0.1" and args.port == 9000 and args.api_key == "k"
+        "--replica", "http://127.0.0.1:8101", "--policy", "prefix_hash", "--port", "9000",
+        "--api-key", "k" * 8, "--model", "some/model", "--predict-ttl-s", "0.5", "--policy-kwargs", "prefix_blocks=2"])
+    config = config_from_args(args, ROUTER_SCHEMA, env={}).router
+    assert args.func is command.run and len(args.replica) == 2
+    assert (config.host, config.port, config.policy, config.api_key) == ("127.0.0.1", 9000, "prefix_hash", "k" * 8)
+    assert config.predict_ttl_s == 0.5 and config.policy_kwargs == {"prefix_blocks": 2}
+
+
+def test_router_and_serve_share_the_api_key_rule(capsys):
+    from kvmesh.cluster.cli import main
+
+    assert main(["router", "--api-key", "short"]) == 2
+    assert "at least 8" in capsys.readouterr().err
+    assert main(["serve", "--api-key", "short", "--print-config"]) == 2
+    assert "at least 8" in capsys.readouterr().err
 
 
 def test_cli_reports_a_bad_replica_spec_without_a_traceback(capsys):
@@ -64,4 +79,4 @@ def test_cli_reports_a_bad_replica_spec_without_a_traceback(capsys):
     command.add_parser(parser.add_subparsers())
     args = parser.parse_args(["router", "--replica", "localhost:8100"])
     assert command.run(args) == 2
-    assert "http://" in capsys.readouterr().out
+    assert "http://" in capsys.readouterr().err

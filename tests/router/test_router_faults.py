@@ -73,13 +73,13 @@ def test_no_healthy_replica_gives_503(start_router):
     assert err["code"] == 503 and err["type"] == "service_unavailable" and "replica" in err["message"]
 
 
-AUTH = {"content-type": "application/json", "Authorization": "Bearer sekret"}
+AUTH = {"content-type": "application/json", "Authorization": "Bearer sekret-key"}
 
 
 @pytest.fixture(scope="module")
 def keyed_router(tokenizer):
     """One router without replicas, with an API key and a served model name."""
-    cfg = RouterConfig(port=0, block_size=BLOCK_SIZE, api_key="sekret", served_model_name="stories")
+    cfg = RouterConfig(port=0, block_size=BLOCK_SIZE, api_key="sekret-key", served_model_name="stories")
     server = RouterServer(cfg, [], tokenizer=tokenizer).start()
     yield server
     server.stop()
@@ -116,7 +116,7 @@ def test_api_key_guards_v1_but_not_health(keyed_router):
     wrong = httpx.post(router.url + "/v1/completions", json={"prompt": "x"},
                        headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401 and wrong.json()["error"]["code"] == 401
-    ok = httpx.get(router.url + "/v1/models", headers={"Authorization": "Bearer sekret"})
+    ok = httpx.get(router.url + "/v1/models", headers={"Authorization": "Bearer sekret-key"})
     assert ok.status_code == 200 and ok.json()["data"]
     assert httpx.get(router.url + "/health").status_code == 503  # open, but no replica
     assert httpx.get(router.url + "/metrics").status_code == 200

@@ -1,0 +1,47 @@
+"""Checks that run before Ray starts or a model loads, so a user's mistake costs a second, not minutes.
+
+``check(ServeConfig)``: the model resolves (local directory with config.json, or a Hugging Face
+id in the cache / on the hub, one request, no retries) and every fixed port this machine will
+bind is free: the router's, and on an embedded Ray instance the replicas' HTTP and event ports.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from kvmesh.cluster.config import ServeConfig
+from kvmesh.cluster.model_files import check_model
+
+
+class PreflightError(ValueError):
+    """The config cannot start here; the message says what to change."""
+
+
+def check(config: ServeConfig) -> None:
+    if not config.is_embedded_model:
+        try:
+            check_model(config.engine.model)
+        except ValueError as e:
+            raise PreflightError(str(e)) from None
+    ports = [("router.port", config.router.host, config.router.port)]
+    if config.is_embedded_ray:  # the replicas bind on this machine too
+        host = "127.0.0.1"
+        ports += [("replicas.http_port", host, p) for p in config.replicas.http_ports()]
+        ports += [("replicas.event_port", host, p) for pair in config.replicas.event_ports() for p in pair]
+    for what, host, port in ports:
+        check_port_free(host, port, what)
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Binding ``host:port`` works now (port 0 always does); else ``PreflightError`` naming the setting."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise PreflightError(f"{what}: port {host}:{port} is not available ({e.strerror}); another kvmesh (or "
+                                 "something else) uses it: stop it, or choose another port (0 = any free port)"
+                                 ) from None
