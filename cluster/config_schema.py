@@ -196,3 +196,16 @@ def commented_yaml(schema: Schema, config: Any, header: str = "") -> str:
             dumped = yaml.safe_dump({opt.name: value}, default_flow_style=True, sort_keys=False, width=1000)
             lines.append("  " + dumped.strip()[1:-1].strip())
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def markdown_table(schema: Schema) -> str:
+    """A Markdown reference of every option: YAML key, flag, environment variable, default, doc."""
+    defaults = schema.section_defaults()
+    rows = ["| key | flag | default | meaning |", "|---|---|---|---|"]
+    for opt in schema.options:
+        default = "" if opt.secret else yaml.safe_dump(defaults[opt.section][opt.name], default_flow_style=True,
+                                                       width=1000).strip().removesuffix("...").strip()
+        flag = f"`{opt.flag}`" if opt.on_cli else "(env/file only)"
+        doc = opt.doc.replace("|", "\\|")
+        rows.append(f"| `{opt.dotted}` | {flag} | `{default}` | {doc} |")
+    return "\n".join(rows) + "\n"

@@ -122,7 +122,7 @@ def wait_ready(groups: list[ReplicaPlacement], timeout_s: float) -> None:
             raise TimeoutError(
                 f"replicas {sorted(pending)} could not be placed within {timeout_s:.0f}s: each needs "
                 f"{bundles} on ONE node, the cluster offers {ray.available_resources()}. Add nodes (or GPUs), "
-                "lower --replicas / --tensor-parallel-size, or raise --num-cpus for an embedded cluster.")
+                "lower --num-replicas / --tensor-parallel-size, or raise --num-cpus for an embedded cluster.")
 
 
 def remove_placement_groups(groups: list[ReplicaPlacement]) -> None:

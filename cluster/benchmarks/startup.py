@@ -66,7 +66,7 @@ def _cmdline(pid: int) -> str:
 def one_run(args: argparse.Namespace, run_index: int) -> dict:
     port = _free_port()
     argv = [sys.executable, "-m", "kvmesh.cluster.cli", "serve", "--port", str(port),
-            "--replicas", str(args.replicas), "--model", args.model]
+            "--num-replicas", str(args.replicas), "--model", args.model]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cache = None if args.warm_cache else tempfile.mkdtemp(prefix="kvmesh-bench-cache-")
     if cache:
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ready = [r["ready_s"] for r in runs]
     rss = [v for r in runs for v in r["replica_rss_mib"]]
     result = {
-        "benchmark": "startup", "command": f"kvmesh serve --replicas {args.replicas} --model {args.model}",
+        "benchmark": "startup", "command": f"kvmesh serve --num-replicas {args.replicas} --model {args.model}",
         "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
         "ready_s_median": statistics.median(ready), "ready_s_all": ready,
         "replica_rss_mib_median": round(statistics.median(rss), 1) if rss else None,

@@ -25,7 +25,8 @@ from kvmesh.cluster.config_cli import add_config_arguments
 EXAMPLE_HEADER = """\
 # kvmesh serve config: every setting with its default (`kvmesh serve --print-config` writes this).
 # Use: kvmesh serve --config FILE. Precedence: defaults < this file < KVMESH_<SECTION>_<FIELD> < flags.
-# Secrets: KVMESH_API_KEY, KVMESH_HASH_SEED (never on the command line, better not in a file)."""
+# Secrets: KVMESH_API_KEY, KVMESH_HASH_SEED (never on the command line, better not in a file).
+# engine.kv_cache_memory null: 1 GiB per replica on CPU, 64 MiB for the embedded model."""
 
 
 class _Terminated(Exception):

@@ -1,0 +1,29 @@
+"""By default a replica publishes on vLLM's default topic, the empty string: vllm-router's kv_aware
+policy subscribes to exactly b"" and drops every other topic (DESIGN.md, KV events)."""
+
+import time
+
+import zmq
+from events_testkit import make_publisher, raw_socket, stored
+from kvmesh.events.publisher import PublisherConfig
+from kvmesh.events.schema import KVEventBatch
+from kvmesh.replica.config import EngineConfig
+
+
+def test_default_topics_are_vllms_empty_string():
+    assert PublisherConfig().topic == ""
+    assert EngineConfig(model="m").kv_events_topic == ""
+
+
+def test_default_publisher_sends_the_empty_topic_frame():
+    pub = make_publisher()
+    sub = raw_socket(zmq.SUB, pub.endpoint, subscribe=b"")
+    try:
+        time.sleep(0.2)  # PUB drops until the subscription has arrived
+        pub.publish(KVEventBatch(ts=1.0, events=[stored(1, None)], data_parallel_rank=0))
+        assert sub.poll(5000)
+        topic, seq, _ = sub.recv_multipart()
+        assert topic == b"" and int.from_bytes(seq, "big") == 0
+    finally:
+        sub.close()
+        pub.close()
