@@ -19,7 +19,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from kvmesh.cluster.bench.load import add_load_arguments
+from kvmesh.cluster.bench.load import add_load_arguments, results_dir, run_parameters
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokenizer/model path for the started routers (default: the replicas' model id)")
     c.add_argument("--block-size", type=int, default=16, help="the replicas' KV block size (default: 16)")
     c.add_argument("--settle", type=float, default=1.0, help="seconds to let a new router sync events")
-    p.set_defaults(out="results/bench_compare.json")
+    p.set_defaults(out=str(results_dir() / "bench_compare.json"))
     return p
 
 
@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(format_summary(f"{name:>14} {w}", table[name][w]))
         if not args.no_plot:
             path = Path(args.out).with_name(f"{Path(args.out).stem}_{w}.png")
+            first = next(iter(runs.values()))[w]["config"]
             written.append(str(plot_compare({n: table[n][w] for n in table if w in table[n]},
-                                            f"policies on {w}", path)))
+                                            f"policies on {w}", path, params=run_parameters(first))))
     print("wrote " + ", ".join(written))
     return 0 if all(s["ok"] for per in table.values() for s in per.values()) else 1

@@ -10,6 +10,13 @@ from pathlib import Path
 from kvmesh.cluster.bench.workloads import WORKLOADS
 
 
+def results_dir() -> Path:
+    """Where bench results go by default: $KVMESH_RESULTS_DIR, else ~/.cache/kvmesh/results (never the repo)."""
+    import os
+
+    return Path(os.environ.get("KVMESH_RESULTS_DIR") or Path.home() / ".cache" / "kvmesh" / "results")
+
+
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="OpenAI endpoint base URL (default: %(default)s)")
     p.add_argument("--model", default=None, help="model name (default: the first of GET /v1/models)")
@@ -45,12 +52,16 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--concurrency", type=int, default=None,
                     help="closed loop: sessions in flight (default 8); open loop: cap on requests in flight "
                          "(default 0 = none, arrivals are never delayed)")
+    lo.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                    help="send no new request after SECONDS (in-flight ones finish); with a large "
+                         "--num-requests this runs for a fixed time (default: until the workload ends)")
     lo.add_argument("--think-time", type=float, default=0.0, help="seconds between turns of a session")
     lo.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
     lo.add_argument("--cache-salt", default=None, help="send this cache_salt with every request")
     lo.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos (strict OpenAI servers)")
     o = p.add_argument_group("output")
-    o.add_argument("--out", default="results/bench_load.json", help="JSON results (default: %(default)s)")
+    o.add_argument("--out", default=str(results_dir() / "bench_load.json"),
+                   help="JSON results, a PNG beside it (default: %(default)s; KVMESH_RESULTS_DIR moves the folder)")
     o.add_argument("--label", default=None, help="name of this run in the report (default: the workload)")
     o.add_argument("--no-plot", action="store_true")
     o.add_argument("--no-progress", action="store_true")
@@ -104,7 +115,7 @@ async def run_async(args, cache_salt: str | None = None) -> dict:
         raise ValueError("--api chat needs --prompt-format text (chat messages are text)")
     concurrency = args.concurrency if args.concurrency is not None else (8 if args.mode == "closed" else 0)
     load = LoadConfig(mode=args.mode, rate=args.rate, concurrency=concurrency, think_time_s=args.think_time,
-                      max_prompt_tokens=args.max_prompt_tokens, seed=args.seed)
+                      max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, duration_s=args.duration)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     timeout = httpx.Timeout(args.timeout, connect=5.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
@@ -133,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     return run_and_write(args)
 
 
+def run_parameters(config: dict) -> str:
+    """One line of the settings that shape a run, for plot titles."""
+    keys = ("workload", "api", "mode", "rate", "concurrency", "num_requests", "duration", "max_prompt_tokens",
+            "max_tokens", "model")
+    return ", ".join(f"{k}={config[k]}" for k in keys if config.get(k) is not None)
+
+
 def run_and_write(args) -> int:
     from kvmesh.cluster.bench.client import EndpointUnreachable
     from kvmesh.cluster.bench.plots import plot_run
@@ -149,6 +167,7 @@ def run_and_write(args) -> int:
     written = [str(out)]
     if not args.no_plot:
         written.append(str(plot_run(run["requests"], f"kvmesh bench load: {run['label']} @ {args.url}",
-                                    Path(args.out).with_suffix(".png"))))
+                                    Path(args.out).with_suffix(".png"), params=run_parameters(run["config"]),
+                                    summary=run["summary"])))
     print("wrote " + " and ".join(written))
     return 0 if run["summary"]["ok"] else 1

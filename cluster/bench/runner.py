@@ -36,8 +36,12 @@ class LoadConfig:
     """Multi-turn sessions stop before exceeding this."""
     seed: int = 0
     """Poisson arrival seed."""
+    duration_s: float | None = None
+    """Send no new request after this many seconds (in-flight ones finish); None: until the workload ends."""
 
     def __post_init__(self) -> None:
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ValueError(f"duration must be > 0 seconds, got {self.duration_s}")
         if self.mode not in ("open", "closed"):
             raise ValueError(f"mode must be 'open' or 'closed', got {self.mode!r}")
         if self.rate is not None and not self.rate > 0:
@@ -66,9 +70,12 @@ async def run_load(client: httpx.AsyncClient, sessions: list[Session], options: 
                    on_result: Callable[[RequestResult], None] | None = None) -> tuple[list[RequestResult], float, dict]:
     """Send every session; returns (results, wall seconds, counters)."""
     results: list[RequestResult] = []
-    counters = {"sessions": len(sessions), "sessions_truncated": 0}
+    counters = {"sessions": len(sessions), "sessions_truncated": 0, "turns_skipped_by_duration": 0}
     limit = asyncio.Semaphore(load.concurrency) if load.mode == "open" and load.concurrency else None
     t0 = time.perf_counter()
+
+    def expired() -> bool:
+        return load.duration_s is not None and time.perf_counter() - t0 >= load.duration_s
 
     async def one_session(session: Session) -> None:
         state = SessionState(session, options, maker, load.max_prompt_tokens)
@@ -78,6 +85,9 @@ async def run_load(client: httpx.AsyncClient, sessions: list[Session], options: 
                 return
             if k and load.think_time_s:
                 await asyncio.sleep(load.think_time_s)
+            if expired():
+                counters["turns_skipped_by_duration"] += len(session.turns) - k
+                return
             path, body = state.body(k)
             result = RequestResult(session.session_id, k)
             if limit is not None:
@@ -96,15 +106,19 @@ async def run_load(client: httpx.AsyncClient, sessions: list[Session], options: 
         queue = list(reversed(sessions))
 
         async def worker() -> None:
-            while queue:
+            while queue and not expired():
                 await one_session(queue.pop())
 
         await asyncio.gather(*(worker() for _ in range(min(load.concurrency, len(sessions)))))
+        counters["turns_skipped_by_duration"] += sum(len(s.turns) for s in queue)
     else:
         starts = arrival_times(sessions, load)
 
         async def delayed(session: Session, at: float) -> None:
             delay = at - (time.perf_counter() - t0)
+            if load.duration_s is not None and at >= load.duration_s:
+                counters["turns_skipped_by_duration"] += len(session.turns)
+                return
             if delay > 0:
                 await asyncio.sleep(delay)
             await one_session(session)
