@@ -1,0 +1,71 @@
+"""A user's mistake on the command line is one line on stderr and a non-zero exit, found before Ray or a
+model loads; never a traceback. Plus --version and did-you-mean for mistyped flags."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+from kvmesh.cluster.cli import main
+
+NO_RAY = ("import sys; from kvmesh.cluster.cli import main; rc = main(sys.argv[1:]); "
+          "assert 'ray' not in sys.modules and 'torch' not in sys.modules, 'imported ray/torch'; sys.exit(rc)")
+
+
+def _kvmesh(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("KVMESH_API_KEY", None)
+    full_env.pop("KVMESH_HASH_SEED", None)
+    return subprocess.run([sys.executable, "-c", NO_RAY, *argv], capture_output=True, text=True, timeout=60,
+                          env=full_env)
+
+
+def _one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr and fragment in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("kvmesh ")
+
+
+def test_mistyped_flag_gets_a_suggestion(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--blok-size", "32"])
+    assert "--blok-size (did you mean --block-size?)" in capsys.readouterr().err
+
+
+def test_serve_with_a_bad_model_path_fails_before_ray():
+    _one_line_error(_kvmesh("serve", "--model", "/no/such/model"), "is not a directory")
+
+
+def test_serve_with_an_unknown_hub_id_offline_fails_in_one_line():
+    result = _kvmesh("serve", "--model", "no-such-org/no-such-model", env={"HF_HUB_OFFLINE": "1"})
+    _one_line_error(result, "not in the local Hugging Face cache")
+
+
+def test_serve_with_its_port_taken_fails_before_ray():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _kvmesh("serve", "--port", str(port), "--http-port", "0", "--event-port", "0")
+    _one_line_error(result, f"router.port: port 127.0.0.1:{port} is not available")
+
+
+def test_serve_refuses_the_hash_seed_on_the_command_line():
+    result = _kvmesh("serve", "--hash-seed", "0123456789abcdef0123456789")
+    assert result.returncode == 2 and "KVMESH_HASH_SEED" in result.stderr
+    assert "0123456789abcdef0123456789" not in result.stderr
+
+
+def test_events_tail_with_an_endpoint_missing_its_scheme_is_one_line():
+    _one_line_error(_kvmesh("events", "tail", "--endpoint", "127.0.0.1:5557", "--duration", "0.1"),
+                    "expected tcp://HOST:PORT")
