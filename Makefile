@@ -10,7 +10,9 @@ VENV ?= .venv
 # (e.g. PyTorch's CPU index) if your default index would serve a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
-EXTRAS ?= dev
+# engine: torch, Ray, transformers, plots (what `kvmesh serve` needs); dev: the test tools.
+# `pip install kvmesh` without extras is the torch-free router / events / simulator install.
+EXTRAS ?= engine,dev
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvmesh-installed
 

@@ -26,6 +26,11 @@ COMMANDS = {
 }
 
 
+# Modules of the optional extras (pyproject.toml) -> the extra that brings them.
+EXTRA_OF = {"torch": "engine", "ray": "engine", "safetensors": "engine", "transformers": "hf", "jinja2": "hf",
+            "matplotlib": "plots", "flash_attn": "gpu"}
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with a did-you-mean for mistyped flags (``--blok-size`` -> ``--block-size``)."""
 
@@ -98,8 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except ModuleNotFoundError as e:  # a command that needs an extra this install does not have
-        print(f"kvmesh {args.command}: needs the Python package {e.name!r}, which is not installed; "
-              "install the engine extra: pip install 'kvmesh[engine]'", file=sys.stderr)
+        top = (e.name or "").split(".")[0]
+        extra = EXTRA_OF.get(top)
+        if extra is None:
+            raise
+        print(f"kvmesh {args.command}: needs the Python package {top!r}, which this install lacks; "
+              f"pip install 'kvmesh[{extra}]'", file=sys.stderr)
         return 1
 
 

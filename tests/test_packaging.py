@@ -52,3 +52,59 @@ def test_console_script_prints_help():
         [sys.executable, "-m", "kvmesh.cluster.cli", "--help"], check=True, capture_output=True, text=True
     )
     assert "kvmesh" in out.stdout
+
+
+# Distributions kvmesh never imports by name but needs: (name -> why).
+USED_INDIRECTLY = {
+    "uvloop": "uvicorn's event loop", "httptools": "uvicorn's HTTP parser", "sniffio": "httpcore, per request",
+    "jinja2": "transformers renders chat templates with it",
+}
+IMPORT_NAMES = {"pyzmq": "zmq", "pyyaml": "yaml", "prometheus-client": "prometheus_client", "flash-attn": "flash_attn"}
+
+
+def _requirement_name(req: str) -> str:
+    import re
+
+    return re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].strip().lower()
+
+
+def _declared() -> tuple[set[str], set[str]]:
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    core = {_requirement_name(r) for r in project["dependencies"]}
+    extras = {_requirement_name(r) for name, reqs in project["optional-dependencies"].items() if name != "dev"
+              for r in reqs} - {"kvmesh"}
+    return core, extras
+
+
+def _imported(folders=LAYERS, top_level_only: bool = False) -> set[str]:
+    import ast
+
+    found = set()
+    for layer in folders:
+        for path in (REPO_ROOT / layer).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            nodes = tree.body if top_level_only else ast.walk(tree)
+            for node in nodes:
+                if isinstance(node, ast.Import):
+                    found |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"kvmesh", "__future__"}
+
+
+def test_every_imported_package_is_declared_and_every_declared_one_is_used():
+    core, extras = _declared()
+    declared = {IMPORT_NAMES.get(name, name) for name in core | extras}
+    imported = _imported()
+    assert imported <= declared, f"imported but not declared: {imported - declared}"
+    unused = declared - imported - set(USED_INDIRECTLY)
+    assert not unused, f"declared but never imported: {unused}"
+
+
+def test_torch_free_layers_import_only_core_dependencies_at_module_level():
+    core, _ = _declared()
+    core_modules = {IMPORT_NAMES.get(name, name) for name in core}
+    imported = _imported(("kvcache", "events", "router"), top_level_only=True)
+    assert imported <= core_modules, f"router/events/kvcache need extras at import: {imported - core_modules}"

@@ -165,9 +165,17 @@ def run_and_write(args) -> int:
     out = write_json(run, args.out)
     print(format_summary(run["label"], run["summary"]))
     written = [str(out)]
-    if not args.no_plot:
+    if not args.no_plot and not _have_matplotlib():
+        print("no plot: matplotlib is not installed (pip install 'kvmesh[plots]')", file=sys.stderr)
+    elif not args.no_plot:
         written.append(str(plot_run(run["requests"], f"kvmesh bench load: {run['label']} @ {args.url}",
                                     Path(args.out).with_suffix(".png"), params=run_parameters(run["config"]),
                                     summary=run["summary"])))
     print("wrote " + " and ".join(written))
     return 0 if run["summary"]["ok"] else 1
+
+
+def _have_matplotlib() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
