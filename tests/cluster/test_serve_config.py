@@ -134,12 +134,21 @@ def test_bad_values_are_rejected_with_the_path(data, message):
         from_dict(data)
 
 
-def test_the_help_example_is_accepted():
+def test_every_help_example_is_accepted(monkeypatch):
+    import shlex
+
     from kvmesh.cluster.commands.serve import __doc__ as help_text
 
-    example = next(line for line in help_text.splitlines() if "--policy-kwargs" in line).split()[2:]
-    config = _from_argv(example)
-    assert config.router.policy_kwargs == {"decode_weight": 4, "temperature": 0.1}
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # examples name deploy/serve.example.yaml
+    examples = [shlex.split(line.split("#")[0].split(">")[0])[2:] for line in help_text.splitlines()
+                if line.strip().startswith("kvmesh serve ")]
+    assert len(examples) == 4
+    from kvmesh.cluster.cli import build_parser
+
+    configs = [config_from_args(build_parser().parse_args(["serve", *argv]), SERVE_SCHEMA, env={})
+               for argv in examples]
+    assert configs[1].router.policy_kwargs == {"decode_weight": 4, "temperature": 0.1}
+    assert configs[0].replicas.num_replicas == 4 and configs[2].replicas.event_port == 0
 
 
 def test_bad_yaml_names_the_file(tmp_path):
