@@ -110,7 +110,7 @@ class ServeConfig:
     """The engine every replica runs: model, KV cache, scheduler budgets, tensor parallelism."""
     replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
     """Replica count, restarts and ports."""
-    router: RouterConfig = field(default_factory=RouterConfig)
+    router: RouterConfig = field(default_factory=lambda: RouterConfig(host="auto"))
     """The router: address, policy, API key (also required by the replicas), retries."""
     events: PublisherConfig = field(default_factory=PublisherConfig)
     """The replicas' KV event streams."""
@@ -123,6 +123,12 @@ class ServeConfig:
             _check(self.engine.load_format in ("auto", "dummy"),
                    f"engine.load_format={self.engine.load_format!r} cannot load the embedded model, which has "
                    "no weight files; use load_format auto/dummy or give a real model")
+        if self.router.host != "auto":
+            try:
+                ipaddress.ip_address(self.router.host)
+            except ValueError:
+                _check(bool(re.fullmatch(r"[A-Za-z0-9.-]+", self.router.host)),
+                       f"router.host={self.router.host!r} is not an address, a host name or 'auto'")
         used = {"router.port": [self.router.port] if self.router.port else [],
                 "replicas.http_port": [p for p in self.replicas.http_ports() if p],
                 "replicas.event_port": [p for pair in self.replicas.event_ports() for p in pair if p]}

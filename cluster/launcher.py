@@ -70,6 +70,7 @@ class ServeCluster:
         self.report(f"starting {where}" + (f" ({ray_cluster.embedded_num_cpus(cfg)} logical CPUs)"
                                            if cfg.is_embedded_ray else ""))
         st.ray = ray_cluster.connect(cfg, log_to_driver=self.log_to_driver)
+        preflight.check_port_free(ray_cluster.router_host(cfg, st.ray), cfg.router.port, "router.port")
         st.device = ray_cluster.resolve_device(cfg, st.ray)
         st.model_path = resolve_model_path(cfg, st.ray, self.report)
         st.served_model_name = cfg.router.served_model_name or (SERVED_NAME if cfg.is_embedded_model

@@ -23,7 +23,10 @@ def check(config: ServeConfig) -> None:
             check_model(config.engine.model)
         except ValueError as e:
             raise PreflightError(str(e)) from None
-    ports = [("router.port", config.router.host, config.router.port)]
+    ports = []
+    if config.router.host != "auto" or config.is_embedded_ray:  # "auto" in a Ray cluster: the node's IP, later
+        host = "127.0.0.1" if config.router.host == "auto" else config.router.host
+        ports.append(("router.port", host, config.router.port))
     if config.is_embedded_ray:  # the replicas bind on this machine too
         host = "127.0.0.1"
         ports += [("replicas.http_port", host, p) for p in config.replicas.http_ports()]

@@ -137,8 +137,10 @@ def resolve_device(config: ServeConfig, handle: RayHandle) -> str:
 
 
 def router_host(config: ServeConfig, handle: RayHandle) -> str:
-    """router.host (127.0.0.1 unless configured, also in a multi-node cluster; never 0.0.0.0 by default)."""
-    return config.router.host
+    """router.host "auto": 127.0.0.1 on one machine, the node's IP in a cluster; never 0.0.0.0 unless configured."""
+    if config.router.host != "auto":
+        return config.router.host
+    return LOCAL_HOST if handle.local else handle.node_ip
 
 
 def disconnect(handle: RayHandle | None) -> None:

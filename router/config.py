@@ -57,7 +57,7 @@ class RouterConfig:
     """How the router listens, decides and talks to replicas."""
 
     host: str = "127.0.0.1"
-    """Address to bind; loopback by default (never 0.0.0.0 unless asked)."""
+    """Address to bind (never 0.0.0.0 unless asked); "auto": 127.0.0.1 on one machine, the node's IP in a Ray cluster."""
     port: int = 8000
     """HTTP port; 0 picks a free one."""
     model: str | None = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from kvmesh.cluster.config import ROUTER_SCHEMA
 from kvmesh.cluster.config_cli import add_config_arguments
@@ -39,6 +40,8 @@ def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = config_from_args(args, ROUTER_SCHEMA).router
+        if config.host == "auto":  # one machine: serve's rule
+            config = replace(config, host="127.0.0.1")
         specs = [ReplicaSpec.parse(text) for text in args.replica]
         server = RouterServer(config, specs)
     except (ConfigError, ValueError, TypeError, OSError) as e:

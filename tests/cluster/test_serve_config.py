@@ -42,7 +42,7 @@ def test_defaults_are_the_embedded_local_cluster():
     config = load_config(env={})
     assert config.is_embedded_model and config.is_embedded_ray
     assert config.replicas.num_replicas == 2 and config.router.port == 8000
-    assert config.router.host == "127.0.0.1"  # never 0.0.0.0 by default
+    assert config.router.host == "auto"  # 127.0.0.1 on one machine, the node's IP in a cluster; never 0.0.0.0
 
 
 def test_event_topic_defaults_to_vllms_empty_string():

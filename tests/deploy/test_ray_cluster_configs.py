@@ -71,4 +71,4 @@ def test_example_serve_config_is_a_valid_serve_config():
     from kvmesh.cluster.config_loader import load_config
 
     config = load_config(DEPLOY / "serve.example.yaml", env={})
-    assert config.router.host == "127.0.0.1"  # never 0.0.0.0 by default
+    assert config.router.host == "auto"  # loopback locally, the node's IP in a cluster; never 0.0.0.0
