@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import yaml
 from kvmesh.cluster.config import SERVE_SCHEMA
-from kvmesh.cluster.config_schema import Option, Schema, value_from_text
+from kvmesh.cluster.config_schema import Option, Schema, assignments, value_from_text
 
 
 class ConfigError(ValueError):
@@ -105,8 +105,6 @@ def _known(schema: Schema, dotted: str, source: str) -> Option:
 def _set(data: dict[str, Any], opt: Option, value: Any, source: str) -> None:
     section = data.setdefault(opt.section, {})
     if opt.is_mapping and isinstance(value, str):
-        from kvmesh.cluster.config_schema import assignments
-
         try:
             value = assignments([v for v in value.split(",") if v.strip()], source)
         except ValueError as e:

@@ -61,6 +61,19 @@ def check_model(model: str, timeout_s: float = 10.0) -> str:
     return model
 
 
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """The Hugging Face hub answers at all (one request, no retries)."""
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/api/models?limit=1", method="HEAD"),
+                               timeout=timeout_s).close()
+    except OSError:  # URLError and HTTPError are OSErrors
+        return False
+    return True
+
+
 def _probe_hub(model: str, timeout_s: float) -> None:
     """One HEAD request to the hub (no retries): the id exists and is readable, or ValueError."""
     import urllib.error

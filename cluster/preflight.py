@@ -1,16 +1,18 @@
 """Checks that run before Ray starts or a model loads, so a user's mistake costs a second, not minutes.
 
 ``check(ServeConfig)``: the model resolves (local directory with config.json, or a Hugging Face
-id in the cache / on the hub, one request, no retries) and every fixed port this machine will
-bind is free: the router's, and on an embedded Ray instance the replicas' HTTP and event ports.
+id in the cache / on the hub, one request, no retries; a cached id with no hub in reach sets
+HF_HUB_OFFLINE=1 for the replicas) and every fixed port this machine will bind is free: the
+router's, and on an embedded Ray instance the replicas' HTTP and event ports.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 
 from kvmesh.cluster.config import ServeConfig
-from kvmesh.cluster.model_files import check_model
+from kvmesh.cluster.model_files import check_model, hub_reachable
 
 
 class PreflightError(ValueError):
@@ -20,9 +22,13 @@ class PreflightError(ValueError):
 def check(config: ServeConfig) -> None:
     if not config.is_embedded_model:
         try:
-            check_model(config.engine.model)
+            path = check_model(config.engine.model)
         except ValueError as e:
             raise PreflightError(str(e)) from None
+        if not os.path.isdir(path) and not hub_reachable():
+            # A hub id found in the local cache, and no hub: the replicas (which inherit this
+            # environment) load from the cache instead of retrying the network for minutes.
+            os.environ["HF_HUB_OFFLINE"] = "1"
     ports = []
     if config.router.host != "auto" or config.is_embedded_ray:  # "auto" in a Ray cluster: the node's IP, later
         host = "127.0.0.1" if config.router.host == "auto" else config.router.host

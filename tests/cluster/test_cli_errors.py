@@ -69,3 +69,21 @@ def test_serve_refuses_the_hash_seed_on_the_command_line():
 def test_events_tail_with_an_endpoint_missing_its_scheme_is_one_line():
     _one_line_error(_kvmesh("events", "tail", "--endpoint", "127.0.0.1:5557", "--duration", "0.1"),
                     "expected tcp://HOST:PORT")
+
+
+def test_a_cached_hub_id_without_a_hub_is_served_offline(tmp_path):
+    import os
+
+    snapshot = tmp_path / "models--some-org--some-model" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--some-org--some-model" / "refs").mkdir()
+    (tmp_path / "models--some-org--some-model" / "refs" / "main").write_text("abc123")
+    code = ("import os; from kvmesh.cluster.config_loader import load_config; from kvmesh.cluster.preflight import check; "
+            "check(load_config(overrides={'engine.model': 'some-org/some-model', 'router.port': 0, "
+            "'replicas.http_port': 0, 'replicas.event_port': 0}, env={})); print(os.environ.get('HF_HUB_OFFLINE'))")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    env.pop("HF_HUB_OFFLINE", None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1"  # the replicas load from the cache, no minutes of retries
