@@ -162,7 +162,7 @@ class ReplicaServerConfig:
     port: int = 8100
     """HTTP port; 0 picks a free one (the JSON line on stdout says which)."""
     event_port: int | None = 5557
-    """KV event PUB port (0 = free port); None publishes no events."""
+    """KV event PUB port (0 = free port); null (flag: --event-port none) publishes no events."""
     replay_port: int = 5558
     """Replay/snapshot ROUTER port (0 = free port)."""
     events_endpoint: str | None = None
