@@ -2,7 +2,7 @@
 
     kvmesh router --model PATH --replica http://127.0.0.1:8100,events=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558 \\
                   --replica http://127.0.0.1:8101,events=tcp://127.0.0.1:5559,replay=tcp://127.0.0.1:5560
-    kvmesh router --config serve.yaml --replica ...      # the router: section of a serve config
+    kvmesh router --config router.yaml --replica ...     # a file with a router: section, as in serve's
 
 Works in front of kvmesh replicas and of vLLM servers started with KV events on
 (``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", ...}'``). A replica
