@@ -80,3 +80,13 @@ def test_cli_reports_a_bad_replica_spec_without_a_traceback(capsys):
     args = parser.parse_args(["router", "--replica", "localhost:8100"])
     assert command.run(args) == 2
     assert "http://" in capsys.readouterr().err
+
+
+def test_router_command_reads_the_router_section_from_yaml_and_env(tmp_path):
+    from kvmesh.cluster.config import ROUTER_SCHEMA
+    from kvmesh.cluster.config_loader import load
+
+    path = tmp_path / "router.yaml"
+    path.write_text("router:\n  policy: round_robin\n  max_attempts: 5\n")
+    config = load(ROUTER_SCHEMA, path, env={"KVMESH_ROUTER_MAX_ATTEMPTS": "2", "KVMESH_API_KEY": "k" * 12}).router
+    assert config.policy == "round_robin" and config.max_attempts == 2 and config.api_key == "k" * 12
