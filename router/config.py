@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.router.policies import DEFAULT_POLICY, POLICIES
 
 
@@ -70,9 +71,12 @@ class RouterConfig:
     block_size: int = 16
     """Tokens per KV block; must equal the replicas' block size."""
     api_key: str | None = field(default=None, repr=False)
-    """Bearer token clients must send on /v1/* routes; None disables auth."""
+    """Bearer token tenants must send on every path but health/ping/version/metrics; None disables auth."""
+    admin_key: str | None = field(default=None, repr=False)
+    """Bearer token for changing the replica set (POST/DELETE /replicas); None disables those endpoints (403).
+    Must differ from ``api_key``: tenants never hold it. ``kvmesh serve`` generates one for its own processes."""
     replica_api_key: str | None = field(default=None, repr=False)
-    """Bearer token sent to replicas, if they require one."""
+    """Bearer token sent to replicas registered by config or through the admin API, if they require one."""
     predict_ttl_s: float = 2.0
     """Seconds a routed request's blocks count as cached on its replica before events confirm them."""
     poll_interval_s: float = 0.5
@@ -83,8 +87,8 @@ class RouterConfig:
     """Seconds a forwarded request may take in total (None = no limit)."""
     max_attempts: int = 3
     """Replicas tried per request when the chosen one fails before its first byte."""
-    max_body_bytes: int = 32 << 20
-    """Largest request body accepted (413 above)."""
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    """Body/prompt limits, chat template and its trust, read timeouts (the same settings as a replica's)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -97,5 +101,8 @@ class RouterConfig:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("api_key is empty; give a secret or leave it unset")
+        for name in ("api_key", "admin_key"):
+            if getattr(self, name) is not None and not getattr(self, name):
+                raise ValueError(f"{name} is empty; give a secret or leave it unset")
+        if self.admin_key is not None and self.admin_key == self.api_key:
+            raise ValueError("admin_key equals api_key: every tenant would hold the admin key; use another secret")

@@ -65,7 +65,7 @@ async def engine_direct(args: argparse.Namespace, prompt: list[int]) -> tuple[li
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.sampling_params import SamplingParams
     from kvmesh.replica.server_engine import build_engine_client
-    from kvmesh.replica.tokenizer import load_tokenizer
+    from kvmesh.replica.openai.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.model)
     config = EngineConfig(model=args.model, kv_cache_memory=args.kv_cache_memory, max_num_seqs=256)

@@ -57,9 +57,11 @@ class FakeProc:
 
 @pytest.fixture(scope="session")
 def tokenizer(stories_path):
-    from kvmesh.replica.tokenizer import load_tokenizer
+    from kvmesh.replica.openai.tokenizer import load_tokenizer
 
-    return load_tokenizer(stories_path)
+    from ..conftest import CHAT_TEMPLATE
+
+    return load_tokenizer(stories_path, chat_template=CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="session")
