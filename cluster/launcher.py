@@ -87,13 +87,15 @@ class ServeCluster:
 
         cfg, st = self.config, self.state
         host = ray_cluster.router_host(cfg, st.ray)
+        admin_key = secrets.token_urlsafe(32)  # the replica set is changed only by this process (never tenants)
         router_config = RouterConfig(
             host=host, port=cfg.router.port, model=st.model_path, tokenizer=cfg.model.tokenizer,
             served_model_name=st.served_model_name, max_model_len=cfg.model.max_model_len,
             policy=cfg.router.policy, policy_kwargs=dict(cfg.router.policy_weights),
-            block_size=cfg.cache.block_size, api_key=cfg.router.api_key, replica_api_key=cfg.router.api_key)
+            block_size=cfg.cache.block_size, api_key=cfg.router.api_key, replica_api_key=cfg.router.api_key,
+            admin_key=admin_key)
         st.router = RouterServer(router_config).start()
-        st.router_client = RouterClient(self.url, api_key=cfg.router.api_key)
+        st.router_client = RouterClient(self.url, api_key=cfg.router.api_key, admin_key=admin_key)
 
     def _start_replicas(self) -> None:
         from kvmesh.replica.actor import ReplicaOptions, start_replica_actor
