@@ -14,7 +14,8 @@ from .conftest import CHAT_TEMPLATE
 
 KEY = "tenant-key"
 AUTH = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
-FRONTEND = FrontendConfig(chat_template=CHAT_TEMPLATE, max_prompt_chars=4000, max_body_bytes=1 << 20)
+FRONTEND = FrontendConfig(chat_template=CHAT_TEMPLATE, max_prompt_chars=4000, max_body_bytes=1 << 20,
+                          header_timeout_s=1.0)
 HI = [{"role": "user", "content": "hi"}]
 
 

@@ -7,6 +7,7 @@ template and the same limits (replica/openai/ serves both).
 from __future__ import annotations
 
 import json
+import socket
 
 import httpx
 import pytest
@@ -153,3 +154,16 @@ def test_model_without_a_chat_template_refuses_chat_like_vllm(stories_path):
         assert httpx.post(router.url + "/v1/completions/render", json={"prompt": "hi"}).status_code == 200
     finally:
         router.stop()
+
+
+def test_both_close_connections_that_never_finish_their_request_head(pair):
+    socks = []
+    for url in pair:
+        host, port = url.removeprefix("http://").split(":")
+        for _ in range(5):
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+            socks.append(sock)
+    for sock in socks:
+        assert sock.recv(1024) == b""  # EOF: the server closed it (after header_timeout_s = 1 s)
+        sock.close()

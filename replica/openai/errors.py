@@ -69,9 +69,14 @@ def parse_request(model_cls: type[BaseModel], body: Any) -> Any:
         raise ProtocolError("request body is nested too deeply") from None
 
 
+_CLOSE_AFTER = frozenset({408, 413})
+"""Statuses sent before the body was read to the end: the connection closes (its unread rest is not a request)."""
+
+
 def error_response(e: ProtocolError) -> JSONResponse:
     """``{"error": {"message", "type", "code", ...}}`` with the error's HTTP status."""
-    return JSONResponse(e.to_dict(), status_code=e.status_code)
+    headers = {"Connection": "close"} if e.status_code in _CLOSE_AFTER else None
+    return JSONResponse(e.to_dict(), status_code=e.status_code, headers=headers)
 
 
 def install_error_handlers(

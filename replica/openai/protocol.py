@@ -208,5 +208,7 @@ class TokenizeRequest(OpenAIBaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
+    chat_template: str | None = None
+    """A template for ``messages`` instead of the model's (refused unless the server trusts request templates)."""
     add_special_tokens: bool | None = None
     """None: the endpoint's rule (True for a prompt, False for messages, as vLLM)."""

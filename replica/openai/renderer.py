@@ -111,4 +111,4 @@ class PromptRenderer:
             special = req.add_special_tokens is not False
             return await self.run(lambda: tok.encode(req.prompt, add_special_tokens=special))
         messages = [m.to_template_dict() for m in req.messages]
-        return await self.chat(messages, req.add_generation_prompt, None, bool(req.add_special_tokens))
+        return await self.chat(messages, req.add_generation_prompt, req.chat_template, bool(req.add_special_tokens))
