@@ -2,7 +2,8 @@
 
 Tokenizing a 16 MB prompt or rendering a hostile chat template takes seconds of CPU; done on
 the event loop it stalls every other request. ``PromptRenderer`` runs that work (and JSON
-parsing of large bodies, see body.py) on a small thread pool, after cheap checks on the loop:
+parsing of large bodies, see body.py) on a small thread pool -- small prompts stay on the loop, where
+they cost less than the hop -- after cheap checks on the loop:
 
     prompt text longer than ``max_prompt_chars``      -> 400 before tokenizing
     ``chat_template`` in a request, server not trusting -> 400 (vLLM's --trust-request-chat-template)
@@ -25,6 +26,10 @@ from kvmesh.replica.openai.errors import ProtocolError
 T = TypeVar("T")
 _INLINE_IDS = 4096
 """Token-id prompts up to this length are range-checked on the loop (cheaper than a thread hop)."""
+_INLINE_CHARS = 2048
+"""Prompt text up to this many characters is tokenized (and rendered with the model's own template) on
+the loop: ~0.5 ms of work, less than the ~1 ms a thread hop added per request in
+cluster/benchmarks/router_frontend.py. Longer text, and any request template, goes to the pool."""
 
 
 class PromptRenderer:
@@ -69,6 +74,8 @@ class PromptRenderer:
         tok = self._require_tokenizer()
         if isinstance(prompt, str):
             self._check_chars(len(prompt), "prompt")
+            if len(prompt) <= _INLINE_CHARS:
+                return tok.render_completion(prompt)
             return await self.run(tok.render_completion, prompt)
         if len(prompt) <= _INLINE_IDS:
             return tok.render_completion(prompt)
@@ -80,7 +87,8 @@ class PromptRenderer:
         them when a /tokenize caller asks for ``add_special_tokens``."""
         tok = self._require_tokenizer()
         self._check_template(chat_template)
-        self._check_chars(sum(len(str(m.get("content") or "")) for m in messages), "messages")
+        chars = sum(len(str(m.get("content") or "")) for m in messages)
+        self._check_chars(chars, "messages")
 
         def render() -> list[int]:
             try:
@@ -92,6 +100,8 @@ class PromptRenderer:
                                     param="messages") from None
             return tok.encode(text, add_special_tokens=add_special_tokens)
 
+        if chat_template is None and chars <= _INLINE_CHARS:
+            return render()
         return await self.run(render)
 
     async def request(self, req: p.CompletionRequest | p.ChatCompletionRequest) -> list[int]:
@@ -109,6 +119,8 @@ class PromptRenderer:
         if req.prompt is not None:
             self._check_chars(len(req.prompt), "prompt")
             special = req.add_special_tokens is not False
+            if len(req.prompt) <= _INLINE_CHARS:
+                return tok.encode(req.prompt, add_special_tokens=special)
             return await self.run(lambda: tok.encode(req.prompt, add_special_tokens=special))
         messages = [m.to_template_dict() for m in req.messages]
         return await self.chat(messages, req.add_generation_prompt, req.chat_template, bool(req.add_special_tokens))
