@@ -65,10 +65,13 @@ def build_app(service: RouterService) -> FastAPI:
     app = FastAPI(title="kvmesh router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     cfg = service.config
     forwarder = Forwarder(service)
-    app.add_middleware(AuthMiddleware, api_key=cfg.api_key, admin_key=cfg.admin_key, is_admin=is_admin_request)
-    install_error_handlers(
-        app, "router", on_error=lambda e: service.metrics.requests.labels(f"{e.status_code // 100}xx").inc()
-    )
+
+    def count_error(e: ProtocolError) -> None:
+        service.metrics.requests.labels(f"{e.status_code // 100}xx").inc()
+
+    app.add_middleware(AuthMiddleware, api_key=cfg.api_key, admin_key=cfg.admin_key, is_admin=is_admin_request,
+                       on_refused=count_error)
+    install_error_handlers(app, "router", on_error=count_error)
     model_name = cfg.served_model_name or cfg.model or cfg.tokenizer or "kvmesh"
     install_shared_routes(app, service.renderer, service.check_model, lambda: model_name)
 

@@ -35,11 +35,14 @@ class AuthMiddleware:
     """The API key on every non-public path, the admin key on admin requests (see the module doc)."""
 
     def __init__(self, app: Any, api_key: str | None, admin_key: str | None = None,
-                 is_admin: Callable[[str, str], bool] = never_admin):
+                 is_admin: Callable[[str, str], bool] = never_admin,
+                 on_refused: Callable[[ProtocolError], None] | None = None):
         self.app = app
         self.api = _bearer(api_key)
         self.admin = _bearer(admin_key)
         self.is_admin = is_admin
+        self.on_refused = on_refused
+        """Sees every refusal first (the router counts them in its request metric)."""
 
     def refusal(self, method: str, path: str, header: bytes) -> ProtocolError | None:
         """Why this request may not pass, or None."""
@@ -62,5 +65,7 @@ class AuthMiddleware:
             header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             err = self.refusal(scope["method"], scope["path"], header)
             if err is not None:
+                if self.on_refused is not None:
+                    self.on_refused(err)
                 return await error_response(err)(scope, receive, send)
         await self.app(scope, receive, send)

@@ -67,3 +67,12 @@ def test_bad_registration_bodies_are_400(start_router, body):
 def test_admin_key_must_differ_from_the_api_key():
     with pytest.raises(ValueError, match="admin_key equals api_key"):
         RouterConfig(block_size=BLOCK_SIZE, api_key="same-key", admin_key="same-key")
+
+
+def test_refusals_are_counted_as_4xx(start_router):
+    router = start_router([], api_key="tenant-key")
+    reg = router.service.metrics.registry
+    before = reg.get_sample_value("kvmesh_router_requests_total", {"status": "4xx"}) or 0
+    assert httpx.post(router.url + "/v1/completions", json={"prompt": "hi"}).status_code == 401
+    assert httpx.post(router.url + "/replicas", json={"url": "http://x"}, headers=TENANT).status_code == 403
+    assert reg.get_sample_value("kvmesh_router_requests_total", {"status": "4xx"}) == before + 2
