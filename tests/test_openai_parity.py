@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import httpx
 import pytest
@@ -167,3 +168,25 @@ def test_both_close_connections_that_never_finish_their_request_head(pair):
     for sock in socks:
         assert sock.recv(1024) == b""  # EOF: the server closed it (after header_timeout_s = 1 s)
         sock.close()
+
+
+def _replica_counter(replica_url: str, name: str, label: str = "") -> float:
+    text = httpx.get(replica_url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and label in line)
+
+
+def test_abandoned_non_streaming_requests_through_the_router_are_aborted_on_the_replica(pair):
+    replica_url, router_url = pair
+    aborted = _replica_counter(replica_url, "vllm:request_success_total", 'finished_reason="abort"')
+    generated = _replica_counter(replica_url, "vllm:generation_tokens_total")
+    body = {"prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True}
+    for _ in range(3):
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(router_url + "/v1/completions", json=body, headers=AUTH, timeout=0.15)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and \
+            _replica_counter(replica_url, "vllm:request_success_total", 'finished_reason="abort"') < aborted + 3:
+        time.sleep(0.1)
+    assert _replica_counter(replica_url, "vllm:request_success_total", 'finished_reason="abort"') == aborted + 3
+    assert _replica_counter(replica_url, "vllm:generation_tokens_total") - generated < 3 * 500
