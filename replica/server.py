@@ -29,6 +29,7 @@ from kvmesh.replica.openai.auth import AuthMiddleware
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.openai.errors import ProtocolError, error_response, install_error_handlers
+from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.replica.openai.routes import install_shared_routes
 from kvmesh.replica.server_openai import OpenAIHandlers
@@ -76,10 +77,7 @@ class ServerState:
         self.metrics = ReplicaMetrics(engine.get_stats, self.model_name)
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model not in (self.model_name, self.model_path):
-            raise ProtocolError(
-                f"The model {model!r} does not exist; this server serves {self.model_name!r} (see /v1/models).",
-                404, param="model")
+        check_model(model, self.model_name, aliases=(self.model_path,))
 
     async def read_request(self, http: Request, model_cls: type) -> Any:
         """The body validated into ``model_cls`` (limits applied while reading), for the served model."""

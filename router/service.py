@@ -14,7 +14,7 @@ import secrets
 from typing import Any
 
 import aiohttp
-from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.core import KVRouter
@@ -78,9 +78,8 @@ class RouterService:
 
     def check_model(self, model: str | None) -> None:
         """404 for a request naming another model than ``served_model_name`` (None accepts any)."""
-        served = self.config.served_model_name
-        if served is not None and model not in (None, served):
-            raise ProtocolError(f"model {model!r} does not exist; this router serves {served!r}", 404, param="model")
+        if self.config.served_model_name is not None:
+            check_model(model, self.config.served_model_name)
 
     # ---------------------------------------------------------------- replica set
     def add_replica(self, spec: ReplicaSpec) -> None:
