@@ -53,7 +53,7 @@ class PromptRenderer:
                                 "send a shorter prompt or a simpler chat template") from None
 
     # ------------------------------------------------------------ requests
-    def _require_tokenizer(self) -> Any:
+    def require_tokenizer(self) -> Any:
         if self.tokenizer is None:
             raise ProtocolError("this server has no tokenizer; start it with --model or --tokenizer")
         return self.tokenizer
@@ -71,7 +71,7 @@ class PromptRenderer:
 
     async def completion(self, prompt: str | list[int]) -> list[int]:
         """Token ids of a completion prompt (text encoded with BOS, ids range-checked)."""
-        tok = self._require_tokenizer()
+        tok = self.require_tokenizer()
         if isinstance(prompt, str):
             self._check_chars(len(prompt), "prompt")
             if len(prompt) <= _INLINE_CHARS:
@@ -85,7 +85,7 @@ class PromptRenderer:
                    chat_template: str | None = None, add_special_tokens: bool = False) -> list[int]:
         """Token ids of a chat: the template output encoded without special tokens (vLLM's rule), or with
         them when a /tokenize caller asks for ``add_special_tokens``."""
-        tok = self._require_tokenizer()
+        tok = self.require_tokenizer()
         self._check_template(chat_template)
         chars = sum(len(str(m.get("content") or "")) for m in messages)
         self._check_chars(chars, "messages")
@@ -115,7 +115,7 @@ class PromptRenderer:
         True for a prompt and False for messages (vLLM)."""
         if (req.prompt is None) == (req.messages is None):
             raise ProtocolError("send exactly one of 'prompt' or 'messages'", param="prompt")
-        tok = self._require_tokenizer()
+        tok = self.require_tokenizer()
         if req.prompt is not None:
             self._check_chars(len(req.prompt), "prompt")
             special = req.add_special_tokens is not False

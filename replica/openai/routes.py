@@ -35,7 +35,7 @@ def install_shared_routes(app: FastAPI, renderer: PromptRenderer, check_model: C
     config = renderer.config
 
     def max_model_len() -> int:
-        return renderer._require_tokenizer().max_model_len
+        return renderer.require_tokenizer().max_model_len
 
     async def read(http: Request, model_cls: type) -> Any:
         req = await read_request(http, model_cls, config, renderer.run)
