@@ -25,6 +25,7 @@ from typing import Any
 from kvmesh.cluster.config_schema import Schema, to_dict
 from kvmesh.events.publisher import PublisherConfig
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.router.config import RouterConfig, check_api_key
 
 # ``engine.model`` value that selects the tiny Llama built locally (cluster/embedded_model.py).
@@ -114,6 +115,8 @@ class ServeConfig:
     """The router: address, policy, API key (also required by the replicas), retries."""
     events: PublisherConfig = field(default_factory=PublisherConfig)
     """The replicas' KV event streams."""
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    """The OpenAI front of the router and every replica: body/prompt limits, chat template, read timeouts."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Embedded Ray or an existing cluster; placement."""
 
@@ -194,6 +197,8 @@ class ReplicaCommandConfig:
     """HTTP and event addresses, API key."""
     events: PublisherConfig = field(default_factory=PublisherConfig)
     """The KV event stream."""
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    """The OpenAI front: body/prompt limits, chat template, read timeouts."""
 
     def __post_init__(self) -> None:
         check_hash_seed(self.engine.hash_seed)
@@ -205,10 +210,13 @@ class RouterCommandConfig:
 
     router: RouterConfig = field(default_factory=RouterConfig)
     """The router: address, model (for its tokenizer), policy, API keys, retries."""
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    """The OpenAI front: body/prompt limits, chat template, read timeouts."""
 
 
 _EVENTS_DERIVED = "the replicas' event addresses come from replicas.event_port"
 _NOT_PASSED = "not passed to the replicas' publisher yet (replica/engine.py builds it from address and topic)"
+_FRONTEND = "set the frontend section"
 _ENGINE_ONLY = "internal to the engine's Python API"
 SERVE_SCHEMA = Schema(ServeConfig, hidden={
     "engine.kv_events_endpoint": _EVENTS_DERIVED, "engine.kv_events_replay_endpoint": _EVENTS_DERIVED,
@@ -216,7 +224,8 @@ SERVE_SCHEMA = Schema(ServeConfig, hidden={
     "router.model": "the router uses engine.model", "router.tokenizer": "the router uses engine.tokenizer",
     "router.max_model_len": "the router uses engine.max_model_len",
     "router.block_size": "the router uses engine.block_size",
-    "router.replica_api_key": "the replicas require router.api_key",
+    "router.replica_api_key": "the replicas require router.api_key", "router.frontend": _FRONTEND,
+    "router.admin_key": "serve generates the admin key for its own processes",
     "events.endpoint": _EVENTS_DERIVED, "events.replay_endpoint": _EVENTS_DERIVED,
     **{f"events.{f.name}": _NOT_PASSED for f in dataclasses.fields(PublisherConfig)
        if f.name not in ("endpoint", "replay_endpoint", "topic")},
@@ -229,4 +238,4 @@ REPLICA_SCHEMA = Schema(ReplicaCommandConfig, hidden={
     **{f"events.{f.name}": _NOT_PASSED for f in dataclasses.fields(PublisherConfig)
        if f.name not in ("endpoint", "replay_endpoint", "topic")},
 })
-ROUTER_SCHEMA = Schema(RouterCommandConfig)
+ROUTER_SCHEMA = Schema(RouterCommandConfig, hidden={"router.frontend": _FRONTEND})

@@ -86,16 +86,18 @@ class ServeCluster:
         from kvmesh.router.server import RouterServer
 
         cfg, st = self.config, self.state
-        st.router = RouterServer(self.router_config()).start()
-        st.router_client = RouterClient(self.url, api_key=cfg.router.api_key)
+        admin_key = secrets.token_urlsafe(32)  # the replica set is changed only by this process (never tenants)
+        st.router = RouterServer(self.router_config(admin_key)).start()
+        st.router_client = RouterClient(self.url, api_key=cfg.router.api_key, admin_key=admin_key)
 
-    def router_config(self) -> Any:
+    def router_config(self, admin_key: str | None = None) -> Any:
         """The serve config's router section, plus what the router takes from the engine's."""
         cfg, st = self.config, self.state
         return replace(cfg.router, host=ray_cluster.router_host(cfg, st.ray), model=st.model_path,
                        tokenizer=cfg.engine.tokenizer, served_model_name=st.served_model_name,
                        max_model_len=cfg.engine.max_model_len, block_size=cfg.engine.block_size,
-                       replica_api_key=cfg.router.api_key)
+                       replica_api_key=cfg.router.api_key, admin_key=admin_key,
+                       frontend=cfg.frontend)
 
     def _start_replicas(self) -> None:
         from kvmesh.replica.actor import ReplicaOptions, start_replica_actor
@@ -117,7 +119,7 @@ class ServeCluster:
                 engine=engine, replica_id=f"replica-{i}",
                 host=ray_cluster.LOCAL_HOST if st.ray.local else None,
                 http_port=http_ports[i], event_port=event_ports[i][0], replay_port=event_ports[i][1],
-                api_key=cfg.router.api_key, served_model_name=st.served_model_name,
+                api_key=cfg.router.api_key, served_model_name=st.served_model_name, frontend=cfg.frontend,
                 num_cpus_per_worker=rc.num_cpus_per_worker,
                 placement_group=group.placement_group if tp > 1 else None)
             actor = start_replica_actor(

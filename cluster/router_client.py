@@ -46,10 +46,13 @@ class ReplicaStatus:
 class RouterClient:
     """Synchronous client of one router's admin and status endpoints."""
 
-    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 5.0,
+                 admin_key: str | None = None) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(timeout=timeout_s, headers=headers, trust_env=False)
+        self._admin = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+        """Sent instead of the API key on requests that change the replica set (the router's admin plane)."""
 
     def close(self) -> None:
         self._http.close()
@@ -65,12 +68,12 @@ class RouterClient:
     def register(self, replica_id: str, url: str, events: str | None, replay: str | None) -> dict[str, Any]:
         """Add a replica, or re-register it with new endpoints (the router drops its old tree)."""
         body = {"id": replica_id, "url": url, "events": events, "replay": replay}
-        response = self._http.post(self.url + "/replicas", json=body)
+        response = self._http.post(self.url + "/replicas", json=body, headers=self._admin)
         response.raise_for_status()
         return response.json()
 
     def deregister(self, replica_id: str) -> bool:
-        response = self._http.delete(f"{self.url}/replicas/{replica_id}")
+        response = self._http.delete(f"{self.url}/replicas/{replica_id}", headers=self._admin)
         return response.status_code == 200
 
     def metrics_text(self) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.openai.config import FrontendConfig
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class ReplicaOptions:
     """Bearer token for /v1/* routes; None disables auth."""
     served_model_name: str | None = None
     """Name clients use in "model"; None -> the model path."""
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    """The OpenAI front's limits, chat template and read timeouts."""
     num_cpus_per_worker: float = 1.0
     """Ray CPUs per TP worker (TP > 1)."""
     placement_group: Any = None
@@ -85,7 +88,7 @@ class ReplicaActor:
         self.runtime = ReplicaRuntime.start(
             options.engine, host=host, http_port=options.http_port, event_port=options.event_port,
             replay_port=options.replay_port, api_key=options.api_key, served_model_name=options.served_model_name,
-            replica_id=options.replica_id,
+            replica_id=options.replica_id, frontend=options.frontend,
             executor_kwargs={"placement_group": options.placement_group,
                              "num_cpus_per_worker": options.num_cpus_per_worker,
                              "step_timeout_s": options.step_timeout_s})

@@ -11,7 +11,7 @@ import gc
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kvmesh.replica.protocol import LoadReport
+from kvmesh.replica.openai.responses import LoadReport
 
 
 class EngineClient:
@@ -135,7 +135,7 @@ def build_engine_client(config: Any, tokenizer: Any, model_runner: Any = None, e
                         **executor_kwargs: Any) -> EngineClient:
     """Engine (+ TP executor for tensor_parallel_size > 1) on its thread, behind an ``EngineClient``.
 
-    ``tokenizer`` is a ``replica.tokenizer.Tokenizer``: the engine detokenizes with the same HF
+    ``tokenizer`` is a ``replica.openai.tokenizer.Tokenizer``: the engine detokenizes with the same HF
     tokenizer the server renders prompts with.
     """
     from kvmesh.replica.async_engine import AsyncLLM

@@ -1,6 +1,7 @@
 """The OpenAI endpoints of a replica: ``/v1/completions`` and ``/v1/chat/completions``.
 
-Both run the same path: validate the body -> render token ids (tokenizer.py, the router's rules)
+Both run the same path: validate the body -> render token ids off the loop (openai/renderer.py, the
+router's rules)
 -> SamplingParams -> ``engine.generate`` -> one JSON response, or SSE chunks then ``[DONE]``.
 A client that disconnects aborts its request (the engine frees its blocks); an error inside one
 request fails that request only.
@@ -16,18 +17,20 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from kvmesh.replica import protocol as p
+from kvmesh.replica.openai import protocol as p
+from kvmesh.replica.openai import responses as r
+from kvmesh.replica.openai.errors import ProtocolError, error_body
 
 logger = logging.getLogger(__name__)
 
 
-def _usage(out: Any) -> p.UsageInfo:
-    return p.UsageInfo.of(len(out.prompt_token_ids), len(out.output_token_ids), out.num_cached_tokens)
+def _usage(out: Any) -> r.UsageInfo:
+    return r.UsageInfo.of(len(out.prompt_token_ids), len(out.output_token_ids), out.num_cached_tokens)
 
 
 def _check_failed(out: Any) -> None:
     if out.finish_reason == "error":
-        raise p.ProtocolError(f"request failed inside the engine: {out.error or 'unknown error'}", 500)
+        raise ProtocolError(f"request failed inside the engine: {out.error or 'unknown error'}", 500)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -46,38 +49,24 @@ class OpenAIHandlers:
 
     # ------------------------------------------------------------ entry points
     async def completions(self, http: Request) -> Any:
-        req = p.parse_request(p.CompletionRequest, await self.state.read_json(http))
-        self.state.check_model(req.model)
-        prompt = req.single_prompt()
-        try:
-            prompt_ids = self.state.tokenizer.render_completion(prompt)
-        except ValueError as e:
-            raise p.ProtocolError(str(e), param="prompt") from None
-        return await self._serve(http, req, prompt_ids, chat=False)
+        req = await self.state.read_request(http, p.CompletionRequest)
+        return await self._serve(http, req, await self.state.renderer.request(req), chat=False)
 
     async def chat(self, http: Request) -> Any:
-        req = p.parse_request(p.ChatCompletionRequest, await self.state.read_json(http))
-        self.state.check_model(req.model)
-        try:
-            prompt_ids = self.state.tokenizer.render_chat(
-                req.template_messages(), req.add_generation_prompt, req.chat_template)
-        except p.ProtocolError:
-            raise
-        except Exception as e:  # a template error is the request's fault (bad roles, ...)
-            raise p.ProtocolError(f"cannot apply the chat template to these messages: {e}", param="messages") from None
-        return await self._serve(http, req, prompt_ids, chat=True)
+        req = await self.state.read_request(http, p.ChatCompletionRequest)
+        return await self._serve(http, req, await self.state.renderer.request(req), chat=True)
 
     # ------------------------------------------------------------ shared path
     async def _serve(self, http: Request, req: Any, prompt_ids: list[int], chat: bool) -> Any:
         engine = self.state.engine
         params = req.to_sampling_params(len(prompt_ids), engine.max_model_len, self.state.default_max_tokens)
-        request_id = p.random_id("chatcmpl" if chat else "cmpl")
+        request_id = r.random_id("chatcmpl" if chat else "cmpl")
         try:  # queues the request now, so bad input is a 400 before any byte is sent
             stream = await engine.generate(request_id, prompt_ids, params, cache_salt=req.cache_salt)
         except ValueError as e:
-            raise p.ProtocolError(str(e)) from None
+            raise ProtocolError(str(e)) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere
-            raise p.ProtocolError(str(e), 503) from None
+            raise ProtocolError(str(e), 503) from None
         model = req.model or self.state.model_name
         if req.stream:
             gen = self._stream_chat if chat else self._stream_completion
@@ -90,14 +79,14 @@ class OpenAIHandlers:
         _check_failed(final)
         usage = _usage(final)
         if chat:
-            body = p.ChatCompletionResponse(
+            body = r.ChatCompletionResponse(
                 id=request_id, model=model, usage=usage,
-                choices=[p.ChatCompletionChoice(message=p.ChatMessageOut(content=final.text),
+                choices=[r.ChatCompletionChoice(message=r.ChatMessageOut(content=final.text),
                                                 finish_reason=final.finish_reason)])
         else:
-            body = p.CompletionResponse(
+            body = r.CompletionResponse(
                 id=request_id, model=model, usage=usage,
-                choices=[p.CompletionChoice(text=final.text, finish_reason=final.finish_reason)])
+                choices=[r.CompletionChoice(text=final.text, finish_reason=final.finish_reason)])
         return JSONResponse(body.model_dump(), headers={"X-Request-Id": request_id})
 
     async def _collect_or_abort(self, http: Request, request_id: str, stream: AsyncIterator[Any]) -> Any:
@@ -117,14 +106,14 @@ class OpenAIHandlers:
                 logger.info("client disconnected; aborting %s", request_id)
                 collect_task.cancel()
                 await self.state.engine.abort(request_id)
-                raise p.ProtocolError("client disconnected", 499)
+                raise ProtocolError("client disconnected", 499)
             final = collect_task.result()
         finally:
             disconnect_task.cancel()
             if not collect_task.done():
                 collect_task.cancel()
         if final is None:
-            raise p.ProtocolError("the engine returned no output for this request", 500)
+            raise ProtocolError("the engine returned no output for this request", 500)
         return final
 
     async def _guard_stream(self, chunks: AsyncIterator[str], request_id: str) -> AsyncIterator[str]:
@@ -134,15 +123,15 @@ class OpenAIHandlers:
             async for chunk in chunks:
                 yield chunk
             finished = True
-        except p.ProtocolError as e:
+        except ProtocolError as e:
             finished = True
-            yield p.sse(e.to_dict())
-            yield p.SSE_DONE
+            yield r.sse(e.to_dict())
+            yield r.SSE_DONE
         except Exception as e:  # noqa: BLE001 - one request's failure must not reach the server
             finished = True
             logger.exception("stream of %s failed", request_id)
-            yield p.sse(p.error_body(f"internal error while streaming: {e!r}", 500))
-            yield p.SSE_DONE
+            yield r.sse(error_body(f"internal error while streaming: {e!r}", 500))
+            yield r.SSE_DONE
         finally:
             if not finished:
                 logger.info("stream of %s closed early; aborting", request_id)
@@ -154,36 +143,36 @@ class OpenAIHandlers:
             _check_failed(out)
             if not out.delta_text and not out.finished:
                 continue
-            chunk = p.CompletionChunk(
+            chunk = r.CompletionChunk(
                 id=request_id, created=created, model=model,
-                choices=[p.CompletionChoice(text=out.delta_text, finish_reason=out.finish_reason)],
+                choices=[r.CompletionChoice(text=out.delta_text, finish_reason=out.finish_reason)],
                 usage=_usage(out) if req.stream_options and req.stream_options.continuous_usage_stats else None)
-            yield p.sse(chunk)
+            yield r.sse(chunk)
             if out.finished:
                 if req.include_usage:
-                    yield p.sse(p.CompletionChunk(id=request_id, created=created, model=model, choices=[],
+                    yield r.sse(r.CompletionChunk(id=request_id, created=created, model=model, choices=[],
                                                   usage=_usage(out)))
                 break
-        yield p.SSE_DONE
+        yield r.SSE_DONE
 
     async def _stream_chat(self, request_id: str, model: str, stream: AsyncIterator[Any], req: Any):
         created = int(time.time())
 
-        def chunk(delta: p.DeltaMessage, finish_reason: str | None = None, usage=None) -> str:
-            return p.sse(p.ChatCompletionChunk(
+        def chunk(delta: r.DeltaMessage, finish_reason: str | None = None, usage=None) -> str:
+            return r.sse(r.ChatCompletionChunk(
                 id=request_id, created=created, model=model, usage=usage,
-                choices=[p.ChatStreamChoice(delta=delta, finish_reason=finish_reason)]))
+                choices=[r.ChatStreamChoice(delta=delta, finish_reason=finish_reason)]))
 
-        yield chunk(p.DeltaMessage(role="assistant", content=""))
+        yield chunk(r.DeltaMessage(role="assistant", content=""))
         async for out in stream:
             _check_failed(out)
             if not out.delta_text and not out.finished:
                 continue
             usage = _usage(out) if req.stream_options and req.stream_options.continuous_usage_stats else None
-            yield chunk(p.DeltaMessage(content=out.delta_text or None), out.finish_reason, usage)
+            yield chunk(r.DeltaMessage(content=out.delta_text or None), out.finish_reason, usage)
             if out.finished:
                 if req.include_usage:
-                    yield p.sse(p.ChatCompletionChunk(id=request_id, created=created, model=model,
+                    yield r.sse(r.ChatCompletionChunk(id=request_id, created=created, model=model,
                                                       choices=[], usage=_usage(out)))
                 break
-        yield p.SSE_DONE
+        yield r.SSE_DONE

@@ -32,7 +32,7 @@ class ReplicaRuntime:
     def __init__(self, engine: Any, tokenizer: Any, http: Any, state: Any, replica_id: str):
         self.engine = engine  # server_engine.EngineClient
         self.tokenizer = tokenizer
-        self.http = http  # server_http.HTTPServer (on its own thread)
+        self.http = http  # openai.runner.HTTPServer (on its own thread)
         self.state = state
         self.replica_id = replica_id
         self._closed = False
@@ -41,19 +41,23 @@ class ReplicaRuntime:
     def start(cls, config: EngineConfig, host: str = "127.0.0.1", http_port: int = 0, event_port: int | None = 0,
               replay_port: int = 0, api_key: str | None = None, served_model_name: str | None = None,
               replica_id: str = "replica-0", model_runner: Any = None,
-              executor_kwargs: dict[str, Any] | None = None) -> ReplicaRuntime:
+              executor_kwargs: dict[str, Any] | None = None, frontend: Any = None) -> ReplicaRuntime:
         """Build and start a replica. ``event_port=None`` keeps ``config``'s event endpoints as given
-        (None there: no events); otherwise events bind on ``host``."""
+        (None there: no events); otherwise events bind on ``host``. ``frontend`` is the HTTP front's
+        ``FrontendConfig`` (limits, chat template, timeouts); None uses the defaults."""
+        from kvmesh.replica.openai.config import FrontendConfig
+        from kvmesh.replica.openai.runner import HTTPServer
+        from kvmesh.replica.openai.tokenizer import load_tokenizer
         from kvmesh.replica.server import ServerConfig, ServerState, build_app
         from kvmesh.replica.server_engine import build_engine_client
-        from kvmesh.replica.server_http import HTTPServer
-        from kvmesh.replica.tokenizer import load_tokenizer
 
         t0 = time.monotonic()
         if event_port is not None:
             pub, replay = events_endpoints(host, event_port, replay_port)
             config = replace(config, kv_events_endpoint=pub, kv_events_replay_endpoint=replay)
-        tokenizer = load_tokenizer(config.tokenizer_path, max_model_len=config.max_model_len)
+        frontend = frontend or FrontendConfig()
+        tokenizer = load_tokenizer(config.tokenizer_path, max_model_len=config.max_model_len,
+                                   chat_template=frontend.chat_template)
         kwargs = {k: v for k, v in (executor_kwargs or {}).items() if v is not None}
         engine = build_engine_client(config, tokenizer, model_runner=model_runner, **kwargs)
         tokenizer.max_model_len = engine.max_model_len
@@ -64,10 +68,10 @@ class ReplicaRuntime:
             publisher.publish([AllBlocksCleared()])  # seq 0 of every incarnation: "my cache is empty"
         try:
             server_config = ServerConfig(host=host, port=http_port, api_key=api_key,
-                                         served_model_name=served_model_name)
+                                         served_model_name=served_model_name, frontend=frontend)
             state = ServerState(engine, tokenizer, server_config, config.model,
                                 extra_info={"replica_id": replica_id, **_event_info(publisher, config)})
-            http = HTTPServer(build_app(state), host=host, port=http_port)
+            http = HTTPServer(build_app(state), host=host, port=http_port, frontend=frontend, name="replica-http")
             http.start_in_thread()
         except BaseException:
             _stop_engine(engine)
@@ -127,6 +131,7 @@ class ReplicaRuntime:
             logger.warning("replica %s: aborted %d unfinished requests after %.1fs", self.replica_id, n, graceful_s)
             time.sleep(0.2)  # let the streams receive their final "abort" output
         self.http.stop_thread()
+        self.state.renderer.close()
         _stop_engine(self.engine)
         self._closed = True
         return clean

@@ -8,5 +8,8 @@
     core.py         KVRouter: tokens -> keys -> match -> policy -> replica (pure, no I/O)
     service.py      RouterService: replica set, event subscriber, health/load polling
     forward.py      proxying an OpenAI request (streaming passed through, retry before first byte)
-    server.py       the FastAPI app and RouterServer (uvicorn); metrics.py: Prometheus
+    server.py       the FastAPI app (admin plane included) and RouterServer; metrics.py: Prometheus
+
+The OpenAI front end itself (request models, tokenizer, auth, body limits, /tokenize, the uvicorn
+runner) is ``kvmesh.replica.openai``, the one module of replica/ the router imports (torch-free).
 """

@@ -7,6 +7,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.router.policies import DEFAULT_POLICY, POLICIES
 
 MIN_API_KEY_CHARS = 8
@@ -75,7 +76,11 @@ class RouterConfig:
     block_size: int = 16
     """Tokens per KV block; must equal the replicas' block size."""
     api_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_API_KEY", "cli": True})
-    """Bearer token clients must send on /v1/* routes (at least 8 characters); None disables auth."""
+    """Bearer token tenants must send on every path but health/ping/version/metrics (at least 8 characters);
+    None disables auth."""
+    admin_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_ADMIN_KEY"})
+    """Bearer token for changing the replica set (POST/DELETE /replicas); None disables those endpoints (403).
+    Must differ from api_key: tenants never hold it. ``kvmesh serve`` generates one for its own processes."""
     replica_api_key: str | None = field(default=None, repr=False, metadata={"cli": True})
     """Bearer token sent to replicas, if they require one."""
     predict_ttl_s: float = 2.0
@@ -88,8 +93,8 @@ class RouterConfig:
     """Seconds a forwarded request may take in total (None = no limit)."""
     max_attempts: int = 3
     """Replicas tried per request when the chosen one fails before its first byte."""
-    max_body_bytes: int = 32 << 20
-    """Largest request body accepted (413 above)."""
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    """Body/prompt limits, chat template and its trust, read timeouts (the same settings as a replica's)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -102,8 +107,11 @@ class RouterConfig:
         if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
         check_api_key(self.api_key, "api_key")
+        check_api_key(self.admin_key, "admin_key")
         if self.replica_api_key is not None and not self.replica_api_key:
             raise ValueError("replica_api_key is empty; give the replicas' key or leave it unset")
+        if self.admin_key is not None and self.admin_key == self.api_key:
+            raise ValueError("admin_key equals api_key: every tenant would hold the admin key; use another secret")
 
 
 def check_api_key(key: str | None, what: str) -> None:

@@ -2,9 +2,11 @@
 
 A replica that fails before sending its first byte (refused connection, reset, 5xx) is excluded
 and the request goes to the next choice, up to ``max_attempts`` replicas; a refused connection
-also marks the replica unhealthy. Once bytes flow they go straight to the client; a failure
-then ends the stream with an OpenAI-shaped error event. The body is forwarded unchanged, so the
-replica tokenizes it exactly as the router did.
+also marks the replica unhealthy. Once bytes flow they go straight to the client; a stream that
+breaks then (the replica died) or ends without ``[DONE]`` gets an OpenAI-shaped error event and
+``[DONE]``, and counts as a 5xx, never a 2xx. A client that disconnects before its answer cancels
+the upstream request (the replica sees the connection close and aborts it). The body is
+forwarded unchanged, so the replica tokenizes it exactly as the router did.
 """
 
 from __future__ import annotations
@@ -13,19 +15,29 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import aiohttp
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
-from kvmesh.replica import protocol as p
+from kvmesh.replica.openai import protocol as p
+from kvmesh.replica.openai.body import parse_off_loop, read_body
+from kvmesh.replica.openai.errors import ProtocolError, error_body
 from kvmesh.router.core import RouteDecision
 from kvmesh.router.policies import NoReplicaError
 from kvmesh.router.service import RouterService
 
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+_DONE = b"data: [DONE]"
 # Failures of the upstream connection (refused, reset, timed out, truncated).
 _UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+async def _wait_disconnect(http: Request) -> None:
+    """Returns when the client goes away (its body was read already, so only ``http.disconnect`` comes)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
 
 
 class Forwarder:
@@ -35,42 +47,42 @@ class Forwarder:
         self.service = service
 
     # ---------------------------------------------------------------- request -> token ids
-    def parse(self, raw: bytes, chat: bool) -> tuple[Any, list[int]]:
+    async def parse(self, raw: bytes, chat: bool) -> tuple[Any, list[int]]:
         """Validate the body and render its prompt exactly as the replica will (ProtocolError on bad input)."""
-        try:
-            body = json.loads(raw)
-        except ValueError as e:
-            raise p.ProtocolError(f"request body is not valid JSON: {e}") from None
-        req = p.parse_request(p.ChatCompletionRequest if chat else p.CompletionRequest, body)
-        served = self.service.config.served_model_name
-        if served is not None and req.model not in (None, served):
-            raise p.ProtocolError(f"model {req.model!r} does not exist; this router serves {served!r}", 404,
-                                  param="model")
-        tok = self.service.tokenizer
-        if tok is None:  # no tokenizer configured: load-only routing, the replica validates
+        svc = self.service
+        req = await parse_off_loop(raw, p.ChatCompletionRequest if chat else p.CompletionRequest, svc.renderer.run)
+        svc.check_model(req.model)
+        if svc.tokenizer is None:  # no tokenizer configured: load-only routing, the replica validates
             return req, []
-        try:
-            if chat:
-                ids = tok.render_chat(req.template_messages(), req.add_generation_prompt, req.chat_template)
-            else:
-                ids = tok.render_completion(req.single_prompt())
-        except p.ProtocolError:
-            raise
-        except Exception as e:
-            what = "messages" if chat else "prompt"
-            raise p.ProtocolError(f"cannot tokenize the {what}: {e}", param=what) from None
-        req.to_sampling_params(len(ids), tok.max_model_len)  # context / max_tokens / sampling checks
+        ids = await svc.renderer.request(req)
+        req.to_sampling_params(len(ids), svc.tokenizer.max_model_len)  # context / max_tokens / sampling checks
         return req, ids
 
     # ---------------------------------------------------------------- proxy
     async def handle(self, http: Request, path: str, chat: bool) -> Response:
-        raw = await http.body()
-        if len(raw) > self.service.config.max_body_bytes:
-            raise p.ProtocolError(f"request body has {len(raw)} bytes; the limit is "
-                                  f"{self.service.config.max_body_bytes}", 413)
+        raw = await read_body(http, self.service.config.frontend)
         t0 = time.perf_counter_ns()
-        req, ids = self.parse(raw, chat)
+        req, ids = await self.parse(raw, chat)
         tokenize_ns = time.perf_counter_ns() - t0
+        return await self._until_disconnect(http, self._forward(path, raw, req, ids, tokenize_ns))
+
+    async def _until_disconnect(self, http: Request, work: Awaitable[Response]) -> Response:
+        """``work``'s response, or its cancellation (closing the upstream connection) if the client leaves first.
+
+        Streams are watched only up to their first byte here; Starlette cancels the relay after that."""
+        task = asyncio.ensure_future(work)
+        watcher = asyncio.ensure_future(_wait_disconnect(http))
+        try:
+            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                return task.result()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise ProtocolError("client disconnected; the request was cancelled", 499)
+        finally:
+            watcher.cancel()
+
+    async def _forward(self, path: str, raw: bytes, req: Any, ids: list[int], tokenize_ns: int) -> Response:
         svc, router = self.service, self.service.router
         headers = {"content-type": "application/json", **svc.headers()}
         tried: list[str] = []
@@ -78,7 +90,7 @@ class Forwarder:
             try:
                 decision = router.route(ids, req.cache_salt, exclude=tried)
             except NoReplicaError as e:
-                raise p.ProtocolError(str(e), 503) from None
+                raise ProtocolError(str(e), 503) from None
             if attempt == 0:
                 svc.metrics.observe_stages({"tokenize": tokenize_ns, **decision.timings_ns})
             rid = decision.replica_id
@@ -87,7 +99,11 @@ class Forwarder:
                 tried.append(rid)
                 continue
             router.loads.on_dispatch(rid, decision.uncached_tokens)
-            upstream, first, body = await self._open(spec.url + path, raw, headers)
+            try:
+                upstream, first, body = await self._open(spec.url + path, raw, headers)
+            except asyncio.CancelledError:  # the client left: nothing reached it
+                router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
+                raise
             failed = isinstance(upstream, Exception)
             if failed or upstream.status >= 500:
                 if not failed and attempt + 1 == svc.config.max_attempts:  # pass the last error through
@@ -104,8 +120,8 @@ class Forwarder:
             router.loads.on_first_output(rid, decision.uncached_tokens)
             self._count_decision(decision, len(ids))
             return await self._finish(upstream, first, body, decision, req.stream)
-        raise p.ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
-                              "retry later", 503)
+        raise ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
+                            "retry later", 503)
 
     async def _open(self, url: str, raw: bytes, headers: dict):
         """Send the request and wait for the first body bytes: (response or error, first bytes, rest)."""
@@ -121,6 +137,9 @@ class Forwarder:
         except _UPSTREAM_ERRORS as e:
             upstream.close()
             return e, b"", None
+        except BaseException:  # cancelled: close the connection so the replica aborts the request
+            upstream.close()
+            raise
         return upstream, first, body
 
     def _count_decision(self, decision: RouteDecision, prompt_tokens: int) -> None:
@@ -141,33 +160,58 @@ class Forwarder:
         rid, loads = decision.replica_id, self.service.router.loads
         media = upstream.headers.get("content-type", "application/json")
         status = upstream.status
+        if stream and status == 200:
+            return StreamingResponse(self._relay(upstream, first, body, decision), status_code=status,
+                                     media_type=media)
+        complete = False
+        try:
+            rest = [chunk async for chunk in body]
+            complete = True
+        except _UPSTREAM_ERRORS as e:  # counted as a 5xx by the error handler
+            raise ProtocolError(f"replica {rid} failed while answering: {e!r}; retry the request", 502) from None
+        finally:
+            _let_go(upstream, complete)
+            loads.on_finish(rid, decision.uncached_tokens, had_output=True)
         m = self.service.metrics
         m.child(m.requests, f"{status // 100}xx").inc()
-        if not stream or status != 200:
-            try:
-                rest = [chunk async for chunk in body]
-            except _UPSTREAM_ERRORS as e:
-                raise p.ProtocolError(f"replica {rid} failed while answering: {e!r}; retry the request",
-                                      502) from None
-            finally:
-                upstream.release()
-                loads.on_finish(rid, decision.uncached_tokens, had_output=True)
-            content = first + b"".join(rest)
-            self._report_cached(str(rid), content)
-            return Response(content, status_code=status, media_type=media)
-        return StreamingResponse(self._relay(upstream, first, body, decision), status_code=status,
-                                 media_type=media)
+        content = first + b"".join(rest)
+        self._report_cached(str(rid), content)
+        return Response(content, status_code=status, media_type=media)
 
     async def _relay(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision):
         rid = decision.replica_id
+        outcome = "4xx"  # until the stream completes or breaks, an early end is the client leaving
+        tail = first[-64:]
         try:
             yield first
             async for chunk in body:
                 self._report_cached(str(rid), chunk)
+                tail = (tail + chunk)[-64:]
                 yield chunk
+            if tail.rstrip().endswith(_DONE):
+                outcome = "2xx"
+            else:
+                outcome = "5xx"
+                yield _error_event(f"replica {rid} ended the stream without [DONE]; the output is incomplete")
         except _UPSTREAM_ERRORS as e:
-            err = p.error_body(f"replica {rid} failed mid-stream: {e!r}; the output is incomplete", 502)
-            yield f"data: {json.dumps(err)}\n\n".encode()
+            outcome = "5xx"
+            yield _error_event(f"replica {rid} failed mid-stream: {e!r}; the output is incomplete")
         finally:
-            upstream.release()
+            _let_go(upstream, outcome == "2xx")
+            m = self.service.metrics
+            m.child(m.requests, outcome).inc()
             self.service.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)
+
+
+def _let_go(upstream: aiohttp.ClientResponse, complete: bool) -> None:
+    """A fully read response goes back to the pool; an abandoned one is closed, so the replica sees the
+    disconnect and aborts the request."""
+    if complete:
+        upstream.release()
+    else:
+        upstream.close()
+
+
+def _error_event(message: str) -> bytes:
+    """An OpenAI-shaped error event, then ``[DONE]`` (what a replica sends when a stream fails)."""
+    return f"data: {json.dumps(error_body(message, 502))}\n\n".encode() + _DONE + b"\n\n"

@@ -14,6 +14,8 @@ import secrets
 from typing import Any
 
 import aiohttp
+from kvmesh.replica.openai.protocol import check_model
+from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.core import KVRouter
 from kvmesh.router.metrics import RouterMetrics
@@ -30,11 +32,14 @@ class RouterService:
         self.router = KVRouter(config.block_size, config.policy, config.policy_kwargs,
                                seed=secrets.randbits(64), predict_ttl_s=config.predict_ttl_s)
         if tokenizer is None and (config.tokenizer or config.model):
-            from kvmesh.replica.tokenizer import load_tokenizer
+            from kvmesh.replica.openai.tokenizer import load_tokenizer
 
-            tokenizer = load_tokenizer(config.tokenizer or config.model, max_model_len=config.max_model_len)
+            tokenizer = load_tokenizer(config.tokenizer or config.model, max_model_len=config.max_model_len,
+                                       chat_template=config.frontend.chat_template)
         self.tokenizer = tokenizer
-        """The replicas' tokenizer (replica/tokenizer.py); None = route without cache awareness."""
+        """The replicas' tokenizer (replica/openai/tokenizer.py); None = route without cache awareness."""
+        self.renderer = PromptRenderer(tokenizer, config.frontend)
+        """Renders requests to token ids off the event loop, as the replicas do."""
         self.metrics = RouterMetrics(self.metrics_state)
         self.specs: dict[str, ReplicaSpec] = {}
         self._initial = list(replicas or [])
@@ -69,6 +74,12 @@ class RouterService:
             await asyncio.to_thread(self.subscriber.close)
         if self.session is not None:
             await self.session.close()
+        self.renderer.close()
+
+    def check_model(self, model: str | None) -> None:
+        """404 for a request naming another model than ``served_model_name`` (None accepts any)."""
+        if self.config.served_model_name is not None:
+            check_model(model, self.config.served_model_name)
 
     # ---------------------------------------------------------------- replica set
     def add_replica(self, spec: ReplicaSpec) -> None:

@@ -13,6 +13,12 @@ SHARED_DIR = Path(os.environ.get("KVMESH_SHARED_DIR", REPO_ROOT.parent / "shared
 STORIES_HF = SHARED_DIR / "models" / "stories260K" / "hf"
 MOONCAKE_TRACE = SHARED_DIR / "traces" / "mooncake_synthetic_trace.jsonl"
 
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+"""A chat template for stories260K, which ships none (servers refuse chat without one, as vLLM does)."""
+
 # Logical CPUs for the session's Ray instance: more than the machine's cores is fine,
 # actors here are mostly idle; it must fit 2 replicas x TP 2 plus the router.
 RAY_NUM_CPUS = 8

@@ -63,9 +63,9 @@ async def http_latency(url: str, prompt: list[int], n: int, warmup: int) -> list
 async def engine_direct(args: argparse.Namespace, prompt: list[int]) -> tuple[list[float], dict]:
     """1-token latencies and 64-stream throughput through ``AsyncLLM`` in this process (no HTTP)."""
     from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.openai.tokenizer import load_tokenizer
     from kvmesh.replica.sampling_params import SamplingParams
     from kvmesh.replica.server_engine import build_engine_client
-    from kvmesh.replica.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.model)
     config = EngineConfig(model=args.model, kv_cache_memory=args.kv_cache_memory, max_num_seqs=256)

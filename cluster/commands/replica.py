@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         runtime = ReplicaRuntime.start(engine, host=server.host, http_port=server.port, event_port=event_port,
                                        replay_port=server.replay_port, api_key=server.api_key,
-                                       served_model_name=server.served_model_name)
+                                       served_model_name=server.served_model_name, frontend=config.frontend)
     except (ValueError, OSError) as e:  # a model the engine cannot serve, an address taken meanwhile
         print(f"kvmesh replica: cannot start: {e}", file=sys.stderr)
         return 1

@@ -39,7 +39,8 @@ def run(args) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = config_from_args(args, ROUTER_SCHEMA).router
+        command = config_from_args(args, ROUTER_SCHEMA)
+        config = replace(command.router, frontend=command.frontend)
         if config.host == "auto":  # one machine: serve's rule
             config = replace(config, host="127.0.0.1")
         specs = [ReplicaSpec.parse(text) for text in args.replica]

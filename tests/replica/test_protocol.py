@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from kvmesh.replica.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ProtocolError,
-    UsageInfo,
-    error_body,
-    parse_request,
-)
+from kvmesh.replica.openai.errors import ProtocolError, error_body, parse_request
+from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kvmesh.replica.openai.responses import UsageInfo
 
 
 def completion(**kw):
@@ -68,6 +63,7 @@ def test_sampling_fields_are_carried():
         ({"logprobs": 1}, "logprobs"),
         ({"cache_salt": ""}, "cache_salt"),
         ({"seed": 2**70}, "seed"),
+        ({"logit_bias": {"5": 10}}, "logit_bias"),
     ],
 )
 def test_bad_values_raise_400_saying_what(kw, word):
@@ -95,6 +91,7 @@ def test_batch_of_prompts_refused_single_unwrapped():
     assert parse_request(CompletionRequest, {"prompt": [1, 2]}).single_prompt() == [1, 2]
     with pytest.raises(ProtocolError):
         parse_request(CompletionRequest, {"prompt": ["a", "b"]}).single_prompt()
+    assert parse_request(CompletionRequest, {"prompt": ["a", "b"]}).prompts() == ["a", "b"]
 
 
 def test_chat_content_parts_join_text():

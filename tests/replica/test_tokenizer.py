@@ -6,22 +6,25 @@ import subprocess
 import sys
 
 import pytest
-from kvmesh.replica.tokenizer import DEFAULT_CHAT_TEMPLATE, load_tokenizer
+from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.replica.openai.tokenizer import NO_CHAT_TEMPLATE, load_tokenizer
+
+from ..conftest import CHAT_TEMPLATE
 
 ONCE = "Once upon a time"
 
 
 @pytest.fixture(scope="module")
 def tok(stories_path):
-    return load_tokenizer(stories_path)
+    return load_tokenizer(stories_path, chat_template=CHAT_TEMPLATE)
 
 
 def test_loading_and_rendering_never_imports_torch(stories_path):
     code = (
         "import sys\n"
-        "from kvmesh.replica.tokenizer import load_tokenizer\n"
-        "from kvmesh.replica import protocol\n"
-        f"t = load_tokenizer({str(stories_path)!r})\n"
+        "from kvmesh.replica.openai.tokenizer import load_tokenizer\n"
+        "from kvmesh.replica.openai import protocol\n"
+        f"t = load_tokenizer({str(stories_path)!r}, chat_template={CHAT_TEMPLATE!r})\n"
         f"assert t.render_completion({ONCE!r}) == [1, 403, 407, 261, 378]\n"
         "t.render_chat([{'role': 'user', 'content': 'hi'}])\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
@@ -48,12 +51,27 @@ def test_chat_adds_bos_once_via_template(tok):
     assert ids.count(tok.bos_token_id) == 1
 
 
-def test_default_template_when_model_has_none(tok):
-    assert tok.chat_template == DEFAULT_CHAT_TEMPLATE
+def test_model_without_template_refuses_chat_like_vllm(stories_path):
+    bare = load_tokenizer(stories_path)
+    assert bare.chat_template is None
+    assert bare.render_completion(ONCE) == [1, 403, 407, 261, 378]  # completions still work
+    with pytest.raises(ProtocolError) as e:
+        bare.render_chat([{"role": "user", "content": "hi"}])
+    assert e.value.status_code == 400 and e.value.message == NO_CHAT_TEMPLATE
+
+
+def test_configured_template_renders_roles(tok):
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert text == "<s>user: hi\nassistant:"
     no_gen = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=False)
     assert not no_gen.endswith("assistant:")
+
+
+@pytest.mark.parametrize("ids", [[5, -1], [5, 2**32], [5, 10**30]])
+def test_token_ids_outside_the_vocabulary_are_refused(tok, ids):
+    with pytest.raises(ProtocolError) as e:
+        tok.render_completion(ids)
+    assert e.value.status_code == 400 and "out of range" in e.value.message
 
 
 def test_custom_template_is_used(stories_path):

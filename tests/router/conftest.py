@@ -57,9 +57,11 @@ class FakeProc:
 
 @pytest.fixture(scope="session")
 def tokenizer(stories_path):
-    from kvmesh.replica.tokenizer import load_tokenizer
+    from kvmesh.replica.openai.tokenizer import load_tokenizer
 
-    return load_tokenizer(stories_path)
+    from ..conftest import CHAT_TEMPLATE
+
+    return load_tokenizer(stories_path, chat_template=CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +81,7 @@ def fakes(_fake_pair):
     for p in _fake_pair:
         if p.proc.poll() is not None:
             p.launch().wait_ready()
-        p.configure(delay=0, status=200)
+        p.configure(delay=0, status=200, cut=False, reset_stats=True)
 
 
 @pytest.fixture
@@ -104,3 +106,7 @@ def wait_for(predicate, timeout=10.0, what="condition"):
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def fake_stats(fake: FakeProc) -> dict:
+    return httpx.get(fake.info["url"] + "/fake/stats", timeout=5).json()

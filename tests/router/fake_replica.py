@@ -3,7 +3,9 @@
 Prompts must be token ids (text is turned into bytes). Each request is "prefilled" through the
 real ``KVCacheManager`` (so BlockStored/BlockRemoved go out on a real ``ZmqEventPublisher``, with
 replay and snapshots), answered with one token per chunk, and freed (its blocks stay cached).
-``POST /fake/config`` sets a first-byte delay or a forced HTTP status. Run as a script it prints
+``POST /fake/config`` sets a first-byte delay, a forced HTTP status, or ``cut`` (streams break after
+their first chunk, as when the process dies); ``GET /fake/stats`` counts requests whose client
+went away during the delay (``cancelled``) and the Authorization headers seen. Run as a script it prints
 one JSON line with its endpoints, then serves until killed::
 
     python tests/router/fake_replica.py --name a --port 0 --event-port 0 --replay-port 0
@@ -55,7 +57,10 @@ class FakeReplica:
         self.publisher.publish([AllBlocksCleared()])
         self.delay = 0.0
         self.status = 200
+        self.cut = False
         self.running = 0
+        self.cancelled = 0
+        self.auth_seen: list[str] = []
 
     def snapshot(self):
         with self.lock:
@@ -74,6 +79,17 @@ class FakeReplica:
             self.publisher.publish(events)
         return n
 
+    @staticmethod
+    async def _client_left(request: Request, seconds: float) -> bool:
+        """Wait ``seconds``; True as soon as the client disconnects (the router cancelled upstream)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while loop.time() < deadline:
+            if await request.is_disconnected():
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
     def build_app(self) -> FastAPI:
         app = FastAPI()
 
@@ -82,7 +98,14 @@ class FakeReplica:
             body = await request.json()
             self.delay = float(body.get("delay", self.delay))
             self.status = int(body.get("status", self.status))
+            self.cut = bool(body.get("cut", self.cut))
+            if body.get("reset_stats"):
+                self.cancelled, self.auth_seen = 0, []
             return {"ok": True}
+
+        @app.get("/fake/stats")
+        async def stats():
+            return {"cancelled": self.cancelled, "running": self.running, "auth_seen": self.auth_seen}
 
         @app.get("/health")
         async def health():
@@ -97,10 +120,12 @@ class FakeReplica:
             body = await request.json()
             prompt = body.get("prompt") if not chat else json.dumps(body.get("messages"))
             ids = list(prompt) if isinstance(prompt, list) else list(str(prompt).encode())
+            self.auth_seen.append(request.headers.get("authorization", ""))
             self.running += 1
             try:
-                if self.delay:
-                    await asyncio.sleep(self.delay)
+                if self.delay and await self._client_left(request, self.delay):
+                    self.cancelled += 1
+                    return JSONResponse({"error": {"message": "client left", "code": 499}}, status_code=499)
                 if self.status != 200:
                     return JSONResponse({"error": {"message": "forced", "type": "x", "code": self.status}},
                                         status_code=self.status)
@@ -118,6 +143,9 @@ class FakeReplica:
                     chunk = {"id": "cmpl-fake", "object": "text_completion", "model": "fake",
                              "choices": [{"index": 0, "text": text, "finish_reason": None}]}
                     yield f"data: {json.dumps(chunk)}\n\n"
+                    if self.cut:
+                        await asyncio.sleep(0.05)  # let the first chunk leave, then die mid-stream
+                        raise RuntimeError("fake replica died mid-stream")
                 if (body.get("stream_options") or {}).get("include_usage"):
                     yield f"data: {json.dumps({'id': 'cmpl-fake', 'choices': [], 'usage': usage})}\n\n"
                 yield "data: [DONE]\n\n"

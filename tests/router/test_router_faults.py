@@ -123,7 +123,7 @@ def test_api_key_guards_v1_but_not_health(keyed_router):
 
 
 def test_unknown_route_is_openai_shaped_404(keyed_router):
-    r = httpx.get(keyed_router.url + "/v1/nothing")
+    r = httpx.get(keyed_router.url + "/v1/nothing", headers=AUTH)
     assert r.status_code == 404 and r.json()["error"]["code"] == 404
 
 

@@ -82,15 +82,16 @@ def test_metrics_show_decisions_stages_and_events(fakes, start_router):
 
 
 def test_replicas_can_be_added_and_removed_at_runtime(fakes, start_router):
-    router = start_router([])
+    router = start_router([], admin_key="admin-secret")
+    admin = {"Authorization": "Bearer admin-secret"}
     assert httpx.get(router.url + "/health").status_code == 503
     spec = fakes[0].spec
     r = httpx.post(router.url + "/replicas", json={"url": spec.url, "events": spec.events, "replay": spec.replay,
-                                                   "id": "a"})
+                                                   "id": "a"}, headers=admin)
     assert r.status_code == 200 and r.json()["healthy"] is True
     assert httpx.get(router.url + "/health").status_code == 200
     assert complete(router, prompt(5))["choices"][0]["text"] == "a"
-    assert httpx.delete(router.url + "/replicas/a").status_code == 200
+    assert httpx.delete(router.url + "/replicas/a", headers=admin).status_code == 200
     r = httpx.post(router.url + "/v1/completions", json={"prompt": prompt(5)})
     assert r.status_code == 503 and r.json()["error"]["code"] == 503
 

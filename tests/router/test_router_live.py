@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -28,13 +29,17 @@ STORY = ("Once upon a time, there was a little girl named Lily. She loved to pla
 @pytest.fixture(scope="module")
 def live(stories_path, tokenizer):
     from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.openai.config import FrontendConfig
     from kvmesh.replica.server_runtime import ReplicaRuntime
+
+    from ..conftest import CHAT_TEMPLATE
 
     runtimes = []
     try:
         for _ in range(2):
             config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=32)
-            runtimes.append(ReplicaRuntime.start(config, http_port=0, event_port=0, replay_port=0))
+            runtimes.append(ReplicaRuntime.start(config, http_port=0, event_port=0, replay_port=0,
+                                                 frontend=FrontendConfig(chat_template=CHAT_TEMPLATE)))
         specs = [ReplicaSpec(rt.http.url, rt.endpoints()["events_endpoint"], rt.endpoints()["replay_endpoint"],
                              replica_id=f"live{i}") for i, rt in enumerate(runtimes)]
         router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2), specs,
@@ -54,7 +59,7 @@ def post(router, path, body):
 
 
 def router_keys(router, path, body):
-    req, ids = Forwarder(router.service).parse(json.dumps(body).encode(), chat="chat" in path)
+    req, ids = asyncio.run(Forwarder(router.service).parse(json.dumps(body).encode(), chat="chat" in path))
     return router.service.router.hasher.keys(ids, req.cache_salt)
 
 

@@ -20,15 +20,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-DEFAULT_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ message['role'] }}: {{ message['content'] }}\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
+from kvmesh.replica.openai.errors import ProtocolError
+
+NO_CHAT_TEMPLATE = (
+    "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
+    "template if the tokenizer does not define one."
 )
-"""Used when the model ships no chat template (e.g. stories260K): BOS, then one
-``role: content`` line per message, then ``assistant:`` when a reply is wanted."""
+"""vLLM's answer (400) to a chat request for a model without a chat template."""
 
 # Keys of a Hugging Face config.json that hold the model's context length, most specific first.
 _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
@@ -71,8 +69,8 @@ class Tokenizer:
         """The ``transformers`` fast tokenizer (tokenizers backend, no torch)."""
         self.max_model_len = max_model_len
         """Most tokens (prompt + output) a request may hold."""
-        self.chat_template = chat_template or getattr(hf_tokenizer, "chat_template", None) or DEFAULT_CHAT_TEMPLATE
-        """Jinja chat template: the model's own, or ``DEFAULT_CHAT_TEMPLATE``."""
+        self.chat_template = chat_template or getattr(hf_tokenizer, "chat_template", None)
+        """Jinja chat template: the configured one, else the model's own; None refuses chat (as vLLM)."""
         self.name = name
 
     # ------------------------------------------------------------ properties
@@ -100,14 +98,19 @@ class Tokenizer:
         if isinstance(prompt, str):
             return self.encode(prompt, add_special_tokens=True)
         ids = list(prompt)
-        if any(not isinstance(t, int) or t < 0 for t in ids):
-            raise ValueError("prompt token ids must be non-negative integers")
+        vocab = self.vocab_size
+        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ProtocolError(f"prompt token id {bad} is out of range; token ids are integers in [0, {vocab})",
+                                param="prompt")
         return ids
 
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, chat_template: str | None = None
     ) -> str:
         """The chat rendered to text by the (given or the model's) template."""
+        if chat_template is None and self.chat_template is None:
+            raise ProtocolError(NO_CHAT_TEMPLATE, param="messages")
         return self.hf.apply_chat_template(
             [_as_dict(m) for m in messages],
             chat_template=chat_template or self.chat_template,

@@ -1,77 +1,24 @@
-"""OpenAI-compatible HTTP request/response models, shared by the replica server and the router.
+"""OpenAI-compatible request models, shared by the replica server and the router (torch-free).
 
-Torch-free (pydantic only), so the router can import it. Requests are validated once at the
-edge; ``to_sampling_params`` turns a request into the engine's ``SamplingParams`` and raises
-``ProtocolError`` (an HTTP status plus an OpenAI-shaped error body) with a message that says
-what was wrong and what to do.
-
-    error body (every 4xx/5xx):  {"error": {"message": str, "type": str, "param": str|None, "code": int}}
+Requests are validated once at the edge; ``to_sampling_params`` turns a request into the engine's
+``SamplingParams`` (a torch-free dataclass) and raises ``ProtocolError`` (errors.py) with a message
+that says what was wrong and what to do. Responses are in responses.py.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-# ---------------------------------------------------------------- errors
-
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    413: "invalid_request_error",
-    500: "internal_server_error",
-    503: "service_unavailable",
-}
+from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.replica.openai.responses import OpenAIBaseModel
+from pydantic import Field
 
 
-class ProtocolError(Exception):
-    """A request that cannot be served, with the HTTP status to answer it with."""
-
-    def __init__(self, message: str, status_code: int = 400, param: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.status_code = status_code
-        self.param = param
-
-    def to_dict(self) -> dict[str, Any]:
-        return error_body(self.message, self.status_code, self.param)
-
-
-def error_body(message: str, status_code: int = 400, param: str | None = None) -> dict[str, Any]:
-    """The OpenAI-shaped error JSON (``code`` is the HTTP status, as vLLM sends it)."""
-    err_type = ERROR_TYPES.get(status_code, "invalid_request_error" if status_code < 500 else "internal_server_error")
-    return {"error": {"message": message, "type": err_type, "param": param, "code": status_code}}
-
-
-def validation_error_message(exc: ValidationError) -> str:
-    """One readable line per pydantic error: ``field: what was wrong``."""
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    return "invalid request: " + "; ".join(parts)
-
-
-def parse_request(model_cls: type[BaseModel], body: Any) -> Any:
-    """Validate a decoded JSON body into ``model_cls``; a ProtocolError(400) on failure."""
-    if not isinstance(body, dict):
-        raise ProtocolError(f"request body must be a JSON object, got {type(body).__name__}")
-    try:
-        return model_cls.model_validate(body)
-    except ValidationError as e:
-        raise ProtocolError(validation_error_message(e)) from None
-
-
-# ---------------------------------------------------------------- requests
-
-
-class OpenAIBaseModel(BaseModel):
-    # Clients send fields we do not use (frequency_penalty=0, ...): accept and ignore them.
-    model_config = ConfigDict(extra="ignore")
+def check_model(model: str | None, served: str, aliases: tuple[str, ...] = ()) -> None:
+    """A 404 (vLLM's) for a request naming a model other than ``served`` (or one of its ``aliases``)."""
+    if model is not None and model != served and model not in aliases:
+        raise ProtocolError(f"The model `{model}` does not exist; this server serves `{served}` (see /v1/models).",
+                            404, param="model")
 
 
 class StreamOptions(OpenAIBaseModel):
@@ -100,6 +47,8 @@ class SamplingFields(OpenAIBaseModel):
     cache_salt: str | None = None
     """Tenant isolation (vLLM): requests with different salts share no cached blocks."""
     request_id: str | None = None
+    logit_bias: dict[str, float] | None = None
+    """Refused when given (the engine's sampler does not apply it; never silently ignored)."""
 
     def _max_tokens(self) -> int | None:
         raise NotImplementedError
@@ -110,6 +59,8 @@ class SamplingFields(OpenAIBaseModel):
             raise ProtocolError(f"n={self.n} is not supported; send n=1 (one choice per request)", param="n")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise ProtocolError(f"seed must fit in 64 bits, got {self.seed}", param="seed")
+        if self.logit_bias:
+            raise ProtocolError("logit_bias is not supported by this server; leave it unset", param="logit_bias")
         if self.cache_salt is not None and not self.cache_salt:
             raise ProtocolError("cache_salt must be a non-empty string when given", param="cache_salt")
 
@@ -183,21 +134,22 @@ class CompletionRequest(SamplingFields):
         if self.suffix:
             raise ProtocolError("suffix is not supported by this server; leave it unset", param="suffix")
 
+    def prompts(self) -> list[str | list[int]]:
+        """Every prompt of the request: a text, a list of token ids, or a list of either."""
+        p = self.prompt
+        batch = p if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
+        for one in batch:
+            if not one:
+                raise ProtocolError("prompt is empty; send at least one token", param="prompt")
+        return batch
+
     def single_prompt(self) -> str | list[int]:
         """The one prompt of the request (a batch of several prompts is refused)."""
-        p = self.prompt
-        if isinstance(p, list) and p and not isinstance(p[0], int):
-            if len(p) != 1:
-                raise ProtocolError(
-                    f"a batch of {len(p)} prompts is not supported; send one prompt per request",
-                    param="prompt",
-                )
-            p = p[0]
-        if isinstance(p, list) and not p:
-            raise ProtocolError("prompt is empty; send at least one token", param="prompt")
-        if isinstance(p, list) and any(t < 0 for t in p):
-            raise ProtocolError("prompt token ids must be non-negative", param="prompt")
-        return p
+        batch = self.prompts()
+        if len(batch) != 1:
+            raise ProtocolError(f"a batch of {len(batch)} prompts is not supported; send one prompt per request",
+                                param="prompt")
+        return batch[0]
 
 
 class ChatMessage(OpenAIBaseModel):
@@ -263,153 +215,7 @@ class TokenizeRequest(OpenAIBaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
+    chat_template: str | None = None
+    """A template for ``messages`` instead of the model's (refused unless the server trusts request templates)."""
     add_special_tokens: bool | None = None
     """None: the endpoint's rule (True for a prompt, False for messages, as vLLM)."""
-
-
-class TokenizeResponse(OpenAIBaseModel):
-    count: int
-    max_model_len: int
-    tokens: list[int]
-
-
-# ---------------------------------------------------------------- responses
-
-
-def random_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-class PromptTokensDetails(OpenAIBaseModel):
-    cached_tokens: int = 0
-    """Prompt tokens whose KV came from the prefix cache."""
-
-
-class UsageInfo(OpenAIBaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-    prompt_tokens_details: PromptTokensDetails | None = None
-
-    @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
-        return cls(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
-        )
-
-
-FinishReason = Literal["stop", "length", "abort", "error"] | None
-
-
-class CompletionChoice(OpenAIBaseModel):
-    index: int = 0
-    text: str
-    logprobs: None = None
-    finish_reason: FinishReason = None
-
-
-class CompletionResponse(OpenAIBaseModel):
-    id: str = Field(default_factory=lambda: random_id("cmpl"))
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class ChatMessageOut(OpenAIBaseModel):
-    role: str = "assistant"
-    content: str | None = None
-
-
-class ChatCompletionChoice(OpenAIBaseModel):
-    index: int = 0
-    message: ChatMessageOut
-    logprobs: None = None
-    finish_reason: FinishReason = None
-
-
-class ChatCompletionResponse(OpenAIBaseModel):
-    id: str = Field(default_factory=lambda: random_id("chatcmpl"))
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class DeltaMessage(OpenAIBaseModel):
-    role: str | None = None
-    content: str | None = None
-
-
-class ChatStreamChoice(OpenAIBaseModel):
-    index: int = 0
-    delta: DeltaMessage
-    logprobs: None = None
-    finish_reason: FinishReason = None
-
-
-class ChatCompletionChunk(OpenAIBaseModel):
-    """One SSE chunk of a streamed chat completion (``data: {json}\\n\\n``)."""
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatStreamChoice]
-    usage: UsageInfo | None = None
-
-
-class CompletionChunk(OpenAIBaseModel):
-    """One SSE chunk of a streamed completion."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class ModelCard(OpenAIBaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    owned_by: str = "kvmesh"
-    root: str | None = None
-    max_model_len: int | None = None
-
-
-class ModelList(OpenAIBaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class LoadReport(OpenAIBaseModel):
-    """``GET /load``: what a router needs to weigh a replica (cheap to compute, polled often)."""
-
-    num_requests_running: int
-    num_requests_waiting: int
-    kv_cache_usage: float
-    """Fraction of KV blocks in use by requests, 0..1 (cached-but-free blocks do not count)."""
-    num_waiting_prefill_tokens: int
-    """Prompt tokens not yet computed, summed over waiting and running requests."""
-    num_kv_blocks: int = 0
-    block_size: int = 0
-    timestamp: float = Field(default_factory=time.time)
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
-def sse(obj: BaseModel | dict) -> str:
-    """One server-sent event carrying ``obj`` as JSON."""
-    if isinstance(obj, BaseModel):
-        return f"data: {obj.model_dump_json(exclude_none=False)}\n\n"
-    import json
-
-    return f"data: {json.dumps(obj)}\n\n"

@@ -1,7 +1,13 @@
-"""Running a FastAPI app under uvicorn inside an existing asyncio loop, or on a thread of its own.
+"""Running a FastAPI app under uvicorn inside an existing asyncio loop, on a thread of its own, or in
+the foreground -- the one runner of the router and the replica.
 
 ``HTTPServer.start()`` returns once the socket is bound (so port 0 resolves to the real port) and
 ``stop()`` stops accepting, lets in-flight responses finish for ``graceful_s``, then closes.
+
+Slow clients cannot hold connections: a connection that has not sent a complete request head
+within ``header_timeout_s`` (from its opening, or from the first byte of its next request) is
+closed (slowloris); bodies have their own deadline (body.py); idle keep-alive connections close
+after ``keep_alive_s``.
 """
 
 from __future__ import annotations
@@ -11,24 +17,73 @@ import logging
 import threading
 from typing import Any
 
+from kvmesh.replica.openai.config import FrontendConfig
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
 logger = logging.getLogger(__name__)
+
+
+class HeaderTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol plus a deadline on each request head."""
+
+    header_timeout_s = 10.0  # replaced per server by a subclass (see ``protocol_class``)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._arm_head_timer()
+
+    def _arm_head_timer(self) -> None:
+        self._disarm_head_timer()
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        timer = getattr(self, "_head_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            logger.info("closing a connection that sent no complete request head in %.0fs", self.header_timeout_s)
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if getattr(self, "_head_timer", None) is None:
+            self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_head_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+
+def protocol_class(header_timeout_s: float) -> type[HeaderTimeoutProtocol]:
+    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout_s": header_timeout_s})
 
 
 class HTTPServer:
     """One uvicorn server bound to ``host:port`` (port 0 = ephemeral)."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, graceful_s: float = 5.0,
-                 log_level: str = "warning"):
+                 log_level: str = "warning", frontend: FrontendConfig | None = None, lifespan: str = "off",
+                 name: str = "kvmesh-http"):
         import uvicorn
 
+        frontend = frontend or FrontendConfig()
         self.host = host
+        self.name = name
         self._config = uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off",
-            timeout_graceful_shutdown=graceful_s, timeout_keep_alive=30, limit_concurrency=None,
-            backlog=2048,
+            app, host=host, port=port, log_level=log_level, access_log=False, lifespan=lifespan,
+            timeout_graceful_shutdown=graceful_s, timeout_keep_alive=frontend.keep_alive_s, limit_concurrency=None,
+            backlog=2048, http=protocol_class(frontend.header_timeout_s),
         )
         self._server = uvicorn.Server(self._config)
-        self._server.install_signal_handlers = lambda: None  # the owner (CLI, actor) handles signals
         self._task: asyncio.Task | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -51,7 +106,7 @@ class HTTPServer:
             await asyncio.sleep(0.01)
         sock = self._server.servers[0].sockets[0]
         self.port = sock.getsockname()[1]
-        logger.info("replica HTTP server listening on %s", self.url)
+        logger.info("%s listening on %s", self.name, self.url)
         return self.url
 
     async def stop(self) -> None:
@@ -64,6 +119,10 @@ class HTTPServer:
         except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - closing anyway
             self._server.force_exit = True
         self._task = None
+
+    def run(self) -> None:
+        """Serve in the foreground until interrupted (the CLI; uvicorn handles SIGINT/SIGTERM)."""
+        self._server.run()
 
     # ------------------------------------------------------------ own thread (tests, sync callers)
     def start_in_thread(self, timeout_s: float = 30.0) -> str:
@@ -87,7 +146,7 @@ class HTTPServer:
             finally:
                 loop.close()
 
-        self._thread = threading.Thread(target=run, name="replica-http", daemon=True)
+        self._thread = threading.Thread(target=run, name=self.name, daemon=True)
         self._thread.start()
         if not started.wait(timeout_s + 5) or error:
             raise RuntimeError(f"HTTP server did not start: {error[0] if error else 'timeout'}")

@@ -1,0 +1,85 @@
+"""Reading a JSON request body with its limits applied while it arrives.
+
+``Content-Length`` is checked first (a 200 MB body is refused before one byte is read), then the
+bytes are counted as they stream in (chunked bodies, lying lengths), and the whole body must
+arrive within ``body_timeout_s`` (slow senders get a 408). JSON is decoded with msgspec, which
+refuses what Python's ``json`` accepts and nothing downstream can handle: NaN/Infinity, lone UTF-16
+surrogates (``"\\ud800"``), invalid UTF-8, nesting beyond the recursion limit. Bodies above
+``_INLINE_BYTES`` are decoded and validated off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+from fastapi import Request
+from kvmesh.replica.openai.config import FrontendConfig
+from kvmesh.replica.openai.errors import ProtocolError, parse_request
+from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
+
+M = TypeVar("M", bound=BaseModel)
+_INLINE_BYTES = 64 << 10
+"""Bodies up to this size are parsed on the loop (a thread hop costs more than parsing them)."""
+
+
+async def read_body(http: Request, config: FrontendConfig) -> bytes:
+    """The raw body, or a ProtocolError: 413 over ``max_body_bytes``, 408 slower than ``body_timeout_s``."""
+    limit = config.max_body_bytes
+    declared = http.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise ProtocolError(f"Content-Length {declared[:40]!r} is not a byte count")
+        if int(declared) > limit:
+            raise ProtocolError(f"request body has {declared} bytes; the limit is {limit}", 413)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + config.body_timeout_s
+    chunks, size = [], 0
+    stream = http.stream()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), max(0.0, deadline - loop.time()))
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise ProtocolError(f"request body did not arrive within {config.body_timeout_s}s", 408) from None
+        except ClientDisconnect:
+            raise ProtocolError("client disconnected while sending the body", 499) from None
+        size += len(chunk)
+        if size > limit:
+            raise ProtocolError(f"request body has more than {limit} bytes; the limit is {limit}", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode_json(raw: bytes) -> Any:
+    """JSON -> Python objects; a ProtocolError(400) that says why for anything malformed."""
+    try:
+        return msgspec.json.decode(raw)
+    except RecursionError:
+        raise ProtocolError("request body is nested too deeply") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"request body is not valid JSON: {e}") from None
+
+
+def parse_body(raw: bytes, model_cls: type[M] | None) -> Any:
+    """Decode ``raw`` and validate it into ``model_cls`` (None: the decoded JSON as is)."""
+    body = decode_json(raw)
+    return body if model_cls is None else parse_request(model_cls, body)
+
+
+async def read_request(http: Request, model_cls: type[M] | None, config: FrontendConfig,
+                       offload: Callable[..., Awaitable[Any]]) -> Any:
+    """Read, decode and validate a body into ``model_cls`` (None: the decoded JSON); large bodies are
+    decoded by ``offload`` (``PromptRenderer.run``) so the loop stays free."""
+    return await parse_off_loop(await read_body(http, config), model_cls, offload)
+
+
+async def parse_off_loop(raw: bytes, model_cls: type[M] | None, offload: Callable[..., Awaitable[Any]]) -> Any:
+    """``parse_body``, on the loop for small bodies and through ``offload`` for large ones."""
+    if len(raw) <= _INLINE_BYTES:
+        return parse_body(raw, model_cls)
+    return await offload(parse_body, raw, model_cls)

@@ -1,0 +1,37 @@
+"""How the OpenAI front end (router or replica) reads, renders and limits requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendConfig:
+    """Limits and trust settings of one HTTP front end (vLLM's frontend arguments where they exist)."""
+
+    max_body_bytes: int = 32 << 20
+    """Largest request body accepted: a larger Content-Length, or more bytes while reading, is a 413."""
+    max_prompt_chars: int = 1 << 20
+    """Most characters of prompt text (all messages together) tokenized per request (400 above)."""
+    render_timeout_s: float = 5.0
+    """Seconds tokenizing and chat-template rendering of one request may take before it is refused (400)."""
+    chat_template: str | None = None
+    """Jinja chat template (or a path to one) for models that ship none; None refuses chat for them (vLLM)."""
+    trust_request_chat_template: bool = False
+    """Accept a ``chat_template`` sent in a request (vLLM's ``--trust-request-chat-template``); off: 400."""
+    header_timeout_s: float = 10.0
+    """Seconds a connection may take to send a request's headers before it is closed (slowloris)."""
+    body_timeout_s: float = 30.0
+    """Seconds a request's body may take to arrive in full (408 after)."""
+    keep_alive_s: float = 30.0
+    """Seconds an idle keep-alive connection stays open."""
+    render_threads: int = 4
+    """Threads that tokenize, render templates and parse large bodies off the event loop."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_prompt_chars", "render_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("render_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -1,0 +1,105 @@
+"""OpenAI-shaped errors and the error handlers of the replica's and the router's FastAPI apps.
+
+    error body (every 4xx/5xx):  {"error": {"message": str, "type": str, "param": str|None, "code": int}}
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    500: "internal_server_error",
+    502: "bad_gateway",
+    503: "service_unavailable",
+}
+
+
+class ProtocolError(Exception):
+    """A request that cannot be served, with the HTTP status to answer it with."""
+
+    def __init__(self, message: str, status_code: int = 400, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.param = param
+
+    def to_dict(self) -> dict[str, Any]:
+        return error_body(self.message, self.status_code, self.param)
+
+
+def error_body(message: str, status_code: int = 400, param: str | None = None) -> dict[str, Any]:
+    """The OpenAI-shaped error JSON (``code`` is the HTTP status, as vLLM sends it)."""
+    err_type = ERROR_TYPES.get(status_code, "invalid_request_error" if status_code < 500 else "internal_server_error")
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status_code}}
+
+
+def validation_error_message(exc: ValidationError) -> str:
+    """One readable line per pydantic error: ``field: what was wrong``."""
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def parse_request(model_cls: type[BaseModel], body: Any) -> Any:
+    """Validate a decoded JSON body into ``model_cls``; a ProtocolError(400) on failure."""
+    if not isinstance(body, dict):
+        raise ProtocolError(f"request body must be a JSON object, got {type(body).__name__}")
+    try:
+        return model_cls.model_validate(body)
+    except ValidationError as e:
+        raise ProtocolError(validation_error_message(e)) from None
+    except RecursionError:
+        raise ProtocolError("request body is nested too deeply") from None
+
+
+_CLOSE_AFTER = frozenset({408, 413})
+"""Statuses sent before the body was read to the end: the connection closes (its unread rest is not a request)."""
+
+
+def error_response(e: ProtocolError) -> JSONResponse:
+    """``{"error": {"message", "type", "code", ...}}`` with the error's HTTP status."""
+    headers = {"Connection": "close"} if e.status_code in _CLOSE_AFTER else None
+    return JSONResponse(e.to_dict(), status_code=e.status_code, headers=headers)
+
+
+def install_error_handlers(
+    app: FastAPI, server_name: str, on_error: Callable[[ProtocolError], None] | None = None
+) -> None:
+    """Answer every failure of ``app`` in OpenAI's error shape.
+
+    A ``ProtocolError`` keeps its status (``on_error`` sees it first, e.g. to count it); routing
+    errors of the framework (404, 405) keep theirs; anything else is a 500 that names the exception
+    and is logged with its traceback, and the server keeps serving.
+    """
+
+    @app.exception_handler(ProtocolError)
+    async def protocol_error(_: Request, e: ProtocolError) -> JSONResponse:
+        if on_error is not None:
+            on_error(e)
+        return error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return error_response(ProtocolError(str(e.detail), e.status_code))
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, e: Exception) -> JSONResponse:
+        logger.exception("unhandled error in a %s request", server_name)
+        return error_response(ProtocolError(f"internal {server_name} error: {type(e).__name__}: {e}", 500))

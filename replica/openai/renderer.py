@@ -1,0 +1,126 @@
+"""Requests -> token ids, off the event loop and within limits (issue 12: the loop does only I/O).
+
+Tokenizing a 16 MB prompt or rendering a hostile chat template takes seconds of CPU; done on
+the event loop it stalls every other request. ``PromptRenderer`` runs that work (and JSON
+parsing of large bodies, see body.py) on a small thread pool -- small prompts stay on the loop, where
+they cost less than the hop -- after cheap checks on the loop:
+
+    prompt text longer than ``max_prompt_chars``      -> 400 before tokenizing
+    ``chat_template`` in a request, server not trusting -> 400 (vLLM's --trust-request-chat-template)
+    rendering longer than ``render_timeout_s``           -> 400 (the worker thread finishes on its own)
+
+The router and the replica both render through this class, so they compute the same ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from kvmesh.replica.openai import protocol as p
+from kvmesh.replica.openai.config import FrontendConfig
+from kvmesh.replica.openai.errors import ProtocolError
+
+T = TypeVar("T")
+_INLINE_IDS = 4096
+"""Token-id prompts up to this length are range-checked on the loop (cheaper than a thread hop)."""
+_INLINE_CHARS = 2048
+"""Prompt text up to this many characters is tokenized (and rendered with the model's own template) on
+the loop: ~0.5 ms of work, less than the ~1 ms a thread hop added per request in
+cluster/benchmarks/router_frontend.py. Longer text, and any request template, goes to the pool."""
+
+
+class PromptRenderer:
+    """The tokenizer (None: a router without one; it routes by load only) behind a thread pool."""
+
+    def __init__(self, tokenizer: Any, config: FrontendConfig):
+        self.tokenizer = tokenizer
+        self.config = config
+        self._pool = ThreadPoolExecutor(config.render_threads, thread_name_prefix="kvmesh-render")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the pool; a ProtocolError(400) when it takes longer than ``render_timeout_s``."""
+        future = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        try:
+            return await asyncio.wait_for(future, self.config.render_timeout_s)
+        except asyncio.TimeoutError:
+            raise ProtocolError(f"rendering this request took longer than {self.config.render_timeout_s}s; "
+                                "send a shorter prompt or a simpler chat template") from None
+
+    # ------------------------------------------------------------ requests
+    def require_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise ProtocolError("this server has no tokenizer; start it with --model or --tokenizer")
+        return self.tokenizer
+
+    def _check_chars(self, n: int, what: str) -> None:
+        if n > self.config.max_prompt_chars:
+            raise ProtocolError(f"{what} has {n} characters; the limit is {self.config.max_prompt_chars}",
+                                param=what)
+
+    def _check_template(self, chat_template: str | None) -> None:
+        if chat_template is not None and not self.config.trust_request_chat_template:
+            raise ProtocolError("chat_template is not allowed in requests: the server does not trust request "
+                                "templates (start it with trust_request_chat_template to allow them)",
+                                param="chat_template")
+
+    async def completion(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of a completion prompt (text encoded with BOS, ids range-checked)."""
+        tok = self.require_tokenizer()
+        if isinstance(prompt, str):
+            self._check_chars(len(prompt), "prompt")
+            if len(prompt) <= _INLINE_CHARS:
+                return tok.render_completion(prompt)
+            return await self.run(tok.render_completion, prompt)
+        if len(prompt) <= _INLINE_IDS:
+            return tok.render_completion(prompt)
+        return await self.run(tok.render_completion, prompt)
+
+    async def chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                   chat_template: str | None = None, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of a chat: the template output encoded without special tokens (vLLM's rule), or with
+        them when a /tokenize caller asks for ``add_special_tokens``."""
+        tok = self.require_tokenizer()
+        self._check_template(chat_template)
+        chars = sum(len(str(m.get("content") or "")) for m in messages)
+        self._check_chars(chars, "messages")
+
+        def render() -> list[int]:
+            try:
+                text = tok.apply_chat_template(messages, add_generation_prompt, chat_template)
+            except ProtocolError:
+                raise
+            except Exception as e:  # a template error is the request's fault (bad roles, ...)
+                raise ProtocolError(f"cannot apply the chat template to these messages: {e}",
+                                    param="messages") from None
+            return tok.encode(text, add_special_tokens=add_special_tokens)
+
+        if chat_template is None and chars <= _INLINE_CHARS:
+            return render()
+        return await self.run(render)
+
+    async def request(self, req: p.CompletionRequest | p.ChatCompletionRequest) -> list[int]:
+        """Token ids of a completion or chat request, exactly as the replica computes them."""
+        if isinstance(req, p.ChatCompletionRequest):
+            return await self.chat(req.template_messages(), req.add_generation_prompt, req.chat_template)
+        return await self.completion(req.single_prompt())
+
+    async def tokenize(self, req: p.TokenizeRequest) -> list[int]:
+        """``POST /tokenize``: exactly one of ``prompt`` / ``messages``; ``add_special_tokens`` defaults to
+        True for a prompt and False for messages (vLLM)."""
+        if (req.prompt is None) == (req.messages is None):
+            raise ProtocolError("send exactly one of 'prompt' or 'messages'", param="prompt")
+        tok = self.require_tokenizer()
+        if req.prompt is not None:
+            self._check_chars(len(req.prompt), "prompt")
+            special = req.add_special_tokens is not False
+            if len(req.prompt) <= _INLINE_CHARS:
+                return tok.encode(req.prompt, add_special_tokens=special)
+            return await self.run(lambda: tok.encode(req.prompt, add_special_tokens=special))
+        messages = [m.to_template_dict() for m in req.messages]
+        return await self.chat(messages, req.add_generation_prompt, req.chat_template, bool(req.add_special_tokens))

@@ -1,0 +1,173 @@
+"""OpenAI-compatible response models, SSE chunks and the replica's load report (torch-free)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class OpenAIBaseModel(BaseModel):
+    # Clients send fields we do not use (frequency_penalty=0, ...): accept and ignore them.
+    model_config = ConfigDict(extra="ignore")
+
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class TokenizeResponse(OpenAIBaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class PromptTokensDetails(OpenAIBaseModel):
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache."""
+
+
+class UsageInfo(OpenAIBaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        )
+
+
+FinishReason = Literal["stop", "length", "abort", "error"] | None
+
+
+class CompletionChoice(OpenAIBaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason = None
+
+
+class CompletionResponse(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: random_id("cmpl"))
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class ChatMessageOut(OpenAIBaseModel):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionChoice(OpenAIBaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    logprobs: None = None
+    finish_reason: FinishReason = None
+
+
+class ChatCompletionResponse(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: random_id("chatcmpl"))
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class DeltaMessage(OpenAIBaseModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatStreamChoice(OpenAIBaseModel):
+    index: int = 0
+    delta: DeltaMessage
+    logprobs: None = None
+    finish_reason: FinishReason = None
+
+
+class ChatCompletionChunk(OpenAIBaseModel):
+    """One SSE chunk of a streamed chat completion (``data: {json}\\n\\n``)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class CompletionChunk(OpenAIBaseModel):
+    """One SSE chunk of a streamed completion."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(OpenAIBaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "kvmesh"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(OpenAIBaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class LoadReport(OpenAIBaseModel):
+    """``GET /load``: what a router needs to weigh a replica (cheap to compute, polled often)."""
+
+    num_requests_running: int
+    num_requests_waiting: int
+    kv_cache_usage: float
+    """Fraction of KV blocks in use by requests, 0..1 (cached-but-free blocks do not count)."""
+    num_waiting_prefill_tokens: int
+    """Prompt tokens not yet computed, summed over waiting and running requests."""
+    num_kv_blocks: int = 0
+    block_size: int = 0
+    timestamp: float = Field(default_factory=time.time)
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse(obj: BaseModel | dict) -> str:
+    """One server-sent event carrying ``obj`` as JSON."""
+    if isinstance(obj, BaseModel):
+        return f"data: {obj.model_dump_json(exclude_none=False)}\n\n"
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+class RenderedRequest(OpenAIBaseModel):
+    """One token-in request as ``/v1/completions/render`` (a list of them) and ``/v1/chat/completions/render``
+    return it: the ids the server would compute and the sampling parameters (vLLM's ``GenerateRequest``)."""
+
+    request_id: str
+    token_ids: list[int]
+    sampling_params: dict[str, Any]
+    model: str
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    cache_salt: str | None = None
+    token_offsets: list[tuple[int, int]] | None = None

@@ -1,0 +1,70 @@
+"""Endpoints the router and the replica serve the same way, from one implementation.
+
+    POST /tokenize                      token ids exactly as a request would get them
+    POST /v1/completions/render         [GenerateRequest] per prompt (vLLM's render API; vllm-router calls it)
+    POST /v1/chat/completions/render    one GenerateRequest
+    GET  /version                       {"version": "<kvmesh version>"}
+
+Both servers answer with the same status and error body for the same request (tests/test_openai_parity.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+from fastapi import FastAPI, Request
+from kvmesh.replica.openai import protocol as p
+from kvmesh.replica.openai import responses as r
+from kvmesh.replica.openai.body import read_request
+from kvmesh.replica.openai.renderer import PromptRenderer
+
+
+def kvmesh_version() -> str:
+    try:
+        return metadata.version("kvmesh")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def install_shared_routes(app: FastAPI, renderer: PromptRenderer, check_model: Callable[[str | None], None],
+                          model_name: Callable[[], str]) -> None:
+    """Add the shared endpoints to ``app``; ``check_model`` raises the 404 for a model not served."""
+    config = renderer.config
+
+    def max_model_len() -> int:
+        return renderer.require_tokenizer().max_model_len
+
+    async def read(http: Request, model_cls: type) -> Any:
+        req = await read_request(http, model_cls, config, renderer.run)
+        check_model(getattr(req, "model", None))
+        return req
+
+    def rendered(req: Any, ids: list[int], prefix: str) -> dict[str, Any]:
+        params = req.to_sampling_params(len(ids), max_model_len())
+        return r.RenderedRequest(
+            request_id=req.request_id or r.random_id(prefix), token_ids=ids, model=req.model or model_name(),
+            sampling_params=dataclasses.asdict(params), stream=req.stream, cache_salt=req.cache_salt,
+            stream_options=req.stream_options.model_dump() if req.stream_options else None).model_dump()
+
+    @app.post("/tokenize")
+    async def tokenize(http: Request):
+        req = await read(http, p.TokenizeRequest)
+        ids = await renderer.tokenize(req)
+        return r.TokenizeResponse(count=len(ids), max_model_len=max_model_len(), tokens=ids).model_dump()
+
+    @app.post("/v1/completions/render")
+    async def render_completion(http: Request):
+        req = await read(http, p.CompletionRequest)
+        return [rendered(req, await renderer.completion(prompt), "cmpl") for prompt in req.prompts()]
+
+    @app.post("/v1/chat/completions/render")
+    async def render_chat(http: Request):
+        req = await read(http, p.ChatCompletionRequest)
+        return rendered(req, await renderer.request(req), "chatcmpl")
+
+    @app.get("/version")
+    async def version():
+        return {"version": kvmesh_version()}
