@@ -1,7 +1,7 @@
 """kvmesh.replica.openai: the one OpenAI serving layer, shared by the replica and the router. Never imports torch.
 
-The router may import exactly this package from ``replica/`` (tests/router/test_layering.py
-enforces it): everything both HTTP fronts do the same way lives here, once.
+The router may import exactly this package from ``replica/`` (tests/test_layering.py and
+tests/router/test_no_torch.py enforce it): everything both HTTP fronts do the same way lives here, once.
 
     config.py     FrontendConfig: body/prompt limits, template trust, read timeouts
     errors.py     ProtocolError, OpenAI-shaped error bodies, the apps' error handlers

@@ -1,0 +1,67 @@
+"""The layering of ARCHITECTURE.md, enforced: which kvmesh package may import which.
+
+    kvcache   stdlib, xxhash, kvmesh.events.schema
+    events    stdlib, msgspec, pyzmq
+    router    kvcache (hashing), events, kvmesh.replica.openai (the shared torch-free OpenAI layer), HTTP libs
+    replica   everything above, torch, transformers (not router/, not cluster/)
+    cluster   everything
+
+Checked statically on every module-level and function-level import, so a lazy import inside a function
+counts too. tests/router/test_no_torch.py checks the router's torch-freedom at run time as well.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Per package: the kvmesh modules it may import (prefixes) and the third-party modules it may not.
+RULES = {
+    "kvcache": (("kvmesh.kvcache", "kvmesh.events.schema"), ("torch", "ray", "transformers", "zmq", "fastapi")),
+    "events": (("kvmesh.events",), ("torch", "ray", "transformers", "fastapi", "uvicorn")),
+    "router": (("kvmesh.router", "kvmesh.kvcache.hashing", "kvmesh.events", "kvmesh.replica.openai",
+                "kvmesh.replica.sampling_params"), ("torch", "ray", "transformers")),
+    "replica": (("kvmesh.replica", "kvmesh.kvcache", "kvmesh.events"), ()),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            if node.module == "kvmesh.replica":  # `from kvmesh.replica import x` imports kvmesh.replica.x
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _violations(package: str, root: Path = ROOT) -> dict[str, list[str]]:
+    allowed, forbidden = RULES[package]
+    found = {}
+    for path in sorted((root / package).rglob("*.py")):
+        bad = sorted(
+            name for name in _imports(path)
+            if (name.startswith("kvmesh.") and not name.startswith(allowed))
+            or name.split(".")[0] in forbidden
+        )
+        if bad:
+            found[str(path.relative_to(root))] = bad
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(RULES))
+def test_package_imports_only_what_the_layering_allows(package):
+    assert _violations(package) == {}, f"{package}/ breaks the layering of ARCHITECTURE.md"
+
+
+def test_the_check_sees_a_forbidden_import(tmp_path):
+    """The check itself can fail: a router module importing the engine lazily is caught."""
+    (tmp_path / "router").mkdir()
+    (tmp_path / "router" / "bad.py").write_text("def f():\n    from kvmesh.replica.engine import LLMEngine\n")
+    assert _violations("router", tmp_path) == {"router/bad.py": ["kvmesh.replica.engine"]}
