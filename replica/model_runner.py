@@ -14,7 +14,7 @@ import os
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.input_batch import BlockTables, prepare_inputs
+from kvmesh.replica.input_batch import InputBatch
 from kvmesh.replica.kv_cache import (
     allocate_kv_cache,
     bytes_per_block,
@@ -25,7 +25,7 @@ from kvmesh.replica.kv_cache import (
 from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
 from kvmesh.replica.parallel_state import ParallelState
-from kvmesh.replica.sampler import Sampler, build_sampling_metadata
+from kvmesh.replica.sampler import Sampler
 from kvmesh.replica.scheduler_output import SchedulerOutput
 from kvmesh.replica.weights import load_model_weights
 
@@ -63,7 +63,8 @@ class ModelRunner:
         self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, layer_shape, self.dtype, self.device)
         for i, attn in enumerate(self.model.attention_layers()):
             attn.kv_cache = self.kv_cache[i]
-        self.block_tables = BlockTables(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1)
+        self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
+                                      self.block_size, self.device)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
 
@@ -127,19 +128,19 @@ class ModelRunner:
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the sampled token of every scheduled request with ``sample=True``."""
         if out.finished_request_ids:
-            self.block_tables.free(out.finished_request_ids)
+            self.input_batch.free(out.finished_request_ids)
         if out.is_empty:
             return {}
-        inputs = prepare_inputs(out.scheduled, self.block_size, self.device, self.block_tables)
+        inputs = self.input_batch.prepare(out)
         attn_metadata = self.attn_backend.build(inputs.common)
         hidden = self.model(inputs.input_ids, inputs.positions, attn_metadata)  # [T, H]
-        if not inputs.sample_requests:
+        if not inputs.sample_request_ids:
             return {}
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [N, V]
-        sampling = build_sampling_metadata(inputs.sample_requests, self.vocab_size, self.eos_token_ids,
-                                           self.device)
-        tokens = self.sampler(logits, sampling).tolist()
-        return {r.request_id: t for r, t in zip(inputs.sample_requests, tokens, strict=True)}
+        sampling = self.input_batch.sampling_metadata(inputs.sample_rows, self.vocab_size, self.eos_token_ids)
+        tokens = self.sampler(logits, sampling)
+        self.input_batch.record_samples(inputs.sample_rows, tokens)
+        return dict(zip(inputs.sample_request_ids, tokens.tolist(), strict=True))
 
 
 def _pick_device(device: str | None, rank: int) -> torch.device:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from kvmesh.replica.scheduler_output import ScheduledRequest
+from kvmesh.replica.sampling_params import SamplingParams
 
 _MIX_A, _MIX_B, _MASK = 6364136223846793005, 1442695040888963407, (1 << 63) - 1
 TOP_P_CANDIDATES = (256, 4096)  # candidates per nucleus row tried in turn before a full sort
@@ -51,13 +51,13 @@ def seeded_generator(seed: int, num_generated: int, device: torch.device) -> tor
     return torch.Generator(device=device).manual_seed((seed * _MIX_A + num_generated * _MIX_B + 1) & _MASK)
 
 
-def build_sampling_metadata(reqs: Sequence[ScheduledRequest], vocab_size: int, eos_token_ids: Sequence[int],
-                            device: torch.device) -> SamplingMetadata:
-    """Collect the sampling requests' parameters into tensors (one Python pass over the requests)."""
-    params = [r.sampling_params for r in reqs]
+def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,
+                            eos_token_ids: Sequence[int], device: torch.device) -> SamplingMetadata:
+    """Collect the sampling rows' parameters into tensors (one Python pass over the rows);
+    ``num_generated[i]`` = tokens row i has generated so far (min_tokens, seeded generators)."""
     banned = []
-    for row, (r, sp) in enumerate(zip(reqs, params, strict=True)):
-        if sp.min_tokens and len(r.output_token_ids) < sp.min_tokens:
+    for row, (n, sp) in enumerate(zip(num_generated, params, strict=True)):
+        if sp.min_tokens and n < sp.min_tokens:
             banned.append((row, list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))))
     if all(sp.greedy for sp in params):
         return SamplingMetadata(None, None, None, None, {}, banned)
@@ -69,8 +69,8 @@ def build_sampling_metadata(reqs: Sequence[ScheduledRequest], vocab_size: int, e
     if any(sp.top_p < 1.0 for sp in params):
         top_p = torch.tensor([sp.top_p for sp in params], dtype=torch.float32).to(device)
     generators = {
-        row: seeded_generator(sp.seed, len(r.output_token_ids), device)
-        for row, (r, sp) in enumerate(zip(reqs, params, strict=True))
+        row: seeded_generator(sp.seed, n, device)
+        for row, (n, sp) in enumerate(zip(num_generated, params, strict=True))
         if sp.seed is not None and not sp.greedy
     }
     return SamplingMetadata(temperature.to(device), greedy.to(device), top_k, top_p, generators, banned)

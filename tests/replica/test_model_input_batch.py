@@ -6,7 +6,8 @@ import random
 
 import numpy as np
 import torch
-from kvmesh.replica.input_batch import BlockTables, prepare_inputs
+from kvmesh.replica.block_table import BlockTables
+from kvmesh.replica.input_batch import prepare_inputs
 from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler_output import ScheduledRequest
 
@@ -26,14 +27,14 @@ def test_decodes_go_first_and_positions_slots_follow_the_block_tables():
     assert inputs.common.query_start_loc_cpu == [0, 1, 4, 6] and inputs.common.seq_lens_cpu == [6, 5, 2]
     assert inputs.common.block_tables.tolist() == [[9, 4], [7, 3], [5, 0]]
     assert inputs.logits_indices.tolist() == [0, 3]
-    assert [r.request_id for r in inputs.sample_requests] == ["d", "p"]
+    assert inputs.sample_request_ids == ["d", "p"]
 
 
 def test_decode_rows_are_ordered_longest_context_first():
     reqs = [ScheduledRequest(f"d{n}", [1], n, [1, 2, 3, 4], True, SP) for n in (3, 9, 0, 12)]
     inputs = prepare_inputs(reqs, 4, CPU)
     assert inputs.common.seq_lens_cpu == [13, 10, 4, 1]
-    assert [r.request_id for r in inputs.sample_requests] == ["d12", "d9", "d3", "d0"]
+    assert inputs.sample_request_ids == ["d12", "d9", "d3", "d0"]
 
 
 def test_incremental_block_tables_match_tables_built_from_scratch():

@@ -5,18 +5,13 @@ from __future__ import annotations
 import torch
 from kvmesh.replica.sampler import Sampler, apply_top_k_top_p, build_sampling_metadata
 from kvmesh.replica.sampling_params import SamplingParams
-from kvmesh.replica.scheduler_output import ScheduledRequest
 
 CPU = torch.device("cpu")
 V = 50
 
 
-def reqs(*params: SamplingParams, num_out: int = 0) -> list[ScheduledRequest]:
-    return [ScheduledRequest(f"r{i}", [1], 0, [1], True, sp, [5] * num_out) for i, sp in enumerate(params)]
-
-
 def sample(logits, params, num_out=0, seed=0):
-    md = build_sampling_metadata(reqs(*params, num_out=num_out), V, [2], CPU)
+    md = build_sampling_metadata(list(params), [num_out] * len(params), V, [2], CPU)
     return Sampler(torch.Generator().manual_seed(seed))(logits, md).tolist()
 
 
