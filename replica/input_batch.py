@@ -92,10 +92,16 @@ class InputBatch:
     def prepare(self, out: SchedulerOutput) -> ModelInputs:
         """The step's tensors; advances every scheduled row's ``num_computed``. ``out`` must not be empty."""
         srs, bt = out.scheduled, self.block_tables
-        sr_rows = self._admit(srs)
         for rid, ids in out.new_block_ids.items():
             bt.extend(rid, ids)
         dec_rows = np.fromiter(map(bt.rows.__getitem__, out.decode_request_ids), np.int64, len(out.decode_request_ids))
+        if not srs:  # decode-only step (the steady state): every row decodes its last sample
+            rows = dec_rows[np.argsort(-self.num_computed[dec_rows], kind="stable")]
+            query_lens = np.ones(len(rows), np.int64)
+            inputs = self._tensors(rows, query_lens, np.ones(len(rows), bool), len(rows), [])
+            self.num_computed[rows] += 1
+            return inputs
+        sr_rows = self._admit(srs)
         n_sr = len(srs)
         sr_qlens = np.fromiter(map(len, map(_token_ids, srs)), np.int64, n_sr)
         sr_sample = np.fromiter(map(_sample, srs), bool, n_sr)
@@ -119,8 +125,11 @@ class InputBatch:
                  prefills: list[ScheduledRequest]) -> ModelInputs:
         n, bs = len(rows), self.block_size
         num_computed = self.num_computed[rows]
-        query_start_loc = np.zeros(n + 1, np.int64)
-        np.cumsum(query_lens, out=query_start_loc[1:])
+        if num_decodes == n:
+            query_start_loc = np.arange(n + 1)
+        else:
+            query_start_loc = np.zeros(n + 1, np.int64)
+            np.cumsum(query_lens, out=query_start_loc[1:])
         num_tokens = int(query_start_loc[-1])
         seq_lens = num_computed + query_lens
         num_blocks = self.block_tables.num_blocks[rows]
@@ -128,10 +137,13 @@ class InputBatch:
             bad = int(np.argmax(seq_lens > num_blocks * bs))
             raise ValueError(f"request {self.req_ids[rows[bad]]} needs {seq_lens[bad]} token slots but its block "
                              f"table has {num_blocks[bad]} blocks of {bs}; the scheduler must allocate them first")
-        input_ids = np.empty(num_tokens, np.int64)
-        input_ids[:num_decodes] = self.last_token[rows[:num_decodes]]
-        input_ids[num_decodes:] = np.fromiter(chain.from_iterable(map(_token_ids, prefills)), np.int64,
-                                              num_tokens - num_decodes)
+        if prefills:
+            input_ids = np.empty(num_tokens, np.int64)
+            input_ids[:num_decodes] = self.last_token[rows[:num_decodes]]
+            input_ids[num_decodes:] = np.fromiter(chain.from_iterable(map(_token_ids, prefills)), np.int64,
+                                                  num_tokens - num_decodes)
+        else:
+            input_ids = self.last_token[rows]
         if num_tokens == n:  # decode-only step: one token per request
             req_of_token, positions = np.arange(n), num_computed
         else:
@@ -140,8 +152,11 @@ class InputBatch:
         block_tables = self.block_tables.table[rows, : int(num_blocks.max())]  # [n, width], 0-padded
         slot_mapping = block_tables[req_of_token, positions // bs].astype(np.int64) * bs
         slot_mapping += positions % bs
-        logits_indices = query_start_loc[1:][sample_mask] - 1
-        sample_rows = rows[sample_mask]
+        if num_decodes == n and sample_mask.all():
+            logits_indices, sample_rows = np.arange(n), rows
+        else:
+            logits_indices = query_start_loc[1:][sample_mask] - 1
+            sample_rows = rows[sample_mask]
 
         def dev(a: np.ndarray) -> torch.Tensor:
             t = torch.from_numpy(a)
@@ -153,6 +168,7 @@ class InputBatch:
             query_start_loc=dev(query_start_loc.astype(np.int32)), seq_lens=dev(seq_lens.astype(np.int32)),
             block_tables=dev(block_tables), slot_mapping=dev(slot_mapping),
             query_start_loc_cpu=query_start_loc.tolist(), seq_lens_cpu=seq_lens.tolist(),
+            block_tables_cpu=block_tables,
         )
         return ModelInputs(dev(input_ids), dev(positions.astype(np.int64, copy=False)), common,
                            dev(logits_indices), sample_rows, self.req_ids[sample_rows].tolist())

@@ -136,7 +136,9 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, attn_metadata)  # [T, H]
         if not inputs.sample_request_ids:
             return {}
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [N, V]
+        if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order
+            hidden = hidden[inputs.logits_indices]
+        logits = self.model.compute_logits(hidden)  # [N, V]
         sampling = self.input_batch.sampling_metadata(inputs.sample_rows, self.vocab_size, self.eos_token_ids)
         tokens = self.sampler(logits, sampling)
         self.input_batch.record_samples(inputs.sample_rows, tokens)
