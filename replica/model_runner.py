@@ -14,13 +14,15 @@ import os
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.distributed import cuda_device_index
 from kvmesh.replica.input_batch import InputBatch
 from kvmesh.replica.kv_cache import (
     allocate_kv_cache,
     bytes_per_block,
-    cuda_kv_budget,
+    kv_cache_budget,
     log_capacity,
     num_blocks_for_budget,
+    read_cuda_memory,
 )
 from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
@@ -35,6 +37,10 @@ SMALL_MODEL_HIDDEN = 256  # below this hidden size the CPU forward runs single-t
 
 
 class ModelRunner:
+    # the device facts of KV sizing, behind two seams (CPU tests inject their own)
+    read_device_memory = staticmethod(read_cuda_memory)
+    reset_peak_memory = staticmethod(torch.cuda.reset_peak_memory_stats)
+
     def __init__(self, config, rank: int = 0, world_size: int = 1, parallel: ParallelState | None = None) -> None:
         self.config = config
         self.parallel = parallel or ParallelState(rank, world_size)
@@ -91,9 +97,7 @@ class ModelRunner:
         block_bytes = bytes_per_block(self.spec.num_hidden_layers, self.block_size, attn0.num_kv_heads,
                                       attn0.head_dim, self.dtype)
         if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.profile_run()
-            budget = cuda_kv_budget(self.config.gpu_memory_utilization, self.device)
+            budget = self.profiled_kv_budget()
         else:
             budget = self.config.resolved_kv_cache_memory // self.parallel.tp_size
         num_blocks = num_blocks_for_budget(budget, block_bytes, self.block_size, self.max_model_len)
@@ -103,13 +107,21 @@ class ModelRunner:
         log_capacity(num_blocks, self.block_size, self.max_model_len, block_bytes)
         return num_blocks
 
+    def profiled_kv_budget(self) -> int:
+        """Bytes for the KV cache on a GPU: reset the peak counter, run the profiling forward, and take
+        what ``gpu_memory_utilization`` leaves (the device facts come from ``read_device_memory``)."""
+        self.reset_peak_memory(self.device)
+        self.profile_run()
+        return kv_cache_budget(self.read_device_memory(self.device), self.config.gpu_memory_utilization)
+
     @torch.inference_mode()
     def profile_run(self) -> None:
         """A forward over a full token budget of fresh prefills (no KV cache), to measure peak memory."""
         budget = min(self.config.max_num_batched_tokens, self.config.max_num_seqs * self.max_model_len)
         lens = [min(self.max_model_len, budget - i) for i in range(0, budget, self.max_model_len)]
         cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        zeros = torch.zeros(len(lens), 1, dtype=torch.int32, device=self.device)
+        # every position in the null block: a table as wide as the longest sequence (backends may index it)
+        zeros = torch.zeros(len(lens), -(-max(lens) // self.block_size), dtype=torch.int32, device=self.device)
         common = CommonAttentionMetadata(
             num_reqs=len(lens), num_decodes=0, num_actual_tokens=budget, max_query_len=max(lens),
             max_seq_len=max(lens), block_size=self.block_size, query_start_loc=cu.to(self.device),
@@ -151,7 +163,7 @@ def _pick_device(device: str | None, rank: int) -> torch.device:
     if device == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("device='cuda' but torch sees no CUDA device; use device='cpu'")
-        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        dev = torch.device("cuda", cuda_device_index(rank, torch.cuda.device_count()))
         torch.cuda.set_device(dev)  # NCCL collectives and .cuda() use the current device
         return dev
     return torch.device(device)
