@@ -14,6 +14,7 @@ import os
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.cuda_graph import StaticDecode
 from kvmesh.replica.distributed import cuda_device_index
 from kvmesh.replica.input_batch import InputBatch
 from kvmesh.replica.kv_cache import (
@@ -71,6 +72,14 @@ class ModelRunner:
             attn.kv_cache = self.kv_cache[i]
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
                                       self.block_size, self.device)
+        self.static_decode: StaticDecode | None = None  # decode steps on static shapes (CUDA graphs)
+        if config.cuda_graphs:
+            if self.device.type != "cuda":
+                raise ValueError(f"cuda_graphs=True needs device='cuda', not {self.device}; drop cuda_graphs")
+            self.static_decode = StaticDecode(self.model, self.attn_backend, config.max_num_seqs,
+                                              self.input_batch.block_tables.table.shape[1], self.block_size,
+                                              self.device)
+            self.static_decode.capture()
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
 
@@ -144,8 +153,12 @@ class ModelRunner:
         if out.is_empty:
             return {}
         inputs = self.input_batch.prepare(out)
-        attn_metadata = self.attn_backend.build(inputs.common)
-        hidden = self.model(inputs.input_ids, inputs.positions, attn_metadata)  # [T, H]
+        common = inputs.common
+        if self.static_decode is not None and common.num_decodes == common.num_actual_tokens and \
+                self.static_decode.size_for(common.num_reqs) is not None:
+            hidden = self.static_decode.run(inputs.input_ids, inputs.positions, common)  # [T, H]
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(common))  # [T, H]
         if not inputs.sample_request_ids:
             return {}
         if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order

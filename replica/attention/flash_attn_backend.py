@@ -75,6 +75,20 @@ class FlashAttentionBackend:
         self._varlen = flash_attn_varlen_func
         self._with_kvcache = flash_attn_with_kvcache
 
+    @staticmethod
+    def supports_static_decode(block_size: int) -> bool:
+        """Decode steps have fixed shapes per batch size (CUDA-graph capturable) only on the paged path."""
+        return block_size % PAGED_BLOCK_MULTIPLE == 0
+
+    @staticmethod
+    def static_decode_metadata(slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
+                               block_table: torch.Tensor) -> FlashAttentionMetadata:
+        """Metadata of a decode-only step over caller-owned buffers: slot_mapping [B] int64,
+        seq_lens [B] int32, block_table [B, max_blocks] int32 (their addresses stay fixed)."""
+        empty = torch.zeros(1, dtype=torch.int32, device=seq_lens.device)
+        return FlashAttentionMetadata(slot_mapping, seq_lens.numel(), empty, empty, 0, 0, block_table[:0], None,
+                                      decode_seq_lens=seq_lens, decode_block_table=block_table)
+
     def build(self, common: CommonAttentionMetadata) -> FlashAttentionMetadata:
         bs, d, n = common.block_size, common.num_decodes, common.num_reqs
         if bs % PAGED_BLOCK_MULTIPLE == 0:
