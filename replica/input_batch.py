@@ -94,7 +94,12 @@ class InputBatch:
         srs, bt = out.scheduled, self.block_tables
         for rid, ids in out.new_block_ids.items():
             bt.extend(rid, ids)
-        dec_rows = np.fromiter(map(bt.rows.__getitem__, out.decode_request_ids), np.int64, len(out.decode_request_ids))
+        try:
+            dec_rows = np.fromiter(map(bt.rows.__getitem__, out.decode_request_ids), np.int64,
+                                   len(out.decode_request_ids))
+        except KeyError as e:
+            raise RuntimeError(f"request {e.args[0]!r} decodes by id, but this runner holds no row for it: a request "
+                               "must be sent in full (ScheduledRequest) before it decodes by id") from None
         if not srs:  # decode-only step (the steady state): every row decodes its last sample
             rows = dec_rows[np.argsort(-self.num_computed[dec_rows], kind="stable")]
             query_lens = np.ones(len(rows), np.int64)
