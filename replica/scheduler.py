@@ -107,14 +107,9 @@ class Scheduler:
                     request.num_computed_tokens = num_tokens
                     append_decode(request.request_id)
                     continue
-                num_blocks = len(request.block_ids)
-                if not self._allocate_or_preempt(request, 1):
+                if not self._decode_at_block_edge(request, decode_ids, new_block_ids):
                     budget += 1
                     break  # the request itself was preempted (it was the newest)
-                request.num_computed_tokens = num_tokens
-                append_decode(request.request_id)
-                if len(request.block_ids) > num_blocks:
-                    new_block_ids[request.request_id] = request.block_ids[num_blocks:]
                 continue
             num_new = min(num_tokens - computed, budget)
             budget -= num_new
@@ -133,6 +128,19 @@ class Scheduler:
         )
         self.finished_request_ids = set()
         return out
+
+    def _decode_at_block_edge(self, request: Request, decode_ids: list[str],
+                              new_block_ids: dict[str, list[int]]) -> bool:
+        """A decode by id whose token starts a new block or completes one (to be cached); False when the
+        request itself had to be preempted."""
+        num_blocks = len(request.block_ids)
+        if not self._allocate_or_preempt(request, 1):
+            return False
+        request.num_computed_tokens += 1
+        decode_ids.append(request.request_id)
+        if len(request.block_ids) > num_blocks:
+            new_block_ids[request.request_id] = request.block_ids[num_blocks:]
+        return True
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
         """Make room for ``num_new`` tokens of a running request, preempting newer ones as needed."""
