@@ -141,6 +141,18 @@ def _truncated_candidates(logits: torch.Tensor, k: torch.Tensor | None, p: torch
     return torch.softmax(values, dim=-1), indices
 
 
+def _sample_truncated(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
+                      u: torch.Tensor) -> torch.Tensor:
+    """Draw from each row's top-k / nucleus set by inverse CDF over descending probability."""
+    for num_candidates in TOP_P_CANDIDATES if p is not None else (0,):
+        candidates = _truncated_candidates(logits, k, p, num_candidates)
+        if candidates is not None:
+            probs, indices = candidates  # [N, K], most likely first
+            return indices.gather(1, sample_from_probs(probs, u).unsqueeze(1)).squeeze(1)
+    probs, order = torch.softmax(apply_top_k_top_p(logits, k, p), dim=-1).sort(dim=-1, descending=True)
+    return order.gather(1, sample_from_probs(probs, u).unsqueeze(1)).squeeze(1)
+
+
 class Sampler:
     """logits [N, V] + SamplingMetadata -> token ids [N]."""
 
@@ -158,17 +170,24 @@ class Sampler:
         u = torch.rand(logits.shape[0], generator=self.generator, device=logits.device)
         for row, gen in md.generators.items():
             u[row] = torch.rand(1, generator=gen, device=logits.device)[0]
-        candidates = None
-        if md.top_k is not None or md.top_p is not None:
-            for num_candidates in TOP_P_CANDIDATES if md.top_p is not None else (0,):
-                candidates = _truncated_candidates(logits, md.top_k, md.top_p, num_candidates)
-                if candidates is not None:
-                    break
-            if candidates is None:
-                logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        if candidates is None:
-            sampled = sample_from_probs(torch.softmax(logits, dim=-1), u)
-        else:
-            probs, indices = candidates
-            sampled = indices.gather(1, sample_from_probs(probs, u).unsqueeze(1)).squeeze(1)
+        vocab = logits.shape[-1]
+        truncated = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+        if md.top_k is not None:
+            truncated |= md.top_k < vocab
+        if md.top_p is not None:
+            truncated |= md.top_p < 1.0
+        if md.greedy_rows is not None:  # greedy rows take the argmax below
+            truncated &= ~md.greedy_rows
+        plain = ~truncated if md.greedy_rows is None else ~truncated & ~md.greedy_rows
+        # each row's draw depends on its own settings only: plain rows in vocabulary order, top-k/top-p rows
+        # in descending probability (so which other rows share the batch never changes a seeded row's token)
+        sampled = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+        if bool(plain.any()):
+            rows = plain.nonzero().squeeze(1)
+            sampled[rows] = sample_from_probs(torch.softmax(logits[rows], dim=-1), u[rows])
+        if bool(truncated.any()):
+            rows = truncated.nonzero().squeeze(1)
+            k = md.top_k[rows] if md.top_k is not None else None
+            p = md.top_p[rows] if md.top_p is not None else None
+            sampled[rows] = _sample_truncated(logits[rows], k, p, u[rows])
         return sampled if greedy is None else torch.where(md.greedy_rows, greedy, sampled)
