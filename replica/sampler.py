@@ -2,8 +2,10 @@
 
 All rows are processed together on [N, vocab] tensors. A random row draws by inverse CDF: one
 uniform number u per row, token = first index whose cumulative probability exceeds u. So a seeded
-row needs one number from its own generator, seeded by (seed, tokens generated so far): a seeded
-request's tokens do not depend on what else is in the batch.
+row needs one number from its own generator, seeded by (seed, tokens generated so far), and the
+order its CDF runs in depends on its own settings only (vocabulary order for plain rows, descending
+probability for top-k/top-p rows, whichever code path computed them): a seeded request's tokens do
+not depend on what else is in the batch.
 
 Top-k / top-p avoid sorting the vocabulary (a [256, 32000] sort costs ~1 s on one CPU core):
 ``topk`` picks enough candidates per row (the largest top_k, or TOP_P_CANDIDATES[i] for nucleus
