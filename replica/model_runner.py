@@ -2,7 +2,10 @@
 
 ``execute_model(SchedulerOutput)`` turns the scheduler's decision into tensors, runs the
 forward pass (writing the step's K/V into the cache), computes logits only for the rows that
-sample and returns ``{request_id: token}``.
+sample and returns ``{request_id: token}``. Per-request state lives in the persistent batch
+(input_batch.py): decodes arrive as request ids and continue from the row's own last sample.
+With ``cuda_graphs``, decode-only steps replay captured graphs (cuda_graph.py). Device facts
+(memory for KV sizing, the CUDA device of a rank) come through small seams tested on CPU.
 """
 
 from __future__ import annotations
