@@ -118,6 +118,13 @@ def test_float32_is_refused_up_front_like_the_kernel_refuses_it(strict_flash_ref
 
 def run(config: EngineConfig, prompts: dict[str, list[int]], max_tokens: int) -> tuple[dict, LLMEngine]:
     engine = LLMEngine(config, skip_tokenizer_init=True)
+    execute, engine.partial_chunks = engine.model_runner.execute_model, 0
+
+    def counting(out):  # prefill chunks that stop short of the prompt's end (chunked prefill)
+        engine.partial_chunks += sum(not sr.sample for sr in out.scheduled)
+        return execute(out)
+
+    engine.model_runner.execute_model = counting
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     finals = {}
     for rid, prompt in prompts.items():  # two waves, so the second finds the first's blocks cached
@@ -152,13 +159,13 @@ def compare_backends(base: dict, block_size: int, vocab: int, max_tokens: int = 
     longest = max(map(len, prompts.values())) + max_tokens
     blocks_per_request = -(-longest // block_size)
     kw = dict(base, block_size=block_size, dtype="float32", device="cpu", hash_seed=b"s", kv_cache_memory=1 << 26,
-              max_num_batched_tokens=max(block_size, 48),  # long prompts are chunked
+              max_num_batched_tokens=max(block_size, 24),  # long prompts are chunked
               num_kv_blocks=blocks_per_request + 2)  # too few for all at once: preemption
     outs, engines = {}, {}
     for backend in ("torch", "flash_attn"):
         outs[backend], engines[backend] = run(EngineConfig(attention_backend=backend, **kw), prompts, max_tokens)
     stats = engines["flash_attn"].stats
-    assert stats.prefix_cache_hits > 0 and stats.num_preemptions > 0
+    assert stats.prefix_cache_hits > 0 and stats.num_preemptions > 0 and engines["flash_attn"].partial_chunks > 0
     assert engines["flash_attn"].model_runner.attn_backend.name == "flash_attn"
     assert outs["flash_attn"] == outs["torch"]
     assert sorted(outs["torch"]) == sorted(prompts) and all(len(t) == max_tokens for t in outs["torch"].values())
