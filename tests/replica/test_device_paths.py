@@ -136,3 +136,16 @@ def test_step_inputs_and_attention_metadata_live_on_the_runner_device(monkeypatc
     assert md.temperature is not None and off_device(md) == []
     full = build_sampling_metadata([SamplingParams(temperature=1.0, top_k=3, top_p=0.5)], [0], 300, [2], META)
     assert off_device(full) == []
+
+
+def test_kv_cache_and_static_decode_buffers_live_on_the_runner_device(monkeypatch):
+    from kvmesh.replica.cuda_graph import StaticDecode
+    from kvmesh.replica.kv_cache import allocate_kv_cache
+
+    monkeypatch.setitem(sys.modules, "flash_attn", flash_attn_reference.as_module())
+    assert allocate_kv_cache(2, (2, 8, 256, 2, 8), torch.bfloat16, META).device == META
+    backend = get_attn_backend("flash_attn", torch.device("cpu"), torch.bfloat16)
+    static = StaticDecode(None, backend, max_num_seqs=8, max_blocks=4, block_size=256, device=META)
+    buffers = [static.input_ids, static.positions, static.slot_mapping, static.seq_lens, static.block_table]
+    assert all(t.device == META for t in buffers)
+    assert all(off_device(md) == [] for md in static.metadata.values())
