@@ -48,6 +48,8 @@ class EngineConfig:
     """Number of ranks the model is sharded over."""
     attention_backend: str | None = None
     """Attention backend registry name ("torch", "flash_attn"); None picks the best available."""
+    cuda_graphs: bool = False
+    """Replay decode-only steps from CUDA graphs (device cuda, attention_backend flash_attn, block_size % 256 == 0)."""
     device: str | None = None
     """"cpu" or "cuda"; None (or "auto") uses cuda when available, else cpu."""
     seed: int = 0

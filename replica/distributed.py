@@ -49,23 +49,40 @@ def free_port(host: str = "") -> int:
         return s.getsockname()[1]
 
 
+def cuda_device_index(rank: int, visible_devices: int) -> int:
+    """The CUDA device a TP rank uses. Under Ray each rank's actor sees exactly its own GPU (index 0);
+    a process that sees several GPUs (one node, no Ray) takes the rank-th, and two ranks never share one."""
+    if visible_devices < 1:
+        raise ValueError("this process sees no CUDA device (CUDA_VISIBLE_DEVICES empty?); a GPU rank needs one")
+    if visible_devices == 1:
+        return 0
+    if rank >= visible_devices:
+        raise ValueError(f"TP rank {rank} sees {visible_devices} CUDA devices; a rank needs a GPU of its own: "
+                         "lower tensor_parallel_size or run one rank per GPU (Ray does)")
+    return rank
+
+
+def process_group_args(init: DistributedInit, rank: int) -> dict:
+    """The keyword arguments of ``torch.distributed.init_process_group`` for ``rank``."""
+    if not 0 <= rank < init.world_size:
+        raise ValueError(f"rank {rank} is outside the group of {init.world_size}")
+    host = f"[{init.master_addr}]" if ":" in init.master_addr else init.master_addr  # IPv6 in a URL
+    return dict(backend=init.backend, init_method=f"tcp://{host}:{init.master_port}", world_size=init.world_size,
+                rank=rank, timeout=datetime.timedelta(seconds=init.timeout_s))
+
+
 def init_distributed(init: DistributedInit, rank: int) -> None:
     """Join the process group as ``rank`` (blocks until every rank has joined or the timeout)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         raise RuntimeError("torch.distributed is already initialized in this process; one TP group per worker")
+    args = process_group_args(init, rank)
     if init.backend == "nccl":  # NCCL binds to the current device: the one this rank's model uses
         import torch
 
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(
-        backend=init.backend,
-        init_method=f"tcp://{init.master_addr}:{init.master_port}",
-        world_size=init.world_size,
-        rank=rank,
-        timeout=datetime.timedelta(seconds=init.timeout_s),
-    )
+        torch.cuda.set_device(cuda_device_index(rank, torch.cuda.device_count()))
+    dist.init_process_group(**args)
 
 
 def destroy_distributed() -> None:

@@ -113,13 +113,13 @@ class LLMEngine:
         """Schedule, run the model once, and return the outputs of every request that progressed or ended."""
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
-        if sched.scheduled:
+        if not sched.is_empty:
             try:
                 sampled = self.model_runner.execute_model(sched)
             except Exception as e:  # the runner failed this batch: fail its requests, keep serving
-                logger.exception("model runner failed a step of %d requests", len(sched.scheduled))
-                for sr in sched.scheduled:
-                    self.fail_request(sr.request_id, f"model runner error: {e!r}")
+                logger.exception("model runner failed a step of %d requests", sched.num_requests)
+                for request_id in sched.request_ids():
+                    self.fail_request(request_id, f"model runner error: {e!r}")
                 # Blocks are cached when scheduled; their K/V may never have been written: forget them.
                 if not self.kv_cache_manager.reset_prefix_cache():
                     logger.warning("prefix cache not reset after a runner failure: other requests hold blocks")
@@ -135,31 +135,40 @@ class LLMEngine:
         return outputs
 
     def _process_sampled(self, sampled: dict[str, int]) -> list[RequestOutput]:
-        """Append each sampled token, run the stop checks, build the outputs (the per-token hot path:
-        a running request without text to decode gets its output built without the general path)."""
+        """Append each sampled token, run the stop checks, build the outputs (the per-token hot path: a
+        decoding request without text to decode and not at a stop condition skips the general path)."""
         now = time.monotonic()
         outputs: list[RequestOutput] = []
         finished: list[Request] = []
         requests, detokenizers = self.scheduler.requests, self._detokenizers
-        append_token = self._append_token
+        append_token, append_output = self._append_token, outputs.append
+        tpots: dict[float, int] = {}  # inter-token time -> requests (observed once per distinct value)
         for request_id, token in sampled.items():
             request = requests.get(request_id)
             if request is None:
                 continue
+            output_ids = request.output_token_ids
+            last = request.last_token_time
+            if (last is not None and not detokenizers and token not in request.stop_token_ids
+                    and len(output_ids) + 1 < request.sampling_params.max_tokens):
+                request.last_token_time = now
+                tpots[now - last] = tpots.get(now - last, 0) + 1
+                output_ids.append(token)
+                request.all_token_ids.append(token)
+                append_output(RequestOutput(request_id, request.prompt_token_ids, [token], output_ids, "",
+                                            "", False, None, None, request.num_cached_tokens))
+                continue
             try:
                 done = append_token(request, token, now)
-                if done or detokenizers:
-                    outputs.append(self._make_output(request, [token]))
-                else:
-                    outputs.append(RequestOutput(request_id, request.prompt_token_ids, [token],
-                                                 request.output_token_ids.copy(), "", "", False, None, None,
-                                                 request.num_cached_tokens))
+                append_output(self._make_output(request, [token]))
             except Exception as e:  # e.g. a tokenizer failure: only this request fails
                 logger.exception("request %s failed while processing its output", request_id)
                 self.fail_request(request_id, f"output processing error: {e!r}")
                 continue
             if done:
                 finished.append(request)
+        for tpot, n in tpots.items():
+            self._stats.tpot.observe_many(tpot, n)
         self._stats.num_generation_tokens += len(sampled)
         self.scheduler.finish_running(finished)
         for request in finished:
@@ -195,7 +204,7 @@ class LLMEngine:
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
             new_token_ids=new_token_ids,
-            output_token_ids=list(request.output_token_ids),
+            output_token_ids=request.output_token_ids,
             delta_text=detok.take_delta(finished) if detok is not None else "",
             text=detok.visible_text(finished) if detok is not None else "",
             finished=finished,

@@ -29,30 +29,50 @@ class FakeModelRunner:
         self.num_steps = 0
         self.fail_on: set[str] = set()  # request ids whose presence makes execute_model raise
         self.step_delay = 0.0  # seconds each step sleeps (to simulate a model's forward time)
+        self.rows: dict[str, list] = {}  # request_id -> [block_ids, num_computed, last sampled token]
 
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
         self.num_steps += 1
         if self.step_delay:
             time.sleep(self.step_delay)
+        for rid in out.finished_request_ids:
+            self.rows.pop(rid, None)
         sampled: dict[str, int] = {}
-        bs = self.block_size
         for sr in out.scheduled:
             if sr.request_id in self.fail_on:
                 raise RuntimeError(f"injected failure for {sr.request_id}")
-            if not self.read_back:
-                if sr.sample:
-                    sampled[sr.request_id] = (sr.num_computed_tokens * 7 + len(sr.token_ids)) % self.vocab_size
-                continue
-            for j, tok in enumerate(sr.token_ids):
-                pos = sr.num_computed_tokens + j
-                block_id = sr.block_ids[pos // bs]
+            # a copy: the rows must follow new_block_ids, not the scheduler's live list
+            row = self.rows[sr.request_id] = [list(sr.block_ids), sr.num_computed_tokens, None]
+            self._run(sr.request_id, row, sr.token_ids, sr.sample, sampled)
+        for rid in out.decode_request_ids:
+            if rid in self.fail_on:
+                raise RuntimeError(f"injected failure for {rid}")
+            row = self.rows[rid]  # KeyError: the scheduler sent an id the runner has no row for
+            assert row[2] is not None, f"{rid} decodes by id but this runner sampled nothing for it"
+            row[0].extend(out.new_block_ids.get(rid, ()))
+            self._run(rid, row, [row[2]], True, sampled)
+        return sampled
+
+    def _run(self, rid: str, row: list, token_ids: list[int], sample: bool, sampled: dict[str, int]) -> None:
+        """Compute ``token_ids`` at the row's position; row = [block_ids, num_computed, last sampled]."""
+        block_ids, start = row[0], row[1]
+        row[1] = end = start + len(token_ids)
+        row[2] = None
+        if self.read_back:
+            bs = self.block_size
+            for j, tok in enumerate(token_ids):
+                pos = start + j
+                block_id = block_ids[pos // bs]
                 assert block_id != 0, "wrote into the null block"
                 self.cache[block_id][pos % bs] = tok
-            if sr.sample:
-                end = sr.num_computed_tokens + len(sr.token_ids)
-                context = [self.cache[sr.block_ids[p // bs]][p % bs] for p in range(end)]
-                sampled[sr.request_id] = self.next_token(context)
-        return sampled
+        if not sample:
+            return
+        if self.read_back:
+            context = [self.cache[block_ids[p // bs]][p % bs] for p in range(end)]
+            token = self.next_token(context)
+        else:
+            token = (start * 7 + len(token_ids)) % self.vocab_size
+        row[2] = sampled[rid] = token
 
     def next_token(self, context: list[int]) -> int:
         """The token this runner samples after ``context`` (tests compute expected outputs with it)."""

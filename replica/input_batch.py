@@ -1,8 +1,17 @@
-"""SchedulerOutput -> the step's input tensors, with numpy (no per-token Python loops).
+"""The runner's persistent batch: per-request rows kept between steps, and a step's input tensors.
 
-Requests are reordered decodes-first, longest context first (see attention/metadata.py); all index
-arithmetic is done on whole arrays:
-    positions[t]   = num_computed_tokens[req(t)] + (t - query_start_loc[req(t)])
+vLLM v1's persistent batch: a request that only decodes arrives as its id (scheduler_output.py), so
+its row here holds everything its step needs:
+
+    row r:  num_computed[r]   tokens with K/V in the cache (the position of the next token)
+            last_token[r]     the token the runner sampled for it last step (its next input)
+            num_output[r]     tokens generated so far (seeded sampling derives its generator from it)
+            params[r]         its SamplingParams;  block table row r in ``block_tables``
+
+A full ``ScheduledRequest`` (new, resumed, prefill chunk) (re)sets its row. The step's rows are
+ordered decodes-first, longest context first (see attention/metadata.py), and all index arithmetic
+is done on whole arrays:
+    positions[t]    = num_computed[req(t)] + (t - query_start_loc[req(t)])
     slot_mapping[t] = block_table[req(t), positions[t] // block_size] * block_size + positions[t] % block_size
     logits_indices  = query_start_loc[1:] - 1 for the requests that sample (their last token)
 """
@@ -16,12 +25,16 @@ from operator import attrgetter
 import numpy as np
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.scheduler_output import ScheduledRequest
+from kvmesh.replica.block_table import BlockTables
+from kvmesh.replica.sampler import SamplingMetadata, build_sampling_metadata
+from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
+
+__all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
 
 _token_ids = attrgetter("token_ids")
-_block_ids = attrgetter("block_ids")
 _num_computed = attrgetter("num_computed_tokens")
 _sample = attrgetter("sample")
+_ALL_GREEDY = SamplingMetadata(None, None, None, None, {}, [])
 
 
 @dataclass(slots=True)
@@ -34,119 +47,152 @@ class ModelInputs:
     """Attention description of the step."""
     logits_indices: torch.Tensor
     """[N] int64 rows of the hidden states whose logits are sampled."""
-    sample_requests: list[ScheduledRequest]
-    """The N requests that sample, in row order."""
+    sample_rows: np.ndarray
+    """[N] persistent-batch rows of the requests that sample, in logits order."""
+    sample_request_ids: list[str]
+    """Their request ids."""
 
 
-class BlockTables:
-    """Block tables kept between steps, one row per live request, updated incrementally.
+class InputBatch:
+    def __init__(self, max_num_reqs: int, max_blocks_per_req: int, block_size: int, device: torch.device) -> None:
+        self.block_size, self.device = block_size, device
+        self.block_tables = BlockTables(max_num_reqs, max_blocks_per_req)
+        self.num_computed = np.zeros(0, np.int64)
+        self.last_token = np.zeros(0, np.int64)
+        self.num_output = np.zeros(0, np.int64)
+        self.plain_greedy = np.zeros(0, bool)  # greedy without min_tokens: needs no sampling metadata
+        self.req_ids = np.zeros(0, object)
+        self.params: list = []
+        self._fit_rows()
 
-    The scheduler hands over each request's live ``block_ids`` list, which it only ever extends;
-    it gives a request a *new* list object when it re-admits it (after preemption). So: the same
-    object as last step -> copy only the appended ids; another object -> rewrite the row. Rows are
-    released with ``free`` when requests finish.
-    """
-
-    def __init__(self, num_rows: int = 256, num_cols: int = 64) -> None:
-        self.table = np.zeros((num_rows, num_cols), np.int32)  # [rows, max blocks per request]
-        self.entries: dict[str, list] = {}  # request_id -> [row, block_ids list object, ids written]
-        self.free_rows = list(range(num_rows - 1, -1, -1))
+    def _fit_rows(self) -> None:
+        n, old = self.block_tables.num_rows, len(self.params)
+        if n > old:
+            for name in ("num_computed", "last_token", "num_output", "plain_greedy", "req_ids"):
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate([a, np.zeros(n - old, a.dtype)]))
+            self.params += [None] * (n - old)
 
     def free(self, request_ids) -> None:
-        for rid in request_ids:
-            entry = self.entries.pop(rid, None)
-            if entry is not None:
-                self.table[entry[0], : entry[2]] = 0
-                self.free_rows.append(entry[0])
+        self.block_tables.free(request_ids)
 
-    def gather(self, reqs: list[ScheduledRequest], width: int) -> np.ndarray:
-        """[len(reqs), width] block tables of ``reqs`` (0-padded)."""
-        if width > self.table.shape[1]:
-            self.table = np.pad(self.table, ((0, 0), (0, max(width, 2 * self.table.shape[1]) - self.table.shape[1])))
-        rows: list[int] = []
-        entries = self.entries
-        for r in reqs:
-            ids = r.block_ids
-            entry = entries.get(r.request_id)
-            if entry is None or entry[1] is not ids or entry[2] != len(ids):
-                entry = self._update(r.request_id, entry, ids)
-            rows.append(entry[0])
-        table = self.table
-        return table[:, :width].take(rows, axis=0)
+    def _admit(self, srs: list[ScheduledRequest]) -> np.ndarray:
+        """(Re)set the rows of fully sent requests; returns their rows."""
+        rows = [self.block_tables.sync(sr.request_id, sr.block_ids) for sr in srs]
+        self._fit_rows()
+        for sr, row in zip(srs, rows, strict=True):
+            sp = sr.sampling_params
+            self.req_ids[row], self.params[row], self.num_output[row] = sr.request_id, sp, len(sr.output_token_ids)
+            self.plain_greedy[row] = sp.greedy and not sp.min_tokens
+            self.num_computed[row] = sr.num_computed_tokens
+            if len(sr.token_ids) == 1:
+                self.last_token[row] = sr.token_ids[0]
+        return np.array(rows, np.int64)
 
-    def _update(self, request_id: str, entry: list | None, ids: list[int]) -> list:
-        if entry is None:
-            entry = self.entries[request_id] = [self._new_row(), None, 0]
-        row, known, written = entry
-        if known is not ids or len(ids) < written:  # a new table: rewrite the row
-            self.table[row, : len(ids)] = ids
-            self.table[row, len(ids): written] = 0
-            entry[1] = ids
-        else:  # the same table, extended
-            self.table[row, written: len(ids)] = ids[written:]
-        entry[2] = len(ids)
-        return entry
+    def prepare(self, out: SchedulerOutput) -> ModelInputs:
+        """The step's tensors; advances every scheduled row's ``num_computed``. ``out`` must not be empty."""
+        srs, bt = out.scheduled, self.block_tables
+        for rid, ids in out.new_block_ids.items():
+            bt.extend(rid, ids)
+        try:
+            dec_rows = np.fromiter(map(bt.rows.__getitem__, out.decode_request_ids), np.int64,
+                                   len(out.decode_request_ids))
+        except KeyError as e:
+            raise RuntimeError(f"request {e.args[0]!r} decodes by id, but this runner holds no row for it: a request "
+                               "must be sent in full (ScheduledRequest) before it decodes by id") from None
+        if not srs:  # decode-only step (the steady state): every row decodes its last sample
+            rows = dec_rows[np.argsort(-self.num_computed[dec_rows], kind="stable")]
+            query_lens = np.ones(len(rows), np.int64)
+            inputs = self._tensors(rows, query_lens, np.ones(len(rows), bool), len(rows), [])
+            self.num_computed[rows] += 1
+            return inputs
+        sr_rows = self._admit(srs)
+        n_sr = len(srs)
+        sr_qlens = np.fromiter(map(len, map(_token_ids, srs)), np.int64, n_sr)
+        sr_sample = np.fromiter(map(_sample, srs), bool, n_sr)
+        is_dec = sr_qlens == 1
+        # decodes first (by-id rows and one-token full requests), longest context first; prefills in order
+        dec_all = np.concatenate([dec_rows, sr_rows[is_dec]])
+        order = np.argsort(-self.num_computed[dec_all], kind="stable")
+        dec_all = dec_all[order]
+        pre = ~is_dec
+        rows = np.concatenate([dec_all, sr_rows[pre]])
+        query_lens = np.concatenate([np.ones(len(dec_all), np.int64), sr_qlens[pre]])
+        sample_mask = np.concatenate([np.concatenate([np.ones(len(dec_rows), bool), sr_sample[is_dec]])[order],
+                                      sr_sample[pre]])
+        pre_srs = srs if pre.all() else [sr for sr, p in zip(srs, pre.tolist(), strict=True) if p]
+        num_decodes = len(dec_all)
+        inputs = self._tensors(rows, query_lens, sample_mask, num_decodes, pre_srs)
+        self.num_computed[rows] += query_lens
+        return inputs
 
-    def _new_row(self) -> int:
-        if not self.free_rows:
-            old = self.table.shape[0]
-            self.table = np.concatenate([self.table, np.zeros_like(self.table)])
-            self.free_rows = list(range(2 * old - 1, old - 1, -1))
-        return self.free_rows.pop()
+    def _tensors(self, rows: np.ndarray, query_lens: np.ndarray, sample_mask: np.ndarray, num_decodes: int,
+                 prefills: list[ScheduledRequest]) -> ModelInputs:
+        n, bs = len(rows), self.block_size
+        num_computed = self.num_computed[rows]
+        if num_decodes == n:
+            query_start_loc = np.arange(n + 1)
+        else:
+            query_start_loc = np.zeros(n + 1, np.int64)
+            np.cumsum(query_lens, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        seq_lens = num_computed + query_lens
+        num_blocks = self.block_tables.num_blocks[rows]
+        if (seq_lens > num_blocks * bs).any():
+            bad = int(np.argmax(seq_lens > num_blocks * bs))
+            raise ValueError(f"request {self.req_ids[rows[bad]]} needs {seq_lens[bad]} token slots but its block "
+                             f"table has {num_blocks[bad]} blocks of {bs}; the scheduler must allocate them first")
+        if prefills:
+            input_ids = np.empty(num_tokens, np.int64)
+            input_ids[:num_decodes] = self.last_token[rows[:num_decodes]]
+            input_ids[num_decodes:] = np.fromiter(chain.from_iterable(map(_token_ids, prefills)), np.int64,
+                                                  num_tokens - num_decodes)
+        else:
+            input_ids = self.last_token[rows]
+        if num_tokens == n:  # decode-only step: one token per request
+            req_of_token, positions = np.arange(n), num_computed
+        else:
+            req_of_token = np.repeat(np.arange(n), query_lens)
+            positions = np.arange(num_tokens) - np.repeat(query_start_loc[:-1] - num_computed, query_lens)
+        block_tables = self.block_tables.table[rows, : int(num_blocks.max())]  # [n, width], 0-padded
+        slot_mapping = block_tables[req_of_token, positions // bs].astype(np.int64) * bs
+        slot_mapping += positions % bs
+        if num_decodes == n and sample_mask.all():
+            logits_indices, sample_rows = np.arange(n), rows
+        else:
+            logits_indices = query_start_loc[1:][sample_mask] - 1
+            sample_rows = rows[sample_mask]
+
+        def dev(a: np.ndarray) -> torch.Tensor:
+            t = torch.from_numpy(a)
+            return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
+
+        common = CommonAttentionMetadata(
+            num_reqs=n, num_decodes=num_decodes, num_actual_tokens=num_tokens,
+            max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()), block_size=bs,
+            query_start_loc=dev(query_start_loc.astype(np.int32)), seq_lens=dev(seq_lens.astype(np.int32)),
+            block_tables=dev(block_tables), slot_mapping=dev(slot_mapping),
+            query_start_loc_cpu=query_start_loc.tolist(), seq_lens_cpu=seq_lens.tolist(),
+            block_tables_cpu=block_tables,
+        )
+        return ModelInputs(dev(input_ids), dev(positions.astype(np.int64, copy=False)), common,
+                           dev(logits_indices), sample_rows, self.req_ids[sample_rows].tolist())
+
+    def sampling_metadata(self, rows: np.ndarray, vocab_size: int, eos_token_ids) -> SamplingMetadata:
+        """Sampling settings of ``rows`` (the all-greedy common case costs one array test)."""
+        if self.plain_greedy[rows].all():
+            return _ALL_GREEDY
+        params = [self.params[r] for r in rows.tolist()]
+        return build_sampling_metadata(params, self.num_output[rows].tolist(), vocab_size, eos_token_ids, self.device)
+
+    def record_samples(self, rows: np.ndarray, tokens: torch.Tensor) -> None:
+        """The sampled tokens become the rows' next inputs."""
+        self.last_token[rows] = tokens.cpu().numpy()
+        self.num_output[rows] += 1
 
 
-def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device,
-                   block_tables_cache: BlockTables | None = None) -> ModelInputs:
-    """Build the step's tensors; ``scheduled`` must be non-empty. With ``block_tables_cache`` the
-    block tables are updated incrementally (the runner's path); without, built from scratch."""
-    # map/attrgetter iterate in C: no Python frame per request
-    n = len(scheduled)
-    query_lens = np.fromiter(map(len, map(_token_ids, scheduled)), np.int64, n)
-    num_computed = np.fromiter(map(_num_computed, scheduled), np.int64, n)
-    is_prefill = query_lens != 1
-    num_decodes = n - int(is_prefill.sum())
-    reqs = scheduled
-    if num_decodes:  # decodes first, longest context first (attention groups them by length); prefills stable
-        order = np.lexsort((np.where(is_prefill, 0, -num_computed), is_prefill))
-        if (order != np.arange(n)).any():
-            reqs, query_lens, num_computed = [scheduled[i] for i in order], query_lens[order], num_computed[order]
-    num_blocks = np.fromiter(map(len, map(_block_ids, reqs)), np.int64, n)
-    query_start_loc = np.zeros(n + 1, np.int64)
-    np.cumsum(query_lens, out=query_start_loc[1:])
-    num_tokens = int(query_start_loc[-1])
-    seq_lens = num_computed + query_lens
-    if (seq_lens > num_blocks * block_size).any():
-        bad = int(np.argmax(seq_lens > num_blocks * block_size))
-        raise ValueError(f"request {reqs[bad].request_id} needs {seq_lens[bad]} token slots but its block table "
-                         f"has {num_blocks[bad]} blocks of {block_size}; the scheduler must allocate them first")
-
-    input_ids = np.fromiter(chain.from_iterable(map(_token_ids, reqs)), np.int64, num_tokens)
-    if num_tokens == n:  # decode-only step: one token per request
-        req_of_token, positions = np.arange(n), num_computed
-    else:
-        req_of_token = np.repeat(np.arange(n), query_lens)
-        positions = np.arange(num_tokens) - np.repeat(query_start_loc[:-1] - num_computed, query_lens)
-    if block_tables_cache is not None:
-        block_tables = block_tables_cache.gather(reqs, int(num_blocks.max()))
-    else:
-        block_tables = np.zeros((n, int(num_blocks.max())), np.int32)  # 0 = null block padding
-        block_tables[np.arange(block_tables.shape[1])[None, :] < num_blocks[:, None]] = np.fromiter(
-            chain.from_iterable(map(_block_ids, reqs)), np.int32, int(num_blocks.sum()))
-    slot_mapping = block_tables[req_of_token, positions // block_size].astype(np.int64) * block_size
-    slot_mapping += positions % block_size
-    sample_mask = np.fromiter(map(_sample, reqs), bool, n)
-    logits_indices = query_start_loc[1:][sample_mask] - 1
-
-    def dev(a: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(a)
-        return t if device.type == "cpu" else t.to(device, non_blocking=True)
-
-    common = CommonAttentionMetadata(
-        num_reqs=n, num_decodes=num_decodes, num_actual_tokens=num_tokens,
-        max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()), block_size=block_size,
-        query_start_loc=dev(query_start_loc.astype(np.int32)), seq_lens=dev(seq_lens.astype(np.int32)),
-        block_tables=dev(block_tables), slot_mapping=dev(slot_mapping),
-        query_start_loc_cpu=query_start_loc.tolist(), seq_lens_cpu=seq_lens.tolist(),
-    )
-    sample_requests = reqs if sample_mask.all() else [r for r in reqs if r.sample]
-    return ModelInputs(dev(input_ids), dev(positions), common, dev(logits_indices), sample_requests)
+def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device) -> ModelInputs:
+    """The tensors of one step of full requests, from a fresh batch (tests and one-off forwards)."""
+    width = max(len(sr.block_ids) for sr in scheduled)
+    batch = InputBatch(len(scheduled), width, block_size, device)
+    return batch.prepare(SchedulerOutput(list(scheduled), sum(len(sr.token_ids) for sr in scheduled)))

@@ -10,12 +10,15 @@
 
 On CPU the budget is ``kv_cache_memory`` bytes for the whole replica (all TP ranks together, so a
 TP=2 replica gets as many blocks as a TP=1 one). On CUDA it is what ``gpu_memory_utilization``
-leaves after the weights and the peak activation memory of a profiling forward.
+leaves after the weights and the peak activation memory of a profiling forward: the device facts
+are read once (``read_cuda_memory``) and the arithmetic (``kv_cache_budget``) is plain, so it is
+tested on CPU with facts injected.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -42,13 +45,45 @@ def num_blocks_for_budget(budget_bytes: int, block_bytes: int, block_size: int, 
     return num_blocks
 
 
-def cuda_kv_budget(gpu_memory_utilization: float, device: torch.device) -> int:
-    """Bytes left for the KV cache after a profiling forward (call right after it)."""
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """What a device's memory looked like right after the profiling forward (bytes)."""
+
+    total: int
+    """The device's memory (torch.cuda.mem_get_info's total)."""
+    free: int
+    """Free to anyone (mem_get_info's free)."""
+    torch_peak: int
+    """Peak bytes this process's tensors held: weights + the profiling forward's activations."""
+    torch_reserved: int
+    """Bytes PyTorch's caching allocator holds now (counted in total - free)."""
+
+    @property
+    def non_torch(self) -> int:
+        """Used but not by this process's allocator: the CUDA context, NCCL, other processes."""
+        return self.total - self.free - self.torch_reserved
+
+
+def read_cuda_memory(device: torch.device) -> DeviceMemory:
+    """The facts ``kv_cache_budget`` needs, read from CUDA (call right after the profiling forward)."""
     torch.cuda.synchronize(device)
     free, total = torch.cuda.mem_get_info(device)
-    peak = torch.cuda.max_memory_allocated(device)
-    non_torch = total - free - torch.cuda.memory_reserved(device)  # other processes, CUDA context
-    return int(total * gpu_memory_utilization - peak - non_torch)
+    return DeviceMemory(total, free, torch.cuda.max_memory_allocated(device), torch.cuda.memory_reserved(device))
+
+
+def kv_cache_budget(mem: DeviceMemory, gpu_memory_utilization: float) -> int:
+    """Bytes for the KV cache: the replica's share of the device, less the profiled peak and what others use.
+
+        budget = total * gpu_memory_utilization - torch_peak - non_torch
+    """
+    budget = int(mem.total * gpu_memory_utilization - mem.torch_peak - mem.non_torch)
+    if budget <= 0:
+        gib = 2**30
+        raise ValueError(
+            f"gpu_memory_utilization={gpu_memory_utilization} of {mem.total / gib:.1f} GiB leaves no room for the KV "
+            f"cache: weights + activations peak at {mem.torch_peak / gib:.1f} GiB and {mem.non_torch / gib:.1f} GiB "
+            "are used outside this process's tensors; raise gpu_memory_utilization or lower max_num_batched_tokens")
+    return budget
 
 
 def allocate_kv_cache(num_layers: int, layer_shape: tuple[int, ...], dtype: torch.dtype,

@@ -2,7 +2,10 @@
 
 ``execute_model(SchedulerOutput)`` turns the scheduler's decision into tensors, runs the
 forward pass (writing the step's K/V into the cache), computes logits only for the rows that
-sample and returns ``{request_id: token}``.
+sample and returns ``{request_id: token}``. Per-request state lives in the persistent batch
+(input_batch.py): decodes arrive as request ids and continue from the row's own last sample.
+With ``cuda_graphs``, decode-only steps replay captured graphs (cuda_graph.py). Device facts
+(memory for KV sizing, the CUDA device of a rank) come through small seams tested on CPU.
 """
 
 from __future__ import annotations
@@ -14,18 +17,21 @@ import os
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.input_batch import BlockTables, prepare_inputs
+from kvmesh.replica.cuda_graph import StaticDecode
+from kvmesh.replica.distributed import cuda_device_index
+from kvmesh.replica.input_batch import InputBatch
 from kvmesh.replica.kv_cache import (
     allocate_kv_cache,
     bytes_per_block,
-    cuda_kv_budget,
+    kv_cache_budget,
     log_capacity,
     num_blocks_for_budget,
+    read_cuda_memory,
 )
 from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
 from kvmesh.replica.parallel_state import ParallelState
-from kvmesh.replica.sampler import Sampler, build_sampling_metadata
+from kvmesh.replica.sampler import Sampler
 from kvmesh.replica.scheduler_output import SchedulerOutput
 from kvmesh.replica.weights import load_model_weights
 
@@ -35,6 +41,10 @@ SMALL_MODEL_HIDDEN = 256  # below this hidden size the CPU forward runs single-t
 
 
 class ModelRunner:
+    # the device facts of KV sizing, behind two seams (CPU tests inject their own)
+    read_device_memory = staticmethod(read_cuda_memory)
+    reset_peak_memory = staticmethod(torch.cuda.reset_peak_memory_stats)
+
     def __init__(self, config, rank: int = 0, world_size: int = 1, parallel: ParallelState | None = None) -> None:
         self.config = config
         self.parallel = parallel or ParallelState(rank, world_size)
@@ -63,7 +73,16 @@ class ModelRunner:
         self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, layer_shape, self.dtype, self.device)
         for i, attn in enumerate(self.model.attention_layers()):
             attn.kv_cache = self.kv_cache[i]
-        self.block_tables = BlockTables(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1)
+        self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
+                                      self.block_size, self.device)
+        self.static_decode: StaticDecode | None = None  # decode steps on static shapes (CUDA graphs)
+        if config.cuda_graphs:
+            if self.device.type != "cuda":
+                raise ValueError(f"cuda_graphs=True needs device='cuda', not {self.device}; drop cuda_graphs")
+            self.static_decode = StaticDecode(self.model, self.attn_backend, config.max_num_seqs,
+                                              self.input_batch.block_tables.table.shape[1], self.block_size,
+                                              self.device)
+            self.static_decode.capture()
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
 
@@ -90,9 +109,7 @@ class ModelRunner:
         block_bytes = bytes_per_block(self.spec.num_hidden_layers, self.block_size, attn0.num_kv_heads,
                                       attn0.head_dim, self.dtype)
         if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.profile_run()
-            budget = cuda_kv_budget(self.config.gpu_memory_utilization, self.device)
+            budget = self.profiled_kv_budget()
         else:
             budget = self.config.resolved_kv_cache_memory // self.parallel.tp_size
         num_blocks = num_blocks_for_budget(budget, block_bytes, self.block_size, self.max_model_len)
@@ -102,13 +119,21 @@ class ModelRunner:
         log_capacity(num_blocks, self.block_size, self.max_model_len, block_bytes)
         return num_blocks
 
+    def profiled_kv_budget(self) -> int:
+        """Bytes for the KV cache on a GPU: reset the peak counter, run the profiling forward, and take
+        what ``gpu_memory_utilization`` leaves (the device facts come from ``read_device_memory``)."""
+        self.reset_peak_memory(self.device)
+        self.profile_run()
+        return kv_cache_budget(self.read_device_memory(self.device), self.config.gpu_memory_utilization)
+
     @torch.inference_mode()
     def profile_run(self) -> None:
         """A forward over a full token budget of fresh prefills (no KV cache), to measure peak memory."""
         budget = min(self.config.max_num_batched_tokens, self.config.max_num_seqs * self.max_model_len)
         lens = [min(self.max_model_len, budget - i) for i in range(0, budget, self.max_model_len)]
         cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        zeros = torch.zeros(len(lens), 1, dtype=torch.int32, device=self.device)
+        # every position in the null block: a table as wide as the longest sequence (backends may index it)
+        zeros = torch.zeros(len(lens), -(-max(lens) // self.block_size), dtype=torch.int32, device=self.device)
         common = CommonAttentionMetadata(
             num_reqs=len(lens), num_decodes=0, num_actual_tokens=budget, max_query_len=max(lens),
             max_seq_len=max(lens), block_size=self.block_size, query_start_loc=cu.to(self.device),
@@ -127,19 +152,25 @@ class ModelRunner:
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the sampled token of every scheduled request with ``sample=True``."""
         if out.finished_request_ids:
-            self.block_tables.free(out.finished_request_ids)
+            self.input_batch.free(out.finished_request_ids)
         if out.is_empty:
             return {}
-        inputs = prepare_inputs(out.scheduled, self.block_size, self.device, self.block_tables)
-        attn_metadata = self.attn_backend.build(inputs.common)
-        hidden = self.model(inputs.input_ids, inputs.positions, attn_metadata)  # [T, H]
-        if not inputs.sample_requests:
+        inputs = self.input_batch.prepare(out)
+        common = inputs.common
+        if self.static_decode is not None and common.num_decodes == common.num_actual_tokens and \
+                self.static_decode.size_for(common.num_reqs) is not None:
+            hidden = self.static_decode.run(inputs.input_ids, inputs.positions, common)  # [T, H]
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(common))  # [T, H]
+        if not inputs.sample_request_ids:
             return {}
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [N, V]
-        sampling = build_sampling_metadata(inputs.sample_requests, self.vocab_size, self.eos_token_ids,
-                                           self.device)
-        tokens = self.sampler(logits, sampling).tolist()
-        return {r.request_id: t for r, t in zip(inputs.sample_requests, tokens, strict=True)}
+        if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order
+            hidden = hidden[inputs.logits_indices]
+        logits = self.model.compute_logits(hidden)  # [N, V]
+        sampling = self.input_batch.sampling_metadata(inputs.sample_rows, self.vocab_size, self.eos_token_ids)
+        tokens = self.sampler(logits, sampling)
+        self.input_batch.record_samples(inputs.sample_rows, tokens)
+        return dict(zip(inputs.sample_request_ids, tokens.tolist(), strict=True))
 
 
 def _pick_device(device: str | None, rank: int) -> torch.device:
@@ -148,7 +179,7 @@ def _pick_device(device: str | None, rank: int) -> torch.device:
     if device == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("device='cuda' but torch sees no CUDA device; use device='cpu'")
-        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        dev = torch.device("cuda", cuda_device_index(rank, torch.cuda.device_count()))
         torch.cuda.set_device(dev)  # NCCL collectives and .cuda() use the current device
         return dev
     return torch.device(device)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(slots=True)
@@ -28,31 +28,70 @@ class RequestMetrics:
         return None if self.first_token_time is None else self.first_token_time - self.arrival_time
 
 
-@dataclass(slots=True)
 class RequestOutput:
-    """A request's progress after one engine step: the new tokens and text, or how it ended."""
+    """A request's progress after one engine step: the new tokens and text, or how it ended.
 
-    request_id: str
-    """The id given to ``add_request``."""
-    prompt_token_ids: list[int]
-    """The prompt's tokens."""
-    new_token_ids: list[int]
-    """Tokens generated in this step (usually one; empty on an abort or error)."""
-    output_token_ids: list[int]
-    """All tokens generated so far."""
-    delta_text: str = ""
-    """Text that became final in this step (empty without a tokenizer)."""
-    text: str = ""
-    """All final text so far (a matched stop string is not included)."""
-    finished: bool = False
-    """True on the request's last output."""
-    finish_reason: str | None = None
-    """"stop" (EOS, stop token or stop string), "length", "abort" or "error"; None while running."""
-    stop_reason: int | str | None = None
-    """The stop token id or stop string that ended the request, if one did."""
-    num_cached_tokens: int = 0
-    """Prompt tokens served from the prefix cache when the request was first scheduled."""
-    error: str | None = None
-    """What went wrong, when ``finish_reason == "error"``."""
-    metrics: RequestMetrics | None = field(default=None)
-    """Timing of the request."""
+    ``output_token_ids`` is read from the request's own token list, which only grows: the output
+    keeps the list and its length at the step, and copies that prefix when read (building an output
+    then costs the same at token 1 and at token 10,000).
+
+        request_id          the id given to ``add_request``
+        prompt_token_ids    the prompt's tokens
+        new_token_ids       tokens generated in this step (usually one; empty on an abort or error)
+        output_token_ids    all tokens generated so far
+        delta_text / text   text that became final in this step / all final text so far (a matched stop
+                            string is not included; empty without a tokenizer)
+        finished            True on the request's last output
+        finish_reason       "stop" (EOS, stop token or stop string), "length", "abort" or "error"; None while running
+        stop_reason         the stop token id or stop string that ended the request, if one did
+        num_cached_tokens   prompt tokens served from the prefix cache when the request was first scheduled
+        error               what went wrong, when finish_reason == "error"
+        metrics             timing of the request (on the final output)
+    """
+
+    __slots__ = ("request_id", "prompt_token_ids", "new_token_ids", "_output_ids", "_num_output", "delta_text",
+                 "text", "finished", "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics")
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], new_token_ids: list[int],
+                 output_token_ids: list[int], delta_text: str = "", text: str = "", finished: bool = False,
+                 finish_reason: str | None = None, stop_reason: int | str | None = None, num_cached_tokens: int = 0,
+                 error: str | None = None, metrics: RequestMetrics | None = None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.new_token_ids = new_token_ids
+        self._output_ids, self._num_output = output_token_ids, len(output_token_ids)
+        self.delta_text = delta_text
+        self.text = text
+        self.finished = finished
+        self.finish_reason = finish_reason
+        self.stop_reason = stop_reason
+        self.num_cached_tokens = num_cached_tokens
+        self.error = error
+        self.metrics = metrics
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """All tokens generated up to this step (a fresh list)."""
+        return self._output_ids[: self._num_output]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RequestOutput):
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in _COMPARED)
+
+    __hash__ = None  # mutable, like the dataclass it replaces
+
+    def __repr__(self) -> str:
+        return (f"RequestOutput(request_id={self.request_id!r}, new_token_ids={self.new_token_ids}, "
+                f"output_token_ids={self.output_token_ids}, text={self.text!r}, finished={self.finished}, "
+                f"finish_reason={self.finish_reason!r}, error={self.error!r})")
+
+    def __getstate__(self):
+        return {k: getattr(self, k) for k in _COMPARED}
+
+    def __setstate__(self, state):
+        RequestOutput.__init__(self, **state)
+
+
+_COMPARED = ("request_id", "prompt_token_ids", "new_token_ids", "output_token_ids", "delta_text", "text", "finished",
+             "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics")

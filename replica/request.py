@@ -49,7 +49,7 @@ class Request:
         "stop_token_ids",
         "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens", "status",
         "stop_reason", "error", "num_preemptions", "arrival_time", "first_scheduled_time",
-        "first_token_time", "last_token_time", "finished_time",
+        "first_token_time", "last_token_time", "finished_time", "decoding_in_runner",
     )
 
     def __init__(
@@ -83,6 +83,7 @@ class Request:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.finished_time: float | None = None
+        self.decoding_in_runner = False  # the runner sampled its newest token and holds its row (decode by id)
 
     @property
     def num_tokens(self) -> int:

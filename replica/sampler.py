@@ -2,8 +2,10 @@
 
 All rows are processed together on [N, vocab] tensors. A random row draws by inverse CDF: one
 uniform number u per row, token = first index whose cumulative probability exceeds u. So a seeded
-row needs one number from its own generator, seeded by (seed, tokens generated so far): a seeded
-request's tokens do not depend on what else is in the batch.
+row needs one number from its own generator, seeded by (seed, tokens generated so far), and the
+order its CDF runs in depends on its own settings only (vocabulary order for plain rows, descending
+probability for top-k/top-p rows, whichever code path computed them): a seeded request's tokens do
+not depend on what else is in the batch.
 
 Top-k / top-p avoid sorting the vocabulary (a [256, 32000] sort costs ~1 s on one CPU core):
 ``topk`` picks enough candidates per row (the largest top_k, or TOP_P_CANDIDATES[i] for nucleus
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from kvmesh.replica.scheduler_output import ScheduledRequest
+from kvmesh.replica.sampling_params import SamplingParams
 
 _MIX_A, _MIX_B, _MASK = 6364136223846793005, 1442695040888963407, (1 << 63) - 1
 TOP_P_CANDIDATES = (256, 4096)  # candidates per nucleus row tried in turn before a full sort
@@ -51,13 +53,13 @@ def seeded_generator(seed: int, num_generated: int, device: torch.device) -> tor
     return torch.Generator(device=device).manual_seed((seed * _MIX_A + num_generated * _MIX_B + 1) & _MASK)
 
 
-def build_sampling_metadata(reqs: Sequence[ScheduledRequest], vocab_size: int, eos_token_ids: Sequence[int],
-                            device: torch.device) -> SamplingMetadata:
-    """Collect the sampling requests' parameters into tensors (one Python pass over the requests)."""
-    params = [r.sampling_params for r in reqs]
+def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,
+                            eos_token_ids: Sequence[int], device: torch.device) -> SamplingMetadata:
+    """Collect the sampling rows' parameters into tensors (one Python pass over the rows);
+    ``num_generated[i]`` = tokens row i has generated so far (min_tokens, seeded generators)."""
     banned = []
-    for row, (r, sp) in enumerate(zip(reqs, params, strict=True)):
-        if sp.min_tokens and len(r.output_token_ids) < sp.min_tokens:
+    for row, (n, sp) in enumerate(zip(num_generated, params, strict=True)):
+        if sp.min_tokens and n < sp.min_tokens:
             banned.append((row, list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))))
     if all(sp.greedy for sp in params):
         return SamplingMetadata(None, None, None, None, {}, banned)
@@ -69,8 +71,8 @@ def build_sampling_metadata(reqs: Sequence[ScheduledRequest], vocab_size: int, e
     if any(sp.top_p < 1.0 for sp in params):
         top_p = torch.tensor([sp.top_p for sp in params], dtype=torch.float32).to(device)
     generators = {
-        row: seeded_generator(sp.seed, len(r.output_token_ids), device)
-        for row, (r, sp) in enumerate(zip(reqs, params, strict=True))
+        row: seeded_generator(sp.seed, n, device)
+        for row, (n, sp) in enumerate(zip(num_generated, params, strict=True))
         if sp.seed is not None and not sp.greedy
     }
     return SamplingMetadata(temperature.to(device), greedy.to(device), top_k, top_p, generators, banned)
@@ -141,6 +143,18 @@ def _truncated_candidates(logits: torch.Tensor, k: torch.Tensor | None, p: torch
     return torch.softmax(values, dim=-1), indices
 
 
+def _sample_truncated(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
+                      u: torch.Tensor) -> torch.Tensor:
+    """Draw from each row's top-k / nucleus set by inverse CDF over descending probability."""
+    for num_candidates in TOP_P_CANDIDATES if p is not None else (0,):
+        candidates = _truncated_candidates(logits, k, p, num_candidates)
+        if candidates is not None:
+            probs, indices = candidates  # [N, K], most likely first
+            return indices.gather(1, sample_from_probs(probs, u).unsqueeze(1)).squeeze(1)
+    probs, order = torch.softmax(apply_top_k_top_p(logits, k, p), dim=-1).sort(dim=-1, descending=True)
+    return order.gather(1, sample_from_probs(probs, u).unsqueeze(1)).squeeze(1)
+
+
 class Sampler:
     """logits [N, V] + SamplingMetadata -> token ids [N]."""
 
@@ -158,17 +172,24 @@ class Sampler:
         u = torch.rand(logits.shape[0], generator=self.generator, device=logits.device)
         for row, gen in md.generators.items():
             u[row] = torch.rand(1, generator=gen, device=logits.device)[0]
-        candidates = None
-        if md.top_k is not None or md.top_p is not None:
-            for num_candidates in TOP_P_CANDIDATES if md.top_p is not None else (0,):
-                candidates = _truncated_candidates(logits, md.top_k, md.top_p, num_candidates)
-                if candidates is not None:
-                    break
-            if candidates is None:
-                logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        if candidates is None:
-            sampled = sample_from_probs(torch.softmax(logits, dim=-1), u)
-        else:
-            probs, indices = candidates
-            sampled = indices.gather(1, sample_from_probs(probs, u).unsqueeze(1)).squeeze(1)
+        vocab = logits.shape[-1]
+        truncated = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+        if md.top_k is not None:
+            truncated |= md.top_k < vocab
+        if md.top_p is not None:
+            truncated |= md.top_p < 1.0
+        if md.greedy_rows is not None:  # greedy rows take the argmax below
+            truncated &= ~md.greedy_rows
+        plain = ~truncated if md.greedy_rows is None else ~truncated & ~md.greedy_rows
+        # each row's draw depends on its own settings only: plain rows in vocabulary order, top-k/top-p rows
+        # in descending probability (so which other rows share the batch never changes a seeded row's token)
+        sampled = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+        if bool(plain.any()):
+            rows = plain.nonzero().squeeze(1)
+            sampled[rows] = sample_from_probs(torch.softmax(logits[rows], dim=-1), u[rows])
+        if bool(truncated.any()):
+            rows = truncated.nonzero().squeeze(1)
+            k = md.top_k[rows] if md.top_k is not None else None
+            p = md.top_p[rows] if md.top_p is not None else None
+            sampled[rows] = _sample_truncated(logits[rows], k, p, u[rows])
         return sampled if greedy is None else torch.where(md.greedy_rows, greedy, sampled)

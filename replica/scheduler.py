@@ -6,6 +6,8 @@ One queue, no prefill/decode phases. Each step has a token budget (``max_num_bat
        prefill: the next chunk). When the KV cache has no room, the newest running request is preempted:
        its blocks are freed and it goes back to the front of the waiting queue, to be recomputed later
        (mostly from the prefix cache, since freed blocks stay cached until recycled).
+       A decode whose token the runner itself sampled last step is sent as its id alone (see
+       scheduler_output.py, persistent batch).
     2. then, if nothing was preempted, waiting requests in arrival order (FCFS): a prefix-cache lookup
        advances ``num_computed_tokens`` past the cached blocks, and the rest is scheduled as one chunk.
 
@@ -88,23 +90,29 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
+        decode_ids: list[str] = []  # decodes of the runner's last samples: sent as ids (persistent batch)
+        new_block_ids: dict[str, list[int]] = {}
         num_preemptions = self.num_preemptions
-        running, block_size, i = self.running, self.block_size, 0
-        while i < len(running) and budget > 0:
-            request = running[i]
-            i += 1
+        block_size, append_decode = self.block_size, decode_ids.append
+        for request in self.running:  # preemption pops from the end: victims are never reached
+            if budget <= 0:
+                break
             computed = request.num_computed_tokens
-            all_token_ids = request.all_token_ids
-            num_new = min(len(all_token_ids) - computed, budget)
-            budget -= num_new
-            if num_new == 1 and computed % block_size and (computed + 1) % block_size:
-                # Fast path: a decode token inside a partly filled block that it does not fill needs no
-                # new block and completes no block to cache, so allocate_slots would do nothing.
-                request.num_computed_tokens = computed + 1
-                scheduled.append(ScheduledRequest(
-                    request.request_id, all_token_ids[computed:computed + 1], computed, request.block_ids,
-                    len(all_token_ids) == computed + 1, request.sampling_params, request.output_token_ids))
+            num_tokens = len(request.all_token_ids)
+            if request.decoding_in_runner and num_tokens == computed + 1:
+                budget -= 1
+                if computed % block_size and num_tokens % block_size:
+                    # Fast path: a token inside a partly filled block that it does not fill needs no new
+                    # block and completes no block to cache, so allocate_slots would do nothing.
+                    request.num_computed_tokens = num_tokens
+                    append_decode(request.request_id)
+                    continue
+                if not self._decode_at_block_edge(request, decode_ids, new_block_ids):
+                    budget += 1
+                    break  # the request itself was preempted (it was the newest)
                 continue
+            num_new = min(num_tokens - computed, budget)
+            budget -= num_new
             if not self._allocate_or_preempt(request, num_new):
                 budget += num_new
                 break  # the request itself was preempted (it was the newest)
@@ -115,9 +123,24 @@ class Scheduler:
             scheduled=scheduled,
             num_batched_tokens=self.max_num_batched_tokens - budget,
             finished_request_ids=self.finished_request_ids,
+            decode_request_ids=decode_ids,
+            new_block_ids=new_block_ids,
         )
         self.finished_request_ids = set()
         return out
+
+    def _decode_at_block_edge(self, request: Request, decode_ids: list[str],
+                              new_block_ids: dict[str, list[int]]) -> bool:
+        """A decode by id whose token starts a new block or completes one (to be cached); False when the
+        request itself had to be preempted."""
+        num_blocks = len(request.block_ids)
+        if not self._allocate_or_preempt(request, 1):
+            return False
+        request.num_computed_tokens += 1
+        decode_ids.append(request.request_id)
+        if len(request.block_ids) > num_blocks:
+            new_block_ids[request.request_id] = request.block_ids[num_blocks:]
+        return True
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
         """Make room for ``num_new`` tokens of a running request, preempting newer ones as needed."""
@@ -135,6 +158,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.block_ids = []
+        request.decoding_in_runner = False  # the runner's row is stale: resend the request in full
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
@@ -164,6 +188,7 @@ class Scheduler:
         start = request.num_computed_tokens
         end = request.num_computed_tokens = start + num_new
         all_token_ids = request.all_token_ids
+        request.decoding_in_runner = end == len(all_token_ids)  # the runner samples its next token
         # positional for speed: request_id, token_ids, num_computed_tokens, block_ids (the live block table,
         # extended as blocks are allocated), sample, sampling_params, output_token_ids
         return ScheduledRequest(request.request_id, all_token_ids[start:end], start, request.block_ids,

@@ -8,6 +8,13 @@ cache and samples a token for every request whose computed tokens reach its end.
                                <- num_computed_tokens -><- token_ids of this step ->
     the K/V of positions [0, num_computed_tokens) are already in the cache at block_ids;
     this step computes positions [num_computed_tokens, num_computed_tokens + len(token_ids)).
+
+Persistent batch (vLLM v1's "cached requests"): the runner keeps a row per live request. A request
+that only continues decoding -- its one new token is the one the runner sampled for it last step --
+is sent as its id alone (``decode_request_ids``), plus the ids of blocks it gained
+(``new_block_ids``); everything else (new, resumed after preemption, prefill chunks) is a full
+``ScheduledRequest`` that (re)sets the row. So a step's message and the runner's input work grow
+with what changed, not with how many requests run.
 """
 
 from __future__ import annotations
@@ -42,12 +49,24 @@ class SchedulerOutput:
     """Everything one engine step computes. Requests are in the order the runner should batch them."""
 
     scheduled: list[ScheduledRequest]
-    """The requests that run this step."""
+    """Requests sent in full this step: new, resumed, prefill chunks (they (re)set the runner's row)."""
     num_batched_tokens: int
     """Sum of ``len(r.token_ids)``; never above ``max_num_batched_tokens``."""
     finished_request_ids: set[str] = field(default_factory=set)
     """Requests that ended since the last step (the runner drops any per-request state)."""
+    decode_request_ids: list[str] = field(default_factory=list)
+    """Running requests that decode one more token: the one the runner sampled for them last step."""
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    """Blocks appended this step to the block tables of requests in ``decode_request_ids``."""
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return not self.scheduled and not self.decode_request_ids
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.scheduled) + len(self.decode_request_ids)
+
+    def request_ids(self) -> list[str]:
+        """Every request of the step (full ones first, then the decode-only ones)."""
+        return [sr.request_id for sr in self.scheduled] + self.decode_request_ids

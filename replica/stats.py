@@ -32,6 +32,13 @@ class Histogram:
         self.count += 1
         self.recent.append(value)
 
+    def observe_many(self, value: float, n: int) -> None:
+        """``observe(value)`` n times (a step's decodes often share one inter-token time)."""
+        self.counts[bisect.bisect_left(self.buckets, value)] += n
+        self.sum += value * n
+        self.count += n
+        self.recent.extend([value] * min(n, RECENT_OBSERVATIONS))
+
     def cumulative(self) -> list[tuple[float, int]]:
         """``[(upper_bound, observations <= bound), ..., (inf, count)]``."""
         out, total = [], 0

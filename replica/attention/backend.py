@@ -36,24 +36,41 @@ def available_backends() -> list[str]:
     return list(_BACKENDS)
 
 
-def _flash_attn_usable(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
+def _flash_attn_module():
+    """The installed ``flash_attn`` module, or None."""
     try:
-        importlib.import_module("flash_attn")
+        return importlib.import_module("flash_attn")
     except ImportError:
-        return False
-    return True
+        return None
+
+
+def flash_attn_problem(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the flash_attn backend cannot run on ``device`` with ``dtype``, or None when it can.
+
+    The real flash-attn runs CUDA and fp16/bf16 only; a stand-in module (such as the plain-torch
+    reference in ``flash_attn_reference``) may declare ``SUPPORTED_DEVICES``/``SUPPORTED_DTYPES``."""
+    module = _flash_attn_module()
+    if module is None:
+        return "the flash-attn package is not installed (pip install 'kvmesh[gpu]')"
+    devices = getattr(module, "SUPPORTED_DEVICES", ("cuda",))
+    if device.type not in devices:
+        return f"flash-attn runs on {'/'.join(devices)} devices, not {device.type}"
+    dtypes = getattr(module, "SUPPORTED_DTYPES", (torch.float16, torch.bfloat16))
+    if dtype not in dtypes:
+        names = "/".join(str(t).removeprefix("torch.") for t in dtypes)
+        return f"flash-attn computes in {names}, not {str(dtype).removeprefix('torch.')} (set dtype='bfloat16')"
+    return None
 
 
 def get_attn_backend(name: str | None, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
     """The backend ``name``, or for None the best one for the device (flash_attn on CUDA when installed)."""
     if name is None:
-        name = "flash_attn" if _flash_attn_usable(device) and dtype != torch.float32 else "torch"
+        usable = device.type == "cuda" and flash_attn_problem(device, dtype) is None
+        name = "flash_attn" if usable else "torch"
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {available_backends()}")
-    if name == "flash_attn" and not _flash_attn_usable(device):
-        raise ValueError("attention_backend='flash_attn' needs a CUDA device and the flash-attn package; "
-                         "install flash-attn or use attention_backend='torch'")
+    if name == "flash_attn" and (problem := flash_attn_problem(device, dtype)) is not None:
+        raise ValueError(f"attention_backend='flash_attn' cannot run here: {problem}; "
+                         "or use attention_backend='torch'")
     module, cls = _BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), cls)()

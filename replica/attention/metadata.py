@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -45,3 +46,5 @@ class CommonAttentionMetadata:
     """Host copy of query_start_loc."""
     seq_lens_cpu: list[int]
     """Host copy of seq_lens."""
+    block_tables_cpu: np.ndarray | None = None
+    """Host copy of block_tables (None: backends copy it back when they need it)."""

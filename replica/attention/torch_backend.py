@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
@@ -77,18 +78,22 @@ class TorchAttentionBackend:
         device = common.slot_mapping.device
         groups = []
         if d:
-            blocks = [-(-n // bs) for n in common.seq_lens_cpu[:d]]
+            seq_lens = np.asarray(common.seq_lens_cpu[:d])
+            blocks = (seq_lens + bs - 1) // bs  # [D], non-increasing: longest first
+            neg = -blocks  # non-decreasing, for searchsorted
+            tables = common.block_tables_cpu
+            if tables is None:
+                tables = common.block_tables.cpu().numpy()
             start = 0
             while start < d:
-                end = start + 1
-                while end < d and (2 * blocks[end] >= blocks[start] or end - start < MIN_GROUP_ROWS):
-                    end += 1
-                width = max(blocks[start:end])  # == blocks[start] when rows come longest first
-                ids = common.block_tables[start:end, :width].reshape(-1).long()  # int64: 3x faster gathers
-                key_pos = torch.arange(width * bs, device=device, dtype=common.seq_lens.dtype)  # same dtype: 5x faster
-                bias = torch.zeros(end - start, 1, width * bs, device=device)
-                bias.masked_fill_((key_pos[None, :] >= common.seq_lens[start:end, None]).unsqueeze(1), float("-inf"))
-                groups.append(DecodeGroup(start, end, ids, bias))
+                # the group runs while rows are at least half as long as its first (and >= MIN_GROUP_ROWS rows)
+                end = int(np.searchsorted(neg, -(blocks[start] / 2), side="right"))
+                end = min(d, max(end, start + MIN_GROUP_ROWS))
+                width = int(blocks[start:end].max())  # == blocks[start] when rows come longest first
+                # host arithmetic (numpy), one copy each to the device
+                ids = tables[start:end, :width].reshape(-1).astype(np.int64)  # int64: 3x faster gathers
+                bias = np.where(np.arange(width * bs)[None, :] >= seq_lens[start:end, None], -np.inf, 0.0)
+                groups.append(DecodeGroup(start, end, _to(ids, device), _to(bias[:, None].astype(np.float32), device)))
                 start = end
         prefills = []
         qsl, seq_lens = common.query_start_loc_cpu, common.seq_lens_cpu
@@ -158,6 +163,11 @@ class TorchAttentionBackend:
         out = F.embedding_bag(dg.pv_rows, kv_cache[1].view(-1, head_dim), dg.pv_offsets, mode="sum",
                               per_sample_weights=probs.view(-1))  # [Hk * D * G, Dh]
         return out.view(num_kv_heads, d, gqa, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
+
+
+def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(a)
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)
 
 
 def _head_offsets(num_kv_heads: int, per_head: int, ids: torch.Tensor) -> torch.Tensor:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
-from kvmesh.replica.input_batch import BlockTables, prepare_inputs
+from kvmesh.replica.block_table import BlockTables
+from kvmesh.replica.input_batch import InputBatch, prepare_inputs
 from kvmesh.replica.sampling_params import SamplingParams
-from kvmesh.replica.scheduler_output import ScheduledRequest
+from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
 
 CPU = torch.device("cpu")
 SP = SamplingParams(temperature=0.0)
@@ -26,14 +28,14 @@ def test_decodes_go_first_and_positions_slots_follow_the_block_tables():
     assert inputs.common.query_start_loc_cpu == [0, 1, 4, 6] and inputs.common.seq_lens_cpu == [6, 5, 2]
     assert inputs.common.block_tables.tolist() == [[9, 4], [7, 3], [5, 0]]
     assert inputs.logits_indices.tolist() == [0, 3]
-    assert [r.request_id for r in inputs.sample_requests] == ["d", "p"]
+    assert inputs.sample_request_ids == ["d", "p"]
 
 
 def test_decode_rows_are_ordered_longest_context_first():
     reqs = [ScheduledRequest(f"d{n}", [1], n, [1, 2, 3, 4], True, SP) for n in (3, 9, 0, 12)]
     inputs = prepare_inputs(reqs, 4, CPU)
     assert inputs.common.seq_lens_cpu == [13, 10, 4, 1]
-    assert [r.request_id for r in inputs.sample_requests] == ["d12", "d9", "d3", "d0"]
+    assert inputs.sample_request_ids == ["d12", "d9", "d3", "d0"]
 
 
 def test_incremental_block_tables_match_tables_built_from_scratch():
@@ -54,3 +56,22 @@ def test_incremental_block_tables_match_tables_built_from_scratch():
         width = max(len(ids) for ids in live.values())
         expected = np.array([ids + [0] * (width - len(ids)) for ids in live.values()], np.int32)
         np.testing.assert_array_equal(cache.gather(reqs, width), expected)
+
+
+def test_a_decode_by_id_continues_from_the_rows_own_sample():
+    batch = InputBatch(4, 4, 4, CPU)
+    first = batch.prepare(SchedulerOutput([ScheduledRequest("a", [10, 11, 12], 0, [7], True, SP)], 3))
+    assert first.sample_request_ids == ["a"]
+    batch.record_samples(first.sample_rows, torch.tensor([42]))
+    nxt = batch.prepare(SchedulerOutput([], 1, decode_request_ids=["a"], new_block_ids={}))
+    assert nxt.input_ids.tolist() == [42] and nxt.positions.tolist() == [3]
+    assert nxt.common.slot_mapping.tolist() == [7 * 4 + 3]
+    batch.record_samples(nxt.sample_rows, torch.tensor([43]))
+    crossing = batch.prepare(SchedulerOutput([], 1, decode_request_ids=["a"], new_block_ids={"a": [9]}))
+    assert crossing.input_ids.tolist() == [43] and crossing.common.slot_mapping.tolist() == [9 * 4 + 0]
+
+
+def test_a_decode_by_id_for_an_unknown_request_is_a_clear_error():
+    batch = InputBatch(4, 4, 4, CPU)
+    with pytest.raises(RuntimeError, match="holds no row for it"):
+        batch.prepare(SchedulerOutput([], 1, decode_request_ids=["ghost"]))

@@ -32,7 +32,7 @@ def last_logits(runner, *reqs: ScheduledRequest) -> dict[str, torch.Tensor]:
     inputs = prepare_inputs(list(reqs), runner.block_size, runner.device)
     hidden = runner.model(inputs.input_ids, inputs.positions, runner.attn_backend.build(inputs.common))
     logits = runner.model.compute_logits(hidden[inputs.logits_indices])
-    return {r.request_id: logits[i] for i, r in enumerate(inputs.sample_requests)}
+    return {rid: logits[i] for i, rid in enumerate(inputs.sample_request_ids)}
 
 
 def prompt(n: int, offset: int = 0) -> list[int]:

@@ -5,18 +5,13 @@ from __future__ import annotations
 import torch
 from kvmesh.replica.sampler import Sampler, apply_top_k_top_p, build_sampling_metadata
 from kvmesh.replica.sampling_params import SamplingParams
-from kvmesh.replica.scheduler_output import ScheduledRequest
 
 CPU = torch.device("cpu")
 V = 50
 
 
-def reqs(*params: SamplingParams, num_out: int = 0) -> list[ScheduledRequest]:
-    return [ScheduledRequest(f"r{i}", [1], 0, [1], True, sp, [5] * num_out) for i, sp in enumerate(params)]
-
-
 def sample(logits, params, num_out=0, seed=0):
-    md = build_sampling_metadata(reqs(*params, num_out=num_out), V, [2], CPU)
+    md = build_sampling_metadata(list(params), [num_out] * len(params), V, [2], CPU)
     return Sampler(torch.Generator().manual_seed(seed))(logits, md).tolist()
 
 
@@ -117,3 +112,16 @@ def test_flat_distribution_falls_back_to_the_full_sort():
         torch.testing.assert_close(draw_frequencies(logits, SamplingParams(top_p=0.5)), expected, atol=0.035, rtol=0)
     finally:
         sampler_mod.TOP_P_CANDIDATES = old
+
+
+def test_a_seeded_nucleus_row_draws_the_same_token_whatever_shares_its_batch():
+    vocab = 1000  # more than TOP_P_CANDIDATES[0]: the nucleus is drawn from a candidate shortlist
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(7)) * 2
+    seeded = SamplingParams(temperature=0.9, top_p=0.9, seed=5)
+    neighbours = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)]  # force other code paths
+    for num_out in range(25):
+        alone = build_sampling_metadata([seeded], [num_out], vocab, [2], CPU)
+        batch = build_sampling_metadata([*neighbours, seeded], [3, 0, num_out], vocab, [2], CPU)
+        a = Sampler(torch.Generator().manual_seed(1))(logits[2:], alone).tolist()[0]
+        b = Sampler(torch.Generator().manual_seed(2))(logits, batch).tolist()[2]
+        assert a == b, num_out

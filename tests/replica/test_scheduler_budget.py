@@ -40,8 +40,41 @@ def test_running_requests_are_scheduled_before_waiting_ones():
     engine.step()  # "old" prefilled; now decoding
     engine.add_request("new", list(range(20, 40)), GREEDY)
     out = schedule_once(engine)
-    assert [(s.request_id, len(s.token_ids)) for s in out.scheduled] == [("old", 1), ("new", 9)]
+    assert out.decode_request_ids == ["old"]  # its token is the runner's own last sample: sent by id
+    assert [(s.request_id, len(s.token_ids)) for s in out.scheduled] == [("new", 9)]
     assert out.num_batched_tokens == 10
+
+
+def test_decodes_are_sent_as_ids_with_only_the_blocks_they_gain():
+    engine, _ = make_engine(block_size=4)
+    engine.add_request("a", [1, 2, 3, 4, 5, 6], SamplingParams(temperature=0.0, max_tokens=8))
+    first = schedule_once(engine)  # the prompt, in full
+    assert [s.request_id for s in first.scheduled] == ["a"] and not first.decode_request_ids
+    engine._process_sampled(engine.model_runner.execute_model(first))
+    request = engine.scheduler.requests["a"]
+    gained = {}
+    for _ in range(3):  # positions 6, 7 (fills block 2), then 8: a new block
+        out = schedule_once(engine)
+        assert out.decode_request_ids == ["a"] and not out.scheduled
+        gained.update(out.new_block_ids)
+        engine._process_sampled(engine.model_runner.execute_model(out))
+    assert gained == {"a": request.block_ids[2:]} and len(request.block_ids) == 3
+
+
+def test_a_resumed_request_is_sent_in_full_again():
+    engine, _ = make_engine(num_blocks=9, max_num_batched_tokens=64)
+    engine.add_request("old", [1] * 12, SamplingParams(temperature=0.0, max_tokens=16))
+    engine.add_request("new", [2] * 12, SamplingParams(temperature=0.0, max_tokens=16))
+    resumed = []
+    while engine.has_unfinished_requests():
+        preempted = engine.scheduler.requests.get("new")
+        was_preempted = preempted is not None and preempted.status == RequestStatus.PREEMPTED
+        out = engine.scheduler.schedule()
+        if was_preempted and preempted.status == RequestStatus.RUNNING:
+            resumed.append(("new" in out.decode_request_ids, [s.request_id for s in out.scheduled]))
+        sampled = engine.model_runner.execute_model(out)
+        engine._process_sampled(sampled)
+    assert resumed and all(not by_id and "new" in full for by_id, full in resumed)
 
 
 def test_max_num_seqs_caps_the_running_batch():

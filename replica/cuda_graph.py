@@ -1,0 +1,96 @@
+"""Decode steps on static shapes: what CUDA graphs capture and replay (vLLM's CUDA-graph decode).
+
+A decode-only step of n rows is padded up to a capture size B >= n and run on buffers whose
+addresses never change:
+
+    input_ids [B_max] int64, positions [B_max] int64, slot_mapping [B_max] int64,
+    seq_lens [B_max] int32, block_table [B_max, max_blocks] int32       (one set, sliced [:B])
+    rows n..B-1 are padding: token 0 at position 0, writing and reading slot 0 (the null block,
+    never a request's), seq_len 1 -- finite values, no zero-length edge case in the kernel.
+
+Only the model forward is static; logits and sampling run on hidden[:n] afterwards. The attention
+backend must offer a static decode path (flash_attn with a paged cache: block_size a multiple of
+256). ``capture()`` (CUDA only) records one graph per size; without it, ``run`` executes the same
+padded forward eagerly, which is how the path is tested on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+"""Batch sizes a decode step is padded to (the ones up to max_num_seqs are used)."""
+
+
+class StaticDecode:
+    def __init__(self, model: nn.Module, backend, max_num_seqs: int, max_blocks: int, block_size: int,
+                 device: torch.device) -> None:
+        if not getattr(backend, "supports_static_decode", lambda bs: False)(block_size):
+            raise ValueError(f"attention backend {backend.name!r} has no static decode path at block_size="
+                             f"{block_size}; CUDA graphs need attention_backend='flash_attn' and a block_size "
+                             "that is a multiple of 256")
+        self.model, self.backend, self.device = model, backend, device
+        self.sizes = [b for b in CAPTURE_SIZES if b < max_num_seqs] + [max_num_seqs]
+        b_max = self.sizes[-1]
+        with torch.device(device):
+            self.input_ids = torch.zeros(b_max, dtype=torch.int64)
+            self.positions = torch.zeros(b_max, dtype=torch.int64)
+            self.slot_mapping = torch.zeros(b_max, dtype=torch.int64)
+            self.seq_lens = torch.ones(b_max, dtype=torch.int32)
+            self.block_table = torch.zeros(b_max, max_blocks, dtype=torch.int32)
+        self.metadata = {b: backend.static_decode_metadata(self.slot_mapping[:b], self.seq_lens[:b],
+                                                            self.block_table[:b]) for b in self.sizes}
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def size_for(self, n: int) -> int | None:
+        """The capture size a step of n decode rows runs at (None: too many rows, run it eagerly)."""
+        return next((b for b in self.sizes if b >= n), None)
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, common) -> torch.Tensor:
+        """Final hidden states [n, H] of a decode-only step (``common``: its CommonAttentionMetadata)."""
+        n = common.num_reqs
+        b = self.size_for(n)
+        width = common.block_tables.shape[1]
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.slot_mapping[:n].copy_(common.slot_mapping)
+        self.seq_lens[:n].copy_(common.seq_lens)
+        self.block_table[:n, :width].copy_(common.block_tables)
+        self.block_table[:n, width:].zero_()
+        if b > n:  # padding rows: see the module docstring
+            self.input_ids[n:b].zero_()
+            self.positions[n:b].zero_()
+            self.slot_mapping[n:b].zero_()
+            self.seq_lens[n:b].fill_(1)
+            self.block_table[n:b].zero_()
+        if b in self.graphs:
+            graph, hidden = self.graphs[b]
+            graph.replay()
+            return hidden[:n]
+        return self._forward(b)[:n]
+
+    def _forward(self, b: int) -> torch.Tensor:
+        return self.model(self.input_ids[:b], self.positions[:b], self.metadata[b])  # [b, H]
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Record one CUDA graph per size, largest first (they share one memory pool)."""
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
+        self.seq_lens.fill_(1)
+        pool = None
+        for b in reversed(self.sizes):
+            self._forward(b)  # warm-up: lazy inits and allocator growth happen outside the capture
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                hidden = self._forward(b)
+            pool = graph.pool()
+            self.graphs[b] = (graph, hidden)
+        torch.cuda.synchronize(self.device)
+        logger.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
