@@ -25,7 +25,7 @@ class CacheAwarePolicy(Policy):
     name = "cache_aware"
 
     def __init__(self, decode_weight: float = 8.0, backlog_weight: float = 0.5, temperature: float = 0.0,
-                 **kwargs) -> None:
+                 session_slack_tokens: float = 2048.0, **kwargs) -> None:
         super().__init__(**kwargs)
         if decode_weight < 0 or backlog_weight < 0:
             raise ValueError(f"decode_weight and backlog_weight must be >= 0, got {decode_weight}, {backlog_weight}")
@@ -37,6 +37,11 @@ class CacheAwarePolicy(Policy):
         """Weight of the prompt tokens queued on a replica against the ones a cache hit saves."""
         self.temperature = temperature
         """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
+        if session_slack_tokens < 0:
+            raise ValueError(f"session_slack_tokens must be >= 0, got {session_slack_tokens}")
+        self.session_slack_tokens = session_slack_tokens
+        """How much more (in cost units, prefill tokens) a session's replica may cost than the
+        cheapest one before the session is released to the cheapest."""
         self._tie = 0
 
     def costs(self, request_keys, matches, loads, num_prompt_tokens=None) -> dict:
@@ -48,6 +53,11 @@ class CacheAwarePolicy(Policy):
             uncached = prompt - bs * get(rid, 0)
             out[rid] = (uncached if uncached > 0 else 0) + wb * load.prefill_backlog + w * load.decode_load
         return out
+
+    def keeps_session(self, pinned, chosen, request_keys, matches, loads, num_prompt_tokens=None) -> bool:
+        costs = self.costs(request_keys, matches, {pinned: loads[pinned], chosen: loads[chosen]},
+                           num_prompt_tokens)
+        return costs[pinned] <= costs[chosen] + self.session_slack_tokens
 
     def choose(self, request_keys, matches, loads, num_prompt_tokens=None):
         self._check(loads)
