@@ -52,6 +52,9 @@ class SimConfig:
     share_predictions: bool = False
     """With several routers: each routed request's blocks are also predicted on its replica in
     every other router's index (what routers gain by telling each other their decisions)."""
+    share_loads: bool = False
+    """With several routers: every router counts every router's dispatches, first tokens and
+    finishes (in-flight counts shared, e.g. through shared memory between router workers)."""
     use_sessions: bool = False
     """Pass the trace's session ids (multi-turn conversations) to ``KVRouter.route`` (session affinity)."""
     session_ttl_s: float = 600.0

@@ -91,24 +91,31 @@ class SimRouter:
         rid = req.replica_id = decision.replica_id
         req.predicted_hit_tokens = decision.predicted_hit_tokens
         req.receipt = decision.receipt
-        router.loads.on_dispatch(rid, self._uncached(req))
+        for tracker in self._trackers(k):
+            tracker.on_dispatch(rid, self._uncached(req))
         if self.config.share_predictions:
             for other in self.routers:
                 if other is not router:
                     other.index.predict(rid, decision.keys, now=req.arrival_s)
         return rid
 
+    def _trackers(self, k: int) -> list:
+        """The load trackers that count router ``k``'s requests: its own, or all with ``share_loads``."""
+        return [r.loads for r in self.routers] if self.config.share_loads else [self.routers[k].loads]
+
     def _uncached(self, req: SimRequest) -> int:
         return req.num_prompt_tokens - req.predicted_hit_tokens
 
     def on_first_tokens(self, rid: int, reqs: list[SimRequest]) -> None:
         for r in reqs:
-            self.routers[r.router_index].loads.on_first_output(rid, self._uncached(r))
+            for tracker in self._trackers(r.router_index):
+                tracker.on_first_output(rid, self._uncached(r))
             self.receipts.record_actual(r.receipt, r.num_cached_tokens)
 
     def on_finished(self, rid: int, reqs: list[SimRequest]) -> None:
         for r in reqs:
-            self.routers[r.router_index].loads.on_finish(rid, self._uncached(r), had_output=True)
+            for tracker in self._trackers(r.router_index):
+                tracker.on_finish(rid, self._uncached(r), had_output=True)
 
     def apply(self, rid: int, events: list) -> None:
         t0 = time.perf_counter()

@@ -99,3 +99,15 @@ def test_gap_attribution_adds_up_to_the_gap_to_the_single_pool():
                  + g["routing_admission_race_lost_points"] - g["routing_admission_race_gained_points"])
         assert abs(parts - g["gap_points"]) < 1e-6
     assert report["policies"]["random"]["gap_to_single_pool"]["diverted_points"] > 0
+
+
+def test_shared_loads_count_every_routers_dispatches_in_each_router():
+    reqs = requests_from_mooncake(_trace(1), 1.0, 32, trace_block_tokens=32)
+    reqs[0].all_token_ids = BlockTokenCache(32, 256).prompt(reqs[0].hash_ids, reqs[0].num_prompt_tokens)
+    for share in (False, True):
+        sim = SimRouter("cache_aware", replace(CFG, num_routers=2, share_loads=share), [_Rep(i) for i in range(4)])
+        rid = sim.route(reqs[0])
+        assert sim.routers[1].loads.loads[rid].in_flight == (1 if share else 0)
+        sim.on_first_tokens(rid, [reqs[0]])
+        sim.on_finished(rid, [reqs[0]])
+        assert all(r.loads.loads[rid].in_flight == 0 for r in sim.routers)
