@@ -92,7 +92,7 @@ class SimRouter:
         req.predicted_hit_tokens = decision.predicted_hit_tokens
         req.receipt = decision.receipt
         for tracker in self._trackers(k):
-            tracker.on_dispatch(rid, self._uncached(req))
+            tracker.on_dispatch(rid, self._uncached(req), now=req.arrival_s)
         if self.config.share_predictions:
             for other in self.routers:
                 if other is not router:

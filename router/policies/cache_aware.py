@@ -25,7 +25,7 @@ class CacheAwarePolicy(Policy):
     name = "cache_aware"
 
     def __init__(self, decode_weight: float = 8.0, backlog_weight: float = 0.5, temperature: float = 0.0,
-                 session_slack_tokens: float = 2048.0, **kwargs) -> None:
+                 session_slack_tokens: float = 2048.0, churn_weight: float = 0.0, **kwargs) -> None:
         super().__init__(**kwargs)
         if decode_weight < 0 or backlog_weight < 0:
             raise ValueError(f"decode_weight and backlog_weight must be >= 0, got {decode_weight}, {backlog_weight}")
@@ -39,6 +39,12 @@ class CacheAwarePolicy(Policy):
         """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
         if session_slack_tokens < 0:
             raise ValueError(f"session_slack_tokens must be >= 0, got {session_slack_tokens}")
+        if churn_weight < 0:
+            raise ValueError(f"churn_weight must be >= 0, got {churn_weight}")
+        self.churn_weight = churn_weight
+        """Eviction awareness: uncached tokens placed on a replica whose cache turns over faster than
+        the mean (``recent_prefill``) evict younger, likelier-reused blocks; they cost
+        ``1 + churn_weight * (churn / mean churn - 1)`` each instead of 1."""
         self.session_slack_tokens = session_slack_tokens
         """How much more (in cost units, prefill tokens) a session's replica may cost than the
         cheapest one before the session is released to the cheapest."""
@@ -48,11 +54,22 @@ class CacheAwarePolicy(Policy):
         """Cost of every candidate replica (for metrics and tests)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         bs, w, wb, get = self.block_size, self.decode_weight, self.backlog_weight, matches.get
+        churn = self._churn_factor(loads)
         out = {}
         for rid, load in loads.items():
             uncached = prompt - bs * get(rid, 0)
-            out[rid] = (uncached if uncached > 0 else 0) + wb * load.prefill_backlog + w * load.decode_load
+            uncached = uncached if uncached > 0 else 0
+            if churn:
+                uncached *= 1 - self.churn_weight + churn * load.recent_prefill
+            out[rid] = uncached + wb * load.prefill_backlog + w * load.decode_load
         return out
+
+    def _churn_factor(self, loads) -> float:
+        """``churn_weight / mean recent_prefill`` over the candidates (0: no churn term)."""
+        if not self.churn_weight:
+            return 0.0
+        total = sum(load.recent_prefill for load in loads.values())
+        return self.churn_weight * len(loads) / total if total > 0 else 0.0
 
     def keeps_session(self, pinned, chosen, request_keys, matches, loads, num_prompt_tokens=None) -> bool:
         costs = self.costs(request_keys, matches, {pinned: loads[pinned], chosen: loads[chosen]},
@@ -69,12 +86,16 @@ class CacheAwarePolicy(Policy):
         # One pass, fields read directly (this runs once per request over every candidate).
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         bs, w, wb, get = self.block_size, self.decode_weight, self.backlog_weight, matches.get
+        churn = self._churn_factor(loads)
+        base = 1 - self.churn_weight
         best_cost, ties = math.inf, []
         for rid, load in loads.items():
             cached = get(rid)
             cost = prompt - bs * cached if cached else prompt
             if cost < 0:
                 cost = 0
+            elif churn:
+                cost *= base + churn * load.recent_prefill
             pending, queued = load.pending_prefill_tokens, load.queued_prefill_tokens
             in_flight, reported = load.in_flight, load.num_running + load.num_waiting
             cost += wb * (pending if pending > queued else queued) + w * (in_flight if in_flight > reported else reported)
