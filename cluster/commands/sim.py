@@ -73,6 +73,8 @@ def add_parser(subparsers) -> None:
                    help="routers tell each other their decisions (predicted entries in every index)")
     p.add_argument("--share-loads", action="store_true",
                    help="routers share their in-flight counts (every router counts every dispatch)")
+    p.add_argument("--share-sessions", action="store_true",
+                   help="routers share one session table (a pin made by one is seen by all)")
     p.add_argument("--sessions", choices=tuple(SESSION_MODES), default="off",
                    help="pass the workload's session ids to the router: off, on, or both side by side")
     p.add_argument("--session-ttl", type=float, default=600.0, help="seconds a session pin lives")
@@ -126,6 +128,7 @@ def build_config(args):
         max_num_seqs=args.max_num_seqs, event_delay_s=args.event_delay, predict_ttl_s=args.predict_ttl,
         time_scale=args.time_scale, num_routers=args.routers[0], router_spread=args.router_spread,
         load_poll_s=load_poll_s(args), share_predictions=args.share_predictions, share_loads=args.share_loads,
+        share_sessions=args.share_sessions,
         session_ttl_s=args.session_ttl,
         seed=args.seed, cost=cost, policy_kwargs=dict(args.policy_arg)), args.miniature)
 

@@ -55,6 +55,9 @@ class SimConfig:
     share_loads: bool = False
     """With several routers: every router counts every router's dispatches, first tokens and
     finishes (in-flight counts shared, e.g. through shared memory between router workers)."""
+    share_sessions: bool = False
+    """With several routers: a session pin made by one router is made in all (one shared session
+    table); without it each router pins only the turns it routed, and its pins go stale."""
     use_sessions: bool = False
     """Pass the trace's session ids (multi-turn conversations) to ``KVRouter.route`` (session affinity)."""
     session_ttl_s: float = 600.0

@@ -93,6 +93,9 @@ class SimRouter:
         req.receipt = decision.receipt
         for tracker in self._trackers(k):
             tracker.on_dispatch(rid, self._uncached(req), now=req.arrival_s)
+        if session is not None and self.config.share_sessions:
+            for other in self.routers:
+                other.sessions.pin(session, rid, req.arrival_s)
         if self.config.share_predictions:
             for other in self.routers:
                 if other is not router:

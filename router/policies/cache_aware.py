@@ -1,15 +1,24 @@
-"""``cache_aware`` (default): the replica where the request would finish its prefill soonest.
+"""``cache_aware`` (default): the replica where the request would finish its prefill soonest,
+counting what its new blocks will evict.
 
 For each candidate replica ``r``, in prefill-token units::
 
-    cost(r) = uncached(r)                          prompt tokens it would still compute (prompt - cached prefix)
+    cost(r) = uncached(r) * turnover(r)            prompt tokens it would still compute (prompt - cached prefix)
             + backlog_weight * prefill_backlog(r)  prompt tokens queued before ours
             + decode_weight * decode_load(r)       running requests slowing every step
+
+    turnover(r) = 1 + churn_weight * (recent_prefill(r) / mean recent_prefill - 1)
 
 The trade-off is continuous, not a threshold: a cached prefix keeps attracting requests until the
 replica's backlog outweighs the prefill it saves. ``backlog_weight`` < 1 leans towards reuse:
 queued prefill only delays this request, while prefill saved by a hit is compute every later
-request gets back (and a burst sharing a new prefix stays on the replica that is computing it). With ``temperature > 0`` the choice is sampled
+request gets back (and a burst sharing a new prefix stays on the replica that is computing it).
+``turnover`` makes the choice eviction-aware: every uncached token stored on a replica evicts one
+from the tail of its LRU, and a replica that takes in new tokens faster than the others has a
+younger, likelier-reused tail. Steering new work towards slow-turnover replicas makes the
+partitioned caches behave more like one LRU pool (the simulator's attribution: fewer prefixes
+evicted from every replica). Defaults (0.15, 1.0) come from ``kvmesh sim`` (BENCHMARKS.md §1.7).
+With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
 """
@@ -24,8 +33,8 @@ from kvmesh.router.policies.base import Policy
 class CacheAwarePolicy(Policy):
     name = "cache_aware"
 
-    def __init__(self, decode_weight: float = 8.0, backlog_weight: float = 0.5, temperature: float = 0.0,
-                 session_slack_tokens: float = 2048.0, churn_weight: float = 0.0, **kwargs) -> None:
+    def __init__(self, decode_weight: float = 8.0, backlog_weight: float = 0.15, temperature: float = 0.0,
+                 session_slack_tokens: float = 2048.0, churn_weight: float = 1.0, **kwargs) -> None:
         super().__init__(**kwargs)
         if decode_weight < 0 or backlog_weight < 0:
             raise ValueError(f"decode_weight and backlog_weight must be >= 0, got {decode_weight}, {backlog_weight}")
