@@ -96,19 +96,21 @@ class LoadTracker:
         if load is not None:
             load.in_flight += 1
             load.pending_prefill_tokens += uncached_tokens
-            load.recent_prefill += uncached_tokens * self._churn_scale(time.monotonic() if now is None else now)
+            scale = self._churn_scale(time.monotonic() if now is None else now)  # may rebase recent_prefill
+            load.recent_prefill += uncached_tokens * scale
 
     def _churn_scale(self, now: float) -> float:
         # Decay without touching every replica: a dispatch at `now` weighs exp((now - t0) / tau);
         # ratios between replicas are then those of the decayed sums. Rebased before it overflows.
         if self._churn_t0 is None:
             self._churn_t0 = now
-        scale = math.exp((now - self._churn_t0) / self.churn_tau_s)
-        if scale > 1e100:
+        exponent = (now - self._churn_t0) / self.churn_tau_s
+        if exponent > 200:
+            shrink = math.exp(-exponent)  # may underflow to 0: that history is long forgotten anyway
             for load in self.loads.values():
-                load.recent_prefill /= scale
-            self._churn_t0, scale = now, 1.0
-        return scale
+                load.recent_prefill *= shrink
+            self._churn_t0, exponent = now, 0.0
+        return math.exp(exponent)
 
     def on_first_output(self, replica_id: Hashable, uncached_tokens: int) -> None:
         """The request produced its first byte: its prefill is done."""
