@@ -132,3 +132,21 @@ def test_bad_reason_and_negative_cached_tokens_are_rejected():
         RouteReceipt("r0", "luck", 0, 0, None, 10)
     with pytest.raises(ValueError, match="cached_tokens must be >= 0"):
         Receipts().record_actual(RouteReceipt("r0", "load", 0, 0, None, 10), -1)
+
+
+def test_receipt_metrics_expose_captured_reuse_and_mispredictions():
+    from kvmesh.router.receipt_metrics import ReceiptMetrics
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry, receipts = CollectorRegistry(), Receipts()
+    metrics = ReceiptMetrics(registry, receipts)
+    for cached in (320, 160):
+        receipt = RouteReceipt("r1", "cache", 320, 320, "r1", 400)
+        metrics.on_route(receipt)
+        metrics.on_actual(receipts.record_actual(receipt, cached))
+    text = generate_latest(registry).decode()
+    assert 'kvmesh_router_route_decisions_total{reason="cache",replica="r1"} 2.0' in text
+    assert 'kvmesh_router_available_hit_tokens_total{replica="r1"} 640.0' in text
+    assert 'kvmesh_router_receipt_mispredicted_total{replica="r1"} 1.0' in text
+    assert 'kvmesh_router_captured_reuse_ratio{replica=""} 0.75' in text
+    assert 'kvmesh_router_mispredicted_ratio{replica="r1"} 0.5' in text
