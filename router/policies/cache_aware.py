@@ -34,7 +34,7 @@ class CacheAwarePolicy(Policy):
     name = "cache_aware"
 
     def __init__(self, decode_weight: float = 8.0, backlog_weight: float = 0.15, temperature: float = 0.0,
-                 session_slack_tokens: float = 2048.0, churn_weight: float = 1.0, **kwargs) -> None:
+                 session_slack_tokens: float = 0.0, churn_weight: float = 1.0, **kwargs) -> None:
         super().__init__(**kwargs)
         if decode_weight < 0 or backlog_weight < 0:
             raise ValueError(f"decode_weight and backlog_weight must be >= 0, got {decode_weight}, {backlog_weight}")
@@ -56,7 +56,10 @@ class CacheAwarePolicy(Policy):
         ``1 + churn_weight * (churn / mean churn - 1)`` each instead of 1."""
         self.session_slack_tokens = session_slack_tokens
         """How much more (in cost units, prefill tokens) a session's replica may cost than the
-        cheapest one before the session is released to the cheapest."""
+        cheapest one before the session is released to the cheapest. 0 (default): the pin holds
+        while its replica is among the cheapest; the index already keeps a conversation where its
+        history is cached, and in the simulator every slack above 0 cost hit rate and balance
+        (it overrides the load and turnover terms: BENCHMARKS.md §1.8)."""
         self._tie = 0
 
     def costs(self, request_keys, matches, loads, num_prompt_tokens=None) -> dict:
