@@ -7,7 +7,8 @@ For each candidate replica ``r``, in prefill-token units::
             + backlog_weight * prefill_backlog(r)  prompt tokens queued before ours
             + decode_weight * decode_load(r)       running requests slowing every step
 
-    turnover(r) = 1 + churn_weight * (recent_prefill(r) / mean recent_prefill - 1)
+    turnover(r) = 1 + churn_weight * (x - 1),   x = recent_prefill(r) / mean recent_prefill,
+                                                  clamped to [1 / churn_clamp, churn_clamp]
 
 The trade-off is continuous, not a threshold: a cached prefix keeps attracting requests until the
 replica's backlog outweighs the prefill it saves. ``backlog_weight`` < 1 leans towards reuse:
@@ -34,7 +35,8 @@ class CacheAwarePolicy(Policy):
     name = "cache_aware"
 
     def __init__(self, decode_weight: float = 8.0, backlog_weight: float = 0.15, temperature: float = 0.0,
-                 session_slack_tokens: float = 0.0, churn_weight: float = 1.0, **kwargs) -> None:
+                 session_slack_tokens: float = 0.0, churn_weight: float = 1.0, churn_clamp: float = 2.0,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         if decode_weight < 0 or backlog_weight < 0:
             raise ValueError(f"decode_weight and backlog_weight must be >= 0, got {decode_weight}, {backlog_weight}")
@@ -54,6 +56,10 @@ class CacheAwarePolicy(Policy):
         """Eviction awareness: uncached tokens placed on a replica whose cache turns over faster than
         the mean (``recent_prefill``) evict younger, likelier-reused blocks; they cost
         ``1 + churn_weight * (churn / mean churn - 1)`` each instead of 1."""
+        if churn_clamp < 1:
+            raise ValueError(f"churn_clamp must be >= 1, got {churn_clamp}")
+        self.churn_clamp = churn_clamp
+        """Bound of the churn ratio (a replica idle so far must not look free: ratio >= 1/clamp)."""
         self.session_slack_tokens = session_slack_tokens
         """How much more (in cost units, prefill tokens) a session's replica may cost than the
         cheapest one before the session is released to the cheapest. 0 (default): the pin holds
@@ -72,16 +78,21 @@ class CacheAwarePolicy(Policy):
             uncached = prompt - bs * get(rid, 0)
             uncached = uncached if uncached > 0 else 0
             if churn:
-                uncached *= 1 - self.churn_weight + churn * load.recent_prefill
+                uncached *= self._turnover(churn * load.recent_prefill)
             out[rid] = uncached + wb * load.prefill_backlog + w * load.decode_load
         return out
 
     def _churn_factor(self, loads) -> float:
-        """``churn_weight / mean recent_prefill`` over the candidates (0: no churn term)."""
+        """``1 / mean recent_prefill`` over the candidates (0: no churn term)."""
         if not self.churn_weight:
             return 0.0
         total = sum(load.recent_prefill for load in loads.values())
-        return self.churn_weight * len(loads) / total if total > 0 else 0.0
+        return len(loads) / total if total > 0 else 0.0
+
+    def _turnover(self, ratio: float) -> float:
+        clamp = self.churn_clamp
+        ratio = clamp if ratio > clamp else 1 / clamp if ratio * clamp < 1 else ratio
+        return 1 + self.churn_weight * (ratio - 1)
 
     def keeps_session(self, pinned, chosen, request_keys, matches, loads, num_prompt_tokens=None) -> bool:
         costs = self.costs(request_keys, matches, {pinned: loads[pinned], chosen: loads[chosen]},
@@ -98,8 +109,7 @@ class CacheAwarePolicy(Policy):
         # One pass, fields read directly (this runs once per request over every candidate).
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         bs, w, wb, get = self.block_size, self.decode_weight, self.backlog_weight, matches.get
-        churn = self._churn_factor(loads)
-        base = 1 - self.churn_weight
+        churn, turnover = self._churn_factor(loads), self._turnover
         best_cost, ties = math.inf, []
         for rid, load in loads.items():
             cached = get(rid)
@@ -107,7 +117,7 @@ class CacheAwarePolicy(Policy):
             if cost < 0:
                 cost = 0
             elif churn:
-                cost *= base + churn * load.recent_prefill
+                cost *= turnover(churn * load.recent_prefill)
             pending, queued = load.pending_prefill_tokens, load.queued_prefill_tokens
             in_flight, reported = load.in_flight, load.num_running + load.num_waiting
             cost += wb * (pending if pending > queued else queued) + w * (in_flight if in_flight > reported else reported)
