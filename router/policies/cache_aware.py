@@ -36,7 +36,7 @@ class CacheAwarePolicy(Policy):
 
     def __init__(self, decode_weight: float = 8.0, backlog_weight: float = 0.15, temperature: float = 0.0,
                  session_slack_tokens: float = 0.0, churn_weight: float = 1.0, churn_clamp: float = 2.0,
-                 **kwargs) -> None:
+                 backlog_release_tokens: float = math.inf, **kwargs) -> None:
         super().__init__(**kwargs)
         if decode_weight < 0 or backlog_weight < 0:
             raise ValueError(f"decode_weight and backlog_weight must be >= 0, got {decode_weight}, {backlog_weight}")
@@ -46,6 +46,12 @@ class CacheAwarePolicy(Policy):
         """Prefill tokens one running request on a replica is worth."""
         self.backlog_weight = backlog_weight
         """Weight of the prompt tokens queued on a replica against the ones a cache hit saves."""
+        if not backlog_release_tokens >= 0:
+            raise ValueError(f"backlog_release_tokens must be >= 0, got {backlog_release_tokens}")
+        self.backlog_release_tokens = backlog_release_tokens
+        """Queued prefill tokens beyond which the backlog counts in full (weight 1, not
+        ``backlog_weight``): past this release point a hot replica sheds requests as a plain
+        least-loaded router would, so its prefixes get replicated elsewhere. inf = never."""
         self.temperature = temperature
         """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
         if session_slack_tokens < 0:
@@ -71,7 +77,7 @@ class CacheAwarePolicy(Policy):
     def costs(self, request_keys, matches, loads, num_prompt_tokens=None) -> dict:
         """Cost of every candidate replica (for metrics and tests)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        bs, w, wb, get = self.block_size, self.decode_weight, self.backlog_weight, matches.get
+        bs, w, get = self.block_size, self.decode_weight, matches.get
         churn = self._churn_factor(loads)
         out = {}
         for rid, load in loads.items():
@@ -79,8 +85,12 @@ class CacheAwarePolicy(Policy):
             uncached = uncached if uncached > 0 else 0
             if churn:
                 uncached *= self._turnover(churn * load.recent_prefill)
-            out[rid] = uncached + wb * load.prefill_backlog + w * load.decode_load
+            out[rid] = uncached + self._backlog_cost(load.prefill_backlog) + w * load.decode_load
         return out
+
+    def _backlog_cost(self, backlog: float) -> float:
+        wb, release = self.backlog_weight, self.backlog_release_tokens
+        return wb * backlog + ((1 - wb) * (backlog - release) if backlog > release else 0.0)
 
     def _churn_factor(self, loads) -> float:
         """``1 / mean recent_prefill`` over the candidates (0: no churn term)."""
@@ -109,7 +119,7 @@ class CacheAwarePolicy(Policy):
         # One pass, fields read directly (this runs once per request over every candidate).
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         bs, w, wb, get = self.block_size, self.decode_weight, self.backlog_weight, matches.get
-        churn, turnover = self._churn_factor(loads), self._turnover
+        churn, turnover, release = self._churn_factor(loads), self._turnover, self.backlog_release_tokens
         best_cost, ties = math.inf, []
         for rid, load in loads.items():
             cached = get(rid)
@@ -120,7 +130,10 @@ class CacheAwarePolicy(Policy):
                 cost *= turnover(churn * load.recent_prefill)
             pending, queued = load.pending_prefill_tokens, load.queued_prefill_tokens
             in_flight, reported = load.in_flight, load.num_running + load.num_waiting
-            cost += wb * (pending if pending > queued else queued) + w * (in_flight if in_flight > reported else reported)
+            backlog = pending if pending > queued else queued
+            cost += wb * backlog + w * (in_flight if in_flight > reported else reported)
+            if backlog > release:
+                cost += (1 - wb) * (backlog - release)
             if cost < best_cost:
                 best_cost, ties = cost, [rid]
             elif cost == best_cost:

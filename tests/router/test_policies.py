@@ -137,3 +137,13 @@ def test_load_tracker_recent_prefill_decays_with_its_time_constant():
     assert ratio == pytest.approx(math.e)
     tracker.on_dispatch("a", 1000, now=1e7)  # far later: rebased, no overflow; b's old tokens forgotten
     assert tracker.loads["a"].recent_prefill == pytest.approx(1000.0) and tracker.loads["b"].recent_prefill < 1e-50
+
+
+def test_cache_aware_backlog_release_point_makes_a_hot_replica_shed_requests():
+    kept = get_policy("cache_aware", block_size=BS, decode_weight=0, backlog_weight=0.1, churn_weight=0)
+    shed = get_policy("cache_aware", block_size=BS, decode_weight=0, backlog_weight=0.1, churn_weight=0,
+                      backlog_release_tokens=1000)
+    hot = loads(2, r1={"queued_prefill_tokens": 3000})  # saved 640 tokens vs 300 (kept) or 300 + 1800 (shed)
+    assert kept.choose(KEYS, {"r1": 40}, hot) == "r1"
+    assert shed.choose(KEYS, {"r1": 40}, hot) == "r0"
+    assert shed.costs(KEYS, {"r1": 40}, hot)["r1"] == pytest.approx(384 + 300 + 0.9 * 2000)
