@@ -27,8 +27,11 @@ replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 
 from kvmesh.router.policies.base import Policy
+
+_RECENT_PREFILL = attrgetter("recent_prefill")
 
 
 class CacheAwarePolicy(Policy):
@@ -96,7 +99,7 @@ class CacheAwarePolicy(Policy):
         """``1 / mean recent_prefill`` over the candidates (0: no churn term)."""
         if not self.churn_weight:
             return 0.0
-        total = sum(load.recent_prefill for load in loads.values())
+        total = sum(map(_RECENT_PREFILL, loads.values()))
         return len(loads) / total if total > 0 else 0.0
 
     def _turnover(self, ratio: float) -> float:
@@ -119,15 +122,18 @@ class CacheAwarePolicy(Policy):
         # One pass, fields read directly (this runs once per request over every candidate).
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         bs, w, wb, get = self.block_size, self.decode_weight, self.backlog_weight, matches.get
-        churn, turnover, release = self._churn_factor(loads), self._turnover, self.backlog_release_tokens
+        churn, release = self._churn_factor(loads), self.backlog_release_tokens
+        cw, hi = self.churn_weight, self.churn_clamp
+        lo = 1 / hi
         best_cost, ties = math.inf, []
         for rid, load in loads.items():
             cached = get(rid)
             cost = prompt - bs * cached if cached else prompt
             if cost < 0:
                 cost = 0
-            elif churn:
-                cost *= turnover(churn * load.recent_prefill)
+            elif churn:  # turnover(), inlined: this loop runs over every candidate per request
+                x = churn * load.recent_prefill
+                cost *= 1 + cw * ((hi if x > hi else lo if x < lo else x) - 1)
             pending, queued = load.pending_prefill_tokens, load.queued_prefill_tokens
             in_flight, reported = load.in_flight, load.num_running + load.num_waiting
             backlog = pending if pending > queued else queued

@@ -147,3 +147,16 @@ def test_cache_aware_backlog_release_point_makes_a_hot_replica_shed_requests():
     assert kept.choose(KEYS, {"r1": 40}, hot) == "r1"
     assert shed.choose(KEYS, {"r1": 40}, hot) == "r0"
     assert shed.costs(KEYS, {"r1": 40}, hot)["r1"] == pytest.approx(384 + 300 + 0.9 * 2000)
+
+
+def test_cache_aware_choice_is_the_minimum_of_its_reported_costs():
+    import random
+
+    rng = random.Random(5)
+    policy = get_policy("cache_aware", block_size=BS, backlog_release_tokens=2000)
+    for _ in range(200):
+        many = loads(8, **{f"r{i}": {"recent_prefill": rng.uniform(0, 5000), "in_flight": rng.randrange(20),
+                                     "queued_prefill_tokens": rng.randrange(6000)} for i in range(8)})
+        matches = {f"r{i}": rng.randrange(65) for i in range(8) if rng.random() < 0.5}
+        costs = policy.costs(KEYS, matches, many)
+        assert costs[policy.choose(KEYS, matches, many)] == pytest.approx(min(costs.values()))
