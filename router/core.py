@@ -17,6 +17,8 @@ from kvmesh.router.index import PrefixIndex
 from kvmesh.router.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.load import LoadTracker
 from kvmesh.router.policies import DEFAULT_POLICY, NoReplicaError, Policy, get_policy
+from kvmesh.router.receipts import Receipts, RouteReceipt
+from kvmesh.router.session import SessionConfig, SessionTable
 
 _ns = time.perf_counter_ns
 
@@ -35,6 +37,8 @@ class RouteDecision:
     """Prompt tokens the replica should report as cached (matched blocks, capped at prompt - 1)."""
     uncached_tokens: int
     """Prompt tokens the replica will still compute."""
+    receipt: RouteReceipt | None = None
+    """What was decided and why (router/receipts.py); complete it with ``KVRouter.receipts.record_actual``."""
     timings_ns: dict[str, int] = field(default_factory=dict)
     """Nanoseconds spent per stage: hash, match, score."""
 
@@ -44,7 +48,7 @@ class KVRouter:
 
     def __init__(self, block_size: int = 16, policy: str | Policy = DEFAULT_POLICY,
                  policy_kwargs: dict | None = None, seed: int = DEFAULT_ROUTER_SEED,
-                 predict_ttl_s: float = 2.0) -> None:
+                 predict_ttl_s: float = 2.0, sessions: SessionConfig | None = None) -> None:
         self.hasher = RouterKeyHasher(block_size, seed)
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
         self.loads = LoadTracker()
@@ -54,6 +58,12 @@ class KVRouter:
         self.policy_name = policy.name
         self.healthy: set[Hashable] = set()
         """Replicas that may receive requests."""
+        self.degraded: dict[Hashable, str] = {}
+        """Replica id -> why its cache information is not trusted; such replicas are routed by load only."""
+        self.sessions = SessionTable(sessions)
+        """Session id -> the replica of its last request (soft affinity, router/session.py)."""
+        self.receipts = Receipts()
+        """Completed route receipts: captured / available reuse, predicted != actual (router/receipts.py)."""
         self.lock = threading.Lock()
         self.events_applied = 0
         """Events applied from all replicas."""
@@ -75,6 +85,8 @@ class KVRouter:
             self.index.remove_replica(replica_id)
             self.loads.remove_replica(replica_id)
             self.healthy.discard(replica_id)
+            self.degraded.pop(replica_id, None)
+            self.sessions.forget_replica(replica_id)
 
     def set_healthy(self, replica_id: Hashable, healthy: bool, clear_cache: bool = False) -> None:
         """Mark a replica (un)healthy; ``clear_cache`` drops its tree (it died and lost its cache)."""
@@ -87,6 +99,17 @@ class KVRouter:
                 self.healthy.discard(replica_id)
             if clear_cache:
                 self.index.clear_replica(replica_id)
+                self.sessions.forget_replica(replica_id)
+
+    def set_degraded(self, replica_id: Hashable, reason: str | None) -> None:
+        """Mark a replica degraded (``reason``: why its cache information is not trusted, e.g. a block
+        size or tokenizer mismatch, a stalled event stream) or exact again (None). A degraded
+        replica still receives requests, chosen by load only: its index matches are ignored."""
+        with self.lock:
+            if reason is None:
+                self.degraded.pop(replica_id, None)
+            elif replica_id in self.loads.loads:
+                self.degraded[replica_id] = reason
 
     def apply_events(self, replica_id: Hashable, batch_or_events) -> None:
         """Apply a replica's event batch (called from the subscriber's thread)."""
@@ -98,15 +121,20 @@ class KVRouter:
 
     # ---------------------------------------------------------------- decisions
     def route(self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None,
-              exclude: Iterable[Hashable] = (), now: float | None = None) -> RouteDecision:
+              exclude: Iterable[Hashable] = (), now: float | None = None,
+              session_id: str | None = None) -> RouteDecision:
         """Choose a healthy replica (not in ``exclude``) for a prompt; credits it with the prompt's blocks.
 
-        ``now`` is the clock that predictions expire by (``time.monotonic()`` when None; the
-        simulator passes simulated time). Raises NoReplicaError when no candidate is left.
+        ``now`` is the clock that predictions and session pins expire by (``time.monotonic()`` when
+        None; the simulator passes simulated time). ``session_id`` (a header or the request's
+        ``user`` field) keeps a conversation on its replica while the policy's cost allows.
+        Raises NoReplicaError when no candidate is left.
         """
         t0 = _ns()
         keys = self.hasher.keys(token_ids, cache_salt, lora_name)
         t1 = _ns()
+        if now is None and session_id is not None:
+            now = time.monotonic()
         with self.lock:
             matches = self.index.match(keys, now=now)
             t2 = _ns()
@@ -117,11 +145,38 @@ class KVRouter:
             if not loads:
                 raise NoReplicaError("no healthy replica to route to (all are down or already failed "
                                      "this request); retry later or register a replica")
-            replica_id = self.policy.choose(keys, matches, loads, len(token_ids))
+            if self.degraded:
+                matches = {r: m for r, m in matches.items() if r not in self.degraded}
+            policy = self.policy
+            replica_id = policy.choose(keys, matches, loads, len(token_ids))
+            by_session = False
+            if session_id is not None:
+                pinned = self.sessions.get(session_id, now)
+                if (pinned is not None and pinned != replica_id and pinned in loads
+                        and policy.keeps_session(pinned, replica_id, keys, matches, loads, len(token_ids))):
+                    replica_id, by_session = pinned, True
+                self.sessions.pin(session_id, replica_id, now)
             self.index.predict(replica_id, keys, now=now, start=matches.get(replica_id, 0))
         t3 = _ns()
-        bs = self.hasher.block_size
         matched = matches.get(replica_id, 0)
-        hit = min(matched * bs, ((len(token_ids) - 1) // bs) * bs) if token_ids else 0
-        return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit,
+        best_id, best = None, 0
+        for rid, m in matches.items():
+            if m > best and rid in loads:
+                best_id, best = rid, m
+        hit, best_hit = self._hit_tokens(matched, len(token_ids)), self._hit_tokens(best, len(token_ids))
+        if excluded or replica_id in self.degraded:
+            reason = "fallback"
+        elif by_session:
+            reason = "session"
+        else:
+            reason = "cache" if matched and matched == best else "load"
+        receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id)
+        return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2})
+
+    def _hit_tokens(self, matched_blocks: int, num_prompt_tokens: int) -> int:
+        """Tokens an engine reuses for ``matched_blocks`` leading blocks (it computes at least one token)."""
+        if not matched_blocks or not num_prompt_tokens:
+            return 0
+        bs = self.hasher.block_size
+        return min(matched_blocks * bs, ((num_prompt_tokens - 1) // bs) * bs)

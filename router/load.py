@@ -7,6 +7,7 @@ clients sent, but is a little stale. Policies read the two combined properties b
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ class ReplicaLoad:
     """Prompt tokens the replica still has to prefill, as last reported."""
     reported_at: float | None = None
     """``time.monotonic()`` of the last report; None before the first one."""
+    recent_prefill: float = 0.0
+    """Uncached prompt tokens this router sent here, exponentially decayed (``LoadTracker.churn_tau_s``):
+    how fast the replica's cache turns over. In the tracker's scaled units: compare replicas only."""
 
     @property
     def prefill_backlog(self) -> int:
@@ -70,9 +74,14 @@ def _first(report: dict, keys: tuple[str, ...], default):
 class LoadTracker:
     """The router's per-replica loads; dispatch/first-token/finish keep the counters exact."""
 
-    def __init__(self) -> None:
+    def __init__(self, churn_tau_s: float = 300.0) -> None:
+        if not churn_tau_s > 0:
+            raise ValueError(f"churn_tau_s must be > 0 seconds, got {churn_tau_s}")
         self.loads: dict[Hashable, ReplicaLoad] = {}
         """replica id -> its load (the mapping policies receive, filtered to healthy replicas)."""
+        self.churn_tau_s = churn_tau_s
+        """Time constant of ``ReplicaLoad.recent_prefill`` (about a cache's turnover time)."""
+        self._churn_t0: float | None = None
 
     def add_replica(self, replica_id: Hashable) -> ReplicaLoad:
         return self.loads.setdefault(replica_id, ReplicaLoad())
@@ -80,12 +89,28 @@ class LoadTracker:
     def remove_replica(self, replica_id: Hashable) -> None:
         self.loads.pop(replica_id, None)
 
-    def on_dispatch(self, replica_id: Hashable, uncached_tokens: int) -> None:
-        """A request was sent; it will prefill ``uncached_tokens`` tokens there."""
+    def on_dispatch(self, replica_id: Hashable, uncached_tokens: int, now: float | None = None) -> None:
+        """A request was sent; it will prefill ``uncached_tokens`` tokens there (``now``: the clock
+        the churn decays by, ``time.monotonic()`` when None)."""
         load = self.loads.get(replica_id)
         if load is not None:
             load.in_flight += 1
             load.pending_prefill_tokens += uncached_tokens
+            scale = self._churn_scale(time.monotonic() if now is None else now)  # may rebase recent_prefill
+            load.recent_prefill += uncached_tokens * scale
+
+    def _churn_scale(self, now: float) -> float:
+        # Decay without touching every replica: a dispatch at `now` weighs exp((now - t0) / tau);
+        # ratios between replicas are then those of the decayed sums. Rebased before it overflows.
+        if self._churn_t0 is None:
+            self._churn_t0 = now
+        exponent = (now - self._churn_t0) / self.churn_tau_s
+        if exponent > 200:
+            shrink = math.exp(-exponent)  # may underflow to 0: that history is long forgotten anyway
+            for load in self.loads.values():
+                load.recent_prefill *= shrink
+            self._churn_t0, exponent = now, 0.0
+        return math.exp(exponent)
 
     def on_first_output(self, replica_id: Hashable, uncached_tokens: int) -> None:
         """The request produced its first byte: its prefill is done."""

@@ -38,10 +38,18 @@ def infinite_hit_rate(requests: list[SimRequest], block_size: int) -> float:
 def single_pool_hit_rate(requests: list[SimRequest], num_blocks: int, block_size: int,
                          tokens: BlockTokenCache, hash_seed: bytes = b"\0" * 32) -> float:
     """Replay through one real KVCacheManager of ``num_blocks`` usable blocks."""
+    hits = single_pool_hits(requests, num_blocks, block_size, tokens, hash_seed)
+    total = sum(r.num_prompt_tokens for r in requests)
+    return sum(hits) / total if total else 0.0
+
+
+def single_pool_hits(requests: list[SimRequest], num_blocks: int, block_size: int,
+                     tokens: BlockTokenCache, hash_seed: bytes = b"\0" * 32) -> list[int]:
+    """Cached tokens of each request (in order) in one real KVCacheManager of ``num_blocks`` blocks."""
     from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
     kv = KVCacheManager(num_blocks + 1, block_size, hash_seed)
-    hit = total = 0
+    hits = []
     for r in requests:
         req = SimRequest(r.request_id, r.arrival_s, r.hash_ids, r.num_prompt_tokens, r.max_output_tokens)
         req.all_token_ids = tokens.prompt(r.hash_ids, r.num_prompt_tokens)
@@ -50,6 +58,5 @@ def single_pool_hit_rate(requests: list[SimRequest], num_blocks: int, block_size
         if kv.allocate_slots(req, num_new, num_cached, computed) is None:
             raise ValueError(f"{r.request_id} does not fit a single pool of {num_blocks} blocks")
         kv.free(req)
-        hit += num_cached
-        total += r.num_prompt_tokens
-    return hit / total if total else 0.0
+        hits.append(num_cached)
+    return hits

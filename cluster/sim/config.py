@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from kvmesh.cluster.sim.cost_model import CostModel
 
+ROUTER_SPREADS = ("round_robin", "random")
+
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
@@ -39,6 +41,27 @@ class SimConfig:
     possible blocks still never collide, so prefixes are shared exactly as the trace says."""
     seed: int = 0
     """Seed for generated token ids and for policies that draw random numbers."""
+    num_routers: int = 1
+    """Independent routers (each its own ``KVRouter``: index, predictions, load view, sessions)
+    with the requests spread over them, as ``kvmesh router --workers N`` runs them."""
+    router_spread: str = "round_robin"
+    """How requests are spread over the routers: ``round_robin`` or ``random``."""
+    load_poll_s: float = 0.0
+    """Seconds between a router's polls of every replica's ``/load`` (running, waiting, queued
+    prefill tokens); 0 = no polling (a router sees only its own in-flight counts)."""
+    share_predictions: bool = False
+    """With several routers: each routed request's blocks are also predicted on its replica in
+    every other router's index (what routers gain by telling each other their decisions)."""
+    share_loads: bool = False
+    """With several routers: every router counts every router's dispatches, first tokens and
+    finishes (in-flight counts shared, e.g. through shared memory between router workers)."""
+    share_sessions: bool = False
+    """With several routers: a session pin made by one router is made in all (one shared session
+    table); without it each router pins only the turns it routed, and its pins go stale."""
+    use_sessions: bool = False
+    """Pass the trace's session ids (multi-turn conversations) to ``KVRouter.route`` (session affinity)."""
+    session_ttl_s: float = 600.0
+    """Seconds a session pin lives after its last request (``SessionConfig.ttl_s``)."""
     cost: CostModel = field(default_factory=CostModel)
     """Step-time model (H100-class defaults for an 8B model)."""
     policy_kwargs: dict = field(default_factory=dict)
@@ -63,6 +86,14 @@ class SimConfig:
             raise ValueError(f"predict_ttl_s must be >= 0, got {self.predict_ttl_s}")
         if not self.time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+        if self.num_routers < 1:
+            raise ValueError(f"num_routers must be >= 1, got {self.num_routers}")
+        if self.router_spread not in ROUTER_SPREADS:
+            raise ValueError(f"router_spread must be one of {ROUTER_SPREADS}, got {self.router_spread!r}")
+        if self.load_poll_s < 0:
+            raise ValueError(f"load_poll_s must be >= 0 (0 = no polling), got {self.load_poll_s}")
+        if not self.session_ttl_s > 0:
+            raise ValueError(f"session_ttl_s must be > 0, got {self.session_ttl_s}")
         if self.vocab_size < 4:
             raise ValueError(f"vocab_size must be >= 4, got {self.vocab_size}")
 

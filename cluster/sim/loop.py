@@ -6,7 +6,9 @@ Three kinds of events, ordered by (time, insertion order) so runs are determinis
 - arrival: tokenize (token ids per hash id), compute router keys, match, choose, enqueue;
 - step end: a replica finishes a step (or a stretch of decode steps), frees finished requests,
   plans its next step;
-- event delivery: a batch of a replica's BlockStored/BlockRemoved reaches the index.
+- event delivery: a batch of a replica's BlockStored/BlockRemoved reaches the index;
+- load poll (``load_poll_s > 0``): one router reads every replica's ``/load``; the routers' polls
+  are staggered over the interval.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from kvmesh.cluster.sim.replica import SimReplica
 from kvmesh.cluster.sim.request import SimRequest
 from kvmesh.cluster.sim.router_adapter import SimRouter
 
-_STEP_END, _EVENTS = 0, 1
+_STEP_END, _EVENTS, _POLL = 0, 1, 2
 
 
 @dataclass
@@ -66,6 +68,15 @@ def run_policy(policy: str, requests: list[SimRequest], config: SimConfig, block
         if step is not None:
             heapq.heappush(heap, (step.end_s, next(order), _STEP_END, (rep, rep.version)))
 
+    poll = config.load_poll_s
+    if poll > 0 and requests:
+        t0 = requests[0].arrival_s
+        for k in range(config.num_routers):
+            heapq.heappush(heap, (t0 + poll * k / config.num_routers, next(order), _POLL, k))
+
+    def busy() -> bool:
+        return any(rep.step is not None or rep.waiting for rep in replicas)
+
     route_s = 0.0
     i, n = 0, len(requests)
     while i < n or heap:
@@ -92,6 +103,11 @@ def run_policy(policy: str, requests: list[SimRequest], config: SimConfig, block
         if kind == _EVENTS:
             rid, events = payload
             router.apply(rid, events)
+            continue
+        if kind == _POLL:
+            router.poll(payload, replicas)
+            if i < n or busy():
+                heapq.heappush(heap, (now + poll, next(order), _POLL, payload))
             continue
         rep, version = payload
         if version != rep.version:

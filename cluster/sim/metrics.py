@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from kvmesh.cluster.sim.attribution import attribute_gap
 from kvmesh.cluster.sim.loop import SimRun
 
 
@@ -22,7 +23,8 @@ def imbalance(values) -> float:
     return float(arr.max() / mean) if mean > 0 else 1.0
 
 
-def summarize(run: SimRun) -> dict:
+def summarize(run: SimRun, pool_hits: list[int] | None = None) -> dict:
+    """The run's numbers; with the single pool's per-request hits, the attribution of the gap."""
     reqs = run.requests
     prompt = sum(r.num_prompt_tokens for r in reqs)
     cached = sum(r.num_cached_tokens for r in reqs)
@@ -34,8 +36,10 @@ def summarize(run: SimRun) -> dict:
     makespan = max(r.finished_s for r in reqs) - min(r.arrival_s for r in reqs)
     router = run.router
     stats = _index_stats(router.index)
-    return {
+    receipts = router.receipts.total
+    out = {
         "policy": run.policy,
+        "num_routers": len(router.routers),
         "num_requests": len(reqs),
         "prompt_tokens": prompt,
         "cached_tokens": cached,
@@ -59,7 +63,12 @@ def summarize(run: SimRun) -> dict:
         "index_stats": stats,
         "index_blocks_per_s": (stats.get("blocks_stored", 0) + stats.get("blocks_removed", 0)) / router.apply_s
         if router.apply_s > 0 else 0.0,
+        "receipts": {"captured_ratio": receipts.captured_ratio, "mispredicted_rate": receipts.mispredicted_rate,
+                     "available_tokens": receipts.available_tokens, "reasons": dict(receipts.reasons)},
     }
+    if pool_hits is not None:
+        out["gap_to_single_pool"] = attribute_gap(reqs, pool_hits)
+    return out
 
 
 def _index_stats(index) -> dict:

@@ -1,4 +1,5 @@
-"""Plots of a simulation report: hit rate (against both ceilings) and TTFT per policy."""
+"""Plots of a simulation report: hit rate (against both ceilings), TTFT and, when the single
+pool was simulated, where each policy's gap to it went (cluster/sim/attribution.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ def plot_report(report: dict, path: str | Path) -> Path:
 
     names = list(report["policies"])
     pol = report["policies"]
-    fig, (ax_hit, ax_ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
+    gaps = [pol[n].get("gap_to_single_pool") for n in names]
+    with_gap = all(gaps)
+    fig, axes = plt.subplots(1, 3 if with_gap else 2, figsize=(16 if with_gap else 11, 4.2))
+    ax_hit, ax_ttft = axes[0], axes[1]
     ax_hit.bar(names, [100 * pol[n]["hit_rate"] for n in names], color="tab:blue")
     ceil = report.get("ceilings", {})
     for key, style, label in (("infinite_cache_hit_rate", ":", "infinite cache"),
@@ -33,14 +37,37 @@ def plot_report(report: dict, path: str | Path) -> Path:
     ax_ttft.set_ylabel("TTFT (s, log scale)")
     ax_ttft.set_title("Time to first token")
     ax_ttft.legend(fontsize=8)
-    for ax in (ax_hit, ax_ttft):
+    if with_gap:
+        _plot_gap(axes[2], names, gaps)
+    for ax in axes:
         ax.tick_params(axis="x", rotation=20)
     cfg = report["config"]
     fig.suptitle(f"kvmesh sim: {cfg['num_replicas']} replicas, {report['trace']['requests']} requests, "
                  f"time scale {cfg['time_scale']}", fontsize=10)
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.2, top=0.84, wspace=0.25)  # tight_layout costs seconds
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.24, top=0.84, wspace=0.25)  # tight_layout costs seconds
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(p, dpi=110)
     plt.close(fig)
     return p
+
+
+def _plot_gap(ax, names: list[str], gaps: list[dict]) -> None:
+    """Stacked bars: points of hit rate lost (up) and won back (down) against the single pool."""
+    parts = (("evicted_everywhere_points", 1, "evicted everywhere"), ("diverted_points", 1, "diverted (load)"),
+             ("routing_admission_race_lost_points", 1, "race lost"),
+             ("kept_beyond_pool_points", -1, "kept beyond the pool"),
+             ("routing_admission_race_gained_points", -1, "race gained"))
+    up, down = [0.0] * len(names), [0.0] * len(names)
+    for key, sign, label in parts:
+        values = [sign * g[key] for g in gaps]
+        base = up if sign > 0 else down
+        ax.bar(names, values, bottom=base, label=label)
+        for i, v in enumerate(values):
+            base[i] += v
+    ax.plot(names, [g["gap_points"] for g in gaps], "k_", markersize=18, label="net gap")
+    ax.axhline(0, color="k", linewidth=0.6)
+    ax.set_yscale("symlog", linthresh=2)
+    ax.set_ylabel("points of hit rate vs single pool")
+    ax.set_title("Where the gap to the single pool goes")
+    ax.legend(fontsize=7)

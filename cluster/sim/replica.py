@@ -64,6 +64,13 @@ class SimReplica:
     def num_in_flight(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    def load_report(self) -> dict:
+        """What the replica's ``/load`` would answer now (``protocol.LoadReport`` fields)."""
+        reqs = [*self.waiting, *self.running]
+        return {"num_requests_running": len(self.running), "num_requests_waiting": len(self.waiting),
+                "kv_cache_usage": self.kv.usage,
+                "num_waiting_prefill_tokens": sum(r.remaining_prefill for r in reqs)}
+
     def blocks_needed(self, req: SimRequest) -> int:
         return math.ceil((req.num_prompt_tokens + req.max_output_tokens) / self.config.block_size)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvmesh.cluster.benchmarks.traces import MooncakeRecord
 
@@ -22,7 +22,11 @@ class SimRequest:
     num_computed_tokens: int = 0
     cache_salt: str | None = None
     lora_name: str | None = None
+    session_id: str | None = None
+    """The conversation this request belongs to (generated multi-turn workloads), if any."""
     # -- measured --
+    router_index: int = 0  # which of the simulated routers routed it
+    receipt: object = None  # its RouteReceipt (router/receipts.py)
     replica_id: int = -1
     predicted_hit_tokens: int = 0  # the router's match for the chosen replica, in tokens
     num_cached_tokens: int = 0  # prefix hit found in the replica's pool on admission
@@ -63,7 +67,8 @@ def requests_from_mooncake(records: list[MooncakeRecord], time_scale: float = 1.
     out = []
     for i, r in enumerate(records):
         n = max(1, min(round(r.input_length * scale), len(r.hash_ids) * block_size))
-        out.append(SimRequest(f"req-{i}", r.arrival_s * time_scale, r.hash_ids, n, max(1, r.output_length)))
+        out.append(SimRequest(f"req-{i}", r.arrival_s * time_scale, r.hash_ids, n, max(1, r.output_length),
+                              session_id=getattr(r, "session_id", None)))
     return out
 
 
@@ -81,5 +86,5 @@ def cut_trace(records: list[MooncakeRecord], start: int = 0, count: int | None =
         ids, n = r.hash_ids, r.input_length
         if max_prompt_blocks is not None and len(ids) > max_prompt_blocks:
             ids, n = ids[:max_prompt_blocks], max_prompt_blocks * trace_block_tokens
-        out.append(MooncakeRecord(r.timestamp_ms - t0, n, r.output_length, ids))
+        out.append(replace(r, timestamp_ms=r.timestamp_ms - t0, input_length=n, hash_ids=ids))
     return out

@@ -3,13 +3,18 @@
 sockets) with the replicas' KV events and driven in simulated time.
 
 Loads are what the HTTP router itself knows (its ``LoadTracker`` counters: requests in flight,
-uncached prompt tokens not yet past prefill); the replicas' polled ``/load`` reports are not
-simulated.
+uncached prompt tokens not yet past prefill) plus, with ``load_poll_s > 0``, the replicas'
+``/load`` reports as of the router's last poll.
+
+With ``num_routers > 1`` there are N such routers, as ``kvmesh router --workers N`` runs them:
+each applies every replica's events to its own index, keeps its own predictions, counters and
+session pins, and sees only the requests spread to it (and the polled reports).
 """
 
 from __future__ import annotations
 
 import inspect
+import random
 import time
 
 from kvmesh.cluster.sim.config import SimConfig
@@ -39,47 +44,91 @@ def build_policy(name: str, kwargs: dict, block_size: int, seed: int):
 
 
 class SimRouter:
-    """A real ``KVRouter`` driven in simulated time, plus the dispatch/first-token/finish load
-    accounting the HTTP front does around it."""
+    """``num_routers`` real ``KVRouter``s driven in simulated time, plus the dispatch/first-token/
+    finish load accounting and the receipts the HTTP front keeps around each of them."""
 
     def __init__(self, policy: str, config: SimConfig, replicas: list) -> None:
         from kvmesh.router.core import KVRouter
+        from kvmesh.router.receipts import Receipts
+        from kvmesh.router.session import SessionConfig
 
         self.block_size = config.block_size
-        self.router = KVRouter(
-            block_size=config.block_size,
-            policy=build_policy(policy, config.policy_kwargs, config.block_size, config.seed),
-            predict_ttl_s=config.predict_ttl_s,
-        )
-        for rep in replicas:
-            self.router.add_replica(rep.replica_id)
+        self.config = config
+        self.routers = [
+            KVRouter(block_size=config.block_size,
+                     policy=build_policy(policy, config.policy_kwargs, config.block_size, config.seed + k),
+                     predict_ttl_s=config.predict_ttl_s, sessions=SessionConfig(ttl_s=config.session_ttl_s))
+            for k in range(config.num_routers)
+        ]
+        for router in self.routers:
+            for rep in replicas:
+                router.add_replica(rep.replica_id)
+        self.router = self.routers[0]
         self.index = self.router.index
         self.tracker = self.router.loads
         self.policy_name = policy
+        self.receipts = Receipts()
+        """Every request's receipt, completed with the cached tokens its replica found on admission."""
+        self._spread = random.Random(config.seed) if config.router_spread == "random" else None
+        self._next = 0
         # -- measured --
         self.num_events = 0
         self.apply_s = 0.0
 
+    def _pick_router(self) -> int:
+        n = len(self.routers)
+        if self._spread is not None:
+            return self._spread.randrange(n)
+        self._next += 1
+        return (self._next - 1) % n
+
     def route(self, req: SimRequest) -> int:
-        decision = self.router.route(req.all_token_ids, req.cache_salt, req.lora_name, now=req.arrival_s)
+        k = req.router_index = self._pick_router()
+        router = self.routers[k]
+        session = req.session_id if self.config.use_sessions else None
+        decision = router.route(req.all_token_ids, req.cache_salt, req.lora_name, now=req.arrival_s,
+                                session_id=session)
         rid = req.replica_id = decision.replica_id
         req.predicted_hit_tokens = decision.predicted_hit_tokens
-        self.tracker.on_dispatch(rid, self._uncached(req))
+        req.receipt = decision.receipt
+        for tracker in self._trackers(k):
+            tracker.on_dispatch(rid, self._uncached(req), now=req.arrival_s)
+        if session is not None and self.config.share_sessions:
+            for other in self.routers:
+                other.sessions.pin(session, rid, req.arrival_s)
+        if self.config.share_predictions:
+            for other in self.routers:
+                if other is not router:
+                    other.index.predict(rid, decision.keys, now=req.arrival_s)
         return rid
+
+    def _trackers(self, k: int) -> list:
+        """The load trackers that count router ``k``'s requests: its own, or all with ``share_loads``."""
+        return [r.loads for r in self.routers] if self.config.share_loads else [self.routers[k].loads]
 
     def _uncached(self, req: SimRequest) -> int:
         return req.num_prompt_tokens - req.predicted_hit_tokens
 
     def on_first_tokens(self, rid: int, reqs: list[SimRequest]) -> None:
         for r in reqs:
-            self.tracker.on_first_output(rid, self._uncached(r))
+            for tracker in self._trackers(r.router_index):
+                tracker.on_first_output(rid, self._uncached(r))
+            self.receipts.record_actual(r.receipt, r.num_cached_tokens)
 
     def on_finished(self, rid: int, reqs: list[SimRequest]) -> None:
         for r in reqs:
-            self.tracker.on_finish(rid, self._uncached(r), had_output=True)
+            for tracker in self._trackers(r.router_index):
+                tracker.on_finish(rid, self._uncached(r), had_output=True)
 
     def apply(self, rid: int, events: list) -> None:
         t0 = time.perf_counter()
-        self.router.apply_events(rid, events)
+        for router in self.routers:
+            router.apply_events(rid, events)
         self.apply_s += time.perf_counter() - t0
         self.num_events += len(events)
+
+    def poll(self, k: int, replicas: list) -> None:
+        """Router ``k`` reads every replica's ``/load`` (as ``RouterService`` polls it)."""
+        loads = self.routers[k].loads.loads
+        for rep in replicas:
+            loads[rep.replica_id].update_report(rep.load_report())

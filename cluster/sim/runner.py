@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from kvmesh.cluster.benchmarks.traces import BlockTokenCache, MooncakeRecord
-from kvmesh.cluster.sim.ceilings import infinite_hit_rate, single_pool_hit_rate
+from kvmesh.cluster.sim.ceilings import infinite_hit_rate, single_pool_hits
 from kvmesh.cluster.sim.config import SimConfig
 from kvmesh.cluster.sim.loop import run_policy
 from kvmesh.cluster.sim.metrics import summarize
@@ -29,8 +29,14 @@ def blocks_per_replica(config: SimConfig, records: list[MooncakeRecord]) -> int:
 
 
 def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies: list[str],
-                     show_progress: bool = True, with_ceilings: bool = True) -> dict:
-    """Simulate every policy on ``records``; returns the JSON-ready report."""
+                     show_progress: bool = True, with_ceilings: bool = True,
+                     variants: dict[str, dict] | None = None) -> dict:
+    """Simulate every policy on ``records``; returns the JSON-ready report.
+
+    ``variants`` runs each policy once per entry, label suffix -> ``SimConfig`` fields to change
+    (e.g. ``{" 1 router": {"num_routers": 1}, " 4 routers": {"num_routers": 4}}``); the report
+    names each run ``policy + suffix``. Default: one run per policy with ``config`` as given.
+    """
     from tqdm import tqdm
 
     tokens = BlockTokenCache(config.block_size, config.vocab_size, config.seed)
@@ -53,23 +59,27 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
         "ceilings": {},
         "policies": {},
     }
+    pool_hits = None
     if with_ceilings:
         t0 = time.perf_counter()
         reqs = fresh()
+        pool_hits = single_pool_hits(reqs, total_blocks, config.block_size, tokens)
         report["ceilings"] = {
             "infinite_cache_hit_rate": infinite_hit_rate(reqs, config.block_size),
-            "single_pool_hit_rate": single_pool_hit_rate(reqs, total_blocks, config.block_size, tokens),
+            "single_pool_hit_rate": sum(pool_hits) / max(1, sum(r.num_prompt_tokens for r in reqs)),
             "wall_s": time.perf_counter() - t0,
         }
-    for name in policies:
-        with tqdm(total=len(records), desc=f"sim {name}", unit="req", disable=not show_progress,
+    runs = [(name + suffix, name, replace(config, **changes))
+            for name in policies for suffix, changes in (variants or {"": {}}).items()]
+    for label, name, cfg in runs:
+        with tqdm(total=len(records), desc=f"sim {label}", unit="req", disable=not show_progress,
                   leave=False) as bar:
-            run = run_policy(name, fresh(), config, per_replica, tokens, progress=bar.update)
-        summary = summarize(run)
+            run = run_policy(name, fresh(), cfg, per_replica, tokens, progress=bar.update)
+        summary = summarize(run, pool_hits)
         ceiling = report["ceilings"].get("single_pool_hit_rate")
         if ceiling:
             summary["hit_rate_vs_single_pool"] = summary["hit_rate"] / ceiling
-        report["policies"][name] = summary
+        report["policies"][label] = summary
     return report
 
 

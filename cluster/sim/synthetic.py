@@ -3,7 +3,8 @@
 Multi-turn conversations of several tenants: a conversation starts with its tenant's system
 prompt (``system_blocks`` shared blocks), and each turn appends ``turn_blocks`` new blocks to the
 whole history, so turn *k* shares turn *k-1*'s prompt as a prefix. Conversations start as a
-Poisson process; turns follow each other after an exponential think time.
+Poisson process; turns follow each other after an exponential think time. Each record carries
+its conversation's ``session_id``.
 """
 
 from __future__ import annotations
@@ -44,19 +45,22 @@ class SyntheticTrace:
             raise ValueError("conversations_per_s must be > 0 and think_s >= 0")
 
     def records(self) -> list[MooncakeRecord]:
+        from kvmesh.cluster.sim.workloads import SessionRecord
+
         rng = random.Random(self.seed)
         next_id = itertools.count()
         systems = [[next(next_id) for _ in range(self.system_blocks)] for _ in range(self.num_tenants)]
         out: list[MooncakeRecord] = []
-        start = 0.0
+        start, conv = 0.0, 0
         while len(out) < self.num_requests:
             start += rng.expovariate(self.conversations_per_s)
             ids = list(systems[rng.randrange(self.num_tenants)])
-            t = start
+            t, sid = start, f"conv-{conv}"
+            conv += 1
             for _ in range(self.turns):
                 ids = ids + [next(next_id) for _ in range(self.turn_blocks)]
-                out.append(MooncakeRecord(1000.0 * t, len(ids) * MOONCAKE_BLOCK_TOKENS, self.output_tokens,
-                                          tuple(ids)))
+                out.append(SessionRecord(1000.0 * t, len(ids) * MOONCAKE_BLOCK_TOKENS, self.output_tokens,
+                                         tuple(ids), sid))
                 t += rng.expovariate(1.0 / self.think_s) if self.think_s else 0.0
                 if len(out) >= self.num_requests:
                     break

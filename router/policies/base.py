@@ -7,6 +7,8 @@
   replicas holding nothing may be absent; replicas not in ``loads`` are ignored.
 - ``loads``: the *candidate* replicas (healthy ones), id -> ``ReplicaLoad`` (router/load.py).
 - ``num_prompt_tokens``: the prompt length; defaults to ``len(request_keys) * block_size``.
+
+``keeps_session(pinned, chosen, ...)`` decides whether a session's pin overrides the choice.
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ class Policy:
         num_prompt_tokens: int | None = None,
     ) -> Hashable:
         raise NotImplementedError
+
+    def keeps_session(self, pinned: Hashable, chosen: Hashable, request_keys: Sequence[int],
+                      matches: Mapping[Hashable, int], loads: Mapping[Hashable, object],
+                      num_prompt_tokens: int | None = None) -> bool:
+        """Whether a request of a session pinned to ``pinned`` stays there although ``choose``
+        picked ``chosen`` (router/session.py). Baselines know no cost: the pin always holds."""
+        return True
 
     @staticmethod
     def _check(loads: Mapping) -> None:

@@ -1,15 +1,25 @@
-"""``cache_aware`` (default): the replica where the request would finish its prefill soonest.
+"""``cache_aware`` (default): the replica where the request would finish its prefill soonest,
+counting what its new blocks will evict.
 
 For each candidate replica ``r``, in prefill-token units::
 
-    cost(r) = uncached(r)                          prompt tokens it would still compute (prompt - cached prefix)
+    cost(r) = uncached(r) * turnover(r)            prompt tokens it would still compute (prompt - cached prefix)
             + backlog_weight * prefill_backlog(r)  prompt tokens queued before ours
             + decode_weight * decode_load(r)       running requests slowing every step
+
+    turnover(r) = 1 + churn_weight * (x - 1),   x = recent_prefill(r) / mean recent_prefill,
+                                                  clamped to [1 / churn_clamp, churn_clamp]
 
 The trade-off is continuous, not a threshold: a cached prefix keeps attracting requests until the
 replica's backlog outweighs the prefill it saves. ``backlog_weight`` < 1 leans towards reuse:
 queued prefill only delays this request, while prefill saved by a hit is compute every later
-request gets back (and a burst sharing a new prefix stays on the replica that is computing it). With ``temperature > 0`` the choice is sampled
+request gets back (and a burst sharing a new prefix stays on the replica that is computing it).
+``turnover`` makes the choice eviction-aware: every uncached token stored on a replica evicts one
+from the tail of its LRU, and a replica that takes in new tokens faster than the others has a
+younger, likelier-reused tail. Steering new work towards slow-turnover replicas makes the
+partitioned caches behave more like one LRU pool (the simulator's attribution: fewer prefixes
+evicted from every replica). Defaults (0.15, 1.0) come from ``kvmesh sim`` (BENCHMARKS.md §1.7).
+With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
 """
@@ -17,15 +27,19 @@ replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 
 from kvmesh.router.policies.base import Policy
+
+_RECENT_PREFILL = attrgetter("recent_prefill")
 
 
 class CacheAwarePolicy(Policy):
     name = "cache_aware"
 
-    def __init__(self, decode_weight: float = 8.0, backlog_weight: float = 0.5, temperature: float = 0.0,
-                 **kwargs) -> None:
+    def __init__(self, decode_weight: float = 8.0, backlog_weight: float = 0.15, temperature: float = 0.0,
+                 session_slack_tokens: float = 0.0, churn_weight: float = 1.0, churn_clamp: float = 2.0,
+                 backlog_release_tokens: float = math.inf, **kwargs) -> None:
         super().__init__(**kwargs)
         if decode_weight < 0 or backlog_weight < 0:
             raise ValueError(f"decode_weight and backlog_weight must be >= 0, got {decode_weight}, {backlog_weight}")
@@ -35,19 +49,68 @@ class CacheAwarePolicy(Policy):
         """Prefill tokens one running request on a replica is worth."""
         self.backlog_weight = backlog_weight
         """Weight of the prompt tokens queued on a replica against the ones a cache hit saves."""
+        if not backlog_release_tokens >= 0:
+            raise ValueError(f"backlog_release_tokens must be >= 0, got {backlog_release_tokens}")
+        self.backlog_release_tokens = backlog_release_tokens
+        """Queued prefill tokens beyond which the backlog counts in full (weight 1, not
+        ``backlog_weight``): past this release point a hot replica sheds requests as a plain
+        least-loaded router would, so its prefixes get replicated elsewhere. inf = never."""
         self.temperature = temperature
         """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
+        if session_slack_tokens < 0:
+            raise ValueError(f"session_slack_tokens must be >= 0, got {session_slack_tokens}")
+        if churn_weight < 0:
+            raise ValueError(f"churn_weight must be >= 0, got {churn_weight}")
+        self.churn_weight = churn_weight
+        """Eviction awareness: uncached tokens placed on a replica whose cache turns over faster than
+        the mean (``recent_prefill``) evict younger, likelier-reused blocks; they cost
+        ``1 + churn_weight * (churn / mean churn - 1)`` each instead of 1."""
+        if churn_clamp < 1:
+            raise ValueError(f"churn_clamp must be >= 1, got {churn_clamp}")
+        self.churn_clamp = churn_clamp
+        """Bound of the churn ratio (a replica idle so far must not look free: ratio >= 1/clamp)."""
+        self.session_slack_tokens = session_slack_tokens
+        """How much more (in cost units, prefill tokens) a session's replica may cost than the
+        cheapest one before the session is released to the cheapest. 0 (default): the pin holds
+        while its replica is among the cheapest; the index already keeps a conversation where its
+        history is cached, and in the simulator every slack above 0 cost hit rate and balance
+        (it overrides the load and turnover terms: BENCHMARKS.md §1.8)."""
         self._tie = 0
 
     def costs(self, request_keys, matches, loads, num_prompt_tokens=None) -> dict:
         """Cost of every candidate replica (for metrics and tests)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        bs, w, wb, get = self.block_size, self.decode_weight, self.backlog_weight, matches.get
+        bs, w, get = self.block_size, self.decode_weight, matches.get
+        churn = self._churn_factor(loads)
         out = {}
         for rid, load in loads.items():
             uncached = prompt - bs * get(rid, 0)
-            out[rid] = (uncached if uncached > 0 else 0) + wb * load.prefill_backlog + w * load.decode_load
+            uncached = uncached if uncached > 0 else 0
+            if churn:
+                uncached *= self._turnover(churn * load.recent_prefill)
+            out[rid] = uncached + self._backlog_cost(load.prefill_backlog) + w * load.decode_load
         return out
+
+    def _backlog_cost(self, backlog: float) -> float:
+        wb, release = self.backlog_weight, self.backlog_release_tokens
+        return wb * backlog + ((1 - wb) * (backlog - release) if backlog > release else 0.0)
+
+    def _churn_factor(self, loads) -> float:
+        """``1 / mean recent_prefill`` over the candidates (0: no churn term)."""
+        if not self.churn_weight:
+            return 0.0
+        total = sum(map(_RECENT_PREFILL, loads.values()))
+        return len(loads) / total if total > 0 else 0.0
+
+    def _turnover(self, ratio: float) -> float:
+        clamp = self.churn_clamp
+        ratio = clamp if ratio > clamp else 1 / clamp if ratio * clamp < 1 else ratio
+        return 1 + self.churn_weight * (ratio - 1)
+
+    def keeps_session(self, pinned, chosen, request_keys, matches, loads, num_prompt_tokens=None) -> bool:
+        costs = self.costs(request_keys, matches, {pinned: loads[pinned], chosen: loads[chosen]},
+                           num_prompt_tokens)
+        return costs[pinned] <= costs[chosen] + self.session_slack_tokens
 
     def choose(self, request_keys, matches, loads, num_prompt_tokens=None):
         self._check(loads)
@@ -59,15 +122,24 @@ class CacheAwarePolicy(Policy):
         # One pass, fields read directly (this runs once per request over every candidate).
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         bs, w, wb, get = self.block_size, self.decode_weight, self.backlog_weight, matches.get
+        churn, release = self._churn_factor(loads), self.backlog_release_tokens
+        cw, hi = self.churn_weight, self.churn_clamp
+        lo = 1 / hi
         best_cost, ties = math.inf, []
         for rid, load in loads.items():
             cached = get(rid)
             cost = prompt - bs * cached if cached else prompt
             if cost < 0:
                 cost = 0
+            elif churn:  # turnover(), inlined: this loop runs over every candidate per request
+                x = churn * load.recent_prefill
+                cost *= 1 + cw * ((hi if x > hi else lo if x < lo else x) - 1)
             pending, queued = load.pending_prefill_tokens, load.queued_prefill_tokens
             in_flight, reported = load.in_flight, load.num_running + load.num_waiting
-            cost += wb * (pending if pending > queued else queued) + w * (in_flight if in_flight > reported else reported)
+            backlog = pending if pending > queued else queued
+            cost += wb * backlog + w * (in_flight if in_flight > reported else reported)
+            if backlog > release:
+                cost += (1 - wb) * (backlog - release)
             if cost < best_cost:
                 best_cost, ties = cost, [rid]
             elif cost == best_cost:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
-from kvmesh.router.load import ReplicaLoad
+from kvmesh.router.load import LoadTracker, ReplicaLoad
 from kvmesh.router.policies import POLICIES, NoReplicaError, get_policy
 
 BS = 16
@@ -108,3 +110,53 @@ def test_every_policy_picks_among_a_thousand_replicas(name):
 def test_unknown_policy_names_the_choices():
     with pytest.raises(ValueError, match="cache_aware"):
         get_policy("nope")
+
+
+def test_cache_aware_sends_new_work_to_the_replica_whose_cache_turns_over_slowest():
+    policy = get_policy("cache_aware", block_size=BS, churn_weight=1.0)
+    churned = loads(3, r0={"recent_prefill": 3000.0}, r1={"recent_prefill": 1000.0}, r2={"recent_prefill": 2000.0})
+    assert policy.choose(KEYS, {}, churned) == "r1"
+    assert {policy.choose(KEYS, {}, churned) for _ in range(3)} == {"r1"}
+    blind = get_policy("cache_aware", block_size=BS, churn_weight=0.0)
+    assert {blind.choose(KEYS, {}, churned) for _ in range(3)} == {"r0", "r1", "r2"}  # ties rotate
+
+
+def test_cache_aware_churn_does_not_move_a_request_off_its_cached_prefix():
+    policy = get_policy("cache_aware", block_size=BS, churn_weight=1.0)
+    churned = loads(2, r0={"recent_prefill": 9000.0}, r1={"recent_prefill": 1000.0})
+    assert policy.choose(KEYS, {"r0": 60}, churned) == "r0"
+
+
+def test_load_tracker_recent_prefill_decays_with_its_time_constant():
+    tracker = LoadTracker(churn_tau_s=10.0)
+    for rid in ("a", "b"):
+        tracker.add_replica(rid)
+    tracker.on_dispatch("a", 1000, now=0.0)
+    tracker.on_dispatch("b", 1000, now=10.0)  # as recent as it gets: a's tokens have decayed by e since
+    ratio = tracker.loads["b"].recent_prefill / tracker.loads["a"].recent_prefill
+    assert ratio == pytest.approx(math.e)
+    tracker.on_dispatch("a", 1000, now=1e7)  # far later: rebased, no overflow; b's old tokens forgotten
+    assert tracker.loads["a"].recent_prefill == pytest.approx(1000.0) and tracker.loads["b"].recent_prefill < 1e-50
+
+
+def test_cache_aware_backlog_release_point_makes_a_hot_replica_shed_requests():
+    kept = get_policy("cache_aware", block_size=BS, decode_weight=0, backlog_weight=0.1, churn_weight=0)
+    shed = get_policy("cache_aware", block_size=BS, decode_weight=0, backlog_weight=0.1, churn_weight=0,
+                      backlog_release_tokens=1000)
+    hot = loads(2, r1={"queued_prefill_tokens": 3000})  # saved 640 tokens vs 300 (kept) or 300 + 1800 (shed)
+    assert kept.choose(KEYS, {"r1": 40}, hot) == "r1"
+    assert shed.choose(KEYS, {"r1": 40}, hot) == "r0"
+    assert shed.costs(KEYS, {"r1": 40}, hot)["r1"] == pytest.approx(384 + 300 + 0.9 * 2000)
+
+
+def test_cache_aware_choice_is_the_minimum_of_its_reported_costs():
+    import random
+
+    rng = random.Random(5)
+    policy = get_policy("cache_aware", block_size=BS, backlog_release_tokens=2000)
+    for _ in range(200):
+        many = loads(8, **{f"r{i}": {"recent_prefill": rng.uniform(0, 5000), "in_flight": rng.randrange(20),
+                                     "queued_prefill_tokens": rng.randrange(6000)} for i in range(8)})
+        matches = {f"r{i}": rng.randrange(65) for i in range(8) if rng.random() < 0.5}
+        costs = policy.costs(KEYS, matches, many)
+        assert costs[policy.choose(KEYS, matches, many)] == pytest.approx(min(costs.values()))

@@ -59,8 +59,10 @@ def test_report_shows_every_policy_side_by_side(report):
     table = format_table(report)
     lines = table.splitlines()
     assert "single pool" in table and "infinite cache" in table
-    rows = [line.split()[0] for line in lines[lines.index(next(x for x in lines if x.startswith("policy"))) + 2:]]
+    start = lines.index(next(x for x in lines if x.startswith("policy"))) + 2
+    rows = [line.split()[0] for line in lines[start:start + len(POLICIES)]]
     assert rows == POLICIES
+    assert "gap to the single pool" in lines[start + len(POLICIES)]
     for s in report["policies"].values():
         assert {"hit_rate", "ttft_s", "queue_s", "load_imbalance", "events_per_s"} <= set(s)
         assert s["events"] > 0 and s["events_per_s"] > 0

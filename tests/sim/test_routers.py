@@ -1,0 +1,120 @@
+"""``--routers N``: independent routers, each with its own index, predictions and load view."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvmesh.cluster.benchmarks.traces import BlockTokenCache, MooncakeRecord
+from kvmesh.cluster.sim.config import SimConfig
+from kvmesh.cluster.sim.loop import run_policy
+from kvmesh.cluster.sim.request import requests_from_mooncake
+from kvmesh.cluster.sim.router_adapter import SimRouter
+from kvmesh.cluster.sim.runner import compare_policies
+from kvmesh.cluster.sim.synthetic import SyntheticTrace
+from kvmesh.kvcache.hashing import external_hash
+
+CFG = SimConfig(num_replicas=4, block_size=32, blocks_per_replica=16, max_num_batched_tokens=256)
+
+
+def _trace(n: int = 80) -> list[MooncakeRecord]:
+    recs = []
+    for i in range(n):  # 8 prefixes of 3 blocks, each request adds its own block
+        ids = tuple(100 * (i % 8) + k for k in range(3)) + (10_000 + i,)
+        recs.append(MooncakeRecord(i * 30.0, len(ids) * 32 - 5, 4, ids))
+    return recs
+
+
+def _run(config: SimConfig, policy: str = "cache_aware"):
+    reqs = requests_from_mooncake(_trace(), 1.0, 32, trace_block_tokens=32)
+    return run_policy(policy, reqs, config, 16, BlockTokenCache(32, 256))
+
+
+def test_requests_are_spread_round_robin_and_every_router_indexes_every_replica():
+    run = _run(replace(CFG, num_routers=3))
+    assert [r.router_index for r in run.requests[:6]] == [0, 1, 2, 0, 1, 2]
+    assert len(run.router.routers) == 3
+    for router in run.router.routers:
+        for rep in run.replicas:
+            pool = {external_hash(h) for h in rep.kv.block_pool.cached_block_hash_to_block}
+            assert router.index.cached_hashes(rep.replica_id) == pool
+            assert router.loads.loads[rep.replica_id].in_flight == 0  # every request was accounted back
+
+
+def test_random_spread_is_seeded_and_uses_every_router():
+    a = [r.router_index for r in _run(replace(CFG, num_routers=3, router_spread="random")).requests]
+    b = [r.router_index for r in _run(replace(CFG, num_routers=3, router_spread="random")).requests]
+    assert a == b and set(a) == {0, 1, 2}
+
+
+def test_load_polls_give_every_router_the_replicas_reports():
+    run = _run(replace(CFG, num_routers=2, load_poll_s=0.5))
+    for router in run.router.routers:
+        assert all(load.reported_at is not None for load in router.loads.loads.values())
+
+
+def test_shared_predictions_credit_the_replica_in_the_other_routers():
+    cfg = replace(CFG, num_routers=2, share_predictions=True)
+    reqs = requests_from_mooncake(_trace(2), 1.0, 32, trace_block_tokens=32)
+    tokens = BlockTokenCache(32, 256)
+    for share in (False, True):
+        sim = SimRouter("cache_aware", replace(cfg, share_predictions=share), [_Rep(i) for i in range(4)])
+        reqs[0].all_token_ids = tokens.prompt(reqs[0].hash_ids, reqs[0].num_prompt_tokens)
+        rid = sim.route(reqs[0])
+        other = sim.routers[1].index.match(sim.routers[0].hasher.keys(reqs[0].all_token_ids), now=0.0)
+        assert other == ({rid: 3} if share else {})
+
+
+class _Rep:
+    def __init__(self, rid: int) -> None:
+        self.replica_id = rid
+
+
+def test_sessions_help_one_router_and_need_a_shared_table_under_several():
+    recs = SyntheticTrace(num_requests=120, conversations_per_s=2.0, think_s=2.0, system_blocks=2,
+                          turn_blocks=1).records()
+    hits = {}
+    for n in (1, 4):
+        cfg = replace(CFG, num_routers=n, policy_kwargs={"session_slack_tokens": 4096})  # pins that bind
+        report = compare_policies(recs, miniature_cfg(cfg), ["cache_aware"],
+                                  show_progress=False, variants={
+                                      "/off": {"use_sessions": False}, "/on": {"use_sessions": True},
+                                      "/shared": {"use_sessions": True, "share_sessions": True}})
+        for label, s in report["policies"].items():
+            hits[n, label.split("/")[1]] = s["hit_rate"]
+            assert (s["receipts"]["reasons"]["session"] > 0) == (not label.endswith("off"))
+    assert hits[1, "on"] >= hits[1, "off"]
+    # Each router pins only the turns it routed: its pins go stale unless the routers share them.
+    assert hits[4, "shared"] > hits[4, "on"]
+
+
+def miniature_cfg(config: SimConfig) -> SimConfig:
+    from kvmesh.cluster.sim.config import miniature
+
+    return miniature(replace(config, block_size=512, blocks_per_replica=None, capacity_fraction=0.5), 16)
+
+
+def test_gap_attribution_adds_up_to_the_gap_to_the_single_pool():
+    # In the trace's own 512-token units (compare_policies maps one hash id to one 32-token block).
+    recs = [replace(r, timestamp_ms=r.timestamp_ms / 4, input_length=len(r.hash_ids) * 512 - 5) for r in _trace()]
+    report = compare_policies(recs, replace(CFG, blocks_per_replica=None), ["cache_aware", "random"],
+                              show_progress=False)
+    pool = report["ceilings"]["single_pool_hit_rate"]
+    for s in report["policies"].values():
+        g = s["gap_to_single_pool"]
+        assert abs(g["gap_points"] - 100 * (pool - s["hit_rate"])) < 1e-6
+        parts = (g["evicted_everywhere_points"] - g["kept_beyond_pool_points"] + g["diverted_points"]
+                 + g["routing_admission_race_lost_points"] - g["routing_admission_race_gained_points"])
+        assert abs(parts - g["gap_points"]) < 1e-6
+    assert report["policies"]["random"]["gap_to_single_pool"]["diverted_points"] > 0
+
+
+def test_shared_loads_count_every_routers_dispatches_in_each_router():
+    reqs = requests_from_mooncake(_trace(1), 1.0, 32, trace_block_tokens=32)
+    reqs[0].all_token_ids = BlockTokenCache(32, 256).prompt(reqs[0].hash_ids, reqs[0].num_prompt_tokens)
+    for share in (False, True):
+        sim = SimRouter("cache_aware", replace(CFG, num_routers=2, share_loads=share), [_Rep(i) for i in range(4)])
+        rid = sim.route(reqs[0])
+        assert sim.routers[1].loads.loads[rid].in_flight == (1 if share else 0)
+        sim.on_first_tokens(rid, [reqs[0]])
+        sim.on_finished(rid, [reqs[0]])
+        assert all(r.loads.loads[rid].in_flight == 0 for r in sim.routers)
