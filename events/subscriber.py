@@ -2,7 +2,10 @@
 
 One background thread owns every socket: a SUB per publisher (or one bound SUB that many
 publishers connect to, told apart by topic) and a DEALER per publisher for replay/snapshot
-requests. Ordering and recovery are ``tracker.SourceTracker``'s; this file moves frames.
+requests. Ordering and recovery are ``tracker.SourceTracker``'s; bad frames and degraded sources
+``subscriber_guard``'s; this file moves frames. Should the I/O loop crash anyway (a bug), the
+thread rebuilds it with the same sources after ``feed_restart_s`` -- ``feed_alive`` and
+``feed_error`` say so meanwhile, for a ``/health`` endpoint.
 Batches go to ``on_batch(source_name, seq, batch)`` on that thread, or, without a callback,
 to ``async for source_name, seq, batch in subscriber``.
 """
@@ -67,9 +70,32 @@ class SubscriberConfig:
     """First reconnect delay after a publisher goes away."""
     reconnect_ivl_max_ms: int = 2000
     """Longest reconnect delay (exponential back-off up to this)."""
+    max_payload_bytes: int = 64 << 20
+    """Largest message accepted from a source (ZeroMQ drops bigger ones and the connection)."""
+    max_batch_blocks: int = 65_536
+    """Most blocks one batch (or snapshot chunk) may name; a bigger one is dropped as bad."""
+    max_source_blocks: int = 1_000_000
+    """Most blocks one source may hold: a snapshot beyond it is refused, and consumers (the
+    router) drop batches that would take a source past it."""
+    bad_frame_threshold: int = 20
+    """Bad frames within ``bad_frame_window_s`` that degrade a source (load-only routing)."""
+    bad_frame_window_s: float = 10.0
+    """Sliding window of the bad-frame count, in seconds."""
+    recovery_free_requests: int = 4
+    """Replay/snapshot requests of one source in quick succession before back-off starts."""
+    recovery_backoff_s: float = 0.05
+    """First back-off delay of a repeated replay/snapshot request; doubles per further request."""
+    recovery_backoff_max_s: float = 5.0
+    """Longest back-off delay between two replay/snapshot requests of one source."""
+    recovery_quiet_s: float = 0.5
+    """A source that made no request for this long (plus twice its last delay) starts afresh."""
+    feed_restart_s: float = 0.5
+    """Pause before the I/O thread's loop is rebuilt after it crashed."""
 
     def __post_init__(self) -> None:
-        for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_pending", "reconnect_ivl_ms"):
+        for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_pending", "reconnect_ivl_ms",
+                     "max_payload_bytes", "max_batch_blocks", "max_source_blocks", "bad_frame_threshold",
+                     "bad_frame_window_s", "recovery_backoff_s", "recovery_backoff_max_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SubscriberConfig.{name} must be positive, got {getattr(self, name)}")
 
@@ -100,14 +126,52 @@ class EventSubscriber:
             self._io.add_source(src)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self.feed_error: str | None = None
+        """The last crash of the I/O loop (None: never crashed), for /health."""
+        self.feed_restarts = 0
+        """Times the I/O loop was rebuilt after a crash."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> EventSubscriber:
         """Start following (returns self)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._io.run, name="kvmesh-event-subscriber", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="kvmesh-event-subscriber", daemon=True)
             self._thread.start()
         return self
+
+    @property
+    def feed_alive(self) -> bool:
+        """True while the I/O thread runs its loop (False before start, after close, or while a
+        crashed loop waits to be rebuilt)."""
+        return self._thread is not None and self._thread.is_alive() and self._io.crash is None
+
+    def _run(self) -> None:
+        """The I/O thread: the loop, rebuilt with the same sources whenever it crashes."""
+        while True:
+            self._io.run()
+            crash = self._io.crash
+            if crash is None or self._closed:
+                return
+            self.feed_error = f"{type(crash).__name__}: {crash}"
+            time.sleep(self.config.feed_restart_s)
+            if self._closed:
+                return
+            self._io = self._rebuilt(self._io)
+            self.feed_restarts += 1
+            logger.warning("KV event feed restarted after a crash (%s)", self.feed_error)
+
+    def _rebuilt(self, old: SubscriberIO) -> SubscriberIO:
+        """A fresh I/O loop following ``old``'s sources, keeping their counters and pending calls."""
+        new = SubscriberIO(self._ctx, self.config, self._deliver, self._status)
+        for name, src in old._sources.items():
+            try:
+                new.add_source(src)
+            except Exception as e:
+                logger.error("KV event feed restart: source %s could not be re-added: %s", name, e)
+                continue
+            new.trackers[name].stats = old.trackers[name].stats
+        new._calls.extend(old._calls)
+        return new
 
     def close(self) -> None:
         """Stop the thread and close every socket. Idempotent."""

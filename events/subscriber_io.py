@@ -12,8 +12,8 @@ import time
 from collections import deque
 
 import zmq
-from kvmesh.events.codec import DecodeError, decode_batch_counted
 from kvmesh.events.endpoints import attach, parse_sub_endpoint
+from kvmesh.events.subscriber_guard import FrameGuard
 from kvmesh.events.subscriber_requests import MESSAGES_PER_TURN, ReplayRequests
 from kvmesh.events.tracker import SourceTracker
 from kvmesh.events.wire import unpack_seq
@@ -45,8 +45,9 @@ class _Feed:
         return None
 
 
-class SubscriberIO(ReplayRequests):
-    """Owns the sockets; see the module doc. Replay/snapshot requests: ``ReplayRequests``."""
+class SubscriberIO(ReplayRequests, FrameGuard):
+    """Owns the sockets; see the module doc. Replay/snapshot requests: ``ReplayRequests``;
+    bad frames and source health: ``FrameGuard``."""
 
     def __init__(self, ctx: zmq.Context, config, deliver, status) -> None:
         self._ctx, self._config = ctx, config
@@ -60,6 +61,13 @@ class SubscriberIO(ReplayRequests):
         self._dealers: dict[str, zmq.Socket] = {}
         self._dealer_owner: dict[zmq.Socket, str] = {}
         self._inflight: dict[str, tuple[str, float]] = {}
+        self._deferred: dict[str, tuple[str, bytes, float]] = {}  # request held back by back-off
+        self._streak: dict[str, tuple[int, float, float]] = {}  # requests in a row, last at, delay
+        self._snapshot_blocks: dict[str, int] = {}
+        self.health: dict = {}  # source name -> SourceHealth (created at its first bad frame)
+        self._next_health_check = 0.0
+        self.crash: BaseException | None = None
+        """What stopped the loop, when it stopped for anything but ``call(None)``."""
         self._to_start: list[str] = []
         self._active: dict[str, float] = {}  # source -> last time it sent us anything
         self._next_probe_check = 0.0
@@ -115,6 +123,7 @@ class SubscriberIO(ReplayRequests):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, self._config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._config.reconnect_ivl_max_ms)
+            sock.setsockopt(zmq.MAXMSGSIZE, self._config.max_payload_bytes)
             try:
                 address = attach(sock, ep)
             except Exception:
@@ -133,7 +142,7 @@ class SubscriberIO(ReplayRequests):
             self.bound[src.name] = feed.address
         self._sources[src.name] = src
         self.trackers[src.name] = SourceTracker(
-            src.name, self._deliver, self._request, self._status_cb,
+            src.name, self._deliver, self._request, self._tracker_status,
             has_replay=src.replay_endpoint is not None, max_pending=self._config.max_pending,
         )
         self._to_start.append(src.name)
@@ -146,6 +155,9 @@ class SubscriberIO(ReplayRequests):
         self._active.pop(name, None)
         self.bound.pop(name, None)
         self._inflight.pop(name, None)
+        self._deferred.pop(name, None)
+        self._streak.pop(name, None)
+        self.health.pop(name, None)
         self._close_dealer(name)
         feed = self._feed_of.pop(name)
         feed.topics.pop(name, None)
@@ -171,10 +183,13 @@ class SubscriberIO(ReplayRequests):
                         self._on_dealer(self._dealer_owner[sock], sock)
                     else:
                         self._on_socket(sock)
+                self._send_deferred()
                 self._expire_requests()
                 self._probe_idle()
-        except Exception:  # pragma: no cover - a bug here must not pass silently
-            logger.exception("KV event subscriber I/O thread crashed")
+                self._check_health()
+        except Exception as e:  # a bug here must not pass silently: EventSubscriber restarts the feed
+            self.crash = e
+            logger.exception("KV event subscriber I/O loop crashed; the feed will be restarted")
         finally:
             self.close_sockets()
 
@@ -215,6 +230,8 @@ class SubscriberIO(ReplayRequests):
         if not self._inflight:
             return 100
         soonest = min(deadline for _, deadline in self._inflight.values())
+        if self._deferred:
+            soonest = min(soonest, min(at for _, _, at in self._deferred.values()))
         return max(0, min(100, int((soonest - time.monotonic()) * 1000) + 1))
 
     @staticmethod
@@ -248,34 +265,10 @@ class SubscriberIO(ReplayRequests):
                 self._warn_once(feed.address, "message for an unknown topic", f"{frames[0][:40]!r}")
                 continue
             if len(frames) != 3 or len(frames[1]) != 8:
-                tracker.on_decode_error()
-                self._warn_once(name, "bad frames", f"{len(frames)} frames; expected [topic, seq, payload]")
+                self._bad_frame(name, "decode_errors", "bad frames",
+                                f"{len(frames)} frames; expected [topic, seq (8 bytes), payload]")
                 continue
             self._active[name] = time.monotonic()
             batch = self._decode(name, frames[2])
             if batch is not None:
                 tracker.on_live(unpack_seq(frames[1]), batch)
-
-    def _decode(self, name: str, payload: bytes):
-        tracker = self.trackers[name]
-        try:
-            decoded = decode_batch_counted(payload)
-        except DecodeError as e:
-            tracker.on_decode_error()
-            self._warn_once(name, "undecodable payload", str(e))
-            return None
-        if decoded.unknown_events:
-            tracker.stats.unknown_events += decoded.unknown_events
-            self._warn_once(name, "unknown events", f"{decoded.unknown_events} dropped")
-        return decoded.batch
-
-    def _deliver(self, name: str, seq: int, batch) -> None:
-        try:
-            self._deliver_cb(name, seq, batch)
-        except Exception as e:
-            self._warn_once(name, "on_batch raised", repr(e))
-
-    def _warn_once(self, name: str, what: str, detail: str) -> None:
-        if (name, what) not in self._warned:
-            self._warned.add((name, what))
-            logger.warning("KV events from %s: %s (%s); further ones are only counted", name, what, detail)
