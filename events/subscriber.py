@@ -81,6 +81,9 @@ class SubscriberConfig:
     """Bad frames within ``bad_frame_window_s`` that degrade a source (load-only routing)."""
     bad_frame_window_s: float = 10.0
     """Sliding window of the bad-frame count, in seconds."""
+    degraded_probation_s: float = 2.0
+    """A degraded source is trusted again once a snapshot resync was applied and it then sent no
+    bad frame for this long (without snapshots: ``bad_frame_window_s``)."""
     recovery_free_requests: int = 4
     """Replay/snapshot requests of one source in quick succession before back-off starts."""
     recovery_backoff_s: float = 0.05

@@ -6,7 +6,8 @@ its source's ``SourceStats`` (``bad_frames`` and one of ``decode_errors`` / ``re
 ``apply_errors``); the I/O thread and every other source carry on. A source that keeps sending
 bad frames is degraded (``health.py``): the consumer hears ``on_status(name, "degraded", why)``,
 the source is resynced from a snapshot, and ``on_status(name, "recovered", ...)`` follows once
-the snapshot is applied (or, without snapshots, after a clean window).
+the snapshot is applied and ``degraded_probation_s`` passed without a bad frame (or, without
+snapshots, after a clean window).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class FrameGuard:
         health = self.health.get(name)
         if health is None:
             cfg = self._config
-            health = self.health[name] = SourceHealth(cfg.bad_frame_threshold, cfg.bad_frame_window_s)
+            health = self.health[name] = SourceHealth(cfg.bad_frame_threshold, cfg.bad_frame_window_s,
+                                                      cfg.degraded_probation_s)
         return health
 
     def _bad_frame(self, name: str, counter: str, what: str, detail: str) -> None:
@@ -70,27 +72,27 @@ class FrameGuard:
             self._bad_frame(name, "apply_errors", "on_batch raised", f"{type(e).__name__}: {str(e)[:200]}")
 
     def _tracker_status(self, name: str, status: str, detail: str) -> None:
-        """Statuses from a tracker: a snapshot applied to a degraded source recovers it."""
+        """Statuses from a tracker; a snapshot applied to a degraded source starts its probation."""
         if status == SNAPSHOT_APPLIED:
             health = self.health.get(name)
-            if health is not None and health.recover():
-                logger.info("KV events from %s: resynced from a snapshot; trusted again", name)
-                self._status_cb(name, RECOVERED, "resynced from a snapshot")
+            if health is not None and health.degraded:
+                health.resynced = True
             return
         self._status_cb(name, status, detail)
 
     def _check_health(self) -> None:
-        """Sources without snapshots recover after a window without bad frames."""
+        """Trust degraded sources again once they qualify (``SourceHealth.may_recover``)."""
         now = time.monotonic()
         if now < self._next_health_check:
             return
         self._next_health_check = now + _HEALTH_CHECK_S
         for name, health in list(self.health.items()):
             tracker = self.trackers.get(name)
-            if (health.degraded and tracker is not None and tracker.snapshot_supported is False
-                    and health.clean_for(now)):
+            if tracker is not None and health.may_recover(now, tracker.snapshot_supported is not False):
+                why = "resynced from a snapshot" if health.resynced else "no bad frame for a whole window"
                 health.recover()
-                self._status_cb(name, RECOVERED, "no bad frame for a whole window")
+                logger.info("KV events from %s: trusted again (%s)", name, why)
+                self._status_cb(name, RECOVERED, why)
 
     def _warn_once(self, name: str, what: str, detail: str) -> None:
         if (name, what) not in self._warned:

@@ -54,6 +54,9 @@ class KVRouter:
         self.policy_name = policy.name
         self.healthy: set[Hashable] = set()
         """Replicas that may receive requests."""
+        self.degraded: dict[Hashable, str] = {}
+        """Replicas whose event stream is not trusted, with why: routed to by load only (their
+        prefix match counts as 0) until ``set_degraded(replica_id, None)``."""
         self.lock = threading.Lock()
         self.events_applied = 0
         """Events applied from all replicas."""
@@ -75,6 +78,16 @@ class KVRouter:
             self.index.remove_replica(replica_id)
             self.loads.remove_replica(replica_id)
             self.healthy.discard(replica_id)
+            self.degraded.pop(replica_id, None)
+
+    def set_degraded(self, replica_id: Hashable, reason: str | None) -> None:
+        """Stop (``reason``) or resume (None) trusting a replica's cache as its events describe it:
+        a degraded replica still takes requests, chosen by load alone."""
+        with self.lock:
+            if reason is None:
+                self.degraded.pop(replica_id, None)
+            elif replica_id in self.loads.loads:
+                self.degraded[replica_id] = reason
 
     def set_healthy(self, replica_id: Hashable, healthy: bool, clear_cache: bool = False) -> None:
         """Mark a replica (un)healthy; ``clear_cache`` drops its tree (it died and lost its cache)."""
@@ -109,6 +122,8 @@ class KVRouter:
         t1 = _ns()
         with self.lock:
             matches = self.index.match(keys, now=now)
+            if self.degraded:
+                matches = {r: m for r, m in matches.items() if r not in self.degraded}
             t2 = _ns()
             all_loads = self.loads.loads
             excluded = set(exclude)

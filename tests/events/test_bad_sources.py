@@ -80,7 +80,7 @@ def test_a_source_that_keeps_sending_garbage_is_degraded_then_recovers_after_a_s
     good, bad = two_publishers
     corrupting = CorruptingSocket(bad._io._pub, corrupt=lambda seq: seq >= 2, garbage=RANDOM)
     bad._io._pub = corrupting
-    config = SubscriberConfig(replay_timeout=0.5, snapshot_timeout=0.5, bad_frame_threshold=3,
+    config = SubscriberConfig(replay_timeout=0.5, snapshot_timeout=0.5, bad_frame_threshold=3, degraded_probation_s=0.3,
                               bad_frame_window_s=30.0)
     statuses = []
     f = follow(("good", good), ("bad", bad), config=config)
