@@ -66,9 +66,25 @@ class PublisherConfig:
     """Blocks per snapshot message."""
     shutdown_timeout: float = 1.0
     """Seconds ``close`` waits for queued batches to go out."""
+    replay_requests_per_s: float = 50.0
+    """Replay/snapshot requests answered per second, all peers together; more are dropped unanswered
+    (the asker times out and backs off)."""
+    replay_request_burst: int = 100
+    """Requests answered at once before ``replay_requests_per_s`` applies."""
+    snapshots_per_s: float = 2.0
+    """Snapshots answered per second, all peers together (each one encodes the whole cache)."""
+    snapshot_burst: int = 4
+    """Snapshots answered at once (the most a flood can have queued in a moment)."""
+    replay_bytes_per_s: int = 64 << 20
+    """Bytes of replay/snapshot answers sent per second; requests wait (dropped) while in debt."""
+    replay_max_queued_bytes: int = 128 << 20
+    """Bytes of answers that may go out at once (the byte bucket's size): bounds what peers that
+    never read can make this process hold."""
 
     def __post_init__(self) -> None:
-        for name in ("buffer_steps", "buffer_max_bytes", "hwm", "max_queue_size", "snapshot_chunk_blocks"):
+        for name in ("buffer_steps", "buffer_max_bytes", "hwm", "max_queue_size", "snapshot_chunk_blocks",
+                     "replay_requests_per_s", "replay_request_burst", "snapshots_per_s", "snapshot_burst",
+                     "replay_bytes_per_s", "replay_max_queued_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"PublisherConfig.{name} must be positive, got {getattr(self, name)}")
         if not self.endpoint:
@@ -123,7 +139,7 @@ class ZmqEventPublisher:
         self._space = threading.Condition()
         self._io = PublisherIO(
             pub, replay, wake_recv, self._queue, self._space, config.topic.encode(), data_parallel_rank,
-            config.buffer_steps, config.buffer_max_bytes, config.snapshot_chunk_blocks,
+            config.buffer_steps, config.buffer_max_bytes, config.snapshot_chunk_blocks, config,
         )
         self._closed = False
         self._thread = threading.Thread(target=self._io.run, name="kvmesh-event-publisher", daemon=True)
@@ -144,7 +160,7 @@ class ZmqEventPublisher:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: batches, events, replays, snapshots, resyncs, bad_requests."""
+        """Counters: batches, events, replays, snapshots, resyncs, bad_requests, throttled."""
         return dict(self._io.stats)
 
     def publish(self, events: list[KVEvent] | KVEventBatch) -> None:
