@@ -71,9 +71,10 @@ class PublisherConfig:
     (the asker times out and backs off)."""
     replay_request_burst: int = 100
     """Requests answered at once before ``replay_requests_per_s`` applies."""
-    snapshots_per_s: float = 2.0
-    """Snapshots answered per second, all peers together (each one encodes the whole cache)."""
-    snapshot_burst: int = 4
+    snapshots_per_s: float = 0.5
+    """Snapshots answered per second, all peers together (each one encodes the whole cache:
+    ~0.1-0.2 s of this process's CPU per 100k blocks)."""
+    snapshot_burst: int = 3
     """Snapshots answered at once (the most a flood can have queued in a moment)."""
     replay_bytes_per_s: int = 64 << 20
     """Bytes of replay/snapshot answers sent per second; requests wait (dropped) while in debt."""
