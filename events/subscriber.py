@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 from kvmesh.events.schema import KVEventBatch
@@ -41,6 +41,8 @@ class PublisherSource:
     """Its replay/snapshot ROUTER address; None: no recovery (gaps are only counted)."""
     topic: str = ""
     """Topic prefix to subscribe to ("" = all)."""
+    curve_server_key: str | None = None
+    """The publisher's CURVE public key (Z85); None: ``SubscriberConfig.curve_server_key``."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -94,8 +96,17 @@ class SubscriberConfig:
     """A source that made no request for this long (plus twice its last delay) starts afresh."""
     feed_restart_s: float = 0.5
     """Pause before the I/O thread's loop is rebuilt after it crashed."""
+    curve_server_key: str | None = None
+    """CURVE public key (Z85) of the publishers (one per cluster); set -> every source without a
+    key of its own is followed over CURVE (encrypted, authenticated). None: plain text."""
+    curve_public_key: str | None = None
+    """This subscriber's CURVE public key (Z85); None with a server key -> a fresh keypair."""
+    curve_secret_key: str | None = field(default=None, repr=False)
+    """SECRET: this subscriber's CURVE secret key (Z85), the pair of ``curve_public_key``."""
 
     def __post_init__(self) -> None:
+        if (self.curve_public_key is None) != (self.curve_secret_key is None):
+            raise ValueError("SubscriberConfig.curve_public_key and curve_secret_key go together (a keypair)")
         for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_pending", "reconnect_ivl_ms",
                      "max_payload_bytes", "max_batch_blocks", "max_source_blocks", "bad_frame_threshold",
                      "bad_frame_window_s", "recovery_backoff_s", "recovery_backoff_max_s"):

@@ -12,6 +12,7 @@ import time
 from collections import deque
 
 import zmq
+from kvmesh.events import curve
 from kvmesh.events.endpoints import attach, parse_sub_endpoint
 from kvmesh.events.subscriber_guard import FrameGuard
 from kvmesh.events.subscriber_requests import MESSAGES_PER_TURN, ReplayRequests
@@ -27,8 +28,8 @@ _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the 
 class _Feed:
     """One SUB socket and the sources it carries (one, or several on a bound address)."""
 
-    def __init__(self, sock: zmq.Socket, address: str, shared: bool) -> None:
-        self.sock, self.address, self.shared = sock, address, shared
+    def __init__(self, sock: zmq.Socket, address: str, shared: bool, server_key: str | None) -> None:
+        self.sock, self.address, self.shared, self.server_key = sock, address, shared, server_key
         self.monitor: zmq.Socket | None = None
         self.dropped = False  # the connection went down since it last came up
         self.topics: dict[str, bytes] = {}  # source name -> topic
@@ -66,6 +67,7 @@ class SubscriberIO(ReplayRequests, FrameGuard):
         self._snapshot_blocks: dict[str, int] = {}
         self.health: dict = {}  # source name -> SourceHealth (created at its first bad frame)
         self._next_health_check = 0.0
+        self._keypair: tuple[str, str] | None = None  # our CURVE keypair, made on first use
         self.crash: BaseException | None = None
         """What stopped the loop, when it stopped for anything but ``call(None)``."""
         self._to_start: list[str] = []
@@ -117,6 +119,10 @@ class SubscriberIO(ReplayRequests, FrameGuard):
         ep = parse_sub_endpoint(src.endpoint)
         key = f"bind:{ep.address}" if ep.bind else src.name
         feed = self._feeds.get(key)
+        server_key = self.server_key(src)
+        if feed is not None and feed.server_key != server_key:
+            raise ValueError(f"source {src.name!r} shares the bound address {ep.address} with sources of "
+                             "another CURVE server key; one bound socket has one key")
         if feed is None:
             sock = self._ctx.socket(zmq.SUB)
             sock.setsockopt(zmq.RCVHWM, self._config.rcvhwm)
@@ -125,11 +131,12 @@ class SubscriberIO(ReplayRequests, FrameGuard):
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._config.reconnect_ivl_max_ms)
             sock.setsockopt(zmq.MAXMSGSIZE, self._config.max_payload_bytes)
             try:
+                self.secure(sock, server_key)
                 address = attach(sock, ep)
             except Exception:
                 sock.close(linger=0)
                 raise
-            feed = self._feeds[key] = self._by_socket[sock] = _Feed(sock, address, ep.bind)
+            feed = self._feeds[key] = self._by_socket[sock] = _Feed(sock, address, ep.bind, server_key)
             self._poller.register(sock, zmq.POLLIN)
             if not ep.bind:  # a connection of our own: watch it drop and come back
                 feed.monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
@@ -147,6 +154,20 @@ class SubscriberIO(ReplayRequests, FrameGuard):
         )
         self._to_start.append(src.name)
         self._active[src.name] = time.monotonic()
+
+    def server_key(self, src) -> str | None:
+        """The CURVE server key ``src`` is followed with (None: plain)."""
+        return src.curve_server_key or self._config.curve_server_key
+
+    def secure(self, sock: zmq.Socket, server_key: str | None) -> None:
+        """Make ``sock`` a CURVE client of ``server_key`` (nothing for a plain source)."""
+        if server_key is None:
+            return
+        if self._keypair is None:
+            cfg = self._config
+            self._keypair = ((cfg.curve_public_key, cfg.curve_secret_key) if cfg.curve_public_key
+                             else curve.generate_keypair())
+        curve.make_client(sock, server_key, *self._keypair)
 
     def _remove_source(self, name: str) -> None:
         if self._sources.pop(name, None) is None:

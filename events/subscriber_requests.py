@@ -77,6 +77,7 @@ class ReplayRequests:
                 dealer.setsockopt(zmq.LINGER, 0)
                 dealer.setsockopt(zmq.RCVHWM, 0)
                 dealer.setsockopt(zmq.MAXMSGSIZE, self._config.max_payload_bytes)
+                self.secure(dealer, self.server_key(src))
                 self._dealers[name] = dealer
                 self._dealer_owner[dealer] = name
                 self._poller.register(dealer, zmq.POLLIN)
