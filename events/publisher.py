@@ -68,14 +68,14 @@ class PublisherConfig:
     shutdown_timeout: float = 1.0
     """Seconds ``close`` waits for queued batches to go out."""
     replay_requests_per_s: float = 50.0
-    """Replay/snapshot requests answered per second, all peers together; more are dropped unanswered
-    (the asker times out and backs off)."""
+    """Replay/snapshot requests answered per second, all peers together; beyond it replays are
+    dropped unanswered (the asker times out) and snapshots answered "busy" (the asker backs off)."""
     replay_request_burst: int = 100
     """Requests answered at once before ``replay_requests_per_s`` applies."""
-    snapshots_per_s: float = 0.5
+    snapshots_per_s: float = 1.0
     """Snapshots answered per second, all peers together (each one encodes the whole cache:
     ~0.1-0.2 s of this process's CPU per 100k blocks)."""
-    snapshot_burst: int = 3
+    snapshot_burst: int = 4
     """Snapshots answered at once (the most a flood can have queued in a moment)."""
     replay_bytes_per_s: int = 64 << 20
     """Bytes of replay/snapshot answers sent per second; requests wait (dropped) while in debt."""

@@ -149,6 +149,8 @@ class PublisherIO:
                 self._replay.send_multipart((identity, b"", b"", END_SEQ, b""))
                 continue
             if not self._admit(snapshot):
+                if snapshot:  # only kvmesh subscribers ask for snapshots: tell them to come back later
+                    self._replay.send_multipart((identity, b"", SNAPSHOT_TAG, END_SEQ, b""))
                 continue
             if snapshot:
                 sent = self._send_snapshot(identity)
@@ -157,8 +159,9 @@ class PublisherIO:
             self._answer_bytes.spend(sent)
 
     def _admit(self, snapshot: bool) -> bool:
-        """Within the socket's limits? A request beyond them is dropped unanswered: the asker's
-        timeout and back-off pace it, and a flood costs this process nothing more."""
+        """Within the socket's limits? Beyond them a replay request is dropped unanswered (a vLLM
+        subscriber would read an early end marker as "nothing lost") and a snapshot request gets
+        "busy"; the asker's back-off paces it, and a flood costs this process nothing more."""
         if (self._answer_bytes.available() and self._requests.take()
                 and (not snapshot or self._snapshots.take())):
             return True

@@ -10,7 +10,8 @@ Back-off: a source whose recovery keeps needing new requests (e.g. a snapshot th
 live seq: snapshot, replay, snapshot, ...) gets ``recovery_free_requests`` at once, then each
 further request waits ``recovery_backoff_s``, doubling up to ``recovery_backoff_max_s``; the
 streak ends when the source made no request for ``recovery_quiet_s`` plus twice its last delay.
-A held-back request counts as in flight (its timeout starts when it is sent).
+A held-back request counts as in flight (its timeout starts when it is sent). A publisher over
+its limits answers a snapshot request "busy": asked again after a back-off, never given up.
 """
 
 from __future__ import annotations
@@ -161,6 +162,12 @@ class ReplayRequests:
                                 f"seq frame of {len(body[1])} bytes; expected 8")
             return
         next_seq, payload = unpack_seq(body[1]), body[2]
+        if not payload and body[1] == END_SEQ:  # busy: ask again after a back-off (no loss)
+            del self._inflight[name]
+            count, last, delay = self._streak.get(name, (0, 0.0, 0.0))
+            self._streak[name] = (max(count, self._config.recovery_free_requests), time.monotonic(), delay)
+            self._request(name, SNAPSHOT, 0)
+            return
         if not payload:
             del self._inflight[name]
             tracker.on_snapshot_end(next_seq)

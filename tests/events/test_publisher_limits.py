@@ -18,7 +18,7 @@ def cached_publisher(n_blocks=2000, **limits):
     return pub
 
 
-def test_a_snapshot_flood_gets_only_the_snapshot_budget():
+def test_a_snapshot_flood_gets_only_the_snapshot_budget_and_busy_answers():
     pub = cached_publisher(snapshots_per_s=1.0, snapshot_burst=2)
     flooder = raw_socket(zmq.DEALER, pub.replay_endpoint)
     try:
@@ -29,6 +29,11 @@ def test_a_snapshot_flood_gets_only_the_snapshot_budget():
         elapsed = time.monotonic() - start
         assert pub.stats["snapshots"] <= 2 + elapsed * 1.0 + 1
         assert pub.stats["throttled"] >= 45
+        busy = 0
+        while flooder.poll(300):
+            frames = flooder.recv_multipart()
+            busy += frames[2] == b"\xff" * 8 and frames[3] == b""
+        assert busy == pub.stats["throttled"]
     finally:
         flooder.close()
         pub.close()
@@ -80,6 +85,7 @@ def test_a_follower_converges_while_another_peer_floods_the_socket():
     f = Follower([PublisherSource("r0", pub.endpoint, pub.replay_endpoint)], config).start()
     try:
         assert f.converges("r0", pub, timeout=10)
+        assert f.sub.stats["r0"].snapshots == 1 and f.sub.stats["r0"].unrecovered == 0  # delayed, not lost
     finally:
         f.close()
         flooder.close()
