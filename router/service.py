@@ -34,6 +34,7 @@ class RouterService:
         self.config = config
         self.router = KVRouter(config.block_size, config.policy, config.policy_kwargs,
                                seed=secrets.randbits(64), predict_ttl_s=config.predict_ttl_s)
+        self.router.hasher.salt_secret = config.cache_salt_secret
         if tokenizer is None and (config.tokenizer or config.model):
             from kvmesh.replica.tokenizer import load_tokenizer
 
