@@ -12,6 +12,7 @@ EngineConfig (an actor argument); the router never needs it (it keys blocks by t
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
@@ -26,6 +27,7 @@ from kvmesh.cluster.embedded_model import SERVED_NAME
 from kvmesh.cluster.model_files import resolve_model_path
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.cluster.supervisor import ReplicaHandle, Supervisor, register
+from kvmesh.kvcache.hashing import cache_salt_secret
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,8 @@ class ServeCluster:
         self.supervise_interval_s = supervise_interval_s
         self.state = ServeState()
         self.started_at = time.monotonic()
+        self._spawn: dict[str, Callable[[], Any]] = {}  # replica id -> makes its actor (again)
+        self._salt_secret: bytes | None = None  # derived from the hash seed; the router's, not the seed
 
     # ------------------------------------------------------------------ start
     def start(self) -> ServeCluster:
@@ -78,7 +82,7 @@ class ServeCluster:
         self._start_router()
         self._wait_ready()
         st.supervisor = Supervisor(st.replicas, st.router_client, interval_s=self.supervise_interval_s,
-                                   report=self.report).start()
+                                   report=self.report, spawn=lambda rid: self._spawn[rid]()).start()
         return self
 
     def _start_router(self) -> None:
@@ -91,7 +95,8 @@ class ServeCluster:
             host=host, port=cfg.router.port, model=st.model_path, tokenizer=cfg.model.tokenizer,
             served_model_name=st.served_model_name, max_model_len=cfg.model.max_model_len,
             policy=cfg.router.policy, policy_kwargs=dict(cfg.router.policy_weights),
-            block_size=cfg.cache.block_size, api_key=cfg.router.api_key, replica_api_key=cfg.router.api_key)
+            block_size=cfg.cache.block_size, api_key=cfg.router.api_key, replica_api_key=cfg.router.api_key,
+            cache_salt_secret=self._salt_secret)
         st.router = RouterServer(router_config).start()
         st.router_client = RouterClient(self.url, api_key=cfg.router.api_key)
 
@@ -120,12 +125,13 @@ class ServeCluster:
                 api_key=cfg.router.api_key, served_model_name=st.served_model_name,
                 num_cpus_per_worker=rc.num_cpus_per_worker,
                 placement_group=group.placement_group if rc.tensor_parallel_size > 1 else None)
-            actor = start_replica_actor(
-                options, name=f"kvmesh-replica-{i}", max_restarts=rc.max_restarts,
+            spawn = functools.partial(
+                start_replica_actor, options, name=f"kvmesh-replica-{i}", max_restarts=rc.max_restarts,
                 namespace=cfg.ray.namespace, num_cpus=bundles[actor_bundle]["CPU"], num_gpus=1 if tp1_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     group.placement_group, placement_group_bundle_index=actor_bundle))
-            st.replicas.append(ReplicaHandle(replica_id=f"replica-{i}", actor=actor))
+            self._spawn[f"replica-{i}"] = spawn  # the supervisor replaces a dead replica with the same
+            st.replicas.append(ReplicaHandle(replica_id=f"replica-{i}", actor=spawn()))
 
     def engine_config(self) -> Any:
         """The EngineConfig every replica gets (with the cluster's secret hash seed)."""
@@ -133,6 +139,7 @@ class ServeCluster:
 
         cfg, st = self.config, self.state
         seed = cfg.cache.hash_seed.encode() if cfg.cache.hash_seed else secrets.token_bytes(32)
+        self._salt_secret = cache_salt_secret(seed)
         kv_memory = cfg.cache.kv_cache_memory
         if kv_memory is None and cfg.model.is_embedded:
             kv_memory = EMBEDDED_KV_CACHE_MEMORY
