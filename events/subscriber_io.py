@@ -14,6 +14,7 @@ from collections import deque
 import zmq
 from kvmesh.events import curve
 from kvmesh.events.endpoints import attach, parse_sub_endpoint
+from kvmesh.events.subscriber_feed import Feed
 from kvmesh.events.subscriber_guard import FrameGuard
 from kvmesh.events.subscriber_requests import MESSAGES_PER_TURN, ReplayRequests
 from kvmesh.events.tracker import SourceTracker
@@ -23,27 +24,6 @@ from zmq.utils.monitor import recv_monitor_message
 logger = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path
 
-
-
-class _Feed:
-    """One SUB socket and the sources it carries (one, or several on a bound address)."""
-
-    def __init__(self, sock: zmq.Socket, address: str, shared: bool, server_key: str | None) -> None:
-        self.sock, self.address, self.shared, self.server_key = sock, address, shared, server_key
-        self.monitor: zmq.Socket | None = None
-        self.dropped = False  # the connection went down since it last came up
-        self.topics: dict[str, bytes] = {}  # source name -> topic
-
-    def owner(self, topic: bytes) -> str | None:
-        if len(self.topics) == 1:
-            return next(iter(self.topics))
-        for name, t in self.topics.items():
-            if topic == t:
-                return name
-        for name, t in self.topics.items():
-            if topic.startswith(t):
-                return name
-        return None
 
 
 class SubscriberIO(ReplayRequests, FrameGuard):
@@ -56,9 +36,9 @@ class SubscriberIO(ReplayRequests, FrameGuard):
         self.trackers: dict[str, SourceTracker] = {}
         self.bound: dict[str, str] = {}
         self._sources: dict = {}
-        self._feeds: dict[str, _Feed] = {}  # key: source name, or "bind:" + address when shared
-        self._by_socket: dict[zmq.Socket, _Feed] = {}  # SUB and monitor sockets -> their feed
-        self._feed_of: dict[str, _Feed] = {}
+        self._feeds: dict[str, Feed] = {}  # key: source name, or "bind:" + address when shared
+        self._by_socket: dict[zmq.Socket, Feed] = {}  # SUB and monitor sockets -> their feed
+        self._feed_of: dict[str, Feed] = {}
         self._dealers: dict[str, zmq.Socket] = {}
         self._dealer_owner: dict[zmq.Socket, str] = {}
         self._inflight: dict[str, tuple[str, float]] = {}
@@ -136,7 +116,7 @@ class SubscriberIO(ReplayRequests, FrameGuard):
             except Exception:
                 sock.close(linger=0)
                 raise
-            feed = self._feeds[key] = self._by_socket[sock] = _Feed(sock, address, ep.bind, server_key)
+            feed = self._feeds[key] = self._by_socket[sock] = Feed(sock, address, ep.bind, server_key)
             self._poller.register(sock, zmq.POLLIN)
             if not ep.bind:  # a connection of our own: watch it drop and come back
                 feed.monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
@@ -225,7 +205,7 @@ class SubscriberIO(ReplayRequests, FrameGuard):
         self._wake_recv.close(linger=0)
         self._wake_send.close(linger=0)
 
-    def _close_feed(self, feed: _Feed) -> None:
+    def _close_feed(self, feed: Feed) -> None:
         self._by_socket.pop(feed.sock, None)
         if feed.monitor is not None:
             self._by_socket.pop(feed.monitor, None)
@@ -236,7 +216,7 @@ class SubscriberIO(ReplayRequests, FrameGuard):
             feed.monitor = None
         feed.sock.close(linger=0)
 
-    def _on_monitor(self, feed: _Feed) -> None:
+    def _on_monitor(self, feed: Feed) -> None:
         while feed.monitor is not None and feed.monitor.poll(0):
             event = recv_monitor_message(feed.monitor)["event"]
             if event == zmq.EVENT_DISCONNECTED:
@@ -273,7 +253,7 @@ class SubscriberIO(ReplayRequests, FrameGuard):
         else:
             self._on_monitor(feed)
 
-    def _on_sub(self, feed: _Feed) -> None:
+    def _on_sub(self, feed: Feed) -> None:
         sock = feed.sock
         for _ in range(MESSAGES_PER_TURN):
             try:
