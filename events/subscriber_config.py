@@ -52,7 +52,9 @@ class SubscriberConfig:
     max_payload_bytes: int = 64 << 20
     """Largest message accepted from a source (ZeroMQ drops bigger ones and the connection)."""
     max_batch_blocks: int = 65_536
-    """Most blocks one batch (or snapshot chunk) may name; a bigger one is dropped as bad."""
+    """Most blocks one batch (or snapshot chunk) may name; a bigger one is dropped as bad (a
+    legitimate one, e.g. a publisher's resync batch, is then recovered through a snapshot, whose
+    chunks hold ``PublisherConfig.snapshot_chunk_blocks`` -- keep that below this)."""
     max_source_blocks: int = 1_000_000
     """Most blocks one source may hold: a snapshot beyond it is refused, and consumers (the
     router) drop batches that would take a source past it."""
