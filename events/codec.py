@@ -108,9 +108,9 @@ def decode_batch_counted(payload: bytes) -> DecodedBatch:
 
 
 def check_batch(batch: KVEventBatch, max_blocks: int) -> int:
-    """Raise ``DecodeError`` unless ``batch`` is sane: every BlockStored carries
-    ``block_size * len(block_hashes)`` token ids, every hash is an unsigned 64-bit int, and the
-    batch names at most ``max_blocks`` blocks. Returns the number of blocks it stores."""
+    """Raise ``DecodeError`` unless every BlockStored of ``batch`` carries ``block_size *
+    len(block_hashes)`` token ids and the batch names at most ``max_blocks`` blocks. Returns the
+    number of blocks it stores. (On the subscriber's hot path: ~0.2 us per event.)"""
     stored = named = 0
     for event in batch.events:
         cls = event.__class__
@@ -119,19 +119,12 @@ def check_batch(batch: KVEventBatch, max_blocks: int) -> int:
             if len(event.token_ids) != event.block_size * n:
                 raise DecodeError(f"BlockStored has {len(event.token_ids)} token ids for {n} blocks of "
                                   f"{event.block_size}; expected {event.block_size * n}")
-            parent = event.parent_block_hash
-            if parent is not None and not 0 <= parent <= _U64_MASK:
-                raise DecodeError(f"BlockStored.parent_block_hash {parent} is not an unsigned 64-bit int")
             stored += n
+            named += n
         elif cls is BlockRemoved:
-            n = len(event.block_hashes)
-        else:
-            continue
-        named += n
-        if named > max_blocks:
-            raise DecodeError(f"batch names more than {max_blocks} blocks (the per-batch limit)")
-        if n and not (min(event.block_hashes) >= 0 and max(event.block_hashes) <= _U64_MASK):
-            raise DecodeError("a block hash is not an unsigned 64-bit int")
+            named += len(event.block_hashes)
+    if named > max_blocks:
+        raise DecodeError(f"batch names {named} blocks; the per-batch limit is {max_blocks}")
     return stored
 
 
