@@ -49,8 +49,10 @@ class SubscriberConfig:
     """First reconnect delay after a publisher goes away."""
     reconnect_ivl_max_ms: int = 2000
     """Longest reconnect delay (exponential back-off up to this)."""
-    max_payload_bytes: int = 64 << 20
-    """Largest message accepted from a source (ZeroMQ drops bigger ones and the connection)."""
+    max_payload_bytes: int = 16 << 20
+    """Largest payload decoded: a bigger one is dropped unread (a 1M-block batch is ~20-60 MB and
+    takes ~0.6 s of the GIL to decode) and recovered like any lost batch. Messages beyond 8x this
+    are refused by ZeroMQ itself (which drops the connection; it comes back and resyncs)."""
     max_batch_blocks: int = 65_536
     """Most blocks one batch (or snapshot chunk) may name; a bigger one is dropped as bad (a
     legitimate one, e.g. a publisher's resync batch, is then recovered through a snapshot, whose

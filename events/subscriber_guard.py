@@ -54,6 +54,10 @@ class FrameGuard:
     def _decode(self, name: str, payload: bytes):
         """The checked batch of ``payload``, or None (counted) when it is bad."""
         tracker = self.trackers[name]
+        if len(payload) > self._config.max_payload_bytes:
+            self._bad_frame(name, "rejected", "payload too large",
+                            f"{len(payload)} bytes; max_payload_bytes={self._config.max_payload_bytes}")
+            return None
         try:
             decoded = decode_batch_counted(payload)
             check_batch(decoded.batch, self._config.max_batch_blocks)

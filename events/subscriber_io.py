@@ -109,7 +109,7 @@ class SubscriberIO(ReplayRequests, FrameGuard):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, self._config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._config.reconnect_ivl_max_ms)
-            sock.setsockopt(zmq.MAXMSGSIZE, self._config.max_payload_bytes)
+            sock.setsockopt(zmq.MAXMSGSIZE, 8 * self._config.max_payload_bytes)
             try:
                 self.secure(sock, server_key)
                 address = attach(sock, ep)

@@ -77,7 +77,7 @@ class ReplayRequests:
                 dealer = self._ctx.socket(zmq.DEALER)
                 dealer.setsockopt(zmq.LINGER, 0)
                 dealer.setsockopt(zmq.RCVHWM, 0)
-                dealer.setsockopt(zmq.MAXMSGSIZE, self._config.max_payload_bytes)
+                dealer.setsockopt(zmq.MAXMSGSIZE, 8 * self._config.max_payload_bytes)
                 self.secure(dealer, self.server_key(src))
                 self._dealers[name] = dealer
                 self._dealer_owner[dealer] = name

@@ -170,3 +170,17 @@ def test_a_legitimate_batch_over_the_limit_is_recovered_through_a_snapshot():
     finally:
         f.close()
         good.close()
+
+
+def test_a_payload_over_max_payload_bytes_is_never_decoded_and_recovered_like_a_lost_one():
+    pub = make_publisher(snapshot_chunk_blocks=2)
+    config = SubscriberConfig(replay_timeout=0.5, snapshot_timeout=0.5, max_payload_bytes=1000)
+    f = follow(("r0", pub), config=config)
+    try:
+        pub.publish([stored(h, h - 1 if h > 1 else None, bs=64) for h in range(1, 9)])  # ~1.3 KB
+        publish_chain(pub, 9, 3)
+        assert f.converges("r0", pub), (f.sub.stats["r0"], f.states["r0"].keys() ^ pub._io.shadow.keys())
+        assert f.sub.stats["r0"].rejected >= 1 and f.sub.stats["r0"].decode_errors == 0
+    finally:
+        f.close()
+        pub.close()
