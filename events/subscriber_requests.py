@@ -141,7 +141,10 @@ class ReplayRequests:
             self._inflight[name] = (kind, now + self._timeout(kind))
             body = frames[1:] if frames and frames[0] == b"" else frames
             if len(body) == 3 and body[0] == SNAPSHOT_TAG:
-                self._on_snapshot_frame(name, tracker, body)
+                if kind == SNAPSHOT:
+                    self._on_snapshot_frame(name, tracker, body)
+                else:  # snapshot frames answering a replay: bad; the replay times out as usual
+                    self._bad_frame(name, "decode_errors", "snapshot frames answering a replay", "")
             elif len(body) in (2, 3) and len(body[-2]) == 8:
                 seq_frame, payload = body[-2], body[-1]
                 if seq_frame == END_SEQ or not payload:

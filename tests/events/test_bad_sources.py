@@ -184,3 +184,23 @@ def test_a_payload_over_max_payload_bytes_is_never_decoded_and_recovered_like_a_
     finally:
         f.close()
         pub.close()
+
+
+def test_snapshot_frames_answering_a_replay_do_not_wedge_the_source():
+    raw = RawSource()
+    config = SubscriberConfig(replay_timeout=0.3, snapshot_timeout=0.3, snapshot_on_start=False,
+                              idle_probe_interval=None)
+    f = Follower([PublisherSource("raw", raw.endpoint, raw.replay_endpoint)], config).start()
+    good = bytes.fromhex("93cb0000000000000000" "90" "00")  # an empty batch: [0.0, [], 0]
+    try:
+        assert wait_for(lambda: (raw.pub.send_multipart([b"t", (0).to_bytes(8, "big"), good]),
+                                 f.sub.stats["raw"].batches >= 1)[1])
+        raw.pub.send_multipart([b"t", (5).to_bytes(8, "big"), good])  # a gap: the subscriber asks for a replay
+        (identity, _), *_ = raw.requests()
+        raw.router.send_multipart([identity, b"", SNAPSHOT_TAG, b"abc", b""])
+        tracker = f.sub._io.trackers["raw"]
+        assert wait_for(lambda: tracker.mode == "live", timeout=5)  # gave up in time, not wedged
+        assert f.sub.stats["raw"].decode_errors >= 1
+    finally:
+        f.close()
+        raw.close()
