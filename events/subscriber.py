@@ -100,6 +100,8 @@ class EventSubscriber:
                 logger.error("KV event feed restart: source %s could not be re-added: %s", name, e)
                 continue
             new.trackers[name].stats = old.trackers[name].stats
+            if name in old.health:  # a degraded source stays degraded until its resync
+                new.health[name] = old.health[name]
         new._calls.extend(old._calls)
         return new
 

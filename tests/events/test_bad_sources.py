@@ -141,9 +141,12 @@ def test_a_snapshot_behind_the_live_seq_is_retried_with_back_off():
 def test_a_crashed_feed_loop_is_reported_and_rebuilt(two_publishers):
     good, _ = two_publishers
     f = follow(("good", good), config=SubscriberConfig(replay_timeout=0.5, snapshot_timeout=0.5,
-                                                       feed_restart_s=0.05))
+                                                       feed_restart_s=0.05, degraded_probation_s=0.1))
     try:
         io = f.sub._io
+        health = io._health_of("good")
+        while not health.record_bad(time.monotonic(), "test"):  # degraded just before the crash
+            pass
 
         def boom():
             raise RuntimeError("a bug in the loop")
@@ -154,6 +157,8 @@ def test_a_crashed_feed_loop_is_reported_and_rebuilt(two_publishers):
         assert wait_for(lambda: f.sub.feed_restarts == 1 and f.sub.feed_alive)
         publish_chain(good, 1, 5)
         assert f.converges("good", good)
+        assert f.sub.stats["good"].snapshots >= 2  # the counters survived; the new loop resynced
+        assert wait_for(lambda: ("good", "recovered") in f.statuses)  # its degraded state survived too
     finally:
         f.close()
 
