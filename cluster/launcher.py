@@ -12,6 +12,7 @@ EngineConfig (an actor argument); the router never needs it (it keys blocks by t
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
@@ -26,6 +27,7 @@ from kvmesh.cluster.embedded_model import SERVED_NAME
 from kvmesh.cluster.model_files import resolve_model_path
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.cluster.supervisor import ReplicaHandle, Supervisor, register
+from kvmesh.kvcache.hashing import cache_salt_secret
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,10 @@ class ServeCluster:
         self.supervise_interval_s = supervise_interval_s
         self.state = ServeState()
         self.started_at = time.monotonic()
+        self._spawn: dict[str, Callable[[], Any]] = {}  # replica id -> makes its actor (again)
+        # SECRET: the cluster's hash seed, generated here unless configured; replicas get it as an actor
+        # argument, the router only the salt secret derived from it (kvcache.hashing.cache_salt_secret).
+        self._hash_seed: str = config.engine.hash_seed or secrets.token_hex(32)
 
     # ------------------------------------------------------------------ start
     def start(self) -> ServeCluster:
@@ -79,7 +85,7 @@ class ServeCluster:
         self._start_router()
         self._wait_ready()
         st.supervisor = Supervisor(st.replicas, st.router_client, interval_s=self.supervise_interval_s,
-                                   report=self.report).start()
+                                   report=self.report, spawn=lambda rid: self._spawn[rid]()).start()
         return self
 
     def _start_router(self) -> None:
@@ -97,7 +103,7 @@ class ServeCluster:
                        tokenizer=cfg.engine.tokenizer, served_model_name=st.served_model_name,
                        max_model_len=cfg.engine.max_model_len, block_size=cfg.engine.block_size,
                        replica_api_key=cfg.router.api_key, admin_key=admin_key,
-                       frontend=cfg.frontend)
+                       frontend=cfg.frontend, cache_salt_secret=cache_salt_secret(self._hash_seed))
 
     def _start_replicas(self) -> None:
         from kvmesh.replica.actor import ReplicaOptions, start_replica_actor
@@ -122,13 +128,14 @@ class ServeCluster:
                 api_key=cfg.router.api_key, served_model_name=st.served_model_name, frontend=cfg.frontend,
                 num_cpus_per_worker=rc.num_cpus_per_worker,
                 placement_group=group.placement_group if tp > 1 else None)
-            actor = start_replica_actor(
-                options, name=f"kvmesh-replica-{i}", max_restarts=rc.max_restarts,
+            spawn = functools.partial(
+                start_replica_actor, options, name=f"kvmesh-replica-{i}", max_restarts=rc.max_restarts,
                 namespace=cfg.ray.namespace, num_cpus=bundles[actor_bundle]["CPU"],
                 num_gpus=1 if st.device == "cuda" and tp == 1 else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     group.placement_group, placement_group_bundle_index=actor_bundle))
-            st.replicas.append(ReplicaHandle(replica_id=f"replica-{i}", actor=actor))
+            self._spawn[f"replica-{i}"] = spawn  # the supervisor replaces a dead replica with the same
+            st.replicas.append(ReplicaHandle(replica_id=f"replica-{i}", actor=spawn()))
 
     def engine_config(self) -> Any:
         """The serve config's engine section as every replica gets it (with the cluster's secret hash seed)."""
@@ -139,7 +146,7 @@ class ServeCluster:
             load_format="dummy" if cfg.is_embedded_model else engine.load_format,
             kv_cache_memory=EMBEDDED_KV_CACHE_MEMORY if engine.kv_cache_memory is None and cfg.is_embedded_model
             else engine.kv_cache_memory,
-            hash_seed=engine.hash_seed or secrets.token_hex(32))
+            hash_seed=self._hash_seed)
 
     def _wait_ready(self) -> None:
         import ray

@@ -37,6 +37,10 @@ class ReplicaStatus:
     """Publish-to-apply delay of the last event batch (None: no batch yet)."""
     event_gaps: int = 0
     event_restarts: int = 0
+    degraded: str | None = None
+    """Why the router does not trust this replica's event stream (routes it by load only); None: trusted."""
+    event_bad_frames: int = 0
+    """Event messages from this replica the router dropped as bad (undecodable, over a limit)."""
 
     @property
     def hit_rate(self) -> float | None:
@@ -83,7 +87,8 @@ class RouterClient:
 
     def status(self) -> list[ReplicaStatus]:
         """Per-replica rows from /replicas (who, where, health) and /metrics (the numbers)."""
-        rows = {r["id"]: ReplicaStatus(replica_id=r["id"], url=r["url"], healthy=r["healthy"])
+        rows = {r["id"]: ReplicaStatus(replica_id=r["id"], url=r["url"], healthy=r["healthy"],
+                                       degraded=r.get("degraded"))
                 for r in self.replicas()}
         apply_metrics(rows, self.metrics_text())
         return sorted(rows.values(), key=lambda r: r.replica_id)
@@ -104,7 +109,8 @@ _GAUGES = {
 
 
 def apply_metrics(rows: dict[str, ReplicaStatus], text: str) -> None:
-    """Fill ``rows`` from the router's Prometheus text (unknown replicas get rows of their own)."""
+    """Fill ``rows`` from the router's Prometheus text. Replicas without a row are left out: the
+    router's counters outlive removed replicas, and a status must not show ghosts."""
     from prometheus_client.parser import text_string_to_metric_families
 
     for family in text_string_to_metric_families(text):
@@ -112,7 +118,9 @@ def apply_metrics(rows: dict[str, ReplicaStatus], text: str) -> None:
             replica = sample.labels.get("replica")
             if replica is None:
                 continue
-            row = rows.setdefault(replica, ReplicaStatus(replica_id=replica))
+            row = rows.get(replica)
+            if row is None:
+                continue
             name = sample.name
             if name in _GAUGES:
                 current = getattr(row, _GAUGES[name])
@@ -126,3 +134,5 @@ def apply_metrics(rows: dict[str, ReplicaStatus], text: str) -> None:
                     row.event_gaps = int(sample.value)
                 elif counter == "restarts":
                     row.event_restarts = int(sample.value)
+                elif counter == "bad_frames":
+                    row.event_bad_frames = int(sample.value)

@@ -1,27 +1,62 @@
-"""Keeps the router's replica set in step with the replica actors Ray keeps alive.
+"""Keeps the configured number of replicas alive and the router's replica set in step with them.
 
 Every ``interval_s`` the supervisor asks each replica actor for its endpoints:
 
     answer, same incarnation (pid, URL)      -> nothing to do
-    answer, new incarnation (Ray restarted)  -> re-register with the router: it drops the replica's
-                                                old prefix tree and subscribes to the new stream,
+    answer, new incarnation (Ray restarted   -> re-register with the router: it drops the replica's
+      it, or we replaced it)                    old prefix tree and subscribes to the new stream,
                                                 whose first batch is AllBlocksCleared
-    no answer (dead or restarting)           -> report once; the router already routes around it
-                                                (failed /health probes); deregister only when Ray
-                                                has given up on the actor (restarts exhausted)
+    no answer, actor alive or restarting     -> report once; the router already routes around it
+    no answer, actor DEAD (Ray's restarts    -> REPLACE it: a new actor under the same replica id
+      exhausted, or killed for good)            (``spawn``), after a back-off when it crash-loops
+
+Restarts (Ray's and ours) are counted per replica in a sliding window of ``restart_window_s``:
+up to ``max_restarts_per_window`` of them are replaced at once; each further one waits
+``replace_backoff_s``, doubling up to ``replace_backoff_max_s`` -- so a replica that keeps
+crashing costs little, and the cluster still comes back to full size once the cause is gone.
+Without ``spawn`` (a caller that cannot make actors) a dead replica is deregistered instead.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvmesh.cluster.router_client import RouterClient
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorConfig:
+    """How the supervisor watches and replaces replicas."""
+
+    interval_s: float = 1.0
+    """Seconds between two looks at every replica."""
+    call_timeout_s: float = 5.0
+    """Seconds an actor may take to answer ``endpoints()`` before it counts as down."""
+    max_restarts_per_window: int = 3
+    """Restarts of one replica within ``restart_window_s`` that are replaced without delay."""
+    restart_window_s: float = 600.0
+    """Sliding window (seconds) over which restarts are counted."""
+    replace_backoff_s: float = 1.0
+    """Delay before replacing a replica past ``max_restarts_per_window``; doubles per further restart."""
+    replace_backoff_max_s: float = 60.0
+    """Longest delay before a replacement."""
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "call_timeout_s", "restart_window_s", "replace_backoff_s",
+                     "replace_backoff_max_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SupervisorConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.max_restarts_per_window < 0:
+            raise ValueError(f"SupervisorConfig.max_restarts_per_window must be >= 0, "
+                             f"got {self.max_restarts_per_window}")
 
 
 @dataclass(slots=True)
@@ -31,9 +66,16 @@ class ReplicaHandle:
     replica_id: str
     actor: Any
     endpoints: dict[str, Any] | None = None
-    """Last answer of ``actor.endpoints()`` (None until ready)."""
+    """Last answer of ``actor.endpoints()`` (None until ready, and after the replica was removed)."""
     up: bool = False
     restarts_seen: int = 0
+    """Restarts seen over the replica's life (Ray's and replacements)."""
+    replacements: int = 0
+    """Times a dead actor was replaced by a new one."""
+    restart_times: deque = field(default_factory=deque)
+    """``time.monotonic()`` of each restart within the window."""
+    replace_at: float | None = None
+    """When the pending replacement of a dead actor is due (None: none pending)."""
 
 
 def register(router: RouterClient, handle: ReplicaHandle) -> None:
@@ -58,15 +100,20 @@ def actor_state(actor: Any) -> str:
 
 
 class Supervisor:
-    """Background thread: watches replica actors and updates the router's replica set."""
+    """Background thread: watches replica actors, replaces dead ones, updates the router."""
 
-    def __init__(self, replicas: list[ReplicaHandle], router: RouterClient, interval_s: float = 1.0,
-                 call_timeout_s: float = 5.0, report: Callable[[str], None] = print) -> None:
+    def __init__(self, replicas: list[ReplicaHandle], router: RouterClient, interval_s: float | None = None,
+                 call_timeout_s: float | None = None, report: Callable[[str], None] = print,
+                 spawn: Callable[[str], Any] | None = None, config: SupervisorConfig | None = None) -> None:
+        config = config or SupervisorConfig()
+        self.config = config
         self.replicas = replicas
         self.router = router
-        self.interval_s = interval_s
-        self.call_timeout_s = call_timeout_s
+        self.interval_s = interval_s if interval_s is not None else config.interval_s
+        self.call_timeout_s = call_timeout_s if call_timeout_s is not None else config.call_timeout_s
         self.report = report
+        self.spawn = spawn
+        """Makes a new replica actor for a replica id (None: dead replicas are deregistered)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvmesh-supervisor", daemon=True)
 
@@ -93,6 +140,9 @@ class Supervisor:
         """One look at one replica (also called directly by tests)."""
         import ray
 
+        if handle.replace_at is not None:
+            self._replace_when_due(handle)
+            return
         try:
             endpoints = ray.get(handle.actor.endpoints.remote(), timeout=self.call_timeout_s)
         except Exception as e:
@@ -103,12 +153,31 @@ class Supervisor:
             handle.endpoints = endpoints
             register(self.router, handle)
             if restarted:
-                handle.restarts_seen += 1
-                self.report(f"{handle.replica_id} is back at {endpoints['http_url']} (restarted by Ray, "
+                self._count_restart(handle)
+                self.report(f"{handle.replica_id} is back at {endpoints['http_url']} (restarted, "
                             "empty cache); the router re-registered it")
         elif not handle.up:
             self.report(f"{handle.replica_id} answers again at {endpoints['http_url']}")
         handle.up = True
+
+    def recent_restarts(self, handle: ReplicaHandle) -> int:
+        """Restarts of ``handle`` within the sliding window."""
+        horizon = time.monotonic() - self.config.restart_window_s
+        while handle.restart_times and handle.restart_times[0] < horizon:
+            handle.restart_times.popleft()
+        return len(handle.restart_times)
+
+    def _count_restart(self, handle: ReplicaHandle) -> None:
+        handle.restarts_seen += 1
+        handle.restart_times.append(time.monotonic())
+
+    def replace_delay(self, handle: ReplicaHandle) -> float:
+        """Seconds to wait before replacing ``handle`` now (0 within the window's allowance)."""
+        cfg = self.config
+        extra = self.recent_restarts(handle) - cfg.max_restarts_per_window
+        if extra <= 0:
+            return 0.0
+        return min(cfg.replace_backoff_max_s, cfg.replace_backoff_s * 2 ** (extra - 1))
 
     def _down(self, handle: ReplicaHandle, error: Exception) -> None:
         state = actor_state(handle.actor)
@@ -116,8 +185,32 @@ class Supervisor:
             self.report(f"{handle.replica_id} is down ({type(error).__name__}); the router routes around "
                         f"it{'; Ray is restarting it' if state != 'DEAD' else ''}")
         handle.up = False
-        if state == "DEAD" and handle.endpoints is not None:
-            self.report(f"{handle.replica_id} is dead and Ray will not restart it (max_restarts reached); "
-                        "removed from the router")
-            self.router.deregister(handle.replica_id)
-            handle.endpoints = None
+        if state != "DEAD":
+            return
+        if self.spawn is None:
+            if handle.endpoints is not None:
+                self.report(f"{handle.replica_id} is dead and Ray will not restart it; removed from the router")
+                self.router.deregister(handle.replica_id)
+                handle.endpoints = None
+            return
+        self._count_restart(handle)
+        delay = self.replace_delay(handle)
+        handle.replace_at = time.monotonic() + delay
+        self.report(f"{handle.replica_id} is dead and Ray will not restart it; replacing it"
+                    + (f" in {delay:.0f}s ({self.recent_restarts(handle)} restarts within "
+                       f"{self.config.restart_window_s:.0f}s)" if delay else ""))
+        self._replace_when_due(handle)
+
+    def _replace_when_due(self, handle: ReplicaHandle) -> None:
+        if handle.replace_at is None or time.monotonic() < handle.replace_at:
+            return
+        import ray
+
+        try:
+            ray.kill(handle.actor, no_restart=True)  # gone already; make sure its name is free
+        except Exception:  # noqa: BLE001 - a dead actor may refuse; nothing to do then
+            pass
+        handle.actor = self.spawn(handle.replica_id)
+        handle.replacements += 1
+        handle.replace_at = None
+        self.report(f"{handle.replica_id}: started a replacement actor (replacement {handle.replacements})")

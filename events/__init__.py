@@ -8,6 +8,10 @@ Modules (import what you need; this package imports nothing itself):
 - ``endpoints``   bind-or-connect rules (vLLM's, plus ``bind://`` / ``connect://``), port 0
 - ``state``       CachedBlockSet: the set of blocks a stream describes, and its snapshot chains
 - ``publisher``   ZmqEventPublisher (+ ``publisher_io``, its I/O thread)
-- ``subscriber``  EventSubscriber (+ ``subscriber_io``, its I/O thread; ``tracker``, the
-                  per-publisher ordering and gap-recovery logic)
+- ``subscriber``  EventSubscriber (+ ``subscriber_config``, its sources and limits;
+                  ``subscriber_io``/``subscriber_feed``/``subscriber_requests``, its I/O thread;
+                  ``subscriber_guard`` + ``health``, bad frames and degraded sources; ``tracker``,
+                  the per-publisher ordering and gap-recovery logic)
+- ``curve``       CURVE keys and socket setup (private streams); ``ratelimit``, the token bucket
+                  of the publisher's replay/snapshot limits
 """

@@ -33,9 +33,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
+from kvmesh.events import curve
 from kvmesh.events.endpoints import attach, offset_port, parse_listen_endpoint, parse_pub_endpoint
 from kvmesh.events.publisher_io import PublisherIO
 from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEvent, KVEventBatch
@@ -66,9 +67,41 @@ class PublisherConfig:
     """Blocks per snapshot message."""
     shutdown_timeout: float = 1.0
     """Seconds ``close`` waits for queued batches to go out."""
+    replay_requests_per_s: float = 50.0
+    """Replay/snapshot requests answered per second, all peers together; beyond it replays are
+    dropped unanswered (the asker times out) and snapshots answered "busy" (the asker backs off)."""
+    replay_request_burst: int = 100
+    """Requests answered at once before ``replay_requests_per_s`` applies."""
+    snapshots_per_s: float = 1.0
+    """Snapshots answered per second, all peers together (each one encodes the whole cache:
+    ~0.1-0.2 s of this process's CPU per 100k blocks)."""
+    snapshot_burst: int = 4
+    """Snapshots answered at once (the most a flood can have queued in a moment)."""
+    replay_bytes_per_s: int = 64 << 20
+    """Bytes of replay/snapshot answers sent per second; requests wait (dropped) while in debt."""
+    replay_max_queued_bytes: int = 128 << 20
+    """Bytes of answers that may go out at once (the byte bucket's size): bounds what peers that
+    never read can make this process hold."""
+
+    curve_secret_key: str | None = field(default=None, repr=False)
+    """SECRET: this publisher's CURVE secret key (Z85). Set -> the PUB and replay sockets are CURVE
+    servers: encrypted, and only peers that know the matching public key connect. None: plain
+    text (vLLM-compatible; warned about when listening beyond loopback)."""
+    curve_client_keys: tuple[str, ...] = ()
+    """Public keys (Z85) of the subscribers allowed to connect (a ZAP allow-list); empty -> any
+    peer that knows this publisher's public key."""
 
     def __post_init__(self) -> None:
-        for name in ("buffer_steps", "buffer_max_bytes", "hwm", "max_queue_size", "snapshot_chunk_blocks"):
+        if self.curve_secret_key is not None:
+            curve.check_key(self.curve_secret_key, "secret")
+            curve.require_curve()
+        elif self.curve_client_keys:
+            raise ValueError("PublisherConfig.curve_client_keys needs curve_secret_key (the server's key)")
+        for key in self.curve_client_keys:
+            curve.check_key(key, "client public")
+        for name in ("buffer_steps", "buffer_max_bytes", "hwm", "max_queue_size", "snapshot_chunk_blocks",
+                     "replay_requests_per_s", "replay_request_burst", "snapshots_per_s", "snapshot_burst",
+                     "replay_bytes_per_s", "replay_max_queued_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"PublisherConfig.{name} must be positive, got {getattr(self, name)}")
         if not self.endpoint:
@@ -87,19 +120,31 @@ class ZmqEventPublisher:
         data_parallel_rank: int = 0,
     ) -> None:
         self.config = config = config or PublisherConfig()
+        self.curve_public_key = curve.public_key(config.curve_secret_key) if config.curve_secret_key else None
+        """The CURVE public key subscribers need (None: plain stream)."""
         self._snapshot_source = snapshot_source
         self._dp_rank = data_parallel_rank
-        ctx = zmq.Context.instance()
+        # An allow-list needs a ZAP handler, which is per context: this publisher gets its own.
+        self._own_ctx = zmq.Context() if config.curve_client_keys else None
+        ctx = self._own_ctx or zmq.Context.instance()
+        self._auth = curve.start_authenticator(ctx, config.curve_client_keys) if self._own_ctx else None
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.SNDHWM, config.hwm)
         pub.setsockopt(zmq.LINGER, int(config.shutdown_timeout * 1000))
-        self.endpoint = attach(pub, parse_pub_endpoint(offset_port(config.endpoint, data_parallel_rank)))
+        if config.curve_secret_key is not None:
+            curve.make_server(pub, config.curve_secret_key)
+        pub_ep = parse_pub_endpoint(offset_port(config.endpoint, data_parallel_rank))
+        self.endpoint = attach(pub, pub_ep)
         """The PUB address, port resolved (for a connect: the address connected to)."""
+        if config.curve_secret_key is None and pub_ep.bind:
+            curve.warn_if_plain_beyond_loopback(self.endpoint, "PUB socket")
         replay = None
         self.replay_endpoint: str | None = None
         """The bound replay/snapshot ROUTER address, port resolved; None when disabled."""
         if config.replay_endpoint is not None:
             replay = ctx.socket(zmq.ROUTER)
+            if config.curve_secret_key is not None:
+                curve.make_server(replay, config.curve_secret_key)
             # Room for a whole replay (and a snapshot's chunks), whatever the PUB's hwm: a ROUTER
             # drops what exceeds its hwm, which would punch holes into answers.
             replay.setsockopt(zmq.SNDHWM, 2 * config.buffer_steps + 1024)
@@ -111,6 +156,8 @@ class ZmqEventPublisher:
                 pub.close(linger=0)
                 replay.close(linger=0)
                 raise
+            if config.curve_secret_key is None:
+                curve.warn_if_plain_beyond_loopback(self.replay_endpoint, "replay/snapshot socket")
         wake_addr = f"inproc://kvmesh-publisher-wake-{id(self)}-{time.monotonic_ns()}"
         wake_recv = ctx.socket(zmq.PULL)
         wake_recv.bind(wake_addr)
@@ -123,7 +170,7 @@ class ZmqEventPublisher:
         self._space = threading.Condition()
         self._io = PublisherIO(
             pub, replay, wake_recv, self._queue, self._space, config.topic.encode(), data_parallel_rank,
-            config.buffer_steps, config.buffer_max_bytes, config.snapshot_chunk_blocks,
+            config.buffer_steps, config.buffer_max_bytes, config.snapshot_chunk_blocks, config,
         )
         self._closed = False
         self._thread = threading.Thread(target=self._io.run, name="kvmesh-event-publisher", daemon=True)
@@ -144,7 +191,7 @@ class ZmqEventPublisher:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: batches, events, replays, snapshots, resyncs, bad_requests."""
+        """Counters: batches, events, replays, snapshots, resyncs, bad_requests, throttled."""
         return dict(self._io.stats)
 
     def publish(self, events: list[KVEvent] | KVEventBatch) -> None:
@@ -209,6 +256,10 @@ class ZmqEventPublisher:
         with self._wake_lock:
             self._wake.close(linger=0)
             self._wake = None
+        if self._auth is not None:
+            self._auth.stop()
+        if self._own_ctx is not None:
+            self._own_ctx.destroy(linger=0)
 
     def __enter__(self) -> ZmqEventPublisher:
         return self

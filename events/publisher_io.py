@@ -14,6 +14,7 @@ from collections import deque
 
 import zmq
 from kvmesh.events.codec import encode_batch
+from kvmesh.events.ratelimit import TokenBucket
 from kvmesh.events.schema import BlockStored, KVEventBatch
 from kvmesh.events.state import CachedBlockSet
 from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
@@ -31,7 +32,7 @@ class PublisherIO:
 
     def __init__(
         self, pub, replay, wake, queue: deque, space: threading.Condition, topic: bytes,
-        dp_rank: int, buffer_steps: int, buffer_max_bytes: int, snapshot_chunk_blocks: int,
+        dp_rank: int, buffer_steps: int, buffer_max_bytes: int, snapshot_chunk_blocks: int, limits,
     ) -> None:
         self._pub, self._replay, self._wake = pub, replay, wake
         self._queue, self._space = queue, space
@@ -43,7 +44,12 @@ class PublisherIO:
         self._chunk_blocks = snapshot_chunk_blocks
         self.shadow = CachedBlockSet()
         self.next_seq = 0
-        self.stats = {"batches": 0, "events": 0, "replays": 0, "snapshots": 0, "resyncs": 0, "bad_requests": 0}
+        self.stats = {"batches": 0, "events": 0, "replays": 0, "snapshots": 0, "resyncs": 0, "bad_requests": 0,
+                      "throttled": 0}
+        # Limits of the replay/snapshot socket (PublisherConfig.replay_* / snapshot*).
+        self._requests = TokenBucket(limits.replay_requests_per_s, limits.replay_request_burst)
+        self._snapshots = TokenBucket(limits.snapshots_per_s, limits.snapshot_burst)
+        self._answer_bytes = TokenBucket(limits.replay_bytes_per_s, limits.replay_max_queued_bytes)
         self._stopping = False
         self.busy = False
         self._warned: set[str] = set()
@@ -137,13 +143,34 @@ class PublisherIO:
                 self._bad_request(f"expected [identity, b'', request], got {len(frames)} frames")
                 continue
             identity, _, request = frames
-            if request == SNAPSHOT_REQUEST:
-                self._send_snapshot(identity)
-            elif len(request) == 8:
-                self._send_replay(identity, unpack_seq(request))
-            else:
+            snapshot = request == SNAPSHOT_REQUEST
+            if not snapshot and len(request) != 8:
                 self._bad_request(f"request frame of {len(request)} bytes is neither a seq nor a snapshot")
                 self._replay.send_multipart((identity, b"", b"", END_SEQ, b""))
+                continue
+            if not self._admit(snapshot):
+                if snapshot:  # only kvmesh subscribers ask for snapshots: tell them to come back later
+                    self._replay.send_multipart((identity, b"", SNAPSHOT_TAG, END_SEQ, b""))
+                continue
+            if snapshot:
+                sent = self._send_snapshot(identity)
+            else:
+                sent = self._send_replay(identity, unpack_seq(request))
+            self._answer_bytes.spend(sent)
+
+    def _admit(self, snapshot: bool) -> bool:
+        """Within the socket's limits? Beyond them a replay request is dropped unanswered (a vLLM
+        subscriber would read an early end marker as "nothing lost") and a snapshot request gets
+        "busy"; the asker's back-off paces it, and a flood costs this process nothing more."""
+        if (self._answer_bytes.available() and self._requests.take()
+                and (not snapshot or self._snapshots.take())):
+            return True
+        self.stats["throttled"] += 1
+        if "throttled" not in self._warned:
+            self._warned.add("throttled")
+            logger.warning("replay/snapshot requests beyond the socket's limits are dropped unanswered "
+                           "(PublisherConfig.replay_requests_per_s, snapshots_per_s, replay_bytes_per_s)")
+        return False
 
     def _bad_request(self, what: str) -> None:
         self.stats["bad_requests"] += 1
@@ -151,32 +178,42 @@ class PublisherIO:
             self._warned.add(what)
             logger.warning("ignoring a bad replay request: %s", what)
 
-    def _send_replay(self, identity: bytes, start_seq: int) -> None:
-        """vLLM's answer: every buffered batch with seq >= start_seq, then the end marker."""
+    def _send_replay(self, identity: bytes, start_seq: int) -> int:
+        """vLLM's answer: every buffered batch with seq >= start_seq, then the end marker.
+        Returns the bytes sent."""
         send = self._replay.send_multipart
+        sent = 0
         for seq, payload in self._buffer:
             if seq >= start_seq:
                 send((identity, b"", self._topic, pack_seq(seq), payload))
+                sent += len(payload)
         send((identity, b"", b"", END_SEQ, b""))
         self.stats["replays"] += 1
+        return sent
 
-    def _send_snapshot(self, identity: bytes) -> None:
-        """The shadow as BlockStored chains in chunks, tagged with the next seq (wire.py)."""
+    def _send_snapshot(self, identity: bytes) -> int:
+        """The shadow as BlockStored chains in chunks, tagged with the next seq (wire.py).
+        Returns the bytes sent."""
         next_seq = pack_seq(self.next_seq)
         send = self._replay.send_multipart
         chunk: list[BlockStored] = []
-        size = 0
+        size = sent = 0
         ts = time.time()
         for event in self.shadow.iter_snapshot(self._chunk_blocks):  # streamed while built
             if size + len(event.block_hashes) > self._chunk_blocks and chunk:
-                send((identity, b"", SNAPSHOT_TAG, next_seq, self._encode_chunk(ts, chunk)))
+                payload = self._encode_chunk(ts, chunk)
+                send((identity, b"", SNAPSHOT_TAG, next_seq, payload))
+                sent += len(payload)
                 chunk, size = [], 0
             chunk.append(event)
             size += len(event.block_hashes)
         if chunk:
-            send((identity, b"", SNAPSHOT_TAG, next_seq, self._encode_chunk(ts, chunk)))
+            payload = self._encode_chunk(ts, chunk)
+            send((identity, b"", SNAPSHOT_TAG, next_seq, payload))
+            sent += len(payload)
         send((identity, b"", SNAPSHOT_TAG, next_seq, b""))
         self.stats["snapshots"] += 1
+        return sent
 
     def _encode_chunk(self, ts: float, events: list[BlockStored]) -> bytes:
         return encode_batch(KVEventBatch(ts=ts, events=events, data_parallel_rank=self._dp_rank))

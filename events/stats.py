@@ -19,12 +19,22 @@ class SourceStats:
     """Replay requests answered."""
     snapshots: int = 0
     """Snapshots applied."""
+    backoffs: int = 0
+    """Replay/snapshot requests held back by the recovery back-off."""
     snapshot_failures: int = 0
     """Snapshot requests given up (no answer in time, or a source without snapshots)."""
     unrecovered: int = 0
     """Times a loss could not be repaired; the consumer was told (``on_status``)."""
     decode_errors: int = 0
     """Messages that could not be read (bad payload, frame count, seq frame)."""
+    rejected: int = 0
+    """Batches dropped for breaking a limit (payload bytes, blocks per batch, blocks held)."""
+    apply_errors: int = 0
+    """Batches the consumer (``on_batch``) raised on; dropped."""
+    bad_frames: int = 0
+    """All dropped messages together: decode errors + rejected + apply errors."""
+    degradations: int = 0
+    """Times the source sent so many bad frames that it was degraded (see ``health.py``)."""
     unknown_events: int = 0
     """Events of unknown type dropped from otherwise good batches."""
     restarts: int = 0

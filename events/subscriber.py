@@ -2,7 +2,10 @@
 
 One background thread owns every socket: a SUB per publisher (or one bound SUB that many
 publishers connect to, told apart by topic) and a DEALER per publisher for replay/snapshot
-requests. Ordering and recovery are ``tracker.SourceTracker``'s; this file moves frames.
+requests. Ordering and recovery are ``tracker.SourceTracker``'s; bad frames and degraded sources
+``subscriber_guard``'s; this file moves frames. Should the I/O loop crash anyway (a bug), the
+thread rebuilds it with the same sources after ``feed_restart_s`` -- ``feed_alive`` and
+``feed_error`` say so meanwhile, for a ``/health`` endpoint.
 Batches go to ``on_batch(source_name, seq, batch)`` on that thread, or, without a callback,
 to ``async for source_name, seq, batch in subscriber``.
 """
@@ -15,63 +18,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import zmq
 from kvmesh.events.schema import KVEventBatch
 from kvmesh.events.stats import SourceStats
+from kvmesh.events.subscriber_config import PublisherSource, SubscriberConfig
 from kvmesh.events.subscriber_io import SubscriberIO
 
+__all__ = ["EventSubscriber", "PublisherSource", "SubscriberConfig"]
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class PublisherSource:
-    """One publisher to follow."""
-
-    name: str
-    """How batches of this publisher are labelled (e.g. the replica id)."""
-    endpoint: str
-    """Its PUB address: connect to it, or ``bind://tcp://host:port`` to listen for publishers
-    that connect (several sources may share one bound address, told apart by ``topic``)."""
-    replay_endpoint: str | None = None
-    """Its replay/snapshot ROUTER address; None: no recovery (gaps are only counted)."""
-    topic: str = ""
-    """Topic prefix to subscribe to ("" = all)."""
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise ValueError("PublisherSource.name is empty; name the replica it follows")
-        if "://" not in self.endpoint:
-            raise ValueError(f"PublisherSource.endpoint {self.endpoint!r}: expected tcp://HOST:PORT")
-
-
-@dataclass
-class SubscriberConfig:
-    """Timeouts and limits of an ``EventSubscriber``."""
-
-    snapshot_on_start: bool = True
-    """Ask each source with a replay endpoint for a snapshot when following starts (late join)."""
-    replay_timeout: float = 2.0
-    """Seconds without an answer before a replay request is given up (then: snapshot)."""
-    snapshot_timeout: float = 5.0
-    """Seconds without an answer before a snapshot request is given up (and counted)."""
-    rcvhwm: int = 100_000
-    """ZeroMQ receive high-water mark of each SUB socket (messages)."""
-    max_pending: int = 100_000
-    """Live batches held per source while a gap is being recovered."""
-    idle_probe_interval: float | None = 1.0
-    """Seconds a source may stay silent before we ask its replay socket for anything newer
-    (finds batches lost at the tail of a burst); None disables probing."""
-    reconnect_ivl_ms: int = 100
-    """First reconnect delay after a publisher goes away."""
-    reconnect_ivl_max_ms: int = 2000
-    """Longest reconnect delay (exponential back-off up to this)."""
-
-    def __post_init__(self) -> None:
-        for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_pending", "reconnect_ivl_ms"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"SubscriberConfig.{name} must be positive, got {getattr(self, name)}")
 
 
 BatchCallback = Callable[[str, int, KVEventBatch], None]
@@ -100,14 +56,54 @@ class EventSubscriber:
             self._io.add_source(src)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self.feed_error: str | None = None
+        """The last crash of the I/O loop (None: never crashed), for /health."""
+        self.feed_restarts = 0
+        """Times the I/O loop was rebuilt after a crash."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> EventSubscriber:
         """Start following (returns self)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._io.run, name="kvmesh-event-subscriber", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="kvmesh-event-subscriber", daemon=True)
             self._thread.start()
         return self
+
+    @property
+    def feed_alive(self) -> bool:
+        """True while the I/O thread runs its loop (False before start, after close, or while a
+        crashed loop waits to be rebuilt)."""
+        return self._thread is not None and self._thread.is_alive() and self._io.crash is None
+
+    def _run(self) -> None:
+        """The I/O thread: the loop, rebuilt with the same sources whenever it crashes."""
+        while True:
+            self._io.run()
+            crash = self._io.crash
+            if crash is None or self._closed:
+                return
+            self.feed_error = f"{type(crash).__name__}: {crash}"
+            time.sleep(self.config.feed_restart_s)
+            if self._closed:
+                return
+            self._io = self._rebuilt(self._io)
+            self.feed_restarts += 1
+            logger.warning("KV event feed restarted after a crash (%s)", self.feed_error)
+
+    def _rebuilt(self, old: SubscriberIO) -> SubscriberIO:
+        """A fresh I/O loop following ``old``'s sources, keeping their counters and pending calls."""
+        new = SubscriberIO(self._ctx, self.config, self._deliver, self._status)
+        for name, src in old._sources.items():
+            try:
+                new.add_source(src)
+            except Exception as e:
+                logger.error("KV event feed restart: source %s could not be re-added: %s", name, e)
+                continue
+            new.trackers[name].stats = old.trackers[name].stats
+            if name in old.health:  # a degraded source stays degraded until its resync
+                new.health[name] = old.health[name]
+        new._calls.extend(old._calls)
+        return new
 
     def close(self) -> None:
         """Stop the thread and close every socket. Idempotent."""

@@ -12,8 +12,10 @@ import time
 from collections import deque
 
 import zmq
-from kvmesh.events.codec import DecodeError, decode_batch_counted
+from kvmesh.events import curve
 from kvmesh.events.endpoints import attach, parse_sub_endpoint
+from kvmesh.events.subscriber_feed import Feed
+from kvmesh.events.subscriber_guard import FrameGuard
 from kvmesh.events.subscriber_requests import MESSAGES_PER_TURN, ReplayRequests
 from kvmesh.events.tracker import SourceTracker
 from kvmesh.events.wire import unpack_seq
@@ -24,29 +26,9 @@ _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the 
 
 
 
-class _Feed:
-    """One SUB socket and the sources it carries (one, or several on a bound address)."""
-
-    def __init__(self, sock: zmq.Socket, address: str, shared: bool) -> None:
-        self.sock, self.address, self.shared = sock, address, shared
-        self.monitor: zmq.Socket | None = None
-        self.dropped = False  # the connection went down since it last came up
-        self.topics: dict[str, bytes] = {}  # source name -> topic
-
-    def owner(self, topic: bytes) -> str | None:
-        if len(self.topics) == 1:
-            return next(iter(self.topics))
-        for name, t in self.topics.items():
-            if topic == t:
-                return name
-        for name, t in self.topics.items():
-            if topic.startswith(t):
-                return name
-        return None
-
-
-class SubscriberIO(ReplayRequests):
-    """Owns the sockets; see the module doc. Replay/snapshot requests: ``ReplayRequests``."""
+class SubscriberIO(ReplayRequests, FrameGuard):
+    """Owns the sockets; see the module doc. Replay/snapshot requests: ``ReplayRequests``;
+    bad frames and source health: ``FrameGuard``."""
 
     def __init__(self, ctx: zmq.Context, config, deliver, status) -> None:
         self._ctx, self._config = ctx, config
@@ -54,12 +36,20 @@ class SubscriberIO(ReplayRequests):
         self.trackers: dict[str, SourceTracker] = {}
         self.bound: dict[str, str] = {}
         self._sources: dict = {}
-        self._feeds: dict[str, _Feed] = {}  # key: source name, or "bind:" + address when shared
-        self._by_socket: dict[zmq.Socket, _Feed] = {}  # SUB and monitor sockets -> their feed
-        self._feed_of: dict[str, _Feed] = {}
+        self._feeds: dict[str, Feed] = {}  # key: source name, or "bind:" + address when shared
+        self._by_socket: dict[zmq.Socket, Feed] = {}  # SUB and monitor sockets -> their feed
+        self._feed_of: dict[str, Feed] = {}
         self._dealers: dict[str, zmq.Socket] = {}
         self._dealer_owner: dict[zmq.Socket, str] = {}
         self._inflight: dict[str, tuple[str, float]] = {}
+        self._deferred: dict[str, tuple[str, bytes, float]] = {}  # request held back by back-off
+        self._streak: dict[str, tuple[int, float, float]] = {}  # requests in a row, last at, delay
+        self._snapshot_blocks: dict[str, int] = {}
+        self.health: dict = {}  # source name -> SourceHealth (created at its first bad frame)
+        self._next_health_check = 0.0
+        self._keypair: tuple[str, str] | None = None  # our CURVE keypair, made on first use
+        self.crash: BaseException | None = None
+        """What stopped the loop, when it stopped for anything but ``call(None)``."""
         self._to_start: list[str] = []
         self._active: dict[str, float] = {}  # source -> last time it sent us anything
         self._next_probe_check = 0.0
@@ -109,18 +99,24 @@ class SubscriberIO(ReplayRequests):
         ep = parse_sub_endpoint(src.endpoint)
         key = f"bind:{ep.address}" if ep.bind else src.name
         feed = self._feeds.get(key)
+        server_key = self.server_key(src)
+        if feed is not None and feed.server_key != server_key:
+            raise ValueError(f"source {src.name!r} shares the bound address {ep.address} with sources of "
+                             "another CURVE server key; one bound socket has one key")
         if feed is None:
             sock = self._ctx.socket(zmq.SUB)
             sock.setsockopt(zmq.RCVHWM, self._config.rcvhwm)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, self._config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._config.reconnect_ivl_max_ms)
+            sock.setsockopt(zmq.MAXMSGSIZE, 8 * self._config.max_payload_bytes)
             try:
+                self.secure(sock, server_key)
                 address = attach(sock, ep)
             except Exception:
                 sock.close(linger=0)
                 raise
-            feed = self._feeds[key] = self._by_socket[sock] = _Feed(sock, address, ep.bind)
+            feed = self._feeds[key] = self._by_socket[sock] = Feed(sock, address, ep.bind, server_key)
             self._poller.register(sock, zmq.POLLIN)
             if not ep.bind:  # a connection of our own: watch it drop and come back
                 feed.monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
@@ -133,11 +129,25 @@ class SubscriberIO(ReplayRequests):
             self.bound[src.name] = feed.address
         self._sources[src.name] = src
         self.trackers[src.name] = SourceTracker(
-            src.name, self._deliver, self._request, self._status_cb,
+            src.name, self._deliver, self._request, self._tracker_status,
             has_replay=src.replay_endpoint is not None, max_pending=self._config.max_pending,
         )
         self._to_start.append(src.name)
         self._active[src.name] = time.monotonic()
+
+    def server_key(self, src) -> str | None:
+        """The CURVE server key ``src`` is followed with (None: plain)."""
+        return src.curve_server_key or self._config.curve_server_key
+
+    def secure(self, sock: zmq.Socket, server_key: str | None) -> None:
+        """Make ``sock`` a CURVE client of ``server_key`` (nothing for a plain source)."""
+        if server_key is None:
+            return
+        if self._keypair is None:
+            cfg = self._config
+            self._keypair = ((cfg.curve_public_key, cfg.curve_secret_key) if cfg.curve_public_key
+                             else curve.generate_keypair())
+        curve.make_client(sock, server_key, *self._keypair)
 
     def _remove_source(self, name: str) -> None:
         if self._sources.pop(name, None) is None:
@@ -146,6 +156,9 @@ class SubscriberIO(ReplayRequests):
         self._active.pop(name, None)
         self.bound.pop(name, None)
         self._inflight.pop(name, None)
+        self._deferred.pop(name, None)
+        self._streak.pop(name, None)
+        self.health.pop(name, None)
         self._close_dealer(name)
         feed = self._feed_of.pop(name)
         feed.topics.pop(name, None)
@@ -171,10 +184,13 @@ class SubscriberIO(ReplayRequests):
                         self._on_dealer(self._dealer_owner[sock], sock)
                     else:
                         self._on_socket(sock)
+                self._send_deferred()
                 self._expire_requests()
                 self._probe_idle()
-        except Exception:  # pragma: no cover - a bug here must not pass silently
-            logger.exception("KV event subscriber I/O thread crashed")
+                self._check_health()
+        except Exception as e:  # a bug here must not pass silently: EventSubscriber restarts the feed
+            self.crash = e
+            logger.exception("KV event subscriber I/O loop crashed; the feed will be restarted")
         finally:
             self.close_sockets()
 
@@ -189,7 +205,7 @@ class SubscriberIO(ReplayRequests):
         self._wake_recv.close(linger=0)
         self._wake_send.close(linger=0)
 
-    def _close_feed(self, feed: _Feed) -> None:
+    def _close_feed(self, feed: Feed) -> None:
         self._by_socket.pop(feed.sock, None)
         if feed.monitor is not None:
             self._by_socket.pop(feed.monitor, None)
@@ -200,7 +216,7 @@ class SubscriberIO(ReplayRequests):
             feed.monitor = None
         feed.sock.close(linger=0)
 
-    def _on_monitor(self, feed: _Feed) -> None:
+    def _on_monitor(self, feed: Feed) -> None:
         while feed.monitor is not None and feed.monitor.poll(0):
             event = recv_monitor_message(feed.monitor)["event"]
             if event == zmq.EVENT_DISCONNECTED:
@@ -215,6 +231,8 @@ class SubscriberIO(ReplayRequests):
         if not self._inflight:
             return 100
         soonest = min(deadline for _, deadline in self._inflight.values())
+        if self._deferred:
+            soonest = min(soonest, min(at for _, _, at in self._deferred.values()))
         return max(0, min(100, int((soonest - time.monotonic()) * 1000) + 1))
 
     @staticmethod
@@ -235,7 +253,7 @@ class SubscriberIO(ReplayRequests):
         else:
             self._on_monitor(feed)
 
-    def _on_sub(self, feed: _Feed) -> None:
+    def _on_sub(self, feed: Feed) -> None:
         sock = feed.sock
         for _ in range(MESSAGES_PER_TURN):
             try:
@@ -248,34 +266,10 @@ class SubscriberIO(ReplayRequests):
                 self._warn_once(feed.address, "message for an unknown topic", f"{frames[0][:40]!r}")
                 continue
             if len(frames) != 3 or len(frames[1]) != 8:
-                tracker.on_decode_error()
-                self._warn_once(name, "bad frames", f"{len(frames)} frames; expected [topic, seq, payload]")
+                self._bad_frame(name, "decode_errors", "bad frames",
+                                f"{len(frames)} frames; expected [topic, seq (8 bytes), payload]")
                 continue
             self._active[name] = time.monotonic()
             batch = self._decode(name, frames[2])
             if batch is not None:
                 tracker.on_live(unpack_seq(frames[1]), batch)
-
-    def _decode(self, name: str, payload: bytes):
-        tracker = self.trackers[name]
-        try:
-            decoded = decode_batch_counted(payload)
-        except DecodeError as e:
-            tracker.on_decode_error()
-            self._warn_once(name, "undecodable payload", str(e))
-            return None
-        if decoded.unknown_events:
-            tracker.stats.unknown_events += decoded.unknown_events
-            self._warn_once(name, "unknown events", f"{decoded.unknown_events} dropped")
-        return decoded.batch
-
-    def _deliver(self, name: str, seq: int, batch) -> None:
-        try:
-            self._deliver_cb(name, seq, batch)
-        except Exception as e:
-            self._warn_once(name, "on_batch raised", repr(e))
-
-    def _warn_once(self, name: str, what: str, detail: str) -> None:
-        if (name, what) not in self._warned:
-            self._warned.add((name, what))
-            logger.warning("KV events from %s: %s (%s); further ones are only counted", name, what, detail)

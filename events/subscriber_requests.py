@@ -5,6 +5,13 @@ timeout is given up and its DEALER replaced, so a late answer cannot be taken fo
 request's. Answers are read in both layouts (wire.py): vLLM 0.33's ``[b"", topic, seq, payload]``
 and older vLLM's ``[b"", seq, payload]``; an end marker in answer to a snapshot request means
 the source has no snapshots (a vLLM publisher reads the request as a start_seq beyond its end).
+
+Back-off: a source whose recovery keeps needing new requests (e.g. a snapshot that is behind the
+live seq: snapshot, replay, snapshot, ...) gets ``recovery_free_requests`` at once, then each
+further request waits ``recovery_backoff_s``, doubling up to ``recovery_backoff_max_s``; the
+streak ends when the source made no request for ``recovery_quiet_s`` plus twice its last delay.
+A held-back request counts as in flight (its timeout starts when it is sent). A publisher over
+its limits answers a snapshot request "busy": asked again after a back-off, never given up.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import time
 
 import zmq
+from kvmesh.events.codec import check_batch
 from kvmesh.events.endpoints import parse_sub_endpoint
 from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
 from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
@@ -25,14 +33,52 @@ class ReplayRequests:
     """Request/answer half of ``SubscriberIO``."""
 
     def _request(self, name: str, kind: str, start_seq: int) -> None:
+        body = SNAPSHOT_REQUEST if kind == SNAPSHOT else pack_seq(start_seq)
+        if kind == SNAPSHOT:
+            self._snapshot_blocks[name] = 0
+        delay = self._backoff(name)
+        if delay > 0:
+            send_at = time.monotonic() + delay
+            self._deferred[name] = (kind, body, send_at)
+            self._inflight[name] = (kind, send_at + self._timeout(kind))
+            self.trackers[name].stats.backoffs += 1
+            return
+        self._deferred.pop(name, None)
+        self._send_request(name, kind, body)
+
+    def _backoff(self, name: str) -> float:
+        """Seconds the next request of ``name`` waits (see the module doc)."""
+        cfg = self._config
+        now = time.monotonic()
+        count, last, delay = self._streak.get(name, (0, 0.0, 0.0))
+        if now - last >= cfg.recovery_quiet_s + 2 * delay:
+            count = 0
+        count += 1
+        extra = count - cfg.recovery_free_requests
+        delay = 0.0 if extra <= 0 else min(cfg.recovery_backoff_max_s, cfg.recovery_backoff_s * 2 ** (extra - 1))
+        self._streak[name] = (count, now + delay, delay)
+        return delay
+
+    def _send_deferred(self) -> None:
+        if not self._deferred:
+            return
+        now = time.monotonic()
+        for name, (kind, body, send_at) in list(self._deferred.items()):
+            if now >= send_at:
+                del self._deferred[name]
+                if name in self._sources and self._inflight.get(name, (None,))[0] == kind:
+                    self._send_request(name, kind, body)
+
+    def _send_request(self, name: str, kind: str, body: bytes) -> None:
         src = self._sources[name]
         dealer = self._dealers.get(name)
-        body = SNAPSHOT_REQUEST if kind == SNAPSHOT else pack_seq(start_seq)
         try:
             if dealer is None:
                 dealer = self._ctx.socket(zmq.DEALER)
                 dealer.setsockopt(zmq.LINGER, 0)
                 dealer.setsockopt(zmq.RCVHWM, 0)
+                dealer.setsockopt(zmq.MAXMSGSIZE, 8 * self._config.max_payload_bytes)
+                self.secure(dealer, self.server_key(src))
                 self._dealers[name] = dealer
                 self._dealer_owner[dealer] = name
                 self._poller.register(dealer, zmq.POLLIN)
@@ -60,6 +106,7 @@ class ReplayRequests:
         for name, (kind, deadline) in list(self._inflight.items()):
             if now >= deadline:
                 del self._inflight[name]
+                self._deferred.pop(name, None)
                 # A fresh DEALER, so a late answer to this request cannot be taken for the next one.
                 self._close_dealer(name)
                 self._warn_once(name, f"{kind} timeout", f"no answer in {self._timeout(kind)}s")
@@ -88,13 +135,16 @@ class ReplayRequests:
             except zmq.Again:
                 return
             kind = self._inflight.get(name, (None, 0.0))[0]
-            if kind is None:
-                continue  # a stray answer to a request we gave up
+            if kind is None or name in self._deferred:
+                continue  # a stray answer to a request we gave up (or have not sent yet)
             self._active[name] = now = time.monotonic()
             self._inflight[name] = (kind, now + self._timeout(kind))
             body = frames[1:] if frames and frames[0] == b"" else frames
             if len(body) == 3 and body[0] == SNAPSHOT_TAG:
-                self._on_snapshot_frame(name, tracker, body)
+                if kind == SNAPSHOT:
+                    self._on_snapshot_frame(name, tracker, body)
+                else:  # snapshot frames answering a replay: bad; the replay times out as usual
+                    self._bad_frame(name, "decode_errors", "snapshot frames answering a replay", "")
             elif len(body) in (2, 3) and len(body[-2]) == 8:
                 seq_frame, payload = body[-2], body[-1]
                 if seq_frame == END_SEQ or not payload:
@@ -106,19 +156,43 @@ class ReplayRequests:
                 elif kind == REPLAY:
                     tracker.on_replay_batch(unpack_seq(seq_frame), self._decode(name, payload))
             else:
-                tracker.on_decode_error()
-                self._warn_once(name, "bad replay frames", f"{len(frames)} frames")
+                self._bad_frame(name, "decode_errors", "bad replay frames",
+                                f"{len(frames)} frames, seq frame of {len(body[-2]) if len(body) > 1 else 0} bytes")
 
     def _on_snapshot_frame(self, name: str, tracker: SourceTracker, body: list) -> None:
+        if len(body[1]) != 8:
+            self._fail_snapshot(name, tracker, "decode_errors", "bad snapshot frames",
+                                f"seq frame of {len(body[1])} bytes; expected 8")
+            return
         next_seq, payload = unpack_seq(body[1]), body[2]
+        if not payload and body[1] == END_SEQ:  # busy: ask again after a back-off (no loss)
+            del self._inflight[name]
+            count, last, delay = self._streak.get(name, (0, 0.0, 0.0))
+            self._streak[name] = (max(count, self._config.recovery_free_requests), time.monotonic(), delay)
+            self._request(name, SNAPSHOT, 0)
+            return
         if not payload:
             del self._inflight[name]
             tracker.on_snapshot_end(next_seq)
             return
         batch = self._decode(name, payload)
         if batch is None:
-            del self._inflight[name]
-            self._close_dealer(name)
-            tracker.on_request_failed(SNAPSHOT, "a snapshot chunk could not be decoded")
+            self._fail_snapshot(name, tracker, None, "", "a snapshot chunk could not be decoded")
+            return
+        held = self._snapshot_blocks.get(name, 0) + check_batch(batch, self._config.max_batch_blocks)
+        self._snapshot_blocks[name] = held
+        if held > self._config.max_source_blocks:
+            self._fail_snapshot(name, tracker, "rejected", "snapshot too large",
+                                f"more than max_source_blocks={self._config.max_source_blocks} blocks")
             return
         tracker.on_snapshot_chunk(batch.events)
+
+    def _fail_snapshot(self, name: str, tracker: SourceTracker, counter: str | None, what: str,
+                       detail: str) -> None:
+        """Give the snapshot up (and count the frame that broke it, unless already counted)."""
+        del self._inflight[name]
+        self._close_dealer(name)
+        if counter is not None:
+            self._bad_frame(name, counter, what, detail)
+        if tracker.mode == SNAPSHOT:
+            tracker.on_request_failed(SNAPSHOT, detail)

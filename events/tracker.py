@@ -104,9 +104,6 @@ class SourceTracker:
         self.pending.append((seq, batch))
         self._begin(REPLAY if self.has_replay else None)
 
-    def on_decode_error(self) -> None:
-        self.stats.decode_errors += 1
-
     # -- recovery -------------------------------------------------------------------------------
     def _begin(self, kind: str | None) -> None:
         if kind == SNAPSHOT and self.snapshot_supported is False:
@@ -181,6 +178,7 @@ class SourceTracker:
         batch = KVEventBatch(ts=time.time(), events=[AllBlocksCleared(), *events])
         self._emit(next_seq - 1, batch, snapshot=True)
         self.mode = LIVE
+        self._notify(self.name, "snapshot_applied", f"next seq {next_seq}")
         self._drain()
         if self._resync_after and self.mode == LIVE:  # asked before a reconnect: maybe stale
             self._resync_after = False
@@ -192,6 +190,10 @@ class SourceTracker:
         """The connection came back. A restarted publisher may already have passed our last seq,
         which no seq check can tell: resync from a snapshot when the source has them."""
         self.stats.reconnects += 1
+        self.resync()
+
+    def resync(self) -> None:
+        """Replace everything delivered so far by a snapshot (when the source has them)."""
         if not self.has_replay or self.snapshot_supported is False:
             return
         if self.mode == LIVE:

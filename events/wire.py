@@ -9,6 +9,8 @@
     snapshot request     DEALER -> ROUTER  [b"", SNAPSHOT_REQUEST]     (kvmesh; 15 bytes, never 8)
     snapshot answer      ROUTER -> DEALER  [b"", SNAPSHOT_TAG, next_seq, chunk]  per chunk of BlockStored
                                            [b"", SNAPSHOT_TAG, next_seq, b""]     end of snapshot
+    snapshot refused     ROUTER -> DEALER  [b"", SNAPSHOT_TAG, 0xFF*8, b""]     busy (over the socket's
+                                                                                limits): ask again later
 
 ``next_seq`` is the seq of the first live batch that is *not* part of the snapshot: the snapshot
 equals the state after applying every batch with ``seq < next_seq``. A chunk is an ordinary

@@ -14,11 +14,18 @@ The hashed bytes are a canonical, unambiguous encoding (no pickle)::
 The parent has a fixed width and the extra keys are length-prefixed, so the token ids are exactly
 the rest of the message. Token ids are packed with ``array('I')`` in one C call per extension,
 which also rejects negative ids and ids above 2**32 - 1 for free.
+
+A ``cache_salt`` enters block 0's extra keys as a *keyed* digest, ``HMAC-SHA256(salt secret,
+salt)``, because events carry extra keys: an unkeyed digest would let anyone who reads the stream
+confirm a guessed salt offline. The salt secret is derived one-way from the cluster's hash seed
+(``cache_salt_secret``), so a router can be given it -- to key salted requests as the replicas
+do -- without ever holding the seed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 import struct
 import sys
@@ -35,6 +42,7 @@ _NO_EXTRA = _U32.pack(0)
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
 _NONE_HASH_DOMAIN = b"kvmesh/none-hash/v1\x00"
 _SALT_DOMAIN = b"kvmesh/cache-salt/v1\x00"
+_SALT_SECRET_DOMAIN = b"kvmesh/cache-salt-secret/v1\x00"
 
 
 def generate_seed() -> bytes:
@@ -56,16 +64,33 @@ def external_hash(h: BlockHash) -> int:
     return int.from_bytes(h[8:], "big")
 
 
-def salt_key(cache_salt: str) -> str:
-    """Public digest of a cache salt, used as block 0's extra key (events never show the salt)."""
-    return hashlib.sha256(_SALT_DOMAIN + cache_salt.encode()).hexdigest()[:32]
+def salt_secret_from_none_hash(none_hash: BlockHash) -> bytes:
+    """The key of the cache-salt digests of the cluster whose ``NONE_HASH`` this is."""
+    return hashlib.sha256(_SALT_SECRET_DOMAIN + none_hash).digest()
 
 
-def block_extra_keys(block_index: int, cache_salt: str | None, lora_name: str | None) -> tuple | None:
+def cache_salt_secret(seed: bytes | str) -> bytes:
+    """The key of a cluster's cache-salt digests, from its hash seed (one-way: it reveals neither
+    the seed nor NONE_HASH). SECRET: give it to the cluster's routers, never log it."""
+    return salt_secret_from_none_hash(make_none_hash(seed))
+
+
+def salt_key(cache_salt: str, salt_secret: bytes | None = None) -> str:
+    """Digest of a cache salt, block 0's extra key (events never show the salt itself): keyed with
+    the cluster's salt secret, so it cannot be matched against guesses without that secret.
+    Without a secret (a router not given one) the digest is unkeyed and matches no replica's."""
+    message = _SALT_DOMAIN + cache_salt.encode()
+    if salt_secret is None:
+        return hashlib.sha256(message).hexdigest()[:32]
+    return hmac.new(salt_secret, message, hashlib.sha256).hexdigest()[:32]
+
+
+def block_extra_keys(block_index: int, cache_salt: str | None, lora_name: str | None,
+                     salt_secret: bytes | None = None) -> tuple | None:
     """Extra hash keys of block ``block_index``: the salt key on block 0, the LoRA name on all."""
     keys: tuple = ()
     if block_index == 0 and cache_salt is not None:
-        keys = (salt_key(cache_salt),)
+        keys = (salt_key(cache_salt, salt_secret),)
     if lora_name is not None:
         keys += (lora_name,)
     return keys or None
@@ -134,7 +159,8 @@ class RequestBlockHasher:
         self.none_hash = none_hash
         self.block_hashes: list[BlockHash] = []
         """Hashes of the request's full blocks so far, in order."""
-        self._first_keys = block_extra_keys(0, cache_salt, lora_name)
+        secret = salt_secret_from_none_hash(none_hash) if cache_salt is not None else None
+        self._first_keys = block_extra_keys(0, cache_salt, lora_name, secret)
         self._rest_keys = block_extra_keys(1, cache_salt, lora_name)
         self._first_extra = encode_extra_keys(self._first_keys)
         self._rest_extra = encode_extra_keys(self._rest_keys)

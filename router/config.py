@@ -83,6 +83,9 @@ class RouterConfig:
     Must differ from api_key: tenants never hold it. ``kvmesh serve`` generates one for its own processes."""
     replica_api_key: str | None = field(default=None, repr=False, metadata={"cli": True})
     """Bearer token sent to replicas, if they require one."""
+    cache_salt_secret: bytes | None = field(default=None, repr=False)
+    """SECRET: key of the replicas' cache-salt digests (``kvcache.hashing.cache_salt_secret(seed)``,
+    not the seed); None: requests with a cache_salt are routed without prefix matches."""
     predict_ttl_s: float = 2.0
     """Seconds a routed request's blocks count as cached on its replica before events confirm them."""
     poll_interval_s: float = 0.5

@@ -75,9 +75,10 @@ def chain_keys(
 class RouterKeyHasher:
     """Computes a request's router keys (one per full block) from its token ids."""
 
-    __slots__ = ("block_size", "seed")
+    __slots__ = ("block_size", "seed", "salt_secret")
 
-    def __init__(self, block_size: int = 16, seed: int = DEFAULT_ROUTER_SEED) -> None:
+    def __init__(self, block_size: int = 16, seed: int = DEFAULT_ROUTER_SEED,
+                 salt_secret: bytes | None = None) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if not 0 <= seed < 2**64:
@@ -86,6 +87,9 @@ class RouterKeyHasher:
         """Tokens per block; must equal the replicas' block size."""
         self.seed = seed
         """Root seed of the key chain (the parent key of block 0)."""
+        self.salt_secret = salt_secret
+        """SECRET: key of the replicas' cache-salt digests (``kvcache.hashing.cache_salt_secret``);
+        None: salted requests get keys no replica's blocks have (routed without prefix matches)."""
 
     def keys(
         self,
@@ -100,14 +104,15 @@ class RouterKeyHasher:
         token_bytes = pack_tokens(token_ids[: num_blocks * self.block_size])
         extra = None
         if cache_salt is not None or lora_name is not None:
-            extra = request_extra_keys(num_blocks, cache_salt, lora_name)
+            extra = request_extra_keys(num_blocks, cache_salt, lora_name, self.salt_secret)
         return chain_keys(token_bytes, num_blocks, self.block_size, self.seed, extra)
 
 
-def request_extra_keys(num_blocks: int, cache_salt: str | None, lora_name: str | None) -> list:
+def request_extra_keys(num_blocks: int, cache_salt: str | None, lora_name: str | None,
+                       salt_secret: bytes | None = None) -> list:
     """Per-block extra keys of a request, exactly as the replicas' hasher derives them."""
     from kvmesh.kvcache.hashing import block_extra_keys
 
-    first = block_extra_keys(0, cache_salt, lora_name)
+    first = block_extra_keys(0, cache_salt, lora_name, salt_secret)
     rest = block_extra_keys(1, cache_salt, lora_name) if num_blocks > 1 else None
     return [first] + [rest] * (num_blocks - 1)

@@ -106,6 +106,18 @@ class _StateCollector:
         for rid, ok in state["healthy"].items():
             healthy.add_metric([rid], 1.0 if ok else 0.0)
         yield healthy
+        degraded = GaugeMetricFamily("kvmesh_router_replica_degraded",
+                                     "1 if the replica's event stream is not trusted (routed by load only)",
+                                     labels=["replica"])
+        for rid, bad in state.get("degraded", {}).items():
+            degraded.add_metric([rid], 1.0 if bad else 0.0)
+        yield degraded
+        feed = state.get("feed")
+        if feed is not None:
+            yield GaugeMetricFamily("kvmesh_router_event_feed_alive", "1 while the KV event feed's thread runs",
+                                    value=1.0 if feed["alive"] else 0.0)
+            yield CounterMetricFamily("kvmesh_router_event_feed_restarts",
+                                      "Times the KV event feed was rebuilt after a crash", value=feed["restarts"])
         fields = ("in_flight", "pending_prefill_tokens", "num_running", "num_waiting", "kv_usage",
                   "queued_prefill_tokens")
         for f in fields:

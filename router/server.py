@@ -112,7 +112,8 @@ def build_app(service: RouterService) -> FastAPI:
     @app.get("/replicas")
     async def list_replicas():
         return {"replicas": [{"id": s.replica_id, "url": s.url, "events": s.events, "replay": s.replay,
-                              "healthy": s.replica_id in service.router.healthy}
+                              "healthy": s.replica_id in service.router.healthy,
+                              "degraded": service.router.degraded.get(s.replica_id)}
                              for s in service.specs.values()]}
 
     @app.post("/replicas")

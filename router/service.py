@@ -4,6 +4,11 @@
 replica specs, the ``EventSubscriber`` feeding the index, the aiohttp client session and the task that polls
 every replica's ``/health`` and ``/load`` (which is also how a failed replica is probed back).
 Replicas can be added, re-registered with new endpoints, and removed at runtime.
+
+A replica whose event stream keeps sending bad frames (or batches over ``max_source_blocks``) is
+*degraded* by the subscriber: the router routes to it by load only until a snapshot resync
+(``KVRouter.set_degraded``); the other replicas are not touched. ``feed_state()`` says whether
+the feed's thread runs (for ``/health``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class RouterService:
         self.config = config
         self.router = KVRouter(config.block_size, config.policy, config.policy_kwargs,
                                seed=secrets.randbits(64), predict_ttl_s=config.predict_ttl_s)
+        self.router.hasher.salt_secret = config.cache_salt_secret
         if tokenizer is None and (config.tokenizer or config.model):
             from kvmesh.replica.openai.tokenizer import load_tokenizer
 
@@ -46,6 +52,10 @@ class RouterService:
         self.session: aiohttp.ClientSession | None = None
         """HTTP client to the replicas (aiohttp: a third of httpx's CPU per proxied request)."""
         self.subscriber = None
+        from kvmesh.events.subscriber import SubscriberConfig
+
+        self.subscriber_config = SubscriberConfig()
+        """Limits of the event feed (bad-frame threshold, blocks per source, back-off)."""
         self._poller: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -60,7 +70,8 @@ class RouterService:
                                           sock_read=cfg.request_timeout_s),
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
         )
-        self.subscriber = EventSubscriber(on_batch=self._on_batch).start()
+        self.subscriber = EventSubscriber(on_batch=self._on_batch, config=self.subscriber_config,
+                                          on_status=self._on_status).start()
         for spec in self._initial:
             self.add_replica(spec)
         await self.probe_all()
@@ -124,11 +135,45 @@ class RouterService:
 
     # ---------------------------------------------------------------- events
     def _on_batch(self, source: str, seq: int, batch) -> None:
-        try:
-            self.router.apply_events(source, batch)
-            self.metrics.observe_batch(source, batch.ts)
-        except Exception:  # a bad batch must not stop the event feed of every replica
-            logger.exception("could not apply event batch %d of replica %s", seq, source)
+        """Apply one batch (subscriber thread). Raising drops it: the subscriber counts it as a
+        bad frame of ``source`` and degrades the source if that keeps happening."""
+        self._check_blocks_held(source, batch.events)
+        self.router.apply_events(source, batch)
+        self.metrics.observe_batch(source, batch.ts)
+
+    def _check_blocks_held(self, source: str, events: list) -> None:
+        from kvmesh.events.schema import AllBlocksCleared, BlockStored
+
+        held, stored = None, 0
+        for event in events:
+            if event.__class__ is AllBlocksCleared:
+                held, stored = 0, 0
+            elif event.__class__ is BlockStored:
+                stored += len(event.block_hashes)
+        if held is None:
+            held = self.router.index.num_blocks(source)
+        limit = self.subscriber_config.max_source_blocks
+        if held + stored > limit:
+            raise ValueError(f"replica {source} would hold {held + stored} blocks; the limit is {limit} "
+                             "(SubscriberConfig.max_source_blocks)")
+
+    def _on_status(self, source: str, status: str, detail: str) -> None:
+        from kvmesh.events.subscriber_guard import DEGRADED, RECOVERED
+
+        if status == DEGRADED:
+            logger.warning("replica %s: event stream degraded (%s); routing to it by load only", source, detail)
+            self.router.set_degraded(source, detail)
+        elif status == RECOVERED:
+            logger.info("replica %s: event stream trusted again (%s)", source, detail)
+            self.router.set_degraded(source, None)
+
+    def feed_state(self) -> dict[str, Any]:
+        """The event feed's thread: ``alive`` (bool), ``error`` (its last crash, or None) and
+        ``restarts`` -- for ``/health`` (a dead feed freezes cache-aware routing)."""
+        sub = self.subscriber
+        if sub is None:
+            return {"alive": False, "error": "the event feed is not started", "restarts": 0}
+        return {"alive": sub.feed_alive, "error": sub.feed_error, "restarts": sub.feed_restarts}
 
     # ---------------------------------------------------------------- health and load
     async def probe(self, spec: ReplicaSpec) -> bool:
@@ -181,8 +226,10 @@ class RouterService:
                 "events_applied": r.events_applied,
                 "index": {"orphan_blocks": stats.orphan_blocks, "unknown_removals": stats.unknown_removals},
                 "healthy": {rid: rid in r.healthy for rid in loads}, "loads": loads,
+                "degraded": {rid: rid in r.degraded for rid in loads},
             }
         sub = self.subscriber.stats if self.subscriber is not None else {}
         out["subscriber"] = {name: st.as_dict() for name, st in sub.items()}
         out["event_lag"] = dict(self.metrics.last_event_lag)
+        out["feed"] = self.feed_state()
         return out

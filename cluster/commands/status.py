@@ -49,15 +49,23 @@ def _row_dict(row) -> dict:
 
 def format_table(rows, url: str, health: dict) -> str:
     header = ("REPLICA", "HEALTH", "KV USE", "INDEX BLK", "RUN", "WAIT", "ROUTED", "HIT RATE", "EVENT LAG",
-              "GAPS", "URL")
+              "GAPS", "BAD FRAMES", "URL")
     lines = [header]
     for r in rows:
-        lines.append((r.replica_id, "ok" if r.healthy else "DOWN", f"{r.kv_usage:.0%}", str(r.index_blocks),
+        lines.append((r.replica_id, _health(r), f"{r.kv_usage:.0%}", str(r.index_blocks),
                       str(r.num_running), str(r.num_waiting), str(r.requests_routed),
                       "-" if r.hit_rate is None else f"{r.hit_rate:.0%}",
-                      "-" if r.event_lag_s is None else f"{r.event_lag_s * 1e3:.1f} ms", str(r.event_gaps), r.url))
+                      "-" if r.event_lag_s is None else f"{r.event_lag_s * 1e3:.1f} ms", str(r.event_gaps),
+                      str(r.event_bad_frames), r.url))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
                       for line in lines)
     healthy = len(health.get("healthy_replicas", []))
-    return f"router {url}: {healthy}/{len(rows)} replicas healthy\n{table}"
+    notes = [f"  {r.replica_id}: routed by load only -- {r.degraded}" for r in rows if r.healthy and r.degraded]
+    return "\n".join([f"router {url}: {healthy}/{len(rows)} replicas healthy", table, *notes])
+
+
+def _health(row) -> str:
+    if not row.healthy:
+        return "DOWN"
+    return "degraded" if row.degraded else "ok"

@@ -44,3 +44,25 @@ def test_table_lists_health_hit_rate_and_lag():
     table = format_table(rows, "http://127.0.0.1:8000", {"healthy_replicas": ["replica-0"]})
     assert "1/2 replicas healthy" in table
     assert "DOWN" in table and "50%" in table and "1.5 ms" in table
+
+
+def test_a_replica_the_router_no_longer_has_gets_no_ghost_row():
+    rows = {"replica-1": ReplicaStatus(replica_id="replica-1")}  # /replicas lists only replica-1 now
+    apply_metrics(rows, _router_metrics_text())  # replica-0's counters outlive its removal
+    assert list(rows) == ["replica-1"]
+
+
+def test_a_degraded_replica_and_its_bad_frames_are_shown():
+    loads = LoadTracker()
+    loads.add_replica("replica-0")
+    state = {"index_blocks": {"replica-0": 1}, "index_keys": 1, "events_applied": 1,
+             "index": {"orphan_blocks": 0, "unknown_removals": 0}, "healthy": {"replica-0": True},
+             "loads": dict(loads.loads), "subscriber": {"replica-0": {"bad_frames": 7, "last_seq": 3}},
+             "event_lag": {}, "degraded": {"replica-0": True}}
+    rows = {"replica-0": ReplicaStatus("replica-0", url="http://127.0.0.1:1", healthy=True,
+                                       degraded="20 bad frames within 10s")}
+    apply_metrics(rows, RouterMetrics(lambda: state).render().decode())
+    assert rows["replica-0"].event_bad_frames == 7
+    table = format_table(list(rows.values()), "http://127.0.0.1:8000", {"healthy_replicas": ["replica-0"]})
+    assert "degraded" in table and "BAD FRAMES" in table
+    assert "routed by load only -- 20 bad frames within 10s" in table

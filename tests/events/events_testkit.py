@@ -153,3 +153,49 @@ class OldVllmPublisher:
         self._thread.join(2)
         self.pub.close()
         self.router.close()
+
+
+class CorruptingSocket:
+    """Wraps a PUB socket and replaces the payload of the batches whose seq ``corrupt(seq)``
+    selects by ``garbage`` (the publisher's replay buffer keeps the good payload)."""
+
+    def __init__(self, sock: zmq.Socket, corrupt, garbage: bytes) -> None:
+        self._sock, self._corrupt, self._garbage = sock, corrupt, garbage
+        self._frames: list = []
+
+    def send(self, frame, flags=0):
+        self._frames.append(frame)
+        if flags & zmq.SNDMORE:
+            return
+        frames, self._frames = self._frames, []
+        if self._corrupt(int.from_bytes(frames[1], "big")):
+            frames[2] = self._garbage
+        self._sock.send_multipart(frames, flags)
+
+    def close(self, *a, **kw):
+        self._sock.close(*a, **kw)
+
+
+class RawSource:
+    """A hand-driven hostile source: a PUB and a ROUTER on loopback, frames sent as given."""
+
+    def __init__(self) -> None:
+        ctx = zmq.Context.instance()
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"tcp://127.0.0.1:{self.pub.bind_to_random_port('tcp://127.0.0.1')}"
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.replay_endpoint = f"tcp://127.0.0.1:{self.router.bind_to_random_port('tcp://127.0.0.1')}"
+
+    def requests(self, timeout_ms: int = 3000) -> list[tuple[bytes, bytes]]:
+        """``(identity, request)`` of every request that arrives within ``timeout_ms``."""
+        out = []
+        while self.router.poll(timeout_ms if not out else 0):
+            frames = self.router.recv_multipart()
+            out.append((frames[0], frames[-1]))
+        return out
+
+    def close(self) -> None:
+        self.pub.close()
+        self.router.close()

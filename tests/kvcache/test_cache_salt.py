@@ -1,7 +1,7 @@
 """cache_salt and LoRA names isolate tenants: different keys never share a block."""
 
 from kvmesh.events.schema import BlockStored
-from kvmesh.kvcache.hashing import salt_key
+from kvmesh.kvcache.hashing import cache_salt_secret, salt_key
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
 BS = 4
@@ -40,5 +40,31 @@ def test_block_stored_reports_the_salt_key_on_the_first_block_only(make_request,
     manager = fresh_manager(event_log)
     run_step(manager, make_request("a", PROMPT, cache_salt="s", lora_name="l1"))
     (stored,) = event_log.of_type(BlockStored)
-    assert stored.extra_keys == [(salt_key("s"), "l1"), ("l1",), ("l1",)]
+    assert stored.extra_keys == [(salt_key("s", cache_salt_secret(b"seed")), "l1"), ("l1",), ("l1",)]
     assert stored.lora_name == "l1"
+
+
+def test_the_salt_digest_in_events_cannot_be_confirmed_without_the_cluster_secret(make_request, run_step,
+                                                                                  event_log):
+    manager = fresh_manager(event_log)
+    run_step(manager, make_request("a", PROMPT, cache_salt="acme-corp"))
+    (stored,) = event_log.of_type(BlockStored)
+    carried = stored.extra_keys[0][0]
+    assert carried != salt_key("acme-corp")  # a guessed salt, digested without the secret
+    assert carried != salt_key("acme-corp", cache_salt_secret(b"another cluster's seed"))
+    assert carried == salt_key("acme-corp", cache_salt_secret(b"seed"))
+
+
+def test_a_router_given_the_salt_secret_keys_salted_prompts_as_the_replica(make_request, run_step, event_log):
+    from kvmesh.router.index import PrefixIndex
+    from kvmesh.router.keys import RouterKeyHasher
+
+    manager = fresh_manager(event_log)
+    run_step(manager, make_request("a", PROMPT, cache_salt="tenant-a"))
+    with_secret = RouterKeyHasher(BS, salt_secret=cache_salt_secret(b"seed"))
+    index = PrefixIndex(hasher=with_secret)
+    index.add_replica("r")
+    index.apply("r", event_log.of_type(BlockStored))
+    assert index.match(with_secret.keys(PROMPT, "tenant-a")) == {"r": 3}
+    assert index.match(RouterKeyHasher(BS).keys(PROMPT, "tenant-a")) == {}  # no secret: no match
+    assert index.match(with_secret.keys(PROMPT, "tenant-b")) == {}

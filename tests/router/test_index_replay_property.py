@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvmesh.events.schema import AllBlocksCleared
-from kvmesh.kvcache.hashing import RequestBlockHasher, external_hash
+from kvmesh.kvcache.hashing import RequestBlockHasher, cache_salt_secret, external_hash
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 from kvmesh.router.index import PrefixIndex
 from kvmesh.router.keys import RouterKeyHasher
@@ -82,7 +82,7 @@ op = st.one_of(
 @given(ops=st.lists(op, min_size=1, max_size=40), num_blocks=st.integers(6, 24))
 def test_index_converges_to_replica_cached_set(ops, num_blocks):
     replica = Replica(num_blocks)
-    hasher = RouterKeyHasher(BS)
+    hasher = RouterKeyHasher(BS, salt_secret=cache_salt_secret(b"secret"))  # what serve gives its router
     index = PrefixIndex(hasher=hasher, predict_ttl_s=0)
     prompts: list[Req] = []
     in_gap = False

@@ -28,6 +28,7 @@ STORY = ("Once upon a time, there was a little girl named Lily. She loved to pla
 
 @pytest.fixture(scope="module")
 def live(stories_path, tokenizer):
+    from kvmesh.kvcache.hashing import cache_salt_secret, generate_seed
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.openai.config import FrontendConfig
     from kvmesh.replica.server_runtime import ReplicaRuntime
@@ -35,14 +36,17 @@ def live(stories_path, tokenizer):
     from ..conftest import CHAT_TEMPLATE
 
     runtimes = []
+    seed = generate_seed()  # one cluster: one seed; the router gets only the salt secret derived from it
     try:
         for _ in range(2):
-            config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=32)
+            config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=32,
+                                  hash_seed=seed)
             runtimes.append(ReplicaRuntime.start(config, http_port=0, event_port=0, replay_port=0,
                                                  frontend=FrontendConfig(chat_template=CHAT_TEMPLATE)))
         specs = [ReplicaSpec(rt.http.url, rt.endpoints()["events_endpoint"], rt.endpoints()["replay_endpoint"],
                              replica_id=f"live{i}") for i, rt in enumerate(runtimes)]
-        router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2), specs,
+        router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2,
+                                           cache_salt_secret=cache_salt_secret(seed)), specs,
                               tokenizer=tokenizer).start()
         wait_for(lambda: len(router.service.router.healthy) == 2, what="both replicas healthy")
         yield router

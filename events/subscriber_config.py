@@ -1,0 +1,95 @@
+"""What an ``EventSubscriber`` follows (``PublisherSource``) and its limits (``SubscriberConfig``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PublisherSource:
+    """One publisher to follow."""
+
+    name: str
+    """How batches of this publisher are labelled (e.g. the replica id)."""
+    endpoint: str
+    """Its PUB address: connect to it, or ``bind://tcp://host:port`` to listen for publishers
+    that connect (several sources may share one bound address, told apart by ``topic``)."""
+    replay_endpoint: str | None = None
+    """Its replay/snapshot ROUTER address; None: no recovery (gaps are only counted)."""
+    topic: str = ""
+    """Topic prefix to subscribe to ("" = all)."""
+    curve_server_key: str | None = None
+    """The publisher's CURVE public key (Z85); None: ``SubscriberConfig.curve_server_key``."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("PublisherSource.name is empty; name the replica it follows")
+        if "://" not in self.endpoint:
+            raise ValueError(f"PublisherSource.endpoint {self.endpoint!r}: expected tcp://HOST:PORT")
+
+
+@dataclass
+class SubscriberConfig:
+    """Timeouts and limits of an ``EventSubscriber``."""
+
+    snapshot_on_start: bool = True
+    """Ask each source with a replay endpoint for a snapshot when following starts (late join)."""
+    replay_timeout: float = 2.0
+    """Seconds without an answer before a replay request is given up (then: snapshot)."""
+    snapshot_timeout: float = 5.0
+    """Seconds without an answer before a snapshot request is given up (and counted)."""
+    rcvhwm: int = 100_000
+    """ZeroMQ receive high-water mark of each SUB socket (messages)."""
+    max_pending: int = 100_000
+    """Live batches held per source while a gap is being recovered."""
+    idle_probe_interval: float | None = 1.0
+    """Seconds a source may stay silent before we ask its replay socket for anything newer
+    (finds batches lost at the tail of a burst); None disables probing."""
+    reconnect_ivl_ms: int = 100
+    """First reconnect delay after a publisher goes away."""
+    reconnect_ivl_max_ms: int = 2000
+    """Longest reconnect delay (exponential back-off up to this)."""
+    max_payload_bytes: int = 16 << 20
+    """Largest payload decoded: a bigger one is dropped unread (a 1M-block batch is ~20-60 MB and
+    takes ~0.6 s of the GIL to decode) and recovered like any lost batch. Messages beyond 8x this
+    are refused by ZeroMQ itself (which drops the connection; it comes back and resyncs)."""
+    max_batch_blocks: int = 65_536
+    """Most blocks one batch (or snapshot chunk) may name; a bigger one is dropped as bad (a
+    legitimate one, e.g. a publisher's resync batch, is then recovered through a snapshot, whose
+    chunks hold ``PublisherConfig.snapshot_chunk_blocks`` -- keep that below this)."""
+    max_source_blocks: int = 1_000_000
+    """Most blocks one source may hold: a snapshot beyond it is refused, and consumers (the
+    router) drop batches that would take a source past it."""
+    bad_frame_threshold: int = 20
+    """Bad frames within ``bad_frame_window_s`` that degrade a source (load-only routing)."""
+    bad_frame_window_s: float = 10.0
+    """Sliding window of the bad-frame count, in seconds."""
+    degraded_probation_s: float = 2.0
+    """A degraded source is trusted again once a snapshot resync was applied and it then sent no
+    bad frame for this long (without snapshots: ``bad_frame_window_s``)."""
+    recovery_free_requests: int = 4
+    """Replay/snapshot requests of one source in quick succession before back-off starts."""
+    recovery_backoff_s: float = 0.05
+    """First back-off delay of a repeated replay/snapshot request; doubles per further request."""
+    recovery_backoff_max_s: float = 5.0
+    """Longest back-off delay between two replay/snapshot requests of one source."""
+    recovery_quiet_s: float = 0.5
+    """A source that made no request for this long (plus twice its last delay) starts afresh."""
+    feed_restart_s: float = 0.5
+    """Pause before the I/O thread's loop is rebuilt after it crashed."""
+    curve_server_key: str | None = None
+    """CURVE public key (Z85) of the publishers (one per cluster); set -> every source without a
+    key of its own is followed over CURVE (encrypted, authenticated). None: plain text."""
+    curve_public_key: str | None = None
+    """This subscriber's CURVE public key (Z85); None with a server key -> a fresh keypair."""
+    curve_secret_key: str | None = field(default=None, repr=False)
+    """SECRET: this subscriber's CURVE secret key (Z85), the pair of ``curve_public_key``."""
+
+    def __post_init__(self) -> None:
+        if (self.curve_public_key is None) != (self.curve_secret_key is None):
+            raise ValueError("SubscriberConfig.curve_public_key and curve_secret_key go together (a keypair)")
+        for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_pending", "reconnect_ivl_ms",
+                     "max_payload_bytes", "max_batch_blocks", "max_source_blocks", "bad_frame_threshold",
+                     "bad_frame_window_s", "recovery_backoff_s", "recovery_backoff_max_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SubscriberConfig.{name} must be positive, got {getattr(self, name)}")

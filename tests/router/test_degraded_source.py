@@ -1,0 +1,127 @@
+"""A replica whose event stream cannot be trusted is routed to by load only; the others keep
+their prefix matches (issue 12, item 2: one bad source must not cost every replica)."""
+
+import asyncio
+import time
+
+import zmq
+from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
+from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.core import KVRouter
+from kvmesh.router.service import RouterService
+
+from .helpers import stored
+
+BS = 4
+PROMPT = list(range(1, 33))  # 8 full blocks
+
+
+def test_a_degraded_replica_counts_no_prefix_match_until_trusted_again():
+    router = KVRouter(block_size=BS)
+    for rid in ("a", "b"):
+        router.add_replica(rid)
+    router.apply_events("a", [stored(PROMPT, BS)])
+    assert router.route(PROMPT, exclude=["b"]).matched_blocks == 8
+    router.set_degraded("a", "garbage on its stream")
+    assert router.route(PROMPT, exclude=["b"]).matched_blocks == 0
+    assert router.degraded == {"a": "garbage on its stream"}
+    router.set_degraded("a", None)
+    assert router.route(PROMPT, exclude=["b"]).matched_blocks == 8
+
+
+class Corrupting:
+    """Replaces the live payloads of a publisher's PUB socket while ``on`` is set."""
+
+    def __init__(self, sock) -> None:
+        self.sock, self.on, self._frames = sock, True, []
+
+    def send(self, frame, flags=0):
+        self._frames.append(frame)
+        if flags & zmq.SNDMORE:
+            return
+        frames, self._frames = self._frames, []
+        if self.on:
+            frames[2] = b"\xac\xff\xfe\xfd\xff\xfe\xfd\xff\xfe\xfd\xff\xfe\xfd"  # msgpack str, bad UTF-8
+        self.sock.send_multipart(frames, flags)
+
+    def close(self, *a, **kw):
+        self.sock.close(*a, **kw)
+
+
+def publisher() -> ZmqEventPublisher:
+    return ZmqEventPublisher(PublisherConfig(endpoint="tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0"))
+
+
+async def wait_for(predicate, timeout=8.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.01)
+    return predicate()
+
+
+def test_garbage_from_one_replica_degrades_it_alone_and_a_snapshot_brings_it_back():
+    good, bad = publisher(), publisher()
+    service = RouterService(RouterConfig(block_size=BS), [
+        ReplicaSpec("http://127.0.0.1:9", good.endpoint, good.replay_endpoint, replica_id="good"),
+        ReplicaSpec("http://127.0.0.1:9", bad.endpoint, bad.replay_endpoint, replica_id="bad")])
+    service.subscriber_config.bad_frame_threshold = 3
+    service.subscriber_config.degraded_probation_s = 0.3
+    service.subscriber_config.replay_timeout = service.subscriber_config.snapshot_timeout = 0.5
+    corrupt = Corrupting(bad._io._pub)
+
+    async def scenario():
+        await service.start()
+        try:
+            r = service.router
+            assert await wait_for(lambda: len(service.subscriber.stats) == 2 and all(
+                s.snapshots for s in service.subscriber.stats.values()))
+            await asyncio.sleep(0.1)
+            bad._io._pub = corrupt
+            for i in range(4):
+                bad.publish([stored(PROMPT, BS, start_block=i, num_blocks=1)])
+            good.publish([stored(PROMPT, BS)])
+            assert await wait_for(lambda: "bad" in r.degraded), service.subscriber.stats
+            assert await wait_for(lambda: r.index.num_blocks("good") == 8)
+            assert "good" not in r.degraded
+            text = service.metrics.render().decode()
+            assert 'kvmesh_router_replica_degraded{replica="bad"} 1.0' in text
+            assert 'kvmesh_router_event_stream_total{counter="bad_frames",replica="bad"}' in text
+            assert service.feed_state() == {"alive": True, "error": None, "restarts": 0}
+            corrupt.on = False  # the replica behaves again: its resync snapshot restores trust
+            bad.publish([stored(PROMPT, BS, start_block=4, num_blocks=1)])
+            assert await wait_for(lambda: "bad" not in r.degraded)
+            assert await wait_for(lambda: r.index.num_blocks("bad") == 5)
+        finally:
+            await service.stop()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        good.close()
+        bad.close()
+
+
+def test_a_replica_cannot_make_the_router_hold_more_than_max_source_blocks():
+    pub = publisher()
+    service = RouterService(RouterConfig(block_size=BS), [
+        ReplicaSpec("http://127.0.0.1:9", pub.endpoint, pub.replay_endpoint, replica_id="r")])
+    service.subscriber_config.max_source_blocks = 5
+
+    async def scenario():
+        await service.start()
+        try:
+            assert await wait_for(lambda: "r" in service.subscriber.stats and service.subscriber.stats["r"].snapshots == 1)
+            await asyncio.sleep(0.1)
+            for i in range(8):
+                pub.publish([stored(PROMPT, BS, start_block=i, num_blocks=1)])
+            assert await wait_for(lambda: service.subscriber.stats["r"].apply_errors == 3)
+            assert service.router.index.num_blocks("r") == 5
+        finally:
+            await service.stop()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        pub.close()
