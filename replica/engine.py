@@ -114,9 +114,9 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if sched.scheduled:
-            self._stats.record_step(sched.num_batched_tokens)
             try:
                 sampled = self.model_runner.execute_model(sched)
+                self._stats.record_step(sched.num_batched_tokens)
             except Exception as e:  # the runner failed this batch: fail its requests, keep serving
                 logger.exception("model runner failed a step of %d requests", len(sched.scheduled))
                 for sr in sched.scheduled:
