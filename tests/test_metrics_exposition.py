@@ -105,15 +105,32 @@ def test_router_times_requests_and_streams_by_model_name(pair, scraped):
         router, "kvmesh_router_request_latency_seconds_count") + 1
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["replica", "router"])
-def test_openmetrics_is_served_to_scrapers_that_ask_for_it(pair, which):
-    url = pair[which] + "/metrics"
-    r = httpx.get(url, headers={"accept": "application/openmetrics-text; version=1.0.0,text/plain;q=0.5"})
-    assert r.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
-    assert r.text.endswith("# EOF\n")
-    assert any(f.name == "process_cpu_seconds" for f in parse_openmetrics(r.text))
-    plain = httpx.get(url)
-    assert plain.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+# What Prometheus 2.x and 3.x send by default, and a scraper that wants the classic text only.
+PROMETHEUS_2_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+                       "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+PROMETHEUS_3_ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/"
+                       "openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,"
+                       "text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
+
+
+@pytest.mark.parametrize("accept", [PROMETHEUS_2_ACCEPT, PROMETHEUS_3_ACCEPT], ids=["prometheus2", "prometheus3"])
+def test_openmetrics_is_served_to_prometheus_with_vllms_names_intact(scraped, pair, accept):
+    for url in pair:
+        r = httpx.get(url + "/metrics", headers={"accept": accept})
+        assert r.headers["content-type"] == "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        assert r.text.endswith("# EOF\n")
+        names = {s.name for family in parse_openmetrics(r.text) for s in family.samples}
+        assert "process_cpu_seconds_total" in names
+        if url == pair[0]:  # the replica: the colon survives (no escaping of vLLM's names)
+            assert set(VLLM_DASHBOARD_SERIES) <= names
+
+
+@pytest.mark.parametrize("accept", [None, "text/plain", "application/openmetrics-text;q=0"])
+def test_the_classic_text_format_is_the_default(pair, accept):
+    for url in pair:
+        r = httpx.get(url + "/metrics", headers={"accept": accept} if accept else {})
+        assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert "# EOF" not in r.text
 
 
 def promtool_problems(text: str) -> list[str]:
