@@ -57,7 +57,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.kv_cache_manager)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
-        self._stats = EngineStats()
+        self._stats = EngineStats.for_model(self.max_model_len)
 
     def _wants_events(self) -> bool:
         return self.event_publisher is not None or self.config.kv_events_endpoint is not None
@@ -116,6 +116,7 @@ class LLMEngine:
         if not sched.is_empty:
             try:
                 sampled = self.model_runner.execute_model(sched)
+                self._stats.record_step(sched.num_batched_tokens)
             except Exception as e:  # the runner failed this batch: fail its requests, keep serving
                 logger.exception("model runner failed a step of %d requests", sched.num_requests)
                 for request_id in sched.request_ids():
@@ -217,8 +218,7 @@ class LLMEngine:
 
     def _on_finished(self, request: Request) -> None:
         """Forget per-request state (the detokenizer is dropped after the final output was built)."""
-        reason = request.status.finish_reason or "unknown"
-        self._stats.num_finished[reason] = self._stats.num_finished.get(reason, 0) + 1
+        self._stats.record_finished(request)
         self._detokenizers.pop(request.request_id, None)
 
     # -- events, stats, lifecycle ------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from kvmesh.replica.metrics import CONTENT_TYPE, ReplicaMetrics
+from kvmesh.replica.metrics import ReplicaMetrics
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.auth import AuthMiddleware
 from kvmesh.replica.openai.body import read_request
@@ -74,7 +74,7 @@ class ServerState:
         self.model_name = config.served_model_name or model_path
         self.default_max_tokens = config.default_max_tokens
         self.extra_info = dict(extra_info or {})
-        self.metrics = ReplicaMetrics(engine.get_stats, self.model_name)
+        self.metrics = ReplicaMetrics(engine.get_stats, self.model_name, cache_info=_cache_config_info(engine))
 
     def check_model(self, model: str | None) -> None:
         check_model(model, self.model_name, aliases=(self.model_path,))
@@ -90,6 +90,14 @@ class ServerState:
         return {"model": self.model_name, "model_path": self.model_path, "max_model_len": e.max_model_len,
                 "block_size": e.block_size, "num_kv_blocks": e.num_kv_blocks,
                 "tensor_parallel_size": e.tensor_parallel_size, "version": "kvmesh", **self.extra_info}
+
+
+def _cache_config_info(engine: Any) -> dict[str, Any]:
+    """The labels of ``vllm:cache_config_info`` (vLLM's CacheConfig names; "gpu" blocks = KV blocks on any device)."""
+    config = engine.engine.config
+    return {"block_size": engine.block_size, "num_gpu_blocks": engine.num_kv_blocks,
+            "enable_prefix_caching": config.enable_prefix_caching, "gpu_memory_utilization": config.gpu_memory_utilization,
+            "eviction_policy": config.eviction_policy}
 
 
 KNOWN_PATHS = frozenset({
@@ -158,8 +166,8 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_api_route("/ping", health, methods=["GET", "POST"])  # vLLM's alias (SageMaker-style probes)
 
     @app.get("/metrics")
-    async def metrics():
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+    async def metrics(request: Request):
+        return state.metrics.response(request.headers.get("accept"))
 
     @app.get("/load")
     async def load():

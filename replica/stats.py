@@ -1,16 +1,28 @@
-"""Engine statistics for the replica's /metrics: gauges, counters and latency histograms."""
+"""Engine statistics for the replica's /metrics: gauges, counters and vLLM's histograms.
+
+Per-request phases, from the timestamps the engine records on each ``Request`` (vLLM v1's definitions):
+
+    arrival ──queue──▶ first scheduled ──prefill──▶ first token ──decode──▶ last token ─▶ finished
+            <────────────────────────────── e2e latency ─────────────────────────────────────▶
+                       <──────────────────────── inference ────────────────▶
+"""
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
-# Bucket upper bounds in seconds (vLLM's, Prometheus-style; +Inf is implied).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                10.0, 20.0, 40.0, 80.0)
+from kvmesh.replica.openai.metric_buckets import (
+    ITERATION_TOKENS_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    TPOT_BUCKETS,
+    TTFT_BUCKETS,
+    build_1_2_5_buckets,
+)
+
+DEFAULT_MAX_MODEL_LEN = 4096  # token-count buckets of an ``EngineStats()`` built without a model
 RECENT_OBSERVATIONS = 1000  # raw samples kept per histogram, for percentiles over the recent past
 
 
@@ -55,6 +67,14 @@ class Histogram:
         return values[min(len(values) - 1, int(q / 100.0 * len(values)))]
 
 
+def _latency() -> Histogram:
+    return Histogram(REQUEST_LATENCY_BUCKETS)
+
+
+def _token_counts() -> Histogram:
+    return Histogram(build_1_2_5_buckets(DEFAULT_MAX_MODEL_LEN))
+
+
 @dataclass(slots=True)
 class EngineStats:
     """A snapshot of one engine's state and its cumulative counters."""
@@ -80,8 +100,60 @@ class EngineStats:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     """Time to first token, seconds."""
     tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS))
-    """Time per output token after the first, seconds."""
+    """Time between consecutive output tokens of a request, seconds (every gap is one observation)."""
+    e2e_latency: Histogram = field(default_factory=_latency)
+    """Arrival to finish of each finished request (aborted ones included), seconds."""
+    queue_time: Histogram = field(default_factory=_latency)
+    """Arrival to first scheduled, seconds (requests that were never scheduled are not observed)."""
+    prefill_time: Histogram = field(default_factory=_latency)
+    """First scheduled to first token, seconds (requests that produced a token)."""
+    decode_time: Histogram = field(default_factory=_latency)
+    """First token to last token, seconds (requests that produced a token)."""
+    inference_time: Histogram = field(default_factory=_latency)
+    """First scheduled to last token, seconds (requests that produced a token)."""
+    request_tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS))
+    """Per request: decode time / (output tokens - 1), seconds (requests with 2+ output tokens)."""
+    request_prompt_tokens: Histogram = field(default_factory=_token_counts)
+    """Prompt length of each finished request, tokens."""
+    request_generation_tokens: Histogram = field(default_factory=_token_counts)
+    """Output length of each finished request, tokens."""
+    request_max_tokens: Histogram = field(default_factory=_token_counts)
+    """The ``max_tokens`` parameter of each finished request."""
+    iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKENS_BUCKETS))
+    """Tokens computed per engine step (prefill chunks + one per decoding request)."""
+
+    @classmethod
+    def for_model(cls, max_model_len: int) -> EngineStats:
+        """Stats whose token-count buckets end at the model's context length (as vLLM's do)."""
+        buckets = build_1_2_5_buckets(max_model_len)
+        return cls(request_prompt_tokens=Histogram(buckets), request_generation_tokens=Histogram(buckets),
+                   request_max_tokens=Histogram(buckets))
 
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    def record_step(self, num_batched_tokens: int) -> None:
+        """One engine step that ran the model on ``num_batched_tokens`` tokens."""
+        self.iteration_tokens.observe(num_batched_tokens)
+
+    def record_finished(self, request: Any) -> None:
+        """Observe a finished ``Request``'s phases and sizes (its timestamps are ``time.monotonic()``)."""
+        reason = request.status.finish_reason or "unknown"
+        self.num_finished[reason] = self.num_finished.get(reason, 0) + 1
+        arrival, scheduled = request.arrival_time, request.first_scheduled_time
+        first, last = request.first_token_time, request.last_token_time
+        self.e2e_latency.observe(max(0.0, request.finished_time - arrival))
+        self.request_prompt_tokens.observe(request.num_prompt_tokens)
+        self.request_generation_tokens.observe(request.num_output_tokens)
+        self.request_max_tokens.observe(request.sampling_params.max_tokens)
+        if scheduled is None:
+            return
+        self.queue_time.observe(max(0.0, scheduled - arrival))
+        if first is None or last is None:
+            return
+        self.prefill_time.observe(max(0.0, first - scheduled))
+        self.decode_time.observe(last - first)
+        self.inference_time.observe(last - scheduled)
+        if request.num_output_tokens > 1:
+            self.request_tpot.observe((last - first) / (request.num_output_tokens - 1))

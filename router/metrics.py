@@ -9,10 +9,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from kvmesh.replica.openai.metric_buckets import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from kvmesh.replica.openai.metrics_exposition import add_process_collectors, metrics_response
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from starlette.responses import Response, StreamingResponse
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Routing stages take microseconds; buckets from 1 µs to 100 ms.
 _STAGE_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 1e-1)
 _LAG_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0)
@@ -24,6 +26,15 @@ class RouterMetrics:
     def __init__(self, state_source: Callable[[], dict] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        add_process_collectors(r)
+        self.request_latency = Histogram(
+            "kvmesh_router_request_latency_seconds",
+            "Proxied requests, from the request reaching the router to its last byte leaving it",
+            ["model_name"], buckets=REQUEST_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "kvmesh_router_time_to_first_token_seconds",
+            "Streamed requests, from the request reaching the router to the replica's first output bytes",
+            ["model_name"], buckets=TTFT_BUCKETS, registry=r)
         self.decisions = Counter("kvmesh_router_decisions", "Requests routed, per replica and policy",
                                  ["replica", "policy"], registry=r)
         self.predicted_hit_tokens = Counter(
@@ -65,8 +76,34 @@ class RouterMetrics:
         self.last_event_lag[replica_id] = lag
         self.event_lag.observe(lag)
 
+    def observe_response(self, response: Response, start: float, model_name: str) -> Response:
+        """Time a proxied request that started at ``start`` (``time.perf_counter()``): a streamed answer's
+        first bytes are here already (TTFT now; latency when its body ends), any other answer is complete."""
+        now = time.perf_counter()
+        latency = self.child(self.request_latency, model_name)
+        if not isinstance(response, StreamingResponse):
+            latency.observe(now - start)
+            return response
+        self.child(self.ttft, model_name).observe(now - start)
+        response.body_iterator = _timed(response.body_iterator, latency, start)
+        return response
+
     def render(self) -> bytes:
+        """The text exposition (format 0.0.4)."""
         return generate_latest(self.registry)
+
+    def response(self, accept: str | None) -> Response:
+        """``GET /metrics``: OpenMetrics when the scraper accepts it, else the text format."""
+        return metrics_response(self.registry, accept)
+
+
+async def _timed(body, latency, start: float):
+    """``body``'s chunks; observes ``latency`` once the stream ends (completed, broken or abandoned)."""
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        latency.observe(time.perf_counter() - start)
 
 
 class _StateCollector:

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from kvmesh.replica.openai.auth import AuthMiddleware
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.errors import ProtocolError, error_body, install_error_handlers
@@ -31,7 +32,6 @@ from kvmesh.replica.openai.routes import install_shared_routes
 from kvmesh.replica.openai.runner import HTTPServer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.forward import Forwarder
-from kvmesh.router.metrics import CONTENT_TYPE
 from kvmesh.router.service import RouterService
 from pydantic import ConfigDict
 
@@ -77,11 +77,15 @@ def build_app(service: RouterService) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await forwarder.handle(request, "/v1/completions", chat=False)
+        start = time.perf_counter()
+        response = await forwarder.handle(request, "/v1/completions", chat=False)
+        return service.metrics.observe_response(response, start, model_name)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await forwarder.handle(request, "/v1/chat/completions", chat=True)
+        start = time.perf_counter()
+        response = await forwarder.handle(request, "/v1/chat/completions", chat=True)
+        return service.metrics.observe_response(response, start, model_name)
 
     @app.get("/v1/models")
     async def models():
@@ -106,8 +110,8 @@ def build_app(service: RouterService) -> FastAPI:
                  "num_tokens": sum(load.pending_prefill_tokens for load in loads)}]
 
     @app.get("/metrics")
-    async def metrics():
-        return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+    async def metrics(request: Request):
+        return service.metrics.response(request.headers.get("accept"))
 
     @app.get("/replicas")
     async def list_replicas():

@@ -13,4 +13,6 @@ tests/router/test_no_torch.py enforce it): everything both HTTP fronts do the sa
     auth.py       the API key (tenants) and the admin key (replica set) on every path that needs them
     routes.py     /tokenize, /v1/*/render, /ping, /version: one implementation for both servers
     runner.py     HTTPServer: uvicorn with header/body read timeouts, in a loop or on its own thread
+    metrics_exposition.py  GET /metrics: OpenMetrics / text negotiation, the process collectors
+    metric_buckets.py      vLLM's histogram buckets (the replica's and the router's latency histograms)
 """
