@@ -63,6 +63,9 @@ class ReplicasConfig:
     """Replica i serves HTTP on http_port + i; 0 -> ephemeral ports reported through Ray."""
     event_port: int = 5557
     """Replica i publishes KV events on event_port + 2i and answers replay on + 2i + 1; 0 -> ephemeral."""
+    private_events: bool = True
+    """Encrypt and authenticate the replicas' KV event streams with CURVE keys serve generates for itself
+    and its router; false: plain vLLM-format streams that any subscriber who can reach the ports reads."""
 
     def __post_init__(self) -> None:
         _check(self.num_replicas >= 1, f"replicas.num_replicas={self.num_replicas} must be at least 1")
@@ -217,10 +220,14 @@ class RouterCommandConfig:
 _EVENTS_DERIVED = "the replicas' event addresses come from replicas.event_port"
 _NOT_PASSED = "not passed to the replicas' publisher yet (replica/engine.py builds it from address and topic)"
 _FRONTEND = "set the frontend section"
+_CURVE = "serve generates the event streams' CURVE keys (replicas.private_events)"
 _ENGINE_ONLY = "internal to the engine's Python API"
 SERVE_SCHEMA = Schema(ServeConfig, hidden={
     "engine.kv_events_endpoint": _EVENTS_DERIVED, "engine.kv_events_replay_endpoint": _EVENTS_DERIVED,
     "engine.kv_events_topic": "set events.topic", "engine.hf_config": _ENGINE_ONLY,
+    "engine.kv_events_curve_secret_key": _CURVE, "engine.kv_events_curve_client_keys": _CURVE,
+    "router.events_curve_server_key": _CURVE, "router.events_curve_public_key": _CURVE,
+    "router.events_curve_secret_key": _CURVE,
     "router.model": "the router uses engine.model", "router.tokenizer": "the router uses engine.tokenizer",
     "router.max_model_len": "the router uses engine.max_model_len",
     "router.block_size": "the router uses engine.block_size",

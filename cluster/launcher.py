@@ -66,6 +66,8 @@ class ServeCluster:
         # SECRET: the cluster's hash seed, generated here unless configured; replicas get it as an actor
         # argument, the router only the salt secret derived from it (kvcache.hashing.cache_salt_secret).
         self._hash_seed: str = config.engine.hash_seed or secrets.token_hex(32)
+        # SECRET: CURVE keypairs of the replicas' event sockets and of the router that subscribes to them.
+        self._curve = _curve_keys() if config.replicas.private_events else None
 
     # ------------------------------------------------------------------ start
     def start(self) -> ServeCluster:
@@ -103,7 +105,8 @@ class ServeCluster:
                        tokenizer=cfg.engine.tokenizer, served_model_name=st.served_model_name,
                        max_model_len=cfg.engine.max_model_len, block_size=cfg.engine.block_size,
                        replica_api_key=cfg.router.api_key, admin_key=admin_key,
-                       frontend=cfg.frontend, cache_salt_secret=cache_salt_secret(self._hash_seed))
+                       frontend=cfg.frontend, cache_salt_secret=cache_salt_secret(self._hash_seed),
+                       **self._curve.router if self._curve else {})
 
     def _start_replicas(self) -> None:
         from kvmesh.replica.actor import ReplicaOptions, start_replica_actor
@@ -146,7 +149,7 @@ class ServeCluster:
             load_format="dummy" if cfg.is_embedded_model else engine.load_format,
             kv_cache_memory=EMBEDDED_KV_CACHE_MEMORY if engine.kv_cache_memory is None and cfg.is_embedded_model
             else engine.kv_cache_memory,
-            hash_seed=self._hash_seed)
+            hash_seed=self._hash_seed, **self._curve.replicas if self._curve else {})
 
     def _wait_ready(self) -> None:
         import ray
@@ -239,4 +242,20 @@ def _first_line(e: BaseException) -> str:
     return (interesting[-1] if interesting else (text[0] if text else type(e).__name__))[:500]
 
 
+@dataclass(frozen=True)
+class _CurveKeys:
+    """The config fields that make a cluster's event streams private (events/curve.py)."""
 
+    replicas: dict[str, Any]
+    router: dict[str, Any]
+
+
+def _curve_keys() -> _CurveKeys:
+    from kvmesh.events.curve import generate_keypair
+
+    server_public, server_secret = generate_keypair()
+    router_public, router_secret = generate_keypair()
+    return _CurveKeys(
+        replicas={"kv_events_curve_secret_key": server_secret, "kv_events_curve_client_keys": (router_public,)},
+        router={"events_curve_server_key": server_public, "events_curve_public_key": router_public,
+                "events_curve_secret_key": router_secret})

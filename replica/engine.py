@@ -286,5 +286,7 @@ def _make_publisher(config: EngineConfig, snapshot_source: Any) -> Any:
     from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
 
     publisher_config = PublisherConfig(endpoint=config.kv_events_endpoint, topic=config.kv_events_topic,
-                                       replay_endpoint=config.kv_events_replay_endpoint)
+                                       replay_endpoint=config.kv_events_replay_endpoint,
+                                       curve_secret_key=config.kv_events_curve_secret_key,
+                                       curve_client_keys=tuple(config.kv_events_curve_client_keys))
     return ZmqEventPublisher(publisher_config, snapshot_source=snapshot_source)

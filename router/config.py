@@ -86,6 +86,13 @@ class RouterConfig:
     cache_salt_secret: bytes | None = field(default=None, repr=False)
     """SECRET: key of the replicas' cache-salt digests (``kvcache.hashing.cache_salt_secret(seed)``,
     not the seed); None: requests with a cache_salt are routed without prefix matches."""
+    events_curve_server_key: str | None = None
+    """CURVE public key (Z85) of the replicas' event sockets; set, the router subscribes over CURVE
+    (``kvmesh serve`` generates the keys); None: plain streams."""
+    events_curve_public_key: str | None = None
+    """The router's own CURVE public key (Z85), the one the replicas allow in."""
+    events_curve_secret_key: str | None = field(default=None, repr=False)
+    """SECRET: the router's own CURVE secret key (Z85), the pair of ``events_curve_public_key``."""
     predict_ttl_s: float = 2.0
     """Seconds a routed request's blocks count as cached on its replica before events confirm them."""
     poll_interval_s: float = 0.5

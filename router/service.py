@@ -54,7 +54,9 @@ class RouterService:
         self.subscriber = None
         from kvmesh.events.subscriber import SubscriberConfig
 
-        self.subscriber_config = SubscriberConfig()
+        self.subscriber_config = SubscriberConfig(
+            curve_server_key=config.events_curve_server_key, curve_public_key=config.events_curve_public_key,
+            curve_secret_key=config.events_curve_secret_key)
         """Limits of the event feed (bad-frame threshold, blocks per source, back-off)."""
         self._poller: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
