@@ -1,0 +1,155 @@
+"""Tokenize once, and less: text split at the tokenizer's added tokens, pieces seen before from a cache.
+
+A Hugging Face ``tokenizers`` pipeline first cuts the text at its *added tokens* (special tokens
+such as ``<|im_start|>`` and added words), then normalizes, pre-tokenizes and runs the model on
+every piece between them **independently**. So the ids of a text are the concatenation of
+
+    [post-processor prefix] + ids(piece_0) + [id(added_0)] + ids(piece_1) + ... + [suffix]
+
+and a piece's ids depend on the piece alone, with one exception the key below carries: a
+Metaspace pre-tokenizer with ``prepend_scheme="first"`` (stories260K, Llama-3-style SentencePiece
+conversions) prepends ``▁`` only to a piece that starts at offset 0 of the whole text. Cache key =
+(piece, starts at offset 0); a piece that does not start the text is tokenized behind an added
+token (whose id is then dropped), so it sees the same context as in the whole text. Chat traffic resends its history and shares system prompts, and a
+chat template wraps every message in added tokens, so most pieces of a request were seen before.
+
+Where the split is not provably the tokenizer's own, nothing is cached and the plain tokenizer
+runs (``uncached_reason`` says why):
+- added tokens with ``lstrip``/``rstrip``/``single_word`` eat or depend on their neighbours: a text
+  containing one is encoded plainly (the others still split);
+- ``normalized=True`` added tokens are matched after normalization, inside a piece: they stay
+  inside the cached piece (exact, just not split at);
+- truncation or padding configured on the tokenizer: the whole encoding depends on the total;
+- ``add_special_tokens=True`` with a post-processor that does not add a fixed prefix/suffix to a
+  single sequence (probed at construction): plain encode for those calls.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from typing import Any
+
+DEFAULT_MAX_CACHED_TOKENS = 1 << 20
+"""Token ids kept in the piece cache by default (~10 MB of list slots plus the piece strings)."""
+
+_PROBES = ("a", "Hello world, how are you?", " leading space", "\n\nline\tbreaks  ", "")
+
+
+class CachedTokenizer:
+    """``encode(text, add_special_tokens)`` with exactly the tokenizer's ids, pieces served from an LRU cache."""
+
+    def __init__(self, tokenizer: Any, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS) -> None:
+        if max_cached_tokens < 0:
+            raise ValueError(f"max_cached_tokens must be >= 0, got {max_cached_tokens}")
+        self.backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        """The ``tokenizers.Tokenizer`` (a transformers fast tokenizer is unwrapped to it)."""
+        self.max_cached_tokens = max_cached_tokens
+        """Most token ids held in the cache; least recently used pieces are dropped beyond it."""
+        self.uncached_reason: str | None = None
+        """Why nothing is cached (None when pieces are cached)."""
+        self.hit_tokens = 0
+        """Token ids served from the cache."""
+        self.miss_tokens = 0
+        """Token ids the tokenizer computed (pieces not in the cache, and plain encodes)."""
+        self._cache: OrderedDict[Any, list[int]] = OrderedDict()
+        self._cached_tokens = 0
+        self._lock = threading.Lock()
+        self._split, self._added_ids, self._unsafe = self._added_token_split()
+        # Any added token that splits: placed before a later piece when tokenizing it alone.
+        self._lead = next(iter(self._added_ids), "")
+        self._frame = self._special_frame()
+        if self.backend.truncation is not None or self.backend.padding is not None:
+            self.uncached_reason = "the tokenizer truncates or pads (ids depend on the whole text)"
+
+    # ------------------------------------------------------------ set-up
+    def _added_token_split(self):
+        """Regex cutting at added tokens (leftmost-longest, like the tokenizer's own matcher)."""
+        skip_special = bool(getattr(self.backend, "encode_special_tokens", False))
+        split, unsafe, ids = [], [], {}
+        for token_id, tok in self.backend.get_added_tokens_decoder().items():
+            if tok.normalized or (tok.special and skip_special) or not tok.content:
+                continue  # matched inside a piece (or not at all): part of the cached piece
+            if tok.lstrip or tok.rstrip or tok.single_word:
+                unsafe.append(tok.content)
+                continue
+            split.append(tok.content)
+            ids[tok.content] = token_id
+
+        def alternation(contents: list[str]):
+            if not contents:
+                return None
+            return re.compile("(" + "|".join(map(re.escape, sorted(contents, key=len, reverse=True))) + ")")
+
+        return alternation(split), ids, alternation(unsafe)
+
+    def _special_frame(self) -> tuple[list[int], list[int]] | None:
+        """The ids the post-processor adds before/after one sequence, if the same for every probe."""
+        frame = None
+        for text in _PROBES:
+            bare = self.backend.encode(text, add_special_tokens=False).ids
+            full = self.backend.encode(text, add_special_tokens=True).ids
+            for start in range(len(full) - len(bare) + 1):
+                if full[start:start + len(bare)] == bare:
+                    this = (full[:start], full[start + len(bare):])
+                    break
+            else:
+                return None
+            if frame is not None and this != frame:
+                return None
+            frame = this
+        return frame
+
+    # ------------------------------------------------------------ encoding
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``, identical to ``tokenizer.encode(text, add_special_tokens=...)``."""
+        if (self.uncached_reason is not None or (add_special_tokens and self._frame is None)
+                or (self._unsafe is not None and self._unsafe.search(text))):
+            ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+            self.miss_tokens += len(ids)
+            return ids
+        parts = self._split.split(text) if self._split is not None else [text]
+        ids: list[int] = list(self._frame[0]) if add_special_tokens else []
+        added = self._added_ids
+        with self._lock:
+            for i, part in enumerate(parts):
+                if i & 1:  # re.split puts the matched added tokens at odd positions
+                    ids.append(added[part])
+                elif part:
+                    ids += self._piece(part, i == 0)
+        if add_special_tokens:
+            ids += self._frame[1]
+        return ids
+
+    def _piece(self, piece: str, first: bool) -> list[int]:
+        cache = self._cache
+        key = (piece,) if first else piece
+        hit = cache.get(key)
+        if hit is not None:
+            cache.move_to_end(key)
+            self.hit_tokens += len(hit)
+            return hit
+        if first:
+            ids = self.backend.encode(piece, add_special_tokens=False).ids
+        else:  # behind an added token, as in the whole text (not at offset 0)
+            ids = self.backend.encode(self._lead + piece, add_special_tokens=False).ids
+            assert ids[0] == self._added_ids[self._lead], "an added token must encode to its own id"
+            del ids[0]
+        self.miss_tokens += len(ids)
+        if len(ids) <= self.max_cached_tokens:
+            cache[key] = ids
+            self._cached_tokens += len(ids)
+            while self._cached_tokens > self.max_cached_tokens:
+                self._cached_tokens -= len(cache.popitem(last=False)[1])
+        return ids
+
+    @property
+    def cached_pieces(self) -> int:
+        """Pieces in the cache now."""
+        return len(self._cache)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Token ids in the cache now (at most ``max_cached_tokens``)."""
+        return self._cached_tokens
