@@ -85,6 +85,8 @@ class RouterConfig:
     """Replicas tried per request when the chosen one fails before its first byte."""
     max_body_bytes: int = 32 << 20
     """Largest request body accepted (413 above)."""
+    workers: int = 1
+    """Router processes serving the port (router/workers.py); each has its own index and load view."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -93,6 +95,8 @@ class RouterConfig:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:

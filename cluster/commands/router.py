@@ -36,6 +36,8 @@ def add_parser(subparsers) -> None:
                    help="seconds a routed request's blocks count as cached before events confirm them")
     p.add_argument("--poll-interval", type=float, default=0.5, help="seconds between /health + /load polls")
     p.add_argument("--max-attempts", type=int, default=3, help="replicas tried per request before giving up")
+    p.add_argument("--workers", type=int, default=1,
+                   help="router processes sharing the port, each with its own index (default 1)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run)
 
@@ -55,14 +57,19 @@ def run(args) -> int:
             served_model_name=args.served_model_name, max_model_len=args.max_model_len, policy=args.policy,
             policy_kwargs=policy_kwargs, block_size=args.block_size, api_key=args.api_key,
             replica_api_key=args.replica_api_key, predict_ttl_s=args.predict_ttl,
-            poll_interval_s=args.poll_interval, max_attempts=args.max_attempts)
-        server = RouterServer(config, specs)
+            poll_interval_s=args.poll_interval, max_attempts=args.max_attempts, workers=args.workers)
+        if config.workers > 1:
+            from kvmesh.router.workers import router_workers
+
+            server = router_workers(config, specs, config.workers)
+        else:
+            server = RouterServer(config, specs)
     except (ValueError, TypeError) as e:
         print(f"kvmesh router: {e}")
         return 2
     if config.model is None and config.tokenizer is None:
         logging.warning("no --model/--tokenizer: routing by load only (no prefix cache awareness)")
-    logging.info("router on http://%s:%d, %d replicas, policy %s", config.host, config.port, len(specs),
-                 config.policy)
+    logging.info("router on http://%s:%d, %d replicas, policy %s, %d worker(s)", config.host, config.port,
+                 len(specs), config.policy, config.workers)
     server.run()
     return 0
