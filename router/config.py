@@ -85,6 +85,10 @@ class RouterConfig:
     """Replicas tried per request when the chosen one fails before its first byte."""
     max_body_bytes: int = 32 << 20
     """Largest request body accepted (413 above)."""
+    chat_template: str | None = None
+    """Jinja chat template (text or a file path) replacing the model's; must be the replicas' too."""
+    tokenize_cache_tokens: int = 1 << 20
+    """Token ids the router's tokenize cache keeps (router/tokenize_cache.py); 0 turns the cache off."""
     workers: int = 1
     """Router processes serving the port (router/workers.py); each has its own index and load view."""
 
@@ -95,6 +99,8 @@ class RouterConfig:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.tokenize_cache_tokens < 0:
+            raise ValueError(f"tokenize_cache_tokens must be >= 0, got {self.tokenize_cache_tokens}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.max_attempts < 1:

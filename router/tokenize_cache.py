@@ -13,6 +13,13 @@ conversions) prepends ``▁`` only to a piece that starts at offset 0 of the who
 token (whose id is then dropped), so it sees the same context as in the whole text. Chat traffic resends its history and shares system prompts, and a
 chat template wraps every message in added tokens, so most pieces of a request were seen before.
 
+Long pieces (a completion prompt is one piece) are also cut before a space every ~``chunk_chars``
+characters when that is provably exact: no normalizer, a Metaspace pre-tokenizer and a BPE whose
+vocabulary has no token with ``▁`` past its first character (SentencePiece-style BPE such as
+stories260K and Llama 2). Then no merge can join across a ``▁``, so the text on each side of a
+space tokenizes on its own. Cuts are content-defined (the first space after each ``chunk_chars``
+from the piece start), so prompts sharing a long prefix share its chunks.
+
 Where the split is not provably the tokenizer's own, nothing is cached and the plain tokenizer
 runs (``uncached_reason`` says why):
 - added tokens with ``lstrip``/``rstrip``/``single_word`` eat or depend on their neighbours: a text
@@ -34,19 +41,27 @@ from typing import Any
 DEFAULT_MAX_CACHED_TOKENS = 1 << 20
 """Token ids kept in the piece cache by default (~10 MB of list slots plus the piece strings)."""
 
-_PROBES = ("a", "Hello world, how are you?", " leading space", "\n\nline\tbreaks  ", "")
+DEFAULT_CHUNK_CHARS = 256
+"""Characters between cuts of a long piece (where cutting at spaces is exact)."""
+
+_PROBES = ("a", "Hello world, how are you?", " leading space", "\n\nline\tbreaks  ", "x y z")
 
 
 class CachedTokenizer:
     """``encode(text, add_special_tokens)`` with exactly the tokenizer's ids, pieces served from an LRU cache."""
 
-    def __init__(self, tokenizer: Any, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS) -> None:
+    def __init__(self, tokenizer: Any, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
+                 chunk_chars: int = DEFAULT_CHUNK_CHARS) -> None:
         if max_cached_tokens < 0:
             raise ValueError(f"max_cached_tokens must be >= 0, got {max_cached_tokens}")
         self.backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
         """The ``tokenizers.Tokenizer`` (a transformers fast tokenizer is unwrapped to it)."""
         self.max_cached_tokens = max_cached_tokens
         """Most token ids held in the cache; least recently used pieces are dropped beyond it."""
+        if chunk_chars <= 0:
+            raise ValueError(f"chunk_chars must be positive, got {chunk_chars}")
+        self.chunk_chars = chunk_chars
+        """Long pieces are cut at the first space after every ``chunk_chars`` characters (when exact)."""
         self.uncached_reason: str | None = None
         """Why nothing is cached (None when pieces are cached)."""
         self.hit_tokens = 0
@@ -60,6 +75,8 @@ class CachedTokenizer:
         # Any added token that splits: placed before a later piece when tokenizing it alone.
         self._lead = next(iter(self._added_ids), "")
         self._frame = self._special_frame()
+        self.cuts_at_spaces = bool(self._lead) and _spaces_are_boundaries(self.backend)
+        """Whether long pieces are cut at spaces (see the module doc); else only at added tokens."""
         if self.backend.truncation is not None or self.backend.padding is not None:
             self.uncached_reason = "the tokenizer truncates or pads (ids depend on the whole text)"
 
@@ -116,11 +133,25 @@ class CachedTokenizer:
             for i, part in enumerate(parts):
                 if i & 1:  # re.split puts the matched added tokens at odd positions
                     ids.append(added[part])
+                elif len(part) > self.chunk_chars and self.cuts_at_spaces:
+                    for j, chunk in enumerate(self._chunks(part)):
+                        ids += self._piece(chunk, i == 0 and j == 0)
                 elif part:
                     ids += self._piece(part, i == 0)
         if add_special_tokens:
             ids += self._frame[1]
         return ids
+
+    def _chunks(self, piece: str) -> list[str]:
+        """``piece`` cut before the first space at or after every ``chunk_chars`` characters."""
+        chunks, start, step, find = [], 0, self.chunk_chars, piece.find
+        while True:
+            cut = find(" ", start + step)
+            if cut < 0:
+                chunks.append(piece[start:])
+                return chunks
+            chunks.append(piece[start:cut])
+            start = cut
 
     def _piece(self, piece: str, first: bool) -> list[int]:
         cache = self._cache
@@ -153,3 +184,19 @@ class CachedTokenizer:
     def cached_tokens(self) -> int:
         """Token ids in the cache now (at most ``max_cached_tokens``)."""
         return self._cached_tokens
+
+
+def _spaces_are_boundaries(backend) -> bool:
+    """True when cutting text before a space cannot change its ids (see the module doc)."""
+    import json
+
+    spec = json.loads(backend.to_str())
+    pre, model = spec.get("pre_tokenizer") or {}, spec.get("model") or {}
+    if spec.get("normalizer") is not None or pre.get("type") != "Metaspace" or model.get("type") != "BPE":
+        return False
+    if model.get("dropout") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        return False
+    if any(tok.get("normalized") for tok in spec.get("added_tokens", ())):
+        return False  # matched inside pieces: a cut could split one
+    mark = pre.get("replacement", "\u2581")
+    return not any(mark in token[1:] for token in model.get("vocab", {}))

@@ -36,6 +36,9 @@ def add_parser(subparsers) -> None:
                    help="seconds a routed request's blocks count as cached before events confirm them")
     p.add_argument("--poll-interval", type=float, default=0.5, help="seconds between /health + /load polls")
     p.add_argument("--max-attempts", type=int, default=3, help="replicas tried per request before giving up")
+    p.add_argument("--chat-template", help="Jinja chat template (file or text) if not the model's")
+    p.add_argument("--tokenize-cache-tokens", type=int, default=1 << 20,
+                   help="token ids kept by the tokenize cache (0 turns it off; default 1048576)")
     p.add_argument("--workers", type=int, default=1,
                    help="router processes sharing the port, each with its own index (default 1)")
     p.add_argument("--log-level", default="info")
@@ -57,7 +60,8 @@ def run(args) -> int:
             served_model_name=args.served_model_name, max_model_len=args.max_model_len, policy=args.policy,
             policy_kwargs=policy_kwargs, block_size=args.block_size, api_key=args.api_key,
             replica_api_key=args.replica_api_key, predict_ttl_s=args.predict_ttl,
-            poll_interval_s=args.poll_interval, max_attempts=args.max_attempts, workers=args.workers)
+            poll_interval_s=args.poll_interval, max_attempts=args.max_attempts, workers=args.workers,
+            chat_template=args.chat_template, tokenize_cache_tokens=args.tokenize_cache_tokens)
         if config.workers > 1:
             from kvmesh.router.workers import router_workers
 

@@ -169,3 +169,28 @@ def test_truncating_tokenizer_is_never_cached(byte_level):
 def test_negative_cache_bound_is_a_clear_error(stories):
     with pytest.raises(ValueError, match="max_cached_tokens"):
         CachedTokenizer(stories, max_cached_tokens=-1)
+
+
+@SETTINGS
+@given(texts=st.lists(st.lists(st.one_of(fragment, st.text(max_size=12)), max_size=30).map("".join), min_size=1,
+                      max_size=5), chunk=st.integers(1, 24), add=st.booleans())
+def test_long_prompts_cut_at_spaces_encode_exactly(stories, texts, chunk, add):
+    cached = CachedTokenizer(stories, chunk_chars=chunk)
+    assert cached.cuts_at_spaces  # SentencePiece-style BPE: no token holds "▁" past its start
+    shared = texts[0]
+    for text in texts + [shared + t for t in texts]:  # later prompts share a prefix with earlier ones
+        assert cached.encode(text, add) == stories.encode(text, add_special_tokens=add)
+
+
+def test_shared_prompt_prefix_is_tokenized_once(stories):
+    cached = CachedTokenizer(stories, chunk_chars=64)
+    prefix = "Once upon a time there was a little girl who loved to play in the park with her dog. " * 12
+    cached.encode(prefix + "She found a ball.")
+    tokenized = cached.miss_tokens
+    text = prefix + "Then she ran home to tell her mom."
+    assert cached.encode(text) == stories.encode(text)
+    assert cached.miss_tokens - tokenized < 40  # only the chunks after the shared prefix
+
+
+def test_byte_level_bpe_is_not_cut_at_spaces(byte_level):
+    assert not CachedTokenizer(byte_level).cuts_at_spaces  # its regex pre-tokenizer decides, not a "▁"
