@@ -123,8 +123,15 @@ def summarize(rows: list[dict]) -> dict:
     for row in rows:
         out.setdefault(row["router"], {}).setdefault(row["workload"], []).append(row)
     keys = ("cpu_ms_per_request", "requests_per_s", "added_p50_ms", "added_p99_ms")
-    return {r: {w: {k: statistics.median(x[k] for x in xs) for k in keys} for w, xs in ws.items()}
-            for r, ws in out.items()}
+
+    def one(xs: list[dict]) -> dict:
+        sent = sum(x["saturation"]["requests"] + x["requests"] for x in xs)
+        failed = sum(x["saturation"]["socket_errors"] + x["saturation"]["status_errors"] + x["errors"] for x in xs)
+        if failed > sent / 2:  # e.g. a router that rejects token-id prompts: its numbers measure errors
+            return {"unsupported": f"{failed} of {sent} requests failed"}
+        return {**{k: statistics.median(x[k] for x in xs) for k in keys}, "failed_requests": failed}
+
+    return {r: {w: one(xs) for w, xs in ws.items()} for r, ws in out.items()}
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -141,7 +148,8 @@ def plot(summary: dict, path: Path) -> None:
                                        ("added_p50_ms", "added latency p50, one client (ms)")), strict=True):
         width = 0.8 / len(routers)
         for i, r in enumerate(routers):
-            ax.bar([w + i * width for w in range(len(work))], [summary[r][w][key] for w in work], width, label=r)
+            values = [summary[r].get(w, {}).get(key, float("nan")) for w in work]  # nan: unsupported
+            ax.bar([w + i * width for w in range(len(work))], values, width, label=r)
         ax.set_xticks([w + 0.4 - width / 2 for w in range(len(work))], work)
         ax.set_title(label, fontsize=10)
     axes[0].legend(fontsize=8)
