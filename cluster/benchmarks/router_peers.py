@@ -152,8 +152,8 @@ def plot(summary: dict, path: Path) -> None:
             ax.bar([w + i * width for w in range(len(work))], values, width, label=r)
         ax.set_xticks([w + 0.4 - width / 2 for w in range(len(work))], work)
         ax.set_title(label, fontsize=10)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(routers), fontsize=9)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
 
 
