@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import httpx
 import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.workers import RouterWorkers, bind_listener, router_workers
@@ -50,19 +51,42 @@ def _post(port: int, body: dict) -> Result:
         conn.close()
 
 
-class Load:
-    """``clients`` threads posting back to back until stopped (at most ``limit`` requests each)."""
+def _keep_alive_client(port: int):
+    """A real client's behaviour: httpx, one pooled keep-alive connection, no retries."""
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
 
-    def __init__(self, port: int, clients: int = 8, limit: int = 400) -> None:
+    def post(body: dict) -> Result:
+        sent_at = time.monotonic()
+        try:
+            r = client.post("/v1/completions", json=body)
+            return Result(sent_at, r.status_code == 200, r.headers.get("x-kvmesh-router-worker"),
+                          "" if r.status_code == 200 else f"HTTP {r.status_code}")
+        except httpx.HTTPError as e:
+            return Result(sent_at, False, None, repr(e))
+
+    return post, client.close
+
+
+class Load:
+    """``clients`` threads posting back to back until stopped (at most ``limit`` requests each).
+
+    Each client opens a connection per request, or (``keep_alive``) reuses one through httpx.
+    """
+
+    def __init__(self, port: int, clients: int = 8, limit: int = 400, keep_alive: bool = False) -> None:
         self.results: list[Result] = []
         self._stop = threading.Event()
         body = {"prompt": "Once upon a time there was a little girl", "max_tokens": 1}
 
         def client():
-            for _ in range(limit):
-                if self._stop.is_set():
-                    return
-                self.results.append(_post(port, body))
+            post, close = _keep_alive_client(port) if keep_alive else (lambda b: _post(port, b), lambda: None)
+            try:
+                for _ in range(limit):
+                    if self._stop.is_set():
+                        return
+                    self.results.append(post(body))
+            finally:
+                close()
 
         self._threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
         for t in self._threads:
@@ -135,9 +159,10 @@ def test_crashed_worker_fails_only_requests_it_already_held_and_comes_back(worke
     assert workers.restarts == [1, 0]
 
 
-def test_gracefully_stopped_worker_fails_nothing(workers):
+@pytest.mark.parametrize("keep_alive", [False, True], ids=["connection-per-request", "keep-alive"])
+def test_gracefully_stopped_worker_fails_nothing(workers, keep_alive):
     before = workers.pids
-    load = Load(workers.port)
+    load = Load(workers.port, keep_alive=keep_alive)
     time.sleep(1.0)
     os.kill(before[1], signal.SIGTERM)
     time.sleep(1.5)
