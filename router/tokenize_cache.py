@@ -10,15 +10,14 @@ and a piece's ids depend on the piece alone, with one exception the key below ca
 Metaspace pre-tokenizer with ``prepend_scheme="first"`` (stories260K, Llama-3-style SentencePiece
 conversions) prepends ``▁`` only to a piece that starts at offset 0 of the whole text. Cache key =
 (piece, starts at offset 0); a piece that does not start the text is tokenized behind an added
-token (whose id is then dropped), so it sees the same context as in the whole text. Chat traffic resends its history and shares system prompts, and a
-chat template wraps every message in added tokens, so most pieces of a request were seen before.
+token (whose id is then dropped), so it sees the same context as in the whole text. Chat traffic
+resends its history and shares system prompts, and a chat template wraps every message in added
+tokens, so most pieces of a request were seen before.
 
-Long pieces (a completion prompt is one piece) are also cut before a space every ~``chunk_chars``
-characters when that is provably exact: no normalizer, a Metaspace pre-tokenizer and a BPE whose
-vocabulary has no token with ``▁`` past its first character (SentencePiece-style BPE such as
-stories260K and Llama 2). Then no merge can join across a ``▁``, so the text on each side of a
-space tokenizes on its own. Cuts are content-defined (the first space after each ``chunk_chars``
-from the piece start), so prompts sharing a long prefix share its chunks.
+Long pieces (a completion prompt is one piece) are also cut at spaces every ~``chunk_chars``
+characters where router/tokenize_cuts.py proves it exact (SentencePiece-style BPE; byte-level
+BPE with a known split regex). Cuts are content-defined (the first allowed space after each
+``chunk_chars`` from the piece start), so prompts sharing a long prefix share its chunks.
 
 Where the split is not provably the tokenizer's own, nothing is cached and the plain tokenizer
 runs (``uncached_reason`` says why):
@@ -37,6 +36,8 @@ import re
 import threading
 from collections import OrderedDict
 from typing import Any
+
+from kvmesh.router.tokenize_cuts import space_cut_pattern
 
 DEFAULT_MAX_CACHED_TOKENS = 1 << 20
 """Token ids kept in the piece cache by default (~10 MB of list slots plus the piece strings)."""
@@ -75,8 +76,7 @@ class CachedTokenizer:
         # Any added token that splits: placed before a later piece when tokenizing it alone.
         self._lead = next(iter(self._added_ids), "")
         self._frame = self._special_frame()
-        self.cuts_at_spaces = bool(self._lead) and _spaces_are_boundaries(self.backend)
-        """Whether long pieces are cut at spaces (see the module doc); else only at added tokens."""
+        self._cut = space_cut_pattern(self.backend) if self._lead else None
         if self.backend.truncation is not None or self.backend.padding is not None:
             self.uncached_reason = "the tokenizer truncates or pads (ids depend on the whole text)"
 
@@ -133,7 +133,7 @@ class CachedTokenizer:
             for i, part in enumerate(parts):
                 if i & 1:  # re.split puts the matched added tokens at odd positions
                     ids.append(added[part])
-                elif len(part) > self.chunk_chars and self.cuts_at_spaces:
+                elif len(part) > self.chunk_chars and self._cut is not None:
                     for j, chunk in enumerate(self._chunks(part)):
                         ids += self._piece(chunk, i == 0 and j == 0)
                 elif part:
@@ -143,13 +143,14 @@ class CachedTokenizer:
         return ids
 
     def _chunks(self, piece: str) -> list[str]:
-        """``piece`` cut before the first space at or after every ``chunk_chars`` characters."""
-        chunks, start, step, find = [], 0, self.chunk_chars, piece.find
+        """``piece`` cut at the first allowed space at or after every ``chunk_chars`` characters."""
+        chunks, start, step, search = [], 0, self.chunk_chars, self._cut.search
         while True:
-            cut = find(" ", start + step)
-            if cut < 0:
+            found = search(piece, start + step)
+            if found is None:
                 chunks.append(piece[start:])
                 return chunks
+            cut = found.start()
             chunks.append(piece[start:cut])
             start = cut
 
@@ -176,6 +177,11 @@ class CachedTokenizer:
         return ids
 
     @property
+    def cuts_at_spaces(self) -> bool:
+        """Whether long pieces are also cut at spaces (router/tokenize_cuts.py), not only at added tokens."""
+        return self._cut is not None
+
+    @property
     def cached_pieces(self) -> int:
         """Pieces in the cache now."""
         return len(self._cache)
@@ -185,18 +191,3 @@ class CachedTokenizer:
         """Token ids in the cache now (at most ``max_cached_tokens``)."""
         return self._cached_tokens
 
-
-def _spaces_are_boundaries(backend) -> bool:
-    """True when cutting text before a space cannot change its ids (see the module doc)."""
-    import json
-
-    spec = json.loads(backend.to_str())
-    pre, model = spec.get("pre_tokenizer") or {}, spec.get("model") or {}
-    if spec.get("normalizer") is not None or pre.get("type") != "Metaspace" or model.get("type") != "BPE":
-        return False
-    if model.get("dropout") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
-        return False
-    if any(tok.get("normalized") for tok in spec.get("added_tokens", ())):
-        return False  # matched inside pieces: a cut could split one
-    mark = pre.get("replacement", "\u2581")
-    return not any(mark in token[1:] for token in model.get("vocab", {}))

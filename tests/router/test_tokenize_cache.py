@@ -8,6 +8,8 @@ as their models ship them. The reference is the tokenizer itself, through transf
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -192,5 +194,35 @@ def test_shared_prompt_prefix_is_tokenized_once(stories):
     assert cached.miss_tokens - tokenized < 40  # only the chunks after the shared prefix
 
 
-def test_byte_level_bpe_is_not_cut_at_spaces(byte_level):
-    assert not CachedTokenizer(byte_level).cuts_at_spaces  # its regex pre-tokenizer decides, not a "▁"
+def _with_pre_tokenizer(hf, pre_tokenizer: dict):
+    spec = json.loads(hf.backend_tokenizer.to_str())
+    spec["pre_tokenizer"] = pre_tokenizer
+    return tokenizers.Tokenizer.from_str(json.dumps(spec))
+
+
+@pytest.fixture(scope="module")
+def gpt2_style(byte_level):
+    """The same BPE behind GPT-2's pre-tokenizer (ByteLevel with its built-in regex)."""
+    return _with_pre_tokenizer(byte_level, {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                                            "use_regex": True})
+
+
+@SETTINGS
+@given(texts=st.lists(st.lists(st.one_of(fragment, st.text(max_size=12)), max_size=30).map("".join), min_size=1,
+                      max_size=5), chunk=st.integers(1, 24), add=st.booleans())
+def test_byte_level_long_prompts_cut_at_spaces_encode_exactly(byte_level, gpt2_style, texts, chunk, add):
+    for tok in (byte_level.backend_tokenizer, gpt2_style):
+        cached = CachedTokenizer(tok, chunk_chars=chunk)
+        assert cached.cuts_at_spaces  # Llama-3's split regex / GPT-2's built-in one
+        for text in texts + [texts[0] + t for t in texts]:
+            assert cached.encode(text, add) == tok.encode(text, add_special_tokens=add).ids
+
+
+def test_unknown_split_regex_is_never_cut_at_spaces(byte_level):
+    pre = json.loads(byte_level.backend_tokenizer.to_str())["pre_tokenizer"]
+    pre["pretokenizers"][0]["pattern"]["Regex"] = r"\S+\s*"  # a space-eating regex: cutting would be wrong
+    tok = _with_pre_tokenizer(byte_level, pre)
+    cached = CachedTokenizer(tok, chunk_chars=4)
+    assert not cached.cuts_at_spaces
+    text = "<|im_start|>Once upon a time there was a little girl<|im_end|>"
+    assert cached.encode(text) == tok.encode(text).ids
