@@ -49,10 +49,11 @@ PATHS = {"text": "/v1/completions", "token_ids": "/v1/completions", "chat": "/v1
 
 
 def _words(rng: random.Random, tok, num_tokens: int) -> str:
-    text = " ".join(rng.choice(WORDS) for _ in range(num_tokens // 2))
-    while len(tok.encode(text, add_special_tokens=False)) > num_tokens:
-        text = text[: int(len(text) * 0.97)].rsplit(" ", 1)[0]
-    return text
+    """Random story words, as many as fit in ``num_tokens`` tokens (within ~1%)."""
+    words = [rng.choice(WORDS) for _ in range(num_tokens)]  # >= 1 token each: too many
+    while len(tok.encode(" ".join(words), add_special_tokens=False)) > num_tokens:
+        words = words[: max(int(len(words) * 0.99), len(words) - 1)]
+    return " ".join(words)
 
 
 def workloads(tok) -> dict[str, list[str]]:
