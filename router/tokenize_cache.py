@@ -72,9 +72,11 @@ class CachedTokenizer:
         self._cache: OrderedDict[Any, list[int]] = OrderedDict()
         self._cached_tokens = 0
         self._lock = threading.Lock()
-        self._split, self._added_ids, self._unsafe = self._added_token_split()
-        # Any added token that splits: placed before a later piece when tokenizing it alone.
-        self._lead = next(iter(self._added_ids), "")
+        self._split, self._added_ids, self._unsafe, matched = self._added_token_split()
+        # An added token placed before a later piece when tokenizing it alone. None may start a
+        # longer added token: the tokenizer matches leftmost-longest, so "<|a|>" + "b..." would
+        # otherwise become the token "<|a|>b" where the whole text had something else.
+        self._lead = next((c for c in self._added_ids if not any(o != c and o.startswith(c) for o in matched)), "")
         self._frame = self._special_frame()
         self._cut = space_cut_pattern(self.backend) if self._lead else None
         if self.backend.truncation is not None or self.backend.padding is not None:
@@ -84,8 +86,9 @@ class CachedTokenizer:
     def _added_token_split(self):
         """Regex cutting at added tokens (leftmost-longest, like the tokenizer's own matcher)."""
         skip_special = bool(getattr(self.backend, "encode_special_tokens", False))
-        split, unsafe, ids = [], [], {}
+        split, unsafe, ids, matched = [], [], {}, []
         for token_id, tok in self.backend.get_added_tokens_decoder().items():
+            matched.append(tok.content)
             if tok.normalized or (tok.special and skip_special) or not tok.content:
                 continue  # matched inside a piece (or not at all): part of the cached piece
             if tok.lstrip or tok.rstrip or tok.single_word:
@@ -99,7 +102,7 @@ class CachedTokenizer:
                 return None
             return re.compile("(" + "|".join(map(re.escape, sorted(contents, key=len, reverse=True))) + ")")
 
-        return alternation(split), ids, alternation(unsafe)
+        return alternation(split), ids, alternation(unsafe), matched
 
     def _special_frame(self) -> tuple[list[int], list[int]] | None:
         """The ids the post-processor adds before/after one sequence, if the same for every probe."""

@@ -226,3 +226,14 @@ def test_unknown_split_regex_is_never_cut_at_spaces(byte_level):
     assert not cached.cuts_at_spaces
     text = "<|im_start|>Once upon a time there was a little girl<|im_end|>"
     assert cached.encode(text) == tok.encode(text).ids
+
+
+def test_piece_after_a_token_is_not_glued_into_a_longer_added_token(byte_level):
+    from tokenizers import AddedToken
+
+    backend = tokenizers.Tokenizer.from_str(byte_level.backend_tokenizer.to_str())
+    # "<|begin_of_text|>" (the first added token) now starts a longer one: it must not lead pieces
+    backend.add_special_tokens([AddedToken("<|begin_of_text|>Once", normalized=False)])
+    cached = CachedTokenizer(backend)
+    for text in ["<|im_start|>Once upon a time<|im_end|>", "<|begin_of_text|>Once upon<|eot_id|>Once more"]:
+        assert cached.encode(text, False) == backend.encode(text, add_special_tokens=False).ids
