@@ -16,8 +16,9 @@ worker accepts it, so a crash loses only the requests the dead worker already he
 graceful stop (SIGTERM: stop accepting, answer what still arrives on open connections with
 ``Connection: close``, finish in-flight requests, then exit) loses none, keep-alive clients included.
 
-The coupling to the HTTP app is one function, ``serve_router`` (build the app, serve it on the
-socket); ``RouterWorkers`` takes any picklable ``serve(sock, worker_index)`` callable.
+The coupling to the HTTP app is one function, ``serve_router`` (router/worker_serve.py: build the
+app, serve it on the socket, drain on SIGTERM); ``RouterWorkers`` takes any picklable
+``serve(sock, worker_index)`` callable.
 """
 
 from __future__ import annotations
@@ -34,95 +35,6 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 
 logger = logging.getLogger(__name__)
-
-WORKER_HEADER = b"x-kvmesh-router-worker"
-"""Response header naming the worker that served a request (its index)."""
-
-
-DEFAULT_DRAIN_S = 5.0
-"""Seconds a worker told to stop keeps answering its open connections (with ``Connection: close``)."""
-
-
-def serve_router(config, replicas, sock: socket.socket, worker_index: int,
-                 drain_s: float = DEFAULT_DRAIN_S) -> None:
-    """Serve the router app on an inherited listening socket until SIGTERM (one worker's life)."""
-    import uvicorn
-    from kvmesh.router.server import build_app
-    from kvmesh.router.service import RouterService
-
-    drain = _Drain()
-    app = _tag_worker(build_app(RouterService(config, replicas)), worker_index, drain)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
-                            timeout_graceful_shutdown=config.request_timeout_s)
-    _draining_server_class()(config, drain, drain_s).run(sockets=[sock])
-
-
-class _Drain:
-    """Set once the worker was told to stop: responses then close their connection."""
-
-    draining = False
-
-
-def _tag_worker(app, worker_index: int, drain: _Drain):
-    """The ASGI app, answering with ``WORKER_HEADER`` (and ``Connection: close`` while draining)."""
-    header = (WORKER_HEADER, str(worker_index).encode())
-    closing = [header, (b"connection", b"close")]
-
-    async def tagged(scope, receive, send):
-        if scope["type"] != "http":
-            return await app(scope, receive, send)
-
-        async def send_tagged(message):
-            if message["type"] == "http.response.start":
-                extra = closing if drain.draining else [header]
-                message = {**message, "headers": [*message.get("headers", ()), *extra]}
-            await send(message)
-
-        return await app(scope, receive, send_tagged)
-
-    return tagged
-
-
-def _draining_server_class():
-    """uvicorn's Server whose SIGTERM drains before its own graceful shutdown.
-
-    A plain graceful shutdown closes idle keep-alive connections at once, and a client that
-    sent its next request on one at that moment sees it fail although the request never started.
-    Draining instead stops accepting, answers every request still arriving on an open connection
-    with ``Connection: close`` (the client reconnects to a live worker for the next one), and
-    only after the connections are gone (or ``drain_s``) runs uvicorn's shutdown.
-    """
-    import asyncio
-
-    import uvicorn
-
-    class DrainingServer(uvicorn.Server):
-        def __init__(self, config, drain: _Drain, drain_s: float) -> None:
-            super().__init__(config)
-            self.drain, self.drain_s = drain, drain_s
-            self._loop = None
-
-        async def serve(self, sockets=None) -> None:
-            self._loop = asyncio.get_running_loop()
-            await super().serve(sockets)
-
-        def handle_exit(self, sig, frame) -> None:
-            if sig != signal.SIGTERM or self.drain.draining or self._loop is None:
-                return super().handle_exit(sig, frame)
-            self.drain.draining = True
-            self._captured_signals.append(sig)  # re-raised after shutdown, as uvicorn does
-            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain_then_exit()))
-
-        async def _drain_then_exit(self) -> None:
-            for server in self.servers:
-                server.close()  # stop accepting; the other workers take new connections
-            deadline = self._loop.time() + self.drain_s
-            while self.server_state.connections and self._loop.time() < deadline:
-                await asyncio.sleep(0.05)
-            self.should_exit = True
-
-    return DrainingServer
-
 
 def bind_listener(host: str, port: int, backlog: int = 2048) -> socket.socket:
     """A listening TCP socket the workers inherit (ValueError with a reason if the port is taken)."""
@@ -154,7 +66,8 @@ class RouterWorkers:
     """Starts, watches and restarts ``num_workers`` processes serving one listening socket."""
 
     def __init__(self, serve: Callable[[socket.socket, int], None], num_workers: int, host: str = "127.0.0.1",
-                 port: int = 0, restart_delay_s: float = 0.5, max_restart_delay_s: float = 10.0) -> None:
+                 port: int = 0, restart_delay_s: float = 0.5, max_restart_delay_s: float = 10.0,
+                 min_uptime_s: float = 10.0, max_quick_exits: int = 5) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.serve = serve
@@ -165,6 +78,12 @@ class RouterWorkers:
         """Wait before restarting a worker that exited; doubles while it keeps dying young."""
         self.max_restart_delay_s = max_restart_delay_s
         """Longest wait between restarts of a worker that keeps dying."""
+        self.min_uptime_s = min_uptime_s
+        """A worker that exits sooner than this after starting counts as failing to start."""
+        self.max_quick_exits = max_quick_exits
+        """Consecutive failed starts of one worker after which all stop (bad model path, port, ...)."""
+        self.failed: str | None = None
+        """Why the workers were given up on (None while they run or after a clean stop)."""
         self.sock = bind_listener(host, port)
         self.restarts = [0] * num_workers
         """Times each worker was restarted."""
@@ -172,6 +91,7 @@ class RouterWorkers:
         self._procs: list = [None] * num_workers
         self._started_at = [0.0] * num_workers
         self._delay = [restart_delay_s] * num_workers
+        self._quick_exits = [0] * num_workers
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -203,6 +123,14 @@ class RouterWorkers:
                     return
                 if proc is not None and not proc.is_alive() and i not in due:
                     lived = now - self._started_at[i]
+                    self._quick_exits[i] = self._quick_exits[i] + 1 if lived < self.min_uptime_s else 0
+                    if self._quick_exits[i] >= self.max_quick_exits:
+                        self.failed = (f"router worker {i} exited {self._quick_exits[i]} times within "
+                                       f"{self.min_uptime_s:.0f} s of starting (last exit code {proc.exitcode}); "
+                                       "giving up - its error is in the log above")
+                        logger.error("%s", self.failed)
+                        self._stop.set()
+                        return
                     self._delay[i] = (self.restart_delay_s if lived > 30 else
                                       min(self._delay[i] * 2, self.max_restart_delay_s))
                     logger.warning("router worker %d (pid %d) exited with code %s after %.1f s; restarting in "
@@ -222,14 +150,15 @@ class RouterWorkers:
         self._thread.start()
         return self
 
-    def run(self) -> None:
-        """Start, then block until SIGTERM/SIGINT, then stop every worker gracefully."""
+    def run(self) -> int:
+        """Start, block until SIGTERM/SIGINT (or a worker keeps failing), stop every worker; exit code."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
         self.start()
         while not self._stop.wait(1.0):
             pass
         self.stop()
+        return 1 if self.failed else 0
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM every worker (each finishes its in-flight requests), SIGKILL what is left after timeout_s."""
@@ -252,4 +181,6 @@ class RouterWorkers:
 
 def router_workers(config, replicas, num_workers: int) -> RouterWorkers:
     """``num_workers`` processes serving the router app (``serve_router``) on ``config.host:config.port``."""
+    from kvmesh.router.worker_serve import serve_router
+
     return RouterWorkers(functools.partial(serve_router, config, replicas), num_workers, config.host, config.port)

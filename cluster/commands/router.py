@@ -75,5 +75,4 @@ def run(args) -> int:
         logging.warning("no --model/--tokenizer: routing by load only (no prefix cache awareness)")
     logging.info("router on http://%s:%d, %d replicas, policy %s, %d worker(s)", config.host, config.port,
                  len(specs), config.policy, config.workers)
-    server.run()
-    return 0
+    return server.run() or 0

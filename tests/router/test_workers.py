@@ -184,3 +184,13 @@ def test_taken_port_is_a_clear_error():
 def test_zero_workers_is_rejected():
     with pytest.raises(ValueError, match="workers must be >= 1"):
         RouterConfig(workers=0)
+
+
+def test_worker_that_cannot_start_makes_the_pool_give_up_with_a_reason():
+    # sys.exit(sock, index) raises TypeError in the worker: it dies at once, every time
+    pool = RouterWorkers(sys.exit, 1, restart_delay_s=0.05, max_restart_delay_s=0.05, max_quick_exits=3).start()
+    try:
+        wait_for(lambda: pool.failed is not None, timeout=60, what="the pool to give up")
+        assert "exited 3 times" in pool.failed and "last exit code 1" in pool.failed
+    finally:
+        pool.stop(timeout_s=5)
