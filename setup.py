@@ -3,9 +3,13 @@
 ``kvcache/`` installs as ``kvmesh.kvcache``, ``events/`` as ``kvmesh.events`` and so on
 (DESIGN.md, "Layout"); ``kvmesh`` itself is an implicit namespace package. Everything
 else about the project lives in pyproject.toml.
+
+The router's hot path (key chain + prefix match) is a C extension, ``kvmesh.router._fastpath``.
+It is optional: without a C compiler or Python headers the build warns and the router uses its
+pure-Python code, which gives identical results.
 """
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 TOP_LEVEL = ("kvcache", "events", "replica", "router", "cluster")
 
@@ -15,4 +19,14 @@ for top in TOP_LEVEL:
     packages.append(f"kvmesh.{top}")
     packages += [f"kvmesh.{top}.{sub}" for sub in find_packages(where=top)]
 
-setup(packages=packages, package_dir=package_dir, package_data={"kvmesh.cluster": ["*.yaml"]})
+fastpath = Extension(
+    "kvmesh.router._fastpath",
+    sources=["router/_native/fastpath.c"],
+    depends=["router/_native/xxhash.h"],
+    include_dirs=["router/_native"],
+    extra_compile_args=["-O3"],
+    optional=True,
+)
+
+setup(packages=packages, package_dir=package_dir, package_data={"kvmesh.cluster": ["*.yaml"]},
+      ext_modules=[fastpath])

@@ -105,6 +105,10 @@ class RouterConfig:
     """Replicas tried per request when the chosen one fails before its first byte."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     """Body/prompt limits, chat template and its trust, read timeouts (the same settings as a replica's)."""
+    tokenize_cache_tokens: int = 1 << 20
+    """Token ids the router's tokenize cache keeps (router/tokenize_cache.py); 0 turns the cache off."""
+    workers: int = 1
+    """Router processes serving the port (router/workers.py); each has its own index and load view."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -112,6 +116,10 @@ class RouterConfig:
         check_policy(self.policy, self.policy_kwargs)
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.tokenize_cache_tokens < 0:
+            raise ValueError(f"tokenize_cache_tokens must be >= 0, got {self.tokenize_cache_tokens}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:

@@ -9,6 +9,8 @@ bitmask of the replicas that hold the block; each replica owns one bit (its *slo
 A match walks the request's keys AND-ing the masks while the set is non-empty, so a replica
 counts a block only while the chain up to it is unbroken. The masks come in runs of equal values
 (``groupby``, in C); the AND changes only where a run starts, so Python touches each run once.
+When the compiled fast path is built (router/_native/fastpath.c) the same walk runs in C, with
+identical results; the Python walk stays as the fallback and for more than 64 replica slots.
 
 *Predicted* entries: when the router sends a request to a replica it credits that replica with the
 request's blocks for ``predict_ttl_s`` (bits set in ``_blocks`` and recorded in ``_predicted``),
@@ -26,7 +28,7 @@ from operator import and_, or_
 
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
 from kvmesh.router.index_stats import IndexStats, ReplicaTree
-from kvmesh.router.keys import RouterKeyHasher, chain_keys, pack_tokens
+from kvmesh.router.keys import FASTPATH, RouterKeyHasher, pack_tokens
 from kvmesh.router.predictions import PredictionMixin
 
 ReplicaId = Hashable
@@ -150,19 +152,15 @@ class PrefixIndex(PredictionMixin):
             from kvmesh.kvcache.hashing import block_extra_keys
 
             extra = [block_extra_keys(1, None, event.lora_name)] * n
+        parent_key = self.hasher.seed if parent is None else ext_to_key.get(parent)
         try:
-            token_bytes = pack_tokens(event.token_ids)
+            if parent_key is None:  # parent evicted or its event missed: key the chain once it comes
+                self._park_orphans(tree, parent, hashes, pack_tokens(event.token_ids), extra)
+                return
+            keys = self.hasher.chain(event.token_ids, n, parent_key, extra)
         except (ValueError, TypeError):  # a token id outside [0, 2**32): not from a real tokenizer
             self.stats.bad_events += 1
             return
-        if parent is None:
-            parent_key = self.hasher.seed
-        else:
-            parent_key = ext_to_key.get(parent)
-            if parent_key is None:  # parent evicted or its event missed: key the chain once it comes
-                self._park_orphans(tree, parent, hashes, token_bytes, extra)
-                return
-        keys = chain_keys(token_bytes, n, self.block_size, parent_key, extra)
         self._insert(tree, hashes, keys)
         self.stats.blocks_stored += n
         if tree.orphans:
@@ -213,7 +211,7 @@ class PrefixIndex(PredictionMixin):
             parent_key = tree.ext_to_key.get(parent)
             for ext, data, extra in tree.orphans.pop(parent, ()):
                 del tree.orphan_parent[ext]
-                keys = chain_keys(data, 1, self.block_size, parent_key, None if extra is None else [extra])
+                keys = self.hasher.chain(data, 1, parent_key, None if extra is None else [extra])
                 self._insert(tree, (ext,), keys)
                 stack.append(ext)
 
@@ -264,6 +262,14 @@ class PrefixIndex(PredictionMixin):
         """Per replica, the number of leading blocks of ``keys`` it holds (replicas with 0 omitted)."""
         if self._predict_queue:
             self._expire(time.monotonic() if now is None else now)
+        if self.hasher.native:
+            out = FASTPATH.match(self._blocks, keys, self._slot_owner)
+            if out is not None:  # None: a mask wider than 64 slots, left to the Python walk
+                return out
+        return self._match_py(keys)
+
+    def _match_py(self, keys: Sequence[int]) -> dict[ReplicaId, int]:
+        """``match`` in Python (no compiled fast path, or more than 64 replica slots)."""
         get = self._blocks.get
         if not keys or not get(keys[0]):
             return {}

@@ -12,10 +12,15 @@ length and any extra-key bytes appended after them are unambiguous. Extra keys (
 LoRA name) come from ``kvmesh.kvcache.hashing.block_extra_keys`` for requests and from the event's
 ``extra_keys`` for stored blocks; both are msgpack-encoded, so a tuple and the list it becomes on
 the wire give the same bytes.
+
+The chain (and the index match) run in a compiled extension, ``kvmesh.router._fastpath``
+(router/_native/fastpath.c), when it was built; the pure-Python code here gives identical
+results and is used when it was not, or when ``KVMESH_NO_NATIVE=1`` is set.
 """
 
 from __future__ import annotations
 
+import os
 from array import array
 from collections.abc import Sequence
 
@@ -30,6 +35,21 @@ _hash = xxhash.xxh3_64_intdigest
 _encode_extra = msgspec.msgpack.Encoder().encode
 
 
+def _load_fastpath():
+    """The compiled hot path, or None (not built, or turned off with KVMESH_NO_NATIVE=1)."""
+    if os.environ.get("KVMESH_NO_NATIVE", "") not in ("", "0"):
+        return None
+    try:
+        from kvmesh.router import _fastpath
+    except ImportError:
+        return None
+    return _fastpath
+
+
+FASTPATH = _load_fastpath()
+"""``kvmesh.router._fastpath`` when built and allowed, else None (pure Python)."""
+
+
 def pack_tokens(token_ids: Sequence[int]) -> bytes:
     """Token ids as little-endian uint32 bytes; ValueError for an id outside [0, 2**32)."""
     packed = array("I")
@@ -41,7 +61,7 @@ def pack_tokens(token_ids: Sequence[int]) -> bytes:
         raise ValueError(f"token ids must be in [0, 2**32); got one outside in {list(token_ids)[:8]}...") from None
 
 
-def chain_keys(
+def chain_keys_py(
     token_bytes: bytes,
     num_blocks: int,
     block_size: int,
@@ -72,13 +92,33 @@ def chain_keys(
     return keys
 
 
+def chain_keys_native(
+    tokens: bytes | list[int],
+    num_blocks: int,
+    block_size: int,
+    parent_key: int,
+    extra_keys: Sequence | None = None,
+) -> list[int]:
+    """``chain_keys_py`` in C; ``tokens`` may also be the token ids themselves (packed in C)."""
+    extras = None if extra_keys is None else [None if e is None else _encode_extra(e) for e in extra_keys]
+    return FASTPATH.chain_keys(tokens, num_blocks, block_size, parent_key, extras)
+
+
+def chain_keys(token_bytes: bytes, num_blocks: int, block_size: int, parent_key: int,
+               extra_keys: Sequence | None = None) -> list[int]:
+    """Chained keys of packed blocks: the compiled chain when built, else ``chain_keys_py``."""
+    if FASTPATH is None:
+        return chain_keys_py(token_bytes, num_blocks, block_size, parent_key, extra_keys)
+    return chain_keys_native(token_bytes, num_blocks, block_size, parent_key, extra_keys)
+
+
 class RouterKeyHasher:
     """Computes a request's router keys (one per full block) from its token ids."""
 
-    __slots__ = ("block_size", "seed", "salt_secret")
+    __slots__ = ("block_size", "native", "salt_secret", "seed")
 
     def __init__(self, block_size: int = 16, seed: int = DEFAULT_ROUTER_SEED,
-                 salt_secret: bytes | None = None) -> None:
+                 salt_secret: bytes | None = None, native: bool = True) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if not 0 <= seed < 2**64:
@@ -90,6 +130,8 @@ class RouterKeyHasher:
         self.salt_secret = salt_secret
         """SECRET: key of the replicas' cache-salt digests (``kvcache.hashing.cache_salt_secret``);
         None: salted requests get keys no replica's blocks have (routed without prefix matches)."""
+        self.native = native and FASTPATH is not None
+        """Whether keys (and the index's match) use the compiled fast path; same results either way."""
 
     def keys(
         self,
@@ -101,11 +143,23 @@ class RouterKeyHasher:
         num_blocks = len(token_ids) // self.block_size
         if num_blocks == 0:
             return []
-        token_bytes = pack_tokens(token_ids[: num_blocks * self.block_size])
         extra = None
         if cache_salt is not None or lora_name is not None:
             extra = request_extra_keys(num_blocks, cache_salt, lora_name, self.salt_secret)
-        return chain_keys(token_bytes, num_blocks, self.block_size, self.seed, extra)
+        if self.native:
+            ids = token_ids if type(token_ids) is list else list(token_ids)
+            return chain_keys_native(ids, num_blocks, self.block_size, self.seed, extra)
+        token_bytes = pack_tokens(token_ids[: num_blocks * self.block_size])
+        return chain_keys_py(token_bytes, num_blocks, self.block_size, self.seed, extra)
+
+    def chain(self, tokens: bytes | list[int], num_blocks: int, parent_key: int,
+              extra_keys: Sequence | None = None) -> list[int]:
+        """Keys of ``num_blocks`` blocks (packed bytes or token ids) continuing ``parent_key``."""
+        if self.native:
+            return chain_keys_native(tokens, num_blocks, self.block_size, parent_key, extra_keys)
+        if type(tokens) is not bytes:
+            tokens = pack_tokens(tokens[: num_blocks * self.block_size])
+        return chain_keys_py(tokens, num_blocks, self.block_size, parent_key, extra_keys)
 
 
 def request_extra_keys(num_blocks: int, cache_salt: str | None, lora_name: str | None,

@@ -42,6 +42,11 @@ class RouterService:
 
             tokenizer = load_tokenizer(config.tokenizer or config.model, max_model_len=config.max_model_len,
                                        chat_template=config.frontend.chat_template)
+        if tokenizer is not None and config.tokenize_cache_tokens and hasattr(tokenizer, "hf"):
+            from kvmesh.router.tokenize_cache import CachedTokenizer
+
+            # Same ids, pieces between added tokens seen before come from a cache (router/tokenize_cache.py).
+            tokenizer.encode = CachedTokenizer(tokenizer.hf, config.tokenize_cache_tokens).encode
         self.tokenizer = tokenizer
         """The replicas' tokenizer (replica/openai/tokenizer.py); None = route without cache awareness."""
         self.renderer = PromptRenderer(tokenizer, config.frontend)

@@ -58,6 +58,7 @@ def run(args) -> int:
 
         return main(rest)
     areas = available_areas()
+    target = target.replace("-", "_") if target.replace("-", "_") in areas else target  # router-peers
     if target not in areas:
         print(f"kvmesh bench: unknown target {target!r}; choose one of "
               f"{', '.join([*TOOLS, *areas])}", file=sys.stderr)

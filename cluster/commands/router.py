@@ -44,13 +44,17 @@ def run(args) -> int:
         if config.host == "auto":  # one machine: serve's rule
             config = replace(config, host="127.0.0.1")
         specs = [ReplicaSpec.parse(text) for text in args.replica]
-        server = RouterServer(config, specs)
+        if config.workers > 1:
+            from kvmesh.router.workers import router_workers
+
+            server = router_workers(config, specs, config.workers)
+        else:
+            server = RouterServer(config, specs)
     except (ConfigError, ValueError, TypeError, OSError) as e:
         print(f"kvmesh router: {e}", file=sys.stderr)
         return 2
     if config.model is None and config.tokenizer is None:
         logging.warning("no --model/--tokenizer: routing by load only (no prefix cache awareness)")
-    logging.info("router on http://%s:%d, %d replicas, policy %s", config.host, config.port, len(specs),
-                 config.policy)
-    server.run()
-    return 0
+    logging.info("router on http://%s:%d, %d replicas, policy %s, %d worker(s)", config.host, config.port,
+                 len(specs), config.policy, config.workers)
+    return server.run() or 0

@@ -67,6 +67,18 @@ def protocol_class(header_timeout_s: float) -> type[HeaderTimeoutProtocol]:
     return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout_s": header_timeout_s})
 
 
+def uvicorn_config(app: Any, frontend: FrontendConfig, graceful_s: float, lifespan: str = "off",
+                   log_level: str = "warning", **kwargs: Any) -> Any:
+    """The one uvicorn configuration of kvmesh's HTTP fronts: httptools with the header timeout,
+    the keep-alive limit and graceful shutdown of ``frontend`` (``kwargs``: host/port, ...)."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app, log_level=log_level, access_log=False, lifespan=lifespan, timeout_graceful_shutdown=graceful_s,
+        timeout_keep_alive=frontend.keep_alive_s, limit_concurrency=None, backlog=2048,
+        http=protocol_class(frontend.header_timeout_s), **kwargs)
+
+
 class HTTPServer:
     """One uvicorn server bound to ``host:port`` (port 0 = ephemeral)."""
 
@@ -78,11 +90,8 @@ class HTTPServer:
         frontend = frontend or FrontendConfig()
         self.host = host
         self.name = name
-        self._config = uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, access_log=False, lifespan=lifespan,
-            timeout_graceful_shutdown=graceful_s, timeout_keep_alive=frontend.keep_alive_s, limit_concurrency=None,
-            backlog=2048, http=protocol_class(frontend.header_timeout_s),
-        )
+        self._config = uvicorn_config(app, frontend, host=host, port=port, log_level=log_level, lifespan=lifespan,
+                                      graceful_s=graceful_s)
         self._server = uvicorn.Server(self._config)
         self._task: asyncio.Task | None = None
         self._thread: threading.Thread | None = None

@@ -1,0 +1,196 @@
+"""``--workers N``: N router processes on one port, each serving; a dead one comes back alone.
+
+Two workers of the real router (stories260K tokenizer, cache_aware) in front of a stub replica
+that answers after 100 ms, so requests are in flight when a worker is killed. The client opens a
+connection per request and never retries: a failure is a failure.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.workers import RouterWorkers, bind_listener, router_workers
+
+from .conftest import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Result:
+    sent_at: float
+    ok: bool
+    worker: str | None
+    error: str = ""
+
+
+def _post(port: int, body: dict) -> Result:
+    sent_at = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json",
+                                                                   "Connection": "close"})
+        resp = conn.getresponse()
+        resp.read()
+        return Result(sent_at, resp.status == 200, resp.getheader("x-kvmesh-router-worker"),
+                      "" if resp.status == 200 else f"HTTP {resp.status}")
+    except (OSError, http.client.HTTPException) as e:
+        return Result(sent_at, False, None, repr(e))
+    finally:
+        conn.close()
+
+
+def _keep_alive_client(port: int):
+    """A real client's behaviour: httpx, one pooled keep-alive connection, no retries."""
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+
+    def post(body: dict) -> Result:
+        sent_at = time.monotonic()
+        try:
+            r = client.post("/v1/completions", json=body)
+            return Result(sent_at, r.status_code == 200, r.headers.get("x-kvmesh-router-worker"),
+                          "" if r.status_code == 200 else f"HTTP {r.status_code}")
+        except httpx.HTTPError as e:
+            return Result(sent_at, False, None, repr(e))
+
+    return post, client.close
+
+
+class Load:
+    """``clients`` threads posting back to back until stopped (at most ``limit`` requests each).
+
+    Each client opens a connection per request, or (``keep_alive``) reuses one through httpx.
+    """
+
+    def __init__(self, port: int, clients: int = 8, limit: int = 400, keep_alive: bool = False) -> None:
+        self.results: list[Result] = []
+        self._stop = threading.Event()
+        body = {"prompt": "Once upon a time there was a little girl", "max_tokens": 1}
+
+        def client():
+            post, close = _keep_alive_client(port) if keep_alive else (lambda b: _post(port, b), lambda: None)
+            try:
+                for _ in range(limit):
+                    if self._stop.is_set():
+                        return
+                    self.results.append(post(body))
+            finally:
+                close()
+
+        self._threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> list[Result]:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+        return self.results
+
+
+@pytest.fixture(scope="module")
+def stub_url():
+    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.benchmarks._stub_replica", "--port", "0",
+                             "--delay-ms", "100"], stdout=subprocess.PIPE, text=True)
+    try:
+        port = json.loads(proc.stdout.readline())["port"]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def workers(stub_url, stories_path):
+    config = RouterConfig(port=0, model=str(stories_path), poll_interval_s=0.1, workers=2)
+    pool = router_workers(config, [ReplicaSpec(stub_url, replica_id="stub")], 2).start()
+    try:
+        _wait_serving(pool, {"0", "1"})
+        yield pool
+    finally:
+        pool.stop(timeout_s=10)
+
+
+def _wait_serving(pool: RouterWorkers, expected: set[str], timeout: float = 90.0) -> None:
+    """Until every worker in ``expected`` has answered a request."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while not expected <= seen:
+        assert time.monotonic() < deadline, f"workers {sorted(expected - seen)} never served"
+        load = Load(pool.port, clients=4, limit=4)
+        seen |= {r.worker for r in load.stop() if r.ok}
+
+
+def test_every_worker_serves_the_same_port(workers):
+    load = Load(workers.port, clients=8, limit=8)
+    results = load.stop()
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    assert {r.worker for r in results} == {"0", "1"}
+
+
+def test_crashed_worker_fails_only_requests_it_already_held_and_comes_back(workers):
+    before = workers.pids
+    load = Load(workers.port)
+    time.sleep(1.0)
+    killed_at = time.monotonic()
+    os.kill(before[0], signal.SIGKILL)
+    time.sleep(1.5)
+    results = load.stop()
+    failed = [r for r in results if not r.ok]
+    print(f"SIGKILL of one of 2 workers under 8 clients: {len(failed)} of {len(results)} requests failed, "
+          f"all sent before the kill")
+    assert [r for r in failed if r.sent_at > killed_at + 0.05] == []  # nothing sent after the kill failed
+    assert len(failed) <= 8  # at most the requests in flight on the dead worker (one per client)
+    assert sum(r.ok and r.sent_at > killed_at for r in results) > 0  # the other worker kept serving
+    wait_for(lambda: workers.pids[0] not in (None, before[0]), timeout=30, what="worker 0 restarted")
+    assert workers.pids[1] == before[1]  # the other worker was not restarted
+    _wait_serving(workers, {"0"})
+    assert workers.restarts == [1, 0]
+
+
+@pytest.mark.parametrize("keep_alive", [False, True], ids=["connection-per-request", "keep-alive"])
+def test_gracefully_stopped_worker_fails_nothing(workers, keep_alive):
+    before = workers.pids
+    load = Load(workers.port, keep_alive=keep_alive)
+    time.sleep(1.0)
+    os.kill(before[1], signal.SIGTERM)
+    time.sleep(1.5)
+    results = load.stop()
+    assert [r.error for r in results if not r.ok] == []
+    wait_for(lambda: workers.pids[1] not in (None, before[1]), timeout=30, what="worker 1 restarted")
+    _wait_serving(workers, {"1"})
+
+
+def test_taken_port_is_a_clear_error():
+    taken = bind_listener("127.0.0.1", 0)
+    try:
+        with pytest.raises(ValueError, match="cannot listen on 127.0.0.1"):
+            RouterWorkers(print, 2, "127.0.0.1", taken.getsockname()[1])
+    finally:
+        taken.close()
+
+
+def test_zero_workers_is_rejected():
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        RouterConfig(workers=0)
+
+
+def test_worker_that_cannot_start_makes_the_pool_give_up_with_a_reason():
+    # sys.exit(sock, index) raises TypeError in the worker: it dies at once, every time
+    pool = RouterWorkers(sys.exit, 1, restart_delay_s=0.05, max_restart_delay_s=0.05, max_quick_exits=3).start()
+    try:
+        wait_for(lambda: pool.failed is not None, timeout=60, what="the pool to give up")
+        assert "exited 3 times" in pool.failed and "last exit code 1" in pool.failed
+    finally:
+        pool.stop(timeout_s=5)
