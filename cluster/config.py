@@ -233,6 +233,7 @@ SERVE_SCHEMA = Schema(ServeConfig, hidden={
     "router.block_size": "the router uses engine.block_size",
     "router.replica_api_key": "the replicas require router.api_key", "router.frontend": _FRONTEND,
     "router.admin_key": "serve generates the admin key for its own processes",
+    "router.workers": "serve runs one router process; run `kvmesh router --workers N` in front of the replicas for more",
     "events.endpoint": _EVENTS_DERIVED, "events.replay_endpoint": _EVENTS_DERIVED,
     **{f"events.{f.name}": _NOT_PASSED for f in dataclasses.fields(PublisherConfig)
        if f.name not in ("endpoint", "replay_endpoint", "topic")},

@@ -108,9 +108,9 @@ SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[Heal
 @SETTINGS
 @given(messages=conversation(), template=st.sampled_from([LLAMA2_TEMPLATE, None]))
 def test_stories_chat_encodes_exactly(stories, messages, template):
-    from kvmesh.replica.tokenizer import DEFAULT_CHAT_TEMPLATE
+    from ..conftest import CHAT_TEMPLATE
 
-    _check_history(stories, CachedTokenizer(stories), template or DEFAULT_CHAT_TEMPLATE, messages)
+    _check_history(stories, CachedTokenizer(stories), template or CHAT_TEMPLATE, messages)
 
 
 @SETTINGS
