@@ -82,7 +82,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None, help="use only N requests (from --start)")
     p.add_argument("--max-prompt-blocks", type=int, default=None,
                    help="truncate prompts to this many hash ids (keeps prefixes; for quick cuts)")
-    p.add_argument("--replicas", type=int, default=16, help="simulated replicas (default: 16)")
+    p.add_argument("--num-replicas", type=int, default=16, help="simulated replicas (default: 16)")
     p.add_argument("--policies", default=None,
                    help="comma-separated policies (default: every registered policy)")
     p.add_argument("--block-size", type=int, default=512,
@@ -96,14 +96,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply arrival times by this (0.25 = 4x the request rate)")
     p.add_argument("--event-delay", type=float, default=0.0, help="seconds before the router sees an event")
-    p.add_argument("--predict-ttl", type=float, default=2.0,
+    p.add_argument("--predict-ttl-s", type=float, default=2.0,
                    help="seconds a routed request's blocks count as held before events arrive; 0 = off")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step")
     p.add_argument("--max-num-seqs", type=int, default=256, help="most running sequences per replica")
     p.add_argument("--cost", type=_key_value, action="append", default=[], metavar="FIELD=SECONDS",
                    help="override a CostModel constant, e.g. --cost prefill_s_per_token=1e-4 (repeatable)")
-    p.add_argument("--policy-arg", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="keyword argument for the policies, e.g. --policy-arg load_weight=0.5 (repeatable)")
+    p.add_argument("--policy-kwargs", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for the policies, e.g. --policy-kwargs decode_weight=8 (repeatable)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-ceilings", action="store_true", help="skip the infinite/single-pool ceilings")
     p.add_argument("--out", default="results/sim.json", help="JSON report path (default: %(default)s)")
@@ -123,14 +123,14 @@ def build_config(args):
             raise ValueError(f"--cost {key}: unknown CostModel field; choose from {sorted(known)}")
     cost = CostModel(**{k: float(v) for k, v in args.cost})
     return miniature(SimConfig(
-        num_replicas=args.replicas, block_size=args.block_size, blocks_per_replica=args.blocks_per_replica,
+        num_replicas=args.num_replicas, block_size=args.block_size, blocks_per_replica=args.blocks_per_replica,
         capacity_fraction=args.capacity_fraction, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs, event_delay_s=args.event_delay, predict_ttl_s=args.predict_ttl,
+        max_num_seqs=args.max_num_seqs, event_delay_s=args.event_delay, predict_ttl_s=args.predict_ttl_s,
         time_scale=args.time_scale, num_routers=args.routers[0], router_spread=args.router_spread,
         load_poll_s=load_poll_s(args), share_predictions=args.share_predictions, share_loads=args.share_loads,
         share_sessions=args.share_sessions,
         session_ttl_s=args.session_ttl,
-        seed=args.seed, cost=cost, policy_kwargs=dict(args.policy_arg)), args.miniature)
+        seed=args.seed, cost=cost, policy_kwargs=dict(args.policy_kwargs)), args.miniature)
 
 
 def load_poll_s(args) -> float:

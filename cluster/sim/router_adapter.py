@@ -29,7 +29,7 @@ def available_policies() -> list[str]:
 
 def build_policy(name: str, kwargs: dict, block_size: int, seed: int):
     """``get_policy(name, block_size=..., seed=..., **kwargs)``, dropping the keyword arguments
-    the policy does not take (so one ``--policy-arg`` can tune one policy of several)."""
+    the policy does not take (so one ``--policy-kwargs`` can tune one policy of several)."""
     from kvmesh.router.policies import POLICIES, get_policy
 
     cls = POLICIES.get(name)

@@ -12,7 +12,7 @@ def test_sim_writes_json_table_and_plot_for_every_registered_policy(mooncake_tra
 
     out = tmp_path / "sim.json"
     rc = main(["sim", "--trace", str(mooncake_trace), "--start", "3800", "--limit", "120",
-               "--max-prompt-blocks", "32", "--replicas", "4", "--block-size", "32", "--time-scale", "0.5",
+               "--max-prompt-blocks", "32", "--num-replicas", "4", "--block-size", "32", "--time-scale", "0.5",
                "--out", str(out), "--no-progress"])
     assert rc == 0
     report = json.loads(out.read_text())
