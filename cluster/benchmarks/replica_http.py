@@ -62,20 +62,20 @@ async def http_latency(url: str, prompt: list[int], n: int, warmup: int) -> list
 
 async def engine_direct(args: argparse.Namespace, prompt: list[int]) -> tuple[list[float], dict]:
     """1-token latencies and 64-stream throughput through ``AsyncLLM`` in this process (no HTTP)."""
+    from kvmesh.replica.async_engine import AsyncLLM
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.openai.tokenizer import load_tokenizer
     from kvmesh.replica.sampling_params import SamplingParams
-    from kvmesh.replica.server_engine import build_engine_client
 
     tok = load_tokenizer(args.model)
     config = EngineConfig(model=args.model, kv_cache_memory=args.kv_cache_memory, max_num_seqs=256)
-    client = build_engine_client(config, tok)
+    llm = AsyncLLM.from_config(config, tok.hf)
     params = SamplingParams(max_tokens=1, temperature=0.0)
     out = []
     try:
         for i in range(args.requests + args.warmup):
             t0 = time.perf_counter()
-            async for _ in client.llm.generate(prompt, params, request_id=f"b{i}"):
+            async for _ in llm.generate(prompt, params, request_id=f"b{i}"):
                 pass
             if i >= args.warmup:
                 out.append(time.perf_counter() - t0)
@@ -83,7 +83,7 @@ async def engine_direct(args: argparse.Namespace, prompt: list[int]) -> tuple[li
         async def one(i: int) -> int:
             sp = SamplingParams(max_tokens=args.stream_tokens, ignore_eos=True, seed=i)
             last = None
-            async for o in client.llm.generate(tok.render_completion(f"Story {i}: once upon a time"), sp,
+            async for o in llm.generate(tok.render_completion(f"Story {i}: once upon a time"), sp,
                                                request_id=f"s{i}"):
                 last = o
             return len(last.output_token_ids)
@@ -92,7 +92,7 @@ async def engine_direct(args: argparse.Namespace, prompt: list[int]) -> tuple[li
         counts = await asyncio.gather(*(one(i) for i in range(args.concurrency)))
         wall = time.perf_counter() - t0
     finally:
-        client.llm.shutdown()
+        llm.shutdown()
     return out, {"concurrency": args.concurrency, "wall_s": wall, "output_tokens": sum(counts),
                  "output_tokens_per_s": sum(counts) / wall}
 
