@@ -7,7 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from kvmesh.cluster.bench.workloads import WORKLOADS
+from kvmesh.cluster.loadgen.workloads import WORKLOADS
 
 
 def results_dir() -> Path:
@@ -76,7 +76,7 @@ def build_parser(prog: str = "kvmesh bench load") -> argparse.ArgumentParser:
 
 
 def build_sessions(args, maker):
-    from kvmesh.cluster.bench import workloads as wl
+    from kvmesh.cluster.loadgen import workloads as wl
     from kvmesh.cluster.benchmarks.traces import read_azure, read_mooncake
 
     budget = wl.Budget(args.max_prompt_tokens, args.max_tokens)
@@ -104,11 +104,11 @@ def build_sessions(args, maker):
 async def run_async(args, cache_salt: str | None = None) -> dict:
     """Run one load test; returns {"label", "summary", "requests", "config"}. Raises on bad input."""
     import httpx
-    from kvmesh.cluster.bench.client import measure_tokens_per_word, preflight
-    from kvmesh.cluster.bench.prompts import PromptMaker, sample_text
-    from kvmesh.cluster.bench.report import summarize
-    from kvmesh.cluster.bench.runner import LoadConfig, run_load
-    from kvmesh.cluster.bench.session import RequestOptions
+    from kvmesh.cluster.loadgen.client import measure_tokens_per_word, preflight
+    from kvmesh.cluster.loadgen.prompts import PromptMaker, sample_text
+    from kvmesh.cluster.loadgen.report import summarize
+    from kvmesh.cluster.loadgen.runner import LoadConfig, run_load
+    from kvmesh.cluster.loadgen.session import RequestOptions
     from tqdm import tqdm
 
     if args.api == "chat" and args.prompt_format != "text":
@@ -152,9 +152,9 @@ def run_parameters(config: dict) -> str:
 
 
 def run_and_write(args) -> int:
-    from kvmesh.cluster.bench.client import EndpointUnreachable
-    from kvmesh.cluster.bench.plots import plot_run
-    from kvmesh.cluster.bench.report import format_summary, write_json
+    from kvmesh.cluster.loadgen.client import EndpointUnreachable
+    from kvmesh.cluster.loadgen.plots import plot_run
+    from kvmesh.cluster.loadgen.report import format_summary, write_json
     from kvmesh.cluster.benchmarks.traces import TraceError
 
     try:

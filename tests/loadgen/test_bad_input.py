@@ -6,7 +6,7 @@ import socket
 import time
 
 import pytest
-from kvmesh.cluster.bench.load import main
+from kvmesh.cluster.loadgen.load import main
 from kvmesh.cluster.benchmarks.traces import TraceError, read_azure, read_mooncake
 
 

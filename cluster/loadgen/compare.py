@@ -19,7 +19,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from kvmesh.cluster.bench.load import add_load_arguments, results_dir, run_parameters
+from kvmesh.cluster.loadgen.load import add_load_arguments, results_dir, run_parameters
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +90,7 @@ async def _wait_healthy(url: str, timeout_s: float = 30.0) -> None:
 
 
 async def _run_workloads(args, label: str, url: str, workloads: list[str], nonce: str) -> dict:
-    from kvmesh.cluster.bench.load import run_async
+    from kvmesh.cluster.loadgen.load import run_async
 
     out = {}
     for workload in workloads:
@@ -131,9 +131,9 @@ async def compare(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvmesh.cluster.bench.client import EndpointUnreachable
-    from kvmesh.cluster.bench.plots import plot_compare
-    from kvmesh.cluster.bench.report import format_summary, write_json
+    from kvmesh.cluster.loadgen.client import EndpointUnreachable
+    from kvmesh.cluster.loadgen.plots import plot_compare
+    from kvmesh.cluster.loadgen.report import format_summary, write_json
     from kvmesh.cluster.benchmarks.traces import TraceError
 
     args = build_parser().parse_args(argv)

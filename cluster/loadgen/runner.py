@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
-from kvmesh.cluster.bench.client import RequestResult, send_streaming
-from kvmesh.cluster.bench.prompts import PromptMaker
-from kvmesh.cluster.bench.session import RequestOptions, SessionState
-from kvmesh.cluster.bench.workloads import Session
+from kvmesh.cluster.loadgen.client import RequestResult, send_streaming
+from kvmesh.cluster.loadgen.prompts import PromptMaker
+from kvmesh.cluster.loadgen.session import RequestOptions, SessionState
+from kvmesh.cluster.loadgen.workloads import Session
 
 
 @dataclass(frozen=True, slots=True)
