@@ -76,8 +76,8 @@ def build_parser(prog: str = "kvmesh bench load") -> argparse.ArgumentParser:
 
 
 def build_sessions(args, maker):
-    from kvmesh.cluster.loadgen import workloads as wl
     from kvmesh.cluster.benchmarks.traces import read_azure, read_mooncake
+    from kvmesh.cluster.loadgen import workloads as wl
 
     budget = wl.Budget(args.max_prompt_tokens, args.max_tokens)
     as_text = args.prompt_format == "text"
@@ -152,10 +152,10 @@ def run_parameters(config: dict) -> str:
 
 
 def run_and_write(args) -> int:
+    from kvmesh.cluster.benchmarks.traces import TraceError
     from kvmesh.cluster.loadgen.client import EndpointUnreachable
     from kvmesh.cluster.loadgen.plots import plot_run
     from kvmesh.cluster.loadgen.report import format_summary, write_json
-    from kvmesh.cluster.benchmarks.traces import TraceError
 
     try:
         run = asyncio.run(run_async(args))
