@@ -103,8 +103,7 @@ def build_sessions(args, maker):
 
 async def run_async(args, cache_salt: str | None = None) -> dict:
     """Run one load test; returns {"label", "summary", "requests", "config"}. Raises on bad input."""
-    import httpx
-    from kvmesh.cluster.loadgen.client import measure_tokens_per_word, preflight
+    from kvmesh.cluster.loadgen.client import measure_tokens_per_word, open_session, preflight
     from kvmesh.cluster.loadgen.prompts import PromptMaker, sample_text
     from kvmesh.cluster.loadgen.report import summarize
     from kvmesh.cluster.loadgen.runner import LoadConfig, run_load
@@ -117,9 +116,7 @@ async def run_async(args, cache_salt: str | None = None) -> dict:
     load = LoadConfig(mode=args.mode, rate=args.rate, concurrency=concurrency, think_time_s=args.think_time,
                       max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, duration_s=args.duration)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    timeout = httpx.Timeout(args.timeout, connect=5.0)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=timeout, limits=limits) as client:
+    async with open_session(args.url, headers, read_timeout_s=args.timeout) as client:
         model = await preflight(client, args.url, args.model)
         tpw = args.tokens_per_word
         if tpw is None and args.prompt_format == "text":
