@@ -46,15 +46,16 @@ def start_replica(args: argparse.Namespace) -> tuple[subprocess.Popen, dict]:
 
 
 async def http_latency(url: str, prompt: list[int], n: int, warmup: int) -> list[float]:
-    import httpx
+    import aiohttp
 
     req = {"prompt": prompt, "max_tokens": 1, "temperature": 0}
     out = []
-    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+    async with aiohttp.ClientSession(base_url=url, timeout=aiohttp.ClientTimeout(total=60),
+                                     raise_for_status=True) as c:
         for i in range(n + warmup):
             t0 = time.perf_counter()
-            r = await c.post("/v1/completions", json=req)
-            r.raise_for_status()
+            async with c.post("/v1/completions", json=req) as r:
+                await r.read()
             if i >= warmup:
                 out.append(time.perf_counter() - t0)
     return out
@@ -98,12 +99,12 @@ async def engine_direct(args: argparse.Namespace, prompt: list[int]) -> tuple[li
 
 
 async def stream_throughput(url: str, concurrency: int, tokens: int) -> dict:
-    import httpx
+    import aiohttp
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     ttfts: list[float] = []
     counts: list[int] = []
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as c:
+    async with aiohttp.ClientSession(base_url=url, timeout=aiohttp.ClientTimeout(total=600),
+                                     connector=aiohttp.TCPConnector(limit=concurrency)) as c:
 
         async def one(i: int) -> None:
             req = {"prompt": f"Story {i}: once upon a time", "max_tokens": tokens, "ignore_eos": True,
@@ -111,8 +112,9 @@ async def stream_throughput(url: str, concurrency: int, tokens: int) -> dict:
             t0 = time.perf_counter()
             first = None
             usage = None
-            async with c.stream("POST", "/v1/completions", json=req) as r:
-                async for line in r.aiter_lines():
+            async with c.post("/v1/completions", json=req) as r:
+                async for raw_line in r.content:  # one SSE line at a time
+                    line = raw_line.decode().strip()
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     chunk = json.loads(line[6:])
