@@ -36,7 +36,7 @@ def _summary(values_s: list[float]) -> dict[str, float]:
 
 def start_replica(args: argparse.Namespace) -> tuple[subprocess.Popen, dict]:
     cmd = [sys.executable, "-m", "kvmesh.cluster.cli", "replica", "--model", args.model, "--port", "0",
-           "--no-events", "--kv-cache-memory", str(args.kv_cache_memory), "--max-num-seqs", "256"]
+           "--event-port", "none", "--kv-cache-memory", str(args.kv_cache_memory), "--max-num-seqs", "256"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     if not line:
