@@ -33,13 +33,12 @@ logger = logging.getLogger(__name__)
 
 
 class AsyncLLM:
-    """Thread-safe, asyncio-friendly front of one ``LLMEngine``; an ``EngineClient``."""
+    """Thread-safe, asyncio-friendly front of one ``LLMEngine``; an ``EngineClient``.
 
-    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None) -> None:
-        if engine is None:
-            if config is None:
-                raise ValueError("AsyncLLM needs an EngineConfig or a ready LLMEngine")
-            engine = LLMEngine(config)
+    ``AsyncLLM(engine)`` fronts a ready engine; ``AsyncLLM.from_config(config)`` builds one.
+    """
+
+    def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.config = engine.config
         self.runner = engine.model_runner
