@@ -27,7 +27,8 @@ COMMANDS = {
 
 
 # Modules of the optional extras (pyproject.toml) -> the extra that brings them.
-EXTRA_OF = {"torch": "engine", "ray": "engine", "safetensors": "engine", "transformers": "hf", "jinja2": "hf",
+EXTRA_OF = {"torch": "engine", "ray": "engine", "safetensors": "engine", "psutil": "engine", "transformers": "hf",
+            "jinja2": "hf",
             "matplotlib": "plots", "flash_attn": "gpu"}
 
 

@@ -115,8 +115,3 @@ def materialize(files: dict[str, str], root: Path | None = None) -> str:
             child.unlink()
         tmp.rmdir()
     return str(target)
-
-
-def ensure_embedded_model(root: Path | None = None) -> str:
-    """Build (if needed) the embedded model directory on this machine and return its path."""
-    return materialize(embedded_model_files(), root)

@@ -93,40 +93,21 @@ def _start_embedded(config: ServeConfig, log_to_driver: bool, attempts: int = 2)
 
 def _kill_own_ray_processes() -> None:
     """SIGKILL this process's Ray children (GCS, raylet, ...) and all their descendants."""
-    import os
-    import signal
+    import psutil
 
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
+    doomed: list[psutil.Process] = []
+    for child in psutil.Process().children():
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+            if any("ray" in part for part in child.cmdline()):
+                doomed += [child, *child.children(recursive=True)]
+        except psutil.Error:  # gone meanwhile, or not ours to read
             continue
-        children.setdefault(ppid, []).append(int(entry))
-
-    def is_ray(pid: int) -> bool:
+    for proc in reversed(doomed):  # descendants first
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                return b"ray" in f.read()
-        except OSError:
-            return False
-
-    doomed, stack = [], [c for c in children.get(os.getpid(), []) if is_ray(c)]
-    while stack:
-        pid = stack.pop()
-        doomed.append(pid)
-        stack.extend(children.get(pid, []))
-    for pid in reversed(doomed):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+            proc.kill()
+        except psutil.NoSuchProcess:
             pass
-    for pid in doomed:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+    psutil.wait_procs(doomed, timeout=5)
 
 
 def resolve_device(config: ServeConfig, handle: RayHandle) -> str:

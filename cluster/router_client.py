@@ -3,15 +3,20 @@
 The router (router/server.py) exposes ``GET/POST /replicas``, ``DELETE /replicas/{id}``,
 ``/health`` and Prometheus ``/metrics``. serve's supervisor registers replicas through this
 client (the same calls work for a router in another process or on another node); ``kvmesh
-status`` builds its table from ``/replicas`` + ``/metrics``.
+status`` builds its table from ``/replicas`` + ``/metrics``. It is synchronous for its callers
+(the launcher, the supervisor thread, the CLI): the aiohttp session runs on a private event-loop
+thread, so any thread may call it, one request at a time per call.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 
 @dataclass(slots=True)
@@ -48,42 +53,67 @@ class ReplicaStatus:
 
 
 class RouterClient:
-    """Synchronous client of one router's admin and status endpoints."""
+    """Synchronous client of one router's admin and status endpoints.
+
+    Raises ``aiohttp.ClientResponseError`` (with ``.status``) for an error answer and
+    ``aiohttp.ClientError`` / ``TimeoutError`` when the router cannot be reached.
+    """
 
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 5.0,
                  admin_key: str | None = None) -> None:
         self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(timeout=timeout_s, headers=headers, trust_env=False)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._admin = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
         """Sent instead of the API key on requests that change the replica set (the router's admin plane)."""
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="router-client", daemon=True)
+        self._thread.start()
+        self._session: aiohttp.ClientSession | None = None
 
     def close(self) -> None:
-        self._http.close()
+        if self._loop.is_closed():
+            return
+        if self._session is not None:
+            self._run(self._session.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _fetch(self, method: str, path: str, body: Any = None, admin: bool = False,
+                     check: bool = True) -> tuple[int, bytes]:
+        if self._session is None:  # made on the loop's own thread, as aiohttp wants
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+        async with self._session.request(method, self.url + path, json=body,
+                                         headers=self._admin if admin else None) as response:
+            raw = await response.read()
+            if check:
+                response.raise_for_status()
+            return response.status, raw
+
+    def _request(self, method: str, path: str, body: Any = None, admin: bool = False,
+                 check: bool = True) -> tuple[int, bytes]:
+        return self._run(self._fetch(method, path, body, admin, check))
 
     def health(self) -> dict[str, Any]:
-        return self._http.get(self.url + "/health").json()
+        return json.loads(self._request("GET", "/health", check=False)[1])
 
     def replicas(self) -> list[dict[str, Any]]:
-        response = self._http.get(self.url + "/replicas")
-        response.raise_for_status()
-        return response.json()["replicas"]
+        return json.loads(self._request("GET", "/replicas")[1])["replicas"]
 
     def register(self, replica_id: str, url: str, events: str | None, replay: str | None) -> dict[str, Any]:
         """Add a replica, or re-register it with new endpoints (the router drops its old tree)."""
         body = {"id": replica_id, "url": url, "events": events, "replay": replay}
-        response = self._http.post(self.url + "/replicas", json=body, headers=self._admin)
-        response.raise_for_status()
-        return response.json()
+        return json.loads(self._request("POST", "/replicas", body, admin=True)[1])
 
     def deregister(self, replica_id: str) -> bool:
-        response = self._http.delete(f"{self.url}/replicas/{replica_id}", headers=self._admin)
-        return response.status_code == 200
+        return self._request("DELETE", f"/replicas/{replica_id}", admin=True, check=False)[0] == 200
 
     def metrics_text(self) -> str:
-        response = self._http.get(self.url + "/metrics")
-        response.raise_for_status()
-        return response.text
+        return self._request("GET", "/metrics")[1].decode()
 
     def status(self) -> list[ReplicaStatus]:
         """Per-replica rows from /replicas (who, where, health) and /metrics (the numbers)."""

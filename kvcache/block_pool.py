@@ -45,10 +45,6 @@ class BlockPool:
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
         """Prefix-cache map: hash -> the one block holding that content (in use or free)."""
 
-    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        """The block holding ``block_hash``, or None."""
-        return self.cached_block_hash_to_block.get(block_hash)
-
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """``num_blocks`` blocks with ref_cnt 1; recycled ones that were cached are evicted now."""
         if num_blocks > self.eviction_policy.num_free_blocks:

@@ -5,8 +5,7 @@ For each request it keeps the block table (``req_to_blocks``), how many of its b
 cached prefix; ``allocate_slots`` reserves blocks for a step (or returns None so the scheduler can
 preempt) and caches the blocks the step fills; ``free`` returns a request's blocks tail first.
 
-A "request" is any object with ``request_id``, ``all_token_ids`` (prompt + output so far),
-``num_tokens``, ``num_computed_tokens``, ``cache_salt`` and ``lora_name``.
+A request is any ``CacheRequest`` (kvcache/interfaces.py).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import Any
 from kvmesh.events.schema import KVEvent
 from kvmesh.kvcache.block_pool import BlockPool, KVCacheBlock
 from kvmesh.kvcache.hashing import RequestBlockHasher, generate_seed, make_none_hash
+from kvmesh.kvcache.interfaces import CacheRequest
 from kvmesh.kvcache.stats import PrefixCacheStats
 
 MAX_REMEMBERED_FREED = 65_536
@@ -55,18 +55,17 @@ class KVCacheManager:
         """Fraction of the usable blocks in use."""
         return self.block_pool.get_usage()
 
-    def _hasher(self, request: Any) -> RequestBlockHasher:
+    def _hasher(self, request: CacheRequest) -> RequestBlockHasher:
         hasher = self.req_to_hasher.get(request.request_id)
         if hasher is None:
             hasher = RequestBlockHasher(self.block_size, self.none_hash,
-                                        getattr(request, "cache_salt", None),
-                                        getattr(request, "lora_name", None))
+                                        request.cache_salt, request.lora_name)
             self.req_to_hasher[request.request_id] = hasher
             self._recently_freed.pop(request.request_id, None)
         hasher.extend(request.all_token_ids)
         return hasher
 
-    def get_computed_blocks(self, request: Any) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: CacheRequest) -> tuple[list[KVCacheBlock], int]:
         """The request's longest cached prefix and its length in tokens.
 
         Capped at ``num_tokens - 1`` tokens: the last prompt token must be computed again so the
@@ -86,7 +85,7 @@ class KVCacheManager:
         self.prefix_cache_stats.record(request.num_tokens, num_computed_tokens)
         return computed, num_computed_tokens
 
-    def allocate_slots(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
+    def allocate_slots(self, request: CacheRequest, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: Sequence[KVCacheBlock] | None = None
                        ) -> list[KVCacheBlock] | None:
         """Reserves blocks for ``num_new_tokens`` more tokens; None when the pool cannot fit them.
@@ -125,13 +124,13 @@ class KVCacheManager:
                 hasher = self._hasher(request)
                 pool.cache_full_blocks(req_blocks, hasher.block_hashes, num_cached, num_full_blocks,
                                        request.all_token_ids, hasher.extra_keys,
-                                       getattr(request, "lora_name", None))
+                                       request.lora_name)
                 self.num_cached_block[rid] = num_full_blocks
         if self.debug:
             self.check_integrity()
         return new_blocks
 
-    def free(self, request: Any) -> None:
+    def free(self, request: CacheRequest) -> None:
         """Releases the request's blocks, tail first (its last blocks are evicted first)."""
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, None)

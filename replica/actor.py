@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvmesh.replica.config import EngineConfig
@@ -127,7 +127,7 @@ class ReplicaActor:
         return self.runtime.stats_dict()
 
     def load(self) -> dict[str, Any]:
-        return self.runtime.engine.load_report().model_dump()
+        return self.runtime.llm.load_report().model_dump()
 
     def shutdown(self, graceful_s: float = 10.0) -> bool:
         """Stop accepting, let in-flight requests finish for ``graceful_s`` (then abort), close everything."""
@@ -153,7 +153,3 @@ def start_replica_actor(options: ReplicaOptions, name: str | None = None, max_re
     opts.update(ray_options)
     return ray.remote(ReplicaActor).options(**opts).remote(options)
 
-
-def with_ports(options: ReplicaOptions, http_port: int, event_port: int, replay_port: int) -> ReplicaOptions:
-    """A copy of ``options`` with fixed ports (standalone defaults: 8100+i, 5557+2i, 5558+2i)."""
-    return replace(options, http_port=http_port, event_port=event_port, replay_port=replay_port)

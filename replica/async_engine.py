@@ -1,4 +1,4 @@
-"""``AsyncLLM``: the engine on a background thread, streaming each request's outputs to asyncio callers.
+"""``AsyncLLM``: the engine on a background thread behind the ``EngineClient`` interface.
 
     caller coroutines ──commands (SimpleQueue)──▶ engine thread: drain commands, step(), repeat
             ▲                                              │
@@ -6,13 +6,16 @@
 
 The engine itself is single-threaded; only the engine thread touches it. A generate() that is
 cancelled or closed early aborts its request. A request that fails gets a final output with
-finish_reason "error"; the others keep running.
+finish_reason "error"; the others keep running. Besides streaming, it answers what the HTTP
+server and routers ask (``load_report``, ``dead_reason``) and owns the engine's model runner
+(``shutdown`` stops both).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import itertools
 import logging
 import queue
@@ -22,6 +25,7 @@ from typing import Any
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
+from kvmesh.replica.openai.responses import LoadReport
 from kvmesh.replica.outputs import RequestOutput
 from kvmesh.replica.sampling_params import SamplingParams
 
@@ -29,15 +33,16 @@ logger = logging.getLogger(__name__)
 
 
 class AsyncLLM:
-    """Thread-safe, asyncio-friendly front of one ``LLMEngine``."""
+    """Thread-safe, asyncio-friendly front of one ``LLMEngine``; an ``EngineClient``.
 
-    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None) -> None:
-        if engine is None:
-            if config is None:
-                raise ValueError("AsyncLLM needs an EngineConfig or a ready LLMEngine")
-            engine = LLMEngine(config)
+    ``AsyncLLM(engine)`` fronts a ready engine; ``AsyncLLM.from_config(config)`` builds one.
+    """
+
+    def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.config = engine.config
+        self.runner = engine.model_runner
+        self.draining = False  # set by graceful shutdown: new requests get 503
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -47,13 +52,52 @@ class AsyncLLM:
         self._thread = threading.Thread(target=self._run, name="kvmesh-engine", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def from_config(cls, config: EngineConfig, hf_tokenizer: Any = None, model_runner: Any = None,
+                    **executor_kwargs: Any) -> AsyncLLM:
+        """Model runner (a TP executor for tensor_parallel_size > 1), engine and its thread.
+
+        ``hf_tokenizer`` detokenizes; pass the one the server renders prompts with.
+        """
+        if model_runner is None:
+            from kvmesh.replica.tp_worker import make_model_runner
+
+            model_runner = make_model_runner(config, **executor_kwargs)
+        try:
+            engine = LLMEngine(config, model_runner=model_runner, tokenizer=hf_tokenizer)
+        except BaseException:
+            model_runner.shutdown()
+            raise
+        # Everything built so far (model, every KV block object, tokenizer) lives as long as the server:
+        # move it out of the garbage collector's generations so full collections do not rescan it.
+        gc.collect()
+        gc.freeze()
+        return cls(engine=engine)
+
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
     @property
+    def event_publisher(self) -> Any:
+        """The engine's KV event publisher (None without events)."""
+        return self.engine.event_publisher
+
+    @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.engine.num_kv_blocks
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.config.tensor_parallel_size
 
     @property
     def is_running(self) -> bool:
@@ -97,11 +141,50 @@ class AsyncLLM:
         """The engine's stats (read without locking: gauges may be one step old)."""
         return self.engine.get_stats()
 
+    def load_report(self) -> LoadReport:
+        """Queue depth, KV usage and uncomputed prompt tokens (read racily from the engine thread's state)."""
+        sched = self.engine.scheduler
+        requests = _read_racily(lambda: list(sched.requests.values()))
+        waiting_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in requests)
+        return LoadReport(
+            num_requests_running=len(sched.running), num_requests_waiting=len(sched.waiting),
+            kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
+            num_kv_blocks=self.num_kv_blocks, block_size=self.block_size)
+
+    def dead_reason(self) -> str | None:
+        """None while the replica can serve; otherwise why not."""
+        if self.draining:
+            return "shutting down"
+        if self.errored is not None:
+            return f"engine loop died: {self.errored!r}"
+        if not self.is_running:
+            return "engine stopped"
+        return self.runner.dead_reason
+
+    def check_health(self, timeout_s: float = 10.0) -> str | None:
+        """``dead_reason`` after probing the model runner (pings the TP ranks)."""
+        self.runner.check_health(timeout_s)
+        return self.dead_reason()
+
+    def num_unfinished(self) -> int:
+        return self.engine.get_num_unfinished_requests()
+
+    def abort_all(self) -> int:
+        """Abort every unfinished request (graceful shutdown's last resort); returns how many."""
+        ids = _read_racily(lambda: list(self.engine.scheduler.requests))
+        if ids:
+            self._submit(("abort", ids))
+        return len(ids)
+
     def shutdown(self) -> None:
+        """Stop the engine thread, close the engine (and its publisher), then the model runner."""
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=30)
-        self.engine.close()
+        try:
+            self.engine.close()
+        finally:
+            self.runner.shutdown()
 
     def _submit(self, command: tuple) -> None:
         self._commands.put(command)
@@ -155,3 +238,13 @@ class AsyncLLM:
         except RuntimeError:  # the caller's event loop is gone: nobody will read this request
             self._streams.pop(out.request_id, None)
             self.engine.abort_request(out.request_id)
+
+
+def _read_racily(read: Any) -> list:
+    """``read()`` retried while the engine thread mutates the dict it iterates (gives up empty)."""
+    for _ in range(5):
+        try:
+            return read()
+        except RuntimeError:
+            continue
+    return []

@@ -30,6 +30,7 @@ class FakeModelRunner:
         self.fail_on: set[str] = set()  # request ids whose presence makes execute_model raise
         self.step_delay = 0.0  # seconds each step sleeps (to simulate a model's forward time)
         self.rows: dict[str, list] = {}  # request_id -> [block_ids, num_computed, last sampled token]
+        self.dead_reason: str | None = None  # tests set it to play a broken TP group
 
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
         self.num_steps += 1
@@ -73,6 +74,12 @@ class FakeModelRunner:
         else:
             token = (start * 7 + len(token_ids)) % self.vocab_size
         row[2] = sampled[rid] = token
+
+    def check_health(self, timeout_s: float = 10.0) -> str | None:
+        return self.dead_reason
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
 
     def next_token(self, context: list[int]) -> int:
         """The token this runner samples after ``context`` (tests compute expected outputs with it)."""

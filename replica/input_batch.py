@@ -32,7 +32,6 @@ from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
 __all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
 
 _token_ids = attrgetter("token_ids")
-_num_computed = attrgetter("num_computed_tokens")
 _sample = attrgetter("sample")
 _ALL_GREEDY = SamplingMetadata(None, None, None, None, {}, [])
 

@@ -152,26 +152,3 @@ def resolve_dtype(requested: str, spec: ModelSpec, device: torch.device) -> torc
         return torch.float32
     return TORCH_DTYPES.get(spec.dtype, torch.bfloat16) if spec.dtype != "float32" else torch.bfloat16
 
-
-def bench_llama_config(
-    hidden_size: int = 512, num_hidden_layers: int = 8, num_attention_heads: int = 8,
-    num_key_value_heads: int = 2, intermediate_size: int = 1408, vocab_size: int = 32000,
-    max_position_embeddings: int = 4096,
-) -> dict[str, Any]:
-    """A small GQA Llama config dict for ``EngineConfig(load_format="dummy", hf_config=...)`` benchmarks."""
-    return {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": hidden_size,
-        "num_hidden_layers": num_hidden_layers,
-        "num_attention_heads": num_attention_heads,
-        "num_key_value_heads": num_key_value_heads,
-        "intermediate_size": intermediate_size,
-        "vocab_size": vocab_size,
-        "max_position_embeddings": max_position_embeddings,
-        "rms_norm_eps": 1e-5,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }

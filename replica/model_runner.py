@@ -172,6 +172,15 @@ class ModelRunner:
         self.input_batch.record_samples(inputs.sample_rows, tokens)
         return dict(zip(inputs.sample_request_ids, tokens.tolist(), strict=True))
 
+    # -- the rest of ModelRunnerInterface: one process, no TP group that could break --------------
+    dead_reason: str | None = None
+
+    def check_health(self, timeout_s: float = 10.0) -> str | None:
+        return self.dead_reason
+
+    def shutdown(self) -> None:
+        """Nothing to release by hand: the model and KV cache go with the runner."""
+
 
 def _pick_device(device: str | None, rank: int) -> torch.device:
     if device is None:

@@ -105,10 +105,6 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    def append_output_token(self, token_id: int) -> None:
-        self.output_token_ids.append(token_id)
-        self.all_token_ids.append(token_id)
-
     def check_stop_token(self) -> bool:
         """Set a final status if the newest token ends the request (EOS, stop token, max_tokens)."""
         params = self.sampling_params

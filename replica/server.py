@@ -23,6 +23,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from kvmesh.replica.interfaces import EngineClient
 from kvmesh.replica.metrics import ReplicaMetrics
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.auth import AuthMiddleware
@@ -64,9 +65,9 @@ class ServerConfig:
 class ServerState:
     """What every handler needs: the engine client, the prompt renderer, names and metrics."""
 
-    def __init__(self, engine: Any, tokenizer: Any, config: ServerConfig, model_path: str,
+    def __init__(self, engine_client: EngineClient, tokenizer: Any, config: ServerConfig, model_path: str,
                  extra_info: dict[str, Any] | None = None):
-        self.engine = engine
+        self.engine_client = engine_client
         self.tokenizer = tokenizer
         self.renderer = PromptRenderer(tokenizer, config.frontend)
         self.config = config
@@ -74,7 +75,8 @@ class ServerState:
         self.model_name = config.served_model_name or model_path
         self.default_max_tokens = config.default_max_tokens
         self.extra_info = dict(extra_info or {})
-        self.metrics = ReplicaMetrics(engine.get_stats, self.model_name, cache_info=_cache_config_info(engine))
+        self.metrics = ReplicaMetrics(engine_client.get_stats, self.model_name,
+                                      cache_info=_cache_config_info(engine_client))
 
     def check_model(self, model: str | None) -> None:
         check_model(model, self.model_name, aliases=(self.model_path,))
@@ -86,7 +88,7 @@ class ServerState:
         return req
 
     def server_info(self) -> dict[str, Any]:
-        e = self.engine
+        e = self.engine_client
         return {"model": self.model_name, "model_path": self.model_path, "max_model_len": e.max_model_len,
                 "block_size": e.block_size, "num_kv_blocks": e.num_kv_blocks,
                 "tensor_parallel_size": e.tensor_parallel_size, "version": "kvmesh", **self.extra_info}
@@ -94,7 +96,7 @@ class ServerState:
 
 def _cache_config_info(engine: Any) -> dict[str, Any]:
     """The labels of ``vllm:cache_config_info`` (vLLM's CacheConfig names; "gpu" blocks = KV blocks on any device)."""
-    config = engine.engine.config
+    config = engine.config
     return {"block_size": engine.block_size, "num_gpu_blocks": engine.num_kv_blocks,
             "enable_prefix_caching": config.enable_prefix_caching, "gpu_memory_utilization": config.gpu_memory_utilization,
             "eviction_policy": config.eviction_policy}
@@ -153,11 +155,11 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        card = r.ModelCard(id=state.model_name, root=state.model_path, max_model_len=state.engine.max_model_len)
+        card = r.ModelCard(id=state.model_name, root=state.model_path, max_model_len=state.engine_client.max_model_len)
         return r.ModelList(data=[card]).model_dump()
 
     async def health():
-        reason = state.engine.dead_reason()
+        reason = state.engine_client.dead_reason()
         if reason is not None:
             return error_response(ProtocolError(f"replica is not healthy: {reason}", 503))
         return Response(status_code=200)
@@ -171,11 +173,11 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/load")
     async def load():
-        return state.engine.load_report().model_dump()
+        return state.engine_client.load_report().model_dump()
 
     @app.get("/get_load")
     async def get_load():
-        report = state.engine.load_report()
+        report = state.engine_client.load_report()
         return [{"dp_rank": 0, "num_reqs": report.num_requests_running + report.num_requests_waiting,
                  "num_waiting_reqs": report.num_requests_waiting, "num_tokens": report.num_waiting_prefill_tokens}]
 

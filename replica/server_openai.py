@@ -2,7 +2,7 @@
 
 Both run the same path: validate the body -> render token ids off the loop (openai/renderer.py, the
 router's rules)
--> SamplingParams -> ``engine.generate`` -> one JSON response, or SSE chunks then ``[DONE]``.
+-> SamplingParams -> ``EngineClient.generate`` -> one JSON response, or SSE chunks then ``[DONE]``.
 A client that disconnects aborts its request (the engine frees its blocks); an error inside one
 request fails that request only.
 """
@@ -41,11 +41,41 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+async def start_generation(client: Any, request_id: str, prompt_ids: list[int], params: Any,
+                           cache_salt: str | None) -> AsyncIterator[Any]:
+    """Queues the request and waits for its first output; returns the stream of all its outputs.
+
+    So bad input raises ValueError (a 400) before any byte is sent, and a draining or broken
+    replica raises RuntimeError (a 503 a router retries elsewhere).
+    """
+    reason = client.dead_reason()
+    if reason is not None:
+        raise RuntimeError(f"replica cannot take requests: {reason}")
+    agen = client.generate(prompt_ids, params, request_id=request_id, cache_salt=cache_salt)
+    try:
+        first = await agen.__anext__()
+    except BaseException:
+        await agen.aclose()
+        raise
+    return _chain(first, agen)
+
+
+async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    try:
+        yield first
+        if first.finished:
+            return
+        async for out in rest:
+            yield out
+    finally:
+        await rest.aclose()  # an early close aborts the request (AsyncLLM's rule)
+
+
 class OpenAIHandlers:
     """Request handlers bound to one engine client, tokenizer and model name (see server.py)."""
 
     def __init__(self, state: Any):
-        self.state = state  # server.ServerState: engine, tokenizer, served names, metrics
+        self.state = state  # server.ServerState: engine client, tokenizer, served names, metrics
 
     # ------------------------------------------------------------ entry points
     async def completions(self, http: Request) -> Any:
@@ -58,11 +88,11 @@ class OpenAIHandlers:
 
     # ------------------------------------------------------------ shared path
     async def _serve(self, http: Request, req: Any, prompt_ids: list[int], chat: bool) -> Any:
-        engine = self.state.engine
-        params = req.to_sampling_params(len(prompt_ids), engine.max_model_len, self.state.default_max_tokens)
+        client = self.state.engine_client
+        params = req.to_sampling_params(len(prompt_ids), client.max_model_len, self.state.default_max_tokens)
         request_id = r.random_id("chatcmpl" if chat else "cmpl")
         try:  # queues the request now, so bad input is a 400 before any byte is sent
-            stream = await engine.generate(request_id, prompt_ids, params, cache_salt=req.cache_salt)
+            stream = await start_generation(client, request_id, prompt_ids, params, req.cache_salt)
         except ValueError as e:
             raise ProtocolError(str(e)) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere
@@ -105,7 +135,7 @@ class OpenAIHandlers:
             if collect_task not in done:
                 logger.info("client disconnected; aborting %s", request_id)
                 collect_task.cancel()
-                await self.state.engine.abort(request_id)
+                await self.state.engine_client.abort(request_id)
                 raise ProtocolError("client disconnected", 499)
             final = collect_task.result()
         finally:
@@ -135,7 +165,7 @@ class OpenAIHandlers:
         finally:
             if not finished:
                 logger.info("stream of %s closed early; aborting", request_id)
-                await asyncio.shield(self.state.engine.abort(request_id))
+                await asyncio.shield(self.state.engine_client.abort(request_id))
 
     async def _stream_completion(self, request_id: str, model: str, stream: AsyncIterator[Any], req: Any):
         created = int(time.time())

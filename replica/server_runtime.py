@@ -14,9 +14,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmesh.replica.config import EngineConfig
+
+if TYPE_CHECKING:
+    from kvmesh.replica.async_engine import AsyncLLM
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +32,11 @@ def events_endpoints(host: str, event_port: int, replay_port: int) -> tuple[str,
 class ReplicaRuntime:
     """Owns everything one replica runs; build it with ``ReplicaRuntime.start``."""
 
-    def __init__(self, engine: Any, tokenizer: Any, http: Any, state: Any, replica_id: str):
-        self.engine = engine  # server_engine.EngineClient
-        self.tokenizer = tokenizer
+    def __init__(self, llm: AsyncLLM, publisher: Any, http: Any, state: Any, replica_id: str):
+        self.llm = llm  # the engine on its thread (the server's EngineClient); owns the model runner
+        self.publisher = publisher  # events.publisher.ZmqEventPublisher, or None without events
         self.http = http  # openai.runner.HTTPServer (on its own thread)
-        self.state = state
+        self.state = state  # server.ServerState
         self.replica_id = replica_id
         self._closed = False
 
@@ -45,11 +48,11 @@ class ReplicaRuntime:
         """Build and start a replica. ``event_port=None`` keeps ``config``'s event endpoints as given
         (None there: no events); otherwise events bind on ``host``. ``frontend`` is the HTTP front's
         ``FrontendConfig`` (limits, chat template, timeouts); None uses the defaults."""
+        from kvmesh.replica.async_engine import AsyncLLM
         from kvmesh.replica.openai.config import FrontendConfig
         from kvmesh.replica.openai.runner import HTTPServer
         from kvmesh.replica.openai.tokenizer import load_tokenizer
         from kvmesh.replica.server import ServerConfig, ServerState, build_app
-        from kvmesh.replica.server_engine import build_engine_client
 
         t0 = time.monotonic()
         if event_port is not None:
@@ -59,9 +62,9 @@ class ReplicaRuntime:
         tokenizer = load_tokenizer(config.tokenizer_path, max_model_len=config.max_model_len,
                                    chat_template=frontend.chat_template)
         kwargs = {k: v for k, v in (executor_kwargs or {}).items() if v is not None}
-        engine = build_engine_client(config, tokenizer, model_runner=model_runner, **kwargs)
-        tokenizer.max_model_len = engine.max_model_len
-        publisher = engine.engine.event_publisher
+        llm = AsyncLLM.from_config(config, tokenizer.hf, model_runner=model_runner, **kwargs)
+        tokenizer.max_model_len = llm.max_model_len
+        publisher = llm.event_publisher
         if publisher is not None:
             from kvmesh.events.schema import AllBlocksCleared
 
@@ -69,40 +72,36 @@ class ReplicaRuntime:
         try:
             server_config = ServerConfig(host=host, port=http_port, api_key=api_key,
                                          served_model_name=served_model_name, frontend=frontend)
-            state = ServerState(engine, tokenizer, server_config, config.model,
+            state = ServerState(llm, tokenizer, server_config, config.model,
                                 extra_info={"replica_id": replica_id, **_event_info(publisher, config)})
             http = HTTPServer(build_app(state), host=host, port=http_port, frontend=frontend, name="replica-http")
             http.start_in_thread()
         except BaseException:
-            _stop_engine(engine)
+            llm.shutdown()
             raise
-        runtime = cls(engine, tokenizer, http, state, replica_id)
+        runtime = cls(llm, publisher, http, state, replica_id)
         logger.info("replica %s serving %s at %s (%.1fs)", replica_id, config.model, http.url, time.monotonic() - t0)
         return runtime
 
     # ------------------------------------------------------------ queries
     def endpoints(self) -> dict[str, Any]:
-        e = self.engine
+        llm = self.llm
         return {"http_url": self.http.url, "model": self.state.model_path, "served_model_name": self.state.model_name,
-                "block_size": e.block_size, "max_model_len": e.max_model_len, "num_kv_blocks": e.num_kv_blocks,
-                "tensor_parallel_size": e.tensor_parallel_size,
-                **_event_info(e.engine.event_publisher, e.engine.config)}
+                "block_size": llm.block_size, "max_model_len": llm.max_model_len, "num_kv_blocks": llm.num_kv_blocks,
+                "tensor_parallel_size": llm.tensor_parallel_size, **_event_info(self.publisher, llm.config)}
 
     def dead_reason(self) -> str | None:
-        return self.engine.dead_reason()
+        return self.llm.dead_reason()
 
     def broken_reason(self, probe_timeout_s: float = 10.0) -> str | None:
         """Like ``dead_reason`` but not counting a deliberate shutdown; also pings the TP ranks, so a
         rank that dies while the replica is idle is noticed before a request needs it."""
-        if self.engine.draining or self._closed:
+        if self.llm.draining or self._closed:
             return None
-        check = getattr(self.engine.runner, "check_health", None)
-        if check is not None:
-            check(probe_timeout_s)
-        return self.engine.dead_reason()
+        return self.llm.check_health(probe_timeout_s)
 
     def stats_dict(self) -> dict[str, Any]:
-        s = self.engine.get_stats()
+        s = self.llm.get_stats()
         return {"num_running": s.num_running, "num_waiting": s.num_waiting, "kv_cache_usage": s.kv_cache_usage,
                 "prefix_cache_queries": s.prefix_cache_queries, "prefix_cache_hits": s.prefix_cache_hits,
                 "num_preemptions": s.num_preemptions, "num_prompt_tokens": s.num_prompt_tokens,
@@ -110,10 +109,9 @@ class ReplicaRuntime:
 
     # ------------------------------------------------------------ shutdown
     def close_events(self) -> None:
-        pub = self.engine.engine.event_publisher
-        if pub is not None:
+        if self.publisher is not None:
             try:
-                pub.close()
+                self.publisher.close()
             except Exception:  # noqa: BLE001 - going down anyway
                 pass
 
@@ -121,18 +119,19 @@ class ReplicaRuntime:
         """Drain then stop; True when every in-flight request finished on its own."""
         if self._closed:
             return True
-        self.engine.draining = True
+        llm = self.llm
+        llm.draining = True
         deadline = time.monotonic() + graceful_s
-        while self.engine.num_unfinished() and time.monotonic() < deadline:
+        while llm.num_unfinished() and time.monotonic() < deadline:
             time.sleep(0.02)
-        clean = self.engine.num_unfinished() == 0
+        clean = llm.num_unfinished() == 0
         if not clean:
-            n = self.engine.abort_all()
+            n = llm.abort_all()
             logger.warning("replica %s: aborted %d unfinished requests after %.1fs", self.replica_id, n, graceful_s)
             time.sleep(0.2)  # let the streams receive their final "abort" output
         self.http.stop_thread()
         self.state.renderer.close()
-        _stop_engine(self.engine)
+        llm.shutdown()
         self._closed = True
         return clean
 
@@ -142,13 +141,3 @@ def _event_info(publisher: Any, config: EngineConfig) -> dict[str, Any]:
         return {"events_endpoint": None, "replay_endpoint": None, "events_topic": None}
     return {"events_endpoint": publisher.endpoint, "replay_endpoint": publisher.replay_endpoint,
             "events_topic": config.kv_events_topic}
-
-
-def _stop_engine(engine: Any) -> None:
-    """Stop the engine thread, close the publisher (engine.close) and the TP workers."""
-    try:
-        engine.llm.shutdown()
-    finally:
-        runner = engine.runner
-        if hasattr(runner, "shutdown"):
-            runner.shutdown()

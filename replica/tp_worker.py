@@ -74,7 +74,10 @@ class TPWorker:
 
 
 class RayTPExecutor:
-    """Drives ``tensor_parallel_size`` TPWorker actors; has ModelRunner's interface for LLMEngine."""
+    """Drives ``tensor_parallel_size`` TPWorker actors; a ``ModelRunnerInterface`` for LLMEngine."""
+
+    dead_reason: str | None = None
+    """Why the TP group can no longer run steps (a rank died, raised or hung); None while it can."""
 
     def __init__(self, config: EngineConfig, placement_group: Any = None, num_cpus_per_worker: float = 1.0,
                  init_timeout_s: float = 300.0, step_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S):
@@ -85,7 +88,6 @@ class RayTPExecutor:
 
         self.world_size = n = config.tensor_parallel_size
         self.step_timeout_s = step_timeout_s
-        self.dead_reason: str | None = None
         device = config.device or ("cuda" if _cuda_on_cluster() else "cpu")
         use_gpu = device == "cuda"
         # Each rank must not start its own TP group: the worker's config says device explicitly.

@@ -19,11 +19,11 @@ import platform
 import random
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from kvmesh.kvcache.block_pool import BlockPool
 from kvmesh.kvcache.hashing import RequestBlockHasher, make_none_hash
+from kvmesh.kvcache.interfaces import TokenRequest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
 SHARED_DIR = Path(os.environ.get("KVMESH_SHARED_DIR", Path(__file__).resolve().parents[3] / "shared"))
@@ -33,21 +33,6 @@ POLICIES = ["lru", "slru", "arc"]
 SEED = b"kvmesh-bench-seed"
 VOCAB_SIZE = 32_000
 PAPER_CEILING = 0.6512  # traces/README.md: tokens repeating an earlier request's prefix
-
-
-@dataclass
-class BenchRequest:
-    """The fields the KV cache manager reads."""
-
-    request_id: str
-    all_token_ids: list[int]
-    num_computed_tokens: int = 0
-    cache_salt: str | None = None
-    lora_name: str | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
 
 
 def best_of(repeat: int, fn) -> tuple[float, float]:
@@ -121,7 +106,7 @@ def bench_miss_lookup(block_size: int, repeat: int) -> dict:
     manager = KVCacheManager(65_536, block_size, SEED)
     rng = random.Random(3)
     for i, p in enumerate(random_prompts(32, 1024 * block_size, rng)):
-        req = BenchRequest(f"warm{i}", p)
+        req = TokenRequest(f"warm{i}", p)
         manager.allocate_slots(req, req.num_tokens)
         manager.free(req)
     prompts = random_prompts(64, 1024 * block_size, rng)
@@ -130,7 +115,7 @@ def bench_miss_lookup(block_size: int, repeat: int) -> dict:
     def run():
         for p in prompts:
             counter[0] += 1
-            req = BenchRequest(f"miss{counter[0]}", p)
+            req = TokenRequest(f"miss{counter[0]}", p)
             manager.get_computed_blocks(req)
             manager.free(req)  # drops the hasher (never allocated)
 
@@ -180,7 +165,7 @@ def replay(records, hashes, token_cache, num_blocks: int, policy: str, block_siz
     try:
         t0 = time.process_time()
         for i, (rec, hs) in enumerate(zip(records, hashes, strict=True)):
-            req = BenchRequest(f"r{i}", token_cache.prompt(rec.hash_ids, rec.input_length))
+            req = TokenRequest(f"r{i}", token_cache.prompt(rec.hash_ids, rec.input_length))
             # Share the precomputed hashes: the replays measure the pool, not the hashing.
             hasher = RequestBlockHasher(block_size, manager.none_hash)
             hasher.block_hashes = hs

@@ -36,7 +36,7 @@ def _summary(values_s: list[float]) -> dict[str, float]:
 
 def start_replica(args: argparse.Namespace) -> tuple[subprocess.Popen, dict]:
     cmd = [sys.executable, "-m", "kvmesh.cluster.cli", "replica", "--model", args.model, "--port", "0",
-           "--no-events", "--kv-cache-memory", str(args.kv_cache_memory), "--max-num-seqs", "256"]
+           "--event-port", "none", "--kv-cache-memory", str(args.kv_cache_memory), "--max-num-seqs", "256"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     if not line:
@@ -46,15 +46,16 @@ def start_replica(args: argparse.Namespace) -> tuple[subprocess.Popen, dict]:
 
 
 async def http_latency(url: str, prompt: list[int], n: int, warmup: int) -> list[float]:
-    import httpx
+    import aiohttp
 
     req = {"prompt": prompt, "max_tokens": 1, "temperature": 0}
     out = []
-    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+    async with aiohttp.ClientSession(base_url=url, timeout=aiohttp.ClientTimeout(total=60),
+                                     raise_for_status=True) as c:
         for i in range(n + warmup):
             t0 = time.perf_counter()
-            r = await c.post("/v1/completions", json=req)
-            r.raise_for_status()
+            async with c.post("/v1/completions", json=req) as r:
+                await r.read()
             if i >= warmup:
                 out.append(time.perf_counter() - t0)
     return out
@@ -62,20 +63,20 @@ async def http_latency(url: str, prompt: list[int], n: int, warmup: int) -> list
 
 async def engine_direct(args: argparse.Namespace, prompt: list[int]) -> tuple[list[float], dict]:
     """1-token latencies and 64-stream throughput through ``AsyncLLM`` in this process (no HTTP)."""
+    from kvmesh.replica.async_engine import AsyncLLM
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.openai.tokenizer import load_tokenizer
     from kvmesh.replica.sampling_params import SamplingParams
-    from kvmesh.replica.server_engine import build_engine_client
 
     tok = load_tokenizer(args.model)
     config = EngineConfig(model=args.model, kv_cache_memory=args.kv_cache_memory, max_num_seqs=256)
-    client = build_engine_client(config, tok)
+    llm = AsyncLLM.from_config(config, tok.hf)
     params = SamplingParams(max_tokens=1, temperature=0.0)
     out = []
     try:
         for i in range(args.requests + args.warmup):
             t0 = time.perf_counter()
-            async for _ in client.llm.generate(prompt, params, request_id=f"b{i}"):
+            async for _ in llm.generate(prompt, params, request_id=f"b{i}"):
                 pass
             if i >= args.warmup:
                 out.append(time.perf_counter() - t0)
@@ -83,7 +84,7 @@ async def engine_direct(args: argparse.Namespace, prompt: list[int]) -> tuple[li
         async def one(i: int) -> int:
             sp = SamplingParams(max_tokens=args.stream_tokens, ignore_eos=True, seed=i)
             last = None
-            async for o in client.llm.generate(tok.render_completion(f"Story {i}: once upon a time"), sp,
+            async for o in llm.generate(tok.render_completion(f"Story {i}: once upon a time"), sp,
                                                request_id=f"s{i}"):
                 last = o
             return len(last.output_token_ids)
@@ -92,18 +93,18 @@ async def engine_direct(args: argparse.Namespace, prompt: list[int]) -> tuple[li
         counts = await asyncio.gather(*(one(i) for i in range(args.concurrency)))
         wall = time.perf_counter() - t0
     finally:
-        client.llm.shutdown()
+        llm.shutdown()
     return out, {"concurrency": args.concurrency, "wall_s": wall, "output_tokens": sum(counts),
                  "output_tokens_per_s": sum(counts) / wall}
 
 
 async def stream_throughput(url: str, concurrency: int, tokens: int) -> dict:
-    import httpx
+    import aiohttp
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     ttfts: list[float] = []
     counts: list[int] = []
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as c:
+    async with aiohttp.ClientSession(base_url=url, timeout=aiohttp.ClientTimeout(total=600),
+                                     connector=aiohttp.TCPConnector(limit=concurrency)) as c:
 
         async def one(i: int) -> None:
             req = {"prompt": f"Story {i}: once upon a time", "max_tokens": tokens, "ignore_eos": True,
@@ -111,8 +112,9 @@ async def stream_throughput(url: str, concurrency: int, tokens: int) -> dict:
             t0 = time.perf_counter()
             first = None
             usage = None
-            async with c.stream("POST", "/v1/completions", json=req) as r:
-                async for line in r.aiter_lines():
+            async with c.post("/v1/completions", json=req) as r:
+                async for raw_line in r.content:  # one SSE line at a time
+                    line = raw_line.decode().strip()
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     chunk = json.loads(line[6:])

@@ -13,13 +13,14 @@ hop costs regardless of how busy this shared machine is).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing as mp
 import statistics
 import time
 from pathlib import Path
 
-from kvmesh.cluster.benchmarks.router_http import _cpu_seconds, _run_echo
+from kvmesh.cluster.benchmarks.router_http import _cpu_seconds, _run_echo, timed_post, wait_healthy
 
 STORIES = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K" / "hf"
 
@@ -47,8 +48,30 @@ def _stats(xs: list[float]) -> dict:
     return {"p50_ms": statistics.median(xs), "p99_ms": sorted(xs)[int(len(xs) * 0.99)]}
 
 
+async def _measure_variants(echo_url: str, routers: dict, prompts: dict, n: int) -> dict:
+    """Per prompt kind: direct and per-variant latencies on one keep-alive client, router CPU per request."""
+    import aiohttp
+
+    out = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as client:
+        for _, url in routers.values():
+            await wait_healthy(client, url)
+        for kind, prompt in prompts.items():
+            body = {"prompt": prompt, "max_tokens": 1}
+            wall = {"direct": [], **{name: [] for name in routers}}
+            cpu0 = {name: _cpu_seconds(p.pid) for name, (p, _) in routers.items()}
+            for i in range(n + 20):
+                for name, url in (("direct", echo_url), *((k, u) for k, (_, u) in routers.items())):
+                    dt = await timed_post(client, url, body)
+                    if i >= 20:
+                        wall[name].append(dt)
+            cpu = {name: (_cpu_seconds(p.pid) - cpu0[name]) * 1e3 / (n + 20) for name, (p, _) in routers.items()}
+            out[kind] = {name: {**_stats(xs), **({"router_cpu_ms_per_request": cpu[name]} if name in cpu else {})}
+                         for name, xs in wall.items()}
+    return out
+
+
 def measure(model: str, n: int) -> dict:
-    import httpx
     from kvmesh.replica.openai.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model)
@@ -66,25 +89,7 @@ def measure(model: str, n: int) -> dict:
         routers[name] = (proc, f"http://127.0.0.1:{q.get(timeout=120)}")
     out: dict = {"requests": n, "prompt_chars": {k: len(v) for k, v in prompts.items()}}
     try:
-        with httpx.Client(timeout=30) as client:
-            for _, url in routers.values():
-                while client.get(url + "/health").status_code != 200:
-                    time.sleep(0.1)
-            for kind, prompt in prompts.items():
-                body = {"prompt": prompt, "max_tokens": 1}
-                wall = {"direct": [], **{name: [] for name in routers}}
-                cpu0 = {name: _cpu_seconds(p.pid) for name, (p, _) in routers.items()}
-                for i in range(n + 20):
-                    for name, url in (("direct", echo_url), *((k, u) for k, (_, u) in routers.items())):
-                        t0 = time.perf_counter()
-                        r = client.post(url + "/v1/completions", json=body)
-                        if r.status_code != 200:
-                            raise RuntimeError(f"{name}: {r.status_code} {r.text[:200]}")
-                        if i >= 20:
-                            wall[name].append((time.perf_counter() - t0) * 1e3)
-                cpu = {name: (_cpu_seconds(p.pid) - cpu0[name]) * 1e3 / (n + 20) for name, (p, _) in routers.items()}
-                out[kind] = {name: {**_stats(xs), **({"router_cpu_ms_per_request": cpu[name]} if name in cpu else {})}
-                             for name, xs in wall.items()}
+        out.update(asyncio.run(_measure_variants(echo_url, routers, prompts, n)))
     finally:
         for proc in [echo] + [p for p, _ in routers.values()]:
             proc.terminate()

@@ -7,6 +7,7 @@ Requests alternate between the two paths, one at a time (low load).
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import statistics
 import time
@@ -75,9 +76,50 @@ def _cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-def measure_added_latency(tokenizer_factory, text_factory, n: int) -> dict:
-    import httpx
+async def wait_healthy(session, url: str, tries: int = 100) -> None:
+    """Until ``url``/health answers 200 (0.1 s apart)."""
+    import aiohttp
 
+    for _ in range(tries):
+        try:
+            async with session.get(url + "/health") as r:
+                if r.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not become healthy")
+
+
+async def timed_post(session, url: str, body: dict) -> float:
+    """Milliseconds for one ``POST url/v1/completions``, answer read in full; raises unless 200."""
+    t0 = time.perf_counter()
+    async with session.post(url + "/v1/completions", json=body) as r:
+        raw = await r.read()
+    dt = (time.perf_counter() - t0) * 1e3
+    if r.status != 200:
+        raise RuntimeError(f"{url}: {r.status} {raw[:200]!r}")
+    return dt
+
+
+async def _direct_and_routed(echo_url: str, router_url: str, body: dict, n: int, pids: dict) -> tuple:
+    """Alternating direct and routed requests on one keep-alive client; CPU ms of each process."""
+    import aiohttp
+
+    direct, routed = [], []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as client:
+        await wait_healthy(client, router_url)  # both up, connections warm
+        cpu0 = {k: _cpu_seconds(pid) for k, pid in pids.items()}
+        for i in range(n + 20):
+            for url, out in ((echo_url, direct), (router_url, routed)):
+                dt = await timed_post(client, url, body)
+                if i >= 20:
+                    out.append(dt)
+        cpu = {k: (_cpu_seconds(pid) - cpu0[k]) * 1e3 for k, pid in pids.items()}
+    return direct, routed, cpu
+
+
+def measure_added_latency(tokenizer_factory, text_factory, n: int) -> dict:
     tok = tokenizer_factory()
     model = str(tok.name) if tok is not None else None
     prompt = text_factory(tok, 1000) if tok is not None else list(range(1000))
@@ -91,22 +133,8 @@ def measure_added_latency(tokenizer_factory, text_factory, n: int) -> dict:
     try:
         router_url = f"http://127.0.0.1:{q.get(timeout=120)}"
         body = {"prompt": prompt, "max_tokens": 1}
-        direct, routed = [], []
-        with httpx.Client(timeout=30) as client:
-            for _ in range(100):  # both up, connections warm
-                if client.get(router_url + "/health").status_code == 200:
-                    break
-                time.sleep(0.1)
-            cpu0 = {"router": _cpu_seconds(router.pid), "echo": _cpu_seconds(echo.pid)}
-            for i in range(n + 20):
-                for url, out in ((echo_url, direct), (router_url, routed)):
-                    t0 = time.perf_counter()
-                    r = client.post(url + "/v1/completions", json=body)
-                    dt = time.perf_counter() - t0
-                    assert r.status_code == 200, r.text
-                    if i >= 20:
-                        out.append(dt * 1e3)
-            cpu = {k: (_cpu_seconds(p.pid) - cpu0[k]) * 1e3 for k, p in (("router", router), ("echo", echo))}
+        direct, routed, cpu = asyncio.run(_direct_and_routed(echo_url, router_url, body, n,
+                                                             {"router": router.pid, "echo": echo.pid}))
         d50, r50 = statistics.median(direct), statistics.median(routed)
         p99 = lambda xs: sorted(xs)[int(len(xs) * 0.99)]  # noqa: E731
         return {"requests": n, "prompt": "text" if tok is not None else "token ids",

@@ -11,6 +11,7 @@ driver (router + supervisor) and Ray's own processes, then stops it with SIGINT 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -31,36 +32,41 @@ def _free_port() -> int:
 
 
 def _tree(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            out.append(child)
-            stack.append(child)
-    return out
+    """Every live descendant of ``pid``."""
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _rss_mib(pid: int) -> float:
+    import psutil
+
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+        return psutil.Process(pid).memory_info().rss / 2**20
+    except psutil.Error:
+        return 0.0
 
 
 def _cmdline(pid: int) -> str:
+    import psutil
+
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
+
+
+async def _post_status(url: str, body: dict) -> int:
+    """The HTTP status of one ``POST url`` (answer read in full)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client, \
+            client.post(url, json=body) as r:
+        await r.read()
+        return r.status
 
 
 def one_run(args: argparse.Namespace, run_index: int) -> dict:
@@ -91,12 +97,10 @@ def one_run(args: argparse.Namespace, run_index: int) -> dict:
     if ready_s is None:
         proc.kill()
         raise RuntimeError(f"serve did not get ready within {args.timeout}s; its output:\n" + "".join(output[-20:]))
-    import httpx
-
     t1 = time.monotonic()
-    answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
-                        json={"model": "kvmesh-embedded" if args.model == "embedded" else args.model,
-                              "prompt": "Once upon a time", "max_tokens": 16})
+    first_status = asyncio.run(_post_status(f"http://127.0.0.1:{port}/v1/completions", {
+        "model": "kvmesh-embedded" if args.model == "embedded" else args.model,
+        "prompt": "Once upon a time", "max_tokens": 16}))
     first_request_s = time.monotonic() - t1
     pids = _tree(proc.pid)
     replicas = {p: _rss_mib(p) for p in pids if _cmdline(p).startswith("ray::ReplicaActor")}
@@ -108,7 +112,7 @@ def one_run(args: argparse.Namespace, run_index: int) -> dict:
     stop_s = time.monotonic() - t2
     return {
         "ready_s": round(ready_s, 2), "ready_reported_s": reported_s, "stages": stages,
-        "first_request_s": round(first_request_s, 3), "first_request_status": answer.status_code,
+        "first_request_s": round(first_request_s, 3), "first_request_status": first_status,
         "replica_rss_mib": sorted(round(v, 1) for v in replicas.values()),
         "driver_rss_mib": round(driver_rss, 1),
         "other_processes_rss_mib": round(ray_system, 1), "num_processes": len(pids),

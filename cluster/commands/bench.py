@@ -50,11 +50,11 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     target, rest = args.target, list(args.args)
     if target == "load":
-        from kvmesh.cluster.bench.load import main
+        from kvmesh.cluster.loadgen.load import main
 
         return main(rest)
     if target == "compare-policies":
-        from kvmesh.cluster.bench.compare import main
+        from kvmesh.cluster.loadgen.compare import main
 
         return main(rest)
     areas = available_areas()

@@ -18,18 +18,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import httpx
+    import asyncio
+
+    import aiohttp
     from kvmesh.cluster.router_client import RouterClient
 
     client = RouterClient(args.url, api_key=args.api_key or os.environ.get("KVMESH_API_KEY"))
     try:
         rows = client.status()
         health = client.health()
-    except httpx.HTTPStatusError as e:
-        hint = " (set --api-key or KVMESH_API_KEY)" if e.response.status_code == 401 else ""
-        print(f"kvmesh status: router at {args.url} answered {e.response.status_code}{hint}", file=sys.stderr)
+    except aiohttp.ClientResponseError as e:
+        hint = " (set --api-key or KVMESH_API_KEY)" if e.status == 401 else ""
+        print(f"kvmesh status: router at {args.url} answered {e.status}{hint}", file=sys.stderr)
         return 1
-    except httpx.HTTPError as e:
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
         print(f"kvmesh status: no router at {args.url} ({type(e).__name__}); is `kvmesh serve` running? "
               "Pass --url for another address.", file=sys.stderr)
         return 1

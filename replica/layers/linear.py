@@ -66,19 +66,6 @@ class LinearBase(nn.Module):
         raise NotImplementedError
 
 
-class ReplicatedLinear(LinearBase):
-    """Every rank holds the whole weight."""
-
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, parallel: ParallelState = SINGLE):
-        super().__init__(input_size, output_size, bias, None, parallel)
-
-    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
-        default_weight_loader(param, loaded)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
 class ColumnParallelLinear(LinearBase):
     """Output features split over ranks; the output stays sharded (no communication)."""
 

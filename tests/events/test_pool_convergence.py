@@ -18,25 +18,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvmesh.events.subscriber import PublisherSource, SubscriberConfig
 from kvmesh.kvcache.hashing import external_hash
+from kvmesh.kvcache.interfaces import TokenRequest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
 BLOCK_SIZE = 4
 CONFIG = SubscriberConfig(replay_timeout=1.0, snapshot_timeout=1.0, idle_probe_interval=0.2)
 
 
-@dataclass
-class Req:
-    request_id: str
-    all_token_ids: list[int]
-    num_computed_tokens: int = 0
-    cache_salt: str | None = None
-    lora_name: str | None = None
+@dataclass(eq=False)
+class Req(TokenRequest):
+    """A cache request plus what this workload tracks."""
+
     decode_left: int = 0
     blocks: list = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
 
 
 class Workload:

@@ -2,25 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
-
-
-@dataclass
-class FakeRequest:
-    """What the KV cache manager reads from a request."""
-
-    request_id: str
-    all_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
-    cache_salt: str | None = None
-    lora_name: str | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+from kvmesh.kvcache.interfaces import TokenRequest
 
 
 class EventLog:
@@ -53,8 +37,8 @@ def event_log() -> EventLog:
 
 @pytest.fixture
 def make_request():
-    def make(request_id: str, token_ids, **kwargs) -> FakeRequest:
-        return FakeRequest(request_id, list(token_ids), **kwargs)
+    def make(request_id: str, token_ids, **kwargs) -> TokenRequest:
+        return TokenRequest(request_id, list(token_ids), **kwargs)
 
     return make
 

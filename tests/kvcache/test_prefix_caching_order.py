@@ -61,7 +61,7 @@ def test_scripted_requests_hit_allocate_and_evict_in_exact_order(manager, make_r
     computed, new = run_step(manager, req3)
     assert [b.block_id for b in new] == [6, 5]
     assert removed_hashes(event_log) == [external_hash(block5_hash)]
-    assert manager.block_pool.get_cached_block(block5_hash) is None
+    assert block5_hash not in manager.block_pool.cached_block_hash_to_block
     assert free_ids(manager) == [3, 2, 1]
 
     # The shared prefix survived in the free queue; a hit revives blocks 1 and 2 out of it, and

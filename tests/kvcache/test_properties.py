@@ -5,9 +5,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvmesh.events.schema import BlockStored
 from kvmesh.kvcache.hashing import external_hash
+from kvmesh.kvcache.interfaces import TokenRequest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
-from .conftest import EventLog, FakeRequest
+from .conftest import EventLog
 
 BS = 4
 PREFIXES = [[], list(range(2 * BS)), list(range(100, 100 + 3 * BS + 2)), list(range(2 * BS)) + [7] * BS]
@@ -24,13 +25,13 @@ def cached_external(manager) -> set[int]:
     return {external_hash(h) for h in manager.block_pool.cached_block_hash_to_block}
 
 
-def apply(manager, running: list[FakeRequest], op, counter: list[int]) -> None:
+def apply(manager, running: list[TokenRequest], op, counter: list[int]) -> None:
     kind = op[0]
     if kind == "new":
         _, prefix, suffix_len, salt, chunk = op
         counter[0] += 1
         tokens = PREFIXES[prefix] + [(counter[0] * 31 + i) % 50 for i in range(suffix_len)]
-        req = FakeRequest(f"r{counter[0]}", tokens, cache_salt=salt)
+        req = TokenRequest(f"r{counter[0]}", tokens, cache_salt=salt)
         computed, num_computed = manager.get_computed_blocks(req)
         num_new = min(chunk, req.num_tokens - num_computed)
         if manager.allocate_slots(req, num_new, num_computed, computed) is None:
@@ -61,7 +62,7 @@ def apply(manager, running: list[FakeRequest], op, counter: list[int]) -> None:
 def test_invariants_and_event_replay_hold_after_any_operations(ops, policy, num_blocks):
     log = EventLog()
     manager = KVCacheManager(num_blocks, BS, b"seed", event_sink=log, eviction_policy=policy)
-    running: list[FakeRequest] = []
+    running: list[TokenRequest] = []
     counter = [0]
     for op in ops:
         apply(manager, running, op, counter)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvmesh.replica.actor import ReplicaOptions, with_ports
+from kvmesh.replica.actor import ReplicaOptions
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.distributed import DistributedInit, backend_for
 from kvmesh.replica.server import ServerConfig
@@ -14,11 +14,6 @@ ENGINE = EngineConfig(model="some/model")
 def test_options_default_to_ephemeral_ports():
     opts = ReplicaOptions(engine=ENGINE)
     assert (opts.http_port, opts.event_port, opts.replay_port) == (0, 0, 0) and opts.host is None
-
-
-def test_fixed_ports_follow_design_defaults():
-    opts = with_ports(ReplicaOptions(engine=ENGINE), 8101, 5559, 5560)
-    assert (opts.http_port, opts.event_port, opts.replay_port) == (8101, 5559, 5560)
 
 
 @pytest.mark.parametrize("field", ["http_port", "event_port", "replay_port"])

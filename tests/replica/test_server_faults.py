@@ -21,7 +21,7 @@ LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
 def replica(stories_path):
     config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20)
     runtime = ReplicaRuntime.start(config, http_port=0, event_port=None)
-    engine = runtime.engine.engine
+    engine = runtime.llm.engine
     real_append = engine._append_token
 
     def append_or_fail(request, token, now):  # runs on the engine thread
@@ -37,16 +37,16 @@ def replica(stories_path):
 def wait_idle(runtime, timeout_s: float = 20.0) -> None:
     """Until no request is left and every KV block is free again."""
     deadline = time.monotonic() + timeout_s
-    manager = runtime.engine.engine.kv_cache_manager
+    manager = runtime.llm.engine.kv_cache_manager
     while time.monotonic() < deadline:
-        if runtime.engine.num_unfinished() == 0 and manager.usage == 0.0:
+        if runtime.llm.num_unfinished() == 0 and manager.usage == 0.0:
             return
         time.sleep(0.05)
-    raise AssertionError(f"still busy: {runtime.engine.num_unfinished()} requests, usage {manager.usage}")
+    raise AssertionError(f"still busy: {runtime.llm.num_unfinished()} requests, usage {manager.usage}")
 
 
 def aborted(runtime) -> int:
-    return runtime.engine.get_stats().num_finished.get("abort", 0)
+    return runtime.llm.get_stats().num_finished.get("abort", 0)
 
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(replica):
@@ -56,7 +56,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(replica):
         lines = r.iter_lines()
         got = [next(lines) for _ in range(6)]
         assert any(line.startswith("data: ") for line in got)
-        assert replica.engine.engine.kv_cache_manager.usage > 0
+        assert replica.llm.engine.kv_cache_manager.usage > 0
     wait_idle(replica)
     assert aborted(replica) == before + 1
 
@@ -69,7 +69,7 @@ def test_disconnect_while_waiting_for_full_response_aborts(replica):
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         deadline = time.monotonic() + 10
-        while replica.engine.num_unfinished() == 0 and time.monotonic() < deadline:
+        while replica.llm.num_unfinished() == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
     wait_idle(replica)
     assert aborted(replica) == before + 1
@@ -117,18 +117,18 @@ async def test_graceful_shutdown_finishes_in_flight_and_refuses_new(fake_replica
     async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as c:
         slow = asyncio.ensure_future(c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 200,
                                                                      "ignore_eos": True}))
-        while fake_replica.engine.num_unfinished() == 0:
+        while fake_replica.llm.num_unfinished() == 0:
             await asyncio.sleep(0.01)
         done = asyncio.get_running_loop().run_in_executor(None, fake_replica.shutdown, 10.0)
         await asyncio.sleep(0.05)
-        assert fake_replica.engine.dead_reason() == "shutting down"
+        assert fake_replica.llm.dead_reason() == "shutting down"
         r = await slow
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 200
         assert await done is True
 
 
 def test_broken_tp_group_makes_health_and_new_requests_503(fake_replica):
-    fake_replica.engine.runner.dead_reason = "a rank failed a step: RayActorError"
+    fake_replica.llm.runner.dead_reason = "a rank failed a step: RayActorError"
     with httpx.Client(base_url=fake_replica.http.url, timeout=30,
                       headers={"Authorization": "Bearer sekrit-key"}) as c:
         health = c.get("/health")
@@ -139,7 +139,7 @@ def test_broken_tp_group_makes_health_and_new_requests_503(fake_replica):
 
 
 async def test_drain_timeout_aborts_in_flight_streams(fake_replica, monkeypatch):
-    runner = fake_replica.engine.runner
+    runner = fake_replica.llm.runner
     real_execute = runner.execute_model
 
     def slow_execute(out):  # 500 tokens take >= 2.5 s: the drain surely finds the stream running

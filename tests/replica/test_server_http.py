@@ -62,7 +62,7 @@ def test_completion_usage_counts(client, replica):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "text_completion" and body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"]["prompt_tokens"] == len(replica.tokenizer.render_completion("Once upon a time")) == 5
+    assert body["usage"]["prompt_tokens"] == len(replica.state.tokenizer.render_completion("Once upon a time")) == 5
     assert body["usage"]["completion_tokens"] == 7 and body["usage"]["total_tokens"] == 12
     assert "cached_tokens" in body["usage"]["prompt_tokens_details"]
 
@@ -88,7 +88,7 @@ def test_chat_non_streamed_and_streamed(client, replica):
     req = {"messages": messages, "max_completion_tokens": 6, "temperature": 0, "ignore_eos": True}
     body = client.post("/v1/chat/completions", json=req).json()
     assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
-    assert body["usage"]["prompt_tokens"] == len(replica.tokenizer.render_chat(messages))
+    assert body["usage"]["prompt_tokens"] == len(replica.state.tokenizer.render_chat(messages))
     assert body["usage"]["completion_tokens"] == 6
     events = sse_events(client.post("/v1/chat/completions", json={**req, "stream": True}).text)
     chunks = [json.loads(e) for e in events[:-1]]
@@ -98,7 +98,7 @@ def test_chat_non_streamed_and_streamed(client, replica):
 
 
 def test_shared_prefix_reports_cached_tokens_and_block_stored_events(client, replica):
-    tok = replica.tokenizer
+    tok = replica.state.tokenizer
     prefix = tok.render_completion(STORY)
     assert len(prefix) >= 64
     first = client.post("/v1/completions", json={"prompt": prefix, "max_tokens": 2, "temperature": 0}).json()
@@ -115,7 +115,7 @@ def test_shared_prefix_reports_cached_tokens_and_block_stored_events(client, rep
 
 
 def test_cache_salt_isolates_tenants(client, replica):
-    prompt = replica.tokenizer.render_completion(STORY + " The end.")
+    prompt = replica.state.tokenizer.render_completion(STORY + " The end.")
     req = {"prompt": prompt, "max_tokens": 1}
     client.post("/v1/completions", json={**req, "cache_salt": "tenant-a"})
     other = client.post("/v1/completions", json={**req, "cache_salt": "tenant-b"}).json()
@@ -131,7 +131,7 @@ def test_info_endpoints_for_routers(client, replica):
     tokens = client.post("/tokenize", json={"prompt": "Once upon a time"}).json()
     assert tokens["tokens"] == [1, 403, 407, 261, 378] and tokens["count"] == 5
     chat_tokens = client.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
-    assert chat_tokens["tokens"] == replica.tokenizer.render_chat([{"role": "user", "content": "hi"}])
+    assert chat_tokens["tokens"] == replica.state.tokenizer.render_chat([{"role": "user", "content": "hi"}])
     load = client.get("/load").json()
     assert {"num_requests_running", "num_requests_waiting", "kv_cache_usage", "num_waiting_prefill_tokens"} <= set(load)
     for path in ("/server_info", "/get_server_info"):

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 from kvmesh.replica.layers.linear import narrow
-from kvmesh.replica.model_config import ModelSpec, bench_llama_config, load_hf_config, spec_from_hf_config
+from kvmesh.replica.model_config import ModelSpec, load_hf_config, spec_from_hf_config
 from kvmesh.replica.models.llama import LlamaForCausalLM
 from kvmesh.replica.parallel_state import ParallelState
 from kvmesh.replica.weights import checkpoint_shapes, dummy_weights, load_weights, safetensors_weights
@@ -16,6 +16,16 @@ from safetensors.torch import save_file
 SPEC = ModelSpec(architecture="LlamaForCausalLM", vocab_size=40, hidden_size=16, intermediate_size=24,
                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
                  rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=64, qkv_bias=True)
+
+
+# A small GQA Llama, as ``EngineConfig(load_format="dummy", hf_config=...)`` takes it.
+GQA_LLAMA_CONFIG = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 512, "num_hidden_layers": 8,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 1408, "vocab_size": 32000,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "tie_word_embeddings": False,
+    "bos_token_id": 1, "eos_token_id": 2,
+}
 
 
 def build(spec=SPEC, parallel=ParallelState()):
@@ -75,7 +85,7 @@ def test_tied_embeddings_share_one_matrix():
 
 
 def test_bench_config_dummy_weights_build_quickly():
-    spec = spec_from_hf_config(load_hf_config("bench", bench_llama_config()))
+    spec = spec_from_hf_config(load_hf_config("bench", GQA_LLAMA_CONFIG))
     assert (spec.hidden_size, spec.num_hidden_layers, spec.num_key_value_heads) == (512, 8, 2)
     start = time.process_time()
     model = build(spec)

@@ -19,29 +19,16 @@ import itertools
 import json
 import sys
 import threading
-from dataclasses import dataclass
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
 from kvmesh.events.schema import AllBlocksCleared
+from kvmesh.kvcache.interfaces import TokenRequest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
 _ids = itertools.count()
-
-
-@dataclass
-class _Req:
-    request_id: str
-    all_token_ids: list[int]
-    cache_salt: str | None
-    lora_name: str | None = None
-    num_computed_tokens: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
 
 
 class FakeReplica:
@@ -69,7 +56,7 @@ class FakeReplica:
     def prefill(self, ids: list[int], salt: str | None) -> int:
         """Runs the prompt through the prefix cache; returns its cached tokens."""
         with self.lock:
-            req = _Req(f"{self.name}-{next(_ids)}", ids, salt)
+            req = TokenRequest(f"{self.name}-{next(_ids)}", ids, cache_salt=salt)
             computed, n = self.manager.get_computed_blocks(req)
             if self.manager.allocate_slots(req, len(ids) - n, n, computed) is None:
                 n = 0

@@ -76,3 +76,30 @@ def test_refusals_are_counted_as_4xx(start_router):
     assert httpx.post(router.url + "/v1/completions", json={"prompt": "hi"}).status_code == 401
     assert httpx.post(router.url + "/replicas", json={"url": "http://x"}, headers=TENANT).status_code == 403
     assert reg.get_sample_value("kvmesh_router_requests_total", {"status": "4xx"}) == before + 2
+
+
+def test_router_client_drives_the_admin_plane_and_says_who_refused(fakes, start_router):
+    import aiohttp
+    from kvmesh.cluster.router_client import RouterClient
+
+    router = start_router([], api_key="tenant-key", admin_key="admin-key")
+    client = RouterClient(router.url, api_key="tenant-key", admin_key="admin-key")
+    tenant_only = RouterClient(router.url, api_key="tenant-key")
+    try:
+        assert client.register("a", fakes[0].spec.url, fakes[0].spec.events, fakes[0].spec.replay) == \
+            {"id": "a", "healthy": True}
+        assert [r["id"] for r in client.replicas()] == ["a"]
+        assert [(row.replica_id, row.healthy) for row in client.status()] == [("a", True)]
+        with pytest.raises(aiohttp.ClientResponseError) as refused:
+            tenant_only.register("b", fakes[1].spec.url, None, None)
+        assert refused.value.status == 403
+        assert client.deregister("a") is True and client.replicas() == []
+    finally:
+        client.close()
+        tenant_only.close()
+    with pytest.raises(aiohttp.ClientError):
+        gone = RouterClient("http://127.0.0.1:9", timeout_s=2)  # nothing listens on the discard port
+        try:
+            gone.health()
+        finally:
+            gone.close()

@@ -10,12 +10,11 @@ which it converges again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvmesh.events.schema import AllBlocksCleared
 from kvmesh.kvcache.hashing import RequestBlockHasher, cache_salt_secret, external_hash
+from kvmesh.kvcache.interfaces import TokenRequest as Req
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 from kvmesh.router.index import PrefixIndex
 from kvmesh.router.keys import RouterKeyHasher
@@ -23,20 +22,6 @@ from kvmesh.router.keys import RouterKeyHasher
 BS = 4
 PREFIXES = [[7] * 12, [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 8, 8, 7, 7]]
 SALTS = [None, "tenant-a"]
-
-
-@dataclass
-class Req:
-    request_id: str
-    all_token_ids: list[int]
-    cache_salt: str | None = None
-    lora_name: str | None = None
-    num_computed_tokens: int = 0
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
 
 
 class Replica:
@@ -89,7 +74,7 @@ def test_index_converges_to_replica_cached_set(ops, num_blocks):
     for i, (kind, *args) in enumerate(ops):
         if kind == "run":
             prefix, suffix, salt = args
-            req = Req(f"r{i}", PREFIXES[prefix] + suffix, salt)
+            req = Req(f"r{i}", PREFIXES[prefix] + suffix, cache_salt=salt)
             prompts.append(req)
             replica.run(req)
         elif kind == "free" and replica.active:

@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from kvmesh.cluster.bench.client import RequestResult
+from kvmesh.cluster.loadgen.client import RequestResult
 
 
 def percentiles(values, qs=(50, 90, 99)) -> dict[str, float | None]:

@@ -6,8 +6,8 @@ import socket
 import time
 
 import pytest
-from kvmesh.cluster.bench.load import main
 from kvmesh.cluster.benchmarks.traces import TraceError, read_azure, read_mooncake
+from kvmesh.cluster.loadgen.load import main
 
 
 def _free_port() -> int:

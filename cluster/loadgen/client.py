@@ -8,11 +8,34 @@ chunk (``stream_options.include_usage``), falling back to counting chunks.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
+
+HTTP_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+"""What a request can raise short of an answer (refused, reset, timed out)."""
+
+
+def open_session(base_url: str, headers: dict | None = None, read_timeout_s: float | None = None,
+                 total_s: float | None = None) -> aiohttp.ClientSession:
+    """The load generator's HTTP client: no connection limit, 5 s to connect, ``read_timeout_s``
+    between reads of an answer, ``total_s`` for a whole request (None: no limit)."""
+    timeout = aiohttp.ClientTimeout(total=total_s, sock_connect=5.0, sock_read=read_timeout_s)
+    return aiohttp.ClientSession(base_url=base_url, headers=headers, timeout=timeout,
+                                 connector=aiohttp.TCPConnector(limit=0))
+
+
+async def get_json(client: aiohttp.ClientSession, path: str) -> tuple[int, object]:
+    """(status, parsed body; None when not JSON) of ``GET path``."""
+    async with client.get(path) as resp:
+        raw = await resp.read()
+    try:
+        return resp.status, json.loads(raw)
+    except ValueError:
+        return resp.status, None
 
 
 class EndpointUnreachable(RuntimeError):
@@ -70,7 +93,7 @@ def _is_token_chunk(chunk: dict, text: str) -> bool:
     return any("text" in c and c.get("finish_reason") is None for c in choices)
 
 
-async def send_streaming(client: httpx.AsyncClient, path: str, body: dict, result: RequestResult,
+async def send_streaming(client: aiohttp.ClientSession, path: str, body: dict, result: RequestResult,
                          t0: float) -> RequestResult:
     """POST ``body`` to ``path`` with ``stream: true`` and fill ``result`` (never raises for HTTP errors)."""
     start = time.perf_counter()
@@ -80,15 +103,15 @@ async def send_streaming(client: httpx.AsyncClient, path: str, body: dict, resul
     num_chunks = 0
     usage = None
     try:
-        async with client.stream("POST", path, json=body) as resp:
-            result.status = resp.status_code
-            if resp.status_code != 200:
-                result.error = _error_message(resp.status_code, await resp.aread())
+        async with client.post(path, json=body) as resp:
+            result.status = resp.status
+            if resp.status != 200:
+                result.error = _error_message(resp.status, await resp.read())
                 return result
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
+            async for raw_line in resp.content:  # one SSE line at a time
+                if not raw_line.startswith(b"data:"):
                     continue
-                data = line[5:].strip()
+                data = raw_line[5:].decode().strip()
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
@@ -109,10 +132,10 @@ async def send_streaming(client: httpx.AsyncClient, path: str, body: dict, resul
                 last = now
                 num_chunks += 1
                 pieces.append(text)
-    except httpx.ConnectError as e:
+    except aiohttp.ClientConnectorError as e:
         result.error = f"connection failed: {e}"
         return result
-    except (httpx.HTTPError, ValueError) as e:
+    except (*HTTP_ERRORS, ValueError) as e:
         result.error = f"{type(e).__name__}: {e}"
         return result
     result.e2e_s = time.perf_counter() - start
@@ -130,39 +153,41 @@ async def send_streaming(client: httpx.AsyncClient, path: str, body: dict, resul
     return result
 
 
-async def preflight(client: httpx.AsyncClient, base_url: str, model: str | None, timeout_s: float = 5.0) -> str:
+async def preflight(client: aiohttp.ClientSession, base_url: str, model: str | None, timeout_s: float = 5.0) -> str:
     """Check the endpoint answers ``GET /v1/models``; returns the model to use. Fails fast."""
     try:
-        resp = await client.get("/v1/models", timeout=timeout_s)
-    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+        async with client.get("/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            status, raw = resp.status, await resp.read()
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
         raise EndpointUnreachable(
             f"cannot connect to {base_url} ({e or type(e).__name__}); is the server running? "
             "Start a cluster with `kvmesh serve` or pass the right --url") from None
-    except httpx.HTTPError as e:
+    except HTTP_ERRORS as e:
         raise EndpointUnreachable(f"{base_url} did not answer GET /v1/models within {timeout_s:.0f} s "
                                   f"({type(e).__name__}); is it an OpenAI-compatible server?") from None
-    if resp.status_code == 401:
+    if status == 401:
         raise EndpointUnreachable(f"{base_url} refused the request (401): pass --api-key")
-    if resp.status_code != 200:
+    if status != 200:
         if model:
             return model
-        raise EndpointUnreachable(f"GET {base_url}/v1/models answered {resp.status_code}; pass --model")
+        raise EndpointUnreachable(f"GET {base_url}/v1/models answered {status}; pass --model")
     if model:
         return model
     try:
-        return resp.json()["data"][0]["id"]
+        return json.loads(raw)["data"][0]["id"]
     except (ValueError, KeyError, IndexError, TypeError):
         raise EndpointUnreachable(f"{base_url}/v1/models lists no model; pass --model") from None
 
 
-async def measure_tokens_per_word(client: httpx.AsyncClient, model: str, sample: str) -> float | None:
+async def measure_tokens_per_word(client: aiohttp.ClientSession, model: str, sample: str) -> float | None:
     """Tokens per word of ``sample`` according to the server's ``POST /tokenize``; None if unsupported."""
     try:
-        resp = await client.post("/tokenize", json={"model": model, "prompt": sample}, timeout=10.0)
-        if resp.status_code != 200:
-            return None
-        data = resp.json()
+        async with client.post("/tokenize", json={"model": model, "prompt": sample},
+                               timeout=aiohttp.ClientTimeout(total=10.0)) as resp:
+            if resp.status != 200:
+                return None
+            data = json.loads(await resp.read())
         count = data.get("count") or len(data.get("tokens") or [])
-    except (httpx.HTTPError, ValueError, AttributeError):
+    except (*HTTP_ERRORS, ValueError, AttributeError):
         return None
     return count / max(1, len(sample.split())) if count else None

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
-from kvmesh.cluster.bench.client import RequestResult, send_streaming
-from kvmesh.cluster.bench.prompts import PromptMaker
-from kvmesh.cluster.bench.session import RequestOptions, SessionState
-from kvmesh.cluster.bench.workloads import Session
+import aiohttp
+from kvmesh.cluster.loadgen.client import RequestResult, send_streaming
+from kvmesh.cluster.loadgen.prompts import PromptMaker
+from kvmesh.cluster.loadgen.session import RequestOptions, SessionState
+from kvmesh.cluster.loadgen.workloads import Session
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,7 @@ def arrival_times(sessions: list[Session], load: LoadConfig) -> list[float]:
     return [s.arrival_s for s in sessions]
 
 
-async def run_load(client: httpx.AsyncClient, sessions: list[Session], options: RequestOptions,
+async def run_load(client: aiohttp.ClientSession, sessions: list[Session], options: RequestOptions,
                    maker: PromptMaker, load: LoadConfig,
                    on_result: Callable[[RequestResult], None] | None = None) -> tuple[list[RequestResult], float, dict]:
     """Send every session; returns (results, wall seconds, counters)."""

@@ -19,7 +19,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from kvmesh.cluster.bench.load import add_load_arguments, results_dir, run_parameters
+from kvmesh.cluster.loadgen.load import add_load_arguments, results_dir, run_parameters
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,54 +43,55 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _discover(args) -> list:
-    import httpx
+    from kvmesh.cluster.loadgen.client import HTTP_ERRORS, get_json, open_session
     from kvmesh.router.config import ReplicaSpec
 
     if args.replica:
         return [ReplicaSpec.parse(s) for s in args.replica]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
-        async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=5.0) as client:
-            resp = await client.get("/replicas")
-    except httpx.HTTPError as e:
+        async with open_session(args.url, headers, total_s=5.0) as client:
+            status, body = await get_json(client, "/replicas")
+    except HTTP_ERRORS as e:
         raise ValueError(f"cannot list replicas at {args.url}/replicas ({type(e).__name__}: {e}); is "
                          "`kvmesh serve` running? Or pass --replica URL,events=...,replay=...") from None
-    if resp.status_code != 200:
-        raise ValueError(f"GET {args.url}/replicas answered {resp.status_code}; pass --replica specs")
+    if status != 200 or not isinstance(body, dict):
+        raise ValueError(f"GET {args.url}/replicas answered {status}; pass --replica specs")
     specs = [ReplicaSpec(url=r["url"], events=r.get("events"), replay=r.get("replay"),
-                         replica_id=r.get("id") or "") for r in resp.json()["replicas"]]
+                         replica_id=r.get("id") or "") for r in body["replicas"]]
     if not specs:
         raise ValueError(f"{args.url} has no replicas registered")
     return specs
 
 
 async def _model_id(url: str, api_key: str | None) -> str | None:
-    import httpx
+    from kvmesh.cluster.loadgen.client import HTTP_ERRORS, get_json, open_session
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=5.0) as client:
-            return (await client.get("/v1/models")).json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+        async with open_session(url, headers, total_s=5.0) as client:
+            return (await get_json(client, "/v1/models"))[1]["data"][0]["id"]
+    except (*HTTP_ERRORS, TypeError, KeyError, IndexError):
         return None
 
 
 async def _wait_healthy(url: str, timeout_s: float = 30.0) -> None:
-    import httpx
+    from kvmesh.cluster.loadgen.client import HTTP_ERRORS, open_session
 
-    async with httpx.AsyncClient(base_url=url, timeout=2.0) as client:
+    async with open_session(url, total_s=2.0) as client:
         for _ in range(int(timeout_s / 0.2)):
             try:
-                if (await client.get("/health")).status_code == 200:
-                    return
-            except httpx.HTTPError:
+                async with client.get("/health") as resp:
+                    if resp.status == 200:
+                        return
+            except HTTP_ERRORS:
                 pass
             await asyncio.sleep(0.2)
     raise ValueError(f"router at {url} reported no healthy replica within {timeout_s:.0f} s")
 
 
 async def _run_workloads(args, label: str, url: str, workloads: list[str], nonce: str) -> dict:
-    from kvmesh.cluster.bench.load import run_async
+    from kvmesh.cluster.loadgen.load import run_async
 
     out = {}
     for workload in workloads:
@@ -131,10 +132,10 @@ async def compare(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvmesh.cluster.bench.client import EndpointUnreachable
-    from kvmesh.cluster.bench.plots import plot_compare
-    from kvmesh.cluster.bench.report import format_summary, write_json
     from kvmesh.cluster.benchmarks.traces import TraceError
+    from kvmesh.cluster.loadgen.client import EndpointUnreachable
+    from kvmesh.cluster.loadgen.plots import plot_compare
+    from kvmesh.cluster.loadgen.report import format_summary, write_json
 
     args = build_parser().parse_args(argv)
     try:

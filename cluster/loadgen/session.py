@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmesh.cluster.bench.prompts import PromptMaker
-from kvmesh.cluster.bench.workloads import Session, Turn
+from kvmesh.cluster.loadgen.prompts import PromptMaker
+from kvmesh.cluster.loadgen.workloads import Session, Turn
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from kvmesh.cluster.bench.workloads import WORKLOADS
+from kvmesh.cluster.loadgen.workloads import WORKLOADS
 
 
 def results_dir() -> Path:
@@ -76,8 +76,8 @@ def build_parser(prog: str = "kvmesh bench load") -> argparse.ArgumentParser:
 
 
 def build_sessions(args, maker):
-    from kvmesh.cluster.bench import workloads as wl
     from kvmesh.cluster.benchmarks.traces import read_azure, read_mooncake
+    from kvmesh.cluster.loadgen import workloads as wl
 
     budget = wl.Budget(args.max_prompt_tokens, args.max_tokens)
     as_text = args.prompt_format == "text"
@@ -103,12 +103,11 @@ def build_sessions(args, maker):
 
 async def run_async(args, cache_salt: str | None = None) -> dict:
     """Run one load test; returns {"label", "summary", "requests", "config"}. Raises on bad input."""
-    import httpx
-    from kvmesh.cluster.bench.client import measure_tokens_per_word, preflight
-    from kvmesh.cluster.bench.prompts import PromptMaker, sample_text
-    from kvmesh.cluster.bench.report import summarize
-    from kvmesh.cluster.bench.runner import LoadConfig, run_load
-    from kvmesh.cluster.bench.session import RequestOptions
+    from kvmesh.cluster.loadgen.client import measure_tokens_per_word, open_session, preflight
+    from kvmesh.cluster.loadgen.prompts import PromptMaker, sample_text
+    from kvmesh.cluster.loadgen.report import summarize
+    from kvmesh.cluster.loadgen.runner import LoadConfig, run_load
+    from kvmesh.cluster.loadgen.session import RequestOptions
     from tqdm import tqdm
 
     if args.api == "chat" and args.prompt_format != "text":
@@ -117,9 +116,7 @@ async def run_async(args, cache_salt: str | None = None) -> dict:
     load = LoadConfig(mode=args.mode, rate=args.rate, concurrency=concurrency, think_time_s=args.think_time,
                       max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, duration_s=args.duration)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    timeout = httpx.Timeout(args.timeout, connect=5.0)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=timeout, limits=limits) as client:
+    async with open_session(args.url, headers, read_timeout_s=args.timeout) as client:
         model = await preflight(client, args.url, args.model)
         tpw = args.tokens_per_word
         if tpw is None and args.prompt_format == "text":
@@ -152,10 +149,10 @@ def run_parameters(config: dict) -> str:
 
 
 def run_and_write(args) -> int:
-    from kvmesh.cluster.bench.client import EndpointUnreachable
-    from kvmesh.cluster.bench.plots import plot_run
-    from kvmesh.cluster.bench.report import format_summary, write_json
     from kvmesh.cluster.benchmarks.traces import TraceError
+    from kvmesh.cluster.loadgen.client import EndpointUnreachable
+    from kvmesh.cluster.loadgen.plots import plot_run
+    from kvmesh.cluster.loadgen.report import format_summary, write_json
 
     try:
         run = asyncio.run(run_async(args))

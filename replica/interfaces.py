@@ -1,0 +1,71 @@
+"""The replica's two seams, written down: what ``LLMEngine`` drives and what the HTTP server calls.
+
+    HTTP server ──EngineClient──▶ AsyncLLM ─▶ LLMEngine ──ModelRunnerInterface──▶ ModelRunner (TP=1)
+                                                                                 | RayTPExecutor (TP>1)
+                                                                                 | FakeModelRunner (tests)
+
+Both are ``runtime_checkable``; tests/replica/test_interfaces.py checks every implementation.
+Torch-free: importing this module loads no model code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class ModelRunnerInterface(Protocol):
+    """Runs the scheduler's steps on a model (or a stand-in) over a paged KV cache."""
+
+    num_kv_blocks: int
+    """KV cache blocks this runner holds (block 0 is the null block)."""
+    max_model_len: int
+    """Longest sequence (prompt + output) the model takes."""
+    vocab_size: int
+    """Token ids are in ``[0, vocab_size)``."""
+    eos_token_ids: Any
+    """Token ids that end a request (unless ``ignore_eos``)."""
+    dead_reason: str | None
+    """None while steps can run; otherwise why not (a TP rank died). Cheap to read."""
+
+    def execute_model(self, out: Any) -> dict[str, int]:
+        """Runs one ``SchedulerOutput``; returns ``{request_id: sampled token}``."""
+        ...
+
+    def check_health(self, timeout_s: float = 10.0) -> str | None:
+        """Probes the runner (pings the TP ranks); returns ``dead_reason``."""
+        ...
+
+    def shutdown(self) -> None:
+        """Releases what the runner holds (worker actors, placement group)."""
+        ...
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """What the replica's HTTP server needs of the engine (vLLM's ``EngineClient``)."""
+
+    max_model_len: int
+    block_size: int
+    num_kv_blocks: int
+    tensor_parallel_size: int
+    draining: bool
+    """Set by a graceful shutdown: new requests are refused (503)."""
+
+    def generate(self, prompt_token_ids: list[int], sampling_params: Any = None, request_id: str | None = None,
+                 cache_salt: str | None = None) -> AsyncIterator[Any]:
+        """Streams the request's ``RequestOutput``s; the first ``__anext__`` raises ValueError for bad input."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def get_stats(self) -> Any: ...
+
+    def load_report(self) -> Any:
+        """The ``LoadReport`` routers poll (queue depth, KV usage, uncomputed prompt tokens)."""
+        ...
+
+    def dead_reason(self) -> str | None:
+        """None while the replica can serve; otherwise why not."""
+        ...
