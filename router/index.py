@@ -13,7 +13,7 @@ When the compiled fast path is built (router/_native/fastpath.c) the same walk r
 identical results; the Python walk stays as the fallback and for more than 64 replica slots.
 
 *Predicted* entries: when the router sends a request to a replica it credits that replica with the
-request's blocks for ``predict_ttl_s`` (bits set in ``_blocks`` and recorded in ``_predicted``),
+request's blocks for ``predict_ttl_s`` (bits set in ``_blocks`` and recorded in ``predictions.predicted``),
 until the real ``BlockStored`` events arrive. A burst of requests sharing a new prefix then goes
 to one replica instead of scattering. Invariant: a predicted bit is never also a real one.
 """
@@ -21,7 +21,6 @@ to one replica instead of scattering. Invariant: a predicted bit is never also a
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import groupby, repeat
 from operator import and_, or_
@@ -29,12 +28,12 @@ from operator import and_, or_
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
 from kvmesh.router.index_stats import IndexStats, ReplicaTree
 from kvmesh.router.keys import FASTPATH, RouterKeyHasher, pack_tokens
-from kvmesh.router.predictions import PredictionMixin
+from kvmesh.router.predictions import Predictions
 
 ReplicaId = Hashable
 
 
-class PrefixIndex(PredictionMixin):
+class PrefixIndex:
     """Per-replica cached blocks under router keys, matched against a request's keys."""
 
     def __init__(self, block_size: int = 16, hasher: RouterKeyHasher | None = None,
@@ -43,13 +42,9 @@ class PrefixIndex(PredictionMixin):
         """Computes router keys; its block size and seed must match the one hashing requests."""
         self.block_size = self.hasher.block_size
         """Tokens per block (events with another block size are counted and dropped)."""
-        if predict_ttl_s < 0:
-            raise ValueError(f"predict_ttl_s must be >= 0, got {predict_ttl_s}")
-        self.predict_ttl_s = predict_ttl_s
-        """How long a routed request's blocks count as held by its replica before events confirm them."""
-        self._blocks: dict[int, int] = {}
-        self._predicted: dict[int, int] = {}          # router_key -> bits predicted but not real
-        self._predict_queue: deque[tuple[float, int, list[int]]] = deque()
+        self._blocks: dict[int, int] = {}             # router_key -> bits of the replicas holding it
+        self.predictions = Predictions(self._blocks, predict_ttl_s)
+        """Blocks credited to the replica a request was routed to, until events confirm them."""
         self._replicas: dict[ReplicaId, ReplicaTree] = {}
         self._slot_owner: list[ReplicaId | None] = []
         self._free_slots: list[int] = []
@@ -92,8 +87,7 @@ class PrefixIndex(PredictionMixin):
                 blocks[key] = mask
             else:
                 blocks.pop(key, None)
-        for key in [k for k, m in self._predicted.items() if m & bit]:
-            self._unpredict(key, bit)
+        self.predictions.forget(bit)
         tree.ext_to_key.clear()
         tree.orphans.clear()
         tree.orphan_parent.clear()
@@ -107,7 +101,7 @@ class PrefixIndex(PredictionMixin):
     def num_blocks(self, replica_id: ReplicaId | None = None) -> int:
         """Blocks really held (no predictions): by one replica, or distinct keys over all."""
         if replica_id is None:
-            return len(self._blocks) - len(self._predicted)
+            return len(self._blocks) - len(self.predictions.predicted)
         tree = self._replicas.get(replica_id)
         if tree is None:
             return 0
@@ -168,7 +162,7 @@ class PrefixIndex(PredictionMixin):
 
     def _insert(self, tree: ReplicaTree, hashes: Sequence, keys: list[int]) -> None:
         ext_to_key = tree.ext_to_key
-        blocks, predicted = self._blocks, self._predicted
+        blocks, predicted = self._blocks, self.predictions.predicted
         bit = tree.bit
         if ext_to_key.keys().isdisjoint(hashes):  # the usual case, done with C-level bulk updates
             masks = list(map(blocks.get, keys, repeat(0)))
@@ -185,7 +179,7 @@ class PrefixIndex(PredictionMixin):
             if not mask & bit:
                 blocks[key] = mask | bit
             elif predicted and predicted.get(key, 0) & bit:
-                self._confirm(key, bit)
+                self.predictions.confirm(key, bit)
             else:  # another external hash of this replica already maps to the key
                 tree.key_dups[key] = tree.key_dups.get(key, 0) + 1
 
@@ -257,11 +251,22 @@ class PrefixIndex(PredictionMixin):
         if not siblings:
             del tree.orphans[parent]
 
+    # ---------------------------------------------------------------- predictions
+    @property
+    def predict_ttl_s(self) -> float:
+        return self.predictions.ttl_s
+
+    def predict(self, replica_id: ReplicaId, keys: Sequence[int], now: float | None = None, start: int = 0) -> int:
+        """Credit ``replica_id`` with ``keys[start:]`` until events confirm them or ``predict_ttl_s``
+        passes (router/predictions.py); returns the blocks newly credited."""
+        tree = self._replicas.get(replica_id)
+        return 0 if tree is None else self.predictions.predict(tree.bit, keys, now, start)
+
     # ---------------------------------------------------------------- matching
     def match(self, keys: Sequence[int], now: float | None = None) -> dict[ReplicaId, int]:
         """Per replica, the number of leading blocks of ``keys`` it holds (replicas with 0 omitted)."""
-        if self._predict_queue:
-            self._expire(time.monotonic() if now is None else now)
+        if self.predictions.queue:
+            self.predictions.expire(time.monotonic() if now is None else now)
         if self.hasher.native:
             out = FASTPATH.match(self._blocks, keys, self._slot_owner)
             if out is not None:  # None: a mask wider than 64 slots, left to the Python walk

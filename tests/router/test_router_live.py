@@ -71,7 +71,7 @@ def holders(router, keys):
     """Replicas that hold every one of ``keys`` according to their real events (no predictions)."""
     index = router.service.router.index
     with router.service.router.lock:
-        index._expire(float("inf"))
+        index.predictions.expire(float("inf"))
         return {rid for rid, n in index.match(keys).items() if n == len(keys)}
 
 
