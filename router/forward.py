@@ -2,9 +2,10 @@
 
 A replica that fails before sending its first byte (refused connection, reset, 5xx) is excluded
 and the request goes to the next choice, up to ``max_attempts`` replicas; a refused connection
-also marks the replica unhealthy. Once bytes flow they go straight to the client; a stream that
-breaks then (the replica died) or ends without ``[DONE]`` gets an OpenAI-shaped error event and
-``[DONE]``, and counts as a 5xx, never a 2xx. A client that disconnects before its answer cancels
+also marks the replica unhealthy. Once bytes flow they go straight to the client, whole SSE events at
+a time; a stream that breaks then (the replica died, aborted, or ended without ``[DONE]``) goes on
+from another replica (router/migration.py, up to ``migration_limit`` times); one that cannot gets an
+OpenAI-shaped error event and ``[DONE]``, and counts as a 5xx, never a 2xx. A client that disconnects before its answer cancels
 the upstream request (the replica sees the connection close and aborts it). The body is
 forwarded unchanged, so the replica tokenizes it exactly as the router did.
 """
@@ -13,21 +14,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from collections.abc import Awaitable
 from typing import Any
 
 import aiohttp
+import msgspec
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop, read_body
 from kvmesh.replica.openai.errors import ProtocolError, error_body
 from kvmesh.router.core import RouteDecision
+from kvmesh.router.migration import MigratingStream, SseSplitter, ask_for_token_ids
 from kvmesh.router.policies import NoReplicaError
 from kvmesh.router.service import RouterService
 
+logger = logging.getLogger(__name__)
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 _DONE = b"data: [DONE]"
 # Failures of the upstream connection (refused, reset, timed out, truncated).
@@ -83,15 +88,28 @@ class Forwarder:
             watcher.cancel()
 
     async def _forward(self, path: str, raw: bytes, req: Any, ids: list[int], tokenize_ns: int) -> Response:
+        svc = self.service
+        stream = None
+        if req.stream:
+            stream = MigratingStream(req, path.endswith("/chat/completions"), ids, svc.tokenizer,
+                                     svc.config.migration_limit)
+            if svc.config.migration_limit and not req.return_token_ids:
+                raw = ask_for_token_ids(raw)
+        upstream, first, body, decision = await self._dispatch(path, raw, ids, req.cache_salt, [], tokenize_ns)
+        return await self._finish(upstream, first, body, decision, stream)
+
+    async def _dispatch(self, path: str, raw: bytes, ids: list[int], salt: str | None, tried: list[str],
+                        tokenize_ns: int | None = None):
+        """Open the request on the best replica not ``tried``, moving on when one fails before its first byte:
+        (response, first bytes, rest, decision); the response is the last attempt's 5xx if all failed so."""
         svc, router = self.service, self.service.router
         headers = {"content-type": "application/json", **svc.headers()}
-        tried: list[str] = []
         for attempt in range(svc.config.max_attempts):
             try:
-                decision = router.route(ids, req.cache_salt, exclude=tried)
+                decision = router.route(ids, salt, exclude=tried)
             except NoReplicaError as e:
                 raise ProtocolError(str(e), 503) from None
-            if attempt == 0:
+            if attempt == 0 and tokenize_ns is not None:
                 svc.metrics.observe_stages({"tokenize": tokenize_ns, **decision.timings_ns})
             rid = decision.replica_id
             spec = svc.specs.get(rid)
@@ -108,7 +126,7 @@ class Forwarder:
             if failed or upstream.status >= 500:
                 if not failed and attempt + 1 == svc.config.max_attempts:  # pass the last error through
                     router.loads.on_first_output(rid, decision.uncached_tokens)
-                    return await self._finish(upstream, first, body, decision, req.stream)
+                    return upstream, first, body, decision
                 router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
                 if failed:
                     svc.mark_failed(rid, isinstance(upstream, aiohttp.ClientConnectorError))
@@ -119,7 +137,7 @@ class Forwarder:
                 continue
             router.loads.on_first_output(rid, decision.uncached_tokens)
             self._count_decision(decision, len(ids))
-            return await self._finish(upstream, first, body, decision, req.stream)
+            return upstream, first, body, decision
         raise ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
                             "retry later", 503)
 
@@ -156,12 +174,12 @@ class Forwarder:
                 m.child(m.reported_cached_tokens, rid).inc(int(found[-1]))
 
     async def _finish(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
-                      stream: bool) -> Response:
+                      stream: MigratingStream | None) -> Response:
         rid, loads = decision.replica_id, self.service.router.loads
         media = upstream.headers.get("content-type", "application/json")
         status = upstream.status
-        if stream and status == 200:
-            return StreamingResponse(self._relay(upstream, first, body, decision), status_code=status,
+        if stream is not None and status == 200:
+            return StreamingResponse(self._relay(upstream, first, body, decision, stream), status_code=status,
                                      media_type=media)
         complete = False
         try:
@@ -178,29 +196,88 @@ class Forwarder:
         self._report_cached(str(rid), content)
         return Response(content, status_code=status, media_type=media)
 
-    async def _relay(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision):
-        rid = decision.replica_id
+    async def _relay(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
+                     stream: MigratingStream):
+        """The client's stream: the first replica's events, then, if it fails mid-way, continuations."""
         outcome = "4xx"  # until the stream completes or breaks, an early end is the client leaving
-        tail = first[-64:]
         try:
-            yield first
-            async for chunk in body:
-                self._report_cached(str(rid), chunk)
-                tail = (tail + chunk)[-64:]
-                yield chunk
-            if tail.rstrip().endswith(_DONE):
-                outcome = "2xx"
-            else:
-                outcome = "5xx"
-                yield _error_event(f"replica {rid} ended the stream without [DONE]; the output is incomplete")
-        except _UPSTREAM_ERRORS as e:
-            outcome = "5xx"
-            yield _error_event(f"replica {rid} failed mid-stream: {e!r}; the output is incomplete")
+            while True:
+                rid = decision.replica_id
+                try:
+                    async for out in self._events(upstream, first, body, stream, str(rid)):
+                        yield out
+                except _UPSTREAM_ERRORS as e:
+                    stream.broken = f"failed mid-stream: {e!r}"
+                finally:
+                    _let_go(upstream, stream.done)
+                    self.service.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)
+                if not stream.done and stream.finish_reason is not None:  # only [DONE] was missing
+                    for out in stream.finish(stream.finish_reason, text_sent=True):
+                        yield out
+                if stream.done:
+                    outcome = "2xx"
+                    return
+                why = f"replica {rid} {stream.broken or 'ended the stream without [DONE]'}"
+                opened = await self._migrate(stream, rid, why)
+                if opened is None:
+                    outcome = "5xx"
+                    yield _error_event(f"{why}; the output is incomplete")
+                    return
+                if not opened:  # nothing was left to generate
+                    for out in stream.finish("length"):
+                        yield out
+                    outcome = "2xx"
+                    return
+                upstream, first, body, decision = opened
+                for out in stream.begin_continuation():
+                    yield out
         finally:
-            _let_go(upstream, outcome == "2xx")
             m = self.service.metrics
             m.child(m.requests, outcome).inc()
-            self.service.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)
+
+    async def _events(self, upstream, first: bytes, body, stream: MigratingStream, rid: str):
+        """The client's events for one upstream, until it ends, breaks, or the stream is done."""
+        split, chunk = SseSplitter(), first
+        while True:
+            if stream.migrations == 0:
+                self._report_cached(rid, chunk)
+            for event in split.feed(chunk):
+                if stream.migrations == 0:
+                    out = stream.relay(event)
+                    outs = [out] if out is not None else []
+                else:
+                    outs = stream.splice(event)
+                for out in outs:
+                    yield out
+                if stream.done or stream.broken:
+                    return
+            try:
+                chunk = await body.__anext__()
+            except StopAsyncIteration:
+                return
+
+    async def _migrate(self, stream: MigratingStream, rid: str, why: str):
+        """Continue ``stream`` on another replica: the opened continuation, () when no token is left to
+        generate, None when it cannot migrate (limit reached, no token ids, no replica answered)."""
+        svc = self.service
+        svc.mark_failed(rid, connect_error=False)
+        if not stream.can_migrate():
+            return None
+        body = stream.continuation()
+        if body is None:
+            return ()
+        logger.warning("%s; continuing the stream on another replica (migration %d)", why, stream.migrations + 1)
+        try:
+            opened = await self._dispatch("/v1/completions", msgspec.json.encode(body),
+                                          stream.prompt_ids + stream.output_ids, stream.req.cache_salt, [rid])
+        except ProtocolError:
+            return None
+        if opened[0].status != 200:
+            opened[0].close()
+            svc.router.loads.on_finish(opened[3].replica_id, opened[3].uncached_tokens, had_output=True)
+            return None
+        svc.metrics.child(svc.metrics.migrations, str(rid)).inc()
+        return opened
 
 
 def _let_go(upstream: aiohttp.ClientResponse, complete: bool) -> None:

@@ -47,6 +47,9 @@ class SamplingFields(OpenAIBaseModel):
     cache_salt: str | None = None
     """Tenant isolation (vLLM): requests with different salts share no cached blocks."""
     request_id: str | None = None
+    return_token_ids: bool = False
+    """(vLLM) Streamed chunks carry the token ids behind their text: each choice its new ``token_ids``, the
+    first chunk the ``prompt_token_ids``. The router asks for them so a stream can migrate (router/migration.py)."""
     logit_bias: dict[str, float] | None = None
     """Refused when given (the engine's sampler does not apply it; never silently ignored)."""
 
