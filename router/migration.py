@@ -7,7 +7,7 @@ chunks again unless the client asked too. When the upstream breaks before the en
 ``abort`` finish, an error event), the router sends a continuation to another healthy replica: a token-in
 ``/v1/completions`` request whose prompt is prompt + output so far (mostly a prefix-cache hit), with
 ``max_tokens``/``min_tokens`` reduced by the tokens already sent, the same sampling parameters and the
-seed moved on so kvmesh's seeded sampler draws what it would have drawn (``continuation_seed``):
+seed moved on so kvmesh's seeded sampler draws what it would have drawn (``SamplingFields.continuation_seed``):
 
     client ◀── one stream (one id) ◀── router ◀── replica A: prompt → o1 o2 o3 ✗
                                                ◀── replica B: prompt o1 o2 o3 → o4 o5 … [DONE]
@@ -26,9 +26,8 @@ import time
 from typing import Any
 
 import msgspec
-from kvmesh.replica.detokenizer import IncrementalDetokenizer
 from kvmesh.replica.openai import responses as r
-from kvmesh.replica.sampling_params import SamplingParams, continuation_seed
+from kvmesh.replica.openai.detokenizer import IncrementalDetokenizer
 
 DATA, DONE = b"data: ", b"data: [DONE]"
 _TOKEN_IDS = re.compile(rb',\s*"token_ids"\s*:\s*\[([\d,\s]*)\]')
@@ -97,8 +96,8 @@ class MigratingStream:
         if not event.startswith(DATA):
             return event + b"\n\n"
         if event.startswith(DONE):
-            self.done = self.finish_reason is not None
-            return event + b"\n\n" if self.done else None
+            self.done = True
+            return event + b"\n\n"
         if event.startswith(b'data: {"error"'):
             self.broken = f"sent an error: {event[len(DATA):][:300].decode(errors='replace')}"
             return None
@@ -153,7 +152,7 @@ class MigratingStream:
             if getattr(req, name) is not None:
                 body[name] = getattr(req, name)
         if req.seed is not None:
-            body["seed"] = continuation_seed(req.seed, n)
+            body["seed"] = req.continuation_seed(n)
         if self.tokenizer is None and req.stop:  # else the router finds stop strings itself
             body["stop"] = req.stop
         return body
@@ -163,8 +162,8 @@ class MigratingStream:
         self.migrations += 1
         self.broken = None
         if self.tokenizer is not None and self._detok is None:
-            stop = [self.req.stop] if isinstance(self.req.stop, str) else list(self.req.stop or [])
-            params = SamplingParams(max_tokens=max(1, self.req.min_tokens), stop=stop, min_tokens=self.req.min_tokens)
+            # validated when the request came in, against the same prompt and context
+            params = self.req.to_sampling_params(len(self.prompt_ids), self.tokenizer.max_model_len)
             self._detok = IncrementalDetokenizer(self.tokenizer.hf, self.prompt_ids, params)
             for step in self.steps:  # the replica would have finished had one of these ended on a stop string
                 for token in step:

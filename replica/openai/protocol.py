@@ -67,6 +67,13 @@ class SamplingFields(OpenAIBaseModel):
         if self.cache_salt is not None and not self.cache_salt:
             raise ProtocolError("cache_salt must be a non-empty string when given", param="cache_salt")
 
+    def continuation_seed(self, num_generated: int) -> int | None:
+        """The seed under which this request, re-started after ``num_generated`` tokens (a migrated stream),
+        draws what it would have drawn (sampling_params.continuation_seed); None when it is not seeded."""
+        from kvmesh.replica.sampling_params import continuation_seed
+
+        return None if self.seed is None else continuation_seed(self.seed, num_generated)
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
