@@ -117,3 +117,19 @@ def test_flat_distribution_falls_back_to_the_full_sort():
         torch.testing.assert_close(draw_frequencies(logits, SamplingParams(top_p=0.5)), expected, atol=0.035, rtol=0)
     finally:
         sampler_mod.TOP_P_CANDIDATES = old
+
+
+def test_continuation_seed_draws_what_the_original_would_have_drawn():
+    """A migrated stream re-starts with its output in the prompt; its seed is moved on so each later
+    token comes from the same random number as in the uninterrupted request."""
+    from kvmesh.replica.sampler import seeded_generator
+    from kvmesh.replica.sampling_params import continuation_seed
+
+    cpu = torch.device("cpu")
+    for seed in (0, 7, -3, 2**64 - 1):
+        for done in (1, 5, 40):
+            moved = continuation_seed(seed, done)
+            for n in range(3):
+                original = torch.rand(1, generator=seeded_generator(seed, done + n, cpu))
+                continued = torch.rand(1, generator=seeded_generator(moved, n, cpu))
+                assert torch.equal(original, continued)
