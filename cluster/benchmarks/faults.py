@@ -1,7 +1,8 @@
 """Kill-under-load benchmark: replicas killed while streams run; what clients see, and how long capacity is down.
 
     kvmesh bench faults --model ../shared/models/stories260K/hf [--replicas 2] [--concurrency 8]
-                        [--duration 60] [--kills 3] [--first-kill 10] [--kill-every 15] [--out results/faults.json]
+                        [--duration 60] [--kills 3] [--first-kill 10] [--kill-every 15] [--migration-limit N]
+                        [--out results/faults.json]
 
 Starts ``kvmesh serve`` as a user would (embedded Ray on CPU), learns each prompt's greedy answer from the
 idle cluster, then keeps ``--concurrency`` streaming completions in flight for ``--duration`` seconds
@@ -47,6 +48,8 @@ def _cpu_s(pid: int) -> float:
 def start_serve(args: argparse.Namespace, port: int) -> subprocess.Popen:
     argv = [sys.executable, "-m", "kvmesh.cluster.cli", "serve", "--port", str(port),
             "--num-replicas", str(args.replicas), "--model", args.model]
+    if args.migration_limit is not None:
+        argv += ["--migration-limit", str(args.migration_limit)]
     env = {k: v for k, v in os.environ.items() if k != "KVMESH_API_KEY"} | {"PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + args.timeout
@@ -209,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-every", type=float, default=15.0)
     parser.add_argument("--recover-timeout", type=float, default=120.0)
     parser.add_argument("--timeout", type=float, default=600.0, help="for serve to get ready")
+    parser.add_argument("--migration-limit", type=int, default=None,
+                        help="the router's migration_limit (default: serve's); 0 shows what streams see without")
     parser.add_argument("--out", default="results/faults.json")
     args = parser.parse_args(argv)
     port = _free_port()

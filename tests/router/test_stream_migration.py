@@ -173,3 +173,28 @@ def test_without_migration_the_cut_stream_ends_with_an_error_event(replicas, tok
         router.stop()
         for p in proxies:
             p.close()
+
+
+def test_a_router_without_tokenizer_learns_the_prompt_ids_from_the_replica(replicas):
+    """Load-only routing (no tokenizer in the router): the prompt's ids come with the first chunk and the
+    new replica's text is passed on (exact here: no stop strings, so the first replica held nothing back)."""
+    fuse = Fuse(after_events=10**9)
+    proxies = [DyingProxy(f"p{i}", int(rt.http.url.rsplit(":", 1)[1]), fuse) for i, rt in enumerate(replicas)]
+    router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2),
+                          [ReplicaSpec(p.url, replica_id=p.name) for p in proxies]).start()
+    try:
+        wait_for(lambda: len(router.service.router.healthy) == 2, what="both replicas healthy")
+        assert router.service.tokenizer is None
+        body = {"messages": [{"role": "user", "content": STORY}], "max_tokens": 40, "temperature": 0,
+                "ignore_eos": True}
+        expected = reference(replicas, "/v1/chat/completions", body)
+        fuse.after_events = 12
+        events = stream(router.url, "/v1/chat/completions", body)
+        assert fuse.blown_by is not None
+        check_one_stream(events, chat=True)
+        assert text_of(events, chat=True) == text_of(expected, chat=True)
+        assert migrations(router) == 1
+    finally:
+        router.stop()
+        for p in proxies:
+            p.close()
