@@ -2,41 +2,35 @@
 
 A replica that fails before sending its first byte (refused connection, reset, 5xx) is excluded
 and the request goes to the next choice, up to ``max_attempts`` replicas; a refused connection
-also marks the replica unhealthy. Once bytes flow they go straight to the client, whole SSE events at
-a time; a stream that breaks then (the replica died, aborted, or ended without ``[DONE]``) goes on
-from another replica (router/migration.py, up to ``migration_limit`` times); one that cannot gets an
-OpenAI-shaped error event and ``[DONE]``, and counts as a 5xx, never a 2xx. A client that disconnects before its answer cancels
-the upstream request (the replica sees the connection close and aborts it). The body is
-forwarded unchanged, so the replica tokenizes it exactly as the router did.
+also marks the replica unhealthy. Once bytes flow they go to the client (relay.py), and a stream
+that breaks then goes on from another replica (migration.py). A client that disconnects before its
+answer cancels the upstream request (the replica sees the connection close and aborts it). The body
+is forwarded as sent (a stream's gets ``"return_token_ids": true`` appended), so the replica
+tokenizes it exactly as the router did.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import re
 import time
 from collections.abc import Awaitable
 from typing import Any
 
 import aiohttp
-import msgspec
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop, read_body
-from kvmesh.replica.openai.errors import ProtocolError, error_body
+from kvmesh.replica.openai.errors import ProtocolError
 from kvmesh.router.core import RouteDecision
-from kvmesh.router.migration import MigratingStream, SseSplitter, ask_for_token_ids
+from kvmesh.router.migration import MigratingStream, ask_for_token_ids
 from kvmesh.router.policies import NoReplicaError
+from kvmesh.router.relay import UPSTREAM_ERRORS as _UPSTREAM_ERRORS
+from kvmesh.router.relay import StreamRelay, let_go
 from kvmesh.router.service import RouterService
 
-logger = logging.getLogger(__name__)
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
-_DONE = b"data: [DONE]"
-# Failures of the upstream connection (refused, reset, timed out, truncated).
-_UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 async def _wait_disconnect(http: Request) -> None:
@@ -45,7 +39,7 @@ async def _wait_disconnect(http: Request) -> None:
         pass
 
 
-class Forwarder:
+class Forwarder(StreamRelay):
     """The /v1/completions and /v1/chat/completions handlers of the router."""
 
     def __init__(self, service: RouterService) -> None:
@@ -188,107 +182,10 @@ class Forwarder:
         except _UPSTREAM_ERRORS as e:  # counted as a 5xx by the error handler
             raise ProtocolError(f"replica {rid} failed while answering: {e!r}; retry the request", 502) from None
         finally:
-            _let_go(upstream, complete)
+            let_go(upstream, complete)
             loads.on_finish(rid, decision.uncached_tokens, had_output=True)
         m = self.service.metrics
         m.child(m.requests, f"{status // 100}xx").inc()
         content = first + b"".join(rest)
         self._report_cached(str(rid), content)
         return Response(content, status_code=status, media_type=media)
-
-    async def _relay(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
-                     stream: MigratingStream):
-        """The client's stream: the first replica's events, then, if it fails mid-way, continuations."""
-        outcome = "4xx"  # until the stream completes or breaks, an early end is the client leaving
-        try:
-            while True:
-                rid = decision.replica_id
-                try:
-                    async for out in self._events(upstream, first, body, stream, str(rid)):
-                        yield out
-                except _UPSTREAM_ERRORS as e:
-                    stream.broken = f"failed mid-stream: {e!r}"
-                finally:
-                    _let_go(upstream, stream.done)
-                    self.service.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)
-                if not stream.done and stream.finish_reason is not None:  # only [DONE] was missing
-                    for out in stream.finish(stream.finish_reason, text_sent=True):
-                        yield out
-                if stream.done:
-                    outcome = "2xx"
-                    return
-                why = f"replica {rid} {stream.broken or 'ended the stream without [DONE]'}"
-                opened = await self._migrate(stream, rid, why)
-                if opened is None:
-                    outcome = "5xx"
-                    yield _error_event(f"{why}; the output is incomplete")
-                    return
-                if not opened:  # nothing was left to generate
-                    for out in stream.finish("length"):
-                        yield out
-                    outcome = "2xx"
-                    return
-                upstream, first, body, decision = opened
-                for out in stream.begin_continuation():
-                    yield out
-        finally:
-            m = self.service.metrics
-            m.child(m.requests, outcome).inc()
-
-    async def _events(self, upstream, first: bytes, body, stream: MigratingStream, rid: str):
-        """The client's events for one upstream, until it ends, breaks, or the stream is done."""
-        split, chunk = SseSplitter(), first
-        while True:
-            if stream.migrations == 0:
-                self._report_cached(rid, chunk)
-            for event in split.feed(chunk):
-                if stream.migrations == 0:
-                    out = stream.relay(event)
-                    outs = [out] if out is not None else []
-                else:
-                    outs = stream.splice(event)
-                for out in outs:
-                    yield out
-                if stream.done or stream.broken:
-                    return
-            try:
-                chunk = await body.__anext__()
-            except StopAsyncIteration:
-                return
-
-    async def _migrate(self, stream: MigratingStream, rid: str, why: str):
-        """Continue ``stream`` on another replica: the opened continuation, () when no token is left to
-        generate, None when it cannot migrate (limit reached, no token ids, no replica answered)."""
-        svc = self.service
-        svc.mark_failed(rid, connect_error=False)
-        if not stream.can_migrate():
-            return None
-        body = stream.continuation()
-        if body is None:
-            return ()
-        logger.warning("%s; continuing the stream on another replica (migration %d)", why, stream.migrations + 1)
-        try:
-            opened = await self._dispatch("/v1/completions", msgspec.json.encode(body),
-                                          stream.prompt_ids + stream.output_ids, stream.req.cache_salt, [rid])
-        except ProtocolError:
-            return None
-        if opened[0].status != 200:
-            opened[0].close()
-            svc.router.loads.on_finish(opened[3].replica_id, opened[3].uncached_tokens, had_output=True)
-            return None
-        svc.metrics.child(svc.metrics.migrations, str(rid)).inc()
-        return opened
-
-
-def _let_go(upstream: aiohttp.ClientResponse, complete: bool) -> None:
-    """A fully read response goes back to the pool; an abandoned one is closed, so the replica sees the
-    disconnect and aborts the request."""
-    if complete:
-        upstream.release()
-    else:
-        upstream.close()
-
-
-def _error_event(message: str) -> bytes:
-    """An OpenAI-shaped error event, then ``[DONE]`` (what a replica sends when a stream fails)."""
-    return f"data: {json.dumps(error_body(message, 502))}\n\n".encode() + _DONE + b"\n\n"
