@@ -63,6 +63,10 @@ class StreamRelay:
                 upstream, first, body, decision = opened
                 for out in stream.begin_continuation():
                     yield out
+        except Exception as e:  # noqa: BLE001 - a bug here ends this stream cleanly, nothing else
+            logger.exception("relaying a stream failed")
+            outcome = "5xx"
+            yield _error_event(f"the router failed while relaying the stream: {e!r}; the output is incomplete")
         finally:
             m = self.service.metrics
             m.child(m.requests, outcome).inc()
