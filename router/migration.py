@@ -132,8 +132,10 @@ class MigratingStream:
             return
         self.id, self.created = chunk.get("id", ""), chunk.get("created", 0)
         self.model = chunk.get("model") or self.model
-        if not self.prompt_ids and chunk.get("prompt_token_ids"):
-            self.prompt_ids = list(chunk["prompt_token_ids"])
+        choice = (chunk.get("choices") or [{}])[0]  # vLLM puts a completion's prompt ids in its choice
+        prompt_ids = chunk.get("prompt_token_ids") or (choice.get("prompt_token_ids") if choice else None)
+        if not self.prompt_ids and prompt_ids:
+            self.prompt_ids = list(prompt_ids)
 
     # ---------------------------------------------------------------- continuing on another replica
     def continuation(self) -> dict[str, Any] | None:

@@ -129,3 +129,12 @@ def test_the_migration_limit_bounds_the_moves(limit):
         assert s.can_migrate()
         s.begin_continuation()
     assert not s.can_migrate()
+
+
+def test_prompt_ids_in_the_choice_as_vllm_sends_them_for_completions():
+    s = MigratingStream(completion(), chat=False, prompt_ids=[], tokenizer=None, limit=3)
+    event = (b'data: {"id":"cmpl-2","created":1,"model":"m","choices":[{"index":0,"text":"a",'
+             b'"finish_reason":null,"prompt_token_ids":[4,5],"token_ids":[6]}]}')
+    sent = msgspec.json.decode(s.relay(event).strip()[6:])
+    assert s.prompt_ids == [4, 5] and s.output_ids == [6]
+    assert sent["choices"][0] == {"index": 0, "text": "a", "finish_reason": None}
