@@ -1,10 +1,11 @@
 """A TCP proxy in front of a replica that "dies" mid-stream: once the responses through it have carried
-``after_events`` SSE events, it resets every connection and stops listening (connections are refused
+``after_events`` SSE events, it passes on what came before the last one, resets every connection and stops listening (connections are refused
 from then on), as a killed replica process does. Proxies sharing one ``Fuse`` die at most once in all,
 so whichever replica a test's stream lands on first is the one that dies."""
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import threading
@@ -19,16 +20,20 @@ class Fuse:
         self.blown_by: str | None = None
         self.lock = threading.Lock()
 
-    def count(self, name: str, data: bytes) -> bool:
-        """Count the events in ``data`` passing through ``name``; True when ``name`` must die now."""
+    def count(self, name: str, data: bytes) -> int | None:
+        """Count the events in ``data`` passing through ``name``; when ``name`` must die, the number of
+        bytes of ``data`` to pass on first (everything before the event that blows the fuse)."""
         with self.lock:
             if self.blown_by is not None:
-                return False
-            self.events += data.count(b"data: ")
-            if self.events >= self.after_events:
-                self.blown_by = name
-                return True
-            return False
+                return None
+            starts = [m.start() for m in re.finditer(rb"data: ", data)]
+            if self.events + len(starts) < self.after_events:
+                self.events += len(starts)
+                return None
+            self.blown_by = name
+            cut = starts[self.after_events - self.events - 1]
+            self.events = self.after_events
+            return cut
 
 
 class DyingProxy:
@@ -57,7 +62,9 @@ class DyingProxy:
     def _pipe(self, src: socket.socket, dst: socket.socket, response: bool) -> None:
         try:
             while data := src.recv(65536):
-                if response and self.fuse.count(self.name, data):
+                cut = self.fuse.count(self.name, data) if response else None
+                if cut is not None:
+                    dst.sendall(data[:cut])
                     self.die()
                     return
                 dst.sendall(data)
