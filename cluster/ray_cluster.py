@@ -2,7 +2,8 @@
 
 Three cases:
 - embedded (``ray.address`` unset): a local Ray instance on 127.0.0.1 with an explicit number of
-  logical CPUs, owned by serve and shut down with it;
+  logical CPUs, owned by serve and shut down with it; every Ray listener (GCS, raylet, workers,
+  agents, metrics export) binds 127.0.0.1, and no Ray process inherits kvmesh's secrets;
 - join (``--address auto`` or host:port): the driver connects to an existing cluster and leaves it
   running on exit (only kvmesh's own actors and placement groups are removed);
 - already initialized in this process (tests' ``ray_session``): used as is, never shut down.
@@ -10,7 +11,9 @@ Three cases:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from dataclasses import dataclass
 
 from kvmesh.cluster.config import ServeConfig
@@ -20,6 +23,7 @@ logger = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
 # logical CPUs left for the router actor, readiness probes and the supervisor's tasks
 DRIVER_CPUS = 2
+_RAY_CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch; "0": a one-machine, loopback-only Ray
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,21 +71,67 @@ def connect(config: ServeConfig, log_to_driver: bool = False) -> RayHandle:
     return RayHandle(owned=owned, local=local and len(nodes) <= 1, node_ip=node_ip, num_gpus=num_gpus)
 
 
+def secret_env_names() -> tuple[str, ...]:
+    """Environment variables that may hold a kvmesh secret (hash seed, API key, admin key)."""
+    from kvmesh.cluster.config import SERVE_SCHEMA
+
+    return tuple(sorted({env for opt in SERVE_SCHEMA.options if opt.secret for env in opt.envs}
+                        | {"KVMESH_ADMIN_KEY"}))
+
+
+@contextlib.contextmanager
+def loopback_only():
+    """Make the Ray processes started meanwhile listen on 127.0.0.1 only.
+
+    ``ray.init(_node_ip_address="127.0.0.1")`` alone is not enough: Ray swaps a loopback node address for
+    the machine's reachable IP, and its GCS, raylet, workers and agents then listen on that IP or on
+    every interface. Ray keeps loopback only where clusters are off (its macOS/Windows default), which
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` selects: in the environment for Ray's own processes, and in
+    the constant this process already read it into."""
+    from ray._private import ray_constants
+
+    before_env, before_flag = os.environ.get(_RAY_CLUSTERS_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_RAY_CLUSTERS_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before_flag
+        if before_env is None:
+            os.environ.pop(_RAY_CLUSTERS_ENV, None)
+        else:
+            os.environ[_RAY_CLUSTERS_ENV] = before_env
+
+
+@contextlib.contextmanager
+def without_secrets_in_env():
+    """Hide the secrets' variables from the processes started meanwhile (Ray's GCS, raylet and, through
+    it, every worker inherit this process's environment); serve already read them into its config and
+    hands them to the actors that need them as arguments."""
+    hidden = {name: os.environ.pop(name) for name in secret_env_names() if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
+
+
 def _start_embedded(config: ServeConfig, log_to_driver: bool, attempts: int = 2) -> None:
-    """``ray.init`` a local instance; retried once, because Ray gives its raylet a fixed 30 s to
-    register and a busy machine (a laptop compiling, a loaded CI box) can miss that once."""
+    """``ray.init`` a local instance (without the secrets in its environment); retried once, because Ray
+    gives its raylet a fixed 30 s to register and a busy machine (a laptop compiling, a loaded CI box)
+    can miss that once."""
     import ray
 
     for attempt in range(1, attempts + 1):
         try:
-            ray.init(
-                num_cpus=embedded_num_cpus(config),
-                namespace=config.ray.namespace,
-                include_dashboard=False,
-                log_to_driver=log_to_driver,
-                configure_logging=False,
-                _node_ip_address=LOCAL_HOST,
-            )
+            with without_secrets_in_env(), loopback_only():
+                ray.init(
+                    num_cpus=embedded_num_cpus(config),
+                    namespace=config.ray.namespace,
+                    include_dashboard=False,
+                    log_to_driver=log_to_driver,
+                    configure_logging=False,
+                    _node_ip_address=LOCAL_HOST,
+                )
             return
         except Exception as e:
             if attempt == attempts or "timed out during startup" not in str(e):

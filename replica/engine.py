@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.detokenizer import IncrementalDetokenizer
+from kvmesh.replica.openai.detokenizer import IncrementalDetokenizer
 from kvmesh.replica.outputs import RequestMetrics, RequestOutput
 from kvmesh.replica.request import Request, RequestStatus, validate_request_input
 from kvmesh.replica.sampling_params import SamplingParams

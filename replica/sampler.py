@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.sampling_params import SEED_MIX, SamplingParams
 
-_MIX_A, _MIX_B, _MASK = 6364136223846793005, 1442695040888963407, (1 << 63) - 1
+_MIX_A, _MIX_B, _MASK = SEED_MIX
 TOP_P_CANDIDATES = (256, 4096)  # candidates per nucleus row tried in turn before a full sort
 
 

@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+SEED_MIX = (6364136223846793005, 1442695040888963407, (1 << 63) - 1)
+"""(A, B, MASK): a seeded request draws its n-th token from a generator seeded ``(seed*A + n*B + 1) & MASK``
+(sampler.seeded_generator), so its tokens depend only on the seed and their position."""
+
+
+def continuation_seed(seed: int, num_generated: int) -> int:
+    """The seed under which a request re-started after ``num_generated`` tokens (a migrated stream, whose
+    prompt now holds them) draws exactly what the original would have: ``seed'*A == seed*A + num_generated*B``."""
+    a, b, mask = SEED_MIX
+    return (seed + num_generated * b * pow(a, -1, mask + 1)) & mask
+
 
 @dataclass(slots=True)
 class SamplingParams:

@@ -101,7 +101,7 @@ class OpenAIHandlers:
         if req.stream:
             gen = self._stream_chat if chat else self._stream_completion
             return StreamingResponse(
-                self._guard_stream(gen(request_id, model, stream, req), request_id),
+                self._guard_stream(gen(request_id, model, stream, req, prompt_ids), request_id),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
             )
@@ -167,16 +167,21 @@ class OpenAIHandlers:
                 logger.info("stream of %s closed early; aborting", request_id)
                 await asyncio.shield(self.state.engine_client.abort(request_id))
 
-    async def _stream_completion(self, request_id: str, model: str, stream: AsyncIterator[Any], req: Any):
+    async def _stream_completion(self, request_id: str, model: str, stream: AsyncIterator[Any], req: Any,
+                                 prompt_ids: list[int]):
         created = int(time.time())
+        ids = req.return_token_ids  # then every step with new tokens is a chunk, even with no text yet
+        first_ids = prompt_ids if ids else None  # sent once, on the first chunk
         async for out in stream:
             _check_failed(out)
-            if not out.delta_text and not out.finished:
+            if not out.delta_text and not out.finished and not (ids and out.new_token_ids):
                 continue
             chunk = r.CompletionChunk(
-                id=request_id, created=created, model=model,
-                choices=[r.CompletionChoice(text=out.delta_text, finish_reason=out.finish_reason)],
+                id=request_id, created=created, model=model, prompt_token_ids=first_ids,
+                choices=[r.CompletionChoice(text=out.delta_text, finish_reason=out.finish_reason,
+                                            token_ids=out.new_token_ids if ids else None)],
                 usage=_usage(out) if req.stream_options and req.stream_options.continuous_usage_stats else None)
+            first_ids = None
             yield r.sse(chunk)
             if out.finished:
                 if req.include_usage:
@@ -185,21 +190,25 @@ class OpenAIHandlers:
                 break
         yield r.SSE_DONE
 
-    async def _stream_chat(self, request_id: str, model: str, stream: AsyncIterator[Any], req: Any):
+    async def _stream_chat(self, request_id: str, model: str, stream: AsyncIterator[Any], req: Any,
+                           prompt_ids: list[int]):
         created = int(time.time())
+        ids = req.return_token_ids  # then every step with new tokens is a chunk, even with no text yet
 
-        def chunk(delta: r.DeltaMessage, finish_reason: str | None = None, usage=None) -> str:
+        def chunk(delta: r.DeltaMessage, finish_reason: str | None = None, usage=None, token_ids=None,
+                  first_ids=None) -> str:
             return r.sse(r.ChatCompletionChunk(
-                id=request_id, created=created, model=model, usage=usage,
-                choices=[r.ChatStreamChoice(delta=delta, finish_reason=finish_reason)]))
+                id=request_id, created=created, model=model, usage=usage, prompt_token_ids=first_ids,
+                choices=[r.ChatStreamChoice(delta=delta, finish_reason=finish_reason,
+                                            token_ids=token_ids if ids else None)]))
 
-        yield chunk(r.DeltaMessage(role="assistant", content=""))
+        yield chunk(r.DeltaMessage(role="assistant", content=""), token_ids=[], first_ids=prompt_ids if ids else None)
         async for out in stream:
             _check_failed(out)
-            if not out.delta_text and not out.finished:
+            if not out.delta_text and not out.finished and not (ids and out.new_token_ids):
                 continue
             usage = _usage(out) if req.stream_options and req.stream_options.continuous_usage_stats else None
-            yield chunk(r.DeltaMessage(content=out.delta_text or None), out.finish_reason, usage)
+            yield chunk(r.DeltaMessage(content=out.delta_text or None), out.finish_reason, usage, out.new_token_ids)
             if out.finished:
                 if req.include_usage:
                     yield r.sse(r.ChatCompletionChunk(id=request_id, created=created, model=model,

@@ -103,6 +103,9 @@ class RouterConfig:
     """Seconds a forwarded request may take in total (None = no limit)."""
     max_attempts: int = 3
     """Replicas tried per request when the chosen one fails before its first byte."""
+    migration_limit: int = 3
+    """Times one stream may move to another replica when its replica fails mid-way (router/migration.py);
+    0 turns migration off (as Dynamo's ``--migration-limit``)."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     """Body/prompt limits, chat template and its trust, read timeouts (the same settings as a replica's)."""
     tokenize_cache_tokens: int = 1 << 20
@@ -122,6 +125,8 @@ class RouterConfig:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.migration_limit < 0:
+            raise ValueError(f"migration_limit must be >= 0 (0 = no stream migration), got {self.migration_limit}")
         if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
         check_api_key(self.api_key, "api_key")

@@ -2,17 +2,16 @@
 
 A replica that fails before sending its first byte (refused connection, reset, 5xx) is excluded
 and the request goes to the next choice, up to ``max_attempts`` replicas; a refused connection
-also marks the replica unhealthy. Once bytes flow they go straight to the client; a stream that
-breaks then (the replica died) or ends without ``[DONE]`` gets an OpenAI-shaped error event and
-``[DONE]``, and counts as a 5xx, never a 2xx. A client that disconnects before its answer cancels
-the upstream request (the replica sees the connection close and aborts it). The body is
-forwarded unchanged, so the replica tokenizes it exactly as the router did.
+also marks the replica unhealthy. Once bytes flow they go to the client (relay.py), and a stream
+that breaks then goes on from another replica (migration.py). A client that disconnects before its
+answer cancels the upstream request (the replica sees the connection close and aborts it). The body
+is forwarded as sent (a stream's gets ``"return_token_ids": true`` appended), so the replica
+tokenizes it exactly as the router did.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import Awaitable
@@ -23,15 +22,15 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop, read_body
-from kvmesh.replica.openai.errors import ProtocolError, error_body
+from kvmesh.replica.openai.errors import ProtocolError
 from kvmesh.router.core import RouteDecision
+from kvmesh.router.migration import MigratingStream, ask_for_token_ids
 from kvmesh.router.policies import NoReplicaError
+from kvmesh.router.relay import UPSTREAM_ERRORS as _UPSTREAM_ERRORS
+from kvmesh.router.relay import StreamRelay, let_go
 from kvmesh.router.service import RouterService
 
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
-_DONE = b"data: [DONE]"
-# Failures of the upstream connection (refused, reset, timed out, truncated).
-_UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 async def _wait_disconnect(http: Request) -> None:
@@ -40,7 +39,7 @@ async def _wait_disconnect(http: Request) -> None:
         pass
 
 
-class Forwarder:
+class Forwarder(StreamRelay):
     """The /v1/completions and /v1/chat/completions handlers of the router."""
 
     def __init__(self, service: RouterService) -> None:
@@ -83,15 +82,28 @@ class Forwarder:
             watcher.cancel()
 
     async def _forward(self, path: str, raw: bytes, req: Any, ids: list[int], tokenize_ns: int) -> Response:
+        svc = self.service
+        stream = None
+        if req.stream:
+            stream = MigratingStream(req, path.endswith("/chat/completions"), ids, svc.tokenizer,
+                                     svc.config.migration_limit)
+            if svc.config.migration_limit and not req.return_token_ids:
+                raw = ask_for_token_ids(raw)
+        upstream, first, body, decision = await self._dispatch(path, raw, ids, req.cache_salt, [], tokenize_ns)
+        return await self._finish(upstream, first, body, decision, stream)
+
+    async def _dispatch(self, path: str, raw: bytes, ids: list[int], salt: str | None, tried: list[str],
+                        tokenize_ns: int | None = None):
+        """Open the request on the best replica not ``tried``, moving on when one fails before its first byte:
+        (response, first bytes, rest, decision); the response is the last attempt's 5xx if all failed so."""
         svc, router = self.service, self.service.router
         headers = {"content-type": "application/json", **svc.headers()}
-        tried: list[str] = []
         for attempt in range(svc.config.max_attempts):
             try:
-                decision = router.route(ids, req.cache_salt, exclude=tried)
+                decision = router.route(ids, salt, exclude=tried)
             except NoReplicaError as e:
                 raise ProtocolError(str(e), 503) from None
-            if attempt == 0:
+            if attempt == 0 and tokenize_ns is not None:
                 svc.metrics.observe_stages({"tokenize": tokenize_ns, **decision.timings_ns})
             rid = decision.replica_id
             spec = svc.specs.get(rid)
@@ -108,7 +120,7 @@ class Forwarder:
             if failed or upstream.status >= 500:
                 if not failed and attempt + 1 == svc.config.max_attempts:  # pass the last error through
                     router.loads.on_first_output(rid, decision.uncached_tokens)
-                    return await self._finish(upstream, first, body, decision, req.stream)
+                    return upstream, first, body, decision
                 router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
                 if failed:
                     svc.mark_failed(rid, isinstance(upstream, aiohttp.ClientConnectorError))
@@ -119,7 +131,7 @@ class Forwarder:
                 continue
             router.loads.on_first_output(rid, decision.uncached_tokens)
             self._count_decision(decision, len(ids))
-            return await self._finish(upstream, first, body, decision, req.stream)
+            return upstream, first, body, decision
         raise ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
                             "retry later", 503)
 
@@ -156,12 +168,12 @@ class Forwarder:
                 m.child(m.reported_cached_tokens, rid).inc(int(found[-1]))
 
     async def _finish(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
-                      stream: bool) -> Response:
+                      stream: MigratingStream | None) -> Response:
         rid, loads = decision.replica_id, self.service.router.loads
         media = upstream.headers.get("content-type", "application/json")
         status = upstream.status
-        if stream and status == 200:
-            return StreamingResponse(self._relay(upstream, first, body, decision), status_code=status,
+        if stream is not None and status == 200:
+            return StreamingResponse(self._relay(upstream, first, body, decision, stream), status_code=status,
                                      media_type=media)
         complete = False
         try:
@@ -170,48 +182,10 @@ class Forwarder:
         except _UPSTREAM_ERRORS as e:  # counted as a 5xx by the error handler
             raise ProtocolError(f"replica {rid} failed while answering: {e!r}; retry the request", 502) from None
         finally:
-            _let_go(upstream, complete)
+            let_go(upstream, complete)
             loads.on_finish(rid, decision.uncached_tokens, had_output=True)
         m = self.service.metrics
         m.child(m.requests, f"{status // 100}xx").inc()
         content = first + b"".join(rest)
         self._report_cached(str(rid), content)
         return Response(content, status_code=status, media_type=media)
-
-    async def _relay(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision):
-        rid = decision.replica_id
-        outcome = "4xx"  # until the stream completes or breaks, an early end is the client leaving
-        tail = first[-64:]
-        try:
-            yield first
-            async for chunk in body:
-                self._report_cached(str(rid), chunk)
-                tail = (tail + chunk)[-64:]
-                yield chunk
-            if tail.rstrip().endswith(_DONE):
-                outcome = "2xx"
-            else:
-                outcome = "5xx"
-                yield _error_event(f"replica {rid} ended the stream without [DONE]; the output is incomplete")
-        except _UPSTREAM_ERRORS as e:
-            outcome = "5xx"
-            yield _error_event(f"replica {rid} failed mid-stream: {e!r}; the output is incomplete")
-        finally:
-            _let_go(upstream, outcome == "2xx")
-            m = self.service.metrics
-            m.child(m.requests, outcome).inc()
-            self.service.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)
-
-
-def _let_go(upstream: aiohttp.ClientResponse, complete: bool) -> None:
-    """A fully read response goes back to the pool; an abandoned one is closed, so the replica sees the
-    disconnect and aborts the request."""
-    if complete:
-        upstream.release()
-    else:
-        upstream.close()
-
-
-def _error_event(message: str) -> bytes:
-    """An OpenAI-shaped error event, then ``[DONE]`` (what a replica sends when a stream fails)."""
-    return f"data: {json.dumps(error_body(message, 502))}\n\n".encode() + _DONE + b"\n\n"

@@ -46,6 +46,9 @@ class RouterMetrics:
         self.prompt_tokens = Counter("kvmesh_router_prompt_tokens", "Prompt tokens routed", ["replica"], registry=r)
         self.retries = Counter("kvmesh_router_retries", "Requests retried on another replica before any output",
                                ["replica"], registry=r)
+        self.migrations = Counter("kvmesh_router_stream_migrations",
+                                  "Streams continued on another replica after this one failed mid-way", ["replica"],
+                                  registry=r)
         self.requests = Counter("kvmesh_router_requests", "Requests answered, per HTTP status class",
                                 ["status"], registry=r)
         self.stage_seconds = Histogram("kvmesh_router_routing_seconds",

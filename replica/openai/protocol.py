@@ -47,6 +47,9 @@ class SamplingFields(OpenAIBaseModel):
     cache_salt: str | None = None
     """Tenant isolation (vLLM): requests with different salts share no cached blocks."""
     request_id: str | None = None
+    return_token_ids: bool = False
+    """(vLLM) Streamed chunks carry the token ids behind their text: each choice its new ``token_ids``, the
+    first chunk the ``prompt_token_ids``. The router asks for them so a stream can migrate (router/migration.py)."""
     logit_bias: dict[str, float] | None = None
     """Refused when given (the engine's sampler does not apply it; never silently ignored)."""
 
@@ -63,6 +66,13 @@ class SamplingFields(OpenAIBaseModel):
             raise ProtocolError("logit_bias is not supported by this server; leave it unset", param="logit_bias")
         if self.cache_salt is not None and not self.cache_salt:
             raise ProtocolError("cache_salt must be a non-empty string when given", param="cache_salt")
+
+    def continuation_seed(self, num_generated: int) -> int | None:
+        """The seed under which this request, re-started after ``num_generated`` tokens (a migrated stream),
+        draws what it would have drawn (sampling_params.continuation_seed); None when it is not seeded."""
+        from kvmesh.replica.sampling_params import continuation_seed
+
+        return None if self.seed is None else continuation_seed(self.seed, num_generated)
 
     @property
     def include_usage(self) -> bool:

@@ -50,11 +50,16 @@ class UsageInfo(OpenAIBaseModel):
 FinishReason = Literal["stop", "length", "abort", "error"] | None
 
 
+_ONLY_IF_SET = {"default": None, "exclude_if": lambda v: v is None}  # absent from the JSON unless asked for
+
+
 class CompletionChoice(OpenAIBaseModel):
     index: int = 0
     text: str
     logprobs: None = None
     finish_reason: FinishReason = None
+    token_ids: list[int] | None = Field(**_ONLY_IF_SET)
+    """The new token ids behind ``text`` (streaming with ``return_token_ids`` only)."""
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -97,6 +102,8 @@ class ChatStreamChoice(OpenAIBaseModel):
     delta: DeltaMessage
     logprobs: None = None
     finish_reason: FinishReason = None
+    token_ids: list[int] | None = Field(**_ONLY_IF_SET)
+    """The new token ids behind ``delta`` (``return_token_ids`` only)."""
 
 
 class ChatCompletionChunk(OpenAIBaseModel):
@@ -108,6 +115,8 @@ class ChatCompletionChunk(OpenAIBaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = Field(**_ONLY_IF_SET)
+    """The prompt's token ids, on the first chunk of a stream with ``return_token_ids``."""
 
 
 class CompletionChunk(OpenAIBaseModel):
@@ -119,6 +128,8 @@ class CompletionChunk(OpenAIBaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = Field(**_ONLY_IF_SET)
+    """The prompt's token ids, on the first chunk of a stream with ``return_token_ids``."""
 
 
 class ModelCard(OpenAIBaseModel):

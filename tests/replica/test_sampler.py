@@ -125,3 +125,19 @@ def test_a_seeded_nucleus_row_draws_the_same_token_whatever_shares_its_batch():
         a = Sampler(torch.Generator().manual_seed(1))(logits[2:], alone).tolist()[0]
         b = Sampler(torch.Generator().manual_seed(2))(logits, batch).tolist()[2]
         assert a == b, num_out
+
+
+def test_continuation_seed_draws_what_the_original_would_have_drawn():
+    """A migrated stream re-starts with its output in the prompt; its seed is moved on so each later
+    token comes from the same random number as in the uninterrupted request."""
+    from kvmesh.replica.sampler import seeded_generator
+    from kvmesh.replica.sampling_params import continuation_seed
+
+    cpu = torch.device("cpu")
+    for seed in (0, 7, -3, 2**64 - 1):
+        for done in (1, 5, 40):
+            moved = continuation_seed(seed, done)
+            for n in range(3):
+                original = torch.rand(1, generator=seeded_generator(seed, done + n, cpu))
+                continued = torch.rand(1, generator=seeded_generator(moved, n, cpu))
+                assert torch.equal(original, continued)

@@ -1,0 +1,140 @@
+"""What the router keeps of a stream to migrate it, and the continuation request it builds (no servers)."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from kvmesh.replica.openai import protocol as p
+from kvmesh.replica.openai.body import parse_body
+from kvmesh.router.migration import MigratingStream, SseSplitter, ask_for_token_ids
+
+
+def chunk(text: str, ids: list[int] | None, finish: str | None = None, prompt_ids: list[int] | None = None) -> bytes:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    if ids is not None:
+        choice["token_ids"] = ids
+    body = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m", "choices": [choice],
+            "usage": None}
+    if prompt_ids is not None:
+        body["prompt_token_ids"] = prompt_ids
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode()
+
+
+def completion(**fields) -> p.CompletionRequest:
+    return p.CompletionRequest(prompt=[1, 2, 3], stream=True, **fields)
+
+
+def test_token_id_request_wins_over_the_clients_own_false():
+    raw = json.dumps({"prompt": "hi", "stream": True, "return_token_ids": False}).encode()
+    req = parse_body(ask_for_token_ids(raw), p.CompletionRequest)
+    assert req.return_token_ids is True and req.prompt == "hi"
+
+
+def test_sse_splitter_reassembles_events_cut_anywhere():
+    data = chunk("a", [5]) + b"\n\n" + chunk("b", [6]) + b"\n\ndata: [DONE]\n\n"
+    split = SseSplitter()
+    events = [e for i in range(0, len(data), 7) for e in split.feed(data[i:i + 7])]
+    assert events == [chunk("a", [5]), chunk("b", [6]), b"data: [DONE]"]
+
+
+def test_relay_keeps_token_ids_and_cuts_them_out_for_the_client():
+    s = MigratingStream(completion(), chat=False, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
+    out = s.relay(chunk("Once", [10, 11], prompt_ids=[1, 2, 3]))
+    assert s.output_ids == [10, 11] and s.id == "cmpl-1" and s.created == 7
+    sent = msgspec.json.decode(out.strip()[6:])
+    assert "token_ids" not in sent["choices"][0] and "prompt_token_ids" not in sent
+    assert sent["choices"][0]["text"] == "Once"
+
+
+def test_relay_passes_token_ids_to_a_client_that_asked():
+    s = MigratingStream(completion(return_token_ids=True), chat=False, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
+    assert msgspec.json.decode(s.relay(chunk("a", [4])).strip()[6:])["choices"][0]["token_ids"] == [4]
+
+
+def test_an_abort_or_error_is_held_back_and_marks_the_upstream_broken():
+    s = MigratingStream(completion(), chat=False, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
+    assert s.relay(chunk("", [], finish="abort")) is None and "aborted" in s.broken
+    s.broken = None
+    assert s.relay(b'data: {"error": {"message": "boom", "code": 500}}') is None and "boom" in s.broken
+    assert not s.done
+
+
+def test_an_upstream_without_token_ids_cannot_migrate():
+    s = MigratingStream(completion(), chat=False, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
+    s.relay(chunk("text", None))
+    assert not s.can_migrate()
+
+
+def test_no_prompt_ids_are_learned_from_the_first_chunk():
+    s = MigratingStream(completion(), chat=False, prompt_ids=[], tokenizer=None, limit=3)
+    s.relay(chunk("a", [9], prompt_ids=[1, 2, 3]))
+    assert s.prompt_ids == [1, 2, 3] and s.can_migrate()
+
+
+def test_continuation_is_prompt_plus_output_with_the_budget_reduced():
+    req = completion(max_tokens=10, min_tokens=4, temperature=0.7, top_p=0.9, top_k=5, seed=42, stop=["END"],
+                     stop_token_ids=[2], ignore_eos=True, cache_salt="tenant")
+    s = MigratingStream(req, chat=False, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
+    s.relay(chunk("a", [7, 8]))
+    s.relay(chunk("b", [9]))
+    body = s.continuation()
+    assert body["prompt"] == [1, 2, 3, 7, 8, 9]
+    assert body["max_tokens"] == 7 and body["min_tokens"] == 1
+    assert body["seed"] == req.continuation_seed(3) != 42
+    assert (body["temperature"], body["top_p"], body["top_k"]) == (0.7, 0.9, 5)
+    assert body["stop"] == ["END"]  # no tokenizer in the router: the new replica finds stop strings
+    assert body["stop_token_ids"] == [2] and body["ignore_eos"] and body["cache_salt"] == "tenant"
+    assert body["stream"] and body["return_token_ids"]
+    p.CompletionRequest(**body).to_sampling_params(6, 100)  # a valid request for the replica
+
+
+def test_nothing_left_to_generate_means_no_continuation():
+    s = MigratingStream(completion(max_tokens=2), chat=False, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
+    s.relay(chunk("ab", [7, 8]))
+    assert s.continuation() is None
+    ending = s.finish("length")
+    assert ending[-1] == b"data: [DONE]\n\n" and s.done
+    assert msgspec.json.decode(ending[0].strip()[6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_spliced_chunks_keep_the_streams_id_and_shape_and_end_with_one_usage():
+    req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True,
+                                  stream_options={"include_usage": True})
+    s = MigratingStream(req, chat=True, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
+    role = b'data: {"id":"chatcmpl-9","object":"chat.completion.chunk","created":5,"model":"m",' \
+           b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},"token_ids":[]}]}'
+    s.relay(role)
+    s.begin_continuation()
+    out = s.splice(chunk(" there", [12]))
+    out += s.splice(b'data: {"id":"cmpl-x","choices":[{"index":0,"text":"!","finish_reason":"length",'
+                    b'"token_ids":[13]}],"usage":{"prompt_tokens":5,"completion_tokens":2,'
+                    b'"prompt_tokens_details":{"cached_tokens":4}}}')
+    events = [e.strip()[6:] for e in out]
+    assert events[-1] == b"[DONE]"
+    chunks = [msgspec.json.decode(e) for e in events[:-1]]
+    assert {c["id"] for c in chunks} == {"chatcmpl-9"} and {c["created"] for c in chunks} == {5}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert [c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]] == [" there", "!"]
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert usage == [{"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                      "prompt_tokens_details": {"cached_tokens": 3}}]
+
+
+@pytest.mark.parametrize("limit", [0, 1])
+def test_the_migration_limit_bounds_the_moves(limit):
+    s = MigratingStream(completion(), chat=False, prompt_ids=[1, 2, 3], tokenizer=None, limit=limit)
+    for _ in range(limit):
+        assert s.can_migrate()
+        s.begin_continuation()
+    assert not s.can_migrate()
+
+
+def test_prompt_ids_in_the_choice_as_vllm_sends_them_for_completions():
+    s = MigratingStream(completion(), chat=False, prompt_ids=[], tokenizer=None, limit=3)
+    event = (b'data: {"id":"cmpl-2","created":1,"model":"m","choices":[{"index":0,"text":"a",'
+             b'"finish_reason":null,"prompt_token_ids":[4,5],"token_ids":[6]}]}')
+    sent = msgspec.json.decode(s.relay(event).strip()[6:])
+    assert s.prompt_ids == [4, 5] and s.output_ids == [6]
+    assert sent["choices"][0] == {"index": 0, "text": "a", "finish_reason": None}
