@@ -108,6 +108,11 @@ class RouterConfig:
     0 turns migration off (as Dynamo's ``--migration-limit``)."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     """Body/prompt limits, chat template and its trust, read timeouts (the same settings as a replica's)."""
+    access_log: bool = False
+    """Log one JSON line per request (logger ``kvmesh.router.access``) with its route receipt: replica,
+    reason, predicted / best offered / engine-reported cached tokens."""
+    session_ttl_s: float = 600.0
+    """Seconds a session (``x-session-id`` header or the body's ``user``) stays pinned to its replica."""
     tokenize_cache_tokens: int = 1 << 20
     """Token ids the router's tokenize cache keeps (router/tokenize_cache.py); 0 turns the cache off."""
     workers: int = 1

@@ -12,6 +12,8 @@ tokenizes it exactly as the router did.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import re
 import time
 from collections.abc import Awaitable
@@ -26,10 +28,15 @@ from kvmesh.replica.openai.errors import ProtocolError
 from kvmesh.router.core import RouteDecision
 from kvmesh.router.migration import MigratingStream, ask_for_token_ids
 from kvmesh.router.policies import NoReplicaError
+from kvmesh.router.receipts import HEADER_OPT_IN
 from kvmesh.router.relay import UPSTREAM_ERRORS as _UPSTREAM_ERRORS
 from kvmesh.router.relay import StreamRelay, let_go
 from kvmesh.router.service import RouterService
 
+access_log = logging.getLogger("kvmesh.router.access")
+"""One JSON line per request with its route receipt (``router.access_log``)."""
+SESSION_HEADER = "x-session-id"
+"""Request header naming a conversation/agent session (else the body's ``user``): soft affinity."""
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 
 
@@ -39,11 +46,13 @@ async def _wait_disconnect(http: Request) -> None:
         pass
 
 
-class Forwarder(StreamRelay):
+class Forwarder:
     """The /v1/completions and /v1/chat/completions handlers of the router."""
 
     def __init__(self, service: RouterService) -> None:
         self.service = service
+        self.relay = StreamRelay(self)
+        """Relays streams and migrates them when their replica fails mid-way (relay.py)."""
 
     # ---------------------------------------------------------------- request -> token ids
     async def parse(self, raw: bytes, chat: bool) -> tuple[Any, list[int]]:
@@ -63,7 +72,10 @@ class Forwarder(StreamRelay):
         t0 = time.perf_counter_ns()
         req, ids = await self.parse(raw, chat)
         tokenize_ns = time.perf_counter_ns() - t0
-        return await self._until_disconnect(http, self._forward(path, raw, req, ids, tokenize_ns))
+        session_id = http.headers.get(SESSION_HEADER) or getattr(req, "user", None)
+        receipt = HEADER_OPT_IN in http.headers
+        return await self._until_disconnect(http, self._forward(path, raw, req, ids, tokenize_ns, session_id,
+                                                                receipt))
 
     async def _until_disconnect(self, http: Request, work: Awaitable[Response]) -> Response:
         """``work``'s response, or its cancellation (closing the upstream connection) if the client leaves first.
@@ -81,7 +93,8 @@ class Forwarder(StreamRelay):
         finally:
             watcher.cancel()
 
-    async def _forward(self, path: str, raw: bytes, req: Any, ids: list[int], tokenize_ns: int) -> Response:
+    async def _forward(self, path: str, raw: bytes, req: Any, ids: list[int], tokenize_ns: int,
+                       session_id: str | None = None, receipt: bool = False) -> Response:
         svc = self.service
         stream = None
         if req.stream:
@@ -89,18 +102,22 @@ class Forwarder(StreamRelay):
                                      svc.config.migration_limit)
             if svc.config.migration_limit and not req.return_token_ids:
                 raw = ask_for_token_ids(raw)
-        upstream, first, body, decision = await self._dispatch(path, raw, ids, req.cache_salt, [], tokenize_ns)
-        return await self._finish(upstream, first, body, decision, stream)
+        upstream, first, body, decision = await self.dispatch(path, raw, ids, req.cache_salt, [], tokenize_ns,
+                                                              session_id)
+        response = await self._finish(upstream, first, body, decision, stream)
+        if receipt:
+            response.headers.update(decision.receipt.headers())
+        return response
 
-    async def _dispatch(self, path: str, raw: bytes, ids: list[int], salt: str | None, tried: list[str],
-                        tokenize_ns: int | None = None):
+    async def dispatch(self, path: str, raw: bytes, ids: list[int], salt: str | None, tried: list[str],
+                       tokenize_ns: int | None = None, session_id: str | None = None):
         """Open the request on the best replica not ``tried``, moving on when one fails before its first byte:
         (response, first bytes, rest, decision); the response is the last attempt's 5xx if all failed so."""
         svc, router = self.service, self.service.router
         headers = {"content-type": "application/json", **svc.headers()}
         for attempt in range(svc.config.max_attempts):
             try:
-                decision = router.route(ids, salt, exclude=tried)
+                decision = router.route(ids, salt, exclude=tried, session_id=session_id)
             except NoReplicaError as e:
                 raise ProtocolError(str(e), 503) from None
             if attempt == 0 and tokenize_ns is not None:
@@ -159,13 +176,19 @@ class Forwarder(StreamRelay):
         m.child(m.decisions, rid, self.service.router.policy_name).inc()
         m.child(m.predicted_hit_tokens, rid).inc(decision.predicted_hit_tokens)
         m.child(m.prompt_tokens, rid).inc(prompt_tokens)
+        self.service.receipt_metrics.on_route(decision.receipt)
 
-    def _report_cached(self, rid: str, chunk: bytes) -> None:
+    def report_cached(self, decision: RouteDecision, chunk: bytes) -> None:
+        """Count the cached tokens a replica reported in ``chunk`` (usage), against the route's receipt."""
         if b"cached_tokens" in chunk:
             found = _CACHED.findall(chunk)
             if found:
-                m = self.service.metrics
-                m.child(m.reported_cached_tokens, rid).inc(int(found[-1]))
+                svc, cached = self.service, int(found[-1])
+                svc.metrics.child(svc.metrics.reported_cached_tokens, str(decision.replica_id)).inc(cached)
+                receipt = svc.router.receipts.record_actual(decision.receipt, cached)
+                svc.receipt_metrics.on_actual(receipt)
+                if svc.config.access_log:
+                    access_log.info("%s", json.dumps(receipt.log_fields()))
 
     async def _finish(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
                       stream: MigratingStream | None) -> Response:
@@ -173,7 +196,7 @@ class Forwarder(StreamRelay):
         media = upstream.headers.get("content-type", "application/json")
         status = upstream.status
         if stream is not None and status == 200:
-            return StreamingResponse(self._relay(upstream, first, body, decision, stream), status_code=status,
+            return StreamingResponse(self.relay.relay(upstream, first, body, decision, stream), status_code=status,
                                      media_type=media)
         complete = False
         try:
@@ -187,5 +210,5 @@ class Forwarder(StreamRelay):
         m = self.service.metrics
         m.child(m.requests, f"{status // 100}xx").inc()
         content = first + b"".join(rest)
-        self._report_cached(str(rid), content)
+        self.report_cached(decision, content)
         return Response(content, status_code=status, media_type=media)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -25,10 +26,15 @@ UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class StreamRelay:
-    """The streaming half of the router's Forwarder (forward.py), which provides ``service``,
-    ``_dispatch`` and ``_report_cached``."""
+    """The streaming half of the router's Forwarder (forward.py): relays one client's SSE stream and
+    continues it on another replica when its replica fails mid-way."""
 
-    async def _relay(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
+    def __init__(self, forwarder: Any) -> None:
+        self.forwarder = forwarder
+        """Opens requests on replicas (``dispatch``) and reads the cached tokens they report."""
+        self.service = forwarder.service
+
+    async def relay(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
                      stream: MigratingStream):
         """The client's stream: the first replica's events, then, if it fails mid-way, continuations."""
         outcome = "4xx"  # until the stream completes or breaks, an early end is the client leaving
@@ -36,7 +42,7 @@ class StreamRelay:
             while True:
                 rid = decision.replica_id
                 try:
-                    async for out in self._events(upstream, first, body, stream, str(rid)):
+                    async for out in self._events(upstream, first, body, stream, decision):
                         yield out
                 except UPSTREAM_ERRORS as e:
                     stream.broken = f"failed mid-stream: {e!r}"
@@ -71,12 +77,12 @@ class StreamRelay:
             m = self.service.metrics
             m.child(m.requests, outcome).inc()
 
-    async def _events(self, upstream, first: bytes, body, stream: MigratingStream, rid: str):
+    async def _events(self, upstream, first: bytes, body, stream: MigratingStream, decision: RouteDecision):
         """The client's events for one upstream, until it ends, breaks, or the stream is done."""
         split, chunk = SseSplitter(), first
         while True:
             if stream.migrations == 0:
-                self._report_cached(rid, chunk)
+                self.forwarder.report_cached(decision, chunk)
             for event in split.feed(chunk):
                 if stream.migrations == 0:
                     out = stream.relay(event)
@@ -104,7 +110,7 @@ class StreamRelay:
             return ()
         logger.warning("%s; continuing the stream on another replica (migration %d)", why, stream.migrations + 1)
         try:
-            opened = await self._dispatch("/v1/completions", msgspec.json.encode(body),
+            opened = await self.forwarder.dispatch("/v1/completions", msgspec.json.encode(body),
                                           stream.prompt_ids + stream.output_ids, stream.req.cache_salt, [rid])
         except ProtocolError:
             return None

@@ -24,6 +24,8 @@ from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.core import KVRouter
 from kvmesh.router.metrics import RouterMetrics
+from kvmesh.router.receipt_metrics import ReceiptMetrics
+from kvmesh.router.session import SessionConfig
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +37,8 @@ class RouterService:
                  tokenizer: Any = None) -> None:
         self.config = config
         self.router = KVRouter(config.block_size, config.policy, config.policy_kwargs,
-                               seed=secrets.randbits(64), predict_ttl_s=config.predict_ttl_s)
+                               seed=secrets.randbits(64), predict_ttl_s=config.predict_ttl_s,
+                               sessions=SessionConfig(ttl_s=config.session_ttl_s))
         self.router.hasher.salt_secret = config.cache_salt_secret
         if tokenizer is None and (config.tokenizer or config.model):
             from kvmesh.replica.openai.tokenizer import load_tokenizer
@@ -52,6 +55,8 @@ class RouterService:
         self.renderer = PromptRenderer(tokenizer, config.frontend)
         """Renders requests to token ids off the event loop, as the replicas do."""
         self.metrics = RouterMetrics(self.metrics_state)
+        self.receipt_metrics = ReceiptMetrics(self.metrics.registry, self.router.receipts)
+        """Captured / available reuse and stale-index predictions, from the route receipts."""
         self.specs: dict[str, ReplicaSpec] = {}
         self._initial = list(replicas or [])
         self.session: aiohttp.ClientSession | None = None

@@ -135,3 +135,27 @@ def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill
         assert cached < saved
     finally:
         busy.in_flight -= saved // int(core.policy.decode_weight) + 2
+
+
+def test_route_receipts_predict_what_the_engine_reports_and_hold_sessions(live):
+    """Issue 15's receipts, live: with ``x-kvmesh-receipt`` every response says where it went and why, and
+    what the router predicted is the engine's ``cached_tokens`` on (almost) every request."""
+    stems = [STORY, STORY.replace("Lily", "Tom"), "One day a little dog found a big red ball in the garden and"]
+    agree = total = 0
+    for turn in range(6):
+        for i, stem in enumerate(stems):
+            r = httpx.post(live.url + "/v1/completions", timeout=60,
+                           headers={"x-kvmesh-receipt": "1", "x-session-id": f"conversation-{i}"},
+                           json={"prompt": stem + " and then" * (turn + 1), "max_tokens": 2, "temperature": 0})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-kvmesh-replica"] in live.service.router.healthy
+            assert r.headers["x-kvmesh-route-reason"] in ("cache", "load", "session", "fallback")
+            predicted = int(r.headers["x-kvmesh-predicted-hit-tokens"])
+            assert int(r.headers["x-kvmesh-best-hit-tokens"]) >= predicted
+            agree += predicted == r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            total += 1
+    assert agree >= 0.95 * total, f"predicted == cached_tokens on {agree} of {total} requests"
+    summary = live.service.router.receipts.summary()["cluster"]
+    assert summary["requests"] >= total and summary["mispredicted_rate"] <= 0.05
+    no_receipt = httpx.post(live.url + "/v1/completions", timeout=60, json={"prompt": STORY, "max_tokens": 1})
+    assert "x-kvmesh-replica" not in no_receipt.headers  # opt-in only
