@@ -91,7 +91,9 @@ class ServerState:
         e = self.engine_client
         return {"model": self.model_name, "model_path": self.model_path, "max_model_len": e.max_model_len,
                 "block_size": e.block_size, "num_kv_blocks": e.num_kv_blocks,
-                "tensor_parallel_size": e.tensor_parallel_size, "version": "kvmesh", **self.extra_info}
+                "tensor_parallel_size": e.tensor_parallel_size, "version": "kvmesh",
+                "tokenizer_fingerprint": self.tokenizer.fingerprint if self.tokenizer is not None else None,
+                **self.extra_info}
 
 
 def _cache_config_info(engine: Any) -> dict[str, Any]:

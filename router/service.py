@@ -208,12 +208,28 @@ class RouterService:
         was = spec.replica_id in self.router.healthy
         if ok and not was:
             logger.info("replica %s is healthy", spec.replica_id)
+            await self.check_compatible(spec)
             self.router.set_healthy(spec.replica_id, True)
         elif not ok and was:
             self.mark_failed(spec.replica_id, connect_error)
         elif not ok and connect_error:
             self.router.set_healthy(spec.replica_id, False, clear_cache=True)
         return ok
+
+    async def check_compatible(self, spec: ReplicaSpec) -> None:
+        """Degrade (load-only routing) a replica whose cache the router's keys cannot describe: another
+        block size, tokenizer or chat template (its ``/server_info``). Replicas that do not say (vLLM)
+        are trusted."""
+        timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s)
+        try:
+            async with self.session.get(spec.url + "/server_info", timeout=timeout, headers=self.headers()) as r:
+                info = await r.json(content_type=None) if r.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return
+        reason = incompatibility(info, self.config.block_size, self.tokenizer)
+        if reason is not None:
+            logger.warning("replica %s is routed by load only: %s", spec.replica_id, reason)
+            self.router.set_degraded(spec.replica_id, reason)
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(s) for s in list(self.specs.values())), return_exceptions=True)
@@ -245,3 +261,18 @@ class RouterService:
         out["event_lag"] = dict(self.metrics.last_event_lag)
         out["feed"] = self.feed_state()
         return out
+
+
+def incompatibility(info: Any, block_size: int, tokenizer: Any) -> str | None:
+    """Why a replica's ``/server_info`` shows that its blocks cannot match the router's keys, or None."""
+    if not isinstance(info, dict):
+        return None
+    theirs = info.get("block_size")
+    if isinstance(theirs, int) and theirs != block_size:
+        return f"its block size is {theirs} tokens, the router's {block_size} (set router.block_size to the replicas')"
+    fingerprint = info.get("tokenizer_fingerprint")
+    ours = getattr(tokenizer, "fingerprint", None)
+    if isinstance(fingerprint, str) and ours is not None and fingerprint != ours:
+        return (f"its tokenizer or chat template differs from the router's (fingerprint {fingerprint} != {ours}); "
+                "give the router the replicas' model/tokenizer and frontend.chat_template")
+    return None

@@ -15,6 +15,8 @@ backend fed by tokenizer.json + tokenizer_config.json) does not, and gives the s
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -87,6 +89,18 @@ class Tokenizer:
         return len(self.hf)
 
     # ------------------------------------------------------------ encoding
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """What makes two fronts turn a request into the same token ids: the tokenizer's whole
+        definition (vocabulary, merges, normalizer, added tokens) and the chat template, hashed.
+        The router compares it with each replica's (``/server_info``) so a mismatch degrades that
+        replica to load-only routing instead of matching keys that can never hit."""
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        definition = backend.to_str() if backend is not None else repr(sorted(self.hf.get_vocab().items()))
+        digest = hashlib.sha256(definition.encode())
+        digest.update(b"\0" + (self.chat_template or "").encode())
+        return digest.hexdigest()[:16]
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 

@@ -159,3 +159,35 @@ def test_route_receipts_predict_what_the_engine_reports_and_hold_sessions(live):
     assert summary["requests"] >= total and summary["mispredicted_rate"] <= 0.05
     no_receipt = httpx.post(live.url + "/v1/completions", timeout=60, json={"prompt": STORY, "max_tokens": 1})
     assert "x-kvmesh-replica" not in no_receipt.headers  # opt-in only
+
+
+@pytest.mark.parametrize("mismatch", ["block_size", "chat_template"])
+def test_replica_that_cannot_match_the_router_keys_is_degraded_not_matched(live, stories_path, mismatch):
+    """A replica with another block size or chat template (tokenizer fingerprint) is routed by load only,
+    visible in /replicas, instead of being matched with keys that can never hit."""
+    from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.openai.config import FrontendConfig
+    from kvmesh.replica.server_runtime import ReplicaRuntime
+
+    from ..conftest import CHAT_TEMPLATE
+
+    template = CHAT_TEMPLATE if mismatch == "block_size" else CHAT_TEMPLATE.replace(": ", ":: ")
+    config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=8,
+                          block_size=32 if mismatch == "block_size" else 16)
+    runtime = ReplicaRuntime.start(config, http_port=0, event_port=0, replay_port=0,
+                                   frontend=FrontendConfig(chat_template=template))
+    service = live.service
+    try:
+        e = runtime.endpoints()
+        spec = ReplicaSpec(runtime.http.url, e["events_endpoint"], e["replay_endpoint"], replica_id="odd")
+        service.add_replica(spec)
+        wait_for(lambda: "odd" in service.router.healthy, what="the odd replica probed")
+        reason = service.router.degraded.get("odd")
+        assert reason is not None and ("block size" if mismatch == "block_size" else "fingerprint") in reason
+        listed = {r["id"]: r for r in httpx.get(live.url + "/replicas", timeout=10).json()["replicas"]}
+        assert listed["odd"]["degraded"]
+        healthy_ones = [r for r in service.router.healthy if r != "odd"]
+        assert all(r not in service.router.degraded for r in healthy_ones)
+    finally:
+        service.remove_replica("odd")
+        runtime.shutdown(graceful_s=0.5)
