@@ -36,6 +36,8 @@ class ModelInputs:
     """[N] int64 rows of the hidden states whose logits are sampled."""
     sample_requests: list[ScheduledRequest]
     """The N requests that sample, in row order."""
+    requests: list[ScheduledRequest] | None = None
+    """Every scheduled request, in row order (``common.query_start_loc_cpu[i]`` is request i's first row)."""
 
 
 class BlockTables:
@@ -149,4 +151,4 @@ def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int, device: t
         query_start_loc_cpu=query_start_loc.tolist(), seq_lens_cpu=seq_lens.tolist(),
     )
     sample_requests = reqs if sample_mask.all() else [r for r in reqs if r.sample]
-    return ModelInputs(dev(input_ids), dev(positions), common, dev(logits_indices), sample_requests)
+    return ModelInputs(dev(input_ids), dev(positions), common, dev(logits_indices), sample_requests, reqs)

@@ -24,7 +24,9 @@ from kvmesh.replica.kv_cache import (
 )
 from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
+from kvmesh.replica.outputs import ModelRunnerOutput
 from kvmesh.replica.parallel_state import ParallelState
+from kvmesh.replica.prompt_logprobs import PromptLogprobsProcessor
 from kvmesh.replica.sampler import Sampler, build_sampling_metadata
 from kvmesh.replica.scheduler_output import SchedulerOutput
 from kvmesh.replica.weights import load_model_weights
@@ -66,6 +68,7 @@ class ModelRunner:
         self.block_tables = BlockTables(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
+        self.prompt_logprobs = PromptLogprobsProcessor()
 
     def _build_model(self) -> torch.nn.Module:
         cls = get_model_class(self.spec.architecture)
@@ -125,21 +128,33 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
-        """Run one step; returns the sampled token of every scheduled request with ``sample=True``."""
+        """Run one step; returns the sampled token of every scheduled request with ``sample=True`` (a
+        ``ModelRunnerOutput`` carrying logprobs too when a request asked for them)."""
         if out.finished_request_ids:
             self.block_tables.free(out.finished_request_ids)
+            self.prompt_logprobs.free(out.finished_request_ids)
         if out.is_empty:
             return {}
         inputs = prepare_inputs(out.scheduled, self.block_size, self.device, self.block_tables)
         attn_metadata = self.attn_backend.build(inputs.common)
         hidden = self.model(inputs.input_ids, inputs.positions, attn_metadata)  # [T, H]
+        prompt_logprobs = None
+        if any(r.sampling_params.prompt_logprobs is not None for r in out.scheduled):
+            prompt_logprobs = self.prompt_logprobs.compute(inputs.requests, inputs.common.query_start_loc_cpu,
+                                                           hidden, self.model.compute_logits)
         if not inputs.sample_requests:
-            return {}
+            return ModelRunnerOutput({}, None, prompt_logprobs) if prompt_logprobs else {}
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [N, V]
         sampling = build_sampling_metadata(inputs.sample_requests, self.vocab_size, self.eos_token_ids,
                                            self.device)
-        tokens = self.sampler(logits, sampling).tolist()
-        return {r.request_id: t for r, t in zip(inputs.sample_requests, tokens, strict=True)}
+        tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
+        sampled = {r.request_id: t for r, t in zip(inputs.sample_requests, tokens.tolist(), strict=True)}
+        if logprobs is None and prompt_logprobs is None:
+            return sampled
+        token_logprobs = None if logprobs is None else {
+            r.request_id: logprobs.row(i, r.sampling_params.logprobs)
+            for i, r in enumerate(inputs.sample_requests) if r.sampling_params.logprobs is not None}
+        return ModelRunnerOutput(sampled, token_logprobs, prompt_logprobs)
 
 
 def _pick_device(device: str | None, rank: int) -> torch.device:

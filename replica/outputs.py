@@ -29,6 +29,31 @@ class RequestMetrics:
 
 
 @dataclass(slots=True)
+class TokenLogprobs:
+    """Log-probabilities at one position (vLLM's ``dict[int, Logprob]`` as parallel lists).
+
+    Entry 0 is the token actually there (sampled, or the prompt's), then the top-k in rank order; the
+    token may appear twice when it is itself in the top-k (vLLM keeps the same order and duplicate).
+    """
+
+    token_ids: list[int]
+    """[1 + k] token ids: the chosen token, then the k most likely."""
+    logprobs: list[float]
+    """[1 + k] their log-probabilities (raw model distribution, fp32)."""
+    rank: int
+    """Rank of the chosen token in the distribution (1 = most likely)."""
+
+    @property
+    def logprob(self) -> float:
+        """The chosen token's log-probability."""
+        return self.logprobs[0]
+
+
+PromptLogprobs = list[TokenLogprobs | None]
+"""One entry per prompt token; the first is None (nothing predicts it)."""
+
+
+@dataclass(slots=True)
 class RequestOutput:
     """A request's progress after one engine step: the new tokens and text, or how it ended."""
 
@@ -56,3 +81,32 @@ class RequestOutput:
     """What went wrong, when ``finish_reason == "error"``."""
     metrics: RequestMetrics | None = field(default=None)
     """Timing of the request."""
+    new_logprobs: list[TokenLogprobs] | None = None
+    """Logprobs of ``new_token_ids`` (when the request asked for ``logprobs``)."""
+    logprobs: list[TokenLogprobs] | None = None
+    """Logprobs of every output token, on the final output only (when asked)."""
+    prompt_logprobs: PromptLogprobs | None = None
+    """Logprobs of the prompt tokens (when asked), from the first output that carries a token on."""
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """Sum of the output tokens' logprobs (final output of a request with ``logprobs``), else None."""
+        return None if self.logprobs is None else sum(lp.logprob for lp in self.logprobs)
+
+
+class ModelRunnerOutput(dict):
+    """What a model runner returns for a step: ``{request_id: sampled token}`` (a plain dict to every
+    caller that wants only tokens) plus the logprobs the step's requests asked for."""
+
+    __slots__ = ("logprobs", "prompt_logprobs")
+
+    def __init__(self, sampled: dict[str, int], logprobs: dict[str, TokenLogprobs] | None = None,
+                 prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] | None = None) -> None:
+        super().__init__(sampled)
+        self.logprobs = logprobs or {}
+        """request_id -> logprobs of its sampled token (requests with ``logprobs`` set)."""
+        self.prompt_logprobs = prompt_logprobs or {}
+        """request_id -> [(prompt position, logprobs of the prompt token there)] computed this step."""
+
+    def __reduce__(self):  # pickled across Ray (tensor-parallel rank 0 -> the engine)
+        return ModelRunnerOutput, (dict(self), self.logprobs, self.prompt_logprobs)

@@ -14,10 +14,11 @@ rows); the masks and the draw then run on [N, K]. Rows whose nucleus is wider th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from kvmesh.replica.outputs import TokenLogprobs
 from kvmesh.replica.scheduler_output import ScheduledRequest
 
 _MIX_A, _MIX_B, _MASK = 6364136223846793005, 1442695040888963407, (1 << 63) - 1
@@ -40,6 +41,10 @@ class SamplingMetadata:
     """Seeded rows -> their generator for this step."""
     banned: list[tuple[int, list[int]]]
     """(row, token ids) that must not be sampled yet (stop/EOS tokens before min_tokens)."""
+    logit_bias: list[tuple[int, list[int], list[float]]] = field(default_factory=list)
+    """(row, token ids, biases) added to the row's logits before sampling (OpenAI ``logit_bias``)."""
+    max_num_logprobs: int | None = None
+    """Largest ``logprobs`` of any row; None when no row asks for logprobs."""
 
     @property
     def all_greedy(self) -> bool:
@@ -59,8 +64,12 @@ def build_sampling_metadata(reqs: Sequence[ScheduledRequest], vocab_size: int, e
     for row, (r, sp) in enumerate(zip(reqs, params, strict=True)):
         if sp.min_tokens and len(r.output_token_ids) < sp.min_tokens:
             banned.append((row, list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))))
+    bias = [(row, list(sp.logit_bias), [float(v) for v in sp.logit_bias.values()])
+            for row, sp in enumerate(params) if sp.logit_bias]
+    asked = [sp.logprobs for sp in params if sp.logprobs is not None]
+    max_num_logprobs = max(asked) if asked else None
     if all(sp.greedy for sp in params):
-        return SamplingMetadata(None, None, None, None, {}, banned)
+        return SamplingMetadata(None, None, None, None, {}, banned, bias, max_num_logprobs)
     temperature = torch.tensor([1.0 if sp.greedy else sp.temperature for sp in params], dtype=torch.float32)
     greedy = torch.tensor([sp.greedy for sp in params], dtype=torch.bool)
     top_k = top_p = None
@@ -73,7 +82,8 @@ def build_sampling_metadata(reqs: Sequence[ScheduledRequest], vocab_size: int, e
         for row, (r, sp) in enumerate(zip(reqs, params, strict=True))
         if sp.seed is not None and not sp.greedy
     }
-    return SamplingMetadata(temperature.to(device), greedy.to(device), top_k, top_p, generators, banned)
+    return SamplingMetadata(temperature.to(device), greedy.to(device), top_k, top_p, generators, banned, bias,
+                            max_num_logprobs)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
@@ -148,7 +158,9 @@ class Sampler:
         self.generator = generator  # uniforms for unseeded random rows
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        logits = logits.to(torch.float32, copy=bool(md.banned))
+        logits = logits.to(torch.float32, copy=bool(md.banned or md.logit_bias))
+        for row, token_ids, biases in md.logit_bias:
+            logits[row, token_ids] += torch.tensor(biases, dtype=torch.float32, device=logits.device)
         for row, token_ids in md.banned:
             logits[row, token_ids] = float("-inf")
         if md.all_greedy:
@@ -172,3 +184,48 @@ class Sampler:
             probs, indices = candidates
             sampled = indices.gather(1, sample_from_probs(probs, u).unsqueeze(1)).squeeze(1)
         return sampled if greedy is None else torch.where(md.greedy_rows, greedy, sampled)
+
+    def sample_with_logprobs(self, logits: torch.Tensor, md: SamplingMetadata
+                             ) -> tuple[torch.Tensor, LogprobsTensors | None]:
+        """Sample as ``__call__`` does, plus the logprobs the rows asked for, of the *raw* distribution
+        (log_softmax of the logits before logit_bias, bans, temperature, top-k/top-p: vLLM's default
+        ``logprobs_mode="raw_logprobs"``)."""
+        raw = compute_logprobs(logits) if md.max_num_logprobs is not None else None  # [N, V] fp32
+        sampled = self(logits, md)  # [N]
+        if raw is None:
+            return sampled, None
+        return sampled, gather_logprobs(raw, md.max_num_logprobs, sampled)
+
+
+@dataclass(slots=True)
+class LogprobsTensors:
+    """Per row: the chosen token's logprob and rank, then the top-k (vLLM's ``LogprobsTensors``)."""
+
+    token_ids: torch.Tensor
+    """[N, 1 + k] int64: the chosen token, then the k most likely in rank order."""
+    logprobs: torch.Tensor
+    """[N, 1 + k] float32: their log-probabilities."""
+    ranks: torch.Tensor
+    """[N] int64: rank of the chosen token (1 = most likely; ties share the lower rank's count as vLLM)."""
+
+    def row(self, i: int, num_logprobs: int) -> TokenLogprobs:
+        """Row ``i`` cut to the chosen token plus its request's ``num_logprobs`` most likely."""
+        return TokenLogprobs(self.token_ids[i, : 1 + num_logprobs].tolist(),
+                             self.logprobs[i, : 1 + num_logprobs].tolist(), int(self.ranks[i]))
+
+
+def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """[N, V] logits -> [N, V] float32 log-probabilities."""
+    return torch.log_softmax(logits.to(torch.float32), dim=-1)
+
+
+def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
+    """The chosen ``token_ids`` [N] and the ``num_logprobs`` most likely tokens of each row of ``logprobs``."""
+    chosen = token_ids.to(torch.int64).unsqueeze(1)  # [N, 1]
+    chosen_logprobs = logprobs.gather(1, chosen)  # [N, 1]
+    ranks = (logprobs >= chosen_logprobs).sum(dim=-1)  # [N]
+    if num_logprobs > 0:
+        top = logprobs.topk(num_logprobs, dim=-1)  # values/indices [N, k], descending
+        return LogprobsTensors(torch.cat([chosen, top.indices], dim=1).cpu(),
+                               torch.cat([chosen_logprobs, top.values], dim=1).cpu(), ranks.cpu())
+    return LogprobsTensors(chosen.cpu(), chosen_logprobs.cpu(), ranks.cpu())
