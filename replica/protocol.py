@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Any, Literal
 
+from kvmesh.replica.sampling_params import MAX_LOGPROBS
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 # ---------------------------------------------------------------- errors
@@ -68,6 +69,9 @@ def parse_request(model_cls: type[BaseModel], body: Any) -> Any:
 
 # ---------------------------------------------------------------- requests
 
+MAX_CHOICES = 128
+"""Most choices (n, best_of) and prompts one request may ask for (OpenAI's limit on n)."""
+
 
 class OpenAIBaseModel(BaseModel):
     # Clients send fields we do not use (frequency_penalty=0, ...): accept and ignore them.
@@ -96,6 +100,9 @@ class SamplingFields(OpenAIBaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
+    """Choices to return (each sampled independently; they share the prompt's KV blocks via the prefix cache)."""
+    logit_bias: dict[str, float] | None = None
+    """Token id (as a string key, as OpenAI sends it) -> bias in [-100, 100] added to its logit."""
     user: str | None = None
     cache_salt: str | None = None
     """Tenant isolation (vLLM): requests with different salts share no cached blocks."""
@@ -106,12 +113,27 @@ class SamplingFields(OpenAIBaseModel):
 
     def check_supported(self) -> None:
         """Refuse what the engine does not do, with a clear 400."""
-        if self.n != 1:
-            raise ProtocolError(f"n={self.n} is not supported; send n=1 (one choice per request)", param="n")
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise ProtocolError(f"n must be in [1, {MAX_CHOICES}], got {self.n}", param="n")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise ProtocolError(f"seed must fit in 64 bits, got {self.seed}", param="seed")
         if self.cache_salt is not None and not self.cache_salt:
             raise ProtocolError("cache_salt must be a non-empty string when given", param="cache_salt")
+
+    def _logprobs(self) -> tuple[int | None, int | None]:
+        """(logprobs, prompt_logprobs) of the engine's SamplingParams."""
+        return None, None
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        bias = {}
+        for key, value in self.logit_bias.items():
+            try:
+                bias[int(key)] = value
+            except ValueError:
+                raise ProtocolError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+        return bias
 
     @property
     def include_usage(self) -> bool:
@@ -144,6 +166,7 @@ class SamplingFields(OpenAIBaseModel):
                 param="max_tokens",
             )
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        logprobs, prompt_logprobs = self._logprobs()
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
@@ -155,6 +178,9 @@ class SamplingFields(OpenAIBaseModel):
                 stop_token_ids=list(self.stop_token_ids or []),
                 ignore_eos=self.ignore_eos,
                 min_tokens=self.min_tokens,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                logit_bias=self._logit_bias(),
             )
         except (ValueError, TypeError) as e:
             raise ProtocolError(f"bad sampling parameters: {e}") from None
@@ -168,36 +194,50 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = 16
     """OpenAI's default for completions is 16."""
     logprobs: int | None = None
+    """Return the logprobs of the chosen tokens and of this many most likely ones per position."""
     echo: bool = False
+    """Return the prompt before the completion (with its logprobs when ``logprobs`` is set)."""
+    best_of: int | None = None
+    """Sample this many choices and return the ``n`` with the highest cumulative logprob (not streamable)."""
     suffix: str | None = None
 
     def _max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def _logprobs(self) -> tuple[int | None, int | None]:
+        return self.logprobs, self.logprobs if self.echo else None  # vLLM: echo + logprobs -> prompt logprobs
+
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs is not None:
-            raise ProtocolError("logprobs is not supported by this server; leave it unset", param="logprobs")
-        if self.echo:
-            raise ProtocolError("echo is not supported by this server; leave it unset", param="echo")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ProtocolError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}", param="logprobs")
+        if self.best_of is not None:
+            if not self.n <= self.best_of <= MAX_CHOICES:
+                raise ProtocolError(f"best_of must be in [n={self.n}, {MAX_CHOICES}], got {self.best_of}",
+                                    param="best_of")
+            if self.stream and self.best_of > self.n:
+                raise ProtocolError("best_of > n cannot be streamed; send stream=false", param="best_of")
         if self.suffix:
             raise ProtocolError("suffix is not supported by this server; leave it unset", param="suffix")
 
     def single_prompt(self) -> str | list[int]:
-        """The one prompt of the request (a batch of several prompts is refused)."""
+        """The request's first prompt (what a router routes a batch of prompts by)."""
+        return self.prompt_list()[0]
+
+    def prompt_list(self) -> list[str | list[int]]:
+        """Every prompt of the request: one string or token list, or a batch of them (choices are
+        numbered prompt by prompt: prompt i's j-th choice has index i * n + j, as vLLM does)."""
         p = self.prompt
-        if isinstance(p, list) and p and not isinstance(p[0], int):
-            if len(p) != 1:
-                raise ProtocolError(
-                    f"a batch of {len(p)} prompts is not supported; send one prompt per request",
-                    param="prompt",
-                )
-            p = p[0]
-        if isinstance(p, list) and not p:
-            raise ProtocolError("prompt is empty; send at least one token", param="prompt")
-        if isinstance(p, list) and any(t < 0 for t in p):
-            raise ProtocolError("prompt token ids must be non-negative", param="prompt")
-        return p
+        prompts = p if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
+        if len(prompts) > MAX_CHOICES:
+            raise ProtocolError(f"a batch of {len(prompts)} prompts is too large; send at most {MAX_CHOICES}",
+                                param="prompt")
+        for prompt in prompts:
+            if isinstance(prompt, list) and not prompt:
+                raise ProtocolError("prompt is empty; send at least one token", param="prompt")
+            if isinstance(prompt, list) and any(t < 0 for t in prompt):
+                raise ProtocolError("prompt token ids must be non-negative", param="prompt")
+        return prompts
 
 
 class ChatMessage(OpenAIBaseModel):
@@ -232,7 +272,9 @@ class ChatCompletionRequest(SamplingFields):
     """Deprecated by OpenAI in favour of ``max_completion_tokens``; either is accepted."""
     max_completion_tokens: int | None = None
     logprobs: bool = False
+    """Return the logprobs of the chosen tokens."""
     top_logprobs: int | None = None
+    """And of this many most likely tokens per position (needs ``logprobs: true``)."""
     add_generation_prompt: bool = True
     chat_template: str | None = None
     tools: list[dict[str, Any]] | None = None
@@ -241,10 +283,17 @@ class ChatCompletionRequest(SamplingFields):
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def _logprobs(self) -> tuple[int | None, int | None]:
+        return (self.top_logprobs or 0) if self.logprobs else None, None
+
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs or self.top_logprobs:
-            raise ProtocolError("logprobs is not supported by this server; leave it unset", param="logprobs")
+        if self.top_logprobs is not None:
+            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+                raise ProtocolError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}",
+                                    param="top_logprobs")
+            if self.top_logprobs and not self.logprobs:
+                raise ProtocolError("top_logprobs needs logprobs: true", param="top_logprobs")
         if self.tools:
             raise ProtocolError("tools (function calling) are not supported by this server; leave them unset",
                                 param="tools")
@@ -307,7 +356,8 @@ FinishReason = Literal["stop", "length", "abort", "error"] | None
 class CompletionChoice(OpenAIBaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict[str, list] | None = None
+    """{tokens, token_logprobs, top_logprobs, text_offset} (replica/logprobs_format.py)."""
     finish_reason: FinishReason = None
 
 
@@ -328,7 +378,8 @@ class ChatMessageOut(OpenAIBaseModel):
 class ChatCompletionChoice(OpenAIBaseModel):
     index: int = 0
     message: ChatMessageOut
-    logprobs: None = None
+    logprobs: dict[str, list] | None = None
+    """{content: [{token, logprob, bytes, top_logprobs}]} (replica/logprobs_format.py)."""
     finish_reason: FinishReason = None
 
 
@@ -349,7 +400,7 @@ class DeltaMessage(OpenAIBaseModel):
 class ChatStreamChoice(OpenAIBaseModel):
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: dict[str, list] | None = None
     finish_reason: FinishReason = None
 
 

@@ -16,13 +16,23 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from kvmesh.replica import logprobs_format as lf
 from kvmesh.replica import protocol as p
+from kvmesh.replica import server_choices as sc
 
 logger = logging.getLogger(__name__)
 
 
 def _usage(out: Any) -> p.UsageInfo:
     return p.UsageInfo.of(len(out.prompt_token_ids), len(out.output_token_ids), out.num_cached_tokens)
+
+
+def _total_usage(candidates: list[sc.Candidate], finals: list[Any]) -> p.UsageInfo:
+    """Each prompt counted once, every candidate's tokens (vLLM's usage for n / best_of / batches)."""
+    prompts = {c.prompt_index: f for c, f in zip(candidates, finals, strict=True) if c.sample_index == 0}
+    return p.UsageInfo.of(sum(len(f.prompt_token_ids) for f in prompts.values()),
+                          sum(len(f.output_token_ids) for f in finals),
+                          sum(f.num_cached_tokens for f in prompts.values()))
 
 
 def _check_failed(out: Any) -> None:
@@ -48,12 +58,11 @@ class OpenAIHandlers:
     async def completions(self, http: Request) -> Any:
         req = p.parse_request(p.CompletionRequest, await self.state.read_json(http))
         self.state.check_model(req.model)
-        prompt = req.single_prompt()
         try:
-            prompt_ids = self.state.tokenizer.render_completion(prompt)
+            prompts = [self.state.tokenizer.render_completion(prompt) for prompt in req.prompt_list()]
         except ValueError as e:
             raise p.ProtocolError(str(e), param="prompt") from None
-        return await self._serve(http, req, prompt_ids, chat=False)
+        return await self._serve(http, req, prompts, chat=False)
 
     async def chat(self, http: Request) -> Any:
         req = p.parse_request(p.ChatCompletionRequest, await self.state.read_json(http))
@@ -65,15 +74,18 @@ class OpenAIHandlers:
             raise
         except Exception as e:  # a template error is the request's fault (bad roles, ...)
             raise p.ProtocolError(f"cannot apply the chat template to these messages: {e}", param="messages") from None
-        return await self._serve(http, req, prompt_ids, chat=True)
+        return await self._serve(http, req, [prompt_ids], chat=True)
 
     # ------------------------------------------------------------ shared path
-    async def _serve(self, http: Request, req: Any, prompt_ids: list[int], chat: bool) -> Any:
+    async def _serve(self, http: Request, req: Any, prompts: list[list[int]], chat: bool) -> Any:
         engine = self.state.engine
-        params = req.to_sampling_params(len(prompt_ids), engine.max_model_len, self.state.default_max_tokens)
+        params = [req.to_sampling_params(len(ids), engine.max_model_len, self.state.default_max_tokens)
+                  for ids in prompts]
         request_id = p.random_id("chatcmpl" if chat else "cmpl")
-        try:  # queues the request now, so bad input is a 400 before any byte is sent
-            stream = await engine.generate(request_id, prompt_ids, params, cache_salt=req.cache_salt)
+        candidates = sc.plan_candidates(request_id, prompts, params, req.n, getattr(req, "best_of", None),
+                                        params[0].logprobs is not None, req.stream)
+        try:  # queues the requests now, so bad input is a 400 before any byte is sent
+            streams = await sc.start_all(engine, candidates, req.cache_salt)
         except ValueError as e:
             raise p.ProtocolError(str(e)) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere
@@ -82,54 +94,90 @@ class OpenAIHandlers:
         if req.stream:
             gen = self._stream_chat if chat else self._stream_completion
             return StreamingResponse(
-                self._guard_stream(gen(request_id, model, stream, req), request_id),
+                self._guard_stream(gen(request_id, model, candidates, streams, req), candidates),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
             )
-        final = await self._collect_or_abort(http, request_id, stream)
-        _check_failed(final)
-        usage = _usage(final)
+        finals = await self._collect_or_abort(http, candidates, streams)
+        for final in finals:
+            _check_failed(final)
+        usage = _total_usage(candidates, finals)
+        choices = sc.select_choices(candidates, finals, req.n)
         if chat:
-            body = p.ChatCompletionResponse(
-                id=request_id, model=model, usage=usage,
-                choices=[p.ChatCompletionChoice(message=p.ChatMessageOut(content=final.text),
-                                                finish_reason=final.finish_reason)])
+            body = p.ChatCompletionResponse(id=request_id, model=model, usage=usage, choices=[
+                p.ChatCompletionChoice(index=index, message=p.ChatMessageOut(content=final.text),
+                                       logprobs=self._chat_logprobs(req, final.output_token_ids, final.logprobs),
+                                       finish_reason=final.finish_reason)
+                for index, _, final in choices])
         else:
-            body = p.CompletionResponse(
-                id=request_id, model=model, usage=usage,
-                choices=[p.CompletionChoice(text=final.text, finish_reason=final.finish_reason)])
+            prompt_logprobs = sc.prompt_logprobs_of(candidates, finals)
+            body = p.CompletionResponse(id=request_id, model=model, usage=usage, choices=[
+                self._completion_choice(req, index, final, candidate, prompt_logprobs.get(candidate.prompt_index))
+                for index, candidate, final in choices])
         return JSONResponse(body.model_dump(), headers={"X-Request-Id": request_id})
 
-    async def _collect_or_abort(self, http: Request, request_id: str, stream: AsyncIterator[Any]) -> Any:
-        """The final output; aborts the request if the client disconnects first."""
+    # ------------------------------------------------------------ logprobs (replica/logprobs_format.py)
+    def _decode_token(self) -> lf.TokenDecoder:
+        decode = getattr(self.state, "decode_token", None)
+        if decode is None:
+            decode = self.state.decode_token = lf.token_decoder(self.state.tokenizer.hf)
+        return decode
 
-        async def collect() -> Any:
-            last = None
-            async for out in stream:
-                last = out
-            return last
+    def _echo(self, req: Any, out: Any, prompt_index: int, prompt_logprobs: Any) -> tuple[str, dict | None]:
+        """The echoed prompt: its text (as sent, when it was text) and, with ``logprobs``, its logprobs."""
+        prompt = req.prompt_list()[prompt_index]
+        text = prompt if isinstance(prompt, str) else self.state.tokenizer.decode(out.prompt_token_ids)
+        if req.logprobs is None:
+            return text, None
+        entries = prompt_logprobs or [None] * len(out.prompt_token_ids)
+        return text, lf.completion_logprobs(out.prompt_token_ids, entries, req.logprobs, self._decode_token())
 
-        collect_task = asyncio.ensure_future(collect())
+    def _completion_choice(self, req: Any, index: int, final: Any, candidate: sc.Candidate,
+                           prompt_logprobs: Any) -> p.CompletionChoice:
+        text, parts = final.text, []
+        if req.echo:
+            echo_text, echo_logprobs = self._echo(req, final, candidate.prompt_index, prompt_logprobs)
+            text = echo_text + text
+            parts += [echo_logprobs] if echo_logprobs is not None else []
+        logprobs = None
+        if req.logprobs is not None:
+            offset = sum(map(len, parts[0]["tokens"])) if parts else 0
+            parts.append(lf.completion_logprobs(final.output_token_ids, final.logprobs, req.logprobs,
+                                                self._decode_token(), offset))
+            logprobs = lf.merge_completion_logprobs(parts)
+        return p.CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=final.finish_reason)
+
+    def _chat_logprobs(self, req: Any, token_ids: list[int], entries: Any) -> dict | None:
+        if not req.logprobs or entries is None:
+            return None
+        return lf.chat_logprobs(token_ids, entries, req.top_logprobs or 0, self._decode_token())
+
+    async def _collect_or_abort(self, http: Request, candidates: list[sc.Candidate],
+                                stream_list: list[AsyncIterator[Any]]) -> list[Any]:
+        """Every candidate's final output; aborts them all if the client disconnects first."""
+        collect_task = asyncio.ensure_future(sc.collect_all(stream_list))
         disconnect_task = asyncio.ensure_future(_wait_disconnect(http))
         try:
             done, _ = await asyncio.wait({collect_task, disconnect_task}, return_when=asyncio.FIRST_COMPLETED)
             if collect_task not in done:
-                logger.info("client disconnected; aborting %s", request_id)
+                logger.info("client disconnected; aborting %s", candidates[0].request_id)
                 collect_task.cancel()
-                await self.state.engine.abort(request_id)
+                for c in candidates:
+                    await self.state.engine.abort(c.request_id)
                 raise p.ProtocolError("client disconnected", 499)
-            final = collect_task.result()
+            finals = collect_task.result()
         finally:
             disconnect_task.cancel()
             if not collect_task.done():
                 collect_task.cancel()
-        if final is None:
+        if any(f is None for f in finals):
             raise p.ProtocolError("the engine returned no output for this request", 500)
-        return final
+        return finals
 
-    async def _guard_stream(self, chunks: AsyncIterator[str], request_id: str) -> AsyncIterator[str]:
+    async def _guard_stream(self, chunks: AsyncIterator[str], candidates: list[sc.Candidate]) -> AsyncIterator[str]:
         """Abort on disconnect (Starlette cancels this generator) and turn errors into an SSE error event."""
         finished = False
+        request_id = candidates[0].request_id
         try:
             async for chunk in chunks:
                 yield chunk
@@ -146,44 +194,70 @@ class OpenAIHandlers:
         finally:
             if not finished:
                 logger.info("stream of %s closed early; aborting", request_id)
-                await asyncio.shield(self.state.engine.abort(request_id))
+                for c in candidates:
+                    await asyncio.shield(self.state.engine.abort(c.request_id))
 
-    async def _stream_completion(self, request_id: str, model: str, stream: AsyncIterator[Any], req: Any):
+    async def _stream_completion(self, request_id: str, model: str, candidates: list[sc.Candidate],
+                                 stream_list: list[AsyncIterator[Any]], req: Any):
         created = int(time.time())
-        async for out in stream:
+        continuous = req.stream_options and req.stream_options.continuous_usage_stats
+        text_offsets = [0] * len(candidates)  # characters of each choice's logprobs tokens sent so far
+        echoed = [not req.echo] * len(candidates)
+        finals: list[Any] = [None] * len(candidates)
+        async for i, out in sc.merge_streams(stream_list):
             _check_failed(out)
-            if not out.delta_text and not out.finished:
+            if not (out.delta_text or out.finished or out.new_logprobs or not echoed[i]):
                 continue
+            text, parts, logprobs = out.delta_text, [], None
+            if not echoed[i]:
+                echo_text, echo_logprobs = self._echo(req, out, candidates[i].prompt_index, out.prompt_logprobs)
+                text, echoed[i] = echo_text + text, True
+                parts += [echo_logprobs] if echo_logprobs is not None else []
+            if req.logprobs is not None:
+                parts.append(lf.completion_logprobs(
+                    out.new_token_ids, out.new_logprobs or [None] * len(out.new_token_ids), req.logprobs,
+                    self._decode_token(), text_offsets[i] + (sum(map(len, parts[0]["tokens"])) if parts else 0)))
+                logprobs = lf.merge_completion_logprobs(parts)
+                text_offsets[i] += sum(map(len, logprobs["tokens"]))
             chunk = p.CompletionChunk(
                 id=request_id, created=created, model=model,
-                choices=[p.CompletionChoice(text=out.delta_text, finish_reason=out.finish_reason)],
-                usage=_usage(out) if req.stream_options and req.stream_options.continuous_usage_stats else None)
+                choices=[p.CompletionChoice(index=sc.choice_index(candidates[i], req.n), text=text,
+                                            logprobs=logprobs, finish_reason=out.finish_reason)],
+                usage=_usage(out) if continuous else None)
             yield p.sse(chunk)
             if out.finished:
-                if req.include_usage:
-                    yield p.sse(p.CompletionChunk(id=request_id, created=created, model=model, choices=[],
-                                                  usage=_usage(out)))
-                break
+                finals[i] = out
+        if req.include_usage and all(f is not None for f in finals):
+            yield p.sse(p.CompletionChunk(id=request_id, created=created, model=model, choices=[],
+                                          usage=_total_usage(candidates, finals)))
         yield p.SSE_DONE
 
-    async def _stream_chat(self, request_id: str, model: str, stream: AsyncIterator[Any], req: Any):
+    async def _stream_chat(self, request_id: str, model: str, candidates: list[sc.Candidate],
+                           stream_list: list[AsyncIterator[Any]], req: Any):
         created = int(time.time())
+        continuous = req.stream_options and req.stream_options.continuous_usage_stats
 
-        def chunk(delta: p.DeltaMessage, finish_reason: str | None = None, usage=None) -> str:
+        def chunk(index: int, delta: p.DeltaMessage, finish_reason: str | None = None, usage=None,
+                  logprobs=None) -> str:
             return p.sse(p.ChatCompletionChunk(
                 id=request_id, created=created, model=model, usage=usage,
-                choices=[p.ChatStreamChoice(delta=delta, finish_reason=finish_reason)]))
+                choices=[p.ChatStreamChoice(index=index, delta=delta, logprobs=logprobs,
+                                            finish_reason=finish_reason)]))
 
-        yield chunk(p.DeltaMessage(role="assistant", content=""))
-        async for out in stream:
+        for c in candidates:
+            yield chunk(sc.choice_index(c, req.n), p.DeltaMessage(role="assistant", content=""))
+        finals: list[Any] = [None] * len(candidates)
+        async for i, out in sc.merge_streams(stream_list):
             _check_failed(out)
-            if not out.delta_text and not out.finished:
+            if not out.delta_text and not out.finished and not out.new_logprobs:
                 continue
-            usage = _usage(out) if req.stream_options and req.stream_options.continuous_usage_stats else None
-            yield chunk(p.DeltaMessage(content=out.delta_text or None), out.finish_reason, usage)
+            usage = _usage(out) if continuous else None
+            logprobs = self._chat_logprobs(req, out.new_token_ids, out.new_logprobs)
+            yield chunk(sc.choice_index(candidates[i], req.n), p.DeltaMessage(content=out.delta_text or None),
+                        out.finish_reason, usage, logprobs)
             if out.finished:
-                if req.include_usage:
-                    yield p.sse(p.ChatCompletionChunk(id=request_id, created=created, model=model,
-                                                      choices=[], usage=_usage(out)))
-                break
+                finals[i] = out
+        if req.include_usage and all(f is not None for f in finals):
+            yield p.sse(p.ChatCompletionChunk(id=request_id, created=created, model=model, choices=[],
+                                              usage=_total_usage(candidates, finals)))
         yield p.SSE_DONE
