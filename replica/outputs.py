@@ -96,7 +96,12 @@ class RequestOutput:
 
 class ModelRunnerOutput(dict):
     """What a model runner returns for a step: ``{request_id: sampled token}`` (a plain dict to every
-    caller that wants only tokens) plus the logprobs the step's requests asked for."""
+    caller that wants only tokens) plus the logprobs the step's requests asked for.
+
+    ``logprobs``: request_id -> logprobs of its sampled token (requests with ``logprobs`` set).
+    ``prompt_logprobs``: request_id -> [(prompt position, logprobs of the prompt token there)] computed
+    this step (requests with ``prompt_logprobs`` set, one entry per prompt position of the chunk).
+    """
 
     __slots__ = ("logprobs", "prompt_logprobs")
 
@@ -104,9 +109,7 @@ class ModelRunnerOutput(dict):
                  prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] | None = None) -> None:
         super().__init__(sampled)
         self.logprobs = logprobs or {}
-        """request_id -> logprobs of its sampled token (requests with ``logprobs`` set)."""
         self.prompt_logprobs = prompt_logprobs or {}
-        """request_id -> [(prompt position, logprobs of the prompt token there)] computed this step."""
 
     def __reduce__(self):  # pickled across Ray (tensor-parallel rank 0 -> the engine)
         return ModelRunnerOutput, (dict(self), self.logprobs, self.prompt_logprobs)

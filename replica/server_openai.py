@@ -53,6 +53,7 @@ class OpenAIHandlers:
 
     def __init__(self, state: Any):
         self.state = state  # server.ServerState: engine, tokenizer, served names, metrics
+        self._token_decoder: lf.TokenDecoder | None = None  # for logprobs' token strings
 
     # ------------------------------------------------------------ entry points
     async def completions(self, http: Request) -> Any:
@@ -118,10 +119,10 @@ class OpenAIHandlers:
 
     # ------------------------------------------------------------ logprobs (replica/logprobs_format.py)
     def _decode_token(self) -> lf.TokenDecoder:
-        decode = getattr(self.state, "decode_token", None)
-        if decode is None:
-            decode = self.state.decode_token = lf.token_decoder(self.state.tokenizer.hf)
-        return decode
+        """One token alone -> its text (built on first use; caches what it decoded)."""
+        if self._token_decoder is None:
+            self._token_decoder = lf.token_decoder(self.state.tokenizer.hf)
+        return self._token_decoder
 
     def _echo(self, req: Any, out: Any, prompt_index: int, prompt_logprobs: Any) -> tuple[str, dict | None]:
         """The echoed prompt: its text (as sent, when it was text) and, with ``logprobs``, its logprobs."""
