@@ -93,6 +93,18 @@ def test_cached_prompt_still_gets_correct_prompt_logprobs(llm, hf):
     assert after.num_cached_tokens >= 32  # the cache it found is still there for everyone else
 
 
+def test_generated_logprobs_on_a_prefix_cache_hit_equal_transformers(llm, hf):
+    story = STORY + " It was a happy day."
+    llm.generate(story, SamplingParams(temperature=0.0, max_tokens=1))
+    out = llm.generate(story, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2))[0]
+    assert out.num_cached_tokens >= 32  # generated-token logprobs need no prompt logits: the cache is read
+    ids = out.prompt_token_ids + out.output_token_ids
+    ref = reference_logprobs(hf, ids)
+    for i, entry in enumerate(out.logprobs):
+        pos = len(out.prompt_token_ids) + i
+        assert_entry_matches(entry, ref[pos - 1], ids[pos], 2)
+
+
 def test_batch_with_and_without_logprobs_gives_each_what_it_asked(llm, hf):
     params = [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=1, prompt_logprobs=0),
               SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)]
