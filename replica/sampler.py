@@ -45,6 +45,8 @@ class SamplingMetadata:
     """(row, token ids, biases) added to the row's logits before sampling (OpenAI ``logit_bias``)."""
     max_num_logprobs: int | None = None
     """Largest ``logprobs`` of any row; None when no row asks for logprobs."""
+    logprobs_rows: list[int] | None = None
+    """The rows that ask for logprobs; None when all do (or none: see ``max_num_logprobs``)."""
 
     @property
     def all_greedy(self) -> bool:
@@ -66,10 +68,11 @@ def build_sampling_metadata(reqs: Sequence[ScheduledRequest], vocab_size: int, e
             banned.append((row, list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))))
     bias = [(row, list(sp.logit_bias), [float(v) for v in sp.logit_bias.values()])
             for row, sp in enumerate(params) if sp.logit_bias]
-    asked = [sp.logprobs for sp in params if sp.logprobs is not None]
-    max_num_logprobs = max(asked) if asked else None
+    asked = [row for row, sp in enumerate(params) if sp.logprobs is not None]
+    max_num_logprobs = max(params[row].logprobs for row in asked) if asked else None
+    logprobs_rows = asked if 0 < len(asked) < len(params) else None
     if all(sp.greedy for sp in params):
-        return SamplingMetadata(None, None, None, None, {}, banned, bias, max_num_logprobs)
+        return SamplingMetadata(None, None, None, None, {}, banned, bias, max_num_logprobs, logprobs_rows)
     temperature = torch.tensor([1.0 if sp.greedy else sp.temperature for sp in params], dtype=torch.float32)
     greedy = torch.tensor([sp.greedy for sp in params], dtype=torch.bool)
     top_k = top_p = None
@@ -83,7 +86,7 @@ def build_sampling_metadata(reqs: Sequence[ScheduledRequest], vocab_size: int, e
         if sp.seed is not None and not sp.greedy
     }
     return SamplingMetadata(temperature.to(device), greedy.to(device), top_k, top_p, generators, banned, bias,
-                            max_num_logprobs)
+                            max_num_logprobs, logprobs_rows)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
@@ -189,12 +192,15 @@ class Sampler:
                              ) -> tuple[torch.Tensor, LogprobsTensors | None]:
         """Sample as ``__call__`` does, plus the logprobs the rows asked for, of the *raw* distribution
         (log_softmax of the logits before logit_bias, bans, temperature, top-k/top-p: vLLM's default
-        ``logprobs_mode="raw_logprobs"``)."""
-        raw = compute_logprobs(logits) if md.max_num_logprobs is not None else None  # [N, V] fp32
+        ``logprobs_mode="raw_logprobs"``). Rows that did not ask get none (``md.logprobs_rows``)."""
+        if md.max_num_logprobs is None:
+            return self(logits, md), None
+        rows = md.logprobs_rows
+        raw = (logits if rows is None else logits[rows]).to(torch.float32)  # [M, V]
+        lse = raw.logsumexp(dim=-1, keepdim=True)  # [M, 1]; the full log_softmax is never built
         sampled = self(logits, md)  # [N]
-        if raw is None:
-            return sampled, None
-        return sampled, gather_logprobs(raw, md.max_num_logprobs, sampled)
+        chosen = sampled if rows is None else sampled[rows]
+        return sampled, gather_logprobs(raw, md.max_num_logprobs, chosen, lse, rows)
 
 
 @dataclass(slots=True)
@@ -202,16 +208,23 @@ class LogprobsTensors:
     """Per row: the chosen token's logprob and rank, then the top-k (vLLM's ``LogprobsTensors``)."""
 
     token_ids: torch.Tensor
-    """[N, 1 + k] int64: the chosen token, then the k most likely in rank order."""
+    """[M, 1 + k] int64: the chosen token, then the k most likely in rank order."""
     logprobs: torch.Tensor
-    """[N, 1 + k] float32: their log-probabilities."""
+    """[M, 1 + k] float32: their log-probabilities."""
     ranks: torch.Tensor
-    """[N] int64: rank of the chosen token (1 = most likely; ties share the lower rank's count as vLLM)."""
+    """[M] int64: rank of the chosen token (1 = most likely; tied tokens count, as vLLM's >= count)."""
+    rows: list[int] | None = None
+    """The batch rows these M rows belong to (None: every row, M = N)."""
+    _lists: tuple | None = field(default=None, repr=False)
 
     def row(self, i: int, num_logprobs: int) -> TokenLogprobs:
-        """Row ``i`` cut to the chosen token plus its request's ``num_logprobs`` most likely."""
-        return TokenLogprobs(self.token_ids[i, : 1 + num_logprobs].tolist(),
-                             self.logprobs[i, : 1 + num_logprobs].tolist(), int(self.ranks[i]))
+        """Batch row ``i`` cut to the chosen token plus its request's ``num_logprobs`` most likely."""
+        if self._lists is None:  # one device->host copy and tolist for all rows
+            index = None if self.rows is None else {row: j for j, row in enumerate(self.rows)}
+            self._lists = (self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist(), index)
+        token_ids, logprobs, ranks, index = self._lists
+        j = i if index is None else index[i]
+        return TokenLogprobs(token_ids[j][: 1 + num_logprobs], logprobs[j][: 1 + num_logprobs], ranks[j])
 
 
 def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -219,13 +232,21 @@ def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.to(torch.float32), dim=-1)
 
 
-def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
-    """The chosen ``token_ids`` [N] and the ``num_logprobs`` most likely tokens of each row of ``logprobs``."""
-    chosen = token_ids.to(torch.int64).unsqueeze(1)  # [N, 1]
-    chosen_logprobs = logprobs.gather(1, chosen)  # [N, 1]
-    ranks = (logprobs >= chosen_logprobs).sum(dim=-1)  # [N]
+def gather_logprobs(values: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
+                    lse: torch.Tensor | None = None, rows: list[int] | None = None) -> LogprobsTensors:
+    """The chosen ``token_ids`` [M] and the ``num_logprobs`` most likely tokens of each row of ``values``:
+    log-probabilities [M, V], or logits with their ``lse`` [M, 1] (logprob = logit - logsumexp)."""
+    chosen = token_ids.to(torch.int64).unsqueeze(1)  # [M, 1]
+    chosen_values = values.gather(1, chosen)  # [M, 1]
+    if values.device.type == "cpu":  # numpy's comparison is ~3x faster than torch's CPU kernel here
+        ranks = torch.from_numpy((values.numpy() >= chosen_values.numpy()).sum(axis=-1))  # [M]
+    else:
+        ranks = (values >= chosen_values).sum(dim=-1)
+    token_ids_out, values_out = chosen, chosen_values
     if num_logprobs > 0:
-        top = logprobs.topk(num_logprobs, dim=-1)  # values/indices [N, k], descending
-        return LogprobsTensors(torch.cat([chosen, top.indices], dim=1).cpu(),
-                               torch.cat([chosen_logprobs, top.values], dim=1).cpu(), ranks.cpu())
-    return LogprobsTensors(chosen.cpu(), chosen_logprobs.cpu(), ranks.cpu())
+        top = values.topk(num_logprobs, dim=-1)  # values/indices [M, k], descending
+        token_ids_out = torch.cat([chosen, top.indices], dim=1)
+        values_out = torch.cat([chosen_values, top.values], dim=1)
+    if lse is not None:
+        values_out = values_out - lse
+    return LogprobsTensors(token_ids_out.cpu(), values_out.cpu(), ranks.cpu(), rows)
