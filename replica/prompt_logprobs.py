@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from kvmesh.replica.outputs import TokenLogprobs
-from kvmesh.replica.sampler import compute_logprobs, gather_logprobs
+from kvmesh.replica.sampler import gather_logprobs
 from kvmesh.replica.scheduler_output import ScheduledRequest
 
 ROWS_PER_PASS = 1024
@@ -34,7 +34,8 @@ class PromptLogprobsProcessor:
     """Lives in the model runner; keeps the one pending row of each request between its prefill chunks."""
 
     def __init__(self) -> None:
-        self.pending: dict[str, tuple[int, torch.Tensor]] = {}  # request_id -> (target position, [V] logprobs)
+        # request_id -> (target position, [1, V] logits of the row predicting it, [1, 1] their logsumexp)
+        self.pending: dict[str, tuple[int, torch.Tensor, torch.Tensor]] = {}
 
     def free(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
@@ -53,17 +54,18 @@ class PromptLogprobsProcessor:
             pending = self.pending.pop(r.request_id, None)
             if pending is not None and pending[0] == start:  # the previous chunk's last row predicts token_ids[0]
                 target = torch.tensor([r.token_ids[0]], device=hidden.device)
-                entries.append((start, gather_logprobs(pending[1][None], k, target).row(0, k)))
+                entries.append((start, gather_logprobs(pending[1], k, target, pending[2]).row(0, k)))
             num_rows = num - 1 if r.sample else num  # rows whose target is a prompt token (or the next chunk's)
             first_row = query_start_loc[i]
             for lo in range(0, num_rows, ROWS_PER_PASS):
                 hi = min(num_rows, lo + ROWS_PER_PASS)
-                logprobs = compute_logprobs(compute_logits(hidden[first_row + lo: first_row + hi]))  # [hi-lo, V]
+                logits = compute_logits(hidden[first_row + lo: first_row + hi]).to(torch.float32)  # [hi-lo, V]
+                lse = logits.logsumexp(dim=-1, keepdim=True)  # [hi-lo, 1]
                 known = min(hi, num - 1) - lo  # rows whose target lies in this chunk
                 if known > 0:
                     targets = torch.tensor(r.token_ids[lo + 1: lo + 1 + known], device=hidden.device)
-                    lp = gather_logprobs(logprobs[:known], k, targets)
+                    lp = gather_logprobs(logits[:known], k, targets, lse[:known])
                     entries.extend((start + lo + 1 + j, lp.row(j, k)) for j in range(known))
                 if hi == num:  # the chunk's last row: its target comes with the next chunk
-                    self.pending[r.request_id] = (start + num, logprobs[-1].clone())
+                    self.pending[r.request_id] = (start + num, logits[-1:].clone(), lse[-1:].clone())
         return out

@@ -227,11 +227,6 @@ class LogprobsTensors:
         return TokenLogprobs(token_ids[j][: 1 + num_logprobs], logprobs[j][: 1 + num_logprobs], ranks[j])
 
 
-def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
-    """[N, V] logits -> [N, V] float32 log-probabilities."""
-    return torch.log_softmax(logits.to(torch.float32), dim=-1)
-
-
 def gather_logprobs(values: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
                     lse: torch.Tensor | None = None, rows: list[int] | None = None) -> LogprobsTensors:
     """The chosen ``token_ids`` [M] and the ``num_logprobs`` most likely tokens of each row of ``values``:
