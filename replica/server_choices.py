@@ -134,8 +134,9 @@ async def merge_streams(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tupl
                 remaining -= 1
                 continue
             yield i, out
-    finally:
+    finally:  # the consumer left early or failed: stop the pumps (closing their streams aborts the requests)
         for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for stream in streams:
             await stream.aclose()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
 
 import httpx
 import pytest
@@ -116,3 +118,40 @@ def test_chat_n_choices(client):
     body = post(client, "/v1/chat/completions", messages=[{"role": "user", "content": "Hi"}], n=2, temperature=0)
     assert [c["index"] for c in body["choices"]] == [0, 1]
     assert body["choices"][0]["message"] == body["choices"][1]["message"]
+
+
+def wait_idle(replica, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    manager = replica.engine.engine.kv_cache_manager
+    while time.monotonic() < deadline:
+        if replica.engine.num_unfinished() == 0 and manager.usage == 0.0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"still busy: {replica.engine.num_unfinished()} requests, usage {manager.usage}")
+
+
+def aborted(replica) -> int:
+    return replica.engine.get_stats().num_finished.get("abort", 0)
+
+
+def test_disconnect_mid_stream_aborts_every_choice(client, replica):
+    before = aborted(replica)
+    body = {"prompt": [STORY, OTHER], "n": 2, "stream": True, "max_tokens": 400, "ignore_eos": True}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert any(next(lines).startswith("data: ") for _ in range(6))
+    wait_idle(replica)
+    assert aborted(replica) == before + 4
+
+
+def test_disconnect_while_waiting_for_all_choices_aborts_them(replica):
+    before = aborted(replica)
+    body = json.dumps({"prompt": STORY, "n": 3, "max_tokens": 400, "ignore_eos": True}).encode()
+    with socket.create_connection((replica.http.host, replica.http.port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 10
+        while replica.engine.num_unfinished() < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    wait_idle(replica)
+    assert aborted(replica) == before + 3
