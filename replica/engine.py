@@ -150,7 +150,10 @@ class LLMEngine:
             if request is None:
                 continue
             try:
-                if token_logprobs and request.logprobs is not None:
+                if request.logprobs is not None:
+                    if not token_logprobs or request_id not in token_logprobs:
+                        raise RuntimeError(f"the model runner ({type(self.model_runner).__name__}) returned no "
+                                           "logprobs for a request that asked for them")
                     request.logprobs.append(token_logprobs[request_id])
                 done = append_token(request, token, now)
                 if done or detokenizers or token_logprobs or request.prompt_logprobs is not None:

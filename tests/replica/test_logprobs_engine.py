@@ -67,3 +67,19 @@ def test_logit_bias_moves_the_sampled_token_and_leaves_raw_logprobs(temperature)
     raw = torch.log_softmax(logits, dim=-1)
     assert lp.logprobs[0, 0].item() == pytest.approx(raw[0, 0].item())  # before the bias (raw_logprobs)
     assert lp.token_ids[0].tolist() == [0, 1] and logits.tolist() == [[0.0, 5.0, 1.0, 2.0]]  # input untouched
+
+
+def test_a_runner_without_logprobs_fails_the_request_that_asked_instead_of_dropping_them():
+    from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.engine import LLMEngine
+    from kvmesh.replica.fake_runner import FakeModelRunner
+
+    engine = LLMEngine(EngineConfig(model="fake", load_format="dummy"), model_runner=FakeModelRunner(),
+                       skip_tokenizer_init=True)
+    engine.add_request("plain", [1, 2, 3], SamplingParams(max_tokens=2))
+    engine.add_request("asks", [1, 2, 3], SamplingParams(max_tokens=2, logprobs=1))
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finals["plain"].finish_reason == "length"
+    assert finals["asks"].finish_reason == "error" and "no logprobs" in finals["asks"].error
