@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 from pathlib import Path
@@ -79,6 +80,7 @@ def main(argv=None) -> dict:
     from kvmesh.replica.sampling_params import SamplingParams
 
     args = parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))  # the engine keeps it (model_runner)
     torch.set_num_threads(args.threads)
     rng = random.Random(0)
     engine = make_engine(None, MODEL, enable_prefix_caching=False, max_num_seqs=args.num_requests)
@@ -102,7 +104,8 @@ def main(argv=None) -> dict:
             print(f"scoring {name} repeat {r}: {scoring[name][-1]}", flush=True)
     # decode times include the prefill of the prompts, the same in every variant
     results = {
-        "args": vars(args), "model": MODEL, "sampler_step_cpu_ms": sampler,
+        "args": vars(args), "model": MODEL, "torch_threads": torch.get_num_threads(),
+        "load_avg_end": os.getloadavg(), "sampler_step_cpu_ms": sampler,
         "decode": {n: median_per(t, args.num_requests * args.output_len) for n, t in decode.items()},
         "scoring": {n: median_per(t, args.num_requests * args.scoring_len) for n, t in scoring.items()},
         "raw": {"decode": decode, "scoring": scoring},
