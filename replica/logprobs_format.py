@@ -109,8 +109,19 @@ def chat_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprobsLike]
     return {"content": content}
 
 
-def merge_completion_logprobs(parts: Sequence[dict[str, list]]) -> dict[str, list]:
-    """One completions ``logprobs`` object from consecutive ones (an echoed prompt's, then the output's)."""
+def choice_logprobs(prompt_token_ids: Sequence[int], prompt_entries: Sequence[TokenLogprobsLike | None] | None,
+                    output_token_ids: Sequence[int], output_entries: Sequence[TokenLogprobsLike | None],
+                    num_logprobs: int, decode: TokenDecoder, echo: bool,
+                    initial_text_offset: int = 0) -> dict[str, list]:
+    """A completion choice's (or chunk's) ``logprobs``: with ``echo``, the prompt's tokens first (the
+    first one null; all null when ``prompt_entries`` is None), then the output tokens', as vLLM returns."""
+    parts = []
+    offset = initial_text_offset
+    if echo:
+        entries = prompt_entries if prompt_entries is not None else [None] * len(prompt_token_ids)
+        parts.append(completion_logprobs(prompt_token_ids, entries, num_logprobs, decode, offset))
+        offset += sum(map(len, parts[0]["tokens"]))
+    parts.append(completion_logprobs(output_token_ids, output_entries, num_logprobs, decode, offset))
     merged: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for part in parts:
         for key, values in merged.items():

@@ -124,28 +124,17 @@ class OpenAIHandlers:
             self._token_decoder = lf.token_decoder(self.state.tokenizer.hf)
         return self._token_decoder
 
-    def _echo(self, req: Any, out: Any, prompt_index: int, prompt_logprobs: Any) -> tuple[str, dict | None]:
-        """The echoed prompt: its text (as sent, when it was text) and, with ``logprobs``, its logprobs."""
+    def _echo_text(self, req: Any, out: Any, prompt_index: int) -> str:
+        """The echoed prompt: as sent when it was text, else its tokens decoded."""
         prompt = req.prompt_list()[prompt_index]
-        text = prompt if isinstance(prompt, str) else self.state.tokenizer.decode(out.prompt_token_ids)
-        if req.logprobs is None:
-            return text, None
-        entries = prompt_logprobs or [None] * len(out.prompt_token_ids)
-        return text, lf.completion_logprobs(out.prompt_token_ids, entries, req.logprobs, self._decode_token())
+        return prompt if isinstance(prompt, str) else self.state.tokenizer.decode(out.prompt_token_ids)
 
     def _completion_choice(self, req: Any, index: int, final: Any, candidate: sc.Candidate,
                            prompt_logprobs: Any) -> p.CompletionChoice:
-        text, parts = final.text, []
-        if req.echo:
-            echo_text, echo_logprobs = self._echo(req, final, candidate.prompt_index, prompt_logprobs)
-            text = echo_text + text
-            parts += [echo_logprobs] if echo_logprobs is not None else []
-        logprobs = None
-        if req.logprobs is not None:
-            offset = sum(map(len, parts[0]["tokens"])) if parts else 0
-            parts.append(lf.completion_logprobs(final.output_token_ids, final.logprobs, req.logprobs,
-                                                self._decode_token(), offset))
-            logprobs = lf.merge_completion_logprobs(parts)
+        text = self._echo_text(req, final, candidate.prompt_index) + final.text if req.echo else final.text
+        logprobs = None if req.logprobs is None else lf.choice_logprobs(
+            final.prompt_token_ids, prompt_logprobs, final.output_token_ids, final.logprobs, req.logprobs,
+            self._decode_token(), req.echo)
         return p.CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=final.finish_reason)
 
     def _chat_logprobs(self, req: Any, token_ids: list[int], entries: Any) -> dict | None:
@@ -209,16 +198,14 @@ class OpenAIHandlers:
             _check_failed(out)
             if not (out.delta_text or out.finished or out.new_logprobs or not echoed[i]):
                 continue
-            text, parts, logprobs = out.delta_text, [], None
-            if not echoed[i]:
-                echo_text, echo_logprobs = self._echo(req, out, candidates[i].prompt_index, out.prompt_logprobs)
-                text, echoed[i] = echo_text + text, True
-                parts += [echo_logprobs] if echo_logprobs is not None else []
+            text, logprobs, echo = out.delta_text, None, not echoed[i]
+            if echo:
+                text, echoed[i] = self._echo_text(req, out, candidates[i].prompt_index) + text, True
             if req.logprobs is not None:
-                parts.append(lf.completion_logprobs(
-                    out.new_token_ids, out.new_logprobs or [None] * len(out.new_token_ids), req.logprobs,
-                    self._decode_token(), text_offsets[i] + (sum(map(len, parts[0]["tokens"])) if parts else 0)))
-                logprobs = lf.merge_completion_logprobs(parts)
+                logprobs = lf.choice_logprobs(
+                    out.prompt_token_ids, out.prompt_logprobs, out.new_token_ids,
+                    out.new_logprobs or [None] * len(out.new_token_ids), req.logprobs, self._decode_token(), echo,
+                    text_offsets[i])
                 text_offsets[i] += sum(map(len, logprobs["tokens"]))
             chunk = p.CompletionChunk(
                 id=request_id, created=created, model=model,

@@ -6,9 +6,9 @@ import math
 
 from kvmesh.replica.logprobs_format import (
     chat_logprobs,
+    choice_logprobs,
     completion_logprobs,
     distinct_candidates,
-    merge_completion_logprobs,
     token_decoder,
 )
 from kvmesh.replica.outputs import TokenLogprobs
@@ -41,8 +41,15 @@ def test_echoed_first_prompt_token_has_null_logprobs_and_offsets_count_character
     assert out["tokens"] == ["<s>", " Once", " upon"] and out["text_offset"] == [0, 3, 8]
     later = completion_logprobs([8], [TokenLogprobs([8], [-0.3], 1)], 0, decode, initial_text_offset=13)
     assert later["text_offset"] == [13]
-    merged = merge_completion_logprobs([out, later])
-    assert merged["tokens"] == ["<s>", " Once", " upon", " a"] and merged["text_offset"] == [0, 3, 8, 13]
+
+
+def test_choice_logprobs_put_the_echoed_prompt_before_the_output():
+    prompt = [None, TokenLogprobs([5], [-1.0], 4), TokenLogprobs([6], [-2.0], 1)]
+    out = choice_logprobs([1, 5, 6], prompt, [8], [TokenLogprobs([8], [-0.3], 1)], 0, decode, echo=True)
+    assert out["tokens"] == ["<s>", " Once", " upon", " a"] and out["text_offset"] == [0, 3, 8, 13]
+    assert out["token_logprobs"] == [None, -1.0, -2.0, -0.3]
+    no_echo = choice_logprobs([1, 5, 6], prompt, [8], [TokenLogprobs([8], [-0.3], 1)], 0, decode, echo=False)
+    assert no_echo["tokens"] == [" a"] and no_echo["text_offset"] == [0]
 
 
 def test_minus_infinity_is_sent_as_minus_9999():
