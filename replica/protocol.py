@@ -202,7 +202,12 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
 
     def _max_tokens(self) -> int | None:
-        return self.max_tokens
+        return 1 if self.prompt_only else self.max_tokens  # the engine samples one token; it is not returned
+
+    @property
+    def prompt_only(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: only the prompt (and its logprobs) comes back, as in vLLM."""
+        return self.echo and self.max_tokens == 0
 
     def _logprobs(self) -> tuple[int | None, int | None]:
         return self.logprobs, self.logprobs if self.echo else None  # vLLM: echo + logprobs -> prompt logprobs

@@ -140,3 +140,15 @@ async def merge_streams(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tupl
         await asyncio.gather(*tasks, return_exceptions=True)
         for stream in streams:
             await stream.aclose()
+
+
+async def without_output(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A request's outputs with the generated token taken out (``echo`` with ``max_tokens: 0``)."""
+    try:
+        async for out in stream:
+            yield replace(out, new_token_ids=[], output_token_ids=[], delta_text="", text="",
+                          new_logprobs=None if out.new_logprobs is None else [],
+                          logprobs=None if out.logprobs is None else [], stop_reason=None,
+                          finish_reason="length" if out.finish_reason in ("stop", "length") else out.finish_reason)
+    finally:
+        await stream.aclose()  # closing early aborts the request

@@ -87,6 +87,8 @@ class OpenAIHandlers:
                                         params[0].logprobs is not None, req.stream)
         try:  # queues the requests now, so bad input is a 400 before any byte is sent
             streams = await sc.start_all(engine, candidates, req.cache_salt)
+            if getattr(req, "prompt_only", False):
+                streams = [sc.without_output(stream) for stream in streams]
         except ValueError as e:
             raise p.ProtocolError(str(e)) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere

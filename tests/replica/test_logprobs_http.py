@@ -136,3 +136,19 @@ def test_bad_logprobs_and_bias_values_are_400(client, body, word):
     r = client.post("/v1/completions", json={"prompt": "hi", **body})
     assert r.status_code == 400, r.text
     assert word in r.json()["error"]["message"]
+
+
+def test_echo_with_max_tokens_0_returns_only_the_prompt_and_its_logprobs(client):
+    with_one = complete(client, echo=True, logprobs=1, max_tokens=1)
+    body = complete(client, echo=True, logprobs=1, max_tokens=0)
+    choice = body["choices"][0]
+    assert choice["text"] == STORY and choice["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 0
+    expected = {k: v[:-1] for k, v in with_one["choices"][0]["logprobs"].items()}  # without the sampled token
+    assert choice["logprobs"]["tokens"] == expected["tokens"]
+    assert choice["logprobs"]["token_logprobs"][1:] == pytest.approx(expected["token_logprobs"][1:], abs=TOL)
+    chunks = sse_chunks(client.post("/v1/completions", json={
+        "prompt": STORY, "max_tokens": 0, "echo": True, "logprobs": 1, "stream": True}).text)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == STORY
+    assert sum(len(c["choices"][0]["logprobs"]["tokens"]) for c in chunks) == len(expected["tokens"])
+    assert client.post("/v1/completions", json={"prompt": STORY, "max_tokens": 0}).status_code == 400
