@@ -53,7 +53,8 @@ FinishReason = Literal["stop", "length", "abort", "error"] | None
 class CompletionChoice(OpenAIBaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict[str, list] | None = None
+    """{tokens, token_logprobs, top_logprobs, text_offset} (logprobs_format.py)."""
     finish_reason: FinishReason = None
 
 
@@ -74,7 +75,8 @@ class ChatMessageOut(OpenAIBaseModel):
 class ChatCompletionChoice(OpenAIBaseModel):
     index: int = 0
     message: ChatMessageOut
-    logprobs: None = None
+    logprobs: dict[str, list] | None = None
+    """{content: [{token, logprob, bytes, top_logprobs}]} (logprobs_format.py)."""
     finish_reason: FinishReason = None
 
 
@@ -95,7 +97,7 @@ class DeltaMessage(OpenAIBaseModel):
 class ChatStreamChoice(OpenAIBaseModel):
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: dict[str, list] | None = None
     finish_reason: FinishReason = None
 
 
