@@ -177,7 +177,10 @@ class ModelRunner:
             hidden = hidden[inputs.logits_indices]
         logits = self.model.compute_logits(hidden)  # [N, V]
         sampling = self.input_batch.sampling_metadata(inputs.sample_rows, self.vocab_size, self.eos_token_ids)
-        tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
+        if sampling.max_num_logprobs is None:  # the common case: no row asks for logprobs
+            tokens, logprobs = self.sampler(logits, sampling), None
+        else:
+            tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
         self.input_batch.record_samples(inputs.sample_rows, tokens)
         sampled = dict(zip(inputs.sample_request_ids, tokens.tolist(), strict=True))
         if logprobs is None and prompt_logprobs is None:
