@@ -69,9 +69,10 @@ class KVCacheManager:
         """The request's longest cached prefix and its length in tokens.
 
         Capped at ``num_tokens - 1`` tokens: the last prompt token must be computed again so the
-        forward pass produces logits to sample from.
+        forward pass produces logits to sample from. A request with ``skip_reading_prefix_cache`` (it
+        asks prompt logprobs, which need every prompt position's logits) gets no hit, as in vLLM.
         """
-        if not self.enable_caching:
+        if not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
             return [], 0
         hashes = self._hasher(request).block_hashes
         get = self.block_pool.cached_block_hash_to_block.get

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.detokenizer import IncrementalDetokenizer
-from kvmesh.replica.outputs import RequestMetrics, RequestOutput
+from kvmesh.replica.outputs import RequestMetrics, RequestOutput, TokenLogprobs
 from kvmesh.replica.request import Request, RequestStatus, validate_request_input
 from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler import Scheduler
@@ -144,6 +144,9 @@ class LLMEngine:
         requests, detokenizers = self.scheduler.requests, self._detokenizers
         append_token, append_output = self._append_token, outputs.append
         tpots: dict[float, int] = {}  # inter-token time -> requests (observed once per distinct value)
+        token_logprobs = getattr(sampled, "logprobs", None)  # a ModelRunnerOutput when a request asked
+        if getattr(sampled, "prompt_logprobs", None):
+            self._record_prompt_logprobs(sampled.prompt_logprobs)
         for request_id, token in sampled.items():
             request = requests.get(request_id)
             if request is None:
@@ -151,7 +154,8 @@ class LLMEngine:
             output_ids = request.output_token_ids
             last = request.last_token_time
             if (last is not None and not detokenizers and token not in request.stop_token_ids
-                    and len(output_ids) + 1 < request.sampling_params.max_tokens):
+                    and len(output_ids) + 1 < request.sampling_params.max_tokens
+                    and request.logprobs is None and request.prompt_logprobs is None):
                 request.last_token_time = now
                 tpots[now - last] = tpots.get(now - last, 0) + 1
                 output_ids.append(token)
@@ -160,6 +164,11 @@ class LLMEngine:
                                             "", False, None, None, request.num_cached_tokens))
                 continue
             try:
+                if request.logprobs is not None:
+                    if not token_logprobs or request_id not in token_logprobs:
+                        raise RuntimeError(f"the model runner ({type(self.model_runner).__name__}) returned no "
+                                           "logprobs for a request that asked for them")
+                    request.logprobs.append(token_logprobs[request_id])
                 done = append_token(request, token, now)
                 append_output(self._make_output(request, [token]))
             except Exception as e:  # e.g. a tokenizer failure: only this request fails
@@ -198,9 +207,19 @@ class LLMEngine:
             return request.check_stop_token()
         return False
 
+    def _record_prompt_logprobs(self, computed: dict[str, list[tuple[int, TokenLogprobs]]]) -> None:
+        """Store the prompt logprobs of this step's prefill chunks at their prompt positions."""
+        for request_id, entries in computed.items():
+            request = self.scheduler.requests.get(request_id)
+            if request is not None and request.prompt_logprobs is not None:
+                for position, entry in entries:
+                    request.prompt_logprobs[position] = entry
+
     def _make_output(self, request: Request, new_token_ids: list[int]) -> RequestOutput:
         finished = request.status.is_finished
         detok = self._detokenizers.get(request.request_id)
+        logprobs = request.logprobs
+        new_logprobs = logprobs[len(logprobs) - len(new_token_ids):] if logprobs is not None else None
         return RequestOutput(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
@@ -214,6 +233,10 @@ class LLMEngine:
             num_cached_tokens=max(request.num_cached_tokens, 0),
             error=request.error,
             metrics=_metrics(request) if finished else None,
+            new_logprobs=new_logprobs,
+            logprobs=list(logprobs) if finished and logprobs is not None else None,
+            # complete once a token was sampled (a preempted request keeps the first computation's)
+            prompt_logprobs=request.prompt_logprobs if request.output_token_ids else None,
         )
 
     def _on_finished(self, request: Request) -> None:

@@ -50,6 +50,9 @@ class ModelInputs:
     """[N] persistent-batch rows of the requests that sample, in logits order."""
     sample_request_ids: list[str]
     """Their request ids."""
+    rows: np.ndarray
+    """[n] persistent-batch rows of every request of the step, in order (``common.query_start_loc_cpu[i]``
+    is the first token of row ``rows[i]``)."""
 
 
 class InputBatch:
@@ -59,7 +62,7 @@ class InputBatch:
         self.num_computed = np.zeros(0, np.int64)
         self.last_token = np.zeros(0, np.int64)
         self.num_output = np.zeros(0, np.int64)
-        self.plain_greedy = np.zeros(0, bool)  # greedy without min_tokens: needs no sampling metadata
+        self.plain_greedy = np.zeros(0, bool)  # greedy, no min_tokens/logit_bias/logprobs: no sampling metadata
         self.req_ids = np.zeros(0, object)
         self.params: list = []
         self._fit_rows()
@@ -82,7 +85,8 @@ class InputBatch:
         for sr, row in zip(srs, rows, strict=True):
             sp = sr.sampling_params
             self.req_ids[row], self.params[row], self.num_output[row] = sr.request_id, sp, len(sr.output_token_ids)
-            self.plain_greedy[row] = sp.greedy and not sp.min_tokens
+            self.plain_greedy[row] = (sp.greedy and not sp.min_tokens and not sp.logit_bias
+                                      and sp.logprobs is None)
             self.num_computed[row] = sr.num_computed_tokens
             if len(sr.token_ids) == 1:
                 self.last_token[row] = sr.token_ids[0]
@@ -175,7 +179,7 @@ class InputBatch:
             block_tables_cpu=block_tables,
         )
         return ModelInputs(dev(input_ids), dev(positions.astype(np.int64, copy=False)), common,
-                           dev(logits_indices), sample_rows, self.req_ids[sample_rows].tolist())
+                           dev(logits_indices), sample_rows, self.req_ids[sample_rows].tolist(), rows)
 
     def sampling_metadata(self, rows: np.ndarray, vocab_size: int, eos_token_ids) -> SamplingMetadata:
         """Sampling settings of ``rows`` (the all-greedy common case costs one array test)."""
@@ -183,6 +187,12 @@ class InputBatch:
             return _ALL_GREEDY
         params = [self.params[r] for r in rows.tolist()]
         return build_sampling_metadata(params, self.num_output[rows].tolist(), vocab_size, eos_token_ids, self.device)
+
+    def first_token_index(self, inputs: ModelInputs, request_ids: list[str]) -> dict[str, int]:
+        """Where each request's tokens start among the step's tokens (its first row of the hidden states)."""
+        step_index = {row: i for i, row in enumerate(inputs.rows.tolist())}
+        starts, rows = inputs.common.query_start_loc_cpu, self.block_tables.rows
+        return {rid: starts[step_index[rows[rid]]] for rid in request_ids}
 
     def record_samples(self, rows: np.ndarray, tokens: torch.Tensor) -> None:
         """The sampled tokens become the rows' next inputs."""

@@ -2,7 +2,8 @@
 
 ``execute_model(SchedulerOutput)`` turns the scheduler's decision into tensors, runs the
 forward pass (writing the step's K/V into the cache), computes logits only for the rows that
-sample and returns ``{request_id: token}``. Per-request state lives in the persistent batch
+sample and returns ``{request_id: token}`` (a ``ModelRunnerOutput`` that carries logprobs too
+when a request asked for them; prompt_logprobs.py computes prompt logprobs). Per-request state lives in the persistent batch
 (input_batch.py): decodes arrive as request ids and continue from the row's own last sample.
 With ``cuda_graphs``, decode-only steps replay captured graphs (cuda_graph.py). Device facts
 (memory for KV sizing, the CUDA device of a rank) come through small seams tested on CPU.
@@ -19,7 +20,7 @@ from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.cuda_graph import StaticDecode
 from kvmesh.replica.distributed import cuda_device_index
-from kvmesh.replica.input_batch import InputBatch
+from kvmesh.replica.input_batch import InputBatch, ModelInputs
 from kvmesh.replica.kv_cache import (
     allocate_kv_cache,
     bytes_per_block,
@@ -30,7 +31,9 @@ from kvmesh.replica.kv_cache import (
 )
 from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
+from kvmesh.replica.outputs import ModelRunnerOutput
 from kvmesh.replica.parallel_state import ParallelState
+from kvmesh.replica.prompt_logprobs import PromptLogprobsProcessor
 from kvmesh.replica.sampler import Sampler
 from kvmesh.replica.scheduler_output import SchedulerOutput
 from kvmesh.replica.weights import load_model_weights
@@ -85,6 +88,7 @@ class ModelRunner:
             self.static_decode.capture()
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
+        self.prompt_logprobs = PromptLogprobsProcessor()  # rows waiting between a prompt's prefill chunks
 
     def _build_model(self) -> torch.nn.Module:
         cls = get_model_class(self.spec.architecture)
@@ -150,9 +154,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
-        """Run one step; returns the sampled token of every scheduled request with ``sample=True``."""
+        """Run one step; returns the sampled token of every scheduled request with ``sample=True`` (a
+        ``ModelRunnerOutput`` carrying logprobs too when a request asked for them)."""
         if out.finished_request_ids:
             self.input_batch.free(out.finished_request_ids)
+            self.prompt_logprobs.free(out.finished_request_ids)
         if out.is_empty:
             return {}
         inputs = self.input_batch.prepare(out)
@@ -162,15 +168,37 @@ class ModelRunner:
             hidden = self.static_decode.run(inputs.input_ids, inputs.positions, common)  # [T, H]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(common))  # [T, H]
+        prompt_logprobs = None
+        if out.scheduled and any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled):
+            prompt_logprobs = self._prompt_logprobs(out, inputs, hidden)
         if not inputs.sample_request_ids:
-            return {}
+            return ModelRunnerOutput({}, None, prompt_logprobs) if prompt_logprobs else {}
         if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order
             hidden = hidden[inputs.logits_indices]
         logits = self.model.compute_logits(hidden)  # [N, V]
         sampling = self.input_batch.sampling_metadata(inputs.sample_rows, self.vocab_size, self.eos_token_ids)
-        tokens = self.sampler(logits, sampling)
+        if sampling.max_num_logprobs is None:  # the common case: no row asks for logprobs
+            tokens, logprobs = self.sampler(logits, sampling), None
+        else:
+            tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
         self.input_batch.record_samples(inputs.sample_rows, tokens)
-        return dict(zip(inputs.sample_request_ids, tokens.tolist(), strict=True))
+        sampled = dict(zip(inputs.sample_request_ids, tokens.tolist(), strict=True))
+        if logprobs is None and prompt_logprobs is None:
+            return sampled
+        token_logprobs = None
+        if logprobs is not None:  # row i of the logits is persistent-batch row sample_rows[i]
+            params = self.input_batch.params
+            token_logprobs = {rid: logprobs.row(i, params[row].logprobs) for i, (rid, row) in
+                              enumerate(zip(inputs.sample_request_ids, inputs.sample_rows.tolist(), strict=True))
+                              if params[row].logprobs is not None}
+        return ModelRunnerOutput(sampled, token_logprobs, prompt_logprobs)
+
+    def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor) -> dict:
+        """Prompt logprobs of this step's prefill chunks of requests that ask for them (``hidden`` [T, H]).
+        Only full requests can ask: a request decoding by id has output tokens, so its prompt is done."""
+        asking = [sr for sr in out.scheduled if sr.sampling_params.prompt_logprobs is not None]
+        first_rows = self.input_batch.first_token_index(inputs, [sr.request_id for sr in asking])
+        return self.prompt_logprobs.compute(asking, first_rows, hidden, self.model.compute_logits)
 
     # -- the rest of ModelRunnerInterface: one process, no TP group that could break --------------
     dead_reason: str | None = None

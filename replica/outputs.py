@@ -28,6 +28,31 @@ class RequestMetrics:
         return None if self.first_token_time is None else self.first_token_time - self.arrival_time
 
 
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Log-probabilities at one position (vLLM's ``dict[int, Logprob]`` as parallel lists).
+
+    Entry 0 is the token actually there (sampled, or the prompt's), then the top-k in rank order; the
+    token may appear twice when it is itself in the top-k (vLLM keeps the same order and duplicate).
+    """
+
+    token_ids: list[int]
+    """[1 + k] token ids: the chosen token, then the k most likely."""
+    logprobs: list[float]
+    """[1 + k] their log-probabilities (raw model distribution, fp32)."""
+    rank: int
+    """Rank of the chosen token in the distribution (1 = most likely)."""
+
+    @property
+    def logprob(self) -> float:
+        """The chosen token's log-probability."""
+        return self.logprobs[0]
+
+
+PromptLogprobs = list[TokenLogprobs | None]
+"""One entry per prompt token; the first is None (nothing predicts it)."""
+
+
 class RequestOutput:
     """A request's progress after one engine step: the new tokens and text, or how it ended.
 
@@ -47,15 +72,22 @@ class RequestOutput:
         num_cached_tokens   prompt tokens served from the prefix cache when the request was first scheduled
         error               what went wrong, when finish_reason == "error"
         metrics             timing of the request (on the final output)
+        new_logprobs        logprobs of ``new_token_ids`` (when the request asked for ``logprobs``)
+        logprobs            logprobs of every output token, on the final output only (when asked)
+        prompt_logprobs     logprobs of the prompt tokens (when asked), from the first output that carries a
+                            token on
     """
 
     __slots__ = ("request_id", "prompt_token_ids", "new_token_ids", "_output_ids", "_num_output", "delta_text",
-                 "text", "finished", "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics")
+                 "text", "finished", "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics",
+                 "new_logprobs", "logprobs", "prompt_logprobs")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], new_token_ids: list[int],
                  output_token_ids: list[int], delta_text: str = "", text: str = "", finished: bool = False,
                  finish_reason: str | None = None, stop_reason: int | str | None = None, num_cached_tokens: int = 0,
-                 error: str | None = None, metrics: RequestMetrics | None = None) -> None:
+                 error: str | None = None, metrics: RequestMetrics | None = None,
+                 new_logprobs: list[TokenLogprobs] | None = None, logprobs: list[TokenLogprobs] | None = None,
+                 prompt_logprobs: PromptLogprobs | None = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.new_token_ids = new_token_ids
@@ -68,11 +100,19 @@ class RequestOutput:
         self.num_cached_tokens = num_cached_tokens
         self.error = error
         self.metrics = metrics
+        self.new_logprobs = new_logprobs
+        self.logprobs = logprobs
+        self.prompt_logprobs = prompt_logprobs
 
     @property
     def output_token_ids(self) -> list[int]:
         """All tokens generated up to this step (a fresh list)."""
         return self._output_ids[: self._num_output]
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """Sum of the output tokens' logprobs (final output of a request with ``logprobs``), else None."""
+        return None if self.logprobs is None else sum(lp.logprob for lp in self.logprobs)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RequestOutput):
@@ -94,4 +134,26 @@ class RequestOutput:
 
 
 _COMPARED = ("request_id", "prompt_token_ids", "new_token_ids", "output_token_ids", "delta_text", "text", "finished",
-             "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics")
+             "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics", "new_logprobs", "logprobs",
+             "prompt_logprobs")
+
+
+class ModelRunnerOutput(dict):
+    """What a model runner returns for a step: ``{request_id: sampled token}`` (a plain dict to every
+    caller that wants only tokens) plus the logprobs the step's requests asked for.
+
+    ``logprobs``: request_id -> logprobs of its sampled token (requests with ``logprobs`` set).
+    ``prompt_logprobs``: request_id -> [(prompt position, logprobs of the prompt token there)] computed
+    this step (requests with ``prompt_logprobs`` set, one entry per prompt position of the chunk).
+    """
+
+    __slots__ = ("logprobs", "prompt_logprobs")
+
+    def __init__(self, sampled: dict[str, int], logprobs: dict[str, TokenLogprobs] | None = None,
+                 prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] | None = None) -> None:
+        super().__init__(sampled)
+        self.logprobs = logprobs or {}
+        self.prompt_logprobs = prompt_logprobs or {}
+
+    def __reduce__(self):  # pickled across Ray (tensor-parallel rank 0 -> the engine)
+        return ModelRunnerOutput, (dict(self), self.logprobs, self.prompt_logprobs)

@@ -49,7 +49,8 @@ class Request:
         "stop_token_ids",
         "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens", "status",
         "stop_reason", "error", "num_preemptions", "arrival_time", "first_scheduled_time",
-        "first_token_time", "last_token_time", "finished_time", "decoding_in_runner",
+        "first_token_time", "last_token_time", "finished_time", "decoding_in_runner", "skip_reading_prefix_cache",
+        "logprobs", "prompt_logprobs",
     )
 
     def __init__(
@@ -84,6 +85,13 @@ class Request:
         self.last_token_time: float | None = None
         self.finished_time: float | None = None
         self.decoding_in_runner = False  # the runner sampled its newest token and holds its row (decode by id)
+        # A request asking prompt logprobs needs the logits of every prompt position: it computes its whole
+        # prompt instead of reading the prefix cache (vLLM's rule); it still writes the cache for others.
+        self.skip_reading_prefix_cache = sampling_params.prompt_logprobs is not None
+        self.logprobs: list | None = [] if sampling_params.logprobs is not None else None  # [TokenLogprobs]
+        # [TokenLogprobs | None] per prompt position, filled as prefill chunks run (position 0 stays None)
+        self.prompt_logprobs: list | None = (
+            [None] * len(self.prompt_token_ids) if sampling_params.prompt_logprobs is not None else None)
 
     @property
     def num_tokens(self) -> int:
@@ -160,5 +168,8 @@ def validate_request_input(
     if num_blocks > num_usable_blocks:
         raise ValueError(f"request needs {num_blocks} KV blocks ({needed} tokens) but the KV cache holds only "
                          f"{num_usable_blocks}; shorten it or give the replica more KV cache memory")
+    for token_id in params.logit_bias or {}:
+        if token_id >= vocab_size:
+            raise ValueError(f"logit_bias has token id {token_id}, outside the vocabulary [0, {vocab_size})")
     if params.stop and not has_tokenizer:
         raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")

@@ -1,4 +1,5 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens.
+"""Batched sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens, logit_bias, and the
+logprobs rows ask for (of the raw distribution, gathered by logprobs.py).
 
 All rows are processed together on [N, vocab] tensors. A random row draws by inverse CDF: one
 uniform number u per row, token = first index whose cumulative probability exceeds u. So a seeded
@@ -16,10 +17,11 @@ rows); the masks and the draw then run on [N, K]. Rows whose nucleus is wider th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from kvmesh.replica.logprobs import LogprobsTensors, gather_logprobs
 from kvmesh.replica.sampling_params import SEED_MIX, SamplingParams
 
 _MIX_A, _MIX_B, _MASK = SEED_MIX
@@ -42,6 +44,12 @@ class SamplingMetadata:
     """Seeded rows -> their generator for this step."""
     banned: list[tuple[int, list[int]]]
     """(row, token ids) that must not be sampled yet (stop/EOS tokens before min_tokens)."""
+    logit_bias: list[tuple[int, list[int], list[float]]] = field(default_factory=list)
+    """(row, token ids, biases) added to the row's logits before sampling (OpenAI ``logit_bias``)."""
+    max_num_logprobs: int | None = None
+    """Largest ``logprobs`` of any row; None when no row asks for logprobs."""
+    logprobs_rows: list[int] | None = None
+    """The rows that ask for logprobs; None when all do (or none: see ``max_num_logprobs``)."""
 
     @property
     def all_greedy(self) -> bool:
@@ -61,8 +69,13 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
     for row, (n, sp) in enumerate(zip(num_generated, params, strict=True)):
         if sp.min_tokens and n < sp.min_tokens:
             banned.append((row, list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))))
+    bias = [(row, list(sp.logit_bias), [float(v) for v in sp.logit_bias.values()])
+            for row, sp in enumerate(params) if sp.logit_bias]
+    asked = [row for row, sp in enumerate(params) if sp.logprobs is not None]
+    max_num_logprobs = max(params[row].logprobs for row in asked) if asked else None
+    logprobs_rows = asked if 0 < len(asked) < len(params) else None
     if all(sp.greedy for sp in params):
-        return SamplingMetadata(None, None, None, None, {}, banned)
+        return SamplingMetadata(None, None, None, None, {}, banned, bias, max_num_logprobs, logprobs_rows)
     temperature = torch.tensor([1.0 if sp.greedy else sp.temperature for sp in params], dtype=torch.float32)
     greedy = torch.tensor([sp.greedy for sp in params], dtype=torch.bool)
     top_k = top_p = None
@@ -75,7 +88,8 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
         for row, (n, sp) in enumerate(zip(num_generated, params, strict=True))
         if sp.seed is not None and not sp.greedy
     }
-    return SamplingMetadata(temperature.to(device), greedy.to(device), top_k, top_p, generators, banned)
+    return SamplingMetadata(temperature.to(device), greedy.to(device), top_k, top_p, generators, banned, bias,
+                            max_num_logprobs, logprobs_rows)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
@@ -162,7 +176,9 @@ class Sampler:
         self.generator = generator  # uniforms for unseeded random rows
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        logits = logits.to(torch.float32, copy=bool(md.banned))
+        logits = logits.to(torch.float32, copy=bool(md.banned or md.logit_bias))
+        for row, token_ids, biases in md.logit_bias:
+            logits[row, token_ids] += torch.tensor(biases, dtype=torch.float32, device=logits.device)
         for row, token_ids in md.banned:
             logits[row, token_ids] = float("-inf")
         if md.all_greedy:
@@ -193,3 +209,17 @@ class Sampler:
             p = md.top_p[rows] if md.top_p is not None else None
             sampled[rows] = _sample_truncated(logits[rows], k, p, u[rows])
         return sampled if greedy is None else torch.where(md.greedy_rows, greedy, sampled)
+
+    def sample_with_logprobs(self, logits: torch.Tensor, md: SamplingMetadata
+                             ) -> tuple[torch.Tensor, LogprobsTensors | None]:
+        """Sample as ``__call__`` does, plus the logprobs the rows asked for, of the *raw* distribution
+        (log_softmax of the logits before logit_bias, bans, temperature, top-k/top-p: vLLM's default
+        ``logprobs_mode="raw_logprobs"``). Rows that did not ask get none (``md.logprobs_rows``)."""
+        if md.max_num_logprobs is None:
+            return self(logits, md), None
+        rows = md.logprobs_rows
+        raw = (logits if rows is None else logits[rows]).to(torch.float32)  # [M, V]
+        lse = raw.logsumexp(dim=-1, keepdim=True)  # [M, 1]; the full log_softmax is never built
+        sampled = self(logits, md)  # [N]
+        chosen = sampled if rows is None else sampled[rows]
+        return sampled, gather_logprobs(raw, md.max_num_logprobs, chosen, lse, rows)

@@ -16,6 +16,10 @@ def continuation_seed(seed: int, num_generated: int) -> int:
     return (seed + num_generated * b * pow(a, -1, mask + 1)) & mask
 
 
+MAX_LOGPROBS = 20
+"""Most top logprobs per token a request may ask for (vLLM's default ``max_logprobs``; OpenAI allows 20)."""
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """Per-request sampling and stopping rules. Validated on construction."""
@@ -38,6 +42,15 @@ class SamplingParams:
     """Keep generating past the model's EOS token."""
     min_tokens: int = 0
     """Do not stop (on EOS or stop tokens) before this many tokens."""
+    logprobs: int | None = None
+    """Per generated token, return the sampled token's log-probability plus the ``logprobs`` most likely
+    tokens' (0: the sampled token's only; None: none). Raw model distribution: log_softmax of the logits
+    before logit_bias, temperature, top-k/top-p (vLLM's default ``logprobs_mode="raw_logprobs"``)."""
+    prompt_logprobs: int | None = None
+    """The same for every prompt token after the first. Such a request does not read the prefix cache
+    (every prompt position needs its logits), as in vLLM; it still fills the cache for others."""
+    logit_bias: dict[int, float] | None = None
+    """Token id -> value added to that token's logit before sampling (each in [-100, 100], as OpenAI)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -60,6 +73,16 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
+        for token_id, bias in (self.logit_bias or {}).items():
+            if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
+                raise ValueError(f"logit_bias keys must be non-negative token ids, got {token_id!r}")
+            if not isinstance(bias, int | float) or not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias[{token_id}] must be a number in [-100, 100], got {bias!r}")
 
     @property
     def greedy(self) -> bool:

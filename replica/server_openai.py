@@ -1,8 +1,9 @@
 """The OpenAI endpoints of a replica: ``/v1/completions`` and ``/v1/chat/completions``.
 
 Both run the same path: validate the body -> render token ids off the loop (openai/renderer.py, the
-router's rules)
--> SamplingParams -> ``EngineClient.generate`` -> one JSON response, or SSE chunks then ``[DONE]``.
+router's rules) -> SamplingParams -> ``engine.generate`` (one engine request per choice and prompt:
+server_choices.py) -> one JSON response, or SSE chunks then ``[DONE]``; logprobs in vLLM's shapes
+(openai/logprobs_format.py).
 A client that disconnects aborts its request (the engine frees its blocks); an error inside one
 request fails that request only.
 """
@@ -17,6 +18,8 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from kvmesh.replica import server_choices as sc
+from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.errors import ProtocolError, error_body
@@ -26,6 +29,14 @@ logger = logging.getLogger(__name__)
 
 def _usage(out: Any) -> r.UsageInfo:
     return r.UsageInfo.of(len(out.prompt_token_ids), len(out.output_token_ids), out.num_cached_tokens)
+
+
+def _total_usage(candidates: list[sc.Candidate], finals: list[Any]) -> r.UsageInfo:
+    """Each prompt counted once, every candidate's tokens (vLLM's usage for n / best_of / batches)."""
+    prompts = {c.prompt_index: f for c, f in zip(candidates, finals, strict=True) if c.sample_index == 0}
+    return r.UsageInfo.of(sum(len(f.prompt_token_ids) for f in prompts.values()),
+                          sum(len(f.output_token_ids) for f in finals),
+                          sum(f.num_cached_tokens for f in prompts.values()))
 
 
 def _check_failed(out: Any) -> None:
@@ -41,58 +52,35 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def start_generation(client: Any, request_id: str, prompt_ids: list[int], params: Any,
-                           cache_salt: str | None) -> AsyncIterator[Any]:
-    """Queues the request and waits for its first output; returns the stream of all its outputs.
-
-    So bad input raises ValueError (a 400) before any byte is sent, and a draining or broken
-    replica raises RuntimeError (a 503 a router retries elsewhere).
-    """
-    reason = client.dead_reason()
-    if reason is not None:
-        raise RuntimeError(f"replica cannot take requests: {reason}")
-    agen = client.generate(prompt_ids, params, request_id=request_id, cache_salt=cache_salt)
-    try:
-        first = await agen.__anext__()
-    except BaseException:
-        await agen.aclose()
-        raise
-    return _chain(first, agen)
-
-
-async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    try:
-        yield first
-        if first.finished:
-            return
-        async for out in rest:
-            yield out
-    finally:
-        await rest.aclose()  # an early close aborts the request (AsyncLLM's rule)
-
-
 class OpenAIHandlers:
     """Request handlers bound to one engine client, tokenizer and model name (see server.py)."""
 
     def __init__(self, state: Any):
         self.state = state  # server.ServerState: engine client, tokenizer, served names, metrics
+        self._token_decoder: lf.TokenDecoder | None = None  # for logprobs' token strings
 
     # ------------------------------------------------------------ entry points
     async def completions(self, http: Request) -> Any:
         req = await self.state.read_request(http, p.CompletionRequest)
-        return await self._serve(http, req, await self.state.renderer.request(req), chat=False)
+        prompts = [await self.state.renderer.completion(prompt) for prompt in req.prompts()]
+        return await self._serve(http, req, prompts, chat=False)
 
     async def chat(self, http: Request) -> Any:
         req = await self.state.read_request(http, p.ChatCompletionRequest)
-        return await self._serve(http, req, await self.state.renderer.request(req), chat=True)
+        return await self._serve(http, req, [await self.state.renderer.request(req)], chat=True)
 
     # ------------------------------------------------------------ shared path
-    async def _serve(self, http: Request, req: Any, prompt_ids: list[int], chat: bool) -> Any:
+    async def _serve(self, http: Request, req: Any, prompts: list[list[int]], chat: bool) -> Any:
         client = self.state.engine_client
-        params = req.to_sampling_params(len(prompt_ids), client.max_model_len, self.state.default_max_tokens)
+        params = [req.to_sampling_params(len(ids), client.max_model_len, self.state.default_max_tokens)
+                  for ids in prompts]
         request_id = r.random_id("chatcmpl" if chat else "cmpl")
-        try:  # queues the request now, so bad input is a 400 before any byte is sent
-            stream = await start_generation(client, request_id, prompt_ids, params, req.cache_salt)
+        candidates = sc.plan_candidates(request_id, prompts, params, req.n, getattr(req, "best_of", None),
+                                        params[0].logprobs is not None, req.stream)
+        try:  # queues the requests now, so bad input is a 400 before any byte is sent
+            streams = await sc.start_all(client, candidates, req.cache_salt)
+            if getattr(req, "prompt_only", False):
+                streams = [sc.without_output(stream) for stream in streams]
         except ValueError as e:
             raise ProtocolError(str(e)) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere
@@ -101,54 +89,79 @@ class OpenAIHandlers:
         if req.stream:
             gen = self._stream_chat if chat else self._stream_completion
             return StreamingResponse(
-                self._guard_stream(gen(request_id, model, stream, req, prompt_ids), request_id),
+                self._guard_stream(gen(request_id, model, candidates, streams, req), candidates),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
             )
-        final = await self._collect_or_abort(http, request_id, stream)
-        _check_failed(final)
-        usage = _usage(final)
+        finals = await self._collect_or_abort(http, candidates, streams)
+        for final in finals:
+            _check_failed(final)
+        usage = _total_usage(candidates, finals)
+        choices = sc.select_choices(candidates, finals, req.n)
         if chat:
-            body = r.ChatCompletionResponse(
-                id=request_id, model=model, usage=usage,
-                choices=[r.ChatCompletionChoice(message=r.ChatMessageOut(content=final.text),
-                                                finish_reason=final.finish_reason)])
+            body = r.ChatCompletionResponse(id=request_id, model=model, usage=usage, choices=[
+                r.ChatCompletionChoice(index=index, message=r.ChatMessageOut(content=final.text),
+                                       logprobs=self._chat_logprobs(req, final.output_token_ids, final.logprobs),
+                                       finish_reason=final.finish_reason)
+                for index, _, final in choices])
         else:
-            body = r.CompletionResponse(
-                id=request_id, model=model, usage=usage,
-                choices=[r.CompletionChoice(text=final.text, finish_reason=final.finish_reason)])
+            prompt_logprobs = sc.prompt_logprobs_of(candidates, finals)
+            body = r.CompletionResponse(id=request_id, model=model, usage=usage, choices=[
+                self._completion_choice(req, index, final, candidate, prompt_logprobs.get(candidate.prompt_index))
+                for index, candidate, final in choices])
         return JSONResponse(body.model_dump(), headers={"X-Request-Id": request_id})
 
-    async def _collect_or_abort(self, http: Request, request_id: str, stream: AsyncIterator[Any]) -> Any:
-        """The final output; aborts the request if the client disconnects first."""
+    # ------------------------------------------------------------ logprobs (openai/logprobs_format.py)
+    def _decode_token(self) -> lf.TokenDecoder:
+        """One token alone -> its text (built on first use; caches what it decoded)."""
+        if self._token_decoder is None:
+            self._token_decoder = lf.token_decoder(self.state.tokenizer.hf)
+        return self._token_decoder
 
-        async def collect() -> Any:
-            last = None
-            async for out in stream:
-                last = out
-            return last
+    def _echo_text(self, req: Any, out: Any, prompt_index: int) -> str:
+        """The echoed prompt: as sent when it was text, else its tokens decoded."""
+        prompt = req.prompts()[prompt_index]
+        return prompt if isinstance(prompt, str) else self.state.tokenizer.decode(out.prompt_token_ids)
 
-        collect_task = asyncio.ensure_future(collect())
+    def _completion_choice(self, req: Any, index: int, final: Any, candidate: sc.Candidate,
+                           prompt_logprobs: Any) -> r.CompletionChoice:
+        text = self._echo_text(req, final, candidate.prompt_index) + final.text if req.echo else final.text
+        logprobs = None if req.logprobs is None else lf.choice_logprobs(
+            final.prompt_token_ids, prompt_logprobs, final.output_token_ids, final.logprobs, req.logprobs,
+            self._decode_token(), req.echo)
+        return r.CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=final.finish_reason)
+
+    def _chat_logprobs(self, req: Any, token_ids: list[int], entries: Any) -> dict | None:
+        if not req.logprobs or entries is None:
+            return None
+        return lf.chat_logprobs(token_ids, entries, req.top_logprobs or 0, self._decode_token())
+
+    async def _collect_or_abort(self, http: Request, candidates: list[sc.Candidate],
+                                stream_list: list[AsyncIterator[Any]]) -> list[Any]:
+        """Every candidate's final output; aborts them all if the client disconnects first."""
+        collect_task = asyncio.ensure_future(sc.collect_all(stream_list))
         disconnect_task = asyncio.ensure_future(_wait_disconnect(http))
         try:
             done, _ = await asyncio.wait({collect_task, disconnect_task}, return_when=asyncio.FIRST_COMPLETED)
             if collect_task not in done:
-                logger.info("client disconnected; aborting %s", request_id)
+                logger.info("client disconnected; aborting %s", candidates[0].request_id)
                 collect_task.cancel()
-                await self.state.engine_client.abort(request_id)
+                for c in candidates:
+                    await self.state.engine_client.abort(c.request_id)
                 raise ProtocolError("client disconnected", 499)
-            final = collect_task.result()
+            finals = collect_task.result()
         finally:
             disconnect_task.cancel()
             if not collect_task.done():
                 collect_task.cancel()
-        if final is None:
+        if any(f is None for f in finals):
             raise ProtocolError("the engine returned no output for this request", 500)
-        return final
+        return finals
 
-    async def _guard_stream(self, chunks: AsyncIterator[str], request_id: str) -> AsyncIterator[str]:
+    async def _guard_stream(self, chunks: AsyncIterator[str], candidates: list[sc.Candidate]) -> AsyncIterator[str]:
         """Abort on disconnect (Starlette cancels this generator) and turn errors into an SSE error event."""
         finished = False
+        request_id = candidates[0].request_id
         try:
             async for chunk in chunks:
                 yield chunk
@@ -165,53 +178,75 @@ class OpenAIHandlers:
         finally:
             if not finished:
                 logger.info("stream of %s closed early; aborting", request_id)
-                await asyncio.shield(self.state.engine_client.abort(request_id))
+                for c in candidates:
+                    await asyncio.shield(self.state.engine_client.abort(c.request_id))
 
-    async def _stream_completion(self, request_id: str, model: str, stream: AsyncIterator[Any], req: Any,
-                                 prompt_ids: list[int]):
+    async def _stream_completion(self, request_id: str, model: str, candidates: list[sc.Candidate],
+                                 stream_list: list[AsyncIterator[Any]], req: Any):
         created = int(time.time())
+        continuous = req.stream_options and req.stream_options.continuous_usage_stats
         ids = req.return_token_ids  # then every step with new tokens is a chunk, even with no text yet
-        first_ids = prompt_ids if ids else None  # sent once, on the first chunk
-        async for out in stream:
+        first_ids = [ids] * len(candidates)  # prompt ids go once, on each choice's first chunk
+        text_offsets = [0] * len(candidates)  # characters of each choice's logprobs tokens sent so far
+        echoed = [not req.echo] * len(candidates)
+        finals: list[Any] = [None] * len(candidates)
+        async for i, out in sc.merge_streams(stream_list):
             _check_failed(out)
-            if not out.delta_text and not out.finished and not (ids and out.new_token_ids):
+            if not (out.delta_text or out.finished or out.new_logprobs or not echoed[i] or (ids and out.new_token_ids)):
                 continue
+            text, logprobs, echo = out.delta_text, None, not echoed[i]
+            if echo:
+                text, echoed[i] = self._echo_text(req, out, candidates[i].prompt_index) + text, True
+            if req.logprobs is not None:
+                logprobs = lf.choice_logprobs(
+                    out.prompt_token_ids, out.prompt_logprobs, out.new_token_ids,
+                    out.new_logprobs or [None] * len(out.new_token_ids), req.logprobs, self._decode_token(), echo,
+                    text_offsets[i])
+                text_offsets[i] += sum(map(len, logprobs["tokens"]))
             chunk = r.CompletionChunk(
-                id=request_id, created=created, model=model, prompt_token_ids=first_ids,
-                choices=[r.CompletionChoice(text=out.delta_text, finish_reason=out.finish_reason,
+                id=request_id, created=created, model=model,
+                prompt_token_ids=candidates[i].prompt_token_ids if first_ids[i] else None,
+                choices=[r.CompletionChoice(index=sc.choice_index(candidates[i], req.n), text=text,
+                                            logprobs=logprobs, finish_reason=out.finish_reason,
                                             token_ids=out.new_token_ids if ids else None)],
-                usage=_usage(out) if req.stream_options and req.stream_options.continuous_usage_stats else None)
-            first_ids = None
+                usage=_usage(out) if continuous else None)
+            first_ids[i] = False
             yield r.sse(chunk)
             if out.finished:
-                if req.include_usage:
-                    yield r.sse(r.CompletionChunk(id=request_id, created=created, model=model, choices=[],
-                                                  usage=_usage(out)))
-                break
+                finals[i] = out
+        if req.include_usage and all(f is not None for f in finals):
+            yield r.sse(r.CompletionChunk(id=request_id, created=created, model=model, choices=[],
+                                          usage=_total_usage(candidates, finals)))
         yield r.SSE_DONE
 
-    async def _stream_chat(self, request_id: str, model: str, stream: AsyncIterator[Any], req: Any,
-                           prompt_ids: list[int]):
+    async def _stream_chat(self, request_id: str, model: str, candidates: list[sc.Candidate],
+                           stream_list: list[AsyncIterator[Any]], req: Any):
         created = int(time.time())
+        continuous = req.stream_options and req.stream_options.continuous_usage_stats
         ids = req.return_token_ids  # then every step with new tokens is a chunk, even with no text yet
 
-        def chunk(delta: r.DeltaMessage, finish_reason: str | None = None, usage=None, token_ids=None,
-                  first_ids=None) -> str:
+        def chunk(index: int, delta: r.DeltaMessage, finish_reason: str | None = None, usage=None,
+                  logprobs=None, token_ids=None, first_ids=None) -> str:
             return r.sse(r.ChatCompletionChunk(
                 id=request_id, created=created, model=model, usage=usage, prompt_token_ids=first_ids,
-                choices=[r.ChatStreamChoice(delta=delta, finish_reason=finish_reason,
+                choices=[r.ChatStreamChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
                                             token_ids=token_ids if ids else None)]))
 
-        yield chunk(r.DeltaMessage(role="assistant", content=""), token_ids=[], first_ids=prompt_ids if ids else None)
-        async for out in stream:
+        for c in candidates:
+            yield chunk(sc.choice_index(c, req.n), r.DeltaMessage(role="assistant", content=""), token_ids=[],
+                        first_ids=c.prompt_token_ids if ids else None)
+        finals: list[Any] = [None] * len(candidates)
+        async for i, out in sc.merge_streams(stream_list):
             _check_failed(out)
-            if not out.delta_text and not out.finished and not (ids and out.new_token_ids):
+            if not out.delta_text and not out.finished and not out.new_logprobs and not (ids and out.new_token_ids):
                 continue
-            usage = _usage(out) if req.stream_options and req.stream_options.continuous_usage_stats else None
-            yield chunk(r.DeltaMessage(content=out.delta_text or None), out.finish_reason, usage, out.new_token_ids)
+            usage = _usage(out) if continuous else None
+            logprobs = self._chat_logprobs(req, out.new_token_ids, out.new_logprobs)
+            yield chunk(sc.choice_index(candidates[i], req.n), r.DeltaMessage(content=out.delta_text or None),
+                        out.finish_reason, usage, logprobs, out.new_token_ids)
             if out.finished:
-                if req.include_usage:
-                    yield r.sse(r.ChatCompletionChunk(id=request_id, created=created, model=model,
-                                                      choices=[], usage=_usage(out)))
-                break
+                finals[i] = out
+        if req.include_usage and all(f is not None for f in finals):
+            yield r.sse(r.ChatCompletionChunk(id=request_id, created=created, model=model, choices=[],
+                                              usage=_total_usage(candidates, finals)))
         yield r.SSE_DONE

@@ -56,15 +56,20 @@ class Forwarder:
 
     # ---------------------------------------------------------------- request -> token ids
     async def parse(self, raw: bytes, chat: bool) -> tuple[Any, list[int]]:
-        """Validate the body and render its prompt exactly as the replica will (ProtocolError on bad input)."""
+        """Validate the body and render its prompts exactly as the replica will (ProtocolError on bad input);
+        the token ids to route by (a batch of prompts goes to one replica, by its first prompt)."""
         svc = self.service
         req = await parse_off_loop(raw, p.ChatCompletionRequest if chat else p.CompletionRequest, svc.renderer.run)
         svc.check_model(req.model)
         if svc.tokenizer is None:  # no tokenizer configured: load-only routing, the replica validates
             return req, []
-        ids = await svc.renderer.request(req)
-        req.to_sampling_params(len(ids), svc.tokenizer.max_model_len)  # context / max_tokens / sampling checks
-        return req, ids
+        if chat:
+            prompts = [await svc.renderer.request(req)]
+        else:  # a batch of prompts is routed by its first; every prompt is checked, as the replica does
+            prompts = [await svc.renderer.completion(prompt) for prompt in req.prompts()]
+        for ids in prompts:
+            req.to_sampling_params(len(ids), svc.tokenizer.max_model_len)  # context / max_tokens / sampling checks
+        return req, prompts[0]
 
     # ---------------------------------------------------------------- proxy
     async def handle(self, http: Request, path: str, chat: bool) -> Response:

@@ -74,8 +74,14 @@ INVALID = [
     ("/v1/completions", {"prompt": "hi", "temperature": -1}),
     ("/v1/completions", '{"prompt": "hi", "temperature": NaN}'),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-9"}),
-    ("/v1/completions", {"prompt": "hi", "n": 2}),
-    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 100}}),
+    ("/v1/completions", {"prompt": "hi", "n": 0}),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 101}}),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"five": 1}}),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"100000": 1}}),  # outside the vocabulary
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}),
+    ("/v1/completions", {"prompt": "hi", "best_of": 2, "stream": True}),
+    ("/v1/completions", {"prompt": ["hi", [1] * 600]}),  # the second prompt is over the context
+    ("/v1/chat/completions", {"messages": HI, "top_logprobs": 3}),  # without logprobs: true
     ("/v1/completions", {"prompt": [1, 2**32]}),
     ("/v1/completions", {"prompt": [1, -3]}),
     ("/v1/completions", {"prompt": [1, 100000]}),
@@ -144,6 +150,20 @@ def test_a_routed_chat_equals_the_replicas_own(pair):
     assert replica.status_code == router.status_code == 200
     assert replica.json()["choices"] == router.json()["choices"]
     assert replica.json()["usage"]["prompt_tokens"] == router.json()["usage"]["prompt_tokens"]
+
+
+def test_a_routed_batch_with_logprobs_equals_the_replicas_own(pair):
+    body = json.dumps({"prompt": ["Once upon a time", "The little dog"], "n": 2, "max_tokens": 3, "temperature": 0,
+                       "logprobs": 2, "echo": True, "logit_bias": {"29": 5}})
+    replica, router = both(pair, "/v1/completions", body)
+    assert replica.status_code == router.status_code == 200, (replica.text, router.text)
+    mine, routed = replica.json()["choices"], router.json()["choices"]
+    assert [c["index"] for c in mine] == [c["index"] for c in routed] == [0, 1, 2, 3]
+    for a, b in zip(mine, routed, strict=True):
+        assert (a["text"], a["logprobs"]["tokens"]) == (b["text"], b["logprobs"]["tokens"])
+        assert a["logprobs"]["token_logprobs"][0] is None  # echo: nothing predicts the first prompt token
+        assert a["logprobs"]["token_logprobs"][1:] == pytest.approx(b["logprobs"]["token_logprobs"][1:], abs=1e-4)
+    assert replica.json()["usage"] == router.json()["usage"]
 
 
 def test_model_without_a_chat_template_refuses_chat_like_vllm(stories_path):

@@ -1,6 +1,6 @@
-"""The README's list of unsupported OpenAI parameters is what the servers do: every request in its
-table gets a 400 naming the field from the router and from a replica, and every parameter it lists
-as accepted-and-ignored is accepted."""
+"""The README's lists of OpenAI parameters are what the servers do: every request in its refused table
+gets a 400 naming the field from the router and from a replica, every parameter it lists as
+accepted-and-ignored is accepted, and every request in its supported table is served as asked."""
 
 from __future__ import annotations
 
@@ -41,8 +41,17 @@ def ignored_params() -> list[str]:
     return re.findall(r"`(\w+)`", section("ignored-openai-params"))
 
 
-def test_the_readme_lists_refused_and_ignored_parameters():
-    assert len(refused_rows()) >= 10 and len(ignored_params()) >= 4
+def supported_rows() -> list[tuple[str, dict]]:
+    """(endpoint, request fields) of each row of the README's supported table."""
+    rows = []
+    for line in section("supported-openai-params").splitlines()[2:]:
+        endpoint, fields = (cell.strip() for cell in line.strip("|").split("|"))
+        rows.append((endpoint, json.loads(re.match(r"`(.*?)`", fields).group(1))))
+    return rows
+
+
+def test_the_readme_lists_refused_ignored_and_supported_parameters():
+    assert len(refused_rows()) >= 4 and len(ignored_params()) >= 4 and len(supported_rows()) >= 9
 
 
 @pytest.mark.parametrize("endpoint, fields, param", refused_rows(), ids=lambda v: json.dumps(v)[:40])
@@ -63,3 +72,19 @@ def test_each_listed_ignored_parameter_is_accepted(pair, name):
     for url in pair:
         r = httpx.post(url + path, json={**base, name: value}, headers=AUTH, timeout=60)
         assert r.status_code == 200, (url, name, r.text)
+
+
+@pytest.mark.parametrize("endpoint, fields", supported_rows(), ids=lambda v: json.dumps(v)[:40])
+def test_each_listed_supported_request_is_served_as_asked(pair, endpoint, fields):
+    path, base = BASE[endpoint]
+    body = {**base, **fields}
+    num_prompts = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 1
+    for url in pair:
+        r = httpx.post(url + path, json=body, headers=AUTH, timeout=60)
+        assert r.status_code == 200, (url, r.text)
+        choices = r.json()["choices"]
+        assert sorted(c["index"] for c in choices) == list(range(num_prompts * body.get("n", 1)))
+        for choice in choices:
+            assert (choice["logprobs"] is not None) == bool(body.get("logprobs")), (url, choice)
+            if body.get("echo"):
+                assert choice["text"].startswith(body["prompt"])

@@ -7,6 +7,7 @@ tests/router/test_no_torch.py enforce it): everything both HTTP fronts do the sa
     errors.py     ProtocolError, OpenAI-shaped error bodies, the apps' error handlers
     protocol.py   request models (completions, chat, tokenize) -> SamplingParams
     responses.py  response and SSE chunk models, LoadReport
+    logprobs_format.py  the engine's per-token logprobs -> vLLM's completion / chat ``logprobs`` objects
     tokenizer.py  torch-free tokenizer loading and the prompt -> token id rules
     renderer.py   PromptRenderer: tokenizing and chat-template rendering off the event loop, with limits
     body.py       reading a JSON body with limits applied while it arrives

@@ -11,7 +11,11 @@ from typing import Any
 
 from kvmesh.replica.openai.errors import ProtocolError
 from kvmesh.replica.openai.responses import OpenAIBaseModel
+from kvmesh.replica.sampling_params import MAX_LOGPROBS
 from pydantic import Field
+
+MAX_CHOICES = 128
+"""Most choices (n, best_of) and prompts one request may ask for (OpenAI's limit on n)."""
 
 
 def check_model(model: str | None, served: str, aliases: tuple[str, ...] = ()) -> None:
@@ -43,6 +47,7 @@ class SamplingFields(OpenAIBaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
+    """Choices to return (each sampled independently; they share the prompt's KV blocks via the prefix cache)."""
     user: str | None = None
     cache_salt: str | None = None
     """Tenant isolation (vLLM): requests with different salts share no cached blocks."""
@@ -51,19 +56,17 @@ class SamplingFields(OpenAIBaseModel):
     """(vLLM) Streamed chunks carry the token ids behind their text: each choice its new ``token_ids``, the
     first chunk the ``prompt_token_ids``. The router asks for them so a stream can migrate (router/migration.py)."""
     logit_bias: dict[str, float] | None = None
-    """Refused when given (the engine's sampler does not apply it; never silently ignored)."""
+    """Token id (as a string key, as OpenAI sends it) -> bias in [-100, 100] added to its logit."""
 
     def _max_tokens(self) -> int | None:
         raise NotImplementedError
 
     def check_supported(self) -> None:
         """Refuse what the engine does not do, with a clear 400."""
-        if self.n != 1:
-            raise ProtocolError(f"n={self.n} is not supported; send n=1 (one choice per request)", param="n")
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise ProtocolError(f"n must be in [1, {MAX_CHOICES}], got {self.n}", param="n")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise ProtocolError(f"seed must fit in 64 bits, got {self.seed}", param="seed")
-        if self.logit_bias:
-            raise ProtocolError("logit_bias is not supported by this server; leave it unset", param="logit_bias")
         if self.cache_salt is not None and not self.cache_salt:
             raise ProtocolError("cache_salt must be a non-empty string when given", param="cache_salt")
 
@@ -73,6 +76,21 @@ class SamplingFields(OpenAIBaseModel):
         from kvmesh.replica.sampling_params import continuation_seed
 
         return None if self.seed is None else continuation_seed(self.seed, num_generated)
+
+    def _logprobs(self) -> tuple[int | None, int | None]:
+        """(logprobs, prompt_logprobs) of the engine's SamplingParams."""
+        return None, None
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        bias = {}
+        for key, value in self.logit_bias.items():
+            try:
+                bias[int(key)] = value
+            except ValueError:
+                raise ProtocolError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+        return bias
 
     @property
     def include_usage(self) -> bool:
@@ -105,6 +123,7 @@ class SamplingFields(OpenAIBaseModel):
                 param="max_tokens",
             )
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        logprobs, prompt_logprobs = self._logprobs()
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
@@ -116,6 +135,9 @@ class SamplingFields(OpenAIBaseModel):
                 stop_token_ids=list(self.stop_token_ids or []),
                 ignore_eos=self.ignore_eos,
                 min_tokens=self.min_tokens,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                logit_bias=self._logit_bias(),
             )
         except (ValueError, TypeError) as e:
             raise ProtocolError(f"bad sampling parameters: {e}") from None
@@ -129,37 +151,53 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = 16
     """OpenAI's default for completions is 16."""
     logprobs: int | None = None
+    """Return the logprobs of the chosen tokens and of this many most likely ones per position."""
     echo: bool = False
+    """Return the prompt before the completion (with its logprobs when ``logprobs`` is set)."""
+    best_of: int | None = None
+    """Sample this many choices and return the ``n`` with the highest cumulative logprob (not streamable)."""
     suffix: str | None = None
 
     def _max_tokens(self) -> int | None:
-        return self.max_tokens
+        return 1 if self.prompt_only else self.max_tokens  # the engine samples one token; it is not returned
+
+    @property
+    def prompt_only(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: only the prompt (and its logprobs) comes back, as in vLLM."""
+        return self.echo and self.max_tokens == 0
+
+    def _logprobs(self) -> tuple[int | None, int | None]:
+        return self.logprobs, self.logprobs if self.echo else None  # vLLM: echo + logprobs -> prompt logprobs
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs is not None:
-            raise ProtocolError("logprobs is not supported by this server; leave it unset", param="logprobs")
-        if self.echo:
-            raise ProtocolError("echo is not supported by this server; leave it unset", param="echo")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ProtocolError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}", param="logprobs")
+        if self.best_of is not None:
+            if not self.n <= self.best_of <= MAX_CHOICES:
+                raise ProtocolError(f"best_of must be in [n={self.n}, {MAX_CHOICES}], got {self.best_of}",
+                                    param="best_of")
+            if self.stream and self.best_of > self.n:
+                raise ProtocolError("best_of > n cannot be streamed; send stream=false", param="best_of")
         if self.suffix:
             raise ProtocolError("suffix is not supported by this server; leave it unset", param="suffix")
 
     def prompts(self) -> list[str | list[int]]:
-        """Every prompt of the request: a text, a list of token ids, or a list of either."""
+        """Every prompt of the request: a text, a list of token ids, or a list of either (choices are
+        numbered prompt by prompt: prompt i's j-th choice has index i * n + j, as vLLM does)."""
         p = self.prompt
         batch = p if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
+        if len(batch) > MAX_CHOICES:
+            raise ProtocolError(f"a batch of {len(batch)} prompts is too large; send at most {MAX_CHOICES}",
+                                param="prompt")
         for one in batch:
             if not one:
                 raise ProtocolError("prompt is empty; send at least one token", param="prompt")
         return batch
 
     def single_prompt(self) -> str | list[int]:
-        """The one prompt of the request (a batch of several prompts is refused)."""
-        batch = self.prompts()
-        if len(batch) != 1:
-            raise ProtocolError(f"a batch of {len(batch)} prompts is not supported; send one prompt per request",
-                                param="prompt")
-        return batch[0]
+        """The request's first prompt (what a router routes a batch of prompts by)."""
+        return self.prompts()[0]
 
 
 class ChatMessage(OpenAIBaseModel):
@@ -194,7 +232,9 @@ class ChatCompletionRequest(SamplingFields):
     """Deprecated by OpenAI in favour of ``max_completion_tokens``; either is accepted."""
     max_completion_tokens: int | None = None
     logprobs: bool = False
+    """Return the logprobs of the chosen tokens."""
     top_logprobs: int | None = None
+    """And of this many most likely tokens per position (needs ``logprobs: true``)."""
     add_generation_prompt: bool = True
     chat_template: str | None = None
     tools: list[dict[str, Any]] | None = None
@@ -203,10 +243,17 @@ class ChatCompletionRequest(SamplingFields):
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def _logprobs(self) -> tuple[int | None, int | None]:
+        return (self.top_logprobs or 0) if self.logprobs else None, None
+
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs or self.top_logprobs:
-            raise ProtocolError("logprobs is not supported by this server; leave it unset", param="logprobs")
+        if self.top_logprobs is not None:
+            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+                raise ProtocolError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}",
+                                    param="top_logprobs")
+            if self.top_logprobs and not self.logprobs:
+                raise ProtocolError("top_logprobs needs logprobs: true", param="top_logprobs")
         if self.tools:
             raise ProtocolError("tools (function calling) are not supported by this server; leave them unset",
                                 param="tools")

@@ -56,7 +56,8 @@ _ONLY_IF_SET = {"default": None, "exclude_if": lambda v: v is None}  # absent fr
 class CompletionChoice(OpenAIBaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict[str, list] | None = None
+    """{tokens, token_logprobs, top_logprobs, text_offset} (logprobs_format.py)."""
     finish_reason: FinishReason = None
     token_ids: list[int] | None = Field(**_ONLY_IF_SET)
     """The new token ids behind ``text`` (streaming with ``return_token_ids`` only)."""
@@ -79,7 +80,8 @@ class ChatMessageOut(OpenAIBaseModel):
 class ChatCompletionChoice(OpenAIBaseModel):
     index: int = 0
     message: ChatMessageOut
-    logprobs: None = None
+    logprobs: dict[str, list] | None = None
+    """{content: [{token, logprob, bytes, top_logprobs}]} (logprobs_format.py)."""
     finish_reason: FinishReason = None
 
 
@@ -100,7 +102,7 @@ class DeltaMessage(OpenAIBaseModel):
 class ChatStreamChoice(OpenAIBaseModel):
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: dict[str, list] | None = None
     finish_reason: FinishReason = None
     token_ids: list[int] | None = Field(**_ONLY_IF_SET)
     """The new token ids behind ``delta`` (``return_token_ids`` only)."""

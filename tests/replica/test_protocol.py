@@ -59,11 +59,16 @@ def test_sampling_fields_are_carried():
         ({"top_k": -5}, "top_k"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 1000}, "max_tokens"),
-        ({"n": 2}, "n=2"),
-        ({"logprobs": 1}, "logprobs"),
+        ({"n": 0}, "n must be"),
+        ({"n": 129}, "n must be"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"n": 2, "best_of": 1}, "best_of"),
+        ({"best_of": 3, "stream": True}, "streamed"),
+        ({"logit_bias": {"x": 1.0}}, "token ids"),
+        ({"logit_bias": {"3": 101}}, "[-100, 100]"),
         ({"cache_salt": ""}, "cache_salt"),
         ({"seed": 2**70}, "seed"),
-        ({"logit_bias": {"5": 10}}, "logit_bias"),
     ],
 )
 def test_bad_values_raise_400_saying_what(kw, word):
@@ -78,7 +83,7 @@ def test_prompt_longer_than_context_is_400():
     assert "600" in e.value.message and "512" in e.value.message
 
 
-@pytest.mark.parametrize("kw", [{"logprobs": True}, {"tools": [{"type": "function"}]},
+@pytest.mark.parametrize("kw", [{"top_logprobs": 21, "logprobs": True}, {"tools": [{"type": "function"}]},
                                 {"response_format": {"type": "json_object"}}])
 def test_chat_features_we_lack_are_refused(kw):
     with pytest.raises(ProtocolError) as e:
@@ -86,12 +91,24 @@ def test_chat_features_we_lack_are_refused(kw):
     assert e.value.param == next(iter(kw))
 
 
-def test_batch_of_prompts_refused_single_unwrapped():
-    assert parse_request(CompletionRequest, {"prompt": ["a"]}).single_prompt() == "a"
-    assert parse_request(CompletionRequest, {"prompt": [1, 2]}).single_prompt() == [1, 2]
-    with pytest.raises(ProtocolError):
-        parse_request(CompletionRequest, {"prompt": ["a", "b"]}).single_prompt()
-    assert parse_request(CompletionRequest, {"prompt": ["a", "b"]}).prompts() == ["a", "b"]
+def test_prompts_keeps_a_batch_and_single_prompt_is_its_first():
+    assert parse_request(CompletionRequest, {"prompt": ["a"]}).prompts() == ["a"]
+    assert parse_request(CompletionRequest, {"prompt": [1, 2]}).prompts() == [[1, 2]]
+    assert parse_request(CompletionRequest, {"prompt": [[1, 2], [3]]}).prompts() == [[1, 2], [3]]
+    batch = parse_request(CompletionRequest, {"prompt": ["a", "b"]})
+    assert batch.prompts() == ["a", "b"] and batch.single_prompt() == "a"  # the router routes by the first
+    with pytest.raises(ProtocolError, match="empty"):
+        parse_request(CompletionRequest, {"prompt": [[1], []]}).prompts()
+
+
+def test_logprobs_fields_become_sampling_params():
+    sp = completion(logprobs=3, echo=True, logit_bias={"7": -2.5}).to_sampling_params(3, 512)
+    assert (sp.logprobs, sp.prompt_logprobs, sp.logit_bias) == (3, 3, {7: -2.5})  # echo: prompt logprobs too
+    assert completion(logprobs=0).to_sampling_params(3, 512).prompt_logprobs is None
+    sp = chat(logprobs=True, top_logprobs=4).to_sampling_params(3, 512)
+    assert (sp.logprobs, sp.prompt_logprobs) == (4, None)
+    assert chat(logprobs=True).to_sampling_params(3, 512).logprobs == 0
+    assert chat().to_sampling_params(3, 512).logprobs is None
 
 
 def test_chat_content_parts_join_text():

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 
 import httpx
+from kvmesh.router.forward import Forwarder
 
-from .conftest import BLOCK_SIZE, wait_for
+from .conftest import BLOCK_SIZE, fake_stats, wait_for
 
 
 def prompt(seed: int, n: int = 64) -> list[int]:
@@ -109,3 +112,21 @@ def test_re_registering_a_replica_with_new_endpoints_drops_its_tree(fakes, start
     wait_for(lambda: "a" in core.healthy, what="the re-registered replica to be probed")
     assert core.index.match(core.hasher.keys(old)).get("a", 0) == 0  # the old incarnation's blocks are gone
     assert complete(router, prompt(7))["choices"][0]["text"] == "b"
+
+
+def test_every_prompt_of_a_batch_is_checked_against_the_context_by_the_router(fakes, start_router, tokenizer):
+    router = start_router([f.spec for f in fakes])
+    too_long = prompt(9, tokenizer.max_model_len)
+    r = httpx.post(router.url + "/v1/completions", json={"prompt": [prompt(8), too_long], "max_tokens": 2},
+                   timeout=20)
+    assert r.status_code == 400, r.text
+    assert f"prompt has {len(too_long)} tokens" in r.json()["error"]["message"]
+    assert all(fake_stats(f)["auth_seen"] == [] for f in fakes)  # answered before any replica was asked
+
+
+def test_a_batch_of_prompts_is_routed_by_its_first_prompt(fakes, start_router):
+    router = start_router([f.spec for f in fakes])
+    first, second = prompt(10), prompt(11, 20)
+    raw = json.dumps({"prompt": [first, second], "max_tokens": 2}).encode()
+    req, ids = asyncio.run(Forwarder(router.service).parse(raw, chat=False))
+    assert ids == first and req.prompts() == [first, second]

@@ -1,0 +1,129 @@
+"""The engine's per-token logprobs -> vLLM's OpenAI response shapes (torch-free).
+
+    completions  {"tokens": [str], "token_logprobs": [float|None], "top_logprobs": [{str: float}|None],
+                  "text_offset": [int]}
+                 top_logprobs of a position: the chosen token first, then the most likely ones, at most
+                 ``logprobs + 1`` distinct tokens (OpenAI's rule, vLLM's order); keys are decoded tokens.
+    chat         {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
+                 top_logprobs: the first ``top_logprobs`` distinct tokens of the same list (vLLM's order).
+
+Logprobs are of the raw model distribution (before temperature, top-k/top-p, logit_bias: vLLM's default
+``logprobs_mode="raw_logprobs"``); -inf is sent as -9999.0, as OpenAI and vLLM do. A token is decoded
+alone (``decode([id])``) with the leading spaces SentencePiece's "▁" stands for restored, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+MIN_LOGPROB = -9999.0
+"""What -inf becomes in JSON (OpenAI's and vLLM's value)."""
+SPACE_MARKER = "▁"
+"""SentencePiece's word-start marker: a vocab piece starting with it stands for a leading space."""
+
+
+class TokenLogprobsLike(Protocol):
+    """The engine's ``replica.outputs.TokenLogprobs`` (the chosen token first, then the top-k)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+TokenDecoder = Callable[[int], str]
+
+
+def token_decoder(hf_tokenizer: Any) -> TokenDecoder:
+    """``token_id -> str`` for one token alone, with a SentencePiece piece's leading spaces kept."""
+    cache: dict[int, str] = {}
+
+    def decode(token_id: int) -> str:
+        text = cache.get(token_id)
+        if text is None:
+            text = hf_tokenizer.decode([token_id]) or ""
+            piece = hf_tokenizer.convert_ids_to_tokens(token_id) or ""
+            markers = len(piece) - len(piece.lstrip(SPACE_MARKER))
+            missing = markers - (len(text) - len(text.lstrip(" ")))
+            if missing > 0:
+                text = " " * missing + text
+            cache[token_id] = text
+        return text
+
+    return decode
+
+
+def _clamp(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)
+
+
+def distinct_candidates(entry: TokenLogprobsLike, limit: int) -> list[tuple[int, float]]:
+    """The first ``limit`` distinct (token id, logprob) pairs of ``entry``, the chosen token first."""
+    seen: dict[int, float] = {}
+    for token_id, logprob in zip(entry.token_ids, entry.logprobs, strict=True):
+        if len(seen) >= limit:
+            break
+        seen.setdefault(token_id, logprob)
+    return list(seen.items())
+
+
+def completion_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprobsLike | None], num_logprobs: int,
+                        decode: TokenDecoder, initial_text_offset: int = 0) -> dict[str, list]:
+    """The ``logprobs`` object of a completion choice (or of one streamed chunk's tokens).
+
+    ``entries[i]`` belongs to ``token_ids[i]``; None (an echoed prompt's first token) gives a null
+    logprob and null top_logprobs. ``text_offset[i]`` is where token i starts in the choice's text,
+    counting from ``initial_text_offset`` (the text already sent, when streaming).
+    """
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    text_offset: list[int] = []
+    offset = initial_text_offset
+    for token_id, entry in zip(token_ids, entries, strict=True):
+        token = decode(token_id)
+        tokens.append(token)
+        text_offset.append(offset)
+        offset += len(token)
+        if entry is None:
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+            continue
+        token_logprobs.append(_clamp(entry.logprobs[0]))
+        top_logprobs.append({decode(t): _clamp(lp) for t, lp in distinct_candidates(entry, num_logprobs + 1)})
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+            "text_offset": text_offset}
+
+
+def _chat_token(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": _clamp(logprob), "bytes": list(token.encode("utf-8", errors="replace"))}
+
+
+def chat_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprobsLike], top_logprobs: int,
+                  decode: TokenDecoder) -> dict[str, list]:
+    """The ``logprobs`` object of a chat choice (or of one streamed delta's tokens)."""
+    content = []
+    for token_id, entry in zip(token_ids, entries, strict=True):
+        item = _chat_token(decode(token_id), entry.logprobs[0])
+        item["top_logprobs"] = [_chat_token(decode(t), lp) for t, lp in distinct_candidates(entry, top_logprobs)]
+        content.append(item)
+    return {"content": content}
+
+
+def choice_logprobs(prompt_token_ids: Sequence[int], prompt_entries: Sequence[TokenLogprobsLike | None] | None,
+                    output_token_ids: Sequence[int], output_entries: Sequence[TokenLogprobsLike | None],
+                    num_logprobs: int, decode: TokenDecoder, echo: bool,
+                    initial_text_offset: int = 0) -> dict[str, list]:
+    """A completion choice's (or chunk's) ``logprobs``: with ``echo``, the prompt's tokens first (the
+    first one null; all null when ``prompt_entries`` is None), then the output tokens', as vLLM returns."""
+    parts = []
+    offset = initial_text_offset
+    if echo:
+        entries = prompt_entries if prompt_entries is not None else [None] * len(prompt_token_ids)
+        parts.append(completion_logprobs(prompt_token_ids, entries, num_logprobs, decode, offset))
+        offset += sum(map(len, parts[0]["tokens"]))
+    parts.append(completion_logprobs(output_token_ids, output_entries, num_logprobs, decode, offset))
+    merged: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for part in parts:
+        for key, values in merged.items():
+            values.extend(part[key])
+    return merged
