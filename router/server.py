@@ -94,8 +94,13 @@ def build_app(service: RouterService) -> FastAPI:
 
     async def health():
         healthy = sorted(map(str, service.router.healthy))
+        feed = service.feed_state()
         body = {"status": "ok" if healthy else "unavailable", "healthy_replicas": healthy,
-                "replicas": len(service.specs)}
+                "replicas": len(service.specs), "event_feed": feed}
+        if healthy and not feed["alive"]:  # requests are still served, by load only
+            body["status"] = "degraded"
+            body["warning"] = (f"the KV event feed is down ({feed['error']}); routing by load only until it "
+                               "restarts")
         if not healthy:
             body["error"] = error_body("no healthy replica", 503)["error"]
         return JSONResponse(body, status_code=200 if healthy else 503)

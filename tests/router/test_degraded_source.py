@@ -125,3 +125,21 @@ def test_a_replica_cannot_make_the_router_hold_more_than_max_source_blocks():
         asyncio.run(scenario())
     finally:
         pub.close()
+
+
+def test_health_says_when_the_event_feed_is_down(fakes, start_router, monkeypatch):
+    """A dead feed freezes cache-aware routing for every replica: /health says so (status "degraded",
+    still 200 since requests are served by load) instead of a silent 200 "ok"."""
+    import httpx
+
+    from .conftest import wait_for
+
+    router = start_router([f.spec for f in fakes])
+    wait_for(lambda: len(router.service.router.healthy) == len(fakes), what="replicas healthy")
+    ok = httpx.get(router.url + "/health", timeout=10).json()
+    assert ok["status"] == "ok" and ok["event_feed"]["alive"]
+    monkeypatch.setattr(type(router.service), "feed_state",
+                        lambda self: {"alive": False, "error": "RuntimeError('boom')", "restarts": 1})
+    down = httpx.get(router.url + "/health", timeout=10)
+    assert down.status_code == 200
+    assert down.json()["status"] == "degraded" and "boom" in down.json()["warning"]
