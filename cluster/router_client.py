@@ -1,7 +1,8 @@
 """Talking to a running router over HTTP: the replica registry and a per-replica status table.
 
 The router (router/server.py) exposes ``GET/POST /replicas``, ``DELETE /replicas/{id}``,
-``/health`` and Prometheus ``/metrics``. serve's supervisor registers replicas through this
+``POST /replicas/{id}/drain``, the serve process's ``/admin/{fleet,scale,rollout}``, ``/health``
+and Prometheus ``/metrics``. serve's supervisor registers replicas through this
 client (the same calls work for a router in another process or on another node); ``kvmesh
 status`` builds its table from ``/replicas`` + ``/metrics``.
 """
@@ -75,6 +76,28 @@ class RouterClient:
     def deregister(self, replica_id: str) -> bool:
         response = self._http.delete(f"{self.url}/replicas/{replica_id}", headers=self._admin)
         return response.status_code == 200
+
+    def drain(self, replica_id: str) -> dict[str, Any]:
+        """Stop routing new requests to a replica (its running ones finish); raises on 403/404."""
+        response = self._http.post(f"{self.url}/replicas/{replica_id}/drain", headers=self._admin)
+        response.raise_for_status()
+        return response.json()
+
+    def fleet(self) -> dict[str, Any]:
+        """The serve process's replica set, target and scaling decisions (``GET /admin/fleet``)."""
+        response = self._http.get(self.url + "/admin/fleet", headers=self._admin)
+        response.raise_for_status()
+        return response.json()
+
+    def scale(self, replicas: int) -> dict[str, Any]:
+        response = self._http.post(self.url + "/admin/scale", json={"replicas": replicas}, headers=self._admin)
+        response.raise_for_status()
+        return response.json()
+
+    def rollout(self, engine: dict[str, Any] | None = None) -> dict[str, Any]:
+        response = self._http.post(self.url + "/admin/rollout", json={"engine": engine or {}}, headers=self._admin)
+        response.raise_for_status()
+        return response.json()
 
     def metrics_text(self) -> str:
         response = self._http.get(self.url + "/metrics")

@@ -10,6 +10,7 @@
     GET  /replicas                               the replica set, in flight and drain cost per replica (API key)
     POST /replicas, DELETE /replicas/{id}        the admin plane: the admin key only (403 without one)
     POST /replicas/{id}/drain                    stop routing new requests to it; running ones finish
+                                                 (inside ``kvmesh serve``: then its process is removed)
     GET  /admin/fleet, POST /admin/scale, /admin/rollout
                                                  the process set, when the router runs inside ``kvmesh serve``
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -57,6 +59,13 @@ class ScaleRequest(OpenAIBaseModel):
 
     model_config = ConfigDict(extra="forbid")
     replicas: int
+
+
+class RolloutRequest(OpenAIBaseModel):
+    """``POST /admin/rollout`` body: engine settings the restarted replicas get (none: same settings)."""
+
+    model_config = ConfigDict(extra="forbid")
+    engine: dict[str, Any] = {}
 
 
 def is_admin_request(method: str, path: str) -> bool:
@@ -125,10 +134,12 @@ def build_app(service: RouterService) -> FastAPI:
     @app.get("/replicas")
     async def list_replicas():
         exclusive = exclusive_blocks(service.router)
+        loads = service.router.loads.loads
         return {"replicas": [{"id": s.replica_id, "url": s.url, "events": s.events, "replay": s.replay,
                               "healthy": s.replica_id in service.router.healthy,
                               "draining": s.replica_id in service.draining,
                               "in_flight": service.in_flight(s.replica_id),
+                              "prefill_backlog": loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0,
                               "exclusive_blocks": exclusive.get(s.replica_id, 0)}
                              for s in list(service.specs.values())]}
 
@@ -136,7 +147,9 @@ def build_app(service: RouterService) -> FastAPI:
     async def drain_replica(replica_id: str):
         if not service.drain(replica_id):
             raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
-        return {"id": replica_id, "draining": True, "in_flight": service.in_flight(replica_id)}
+        removing = service.fleet is not None and service.fleet.request_remove(replica_id)
+        return {"id": replica_id, "draining": True, "in_flight": service.in_flight(replica_id),
+                "will_be_removed": bool(removing)}
 
     def fleet():
         if service.fleet is None:
@@ -157,9 +170,10 @@ def build_app(service: RouterService) -> FastAPI:
             raise ProtocolError(str(e)) from None
 
     @app.post("/admin/rollout")
-    async def rollout():
+    async def rollout(request: Request):
+        body = await read_request(request, RolloutRequest, cfg.frontend, service.renderer.run)
         try:
-            return fleet().request_rollout()
+            return fleet().request_rollout(body.engine)
         except ValueError as e:
             raise ProtocolError(str(e), 409) from None
 
