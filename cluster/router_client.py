@@ -22,6 +22,8 @@ class ReplicaStatus:
     replica_id: str
     url: str = ""
     healthy: bool = False
+    draining: bool = False
+    """Out of rotation: its running requests finish, then it is removed (``kvmesh drain``, the autoscaler)."""
     kv_usage: float = 0.0
     """Fraction of the replica's KV blocks held by running requests (its /load)."""
     index_blocks: int = 0
@@ -106,7 +108,8 @@ class RouterClient:
 
     def status(self) -> list[ReplicaStatus]:
         """Per-replica rows from /replicas (who, where, health) and /metrics (the numbers)."""
-        rows = {r["id"]: ReplicaStatus(replica_id=r["id"], url=r["url"], healthy=r["healthy"])
+        rows = {r["id"]: ReplicaStatus(replica_id=r["id"], url=r["url"], healthy=r["healthy"],
+                                       draining=bool(r.get("draining")))
                 for r in self.replicas()}
         apply_metrics(rows, self.metrics_text())
         return sorted(rows.values(), key=lambda r: r.replica_id)
