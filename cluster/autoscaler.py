@@ -1,6 +1,6 @@
 """Autoscaling policy: how many replicas the traffic wants, and which one to lose when fewer will do.
 
-    load per replica (router's GET /replicas, every interval_s):
+    load per replica (router's GET /replicas, every decision_interval_s):
         in flight (router's own count)  vs target_in_flight
         queued prefill tokens (/load)   vs target_queued_prefill_tokens (0 = not used)
     desired = ceil(max(sum in flight / target_in_flight, sum prefill / target_prefill)), in [min, max]
@@ -25,7 +25,7 @@ from typing import Any
 class AutoscaleConfig:
     """Replicas that follow the traffic (``kvmesh serve``; off by default)."""
 
-    enabled: bool = False
+    scale_with_load: bool = False
     """Scale the replica count between min_replicas and max_replicas with the load."""
     min_replicas: int = 1
     """Fewest replicas the autoscaler keeps."""
@@ -39,7 +39,7 @@ class AutoscaleConfig:
     """How long more replicas must be wanted before they are started."""
     downscale_delay_s: float = 30.0
     """How long fewer replicas must be enough before one is drained."""
-    interval_s: float = 1.0
+    decision_interval_s: float = 1.0
     """How often the autoscaler reads the router's load."""
     drain_timeout_s: float = 300.0
     """Longest a drained replica may take to finish its requests before it is removed anyway."""
@@ -57,7 +57,7 @@ class AutoscaleConfig:
               f"autoscale.target_queued_prefill_tokens={self.target_queued_prefill_tokens} must be >= 0")
         for name in ("upscale_delay_s", "downscale_delay_s", "drain_timeout_s"):
             check(getattr(self, name) >= 0, f"autoscale.{name}={getattr(self, name)} must be >= 0")
-        check(self.interval_s > 0, f"autoscale.interval_s={self.interval_s} must be > 0")
+        check(self.decision_interval_s > 0, f"autoscale.decision_interval_s={self.decision_interval_s} must be > 0")
 
 
 @dataclass(frozen=True, slots=True)

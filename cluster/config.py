@@ -126,7 +126,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_hash_seed(self.engine.hash_seed)
-        if self.autoscale.enabled:
+        if self.autoscale.scale_with_load:
             a = self.autoscale
             _check(a.min_replicas <= self.replicas.num_replicas <= a.max_replicas,
                    f"replicas.num_replicas={self.replicas.num_replicas} is outside autoscale.min_replicas="
@@ -156,7 +156,7 @@ class ServeConfig:
     @property
     def max_replica_slots(self) -> int:
         """Most replicas alive at once: the largest count it may scale to, plus one a rolling restart adds."""
-        top = max(self.replicas.num_replicas, self.autoscale.max_replicas if self.autoscale.enabled else 0)
+        top = max(self.replicas.num_replicas, self.autoscale.max_replicas if self.autoscale.scale_with_load else 0)
         return top + 1
 
     @property

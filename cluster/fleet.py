@@ -8,7 +8,7 @@
     rollout:  per old replica: add one (new engine settings, if any) ─▶ gate ─▶ remove the old one
 
 One worker thread runs the operations in order (``request_scale``/``request_rollout`` queue them and
-return at once; the router's ``/admin/*`` endpoints call them). With ``autoscale.enabled`` a second
+return at once; the router's ``/admin/*`` endpoints call them). With ``autoscale.scale_with_load`` a second
 thread feeds the router's ``GET /replicas`` rows to the ``Autoscaler`` and queues what it decides.
 On a real Ray cluster a placement group no node can hold stays pending, which is what the Ray
 autoscaler scales GPU nodes on (deploy/README.md).
@@ -37,7 +37,7 @@ class Fleet:
     def __init__(self, cluster: Any) -> None:
         self.cluster = cluster
         self.config = cluster.config.autoscale
-        self.autoscaler = Autoscaler(self.config) if self.config.enabled else None
+        self.autoscaler = Autoscaler(self.config) if self.config.scale_with_load else None
         self.decisions: deque[Decision] = deque(maxlen=50)
         self.operations: deque[dict] = deque(maxlen=50)
         """Finished operations: what, when, how long, outcome."""
@@ -74,7 +74,7 @@ class Fleet:
     def state(self) -> dict[str, Any]:
         return {"replicas": self.replica_ids(), "target": self.target, "busy": self.busy,
                 "queued": self._ops.qsize(), "autoscale": {
-                    "enabled": self.config.enabled, "min_replicas": self.config.min_replicas,
+                    "enabled": self.config.scale_with_load, "min_replicas": self.config.min_replicas,
                     "max_replicas": self.config.max_replicas, "target_in_flight": self.config.target_in_flight,
                     "target_queued_prefill_tokens": self.config.target_queued_prefill_tokens},
                 "decisions": [d.as_dict() for d in self.decisions], "operations": list(self.operations)}
@@ -82,7 +82,7 @@ class Fleet:
     def request_scale(self, replicas: int) -> dict[str, Any]:
         """Queue "scale to N" (ValueError when N is out of bounds)."""
         low, high, why = 1, self.capacity(), "what this machine's Ray instance can place"
-        if self.config.enabled:
+        if self.config.scale_with_load:
             low, high, why = self.config.min_replicas, self.config.max_replicas, "autoscale.min/max_replicas"
         if not low <= replicas <= high:
             raise ValueError(f"cannot scale to {replicas} replicas: allowed {low}..{high} ({why})")
@@ -259,7 +259,7 @@ class Fleet:
                 self._target_gauge.set(self.target)
 
     def _autoscale(self) -> None:
-        while not self._stop.wait(self.config.interval_s):
+        while not self._stop.wait(self.config.decision_interval_s):
             if self.busy is not None or not self._ops.empty():
                 continue
             try:

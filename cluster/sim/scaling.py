@@ -3,7 +3,7 @@
 The loop is ``loop.run_policy``'s (arrivals -> real router -> simulated replicas, events back to the
 index) plus two kinds of events:
 
-- tick (every ``autoscale.interval_s``): the replicas' rows as ``GET /replicas`` gives them (the
+- tick (every ``autoscale.decision_interval_s``): the replicas' rows as ``GET /replicas`` gives them (the
   router's in-flight counts and prefill backlog) go to ``cluster.autoscaler.Autoscaler``; "up"
   creates replicas that join the router ``startup_s`` later (a cold cache), "down" drains the
   replica ``cheapest_to_lose`` picks from the index's exclusive blocks (``router/retention.py``);
@@ -121,7 +121,7 @@ def run_autoscaled(policy: str, requests: list[SimRequest], config: SimConfig, b
         timeline.append((now, len(live())))
 
     i, n = 0, len(requests)
-    push(autoscale.interval_s, _TICK, None)
+    push(autoscale.decision_interval_s, _TICK, None)
     while i < n or any(kind != _TICK for _, _, kind, _ in heap):
         if i < n and (not heap or requests[i].arrival_s <= heap[0][0]):
             req = requests[i]
@@ -141,7 +141,7 @@ def run_autoscaled(policy: str, requests: list[SimRequest], config: SimConfig, b
             router.apply(*payload)
         elif kind == _TICK:
             tick(now)
-            push(now + autoscale.interval_s, _TICK, None)
+            push(now + autoscale.decision_interval_s, _TICK, None)
         elif kind == _JOIN:
             starting.discard(payload)
             kv.add_replica(payload)  # healthy, with an empty tree: a cold replica
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     records = cut_trace(read_mooncake(args.trace), 0, args.limit)
     config = SimConfig(num_replicas=args.max_replicas, capacity_fraction=args.capacity_fraction,
                        time_scale=args.time_scale)
-    autoscale = AutoscaleConfig(enabled=True, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+    autoscale = AutoscaleConfig(scale_with_load=True, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                                 target_in_flight=args.target_in_flight, upscale_delay_s=args.upscale_delay,
                                 downscale_delay_s=args.downscale_delay)
     per_replica = blocks_per_replica(config, records)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kvmesh.cluster.autoscaler import AutoscaleConfig, Autoscaler, cheapest_to_lose, desired_replicas
 
-CFG = AutoscaleConfig(enabled=True, min_replicas=1, max_replicas=3, target_in_flight=4,
+CFG = AutoscaleConfig(scale_with_load=True, min_replicas=1, max_replicas=3, target_in_flight=4,
                       upscale_delay_s=2, downscale_delay_s=10)
 
 
@@ -24,7 +24,7 @@ def test_desired_follows_in_flight_within_the_bounds():
 
 
 def test_queued_prefill_tokens_count_when_targeted():
-    cfg = AutoscaleConfig(enabled=True, max_replicas=4, target_in_flight=100, target_queued_prefill_tokens=1000)
+    cfg = AutoscaleConfig(scale_with_load=True, max_replicas=4, target_in_flight=100, target_queued_prefill_tokens=1000)
     desired, reason = desired_replicas(cfg, [{"id": "r", "in_flight": 1, "prefill_backlog": 2500}])
     assert desired == 3 and "2500 queued prefill tokens" in reason
 
@@ -66,7 +66,7 @@ def test_draining_replicas_do_not_count_as_serving():
 
 
 def test_below_min_replicas_scales_up_at_once():
-    scaler = Autoscaler(AutoscaleConfig(enabled=True, min_replicas=2, max_replicas=3, upscale_delay_s=60))
+    scaler = Autoscaler(AutoscaleConfig(scale_with_load=True, min_replicas=2, max_replicas=3, upscale_delay_s=60))
     decision = scaler.observe(0.0, rows(0))
     assert decision.action == "up" and decision.target == 2
 
@@ -80,8 +80,16 @@ def test_ties_go_to_the_least_busy_then_the_name():
     ({"min_replicas": 3, "max_replicas": 2}, "max_replicas=2 is below"),
     ({"target_in_flight": 0}, "target_in_flight=0"),
     ({"upscale_delay_s": -1}, "upscale_delay_s=-1"),
-    ({"interval_s": 0}, "interval_s=0"),
+    ({"decision_interval_s": 0}, "decision_interval_s=0"),
 ])
 def test_bad_settings_are_refused_with_the_field_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         AutoscaleConfig(**kwargs)
+
+
+def test_serve_refuses_a_starting_count_outside_the_bounds():
+    from kvmesh.cluster.config import ReplicasConfig, ServeConfig
+
+    with pytest.raises(ValueError, match=r"num_replicas=5 is outside autoscale.min_replicas=1..autoscale.max_replicas=3"):
+        ServeConfig(replicas=ReplicasConfig(num_replicas=5), autoscale=AutoscaleConfig(scale_with_load=True, max_replicas=3))
+    assert ServeConfig(replicas=ReplicasConfig(num_replicas=5)).max_replica_slots == 6  # bounds off: not checked

@@ -11,7 +11,7 @@ from kvmesh.cluster.sim.request import SimRequest, cut_trace, requests_from_moon
 from kvmesh.cluster.sim.runner import blocks_per_replica
 from kvmesh.cluster.sim.scaling import compare_with_fixed, run_autoscaled, vary_rate
 
-AUTOSCALE = AutoscaleConfig(enabled=True, min_replicas=1, max_replicas=6, target_in_flight=32,
+AUTOSCALE = AutoscaleConfig(scale_with_load=True, min_replicas=1, max_replicas=6, target_in_flight=32,
                             upscale_delay_s=5, downscale_delay_s=30)
 
 
