@@ -135,8 +135,8 @@ class Fleet:
         if have < replicas:
             self.add_replicas(replicas - have)
         while len(self.st.replicas) > replicas and not self._stop.is_set():
-            rows = [r for r in self.cluster.state.router_client.replicas() if r["id"] in self.replica_ids()]
-            self.remove_replica(cheapest_to_lose(rows))
+            rows = self.cluster.state.router_client.replicas(drain_cost=True)
+            self.remove_replica(cheapest_to_lose([r for r in rows if r["id"] in self.replica_ids()]))
 
     def add_replicas(self, count: int) -> list[ReplicaHandle]:
         """Start ``count`` replicas in new placement groups; returns once the router routes to them."""
@@ -204,8 +204,7 @@ class Fleet:
         if in_flight:
             self.cluster.report(f"{replica_id}: {in_flight} request(s) still running after "
                                 f"{self.config.drain_timeout_s:g}s (autoscale.drain_timeout_s); removing it anyway")
-        st.replicas.remove(handle)  # the supervisor stops watching it
-        handle.endpoints = None
+        st.replicas.remove(handle)  # the supervisor stops watching it (its endpoints stay: no re-registration)
         client.deregister(replica_id)
         try:
             ray.get(handle.actor.shutdown.remote(2.0), timeout=10)
@@ -271,6 +270,13 @@ class Fleet:
                 continue
             if decision is None:
                 continue
+            if decision.action == "down":  # the victim by drain cost, which the router computes on request
+                try:
+                    costly = [r for r in self.st.router_client.replicas(drain_cost=True) if r["id"] in ids]
+                    decision = replace(decision, victim=cheapest_to_lose([r for r in costly if not r["draining"]]))
+                except Exception as e:
+                    logger.debug("autoscaler could not read drain costs: %s", e)
+                    continue
             self.decisions.append(decision)
             self._decisions_counter.labels(decision.action).inc()
             message = (f"autoscaler: {decision.action} {decision.current} -> {decision.target} replicas "

@@ -63,8 +63,9 @@ class RouterClient:
     def health(self) -> dict[str, Any]:
         return self._http.get(self.url + "/health").json()
 
-    def replicas(self) -> list[dict[str, Any]]:
-        response = self._http.get(self.url + "/replicas")
+    def replicas(self, drain_cost: bool = False) -> list[dict[str, Any]]:
+        """``GET /replicas`` rows; ``drain_cost`` adds ``exclusive_blocks`` (a walk over the router's index)."""
+        response = self._http.get(self.url + "/replicas", params={"drain_cost": "true"} if drain_cost else None)
         response.raise_for_status()
         return response.json()["replicas"]
 

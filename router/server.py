@@ -7,7 +7,7 @@
     GET  /health, /ping                          200 when >= 1 replica is healthy, else 503
     GET  /get_load                               the router's in-flight requests (SGLang's shape)
     GET  /metrics                                Prometheus (metrics.py)
-    GET  /replicas                               the replica set, in flight and drain cost per replica (API key)
+    GET  /replicas[?drain_cost=true]             the replica set, in flight (and drain cost) per replica (API key)
     POST /replicas, DELETE /replicas/{id}        the admin plane: the admin key only (403 without one)
     POST /replicas/{id}/drain                    stop routing new requests to it; running ones finish
                                                  (inside ``kvmesh serve``: then its process is removed)
@@ -22,6 +22,7 @@ runner in a background thread (tests, embedding) or in the foreground (the CLI).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import Any
@@ -132,16 +133,18 @@ def build_app(service: RouterService) -> FastAPI:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/replicas")
-    async def list_replicas():
-        exclusive = exclusive_blocks(service.router)
+    async def list_replicas(drain_cost: bool = False):
         loads = service.router.loads.loads
-        return {"replicas": [{"id": s.replica_id, "url": s.url, "events": s.events, "replay": s.replay,
-                              "healthy": s.replica_id in service.router.healthy,
-                              "draining": s.replica_id in service.draining,
-                              "in_flight": service.in_flight(s.replica_id),
-                              "prefill_backlog": loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0,
-                              "exclusive_blocks": exclusive.get(s.replica_id, 0)}
-                             for s in list(service.specs.values())]}
+        rows = [{"id": s.replica_id, "url": s.url, "events": s.events, "replay": s.replay,
+                 "healthy": s.replica_id in service.router.healthy, "draining": s.replica_id in service.draining,
+                 "in_flight": service.in_flight(s.replica_id),
+                 "prefill_backlog": loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0}
+                for s in list(service.specs.values())]
+        if drain_cost:  # blocks only this replica holds: what draining it would cost (a walk over the index)
+            exclusive = await asyncio.to_thread(exclusive_blocks, service.router)
+            for row in rows:
+                row["exclusive_blocks"] = exclusive.get(row["id"], 0)
+        return {"replicas": rows}
 
     @app.post("/replicas/{replica_id}/drain")
     async def drain_replica(replica_id: str):

@@ -17,7 +17,7 @@ ADMIN = {"Authorization": "Bearer admin-key"}
 
 
 def _rows(router) -> dict[str, dict]:
-    r = httpx.get(router.url + "/replicas", headers=TENANT, timeout=10)
+    r = httpx.get(router.url + "/replicas?drain_cost=true", headers=TENANT, timeout=10)
     assert r.status_code == 200, r.text
     return {row["id"]: row for row in r.json()["replicas"]}
 
@@ -62,6 +62,8 @@ def test_drain_lets_streams_finish_and_routes_new_requests_elsewhere(fakes, star
     index = router.service.router.index
     assert "a" not in index.replica_ids and index.num_blocks("a") == 0
     assert set(_rows(router)) == {"b"}
+    plain = httpx.get(router.url + "/replicas", headers=TENANT, timeout=10).json()["replicas"]
+    assert "exclusive_blocks" not in plain[0]  # the index walk happens only when asked for
 
 
 def test_exclusive_blocks_counts_what_only_that_replica_holds(fakes, start_router):
