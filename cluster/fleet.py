@@ -275,7 +275,7 @@ class Fleet:
                     costly = [r for r in self.st.router_client.replicas(drain_cost=True) if r["id"] in ids]
                     decision = replace(decision, victim=cheapest_to_lose([r for r in costly if not r["draining"]]))
                 except Exception as e:
-                    logger.debug("autoscaler could not read drain costs: %s", e)
+                    logger.warning("autoscaler: could not read drain costs, decision dropped: %s", e)
                     continue
             self.decisions.append(decision)
             self._decisions_counter.labels(decision.action).inc()

@@ -145,7 +145,7 @@ def autoscaled(ray_session, stories_path, tmp_path_factory, cluster):
     serve.stop()
 
 
-def test_autoscaler_follows_load_up_to_three_and_back_to_one(autoscaled):
+def test_autoscaler_follows_load_up_to_three_and_back_to_one(autoscaled, monkeypatch, capsys):
     cluster = autoscaled
     load = Load(cluster.url, cluster.state.served_model_name, clients=8, max_tokens=48).start()
     try:
@@ -166,3 +166,11 @@ def test_autoscaler_follows_load_up_to_three_and_back_to_one(autoscaled):
     assert set(service.specs) == set(state["replicas"]) == set(map(str, service.router.index.replica_ids))
     metrics = httpx.get(cluster.url + "/metrics", timeout=10).text
     assert 'kvmesh_autoscaler_decisions_total{action="down"} 2.0' in metrics
+    from kvmesh.cluster.cli import main
+
+    monkeypatch.setenv("KVMESH_ADMIN_KEY_FILE", str(cluster.key_file))
+    monkeypatch.delenv("KVMESH_ADMIN_KEY", raising=False)
+    capsys.readouterr()
+    assert main(["status", "--url", cluster.url]) == 0
+    out = capsys.readouterr().out
+    assert "fleet: 1 replicas, target 1, autoscale 1..3" in out and "decision: down 2 -> 1" in out, out
