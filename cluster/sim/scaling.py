@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-replicas", type=int, default=1)
     ap.add_argument("--max-replicas", type=int, default=8)
     ap.add_argument("--target-in-flight", type=float, default=32.0)
+    ap.add_argument("--target-prefill-tokens", type=int, default=0,
+                    help="queued prefill tokens per replica to aim for (0 = in flight only)")
     ap.add_argument("--upscale-delay", type=float, default=5.0)
     ap.add_argument("--downscale-delay", type=float, default=30.0)
     ap.add_argument("--startup", type=float, default=30.0, help="seconds from a scale-up to the replica serving")
@@ -208,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     config = SimConfig(num_replicas=args.max_replicas, capacity_fraction=args.capacity_fraction,
                        time_scale=args.time_scale)
     autoscale = AutoscaleConfig(scale_with_load=True, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                                target_in_flight=args.target_in_flight, upscale_delay_s=args.upscale_delay,
+                                target_in_flight=args.target_in_flight,
+                                target_queued_prefill_tokens=args.target_prefill_tokens, upscale_delay_s=args.upscale_delay,
                                 downscale_delay_s=args.downscale_delay)
     per_replica = blocks_per_replica(config, records)
     tokens = BlockTokenCache(config.block_size, config.vocab_size, config.seed)
