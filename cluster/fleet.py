@@ -9,7 +9,7 @@
 
 One worker thread runs the operations in order (``request_scale``/``request_rollout`` queue them and
 return at once; the router's ``/admin/*`` endpoints call them). With ``autoscale.scale_with_load`` a second
-thread feeds the router's ``GET /replicas`` rows to the ``Autoscaler`` and queues what it decides.
+thread (``autoscale_loop.py``) queues what the autoscaler decides.
 On a real Ray cluster a placement group no node can hold stays pending, which is what the Ray
 autoscaler scales GPU nodes on (deploy/README.md).
 """
@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvmesh.cluster import placement as pl
-from kvmesh.cluster.autoscaler import Autoscaler, Decision, cheapest_to_lose
+from kvmesh.cluster.autoscaler import Decision, cheapest_to_lose
 from kvmesh.cluster.supervisor import ReplicaHandle, actor_state, register
 
 logger = logging.getLogger(__name__)
@@ -37,8 +37,8 @@ class Fleet:
     def __init__(self, cluster: Any) -> None:
         self.cluster = cluster
         self.config = cluster.config.autoscale
-        self.autoscaler = Autoscaler(self.config) if self.config.scale_with_load else None
         self.decisions: deque[Decision] = deque(maxlen=50)
+        """The autoscaler's last decisions (``AutoscaleLoop`` appends them)."""
         self.operations: deque[dict] = deque(maxlen=50)
         """Finished operations: what, when, how long, outcome."""
         self.busy: str | None = None
@@ -48,9 +48,13 @@ class Fleet:
         self._ops: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._work, name="kvmesh-fleet", daemon=True)]
-        if self.autoscaler is not None:
-            self._threads.append(threading.Thread(target=self._autoscale, name="kvmesh-autoscaler", daemon=True))
         self._metrics()
+        if self.config.scale_with_load:
+            from kvmesh.cluster.autoscale_loop import AutoscaleLoop
+
+            loop = AutoscaleLoop(self, self.st.router.service.metrics.registry)
+            self._threads.append(threading.Thread(target=loop.run, args=(self._stop,), name="kvmesh-autoscaler",
+                                                  daemon=True))
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Fleet:
@@ -62,6 +66,10 @@ class Fleet:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)
+
+    @property
+    def queued(self) -> int:
+        return self._ops.qsize()
 
     @property
     def st(self) -> Any:
@@ -86,7 +94,7 @@ class Fleet:
             low, high, why = self.config.min_replicas, self.config.max_replicas, "autoscale.min/max_replicas"
         if not low <= replicas <= high:
             raise ValueError(f"cannot scale to {replicas} replicas: allowed {low}..{high} ({why})")
-        self._queue(f"scale to {replicas}", self.scale_to, replicas)
+        self.enqueue(f"scale to {replicas}", self.scale_to, replicas)
         return {"accepted": True, "operation": f"scale to {replicas}", "replicas": self.replica_ids()}
 
     def capacity(self) -> int:
@@ -111,7 +119,7 @@ class Fleet:
                 raise ValueError(f"unknown engine setting in {sorted(engine)}: {e}") from None
             except ValueError as e:
                 raise ValueError(f"bad engine setting: {e}") from None
-        self._queue("rollout", self.rollout, new_engine)
+        self.enqueue("rollout", self.rollout, new_engine)
         return {"accepted": True, "operation": "rollout", "replicas": self.replica_ids(),
                 "engine_changes": sorted(engine or {})}
 
@@ -122,10 +130,11 @@ class Fleet:
         if replica_id not in self._removing:
             self._removing.add(replica_id)
             self.target = max(1, self.target - 1)
-            self._queue(f"drain {replica_id}", self.remove_replica, replica_id)
+            self.enqueue(f"drain {replica_id}", self.remove_replica, replica_id)
         return True
 
-    def _queue(self, name: str, fn, *args) -> None:
+    def enqueue(self, name: str, fn, *args) -> None:
+        """Run ``fn(*args)`` on the fleet's worker thread, after what is queued before it."""
         self._ops.put((name, fn, args))
 
     # ------------------------------------------------------------------ operations
@@ -257,47 +266,12 @@ class Fleet:
                 self._replicas_gauge.set(len(self.st.replicas))
                 self._target_gauge.set(self.target)
 
-    def _autoscale(self) -> None:
-        while not self._stop.wait(self.config.decision_interval_s):
-            if self.busy is not None or not self._ops.empty():
-                continue
-            try:
-                ids = set(self.replica_ids())
-                rows = [r for r in self.st.router_client.replicas() if r["id"] in ids]
-                decision = self.autoscaler.observe(time.monotonic(), rows)
-            except Exception as e:  # the router is stopping, or a hiccup: look again next interval
-                logger.debug("autoscaler could not read the router: %s", e)
-                continue
-            if decision is None:
-                continue
-            if decision.action == "down":  # the victim by drain cost, which the router computes on request
-                try:
-                    costly = [r for r in self.st.router_client.replicas(drain_cost=True) if r["id"] in ids]
-                    decision = replace(decision, victim=cheapest_to_lose([r for r in costly if not r["draining"]]))
-                except Exception as e:
-                    logger.warning("autoscaler: could not read drain costs, decision dropped: %s", e)
-                    continue
-            self.decisions.append(decision)
-            self._decisions_counter.labels(decision.action).inc()
-            message = (f"autoscaler: {decision.action} {decision.current} -> {decision.target} replicas "
-                       f"({decision.reason})" + (f"; draining {decision.victim}" if decision.victim else ""))
-            logger.info(message)
-            self.cluster.report(message)
-            if decision.action == "up":
-                self.target = decision.target
-                self._queue(f"scale to {decision.target}", self.add_replicas, decision.target - len(ids))
-            else:
-                self.target = decision.target
-                self._queue(f"drain {decision.victim}", self.remove_replica, decision.victim)
-
     def _metrics(self) -> None:
-        from prometheus_client import Counter, Gauge
+        from prometheus_client import Gauge
 
         registry = self.st.router.service.metrics.registry
         self._replicas_gauge = Gauge("kvmesh_fleet_replicas", "Replica processes serve runs", registry=registry)
         self._target_gauge = Gauge("kvmesh_fleet_target_replicas", "Replicas wanted (scale/autoscaler)",
                                    registry=registry)
-        self._decisions_counter = Counter("kvmesh_autoscaler_decisions", "Scaling decisions, by action",
-                                          ["action"], registry=registry)
         self._replicas_gauge.set(len(self.st.replicas))
         self._target_gauge.set(self.target)

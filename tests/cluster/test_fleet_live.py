@@ -147,16 +147,21 @@ def autoscaled(ray_session, stories_path, tmp_path_factory, cluster):
 
 def test_autoscaler_follows_load_up_to_three_and_back_to_one(autoscaled, monkeypatch, capsys):
     cluster = autoscaled
+    t0 = time.monotonic()
     load = Load(cluster.url, cluster.state.served_model_name, clients=8, max_tokens=48).start()
     try:
         _wait_fleet(cluster, lambda s: len(s["replicas"]) == 3 and _idle(s), 240, "3 replicas")
     finally:
         load.stop()
+    t_up = time.monotonic()
     trickle = Load(cluster.url, cluster.state.served_model_name, clients=1, max_tokens=64).start()
     try:
         state = _wait_fleet(cluster, lambda s: len(s["replicas"]) == 1 and _idle(s), 240, "back to 1 replica")
     finally:
         trickle.stop()
+    print(f"\nautoscaler: 1 -> 3 replicas in {t_up - t0:.1f}s under 8 clients ({len(load.outcomes)} requests), "
+          f"3 -> 1 in {time.monotonic() - t_up:.1f}s under 1 client ({len(trickle.outcomes)} requests), 0 failed; "
+          + "; ".join(m for m in cluster.messages if "drained" in m))
     assert load.outcomes and trickle.outcomes
     assert not load.failures and not trickle.failures, (load.failures + trickle.failures)[:3]
     actions = [d["action"] for d in state["decisions"]]
