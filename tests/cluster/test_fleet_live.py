@@ -159,9 +159,10 @@ def test_autoscaler_follows_load_up_to_three_and_back_to_one(autoscaled, monkeyp
         state = _wait_fleet(cluster, lambda s: len(s["replicas"]) == 1 and _idle(s), 240, "back to 1 replica")
     finally:
         trickle.stop()
-    print(f"\nautoscaler: 1 -> 3 replicas in {t_up - t0:.1f}s under 8 clients ({len(load.outcomes)} requests), "
-          f"3 -> 1 in {time.monotonic() - t_up:.1f}s under 1 client ({len(trickle.outcomes)} requests), 0 failed; "
-          + "; ".join(m for m in cluster.messages if "drained" in m))
+    with capsys.disabled():
+        print(f"\nautoscaler: 1 -> 3 replicas in {t_up - t0:.1f}s under 8 clients ({len(load.outcomes)} requests), "
+              f"3 -> 1 in {time.monotonic() - t_up:.1f}s under 1 client ({len(trickle.outcomes)} requests); "
+              + "; ".join(m for m in cluster.messages if "drained" in m))
     assert load.outcomes and trickle.outcomes
     assert not load.failures and not trickle.failures, (load.failures + trickle.failures)[:3]
     actions = [d["action"] for d in state["decisions"]]
