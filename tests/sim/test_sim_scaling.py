@@ -54,3 +54,18 @@ def test_autoscaled_uses_fewer_replica_seconds_than_a_fleet_sized_for_the_peak(s
     assert fixed["num_requests"] == scaled["num_requests"] == 800
     assert scaled["replica_seconds"] < 0.7 * fixed["replica_seconds"]
     assert scaled["ttft_s"]["p90"] > 0 and fixed["ttft_s"]["p90"] > 0  # the price is reported, not hidden
+
+
+def test_module_command_writes_the_comparison(mooncake_trace, tmp_path, capsys):
+    import json
+
+    from kvmesh.cluster.sim.scaling import main
+
+    out = tmp_path / "scaling.json"
+    assert main(["--trace", str(mooncake_trace), "--limit", "300", "--max-replicas", "4",
+                 "--target-in-flight", "16", "--target-prefill-tokens", "16384", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["fixed_peak"]["num_requests"] == report["autoscaled"]["num_requests"] == 300
+    assert report["autoscaled"]["replica_seconds"] < report["fixed_peak"]["replica_seconds"]
+    printed = capsys.readouterr().out
+    assert "fixed_peak" in printed and "autoscaled" in printed and str(out) in printed
