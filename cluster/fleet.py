@@ -108,17 +108,17 @@ class Fleet:
         return max(1, int(ray.cluster_resources().get("CPU", 0.0) // per_replica))
 
     def request_rollout(self, engine: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Queue a rolling restart; ``engine`` = EngineConfig fields the new replicas get (checked now)."""
+        """Queue a rolling restart; ``engine`` = EngineConfig fields the new replicas get (checked now).
+
+        ValueError: bad settings; RuntimeError: a rollout is already under way."""
         if self.busy == "rollout" or any(op[0] == "rollout" for op in list(self._ops.queue)):
-            raise ValueError("a rolling restart is already running; GET /admin/fleet shows its progress")
+            raise RuntimeError("a rolling restart is already running; GET /admin/fleet shows its progress")
         new_engine = self.st.engine
         if engine:
             try:
                 new_engine = replace(self.st.engine, **engine)
-            except TypeError as e:
-                raise ValueError(f"unknown engine setting in {sorted(engine)}: {e}") from None
-            except ValueError as e:
-                raise ValueError(f"bad engine setting: {e}") from None
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"bad engine settings {engine}: {e}") from None
         self.enqueue("rollout", self.rollout, new_engine)
         return {"accepted": True, "operation": "rollout", "replicas": self.replica_ids(),
                 "engine_changes": sorted(engine or {})}

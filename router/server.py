@@ -178,6 +178,8 @@ def build_app(service: RouterService) -> FastAPI:
         try:
             return fleet().request_rollout(body.engine)
         except ValueError as e:
+            raise ProtocolError(str(e)) from None
+        except RuntimeError as e:
             raise ProtocolError(str(e), 409) from None
 
     @app.post("/replicas")

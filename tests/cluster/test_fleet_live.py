@@ -108,10 +108,15 @@ def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_reco
     load = Load(cluster.url, cluster.state.served_model_name, clients=3, max_tokens=16).start()
     try:
         time.sleep(8)  # warm: the families' prefixes are cached
+        bad = httpx.post(cluster.url + "/admin/rollout", json={"engine": {"max_num_seq": 32}},
+                         headers=_admin(cluster), timeout=10)
+        assert bad.status_code == 400 and "max_num_seq" in bad.json()["error"]["message"], bad.text
         t_start = time.monotonic()
         r = httpx.post(cluster.url + "/admin/rollout", json={"engine": {"max_num_seqs": 32}},
                        headers=_admin(cluster), timeout=10)
         assert r.status_code == 200 and r.json()["engine_changes"] == ["max_num_seqs"], r.text
+        again = httpx.post(cluster.url + "/admin/rollout", json={}, headers=_admin(cluster), timeout=10)
+        assert again.status_code == 409 and "already running" in again.json()["error"]["message"], again.text
         state = _wait_fleet(cluster, lambda s: _idle(s) and s["operations"][-1]["operation"] == "rollout", 300,
                             "the rollout")
         t_end = time.monotonic()
