@@ -5,8 +5,8 @@
     ├── replicas: ReplicasConfig   here        ├── server: ReplicaServerConfig
     ├── router:   RouterConfig     router/     └── events: PublisherConfig
     ├── events:   PublisherConfig  events/
-    └── ray:      RayConfig        here        RouterCommandConfig (kvmesh router)
-                                               └── router: RouterConfig
+    ├── ray:      RayConfig        here        RouterCommandConfig (kvmesh router)
+    └── autoscale: AutoscaleConfig autoscaler  └── router: RouterConfig
 
 A section is the component's dataclass itself, so a field, its default, its check and its doc
 exist once; ``config_schema.py`` derives YAML keys, ``KVMESH_*`` variables and flags from them.
@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvmesh.cluster.autoscaler import AutoscaleConfig
 from kvmesh.cluster.config_schema import Schema, to_dict
 from kvmesh.events.publisher import PublisherConfig
 from kvmesh.replica.config import EngineConfig
@@ -74,13 +75,14 @@ class ReplicasConfig:
         _check_port(self.http_port, "replicas.http_port")
         _check_port(self.event_port, "replicas.event_port")
 
-    def http_ports(self) -> list[int]:
-        return [self.http_port + i if self.http_port else 0 for i in range(self.num_replicas)]
+    def http_ports(self, count: int | None = None) -> list[int]:
+        """HTTP port of replicas 0..count-1 (count defaults to num_replicas)."""
+        return [self.http_port + i if self.http_port else 0 for i in range(count or self.num_replicas)]
 
-    def event_ports(self) -> list[tuple[int, int]]:
-        """(PUB, replay) port of each replica."""
+    def event_ports(self, count: int | None = None) -> list[tuple[int, int]]:
+        """(PUB, replay) port of replicas 0..count-1 (count defaults to num_replicas)."""
         base = self.event_port
-        return [(base + 2 * i, base + 2 * i + 1) if base else (0, 0) for i in range(self.num_replicas)]
+        return [(base + 2 * i, base + 2 * i + 1) if base else (0, 0) for i in range(count or self.num_replicas)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +124,16 @@ class ServeConfig:
     """The OpenAI front of the router and every replica: body/prompt limits, chat template, read timeouts."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Embedded Ray or an existing cluster; placement."""
+    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
+    """Replicas that follow the traffic: bounds, target load per replica, delays."""
 
     def __post_init__(self) -> None:
         check_hash_seed(self.engine.hash_seed)
+        if self.autoscale.scale_with_load:
+            a = self.autoscale
+            _check(a.min_replicas <= self.replicas.num_replicas <= a.max_replicas,
+                   f"replicas.num_replicas={self.replicas.num_replicas} is outside autoscale.min_replicas="
+                   f"{a.min_replicas}..autoscale.max_replicas={a.max_replicas}; it is the count serve starts with")
         if self.is_embedded_model:
             _check(self.engine.load_format in ("auto", "dummy"),
                    f"engine.load_format={self.engine.load_format!r} cannot load the embedded model, which has "
@@ -135,16 +144,23 @@ class ServeConfig:
             except ValueError:
                 _check(bool(re.fullmatch(r"[A-Za-z0-9.-]+", self.router.host)),
                        f"router.host={self.router.host!r} is not an address, a host name or 'auto'")
+        most = self.max_replica_slots
         used = {"router.port": [self.router.port] if self.router.port else [],
-                "replicas.http_port": [p for p in self.replicas.http_ports() if p],
-                "replicas.event_port": [p for pair in self.replicas.event_ports() for p in pair if p]}
+                "replicas.http_port": [p for p in self.replicas.http_ports(most) if p],
+                "replicas.event_port": [p for pair in self.replicas.event_ports(most) for p in pair if p]}
         _check(max((max(p) for p in used.values() if p), default=0) <= 65535,
-               f"replica ports run past 65535 for {self.replicas.num_replicas} replicas; lower the base ports")
+               f"replica ports run past 65535 for {most} replicas; lower the base ports")
         names = list(used)
         for i, a in enumerate(names):
             for b in names[i + 1:]:
                 both = sorted(set(used[a]) & set(used[b]))
                 _check(not both, f"{a} and {b} both use port {both[0] if both else ''}; move one of them")
+
+    @property
+    def max_replica_slots(self) -> int:
+        """Most replicas alive at once: the largest count it may scale to, plus one a rolling restart adds."""
+        top = max(self.replicas.num_replicas, self.autoscale.max_replicas if self.autoscale.scale_with_load else 0)
+        return top + 1
 
     @property
     def is_embedded_model(self) -> bool:

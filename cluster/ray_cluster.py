@@ -41,14 +41,15 @@ class RayHandle:
 
 
 def embedded_num_cpus(config: ServeConfig) -> int:
-    """Logical CPUs for an embedded instance: every replica's bundles + the router (may exceed cores)."""
+    """Logical CPUs for an embedded instance: the bundles of the most replicas it may run at once (scaling,
+    a rolling restart's extra one) + the router (may exceed cores)."""
     from kvmesh.cluster.placement import replica_bundles
 
     if config.ray.num_cpus is not None:
         return config.ray.num_cpus
     bundles = replica_bundles(config.engine.tensor_parallel_size, config.replicas.num_cpus_per_worker, "cpu")
     per_replica = sum(b["CPU"] for b in bundles)
-    return int(-(-config.replicas.num_replicas * per_replica // 1)) + DRIVER_CPUS
+    return int(-(-config.max_replica_slots * per_replica // 1)) + DRIVER_CPUS
 
 
 def connect(config: ServeConfig, log_to_driver: bool = False) -> RayHandle:

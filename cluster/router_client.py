@@ -1,7 +1,8 @@
 """Talking to a running router over HTTP: the replica registry and a per-replica status table.
 
 The router (router/server.py) exposes ``GET/POST /replicas``, ``DELETE /replicas/{id}``,
-``/health`` and Prometheus ``/metrics``. serve's supervisor registers replicas through this
+``POST /replicas/{id}/drain``, the serve process's ``/admin/{fleet,scale,rollout}``, ``/health``
+and Prometheus ``/metrics``. serve's supervisor registers replicas through this
 client (the same calls work for a router in another process or on another node); ``kvmesh
 status`` builds its table from ``/replicas`` + ``/metrics``. It is synchronous for its callers
 (the launcher, the supervisor thread, the CLI): the aiohttp session runs on a private event-loop
@@ -26,6 +27,8 @@ class ReplicaStatus:
     replica_id: str
     url: str = ""
     healthy: bool = False
+    draining: bool = False
+    """Out of rotation: its running requests finish, then it is removed (``kvmesh drain``, the autoscaler)."""
     kv_usage: float = 0.0
     """Fraction of the replica's KV blocks held by running requests (its /load)."""
     index_blocks: int = 0
@@ -90,8 +93,10 @@ class RouterClient:
         async with self._session.request(method, self.url + path, json=body,
                                          headers=self._admin if admin else None) as response:
             raw = await response.read()
-            if check:
-                response.raise_for_status()
+            if check and response.status >= 400:  # the router's own error message, not just the reason phrase
+                raise aiohttp.ClientResponseError(response.request_info, response.history, status=response.status,
+                                                  message=_error_message(raw) or response.reason or "",
+                                                  headers=response.headers)
             return response.status, raw
 
     def _request(self, method: str, path: str, body: Any = None, admin: bool = False,
@@ -101,8 +106,10 @@ class RouterClient:
     def health(self) -> dict[str, Any]:
         return json.loads(self._request("GET", "/health", check=False)[1])
 
-    def replicas(self) -> list[dict[str, Any]]:
-        return json.loads(self._request("GET", "/replicas")[1])["replicas"]
+    def replicas(self, drain_cost: bool = False) -> list[dict[str, Any]]:
+        """``GET /replicas`` rows; ``drain_cost`` adds ``exclusive_blocks`` (a walk over the router's index)."""
+        path = "/replicas?drain_cost=true" if drain_cost else "/replicas"
+        return json.loads(self._request("GET", path)[1])["replicas"]
 
     def register(self, replica_id: str, url: str, events: str | None, replay: str | None) -> dict[str, Any]:
         """Add a replica, or re-register it with new endpoints (the router drops its old tree)."""
@@ -112,13 +119,27 @@ class RouterClient:
     def deregister(self, replica_id: str) -> bool:
         return self._request("DELETE", f"/replicas/{replica_id}", admin=True, check=False)[0] == 200
 
+    def drain(self, replica_id: str) -> dict[str, Any]:
+        """Stop routing new requests to a replica (its running ones finish); raises on 403/404."""
+        return json.loads(self._request("POST", f"/replicas/{replica_id}/drain", admin=True)[1])
+
+    def fleet(self) -> dict[str, Any]:
+        """The serve process's replica set, target and scaling decisions (``GET /admin/fleet``)."""
+        return json.loads(self._request("GET", "/admin/fleet", admin=True)[1])
+
+    def scale(self, replicas: int) -> dict[str, Any]:
+        return json.loads(self._request("POST", "/admin/scale", {"replicas": replicas}, admin=True)[1])
+
+    def rollout(self, engine: dict[str, Any] | None = None) -> dict[str, Any]:
+        return json.loads(self._request("POST", "/admin/rollout", {"engine": engine or {}}, admin=True)[1])
+
     def metrics_text(self) -> str:
         return self._request("GET", "/metrics")[1].decode()
 
     def status(self) -> list[ReplicaStatus]:
         """Per-replica rows from /replicas (who, where, health) and /metrics (the numbers)."""
         rows = {r["id"]: ReplicaStatus(replica_id=r["id"], url=r["url"], healthy=r["healthy"],
-                                       degraded=r.get("degraded"))
+                                       degraded=r.get("degraded"), draining=bool(r.get("draining")))
                 for r in self.replicas()}
         apply_metrics(rows, self.metrics_text())
         return sorted(rows.values(), key=lambda r: r.replica_id)
@@ -166,3 +187,11 @@ def apply_metrics(rows: dict[str, ReplicaStatus], text: str) -> None:
                     row.event_restarts = int(sample.value)
                 elif counter == "bad_frames":
                     row.event_bad_frames = int(sample.value)
+
+
+def _error_message(raw: bytes) -> str | None:
+    """The message of an OpenAI-shaped error body, if that is what ``raw`` is."""
+    try:
+        return str(json.loads(raw)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -7,8 +7,12 @@
     GET  /health, /ping                          200 when >= 1 replica is healthy, else 503
     GET  /get_load                               the router's in-flight requests (SGLang's shape)
     GET  /metrics                                Prometheus (metrics.py)
-    GET  /replicas                               the replica set (API key)
+    GET  /replicas[?drain_cost=true]             the replica set, in flight (and drain cost) per replica (API key)
     POST /replicas, DELETE /replicas/{id}        the admin plane: the admin key only (403 without one)
+    POST /replicas/{id}/drain                    stop routing new requests to it; running ones finish
+                                                 (inside ``kvmesh serve``: then its process is removed)
+    GET  /admin/fleet, POST /admin/scale, /admin/rollout
+                                                 the process set, when the router runs inside ``kvmesh serve``
 
 Auth is one middleware (replica/openai/auth.py): with ``api_key`` set every path but the probes
 needs it; changing the replica set needs ``admin_key``, which tenants never hold, and is refused
@@ -18,9 +22,11 @@ runner in a background thread (tests, embedding) or in the foreground (the CLI).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -32,6 +38,7 @@ from kvmesh.replica.openai.routes import install_shared_routes
 from kvmesh.replica.openai.runner import HTTPServer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.forward import Forwarder
+from kvmesh.router.retention import exclusive_blocks
 from kvmesh.router.service import RouterService
 from pydantic import ConfigDict
 
@@ -48,8 +55,24 @@ class ReplicaRegistration(OpenAIBaseModel):
     id: str | None = None
 
 
+class ScaleRequest(OpenAIBaseModel):
+    """``POST /admin/scale`` body."""
+
+    model_config = ConfigDict(extra="forbid")
+    replicas: int
+
+
+class RolloutRequest(OpenAIBaseModel):
+    """``POST /admin/rollout`` body: engine settings the restarted replicas get (none: same settings)."""
+
+    model_config = ConfigDict(extra="forbid")
+    engine: dict[str, Any] = {}
+
+
 def is_admin_request(method: str, path: str) -> bool:
-    """Requests that change the replica set (the admin plane)."""
+    """Requests that change the replica set (the admin plane), and everything under /admin/."""
+    if path.startswith("/admin/"):
+        return True
     return method not in ("GET", "HEAD") and (path == "/replicas" or path.startswith("/replicas/"))
 
 
@@ -119,11 +142,55 @@ def build_app(service: RouterService) -> FastAPI:
         return service.metrics.response(request.headers.get("accept"))
 
     @app.get("/replicas")
-    async def list_replicas():
-        return {"replicas": [{"id": s.replica_id, "url": s.url, "events": s.events, "replay": s.replay,
-                              "healthy": s.replica_id in service.router.healthy,
-                              "degraded": service.router.degraded.get(s.replica_id)}
-                             for s in service.specs.values()]}
+    async def list_replicas(drain_cost: bool = False):
+        loads = service.router.loads.loads
+        rows = [{"id": s.replica_id, "url": s.url, "events": s.events, "replay": s.replay,
+                 "healthy": s.replica_id in service.router.healthy, "draining": s.replica_id in service.draining,
+                 "degraded": service.router.degraded.get(s.replica_id),
+                 "in_flight": service.in_flight(s.replica_id),
+                 "prefill_backlog": loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0}
+                for s in list(service.specs.values())]
+        if drain_cost:  # blocks only this replica holds: what draining it would cost (a walk over the index)
+            exclusive = await asyncio.to_thread(exclusive_blocks, service.router)
+            for row in rows:
+                row["exclusive_blocks"] = exclusive.get(row["id"], 0)
+        return {"replicas": rows}
+
+    @app.post("/replicas/{replica_id}/drain")
+    async def drain_replica(replica_id: str):
+        if not service.drain(replica_id):
+            raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
+        removing = service.fleet is not None and service.fleet.request_remove(replica_id)
+        return {"id": replica_id, "draining": True, "in_flight": service.in_flight(replica_id),
+                "will_be_removed": bool(removing)}
+
+    def fleet():
+        if service.fleet is None:
+            raise ProtocolError("this router does not run replica processes (only `kvmesh serve` does); "
+                                "register and remove replicas with POST/DELETE /replicas", 501)
+        return service.fleet
+
+    @app.get("/admin/fleet")
+    async def fleet_state():
+        return fleet().state()
+
+    @app.post("/admin/scale")
+    async def scale(request: Request):
+        body = await read_request(request, ScaleRequest, cfg.frontend, service.renderer.run)
+        try:
+            return fleet().request_scale(body.replicas)
+        except ValueError as e:
+            raise ProtocolError(str(e)) from None
+
+    @app.post("/admin/rollout")
+    async def rollout(request: Request):
+        body = await read_request(request, RolloutRequest, cfg.frontend, service.renderer.run)
+        try:
+            return fleet().request_rollout(body.engine)
+        except ValueError as e:
+            raise ProtocolError(str(e)) from None
+        except RuntimeError as e:
+            raise ProtocolError(str(e), 409) from None
 
     @app.post("/replicas")
     async def add_replica(request: Request):

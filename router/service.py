@@ -3,7 +3,9 @@
 ``RouterService`` owns what lives as long as the HTTP front: the ``KVRouter``, the tokenizer, the
 replica specs, the ``EventSubscriber`` feeding the index, the aiohttp client session and the task that polls
 every replica's ``/health`` and ``/load`` (which is also how a failed replica is probed back).
-Replicas can be added, re-registered with new endpoints, and removed at runtime.
+Replicas can be added, re-registered with new endpoints, drained and removed at runtime: a
+draining replica gets no new requests (the health probe never puts it back) while the ones it
+runs, streams included, finish; whoever drains it removes it once ``in_flight`` is 0.
 
 A replica whose event stream keeps sending bad frames (or batches over ``max_source_blocks``) is
 *degraded* by the subscriber: the router routes to it by load only until a snapshot resync
@@ -61,6 +63,10 @@ class RouterService:
         self._initial = list(replicas or [])
         self.session: aiohttp.ClientSession | None = None
         """HTTP client to the replicas (aiohttp: a third of httpx's CPU per proxied request)."""
+        self.draining: set[str] = set()
+        """Replicas that get no new requests (``drain``) until removed or re-registered."""
+        self.fleet: Any = None
+        """Whoever can add and remove replica processes (``kvmesh serve``'s launcher); None = fixed set."""
         self.subscriber = None
         from kvmesh.events.subscriber import SubscriberConfig
 
@@ -113,6 +119,7 @@ class RouterService:
         if old is not None:
             self.remove_replica(spec.replica_id)
         self.specs[spec.replica_id] = spec
+        self.draining.discard(spec.replica_id)
         self.router.add_replica(spec.replica_id, healthy=False)
         if spec.events and self.subscriber is not None:
             from kvmesh.events.subscriber import PublisherSource
@@ -124,6 +131,7 @@ class RouterService:
 
     def remove_replica(self, replica_id: str) -> bool:
         spec = self.specs.pop(replica_id, None)
+        self.draining.discard(replica_id)
         if spec is None:
             return False
         if spec.events and self.subscriber is not None:
@@ -131,6 +139,22 @@ class RouterService:
         self.router.remove_replica(replica_id)
         self.metrics.last_event_lag.pop(replica_id, None)
         return True
+
+    def drain(self, replica_id: str) -> bool:
+        """Stop routing new requests to a replica; running ones finish. False: no such replica."""
+        if replica_id not in self.specs:
+            return False
+        if replica_id not in self.draining:
+            logger.info("replica %s draining: no new requests, %d in flight", replica_id,
+                        self.in_flight(replica_id))
+        self.draining.add(replica_id)
+        self.router.set_healthy(replica_id, False)
+        return True
+
+    def in_flight(self, replica_id: str) -> int:
+        """Requests this router sent to the replica that have not finished (streams until their last byte)."""
+        load = self.router.loads.loads.get(replica_id)
+        return load.in_flight if load is not None else 0
 
     def mark_failed(self, replica_id: str, connect_error: bool) -> None:
         """A request to the replica failed: stop routing to it until a probe succeeds.
@@ -206,7 +230,7 @@ class RouterService:
         if self.specs.get(spec.replica_id) is not spec:
             return ok  # removed or re-registered meanwhile
         was = spec.replica_id in self.router.healthy
-        if ok and not was:
+        if ok and not was and spec.replica_id not in self.draining:
             logger.info("replica %s is healthy", spec.replica_id)
             await self.check_compatible(spec)
             self.router.set_healthy(spec.replica_id, True)

@@ -64,16 +64,17 @@ def start_serve(args: argparse.Namespace, port: int) -> subprocess.Popen:
     raise RuntimeError(f"kvmesh serve did not get ready within {args.timeout}s")
 
 
-async def stream_once(client, url: str, body: dict) -> dict:
+async def stream_once(client, body: dict) -> dict:
     """One streamed completion: where it failed (if it did) and its text."""
     out = {"ok": False, "first_byte": False, "text": "", "error": None}
     try:
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                out["error"] = f"HTTP {r.status_code}"
+        async with client.post("/v1/completions", json=body) as r:
+            if r.status != 200:
+                out["error"] = f"HTTP {r.status}"
                 return out
-            async for line in r.aiter_lines():
+            async for raw_line in r.content:
                 out["first_byte"] = True
+                line = raw_line.decode().rstrip("\r\n")
                 if not line.startswith("data: "):
                     continue
                 data = line[6:]
@@ -92,17 +93,17 @@ async def stream_once(client, url: str, body: dict) -> dict:
 
 
 async def run_load(args, url: str, expected: dict[str, str], stop_at: float) -> list[dict]:
-    import httpx
+    from kvmesh.cluster.loadgen.client import open_session
 
     results: list[dict] = []
 
     async def worker(i: int) -> None:
         n = i
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with open_session(url, total_s=120) as client:
             while time.monotonic() < stop_at:
                 prompt = PROMPTS[n % len(PROMPTS)]
                 n += args.concurrency
-                res = await stream_once(client, url, body(args, prompt))
+                res = await stream_once(client, body(args, prompt))
                 res["exact"] = res["ok"] and res["text"] == expected[prompt]
                 results.append(res)
 
@@ -112,12 +113,12 @@ async def run_load(args, url: str, expected: dict[str, str], stop_at: float) -> 
 
 async def greedy_answers(args, url: str) -> dict[str, str]:
     """Each prompt's answer from the idle cluster (the reference a migrated stream must match)."""
-    import httpx
+    from kvmesh.cluster.loadgen.client import open_session
 
     expected = {}
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with open_session(url, total_s=120) as client:
         for prompt in PROMPTS:
-            res = await stream_once(client, url, body(args, prompt))
+            res = await stream_once(client, body(args, prompt))
             if not res["ok"]:
                 raise RuntimeError(f"the idle cluster failed a request: {res['error']}")
             expected[prompt] = res["text"]
@@ -129,11 +130,12 @@ def body(args, prompt: str) -> dict:
 
 
 def healthy(url: str) -> tuple[float, str]:
-    import httpx
+    import urllib.request
 
     try:
-        page = httpx.get(url + "/metrics", timeout=5).text
-    except httpx.HTTPError:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+            page = response.read().decode()
+    except OSError:
         return -1.0, ""
     return _metric(page, "kvmesh_router_replica_healthy"), page
 

@@ -63,10 +63,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvmesh serve: {e}", file=sys.stderr)
         return 2
 
+    from kvmesh.cluster.admin_key import default_admin_key_file
     from kvmesh.cluster.launcher import ServeCluster
 
     _install_signal_handlers()
-    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose)
+    key_file = default_admin_key_file()
+    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_key_file=str(key_file))
     code = 0
     try:
         cluster.start()
@@ -75,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
               f"replicas, policy {config.router.policy}, model {cluster.state.served_model_name})\n"
               f"Try it{' (export KVMESH_API_KEY first)' if config.router.api_key else ''}:\n"
               f"  {cluster.curl_line()}\n"
-              f"Status: kvmesh status --url {cluster.url}\nStop:   Ctrl-C\n", flush=True)
+              f"Status: kvmesh status --url {cluster.url}\n"
+              f"Change: kvmesh scale N | drain REPLICA | rollout --url {cluster.url}  (admin key in {key_file}, "
+              "mode 0600)\nStop:   Ctrl-C\n", flush=True)
         while True:
             time.sleep(3600)
     except (KeyboardInterrupt, _Terminated):

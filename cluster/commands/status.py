@@ -23,10 +23,12 @@ def run(args: argparse.Namespace) -> int:
     import aiohttp
     from kvmesh.cluster.router_client import RouterClient
 
-    client = RouterClient(args.url, api_key=args.api_key or os.environ.get("KVMESH_API_KEY"))
+    client = RouterClient(args.url, api_key=args.api_key or os.environ.get("KVMESH_API_KEY"),
+                          admin_key=_admin_key())
     try:
         rows = client.status()
         health = client.health()
+        fleet = _fleet(client)
     except aiohttp.ClientResponseError as e:
         hint = " (set --api-key or KVMESH_API_KEY)" if e.status == 401 else ""
         print(f"kvmesh status: router at {args.url} answered {e.status}{hint}", file=sys.stderr)
@@ -38,11 +40,46 @@ def run(args: argparse.Namespace) -> int:
     finally:
         client.close()
     if args.json:
-        print(json.dumps({"router": args.url, "health": health,
+        print(json.dumps({"router": args.url, "health": health, "fleet": fleet,
                           "replicas": [{**_row_dict(r), "hit_rate": r.hit_rate} for r in rows]}, indent=2))
         return 0
     print(format_table(rows, args.url, health))
+    if fleet:
+        print(format_fleet(fleet))
     return 0
+
+
+def _admin_key() -> str | None:
+    """The admin key when this user has it (``kvmesh serve`` on this machine): status then shows scaling."""
+    from kvmesh.cluster.admin_key import read_admin_key
+
+    try:
+        return read_admin_key()
+    except ValueError:
+        return None
+
+
+def _fleet(client) -> dict | None:
+    import aiohttp
+
+    try:
+        return client.fleet()
+    except aiohttp.ClientResponseError:  # no admin key, or a standalone router (501)
+        return None
+
+
+def format_fleet(fleet: dict) -> str:
+    auto = fleet["autoscale"]
+    lines = [f"fleet: {len(fleet['replicas'])} replicas, target {fleet['target']}"
+             + (f", autoscale {auto['min_replicas']}..{auto['max_replicas']} at {auto['target_in_flight']:g} in "
+                "flight/replica" if auto["enabled"] else ", autoscale off")
+             + (f"; now: {fleet['busy']}" if fleet["busy"] else "")]
+    for d in fleet["decisions"][-5:]:
+        lines.append(f"  decision: {d['action']} {d['current']} -> {d['target']} ({d['reason']})"
+                     + (f", drain {d['victim']}" if d["victim"] else ""))
+    for op in fleet["operations"][-5:]:
+        lines.append(f"  done: {op['operation']} in {op['seconds']}s: {op['outcome']}")
+    return "\n".join(lines)
 
 
 def _row_dict(row) -> dict:
@@ -68,6 +105,8 @@ def format_table(rows, url: str, health: dict) -> str:
 
 
 def _health(row) -> str:
+    if row.draining:  # out of rotation on purpose, its running requests finishing
+        return "draining"
     if not row.healthy:
         return "DOWN"
     return "degraded" if row.degraded else "ok"

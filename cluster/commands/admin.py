@@ -1,0 +1,70 @@
+"""What ``kvmesh scale``, ``drain`` and ``rollout`` share: the router address, both keys, the errors, --wait.
+
+The admin key comes from ``KVMESH_ADMIN_KEY`` or the file ``kvmesh serve`` writes
+(``~/.cache/kvmesh/admin_key``, mode 0600; cluster/admin_key.py); the tenant API key (reading
+``/replicas``) from ``--api-key`` or ``KVMESH_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="router URL (default %(default)s)")
+    parser.add_argument("--api-key", default=None, help="router API key (default: $KVMESH_API_KEY)")
+    parser.add_argument("--admin-key-file", default=None,
+                        help="file holding the admin key (default: $KVMESH_ADMIN_KEY, else ~/.cache/kvmesh/admin_key)")
+    parser.add_argument("--wait", type=float, default=600.0, metavar="SECONDS",
+                        help="wait up to this long for the operation to finish; 0 = return at once (default %(default)s)")
+
+
+def run_admin(args: argparse.Namespace, command: str, call: Callable[[Any], dict],
+              done: Callable[[dict], bool] | None = None) -> int:
+    """Send one admin call, print its answer, then (with --wait) follow GET /admin/fleet until ``done``."""
+    import asyncio
+
+    import aiohttp
+    from kvmesh.cluster.admin_key import read_admin_key
+    from kvmesh.cluster.router_client import RouterClient
+
+    try:
+        admin_key = read_admin_key(args.admin_key_file)
+    except ValueError as e:
+        print(f"kvmesh {command}: {e}", file=sys.stderr)
+        return 2
+    client = RouterClient(args.url, api_key=args.api_key or os.environ.get("KVMESH_API_KEY"), admin_key=admin_key,
+                          timeout_s=30)
+    try:
+        answer = call(client)
+        print(f"kvmesh {command}: {answer}", flush=True)
+        if done is None or not args.wait or answer.get("will_be_removed") is False:
+            return 0  # nothing to follow (a drain on a standalone router removes no process)
+        deadline = time.monotonic() + args.wait
+        while time.monotonic() < deadline:
+            state = client.fleet()
+            if state["busy"] is None and not state["queued"] and done(state):
+                last = state["operations"][-1] if state["operations"] else {}
+                print(f"kvmesh {command}: done; replicas {', '.join(state['replicas'])}"
+                      + (f" ({last['operation']}: {last['outcome']}, {last['seconds']}s)" if last else ""))
+                return 0 if last.get("outcome", "ok") == "ok" else 1
+            time.sleep(0.5)
+        print(f"kvmesh {command}: still running after {args.wait:g}s; `kvmesh status` shows progress",
+              file=sys.stderr)
+        return 1
+    except aiohttp.ClientResponseError as e:
+        hint = {401: " (set --api-key or KVMESH_API_KEY)", 403: " (the admin key is not this router's: is "
+                "the key file from this `kvmesh serve`?)"}.get(e.status, "")
+        print(f"kvmesh {command}: router answered {e.status}: {e.message}{hint}", file=sys.stderr)
+        return 1
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        print(f"kvmesh {command}: no router at {args.url} ({type(e).__name__}); is `kvmesh serve` running? "
+              "Pass --url for another address.", file=sys.stderr)
+        return 1
+    finally:
+        client.close()

@@ -1,0 +1,49 @@
+"""``kvmesh rollout``: restart every replica, one at a time, without failing a request.
+
+For each replica: start a new one (with the --engine changes), wait until the router routes to it
+(the health gate), then drain the old one and remove it. Capacity never drops below the count.
+
+examples:
+  kvmesh rollout
+  kvmesh rollout --engine max_num_seqs=64 --engine max_num_batched_tokens=4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kvmesh.cluster.commands.admin import add_admin_arguments, run_admin
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("rollout", help="rolling restart of a running cluster's replicas",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
+                        help="an engine setting the new replicas get (repeatable; JSON values, else text)")
+    add_admin_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def parse_settings(items: list[str]) -> dict:
+    settings = {}
+    for item in items:
+        field, sep, value = item.partition("=")
+        if not sep or not field:
+            raise ValueError(f"--engine {item!r}: expected FIELD=VALUE, e.g. --engine max_num_seqs=64")
+        try:
+            settings[field] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[field] = value
+    return settings
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        engine = parse_settings(args.engine)
+    except ValueError as e:
+        print(f"kvmesh rollout: {e}", file=sys.stderr)
+        return 2
+    return run_admin(args, "rollout", lambda client: client.rollout(engine),
+                     done=lambda state: bool(state["operations"]) and state["operations"][-1]["operation"] == "rollout")

@@ -1,0 +1,187 @@
+"""A live cluster of stories260K replicas changed under traffic (issue 16), one Ray for the session.
+
+Module order: scale up by the admin API, drain a replica with streams in flight, a rolling restart
+under constant load; then a second cluster whose autoscaler follows a load that rises and stops.
+Every load is bounded (threads with a deadline) and every request must succeed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+import pytest
+from kvmesh.cluster.config_loader import from_dict
+from kvmesh.cluster.launcher import ServeCluster
+
+from .fleet_load import Load
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def _start(ray_session, stories_path, tmp_path_factory, name: str, **sections) -> ServeCluster:
+    replicas = {"num_replicas": 1, "max_restarts": 0, "http_port": 0, "event_port": 0,
+                **sections.pop("replicas", {})}
+    config = from_dict({
+        "engine": {"model": str(stories_path), "kv_cache_memory": "16MiB", "max_num_batched_tokens": 512},
+        "replicas": replicas, "router": {"port": 0},
+        "ray": {"namespace": f"kvmesh-{name}-{os.getpid()}", "ready_timeout_s": 240}, **sections})
+    key_file = tmp_path_factory.mktemp(name) / "admin_key"
+    messages: list[str] = []
+    serve = ServeCluster(config, report=messages.append, supervise_interval_s=0.5, admin_key_file=str(key_file))
+    serve.messages = messages
+    serve.key_file = key_file
+    try:
+        serve.start()
+    except Exception as e:
+        serve.stop()
+        pytest.fail(f"cluster did not start: {type(e).__name__}: {e}\n" + "\n".join(serve.messages))
+    return serve
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_session, stories_path, tmp_path_factory):
+    serve = _start(ray_session, stories_path, tmp_path_factory, "fleet")
+    yield serve
+    serve.stop()
+
+
+def _admin(cluster) -> dict:
+    return {"Authorization": f"Bearer {cluster.key_file.read_text().strip()}"}
+
+
+def _wait_fleet(cluster, predicate, timeout_s: float, what: str) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = httpx.get(cluster.url + "/admin/fleet", headers=_admin(cluster), timeout=10).json()
+        if predicate(state):
+            return state
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}: {state}\n" + "\n".join(cluster.messages[-20:]))
+
+
+def _idle(state: dict) -> bool:
+    return state["busy"] is None and state["queued"] == 0
+
+
+def test_admin_key_file_is_private(cluster):
+    assert cluster.key_file.stat().st_mode & 0o777 == 0o600
+    assert httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, timeout=10).status_code == 403
+
+
+def test_scale_to_two_through_the_admin_api(cluster):
+    r = httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, headers=_admin(cluster), timeout=10)
+    assert r.status_code == 200 and r.json()["accepted"], r.text
+    state = _wait_fleet(cluster, lambda s: _idle(s) and len(s["replicas"]) == 2, 180, "2 replicas")
+    assert state["operations"][-1]["outcome"] == "ok"
+    health = httpx.get(cluster.url + "/health", timeout=10).json()
+    assert sorted(health["healthy_replicas"]) == sorted(state["replicas"])
+    too_many = httpx.post(cluster.url + "/admin/scale", json={"replicas": 9}, headers=_admin(cluster), timeout=10)
+    assert too_many.status_code == 400 and "cannot scale to 9" in too_many.json()["error"]["message"]
+
+
+def test_drain_lets_streams_in_flight_finish_then_removes_the_replica(cluster):
+    load = Load(cluster.url, cluster.state.served_model_name, clients=4, max_tokens=96).start()
+    try:
+        deadline = time.monotonic() + 60
+        busy = None
+        while busy is None and time.monotonic() < deadline:
+            rows = httpx.get(cluster.url + "/replicas", timeout=10).json()["replicas"]
+            busy = next((r["id"] for r in rows if r["in_flight"] > 0), None)
+        assert busy, "no request in flight"
+        r = httpx.post(f"{cluster.url}/replicas/{busy}/drain", headers=_admin(cluster), timeout=10)
+        assert r.status_code == 200 and r.json()["in_flight"] > 0 and r.json()["will_be_removed"], r.text
+        _wait_fleet(cluster, lambda s: _idle(s) and busy not in s["replicas"], 120, f"{busy} removed")
+    finally:
+        outcomes = load.stop()
+    assert outcomes and not load.failures, load.failures[:3]
+    assert any(f"{busy} drained" in m and "0 request(s) in flight" not in m for m in cluster.messages)
+    index = cluster.state.router.service.router.index
+    assert busy not in index.replica_ids and busy not in cluster.state.router.service.specs
+
+
+def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_recovers(cluster):
+    httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, headers=_admin(cluster), timeout=10)
+    _wait_fleet(cluster, lambda s: _idle(s) and len(s["replicas"]) == 2, 180, "2 replicas")
+    before = {h.actor._actor_id.hex() for h in cluster.state.replicas}  # names may be reused, actors are not
+    load = Load(cluster.url, cluster.state.served_model_name, clients=3, max_tokens=16).start()
+    try:
+        time.sleep(8)  # warm: the families' prefixes are cached
+        bad = httpx.post(cluster.url + "/admin/rollout", json={"engine": {"max_num_seq": 32}},
+                         headers=_admin(cluster), timeout=10)
+        assert bad.status_code == 400 and "max_num_seq" in bad.json()["error"]["message"], bad.text
+        t_start = time.monotonic()
+        r = httpx.post(cluster.url + "/admin/rollout", json={"engine": {"max_num_seqs": 32}},
+                       headers=_admin(cluster), timeout=10)
+        assert r.status_code == 200 and r.json()["engine_changes"] == ["max_num_seqs"], r.text
+        again = httpx.post(cluster.url + "/admin/rollout", json={}, headers=_admin(cluster), timeout=10)
+        assert again.status_code == 409 and "already running" in again.json()["error"]["message"], again.text
+        state = _wait_fleet(cluster, lambda s: _idle(s) and s["operations"][-1]["operation"] == "rollout", 300,
+                            "the rollout")
+        t_end = time.monotonic()
+        time.sleep(10)
+    finally:
+        outcomes = load.stop()
+    assert state["operations"][-1]["outcome"] == "ok"
+    after_actors = {h.actor._actor_id.hex() for h in cluster.state.replicas}
+    assert not after_actors & before and len(after_actors) == len(state["replicas"]) == 2
+    assert cluster.state.engine.max_num_seqs == 32  # what the new replicas were started with
+    assert not load.failures, load.failures[:3]
+
+    def hit_rate(lo, hi):
+        window = [o for o in outcomes if lo <= o.at < hi]
+        return sum(o.cached_tokens for o in window) / max(1, sum(o.prompt_tokens for o in window))
+
+    before_rate, after = hit_rate(t_start - 5, t_start), hit_rate(t_end + 2, t_end + 10)
+    recovered = next((t for t in range(0, 60) if hit_rate(t_end + t, t_end + t + 2) >= 0.9 * before_rate), None)
+    print(f"\nrollout of 2 replicas: {t_end - t_start:.1f}s, {len(outcomes)} requests, 0 failed; hit rate "
+          f"{before_rate:.0%} before, {after:.0%} after; back to 90% of before {recovered}s after the rollout ended")
+    assert after >= 0.8 * before_rate, (before_rate, after)
+
+
+@pytest.fixture(scope="module")
+def autoscaled(ray_session, stories_path, tmp_path_factory, cluster):
+    cluster.stop()  # one cluster at a time on this machine
+    serve = _start(ray_session, stories_path, tmp_path_factory, "autoscale", autoscale={
+        "scale_with_load": True, "min_replicas": 1, "max_replicas": 3, "target_in_flight": 2,
+        "upscale_delay_s": 1, "downscale_delay_s": 3, "decision_interval_s": 0.25})
+    yield serve
+    serve.stop()
+
+
+def test_autoscaler_follows_load_up_to_three_and_back_to_one(autoscaled, monkeypatch, capsys):
+    cluster = autoscaled
+    t0 = time.monotonic()
+    load = Load(cluster.url, cluster.state.served_model_name, clients=8, max_tokens=48).start()
+    try:
+        _wait_fleet(cluster, lambda s: len(s["replicas"]) == 3 and _idle(s), 240, "3 replicas")
+    finally:
+        load.stop()
+    t_up = time.monotonic()
+    trickle = Load(cluster.url, cluster.state.served_model_name, clients=1, max_tokens=64).start()
+    try:
+        state = _wait_fleet(cluster, lambda s: len(s["replicas"]) == 1 and _idle(s), 240, "back to 1 replica")
+    finally:
+        trickle.stop()
+    with capsys.disabled():
+        print(f"\nautoscaler: 1 -> 3 replicas in {t_up - t0:.1f}s under 8 clients ({len(load.outcomes)} requests), "
+              f"3 -> 1 in {time.monotonic() - t_up:.1f}s under 1 client ({len(trickle.outcomes)} requests); "
+              + "; ".join(m for m in cluster.messages if "drained" in m))
+    assert load.outcomes and trickle.outcomes
+    assert not load.failures and not trickle.failures, (load.failures + trickle.failures)[:3]
+    actions = [d["action"] for d in state["decisions"]]
+    assert "up" in actions and actions.count("down") == 2, state["decisions"]
+    assert all(d["victim"] for d in state["decisions"] if d["action"] == "down")
+    service = cluster.state.router.service
+    assert set(service.specs) == set(state["replicas"]) == set(map(str, service.router.index.replica_ids))
+    metrics = httpx.get(cluster.url + "/metrics", timeout=10).text
+    assert 'kvmesh_autoscaler_decisions_total{action="down"} 2.0' in metrics
+    from kvmesh.cluster.cli import main
+
+    monkeypatch.setenv("KVMESH_ADMIN_KEY_FILE", str(cluster.key_file))
+    monkeypatch.delenv("KVMESH_ADMIN_KEY", raising=False)
+    capsys.readouterr()
+    assert main(["status", "--url", cluster.url]) == 0
+    out = capsys.readouterr().out
+    assert "fleet: 1 replicas, target 1, autoscale 1..3" in out and "decision: down 2 -> 1" in out, out
