@@ -15,7 +15,7 @@ from kvmesh.router.server import RouterServer
 
 from .conftest import BLOCK_SIZE
 
-SLOW_TEMPLATE = ("{% for a in range(3000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}"
+SLOW_TEMPLATE = ("{% for a in range(20000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}"
                  "{% for m in messages %}{{ m['content'] }}{% endfor %}")
 HI = [{"role": "user", "content": "hi"}]
 
