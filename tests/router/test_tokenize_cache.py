@@ -13,21 +13,13 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kvmesh.cluster.benchmarks.router_peers import LLAMA2_CHAT_TEMPLATE
 from kvmesh.router.tokenize_cache import CachedTokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
-LLAMA2_TEMPLATE = (
-    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
-    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
-    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
-    "{% if loop.index0 == 0 and system_message != false %}"
-    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
-    "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
-    "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
-    "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"
-)
+LLAMA2_TEMPLATE = LLAMA2_CHAT_TEMPLATE  # the benchmark's workload template: one definition
 CHATML_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
