@@ -18,7 +18,7 @@ import random
 import time
 
 from kvmesh.cluster.sim.config import SimConfig
-from kvmesh.cluster.sim.request import SimRequest
+from kvmesh.cluster.sim.replica import SimRequest
 
 
 def available_policies() -> list[str]:
