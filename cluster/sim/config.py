@@ -57,10 +57,6 @@ class CostModel:
                   + self.decode_s_per_context_token * decode_context_tokens)
         return t
 
-    def prefill_tokens_per_s(self) -> float:
-        """Throughput of a prefill-only replica, for sizing loads."""
-        return 1.0 / self.prefill_s_per_token if self.prefill_s_per_token else float("inf")
-
 
 ROUTER_SPREADS = ("round_robin", "random")
 
