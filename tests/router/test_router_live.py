@@ -176,18 +176,18 @@ def test_replica_that_cannot_match_the_router_keys_is_degraded_not_matched(live,
                           block_size=32 if mismatch == "block_size" else 16)
     runtime = ReplicaRuntime.start(config, http_port=0, event_port=0, replay_port=0,
                                    frontend=FrontendConfig(chat_template=template))
-    runtime = live.runtime
+    router_rt = live.runtime
     try:
         e = runtime.endpoints()
         spec = ReplicaSpec(runtime.http.url, e["events_endpoint"], e["replay_endpoint"], replica_id="odd")
-        runtime.add_replica(spec)
-        wait_for(lambda: "odd" in runtime.router.healthy, what="the odd replica probed")
-        reason = runtime.router.degraded.get("odd")
+        router_rt.add_replica(spec)
+        wait_for(lambda: "odd" in router_rt.router.healthy, what="the odd replica probed")
+        reason = router_rt.router.degraded.get("odd")
         assert reason is not None and ("block size" if mismatch == "block_size" else "fingerprint") in reason
         listed = {r["id"]: r for r in httpx.get(live.url + "/replicas", timeout=10).json()["replicas"]}
         assert listed["odd"]["degraded"]
-        healthy_ones = [r for r in runtime.router.healthy if r != "odd"]
-        assert all(r not in runtime.router.degraded for r in healthy_ones)
+        healthy_ones = [r for r in router_rt.router.healthy if r != "odd"]
+        assert all(r not in router_rt.router.degraded for r in healthy_ones)
     finally:
-        runtime.remove_replica("odd")
+        router_rt.remove_replica("odd")
         runtime.shutdown(graceful_s=0.5)
