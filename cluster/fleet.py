@@ -52,7 +52,7 @@ class Fleet:
         if self.config.scale_with_load:
             from kvmesh.cluster.autoscale_loop import AutoscaleLoop
 
-            loop = AutoscaleLoop(self, self.st.router.service.metrics.registry)
+            loop = AutoscaleLoop(self, self.st.router.runtime.metrics.registry)
             self._threads.append(threading.Thread(target=loop.run, args=(self._stop,), name="kvmesh-autoscaler",
                                                   daemon=True))
 
@@ -269,7 +269,7 @@ class Fleet:
     def _metrics(self) -> None:
         from prometheus_client import Gauge
 
-        registry = self.st.router.service.metrics.registry
+        registry = self.st.router.runtime.metrics.registry
         self._replicas_gauge = Gauge("kvmesh_fleet_replicas", "Replica processes serve runs", registry=registry)
         self._target_gauge = Gauge("kvmesh_fleet_target_replicas", "Replicas wanted (scale/autoscaler)",
                                    registry=registry)

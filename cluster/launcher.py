@@ -101,7 +101,7 @@ class ServeCluster:
         from kvmesh.cluster.fleet import Fleet
 
         st.fleet = Fleet(self).start()
-        st.router.service.fleet = st.fleet
+        st.router.runtime.fleet = st.fleet
         return self
 
     def _start_router(self) -> None:

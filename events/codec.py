@@ -63,11 +63,6 @@ def encode_batch(batch: KVEventBatch) -> bytes:
     return _ENCODER.encode(batch)
 
 
-def encode_events(events: list[Any]) -> bytes:
-    """Encode any msgspec-encodable object (used for snapshot chunks and tests)."""
-    return _ENCODER.encode(events)
-
-
 def external_hash_from_bytes(digest: bytes) -> int:
     """vLLM's int form of a digest-bytes hash: the low 64 bits, big-endian, unsigned."""
     return int.from_bytes(digest, "big") & _U64_MASK

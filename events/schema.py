@@ -12,7 +12,6 @@ unsigned 64-bit ints or raw bytes, and unknown map keys are ignored.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import msgspec
@@ -103,8 +102,3 @@ class KVEventBatch(EventBatch):
     """A batch of KV cache events."""
 
     events: list[KVEvent]
-
-
-def make_batch(events: list[KVEvent], data_parallel_rank: int = 0) -> KVEventBatch:
-    """A batch of ``events`` stamped with the current time."""
-    return KVEventBatch(ts=time.time(), events=events, data_parallel_rank=data_parallel_rank)

@@ -100,8 +100,8 @@ class EventSubscriber:
                 logger.error("KV event feed restart: source %s could not be re-added: %s", name, e)
                 continue
             new.trackers[name].stats = old.trackers[name].stats
-            if name in old.health:  # a degraded source stays degraded until its resync
-                new.health[name] = old.health[name]
+            if name in old.guard.health:  # a degraded source stays degraded until its resync
+                new.guard.health[name] = old.guard.health[name]
         new._calls.extend(old._calls)
         return new
 

@@ -1,6 +1,6 @@
 """The subscriber's defences: every frame decoded, checked and applied under guard.
 
-Mixed into ``SubscriberIO`` (same thread, same state). A frame that cannot be read, breaks a limit
+``SubscriberIO`` holds one ``FrameGuard`` (same thread). A frame that cannot be read, breaks a limit
 (``SubscriberConfig.max_*``) or makes the consumer's ``on_batch`` raise is dropped and counted in
 its source's ``SourceStats`` (``bad_frames`` and one of ``decode_errors`` / ``rejected`` /
 ``apply_errors``); the I/O thread and every other source carry on. A source that keeps sending
@@ -17,6 +17,7 @@ import time
 
 from kvmesh.events.codec import DecodeError, check_batch, decode_batch_counted
 from kvmesh.events.health import SourceHealth
+from kvmesh.events.tracker import SourceTracker
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +26,23 @@ _HEALTH_CHECK_S = 0.1
 
 
 class FrameGuard:
-    """Bad-frame half of ``SubscriberIO``: decoding, limits, consumer errors, source health."""
+    """Decoding, limits, consumer errors and source health for ``SubscriberIO``'s sources."""
 
-    def _health_of(self, name: str) -> SourceHealth:
+    def __init__(self, config, trackers: dict[str, SourceTracker], deliver, status) -> None:
+        self._config = config
+        self._trackers = trackers
+        """The I/O loop's trackers (source name -> SourceTracker), shared, not copied."""
+        self._deliver_cb, self._status_cb = deliver, status
+        self.health: dict[str, SourceHealth] = {}
+        """Source name -> SourceHealth, created at the source's first bad frame."""
+        self._warned: set[tuple[str, str]] = set()
+        self._next_health_check = 0.0
+
+    def forget(self, name: str) -> None:
+        """Drop what is known about a removed source."""
+        self.health.pop(name, None)
+
+    def health_of(self, name: str) -> SourceHealth:
         health = self.health.get(name)
         if health is None:
             cfg = self._config
@@ -35,47 +50,47 @@ class FrameGuard:
                                                       cfg.degraded_probation_s)
         return health
 
-    def _bad_frame(self, name: str, counter: str, what: str, detail: str) -> None:
+    def bad_frame(self, name: str, counter: str, what: str, detail: str) -> None:
         """Drop one bad message of ``name``: count it, warn once, degrade the source if it persists."""
-        tracker = self.trackers.get(name)
+        tracker = self._trackers.get(name)
         if tracker is None:
             return
         st = tracker.stats
         setattr(st, counter, getattr(st, counter) + 1)
         st.bad_frames += 1
-        self._warn_once(name, what, detail)
-        health = self._health_of(name)
+        self.warn_once(name, what, detail)
+        health = self.health_of(name)
         if health.record_bad(time.monotonic(), what):
             st.degradations += 1
             logger.warning("KV events from %s: source degraded (%s); resyncing it", name, health.reason)
             self._status_cb(name, DEGRADED, health.reason)
             tracker.resync()
 
-    def _decode(self, name: str, payload: bytes):
+    def decode(self, name: str, payload: bytes):
         """The checked batch of ``payload``, or None (counted) when it is bad."""
-        tracker = self.trackers[name]
+        tracker = self._trackers[name]
         if len(payload) > self._config.max_payload_bytes:
-            self._bad_frame(name, "rejected", "payload too large",
+            self.bad_frame(name, "rejected", "payload too large",
                             f"{len(payload)} bytes; max_payload_bytes={self._config.max_payload_bytes}")
             return None
         try:
             decoded = decode_batch_counted(payload)
             check_batch(decoded.batch, self._config.max_batch_blocks)
         except DecodeError as e:
-            self._bad_frame(name, "decode_errors", "undecodable payload", str(e))
+            self.bad_frame(name, "decode_errors", "undecodable payload", str(e))
             return None
         if decoded.unknown_events:
             tracker.stats.unknown_events += decoded.unknown_events
-            self._warn_once(name, "unknown events", f"{decoded.unknown_events} dropped")
+            self.warn_once(name, "unknown events", f"{decoded.unknown_events} dropped")
         return decoded.batch
 
-    def _deliver(self, name: str, seq: int, batch) -> None:
+    def deliver(self, name: str, seq: int, batch) -> None:
         try:
             self._deliver_cb(name, seq, batch)
         except Exception as e:  # the consumer refused it (e.g. over a limit): drop it, carry on
-            self._bad_frame(name, "apply_errors", "on_batch raised", f"{type(e).__name__}: {str(e)[:200]}")
+            self.bad_frame(name, "apply_errors", "on_batch raised", f"{type(e).__name__}: {str(e)[:200]}")
 
-    def _tracker_status(self, name: str, status: str, detail: str) -> None:
+    def tracker_status(self, name: str, status: str, detail: str) -> None:
         """Statuses from a tracker; a snapshot applied to a degraded source starts its probation."""
         if status == SNAPSHOT_APPLIED:
             health = self.health.get(name)
@@ -84,21 +99,21 @@ class FrameGuard:
             return
         self._status_cb(name, status, detail)
 
-    def _check_health(self) -> None:
+    def check_health(self) -> None:
         """Trust degraded sources again once they qualify (``SourceHealth.may_recover``)."""
         now = time.monotonic()
         if now < self._next_health_check:
             return
         self._next_health_check = now + _HEALTH_CHECK_S
         for name, health in list(self.health.items()):
-            tracker = self.trackers.get(name)
+            tracker = self._trackers.get(name)
             if tracker is not None and health.may_recover(now, tracker.snapshot_supported is not False):
                 why = "resynced from a snapshot" if health.resynced else "no bad frame for a whole window"
                 health.recover()
                 logger.info("KV events from %s: trusted again (%s)", name, why)
                 self._status_cb(name, RECOVERED, why)
 
-    def _warn_once(self, name: str, what: str, detail: str) -> None:
+    def warn_once(self, name: str, what: str, detail: str) -> None:
         if (name, what) not in self._warned:
             self._warned.add((name, what))
             logger.warning("KV events from %s: %s (%s); further ones are only counted", name, what, detail)

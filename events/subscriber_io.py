@@ -26,35 +26,27 @@ _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the 
 
 
 
-class SubscriberIO(ReplayRequests, FrameGuard):
-    """Owns the sockets; see the module doc. Replay/snapshot requests: ``ReplayRequests``;
-    bad frames and source health: ``FrameGuard``."""
+class SubscriberIO:
+    """Owns the sockets; see the module doc. Replay/snapshot requests: ``self.requests``
+    (``ReplayRequests``); bad frames and source health: ``self.guard`` (``FrameGuard``)."""
 
     def __init__(self, ctx: zmq.Context, config, deliver, status) -> None:
         self._ctx, self._config = ctx, config
-        self._deliver_cb, self._status_cb = deliver, status
         self.trackers: dict[str, SourceTracker] = {}
         self.bound: dict[str, str] = {}
         self._sources: dict = {}
         self._feeds: dict[str, Feed] = {}  # key: source name, or "bind:" + address when shared
         self._by_socket: dict[zmq.Socket, Feed] = {}  # SUB and monitor sockets -> their feed
         self._feed_of: dict[str, Feed] = {}
-        self._dealers: dict[str, zmq.Socket] = {}
-        self._dealer_owner: dict[zmq.Socket, str] = {}
-        self._inflight: dict[str, tuple[str, float]] = {}
-        self._deferred: dict[str, tuple[str, bytes, float]] = {}  # request held back by back-off
-        self._streak: dict[str, tuple[int, float, float]] = {}  # requests in a row, last at, delay
-        self._snapshot_blocks: dict[str, int] = {}
-        self.health: dict = {}  # source name -> SourceHealth (created at its first bad frame)
-        self._next_health_check = 0.0
         self._keypair: tuple[str, str] | None = None  # our CURVE keypair, made on first use
         self.crash: BaseException | None = None
         """What stopped the loop, when it stopped for anything but ``call(None)``."""
         self._to_start: list[str] = []
         self._active: dict[str, float] = {}  # source -> last time it sent us anything
-        self._next_probe_check = 0.0
         self._poller = zmq.Poller()
-        self._warned: set[tuple[str, str]] = set()
+        self.guard = FrameGuard(config, self.trackers, deliver, status)
+        self.requests = ReplayRequests(ctx, config, self._poller, self._sources, self.trackers, self._active,
+                                       self.guard, lambda sock, src: self.secure(sock, self.server_key(src)))
         self._calls: deque = deque()
         addr = f"inproc://kvmesh-subscriber-wake-{id(self)}-{time.monotonic_ns()}"
         self._wake_recv = ctx.socket(zmq.PULL)
@@ -129,7 +121,7 @@ class SubscriberIO(ReplayRequests, FrameGuard):
             self.bound[src.name] = feed.address
         self._sources[src.name] = src
         self.trackers[src.name] = SourceTracker(
-            src.name, self._deliver, self._request, self._tracker_status,
+            src.name, self.guard.deliver, self.requests.request, self.guard.tracker_status,
             has_replay=src.replay_endpoint is not None, max_pending=self._config.max_pending,
         )
         self._to_start.append(src.name)
@@ -155,11 +147,8 @@ class SubscriberIO(ReplayRequests, FrameGuard):
         self.trackers.pop(name, None)
         self._active.pop(name, None)
         self.bound.pop(name, None)
-        self._inflight.pop(name, None)
-        self._deferred.pop(name, None)
-        self._streak.pop(name, None)
-        self.health.pop(name, None)
-        self._close_dealer(name)
+        self.requests.forget(name)
+        self.guard.forget(name)
         feed = self._feed_of.pop(name)
         feed.topics.pop(name, None)
         if not feed.topics:
@@ -176,18 +165,16 @@ class SubscriberIO(ReplayRequests, FrameGuard):
                     name = self._to_start.pop(0)
                     if name in self.trackers:
                         self.trackers[name].start(self._config.snapshot_on_start)
-                ready = dict(self._poller.poll(self._poll_timeout_ms()))
+                ready = dict(self._poller.poll(self.requests.poll_timeout_ms()))
                 for sock in ready:
                     if sock is self._wake_recv:
                         self._drain(sock)
-                    elif sock in self._dealer_owner:
-                        self._on_dealer(self._dealer_owner[sock], sock)
+                    elif sock in self.requests.dealer_owner:
+                        self.requests.on_dealer(self.requests.dealer_owner[sock], sock)
                     else:
                         self._on_socket(sock)
-                self._send_deferred()
-                self._expire_requests()
-                self._probe_idle()
-                self._check_health()
+                self.requests.tick()
+                self.guard.check_health()
         except Exception as e:  # a bug here must not pass silently: EventSubscriber restarts the feed
             self.crash = e
             logger.exception("KV event subscriber I/O loop crashed; the feed will be restarted")
@@ -196,12 +183,10 @@ class SubscriberIO(ReplayRequests, FrameGuard):
 
     def close_sockets(self) -> None:
         """Close every socket; the trackers (and their stats) stay readable."""
-        for name in list(self._dealers):
-            self._close_dealer(name)
+        self.requests.close()
         for feed in {id(f): f for f in self._feeds.values()}.values():
             self._close_feed(feed)
         self._feeds.clear()
-        self._inflight.clear()
         self._wake_recv.close(linger=0)
         self._wake_send.close(linger=0)
 
@@ -226,14 +211,6 @@ class SubscriberIO(ReplayRequests, FrameGuard):
                 for name in list(feed.topics):
                     logger.info("KV events from %s: reconnected to %s", name, feed.address)
                     self.trackers[name].on_reconnect()
-
-    def _poll_timeout_ms(self) -> int:
-        if not self._inflight:
-            return 100
-        soonest = min(deadline for _, deadline in self._inflight.values())
-        if self._deferred:
-            soonest = min(soonest, min(at for _, _, at in self._deferred.values()))
-        return max(0, min(100, int((soonest - time.monotonic()) * 1000) + 1))
 
     @staticmethod
     def _drain(sock: zmq.Socket) -> None:
@@ -263,13 +240,13 @@ class SubscriberIO(ReplayRequests, FrameGuard):
             name = feed.owner(frames[0]) if frames else None
             tracker = self.trackers.get(name) if name is not None else None
             if tracker is None:
-                self._warn_once(feed.address, "message for an unknown topic", f"{frames[0][:40]!r}")
+                self.guard.warn_once(feed.address, "message for an unknown topic", f"{frames[0][:40]!r}")
                 continue
             if len(frames) != 3 or len(frames[1]) != 8:
-                self._bad_frame(name, "decode_errors", "bad frames",
+                self.guard.bad_frame(name, "decode_errors", "bad frames",
                                 f"{len(frames)} frames; expected [topic, seq (8 bytes), payload]")
                 continue
             self._active[name] = time.monotonic()
-            batch = self._decode(name, frames[2])
+            batch = self.guard.decode(name, frames[2])
             if batch is not None:
                 tracker.on_live(unpack_seq(frames[1]), batch)

@@ -35,7 +35,6 @@ SNAPSHOT_REQUEST = b"kvmesh:snapshot"
 """Request frame of a snapshot. Its length (15) differs from an 8-byte start_seq on purpose."""
 SNAPSHOT_TAG = b"\x00kvmesh:snapshot"
 """Topic frame of snapshot answers; starts with NUL so it cannot be a real (UTF-8 text) topic."""
-MAX_SEQ = (1 << 64) - 1
 
 
 def pack_seq(seq: int) -> bytes:

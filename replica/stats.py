@@ -10,7 +10,6 @@ Per-request phases, from the timestamps the engine records on each ``Request`` (
 from __future__ import annotations
 
 import bisect
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,33 +22,29 @@ from kvmesh.replica.openai.metric_buckets import (
 )
 
 DEFAULT_MAX_MODEL_LEN = 4096  # token-count buckets of an ``EngineStats()`` built without a model
-RECENT_OBSERVATIONS = 1000  # raw samples kept per histogram, for percentiles over the recent past
 
 
 class Histogram:
-    """Cumulative-bucket histogram (exportable as a Prometheus histogram) plus the recent raw samples."""
+    """Cumulative-bucket histogram (exportable as a Prometheus histogram)."""
 
-    __slots__ = ("buckets", "counts", "sum", "count", "recent")
+    __slots__ = ("buckets", "counts", "sum", "count")
 
     def __init__(self, buckets: tuple[float, ...]) -> None:
         self.buckets = buckets
         self.counts = [0] * (len(buckets) + 1)  # non-cumulative; the last one is +Inf
         self.sum = 0.0
         self.count = 0
-        self.recent: deque[float] = deque(maxlen=RECENT_OBSERVATIONS)
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.sum += value
         self.count += 1
-        self.recent.append(value)
 
     def observe_many(self, value: float, n: int) -> None:
         """``observe(value)`` n times (a step's decodes often share one inter-token time)."""
         self.counts[bisect.bisect_left(self.buckets, value)] += n
         self.sum += value * n
         self.count += n
-        self.recent.extend([value] * min(n, RECENT_OBSERVATIONS))
 
     def cumulative(self) -> list[tuple[float, int]]:
         """``[(upper_bound, observations <= bound), ..., (inf, count)]``."""
@@ -58,13 +53,6 @@ class Histogram:
             total += n
             out.append((bound, total))
         return out
-
-    def percentile(self, q: float) -> float | None:
-        """The q-th percentile (0..100) of the recent samples, or None without samples."""
-        if not self.recent:
-            return None
-        values = sorted(self.recent)
-        return values[min(len(values) - 1, int(q / 100.0 * len(values)))]
 
 
 def _latency() -> Histogram:
@@ -128,10 +116,6 @@ class EngineStats:
         buckets = build_1_2_5_buckets(max_model_len)
         return cls(request_prompt_tokens=Histogram(buckets), request_generation_tokens=Histogram(buckets),
                    request_max_tokens=Histogram(buckets))
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
     def record_step(self, num_batched_tokens: int) -> None:
         """One engine step that ran the model on ``num_batched_tokens`` tokens."""

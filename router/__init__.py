@@ -5,11 +5,11 @@
     predictions.py  predicted entries: a routed request's blocks count as cached for a short TTL
     load.py         ReplicaLoad / LoadTracker: the router's in-flight counters + the replicas' /load
     policies/       registry: cache_aware (default), round_robin, least_loaded, random, prefix_hash
-    core.py         KVRouter: tokens -> keys -> match -> policy -> replica (pure, no I/O)
+    kv_router.py    KVRouter: tokens -> keys -> match -> policy -> replica (pure, no I/O)
     receipts.py     RouteReceipt / Receipts: why a request went where it went, captured vs available reuse
     receipt_metrics.py  Prometheus counters and ratios of the receipts
     session.py      SessionTable: soft session affinity with a TTL
-    service.py      RouterService: replica set, event subscriber, health/load polling
+    runtime.py      RouterRuntime: replica set, event subscriber, health/load polling
     forward.py      proxying an OpenAI request (streaming passed through, retry before first byte)
     server.py       the FastAPI app (admin plane included) and RouterServer; metrics.py: Prometheus
 

@@ -25,13 +25,13 @@ from fastapi.responses import Response, StreamingResponse
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop, read_body
 from kvmesh.replica.openai.errors import ProtocolError
-from kvmesh.router.core import RouteDecision
+from kvmesh.router.kv_router import RouteDecision
 from kvmesh.router.migration import MigratingStream, ask_for_token_ids
 from kvmesh.router.policies import NoReplicaError
 from kvmesh.router.receipts import HEADER_OPT_IN
 from kvmesh.router.relay import UPSTREAM_ERRORS as _UPSTREAM_ERRORS
 from kvmesh.router.relay import StreamRelay, let_go
-from kvmesh.router.service import RouterService
+from kvmesh.router.runtime import RouterRuntime
 
 access_log = logging.getLogger("kvmesh.router.access")
 """One JSON line per request with its route receipt (``router.access_log``)."""
@@ -49,7 +49,7 @@ async def _wait_disconnect(http: Request) -> None:
 class Forwarder:
     """The /v1/completions and /v1/chat/completions handlers of the router."""
 
-    def __init__(self, service: RouterService) -> None:
+    def __init__(self, service: RouterRuntime) -> None:
         self.service = service
         self.relay = StreamRelay(self)
         """Relays streams and migrates them when their replica fails mid-way (relay.py)."""

@@ -26,7 +26,7 @@ from itertools import groupby, repeat
 from operator import and_, or_
 
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
-from kvmesh.router.index_stats import IndexStats, ReplicaTree
+from kvmesh.router.index_stats import IndexStats, ReplicaBlocks
 from kvmesh.router.keys import FASTPATH, RouterKeyHasher, pack_tokens
 from kvmesh.router.predictions import Predictions
 
@@ -45,14 +45,14 @@ class PrefixIndex:
         self._blocks: dict[int, int] = {}             # router_key -> bits of the replicas holding it
         self.predictions = Predictions(self._blocks, predict_ttl_s)
         """Blocks credited to the replica a request was routed to, until events confirm them."""
-        self._replicas: dict[ReplicaId, ReplicaTree] = {}
+        self._replicas: dict[ReplicaId, ReplicaBlocks] = {}
         self._slot_owner: list[ReplicaId | None] = []
         self._free_slots: list[int] = []
         self.stats = IndexStats()
         """Counters: events applied, blocks stored/removed, orphans, mismatched block sizes."""
 
     # ---------------------------------------------------------------- replicas
-    def add_replica(self, replica_id: ReplicaId) -> ReplicaTree:
+    def add_replica(self, replica_id: ReplicaId) -> ReplicaBlocks:
         """Register a replica (idempotent); returns its tree."""
         tree = self._replicas.get(replica_id)
         if tree is None:
@@ -62,7 +62,7 @@ class PrefixIndex:
             else:
                 slot = len(self._slot_owner)
                 self._slot_owner.append(replica_id)
-            tree = self._replicas[replica_id] = ReplicaTree(replica_id, slot)
+            tree = self._replicas[replica_id] = ReplicaBlocks(replica_id, slot)
         return tree
 
     def remove_replica(self, replica_id: ReplicaId) -> None:
@@ -133,7 +133,7 @@ class PrefixIndex:
                 stats.clears += 1
             stats.events += 1
 
-    def _store(self, tree: ReplicaTree, event: BlockStored) -> None:
+    def _store(self, tree: ReplicaBlocks, event: BlockStored) -> None:
         hashes = event.block_hashes
         n = len(hashes)
         if event.block_size != self.block_size or len(event.token_ids) != n * self.block_size:
@@ -160,7 +160,7 @@ class PrefixIndex:
         if tree.orphans:
             self._adopt_orphans(tree, hashes)
 
-    def _insert(self, tree: ReplicaTree, hashes: Sequence, keys: list[int]) -> None:
+    def _insert(self, tree: ReplicaBlocks, hashes: Sequence, keys: list[int]) -> None:
         ext_to_key = tree.ext_to_key
         blocks, predicted = self._blocks, self.predictions.predicted
         bit = tree.bit
@@ -186,7 +186,7 @@ class PrefixIndex:
     # A stored block whose parent the index does not know (the parent was evicted before a
     # snapshot, or its event was lost) cannot be keyed yet. It is parked under its parent's
     # external hash and keyed as soon as that parent is stored again.
-    def _park_orphans(self, tree: ReplicaTree, parent, hashes: Sequence, token_bytes: bytes, extra) -> None:
+    def _park_orphans(self, tree: ReplicaBlocks, parent, hashes: Sequence, token_bytes: bytes, extra) -> None:
         stride = 4 * self.block_size
         for i, ext in enumerate(hashes):
             if ext in tree.ext_to_key or ext in tree.orphan_parent:
@@ -198,7 +198,7 @@ class PrefixIndex:
             parent = ext
         self.stats.orphan_blocks += len(hashes)
 
-    def _adopt_orphans(self, tree: ReplicaTree, hashes: Sequence) -> None:
+    def _adopt_orphans(self, tree: ReplicaBlocks, hashes: Sequence) -> None:
         stack = [ext for ext in hashes if ext in tree.orphans]
         while stack:
             parent = stack.pop()
@@ -209,7 +209,7 @@ class PrefixIndex:
                 self._insert(tree, (ext,), keys)
                 stack.append(ext)
 
-    def _remove(self, tree: ReplicaTree, hashes: Iterable) -> None:
+    def _remove(self, tree: ReplicaBlocks, hashes: Iterable) -> None:
         ext_to_key, blocks = tree.ext_to_key, self._blocks
         mask_off = ~tree.bit
         for ext in hashes:
@@ -238,7 +238,7 @@ class PrefixIndex:
             else:
                 blocks.pop(key, None)
 
-    def _drop_orphan(self, tree: ReplicaTree, ext) -> None:
+    def _drop_orphan(self, tree: ReplicaBlocks, ext) -> None:
         self.stats.blocks_removed += 1
         if tree.ext_dups.get(ext):
             tree.ext_dups[ext] -= 1

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
-class ReplicaTree:
+class ReplicaBlocks:
     """What the index knows about one replica's cache."""
 
     replica_id: Hashable

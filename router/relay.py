@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import msgspec
 from kvmesh.replica.openai.errors import ProtocolError, error_body
-from kvmesh.router.core import RouteDecision
+from kvmesh.router.kv_router import RouteDecision
 from kvmesh.router.migration import DONE, MigratingStream, SseSplitter
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from kvmesh.router.core import KVRouter
+from kvmesh.router.kv_router import KVRouter
 
 
 def exclusive_blocks(router: KVRouter) -> dict[Hashable, int]:

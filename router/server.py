@@ -39,7 +39,7 @@ from kvmesh.replica.openai.runner import HTTPServer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.forward import Forwarder
 from kvmesh.router.retention import exclusive_blocks
-from kvmesh.router.service import RouterService
+from kvmesh.router.runtime import RouterRuntime
 from pydantic import ConfigDict
 
 logger = logging.getLogger(__name__)
@@ -76,39 +76,39 @@ def is_admin_request(method: str, path: str) -> bool:
     return method not in ("GET", "HEAD") and (path == "/replicas" or path.startswith("/replicas/"))
 
 
-def build_app(service: RouterService) -> FastAPI:
+def build_app(runtime: RouterRuntime) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        await service.start()
+        await runtime.start()
         try:
             yield
         finally:
-            await service.stop()
+            await runtime.stop()
 
     app = FastAPI(title="kvmesh router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    cfg = service.config
-    forwarder = Forwarder(service)
+    cfg = runtime.config
+    forwarder = Forwarder(runtime)
 
     def count_error(e: ProtocolError) -> None:
-        service.metrics.requests.labels(f"{e.status_code // 100}xx").inc()
+        runtime.metrics.requests.labels(f"{e.status_code // 100}xx").inc()
 
     app.add_middleware(AuthMiddleware, api_key=cfg.api_key, admin_key=cfg.admin_key, is_admin=is_admin_request,
                        on_refused=count_error)
     install_error_handlers(app, "router", on_error=count_error)
     model_name = cfg.served_model_name or cfg.model or cfg.tokenizer or "kvmesh"
-    install_shared_routes(app, service.renderer, service.check_model, lambda: model_name)
+    install_shared_routes(app, runtime.renderer, runtime.check_model, lambda: model_name)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         start = time.perf_counter()
         response = await forwarder.handle(request, "/v1/completions", chat=False)
-        return service.metrics.observe_response(response, start, model_name)
+        return runtime.metrics.observe_response(response, start, model_name)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         start = time.perf_counter()
         response = await forwarder.handle(request, "/v1/chat/completions", chat=True)
-        return service.metrics.observe_response(response, start, model_name)
+        return runtime.metrics.observe_response(response, start, model_name)
 
     @app.get("/v1/models")
     async def models():
@@ -116,10 +116,10 @@ def build_app(service: RouterService) -> FastAPI:
                                             "root": cfg.model}]}
 
     async def health():
-        healthy = sorted(map(str, service.router.healthy))
-        feed = service.feed_state()
+        healthy = sorted(map(str, runtime.router.healthy))
+        feed = runtime.feed_state()
         body = {"status": "ok" if healthy else "unavailable", "healthy_replicas": healthy,
-                "replicas": len(service.specs), "event_feed": feed}
+                "replicas": len(runtime.specs), "event_feed": feed}
         if healthy and not feed["alive"]:  # requests are still served, by load only
             body["status"] = "degraded"
             body["warning"] = (f"the KV event feed is down ({feed['error']}); routing by load only until it "
@@ -133,42 +133,42 @@ def build_app(service: RouterService) -> FastAPI:
 
     @app.get("/get_load")
     async def get_load():
-        loads = service.router.loads.loads.values()
+        loads = runtime.router.loads.loads.values()
         return [{"dp_rank": 0, "num_reqs": sum(load.in_flight for load in loads), "num_waiting_reqs": 0,
                  "num_tokens": sum(load.pending_prefill_tokens for load in loads)}]
 
     @app.get("/metrics")
     async def metrics(request: Request):
-        return service.metrics.response(request.headers.get("accept"))
+        return runtime.metrics.response(request.headers.get("accept"))
 
     @app.get("/replicas")
     async def list_replicas(drain_cost: bool = False):
-        loads = service.router.loads.loads
+        loads = runtime.router.loads.loads
         rows = [{"id": s.replica_id, "url": s.url, "events": s.events, "replay": s.replay,
-                 "healthy": s.replica_id in service.router.healthy, "draining": s.replica_id in service.draining,
-                 "degraded": service.router.degraded.get(s.replica_id),
-                 "in_flight": service.in_flight(s.replica_id),
+                 "healthy": s.replica_id in runtime.router.healthy, "draining": s.replica_id in runtime.draining,
+                 "degraded": runtime.router.degraded.get(s.replica_id),
+                 "in_flight": runtime.in_flight(s.replica_id),
                  "prefill_backlog": loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0}
-                for s in list(service.specs.values())]
+                for s in list(runtime.specs.values())]
         if drain_cost:  # blocks only this replica holds: what draining it would cost (a walk over the index)
-            exclusive = await asyncio.to_thread(exclusive_blocks, service.router)
+            exclusive = await asyncio.to_thread(exclusive_blocks, runtime.router)
             for row in rows:
                 row["exclusive_blocks"] = exclusive.get(row["id"], 0)
         return {"replicas": rows}
 
     @app.post("/replicas/{replica_id}/drain")
     async def drain_replica(replica_id: str):
-        if not service.drain(replica_id):
+        if not runtime.drain(replica_id):
             raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
-        removing = service.fleet is not None and service.fleet.request_remove(replica_id)
-        return {"id": replica_id, "draining": True, "in_flight": service.in_flight(replica_id),
+        removing = runtime.fleet is not None and runtime.fleet.request_remove(replica_id)
+        return {"id": replica_id, "draining": True, "in_flight": runtime.in_flight(replica_id),
                 "will_be_removed": bool(removing)}
 
     def fleet():
-        if service.fleet is None:
+        if runtime.fleet is None:
             raise ProtocolError("this router does not run replica processes (only `kvmesh serve` does); "
                                 "register and remove replicas with POST/DELETE /replicas", 501)
-        return service.fleet
+        return runtime.fleet
 
     @app.get("/admin/fleet")
     async def fleet_state():
@@ -176,7 +176,7 @@ def build_app(service: RouterService) -> FastAPI:
 
     @app.post("/admin/scale")
     async def scale(request: Request):
-        body = await read_request(request, ScaleRequest, cfg.frontend, service.renderer.run)
+        body = await read_request(request, ScaleRequest, cfg.frontend, runtime.renderer.run)
         try:
             return fleet().request_scale(body.replicas)
         except ValueError as e:
@@ -184,7 +184,7 @@ def build_app(service: RouterService) -> FastAPI:
 
     @app.post("/admin/rollout")
     async def rollout(request: Request):
-        body = await read_request(request, RolloutRequest, cfg.frontend, service.renderer.run)
+        body = await read_request(request, RolloutRequest, cfg.frontend, runtime.renderer.run)
         try:
             return fleet().request_rollout(body.engine)
         except ValueError as e:
@@ -194,19 +194,19 @@ def build_app(service: RouterService) -> FastAPI:
 
     @app.post("/replicas")
     async def add_replica(request: Request):
-        body = await read_request(request, ReplicaRegistration, cfg.frontend, service.renderer.run)
+        body = await read_request(request, ReplicaRegistration, cfg.frontend, runtime.renderer.run)
         try:
             spec = ReplicaSpec(url=body.url, events=body.events, replay=body.replay, replica_id=body.id or "")
         except ValueError as e:
             raise ProtocolError(f"bad replica registration: {e}; send "
                                 '{"url": "http://HOST:PORT", "events": "tcp://...", "replay": "tcp://...", '
                                 '"id": "name"}') from None
-        service.add_replica(spec)
-        return {"id": spec.replica_id, "healthy": await service.probe(spec)}
+        runtime.add_replica(spec)
+        return {"id": spec.replica_id, "healthy": await runtime.probe(spec)}
 
     @app.delete("/replicas/{replica_id:path}")
     async def delete_replica(replica_id: str):
-        if not service.remove_replica(replica_id):
+        if not runtime.remove_replica(replica_id):
             raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
         return {"id": replica_id, "removed": True}
 
@@ -218,8 +218,8 @@ class RouterServer:
 
     def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None, tokenizer=None) -> None:
         self.config = config
-        self.service = RouterService(config, replicas, tokenizer)
-        self.app = build_app(self.service)
+        self.runtime = RouterRuntime(config, replicas, tokenizer)
+        self.app = build_app(self.runtime)
         self._http = HTTPServer(self.app, host=config.host, port=config.port, graceful_s=2,
                                 frontend=config.frontend, lifespan="on", name="kvmesh-router")
 

@@ -1,7 +1,7 @@
 """One router worker's life: the router app served on an inherited socket, draining on SIGTERM.
 
 ``serve_router`` is the one function coupling router/workers.py to the HTTP app (build_app +
-RouterService). Responses carry ``x-kvmesh-router-worker: <index>``; on SIGTERM the worker
+RouterRuntime). Responses carry ``x-kvmesh-router-worker: <index>``; on SIGTERM the worker
 stops accepting (the other workers take new connections), answers what still arrives on its
 open connections with ``Connection: close``, then runs uvicorn's graceful shutdown.
 """
@@ -23,11 +23,11 @@ def serve_router(config, replicas, sock: socket.socket, worker_index: int,
                  drain_s: float = DEFAULT_DRAIN_S) -> None:
     """Serve the router app on an inherited listening socket until SIGTERM (one worker's life)."""
     from kvmesh.replica.openai.runner import uvicorn_config
+    from kvmesh.router.runtime import RouterRuntime
     from kvmesh.router.server import build_app
-    from kvmesh.router.service import RouterService
 
     drain = _Drain()
-    app = _tag_worker(build_app(RouterService(config, replicas)), worker_index, drain)
+    app = _tag_worker(build_app(RouterRuntime(config, replicas)), worker_index, drain)
     server_config = uvicorn_config(app, config.frontend, graceful_s=config.request_timeout_s or 600.0,
                                    lifespan="on")
     _draining_server_class()(server_config, drain, drain_s).run(sockets=[sock])

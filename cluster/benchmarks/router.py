@@ -118,7 +118,7 @@ def _pcts(samples_ns: list[int]) -> dict:
 
 
 def bench_decide(quick: bool) -> dict:
-    from kvmesh.router.core import KVRouter
+    from kvmesh.router.kv_router import KVRouter
 
     rng = random.Random(2)
     router = KVRouter(BS)  # predictions on, as in the HTTP router

@@ -49,7 +49,7 @@ def add_parser(subparsers) -> None:
                     "queueing p50/p99, load imbalance, events/s. Writes JSON + a PNG plot.")
     p.add_argument("--trace", default=default_trace(), help="Mooncake JSONL trace (default: %(default)s)")
     p.add_argument("--synthetic", type=int, default=None, metavar="N",
-                   help="simulate N generated multi-turn requests instead of --trace (cluster/sim/synthetic.py)")
+                   help="simulate N generated multi-turn requests instead of --trace (cluster/sim/workloads.py)")
     p.add_argument("--synthetic-rate", type=float, default=1.0,
                    help="conversations (multi_turn) or agents (tool_agent) started per second")
     p.add_argument("--workload", choices=WORKLOADS, default="mooncake",
@@ -114,8 +114,7 @@ def add_parser(subparsers) -> None:
 
 
 def build_config(args):
-    from kvmesh.cluster.sim.config import SimConfig, miniature
-    from kvmesh.cluster.sim.cost_model import CostModel
+    from kvmesh.cluster.sim.config import CostModel, SimConfig, miniature
 
     known = {f.name for f in fields(CostModel)}
     for key, _ in args.cost:
@@ -156,8 +155,7 @@ def variants(args) -> dict[str, dict] | None:
 def load_workload(args) -> list:
     """The records of ``--workload`` (or ``--synthetic``), bursty if asked."""
     from kvmesh.cluster.benchmarks.traces import read_azure, read_mooncake
-    from kvmesh.cluster.sim.synthetic import SyntheticTrace
-    from kvmesh.cluster.sim.workloads import AzurePrefixes, ToolAgentTrace, bursty
+    from kvmesh.cluster.sim.workloads import AzurePrefixes, SyntheticTrace, ToolAgentTrace, bursty
 
     workload = "multi_turn" if args.synthetic else args.workload
     if workload == "multi_turn":
@@ -179,10 +177,10 @@ def load_workload(args) -> list:
 def run(args) -> int:
     from kvmesh.cluster.benchmarks.traces import TraceError
     from kvmesh.cluster.sim.plots import plot_report
+    from kvmesh.cluster.sim.replica import cut_trace
     from kvmesh.cluster.sim.report import format_table, write_json
-    from kvmesh.cluster.sim.request import cut_trace
-    from kvmesh.cluster.sim.router_adapter import available_policies
-    from kvmesh.cluster.sim.runner import compare_policies
+    from kvmesh.cluster.sim.router import available_policies
+    from kvmesh.cluster.sim.run import compare_policies
 
     try:
         config = build_config(args)

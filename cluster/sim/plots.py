@@ -1,5 +1,5 @@
 """Plots of a simulation report: hit rate (against both ceilings), TTFT and, when the single
-pool was simulated, where each policy's gap to it went (cluster/sim/attribution.py)."""
+pool was simulated, where each policy's gap to it went (cluster/sim/report.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Replicas joining and leaving over a trace: the live autoscaler's policy, in simulated time.
 
-The loop is ``loop.run_policy``'s (arrivals -> real router -> simulated replicas, events back to the
+The loop is ``run.run_policy``'s (arrivals -> real router -> simulated replicas, events back to the
 index) plus two kinds of events:
 
 - tick (every ``autoscale.decision_interval_s``): the replicas' rows as ``GET /replicas`` gives them (the
@@ -26,11 +26,10 @@ from dataclasses import replace
 from kvmesh.cluster.autoscaler import AutoscaleConfig, Autoscaler, cheapest_to_lose
 from kvmesh.cluster.benchmarks.traces import BlockTokenCache
 from kvmesh.cluster.sim.config import SimConfig
-from kvmesh.cluster.sim.loop import SimRun, run_policy
-from kvmesh.cluster.sim.metrics import percentiles, summarize
-from kvmesh.cluster.sim.replica import SimReplica
-from kvmesh.cluster.sim.request import SimRequest
-from kvmesh.cluster.sim.router_adapter import SimRouter
+from kvmesh.cluster.sim.replica import SimReplica, SimRequest
+from kvmesh.cluster.sim.report import percentiles, summarize
+from kvmesh.cluster.sim.router import SimRouter
+from kvmesh.cluster.sim.run import SimRun, run_policy
 from kvmesh.router.retention import exclusive_blocks
 
 _STEP_END, _EVENTS, _TICK, _JOIN = 0, 1, 2, 3
@@ -185,8 +184,8 @@ def compare_with_fixed(requests_of, config: SimConfig, blocks_per_replica: int, 
 
 def main(argv: list[str] | None = None) -> int:
     from kvmesh.cluster.benchmarks.traces import read_mooncake
-    from kvmesh.cluster.sim.request import cut_trace, requests_from_mooncake
-    from kvmesh.cluster.sim.runner import blocks_per_replica
+    from kvmesh.cluster.sim.replica import cut_trace, requests_from_mooncake
+    from kvmesh.cluster.sim.run import blocks_per_replica
 
     ap = argparse.ArgumentParser(prog="python -m kvmesh.cluster.sim.scaling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -144,14 +144,14 @@ def test_a_crashed_feed_loop_is_reported_and_rebuilt(two_publishers):
                                                        feed_restart_s=0.05, degraded_probation_s=0.1))
     try:
         io = f.sub._io
-        health = io._health_of("good")
+        health = io.guard.health_of("good")
         while not health.record_bad(time.monotonic(), "test"):  # degraded just before the crash
             pass
 
         def boom():
             raise RuntimeError("a bug in the loop")
 
-        io._check_health = boom
+        io.guard.check_health = boom
         assert wait_for(lambda: f.sub.feed_error is not None)
         assert "a bug in the loop" in f.sub.feed_error
         assert wait_for(lambda: f.sub.feed_restarts == 1 and f.sub.feed_alive)

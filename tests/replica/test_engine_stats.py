@@ -41,7 +41,6 @@ def test_prefix_cache_queries_and_hits_are_counted_in_tokens():
     stats = engine.stats
     assert stats.prefix_cache_queries == 2 * len(prompt)
     assert stats.prefix_cache_hits == 16
-    assert 0 < stats.prefix_cache_hit_rate < 1
 
 
 def test_ttft_tpot_tokens_and_finish_reasons_are_recorded():
@@ -71,4 +70,3 @@ def test_histogram_buckets_are_cumulative_and_end_at_inf():
         h.observe(v)
     assert h.cumulative() == [(0.1, 1), (1.0, 3), (float("inf"), 4)]
     assert h.count == 4 and abs(h.sum - 4.25) < 1e-9
-    assert h.percentile(50) == 0.7

@@ -8,7 +8,7 @@ EngineClient. A missing member shows up here, not as an AttributeError in a runn
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.sim.request import SimRequest
+from kvmesh.cluster.sim.replica import SimRequest
 from kvmesh.kvcache.interfaces import CacheRequest, TokenRequest
 from kvmesh.replica.async_engine import AsyncLLM
 from kvmesh.replica.config import EngineConfig

@@ -32,14 +32,14 @@ def test_hijack_by_registering_a_fake_replica_fails(fakes, start_router):
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "a"
     seen = fake_stats(hijacker)["auth_seen"]
     assert seen == [] and set(fake_stats(legit)["auth_seen"]) == {"Bearer replica-secret"}
-    assert set(router.service.specs) == {"a"}
+    assert set(router.runtime.specs) == {"a"}
 
 
 def test_admin_endpoints_are_closed_when_no_admin_key_is_configured(fakes, start_router):
     router = start_router([])  # the default: no API key, no admin key
     r = _register(router, fakes[0].spec, "a", {})
     assert r.status_code == 403 and "disabled" in r.json()["error"]["message"]
-    assert router.service.specs == {}
+    assert router.runtime.specs == {}
     assert httpx.get(router.url + "/replicas").status_code == 200  # reading the set is a tenant-level call
 
 
@@ -61,7 +61,7 @@ def test_bad_registration_bodies_are_400(start_router, body):
     router = start_router([], admin_key="admin-key")
     r = httpx.post(router.url + "/replicas", content=body, headers={**ADMIN, "content-type": "application/json"})
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["code"] == 400 and router.service.specs == {}
+    assert r.json()["error"]["code"] == 400 and router.runtime.specs == {}
 
 
 def test_admin_key_must_differ_from_the_api_key():
@@ -71,7 +71,7 @@ def test_admin_key_must_differ_from_the_api_key():
 
 def test_refusals_are_counted_as_4xx(start_router):
     router = start_router([], api_key="tenant-key")
-    reg = router.service.metrics.registry
+    reg = router.runtime.metrics.registry
     before = reg.get_sample_value("kvmesh_router_requests_total", {"status": "4xx"}) or 0
     assert httpx.post(router.url + "/v1/completions", json={"prompt": "hi"}).status_code == 401
     assert httpx.post(router.url + "/replicas", json={"url": "http://x"}, headers=TENANT).status_code == 403

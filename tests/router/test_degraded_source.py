@@ -7,8 +7,8 @@ import time
 import zmq
 from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.core import KVRouter
-from kvmesh.router.service import RouterService
+from kvmesh.router.kv_router import KVRouter
+from kvmesh.router.runtime import RouterRuntime
 
 from .helpers import stored
 
@@ -63,38 +63,38 @@ async def wait_for(predicate, timeout=8.0) -> bool:
 
 def test_garbage_from_one_replica_degrades_it_alone_and_a_snapshot_brings_it_back():
     good, bad = publisher(), publisher()
-    service = RouterService(RouterConfig(block_size=BS), [
+    runtime = RouterRuntime(RouterConfig(block_size=BS), [
         ReplicaSpec("http://127.0.0.1:9", good.endpoint, good.replay_endpoint, replica_id="good"),
         ReplicaSpec("http://127.0.0.1:9", bad.endpoint, bad.replay_endpoint, replica_id="bad")])
-    service.subscriber_config.bad_frame_threshold = 3
-    service.subscriber_config.degraded_probation_s = 0.3
-    service.subscriber_config.replay_timeout = service.subscriber_config.snapshot_timeout = 0.5
+    runtime.subscriber_config.bad_frame_threshold = 3
+    runtime.subscriber_config.degraded_probation_s = 0.3
+    runtime.subscriber_config.replay_timeout = runtime.subscriber_config.snapshot_timeout = 0.5
     corrupt = Corrupting(bad._io._pub)
 
     async def scenario():
-        await service.start()
+        await runtime.start()
         try:
-            r = service.router
-            assert await wait_for(lambda: len(service.subscriber.stats) == 2 and all(
-                s.snapshots for s in service.subscriber.stats.values()))
+            r = runtime.router
+            assert await wait_for(lambda: len(runtime.subscriber.stats) == 2 and all(
+                s.snapshots for s in runtime.subscriber.stats.values()))
             await asyncio.sleep(0.1)
             bad._io._pub = corrupt
             for i in range(4):
                 bad.publish([stored(PROMPT, BS, start_block=i, num_blocks=1)])
             good.publish([stored(PROMPT, BS)])
-            assert await wait_for(lambda: "bad" in r.degraded), service.subscriber.stats
+            assert await wait_for(lambda: "bad" in r.degraded), runtime.subscriber.stats
             assert await wait_for(lambda: r.index.num_blocks("good") == 8)
             assert "good" not in r.degraded
-            text = service.metrics.render().decode()
+            text = runtime.metrics.render().decode()
             assert 'kvmesh_router_replica_degraded{replica="bad"} 1.0' in text
             assert 'kvmesh_router_event_stream_total{counter="bad_frames",replica="bad"}' in text
-            assert service.feed_state() == {"alive": True, "error": None, "restarts": 0}
+            assert runtime.feed_state() == {"alive": True, "error": None, "restarts": 0}
             corrupt.on = False  # the replica behaves again: its resync snapshot restores trust
             bad.publish([stored(PROMPT, BS, start_block=4, num_blocks=1)])
             assert await wait_for(lambda: "bad" not in r.degraded)
             assert await wait_for(lambda: r.index.num_blocks("bad") == 5)
         finally:
-            await service.stop()
+            await runtime.stop()
 
     try:
         asyncio.run(scenario())
@@ -105,21 +105,21 @@ def test_garbage_from_one_replica_degrades_it_alone_and_a_snapshot_brings_it_bac
 
 def test_a_replica_cannot_make_the_router_hold_more_than_max_source_blocks():
     pub = publisher()
-    service = RouterService(RouterConfig(block_size=BS), [
+    runtime = RouterRuntime(RouterConfig(block_size=BS), [
         ReplicaSpec("http://127.0.0.1:9", pub.endpoint, pub.replay_endpoint, replica_id="r")])
-    service.subscriber_config.max_source_blocks = 5
+    runtime.subscriber_config.max_source_blocks = 5
 
     async def scenario():
-        await service.start()
+        await runtime.start()
         try:
-            assert await wait_for(lambda: "r" in service.subscriber.stats and service.subscriber.stats["r"].snapshots == 1)
+            assert await wait_for(lambda: "r" in runtime.subscriber.stats and runtime.subscriber.stats["r"].snapshots == 1)
             await asyncio.sleep(0.1)
             for i in range(8):
                 pub.publish([stored(PROMPT, BS, start_block=i, num_blocks=1)])
-            assert await wait_for(lambda: service.subscriber.stats["r"].apply_errors == 3)
-            assert service.router.index.num_blocks("r") == 5
+            assert await wait_for(lambda: runtime.subscriber.stats["r"].apply_errors == 3)
+            assert runtime.router.index.num_blocks("r") == 5
         finally:
-            await service.stop()
+            await runtime.stop()
 
     try:
         asyncio.run(scenario())
@@ -135,10 +135,10 @@ def test_health_says_when_the_event_feed_is_down(fakes, start_router, monkeypatc
     from .conftest import wait_for
 
     router = start_router([f.spec for f in fakes])
-    wait_for(lambda: len(router.service.router.healthy) == len(fakes), what="replicas healthy")
+    wait_for(lambda: len(router.runtime.router.healthy) == len(fakes), what="replicas healthy")
     ok = httpx.get(router.url + "/health", timeout=10).json()
     assert ok["status"] == "ok" and ok["event_feed"]["alive"]
-    monkeypatch.setattr(type(router.service), "feed_state",
+    monkeypatch.setattr(type(router.runtime), "feed_state",
                         lambda self: {"alive": False, "error": "RuntimeError('boom')", "restarts": 1})
     down = httpx.get(router.url + "/health", timeout=10)
     assert down.status_code == 200

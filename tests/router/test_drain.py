@@ -35,11 +35,11 @@ def _stream(router, ids) -> tuple[int, str]:
 def test_drain_lets_streams_finish_and_routes_new_requests_elsewhere(fakes, start_router):
     a, b = fakes
     router = start_router([a.spec, b.spec], api_key="tenant-key", admin_key="admin-key")
-    wait_for(lambda: len(router.service.router.healthy) == 2, what="both replicas healthy")
+    wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
     for seed in range(6):  # give both replicas cached blocks
         assert httpx.post(router.url + "/v1/completions", json={"prompt": prompt(seed), "max_tokens": 2},
                           headers=TENANT, timeout=20).status_code == 200
-    wait_for(lambda: router.service.router.index.num_blocks("a") > 0, what="a's events")
+    wait_for(lambda: router.runtime.router.index.num_blocks("a") > 0, what="a's events")
     a.configure(delay=1.5)
     b.configure(delay=1.5)
     with ThreadPoolExecutor(8) as pool:
@@ -59,7 +59,7 @@ def test_drain_lets_streams_finish_and_routes_new_requests_elsewhere(fakes, star
     assert rows["a"]["draining"] and not rows["a"]["healthy"] and rows["a"]["in_flight"] == 0
     assert rows["b"]["healthy"] and not rows["b"]["draining"]
     assert httpx.delete(router.url + "/replicas/a", headers=ADMIN, timeout=10).status_code == 200
-    index = router.service.router.index
+    index = router.runtime.router.index
     assert "a" not in index.replica_ids and index.num_blocks("a") == 0
     assert set(_rows(router)) == {"b"}
     plain = httpx.get(router.url + "/replicas", headers=TENANT, timeout=10).json()["replicas"]
@@ -69,20 +69,20 @@ def test_drain_lets_streams_finish_and_routes_new_requests_elsewhere(fakes, star
 def test_exclusive_blocks_counts_what_only_that_replica_holds(fakes, start_router):
     a, b = fakes
     router = start_router([a.spec, b.spec], api_key="tenant-key", admin_key="admin-key")
-    wait_for(lambda: len(router.service.router.healthy) == 2, what="both replicas healthy")
+    wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
     r = httpx.post(router.url + "/replicas/b/drain", headers=ADMIN, timeout=10)
     assert r.status_code == 200
     ids = prompt(16_016, n=40)  # 10 blocks of 4, all on a (b is draining)
     assert httpx.post(router.url + "/v1/completions", json={"prompt": ids, "max_tokens": 2},
                       headers=TENANT, timeout=20).json()["choices"][0]["text"] == "a"
-    index = router.service.router.index  # the fakes are shared by the session: a may hold older blocks
+    index = router.runtime.router.index  # the fakes are shared by the session: a may hold older blocks
     wait_for(lambda: len(index.cached_hashes("a")) >= 10, what="a's blocks in the index")
     before = _rows(router)["a"]["exclusive_blocks"]
     assert before >= 10
     # the same prompt on b too: those blocks are no longer a's alone
     httpx.post(router.url + "/replicas/a/drain", headers=ADMIN, timeout=10)
-    router.service.draining.discard("b")
-    router.service.router.set_healthy("b", True)
+    router.runtime.draining.discard("b")
+    router.runtime.router.set_healthy("b", True)
     assert httpx.post(router.url + "/v1/completions", json={"prompt": ids, "max_tokens": 2},
                       headers=TENANT, timeout=20).json()["choices"][0]["text"] == "b"
     wait_for(lambda: _rows(router)["a"]["exclusive_blocks"] <= before - 10, what="b's copy of the blocks")
@@ -93,7 +93,7 @@ def test_drain_needs_the_admin_key_and_a_known_replica(fakes, start_router):
     assert httpx.post(router.url + "/replicas/a/drain", headers=TENANT, timeout=10).status_code == 403
     r = httpx.post(router.url + "/replicas/nope/drain", headers=ADMIN, timeout=10)
     assert r.status_code == 404 and "GET /replicas" in r.json()["error"]["message"]
-    assert "a" not in router.service.draining
+    assert "a" not in router.runtime.draining
 
 
 def test_fleet_endpoints_say_when_the_router_runs_no_replicas(start_router):

@@ -89,7 +89,7 @@ def test_a_trusted_request_template_is_used(strict_router):
     body = {"messages": HI, "chat_template": "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"}
     r = httpx.post(strict_router.url + "/tokenize", json=body, timeout=10)
     assert r.status_code == 200
-    tok = strict_router.service.tokenizer
+    tok = strict_router.runtime.tokenizer
     assert r.json()["tokens"] == tok.encode("[hi]", add_special_tokens=False)
 
 

@@ -19,10 +19,10 @@ def key_file(tmp_path, monkeypatch):
 
 def test_drain_command_takes_the_replica_out_of_rotation(fakes, start_router, key_file, capsys):
     router = start_router([fakes[0].spec, fakes[1].spec], api_key="tenant-key", admin_key="admin-key")
-    wait_for(lambda: len(router.service.router.healthy) == 2, what="both replicas healthy")
+    wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
     assert main(["drain", "b", "--url", router.url, "--admin-key-file", str(key_file)]) == 0
     assert "'draining': True" in capsys.readouterr().out
-    assert router.service.draining == {"b"} and router.service.router.healthy == {"a"}
+    assert router.runtime.draining == {"b"} and router.runtime.router.healthy == {"a"}
     assert main(["status", "--url", router.url]) == 0
     assert "draining" in capsys.readouterr().out
 

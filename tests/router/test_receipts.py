@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
-from kvmesh.router.core import KVRouter
+from kvmesh.router.kv_router import KVRouter
 from kvmesh.router.receipts import HEADER_BEST, HEADER_PREDICTED, HEADER_REASON, Receipts, RouteReceipt
 
 BS = 16

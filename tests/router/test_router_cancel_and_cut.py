@@ -12,7 +12,7 @@ from .test_router_http import prompt
 
 
 def _status_count(router, status_class: str) -> float:
-    reg = router.service.metrics.registry
+    reg = router.runtime.metrics.registry
     return reg.get_sample_value("kvmesh_router_requests_total", {"status": status_class}) or 0
 
 
@@ -33,7 +33,7 @@ def test_non_streaming_client_disconnect_cancels_the_upstream_request(fakes, sta
         list(pool.map(abandon, range(5)))
     wait_for(lambda: fake_stats(a)["cancelled"] == 5, timeout=5, what="the replica to see 5 cancellations")
     assert fake_stats(a)["running"] == 0
-    load = router.service.router.loads.loads["a"]
+    load = router.runtime.router.loads.loads["a"]
     wait_for(lambda: load.in_flight == 0 and load.pending_prefill_tokens == 0, what="load accounting")
 
 

@@ -17,7 +17,7 @@ from .test_router_http import complete, prompt
 def test_killed_replica_is_retried_avoided_and_rejoins_empty(fakes, start_router):
     by_name = {f.name: f for f in fakes}
     router = start_router([f.spec for f in fakes])
-    core = router.service.router
+    core = router.runtime.router
     base = prompt(10, 72)
     holder = complete(router, base)["choices"][0]["text"]
     other = "b" if holder == "a" else "a"
@@ -45,15 +45,15 @@ def test_router_restart_rebuilds_index_from_snapshots(fakes, start_router):
     first = start_router([f.spec for f in fakes])
     base = prompt(20, 80)
     holder = complete(first, base)["choices"][0]["text"]
-    wait_for(lambda: first.service.router.index.num_blocks(holder) >= 20, what="events")
+    wait_for(lambda: first.runtime.router.index.num_blocks(holder) >= 20, what="events")
     first.stop()
 
     second = start_router([f.spec for f in fakes])  # new process state, new key seed
-    wait_for(lambda: second.service.router.index.num_blocks(holder) >= 20, what="snapshot")
+    wait_for(lambda: second.runtime.router.index.num_blocks(holder) >= 20, what="snapshot")
     out = complete(second, base + [5, 5, 5, 5])
     assert out["choices"][0]["text"] == holder
     assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(base)
-    reg = second.service.metrics.registry
+    reg = second.runtime.metrics.registry
     assert reg.get_sample_value("kvmesh_router_predicted_hit_tokens_total", {"replica": holder}) == len(base)
 
 
@@ -135,7 +135,7 @@ def test_router_binds_loopback_by_default(keyed_router):
 def test_replica_5xx_is_retried_elsewhere_and_load_accounting_stays_exact(fakes, start_router):
     a, b = fakes
     router = start_router([a.spec, b.spec], max_attempts=2)
-    core = router.service.router
+    core = router.runtime.router
     a.configure(status=503)
     outs = {complete(router, prompt(30 + i))["choices"][0]["text"] for i in range(3)}
     assert outs == {"b"}

@@ -24,14 +24,14 @@ def complete(router, ids, **kw):
 
 
 def counter(router, name, replica):
-    return router.service.metrics.registry.get_sample_value(f"kvmesh_router_{name}_total", {"replica": replica}) or 0
+    return router.runtime.metrics.registry.get_sample_value(f"kvmesh_router_{name}_total", {"replica": replica}) or 0
 
 
 def test_shared_prefix_goes_to_its_holder_and_cached_tokens_match_prediction(fakes, start_router):
     router = start_router([f.spec for f in fakes])
     base = prompt(1)
     holder = complete(router, base)["choices"][0]["text"]
-    index = router.service.router.index
+    index = router.runtime.router.index
     wait_for(lambda: index.num_blocks(holder) >= len(base) // BLOCK_SIZE, what="BlockStored events")
     for i in range(4):
         out = complete(router, base + prompt(100 + i, 9))
@@ -72,7 +72,7 @@ def test_chat_requests_are_routed(fakes, start_router):
 def test_metrics_show_decisions_stages_and_events(fakes, start_router):
     router = start_router([f.spec for f in fakes])
     complete(router, prompt(4))
-    wait_for(lambda: router.service.router.events_applied > 0, what="events")
+    wait_for(lambda: router.runtime.router.events_applied > 0, what="events")
     text = httpx.get(router.url + "/metrics").text
     for name in ("kvmesh_router_decisions_total", "kvmesh_router_predicted_hit_tokens_total",
                  "kvmesh_router_reported_cached_tokens_total", 'kvmesh_router_routing_seconds_count{stage="tokenize"}',
@@ -102,13 +102,13 @@ def test_replicas_can_be_added_and_removed_at_runtime(fakes, start_router):
 def test_re_registering_a_replica_with_new_endpoints_drops_its_tree(fakes, start_router):
     a, b = fakes
     router = start_router([a.spec])
-    core = router.service.router
+    core = router.runtime.router
     old = prompt(6)
     complete(router, old)
     wait_for(lambda: core.index.num_blocks("a") >= len(old) // BLOCK_SIZE, what="events from a")
     moved = b.spec
     moved.replica_id = "a"  # the cluster restarted replica "a" elsewhere: same id, new endpoints
-    router.service.add_replica(moved)
+    router.runtime.add_replica(moved)
     wait_for(lambda: "a" in core.healthy, what="the re-registered replica to be probed")
     assert core.index.match(core.hasher.keys(old)).get("a", 0) == 0  # the old incarnation's blocks are gone
     assert complete(router, prompt(7))["choices"][0]["text"] == "b"
@@ -128,5 +128,5 @@ def test_a_batch_of_prompts_is_routed_by_its_first_prompt(fakes, start_router):
     router = start_router([f.spec for f in fakes])
     first, second = prompt(10), prompt(11, 20)
     raw = json.dumps({"prompt": [first, second], "max_tokens": 2}).encode()
-    req, ids = asyncio.run(Forwarder(router.service).parse(raw, chat=False))
+    req, ids = asyncio.run(Forwarder(router.runtime).parse(raw, chat=False))
     assert ids == first and req.prompts() == [first, second]

@@ -48,7 +48,7 @@ def live(stories_path, tokenizer):
         router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2,
                                            cache_salt_secret=cache_salt_secret(seed)), specs,
                               tokenizer=tokenizer).start()
-        wait_for(lambda: len(router.service.router.healthy) == 2, what="both replicas healthy")
+        wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
         yield router
         router.stop()
     finally:
@@ -63,14 +63,14 @@ def post(router, path, body):
 
 
 def router_keys(router, path, body):
-    req, ids = asyncio.run(Forwarder(router.service).parse(json.dumps(body).encode(), chat="chat" in path))
-    return router.service.router.hasher.keys(ids, req.cache_salt)
+    req, ids = asyncio.run(Forwarder(router.runtime).parse(json.dumps(body).encode(), chat="chat" in path))
+    return router.runtime.router.hasher.keys(ids, req.cache_salt)
 
 
 def holders(router, keys):
     """Replicas that hold every one of ``keys`` according to their real events (no predictions)."""
-    index = router.service.router.index
-    with router.service.router.lock:
+    index = router.runtime.router.index
+    with router.runtime.router.lock:
         index.predictions.expire(float("inf"))
         return {rid for rid, n in index.match(keys).items() if n == len(keys)}
 
@@ -96,13 +96,13 @@ def test_salted_request_never_matches_unsalted_prefix(live):
     wait_for(lambda: holders(live, plain), what="events")
     salted = router_keys(live, "/v1/completions", {**body, "cache_salt": "other-tenant"})
     assert not set(plain) & set(salted)
-    assert live.service.router.index.match(salted) == {}
+    assert live.runtime.router.index.match(salted) == {}
     out = post(live, "/v1/completions", {**body, "cache_salt": "other-tenant"})
     assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
 def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill(live):
-    core, metrics = live.service.router, live.service.metrics
+    core, metrics = live.runtime.router, live.runtime.metrics
     base = STORY + " Then Lily went home and"
     post(live, "/v1/completions", {"prompt": base})
     base_keys = router_keys(live, "/v1/completions", {"prompt": base})
@@ -148,14 +148,14 @@ def test_route_receipts_predict_what_the_engine_reports_and_hold_sessions(live):
                            headers={"x-kvmesh-receipt": "1", "x-session-id": f"conversation-{i}"},
                            json={"prompt": stem + " and then" * (turn + 1), "max_tokens": 2, "temperature": 0})
             assert r.status_code == 200, r.text
-            assert r.headers["x-kvmesh-replica"] in live.service.router.healthy
+            assert r.headers["x-kvmesh-replica"] in live.runtime.router.healthy
             assert r.headers["x-kvmesh-route-reason"] in ("cache", "load", "session", "fallback")
             predicted = int(r.headers["x-kvmesh-predicted-hit-tokens"])
             assert int(r.headers["x-kvmesh-best-hit-tokens"]) >= predicted
             agree += predicted == r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
             total += 1
     assert agree >= 0.95 * total, f"predicted == cached_tokens on {agree} of {total} requests"
-    summary = live.service.router.receipts.summary()["cluster"]
+    summary = live.runtime.router.receipts.summary()["cluster"]
     assert summary["requests"] >= total and summary["mispredicted_rate"] <= 0.05
     no_receipt = httpx.post(live.url + "/v1/completions", timeout=60, json={"prompt": STORY, "max_tokens": 1})
     assert "x-kvmesh-replica" not in no_receipt.headers  # opt-in only
@@ -176,18 +176,18 @@ def test_replica_that_cannot_match_the_router_keys_is_degraded_not_matched(live,
                           block_size=32 if mismatch == "block_size" else 16)
     runtime = ReplicaRuntime.start(config, http_port=0, event_port=0, replay_port=0,
                                    frontend=FrontendConfig(chat_template=template))
-    service = live.service
+    router_rt = live.runtime
     try:
         e = runtime.endpoints()
         spec = ReplicaSpec(runtime.http.url, e["events_endpoint"], e["replay_endpoint"], replica_id="odd")
-        service.add_replica(spec)
-        wait_for(lambda: "odd" in service.router.healthy, what="the odd replica probed")
-        reason = service.router.degraded.get("odd")
+        router_rt.add_replica(spec)
+        wait_for(lambda: "odd" in router_rt.router.healthy, what="the odd replica probed")
+        reason = router_rt.router.degraded.get("odd")
         assert reason is not None and ("block size" if mismatch == "block_size" else "fingerprint") in reason
         listed = {r["id"]: r for r in httpx.get(live.url + "/replicas", timeout=10).json()["replicas"]}
         assert listed["odd"]["degraded"]
-        healthy_ones = [r for r in service.router.healthy if r != "odd"]
-        assert all(r not in service.router.degraded for r in healthy_ones)
+        healthy_ones = [r for r in router_rt.router.healthy if r != "odd"]
+        assert all(r not in router_rt.router.degraded for r in healthy_ones)
     finally:
-        service.remove_replica("odd")
+        router_rt.remove_replica("odd")
         runtime.shutdown(graceful_s=0.5)

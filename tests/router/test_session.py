@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvmesh.router.core import KVRouter
+from kvmesh.router.kv_router import KVRouter
 from kvmesh.router.session import SessionConfig, SessionTable
 
 BS = 16

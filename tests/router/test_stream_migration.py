@@ -52,7 +52,7 @@ def cluster(replicas, tokenizer):
     specs = [ReplicaSpec(p.url, rt.endpoints()["events_endpoint"], rt.endpoints()["replay_endpoint"],
                          replica_id=p.name) for p, rt in zip(proxies, replicas, strict=True)]
     router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2), specs, tokenizer=tokenizer).start()
-    wait_for(lambda: len(router.service.router.healthy) == 2, what="both replicas healthy")
+    wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
     yield router, proxies, fuse
     router.stop()
     for p in proxies:
@@ -94,7 +94,7 @@ def check_one_stream(events: list, chat: bool) -> None:
 
 
 def migrations(router) -> float:
-    reg = router.service.metrics.registry
+    reg = router.runtime.metrics.registry
     return sum(reg.get_sample_value("kvmesh_router_stream_migrations_total", {"replica": p}) or 0
                for p in ("p0", "p1"))
 
@@ -153,7 +153,7 @@ def test_concurrent_streams_survive_a_replica_death_under_load(cluster, replicas
         check_one_stream(events, chat=False)
         assert text_of(events, chat=False) == want
     assert migrations(router) >= 1
-    reg = router.service.metrics.registry
+    reg = router.runtime.metrics.registry
     assert (reg.get_sample_value("kvmesh_router_requests_total", {"status": "5xx"}) or 0) == 0
 
 
@@ -164,7 +164,7 @@ def test_without_migration_the_cut_stream_ends_with_an_error_event(replicas, tok
     router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2, migration_limit=0), specs,
                           tokenizer=tokenizer).start()
     try:
-        wait_for(lambda: len(router.service.router.healthy) == 2, what="both replicas healthy")
+        wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
         fuse.after_events = 8
         events = stream(router.url, "/v1/completions", {"prompt": STORY, "max_tokens": 48, "temperature": 0,
                                                          "ignore_eos": True})
@@ -183,8 +183,8 @@ def test_a_router_without_tokenizer_learns_the_prompt_ids_from_the_replica(repli
     router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2),
                           [ReplicaSpec(p.url, replica_id=p.name) for p in proxies]).start()
     try:
-        wait_for(lambda: len(router.service.router.healthy) == 2, what="both replicas healthy")
-        assert router.service.tokenizer is None
+        wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
+        assert router.runtime.tokenizer is None
         body = {"messages": [{"role": "user", "content": STORY}], "max_tokens": 40, "temperature": 0,
                 "ignore_eos": True}
         expected = reference(replicas, "/v1/chat/completions", body)

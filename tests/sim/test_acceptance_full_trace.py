@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from kvmesh.cluster.benchmarks.traces import read_mooncake
 from kvmesh.cluster.sim.config import SimConfig, miniature
-from kvmesh.cluster.sim.runner import compare_policies
+from kvmesh.cluster.sim.run import compare_policies
 
 POLICIES = ["cache_aware", "least_loaded", "prefix_hash"]
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvmesh.cluster.benchmarks.traces import BlockTokenCache
-from kvmesh.cluster.sim.ceilings import capped_hit_tokens, infinite_hit_rate, single_pool_hit_rate
-from kvmesh.cluster.sim.request import SimRequest
+from kvmesh.cluster.sim.replica import SimRequest
+from kvmesh.cluster.sim.report import capped_hit_tokens, infinite_hit_rate, single_pool_hit_rate
 
 
 def _r(i, ids, n, out=1):

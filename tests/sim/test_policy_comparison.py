@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 from kvmesh.cluster.benchmarks.traces import read_mooncake
 from kvmesh.cluster.sim.config import SimConfig, miniature
+from kvmesh.cluster.sim.replica import cut_trace
 from kvmesh.cluster.sim.report import format_table
-from kvmesh.cluster.sim.request import cut_trace
-from kvmesh.cluster.sim.runner import compare_policies
+from kvmesh.cluster.sim.run import compare_policies
 
 POLICIES = ["cache_aware", "round_robin", "least_loaded"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from kvmesh.cluster.benchmarks.traces import BlockTokenCache, MooncakeRecord
 from kvmesh.cluster.sim.config import SimConfig
-from kvmesh.cluster.sim.loop import run_policy
-from kvmesh.cluster.sim.request import requests_from_mooncake
+from kvmesh.cluster.sim.replica import requests_from_mooncake
+from kvmesh.cluster.sim.run import run_policy
 from kvmesh.kvcache.hashing import external_hash
 
 

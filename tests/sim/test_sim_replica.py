@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 from kvmesh.cluster.benchmarks.traces import BlockTokenCache
-from kvmesh.cluster.sim.config import SimConfig
-from kvmesh.cluster.sim.cost_model import CostModel
-from kvmesh.cluster.sim.replica import SimReplica
-from kvmesh.cluster.sim.request import SimRequest
+from kvmesh.cluster.sim.config import CostModel, SimConfig
+from kvmesh.cluster.sim.replica import SimReplica, SimRequest
 
 BS = 16
 COST = CostModel(step_overhead_s=0.001, prefill_s_per_token=0.001, decode_s_per_step=0.01,

@@ -8,8 +8,8 @@ from collections import defaultdict
 import pytest
 from kvmesh.cluster.benchmarks.traces import AzureRecord, MooncakeRecord
 from kvmesh.cluster.cli import main
-from kvmesh.cluster.sim.ceilings import infinite_hit_rate
-from kvmesh.cluster.sim.request import requests_from_mooncake
+from kvmesh.cluster.sim.replica import requests_from_mooncake
+from kvmesh.cluster.sim.report import infinite_hit_rate
 from kvmesh.cluster.sim.workloads import AzurePrefixes, ToolAgentTrace, bursty
 
 

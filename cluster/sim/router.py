@@ -18,7 +18,7 @@ import random
 import time
 
 from kvmesh.cluster.sim.config import SimConfig
-from kvmesh.cluster.sim.request import SimRequest
+from kvmesh.cluster.sim.replica import SimRequest
 
 
 def available_policies() -> list[str]:
@@ -48,7 +48,7 @@ class SimRouter:
     finish load accounting and the receipts the HTTP front keeps around each of them."""
 
     def __init__(self, policy: str, config: SimConfig, replicas: list) -> None:
-        from kvmesh.router.core import KVRouter
+        from kvmesh.router.kv_router import KVRouter
         from kvmesh.router.receipts import Receipts
         from kvmesh.router.session import SessionConfig
 
@@ -128,7 +128,7 @@ class SimRouter:
         self.num_events += len(events)
 
     def poll(self, k: int, replicas: list) -> None:
-        """Router ``k`` reads every replica's ``/load`` (as ``RouterService`` polls it)."""
+        """Router ``k`` reads every replica's ``/load`` (as ``RouterRuntime`` polls it)."""
         loads = self.routers[k].loads.loads
         for rep in replicas:
             loads[rep.replica_id].update_report(rep.load_report())

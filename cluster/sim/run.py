@@ -1,4 +1,6 @@
-"""The discrete-event loop: arrivals -> router (real index + policy) -> simulated replicas,
+"""Running the simulator: the discrete-event loop, and several policies over one trace.
+
+The discrete-event loop: arrivals -> router (real index + policy) -> simulated replicas,
 with the replicas' KV events flowing back into the index as they happen (optionally delayed).
 
 Three kinds of events, ordered by (time, insertion order) so runs are deterministic:
@@ -9,28 +11,31 @@ Three kinds of events, ordered by (time, insertion order) so runs are determinis
 - event delivery: a batch of a replica's BlockStored/BlockRemoved reaches the index;
 - load poll (``load_poll_s > 0``): one router reads every replica's ``/load``; the routers' polls
   are staggered over the interval.
+
+Run several policies on the same trace and collect one report (with both ceilings).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
-from kvmesh.cluster.benchmarks.traces import BlockTokenCache
+from kvmesh.cluster.benchmarks.traces import BlockTokenCache, MooncakeRecord
 from kvmesh.cluster.sim.config import SimConfig
-from kvmesh.cluster.sim.replica import SimReplica
-from kvmesh.cluster.sim.request import SimRequest
-from kvmesh.cluster.sim.router_adapter import SimRouter
+from kvmesh.cluster.sim.replica import SimReplica, SimRequest, requests_from_mooncake
+from kvmesh.cluster.sim.report import infinite_hit_rate, single_pool_hits, summarize
+from kvmesh.cluster.sim.router import SimRouter
 
 _STEP_END, _EVENTS, _POLL = 0, 1, 2
 
 
 @dataclass
 class SimRun:
-    """Everything one policy's run produced (summarized by :mod:`.metrics`)."""
+    """Everything one policy's run produced (summarized by :mod:`.report`)."""
 
     policy: str
     requests: list[SimRequest]
@@ -122,3 +127,78 @@ def run_policy(policy: str, requests: list[SimRequest], config: SimConfig, block
         raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[:3]}")
     return SimRun(policy, requests, replicas, router, time.perf_counter() - wall0, time.process_time() - cpu0,
                   route_s)
+
+
+def working_set_blocks(records: list[MooncakeRecord]) -> int:
+    """Distinct hash ids of the trace (one block each)."""
+    ids: set[int] = set()
+    for r in records:
+        ids.update(r.hash_ids)
+    return len(ids)
+
+
+def blocks_per_replica(config: SimConfig, records: list[MooncakeRecord]) -> int:
+    if config.blocks_per_replica is not None:
+        return config.blocks_per_replica
+    return max(1, math.ceil(config.capacity_fraction * working_set_blocks(records) / config.num_replicas))
+
+
+def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies: list[str],
+                     show_progress: bool = True, with_ceilings: bool = True,
+                     variants: dict[str, dict] | None = None) -> dict:
+    """Simulate every policy on ``records``; returns the JSON-ready report.
+
+    ``variants`` runs each policy once per entry, label suffix -> ``SimConfig`` fields to change
+    (e.g. ``{" 1 router": {"num_routers": 1}, " 4 routers": {"num_routers": 4}}``); the report
+    names each run ``policy + suffix``. Default: one run per policy with ``config`` as given.
+    """
+    from tqdm import tqdm
+
+    tokens = BlockTokenCache(config.block_size, config.vocab_size, config.seed)
+    per_replica = blocks_per_replica(config, records)
+    total_blocks = per_replica * config.num_replicas
+
+    def fresh():
+        return requests_from_mooncake(records, config.time_scale, config.block_size)
+
+    largest = max(math.ceil((r.num_prompt_tokens + r.max_output_tokens) / config.block_size) for r in fresh())
+    if largest > per_replica:
+        raise ValueError(f"the largest request needs {largest} blocks but a replica holds {per_replica}: "
+                         "raise --blocks-per-replica / --capacity-fraction or use fewer replicas")
+    report: dict = {
+        "config": _config_dict(config),
+        "trace": {"requests": len(records), "working_set_blocks": working_set_blocks(records),
+                  "duration_s": (records[-1].arrival_s - records[0].arrival_s) * config.time_scale},
+        "blocks_per_replica": per_replica,
+        "total_blocks": total_blocks,
+        "ceilings": {},
+        "policies": {},
+    }
+    pool_hits = None
+    if with_ceilings:
+        t0 = time.perf_counter()
+        reqs = fresh()
+        pool_hits = single_pool_hits(reqs, total_blocks, config.block_size, tokens)
+        report["ceilings"] = {
+            "infinite_cache_hit_rate": infinite_hit_rate(reqs, config.block_size),
+            "single_pool_hit_rate": sum(pool_hits) / max(1, sum(r.num_prompt_tokens for r in reqs)),
+            "wall_s": time.perf_counter() - t0,
+        }
+    runs = [(name + suffix, name, replace(config, **changes))
+            for name in policies for suffix, changes in (variants or {"": {}}).items()]
+    for label, name, cfg in runs:
+        with tqdm(total=len(records), desc=f"sim {label}", unit="req", disable=not show_progress,
+                  leave=False) as bar:
+            run = run_policy(name, fresh(), cfg, per_replica, tokens, progress=bar.update)
+        summary = summarize(run, pool_hits)
+        ceiling = report["ceilings"].get("single_pool_hit_rate")
+        if ceiling:
+            summary["hit_rate_vs_single_pool"] = summary["hit_rate"] / ceiling
+        report["policies"][label] = summary
+    return report
+
+
+def _config_dict(config: SimConfig) -> dict:
+    d = asdict(config)
+    d["cost"] = asdict(config.cost)
+    return d

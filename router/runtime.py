@@ -1,6 +1,6 @@
 """The running router: decision core + tokenizer + replica registry + event feed + polling.
 
-``RouterService`` owns what lives as long as the HTTP front: the ``KVRouter``, the tokenizer, the
+``RouterRuntime`` owns what lives as long as the HTTP front: the ``KVRouter``, the tokenizer, the
 replica specs, the ``EventSubscriber`` feeding the index, the aiohttp client session and the task that polls
 every replica's ``/health`` and ``/load`` (which is also how a failed replica is probed back).
 Replicas can be added, re-registered with new endpoints, drained and removed at runtime: a
@@ -24,7 +24,7 @@ import aiohttp
 from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.core import KVRouter
+from kvmesh.router.kv_router import KVRouter
 from kvmesh.router.metrics import RouterMetrics
 from kvmesh.router.receipt_metrics import ReceiptMetrics
 from kvmesh.router.session import SessionConfig
@@ -32,7 +32,7 @@ from kvmesh.router.session import SessionConfig
 logger = logging.getLogger(__name__)
 
 
-class RouterService:
+class RouterRuntime:
     """See the module doc. ``start``/``stop`` run inside the server's event loop."""
 
     def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None,
