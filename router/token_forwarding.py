@@ -85,7 +85,8 @@ class UpstreamBody:
             if self._chat:
                 body["prompt_token_ids"] = self._prompts[0]
             else:  # one prompt stays one; a batch becomes a batch of id lists, in order
-                single = len(self._prompts) == 1 and not _is_batch(body["prompt"])
+                single = not _is_batch(body["prompt"])
+                assert len(self._prompts) == (1 if single else len(body["prompt"])), "one id list per prompt"
                 body["prompt"] = self._prompts[0] if single else self._prompts
             self._built[key] = msgspec.json.encode(body)
         return self._built[key]
