@@ -81,3 +81,30 @@ class _Tok:
 ])
 def test_upstream_kind_from_server_info(info, kind):
     assert upstream_kind(info, _Tok()) == kind
+
+
+def test_an_upstream_that_is_not_kvmesh_gets_completion_ids_and_chat_as_sent(fakes, start_router, tokenizer):
+    """The fake replicas say nothing in /server_info (as vLLM): text completions arrive as the router's ids
+    (the fake counts a list prompt's ids, a text prompt's bytes), chat and echo as the client sent them."""
+    import httpx
+
+    from .conftest import wait_for
+
+    router = start_router([f.spec for f in fakes])
+    wait_for(lambda: len(router.service.upstream_kinds) == 2, what="both replicas probed")
+    assert set(router.service.upstream_kinds.values()) == {VLLM}
+    text = "Once upon a time there was a dog."
+
+    def prompt_tokens(path, body):
+        r = httpx.post(router.url + path, json={"max_tokens": 2, **body}, timeout=20)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    assert prompt_tokens("/v1/completions", {"prompt": text}) == len(tokenizer.render_completion(text))
+    assert prompt_tokens("/v1/completions", {"prompt": text, "echo": True}) == len(text.encode())
+    messages = [{"role": "user", "content": text}]
+    assert prompt_tokens("/v1/chat/completions", {"messages": messages}) == len(json.dumps(messages).encode())
+    off = start_router([f.spec for f in fakes], forward_token_ids=False)
+    wait_for(lambda: off.service.router.healthy, what="a replica healthy")
+    r = httpx.post(off.url + "/v1/completions", json={"prompt": text, "max_tokens": 2}, timeout=20)
+    assert r.json()["usage"]["prompt_tokens"] == len(text.encode())
