@@ -1,7 +1,8 @@
 """The OpenAI endpoints of a replica: ``/v1/completions`` and ``/v1/chat/completions``.
 
 Both run the same path: validate the body -> render token ids off the loop (openai/renderer.py, the
-router's rules) -> SamplingParams -> ``engine.generate`` (one engine request per choice and prompt:
+router's rules; a kvmesh router sends them ready: a token-id ``prompt``, a chat's ``prompt_token_ids``,
+so the replica only range-checks them) -> SamplingParams -> ``engine.generate`` (one engine request per choice and prompt:
 server_choices.py) -> one JSON response, or SSE chunks then ``[DONE]``; logprobs in vLLM's shapes
 (openai/logprobs_format.py).
 A client that disconnects aborts its request (the engine frees its blocks); an error inside one

@@ -115,6 +115,9 @@ class RouterConfig:
     """Seconds a session (``x-session-id`` header or the body's ``user``) stays pinned to its replica."""
     tokenize_cache_tokens: int = 1 << 20
     """Token ids the router's tokenize cache keeps (router/tokenize_cache.py); 0 turns the cache off."""
+    forward_token_ids: bool = True
+    """Forward the prompt token ids the router computed, so replicas do not tokenize again: kvmesh replicas
+    get them for completions and chat, vLLM upstreams for completions (router/token_forwarding.py)."""
     workers: int = 1
     """Router processes serving the port (router/workers.py); each has its own index and load view."""
 

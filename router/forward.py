@@ -5,8 +5,8 @@ and the request goes to the next choice, up to ``max_attempts`` replicas; a refu
 also marks the replica unhealthy. Once bytes flow they go to the client (relay.py), and a stream
 that breaks then goes on from another replica (migration.py). A client that disconnects before its
 answer cancels the upstream request (the replica sees the connection close and aborts it). The body
-is forwarded as sent (a stream's gets ``"return_token_ids": true`` appended), so the replica
-tokenizes it exactly as the router did.
+goes with the token ids the router computed where the upstream takes them (router/token_forwarding.py:
+tokenize once), else as sent; a stream's asks for ``"return_token_ids": true``.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop, read_body
 from kvmesh.replica.openai.errors import ProtocolError
 from kvmesh.router.kv_router import RouteDecision
-from kvmesh.router.migration import MigratingStream, ask_for_token_ids
+from kvmesh.router.migration import MigratingStream
 from kvmesh.router.policies import NoReplicaError
 from kvmesh.router.receipts import HEADER_OPT_IN
 from kvmesh.router.relay import UPSTREAM_ERRORS as _UPSTREAM_ERRORS
 from kvmesh.router.relay import StreamRelay, let_go
 from kvmesh.router.runtime import RouterRuntime
+from kvmesh.router.token_forwarding import TEXT, UpstreamBody
 
 access_log = logging.getLogger("kvmesh.router.access")
 """One JSON line per request with its route receipt (``router.access_log``)."""
@@ -58,6 +59,11 @@ class Forwarder:
     async def parse(self, raw: bytes, chat: bool) -> tuple[Any, list[int]]:
         """Validate the body and render its prompts exactly as the replica will (ProtocolError on bad input);
         the token ids to route by (a batch of prompts goes to one replica, by its first prompt)."""
+        req, prompts = await self.parse_prompts(raw, chat)
+        return req, prompts[0] if prompts else []
+
+    async def parse_prompts(self, raw: bytes, chat: bool) -> tuple[Any, list[list[int]]]:
+        """``parse``, with the token ids of every prompt of the request (none without a tokenizer)."""
         svc = self.service
         req = await parse_off_loop(raw, p.ChatCompletionRequest if chat else p.CompletionRequest, svc.renderer.run)
         svc.check_model(req.model)
@@ -69,17 +75,19 @@ class Forwarder:
             prompts = [await svc.renderer.completion(prompt) for prompt in req.prompts()]
         for ids in prompts:
             req.to_sampling_params(len(ids), svc.tokenizer.max_model_len)  # context / max_tokens / sampling checks
-        return req, prompts[0]
+        return req, prompts
 
     # ---------------------------------------------------------------- proxy
     async def handle(self, http: Request, path: str, chat: bool) -> Response:
         raw = await read_body(http, self.service.config.frontend)
         t0 = time.perf_counter_ns()
-        req, ids = await self.parse(raw, chat)
+        req, prompts = await self.parse_prompts(raw, chat)
         tokenize_ns = time.perf_counter_ns() - t0
         session_id = http.headers.get(SESSION_HEADER) or getattr(req, "user", None)
         receipt = HEADER_OPT_IN in http.headers
-        return await self._until_disconnect(http, self._forward(path, raw, req, ids, tokenize_ns, session_id,
+        body = UpstreamBody(raw, req, prompts, chat, self.service.config.forward_token_ids)
+        ids = prompts[0] if prompts else []
+        return await self._until_disconnect(http, self._forward(path, body, req, ids, tokenize_ns, session_id,
                                                                 receipt))
 
     async def _until_disconnect(self, http: Request, work: Awaitable[Response]) -> Response:
@@ -98,7 +106,7 @@ class Forwarder:
         finally:
             watcher.cancel()
 
-    async def _forward(self, path: str, raw: bytes, req: Any, ids: list[int], tokenize_ns: int,
+    async def _forward(self, path: str, body: UpstreamBody, req: Any, ids: list[int], tokenize_ns: int,
                        session_id: str | None = None, receipt: bool = False) -> Response:
         svc = self.service
         stream = None
@@ -106,18 +114,19 @@ class Forwarder:
             stream = MigratingStream(req, path.endswith("/chat/completions"), ids, svc.tokenizer,
                                      svc.config.migration_limit)
             if svc.config.migration_limit and not req.return_token_ids:
-                raw = ask_for_token_ids(raw)
-        upstream, first, body, decision = await self.dispatch(path, raw, ids, req.cache_salt, [], tokenize_ns,
+                body.ask_for_token_ids()
+        upstream, first, rest, decision = await self.dispatch(path, body, ids, req.cache_salt, [], tokenize_ns,
                                                               session_id)
-        response = await self._finish(upstream, first, body, decision, stream)
+        response = await self._finish(upstream, first, rest, decision, stream)
         if receipt:
             response.headers.update(decision.receipt.headers())
         return response
 
-    async def dispatch(self, path: str, raw: bytes, ids: list[int], salt: str | None, tried: list[str],
+    async def dispatch(self, path: str, body: UpstreamBody, ids: list[int], salt: str | None, tried: list[str],
                        tokenize_ns: int | None = None, session_id: str | None = None):
         """Open the request on the best replica not ``tried``, moving on when one fails before its first byte:
-        (response, first bytes, rest, decision); the response is the last attempt's 5xx if all failed so."""
+        (response, first bytes, rest, decision); the response is the last attempt's 5xx if all failed so.
+        Each replica gets ``body`` in the form it takes (with the router's token ids where it can)."""
         svc, router = self.service, self.service.router
         headers = {"content-type": "application/json", **svc.headers()}
         for attempt in range(svc.config.max_attempts):
@@ -134,7 +143,8 @@ class Forwarder:
                 continue
             router.loads.on_dispatch(rid, decision.uncached_tokens)
             try:
-                upstream, first, body = await self._open(spec.url + path, raw, headers)
+                upstream, first, rest = await self._open(spec.url + path, body.for_kind(
+                    svc.upstream_kinds.get(rid, TEXT)), headers)
             except asyncio.CancelledError:  # the client left: nothing reached it
                 router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
                 raise
@@ -142,7 +152,7 @@ class Forwarder:
             if failed or upstream.status >= 500:
                 if not failed and attempt + 1 == svc.config.max_attempts:  # pass the last error through
                     router.loads.on_first_output(rid, decision.uncached_tokens)
-                    return upstream, first, body, decision
+                    return upstream, first, rest, decision
                 router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
                 if failed:
                     svc.mark_failed(rid, isinstance(upstream, aiohttp.ClientConnectorError))
@@ -153,7 +163,7 @@ class Forwarder:
                 continue
             router.loads.on_first_output(rid, decision.uncached_tokens)
             self._count_decision(decision, len(ids))
-            return upstream, first, body, decision
+            return upstream, first, rest, decision
         raise ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
                             "retry later", 503)
 

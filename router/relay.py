@@ -19,6 +19,7 @@ import msgspec
 from kvmesh.replica.openai.errors import ProtocolError, error_body
 from kvmesh.router.kv_router import RouteDecision
 from kvmesh.router.migration import DONE, MigratingStream, SseSplitter
+from kvmesh.router.token_forwarding import UpstreamBody
 
 logger = logging.getLogger(__name__)
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -110,8 +111,8 @@ class StreamRelay:
             return ()
         logger.warning("%s; continuing the stream on another replica (migration %d)", why, stream.migrations + 1)
         try:
-            opened = await self.forwarder.dispatch("/v1/completions", msgspec.json.encode(body),
-                                          stream.prompt_ids + stream.output_ids, stream.req.cache_salt, [rid])
+            opened = await self.forwarder.dispatch("/v1/completions", UpstreamBody(msgspec.json.encode(body)),
+                                                   stream.prompt_ids + stream.output_ids, stream.req.cache_salt, [rid])
         except ProtocolError:
             return None
         if opened[0].status != 200:

@@ -65,6 +65,8 @@ class RouterRuntime:
         """HTTP client to the replicas (aiohttp: a third of httpx's CPU per proxied request)."""
         self.draining: set[str] = set()
         """Replicas that get no new requests (``drain``) until removed or re-registered."""
+        self.upstream_kinds: dict[str, str] = {}
+        """Replica id -> what it accepts instead of text (router/token_forwarding.py), from ``/server_info``."""
         self.fleet: Any = None
         """Whoever can add and remove replica processes (``kvmesh serve``'s launcher); None = fixed set."""
         self.subscriber = None
@@ -132,6 +134,7 @@ class RouterRuntime:
     def remove_replica(self, replica_id: str) -> bool:
         spec = self.specs.pop(replica_id, None)
         self.draining.discard(replica_id)
+        self.upstream_kinds.pop(replica_id, None)
         if spec is None:
             return False
         if spec.events and self.subscriber is not None:
@@ -243,13 +246,17 @@ class RouterRuntime:
     async def check_compatible(self, spec: ReplicaSpec) -> None:
         """Degrade (load-only routing) a replica whose cache the router's keys cannot describe: another
         block size, tokenizer or chat template (its ``/server_info``). Replicas that do not say (vLLM)
-        are trusted."""
+        are trusted. Also notes whether it is a kvmesh replica (``"version": "kvmesh"``), which takes
+        the router's token ids for chat too (router/token_forwarding.py)."""
+        from kvmesh.router.token_forwarding import upstream_kind
+
         timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s)
         try:
             async with self.session.get(spec.url + "/server_info", timeout=timeout, headers=self.headers()) as r:
                 info = await r.json(content_type=None) if r.status == 200 else None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return
+            info = None
+        self.upstream_kinds[spec.replica_id] = upstream_kind(info, self.tokenizer)
         reason = incompatibility(info, self.config.block_size, self.tokenizer)
         if reason is not None:
             logger.warning("replica %s is routed by load only: %s", spec.replica_id, reason)

@@ -239,6 +239,11 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
+    prompt_token_ids: list[int] | None = None
+    """(kvmesh) The chat already rendered to token ids: used instead of rendering ``messages`` (still required),
+    after a range check and the usual context / max_tokens checks. A kvmesh router sets it so the replica
+    does not tokenize the chat again (router/token_forwarding.py); ids that do not match the messages are
+    the sender's choice, as with a token-id completion prompt."""
 
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -105,8 +105,15 @@ class PromptRenderer:
         return await self.run(render)
 
     async def request(self, req: p.CompletionRequest | p.ChatCompletionRequest) -> list[int]:
-        """Token ids of a completion or chat request, exactly as the replica computes them."""
+        """Token ids of a completion or chat request, exactly as the replica computes them (a chat's
+        ``prompt_token_ids``, when sent, range-checked instead of rendering its messages)."""
         if isinstance(req, p.ChatCompletionRequest):
+            if req.prompt_token_ids is not None:
+                self._check_template(req.chat_template)  # the same answer whether or not ids came along
+                if not req.prompt_token_ids:
+                    raise ProtocolError("prompt_token_ids is empty; send at least one token",
+                                        param="prompt_token_ids")
+                return await self.completion(req.prompt_token_ids)
             return await self.chat(req.template_messages(), req.add_generation_prompt, req.chat_template)
         return await self.completion(req.single_prompt())
 

@@ -1,0 +1,110 @@
+"""Which body each kind of upstream gets (router/token_forwarding.py), without servers."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from kvmesh.replica.openai import protocol as p
+from kvmesh.router.token_forwarding import KVMESH, TEXT, VLLM, UpstreamBody, upstream_kind
+
+IDS = [[1, 400, 401, 402], [1, 500]]
+
+
+def body_for(raw: dict, kind: str, prompts=IDS, enabled=True) -> dict:
+    chat = "messages" in raw
+    req = (p.ChatCompletionRequest if chat else p.CompletionRequest).model_validate(raw)
+    data = json.dumps(raw).encode()
+    prompts = prompts[:1] if chat else prompts[:len(req.prompts())]
+    return json.loads(UpstreamBody(data, req, prompts, chat, enabled).for_kind(kind))
+
+
+def test_kvmesh_replica_gets_completion_ids_and_keeps_every_other_field():
+    raw = {"prompt": "Once upon", "cache_salt": "t1", "temperature": 0.7, "seed": 3, "stream": True,
+           "return_token_ids": True, "max_tokens": 5, "frequency_penalty": 0}
+    sent = body_for(raw, KVMESH)
+    assert sent == {**raw, "prompt": IDS[0]}
+
+
+def test_batch_of_prompts_becomes_a_batch_of_id_lists_in_order():
+    assert body_for({"prompt": ["a", "b"]}, KVMESH)["prompt"] == IDS
+    assert body_for({"prompt": ["a"]}, KVMESH)["prompt"] == IDS[:1]  # still a batch of one
+
+
+@pytest.mark.parametrize("kind", [KVMESH, VLLM])
+def test_echo_and_token_id_prompts_go_as_sent(kind):
+    assert body_for({"prompt": "Once", "echo": True}, kind)["prompt"] == "Once"
+    assert body_for({"prompt": [5, 6]}, kind, prompts=[[5, 6]])["prompt"] == [5, 6]
+
+
+def test_vllm_gets_completion_ids_unless_it_would_tokenize_differently():
+    assert body_for({"prompt": "Once"}, VLLM)["prompt"] == IDS[0]
+    assert body_for({"prompt": "Once", "add_special_tokens": False}, VLLM)["prompt"] == "Once"
+    assert body_for({"prompt": "Once", "truncate_prompt_tokens": 3}, VLLM)["prompt"] == "Once"
+    assert body_for({"prompt": "Once", "add_special_tokens": False}, KVMESH)["prompt"] == IDS[0]  # kvmesh ignores it
+
+
+def test_chat_ids_go_to_kvmesh_replicas_only():
+    raw = {"messages": [{"role": "user", "content": "hi"}], "cache_salt": "t2", "seed": 9}
+    assert body_for(raw, KVMESH) == {**raw, "prompt_token_ids": IDS[0]}
+    assert body_for(raw, VLLM) == raw
+
+
+@pytest.mark.parametrize("raw", [{"prompt": "Once"}, {"messages": [{"role": "user", "content": "hi"}]}])
+def test_nothing_is_rewritten_when_off_or_for_a_mismatched_tokenizer(raw):
+    assert body_for(raw, KVMESH, enabled=False) == raw
+    assert body_for(raw, TEXT) == raw
+    assert body_for(raw, KVMESH, prompts=[]) == raw  # a router without a tokenizer has no ids
+
+
+def test_streams_ask_for_token_ids_in_the_rewritten_body_too():
+    raw = {"prompt": "Once", "stream": True}
+    req = p.CompletionRequest.model_validate(raw)
+    body = UpstreamBody(msgspec.json.encode(raw), req, IDS[:1], False, True)
+    body.ask_for_token_ids()
+    for kind in (KVMESH, TEXT):
+        assert json.loads(body.for_kind(kind))["return_token_ids"] is True
+
+
+class _Tok:
+    fingerprint = "abc"
+
+
+@pytest.mark.parametrize("info, kind", [
+    ({"version": "kvmesh", "tokenizer_fingerprint": "abc"}, KVMESH),
+    ({"version": "kvmesh"}, KVMESH),
+    ({"version": "kvmesh", "tokenizer_fingerprint": "other"}, TEXT),
+    ({"version": "0.11.0"}, VLLM),
+    (None, VLLM),
+    ("not a dict", VLLM),
+])
+def test_upstream_kind_from_server_info(info, kind):
+    assert upstream_kind(info, _Tok()) == kind
+
+
+def test_an_upstream_that_is_not_kvmesh_gets_completion_ids_and_chat_as_sent(fakes, start_router, tokenizer):
+    """The fake replicas say nothing in /server_info (as vLLM): text completions arrive as the router's ids
+    (the fake counts a list prompt's ids, a text prompt's bytes), chat and echo as the client sent them."""
+    import httpx
+
+    from .conftest import wait_for
+
+    router = start_router([f.spec for f in fakes])
+    wait_for(lambda: len(router.service.upstream_kinds) == 2, what="both replicas probed")
+    assert set(router.service.upstream_kinds.values()) == {VLLM}
+    text = "Once upon a time there was a dog."
+
+    def prompt_tokens(path, body):
+        r = httpx.post(router.url + path, json={"max_tokens": 2, **body}, timeout=20)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    assert prompt_tokens("/v1/completions", {"prompt": text}) == len(tokenizer.render_completion(text))
+    assert prompt_tokens("/v1/completions", {"prompt": text, "echo": True}) == len(text.encode())
+    messages = [{"role": "user", "content": text}]
+    assert prompt_tokens("/v1/chat/completions", {"messages": messages}) == len(json.dumps(messages).encode())
+    off = start_router([f.spec for f in fakes], forward_token_ids=False)
+    wait_for(lambda: off.service.router.healthy, what="a replica healthy")
+    r = httpx.post(off.url + "/v1/completions", json={"prompt": text, "max_tokens": 2}, timeout=20)
+    assert r.json()["usage"]["prompt_tokens"] == len(text.encode())
