@@ -91,8 +91,8 @@ def test_an_upstream_that_is_not_kvmesh_gets_completion_ids_and_chat_as_sent(fak
     from .conftest import wait_for
 
     router = start_router([f.spec for f in fakes])
-    wait_for(lambda: len(router.service.upstream_kinds) == 2, what="both replicas probed")
-    assert set(router.service.upstream_kinds.values()) == {VLLM}
+    wait_for(lambda: len(router.runtime.upstream_kinds) == 2, what="both replicas probed")
+    assert set(router.runtime.upstream_kinds.values()) == {VLLM}
     text = "Once upon a time there was a dog."
 
     def prompt_tokens(path, body):
@@ -105,6 +105,6 @@ def test_an_upstream_that_is_not_kvmesh_gets_completion_ids_and_chat_as_sent(fak
     messages = [{"role": "user", "content": text}]
     assert prompt_tokens("/v1/chat/completions", {"messages": messages}) == len(json.dumps(messages).encode())
     off = start_router([f.spec for f in fakes], forward_token_ids=False)
-    wait_for(lambda: off.service.router.healthy, what="a replica healthy")
+    wait_for(lambda: off.runtime.router.healthy, what="a replica healthy")
     r = httpx.post(off.url + "/v1/completions", json={"prompt": text, "max_tokens": 2}, timeout=20)
     assert r.json()["usage"]["prompt_tokens"] == len(text.encode())

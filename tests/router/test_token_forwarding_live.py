@@ -59,7 +59,7 @@ def setup(stories_path):
             router_tok = load_tokenizer(stories_path, chat_template=CHAT_TEMPLATE)
             routers[on] = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2, forward_token_ids=on),
                                        [spec], tokenizer=router_tok).start()
-            wait_for(lambda r=routers[on]: r.service.router.healthy, what="the replica healthy")
+            wait_for(lambda r=routers[on]: r.runtime.router.healthy, what="the replica healthy")
         yield rt, routers, counters
     finally:
         for router in routers.values():
@@ -108,7 +108,7 @@ CASES = [
 @pytest.mark.parametrize("path, body", CASES)
 def test_forwarded_ids_give_the_same_answer_without_tokenizing_on_the_replica(setup, path, body, stream):
     rt, routers, counters = setup
-    assert routers[True].service.upstream_kinds["r0"] == KVMESH
+    assert routers[True].runtime.upstream_kinds["r0"] == KVMESH
     body = {**body, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
