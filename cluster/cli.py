@@ -95,9 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# ``kvmesh sim <mode> ...``: simulations with a command line of their own (besides the policy comparison).
+SIM_MODES = {"scaling": "kvmesh.cluster.sim.scaling"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) >= 2 and argv[0] == "sim" and argv[1] in SIM_MODES:
+        return int(importlib.import_module(SIM_MODES[argv[1]]).main(argv[2:]) or 0)
     parser = build_parser()
-    _ARGV[:] = sys.argv[1:] if argv is None else argv
+    _ARGV[:] = argv
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -46,7 +46,8 @@ def add_parser(subparsers) -> None:
         description="Replay a Mooncake hash_ids trace through the real router index and policies in front "
                     "of N simulated replicas (real kvcache block pools, model time from a cost model), and "
                     "compare policies: prefix hit rate vs. infinite-cache and single-pool ceilings, TTFT and "
-                    "queueing p50/p99, load imbalance, events/s. Writes JSON + a PNG plot.")
+                    "queueing p50/p99, load imbalance, events/s. Writes JSON + a PNG plot. "
+                    "`kvmesh sim scaling --help`: an autoscaled fleet against a fixed one over a varying rate.")
     p.add_argument("--trace", default=default_trace(), help="Mooncake JSONL trace (default: %(default)s)")
     p.add_argument("--synthetic", type=int, default=None, metavar="N",
                    help="simulate N generated multi-turn requests instead of --trace (cluster/sim/workloads.py)")

@@ -11,7 +11,7 @@ index) plus two kinds of events:
 
 ``vary_rate`` turns a trace into one whose rate alternates between slow and fast phases, and
 ``compare_with_fixed`` runs it autoscaled and on a fixed fleet sized for the peak (``max_replicas``):
-replica-seconds and TTFT p90 side by side. ``python -m kvmesh.cluster.sim.scaling`` writes that report.
+replica-seconds and TTFT p90 side by side. ``kvmesh sim scaling`` (``python -m kvmesh.cluster.sim.scaling``) writes that report.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvmesh.cluster.sim.replica import cut_trace, requests_from_mooncake
     from kvmesh.cluster.sim.run import blocks_per_replica
 
-    ap = argparse.ArgumentParser(prog="python -m kvmesh.cluster.sim.scaling", description=__doc__,
+    ap = argparse.ArgumentParser(prog="kvmesh sim scaling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", default="../shared/traces/mooncake_synthetic_trace.jsonl")
     ap.add_argument("--limit", type=int, default=None, help="first N requests of the trace")

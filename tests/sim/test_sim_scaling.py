@@ -56,13 +56,13 @@ def test_autoscaled_uses_fewer_replica_seconds_than_a_fleet_sized_for_the_peak(s
     assert scaled["ttft_s"]["p90"] > 0 and fixed["ttft_s"]["p90"] > 0  # the price is reported, not hidden
 
 
-def test_module_command_writes_the_comparison(mooncake_trace, tmp_path, capsys):
+def test_kvmesh_sim_scaling_writes_the_comparison(mooncake_trace, tmp_path, capsys):
     import json
 
-    from kvmesh.cluster.sim.scaling import main
+    from kvmesh.cluster.cli import main
 
     out = tmp_path / "scaling.json"
-    assert main(["--trace", str(mooncake_trace), "--limit", "300", "--max-replicas", "4",
+    assert main(["sim", "scaling", "--trace", str(mooncake_trace), "--limit", "300", "--max-replicas", "4",
                  "--target-in-flight", "16", "--target-prefill-tokens", "16384", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["fixed_peak"]["num_requests"] == report["autoscaled"]["num_requests"] == 300
