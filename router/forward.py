@@ -50,8 +50,8 @@ async def _wait_disconnect(http: Request) -> None:
 class Forwarder:
     """The /v1/completions and /v1/chat/completions handlers of the router."""
 
-    def __init__(self, service: RouterRuntime) -> None:
-        self.service = service
+    def __init__(self, runtime: RouterRuntime) -> None:
+        self.runtime = runtime
         self.relay = StreamRelay(self)
         """Relays streams and migrates them when their replica fails mid-way (relay.py)."""
 
@@ -64,7 +64,7 @@ class Forwarder:
 
     async def parse_prompts(self, raw: bytes, chat: bool) -> tuple[Any, list[list[int]]]:
         """``parse``, with the token ids of every prompt of the request (none without a tokenizer)."""
-        svc = self.service
+        svc = self.runtime
         req = await parse_off_loop(raw, p.ChatCompletionRequest if chat else p.CompletionRequest, svc.renderer.run)
         svc.check_model(req.model)
         if svc.tokenizer is None:  # no tokenizer configured: load-only routing, the replica validates
@@ -79,13 +79,13 @@ class Forwarder:
 
     # ---------------------------------------------------------------- proxy
     async def handle(self, http: Request, path: str, chat: bool) -> Response:
-        raw = await read_body(http, self.service.config.frontend)
+        raw = await read_body(http, self.runtime.config.frontend)
         t0 = time.perf_counter_ns()
         req, prompts = await self.parse_prompts(raw, chat)
         tokenize_ns = time.perf_counter_ns() - t0
         session_id = http.headers.get(SESSION_HEADER) or getattr(req, "user", None)
         receipt = HEADER_OPT_IN in http.headers
-        body = UpstreamBody(raw, req, prompts, chat, self.service.config.forward_token_ids)
+        body = UpstreamBody(raw, req, prompts, chat, self.runtime.config.forward_token_ids)
         ids = prompts[0] if prompts else []
         return await self._until_disconnect(http, self._forward(path, body, req, ids, tokenize_ns, session_id,
                                                                 receipt))
@@ -108,7 +108,7 @@ class Forwarder:
 
     async def _forward(self, path: str, body: UpstreamBody, req: Any, ids: list[int], tokenize_ns: int,
                        session_id: str | None = None, receipt: bool = False) -> Response:
-        svc = self.service
+        svc = self.runtime
         stream = None
         if req.stream:
             stream = MigratingStream(req, path.endswith("/chat/completions"), ids, svc.tokenizer,
@@ -127,7 +127,7 @@ class Forwarder:
         """Open the request on the best replica not ``tried``, moving on when one fails before its first byte:
         (response, first bytes, rest, decision); the response is the last attempt's 5xx if all failed so.
         Each replica gets ``body`` in the form it takes (with the router's token ids where it can)."""
-        svc, router = self.service, self.service.router
+        svc, router = self.runtime, self.runtime.router
         headers = {"content-type": "application/json", **svc.headers()}
         for attempt in range(svc.config.max_attempts):
             try:
@@ -170,7 +170,7 @@ class Forwarder:
     async def _open(self, url: str, raw: bytes, headers: dict):
         """Send the request and wait for the first body bytes: (response or error, first bytes, rest)."""
         try:
-            upstream = await self.service.session.post(url, data=raw, headers=headers)
+            upstream = await self.runtime.session.post(url, data=raw, headers=headers)
         except _UPSTREAM_ERRORS as e:
             return e, b"", None
         body = upstream.content.iter_any()
@@ -187,18 +187,18 @@ class Forwarder:
         return upstream, first, body
 
     def _count_decision(self, decision: RouteDecision, prompt_tokens: int) -> None:
-        m, rid = self.service.metrics, str(decision.replica_id)
-        m.child(m.decisions, rid, self.service.router.policy_name).inc()
+        m, rid = self.runtime.metrics, str(decision.replica_id)
+        m.child(m.decisions, rid, self.runtime.router.policy_name).inc()
         m.child(m.predicted_hit_tokens, rid).inc(decision.predicted_hit_tokens)
         m.child(m.prompt_tokens, rid).inc(prompt_tokens)
-        self.service.receipt_metrics.on_route(decision.receipt)
+        self.runtime.receipt_metrics.on_route(decision.receipt)
 
     def report_cached(self, decision: RouteDecision, chunk: bytes) -> None:
         """Count the cached tokens a replica reported in ``chunk`` (usage), against the route's receipt."""
         if b"cached_tokens" in chunk:
             found = _CACHED.findall(chunk)
             if found:
-                svc, cached = self.service, int(found[-1])
+                svc, cached = self.runtime, int(found[-1])
                 svc.metrics.child(svc.metrics.reported_cached_tokens, str(decision.replica_id)).inc(cached)
                 receipt = svc.router.receipts.record_actual(decision.receipt, cached)
                 svc.receipt_metrics.on_actual(receipt)
@@ -207,7 +207,7 @@ class Forwarder:
 
     async def _finish(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
                       stream: MigratingStream | None) -> Response:
-        rid, loads = decision.replica_id, self.service.router.loads
+        rid, loads = decision.replica_id, self.runtime.router.loads
         media = upstream.headers.get("content-type", "application/json")
         status = upstream.status
         if stream is not None and status == 200:
@@ -222,7 +222,7 @@ class Forwarder:
         finally:
             let_go(upstream, complete)
             loads.on_finish(rid, decision.uncached_tokens, had_output=True)
-        m = self.service.metrics
+        m = self.runtime.metrics
         m.child(m.requests, f"{status // 100}xx").inc()
         content = first + b"".join(rest)
         self.report_cached(decision, content)

@@ -33,7 +33,7 @@ class StreamRelay:
     def __init__(self, forwarder: Any) -> None:
         self.forwarder = forwarder
         """Opens requests on replicas (``dispatch``) and reads the cached tokens they report."""
-        self.service = forwarder.service
+        self.runtime = forwarder.runtime
 
     async def relay(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
                      stream: MigratingStream):
@@ -49,7 +49,7 @@ class StreamRelay:
                     stream.broken = f"failed mid-stream: {e!r}"
                 finally:
                     let_go(upstream, stream.done)
-                    self.service.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)
+                    self.runtime.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)
                 if not stream.done and stream.finish_reason is not None:  # only [DONE] was missing
                     for out in stream.finish(stream.finish_reason, text_sent=True):
                         yield out
@@ -75,7 +75,7 @@ class StreamRelay:
             outcome = "5xx"
             yield _error_event(f"the router failed while relaying the stream: {e!r}; the output is incomplete")
         finally:
-            m = self.service.metrics
+            m = self.runtime.metrics
             m.child(m.requests, outcome).inc()
 
     async def _events(self, upstream, first: bytes, body, stream: MigratingStream, decision: RouteDecision):
@@ -102,7 +102,7 @@ class StreamRelay:
     async def _migrate(self, stream: MigratingStream, rid: str, why: str):
         """Continue ``stream`` on another replica: the opened continuation, () when no token is left to
         generate, None when it cannot migrate (limit reached, no token ids, no replica answered)."""
-        svc = self.service
+        svc = self.runtime
         svc.mark_failed(rid, connect_error=False)
         if not stream.can_migrate():
             return None
