@@ -104,17 +104,37 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def run_round(client, url: str, pid: int, path: str, payloads: list[bytes], n: int) -> tuple[float, float]:
+class KeepAliveClient:
+    """One keep-alive HTTP/1.1 connection (stdlib): all a sequential benchmark needs."""
+
+    def __init__(self, url: str) -> None:
+        import http.client
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        self.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+
+    def post(self, path: str, body: bytes) -> bytes:
+        self.connection.request("POST", path, body=body, headers={"content-type": "application/json"})
+        response = self.connection.getresponse()
+        data = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"POST {path} answered {response.status}: {data[:200]!r}")
+        return data
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def run_round(client: KeepAliveClient, pid: int, path: str, payloads: list[bytes], n: int) -> tuple[float, float]:
     """(replica CPU ms, client wall ms) per request over ``n`` requests."""
     cpu0, t0 = proc_cpu_s(pid), time.perf_counter()
     for i in range(n):
-        r = client.post(url + path, content=payloads[i % len(payloads)], headers={"content-type": "application/json"})
-        r.raise_for_status()
+        client.post(path, payloads[i % len(payloads)])
     return (proc_cpu_s(pid) - cpu0) / n * 1e3, (time.perf_counter() - t0) / n * 1e3
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import httpx
     from kvmesh.replica.openai.tokenizer import load_tokenizer
 
     args = parse_args(argv)
@@ -130,16 +150,17 @@ def main(argv: list[str] | None = None) -> dict:
         url = json.loads(line)["http_url"]
         results: dict = {"prompt_tokens": len(tok.render_completion(texts[0])), "requests_per_round": args.requests,
                          "rounds": args.rounds, "workloads": {}}
-        with httpx.Client(timeout=60) as client:
+        client = KeepAliveClient(url)
+        try:
             for name, chat in (("completions", False), ("chat", True)):
                 path = "/v1/chat/completions" if chat else "/v1/completions"
                 payloads = bodies(tok, texts, chat)
                 for on in (True, False):  # warm: every prompt cached, connections open
-                    run_round(client, url, proc.pid, path, payloads[on], len(texts))
+                    run_round(client, proc.pid, path, payloads[on], len(texts))
                 samples: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
                 for rnd in range(args.rounds):
                     for on in ((True, False) if rnd % 2 == 0 else (False, True)):
-                        samples[on].append(run_round(client, url, proc.pid, path, payloads[on], args.requests))
+                        samples[on].append(run_round(client, proc.pid, path, payloads[on], args.requests))
                     print(f"{name} round {rnd + 1}/{args.rounds}", file=sys.stderr)
                 row = {}
                 for on, label in ((True, "forward_on"), (False, "forward_off")):
@@ -150,6 +171,8 @@ def main(argv: list[str] | None = None) -> dict:
                 row["router_rewrite_cpu_us"] = rewrite_cost_us(tok, texts, chat)
                 row["replica_render_cpu_us"] = render_cost_us(tok, texts, chat)
                 results["workloads"][name] = row
+        finally:
+            client.close()
     finally:
         proc.terminate()
         proc.wait(10)
