@@ -6,12 +6,9 @@ import json
 
 import httpx
 import pytest
-from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.openai.logprobs_format import token_decoder
-from kvmesh.replica.server_runtime import ReplicaRuntime
 
-from ..conftest import CHAT_TEMPLATE
+from .stories_replica import stories_replica
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -23,11 +20,8 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def replica(stories_path):
-    config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=32, dtype="float32")
-    runtime = ReplicaRuntime.start(config, host="127.0.0.1", http_port=0, event_port=0, replay_port=0,
-                                   frontend=FrontendConfig(chat_template=CHAT_TEMPLATE))
-    yield runtime
-    runtime.shutdown(graceful_s=1)
+    with stories_replica(stories_path, max_num_seqs=32, dtype="float32") as runtime:
+        yield runtime
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,8 @@ import time
 
 import httpx
 import pytest
-from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.server_runtime import ReplicaRuntime
 
-from ..conftest import CHAT_TEMPLATE
+from .stories_replica import stories_replica
 
 # > 3 full 16-token blocks, so sibling choices can find the prompt in the prefix cache.
 STORY = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her "
@@ -22,11 +19,8 @@ OTHER = "Tom and Sue went to the beach. They built a big sand castle and"
 
 @pytest.fixture(scope="module")
 def replica(stories_path):
-    config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=32)
-    runtime = ReplicaRuntime.start(config, host="127.0.0.1", http_port=0, event_port=0, replay_port=0,
-                                   frontend=FrontendConfig(chat_template=CHAT_TEMPLATE))
-    yield runtime
-    runtime.shutdown(graceful_s=1)
+    with stories_replica(stories_path, max_num_seqs=32) as runtime:
+        yield runtime
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,8 @@ import zmq
 from kvmesh.events.codec import decode_batch
 from kvmesh.events.schema import AllBlocksCleared, BlockStored
 from kvmesh.events.wire import END_SEQ, pack_seq, unpack_seq
-from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.server_runtime import ReplicaRuntime
 
-from ..conftest import CHAT_TEMPLATE
+from .stories_replica import stories_replica
 
 # A prompt of > 4 blocks (16 tokens each) and a continuation sharing all of it.
 STORY = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her "
@@ -25,11 +22,8 @@ STORY = ("Once upon a time, there was a little girl named Lily. She loved to pla
 
 @pytest.fixture(scope="module")
 def replica(stories_path):
-    config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=128)
-    runtime = ReplicaRuntime.start(config, host="127.0.0.1", http_port=0, event_port=0, replay_port=0,
-                                   frontend=FrontendConfig(chat_template=CHAT_TEMPLATE))
-    yield runtime
-    runtime.shutdown(graceful_s=1)
+    with stories_replica(stories_path, max_num_seqs=128) as runtime:
+        yield runtime
 
 
 @pytest.fixture(scope="module")
