@@ -16,15 +16,13 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable
 from typing import Any
 
-import aiohttp
-from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
 from kvmesh.replica.openai import protocol as p
-from kvmesh.replica.openai.body import parse_off_loop, read_body
+from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.router.http.messages import Request, Response
+from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamResponse
 from kvmesh.router.kv_router import RouteDecision
 from kvmesh.router.migration import MigratingStream
 from kvmesh.router.policies import NoReplicaError
@@ -39,12 +37,6 @@ access_log = logging.getLogger("kvmesh.router.access")
 SESSION_HEADER = "x-session-id"
 """Request header naming a conversation/agent session (else the body's ``user``): soft affinity."""
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
-
-
-async def _wait_disconnect(http: Request) -> None:
-    """Returns when the client goes away (its body was read already, so only ``http.disconnect`` comes)."""
-    while (await http.receive())["type"] != "http.disconnect":
-        pass
 
 
 class Forwarder:
@@ -79,7 +71,9 @@ class Forwarder:
 
     # ---------------------------------------------------------------- proxy
     async def handle(self, http: Request, path: str, chat: bool) -> Response:
-        raw = await read_body(http, self.runtime.config.frontend)
+        """Answer one request (the lean server's ``Request``, router/http/). A client that disconnects
+        cancels this coroutine (the server does), which closes the upstream connection."""
+        raw = await http.body()
         t0 = time.perf_counter_ns()
         req, prompts = await self.parse_prompts(raw, chat)
         tokenize_ns = time.perf_counter_ns() - t0
@@ -87,24 +81,7 @@ class Forwarder:
         receipt = HEADER_OPT_IN in http.headers
         body = UpstreamBody(raw, req, prompts, chat, self.runtime.config.forward_token_ids)
         ids = prompts[0] if prompts else []
-        return await self._until_disconnect(http, self._forward(path, body, req, ids, tokenize_ns, session_id,
-                                                                receipt))
-
-    async def _until_disconnect(self, http: Request, work: Awaitable[Response]) -> Response:
-        """``work``'s response, or its cancellation (closing the upstream connection) if the client leaves first.
-
-        Streams are watched only up to their first byte here; Starlette cancels the relay after that."""
-        task = asyncio.ensure_future(work)
-        watcher = asyncio.ensure_future(_wait_disconnect(http))
-        try:
-            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if task in done:
-                return task.result()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise ProtocolError("client disconnected; the request was cancelled", 499)
-        finally:
-            watcher.cancel()
+        return await self._forward(path, body, req, ids, tokenize_ns, session_id, receipt)
 
     async def _forward(self, path: str, body: UpstreamBody, req: Any, ids: list[int], tokenize_ns: int,
                        session_id: str | None = None, receipt: bool = False) -> Response:
@@ -143,7 +120,7 @@ class Forwarder:
                 continue
             router.loads.on_dispatch(rid, decision.uncached_tokens)
             try:
-                upstream, first, rest = await self._open(spec.url + path, body.for_kind(
+                upstream, first, rest = await self._open(spec.url, path, body.for_kind(
                     svc.upstream_kinds.get(rid, TEXT)), headers)
             except asyncio.CancelledError:  # the client left: nothing reached it
                 router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
@@ -155,7 +132,7 @@ class Forwarder:
                     return upstream, first, rest, decision
                 router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
                 if failed:
-                    svc.mark_failed(rid, isinstance(upstream, aiohttp.ClientConnectorError))
+                    svc.mark_failed(rid, isinstance(upstream, UpstreamConnectError))
                 else:
                     upstream.close()
                 svc.metrics.child(svc.metrics.retries, str(rid)).inc()
@@ -167,13 +144,13 @@ class Forwarder:
         raise ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
                             "retry later", 503)
 
-    async def _open(self, url: str, raw: bytes, headers: dict):
+    async def _open(self, url: str, path: str, raw: bytes, headers: dict):
         """Send the request and wait for the first body bytes: (response or error, first bytes, rest)."""
         try:
-            upstream = await self.runtime.session.post(url, data=raw, headers=headers)
+            upstream = await self.runtime.pool.post(url, path, raw, headers)
         except _UPSTREAM_ERRORS as e:
             return e, b"", None
-        body = upstream.content.iter_any()
+        body = upstream
         try:
             first = await body.__anext__()
         except StopAsyncIteration:
@@ -205,14 +182,14 @@ class Forwarder:
                 if svc.config.access_log:
                     access_log.info("%s", json.dumps(receipt.log_fields()))
 
-    async def _finish(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
+    async def _finish(self, upstream: UpstreamResponse, first: bytes, body, decision: RouteDecision,
                       stream: MigratingStream | None) -> Response:
         rid, loads = decision.replica_id, self.runtime.router.loads
         media = upstream.headers.get("content-type", "application/json")
         status = upstream.status
         if stream is not None and status == 200:
-            return StreamingResponse(self.relay.relay(upstream, first, body, decision, stream), status_code=status,
-                                     media_type=media)
+            return Response(stream=self.relay.relay(upstream, first, body, decision, stream), status=status,
+                            media_type=media)
         complete = False
         try:
             rest = [chunk async for chunk in body]
@@ -226,4 +203,4 @@ class Forwarder:
         m.child(m.requests, f"{status // 100}xx").inc()
         content = first + b"".join(rest)
         self.report_cached(decision, content)
-        return Response(content, status_code=status, media_type=media)
+        return Response(content, status, media)

@@ -13,7 +13,7 @@ from kvmesh.replica.openai.metric_buckets import REQUEST_LATENCY_BUCKETS, TTFT_B
 from kvmesh.replica.openai.metrics_exposition import add_process_collectors, metrics_response
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 # Routing stages take microseconds; buckets from 1 µs to 100 ms.
 _STAGE_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 1e-1)
@@ -79,16 +79,17 @@ class RouterMetrics:
         self.last_event_lag[replica_id] = lag
         self.event_lag.observe(lag)
 
-    def observe_response(self, response: Response, start: float, model_name: str) -> Response:
+    def observe_response(self, response, start: float, model_name: str):
         """Time a proxied request that started at ``start`` (``time.perf_counter()``): a streamed answer's
-        first bytes are here already (TTFT now; latency when its body ends), any other answer is complete."""
+        (router/http/messages.py ``Response.stream``) first bytes are here already (TTFT now; latency when
+        its body ends), any other answer is complete."""
         now = time.perf_counter()
         latency = self.child(self.request_latency, model_name)
-        if not isinstance(response, StreamingResponse):
+        if response.stream is None:
             latency.observe(now - start)
             return response
         self.child(self.ttft, model_name).observe(now - start)
-        response.body_iterator = _timed(response.body_iterator, latency, start)
+        response.stream = _timed(response.stream, latency, start)
         return response
 
     def render(self) -> bytes:
@@ -107,6 +108,7 @@ async def _timed(body, latency, start: float):
             yield chunk
     finally:
         latency.observe(time.perf_counter() - start)
+        await body.aclose()  # the relay's own cleanup (the upstream let go) runs now, not at collection
 
 
 class _StateCollector:

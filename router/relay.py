@@ -14,15 +14,15 @@ import json
 import logging
 from typing import Any
 
-import aiohttp
 import msgspec
 from kvmesh.replica.openai.errors import ProtocolError, error_body
+from kvmesh.router.http.upstream import UpstreamError, UpstreamResponse
 from kvmesh.router.kv_router import RouteDecision
 from kvmesh.router.migration import DONE, MigratingStream, SseSplitter
 from kvmesh.router.token_forwarding import UpstreamBody
 
 logger = logging.getLogger(__name__)
-UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+UPSTREAM_ERRORS = (UpstreamError, OSError, asyncio.TimeoutError)
 """Failures of the upstream connection (refused, reset, timed out, truncated)."""
 
 
@@ -35,7 +35,7 @@ class StreamRelay:
         """Opens requests on replicas (``dispatch``) and reads the cached tokens they report."""
         self.runtime = forwarder.runtime
 
-    async def relay(self, upstream: aiohttp.ClientResponse, first: bytes, body, decision: RouteDecision,
+    async def relay(self, upstream: UpstreamResponse, first: bytes, body, decision: RouteDecision,
                      stream: MigratingStream):
         """The client's stream: the first replica's events, then, if it fails mid-way, continuations."""
         outcome = "4xx"  # until the stream completes or breaks, an early end is the client leaving
@@ -123,7 +123,7 @@ class StreamRelay:
         return opened
 
 
-def let_go(upstream: aiohttp.ClientResponse, complete: bool) -> None:
+def let_go(upstream: UpstreamResponse, complete: bool) -> None:
     """A fully read response goes back to the pool; an abandoned one is closed, so the replica sees the
     disconnect and aborts the request."""
     if complete:

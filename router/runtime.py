@@ -1,7 +1,8 @@
 """The running router: decision core + tokenizer + replica registry + event feed + polling.
 
 ``RouterRuntime`` owns what lives as long as the HTTP front: the ``KVRouter``, the tokenizer, the
-replica specs, the ``EventSubscriber`` feeding the index, the aiohttp client session and the task that polls
+replica specs, the ``EventSubscriber`` feeding the index, the replica connection pool (router/http/upstream.py),
+the aiohttp session of the probes and the task that polls
 every replica's ``/health`` and ``/load`` (which is also how a failed replica is probed back).
 Replicas can be added, re-registered with new endpoints, drained and removed at runtime: a
 draining replica gets no new requests (the health probe never puts it back) while the ones it
@@ -24,6 +25,7 @@ import aiohttp
 from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.http.upstream import UpstreamPool
 from kvmesh.router.kv_router import KVRouter
 from kvmesh.router.metrics import RouterMetrics
 from kvmesh.router.receipt_metrics import ReceiptMetrics
@@ -62,7 +64,9 @@ class RouterRuntime:
         self.specs: dict[str, ReplicaSpec] = {}
         self._initial = list(replicas or [])
         self.session: aiohttp.ClientSession | None = None
-        """HTTP client to the replicas (aiohttp: a third of httpx's CPU per proxied request)."""
+        """HTTP client of the control plane (probes of /health, /load, /server_info)."""
+        self.pool: UpstreamPool | None = None
+        """Keep-alive connections to the replicas carrying the proxied requests (router/http/upstream.py)."""
         self.draining: set[str] = set()
         """Replicas that get no new requests (``drain``) until removed or re-registered."""
         self.upstream_kinds: dict[str, str] = {}
@@ -90,6 +94,7 @@ class RouterRuntime:
                                           sock_read=cfg.request_timeout_s),
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
         )
+        self.pool = UpstreamPool(cfg.connect_timeout_s, cfg.request_timeout_s)
         self.subscriber = EventSubscriber(on_batch=self._on_batch, config=self.subscriber_config,
                                           on_status=self._on_status).start()
         for spec in self._initial:
@@ -105,6 +110,8 @@ class RouterRuntime:
             await asyncio.to_thread(self.subscriber.close)
         if self.session is not None:
             await self.session.close()
+        if self.pool is not None:
+            self.pool.close()
         self.renderer.close()
 
     def check_model(self, model: str | None) -> None:

@@ -1,6 +1,8 @@
-"""The router's HTTP front (FastAPI): the OpenAI surface of DESIGN.md in front of the replicas.
+"""The router's HTTP front: the OpenAI surface of DESIGN.md in front of the replicas.
 
-    POST /v1/completions, /v1/chat/completions   routed and proxied (forward.py; SSE passed through)
+    POST /v1/completions, /v1/chat/completions   routed and proxied (forward.py; SSE passed through),
+                                                 served by the lean server directly (``hot_routes``)
+    everything else                              the FastAPI app (``build_app``), through the same server
     POST /tokenize, /v1/completions/render, /v1/chat/completions/render, GET /version
                                                  shared with the replica (replica/openai/routes.py)
     GET  /v1/models                              the served model
@@ -14,10 +16,11 @@
     GET  /admin/fleet, POST /admin/scale, /admin/rollout
                                                  the process set, when the router runs inside ``kvmesh serve``
 
-Auth is one middleware (replica/openai/auth.py): with ``api_key`` set every path but the probes
-needs it; changing the replica set needs ``admin_key``, which tenants never hold, and is refused
-for everyone when none is configured. ``RouterServer`` runs the app with the shared uvicorn
-runner in a background thread (tests, embedding) or in the foreground (the CLI).
+Auth is one rule (replica/openai/auth.py), the app's middleware and ``hot_routes`` both apply it:
+with ``api_key`` set every path but the probes needs it; changing the replica set needs
+``admin_key``, which tenants never hold, and is refused for everyone when none is configured.
+``RouterServer`` runs both on one port (router/http/server.py) in a background thread (tests,
+embedding) or in the foreground (the CLI, a worker on an inherited socket).
 """
 
 from __future__ import annotations
@@ -25,19 +28,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import threading
 import time
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
+from fastapi import Request as AppRequest
 from fastapi.responses import JSONResponse
 from kvmesh.replica.openai.auth import AuthMiddleware
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.errors import ProtocolError, error_body, install_error_handlers
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.openai.routes import install_shared_routes
-from kvmesh.replica.openai.runner import HTTPServer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.forward import Forwarder
+from kvmesh.router.http.messages import Request, Response
+from kvmesh.router.http.server import HttpServer
 from kvmesh.router.retention import exclusive_blocks
 from kvmesh.router.runtime import RouterRuntime
 from pydantic import ConfigDict
@@ -76,6 +83,42 @@ def is_admin_request(method: str, path: str) -> bool:
     return method not in ("GET", "HEAD") and (path == "/replicas" or path.startswith("/replicas/"))
 
 
+def served_model(cfg: RouterConfig) -> str:
+    return cfg.served_model_name or cfg.model or cfg.tokenizer or "kvmesh"
+
+
+def _error_counter(runtime: RouterRuntime):
+    def count_error(e: ProtocolError) -> None:
+        runtime.metrics.child(runtime.metrics.requests, f"{e.status_code // 100}xx").inc()
+
+    return count_error
+
+
+def hot_routes(runtime: RouterRuntime) -> dict[tuple[bytes, str], Any]:
+    """The proxied paths, served by the lean server without ASGI: (method, path) -> handler.
+    The same auth rule as the app's middleware (``AuthMiddleware.refusal``)."""
+    cfg = runtime.config
+    forwarder = Forwarder(runtime)
+    auth = AuthMiddleware(None, api_key=cfg.api_key, admin_key=cfg.admin_key, is_admin=is_admin_request)
+    model_name = served_model(cfg)
+
+    def route(path: str, chat: bool):
+        async def handle(request: Request) -> Response:
+            if auth.api is not None or auth.admin is not None:
+                header = next((v for k, v in request.raw_headers if k == b"authorization"), b"")
+                refused = auth.refusal("POST", path, header)
+                if refused is not None:
+                    raise refused
+            start = time.perf_counter()
+            response = await forwarder.handle(request, path, chat=chat)
+            return runtime.metrics.observe_response(response, start, model_name)
+
+        return handle
+
+    return {(b"POST", "/v1/completions"): route("/v1/completions", False),
+            (b"POST", "/v1/chat/completions"): route("/v1/chat/completions", True)}
+
+
 def build_app(runtime: RouterRuntime) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -87,28 +130,12 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
 
     app = FastAPI(title="kvmesh router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     cfg = runtime.config
-    forwarder = Forwarder(runtime)
-
-    def count_error(e: ProtocolError) -> None:
-        runtime.metrics.requests.labels(f"{e.status_code // 100}xx").inc()
-
+    count_error = _error_counter(runtime)
     app.add_middleware(AuthMiddleware, api_key=cfg.api_key, admin_key=cfg.admin_key, is_admin=is_admin_request,
                        on_refused=count_error)
     install_error_handlers(app, "router", on_error=count_error)
-    model_name = cfg.served_model_name or cfg.model or cfg.tokenizer or "kvmesh"
+    model_name = served_model(cfg)
     install_shared_routes(app, runtime.renderer, runtime.check_model, lambda: model_name)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        start = time.perf_counter()
-        response = await forwarder.handle(request, "/v1/completions", chat=False)
-        return runtime.metrics.observe_response(response, start, model_name)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        start = time.perf_counter()
-        response = await forwarder.handle(request, "/v1/chat/completions", chat=True)
-        return runtime.metrics.observe_response(response, start, model_name)
 
     @app.get("/v1/models")
     async def models():
@@ -138,7 +165,7 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
                  "num_tokens": sum(load.pending_prefill_tokens for load in loads)}]
 
     @app.get("/metrics")
-    async def metrics(request: Request):
+    async def metrics(request: AppRequest):
         return runtime.metrics.response(request.headers.get("accept"))
 
     @app.get("/replicas")
@@ -175,7 +202,7 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
         return fleet().state()
 
     @app.post("/admin/scale")
-    async def scale(request: Request):
+    async def scale(request: AppRequest):
         body = await read_request(request, ScaleRequest, cfg.frontend, runtime.renderer.run)
         try:
             return fleet().request_scale(body.replicas)
@@ -183,7 +210,7 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
             raise ProtocolError(str(e)) from None
 
     @app.post("/admin/rollout")
-    async def rollout(request: Request):
+    async def rollout(request: AppRequest):
         body = await read_request(request, RolloutRequest, cfg.frontend, runtime.renderer.run)
         try:
             return fleet().request_rollout(body.engine)
@@ -193,7 +220,7 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
             raise ProtocolError(str(e), 409) from None
 
     @app.post("/replicas")
-    async def add_replica(request: Request):
+    async def add_replica(request: AppRequest):
         body = await read_request(request, ReplicaRegistration, cfg.frontend, runtime.renderer.run)
         try:
             spec = ReplicaSpec(url=body.url, events=body.events, replay=body.replay, replica_id=body.id or "")
@@ -214,33 +241,93 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
 
 
 class RouterServer:
-    """Runs the router app with the shared runner: ``start()`` in a thread (returns once listening) or ``run()``."""
+    """The router on the lean server (router/http/): ``start()`` in a thread (returns once listening),
+    ``run()`` in the foreground until SIGINT/SIGTERM, ``serve()`` inside a running loop."""
 
-    def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None, tokenizer=None) -> None:
+    def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None, tokenizer=None,
+                 extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.config = config
         self.runtime = RouterRuntime(config, replicas, tokenizer)
         self.app = build_app(self.runtime)
-        self._http = HTTPServer(self.app, host=config.host, port=config.port, graceful_s=2,
-                                frontend=config.frontend, lifespan="on", name="kvmesh-router")
-
-    @property
-    def port(self) -> int:
-        return self._http.port
+        self.http = HttpServer(hot_routes(self.runtime), self.app, config.frontend, extra_headers)
+        self.http.on_error = _error_counter(self.runtime)
+        self.port = config.port
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        return self._http.url
+        return f"http://{self.config.host}:{self.port}"
 
-    def run(self) -> None:
-        self._http.run()
+    async def serve(self, sock=None, graceful_s: float = 2.0, drain_s: float = 0.0,
+                    started: threading.Event | None = None) -> None:
+        """Run the runtime (the app's lifespan) and serve until ``request_stop``; then shut down gracefully
+        (``drain_s``: keep answering open connections with ``Connection: close`` first)."""
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._drain_s = drain_s
+        async with self.http.asgi.lifespan():
+            self.port = await self.http.listen(self.config.host, self.config.port, sock)
+            logger.info("kvmesh-router listening on %s", self.url)
+            if started is not None:
+                started.set()
+            await self._stop.wait()
+            await self.http.shutdown(graceful_s, self._drain_s)
+
+    def request_stop(self, drain_s: float | None = None) -> None:
+        """Stop serving (thread-safe); ``drain_s`` replaces the drain period given to ``serve``."""
+        if self._loop is None or self._stop is None:
+            return
+
+        def stop() -> None:
+            if drain_s is not None:
+                self._drain_s = drain_s
+            self._stop.set()
+
+        self._loop.call_soon_threadsafe(stop)
+
+    def run(self, sock=None, graceful_s: float = 2.0, drain_s: float = 0.0) -> None:
+        """Serve in the foreground until SIGINT (shut down) or SIGTERM (drain ``drain_s``, then shut down)."""
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGINT, self.request_stop, 0.0)
+            loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+            await self.serve(sock, graceful_s, drain_s)
+
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(main())
 
     def start(self, timeout: float = 30.0) -> RouterServer:
-        try:
-            self._http.start_in_thread(timeout)
-        except RuntimeError as e:
-            raise RuntimeError(f"router did not start listening on {self.config.host}:{self.config.port}: {e}") \
-                from None
+        started, error = threading.Event(), []
+
+        def run() -> None:
+            try:
+                with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                    runner.run(self.serve(started=started))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                error.append(e)
+                started.set()
+
+        self._thread = threading.Thread(target=run, name="kvmesh-router", daemon=True)
+        self._thread.start()
+        if not started.wait(timeout) or error:
+            raise RuntimeError(f"router did not start listening on {self.config.host}:{self.config.port}: "
+                               f"{error[0] if error else 'timeout'}")
         return self
 
     def stop(self) -> None:
-        self._http.stop_thread(timeout_s=10)
+        if self._thread is None:
+            return
+        self.request_stop()
+        self._thread.join(15)
+        self._thread = None
+
+
+def _loop_factory():
+    """uvloop's loop when it is installed, else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

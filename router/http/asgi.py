@@ -1,0 +1,107 @@
+"""Serving the router's FastAPI app (every path but the proxied ones) from the lean server.
+
+``AsgiBridge.answer`` runs one request through the ASGI app: ``receive`` hands it the body as it
+arrives, then ``http.disconnect`` once the client leaves; ``send`` writes the head (with the app's
+content-length, else chunked) and each body part as it comes. ``lifespan`` runs the app's lifespan
+(the router's runtime start/stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+from urllib.parse import unquote
+
+from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.router.http.messages import Request
+
+logger = logging.getLogger(__name__)
+
+
+class AsgiBridge:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def lifespan(self):
+        """The app's lifespan as an async context manager (Starlette's)."""
+        if self.app is None:
+            return contextlib.nullcontext()
+        return self.app.router.lifespan_context(self.app)
+
+    async def answer(self, conn: Any, request: Request) -> bool:
+        """Run ``request`` through the app; whether the connection stays open."""
+        path, _, query = request.target.partition(b"?")
+        sock = conn.transport.get_extra_info("sockname")
+        peer = conn.transport.get_extra_info("peername")
+        scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": request.http_version, "method": request.method.decode("latin-1"), "scheme": "http",
+            "path": unquote(path.decode("latin-1")), "raw_path": path, "query_string": query, "root_path": "",
+            "headers": request.raw_headers,
+            "client": tuple(peer[:2]) if isinstance(peer, tuple) else None,
+            "server": tuple(sock[:2]) if isinstance(sock, tuple) else None,
+        }
+        state: dict[str, Any] = {"status": 0, "headers": [], "chunked": False, "keep": True, "body_read": False,
+                                 "done": False}
+
+        async def receive() -> dict:
+            if not state["body_read"]:
+                try:
+                    chunk = await request.next_chunk()  # body.py applies the deadline and the size limit
+                except ProtocolError:  # the client left
+                    return {"type": "http.disconnect"}
+                more = chunk is not None and not (request.complete and not request.chunks)
+                state["body_read"] = not more
+                return {"type": "http.request", "body": chunk or b"", "more_body": more}
+            while not conn.lost:  # the body was read: only the client leaving comes now
+                request.waiter = asyncio.get_running_loop().create_future()
+                await request.waiter
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            kind = message["type"]
+            if kind == "http.response.start":
+                state["status"], state["headers"] = message["status"], list(message.get("headers", ()))
+                return
+            if kind != "http.response.body" or state["done"]:
+                return
+            body, more = message.get("body", b""), message.get("more_body", False)
+            if not request.started:
+                headers = state["headers"]
+                declared = any(k.lower() == b"content-length" for k, _ in headers)
+                length = None if declared else (len(body) if not more else None)
+                state["chunked"] = not declared and more and request.http_version != "1.0"
+                if request.http_version == "1.0" and not declared and more:
+                    state["keep"] = False
+                keep = state["keep"] = state["keep"] and conn._keeps_alive(
+                    request, any(k.lower() == b"connection" and v.lower() == b"close" for k, v in headers))
+                headers = [(k, v) for k, v in headers if k.lower() != b"connection"]
+                conn.write(conn.head(request, state["status"], headers, length, keep))
+            if body and request.method != b"HEAD":
+                conn.write(b"%x\r\n%b\r\n" % (len(body), body) if state["chunked"] else body)
+                await conn.drain()
+            if not more:
+                if state["chunked"]:
+                    conn.write(b"0\r\n\r\n")
+                state["done"] = True
+
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the app's error handlers answer everything; this is a last resort
+            logger.exception("unhandled error in the router app")
+            if request.started:
+                return False
+            from kvmesh.router.http.server import error_response
+
+            return await conn._send(request, error_response(ProtocolError("internal router error", 500)),
+                                    close=True, error=True)
+        if not request.started:  # the app answered nothing
+            from kvmesh.router.http.server import error_response
+
+            return await conn._send(request, error_response(ProtocolError("the router app sent no answer", 500)),
+                                    error=True)
+        return state["keep"] and state["done"]

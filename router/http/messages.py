@@ -1,0 +1,122 @@
+"""What the router's HTTP server hands its handlers and takes back: ``Request`` and ``Response``.
+
+A ``Request`` has its head parsed; its body arrives through ``await request.body()``, which applies the
+front end's limits as it reads (413 over ``max_body_bytes``, 408 slower than ``body_timeout_s``, 499
+when the client leaves) and answers ``Expect: 100-continue`` first. A ``Response`` is a whole body or
+an async iterator of chunks (sent with chunked encoding as each arrives).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kvmesh.replica.openai.errors import ProtocolError
+
+
+class Request:
+    """One request on a connection (see the module doc)."""
+
+    __slots__ = ("method", "target", "raw_headers", "keep_alive", "http_version", "chunks", "size",
+                 "complete", "too_large", "expect_continue", "conn", "waiter", "_headers", "started")
+
+    def __init__(self, conn: Any, method: bytes, target: bytes) -> None:
+        self.conn = conn
+        """The connection's protocol (http/server.py): writes, the body limits, the disconnect."""
+        self.method = method
+        self.target = target
+        """The request target as sent: path and query."""
+        self.raw_headers: list[tuple[bytes, bytes]] = []
+        """(lowercase name, value), as ASGI wants them."""
+        self._headers: dict[str, str] | None = None
+        self.keep_alive = True
+        self.http_version = "1.1"
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.complete = False
+        """The whole body arrived."""
+        self.too_large = False
+        """More than ``max_body_bytes`` arrived (the rest was dropped)."""
+        self.expect_continue = False
+        self.waiter: asyncio.Future | None = None
+        self.started = False
+        """The response head went out (a failure then can only close the connection)."""
+
+    @property
+    def path(self) -> str:
+        return self.target.partition(b"?")[0].decode("latin-1")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Lowercase names -> values (the last of repeated headers)."""
+        if self._headers is None:
+            self._headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.raw_headers}
+        return self._headers
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def next_chunk(self, deadline: float | None = None) -> bytes | None:
+        """The body bytes that arrived since the last call, None at its end; sends ``100 Continue`` first
+        when asked. ProtocolError 408 after ``deadline`` (loop time), 499 when the client left."""
+        conn = self.conn
+        if self.expect_continue:
+            self.expect_continue = False
+            if not self.complete and not self.chunks:
+                conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        loop = asyncio.get_running_loop()
+        while not self.chunks:
+            if self.complete:
+                return None
+            if conn.lost:
+                raise ProtocolError("client disconnected while sending the body", 499)
+            self.waiter = loop.create_future()
+            timer = None if deadline is None else loop.call_at(deadline, self._wake)
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if deadline is not None and not self.chunks and not self.complete and loop.time() >= deadline:
+                raise ProtocolError(f"request body did not arrive within {conn.config.body_timeout_s}s", 408)
+        data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks.clear()
+        return data
+
+    async def body(self) -> bytes:
+        """The whole body, within the front end's limits (see the module doc)."""
+        config = self.conn.config
+        if self.too_large:
+            raise ProtocolError(f"request body has more than {config.max_body_bytes} bytes; the limit is "
+                                f"{config.max_body_bytes}", 413)
+        if self.complete and not self.expect_continue:  # the usual case: it came with the head
+            data = b"".join(self.chunks)
+            self.chunks.clear()
+            return data
+        deadline = asyncio.get_running_loop().time() + config.body_timeout_s
+        parts = []
+        while (chunk := await self.next_chunk(deadline)) is not None:
+            parts.append(chunk)
+            if self.too_large:
+                raise ProtocolError(f"request body has more than {config.max_body_bytes} bytes; the limit is "
+                                    f"{config.max_body_bytes}", 413)
+        return b"".join(parts)
+
+
+class Response:
+    """A status, headers and either ``body`` (bytes) or ``stream`` (an async iterator of bytes)."""
+
+    __slots__ = ("status", "headers", "body", "stream", "media_type")
+
+    def __init__(self, body: bytes = b"", status: int = 200, media_type: str = "application/json",
+                 headers: dict[str, str] | None = None, stream: AsyncIterator[bytes] | None = None) -> None:
+        self.status = status
+        self.body = body
+        self.stream = stream
+        self.media_type = media_type
+        self.headers: dict[str, str] = headers if headers is not None else {}
+        """Extra headers (content type and length are added when sent)."""
