@@ -78,7 +78,7 @@ class AsgiBridge:
                 keep = state["keep"] = state["keep"] and conn._keeps_alive(
                     request, any(k.lower() == b"connection" and v.lower() == b"close" for k, v in headers))
                 headers = [(k, v) for k, v in headers if k.lower() != b"connection"]
-                conn.write(conn.head(request, state["status"], headers, length, keep))
+                conn.write(conn.head(request, state["status"], headers, length, keep, state["chunked"]))
             if body and request.method != b"HEAD":
                 conn.write(b"%x\r\n%b\r\n" % (len(body), body) if state["chunked"] else body)
                 await conn.drain()

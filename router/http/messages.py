@@ -19,7 +19,7 @@ class Request:
     """One request on a connection (see the module doc)."""
 
     __slots__ = ("method", "target", "raw_headers", "keep_alive", "http_version", "chunks", "size",
-                 "complete", "too_large", "expect_continue", "conn", "waiter", "_headers", "started")
+                 "complete", "too_large", "expect_continue", "conn", "waiter", "_headers", "started", "error")
 
     def __init__(self, conn: Any, method: bytes, target: bytes) -> None:
         self.conn = conn
@@ -42,6 +42,8 @@ class Request:
         self.waiter: asyncio.Future | None = None
         self.started = False
         """The response head went out (a failure then can only close the connection)."""
+        self.error: ProtocolError | None = None
+        """The rest of the request was malformed HTTP (reading its body raises this)."""
 
     @property
     def path(self) -> str:
@@ -69,6 +71,8 @@ class Request:
                 conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         loop = asyncio.get_running_loop()
         while not self.chunks:
+            if self.error is not None:
+                raise self.error
             if self.complete:
                 return None
             if conn.lost:

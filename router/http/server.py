@@ -190,6 +190,7 @@ class HttpConnection(asyncio.Protocol):
         for name, value in request.raw_headers:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 request.too_large = True  # refused before its body is read; the connection closes after
+                request.size = int(value)
             elif name == b"expect" and value.lower() == b"100-continue":
                 request.expect_continue = True
         self.queue.append(request)
@@ -240,8 +241,8 @@ class HttpConnection(asyncio.Protocol):
         """Answer one request; whether the connection stays open."""
         if request.too_large:  # announced too large: answer before reading on
             return await self._send(request, error_response(ProtocolError(
-                f"request body has more than {self.config.max_body_bytes} bytes; the limit is "
-                f"{self.config.max_body_bytes}", 413)), close=True, error=True)
+                f"request body has {request.size} bytes; the limit is {self.config.max_body_bytes}", 413)),
+                close=True, error=True)
         handler = self.server.hot.get((request.method, request.path))
         if handler is None:
             return await self.server.asgi.answer(self, request)
@@ -261,13 +262,14 @@ class HttpConnection(asyncio.Protocol):
         """Whether the connection stays open after this answer (the unread rest of a body ends it)."""
         return not (close or self.server.draining or not request.keep_alive or not request.complete)
 
-    def head(self, request: Request, status: int, headers, length: int | None, keep: bool) -> bytes:
-        """The status line and headers; ``length`` None: chunked."""
+    def head(self, request: Request, status: int, headers, length: int | None, keep: bool,
+             chunked: bool = False) -> bytes:
+        """The status line and headers, with ``content-length: length`` unless None, or chunked encoding."""
         lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
         lines += [k + b": " + v + b"\r\n" for k, v in headers]
         if length is not None:
             lines.append(b"content-length: %d\r\n" % length)
-        elif request.http_version != "1.0":
+        elif chunked:
             lines.append(b"transfer-encoding: chunked\r\n")
         if not keep:
             lines.append(b"connection: close\r\n")
@@ -291,7 +293,7 @@ class HttpConnection(asyncio.Protocol):
             return keep
         chunked = request.http_version != "1.0"
         keep = keep and chunked  # an HTTP/1.0 stream ends when the connection closes
-        self.write(self.head(request, response.status, headers, None, keep))
+        self.write(self.head(request, response.status, headers, None, keep, chunked))
         stream = response.stream
         try:
             async for chunk in stream:
@@ -346,6 +348,9 @@ class HttpConnection(asyncio.Protocol):
                                  keep=False) + body)
             self.transport.close()
         else:  # answer the requests that parsed; the task closes the connection when they are done
+            if self.reading is not None and self.reading in self.queue:  # its body was malformed
+                self.reading.error = e
+                self.reading._wake()
             self.queue.append(_CLOSE)
             self.reading = None
 
