@@ -119,7 +119,9 @@ class HttpConnection(asyncio.Protocol):
         self.queue: collections.deque[Request] = collections.deque()
         """Requests waiting to be answered, the first being answered now."""
         self.task: asyncio.Task | None = None
-        """Answers the queue, one request after the other."""
+        """Answers the queue, one request after the other (started by the first request)."""
+        self._next: asyncio.Future | None = None
+        """What the task waits on while the queue is empty."""
         self._url = b""
         self._head: list[tuple[bytes, bytes]] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -196,7 +198,9 @@ class HttpConnection(asyncio.Protocol):
         self.queue.append(request)
         if self.task is None:
             self.task = self.loop.create_task(self._answer_queue())
-        elif len(self.queue) > _MAX_PIPELINED and not self._paused:
+        elif self._next is not None and not self._next.done():
+            self._next.set_result(None)
+        if len(self.queue) > _MAX_PIPELINED and not self._paused:
             self._paused = True
             self.transport.pause_reading()
 
@@ -217,25 +221,27 @@ class HttpConnection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- answering
     async def _answer_queue(self) -> None:
-        """Answer the queued requests in order; then wait for the next (keep-alive) or close."""
+        """The connection's one task: answer the queued requests in order, wait for the next (keep-alive)."""
         try:
-            while self.queue:
-                request = self.queue[0]
-                if request is _CLOSE or not await self._answer(request):
+            while True:
+                while self.queue:
+                    request = self.queue[0]
+                    if request is _CLOSE or not await self._answer(request):
+                        self.transport.close()
+                        return
+                    self.queue.popleft()
+                    if self._paused and len(self.queue) <= _MAX_PIPELINED:
+                        self._paused = False
+                        self.transport.resume_reading()
+                if self.server.draining:
                     self.transport.close()
                     return
-                self.queue.popleft()
-                if self._paused and len(self.queue) <= _MAX_PIPELINED:
-                    self._paused = False
-                    self.transport.resume_reading()
+                if self.reading is None:
+                    self._arm(self.config.keep_alive_s, "was idle", idle=True)
+                self._next = self.loop.create_future()
+                await self._next
         except asyncio.CancelledError:
             return
-        finally:
-            self.task = None
-        if self.server.draining:
-            self.transport.close()
-        elif self.reading is None:
-            self._arm(self.config.keep_alive_s, "was idle", idle=True)
 
     async def _answer(self, request: Request) -> bool:
         """Answer one request; whether the connection stays open."""
@@ -332,14 +338,14 @@ class HttpConnection(asyncio.Protocol):
 
     def _timed_out(self, seconds: float, why: str) -> None:
         self._timer = None
-        if self.task is None and not self.transport.is_closing():
+        if not self.queue and not self.transport.is_closing():
             logger.debug("closing a connection that %s for %.0fs", why, seconds)
             self.transport.close()
 
     def _refuse(self, e: ProtocolError) -> None:
         """Malformed input: a 400 unless an answer is under way, then close."""
         self.transport.pause_reading()
-        if self.task is None:
+        if not self.queue:
             if self.server.on_error is not None:
                 self.server.on_error(e)
             body = msgspec.json.encode(e.to_dict())
@@ -355,7 +361,7 @@ class HttpConnection(asyncio.Protocol):
             self.reading = None
 
     def close_if_idle(self) -> None:
-        if self.task is None:
+        if not self.queue:
             self.transport.close()
 
     def abort(self) -> None:
