@@ -42,6 +42,8 @@ class _StaleConnection(UpstreamError):
 
 _IDLE_S = 15.0
 """Idle pooled connections older than this are dropped (replicas close theirs after 30 s by default)."""
+_LINGER_S = 1.0
+"""How long a released answer may take to end before its connection is closed rather than pooled."""
 _HIGH_WATER = 64
 """Unread body chunks at which reading from the replica pauses (the client reads slower than it writes)."""
 
@@ -81,8 +83,14 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         self.pool._forget(self)
         r = self.response
+        if r is not None and r.lingering is not None:
+            r.lingering.cancel()
+            r.lingering = None
         if r is not None and not r.complete:
-            if self.reused and not r.received:
+            if r.status and "content-length" not in r.headers and "transfer-encoding" not in r.headers:
+                r.complete = True  # a body delimited by the connection's end (HTTP/1.0 style)
+                r._wake()
+            elif self.reused and not r.received:
                 r._fail(_StaleConnection("the pooled connection was closed by the replica"))
             else:
                 r._fail(UpstreamError(f"the replica closed the connection before the answer ended ({exc!r})"))
@@ -104,6 +112,8 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         r = self.response
+        if r.lingering is not None:
+            return
         r.chunks.append(body)
         if len(r.chunks) >= _HIGH_WATER and not r.paused:
             r.paused = True
@@ -114,6 +124,12 @@ class _Connection(asyncio.Protocol):
         r = self.response
         r.complete = True
         r.keep_alive = self.parser.should_keep_alive()
+        if r.lingering is not None:  # released before its end: now it can go back to the pool
+            r.lingering.cancel()
+            r.lingering = None
+            r.chunks.clear()
+            r._done = False
+            r.release()
         r._wake()
 
 
@@ -134,6 +150,8 @@ class UpstreamResponse:
         self._timeout = read_timeout_s
         self._waiter: asyncio.Future | None = None
         self._done = False
+        self.lingering: asyncio.TimerHandle | None = None
+        """Released before the end of the message arrived: closes the connection unless it arrives soon."""
 
     def _wake(self) -> None:
         w = self._waiter
@@ -192,19 +210,32 @@ class UpstreamResponse:
         return b"".join([chunk async for chunk in self])
 
     def release(self) -> None:
-        """The body was read: the connection goes back to the pool (closed if it cannot be reused)."""
+        """The body was read: the connection goes back to the pool (closed if it cannot be reused; kept
+        for ``_LINGER_S`` first if the end of the message has not arrived yet)."""
         if self._done:
             return
         self._done = True
         conn = self.conn
+        if not self.complete and self.error is None and not conn.closed and not self.paused:
+            # a stream read up to its [DONE]: the end of the message (the last chunk) is usually in flight
+            self.lingering = asyncio.get_running_loop().call_later(_LINGER_S, self._give_up)
+            return
         conn.response = None
         if self.complete and self.keep_alive and self.error is None and not conn.closed:
             self.conn.pool._put(conn)
         else:
             conn.transport.close()
 
+    def _give_up(self) -> None:
+        self.lingering = None
+        self.conn.response = None
+        self.conn.transport.close()
+
     def close(self) -> None:
         """Abandon the answer: the connection closes, so the replica sees the client leave."""
+        if self.lingering is not None:
+            self.lingering.cancel()
+            self.lingering = None
         if self._done:
             return
         self._done = True
