@@ -24,11 +24,40 @@ class AsgiBridge:
     def __init__(self, app: Any) -> None:
         self.app = app
 
-    def lifespan(self):
-        """The app's lifespan as an async context manager (Starlette's)."""
-        if self.app is None:
-            return contextlib.nullcontext()
-        return self.app.router.lifespan_context(self.app)
+    @contextlib.asynccontextmanager
+    async def lifespan(self):
+        """The ASGI lifespan protocol around serving (the app may be wrapped, e.g. by a worker's setup):
+        startup before the block, shutdown after it; a failed startup raises."""
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue = asyncio.Queue()
+        started, stopped = loop.create_future(), loop.create_future()
+
+        async def send(message: dict) -> None:
+            kind = message["type"]
+            done = started if kind.startswith("lifespan.startup") else stopped
+            if done.done():
+                return
+            if kind.endswith(".failed"):
+                done.set_exception(RuntimeError(f"{kind}: {message.get('message', '')}"))
+            else:
+                done.set_result(None)
+
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": {}}
+        task = asyncio.ensure_future(self.app(scope, inbox.get, send))
+        await inbox.put({"type": "lifespan.startup"})
+        await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            task.result()  # re-raises why the app's lifespan ended
+            raise RuntimeError("the app's lifespan ended before its startup completed")
+        started.result()
+        try:
+            yield
+        finally:
+            await inbox.put({"type": "lifespan.shutdown"})
+            await asyncio.wait({stopped, task}, return_when=asyncio.FIRST_COMPLETED)
+            if stopped.done() and stopped.exception() is not None:
+                logger.error("the router app's shutdown failed: %s", stopped.exception())
+            await asyncio.gather(task, return_exceptions=True)
 
     async def answer(self, conn: Any, request: Request) -> bool:
         """Run ``request`` through the app; whether the connection stays open."""
