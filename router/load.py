@@ -100,10 +100,12 @@ class LoadTracker:
         their counts; None: this router counts alone."""
         self.row: int | None = None
         """This process's row in ``shared`` (None: it only reads, e.g. serve's control router)."""
+        self._slotted: list | None = None
+        self._num_slots = 0
 
     def share(self, table, row: int | None) -> None:
         """Publish this router's counts in ``table``'s ``row`` (cleared first) and read the others'."""
-        self.shared, self.row = table, row
+        self.shared, self.row, self._slotted = table, row, None
         if row is not None:
             table.clear_row(row)
         for replica_id, load in self.loads.items():
@@ -114,11 +116,15 @@ class LoadTracker:
         table = self.shared
         if table is None:
             return
-        slot_of, own = table.slot, self.row
-        for replica_id, load in self.loads.items():
-            slot = slot_of(replica_id)
-            if slot is not None:
-                load.peer_in_flight, load.peer_pending_prefill_tokens = table.peers(slot, own)
+        slotted = self._slotted
+        if slotted is None:  # (load, slot) of every replica with a slot; rebuilt when the set changes
+            pairs = ((load, table.slot(rid)) for rid, load in self.loads.items())
+            slotted = self._slotted = [(load, 2 * slot) for load, slot in pairs if slot is not None]
+            self._num_slots = max((i // 2 + 1 for _, i in slotted), default=0)
+        sums = table.peers(self.row, self._num_slots)
+        for load, i in slotted:
+            load.peer_in_flight = sums[i]
+            load.peer_pending_prefill_tokens = sums[i + 1]
 
     def _publish(self, replica_id: Hashable, load: ReplicaLoad) -> None:
         if self.row is not None:
@@ -127,9 +133,11 @@ class LoadTracker:
                 self.shared.write(self.row, slot, load.in_flight, load.pending_prefill_tokens)
 
     def add_replica(self, replica_id: Hashable) -> ReplicaLoad:
+        self._slotted = None
         return self.loads.setdefault(replica_id, ReplicaLoad())
 
     def remove_replica(self, replica_id: Hashable) -> None:
+        self._slotted = None
         load = self.loads.pop(replica_id, None)
         if load is not None and self.shared is not None:
             self._publish(replica_id, ReplicaLoad())  # its requests no longer count here

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import multiprocessing as mp
+import operator
 from collections.abc import Hashable
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class SharedLoadTable:
         self.healthy_seen = ctx.RawArray("q", num_rows)
         """Per row: how many healthy replicas that worker routes to (serve waits until all see them)."""
         self._slots: dict[Hashable, int | None] = {}  # this process's cache of the name table
+        self._view = memoryview(self._counts).cast("B").cast("q")  # fast reads and writes (C, no ctypes objects)
 
     def __getstate__(self) -> dict:
         return {"num_rows": self.num_rows, "max_replicas": self.max_replicas, "_counts": self._counts,
@@ -58,6 +60,7 @@ class SharedLoadTable:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._slots = {}
+        self._view = memoryview(self._counts).cast("B").cast("q")
 
     # ---------------------------------------------------------------- slots
     def slot(self, replica_id: Hashable) -> int | None:
@@ -89,26 +92,26 @@ class SharedLoadTable:
     def write(self, row: int, slot: int, in_flight: int, pending_prefill_tokens: int) -> None:
         """Store one writer's counts for one replica (only that writer calls this for ``row``)."""
         i = (row * self.max_replicas + slot) * _FIELDS
-        counts = self._counts
-        counts[i] = in_flight
-        counts[i + 1] = pending_prefill_tokens
+        view = self._view
+        view[i] = in_flight
+        view[i + 1] = pending_prefill_tokens
 
-    def peers(self, slot: int, own_row: int | None) -> tuple[int, int]:
-        """(in_flight, pending prefill tokens) of one replica summed over every row but ``own_row``."""
-        counts, stride = self._counts, self.max_replicas * _FIELDS
-        i = slot * _FIELDS
-        in_flight = pending = 0
+    def peers(self, own_row: int | None, num_slots: int) -> list[int]:
+        """Slots ``0..num_slots-1`` summed over every row but ``own_row``: ``[in_flight, pending]`` per
+        slot, flat (slot ``i`` at ``2i``, ``2i + 1``)."""
+        counts, stride, width = self._view, self.max_replicas * _FIELDS, num_slots * _FIELDS
+        total = None
         for row in range(self.num_rows):
             if row != own_row:
-                in_flight += counts[i]
-                pending += counts[i + 1]
-            i += stride
-        return in_flight, pending
+                start = row * stride
+                chunk = counts[start:start + width].tolist()  # one C-level copy per row
+                total = chunk if total is None else list(map(operator.add, total, chunk))
+        return total or [0] * width
 
     def clear_row(self, row: int) -> None:
         """Zero a writer's row (its process exited: the requests it counted are gone)."""
         size = self.max_replicas * _FIELDS
-        self._counts[row * size:(row + 1) * size] = [0] * size
+        self._view[row * size:(row + 1) * size] = memoryview(bytes(8 * size)).cast("q")
         self.healthy_seen[row] = 0
 
 
