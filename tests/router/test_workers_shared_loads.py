@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -39,6 +41,8 @@ def _post_completion(port: int, out: list) -> None:
         resp = conn.getresponse()
         resp.read()
         out.append((resp.status, resp.getheader("x-kvmesh-router-worker")))
+    except (OSError, http.client.HTTPException) as e:
+        out.append((None, repr(e)))
     finally:
         conn.close()
 
@@ -83,5 +87,29 @@ def test_a_long_request_through_one_worker_shows_in_the_other_workers_load_view(
         request.join(30)
         assert done and done[0][0] == 200
         assert _views(pool.port, lambda v: set(v) == {"0", "1"}) == {"0": 0, "1": 0}
+    finally:
+        pool.stop(timeout_s=10)
+
+
+def test_a_killed_worker_s_requests_leave_the_other_workers_load_view(slow_stub_url, stories_path):
+    config = RouterConfig(port=0, model=str(stories_path), poll_interval_s=0.1, workers=2)
+    pool = router_workers(config, [ReplicaSpec(slow_stub_url, replica_id="stub")], 2).start()
+    try:
+        _views(pool.port, lambda v: set(v) == {"0", "1"})
+        done: list = []
+        request = threading.Thread(target=_post_completion, args=(pool.port, done))
+        request.start()
+        holder = None  # /get_load counts the answering worker's own requests only
+        deadline = time.monotonic() + 3.0
+        while holder is None:
+            assert time.monotonic() < deadline, "no worker reported the request"
+            worker, body = _get(pool.port, "/get_load")
+            if body[0]["num_reqs"] == 1:
+                holder = worker
+        os.kill(pool.pids[int(holder)], signal.SIGKILL)
+        request.join(30)
+        assert done and done[0][0] is None  # it had started on the killed worker: it fails (the workers' contract)
+        # its count went with it: every worker (the survivor, the replacement) sees nothing in flight
+        assert _views(pool.port, lambda v: set(v) == {"0", "1"} and not any(v.values())) == {"0": 0, "1": 0}
     finally:
         pool.stop(timeout_s=10)
