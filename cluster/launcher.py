@@ -1,7 +1,8 @@
 """``ServeCluster``: Ray + placement groups + replica actors + router + supervisor, up and down.
 
     start():  connect Ray ─▶ model on every node ─▶ one placement group per replica ─▶ replica
-              actors (loading) ─▶ router (this process) ─▶ wait for ready (progress) ─▶ register
+              actors (loading) ─▶ router (this process, or a control router + router.workers
+              processes: cluster/serve_router.py) ─▶ wait for ready (progress) ─▶ register
               endpoints with the router ─▶ supervisor thread (restarts -> re-registration) ─▶ fleet
               (fleet.py: replicas added/drained/removed at runtime, autoscaler, rolling restart)
     stop():   fleet ─▶ supervisor ─▶ router ─▶ replicas (graceful, then killed) ─▶ placement groups ─▶
@@ -105,7 +106,7 @@ class ServeCluster:
         return self
 
     def _start_router(self) -> None:
-        from kvmesh.router.server import RouterServer
+        from kvmesh.cluster.serve_router import num_router_workers, start_router
 
         cfg, st = self.config, self.state
         admin_key = st.admin_key = secrets.token_urlsafe(32)  # the replica set is changed only by the operator
@@ -113,8 +114,14 @@ class ServeCluster:
             from kvmesh.cluster.admin_key import write_admin_key
 
             write_admin_key(self.admin_key_file, admin_key)
-        st.router = RouterServer(self.router_config(admin_key)).start()
-        st.router_client = RouterClient(self.url, api_key=cfg.router.api_key, admin_key=admin_key)
+        workers = num_router_workers(cfg)
+        st.router = start_router(self.router_config(admin_key), workers)
+        if workers > 1:
+            self.report(f"router: {workers} processes on {self.url}, replica set owned by the control router "
+                        f"at {st.router.control_url}")
+        # the supervisor and fleet change the replica set where it is owned (cluster/serve_router.py)
+        st.router_client = RouterClient(getattr(st.router, "control_url", self.url), api_key=cfg.router.api_key,
+                                        admin_key=admin_key)
 
     def router_config(self, admin_key: str | None = None) -> Any:
         """The serve config's router section, plus what the router takes from the engine's."""
@@ -219,6 +226,8 @@ class ServeCluster:
         while time.monotonic() < deadline:
             healthy = self.state.router_client.health().get("healthy_replicas", [])
             if len(healthy) >= want:
+                if hasattr(self.state.router, "wait_workers_see"):  # several router processes follow it
+                    self.state.router.wait_workers_see(want, max(deadline - time.monotonic(), 1.0))
                 return
             time.sleep(0.1)
         raise TimeoutError(f"the router sees {len(healthy)} of {want} replicas healthy after {timeout_s:.0f}s")

@@ -119,7 +119,8 @@ class RouterConfig:
     """Forward the prompt token ids the router computed, so replicas do not tokenize again: kvmesh replicas
     get them for completions and chat, vLLM upstreams for completions (router/token_forwarding.py)."""
     workers: int = 1
-    """Router processes serving the port (router/workers.py); each has its own index and load view."""
+    """Router processes serving the port (router/workers.py): each has its own index, all share their
+    in-flight counts; 0 = auto, the cores this host can spare (serve: those not reserved for replicas)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -129,8 +130,8 @@ class RouterConfig:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.tokenize_cache_tokens < 0:
             raise ValueError(f"tokenize_cache_tokens must be >= 0, got {self.tokenize_cache_tokens}")
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 1, or 0 for auto; got {self.workers}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.migration_limit < 0:

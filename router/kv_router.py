@@ -138,6 +138,7 @@ class KVRouter:
         with self.lock:
             matches = self.index.match(keys, now=now)
             t2 = _ns()
+            self.loads.refresh()  # other router processes' in-flight counts, when shared
             all_loads = self.loads.loads
             excluded = set(exclude)
             healthy = self.healthy

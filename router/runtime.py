@@ -155,9 +155,14 @@ class RouterRuntime:
         return True
 
     def in_flight(self, replica_id: str) -> int:
-        """Requests this router sent to the replica that have not finished (streams until their last byte)."""
-        load = self.router.loads.loads.get(replica_id)
-        return load.in_flight if load is not None else 0
+        """Requests this router (all its processes, when they share counts) sent to the replica that
+        have not finished (streams until their last byte)."""
+        loads = self.router.loads
+        load = loads.loads.get(replica_id)
+        if load is None:
+            return 0
+        loads.refresh()
+        return load.total_in_flight
 
     def mark_failed(self, replica_id: str, connect_error: bool) -> None:
         """A request to the replica failed: stop routing to it until a probe succeeds.

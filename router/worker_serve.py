@@ -20,14 +20,22 @@ DEFAULT_DRAIN_S = 5.0
 
 
 def serve_router(config, replicas, sock: socket.socket, worker_index: int,
-                 drain_s: float = DEFAULT_DRAIN_S) -> None:
-    """Serve the router app on an inherited listening socket until SIGTERM (one worker's life)."""
+                 drain_s: float = DEFAULT_DRAIN_S, setup=None) -> None:
+    """Serve the router app on an inherited listening socket until SIGTERM (one worker's life).
+
+    ``setup(runtime, app, worker_index) -> app`` (router/worker_setup.py) joins the worker to its
+    siblings: shared in-flight counts, and inside ``kvmesh serve`` the control router it follows.
+    """
     from kvmesh.replica.openai.runner import uvicorn_config
     from kvmesh.router.runtime import RouterRuntime
     from kvmesh.router.server import build_app
 
     drain = _Drain()
-    app = _tag_worker(build_app(RouterRuntime(config, replicas)), worker_index, drain)
+    runtime = RouterRuntime(config, replicas)
+    app = build_app(runtime)
+    if setup is not None:
+        app = setup(runtime, app, worker_index)
+    app = _tag_worker(app, worker_index, drain)
     server_config = uvicorn_config(app, config.frontend, graceful_s=config.request_timeout_s or 600.0,
                                    lifespan="on")
     _draining_server_class()(server_config, drain, drain_s).run(sockets=[sock])
