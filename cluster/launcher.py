@@ -127,6 +127,8 @@ class ServeCluster:
         """The serve config's router section, plus what the router takes from the engine's."""
         cfg, st = self.config, self.state
         return replace(cfg.router, host=ray_cluster.router_host(cfg, st.ray), model=st.model_path,
+                       policy_kwargs=step_budget(cfg.router.policy, cfg.router.policy_kwargs,
+                                                 cfg.engine.max_num_batched_tokens),
                        tokenizer=cfg.engine.tokenizer, served_model_name=st.served_model_name,
                        max_model_len=cfg.engine.max_model_len, block_size=cfg.engine.block_size,
                        replica_api_key=cfg.router.api_key, admin_key=admin_key,
@@ -303,3 +305,11 @@ def _curve_keys() -> _CurveKeys:
         replicas={"kv_events_curve_secret_key": server_secret, "kv_events_curve_client_keys": (router_public,)},
         router={"events_curve_server_key": server_public, "events_curve_public_key": router_public,
                 "events_curve_secret_key": router_secret})
+
+
+def step_budget(policy: str, options: dict[str, Any], max_num_batched_tokens: int) -> dict[str, Any]:
+    """``cache_aware`` weighs running requests per engine step of the replicas (decode_step_tokens):
+    give it the replicas' own step budget unless the operator set one."""
+    if policy != "cache_aware" or "decode_step_tokens" in options:
+        return options
+    return {**options, "decode_step_tokens": max_num_batched_tokens}
