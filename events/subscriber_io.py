@@ -60,7 +60,8 @@ class SubscriberIO:
 
     # -- commands (any thread) --------------------------------------------------------------------
     def call(self, command) -> None:
-        """Queue ``("add", source)``, ``("remove", name)`` or ``None`` (stop) for the I/O thread."""
+        """Queue ``("add", source)``, ``("remove", name)``, ``("resync", name)`` or ``None`` (stop)
+        for the I/O thread."""
         self._calls.append(command)
         with self._wake_lock:  # zmq sockets are not thread-safe; callers may be many threads
             try:
@@ -78,6 +79,8 @@ class SubscriberIO:
                     self.add_source(cmd[1])
                 elif cmd[0] == "remove":
                     self._remove_source(cmd[1])
+                elif cmd[0] == "resync" and cmd[1] in self.trackers:
+                    self.trackers[cmd[1]].resync()
             except Exception as e:  # a bad source must not stop the others
                 logger.error("KV event subscriber: %s %r failed: %s", cmd[0], cmd[1], e)
 

@@ -19,6 +19,7 @@ import itertools
 import json
 import sys
 import threading
+import time
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -48,6 +49,7 @@ class FakeReplica:
         self.running = 0
         self.cancelled = 0
         self.auth_seen: list[str] = []
+        self.clock_skew = 0.0
 
     def snapshot(self):
         with self.lock:
@@ -101,7 +103,9 @@ class FakeReplica:
         @app.get("/load")
         async def load():
             return {"num_requests_running": self.running, "num_requests_waiting": 0,
-                    "kv_cache_usage": self.manager.usage, "num_waiting_prefill_tokens": 0}
+                    "kv_cache_usage": self.manager.usage, "num_waiting_prefill_tokens": 0,
+                    "timestamp": time.time() + self.clock_skew, "kv_events_seq": self.publisher.seq - 1,
+                    "kv_events_unsent_s": self.publisher.unsent_s()}
 
         async def serve(request: Request, chat: bool):
             body = await request.json()
