@@ -73,27 +73,30 @@ class StreamWatch:
         st = self._stream(replica_id)
         lag = (time.time() if now is None else now) + st.clock_offset - batch_ts
         if lag > self.max_lag_s:
-            self._mark(replica_id, st, "lagging", LAGGING,
+            first, st.lagging = not st.lagging, True
+            self._mark(replica_id, first, LAGGING,
                        f"event stream lagging: a batch applied {lag:.1f}s after it was published "
                        f"(events_max_lag_s={self.max_lag_s:g})")
         elif st.lagging:
-            self._clear(replica_id, st, "lagging", LAGGING, "a batch applied in time")
+            st.lagging = False
+            self._clear(replica_id, LAGGING, "a batch applied in time")
 
     def on_lost(self, replica_id: Hashable, detail: str, has_snapshots: bool, now: float | None = None) -> None:
         """The subscriber gave a gap of this replica up."""
         st = self._stream(replica_id)
+        first = st.lost_at is None
         st.lost_at = time.monotonic() if now is None else now
         st.lost_until_snapshot = has_snapshots
         then = ("resyncing from a snapshot" if has_snapshots else
                 f"its cached blocks were forgotten and are relearned from new events for {self.max_lag_s:g}s")
-        self._mark(replica_id, st, None, LOST_EVENTS, f"lost events ({detail}); {then}")
+        self._mark(replica_id, first, LOST_EVENTS, f"lost events ({detail}); {then}")
 
     def on_snapshot(self, replica_id: Hashable) -> None:
         """A snapshot replaced everything the router knew of this replica."""
         st = self._streams.get(replica_id)
         if st is not None and st.lost_at is not None:
             st.lost_at = None
-            self._clear(replica_id, st, None, LOST_EVENTS, "resynced from a snapshot")
+            self._clear(replica_id, LOST_EVENTS, "resynced from a snapshot")
 
     # ---------------------------------------------------------------- poller
     def on_report(self, replica_id: Hashable, report: dict, applied_seq: int, sent_at: float,
@@ -113,7 +116,8 @@ class StreamWatch:
         if applied_seq >= published:
             st.behind = None
             if st.lagging:
-                self._clear(replica_id, st, "lagging", LAGGING, "every published batch is applied")
+                st.lagging = False
+                self._clear(replica_id, LAGGING, "every published batch is applied")
         else:
             if st.behind is None or applied_seq >= st.behind[0]:
                 st.behind = (published, now)
@@ -124,9 +128,11 @@ class StreamWatch:
         if isinstance(unsent_s, int | float) and unsent_s > self.max_lag_s:
             why = f"event stream stalled: the replica's publisher has not sent its batches of the last {unsent_s:.0f}s"
         if why is not None:
-            self._mark(replica_id, st, "stalled", STALLED, why)
+            first, st.stalled = not st.stalled, True
+            self._mark(replica_id, first, STALLED, why)
         elif st.stalled:
-            self._clear(replica_id, st, "stalled", STALLED, "caught up")
+            st.stalled = False
+            self._clear(replica_id, STALLED, "caught up")
 
     def tick(self, replica_id: Hashable, now: float | None = None) -> None:
         """Once per poll: a loss on a source without snapshots has been outlived."""
@@ -135,20 +141,14 @@ class StreamWatch:
         if (st is not None and st.lost_at is not None and not st.lost_until_snapshot
                 and now - st.lost_at > self.max_lag_s):
             st.lost_at = None
-            self._clear(replica_id, st, None, LOST_EVENTS, f"no further loss for {self.max_lag_s:g}s")
+            self._clear(replica_id, LOST_EVENTS, f"no further loss for {self.max_lag_s:g}s")
 
     # ---------------------------------------------------------------- helpers
-    def _mark(self, replica_id: Hashable, st: _Stream, flag: str | None, cause: str, reason: str) -> None:
-        if flag is not None:
-            if not getattr(st, flag):
-                logger.warning("replica %s: %s; routing to it by load only", replica_id, reason)
-            setattr(st, flag, True)
-        else:
+    def _mark(self, replica_id: Hashable, first: bool, cause: str, reason: str) -> None:
+        if first:  # the reason is updated at every check, logged once
             logger.warning("replica %s: %s; routing to it by load only", replica_id, reason)
         self._set(replica_id, reason, cause)
 
-    def _clear(self, replica_id: Hashable, st: _Stream, flag: str | None, cause: str, why: str) -> None:
-        if flag is not None:
-            setattr(st, flag, False)
+    def _clear(self, replica_id: Hashable, cause: str, why: str) -> None:
         logger.info("replica %s: event stream exact again (%s)", replica_id, why)
         self._set(replica_id, None, cause)
