@@ -147,6 +147,13 @@ class EventSubscriber:
         tracker = self._io.trackers.get(name)
         return tracker.snapshot_supported if tracker is not None else None
 
+    def disconnected_s(self, name: str) -> float | None:
+        """Seconds the connection to ``name``'s publisher has been down (or not yet up); None while
+        it is up, for a source on a bound address (publishers connect to us) and for no such source."""
+        feed = self._io._feed_of.get(name)
+        since = feed.down_since if feed is not None else None
+        return None if since is None else time.monotonic() - since
+
     def bound_endpoint(self, name: str) -> str | None:
         """For a source with a ``bind://`` endpoint: the address publishers should connect to."""
         return self._io.bound.get(name)

@@ -252,7 +252,8 @@ class RouterRuntime:
             ok, connect_error = False, isinstance(e, aiohttp.ClientConnectorError)
         if self.specs.get(spec.replica_id) is not spec:
             return ok  # removed or re-registered meanwhile
-        self.stream_watch.tick(spec.replica_id)
+        self.stream_watch.tick(spec.replica_id, self.subscriber.disconnected_s(spec.replica_id)
+                               if spec.events and self.subscriber is not None else None)
         was = spec.replica_id in self.router.healthy
         if ok and not was and spec.replica_id not in self.draining:
             logger.info("replica %s is healthy", spec.replica_id)

@@ -6,7 +6,8 @@ three failures make it wrong, each a cause of ``KVRouter.set_degraded`` (routing
 - stalled: the replica's ``/load`` says its publisher sent batch N (``kv_events_seq``) and the
   router has not applied N ``max_lag_s`` after it first heard of it (the PUB connection is dead,
   the router's feed is stuck); or batches wait unsent in the replica's publisher longer than
-  ``max_lag_s`` (``kv_events_unsent_s``: its I/O thread died).
+  ``max_lag_s`` (``kv_events_unsent_s``: its I/O thread died); or the connection to its publisher
+  has been down that long (the subscriber's socket monitor; what a vLLM replica shows of it).
 - lagging: a batch is applied more than ``max_lag_s`` after it was published (its ``ts``, on the
   replica's clock: the offset between the clocks is estimated from ``/load``'s ``timestamp``).
 - lost: the subscriber gave a gap up (replay and snapshot could not fill it). The replica's tree
@@ -17,7 +18,7 @@ batch applied in time, or once nothing published is left to apply; lost once a s
 (a source without snapshots: ``max_lag_s`` after the loss -- its tree, dropped at the loss, holds
 only what the stream said since). An idle replica publishes nothing and reports the seq the router
 applied: never degraded. A replica whose ``/load`` has no ``kv_events_seq`` (vLLM) is watched for
-lag (clocks assumed in sync) and loss only.
+its connection, lag (clocks assumed in sync) and loss only.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 
 class _Stream:
-    __slots__ = ("behind", "clock_offset", "lagging", "lost_at", "lost_until_snapshot", "stalled")
+    __slots__ = ("behind", "clock_offset", "lagging", "lost_at", "lost_until_snapshot", "stalled", "stalled_by")
 
     def __init__(self) -> None:
         self.behind: tuple[int, float] | None = None
@@ -41,6 +42,8 @@ class _Stream:
         self.clock_offset = 0.0
         """The replica's clock minus the router's (seconds), from its last ``/load``."""
         self.stalled = self.lagging = False
+        self.stalled_by: dict[str, str] = {}
+        """What shows the stall ("report": ``/load``, "link": the connection) -> its reason."""
         self.lost_at: float | None = None
         self.lost_until_snapshot = False
 
@@ -127,23 +130,38 @@ class StreamWatch:
                        f"for {behind_s:.0f}s")
         if isinstance(unsent_s, int | float) and unsent_s > self.max_lag_s:
             why = f"event stream stalled: the replica's publisher has not sent its batches of the last {unsent_s:.0f}s"
-        if why is not None:
-            first, st.stalled = not st.stalled, True
-            self._mark(replica_id, first, STALLED, why)
-        elif st.stalled:
-            st.stalled = False
-            self._clear(replica_id, STALLED, "caught up")
+        self._stall(replica_id, st, "report", why)
 
-    def tick(self, replica_id: Hashable, now: float | None = None) -> None:
-        """Once per poll: a loss on a source without snapshots has been outlived."""
-        st = self._streams.get(replica_id)
+    def tick(self, replica_id: Hashable, disconnected_s: float | None = None, now: float | None = None) -> None:
+        """Once per poll: ``disconnected_s``, how long the connection to the replica's publisher has
+        been down (None: up, or not ours to tell); and a loss on a source without snapshots may
+        have been outlived."""
         now = time.monotonic() if now is None else now
-        if (st is not None and st.lost_at is not None and not st.lost_until_snapshot
-                and now - st.lost_at > self.max_lag_s):
+        if disconnected_s is not None and disconnected_s > self.max_lag_s:
+            self._stall(replica_id, self._stream(replica_id), "link",
+                        f"event stream stalled: no connection to its publisher for {disconnected_s:.0f}s")
+        st = self._streams.get(replica_id)
+        if st is None:
+            return
+        if disconnected_s is None or disconnected_s <= self.max_lag_s:
+            self._stall(replica_id, st, "link", None)
+        if st.lost_at is not None and not st.lost_until_snapshot and now - st.lost_at > self.max_lag_s:
             st.lost_at = None
             self._clear(replica_id, LOST_EVENTS, f"no further loss for {self.max_lag_s:g}s")
 
     # ---------------------------------------------------------------- helpers
+    def _stall(self, replica_id: Hashable, st: _Stream, by: str, why: str | None) -> None:
+        """What ``by`` shows of a stall: ``why``, or None (nothing); stalled while either shows one."""
+        if why is None:
+            if st.stalled_by.pop(by, None) is None or st.stalled_by:
+                return
+            st.stalled = False
+            self._clear(replica_id, STALLED, "caught up")
+            return
+        st.stalled_by[by] = why
+        first, st.stalled = not st.stalled, True
+        self._mark(replica_id, first, STALLED, "; ".join(st.stalled_by.values()))
+
     def _mark(self, replica_id: Hashable, first: bool, cause: str, reason: str) -> None:
         if first:  # the reason is updated at every check, logged once
             logger.warning("replica %s: %s; routing to it by load only", replica_id, reason)

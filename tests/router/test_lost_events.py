@@ -81,3 +81,32 @@ def test_an_unrepairable_gap_degrades_the_replica_until_a_snapshot_resync():
         asyncio.run(scenario())
     finally:
         pub.close()
+
+
+def test_a_publisher_gone_while_its_replica_serves_degrades_it_until_it_is_back():
+    """A replica that reports no seq (vLLM): the connection to its publisher is what shows."""
+    pub = ZmqEventPublisher(PublisherConfig(endpoint="tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0"))
+    endpoint, replay = pub.endpoint, pub.replay_endpoint
+    runtime = RouterRuntime(RouterConfig(block_size=BS, poll_interval_s=0.1, events_max_lag_s=0.5), [
+        ReplicaSpec("http://127.0.0.1:9", endpoint, replay, replica_id="v")])
+    r = runtime.router
+    pubs = [pub]
+
+    async def scenario():
+        await runtime.start()
+        try:
+            assert await wait_for(lambda: runtime.subscriber.stats["v"].snapshots == 1)
+            await asyncio.sleep(1.5)  # connected and idle: fine
+            assert r.degraded == {}
+            await asyncio.to_thread(pub.close)
+            assert await wait_for(lambda: "no connection to its publisher" in (r.degraded.get("v") or ""))
+            pubs.append(ZmqEventPublisher(PublisherConfig(endpoint="bind://" + endpoint, replay_endpoint=replay)))
+            assert await wait_for(lambda: "v" not in r.degraded)
+        finally:
+            await runtime.stop()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for p in pubs:
+            p.close()

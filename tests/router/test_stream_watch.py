@@ -131,3 +131,15 @@ def test_causes_are_independent(router, watch):
 def test_an_unknown_cause_is_refused(router):
     with pytest.raises(ValueError, match="unknown degraded cause 'slow'"):
         router.set_degraded("r", "why", "slow")
+
+
+def test_a_connection_down_for_too_long_degrades_until_it_is_back(router, watch):
+    """What a vLLM replica shows of a dead publisher: the subscriber's connection to it drops."""
+    watch.tick("r", disconnected_s=LAG - 1, now=0.0)
+    assert router.degraded == {}
+    watch.tick("r", disconnected_s=LAG + 1, now=1.0)
+    assert "no connection to its publisher for 6s" in router.degraded["r"]
+    poll(watch, 9, 9, now=2.0)  # a report that is caught up does not lift what the link shows
+    assert "r" in router.degraded
+    watch.tick("r", disconnected_s=None, now=3.0)
+    assert router.degraded == {}
