@@ -58,12 +58,15 @@ def test_a_stopped_publisher_degrades_its_replica_until_it_is_back(pair, start_r
     a.configure(publisher="stop")  # its publisher is dead; HTTP keeps serving
     for prompt in AFTER_STOP:
         direct(a, prompt)
-    wait_for(lambda: "stalled" in (rt.router.degraded.get("s1") or ""), timeout=15, what="s1 degraded")
+    # Both show it: its connection dropped (the I/O thread closed the socket), its batches wait unsent.
+    wait_for(lambda: all(why in (rt.router.degraded.get("s1") or "") for why in (
+        "stalled: no connection to its publisher", "publisher has not sent its batches")), timeout=15,
+        what="s1 degraded")
     assert "s2" not in rt.router.degraded
     decision = rt.router.route(PROMPT, exclude=["s2"])
     assert decision.matched_blocks == 0 and decision.receipt.reason == "fallback"  # no stale match claimed
     listed = {r["id"]: r for r in httpx.get(router.url + "/replicas", timeout=5).json()["replicas"]}
-    assert "publisher has not sent its batches" in listed["s1"]["degraded"] and listed["s2"]["degraded"] is None
+    assert "event stream stalled" in listed["s1"]["degraded"] and listed["s2"]["degraded"] is None
     health = httpx.get(router.url + "/health", timeout=5).json()
     assert list(health["degraded_replicas"]) == ["s1"] and health["status"] == "ok"  # still served, by load
     metrics = httpx.get(router.url + "/metrics", timeout=5).text
@@ -136,7 +139,8 @@ def test_a_real_replica_reports_its_stream_and_is_degraded_when_its_publisher_di
             replica.publisher._thread.join(5)
             other = {**story, "prompt": "The dog ran to the park to play with a big ball. " * 4}
             assert httpx.post(replica.http.url + "/v1/completions", json=other, timeout=30).status_code == 200
-            wait_for(lambda: "stalled" in (rt.router.degraded.get("real") or ""), timeout=15, what="degraded")
+            wait_for(lambda: "publisher has not sent its batches" in (rt.router.degraded.get("real") or ""),
+                     timeout=15, what="degraded")
             assert httpx.get(replica.http.url + "/load", timeout=5).json()["kv_events_unsent_s"] > MAX_LAG_S
         finally:
             router.stop()
