@@ -97,6 +97,9 @@ class RouterConfig:
     """Seconds a routed request's blocks count as cached on its replica before events confirm them."""
     poll_interval_s: float = 0.5
     """Seconds between polls of each replica's /load (or /health), which also probe dead ones back."""
+    events_max_lag_s: float = 5.0
+    """Seconds a replica's KV events may trail its cache (published but not yet applied, applied that late,
+    or a loss not yet resynced) before the router routes it by load only (degraded) until its stream catches up."""
     connect_timeout_s: float = 2.0
     """Seconds to wait for a replica connection before trying another replica."""
     request_timeout_s: float | None = 600.0
@@ -138,6 +141,8 @@ class RouterConfig:
             raise ValueError(f"migration_limit must be >= 0 (0 = no stream migration), got {self.migration_limit}")
         if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
+        if not self.events_max_lag_s > 0:
+            raise ValueError(f"events_max_lag_s must be positive seconds, got {self.events_max_lag_s}")
         check_api_key(self.api_key, "api_key")
         check_api_key(self.admin_key, "admin_key")
         if self.replica_api_key is not None and not self.replica_api_key:

@@ -119,7 +119,8 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
         healthy = sorted(map(str, runtime.router.healthy))
         feed = runtime.feed_state()
         body = {"status": "ok" if healthy else "unavailable", "healthy_replicas": healthy,
-                "replicas": len(runtime.specs), "event_feed": feed}
+                "replicas": len(runtime.specs), "event_feed": feed,
+                "degraded_replicas": {str(rid): why for rid, why in list(runtime.router.degraded.items())}}
         if healthy and not feed["alive"]:  # requests are still served, by load only
             body["status"] = "degraded"
             body["warning"] = (f"the KV event feed is down ({feed['error']}); routing by load only until it "
