@@ -116,7 +116,7 @@ class ServeConfig:
     """The engine every replica runs: model, KV cache, scheduler budgets, tensor parallelism."""
     replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
     """Replica count, restarts and ports."""
-    router: RouterConfig = field(default_factory=lambda: RouterConfig(host="auto"))
+    router: RouterConfig = field(default_factory=lambda: RouterConfig(host="auto", workers=0))
     """The router: address, policy, API key (also required by the replicas), retries."""
     events: PublisherConfig = field(default_factory=PublisherConfig)
     """The replicas' KV event streams."""
@@ -249,7 +249,6 @@ SERVE_SCHEMA = Schema(ServeConfig, hidden={
     "router.block_size": "the router uses engine.block_size",
     "router.replica_api_key": "the replicas require router.api_key", "router.frontend": _FRONTEND,
     "router.admin_key": "serve generates the admin key for its own processes",
-    "router.workers": "serve runs one router process; run `kvmesh router --workers N` in front of the replicas for more",
     "events.endpoint": _EVENTS_DERIVED, "events.replay_endpoint": _EVENTS_DERIVED,
     **{f"events.{f.name}": _NOT_PASSED for f in dataclasses.fields(PublisherConfig)
        if f.name not in ("endpoint", "replay_endpoint", "topic")},

@@ -187,7 +187,10 @@ class Fleet:
         """The health gate: the router has probed the replica and routes to it."""
         client = self.st.router_client
         while time.monotonic() < deadline:
-            if replica_id in client.health().get("healthy_replicas", []):
+            healthy = client.health().get("healthy_replicas", [])
+            if replica_id in healthy:
+                if hasattr(self.st.router, "wait_workers_see"):  # router processes follow the control router
+                    self.st.router.wait_workers_see(len(healthy), max(deadline - time.monotonic(), 1.0))
                 return
             time.sleep(0.1)
         raise TimeoutError(f"{replica_id} started but the router does not see it healthy")

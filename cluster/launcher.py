@@ -1,7 +1,8 @@
 """``ServeCluster``: Ray + placement groups + replica actors + router + supervisor, up and down.
 
     start():  connect Ray ─▶ model on every node ─▶ one placement group per replica ─▶ replica
-              actors (loading) ─▶ router (this process) ─▶ wait for ready (progress) ─▶ register
+              actors (loading) ─▶ router (this process, or a control router + router.workers
+              processes: cluster/serve_router.py) ─▶ wait for ready (progress) ─▶ register
               endpoints with the router ─▶ supervisor thread (restarts -> re-registration) ─▶ fleet
               (fleet.py: replicas added/drained/removed at runtime, autoscaler, rolling restart)
     stop():   fleet ─▶ supervisor ─▶ router ─▶ replicas (graceful, then killed) ─▶ placement groups ─▶
@@ -105,7 +106,7 @@ class ServeCluster:
         return self
 
     def _start_router(self) -> None:
-        from kvmesh.router.server import RouterServer
+        from kvmesh.cluster.serve_router import num_router_workers, start_router
 
         cfg, st = self.config, self.state
         admin_key = st.admin_key = secrets.token_urlsafe(32)  # the replica set is changed only by the operator
@@ -113,13 +114,21 @@ class ServeCluster:
             from kvmesh.cluster.admin_key import write_admin_key
 
             write_admin_key(self.admin_key_file, admin_key)
-        st.router = RouterServer(self.router_config(admin_key)).start()
-        st.router_client = RouterClient(self.url, api_key=cfg.router.api_key, admin_key=admin_key)
+        workers = num_router_workers(cfg)
+        st.router = start_router(self.router_config(admin_key), workers)
+        if workers > 1:
+            self.report(f"router: {workers} processes on {self.url}, replica set owned by the control router "
+                        f"at {st.router.control_url}")
+        # the supervisor and fleet change the replica set where it is owned (cluster/serve_router.py)
+        st.router_client = RouterClient(getattr(st.router, "control_url", self.url), api_key=cfg.router.api_key,
+                                        admin_key=admin_key)
 
     def router_config(self, admin_key: str | None = None) -> Any:
         """The serve config's router section, plus what the router takes from the engine's."""
         cfg, st = self.config, self.state
         return replace(cfg.router, host=ray_cluster.router_host(cfg, st.ray), model=st.model_path,
+                       policy_kwargs=step_budget(cfg.router.policy, cfg.router.policy_kwargs,
+                                                 cfg.engine.max_num_batched_tokens),
                        tokenizer=cfg.engine.tokenizer, served_model_name=st.served_model_name,
                        max_model_len=cfg.engine.max_model_len, block_size=cfg.engine.block_size,
                        replica_api_key=cfg.router.api_key, admin_key=admin_key,
@@ -219,6 +228,8 @@ class ServeCluster:
         while time.monotonic() < deadline:
             healthy = self.state.router_client.health().get("healthy_replicas", [])
             if len(healthy) >= want:
+                if hasattr(self.state.router, "wait_workers_see"):  # several router processes follow it
+                    self.state.router.wait_workers_see(want, max(deadline - time.monotonic(), 1.0))
                 return
             time.sleep(0.1)
         raise TimeoutError(f"the router sees {len(healthy)} of {want} replicas healthy after {timeout_s:.0f}s")
@@ -294,3 +305,11 @@ def _curve_keys() -> _CurveKeys:
         replicas={"kv_events_curve_secret_key": server_secret, "kv_events_curve_client_keys": (router_public,)},
         router={"events_curve_server_key": server_public, "events_curve_public_key": router_public,
                 "events_curve_secret_key": router_secret})
+
+
+def step_budget(policy: str, options: dict[str, Any], max_num_batched_tokens: int) -> dict[str, Any]:
+    """``cache_aware`` weighs running requests per engine step of the replicas (decode_step_tokens):
+    give it the replicas' own step budget unless the operator set one."""
+    if policy != "cache_aware" or "decode_step_tokens" in options:
+        return options
+    return {**options, "decode_step_tokens": max_num_batched_tokens}

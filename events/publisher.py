@@ -185,6 +185,15 @@ class ZmqEventPublisher:
         """The seq the next sent batch will carry (= batches sent so far)."""
         return self._io.next_seq
 
+    def unsent_s(self) -> float:
+        """Seconds the oldest batch handed to ``publish`` has waited unsent (0.0: none waits).
+        Grows without bound when the I/O thread died or is stuck: routers read it in ``/load``."""
+        try:
+            oldest = self._queue[0]
+        except IndexError:
+            return 0.0
+        return max(0.0, time.time() - oldest.ts)
+
     def flushed(self) -> bool:
         """True when every batch handed to ``publish`` so far has been sent (and buffered)."""
         return not self._queue and not self._io.busy

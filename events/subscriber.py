@@ -8,6 +8,9 @@ thread rebuilds it with the same sources after ``feed_restart_s`` -- ``feed_aliv
 ``feed_error`` say so meanwhile, for a ``/health`` endpoint.
 Batches go to ``on_batch(source_name, seq, batch)`` on that thread, or, without a callback,
 to ``async for source_name, seq, batch in subscriber``.
+Statuses go to ``on_status(source_name, status, detail)`` on that thread: "degraded" and
+"recovered" (bad frames, subscriber_guard.py), "snapshot_applied", "snapshot_failed" and
+"unrecovered" (a loss neither replay nor snapshot repaired; tracker.py).
 """
 
 from __future__ import annotations
@@ -133,6 +136,23 @@ class EventSubscriber:
     def remove_source(self, name: str) -> None:
         """Stop following a publisher and drop its state (thread-safe)."""
         self._io.call(("remove", name))
+
+    def resync(self, name: str) -> None:
+        """Replace what ``name`` delivered so far by a snapshot (thread-safe; nothing for a source
+        without snapshots, see ``snapshots_supported``)."""
+        self._io.call(("resync", name))
+
+    def snapshots_supported(self, name: str) -> bool | None:
+        """Whether ``name`` answers snapshot requests (None: not known yet, or no such source)."""
+        tracker = self._io.trackers.get(name)
+        return tracker.snapshot_supported if tracker is not None else None
+
+    def disconnected_s(self, name: str) -> float | None:
+        """Seconds the connection to ``name``'s publisher has been down (or not yet up); None while
+        it is up, for a source on a bound address (publishers connect to us) and for no such source."""
+        feed = self._io._feed_of.get(name)
+        since = feed.down_since if feed is not None else None
+        return None if since is None else time.monotonic() - since
 
     def bound_endpoint(self, name: str) -> str | None:
         """For a source with a ``bind://`` endpoint: the address publishers should connect to."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import zmq
 
 
@@ -12,6 +14,8 @@ class Feed:
         self.sock, self.address, self.shared, self.server_key = sock, address, shared, server_key
         self.monitor: zmq.Socket | None = None
         self.dropped = False  # the connection went down since it last came up
+        self.down_since: float | None = None if shared else time.monotonic()
+        """``time.monotonic()`` since when a connection of our own is not up (None: up, or bound)."""
         self.topics: dict[str, bytes] = {}  # source name -> topic
 
     def owner(self, topic: bytes) -> str | None:

@@ -21,7 +21,7 @@ from kvmesh.events.tracker import SourceTracker
 
 logger = logging.getLogger(__name__)
 
-DEGRADED, RECOVERED, SNAPSHOT_APPLIED = "degraded", "recovered", "snapshot_applied"
+DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED = "degraded", "recovered", "snapshot_applied", "unrecovered"
 _HEALTH_CHECK_S = 0.1
 
 
@@ -91,12 +91,11 @@ class FrameGuard:
             self.bad_frame(name, "apply_errors", "on_batch raised", f"{type(e).__name__}: {str(e)[:200]}")
 
     def tracker_status(self, name: str, status: str, detail: str) -> None:
-        """Statuses from a tracker; a snapshot applied to a degraded source starts its probation."""
+        """Statuses from a tracker, passed on; a snapshot applied to a degraded source starts its probation."""
         if status == SNAPSHOT_APPLIED:
             health = self.health.get(name)
             if health is not None and health.degraded:
                 health.resynced = True
-            return
         self._status_cb(name, status, detail)
 
     def check_health(self) -> None:

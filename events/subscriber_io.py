@@ -60,7 +60,8 @@ class SubscriberIO:
 
     # -- commands (any thread) --------------------------------------------------------------------
     def call(self, command) -> None:
-        """Queue ``("add", source)``, ``("remove", name)`` or ``None`` (stop) for the I/O thread."""
+        """Queue ``("add", source)``, ``("remove", name)``, ``("resync", name)`` or ``None`` (stop)
+        for the I/O thread."""
         self._calls.append(command)
         with self._wake_lock:  # zmq sockets are not thread-safe; callers may be many threads
             try:
@@ -78,6 +79,8 @@ class SubscriberIO:
                     self.add_source(cmd[1])
                 elif cmd[0] == "remove":
                     self._remove_source(cmd[1])
+                elif cmd[0] == "resync" and cmd[1] in self.trackers:
+                    self.trackers[cmd[1]].resync()
             except Exception as e:  # a bad source must not stop the others
                 logger.error("KV event subscriber: %s %r failed: %s", cmd[0], cmd[1], e)
 
@@ -102,18 +105,25 @@ class SubscriberIO:
             sock.setsockopt(zmq.RECONNECT_IVL, self._config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._config.reconnect_ivl_max_ms)
             sock.setsockopt(zmq.MAXMSGSIZE, 8 * self._config.max_payload_bytes)
+            monitor = None
             try:
                 self.secure(sock, server_key)
+                if not ep.bind:  # a connection of our own: watch it come up (monitored before it
+                    # connects, so its first "connected" is seen), drop and come back
+                    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
                 address = attach(sock, ep)
             except Exception:
+                if monitor is not None:
+                    sock.disable_monitor()
+                    monitor.close(linger=0)
                 sock.close(linger=0)
                 raise
             feed = self._feeds[key] = self._by_socket[sock] = Feed(sock, address, ep.bind, server_key)
             self._poller.register(sock, zmq.POLLIN)
-            if not ep.bind:  # a connection of our own: watch it drop and come back
-                feed.monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-                self._by_socket[feed.monitor] = feed
-                self._poller.register(feed.monitor, zmq.POLLIN)
+            if monitor is not None:
+                feed.monitor = monitor
+                self._by_socket[monitor] = feed
+                self._poller.register(monitor, zmq.POLLIN)
         feed.topics[src.name] = src.topic.encode()
         feed.sock.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
         self._feed_of[src.name] = feed
@@ -206,7 +216,11 @@ class SubscriberIO:
             event = recv_monitor_message(feed.monitor)["event"]
             if event == zmq.EVENT_DISCONNECTED:
                 feed.dropped = True
-            elif event == zmq.EVENT_CONNECTED and feed.dropped:
+                if feed.down_since is None:
+                    feed.down_since = time.monotonic()
+            elif event == zmq.EVENT_CONNECTED:
+                feed.down_since = None
+            if event == zmq.EVENT_CONNECTED and feed.dropped:
                 feed.dropped = False
                 for name in list(feed.topics):
                     logger.info("KV events from %s: reconnected to %s", name, feed.address)

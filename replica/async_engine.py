@@ -146,10 +146,12 @@ class AsyncLLM:
         sched = self.engine.scheduler
         requests = _read_racily(lambda: list(sched.requests.values()))
         waiting_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in requests)
+        publisher = self.engine.event_publisher
         return LoadReport(
             num_requests_running=len(sched.running), num_requests_waiting=len(sched.waiting),
             kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
-            num_kv_blocks=self.num_kv_blocks, block_size=self.block_size)
+            num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
+            **_event_stream_report(publisher))
 
     def dead_reason(self) -> str | None:
         """None while the replica can serve; otherwise why not."""
@@ -248,3 +250,11 @@ def _read_racily(read: Any) -> list:
         except RuntimeError:
             continue
     return []
+
+
+def _event_stream_report(publisher: Any) -> dict[str, Any]:
+    """``LoadReport``'s event fields of a ``ZmqEventPublisher`` (none for no or another publisher)."""
+    seq, unsent_s = getattr(publisher, "seq", None), getattr(publisher, "unsent_s", None)
+    if not isinstance(seq, int) or unsent_s is None:
+        return {}
+    return {"kv_events_seq": seq - 1, "kv_events_unsent_s": unsent_s()}

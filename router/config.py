@@ -97,6 +97,9 @@ class RouterConfig:
     """Seconds a routed request's blocks count as cached on its replica before events confirm them."""
     poll_interval_s: float = 0.5
     """Seconds between polls of each replica's /load (or /health), which also probe dead ones back."""
+    events_max_lag_s: float = 5.0
+    """Seconds a replica's KV events may trail its cache (published but not yet applied, applied that late,
+    or a loss not yet resynced) before the router routes it by load only (degraded) until its stream catches up."""
     connect_timeout_s: float = 2.0
     """Seconds to wait for a replica connection before trying another replica."""
     request_timeout_s: float | None = 600.0
@@ -119,7 +122,8 @@ class RouterConfig:
     """Forward the prompt token ids the router computed, so replicas do not tokenize again: kvmesh replicas
     get them for completions and chat, vLLM upstreams for completions (router/token_forwarding.py)."""
     workers: int = 1
-    """Router processes serving the port (router/workers.py); each has its own index and load view."""
+    """Router processes serving the port (router/workers.py): each has its own index, all share their
+    in-flight counts; 0 = auto, the cores this host can spare (serve: those not reserved for replicas)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -129,14 +133,16 @@ class RouterConfig:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.tokenize_cache_tokens < 0:
             raise ValueError(f"tokenize_cache_tokens must be >= 0, got {self.tokenize_cache_tokens}")
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 1, or 0 for auto; got {self.workers}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.migration_limit < 0:
             raise ValueError(f"migration_limit must be >= 0 (0 = no stream migration), got {self.migration_limit}")
         if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
+        if not self.events_max_lag_s > 0:
+            raise ValueError(f"events_max_lag_s must be positive seconds, got {self.events_max_lag_s}")
         check_api_key(self.api_key, "api_key")
         check_api_key(self.admin_key, "admin_key")
         if self.replica_api_key is not None and not self.replica_api_key:

@@ -22,6 +22,13 @@ from kvmesh.router.session import SessionConfig, SessionTable
 
 _ns = time.perf_counter_ns
 
+INCOMPATIBLE, BAD_FRAMES, STALLED, LAGGING, LOST_EVENTS = (
+    "incompatible", "bad_frames", "stalled", "lagging", "lost_events")
+DEGRADED_CAUSES = (INCOMPATIBLE, BAD_FRAMES, STALLED, LAGGING, LOST_EVENTS)
+"""Why a replica may be degraded: its blocks cannot match the router's keys (block size, tokenizer);
+its stream sends bad frames; it stopped (published batches not applied); it lags (batches applied
+long after they happened); it lost batches that neither replay nor a snapshot restored."""
+
 
 @dataclass(slots=True)
 class RouteDecision:
@@ -59,7 +66,10 @@ class KVRouter:
         self.healthy: set[Hashable] = set()
         """Replicas that may receive requests."""
         self.degraded: dict[Hashable, str] = {}
-        """Replica id -> why its cache information is not trusted; such replicas are routed by load only."""
+        """Replica id -> why its cache information is not trusted (its causes' reasons joined); such
+        replicas are routed by load only."""
+        self.degraded_causes: dict[Hashable, dict[str, str]] = {}
+        """Replica id -> cause (one of ``DEGRADED_CAUSES``) -> reason, for each cause that holds now."""
         self.sessions = SessionTable(sessions)
         """Session id -> the replica of its last request (soft affinity, router/session.py)."""
         self.receipts = Receipts()
@@ -86,6 +96,7 @@ class KVRouter:
             self.loads.remove_replica(replica_id)
             self.healthy.discard(replica_id)
             self.degraded.pop(replica_id, None)
+            self.degraded_causes.pop(replica_id, None)
             self.sessions.forget_replica(replica_id)
 
     def set_healthy(self, replica_id: Hashable, healthy: bool, clear_cache: bool = False) -> None:
@@ -101,15 +112,33 @@ class KVRouter:
                 self.index.clear_replica(replica_id)
                 self.sessions.forget_replica(replica_id)
 
-    def set_degraded(self, replica_id: Hashable, reason: str | None) -> None:
-        """Mark a replica degraded (``reason``: why its cache information is not trusted, e.g. a block
-        size or tokenizer mismatch, a stalled event stream) or exact again (None). A degraded
-        replica still receives requests, chosen by load only: its index matches are ignored."""
+    def clear_cache(self, replica_id: Hashable) -> None:
+        """Forget which blocks a replica holds (its tree, real and predicted); it keeps its sessions."""
         with self.lock:
+            self.index.clear_replica(replica_id)
+
+    def set_degraded(self, replica_id: Hashable, reason: str | None, cause: str = INCOMPATIBLE) -> None:
+        """Mark a replica degraded for ``cause`` (``reason``: why its cache information is not trusted,
+        e.g. a block size mismatch, a stalled event stream) or clear that cause (None). The replica is
+        degraded while any cause holds: it still receives requests, chosen by load only (its index
+        matches are ignored). Causes are independent: a stream that catches up does not lift a mismatch."""
+        if cause not in DEGRADED_CAUSES:
+            raise ValueError(f"unknown degraded cause {cause!r}; one of {', '.join(DEGRADED_CAUSES)}")
+        with self.lock:
+            causes = self.degraded_causes.get(replica_id)
             if reason is None:
-                self.degraded.pop(replica_id, None)
+                if causes is None or causes.pop(cause, None) is None:
+                    return
             elif replica_id in self.loads.loads:
-                self.degraded[replica_id] = reason
+                causes = self.degraded_causes.setdefault(replica_id, {})
+                causes[cause] = reason
+            else:
+                return
+            if causes:
+                self.degraded[replica_id] = "; ".join(causes.values())
+            else:
+                self.degraded.pop(replica_id, None)
+                self.degraded_causes.pop(replica_id, None)
 
     def apply_events(self, replica_id: Hashable, batch_or_events) -> None:
         """Apply a replica's event batch (called from the subscriber's thread)."""
@@ -138,6 +167,7 @@ class KVRouter:
         with self.lock:
             matches = self.index.match(keys, now=now)
             t2 = _ns()
+            self.loads.refresh()  # other router processes' in-flight counts, when shared
             all_loads = self.loads.loads
             excluded = set(exclude)
             healthy = self.healthy

@@ -2,7 +2,9 @@
 
 The router's own counters are exact and immediate; the replica's report (polled from its JSON
 ``/load``: running, waiting, KV usage, queued prefill tokens) also covers work other routers or
-clients sent, but is a little stale. Policies read the two combined properties below.
+clients sent, but is a little stale. Router processes of one host (``--workers N``) also add each
+other's counters (router/shared_loads.py, ``LoadTracker.share``). Policies read the two combined
+properties below.
 """
 
 from __future__ import annotations
@@ -35,15 +37,26 @@ class ReplicaLoad:
     """Uncached prompt tokens this router sent here, exponentially decayed (``LoadTracker.churn_tau_s``):
     how fast the replica's cache turns over. In the tracker's scaled units: compare replicas only."""
 
+    peer_in_flight: int = 0
+    """Requests the other router processes of this host sent here and have not finished (shared
+    table, as of ``LoadTracker.refresh``; 0 for a router alone)."""
+    peer_pending_prefill_tokens: int = 0
+    """Their uncached prompt tokens that have produced no output yet (idem)."""
+
     @property
     def prefill_backlog(self) -> int:
         """Prompt tokens the replica must prefill before a new request's own prefill starts."""
-        return max(self.pending_prefill_tokens, self.queued_prefill_tokens)
+        return max(self.pending_prefill_tokens + self.peer_pending_prefill_tokens, self.queued_prefill_tokens)
 
     @property
     def decode_load(self) -> int:
         """Requests sharing the replica's decode steps."""
-        return max(self.in_flight, self.num_running + self.num_waiting)
+        return max(self.in_flight + self.peer_in_flight, self.num_running + self.num_waiting)
+
+    @property
+    def total_in_flight(self) -> int:
+        """Requests all router processes of this host sent here that have not finished."""
+        return self.in_flight + self.peer_in_flight
 
     def update_report(self, report: dict) -> None:
         """Take a replica's ``/load`` JSON (``protocol.LoadReport``; a few other spellings too).
@@ -82,12 +95,52 @@ class LoadTracker:
         self.churn_tau_s = churn_tau_s
         """Time constant of ``ReplicaLoad.recent_prefill`` (about a cache's turnover time)."""
         self._churn_t0: float | None = None
+        self.shared = None
+        """The host's ``SharedLoadTable`` (router/shared_loads.py) when several router processes share
+        their counts; None: this router counts alone."""
+        self.row: int | None = None
+        """This process's row in ``shared`` (None: it only reads, e.g. serve's control router)."""
+        self._slotted: list | None = None
+        self._num_slots = 0
+
+    def share(self, table, row: int | None) -> None:
+        """Publish this router's counts in ``table``'s ``row`` (cleared first) and read the others'."""
+        self.shared, self.row, self._slotted = table, row, None
+        if row is not None:
+            table.clear_row(row)
+        for replica_id, load in self.loads.items():
+            self._publish(replica_id, load)
+
+    def refresh(self) -> None:
+        """Take the other router processes' counts into ``peer_*`` (a no-op for a router alone)."""
+        table = self.shared
+        if table is None:
+            return
+        slotted = self._slotted
+        if slotted is None:  # (load, slot) of every replica with a slot; rebuilt when the set changes
+            pairs = ((load, table.slot(rid)) for rid, load in self.loads.items())
+            slotted = self._slotted = [(load, 2 * slot) for load, slot in pairs if slot is not None]
+            self._num_slots = max((i // 2 + 1 for _, i in slotted), default=0)
+        sums = table.peers(self.row, self._num_slots)
+        for load, i in slotted:
+            load.peer_in_flight = sums[i]
+            load.peer_pending_prefill_tokens = sums[i + 1]
+
+    def _publish(self, replica_id: Hashable, load: ReplicaLoad) -> None:
+        if self.row is not None:
+            slot = self.shared.slot(replica_id)
+            if slot is not None:
+                self.shared.write(self.row, slot, load.in_flight, load.pending_prefill_tokens)
 
     def add_replica(self, replica_id: Hashable) -> ReplicaLoad:
+        self._slotted = None
         return self.loads.setdefault(replica_id, ReplicaLoad())
 
     def remove_replica(self, replica_id: Hashable) -> None:
-        self.loads.pop(replica_id, None)
+        self._slotted = None
+        load = self.loads.pop(replica_id, None)
+        if load is not None and self.shared is not None:
+            self._publish(replica_id, ReplicaLoad())  # its requests no longer count here
 
     def on_dispatch(self, replica_id: Hashable, uncached_tokens: int, now: float | None = None) -> None:
         """A request was sent; it will prefill ``uncached_tokens`` tokens there (``now``: the clock
@@ -96,6 +149,8 @@ class LoadTracker:
         if load is not None:
             load.in_flight += 1
             load.pending_prefill_tokens += uncached_tokens
+            if self.shared is not None:
+                self._publish(replica_id, load)
             scale = self._churn_scale(time.monotonic() if now is None else now)  # may rebase recent_prefill
             load.recent_prefill += uncached_tokens * scale
 
@@ -117,6 +172,8 @@ class LoadTracker:
         load = self.loads.get(replica_id)
         if load is not None:
             load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)
+            if self.shared is not None:
+                self._publish(replica_id, load)
 
     def on_finish(self, replica_id: Hashable, uncached_tokens: int, had_output: bool) -> None:
         """The request finished (or failed); ``had_output`` says whether on_first_output ran."""
@@ -125,3 +182,5 @@ class LoadTracker:
             load.in_flight = max(0, load.in_flight - 1)
             if not had_output:
                 load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)
+            if self.shared is not None:
+                self._publish(replica_id, load)

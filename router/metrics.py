@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from kvmesh.replica.openai.metric_buckets import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from kvmesh.replica.openai.metrics_exposition import add_process_collectors, metrics_response
+from kvmesh.router.kv_router import DEGRADED_CAUSES
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.responses import Response
@@ -149,10 +150,12 @@ class _StateCollector:
             healthy.add_metric([rid], 1.0 if ok else 0.0)
         yield healthy
         degraded = GaugeMetricFamily("kvmesh_router_replica_degraded",
-                                     "1 if the replica's event stream is not trusted (routed by load only)",
-                                     labels=["replica"])
-        for rid, bad in state.get("degraded", {}).items():
-            degraded.add_metric([rid], 1.0 if bad else 0.0)
+                                     "1 while the replica's cache information is not trusted for this reason "
+                                     "(routed by load only): incompatible, bad_frames, stalled, lagging, lost_events",
+                                     labels=["replica", "reason"])
+        for rid, causes in state.get("degraded", {}).items():
+            for cause in DEGRADED_CAUSES:
+                degraded.add_metric([rid, cause], 1.0 if cause in causes else 0.0)
         yield degraded
         feed = state.get("feed")
         if feed is not None:

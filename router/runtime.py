@@ -8,10 +8,12 @@ Replicas can be added, re-registered with new endpoints, drained and removed at 
 draining replica gets no new requests (the health probe never puts it back) while the ones it
 runs, streams included, finish; whoever drains it removes it once ``in_flight`` is 0.
 
-A replica whose event stream keeps sending bad frames (or batches over ``max_source_blocks``) is
-*degraded* by the subscriber: the router routes to it by load only until a snapshot resync
-(``KVRouter.set_degraded``); the other replicas are not touched. ``feed_state()`` says whether
-the feed's thread runs (for ``/health``).
+A replica whose cache information cannot be trusted is *degraded*: the router routes to it by load
+only (``KVRouter.set_degraded``), the other replicas are not touched. Causes: blocks that cannot
+match the router's keys (``check_compatible``); a stream that keeps sending bad frames (or batches
+over ``max_source_blocks``; the subscriber's guard, until a snapshot resync); a stream that stalled,
+lags or lost batches (``StreamWatch``, router/stream_watch.py, from the events and each ``/load``).
+``feed_state()`` says whether the feed's thread runs (for ``/health``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from typing import Any
 
 import aiohttp
@@ -26,10 +29,11 @@ from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.http.upstream import UpstreamPool
-from kvmesh.router.kv_router import KVRouter
+from kvmesh.router.kv_router import BAD_FRAMES, INCOMPATIBLE, KVRouter
 from kvmesh.router.metrics import RouterMetrics
 from kvmesh.router.receipt_metrics import ReceiptMetrics
 from kvmesh.router.session import SessionConfig
+from kvmesh.router.stream_watch import StreamWatch
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +48,8 @@ class RouterRuntime:
                                seed=secrets.randbits(64), predict_ttl_s=config.predict_ttl_s,
                                sessions=SessionConfig(ttl_s=config.session_ttl_s))
         self.router.hasher.salt_secret = config.cache_salt_secret
+        self.stream_watch = StreamWatch(config.events_max_lag_s, self.router.set_degraded)
+        """Degrades replicas whose event stream stalled, lags or lost batches (router/stream_watch.py)."""
         if tokenizer is None and (config.tokenizer or config.model):
             from kvmesh.replica.openai.tokenizer import load_tokenizer
 
@@ -147,6 +153,7 @@ class RouterRuntime:
         if spec.events and self.subscriber is not None:
             self.subscriber.remove_source(replica_id)
         self.router.remove_replica(replica_id)
+        self.stream_watch.forget(replica_id)
         self.metrics.last_event_lag.pop(replica_id, None)
         return True
 
@@ -162,9 +169,14 @@ class RouterRuntime:
         return True
 
     def in_flight(self, replica_id: str) -> int:
-        """Requests this router sent to the replica that have not finished (streams until their last byte)."""
-        load = self.router.loads.loads.get(replica_id)
-        return load.in_flight if load is not None else 0
+        """Requests this router (all its processes, when they share counts) sent to the replica that
+        have not finished (streams until their last byte)."""
+        loads = self.router.loads
+        load = loads.loads.get(replica_id)
+        if load is None:
+            return 0
+        loads.refresh()
+        return load.total_in_flight
 
     def mark_failed(self, replica_id: str, connect_error: bool) -> None:
         """A request to the replica failed: stop routing to it until a probe succeeds.
@@ -186,6 +198,7 @@ class RouterRuntime:
         self._check_blocks_held(source, batch.events)
         self.router.apply_events(source, batch)
         self.metrics.observe_batch(source, batch.ts)
+        self.stream_watch.on_batch(source, batch.ts)
 
     def _check_blocks_held(self, source: str, events: list) -> None:
         from kvmesh.events.schema import AllBlocksCleared, BlockStored
@@ -204,14 +217,24 @@ class RouterRuntime:
                              "(SubscriberConfig.max_source_blocks)")
 
     def _on_status(self, source: str, status: str, detail: str) -> None:
-        from kvmesh.events.subscriber_guard import DEGRADED, RECOVERED
+        """The subscriber's word on a source (its thread): bad frames, a loss it could not repair
+        (the tree is dropped and a snapshot asked for), a snapshot applied."""
+        from kvmesh.events.subscriber_guard import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED
 
         if status == DEGRADED:
             logger.warning("replica %s: event stream degraded (%s); routing to it by load only", source, detail)
-            self.router.set_degraded(source, detail)
+            self.router.set_degraded(source, detail, BAD_FRAMES)
         elif status == RECOVERED:
             logger.info("replica %s: event stream trusted again (%s)", source, detail)
-            self.router.set_degraded(source, None)
+            self.router.set_degraded(source, None, BAD_FRAMES)
+        elif status == UNRECOVERED:
+            self.router.clear_cache(source)  # what it said may be wrong: forget it, relearn it
+            snapshots = self.subscriber.snapshots_supported(source) is not False
+            self.stream_watch.on_lost(source, detail, snapshots)
+            if snapshots:
+                self.subscriber.resync(source)
+        elif status == SNAPSHOT_APPLIED:
+            self.stream_watch.on_snapshot(source)
 
     def feed_state(self) -> dict[str, Any]:
         """The event feed's thread: ``alive`` (bool), ``error`` (its last crash, or None) and
@@ -229,16 +252,20 @@ class RouterRuntime:
             async with self.session.get(spec.url + "/health", timeout=timeout, headers=self.headers()) as r:
                 ok = r.status == 200
             if ok:
+                sent_at = time.time()
                 async with self.session.get(spec.url + "/load", timeout=timeout, headers=self.headers()) as r:
                     report = await r.json(content_type=None) if r.status == 200 else None
                 load = self.router.loads.loads.get(spec.replica_id)
                 if isinstance(report, dict) and load is not None:
                     load.update_report(report)
+                    self.check_stream(spec, report, sent_at, time.time())
             connect_error = False
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             ok, connect_error = False, isinstance(e, aiohttp.ClientConnectorError)
         if self.specs.get(spec.replica_id) is not spec:
             return ok  # removed or re-registered meanwhile
+        self.stream_watch.tick(spec.replica_id, self.subscriber.disconnected_s(spec.replica_id)
+                               if spec.events and self.subscriber is not None else None)
         was = spec.replica_id in self.router.healthy
         if ok and not was and spec.replica_id not in self.draining:
             logger.info("replica %s is healthy", spec.replica_id)
@@ -249,6 +276,15 @@ class RouterRuntime:
         elif not ok and connect_error:
             self.router.set_healthy(spec.replica_id, False, clear_cache=True)
         return ok
+
+    def check_stream(self, spec: ReplicaSpec, report: dict, sent_at: float, received_at: float) -> None:
+        """Hold a ``/load`` report (asked for at ``sent_at``, answered at ``received_at``) against the
+        last batch of the replica the router applied: a stalled stream degrades it (StreamWatch)."""
+        if not spec.events or self.subscriber is None:
+            return  # no stream to fall behind
+        stats = self.subscriber.stats.get(spec.replica_id)
+        applied = stats.last_seq if stats is not None else -1
+        self.stream_watch.on_report(spec.replica_id, report, applied, sent_at, received_at)
 
     async def check_compatible(self, spec: ReplicaSpec) -> None:
         """Degrade (load-only routing) a replica whose cache the router's keys cannot describe: another
@@ -267,7 +303,7 @@ class RouterRuntime:
         reason = incompatibility(info, self.config.block_size, self.tokenizer)
         if reason is not None:
             logger.warning("replica %s is routed by load only: %s", spec.replica_id, reason)
-            self.router.set_degraded(spec.replica_id, reason)
+            self.router.set_degraded(spec.replica_id, reason, INCOMPATIBLE)
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(s) for s in list(self.specs.values())), return_exceptions=True)
@@ -292,7 +328,7 @@ class RouterRuntime:
                 "events_applied": r.events_applied,
                 "index": {"orphan_blocks": stats.orphan_blocks, "unknown_removals": stats.unknown_removals},
                 "healthy": {rid: rid in r.healthy for rid in loads}, "loads": loads,
-                "degraded": {rid: rid in r.degraded for rid in loads},
+                "degraded": {str(rid): dict(r.degraded_causes.get(rid, {})) for rid in r.loads.loads},
             }
         sub = self.subscriber.stats if self.subscriber is not None else {}
         out["subscriber"] = {name: st.as_dict() for name, st in sub.items()}

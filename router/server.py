@@ -146,7 +146,8 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
         healthy = sorted(map(str, runtime.router.healthy))
         feed = runtime.feed_state()
         body = {"status": "ok" if healthy else "unavailable", "healthy_replicas": healthy,
-                "replicas": len(runtime.specs), "event_feed": feed}
+                "replicas": len(runtime.specs), "event_feed": feed,
+                "degraded_replicas": {str(rid): why for rid, why in list(runtime.router.degraded.items())}}
         if healthy and not feed["alive"]:  # requests are still served, by load only
             body["status"] = "degraded"
             body["warning"] = (f"the KV event feed is down ({feed['error']}); routing by load only until it "
@@ -259,6 +260,12 @@ class RouterServer:
     @property
     def url(self) -> str:
         return f"http://{self.config.host}:{self.port}"
+
+    def use_app(self, app) -> None:
+        """Serve ``app`` (e.g. ``self.app`` wrapped by a worker's setup) for every path but the proxied
+        ones; its ASGI lifespan runs at start and stop."""
+        self.app = app
+        self.http.asgi.app = app
 
     async def serve(self, sock=None, graceful_s: float = 2.0, drain_s: float = 0.0,
                     started: threading.Event | None = None) -> None:

@@ -21,9 +21,15 @@ DEFAULT_DRAIN_S = 5.0
 
 
 def serve_router(config, replicas, sock: socket.socket, worker_index: int,
-                 drain_s: float = DEFAULT_DRAIN_S) -> None:
-    """Serve the router on an inherited listening socket until SIGTERM (one worker's life)."""
+                 drain_s: float = DEFAULT_DRAIN_S, setup=None) -> None:
+    """Serve the router on an inherited listening socket until SIGTERM (one worker's life).
+
+    ``setup(runtime, app, worker_index) -> app`` (router/worker_setup.py) joins the worker to its
+    siblings: shared in-flight counts, and inside ``kvmesh serve`` the control router it follows.
+    """
     from kvmesh.router.server import RouterServer
 
     server = RouterServer(config, replicas, extra_headers=[(WORKER_HEADER, str(worker_index).encode())])
+    if setup is not None:
+        server.use_app(setup(server.runtime, server.app, worker_index))
     server.run(sock=sock, graceful_s=config.request_timeout_s or 600.0, drain_s=drain_s)

@@ -2,7 +2,7 @@
 
 The parent binds the listening socket once and starts N worker processes that inherit it; every
 worker accepts from the same kernel queue and runs its own router (its own index fed by the
-replicas' event streams, its own load view, its own predictions). The parent carries no traffic:
+replicas' event streams, its own predictions; in-flight counts are shared, see below). The parent carries no traffic:
 it only restarts a worker that exits and stops them all on SIGTERM/SIGINT::
 
     parent (bind + supervise) ── listening socket ──▶ worker 0: HTTP app, index, loads
@@ -18,7 +18,9 @@ graceful stop (SIGTERM: stop accepting, answer what still arrives on open connec
 
 The coupling to the HTTP app is one function, ``serve_router`` (router/worker_serve.py: build the
 app, serve it on the socket, drain on SIGTERM); ``RouterWorkers`` takes any picklable
-``serve(sock, worker_index)`` callable.
+``serve(sock, worker_index)`` callable. ``router_workers`` joins the workers' load views through
+shared memory (router/shared_loads.py: each sees every worker's in-flight requests) and, inside
+``kvmesh serve``, makes them follow serve's control router (router/control_follow.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 
 logger = logging.getLogger(__name__)
+
+MAX_AUTO_WORKERS = 8
+"""Most router processes ``workers: 0`` (auto) starts."""
+
+
+def spare_cores(reserved_cpus: float = 0.0) -> int:
+    """Router processes for ``workers: 0``: this host's cores less ``reserved_cpus`` (replicas) and one
+    for everything else (serve's control plane, Ray), between 1 and ``MAX_AUTO_WORKERS``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_AUTO_WORKERS, int(cores - reserved_cpus - 1)))
+
 
 def bind_listener(host: str, port: int, backlog: int = 2048) -> socket.socket:
     """A listening TCP socket the workers inherit (ValueError with a reason if the port is taken)."""
@@ -67,7 +80,8 @@ class RouterWorkers:
 
     def __init__(self, serve: Callable[[socket.socket, int], None], num_workers: int, host: str = "127.0.0.1",
                  port: int = 0, restart_delay_s: float = 0.5, max_restart_delay_s: float = 10.0,
-                 min_uptime_s: float = 10.0, max_quick_exits: int = 5) -> None:
+                 min_uptime_s: float = 10.0, max_quick_exits: int = 5,
+                 on_exit: Callable[[int], None] | None = None) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.serve = serve
@@ -82,9 +96,13 @@ class RouterWorkers:
         """A worker that exits sooner than this after starting counts as failing to start."""
         self.max_quick_exits = max_quick_exits
         """Consecutive failed starts of one worker after which all stop (bad model path, port, ...)."""
+        self.on_exit = on_exit
+        """Called with a worker's index when it exited (e.g. to clear its row of shared counts)."""
         self.failed: str | None = None
         """Why the workers were given up on (None while they run or after a clean stop)."""
         self.sock = bind_listener(host, port)
+        self.table = None
+        """The workers' ``SharedLoadTable`` when ``router_workers`` made one."""
         self.restarts = [0] * num_workers
         """Times each worker was restarted."""
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no locks or threads copied mid-use
@@ -122,6 +140,8 @@ class RouterWorkers:
                 if self._stop.is_set():
                     return
                 if proc is not None and not proc.is_alive() and i not in due:
+                    if self.on_exit is not None:
+                        self.on_exit(i)
                     lived = now - self._started_at[i]
                     self._quick_exits[i] = self._quick_exits[i] + 1 if lived < self.min_uptime_s else 0
                     if self._quick_exits[i] >= self.max_quick_exits:
@@ -179,8 +199,16 @@ class RouterWorkers:
         self.sock.close()
 
 
-def router_workers(config, replicas, num_workers: int) -> RouterWorkers:
-    """``num_workers`` processes serving the router app (``serve_router``) on ``config.host:config.port``."""
+def router_workers(config, replicas, num_workers: int, control_url: str | None = None) -> RouterWorkers:
+    """``num_workers`` processes serving the router app (``serve_router``) on ``config.host:config.port``,
+    sharing their in-flight counts (router/shared_loads.py); ``control_url``: they follow serve's
+    control router for their replica set (router/control_follow.py)."""
+    from kvmesh.router.shared_loads import SharedLoadTable
     from kvmesh.router.worker_serve import serve_router
+    from kvmesh.router.worker_setup import WorkerSetup
 
-    return RouterWorkers(functools.partial(serve_router, config, replicas), num_workers, config.host, config.port)
+    table = SharedLoadTable(num_workers)
+    serve = functools.partial(serve_router, config, replicas, setup=WorkerSetup(table, control_url))
+    workers = RouterWorkers(serve, num_workers, config.host, config.port, on_exit=table.clear_row)
+    workers.table = table
+    return workers

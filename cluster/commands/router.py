@@ -44,6 +44,10 @@ def run(args) -> int:
         if config.host == "auto":  # one machine: serve's rule
             config = replace(config, host="127.0.0.1")
         specs = [ReplicaSpec.parse(text) for text in args.replica]
+        if config.workers == 0:
+            from kvmesh.router.workers import spare_cores
+
+            config = replace(config, workers=spare_cores())
         if config.workers > 1:
             from kvmesh.router.workers import router_workers
 

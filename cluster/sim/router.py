@@ -54,9 +54,11 @@ class SimRouter:
 
         self.block_size = config.block_size
         self.config = config
+        # cache_aware counts running requests per engine step: tell it the replicas' step budget
+        policy_kwargs = {"decode_step_tokens": config.max_num_batched_tokens, **config.policy_kwargs}
         self.routers = [
             KVRouter(block_size=config.block_size,
-                     policy=build_policy(policy, config.policy_kwargs, config.block_size, config.seed + k),
+                     policy=build_policy(policy, policy_kwargs, config.block_size, config.seed + k),
                      predict_ttl_s=config.predict_ttl_s, sessions=SessionConfig(ttl_s=config.session_ttl_s))
             for k in range(config.num_routers)
         ]

@@ -5,7 +5,9 @@ For each candidate replica ``r``, in prefill-token units::
 
     cost(r) = uncached(r) * turnover(r)            prompt tokens it would still compute (prompt - cached prefix)
             + backlog_weight * prefill_backlog(r)  prompt tokens queued before ours
-            + decode_weight * decode_load(r)       running requests slowing every step
+            + decode_weight * steps(r) * decode_load(r)   running requests slowing every step
+
+    steps(r) = max(1, (prefill_backlog(r) + uncached(r)) / decode_step_tokens)   steps until our first token
 
     turnover(r) = 1 + churn_weight * (x - 1),   x = recent_prefill(r) / mean recent_prefill,
                                                   clamped to [1 / churn_clamp, churn_clamp]
@@ -18,7 +20,11 @@ request gets back (and a burst sharing a new prefix stays on the replica that is
 from the tail of its LRU, and a replica that takes in new tokens faster than the others has a
 younger, likelier-reused tail. Steering new work towards slow-turnover replicas makes the
 partitioned caches behave more like one LRU pool (the simulator's attribution: fewer prefixes
-evicted from every replica). Defaults (0.15, 1.0) come from ``kvmesh sim`` (BENCHMARKS.md §1.7).
+evicted from every replica). ``steps`` puts the decode term in time: ``decode_weight`` (8) is about
+what one running request with a 15k-token context adds to one step (50 us + 39 ns per context
+token ~ 8 prefill tokens at 12k tokens/s, ``cluster/sim/config.py``), and a request behind a long
+backlog or with a long uncached prompt waits through several steps; a short prompt still weighs a
+running request as 8 tokens. Defaults (0.15, 1.0, 8192) come from ``kvmesh sim`` (BENCHMARKS.md §1.7).
 With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
@@ -39,7 +45,8 @@ class CacheAwarePolicy(Policy):
 
     def __init__(self, decode_weight: float = 8.0, backlog_weight: float = 0.15, temperature: float = 0.0,
                  session_slack_tokens: float = 0.0, churn_weight: float = 1.0, churn_clamp: float = 2.0,
-                 backlog_release_tokens: float = math.inf, **kwargs) -> None:
+                 backlog_release_tokens: float = math.inf, decode_step_tokens: float = 8192,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         if decode_weight < 0 or backlog_weight < 0:
             raise ValueError(f"decode_weight and backlog_weight must be >= 0, got {decode_weight}, {backlog_weight}")
@@ -55,6 +62,14 @@ class CacheAwarePolicy(Policy):
         """Queued prefill tokens beyond which the backlog counts in full (weight 1, not
         ``backlog_weight``): past this release point a hot replica sheds requests as a plain
         least-loaded router would, so its prefixes get replicated elsewhere. inf = never."""
+        decode_step_tokens = float(decode_step_tokens)
+        if not decode_step_tokens > 0:
+            raise ValueError(f"decode_step_tokens must be > 0, got {decode_step_tokens}")
+        self.decode_step_tokens = decode_step_tokens
+        """Prefill tokens one engine step computes (the replicas' ``max_num_batched_tokens``; 8192 is
+        vLLM's default for online serving on 80 GB GPUs). A running request slows every step, so it
+        costs ``decode_weight`` per step until the new request's prefill is done: (queued +
+        uncached prompt tokens) / this, at least 1. inf: always one step (the cost before it)."""
         self.temperature = temperature
         """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
         if session_slack_tokens < 0:
@@ -86,10 +101,17 @@ class CacheAwarePolicy(Policy):
         for rid, load in loads.items():
             uncached = prompt - bs * get(rid, 0)
             uncached = uncached if uncached > 0 else 0
+            backlog = load.prefill_backlog
+            steps = self._steps(backlog + uncached)
             if churn:
                 uncached *= self._turnover(churn * load.recent_prefill)
-            out[rid] = uncached + self._backlog_cost(load.prefill_backlog) + w * load.decode_load
+            out[rid] = uncached + self._backlog_cost(backlog) + w * steps * load.decode_load
         return out
+
+    def _steps(self, prefill_tokens: float) -> float:
+        """Engine steps until ``prefill_tokens`` (queued + this request's uncached) are computed, >= 1."""
+        steps = prefill_tokens / self.decode_step_tokens
+        return steps if steps > 1 else 1.0
 
     def _backlog_cost(self, backlog: float) -> float:
         wb, release = self.backlog_weight, self.backlog_release_tokens
@@ -124,20 +146,21 @@ class CacheAwarePolicy(Policy):
         bs, w, wb, get = self.block_size, self.decode_weight, self.backlog_weight, matches.get
         churn, release = self._churn_factor(loads), self.backlog_release_tokens
         cw, hi = self.churn_weight, self.churn_clamp
-        lo = 1 / hi
+        lo, step = 1 / hi, self.decode_step_tokens
         best_cost, ties = math.inf, []
         for rid, load in loads.items():
             cached = get(rid)
             cost = prompt - bs * cached if cached else prompt
             if cost < 0:
                 cost = 0
-            elif churn:  # turnover(), inlined: this loop runs over every candidate per request
+            pending, queued = load.pending_prefill_tokens, load.queued_prefill_tokens
+            backlog = pending if pending > queued else queued
+            steps = (backlog + cost) / step
+            if cost and churn:  # turnover(), inlined: this loop runs over every candidate per request
                 x = churn * load.recent_prefill
                 cost *= 1 + cw * ((hi if x > hi else lo if x < lo else x) - 1)
-            pending, queued = load.pending_prefill_tokens, load.queued_prefill_tokens
             in_flight, reported = load.in_flight, load.num_running + load.num_waiting
-            backlog = pending if pending > queued else queued
-            cost += wb * backlog + w * (in_flight if in_flight > reported else reported)
+            cost += wb * backlog + w * (steps if steps > 1 else 1) * (in_flight if in_flight > reported else reported)
             if backlog > release:
                 cost += (1 - wb) * (backlog - release)
             if cost < best_cost:

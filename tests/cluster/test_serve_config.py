@@ -185,3 +185,12 @@ def test_config_is_frozen():
     config = ServeConfig()
     with pytest.raises(AttributeError):
         config.replicas.num_replicas = 5  # type: ignore[misc]
+
+
+def test_serve_gives_cache_aware_the_replicas_step_budget_unless_set():
+    from kvmesh.cluster.launcher import step_budget
+
+    assert step_budget("cache_aware", {}, 2048) == {"decode_step_tokens": 2048}
+    assert step_budget("cache_aware", {"decode_step_tokens": 512}, 2048) == {"decode_step_tokens": 512}
+    assert step_budget("round_robin", {}, 2048) == {}
+    RouterConfig(policy_kwargs=step_budget("cache_aware", {}, 2048))  # a valid option of the policy

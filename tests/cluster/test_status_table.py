@@ -58,7 +58,7 @@ def test_a_degraded_replica_and_its_bad_frames_are_shown():
     state = {"index_blocks": {"replica-0": 1}, "index_keys": 1, "events_applied": 1,
              "index": {"orphan_blocks": 0, "unknown_removals": 0}, "healthy": {"replica-0": True},
              "loads": dict(loads.loads), "subscriber": {"replica-0": {"bad_frames": 7, "last_seq": 3}},
-             "event_lag": {}, "degraded": {"replica-0": True}}
+             "event_lag": {}, "degraded": {"replica-0": {"bad_frames": "20 bad frames within 10s"}}}
     rows = {"replica-0": ReplicaStatus("replica-0", url="http://127.0.0.1:1", healthy=True,
                                        degraded="20 bad frames within 10s")}
     apply_metrics(rows, RouterMetrics(lambda: state).render().decode())

@@ -3,8 +3,9 @@
 Prompts must be token ids (text is turned into bytes). Each request is "prefilled" through the
 real ``KVCacheManager`` (so BlockStored/BlockRemoved go out on a real ``ZmqEventPublisher``, with
 replay and snapshots), answered with one token per chunk, and freed (its blocks stay cached).
-``POST /fake/config`` sets a first-byte delay, a forced HTTP status, or ``cut`` (streams break after
-their first chunk, as when the process dies); ``GET /fake/stats`` counts requests whose client
+``POST /fake/config`` sets a first-byte delay, a forced HTTP status, ``cut`` (streams break after
+their first chunk, as when the process dies), a clock skew or event lag, or stops / restarts the event
+publisher (``"publisher": "stop"`` / ``"restart"``; HTTP keeps serving); ``GET /fake/stats`` counts requests whose client
 went away during the delay (``cancelled``) and the Authorization headers seen. Run as a script it prints
 one JSON line with its endpoints, then serves until killed::
 
@@ -19,12 +20,13 @@ import itertools
 import json
 import sys
 import threading
+import time
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
-from kvmesh.events.schema import AllBlocksCleared
+from kvmesh.events.schema import AllBlocksCleared, KVEventBatch
 from kvmesh.kvcache.interfaces import TokenRequest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
@@ -42,12 +44,19 @@ class FakeReplica:
                             replay_endpoint=f"tcp://127.0.0.1:{replay_port}"),
             snapshot_source=self.snapshot)
         self.publisher.publish([AllBlocksCleared()])
+        self.publisher_config = PublisherConfig(endpoint="bind://" + self.publisher.endpoint,
+                                                replay_endpoint=self.publisher.replay_endpoint)
+        """Its publisher's config with the ports it got: a restarted publisher binds the same ones."""
         self.delay = 0.0
         self.status = 200
         self.cut = False
         self.running = 0
         self.cancelled = 0
         self.auth_seen: list[str] = []
+        self.clock_skew = 0.0
+        """Seconds this replica's clock is ahead of the real one (its /load timestamp and event batches)."""
+        self.event_lag = 0.0
+        """Seconds event batches are stamped before their step: as if they reached the router that late."""
 
     def snapshot(self):
         with self.lock:
@@ -63,7 +72,7 @@ class FakeReplica:
             self.manager.free(req)
             events, self.pending[:] = list(self.pending), []
         if events:
-            self.publisher.publish(events)
+            self.publisher.publish(KVEventBatch(ts=time.time() + self.clock_skew - self.event_lag, events=events))
         return n
 
     @staticmethod
@@ -86,6 +95,14 @@ class FakeReplica:
             self.delay = float(body.get("delay", self.delay))
             self.status = int(body.get("status", self.status))
             self.cut = bool(body.get("cut", self.cut))
+            self.clock_skew = float(body.get("clock_skew", self.clock_skew))
+            self.event_lag = float(body.get("event_lag", self.event_lag))
+            if body.get("publisher") == "stop":  # its I/O thread ends: batches queue up, unsent
+                self.publisher._io.stop()
+                self.publisher._thread.join(5)
+            elif body.get("publisher") == "restart":  # a new publisher on the same ports
+                self.publisher.close()
+                self.publisher = ZmqEventPublisher(self.publisher_config, snapshot_source=self.snapshot)
             if body.get("reset_stats"):
                 self.cancelled, self.auth_seen = 0, []
             return {"ok": True}
@@ -101,7 +118,9 @@ class FakeReplica:
         @app.get("/load")
         async def load():
             return {"num_requests_running": self.running, "num_requests_waiting": 0,
-                    "kv_cache_usage": self.manager.usage, "num_waiting_prefill_tokens": 0}
+                    "kv_cache_usage": self.manager.usage, "num_waiting_prefill_tokens": 0,
+                    "timestamp": time.time() + self.clock_skew, "kv_events_seq": self.publisher.seq - 1,
+                    "kv_events_unsent_s": self.publisher.unsent_s()}
 
         async def serve(request: Request, chat: bool):
             body = await request.json()

@@ -86,7 +86,7 @@ def test_garbage_from_one_replica_degrades_it_alone_and_a_snapshot_brings_it_bac
             assert await wait_for(lambda: r.index.num_blocks("good") == 8)
             assert "good" not in r.degraded
             text = runtime.metrics.render().decode()
-            assert 'kvmesh_router_replica_degraded{replica="bad"} 1.0' in text
+            assert 'kvmesh_router_replica_degraded{reason="bad_frames",replica="bad"} 1.0' in text
             assert 'kvmesh_router_event_stream_total{counter="bad_frames",replica="bad"}' in text
             assert runtime.feed_state() == {"alive": True, "error": None, "restarts": 0}
             corrupt.on = False  # the replica behaves again: its resync snapshot restores trust

@@ -149,11 +149,27 @@ def test_cache_aware_backlog_release_point_makes_a_hot_replica_shed_requests():
     assert shed.costs(KEYS, {"r1": 40}, hot)["r1"] == pytest.approx(384 + 300 + 0.9 * 2000)
 
 
+def test_cache_aware_running_requests_weigh_once_per_step_until_our_prefill_is_done():
+    policy = get_policy("cache_aware", block_size=BS, backlog_weight=0, churn_weight=0, decode_step_tokens=256)
+    one_step = get_policy("cache_aware", block_size=BS, backlog_weight=0, churn_weight=0, decode_step_tokens="inf")
+    short = loads(2, r1={"in_flight": 3})  # r1 holds 60 of 64 blocks: 64 tokens left, under one step
+    assert policy.costs(KEYS, {"r1": 60}, short)["r1"] == 64 + 3 * 8
+    queued = loads(2, r1={"in_flight": 40, "queued_prefill_tokens": 1984})  # (1984 + 64) / 256 = 8 steps
+    assert policy.costs(KEYS, {"r1": 60}, queued)["r1"] == 64 + 40 * 8 * 8
+    assert policy.choose(KEYS, {"r1": 60}, queued) == "r0"  # 1,024 tokens on the idle replica are sooner
+    assert one_step.choose(KEYS, {"r1": 60}, queued) == "r1"
+
+
 def test_cache_aware_choice_is_the_minimum_of_its_reported_costs():
     import random
 
     rng = random.Random(5)
-    policy = get_policy("cache_aware", block_size=BS, backlog_release_tokens=2000)
+    for policy in (get_policy("cache_aware", block_size=BS, backlog_release_tokens=2000),
+                   get_policy("cache_aware", block_size=BS, decode_step_tokens=1000)):
+        _check_choice_is_min_cost(policy, rng)
+
+
+def _check_choice_is_min_cost(policy, rng):
     for _ in range(200):
         many = loads(8, **{f"r{i}": {"recent_prefill": rng.uniform(0, 5000), "in_flight": rng.randrange(20),
                                      "queued_prefill_tokens": rng.randrange(6000)} for i in range(8)})

@@ -181,9 +181,9 @@ def test_taken_port_is_a_clear_error():
         taken.close()
 
 
-def test_zero_workers_is_rejected():
-    with pytest.raises(ValueError, match="workers must be >= 1"):
-        RouterConfig(workers=0)
+def test_negative_workers_is_rejected():
+    with pytest.raises(ValueError, match="workers must be >= 1, or 0 for auto"):
+        RouterConfig(workers=-1)
 
 
 def test_worker_that_cannot_start_makes_the_pool_give_up_with_a_reason():

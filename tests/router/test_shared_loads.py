@@ -1,0 +1,134 @@
+"""Router processes of one host share their in-flight counts (router/shared_loads.py, LoadTracker.share)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+from kvmesh.router.load import LoadTracker
+from kvmesh.router.shared_loads import SharedLoadTable
+from kvmesh.router.workers import MAX_AUTO_WORKERS, spare_cores
+
+
+def _trackers(table: SharedLoadTable, *replicas: str) -> list[LoadTracker]:
+    out = []
+    for row in range(table.num_rows):
+        tracker = LoadTracker()
+        for rid in replicas:
+            tracker.add_replica(rid)
+        tracker.share(table, row)
+        out.append(tracker)
+    return out
+
+
+def test_a_request_sent_by_one_process_counts_in_the_others_load_view():
+    a, b = _trackers(SharedLoadTable(2), "r0", "r1")
+    a.on_dispatch("r1", 500)
+    b.refresh()
+    assert (b.loads["r1"].decode_load, b.loads["r1"].prefill_backlog) == (1, 500)
+    assert b.loads["r0"].decode_load == 0
+    assert b.loads["r1"].in_flight == 0  # b's own count stays b's own
+    a.on_first_output("r1", 500)
+    b.refresh()
+    assert (b.loads["r1"].total_in_flight, b.loads["r1"].prefill_backlog) == (1, 0)
+    a.on_finish("r1", 500, had_output=True)
+    b.refresh()
+    assert b.loads["r1"].total_in_flight == 0
+
+
+def test_the_policy_sees_the_other_process_requests():
+    from kvmesh.router.kv_router import KVRouter
+
+    table = SharedLoadTable(2)
+    routers = [KVRouter(block_size=16, policy="least_loaded") for _ in range(2)]
+    for row, router in enumerate(routers):
+        for rid in ("r0", "r1"):
+            router.add_replica(rid)
+        router.loads.share(table, row)
+    routers[0].loads.on_dispatch("r0", 100)
+    routers[0].loads.on_dispatch("r0", 100)
+    assert routers[1].route(list(range(64))).replica_id == "r1"
+
+
+def test_a_reader_without_a_row_sums_every_writer():
+    table = SharedLoadTable(3)
+    writers = _trackers(table, "r0")
+    reader = LoadTracker()
+    reader.add_replica("r0")
+    reader.share(table, None)
+    for w in writers:
+        w.on_dispatch("r0", 10)
+    reader.refresh()
+    assert (reader.loads["r0"].total_in_flight, reader.loads["r0"].prefill_backlog) == (3, 30)
+
+
+def test_removing_a_replica_or_clearing_a_dead_process_row_drops_its_counts():
+    table = SharedLoadTable(2)
+    a, b = _trackers(table, "r0")
+    a.on_dispatch("r0", 10)
+    a.remove_replica("r0")
+    b.refresh()
+    assert b.loads["r0"].total_in_flight == 0
+    a.add_replica("r0")
+    a.on_dispatch("r0", 10)
+    table.clear_row(0)  # the process holding row 0 died: its requests are gone with it
+    b.refresh()
+    assert b.loads["r0"].total_in_flight == 0
+
+
+def test_processes_agree_on_slots_whatever_order_they_see_replicas_in():
+    table = SharedLoadTable(2)
+    a, b = LoadTracker(), LoadTracker()
+    for rid in ("x", "y"):
+        a.add_replica(rid)
+    for rid in ("y", "x"):
+        b.add_replica(rid)
+    a.share(table, 0)
+    b.share(table, 1)
+    a.on_dispatch("y", 7)
+    b.refresh()
+    assert (b.loads["y"].total_in_flight, b.loads["x"].total_in_flight) == (1, 0)
+
+
+def test_a_full_table_counts_the_extra_replica_locally_only():
+    a, b = _trackers(SharedLoadTable(2, max_replicas=1), "r0", "r1")
+    a.on_dispatch("r1", 1)
+    a.on_dispatch("r0", 1)
+    b.refresh()
+    assert a.loads["r1"].in_flight == 1
+    assert sum(load.total_in_flight for load in b.loads.values()) == 1  # only the replica with a slot
+
+
+def _write_from_child(table: SharedLoadTable, row: int) -> None:
+    tracker = LoadTracker()
+    tracker.add_replica("replica-7")
+    tracker.share(table, row)
+    tracker.on_dispatch("replica-7", 123)
+
+
+def test_counts_cross_process_boundaries():
+    table = SharedLoadTable(2)
+    child = mp.get_context("spawn").Process(target=_write_from_child, args=(table, 1))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    reader = LoadTracker()
+    reader.add_replica("replica-7")
+    reader.share(table, 0)
+    reader.refresh()
+    assert (reader.loads["replica-7"].peer_in_flight, reader.loads["replica-7"].prefill_backlog) == (1, 123)
+
+
+@pytest.mark.parametrize("cores, reserved, expected", [(2, 2, 1), (2, 0, 1), (4, 2, 1), (16, 4, 11), (64, 0, MAX_AUTO_WORKERS)])
+def test_auto_workers_are_the_cores_left_after_the_replicas(monkeypatch, cores, reserved, expected):
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: set(range(cores)), raising=False)
+    assert spare_cores(reserved) == min(expected, MAX_AUTO_WORKERS)
+
+
+def test_serve_resolves_auto_workers_to_one_on_a_two_core_host(monkeypatch):
+    from kvmesh.cluster.config import ServeConfig
+    from kvmesh.cluster.serve_router import num_router_workers
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: {0, 1}, raising=False)
+    assert ServeConfig().router.workers == 0  # auto is serve's default
+    assert num_router_workers(ServeConfig()) == 1
