@@ -229,3 +229,27 @@ def test_piece_after_a_token_is_not_glued_into_a_longer_added_token(byte_level):
     cached = CachedTokenizer(backend)
     for text in ["<|im_start|>Once upon a time<|im_end|>", "<|begin_of_text|>Once upon<|eot_id|>Once more"]:
         assert cached.encode(text, False) == backend.encode(text, add_special_tokens=False).ids
+
+
+@SETTINGS
+@given(texts=st.lists(st.lists(st.one_of(fragment, st.text(max_size=12)), max_size=30).map("".join), min_size=1,
+                      max_size=5), budget=st.integers(0, 40), add=st.booleans())
+def test_encode_within_a_budget_is_exact_or_declines(stories, texts, budget, add):
+    cached = CachedTokenizer(stories, chunk_chars=8)
+    for text in texts + [texts[0] + t for t in texts]:
+        ids = cached.encode(text, add, max_fresh_chars=budget)
+        if ids is None:  # declined: more than the budget was new; nothing was cached
+            assert cached.encode(text, add, max_fresh_chars=len(text)) == stories.encode(text, add_special_tokens=add)
+        else:
+            assert ids == stories.encode(text, add_special_tokens=add)
+        assert cached.encode(text, add, max_fresh_chars=0) == stories.encode(text, add_special_tokens=add)
+
+
+def test_encode_within_counts_only_what_the_cache_lacks(stories):
+    cached = CachedTokenizer(stories, chunk_chars=64)
+    prefix = "Once upon a time there was a little girl who loved to play in the park with her dog. " * 12
+    assert cached.encode(prefix + "She found a ball.", True, max_fresh_chars=100) is None  # ~1,000 new chars
+    assert cached.cached_pieces == 0 and cached.miss_tokens == 0  # declining did no work
+    cached.encode(prefix + "She found a ball.")
+    text = prefix + "Then she ran home to tell her mom."
+    assert cached.encode(text, True, max_fresh_chars=100) == stories.encode(text)  # only the new tail
