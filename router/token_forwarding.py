@@ -65,8 +65,8 @@ class UpstreamBody:
         """Whether an upstream of ``kind`` gets the router's token ids for this request."""
         if not self._enabled or kind == TEXT:
             return False
-        if self._chat:
-            return kind == KVMESH
+        if self._chat:  # a chat that came with its ids goes as sent (they are what the router routed by)
+            return kind == KVMESH and getattr(self._req, "prompt_token_ids", None) is None
         if self._req.echo:
             return False  # the echoed prompt must be the client's text, not the ids decoded
         if isinstance(self._req.prompt, list) and self._req.prompt and isinstance(self._req.prompt[0], int):

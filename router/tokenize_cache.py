@@ -48,6 +48,11 @@ DEFAULT_CHUNK_CHARS = 256
 _PROBES = ("a", "Hello world, how are you?", " leading space", "\n\nline\tbreaks  ", "x y z")
 
 
+def _chars(keys) -> int:
+    """Characters of the pieces behind cache keys."""
+    return sum(len(key[0]) if key.__class__ is tuple else len(key) for key in keys)
+
+
 class CachedTokenizer:
     """``encode(text, add_special_tokens)`` with exactly the tokenizer's ids, pieces served from an LRU cache."""
 
@@ -136,15 +141,28 @@ class CachedTokenizer:
             self.miss_tokens += len(ids)
             return ids
         keys = self._keys(text)
-        ids: list[int] = list(self._frame[0]) if add_special_tokens else []
-        with self._lock:
-            if max_fresh_chars is not None and self._fresh_chars(keys) > max_fresh_chars:
+        cache = self._cache
+        with self._lock:  # held for lookups only: the tokenizer runs outside it (a thread's big miss never
+            found = [key if key.__class__ is int else cache.get(key) for key in keys]  # blocks the loop's hits)
+            missing = {key: None for key, got in zip(keys, found, strict=True) if got is None}
+            if max_fresh_chars is not None and missing and _chars(missing) > max_fresh_chars:
                 return None
-            for key in keys:
-                if key.__class__ is int:
-                    ids.append(key)
-                else:
-                    ids += self._piece(key)
+            for key, got in zip(keys, found, strict=True):
+                if got is not None and key.__class__ is not int:
+                    cache.move_to_end(key)
+                    self.hit_tokens += len(got)
+        if missing:
+            for key in missing:
+                missing[key] = self._tokenize(key)
+            with self._lock:
+                for key, piece_ids in missing.items():
+                    self._store(key, piece_ids)
+        ids: list[int] = list(self._frame[0]) if add_special_tokens else []
+        for key, got in zip(keys, found, strict=True):
+            if key.__class__ is int:
+                ids.append(key)
+            else:
+                ids += got if got is not None else missing[key]
         if add_special_tokens:
             ids += self._frame[1]
         return ids
@@ -166,14 +184,6 @@ class CachedTokenizer:
                 keys.append((part,) if i == 0 else part)
         return keys
 
-    def _fresh_chars(self, keys: list) -> int:
-        """Characters of the pieces of ``keys`` that are not in the cache."""
-        cache, fresh = self._cache, 0
-        for key in keys:
-            if key.__class__ is not int and key not in cache:
-                fresh += len(key[0]) if key.__class__ is tuple else len(key)
-        return fresh
-
     def _chunks(self, piece: str) -> list[str]:
         """``piece`` cut at the first allowed space at or after every ``chunk_chars`` characters."""
         chunks, start, step, search = [], 0, self.chunk_chars, self._cut.search
@@ -186,13 +196,8 @@ class CachedTokenizer:
             chunks.append(piece[start:cut])
             start = cut
 
-    def _piece(self, key: tuple[str] | str) -> list[int]:
-        cache = self._cache
-        hit = cache.get(key)
-        if hit is not None:
-            cache.move_to_end(key)
-            self.hit_tokens += len(hit)
-            return hit
+    def _tokenize(self, key: tuple[str] | str) -> list[int]:
+        """The ids of a piece (its cache key), from the tokenizer."""
         if key.__class__ is tuple:  # the piece at offset 0 of the text
             ids = self.backend.encode(key[0], add_special_tokens=False).ids
         else:  # behind an added token, as in the whole text (not at offset 0)
@@ -200,12 +205,17 @@ class CachedTokenizer:
             assert ids[0] == self._added_ids[self._lead], "an added token must encode to its own id"
             del ids[0]
         self.miss_tokens += len(ids)
-        if len(ids) <= self.max_cached_tokens:
-            cache[key] = ids
-            self._cached_tokens += len(ids)
-            while self._cached_tokens > self.max_cached_tokens:
-                self._cached_tokens -= len(cache.popitem(last=False)[1])
         return ids
+
+    def _store(self, key: tuple[str] | str, ids: list[int]) -> None:
+        """Cache a piece's ids (under the lock), dropping the least recently used beyond the bound."""
+        cache = self._cache
+        if len(ids) > self.max_cached_tokens or key in cache:
+            return
+        cache[key] = ids
+        self._cached_tokens += len(ids)
+        while self._cached_tokens > self.max_cached_tokens:
+            self._cached_tokens -= len(cache.popitem(last=False)[1])
 
     @property
     def cuts_at_spaces(self) -> bool:

@@ -253,3 +253,32 @@ def test_encode_within_counts_only_what_the_cache_lacks(stories):
     cached.encode(prefix + "She found a ball.")
     text = prefix + "Then she ran home to tell her mom."
     assert cached.encode(text, True, max_fresh_chars=100) == stories.encode(text)  # only the new tail
+
+
+def test_a_slow_miss_in_one_thread_does_not_hold_up_hits_in_another(stories):
+    """The event loop encodes cached text while a render thread tokenizes a huge new prompt."""
+    import threading
+
+    cached = CachedTokenizer(stories)
+    cached.encode("Hello there", False)
+    real, entered, release = cached.backend, threading.Event(), threading.Event()
+
+    class Slow:
+        def encode(self, text, add_special_tokens):
+            if "slow" in text:
+                entered.set()
+                release.wait(30)
+            return real.encode(text, add_special_tokens=add_special_tokens)
+
+    cached.backend = Slow()
+    thread = threading.Thread(target=cached.encode, args=("a slow new piece", False))
+    thread.start()
+    try:
+        assert entered.wait(30)
+        assert cached.encode("Hello there", False) == stories.encode("Hello there", add_special_tokens=False)
+        assert thread.is_alive()  # the hit did not wait for the miss
+    finally:
+        release.set()
+        thread.join()
+    assert cached.encode("a slow new piece", False, max_fresh_chars=0) == stories.encode("a slow new piece",
+                                                                                         add_special_tokens=False)
