@@ -1,6 +1,6 @@
 """The router's data plane without HTTP: body bytes -> token ids -> route decision -> upstream body bytes.
 
-    python -m kvmesh.cluster.benchmarks.router_parse [--out results/router_parse.json] [--rounds 3]
+    kvmesh bench router_parse [--out results/router_parse.json] [--rounds 3]
         [--tree main=/path/to/other/checkout ...] [--profile workload]
 
 CPU microseconds per request (process CPU, render-pool threads included) of what the router does between
@@ -97,7 +97,16 @@ def profile(workload: str, passes: int) -> None:
         for _ in range(passes):
             await _pass(fwd, items, chat)
         prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        stats = pstats.Stats(prof)
+        stats.sort_stats("tottime").print_stats(15)
+        split: dict[str, float] = {}
+        for (path, _, func), (_, _, own, _, _) in stats.stats.items():
+            where = next((name for name, marks in SPLIT if any(m in path or m in func for m in marks)), "other")
+            split[where] = split.get(where, 0.0) + own
+        total = sum(split.values())
+        print("own time by part (cProfile, so Python-heavy parts look bigger):")
+        for name, own in sorted(split.items(), key=lambda kv: -kv[1]):
+            print(f"  {100 * own / total:5.1f}%  {name}")
 
     asyncio.run(run())
 
@@ -127,6 +136,21 @@ def use_tree(root: Path) -> None:
     assert Path(forward.__file__).resolve().is_relative_to(root.resolve()), forward.__file__
 
 
+SPLIT = (  # part -> markers of its functions' files or names (first match wins)
+    ("chat template (jinja2)", ("jinja2", "<template>", "chat_template.py")),
+    ("upstream body", ("token_forwarding.py", "json_encode")),
+    ("JSON decode", ("json_decode",)),
+    ("sampling params", ("sampling_params.py", "to_sampling_params")),
+    ("tokenize (cache + tokenizers)", ("tokenize_cache.py", "encode")),
+    ("validation (pydantic, token-id checks)", ("validate_python", "errors.py", "convert", "protocol.py",
+                                                "tokenizer.py", "renderer.py", "body.py")),
+    ("route (keys, match, policy, predictions)", ("kv_router.py", "index.py", "policies", "keys.py", "_fastpath",
+                                                  "predictions.py", "receipts.py", "session.py", "load.py")),
+    ("event loop / thread pool", ("asyncio", "concurrent", "selectors", "queue", "threading", "epoll")),
+    ("glue (forward.py, this loop)", ("forward.py", "router_parse.py")),
+)
+
+
 def _in_tree(tree: Path, passes: int) -> dict:
     """A worker round in a fresh process that imports kvmesh from ``tree``."""
     cmd = [sys.executable, __file__, "--worker", str(tree), "--passes", str(passes)]
@@ -137,7 +161,7 @@ def _in_tree(tree: Path, passes: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="router_parse", description=__doc__,
+    ap = argparse.ArgumentParser(prog="kvmesh bench router_parse", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/router_parse.json")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per tree (medians reported)")

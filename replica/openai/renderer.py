@@ -2,8 +2,9 @@
 
 Tokenizing a 16 MB prompt or rendering a hostile chat template takes seconds of CPU; done on
 the event loop it stalls every other request. ``PromptRenderer`` runs that work (and JSON
-parsing of large bodies, see body.py) on a small thread pool -- small prompts stay on the loop, where
-they cost less than the hop -- after cheap checks on the loop:
+parsing of large bodies, see body.py) on a small thread pool -- cheap work stays on the loop, where it
+costs less than the hop: token-id prompts, and text (chats rendered with the server's template) of
+which at most ``_INLINE_CHARS`` characters are new to the tokenizer's cache -- after cheap checks on the loop:
 
     prompt text longer than ``max_prompt_chars``      -> 400 before tokenizing
     ``chat_template`` in a request, server not trusting -> 400 (vLLM's --trust-request-chat-template)
