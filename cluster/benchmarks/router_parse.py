@@ -141,7 +141,7 @@ SPLIT = (  # part -> markers of its functions' files or names (first match wins)
     ("upstream body", ("token_forwarding.py", "json_encode")),
     ("JSON decode", ("json_decode",)),
     ("sampling params", ("sampling_params.py", "to_sampling_params")),
-    ("tokenize (cache + tokenizers)", ("tokenize_cache.py", "encode")),
+    ("tokenize (cache + tokenizers)", ("tokenize_cache.py", "encode", "re.Pattern", "move_to_end", "OrderedDict")),
     ("validation (pydantic, token-id checks)", ("validate_python", "errors.py", "convert", "protocol.py",
                                                 "tokenizer.py", "renderer.py", "body.py")),
     ("route (keys, match, policy, predictions)", ("kv_router.py", "index.py", "policies", "keys.py", "_fastpath",
