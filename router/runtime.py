@@ -59,7 +59,7 @@ class RouterRuntime:
             from kvmesh.router.tokenize_cache import CachedTokenizer
 
             # Same ids, pieces between added tokens seen before come from a cache (router/tokenize_cache.py).
-            tokenizer.encode = CachedTokenizer(tokenizer.hf, config.tokenize_cache_tokens).encode
+            tokenizer.cache = CachedTokenizer(tokenizer.hf, config.tokenize_cache_tokens)
         self.tokenizer = tokenizer
         """The replicas' tokenizer (replica/openai/tokenizer.py); None = route without cache awareness."""
         self.renderer = PromptRenderer(tokenizer, config.frontend)

@@ -65,8 +65,8 @@ class UpstreamBody:
         """Whether an upstream of ``kind`` gets the router's token ids for this request."""
         if not self._enabled or kind == TEXT:
             return False
-        if self._chat:
-            return kind == KVMESH
+        if self._chat:  # a chat that came with its ids goes as sent (they are what the router routed by)
+            return kind == KVMESH and getattr(self._req, "prompt_token_ids", None) is None
         if self._req.echo:
             return False  # the echoed prompt must be the client's text, not the ids decoded
         if isinstance(self._req.prompt, list) and self._req.prompt and isinstance(self._req.prompt[0], int):
@@ -81,15 +81,23 @@ class UpstreamBody:
             return self.raw
         key = "prompt_token_ids" if self._chat else "prompt"
         if key not in self._built:
-            body = msgspec.json.decode(self.raw)
-            if self._chat:
-                body["prompt_token_ids"] = self._prompts[0]
-            else:  # one prompt stays one; a batch becomes a batch of id lists, in order
-                single = not _is_batch(body["prompt"])
-                assert len(self._prompts) == (1 if single else len(body["prompt"])), "one id list per prompt"
-                body["prompt"] = self._prompts[0] if single else self._prompts
-            self._built[key] = msgspec.json.encode(body)
+            self._built[key] = self._chat_body() if self._chat else self._completion_body()
         return self._built[key]
+
+    def _chat_body(self) -> bytes:
+        head = self.raw.rstrip()
+        if head.endswith(b"}") and b'"prompt_token_ids"' not in head:  # appended: the messages are not re-encoded
+            return head[:-1] + b',"prompt_token_ids":' + msgspec.json.encode(self._prompts[0]) + b"}"
+        body = msgspec.json.decode(self.raw)  # e.g. "prompt_token_ids": null as sent
+        body["prompt_token_ids"] = self._prompts[0]
+        return msgspec.json.encode(body)
+
+    def _completion_body(self) -> bytes:
+        body = msgspec.json.decode(self.raw)  # one prompt stays one; a batch becomes a batch of id lists, in order
+        single = not _is_batch(body["prompt"])
+        assert len(self._prompts) == (1 if single else len(body["prompt"])), "one id list per prompt"
+        body["prompt"] = self._prompts[0] if single else self._prompts
+        return msgspec.json.encode(body)
 
     def _names_vllm_tokenizing_key(self) -> bool:
         # A quoted name in the raw JSON: a key, or a string value (then the body just goes as sent);

@@ -48,6 +48,11 @@ DEFAULT_CHUNK_CHARS = 256
 _PROBES = ("a", "Hello world, how are you?", " leading space", "\n\nline\tbreaks  ", "x y z")
 
 
+def _chars(keys) -> int:
+    """Characters of the pieces behind cache keys."""
+    return sum(len(key[0]) if key.__class__ is tuple else len(key) for key in keys)
+
+
 class CachedTokenizer:
     """``encode(text, add_special_tokens)`` with exactly the tokenizer's ids, pieces served from an LRU cache."""
 
@@ -122,28 +127,62 @@ class CachedTokenizer:
         return frame
 
     # ------------------------------------------------------------ encoding
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``, identical to ``tokenizer.encode(text, add_special_tokens=...)``."""
+    def encode(self, text: str, add_special_tokens: bool = True, max_fresh_chars: int | None = None) -> list[int] | None:
+        """Token ids of ``text``, identical to ``tokenizer.encode(text, add_special_tokens=...)``.
+
+        With ``max_fresh_chars``: None (nothing done) when more than that many characters of ``text`` would be
+        tokenized afresh rather than come from the cache, so a caller on an event loop can keep cheap (cached)
+        work there and send the rest to a thread (replica/openai/renderer.py)."""
         if (self.uncached_reason is not None or (add_special_tokens and self._frame is None)
                 or (self._unsafe is not None and self._unsafe.search(text))):
+            if max_fresh_chars is not None and len(text) > max_fresh_chars:
+                return None
             ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
             self.miss_tokens += len(ids)
             return ids
-        parts = self._split.split(text) if self._split is not None else [text]
+        keys = self._keys(text)
+        cache = self._cache
+        with self._lock:  # held for lookups only: the tokenizer runs outside it (a thread's big miss never
+            found = [key if key.__class__ is int else cache.get(key) for key in keys]  # blocks the loop's hits)
+            missing = {key: None for key, got in zip(keys, found, strict=True) if got is None}
+            if max_fresh_chars is not None and missing and _chars(missing) > max_fresh_chars:
+                return None
+            for key, got in zip(keys, found, strict=True):
+                if got is not None and key.__class__ is not int:
+                    cache.move_to_end(key)
+                    self.hit_tokens += len(got)
+        if missing:
+            for key in missing:
+                missing[key] = self._tokenize(key)
+            with self._lock:
+                for key, piece_ids in missing.items():
+                    self._store(key, piece_ids)
         ids: list[int] = list(self._frame[0]) if add_special_tokens else []
-        added = self._added_ids
-        with self._lock:
-            for i, part in enumerate(parts):
-                if i & 1:  # re.split puts the matched added tokens at odd positions
-                    ids.append(added[part])
-                elif len(part) > self.chunk_chars and self._cut is not None:
-                    for j, chunk in enumerate(self._chunks(part)):
-                        ids += self._piece(chunk, i == 0 and j == 0)
-                elif part:
-                    ids += self._piece(part, i == 0)
+        for key, got in zip(keys, found, strict=True):
+            if key.__class__ is int:
+                ids.append(key)
+            else:
+                ids += got if got is not None else missing[key]
         if add_special_tokens:
             ids += self._frame[1]
         return ids
+
+    def _keys(self, text: str) -> list:
+        """``text`` as what ``encode`` concatenates: added token ids (int) and cache keys of pieces (a piece
+        at offset 0 of the text as a 1-tuple, any other piece as the str itself)."""
+        parts = self._split.split(text) if self._split is not None else [text]
+        keys: list = []
+        added = self._added_ids
+        for i, part in enumerate(parts):
+            if i & 1:  # re.split puts the matched added tokens at odd positions
+                keys.append(added[part])
+            elif len(part) > self.chunk_chars and self._cut is not None:
+                chunks = self._chunks(part)
+                keys.append((chunks[0],) if i == 0 else chunks[0])
+                keys += chunks[1:]
+            elif part:
+                keys.append((part,) if i == 0 else part)
+        return keys
 
     def _chunks(self, piece: str) -> list[str]:
         """``piece`` cut at the first allowed space at or after every ``chunk_chars`` characters."""
@@ -157,27 +196,26 @@ class CachedTokenizer:
             chunks.append(piece[start:cut])
             start = cut
 
-    def _piece(self, piece: str, first: bool) -> list[int]:
-        cache = self._cache
-        key = (piece,) if first else piece
-        hit = cache.get(key)
-        if hit is not None:
-            cache.move_to_end(key)
-            self.hit_tokens += len(hit)
-            return hit
-        if first:
-            ids = self.backend.encode(piece, add_special_tokens=False).ids
+    def _tokenize(self, key: tuple[str] | str) -> list[int]:
+        """The ids of a piece (its cache key), from the tokenizer."""
+        if key.__class__ is tuple:  # the piece at offset 0 of the text
+            ids = self.backend.encode(key[0], add_special_tokens=False).ids
         else:  # behind an added token, as in the whole text (not at offset 0)
-            ids = self.backend.encode(self._lead + piece, add_special_tokens=False).ids
+            ids = self.backend.encode(self._lead + key, add_special_tokens=False).ids
             assert ids[0] == self._added_ids[self._lead], "an added token must encode to its own id"
             del ids[0]
         self.miss_tokens += len(ids)
-        if len(ids) <= self.max_cached_tokens:
-            cache[key] = ids
-            self._cached_tokens += len(ids)
-            while self._cached_tokens > self.max_cached_tokens:
-                self._cached_tokens -= len(cache.popitem(last=False)[1])
         return ids
+
+    def _store(self, key: tuple[str] | str, ids: list[int]) -> None:
+        """Cache a piece's ids (under the lock), dropping the least recently used beyond the bound."""
+        cache = self._cache
+        if len(ids) > self.max_cached_tokens or key in cache:
+            return
+        cache[key] = ids
+        self._cached_tokens += len(ids)
+        while self._cached_tokens > self.max_cached_tokens:
+            self._cached_tokens -= len(cache.popitem(last=False)[1])
 
     @property
     def cuts_at_spaces(self) -> bool:

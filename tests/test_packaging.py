@@ -59,7 +59,6 @@ def test_console_script_prints_help():
 # Distributions kvmesh never imports by name but needs: (name -> why).
 USED_INDIRECTLY = {
     "uvloop": "uvicorn's event loop", "httptools": "uvicorn's HTTP parser",
-    "jinja2": "transformers renders chat templates with it",
 }
 IMPORT_NAMES = {"pyzmq": "zmq", "pyyaml": "yaml", "prometheus-client": "prometheus_client", "flash-attn": "flash_attn"}
 

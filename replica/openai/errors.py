@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
@@ -57,12 +58,36 @@ def validation_error_message(exc: ValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
+_TOKEN_IDS = list[int]
+
+
+def _token_ids(value: Any) -> bool:
+    """Whether ``value`` is a non-empty list of JSON integers (no bools, floats or strings), checked in C."""
+    if value.__class__ is not list or not value or value[0].__class__ is not int:
+        return False
+    try:
+        msgspec.convert(value, _TOKEN_IDS, strict=True)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
 def parse_request(model_cls: type[BaseModel], body: Any) -> Any:
-    """Validate a decoded JSON body into ``model_cls``; a ProtocolError(400) on failure."""
+    """Validate a decoded JSON body into ``model_cls``; a ProtocolError(400) on failure.
+
+    Fields the model names in ``__token_id_fields__`` skip pydantic when they hold a plain list of integers
+    (a 1,000-token prompt costs pydantic ~30 µs, msgspec's C check ~3): the model is validated with a
+    one-token stand-in and gets the list after, so errors and results are pydantic's either way."""
     if not isinstance(body, dict):
         raise ProtocolError(f"request body must be a JSON object, got {type(body).__name__}")
+    ids = {name: body[name] for name in getattr(model_cls, "__token_id_fields__", ()) if _token_ids(body.get(name))}
     try:
-        return model_cls.model_validate(body)
+        if not ids:
+            return model_cls.model_validate(body)
+        req = model_cls.model_validate({**body, **{name: [0] for name in ids}})
+        for name, value in ids.items():
+            setattr(req, name, value)
+        return req
     except ValidationError as e:
         raise ProtocolError(validation_error_message(e)) from None
     except RecursionError:

@@ -147,6 +147,7 @@ Prompt = str | list[int] | list[str] | list[list[int]]
 
 
 class CompletionRequest(SamplingFields):
+    __token_id_fields__ = ("prompt",)  # validated in C when token ids (errors.parse_request)
     prompt: Prompt
     max_tokens: int | None = 16
     """OpenAI's default for completions is 16."""
@@ -227,6 +228,7 @@ class ChatMessage(OpenAIBaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    __token_id_fields__ = ("prompt_token_ids",)  # validated in C when token ids (errors.parse_request)
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     """Deprecated by OpenAI in favour of ``max_completion_tokens``; either is accepted."""

@@ -2,8 +2,9 @@
 
 Tokenizing a 16 MB prompt or rendering a hostile chat template takes seconds of CPU; done on
 the event loop it stalls every other request. ``PromptRenderer`` runs that work (and JSON
-parsing of large bodies, see body.py) on a small thread pool -- small prompts stay on the loop, where
-they cost less than the hop -- after cheap checks on the loop:
+parsing of large bodies, see body.py) on a small thread pool -- cheap work stays on the loop, where it
+costs less than the hop: token-id prompts, and text (chats rendered with the server's template) of
+which at most ``_INLINE_CHARS`` characters are new to the tokenizer's cache -- after cheap checks on the loop:
 
     prompt text longer than ``max_prompt_chars``      -> 400 before tokenizing
     ``chat_template`` in a request, server not trusting -> 400 (vLLM's --trust-request-chat-template)
@@ -27,9 +28,15 @@ T = TypeVar("T")
 _INLINE_IDS = 4096
 """Token-id prompts up to this length are range-checked on the loop (cheaper than a thread hop)."""
 _INLINE_CHARS = 2048
-"""Prompt text up to this many characters is tokenized (and rendered with the model's own template) on
-the loop: ~0.5 ms of work, less than the ~1 ms a thread hop added per request in
-cluster/benchmarks/router_frontend.py. Longer text, and any request template, goes to the pool."""
+"""Characters of prompt text the loop may tokenize afresh per request: ~0.5 ms of work, less than the ~1 ms a
+thread hop added per request in cluster/benchmarks/router_frontend.py. Text whose pieces the tokenizer has
+cached (router/tokenize_cache.py) costs far less, so a longer prompt stays on the loop as long as at most
+this many of its characters are new (``Tokenizer.encode_within``); the rest goes to the pool."""
+_INLINE_MAX_CHARS = 64 << 10
+"""Longer prompt text (or chats, all messages together) always goes to the pool: even splitting it into
+cached pieces takes long."""
+_INLINE_MESSAGES = 256
+"""Chats with more messages are rendered in the pool (the template loops over every one)."""
 
 
 class PromptRenderer:
@@ -74,9 +81,8 @@ class PromptRenderer:
         tok = self.require_tokenizer()
         if isinstance(prompt, str):
             self._check_chars(len(prompt), "prompt")
-            if len(prompt) <= _INLINE_CHARS:
-                return tok.render_completion(prompt)
-            return await self.run(tok.render_completion, prompt)
+            ids = tok.encode_within(prompt, True, _INLINE_CHARS) if len(prompt) <= _INLINE_MAX_CHARS else None
+            return ids if ids is not None else await self.run(tok.render_completion, prompt)
         if len(prompt) <= _INLINE_IDS:
             return tok.render_completion(prompt)
         return await self.run(tok.render_completion, prompt)
@@ -84,24 +90,33 @@ class PromptRenderer:
     async def chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                    chat_template: str | None = None, add_special_tokens: bool = False) -> list[int]:
         """Token ids of a chat: the template output encoded without special tokens (vLLM's rule), or with
-        them when a /tokenize caller asks for ``add_special_tokens``."""
+        them when a /tokenize caller asks for ``add_special_tokens``. The server's template renders on the loop
+        for chats up to ``_INLINE_MAX_CHARS`` / ``_INLINE_MESSAGES``, and its text is encoded there when at
+        most ``_INLINE_CHARS`` of it are new to the tokenizer's cache; other work goes to the pool."""
         tok = self.require_tokenizer()
         self._check_template(chat_template)
         chars = sum(len(str(m.get("content") or "")) for m in messages)
         self._check_chars(chars, "messages")
 
-        def render() -> list[int]:
+        def text() -> str:
             try:
-                text = tok.apply_chat_template(messages, add_generation_prompt, chat_template)
+                return tok.apply_chat_template(messages, add_generation_prompt, chat_template)
             except ProtocolError:
                 raise
             except Exception as e:  # a template error is the request's fault (bad roles, ...)
                 raise ProtocolError(f"cannot apply the chat template to these messages: {e}",
                                     param="messages") from None
-            return tok.encode(text, add_special_tokens=add_special_tokens)
 
-        if chat_template is None and chars <= _INLINE_CHARS:
-            return render()
+        def render() -> list[int]:
+            return tok.encode(text(), add_special_tokens=add_special_tokens)
+
+        if chat_template is None and chars <= _INLINE_MAX_CHARS and len(messages) <= _INLINE_MESSAGES:
+            rendered = text()
+            if len(rendered) <= _INLINE_MAX_CHARS:
+                ids = tok.encode_within(rendered, add_special_tokens, _INLINE_CHARS)
+                if ids is not None:
+                    return ids
+            return await self.run(tok.encode, rendered, add_special_tokens)
         return await self.run(render)
 
     async def request(self, req: p.CompletionRequest | p.ChatCompletionRequest) -> list[int]:
@@ -126,8 +141,9 @@ class PromptRenderer:
         if req.prompt is not None:
             self._check_chars(len(req.prompt), "prompt")
             special = req.add_special_tokens is not False
-            if len(req.prompt) <= _INLINE_CHARS:
-                return tok.encode(req.prompt, add_special_tokens=special)
-            return await self.run(lambda: tok.encode(req.prompt, add_special_tokens=special))
+            ids = None
+            if len(req.prompt) <= _INLINE_MAX_CHARS:
+                ids = tok.encode_within(req.prompt, special, _INLINE_CHARS)
+            return ids if ids is not None else await self.run(tok.encode, req.prompt, special)
         messages = [m.to_template_dict() for m in req.messages]
         return await self.chat(messages, req.add_generation_prompt, req.chat_template, bool(req.add_special_tokens))

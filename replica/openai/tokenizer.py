@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from kvmesh.replica.openai.errors import ProtocolError
 
 NO_CHAT_TEMPLATE = (
@@ -66,7 +67,8 @@ def model_max_len(model: str, revision: str | None = None) -> int | None:
 class Tokenizer:
     """A model's tokenizer plus the rules for turning requests into token ids."""
 
-    def __init__(self, hf_tokenizer: Any, max_model_len: int, chat_template: str | None = None, name: str = ""):
+    def __init__(self, hf_tokenizer: Any, max_model_len: int, chat_template: str | None = None, name: str = "",
+                 cache: Any = None):
         self.hf = hf_tokenizer
         """The ``transformers`` fast tokenizer (tokenizers backend, no torch)."""
         self.max_model_len = max_model_len
@@ -74,6 +76,11 @@ class Tokenizer:
         self.chat_template = chat_template or getattr(hf_tokenizer, "chat_template", None)
         """Jinja chat template: the configured one, else the model's own; None refuses chat (as vLLM)."""
         self.name = name
+        self.cache = cache
+        """Where ``encode`` gets its ids when set: an object whose ``encode(text, add_special_tokens,
+        max_fresh_chars=None)`` gives exactly ``hf``'s ids (the router's ``CachedTokenizer``,
+        router/tokenize_cache.py); None: ``hf`` encodes every call."""
+        self._special_tokens: dict[str, Any] | None = None
 
     # ------------------------------------------------------------ properties
     @property
@@ -102,7 +109,24 @@ class Tokenizer:
         return digest.hexdigest()[:16]
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self.cache is not None:
+            return self.cache.encode(text, add_special_tokens)
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def encode_within(self, text: str, add_special_tokens: bool, max_fresh_chars: int) -> list[int] | None:
+        """``encode``, or None (nothing done) when more than ``max_fresh_chars`` characters would be tokenized
+        afresh (all of them without a cache; with one, those of pieces not cached): the renderer keeps cheap
+        work on the event loop this way and sends the rest to its threads."""
+        if self.cache is not None:
+            return self.cache.encode(text, add_special_tokens, max_fresh_chars)
+        return self.encode(text, add_special_tokens) if len(text) <= max_fresh_chars else None
+
+    @functools.cached_property
+    def _token_ids_type(self) -> Any:
+        """msgspec type of a list of token ids in this vocabulary."""
+        from typing import Annotated
+
+        return list[Annotated[int, msgspec.Meta(ge=0, lt=self.vocab_size)]]
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
@@ -113,7 +137,11 @@ class Tokenizer:
             return self.encode(prompt, add_special_tokens=True)
         ids = list(prompt)
         vocab = self.vocab_size
-        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        try:  # in C: ints (not bools) in [0, vocab); anything else is looked at one by one below
+            msgspec.convert(ids, self._token_ids_type, strict=True)
+            bad = None
+        except msgspec.ValidationError:
+            bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
         if bad is not None:
             raise ProtocolError(f"prompt token id {bad} is out of range; token ids are integers in [0, {vocab})",
                                 param="prompt")
@@ -125,12 +153,26 @@ class Tokenizer:
         """The chat rendered to text by the (given or the model's) template."""
         if chat_template is None and self.chat_template is None:
             raise ProtocolError(NO_CHAT_TEMPLATE, param="messages")
+        source = chat_template or self.chat_template
+        if isinstance(source, str) and messages and not isinstance(getattr(self.hf, "chat_template", None), dict):
+            from kvmesh.replica.openai import chat_template as ct
+
+            plain = [m if m.__class__ is dict else _as_dict(m) for m in messages]
+            if ct.plain(plain):  # transformers' output, without its per-call rebuilding of the inputs
+                return ct.render(source, plain, add_generation_prompt, self.special_tokens)
         return self.hf.apply_chat_template(
             [_as_dict(m) for m in messages],
-            chat_template=chat_template or self.chat_template,
+            chat_template=source,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
         )
+
+    @property
+    def special_tokens(self) -> dict[str, Any]:
+        """The variables a chat template gets besides the chat (``bos_token``, ``eos_token``, ...)."""
+        if self._special_tokens is None:
+            self._special_tokens = dict(self.hf.special_tokens_map)
+        return self._special_tokens
 
     def render_chat(
         self,

@@ -126,3 +126,35 @@ def test_usage_reports_cached_tokens():
 
 def test_unknown_fields_are_ignored():
     assert completion(frequency_penalty=0, logit_bias={}).prompt == "hi"
+
+
+def _pydantic_only(model_cls, body):
+    """What parse_request answers without its token-id shortcut: pydantic's own validation."""
+    try:
+        return "ok", model_cls.model_validate(body).model_dump()
+    except Exception:
+        with pytest.raises(ProtocolError) as e:
+            parse_request(type("Plain", (model_cls,), {"__token_id_fields__": ()}), body)
+        return "error", e.value.message
+
+
+@pytest.mark.parametrize("prompt", [
+    [1, 2, 3], [0], list(range(5000)), [2**40, 7], [1, True], [True], [1, 2.0], [1, 2.5], [1, "2"], ["a", "b"],
+    [1, None], [[1, 2], [3]], [], [-5, 3], [2**70], "text", [1, [2]], [{"a": 1}],
+])
+def test_token_id_prompts_validate_as_pydantic_does(prompt):
+    for model_cls, body in ((CompletionRequest, {"prompt": prompt, "n": 2}),
+                            (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}],
+                                                     "prompt_token_ids": prompt, "n": 2})):
+        want = _pydantic_only(model_cls, body)
+        try:
+            got = "ok", parse_request(model_cls, body).model_dump()
+        except ProtocolError as e:
+            got = "error", e.message
+        assert got == want, (model_cls.__name__, prompt)
+
+
+def test_token_id_shortcut_keeps_other_fields_errors():
+    with pytest.raises(ProtocolError) as e:
+        parse_request(CompletionRequest, {"prompt": [1, 2, 3], "n": "many", "temperature": "hot"})
+    assert "n:" in e.value.message and "temperature:" in e.value.message and "prompt" not in e.value.message

@@ -51,6 +51,24 @@ def test_chat_ids_go_to_kvmesh_replicas_only():
     assert body_for(raw, VLLM) == raw
 
 
+def test_chat_ids_are_added_to_the_body_as_sent():
+    for raw in (b'{"messages": [{"role": "user", "content": "hi \\u00e9}"}], "seed": 9}  \n',
+                b'{"messages": [{"role": "user", "content": "hi"}], "prompt_token_ids": null}'):
+        req = p.ChatCompletionRequest.model_validate(json.loads(raw))
+        sent = UpstreamBody(raw, req, IDS[:1], True, True).for_kind(KVMESH)
+        assert json.loads(sent) == {**json.loads(raw), "prompt_token_ids": IDS[0]}
+        assert msgspec.json.decode(sent) == json.loads(sent)  # no duplicate keys for decoders to disagree on
+        assert sent.count(b'"prompt_token_ids"') == 1
+
+
+def test_a_chat_sent_with_its_token_ids_goes_as_sent_byte_for_byte():
+    raw = {"messages": [{"role": "user", "content": "hi"}], "prompt_token_ids": [1, 5, 6]}
+    req = p.ChatCompletionRequest.model_validate(raw)
+    data = b'{"messages": [{"role": "user", "content": "hi"}],  "prompt_token_ids": [1, 5, 6]}'
+    body = UpstreamBody(data, req, [[1, 5, 6]], True, True)
+    assert body.for_kind(KVMESH) is data and not body.forwards_ids(KVMESH)
+
+
 @pytest.mark.parametrize("raw", [{"prompt": "Once"}, {"messages": [{"role": "user", "content": "hi"}]}])
 def test_nothing_is_rewritten_when_off_or_for_a_mismatched_tokenizer(raw):
     assert body_for(raw, KVMESH, enabled=False) == raw

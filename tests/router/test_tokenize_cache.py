@@ -229,3 +229,56 @@ def test_piece_after_a_token_is_not_glued_into_a_longer_added_token(byte_level):
     cached = CachedTokenizer(backend)
     for text in ["<|im_start|>Once upon a time<|im_end|>", "<|begin_of_text|>Once upon<|eot_id|>Once more"]:
         assert cached.encode(text, False) == backend.encode(text, add_special_tokens=False).ids
+
+
+@SETTINGS
+@given(texts=st.lists(st.lists(st.one_of(fragment, st.text(max_size=12)), max_size=30).map("".join), min_size=1,
+                      max_size=5), budget=st.integers(0, 40), add=st.booleans())
+def test_encode_within_a_budget_is_exact_or_declines(stories, texts, budget, add):
+    cached = CachedTokenizer(stories, chunk_chars=8)
+    for text in texts + [texts[0] + t for t in texts]:
+        ids = cached.encode(text, add, max_fresh_chars=budget)
+        if ids is None:  # declined: more than the budget was new; nothing was cached
+            assert cached.encode(text, add, max_fresh_chars=len(text)) == stories.encode(text, add_special_tokens=add)
+        else:
+            assert ids == stories.encode(text, add_special_tokens=add)
+        assert cached.encode(text, add, max_fresh_chars=0) == stories.encode(text, add_special_tokens=add)
+
+
+def test_encode_within_counts_only_what_the_cache_lacks(stories):
+    cached = CachedTokenizer(stories, chunk_chars=64)
+    prefix = "Once upon a time there was a little girl who loved to play in the park with her dog. " * 12
+    assert cached.encode(prefix + "She found a ball.", True, max_fresh_chars=100) is None  # ~1,000 new chars
+    assert cached.cached_pieces == 0 and cached.miss_tokens == 0  # declining did no work
+    cached.encode(prefix + "She found a ball.")
+    text = prefix + "Then she ran home to tell her mom."
+    assert cached.encode(text, True, max_fresh_chars=100) == stories.encode(text)  # only the new tail
+
+
+def test_a_slow_miss_in_one_thread_does_not_hold_up_hits_in_another(stories):
+    """The event loop encodes cached text while a render thread tokenizes a huge new prompt."""
+    import threading
+
+    cached = CachedTokenizer(stories)
+    cached.encode("Hello there", False)
+    real, entered, release = cached.backend, threading.Event(), threading.Event()
+
+    class Slow:
+        def encode(self, text, add_special_tokens):
+            if "slow" in text:
+                entered.set()
+                release.wait(30)
+            return real.encode(text, add_special_tokens=add_special_tokens)
+
+    cached.backend = Slow()
+    thread = threading.Thread(target=cached.encode, args=("a slow new piece", False))
+    thread.start()
+    try:
+        assert entered.wait(30)
+        assert cached.encode("Hello there", False) == stories.encode("Hello there", add_special_tokens=False)
+        assert thread.is_alive()  # the hit did not wait for the miss
+    finally:
+        release.set()
+        thread.join()
+    assert cached.encode("a slow new piece", False, max_fresh_chars=0) == stories.encode("a slow new piece",
+                                                                                         add_special_tokens=False)

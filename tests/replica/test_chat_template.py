@@ -1,0 +1,121 @@
+"""Chats render and tokenize exactly as transformers' ``apply_chat_template(tokenize=True)``.
+
+``Tokenizer.render_chat`` renders with its own compiled template (replica/openai/chat_template.py) and
+encodes through the router's piece cache; the reference is transformers, untouched. Real templates
+(Llama-2-chat, ChatML, Llama-3-Instruct, the tests' default, and one using the environment's globals),
+two real tokenizers (stories260K; a byte-level BPE with ChatML/Llama-3 special tokens), multi-turn
+histories with and without a system message, special tokens and unicode inside messages, with and
+without the generation prompt.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kvmesh.replica.openai import chat_template as ct
+from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.replica.openai.tokenizer import Tokenizer
+from kvmesh.router.tokenize_cache import CachedTokenizer
+
+from ..conftest import CHAT_TEMPLATE
+from ..router.test_tokenize_cache import (  # noqa: F401 - fixtures
+    CHATML_TEMPLATE,
+    LLAMA2_TEMPLATE,
+    LLAMA3_TEMPLATE,
+    byte_level,
+    conversation,
+    stories,
+)
+
+transformers = pytest.importorskip("transformers")
+
+# Uses what transformers' environment adds: namespace, loop controls, tojson, raise_exception, generation.
+GLOBALS_TEMPLATE = (
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('bad role ' + m['role']) }}{% endif %}{% if m['content'] == '' %}{% continue %}{% endif %}"
+    "{% set ns.n = ns.n + 1 %}{{ bos_token }}{{ m['role'] | tojson }}:{% if m['role'] == 'assistant' %}"
+    "{% generation %}{{ m['content'] }}{% endgeneration %}{% else %}{{ m['content'] | tojson }}{% endif %}"
+    "{{ eos_token }}\n{% endfor %}{{ ns.n }}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+# Laid out over lines and indented, as most shipped templates are: trim_blocks / lstrip_blocks decide its output.
+MULTILINE_TEMPLATE = """{% for message in messages %}
+    {% if message['role'] == 'system' %}
+<<SYS>>{{ message['content'] }}<</SYS>>
+    {% else %}
+  [{{ message['role'] }}] {{ message['content'] | trim }}{{ eos_token }}
+    {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}
+[assistant]
+{% endif %}"""
+TEMPLATES = [LLAMA2_TEMPLATE, CHATML_TEMPLATE, LLAMA3_TEMPLATE, CHAT_TEMPLATE, GLOBALS_TEMPLATE, MULTILINE_TEMPLATE]
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _reference(hf, template: str, messages, generation_prompt: bool) -> list[int]:
+    out = hf.apply_chat_template(messages, chat_template=template, add_generation_prompt=generation_prompt,
+                                 tokenize=True, return_dict=False)
+    return list(out)
+
+
+def _check(hf, tok: Tokenizer, template: str, messages, generation_prompt: bool) -> None:
+    """Every prefix of the chat (a growing history, the cache warm from the turns before) is exact."""
+    for end in range(1, len(messages) + 1):
+        chat = messages[:end]
+        try:
+            want = _reference(hf, template, chat, generation_prompt)
+        except Exception as e:  # the template refuses this chat: so must we, with its words
+            with pytest.raises(ProtocolError if isinstance(e, ProtocolError) else type(e), match=None):
+                tok.render_chat(chat, generation_prompt, template)
+            continue
+        assert tok.render_chat(chat, generation_prompt, template) == want
+        assert tok.apply_chat_template(chat, generation_prompt, template) == hf.apply_chat_template(
+            chat, chat_template=template, add_generation_prompt=generation_prompt, tokenize=False)
+
+
+def _wrap(hf) -> Tokenizer:
+    return Tokenizer(hf, max_model_len=4096, cache=CachedTokenizer(hf))
+
+
+@SETTINGS
+@given(messages=conversation(), template=st.sampled_from(TEMPLATES), generation_prompt=st.booleans())
+def test_stories_chats_tokenize_as_transformers(stories, messages, template, generation_prompt):  # noqa: F811
+    _check(stories, _wrap(stories), template, messages, generation_prompt)
+
+
+@SETTINGS
+@given(messages=conversation(), template=st.sampled_from(TEMPLATES), generation_prompt=st.booleans())
+def test_byte_level_chats_tokenize_as_transformers(byte_level, messages, template, generation_prompt):  # noqa: F811
+    _check(byte_level, _wrap(byte_level), template, messages, generation_prompt)
+
+
+def test_template_errors_are_the_templates_own(stories):  # noqa: F811
+    tok = _wrap(stories)
+    messages = [{"role": "robot", "content": "beep"}]
+    with pytest.raises(Exception) as theirs:
+        stories.apply_chat_template(messages, chat_template=GLOBALS_TEMPLATE, tokenize=False)
+    with pytest.raises(Exception) as ours:
+        tok.apply_chat_template(messages, True, GLOBALS_TEMPLATE)
+    assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value)) and "robot" in str(ours.value)
+
+
+def test_sandbox_refuses_what_transformers_refuses(stories):  # noqa: F811
+    import jinja2
+
+    escape = "{{ messages.__class__.__mro__ }}"
+    for template in (escape, "{% set ns = namespace(_x=1) %}"):
+        with pytest.raises(jinja2.exceptions.SecurityError):
+            stories.apply_chat_template([{"role": "user", "content": "x"}], chat_template=template, tokenize=False)
+        with pytest.raises(jinja2.exceptions.SecurityError):
+            ct.render(template, [{"role": "user", "content": "x"}], True, {})
+
+
+def test_messages_transformers_rewrites_are_left_to_it(stories):  # noqa: F811
+    """Reasoning fields (aliased by transformers) and non-string values go through transformers itself."""
+    tok = _wrap(stories)
+    template = "{% for m in messages %}{{ m['thinking'] }}|{{ m['content'] }}{% endfor %}"
+    messages = [{"role": "assistant", "content": "hi", "reasoning_content": "hmm"}]
+    assert not ct.plain(messages)
+    assert tok.apply_chat_template(messages, False, template) == stories.apply_chat_template(
+        messages, chat_template=template, tokenize=False) == "hmm|hi"
