@@ -95,7 +95,7 @@ def test_a_publisher_gone_while_its_replica_serves_degrades_it_until_it_is_back(
     async def scenario():
         await runtime.start()
         try:
-            assert await wait_for(lambda: runtime.subscriber.stats["v"].snapshots == 1)
+            assert await wait_for(lambda: "v" in runtime.subscriber.stats and runtime.subscriber.stats["v"].snapshots == 1)
             await asyncio.sleep(1.5)  # connected and idle: fine
             assert r.degraded == {}
             await asyncio.to_thread(pub.close)
