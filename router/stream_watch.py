@@ -14,7 +14,8 @@ three failures make it wrong, each a cause of ``KVRouter.set_degraded`` (routing
   is dropped at once and a snapshot resync asked for (``RouterRuntime._on_status``).
 
 Each cause clears by itself: stalled once the applied seq reaches the reported one; lagging on a
-batch applied in time, or once nothing published is left to apply; lost once a snapshot is applied
+batch applied in time, or once nothing published is left to apply and no batch came late for
+``max_lag_s`` (a stream late by a steady delay does not flap); lost once a snapshot is applied
 (a source without snapshots: ``max_lag_s`` after the loss -- its tree, dropped at the loss, holds
 only what the stream said since). An idle replica publishes nothing and reports the seq the router
 applied: never degraded. A replica whose ``/load`` has no ``kv_events_seq`` (vLLM) is watched for
@@ -34,7 +35,8 @@ logger = logging.getLogger(__name__)
 
 
 class _Stream:
-    __slots__ = ("behind", "clock_offset", "lagging", "lost_at", "lost_until_snapshot", "stalled", "stalled_by")
+    __slots__ = ("behind", "clock_offset", "lagged_at", "lagging", "lost_at", "lost_until_snapshot", "stalled",
+                 "stalled_by")
 
     def __init__(self) -> None:
         self.behind: tuple[int, float] | None = None
@@ -42,6 +44,8 @@ class _Stream:
         self.clock_offset = 0.0
         """The replica's clock minus the router's (seconds), from its last ``/load``."""
         self.stalled = self.lagging = False
+        self.lagged_at = 0.0
+        """When (router's ``time.time()``) the last late batch was applied."""
         self.stalled_by: dict[str, str] = {}
         """What shows the stall ("report": ``/load``, "link": the connection) -> its reason."""
         self.lost_at: float | None = None
@@ -74,9 +78,10 @@ class StreamWatch:
     def on_batch(self, replica_id: Hashable, batch_ts: float, now: float | None = None) -> None:
         """A batch was applied (``now``: the router's ``time.time()``)."""
         st = self._stream(replica_id)
-        lag = (time.time() if now is None else now) + st.clock_offset - batch_ts
+        now = time.time() if now is None else now
+        lag = now + st.clock_offset - batch_ts
         if lag > self.max_lag_s:
-            first, st.lagging = not st.lagging, True
+            first, st.lagging, st.lagged_at = not st.lagging, True, now
             self._mark(replica_id, first, LAGGING,
                        f"event stream lagging: a batch applied {lag:.1f}s after it was published "
                        f"(events_max_lag_s={self.max_lag_s:g})")
@@ -118,9 +123,12 @@ class StreamWatch:
         why = None
         if applied_seq >= published:
             st.behind = None
-            if st.lagging:
+            # A stream that is always late catches up after each late batch: stay degraded until
+            # nothing late came for max_lag_s, so it does not flap between degraded and exact.
+            if st.lagging and received_at - st.lagged_at > self.max_lag_s:
                 st.lagging = False
-                self._clear(replica_id, LAGGING, "every published batch is applied")
+                self._clear(replica_id, LAGGING, f"every published batch is applied, none late for "
+                                                 f"{self.max_lag_s:g}s")
         else:
             if st.behind is None or applied_seq >= st.behind[0]:
                 st.behind = (published, now)

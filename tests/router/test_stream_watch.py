@@ -76,9 +76,19 @@ def test_late_batches_degrade_until_one_arrives_in_time(router, watch):
 
 
 def test_a_lagging_replica_that_goes_idle_is_exact_once_everything_is_applied(router, watch):
-    watch.on_batch("r", batch_ts=1000.0, now=1000.0 + LAG + 3)
+    watch.on_batch("r", batch_ts=990.0, now=990.0 + LAG + 3)  # applied at 998; polls answer at 1000
     poll(watch, 7, 7, now=50.0)
+    assert "lagging" in router.degraded["r"]  # caught up, but the late batch is 2 s old: not yet
+    watch.on_report("r", report(7), 7, sent_at=1010.0, received_at=1010.0, now=60.0)
     assert router.degraded == {}
+
+
+def test_a_stream_late_by_a_steady_delay_stays_degraded_between_its_batches(router, watch):
+    """Each late batch is followed by a moment where everything published is applied: no flapping."""
+    for t in range(0, 30, 3):
+        watch.on_batch("r", batch_ts=1000.0 + t - LAG - 2, now=1000.0 + t)
+        watch.on_report("r", report(t), t, sent_at=1000.1 + t, received_at=1000.2 + t, now=float(t))
+        assert "lagging" in router.degraded["r"]
 
 
 def test_the_replicas_clock_offset_is_taken_out_of_the_lag(router, watch):
