@@ -34,8 +34,9 @@ from kvmesh.router.token_forwarding import TEXT, UpstreamBody
 
 access_log = logging.getLogger("kvmesh.router.access")
 """One JSON line per request with its route receipt (``router.access_log``)."""
-SESSION_HEADER = "x-session-id"
+SESSION_HEADER = b"x-session-id"
 """Request header naming a conversation/agent session (else the body's ``user``): soft affinity."""
+HEADER_OPT_IN_BYTES = HEADER_OPT_IN.encode()
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 
 
@@ -77,8 +78,8 @@ class Forwarder:
         t0 = time.perf_counter_ns()
         req, prompts = await self.parse_prompts(raw, chat)
         tokenize_ns = time.perf_counter_ns() - t0
-        session_id = http.headers.get(SESSION_HEADER) or getattr(req, "user", None)
-        receipt = HEADER_OPT_IN in http.headers
+        session_id = http.header(SESSION_HEADER) or getattr(req, "user", None)
+        receipt = http.header(HEADER_OPT_IN_BYTES) is not None
         body = UpstreamBody(raw, req, prompts, chat, self.runtime.config.forward_token_ids)
         ids = prompts[0] if prompts else []
         return await self._forward(path, body, req, ids, tokenize_ns, session_id, receipt)
@@ -112,7 +113,7 @@ class Forwarder:
             except NoReplicaError as e:
                 raise ProtocolError(str(e), 503) from None
             if attempt == 0 and tokenize_ns is not None:
-                svc.metrics.observe_stages({"tokenize": tokenize_ns, **decision.timings_ns})
+                svc.metrics.observe_stages(tokenize_ns, decision.timings_ns)
             rid = decision.replica_id
             spec = svc.specs.get(rid)
             if spec is None:  # removed meanwhile

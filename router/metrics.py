@@ -12,6 +12,7 @@ from collections.abc import Callable
 from kvmesh.replica.openai.metric_buckets import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from kvmesh.replica.openai.metrics_exposition import add_process_collectors, metrics_response
 from kvmesh.router.kv_router import DEGRADED_CAUSES
+from kvmesh.router.loop_histogram import LoopHistogram
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.responses import Response
@@ -28,14 +29,15 @@ class RouterMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         add_process_collectors(r)
-        self.request_latency = Histogram(
+        # observed per request on the event loop: LoopHistogram (~0.4 µs per observe, not ~3)
+        self.request_latency = LoopHistogram(
             "kvmesh_router_request_latency_seconds",
             "Proxied requests, from the request reaching the router to its last byte leaving it",
-            ["model_name"], buckets=REQUEST_LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram(
+            ["model_name"], REQUEST_LATENCY_BUCKETS, r)
+        self.ttft = LoopHistogram(
             "kvmesh_router_time_to_first_token_seconds",
             "Streamed requests, from the request reaching the router to the replica's first output bytes",
-            ["model_name"], buckets=TTFT_BUCKETS, registry=r)
+            ["model_name"], TTFT_BUCKETS, r)
         self.decisions = Counter("kvmesh_router_decisions", "Requests routed, per replica and policy",
                                  ["replica", "policy"], registry=r)
         self.predicted_hit_tokens = Counter(
@@ -52,9 +54,9 @@ class RouterMetrics:
                                   registry=r)
         self.requests = Counter("kvmesh_router_requests", "Requests answered, per HTTP status class",
                                 ["status"], registry=r)
-        self.stage_seconds = Histogram("kvmesh_router_routing_seconds",
-                                       "Routing overhead per stage (tokenize, hash, match, score)",
-                                       ["stage"], buckets=_STAGE_BUCKETS, registry=r)
+        self.stage_seconds = LoopHistogram("kvmesh_router_routing_seconds",
+                                           "Routing overhead per stage (tokenize, hash, match, score)",
+                                           ["stage"], _STAGE_BUCKETS, r)
         self.event_lag = Histogram("kvmesh_router_event_lag_seconds",
                                    "Delay from a replica publishing an event batch to the router applying it",
                                    buckets=_LAG_BUCKETS, registry=r)
@@ -71,7 +73,9 @@ class RouterMetrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
-    def observe_stages(self, timings_ns: dict[str, int]) -> None:
+    def observe_stages(self, tokenize_ns: int, timings_ns: dict[str, int]) -> None:
+        """One request's routing stages: its tokenization and the router's ``RouteDecision.timings_ns``."""
+        self.child(self.stage_seconds, "tokenize").observe(tokenize_ns * 1e-9)
         for stage, ns in timings_ns.items():
             self.child(self.stage_seconds, stage).observe(ns * 1e-9)
 

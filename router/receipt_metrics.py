@@ -36,15 +36,24 @@ class ReceiptMetrics:
                                     "Requests whose reported cached tokens differed from the router's prediction",
                                     ["replica"], registry=registry)
         registry.register(_RatioCollector(receipts))
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, metric: Counter, *labels: str):
+        """``metric.labels(*labels)``, cached: ``labels`` costs ~3 µs, and these run once per request."""
+        key = (metric, *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def on_route(self, receipt: RouteReceipt) -> None:
         rid = str(receipt.replica_id)
-        self.decisions.labels(rid, receipt.reason).inc()
-        self.available.labels(rid).inc(receipt.best_hit_tokens)
+        self._child(self.decisions, rid, receipt.reason).inc()
+        self._child(self.available, rid).inc(receipt.best_hit_tokens)
 
     def on_actual(self, receipt: RouteReceipt) -> None:
         if receipt.mispredicted:
-            self.mispredicted.labels(str(receipt.replica_id)).inc()
+            self._child(self.mispredicted, str(receipt.replica_id)).inc()
 
 
 class _RatioCollector:

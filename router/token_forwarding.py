@@ -28,6 +28,8 @@ TEXT = "text"
 """An upstream whose ids may differ from the router's (tokenizer fingerprint mismatch): bodies go as sent."""
 VLLM_TOKENIZING_KEYS = frozenset({"add_special_tokens", "truncate_prompt_tokens", "prompt_embeds"})
 """vLLM completion options that change a text prompt's ids (kvmesh ignores them): such bodies go as sent."""
+_QUOTED_VLLM_TOKENIZING_KEYS = tuple(f'"{key}"'.encode() for key in sorted(VLLM_TOKENIZING_KEYS))
+"""The same, as they appear in raw JSON (built once: formatting them per request cost ~5 µs)."""
 
 
 def upstream_kind(info: Any, tokenizer: Any) -> str:
@@ -102,7 +104,8 @@ class UpstreamBody:
     def _names_vllm_tokenizing_key(self) -> bool:
         # A quoted name in the raw JSON: a key, or a string value (then the body just goes as sent);
         # inside a string, a quote is escaped, so prompt text cannot match.
-        return any(f'"{key}"'.encode() in self.raw for key in VLLM_TOKENIZING_KEYS)
+        raw = self.raw
+        return any(quoted in raw for quoted in _QUOTED_VLLM_TOKENIZING_KEYS)
 
 
 def _is_batch(prompt: Any) -> bool:

@@ -56,6 +56,15 @@ class Request:
             self._headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.raw_headers}
         return self._headers
 
+    def header(self, name: bytes) -> str | None:
+        """One header's value (the last if repeated; ``name`` lowercase), None when absent: the hot path's
+        look-up, which skips building the whole ``headers`` dict."""
+        found = None
+        for key, value in self.raw_headers:
+            if key == name:
+                found = value
+        return None if found is None else found.decode("latin-1")
+
     def _wake(self) -> None:
         w = self.waiter
         if w is not None and not w.done():

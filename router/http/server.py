@@ -35,6 +35,7 @@ import httptools
 import msgspec
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.router.http.deadline import Deadline
 from kvmesh.router.http.messages import Request, Response
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,10 @@ class HttpConnection(asyncio.Protocol):
         """What the task waits on while the queue is empty."""
         self._url = b""
         self._head: list[tuple[bytes, bytes]] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = Deadline(self.loop, self._timed_out)
+        """The head / keep-alive timeout (re-armed per request without a new timer)."""
+        self._timeout: tuple[float, str] = (0.0, "")
+        """The armed timeout's seconds and why it closes the connection (for the log)."""
         self._idle = False
         self._paused = False
         self._drained: asyncio.Future | None = None
@@ -152,7 +156,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        self._disarm()
+        self._deadline.cancel()
         self.server.connections.discard(self)
         for request in self.queue:
             request._wake()
@@ -171,7 +175,7 @@ class HttpConnection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- httptools callbacks
     def on_message_begin(self) -> None:
-        if self._timer is None or self._idle:  # the head's deadline runs from its first byte
+        if not self._deadline.armed or self._idle:  # the head's deadline runs from its first byte
             self._arm(self.config.header_timeout_s, "sent no complete request head")
         self._url = b""
         self._head = []
@@ -327,17 +331,15 @@ class HttpConnection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- timers and closing
     def _arm(self, seconds: float, why: str, idle: bool = False) -> None:
-        self._disarm()
         self._idle = idle
-        self._timer = self.loop.call_later(seconds, self._timed_out, seconds, why)
+        self._timeout = (seconds, why)
+        self._deadline.arm(seconds)
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadline.disarm()
 
-    def _timed_out(self, seconds: float, why: str) -> None:
-        self._timer = None
+    def _timed_out(self) -> None:
+        seconds, why = self._timeout
         if not self.queue and not self.transport.is_closing():
             logger.debug("closing a connection that %s for %.0fs", why, seconds)
             self.transport.close()

@@ -26,6 +26,7 @@ import time
 from urllib.parse import urlsplit
 
 import httptools
+from kvmesh.router.http.deadline import Deadline
 
 
 class UpstreamError(Exception):
@@ -59,6 +60,8 @@ class _Connection(asyncio.Protocol):
         self.reused = False
         self.idle_since = 0.0
         self.closed = False
+        self.read_deadline = Deadline(asyncio.get_running_loop(), self._read_timed_out)
+        """The current wait's ``read_timeout_s`` (re-armed per wait without a new timer)."""
 
     # ---------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -81,6 +84,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.read_deadline.cancel()
         self.pool._forget(self)
         r = self.response
         if r is not None and r.lingering is not None:
@@ -94,6 +98,10 @@ class _Connection(asyncio.Protocol):
                 r._fail(_StaleConnection("the pooled connection was closed by the replica"))
             else:
                 r._fail(UpstreamError(f"the replica closed the connection before the answer ended ({exc!r})"))
+
+    def _read_timed_out(self) -> None:
+        if self.response is not None:
+            self.response._timed_out()
 
     def pause_writing(self) -> None:  # the request bodies are small; nothing to throttle
         pass
@@ -165,15 +173,16 @@ class UpstreamResponse:
 
     async def _wait(self) -> None:
         """Until the connection has news (bytes, the end, a failure), at most ``read_timeout_s``."""
-        loop = asyncio.get_running_loop()
-        self._waiter = loop.create_future()
-        timer = None if self._timeout is None else loop.call_later(self._timeout, self._timed_out)
+        self._waiter = asyncio.get_running_loop().create_future()
+        deadline = None if self._timeout is None else self.conn.read_deadline
+        if deadline is not None:
+            deadline.arm(self._timeout)
         try:
             await self._waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
+            if deadline is not None:
+                deadline.disarm()
 
     def _timed_out(self) -> None:
         self._fail(UpstreamError(f"the replica sent nothing for {self._timeout}s"))
