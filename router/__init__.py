@@ -12,7 +12,7 @@
     runtime.py      RouterRuntime: replica set, event subscriber, health/load polling
     forward.py      proxying an OpenAI request (streaming passed through, retry before first byte)
     server.py       RouterServer: the proxied paths (hot routes) + the FastAPI app for the rest (admin plane
-                    included); metrics.py: Prometheus
+                    included); admin_routes.py: /replicas and /admin; metrics.py: Prometheus
     http/           the lean HTTP/1.1 server (proxied paths without ASGI) and the replica connection pool
 
 The OpenAI front end itself (request models, tokenizer, auth, body limits, /tokenize) is ``kvmesh.replica.openai``, the one module of replica/ the router imports (torch-free).

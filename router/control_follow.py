@@ -19,8 +19,8 @@ import logging
 
 import aiohttp
 from kvmesh.replica.openai.errors import error_body
+from kvmesh.router.admin_routes import is_admin_request
 from kvmesh.router.config import ReplicaSpec
-from kvmesh.router.server import is_admin_request
 
 logger = logging.getLogger(__name__)
 

@@ -9,12 +9,7 @@
     GET  /health, /ping                          200 when >= 1 replica is healthy, else 503
     GET  /get_load                               the router's in-flight requests (SGLang's shape)
     GET  /metrics                                Prometheus (metrics.py)
-    GET  /replicas[?drain_cost=true]             the replica set, in flight (and drain cost) per replica (API key)
-    POST /replicas, DELETE /replicas/{id}        the admin plane: the admin key only (403 without one)
-    POST /replicas/{id}/drain                    stop routing new requests to it; running ones finish
-                                                 (inside ``kvmesh serve``: then its process is removed)
-    GET  /admin/fleet, POST /admin/scale, /admin/rollout
-                                                 the process set, when the router runs inside ``kvmesh serve``
+    /replicas..., /admin/...                     the replica set and the admin plane (admin_routes.py)
 
 Auth is one rule (replica/openai/auth.py), the app's middleware and ``hot_routes`` both apply it:
 with ``api_key`` set every path but the probes needs it; changing the replica set needs
@@ -37,50 +32,16 @@ from fastapi import FastAPI
 from fastapi import Request as AppRequest
 from fastapi.responses import JSONResponse
 from kvmesh.replica.openai.auth import AuthMiddleware
-from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.errors import ProtocolError, error_body, install_error_handlers
-from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.openai.routes import install_shared_routes
+from kvmesh.router.admin_routes import install_replica_routes, is_admin_request
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.forward import Forwarder
 from kvmesh.router.http.messages import Request, Response
 from kvmesh.router.http.server import HttpServer
-from kvmesh.router.retention import exclusive_blocks
 from kvmesh.router.runtime import RouterRuntime
-from pydantic import ConfigDict
 
 logger = logging.getLogger(__name__)
-
-
-class ReplicaRegistration(OpenAIBaseModel):
-    """``POST /replicas`` body: where a replica listens (see ``ReplicaSpec``)."""
-
-    model_config = ConfigDict(extra="forbid")
-    url: str
-    events: str | None = None
-    replay: str | None = None
-    id: str | None = None
-
-
-class ScaleRequest(OpenAIBaseModel):
-    """``POST /admin/scale`` body."""
-
-    model_config = ConfigDict(extra="forbid")
-    replicas: int
-
-
-class RolloutRequest(OpenAIBaseModel):
-    """``POST /admin/rollout`` body: engine settings the restarted replicas get (none: same settings)."""
-
-    model_config = ConfigDict(extra="forbid")
-    engine: dict[str, Any] = {}
-
-
-def is_admin_request(method: str, path: str) -> bool:
-    """Requests that change the replica set (the admin plane), and everything under /admin/."""
-    if path.startswith("/admin/"):
-        return True
-    return method not in ("GET", "HEAD") and (path == "/replicas" or path.startswith("/replicas/"))
 
 
 def served_model(cfg: RouterConfig) -> str:
@@ -169,75 +130,7 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
     async def metrics(request: AppRequest):
         return runtime.metrics.response(request.headers.get("accept"))
 
-    @app.get("/replicas")
-    async def list_replicas(drain_cost: bool = False):
-        loads = runtime.router.loads.loads
-        rows = [{"id": s.replica_id, "url": s.url, "events": s.events, "replay": s.replay,
-                 "healthy": s.replica_id in runtime.router.healthy, "draining": s.replica_id in runtime.draining,
-                 "degraded": runtime.router.degraded.get(s.replica_id),
-                 "in_flight": runtime.in_flight(s.replica_id),
-                 "prefill_backlog": loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0}
-                for s in list(runtime.specs.values())]
-        if drain_cost:  # blocks only this replica holds: what draining it would cost (a walk over the index)
-            exclusive = await asyncio.to_thread(exclusive_blocks, runtime.router)
-            for row in rows:
-                row["exclusive_blocks"] = exclusive.get(row["id"], 0)
-        return {"replicas": rows}
-
-    @app.post("/replicas/{replica_id}/drain")
-    async def drain_replica(replica_id: str):
-        if not runtime.drain(replica_id):
-            raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
-        removing = runtime.fleet is not None and runtime.fleet.request_remove(replica_id)
-        return {"id": replica_id, "draining": True, "in_flight": runtime.in_flight(replica_id),
-                "will_be_removed": bool(removing)}
-
-    def fleet():
-        if runtime.fleet is None:
-            raise ProtocolError("this router does not run replica processes (only `kvmesh serve` does); "
-                                "register and remove replicas with POST/DELETE /replicas", 501)
-        return runtime.fleet
-
-    @app.get("/admin/fleet")
-    async def fleet_state():
-        return fleet().state()
-
-    @app.post("/admin/scale")
-    async def scale(request: AppRequest):
-        body = await read_request(request, ScaleRequest, cfg.frontend, runtime.renderer.run)
-        try:
-            return fleet().request_scale(body.replicas)
-        except ValueError as e:
-            raise ProtocolError(str(e)) from None
-
-    @app.post("/admin/rollout")
-    async def rollout(request: AppRequest):
-        body = await read_request(request, RolloutRequest, cfg.frontend, runtime.renderer.run)
-        try:
-            return fleet().request_rollout(body.engine)
-        except ValueError as e:
-            raise ProtocolError(str(e)) from None
-        except RuntimeError as e:
-            raise ProtocolError(str(e), 409) from None
-
-    @app.post("/replicas")
-    async def add_replica(request: AppRequest):
-        body = await read_request(request, ReplicaRegistration, cfg.frontend, runtime.renderer.run)
-        try:
-            spec = ReplicaSpec(url=body.url, events=body.events, replay=body.replay, replica_id=body.id or "")
-        except ValueError as e:
-            raise ProtocolError(f"bad replica registration: {e}; send "
-                                '{"url": "http://HOST:PORT", "events": "tcp://...", "replay": "tcp://...", '
-                                '"id": "name"}') from None
-        runtime.add_replica(spec)
-        return {"id": spec.replica_id, "healthy": await runtime.probe(spec)}
-
-    @app.delete("/replicas/{replica_id:path}")
-    async def delete_replica(replica_id: str):
-        if not runtime.remove_replica(replica_id):
-            raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
-        return {"id": replica_id, "removed": True}
-
+    install_replica_routes(app, runtime)
     return app
 
 
