@@ -9,6 +9,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -44,6 +45,18 @@ def pinned(cmd: list[str], cpu: int | None) -> list[str]:
     if cpu is None or shutil.which("taskset") is None:
         return cmd
     return ["taskset", "-c", str(cpu), *cmd]
+
+
+def start_stub_replicas(procs: list, n: int = 2) -> list[str]:
+    """``n`` instant stub replicas (_stub_replica.py) on core 1, their processes appended to ``procs``
+    (the caller stops them): their URLs."""
+    urls = []
+    for _ in range(n):
+        p = subprocess.Popen(pinned([sys.executable, "-m", "kvmesh.cluster.benchmarks._stub_replica"], 1),
+                             stdout=subprocess.PIPE, text=True)
+        procs.append(p)
+        urls.append(f"http://127.0.0.1:{json.loads(p.stdout.readline())['port']}")
+    return urls
 
 
 def tree_cpu_seconds(pid: int) -> float:

@@ -185,12 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as f:
         f.write(LLAMA2_CHAT_TEMPLATE)
     try:
-        stubs = []
-        for _ in range(2):
-            p = subprocess.Popen(pl.pinned([sys.executable, "-m", "kvmesh.cluster.benchmarks._stub_replica"], 1),
-                                 stdout=subprocess.PIPE, text=True)
-            procs.append(p)
-            stubs.append(f"http://127.0.0.1:{json.loads(p.stdout.readline())['port']}")
+        stubs = pl.start_stub_replicas(procs)
         commands, skipped = router_commands(args, stubs, f.name)
         for name, why in skipped.items():
             print(f"skipped {name}: {why}")

@@ -61,11 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     path = PATHS["token_ids"]
     if hasattr(os, "sched_setaffinity") and os.cpu_count() > 1:
         os.sched_setaffinity(0, {1})
-    procs = [subprocess.Popen(pl.pinned([sys.executable, "-m", "kvmesh.cluster.benchmarks._stub_replica"], 1),
-                              stdout=subprocess.PIPE, text=True)]
+    procs = []
     rows = []
     try:
-        stub = f"http://127.0.0.1:{json.loads(procs[0].stdout.readline())['port']}"
+        stub = pl.start_stub_replicas(procs, 1)[0]
         routers = {}
         for name, workers in (("1-worker", 1), ("2-workers", 2)):
             port = pl.free_port()
