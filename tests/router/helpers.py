@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import subprocess
+import sys
+
 import xxhash
 from kvmesh.events.schema import BlockRemoved, BlockStored
 
@@ -32,3 +37,15 @@ def stored(token_ids, block_size, start_block=0, num_blocks=None, salt="", extra
 def removed(token_ids, block_size, blocks, salt=""):
     hashes = ext_hashes(token_ids, block_size, salt)
     return BlockRemoved(block_hashes=[hashes[i] for i in blocks], medium="CPU")
+
+
+@contextlib.contextmanager
+def stub_replica(delay_ms: int):
+    """An instant stub replica (cluster/benchmarks/_stub_replica.py) answering after ``delay_ms``: its URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.benchmarks._stub_replica", "--port", "0",
+                             "--delay-ms", str(delay_ms)], stdout=subprocess.PIPE, text=True)
+    try:
+        yield f"http://127.0.0.1:{json.loads(proc.stdout.readline())['port']}"
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -11,7 +11,6 @@ import http.client
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -23,6 +22,7 @@ from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.workers import RouterWorkers, bind_listener, router_workers
 
 from .conftest import wait_for
+from .helpers import stub_replica
 
 pytestmark = pytest.mark.slow
 
@@ -101,14 +101,8 @@ class Load:
 
 @pytest.fixture(scope="module")
 def stub_url():
-    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.benchmarks._stub_replica", "--port", "0",
-                             "--delay-ms", "100"], stdout=subprocess.PIPE, text=True)
-    try:
-        port = json.loads(proc.stdout.readline())["port"]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with stub_replica(delay_ms=100) as url:
+        yield url
 
 
 @pytest.fixture

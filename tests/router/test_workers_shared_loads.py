@@ -11,14 +11,14 @@ import http.client
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.workers import router_workers
+
+from .helpers import stub_replica
 
 pytestmark = pytest.mark.slow
 
@@ -62,14 +62,8 @@ def _views(port: int, until, timeout: float = 60.0) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def slow_stub_url():
-    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.benchmarks._stub_replica", "--port", "0",
-                             "--delay-ms", "4000"], stdout=subprocess.PIPE, text=True)
-    try:
-        port = json.loads(proc.stdout.readline())["port"]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with stub_replica(delay_ms=4000) as url:
+        yield url
 
 
 def test_a_long_request_through_one_worker_shows_in_the_other_workers_load_view(slow_stub_url, stories_path):
