@@ -37,7 +37,9 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = head_dim
         inv_freq = rope_inv_freq(head_dim, theta, scaling or {})
-        freqs = torch.arange(max_position, dtype=torch.float32, device="cpu")[:, None] * inv_freq[None, :]
+        # on inv_freq's device: the model is built inside ``torch.device(target)`` (cuda, or meta in tests)
+        positions = torch.arange(max_position, dtype=torch.float32, device=inv_freq.device)
+        freqs = positions[:, None] * inv_freq[None, :]  # [max_position, head_dim // 2]
         cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, head_dim]
         self.register_buffer("cos_sin_cache", cache.to(torch.get_default_dtype()), persistent=False)
 
