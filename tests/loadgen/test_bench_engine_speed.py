@@ -116,3 +116,20 @@ def test_device_cuda_without_cuda_is_a_clear_error(capsys, tmp_path):
     assert main(["bench", "engine-speed", "--device", "cuda", "--out", str(tmp_path / "x.json")]) == 2
     assert "torch sees no CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_bad_decode_batches_value_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "engine-speed", "--decode-batches", "1,many"])
+    assert e.value.code == 2
+    assert "--decode-batches must be comma-separated positive integers" in capsys.readouterr().err
+
+
+def test_the_summary_table_has_a_row_per_config_and_the_floor(run, capsys):
+    from kvmesh.cluster.benchmarks.engine_speed.report import summary_table
+
+    table = summary_table(run["results"])
+    for label in ("default (torch:16)", "| torch:32 |", "HF generate, static batches of 4"):
+        assert label in table
+    assert "| torch:16:graphs | skipped: CUDA graphs need a CUDA device" in table
+    assert "Weight-read floor" in table

@@ -4,7 +4,7 @@ Files, one concept each: ``presets`` (model shapes, workload sizes), ``variants`
 ``backend:block_size[:graphs]`` configurations), ``options`` + ``cli`` (flags), ``model_files``
 (random bf16 weights made once), ``timing``, ``workload``, ``decode``, ``ttft`` (the engine
 measurements), ``hf_baseline``, ``bandwidth`` (weight-read floor), ``measure`` (one configuration),
-``run`` (the whole run, JSON), ``plot``.
+``run`` (the whole run, JSON), ``report`` (the summary table), ``plot``.
 """
 
 

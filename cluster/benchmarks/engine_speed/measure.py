@@ -10,6 +10,7 @@ import gc
 from dataclasses import dataclass
 
 import torch
+from kvmesh.cluster.benchmarks.engine_speed.bandwidth import model_weight_bytes
 from kvmesh.cluster.benchmarks.engine_speed.decode import decode_step_times
 from kvmesh.cluster.benchmarks.engine_speed.timing import Clock
 from kvmesh.cluster.benchmarks.engine_speed.ttft import ttft
@@ -75,6 +76,7 @@ def free_engine(device: torch.device) -> None:
 
 
 def measure_variant(plan: Plan, variant: EngineVariant) -> dict:
+    """Every measurement of one configuration, or the reason it was skipped (or failed)."""
     label = variant.label
     result: dict = {"config": label}
     reason = skip_reason(variant, plan.device)
@@ -85,21 +87,18 @@ def measure_variant(plan: Plan, variant: EngineVariant) -> dict:
     clock = Clock(plan.device)
     try:
         engine = build_engine(plan, variant)
-    except ValueError as e:  # the engine refused this combination here (its message says why)
-        print(f"[engine-speed] skip {label}: {e}", flush=True)
-        return {**result, "skipped": str(e)}
+    except (ValueError, RuntimeError) as e:  # the engine refused this combination here, or ran out of memory
+        free_engine(plan.device)
+        kind = "skipped" if isinstance(e, ValueError) else "error"
+        print(f"[engine-speed] {kind} {label}: {e}", flush=True)
+        return {**result, kind: str(e)}
     runner = engine.model_runner
     result.update(backend=runner.attn_backend.name, block_size=engine.config.block_size,
                   cuda_graphs=engine.config.cuda_graphs, dtype=str(runner.dtype).removeprefix("torch."),
-                  num_kv_blocks=engine.num_kv_blocks, build_s=clock.read()["wall_s"])
+                  num_kv_blocks=engine.num_kv_blocks, weight_bytes=model_weight_bytes(runner.model),
+                  build_s=clock.read()["wall_s"])
     try:
-        warm_up(engine, engine.vocab_size)
-        result["workload"] = run_workload(engine, plan.workload, plan.device, label)
-        budget = engine.config.max_num_batched_tokens
-        result["decode"] = [decode_step_times(engine, b, plan.decode_context, plan.warmup_steps, plan.decode_steps,
-                                              budget, plan.seed, plan.device) for b in plan.decode_batches]
-        result["ttft"] = ttft(engine, plan.ttft_prefix_len, plan.ttft_repeats, plan.seed, plan.device, label)
-        result["weight_bytes"] = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+        result.update(_measure(engine, plan, label))
     except RuntimeError as e:  # out of device memory, a kernel failure: keep what was measured, go on
         print(f"[engine-speed] {label} failed: {e}", flush=True)
         return {**result, "error": str(e)}
@@ -111,3 +110,24 @@ def measure_variant(plan: Plan, variant: EngineVariant) -> dict:
           + f", TTFT cold {result['ttft']['cold']['wall_ms']:.1f} ms / cached {result['ttft']['cached']['wall_ms']:.1f} ms",
           flush=True)
     return result
+
+
+def _measure(engine, plan: Plan, label: str) -> dict:
+    from tqdm import tqdm
+
+    out: dict = {"decode": []}
+    phases = ["warm-up", "workload", *(f"decode@{b}" for b in plan.decode_batches), "ttft"]
+    with tqdm(phases, desc=label, unit="phase") as bar:
+        for phase in bar:
+            bar.set_postfix_str(phase)
+            if phase == "warm-up":
+                warm_up(engine, engine.vocab_size)
+            elif phase == "workload":
+                out["workload"] = run_workload(engine, plan.workload, plan.device, label)
+            elif phase == "ttft":
+                out["ttft"] = ttft(engine, plan.ttft_prefix_len, plan.ttft_repeats, plan.seed, plan.device)
+            else:
+                out["decode"].append(decode_step_times(
+                    engine, int(phase.removeprefix("decode@")), plan.decode_context, plan.warmup_steps,
+                    plan.decode_steps, engine.config.max_num_batched_tokens, plan.seed, plan.device))
+    return out

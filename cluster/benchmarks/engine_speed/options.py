@@ -28,13 +28,13 @@ class EngineSpeedOptions:
     """Requests of the throughput workload, all submitted at once (default: the preset's)."""
     decode_batches: str | None = None
     """Comma-separated running-sequence counts at which decode steps are timed (default: the preset's)."""
-    decode_steps: int = 10
+    decode_steps: int = 20
     """Timed decode steps per batch size, after the warm-up steps."""
     warmup_steps: int = 3
     """Untimed decode steps before the timed ones."""
     ttft_prefix_len: int | None = None
     """Prefix tokens of the TTFT measurement, 16 new tokens follow (default: the preset's)."""
-    ttft_repeats: int = 3
+    ttft_repeats: int = 5
     """TTFT measurements (cold, then cached) per configuration, each with a fresh prefix; medians reported."""
     hf_batch_size: int | None = None
     """Static batch size of the Hugging Face generate baseline (default: the preset's)."""

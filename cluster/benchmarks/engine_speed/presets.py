@@ -3,8 +3,9 @@
 ``tinyllama-1.1b`` is the shape of the GPU reference run (/work/shared/notes/gpu-first-contact.md):
 TinyLlama-1.1B with random weights, 256 requests at once, decode steps at 1/64/256 running
 sequences of 512-token context, TTFT of a 2,048-token prefix + 16 new tokens. ``tiny`` keeps every
-measurement but scales the model down and the workload to a quarter (a quarter of the requests,
-prompts, outputs, batches, contexts and budgets), so a CPU run takes seconds (and CI can run it).
+measurement but scales the model down and the workload to a quarter (the same 256 requests with a
+quarter of the prompt and output lengths; a quarter of the batches, contexts and budgets), so a CPU
+run takes seconds (and CI, with a smaller workload still, can run it).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ PRESETS: dict[str, Preset] = {
         name="tiny",
         hf_config=_llama(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=1000, max_position_embeddings=1024),
-        num_requests=64, prompt_len=(16, 256), output_len=(16, 64), decode_batches=(1, 16, 64),
+        num_requests=256, prompt_len=(16, 256), output_len=(16, 64), decode_batches=(1, 16, 64),
         decode_context=128, ttft_prefix_len=512, max_num_batched_tokens=2048, hf_batch_size=16),
     # TinyLlama-1.1B's shape; max_position_embeddings 4096 (TinyLlama's is 2048) so 2,048 + 16 fits.
     "tinyllama-1.1b": Preset(

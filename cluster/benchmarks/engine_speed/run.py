@@ -108,7 +108,9 @@ def run(options: EngineSpeedOptions) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     from kvmesh.cluster.benchmarks.engine_speed.plot import plot
+    from kvmesh.cluster.benchmarks.engine_speed.report import summary_table
 
     plot(results, out.with_suffix(".png"))
+    print(summary_table(results))
     print(f"[engine-speed] wrote {out} and {out.with_suffix('.png')}", flush=True)
     return results

@@ -28,7 +28,7 @@ def first_token(engine, request_id: str, prompt: list[int], device) -> dict:
     return {"wall_ms": 1000 * t["wall_s"], "cpu_ms": 1000 * t["cpu_s"], "num_cached_tokens": cached}
 
 
-def ttft(engine, prefix_len: int, repeats: int, seed: int, device, label: str) -> dict:
+def ttft(engine, prefix_len: int, repeats: int, seed: int, device) -> dict:
     rng = random.Random(f"ttft-{seed}")  # no prefix shared with other phases
     runs = []
     for r in range(repeats):
