@@ -13,7 +13,7 @@ from kvmesh.replica.attention.backend import flash_attn_problem
 
 PREFIX = 64  # a multiple of both block sizes below, so the cached run can reuse all of it
 BATCHES = (1, 4)
-CONFIGS = "torch:16,torch:32,flash_attn:16,torch:16:graphs"
+CONFIGS = "torch:16,torch:32,flash_attn:16,torch:16:graphs,torch:32768"  # the last: one block > the 16 MiB KV cache
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,7 @@ def test_cached_ttft_really_hit_the_prefix_cache_and_cold_did_not(run):
 def test_configs_this_machine_cannot_run_are_skipped_with_the_reason(run):
     by_label = {c["config"]: c for c in run["results"]["configs"]}
     assert "CUDA graphs need a CUDA device" in by_label["torch:16:graphs"]["skipped"]
+    assert "raise kv_cache_memory" in by_label["torch:32768"]["skipped"]  # the engine's own reason
     problem = flash_attn_problem(torch.device("cpu"), torch.float32)
     if problem is not None:
         assert by_label["flash_attn:16"]["skipped"] == problem

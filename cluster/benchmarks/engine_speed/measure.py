@@ -85,13 +85,15 @@ def measure_variant(plan: Plan, variant: EngineVariant) -> dict:
         return {**result, "skipped": reason}
     print(f"[engine-speed] {label}: building the engine", flush=True)
     clock = Clock(plan.device)
+    failure = None
     try:
         engine = build_engine(plan, variant)
     except (ValueError, RuntimeError) as e:  # the engine refused this combination here, or ran out of memory
+        failure = ("skipped" if isinstance(e, ValueError) else "error", str(e))
+    if failure is not None:  # outside the except: its traceback no longer holds the half-built model
         free_engine(plan.device)
-        kind = "skipped" if isinstance(e, ValueError) else "error"
-        print(f"[engine-speed] {kind} {label}: {e}", flush=True)
-        return {**result, kind: str(e)}
+        print(f"[engine-speed] {failure[0]} {label}: {failure[1]}", flush=True)
+        return {**result, failure[0]: failure[1]}
     runner = engine.model_runner
     result.update(backend=runner.attn_backend.name, block_size=engine.config.block_size,
                   cuda_graphs=engine.config.cuda_graphs, dtype=str(runner.dtype).removeprefix("torch."),
