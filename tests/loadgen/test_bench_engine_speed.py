@@ -119,11 +119,23 @@ def test_device_cuda_without_cuda_is_a_clear_error(capsys, tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
-def test_a_bad_decode_batches_value_is_a_clear_error(capsys):
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("--decode-batches", "1,many", "--decode-batches must be comma-separated positive integers"),
+    ("--kv-cache-memory", "lots", "--kv-cache-memory='lots' is not a size"),
+    ("--preset", "huge", "--preset must be one of tiny, tinyllama-1.1b"),
+])
+def test_a_bad_option_value_is_a_clear_error(flag, value, says, capsys):
     with pytest.raises(SystemExit) as e:
-        main(["bench", "engine-speed", "--decode-batches", "1,many"])
+        main(["bench", "engine-speed", flag, value])
     assert e.value.code == 2
-    assert "--decode-batches must be comma-separated positive integers" in capsys.readouterr().err
+    assert says in capsys.readouterr().err
+
+
+def test_a_model_directory_without_a_config_is_a_clear_error(capsys, tmp_path):
+    assert main(["bench", "engine-speed", "--device", "cpu", "--model", str(tmp_path), "--out",
+                 str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert "has no config.json; pass a Hugging Face model directory" in err and "Traceback" not in err
 
 
 def test_the_summary_table_has_a_row_per_config_and_the_floor(run, capsys):

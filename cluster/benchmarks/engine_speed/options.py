@@ -67,6 +67,9 @@ class EngineSpeedOptions:
             raise ValueError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        from kvmesh.replica.config import parse_size
+
+        parse_size(self.kv_cache_memory, "--kv-cache-memory")
         self.batches()
         self.variants()
 
