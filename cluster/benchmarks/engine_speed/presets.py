@@ -45,7 +45,7 @@ class Preset:
 
 
 def _llama(**fields: Any) -> tuple[tuple[str, Any], ...]:
-    base = dict(model_type="llama", architectures=["LlamaForCausalLM"], rms_norm_eps=1e-5, rope_theta=10000.0,
+    base = dict(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0,
                 bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="bfloat16")
     return tuple(sorted({**base, **fields}.items()))
 
