@@ -146,3 +146,14 @@ def test_the_summary_table_has_a_row_per_config_and_the_floor(run, capsys):
         assert label in table
     assert "| torch:16:graphs | skipped: CUDA graphs need a CUDA device" in table
     assert "Weight-read floor" in table
+
+
+def test_configs_accept_any_registered_backend_name():
+    """A backend added to the registry (such as "triton") is accepted without touching the bench."""
+    from kvmesh.cluster.benchmarks.engine_speed.variants import DEFAULT, EngineVariant, parse_variants
+
+    assert parse_variants("default, triton:16:graphs,torch:256", ["torch", "triton"]) == [
+        DEFAULT, EngineVariant("triton", 16, True), EngineVariant("torch", 256, False)]
+    assert [v.label for v in parse_variants("triton:16:graphs", ["triton"])] == ["triton:16:graphs"]
+    with pytest.raises(ValueError, match="unknown attention backend 'triton'; choose one of torch"):
+        parse_variants("triton:16", ["torch"])
