@@ -1,0 +1,95 @@
+"""Kernel launches per decoder layer in a decode step: the fused path launches about 10, not ~40.
+
+A ``TorchDispatchMode`` sees every op the model dispatches. Ops that launch no kernel are not
+counted: views (split, view, t, ...) and allocations (empty*); a may-alias op that did copy (a
+dtype cast through ``to``, a ``reshape`` that could not view) is counted. A fused Triton kernel is one
+``torch.ops.kvmesh.*`` op (the dispatch point's torch op), so it counts once whatever runs inside;
+attention counts once too (its internals belong to the attention backend, which is being rewritten
+as one kernel). The decode step runs through the ModelRunner's model as the engine runs it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.input_batch import prepare_inputs
+from kvmesh.replica.layers.custom_op import force_triton
+from kvmesh.replica.model_runner import ModelRunner
+from kvmesh.replica.scheduler_output import ScheduledRequest
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .test_model_hf_parity import GREEDY
+
+ALLOCATIONS = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+               "aten::new_empty_strided"}
+MATMULS = {"aten::linear", "aten::mm", "aten::addmm"}  # one GEMM launch (CPU dispatches linear itself)
+MAX_FUSED_PER_LAYER = 12
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Per decoder layer, the names of the kernel-launching ops it dispatches."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.per_layer: list[list[str]] = [[] for _ in model.model.layers]
+        self.layer: int | None = None
+        self.in_attention = False
+        for i, layer in enumerate(model.model.layers):
+            layer.register_forward_pre_hook(lambda m, a, i=i: setattr(self, "layer", i))
+            layer.register_forward_hook(lambda m, a, out: setattr(self, "layer", None))
+            layer.self_attn.attn.register_forward_pre_hook(self._enter_attention)
+            layer.self_attn.attn.register_forward_hook(lambda m, a, out: setattr(self, "in_attention", False))
+
+    def _enter_attention(self, module, args) -> None:
+        self.per_layer[self.layer].append("attention")
+        self.in_attention = True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket._qualified_op_name
+        launched = name not in ALLOCATIONS and (not func.is_view or _copied(args[0], out))
+        if self.layer is not None and not self.in_attention and launched:
+            self.per_layer[self.layer].append("matmul" if name in MATMULS else name)
+        return out
+
+
+def _copied(source: torch.Tensor, out) -> bool:
+    """Whether a may-alias op (``to``, ``reshape``) wrote new memory instead of returning a view."""
+    first = out[0] if isinstance(out, (list, tuple)) else out
+    return first.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()
+
+
+def decode_launches(path, dtype: str, fused: bool) -> list[list[str]]:
+    """Per layer, the launches of one decode step of 3 requests (after their prefill)."""
+    runner = ModelRunner(EngineConfig(model=str(path), dtype=dtype, device="cpu", kv_cache_memory=1 << 22))
+    if fused:
+        force_triton(runner.model)
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19]]
+    blocks = [[1, 2], [3], [4, 5]]
+    prefill = [ScheduledRequest(f"r{i}", p, 0, blocks[i], True, GREEDY) for i, p in enumerate(prompts)]
+    decode = [ScheduledRequest(f"r{i}", [3], len(p), blocks[i], True, GREEDY) for i, p in enumerate(prompts)]
+    with torch.inference_mode():
+        for step in (prefill, decode):
+            inputs = prepare_inputs(step, runner.block_size, runner.device)
+            metadata = runner.attn_backend.build(inputs.common)
+            counter = LaunchCounter(runner.model)  # the last step's counts are the decode step's
+            with counter:
+                runner.model(inputs.input_ids, inputs.positions, metadata)
+    return counter.per_layer
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_decode_step_launches_about_ten_kernels_per_layer(stories_path, triton_device, dtype):
+    fused = decode_launches(stories_path, dtype, fused=True)
+    reference = decode_launches(stories_path, dtype, fused=False)
+    assert all(len(ops) == len(fused[1]) for ops in fused[1:]), fused
+    assert len(fused[1]) <= MAX_FUSED_PER_LAYER, fused[1]
+    assert len(fused[1]) < len(reference[1]), (fused[1], reference[1])
+    assert Counter(fused[1]) == Counter({
+        "matmul": 4, "kvmesh::fused_add_rms_norm": 2, "kvmesh::rotary_embedding": 1, "attention": 1,
+        "kvmesh::silu_and_mul": 1})
+    # layer 0 normalizes the embeddings without a residual: the same number of launches
+    assert Counter(fused[0])["kvmesh::rms_norm"] == 1 and len(fused[0]) == len(fused[1])
