@@ -18,30 +18,41 @@ from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.input_batch import prepare_inputs
 from kvmesh.replica.layers.custom_op import force_triton
 from kvmesh.replica.model_runner import ModelRunner
+from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler_output import ScheduledRequest
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .test_model_hf_parity import GREEDY
-
 ALLOCATIONS = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
                "aten::new_empty_strided"}
+GREEDY = SamplingParams(temperature=0.0)
 MATMULS = {"aten::linear", "aten::mm", "aten::addmm"}  # one GEMM launch (CPU dispatches linear itself)
 MAX_FUSED_PER_LAYER = 12
 
 
 class LaunchCounter(TorchDispatchMode):
-    """Per decoder layer, the names of the kernel-launching ops it dispatches."""
+    """Per decoder layer, the names of the kernel-launching ops it dispatches (hooks live while entered)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
-        self.per_layer: list[list[str]] = [[] for _ in model.model.layers]
+        self.layers = model.model.layers
+        self.per_layer: list[list[str]] = [[] for _ in self.layers]
         self.layer: int | None = None
         self.in_attention = False
-        for i, layer in enumerate(model.model.layers):
-            layer.register_forward_pre_hook(lambda m, a, i=i: setattr(self, "layer", i))
-            layer.register_forward_hook(lambda m, a, out: setattr(self, "layer", None))
-            layer.self_attn.attn.register_forward_pre_hook(self._enter_attention)
-            layer.self_attn.attn.register_forward_hook(lambda m, a, out: setattr(self, "in_attention", False))
+        self.hooks = []
+
+    def __enter__(self):
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn.attn
+            self.hooks += [layer.register_forward_pre_hook(lambda m, a, i=i: setattr(self, "layer", i)),
+                           layer.register_forward_hook(lambda m, a, out: setattr(self, "layer", None)),
+                           attn.register_forward_pre_hook(self._enter_attention),
+                           attn.register_forward_hook(lambda m, a, out: setattr(self, "in_attention", False))]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for hook in self.hooks:
+            hook.remove()
+        return super().__exit__(*exc)
 
     def _enter_attention(self, module, args) -> None:
         self.per_layer[self.layer].append("attention")
@@ -75,8 +86,7 @@ def decode_launches(path, dtype: str, fused: bool) -> list[list[str]]:
         for step in (prefill, decode):
             inputs = prepare_inputs(step, runner.block_size, runner.device)
             metadata = runner.attn_backend.build(inputs.common)
-            counter = LaunchCounter(runner.model)  # the last step's counts are the decode step's
-            with counter:
+            with LaunchCounter(runner.model) as counter:  # the last step's counts are the decode step's
                 runner.model(inputs.input_ids, inputs.positions, metadata)
     return counter.per_layer
 
@@ -93,3 +103,16 @@ def test_fused_decode_step_launches_about_ten_kernels_per_layer(stories_path, tr
         "kvmesh::silu_and_mul": 1})
     # layer 0 normalizes the embeddings without a residual: the same number of launches
     assert Counter(fused[0])["kvmesh::rms_norm"] == 1 and len(fused[0]) == len(fused[1])
+
+
+if __name__ == "__main__":  # the table of BENCHMARKS.md: python -m tests.replica.test_fused_launch_count [model]
+    import os
+    import sys
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported (by the fused path)
+    model = sys.argv[1] if len(sys.argv) > 1 else "../shared/models/stories260K/hf"
+    for dtype in ("float32", "bfloat16"):
+        for fused in (False, True):
+            per_layer = decode_launches(model, dtype, fused)
+            print(f"{dtype:9} {'fused' if fused else 'reference':9} per layer {[len(ops) for ops in per_layer]}  "
+                  f"layer 1: {dict(Counter(per_layer[1]))}")
