@@ -20,6 +20,7 @@ from kvmesh.replica.layers.custom_op import force_triton
 from kvmesh.replica.model_runner import ModelRunner
 from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler_output import ScheduledRequest
+from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ALLOCATIONS = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
@@ -73,22 +74,57 @@ def _copied(source: torch.Tensor, out) -> bool:
     return first.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()
 
 
-def decode_launches(path, dtype: str, fused: bool) -> list[list[str]]:
-    """Per layer, the launches of one decode step of 3 requests (after their prefill)."""
+def decode_step(path, dtype: str, fused: bool):
+    """(runner, inputs, attention metadata) of a decode step of 3 requests at positions 5, 3 and 7.
+    Their prompts' K/V are not computed (the cache holds zeros): what the step launches does not
+    depend on what the cache holds."""
     runner = ModelRunner(EngineConfig(model=str(path), dtype=dtype, device="cpu", kv_cache_memory=1 << 22))
     if fused:
         force_triton(runner.model)
-    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19]]
-    blocks = [[1, 2], [3], [4, 5]]
-    prefill = [ScheduledRequest(f"r{i}", p, 0, blocks[i], True, GREEDY) for i, p in enumerate(prompts)]
-    decode = [ScheduledRequest(f"r{i}", [3], len(p), blocks[i], True, GREEDY) for i, p in enumerate(prompts)]
-    with torch.inference_mode():
-        for step in (prefill, decode):
-            inputs = prepare_inputs(step, runner.block_size, runner.device)
-            metadata = runner.attn_backend.build(inputs.common)
-            with LaunchCounter(runner.model) as counter:  # the last step's counts are the decode step's
-                runner.model(inputs.input_ids, inputs.positions, metadata)
+    decode = [ScheduledRequest(f"r{i}", [3], computed, blocks, True, GREEDY)
+              for i, (computed, blocks) in enumerate([(5, [1, 2]), (3, [3]), (7, [4, 5])])]
+    inputs = prepare_inputs(decode, runner.block_size, runner.device)
+    return runner, inputs, runner.attn_backend.build(inputs.common)
+
+
+@torch.inference_mode()
+def decode_launches(path, dtype: str, fused: bool) -> list[list[str]]:
+    """Per layer, the kernel launches of the decode step."""
+    runner, inputs, metadata = decode_step(path, dtype, fused)
+    with LaunchCounter(runner.model) as counter:
+        runner.model(inputs.input_ids, inputs.positions, metadata)
     return counter.per_layer
+
+
+@torch.inference_mode()
+def profiled_layer_ops(path, dtype: str, fused: bool, layer: int) -> list[str]:
+    """The torch profiler's view of the same step: the top-level ops of decoder layer ``layer``
+    (each under its own ``record_function``; attention is one ``record_function`` too)."""
+    runner, inputs, metadata = decode_step(path, dtype, fused)
+    target, attn = runner.model.model.layers[layer], runner.model.model.layers[layer].self_attn.attn
+    scopes = {target: record_function("decoder_layer"), attn: record_function("attention")}
+    def enter(module, args) -> None:
+        scopes[module].__enter__()
+
+    hooks = [h for m in scopes for h in (m.register_forward_pre_hook(enter),
+                                         m.register_forward_hook(lambda m, a, o: scopes[m].__exit__(None, None, None)))]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        runner.model(inputs.input_ids, inputs.positions, metadata)
+    for h in hooks:
+        h.remove()
+    events = prof.events()
+    scope_id = next(e.id for e in events if e.name == "decoder_layer")
+    return [e.name if _launched(e) else "view" for e in events if e.cpu_parent is not None and e.cpu_parent.id == scope_id]
+
+
+def _launched(event) -> bool:
+    """Whether a profiled op launched work: not a view (view, split, t, ...), or a may-alias op that copied
+    (``to`` casting, ``reshape`` cloning)."""
+    if not event.name.startswith("aten::"):
+        return True
+    packet = getattr(torch.ops.aten, event.name.removeprefix("aten::"))
+    is_view = all(getattr(packet, overload).is_view for overload in packet.overloads())
+    return not is_view or any(c.name in ("aten::_to_copy", "aten::clone") for c in event.cpu_children)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -105,6 +141,14 @@ def test_fused_decode_step_launches_about_ten_kernels_per_layer(stories_path, tr
     assert Counter(fused[0])["kvmesh::rms_norm"] == 1 and len(fused[0]) == len(fused[1])
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_the_torch_profiler_counts_the_same_launches_per_layer(stories_path, triton_device, fused):
+    """Two ways of counting agree (bf16: the reference's dtype casts are launches, its views are not)."""
+    profiled = profiled_layer_ops(stories_path, "bfloat16", fused=fused, layer=1)
+    launching = ["matmul" if n in MATMULS else n for n in profiled if n != "view"]
+    assert Counter(launching) == Counter(decode_launches(stories_path, "bfloat16", fused=fused)[1])
+
+
 if __name__ == "__main__":  # the table of BENCHMARKS.md: python -m tests.replica.test_fused_launch_count [model]
     import os
     import sys
@@ -114,5 +158,7 @@ if __name__ == "__main__":  # the table of BENCHMARKS.md: python -m tests.replic
     for dtype in ("float32", "bfloat16"):
         for fused in (False, True):
             per_layer = decode_launches(model, dtype, fused)
+            profiled = profiled_layer_ops(model, dtype, fused, layer=1)
             print(f"{dtype:9} {'fused' if fused else 'reference':9} per layer {[len(ops) for ops in per_layer]}  "
-                  f"layer 1: {dict(Counter(per_layer[1]))}")
+                  f"layer 1: {dict(Counter(per_layer[1]))}\n    profiler, layer 1: {len(profiled)} top-level ops, "
+                  f"{sum(n != 'view' for n in profiled)} launching: {dict(Counter(profiled))}")
