@@ -6,8 +6,9 @@ A ``CustomOp`` layer (vLLM's name) has two implementations of one computation:
     forward_triton   one Triton kernel, registered as a torch op ``torch.ops.kvmesh.<name>``
 
 ``forward`` takes the Triton path for CUDA tensors when triton is installed, the native path
-otherwise (CPU, meta). Tests force the Triton path on CPU tensors with ``force_triton(model)``
-under Triton's interpreter (``TRITON_INTERPRET=1`` before the first ``import triton``).
+otherwise (CPU, meta). Tests pick a path whatever the device with ``force_triton(model, on)``: the
+Triton path on CPU tensors runs under Triton's interpreter (``TRITON_INTERPRET=1`` before the first
+``import triton``), the native path on CUDA tensors is the reference there.
 
 Each kernel is a torch op rather than a bare launch so that it is one op to the torch profiler,
 to a ``TorchDispatchMode`` counting launches, and to ``torch.compile`` / the meta device (its
@@ -48,11 +49,14 @@ def triton_ops():
 
 
 class CustomOp(nn.Module):
-    force_triton: bool = False
-    """Take the Triton path on any device (tests, with Triton's interpreter on CPU)."""
+    use_triton: bool | None = None
+    """True/False: always the Triton/native path (tests); None: Triton for CUDA tensors when installed."""
 
     def forward(self, *args, **kwargs):
-        if self.force_triton or (HAS_TRITON and args[0].is_cuda):  # args[0]: the first input tensor
+        use_triton = self.use_triton
+        if use_triton is None:
+            use_triton = HAS_TRITON and args[0].is_cuda  # args[0]: the first input tensor
+        if use_triton:
             return self.forward_triton(*args, **kwargs)
         return self.forward_native(*args, **kwargs)
 
@@ -63,8 +67,9 @@ class CustomOp(nn.Module):
         raise NotImplementedError
 
 
-def force_triton(model: nn.Module, on: bool = True) -> None:
-    """Make every ``CustomOp`` in ``model`` take the Triton path whatever the device (or undo it)."""
+def force_triton(model: nn.Module, on: bool | None = True) -> None:
+    """Make every ``CustomOp`` in ``model`` take the Triton path (True) or the native path (False) whatever
+    the device; None gives the choice back to the device."""
     for module in model.modules():
         if isinstance(module, CustomOp):
-            module.force_triton = on
+            module.use_triton = on

@@ -74,13 +74,13 @@ def _copied(source: torch.Tensor, out) -> bool:
     return first.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()
 
 
-def decode_step(path, dtype: str, fused: bool):
+def decode_step(path, dtype: str, fused: bool, device: torch.device):
     """(runner, inputs, attention metadata) of a decode step of 3 requests at positions 5, 3 and 7.
     Their prompts' K/V are not computed (the cache holds zeros): what the step launches does not
     depend on what the cache holds."""
-    runner = ModelRunner(EngineConfig(model=str(path), dtype=dtype, device="cpu", kv_cache_memory=1 << 22))
-    if fused:
-        force_triton(runner.model)
+    runner = ModelRunner(EngineConfig(model=str(path), dtype=dtype, device=str(device), kv_cache_memory=1 << 22,
+                                      num_kv_blocks=16))
+    force_triton(runner.model, fused)
     decode = [ScheduledRequest(f"r{i}", [3], computed, blocks, True, GREEDY)
               for i, (computed, blocks) in enumerate([(5, [1, 2]), (3, [3]), (7, [4, 5])])]
     inputs = prepare_inputs(decode, runner.block_size, runner.device)
@@ -88,19 +88,19 @@ def decode_step(path, dtype: str, fused: bool):
 
 
 @torch.inference_mode()
-def decode_launches(path, dtype: str, fused: bool) -> list[list[str]]:
+def decode_launches(path, dtype: str, fused: bool, device: torch.device) -> list[list[str]]:
     """Per layer, the kernel launches of the decode step."""
-    runner, inputs, metadata = decode_step(path, dtype, fused)
+    runner, inputs, metadata = decode_step(path, dtype, fused, device)
     with LaunchCounter(runner.model) as counter:
         runner.model(inputs.input_ids, inputs.positions, metadata)
     return counter.per_layer
 
 
 @torch.inference_mode()
-def profiled_layer_ops(path, dtype: str, fused: bool, layer: int) -> list[str]:
+def profiled_layer_ops(path, dtype: str, fused: bool, device: torch.device, layer: int) -> list[str]:
     """The torch profiler's view of the same step: the top-level ops of decoder layer ``layer``
     (each under its own ``record_function``; attention is one ``record_function`` too)."""
-    runner, inputs, metadata = decode_step(path, dtype, fused)
+    runner, inputs, metadata = decode_step(path, dtype, fused, device)
     target, attn = runner.model.model.layers[layer], runner.model.model.layers[layer].self_attn.attn
     scopes = {target: record_function("decoder_layer"), attn: record_function("attention")}
     def enter(module, args) -> None:
@@ -129,8 +129,8 @@ def _launched(event) -> bool:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_decode_step_launches_about_ten_kernels_per_layer(stories_path, triton_device, dtype):
-    fused = decode_launches(stories_path, dtype, fused=True)
-    reference = decode_launches(stories_path, dtype, fused=False)
+    fused = decode_launches(stories_path, dtype, True, triton_device)
+    reference = decode_launches(stories_path, dtype, False, triton_device)
     assert all(len(ops) == len(fused[1]) for ops in fused[1:]), fused
     assert len(fused[1]) <= MAX_FUSED_PER_LAYER, fused[1]
     assert len(fused[1]) < len(reference[1]), (fused[1], reference[1])
@@ -144,9 +144,9 @@ def test_fused_decode_step_launches_about_ten_kernels_per_layer(stories_path, tr
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
 def test_the_torch_profiler_counts_the_same_launches_per_layer(stories_path, triton_device, fused):
     """Two ways of counting agree (bf16: the reference's dtype casts are launches, its views are not)."""
-    profiled = profiled_layer_ops(stories_path, "bfloat16", fused=fused, layer=1)
+    profiled = profiled_layer_ops(stories_path, "bfloat16", fused, triton_device, layer=1)
     launching = ["matmul" if n in MATMULS else n for n in profiled if n != "view"]
-    assert Counter(launching) == Counter(decode_launches(stories_path, "bfloat16", fused=fused)[1])
+    assert Counter(launching) == Counter(decode_launches(stories_path, "bfloat16", fused, triton_device)[1])
 
 
 if __name__ == "__main__":  # the table of BENCHMARKS.md: python -m tests.replica.test_fused_launch_count [model]
@@ -157,8 +157,8 @@ if __name__ == "__main__":  # the table of BENCHMARKS.md: python -m tests.replic
     model = sys.argv[1] if len(sys.argv) > 1 else "../shared/models/stories260K/hf"
     for dtype in ("float32", "bfloat16"):
         for fused in (False, True):
-            per_layer = decode_launches(model, dtype, fused)
-            profiled = profiled_layer_ops(model, dtype, fused, layer=1)
+            per_layer = decode_launches(model, dtype, fused, torch.device("cpu"))
+            profiled = profiled_layer_ops(model, dtype, fused, torch.device("cpu"), layer=1)
             print(f"{dtype:9} {'fused' if fused else 'reference':9} per layer {[len(ops) for ops in per_layer]}  "
                   f"layer 1: {dict(Counter(per_layer[1]))}\n    profiler, layer 1: {len(profiled)} top-level ops, "
                   f"{sum(n != 'view' for n in profiled)} launching: {dict(Counter(profiled))}")

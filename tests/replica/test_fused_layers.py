@@ -115,16 +115,23 @@ class OpNames(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_cpu_tensors_take_the_native_path_unless_forced(triton_device):
-    norm = RMSNorm(8)
-    x = torch.randn(3, 8)
+def test_cpu_tensors_take_the_native_path():
+    norm, x = RMSNorm(8), torch.randn(3, 8)
     with OpNames() as seen:
         norm(x, x)
-    assert not any(n.startswith("kvmesh::") for n in seen.names)
+    assert "aten::rsqrt" in seen.names and not any(n.startswith("kvmesh::") for n in seen.names)
+
+
+def test_forcing_picks_the_path_whatever_the_device(triton_device):
+    norm, x = RMSNorm(8).to(triton_device), torch.randn(3, 8, device=triton_device)
     force_triton(norm)
     with OpNames() as seen:
         norm(x, x)
     assert seen.names == ["kvmesh::fused_add_rms_norm"]
+    force_triton(norm, False)
+    with OpNames() as seen:
+        norm(x, x)
+    assert "aten::rsqrt" in seen.names and not any(n.startswith("kvmesh::") for n in seen.names)
 
 
 def test_the_triton_ops_run_on_meta_tensors(triton_device):
