@@ -53,3 +53,25 @@ def test_stories260k_fused_path_logits_equal_reference_and_transformers(stories_
             torch.testing.assert_close(got[req.request_id].cpu(), want[req.request_id], atol=1e-5, rtol=1e-5)
             expected = hf_logits(hf_model, seqs[req.request_id])[-len(req.token_ids):]
             torch.testing.assert_close(got[req.request_id].cpu(), expected, atol=HF_ATOL, rtol=1e-4)
+
+
+def test_the_fused_path_runs_under_the_meta_device(triton_device):
+    """The kernels' torch ops have meta implementations, so the fused model traces shapes without running
+    a kernel (what torch.compile's fake tensors and the meta-device tests need)."""
+    from kvmesh.replica.attention.backend import get_attn_backend
+    from kvmesh.replica.input_batch import prepare_inputs
+
+    from .test_meta_device_model import META, SPECS, build_on
+
+    spec = SPECS["Qwen2ForCausalLM"]
+    model = build_on(META, spec)
+    force_triton(model)
+    backend = get_attn_backend("torch", META, torch.float32)
+    kv = torch.zeros(spec.num_hidden_layers, *backend.kv_cache_shape(8, 16, 2, 8), device=META)
+    for i, attn in enumerate(model.attention_layers()):
+        attn.backend, attn.kv_cache = backend, kv[i]
+    inputs = prepare_inputs([ScheduledRequest("decode", [5], 19, [3, 4], True, GREEDY),
+                             ScheduledRequest("fresh", list(range(1, 10)), 0, [5], True, GREEDY)], 16, META)
+    with torch.inference_mode():
+        hidden = model(inputs.input_ids, inputs.positions, backend.build(inputs.common))
+    assert hidden.shape == (10, spec.hidden_size) and hidden.device == META
