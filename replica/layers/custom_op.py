@@ -14,7 +14,7 @@ Each kernel is a torch op rather than a bare launch so that it is one op to the 
 to a ``TorchDispatchMode`` counting launches, and to ``torch.compile`` / the meta device (its
 ``Meta`` implementation only allocates outputs). Ops are defined with ``torch.library.Library``
 directly (vLLM's ``direct_register_custom_op``): ~1 us per call, where ``torch.library.custom_op``
-adds ~8 us of Python checks to every call of an eager decode step.
+adds ~9 us of Python checks to every call of an eager decode step (both measured on the dev VM).
 """
 
 from __future__ import annotations
