@@ -1,0 +1,77 @@
+"""Attention with kvmesh's own Triton kernel over the paged cache (the default on CUDA).
+
+One kernel (triton_paged_attention.py) serves decode rows, fresh prefills and chunks over a cached
+prefix alike, reading K/V straight from the cache through the block table: nothing is gathered and
+any block size works. The cache uses flash-attn's layout:
+
+    per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]      (0 = K, 1 = V)
+    slot s = block_id * block_size + offset  ->  kv[:, s // block_size, s % block_size]
+
+The step's K/V are written by ``slot_mapping`` (``index_copy_``) before the kernel reads them.
+Every launch shape comes from host-side sizes (tokens, requests), so ``forward`` never syncs, and
+a decode-only step of B rows reads only fixed-shape tensors: ``static_decode_metadata`` is what
+cuda_graph.py captures, at every block size. On CPU the kernel runs through Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.attention.triton_paged_attention import unified_attention
+
+
+@dataclass(slots=True)
+class TritonAttentionMetadata:
+    slot_mapping: torch.Tensor
+    """[T] int64 cache slot of every token."""
+    query_start_loc: torch.Tensor
+    """[R + 1] int32 cumulative query lengths."""
+    seq_lens: torch.Tensor
+    """[R] int32 context + query length of every request."""
+    block_table: torch.Tensor
+    """[R, max_blocks] int32 block ids of every request (0-padded)."""
+    max_query_len: int
+    """Longest query run (host-side; only the profiling run without a cache needs it)."""
+
+
+class TritonAttentionBackend:
+    name = "triton"
+
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    @staticmethod
+    def supports_static_decode(block_size: int) -> bool:
+        """The kernel reads the block table itself: decode steps have fixed shapes at every block size."""
+        return True
+
+    @staticmethod
+    def static_decode_metadata(slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
+                               block_table: torch.Tensor) -> TritonAttentionMetadata:
+        """Metadata of a decode-only step over caller-owned buffers: slot_mapping [B] int64, seq_lens [B]
+        int32, block_table [B, max_blocks] int32 (addresses fixed); one query token per row."""
+        b = seq_lens.numel()
+        query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=seq_lens.device)  # [B + 1]
+        return TritonAttentionMetadata(slot_mapping, query_start_loc, seq_lens, block_table, 1)
+
+    def build(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
+        return TritonAttentionMetadata(common.slot_mapping, common.query_start_loc, common.seq_lens,
+                                       common.block_tables, common.max_query_len)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
+                md: TritonAttentionMetadata, scale: float) -> torch.Tensor:
+        out = torch.empty_like(q)  # [T, Hq, Dh]
+        if kv_cache is None:  # profiling run: fresh prefills only, attended from k/v as a cache of 1-token blocks
+            k_cache, v_cache = k.unsqueeze(1), v.unsqueeze(1)  # [T, 1, Hk, Dh]: block t holds token t
+            positions = torch.arange(md.max_query_len, dtype=torch.int32, device=q.device)
+            last = q.shape[0] - 1
+            block_table = (md.query_start_loc[:-1, None] + positions).clamp_(max=last)  # [R, max_query_len]
+            return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, block_table, scale)
+        num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hk, Dh]
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, md.slot_mapping, k)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, md.slot_mapping, v)
+        return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, md.block_table, scale)

@@ -1,0 +1,156 @@
+"""The Triton paged-attention kernel and backend against a plain-torch reference.
+
+On a machine without CUDA the kernel runs through Triton's interpreter on CPU tensors (tests/conftest.py
+sets TRITON_INTERPRET=1 before triton is imported); with CUDA the same tests run the compiled kernel.
+Steps are built from ``(num_computed, num_new)`` per request, decodes first, with blocks handed out in
+random order and stale random values in every unused slot, so reading a wrong slot shows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvmesh.replica.attention.backend import get_attn_backend
+from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.triton_utils import triton_problem
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = pytest.mark.skipif(triton_problem(DEVICE) is not None, reason=str(triton_problem(DEVICE)))
+
+
+def make_step(specs, block_size, hq=4, hk=2, dh=8, dtype=torch.float32, seed=0):
+    """specs [(num_computed, num_new)] -> (q, k, v, logical cache [2, num_blocks, bs, Hk, Dh], common)."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = 2 + sum(-(-(c + n) // block_size) for c, n in specs)
+    cache = torch.randn(2, num_blocks, block_size, hk, dh, generator=gen)  # stale contents everywhere
+    free = torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()
+    tables, slots, qsl, seq_lens = [], [], [0], []
+    for computed, new in specs:
+        n = computed + new
+        table = [free.pop() for _ in range(-(-n // block_size))]
+        tables.append(table)
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(computed, n)]
+        qsl.append(qsl[-1] + new)
+        seq_lens.append(n)
+    width = max(map(len, tables))
+    common = CommonAttentionMetadata(
+        num_reqs=len(specs), num_decodes=sum(new == 1 for _, new in specs), num_actual_tokens=qsl[-1],
+        max_query_len=max(new for _, new in specs), max_seq_len=max(seq_lens), block_size=block_size,
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=DEVICE),
+        slot_mapping=torch.tensor(slots, device=DEVICE), query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
+    q, k, v = (torch.randn(qsl[-1], h, dh, generator=gen) for h in (hq, hk, hk))
+    return *(x.to(DEVICE, dtype) for x in (q, k, v, cache)), common
+
+
+def reference(q, k, v, cache, common, scale):
+    """Write k/v at their slots, then each query token attends keys 0..its position (fp32, plain torch)."""
+    q, k, v, cache = (x.cpu().float() for x in (q, k, v, cache))
+    _, num_blocks, bs, hk, dh = cache.shape
+    flat = cache.view(2, -1, hk, dh)
+    flat[0, common.slot_mapping.cpu()], flat[1, common.slot_mapping.cpu()] = k, v
+    out, qsl, tables = torch.empty_like(q), common.query_start_loc_cpu, common.block_tables.cpu().long()
+    for r, seq_len in enumerate(common.seq_lens_cpu):
+        start, end = qsl[r], qsl[r + 1]
+        pos = torch.arange(seq_len)
+        keys_slots = tables[r, pos // bs] * bs + pos % bs
+        keys, vals = (flat[i, keys_slots].repeat_interleave(q.shape[1] // hk, dim=1) for i in (0, 1))  # [L, Hq, Dh]
+        scores = torch.einsum("qhd,lhd->hql", q[start:end], keys) * scale
+        q_pos = seq_len - (end - start) + torch.arange(end - start)
+        scores.masked_fill_(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        out[start:end] = torch.einsum("hql,lhd->qhd", scores.softmax(-1), vals)
+    return out, cache
+
+
+def run_backend(q, k, v, cache, common, scale):
+    backend = get_attn_backend("triton", DEVICE, q.dtype)
+    layout = cache.clone()  # the triton layout is the logical one
+    out = backend.forward(q, k, v, layout, backend.build(common), scale)
+    return out, layout
+
+
+def check(specs, block_size, dtype=torch.float32, **shape):
+    q, k, v, cache, common = make_step(specs, block_size, dtype=dtype, **shape)
+    scale = q.shape[-1] ** -0.5
+    expected, expected_cache = reference(q, k, v, cache, common, scale)
+    got, got_cache = run_backend(q, k, v, cache, common, scale)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5)
+    else:  # fp32 inside the kernel: within a rounding of the output dtype
+        torch.testing.assert_close(got.cpu(), expected.to(dtype), atol=2e-3, rtol=1.6e-2)
+    torch.testing.assert_close(got_cache.cpu().float(), expected_cache)  # every new token at its slot
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_decode_rows_of_ragged_lengths(block_size):
+    # contexts ending mid-block, exactly on a block boundary, and a first token
+    check([(70, 1), (block_size - 1, 1), (block_size, 1), (0, 1), (5, 1)], block_size)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_prefill_over_a_cached_prefix(block_size):
+    check([(2 * block_size, 9), (block_size + 3, 20)], block_size)  # prefix of whole blocks, and mid-block
+
+
+def test_chunked_prefill_chunks_continue_where_the_last_stopped():
+    # a long prompt's middle chunk crossing block boundaries next to a fresh prefill and decodes
+    check([(33, 1), (0, 1), (0, 17), (24, 40)], 16)
+
+
+def test_fresh_prefills_only():
+    check([(0, 37), (0, 3), (0, 16)], 16)
+
+
+@pytest.mark.parametrize("hq,hk", [(8, 8), (8, 1), (6, 2)])
+def test_grouped_query_heads(hq, hk):
+    # MHA, MQA, and 3 query heads per KV head (a tile that is not a power of two)
+    check([(20, 1), (7, 1), (16, 12)], 16, hq=hq, hk=hk)
+
+
+@pytest.mark.parametrize("dh", [64, 24])
+def test_head_dims_padded_to_a_power_of_two(dh):
+    check([(40, 1), (9, 8)], 16, hq=2, hk=1, dh=dh)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_are_computed_in_fp32(dtype):
+    check([(45, 1), (3, 1), (16, 11)], 32, dtype=dtype)
+
+
+def test_block_size_that_is_not_a_multiple_of_16():
+    check([(9, 1), (3, 7)], 4)
+
+
+def test_profiling_forward_without_a_cache_is_causal_attention_over_the_step():
+    q, k, v, cache, common = make_step([(0, 19), (0, 5)], 16)
+    expected, _ = reference(q, k, v, cache, common, 0.5)
+    backend = get_attn_backend("triton", DEVICE, torch.float32)
+    got = backend.forward(q, k, v, None, backend.build(common), 0.5)
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_static_decode_metadata_gives_the_eager_decode_and_finite_padding_rows():
+    """The CUDA-graph path: B rows over fixed buffers, rows past the real ones padded as cuda_graph.py pads
+    them (token at slot 0 of the null block, seq_len 1)."""
+    specs = [(30, 1), (12, 1), (0, 1)]
+    q, k, v, cache, common = make_step(specs, 16)
+    expected, _ = reference(q, k, v, cache, common, 0.4)
+    backend = get_attn_backend("triton", DEVICE, torch.float32)
+    b, n = 4, len(specs)
+    pad = torch.zeros(b - n, *q.shape[1:], device=DEVICE)
+    slot_mapping = torch.cat([common.slot_mapping, torch.zeros(b - n, dtype=torch.int64, device=DEVICE)])
+    seq_lens = torch.cat([common.seq_lens, torch.ones(b - n, dtype=torch.int32, device=DEVICE)])
+    table = torch.cat([common.block_tables, torch.zeros(b - n, common.block_tables.shape[1], dtype=torch.int32,
+                                                        device=DEVICE)])
+    md = backend.static_decode_metadata(slot_mapping, seq_lens, table)
+    got = backend.forward(torch.cat([q, pad]), torch.cat([k, pad[:, :2]]), torch.cat([v, pad[:, :2]]), cache.clone(),
+                          md, 0.4)
+    torch.testing.assert_close(got[:n].cpu(), expected, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(got[n:]).all()
+
+
+def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        get_attn_backend("triton", torch.device("cpu"), torch.float32)
