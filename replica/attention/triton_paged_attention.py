@@ -73,8 +73,8 @@ def _unified_attention_kernel(
     q_pos = ctx + q_idx  # [BLOCK_M] absolute position of each row's token
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scaled scores
-    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp(score - m_i)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)  # running sum of exp(score - m_i)
+    acc = tl.full([BLOCK_M, HEAD_DIM_PADDED], 0.0, tl.float32)
     qk_scale = scale * 1.4426950408889634  # scores in log2 units: exp2 instead of exp
     kv_end = tl.minimum(seq_len, ctx + (local + 1) * BLOCK_Q)  # keys the block's last query sees
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt

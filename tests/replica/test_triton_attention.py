@@ -154,3 +154,14 @@ def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         get_attn_backend("triton", torch.device("cpu"), torch.float32)
+
+
+def test_static_decode_buffers_and_metadata_are_born_on_the_runner_device():
+    from kvmesh.replica.cuda_graph import StaticDecode
+
+    meta = torch.device("meta")
+    backend = get_attn_backend("triton", DEVICE, torch.bfloat16)
+    static = StaticDecode(None, backend, max_num_seqs=8, max_blocks=4, block_size=16, device=meta)
+    for md in static.metadata.values():
+        assert all(getattr(md, f).device == meta for f in ("slot_mapping", "query_start_loc", "seq_lens",
+                                                            "block_table"))
