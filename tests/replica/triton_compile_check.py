@@ -1,0 +1,46 @@
+"""Compile the paged-attention kernel to GPU machine code without a GPU (run as a script, in a process
+without TRITON_INTERPRET: the interpreter replaces triton.jit for the whole process).
+
+Triton lowers to PTX and runs its bundled ptxas for a named target, so a kernel that would not
+compile on an H100/A100 fails on any CI machine. Prints one line per configuration; exits non-zero
+on the first failure.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import triton
+from kvmesh.replica.attention import triton_paged_attention as tpa
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+POINTERS = ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")
+INDEX_POINTERS = ("block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr")
+STRIDES = ("stride_q_tok", "stride_q_head", "stride_o_tok", "stride_o_head", "stride_k_block", "stride_k_slot",
+           "stride_k_head", "stride_v_block", "stride_v_slot", "stride_v_head", "stride_bt")
+# (data type, query heads per KV head, head dim, block size, compute capability)
+CONFIGS = (("bf16", 4, 128, 16, 90), ("fp16", 3, 24, 32, 80), ("fp32", 1, 64, 16, 80))
+
+
+def compile_one(dtype: str, queries_per_kv: int, head_dim: int, block_size: int, capability: int):
+    block_q, block_m = tpa.tile_shape(queries_per_kv)
+    constants = dict(BLOCK_SIZE=block_size, NUM_QUERIES_PER_KV=queries_per_kv, HEAD_DIM=head_dim,
+                     HEAD_DIM_PADDED=max(16, triton.next_power_of_2(head_dim)), BLOCK_Q=block_q, BLOCK_M=block_m,
+                     TILE=tpa.TILE_N, INPUT_PRECISION="ieee" if dtype == "fp32" else "tf32")
+    signature = {**{p: f"*{dtype}" for p in POINTERS}, **{p: "*i32" for p in INDEX_POINTERS}, "scale": "fp32",
+                 "num_reqs": "i32", **{s: "i32" for s in STRIDES}, **{c: "constexpr" for c in constants}}
+    source = ASTSource(tpa._unified_attention_kernel, signature, constexprs=constants)
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32))
+
+
+def main() -> int:
+    for config in CONFIGS:
+        kernel = compile_one(*config)
+        assert kernel.asm.get("cubin"), f"no cubin for {config}"
+        print("compiled", config, "shared memory", kernel.metadata.shared)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
