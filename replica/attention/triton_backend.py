@@ -10,7 +10,8 @@ any block size works. The cache uses flash-attn's layout:
 The step's K/V are written by ``slot_mapping`` (``index_copy_``) before the kernel reads them.
 Every launch shape comes from host-side sizes (tokens, requests), so ``forward`` never syncs, and
 a decode-only step of B rows reads only fixed-shape tensors: ``static_decode_metadata`` is what
-cuda_graph.py captures, at every block size. On CPU the kernel runs through Triton's interpreter.
+cuda_graph.py captures, at every block size. Decode-only steps whose B * Hk programs would leave the
+GPU's SMs idle split each context into parts (split-KV) and merge them with a second launch. On CPU the kernel runs through Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.attention.triton_paged_attention import unified_attention
+from kvmesh.replica.attention.triton_paged_attention import num_kv_splits, unified_attention
 
 
 @dataclass(slots=True)
@@ -33,7 +34,9 @@ class TritonAttentionMetadata:
     block_table: torch.Tensor
     """[R, max_blocks] int32 block ids of every request (0-padded)."""
     max_query_len: int
-    """Longest query run (host-side; only the profiling run without a cache needs it)."""
+    """Longest query run (host-side): 1 makes a decode-only step, which may split contexts (split-KV)."""
+    max_seq_len: int | None
+    """Longest context + query (host-side); None in a CUDA graph, where it changes from replay to replay."""
 
 
 class TritonAttentionBackend:
@@ -55,11 +58,11 @@ class TritonAttentionBackend:
         int32, block_table [B, max_blocks] int32 (addresses fixed); one query token per row."""
         b = seq_lens.numel()
         query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=seq_lens.device)  # [B + 1]
-        return TritonAttentionMetadata(slot_mapping, query_start_loc, seq_lens, block_table, 1)
+        return TritonAttentionMetadata(slot_mapping, query_start_loc, seq_lens, block_table, 1, None)
 
     def build(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
         return TritonAttentionMetadata(common.slot_mapping, common.query_start_loc, common.seq_lens,
-                                       common.block_tables, common.max_query_len)
+                                       common.block_tables, common.max_query_len, common.max_seq_len)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
                 md: TritonAttentionMetadata, scale: float) -> torch.Tensor:
@@ -74,4 +77,8 @@ class TritonAttentionBackend:
         k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hk, Dh]
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, md.slot_mapping, k)
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, md.slot_mapping, v)
-        return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, md.block_table, scale)
+        splits = 1
+        if md.max_query_len == 1:  # decode-only: split contexts when B * Hk programs leave SMs idle
+            splits = num_kv_splits(md.seq_lens.shape[0], num_kv_heads, q.device, md.max_seq_len)
+        return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, md.block_table, scale,
+                                 splits)

@@ -179,4 +179,31 @@ def test_kernel_compiles_for_h100_and_a100_without_a_gpu():
     script = Path(__file__).with_name("triton_compile_check.py")
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled") == 3
+    assert done.stdout.count("compiled _unified_attention_kernel") == 4
+    assert done.stdout.count("compiled _merge_splits_kernel") == 2
+
+
+@pytest.mark.parametrize("num_splits", [2, 3])
+def test_split_kv_decode_merges_to_the_unsplit_result(num_splits):
+    # contexts longer and shorter than the splits (a row of 1 token leaves all but one split empty)
+    from kvmesh.replica.attention.triton_paged_attention import unified_attention
+
+    q, k, v, cache, common = make_step([(100, 1), (31, 1), (0, 1)], 16, hq=4, hk=2)
+    expected, written = reference(q, k, v, cache, common, 0.3)
+    written = written.to(DEVICE, q.dtype)
+    out = torch.empty_like(q)
+    unified_attention(q, written[0], written[1], out, common.query_start_loc, common.seq_lens, common.block_tables,
+                      0.3, num_splits)
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_split_kv_is_chosen_only_to_fill_idle_gpu_cores(monkeypatch):
+    from kvmesh.replica.attention import triton_paged_attention as tpa
+
+    monkeypatch.setattr(tpa, "_num_sms", lambda index: 132)  # an H100
+    cuda = torch.device("cuda", 0)
+    assert tpa.num_kv_splits(1, 8, torch.device("cpu"), 8192) == 1
+    assert tpa.num_kv_splits(1, 8, cuda, None) == 16  # 8 programs: split as far as allowed
+    assert tpa.num_kv_splits(1, 8, cuda, 600) == 3  # but no part shorter than MIN_SPLIT_TOKENS
+    assert tpa.num_kv_splits(4, 8, cuda, None) == 8  # 32 programs -> 5 -> 8 parts
+    assert tpa.num_kv_splits(32, 8, cuda, None) == 1  # 256 programs fill the GPU

@@ -19,26 +19,36 @@ POINTERS = ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")
 INDEX_POINTERS = ("block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr")
 STRIDES = ("stride_q_tok", "stride_q_head", "stride_o_tok", "stride_o_head", "stride_k_block", "stride_k_slot",
            "stride_k_head", "stride_v_block", "stride_v_slot", "stride_v_head", "stride_bt")
-# (data type, query heads per KV head, head dim, block size, compute capability)
-CONFIGS = (("bf16", 4, 128, 16, 90), ("fp16", 3, 24, 32, 80), ("fp32", 1, 64, 16, 80))
+# (data type, query heads per KV head, head dim, block size, KV splits, compute capability)
+CONFIGS = (("bf16", 4, 128, 16, 1, 90), ("bf16", 4, 128, 16, 16, 90), ("fp16", 3, 24, 32, 3, 80),
+           ("fp32", 1, 64, 16, 1, 80))
 
 
-def compile_one(dtype: str, queries_per_kv: int, head_dim: int, block_size: int, capability: int):
+def compile_one(dtype: str, queries_per_kv: int, head_dim: int, block_size: int, splits: int, capability: int):
     block_q, block_m = tpa.tile_shape(queries_per_kv)
     constants = dict(BLOCK_SIZE=block_size, NUM_QUERIES_PER_KV=queries_per_kv, HEAD_DIM=head_dim,
                      HEAD_DIM_PADDED=max(16, triton.next_power_of_2(head_dim)), BLOCK_Q=block_q, BLOCK_M=block_m,
-                     TILE=tpa.TILE_N, INPUT_PRECISION="ieee" if dtype == "fp32" else "tf32")
-    signature = {**{p: f"*{dtype}" for p in POINTERS}, **{p: "*i32" for p in INDEX_POINTERS}, "scale": "fp32",
-                 "num_reqs": "i32", **{s: "i32" for s in STRIDES}, **{c: "constexpr" for c in constants}}
-    source = ASTSource(tpa._unified_attention_kernel, signature, constexprs=constants)
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32))
+                     TILE=tpa.TILE_N, INPUT_PRECISION="ieee" if dtype == "fp32" else "tf32", NUM_SPLITS=splits)
+    signature = {**{p: f"*{dtype}" for p in POINTERS}, "partial_ptr": "*fp32", "lse_ptr": "*fp32",
+                 **{p: "*i32" for p in INDEX_POINTERS}, "scale": "fp32", "num_reqs": "i32", "num_heads": "i32",
+                 **{s: "i32" for s in STRIDES}, **{c: "constexpr" for c in constants}}
+    kernels = [triton.compile(ASTSource(tpa._unified_attention_kernel, signature, constexprs=constants),
+                              target=GPUTarget("cuda", capability, 32))]
+    if splits > 1:
+        merge = dict(NUM_SPLITS=splits, SPLITS_PADDED=triton.next_power_of_2(splits), HEAD_DIM=head_dim,
+                     HEAD_DIM_PADDED=constants["HEAD_DIM_PADDED"])
+        merge_signature = {"partial_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dtype}", "num_heads": "i32",
+                           "stride_o_tok": "i32", "stride_o_head": "i32", **{c: "constexpr" for c in merge}}
+        kernels.append(triton.compile(ASTSource(tpa._merge_splits_kernel, merge_signature, constexprs=merge),
+                                      target=GPUTarget("cuda", capability, 32)))
+    return kernels
 
 
 def main() -> int:
     for config in CONFIGS:
-        kernel = compile_one(*config)
-        assert kernel.asm.get("cubin"), f"no cubin for {config}"
-        print("compiled", config, "shared memory", kernel.metadata.shared)
+        for kernel in compile_one(*config):
+            assert kernel.asm.get("cubin"), f"no cubin for {config}"
+            print("compiled", kernel.name, config, "shared memory", kernel.metadata.shared)
     return 0
 
 
