@@ -7,7 +7,8 @@ any block size works. The cache uses flash-attn's layout:
     per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]      (0 = K, 1 = V)
     slot s = block_id * block_size + offset  ->  kv[:, s // block_size, s % block_size]
 
-The step's K/V are written by ``slot_mapping`` (``index_copy_``) before the kernel reads them.
+The step's K/V are written by ``slot_mapping`` (triton_reshape_and_cache.py, one launch) before the
+kernel reads them: two launches per layer, three for a split-KV decode step.
 Every launch shape comes from host-side sizes (tokens, requests), so ``forward`` never syncs, and
 a decode-only step of B rows reads only fixed-shape tensors: ``static_decode_metadata`` is what
 cuda_graph.py captures, at every block size. Decode-only steps whose B * Hk programs would leave the
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.attention.triton_paged_attention import num_kv_splits, unified_attention
+from kvmesh.replica.attention.triton_reshape_and_cache import reshape_and_cache
 
 
 @dataclass(slots=True)
@@ -73,12 +75,10 @@ class TritonAttentionBackend:
             last = q.shape[0] - 1
             block_table = (md.query_start_loc[:-1, None] + positions).clamp_(max=last)  # [R, max_query_len]
             return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, block_table, scale)
-        num_kv_heads, head_dim = k.shape[1], k.shape[2]
         k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hk, Dh]
-        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, md.slot_mapping, k)
-        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, md.slot_mapping, v)
+        reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
         splits = 1
         if md.max_query_len == 1:  # decode-only: split contexts when B * Hk programs leave SMs idle
-            splits = num_kv_splits(md.seq_lens.shape[0], num_kv_heads, q.device, md.max_seq_len)
+            splits = num_kv_splits(md.seq_lens.shape[0], k.shape[1], q.device, md.max_seq_len)
         return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, md.block_table, scale,
                                  splits)

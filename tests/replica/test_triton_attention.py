@@ -172,7 +172,7 @@ def test_static_decode_buffers_and_metadata_are_born_on_the_runner_device():
                                                             "block_table"))
 
 
-def test_kernel_compiles_for_h100_and_a100_without_a_gpu():
+def test_kernels_compile_for_h100_and_a100_without_a_gpu():
     """Lowered to PTX and assembled by Triton's bundled ptxas (a separate process: the interpreter
     this one runs under replaces triton.jit everywhere)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -181,6 +181,7 @@ def test_kernel_compiles_for_h100_and_a100_without_a_gpu():
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("compiled _unified_attention_kernel") == 4
     assert done.stdout.count("compiled _merge_splits_kernel") == 2
+    assert done.stdout.count("compiled _reshape_and_cache_kernel") == 4
 
 
 @pytest.mark.parametrize("num_splits", [2, 3])

@@ -1,4 +1,4 @@
-"""Compile the paged-attention kernel to GPU machine code without a GPU (run as a script, in a process
+"""Compile the attention kernels (paged attention, split merge, cache write) to GPU machine code without a GPU (run as a script, in a process
 without TRITON_INTERPRET: the interpreter replaces triton.jit for the whole process).
 
 Triton lowers to PTX and runs its bundled ptxas for a named target, so a kernel that would not
@@ -12,6 +12,7 @@ import sys
 
 import triton
 from kvmesh.replica.attention import triton_paged_attention as tpa
+from kvmesh.replica.attention import triton_reshape_and_cache as trc
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -41,6 +42,16 @@ def compile_one(dtype: str, queries_per_kv: int, head_dim: int, block_size: int,
                            "stride_o_tok": "i32", "stride_o_head": "i32", **{c: "constexpr" for c in merge}}
         kernels.append(triton.compile(ASTSource(tpa._merge_splits_kernel, merge_signature, constexprs=merge),
                                       target=GPUTarget("cuda", capability, 32)))
+    num_kv_heads = 2
+    write = dict(BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HEADS_X_DIM=num_kv_heads * head_dim,
+                 HD_PADDED=triton.next_power_of_2(num_kv_heads * head_dim), TOKENS=trc.BLOCK_T)
+    write_signature = {**{p: f"*{dtype}" for p in ("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr")},
+                       "slot_mapping_ptr": "*i64", "num_tokens": "i32",
+                       **{s: "i32" for s in ("stride_k_tok", "stride_k_head", "stride_v_tok", "stride_v_head",
+                                             "stride_kc_block", "stride_kc_slot", "stride_kc_head", "stride_vc_block",
+                                             "stride_vc_slot", "stride_vc_head")}, **{c: "constexpr" for c in write}}
+    kernels.append(triton.compile(ASTSource(trc._reshape_and_cache_kernel, write_signature, constexprs=write),
+                                  target=GPUTarget("cuda", capability, 32)))
     return kernels
 
 
