@@ -37,8 +37,6 @@ class TritonAttentionMetadata:
     """[R, max_blocks] int32 block ids of every request (0-padded)."""
     max_query_len: int
     """Longest query run (host-side): 1 makes a decode-only step, which may split contexts (split-KV)."""
-    max_seq_len: int | None
-    """Longest context + query (host-side); None in a CUDA graph, where it changes from replay to replay."""
 
 
 class TritonAttentionBackend:
@@ -60,11 +58,11 @@ class TritonAttentionBackend:
         int32, block_table [B, max_blocks] int32 (addresses fixed); one query token per row."""
         b = seq_lens.numel()
         query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=seq_lens.device)  # [B + 1]
-        return TritonAttentionMetadata(slot_mapping, query_start_loc, seq_lens, block_table, 1, None)
+        return TritonAttentionMetadata(slot_mapping, query_start_loc, seq_lens, block_table, 1)
 
     def build(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
         return TritonAttentionMetadata(common.slot_mapping, common.query_start_loc, common.seq_lens,
-                                       common.block_tables, common.max_query_len, common.max_seq_len)
+                                       common.block_tables, common.max_query_len)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
                 md: TritonAttentionMetadata, scale: float) -> torch.Tensor:
@@ -79,6 +77,6 @@ class TritonAttentionBackend:
         reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
         splits = 1
         if md.max_query_len == 1:  # decode-only: split contexts when B * Hk programs leave SMs idle
-            splits = num_kv_splits(md.seq_lens.shape[0], k.shape[1], q.device, md.max_seq_len)
+            splits = num_kv_splits(md.seq_lens.shape[0], k.shape[1], q.device)
         return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, md.block_table, scale,
                                  splits)

@@ -33,7 +33,6 @@ import triton.language as tl
 TILE_N = 32  # key positions per inner-loop step
 MIN_BLOCK_M = 16  # tl.dot needs at least 16 rows
 MAX_KV_SPLITS = 16  # most parts split-KV decode cuts a context into
-MIN_SPLIT_TOKENS = 256  # shortest part worth its own program (eager decode steps, where max_seq_len is known)
 
 
 @triton.jit
@@ -147,19 +146,18 @@ def tile_shape(num_queries_per_kv: int) -> tuple[int, int]:
     return block_m // num_queries_per_kv, block_m
 
 
-def num_kv_splits(num_reqs: int, num_kv_heads: int, device: torch.device, max_seq_len: int | None) -> int:
+def num_kv_splits(num_reqs: int, num_kv_heads: int, device: torch.device) -> int:
     """How many parts a decode-only step splits each context into: enough programs to fill the GPU's
-    SMs when B * Hk alone does not, each part at least MIN_SPLIT_TOKENS long (max_seq_len None: unknown,
-    as in a CUDA graph, which then fixes the split by B alone). Host arithmetic only; 1 off CUDA."""
+    SMs when B * Hk alone does not. B counts rounded up to a power of two, so an eager step and the
+    CUDA graph it would be padded to (capture sizes include every power of two) split alike and give
+    the same numbers; context lengths are not known on the host, and a short context just leaves
+    most parts empty. Host arithmetic only; 1 off CUDA."""
     if device.type != "cuda":
         return 1
-    programs, sms = num_reqs * num_kv_heads, _num_sms(device.index)
+    programs, sms = triton.next_power_of_2(num_reqs) * num_kv_heads, _num_sms(device.index)
     if programs >= sms:
         return 1
-    splits = min(MAX_KV_SPLITS, triton.next_power_of_2(triton.cdiv(sms, programs)))
-    if max_seq_len is not None:
-        splits = min(splits, triton.cdiv(max_seq_len, MIN_SPLIT_TOKENS))
-    return max(1, splits)
+    return min(MAX_KV_SPLITS, triton.next_power_of_2(triton.cdiv(sms, programs)))
 
 
 @functools.cache

@@ -200,11 +200,15 @@ def test_split_kv_decode_merges_to_the_unsplit_result(num_splits):
 
 def test_split_kv_is_chosen_only_to_fill_idle_gpu_cores(monkeypatch):
     from kvmesh.replica.attention import triton_paged_attention as tpa
+    from kvmesh.replica.cuda_graph import CAPTURE_SIZES
 
-    monkeypatch.setattr(tpa, "_num_sms", lambda index: 132)  # an H100
+    monkeypatch.setattr(tpa, "_num_sms", lambda index: 108)  # an A100
     cuda = torch.device("cuda", 0)
-    assert tpa.num_kv_splits(1, 8, torch.device("cpu"), 8192) == 1
-    assert tpa.num_kv_splits(1, 8, cuda, None) == 16  # 8 programs: split as far as allowed
-    assert tpa.num_kv_splits(1, 8, cuda, 600) == 3  # but no part shorter than MIN_SPLIT_TOKENS
-    assert tpa.num_kv_splits(4, 8, cuda, None) == 8  # 32 programs -> 5 -> 8 parts
-    assert tpa.num_kv_splits(32, 8, cuda, None) == 1  # 256 programs fill the GPU
+    assert tpa.num_kv_splits(1, 8, torch.device("cpu")) == 1
+    assert tpa.num_kv_splits(1, 8, cuda) == 16  # 8 programs: split as far as allowed
+    assert tpa.num_kv_splits(4, 8, cuda) == 4  # 32 programs -> 4 parts
+    assert tpa.num_kv_splits(16, 8, cuda) == 1  # 128 programs fill the GPU
+    # an eager decode step splits like the CUDA graph it would be padded to
+    for b in range(1, 200):
+        padded = next(size for size in CAPTURE_SIZES if size >= b)
+        assert tpa.num_kv_splits(b, 4, cuda) == tpa.num_kv_splits(padded, 4, cuda), b
