@@ -212,3 +212,28 @@ def test_split_kv_is_chosen_only_to_fill_idle_gpu_cores(monkeypatch):
     for b in range(1, 200):
         padded = next(size for size in CAPTURE_SIZES if size >= b)
         assert tpa.num_kv_splits(b, 4, cuda) == tpa.num_kv_splits(padded, 4, cuda), b
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("specs", [[(300, 1), (40, 1)], [(33, 1), (0, 17), (24, 40)]])
+def test_cuda_forward_never_syncs_and_launches_its_kernels_once(specs):
+    """A mixed step: the cache write and one attention launch; a small decode step adds the split merge."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v, cache, common = make_step(specs, 16, dtype=torch.bfloat16)
+    backend = get_attn_backend("triton", DEVICE, torch.bfloat16)
+    md = backend.build(common)
+    backend.forward(q, k, v, cache.clone(), md, 0.3)  # compile outside the checks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            backend.forward(q, k, v, cache.clone(), md, 0.3)
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    decode_only = all(new == 1 for _, new in specs)
+    assert sum("_reshape_and_cache_kernel" in n for n in names) == 1
+    assert sum("_unified_attention_kernel" in n for n in names) == 1
+    assert sum("_merge_splits_kernel" in n for n in names) == (1 if decode_only else 0)
