@@ -50,8 +50,8 @@ class EngineConfig:
     """Attention backend registry name ("torch", "flash_attn", "triton"); None: triton on CUDA (flash_attn at
     block sizes that are multiples of 256 when installed), torch on CPU."""
     cuda_graphs: bool | None = None
-    """Replay decode-only steps from CUDA graphs; None: on with CUDA when the backend has a static decode path
-    (triton: any block size; flash_attn: block_size % 256 == 0), off on CPU."""
+    """Replay decode-only steps from CUDA graphs; None: on with CUDA and tensor_parallel_size 1 when the backend
+    has a static decode path (triton: any block size; flash_attn: block_size % 256 == 0), else off."""
     device: str | None = None
     """"cpu" or "cuda"; None (or "auto") uses cuda when available, else cpu."""
     seed: int = 0

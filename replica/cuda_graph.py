@@ -33,11 +33,13 @@ def supports_static_decode(backend, block_size: int) -> bool:
     return getattr(backend, "supports_static_decode", lambda bs: False)(block_size)
 
 
-def use_cuda_graphs(requested: bool | None, device: torch.device, backend, block_size: int) -> bool:
-    """``cuda_graphs`` (None: on where they work -- CUDA and a backend with a static decode path at
-    this block size) -> whether to capture; an explicit True that cannot work is an error."""
+def use_cuda_graphs(requested: bool | None, device: torch.device, backend, block_size: int,
+                    tp_size: int = 1) -> bool:
+    """``cuda_graphs`` (None: on where they work -- CUDA, a backend with a static decode path at this
+    block size, and one rank: capturing torch.distributed's NCCL all-reduce is not something the default
+    should bet on) -> whether to capture; an explicit True that cannot work is an error."""
     if requested is None:
-        return device.type == "cuda" and supports_static_decode(backend, block_size)
+        return device.type == "cuda" and supports_static_decode(backend, block_size) and tp_size == 1
     if requested and device.type != "cuda":
         raise ValueError(f"cuda_graphs=True needs device='cuda', not {device}; drop cuda_graphs")
     if requested and not supports_static_decode(backend, block_size):

@@ -79,7 +79,8 @@ class ModelRunner:
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
                                       self.block_size, self.device)
         self.static_decode: StaticDecode | None = None  # decode steps on static shapes (CUDA graphs)
-        if use_cuda_graphs(config.cuda_graphs, self.device, self.attn_backend, self.block_size):
+        tp_size = self.parallel.tp_size
+        if use_cuda_graphs(config.cuda_graphs, self.device, self.attn_backend, self.block_size, tp_size):
             self.static_decode = StaticDecode(self.model, self.attn_backend, config.max_num_seqs,
                                               self.input_batch.block_tables.table.shape[1], self.block_size,
                                               self.device)

@@ -105,6 +105,8 @@ def test_cuda_graphs_default_to_on_where_a_static_decode_path_exists():
     assert not use_cuda_graphs(None, CUDA, FlashAttentionBackend, 16)
     assert use_cuda_graphs(None, CUDA, FlashAttentionBackend, 256)
     assert not use_cuda_graphs(False, CUDA, triton_backend, 16)
+    assert not use_cuda_graphs(None, CUDA, triton_backend, 16, tp_size=2)  # NCCL inside a capture: only on request
+    assert use_cuda_graphs(True, CUDA, triton_backend, 16, tp_size=2)
 
 
 def test_cuda_graphs_true_that_cannot_work_is_a_clear_error():
