@@ -7,6 +7,7 @@ compiled kernel, eagerly and replayed from CUDA graphs at block size 16.
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -52,7 +53,8 @@ def workload(seed: int = 0) -> dict[str, list[int]]:
 
 @pytest.mark.skipif(triton_problem(torch.device("cpu")) is not None,
                     reason=f"{triton_problem(torch.device('cpu'))} (the gpu tests check the compiled kernel)")
-def test_stories260k_tokens_match_the_torch_backend_through_the_interpreter(stories_path):
+def test_stories260k_tokens_match_the_torch_backend_through_the_interpreter(stories_path, caplog):
+    caplog.set_level(logging.INFO, logger="kvmesh.replica.model_runner")
     prompts = workload()
     kw = dict(model=str(stories_path), dtype="float32", device="cpu", block_size=16, kv_cache_memory=1 << 20,
               max_num_batched_tokens=24, hash_seed=b"s")
@@ -63,6 +65,7 @@ def test_stories260k_tokens_match_the_torch_backend_through_the_interpreter(stor
     assert engine.stats.prefix_cache_hits > 0 and engine.partial_chunks > 0
     assert sorted(outs["triton"]) == sorted(prompts) and all(len(t) == 3 for t in outs["triton"].values())
     assert outs["triton"] == outs["torch"]
+    assert "attention backend triton, block_size 16, no CUDA graphs" in caplog.text  # said once at start
 
 
 @pytest.mark.gpu
