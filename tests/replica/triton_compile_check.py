@@ -20,12 +20,14 @@ POINTERS = ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")
 INDEX_POINTERS = ("block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr")
 STRIDES = ("stride_q_tok", "stride_q_head", "stride_o_tok", "stride_o_head", "stride_k_block", "stride_k_slot",
            "stride_k_head", "stride_v_block", "stride_v_slot", "stride_v_head", "stride_bt")
-# (data type, query heads per KV head, head dim, block size, KV splits, compute capability)
-CONFIGS = (("bf16", 4, 128, 16, 1, 90), ("bf16", 4, 128, 16, 16, 90), ("fp16", 3, 24, 32, 3, 80),
-           ("fp32", 1, 64, 16, 1, 80))
+# (data type, query heads per KV head, head dim, block size, KV splits, compute capability, one request);
+# one request: Triton's JIT turns an int argument equal to 1 into a constant (a batch of one)
+CONFIGS = (("bf16", 4, 128, 16, 1, 90, False), ("bf16", 4, 128, 16, 16, 90, True), ("fp16", 3, 24, 32, 3, 80, False),
+           ("fp32", 1, 64, 16, 1, 80, False))
 
 
-def compile_one(dtype: str, queries_per_kv: int, head_dim: int, block_size: int, splits: int, capability: int):
+def compile_one(dtype: str, queries_per_kv: int, head_dim: int, block_size: int, splits: int, capability: int,
+                one_request: bool):
     block_q, block_m = tpa.tile_shape(queries_per_kv)
     constants = dict(BLOCK_SIZE=block_size, NUM_QUERIES_PER_KV=queries_per_kv, HEAD_DIM=head_dim,
                      HEAD_DIM_PADDED=max(16, triton.next_power_of_2(head_dim)), BLOCK_Q=block_q, BLOCK_M=block_m,
@@ -33,6 +35,8 @@ def compile_one(dtype: str, queries_per_kv: int, head_dim: int, block_size: int,
     signature = {**{p: f"*{dtype}" for p in POINTERS}, "partial_ptr": "*fp32", "lse_ptr": "*fp32",
                  **{p: "*i32" for p in INDEX_POINTERS}, "scale": "fp32", "num_reqs": "i32", "num_heads": "i32",
                  **{s: "i32" for s in STRIDES}, **{c: "constexpr" for c in constants}}
+    if one_request:
+        signature["num_reqs"], constants = "constexpr", {**constants, "num_reqs": 1}
     kernels = [triton.compile(ASTSource(tpa._unified_attention_kernel, signature, constexprs=constants),
                               target=GPUTarget("cuda", capability, 32))]
     if splits > 1:
