@@ -12,7 +12,8 @@ kernel reads them: two launches per layer, three for a split-KV decode step.
 Every launch shape comes from host-side sizes (tokens, requests), so ``forward`` never syncs, and
 a decode-only step of B rows reads only fixed-shape tensors: ``static_decode_metadata`` is what
 cuda_graph.py captures, at every block size. Decode-only steps whose B * Hk programs would leave the
-GPU's SMs idle split each context into parts (split-KV) and merge them with a second launch. On CPU the kernel runs through Triton's interpreter.
+GPU's SMs idle split each context into parts (split-KV) and merge them with a second launch. On CPU
+the kernels run through Triton's interpreter (tests; see replica/triton_utils.py).
 """
 
 from __future__ import annotations

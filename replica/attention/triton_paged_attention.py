@@ -5,8 +5,9 @@ program attends one query block for one KV head, so its tile holds the ``G = Hq 
 heads that share the head (GQA) -- rows ``m = q * G + g``:
 
     tile [BLOCK_M = BLOCK_Q * G (padded), HEAD_DIM_PADDED]     rows: (query token q, head kv_head * G + g)
-    grid (num_tokens // BLOCK_Q + num_reqs, Hk)                 an upper bound on query blocks, known on
-                                                                the host without a sync; spare programs exit
+    grid (num_tokens // BLOCK_Q + num_reqs, Hk, S)              an upper bound on query blocks, known on
+                                                                the host without a sync; spare programs exit;
+                                                                S parts per context (split-KV, below)
 
 Query block b belongs to request r = the last one with ``query_start_loc[r] // BLOCK_Q + r <= b``
 (a binary search in the kernel: request r's blocks start at that index). The program walks the
@@ -20,8 +21,9 @@ A decode-only step of B rows launches (B // BLOCK_Q + B, Hk, S) programs over te
 per B: what a CUDA graph captures. S > 1 (split-KV, as SGLang's decode kernel) cuts each context into
 S parts of whole tiles; each program writes its part's normalized output and log-sum-exp, and
 ``_merge_splits_kernel`` weighs them together -- for small batches of long contexts, where B * Hk
-programs alone would leave most SMs idle. Inputs of any float dtype are computed in fp32 (bf16/fp16 are
-exact in tf32, so the dots still run on tensor cores; fp32 inputs take IEEE dots).
+programs alone would leave most SMs idle. Inputs of any float dtype are computed in fp32: bf16/fp16
+Q, K and V are exact in tf32, so the dots still run on tensor cores (the probabilities are rounded to
+tf32 for P @ V, finer than the bf16 flash kernels use); fp32 inputs take IEEE dots.
 """
 
 import functools
