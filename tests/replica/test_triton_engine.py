@@ -1,4 +1,5 @@
-"""Whole engines on the triton attention backend: the torch backend's greedy tokens on stories260K.
+"""Whole engines on the triton attention backend: the torch backend's and transformers' greedy tokens
+on stories260K.
 
 On CPU the kernel runs through Triton's interpreter (slow: a few tokens of a few requests, but
 through a prefix hit, a chunked prefill and mixed decode + prefill steps); the ``gpu`` tests run the
@@ -12,6 +13,7 @@ import random
 
 import pytest
 import torch
+import transformers
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.sampling_params import SamplingParams
@@ -66,6 +68,12 @@ def test_stories260k_tokens_match_the_torch_backend_through_the_interpreter(stor
     assert sorted(outs["triton"]) == sorted(prompts) and all(len(t) == 3 for t in outs["triton"].values())
     assert outs["triton"] == outs["torch"]
     assert "attention backend triton, block_size 16, no CUDA graphs" in caplog.text  # said once at start
+    hf = transformers.AutoModelForCausalLM.from_pretrained(stories_path, dtype=torch.float32).eval()
+    for rid, prompt in prompts.items():  # and the external reference, one request at a time
+        ids = torch.tensor([prompt])
+        expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
+                               pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+        assert outs["triton"][rid] == expected, rid
 
 
 @pytest.mark.gpu
