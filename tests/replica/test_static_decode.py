@@ -21,6 +21,7 @@ from kvmesh.replica.triton_utils import triton_problem
 
 BLOCK = 256
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # device objects only: nothing runs on CUDA here
+needs_triton = pytest.mark.skipif(triton_problem(CUDA) is not None, reason=str(triton_problem(CUDA)))
 
 
 @pytest.fixture
@@ -84,6 +85,7 @@ def test_padded_static_decode_on_the_triton_backend_at_block_16_gives_the_torch_
     assert {(3, 4), (2, 2), (1, 1)} <= set(sizes)
 
 
+@needs_triton
 def test_default_backend_is_triton_on_cuda_and_flash_attn_where_its_paged_path_runs(monkeypatch):
     assert default_backend(CPU, torch.float32, 16) == "torch"
     assert default_backend(CUDA, torch.bfloat16, 16) == "triton"
@@ -97,6 +99,7 @@ def test_default_backend_is_triton_on_cuda_and_flash_attn_where_its_paged_path_r
         get_attn_backend("triton", CUDA, torch.bfloat16)
 
 
+@needs_triton
 def test_cuda_graphs_default_to_on_where_a_static_decode_path_exists():
     triton_backend = get_attn_backend("triton", CUDA, torch.bfloat16)
     assert use_cuda_graphs(None, CUDA, triton_backend, 16) and use_cuda_graphs(None, CUDA, triton_backend, 48)
