@@ -37,7 +37,8 @@ class TritonAttentionMetadata:
     block_table: torch.Tensor
     """[R, max_blocks] int32 block ids of every request (0-padded)."""
     max_query_len: int
-    """Longest query run (host-side): 1 makes a decode-only step, which may split contexts (split-KV)."""
+    """Longest query run (host-side): picks the kernel's tile; 1 makes a decode-only step, which may split
+    contexts (split-KV)."""
 
 
 class TritonAttentionBackend:
@@ -73,11 +74,12 @@ class TritonAttentionBackend:
             positions = torch.arange(md.max_query_len, dtype=torch.int32, device=q.device)
             last = q.shape[0] - 1
             block_table = (md.query_start_loc[:-1, None] + positions).clamp_(max=last)  # [R, max_query_len]
-            return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, block_table, scale)
+            return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, block_table, scale,
+                                     md.max_query_len)
         k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hk, Dh]
         reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
         splits = 1
         if md.max_query_len == 1:  # decode-only: split contexts when B * Hk programs leave SMs idle
             splits = num_kv_splits(md.seq_lens.shape[0], k.shape[1], q.device)
         return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, md.block_table, scale,
-                                 splits)
+                                 md.max_query_len, splits)

@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 TILE_N = 32  # key positions per inner-loop step
-MIN_BLOCK_M = 16  # tl.dot needs at least 16 rows
+MIN_BLOCK_M = 16  # tl.dot needs at least 16 rows; the tile of decode steps and short chunks
+PREFILL_BLOCK_M = 64  # tile rows once a query run fills more than MIN_BLOCK_M: K/V read once per 64 rows
 MAX_KV_SPLITS = 16  # most parts split-KV decode cuts a context into
 
 
@@ -142,9 +143,13 @@ def _merge_splits_kernel(partial_ptr, lse_ptr, out_ptr, num_heads, stride_o_tok,
     tl.store(out_ptr + tok * stride_o_tok + head * stride_o_head + offs_d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
-def tile_shape(num_queries_per_kv: int) -> tuple[int, int]:
-    """(BLOCK_Q, BLOCK_M): query tokens per program and tile rows (BLOCK_Q * G padded to a power of two)."""
-    block_m = max(MIN_BLOCK_M, triton.next_power_of_2(num_queries_per_kv))
+def tile_shape(num_queries_per_kv: int, max_query_len: int) -> tuple[int, int]:
+    """(BLOCK_Q, BLOCK_M): query tokens per program and tile rows (BLOCK_Q * G padded to a power of two).
+    Decode steps (and runs short enough for 16 rows) take 16-row tiles; longer prefill runs 64-row
+    tiles, so each K/V tile read from the cache serves 4x the queries."""
+    rows = max_query_len * num_queries_per_kv
+    block_m = MIN_BLOCK_M if rows <= MIN_BLOCK_M else PREFILL_BLOCK_M
+    block_m = max(block_m, triton.next_power_of_2(num_queries_per_kv))
     return block_m // num_queries_per_kv, block_m
 
 
@@ -169,10 +174,11 @@ def _num_sms(device_index: int | None) -> int:
 
 def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                       query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
-                      scale: float, num_splits: int = 1) -> torch.Tensor:
+                      scale: float, max_query_len: int, num_splits: int = 1) -> torch.Tensor:
     """Attend q [T, Hq, Dh] over the paged cache k_cache/v_cache [num_blocks, block_size, Hk, Dh] into
     out [T, Hq, Dh]. query_start_loc [R + 1] int32, seq_lens [R] int32 (context + query), block_table
-    [R, max_blocks] int32; the step's own K/V must already be in the cache. With ``num_splits`` > 1
+    [R, max_blocks] int32; the step's own K/V must already be in the cache; max_query_len (host) picks
+    the tile. With ``num_splits`` > 1
     each context is cut into that many parts attended by separate programs, then merged (split-KV:
     for decode steps too small to fill the GPU). Launch shapes come from q's shape, R and num_splits
     only, so nothing is read back from the device."""
@@ -181,7 +187,7 @@ def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and q.stride(-1) == 1 and out.stride(-1) == 1
     num_reqs = seq_lens.shape[0]
     queries_per_kv = num_heads // num_kv_heads
-    block_q, block_m = tile_shape(queries_per_kv)
+    block_q, block_m = tile_shape(queries_per_kv, max_query_len)
     head_dim_padded = max(16, triton.next_power_of_2(head_dim))
     partial = lse = out  # unused unless split
     if num_splits > 1:

@@ -194,7 +194,7 @@ def test_split_kv_decode_merges_to_the_unsplit_result(num_splits):
     written = written.to(DEVICE, q.dtype)
     out = torch.empty_like(q)
     unified_attention(q, written[0], written[1], out, common.query_start_loc, common.seq_lens, common.block_tables,
-                      0.3, num_splits)
+                      0.3, 1, num_splits)
     torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
 
 

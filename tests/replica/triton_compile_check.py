@@ -20,15 +20,15 @@ POINTERS = ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")
 INDEX_POINTERS = ("block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr")
 STRIDES = ("stride_q_tok", "stride_q_head", "stride_o_tok", "stride_o_head", "stride_k_block", "stride_k_slot",
            "stride_k_head", "stride_v_block", "stride_v_slot", "stride_v_head", "stride_bt")
-# (data type, query heads per KV head, head dim, block size, KV splits, compute capability, one request);
-# one request: Triton's JIT turns an int argument equal to 1 into a constant (a batch of one)
-CONFIGS = (("bf16", 4, 128, 16, 1, 90, False), ("bf16", 4, 128, 16, 16, 90, True), ("fp16", 3, 24, 32, 3, 80, False),
-           ("fp32", 1, 64, 16, 1, 80, False))
+# (data type, query heads per KV head, head dim, block size, longest query run, KV splits, compute capability,
+# one request); one request: Triton's JIT turns an int argument equal to 1 into a constant (a batch of one)
+CONFIGS = (("bf16", 4, 128, 16, 512, 1, 90, False), ("bf16", 4, 128, 16, 1, 16, 90, True),
+           ("fp16", 3, 24, 32, 1, 3, 80, False), ("fp32", 1, 64, 16, 100, 1, 80, False))
 
 
-def compile_one(dtype: str, queries_per_kv: int, head_dim: int, block_size: int, splits: int, capability: int,
-                one_request: bool):
-    block_q, block_m = tpa.tile_shape(queries_per_kv)
+def compile_one(dtype: str, queries_per_kv: int, head_dim: int, block_size: int, max_query_len: int, splits: int,
+                capability: int, one_request: bool):
+    block_q, block_m = tpa.tile_shape(queries_per_kv, max_query_len)
     constants = dict(BLOCK_SIZE=block_size, NUM_QUERIES_PER_KV=queries_per_kv, HEAD_DIM=head_dim,
                      HEAD_DIM_PADDED=max(16, triton.next_power_of_2(head_dim)), BLOCK_Q=block_q, BLOCK_M=block_m,
                      TILE=tpa.TILE_N, INPUT_PRECISION="ieee" if dtype == "fp32" else "tf32", NUM_SPLITS=splits)
