@@ -156,12 +156,13 @@ class Fleet:
         used = {g.replica_index for g in st.groups} | {int(h.replica_id.rsplit("-", 1)[1]) for h in st.replicas}
         indexes = [i for i in range(len(used) + count) if i not in used][:count]
         bundles = self.cluster.replica_bundles()
+        self.cluster.check_capacity(len(st.replicas) + count)  # more than the nodes hold: say so at once
         groups = []
         for i in indexes:
             pg = placement_group(bundles, strategy="STRICT_PACK", name=f"kvmesh-replica-{i}-{time.time_ns()}")
             groups.append(pl.ReplicaPlacement(replica_index=i, placement_group=pg, target_node_id=None))
         st.groups.extend(groups)
-        pl.wait_ready(groups, timeout_s=cfg.ray.ready_timeout_s)
+        pl.wait_ready(groups, timeout_s=cfg.ray.placement_timeout_s, report=self.cluster.report)
         handles = [self.cluster.start_replica(g) for g in groups]
         deadline = time.monotonic() + cfg.ray.ready_timeout_s
         try:
