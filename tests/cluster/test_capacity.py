@@ -4,10 +4,21 @@ saying what is needed, what is there and what to change."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
-from kvmesh.cluster.capacity import CapacityError, NodeResources, ReplicaShape, check_capacity, replicas_on_node
+from kvmesh.cluster.capacity import (
+    CapacityError,
+    NodeResources,
+    ReplicaShape,
+    check_capacity,
+    replicas_on_node,
+)
 from kvmesh.cluster.config import SERVE_SCHEMA
 from kvmesh.cluster.placement import replica_bundles
 
@@ -93,3 +104,15 @@ def test_every_flag_the_advice_names_exists():
     named = {flag for m in messages for flag in re.findall(r"--[a-z][a-z-]+", m)}
     flags = {opt.flag for opt in SERVE_SCHEMA.options} | {f"--no-{opt.flag[2:]}" for opt in SERVE_SCHEMA.options}
     assert named and named <= flags, named - flags
+
+
+def test_kvmesh_serve_without_the_gpus_answers_in_seconds_before_starting_ray():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # Ray's own detection then finds no GPU, as here
+    started = time.monotonic()
+    done = subprocess.run([str(Path(sys.executable).parent / "kvmesh"), "serve", "--device", "cuda",
+                           "--num-replicas", "3", "--port", "0", "--http-port", "0", "--event-port", "0"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert time.monotonic() - started < 30
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("kvmesh serve: 3 replicas x 1 GPU need 3 GPUs") and "Traceback" not in done.stderr
+    assert "--device cpu" in done.stderr and "starting" not in done.stdout  # no Ray was started
