@@ -26,6 +26,7 @@ from typing import Any
 
 from kvmesh.cluster import placement as pl
 from kvmesh.cluster.autoscaler import Decision, cheapest_to_lose
+from kvmesh.cluster.capacity import plan_capacity
 from kvmesh.cluster.supervisor import ReplicaHandle, actor_state, register
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class Fleet:
 
     def request_scale(self, replicas: int) -> dict[str, Any]:
         """Queue "scale to N" (ValueError when N is out of bounds)."""
-        low, high, why = 1, self.capacity(), "what this machine's Ray instance can place"
+        low, high, why = 1, self.capacity(), "what the Ray cluster's nodes hold; serve --wait-for-nodes lifts this where a Ray autoscaler adds nodes"
         if self.config.scale_with_load:
             low, high, why = self.config.min_replicas, self.config.max_replicas, "autoscale.min/max_replicas"
         if not low <= replicas <= high:
@@ -98,14 +99,11 @@ class Fleet:
         return {"accepted": True, "operation": f"scale to {replicas}", "replicas": self.replica_ids()}
 
     def capacity(self) -> int:
-        """Most replicas Ray can place: on one machine, its CPUs / a replica's; on a cluster, no limit here
-        (a placement group that fits no node stays pending, and the Ray autoscaler adds one)."""
-        import ray
-
-        if not self.st.ray.local:
+        """Most replicas the Ray cluster's nodes hold (capacity.py: each replica's GPUs on one node, CPUs);
+        no limit here with ray.wait_for_nodes (a pending placement group makes the Ray autoscaler add a node)."""
+        if self.cluster.config.ray.wait_for_nodes:
             return 1 << 10
-        per_replica = sum(b.get("CPU", 0.0) for b in self.cluster.replica_bundles()) or 1.0
-        return max(1, int(ray.cluster_resources().get("CPU", 0.0) // per_replica))
+        return max(1, plan_capacity(pl.cluster_nodes(), self.cluster.replica_bundles(), 1).holds)
 
     def request_rollout(self, engine: dict[str, Any] | None = None) -> dict[str, Any]:
         """Queue a rolling restart; ``engine`` = EngineConfig fields the new replicas get (checked now).
