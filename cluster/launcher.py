@@ -1,8 +1,8 @@
 """``ServeCluster``: Ray + placement groups + replica actors + router + supervisor, up and down.
 
-    start():  connect Ray ─▶ model on every node ─▶ one placement group per replica ─▶ replica
-              actors (loading) ─▶ router (this process, or a control router + router.workers
-              processes: cluster/serve_router.py) ─▶ wait for ready (progress) ─▶ register
+    start():  connect Ray ─▶ model on every node ─▶ the nodes hold the replicas? (capacity.py) ─▶ one
+              placement group per replica ─▶ replica actors (loading) ─▶ router (this process, or a
+              control router + router.workers: cluster/serve_router.py) ─▶ wait for ready ─▶ register
               endpoints with the router ─▶ supervisor thread (restarts -> re-registration) ─▶ fleet
               (fleet.py: replicas added/drained/removed at runtime, autoscaler, rolling restart)
     stop():   fleet ─▶ supervisor ─▶ router ─▶ replicas (graceful, then killed) ─▶ placement groups ─▶
@@ -143,11 +143,12 @@ class ServeCluster:
         rc, tp = cfg.replicas, cfg.engine.tensor_parallel_size
         bundles = self.replica_bundles()
         self.check_capacity(rc.num_replicas)  # fail in a second, not after placement_timeout_s
+        st.engine = self.engine_config()
+        memory = f", gpu_memory_utilization {st.engine.gpu_memory_utilization:g} each" if st.device == "cuda" else ""
         self.report(f"placing {rc.num_replicas} replica(s): {tp} worker(s) each on "
-                    f"{st.device}, bundles {bundles}, placement {cfg.ray.placement}")
+                    f"{st.device}, bundles {bundles}, placement {cfg.ray.placement}{memory}")
         st.groups = pl.create_placement_groups(rc.num_replicas, bundles, cfg.ray.placement)
         pl.wait_ready(st.groups, timeout_s=cfg.ray.placement_timeout_s, report=self.report)
-        st.engine = self.engine_config()
         for group in st.groups:
             st.replicas.append(self.start_replica(group))
 

@@ -181,11 +181,17 @@ def wait_ready(groups: list[ReplicaPlacement], timeout_s: float,
 
 def _free_summary() -> str:
     """What each node has free now (Ray's view), for messages."""
-    from ray._private.state import available_resources_per_node
+    import ray
 
+    try:  # per node: Ray's DeveloperAPI; the cluster's sum where it is missing
+        from ray._private.state import available_resources_per_node
+
+        per_node = available_resources_per_node()
+    except Exception:  # a message helper must not hide the error it explains
+        per_node = {"cluster": ray.available_resources()}
     names = {n.node_id: n.address for n in cluster_nodes()}
     rows = []
-    for node_id, free in sorted(available_resources_per_node().items()):
+    for node_id, free in sorted(per_node.items()):
         shown = {k: round(v, 4) for k, v in sorted(free.items()) if k in ("CPU", "GPU")}
         rows.append(f"{names.get(node_id, node_id[:8])} {shown}")
     return "; ".join(rows) or "nothing"

@@ -9,11 +9,14 @@ one node (this machine's GPUs as Ray detects them, ``ray.num_cpus``) holds the r
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
 from kvmesh.cluster.config import ServeConfig
 from kvmesh.cluster.model_files import check_model, hub_reachable
+
+logger = logging.getLogger(__name__)
 
 
 class PreflightError(ValueError):
@@ -54,7 +57,11 @@ def check_embedded_capacity(config: ServeConfig) -> None:
 
     if ray.is_initialized():
         return
-    nodes = pl.embedded_nodes(embedded_num_cpus(config))
+    try:
+        nodes = pl.embedded_nodes(embedded_num_cpus(config))
+    except Exception as e:  # Ray's GPU detection is private API: checked again once Ray runs
+        logger.debug("GPU detection before Ray starts failed (%s); the check runs once Ray is up", e)
+        return
     device = config.engine.device or ("cuda" if nodes[0].gpus >= 1 else "cpu")
     tp = config.engine.tensor_parallel_size
     bundles = pl.replica_bundles(tp, config.replicas.num_cpus_per_worker, device, config.gpus_per_worker)
