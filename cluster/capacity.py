@@ -31,6 +31,11 @@ UNBOUNDED = 1 << 30
 class CapacityError(ValueError):
     """The cluster cannot hold the replicas; the message says what is needed, what is there, what to do."""
 
+    def __init__(self, shortfall: str, advice: str) -> None:
+        super().__init__(f"{shortfall}. {advice}")
+        self.shortfall = shortfall
+        """What the replicas need and what the nodes hold (the message without the advice)."""
+
 
 @dataclass(frozen=True, slots=True)
 class NodeResources:
@@ -162,10 +167,10 @@ def check_capacity(nodes: list[NodeResources], shape: ReplicaShape, num_replicas
     plan = plan_capacity(nodes, shape.bundles, num_replicas)
     if plan.fits:
         return plan
-    raise CapacityError(_explain(nodes, shape, plan, embedded))
+    raise CapacityError(_shortfall(nodes, shape, plan), _advice(nodes, shape, plan, embedded))
 
 
-def _explain(nodes: list[NodeResources], shape: ReplicaShape, plan: CapacityPlan, embedded: bool) -> str:
+def _shortfall(nodes: list[NodeResources], shape: ReplicaShape, plan: CapacityPlan) -> str:
     n, tp = plan.num_replicas, shape.tensor_parallel_size
     there = "; ".join(f"{node.describe()} -> holds {plan.per_node[node.node_id]}" for node in nodes) or "no alive node"
     total_gpus = sum(node.gpus for node in nodes)
@@ -177,7 +182,7 @@ def _explain(nodes: list[NodeResources], shape: ReplicaShape, plan: CapacityPlan
     else:
         need = f"{_count(n, 'replica')} x {_count(shape.cpus, 'CPU')} need {_count(n * shape.cpus, 'CPU')}"
         have = f"the cluster holds {_count(plan.holds, 'replica')} ({there})"
-    return f"{need}; {have}. {_advice(nodes, shape, plan, embedded)}"
+    return f"{need}; {have}"
 
 
 def _advice(nodes: list[NodeResources], shape: ReplicaShape, plan: CapacityPlan, embedded: bool) -> str:

@@ -104,8 +104,8 @@ def check_serve_capacity(config: Any, bundles: list[dict[str, float]], num_repli
     except capacity.CapacityError as e:
         if not config.ray.wait_for_nodes:
             raise
-        report(f"the nodes cannot hold the replicas yet ({e}); waiting up to {config.ray.placement_timeout_s:g}s "
-               "for the Ray autoscaler to add nodes")
+        report(f"the nodes cannot hold the replicas yet: {e.shortfall}; waiting up to "
+               f"{config.ray.placement_timeout_s:g}s for the Ray autoscaler to add nodes")
 
 
 def plan_nodes(nodes: list[dict[str, Any]], bundles: list[dict[str, float]], num_replicas: int,

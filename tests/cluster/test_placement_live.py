@@ -56,7 +56,9 @@ def test_a_wait_for_nodes_that_never_come_ends_at_the_placement_timeout(ray_sess
         with pytest.raises(TimeoutError, match=r"could not be placed within 2s \(ray.placement_timeout_s\)"):
             cluster.start()
         assert time.monotonic() - started < 30
-        assert any("cannot hold the replicas yet" in m and "waiting up to 2s" in m for m in messages)
+        note = next(m for m in messages if "cannot hold the replicas yet" in m)
+        assert "yet: 3 replicas x 1 GPU need 3 GPUs" in note and note.endswith("waiting up to 2s for the Ray "
+                                                                               "autoscaler to add nodes")
         groups = list(cluster.state.groups)
         assert len(groups) == 3 and len(_live(groups)) == 3
     finally:
