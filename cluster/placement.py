@@ -150,14 +150,16 @@ def create_placement_groups(num_replicas: int, bundles: list[dict[str, float]], 
     return groups
 
 
-def wait_ready(groups: list[ReplicaPlacement], timeout_s: float,
-               report: Callable[[str], None] | None = None, note_every_s: float = 10.0) -> None:
-    """Block until every group is placed, saying every ``note_every_s`` what is still waiting; after
-    ``timeout_s`` raise ``TimeoutError`` naming what could not be placed and what the cluster has free."""
+def wait_ready(groups: list[ReplicaPlacement], timeout_s: float, report: Callable[[str], None] | None = None,
+               note_every_s: float = 10.0, first_note_s: float = 2.0) -> None:
+    """Block until every group is placed, saying after ``first_note_s`` and then every ``note_every_s`` what
+    is still waiting (placing takes well under a second when there is room: a wait means other work holds
+    the resources, or nodes are being added); after ``timeout_s`` raise ``TimeoutError`` naming what could
+    not be placed and what the cluster has free."""
     import ray
 
     started = time.monotonic()
-    deadline, last_note = started + timeout_s, started
+    deadline, last_note = started + timeout_s, started - note_every_s + min(first_note_s, note_every_s)
     pending = {g.replica_index: g for g in groups}
     while pending:
         refs = {g.placement_group.ready(): i for i, g in pending.items()}
