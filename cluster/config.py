@@ -60,8 +60,8 @@ class ReplicasConfig:
     num_cpus_per_worker: float = 1.0
     """Ray CPUs reserved per tensor-parallel worker."""
     gpus_per_replica: float | None = None
-    """GPUs a replica holds on CUDA; a fraction (0.5, 0.33) packs several replicas on one GPU, each engine then
-    gets that share of its memory; None -> one whole GPU per tensor-parallel worker."""
+    """GPUs a replica holds on CUDA; a fraction (0.5, 0.33) packs several replicas on one GPU, and the default
+    gpu_memory_utilization becomes that share (a value you set is each replica's own); None -> a GPU per TP worker."""
     max_restarts: int = 3
     """How often Ray restarts a replica that died (-1 = forever)."""
     http_port: int = 8100
@@ -104,7 +104,7 @@ class RayConfig:
     ready_timeout_s: float = 600.0
     """How long serve waits for every replica to become ready before giving up."""
     placement_timeout_s: float = 300.0
-    """Longest wait for Ray to place the replicas' placement groups (progress every 10 s), then a clear error."""
+    """Longest wait for Ray to place the replicas' placement groups (progress shown), then a clear error."""
     wait_for_nodes: bool = False
     """The cluster adds nodes on demand (a Ray autoscaler, deploy/*.yaml): when its nodes cannot hold the replicas,
     wait up to placement_timeout_s for new ones instead of failing at once."""
