@@ -27,6 +27,7 @@ from typing import Any
 from kvmesh.cluster import placement as pl
 from kvmesh.cluster.autoscaler import Decision, cheapest_to_lose
 from kvmesh.cluster.capacity import plan_capacity
+from kvmesh.cluster.gpu_share import check_gpu_share
 from kvmesh.cluster.supervisor import ReplicaHandle, actor_state, register
 
 logger = logging.getLogger(__name__)
@@ -115,6 +116,8 @@ class Fleet:
         if engine:
             try:
                 new_engine = replace(self.st.engine, **engine)
+                check_gpu_share(self.cluster.config.replicas.gpus_per_replica, new_engine.tensor_parallel_size,
+                                new_engine.gpu_memory_utilization)  # the running ones' share is explicit here
             except (TypeError, ValueError) as e:
                 raise ValueError(f"bad engine settings {engine}: {e}") from None
         self.enqueue("rollout", self.rollout, new_engine)

@@ -78,3 +78,19 @@ def test_the_cli_names_the_setting_and_does_not_trace_back():
 def test_cpu_replicas_ignore_the_gpu_share():
     assert replica_bundles(1, 1.0, "cpu", 0.5) == [{"CPU": 1.0}]
     assert _engine_on("cpu", _config(0.5)).gpu_memory_utilization == 0.9
+
+
+def test_a_rollout_cannot_overfill_a_shared_card():
+    from types import SimpleNamespace
+
+    from kvmesh.cluster.fleet import Fleet
+    from prometheus_client import CollectorRegistry
+
+    cluster = ServeCluster(_config(0.5), report=lambda _: None)
+    cluster.state.device, cluster.state.model_path = "cuda", "/models/m"
+    cluster.state.engine = cluster.engine_config()  # 0.45 each, as running
+    cluster.state.router = SimpleNamespace(runtime=SimpleNamespace(metrics=SimpleNamespace(registry=CollectorRegistry())))
+    fleet = Fleet(cluster)  # not started: requests are only checked and queued
+    with pytest.raises(ValueError, match=r"bad engine settings.*puts 2 replicas on one GPU.*adds up to 1.20"):
+        fleet.request_rollout({"gpu_memory_utilization": 0.6})
+    assert fleet.request_rollout({"gpu_memory_utilization": 0.4})["accepted"]
