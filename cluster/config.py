@@ -24,6 +24,7 @@ from typing import Any
 
 from kvmesh.cluster.autoscaler import AutoscaleConfig
 from kvmesh.cluster.config_schema import Schema, to_dict
+from kvmesh.cluster.gpu_share import check_gpu_share, gpus_per_worker
 from kvmesh.events.publisher import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
@@ -58,6 +59,9 @@ class ReplicasConfig:
     """Number of engine replicas (each a Ray actor with its own KV cache)."""
     num_cpus_per_worker: float = 1.0
     """Ray CPUs reserved per tensor-parallel worker."""
+    gpus_per_replica: float | None = None
+    """GPUs a replica holds on CUDA; a fraction (0.5, 0.33) packs several replicas on one GPU, and the default
+    gpu_memory_utilization becomes that share (a value you set is each replica's own); None -> a GPU per TP worker."""
     max_restarts: int = 3
     """How often Ray restarts a replica that died (-1 = forever)."""
     http_port: int = 8100
@@ -99,12 +103,18 @@ class RayConfig:
     """spread: replicas round-robin over nodes (each replica's TP workers packed on one node); pack: fill nodes."""
     ready_timeout_s: float = 600.0
     """How long serve waits for every replica to become ready before giving up."""
+    placement_timeout_s: float = 300.0
+    """Longest wait for Ray to place the replicas' placement groups (progress shown), then a clear error."""
+    wait_for_nodes: bool = False
+    """The cluster adds nodes on demand (a Ray autoscaler, deploy/*.yaml): when its nodes cannot hold the replicas,
+    wait up to placement_timeout_s for new ones instead of failing at once."""
 
     def __post_init__(self) -> None:
         _check(self.num_cpus is None or self.num_cpus >= 1, f"ray.num_cpus={self.num_cpus} must be at least 1")
         _check(self.placement in _PLACEMENTS,
                f"ray.placement={self.placement!r}; expected one of {', '.join(_PLACEMENTS)}")
         _check(self.ready_timeout_s > 0, f"ray.ready_timeout_s={self.ready_timeout_s} must be positive")
+        _check(self.placement_timeout_s > 0, f"ray.placement_timeout_s={self.placement_timeout_s} must be positive")
         _check(bool(self.namespace.strip()), "ray.namespace is empty")
 
 
@@ -129,6 +139,8 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_hash_seed(self.engine.hash_seed)
+        check_gpu_share(self.replicas.gpus_per_replica, self.engine.tensor_parallel_size,
+                        self.engine.gpu_memory_utilization)
         if self.autoscale.scale_with_load:
             a = self.autoscale
             _check(a.min_replicas <= self.replicas.num_replicas <= a.max_replicas,
@@ -161,6 +173,11 @@ class ServeConfig:
         """Most replicas alive at once: the largest count it may scale to, plus one a rolling restart adds."""
         top = max(self.replicas.num_replicas, self.autoscale.max_replicas if self.autoscale.scale_with_load else 0)
         return top + 1
+
+    @property
+    def gpus_per_worker(self) -> float:
+        """Ray GPUs in each tensor-parallel worker's bundle on CUDA (``replicas.gpus_per_replica`` / TP)."""
+        return gpus_per_worker(self.replicas.gpus_per_replica, self.engine.tensor_parallel_size)
 
     @property
     def is_embedded_model(self) -> bool:

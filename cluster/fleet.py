@@ -26,6 +26,8 @@ from typing import Any
 
 from kvmesh.cluster import placement as pl
 from kvmesh.cluster.autoscaler import Decision, cheapest_to_lose
+from kvmesh.cluster.capacity import plan_capacity
+from kvmesh.cluster.gpu_share import check_gpu_share
 from kvmesh.cluster.supervisor import ReplicaHandle, actor_state, register
 
 logger = logging.getLogger(__name__)
@@ -89,7 +91,7 @@ class Fleet:
 
     def request_scale(self, replicas: int) -> dict[str, Any]:
         """Queue "scale to N" (ValueError when N is out of bounds)."""
-        low, high, why = 1, self.capacity(), "what this machine's Ray instance can place"
+        low, high, why = 1, self.capacity(), "what the Ray cluster's nodes hold; serve --wait-for-nodes lifts this where a Ray autoscaler adds nodes"
         if self.config.scale_with_load:
             low, high, why = self.config.min_replicas, self.config.max_replicas, "autoscale.min/max_replicas"
         if not low <= replicas <= high:
@@ -98,14 +100,11 @@ class Fleet:
         return {"accepted": True, "operation": f"scale to {replicas}", "replicas": self.replica_ids()}
 
     def capacity(self) -> int:
-        """Most replicas Ray can place: on one machine, its CPUs / a replica's; on a cluster, no limit here
-        (a placement group that fits no node stays pending, and the Ray autoscaler adds one)."""
-        import ray
-
-        if not self.st.ray.local:
+        """Most replicas the Ray cluster's nodes hold (capacity.py: each replica's GPUs on one node, CPUs);
+        no limit here with ray.wait_for_nodes (a pending placement group makes the Ray autoscaler add a node)."""
+        if self.cluster.config.ray.wait_for_nodes:
             return 1 << 10
-        per_replica = sum(b.get("CPU", 0.0) for b in self.cluster.replica_bundles()) or 1.0
-        return max(1, int(ray.cluster_resources().get("CPU", 0.0) // per_replica))
+        return max(1, plan_capacity(pl.cluster_nodes(), self.cluster.replica_bundles(), 1).holds)
 
     def request_rollout(self, engine: dict[str, Any] | None = None) -> dict[str, Any]:
         """Queue a rolling restart; ``engine`` = EngineConfig fields the new replicas get (checked now).
@@ -117,6 +116,8 @@ class Fleet:
         if engine:
             try:
                 new_engine = replace(self.st.engine, **engine)
+                check_gpu_share(self.cluster.config.replicas.gpus_per_replica, new_engine.tensor_parallel_size,
+                                new_engine.gpu_memory_utilization)  # the running ones' share is explicit here
             except (TypeError, ValueError) as e:
                 raise ValueError(f"bad engine settings {engine}: {e}") from None
         self.enqueue("rollout", self.rollout, new_engine)
@@ -156,12 +157,13 @@ class Fleet:
         used = {g.replica_index for g in st.groups} | {int(h.replica_id.rsplit("-", 1)[1]) for h in st.replicas}
         indexes = [i for i in range(len(used) + count) if i not in used][:count]
         bundles = self.cluster.replica_bundles()
+        self.cluster.check_capacity(len(st.replicas) + count)  # more than the nodes hold: say so at once
         groups = []
         for i in indexes:
             pg = placement_group(bundles, strategy="STRICT_PACK", name=f"kvmesh-replica-{i}-{time.time_ns()}")
             groups.append(pl.ReplicaPlacement(replica_index=i, placement_group=pg, target_node_id=None))
         st.groups.extend(groups)
-        pl.wait_ready(groups, timeout_s=cfg.ray.ready_timeout_s)
+        pl.wait_ready(groups, timeout_s=cfg.ray.placement_timeout_s, report=self.cluster.report)
         handles = [self.cluster.start_replica(g) for g in groups]
         deadline = time.monotonic() + cfg.ray.ready_timeout_s
         try:

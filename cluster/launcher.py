@@ -1,8 +1,8 @@
 """``ServeCluster``: Ray + placement groups + replica actors + router + supervisor, up and down.
 
-    start():  connect Ray ─▶ model on every node ─▶ one placement group per replica ─▶ replica
-              actors (loading) ─▶ router (this process, or a control router + router.workers
-              processes: cluster/serve_router.py) ─▶ wait for ready (progress) ─▶ register
+    start():  connect Ray ─▶ model on every node ─▶ the nodes hold the replicas? (capacity.py) ─▶ one
+              placement group per replica ─▶ replica actors (loading) ─▶ router (this process, or a
+              control router + router.workers: cluster/serve_router.py) ─▶ wait for ready ─▶ register
               endpoints with the router ─▶ supervisor thread (restarts -> re-registration) ─▶ fleet
               (fleet.py: replicas added/drained/removed at runtime, autoscaler, rolling restart)
     stop():   fleet ─▶ supervisor ─▶ router ─▶ replicas (graceful, then killed) ─▶ placement groups ─▶
@@ -25,9 +25,12 @@ from typing import Any
 from kvmesh.cluster import placement as pl
 from kvmesh.cluster import preflight, ray_cluster
 from kvmesh.cluster.config import ServeConfig
+from kvmesh.cluster.curve_keys import generate_curve_keys
 from kvmesh.cluster.embedded_model import SERVED_NAME
+from kvmesh.cluster.gpu_share import replica_memory_utilization
 from kvmesh.cluster.model_files import resolve_model_path
 from kvmesh.cluster.router_client import RouterClient
+from kvmesh.cluster.serve_router import step_budget
 from kvmesh.cluster.supervisor import ReplicaHandle, Supervisor, register
 from kvmesh.kvcache.hashing import cache_salt_secret
 
@@ -78,7 +81,7 @@ class ServeCluster:
         # argument, the router only the salt secret derived from it (kvcache.hashing.cache_salt_secret).
         self._hash_seed: str = config.engine.hash_seed or secrets.token_hex(32)
         # SECRET: CURVE keypairs of the replicas' event sockets and of the router that subscribes to them.
-        self._curve = _curve_keys() if config.replicas.private_events else None
+        self._curve = generate_curve_keys() if config.replicas.private_events else None
 
     # ------------------------------------------------------------------ start
     def start(self) -> ServeCluster:
@@ -139,18 +142,24 @@ class ServeCluster:
         cfg, st = self.config, self.state
         rc, tp = cfg.replicas, cfg.engine.tensor_parallel_size
         bundles = self.replica_bundles()
-        self.report(f"placing {rc.num_replicas} replica(s): {tp} worker(s) each on "
-                    f"{st.device}, bundles {bundles}, placement {cfg.ray.placement}")
-        st.groups = pl.create_placement_groups(rc.num_replicas, bundles, cfg.ray.placement)
-        pl.wait_ready(st.groups, timeout_s=min(cfg.ray.ready_timeout_s, 300.0))
+        self.check_capacity(rc.num_replicas)  # fail in a second, not after placement_timeout_s
         st.engine = self.engine_config()
+        memory = f", gpu_memory_utilization {st.engine.gpu_memory_utilization:g} each" if st.device == "cuda" else ""
+        self.report(f"placing {rc.num_replicas} replica(s): {tp} worker(s) each on "
+                    f"{st.device}, bundles {bundles}, placement {cfg.ray.placement}{memory}")
+        st.groups = pl.create_placement_groups(rc.num_replicas, bundles, cfg.ray.placement)
+        pl.wait_ready(st.groups, timeout_s=cfg.ray.placement_timeout_s, report=self.report)
         for group in st.groups:
             st.replicas.append(self.start_replica(group))
 
     def replica_bundles(self) -> list[dict[str, float]]:
         cfg = self.config
         return pl.replica_bundles(cfg.engine.tensor_parallel_size, cfg.replicas.num_cpus_per_worker,
-                                  self.state.device)
+                                  self.state.device, cfg.gpus_per_worker)
+
+    def check_capacity(self, num_replicas: int) -> None:
+        """CapacityError unless the nodes hold ``num_replicas`` replicas (placement.check_serve_capacity)."""
+        pl.check_serve_capacity(self.config, self.replica_bundles(), num_replicas, self.state.ray.owned, self.report)
 
     def start_replica(self, group: pl.ReplicaPlacement) -> ReplicaHandle:
         """Start replica ``group.replica_index``'s actor in its placement group (not yet ready).
@@ -175,7 +184,7 @@ class ServeCluster:
         spawn = functools.partial(
             start_replica_actor, options, name=f"kvmesh-replica-{i}", max_restarts=rc.max_restarts,
             namespace=cfg.ray.namespace, num_cpus=bundles[actor_bundle]["CPU"],
-            num_gpus=1 if st.device == "cuda" and tp == 1 else 0,
+            num_gpus=cfg.gpus_per_worker if st.device == "cuda" and tp == 1 else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 group.placement_group, placement_group_bundle_index=actor_bundle))
         self._spawn[f"replica-{i}"] = spawn  # the supervisor replaces a dead replica with the same
@@ -185,6 +194,9 @@ class ServeCluster:
         """The serve config's engine section as every replica gets it (with the cluster's secret hash seed)."""
         cfg, st = self.config, self.state
         engine = cfg.engine
+        if st.device == "cuda":  # a fraction of a GPU: that share of its memory (cluster/gpu_share.py)
+            engine = replace(engine, gpu_memory_utilization=replica_memory_utilization(
+                cfg.replicas.gpus_per_replica, engine.gpu_memory_utilization))
         return replace(
             engine, model=st.model_path, device=st.device, kv_events_topic=cfg.events.topic,
             load_format="dummy" if cfg.is_embedded_model else engine.load_format,
@@ -286,30 +298,3 @@ def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     interesting = [line for line in text if "Error" in line and not line.startswith(" ")]
     return (interesting[-1] if interesting else (text[0] if text else type(e).__name__))[:500]
-
-
-@dataclass(frozen=True)
-class _CurveKeys:
-    """The config fields that make a cluster's event streams private (events/curve.py)."""
-
-    replicas: dict[str, Any]
-    router: dict[str, Any]
-
-
-def _curve_keys() -> _CurveKeys:
-    from kvmesh.events.curve import generate_keypair
-
-    server_public, server_secret = generate_keypair()
-    router_public, router_secret = generate_keypair()
-    return _CurveKeys(
-        replicas={"kv_events_curve_secret_key": server_secret, "kv_events_curve_client_keys": (router_public,)},
-        router={"events_curve_server_key": server_public, "events_curve_public_key": router_public,
-                "events_curve_secret_key": router_secret})
-
-
-def step_budget(policy: str, options: dict[str, Any], max_num_batched_tokens: int) -> dict[str, Any]:
-    """``cache_aware`` weighs running requests per engine step of the replicas (decode_step_tokens):
-    give it the replicas' own step budget unless the operator set one."""
-    if policy != "cache_aware" or "decode_step_tokens" in options:
-        return options
-    return {**options, "decode_step_tokens": max_num_batched_tokens}

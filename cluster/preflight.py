@@ -3,16 +3,20 @@
 ``check(ServeConfig)``: the model resolves (local directory with config.json, or a Hugging Face
 id in the cache / on the hub, one request, no retries; a cached id with no hub in reach sets
 HF_HUB_OFFLINE=1 for the replicas) and every fixed port this machine will bind is free: the
-router's, and on an embedded Ray instance the replicas' HTTP and event ports.
+router's, and on an embedded Ray instance the replicas' HTTP and event ports; and an embedded Ray's
+one node (this machine's GPUs as Ray detects them, ``ray.num_cpus``) holds the replicas.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
 from kvmesh.cluster.config import ServeConfig
 from kvmesh.cluster.model_files import check_model, hub_reachable
+
+logger = logging.getLogger(__name__)
 
 
 class PreflightError(ValueError):
@@ -39,6 +43,33 @@ def check(config: ServeConfig) -> None:
         ports += [("replicas.event_port", host, p) for pair in config.replicas.event_ports() for p in pair]
     for what, host, port in ports:
         check_port_free(host, port, what)
+    if config.is_embedded_ray:
+        check_embedded_capacity(config)
+
+
+def check_embedded_capacity(config: ServeConfig) -> None:
+    """The embedded Ray's one node (ray.num_cpus, the GPUs Ray detects here) holds the replicas; a Ray this
+    process already runs (tests' session) is checked once connected (``ServeCluster.check_capacity``)."""
+    import ray
+    from kvmesh.cluster import placement as pl
+    from kvmesh.cluster.capacity import CapacityError
+    from kvmesh.cluster.ray_cluster import embedded_num_cpus
+
+    if ray.is_initialized():
+        return
+    try:
+        nodes = pl.embedded_nodes(embedded_num_cpus(config))
+    except Exception as e:  # Ray's GPU detection is private API: checked again once Ray runs
+        logger.debug("GPU detection before Ray starts failed (%s); the check runs once Ray is up", e)
+        return
+    device = config.engine.device or ("cuda" if nodes[0].gpus >= 1 else "cpu")
+    tp = config.engine.tensor_parallel_size
+    bundles = pl.replica_bundles(tp, config.replicas.num_cpus_per_worker, device, config.gpus_per_worker)
+    try:
+        pl.check_capacity(bundles, tp, config.gpus_per_worker, config.replicas.num_replicas, embedded=True,
+                          nodes=nodes)
+    except CapacityError as e:
+        raise PreflightError(str(e)) from None
 
 
 def check_port_free(host: str, port: int, what: str) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Any
 
 from kvmesh.cluster.config import ServeConfig
 from kvmesh.router.config import RouterConfig
@@ -104,3 +105,11 @@ class RouterProcesses:
         if self.workers is not None:
             self.workers.stop()
         self.control.stop()
+
+
+def step_budget(policy: str, options: dict[str, Any], max_num_batched_tokens: int) -> dict[str, Any]:
+    """``cache_aware`` weighs running requests per engine step of the replicas (decode_step_tokens):
+    give it the replicas' own step budget unless the operator set one."""
+    if policy != "cache_aware" or "decode_step_tokens" in options:
+        return options
+    return {**options, "decode_step_tokens": max_num_batched_tokens}

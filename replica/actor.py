@@ -14,10 +14,13 @@ after a restart the ports may differ (when configured as 0), so ask again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +77,23 @@ def default_host() -> str:
     return "127.0.0.1" if len(alive) <= 1 else ray.util.get_node_ip_address()
 
 
+@contextlib.contextmanager
+def gpu_load_lock(gpu_ids: list[str], lock_dir: str | None = None) -> Iterator[None]:
+    """Hold one lock per GPU (this node's card ids) while a replica loads and sizes its KV cache.
+
+    Replicas sharing a card (``replicas.gpus_per_replica`` < 1) then start one after another, so each
+    reads the others' memory as in use at its start (kv_cache.DeviceMemory.in_use_at_start) instead of
+    mistaking an allocation made meanwhile for its own. No GPU (CPU replicas, TP>1 actors): no lock."""
+    import fcntl
+
+    folder = lock_dir or tempfile.gettempdir()
+    with contextlib.ExitStack() as stack:
+        for gpu in sorted(gpu_ids):  # one order everywhere: no deadlock
+            handle = stack.enter_context(open(os.path.join(folder, f"kvmesh-gpu-{gpu}.lock"), "a"))
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 class ReplicaActor:
     """Ray actor class (wrap with ``ray.remote`` or use ``start_replica_actor``)."""
 
@@ -85,13 +105,14 @@ class ReplicaActor:
         ctx = ray.get_runtime_context()
         self.restarted = bool(ctx.was_current_actor_reconstructed)
         host = options.host or default_host()
-        self.runtime = ReplicaRuntime.start(
-            options.engine, host=host, http_port=options.http_port, event_port=options.event_port,
-            replay_port=options.replay_port, api_key=options.api_key, served_model_name=options.served_model_name,
-            replica_id=options.replica_id, frontend=options.frontend,
-            executor_kwargs={"placement_group": options.placement_group,
-                             "num_cpus_per_worker": options.num_cpus_per_worker,
-                             "step_timeout_s": options.step_timeout_s})
+        with gpu_load_lock([str(i) for i in ray.get_gpu_ids()]):  # cards shared with other replicas: one at a time
+            self.runtime = ReplicaRuntime.start(
+                options.engine, host=host, http_port=options.http_port, event_port=options.event_port,
+                replay_port=options.replay_port, api_key=options.api_key, served_model_name=options.served_model_name,
+                replica_id=options.replica_id, frontend=options.frontend,
+                executor_kwargs={"placement_group": options.placement_group,
+                                 "num_cpus_per_worker": options.num_cpus_per_worker,
+                                 "step_timeout_s": options.step_timeout_s})
         self.started_at = time.time()
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="replica-watchdog", daemon=True)

@@ -57,11 +57,14 @@ class DeviceMemory:
     """Peak bytes this process's tensors held: weights + the profiling forward's activations."""
     torch_reserved: int
     """Bytes PyTorch's caching allocator holds now (counted in total - free)."""
+    in_use_at_start: int = 0
+    """Bytes in use on the device before this runner loaded anything: other replicas sharing the card."""
 
     @property
     def non_torch(self) -> int:
-        """Used but not by this process's allocator: the CUDA context, NCCL, other processes."""
-        return self.total - self.free - self.torch_reserved
+        """Used since this runner started, not by its allocator: the CUDA context, NCCL (what others held at
+        the start is theirs: gpu_memory_utilization is this replica's share, vLLM's per-instance meaning)."""
+        return max(0, self.total - self.free - self.torch_reserved - self.in_use_at_start)
 
 
 def read_cuda_memory(device: torch.device) -> DeviceMemory:
@@ -71,14 +74,29 @@ def read_cuda_memory(device: torch.device) -> DeviceMemory:
     return DeviceMemory(total, free, torch.cuda.max_memory_allocated(device), torch.cuda.memory_reserved(device))
 
 
+def device_memory_in_use(device: torch.device) -> int:
+    """Bytes in use on ``device`` by anyone now (0 off CUDA): read before a runner loads its weights."""
+    if device.type != "cuda":
+        return 0
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free
+
+
 def kv_cache_budget(mem: DeviceMemory, gpu_memory_utilization: float) -> int:
-    """Bytes for the KV cache: the replica's share of the device, less the profiled peak and what others use.
+    """Bytes for the KV cache: the replica's share of the device, less the profiled peak and its other use.
 
         budget = total * gpu_memory_utilization - torch_peak - non_torch
     """
+    gib = 2**30
+    share = mem.total * gpu_memory_utilization
+    if mem.in_use_at_start and mem.total - mem.in_use_at_start < share:
+        raise ValueError(
+            f"gpu_memory_utilization={gpu_memory_utilization} asks for {share / gib:.1f} of the device's "
+            f"{mem.total / gib:.1f} GiB, but {mem.in_use_at_start / gib:.1f} GiB were in use when this replica "
+            "started (other replicas or programs on the card); lower gpu_memory_utilization (with several "
+            "replicas per GPU: replicas.gpus_per_replica, whose share serve applies) or free the device")
     budget = int(mem.total * gpu_memory_utilization - mem.torch_peak - mem.non_torch)
     if budget <= 0:
-        gib = 2**30
         raise ValueError(
             f"gpu_memory_utilization={gpu_memory_utilization} of {mem.total / gib:.1f} GiB leaves no room for the KV "
             f"cache: weights + activations peak at {mem.torch_peak / gib:.1f} GiB and {mem.non_torch / gib:.1f} GiB "

@@ -11,6 +11,7 @@ With ``cuda_graphs``, decode-only steps replay captured graphs (cuda_graph.py). 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from kvmesh.replica.input_batch import InputBatch, ModelInputs
 from kvmesh.replica.kv_cache import (
     allocate_kv_cache,
     bytes_per_block,
+    device_memory_in_use,
     kv_cache_budget,
     log_capacity,
     num_blocks_for_budget,
@@ -64,6 +66,7 @@ class ModelRunner:
             logger.warning("model declares sliding_window=%d; attention here is full (exact up to the window)",
                            self.spec.sliding_window)
 
+        self.memory_in_use_at_start = device_memory_in_use(self.device)  # replicas sharing the card hold it
         self.model = self._build_model()
         self.attn_backend = get_attn_backend(config.attention_backend, self.device, self.dtype, self.block_size)
         for attn in self.model.attention_layers():
@@ -130,7 +133,8 @@ class ModelRunner:
         what ``gpu_memory_utilization`` leaves (the device facts come from ``read_device_memory``)."""
         self.reset_peak_memory(self.device)
         self.profile_run()
-        return kv_cache_budget(self.read_device_memory(self.device), self.config.gpu_memory_utilization)
+        mem = dataclasses.replace(self.read_device_memory(self.device), in_use_at_start=self.memory_in_use_at_start)
+        return kv_cache_budget(mem, self.config.gpu_memory_utilization)
 
     @torch.inference_mode()
     def profile_run(self) -> None:
