@@ -10,9 +10,12 @@
 
 On CPU the budget is ``kv_cache_memory`` bytes for the whole replica (all TP ranks together, so a
 TP=2 replica gets as many blocks as a TP=1 one). On CUDA it is what ``gpu_memory_utilization``
-leaves after the weights and the peak activation memory of a profiling forward: the device facts
-are read once (``read_cuda_memory``) and the arithmetic (``kv_cache_budget``) is plain, so it is
-tested on CPU with facts injected.
+leaves after this engine's weights and the peak activation memory of a profiling forward, capped
+by ``kv_cache_memory`` when that is set. Only this engine's memory counts against its share, so
+several engines in one process (tests, a benchmark comparing two) each get their own share as
+long as the shares fit on the device. The device facts are read before and after the profiling
+forward (``read_cuda_memory``) and the arithmetic (``kv_cache_budget``) is plain, so it is tested
+on CPU with facts injected.
 """
 
 from __future__ import annotations
@@ -47,16 +50,18 @@ def num_blocks_for_budget(budget_bytes: int, block_bytes: int, block_size: int, 
 
 @dataclass(frozen=True, slots=True)
 class DeviceMemory:
-    """What a device's memory looked like right after the profiling forward (bytes)."""
+    """What a device's memory looks like at one moment (bytes)."""
 
     total: int
     """The device's memory (torch.cuda.mem_get_info's total)."""
     free: int
     """Free to anyone (mem_get_info's free)."""
     torch_peak: int
-    """Peak bytes this process's tensors held: weights + the profiling forward's activations."""
+    """Peak bytes this process's tensors held since the peak counter was last reset."""
     torch_reserved: int
     """Bytes PyTorch's caching allocator holds now (counted in total - free)."""
+    torch_allocated: int
+    """Bytes this process's tensors hold now (torch.cuda.memory_allocated)."""
 
     @property
     def non_torch(self) -> int:
@@ -65,24 +70,50 @@ class DeviceMemory:
 
 
 def read_cuda_memory(device: torch.device) -> DeviceMemory:
-    """The facts ``kv_cache_budget`` needs, read from CUDA (call right after the profiling forward)."""
+    """The facts ``kv_cache_budget`` needs, read from CUDA (before and right after the profiling forward)."""
     torch.cuda.synchronize(device)
     free, total = torch.cuda.mem_get_info(device)
-    return DeviceMemory(total, free, torch.cuda.max_memory_allocated(device), torch.cuda.memory_reserved(device))
+    return DeviceMemory(total, free, torch.cuda.max_memory_allocated(device), torch.cuda.memory_reserved(device),
+                        torch.cuda.memory_allocated(device))
 
 
-def kv_cache_budget(mem: DeviceMemory, gpu_memory_utilization: float) -> int:
-    """Bytes for the KV cache: the replica's share of the device, less the profiled peak and what others use.
+def module_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers (an engine's weights)."""
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
-        budget = total * gpu_memory_utilization - torch_peak - non_torch
+
+def kv_cache_budget(before: DeviceMemory, after: DeviceMemory, weight_bytes: int, gpu_memory_utilization: float,
+                    cap: int | None = None) -> int:
+    """Bytes for this engine's KV cache: its share of the device less what it uses and what is used outside
+    this process, capped by ``cap`` (``kv_cache_memory``); ``before``/``after`` are read around the profiling
+    forward, ``weight_bytes`` are this engine's weights.
+
+        activations = after.torch_peak - before.torch_allocated     (the forward's peak above what was held)
+        budget      = total * gpu_memory_utilization - weight_bytes - activations - after.non_torch
+
+    Tensors of other engines in this process (``before.torch_allocated - weight_bytes``) do not count
+    against this engine's share, but the budget must fit in what is free once the activations are
+    allocated again; when it does not, the engines' shares overcommit the device and that is an error.
     """
-    budget = int(mem.total * gpu_memory_utilization - mem.torch_peak - mem.non_torch)
+    gib = 2**30
+    activations = max(0, after.torch_peak - before.torch_allocated)
+    others = max(0, before.torch_allocated - weight_bytes)
+    budget = int(after.total * gpu_memory_utilization - weight_bytes - activations - after.non_torch)
     if budget <= 0:
-        gib = 2**30
         raise ValueError(
-            f"gpu_memory_utilization={gpu_memory_utilization} of {mem.total / gib:.1f} GiB leaves no room for the KV "
-            f"cache: weights + activations peak at {mem.torch_peak / gib:.1f} GiB and {mem.non_torch / gib:.1f} GiB "
-            "are used outside this process's tensors; raise gpu_memory_utilization or lower max_num_batched_tokens")
+            f"gpu_memory_utilization={gpu_memory_utilization} of {after.total / gib:.1f} GiB leaves no room for the "
+            f"KV cache: weights + activations peak at {(weight_bytes + activations) / gib:.1f} GiB and "
+            f"{after.non_torch / gib:.1f} GiB are used outside this process's tensors; raise gpu_memory_utilization "
+            "or lower max_num_batched_tokens")
+    if cap is not None:
+        budget = min(budget, cap)
+    room = after.free + after.torch_reserved - after.torch_allocated - activations
+    if budget > room:
+        raise ValueError(
+            f"gpu_memory_utilization={gpu_memory_utilization} asks for a {budget / gib:.1f} GiB KV cache but only "
+            f"{max(room, 0) / gib:.1f} GiB of the {after.total / gib:.1f} GiB device are free ({others / gib:.1f} GiB "
+            f"held by other engines in this process, {after.non_torch / gib:.1f} GiB outside it); the engines on "
+            "one device must share it: lower gpu_memory_utilization or set kv_cache_memory")
     return budget
 
 

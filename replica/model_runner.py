@@ -26,6 +26,7 @@ from kvmesh.replica.kv_cache import (
     bytes_per_block,
     kv_cache_budget,
     log_capacity,
+    module_bytes,
     num_blocks_for_budget,
     read_cuda_memory,
 )
@@ -112,8 +113,9 @@ class ModelRunner:
         attn0 = self.model.attention_layers()[0]
         block_bytes = bytes_per_block(self.spec.num_hidden_layers, self.block_size, attn0.num_kv_heads,
                                       attn0.head_dim, self.dtype)
-        if self.device.type == "cuda":
-            budget = self.profiled_kv_budget()
+        if self.device.type == "cuda":  # kv_cache_memory, when set, caps the profiled budget
+            cap = None if self.config.kv_cache_memory is None else self.config.kv_cache_memory // self.parallel.tp_size
+            budget = self.profiled_kv_budget(cap)
         else:
             budget = self.config.resolved_kv_cache_memory // self.parallel.tp_size
         num_blocks = num_blocks_for_budget(budget, block_bytes, self.block_size, self.max_model_len)
@@ -123,12 +125,15 @@ class ModelRunner:
         log_capacity(num_blocks, self.block_size, self.max_model_len, block_bytes)
         return num_blocks
 
-    def profiled_kv_budget(self) -> int:
-        """Bytes for the KV cache on a GPU: reset the peak counter, run the profiling forward, and take
-        what ``gpu_memory_utilization`` leaves (the device facts come from ``read_device_memory``)."""
+    def profiled_kv_budget(self, cap: int | None = None) -> int:
+        """Bytes for the KV cache on a GPU: read the facts, reset the peak counter, run the profiling forward,
+        read them again, and take what ``gpu_memory_utilization`` leaves this engine, at most ``cap`` (the
+        device facts come from ``read_device_memory``)."""
+        before = self.read_device_memory(self.device)
         self.reset_peak_memory(self.device)
         self.profile_run()
-        return kv_cache_budget(self.read_device_memory(self.device), self.config.gpu_memory_utilization)
+        after = self.read_device_memory(self.device)
+        return kv_cache_budget(before, after, module_bytes(self.model), self.config.gpu_memory_utilization, cap)
 
     @torch.inference_mode()
     def profile_run(self) -> None:
