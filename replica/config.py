@@ -73,7 +73,8 @@ class EngineConfig:
     kv_events_curve_client_keys: tuple[str, ...] = ()
     """CURVE public keys (Z85) of the subscribers allowed in; empty: any client that knows the server key."""
     debug_check_integrity: bool = False
-    """Run ``KVCacheManager.check_integrity()`` after every engine step (slow; tests and debugging)."""
+    """Run ``KVCacheManager.check_integrity()`` after every engine step (tests and debugging; a large pool is
+    checked by the blocks in use and a window sweeping the rest, not walked whole)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory, "kv_cache_memory"))
