@@ -3,8 +3,9 @@
 Device: engines that do not name one run on CUDA when torch sees a GPU, else on the CPU (the engine's
 own rule); ``KVMESH_TEST_DEVICE=cpu`` hides the GPUs from the session, ``=cuda`` insists on one. The
 ``device`` fixture names that device for tests that build tensors themselves. On CUDA, float32 math
-is IEEE (no TF32), so CUDA runs compare token for token with transformers and the CPU, and every
-test engine takes a small KV cache (``TEST_KV_CACHE_MEMORY``), not 90% of the card.
+is IEEE (no TF32), so CUDA runs compare token for token with transformers and the CPU, and a test
+engine that chose neither ``kv_cache_memory`` nor its own ``gpu_memory_utilization`` share takes a
+small KV cache (``TEST_KV_CACHE_MEMORY``), not 90% of the card.
 """
 
 from __future__ import annotations
