@@ -48,9 +48,11 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     """Number of ranks the model is sharded over."""
     attention_backend: str | None = None
-    """Attention backend registry name ("torch", "flash_attn"); None picks the best available."""
-    cuda_graphs: bool = False
-    """Replay decode-only steps from CUDA graphs (device cuda, attention_backend flash_attn, block_size % 256 == 0)."""
+    """Attention backend registry name ("torch", "flash_attn", "triton"); None: triton on CUDA (flash_attn at
+    block sizes that are multiples of 256 when installed), torch on CPU."""
+    cuda_graphs: bool | None = None
+    """Replay decode-only steps from CUDA graphs; None: on with CUDA and tensor_parallel_size 1 when the backend
+    has a static decode path (triton: any block size; flash_attn: block_size % 256 == 0), else off."""
     device: str | None = None
     """"cpu" or "cuda"; None (or "auto") uses cuda when available, else cpu."""
     seed: int = 0

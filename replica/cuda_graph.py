@@ -9,9 +9,11 @@ addresses never change:
     never a request's), seq_len 1 -- finite values, no zero-length edge case in the kernel.
 
 Only the model forward is static; logits and sampling run on hidden[:n] afterwards. The attention
-backend must offer a static decode path (flash_attn with a paged cache: block_size a multiple of
-256). ``capture()`` (CUDA only) records one graph per size; without it, ``run`` executes the same
-padded forward eagerly, which is how the path is tested on CPU.
+backend must offer a static decode path: ``supports_static_decode(block_size)`` and
+``static_decode_metadata(slot_mapping, seq_lens, block_table)`` over these buffers (triton at every
+block size, flash_attn when block_size is a multiple of 256). ``capture()`` (CUDA only) records one
+graph per size; without it, ``run`` executes the same padded forward eagerly, which is how the path
+is tested on CPU. ``use_cuda_graphs`` turns the ``cuda_graphs`` setting into a decision.
 """
 
 from __future__ import annotations
@@ -27,13 +29,35 @@ CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 32
 """Batch sizes a decode step is padded to (the ones up to max_num_seqs are used)."""
 
 
+def supports_static_decode(backend, block_size: int) -> bool:
+    return getattr(backend, "supports_static_decode", lambda bs: False)(block_size)
+
+
+def use_cuda_graphs(requested: bool | None, device: torch.device, backend, block_size: int,
+                    tp_size: int = 1) -> bool:
+    """``cuda_graphs`` (None: on where they work -- CUDA, a backend with a static decode path at this
+    block size, and one rank: capturing torch.distributed's NCCL all-reduce is not something the default
+    should bet on) -> whether to capture; an explicit True that cannot work is an error."""
+    if requested is None:
+        return device.type == "cuda" and supports_static_decode(backend, block_size) and tp_size == 1
+    if requested and device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs device='cuda', not {device}; drop cuda_graphs")
+    if requested and not supports_static_decode(backend, block_size):
+        raise ValueError(_no_static_path(backend, block_size))
+    return requested
+
+
+def _no_static_path(backend, block_size: int) -> str:
+    return (f"attention backend {backend.name!r} has no static decode path at block_size={block_size}; CUDA "
+            "graphs need attention_backend='triton' (any block size) or 'flash_attn' with a block_size that is a "
+            "multiple of 256")
+
+
 class StaticDecode:
     def __init__(self, model: nn.Module, backend, max_num_seqs: int, max_blocks: int, block_size: int,
                  device: torch.device) -> None:
-        if not getattr(backend, "supports_static_decode", lambda bs: False)(block_size):
-            raise ValueError(f"attention backend {backend.name!r} has no static decode path at block_size="
-                             f"{block_size}; CUDA graphs need attention_backend='flash_attn' and a block_size "
-                             "that is a multiple of 256")
+        if not supports_static_decode(backend, block_size):
+            raise ValueError(_no_static_path(backend, block_size))
         self.model, self.backend, self.device = model, backend, device
         self.sizes = [b for b in CAPTURE_SIZES if b < max_num_seqs] + [max_num_seqs]
         b_max = self.sizes[-1]

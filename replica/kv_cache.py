@@ -2,7 +2,7 @@
 
     kv_cache: [num_layers, *backend.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)]
       torch:      [num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]   (head-major)
-      flash_attn: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]   (flash-attn's paged layout)
+      flash_attn, triton: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]   (flash-attn's paged layout)
                                ^ 0 = K, 1 = V                ^ this rank's K/V heads
     layer l's view kv_cache[l] is what its attention backend reads and writes;
     token at position p of a request lives at slot block_table[p // block_size] * block_size

@@ -18,7 +18,7 @@ import os
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.cuda_graph import StaticDecode
+from kvmesh.replica.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.distributed import cuda_device_index
 from kvmesh.replica.input_batch import InputBatch, ModelInputs
 from kvmesh.replica.kv_cache import (
@@ -66,7 +66,7 @@ class ModelRunner:
                            self.spec.sliding_window)
 
         self.model = self._build_model()
-        self.attn_backend = get_attn_backend(config.attention_backend, self.device, self.dtype)
+        self.attn_backend = get_attn_backend(config.attention_backend, self.device, self.dtype, self.block_size)
         for attn in self.model.attention_layers():
             attn.backend = self.attn_backend
         self.num_kv_blocks = self._size_kv_cache()
@@ -80,13 +80,15 @@ class ModelRunner:
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
                                       self.block_size, self.device)
         self.static_decode: StaticDecode | None = None  # decode steps on static shapes (CUDA graphs)
-        if config.cuda_graphs:
-            if self.device.type != "cuda":
-                raise ValueError(f"cuda_graphs=True needs device='cuda', not {self.device}; drop cuda_graphs")
+        tp_size = self.parallel.tp_size
+        if use_cuda_graphs(config.cuda_graphs, self.device, self.attn_backend, self.block_size, tp_size):
             self.static_decode = StaticDecode(self.model, self.attn_backend, config.max_num_seqs,
                                               self.input_batch.block_tables.table.shape[1], self.block_size,
                                               self.device)
             self.static_decode.capture()
+        logger.info("attention backend %s, block_size %d, %s", self.attn_backend.name, self.block_size,
+                    f"CUDA graphs for decode batch sizes {self.static_decode.sizes}" if self.static_decode
+                    else "no CUDA graphs")
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
         self.prompt_logprobs = PromptLogprobsProcessor()  # rows waiting between a prompt's prefill chunks

@@ -17,6 +17,29 @@ from pathlib import Path
 
 import pytest
 
+
+def hide_gpus_when_asked() -> None:
+    """``KVMESH_TEST_DEVICE=cpu``: hide the GPUs before anything imports torch or triton (the Triton
+    switch below then picks the interpreter, and engines that pick a device pick the CPU)."""
+    if os.environ.get("KVMESH_TEST_DEVICE", "").strip().lower() == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+hide_gpus_when_asked()
+
+
+def _has_cuda_device() -> bool:
+    """A CUDA device node exists (checked without importing torch: router tests run without it)."""
+    return os.path.exists("/dev/nvidiactl") and os.environ.get("CUDA_VISIBLE_DEVICES", "x") not in ("", "-1")
+
+
+# Triton kernels (replica/attention/triton_paged_attention.py, ...) run on CPU tensors only through
+# Triton's interpreter, and TRITON_INTERPRET must be set before the first `import triton` in the
+# process: this file is the first pytest loads. On a CUDA machine the kernels are compiled instead,
+# and their tests run on the GPU (kvmesh.replica.triton_utils.triton_problem says what is possible).
+if "TRITON_INTERPRET" not in os.environ and not _has_cuda_device():
+    os.environ["TRITON_INTERPRET"] = "1"
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # CI clones the project with shared/ beside it; a user's clone may not have it.
 SHARED_DIR = Path(os.environ.get("KVMESH_SHARED_DIR", REPO_ROOT.parent / "shared"))
@@ -90,8 +113,8 @@ def chosen_test_device() -> str:
 
 
 def pytest_configure(config):
-    if chosen_test_device() == "cpu":  # before anything imports torch: engines that pick a device pick the CPU
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    chosen_test_device()  # a typo is a usage error, with the values that work
+    hide_gpus_when_asked()
 
 
 def _cuda_available() -> bool:

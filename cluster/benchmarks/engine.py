@@ -29,7 +29,8 @@ TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidde
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="kvmesh bench engine", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="kvmesh bench engine", description=__doc__.split("\n")[0],
+                                epilog="Per device and engine configuration (--device cuda): kvmesh bench engine-speed")
     p.add_argument("--out", default="results/engine.json")
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--prompt-len", type=int, nargs=2, default=[64, 1024], metavar=("MIN", "MAX"))

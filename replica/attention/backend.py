@@ -7,11 +7,15 @@ from typing import Any, Protocol
 
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.triton_utils import triton_problem
+
+PAGED_BLOCK_MULTIPLE = 256  # flash-attn 2 reads a block_table only at page sizes that are multiples of this
 
 # name -> "module:Class", imported lazily so CUDA-only code is never imported on CPU.
 _BACKENDS = {
     "torch": "kvmesh.replica.attention.torch_backend:TorchAttentionBackend",
     "flash_attn": "kvmesh.replica.attention.flash_attn_backend:FlashAttentionBackend",
+    "triton": "kvmesh.replica.attention.triton_backend:TritonAttentionBackend",
 }
 
 
@@ -62,15 +66,30 @@ def flash_attn_problem(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def get_attn_backend(name: str | None, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
-    """The backend ``name``, or for None the best one for the device (flash_attn on CUDA when installed)."""
+def default_backend(device: torch.device, dtype: torch.dtype, block_size: int | None) -> str:
+    """What ``attention_backend=None`` picks: on CUDA flash_attn where its paged path runs (block_size a
+    multiple of 256, flash-attn installed), else triton (any block size, CUDA graphs); torch elsewhere."""
+    if device.type != "cuda":
+        return "torch"
+    paged = block_size is not None and block_size % PAGED_BLOCK_MULTIPLE == 0
+    if paged and flash_attn_problem(device, dtype) is None:
+        return "flash_attn"
+    if triton_problem(device) is None:
+        return "triton"
+    return "flash_attn" if flash_attn_problem(device, dtype) is None else "torch"
+
+
+def get_attn_backend(name: str | None, device: torch.device, dtype: torch.dtype,
+                     block_size: int | None = None) -> AttentionBackend:
+    """The backend ``name``, or for None the best one for the device and block size (``default_backend``)."""
     if name is None:
-        usable = device.type == "cuda" and flash_attn_problem(device, dtype) is None
-        name = "flash_attn" if usable else "torch"
+        name = default_backend(device, dtype, block_size)
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {available_backends()}")
     if name == "flash_attn" and (problem := flash_attn_problem(device, dtype)) is not None:
         raise ValueError(f"attention_backend='flash_attn' cannot run here: {problem}; "
                          "or use attention_backend='torch'")
+    if name == "triton" and (problem := triton_problem(device)) is not None:
+        raise ValueError(f"attention_backend='triton' cannot run here: {problem}; or use attention_backend='torch'")
     module, cls = _BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), cls)()

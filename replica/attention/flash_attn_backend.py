@@ -24,9 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kvmesh.replica.attention.backend import PAGED_BLOCK_MULTIPLE
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-
-PAGED_BLOCK_MULTIPLE = 256  # flash-attn 2's requirement on the page size of block_table
 
 
 @dataclass(slots=True)

@@ -1,12 +1,17 @@
-"""RMSNorm, optionally fused with the residual add (as transformers computes it: float32 inside)."""
+"""RMSNorm, optionally fused with the residual add (as transformers computes it: float32 inside).
+
+``forward_native`` is the plain-torch reference; ``forward_triton`` is one kernel
+(``triton_layernorm.py``) doing the add and the norm with the same rounding.
+"""
 
 from __future__ import annotations
 
 import torch
+from kvmesh.replica.layers.custom_op import CustomOp, triton_ops
 from torch import nn
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(CustomOp):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
@@ -18,7 +23,7 @@ class RMSNorm(nn.Module):
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
-    def forward(
+    def forward_native(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Without ``residual``: norm(x). With it: (norm(x + residual), x + residual)."""
@@ -26,3 +31,10 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+    def forward_triton(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return triton_ops().rms_norm.default(x, self.weight, self.eps)
+        return triton_ops().fused_add_rms_norm.default(x, residual, self.weight, self.eps)

@@ -2,6 +2,9 @@
 
 The cos/sin table is built once for ``max_position`` positions:
     cos_sin_cache: [max_position, head_dim]  = [ cos(p * inv_freq) | sin(p * inv_freq) ]
+
+``forward_native`` returns rotated copies (the plain-torch reference); ``forward_triton`` rotates
+q and k in place in one kernel (``triton_rotary.py``) and returns them.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import math
 from typing import Any
 
 import torch
-from torch import nn
+from kvmesh.replica.layers.custom_op import CustomOp, triton_ops
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
@@ -32,7 +35,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch
     return torch.where(is_medium, smoothed, scaled)
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(CustomOp):
     def __init__(self, head_dim: int, max_position: int, theta: float, scaling: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.head_dim = head_dim
@@ -43,10 +46,17 @@ class RotaryEmbedding(nn.Module):
         cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, head_dim]
         self.register_buffer("cos_sin_cache", cache.to(torch.get_default_dtype()), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_native(self, positions: torch.Tensor, q: torch.Tensor,
+                       k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q [T, Hq, D] and k [T, Hk, D] by their tokens' positions [T]."""
         cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2] each
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def forward_triton(self, positions: torch.Tensor, q: torch.Tensor,
+                       k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same rotation, written into q and k (views of the qkv projection's output)."""
+        triton_ops().rotary_embedding.default(positions, q, k, self.cos_sin_cache)
+        return q, k
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

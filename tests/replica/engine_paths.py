@@ -14,6 +14,7 @@ import pytest
 import torch
 from kvmesh.replica.attention.backend import available_backends, get_attn_backend
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.cuda_graph import supports_static_decode
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.sampling_params import SamplingParams
 
@@ -108,7 +109,7 @@ def cuda_dtype_or_skip(backend: str, block_size: int, cuda_graphs: bool) -> str:
         except ValueError as e:
             problems.append(str(e))
             continue
-        if cuda_graphs and not getattr(attn, "supports_static_decode", lambda bs: False)(block_size):
+        if cuda_graphs and not supports_static_decode(attn, block_size):
             pytest.skip(f"attention backend {backend!r} has no static decode path at block_size={block_size}")
         return str(dtype).removeprefix("torch.")
     pytest.skip("; ".join(problems))

@@ -1,5 +1,6 @@
 """Decode steps on static, padded shapes (the CUDA-graph path), run eagerly on CPU through the
-flash-attn reference; the capture itself needs CUDA and a real flash-attn (``gpu`` marker)."""
+flash-attn reference and through the triton kernel (Triton's interpreter); the capture itself needs
+CUDA (``gpu`` marker). Which backend and whether graphs are used by default is decided here too."""
 
 from __future__ import annotations
 
@@ -9,12 +10,18 @@ import sys
 import pytest
 import torch
 from kvmesh.replica.attention import flash_attn_reference
+from kvmesh.replica.attention.backend import default_backend, get_attn_backend
+from kvmesh.replica.attention.flash_attn_backend import FlashAttentionBackend
+from kvmesh.replica.attention.torch_backend import TorchAttentionBackend
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.cuda_graph import StaticDecode
+from kvmesh.replica.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.triton_utils import triton_problem
 
 BLOCK = 256
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # device objects only: nothing runs on CUDA here
+needs_triton = pytest.mark.skipif(triton_problem(CUDA) is not None, reason=str(triton_problem(CUDA)))
 
 
 @pytest.fixture
@@ -35,6 +42,14 @@ def generate(engine: LLMEngine, prompts: dict[str, list[int]], lengths: dict[str
     return finals
 
 
+def count_sizes(static: StaticDecode) -> list[tuple[int, int]]:
+    """Record (rows, capture size) of every decode step the static path runs."""
+    sizes, run = [], static.run
+    static.run = lambda ids, pos, common: sizes.append((common.num_reqs, static.size_for(common.num_reqs))) or run(
+        ids, pos, common)
+    return sizes
+
+
 def test_padded_static_decode_gives_the_eager_tokens(flash_reference, stories_path):
     rng = random.Random(0)
     prompts = {f"r{i}": [rng.randrange(3, 512) for _ in range(rng.randrange(5, 300))] for i in range(7)}
@@ -47,12 +62,61 @@ def test_padded_static_decode_gives_the_eager_tokens(flash_reference, stories_pa
     runner = engine.model_runner
     runner.static_decode = static = StaticDecode(runner.model, runner.attn_backend, 8,
                                                  runner.input_batch.block_tables.table.shape[1], BLOCK, runner.device)
-    sizes = []
-    run = static.run
-    static.run = lambda ids, pos, common: sizes.append((common.num_reqs, static.size_for(common.num_reqs))) or run(
-        ids, pos, common)
+    sizes = count_sizes(static)
     assert generate(engine, prompts, lengths) == eager
     assert {(7, 8), (5, 8), (3, 4), (1, 1)} <= set(sizes)  # padded to capture sizes as requests finished
+
+
+@pytest.mark.skipif(triton_problem(CPU) is not None, reason=f"{triton_problem(CPU)} (the gpu tests cover triton)")
+def test_padded_static_decode_on_the_triton_backend_at_block_16_gives_the_torch_backends_tokens(stories_path):
+    rng = random.Random(3)
+    prompts = {f"r{i}": [rng.randrange(3, 512) for _ in range(rng.randrange(5, 40))] for i in range(3)}
+    lengths = {rid: 2 + 2 * i for i, rid in enumerate(prompts)}  # 3 rows, then 2, then 1
+    kw = dict(model=str(stories_path), dtype="float32", device="cpu", block_size=16, max_num_seqs=4,
+              kv_cache_memory=1 << 20, hash_seed=b"s")
+    expected = generate(LLMEngine(EngineConfig(attention_backend="torch", **kw), skip_tokenizer_init=True), prompts,
+                        lengths)
+    engine = LLMEngine(EngineConfig(attention_backend="triton", **kw), skip_tokenizer_init=True)
+    runner = engine.model_runner
+    runner.static_decode = static = StaticDecode(runner.model, runner.attn_backend, 4,
+                                                 runner.input_batch.block_tables.table.shape[1], 16, runner.device)
+    sizes = count_sizes(static)
+    assert generate(engine, prompts, lengths) == expected
+    assert {(3, 4), (2, 2), (1, 1)} <= set(sizes)
+
+
+@needs_triton
+def test_default_backend_is_triton_on_cuda_and_flash_attn_where_its_paged_path_runs(monkeypatch):
+    assert default_backend(CPU, torch.float32, 16) == "torch"
+    assert default_backend(CUDA, torch.bfloat16, 16) == "triton"
+    assert default_backend(CUDA, torch.bfloat16, 256) == "triton"  # flash-attn not installed
+    monkeypatch.setitem(sys.modules, "flash_attn", flash_attn_reference.as_module())
+    assert default_backend(CUDA, torch.bfloat16, 256) == "flash_attn"
+    assert default_backend(CUDA, torch.bfloat16, 16) == "triton"  # flash-attn would gather keys every step
+    monkeypatch.setattr("kvmesh.replica.attention.backend.triton_problem", lambda device: "no triton")
+    assert default_backend(CUDA, torch.bfloat16, 16) == "flash_attn"
+    with pytest.raises(ValueError, match="attention_backend='triton' cannot run here: no triton"):
+        get_attn_backend("triton", CUDA, torch.bfloat16)
+
+
+@needs_triton
+def test_cuda_graphs_default_to_on_where_a_static_decode_path_exists():
+    triton_backend = get_attn_backend("triton", CUDA, torch.bfloat16)
+    assert use_cuda_graphs(None, CUDA, triton_backend, 16) and use_cuda_graphs(None, CUDA, triton_backend, 48)
+    assert not use_cuda_graphs(None, CPU, triton_backend, 16)
+    assert not use_cuda_graphs(None, CUDA, TorchAttentionBackend(), 16)
+    assert not use_cuda_graphs(None, CUDA, FlashAttentionBackend, 16)
+    assert use_cuda_graphs(None, CUDA, FlashAttentionBackend, 256)
+    assert not use_cuda_graphs(False, CUDA, triton_backend, 16)
+    assert not use_cuda_graphs(None, CUDA, triton_backend, 16, tp_size=2)  # NCCL inside a capture: only on request
+    assert use_cuda_graphs(True, CUDA, triton_backend, 16, tp_size=2)
+
+
+def test_cuda_graphs_true_that_cannot_work_is_a_clear_error():
+    with pytest.raises(ValueError, match="needs device='cuda'"):
+        use_cuda_graphs(True, CPU, TorchAttentionBackend(), 16)
+    with pytest.raises(ValueError, match="'torch' has no static decode path at block_size=16.*'triton'"):
+        use_cuda_graphs(True, CUDA, TorchAttentionBackend(), 16)
 
 
 def test_static_decode_needs_a_paged_flash_backend(flash_reference, stories_path):

@@ -1,0 +1,85 @@
+"""Attention with kvmesh's own Triton kernel over the paged cache (the default on CUDA).
+
+One kernel (triton_paged_attention.py) serves decode rows, fresh prefills and chunks over a cached
+prefix alike, reading K/V straight from the cache through the block table: nothing is gathered and
+any block size works. The cache uses flash-attn's layout:
+
+    per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]      (0 = K, 1 = V)
+    slot s = block_id * block_size + offset  ->  kv[:, s // block_size, s % block_size]
+
+The step's K/V are written by ``slot_mapping`` (triton_reshape_and_cache.py, one launch) before the
+kernel reads them: two launches per layer, three for a split-KV decode step.
+Every launch shape comes from host-side sizes (tokens, requests), so ``forward`` never syncs, and
+a decode-only step of B rows reads only fixed-shape tensors: ``static_decode_metadata`` is what
+cuda_graph.py captures, at every block size. Decode-only steps whose B * Hk programs would leave the
+GPU's SMs idle split each context into parts (split-KV) and merge them with a second launch. On CPU
+the kernels run through Triton's interpreter (tests; see replica/triton_utils.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.attention.triton_paged_attention import num_kv_splits, unified_attention
+from kvmesh.replica.attention.triton_reshape_and_cache import reshape_and_cache
+
+
+@dataclass(slots=True)
+class TritonAttentionMetadata:
+    slot_mapping: torch.Tensor
+    """[T] int64 cache slot of every token."""
+    query_start_loc: torch.Tensor
+    """[R + 1] int32 cumulative query lengths."""
+    seq_lens: torch.Tensor
+    """[R] int32 context + query length of every request."""
+    block_table: torch.Tensor
+    """[R, max_blocks] int32 block ids of every request (0-padded)."""
+    max_query_len: int
+    """Longest query run (host-side): picks the kernel's tile; 1 makes a decode-only step, which may split
+    contexts (split-KV)."""
+
+
+class TritonAttentionBackend:
+    name = "triton"
+
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    @staticmethod
+    def supports_static_decode(block_size: int) -> bool:
+        """The kernel reads the block table itself: decode steps have fixed shapes at every block size."""
+        return True
+
+    @staticmethod
+    def static_decode_metadata(slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
+                               block_table: torch.Tensor) -> TritonAttentionMetadata:
+        """Metadata of a decode-only step over caller-owned buffers: slot_mapping [B] int64, seq_lens [B]
+        int32, block_table [B, max_blocks] int32 (addresses fixed); one query token per row."""
+        b = seq_lens.numel()
+        query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=seq_lens.device)  # [B + 1]
+        return TritonAttentionMetadata(slot_mapping, query_start_loc, seq_lens, block_table, 1)
+
+    def build(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
+        return TritonAttentionMetadata(common.slot_mapping, common.query_start_loc, common.seq_lens,
+                                       common.block_tables, common.max_query_len)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
+                md: TritonAttentionMetadata, scale: float) -> torch.Tensor:
+        out = torch.empty_like(q)  # [T, Hq, Dh]
+        if kv_cache is None:  # profiling run: fresh prefills only, attended from k/v as a cache of 1-token blocks
+            k_cache, v_cache = k.unsqueeze(1), v.unsqueeze(1)  # [T, 1, Hk, Dh]: block t holds token t
+            positions = torch.arange(md.max_query_len, dtype=torch.int32, device=q.device)
+            last = q.shape[0] - 1
+            block_table = (md.query_start_loc[:-1, None] + positions).clamp_(max=last)  # [R, max_query_len]
+            return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, block_table, scale,
+                                     md.max_query_len)
+        k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hk, Dh]
+        reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
+        splits = 1
+        if md.max_query_len == 1:  # decode-only: split contexts when B * Hk programs leave SMs idle
+            splits = num_kv_splits(md.seq_lens.shape[0], k.shape[1], q.device)
+        return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, md.block_table, scale,
+                                 md.max_query_len, splits)

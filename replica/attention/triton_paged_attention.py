@@ -1,0 +1,210 @@
+"""One Triton kernel for prefill and decode over the paged KV cache (vLLM's unified attention).
+
+A step's queries are cut into query blocks of ``BLOCK_Q`` consecutive tokens of one request; a
+program attends one query block for one KV head, so its tile holds the ``G = Hq // Hk`` query
+heads that share the head (GQA) -- rows ``m = q * G + g``:
+
+    tile [BLOCK_M = BLOCK_Q * G (padded), HEAD_DIM_PADDED]     rows: (query token q, head kv_head * G + g)
+    grid (num_tokens // BLOCK_Q + num_reqs, Hk, S)              an upper bound on query blocks, known on
+                                                                the host without a sync; spare programs exit;
+                                                                S parts per context (split-KV, below)
+
+Query block b belongs to request r = the last one with ``query_start_loc[r] // BLOCK_Q + r <= b``
+(a binary search in the kernel: request r's blocks start at that index). The program walks the
+request's keys in tiles of ``TILE_N`` positions, reading each key's block id from the block table
+(so any block size works and nothing is gathered), with an online softmax in fp32:
+
+    position p of request r  ->  cache row  block_table[r, p // BLOCK_SIZE], offset p % BLOCK_SIZE
+    query token i of a run of n (context ctx = seq_len - n) is at position ctx + i, sees keys <= ctx + i
+
+A decode-only step of B rows launches (B // BLOCK_Q + B, Hk, S) programs over tensors of fixed shape
+per B: what a CUDA graph captures. S > 1 (split-KV, as SGLang's decode kernel) cuts each context into
+S parts of whole tiles; each program writes its part's normalized output and log-sum-exp, and
+``_merge_splits_kernel`` weighs them together -- for small batches of long contexts, where B * Hk
+programs alone would leave most SMs idle. Inputs of any float dtype are computed in fp32: bf16/fp16
+Q, K and V are exact in tf32, so the dots still run on tensor cores (the probabilities are rounded to
+tf32 for P @ V, finer than the bf16 flash kernels use); fp32 inputs take IEEE dots.
+"""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+TILE_N = 32  # key positions per inner-loop step
+MIN_BLOCK_M = 16  # tl.dot needs at least 16 rows; the tile of decode steps and short chunks
+PREFILL_BLOCK_M = 64  # tile rows once a query run fills more than MIN_BLOCK_M: K/V read once per 64 rows
+MAX_KV_SPLITS = 16  # most parts split-KV decode cuts a context into
+
+
+@triton.jit
+def _unified_attention_kernel(
+        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, lse_ptr, block_table_ptr, seq_lens_ptr,
+        query_start_loc_ptr, scale, num_reqs, num_heads,
+        stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+        stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head,
+        stride_bt,
+        BLOCK_SIZE: tl.constexpr, NUM_QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
+        HEAD_DIM_PADDED: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
+        INPUT_PRECISION: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    # the request this query block belongs to: binary search over query_start_loc
+    lo = 0
+    hi = num_reqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    req = lo - 1
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    local = q_block - (q_start // BLOCK_Q + req)  # this program's query block within the request
+    if local * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    ctx = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    offs_n = tl.arange(0, TILE)
+    q_idx = local * BLOCK_Q + offs_m // NUM_QUERIES_PER_KV  # [BLOCK_M] query token within the run
+    head = kv_head * NUM_QUERIES_PER_KV + offs_m % NUM_QUERIES_PER_KV  # [BLOCK_M] query head
+    row_ok = (offs_m // NUM_QUERIES_PER_KV < BLOCK_Q) & (q_idx < q_len)
+    d_ok = offs_d < HEAD_DIM
+    q_rows = (q_start + q_idx).to(tl.int64) * stride_q_tok + head * stride_q_head
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
+                other=0.0).to(tl.float32)  # [BLOCK_M, HEAD_DIM_PADDED]
+    q_pos = ctx + q_idx  # [BLOCK_M] absolute position of each row's token
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scaled scores
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)  # running sum of exp(score - m_i)
+    acc = tl.full([BLOCK_M, HEAD_DIM_PADDED], 0.0, tl.float32)
+    qk_scale = scale * 1.4426950408889634  # scores in log2 units: exp2 instead of exp
+    kv_end = tl.minimum(seq_len, ctx + (local + 1) * BLOCK_Q)  # keys the block's last query sees
+    split_len = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), TILE) * TILE  # whole tiles; >= kv_end when unsplit
+    kv_lo = split * split_len
+    kv_hi = tl.minimum(kv_end, kv_lo + split_len)  # this program's keys: [kv_lo, kv_hi), maybe none
+    bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
+    for start in range(kv_lo, kv_hi, TILE):
+        pos = start + offs_n  # [TILE] key positions
+        n_ok = pos < kv_hi
+        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        slot = pos % BLOCK_SIZE
+        k_off = block * stride_k_block + slot * stride_k_slot + kv_head * stride_k_head  # [TILE]
+        k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=d_ok[:, None] & n_ok[None, :],
+                    other=0.0).to(tl.float32)  # [HEAD_DIM_PADDED, TILE]
+        s = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale  # [BLOCK_M, TILE]
+        s = tl.where((pos[None, :] <= q_pos[:, None]) & n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet (padding rows)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_off = block * stride_v_block + slot * stride_v_slot + kv_head * stride_v_head
+        v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :],
+                    other=0.0).to(tl.float32)  # [TILE, HEAD_DIM_PADDED]
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=INPUT_PRECISION)
+        m_i = m_new
+    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    if NUM_SPLITS == 1:
+        o_rows = (q_start + q_idx).to(tl.int64) * stride_o_tok + head * stride_o_head
+        tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+    else:  # this split's normalized output and log2-sum-exp2, merged by _merge_splits_kernel
+        rows = ((q_start + q_idx).to(tl.int64) * num_heads + head) * NUM_SPLITS + split  # [BLOCK_M]
+        tl.store(partial_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+        lse = tl.where(l_i > 0.0, m_i + tl.math.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
+        tl.store(lse_ptr + rows, lse, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(partial_ptr, lse_ptr, out_ptr, num_heads, stride_o_tok, stride_o_head,
+                         NUM_SPLITS: tl.constexpr, SPLITS_PADDED: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         HEAD_DIM_PADDED: tl.constexpr):
+    """out[t, h] = the splits' outputs weighted by their share of the softmax sum (grid (T, Hq))."""
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PADDED)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    s_ok = offs_s < NUM_SPLITS
+    d_ok = offs_d < HEAD_DIM
+    rows = (tok * num_heads + head) * NUM_SPLITS + offs_s  # [SPLITS_PADDED]
+    lse = tl.load(lse_ptr + rows, mask=s_ok, other=float("-inf"))  # split 0 always has a key: max is finite
+    weight = tl.math.exp2(lse - tl.max(lse, 0))  # [SPLITS_PADDED], 0 for empty splits
+    part = tl.load(partial_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                   other=0.0)  # [SPLITS_PADDED, HEAD_DIM_PADDED]
+    o = tl.sum(weight[:, None] * part, 0) / tl.sum(weight, 0)
+    tl.store(out_ptr + tok * stride_o_tok + head * stride_o_head + offs_d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def tile_shape(num_queries_per_kv: int, max_query_len: int) -> tuple[int, int]:
+    """(BLOCK_Q, BLOCK_M): query tokens per program and tile rows (BLOCK_Q * G padded to a power of two).
+    Decode steps (and runs short enough for 16 rows) take 16-row tiles; longer prefill runs 64-row
+    tiles, so each K/V tile read from the cache serves 4x the queries."""
+    rows = max_query_len * num_queries_per_kv
+    block_m = MIN_BLOCK_M if rows <= MIN_BLOCK_M else PREFILL_BLOCK_M
+    block_m = max(block_m, triton.next_power_of_2(num_queries_per_kv))
+    return block_m // num_queries_per_kv, block_m
+
+
+def num_kv_splits(num_reqs: int, num_kv_heads: int, device: torch.device) -> int:
+    """How many parts a decode-only step splits each context into: enough programs to fill the GPU's
+    SMs when B * Hk alone does not. B counts rounded up to a power of two, so an eager step and the
+    CUDA graph it would be padded to (capture sizes include every power of two) split alike and give
+    the same numbers; context lengths are not known on the host, and a short context just leaves
+    most parts empty. Host arithmetic only; 1 off CUDA."""
+    if device.type != "cuda":
+        return 1
+    programs, sms = triton.next_power_of_2(num_reqs) * num_kv_heads, _num_sms(device.index)
+    if programs >= sms:
+        return 1
+    return min(MAX_KV_SPLITS, triton.next_power_of_2(triton.cdiv(sms, programs)))
+
+
+@functools.cache
+def _num_sms(device_index: int | None) -> int:
+    return torch.cuda.get_device_properties(device_index or 0).multi_processor_count
+
+
+def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                      query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                      scale: float, max_query_len: int, num_splits: int = 1) -> torch.Tensor:
+    """Attend q [T, Hq, Dh] over the paged cache k_cache/v_cache [num_blocks, block_size, Hk, Dh] into
+    out [T, Hq, Dh]. query_start_loc [R + 1] int32, seq_lens [R] int32 (context + query), block_table
+    [R, max_blocks] int32; the step's own K/V must already be in the cache; max_query_len (host) picks
+    the tile. With ``num_splits`` > 1
+    each context is cut into that many parts attended by separate programs, then merged (split-KV:
+    for decode steps too small to fill the GPU). Launch shapes come from q's shape, R and num_splits
+    only, so nothing is read back from the device."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and q.stride(-1) == 1 and out.stride(-1) == 1
+    num_reqs = seq_lens.shape[0]
+    queries_per_kv = num_heads // num_kv_heads
+    block_q, block_m = tile_shape(queries_per_kv, max_query_len)
+    head_dim_padded = max(16, triton.next_power_of_2(head_dim))
+    partial = lse = out  # unused unless split
+    if num_splits > 1:
+        partial = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        lse = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    grid = (num_tokens // block_q + num_reqs, num_kv_heads, num_splits)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _unified_attention_kernel[grid](
+        q, k_cache, v_cache, out, partial, lse, block_table, seq_lens, query_start_loc, scale, num_reqs, num_heads,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+        v_cache.stride(2), block_table.stride(0),
+        BLOCK_SIZE=block_size, NUM_QUERIES_PER_KV=queries_per_kv, HEAD_DIM=head_dim,
+        HEAD_DIM_PADDED=head_dim_padded, BLOCK_Q=block_q, BLOCK_M=block_m, TILE=TILE_N,
+        INPUT_PRECISION=precision, NUM_SPLITS=num_splits)
+    if num_splits > 1:
+        _merge_splits_kernel[(num_tokens, num_heads)](
+            partial, lse, out, num_heads, out.stride(0), out.stride(1), NUM_SPLITS=num_splits,
+            SPLITS_PADDED=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded)
+    return out

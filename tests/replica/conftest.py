@@ -1,0 +1,26 @@
+"""Replica test fixtures: where Triton kernels run in tests.
+
+Without a GPU the kernels run on CPU tensors through Triton's interpreter: ``TRITON_INTERPRET=1`` is
+set by tests/conftest.py, the first file pytest loads (it must precede the first ``import triton``).
+With a GPU, kernel tests run the compiled kernels on it. The interpreter computes with numpy;
+compute in float32 inside kernels (its bf16 casts round toward zero, so bf16 results differ from a
+GPU's by up to one unit in the last place).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+@pytest.fixture(scope="session")
+def triton_device() -> torch.device:
+    """The device Triton kernels run on here: the GPU if there is one, else the CPU through Triton's
+    interpreter. Skips when triton is not installed (``pip install -e .[dev]`` brings it)."""
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed (pip install -e '.[dev]'); the Triton kernels cannot run")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,0 +1,239 @@
+"""The Triton paged-attention kernel and backend against a plain-torch reference.
+
+On a machine without CUDA the kernel runs through Triton's interpreter on CPU tensors (tests/conftest.py
+sets TRITON_INTERPRET=1 before triton is imported); with CUDA the same tests run the compiled kernel.
+Steps are built from ``(num_computed, num_new)`` per request, decodes first, with blocks handed out in
+random order and stale random values in every unused slot, so reading a wrong slot shows.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from kvmesh.replica.attention.backend import get_attn_backend
+from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.triton_utils import triton_problem
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = pytest.mark.skipif(triton_problem(DEVICE) is not None, reason=str(triton_problem(DEVICE)))
+
+
+def make_step(specs, block_size, hq=4, hk=2, dh=8, dtype=torch.float32, seed=0):
+    """specs [(num_computed, num_new)] -> (q, k, v, logical cache [2, num_blocks, bs, Hk, Dh], common)."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = 2 + sum(-(-(c + n) // block_size) for c, n in specs)
+    cache = torch.randn(2, num_blocks, block_size, hk, dh, generator=gen)  # stale contents everywhere
+    free = torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()
+    tables, slots, qsl, seq_lens = [], [], [0], []
+    for computed, new in specs:
+        n = computed + new
+        table = [free.pop() for _ in range(-(-n // block_size))]
+        tables.append(table)
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(computed, n)]
+        qsl.append(qsl[-1] + new)
+        seq_lens.append(n)
+    width = max(map(len, tables))
+    common = CommonAttentionMetadata(
+        num_reqs=len(specs), num_decodes=sum(new == 1 for _, new in specs), num_actual_tokens=qsl[-1],
+        max_query_len=max(new for _, new in specs), max_seq_len=max(seq_lens), block_size=block_size,
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=DEVICE),
+        slot_mapping=torch.tensor(slots, device=DEVICE), query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
+    q, k, v = (torch.randn(qsl[-1], h, dh, generator=gen) for h in (hq, hk, hk))
+    return *(x.to(DEVICE, dtype) for x in (q, k, v, cache)), common
+
+
+def reference(q, k, v, cache, common, scale):
+    """Write k/v at their slots, then each query token attends keys 0..its position (fp32, plain torch)."""
+    q, k, v, cache = (x.cpu().float() for x in (q, k, v, cache))
+    _, num_blocks, bs, hk, dh = cache.shape
+    flat = cache.view(2, -1, hk, dh)
+    flat[0, common.slot_mapping.cpu()], flat[1, common.slot_mapping.cpu()] = k, v
+    out, qsl, tables = torch.empty_like(q), common.query_start_loc_cpu, common.block_tables.cpu().long()
+    for r, seq_len in enumerate(common.seq_lens_cpu):
+        start, end = qsl[r], qsl[r + 1]
+        pos = torch.arange(seq_len)
+        keys_slots = tables[r, pos // bs] * bs + pos % bs
+        keys, vals = (flat[i, keys_slots].repeat_interleave(q.shape[1] // hk, dim=1) for i in (0, 1))  # [L, Hq, Dh]
+        scores = torch.einsum("qhd,lhd->hql", q[start:end], keys) * scale
+        q_pos = seq_len - (end - start) + torch.arange(end - start)
+        scores.masked_fill_(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        out[start:end] = torch.einsum("hql,lhd->qhd", scores.softmax(-1), vals)
+    return out, cache
+
+
+def run_backend(q, k, v, cache, common, scale):
+    backend = get_attn_backend("triton", DEVICE, q.dtype)
+    layout = cache.clone()  # the triton layout is the logical one
+    out = backend.forward(q, k, v, layout, backend.build(common), scale)
+    return out, layout
+
+
+def check(specs, block_size, dtype=torch.float32, **shape):
+    q, k, v, cache, common = make_step(specs, block_size, dtype=dtype, **shape)
+    scale = q.shape[-1] ** -0.5
+    expected, expected_cache = reference(q, k, v, cache, common, scale)
+    got, got_cache = run_backend(q, k, v, cache, common, scale)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5)
+    else:  # fp32 inside the kernel: within a rounding of the output dtype
+        torch.testing.assert_close(got.cpu(), expected.to(dtype), atol=2e-3, rtol=1.6e-2)
+    torch.testing.assert_close(got_cache.cpu().float(), expected_cache)  # every new token at its slot
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_decode_rows_of_ragged_lengths(block_size):
+    # contexts ending mid-block, exactly on a block boundary, and a first token
+    check([(70, 1), (block_size - 1, 1), (block_size, 1), (0, 1), (5, 1)], block_size)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_prefill_over_a_cached_prefix(block_size):
+    check([(2 * block_size, 9), (block_size + 3, 20)], block_size)  # prefix of whole blocks, and mid-block
+
+
+def test_chunked_prefill_chunks_continue_where_the_last_stopped():
+    # a long prompt's middle chunk crossing block boundaries next to a fresh prefill and decodes
+    check([(33, 1), (0, 1), (0, 17), (24, 40)], 16)
+
+
+def test_fresh_prefills_only():
+    check([(0, 37), (0, 3), (0, 16)], 16)
+
+
+@pytest.mark.parametrize("hq,hk", [(8, 8), (8, 1), (6, 2)])
+def test_grouped_query_heads(hq, hk):
+    # MHA, MQA, and 3 query heads per KV head (a tile that is not a power of two)
+    check([(20, 1), (7, 1), (16, 12)], 16, hq=hq, hk=hk)
+
+
+@pytest.mark.parametrize("dh", [64, 24])
+def test_head_dims_padded_to_a_power_of_two(dh):
+    check([(40, 1), (9, 8)], 16, hq=2, hk=1, dh=dh)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_are_computed_in_fp32(dtype):
+    check([(45, 1), (3, 1), (16, 11)], 32, dtype=dtype)
+
+
+def test_block_size_that_is_not_a_multiple_of_16():
+    check([(9, 1), (3, 7)], 4)
+
+
+def test_profiling_forward_without_a_cache_is_causal_attention_over_the_step():
+    q, k, v, cache, common = make_step([(0, 19), (0, 5)], 16)
+    expected, _ = reference(q, k, v, cache, common, 0.5)
+    backend = get_attn_backend("triton", DEVICE, torch.float32)
+    got = backend.forward(q, k, v, None, backend.build(common), 0.5)
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_static_decode_metadata_gives_the_eager_decode_and_finite_padding_rows():
+    """The CUDA-graph path: B rows over fixed buffers, rows past the real ones padded as cuda_graph.py pads
+    them (token at slot 0 of the null block, seq_len 1)."""
+    specs = [(30, 1), (12, 1), (0, 1)]
+    q, k, v, cache, common = make_step(specs, 16)
+    expected, _ = reference(q, k, v, cache, common, 0.4)
+    backend = get_attn_backend("triton", DEVICE, torch.float32)
+    b, n = 4, len(specs)
+    pad = torch.zeros(b - n, *q.shape[1:], device=DEVICE)
+    slot_mapping = torch.cat([common.slot_mapping, torch.zeros(b - n, dtype=torch.int64, device=DEVICE)])
+    seq_lens = torch.cat([common.seq_lens, torch.ones(b - n, dtype=torch.int32, device=DEVICE)])
+    table = torch.cat([common.block_tables, torch.zeros(b - n, common.block_tables.shape[1], dtype=torch.int32,
+                                                        device=DEVICE)])
+    md = backend.static_decode_metadata(slot_mapping, seq_lens, table)
+    got = backend.forward(torch.cat([q, pad]), torch.cat([k, pad[:, :2]]), torch.cat([v, pad[:, :2]]), cache.clone(),
+                          md, 0.4)
+    torch.testing.assert_close(got[:n].cpu(), expected, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(got[n:]).all()
+
+
+def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        get_attn_backend("triton", torch.device("cpu"), torch.float32)
+
+
+def test_static_decode_buffers_and_metadata_are_born_on_the_runner_device():
+    from kvmesh.replica.cuda_graph import StaticDecode
+
+    meta = torch.device("meta")
+    backend = get_attn_backend("triton", DEVICE, torch.bfloat16)
+    static = StaticDecode(None, backend, max_num_seqs=8, max_blocks=4, block_size=16, device=meta)
+    for md in static.metadata.values():
+        assert all(getattr(md, f).device == meta for f in ("slot_mapping", "query_start_loc", "seq_lens",
+                                                            "block_table"))
+
+
+def test_kernels_compile_for_h100_and_a100_without_a_gpu():
+    """Lowered to PTX and assembled by Triton's bundled ptxas (a separate process: the interpreter
+    this one runs under replaces triton.jit everywhere)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("triton_compile_check.py")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("compiled _unified_attention_kernel") == 4
+    assert done.stdout.count("compiled _merge_splits_kernel") == 2
+    assert done.stdout.count("compiled _reshape_and_cache_kernel") == 4
+
+
+@pytest.mark.parametrize("num_splits", [2, 3])
+def test_split_kv_decode_merges_to_the_unsplit_result(num_splits):
+    # contexts longer and shorter than the splits (a row of 1 token leaves all but one split empty)
+    from kvmesh.replica.attention.triton_paged_attention import unified_attention
+
+    q, k, v, cache, common = make_step([(100, 1), (31, 1), (0, 1)], 16, hq=4, hk=2)
+    expected, written = reference(q, k, v, cache, common, 0.3)
+    written = written.to(DEVICE, q.dtype)
+    out = torch.empty_like(q)
+    unified_attention(q, written[0], written[1], out, common.query_start_loc, common.seq_lens, common.block_tables,
+                      0.3, 1, num_splits)
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_split_kv_is_chosen_only_to_fill_idle_gpu_cores(monkeypatch):
+    from kvmesh.replica.attention import triton_paged_attention as tpa
+    from kvmesh.replica.cuda_graph import CAPTURE_SIZES
+
+    monkeypatch.setattr(tpa, "_num_sms", lambda index: 108)  # an A100
+    cuda = torch.device("cuda", 0)
+    assert tpa.num_kv_splits(1, 8, torch.device("cpu")) == 1
+    assert tpa.num_kv_splits(1, 8, cuda) == 16  # 8 programs: split as far as allowed
+    assert tpa.num_kv_splits(4, 8, cuda) == 4  # 32 programs -> 4 parts
+    assert tpa.num_kv_splits(16, 8, cuda) == 1  # 128 programs fill the GPU
+    # an eager decode step splits like the CUDA graph it would be padded to
+    for b in range(1, 200):
+        padded = next(size for size in CAPTURE_SIZES if size >= b)
+        assert tpa.num_kv_splits(b, 4, cuda) == tpa.num_kv_splits(padded, 4, cuda), b
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("specs", [[(300, 1), (40, 1)], [(33, 1), (0, 17), (24, 40)]])
+def test_cuda_forward_never_syncs_and_launches_its_kernels_once(specs):
+    """A mixed step: the cache write and one attention launch; a small decode step adds the split merge."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v, cache, common = make_step(specs, 16, dtype=torch.bfloat16)
+    backend = get_attn_backend("triton", DEVICE, torch.bfloat16)
+    md = backend.build(common)
+    backend.forward(q, k, v, cache.clone(), md, 0.3)  # compile outside the checks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            backend.forward(q, k, v, cache.clone(), md, 0.3)
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    decode_only = all(new == 1 for _, new in specs)
+    assert sum("_reshape_and_cache_kernel" in n for n in names) == 1
+    assert sum("_unified_attention_kernel" in n for n in names) == 1
+    assert sum("_merge_splits_kernel" in n for n in names) == (1 if decode_only else 0)
