@@ -10,7 +10,11 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.engine import LLMEngine
+from kvmesh.replica.input_batch import InputBatch
+from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
 
 from .engine_paths import BLOCK_SIZES, CUDA_BACKENDS, config, cuda_dtype_or_skip, flash_reference, run, waves
 
@@ -66,7 +70,28 @@ def check_int32(engine: LLMEngine) -> None:
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
-@pytest.mark.parametrize("backend", ["torch", "flash_attn"])
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+def test_every_backend_builds_int32_block_tables_from_a_step(monkeypatch, backend, block_size):
+    """The metadata alone (no kernel runs), so backends whose kernels are slow on CPU are covered too."""
+    flash_reference(monkeypatch)
+    try:
+        attn = get_attn_backend(backend, torch.device("cpu"), torch.bfloat16)
+    except ValueError as e:
+        pytest.skip(str(e))
+    greedy = SamplingParams(temperature=0.0)
+    step = SchedulerOutput([
+        ScheduledRequest("decode", [5], 2 * block_size + 3, [3, 4, 5], True, greedy, [1, 2]),
+        ScheduledRequest("fresh", list(range(1, 10)), 0, [6], True, greedy),
+        ScheduledRequest("prefix-hit", [7, 8, 9], block_size, [1, 2], True, greedy),
+    ], 13)
+    common = InputBatch(4, 8, block_size, torch.device("cpu")).prepare(step).common
+    tables = list(block_table_tensors(common, "common")) + list(block_table_tensors(attn.build(common), "backend"))
+    assert any(p.startswith("common") for p, _ in tables)  # a backend may keep none of its own (flash unpaged)
+    assert [p for p, t in tables if t.dtype != torch.int32] == []
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("backend", ["torch", "flash_attn"])  # triton's kernels crawl through the interpreter
 def test_block_tables_are_int32_end_to_end_on_cpu(monkeypatch, stories_path, backend, block_size):
     flash_reference(monkeypatch)  # the reference, like flash-attn, raises on a table that is not int32
     engine = LLMEngine(config(stories_path, attention_backend=backend, block_size=block_size, dtype="float32",
