@@ -18,6 +18,7 @@ from kvmesh.events.schema import KVEvent
 from kvmesh.kvcache.block_pool import BlockPool, KVCacheBlock
 from kvmesh.kvcache.hashing import RequestBlockHasher, generate_seed, make_none_hash
 from kvmesh.kvcache.interfaces import CacheRequest
+from kvmesh.kvcache.pool_integrity import FULL_CHECK_MAX_BLOCKS, check_pool_window, sweep_window
 from kvmesh.kvcache.stats import PrefixCacheStats
 
 MAX_REMEMBERED_FREED = 65_536
@@ -48,7 +49,9 @@ class KVCacheManager:
         self._recently_freed: OrderedDict[str, None] = OrderedDict()
         self._max_remembered_freed = max_remembered_freed
         self.debug = debug
-        """Check every invariant after each allocation and free (O(num_blocks): tests only)."""
+        """Check the invariants after each allocation and free (``check_integrity``: tests only)."""
+        self._sweep_start = 1
+        """Where the next windowed integrity check of a large pool starts (a block id)."""
 
     @property
     def usage(self) -> float:
@@ -157,9 +160,19 @@ class KVCacheManager:
         """Forgets every cached block; False (nothing done) while any request holds blocks."""
         return self.block_pool.reset_prefix_cache()
 
-    def check_integrity(self) -> None:
-        """Raises AssertionError if a pool or block-table invariant is broken."""
-        self.block_pool.check_integrity()
+    def check_integrity(self, full: bool | None = None) -> None:
+        """Raises AssertionError if a pool or block-table invariant is broken.
+
+        ``full`` walks every block and the whole free queue; the default does so for pools of up to
+        ``FULL_CHECK_MAX_BLOCKS``. Otherwise the cost is the blocks the requests hold, the cached blocks
+        and one window of the pool that moves on with every call (pool_integrity.py), so a check per
+        engine step stays cheap on a GPU-sized pool and still reaches every block.
+        """
+        pool = self.block_pool
+        if full is None:
+            full = pool.num_blocks <= FULL_CHECK_MAX_BLOCKS
+        if full:
+            pool.check_integrity()
         refs: Counter[int] = Counter()
         for rid, blocks in self.req_to_blocks.items():
             for block in blocks:
@@ -171,6 +184,16 @@ class KVCacheManager:
                 hashes = self.req_to_hasher[rid].block_hashes
                 for block, h in zip(blocks[:num_cached], hashes, strict=False):
                     assert block.block_hash in (None, h), f"request {rid!r}: {block} has a foreign hash"
-        for block in self.block_pool.blocks[1:]:
+        if full:
+            checked = pool.blocks[1:]
+        else:
+            window, self._sweep_start = sweep_window(pool, self._sweep_start)
+            checked = window + [pool.blocks[i] for i in refs]
+            check_pool_window(pool, checked)
+            num_free = pool.get_num_free_blocks()
+            assert len(refs) + num_free == pool.num_blocks - 1, (
+                f"{len(refs)} blocks held by requests + {num_free} free != {pool.num_blocks - 1} usable blocks: "
+                "a block is lost (referenced by no request, yet not free) or counted twice")
+        for block in checked:
             assert block.ref_cnt == refs[block.block_id], (
                 f"{block}: ref_cnt {block.ref_cnt} but {refs[block.block_id]} block tables hold it")

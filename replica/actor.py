@@ -82,7 +82,7 @@ def gpu_load_lock(gpu_ids: list[str], lock_dir: str | None = None) -> Iterator[N
     """Hold one lock per GPU (this node's card ids) while a replica loads and sizes its KV cache.
 
     Replicas sharing a card (``replicas.gpus_per_replica`` < 1) then start one after another, so each
-    reads the others' memory as in use at its start (kv_cache.DeviceMemory.in_use_at_start) instead of
+    reads the others' memory as in use at its start (kv_cache.outside_memory_in_use) instead of
     mistaking an allocation made meanwhile for its own. No GPU (CPU replicas, TP>1 actors): no lock."""
     import fcntl
 

@@ -9,7 +9,7 @@ from typing import Any
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DEVICES = (None, "cpu", "cuda")
-DEFAULT_KV_CACHE_MEMORY = 1 << 30  # bytes of KV cache on CPU when kv_cache_memory is None
+DEFAULT_KV_CACHE_MEMORY = 1 << 30  # bytes of KV cache on CPU when kv_cache_memory is None (CUDA: profiled)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -35,7 +35,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     """Token budget of one step (prefill chunks + decode tokens)."""
     kv_cache_memory: int | str | None = None
-    """KV cache per replica on CPU: bytes or a size such as "512MiB" (stored as bytes); None means 1 GiB."""
+    """KV cache per replica, bytes or a size such as "512MiB": on CPU the size (None: 1 GiB), on CUDA a cap on what
+    gpu_memory_utilization leaves (None: all of it)."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory the replica may use (weights + activations + KV cache), in (0, 1]."""
     num_kv_blocks: int | None = None
@@ -74,7 +75,8 @@ class EngineConfig:
     kv_events_curve_client_keys: tuple[str, ...] = ()
     """CURVE public keys (Z85) of the subscribers allowed in; empty: any client that knows the server key."""
     debug_check_integrity: bool = False
-    """Run ``KVCacheManager.check_integrity()`` after every engine step (slow; tests and debugging)."""
+    """Run ``KVCacheManager.check_integrity()`` after every engine step (tests and debugging; a large pool is
+    checked by the blocks in use and a window sweeping the rest, not walked whole)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory, "kv_cache_memory"))

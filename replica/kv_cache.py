@@ -10,9 +10,12 @@
 
 On CPU the budget is ``kv_cache_memory`` bytes for the whole replica (all TP ranks together, so a
 TP=2 replica gets as many blocks as a TP=1 one). On CUDA it is what ``gpu_memory_utilization``
-leaves after the weights and the peak activation memory of a profiling forward: the device facts
-are read once (``read_cuda_memory``) and the arithmetic (``kv_cache_budget``) is plain, so it is
-tested on CPU with facts injected.
+leaves after this engine's weights and the peak activation memory of a profiling forward, capped
+by ``kv_cache_memory`` when that is set. Only this engine's memory counts against its share, so
+several engines in one process (tests, a benchmark comparing two) each get their own share as
+long as the shares fit on the device. The device facts are read before and after the profiling
+forward (``read_cuda_memory``) and the arithmetic (``kv_cache_budget``) is plain, so it is tested
+on CPU with facts injected.
 """
 
 from __future__ import annotations
@@ -47,60 +50,91 @@ def num_blocks_for_budget(budget_bytes: int, block_bytes: int, block_size: int, 
 
 @dataclass(frozen=True, slots=True)
 class DeviceMemory:
-    """What a device's memory looked like right after the profiling forward (bytes)."""
+    """What a device's memory looks like at one moment (bytes)."""
 
     total: int
     """The device's memory (torch.cuda.mem_get_info's total)."""
     free: int
     """Free to anyone (mem_get_info's free)."""
     torch_peak: int
-    """Peak bytes this process's tensors held: weights + the profiling forward's activations."""
+    """Peak bytes this process's tensors held since the peak counter was last reset."""
     torch_reserved: int
     """Bytes PyTorch's caching allocator holds now (counted in total - free)."""
-    in_use_at_start: int = 0
-    """Bytes in use on the device before this runner loaded anything: other replicas sharing the card."""
+    torch_allocated: int
+    """Bytes this process's tensors hold now (torch.cuda.memory_allocated)."""
 
     @property
     def non_torch(self) -> int:
-        """Used since this runner started, not by its allocator: the CUDA context, NCCL (what others held at
-        the start is theirs: gpu_memory_utilization is this replica's share, vLLM's per-instance meaning)."""
-        return max(0, self.total - self.free - self.torch_reserved - self.in_use_at_start)
+        """Used but not by this process's allocator: the CUDA context, NCCL, other processes (other replicas
+        sharing the card: ``kv_cache_budget`` takes off what they held when this runner started)."""
+        return self.total - self.free - self.torch_reserved
 
 
 def read_cuda_memory(device: torch.device) -> DeviceMemory:
-    """The facts ``kv_cache_budget`` needs, read from CUDA (call right after the profiling forward)."""
+    """The facts ``kv_cache_budget`` needs, read from CUDA (before and right after the profiling forward)."""
     torch.cuda.synchronize(device)
     free, total = torch.cuda.mem_get_info(device)
-    return DeviceMemory(total, free, torch.cuda.max_memory_allocated(device), torch.cuda.memory_reserved(device))
+    return DeviceMemory(total, free, torch.cuda.max_memory_allocated(device), torch.cuda.memory_reserved(device),
+                        torch.cuda.memory_allocated(device))
 
 
-def device_memory_in_use(device: torch.device) -> int:
-    """Bytes in use on ``device`` by anyone now (0 off CUDA): read before a runner loads its weights."""
+def outside_memory_in_use(device: torch.device) -> int:
+    """Bytes in use on ``device`` outside this process's tensors now (0 off CUDA): read before a runner loads
+    its weights, it is what other replicas sharing the card (other processes) already hold."""
     if device.type != "cuda":
         return 0
     free, total = torch.cuda.mem_get_info(device)
-    return total - free
+    return max(0, total - free - torch.cuda.memory_reserved(device))
 
 
-def kv_cache_budget(mem: DeviceMemory, gpu_memory_utilization: float) -> int:
-    """Bytes for the KV cache: the replica's share of the device, less the profiled peak and its other use.
+def module_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers (an engine's weights)."""
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
-        budget = total * gpu_memory_utilization - torch_peak - non_torch
+
+def kv_cache_budget(before: DeviceMemory, after: DeviceMemory, weight_bytes: int, gpu_memory_utilization: float,
+                    cap: int | None = None, outside_at_start: int = 0) -> int:
+    """Bytes for this engine's KV cache: its share of the device less what it uses, capped by ``cap``
+    (``kv_cache_memory``); ``before``/``after`` are read around the profiling forward, ``weight_bytes``
+    are this engine's weights, ``outside_at_start`` what was in use outside this process before the
+    runner loaded anything (``outside_memory_in_use``: other replicas sharing the card).
+
+        activations = after.torch_peak - before.torch_allocated     (the forward's peak above what was held)
+        outside     = after.non_torch - outside_at_start            (this process's CUDA context, NCCL, ...)
+        budget      = total * gpu_memory_utilization - weight_bytes - activations - outside
+
+    Neither other engines in this process (``before.torch_allocated - weight_bytes``) nor other
+    processes' memory at start count against this engine's share, but the budget must fit in what is
+    free once the activations are allocated again; when it does not, the shares overcommit the device
+    and that is an error.
     """
     gib = 2**30
-    share = mem.total * gpu_memory_utilization
-    if mem.in_use_at_start and mem.total - mem.in_use_at_start < share:
+    share = after.total * gpu_memory_utilization
+    if outside_at_start and after.total - outside_at_start < share:
         raise ValueError(
             f"gpu_memory_utilization={gpu_memory_utilization} asks for {share / gib:.1f} of the device's "
-            f"{mem.total / gib:.1f} GiB, but {mem.in_use_at_start / gib:.1f} GiB were in use when this replica "
+            f"{after.total / gib:.1f} GiB, but {outside_at_start / gib:.1f} GiB were in use when this replica "
             "started (other replicas or programs on the card); lower gpu_memory_utilization (with several "
             "replicas per GPU: replicas.gpus_per_replica, whose share serve applies) or free the device")
-    budget = int(mem.total * gpu_memory_utilization - mem.torch_peak - mem.non_torch)
+    activations = max(0, after.torch_peak - before.torch_allocated)
+    others = max(0, before.torch_allocated - weight_bytes)
+    outside = max(0, after.non_torch - outside_at_start)
+    budget = int(share - weight_bytes - activations - outside)
     if budget <= 0:
         raise ValueError(
-            f"gpu_memory_utilization={gpu_memory_utilization} of {mem.total / gib:.1f} GiB leaves no room for the KV "
-            f"cache: weights + activations peak at {mem.torch_peak / gib:.1f} GiB and {mem.non_torch / gib:.1f} GiB "
-            "are used outside this process's tensors; raise gpu_memory_utilization or lower max_num_batched_tokens")
+            f"gpu_memory_utilization={gpu_memory_utilization} of {after.total / gib:.1f} GiB leaves no room for the "
+            f"KV cache: weights + activations peak at {(weight_bytes + activations) / gib:.1f} GiB and "
+            f"{outside / gib:.1f} GiB are used outside this process's tensors; raise gpu_memory_utilization "
+            "or lower max_num_batched_tokens")
+    if cap is not None:
+        budget = min(budget, cap)
+    room = after.free + after.torch_reserved - after.torch_allocated - activations
+    if budget > room:
+        raise ValueError(
+            f"gpu_memory_utilization={gpu_memory_utilization} asks for a {budget / gib:.1f} GiB KV cache but only "
+            f"{max(room, 0) / gib:.1f} GiB of the {after.total / gib:.1f} GiB device are free ({others / gib:.1f} GiB "
+            f"held by other engines in this process, {after.non_torch / gib:.1f} GiB outside it); the engines on "
+            "one device must share it: lower gpu_memory_utilization or set kv_cache_memory")
     return budget
 
 

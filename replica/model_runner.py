@@ -11,7 +11,6 @@ With ``cuda_graphs``, decode-only steps replay captured graphs (cuda_graph.py). 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -25,10 +24,11 @@ from kvmesh.replica.input_batch import InputBatch, ModelInputs
 from kvmesh.replica.kv_cache import (
     allocate_kv_cache,
     bytes_per_block,
-    device_memory_in_use,
     kv_cache_budget,
     log_capacity,
+    module_bytes,
     num_blocks_for_budget,
+    outside_memory_in_use,
     read_cuda_memory,
 )
 from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
@@ -66,7 +66,7 @@ class ModelRunner:
             logger.warning("model declares sliding_window=%d; attention here is full (exact up to the window)",
                            self.spec.sliding_window)
 
-        self.memory_in_use_at_start = device_memory_in_use(self.device)  # replicas sharing the card hold it
+        self.outside_memory_at_start = outside_memory_in_use(self.device)  # replicas sharing the card hold it
         self.model = self._build_model()
         self.attn_backend = get_attn_backend(config.attention_backend, self.device, self.dtype, self.block_size)
         for attn in self.model.attention_layers():
@@ -117,8 +117,9 @@ class ModelRunner:
         attn0 = self.model.attention_layers()[0]
         block_bytes = bytes_per_block(self.spec.num_hidden_layers, self.block_size, attn0.num_kv_heads,
                                       attn0.head_dim, self.dtype)
-        if self.device.type == "cuda":
-            budget = self.profiled_kv_budget()
+        if self.device.type == "cuda":  # kv_cache_memory, when set, caps the profiled budget
+            cap = None if self.config.kv_cache_memory is None else self.config.kv_cache_memory // self.parallel.tp_size
+            budget = self.profiled_kv_budget(cap)
         else:
             budget = self.config.resolved_kv_cache_memory // self.parallel.tp_size
         num_blocks = num_blocks_for_budget(budget, block_bytes, self.block_size, self.max_model_len)
@@ -128,13 +129,16 @@ class ModelRunner:
         log_capacity(num_blocks, self.block_size, self.max_model_len, block_bytes)
         return num_blocks
 
-    def profiled_kv_budget(self) -> int:
-        """Bytes for the KV cache on a GPU: reset the peak counter, run the profiling forward, and take
-        what ``gpu_memory_utilization`` leaves (the device facts come from ``read_device_memory``)."""
+    def profiled_kv_budget(self, cap: int | None = None) -> int:
+        """Bytes for the KV cache on a GPU: read the facts, reset the peak counter, run the profiling forward,
+        read them again, and take what ``gpu_memory_utilization`` leaves this engine, at most ``cap`` (the
+        device facts come from ``read_device_memory``)."""
+        before = self.read_device_memory(self.device)
         self.reset_peak_memory(self.device)
         self.profile_run()
-        mem = dataclasses.replace(self.read_device_memory(self.device), in_use_at_start=self.memory_in_use_at_start)
-        return kv_cache_budget(mem, self.config.gpu_memory_utilization)
+        after = self.read_device_memory(self.device)
+        return kv_cache_budget(before, after, module_bytes(self.model), self.config.gpu_memory_utilization, cap,
+                               self.outside_memory_at_start)
 
     @torch.inference_mode()
     def profile_run(self) -> None:

@@ -1,11 +1,31 @@
-"""Shared fixtures: paths to ../shared test data, the session's one local Ray instance, GPU skips."""
+"""Shared fixtures: paths to ../shared test data, the session's one local Ray instance, the test device.
+
+Device: engines that do not name one run on CUDA when torch sees a GPU, else on the CPU (the engine's
+own rule); ``KVMESH_TEST_DEVICE=cpu`` hides the GPUs from the session, ``=cuda`` insists on one. The
+``device`` fixture names that device for tests that build tensors themselves. On CUDA, float32 math
+is IEEE (no TF32), so CUDA runs compare token for token with transformers and the CPU, and a test
+engine that chose neither ``kv_cache_memory`` nor its own ``gpu_memory_utilization`` share takes a
+small KV cache (``TEST_KV_CACHE_MEMORY``), not 90% of the card.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+
+def hide_gpus_when_asked() -> None:
+    """``KVMESH_TEST_DEVICE=cpu``: hide the GPUs before anything imports torch or triton (the Triton
+    switch below then picks the interpreter, and engines that pick a device pick the CPU)."""
+    if os.environ.get("KVMESH_TEST_DEVICE", "").strip().lower() == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+hide_gpus_when_asked()
 
 
 def _has_cuda_device() -> bool:
@@ -32,6 +52,13 @@ CHAT_TEMPLATE = (
 )
 """A chat template for stories260K, which ships none (servers refuse chat without one, as vLLM does)."""
 
+TEST_KV_CACHE_MEMORY = 4 << 20
+"""KV cache of a test engine on a real model (bytes): the size on CPU, the cap on CUDA."""
+TEST_DEVICES = ("auto", "cpu", "cuda")
+"""Values of KVMESH_TEST_DEVICE; auto (the default) is cuda when torch sees a GPU."""
+
+RAY_MISSING = "needs Ray, which is not installed (pip install 'kvmesh[engine]')"
+
 # Logical CPUs for the session's Ray instance: more than the machine's cores is fine,
 # actors here are mostly idle; it must fit 2 replicas x TP 2 plus the router.
 RAY_NUM_CPUS = 8
@@ -55,8 +82,8 @@ def mooncake_trace() -> Path:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray instance for the whole test session (started on first use)."""
-    import ray
+    """One local Ray instance for the whole test session (started on first use); skips where Ray is not installed."""
+    ray = pytest.importorskip("ray", reason=RAY_MISSING)
 
     for attempt in (1, 2):  # Ray gives its raylet a fixed 30 s to register; a loaded box can miss it once
         if ray.is_initialized():
@@ -77,14 +104,81 @@ def ray_session():
     ray.shutdown()
 
 
-def pytest_collection_modifyitems(config, items):
-    gpu_items = [item for item in items if "gpu" in item.keywords]
-    if not gpu_items:
-        return
-    import torch  # only imported when GPU tests were collected
+def chosen_test_device() -> str:
+    choice = os.environ.get("KVMESH_TEST_DEVICE", "auto").strip().lower() or "auto"
+    if choice not in TEST_DEVICES:
+        raise pytest.UsageError(f"KVMESH_TEST_DEVICE={choice!r}: use one of {', '.join(TEST_DEVICES)} "
+                                "(auto = cuda when torch sees a GPU)")
+    return choice
 
-    if torch.cuda.is_available():
+
+def pytest_configure(config):
+    chosen_test_device()  # a typo is a usage error, with the values that work
+    hide_gpus_when_asked()
+
+
+def _cuda_available() -> bool:
+    """Whether torch sees a GPU; False without importing torch when nothing imported it (torch-free sessions)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available()
+
+
+def exact_float32(torch) -> None:
+    """float32 matmuls and convolutions in IEEE precision on CUDA (TF32 off), as on the CPU. Through the
+    calls whose flags torch's legacy readers (``cudnn.allow_tf32``) can still read: setting cuDNN's new
+    ``fp32_precision`` flags makes those readers raise on torch >= 2.9."""
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def pytest_collection_modifyitems(config, items):
+    if importlib.util.find_spec("ray") is None:  # e.g. a GPU box with torch but no Ray: actor and TP tests skip
+        for item in items:
+            if "ray" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=RAY_MISSING))
+    choice = chosen_test_device()
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if choice == "cuda" or gpu_items:
+        import torch  # only imported when GPU tests were collected or CUDA was asked for
+    if _cuda_available():
+        exact_float32(sys.modules["torch"])
         return
+    if choice == "cuda":
+        raise pytest.UsageError("KVMESH_TEST_DEVICE=cuda but torch sees no CUDA device "
+                                f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
     skip = pytest.mark.skip(reason="needs CUDA (no GPU on this machine)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    """Where a test that runs anywhere builds its engines and tensors: "cuda" when torch sees a GPU, else "cpu"."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def small_kv_cache_on_cuda():
+    """A test engine on CUDA that chose neither kv_cache_memory nor a gpu_memory_utilization share gets
+    TEST_KV_CACHE_MEMORY: at the default 0.9 the session's first engine would take 90% of the card and
+    every later engine in the process would find the device full. Session-scoped, so module-scoped
+    engine fixtures (set up before any function-scoped fixture) are covered too."""
+    if not _cuda_available():
+        yield
+        return
+    from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.model_runner import ModelRunner
+
+    default_share = EngineConfig.__dataclass_fields__["gpu_memory_utilization"].default
+    profiled = ModelRunner.profiled_kv_budget
+
+    def capped(self, cap=None):
+        if cap is None and self.config.gpu_memory_utilization == default_share:
+            cap = TEST_KV_CACHE_MEMORY // self.parallel.tp_size
+        return profiled(self, cap)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ModelRunner, "profiled_kv_budget", capped)
+        yield

@@ -157,3 +157,15 @@ def test_configs_accept_any_registered_backend_name():
     assert [v.label for v in parse_variants("triton:16:graphs", ["triton"])] == ["triton:16:graphs"]
     with pytest.raises(ValueError, match="unknown attention backend 'triton'; choose one of torch"):
         parse_variants("triton:16", ["torch"])
+
+
+@pytest.mark.parametrize("device, kv_cache_memory", [("cpu", "16MiB"), ("cuda", None)])
+def test_kv_cache_memory_sizes_the_cpu_cache_and_leaves_cuda_to_gpu_memory_utilization(tmp_path, device,
+                                                                                      kv_cache_memory):
+    from kvmesh.cluster.benchmarks.engine_speed.options import EngineSpeedOptions
+    from kvmesh.cluster.benchmarks.engine_speed.run import make_plan
+
+    options = EngineSpeedOptions(model_cache_dir=str(tmp_path), kv_cache_memory="16MiB")
+    plan = make_plan(options, PRESETS["tiny"], torch.device(device))  # on cuda it would cap the cache
+    assert plan.engine_config["kv_cache_memory"] == kv_cache_memory
+    assert plan.engine_config["gpu_memory_utilization"] == options.gpu_memory_utilization

@@ -104,18 +104,35 @@ def test_sandbox_refuses_what_transformers_refuses(stories):  # noqa: F811
     import jinja2
 
     escape = "{{ messages.__class__.__mro__ }}"
-    for template in (escape, "{% set ns = namespace(_x=1) %}"):
-        with pytest.raises(jinja2.exceptions.SecurityError):
-            stories.apply_chat_template([{"role": "user", "content": "x"}], chat_template=template, tokenize=False)
-        with pytest.raises(jinja2.exceptions.SecurityError):
-            ct.render(template, [{"role": "user", "content": "x"}], True, {})
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        stories.apply_chat_template([{"role": "user", "content": "x"}], chat_template=escape, tokenize=False)
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        ct.render(escape, [{"role": "user", "content": "x"}], True, {})
+
+
+def test_namespace_attributes_with_underscores_are_refused(stories):  # noqa: F811
+    """Recent transformers refuse ``namespace(_x=...)`` (5.17 still let it through); the server refuses it
+    whatever transformers is installed, and where transformers refuses too, with the same error."""
+    import jinja2
+
+    template = "{% set ns = namespace(_x=1) %}{{ ns._x }}"
+    chat = [{"role": "user", "content": "x"}]
+    with pytest.raises(jinja2.exceptions.SecurityError, match="underscore-prefixed attributes") as ours:
+        _wrap(stories).apply_chat_template(chat, True, template)
+    try:
+        stories.apply_chat_template(chat, chat_template=template, tokenize=False)
+    except jinja2.exceptions.SecurityError as theirs:
+        assert str(theirs) == str(ours.value)
 
 
 def test_messages_transformers_rewrites_are_left_to_it(stories):  # noqa: F811
-    """Reasoning fields (aliased by transformers) and non-string values go through transformers itself."""
+    """Reasoning fields (aliased by transformers) and non-string values go through transformers itself, so
+    a chat renders as the installed transformers renders it: 5.17 leaves ``reasoning_content`` alone, later
+    versions alias it to ``thinking``."""
     tok = _wrap(stories)
     template = "{% for m in messages %}{{ m['thinking'] }}|{{ m['content'] }}{% endfor %}"
     messages = [{"role": "assistant", "content": "hi", "reasoning_content": "hmm"}]
     assert not ct.plain(messages)
-    assert tok.apply_chat_template(messages, False, template) == stories.apply_chat_template(
-        messages, chat_template=template, tokenize=False) == "hmm|hi"
+    theirs = stories.apply_chat_template(messages, chat_template=template, tokenize=False)
+    assert theirs in ("hmm|hi", "|hi")
+    assert tok.apply_chat_template(messages, False, template) == theirs

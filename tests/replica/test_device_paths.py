@@ -19,7 +19,13 @@ from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.distributed import DistributedInit, cuda_device_index, process_group_args
 from kvmesh.replica.input_batch import InputBatch
-from kvmesh.replica.kv_cache import DeviceMemory, bytes_per_block, kv_cache_budget, num_blocks_for_budget
+from kvmesh.replica.kv_cache import (
+    DeviceMemory,
+    bytes_per_block,
+    kv_cache_budget,
+    module_bytes,
+    num_blocks_for_budget,
+)
 from kvmesh.replica.model_runner import ModelRunner
 from kvmesh.replica.sampler import build_sampling_metadata
 from kvmesh.replica.sampling_params import SamplingParams
@@ -32,23 +38,55 @@ META = torch.device("meta")
 # -- KV sizing -------------------------------------------------------------------------------------
 
 
-def test_kv_budget_is_the_utilization_share_less_peak_and_other_users():
+def facts(total=80, free=None, peak=0.0, reserved=0.0, allocated=0.0, outside=0.0) -> DeviceMemory:
+    """Device facts in GiB; ``free`` defaults to what this process and ``outside`` leave."""
+    free = total - reserved - outside if free is None else free
+    return DeviceMemory(*(int(x * GIB) for x in (total, free, peak, reserved, allocated)))
+
+
+def test_kv_budget_is_the_utilization_share_less_weights_activations_and_other_users():
     # an 80 GiB GPU at 0.9: 16 GiB weights + 2 GiB activations peak, 1.5 GiB CUDA context / others
-    mem = DeviceMemory(total=80 * GIB, free=80 * GIB - 18 * GIB - int(1.5 * GIB), torch_peak=18 * GIB,
-                       torch_reserved=18 * GIB)
-    assert mem.non_torch == int(1.5 * GIB)
-    budget = kv_cache_budget(mem, 0.9)
-    assert budget == int(72 * GIB - 18 * GIB - 1.5 * GIB)
+    before = facts(peak=16, reserved=16, allocated=16, outside=1.5)
+    after = facts(peak=18, reserved=18, allocated=16, outside=1.5)
+    assert after.non_torch == int(1.5 * GIB)
+    budget = kv_cache_budget(before, after, 16 * GIB, 0.9)
+    assert budget == int(72 * GIB - 16 * GIB - 2 * GIB - 1.5 * GIB)
     # Llama-3-8B in bf16: 32 layers x 8 KV heads x 128 dims x K,V x 16 tokens x 2 bytes = 2 MiB per block
     block = bytes_per_block(32, 16, 8, 128, torch.bfloat16)
     assert block == 2 * 2**20
     assert num_blocks_for_budget(budget, block, 16, 8192) == budget // (2 * 2**20) == 26880
 
 
+def test_kv_cache_memory_caps_the_profiled_budget():
+    before, after = facts(peak=1, reserved=1, allocated=1), facts(peak=2, reserved=2, allocated=1)
+    assert kv_cache_budget(before, after, GIB, 0.5, cap=4 << 20) == 4 << 20
+    assert kv_cache_budget(before, after, GIB, 0.5, cap=100 * GIB) == 40 * GIB - 2 * GIB  # the share is smaller
+    with pytest.raises(ValueError, match="leaves no room"):  # a cap does not make an impossible share possible
+        kv_cache_budget(before, after, GIB, 0.02, cap=4 << 20)
+
+
+def test_other_engines_in_the_process_do_not_count_against_this_ones_share():
+    # engine 1 holds 1 GiB of weights + a 30 GiB KV cache; engine 2 (1 GiB weights) profiles 2 GiB of activations
+    before = facts(peak=32, reserved=32, allocated=32, outside=0.5)
+    after = facts(peak=34, reserved=34, allocated=32, outside=0.5)
+    assert kv_cache_budget(before, after, GIB, 0.4) == int(32 * GIB - GIB - 2 * GIB - 0.5 * GIB)
+
+
+def test_engines_whose_shares_overcommit_the_device_get_a_clear_error():
+    # engine 1 took 0.9 of the card; engine 2 asks for 0.9 too: its share is computed, but is not free
+    before = facts(peak=72, reserved=72, allocated=72, outside=0.5)
+    after = facts(peak=74, reserved=74, allocated=72, outside=0.5)
+    with pytest.raises(ValueError, match=r"asks for a 68.5 GiB KV cache but only 5.5 GiB .*\(71.0 GiB held by "
+                                         "other engines in this process.* lower gpu_memory_utilization"):
+        kv_cache_budget(before, after, GIB, 0.9)
+    assert kv_cache_budget(before, after, GIB, 0.9, cap=GIB) == GIB  # an explicit small cache fits
+
+
 def test_no_room_for_the_kv_cache_is_a_clear_error():
-    mem = DeviceMemory(total=24 * GIB, free=2 * GIB, torch_peak=20 * GIB, torch_reserved=21 * GIB)
+    before = facts(total=24, peak=18, reserved=19, allocated=18, outside=3)
+    after = facts(total=24, peak=20, reserved=21, allocated=18, outside=1)
     with pytest.raises(ValueError, match="gpu_memory_utilization=0.5 of 24.0 GiB leaves no room"):
-        kv_cache_budget(mem, 0.5)
+        kv_cache_budget(before, after, 18 * GIB, 0.5)
 
 
 @pytest.mark.parametrize("backend", ["torch", "flash_attn"])
@@ -65,12 +103,36 @@ def test_profiled_kv_budget_runs_the_profiling_forward_then_sizes_from_the_facts
     forward = runner.model.forward
     runner.model.forward = lambda ids, pos, md: seen.append(ids.numel()) or forward(ids, pos, md)
     runner.reset_peak_memory = lambda device: calls.append(("reset", device))
-    facts = DeviceMemory(total=4 * GIB, free=3 * GIB, torch_peak=GIB // 2, torch_reserved=GIB // 2)
-    runner.read_device_memory = lambda device: calls.append(("read", device)) or facts
+    weights = module_bytes(runner.model)
+    assert weights == sum(p.numel() * 4 for p in runner.model.parameters()) + sum(
+        b.numel() * b.element_size() for b in runner.model.buffers())
+    # another engine's 1 GiB is held in this process; this engine's forward peaks 256 MiB above what was held
+    held = GIB + weights
+    reads = iter([DeviceMemory(4 * GIB, 2 * GIB, held, held, held),
+                  DeviceMemory(4 * GIB, 2 * GIB, held + GIB // 4, held + GIB // 4, held)])
+    runner.read_device_memory = lambda device: calls.append(("read", device)) or next(reads)
     budget = runner.profiled_kv_budget()
     assert seen == [700]  # one forward over the whole token budget (two sequences: 512 + 188)
-    assert [c[0] for c in calls] == ["reset", "read"]  # peak reset before the forward, read after it
-    assert budget == 2 * GIB - GIB // 2 - GIB // 2
+    assert [c[0] for c in calls] == ["read", "reset", "read"]  # facts before, peak reset, the forward, facts after
+    non_torch = 2 * GIB - GIB // 4 - held
+    assert budget == 2 * GIB - weights - GIB // 4 - non_torch
+    calls.clear()
+    reads = iter([DeviceMemory(4 * GIB, 2 * GIB, held, held, held),
+                  DeviceMemory(4 * GIB, 2 * GIB, held + GIB // 4, held + GIB // 4, held)])
+    assert runner.profiled_kv_budget(cap=1 << 20) == 1 << 20
+
+
+def test_kv_cache_memory_reaches_the_cuda_budget_per_rank(stories_path):
+    """On CUDA ``_size_kv_cache`` passes kv_cache_memory (this rank's part) as the cap of the profiled budget."""
+    runner = ModelRunner(EngineConfig(model=str(stories_path), dtype="float32", device="cpu", kv_cache_memory=3 << 20))
+    caps = []
+    runner.device = torch.device("cuda")  # only the branch is taken; the profiling itself is stubbed
+    runner.profiled_kv_budget = lambda cap: caps.append(cap) or min(cap or GIB, GIB)
+    attn = runner.model.attention_layers()[0]
+    block = bytes_per_block(runner.spec.num_hidden_layers, 16, attn.num_kv_heads, attn.head_dim, torch.float32)
+    assert runner._size_kv_cache() == (3 << 20) // block and caps == [3 << 20]
+    runner.config = EngineConfig(model=str(stories_path), dtype="float32", device="cpu")
+    assert runner._size_kv_cache() == GIB // block and caps == [3 << 20, None]
 
 
 # -- CUDA device per rank, NCCL arguments ---------------------------------------------------------

@@ -13,6 +13,8 @@ from kvmesh.replica.sampling_params import SamplingParams
 
 
 def engine(stories_path, **kw) -> LLMEngine:
+    # on the CPU on every machine: tokens must equal runs alone bit for bit, across batch shapes, which
+    # CUDA's shape-dependent kernels do not promise (near ties may break the other way)
     config = EngineConfig(model=str(stories_path), dtype="float32", device="cpu", block_size=4, hash_seed=b"s",
                           kv_cache_memory=1 << 22, **kw)
     return LLMEngine(config, skip_tokenizer_init=True)

@@ -16,25 +16,28 @@ GIB = 2**30
 
 def test_the_second_replica_on_a_card_gets_its_own_share():
     # 80 GiB card; replica A (0.45) already holds 36 GiB. B loads 4 GiB weights + 1 GiB peak, its context 0.5 GiB.
-    a_holds, b_torch, b_context = 36 * GIB, 5 * GIB, GIB // 2
-    mem = DeviceMemory(total=80 * GIB, free=80 * GIB - a_holds - b_torch - b_context, torch_peak=b_torch,
-                       torch_reserved=b_torch, in_use_at_start=a_holds)
-    assert mem.non_torch == b_context
-    assert kv_cache_budget(mem, 0.45) == int(36 * GIB - b_torch - b_context)
+    a_holds, b_weights, b_peak, b_context = 36 * GIB, 4 * GIB, GIB, GIB // 2
+    before = DeviceMemory(total=80 * GIB, free=80 * GIB - a_holds - b_weights - b_context, torch_peak=b_weights,
+                          torch_reserved=b_weights, torch_allocated=b_weights)
+    after = DeviceMemory(total=80 * GIB, free=before.free - b_peak, torch_peak=b_weights + b_peak,
+                         torch_reserved=b_weights + b_peak, torch_allocated=b_weights)
+    assert after.non_torch == a_holds + b_context
+    budget = kv_cache_budget(before, after, b_weights, 0.45, outside_at_start=a_holds)
+    assert budget == int(36 * GIB - b_weights - b_peak - b_context)
 
 
 def test_without_the_start_reading_the_other_replica_would_leave_no_room():
     mem = DeviceMemory(total=80 * GIB, free=80 * GIB - 36 * GIB - 5 * GIB, torch_peak=5 * GIB,
-                       torch_reserved=5 * GIB)
+                       torch_reserved=5 * GIB, torch_allocated=5 * GIB)
     with pytest.raises(ValueError, match="leaves no room"):
-        kv_cache_budget(mem, 0.45)
+        kv_cache_budget(mem, mem, 5 * GIB, 0.45)
 
 
 def test_a_share_larger_than_what_was_free_at_start_is_a_clear_error():
     mem = DeviceMemory(total=80 * GIB, free=30 * GIB, torch_peak=5 * GIB, torch_reserved=5 * GIB,
-                       in_use_at_start=45 * GIB)
+                       torch_allocated=5 * GIB)
     with pytest.raises(ValueError, match=r"asks for 40.0 of the device's 80.0 GiB, but 45.0 GiB were in use"):
-        kv_cache_budget(mem, 0.5)
+        kv_cache_budget(mem, mem, 5 * GIB, 0.5, outside_at_start=45 * GIB)
 
 
 def _load_twice(tmp_path, first_ids, second_ids) -> list[tuple[str, float]]:

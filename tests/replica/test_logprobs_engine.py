@@ -16,6 +16,8 @@ from kvmesh.replica.outputs import ModelRunnerOutput, TokenLogprobs  # noqa: E40
 from kvmesh.replica.sampler import Sampler, build_sampling_metadata  # noqa: E402
 from kvmesh.replica.sampling_params import SamplingParams  # noqa: E402
 
+from ..conftest import TEST_KV_CACHE_MEMORY  # noqa: E402
+
 STORY = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her "
          "big red ball. One day, she saw a dog.")
 
@@ -23,7 +25,7 @@ STORY = ("Once upon a time, there was a little girl named Lily. She loved to pla
 def test_prompt_logprobs_survive_preemption_mid_prefill(stories_path):
     # 4 usable KV blocks, 16-token chunks: the older request's decode keeps preempting the newer one's prefill
     llm = LLM(str(stories_path), dtype="float32", num_kv_blocks=5, max_num_batched_tokens=16,
-              debug_check_integrity=True)
+              kv_cache_memory=TEST_KV_CACHE_MEMORY, debug_check_integrity=True)
     older = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     newer = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, prompt_logprobs=1)
     _, out = llm.generate(["Tom and Sue went to the beach. They built a big", STORY], [older, newer])

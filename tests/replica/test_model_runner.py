@@ -17,8 +17,9 @@ LILY = ("Once upon a time, there was a little girl named Lily. She loved to play
 
 
 @pytest.fixture(scope="module")
-def runner(stories_path) -> ModelRunner:
-    return ModelRunner(EngineConfig(model=str(stories_path), dtype="float32", device="cpu",
+def runner(stories_path, device) -> ModelRunner:
+    """On the test device (CUDA where there is one); the torch backend, whose cache layout a test reads."""
+    return ModelRunner(EngineConfig(model=str(stories_path), dtype="float32", device=device, attention_backend="torch",
                                     kv_cache_memory=1 << 22, block_size=4))
 
 

@@ -43,7 +43,7 @@ class EngineSpeedOptions:
     gpu_memory_utilization: float = 0.85
     """Fraction of GPU memory one engine may use (weights, activations, KV cache) on cuda."""
     kv_cache_memory: str = "1GiB"
-    """KV cache of one engine on cpu."""
+    """KV cache of one engine on cpu (on cuda gpu_memory_utilization sizes it)."""
     max_num_batched_tokens: int | None = None
     """Token budget of one engine step (default: the preset's)."""
     seed: int = 0

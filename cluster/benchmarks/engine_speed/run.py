@@ -47,7 +47,9 @@ def make_plan(options: EngineSpeedOptions, preset: Preset, device: torch.device)
         engine_config=dict(max_num_seqs=max(num_requests, *batches),
                            max_num_batched_tokens=options.max_num_batched_tokens or preset.max_num_batched_tokens,
                            gpu_memory_utilization=options.gpu_memory_utilization,
-                           kv_cache_memory=options.kv_cache_memory, seed=options.seed))
+                           # on cuda kv_cache_memory would cap the cache: there gpu_memory_utilization sizes it
+                           kv_cache_memory=options.kv_cache_memory if device.type == "cpu" else None,
+                           seed=options.seed))
     longest = max(preset.prompt_len[1] + preset.output_len[1], plan.ttft_prefix_len + NEW_TOKENS + 1)
     if longest > hf["max_position_embeddings"]:
         raise ValueError(f"the workload needs {longest}-token sequences; the model's max_position_embeddings is "
