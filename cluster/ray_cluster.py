@@ -161,6 +161,42 @@ def _kill_own_ray_processes() -> None:
     psutil.wait_procs(doomed, timeout=5)
 
 
+def adopt_orphans() -> None:
+    """Make this process the subreaper of everything it starts (Linux ``PR_SET_CHILD_SUBREAPER``).
+
+    A Ray process whose parent dies first -- the dashboard and runtime-env agents when the raylet goes
+    down during start-up -- is then re-parented to this process instead of to init, so
+    ``end_descendants`` still finds it. Elsewhere a no-op."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # 36 = PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def end_descendants(grace_s: float = 3.0) -> int:
+    """SIGTERM every process below this one, SIGKILL those still there after ``grace_s`` (some Ray agents
+    ignore SIGTERM); repeated while killing re-parents more of them here. Returns how many were ended."""
+    import psutil
+
+    ended = 0
+    for _ in range(5):
+        doomed = psutil.Process().children(recursive=True)
+        if not doomed:
+            break
+        for proc in doomed:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        _, alive = psutil.wait_procs(doomed, timeout=grace_s)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=5)
+        ended += len(doomed)
+    return ended
+
+
 def resolve_device(config: ServeConfig, handle: RayHandle) -> str:
     """device None (auto) -> "cuda" when the cluster has GPUs (the driver's node may have none), else "cpu"."""
     if config.engine.device is not None:

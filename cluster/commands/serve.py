@@ -63,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvmesh serve: {e}", file=sys.stderr)
         return 2
 
-    from kvmesh.cluster.admin_key import default_admin_key_file
+    from kvmesh.cluster import ray_cluster
     from kvmesh.cluster.launcher import ServeCluster
 
+    ray_cluster.adopt_orphans()  # a Ray process orphaned by a Ctrl-C mid-start is still ours to end
     _install_signal_handlers()
-    key_file = default_admin_key_file()
-    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_key_file=str(key_file))
+    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_keys_dir="")
     code = 0
     try:
         cluster.start()
@@ -78,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
               f"Try it{' (export KVMESH_API_KEY first)' if config.router.api_key else ''}:\n"
               f"  {cluster.curl_line()}\n"
               f"Status: kvmesh status --url {cluster.url}\n"
-              f"Change: kvmesh scale N | drain REPLICA | rollout --url {cluster.url}  (admin key in {key_file}, "
-              "mode 0600)\nStop:   Ctrl-C\n", flush=True)
+              f"Change: kvmesh scale N | drain REPLICA | rollout --url {cluster.url}  (admin key in "
+              f"{cluster.admin_key_file}, "
+              "mode 0600, removed on exit)\nStop:   Ctrl-C\n", flush=True)
         while True:
             time.sleep(3600)
     except (KeyboardInterrupt, _Terminated):
@@ -92,8 +93,16 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave orphans
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         cluster.stop()
+        _stop_ray()  # a ray.init interrupted half-way: cluster.stop() never got its handle
+        ray_cluster.end_descendants()
         report("stopped")
     return code
+
+
+def _stop_ray() -> None:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 def _install_signal_handlers() -> None:
