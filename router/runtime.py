@@ -121,9 +121,10 @@ class RouterRuntime:
         self.renderer.close()
 
     def check_model(self, model: str | None) -> None:
-        """404 for a request naming another model than ``served_model_name`` (None accepts any)."""
+        """404 for a request naming another model than ``served_model_name`` (None accepts any); the model's
+        path is accepted too, as a replica accepts it (``serve`` gives the router the resolved path)."""
         if self.config.served_model_name is not None:
-            check_model(model, self.config.served_model_name)
+            check_model(model, self.config.served_model_name, aliases=(self.config.model,) if self.config.model else ())
 
     # ---------------------------------------------------------------- replica set
     def add_replica(self, spec: ReplicaSpec) -> None:
