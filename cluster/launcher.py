@@ -27,6 +27,7 @@ from kvmesh.cluster import placement as pl
 from kvmesh.cluster import preflight, ray_cluster
 from kvmesh.cluster.config import ServeConfig
 from kvmesh.cluster.embedded_model import SERVED_NAME
+from kvmesh.cluster.event_keys import curve_keys
 from kvmesh.cluster.model_files import resolve_model_path
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.cluster.supervisor import ReplicaHandle, Supervisor, register
@@ -81,7 +82,7 @@ class ServeCluster:
         # argument, the router only the salt secret derived from it (kvcache.hashing.cache_salt_secret).
         self._hash_seed: str = config.engine.hash_seed or secrets.token_hex(32)
         # SECRET: CURVE keypairs of the replicas' event sockets and of the router that subscribes to them.
-        self._curve = _curve_keys() if config.replicas.private_events else None
+        self._curve = curve_keys() if config.replicas.private_events else None
 
     # ------------------------------------------------------------------ start
     def start(self) -> ServeCluster:
@@ -288,25 +289,6 @@ def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     interesting = [line for line in text if "Error" in line and not line.startswith(" ")]
     return (interesting[-1] if interesting else (text[0] if text else type(e).__name__))[:500]
-
-
-@dataclass(frozen=True)
-class _CurveKeys:
-    """The config fields that make a cluster's event streams private (events/curve.py)."""
-
-    replicas: dict[str, Any]
-    router: dict[str, Any]
-
-
-def _curve_keys() -> _CurveKeys:
-    from kvmesh.events.curve import generate_keypair
-
-    server_public, server_secret = generate_keypair()
-    router_public, router_secret = generate_keypair()
-    return _CurveKeys(
-        replicas={"kv_events_curve_secret_key": server_secret, "kv_events_curve_client_keys": (router_public,)},
-        router={"events_curve_server_key": server_public, "events_curve_public_key": router_public,
-                "events_curve_secret_key": router_secret})
 
 
 def step_budget(policy: str, options: dict[str, Any], max_num_batched_tokens: int) -> dict[str, Any]:
