@@ -24,7 +24,11 @@ def run(args: argparse.Namespace) -> int:
     import aiohttp
     from kvmesh.cluster.router_client import RouterClient
 
-    args.url, admin_key = _locate(args.url)
+    try:
+        args.url, admin_key = _locate(args.url)
+    except ValueError as e:
+        print(f"kvmesh status: {e}", file=sys.stderr)
+        return 2
     client = RouterClient(args.url, api_key=args.api_key or os.environ.get("KVMESH_API_KEY"),
                           admin_key=admin_key)
     try:
@@ -52,10 +56,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _locate(url: str | None) -> tuple[str, str | None]:
-    """The router's URL (the one cluster running here when none is given) and, when this user has it
-    (``kvmesh serve`` on this machine), its admin key: status then shows scaling."""
-    from kvmesh.cluster.admin_key import find_admin_key
+    """The router's URL -- the one cluster running here when none is given (ValueError listing them when
+    several run) -- and, when this user has it (its serve runs here), its admin key: status then shows
+    scaling."""
+    import os
 
+    from kvmesh.cluster.admin_key import find_admin_key, running_clusters
+
+    if url is None and len(running_clusters()) > 1 and not os.environ.get("KVMESH_ADMIN_KEY"):
+        find_admin_key(None)  # raises: which clusters run, and --url to pick one
     try:
         return find_admin_key(url)
     except ValueError:

@@ -93,6 +93,7 @@ def test_drain_lets_streams_in_flight_finish_then_removes_the_replica(cluster):
         assert busy, "no request in flight"
         r = httpx.post(f"{cluster.url}/replicas/{busy}/drain", headers=_admin(cluster), timeout=10)
         assert r.status_code == 200 and r.json()["in_flight"] > 0 and r.json()["will_be_removed"], r.text
+        assert r.json()["target"] == 1, r.text  # a drain lowers the target for good, and says so
         _wait_fleet(cluster, lambda s: _idle(s) and busy not in s["replicas"], 120, f"{busy} removed")
     finally:
         outcomes = load.stop()

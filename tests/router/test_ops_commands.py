@@ -66,3 +66,23 @@ def test_two_clusters_on_one_machine_keep_separate_working_admin_keys(fakes, sta
     assert main(["drain", "b", "--url", second.url]) == 0 and second.runtime.draining == {"b"}
     assert main(["drain", "a", "--url", first.url]) == 0  # the first cluster's key still works
     assert "router answered 403" not in capsys.readouterr().err
+
+
+def test_status_finds_the_one_cluster_and_asks_for_url_among_several(fakes, start_router, tmp_path, monkeypatch,
+                                                                     capsys):
+    monkeypatch.delenv("KVMESH_ADMIN_KEY", raising=False)
+    monkeypatch.setenv("KVMESH_CLUSTERS_DIR", str(tmp_path / "clusters"))
+    monkeypatch.setenv("KVMESH_API_KEY", "tenant-key")
+    first = start_router([fakes[0].spec], api_key="tenant-key", admin_key="first-admin-key")
+    publish(first.url, "first-admin-key")
+    assert main(["status"]) == 0 and f"router {first.url}" in capsys.readouterr().out
+    publish("http://127.0.0.1:1", "another-admin-key")
+    assert main(["status"]) == 2 and "pick one with --url" in capsys.readouterr().err
+
+
+def test_drain_inside_serve_says_the_target_drops_and_how_to_restore_it():
+    from kvmesh.cluster.commands.drain import describe
+
+    text = describe({"id": "replica-1", "in_flight": 2, "will_be_removed": True, "target": 2})
+    assert "2 request(s) in flight finish first" in text
+    assert "target becomes 2 replica(s)" in text and "`kvmesh scale 3`" in text
