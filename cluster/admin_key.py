@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -28,8 +28,8 @@ class ClusterRecord:
     url: str
     pid: int
     host: str
-    admin_key: str
-    path: Path
+    admin_key: str = field(repr=False)
+    path: Path = field(default=Path())
     started: str | None = None
     """The serve process's start time (/proc), so a reused pid is not taken for it."""
 
