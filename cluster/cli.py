@@ -127,7 +127,13 @@ SIM_MODES = {"scaling": "kvmesh.cluster.sim.scaling"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:  # Ctrl-C at any point, imports included: an exit, not a traceback
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "sim" and argv[1] in SIM_MODES:
         return int(importlib.import_module(SIM_MODES[argv[1]]).main(argv[2:]) or 0)
     parser = build_parser()
@@ -139,8 +145,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
     except ModuleNotFoundError as e:  # a command that needs an extra this install does not have
         top = (e.name or "").split(".")[0]
         extra = EXTRA_OF.get(top)
