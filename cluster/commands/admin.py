@@ -62,8 +62,9 @@ def run_admin(args: argparse.Namespace, command: str, call: Callable[[Any], dict
               file=sys.stderr)
         return 1
     except aiohttp.ClientResponseError as e:
-        hint = {401: " (set --api-key or KVMESH_API_KEY)", 403: " (the admin key is not this router's: is "
-                "the key file from this `kvmesh serve`?)"}.get(e.status, "")
+        hint = {401: " (set --api-key or KVMESH_API_KEY)", 403: " (the admin key is not this router's: "
+                "KVMESH_ADMIN_KEY or --admin-key-file hold another cluster's; without them the key of the cluster "
+                "at --url is found by itself)"}.get(e.status, "")
         print(f"kvmesh {command}: router answered {e.status}: {e.message}{hint}", file=sys.stderr)
         return 1
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
