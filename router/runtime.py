@@ -121,8 +121,7 @@ class RouterRuntime:
         self.renderer.close()
 
     def check_model(self, model: str | None) -> None:
-        """404 for a request naming another model than ``served_model_name`` (None accepts any); the model's
-        path is accepted too, as a replica accepts it (``serve`` gives the router the resolved path)."""
+        """404 for a model other than ``served_model_name`` (None accepts any) or the path a replica also accepts."""
         if self.config.served_model_name is not None:
             check_model(model, self.config.served_model_name, aliases=(self.config.model,) if self.config.model else ())
 
