@@ -23,8 +23,8 @@ logger = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
 # logical CPUs left for the router actor, readiness probes and the supervisor's tasks
 DRIVER_CPUS = 2
-_RAY_CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-_PR_SET_CHILD_SUBREAPER = 36  # prctl option (linux/prctl.h)  # Ray's switch; "0": a one-machine, loopback-only Ray
+_RAY_CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch; "0": a one-machine, loopback-only Ray
+_PR_SET_CHILD_SUBREAPER = 36  # prctl option (linux/prctl.h)
 
 
 @dataclass(frozen=True, slots=True)
