@@ -21,7 +21,7 @@ import sys
 import threading
 
 NO_ANSWER_HINT = (
-    "the replica did not answer. A `kvmesh serve` cluster's event streams are private by default "
+    "a `kvmesh serve` cluster's event streams are private by default "
     "(CURVE: only its own router can read them, and other subscribers get nothing, not even an error); "
     "restart it with --no-private-events to tail them. Otherwise check the addresses: replica i of serve "
     "publishes on 5557+2i and answers replays on 5558+2i (`kvmesh status` lists them)")
@@ -112,7 +112,7 @@ def run(args) -> int:
         print(f"# {name}: {status}: {detail}", file=sys.stderr, flush=True)
         if status in ("snapshot_failed", "unrecovered") and "answer" in detail and not hinted:
             hinted.append(name)
-            print(f"# {name}: {NO_ANSWER_HINT}", file=sys.stderr, flush=True)
+            print(f"# {name} did not answer: {NO_ANSWER_HINT}", file=sys.stderr, flush=True)
 
     config = SubscriberConfig(snapshot_on_start=not args.no_snapshot)
     try:
@@ -130,7 +130,8 @@ def run(args) -> int:
         totals = subscriber.totals()
         print("# " + " ".join(f"{k}={v}" for k, v in totals.items()), file=sys.stderr, flush=True)
         if not totals.get("batches") and not hinted:
-            print(f"# nothing arrived: {NO_ANSWER_HINT}", file=sys.stderr, flush=True)
+            print(f"# nothing arrived (an idle replica sends nothing; a busy one whose stream you cannot read "
+                  f"neither): {NO_ANSWER_HINT}", file=sys.stderr, flush=True)
     return 0
 
 
