@@ -36,35 +36,62 @@ EXTRA_OF = {"torch": "engine", "ray": "engine", "safetensors": "engine", "psutil
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with a did-you-mean for mistyped flags (``--blok-size`` -> ``--block-size``)."""
+    """argparse without prefix matching (``--num-replica`` is an error, not ``--num-replicas``), with a
+    did-you-mean for mistyped flags and commands, and each sub-command's mistakes reported with that
+    sub-command's usage."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self.prog != "kvmesh":  # a sub-command's own flags: its usage, not the top-level one
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
 
     def error(self, message: str):
         unknown = re.match(r"unrecognized arguments: (.*)", message)
         if unknown:
-            flags = [f for p in _parsers(self) for f in p._option_string_actions]
-            hints = []
-            for arg in unknown.group(1).split():
-                name = arg.split("=", 1)[0]
-                close = difflib.get_close_matches(name, flags, n=1, cutoff=0.7) if name.startswith("-") else []
-                if close:
-                    hints.append(f"{name} (did you mean {close[0]}?)")
+            hints = [hint for arg in unknown.group(1).split() if (hint := self._flag_hint(arg))]
             if hints:
                 message += "; " + "; ".join(hints)
-        super().error(message)
+        choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            close = difflib.get_close_matches(choice.group(2), re.findall(r"'([^']*)'", choice.group(3)), n=1)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        usage = self.format_usage()
+        if usage.count("\n") > 4:  # serve's is a page of flags: point at --help instead
+            usage = f"usage: {self.prog} [options]  (`{self.prog} --help` lists them)\n"
+        self.exit(2, f"{usage}{self.prog}: error: {message}\n")
+
+    def _flag_hint(self, arg: str) -> str | None:
+        name = arg.split("=", 1)[0]
+        if not name.startswith("-"):
+            return None
+        close = difflib.get_close_matches(name, list(self._option_string_actions), n=1, cutoff=0.7)
+        if close:
+            return f"{name} (did you mean {close[0]}?)"
+        if self.prog != "kvmesh":
+            return None
+        # the top level: options belong after a command; name the commands that have this one (or one like it)
+        owners = {}
+        for command, sub in _subcommands(self).items():
+            match = difflib.get_close_matches(name, list(sub._option_string_actions), n=1, cutoff=0.8)
+            if match:
+                owners[command] = match[0]
+        if not owners:
+            return f"{name} is no option of any command; `kvmesh COMMAND --help` lists a command's options"
+        return f"{name}: options go after the command, did you mean " + " or ".join(
+            f"`kvmesh {command} {flag}`" for command, flag in owners.items()) + "?"
 
 
-def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
-    """The parser and, for the sub-command given on this command line, its parser (recursively)."""
-    found = [parser]
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            chosen = [p for name, p in action.choices.items() if name in _ARGV]
-            for sub in chosen:
-                found += _parsers(sub)
-    return found
-
-
-_ARGV: list[str] = []
+            return dict(action.choices)
+    return {}
 
 
 def version() -> str:
@@ -100,19 +127,24 @@ SIM_MODES = {"scaling": "kvmesh.cluster.sim.scaling"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:  # Ctrl-C at any point, imports included: an exit, not a traceback
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "sim" and argv[1] in SIM_MODES:
         return int(importlib.import_module(SIM_MODES[argv[1]]).main(argv[2:]) or 0)
     parser = build_parser()
-    _ARGV[:] = argv
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        parser.error(f"unrecognized arguments: {argv[0]}")  # before argparse takes its value for the command
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
     except ModuleNotFoundError as e:  # a command that needs an extra this install does not have
         top = (e.name or "").split(".")[0]
         extra = EXTRA_OF.get(top)

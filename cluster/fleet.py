@@ -47,6 +47,8 @@ class Fleet:
         self._removing: set[str] = set()
         """Replicas being drained to be removed (one removal each)."""
         self.target = len(cluster.state.replicas)
+        self._last_index = -1
+        """The highest replica index this cluster has used: names are never reused."""
         self._ops: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._work, name="kvmesh-fleet", daemon=True)]
@@ -155,7 +157,10 @@ class Fleet:
 
         cfg, st = self.cluster.config, self.st
         used = {g.replica_index for g in st.groups} | {int(h.replica_id.rsplit("-", 1)[1]) for h in st.replicas}
-        indexes = [i for i in range(len(used) + count) if i not in used][:count]
+        # never a removed replica's name: its metrics (ROUTED, hits) and logs would be taken for the new one's
+        first = max(used | {self._last_index}, default=-1) + 1
+        indexes = list(range(first, first + count))
+        self._last_index = indexes[-1]
         bundles = self.cluster.replica_bundles()
         self.cluster.check_capacity(len(st.replicas) + count)  # more than the nodes hold: say so at once
         groups = []

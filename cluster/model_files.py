@@ -32,6 +32,11 @@ def resolve_model_path(config: ServeConfig, handle: Any, report: Callable[[str],
     return path
 
 
+def looks_like_path(model: str) -> bool:
+    """A local path rather than a hub id (``org/name``): it exists, starts like a path, or has two slashes."""
+    return os.path.exists(os.path.expanduser(model)) or model.startswith((".", "/", "~")) or model.count("/") > 1
+
+
 def check_model(model: str, timeout_s: float = 10.0) -> str:
     """A local model directory (made absolute) or a Hugging Face id that resolves; else ValueError, fast.
 
@@ -44,7 +49,7 @@ def check_model(model: str, timeout_s: float = 10.0) -> str:
             raise ValueError(f"model {model!r} is a directory without config.json; give a Hugging Face model "
                              "directory or a hub id")
         return os.path.abspath(expanded)
-    if os.path.exists(expanded) or model.startswith((".", "/", "~")) or model.count("/") > 1:
+    if looks_like_path(model):
         raise ValueError(f"model {model!r} is not a directory; give a Hugging Face model directory (with "
                          "config.json) or a hub id such as Qwen/Qwen2.5-0.5B")
     try:

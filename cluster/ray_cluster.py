@@ -24,6 +24,7 @@ LOCAL_HOST = "127.0.0.1"
 # logical CPUs left for the router actor, readiness probes and the supervisor's tasks
 DRIVER_CPUS = 2
 _RAY_CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch; "0": a one-machine, loopback-only Ray
+_PR_SET_CHILD_SUBREAPER = 36  # prctl option (linux/prctl.h)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +160,42 @@ def _kill_own_ray_processes() -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(doomed, timeout=5)
+
+
+def adopt_orphans() -> None:
+    """Make this process the subreaper of everything it starts (Linux ``PR_SET_CHILD_SUBREAPER``).
+
+    A Ray process whose parent dies first -- the dashboard and runtime-env agents when the raylet goes
+    down during start-up -- is then re-parented to this process instead of to init, so
+    ``end_descendants`` still finds it. Elsewhere a no-op."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def end_descendants(grace_s: float = 3.0) -> int:
+    """SIGTERM every process below this one, SIGKILL those still there after ``grace_s`` (some Ray agents
+    ignore SIGTERM); repeated while killing re-parents more of them here. Returns how many were ended."""
+    import psutil
+
+    ended = 0
+    for _ in range(5):
+        doomed = psutil.Process().children(recursive=True)
+        if not doomed:
+            break
+        for proc in doomed:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        _, alive = psutil.wait_procs(doomed, timeout=grace_s)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=5)
+        ended += len(doomed)
+    return ended
 
 
 def resolve_device(config: ServeConfig, handle: RayHandle) -> str:

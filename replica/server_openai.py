@@ -243,7 +243,7 @@ class OpenAIHandlers:
                 continue
             usage = _usage(out) if continuous else None
             logprobs = self._chat_logprobs(req, out.new_token_ids, out.new_logprobs)
-            yield chunk(sc.choice_index(candidates[i], req.n), r.DeltaMessage(content=out.delta_text or None),
+            yield chunk(sc.choice_index(candidates[i], req.n), r.DeltaMessage(content=out.delta_text),
                         out.finish_reason, usage, logprobs, out.new_token_ids)
             if out.finished:
                 finals[i] = out

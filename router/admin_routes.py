@@ -83,8 +83,11 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
         if not runtime.drain(replica_id):
             raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
         removing = runtime.fleet is not None and runtime.fleet.request_remove(replica_id)
-        return {"id": replica_id, "draining": True, "in_flight": runtime.in_flight(replica_id),
-                "will_be_removed": bool(removing)}
+        answer = {"id": replica_id, "draining": True, "in_flight": runtime.in_flight(replica_id),
+                  "will_be_removed": bool(removing)}
+        if removing:  # serve's replica count drops by one for good (until a scale or the autoscaler)
+            answer["target"] = runtime.fleet.target
+        return answer
 
     def fleet():
         if runtime.fleet is None:

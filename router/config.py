@@ -66,7 +66,8 @@ class RouterConfig:
     tokenizer: str | None = None
     """Tokenizer path if different from ``model``."""
     served_model_name: str | None = None
-    """Name clients send in "model" (requests naming another model get 404); None accepts any."""
+    """Name clients send in "model" (another name gets 404, no "model" is fine); None: serve uses --model as given
+    (vLLM's rule; kvmesh-embedded for the embedded model), a standalone router accepts any name."""
     max_model_len: int | None = None
     """Context length for validating requests; None = the model's."""
     policy: str = DEFAULT_POLICY

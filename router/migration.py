@@ -33,6 +33,8 @@ DATA, DONE = b"data: ", b"data: [DONE]"
 _TOKEN_IDS = re.compile(rb',\s*"token_ids"\s*:\s*\[([\d,\s]*)\]')
 _PROMPT_IDS = re.compile(rb',\s*"prompt_token_ids"\s*:\s*\[([\d,\s]*)\]')
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"(\w+)"')
+_NO_TEXT = re.compile(rb'"delta"\s*:\s*\{\s*"content"\s*:\s*""\s*\}|"text"\s*:\s*""')
+"""A chunk without text: a replica sends one per token that adds none (for its token ids)."""
 # A JSON string cannot hold an unescaped quote, so these patterns only ever match the real fields.
 
 
@@ -123,6 +125,8 @@ class MigratingStream:
         if finish is not None:
             self.finish_reason = finish.group(1).decode()
         self.sent = True
+        if finish is None and not self.client_ids and _NO_TEXT.search(event) and b'"logprobs":null' in event:
+            return None  # only its token ids made it a chunk, and the client asked for none (vLLM sends none)
         return event + b"\n\n"
 
     def _first_chunk(self, event: bytes) -> None:
@@ -236,7 +240,7 @@ class MigratingStream:
     def _chunk(self, text: str, reason: str | None, ids: list[int], role: bool = False) -> bytes:
         token_ids = ids if self.client_ids else None
         if self.chat:
-            delta = r.DeltaMessage(role="assistant", content="") if role else r.DeltaMessage(content=text or None)
+            delta = r.DeltaMessage(role="assistant", content="") if role else r.DeltaMessage(content=text)
             choice: Any = r.ChatStreamChoice(delta=delta, finish_reason=reason, token_ids=token_ids)
         else:
             choice = r.CompletionChoice(text=text, finish_reason=reason, token_ids=token_ids)

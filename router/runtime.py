@@ -121,9 +121,9 @@ class RouterRuntime:
         self.renderer.close()
 
     def check_model(self, model: str | None) -> None:
-        """404 for a request naming another model than ``served_model_name`` (None accepts any)."""
+        """404 for a model other than ``served_model_name`` (None accepts any) or the path a replica also accepts."""
         if self.config.served_model_name is not None:
-            check_model(model, self.config.served_model_name)
+            check_model(model, self.config.served_model_name, aliases=(self.config.model,) if self.config.model else ())
 
     # ---------------------------------------------------------------- replica set
     def add_replica(self, spec: ReplicaSpec) -> None:

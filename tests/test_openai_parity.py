@@ -173,6 +173,10 @@ def test_model_without_a_chat_template_refuses_chat_like_vllm(stories_path):
         for path in ("/v1/chat/completions", "/v1/chat/completions/render"):
             r = httpx.post(router.url + path, json={"messages": HI}, timeout=10)
             assert r.status_code == 400 and r.json()["error"]["message"] == NO_CHAT_TEMPLATE
+            assert "--chat-template" in NO_CHAT_TEMPLATE  # says what to do
+            tools = [{"type": "function", "function": {"name": "f"}}]
+            r = httpx.post(router.url + path, json={"messages": HI, "tools": tools}, timeout=10)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text  # the documented 400 first
         assert httpx.post(router.url + "/v1/completions/render", json={"prompt": "hi"}).status_code == 200
     finally:
         router.stop()

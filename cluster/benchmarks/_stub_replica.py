@@ -103,7 +103,7 @@ async def serve(port: int, delay_s: float, host: str = "127.0.0.1") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", type=int, default=0, help="port to bind on 127.0.0.1 (0 = free one)")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="wait before each completion answer")
     args = ap.parse_args(argv)

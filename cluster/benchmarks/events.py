@@ -180,7 +180,7 @@ def run_snapshot(num_blocks: int, chain: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvmesh bench events", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench events", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=250_000, help="paced publish rate, events/s")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of publishing per run")

@@ -202,7 +202,7 @@ def summarize(results: list[dict], kills: list[dict], page: str, wall_s: float, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvmesh bench faults", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench faults", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="embedded", help="model of the replicas (stories260K's hf directory)")
     parser.add_argument("--replicas", type=int, default=2)

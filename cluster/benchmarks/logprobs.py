@@ -26,7 +26,7 @@ SCORING_VARIANTS = {"none": None, "prompt_logprobs=1": 1}
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m kvmesh.cluster.benchmarks.logprobs", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m kvmesh.cluster.benchmarks.logprobs", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="results/logprobs.json")
     p.add_argument("--num-requests", type=int, default=32)
     p.add_argument("--prompt-len", type=int, default=64, help="decode workload's prompt length")

@@ -172,7 +172,7 @@ def bench_tokenize(quick: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kvmesh bench router", description=__doc__,
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench router", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/router.json")
     ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")

@@ -40,7 +40,7 @@ def _router(tree: Path, stubs: list[str], template: str) -> tuple[subprocess.Pop
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kvmesh bench router_checkouts", description=__doc__,
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench router_checkouts", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", required=True, metavar="NAME=PATH", help="the other checkout")
     ap.add_argument("--rounds", type=int, default=4)

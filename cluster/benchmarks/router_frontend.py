@@ -98,7 +98,7 @@ def measure(model: str, n: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--model", default=str(STORIES))
     ap.add_argument("--out", default="results/router_frontend.json")

@@ -161,7 +161,7 @@ def _in_tree(tree: Path, passes: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kvmesh bench router_parse", description=__doc__,
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench router_parse", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/router_parse.json")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per tree (medians reported)")

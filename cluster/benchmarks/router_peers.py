@@ -159,7 +159,7 @@ def plot(summary: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kvmesh bench router-peers", description=__doc__,
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench router-peers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/router_peers.json", help="results JSON (a .png beside it)")
     ap.add_argument("--peers-dir", help="folder of virtualenvs holding peer routers (default $KVMESH_PEERS_DIR, "

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvmesh.cluster.benchmarks.router_peers import PATHS, workloads
     from kvmesh.replica.openai.tokenizer import load_tokenizer
 
-    ap = argparse.ArgumentParser(prog="kvmesh bench router-workers", description=__doc__,
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench router-workers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/router_workers.json")
     ap.add_argument("--model", default=str(STORIES))

@@ -121,7 +121,7 @@ def one_run(args: argparse.Namespace, run_index: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvmesh bench startup", description=__doc__,
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench startup", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--replicas", type=int, default=2)

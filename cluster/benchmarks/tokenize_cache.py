@@ -32,7 +32,7 @@ def _per_request_us(fn, requests: list, rounds: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kvmesh bench tokenize_cache", description=__doc__,
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench tokenize_cache", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/tokenize_cache.json")
     ap.add_argument("--model", default=STORIES, help="tokenizer to measure (default stories260K)")

@@ -31,7 +31,7 @@ WORDS = STORY.split(" ")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(Path(__file__).resolve().parents[2] / "../shared/models/stories260K/hf"),
                     help="model directory (its tokenizer is the router's too)")
     ap.add_argument("--prompt-tokens", type=int, default=480, help="tokens per prompt (stories260K's context is 512)")

@@ -1,8 +1,9 @@
 """What ``kvmesh scale``, ``drain`` and ``rollout`` share: the router address, both keys, the errors, --wait.
 
-The admin key comes from ``KVMESH_ADMIN_KEY`` or the file ``kvmesh serve`` writes
-(``~/.cache/kvmesh/admin_key``, mode 0600; cluster/admin_key.py); the tenant API key (reading
-``/replicas``) from ``--api-key`` or ``KVMESH_API_KEY``.
+The admin key comes from ``KVMESH_ADMIN_KEY``, ``--admin-key-file``, or the record of the running
+``kvmesh serve`` (``~/.cache/kvmesh/clusters/``, mode 0600; cluster/admin_key.py), which also gives
+the router's URL when only one cluster runs here; the tenant API key (reading ``/replicas``) from
+``--api-key`` or ``KVMESH_API_KEY``.
 """
 
 from __future__ import annotations
@@ -16,25 +17,28 @@ from typing import Any
 
 
 def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="router URL (default %(default)s)")
+    parser.add_argument("--url", default=None,
+                        help="router URL (default: the one kvmesh serve running here, else http://127.0.0.1:8000)")
     parser.add_argument("--api-key", default=None, help="router API key (default: $KVMESH_API_KEY)")
     parser.add_argument("--admin-key-file", default=None,
-                        help="file holding the admin key (default: $KVMESH_ADMIN_KEY, else ~/.cache/kvmesh/admin_key)")
+                        help="file holding the admin key, or a cluster record (default: $KVMESH_ADMIN_KEY, else the "
+                             "record of the cluster at --url in ~/.cache/kvmesh/clusters/)")
     parser.add_argument("--wait", type=float, default=600.0, metavar="SECONDS",
                         help="wait up to this long for the operation to finish; 0 = return at once (default %(default)s)")
 
 
 def run_admin(args: argparse.Namespace, command: str, call: Callable[[Any], dict],
-              done: Callable[[dict], bool] | None = None) -> int:
-    """Send one admin call, print its answer, then (with --wait) follow GET /admin/fleet until ``done``."""
+              describe: Callable[[dict], str], done: Callable[[dict], bool] | None = None) -> int:
+    """Send one admin call, print what it did (``describe``), then (with --wait) follow GET /admin/fleet
+    until ``done``."""
     import asyncio
 
     import aiohttp
-    from kvmesh.cluster.admin_key import read_admin_key
+    from kvmesh.cluster.admin_key import find_admin_key
     from kvmesh.cluster.router_client import RouterClient
 
     try:
-        admin_key = read_admin_key(args.admin_key_file)
+        args.url, admin_key = find_admin_key(args.url, args.admin_key_file)
     except ValueError as e:
         print(f"kvmesh {command}: {e}", file=sys.stderr)
         return 2
@@ -42,7 +46,7 @@ def run_admin(args: argparse.Namespace, command: str, call: Callable[[Any], dict
                           timeout_s=30)
     try:
         answer = call(client)
-        print(f"kvmesh {command}: {answer}", flush=True)
+        print(f"kvmesh {command}: {describe(answer)}", flush=True)
         if done is None or not args.wait or answer.get("will_be_removed") is False:
             return 0  # nothing to follow (a drain on a standalone router removes no process)
         deadline = time.monotonic() + args.wait
@@ -50,7 +54,7 @@ def run_admin(args: argparse.Namespace, command: str, call: Callable[[Any], dict
             state = client.fleet()
             if state["busy"] is None and not state["queued"] and done(state):
                 last = state["operations"][-1] if state["operations"] else {}
-                print(f"kvmesh {command}: done; replicas {', '.join(state['replicas'])}"
+                print(f"kvmesh {command}: done; {len(state['replicas'])} replica(s): {', '.join(state['replicas'])}"
                       + (f" ({last['operation']}: {last['outcome']}, {last['seconds']}s)" if last else ""))
                 return 0 if last.get("outcome", "ok") == "ok" else 1
             time.sleep(0.5)
@@ -58,8 +62,9 @@ def run_admin(args: argparse.Namespace, command: str, call: Callable[[Any], dict
               file=sys.stderr)
         return 1
     except aiohttp.ClientResponseError as e:
-        hint = {401: " (set --api-key or KVMESH_API_KEY)", 403: " (the admin key is not this router's: is "
-                "the key file from this `kvmesh serve`?)"}.get(e.status, "")
+        hint = {401: " (set --api-key or KVMESH_API_KEY)", 403: " (the admin key is not this router's: "
+                "KVMESH_ADMIN_KEY or --admin-key-file hold another cluster's; without them the key of the cluster "
+                "at --url is found by itself)"}.get(e.status, "")
         print(f"kvmesh {command}: router answered {e.status}: {e.message}{hint}", file=sys.stderr)
         return 1
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:

@@ -1,8 +1,9 @@
 """``kvmesh drain REPLICA``: stop routing new requests to a replica and let its running ones finish.
 
-Inside ``kvmesh serve`` the replica's process is then removed (the router drops its index); with
-a standalone router the replica stays registered, out of rotation (``DELETE /replicas/{id}``
-removes it).
+Inside ``kvmesh serve`` the replica's process is then removed (the router drops its index) and the
+cluster's target replica count is lowered by one (``kvmesh scale N`` restores it; with
+autoscale.scale_with_load the autoscaler decides again); with a standalone router the replica stays
+registered, out of rotation (``DELETE /replicas/{id}`` removes it).
 
 examples:
   kvmesh drain replica-1
@@ -23,6 +24,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def describe(answer: dict) -> str:
+    rid, in_flight = answer["id"], answer.get("in_flight", 0)
+    text = f"{rid} is draining: no new requests; {in_flight} request(s) in flight finish first"
+    if not answer.get("will_be_removed"):
+        return text + f". It stays registered, out of rotation (DELETE /replicas/{rid} removes it)"
+    target = answer.get("target")
+    if target is None:
+        return text + "; then its process is removed"
+    return (text + f"; then its process is removed and the cluster's target becomes {target} replica(s) "
+            f"(`kvmesh scale {target + 1}` starts a replacement)")
+
+
 def run(args: argparse.Namespace) -> int:
-    return run_admin(args, "drain", lambda client: client.drain(args.replica),
+    return run_admin(args, "drain", lambda client: client.drain(args.replica), describe,
                      done=lambda state: args.replica not in state["replicas"])

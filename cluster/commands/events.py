@@ -20,6 +20,13 @@ import json
 import sys
 import threading
 
+NO_ANSWER_HINT = (
+    "a `kvmesh serve` cluster's event streams are private by default "
+    "(CURVE: only its own router can read them, and other subscribers get nothing, not even an error); "
+    "restart it with --no-private-events to tail them. Otherwise check the addresses: replica i of serve "
+    "publishes on 5557+2i and answers replays on 5558+2i (`kvmesh status` lists them)")
+"""What a silent stream most likely means, and what to do (ZeroMQ gives a subscriber no error to show)."""
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("events", help="inspect KV event streams",
@@ -99,8 +106,13 @@ def run(args) -> int:
         except BrokenPipeError:  # `| head`: the reader left
             done.set()
 
+    hinted = []
+
     def on_status(name, status, detail) -> None:
         print(f"# {name}: {status}: {detail}", file=sys.stderr, flush=True)
+        if status in ("snapshot_failed", "unrecovered") and "answer" in detail and not hinted:
+            hinted.append(name)
+            print(f"# {name} did not answer: {NO_ANSWER_HINT}", file=sys.stderr, flush=True)
 
     config = SubscriberConfig(snapshot_on_start=not args.no_snapshot)
     try:
@@ -117,6 +129,9 @@ def run(args) -> int:
         subscriber.close()
         totals = subscriber.totals()
         print("# " + " ".join(f"{k}={v}" for k, v in totals.items()), file=sys.stderr, flush=True)
+        if not totals.get("batches") and not hinted:
+            print(f"# nothing arrived (an idle replica sends nothing; a busy one whose stream you cannot read "
+                  f"neither): {NO_ANSWER_HINT}", file=sys.stderr, flush=True)
     return 0
 
 

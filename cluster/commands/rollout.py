@@ -39,11 +39,18 @@ def parse_settings(items: list[str]) -> dict:
     return settings
 
 
+def describe(answer: dict) -> str:
+    old = answer.get("replicas", [])
+    changes = answer.get("engine_changes") or []
+    return (f"restarting {len(old)} replica(s) one at a time ({', '.join(old)}); each new one gets a new name"
+            + (f" and the new {', '.join(changes)}" if changes else " and the same engine settings"))
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         engine = parse_settings(args.engine)
     except ValueError as e:
         print(f"kvmesh rollout: {e}", file=sys.stderr)
         return 2
-    return run_admin(args, "rollout", lambda client: client.rollout(engine),
+    return run_admin(args, "rollout", lambda client: client.rollout(engine), describe,
                      done=lambda state: bool(state["operations"]) and state["operations"][-1]["operation"] == "rollout")

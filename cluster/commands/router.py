@@ -43,6 +43,7 @@ def run(args) -> int:
         config = replace(command.router, frontend=command.frontend)
         if config.host == "auto":  # one machine: serve's rule
             config = replace(config, host="127.0.0.1")
+        _check_paths(config)
         specs = [ReplicaSpec.parse(text) for text in args.replica]
         if config.workers == 0:
             from kvmesh.router.workers import spare_cores
@@ -62,3 +63,15 @@ def run(args) -> int:
     logging.info("router on http://%s:%d, %d replicas, policy %s, %d worker(s)", config.host, config.port,
                  len(specs), config.policy, config.workers)
     return server.run() or 0
+
+
+def _check_paths(config) -> None:
+    """A --model/--tokenizer that is a path must be a directory (the tokenizer's); serve's wording."""
+    import os
+
+    from kvmesh.cluster.model_files import looks_like_path
+
+    for flag, value in (("--model", config.model), ("--tokenizer", config.tokenizer)):
+        if value and looks_like_path(value) and not os.path.isdir(os.path.expanduser(value)):
+            raise ValueError(f"{flag} {value!r} is not a directory; give a Hugging Face model directory (with "
+                             "tokenizer.json) or a hub id such as Qwen/Qwen2.5-0.5B")

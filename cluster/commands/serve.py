@@ -15,22 +15,18 @@ examples:
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 
 from kvmesh.cluster.config import SERVE_SCHEMA
 from kvmesh.cluster.config_cli import add_config_arguments
+from kvmesh.cluster.interrupts import Interrupts, Terminated
 
 EXAMPLE_HEADER = """\
 # kvmesh serve config: every setting with its default (`kvmesh serve --print-config` writes this).
 # Use: kvmesh serve --config FILE. Precedence: defaults < this file < KVMESH_<SECTION>_<FIELD> < flags.
 # Secrets: KVMESH_API_KEY, KVMESH_HASH_SEED (never on the command line, better not in a file).
 # engine.kv_cache_memory null: 1 GiB per replica on CPU, 64 MiB for the embedded model."""
-
-
-class _Terminated(Exception):
-    """SIGTERM arrived: shut down like Ctrl-C."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -63,42 +59,48 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvmesh serve: {e}", file=sys.stderr)
         return 2
 
-    from kvmesh.cluster.admin_key import default_admin_key_file
+    from kvmesh.cluster import ray_cluster
     from kvmesh.cluster.launcher import ServeCluster
 
-    _install_signal_handlers()
-    key_file = default_admin_key_file()
-    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_key_file=str(key_file))
+    ray_cluster.adopt_orphans()  # a Ray process orphaned by a Ctrl-C mid-start is still ours to end
+    interrupts = Interrupts()
+    interrupts.install()
+    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_keys_dir="")
     code = 0
     try:
         cluster.start()
-        _install_signal_handlers()  # after ray.init, which may have installed its own
+        interrupts.install()  # after ray.init, which installs its own SIGTERM handler
         print(f"\nkvmesh is ready in {cluster.elapsed_s:.1f}s: {cluster.url}  ({config.replicas.num_replicas} "
               f"replicas, policy {config.router.policy}, model {cluster.state.served_model_name})\n"
               f"Try it{' (export KVMESH_API_KEY first)' if config.router.api_key else ''}:\n"
               f"  {cluster.curl_line()}\n"
               f"Status: kvmesh status --url {cluster.url}\n"
-              f"Change: kvmesh scale N | drain REPLICA | rollout --url {cluster.url}  (admin key in {key_file}, "
-              "mode 0600)\nStop:   Ctrl-C\n", flush=True)
+              f"Change: kvmesh scale N | drain REPLICA | rollout --url {cluster.url}  (admin key in "
+              f"{cluster.admin_key_file}, "
+              "mode 0600, removed on exit)\nStop:   Ctrl-C\n", flush=True)
         while True:
             time.sleep(3600)
-    except (KeyboardInterrupt, _Terminated):
+    except (KeyboardInterrupt, Terminated):
+        interrupts.ignore()
         report("shutting down...")
         code = 0
     except Exception as e:  # startup failed: say why, then clean up
-        print(f"kvmesh serve: {e}", file=sys.stderr, flush=True)
-        code = 1
+        interrupts.ignore()
+        if interrupts.pending:  # an interrupt swallowed on the way made start-up fail: that is a Ctrl-C
+            report("shutting down...")
+        else:
+            print(f"kvmesh serve: {e}", file=sys.stderr, flush=True)
+            code = 1
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave orphans
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        interrupts.ignore()  # a second Ctrl-C must not leave orphans
         cluster.stop()
+        _stop_ray()  # a ray.init interrupted half-way: cluster.stop() never got its handle
+        ray_cluster.end_descendants()
         report("stopped")
     return code
 
 
-def _install_signal_handlers() -> None:
-    def on_term(signum, frame):
-        raise _Terminated()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+def _stop_ray() -> None:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()

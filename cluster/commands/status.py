@@ -11,7 +11,8 @@ import sys
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("status", help="show a running cluster's replicas (via its router)",
                                    description=__doc__)
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="router URL (default %(default)s)")
+    parser.add_argument("--url", default=None,
+                        help="router URL (default: the one kvmesh serve running here, else http://127.0.0.1:8000)")
     parser.add_argument("--api-key", default=None, help="router API key (default: $KVMESH_API_KEY)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=run)
@@ -23,8 +24,13 @@ def run(args: argparse.Namespace) -> int:
     import aiohttp
     from kvmesh.cluster.router_client import RouterClient
 
+    try:
+        args.url, admin_key = _locate(args.url)
+    except ValueError as e:
+        print(f"kvmesh status: {e}", file=sys.stderr)
+        return 2
     client = RouterClient(args.url, api_key=args.api_key or os.environ.get("KVMESH_API_KEY"),
-                          admin_key=_admin_key())
+                          admin_key=admin_key)
     try:
         rows = client.status()
         health = client.health()
@@ -49,14 +55,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _admin_key() -> str | None:
-    """The admin key when this user has it (``kvmesh serve`` on this machine): status then shows scaling."""
-    from kvmesh.cluster.admin_key import read_admin_key
+def _locate(url: str | None) -> tuple[str, str | None]:
+    """The router's URL -- the one cluster running here when none is given (ValueError listing them when
+    several run) -- and, when this user has it (its serve runs here), its admin key: status then shows
+    scaling."""
+    import os
 
+    from kvmesh.cluster.admin_key import find_admin_key, running_clusters
+
+    if url is None and len(running_clusters()) > 1 and not os.environ.get("KVMESH_ADMIN_KEY"):
+        find_admin_key(None)  # raises: which clusters run, and --url to pick one
     try:
-        return read_admin_key()
+        return find_admin_key(url)
     except ValueError:
-        return None
+        return url or "http://127.0.0.1:8000", None
 
 
 def _fleet(client) -> dict | None:

@@ -23,7 +23,7 @@ from kvmesh.cluster.loadgen.load import add_load_arguments, results_dir, run_par
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvmesh bench compare-policies", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench compare-policies", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_load_arguments(p)
     c = p.add_argument_group("comparison")

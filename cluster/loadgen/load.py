@@ -68,7 +68,7 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str = "kvmesh bench load") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Load-test an OpenAI-compatible endpoint with streaming "
+    p = argparse.ArgumentParser(allow_abbrev=False, prog=prog, description="Load-test an OpenAI-compatible endpoint with streaming "
                                 "requests; reports TTFT, inter-token and end-to-end latency, throughput, "
                                 "errors and the cached-token share.")
     add_load_arguments(p)

@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvmesh.cluster.sim.replica import cut_trace, requests_from_mooncake
     from kvmesh.cluster.sim.run import blocks_per_replica
 
-    ap = argparse.ArgumentParser(prog="kvmesh sim scaling", description=__doc__,
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh sim scaling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", default="../shared/traces/mooncake_synthetic_trace.jsonl")
     ap.add_argument("--limit", type=int, default=None, help="first N requests of the trace")

@@ -95,8 +95,11 @@ class ChatCompletionResponse(OpenAIBaseModel):
 
 
 class DeltaMessage(OpenAIBaseModel):
-    role: str | None = None
-    content: str | None = None
+    """A streamed chat chunk's delta: ``{"role": "assistant", "content": ""}`` first, then ``{"content": ...}``
+    (vLLM's shape: no null fields)."""
+
+    role: str | None = Field(**_ONLY_IF_SET)
+    content: str | None = Field(**_ONLY_IF_SET)
 
 
 class ChatStreamChoice(OpenAIBaseModel):

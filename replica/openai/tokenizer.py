@@ -26,10 +26,11 @@ import msgspec
 from kvmesh.replica.openai.errors import ProtocolError
 
 NO_CHAT_TEMPLATE = (
-    "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
-    "template if the tokenizer does not define one."
+    "this model's tokenizer defines no chat template, so chat requests cannot be rendered (as in vLLM: "
+    "\"default chat template is no longer allowed\"); start the server with --chat-template FILE_OR_TEXT "
+    "(frontend.chat_template), or send the prompt as text to /v1/completions"
 )
-"""vLLM's answer (400) to a chat request for a model without a chat template."""
+"""The answer (400) to a chat request for a model without a chat template: vLLM's, plus what to do."""
 
 # Keys of a Hugging Face config.json that hold the model's context length, most specific first.
 _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")

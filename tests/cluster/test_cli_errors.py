@@ -87,3 +87,31 @@ def test_a_cached_hub_id_without_a_hub_is_served_offline(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "1"  # the replicas load from the cache, no minutes of retries
+
+
+def _usage_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_a_prefix_of_a_flag_is_not_taken_for_it(capsys):
+    err = _usage_error(["serve", "--num-replica", "3"], capsys)
+    assert "--num-replica (did you mean --num-replicas?)" in err
+    assert err.startswith("usage: kvmesh serve")  # the command's usage, not the top level's
+
+
+def test_a_flag_before_the_command_names_the_commands_that_have_it(capsys):
+    err = _usage_error(["--num-replicas", "3"], capsys)
+    assert "options go after the command" in err and "`kvmesh serve --num-replicas`" in err
+    assert "is no option of any command" in _usage_error(["--bogus"], capsys)
+
+
+def test_a_mistyped_command_gets_a_suggestion(capsys):
+    assert "did you mean 'serve'?" in _usage_error(["serv"], capsys)
+
+
+def test_router_with_a_missing_model_directory_says_so_like_serve():
+    result = _kvmesh("router", "--model", "../no-such-model-dir")
+    _one_line_error(result, "--model '../no-such-model-dir' is not a directory")

@@ -7,6 +7,7 @@ Every load is bounded (threads with a deadline) and every request must succeed.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -27,11 +28,10 @@ def _start(ray_session, stories_path, tmp_path_factory, name: str, **sections) -
         "engine": {"model": str(stories_path), "kv_cache_memory": "16MiB", "max_num_batched_tokens": 512},
         "replicas": replicas, "router": {"port": 0},
         "ray": {"namespace": f"kvmesh-{name}-{os.getpid()}", "ready_timeout_s": 240}, **sections})
-    key_file = tmp_path_factory.mktemp(name) / "admin_key"
     messages: list[str] = []
-    serve = ServeCluster(config, report=messages.append, supervise_interval_s=0.5, admin_key_file=str(key_file))
+    serve = ServeCluster(config, report=messages.append, supervise_interval_s=0.5,
+                         admin_keys_dir=str(tmp_path_factory.mktemp("clusters")))
     serve.messages = messages
-    serve.key_file = key_file
     try:
         serve.start()
     except Exception as e:
@@ -48,7 +48,7 @@ def cluster(ray_session, stories_path, tmp_path_factory):
 
 
 def _admin(cluster) -> dict:
-    return {"Authorization": f"Bearer {cluster.key_file.read_text().strip()}"}
+    return {"Authorization": f"Bearer {json.loads(cluster.admin_key_file.read_text())['admin_key']}"}
 
 
 def _wait_fleet(cluster, predicate, timeout_s: float, what: str) -> dict:
@@ -66,7 +66,8 @@ def _idle(state: dict) -> bool:
 
 
 def test_admin_key_file_is_private(cluster):
-    assert cluster.key_file.stat().st_mode & 0o777 == 0o600
+    assert cluster.admin_key_file.stat().st_mode & 0o777 == 0o600
+    assert json.loads(cluster.admin_key_file.read_text())["url"] == cluster.url
     assert httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, timeout=10).status_code == 403
 
 
@@ -94,6 +95,7 @@ def test_drain_lets_streams_in_flight_finish_then_removes_the_replica(cluster):
         assert busy, "no request in flight"
         r = httpx.post(f"{cluster.url}/replicas/{busy}/drain", headers=_admin(cluster), timeout=10)
         assert r.status_code == 200 and r.json()["in_flight"] > 0 and r.json()["will_be_removed"], r.text
+        assert r.json()["target"] == 1, r.text  # a drain lowers the target for good, and says so
         _wait_fleet(cluster, lambda s: _idle(s) and busy not in s["replicas"], 120, f"{busy} removed")
     finally:
         outcomes = load.stop()
@@ -106,7 +108,8 @@ def test_drain_lets_streams_in_flight_finish_then_removes_the_replica(cluster):
 def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_recovers(cluster):
     httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, headers=_admin(cluster), timeout=10)
     _wait_fleet(cluster, lambda s: _idle(s) and len(s["replicas"]) == 2, 180, "2 replicas")
-    before = {h.actor._actor_id.hex() for h in cluster.state.replicas}  # names may be reused, actors are not
+    before = {h.actor._actor_id.hex() for h in cluster.state.replicas}
+    names_before = {h.replica_id for h in cluster.state.replicas}
     load = Load(cluster.url, cluster.state.served_model_name, clients=3, max_tokens=16).start()
     try:
         time.sleep(8)  # warm: the families' prefixes are cached
@@ -128,6 +131,7 @@ def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_reco
     assert state["operations"][-1]["outcome"] == "ok"
     after_actors = {h.actor._actor_id.hex() for h in cluster.state.replicas}
     assert not after_actors & before and len(after_actors) == len(state["replicas"]) == 2
+    assert not names_before & set(state["replicas"]), "a new replica took an old one's name (and its metrics)"
     assert cluster.state.engine.max_num_seqs == 32  # what the new replicas were started with
     assert not load.failures, load.failures[:3]
 
@@ -144,7 +148,9 @@ def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_reco
 
 @pytest.fixture(scope="module")
 def autoscaled(ray_session, stories_path, tmp_path_factory, cluster):
+    record = cluster.admin_key_file
     cluster.stop()  # one cluster at a time on this machine
+    assert not record.exists(), "a stopped cluster's admin key record stays behind"
     serve = _start(ray_session, stories_path, tmp_path_factory, "autoscale", autoscale={
         "scale_with_load": True, "min_replicas": 1, "max_replicas": 3, "target_in_flight": 2,
         "upscale_delay_s": 1, "downscale_delay_s": 3, "decision_interval_s": 0.25})
@@ -181,7 +187,7 @@ def test_autoscaler_follows_load_up_to_three_and_back_to_one(autoscaled, monkeyp
     assert 'kvmesh_autoscaler_decisions_total{action="down"} 2.0' in metrics
     from kvmesh.cluster.cli import main
 
-    monkeypatch.setenv("KVMESH_ADMIN_KEY_FILE", str(cluster.key_file))
+    monkeypatch.setenv("KVMESH_CLUSTERS_DIR", str(cluster.admin_key_file.parent))
     monkeypatch.delenv("KVMESH_ADMIN_KEY", raising=False)
     capsys.readouterr()
     assert main(["status", "--url", cluster.url]) == 0

@@ -78,8 +78,9 @@ def test_serve_with_no_flags_gets_ready_and_answers_the_printed_curl_line(tmp_pa
     if not all(map(_port_free, range(5557, 5561))):
         argv += ["--event-port", "0"]
     seed = "cli-test-secret-seed-0123456789"  # must never be printed
+    records = tmp_path / "clusters"  # where serve leaves its admin key for `kvmesh scale` (cluster/admin_key.py)
     env = {**os.environ, "KVMESH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1",
-           "KVMESH_HASH_SEED": seed}
+           "KVMESH_HASH_SEED": seed, "KVMESH_CLUSTERS_DIR": str(records)}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             cwd=tmp_path)
@@ -108,6 +109,9 @@ def test_serve_with_no_flags_gets_ready_and_answers_the_printed_curl_line(tmp_pa
         assert answer.returncode == 0 and '"text_completion"' in answer.stdout, answer
         assert '"completion_tokens":16' in answer.stdout.replace(" ", "")
 
+        (record,) = records.glob("*.json")
+        assert record.stat().st_mode & 0o777 == 0o600 and record.stem in curl.replace(":", "_")
+
         tree = {i for i in map(_identity, _descendants(proc.pid)) if i is not None}
         assert tree, "serve started no processes?"
     finally:
@@ -123,6 +127,7 @@ def test_serve_with_no_flags_gets_ready_and_answers_the_printed_curl_line(tmp_pa
     while (line := lines.get(timeout=10)) is not None:
         seen.append(line)
     assert "kvmesh: stopped" in "".join(seen)
+    assert not list(records.glob("*.json")), "the stopped cluster's admin key record stayed"
     assert seed not in "".join(seen)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(_alive(p) for p in tree):

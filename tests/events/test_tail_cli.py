@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from events_testkit import make_publisher, stored
 from kvmesh.cluster.cli import main
 from kvmesh.events.schema import BlockRemoved
@@ -34,3 +35,17 @@ def test_tail_without_events_ends_after_its_duration(capsys):
     with make_publisher() as pub:
         assert main(["events", "tail", "--endpoint", pub.endpoint, "--duration", "0.2"]) == 0
     assert "batches=0" in capsys.readouterr().err
+
+
+def test_tail_of_a_private_stream_says_why_nothing_arrives(capsys):
+    import zmq
+    from kvmesh.events import curve
+
+    if not zmq.has("curve"):
+        pytest.skip("libzmq without CURVE")
+    _, secret = curve.generate_keypair()
+    with make_publisher(curve_secret_key=secret) as pub:  # what `kvmesh serve` runs by default
+        pub.publish([stored(5, 4)])
+        assert main(["events", "tail", "--endpoint", pub.endpoint, "--no-snapshot", "--duration", "0.5"]) == 0
+    err = capsys.readouterr().err
+    assert "batches=0" in err and "private by default" in err and "--no-private-events" in err

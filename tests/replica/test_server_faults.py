@@ -120,7 +120,9 @@ async def test_graceful_shutdown_finishes_in_flight_and_refuses_new(fake_replica
         while fake_replica.llm.num_unfinished() == 0:
             await asyncio.sleep(0.01)
         done = asyncio.get_running_loop().run_in_executor(None, fake_replica.shutdown, 10.0)
-        await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 10  # the shutdown runs on another thread: wait for it to begin
+        while fake_replica.llm.dead_reason() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         assert fake_replica.llm.dead_reason() == "shutting down"
         r = await slow
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 200

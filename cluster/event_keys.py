@@ -1,12 +1,12 @@
-"""The CURVE keypairs that make a serve cluster's KV event streams private (``replicas.private_events``).
+"""The CURVE keys that make a ``kvmesh serve`` cluster's KV event streams private (events/curve.py).
 
-The replicas' event sockets get the server keypair and admit only the router's public key; the router
-gets its own keypair and the server's public key (events/curve.py does the ZeroMQ part).
+One keypair for the replicas' sockets and one for the router that subscribes to them; the replicas
+admit only the router's public key. Generated per run by the launcher, never written anywhere.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -14,11 +14,13 @@ from typing import Any
 class CurveKeys:
     """The config fields that make a cluster's event streams private (events/curve.py)."""
 
-    replicas: dict[str, Any]
-    router: dict[str, Any]
+    replicas: dict[str, Any] = field(repr=False)
+    """The replicas' EngineConfig fields (their secret key, the router's public key). SECRET."""
+    router: dict[str, Any] = field(repr=False)
+    """The router's RouterConfig fields (the replicas' public key, its own keypair). SECRET."""
 
 
-def generate_curve_keys() -> CurveKeys:
+def curve_keys() -> CurveKeys:
     from kvmesh.events.curve import generate_keypair
 
     server_public, server_secret = generate_keypair()

@@ -1,0 +1,59 @@
+"""Ctrl-C and SIGTERM as exceptions in ``kvmesh serve``'s main thread, never lost.
+
+Python raises ``KeyboardInterrupt`` wherever the main thread happens to be; when that is code whose
+exceptions are only printed (an ``os.fork`` hook such as logging's, a ``__del__``), the interrupt is
+swallowed and start-up would go on for minutes. So the handler remembers the signal, and a watchdog
+thread delivers it again every ``redeliver_s`` until the main thread says it acted on it.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: shut down like Ctrl-C."""
+
+
+class Interrupts:
+    """Install with ``install()`` (again after a library replaced the handlers); ``ignore()`` once the main
+    thread caught the exception, for the shutdown itself (a second Ctrl-C must not leave orphans)."""
+
+    def __init__(self, redeliver_s: float = 1.0) -> None:
+        self.redeliver_s = redeliver_s
+        self._pending: int | None = None
+        self._since = 0.0
+        self._acted = threading.Event()
+        self._main = threading.main_thread().ident
+        self._watchdog: threading.Thread | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGTERM, self._handle)
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch, name="kvmesh-interrupts", daemon=True)
+            self._watchdog.start()
+
+    @property
+    def pending(self) -> bool:
+        """A signal arrived (whether or not its exception got through)."""
+        return self._pending is not None
+
+    def ignore(self) -> None:
+        self._acted.set()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self._pending is None:
+            self._pending, self._since = signum, time.monotonic()
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated()
+
+    def _watch(self) -> None:
+        while not self._acted.wait(self.redeliver_s / 4):
+            pending = self._pending
+            if pending is not None and time.monotonic() - self._since >= self.redeliver_s:
+                self._since = time.monotonic()
+                signal.pthread_kill(self._main, pending)  # swallowed: raise it again

@@ -1,0 +1,43 @@
+"""`kvmesh serve`'s Ctrl-C is never lost: one swallowed on the way (an exception inside an os.fork hook is
+only printed) is delivered again until the main thread acts on it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from kvmesh.cluster.interrupts import Interrupts, Terminated
+
+
+@pytest.fixture
+def interrupts():
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    handler = Interrupts(redeliver_s=0.2)
+    handler.install()
+    yield handler
+    handler.ignore()
+    signal.signal(signal.SIGINT, before[0])
+    signal.signal(signal.SIGTERM, before[1])
+
+
+def test_a_swallowed_ctrl_c_is_raised_again(interrupts):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(2)
+    except KeyboardInterrupt:
+        pass  # swallowed, as logging's fork hook swallows it
+    assert interrupts.pending
+    with pytest.raises(KeyboardInterrupt):
+        time.sleep(5)
+
+
+def test_sigterm_is_an_exception_and_ignore_ends_redelivery(interrupts):
+    with pytest.raises(Terminated):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(2)
+    interrupts.ignore()
+    time.sleep(0.5)  # what must not happen: nothing is delivered after ignore() (asserting an absence)
+    os.kill(os.getpid(), signal.SIGINT)  # ignored now: the shutdown itself is not interrupted
+    time.sleep(0.1)
