@@ -14,6 +14,9 @@ is done on whole arrays:
     positions[t]    = num_computed[req(t)] + (t - query_start_loc[req(t)])
     slot_mapping[t] = block_table[req(t), positions[t] // block_size] * block_size + positions[t] % block_size
     logits_indices  = query_start_loc[1:] - 1 for the requests that sample (their last token)
+
+The arrays are staged in host buffers allocated once and copied to persistent device buffers without
+blocking (``StepBuffers``, cpu_gpu_buffer.py); on a CPU device the two are the same memory.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.block_table import BlockTables
+from kvmesh.replica.cpu_gpu_buffer import CopyFence, CpuGpuBuffer
 from kvmesh.replica.sampler import SamplingMetadata, build_sampling_metadata
 from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
 
@@ -33,7 +37,7 @@ __all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
 
 _token_ids = attrgetter("token_ids")
 _sample = attrgetter("sample")
-_ALL_GREEDY = SamplingMetadata(None, None, None, None, {}, [])
+_ALL_GREEDY = SamplingMetadata(None, None, None, None, {})
 
 
 @dataclass(slots=True)
@@ -55,10 +59,34 @@ class ModelInputs:
     is the first token of row ``rows[i]``)."""
 
 
+class StepBuffers:
+    """The step's input tensors: host staging buffers and their device twins, one set per runner."""
+
+    def __init__(self, max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int, device: torch.device) -> None:
+        self.input_ids = CpuGpuBuffer(max_num_tokens, torch.int64, device)  # [T]
+        self.positions = CpuGpuBuffer(max_num_tokens, torch.int64, device)  # [T]
+        self.slot_mapping = CpuGpuBuffer(max_num_tokens, torch.int64, device)  # [T]
+        self.query_start_loc = CpuGpuBuffer(max_num_reqs + 1, torch.int32, device)  # [n + 1]
+        self.seq_lens = CpuGpuBuffer(max_num_reqs, torch.int32, device)  # [n]
+        # [n * width] row after row, viewed [n, width]: a step copies only its own rows and width
+        self.block_tables = CpuGpuBuffer(max_num_reqs * max_blocks_per_req, torch.int32, device)
+        self.logits_indices = CpuGpuBuffer(max_num_reqs, torch.int64, device)  # [N]
+        self.fence = CopyFence(device)
+
+    def stage(self, name: str, array: np.ndarray) -> torch.Tensor:
+        """``array`` written into buffer ``name`` and (on a device) copied over, shaped like ``array``."""
+        buf: CpuGpuBuffer = getattr(self, name)
+        buf.fit(array.size)
+        buf.np[: array.size] = array.reshape(-1)
+        return buf.copy_to_gpu(array.size).view(array.shape)
+
+
 class InputBatch:
-    def __init__(self, max_num_reqs: int, max_blocks_per_req: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, max_num_reqs: int, max_blocks_per_req: int, block_size: int, device: torch.device,
+                 max_num_tokens: int | None = None) -> None:
         self.block_size, self.device = block_size, device
         self.block_tables = BlockTables(max_num_reqs, max_blocks_per_req)
+        self.buffers = StepBuffers(max_num_tokens or max_num_reqs, max_num_reqs, max_blocks_per_req, device)
         self.num_computed = np.zeros(0, np.int64)
         self.last_token = np.zeros(0, np.int64)
         self.num_output = np.zeros(0, np.int64)
@@ -166,20 +194,22 @@ class InputBatch:
             logits_indices = query_start_loc[1:][sample_mask] - 1
             sample_rows = rows[sample_mask]
 
-        def dev(a: np.ndarray) -> torch.Tensor:
-            t = torch.from_numpy(a)
-            return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
-
+        buffers = self.buffers
+        buffers.fence.wait()  # the previous step's copies have read the staging buffers
+        stage = buffers.stage
         common = CommonAttentionMetadata(
             num_reqs=n, num_decodes=num_decodes, num_actual_tokens=num_tokens,
             max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()), block_size=bs,
-            query_start_loc=dev(query_start_loc.astype(np.int32)), seq_lens=dev(seq_lens.astype(np.int32)),
-            block_tables=dev(block_tables), slot_mapping=dev(slot_mapping),
+            query_start_loc=stage("query_start_loc", query_start_loc), seq_lens=stage("seq_lens", seq_lens),
+            block_tables=stage("block_tables", block_tables), slot_mapping=stage("slot_mapping", slot_mapping),
             query_start_loc_cpu=query_start_loc.tolist(), seq_lens_cpu=seq_lens.tolist(),
             block_tables_cpu=block_tables,
         )
-        return ModelInputs(dev(input_ids), dev(positions.astype(np.int64, copy=False)), common,
-                           dev(logits_indices), sample_rows, self.req_ids[sample_rows].tolist(), rows)
+        inputs = ModelInputs(stage("input_ids", input_ids), stage("positions", positions), common,
+                             stage("logits_indices", logits_indices), sample_rows, self.req_ids[sample_rows].tolist(),
+                             rows)
+        buffers.fence.record()
+        return inputs
 
     def sampling_metadata(self, rows: np.ndarray, vocab_size: int, eos_token_ids) -> SamplingMetadata:
         """Sampling settings of ``rows`` (the all-greedy common case costs one array test)."""
@@ -194,14 +224,14 @@ class InputBatch:
         starts, rows = inputs.common.query_start_loc_cpu, self.block_tables.rows
         return {rid: starts[step_index[rows[rid]]] for rid in request_ids}
 
-    def record_samples(self, rows: np.ndarray, tokens: torch.Tensor) -> None:
-        """The sampled tokens become the rows' next inputs."""
-        self.last_token[rows] = tokens.cpu().numpy()
+    def record_samples(self, rows: np.ndarray, tokens: np.ndarray | torch.Tensor) -> None:
+        """The sampled tokens (on the host) become the rows' next inputs."""
+        self.last_token[rows] = np.asarray(tokens)
         self.num_output[rows] += 1
 
 
 def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device) -> ModelInputs:
     """The tensors of one step of full requests, from a fresh batch (tests and one-off forwards)."""
     width = max(len(sr.block_ids) for sr in scheduled)
-    batch = InputBatch(len(scheduled), width, block_size, device)
+    batch = InputBatch(len(scheduled), width, block_size, device, sum(len(sr.token_ids) for sr in scheduled))
     return batch.prepare(SchedulerOutput(list(scheduled), sum(len(sr.token_ids) for sr in scheduled)))

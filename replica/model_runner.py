@@ -77,7 +77,7 @@ class ModelRunner:
         for i, attn in enumerate(self.model.attention_layers()):
             attn.kv_cache = self.kv_cache[i]
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
-                                      self.block_size, self.device)
+                                      self.block_size, self.device, config.max_num_batched_tokens)
         self.static_decode: StaticDecode | None = None  # decode steps on static shapes (CUDA graphs)
         if config.cuda_graphs:
             if self.device.type != "cuda":
@@ -181,8 +181,9 @@ class ModelRunner:
             tokens, logprobs = self.sampler(logits, sampling), None
         else:
             tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
-        self.input_batch.record_samples(inputs.sample_rows, tokens)
-        sampled = dict(zip(inputs.sample_request_ids, tokens.tolist(), strict=True))
+        token_ids = tokens.cpu()  # [N] the step's one device-to-host transfer (waits for the step)
+        self.input_batch.record_samples(inputs.sample_rows, token_ids.numpy())
+        sampled = dict(zip(inputs.sample_request_ids, token_ids.tolist(), strict=True))
         if logprobs is None and prompt_logprobs is None:
             return sampled
         token_logprobs = None

@@ -19,9 +19,10 @@ tensor inside. Ops run on the CPU tensors, so a whole ``ModelRunner`` (built wit
             synchronous copy for indices), and ``.numpy()`` of a device tensor (a crash on a GPU)
     h2d     host -> device copies (with their ``non_blocking`` flag)
 
-Each record names the first kvmesh source line on the stack. Generators cannot be made for ``meta``,
-so ``torch.Generator`` is replaced by one that makes CPU generators while the mode is installed
-(a CUDA run would draw from CUDA generators: the check is about transfers, not values).
+Each record names the first kvmesh source line on the stack. Two entry points bypass a dispatch mode
+and are replaced while it is installed: ``torch.Generator`` makes CPU generators (``meta`` has none; a
+CUDA run would draw from CUDA generators: the check is about transfers, not values), and
+``torch.tensor(data, device=meta)`` makes a ``DeviceTensor`` and records a blocking upload.
 """
 
 from __future__ import annotations
@@ -128,10 +129,19 @@ class FakeDevice(TorchDispatchMode):
     def __enter__(self):
         FakeDevice.current = self
         self._generator, torch.Generator = torch.Generator, HostGenerator  # meta has none (module docstring)
+        self._tensor = real_tensor = torch.tensor
+
+        def tensor(data, *, device=None, **kw):  # torch.tensor(..., device=meta) would bypass the mode
+            if device is None or torch.device(device) != FAKE:
+                return real_tensor(data, device=device, **kw)
+            self.record("h2d", "torch.tensor(data, device=device) (non_blocking=False: pageable memory)")
+            return DeviceTensor(real_tensor(data, **kw))
+
+        torch.tensor = tensor
         return super().__enter__()
 
     def __exit__(self, *exc):
-        torch.Generator = self._generator
+        torch.Generator, torch.tensor = self._generator, self._tensor
         FakeDevice.current = None
         return super().__exit__(*exc)
 
@@ -164,7 +174,8 @@ class FakeDevice(TorchDispatchMode):
         elif func is aten.copy_.default:
             dst, src = args[0], args[1]
             if isinstance(dst, DeviceTensor) and type(src) is torch.Tensor and src.dim() > 0:
-                self.record("h2d", f"copy_(non_blocking={kwargs.get('non_blocking', False)})")
+                non_blocking = kwargs.get("non_blocking", len(args) > 2 and args[2])
+                self.record("h2d", f"copy_(non_blocking={non_blocking})")
             elif type(dst) is torch.Tensor and isinstance(src, DeviceTensor):
                 self.record("d2h", "copy_ into a host tensor")
                 return dst.copy_(src.elem)
