@@ -2,7 +2,7 @@
 
     host:   pinned CPU tensor [size] (a numpy view ``np`` is what the input code writes)
                │  copy_to_gpu(n): one non-blocking cudaMemcpyAsync of the first n entries
-               ▼
+               ▼  ▲ copy_to_cpu(t): the step's sampled ids, into pinned memory, then a wait
     device: persistent tensor [size] on the runner's device (same addresses every step)
 
 Allocated once at the largest size a step needs, so a step allocates nothing and the host never
@@ -41,6 +41,18 @@ class CpuGpuBuffer:
         if self.gpu is self.cpu:
             return self.cpu[:n]
         return self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
+
+    def copy_to_cpu(self, src: torch.Tensor) -> torch.Tensor:
+        """``src`` [n] (on the device) in the host buffer, once it has arrived: one copy into pinned memory
+        and a wait for it (a copy into pageable memory would be staged and synchronous anyway)."""
+        if self.gpu is self.cpu:
+            return src
+        self.fit(src.shape[0])
+        host = self.cpu[: src.shape[0]]
+        host.copy_(src, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return host
 
 
 def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -71,6 +71,7 @@ class StepBuffers:
         # [n * width] row after row, viewed [n, width]: a step copies only its own rows and width
         self.block_tables = CpuGpuBuffer(max_num_reqs * max_blocks_per_req, torch.int32, device)
         self.logits_indices = CpuGpuBuffer(max_num_reqs, torch.int64, device)  # [N]
+        self.sampled_ids = CpuGpuBuffer(max_num_reqs, torch.int64, device)  # [N] the step's samples, back
         self.fence = CopyFence(device)
 
     def stage(self, name: str, array: np.ndarray) -> torch.Tensor:

@@ -181,7 +181,8 @@ class ModelRunner:
             tokens, logprobs = self.sampler(logits, sampling), None
         else:
             tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
-        token_ids = tokens.cpu()  # [N] the step's one device-to-host transfer (waits for the step)
+        # [N] the step's one device-to-host transfer (waits for the step)
+        token_ids = self.input_batch.buffers.sampled_ids.copy_to_cpu(tokens)
         self.input_batch.record_samples(inputs.sample_rows, token_ids.numpy())
         sampled = dict(zip(inputs.sample_request_ids, token_ids.tolist(), strict=True))
         if logprobs is None and prompt_logprobs is None:
