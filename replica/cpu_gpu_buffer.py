@@ -2,7 +2,7 @@
 
     host:   pinned CPU tensor [size] (a numpy view ``np`` is what the input code writes)
                │  copy_to_gpu(n): one non-blocking cudaMemcpyAsync of the first n entries
-               ▼  ▲ copy_to_cpu(t): the step's sampled ids, into pinned memory, then a wait
+               ▼
     device: persistent tensor [size] on the runner's device (same addresses every step)
 
 Allocated once at the largest size a step needs, so a step allocates nothing and the host never
@@ -42,18 +42,6 @@ class CpuGpuBuffer:
             return self.cpu[:n]
         return self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
 
-    def copy_to_cpu(self, src: torch.Tensor) -> torch.Tensor:
-        """``src`` [n] (on the device) in the host buffer, once it has arrived: one copy into pinned memory
-        and a wait for it (a copy into pageable memory would be staged and synchronous anyway)."""
-        if self.gpu is self.cpu:
-            return src
-        self.fit(src.shape[0])
-        host = self.cpu[: src.shape[0]]
-        host.copy_(src, non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        return host
-
 
 def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small host list/array on ``device`` without blocking the host: staged through pinned memory on
@@ -64,6 +52,21 @@ def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         t = t.pin_memory()
     return t.to(device, non_blocking=True)
+
+
+def start_copy_to_host(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Enqueue ``t``'s copy to the host (pinned memory on CUDA) without waiting; returns the host tensor and
+    the event to wait on before reading it (None: already there). Each call gets its own host memory, so a
+    step launched before the previous one was read cannot overwrite it."""
+    if t.device.type == "cpu":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
+    host.copy_(t, non_blocking=True)
+    if t.device.type != "cuda":
+        return host, None
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
 
 
 class CopyFence:

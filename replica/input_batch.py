@@ -4,8 +4,9 @@ vLLM v1's persistent batch: a request that only decodes arrives as its id (sched
 its row here holds everything its step needs:
 
     row r:  num_computed[r]   tokens with K/V in the cache (the position of the next token)
-            last_token[r]     the token the runner sampled for it last step (its next input)
+            last_token[r]     the token the runner sampled for it last step (its next input), once on the host
             num_output[r]     tokens generated so far (seeded sampling derives its generator from it)
+            prev_sample[r]    1 + its index in the previous step's sampled ids on the device (0: none)
             params[r]         its SamplingParams;  block table row r in ``block_tables``
 
 A full ``ScheduledRequest`` (new, resumed, prefill chunk) (re)sets its row. The step's rows are
@@ -14,6 +15,9 @@ is done on whole arrays:
     positions[t]    = num_computed[req(t)] + (t - query_start_loc[req(t)])
     slot_mapping[t] = block_table[req(t), positions[t] // block_size] * block_size + positions[t] % block_size
     logits_indices  = query_start_loc[1:] - 1 for the requests that sample (their last token)
+
+Async scheduling launches a step before the host has the previous step's samples: a decode row sampled
+by the previous step takes its input id from that step's sampled tensor, on the device (``prev_sample``).
 
 The arrays are staged in host buffers allocated once and copied to persistent device buffers without
 blocking (``StepBuffers``, cpu_gpu_buffer.py); on a CPU device the two are the same memory.
@@ -29,7 +33,7 @@ import numpy as np
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.block_table import BlockTables
-from kvmesh.replica.cpu_gpu_buffer import CopyFence, CpuGpuBuffer
+from kvmesh.replica.cpu_gpu_buffer import CopyFence, CpuGpuBuffer, to_device
 from kvmesh.replica.sampler import SamplingMetadata, build_sampling_metadata
 from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
 
@@ -71,7 +75,6 @@ class StepBuffers:
         # [n * width] row after row, viewed [n, width]: a step copies only its own rows and width
         self.block_tables = CpuGpuBuffer(max_num_reqs * max_blocks_per_req, torch.int32, device)
         self.logits_indices = CpuGpuBuffer(max_num_reqs, torch.int64, device)  # [N]
-        self.sampled_ids = CpuGpuBuffer(max_num_reqs, torch.int64, device)  # [N] the step's samples, back
         self.fence = CopyFence(device)
 
     def stage(self, name: str, array: np.ndarray) -> torch.Tensor:
@@ -91,6 +94,9 @@ class InputBatch:
         self.num_computed = np.zeros(0, np.int64)
         self.last_token = np.zeros(0, np.int64)
         self.num_output = np.zeros(0, np.int64)
+        self.prev_sample = np.zeros(0, np.int64)
+        self.prev_sampled: torch.Tensor | None = None  # [N] the previous step's sampled ids, on the device
+        self._prev_rows = np.zeros(0, np.int64)
         self.plain_greedy = np.zeros(0, bool)  # greedy, no min_tokens/logit_bias/logprobs: no sampling metadata
         self.req_ids = np.zeros(0, object)
         self.params: list = []
@@ -99,12 +105,14 @@ class InputBatch:
     def _fit_rows(self) -> None:
         n, old = self.block_tables.num_rows, len(self.params)
         if n > old:
-            for name in ("num_computed", "last_token", "num_output", "plain_greedy", "req_ids"):
+            for name in ("num_computed", "last_token", "num_output", "prev_sample", "plain_greedy", "req_ids"):
                 a = getattr(self, name)
                 setattr(self, name, np.concatenate([a, np.zeros(n - old, a.dtype)]))
             self.params += [None] * (n - old)
 
     def free(self, request_ids) -> None:
+        rows = self.block_tables.rows
+        self.prev_sample[[rows[rid] for rid in request_ids if rid in rows]] = 0
         self.block_tables.free(request_ids)
 
     def _admit(self, srs: list[ScheduledRequest]) -> np.ndarray:
@@ -117,6 +125,7 @@ class InputBatch:
             self.plain_greedy[row] = (sp.greedy and not sp.min_tokens and not sp.logit_bias
                                       and sp.logprobs is None)
             self.num_computed[row] = sr.num_computed_tokens
+            self.prev_sample[row] = 0  # its input ids come with it
             if len(sr.token_ids) == 1:
                 self.last_token[row] = sr.token_ids[0]
         return np.array(rows, np.int64)
@@ -206,7 +215,8 @@ class InputBatch:
             query_start_loc_cpu=query_start_loc.tolist(), seq_lens_cpu=seq_lens.tolist(),
             block_tables_cpu=block_tables,
         )
-        inputs = ModelInputs(stage("input_ids", input_ids), stage("positions", positions), common,
+        inputs = ModelInputs(self._input_ids(stage("input_ids", input_ids), rows[:num_decodes]),
+                             stage("positions", positions), common,
                              stage("logits_indices", logits_indices), sample_rows, self.req_ids[sample_rows].tolist(),
                              rows)
         buffers.fence.record()
@@ -225,10 +235,34 @@ class InputBatch:
         starts, rows = inputs.common.query_start_loc_cpu, self.block_tables.rows
         return {rid: starts[step_index[rows[rid]]] for rid in request_ids}
 
-    def record_samples(self, rows: np.ndarray, tokens: np.ndarray | torch.Tensor) -> None:
-        """The sampled tokens (on the host) become the rows' next inputs."""
-        self.last_token[rows] = np.asarray(tokens)
+    def _input_ids(self, input_ids: torch.Tensor, decode_rows: np.ndarray) -> torch.Tensor:
+        """``input_ids`` [T] (device) with the decode rows sampled by the previous step, not yet recorded on
+        the host, taking their ids from its sampled tensor (a device gather, no transfer)."""
+        if self.prev_sampled is None or not len(decode_rows):
+            return input_ids
+        src = self.prev_sample[decode_rows]
+        dst = np.flatnonzero(src)
+        if not len(dst):
+            return input_ids
+        index = to_device(src[dst] - 1, torch.int64, self.device)  # [D'] into prev_sampled
+        return input_ids.index_copy_(0, to_device(dst, torch.int64, self.device), self.prev_sampled[index])
+
+    def count_samples(self, rows: np.ndarray, tokens: torch.Tensor) -> None:
+        """A launched step sampled ``tokens`` [N] (on the device) for ``rows``: they are the rows' next inputs
+        until the host records them; the rows' output counts move on now (seeds, min_tokens of the next step)."""
         self.num_output[rows] += 1
+        self.prev_sample[self._prev_rows] = 0
+        self.prev_sample[rows] = np.arange(1, len(rows) + 1)
+        self.prev_sampled, self._prev_rows = tokens, rows
+
+    def record_samples(self, rows: np.ndarray, tokens: np.ndarray | torch.Tensor,
+                       on_device: torch.Tensor | None = None) -> None:
+        """The sampled tokens (on the host) become the rows' next inputs (``on_device``: the tensor they
+        came from; if it is still the newest, later steps read the host copy instead)."""
+        self.last_token[rows] = np.asarray(tokens)
+        if on_device is not None and on_device is self.prev_sampled:
+            self.prev_sample[self._prev_rows] = 0
+            self.prev_sampled = None
 
 
 def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device) -> ModelInputs:

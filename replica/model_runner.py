@@ -16,6 +16,7 @@ import logging
 import os
 
 import torch
+from kvmesh.replica.async_output import AsyncModelRunnerOutput
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.cuda_graph import StaticDecode
@@ -152,15 +153,20 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the sampled token of every scheduled request with ``sample=True`` (a
         ``ModelRunnerOutput`` carrying logprobs too when a request asked for them)."""
+        return self.execute_model_async(out).get()
+
+    @torch.inference_mode()
+    def execute_model_async(self, out: SchedulerOutput) -> AsyncModelRunnerOutput:
+        """Launch one step without waiting for it: ``.get()`` of the result returns what ``execute_model``
+        does. Decode rows sampled by the previous launch read their input ids from its sampled tensor."""
         if out.finished_request_ids:
             self.input_batch.free(out.finished_request_ids)
             self.prompt_logprobs.free(out.finished_request_ids)
         if out.is_empty:
-            return {}
+            return AsyncModelRunnerOutput.ready({})
         inputs = self.input_batch.prepare(out)
         common = inputs.common
         if self.static_decode is not None and common.num_decodes == common.num_actual_tokens and \
@@ -172,7 +178,8 @@ class ModelRunner:
         if out.scheduled and any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled):
             prompt_logprobs = self._prompt_logprobs(out, inputs, hidden)
         if not inputs.sample_request_ids:
-            return ModelRunnerOutput({}, None, prompt_logprobs) if prompt_logprobs else {}
+            return AsyncModelRunnerOutput.ready(ModelRunnerOutput({}, None, prompt_logprobs) if prompt_logprobs
+                                                else {})
         if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order
             hidden = hidden[inputs.logits_indices]
         logits = self.model.compute_logits(hidden)  # [N, V]
@@ -181,19 +188,9 @@ class ModelRunner:
             tokens, logprobs = self.sampler(logits, sampling), None
         else:
             tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
-        # [N] the step's one device-to-host transfer (waits for the step)
-        token_ids = self.input_batch.buffers.sampled_ids.copy_to_cpu(tokens)
-        self.input_batch.record_samples(inputs.sample_rows, token_ids.numpy())
-        sampled = dict(zip(inputs.sample_request_ids, token_ids.tolist(), strict=True))
-        if logprobs is None and prompt_logprobs is None:
-            return sampled
-        token_logprobs = None
-        if logprobs is not None:  # row i of the logits is persistent-batch row sample_rows[i]
-            params = self.input_batch.params
-            token_logprobs = {rid: logprobs.row(i, params[row].logprobs) for i, (rid, row) in
-                              enumerate(zip(inputs.sample_request_ids, inputs.sample_rows.tolist(), strict=True))
-                              if params[row].logprobs is not None}
-        return ModelRunnerOutput(sampled, token_logprobs, prompt_logprobs)
+        self.input_batch.count_samples(inputs.sample_rows, tokens)
+        return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
+                                      logprobs, prompt_logprobs)
 
     def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor) -> dict:
         """Prompt logprobs of this step's prefill chunks of requests that ask for them (``hidden`` [T, H]).
