@@ -50,6 +50,9 @@ class EngineConfig:
     """Attention backend registry name ("torch", "flash_attn"); None picks the best available."""
     cuda_graphs: bool = False
     """Replay decode-only steps from CUDA graphs (device cuda, attention_backend flash_attn, block_size % 256 == 0)."""
+    async_scheduling: bool | None = None
+    """Schedule step N+1 while step N runs on the device (vLLM's async scheduling; same tokens); None: on
+    for CUDA, off elsewhere. Needs a runner that launches steps without waiting (tensor_parallel_size 1)."""
     device: str | None = None
     """"cpu" or "cuda"; None (or "auto") uses cuda when available, else cpu."""
     seed: int = 0

@@ -41,6 +41,9 @@ def scenarios() -> dict[str, tuple[dict, dict, dict | None]]:
                             "plain": (PROMPT[:6], dict(temperature=0.0, max_tokens=4))}, None)
     out["prompt-logprobs"] = ({"max_num_batched_tokens": 32},
                               {"p": (LONG, dict(temperature=0.0, prompt_logprobs=2, max_tokens=2))}, None)
+    out["async"] = ({"async_scheduling": True, "max_num_batched_tokens": 24},
+                    {"a": (LONG, greedy), "b": (PROMPT, SAMPLING["top_k_top_p"]), "c": (PROMPT[:5], SAMPLING["min_tokens"])},
+                    {"d": (LONG[:40], SAMPLING["logit_bias"])})
     return out
 
 
@@ -101,7 +104,8 @@ def engine_steps(path: str) -> dict:
             engine = _engine(path, True, **kw)
             tokens, logs = _run(engine, dev, requests, later)
             hits = engine.get_stats().prefix_cache_hits
-        cpu, _ = _run(_engine(path, False, **kw), None, requests, later)
+        sync = {k: v for k, v in kw.items() if k != "async_scheduling"}  # the reference schedules synchronously
+        cpu, _ = _run(_engine(path, False, **sync), None, requests, later)
         results[name] = {"tokens": tokens, "cpu_tokens": cpu, "logs": logs, "prefix_cache_hits": hits}
     return results
 

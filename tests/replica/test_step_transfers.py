@@ -74,6 +74,18 @@ def test_prompt_logprobs_add_one_transfer_per_prefill_chunk(runs):
     assert len(runs["prompt-logprobs"]["tokens"]["p"]) == 2
 
 
+def test_async_scheduling_keeps_one_transfer_per_step_and_the_tokens(runs):
+    """Step N+1 is launched before step N's ids are read: each step() enqueues (at most) one transfer, every
+    launched step's is read once, and decode inputs come from the device without a sync."""
+    run = runs["async"]
+    logs = run["logs"]
+    assert all(log["syncs"] == [] and log["mixed"] == [] for log in logs)
+    assert all(len(log["d2h"]) <= 1 for log in logs)
+    assert sum(len(log["d2h"]) for log in logs) == sum(log["sampled"] for log in logs)
+    assert all("non_blocking=True" in h2d for log in logs for h2d in log["h2d"])
+    assert run["tokens"] == run["cpu_tokens"]
+
+
 def test_the_check_sees_syncs_transfers_and_mixing(stories_path):
     """The stand-in device records what a GPU would pay for (so the assertions above can fail)."""
     log = run_in_child("the_check", stories_path)
