@@ -52,9 +52,10 @@ def generate(eng: LLMEngine, params: dict[str, SamplingParams], abort_after: dic
     return result
 
 
-def both(path, params, **kw) -> tuple[dict, dict, LLMEngine]:
-    eng = engine(path, True, **kw.pop("engine", {}) if "engine" in kw else {})
-    return generate(engine(path, False), params, **kw), generate(eng, params, **kw), eng
+def both(path, params, engine_kw: dict | None = None, **kw) -> tuple[dict, dict, LLMEngine]:
+    """(sync results, async results, the async engine) of the same requests."""
+    eng = engine(path, True, **(engine_kw or {}))
+    return generate(engine(path, False, **(engine_kw or {})), params, **kw), generate(eng, params, **kw), eng
 
 
 def test_greedy_and_seeded_sampling_give_the_same_tokens(stories_path):
@@ -83,7 +84,7 @@ def test_stop_strings_eos_and_max_tokens_end_requests_at_the_same_token(stories_
 def test_preemption_gives_the_same_tokens(stories_path):
     params = {rid: SamplingParams(temperature=0.0 if rid in "ac" else 0.8, seed=2, max_tokens=28, ignore_eos=True)
               for rid in PROMPTS}
-    sync, async_, eng = both(stories_path, params, engine={"num_kv_blocks": 24})
+    sync, async_, eng = both(stories_path, params, engine_kw={"num_kv_blocks": 24})
     assert async_ == sync
     assert eng.get_stats().num_preemptions > 0
 
@@ -104,3 +105,19 @@ def test_async_scheduling_is_off_on_cpu_by_default_and_refused_for_a_runner_that
     with pytest.raises(ValueError, match="async_scheduling=True needs a model runner that launches steps"):
         LLMEngine(EngineConfig(model="fake", load_format="dummy", async_scheduling=True),
                   model_runner=FakeModelRunner(), skip_tokenizer_init=True)
+
+
+@pytest.mark.gpu
+def test_on_cuda_async_scheduling_is_the_default_and_gives_the_same_tokens(stories_path):
+    def run(async_scheduling):
+        config = EngineConfig(model=str(stories_path), dtype="float32", device="cuda", block_size=16,
+                              gpu_memory_utilization=0.05, async_scheduling=async_scheduling)
+        eng = LLMEngine(config)
+        return eng.async_scheduling, generate(eng, params)
+
+    params = {"a": SamplingParams(temperature=0.0, max_tokens=24),
+              "b": SamplingParams(temperature=0.8, seed=7, max_tokens=20, ignore_eos=True),
+              "c": SamplingParams(temperature=1.0, top_k=20, top_p=0.9, seed=3, max_tokens=16, min_tokens=4)}
+    on, async_ = run(None)
+    assert on is True
+    assert async_ == run(False)[1]
