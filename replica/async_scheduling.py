@@ -38,11 +38,14 @@ def step_async(engine: Any) -> list:
     outputs, engine._pending = engine._pending, []
     sched = engine.scheduler.schedule()
     launched = None
+    requests = engine.scheduler.requests
     if not sched.is_empty:
         try:
-            launched = (sched, engine.model_runner.execute_model_async(sched))
+            # the step's Request objects: an id aborted and reused before get() must not get this step's token
+            launched = (sched, engine.model_runner.execute_model_async(sched),
+                        {rid: requests[rid] for rid in sched.request_ids()})
             engine._stats.record_step(sched.num_batched_tokens)
-            add_placeholders(engine.scheduler.requests, sched)
+            add_placeholders(requests, sched)
         except Exception as e:
             outputs += engine._fail_step(sched, e)
     else:
@@ -51,6 +54,8 @@ def step_async(engine: Any) -> list:
     if previous is not None:
         try:
             sampled = previous[1].get()
+            for request_id in [rid for rid in sampled if requests.get(rid) is not previous[2][rid]]:
+                del sampled[request_id]  # ended (and its id reused) while the step ran
         except Exception as e:
             outputs += engine._fail_step(previous[0], e)
             sampled = {}

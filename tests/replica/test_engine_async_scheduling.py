@@ -99,6 +99,21 @@ def test_abort_ends_a_request_and_leaves_the_others_unchanged(stories_path):
     assert not eng.has_unfinished_requests() and eng.kv_cache_manager.usage == 0
 
 
+def test_an_id_reused_right_after_its_abort_does_not_get_the_old_requests_token(stories_path):
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    expected = generate(engine(stories_path, False), {"b": params})["b"][0]
+    eng = engine(stories_path, True)
+    eng.add_request("x", PROMPTS["a"], params)
+    eng.step()
+    eng.step()  # "x" has a token in flight now
+    eng.abort_request("x")
+    eng.add_request("x", PROMPTS["b"], params)
+    tokens = []
+    while eng.has_unfinished_requests():
+        tokens += [t for out in eng.step() if out.request_id == "x" for t in out.new_token_ids]
+    assert tokens == expected
+
+
 def test_async_scheduling_is_off_on_cpu_by_default_and_refused_for_a_runner_that_cannot_launch():
     config = EngineConfig(model="fake", load_format="dummy")
     assert LLMEngine(config, model_runner=FakeModelRunner(), skip_tokenizer_init=True).async_scheduling is False
