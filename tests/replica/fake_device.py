@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+import torch.utils._device
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -128,6 +129,10 @@ class FakeDevice(TorchDispatchMode):
 
     def __enter__(self):
         FakeDevice.current = self
+        # torch.device(...) contexts cache the factory functions they redirect on first use: fill that cache
+        # with the real torch.tensor, not the stand-in installed below (else every later torch.device("meta")
+        # context -- transformers builds models in one -- leaves torch.tensor(...) results on the CPU)
+        torch.utils._device._device_constructors()
         self._generator, torch.Generator = torch.Generator, HostGenerator  # meta has none (module docstring)
         self._tensor = real_tensor = torch.tensor
 

@@ -1,9 +1,12 @@
 """The runs behind test_step_transfers.py and test_cpu_gpu_buffer.py, done in a child process.
 
-``FakeDevice`` leaves torch in a state that, later in the same process, makes Hugging Face
-transformers' ``generate`` give wrong tokens (seen as test_model_runner.py's Lily story failing
-after these runs; the cause was not found). So the tests run these functions in a fresh
-interpreter (``run_in_child``) and assert on the JSON they print.
+``FakeDevice`` swaps torch globals while it is installed (``torch.Generator``, ``torch.tensor``), and
+torch caches some of them on first use: once, ``torch.device(...)`` contexts cached the stand-in
+``torch.tensor``, so every later ``torch.device("meta")`` context in the process -- transformers builds
+its models in one -- left ``torch.tensor(...)`` results on the CPU, and transformers' ``generate``
+gave wrong tokens in later tests. FakeDevice now fills that cache first (``device_contexts`` checks
+it); the runs still happen in a fresh interpreter (``run_in_child``) so that no other such leak can
+reach the rest of the suite. The tests assert on the JSON these functions print.
 
     python tests/replica/fake_device_runs.py FUNCTION STORIES_PATH   -> JSON on the last stdout line
 """
@@ -154,6 +157,17 @@ def step_buffers(path: str) -> dict:
         return {"same_buffers": same, "h2d": log.h2d, "second": [second.input_ids.tolist(), second.positions.tolist()],
                 "big": [big.input_ids.tolist(), big.positions.tolist(), big.common.slot_mapping.tolist()],
                 "small": [small.device == FAKE, small.tolist()], "small_h2d": upload.h2d}
+
+
+def device_contexts(path: str) -> dict:
+    """The device a ``torch.device("meta")`` context gives ``torch.tensor`` after FakeDevice was used."""
+    import torch
+    from fake_device import FAKE, FakeDevice
+
+    with FakeDevice(), torch.device(FAKE):
+        torch.zeros(1)
+    with torch.device("meta"):
+        return {"device": str(torch.tensor([1.0]).device)}
 
 
 def run_in_child(function: str, stories_path) -> dict:

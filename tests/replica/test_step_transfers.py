@@ -92,3 +92,7 @@ def test_the_check_sees_syncs_transfers_and_mixing(stories_path):
     assert all(log["facts"])
     assert len(log["syncs"]) == 3 and len(log["d2h"]) == 2 and len(log["mixed"]) == 1
     assert len(log["h2d"]) == 1 and "non_blocking=False" in log["h2d"][0]
+
+
+def test_the_stand_in_device_leaves_torch_device_contexts_working(stories_path):
+    assert run_in_child("device_contexts", stories_path) == {"device": "meta"}
