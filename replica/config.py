@@ -100,6 +100,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 2 (block 0 is the null block), got {self.num_kv_blocks}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.async_scheduling not in (None, True, False):
+            raise ValueError(f"async_scheduling must be true, false or null (auto), got {self.async_scheduling!r}")
         if self.hash_seed is not None and not isinstance(self.hash_seed, bytes | str):
             raise ValueError("hash_seed must be bytes or str (or None to generate one)")
 

@@ -120,6 +120,8 @@ def test_async_scheduling_is_off_on_cpu_by_default_and_refused_for_a_runner_that
     with pytest.raises(ValueError, match="async_scheduling=True needs a model runner that launches steps"):
         LLMEngine(EngineConfig(model="fake", load_format="dummy", async_scheduling=True),
                   model_runner=FakeModelRunner(), skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match="async_scheduling must be true, false or null"):
+        EngineConfig(model="fake", async_scheduling="yes")
 
 
 @pytest.mark.gpu
