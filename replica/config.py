@@ -53,6 +53,9 @@ class EngineConfig:
     cuda_graphs: bool | None = None
     """Replay decode-only steps from CUDA graphs; None: on with CUDA and tensor_parallel_size 1 when the backend
     has a static decode path (triton: any block size; flash_attn: block_size % 256 == 0), else off."""
+    async_scheduling: bool | None = None
+    """Schedule step N+1 while step N runs on the device (vLLM's async scheduling; same tokens); None: on
+    for CUDA, off elsewhere. Needs a runner that launches steps without waiting (tensor_parallel_size 1)."""
     device: str | None = None
     """"cpu" or "cuda"; None (or "auto") uses cuda when available, else cpu."""
     seed: int = 0
@@ -101,6 +104,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 2 (block 0 is the null block), got {self.num_kv_blocks}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.async_scheduling not in (None, True, False):
+            raise ValueError(f"async_scheduling must be true, false or null (auto), got {self.async_scheduling!r}")
         if self.hash_seed is not None and not isinstance(self.hash_seed, bytes | str):
             raise ValueError("hash_seed must be bytes or str (or None to generate one)")
 

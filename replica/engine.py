@@ -3,6 +3,9 @@
     add_request ──▶ Scheduler ──SchedulerOutput──▶ ModelRunner.execute_model ──{request_id: token}──┐
                       ▲  KVCacheManager (blocks, prefix cache, events)                             │
     step() ◀── RequestOutput ◀── stop checks + incremental detokenization ◀────────────────────────┘
+
+With ``EngineConfig.async_scheduling`` step() launches step N+1 before it reads step N's tokens
+(async_scheduling.py).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import logging
 import time
 from typing import Any
 
+from kvmesh.replica.async_scheduling import step_async, use_async_scheduling
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine_setup import load_engine_tokenizer, make_event_publisher
 from kvmesh.replica.openai.detokenizer import IncrementalDetokenizer
 from kvmesh.replica.outputs import RequestMetrics, RequestOutput, TokenLogprobs
 from kvmesh.replica.request import Request, RequestStatus, validate_request_input
@@ -40,7 +45,7 @@ class LLMEngine:
         self.vocab_size: int = model_runner.vocab_size
         self.eos_token_ids = frozenset(model_runner.eos_token_ids or ())
         self.num_kv_blocks = min(model_runner.num_kv_blocks, config.num_kv_blocks or model_runner.num_kv_blocks)
-        self.tokenizer = tokenizer if tokenizer is not None or skip_tokenizer_init else _load_tokenizer(config)
+        self.tokenizer = tokenizer if tokenizer is not None or skip_tokenizer_init else load_engine_tokenizer(config)
         self.event_publisher = event_publisher
         self._step_events: list = []
         hash_seed = config.hash_seed or generate_seed()
@@ -53,10 +58,12 @@ class LLMEngine:
             medium="GPU" if str(getattr(model_runner, "device", config.device) or "cpu").startswith("cuda") else "CPU",
         )
         if event_publisher is None and config.kv_events_endpoint is not None:
-            self.event_publisher = _make_publisher(config, self.kv_cache_manager.block_pool.snapshot_events)
+            self.event_publisher = make_event_publisher(config, self.kv_cache_manager.block_pool.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
+        self.async_scheduling = use_async_scheduling(config, model_runner)
+        self._in_flight: tuple[Any, Any] | None = None  # async: (SchedulerOutput, AsyncModelRunnerOutput) of step N
         self._stats = EngineStats.for_model(self.max_model_len)
 
     def _wants_events(self) -> bool:
@@ -102,7 +109,7 @@ class LLMEngine:
             self._on_finished(request)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._pending)
+        return self.scheduler.has_unfinished_requests() or bool(self._pending) or self._in_flight is not None
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.scheduler.requests)
@@ -110,7 +117,10 @@ class LLMEngine:
     # -- one step ----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, and return the outputs of every request that progressed or ended."""
+        """Schedule, run the model once, and return the outputs of every request that progressed or ended
+        (with async scheduling: launch this step, then return the outputs of the previous one)."""
+        if self.async_scheduling:
+            return step_async(self)
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if not sched.is_empty:
@@ -118,22 +128,29 @@ class LLMEngine:
                 sampled = self.model_runner.execute_model(sched)
                 self._stats.record_step(sched.num_batched_tokens)
             except Exception as e:  # the runner failed this batch: fail its requests, keep serving
-                logger.exception("model runner failed a step of %d requests", sched.num_requests)
-                for request_id in sched.request_ids():
-                    self.fail_request(request_id, f"model runner error: {e!r}")
-                # Blocks are cached when scheduled; their K/V may never have been written: forget them.
-                if not self.kv_cache_manager.reset_prefix_cache():
-                    logger.warning("prefix cache not reset after a runner failure: other requests hold blocks")
-                outputs += self._pending
-                self._pending = []
+                outputs += self._fail_step(sched, e)
                 sampled = {}
             outputs += self._process_sampled(sampled)
         else:
             self.scheduler.finished_request_ids |= sched.finished_request_ids  # tell the runner next time
+        self._end_step()
+        return outputs
+
+    def _fail_step(self, sched: Any, error: Exception) -> list[RequestOutput]:
+        """The runner failed a batch: fail its requests (the engine keeps serving the others)."""
+        logger.exception("model runner failed a step of %d requests", sched.num_requests)
+        for request_id in sched.request_ids():
+            self.fail_request(request_id, f"model runner error: {error!r}")
+        # Blocks are cached when scheduled; their K/V may never have been written: forget them.
+        if not self.kv_cache_manager.reset_prefix_cache():
+            logger.warning("prefix cache not reset after a runner failure: other requests hold blocks")
+        failed, self._pending = self._pending, []
+        return failed
+
+    def _end_step(self) -> None:
         self._publish_events()
         if self.config.debug_check_integrity:
             self.kv_cache_manager.check_integrity()
-        return outputs
 
     def _process_sampled(self, sampled: dict[str, int]) -> list[RequestOutput]:
         """Append each sampled token, run the stop checks, build the outputs (the per-token hot path: a
@@ -160,6 +177,7 @@ class LLMEngine:
                 tpots[now - last] = tpots.get(now - last, 0) + 1
                 output_ids.append(token)
                 request.all_token_ids.append(token)
+                request.num_output_placeholders = max(0, request.num_output_placeholders - 1)  # async: arrived
                 append_output(RequestOutput(request_id, request.prompt_token_ids, [token], output_ids, "",
                                             "", False, None, None, request.num_cached_tokens))
                 continue
@@ -197,6 +215,7 @@ class LLMEngine:
         request.last_token_time = now
         request.output_token_ids.append(token)
         request.all_token_ids.append(token)
+        request.num_output_placeholders = max(0, request.num_output_placeholders - 1)  # async: it arrived
         if self._detokenizers:
             detok = self._detokenizers.get(request.request_id)
             if detok is not None and (stop_str := detok.update(token)) is not None:
@@ -285,31 +304,3 @@ def _metrics(request: Request) -> RequestMetrics:
         arrival_time=request.arrival_time, first_scheduled_time=request.first_scheduled_time,
         first_token_time=request.first_token_time, last_token_time=request.last_token_time,
         finished_time=request.finished_time or time.monotonic(), num_preemptions=request.num_preemptions)
-
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def _load_tokenizer(config: EngineConfig) -> Any:
-    """The HF tokenizer, or None when there is none (dummy models without a directory)."""
-    from pathlib import Path
-
-    path = config.tokenizer_path
-    if config.load_format == "dummy" and config.tokenizer is None and not Path(path).exists():
-        return None
-    if Path(path).is_dir() and not any((Path(path) / f).exists() for f in _TOKENIZER_FILES):
-        logger.warning("no tokenizer in %s: outputs will have token ids but no text", path)
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
-def _make_publisher(config: EngineConfig, snapshot_source: Any) -> Any:
-    from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
-
-    publisher_config = PublisherConfig(endpoint=config.kv_events_endpoint, topic=config.kv_events_topic,
-                                       replay_endpoint=config.kv_events_replay_endpoint,
-                                       curve_secret_key=config.kv_events_curve_secret_key,
-                                       curve_client_keys=tuple(config.kv_events_curve_client_keys))
-    return ZmqEventPublisher(publisher_config, snapshot_source=snapshot_source)

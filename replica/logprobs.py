@@ -1,5 +1,6 @@
 """Logprobs on the engine side: the chosen token's log-probability and rank plus the top-k of each row,
-from logits and their logsumexp (the full [N, V] log_softmax is never built), copied to the host once.
+from logits and their logsumexp (the full [N, V] log_softmax is never built), copied to the host in one
+transfer.
 
     values [M, V] (logits, or log-probabilities)  ──gather(chosen) / topk(k)──▶  [M, 1 + k] token ids, values
                                                    (>= count)                ──▶  [M] rank of the chosen token
@@ -57,4 +58,7 @@ def gather_logprobs(values: torch.Tensor, num_logprobs: int, token_ids: torch.Te
         values_out = torch.cat([chosen_values, top.values], dim=1)
     if lse is not None:
         values_out = values_out - lse
-    return LogprobsTensors(token_ids_out.cpu(), values_out.cpu(), ranks.cpu(), rows)
+    # one device->host transfer: [M, 1 + k | 1 + k | 1] in float64 (token ids and ranks < 2**53 are exact)
+    width = token_ids_out.shape[1]
+    packed = torch.cat([token_ids_out.double(), values_out.double(), ranks.double().unsqueeze(1)], dim=1).cpu()
+    return LogprobsTensors(packed[:, :width].long(), packed[:, width: 2 * width].float(), packed[:, -1].long(), rows)

@@ -16,6 +16,7 @@ import logging
 import os
 
 import torch
+from kvmesh.replica.async_output import AsyncModelRunnerOutput
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.cuda_graph import StaticDecode, use_cuda_graphs
@@ -80,7 +81,7 @@ class ModelRunner:
         for i, attn in enumerate(self.model.attention_layers()):
             attn.kv_cache = self.kv_cache[i]
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
-                                      self.block_size, self.device)
+                                      self.block_size, self.device, config.max_num_batched_tokens)
         self.static_decode: StaticDecode | None = None  # decode steps on static shapes (CUDA graphs)
         tp_size = self.parallel.tp_size
         if use_cuda_graphs(config.cuda_graphs, self.device, self.attn_backend, self.block_size, tp_size):
@@ -162,15 +163,20 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the sampled token of every scheduled request with ``sample=True`` (a
         ``ModelRunnerOutput`` carrying logprobs too when a request asked for them)."""
+        return self.execute_model_async(out).get()
+
+    @torch.inference_mode()
+    def execute_model_async(self, out: SchedulerOutput) -> AsyncModelRunnerOutput:
+        """Launch one step without waiting for it: ``.get()`` of the result returns what ``execute_model``
+        does. Decode rows sampled by the previous launch read their input ids from its sampled tensor."""
         if out.finished_request_ids:
             self.input_batch.free(out.finished_request_ids)
             self.prompt_logprobs.free(out.finished_request_ids)
         if out.is_empty:
-            return {}
+            return AsyncModelRunnerOutput.ready({})
         inputs = self.input_batch.prepare(out)
         common = inputs.common
         if self.static_decode is not None and common.num_decodes == common.num_actual_tokens and \
@@ -182,7 +188,8 @@ class ModelRunner:
         if out.scheduled and any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled):
             prompt_logprobs = self._prompt_logprobs(out, inputs, hidden)
         if not inputs.sample_request_ids:
-            return ModelRunnerOutput({}, None, prompt_logprobs) if prompt_logprobs else {}
+            return AsyncModelRunnerOutput.ready(ModelRunnerOutput({}, None, prompt_logprobs) if prompt_logprobs
+                                                else {})
         if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order
             hidden = hidden[inputs.logits_indices]
         logits = self.model.compute_logits(hidden)  # [N, V]
@@ -191,17 +198,9 @@ class ModelRunner:
             tokens, logprobs = self.sampler(logits, sampling), None
         else:
             tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
-        self.input_batch.record_samples(inputs.sample_rows, tokens)
-        sampled = dict(zip(inputs.sample_request_ids, tokens.tolist(), strict=True))
-        if logprobs is None and prompt_logprobs is None:
-            return sampled
-        token_logprobs = None
-        if logprobs is not None:  # row i of the logits is persistent-batch row sample_rows[i]
-            params = self.input_batch.params
-            token_logprobs = {rid: logprobs.row(i, params[row].logprobs) for i, (rid, row) in
-                              enumerate(zip(inputs.sample_request_ids, inputs.sample_rows.tolist(), strict=True))
-                              if params[row].logprobs is not None}
-        return ModelRunnerOutput(sampled, token_logprobs, prompt_logprobs)
+        self.input_batch.count_samples(inputs.sample_rows, tokens)
+        return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
+                                      logprobs, prompt_logprobs)
 
     def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor) -> dict:
         """Prompt logprobs of this step's prefill chunks of requests that ask for them (``hidden`` [T, H]).

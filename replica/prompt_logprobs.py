@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
+from kvmesh.replica.cpu_gpu_buffer import to_device
 from kvmesh.replica.logprobs import gather_logprobs
 from kvmesh.replica.outputs import TokenLogprobs
 from kvmesh.replica.scheduler_output import ScheduledRequest
@@ -54,7 +55,7 @@ class PromptLogprobsProcessor:
             entries = out[r.request_id] = []
             pending = self.pending.pop(r.request_id, None)
             if pending is not None and pending[0] == start:  # the previous chunk's last row predicts token_ids[0]
-                target = torch.tensor([r.token_ids[0]], device=hidden.device)
+                target = to_device([r.token_ids[0]], torch.int64, hidden.device)
                 entries.append((start, gather_logprobs(pending[1], k, target, pending[2]).row(0, k)))
             num_rows = num - 1 if r.sample else num  # rows whose target is a prompt token (or the next chunk's)
             first_row = first_rows[r.request_id]
@@ -64,7 +65,7 @@ class PromptLogprobsProcessor:
                 lse = logits.logsumexp(dim=-1, keepdim=True)  # [hi-lo, 1]
                 known = min(hi, num - 1) - lo  # rows whose target lies in this chunk
                 if known > 0:
-                    targets = torch.tensor(r.token_ids[lo + 1: lo + 1 + known], device=hidden.device)
+                    targets = to_device(r.token_ids[lo + 1: lo + 1 + known], torch.int64, hidden.device)
                     lp = gather_logprobs(logits[:known], k, targets, lse[:known])
                     entries.extend((start + lo + 1 + j, lp.row(j, k)) for j in range(known))
                 if hi == num:  # the chunk's last row: its target comes with the next chunk

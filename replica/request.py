@@ -50,7 +50,7 @@ class Request:
         "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens", "status",
         "stop_reason", "error", "num_preemptions", "arrival_time", "first_scheduled_time",
         "first_token_time", "last_token_time", "finished_time", "decoding_in_runner", "skip_reading_prefix_cache",
-        "logprobs", "prompt_logprobs",
+        "logprobs", "prompt_logprobs", "num_output_placeholders",
     )
 
     def __init__(
@@ -85,6 +85,8 @@ class Request:
         self.last_token_time: float | None = None
         self.finished_time: float | None = None
         self.decoding_in_runner = False  # the runner sampled its newest token and holds its row (decode by id)
+        # async scheduling: tokens sampled by launched steps that the host has not seen yet (not in all_token_ids)
+        self.num_output_placeholders = 0
         # A request asking prompt logprobs needs the logits of every prompt position: it computes its whole
         # prompt instead of reading the prefix cache (vLLM's rule); it still writes the cache for others.
         self.skip_reading_prefix_cache = sampling_params.prompt_logprobs is not None

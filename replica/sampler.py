@@ -17,10 +17,11 @@ rows); the masks and the draw then run on [N, K]. Rows whose nucleus is wider th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from kvmesh.replica.cpu_gpu_buffer import to_device
 from kvmesh.replica.logprobs import LogprobsTensors, gather_logprobs
 from kvmesh.replica.sampling_params import SEED_MIX, SamplingParams
 
@@ -30,7 +31,8 @@ TOP_P_CANDIDATES = (256, 4096)  # candidates per nucleus row tried in turn befor
 
 @dataclass(slots=True)
 class SamplingMetadata:
-    """Per-row sampling settings as tensors (row i = the i-th sampling request)."""
+    """Per-row sampling settings as device tensors (row i = the i-th sampling request), plus the host facts
+    that decide which code runs (so sampling never reads a device value back to branch on it)."""
 
     temperature: torch.Tensor | None
     """[N] float32 (1.0 on greedy rows); None when every row is greedy."""
@@ -42,14 +44,22 @@ class SamplingMetadata:
     """[N] float32, 1.0 where disabled; None when no row uses top-p."""
     generators: dict[int, torch.Generator]
     """Seeded rows -> their generator for this step."""
-    banned: list[tuple[int, list[int]]]
-    """(row, token ids) that must not be sampled yet (stop/EOS tokens before min_tokens)."""
-    logit_bias: list[tuple[int, list[int], list[float]]] = field(default_factory=list)
-    """(row, token ids, biases) added to the row's logits before sampling (OpenAI ``logit_bias``)."""
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None
+    """(rows [B], token ids [B]) int64 that must not be sampled yet (stop/EOS tokens before min_tokens)."""
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    """(rows [B], token ids [B], biases [B] float32) added to the logits before sampling (OpenAI ``logit_bias``)."""
     max_num_logprobs: int | None = None
     """Largest ``logprobs`` of any row; None when no row asks for logprobs."""
     logprobs_rows: list[int] | None = None
     """The rows that ask for logprobs; None when all do (or none: see ``max_num_logprobs``)."""
+    any_greedy: bool = False
+    """Some (not all) rows are greedy."""
+    plain_rows: torch.Tensor | None = None
+    """[P] int64 random rows without top-k/top-p (None: none)."""
+    truncated_rows: torch.Tensor | None = None
+    """[Q] int64 random rows with top-k and/or top-p (None: none)."""
+    max_top_k: int = 0
+    """Largest top-k of the truncated rows (vocab_size when one of them has none)."""
 
     @property
     def all_greedy(self) -> bool:
@@ -63,33 +73,48 @@ def seeded_generator(seed: int, num_generated: int, device: torch.device) -> tor
 
 def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,
                             eos_token_ids: Sequence[int], device: torch.device) -> SamplingMetadata:
-    """Collect the sampling rows' parameters into tensors (one Python pass over the rows);
-    ``num_generated[i]`` = tokens row i has generated so far (min_tokens, seeded generators)."""
-    banned = []
+    """Collect the sampling rows' parameters into tensors (one Python pass over the rows, one non-blocking
+    upload per tensor); ``num_generated[i]`` = tokens row i has generated so far (min_tokens, seeded rows)."""
+    banned_rows, banned_ids = [], []
     for row, (n, sp) in enumerate(zip(num_generated, params, strict=True)):
         if sp.min_tokens and n < sp.min_tokens:
-            banned.append((row, list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))))
-    bias = [(row, list(sp.logit_bias), [float(v) for v in sp.logit_bias.values()])
-            for row, sp in enumerate(params) if sp.logit_bias]
+            ids = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))
+            banned_rows += [row] * len(ids)
+            banned_ids += ids
+    banned = (to_device(banned_rows, torch.int64, device), to_device(banned_ids, torch.int64, device)) \
+        if banned_ids else None
+    bias_rows, bias_ids, bias_values = [], [], []
+    for row, sp in enumerate(params):
+        if sp.logit_bias:
+            bias_rows += [row] * len(sp.logit_bias)
+            bias_ids += list(sp.logit_bias)
+            bias_values += [float(v) for v in sp.logit_bias.values()]
+    bias = (to_device(bias_rows, torch.int64, device), to_device(bias_ids, torch.int64, device),
+            to_device(bias_values, torch.float32, device)) if bias_ids else None
     asked = [row for row, sp in enumerate(params) if sp.logprobs is not None]
     max_num_logprobs = max(params[row].logprobs for row in asked) if asked else None
     logprobs_rows = asked if 0 < len(asked) < len(params) else None
     if all(sp.greedy for sp in params):
         return SamplingMetadata(None, None, None, None, {}, banned, bias, max_num_logprobs, logprobs_rows)
-    temperature = torch.tensor([1.0 if sp.greedy else sp.temperature for sp in params], dtype=torch.float32)
-    greedy = torch.tensor([sp.greedy for sp in params], dtype=torch.bool)
-    top_k = top_p = None
-    if any(sp.top_k > 0 for sp in params):
-        top_k = torch.tensor([sp.top_k if 0 < sp.top_k < vocab_size else vocab_size for sp in params]).to(device)
-    if any(sp.top_p < 1.0 for sp in params):
-        top_p = torch.tensor([sp.top_p for sp in params], dtype=torch.float32).to(device)
+    top_ks = [sp.top_k if 0 < sp.top_k < vocab_size else vocab_size for sp in params]
+    truncated = [not sp.greedy and (k < vocab_size or sp.top_p < 1.0) for k, sp in zip(top_ks, params, strict=True)]
+    plain = [row for row, sp in enumerate(params) if not sp.greedy and not truncated[row]]
+    trunc = [row for row, t in enumerate(truncated) if t]
+    top_k = to_device(top_ks, torch.int64, device) if any(k < vocab_size for k in top_ks) else None
+    top_p = to_device([sp.top_p for sp in params], torch.float32, device) if any(sp.top_p < 1.0 for sp in params) \
+        else None
     generators = {
         row: seeded_generator(sp.seed, n, device)
         for row, (n, sp) in enumerate(zip(num_generated, params, strict=True))
         if sp.seed is not None and not sp.greedy
     }
-    return SamplingMetadata(temperature.to(device), greedy.to(device), top_k, top_p, generators, banned, bias,
-                            max_num_logprobs, logprobs_rows)
+    return SamplingMetadata(
+        to_device([1.0 if sp.greedy else sp.temperature for sp in params], torch.float32, device),
+        to_device([sp.greedy for sp in params], torch.bool, device), top_k, top_p, generators, banned, bias,
+        max_num_logprobs, logprobs_rows, any_greedy=any(sp.greedy for sp in params),
+        plain_rows=to_device(plain, torch.int64, device) if plain else None,
+        truncated_rows=to_device(trunc, torch.int64, device) if trunc else None,
+        max_top_k=max((top_ks[row] for row in trunc), default=0))
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
@@ -128,15 +153,16 @@ def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def _truncated_candidates(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
-                          num_candidates: int):
+                          num_candidates: int, num: int | None = None):
     """(probs [N, K], indices [N, K]) of each row's top-k / nucleus set, or None when K would be the
-    whole vocabulary or a nucleus does not fit in the candidates (then the caller sorts)."""
+    whole vocabulary or a nucleus does not fit in the candidates (then the caller sorts). ``num``: K when
+    the host knows it (the largest top-k), else it is read from the device."""
     vocab = logits.shape[-1]
     n = logits.shape[0]
     k_eff = k if k is not None else torch.full((n,), vocab, dtype=torch.long, device=logits.device)
     if p is not None:  # nucleus rows without top-k start from TOP_P_CANDIDATES candidates
         k_eff = torch.where((p < 1.0) & (k_eff >= vocab), min(num_candidates, vocab), k_eff)
-    num = int(k_eff.max())
+    num = int(k_eff.max()) if num is None else num
     if num >= vocab:
         return None
     values, indices = logits.topk(num, dim=-1)  # [N, K], descending
@@ -158,10 +184,16 @@ def _truncated_candidates(logits: torch.Tensor, k: torch.Tensor | None, p: torch
 
 
 def _sample_truncated(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
-                      u: torch.Tensor) -> torch.Tensor:
-    """Draw from each row's top-k / nucleus set by inverse CDF over descending probability."""
-    for num_candidates in TOP_P_CANDIDATES if p is not None else (0,):
-        candidates = _truncated_candidates(logits, k, p, num_candidates)
+                      u: torch.Tensor, max_top_k: int) -> torch.Tensor:
+    """Draw from each row's top-k / nucleus set by inverse CDF over descending probability.
+
+    On the CPU nucleus rows first try TOP_P_CANDIDATES candidates (a full sort is slow there). On a device
+    the path is chosen from host facts only -- top-k rows take their ``max_top_k`` candidates, nucleus rows
+    sort -- because whether a nucleus fits the candidates is a device value the host would wait for."""
+    on_cpu = logits.device.type == "cpu"
+    tries = (0,) if p is None else TOP_P_CANDIDATES if on_cpu else ()
+    for num_candidates in tries:
+        candidates = _truncated_candidates(logits, k, p, num_candidates, None if on_cpu else max_top_k)
         if candidates is not None:
             probs, indices = candidates  # [N, K], most likely first
             return indices.gather(1, sample_from_probs(probs, u).unsqueeze(1)).squeeze(1)
@@ -170,44 +202,36 @@ def _sample_truncated(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
 
 
 class Sampler:
-    """logits [N, V] + SamplingMetadata -> token ids [N]."""
+    """logits [N, V] + SamplingMetadata -> token ids [N] (on the logits' device; nothing read back)."""
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self.generator = generator  # uniforms for unseeded random rows
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        logits = logits.to(torch.float32, copy=bool(md.banned or md.logit_bias))
-        for row, token_ids, biases in md.logit_bias:
-            logits[row, token_ids] += torch.tensor(biases, dtype=torch.float32, device=logits.device)
-        for row, token_ids in md.banned:
-            logits[row, token_ids] = float("-inf")
+        logits = logits.to(torch.float32, copy=md.banned is not None or md.logit_bias is not None)
+        if md.logit_bias is not None:
+            rows, token_ids, biases = md.logit_bias
+            logits.index_put_((rows, token_ids), biases, accumulate=True)
+        if md.banned is not None:
+            logits.index_put_(md.banned, logits.new_full((), float("-inf")))
         if md.all_greedy:
             return argmax(logits)
-        greedy = argmax(logits) if bool(md.greedy_rows.any()) else None
+        greedy = argmax(logits) if md.any_greedy else None
         logits = logits / md.temperature.unsqueeze(1)
         u = torch.rand(logits.shape[0], generator=self.generator, device=logits.device)
         for row, gen in md.generators.items():
             u[row] = torch.rand(1, generator=gen, device=logits.device)[0]
-        vocab = logits.shape[-1]
-        truncated = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
-        if md.top_k is not None:
-            truncated |= md.top_k < vocab
-        if md.top_p is not None:
-            truncated |= md.top_p < 1.0
-        if md.greedy_rows is not None:  # greedy rows take the argmax below
-            truncated &= ~md.greedy_rows
-        plain = ~truncated if md.greedy_rows is None else ~truncated & ~md.greedy_rows
         # each row's draw depends on its own settings only: plain rows in vocabulary order, top-k/top-p rows
         # in descending probability (so which other rows share the batch never changes a seeded row's token)
         sampled = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
-        if bool(plain.any()):
-            rows = plain.nonzero().squeeze(1)
+        if md.plain_rows is not None:
+            rows = md.plain_rows
             sampled[rows] = sample_from_probs(torch.softmax(logits[rows], dim=-1), u[rows])
-        if bool(truncated.any()):
-            rows = truncated.nonzero().squeeze(1)
+        if md.truncated_rows is not None:
+            rows = md.truncated_rows
             k = md.top_k[rows] if md.top_k is not None else None
             p = md.top_p[rows] if md.top_p is not None else None
-            sampled[rows] = _sample_truncated(logits[rows], k, p, u[rows])
+            sampled[rows] = _sample_truncated(logits[rows], k, p, u[rows], md.max_top_k)
         return sampled if greedy is None else torch.where(md.greedy_rows, greedy, sampled)
 
     def sample_with_logprobs(self, logits: torch.Tensor, md: SamplingMetadata
@@ -218,8 +242,9 @@ class Sampler:
         if md.max_num_logprobs is None:
             return self(logits, md), None
         rows = md.logprobs_rows
-        raw = (logits if rows is None else logits[rows]).to(torch.float32)  # [M, V]
+        index = None if rows is None else to_device(rows, torch.int64, logits.device)  # [M]
+        raw = (logits if index is None else logits[index]).to(torch.float32)  # [M, V]
         lse = raw.logsumexp(dim=-1, keepdim=True)  # [M, 1]; the full log_softmax is never built
         sampled = self(logits, md)  # [N]
-        chosen = sampled if rows is None else sampled[rows]
+        chosen = sampled if index is None else sampled[index]
         return sampled, gather_logprobs(raw, md.max_num_logprobs, chosen, lse, rows)

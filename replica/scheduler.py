@@ -62,14 +62,19 @@ class Scheduler:
         return request
 
     def finish_running(self, finished: list[Request]) -> None:
-        """Free the blocks of requests that reached a final status while running (stop checks)."""
+        """Free the blocks of requests that reached a final status while running (stop checks). With async
+        scheduling a request preempted while its last token was in flight ends from the waiting queue."""
         if not finished:
             return
         done = {r.request_id for r in finished}
+        running = len(self.running)
         self.running = [r for r in self.running if r.request_id not in done]
         now = time.monotonic()
         for request in finished:
-            self.kv_cache_manager.free(request)
+            if running - len(self.running) < len(finished) and request in self.waiting:
+                self.waiting.remove(request)  # preempted: holds no blocks
+            else:
+                self.kv_cache_manager.free(request)
             del self.requests[request.request_id]
             request.finished_time = now
         self.finished_request_ids |= done
@@ -98,7 +103,10 @@ class Scheduler:
             if budget <= 0:
                 break
             computed = request.num_computed_tokens
-            num_tokens = len(request.all_token_ids)
+            # async scheduling: a token still on the device counts (the runner feeds it to this step itself)
+            num_tokens = len(request.all_token_ids) + request.num_output_placeholders
+            if num_tokens == computed:
+                continue  # async scheduling: its last token is in flight and ends it (max_tokens)
             if request.decoding_in_runner and num_tokens == computed + 1:
                 budget -= 1
                 if computed % block_size and num_tokens % block_size:

@@ -1,0 +1,88 @@
+"""Host staging buffers with device twins, for the step's inputs (vLLM's ``CpuGpuBuffer``).
+
+    host:   pinned CPU tensor [size] (a numpy view ``np`` is what the input code writes)
+               │  copy_to_gpu(n): one non-blocking cudaMemcpyAsync of the first n entries
+               ▼
+    device: persistent tensor [size] on the runner's device (same addresses every step)
+
+Allocated once at the largest size a step needs, so a step allocates nothing and the host never
+blocks on a copy from pageable memory (which makes ``cudaMemcpyAsync`` synchronous). Pinned only
+when CUDA is available. On a CPU device host and device are one tensor: no copy at all.
+
+A non-blocking copy reads the pinned memory later, when the stream reaches it: the host must not
+overwrite the buffer before then. ``CopyFence`` is the CUDA event the runner waits on before it
+writes the next step's inputs (a step that samples waits anyway, for its sampled ids).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class CpuGpuBuffer:
+    def __init__(self, size: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+        self._allocate(size)
+
+    def _allocate(self, size: int) -> None:
+        pin = self.device.type == "cuda" and torch.cuda.is_available()
+        self.cpu = torch.zeros(size, dtype=self.dtype, pin_memory=pin)  # [size] host staging
+        self.np = self.cpu.numpy()
+        # [size] on the device; the host tensor itself on a CPU device
+        self.gpu = self.cpu if self.device.type == "cpu" else torch.zeros(size, dtype=self.dtype, device=self.device)
+
+    def fit(self, size: int) -> None:
+        """Grow (reallocate) to hold ``size`` entries; the runner sizes buffers so that steps never need it."""
+        if size > self.cpu.shape[0]:
+            self._allocate(max(size, 2 * self.cpu.shape[0]))
+
+    def copy_to_gpu(self, n: int) -> torch.Tensor:
+        """The first ``n`` entries on the device (enqueued, not waited for)."""
+        if self.gpu is self.cpu:
+            return self.cpu[:n]
+        return self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
+
+
+def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list/array on ``device`` without blocking the host: staged through pinned memory on
+    CUDA (PyTorch's caching host allocator keeps the block until the copy has run)."""
+    t = torch.as_tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return t
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def start_copy_to_host(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Enqueue ``t``'s copy to the host (pinned memory on CUDA) without waiting; returns the host tensor and
+    the event to wait on before reading it (None: already there). Each call gets its own host memory, so a
+    step launched before the previous one was read cannot overwrite it."""
+    if t.device.type == "cpu":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
+    host.copy_(t, non_blocking=True)
+    if t.device.type != "cuda":
+        return host, None
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
+class CopyFence:
+    """Marks where the last step's host-to-device copies were enqueued (a CUDA event; a no-op elsewhere)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.event = torch.cuda.Event() if device.type == "cuda" else None
+        self.pending = False
+
+    def record(self) -> None:
+        if self.event is not None:
+            self.event.record()
+            self.pending = True
+
+    def wait(self) -> None:
+        """Block the host until the recorded copies have read their pinned sources."""
+        if self.pending:
+            self.event.synchronize()
+            self.pending = False

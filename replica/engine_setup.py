@@ -1,0 +1,37 @@
+"""What ``LLMEngine`` builds besides its scheduler: the tokenizer it detokenizes with and its KV event publisher."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kvmesh.replica.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_engine_tokenizer(config: EngineConfig) -> Any:
+    """The HF tokenizer, or None when there is none (dummy models without a directory)."""
+    from pathlib import Path
+
+    path = config.tokenizer_path
+    if config.load_format == "dummy" and config.tokenizer is None and not Path(path).exists():
+        return None
+    if Path(path).is_dir() and not any((Path(path) / f).exists() for f in _TOKENIZER_FILES):
+        logger.warning("no tokenizer in %s: outputs will have token ids but no text", path)
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def make_event_publisher(config: EngineConfig, snapshot_source: Any) -> Any:
+    from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
+
+    publisher_config = PublisherConfig(endpoint=config.kv_events_endpoint, topic=config.kv_events_topic,
+                                       replay_endpoint=config.kv_events_replay_endpoint,
+                                       curve_secret_key=config.kv_events_curve_secret_key,
+                                       curve_client_keys=tuple(config.kv_events_curve_client_keys))
+    return ZmqEventPublisher(publisher_config, snapshot_source=snapshot_source)

@@ -1,0 +1,98 @@
+"""The engine step's host/device discipline: one device-to-host transfer per step, no hidden syncs, no mixing.
+
+Checked on the CPU through a stand-in device (fake_device.py): the ``ModelRunner`` is built with its
+device set to ``meta`` inside ``FakeDevice``, so every tensor it makes for its device reports ``meta``
+but computes on the CPU. A tensor made without a device is then a host tensor, as on a GPU, and the
+mode records, for each ``LLMEngine.step()`` (scheduling, ``execute_model``, output processing):
+
+    d2h    device -> host copies          must be exactly 1 when the step samples (the sampled ids), else 0
+    syncs  .item() / bool() / int() of device values, ops with value-dependent shapes    must be none
+    mixed  host tensors meeting device tensors, .numpy() of a device tensor            must be none
+    h2d    host -> device copies                                       must all be non-blocking
+
+Requests asking for ``logprobs`` add one transfer per step (their packed logprobs); ``prompt_logprobs``
+add one per prefill chunk (and one for the row pending from the previous chunk). The tokens are
+compared with the same engine on the plain CPU, so the check cannot hide a wrong step. The runs
+happen in a child process (fake_device_runs.py says why); the scenarios are defined there.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .fake_device_runs import SAMPLING, run_in_child
+
+
+@pytest.fixture(scope="module")
+def runs(stories_path) -> dict:
+    return run_in_child("engine_steps", stories_path)
+
+
+def assert_disciplined(logs: list[dict], extra_d2h: int = 0) -> None:
+    assert logs, "no step ran"
+    for i, log in enumerate(logs):
+        assert log["syncs"] == [], f"step {i}"
+        assert log["mixed"] == [], f"step {i}"
+        assert len(log["d2h"]) == (1 + extra_d2h if log["sampled"] else 0), f"step {i}: {log['d2h']}"
+        assert all("non_blocking=True" in h2d for h2d in log["h2d"]), f"step {i}: {log['h2d']}"
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLING))
+def test_each_sampling_option_costs_one_transfer_per_step_and_gives_the_cpu_tokens(runs, name):
+    run = runs[f"option:{name}"]
+    assert_disciplined(run["logs"])
+    assert run["tokens"] == run["cpu_tokens"]
+    assert all(len(t) == 6 for t in run["tokens"].values())
+
+
+def test_a_batch_mixing_every_sampling_option_costs_one_transfer_per_step(runs):
+    run = runs["all-options"]
+    assert_disciplined(run["logs"])
+    assert run["tokens"] == run["cpu_tokens"]
+
+
+def test_mixed_steps_chunked_prefills_and_prefix_hits_cost_one_transfer_per_sampling_step(runs):
+    """Decodes next to a fresh prefill and a prefix-cache hit; a 24-token budget chunks the long prompt,
+    so some steps sample nothing (and must transfer nothing)."""
+    run = runs["mixed"]
+    assert run["prefix_cache_hits"] > 0
+    assert any(not log["sampled"] for log in run["logs"])  # a chunk-only step
+    assert_disciplined(run["logs"])
+    assert run["tokens"] == run["cpu_tokens"]
+
+
+def test_logprobs_add_one_transfer_per_step(runs):
+    assert_disciplined(runs["logprobs"]["logs"], extra_d2h=1)
+
+
+def test_prompt_logprobs_add_one_transfer_per_prefill_chunk(runs):
+    logs = runs["prompt-logprobs"]["logs"]
+    # 57 prompt tokens in chunks of 32 + 25: chunk 1 one transfer; chunk 2 one for its rows, one for the row
+    # pending from chunk 1, one for the sampled id; then a decode step with the sampled id only
+    assert [len(log["d2h"]) for log in logs] == [1, 3, 1]
+    assert all(log["syncs"] == [] and log["mixed"] == [] for log in logs)
+    assert len(runs["prompt-logprobs"]["tokens"]["p"]) == 2
+
+
+def test_async_scheduling_keeps_one_transfer_per_step_and_the_tokens(runs):
+    """Step N+1 is launched before step N's ids are read: each step() enqueues (at most) one transfer, every
+    launched step's is read once, and decode inputs come from the device without a sync."""
+    run = runs["async"]
+    logs = run["logs"]
+    assert all(log["syncs"] == [] and log["mixed"] == [] for log in logs)
+    assert all(len(log["d2h"]) <= 1 for log in logs)
+    assert sum(len(log["d2h"]) for log in logs) == sum(log["sampled"] for log in logs)
+    assert all("non_blocking=True" in h2d for log in logs for h2d in log["h2d"])
+    assert run["tokens"] == run["cpu_tokens"]
+
+
+def test_the_check_sees_syncs_transfers_and_mixing(stories_path):
+    """The stand-in device records what a GPU would pay for (so the assertions above can fail)."""
+    log = run_in_child("the_check", stories_path)
+    assert all(log["facts"])
+    assert len(log["syncs"]) == 3 and len(log["d2h"]) == 2 and len(log["mixed"]) == 1
+    assert len(log["h2d"]) == 1 and "non_blocking=False" in log["h2d"][0]
+
+
+def test_the_stand_in_device_leaves_torch_device_contexts_working(stories_path):
+    assert run_in_child("device_contexts", stories_path) == {"device": "meta"}
