@@ -100,11 +100,13 @@ class SubscriberIO:
                              "another CURVE server key; one bound socket has one key")
         if feed is None:
             sock = self._ctx.socket(zmq.SUB)
-            sock.setsockopt(zmq.RCVHWM, self._config.rcvhwm)
+            # What a publisher can make us hold: RCVHWM messages of at most MAXMSGSIZE per frame
+            # (SubscriberConfig.max_source_queue_bytes); beyond it ZeroMQ stops reading its socket.
+            sock.setsockopt(zmq.RCVHWM, self._config.queue_messages())
+            sock.setsockopt(zmq.MAXMSGSIZE, self._config.max_message_bytes)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, self._config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._config.reconnect_ivl_max_ms)
-            sock.setsockopt(zmq.MAXMSGSIZE, 8 * self._config.max_payload_bytes)
             monitor = None
             try:
                 self.secure(sock, server_key)
@@ -133,6 +135,7 @@ class SubscriberIO:
         self.trackers[src.name] = SourceTracker(
             src.name, self.guard.deliver, self.requests.request, self.guard.tracker_status,
             has_replay=src.replay_endpoint is not None, max_pending=self._config.max_pending,
+            max_pending_bytes=self._config.max_pending_bytes,
         )
         self._to_start.append(src.name)
         self._active[src.name] = time.monotonic()
@@ -261,6 +264,9 @@ class SubscriberIO:
                                 f"{len(frames)} frames; expected [topic, seq (8 bytes), payload]")
                 continue
             self._active[name] = time.monotonic()
-            batch = self.guard.decode(name, frames[2])
+            payload = frames[2]
+            if not self.guard.admit(name, len(payload)):
+                continue
+            batch = self.guard.decode(name, payload)
             if batch is not None:
-                tracker.on_live(unpack_seq(frames[1]), batch)
+                tracker.on_live(unpack_seq(frames[1]), batch, len(payload))

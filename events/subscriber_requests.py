@@ -124,8 +124,10 @@ class ReplayRequests:
             if dealer is None:
                 dealer = self._ctx.socket(zmq.DEALER)
                 dealer.setsockopt(zmq.LINGER, 0)
-                dealer.setsockopt(zmq.RCVHWM, 0)
-                dealer.setsockopt(zmq.MAXMSGSIZE, 8 * self._config.max_payload_bytes)
+                # Bounded like the SUB sockets (SubscriberConfig.max_source_queue_bytes): a replay
+                # beyond what we read in time waits in the publisher (or is cut and recovered).
+                dealer.setsockopt(zmq.RCVHWM, self._config.queue_messages())
+                dealer.setsockopt(zmq.MAXMSGSIZE, self._config.max_message_bytes)
                 self._secure(dealer, src)
                 self.dealers[name] = dealer
                 self.dealer_owner[dealer] = name
@@ -201,8 +203,9 @@ class ReplayRequests:
                         tracker.on_request_failed(SNAPSHOT, "the source does not serve snapshots", True)
                     else:
                         tracker.on_replay_end()
-                elif kind == REPLAY:
-                    tracker.on_replay_batch(unpack_seq(seq_frame), self._guard.decode(name, payload))
+                elif kind == REPLAY:  # only the batch that continues the stream is worth decoding
+                    seq = unpack_seq(seq_frame)
+                    tracker.on_replay_batch(seq, self._guard.decode(name, payload) if tracker.wants(seq) else None)
             else:
                 self._guard.bad_frame(name, "decode_errors", "bad replay frames",
                                 f"{len(frames)} frames, seq frame of {len(body[-2]) if len(body) > 1 else 0} bytes")
