@@ -12,7 +12,9 @@ snapshots, after a clean window).
 A degraded source's live messages are decoded only within a budget (``admit``): a token bucket of
 ``degraded_source_bytes_per_s`` payload bytes per second, which is also its largest message. A
 message beyond it is dropped unread and counted as bad, so a flooding source stays degraded and
-what it costs the process (GIL time, decoded memory) is bounded by that budget.
+what it costs the process (GIL time, decoded memory) is bounded by that budget. (``SubscriberIO``
+then stops reading the source's socket for a while: the flood waits in, and is dropped by, the
+publisher's own queue.)
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ class FrameGuard:
         self.bad_frame(name, "rejected", "over its decode budget while degraded",
                        f"{payload_bytes} bytes; degraded_source_bytes_per_s={rate}")
         return False
+
+    def refused_for_s(self, name: str, payload_bytes: int) -> float:
+        """Seconds until a refused payload of ``payload_bytes`` would fit ``name``'s budget (inf: never)."""
+        budget = self._budgets.get(name)
+        return 0.0 if budget is None else budget.wait_s(payload_bytes)
 
     def health_of(self, name: str) -> SourceHealth:
         health = self.health.get(name)

@@ -23,6 +23,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 logger = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path
+_PAUSE_S = (0.05, 1.0)
+"""Shortest and longest pause of a degraded source's socket once it is over its decode budget."""
 
 
 
@@ -43,6 +45,7 @@ class SubscriberIO:
         """What stopped the loop, when it stopped for anything but ``call(None)``."""
         self._to_start: list[str] = []
         self._active: dict[str, float] = {}  # source -> last time it sent us anything
+        self._paused: dict[Feed, float] = {}  # feeds not polled (a degraded source over budget) -> until
         self._poller = zmq.Poller()
         self.guard = FrameGuard(config, self.trackers, deliver, status)
         self.requests = ReplayRequests(ctx, config, self._poller, self._sources, self.trackers, self._active,
@@ -165,7 +168,8 @@ class SubscriberIO:
         feed = self._feed_of.pop(name)
         feed.topics.pop(name, None)
         if not feed.topics:
-            self._poller.unregister(feed.sock)
+            if self._paused.pop(feed, None) is None:
+                self._poller.unregister(feed.sock)
             self._close_feed(feed)
             self._feeds = {k: f for k, f in self._feeds.items() if f is not feed}
 
@@ -188,6 +192,8 @@ class SubscriberIO:
                         self._on_socket(sock)
                 self.requests.tick()
                 self.guard.check_health()
+                if self._paused:
+                    self._resume_feeds()
         except Exception as e:  # a bug here must not pass silently: EventSubscriber restarts the feed
             self.crash = e
             logger.exception("KV event subscriber I/O loop crashed; the feed will be restarted")
@@ -202,6 +208,19 @@ class SubscriberIO:
         self._feeds.clear()
         self._wake_recv.close(linger=0)
         self._wake_send.close(linger=0)
+
+    def _pause_feed(self, feed: Feed, seconds: float) -> None:
+        """Stop reading ``feed`` for ``seconds`` (clamped to ``_PAUSE_S``): what its publisher sends
+        meanwhile fills ZeroMQ's bounded queue, then waits in (and is dropped by) the publisher."""
+        self._poller.unregister(feed.sock)
+        self._paused[feed] = time.monotonic() + min(_PAUSE_S[1], max(_PAUSE_S[0], seconds))
+
+    def _resume_feeds(self) -> None:
+        now = time.monotonic()
+        for feed, until in list(self._paused.items()):
+            if now >= until:
+                del self._paused[feed]
+                self._poller.register(feed.sock, zmq.POLLIN)
 
     def _close_feed(self, feed: Feed) -> None:
         self._by_socket.pop(feed.sock, None)
@@ -266,6 +285,9 @@ class SubscriberIO:
             self._active[name] = time.monotonic()
             payload = frames[2]
             if not self.guard.admit(name, len(payload)):
+                if not feed.shared:  # a socket of its own: leave the flood in the publisher's queue
+                    self._pause_feed(feed, self.guard.refused_for_s(name, len(payload)))
+                    return
                 continue
             batch = self.guard.decode(name, payload)
             if batch is not None:
