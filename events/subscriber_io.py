@@ -14,7 +14,7 @@ from collections import deque
 import zmq
 from kvmesh.events import curve
 from kvmesh.events.endpoints import attach, parse_sub_endpoint
-from kvmesh.events.subscriber_feed import Feed
+from kvmesh.events.subscriber_feed import MONITORED, Feed
 from kvmesh.events.subscriber_guard import FrameGuard
 from kvmesh.events.subscriber_requests import MESSAGES_PER_TURN, ReplayRequests
 from kvmesh.events.tracker import SourceTracker
@@ -115,7 +115,7 @@ class SubscriberIO:
                 self.secure(sock, server_key)
                 if not ep.bind:  # a connection of our own: watch it come up (monitored before it
                     # connects, so its first "connected" is seen), drop and come back
-                    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+                    monitor = sock.get_monitor_socket(MONITORED)
                 address = attach(sock, ep)
             except Exception:
                 if monitor is not None:
@@ -194,6 +194,7 @@ class SubscriberIO:
                 self.guard.check_health()
                 if self._paused:
                     self._resume_feeds()
+                self._reattach_feeds()
         except Exception as e:  # a bug here must not pass silently: EventSubscriber restarts the feed
             self.crash = e
             logger.exception("KV event subscriber I/O loop crashed; the feed will be restarted")
@@ -235,18 +236,21 @@ class SubscriberIO:
 
     def _on_monitor(self, feed: Feed) -> None:
         while feed.monitor is not None and feed.monitor.poll(0):
-            event = recv_monitor_message(feed.monitor)["event"]
-            if event == zmq.EVENT_DISCONNECTED:
-                feed.dropped = True
-                if feed.down_since is None:
-                    feed.down_since = time.monotonic()
-            elif event == zmq.EVENT_CONNECTED:
-                feed.down_since = None
-            if event == zmq.EVENT_CONNECTED and feed.dropped:
-                feed.dropped = False
+            if feed.watch(recv_monitor_message(feed.monitor)["event"]):
                 for name in list(feed.topics):
                     logger.info("KV events from %s: reconnected to %s", name, feed.address)
                     self.trackers[name].on_reconnect()
+
+    def _reattach_feeds(self) -> None:
+        """Connect again what ZeroMQ gave up after a protocol error; each time counts as a bad frame
+        of the feed's sources (a peer that keeps doing it is degraded)."""
+        now = time.monotonic()
+        for feed in list(self._feeds.values()):
+            if feed.reattach_at is not None and now >= feed.reattach_at:
+                feed.reattach()
+                for name in list(feed.topics):
+                    self.guard.bad_frame(name, "rejected", "connection dropped by ZeroMQ",
+                                         f"{feed.address}: a message over max_message_bytes or broken framing")
 
     @staticmethod
     def _drain(sock: zmq.Socket) -> None:
