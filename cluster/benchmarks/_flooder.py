@@ -5,6 +5,7 @@ payloads, a message of two frames, a 3-byte seq frame, a payload over ``max_payl
 batch of ``max_batch_blocks`` 16-token blocks (~6 MB), valid msgpack naming more blocks than a batch
 may, and valid batches claiming the benchmark client's prefixes ("route them to me"); every 5 s one
 message over ZeroMQ's MAXMSGSIZE (the subscriber's ZeroMQ drops the connection, which comes back).
+``mix="valid"`` sends only valid batches of ``max_batch_blocks`` blocks, in seq order.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ def prefixes(seed: int = 23) -> list[list[int]]:
     return [[rng.randrange(1, VOCAB) for _ in range(PREFIX_TOKENS)] for _ in range(PREFIXES)]
 
 
-def _frames(claims: list[list[int]]) -> tuple[list[list[bytes]], list[bytes]]:
+def _frames(claims: list[list[int]], mix: str) -> tuple[list[list[bytes]], list[bytes] | None]:
     """The flooder's messages (without topic and seq frames where they belong to the attack): the cycle,
-    and the one over ZeroMQ's MAXMSGSIZE."""
+    and the one over ZeroMQ's MAXMSGSIZE. ``mix="valid"``: only valid batches of ``max_batch_blocks``
+    blocks, in seq order -- a source that never sends a bad frame, only too much."""
     from kvmesh.events.codec import encode_batch
     from kvmesh.events.schema import BlockStored, KVEventBatch
     from kvmesh.events.subscriber_config import SubscriberConfig
@@ -40,6 +42,8 @@ def _frames(claims: list[list[int]]) -> tuple[list[list[bytes]], list[bytes]]:
             block_hashes=hashes, parent_block_hash=None, token_ids=tokens, block_size=block_size, lora_id=None,
             medium="GPU", lora_name=None)]))
 
+    if mix == "valid":
+        return [[batch(cfg.max_batch_blocks)] for _ in range(4)], None
     garbage = rng.randbytes(4096)
     cycle = [
         [garbage], [garbage], [garbage], [garbage],
@@ -52,11 +56,11 @@ def _frames(claims: list[list[int]]) -> tuple[list[list[bytes]], list[bytes]]:
     return cycle, [b"", b"\0" * 8, b"\0" * (cfg.max_message_bytes + 1)]
 
 
-def hostile_publisher(endpoint_q, go, stop, counts_q) -> None:
+def hostile_publisher(endpoint_q, go, stop, counts_q, mix: str = "all") -> None:
     """The hostile publisher: binds a plain PUB, waits for ``go``, floods until ``stop``."""
     import zmq
 
-    cycle, too_big = _frames(prefixes())
+    cycle, too_big = _frames(prefixes(), mix)
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
@@ -79,7 +83,7 @@ def hostile_publisher(endpoint_q, go, stop, counts_q) -> None:
                 sent += 1
             except zmq.Again:
                 dropped += 1
-        if time.monotonic() - last_big > 5:
+        if too_big is not None and time.monotonic() - last_big > 5:
             last_big = time.monotonic()
             try:
                 pub.send_multipart(too_big, zmq.NOBLOCK, copy=False)

@@ -102,16 +102,17 @@ def _get(url: str, path: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-def run(duration: float, baseline: float, model: str = str(STORIES), rss_cap_mb: float = 2048) -> dict:
+def run(duration: float, baseline: float, model: str = str(STORIES), rss_cap_mb: float = 2048,
+        mix: str = "all") -> dict:
     """Run the whole scenario (see the module doc); the results as a dict."""
     with tempfile.TemporaryFile("w+") as log:  # the router's stderr
-        return _run(duration, baseline, model, rss_cap_mb, log)
+        return _run(duration, baseline, model, rss_cap_mb, mix, log)
 
 
-def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, log) -> dict:
+def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: str, log) -> dict:
     ctx = mp.get_context("spawn")
     endpoint_q, counts_q, go, stop = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
-    flooder = ctx.Process(target=hostile_publisher, args=(endpoint_q, go, stop, counts_q), daemon=True)
+    flooder = ctx.Process(target=hostile_publisher, args=(endpoint_q, go, stop, counts_q, mix), daemon=True)
     procs: list[subprocess.Popen] = []
     try:
         flooder.start()
@@ -178,7 +179,7 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, log) -
                if line.startswith("kvmesh_router_event_stream_total{") and 'replica="hostile"' in line}
     flood_rss = [mb for t, mb in samples if t >= t_flood]
     return {
-        "benchmark": "flood", "duration_s": duration, "baseline_s": baseline, "router_alive": alive,
+        "benchmark": "flood", "mix": mix, "duration_s": duration, "baseline_s": baseline, "router_alive": alive,
         "rss_mb": {"flood_start": rss_start, "peak": max(flood_rss), "end": flood_rss[-1],
                    "growth": max(flood_rss) - rss_start},
         "flooded_s": flooded, "router_cpu_s_per_s": {"baseline": cpu_before, "flood": cpu / flooded},
@@ -223,10 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", type=float, default=5.0, help="seconds of traffic before the flood")
     ap.add_argument("--model", default=str(STORIES), help="the router's tokenizer")
     ap.add_argument("--rss-cap-mb", type=float, default=2048, help="stop the flood once the router's RSS passes this")
+    ap.add_argument("--mix", choices=["all", "valid"], default="all",
+                    help="all: every kind of bad and huge message; valid: only valid 65,536-block batches")
     ap.add_argument("--out", default="results/flood.json")
     args = ap.parse_args(argv)
     print(f"flood: {args.baseline:g} s baseline, then {args.duration:g} s of hostile traffic ...", flush=True)
-    result = run(args.duration, args.baseline, args.model, args.rss_cap_mb)
+    result = run(args.duration, args.baseline, args.model, args.rss_cap_mb, args.mix)
     for key in ("rss_mb", "router_cpu_s_per_s", "baseline", "flood", "hostile_counters", "flooder"):
         print(f"  {key}: {json.dumps(result[key])}")
     print(f"  router alive {result['router_alive']}, /health {result['health_status']} degraded "
