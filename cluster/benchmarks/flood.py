@@ -189,9 +189,18 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
         "router_log_tracebacks": router_log.count("Traceback"),
         "router_log_lines": len(router_log.splitlines()),
         "series": {"rss": [(round(t - t_flood, 3), round(mb, 1)) for t, mb in samples],
-                   "latency": [(round(r["t"] - t_flood, 3), round(r["ms"], 2)) for r in before + during]},
+                   "latency": latency_buckets([(r["t"] - t_flood, r["ms"]) for r in before + during])},
         "machine": {"cpus": os.cpu_count()},
     }
+
+
+def latency_buckets(points: list[tuple[float, float]], width_s: float = 0.25) -> list[tuple]:
+    """``(t, ms)`` points -> one ``(t, p50_ms, max_ms, n)`` per ``width_s`` window (the JSON stays small)."""
+    buckets: dict[int, list[float]] = {}
+    for t, ms in points:
+        buckets.setdefault(int(t // width_s), []).append(ms)
+    return [(round(k * width_s, 3), round(sorted(v)[len(v) // 2], 2), round(max(v), 2), len(v))
+            for k, v in sorted(buckets.items())]
 
 
 def plot(result: dict, path: str) -> None:
@@ -206,10 +215,12 @@ def plot(result: dict, path: str) -> None:
     ax1.set_ylabel("router RSS (MB)")
     ax1.axvline(0, color="red", linestyle=":", label="flood starts")
     ax1.legend()
-    t, ms = zip(*result["series"]["latency"], strict=True)
-    ax2.plot(t, ms, ".", markersize=2)
+    t, p50, worst, _ = zip(*result["series"]["latency"], strict=True)
+    ax2.plot(t, p50, label="p50")
+    ax2.plot(t, worst, ".", markersize=3, label="max")
     ax2.set_yscale("log")
-    ax2.set_ylabel("request latency (ms)")
+    ax2.set_ylabel("request latency per 0.25 s (ms)")
+    ax2.legend()
     ax2.set_xlabel("seconds since the flood started")
     fig.suptitle(f"hostile plain event stream: RSS growth {result['rss_mb']['growth']:.0f} MB, hit rate "
                  f"{result['baseline']['hit_rate']:.3f} -> {result['flood']['hit_rate']:.3f}")
