@@ -75,6 +75,10 @@ class SubscriberConfig:
     max_source_blocks: int = 1_000_000
     """Most blocks one source may hold: a snapshot beyond it is refused, and consumers (the
     router) drop batches that would take a source past it."""
+    max_snapshot_bytes: int = 128 << 20
+    """Payload bytes one snapshot may take (a cache of ``max_source_blocks`` 16-token blocks is ~90 MB;
+    held decoded until it ends, a snapshot costs ~5x its payload); a bigger one is refused like one
+    over ``max_source_blocks``, before its chunk is decoded."""
     bad_frame_threshold: int = 20
     """Bad frames within ``bad_frame_window_s`` that degrade a source (load-only routing)."""
     bad_frame_window_s: float = 10.0
@@ -104,8 +108,10 @@ class SubscriberConfig:
         if (self.curve_public_key is None) != (self.curve_secret_key is None):
             raise ValueError("SubscriberConfig.curve_public_key and curve_secret_key go together (a keypair)")
         for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_source_queue_bytes", "max_pending",
-                     "max_pending_bytes", "reconnect_ivl_ms", "max_payload_bytes", "degraded_source_bytes_per_s", "max_batch_blocks", "max_source_blocks", "bad_frame_threshold",
-                     "bad_frame_window_s", "recovery_backoff_s", "recovery_backoff_max_s"):
+                     "max_pending_bytes", "reconnect_ivl_ms", "max_payload_bytes", "degraded_source_bytes_per_s",
+                     "max_batch_blocks", "max_source_blocks", "max_snapshot_bytes", "bad_frame_threshold",
+                     "bad_frame_window_s",
+                     "recovery_backoff_s", "recovery_backoff_max_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SubscriberConfig.{name} must be positive, got {getattr(self, name)}")
 

@@ -51,6 +51,7 @@ class ReplayRequests:
         self._deferred: dict[str, tuple[str, bytes, float]] = {}  # request held back by back-off
         self._streak: dict[str, tuple[int, float, float]] = {}  # requests in a row, last at, delay
         self._snapshot_blocks: dict[str, int] = {}
+        self._snapshot_bytes: dict[str, int] = {}  # payload bytes of the snapshot under way
         self._next_probe_check = 0.0
 
     def tick(self) -> None:
@@ -83,7 +84,7 @@ class ReplayRequests:
     def request(self, name: str, kind: str, start_seq: int) -> None:
         body = SNAPSHOT_REQUEST if kind == SNAPSHOT else pack_seq(start_seq)
         if kind == SNAPSHOT:
-            self._snapshot_blocks[name] = 0
+            self._snapshot_blocks[name] = self._snapshot_bytes[name] = 0
         delay = self._backoff(name)
         if delay > 0:
             send_at = time.monotonic() + delay
@@ -225,6 +226,11 @@ class ReplayRequests:
         if not payload:
             del self.inflight[name]
             tracker.on_snapshot_end(next_seq)
+            return
+        size = self._snapshot_bytes[name] = self._snapshot_bytes.get(name, 0) + len(payload)
+        if size > self._config.max_snapshot_bytes:  # refused before decoding: held decoded, it costs ~5x
+            self._fail_snapshot(name, tracker, "rejected", "snapshot too large",
+                                f"more than max_snapshot_bytes={self._config.max_snapshot_bytes} bytes")
             return
         batch = self._guard.decode(name, payload)
         if batch is None:

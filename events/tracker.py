@@ -42,7 +42,7 @@ class SourceTracker:
         notify: Callable[[str, str, str], None],
         has_replay: bool,
         max_pending: int = 100_000,
-        max_pending_bytes: int = 64 << 20,
+        max_pending_bytes: int = 32 << 20,
     ) -> None:
         self.name = name
         self._deliver, self._request, self._notify = deliver, request, notify

@@ -117,3 +117,19 @@ def test_the_replay_socket_drops_a_peer_sending_big_frames_and_serves_the_others
         flooder.close()
         asker.close()
         pub.close()
+
+
+def test_a_snapshot_over_max_snapshot_bytes_is_refused_before_it_is_held_and_replay_recovers():
+    pub = make_publisher(snapshot_chunk_blocks=16)
+    for h in range(1, 201, 50):
+        pub.publish([stored(k, k - 1 if k > 1 else None) for k in range(h, h + 50)])
+    assert wait_for(pub.flushed)
+    config = SubscriberConfig(max_snapshot_bytes=1000, replay_timeout=0.5, snapshot_timeout=0.5)
+    f = Follower([PublisherSource("r0", pub.endpoint, pub.replay_endpoint)], config).start()
+    try:
+        assert wait_for(lambda: f.sub.stats["r0"].snapshot_failures >= 1)
+        assert f.sub.stats["r0"].rejected >= 1
+        assert f.converges("r0", pub)  # the replay buffer still reaches back to seq 0
+    finally:
+        f.close()
+        pub.close()
