@@ -86,7 +86,10 @@ class RouterRuntime:
 
         self.subscriber_config = SubscriberConfig(
             curve_server_key=config.events_curve_server_key, curve_public_key=config.events_curve_public_key,
-            curve_secret_key=config.events_curve_secret_key)
+            curve_secret_key=config.events_curve_secret_key, max_payload_bytes=config.events_max_payload_bytes,
+            max_source_blocks=config.events_max_source_blocks,
+            # a 16-token block is ~90 B of snapshot: room for a whole cache of events_max_source_blocks
+            max_snapshot_bytes=max(SubscriberConfig.max_snapshot_bytes, 128 * config.events_max_source_blocks))
         """Limits of the event feed (bad-frame threshold, blocks per source, back-off)."""
         self.feed = EventFeed(self)
         """Applies the subscriber's batches and statuses (router/event_feed.py)."""
