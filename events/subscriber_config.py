@@ -68,6 +68,10 @@ class SubscriberConfig:
     beyond it messages are dropped unread and counted as bad (so a flood keeps its source degraded).
     Enough for a source that behaves again to show it, too little for a flood to cost the process
     more than a few % of a core. (Trusted sources have no such budget: one core decodes ~60 MB/s.)"""
+    memory_alarm_bytes: int = 256 << 20
+    """Growth of this process's memory (RSS) at which the connections whose sources sent no message
+    for a second are reset and counted as bad: ZeroMQ holds a multipart message until its last frame,
+    so a peer streaming one that never ends is seen only there (events/memory_watch.py). 0: off."""
     max_batch_blocks: int = 65_536
     """Most blocks one batch (or snapshot chunk) may name; a bigger one is dropped as bad (a
     legitimate one, e.g. a publisher's resync batch, is then recovered through a snapshot, whose
@@ -107,6 +111,8 @@ class SubscriberConfig:
     def __post_init__(self) -> None:
         if (self.curve_public_key is None) != (self.curve_secret_key is None):
             raise ValueError("SubscriberConfig.curve_public_key and curve_secret_key go together (a keypair)")
+        if self.memory_alarm_bytes < 0:
+            raise ValueError(f"SubscriberConfig.memory_alarm_bytes must be >= 0 (0: off), got {self.memory_alarm_bytes}")
         for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_source_queue_bytes", "max_pending",
                      "max_pending_bytes", "reconnect_ivl_ms", "max_payload_bytes", "degraded_source_bytes_per_s",
                      "max_batch_blocks", "max_source_blocks", "max_snapshot_bytes", "bad_frame_threshold",

@@ -29,6 +29,8 @@ class Feed:
         self.topics: dict[str, bytes] = {}  # source name -> topic
         self.reattach_at: float | None = None
         """When to connect again a dropped connection that ZeroMQ does not retry (None: none is)."""
+        self.last_message = time.monotonic()
+        """When the last whole message arrived (or the feed was made), for ``MemoryWatch``."""
 
     def watch(self, event: int) -> bool:
         """Note one monitor event; True when a connection that had dropped is up again."""

@@ -14,6 +14,7 @@ from collections import deque
 import zmq
 from kvmesh.events import curve
 from kvmesh.events.endpoints import attach, parse_sub_endpoint
+from kvmesh.events.memory_watch import MemoryWatch
 from kvmesh.events.subscriber_feed import MONITORED, Feed
 from kvmesh.events.subscriber_guard import FrameGuard
 from kvmesh.events.subscriber_requests import MESSAGES_PER_TURN, ReplayRequests
@@ -23,9 +24,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 logger = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path
-_PAUSE_S = (0.05, 1.0)
-"""Shortest and longest pause of a degraded source's socket once it is over its decode budget."""
-
+_PAUSE_S = (0.05, 1.0)  # shortest and longest pause of a degraded source's socket over its budget
 
 
 class SubscriberIO:
@@ -46,6 +45,7 @@ class SubscriberIO:
         self._to_start: list[str] = []
         self._active: dict[str, float] = {}  # source -> last time it sent us anything
         self._paused: dict[Feed, float] = {}  # feeds not polled (a degraded source over budget) -> until
+        self._memory = MemoryWatch(config.memory_alarm_bytes)
         self._poller = zmq.Poller()
         self.guard = FrameGuard(config, self.trackers, deliver, status)
         self.requests = ReplayRequests(ctx, config, self._poller, self._sources, self.trackers, self._active,
@@ -242,15 +242,17 @@ class SubscriberIO:
                     self.trackers[name].on_reconnect()
 
     def _reattach_feeds(self) -> None:
-        """Connect again what ZeroMQ gave up after a protocol error; each time counts as a bad frame
-        of the feed's sources (a peer that keeps doing it is degraded)."""
-        now = time.monotonic()
-        for feed in list(self._feeds.values()):
-            if feed.reattach_at is not None and now >= feed.reattach_at:
-                feed.reattach()
-                for name in list(feed.topics):
-                    self.guard.bad_frame(name, "rejected", "connection dropped by ZeroMQ",
-                                         f"{feed.address}: a message over max_message_bytes or broken framing")
+        """Connect again what ZeroMQ gave up after a protocol error, and what ``MemoryWatch`` suspects of a
+        message that never ends (memory_watch.py); each counts as a bad frame of the feed's sources."""
+        now, feeds = time.monotonic(), list(self._feeds.values())
+        due = [(f, "connection dropped by ZeroMQ", "a message over max_message_bytes or broken framing")
+               for f in feeds if f.reattach_at is not None and now >= f.reattach_at]
+        due += [(f, "memory grew while it sent nothing", f"RSS up {self._memory.limit_bytes >> 20} MiB; a message "
+                 "that never ends?") for f in self._memory.suspects(feeds)]
+        for feed, what, why in due:
+            feed.reattach()
+            for name in list(feed.topics):
+                self.guard.bad_frame(name, "rejected", what, f"{feed.address}: {why}")
 
     @staticmethod
     def _drain(sock: zmq.Socket) -> None:
@@ -286,7 +288,7 @@ class SubscriberIO:
                 self.guard.bad_frame(name, "decode_errors", "bad frames",
                                 f"{len(frames)} frames; expected [topic, seq (8 bytes), payload]")
                 continue
-            self._active[name] = time.monotonic()
+            self._active[name] = feed.last_message = time.monotonic()
             payload = frames[2]
             if not self.guard.admit(name, len(payload)):
                 if not feed.shared:  # a socket of its own: leave the flood in the publisher's queue

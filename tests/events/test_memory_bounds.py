@@ -2,6 +2,8 @@
 RCVHWM 100,000 x MAXMSGSIZE 128 MiB on the SUB and an unbounded replay DEALER let one plain stream
 grow a router to 23 GB)."""
 
+import time
+
 import pytest
 import zmq
 from events_testkit import Follower, RawSource, make_publisher, raw_socket, recv_until_end, stored, wait_for
@@ -133,3 +135,30 @@ def test_a_snapshot_over_max_snapshot_bytes_is_refused_before_it_is_held_and_rep
     finally:
         f.close()
         pub.close()
+
+
+def test_a_peer_streaming_a_message_that_never_ends_is_cut_off_when_memory_grows():
+    from events_testkit import EndlessMessagePeer
+    from kvmesh.events.memory_watch import rss_bytes
+
+    peer, good = EndlessMessagePeer(), make_publisher()
+    config = SubscriberConfig(memory_alarm_bytes=32 << 20, snapshot_on_start=False, idle_probe_interval=None)
+    f = Follower([PublisherSource("endless", peer.endpoint), PublisherSource("good", good.endpoint)], config)
+    start = rss_bytes()
+    f.start()
+    try:
+        peak = start
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and peak - start < 400 << 20:  # unchecked: ~1 GB/s, stop early
+            good.publish([stored(1, None)])
+            peak = max(peak, rss_bytes())
+            time.sleep(0.02)
+        st = f.sub.stats["endless"]
+        assert st.rejected >= 1 and peer.connections >= 2  # cut off, and followed again
+        assert (peak - start) < 400 << 20, f"RSS grew {(peak - start) >> 20} MiB"  # ~570 MB/s unchecked
+        assert f.sub.stats["good"].batches > 0 and f.sub.stats["good"].rejected == 0
+        assert f.sub.feed_alive
+    finally:
+        f.close()
+        peer.close()
+        good.close()
