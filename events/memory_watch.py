@@ -7,8 +7,8 @@ receiving process hold every frame: +570 MB per second on a SUB with RCVHWM 8 an
 does. ``MemoryWatch`` samples this process's RSS every ``INTERVAL_S``; once it grew by ``limit_bytes``
 over its lowest point since the last alarm, the connections of our own that delivered no message
 since the previous sample are the suspects -- an honest busy source keeps sending, an honest idle one
-costs only a reconnect and a resync. The caller resets them (ZeroMQ frees what it held for them) and
-counts a bad frame; the baseline is then taken afresh, so growth for other reasons (which this
+costs only a reconnect and a resync. The caller cuts them off for a while (``Feed.detach``: ZeroMQ
+frees what it held for them; the wait doubles for a peer that keeps earning it) and counts a bad frame; the baseline is then taken afresh, so growth for other reasons (which this
 cannot tell apart) raises the alarm at most once per ``limit_bytes``.
 """
 

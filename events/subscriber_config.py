@@ -68,7 +68,7 @@ class SubscriberConfig:
     beyond it messages are dropped unread and counted as bad (so a flood keeps its source degraded).
     Enough for a source that behaves again to show it, too little for a flood to cost the process
     more than a few % of a core. (Trusted sources have no such budget: one core decodes ~60 MB/s.)"""
-    memory_alarm_bytes: int = 256 << 20
+    memory_alarm_bytes: int = 128 << 20
     """Growth of this process's memory (RSS) at which the connections whose sources sent no message
     for a second are reset and counted as bad: ZeroMQ holds a multipart message until its last frame,
     so a peer streaming one that never ends is seen only there (events/memory_watch.py). 0: off."""

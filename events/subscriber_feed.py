@@ -14,6 +14,9 @@ import zmq
 
 REATTACH_S = 0.3
 """Seconds a dropped connection that ZeroMQ does not retry waits before we connect again."""
+DETACH_S = (0.5, 30.0)
+"""First and longest wait before a connection we cut off (``detach``) is made again; doubles per cut
+in a row, so a peer that keeps earning it is connected less and less often."""
 MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
 
 
@@ -31,9 +34,14 @@ class Feed:
         """When to connect again a dropped connection that ZeroMQ does not retry (None: none is)."""
         self.last_message = time.monotonic()
         """When the last whole message arrived (or the feed was made), for ``MemoryWatch``."""
+        self.detached = False
+        """We cut the connection off (``detach``) and connect again at ``reattach_at``."""
+        self._cuts = (0, 0.0)  # cuts in a row (no whole message since), time of the last one
 
     def watch(self, event: int) -> bool:
         """Note one monitor event; True when a connection that had dropped is up again."""
+        if self.detached:
+            return False  # our own cut: we connect again ourselves
         if event == zmq.EVENT_DISCONNECTED:
             self.dropped = True
             if self.down_since is None:
@@ -49,13 +57,31 @@ class Feed:
         return False
 
     def reattach(self) -> None:
-        """Connect again (ZeroMQ gave the connection up after a protocol error)."""
-        self.reattach_at = None
+        """Connect again (ZeroMQ gave the connection up after a protocol error, or we cut it off)."""
+        self.reattach_at, self.detached = None, False
+        self.dropped = True  # the next "connected" is a reconnection: its sources resync
         try:
             self.sock.disconnect(self.address)
         except zmq.ZMQError:
             pass  # already forgotten by ZeroMQ
         self.sock.connect(self.address)
+
+    def detach(self) -> float:
+        """Cut the connection off now (ZeroMQ frees what it held for it) and connect again later;
+        returns the wait (``DETACH_S``, doubling while no whole message arrives in between)."""
+        now = time.monotonic()
+        cuts, last = self._cuts
+        cuts = cuts + 1 if self.last_message < last else 1
+        self._cuts = (cuts, now)
+        wait = min(DETACH_S[1], DETACH_S[0] * 2 ** (cuts - 1))
+        try:
+            self.sock.disconnect(self.address)
+        except zmq.ZMQError:
+            pass
+        self.detached, self.dropped, self.reattach_at = True, True, now + wait
+        if self.down_since is None:
+            self.down_since = now
+        return wait
 
     def owner(self, topic: bytes) -> str | None:
         if len(self.topics) == 1:

@@ -63,8 +63,7 @@ class SubscriberIO:
 
     # -- commands (any thread) --------------------------------------------------------------------
     def call(self, command) -> None:
-        """Queue ``("add", source)``, ``("remove", name)``, ``("resync", name)`` or ``None`` (stop)
-        for the I/O thread."""
+        """Queue ``("add", source)``, ``("remove", name)``, ``("resync", name)`` or ``None`` (stop)."""
         self._calls.append(command)
         with self._wake_lock:  # zmq sockets are not thread-safe; callers may be many threads
             try:
@@ -211,17 +210,15 @@ class SubscriberIO:
         self._wake_send.close(linger=0)
 
     def _pause_feed(self, feed: Feed, seconds: float) -> None:
-        """Stop reading ``feed`` for ``seconds`` (clamped to ``_PAUSE_S``): what its publisher sends
-        meanwhile fills ZeroMQ's bounded queue, then waits in (and is dropped by) the publisher."""
+        """Stop reading ``feed`` for ``seconds`` (within ``_PAUSE_S``): the flood waits in its publisher."""
         self._poller.unregister(feed.sock)
         self._paused[feed] = time.monotonic() + min(_PAUSE_S[1], max(_PAUSE_S[0], seconds))
 
     def _resume_feeds(self) -> None:
         now = time.monotonic()
-        for feed, until in list(self._paused.items()):
-            if now >= until:
-                del self._paused[feed]
-                self._poller.register(feed.sock, zmq.POLLIN)
+        for feed in [f for f, until in self._paused.items() if now >= until]:
+            del self._paused[feed]
+            self._poller.register(feed.sock, zmq.POLLIN)
 
     def _close_feed(self, feed: Feed) -> None:
         self._by_socket.pop(feed.sock, None)
@@ -242,15 +239,18 @@ class SubscriberIO:
                     self.trackers[name].on_reconnect()
 
     def _reattach_feeds(self) -> None:
-        """Connect again what ZeroMQ gave up after a protocol error, and what ``MemoryWatch`` suspects of a
-        message that never ends (memory_watch.py); each counts as a bad frame of the feed's sources."""
-        now, feeds = time.monotonic(), list(self._feeds.values())
-        due = [(f, "connection dropped by ZeroMQ", "a message over max_message_bytes or broken framing")
-               for f in feeds if f.reattach_at is not None and now >= f.reattach_at]
-        due += [(f, "memory grew while it sent nothing", f"RSS up {self._memory.limit_bytes >> 20} MiB; a message "
-                 "that never ends?") for f in self._memory.suspects(feeds)]
-        for feed, what, why in due:
-            feed.reattach()
+        """Connect again what ZeroMQ gave up after a protocol error (a bad frame) or we cut off; cut off what
+        ``MemoryWatch`` suspects of a message that never ends (memory_watch.py; a bad frame too)."""
+        now, feeds, bad = time.monotonic(), list(self._feeds.values()), []
+        for feed in feeds:
+            if feed.reattach_at is not None and now >= feed.reattach_at:
+                if not feed.detached:
+                    bad.append((feed, "connection dropped by ZeroMQ", "a frame over max_message_bytes or bad framing"))
+                feed.reattach()
+        for feed in self._memory.suspects(feeds):
+            bad.append((feed, "memory grew while it sent nothing", f"RSS up {self._memory.limit_bytes >> 20} MiB: "
+                        f"a message that never ends? cut off for {feed.detach():g}s"))
+        for feed, what, why in bad:
             for name in list(feed.topics):
                 self.guard.bad_frame(name, "rejected", what, f"{feed.address}: {why}")
 

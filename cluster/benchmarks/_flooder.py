@@ -5,7 +5,8 @@ payloads, a message of two frames, a 3-byte seq frame, a payload over ``max_payl
 batch of ``max_batch_blocks`` 16-token blocks (~6 MB), valid msgpack naming more blocks than a batch
 may, and valid batches claiming the benchmark client's prefixes ("route them to me"); every 5 s one
 message over ZeroMQ's MAXMSGSIZE (the subscriber's ZeroMQ drops the connection, which comes back).
-``mix="valid"`` sends only valid batches of ``max_batch_blocks`` blocks, in seq order.
+``mix="valid"`` sends only valid batches of ``max_batch_blocks`` blocks, in seq order; ``mix="endless"``
+is no ZeroMQ socket at all but raw ZMTP, one multipart message that never ends.
 """
 
 from __future__ import annotations
@@ -56,10 +57,60 @@ def _frames(claims: list[list[int]], mix: str) -> tuple[list[list[bytes]], list[
     return cycle, [b"", b"\0" * 8, b"\0" * (cfg.max_message_bytes + 1)]
 
 
+ZMTP_GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32
+"""ZMTP 3.0 greeting of a NULL-mechanism peer (as a server)."""
+_READY = b"\x05READY" + b"\x0bSocket-Type" + (3).to_bytes(4, "big") + b"PUB"
+ZMTP_READY_PUB = b"\x04" + bytes([len(_READY)]) + _READY
+"""The READY command of a PUB socket."""
+ENDLESS_FRAME = b"\x03" + (60_000).to_bytes(8, "big") + b"x" * 60_000
+"""A 60 kB frame flagged MORE: a message that a stream of these never ends."""
+
+
+def endless_message_peer(go, stop) -> tuple[str, object]:
+    """``mix="endless"``: a raw-ZMTP "publisher" (no ZeroMQ) streaming one multipart message that never
+    ends, which ZeroMQ's receiving side holds whole; accepts reconnections. Returns its address and the
+    thread serving it (starts sending once ``go`` is set)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(0.2)
+
+    def serve() -> None:
+        chunk = ENDLESS_FRAME * 16
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            try:
+                conn.sendall(ZMTP_GREETING + ZMTP_READY_PUB)
+                go.wait()
+                while not stop.is_set():
+                    conn.sendall(chunk)
+            except OSError:
+                pass  # cut off: wait for the subscriber to come back
+            finally:
+                conn.close()
+        srv.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"tcp://127.0.0.1:{srv.getsockname()[1]}", thread
+
+
 def hostile_publisher(endpoint_q, go, stop, counts_q, mix: str = "all") -> None:
     """The hostile publisher: binds a plain PUB, waits for ``go``, floods until ``stop``."""
     import zmq
 
+    if mix == "endless":
+        endpoint, thread = endless_message_peer(go, stop)
+        endpoint_q.put(endpoint)
+        thread.join()
+        counts_q.put({})
+        return
     cycle, too_big = _frames(prefixes(), mix)
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)

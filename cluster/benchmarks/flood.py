@@ -235,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", type=float, default=5.0, help="seconds of traffic before the flood")
     ap.add_argument("--model", default=str(STORIES), help="the router's tokenizer")
     ap.add_argument("--rss-cap-mb", type=float, default=2048, help="stop the flood once the router's RSS passes this")
-    ap.add_argument("--mix", choices=["all", "valid"], default="all",
-                    help="all: every kind of bad and huge message; valid: only valid 65,536-block batches")
+    ap.add_argument("--mix", choices=["all", "valid", "endless"], default="all",
+                    help="all: every kind of bad and huge message; valid: only valid 65,536-block batches; "
+                         "endless: raw ZMTP, one multipart message that never ends")
     ap.add_argument("--out", default="results/flood.json")
     args = ap.parse_args(argv)
     print(f"flood: {args.baseline:g} s baseline, then {args.duration:g} s of hostile traffic ...", flush=True)

@@ -202,46 +202,18 @@ class RawSource:
 
 
 class EndlessMessagePeer:
-    """A publisher speaking raw ZMTP 3.0 (NULL mechanism) that streams one multipart message that
-    never ends: frames flagged MORE, forever. ZeroMQ's receiving side holds them all (it hands a
-    message over only once its last frame arrived). Accepts reconnections; ``close()`` stops it."""
-
-    FRAME = b"\x03" + (60_000).to_bytes(8, "big") + b"x" * 60_000  # long frame, MORE flag
+    """A raw-ZMTP publisher streaming one multipart message that never ends (``kvmesh bench flood
+    --mix endless``'s peer, in a thread); accepts reconnections. ``close()`` stops it."""
 
     def __init__(self) -> None:
-        import socket
         import threading
 
-        self._srv = socket.socket()
-        self._srv.bind(("127.0.0.1", 0))
-        self._srv.listen(4)
-        self._srv.settimeout(0.2)
-        self.endpoint = f"tcp://127.0.0.1:{self._srv.getsockname()[1]}"
-        self.connections = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        from kvmesh.cluster.benchmarks._flooder import endless_message_peer
 
-    def _run(self) -> None:
-        greeting = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32
-        ready = b"\x05READY" + b"\x0bSocket-Type" + (3).to_bytes(4, "big") + b"PUB"
-        chunk = self.FRAME * 16
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._srv.accept()
-            except TimeoutError:
-                continue
-            self.connections += 1
-            try:
-                conn.sendall(greeting + b"\x04" + bytes([len(ready)]) + ready)
-                while not self._stop.is_set():
-                    conn.sendall(chunk)
-            except OSError:
-                pass  # the subscriber cut us off: wait for it to come back
-            finally:
-                conn.close()
+        go, self._stop = threading.Event(), threading.Event()
+        go.set()
+        self.endpoint, self._thread = endless_message_peer(go, self._stop)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2)
-        self._srv.close()

@@ -154,7 +154,7 @@ def test_a_peer_streaming_a_message_that_never_ends_is_cut_off_when_memory_grows
             peak = max(peak, rss_bytes())
             time.sleep(0.02)
         st = f.sub.stats["endless"]
-        assert st.rejected >= 1 and peer.connections >= 2  # cut off, and followed again
+        assert st.rejected >= 1 and st.reconnects >= 1  # cut off, and followed again
         assert (peak - start) < 400 << 20, f"RSS grew {(peak - start) >> 20} MiB"  # ~570 MB/s unchecked
         assert f.sub.stats["good"].batches > 0 and f.sub.stats["good"].rejected == 0
         assert f.sub.feed_alive
