@@ -106,7 +106,7 @@ class RouterConfig:
     over twice this make ZeroMQ drop the connection, and it queues at most 64 MiB per replica. The default fits a
     batch of 65,536 16-token blocks."""
     events_max_source_blocks: int = SubscriberConfig.max_source_blocks
-    """Most cached blocks the router tracks per replica (~150 B each in its index); batches beyond it are refused
+    """Most cached blocks the router tracks per replica (~150-250 B each in its index); batches beyond it are refused
     and the replica degraded. Raise it for replicas whose cache holds more blocks."""
     connect_timeout_s: float = 2.0
     """Seconds to wait for a replica connection before trying another replica."""
