@@ -240,14 +240,14 @@ class SubscriberIO:
 
     def _reattach_feeds(self) -> None:
         """Connect again what ZeroMQ gave up after a protocol error (a bad frame) or we cut off; cut off what
-        ``MemoryWatch`` suspects of a message that never ends (memory_watch.py; a bad frame too)."""
+        ``MemoryWatch`` suspects of a message that never ends (a bad frame too), unless it is recovering."""
         now, feeds, bad = time.monotonic(), list(self._feeds.values()), []
         for feed in feeds:
             if feed.reattach_at is not None and now >= feed.reattach_at:
                 if not feed.detached:
                     bad.append((feed, "connection dropped by ZeroMQ", "a frame over max_message_bytes or bad framing"))
                 feed.reattach()
-        for feed in self._memory.suspects(feeds):
+        for feed in [f for f in self._memory.suspects(feeds) if not f.topics.keys() & self.requests.inflight.keys()]:
             bad.append((feed, "memory grew while it sent nothing", f"RSS up {self._memory.limit_bytes >> 20} MiB: "
                         f"a message that never ends? cut off for {feed.detach():g}s"))
         for feed, what, why in bad:

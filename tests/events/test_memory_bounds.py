@@ -51,10 +51,11 @@ def test_a_message_over_max_message_bytes_costs_a_reconnect_not_the_source():
     f = Follower([PublisherSource("raw", raw.endpoint)], config).start()
     try:
         ok = removed_payload(3)
-        assert wait_for(lambda: (raw.pub.send_multipart([b"", seq(0), ok]), f.sub.stats["raw"].batches == 1)[1])
+        assert wait_for(lambda: (raw.pub.send_multipart([b"", seq(0), ok]), f.sub.stats["raw"].batches >= 1)[1])
         raw.pub.send_multipart([b"", seq(1), b"\0" * (config.max_message_bytes + 1)])  # ZeroMQ refuses it
         assert wait_for(lambda: f.sub.stats["raw"].reconnects >= 1)
-        assert wait_for(lambda: (raw.pub.send_multipart([b"", seq(2), ok]), f.sub.stats["raw"].batches >= 2)[1])
+        before = f.sub.stats["raw"].batches
+        assert wait_for(lambda: (raw.pub.send_multipart([b"", seq(2), ok]), f.sub.stats["raw"].batches > before)[1])
         assert f.sub.stats["raw"].rejected >= 1 and f.sub.feed_alive
     finally:
         f.close()
