@@ -40,6 +40,7 @@ from kvmesh.events import curve
 from kvmesh.events.endpoints import attach, offset_port, parse_listen_endpoint, parse_pub_endpoint
 from kvmesh.events.publisher_io import PublisherIO
 from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEvent, KVEventBatch
+from kvmesh.events.wire import MAX_REQUEST_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,9 @@ class ZmqEventPublisher:
             # Room for a whole replay (and a snapshot's chunks), whatever the PUB's hwm: a ROUTER
             # drops what exceeds its hwm, which would punch holes into answers.
             replay.setsockopt(zmq.SNDHWM, 2 * config.buffer_steps + 1024)
+            # Requests are a few bytes: a peer sending big frames is dropped before they are held,
+            # so a request flood can queue at most RCVHWM (1000) small messages per peer.
+            replay.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
             replay.setsockopt(zmq.LINGER, 0)
             ep = parse_listen_endpoint(offset_port(config.replay_endpoint, data_parallel_rank))
             try:

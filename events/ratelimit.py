@@ -41,6 +41,13 @@ class TokenBucket:
         self.tokens -= n
         return True
 
+    def wait_s(self, n: float) -> float:
+        """Seconds until ``take(n)`` could succeed (0.0: now; inf: never, ``n`` is over ``burst``)."""
+        if n > self.burst:
+            return float("inf")
+        self._refill()
+        return max(0.0, (n - self.tokens) / self.rate)
+
     def spend(self, n: float) -> None:
         """Take ``n`` tokens even if that leaves a debt."""
         self._refill()

@@ -35,6 +35,12 @@ class SourceStats:
     """All dropped messages together: decode errors + rejected + apply errors."""
     degradations: int = 0
     """Times the source sent so many bad frames that it was degraded (see ``health.py``)."""
+    over_budget: int = 0
+    """Live messages of a degraded source dropped unread, over its decode budget
+    (``SubscriberConfig.degraded_source_bytes_per_s``; counted in ``rejected`` too)."""
+    pending_overflows: int = 0
+    """Live batches dropped from the queue held during a recovery (over ``max_pending`` or
+    ``max_pending_bytes``); recovered like lost ones."""
     unknown_events: int = 0
     """Events of unknown type dropped from otherwise good batches."""
     restarts: int = 0

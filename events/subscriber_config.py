@@ -39,9 +39,17 @@ class SubscriberConfig:
     snapshot_timeout: float = 5.0
     """Seconds without an answer before a snapshot request is given up (and counted)."""
     rcvhwm: int = 100_000
-    """ZeroMQ receive high-water mark of each SUB socket (messages)."""
+    """Most messages ZeroMQ queues per source (SUB and replay sockets); the mark used is also
+    bounded by ``max_source_queue_bytes`` (see ``queue_messages``)."""
+    max_source_queue_bytes: int = 64 << 20
+    """Bytes ZeroMQ may hold for one source, on its SUB and on its replay socket alike: each
+    socket's receive high-water mark times the largest message it accepts (``max_message_bytes``)
+    stays within this. A publisher that sends faster than we read waits in its own queues."""
     max_pending: int = 100_000
     """Live batches held per source while a gap is being recovered."""
+    max_pending_bytes: int = 32 << 20
+    """Payload bytes of the live batches held per source while a gap is being recovered (decoded,
+    a batch takes ~3-10x its payload); past it the oldest are dropped and recovered like lost ones."""
     idle_probe_interval: float | None = 1.0
     """Seconds a source may stay silent before we ask its replay socket for anything newer
     (finds batches lost at the tail of a burst); None disables probing."""
@@ -49,10 +57,21 @@ class SubscriberConfig:
     """First reconnect delay after a publisher goes away."""
     reconnect_ivl_max_ms: int = 2000
     """Longest reconnect delay (exponential back-off up to this)."""
-    max_payload_bytes: int = 16 << 20
-    """Largest payload decoded: a bigger one is dropped unread (a 1M-block batch is ~20-60 MB and
-    takes ~0.6 s of the GIL to decode) and recovered like any lost batch. Messages beyond 8x this
-    are refused by ZeroMQ itself (which drops the connection; it comes back and resyncs)."""
+    max_payload_bytes: int = 8 << 20
+    """Largest payload decoded: a bigger one is dropped unread and recovered like any lost batch.
+    The largest batch accepted, ``max_batch_blocks`` blocks of 16 tokens, is ~6 MB on the wire
+    (5 bytes per token id, 9 per hash) and ~0.1 s of the GIL to decode. A message frame over
+    ``max_message_bytes`` (2x this) is refused by ZeroMQ itself: it drops the connection, which
+    comes back and resyncs."""
+    degraded_source_bytes_per_s: int = 1 << 20
+    """Live payload bytes decoded per second from a *degraded* source, and its largest message;
+    beyond it messages are dropped unread and counted as bad (so a flood keeps its source degraded).
+    Enough for a source that behaves again to show it, too little for a flood to cost the process
+    more than a few % of a core. (Trusted sources have no such budget: one core decodes ~60 MB/s.)"""
+    memory_alarm_bytes: int = 128 << 20
+    """Growth of this process's memory (RSS) at which the connections whose sources sent no message
+    for a second are reset and counted as bad: ZeroMQ holds a multipart message until its last frame,
+    so a peer streaming one that never ends is seen only there (events/memory_watch.py). 0: off."""
     max_batch_blocks: int = 65_536
     """Most blocks one batch (or snapshot chunk) may name; a bigger one is dropped as bad (a
     legitimate one, e.g. a publisher's resync batch, is then recovered through a snapshot, whose
@@ -60,6 +79,10 @@ class SubscriberConfig:
     max_source_blocks: int = 1_000_000
     """Most blocks one source may hold: a snapshot beyond it is refused, and consumers (the
     router) drop batches that would take a source past it."""
+    max_snapshot_bytes: int = 128 << 20
+    """Payload bytes one snapshot may take (a cache of ``max_source_blocks`` 16-token blocks is ~90 MB;
+    held decoded until it ends, a snapshot costs ~5x its payload); a bigger one is refused like one
+    over ``max_source_blocks``, before its chunk is decoded."""
     bad_frame_threshold: int = 20
     """Bad frames within ``bad_frame_window_s`` that degrade a source (load-only routing)."""
     bad_frame_window_s: float = 10.0
@@ -88,8 +111,24 @@ class SubscriberConfig:
     def __post_init__(self) -> None:
         if (self.curve_public_key is None) != (self.curve_secret_key is None):
             raise ValueError("SubscriberConfig.curve_public_key and curve_secret_key go together (a keypair)")
-        for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_pending", "reconnect_ivl_ms",
-                     "max_payload_bytes", "max_batch_blocks", "max_source_blocks", "bad_frame_threshold",
-                     "bad_frame_window_s", "recovery_backoff_s", "recovery_backoff_max_s"):
+        if self.memory_alarm_bytes < 0:
+            raise ValueError(f"SubscriberConfig.memory_alarm_bytes must be >= 0 (0: off), got {self.memory_alarm_bytes}")
+        for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_source_queue_bytes", "max_pending",
+                     "max_pending_bytes", "reconnect_ivl_ms", "max_payload_bytes", "degraded_source_bytes_per_s",
+                     "max_batch_blocks", "max_source_blocks", "max_snapshot_bytes", "bad_frame_threshold",
+                     "bad_frame_window_s",
+                     "recovery_backoff_s", "recovery_backoff_max_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SubscriberConfig.{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def max_message_bytes(self) -> int:
+        """ZeroMQ's MAXMSGSIZE on every socket we read (bytes per frame; a bigger one drops the
+        connection): twice ``max_payload_bytes``, so a payload somewhat over the limit is still
+        read, counted and dropped by the guard rather than costing a reconnect."""
+        return 2 * self.max_payload_bytes
+
+    def queue_messages(self) -> int:
+        """The receive high-water mark (messages) of every socket we read: ``rcvhwm``, lowered so
+        that it times ``max_message_bytes`` stays within ``max_source_queue_bytes`` (at least 1)."""
+        return max(1, min(self.rcvhwm, self.max_source_queue_bytes // self.max_message_bytes))

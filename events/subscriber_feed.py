@@ -1,10 +1,23 @@
-"""One SUB socket of the subscriber and the sources it carries."""
+"""One SUB socket of the subscriber, the sources it carries, and the state of its connection.
+
+A connection of our own (not a bound address) is watched through a monitor socket. ZeroMQ reconnects
+by itself after a connection error, and says so (``EVENT_CONNECT_RETRIED``) -- but not after a
+protocol error, e.g. a message over MAXMSGSIZE: that connection stays down for good. ``watch`` notes
+a drop that ZeroMQ does not retry, and ``reattach`` connects again once ``REATTACH_S`` passed.
+"""
 
 from __future__ import annotations
 
 import time
 
 import zmq
+
+REATTACH_S = 0.3
+"""Seconds a dropped connection that ZeroMQ does not retry waits before we connect again."""
+DETACH_S = (0.5, 30.0)
+"""First and longest wait before a connection we cut off (``detach``) is made again; doubles per cut
+in a row, so a peer that keeps earning it is connected less and less often."""
+MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
 
 
 class Feed:
@@ -17,6 +30,58 @@ class Feed:
         self.down_since: float | None = None if shared else time.monotonic()
         """``time.monotonic()`` since when a connection of our own is not up (None: up, or bound)."""
         self.topics: dict[str, bytes] = {}  # source name -> topic
+        self.reattach_at: float | None = None
+        """When to connect again a dropped connection that ZeroMQ does not retry (None: none is)."""
+        self.last_message = time.monotonic()
+        """When the last whole message arrived (or the feed was made), for ``MemoryWatch``."""
+        self.detached = False
+        """We cut the connection off (``detach``) and connect again at ``reattach_at``."""
+        self._cuts = (0, 0.0)  # cuts in a row (no whole message since), time of the last one
+
+    def watch(self, event: int) -> bool:
+        """Note one monitor event; True when a connection that had dropped is up again."""
+        if self.detached:
+            return False  # our own cut: we connect again ourselves
+        if event == zmq.EVENT_DISCONNECTED:
+            self.dropped = True
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+            self.reattach_at = time.monotonic() + REATTACH_S
+        elif event == zmq.EVENT_CONNECT_RETRIED:
+            self.reattach_at = None  # ZeroMQ is on it
+        elif event == zmq.EVENT_CONNECTED:
+            self.down_since = self.reattach_at = None
+            if self.dropped:
+                self.dropped = False
+                return True
+        return False
+
+    def reattach(self) -> None:
+        """Connect again (ZeroMQ gave the connection up after a protocol error, or we cut it off)."""
+        self.reattach_at, self.detached = None, False
+        self.dropped = True  # the next "connected" is a reconnection: its sources resync
+        try:
+            self.sock.disconnect(self.address)
+        except zmq.ZMQError:
+            pass  # already forgotten by ZeroMQ
+        self.sock.connect(self.address)
+
+    def detach(self) -> float:
+        """Cut the connection off now (ZeroMQ frees what it held for it) and connect again later;
+        returns the wait (``DETACH_S``, doubling while no whole message arrives in between)."""
+        now = time.monotonic()
+        cuts, last = self._cuts
+        cuts = cuts + 1 if self.last_message < last else 1
+        self._cuts = (cuts, now)
+        wait = min(DETACH_S[1], DETACH_S[0] * 2 ** (cuts - 1))
+        try:
+            self.sock.disconnect(self.address)
+        except zmq.ZMQError:
+            pass
+        self.detached, self.dropped, self.reattach_at = True, True, now + wait
+        if self.down_since is None:
+            self.down_since = now
+        return wait
 
     def owner(self, topic: bytes) -> str | None:
         if len(self.topics) == 1:

@@ -8,6 +8,13 @@ bad frames is degraded (``health.py``): the consumer hears ``on_status(name, "de
 the source is resynced from a snapshot, and ``on_status(name, "recovered", ...)`` follows once
 the snapshot is applied and ``degraded_probation_s`` passed without a bad frame (or, without
 snapshots, after a clean window).
+
+A degraded source's live messages are decoded only within a budget (``admit``): a token bucket of
+``degraded_source_bytes_per_s`` payload bytes per second, which is also its largest message. A
+message beyond it is dropped unread and counted as bad, so a flooding source stays degraded and
+what it costs the process (GIL time, decoded memory) is bounded by that budget. (``SubscriberIO``
+then stops reading the source's socket for a while: the flood waits in, and is dropped by, the
+publisher's own queue.)
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import time
 
 from kvmesh.events.codec import DecodeError, check_batch, decode_batch_counted
 from kvmesh.events.health import SourceHealth
+from kvmesh.events.ratelimit import TokenBucket
 from kvmesh.events.tracker import SourceTracker
 
 logger = logging.getLogger(__name__)
@@ -37,10 +45,35 @@ class FrameGuard:
         """Source name -> SourceHealth, created at the source's first bad frame."""
         self._warned: set[tuple[str, str]] = set()
         self._next_health_check = 0.0
+        self._budgets: dict[str, TokenBucket] = {}
+        """Source name -> its decode budget while degraded (see the module doc)."""
 
     def forget(self, name: str) -> None:
         """Drop what is known about a removed source."""
         self.health.pop(name, None)
+        self._budgets.pop(name, None)
+
+    def admit(self, name: str, payload_bytes: int) -> bool:
+        """Whether a live payload of ``payload_bytes`` from ``name`` may be decoded (always, unless the
+        source is degraded and over its budget: then it was dropped unread and counted)."""
+        health = self.health.get(name)
+        if health is None or not health.degraded:
+            return True
+        rate = self._config.degraded_source_bytes_per_s
+        budget = self._budgets.get(name)
+        if budget is None:
+            budget = self._budgets[name] = TokenBucket(rate, rate)
+        if budget.take(payload_bytes):
+            return True
+        self._trackers[name].stats.over_budget += 1
+        self.bad_frame(name, "rejected", "over its decode budget while degraded",
+                       f"{payload_bytes} bytes; degraded_source_bytes_per_s={rate}")
+        return False
+
+    def refused_for_s(self, name: str, payload_bytes: int) -> float:
+        """Seconds until a refused payload of ``payload_bytes`` would fit ``name``'s budget (inf: never)."""
+        budget = self._budgets.get(name)
+        return 0.0 if budget is None else budget.wait_s(payload_bytes)
 
     def health_of(self, name: str) -> SourceHealth:
         health = self.health.get(name)

@@ -14,7 +14,8 @@ from collections import deque
 import zmq
 from kvmesh.events import curve
 from kvmesh.events.endpoints import attach, parse_sub_endpoint
-from kvmesh.events.subscriber_feed import Feed
+from kvmesh.events.memory_watch import MemoryWatch
+from kvmesh.events.subscriber_feed import MONITORED, Feed
 from kvmesh.events.subscriber_guard import FrameGuard
 from kvmesh.events.subscriber_requests import MESSAGES_PER_TURN, ReplayRequests
 from kvmesh.events.tracker import SourceTracker
@@ -23,7 +24,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 logger = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path
-
+_PAUSE_S = (0.05, 1.0)  # shortest and longest pause of a degraded source's socket over its budget
 
 
 class SubscriberIO:
@@ -43,6 +44,8 @@ class SubscriberIO:
         """What stopped the loop, when it stopped for anything but ``call(None)``."""
         self._to_start: list[str] = []
         self._active: dict[str, float] = {}  # source -> last time it sent us anything
+        self._paused: dict[Feed, float] = {}  # feeds not polled (a degraded source over budget) -> until
+        self._memory = MemoryWatch(config.memory_alarm_bytes)
         self._poller = zmq.Poller()
         self.guard = FrameGuard(config, self.trackers, deliver, status)
         self.requests = ReplayRequests(ctx, config, self._poller, self._sources, self.trackers, self._active,
@@ -60,8 +63,7 @@ class SubscriberIO:
 
     # -- commands (any thread) --------------------------------------------------------------------
     def call(self, command) -> None:
-        """Queue ``("add", source)``, ``("remove", name)``, ``("resync", name)`` or ``None`` (stop)
-        for the I/O thread."""
+        """Queue ``("add", source)``, ``("remove", name)``, ``("resync", name)`` or ``None`` (stop)."""
         self._calls.append(command)
         with self._wake_lock:  # zmq sockets are not thread-safe; callers may be many threads
             try:
@@ -100,17 +102,19 @@ class SubscriberIO:
                              "another CURVE server key; one bound socket has one key")
         if feed is None:
             sock = self._ctx.socket(zmq.SUB)
-            sock.setsockopt(zmq.RCVHWM, self._config.rcvhwm)
+            # What a publisher can make us hold: RCVHWM messages of at most MAXMSGSIZE per frame
+            # (SubscriberConfig.max_source_queue_bytes); beyond it ZeroMQ stops reading its socket.
+            sock.setsockopt(zmq.RCVHWM, self._config.queue_messages())
+            sock.setsockopt(zmq.MAXMSGSIZE, self._config.max_message_bytes)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, self._config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._config.reconnect_ivl_max_ms)
-            sock.setsockopt(zmq.MAXMSGSIZE, 8 * self._config.max_payload_bytes)
             monitor = None
             try:
                 self.secure(sock, server_key)
                 if not ep.bind:  # a connection of our own: watch it come up (monitored before it
                     # connects, so its first "connected" is seen), drop and come back
-                    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+                    monitor = sock.get_monitor_socket(MONITORED)
                 address = attach(sock, ep)
             except Exception:
                 if monitor is not None:
@@ -133,6 +137,7 @@ class SubscriberIO:
         self.trackers[src.name] = SourceTracker(
             src.name, self.guard.deliver, self.requests.request, self.guard.tracker_status,
             has_replay=src.replay_endpoint is not None, max_pending=self._config.max_pending,
+            max_pending_bytes=self._config.max_pending_bytes,
         )
         self._to_start.append(src.name)
         self._active[src.name] = time.monotonic()
@@ -162,7 +167,8 @@ class SubscriberIO:
         feed = self._feed_of.pop(name)
         feed.topics.pop(name, None)
         if not feed.topics:
-            self._poller.unregister(feed.sock)
+            if self._paused.pop(feed, None) is None:
+                self._poller.unregister(feed.sock)
             self._close_feed(feed)
             self._feeds = {k: f for k, f in self._feeds.items() if f is not feed}
 
@@ -185,6 +191,9 @@ class SubscriberIO:
                         self._on_socket(sock)
                 self.requests.tick()
                 self.guard.check_health()
+                if self._paused:
+                    self._resume_feeds()
+                self._reattach_feeds()
         except Exception as e:  # a bug here must not pass silently: EventSubscriber restarts the feed
             self.crash = e
             logger.exception("KV event subscriber I/O loop crashed; the feed will be restarted")
@@ -200,6 +209,17 @@ class SubscriberIO:
         self._wake_recv.close(linger=0)
         self._wake_send.close(linger=0)
 
+    def _pause_feed(self, feed: Feed, seconds: float) -> None:
+        """Stop reading ``feed`` for ``seconds`` (within ``_PAUSE_S``): the flood waits in its publisher."""
+        self._poller.unregister(feed.sock)
+        self._paused[feed] = time.monotonic() + min(_PAUSE_S[1], max(_PAUSE_S[0], seconds))
+
+    def _resume_feeds(self) -> None:
+        now = time.monotonic()
+        for feed in [f for f, until in self._paused.items() if now >= until]:
+            del self._paused[feed]
+            self._poller.register(feed.sock, zmq.POLLIN)
+
     def _close_feed(self, feed: Feed) -> None:
         self._by_socket.pop(feed.sock, None)
         if feed.monitor is not None:
@@ -213,18 +233,26 @@ class SubscriberIO:
 
     def _on_monitor(self, feed: Feed) -> None:
         while feed.monitor is not None and feed.monitor.poll(0):
-            event = recv_monitor_message(feed.monitor)["event"]
-            if event == zmq.EVENT_DISCONNECTED:
-                feed.dropped = True
-                if feed.down_since is None:
-                    feed.down_since = time.monotonic()
-            elif event == zmq.EVENT_CONNECTED:
-                feed.down_since = None
-            if event == zmq.EVENT_CONNECTED and feed.dropped:
-                feed.dropped = False
+            if feed.watch(recv_monitor_message(feed.monitor)["event"]):
                 for name in list(feed.topics):
                     logger.info("KV events from %s: reconnected to %s", name, feed.address)
                     self.trackers[name].on_reconnect()
+
+    def _reattach_feeds(self) -> None:
+        """Connect again what ZeroMQ gave up after a protocol error (a bad frame) or we cut off; cut off what
+        ``MemoryWatch`` suspects of a message that never ends (a bad frame too), unless it is recovering."""
+        now, feeds, bad = time.monotonic(), list(self._feeds.values()), []
+        for feed in feeds:
+            if feed.reattach_at is not None and now >= feed.reattach_at:
+                if not feed.detached:
+                    bad.append((feed, "connection dropped by ZeroMQ", "a frame over max_message_bytes or bad framing"))
+                feed.reattach()
+        for feed in [f for f in self._memory.suspects(feeds) if not f.topics.keys() & self.requests.inflight.keys()]:
+            bad.append((feed, "memory grew while it sent nothing", f"RSS up {self._memory.limit_bytes >> 20} MiB: "
+                        f"a message that never ends? cut off for {feed.detach():g}s"))
+        for feed, what, why in bad:
+            for name in list(feed.topics):
+                self.guard.bad_frame(name, "rejected", what, f"{feed.address}: {why}")
 
     @staticmethod
     def _drain(sock: zmq.Socket) -> None:
@@ -260,7 +288,13 @@ class SubscriberIO:
                 self.guard.bad_frame(name, "decode_errors", "bad frames",
                                 f"{len(frames)} frames; expected [topic, seq (8 bytes), payload]")
                 continue
-            self._active[name] = time.monotonic()
-            batch = self.guard.decode(name, frames[2])
+            self._active[name] = feed.last_message = time.monotonic()
+            payload = frames[2]
+            if not self.guard.admit(name, len(payload)):
+                if not feed.shared:  # a socket of its own: leave the flood in the publisher's queue
+                    self._pause_feed(feed, self.guard.refused_for_s(name, len(payload)))
+                    return
+                continue
+            batch = self.guard.decode(name, payload)
             if batch is not None:
-                tracker.on_live(unpack_seq(frames[1]), batch)
+                tracker.on_live(unpack_seq(frames[1]), batch, len(payload))

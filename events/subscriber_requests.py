@@ -51,6 +51,7 @@ class ReplayRequests:
         self._deferred: dict[str, tuple[str, bytes, float]] = {}  # request held back by back-off
         self._streak: dict[str, tuple[int, float, float]] = {}  # requests in a row, last at, delay
         self._snapshot_blocks: dict[str, int] = {}
+        self._snapshot_bytes: dict[str, int] = {}  # payload bytes of the snapshot under way
         self._next_probe_check = 0.0
 
     def tick(self) -> None:
@@ -83,7 +84,7 @@ class ReplayRequests:
     def request(self, name: str, kind: str, start_seq: int) -> None:
         body = SNAPSHOT_REQUEST if kind == SNAPSHOT else pack_seq(start_seq)
         if kind == SNAPSHOT:
-            self._snapshot_blocks[name] = 0
+            self._snapshot_blocks[name] = self._snapshot_bytes[name] = 0
         delay = self._backoff(name)
         if delay > 0:
             send_at = time.monotonic() + delay
@@ -124,8 +125,10 @@ class ReplayRequests:
             if dealer is None:
                 dealer = self._ctx.socket(zmq.DEALER)
                 dealer.setsockopt(zmq.LINGER, 0)
-                dealer.setsockopt(zmq.RCVHWM, 0)
-                dealer.setsockopt(zmq.MAXMSGSIZE, 8 * self._config.max_payload_bytes)
+                # Bounded like the SUB sockets (SubscriberConfig.max_source_queue_bytes): a replay
+                # beyond what we read in time waits in the publisher (or is cut and recovered).
+                dealer.setsockopt(zmq.RCVHWM, self._config.queue_messages())
+                dealer.setsockopt(zmq.MAXMSGSIZE, self._config.max_message_bytes)
                 self._secure(dealer, src)
                 self.dealers[name] = dealer
                 self.dealer_owner[dealer] = name
@@ -201,8 +204,9 @@ class ReplayRequests:
                         tracker.on_request_failed(SNAPSHOT, "the source does not serve snapshots", True)
                     else:
                         tracker.on_replay_end()
-                elif kind == REPLAY:
-                    tracker.on_replay_batch(unpack_seq(seq_frame), self._guard.decode(name, payload))
+                elif kind == REPLAY:  # only the batch that continues the stream is worth decoding
+                    seq = unpack_seq(seq_frame)
+                    tracker.on_replay_batch(seq, self._guard.decode(name, payload) if tracker.wants(seq) else None)
             else:
                 self._guard.bad_frame(name, "decode_errors", "bad replay frames",
                                 f"{len(frames)} frames, seq frame of {len(body[-2]) if len(body) > 1 else 0} bytes")
@@ -222,6 +226,11 @@ class ReplayRequests:
         if not payload:
             del self.inflight[name]
             tracker.on_snapshot_end(next_seq)
+            return
+        size = self._snapshot_bytes[name] = self._snapshot_bytes.get(name, 0) + len(payload)
+        if size > self._config.max_snapshot_bytes:  # refused before decoding: held decoded, it costs ~5x
+            self._fail_snapshot(name, tracker, "rejected", "snapshot too large",
+                                f"more than max_snapshot_bytes={self._config.max_snapshot_bytes} bytes")
             return
         batch = self._guard.decode(name, payload)
         if batch is None:

@@ -12,17 +12,17 @@ failures; it delivers batches in seq order and asks its owner for replays and sn
       │                         give up: count, tell the consumer, resume from what arrives
       └──seq drop──▶ restart: the next delivered batch starts with AllBlocksCleared
 
-While recovering, live batches wait in ``pending`` (bounded); once recovered they are
-delivered, skipping what the replay or snapshot already covered.
+While recovering, live batches wait in ``pending`` (bounded in batches and payload bytes,
+pending.py); once recovered they are delivered, skipping what the replay or snapshot already covered.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 
+from kvmesh.events.pending import PendingBatches
 from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEventBatch
 from kvmesh.events.stats import SourceStats
 
@@ -42,6 +42,7 @@ class SourceTracker:
         notify: Callable[[str, str, str], None],
         has_replay: bool,
         max_pending: int = 100_000,
+        max_pending_bytes: int = 32 << 20,
     ) -> None:
         self.name = name
         self._deliver, self._request, self._notify = deliver, request, notify
@@ -50,7 +51,7 @@ class SourceTracker:
         self.stats = SourceStats()
         self.mode = LIVE
         self.last: int | None = None  # seq of the last delivered batch; None = no baseline yet
-        self.pending: deque[tuple[int, KVEventBatch]] = deque(maxlen=max_pending)
+        self.pending = PendingBatches(max_pending, max_pending_bytes)
         self._clear_next = False  # prepend AllBlocksCleared to the next delivery (after a restart)
         self._replay_hole = False
         self._replay_from = 0
@@ -70,9 +71,10 @@ class SourceTracker:
             self._begin(SNAPSHOT)
 
     # -- live stream ----------------------------------------------------------------------------
-    def on_live(self, seq: int, batch: KVEventBatch) -> None:
+    def on_live(self, seq: int, batch: KVEventBatch, payload_bytes: int = 0) -> None:
+        """One live batch (``payload_bytes``: its size on the wire, for the pending queue's byte cap)."""
         if self.mode != LIVE:
-            self.pending.append((seq, batch))
+            self._hold(seq, batch, payload_bytes)
             return
         last = self.last
         if last is None:  # no baseline yet
@@ -95,14 +97,17 @@ class SourceTracker:
             if seq == 0:
                 self._emit(seq, batch)
             else:
-                self._gap(seq, batch)
+                self._gap(seq, batch, payload_bytes)
         else:
-            self._gap(seq, batch)
+            self._gap(seq, batch, payload_bytes)
 
-    def _gap(self, seq: int, batch: KVEventBatch) -> None:
+    def _gap(self, seq: int, batch: KVEventBatch, payload_bytes: int) -> None:
         self.stats.gaps += 1
-        self.pending.append((seq, batch))
+        self._hold(seq, batch, payload_bytes)
         self._begin(REPLAY if self.has_replay else None)
+
+    def _hold(self, seq: int, batch: KVEventBatch, payload_bytes: int) -> None:
+        self.stats.pending_overflows += self.pending.append(seq, batch, payload_bytes)
 
     # -- recovery -------------------------------------------------------------------------------
     def _begin(self, kind: str | None) -> None:
@@ -128,6 +133,10 @@ class SourceTracker:
             self._replay_hole = True  # the ring buffer no longer holds what we miss
             return
         self._emit(seq, batch)
+
+    def wants(self, seq: int) -> bool:
+        """Whether a replayed batch ``seq`` would be delivered (others need not be decoded)."""
+        return self.mode == REPLAY and not self._replay_hole and self.last is not None and seq == self.last + 1
 
     def on_replay_end(self) -> None:
         if self.mode != REPLAY:
@@ -241,7 +250,7 @@ class SourceTracker:
         logger.log(level, msg + ("" if level == logging.DEBUG else "; further ones are only counted"), *args)
 
     def _next_pending_seq(self) -> int | None:
-        return self.pending[0][0] if self.pending else None
+        return self.pending.first_seq()
 
     def _lost(self, reason: str) -> None:
         self.stats.unrecovered += 1
@@ -255,7 +264,7 @@ class SourceTracker:
         self._snapshot_failed = False
         self.mode = LIVE
         if self.pending:
-            self.last = self.pending[0][0] - 1
+            self.last = self.pending.first_seq() - 1
             self._drain()
         else:
             self.last = None
@@ -263,18 +272,17 @@ class SourceTracker:
 
     def _drain(self) -> None:
         """Deliver waiting live batches, skipping those a replay or snapshot covered."""
-        items = list(self.pending)
-        self.pending.clear()
+        items = self.pending.take_all()
         prev = None
-        for i, (seq, batch) in enumerate(items):
+        for i, (seq, batch, payload_bytes) in enumerate(items):
             if self.mode != LIVE:  # a new gap opened: the rest waits again
-                self.pending.extend(items[i:])
+                self.stats.pending_overflows += self.pending.put_back(items[i:])
                 return
             restart_inside = prev is not None and seq <= prev
             prev = seq
             if not restart_inside and self.last is not None and seq <= self.last:
                 continue
-            self.on_live(seq, batch)
+            self.on_live(seq, batch, payload_bytes)
 
     def _emit(self, seq: int, batch: KVEventBatch, snapshot: bool = False) -> None:
         if self._clear_next:

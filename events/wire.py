@@ -33,6 +33,10 @@ END_SEQ = b"\xff" * 8
 """The replay end marker's seq frame (vLLM: ``(-1).to_bytes(8, "big", signed=True)``)."""
 SNAPSHOT_REQUEST = b"kvmesh:snapshot"
 """Request frame of a snapshot. Its length (15) differs from an 8-byte start_seq on purpose."""
+MAX_REQUEST_BYTES = 4096
+"""Largest frame a replay/snapshot socket accepts from a peer (ZeroMQ drops a peer that sends a bigger
+one). A request frame is 8 bytes (start_seq) or 15 (``SNAPSHOT_REQUEST``); ZeroMQ's own handshake
+commands pass the same check (a CURVE INITIATE is ~300 bytes plus metadata), hence the room."""
 SNAPSHOT_TAG = b"\x00kvmesh:snapshot"
 """Topic frame of snapshot answers; starts with NUL so it cannot be a real (UTF-8 text) topic."""
 

@@ -7,6 +7,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvmesh.events.subscriber_config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.router.policies import DEFAULT_POLICY, POLICIES
 
@@ -101,6 +102,13 @@ class RouterConfig:
     events_max_lag_s: float = 5.0
     """Seconds a replica's KV events may trail its cache (published but not yet applied, applied that late,
     or a loss not yet resynced) before the router routes it by load only (degraded) until its stream catches up."""
+    events_max_payload_bytes: int = SubscriberConfig.max_payload_bytes
+    """Largest KV event batch (bytes on the wire) read from a replica; bigger ones are dropped and counted, frames
+    over twice this make ZeroMQ drop the connection, and it queues at most 64 MiB per replica. The default fits a
+    batch of 65,536 16-token blocks."""
+    events_max_source_blocks: int = SubscriberConfig.max_source_blocks
+    """Most cached blocks the router tracks per replica (~150-250 B each in its index); batches beyond it are refused
+    and the replica degraded. Raise it for replicas whose cache holds more blocks."""
     connect_timeout_s: float = 2.0
     """Seconds to wait for a replica connection before trying another replica."""
     request_timeout_s: float | None = 600.0
@@ -144,6 +152,9 @@ class RouterConfig:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
         if not self.events_max_lag_s > 0:
             raise ValueError(f"events_max_lag_s must be positive seconds, got {self.events_max_lag_s}")
+        if self.events_max_payload_bytes <= 0 or self.events_max_source_blocks <= 0:
+            raise ValueError("events_max_payload_bytes and events_max_source_blocks must be positive, got "
+                             f"{self.events_max_payload_bytes} and {self.events_max_source_blocks}")
         check_api_key(self.api_key, "api_key")
         check_api_key(self.admin_key, "admin_key")
         if self.replica_api_key is not None and not self.replica_api_key:

@@ -11,7 +11,8 @@ runs, streams included, finish; whoever drains it removes it once ``in_flight`` 
 A replica whose cache information cannot be trusted is *degraded*: the router routes to it by load
 only (``KVRouter.set_degraded``), the other replicas are not touched. Causes: blocks that cannot
 match the router's keys (``check_compatible``); a stream that keeps sending bad frames (or batches
-over ``max_source_blocks``; the subscriber's guard, until a snapshot resync); a stream that stalled,
+over ``max_source_blocks``; the subscriber's guard, until a snapshot resync -- router/event_feed.py,
+which also stops holding such a replica's events meanwhile); a stream that stalled,
 lags or lost batches (``StreamWatch``, router/stream_watch.py, from the events and each ``/load``).
 ``feed_state()`` says whether the feed's thread runs (for ``/health``).
 """
@@ -28,8 +29,9 @@ import aiohttp
 from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.event_feed import EventFeed
 from kvmesh.router.http.upstream import UpstreamPool
-from kvmesh.router.kv_router import BAD_FRAMES, INCOMPATIBLE, KVRouter
+from kvmesh.router.kv_router import INCOMPATIBLE, KVRouter
 from kvmesh.router.metrics import RouterMetrics
 from kvmesh.router.receipt_metrics import ReceiptMetrics
 from kvmesh.router.session import SessionConfig
@@ -84,8 +86,13 @@ class RouterRuntime:
 
         self.subscriber_config = SubscriberConfig(
             curve_server_key=config.events_curve_server_key, curve_public_key=config.events_curve_public_key,
-            curve_secret_key=config.events_curve_secret_key)
+            curve_secret_key=config.events_curve_secret_key, max_payload_bytes=config.events_max_payload_bytes,
+            max_source_blocks=config.events_max_source_blocks,
+            # a 16-token block is ~90 B of snapshot: room for a whole cache of events_max_source_blocks
+            max_snapshot_bytes=max(SubscriberConfig.max_snapshot_bytes, 128 * config.events_max_source_blocks))
         """Limits of the event feed (bad-frame threshold, blocks per source, back-off)."""
+        self.feed = EventFeed(self)
+        """Applies the subscriber's batches and statuses (router/event_feed.py)."""
         self._poller: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -101,8 +108,8 @@ class RouterRuntime:
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
         )
         self.pool = UpstreamPool(cfg.connect_timeout_s, cfg.request_timeout_s)
-        self.subscriber = EventSubscriber(on_batch=self._on_batch, config=self.subscriber_config,
-                                          on_status=self._on_status).start()
+        self.subscriber = EventSubscriber(on_batch=self.feed.on_batch, config=self.subscriber_config,
+                                          on_status=self.feed.on_status).start()
         for spec in self._initial:
             self.add_replica(spec)
         await self.probe_all()
@@ -154,6 +161,7 @@ class RouterRuntime:
             self.subscriber.remove_source(replica_id)
         self.router.remove_replica(replica_id)
         self.stream_watch.forget(replica_id)
+        self.feed.forget(replica_id)
         self.metrics.last_event_lag.pop(replica_id, None)
         return True
 
@@ -192,50 +200,6 @@ class RouterRuntime:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     # ---------------------------------------------------------------- events
-    def _on_batch(self, source: str, seq: int, batch) -> None:
-        """Apply one batch (subscriber thread). Raising drops it: the subscriber counts it as a
-        bad frame of ``source`` and degrades the source if that keeps happening."""
-        self._check_blocks_held(source, batch.events)
-        self.router.apply_events(source, batch)
-        self.metrics.observe_batch(source, batch.ts)
-        self.stream_watch.on_batch(source, batch.ts)
-
-    def _check_blocks_held(self, source: str, events: list) -> None:
-        from kvmesh.events.schema import AllBlocksCleared, BlockStored
-
-        held, stored = None, 0
-        for event in events:
-            if event.__class__ is AllBlocksCleared:
-                held, stored = 0, 0
-            elif event.__class__ is BlockStored:
-                stored += len(event.block_hashes)
-        if held is None:
-            held = self.router.index.num_blocks(source)
-        limit = self.subscriber_config.max_source_blocks
-        if held + stored > limit:
-            raise ValueError(f"replica {source} would hold {held + stored} blocks; the limit is {limit} "
-                             "(SubscriberConfig.max_source_blocks)")
-
-    def _on_status(self, source: str, status: str, detail: str) -> None:
-        """The subscriber's word on a source (its thread): bad frames, a loss it could not repair
-        (the tree is dropped and a snapshot asked for), a snapshot applied."""
-        from kvmesh.events.subscriber_guard import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED
-
-        if status == DEGRADED:
-            logger.warning("replica %s: event stream degraded (%s); routing to it by load only", source, detail)
-            self.router.set_degraded(source, detail, BAD_FRAMES)
-        elif status == RECOVERED:
-            logger.info("replica %s: event stream trusted again (%s)", source, detail)
-            self.router.set_degraded(source, None, BAD_FRAMES)
-        elif status == UNRECOVERED:
-            self.router.clear_cache(source)  # what it said may be wrong: forget it, relearn it
-            snapshots = self.subscriber.snapshots_supported(source) is not False
-            self.stream_watch.on_lost(source, detail, snapshots)
-            if snapshots:
-                self.subscriber.resync(source)
-        elif status == SNAPSHOT_APPLIED:
-            self.stream_watch.on_snapshot(source)
-
     def feed_state(self) -> dict[str, Any]:
         """The event feed's thread: ``alive`` (bool), ``error`` (its last crash, or None) and
         ``restarts`` -- for ``/health`` (a dead feed freezes cache-aware routing)."""

@@ -11,7 +11,7 @@ three failures make it wrong, each a cause of ``KVRouter.set_degraded`` (routing
 - lagging: a batch is applied more than ``max_lag_s`` after it was published (its ``ts``, on the
   replica's clock: the offset between the clocks is estimated from ``/load``'s ``timestamp``).
 - lost: the subscriber gave a gap up (replay and snapshot could not fill it). The replica's tree
-  is dropped at once and a snapshot resync asked for (``RouterRuntime._on_status``).
+  is dropped at once and a snapshot resync asked for (``EventFeed.on_status``, router/event_feed.py).
 
 Each cause clears by itself: stalled once the applied seq reaches the reported one; lagging on a
 batch applied in time, or once nothing published is left to apply and no batch came late for

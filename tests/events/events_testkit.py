@@ -199,3 +199,21 @@ class RawSource:
     def close(self) -> None:
         self.pub.close()
         self.router.close()
+
+
+class EndlessMessagePeer:
+    """A raw-ZMTP publisher streaming one multipart message that never ends (``kvmesh bench flood
+    --mix endless``'s peer, in a thread); accepts reconnections. ``close()`` stops it."""
+
+    def __init__(self) -> None:
+        import threading
+
+        from kvmesh.cluster.benchmarks._flooder import endless_message_peer
+
+        go, self._stop = threading.Event(), threading.Event()
+        go.set()
+        self.endpoint, self._thread = endless_message_peer(go, self._stop)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
