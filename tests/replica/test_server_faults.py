@@ -112,12 +112,21 @@ def test_api_key_guards_v1_routes_only(fake_replica):
         assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
 
 
-async def test_graceful_shutdown_finishes_in_flight_and_refuses_new(fake_replica):
+async def test_graceful_shutdown_finishes_in_flight_and_refuses_new(fake_replica, monkeypatch):
+    runner = fake_replica.llm.runner
+    real_execute = runner.execute_model
+
+    def slow_execute(out):  # 200 tokens take >= 1 s: the shutdown surely finds the request running
+        time.sleep(0.005)
+        return real_execute(out)
+
+    monkeypatch.setattr(runner, "execute_model", slow_execute)
     url, headers = fake_replica.http.url, {"Authorization": "Bearer sekrit-key"}
     async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as c:
         slow = asyncio.ensure_future(c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 200,
                                                                      "ignore_eos": True}))
-        while fake_replica.llm.num_unfinished() == 0:
+        while fake_replica.llm.num_unfinished() == 0:  # wait for the request to be running
+            assert not slow.done(), slow.result().text
             await asyncio.sleep(0.01)
         done = asyncio.get_running_loop().run_in_executor(None, fake_replica.shutdown, 10.0)
         deadline = time.monotonic() + 10  # the shutdown runs on another thread: wait for it to begin
