@@ -17,10 +17,11 @@ import torch
 from kvmesh.replica.attention import flash_attn_reference
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.flash_attn_backend import PAGED_BLOCK_MULTIPLE
-from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.sampling_params import SamplingParams
+
+from .attention_steps import make_step
 
 CPU = torch.device("cpu")
 GQA_MODEL = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -50,30 +51,6 @@ def strict_flash_reference(monkeypatch):
 
 
 # -- one step through the backend ------------------------------------------------------------------
-
-
-def make_step(specs, block_size, num_blocks=24, seed=0, hq=4, hk=2, dh=8):
-    """specs [(num_computed, num_new)], decodes first -> (q, k, v, logical cache, common, tables)."""
-    gen = torch.Generator().manual_seed(seed)
-    cache = torch.randn(2, num_blocks, block_size, hk, dh, generator=gen)  # stale contents
-    free = torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()
-    tables, slots, qsl, seq_lens = [], [], [0], []
-    for computed, new in specs:
-        n = computed + new
-        table = [free.pop() for _ in range(-(-n // block_size))]
-        tables.append(table)
-        slots += [table[p // block_size] * block_size + p % block_size for p in range(computed, n)]
-        qsl.append(qsl[-1] + new)
-        seq_lens.append(n)
-    width = max(map(len, tables))
-    common = CommonAttentionMetadata(
-        num_reqs=len(specs), num_decodes=sum(new == 1 for _, new in specs), num_actual_tokens=qsl[-1],
-        max_query_len=max(new for _, new in specs), max_seq_len=max(seq_lens), block_size=block_size,
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32), seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-        slot_mapping=torch.tensor(slots), query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
-    q, k, v = (torch.randn(qsl[-1], h, dh, generator=gen) for h in (hq, hk, hk))
-    return q, k, v, cache, common
 
 
 def torch_layout(cache: torch.Tensor) -> torch.Tensor:

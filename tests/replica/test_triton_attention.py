@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
-from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.triton_utils import triton_problem
+
+from . import attention_steps
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytestmark = pytest.mark.skipif(triton_problem(DEVICE) is not None, reason=str(triton_problem(DEVICE)))
@@ -25,28 +26,7 @@ pytestmark = pytest.mark.skipif(triton_problem(DEVICE) is not None, reason=str(t
 
 def make_step(specs, block_size, hq=4, hk=2, dh=8, dtype=torch.float32, seed=0):
     """specs [(num_computed, num_new)] -> (q, k, v, logical cache [2, num_blocks, bs, Hk, Dh], common)."""
-    gen = torch.Generator().manual_seed(seed)
-    num_blocks = 2 + sum(-(-(c + n) // block_size) for c, n in specs)
-    cache = torch.randn(2, num_blocks, block_size, hk, dh, generator=gen)  # stale contents everywhere
-    free = torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()
-    tables, slots, qsl, seq_lens = [], [], [0], []
-    for computed, new in specs:
-        n = computed + new
-        table = [free.pop() for _ in range(-(-n // block_size))]
-        tables.append(table)
-        slots += [table[p // block_size] * block_size + p % block_size for p in range(computed, n)]
-        qsl.append(qsl[-1] + new)
-        seq_lens.append(n)
-    width = max(map(len, tables))
-    common = CommonAttentionMetadata(
-        num_reqs=len(specs), num_decodes=sum(new == 1 for _, new in specs), num_actual_tokens=qsl[-1],
-        max_query_len=max(new for _, new in specs), max_seq_len=max(seq_lens), block_size=block_size,
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=DEVICE),
-        slot_mapping=torch.tensor(slots, device=DEVICE), query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
-    q, k, v = (torch.randn(qsl[-1], h, dh, generator=gen) for h in (hq, hk, hk))
-    return *(x.to(DEVICE, dtype) for x in (q, k, v, cache)), common
+    return attention_steps.make_step(specs, block_size, seed=seed, hq=hq, hk=hk, dh=dh, device=DEVICE, dtype=dtype)
 
 
 def reference(q, k, v, cache, common, scale):
