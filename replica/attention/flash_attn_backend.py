@@ -92,10 +92,10 @@ class FlashAttentionBackend:
         bs, d, n = common.block_size, common.num_decodes, common.num_reqs
         if bs % PAGED_BLOCK_MULTIPLE == 0:
             qsl = common.query_start_loc_cpu
-            prefill_q = torch.tensor(qsl[d:], dtype=torch.int32) - qsl[d]  # [P + 1] rebased to the prefills
+            prefill_q = common.query_start_loc[d:] - qsl[d]  # [P + 1] rebased to the prefills, on the device
             max_q = max((b - a for a, b in zip(qsl[d:], qsl[d + 1:], strict=False)), default=0)
             return FlashAttentionMetadata(
-                common.slot_mapping, d, prefill_q.to(common.seq_lens.device), cumulative(common.seq_lens[d:]),
+                common.slot_mapping, d, prefill_q, cumulative(common.seq_lens[d:]),
                 max_q, max(common.seq_lens_cpu[d:], default=0), common.block_tables[d:], None,
                 decode_seq_lens=common.seq_lens[:d], decode_block_table=common.block_tables[:d])
         seq_lens = common.seq_lens

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.cpu_gpu_buffer import to_device
 
 
 @dataclass(slots=True)
@@ -93,7 +94,8 @@ class TorchAttentionBackend:
                 # host arithmetic (numpy), one copy each to the device
                 ids = tables[start:end, :width].reshape(-1).astype(np.int64)  # int64: 3x faster gathers
                 bias = np.where(np.arange(width * bs)[None, :] >= seq_lens[start:end, None], -np.inf, 0.0)
-                groups.append(DecodeGroup(start, end, _to(ids, device), _to(bias[:, None].astype(np.float32), device)))
+                groups.append(DecodeGroup(start, end, to_device(ids, torch.int64, device),
+                                          to_device(bias[:, None], torch.float32, device)))
                 start = end
         prefills = []
         qsl, seq_lens = common.query_start_loc_cpu, common.seq_lens_cpu
@@ -163,11 +165,6 @@ class TorchAttentionBackend:
         out = F.embedding_bag(dg.pv_rows, kv_cache[1].view(-1, head_dim), dg.pv_offsets, mode="sum",
                               per_sample_weights=probs.view(-1))  # [Hk * D * G, Dh]
         return out.view(num_kv_heads, d, gqa, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
-
-
-def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(a)
-    return t if device.type == "cpu" else t.to(device, non_blocking=True)
 
 
 def _head_offsets(num_kv_heads: int, per_head: int, ids: torch.Tensor) -> torch.Tensor:
