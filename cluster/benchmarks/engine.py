@@ -29,7 +29,7 @@ TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidde
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="kvmesh bench engine", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="kvmesh bench engine", description=__doc__.split("\n")[0], allow_abbrev=False,
                                 epilog="Per device and engine configuration (--device cuda): kvmesh bench engine-speed")
     p.add_argument("--out", default="results/engine.json")
     p.add_argument("--num-requests", type=int, default=64)

@@ -229,7 +229,7 @@ def plot(result: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kvmesh bench flood", description=__doc__,
+    ap = argparse.ArgumentParser(prog="kvmesh bench flood", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of flooding")
     ap.add_argument("--baseline", type=float, default=5.0, help="seconds of traffic before the flood")

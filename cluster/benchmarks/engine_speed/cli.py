@@ -17,7 +17,7 @@ DESCRIPTION = ("Engine speed on one device: throughput of a burst of requests, d
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, allow_abbrev=False)
     hints, docs = typing.get_type_hints(EngineSpeedOptions), field_docs(EngineSpeedOptions)
     for f in dataclasses.fields(EngineSpeedOptions):
         flag, doc = "--" + f.name.replace("_", "-"), docs.get(f.name, "")
