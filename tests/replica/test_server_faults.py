@@ -100,6 +100,21 @@ def fake_replica(stories_path):
     runtime.shutdown(graceful_s=0)
 
 
+@pytest.fixture
+def slow_fake_replica(fake_replica, monkeypatch):
+    """``fake_replica`` whose steps take >= 5 ms, so a request of a few hundred tokens is surely still
+    running when a test acts on it."""
+    runner = fake_replica.llm.runner
+    real_execute = runner.execute_model
+
+    def slow_execute(out):
+        time.sleep(0.005)
+        return real_execute(out)
+
+    monkeypatch.setattr(runner, "execute_model", slow_execute)
+    return fake_replica
+
+
 def test_api_key_guards_v1_routes_only(fake_replica):
     with httpx.Client(base_url=fake_replica.http.url, timeout=30) as c:
         req = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
@@ -112,15 +127,8 @@ def test_api_key_guards_v1_routes_only(fake_replica):
         assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
 
 
-async def test_graceful_shutdown_finishes_in_flight_and_refuses_new(fake_replica, monkeypatch):
-    runner = fake_replica.llm.runner
-    real_execute = runner.execute_model
-
-    def slow_execute(out):  # 200 tokens take >= 1 s: the shutdown surely finds the request running
-        time.sleep(0.005)
-        return real_execute(out)
-
-    monkeypatch.setattr(runner, "execute_model", slow_execute)
+async def test_graceful_shutdown_finishes_in_flight_and_refuses_new(slow_fake_replica):
+    fake_replica = slow_fake_replica  # 200 tokens take >= 1 s: the shutdown surely finds the request running
     url, headers = fake_replica.http.url, {"Authorization": "Bearer sekrit-key"}
     async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as c:
         slow = asyncio.ensure_future(c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 200,
@@ -149,15 +157,8 @@ def test_broken_tp_group_makes_health_and_new_requests_503(fake_replica):
     assert fake_replica.broken_reason() is not None
 
 
-async def test_drain_timeout_aborts_in_flight_streams(fake_replica, monkeypatch):
-    runner = fake_replica.llm.runner
-    real_execute = runner.execute_model
-
-    def slow_execute(out):  # 500 tokens take >= 2.5 s: the drain surely finds the stream running
-        time.sleep(0.005)
-        return real_execute(out)
-
-    monkeypatch.setattr(runner, "execute_model", slow_execute)
+async def test_drain_timeout_aborts_in_flight_streams(slow_fake_replica):
+    fake_replica = slow_fake_replica  # 500 tokens take >= 2.5 s: the drain surely finds the stream running
     url, headers = fake_replica.http.url, {"Authorization": "Bearer sekrit-key"}
     async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as c:
         req = {"prompt": "hi", "max_tokens": 500, "ignore_eos": True, "stream": True}
