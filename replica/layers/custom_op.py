@@ -20,13 +20,13 @@ adds ~9 us of Python checks to every call of an eager decode step (both measured
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Callable
 
 import torch
+from kvmesh.replica.triton_utils import has_triton
 from torch import nn
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_TRITON = has_triton()
 """Whether the Triton path can run at all (triton ships with torch's CUDA builds)."""
 
 _LIBRARY = torch.library.Library("kvmesh", "FRAGMENT")  # the ``torch.ops.kvmesh`` namespace

@@ -9,18 +9,15 @@ GPU's by up to one unit in the last place).
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+from kvmesh.replica.triton_utils import has_triton
 
 
 @pytest.fixture(scope="session")
 def triton_device() -> torch.device:
     """The device Triton kernels run on here: the GPU if there is one, else the CPU through Triton's
     interpreter. Skips when triton is not installed (``pip install -e .[dev]`` brings it)."""
-    if not HAS_TRITON:
+    if not has_triton():
         pytest.skip("triton is not installed (pip install -e '.[dev]'); the Triton kernels cannot run")
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
