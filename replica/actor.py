@@ -148,7 +148,7 @@ class ReplicaActor:
         return self.runtime.stats_dict()
 
     def load(self) -> dict[str, Any]:
-        return self.runtime.llm.load_report().model_dump()
+        return self.runtime.llm.load_report().to_dict()
 
     def shutdown(self, graceful_s: float = 10.0) -> bool:
         """Stop accepting, let in-flight requests finish for ``graceful_s`` (then abort), close everything."""

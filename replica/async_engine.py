@@ -25,9 +25,9 @@ from typing import Any
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.openai.responses import LoadReport
 from kvmesh.replica.outputs import RequestOutput
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.load_report import LoadReport
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

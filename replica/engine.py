@@ -17,11 +17,11 @@ from typing import Any
 from kvmesh.replica.async_scheduling import step_async, use_async_scheduling
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine_setup import load_engine_tokenizer, make_event_publisher
-from kvmesh.replica.openai.detokenizer import IncrementalDetokenizer
 from kvmesh.replica.outputs import RequestMetrics, RequestOutput, TokenLogprobs
 from kvmesh.replica.request import Request, RequestStatus, validate_request_input
-from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler import Scheduler
+from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
+from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.stats import EngineStats
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from typing import Any
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.outputs import RequestOutput
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 PromptType = str | list[int] | dict[str, Any]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):

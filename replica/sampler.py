@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from kvmesh.replica.cpu_gpu_buffer import to_device
 from kvmesh.replica.logprobs import LogprobsTensors, gather_logprobs
-from kvmesh.replica.sampling_params import SEED_MIX, SamplingParams
+from kvmesh.replica.serving.sampling_params import SEED_MIX, SamplingParams
 
 _MIX_A, _MIX_B, _MASK = SEED_MIX
 TOP_P_CANDIDATES = (256, 4096)  # candidates per nucleus row tried in turn before a full sort

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

@@ -29,11 +29,12 @@ from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.auth import AuthMiddleware
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.openai.errors import ProtocolError, error_response, install_error_handlers
+from kvmesh.replica.openai.errors import error_response, install_error_handlers
 from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.replica.openai.routes import install_shared_routes
 from kvmesh.replica.server_openai import OpenAIHandlers
+from kvmesh.replica.serving.errors import ProtocolError
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/load")
     async def load():
-        return state.engine_client.load_report().model_dump()
+        return state.engine_client.load_report().to_dict()
 
     @app.get("/get_load")
     async def get_load():

@@ -23,7 +23,7 @@ from kvmesh.replica import server_choices as sc
 from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
-from kvmesh.replica.openai.errors import ProtocolError, error_body
+from kvmesh.replica.serving.errors import ProtocolError, error_body
 
 logger = logging.getLogger(__name__)
 

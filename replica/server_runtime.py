@@ -51,8 +51,8 @@ class ReplicaRuntime:
         from kvmesh.replica.async_engine import AsyncLLM
         from kvmesh.replica.openai.config import FrontendConfig
         from kvmesh.replica.openai.runner import HTTPServer
-        from kvmesh.replica.openai.tokenizer import load_tokenizer
         from kvmesh.replica.server import ServerConfig, ServerState, build_app
+        from kvmesh.replica.serving.tokenizer import load_tokenizer
 
         t0 = time.monotonic()
         if event_port is not None:

@@ -13,7 +13,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvmesh.replica.openai.metric_buckets import (
+from kvmesh.replica.serving.metric_buckets import (
     ITERATION_TOKENS_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
     TPOT_BUCKETS,

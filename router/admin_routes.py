@@ -20,8 +20,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi import Request as AppRequest
 from kvmesh.replica.openai.body import read_request
-from kvmesh.replica.openai.errors import ProtocolError
 from kvmesh.replica.openai.responses import OpenAIBaseModel
+from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.config import ReplicaSpec
 from kvmesh.router.retention import exclusive_blocks
 from kvmesh.router.runtime import RouterRuntime

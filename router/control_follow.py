@@ -18,7 +18,7 @@ import json
 import logging
 
 import aiohttp
-from kvmesh.replica.openai.errors import error_body
+from kvmesh.replica.serving.errors import error_body
 from kvmesh.router.admin_routes import is_admin_request
 from kvmesh.router.config import ReplicaSpec
 

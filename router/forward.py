@@ -20,7 +20,7 @@ from typing import Any
 
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop
-from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.messages import Request, Response
 from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamResponse
 from kvmesh.router.kv_router import RouteDecision

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kvmesh.replica.openai.metric_buckets import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from kvmesh.replica.openai.metrics_exposition import add_process_collectors, metrics_response
+from kvmesh.replica.serving.metric_buckets import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from kvmesh.router.kv_router import DEGRADED_CAUSES
 from kvmesh.router.loop_histogram import LoopHistogram
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest

@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 from kvmesh.replica.openai import responses as r
-from kvmesh.replica.openai.detokenizer import IncrementalDetokenizer
+from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
 
 DATA, DONE = b"data: ", b"data: [DONE]"
 _TOKEN_IDS = re.compile(rb',\s*"token_ids"\s*:\s*\[([\d,\s]*)\]')

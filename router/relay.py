@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 import msgspec
-from kvmesh.replica.openai.errors import ProtocolError, error_body
+from kvmesh.replica.serving.errors import ProtocolError, error_body
 from kvmesh.router.http.upstream import UpstreamError, UpstreamResponse
 from kvmesh.router.kv_router import RouteDecision
 from kvmesh.router.migration import DONE, MigratingStream, SseSplitter

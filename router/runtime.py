@@ -53,7 +53,7 @@ class RouterRuntime:
         self.stream_watch = StreamWatch(config.events_max_lag_s, self.router.set_degraded)
         """Degrades replicas whose event stream stalled, lags or lost batches (router/stream_watch.py)."""
         if tokenizer is None and (config.tokenizer or config.model):
-            from kvmesh.replica.openai.tokenizer import load_tokenizer
+            from kvmesh.replica.serving.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(config.tokenizer or config.model, max_model_len=config.max_model_len,
                                        chat_template=config.frontend.chat_template)
@@ -63,7 +63,7 @@ class RouterRuntime:
             # Same ids, pieces between added tokens seen before come from a cache (router/tokenize_cache.py).
             tokenizer.cache = CachedTokenizer(tokenizer.hf, config.tokenize_cache_tokens)
         self.tokenizer = tokenizer
-        """The replicas' tokenizer (replica/openai/tokenizer.py); None = route without cache awareness."""
+        """The replicas' tokenizer (replica/serving/tokenizer.py); None = route without cache awareness."""
         self.renderer = PromptRenderer(tokenizer, config.frontend)
         """Renders requests to token ids off the event loop, as the replicas do."""
         self.metrics = RouterMetrics(self.metrics_state)

@@ -32,8 +32,9 @@ from fastapi import FastAPI
 from fastapi import Request as AppRequest
 from fastapi.responses import JSONResponse
 from kvmesh.replica.openai.auth import AuthMiddleware
-from kvmesh.replica.openai.errors import ProtocolError, error_body, install_error_handlers
+from kvmesh.replica.openai.errors import install_error_handlers
 from kvmesh.replica.openai.routes import install_shared_routes
+from kvmesh.replica.serving.errors import ProtocolError, error_body
 from kvmesh.router.admin_routes import install_replica_routes, is_admin_request
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.forward import Forwarder

@@ -9,7 +9,7 @@ What each kind of upstream gets (the kind comes from its ``/server_info``, read 
     tokenizer fingerprint differs as sent                               as sent
 
 Rewriting is exact: a replica range-checks token ids and uses them as they are, and the router computed
-them with the replica's own rules (replica/openai/tokenizer.py). ``echo`` is excluded because the echoed
+them with the replica's own rules (replica/serving/tokenizer.py). ``echo`` is excluded because the echoed
 text must be the client's own; a batch of prompts is rewritten only as a whole. Everything else in the body
 (``cache_salt``, sampling parameters, ``stream``, ``return_token_ids``) is kept as sent.
 """

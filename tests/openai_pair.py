@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.openai.tokenizer import load_tokenizer
 from kvmesh.replica.server_runtime import ReplicaRuntime
+from kvmesh.replica.serving.tokenizer import load_tokenizer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.server import RouterServer
 

@@ -2,8 +2,12 @@
 
     kvcache   stdlib, xxhash, kvmesh.events.schema
     events    stdlib, msgspec, pyzmq
-    router    kvcache (hashing), events, kvmesh.replica.openai (the shared torch-free OpenAI layer), HTTP libs
+    router    kvcache (hashing), events, kvmesh.replica.serving (the torch-free serving core),
+              kvmesh.replica.openai (the OpenAI HTTP layer on top of it), HTTP libs
     replica   everything above, torch, transformers (not router/, not cluster/)
+      replica/serving  itself only, and no torch, no HTTP framework (the engine and the router both import it)
+      replica/openai   the serving core and itself; never torch
+      the engine core  (every other replica module but the replica's HTTP server) never the OpenAI layer
     cluster   everything
 
 Checked statically on every module-level and function-level import, so a lazy import inside a function
@@ -23,10 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 RULES = {
     "kvcache": (("kvmesh.kvcache", "kvmesh.events.schema"), ("torch", "ray", "transformers", "zmq", "fastapi")),
     "events": (("kvmesh.events",), ("torch", "ray", "transformers", "fastapi", "uvicorn")),
-    "router": (("kvmesh.router", "kvmesh.kvcache.hashing", "kvmesh.events", "kvmesh.replica.openai",
-                "kvmesh.replica.sampling_params"), ("torch", "ray", "transformers")),
+    "router": (("kvmesh.router", "kvmesh.kvcache.hashing", "kvmesh.events", "kvmesh.replica.serving",
+                "kvmesh.replica.openai"), ("torch", "ray", "transformers")),
     "replica": (("kvmesh.replica", "kvmesh.kvcache", "kvmesh.events"), ()),
+    "replica/serving": (("kvmesh.replica.serving",), ("torch", "ray", "fastapi", "starlette", "uvicorn", "zmq")),
+    "replica/openai": (("kvmesh.replica.serving", "kvmesh.replica.openai"), ("torch", "ray")),
 }
+
+# The replica's modules that serve HTTP (and so may use the OpenAI layer); the engine core is the rest.
+REPLICA_HTTP = ("server.py", "server_openai.py", "server_runtime.py", "metrics.py", "actor.py")
 
 
 def _imports(path: Path) -> set[str]:
@@ -58,6 +67,16 @@ def _violations(package: str, root: Path = ROOT) -> dict[str, list[str]]:
 @pytest.mark.parametrize("package", sorted(RULES))
 def test_package_imports_only_what_the_layering_allows(package):
     assert _violations(package) == {}, f"{package}/ breaks the layering of ARCHITECTURE.md"
+
+
+def test_the_engine_core_never_imports_the_openai_layer():
+    """The engine reaches the detokenizer, load report and metric buckets through the serving core."""
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(n for n in _imports(path) if n.startswith("kvmesh.replica.openai"))
+        for path in sorted((ROOT / "replica").rglob("*.py"))
+        if path.parent.name != "openai" and not (path.parent.name == "replica" and path.name in REPLICA_HTTP)
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
 
 
 def test_the_check_sees_a_forbidden_import(tmp_path):

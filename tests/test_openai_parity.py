@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from kvmesh.replica.openai.tokenizer import NO_CHAT_TEMPLATE, load_tokenizer
+from kvmesh.replica.serving.tokenizer import NO_CHAT_TEMPLATE, load_tokenizer
 from kvmesh.router.config import RouterConfig
 from kvmesh.router.server import RouterServer
 

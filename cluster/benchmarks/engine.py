@@ -69,7 +69,7 @@ def make_engine(model_dir: str | None, hf_config: dict | None = None, **kw):
 
 def run_engine(engine, prompts, lengths, tag="r") -> dict:
     """Add every request at once and step until all finish; returns times and token counts."""
-    from kvmesh.replica.sampling_params import SamplingParams
+    from kvmesh.replica.serving.sampling_params import SamplingParams
 
     clock = Clock()
     for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
@@ -120,7 +120,7 @@ def bench_throughput(model_dir: str, args) -> dict:
 
 
 def time_to_first_token(engine, rid, prompt) -> dict:
-    from kvmesh.replica.sampling_params import SamplingParams
+    from kvmesh.replica.serving.sampling_params import SamplingParams
 
     clock = Clock()
     engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=1))
@@ -189,7 +189,7 @@ def bench_step_overhead(args) -> dict:
     runner.input_batch.sampling_metadata = _timed(runner.input_batch.sampling_metadata, parts["sampling_metadata"])
     engine.scheduler.schedule = _timed(engine.scheduler.schedule, parts["schedule"])
     engine._process_sampled = _timed(engine._process_sampled, parts["process_outputs"])
-    from kvmesh.replica.sampling_params import SamplingParams
+    from kvmesh.replica.serving.sampling_params import SamplingParams
 
     rng = random.Random(3)
     for i in range(n):

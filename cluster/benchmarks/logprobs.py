@@ -56,7 +56,7 @@ def sampler_step_ms(num_rows: int, vocab: int, steps: int = 50) -> dict[str, flo
 
     import torch
     from kvmesh.replica.sampler import Sampler, build_sampling_metadata
-    from kvmesh.replica.sampling_params import SamplingParams
+    from kvmesh.replica.serving.sampling_params import SamplingParams
 
     logits = torch.randn(num_rows, vocab, generator=torch.Generator().manual_seed(0))
     sampler = Sampler(torch.Generator().manual_seed(0))
@@ -75,7 +75,7 @@ def sampler_step_ms(num_rows: int, vocab: int, steps: int = 50) -> dict[str, flo
 
 def main(argv=None) -> dict:
     import torch
-    from kvmesh.replica.sampling_params import SamplingParams
+    from kvmesh.replica.serving.sampling_params import SamplingParams
 
     args = parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))  # the engine keeps it (model_runner)

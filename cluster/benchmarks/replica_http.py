@@ -65,8 +65,8 @@ async def engine_direct(args: argparse.Namespace, prompt: list[int]) -> tuple[li
     """1-token latencies and 64-stream throughput through ``AsyncLLM`` in this process (no HTTP)."""
     from kvmesh.replica.async_engine import AsyncLLM
     from kvmesh.replica.config import EngineConfig
-    from kvmesh.replica.openai.tokenizer import load_tokenizer
-    from kvmesh.replica.sampling_params import SamplingParams
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.model)
     config = EngineConfig(model=args.model, kv_cache_memory=args.kv_cache_memory, max_num_seqs=256)

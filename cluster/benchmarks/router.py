@@ -142,7 +142,7 @@ def bench_decide(quick: bool) -> dict:
 
 
 def _stories_tokenizer():
-    from kvmesh.replica.openai.tokenizer import load_tokenizer
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
 
     path = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K" / "hf"
     return load_tokenizer(path, max_model_len=8192) if (path / "tokenizer.json").exists() else None

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=3.0, help="seconds of wrk load per measurement")
     ap.add_argument("--out", default="results/router_checkouts.json")
     args = ap.parse_args(argv)
-    from kvmesh.replica.openai.tokenizer import load_tokenizer
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
 
     bodies = workloads(load_tokenizer(STORIES, max_model_len=8192))
     name, path = args.tree.split("=", 1)

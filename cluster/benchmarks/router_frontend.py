@@ -72,7 +72,7 @@ async def _measure_variants(echo_url: str, routers: dict, prompts: dict, n: int)
 
 
 def measure(model: str, n: int) -> dict:
-    from kvmesh.replica.openai.tokenizer import load_tokenizer
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model)
     words = "Once upon a time there was a little girl named Lily who loved to play in the park. " * 60

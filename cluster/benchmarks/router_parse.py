@@ -35,7 +35,7 @@ PATHS = {"text": False, "token_ids": False, "chat": True}  # workload -> chat
 def _setup():
     """(forwarder, bodies): a router runtime with two healthy replicas (no HTTP), and the workloads' bodies."""
     from kvmesh.cluster.benchmarks.router_peers import LLAMA2_CHAT_TEMPLATE, STORIES, workloads
-    from kvmesh.replica.openai.tokenizer import load_tokenizer
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
     from kvmesh.router.config import RouterConfig
     from kvmesh.router.forward import Forwarder
     from kvmesh.router.runtime import RouterRuntime

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if pl.shutil.which("wrk") is None:
         print("kvmesh bench router-peers: needs wrk for the saturation load (apt-get install wrk)", file=sys.stderr)
         return 2
-    from kvmesh.replica.openai.tokenizer import load_tokenizer
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.model, max_model_len=8192)
     bodies = workloads(tok)

@@ -45,7 +45,7 @@ def _context_switches(pid: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from kvmesh.cluster.benchmarks.router_peers import PATHS, workloads
-    from kvmesh.replica.openai.tokenizer import load_tokenizer
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
 
     ap = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench router-workers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=STORIES, help="tokenizer to measure (default stories260K)")
     ap.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     args = ap.parse_args(argv)
-    from kvmesh.replica.openai.tokenizer import load_tokenizer
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
     from kvmesh.router.tokenize_cache import CachedTokenizer
 
     tok = load_tokenizer(args.model, max_model_len=8192, chat_template=LLAMA2_CHAT_TEMPLATE)

@@ -135,7 +135,7 @@ def run_round(client: KeepAliveClient, pid: int, path: str, payloads: list[bytes
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from kvmesh.replica.openai.tokenizer import load_tokenizer
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
 
     args = parse_args(argv)
     tok = load_tokenizer(args.model, chat_template=CHAT_TEMPLATE)

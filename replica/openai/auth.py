@@ -17,7 +17,8 @@ import hmac
 from collections.abc import Callable
 from typing import Any
 
-from kvmesh.replica.openai.errors import ProtocolError, error_response
+from kvmesh.replica.openai.errors import error_response
+from kvmesh.replica.serving.errors import ProtocolError
 
 PUBLIC_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/load", "/get_load"})
 """Paths that reveal nothing a tenant could use and must answer probes without a key."""

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 import msgspec
 from fastapi import Request
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.openai.errors import ProtocolError, parse_request
+from kvmesh.replica.openai.errors import parse_request
+from kvmesh.replica.serving.errors import ProtocolError
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 

@@ -12,41 +12,11 @@ from typing import Any
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from kvmesh.replica.serving.errors import ProtocolError
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
-
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    413: "invalid_request_error",
-    500: "internal_server_error",
-    502: "bad_gateway",
-    503: "service_unavailable",
-}
-
-
-class ProtocolError(Exception):
-    """A request that cannot be served, with the HTTP status to answer it with."""
-
-    def __init__(self, message: str, status_code: int = 400, param: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.status_code = status_code
-        self.param = param
-
-    def to_dict(self) -> dict[str, Any]:
-        return error_body(self.message, self.status_code, self.param)
-
-
-def error_body(message: str, status_code: int = 400, param: str | None = None) -> dict[str, Any]:
-    """The OpenAI-shaped error JSON (``code`` is the HTTP status, as vLLM sends it)."""
-    err_type = ERROR_TYPES.get(status_code, "invalid_request_error" if status_code < 500 else "internal_server_error")
-    return {"error": {"message": message, "type": err_type, "param": param, "code": status_code}}
 
 
 def validation_error_message(exc: ValidationError) -> str:

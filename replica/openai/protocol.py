@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvmesh.replica.openai.errors import ProtocolError
 from kvmesh.replica.openai.responses import OpenAIBaseModel
-from kvmesh.replica.sampling_params import MAX_LOGPROBS
+from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
 from pydantic import Field
 
 MAX_CHOICES = 128
@@ -73,7 +73,7 @@ class SamplingFields(OpenAIBaseModel):
     def continuation_seed(self, num_generated: int) -> int | None:
         """The seed under which this request, re-started after ``num_generated`` tokens (a migrated stream),
         draws what it would have drawn (sampling_params.continuation_seed); None when it is not seeded."""
-        from kvmesh.replica.sampling_params import continuation_seed
+        from kvmesh.replica.serving.sampling_params import continuation_seed
 
         return None if self.seed is None else continuation_seed(self.seed, num_generated)
 
@@ -98,7 +98,7 @@ class SamplingFields(OpenAIBaseModel):
 
     def to_sampling_params(self, prompt_len: int, max_model_len: int, default_max_tokens: int | None = None):
         """``SamplingParams`` for a prompt of ``prompt_len`` tokens on a ``max_model_len`` context."""
-        from kvmesh.replica.sampling_params import SamplingParams
+        from kvmesh.replica.serving.sampling_params import SamplingParams
 
         self.check_supported()
         if prompt_len < 1:

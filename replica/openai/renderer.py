@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError
 
 T = TypeVar("T")
 _INLINE_IDS = 4096

@@ -1,4 +1,4 @@
-"""OpenAI-compatible response models, SSE chunks and the replica's load report (torch-free)."""
+"""OpenAI-compatible response models and SSE chunks (torch-free)."""
 
 from __future__ import annotations
 
@@ -149,26 +149,6 @@ class ModelCard(OpenAIBaseModel):
 class ModelList(OpenAIBaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class LoadReport(OpenAIBaseModel):
-    """``GET /load``: what a router needs to weigh a replica (cheap to compute, polled often)."""
-
-    num_requests_running: int
-    num_requests_waiting: int
-    kv_cache_usage: float
-    """Fraction of KV blocks in use by requests, 0..1 (cached-but-free blocks do not count)."""
-    num_waiting_prefill_tokens: int
-    """Prompt tokens not yet computed, summed over waiting and running requests."""
-    num_kv_blocks: int = 0
-    block_size: int = 0
-    timestamp: float = Field(default_factory=time.time)
-    """The replica's clock (``time.time()``) when it answered: routers estimate the clock offset from it."""
-    kv_events_seq: int | None = None
-    """Seq of the last KV event batch the replica's publisher sent (-1: none yet); None without events.
-    A router that has not applied it soon after is not following the stream (router/stream_watch.py)."""
-    kv_events_unsent_s: float | None = None
-    """Seconds the oldest KV event batch has waited in the publisher unsent (0: none); None without events."""
 
 
 SSE_DONE = "data: [DONE]\n\n"

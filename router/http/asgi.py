@@ -14,7 +14,7 @@ import logging
 from typing import Any
 from urllib.parse import unquote
 
-from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.messages import Request
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError
 
 
 class Request:

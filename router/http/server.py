@@ -34,7 +34,7 @@ from http import HTTPStatus
 import httptools
 import msgspec
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.deadline import Deadline
 from kvmesh.router.http.messages import Request, Response
 

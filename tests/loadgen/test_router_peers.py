@@ -50,7 +50,7 @@ def test_stub_reads_chunked_request_bodies(stub):
 
 
 def test_workloads_resend_growing_chat_histories_and_same_prompts_as_ids(stories_path):
-    from kvmesh.replica.openai.tokenizer import load_tokenizer
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
 
     tok = load_tokenizer(stories_path, max_model_len=8192)
     bodies = {w: [json.loads(b) for b in items] for w, items in router_peers.workloads(tok).items()}

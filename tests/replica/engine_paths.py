@@ -16,7 +16,7 @@ from kvmesh.replica.attention.backend import available_backends, get_attn_backen
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.cuda_graph import supports_static_decode
 from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 BLOCK_SIZES = (16, 256)
 """vLLM's default block and flash-attn's paged-cache granule."""

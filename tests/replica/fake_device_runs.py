@@ -71,7 +71,7 @@ def _engine(path: str, on_fake: bool, **kw):
 def _run(engine, dev, requests, later) -> tuple[dict, list]:
     """Step until done; ``later`` requests join after the first step. Returns tokens and per-step logs."""
     from fake_device import StepLog
-    from kvmesh.replica.sampling_params import SamplingParams
+    from kvmesh.replica.serving.sampling_params import SamplingParams
 
     def add(reqs):
         for rid, (prompt, params) in reqs.items():
@@ -135,8 +135,8 @@ def step_buffers(path: str) -> dict:
     from fake_device import FAKE, FakeDevice
     from kvmesh.replica.cpu_gpu_buffer import to_device
     from kvmesh.replica.input_batch import InputBatch
-    from kvmesh.replica.sampling_params import SamplingParams
     from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
+    from kvmesh.replica.serving.sampling_params import SamplingParams
 
     def storage(t):
         return t.elem.untyped_storage().data_ptr()

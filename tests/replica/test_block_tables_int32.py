@@ -13,8 +13,8 @@ import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.input_batch import InputBatch
-from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 from .engine_paths import BLOCK_SIZES, CUDA_BACKENDS, config, cuda_dtype_or_skip, flash_reference, run, waves
 

@@ -1,6 +1,6 @@
 """Chats render and tokenize exactly as transformers' ``apply_chat_template(tokenize=True)``.
 
-``Tokenizer.render_chat`` renders with its own compiled template (replica/openai/chat_template.py) and
+``Tokenizer.render_chat`` renders with its own compiled template (replica/serving/chat_template.py) and
 encodes through the router's piece cache; the reference is transformers, untouched. Real templates
 (Llama-2-chat, ChatML, Llama-3-Instruct, the tests' default, and one using the environment's globals),
 two real tokenizers (stories260K; a byte-level BPE with ChatML/Llama-3 special tokens), multi-turn
@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvmesh.replica.openai import chat_template as ct
-from kvmesh.replica.openai.errors import ProtocolError
-from kvmesh.replica.openai.tokenizer import Tokenizer
+from kvmesh.replica.serving import chat_template as ct
+from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.tokenizer import Tokenizer
 from kvmesh.router.tokenize_cache import CachedTokenizer
 
 from ..conftest import CHAT_TEMPLATE

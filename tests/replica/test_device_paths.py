@@ -28,8 +28,8 @@ from kvmesh.replica.kv_cache import (
 )
 from kvmesh.replica.model_runner import ModelRunner
 from kvmesh.replica.sampler import build_sampling_metadata
-from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 GIB = 2**30
 META = torch.device("meta")

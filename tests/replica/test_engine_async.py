@@ -9,7 +9,7 @@ from kvmesh.replica.async_engine import AsyncLLM
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.fake_runner import FakeModelRunner
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 
 @pytest.fixture

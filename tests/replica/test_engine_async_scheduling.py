@@ -12,7 +12,7 @@ import pytest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.fake_runner import FakeModelRunner
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 PROMPTS = {
     "a": [1, 403, 407, 261, 378],

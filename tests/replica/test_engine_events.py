@@ -8,7 +8,7 @@ from kvmesh.events.schema import BlockRemoved, BlockStored
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.fake_runner import FakeModelRunner
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 
 class RecordingPublisher:

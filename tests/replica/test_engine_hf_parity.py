@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kvmesh.replica.llm import LLM  # noqa: E402
-from kvmesh.replica.sampling_params import SamplingParams  # noqa: E402
+from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
 LILY = ", there was a little girl named Lily. She loved to play"
 

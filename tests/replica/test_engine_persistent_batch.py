@@ -9,7 +9,7 @@ import random
 import numpy as np
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 
 def engine(stories_path, **kw) -> LLMEngine:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.fake_runner import FakeModelRunner
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.stats import Histogram
 
 

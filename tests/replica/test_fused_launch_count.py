@@ -18,8 +18,8 @@ from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.input_batch import prepare_inputs
 from kvmesh.replica.layers.custom_op import force_triton
 from kvmesh.replica.model_runner import ModelRunner
-from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler_output import ScheduledRequest
+from kvmesh.replica.serving.sampling_params import SamplingParams
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -17,7 +17,7 @@ from kvmesh.replica.fake_runner import FakeModelRunner
 from kvmesh.replica.interfaces import EngineClient, ModelRunnerInterface
 from kvmesh.replica.model_runner import ModelRunner
 from kvmesh.replica.request import Request
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.tp_worker import RayTPExecutor
 
 

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("torch")
 
 from kvmesh.replica.llm import LLM  # noqa: E402
-from kvmesh.replica.sampling_params import SamplingParams  # noqa: E402
+from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 

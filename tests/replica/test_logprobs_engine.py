@@ -14,7 +14,7 @@ from kvmesh.replica.llm import LLM  # noqa: E402
 from kvmesh.replica.logprobs import gather_logprobs  # noqa: E402
 from kvmesh.replica.outputs import ModelRunnerOutput, TokenLogprobs  # noqa: E402
 from kvmesh.replica.sampler import Sampler, build_sampling_metadata  # noqa: E402
-from kvmesh.replica.sampling_params import SamplingParams  # noqa: E402
+from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
 from ..conftest import TEST_KV_CACHE_MEMORY  # noqa: E402
 

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kvmesh.replica.llm import LLM  # noqa: E402
-from kvmesh.replica.sampling_params import SamplingParams  # noqa: E402
+from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
 TOL = 1e-4
 # 40+ tokens: more than two 16-token blocks, and more than one 16-token prefill chunk.

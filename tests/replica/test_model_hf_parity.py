@@ -7,8 +7,8 @@ import torch
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.input_batch import prepare_inputs
 from kvmesh.replica.model_runner import ModelRunner
-from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler_output import ScheduledRequest
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 ATOL = 2e-5
 GREEDY = SamplingParams(temperature=0.0)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from kvmesh.replica.block_table import BlockTables
 from kvmesh.replica.input_batch import InputBatch, prepare_inputs
-from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
 SP = SamplingParams(temperature=0.0)

@@ -7,8 +7,8 @@ import torch
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.input_batch import prepare_inputs
 from kvmesh.replica.model_runner import ModelRunner
-from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
 ONCE_UPON_A_TIME = [1, 403, 407, 261, 378]  # "<s> Once upon a time" with the stories260K tokenizer

@@ -6,8 +6,8 @@ import pytest
 import torch
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.model_runner import ModelRunner
-from kvmesh.replica.sampling_params import SamplingParams
 from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 from .engine_paths import BLOCK_SIZES, CUDA_BACKENDS, cuda_dtype_or_skip
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from kvmesh.replica.openai.errors import ProtocolError, error_body, parse_request
+from kvmesh.replica.openai.errors import parse_request
 from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.replica.openai.responses import UsageInfo
+from kvmesh.replica.serving.errors import ProtocolError, error_body
 
 
 def completion(**kw):

@@ -7,7 +7,7 @@ import pytest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.fake_runner import FakeModelRunner
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.stats import EngineStats
 
 STEP_S = 0.02  # each model step sleeps this long, so every phase has a known lower bound

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from kvmesh.replica.sampler import Sampler, apply_top_k_top_p, build_sampling_metadata
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
 V = 50
@@ -131,7 +131,7 @@ def test_continuation_seed_draws_what_the_original_would_have_drawn():
     """A migrated stream re-starts with its output in the prompt; its seed is moved on so each later
     token comes from the same random number as in the uninterrupted request."""
     from kvmesh.replica.sampler import seeded_generator
-    from kvmesh.replica.sampling_params import continuation_seed
+    from kvmesh.replica.serving.sampling_params import continuation_seed
 
     cpu = torch.device("cpu")
     for seed in (0, 7, -3, 2**64 - 1):

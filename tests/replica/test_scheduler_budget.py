@@ -6,7 +6,7 @@ from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.fake_runner import FakeModelRunner
 from kvmesh.replica.request import RequestStatus
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
 

@@ -16,7 +16,7 @@ from kvmesh.replica.attention.torch_backend import TorchAttentionBackend
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.triton_utils import triton_problem
 
 BLOCK = 256

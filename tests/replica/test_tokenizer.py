@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from kvmesh.replica.openai.errors import ProtocolError
-from kvmesh.replica.openai.tokenizer import NO_CHAT_TEMPLATE, load_tokenizer
+from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.tokenizer import NO_CHAT_TEMPLATE, load_tokenizer
 
 from ..conftest import CHAT_TEMPLATE, REPO_ROOT
 
@@ -42,7 +42,7 @@ def test_loading_and_rendering_never_imports_torch(stories_path):
     where torch is installed (5.17's tokenizers backend imports its GGUF loader, which imports torch), and
     where it does not, nothing does."""
     code = FIRST_TORCH_IMPORTER + (
-        "from kvmesh.replica.openai.tokenizer import load_tokenizer\n"
+        "from kvmesh.replica.serving.tokenizer import load_tokenizer\n"
         "from kvmesh.replica.openai import protocol\n"
         f"t = load_tokenizer({str(stories_path)!r}, chat_template={CHAT_TEMPLATE!r})\n"
         f"assert t.render_completion({ONCE!r}) == [1, 403, 407, 261, 378]\n"

@@ -8,7 +8,7 @@ import pytest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.model_runner import ModelRunner
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.tp_worker import RayTPExecutor
 
 pytestmark = pytest.mark.ray

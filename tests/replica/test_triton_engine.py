@@ -16,7 +16,7 @@ import torch
 import transformers
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.triton_utils import triton_problem
 
 ONCE_UPON_A_TIME = [1, 403, 407, 261, 378]

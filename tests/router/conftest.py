@@ -57,7 +57,7 @@ class FakeProc:
 
 @pytest.fixture(scope="session")
 def tokenizer(stories_path):
-    from kvmesh.replica.openai.tokenizer import load_tokenizer
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
 
     from ..conftest import CHAT_TEMPLATE
 

@@ -1,4 +1,4 @@
-"""Layering: router/ never imports torch, and takes from replica/ only the torch-free OpenAI layer."""
+"""Layering: router/ never imports torch, and takes from replica/ only the torch-free serving core and OpenAI layer."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import kvmesh.replica.openai
+import kvmesh.replica.serving
 import kvmesh.router
 
-ALLOWED_FROM_REPLICA = "kvmesh.replica.openai"
+ALLOWED_FROM_REPLICA = ("kvmesh.replica.serving", "kvmesh.replica.openai")
 
 
 def _modules(package) -> list[str]:
@@ -30,7 +31,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_router_and_openai_layer_import_without_torch():
-    modules = _modules(kvmesh.router) + _modules(kvmesh.replica.openai)
+    modules = _modules(kvmesh.router) + _modules(kvmesh.replica.openai) + _modules(kvmesh.replica.serving)
     assert "kvmesh.router.server" in modules and "kvmesh.replica.openai.renderer" in modules
     code = (
         "import importlib, sys\n"
@@ -42,7 +43,7 @@ def test_router_and_openai_layer_import_without_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_router_imports_nothing_from_replica_but_the_openai_layer():
+def test_router_imports_nothing_from_replica_but_the_serving_core_and_openai_layer():
     offenders = {}
     for path in Path(kvmesh.router.__path__[0]).rglob("*.py"):
         bad = sorted(name for name in _imports(path) if name.startswith("kvmesh.replica")
@@ -54,7 +55,7 @@ def test_router_imports_nothing_from_replica_but_the_openai_layer():
 
 
 def test_openai_layer_imports_only_torch_free_replica_modules():
-    allowed = (ALLOWED_FROM_REPLICA, "kvmesh.replica.sampling_params")
-    for path in Path(kvmesh.replica.openai.__path__[0]).rglob("*.py"):
+    allowed = ALLOWED_FROM_REPLICA
+    for path in [*Path(kvmesh.replica.openai.__path__[0]).rglob("*.py"), *Path(kvmesh.replica.serving.__path__[0]).rglob("*.py")]:
         bad = [n for n in _imports(path) if n.startswith("kvmesh.") and not n.startswith(allowed)]
         assert not bad, f"{path.name} imports {bad}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from kvmesh.replica.openai.tokenizer import load_tokenizer
+from kvmesh.replica.serving.tokenizer import load_tokenizer
 from kvmesh.router.config import RouterConfig
 from kvmesh.router.server import RouterServer
 

@@ -39,8 +39,8 @@ class Counting:
 def setup(stories_path):
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.openai.config import FrontendConfig
-    from kvmesh.replica.openai.tokenizer import load_tokenizer
     from kvmesh.replica.server_runtime import ReplicaRuntime
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
 
     from ..conftest import CHAT_TEMPLATE
 

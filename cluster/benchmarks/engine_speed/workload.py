@@ -40,7 +40,7 @@ def make_workload(seed: int | str, num_requests: int, prompt_len: tuple[int, int
 
 
 def greedy(max_tokens: int):
-    from kvmesh.replica.sampling_params import SamplingParams
+    from kvmesh.replica.serving.sampling_params import SamplingParams
 
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvmesh.replica.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 
 PROMPT_CONTEXT_TOKENS = 5  # prompt tokens kept as decoding context for the first output token
 

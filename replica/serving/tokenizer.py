@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from kvmesh.replica.openai.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError
 
 NO_CHAT_TEMPLATE = (
     "this model's tokenizer defines no chat template, so chat requests cannot be rendered (as in vLLM: "
@@ -155,7 +155,7 @@ class Tokenizer:
             raise ProtocolError(NO_CHAT_TEMPLATE, param="messages")
         source = chat_template or self.chat_template
         if isinstance(source, str) and messages and not isinstance(getattr(self.hf, "chat_template", None), dict):
-            from kvmesh.replica.openai import chat_template as ct
+            from kvmesh.replica.serving import chat_template as ct
 
             plain = [m if m.__class__ is dict else _as_dict(m) for m in messages]
             if ct.plain(plain):  # transformers' output, without its per-call rebuilding of the inputs

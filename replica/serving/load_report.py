@@ -1,0 +1,31 @@
+"""``GET /load``: the replica's load report, one msgspec Struct read by the router, the CLI and the simulator."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+
+class LoadReport(msgspec.Struct, kw_only=True):
+    """What a router needs to weigh a replica (cheap to compute, polled often)."""
+
+    num_requests_running: int
+    num_requests_waiting: int
+    kv_cache_usage: float
+    """Fraction of KV blocks in use by requests, 0..1 (cached-but-free blocks do not count)."""
+    num_waiting_prefill_tokens: int
+    """Prompt tokens not yet computed, summed over waiting and running requests."""
+    num_kv_blocks: int = 0
+    block_size: int = 0
+    timestamp: float = msgspec.field(default_factory=time.time)
+    """The replica's clock (``time.time()``) when it answered: routers estimate the clock offset from it."""
+    kv_events_seq: int | None = None
+    """Seq of the last KV event batch the replica's publisher sent (-1: none yet); None without events.
+    A router that has not applied it soon after is not following the stream (router/stream_watch.py)."""
+    kv_events_unsent_s: float | None = None
+    """Seconds the oldest KV event batch has waited in the publisher unsent (0: none); None without events."""
+
+    def to_dict(self) -> dict:
+        """The JSON object ``/load`` answers with."""
+        return msgspec.to_builtins(self)
