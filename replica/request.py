@@ -115,19 +115,19 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    def check_stop_token(self) -> bool:
-        """Set a final status if the newest token ends the request (EOS, stop token, max_tokens)."""
-        params = self.sampling_params
+    def check_stop(self) -> bool:
+        """The stop rule on token ids, written once: set a final status when the newest token ends the request
+        (EOS or a stop token once ``min_tokens`` are out, else ``max_tokens`` reached); True when it did.
+        Stop strings need text: the detokenizer finds them (serving/detokenizer.py)."""
         token_id = self.output_token_ids[-1]
-        if self.num_output_tokens >= params.min_tokens:
-            if token_id in self.eos_token_ids:
-                self.status = RequestStatus.FINISHED_STOPPED
-                return True
-            if token_id in params.stop_token_ids:
-                self.status = RequestStatus.FINISHED_STOPPED
+        num_output_tokens = len(self.output_token_ids)
+        params = self.sampling_params
+        if token_id in self.stop_token_ids and num_output_tokens >= params.min_tokens:
+            self.status = RequestStatus.FINISHED_STOPPED
+            if token_id not in self.eos_token_ids:
                 self.stop_reason = token_id
-                return True
-        if self.num_output_tokens >= params.max_tokens:
+            return True
+        if num_output_tokens >= params.max_tokens:
             self.status = RequestStatus.FINISHED_LENGTH
             return True
         return False
