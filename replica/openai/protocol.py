@@ -7,10 +7,9 @@ that says what was wrong and what to do. Responses are in responses.py.
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.json_types import JSONObject
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
 from pydantic import Field
 
@@ -203,7 +202,7 @@ class CompletionRequest(SamplingFields):
 
 class ChatMessage(OpenAIBaseModel):
     role: str
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[JSONObject] | None = None
     name: str | None = None
 
     def text(self) -> str:
@@ -220,8 +219,8 @@ class ChatMessage(OpenAIBaseModel):
             texts.append(str(part.get("text", "")))
         return "\n".join(texts)
 
-    def to_template_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"role": self.role, "content": self.text()}
+    def to_template_dict(self) -> JSONObject:
+        d: JSONObject = {"role": self.role, "content": self.text()}
         if self.name:
             d["name"] = self.name
         return d
@@ -239,8 +238,8 @@ class ChatCompletionRequest(SamplingFields):
     """And of this many most likely tokens per position (needs ``logprobs: true``)."""
     add_generation_prompt: bool = True
     chat_template: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[JSONObject] | None = None
+    response_format: JSONObject | None = None
     prompt_token_ids: list[int] | None = None
     """(kvmesh) The chat already rendered to token ids: used instead of rendering ``messages`` (still required),
     after a range check and the usual context / max_tokens checks. A kvmesh router sets it so the replica
@@ -268,7 +267,7 @@ class ChatCompletionRequest(SamplingFields):
             raise ProtocolError("only response_format {'type': 'text'} is supported (no JSON mode)",
                                 param="response_format")
 
-    def template_messages(self) -> list[dict[str, Any]]:
+    def template_messages(self) -> list[JSONObject]:
         return [m.to_template_dict() for m in self.messages]
 
 
