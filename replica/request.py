@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
-from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams, context_overflow
 
 
 class RequestStatus(enum.IntEnum):
@@ -161,11 +161,9 @@ def validate_request_input(
         if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
             raise ValueError(f"prompt token {tok!r} at position {pos} is outside the vocabulary "
                              f"[0, {vocab_size}); send token ids of this model's tokenizer")
+    if (overflow := context_overflow(n, params.max_tokens, max_model_len)) is not None:
+        raise ValueError(f"{overflow}; shorten the {'prompt' if n >= max_model_len else 'prompt + max_tokens'}")
     needed = n + params.max_tokens
-    if n >= max_model_len or needed > max_model_len:
-        what = "prompt" if n >= max_model_len else "prompt + max_tokens"
-        raise ValueError(f"prompt has {n} tokens; model context is {max_model_len} "
-                         f"(max_tokens={params.max_tokens} needs {needed}); shorten the {what}")
     num_blocks = -(-needed // block_size)
     if num_blocks > num_usable_blocks:
         raise ValueError(f"request needs {num_blocks} KV blocks ({needed} tokens) but the KV cache holds only "
