@@ -90,10 +90,6 @@ class AsyncLLM:
         return cls(engine=engine)
 
     @property
-    def tokenizer(self) -> HFTokenizer | None:
-        return self.engine.tokenizer
-
-    @property
     def event_publisher(self) -> EventPublisher | None:
         """The engine's KV event publisher (None without events)."""
         return self.engine.event_publisher

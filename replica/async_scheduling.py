@@ -89,5 +89,5 @@ def add_placeholders(requests: dict[str, Request], sched: SchedulerOutput) -> No
     """Count the tokens a launched step samples, except a request's last by max_tokens (it ends then)."""
     for request_id in [sr.request_id for sr in sched.scheduled if sr.sample] + sched.decode_request_ids:
         request = requests[request_id]
-        if len(request.output_token_ids) + request.num_output_placeholders + 1 < request.max_tokens:
+        if len(request.output_token_ids) + request.num_output_placeholders + 1 < request.sampling_params.max_tokens:
             request.num_output_placeholders += 1

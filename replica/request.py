@@ -107,14 +107,6 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
-    @property
-    def max_tokens(self) -> int:
-        return self.sampling_params.max_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status.is_finished
-
     def check_stop(self) -> bool:
         """The stop rule on token ids, written once: set a final status when the newest token ends the request
         (EOS or a stop token once ``min_tokens`` are out, else ``max_tokens`` reached); True when it did.
