@@ -45,7 +45,7 @@ from kvmesh.cluster.benchmarks.traces import BlockTokenCache
 from kvmesh.cluster.sim.replica import SimRequest
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.sim.run import SimRun
+    from kvmesh.cluster.sim.loop import SimRun
 
 
 def percentiles(values, qs=(50, 90, 99)) -> dict[str, float]:
