@@ -2,7 +2,7 @@
 
     kvmesh bench router-peers [--peers-dir DIR] [--out results/router_peers.json] [--quick]
 
-Two instant stub replicas (cluster/benchmarks/_stub_replica.py) serve every router. Peers are found
+Two instant stub replicas (cluster/benchmarks/fake_replica.py) serve every router. Peers are found
 as ``DIR/*/bin/sglang-router`` and ``DIR/*/bin/vllm-router`` (DIR: ``--peers-dir``, else
 ``$KVMESH_PEERS_DIR``, else ``../peers`` beside the checkout; each in its own virtualenv, outside the
 repository); what is missing is skipped and said so. Each router runs alone on core 0 (taskset),

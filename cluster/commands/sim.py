@@ -26,7 +26,8 @@ def _int_list(text: str) -> list[int]:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from kvmesh.cluster.sim.options import add_sim_arguments
+    from kvmesh.cluster.config_cli import add_config_arguments
+    from kvmesh.cluster.sim.options import SIM_SCHEMA
 
     p = subparsers.add_parser(
         "sim", help="replay a trace through the real router in front of simulated replicas",
@@ -35,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "compare policies: prefix hit rate vs. infinite-cache and single-pool ceilings, TTFT and "
                     "queueing p50/p99, load imbalance, events/s. Writes JSON + a PNG plot. "
                     "`kvmesh sim scaling --help`: an autoscaled fleet against a fixed one over a varying rate.")
-    add_sim_arguments(p)
+    add_config_arguments(p, SIM_SCHEMA, config_file=False)
     r = p.add_argument_group("runs and output")
     r.add_argument("--routers", type=_int_list, default=[1], metavar="N[,N...]",
                    help="independent routers with requests spread over them; a list (1,4) runs each "
@@ -98,8 +99,8 @@ def load_workload(workload: SimWorkloadOptions, seed: int) -> list[MooncakeRecor
 
 def run(args: argparse.Namespace) -> int:
     from kvmesh.cluster.benchmarks.traces import TraceError
-    from kvmesh.cluster.config_cli import overrides_from_args
-    from kvmesh.cluster.sim.options import SIM_SCHEMA, sim_config_from_args
+    from kvmesh.cluster.config_cli import config_from_args, overrides_from_args
+    from kvmesh.cluster.sim.options import SIM_SCHEMA
     from kvmesh.cluster.sim.plots import plot_report
     from kvmesh.cluster.sim.replica import cut_trace
     from kvmesh.cluster.sim.report import format_table, write_json
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from kvmesh.cluster.sim.run import compare_policies
 
     try:
-        command = sim_config_from_args(args)
+        command: SimCommandConfig = config_from_args(args, SIM_SCHEMA)
         w, compare = command.workload, command.compare
         config = build_config(command, args.routers, "sim.load_poll_s" in overrides_from_args(args, SIM_SCHEMA))
         records = cut_trace(load_workload(w, config.seed), w.start, w.limit, w.max_prompt_blocks)

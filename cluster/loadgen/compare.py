@@ -20,8 +20,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from kvmesh.cluster.config_cli import config_from_args
 from kvmesh.cluster.loadgen.load import add_load_arguments, results_dir, run_parameters
-from kvmesh.cluster.loadgen.options import BenchLoadConfig, bench_load_from_args
+from kvmesh.cluster.loadgen.options import BENCH_LOAD_SCHEMA, BenchLoadConfig
 from kvmesh.router.config import ReplicaSpec
 
 
@@ -106,7 +107,7 @@ async def _run_workloads(args: argparse.Namespace, config: BenchLoadConfig, labe
 
 
 async def compare(args: argparse.Namespace) -> dict:
-    config = bench_load_from_args(args)
+    config: BenchLoadConfig = config_from_args(args, BENCH_LOAD_SCHEMA)
     api_key = config.endpoint.api_key
     policies = [p for p in args.policies.split(",") if p]
     workloads = [w for w in args.workloads.split(",") if w]

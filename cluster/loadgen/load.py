@@ -7,7 +7,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from kvmesh.cluster.loadgen.options import BenchLoadConfig, add_bench_load_arguments, bench_load_from_args
+from kvmesh.cluster.config_cli import add_config_arguments, config_from_args
+from kvmesh.cluster.loadgen.options import BENCH_LOAD_SCHEMA, BenchLoadConfig
 from kvmesh.cluster.loadgen.prompts import PromptMaker
 from kvmesh.cluster.loadgen.workloads import Session
 
@@ -21,7 +22,7 @@ def results_dir() -> Path:
 
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
     """The settings' flags (derived from ``options.BenchLoadConfig``) and where the results go."""
-    add_bench_load_arguments(p)
+    add_config_arguments(p, BENCH_LOAD_SCHEMA, config_file=False)
     o = p.add_argument_group("output")
     o.add_argument("--out", default=str(results_dir() / "bench_load.json"),
                    help="JSON results, a PNG beside it (default: %(default)s; KVMESH_RESULTS_DIR moves the folder)")
@@ -67,7 +68,7 @@ def build_sessions(config: BenchLoadConfig, maker: PromptMaker) -> list[Session]
 
 async def run_async(args: argparse.Namespace, cache_salt: str | None = None) -> dict:
     """Run the load test ``args`` describe; returns {"label", "summary", "requests", "config"}. Raises on bad input."""
-    return await run_bench(bench_load_from_args(args), args.label, not args.no_progress, cache_salt)
+    return await run_bench(config_from_args(args, BENCH_LOAD_SCHEMA), args.label, not args.no_progress, cache_salt)
 
 
 async def run_bench(config: BenchLoadConfig, label: str | None = None, progress: bool = True,
@@ -76,16 +77,13 @@ async def run_bench(config: BenchLoadConfig, label: str | None = None, progress:
     from kvmesh.cluster.loadgen.client import measure_tokens_per_word, open_session, preflight
     from kvmesh.cluster.loadgen.prompts import sample_text
     from kvmesh.cluster.loadgen.report import summarize
-    from kvmesh.cluster.loadgen.runner import LoadConfig, run_load
+    from kvmesh.cluster.loadgen.runner import run_load
     from kvmesh.cluster.loadgen.session import RequestOptions
     from tqdm import tqdm
 
     endpoint, w, lo = config.endpoint, config.workload, config.load
     if endpoint.api == "chat" and endpoint.prompt_format != "text":
         raise ValueError("--api chat needs --prompt-format text (chat messages are text)")
-    concurrency = lo.concurrency if lo.concurrency is not None else (8 if lo.mode == "closed" else 0)
-    load = LoadConfig(mode=lo.mode, rate=lo.rate, concurrency=concurrency, think_time_s=lo.think_time,
-                      max_prompt_tokens=w.max_prompt_tokens, seed=w.seed, duration_s=lo.duration)
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
     async with open_session(endpoint.url, headers, read_timeout_s=lo.timeout) as client:
         model = await preflight(client, endpoint.url, endpoint.model)
@@ -99,7 +97,7 @@ async def run_bench(config: BenchLoadConfig, label: str | None = None, progress:
         total = sum(len(s.turns) for s in sessions)
         label = label or w.workload
         with tqdm(total=total, desc=f"bench {label}", unit="req", disable=not progress) as bar:
-            results, wall, counters = await run_load(client, sessions, options, maker, load,
+            results, wall, counters = await run_load(client, sessions, options, maker, lo, w,
                                                      on_result=lambda _: bar.update(1))
     settings = config.flat() | {"label": label, "model": model, "tokens_per_word": maker.tokens_per_word,
                                 "cache_salt": options.cache_salt}

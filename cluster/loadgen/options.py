@@ -3,11 +3,9 @@ its flags (``--url``, ``--workload``, ``--mode`` ...) are derived from them (``c
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from kvmesh.cluster.config_cli import add_config_arguments, config_from_args
 from kvmesh.cluster.config_schema import Schema
 from kvmesh.cluster.loadgen.workloads import WORKLOADS
 
@@ -99,6 +97,19 @@ class LoadOptions:
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, ("open", "closed"))
+        if self.duration is not None and not self.duration > 0:
+            raise ValueError(f"duration must be > 0 seconds, got {self.duration}")
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
+        if self.concurrency is not None and (self.concurrency < 0 or (self.mode == "closed" and self.concurrency < 1)):
+            raise ValueError(f"concurrency must be >= 1 in closed loop, got {self.concurrency}")
+
+    @property
+    def resolved_concurrency(self) -> int:
+        """``concurrency``, or its default: 8 sessions in closed loop, no cap in open loop."""
+        if self.concurrency is not None:
+            return self.concurrency
+        return 8 if self.mode == "closed" else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,15 +133,3 @@ class BenchLoadConfig:
 
 
 BENCH_LOAD_SCHEMA = Schema(BenchLoadConfig)
-
-
-def add_bench_load_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of every field above (``--url``, ``--workload``, ``--mode`` ...)."""
-    add_config_arguments(parser, BENCH_LOAD_SCHEMA, config_file=False)
-
-
-def bench_load_from_args(args: argparse.Namespace) -> BenchLoadConfig:
-    """Environment (``KVMESH_WORKLOAD_*`` ...) + flags -> the config; raises ``ConfigError`` (a ValueError)."""
-    config = config_from_args(args, BENCH_LOAD_SCHEMA)
-    assert isinstance(config, BenchLoadConfig)
-    return config

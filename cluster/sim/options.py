@@ -3,12 +3,10 @@ dataclass each; its flags (``--num-replicas``, ``--workload``, ``--policies`` ..
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvmesh.cluster.config_cli import add_config_arguments, config_from_args
 from kvmesh.cluster.config_schema import Schema
 from kvmesh.cluster.sim.config import SimConfig
 
@@ -97,15 +95,3 @@ SIM_SCHEMA = Schema(SimCommandConfig, hidden={
     "sim.num_routers": "--routers N[,N...] (one run per count)",
     "sim.use_sessions": "--sessions off|on|both",
 })
-
-
-def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of every field above."""
-    add_config_arguments(parser, SIM_SCHEMA, config_file=False)
-
-
-def sim_config_from_args(args: argparse.Namespace) -> SimCommandConfig:
-    """Environment (``KVMESH_SIM_*`` ...) + flags -> the config; raises ``ConfigError`` (a ValueError)."""
-    config = config_from_args(args, SIM_SCHEMA)
-    assert isinstance(config, SimCommandConfig)
-    return config
