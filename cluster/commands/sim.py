@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from kvmesh.cluster.sim.options import SESSION_MODES, SimCommandConfig, SimWorkloadOptions, default_trace
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.benchmarks.traces import MooncakeRecord
     from kvmesh.cluster.sim.config import SimConfig
+    from kvmesh.cluster.workloads.traces import MooncakeRecord
 
 
 def _int_list(text: str) -> list[int]:
@@ -77,8 +77,8 @@ def variants(routers: list[int], sessions: str) -> dict[str, dict] | None:
 
 def load_workload(workload: SimWorkloadOptions, seed: int) -> list[MooncakeRecord]:
     """The records of ``--workload`` (or ``--synthetic``), bursty if asked."""
-    from kvmesh.cluster.benchmarks.traces import read_azure, read_mooncake
-    from kvmesh.cluster.sim.workloads import AzurePrefixes, SyntheticTrace, ToolAgentTrace, bursty
+    from kvmesh.cluster.workloads.generated import AzurePrefixes, SyntheticTrace, ToolAgentTrace, bursty
+    from kvmesh.cluster.workloads.traces import read_azure, read_mooncake
 
     kind = "multi_turn" if workload.synthetic else workload.workload
     if kind == "multi_turn":
@@ -98,7 +98,6 @@ def load_workload(workload: SimWorkloadOptions, seed: int) -> list[MooncakeRecor
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvmesh.cluster.benchmarks.traces import TraceError
     from kvmesh.cluster.config_cli import config_from_args, overrides_from_args
     from kvmesh.cluster.sim.options import SIM_SCHEMA
     from kvmesh.cluster.sim.plots import plot_report
@@ -106,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from kvmesh.cluster.sim.report import format_table, write_json
     from kvmesh.cluster.sim.router import available_policies
     from kvmesh.cluster.sim.run import compare_policies
+    from kvmesh.cluster.workloads.traces import TraceError
 
     try:
         command: SimCommandConfig = config_from_args(args, SIM_SCHEMA)

@@ -139,10 +139,10 @@ async def compare(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvmesh.cluster.benchmarks.traces import TraceError
     from kvmesh.cluster.loadgen.client import EndpointUnreachable
     from kvmesh.cluster.loadgen.plots import plot_compare
     from kvmesh.cluster.loadgen.report import format_summary, write_json
+    from kvmesh.cluster.workloads.traces import TraceError
 
     args = build_parser().parse_args(argv)
     try:

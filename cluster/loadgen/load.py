@@ -10,7 +10,7 @@ from pathlib import Path
 from kvmesh.cluster.config_cli import add_config_arguments, config_from_args
 from kvmesh.cluster.loadgen.options import BENCH_LOAD_SCHEMA, BenchLoadConfig
 from kvmesh.cluster.loadgen.prompts import PromptMaker
-from kvmesh.cluster.loadgen.workloads import Session
+from kvmesh.cluster.workloads.sessions import Session
 
 
 def results_dir() -> Path:
@@ -40,8 +40,8 @@ def build_parser(prog: str = "kvmesh bench load") -> argparse.ArgumentParser:
 
 
 def build_sessions(config: BenchLoadConfig, maker: PromptMaker) -> list[Session]:
-    from kvmesh.cluster.benchmarks.traces import read_azure, read_mooncake
-    from kvmesh.cluster.loadgen import workloads as wl
+    from kvmesh.cluster.workloads import sessions as wl
+    from kvmesh.cluster.workloads.traces import read_azure, read_mooncake
 
     w = config.workload
     budget = wl.Budget(w.max_prompt_tokens, w.max_tokens)
@@ -118,10 +118,10 @@ def run_parameters(config: dict) -> str:
 
 
 def run_and_write(args) -> int:
-    from kvmesh.cluster.benchmarks.traces import TraceError
     from kvmesh.cluster.loadgen.client import EndpointUnreachable
     from kvmesh.cluster.loadgen.plots import plot_run
     from kvmesh.cluster.loadgen.report import format_summary, write_json
+    from kvmesh.cluster.workloads.traces import TraceError
 
     try:
         run = asyncio.run(run_async(args))

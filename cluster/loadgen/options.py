@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from kvmesh.cluster.config_schema import Schema
-from kvmesh.cluster.loadgen.workloads import WORKLOADS
+from kvmesh.cluster.workloads.sessions import WORKLOADS
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -37,7 +37,7 @@ class EndpointOptions:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadOptions:
-    """What is sent: a generated workload or a trace replay (``loadgen/workloads.py``)."""
+    """What is sent: a generated workload or a trace replay (``cluster/workloads/sessions.py``)."""
 
     workload: str = "chatbot"
     """chatbot, multi_turn, rag, random, mooncake or azure."""

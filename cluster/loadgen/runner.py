@@ -17,7 +17,7 @@ from kvmesh.cluster.loadgen.client import RequestResult, send_streaming
 from kvmesh.cluster.loadgen.options import LoadOptions, WorkloadOptions
 from kvmesh.cluster.loadgen.prompts import PromptMaker
 from kvmesh.cluster.loadgen.session import RequestOptions, SessionState
-from kvmesh.cluster.loadgen.workloads import Session
+from kvmesh.cluster.workloads.sessions import Session
 
 
 def arrival_times(sessions: list[Session], load: LoadOptions, seed: int) -> list[float]:

@@ -5,7 +5,6 @@ Model time comes from a cost model (:mod:`.config`); everything else — block h
 LRU eviction, KV events, router keys, prefix matching, policy choice — is the production code.
 Package import is light: nothing here imports torch.
 
-    workloads.py  traces to simulate: synthetic multi-turn, tool agents, Azure prefixes, bursts
     config.py     CostModel (step time) and SimConfig (one run)
     replica.py    SimRequest (trace fields + timeline) and SimReplica (KV cache manager + scheduler)
     router.py     SimRouter: one or several real KVRouters fed in-process, in simulated time

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvmesh.cluster.benchmarks.traces import BlockTokenCache
 from kvmesh.cluster.sim.config import SimConfig
 from kvmesh.cluster.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.sim.router import SimRouter
+from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
 
 STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT = range(5)
 _RECURRING = (POLL, FLEET_TIMER)

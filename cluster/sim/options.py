@@ -30,11 +30,11 @@ class SimWorkloadOptions:
 
     workload: str = "mooncake"
     """mooncake: --trace; multi_turn, tool_agent: generated (--num-requests); azure_conv, azure_code: the Azure
-    trace's arrivals and lengths with generated shared prefixes (cluster/sim/workloads.py)."""
+    trace's arrivals and lengths with generated shared prefixes (cluster/workloads/generated.py)."""
     trace: str = field(default_factory=default_trace)
     """Mooncake JSONL trace."""
     synthetic: int | None = None
-    """Simulate N generated multi-turn requests instead of --trace (cluster/sim/workloads.py)."""
+    """Simulate N generated multi-turn requests instead of --trace (cluster/workloads/generated.py)."""
     synthetic_rate: float = 1.0
     """Conversations (multi_turn) or agents (tool_agent) started per second."""
     num_requests: int = 2000

@@ -7,11 +7,12 @@ import math
 import time
 from dataclasses import asdict, replace
 
-from kvmesh.cluster.benchmarks.traces import BlockTokenCache, MooncakeRecord
 from kvmesh.cluster.sim.config import SimConfig
 from kvmesh.cluster.sim.loop import SimRun, run_policy
 from kvmesh.cluster.sim.replica import requests_from_mooncake
 from kvmesh.cluster.sim.report import infinite_hit_rate, single_pool_hits, summarize
+from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
+from kvmesh.cluster.workloads.traces import MooncakeRecord
 
 __all__ = ["SimRun", "blocks_per_replica", "compare_policies", "run_policy", "working_set_blocks"]
 

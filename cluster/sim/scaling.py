@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from kvmesh.cluster.autoscaler import AutoscaleConfig, Autoscaler, cheapest_to_lose
-from kvmesh.cluster.benchmarks.traces import BlockTokenCache
 from kvmesh.cluster.sim.config import SimConfig
 from kvmesh.cluster.sim.loop import FLEET_EVENT, FLEET_TIMER, Payload, SimRun, Simulation, run_policy
 from kvmesh.cluster.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.sim.report import percentiles, summarize
+from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
 from kvmesh.router.retention import exclusive_blocks
 
 
@@ -149,9 +149,9 @@ def compare_with_fixed(requests_of: Callable[[], list[SimRequest]], config: SimC
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvmesh.cluster.benchmarks.traces import read_mooncake
     from kvmesh.cluster.sim.replica import cut_trace, requests_from_mooncake
     from kvmesh.cluster.sim.run import blocks_per_replica
+    from kvmesh.cluster.workloads.traces import read_mooncake
 
     ap = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh sim scaling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

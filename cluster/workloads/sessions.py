@@ -18,8 +18,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from kvmesh.cluster.benchmarks.traces import AzureRecord, MooncakeRecord
 from kvmesh.cluster.loadgen.prompts import PromptMaker, join
+from kvmesh.cluster.workloads.traces import AzureRecord, MooncakeRecord
 
 WORKLOADS = ("chatbot", "multi_turn", "rag", "random", "mooncake", "azure")
 
