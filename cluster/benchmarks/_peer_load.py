@@ -59,6 +59,17 @@ def start_stub_replicas(procs: list, n: int = 2) -> list[str]:
     return urls
 
 
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    """Terminate every process, then wait for each (killing one that takes longer than ``timeout_s``)."""
+    for p in reversed(procs):
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of ``pid`` and all its live descendants (Linux /proc)."""
     children: dict[int, list[int]] = {}

@@ -157,13 +157,7 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
     finally:
         stop.set()
         go.set()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        pl.stop_processes(procs, 10)
         try:
             counts = counts_q.get(timeout=10) if flooder.pid is not None else {}
         except queue.Empty:

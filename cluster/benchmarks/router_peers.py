@@ -204,13 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)  # first health polls settle
         rows = measure(args, routers, bodies, stubs[0], args.rounds)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        pl.stop_processes(procs, 15)
         os.unlink(f.name)
     summary = summarize(rows)
     out = Path(args.out)
