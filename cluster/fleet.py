@@ -22,11 +22,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import replace
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from kvmesh.cluster import placement as pl
-from kvmesh.cluster.autoscaler import Decision, DecisionDict, cheapest_to_lose
+from kvmesh.cluster.autoscaler import Decision, cheapest_to_lose
 from kvmesh.cluster.capacity import plan_capacity
+from kvmesh.cluster.fleet_view import Accepted, EngineChanges, FleetView, Operation
 from kvmesh.cluster.gpu_share import check_gpu_share
 from kvmesh.cluster.supervisor import ReplicaHandle, actor_state, register
 
@@ -35,50 +36,6 @@ if TYPE_CHECKING:
     from kvmesh.replica.config import EngineConfig
 
 logger = logging.getLogger(__name__)
-
-EngineChanges = dict[str, str | int | float | bool | None]
-"""``EngineConfig`` fields a rollout changes, as the admin request's JSON gives them (checked by ``replace``)."""
-
-
-class AutoscaleView(TypedDict):
-    """The autoscaler's settings, as ``GET /admin/fleet`` shows them."""
-
-    enabled: bool
-    min_replicas: int
-    max_replicas: int
-    target_in_flight: float
-    target_queued_prefill_tokens: int
-
-
-class Operation(TypedDict):
-    """A finished fleet operation."""
-
-    operation: str
-    started: float
-    seconds: float
-    outcome: str
-
-
-class FleetView(TypedDict):
-    """``GET /admin/fleet``: the replica set, the operation under way and the recent history."""
-
-    replicas: list[str]
-    target: int
-    busy: str | None
-    queued: int
-    autoscale: AutoscaleView
-    decisions: list[DecisionDict]
-    operations: list[Operation]
-
-
-class Accepted(TypedDict, total=False):
-    """The answer to a queued scale or rollout request."""
-
-    accepted: bool
-    operation: str
-    replicas: list[str]
-    engine_changes: list[str]
-
 
 class Fleet:
     """See the module doc. ``cluster`` is the running ``ServeCluster``."""

@@ -41,6 +41,7 @@ def build_parser(prog: str = "kvmesh bench load") -> argparse.ArgumentParser:
 
 def build_sessions(config: BenchLoadConfig, maker: PromptMaker) -> list[Session]:
     from kvmesh.cluster.workloads import sessions as wl
+    from kvmesh.cluster.workloads.generated import ToolAgentTrace
     from kvmesh.cluster.workloads.traces import read_azure, read_mooncake
 
     w = config.workload
@@ -57,6 +58,9 @@ def build_sessions(config: BenchLoadConfig, maker: PromptMaker) -> list[Session]
         return wl.rag(n, budget, maker, as_text, num_documents=w.num_documents, seed=seed)
     if w.workload == "random":
         return wl.random_prompts(n, budget, maker, as_text, seed=seed)
+    if w.workload == "tool_agent":  # the simulator's generated trace, replayed like a Mooncake one
+        return wl.mooncake(ToolAgentTrace(num_requests=n, seed=seed).records(), budget, maker, as_text,
+                           trace_block_tokens=w.trace_block_tokens, time_scale=w.time_scale, seed=seed)
     if not w.trace:
         raise ValueError(f"--workload {w.workload} needs --trace PATH")
     if w.workload == "mooncake":

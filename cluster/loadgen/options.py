@@ -40,7 +40,7 @@ class WorkloadOptions:
     """What is sent: a generated workload or a trace replay (``cluster/workloads/sessions.py``)."""
 
     workload: str = "chatbot"
-    """chatbot, multi_turn, rag, random, mooncake or azure."""
+    """chatbot, multi_turn, rag, random, mooncake, azure or tool_agent (cluster/workloads/sessions.py)."""
     num_requests: int = 64
     """Requests (sessions for multi_turn); traces: the first N records."""
     max_prompt_tokens: int = 384
