@@ -22,9 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -72,6 +74,33 @@ def _json(status: int, body: JSONBody) -> bytes:
     return _head(status, len(data)) + data
 
 
+@functools.lru_cache(maxsize=4096)
+def _answer(chat: bool, stream: bool, with_usage: bool, model: str, name: str, pieces: tuple[str, ...],
+            prompt_tokens: int, cached: int) -> tuple[bytes, ...]:
+    """A completion's bytes: (head, one chunk per piece, tail); not streamed, all in the head (memoized: the
+    same answer costs a lookup, so a router in front of the fake is measured almost alone)."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces),
+             "total_tokens": prompt_tokens + len(pieces), "prompt_tokens_details": {"cached_tokens": cached}}
+    kind = "chat.completion" if chat else "text_completion"
+    if not stream:
+        choice = ({"index": 0, "message": {"role": "assistant", "content": name}, "finish_reason": "length"}
+                  if chat else {"index": 0, "text": name, "logprobs": None, "finish_reason": "length"})
+        return _json(200, {"id": "cmpl-fake", "object": kind, "created": 0, "model": model, "choices": [choice],
+                           "usage": usage}), b""
+
+    def event(payload: JSONBody) -> bytes:
+        data = b"data: " + json.dumps(payload).encode() + b"\n\n"
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    chunks = [event({"id": "cmpl-fake", "object": kind + ".chunk" * chat, "model": model, "choices": [
+        {"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
+        else {"index": 0, "text": piece, "finish_reason": None}]}) for piece in pieces]
+    tail = (event({"id": "cmpl-fake", "choices": [], "usage": usage}) if with_usage else b"")
+    done = b"data: [DONE]\n\n"
+    return (_head(200, None, b"text/event-stream"), *chunks,
+            tail + b"%x\r\n%s\r\n" % (len(done), done) + b"0\r\n\r\n")
+
+
 class FakeReplica:
     """Serves the fake protocol on one port until cancelled (``handle`` is the connection callback)."""
 
@@ -91,7 +120,8 @@ class FakeReplica:
         self.num_completions = 0
         self.running = 0
         self.cancelled = 0
-        self.auth_seen: list[str] = []
+        self.auth_seen: deque[str] = deque(maxlen=10_000)
+        """Authorization headers of the last completions."""
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -134,7 +164,7 @@ class FakeReplica:
         elif method == b"POST" and path == b"/tokenize":
             reply = {"count": len(self.token_ids(body))}
         elif path == b"/fake/stats":
-            reply = {"cancelled": self.cancelled, "running": self.running, "auth_seen": self.auth_seen}
+            reply = {"cancelled": self.cancelled, "running": self.running, "auth_seen": list(self.auth_seen)}
         elif path == b"/load":
             reply = self.load()
         elif method == b"GET":
@@ -155,7 +185,8 @@ class FakeReplica:
         if self.cache is not None and body.get("publisher") in ("stop", "restart"):
             self.cache.stop_publisher() if body["publisher"] == "stop" else self.cache.restart_publisher()
         if body.get("reset_stats"):
-            self.cancelled, self.auth_seen = 0, []
+            self.cancelled = 0
+            self.auth_seen.clear()
         return {"ok": True}
 
     def load(self) -> JSONBody:
@@ -199,45 +230,26 @@ class FakeReplica:
         finally:
             self.running -= 1
         max_tokens = body.get("max_tokens")
-        pieces = ([f" w{i}" for i in range(max_tokens if isinstance(max_tokens, int) else 16)]
-                  if self.answer_max_tokens else [self.name, "!"])
-        usage = {"prompt_tokens": len(ids), "completion_tokens": len(pieces), "total_tokens": len(ids) + len(pieces),
-                 "prompt_tokens_details": {"cached_tokens": cached}}
-        kind = "chat.completion" if chat else "text_completion"
-        if not body.get("stream"):
-            choice = ({"index": 0, "message": {"role": "assistant", "content": self.name}, "finish_reason": "length"}
-                      if chat else {"index": 0, "text": self.name, "logprobs": None, "finish_reason": "length"})
-            writer.write(_json(200, {"id": "cmpl-fake", "object": kind, "created": 0, "model": self.model,
-                                     "choices": [choice], "usage": usage}))
-            await writer.drain()
-            return True
-        writer.write(_head(200, None, b"text/event-stream"))
-        for piece in pieces:
+        pieces = (tuple(f" w{i}" for i in range(max_tokens if isinstance(max_tokens, int) else 16))
+                  if self.answer_max_tokens else (self.name, "!"))
+        stream_options = body.get("stream_options")
+        with_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+        head, *chunks, tail = _answer(chat, bool(body.get("stream")), with_usage, self.model, self.name, pieces,
+                                      len(ids), cached)
+        writer.write(head)
+        for chunk in chunks:
             if f.token_delay:
                 await asyncio.sleep(f.token_delay)
-            choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
-                      else {"index": 0, "text": piece, "finish_reason": None})
-            self._event(writer, {"id": "cmpl-fake", "object": kind + ".chunk" * chat, "model": self.model,
-                                 "choices": [choice]})
+            writer.write(chunk)
             if f.cut:
                 await writer.drain()
                 await asyncio.sleep(0.05)  # let the first chunk leave, then die mid-stream
                 writer.transport.abort()
                 return False
-        stream_options = body.get("stream_options")
-        if isinstance(stream_options, dict) and stream_options.get("include_usage"):
-            self._event(writer, {"id": "cmpl-fake", "choices": [], "usage": usage})
-        self._chunk(writer, b"data: [DONE]\n\n")
-        writer.write(b"0\r\n\r\n")
+        writer.write(tail)
         await writer.drain()
         return True
 
-    @staticmethod
-    def _chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
-        writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-
-    def _event(self, writer: asyncio.StreamWriter, payload: JSONBody) -> None:
-        self._chunk(writer, b"data: " + json.dumps(payload).encode() + b"\n\n")
 
 
 async def serve(replica: FakeReplica, port: int) -> None:
