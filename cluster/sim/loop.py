@@ -29,12 +29,14 @@ from kvmesh.cluster.sim.config import SimConfig
 from kvmesh.cluster.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.sim.router import SimRouter
 from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
+from kvmesh.events.schema import KVEvent
 
 STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT = range(5)
 _RECURRING = (POLL, FLEET_TIMER)
 
-Payload = object
-"""What an event carries: (replica, version), (replica id, events), a router index, or a fleet's own."""
+Payload = tuple[SimReplica, int] | tuple[int, list[KVEvent]] | int | None
+"""What an event carries: (replica, version) of a step end, (replica id, events) of a delivery, a
+router's index (poll), or a fleet's own (``AutoscaledFleet``: a joining replica's id, None for a tick)."""
 
 
 @dataclass
