@@ -61,7 +61,7 @@ class SimRun:
     """What the fleet policy measured (``AutoscaledFleet``: replica-seconds, timeline, decisions)."""
 
 
-class Fleet(Protocol):
+class FleetPolicy(Protocol):
     """How many replicas serve over a run: a fixed count, or a policy that adds and drains them."""
 
     def initial_replicas(self, config: SimConfig) -> int:
@@ -108,7 +108,7 @@ class Simulation:
     """One run's state: replicas, router, the event heap; ``run`` drives it to the end."""
 
     def __init__(self, policy: str, requests: list[SimRequest], config: SimConfig, blocks_per_replica: int,
-                 tokens: BlockTokenCache, fleet: Fleet) -> None:
+                 tokens: BlockTokenCache, fleet: FleetPolicy) -> None:
         self.config = config
         self.requests = requests
         self.tokens = tokens
@@ -218,7 +218,7 @@ class Simulation:
 
 def run_policy(policy: str, requests: list[SimRequest], config: SimConfig, blocks_per_replica: int,
                tokens: BlockTokenCache, progress: Callable[[int], None] | None = None,
-               fleet: Fleet | None = None) -> SimRun:
+               fleet: FleetPolicy | None = None) -> SimRun:
     """Simulate ``requests`` (fresh, sorted by arrival) under ``policy`` on ``fleet`` (default: a fixed
     fleet of ``config.num_replicas``); returns the run."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
