@@ -1,5 +1,6 @@
-"""``kvmesh sim``'s settings: the simulated cluster (``SimConfig``), the workload and the comparison, one
-dataclass each; its flags (``--num-replicas``, ``--workload``, ``--policies`` ...) are derived from them."""
+"""``kvmesh sim``'s and ``kvmesh sim scaling``'s settings: the simulated cluster (``SimConfig``), the workload
+and the comparison (the autoscaler and the varying rate), one dataclass each; their flags
+(``--num-replicas``, ``--workload``, ``--max-replicas`` ...) are derived from them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvmesh.cluster.autoscaler import AutoscaleConfig
 from kvmesh.cluster.config_schema import Schema
 from kvmesh.cluster.sim.config import SimConfig
 
@@ -94,4 +96,46 @@ SIM_SCHEMA = Schema(SimCommandConfig, hidden={
     "sim.cost": "--cost FIELD=SECONDS",
     "sim.num_routers": "--routers N[,N...] (one run per count)",
     "sim.use_sessions": "--sessions off|on|both",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingOptions:
+    """The trace at a rate that varies, and how long a new replica takes (``kvmesh sim scaling``)."""
+
+    trace: str = field(default_factory=default_trace)
+    """Mooncake JSONL trace."""
+    limit: int | None = None
+    """First N requests of the trace."""
+    period: float = 60.0
+    """Seconds of trace per slow and per fast phase."""
+    slow_factor: float = 4.0
+    """Slow phases run at 1/this of the rate."""
+    startup: float = 30.0
+    """Seconds from a scale-up to the replica serving."""
+    policy: str = "cache_aware"
+    """Routing policy of both fleets."""
+
+
+def _scaling_autoscale() -> AutoscaleConfig:
+    return AutoscaleConfig(scale_with_load=True, max_replicas=8, target_in_flight=32.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingCommandConfig:
+    """An autoscaled fleet against a fixed one sized for the peak."""
+
+    sim: SimConfig = field(default_factory=SimConfig)
+    """The simulated replicas and router (as many replicas as autoscale.max_replicas for the fixed fleet)."""
+    autoscale: AutoscaleConfig = field(default_factory=_scaling_autoscale)
+    """The autoscaler, as ``kvmesh serve`` runs it."""
+    scaling: ScalingOptions = field(default_factory=ScalingOptions)
+    """The trace and the replicas' startup."""
+
+
+SCALING_SCHEMA = Schema(ScalingCommandConfig, hidden={
+    "sim.num_replicas": "autoscale.max_replicas (the fixed fleet)",
+    "sim.cost": "the default cost model",
+    "autoscale.scale_with_load": "always on here",
+    "autoscale.drain_timeout_s": "a drained simulated replica leaves when its last request ends",
 })

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -149,44 +150,35 @@ def compare_with_fixed(requests_of: Callable[[], list[SimRequest]], config: SimC
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kvmesh.cluster.config_cli import ConfigError, add_config_arguments, config_from_args
+    from kvmesh.cluster.config_schema import to_dict
+    from kvmesh.cluster.sim.options import SCALING_SCHEMA, ScalingCommandConfig
     from kvmesh.cluster.sim.replica import cut_trace, requests_from_mooncake
     from kvmesh.cluster.sim.run import blocks_per_replica
-    from kvmesh.cluster.workloads.traces import read_mooncake
+    from kvmesh.cluster.workloads.traces import TraceError, read_mooncake
 
     ap = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh sim scaling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default="../shared/traces/mooncake_synthetic_trace.jsonl")
-    ap.add_argument("--limit", type=int, default=None, help="first N requests of the trace")
-    ap.add_argument("--time-scale", type=float, default=1.0, help="arrival times x this (lower = faster)")
-    ap.add_argument("--period", type=float, default=60.0, help="seconds of trace per slow and per fast phase")
-    ap.add_argument("--slow-factor", type=float, default=4.0, help="slow phases run at 1/this of the rate")
-    ap.add_argument("--min-replicas", type=int, default=1)
-    ap.add_argument("--max-replicas", type=int, default=8)
-    ap.add_argument("--target-in-flight", type=float, default=32.0)
-    ap.add_argument("--target-prefill-tokens", type=int, default=0,
-                    help="queued prefill tokens per replica to aim for (0 = in flight only)")
-    ap.add_argument("--upscale-delay", type=float, default=5.0)
-    ap.add_argument("--downscale-delay", type=float, default=30.0)
-    ap.add_argument("--startup", type=float, default=30.0, help="seconds from a scale-up to the replica serving")
-    ap.add_argument("--capacity-fraction", type=float, default=0.25)
-    ap.add_argument("--out", default="results/sim_scaling.json")
+    add_config_arguments(ap, SCALING_SCHEMA, config_file=False)
+    ap.add_argument("--out", default="results/sim_scaling.json", help="JSON report path (default: %(default)s)")
     args = ap.parse_args(argv)
-    records = cut_trace(read_mooncake(args.trace), 0, args.limit)
-    config = SimConfig(num_replicas=args.max_replicas, capacity_fraction=args.capacity_fraction,
-                       time_scale=args.time_scale)
-    autoscale = AutoscaleConfig(scale_with_load=True, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                                target_in_flight=args.target_in_flight,
-                                target_queued_prefill_tokens=args.target_prefill_tokens, upscale_delay_s=args.upscale_delay,
-                                downscale_delay_s=args.downscale_delay)
+    try:
+        command: ScalingCommandConfig = config_from_args(args, SCALING_SCHEMA)
+        s, autoscale = command.scaling, command.autoscale
+        records = cut_trace(read_mooncake(s.trace), 0, s.limit)
+    except (ConfigError, TraceError) as e:
+        print(f"kvmesh sim scaling: {e}", file=sys.stderr)
+        return 2
+    config = replace(command.sim, num_replicas=autoscale.max_replicas)
     per_replica = blocks_per_replica(config, records)
     tokens = BlockTokenCache(config.block_size, config.vocab_size, config.seed)
 
-    def requests_of():
-        return vary_rate(requests_from_mooncake(records, config.time_scale, config.block_size),
-                         args.period, args.slow_factor)
+    def requests_of() -> list[SimRequest]:
+        return vary_rate(requests_from_mooncake(records, config.time_scale, config.block_size), s.period,
+                         s.slow_factor)
 
-    report = {"args": vars(args), "blocks_per_replica": per_replica,
-              **compare_with_fixed(requests_of, config, per_replica, tokens, autoscale, args.startup)}
+    report = {"args": to_dict(command) | {"out": args.out}, "blocks_per_replica": per_replica,
+              **compare_with_fixed(requests_of, config, per_replica, tokens, autoscale, s.startup, s.policy)}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     for name in ("fixed_peak", "autoscaled"):

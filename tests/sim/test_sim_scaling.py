@@ -64,7 +64,7 @@ def test_kvmesh_sim_scaling_writes_the_comparison(mooncake_trace, tmp_path, caps
 
     out = tmp_path / "scaling.json"
     assert main(["sim", "scaling", "--trace", str(mooncake_trace), "--limit", "300", "--max-replicas", "4",
-                 "--target-in-flight", "16", "--target-prefill-tokens", "16384", "--out", str(out)]) == 0
+                 "--target-in-flight", "16", "--target-queued-prefill-tokens", "16384", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["fixed_peak"]["num_requests"] == report["autoscaled"]["num_requests"] == 300
     assert report["autoscaled"]["replica_seconds"] < report["fixed_peak"]["replica_seconds"]
