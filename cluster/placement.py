@@ -35,9 +35,13 @@ class RayNode(TypedDict, total=False):
     """One ``ray.nodes()`` entry, the fields read here."""
 
     NodeID: str
+    """Ray's node id."""
     NodeManagerAddress: str
+    """The node's address."""
     Resources: dict[str, float]
+    """The node's total resources (``CPU``, ``GPU``, ...)."""
     Alive: bool
+    """False for a node that left."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,10 +39,15 @@ class ReplicaEndpoints(TypedDict, total=False):
     """What a replica actor's ``endpoints()`` answers, the fields read here."""
 
     http_url: str
+    """Where the replica serves HTTP."""
     events_endpoint: str | None
+    """Its KV event stream (None: no events)."""
     replay_endpoint: str | None
+    """Its replay/snapshot socket."""
     pid: int
+    """The actor's process id (a new one: the actor was restarted)."""
     started_at: float
+    """When the actor started."""
 
 
 @dataclass(frozen=True, slots=True)
