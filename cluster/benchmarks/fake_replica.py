@@ -29,8 +29,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import TYPE_CHECKING
 
-from kvmesh.cluster.benchmarks._prefix_cache import PrefixCache
+if TYPE_CHECKING:
+    from kvmesh.cluster.benchmarks._prefix_cache import PrefixCache
 
 JSONBody = dict[str, object]
 """A request or response body as JSON decodes it (OpenAI bodies are open-ended)."""
@@ -282,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
+    from kvmesh.cluster.benchmarks._prefix_cache import PrefixCache
+
     cache = (PrefixCache(args.name, args.block_size, args.num_blocks, args.event_port, args.replay_port)
              if args.event_port is not None else None)
     asyncio.run(serve(FakeReplica(args.name, cache=cache, faults=Faults(delay=args.delay_ms / 1e3)), args.port))
