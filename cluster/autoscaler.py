@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +59,10 @@ class AutoscaleConfig:
         check(self.decision_interval_s > 0, f"autoscale.decision_interval_s={self.decision_interval_s} must be > 0")
 
 
+DecisionDict = dict[str, str | float | None]
+"""A ``Decision`` as JSON (``GET /admin/fleet``, ``kvmesh status``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """One scaling decision (logged, counted in metrics, listed by ``kvmesh status``)."""
@@ -77,7 +80,7 @@ class Decision:
     victim: str | None = None
     """Scale down: the replica to drain."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> DecisionDict:
         return {name: getattr(self, name) for name in self.__slots__}
 
 

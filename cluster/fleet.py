@@ -22,26 +22,30 @@ import threading
 import time
 from collections import deque
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvmesh.cluster import placement as pl
 from kvmesh.cluster.autoscaler import Decision, cheapest_to_lose
 from kvmesh.cluster.capacity import plan_capacity
+from kvmesh.cluster.fleet_view import Accepted, EngineChanges, FleetView, Operation
 from kvmesh.cluster.gpu_share import check_gpu_share
 from kvmesh.cluster.supervisor import ReplicaHandle, actor_state, register
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from kvmesh.cluster.launcher import ServeCluster, ServeState
+    from kvmesh.replica.config import EngineConfig
 
+logger = logging.getLogger(__name__)
 
 class Fleet:
     """See the module doc. ``cluster`` is the running ``ServeCluster``."""
 
-    def __init__(self, cluster: Any) -> None:
+    def __init__(self, cluster: ServeCluster) -> None:
         self.cluster = cluster
         self.config = cluster.config.autoscale
         self.decisions: deque[Decision] = deque(maxlen=50)
         """The autoscaler's last decisions (``AutoscaleLoop`` appends them)."""
-        self.operations: deque[dict] = deque(maxlen=50)
+        self.operations: deque[Operation] = deque(maxlen=50)
         """Finished operations: what, when, how long, outcome."""
         self.busy: str | None = None
         self._removing: set[str] = set()
@@ -76,14 +80,14 @@ class Fleet:
         return self._ops.qsize()
 
     @property
-    def st(self) -> Any:
+    def st(self) -> ServeState:
         return self.cluster.state
 
     def replica_ids(self) -> list[str]:
         return [h.replica_id for h in list(self.st.replicas)]
 
     # ------------------------------------------------------------------ requests (router /admin/*)
-    def state(self) -> dict[str, Any]:
+    def state(self) -> FleetView:
         return {"replicas": self.replica_ids(), "target": self.target, "busy": self.busy,
                 "queued": self._ops.qsize(), "autoscale": {
                     "enabled": self.config.scale_with_load, "min_replicas": self.config.min_replicas,
@@ -91,7 +95,7 @@ class Fleet:
                     "target_queued_prefill_tokens": self.config.target_queued_prefill_tokens},
                 "decisions": [d.as_dict() for d in self.decisions], "operations": list(self.operations)}
 
-    def request_scale(self, replicas: int) -> dict[str, Any]:
+    def request_scale(self, replicas: int) -> Accepted:
         """Queue "scale to N" (ValueError when N is out of bounds)."""
         low, high, why = 1, self.capacity(), "what the Ray cluster's nodes hold; serve --wait-for-nodes lifts this where a Ray autoscaler adds nodes"
         if self.config.scale_with_load:
@@ -108,7 +112,7 @@ class Fleet:
             return 1 << 10
         return max(1, plan_capacity(pl.cluster_nodes(), self.cluster.replica_bundles(), 1).holds)
 
-    def request_rollout(self, engine: dict[str, Any] | None = None) -> dict[str, Any]:
+    def request_rollout(self, engine: EngineChanges | None = None) -> Accepted:
         """Queue a rolling restart; ``engine`` = EngineConfig fields the new replicas get (checked now).
 
         ValueError: bad settings; RuntimeError: a rollout is already under way."""
@@ -241,7 +245,7 @@ class Fleet:
         self.cluster.report(f"{replica_id} drained in {time.monotonic() - t0:.1f}s ({in_flight_at_drain} "
                             f"request(s) in flight finished) and removed ({len(st.replicas)} replicas)")
 
-    def rollout(self, engine: Any) -> None:
+    def rollout(self, engine: EngineConfig) -> None:
         """Replace every replica, one at a time: a new one passes the health gate before an old one drains."""
         st = self.st
         old = self.replica_ids()

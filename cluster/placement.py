@@ -19,12 +19,29 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from kvmesh.cluster import capacity
 from kvmesh.cluster.capacity import CapacityPlan, NodeResources, ReplicaShape, replicas_on_node
 
+if TYPE_CHECKING:
+    from kvmesh.cluster.config import ServeConfig
+    from ray.util.placement_group import PlacementGroup
+
 logger = logging.getLogger(__name__)
+
+
+class RayNode(TypedDict, total=False):
+    """One ``ray.nodes()`` entry, the fields read here."""
+
+    NodeID: str
+    """Ray's node id."""
+    NodeManagerAddress: str
+    """The node's address."""
+    Resources: dict[str, float]
+    """The node's total resources (``CPU``, ``GPU``, ...)."""
+    Alive: bool
+    """False for a node that left."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +50,7 @@ class ReplicaPlacement:
 
     replica_index: int
     """0-based replica number."""
-    placement_group: Any
+    placement_group: PlacementGroup
     """The replica's ray.util.placement_group.PlacementGroup (one bundle per TP rank)."""
     target_node_id: str | None
     """The node the plan asked for (a soft hint; None = Ray chooses)."""
@@ -61,7 +78,7 @@ def actor_bundle_index(tensor_parallel_size: int) -> int:
     return 0 if tensor_parallel_size == 1 else tensor_parallel_size
 
 
-def nodes_from_ray_nodes(nodes: list[dict[str, Any]]) -> list[NodeResources]:
+def nodes_from_ray_nodes(nodes: list[RayNode]) -> list[NodeResources]:
     """``ray.nodes()`` entries -> the alive nodes' total resources, ordered by node id."""
     return [NodeResources(n["NodeID"], n.get("NodeManagerAddress", "?"), dict(n.get("Resources", {})))
             for n in sorted(nodes, key=lambda n: n["NodeID"]) if n.get("Alive")]
@@ -95,7 +112,7 @@ def check_capacity(bundles: list[dict[str, float]], tensor_parallel_size: int, g
                                    ReplicaShape(tensor_parallel_size, gpus, bundles), num_replicas, embedded=embedded)
 
 
-def check_serve_capacity(config: Any, bundles: list[dict[str, float]], num_replicas: int, embedded: bool,
+def check_serve_capacity(config: ServeConfig, bundles: list[dict[str, float]], num_replicas: int, embedded: bool,
                          report: Callable[[str], None]) -> None:
     """``check_capacity`` for serve's ``config``; with ``ray.wait_for_nodes`` a shortfall is only reported
     (a Ray autoscaler may add the nodes) and ``wait_ready`` waits up to ``ray.placement_timeout_s``."""
@@ -108,7 +125,7 @@ def check_serve_capacity(config: Any, bundles: list[dict[str, float]], num_repli
                f"{config.ray.placement_timeout_s:g}s for the Ray autoscaler to add nodes")
 
 
-def plan_nodes(nodes: list[dict[str, Any]], bundles: list[dict[str, float]], num_replicas: int,
+def plan_nodes(nodes: list[RayNode], bundles: list[dict[str, float]], num_replicas: int,
                placement: str) -> list[str | None]:
     """Target node id per replica: round-robin over nodes with room for a whole replica.
 

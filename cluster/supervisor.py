@@ -25,11 +25,29 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from kvmesh.cluster.router_client import RouterClient
 
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
 logger = logging.getLogger(__name__)
+
+
+class ReplicaEndpoints(TypedDict, total=False):
+    """What a replica actor's ``endpoints()`` answers, the fields read here."""
+
+    http_url: str
+    """Where the replica serves HTTP."""
+    events_endpoint: str | None
+    """Its KV event stream (None: no events)."""
+    replay_endpoint: str | None
+    """Its replay/snapshot socket."""
+    pid: int
+    """The actor's process id (a new one: the actor was restarted)."""
+    started_at: float
+    """When the actor started."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +82,9 @@ class ReplicaHandle:
     """What serve knows about one replica."""
 
     replica_id: str
-    actor: Any
-    endpoints: dict[str, Any] | None = None
+    actor: ActorHandle
+    """The replica's Ray actor."""
+    endpoints: ReplicaEndpoints | None = None
     """Last answer of ``actor.endpoints()`` (None until ready, and after the replica was removed)."""
     up: bool = False
     restarts_seen: int = 0
@@ -79,16 +98,16 @@ class ReplicaHandle:
 
 
 def register(router: RouterClient, handle: ReplicaHandle) -> None:
-    e = handle.endpoints or {}
+    e: ReplicaEndpoints = handle.endpoints or {}
     router.register(handle.replica_id, e["http_url"], e.get("events_endpoint"), e.get("replay_endpoint"))
 
 
-def _incarnation(endpoints: dict[str, Any] | None) -> tuple:
-    e = endpoints or {}
+def _incarnation(endpoints: ReplicaEndpoints | None) -> tuple[object, ...]:
+    e: ReplicaEndpoints = endpoints or {}
     return e.get("pid"), e.get("http_url"), e.get("events_endpoint"), e.get("started_at")
 
 
-def actor_state(actor: Any) -> str:
+def actor_state(actor: ActorHandle) -> str:
     """ALIVE, RESTARTING, DEAD, ... from the GCS (no dashboard needed); UNKNOWN if it cannot tell."""
     try:
         import ray
@@ -104,7 +123,7 @@ class Supervisor:
 
     def __init__(self, replicas: list[ReplicaHandle], router: RouterClient, interval_s: float | None = None,
                  call_timeout_s: float | None = None, report: Callable[[str], None] = print,
-                 spawn: Callable[[str], Any] | None = None, config: SupervisorConfig | None = None) -> None:
+                 spawn: Callable[[str], ActorHandle] | None = None, config: SupervisorConfig | None = None) -> None:
         config = config or SupervisorConfig()
         self.config = config
         self.replicas = replicas

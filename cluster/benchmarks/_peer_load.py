@@ -48,15 +48,26 @@ def pinned(cmd: list[str], cpu: int | None) -> list[str]:
 
 
 def start_stub_replicas(procs: list, n: int = 2) -> list[str]:
-    """``n`` instant stub replicas (_stub_replica.py) on core 1, their processes appended to ``procs``
+    """``n`` instant stub replicas (fake_replica.py) on core 1, their processes appended to ``procs``
     (the caller stops them): their URLs."""
     urls = []
     for _ in range(n):
-        p = subprocess.Popen(pinned([sys.executable, "-m", "kvmesh.cluster.benchmarks._stub_replica"], 1),
+        p = subprocess.Popen(pinned([sys.executable, "-m", "kvmesh.cluster.benchmarks.fake_replica"], 1),
                              stdout=subprocess.PIPE, text=True)
         procs.append(p)
         urls.append(f"http://127.0.0.1:{json.loads(p.stdout.readline())['port']}")
     return urls
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    """Terminate every process, then wait for each (killing one that takes longer than ``timeout_s``)."""
+    for p in reversed(procs):
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def tree_cpu_seconds(pid: int) -> float:

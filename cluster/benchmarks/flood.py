@@ -4,7 +4,7 @@
     kvmesh bench flood [--duration 60] [--baseline 5] [--out results/flood.json]
 
 Processes: ``kvmesh router --workers 1`` (its own process: its RSS is what we watch); a *healthy*
-replica (``_cached_replica``: a real prefix cache whose events the router follows); a *hostile* one
+replica (``fake_replica`` with a prefix cache: a real prefix cache whose events the router follows); a *hostile* one
 whose HTTP is an instant stub and whose event stream (plain PUB, no replay socket, as a vLLM upstream
 replica's) is this module's flooder; one client sending completions one at a time through the router,
 each a shared 64-token prefix (32 of them, cached on the healthy replica beforehand) plus a fresh
@@ -116,8 +116,8 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
     procs: list[subprocess.Popen] = []
     try:
         flooder.start()
-        healthy = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.benchmarks._cached_replica",
-                                    "--name", "healthy", "--block-size", str(BLOCK_SIZE)],
+        healthy = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.benchmarks.fake_replica",
+                                    "--name", "healthy", "--event-port", "0", "--block-size", str(BLOCK_SIZE)],
                                    stdout=subprocess.PIPE, text=True)
         procs.append(healthy)
         stub_url = pl.start_stub_replicas(procs, 1)[0]
@@ -157,13 +157,7 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
     finally:
         stop.set()
         go.set()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        pl.stop_processes(procs, 10)
         try:
             counts = counts_q.get(timeout=10) if flooder.pid is not None else {}
         except queue.Empty:

@@ -184,7 +184,8 @@ def replay(records, hashes, token_cache, num_blocks: int, policy: str, block_siz
 
 
 def bench_trace(trace: Path, pool_sizes: list[int], block_size: int, limit: int | None) -> dict:
-    from kvmesh.cluster.benchmarks.traces import BlockTokenCache, read_mooncake
+    from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
+    from kvmesh.cluster.workloads.traces import read_mooncake
 
     records = read_mooncake(trace, limit=limit)
     token_cache = BlockTokenCache(512, VOCAB_SIZE)

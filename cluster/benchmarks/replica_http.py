@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvmesh.cluster.benchmarks._peer_load import stop_processes
+
 
 def _pct(values: list[float], q: float) -> float:
     s = sorted(values)
@@ -175,11 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streaming with {args.concurrency} clients ...", flush=True)
         streaming = asyncio.run(stream_throughput(info["http_url"], args.concurrency, args.stream_tokens))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_processes([proc], 30)
     result = {
         "model": args.model, "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
         "one_token_latency": {"http": _summary(http_s), "engine_direct": _summary(engine_s)},

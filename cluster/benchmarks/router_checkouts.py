@@ -12,7 +12,6 @@ the other per workload and round; router process CPU per request, medians.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 
 from kvmesh.cluster.benchmarks import _peer_load as pl
-from kvmesh.cluster.benchmarks.router_parse import HERE
+from kvmesh.cluster.benchmarks.router_parse import HERE, write_tree_comparison
 from kvmesh.cluster.benchmarks.router_peers import LLAMA2_CHAT_TEMPLATE, PATHS, STORIES, workloads
 
 
@@ -80,11 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                    for w in bodies} for t in trees}
     for t, ws in summary.items():
         print(f"median {t:<6} " + "  ".join(f"{w} {ms:.3f} ms" for w, ms in ws.items()))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"trees": {k: str(v) for k, v in trees.items()}, "summary": summary, "rows": rows},
-                              indent=1))
-    print(f"wrote {out}")
+    write_tree_comparison(args.out, trees, summary, rows)
     return 0
 
 

@@ -191,12 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, ws in summary.items():
         print(f"median {name:<8} " + "  ".join(f"{w} first {r['first_us']:.0f} us, warm {r['warm_us']:.0f} us"
                                               for w, r in ws.items()))
-    out = Path(args.out)
+    write_tree_comparison(args.out, trees, summary, rows)
+    return 0
+
+
+def write_tree_comparison(path: str, trees: dict[str, Path], summary: dict, rows: list[dict]) -> None:
+    """The JSON of a comparison between checkouts: which trees, the medians, every measured row."""
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"trees": {k: str(v) for k, v in trees.items()}, "summary": summary, "rows": rows},
                               indent=1))
     print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

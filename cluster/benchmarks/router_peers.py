@@ -2,7 +2,7 @@
 
     kvmesh bench router-peers [--peers-dir DIR] [--out results/router_peers.json] [--quick]
 
-Two instant stub replicas (cluster/benchmarks/_stub_replica.py) serve every router. Peers are found
+Two instant stub replicas (cluster/benchmarks/fake_replica.py) serve every router. Peers are found
 as ``DIR/*/bin/sglang-router`` and ``DIR/*/bin/vllm-router`` (DIR: ``--peers-dir``, else
 ``$KVMESH_PEERS_DIR``, else ``../peers`` beside the checkout; each in its own virtualenv, outside the
 repository); what is missing is skipped and said so. Each router runs alone on core 0 (taskset),
@@ -204,13 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)  # first health polls settle
         rows = measure(args, routers, bodies, stubs[0], args.rounds)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        pl.stop_processes(procs, 15)
         os.unlink(f.name)
     summary = summarize(rows)
     out = Path(args.out)

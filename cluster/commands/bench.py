@@ -16,7 +16,7 @@ TOOLS = {
     "load": "load-test an OpenAI endpoint (router, replica, any server)",
     "compare-policies": "run one workload through the router under several policies, side by side",
 }
-NOT_AREAS = {"traces"}  # shared helpers in kvmesh.cluster.benchmarks, not benchmarks
+NOT_AREAS = {"fake_replica"}  # shared helpers in kvmesh.cluster.benchmarks, not benchmarks
 
 
 def available_areas() -> list[str]:

@@ -17,9 +17,13 @@ import asyncio
 import copy
 import secrets
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from kvmesh.cluster.config_cli import config_from_args
 from kvmesh.cluster.loadgen.load import add_load_arguments, results_dir, run_parameters
+from kvmesh.cluster.loadgen.options import BENCH_LOAD_SCHEMA, BenchLoadConfig
+from kvmesh.router.config import ReplicaSpec
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,25 +46,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _discover(args) -> list:
+async def _discover(args: argparse.Namespace, url: str, api_key: str | None) -> list[ReplicaSpec]:
     from kvmesh.cluster.loadgen.client import HTTP_ERRORS, get_json, open_session
-    from kvmesh.router.config import ReplicaSpec
 
     if args.replica:
         return [ReplicaSpec.parse(s) for s in args.replica]
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        async with open_session(args.url, headers, total_s=5.0) as client:
+        async with open_session(url, headers, total_s=5.0) as client:
             status, body = await get_json(client, "/replicas")
     except HTTP_ERRORS as e:
-        raise ValueError(f"cannot list replicas at {args.url}/replicas ({type(e).__name__}: {e}); is "
+        raise ValueError(f"cannot list replicas at {url}/replicas ({type(e).__name__}: {e}); is "
                          "`kvmesh serve` running? Or pass --replica URL,events=...,replay=...") from None
     if status != 200 or not isinstance(body, dict):
-        raise ValueError(f"GET {args.url}/replicas answered {status}; pass --replica specs")
+        raise ValueError(f"GET {url}/replicas answered {status}; pass --replica specs")
     specs = [ReplicaSpec(url=r["url"], events=r.get("events"), replay=r.get("replay"),
                          replica_id=r.get("id") or "") for r in body["replicas"]]
     if not specs:
-        raise ValueError(f"{args.url} has no replicas registered")
+        raise ValueError(f"{url} has no replicas registered")
     return specs
 
 
@@ -90,18 +93,22 @@ async def _wait_healthy(url: str, timeout_s: float = 30.0) -> None:
     raise ValueError(f"router at {url} reported no healthy replica within {timeout_s:.0f} s")
 
 
-async def _run_workloads(args, label: str, url: str, workloads: list[str], nonce: str) -> dict:
-    from kvmesh.cluster.loadgen.load import run_async
+async def _run_workloads(args: argparse.Namespace, config: BenchLoadConfig, label: str, url: str,
+                         workloads: list[str], nonce: str) -> dict:
+    from kvmesh.cluster.loadgen.load import run_bench
 
     out = {}
     for workload in workloads:
-        a = copy.copy(args)
-        a.url, a.workload, a.label = url, workload, f"{label}/{workload}"
-        out[workload] = await run_async(a, cache_salt=f"compare-{nonce}-{label}-{workload}")
+        run = replace(config, endpoint=replace(config.endpoint, url=url),
+                      workload=replace(config.workload, workload=workload))
+        out[workload] = await run_bench(run, f"{label}/{workload}", not args.no_progress,
+                                        cache_salt=f"compare-{nonce}-{label}-{workload}")
     return out
 
 
-async def compare(args) -> dict:
+async def compare(args: argparse.Namespace) -> dict:
+    config: BenchLoadConfig = config_from_args(args, BENCH_LOAD_SCHEMA)
+    api_key = config.endpoint.api_key
     policies = [p for p in args.policies.split(",") if p]
     workloads = [w for w in args.workloads.split(",") if w]
     nonce = secrets.token_hex(4)
@@ -111,31 +118,31 @@ async def compare(args) -> dict:
             name, sep, url = item.partition("=")
             if not sep:
                 raise ValueError(f"--endpoint {item!r}: expected NAME=URL")
-            runs[name] = await _run_workloads(args, name, url, workloads, nonce)
+            runs[name] = await _run_workloads(args, config, name, url, workloads, nonce)
         return runs
     from kvmesh.router.config import RouterConfig
     from kvmesh.router.server import RouterServer
 
-    specs = await _discover(args)
-    model = args.router_model or await _model_id(specs[0].url, args.api_key)
+    specs = await _discover(args, config.endpoint.url, api_key)
+    model = args.router_model or await _model_id(specs[0].url, api_key)
     for policy in policies:
         config = RouterConfig(host="127.0.0.1", port=0, model=model, policy=policy, block_size=args.block_size,
-                              replica_api_key=args.api_key)
+                              replica_api_key=api_key)
         server = RouterServer(config, [copy.copy(s) for s in specs]).start()
         try:
             await _wait_healthy(server.url)
             await asyncio.sleep(args.settle)
-            runs[policy] = await _run_workloads(args, policy, server.url, workloads, nonce)
+            runs[policy] = await _run_workloads(args, config, policy, server.url, workloads, nonce)
         finally:
             server.stop()
     return runs
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvmesh.cluster.benchmarks.traces import TraceError
     from kvmesh.cluster.loadgen.client import EndpointUnreachable
     from kvmesh.cluster.loadgen.plots import plot_compare
     from kvmesh.cluster.loadgen.report import format_summary, write_json
+    from kvmesh.cluster.workloads.traces import TraceError
 
     args = build_parser().parse_args(argv)
     try:

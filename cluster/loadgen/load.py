@@ -7,7 +7,10 @@ import asyncio
 import sys
 from pathlib import Path
 
-from kvmesh.cluster.loadgen.workloads import WORKLOADS
+from kvmesh.cluster.config_cli import add_config_arguments, config_from_args
+from kvmesh.cluster.loadgen.options import BENCH_LOAD_SCHEMA, BenchLoadConfig
+from kvmesh.cluster.loadgen.prompts import PromptMaker
+from kvmesh.cluster.workloads.sessions import Session
 
 
 def results_dir() -> Path:
@@ -18,47 +21,8 @@ def results_dir() -> Path:
 
 
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="OpenAI endpoint base URL (default: %(default)s)")
-    p.add_argument("--model", default=None, help="model name (default: the first of GET /v1/models)")
-    p.add_argument("--api-key", default=None, help="bearer token for servers started with --api-key")
-    p.add_argument("--api", choices=("completions", "chat"), default="completions")
-    p.add_argument("--prompt-format", choices=("tokens", "text"), default="tokens",
-                   help="token-id lists (exact lengths, completions only) or words (default: tokens)")
-    w = p.add_argument_group("workload")
-    w.add_argument("--workload", choices=WORKLOADS, default="chatbot")
-    w.add_argument("--num-requests", type=int, default=64,
-                   help="requests (sessions for multi_turn); traces: the first N records (default: 64)")
-    w.add_argument("--max-prompt-tokens", type=int, default=384,
-                   help="token budget of a prompt; keep prompt + --max-tokens within the model's context")
-    w.add_argument("--max-tokens", type=int, default=32, help="tokens generated per request (default: 32)")
-    w.add_argument("--num-prefixes", type=int, default=4, help="chatbot: distinct system prompts (default: 4)")
-    w.add_argument("--system-share", type=float, default=None,
-                   help="share of the budget taken by the system prompt (chatbot 0.75, multi_turn 0.25)")
-    w.add_argument("--turns", type=int, default=4, help="multi_turn: turns per conversation (default: 4)")
-    w.add_argument("--num-documents", type=int, default=None, help="rag: document pool size (default: unique)")
-    w.add_argument("--trace", default=None, help="mooncake JSONL or azure CSV (workloads mooncake/azure)")
-    w.add_argument("--trace-block-tokens", type=int, default=16,
-                   help="mooncake: tokens generated per hash_id (trace blocks are 512; default: 16)")
-    w.add_argument("--length-scale", type=float, default=1.0, help="azure: multiply trace lengths (default: 1)")
-    w.add_argument("--time-scale", type=float, default=1.0, help="traces: multiply timestamps (0.5 = 2x rate)")
-    w.add_argument("--vocab-size", type=int, default=512, help="token ids are drawn below this (default: 512)")
-    w.add_argument("--tokens-per-word", type=float, default=None,
-                   help="text prompts: tokens per word (default: measured with POST /tokenize, else 2.0)")
-    w.add_argument("--seed", type=int, default=0)
-    lo = p.add_argument_group("load")
-    lo.add_argument("--mode", choices=("open", "closed"), default="closed")
-    lo.add_argument("--rate", type=float, default=None,
-                    help="open loop: sessions/s, Poisson (default for traces: their timestamps)")
-    lo.add_argument("--concurrency", type=int, default=None,
-                    help="closed loop: sessions in flight (default 8); open loop: cap on requests in flight "
-                         "(default 0 = none, arrivals are never delayed)")
-    lo.add_argument("--duration", type=float, default=None, metavar="SECONDS",
-                    help="send no new request after SECONDS (in-flight ones finish); with a large "
-                         "--num-requests this runs for a fixed time (default: until the workload ends)")
-    lo.add_argument("--think-time", type=float, default=0.0, help="seconds between turns of a session")
-    lo.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
-    lo.add_argument("--cache-salt", default=None, help="send this cache_salt with every request")
-    lo.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos (strict OpenAI servers)")
+    """The settings' flags (derived from ``options.BenchLoadConfig``) and where the results go."""
+    add_config_arguments(p, BENCH_LOAD_SCHEMA, config_file=False)
     o = p.add_argument_group("output")
     o.add_argument("--out", default=str(results_dir() / "bench_load.json"),
                    help="JSON results, a PNG beside it (default: %(default)s; KVMESH_RESULTS_DIR moves the folder)")
@@ -75,64 +39,73 @@ def build_parser(prog: str = "kvmesh bench load") -> argparse.ArgumentParser:
     return p
 
 
-def build_sessions(args, maker):
-    from kvmesh.cluster.benchmarks.traces import read_azure, read_mooncake
-    from kvmesh.cluster.loadgen import workloads as wl
+def build_sessions(config: BenchLoadConfig, maker: PromptMaker) -> list[Session]:
+    from kvmesh.cluster.workloads import sessions as wl
+    from kvmesh.cluster.workloads.generated import ToolAgentTrace
+    from kvmesh.cluster.workloads.traces import read_azure, read_mooncake
 
-    budget = wl.Budget(args.max_prompt_tokens, args.max_tokens)
-    as_text = args.prompt_format == "text"
-    n, seed = args.num_requests, args.seed
-    if args.workload == "chatbot":
-        return wl.chatbot(n, budget, maker, as_text, num_prefixes=args.num_prefixes,
-                          system_share=args.system_share or 0.75, seed=seed)
-    if args.workload == "multi_turn":
-        return wl.multi_turn(n, budget, maker, as_text, num_turns=args.turns,
-                             system_share=args.system_share or 0.25, seed=seed)
-    if args.workload == "rag":
-        return wl.rag(n, budget, maker, as_text, num_documents=args.num_documents, seed=seed)
-    if args.workload == "random":
+    w = config.workload
+    budget = wl.Budget(w.max_prompt_tokens, w.max_tokens)
+    as_text = config.endpoint.prompt_format == "text"
+    n, seed = w.num_requests, w.seed
+    if w.workload == "chatbot":
+        return wl.chatbot(n, budget, maker, as_text, num_prefixes=w.num_prefixes,
+                          system_share=w.system_share or 0.75, seed=seed)
+    if w.workload == "multi_turn":
+        return wl.multi_turn(n, budget, maker, as_text, num_turns=w.turns,
+                             system_share=w.system_share or 0.25, seed=seed)
+    if w.workload == "rag":
+        return wl.rag(n, budget, maker, as_text, num_documents=w.num_documents, seed=seed)
+    if w.workload == "random":
         return wl.random_prompts(n, budget, maker, as_text, seed=seed)
-    if not args.trace:
-        raise ValueError(f"--workload {args.workload} needs --trace PATH")
-    if args.workload == "mooncake":
-        return wl.mooncake(read_mooncake(args.trace, limit=n), budget, maker, as_text,
-                           trace_block_tokens=args.trace_block_tokens, time_scale=args.time_scale, seed=seed)
-    return wl.azure(read_azure(args.trace, limit=n), budget, maker, as_text,
-                    length_scale=args.length_scale, time_scale=args.time_scale, seed=seed)
+    if w.workload == "tool_agent":  # the simulator's generated trace, replayed like a Mooncake one
+        return wl.mooncake(ToolAgentTrace(num_requests=n, seed=seed).records(), budget, maker, as_text,
+                           trace_block_tokens=w.trace_block_tokens, time_scale=w.time_scale, seed=seed)
+    if not w.trace:
+        raise ValueError(f"--workload {w.workload} needs --trace PATH")
+    if w.workload == "mooncake":
+        return wl.mooncake(read_mooncake(w.trace, limit=n), budget, maker, as_text,
+                           trace_block_tokens=w.trace_block_tokens, time_scale=w.time_scale, seed=seed)
+    return wl.azure(read_azure(w.trace, limit=n), budget, maker, as_text,
+                    length_scale=w.length_scale, time_scale=w.time_scale, seed=seed)
 
 
-async def run_async(args, cache_salt: str | None = None) -> dict:
+async def run_async(args: argparse.Namespace, cache_salt: str | None = None) -> dict:
+    """Run the load test ``args`` describe; returns {"label", "summary", "requests", "config"}. Raises on bad input."""
+    return await run_bench(config_from_args(args, BENCH_LOAD_SCHEMA), args.label, not args.no_progress, cache_salt)
+
+
+async def run_bench(config: BenchLoadConfig, label: str | None = None, progress: bool = True,
+                    cache_salt: str | None = None) -> dict:
     """Run one load test; returns {"label", "summary", "requests", "config"}. Raises on bad input."""
     from kvmesh.cluster.loadgen.client import measure_tokens_per_word, open_session, preflight
-    from kvmesh.cluster.loadgen.prompts import PromptMaker, sample_text
+    from kvmesh.cluster.loadgen.prompts import sample_text
     from kvmesh.cluster.loadgen.report import summarize
-    from kvmesh.cluster.loadgen.runner import LoadConfig, run_load
+    from kvmesh.cluster.loadgen.runner import run_load
     from kvmesh.cluster.loadgen.session import RequestOptions
     from tqdm import tqdm
 
-    if args.api == "chat" and args.prompt_format != "text":
+    endpoint, w, lo = config.endpoint, config.workload, config.load
+    if endpoint.api == "chat" and endpoint.prompt_format != "text":
         raise ValueError("--api chat needs --prompt-format text (chat messages are text)")
-    concurrency = args.concurrency if args.concurrency is not None else (8 if args.mode == "closed" else 0)
-    load = LoadConfig(mode=args.mode, rate=args.rate, concurrency=concurrency, think_time_s=args.think_time,
-                      max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, duration_s=args.duration)
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    async with open_session(args.url, headers, read_timeout_s=args.timeout) as client:
-        model = await preflight(client, args.url, args.model)
-        tpw = args.tokens_per_word
-        if tpw is None and args.prompt_format == "text":
+    headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+    async with open_session(endpoint.url, headers, read_timeout_s=lo.timeout) as client:
+        model = await preflight(client, endpoint.url, endpoint.model)
+        tpw = w.tokens_per_word
+        if tpw is None and endpoint.prompt_format == "text":
             tpw = await measure_tokens_per_word(client, model, sample_text())
-        maker = PromptMaker(args.vocab_size, tokens_per_word=tpw or 2.0)
-        sessions = build_sessions(args, maker)
-        options = RequestOptions(model, args.api, ignore_eos=not args.no_ignore_eos,
-                                 cache_salt=cache_salt if cache_salt is not None else args.cache_salt)
+        maker = PromptMaker(w.vocab_size, tokens_per_word=tpw or 2.0)
+        sessions = build_sessions(config, maker)
+        options = RequestOptions(model, endpoint.api, ignore_eos=lo.ignore_eos,
+                                 cache_salt=cache_salt if cache_salt is not None else lo.cache_salt)
         total = sum(len(s.turns) for s in sessions)
-        label = args.label or args.workload
-        with tqdm(total=total, desc=f"bench {label}", unit="req", disable=args.no_progress) as bar:
-            results, wall, counters = await run_load(client, sessions, options, maker, load,
+        label = label or w.workload
+        with tqdm(total=total, desc=f"bench {label}", unit="req", disable=not progress) as bar:
+            results, wall, counters = await run_load(client, sessions, options, maker, lo, w,
                                                      on_result=lambda _: bar.update(1))
-    config = {k: v for k, v in vars(args).items() if k not in ("func", "api_key") and not callable(v)}
-    config.update(model=model, tokens_per_word=maker.tokens_per_word, cache_salt=options.cache_salt)
-    return {"label": label, "config": config, "summary": summarize(results, wall, counters),
+    settings = config.flat() | {"label": label, "model": model, "tokens_per_word": maker.tokens_per_word,
+                                "cache_salt": options.cache_salt}
+    return {"label": label, "config": settings, "summary": summarize(results, wall, counters),
             "requests": [r.to_json() for r in sorted(results, key=lambda r: r.start_s)]}
 
 
@@ -149,10 +122,10 @@ def run_parameters(config: dict) -> str:
 
 
 def run_and_write(args) -> int:
-    from kvmesh.cluster.benchmarks.traces import TraceError
     from kvmesh.cluster.loadgen.client import EndpointUnreachable
     from kvmesh.cluster.loadgen.plots import plot_run
     from kvmesh.cluster.loadgen.report import format_summary, write_json
+    from kvmesh.cluster.workloads.traces import TraceError
 
     try:
         run = asyncio.run(run_async(args))
@@ -165,7 +138,7 @@ def run_and_write(args) -> int:
     if not args.no_plot and not _have_matplotlib():
         print("no plot: matplotlib is not installed (pip install 'kvmesh[plots]')", file=sys.stderr)
     elif not args.no_plot:
-        written.append(str(plot_run(run["requests"], f"kvmesh bench load: {run['label']} @ {args.url}",
+        written.append(str(plot_run(run["requests"], f"kvmesh bench load: {run['label']} @ {run['config']['url']}",
                                     Path(args.out).with_suffix(".png"), params=run_parameters(run["config"]),
                                     summary=run["summary"])))
     print("wrote " + " and ".join(written))

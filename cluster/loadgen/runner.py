@@ -2,7 +2,7 @@
 
 Open loop starts each session at its arrival time whether or not earlier ones finished (what
 users do); closed loop keeps ``concurrency`` sessions in flight (what a saturation test does).
-The turns of one session are always sequential, ``think_time_s`` apart.
+The turns of one session are always sequential, ``think_time`` apart (``options.LoadOptions``).
 """
 
 from __future__ import annotations
@@ -11,49 +11,19 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import aiohttp
 from kvmesh.cluster.loadgen.client import RequestResult, send_streaming
+from kvmesh.cluster.loadgen.options import LoadOptions, WorkloadOptions
 from kvmesh.cluster.loadgen.prompts import PromptMaker
 from kvmesh.cluster.loadgen.session import RequestOptions, SessionState
-from kvmesh.cluster.loadgen.workloads import Session
+from kvmesh.cluster.workloads.sessions import Session
 
 
-@dataclass(frozen=True, slots=True)
-class LoadConfig:
-    """How the sessions are sent."""
-
-    mode: str = "closed"
-    """``open`` (arrivals) or ``closed`` (fixed concurrency)."""
-    rate: float | None = None
-    """Open loop: sessions per second (Poisson). None: the sessions' trace timestamps."""
-    concurrency: int = 8
-    """Closed loop: sessions in flight; open loop: cap on requests in flight (0 = none)."""
-    think_time_s: float = 0.0
-    """Pause between the turns of a session."""
-    max_prompt_tokens: int = 384
-    """Multi-turn sessions stop before exceeding this."""
-    seed: int = 0
-    """Poisson arrival seed."""
-    duration_s: float | None = None
-    """Send no new request after this many seconds (in-flight ones finish); None: until the workload ends."""
-
-    def __post_init__(self) -> None:
-        if self.duration_s is not None and not self.duration_s > 0:
-            raise ValueError(f"duration must be > 0 seconds, got {self.duration_s}")
-        if self.mode not in ("open", "closed"):
-            raise ValueError(f"mode must be 'open' or 'closed', got {self.mode!r}")
-        if self.rate is not None and not self.rate > 0:
-            raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
-        if self.concurrency < 0 or (self.mode == "closed" and self.concurrency < 1):
-            raise ValueError(f"concurrency must be >= 1 in closed loop, got {self.concurrency}")
-
-
-def arrival_times(sessions: list[Session], load: LoadConfig) -> list[float]:
-    """Open-loop start times: Poisson at ``rate``, else the sessions' own timestamps."""
+def arrival_times(sessions: list[Session], load: LoadOptions, seed: int) -> list[float]:
+    """Open-loop start times: Poisson at ``rate`` (``seed``), else the sessions' own timestamps."""
     if load.rate is not None:
-        rng = random.Random(load.seed)
+        rng = random.Random(seed)
         t, out = 0.0, []
         for _ in sessions:
             out.append(t)
@@ -66,25 +36,26 @@ def arrival_times(sessions: list[Session], load: LoadConfig) -> list[float]:
 
 
 async def run_load(client: aiohttp.ClientSession, sessions: list[Session], options: RequestOptions,
-                   maker: PromptMaker, load: LoadConfig,
+                   maker: PromptMaker, load: LoadOptions, workload: WorkloadOptions,
                    on_result: Callable[[RequestResult], None] | None = None) -> tuple[list[RequestResult], float, dict]:
     """Send every session; returns (results, wall seconds, counters)."""
     results: list[RequestResult] = []
     counters = {"sessions": len(sessions), "sessions_truncated": 0, "turns_skipped_by_duration": 0}
-    limit = asyncio.Semaphore(load.concurrency) if load.mode == "open" and load.concurrency else None
+    concurrency = load.resolved_concurrency
+    limit = asyncio.Semaphore(concurrency) if load.mode == "open" and concurrency else None
     t0 = time.perf_counter()
 
     def expired() -> bool:
-        return load.duration_s is not None and time.perf_counter() - t0 >= load.duration_s
+        return load.duration is not None and time.perf_counter() - t0 >= load.duration
 
     async def one_session(session: Session) -> None:
-        state = SessionState(session, options, maker, load.max_prompt_tokens)
+        state = SessionState(session, options, maker, workload.max_prompt_tokens)
         for k in range(len(session.turns)):
             if not state.fits(k):
                 counters["sessions_truncated"] += 1
                 return
-            if k and load.think_time_s:
-                await asyncio.sleep(load.think_time_s)
+            if k and load.think_time:
+                await asyncio.sleep(load.think_time)
             if expired():
                 counters["turns_skipped_by_duration"] += len(session.turns) - k
                 return
@@ -109,14 +80,14 @@ async def run_load(client: aiohttp.ClientSession, sessions: list[Session], optio
             while queue and not expired():
                 await one_session(queue.pop())
 
-        await asyncio.gather(*(worker() for _ in range(min(load.concurrency, len(sessions)))))
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(sessions)))))
         counters["turns_skipped_by_duration"] += sum(len(s.turns) for s in queue)
     else:
-        starts = arrival_times(sessions, load)
+        starts = arrival_times(sessions, load, workload.seed)
 
         async def delayed(session: Session, at: float) -> None:
             delay = at - (time.perf_counter() - t0)
-            if load.duration_s is not None and at >= load.duration_s:
+            if load.duration is not None and at >= load.duration:
                 counters["turns_skipped_by_duration"] += len(session.turns)
                 return
             if delay > 0:

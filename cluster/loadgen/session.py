@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvmesh.cluster.loadgen.prompts import PromptMaker
-from kvmesh.cluster.loadgen.workloads import Session, Turn
+from kvmesh.cluster.workloads.sessions import Session, Turn
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,11 +5,11 @@ Model time comes from a cost model (:mod:`.config`); everything else — block h
 LRU eviction, KV events, router keys, prefix matching, policy choice — is the production code.
 Package import is light: nothing here imports torch.
 
-    workloads.py  traces to simulate: synthetic multi-turn, tool agents, Azure prefixes, bursts
     config.py     CostModel (step time) and SimConfig (one run)
     replica.py    SimRequest (trace fields + timeline) and SimReplica (KV cache manager + scheduler)
     router.py     SimRouter: one or several real KVRouters fed in-process, in simulated time
-    run.py        the discrete-event loop (run_policy) and compare_policies over one trace
+    loop.py       the one discrete-event loop (run_policy), a fleet policy (fixed; autoscaled in scaling.py)
+    run.py        compare_policies: several policies over one trace, with the ceilings
     report.py     per-policy summary, gap attribution, hit-rate ceilings, the table and JSON
     plots.py      the report's PNG (matplotlib, imported on use)
     scaling.py    replicas joining and leaving under the autoscaler (``python -m kvmesh.cluster.sim.scaling``)

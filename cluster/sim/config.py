@@ -60,6 +60,9 @@ class CostModel:
 
 ROUTER_SPREADS = ("round_robin", "random")
 
+PolicyArgument = int | float | str | bool | None
+"""A routing policy's keyword argument value, as given on the command line (``--policy-kwargs K=V``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
@@ -116,7 +119,7 @@ class SimConfig:
     """Seconds a session pin lives after its last request (``SessionConfig.ttl_s``)."""
     cost: CostModel = field(default_factory=CostModel)
     """Step-time model (H100-class defaults for an 8B model)."""
-    policy_kwargs: dict = field(default_factory=dict)
+    policy_kwargs: dict[str, PolicyArgument] = field(default_factory=dict)
     """Keyword arguments for every policy built by ``get_policy(name, **policy_kwargs)``
     (a key a policy does not take is dropped for it)."""
 

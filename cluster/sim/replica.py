@@ -23,8 +23,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from kvmesh.cluster.benchmarks.traces import MooncakeRecord
 from kvmesh.cluster.sim.config import SimConfig
+from kvmesh.cluster.workloads.traces import MooncakeRecord
 
 
 @dataclass(slots=True, eq=False)

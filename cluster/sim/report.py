@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from kvmesh.cluster.benchmarks.traces import BlockTokenCache
 from kvmesh.cluster.sim.replica import SimRequest
+from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.sim.run import SimRun
+    from kvmesh.cluster.sim.loop import SimRun
 
 
 def percentiles(values, qs=(50, 90, 99)) -> dict[str, float]:

@@ -18,7 +18,7 @@ import random
 import time
 
 from kvmesh.cluster.sim.config import SimConfig
-from kvmesh.cluster.sim.replica import SimRequest
+from kvmesh.cluster.sim.replica import SimReplica, SimRequest
 
 
 def available_policies() -> list[str]:
@@ -47,7 +47,7 @@ class SimRouter:
     """``num_routers`` real ``KVRouter``s driven in simulated time, plus the dispatch/first-token/
     finish load accounting and the receipts the HTTP front keeps around each of them."""
 
-    def __init__(self, policy: str, config: SimConfig, replicas: list) -> None:
+    def __init__(self, policy: str, config: SimConfig, replicas: list[SimReplica]) -> None:
         from kvmesh.router.kv_router import KVRouter
         from kvmesh.router.receipts import Receipts
         from kvmesh.router.session import SessionConfig
@@ -129,8 +129,22 @@ class SimRouter:
         self.apply_s += time.perf_counter() - t0
         self.num_events += len(events)
 
-    def poll(self, k: int, replicas: list) -> None:
-        """Router ``k`` reads every replica's ``/load`` (as ``RouterRuntime`` polls it)."""
+    def poll(self, k: int, replicas: list[SimReplica]) -> None:
+        """Router ``k`` reads the ``/load`` of every replica it knows (as ``RouterRuntime`` polls it)."""
         loads = self.routers[k].loads.loads
         for rep in replicas:
-            loads[rep.replica_id].update_report(rep.load_report())
+            if rep.replica_id in loads:
+                loads[rep.replica_id].update_report(rep.load_report())
+
+    def add_replica(self, rid: int) -> None:
+        """A replica joins every router: healthy, with an empty tree (a cold cache)."""
+        for router in self.routers:
+            router.add_replica(rid)
+
+    def remove_replica(self, rid: int) -> None:
+        for router in self.routers:
+            router.remove_replica(rid)
+
+    def set_healthy(self, rid: int, healthy: bool) -> None:
+        for router in self.routers:
+            router.set_healthy(rid, healthy)

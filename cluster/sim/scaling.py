@@ -1,13 +1,14 @@
 """Replicas joining and leaving over a trace: the live autoscaler's policy, in simulated time.
 
-The loop is ``run.run_policy``'s (arrivals -> real router -> simulated replicas, events back to the
-index) plus two kinds of events:
+``AutoscaledFleet`` is a fleet policy of the simulator's one loop (``loop.run_policy``), with two
+kinds of events of its own:
 
 - tick (every ``autoscale.decision_interval_s``): the replicas' rows as ``GET /replicas`` gives them (the
   router's in-flight counts and prefill backlog) go to ``cluster.autoscaler.Autoscaler``; "up"
   creates replicas that join the router ``startup_s`` later (a cold cache), "down" drains the
   replica ``cheapest_to_lose`` picks from the index's exclusive blocks (``router/retention.py``);
-- a drained replica with nothing in flight leaves: the router drops it and its replica-seconds stop.
+- join: a started replica joins the router; a drained replica with nothing in flight leaves (the
+  router drops it and its replica-seconds stop).
 
 ``vary_rate`` turns a trace into one whose rate alternates between slow and fast phases, and
 ``compare_with_fixed`` runs it autoscaled and on a fixed fleet sized for the peak (``max_replicas``):
@@ -17,22 +18,18 @@ replica-seconds and TTFT p90 side by side. ``kvmesh sim scaling`` (``python -m k
 from __future__ import annotations
 
 import argparse
-import heapq
-import itertools
 import json
-import time
+import sys
+from collections.abc import Callable
 from dataclasses import replace
 
 from kvmesh.cluster.autoscaler import AutoscaleConfig, Autoscaler, cheapest_to_lose
-from kvmesh.cluster.benchmarks.traces import BlockTokenCache
 from kvmesh.cluster.sim.config import SimConfig
+from kvmesh.cluster.sim.loop import FLEET_EVENT, FLEET_TIMER, Payload, SimRun, Simulation, run_policy
 from kvmesh.cluster.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.sim.report import percentiles, summarize
-from kvmesh.cluster.sim.router import SimRouter
-from kvmesh.cluster.sim.run import SimRun, run_policy
+from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
 from kvmesh.router.retention import exclusive_blocks
-
-_STEP_END, _EVENTS, _TICK, _JOIN = 0, 1, 2, 3
 
 
 def vary_rate(requests: list[SimRequest], period_s: float, slow_factor: float) -> list[SimRequest]:
@@ -46,123 +43,93 @@ def vary_rate(requests: list[SimRequest], period_s: float, slow_factor: float) -
     return sorted(requests, key=lambda r: r.arrival_s)
 
 
-def run_autoscaled(policy: str, requests: list[SimRequest], config: SimConfig, blocks_per_replica: int,
-                   tokens: BlockTokenCache, autoscale: AutoscaleConfig, startup_s: float) -> SimRun:
-    """``run_policy`` with ``autoscale.min_replicas`` replicas to start and the autoscaler deciding."""
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    seed = config.seed.to_bytes(8, "big") * 4
-    replicas = [SimReplica(i, blocks_per_replica, config, seed) for i in range(autoscale.min_replicas)]
-    router = SimRouter(policy, config, replicas)
-    kv = router.router
-    scaler = Autoscaler(autoscale)
-    born = {rep.replica_id: 0.0 for rep in replicas}   # replica -> when it was asked for
-    gone: dict[int, float] = {}                          # replica -> when it left
-    starting: set[int] = set()
-    draining: set[int] = set()
-    timeline: list[tuple[float, int]] = [(0.0, len(replicas))]
-    decisions: list[dict] = []
-    heap: list[tuple[float, int, int, object]] = []
-    order = itertools.count()
+class AutoscaledFleet:
+    """``autoscale.min_replicas`` replicas to start, then the autoscaler deciding (see the module doc)."""
 
-    def push(at: float, kind: int, payload: object) -> None:
-        heapq.heappush(heap, (at, next(order), kind, payload))
+    def __init__(self, autoscale: AutoscaleConfig, startup_s: float) -> None:
+        self.autoscale = autoscale
+        self.startup_s = startup_s
+        self.scaler = Autoscaler(autoscale)
+        self.born: dict[int, float] = {}   # replica -> when it was asked for
+        self.gone: dict[int, float] = {}   # replica -> when it left
+        self.starting: set[int] = set()
+        self.draining: set[int] = set()
+        self.timeline: list[tuple[float, int]] = []
+        self.decisions: list[dict] = []
 
-    def flush(rep: SimReplica, now: float) -> None:
-        events = rep.take_events()
-        if events:
-            if config.event_delay_s == 0:
-                router.apply(rep.replica_id, events)
-            else:
-                push(now + config.event_delay_s, _EVENTS, (rep.replica_id, events))
+    def initial_replicas(self, config: SimConfig) -> int:
+        return self.autoscale.min_replicas
 
-    def start(rep: SimReplica, now: float) -> None:
-        step = rep.schedule(now)
-        flush(rep, now)
-        if step is not None:
-            push(step.end_s, _STEP_END, (rep, rep.version))
+    def begin(self, sim: Simulation) -> None:
+        self.born = {rep.replica_id: 0.0 for rep in sim.replicas}
+        self.timeline.append((0.0, len(sim.replicas)))
+        sim.push(self.autoscale.decision_interval_s, FLEET_TIMER, None)
 
-    def live() -> list[int]:
-        return [rid for rid in born if rid not in gone]
+    def live(self) -> list[int]:
+        return [rid for rid in self.born if rid not in self.gone]
 
-    def leave_if_drained(rid: int, now: float) -> None:
-        if rid in draining and replicas[rid].num_in_flight == 0:
-            draining.discard(rid)
-            kv.remove_replica(rid)
-            gone[rid] = now
-            timeline.append((now, len(live())))
+    def on_event(self, sim: Simulation, now: float, kind: int, payload: Payload) -> None:
+        if kind == FLEET_EVENT:  # a started replica joins: healthy, with an empty tree (a cold cache)
+            assert isinstance(payload, int)
+            self.starting.discard(payload)
+            sim.router.add_replica(payload)
+            return
+        self.tick(sim, now)
+        sim.push(now + self.autoscale.decision_interval_s, FLEET_TIMER, None)
 
-    def tick(now: float) -> None:
+    def after_step(self, sim: Simulation, rep: SimReplica, now: float) -> None:
+        self.leave_if_drained(sim, rep.replica_id, now)
+
+    def leave_if_drained(self, sim: Simulation, rid: int, now: float) -> None:
+        if rid in self.draining and sim.replicas[rid].num_in_flight == 0:
+            self.draining.discard(rid)
+            sim.router.remove_replica(rid)
+            self.gone[rid] = now
+            self.timeline.append((now, len(self.live())))
+
+    def tick(self, sim: Simulation, now: float) -> None:
+        kv = sim.router.router
         loads = kv.loads.loads
         rows = [{"id": rid, "in_flight": loads[rid].in_flight if rid in loads else 0,
                  "prefill_backlog": loads[rid].prefill_backlog if rid in loads else 0,
-                 "draining": rid in draining} for rid in live()]
-        decision = scaler.observe(now, rows)
+                 "draining": rid in self.draining} for rid in self.live()]
+        decision = self.scaler.observe(now, rows)
         if decision is None:
             return
+        victim = None
         if decision.action == "up":
             for _ in range(decision.target - decision.current):
-                rep = SimReplica(len(replicas), blocks_per_replica, config, seed)
-                replicas.append(rep)
-                born[rep.replica_id] = now
-                starting.add(rep.replica_id)
-                push(now + startup_s, _JOIN, rep.replica_id)
-            victim = None
+                rep = sim.new_replica()
+                self.born[rep.replica_id] = now
+                self.starting.add(rep.replica_id)
+                sim.push(now + self.startup_s, FLEET_EVENT, rep.replica_id)
         else:
-            candidates = [r for r in rows if not r["draining"] and r["id"] not in starting]
+            candidates = [r for r in rows if not r["draining"] and r["id"] not in self.starting]
             if not candidates:
                 return
             exclusive = exclusive_blocks(kv)
             victim = cheapest_to_lose([{**r, "exclusive_blocks": exclusive.get(r["id"], 0)} for r in candidates])
-            draining.add(victim)
-            kv.set_healthy(victim, False)
-            leave_if_drained(victim, now)
-        decisions.append({**decision.as_dict(), "victim": victim})
-        timeline.append((now, len(live())))
+            self.draining.add(victim)
+            sim.router.set_healthy(victim, False)
+            self.leave_if_drained(sim, victim, now)
+        self.decisions.append({**decision.as_dict(), "victim": victim})
+        self.timeline.append((now, len(self.live())))
 
-    i, n = 0, len(requests)
-    push(autoscale.decision_interval_s, _TICK, None)
-    while i < n or any(kind != _TICK for _, _, kind, _ in heap):
-        if i < n and (not heap or requests[i].arrival_s <= heap[0][0]):
-            req = requests[i]
-            i += 1
-            req.all_token_ids = tokens.prompt(req.hash_ids, req.num_prompt_tokens)
-            rep = replicas[router.route(req)]
-            rep.add(req)
-            if rep.step is None:
-                start(rep, req.arrival_s)
-            else:
-                new_end = rep.interrupt(req.arrival_s)
-                if new_end is not None:
-                    push(new_end, _STEP_END, (rep, rep.version))
-            continue
-        now, _, kind, payload = heapq.heappop(heap)
-        if kind == _EVENTS:
-            router.apply(*payload)
-        elif kind == _TICK:
-            tick(now)
-            push(now + autoscale.decision_interval_s, _TICK, None)
-        elif kind == _JOIN:
-            starting.discard(payload)
-            kv.add_replica(payload)  # healthy, with an empty tree: a cold replica
-        else:
-            rep, version = payload
-            if version != rep.version:
-                continue
-            first, finished = rep.complete_step(now)
-            router.on_first_tokens(rep.replica_id, first)
-            router.on_finished(rep.replica_id, finished)
-            flush(rep, now)
-            start(rep, now)
-            leave_if_drained(rep.replica_id, now)
-    end = max(r.finished_s for r in requests)
-    replica_s = sum(gone.get(rid, end) - t for rid, t in born.items())
-    run = SimRun(policy, requests, replicas, router, time.perf_counter() - wall0, time.process_time() - cpu0)
-    run.extra = {"replica_seconds": replica_s, "timeline": timeline, "decisions": decisions, "left": gone,
-                 "max_live": max(count for _, count in timeline)}
-    return run
+    def extra(self, sim: Simulation) -> dict:
+        end = max(r.finished_s for r in sim.requests)
+        replica_s = sum(self.gone.get(rid, end) - t for rid, t in self.born.items())
+        return {"replica_seconds": replica_s, "timeline": self.timeline, "decisions": self.decisions,
+                "left": self.gone, "max_live": max(count for _, count in self.timeline)}
 
 
-def compare_with_fixed(requests_of, config: SimConfig, blocks_per_replica: int, tokens: BlockTokenCache,
+def run_autoscaled(policy: str, requests: list[SimRequest], config: SimConfig, blocks_per_replica: int,
+                   tokens: BlockTokenCache, autoscale: AutoscaleConfig, startup_s: float) -> SimRun:
+    """``run_policy`` on an ``AutoscaledFleet``."""
+    return run_policy(policy, requests, config, blocks_per_replica, tokens,
+                      fleet=AutoscaledFleet(autoscale, startup_s))
+
+
+def compare_with_fixed(requests_of: Callable[[], list[SimRequest]], config: SimConfig, blocks_per_replica: int, tokens: BlockTokenCache,
                        autoscale: AutoscaleConfig, startup_s: float, policy: str = "cache_aware") -> dict:
     """Autoscaled vs a fixed fleet of ``max_replicas``: replica-seconds, TTFT p90, hit rate."""
     fixed = run_policy(policy, requests_of(), replace(config, num_replicas=autoscale.max_replicas),
@@ -183,44 +150,35 @@ def compare_with_fixed(requests_of, config: SimConfig, blocks_per_replica: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvmesh.cluster.benchmarks.traces import read_mooncake
+    from kvmesh.cluster.config_cli import ConfigError, add_config_arguments, config_from_args
+    from kvmesh.cluster.config_schema import to_dict
+    from kvmesh.cluster.sim.options import SCALING_SCHEMA, ScalingCommandConfig
     from kvmesh.cluster.sim.replica import cut_trace, requests_from_mooncake
     from kvmesh.cluster.sim.run import blocks_per_replica
+    from kvmesh.cluster.workloads.traces import TraceError, read_mooncake
 
     ap = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh sim scaling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default="../shared/traces/mooncake_synthetic_trace.jsonl")
-    ap.add_argument("--limit", type=int, default=None, help="first N requests of the trace")
-    ap.add_argument("--time-scale", type=float, default=1.0, help="arrival times x this (lower = faster)")
-    ap.add_argument("--period", type=float, default=60.0, help="seconds of trace per slow and per fast phase")
-    ap.add_argument("--slow-factor", type=float, default=4.0, help="slow phases run at 1/this of the rate")
-    ap.add_argument("--min-replicas", type=int, default=1)
-    ap.add_argument("--max-replicas", type=int, default=8)
-    ap.add_argument("--target-in-flight", type=float, default=32.0)
-    ap.add_argument("--target-prefill-tokens", type=int, default=0,
-                    help="queued prefill tokens per replica to aim for (0 = in flight only)")
-    ap.add_argument("--upscale-delay", type=float, default=5.0)
-    ap.add_argument("--downscale-delay", type=float, default=30.0)
-    ap.add_argument("--startup", type=float, default=30.0, help="seconds from a scale-up to the replica serving")
-    ap.add_argument("--capacity-fraction", type=float, default=0.25)
-    ap.add_argument("--out", default="results/sim_scaling.json")
+    add_config_arguments(ap, SCALING_SCHEMA, config_file=False)
+    ap.add_argument("--out", default="results/sim_scaling.json", help="JSON report path (default: %(default)s)")
     args = ap.parse_args(argv)
-    records = cut_trace(read_mooncake(args.trace), 0, args.limit)
-    config = SimConfig(num_replicas=args.max_replicas, capacity_fraction=args.capacity_fraction,
-                       time_scale=args.time_scale)
-    autoscale = AutoscaleConfig(scale_with_load=True, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                                target_in_flight=args.target_in_flight,
-                                target_queued_prefill_tokens=args.target_prefill_tokens, upscale_delay_s=args.upscale_delay,
-                                downscale_delay_s=args.downscale_delay)
+    try:
+        command: ScalingCommandConfig = config_from_args(args, SCALING_SCHEMA)
+        s, autoscale = command.scaling, command.autoscale
+        records = cut_trace(read_mooncake(s.trace), 0, s.limit)
+    except (ConfigError, TraceError) as e:
+        print(f"kvmesh sim scaling: {e}", file=sys.stderr)
+        return 2
+    config = replace(command.sim, num_replicas=autoscale.max_replicas)
     per_replica = blocks_per_replica(config, records)
     tokens = BlockTokenCache(config.block_size, config.vocab_size, config.seed)
 
-    def requests_of():
-        return vary_rate(requests_from_mooncake(records, config.time_scale, config.block_size),
-                         args.period, args.slow_factor)
+    def requests_of() -> list[SimRequest]:
+        return vary_rate(requests_from_mooncake(records, config.time_scale, config.block_size), s.period,
+                         s.slow_factor)
 
-    report = {"args": vars(args), "blocks_per_replica": per_replica,
-              **compare_with_fixed(requests_of, config, per_replica, tokens, autoscale, args.startup)}
+    report = {"args": to_dict(command) | {"out": args.out}, "blocks_per_replica": per_replica,
+              **compare_with_fixed(requests_of, config, per_replica, tokens, autoscale, s.startup, s.policy)}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     for name in ("fixed_peak", "autoscaled"):

@@ -2,7 +2,8 @@
 
 import pytest
 from kvmesh.cluster.benchmarks import kvcache as bench
-from kvmesh.cluster.benchmarks.traces import BlockTokenCache, read_mooncake
+from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
+from kvmesh.cluster.workloads.traces import read_mooncake
 
 
 @pytest.fixture(scope="module")

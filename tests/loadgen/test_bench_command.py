@@ -35,3 +35,14 @@ def test_unknown_target_names_the_choices(capsys):
     assert main(["bench", "nonesuch"]) == 2
     err = capsys.readouterr().err
     assert "unknown target 'nonesuch'" in err and "load" in err
+
+
+def test_bench_load_flags_are_the_documented_fields_of_its_dataclasses():
+    from kvmesh.cluster.config_cli import config_from_args
+    from kvmesh.cluster.loadgen.load import build_parser
+    from kvmesh.cluster.loadgen.options import BENCH_LOAD_SCHEMA
+
+    assert all(o.doc for o in BENCH_LOAD_SCHEMA.options), [o.dotted for o in BENCH_LOAD_SCHEMA.options if not o.doc]
+    args = build_parser().parse_args(["--workload", "rag", "--num-documents", "3", "--no-ignore-eos"])
+    config = config_from_args(args, BENCH_LOAD_SCHEMA, env={})
+    assert (config.workload.workload, config.workload.num_documents, config.load.ignore_eos) == ("rag", 3, False)

@@ -92,3 +92,12 @@ async def test_azure_replay_uses_trace_lengths_within_budget(fake_server, tmp_pa
     assert run["summary"]["ok"] == 2
     sizes = sorted((len(b["prompt"]), b["max_tokens"]) for b in fake_server.state.requests)
     assert sizes == [(40, 3), (64, 5)]
+
+
+async def test_tool_agent_replays_the_simulators_generated_trace(fake_server):
+    run = await run_async(_args(fake_server.url, "--workload", "tool_agent", "--num-requests", "12",
+                                "--max-prompt-tokens", "512", "--max-tokens", "2"))
+    assert run["summary"]["ok"] == 12
+    prompts = [b["prompt"] for b in fake_server.state.requests]
+    # branches of one step share the agent's whole trajectory: long common prefixes, served from cache
+    assert run["summary"]["cached_token_share"] > 0.5 and all(len(p) <= 512 for p in prompts)

@@ -6,19 +6,18 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.server import RouterServer
 
-FAKE = Path(__file__).with_name("fake_replica.py")
+FAKE = "kvmesh.cluster.benchmarks.fake_replica"
 BLOCK_SIZE = 4
 
 
 class FakeProc:
-    """A fake replica process (fake_replica.py) that can be killed and restarted on the same ports."""
+    """A fake replica process (kvmesh.cluster.benchmarks.fake_replica) that can be killed and restarted on the same ports."""
 
     def __init__(self, name: str):
         self.name = name
@@ -29,8 +28,8 @@ class FakeProc:
     def launch(self) -> FakeProc:
         http, ev, rp = self.ports
         self.proc = subprocess.Popen(
-            [sys.executable, str(FAKE), "--name", self.name, "--port", str(http), "--event-port", str(ev),
-             "--replay-port", str(rp), "--block-size", str(BLOCK_SIZE)],
+            [sys.executable, "-m", FAKE, "--name", self.name, "--port", str(http), "--event-port", str(ev),
+             "--replay-port", str(rp), "--block-size", str(BLOCK_SIZE), "--num-blocks", "256"],
             stdout=subprocess.PIPE, text=True)
         return self
 

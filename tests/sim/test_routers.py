@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvmesh.cluster.benchmarks.traces import BlockTokenCache, MooncakeRecord
 from kvmesh.cluster.sim.config import SimConfig
 from kvmesh.cluster.sim.replica import requests_from_mooncake
 from kvmesh.cluster.sim.router import SimRouter
 from kvmesh.cluster.sim.run import compare_policies, run_policy
-from kvmesh.cluster.sim.workloads import SyntheticTrace
+from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
+from kvmesh.cluster.workloads.generated import SyntheticTrace
+from kvmesh.cluster.workloads.traces import MooncakeRecord
 from kvmesh.kvcache.hashing import external_hash
 
 CFG = SimConfig(num_replicas=4, block_size=32, blocks_per_replica=16, max_num_batched_tokens=256)

@@ -36,3 +36,19 @@ def test_sim_rejects_unknown_policy_and_cost_field(mooncake_trace, tmp_path, cap
     assert "unknown policies ['cache_awar']" in capsys.readouterr().err
     assert main([*args, "--cost", "prefill_per_token=1"]) == 2
     assert "unknown CostModel field" in capsys.readouterr().err
+
+
+def test_sim_flags_are_the_documented_fields_of_its_dataclasses():
+    import argparse
+
+    from kvmesh.cluster.config_cli import add_config_arguments, config_from_args
+    from kvmesh.cluster.sim.options import SCALING_SCHEMA, SIM_SCHEMA
+
+    for schema in (SIM_SCHEMA, SCALING_SCHEMA):
+        assert all(o.doc for o in schema.options), [o.dotted for o in schema.options if not o.doc]
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, SIM_SCHEMA, config_file=False)
+    command = config_from_args(parser.parse_args(["--vocab-size", "300", "--no-ceilings", "--cost", "step_overhead_s=0.01"]),
+                               SIM_SCHEMA, env={})
+    assert (command.sim.vocab_size, command.compare.ceilings, command.compare.cost) == (300, False,
+                                                                                        {"step_overhead_s": 0.01})

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 from kvmesh.cluster.autoscaler import AutoscaleConfig
-from kvmesh.cluster.benchmarks.traces import BlockTokenCache, read_mooncake
 from kvmesh.cluster.sim.config import SimConfig
 from kvmesh.cluster.sim.replica import SimRequest, cut_trace, requests_from_mooncake
 from kvmesh.cluster.sim.run import blocks_per_replica
 from kvmesh.cluster.sim.scaling import compare_with_fixed, run_autoscaled, vary_rate
+from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
+from kvmesh.cluster.workloads.traces import read_mooncake
 
 AUTOSCALE = AutoscaleConfig(scale_with_load=True, min_replicas=1, max_replicas=6, target_in_flight=32,
                             upscale_delay_s=5, downscale_delay_s=30)
@@ -63,7 +64,7 @@ def test_kvmesh_sim_scaling_writes_the_comparison(mooncake_trace, tmp_path, caps
 
     out = tmp_path / "scaling.json"
     assert main(["sim", "scaling", "--trace", str(mooncake_trace), "--limit", "300", "--max-replicas", "4",
-                 "--target-in-flight", "16", "--target-prefill-tokens", "16384", "--out", str(out)]) == 0
+                 "--target-in-flight", "16", "--target-queued-prefill-tokens", "16384", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["fixed_peak"]["num_requests"] == report["autoscaled"]["num_requests"] == 300
     assert report["autoscaled"]["replica_seconds"] < report["fixed_peak"]["replica_seconds"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvmesh.cluster.sim.replica import requests_from_mooncake
 from kvmesh.cluster.sim.report import infinite_hit_rate
-from kvmesh.cluster.sim.workloads import SyntheticTrace
+from kvmesh.cluster.workloads.generated import SyntheticTrace
 
 
 def test_turns_extend_their_conversation_and_tenants_share_system_prompts():

@@ -6,11 +6,11 @@ import json
 from collections import defaultdict
 
 import pytest
-from kvmesh.cluster.benchmarks.traces import AzureRecord, MooncakeRecord
 from kvmesh.cluster.cli import main
 from kvmesh.cluster.sim.replica import requests_from_mooncake
 from kvmesh.cluster.sim.report import infinite_hit_rate
-from kvmesh.cluster.sim.workloads import AzurePrefixes, ToolAgentTrace, bursty
+from kvmesh.cluster.workloads.generated import AzurePrefixes, ToolAgentTrace, bursty
+from kvmesh.cluster.workloads.traces import AzureRecord, MooncakeRecord
 
 
 def test_tool_agent_branches_fork_from_one_trajectory_at_each_step():

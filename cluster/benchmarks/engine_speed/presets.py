@@ -11,7 +11,9 @@ run takes seconds (and CI, with a smaller workload still, can run it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+HFConfigValue = str | int | float | bool
+"""A value of a Hugging Face config field (the presets set only scalars)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +22,7 @@ class Preset:
 
     name: str
     """Registry name (``--preset``)."""
-    hf_config: tuple[tuple[str, Any], ...]
+    hf_config: tuple[tuple[str, HFConfigValue], ...]
     """The model's Hugging Face config fields (Llama), as pairs so the preset stays hashable."""
     num_requests: int
     """Requests of the throughput workload, all submitted at once."""
@@ -40,12 +42,12 @@ class Preset:
     """Static batch size of the Hugging Face ``generate`` baseline."""
 
     @property
-    def config(self) -> dict[str, Any]:
+    def config(self) -> dict[str, HFConfigValue]:
         return dict(self.hf_config)
 
 
-def _llama(**fields: Any) -> tuple[tuple[str, Any], ...]:
-    base = dict(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0,
+def _llama(**fields: HFConfigValue) -> tuple[tuple[str, HFConfigValue], ...]:
+    base: dict[str, HFConfigValue] = dict(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0,
                 bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="bfloat16")
     return tuple(sorted({**base, **fields}.items()))
 

@@ -1,7 +1,7 @@
 """Readers for public request traces: Mooncake ``hash_ids`` JSONL and Azure LLM inference CSV.
 
-Shared by the load generator (``kvmesh bench load``), the simulator (``kvmesh sim``) and the
-component benchmarks. Pure stdlib + numpy; no torch.
+Read by the load generator (``kvmesh bench load``), the simulator (``kvmesh sim``) and the
+component benchmarks. Pure stdlib; no torch.
 
 Mooncake (FAST'25) lines look like::
 
@@ -9,7 +9,7 @@ Mooncake (FAST'25) lines look like::
 
 ``timestamp`` is in milliseconds; one hash id names one 512-token block of the prompt
 (``len(hash_ids) == ceil(input_length / 512)``). Ids are chained: two requests share a prefix
-exactly as far as their ``hash_ids`` agree. :func:`block_token_ids` turns an id into a
+exactly as far as their ``hash_ids`` agree. ``block_tokens.block_token_ids`` turns an id into a
 deterministic block of token ids, so the prefix structure survives a replay through a real
 tokenizer-free engine or router at any engine block size that divides the trace block size.
 
@@ -28,8 +28,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-
-import numpy as np
 
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id in the published Mooncake traces
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -184,57 +182,3 @@ def read_azure(path: str | Path, limit: int | None = None) -> list[AzureRecord]:
     records = [AzureRecord((t - t0).total_seconds(), c, g) for t, (c, g) in zip(times, lengths, strict=True)]
     records.sort(key=lambda r: r.arrival_s)
     return records
-
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finalizer, vectorized (uint64 arithmetic wraps)."""
-    x = x + _GOLDEN
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def block_token_ids(hash_id: int, block_tokens: int, vocab_size: int, seed: int = 0,
-                    first_token_id: int = 3) -> np.ndarray:
-    """Deterministic token ids for one trace block: the same id always gives the same tokens.
-
-    Ids are drawn from ``[first_token_id, vocab_size)`` (skipping the usual special tokens
-    0..2) by a counter-based generator (SplitMix64 of ``(seed, hash_id, position)``): ~10 us
-    per 512-token block, no PRNG object per block. Returns ``# [block_tokens]`` int64.
-    """
-    if vocab_size <= first_token_id:
-        raise ValueError(f"vocab_size {vocab_size} must exceed first_token_id {first_token_id}")
-    # 1-element arrays, not scalars: numpy wraps array arithmetic silently.
-    key = _splitmix64(np.array([seed & (2**64 - 1)], dtype=np.uint64))
-    base = _splitmix64(key ^ np.uint64(hash_id & (2**64 - 1)))
-    x = _splitmix64(base + np.arange(block_tokens, dtype=np.uint64) * _GOLDEN)
-    return (x % np.uint64(vocab_size - first_token_id)).astype(np.int64) + first_token_id
-
-
-class BlockTokenCache:
-    """Memoizes :func:`block_token_ids` per hash id (uint16/int32 arrays: 1 KiB per 512-token block)."""
-
-    def __init__(self, block_tokens: int, vocab_size: int, seed: int = 0):
-        self.block_tokens = block_tokens
-        self.vocab_size = vocab_size
-        self.seed = seed
-        self._dtype = np.uint16 if vocab_size <= 1 << 16 else np.int32
-        self._blocks: dict[int, np.ndarray] = {}
-
-    def block(self, hash_id: int) -> np.ndarray:
-        arr = self._blocks.get(hash_id)
-        if arr is None:
-            arr = block_token_ids(hash_id, self.block_tokens, self.vocab_size, self.seed).astype(self._dtype)
-            self._blocks[hash_id] = arr
-        return arr
-
-    def prompt(self, hash_ids: tuple[int, ...] | list[int], num_tokens: int) -> list[int]:
-        """The prompt's token ids: the blocks of ``hash_ids`` concatenated, cut to ``num_tokens``."""
-        need = math.ceil(num_tokens / self.block_tokens)
-        if need > len(hash_ids):
-            raise ValueError(f"{num_tokens} tokens need {need} blocks of {self.block_tokens}, got {len(hash_ids)}")
-        parts = [self.block(h) for h in hash_ids[:need]]
-        return np.concatenate(parts)[:num_tokens].tolist()

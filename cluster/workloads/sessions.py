@@ -7,6 +7,8 @@ rag            shared instructions + a document from a pool (unique by default) 
 random         unrelated random prompts of random length
 mooncake       trace replay: one ``trace_block_tokens`` block per hash id (prefixes preserved)
 azure          trace replay: arrival times and lengths (no shared prefixes)
+tool_agent     replay of the simulator's generated tool-agent trace (``generated.ToolAgentTrace``):
+               the same workload ``kvmesh sim --workload tool_agent`` simulates, sent to a real endpoint
 =============  ==================================================================================
 
 Sizes are in tokens. Single-turn sessions keep ``prompt <= max_prompt_tokens``; multi-turn
@@ -18,10 +20,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from kvmesh.cluster.benchmarks.traces import AzureRecord, MooncakeRecord
 from kvmesh.cluster.loadgen.prompts import PromptMaker, join
+from kvmesh.cluster.workloads.traces import AzureRecord, MooncakeRecord
 
-WORKLOADS = ("chatbot", "multi_turn", "rag", "random", "mooncake", "azure")
+WORKLOADS = ("chatbot", "multi_turn", "rag", "random", "mooncake", "azure", "tool_agent")
 
 
 @dataclass(slots=True)

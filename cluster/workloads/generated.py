@@ -30,7 +30,7 @@ import math
 import random
 from dataclasses import dataclass, replace
 
-from kvmesh.cluster.benchmarks.traces import MOONCAKE_BLOCK_TOKENS, AzureRecord, MooncakeRecord
+from kvmesh.cluster.workloads.traces import MOONCAKE_BLOCK_TOKENS, AzureRecord, MooncakeRecord
 
 
 @dataclass(frozen=True, slots=True)

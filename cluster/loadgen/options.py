@@ -1,0 +1,135 @@
+"""``kvmesh bench load``'s settings: the endpoint, the workload and how it is sent, one dataclass each;
+its flags (``--url``, ``--workload``, ``--mode`` ...) are derived from them (``config_cli``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from kvmesh.cluster.config_schema import Schema
+from kvmesh.cluster.workloads.sessions import WORKLOADS
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointOptions:
+    """The OpenAI-compatible endpoint under test (a router, a replica, any server)."""
+
+    url: str = "http://127.0.0.1:8000"
+    """OpenAI endpoint base URL."""
+    model: str | None = None
+    """Model name (default: the first of GET /v1/models)."""
+    api_key: str | None = field(default=None, repr=False, metadata={"cli": True})
+    """Bearer token for servers started with --api-key."""
+    api: str = "completions"
+    """``completions`` or ``chat``."""
+    prompt_format: str = "tokens"
+    """``tokens``: token-id lists (exact lengths, completions only); ``text``: words."""
+
+    def __post_init__(self) -> None:
+        _choice("api", self.api, ("completions", "chat"))
+        _choice("prompt_format", self.prompt_format, ("tokens", "text"))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadOptions:
+    """What is sent: a generated workload or a trace replay (``cluster/workloads/sessions.py``)."""
+
+    workload: str = "chatbot"
+    """chatbot, multi_turn, rag, random, mooncake, azure or tool_agent (cluster/workloads/sessions.py)."""
+    num_requests: int = 64
+    """Requests (sessions for multi_turn); traces: the first N records."""
+    max_prompt_tokens: int = 384
+    """Token budget of a prompt; keep prompt + --max-tokens within the model's context."""
+    max_tokens: int = 32
+    """Tokens generated per request."""
+    num_prefixes: int = 4
+    """chatbot: distinct system prompts."""
+    system_share: float | None = None
+    """Share of the budget taken by the system prompt (default: chatbot 0.75, multi_turn 0.25)."""
+    turns: int = 4
+    """multi_turn: turns per conversation."""
+    num_documents: int | None = None
+    """rag: document pool size (default: a unique document per request)."""
+    trace: str | None = None
+    """Mooncake JSONL or Azure CSV (workloads mooncake / azure)."""
+    trace_block_tokens: int = 16
+    """mooncake: tokens generated per hash_id (trace blocks are 512)."""
+    length_scale: float = 1.0
+    """azure: multiply the trace's lengths."""
+    time_scale: float = 1.0
+    """Traces: multiply timestamps (0.5 = 2x the rate)."""
+    vocab_size: int = 512
+    """Token ids are drawn below this."""
+    tokens_per_word: float | None = None
+    """Text prompts: tokens per word (default: measured with POST /tokenize, else 2.0)."""
+    seed: int = 0
+    """Seed of the generated prompts and of Poisson arrivals."""
+
+    def __post_init__(self) -> None:
+        _choice("workload", self.workload, WORKLOADS)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """How the sessions are sent (``loadgen/runner.py``)."""
+
+    mode: str = "closed"
+    """``open`` (arrivals) or ``closed`` (fixed concurrency)."""
+    rate: float | None = None
+    """Open loop: sessions/s, Poisson (default for traces: their timestamps)."""
+    concurrency: int | None = None
+    """Closed loop: sessions in flight (default 8); open loop: cap on requests in flight (default 0 = none)."""
+    duration: float | None = None
+    """Seconds after which no new request is sent (in-flight ones finish); default: until the workload ends."""
+    think_time: float = 0.0
+    """Seconds between the turns of a session."""
+    timeout: float = 300.0
+    """Per-request timeout in seconds."""
+    cache_salt: str | None = None
+    """Send this cache_salt with every request."""
+    ignore_eos: bool = True
+    """Send ignore_eos (--no-ignore-eos for strict OpenAI servers)."""
+
+    def __post_init__(self) -> None:
+        _choice("mode", self.mode, ("open", "closed"))
+        if self.duration is not None and not self.duration > 0:
+            raise ValueError(f"duration must be > 0 seconds, got {self.duration}")
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
+        if self.concurrency is not None and (self.concurrency < 0 or (self.mode == "closed" and self.concurrency < 1)):
+            raise ValueError(f"concurrency must be >= 1 in closed loop, got {self.concurrency}")
+
+    @property
+    def resolved_concurrency(self) -> int:
+        """``concurrency``, or its default: 8 sessions in closed loop, no cap in open loop."""
+        if self.concurrency is not None:
+            return self.concurrency
+        return 8 if self.mode == "closed" else 0
+
+
+@dataclass(frozen=True, slots=True)
+class BenchLoadConfig:
+    """One load test."""
+
+    endpoint: EndpointOptions = field(default_factory=EndpointOptions)
+    """The endpoint under test."""
+    workload: WorkloadOptions = field(default_factory=WorkloadOptions)
+    """What is sent."""
+    load: LoadOptions = field(default_factory=LoadOptions)
+    """How it is sent."""
+
+    def flat(self) -> dict[str, object]:
+        """Every setting by its field name (the run's ``config`` in the report), the API key left out."""
+        out: dict[str, object] = {}
+        for section in (self.endpoint, self.workload, self.load):
+            out.update(dataclasses.asdict(section))
+        out.pop("api_key")
+        return out
+
+
+BENCH_LOAD_SCHEMA = Schema(BenchLoadConfig)

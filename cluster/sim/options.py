@@ -1,0 +1,141 @@
+"""``kvmesh sim``'s and ``kvmesh sim scaling``'s settings: the simulated cluster (``SimConfig``), the workload
+and the comparison (the autoscaler and the varying rate), one dataclass each; their flags
+(``--num-replicas``, ``--workload``, ``--max-replicas`` ...) are derived from them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvmesh.cluster.autoscaler import AutoscaleConfig
+from kvmesh.cluster.config_schema import Schema
+from kvmesh.cluster.sim.config import SimConfig
+
+DEFAULT_TRACE = "mooncake_synthetic_trace.jsonl"
+WORKLOADS = ("mooncake", "multi_turn", "tool_agent", "azure_conv", "azure_code")
+SESSION_MODES: dict[str, dict[str, bool]] = {
+    "off": {" ": False}, "on": {"/sessions": True}, "both": {"/no-sessions": False, "/sessions": True}}
+"""``--sessions`` mode -> {label suffix: whether the run passes session ids}."""
+
+
+def default_trace(name: str = DEFAULT_TRACE) -> str:
+    """``$KVMESH_SHARED_DIR/traces/NAME`` (default: the checkout's sibling ``shared/``)."""
+    shared = os.environ.get("KVMESH_SHARED_DIR")
+    root = Path(shared) if shared else Path(__file__).resolve().parents[2].parent / "shared"
+    return str(root / "traces" / name)
+
+
+@dataclass(frozen=True, slots=True)
+class SimWorkloadOptions:
+    """The requests to simulate: a trace, a generated workload, a window of it, bursts."""
+
+    workload: str = "mooncake"
+    """mooncake: --trace; multi_turn, tool_agent: generated (--num-requests); azure_conv, azure_code: the Azure
+    trace's arrivals and lengths with generated shared prefixes (cluster/workloads/generated.py)."""
+    trace: str = field(default_factory=default_trace)
+    """Mooncake JSONL trace."""
+    synthetic: int | None = None
+    """Simulate N generated multi-turn requests instead of --trace (cluster/workloads/generated.py)."""
+    synthetic_rate: float = 1.0
+    """Conversations (multi_turn) or agents (tool_agent) started per second."""
+    num_requests: int = 2000
+    """Requests of a generated workload."""
+    burst: float = 0.0
+    """Warp arrivals into bursts of this factor x the mean rate (0 = off; burst * --burst-duty < 1)."""
+    burst_duty: float = 0.2
+    """Fraction of each burst period that bursts."""
+    burst_period: float = 60.0
+    """Seconds between burst starts."""
+    start: int = 0
+    """Skip the first N requests (a window of the trace)."""
+    limit: int | None = None
+    """Use only N requests (from --start)."""
+    max_prompt_blocks: int | None = None
+    """Truncate prompts to this many hash ids (keeps prefixes; for quick cuts)."""
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}; got {self.workload!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SimCompareOptions:
+    """Which runs are compared, and how the simulated cluster is adjusted for them."""
+
+    policies: str | None = None
+    """Comma-separated routing policies (default: every registered policy)."""
+    sessions: str = "off"
+    """Pass the workload's session ids to the router: off, on, or both side by side."""
+    miniature: int = 1
+    """Divide every token count by this and multiply per-token costs by it: same model time, that many
+    times less hashing (quick runs; 1 = off)."""
+    cost: dict[str, float] = field(default_factory=dict)
+    """Override a CostModel constant, e.g. --cost prefill_s_per_token=1e-4."""
+    ceilings: bool = True
+    """Compute the infinite-cache and single-pool hit-rate ceilings."""
+
+    def __post_init__(self) -> None:
+        if self.sessions not in SESSION_MODES:
+            raise ValueError(f"sessions must be one of {', '.join(SESSION_MODES)}; got {self.sessions!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SimCommandConfig:
+    """One ``kvmesh sim`` comparison."""
+
+    sim: SimConfig = field(default_factory=SimConfig)
+    """The simulated cluster: replicas, their KV pools and steps, the router(s)."""
+    workload: SimWorkloadOptions = field(default_factory=SimWorkloadOptions)
+    """The requests."""
+    compare: SimCompareOptions = field(default_factory=SimCompareOptions)
+    """The runs compared."""
+
+
+SIM_SCHEMA = Schema(SimCommandConfig, hidden={
+    "sim.cost": "--cost FIELD=SECONDS",
+    "sim.num_routers": "--routers N[,N...] (one run per count)",
+    "sim.use_sessions": "--sessions off|on|both",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingOptions:
+    """The trace at a rate that varies, and how long a new replica takes (``kvmesh sim scaling``)."""
+
+    trace: str = field(default_factory=default_trace)
+    """Mooncake JSONL trace."""
+    limit: int | None = None
+    """First N requests of the trace."""
+    period: float = 60.0
+    """Seconds of trace per slow and per fast phase."""
+    slow_factor: float = 4.0
+    """Slow phases run at 1/this of the rate."""
+    startup: float = 30.0
+    """Seconds from a scale-up to the replica serving."""
+    policy: str = "cache_aware"
+    """Routing policy of both fleets."""
+
+
+def _scaling_autoscale() -> AutoscaleConfig:
+    return AutoscaleConfig(scale_with_load=True, max_replicas=8, target_in_flight=32.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingCommandConfig:
+    """An autoscaled fleet against a fixed one sized for the peak."""
+
+    sim: SimConfig = field(default_factory=SimConfig)
+    """The simulated replicas and router (as many replicas as autoscale.max_replicas for the fixed fleet)."""
+    autoscale: AutoscaleConfig = field(default_factory=_scaling_autoscale)
+    """The autoscaler, as ``kvmesh serve`` runs it."""
+    scaling: ScalingOptions = field(default_factory=ScalingOptions)
+    """The trace and the replicas' startup."""
+
+
+SCALING_SCHEMA = Schema(ScalingCommandConfig, hidden={
+    "sim.num_replicas": "autoscale.max_replicas (the fixed fleet)",
+    "sim.cost": "the default cost model",
+    "autoscale.scale_with_load": "always on here",
+    "autoscale.drain_timeout_s": "a drained simulated replica leaves when its last request ends",
+})
