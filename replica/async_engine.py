@@ -21,13 +21,16 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.outputs import RequestOutput
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.replica.serving.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from kvmesh.events.publisher import PublisherConfig
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +57,7 @@ class AsyncLLM:
 
     @classmethod
     def from_config(cls, config: EngineConfig, hf_tokenizer: Any = None, model_runner: Any = None,
-                    **executor_kwargs: Any) -> AsyncLLM:
+                    events: PublisherConfig | None = None, **executor_kwargs: Any) -> AsyncLLM:
         """Model runner (a TP executor for tensor_parallel_size > 1), engine and its thread.
 
         ``hf_tokenizer`` detokenizes; pass the one the server renders prompts with.
@@ -64,7 +67,7 @@ class AsyncLLM:
 
             model_runner = make_model_runner(config, **executor_kwargs)
         try:
-            engine = LLMEngine(config, model_runner=model_runner, tokenizer=hf_tokenizer)
+            engine = LLMEngine(config, model_runner=model_runner, tokenizer=hf_tokenizer, events=events)
         except BaseException:
             model_runner.shutdown()
             raise
