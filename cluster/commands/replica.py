@@ -14,9 +14,14 @@ import signal
 import sys
 import threading
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config import REPLICA_SCHEMA, ReplicaCommandConfig
 from kvmesh.cluster.config_cli import add_config_arguments
+
+if TYPE_CHECKING:
+    from kvmesh.replica.interfaces import ModelRunnerInterface
+    from kvmesh.replica.runtime import ReplicaRuntime
 
 
 def add_parser(subparsers) -> None:
@@ -44,6 +49,20 @@ def load(args: argparse.Namespace) -> ReplicaCommandConfig:
     return config
 
 
+def start(config: ReplicaCommandConfig, model_runner: ModelRunnerInterface | None = None) -> ReplicaRuntime:
+    """The replica this command serves, its sections passed whole (TP > 1: a local Ray instance for the ranks)."""
+    if config.engine.tensor_parallel_size > 1:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(num_cpus=max(config.engine.tensor_parallel_size + 1, 2), include_dashboard=False,
+                     configure_logging=False)
+    from kvmesh.replica.runtime import ReplicaRuntime
+
+    return ReplicaRuntime.start(config.engine, config.server, config.events, config.frontend,
+                                model_runner=model_runner)
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
 
@@ -53,17 +72,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"kvmesh replica: {e}", file=sys.stderr)
         return 2
-    engine = config.engine
-    if engine.tensor_parallel_size > 1:
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(num_cpus=max(engine.tensor_parallel_size + 1, 2), include_dashboard=False,
-                     configure_logging=False)
-    from kvmesh.replica.runtime import ReplicaRuntime
-
     try:
-        runtime = ReplicaRuntime.start(engine, config.server, config.events, config.frontend)
+        runtime = start(config)
     except (ValueError, OSError) as e:  # a model the engine cannot serve, an address taken meanwhile
         print(f"kvmesh replica: cannot start: {e}", file=sys.stderr)
         return 1
