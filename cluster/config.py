@@ -22,10 +22,9 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvmesh.cluster.autoscaler import AutoscaleConfig
-from kvmesh.cluster.config_schema import Schema, to_dict
+from kvmesh.cluster.config_schema import Schema, Tree, to_dict
 from kvmesh.cluster.gpu_share import check_gpu_share, gpus_per_worker
 from kvmesh.events.publisher import PublisherConfig
 from kvmesh.replica.config import EngineConfig
@@ -190,7 +189,7 @@ class ServeConfig:
     def is_embedded_ray(self) -> bool:
         return self.ray.address is None
 
-    def to_dict(self, redact: bool = True) -> dict[str, Any]:
+    def to_dict(self, redact: bool = True) -> Tree:
         """Plain nested dict (YAML-ready); secrets are replaced by "<redacted>" unless redact=False."""
         return to_dict(self, redact)
 

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 
 if TYPE_CHECKING:
     from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
     from kvmesh.events.schema import BlockStored
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def load_engine_tokenizer(config: EngineConfig) -> Any:
+def load_engine_tokenizer(config: EngineConfig) -> PreTrainedTokenizerBase | None:
     """The HF tokenizer, or None when there is none (dummy models without a directory)."""
     from pathlib import Path
 
