@@ -258,19 +258,17 @@ class ServeCluster:
         import ray
 
         st = self.state
-        if st.fleet is not None:
+        if st.fleet is not None:  # first what changes the replica set, then the router it changes
             st.fleet.stop()
-            st.fleet = None
         if st.supervisor is not None:
             st.supervisor.stop()
-            st.supervisor = None
+        st.fleet, st.supervisor = None, None
         admin_key_store.withdraw(self.admin_key_file)
         if st.router is not None:
             st.router.stop()
-            st.router = None
         if st.router_client is not None:
             st.router_client.close()
-            st.router_client = None
+        st.router, st.router_client = None, None
         if st.replicas and ray.is_initialized():
             refs = [h.actor.shutdown.remote(graceful_s) for h in st.replicas]
             ray.wait(refs, num_returns=len(refs), timeout=graceful_s + 3)
