@@ -29,10 +29,13 @@ class Candidate:
     """One engine request behind a choice."""
 
     request_id: str
+    """The engine request's id: the OpenAI request's id + "-{prompt_index * per_prompt + sample_index}"."""
     prompt_index: int
+    """Which prompt of the request's batch it samples."""
     sample_index: int
     """j in 0 .. best_of - 1 among its prompt's candidates."""
     prompt_token_ids: list[int]
+    """The prompt's token ids."""
     params: SamplingParams
     """The engine's SamplingParams for this candidate."""
 
