@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from kvmesh.replica import parallel_sampling as sc
+from kvmesh.replica import parallel_sampling as ps
 from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
@@ -41,7 +41,7 @@ def _usage(out: RequestOutput) -> r.UsageInfo:
     return r.UsageInfo.of(len(out.prompt_token_ids), len(out.output_token_ids), out.num_cached_tokens)
 
 
-def _total_usage(candidates: list[sc.Candidate], finals: list[RequestOutput]) -> r.UsageInfo:
+def _total_usage(candidates: list[ps.Candidate], finals: list[RequestOutput]) -> r.UsageInfo:
     """Each prompt counted once, every candidate's tokens (vLLM's usage for n / best_of / batches)."""
     prompts = {c.prompt_index: f for c, f in zip(candidates, finals, strict=True) if c.sample_index == 0}
     return r.UsageInfo.of(sum(len(f.prompt_token_ids) for f in prompts.values()),
@@ -92,12 +92,12 @@ class OpenAIHandlers:
                   for ids in prompts]
         request_id = r.random_id("chatcmpl" if isinstance(req, p.ChatCompletionRequest) else "cmpl")
         best_of = req.best_of if isinstance(req, p.CompletionRequest) else None
-        candidates = sc.plan_candidates(request_id, prompts, params, req.n, best_of,
+        candidates = ps.plan_candidates(request_id, prompts, params, req.n, best_of,
                                         params[0].logprobs is not None, req.stream)
         try:  # queues the requests now, so bad input is a 400 before any byte is sent
-            streams = await sc.start_all(client, candidates, req.cache_salt)
+            streams = await ps.start_all(client, candidates, req.cache_salt)
             if isinstance(req, p.CompletionRequest) and req.prompt_only:
-                streams = [sc.without_output(stream) for stream in streams]
+                streams = [ps.without_output(stream) for stream in streams]
         except ValueError as e:
             raise ProtocolError(str(e)) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere
@@ -113,7 +113,7 @@ class OpenAIHandlers:
         for final in finals:
             _check_failed(final)
         usage = _total_usage(candidates, finals)
-        choices = sc.select_choices(candidates, finals, req.n)
+        choices = ps.select_choices(candidates, finals, req.n)
         body: r.ChatCompletionResponse | r.CompletionResponse
         if isinstance(req, p.ChatCompletionRequest):
             body = r.ChatCompletionResponse(id=request_id, model=model, usage=usage, choices=[
@@ -122,7 +122,7 @@ class OpenAIHandlers:
                                        finish_reason=final.finish_reason)
                 for index, _, final in choices])
         else:
-            prompt_logprobs = sc.prompt_logprobs_of(candidates, finals)
+            prompt_logprobs = ps.prompt_logprobs_of(candidates, finals)
             body = r.CompletionResponse(id=request_id, model=model, usage=usage, choices=[
                 self._completion_choice(req, index, final, candidate, prompt_logprobs.get(candidate.prompt_index))
                 for index, candidate, final in choices])
@@ -140,7 +140,7 @@ class OpenAIHandlers:
         prompt = req.prompts()[prompt_index]
         return prompt if isinstance(prompt, str) else self.state.tokenizer.decode(out.prompt_token_ids)
 
-    def _completion_choice(self, req: p.CompletionRequest, index: int, final: RequestOutput, candidate: sc.Candidate,
+    def _completion_choice(self, req: p.CompletionRequest, index: int, final: RequestOutput, candidate: ps.Candidate,
                            prompt_logprobs: PromptLogprobs | None) -> r.CompletionChoice:
         text = self._echo_text(req, final, candidate.prompt_index) + final.text if req.echo else final.text
         logprobs = None if req.logprobs is None else lf.choice_logprobs(
@@ -154,10 +154,10 @@ class OpenAIHandlers:
             return None
         return lf.chat_logprobs(token_ids, entries, req.top_logprobs or 0, self._decode_token())
 
-    async def _collect_or_abort(self, http: Request, candidates: list[sc.Candidate],
+    async def _collect_or_abort(self, http: Request, candidates: list[ps.Candidate],
                                 stream_list: list[Outputs]) -> list[RequestOutput]:
         """Every candidate's final output; aborts them all if the client disconnects first."""
-        collect_task = asyncio.ensure_future(sc.collect_all(stream_list))
+        collect_task = asyncio.ensure_future(ps.collect_all(stream_list))
         disconnect_task = asyncio.ensure_future(_wait_disconnect(http))
         try:
             done, _ = await asyncio.wait({collect_task, disconnect_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -176,7 +176,7 @@ class OpenAIHandlers:
             raise ProtocolError("the engine returned no output for this request", 500)
         return [f for f in finals if f is not None]
 
-    async def _guard_stream(self, chunks: AsyncIterator[str], candidates: list[sc.Candidate]) -> AsyncIterator[str]:
+    async def _guard_stream(self, chunks: AsyncIterator[str], candidates: list[ps.Candidate]) -> AsyncIterator[str]:
         """Abort on disconnect (Starlette cancels this generator) and turn errors into an SSE error event."""
         finished = False
         request_id = candidates[0].request_id
@@ -199,18 +199,18 @@ class OpenAIHandlers:
                 for c in candidates:
                     await asyncio.shield(self.state.engine_client.abort(c.request_id))
 
-    async def _stream(self, request_id: str, model: str, candidates: list[sc.Candidate], stream_list: list[Outputs],
+    async def _stream(self, request_id: str, model: str, candidates: list[ps.Candidate], stream_list: list[Outputs],
                       req: OpenAIRequest) -> AsyncIterator[str]:
         """Every choice's chunks as they come, then (``include_usage``) one usage chunk, then ``[DONE]``."""
         created = int(time.time())
         finals: list[RequestOutput | None] = [None] * len(candidates)  # filled in by the chunk generators
         usage_chunk: type[r.ChatCompletionChunk] | type[r.CompletionChunk]
         if isinstance(req, p.ChatCompletionRequest):
-            chunks, usage_chunk = self._chat_chunks(request_id, created, model, candidates, stream_list, req, finals), \
-                r.ChatCompletionChunk
+            chunks = self._chat_chunks(request_id, created, model, candidates, stream_list, req, finals)
+            usage_chunk = r.ChatCompletionChunk
         else:
-            chunks, usage_chunk = self._completion_chunks(request_id, created, model, candidates, stream_list, req,
-                                                          finals), r.CompletionChunk
+            chunks = self._completion_chunks(request_id, created, model, candidates, stream_list, req, finals)
+            usage_chunk = r.CompletionChunk
         async for chunk in chunks:
             yield chunk
         done = [f for f in finals if f is not None]
@@ -219,7 +219,7 @@ class OpenAIHandlers:
                                     usage=_total_usage(candidates, done)))
         yield r.SSE_DONE
 
-    async def _completion_chunks(self, request_id: str, created: int, model: str, candidates: list[sc.Candidate],
+    async def _completion_chunks(self, request_id: str, created: int, model: str, candidates: list[ps.Candidate],
                                  stream_list: list[Outputs], req: p.CompletionRequest,
                                  finals: list[RequestOutput | None]) -> AsyncIterator[str]:
         continuous = req.stream_options and req.stream_options.continuous_usage_stats
@@ -227,7 +227,7 @@ class OpenAIHandlers:
         first_ids = [ids] * len(candidates)  # prompt ids go once, on each choice's first chunk
         text_offsets = [0] * len(candidates)  # characters of each choice's logprobs tokens sent so far
         echoed = [not req.echo] * len(candidates)
-        async for i, out in sc.merge_streams(stream_list):
+        async for i, out in ps.merge_streams(stream_list):
             _check_failed(out)
             if not (out.delta_text or out.finished or out.new_logprobs or not echoed[i] or (ids and out.new_token_ids)):
                 continue
@@ -243,7 +243,7 @@ class OpenAIHandlers:
             chunk = r.CompletionChunk(
                 id=request_id, created=created, model=model,
                 prompt_token_ids=candidates[i].prompt_token_ids if first_ids[i] else None,
-                choices=[r.CompletionChoice(index=sc.choice_index(candidates[i], req.n), text=text,
+                choices=[r.CompletionChoice(index=ps.choice_index(candidates[i], req.n), text=text,
                                             logprobs=logprobs, finish_reason=out.finish_reason,
                                             token_ids=out.new_token_ids if ids else None)],
                 usage=_usage(out) if continuous else None)
@@ -252,7 +252,7 @@ class OpenAIHandlers:
             if out.finished:
                 finals[i] = out
 
-    async def _chat_chunks(self, request_id: str, created: int, model: str, candidates: list[sc.Candidate],
+    async def _chat_chunks(self, request_id: str, created: int, model: str, candidates: list[ps.Candidate],
                            stream_list: list[Outputs], req: p.ChatCompletionRequest,
                            finals: list[RequestOutput | None]) -> AsyncIterator[str]:
         continuous = req.stream_options and req.stream_options.continuous_usage_stats
@@ -267,15 +267,15 @@ class OpenAIHandlers:
                                             token_ids=token_ids if ids else None)]))
 
         for c in candidates:
-            yield chunk(sc.choice_index(c, req.n), r.DeltaMessage(role="assistant", content=""), token_ids=[],
+            yield chunk(ps.choice_index(c, req.n), r.DeltaMessage(role="assistant", content=""), token_ids=[],
                         first_ids=c.prompt_token_ids if ids else None)
-        async for i, out in sc.merge_streams(stream_list):
+        async for i, out in ps.merge_streams(stream_list):
             _check_failed(out)
             if not out.delta_text and not out.finished and not out.new_logprobs and not (ids and out.new_token_ids):
                 continue
             usage = _usage(out) if continuous else None
             logprobs = self._chat_logprobs(req, out.new_token_ids, out.new_logprobs)
-            yield chunk(sc.choice_index(candidates[i], req.n), r.DeltaMessage(content=out.delta_text),
+            yield chunk(ps.choice_index(candidates[i], req.n), r.DeltaMessage(content=out.delta_text),
                         out.finish_reason, usage, logprobs, out.new_token_ids)
             if out.finished:
                 finals[i] = out
