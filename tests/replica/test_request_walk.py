@@ -17,8 +17,11 @@ import pytest
 from kvmesh.replica.async_engine import AsyncLLM
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.runtime import ReplicaRuntime
 from kvmesh.replica.server_config import ReplicaServerConfig
+
+from ..conftest import CHAT_TEMPLATE
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PACKAGES = tuple(str(ROOT / name) + "/" for name in ("kvcache", "events", "replica", "router", "cluster"))
@@ -73,6 +76,7 @@ def recorded_replica(stories_path):
     threading.setprofile(recorder)  # threads started from here on: the HTTP server's, the engine's
     try:
         runtime = ReplicaRuntime.start(EngineConfig(model=str(stories_path)), ReplicaServerConfig(port=0, event_port=None),
+                                       frontend=FrontendConfig(chat_template=CHAT_TEMPLATE),
                                        model_runner=FakeModelRunner(num_kv_blocks=64, vocab_size=512))
     finally:
         threading.setprofile(None)  # type: ignore[arg-type]
@@ -82,16 +86,19 @@ def recorded_replica(stories_path):
         runtime.shutdown(graceful_s=0)
 
 
-@pytest.mark.parametrize("body", [
-    {"prompt": "Once upon a time", "max_tokens": 2},
-    {"prompt": [1, 403, 407], "max_tokens": 2, "stream": True},
-], ids=["text", "token-ids-streamed"])
-def test_one_completion_enters_no_file_twice(recorded_replica, body):
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 2}),
+    ("/v1/completions", {"prompt": [1, 403, 407], "max_tokens": 2, "stream": True}),
+    ("/v1/completions", {"prompt": ["Once", "upon"], "max_tokens": 2, "n": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+], ids=["text", "token-ids-streamed", "batch-of-n", "chat"])
+def test_one_completion_enters_no_file_twice(recorded_replica, path, body):
     runtime, recorder = recorded_replica
     recorder.recording = True
-    reply = httpx.post(runtime.http.url + "/v1/completions", json=body, timeout=60)
+    reply = httpx.post(runtime.http.url + path, json=body, timeout=60)
     recorder.recording = False
     assert reply.status_code == 200, reply.text
     assert recorder.to_engine is not None and recorder.to_engine[-1] == "replica/async_engine.py"
-    assert "replica/completions.py" in recorder.to_engine, recorder.to_engine  # one task from the socket on
+    if body.get("n", 1) == 1:  # one candidate: one task from the socket on (n > 1: a task per candidate)
+        assert "replica/completions.py" in recorder.to_engine, recorder.to_engine
     assert {w: reentered(list(w)) for w in recorder.walks if reentered(list(w))} == {}
