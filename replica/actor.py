@@ -114,8 +114,8 @@ class ReplicaActor:
         with gpu_load_lock([str(i) for i in ray.get_gpu_ids()]):  # cards shared with other replicas: one at a time
             self.runtime = ReplicaRuntime.start(
                 options.engine, server, options.events, options.frontend, replica_id=options.replica_id,
-                executor={"placement_group": options.placement_group, "num_cpus_per_worker": options.num_cpus_per_worker,
-                          "step_timeout_s": options.step_timeout_s})
+                placement_group=options.placement_group,
+                executor={"num_cpus_per_worker": options.num_cpus_per_worker, "step_timeout_s": options.step_timeout_s})
         self.started_at = time.time()
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="replica-watchdog", daemon=True)

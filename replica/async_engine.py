@@ -20,17 +20,26 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
+from kvmesh.replica.engine_commands import AbortRequests, AddRequest, EngineCommand
+from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.outputs import RequestOutput
+from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.stats import EngineStats
 
 if TYPE_CHECKING:
     from kvmesh.events.publisher import PublisherConfig
+    from kvmesh.replica.tp_worker import ExecutorOptions
+    from ray.util.placement_group import PlacementGroup
+    from typing_extensions import Unpack
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +54,14 @@ class AsyncLLM:
         self.engine = engine
         self.config = engine.config
         self.runner = engine.model_runner
+        self.max_model_len = engine.max_model_len
+        self.block_size = engine.config.block_size
+        self.num_kv_blocks = engine.num_kv_blocks
+        self.tensor_parallel_size = engine.config.tensor_parallel_size
         self.draining = False  # set by graceful shutdown: new requests get 503
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
         self._ids = itertools.count()
         self._closed = False
         self.errored: BaseException | None = None  # set if the engine loop itself died
@@ -56,8 +69,10 @@ class AsyncLLM:
         self._thread.start()
 
     @classmethod
-    def from_config(cls, config: EngineConfig, hf_tokenizer: Any = None, model_runner: Any = None,
-                    events: PublisherConfig | None = None, **executor_kwargs: Any) -> AsyncLLM:
+    def from_config(cls, config: EngineConfig, hf_tokenizer: HFTokenizer | None = None,
+                    model_runner: ModelRunnerInterface | None = None, events: PublisherConfig | None = None,
+                    placement_group: PlacementGroup | None = None,
+                    **executor_kwargs: Unpack[ExecutorOptions]) -> AsyncLLM:
         """Model runner (a TP executor for tensor_parallel_size > 1), engine and its thread.
 
         ``hf_tokenizer`` detokenizes; pass the one the server renders prompts with.
@@ -65,7 +80,7 @@ class AsyncLLM:
         if model_runner is None:
             from kvmesh.replica.tp_worker import make_model_runner
 
-            model_runner = make_model_runner(config, **executor_kwargs)
+            model_runner = make_model_runner(config, placement_group, **executor_kwargs)
         try:
             engine = LLMEngine(config, model_runner=model_runner, tokenizer=hf_tokenizer, events=events)
         except BaseException:
@@ -78,29 +93,9 @@ class AsyncLLM:
         return cls(engine=engine)
 
     @property
-    def tokenizer(self) -> Any:
-        return self.engine.tokenizer
-
-    @property
-    def event_publisher(self) -> Any:
+    def event_publisher(self) -> EventPublisher | None:
         """The engine's KV event publisher (None without events)."""
         return self.engine.event_publisher
-
-    @property
-    def max_model_len(self) -> int:
-        return self.engine.max_model_len
-
-    @property
-    def block_size(self) -> int:
-        return self.config.block_size
-
-    @property
-    def num_kv_blocks(self) -> int:
-        return self.engine.num_kv_blocks
-
-    @property
-    def tensor_parallel_size(self) -> int:
-        return self.config.tensor_parallel_size
 
     @property
     def is_running(self) -> bool:
@@ -116,10 +111,10 @@ class AsyncLLM:
         request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use; use a unique id per request")
-        out_queue: asyncio.Queue = asyncio.Queue()
+        out_queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), out_queue)
-        accepted: concurrent.futures.Future = concurrent.futures.Future()
-        self._submit(("add", request_id, prompt_token_ids, sampling_params, cache_salt, accepted))
+        accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._submit(AddRequest(request_id, prompt_token_ids, sampling_params, cache_salt, accepted))
         try:
             await asyncio.wrap_future(accepted)
         except BaseException:
@@ -134,13 +129,13 @@ class AsyncLLM:
         finally:
             self._streams.pop(request_id, None)
             if not finished:
-                self._submit(("abort", request_id))
+                self._submit(AbortRequests([request_id]))
 
     async def abort(self, request_id: str) -> None:
         """End a request; its stream gets a final output with finish_reason "abort"."""
-        self._submit(("abort", request_id))
+        self._submit(AbortRequests([request_id]))
 
-    def get_stats(self) -> Any:
+    def get_stats(self) -> EngineStats:
         """The engine's stats (read without locking: gauges may be one step old)."""
         return self.engine.get_stats()
 
@@ -178,7 +173,7 @@ class AsyncLLM:
         """Abort every unfinished request (graceful shutdown's last resort); returns how many."""
         ids = _read_racily(lambda: list(self.engine.scheduler.requests))
         if ids:
-            self._submit(("abort", ids))
+            self._submit(AbortRequests(ids))
         return len(ids)
 
     def shutdown(self) -> None:
@@ -191,7 +186,7 @@ class AsyncLLM:
         finally:
             self.runner.shutdown()
 
-    def _submit(self, command: tuple) -> None:
+    def _submit(self, command: EngineCommand) -> None:
         self._commands.put(command)
         self._wake.set()
 
@@ -222,16 +217,16 @@ class AsyncLLM:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if command[0] == "add":
-                _, request_id, prompt, params, salt, accepted = command
+            if isinstance(command, AddRequest):
                 try:
-                    self.engine.add_request(request_id, prompt, params, cache_salt=salt)
+                    self.engine.add_request(command.request_id, command.prompt_token_ids, command.sampling_params,
+                                            cache_salt=command.cache_salt)
                 except BaseException as e:
-                    accepted.set_exception(e)
+                    command.accepted.set_exception(e)
                 else:
-                    accepted.set_result(None)
+                    command.accepted.set_result(None)
             else:
-                self.engine.abort_request(command[1])
+                self.engine.abort_request(command.request_ids)
 
     def _deliver(self, out: RequestOutput) -> None:
         stream = self._streams.get(out.request_id)
@@ -245,7 +240,7 @@ class AsyncLLM:
             self.engine.abort_request(out.request_id)
 
 
-def _read_racily(read: Any) -> list:
+def _read_racily(read: Callable[[], list[T]]) -> list[T]:
     """``read()`` retried while the engine thread mutates the dict it iterates (gives up empty)."""
     for _ in range(5):
         try:
@@ -255,7 +250,7 @@ def _read_racily(read: Any) -> list:
     return []
 
 
-def _event_stream_report(publisher: Any) -> dict[str, Any]:
+def _event_stream_report(publisher: EventPublisher | None) -> dict[str, int | float]:
     """``LoadReport``'s event fields of a ``ZmqEventPublisher`` (none for no or another publisher)."""
     seq, unsent_s = getattr(publisher, "seq", None), getattr(publisher, "unsent_s", None)
     if not isinstance(seq, int) or unsent_s is None:

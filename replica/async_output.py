@@ -8,17 +8,22 @@ The engine's async scheduling calls ``get()`` for step N after it has launched s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from kvmesh.replica.cpu_gpu_buffer import start_copy_to_host
-from kvmesh.replica.outputs import ModelRunnerOutput
+from kvmesh.replica.outputs import ModelRunnerOutput, TokenLogprobs
+
+if TYPE_CHECKING:
+    from kvmesh.replica.input_batch import InputBatch
+    from kvmesh.replica.logprobs import LogprobsTensors
 
 
 class AsyncModelRunnerOutput:
-    def __init__(self, input_batch: Any, request_ids: list[str], rows: np.ndarray, tokens: torch.Tensor,
-                 logprobs: Any = None, prompt_logprobs: dict | None = None) -> None:
+    def __init__(self, input_batch: InputBatch, request_ids: list[str], rows: np.ndarray, tokens: torch.Tensor,
+                 logprobs: LogprobsTensors | None = None,
+                 prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] | None = None) -> None:
         self.input_batch, self.request_ids, self.rows, self.tokens = input_batch, request_ids, rows, tokens
         self.logprobs, self.prompt_logprobs = logprobs, prompt_logprobs
         self.host, self.event = start_copy_to_host(tokens)  # [N] the step's one device-to-host transfer

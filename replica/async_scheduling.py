@@ -17,12 +17,33 @@ random sampling draws from the runner's generator in a different order (the extr
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 
+if TYPE_CHECKING:
+    from kvmesh.replica.async_output import AsyncModelRunnerOutput
+    from kvmesh.replica.engine import LLMEngine
+    from kvmesh.replica.interfaces import AsyncModelRunner, ModelRunnerInterface
+    from kvmesh.replica.outputs import RequestOutput
+    from kvmesh.replica.request import Request
+    from kvmesh.replica.scheduler_output import SchedulerOutput
 
-def use_async_scheduling(config: EngineConfig, model_runner: Any) -> bool:
+
+@dataclass(frozen=True, slots=True)
+class LaunchedStep:
+    """A step launched on the device whose sampled tokens the host has not read yet."""
+
+    sched: SchedulerOutput
+    """What the step computes."""
+    output: AsyncModelRunnerOutput
+    """Its result on the way to the host (``get()`` waits for it)."""
+    requests: dict[str, Request]
+    """The step's Request objects: an id aborted and reused before ``get()`` must not get this step's token."""
+
+
+def use_async_scheduling(config: EngineConfig, model_runner: ModelRunnerInterface) -> bool:
     """``config.async_scheduling``, or for None: on when the runner is on CUDA and can launch steps."""
     can = callable(getattr(model_runner, "execute_model_async", None))
     if config.async_scheduling and not can:
@@ -33,17 +54,17 @@ def use_async_scheduling(config: EngineConfig, model_runner: Any) -> bool:
     return config.async_scheduling
 
 
-def step_async(engine: Any) -> list:
+def step_async(engine: LLMEngine) -> list[RequestOutput]:
     """One ``LLMEngine.step()`` under async scheduling: launch this step, return the previous one's outputs."""
     outputs, engine._pending = engine._pending, []
     sched = engine.scheduler.schedule()
     launched = None
     requests = engine.scheduler.requests
+    runner: AsyncModelRunner = engine.model_runner  # use_async_scheduling saw it launch steps
     if not sched.is_empty:
         try:
-            # the step's Request objects: an id aborted and reused before get() must not get this step's token
-            launched = (sched, engine.model_runner.execute_model_async(sched),
-                        {rid: requests[rid] for rid in sched.request_ids()})
+            launched = LaunchedStep(sched, runner.execute_model_async(sched),
+                                    {rid: requests[rid] for rid in sched.request_ids()})
             engine._stats.record_step(sched.num_batched_tokens)
             add_placeholders(requests, sched)
         except Exception as e:
@@ -53,20 +74,20 @@ def step_async(engine: Any) -> list:
     previous, engine._in_flight = engine._in_flight, launched
     if previous is not None:
         try:
-            sampled = previous[1].get()
-            for request_id in [rid for rid in sampled if requests.get(rid) is not previous[2][rid]]:
+            sampled = previous.output.get()
+            for request_id in [rid for rid in sampled if requests.get(rid) is not previous.requests[rid]]:
                 del sampled[request_id]  # ended (and its id reused) while the step ran
         except Exception as e:
-            outputs += engine._fail_step(previous[0], e)
+            outputs += engine._fail_step(previous.sched, e)
             sampled = {}
         outputs += engine._process_sampled(sampled)
     engine._end_step()
     return outputs
 
 
-def add_placeholders(requests: dict, sched: Any) -> None:
+def add_placeholders(requests: dict[str, Request], sched: SchedulerOutput) -> None:
     """Count the tokens a launched step samples, except a request's last by max_tokens (it ends then)."""
     for request_id in [sr.request_id for sr in sched.scheduled if sr.sample] + sched.decode_request_ids:
         request = requests[request_id]
-        if len(request.output_token_ids) + request.num_output_placeholders + 1 < request.max_tokens:
+        if len(request.output_token_ids) + request.num_output_placeholders + 1 < request.sampling_params.max_tokens:
             request.num_output_placeholders += 1

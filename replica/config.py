@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+
+from kvmesh.replica.serving.json_types import JSONObject
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DEVICES = (None, "cpu", "cuda")
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # bytes of KV cache on CPU when kv_cache_memory is None (CUDA: profiled)
-HFConfigDict = dict[str, Any]
-"""A Hugging Face model config, or part of one, as its config.json holds it (unstructured JSON)."""
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -64,9 +63,9 @@ class EngineConfig:
     """Seed for dummy weights and for sampling requests that bring no seed of their own."""
     hash_seed: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_HASH_SEED"})
     """Secret seed of the block hash chain, the same on every replica; None -> generated (bytes also accepted)."""
-    hf_overrides: HFConfigDict | None = None
+    hf_overrides: JSONObject | None = None
     """Values that replace fields of the model's HF config (e.g. ``{"num_hidden_layers": 2}``)."""
-    hf_config: HFConfigDict | None = None
+    hf_config: JSONObject | None = None
     """A whole HF config as a dict, for dummy models without a directory (used instead of reading ``model``)."""
     debug_check_integrity: bool = False
     """Run ``KVCacheManager.check_integrity()`` after every engine step (tests and debugging; a large pool is

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from kvmesh.replica.async_scheduling import step_async, use_async_scheduling
+from kvmesh.replica.async_scheduling import LaunchedStep, step_async, use_async_scheduling
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine_setup import load_engine_tokenizer, make_event_publisher
-from kvmesh.replica.outputs import RequestMetrics, RequestOutput, TokenLogprobs
+from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
+from kvmesh.replica.outputs import RequestOutput, TokenLogprobs, request_output
 from kvmesh.replica.request import Request, RequestStatus, validate_request_input
 from kvmesh.replica.scheduler import Scheduler
+from kvmesh.replica.scheduler_output import SchedulerOutput
 from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
+from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.stats import EngineStats
 
@@ -33,9 +36,9 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
     """Single-threaded engine: call ``add_request`` / ``abort_request`` and ``step()`` from one thread."""
 
-    def __init__(self, config: EngineConfig, model_runner: Any = None, tokenizer: Any = None,
-                 event_publisher: Any = None, skip_tokenizer_init: bool = False,
-                 events: PublisherConfig | None = None) -> None:
+    def __init__(self, config: EngineConfig, model_runner: ModelRunnerInterface | None = None,
+                 tokenizer: HFTokenizer | None = None, event_publisher: EventPublisher | None = None,
+                 skip_tokenizer_init: bool = False, events: PublisherConfig | None = None) -> None:
         """``events`` (the events section whole) makes the engine build its KV event publisher
         (``event_publisher`` gives a ready one instead); neither: no events."""
         from kvmesh.kvcache.hashing import generate_seed
@@ -69,7 +72,7 @@ class LLMEngine:
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
         self.async_scheduling = use_async_scheduling(config, model_runner)
-        self._in_flight: tuple[Any, Any] | None = None  # async: (SchedulerOutput, AsyncModelRunnerOutput) of step N
+        self._in_flight: LaunchedStep | None = None  # async scheduling: step N, launched, tokens not read yet
         self._stats = EngineStats.for_model(self.max_model_len)
 
     # -- requests ----------------------------------------------------------------------------------
@@ -139,7 +142,7 @@ class LLMEngine:
         self._end_step()
         return outputs
 
-    def _fail_step(self, sched: Any, error: Exception) -> list[RequestOutput]:
+    def _fail_step(self, sched: SchedulerOutput, error: Exception) -> list[RequestOutput]:
         """The runner failed a batch: fail its requests (the engine keeps serving the others)."""
         logger.exception("model runner failed a step of %d requests", sched.num_requests)
         for request_id in sched.request_ids():
@@ -173,16 +176,18 @@ class LLMEngine:
                 continue
             output_ids = request.output_token_ids
             last = request.last_token_time
-            if (last is not None and not detokenizers and token not in request.stop_token_ids
-                    and len(output_ids) + 1 < request.sampling_params.max_tokens
-                    and request.logprobs is None and request.prompt_logprobs is None):
+            if last is not None and not detokenizers and request.logprobs is None and request.prompt_logprobs is None:
                 request.last_token_time = now
                 tpots[now - last] = tpots.get(now - last, 0) + 1
                 output_ids.append(token)
                 request.all_token_ids.append(token)
                 request.num_output_placeholders = max(0, request.num_output_placeholders - 1)  # async: arrived
-                append_output(RequestOutput(request_id, request.prompt_token_ids, [token], output_ids, "",
-                                            "", False, None, None, request.num_cached_tokens))
+                if request.check_stop():
+                    finished.append(request)
+                    append_output(self._make_output(request, [token]))
+                else:
+                    append_output(RequestOutput(request_id, request.prompt_token_ids, [token], output_ids, "",
+                                                "", False, None, None, request.num_cached_tokens))
                 continue
             try:
                 if request.logprobs is not None:
@@ -225,9 +230,7 @@ class LLMEngine:
                 request.status = RequestStatus.FINISHED_STOPPED
                 request.stop_reason = stop_str
                 return True
-        if token in request.stop_token_ids or len(request.output_token_ids) >= request.sampling_params.max_tokens:
-            return request.check_stop_token()
-        return False
+        return request.check_stop()
 
     def _record_prompt_logprobs(self, computed: dict[str, list[tuple[int, TokenLogprobs]]]) -> None:
         """Store the prompt logprobs of this step's prefill chunks at their prompt positions."""
@@ -238,28 +241,7 @@ class LLMEngine:
                     request.prompt_logprobs[position] = entry
 
     def _make_output(self, request: Request, new_token_ids: list[int]) -> RequestOutput:
-        finished = request.status.is_finished
-        detok = self._detokenizers.get(request.request_id)
-        logprobs = request.logprobs
-        new_logprobs = logprobs[len(logprobs) - len(new_token_ids):] if logprobs is not None else None
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            new_token_ids=new_token_ids,
-            output_token_ids=request.output_token_ids,
-            delta_text=detok.take_delta(finished) if detok is not None else "",
-            text=detok.visible_text(finished) if detok is not None else "",
-            finished=finished,
-            finish_reason=request.status.finish_reason,
-            stop_reason=request.stop_reason,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
-            error=request.error,
-            metrics=_metrics(request) if finished else None,
-            new_logprobs=new_logprobs,
-            logprobs=list(logprobs) if finished and logprobs is not None else None,
-            # complete once a token was sampled (a preempted request keeps the first computation's)
-            prompt_logprobs=request.prompt_logprobs if request.output_token_ids else None,
-        )
+        return request_output(request, new_token_ids, self._detokenizers.get(request.request_id))
 
     def _on_finished(self, request: Request) -> None:
         """Forget per-request state (the detokenizer is dropped after the final output was built)."""
@@ -301,9 +283,3 @@ class LLMEngine:
             self.event_publisher.close()
             self.event_publisher = None
 
-
-def _metrics(request: Request) -> RequestMetrics:
-    return RequestMetrics(
-        arrival_time=request.arrival_time, first_scheduled_time=request.first_scheduled_time,
-        first_token_time=request.first_token_time, last_token_time=request.last_token_time,
-        finished_time=request.finished_time or time.monotonic(), num_preemptions=request.num_preemptions)

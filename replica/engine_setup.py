@@ -11,14 +11,14 @@ from kvmesh.replica.config import EngineConfig
 if TYPE_CHECKING:
     from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
     from kvmesh.events.schema import BlockStored
-    from transformers import PreTrainedTokenizerBase
+    from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 
 logger = logging.getLogger(__name__)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def load_engine_tokenizer(config: EngineConfig) -> PreTrainedTokenizerBase | None:
+def load_engine_tokenizer(config: EngineConfig) -> HFTokenizer | None:
     """The HF tokenizer, or None when there is none (dummy models without a directory)."""
     from pathlib import Path
 

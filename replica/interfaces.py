@@ -1,17 +1,27 @@
 """The replica's two seams, written down: what ``LLMEngine`` drives and what the HTTP server calls.
 
     HTTP server ──EngineClient──▶ AsyncLLM ─▶ LLMEngine ──ModelRunnerInterface──▶ ModelRunner (TP=1)
-                                                                                 | RayTPExecutor (TP>1)
-                                                                                 | FakeModelRunner (tests)
+                                                   │                              | RayTPExecutor (TP>1)
+                                                   │                              | FakeModelRunner (tests)
+                                                   └──EventPublisher──▶ ZmqEventPublisher (KV events)
 
-Both are ``runtime_checkable``; tests/replica/test_interfaces.py checks every implementation.
+The two seams are ``runtime_checkable``; tests/replica/test_interfaces.py checks every implementation.
 Torch-free: importing this module loads no model code.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from kvmesh.events.schema import KVEvent
+    from kvmesh.replica.async_output import AsyncModelRunnerOutput
+    from kvmesh.replica.outputs import RequestOutput
+    from kvmesh.replica.scheduler_output import SchedulerOutput
+    from kvmesh.replica.serving.load_report import LoadReport
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.stats import EngineStats
 
 
 @runtime_checkable
@@ -24,13 +34,13 @@ class ModelRunnerInterface(Protocol):
     """Longest sequence (prompt + output) the model takes."""
     vocab_size: int
     """Token ids are in ``[0, vocab_size)``."""
-    eos_token_ids: Any
+    eos_token_ids: list[int]
     """Token ids that end a request (unless ``ignore_eos``)."""
     dead_reason: str | None
     """None while steps can run; otherwise why not (a TP rank died). Cheap to read."""
 
-    def execute_model(self, out: Any) -> dict[str, int]:
-        """Runs one ``SchedulerOutput``; returns ``{request_id: sampled token}``."""
+    def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
+        """Runs one step; returns ``{request_id: sampled token}`` (a ``ModelRunnerOutput`` with logprobs)."""
         ...
 
     def check_health(self, timeout_s: float = 10.0) -> str | None:
@@ -39,6 +49,26 @@ class ModelRunnerInterface(Protocol):
 
     def shutdown(self) -> None:
         """Releases what the runner holds (worker actors, placement group)."""
+        ...
+
+
+class AsyncModelRunner(ModelRunnerInterface, Protocol):
+    """A runner that launches a step without waiting for its tokens (async scheduling, async_scheduling.py)."""
+
+    def execute_model_async(self, out: SchedulerOutput) -> AsyncModelRunnerOutput:
+        """Enqueues one step; its ``get()`` returns what ``execute_model`` would have."""
+        ...
+
+
+class EventPublisher(Protocol):
+    """Where the engine sends each step's KV events (``ZmqEventPublisher``; a recorder in tests)."""
+
+    def publish(self, events: list[KVEvent]) -> None:
+        """Sends one step's events as one batch."""
+        ...
+
+    def close(self) -> None:
+        """Flushes and releases the sockets."""
         ...
 
 
@@ -53,16 +83,16 @@ class EngineClient(Protocol):
     draining: bool
     """Set by a graceful shutdown: new requests are refused (503)."""
 
-    def generate(self, prompt_token_ids: list[int], sampling_params: Any = None, request_id: str | None = None,
-                 cache_salt: str | None = None) -> AsyncIterator[Any]:
+    def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
+                 request_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
         """Streams the request's ``RequestOutput``s; the first ``__anext__`` raises ValueError for bad input."""
         ...
 
     async def abort(self, request_id: str) -> None: ...
 
-    def get_stats(self) -> Any: ...
+    def get_stats(self) -> EngineStats: ...
 
-    def load_report(self) -> Any:
+    def load_report(self) -> LoadReport:
         """The ``LoadReport`` routers poll (queue depth, KV usage, uncomputed prompt tokens)."""
         ...
 

@@ -4,14 +4,36 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
 from kvmesh.replica.outputs import RequestOutput
+from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
-PromptType = str | list[int] | dict[str, Any]
+
+class _SaltedPrompt(TypedDict, total=False):
+    cache_salt: str
+    """Tenant isolation: prompts with different salts share no cached blocks."""
+
+
+class TextPrompt(_SaltedPrompt):
+    """A prompt as text (vLLM's ``TextPrompt``), tokenized with the model's tokenizer."""
+
+    prompt: str
+    """The text; special tokens are added as Hugging Face does."""
+
+
+class TokensPrompt(_SaltedPrompt):
+    """A prompt as token ids (vLLM's ``TokensPrompt``)."""
+
+    prompt_token_ids: list[int]
+    """The token ids, used as they are."""
+
+
+PromptType = str | list[int] | TextPrompt | TokensPrompt
+"""One prompt of ``LLM.generate``."""
 
 
 class LLM:
@@ -26,7 +48,7 @@ class LLM:
         self.llm_engine = LLMEngine(EngineConfig(model=model, tokenizer=tokenizer, **config_kwargs))
         self._ids = itertools.count()
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> HFTokenizer | None:
         return self.llm_engine.tokenizer
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
@@ -82,11 +104,11 @@ class LLM:
             tokenizer = self.llm_engine.tokenizer
             if tokenizer is None:
                 raise ValueError("this engine has no tokenizer; pass prompts as token id lists")
-            return list(tokenizer(prompt).input_ids), salt
+            return list(tokenizer.encode(prompt)), salt
         return list(prompt), salt
 
 
-def _as_prompt_list(prompts: Any) -> list[PromptType]:
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
     if isinstance(prompts, str | dict):
         return [prompts]
     prompts = list(prompts)

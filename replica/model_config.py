@@ -9,12 +9,28 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import torch
+from kvmesh.replica.serving.json_types import JSONObject
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class RopeScaling(TypedDict, total=False):
+    """RoPE parameters beyond the base, as Hugging Face configs write them (empty: the default RoPE)."""
+
+    rope_type: str
+    """One of ``SUPPORTED_ROPE_TYPES``."""
+    factor: float
+    """How much longer the context is than the one trained for (linear, llama3)."""
+    low_freq_factor: float
+    """llama3: wavelengths above ``original_max_position_embeddings / low_freq_factor`` are scaled fully."""
+    high_freq_factor: float
+    """llama3: wavelengths below ``original_max_position_embeddings / high_freq_factor`` are kept."""
+    original_max_position_embeddings: int
+    """llama3: the context length the model was pre-trained for."""
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -42,7 +58,7 @@ class ModelSpec:
     """RMSNorm epsilon."""
     rope_theta: float
     """RoPE base."""
-    rope_scaling: dict[str, Any] = field(default_factory=dict)
+    rope_scaling: RopeScaling = field(default_factory=dict)
     """RoPE parameters beyond the base: {"rope_type": "llama3"|"linear", "factor", ...}; empty = default."""
     max_position_embeddings: int = 2048
     """Context length the model was trained for."""
@@ -74,7 +90,7 @@ class ModelSpec:
             raise ValueError(f"rope_type {rope_type!r} is not supported; use one of {SUPPORTED_ROPE_TYPES}")
 
 
-def load_hf_config(model: str, hf_config: dict[str, Any] | None = None, hf_overrides: dict[str, Any] | None = None):
+def load_hf_config(model: str, hf_config: JSONObject | None = None, hf_overrides: JSONObject | None = None):
     """The model's ``PretrainedConfig``: from the ``hf_config`` dict if given, else read from ``model``."""
     from transformers import AutoConfig
 
@@ -91,7 +107,7 @@ def load_hf_config(model: str, hf_config: dict[str, Any] | None = None, hf_overr
     return config
 
 
-def _rope_settings(hf_config) -> tuple[float, dict[str, Any]]:
+def _rope_settings(hf_config) -> tuple[float, RopeScaling]:
     params = getattr(hf_config, "rope_parameters", None)
     if isinstance(params, dict) and "rope_theta" in params and "full_attention" not in params:
         params = dict(params)

@@ -9,7 +9,6 @@ When ``tp_size > 1`` the replica engineer has already run ``torch.distributed.in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +22,7 @@ class ParallelState:
     """This rank's index in the tensor-parallel group, in [0, tp_size)."""
     tp_size: int = 1
     """Number of ranks the model is sharded over."""
-    group: Any = None
+    group: dist.ProcessGroup | None = None
     """torch.distributed process group of the TP ranks (None = the default group)."""
 
     def __post_init__(self) -> None:

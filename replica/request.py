@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
-from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams, context_overflow
 
 
 class RequestStatus(enum.IntEnum):
@@ -107,27 +107,19 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
-    @property
-    def max_tokens(self) -> int:
-        return self.sampling_params.max_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status.is_finished
-
-    def check_stop_token(self) -> bool:
-        """Set a final status if the newest token ends the request (EOS, stop token, max_tokens)."""
-        params = self.sampling_params
+    def check_stop(self) -> bool:
+        """The stop rule on token ids, written once: set a final status when the newest token ends the request
+        (EOS or a stop token once ``min_tokens`` are out, else ``max_tokens`` reached); True when it did.
+        Stop strings need text: the detokenizer finds them (serving/detokenizer.py)."""
         token_id = self.output_token_ids[-1]
-        if self.num_output_tokens >= params.min_tokens:
-            if token_id in self.eos_token_ids:
-                self.status = RequestStatus.FINISHED_STOPPED
-                return True
-            if token_id in params.stop_token_ids:
-                self.status = RequestStatus.FINISHED_STOPPED
+        num_output_tokens = len(self.output_token_ids)
+        params = self.sampling_params
+        if token_id in self.stop_token_ids and num_output_tokens >= params.min_tokens:
+            self.status = RequestStatus.FINISHED_STOPPED
+            if token_id not in self.eos_token_ids:
                 self.stop_reason = token_id
-                return True
-        if self.num_output_tokens >= params.max_tokens:
+            return True
+        if num_output_tokens >= params.max_tokens:
             self.status = RequestStatus.FINISHED_LENGTH
             return True
         return False
@@ -161,11 +153,9 @@ def validate_request_input(
         if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
             raise ValueError(f"prompt token {tok!r} at position {pos} is outside the vocabulary "
                              f"[0, {vocab_size}); send token ids of this model's tokenizer")
+    if (overflow := context_overflow(n, params.max_tokens, max_model_len)) is not None:
+        raise ValueError(f"{overflow}; shorten the {'prompt' if n >= max_model_len else 'prompt + max_tokens'}")
     needed = n + params.max_tokens
-    if n >= max_model_len or needed > max_model_len:
-        what = "prompt" if n >= max_model_len else "prompt + max_tokens"
-        raise ValueError(f"prompt has {n} tokens; model context is {max_model_len} "
-                         f"(max_tokens={params.max_tokens} needs {needed}); shorten the {what}")
     num_blocks = -(-needed // block_size)
     if num_blocks > num_usable_blocks:
         raise ValueError(f"request needs {num_blocks} KV blocks ({needed} tokens) but the KV cache holds only "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from kvmesh.events.publisher import PublisherConfig
 from kvmesh.replica.config import EngineConfig
@@ -29,23 +29,13 @@ if TYPE_CHECKING:
     from kvmesh.replica.interfaces import ModelRunnerInterface
     from kvmesh.replica.openai.runner import HTTPServer
     from kvmesh.replica.server import ServerState
+    from kvmesh.replica.tp_worker import ExecutorOptions
     from ray.util.placement_group import PlacementGroup
 
 logger = logging.getLogger(__name__)
 
 Endpoints = dict[str, str | int | float | None]
 """What a replica tells whoever needs it: HTTP URL, event endpoints, model, block size (JSON)."""
-
-
-class ExecutorKwargs(TypedDict, total=False):
-    """Where a replica's tensor-parallel workers run (TP > 1: ``tp_worker.RayTPExecutor``'s arguments)."""
-
-    placement_group: PlacementGroup | None
-    """One bundle per rank; None: the executor makes one."""
-    num_cpus_per_worker: float
-    """Ray CPUs per TP worker."""
-    step_timeout_s: float
-    """A TP step (or collective) slower than this means a rank is broken."""
 
 
 class ReplicaRuntime:
@@ -65,10 +55,10 @@ class ReplicaRuntime:
     def start(cls, engine: EngineConfig, server: ReplicaServerConfig | None = None,
               events: PublisherConfig | None = None, frontend: FrontendConfig | None = None, *,
               replica_id: str = "replica-0", model_runner: ModelRunnerInterface | None = None,
-              executor: ExecutorKwargs | None = None) -> ReplicaRuntime:
+              placement_group: PlacementGroup | None = None, executor: ExecutorOptions | None = None) -> ReplicaRuntime:
         """Build and start a replica from its sections (None: the section's defaults). The publisher binds
-        where ``server`` says (``server.publisher_config``; ``event_port`` null: no events). ``executor``
-        places the TP workers (TP > 1, Ray actors only)."""
+        where ``server`` says (``server.publisher_config``; ``event_port`` null: no events).
+        ``placement_group`` and ``executor`` place the TP workers (TP > 1)."""
         from kvmesh.replica.async_engine import AsyncLLM
         from kvmesh.replica.openai.runner import HTTPServer
         from kvmesh.replica.server import ServerState, build_app
@@ -80,7 +70,7 @@ class ReplicaRuntime:
         tokenizer = load_tokenizer(engine.tokenizer_path, max_model_len=engine.max_model_len,
                                    chat_template=frontend.chat_template)
         llm = AsyncLLM.from_config(engine, tokenizer.hf, model_runner=model_runner, events=events,
-                                   **(executor or {}))
+                                   placement_group=placement_group, **(executor or {}))
         tokenizer.max_model_len = llm.max_model_len
         publisher = llm.event_publisher
         if publisher is not None:

@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.request import Request, RequestStatus
 from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
 
+if TYPE_CHECKING:
+    from kvmesh.kvcache.kv_cache_manager import KVCacheManager
+
 
 class Scheduler:
     """Holds the waiting and running requests and turns them into one ``SchedulerOutput`` per step."""
 
-    def __init__(self, config: EngineConfig, kv_cache_manager: Any) -> None:
+    def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.enable_caching = config.enable_prefix_caching

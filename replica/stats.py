@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.serving.metric_buckets import (
     ITERATION_TOKENS_BUCKETS,
@@ -20,6 +20,9 @@ from kvmesh.replica.serving.metric_buckets import (
     TTFT_BUCKETS,
     build_1_2_5_buckets,
 )
+
+if TYPE_CHECKING:
+    from kvmesh.replica.request import Request
 
 DEFAULT_MAX_MODEL_LEN = 4096  # token-count buckets of an ``EngineStats()`` built without a model
 
@@ -121,7 +124,7 @@ class EngineStats:
         """One engine step that ran the model on ``num_batched_tokens`` tokens."""
         self.iteration_tokens.observe(num_batched_tokens)
 
-    def record_finished(self, request: Any) -> None:
+    def record_finished(self, request: Request) -> None:
         """Observe a finished ``Request``'s phases and sizes (its timestamps are ``time.monotonic()``)."""
         reason = request.status.finish_reason or "unknown"
         self.num_finished[reason] = self.num_finished.get(reason, 0) + 1

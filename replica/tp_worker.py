@@ -18,12 +18,46 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
+import msgspec
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.distributed import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedInit
 
+if TYPE_CHECKING:
+    from kvmesh.replica.interfaces import ModelRunnerInterface
+    from kvmesh.replica.model_runner import ModelRunner
+    from kvmesh.replica.scheduler_output import SchedulerOutput
+    from ray.util.placement_group import PlacementGroup
+    from typing_extensions import Unpack
+
 logger = logging.getLogger(__name__)
+
+
+class RunnerFacts(msgspec.Struct, frozen=True):
+    """What a rank's ModelRunner tells the engine about itself (sent from each TPWorker to the executor)."""
+
+    num_kv_blocks: int
+    """KV cache blocks the rank holds (the executor takes the smallest)."""
+    max_model_len: int
+    """Longest sequence the model takes."""
+    vocab_size: int
+    """Token ids are in ``[0, vocab_size)``."""
+    eos_token_ids: list[int]
+    """Token ids that end a request."""
+    device: str
+    """Where the rank runs (``cuda:0``, ``cpu``)."""
+
+
+class ExecutorOptions(TypedDict, total=False):
+    """``RayTPExecutor``'s keyword arguments besides the config, as callers pass them through."""
+
+    num_cpus_per_worker: float
+    """CPUs each rank's actor reserves."""
+    init_timeout_s: float
+    """Longest wait for the placement group and the ranks' model load."""
+    step_timeout_s: float
+    """Longest a step (or a collective) may take before the group is declared dead."""
 
 
 class TPWorker:
@@ -33,7 +67,7 @@ class TPWorker:
         self.config = config
         self.rank = rank
         self.world_size = world_size
-        self.runner: Any = None
+        self.runner: ModelRunner | None = None
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's node IP and a free port there (the group's meeting point)."""
@@ -43,23 +77,23 @@ class TPWorker:
         ip = ray.util.get_node_ip_address()
         return ip, free_port()
 
-    def init_model(self, init: DistributedInit) -> dict[str, Any]:
+    def init_model(self, init: DistributedInit) -> RunnerFacts:
         """Join the process group, build this rank's ModelRunner, report what the engine needs."""
         from kvmesh.replica.distributed import init_distributed
 
         init_distributed(init, self.rank)
         return self.load_model(self.config)
 
-    def load_model(self, config: EngineConfig) -> dict[str, Any]:
+    def load_model(self, config: EngineConfig) -> RunnerFacts:
         """(Re)build this rank's ModelRunner for ``config`` in the existing process group."""
         from kvmesh.replica.model_runner import ModelRunner
 
         self.config, self.runner = config, None
         self.runner = r = ModelRunner(config, rank=self.rank, world_size=self.world_size)
-        return {"num_kv_blocks": r.num_kv_blocks, "max_model_len": r.max_model_len, "vocab_size": r.vocab_size,
-                "eos_token_ids": list(r.eos_token_ids or ()), "device": str(getattr(r, "device", "cpu"))}
+        return RunnerFacts(num_kv_blocks=r.num_kv_blocks, max_model_len=r.max_model_len, vocab_size=r.vocab_size,
+                           eos_token_ids=list(r.eos_token_ids or ()), device=str(getattr(r, "device", "cpu")))
 
-    def execute_model(self, out: Any) -> dict[str, int] | None:
+    def execute_model(self, out: SchedulerOutput) -> dict[str, int] | None:
         sampled = self.runner.execute_model(out)
         return sampled if self.rank == 0 else None
 
@@ -79,7 +113,8 @@ class RayTPExecutor:
     dead_reason: str | None = None
     """Why the TP group can no longer run steps (a rank died, raised or hung); None while it can."""
 
-    def __init__(self, config: EngineConfig, placement_group: Any = None, num_cpus_per_worker: float = 1.0,
+    def __init__(self, config: EngineConfig, placement_group: PlacementGroup | None = None,
+                 num_cpus_per_worker: float = 1.0,
                  init_timeout_s: float = 300.0, step_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S):
         import ray
         from kvmesh.replica.distributed import backend_for
@@ -131,18 +166,18 @@ class RayTPExecutor:
         config = replace(config, device=self.device.split(":")[0])
         self._adopt(ray.get([w.load_model.remote(config) for w in self.workers], timeout=self.init_timeout_s))
 
-    def _adopt(self, infos: list[dict[str, Any]]) -> None:
+    def _adopt(self, infos: list[RunnerFacts]) -> None:
         info = infos[0]
-        self.num_kv_blocks = min(i["num_kv_blocks"] for i in infos)
-        self.max_model_len = info["max_model_len"]
-        self.vocab_size = info["vocab_size"]
-        self.eos_token_ids = info["eos_token_ids"]
-        self.device = info["device"]
+        self.num_kv_blocks = min(i.num_kv_blocks for i in infos)
+        self.max_model_len = info.max_model_len
+        self.vocab_size = info.vocab_size
+        self.eos_token_ids = info.eos_token_ids
+        self.device = info.device
         self.hf_config = None
         logger.info("TP group of %d ranks ready on %s (%d KV blocks)", self.world_size, self.device,
                     self.num_kv_blocks)
 
-    def execute_model(self, out: Any) -> dict[str, int]:
+    def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
         import ray
 
         if self.dead_reason is not None:
@@ -196,7 +231,8 @@ def _cuda_on_cluster() -> bool:
     return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
 
 
-def make_model_runner(config: EngineConfig, placement_group: Any = None, **executor_kwargs: Any) -> Any:
+def make_model_runner(config: EngineConfig, placement_group: PlacementGroup | None = None,
+                      **executor_kwargs: Unpack[ExecutorOptions]) -> ModelRunnerInterface:
     """A ModelRunner in this process for TP=1, a RayTPExecutor for TP>1."""
     if config.tensor_parallel_size == 1:
         from kvmesh.replica.model_runner import ModelRunner

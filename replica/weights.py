@@ -16,17 +16,16 @@ import os
 import time
 import zlib
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import torch
-from kvmesh.replica.layers.linear import default_weight_loader
+from kvmesh.replica.layers.linear import LoadedWeight, default_weight_loader
 from kvmesh.replica.model_config import ModelSpec
 from torch import nn
 
 logger = logging.getLogger(__name__)
 
 
-def safetensors_weights(model_dir: str) -> Iterator[tuple[str, Any]]:
+def safetensors_weights(model_dir: str) -> Iterator[tuple[str, LoadedWeight]]:
     """(name, safetensors slice) for every tensor of every ``*.safetensors`` file, streaming."""
     from safetensors import safe_open
 
@@ -41,7 +40,7 @@ def safetensors_weights(model_dir: str) -> Iterator[tuple[str, Any]]:
                 yield name, f.get_slice(name)
 
 
-def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]]) -> int:
+def load_weights(model: nn.Module, weights: Iterable[tuple[str, LoadedWeight]]) -> int:
     """Feed checkpoint tensors to the model's parameter loaders; returns how many were loaded.
 
     Raises if a parameter received nothing (a truncated or mismatched checkpoint).

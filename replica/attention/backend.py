@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.triton_utils import triton_problem
+
+if TYPE_CHECKING:  # the backends' modules import CUDA-only code: named for type checkers only
+    from kvmesh.replica.attention.flash_attn_backend import FlashAttentionMetadata
+    from kvmesh.replica.attention.torch_backend import TorchAttentionMetadata
+    from kvmesh.replica.attention.triton_backend import TritonAttentionMetadata
+
+    AttentionMetadata = TorchAttentionMetadata | FlashAttentionMetadata | TritonAttentionMetadata
+    """What a backend's ``build`` derives once per step and every layer's ``forward`` reads."""
 
 PAGED_BLOCK_MULTIPLE = 256  # flash-attn 2 reads a block_table only at page sizes that are multiples of this
 
@@ -26,11 +34,11 @@ class AttentionBackend(Protocol):
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         """Shape of one layer's cache (K and V) in this backend's layout."""
 
-    def build(self, common: CommonAttentionMetadata) -> Any:
+    def build(self, common: CommonAttentionMetadata) -> AttentionMetadata:
         """Per-step metadata derived once and shared by all layers."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
-                metadata: Any, scale: float) -> torch.Tensor:
+                metadata: AttentionMetadata, scale: float) -> torch.Tensor:
         """Write k/v [T, Hk, D] into ``kv_cache`` (one layer, ``kv_cache_shape``) at the step's slots,
         then attend q [T, Hq, D] over each request's context; returns [T, Hq, D]. With ``kv_cache``
         None (profiling), every request must be a fresh prefill."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from kvmesh.replica.attention.backend import AttentionBackend
 from torch import nn
+
+if TYPE_CHECKING:
+    from kvmesh.replica.attention.backend import AttentionMetadata
 
 
 class Attention(nn.Module):
@@ -16,6 +19,6 @@ class Attention(nn.Module):
         self.backend: AttentionBackend | None = None
         self.kv_cache: torch.Tensor | None = None  # one layer's cache in the backend's layout, bound by the runner
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hk, D] -> [T, Hq, D]."""
         return self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale)

@@ -7,11 +7,9 @@ The embedding zeroes tokens it does not own and all-reduces; the head all-gather
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
-from kvmesh.replica.layers.linear import loaded_shape, narrow
+from kvmesh.replica.layers.linear import LoadedWeight, ShardId, loaded_shape, narrow
 from kvmesh.replica.parallel_state import SINGLE, ParallelState
 from torch import nn
 
@@ -29,7 +27,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.zeros(self.per_rank, embedding_dim), requires_grad=False)  # [V/tp, H]
         self.weight.weight_loader = self.weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: LoadedWeight, shard_id: ShardId = None) -> None:
         rows = self.vocab_end - self.vocab_start
         if loaded_shape(loaded)[0] != self.num_embeddings:
             raise ValueError(f"checkpoint vocabulary has {loaded_shape(loaded)[0]} rows, model expects {self.num_embeddings}")

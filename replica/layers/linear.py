@@ -11,7 +11,7 @@ either as a torch tensor or as a safetensors slice: ``narrow`` reads only this r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -19,12 +19,27 @@ from kvmesh.replica.parallel_state import SINGLE, ParallelState, divide
 from torch import nn
 
 
-def loaded_shape(w: Any) -> tuple[int, ...]:
+class SafetensorsSlice(Protocol):
+    """A checkpoint tensor not read yet (safetensors' ``PySafeSlice``): indexing reads only that part."""
+
+    def get_shape(self) -> list[int]: ...
+
+    def __getitem__(self, index: slice | tuple[slice, ...]) -> torch.Tensor: ...
+
+
+LoadedWeight = torch.Tensor | SafetensorsSlice
+"""A checkpoint tensor as a ``weight_loader`` receives it: in memory, or a slice read part by part."""
+
+ShardId = int | str | None
+"""Which part of a fused parameter a checkpoint tensor fills: gate/up's index, ``"q"``/``"k"``/``"v"``, or None."""
+
+
+def loaded_shape(w: LoadedWeight) -> tuple[int, ...]:
     """Shape of a checkpoint tensor or safetensors slice."""
     return tuple(w.shape) if isinstance(w, torch.Tensor) else tuple(w.get_shape())
 
 
-def narrow(w: Any, dim: int, start: int, size: int) -> torch.Tensor:
+def narrow(w: LoadedWeight, dim: int, start: int, size: int) -> torch.Tensor:
     """``w[start:start+size]`` along ``dim``, reading only that part of a safetensors slice."""
     if isinstance(w, torch.Tensor):
         return w.narrow(dim, start, size)
@@ -33,12 +48,12 @@ def narrow(w: Any, dim: int, start: int, size: int) -> torch.Tensor:
     return w[tuple(index)]
 
 
-def materialize(w: Any) -> torch.Tensor:
+def materialize(w: LoadedWeight) -> torch.Tensor:
     """The whole checkpoint tensor."""
     return w if isinstance(w, torch.Tensor) else w[:]
 
 
-def default_weight_loader(param: nn.Parameter, loaded: Any) -> None:
+def default_weight_loader(param: nn.Parameter, loaded: LoadedWeight) -> None:
     """Copy an unsharded tensor (casting to the parameter's dtype/device)."""
     w = materialize(loaded)
     if tuple(w.shape) != tuple(param.shape):
@@ -62,7 +77,7 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: LoadedWeight, shard_id: ShardId = None) -> None:
         raise NotImplementedError
 
 
@@ -72,7 +87,7 @@ class ColumnParallelLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, bias: bool = False, parallel: ParallelState = SINGLE):
         super().__init__(input_size, divide(output_size, parallel.tp_size, "output_size"), bias, 0, parallel)
 
-    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: LoadedWeight, shard_id: ShardId = None) -> None:
         size = param.shape[0]
         param.data.copy_(narrow(loaded, 0, self.tp_rank * size, size))
 
@@ -88,7 +103,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = output_sizes
         super().__init__(input_size, sum(output_sizes), bias, parallel)
 
-    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: int = 0) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: LoadedWeight, shard_id: int = 0) -> None:
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
         param.data.narrow(0, offset, size).copy_(narrow(loaded, 0, self.tp_rank * size, size))
@@ -112,7 +127,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
         super().__init__(hidden_size, out, bias, parallel)
 
-    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: str = "q") -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: LoadedWeight, shard_id: str = "q") -> None:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if shard_id == "q":
             offset, size, start = 0, q_size, self.tp_rank * q_size
@@ -131,7 +146,7 @@ class RowParallelLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, bias: bool = False, parallel: ParallelState = SINGLE):
         super().__init__(divide(input_size, parallel.tp_size, "input_size"), output_size, bias, 1, parallel)
 
-    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: LoadedWeight, shard_id: ShardId = None) -> None:
         if param.dim() == 1:  # the bias is not split; only rank 0 adds it
             default_weight_loader(param, loaded)
             return

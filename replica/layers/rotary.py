@@ -10,13 +10,13 @@ q and k in place in one kernel (``triton_rotary.py``) and returns them.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from kvmesh.replica.layers.custom_op import CustomOp, triton_ops
+from kvmesh.replica.model_config import RopeScaling
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
     """Inverse frequencies [head_dim // 2] as transformers computes them for each rope_type."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     rope_type = scaling.get("rope_type", "default")
@@ -36,7 +36,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch
 
 
 class RotaryEmbedding(CustomOp):
-    def __init__(self, head_dim: int, max_position: int, theta: float, scaling: dict[str, Any] | None = None) -> None:
+    def __init__(self, head_dim: int, max_position: int, theta: float, scaling: RopeScaling | None = None) -> None:
         super().__init__()
         self.head_dim = head_dim
         inv_freq = rope_inv_freq(head_dim, theta, scaling or {})

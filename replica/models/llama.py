@@ -13,7 +13,7 @@ A decoder layer launches 9 kernels on CUDA (RMSNorm, rotary and SiLU·mul are fu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from kvmesh.replica.attention.layer import Attention
@@ -25,6 +25,9 @@ from kvmesh.replica.layers.rotary import RotaryEmbedding
 from kvmesh.replica.model_config import ModelSpec
 from kvmesh.replica.parallel_state import SINGLE, ParallelState, divide
 from torch import nn
+
+if TYPE_CHECKING:
+    from kvmesh.replica.attention.backend import AttentionMetadata
 
 
 class LlamaAttention(nn.Module):
@@ -40,7 +43,7 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = [rotary]  # shared by all layers; a list so it is not registered once per layer
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, self.head_dim**-0.5)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hk) * Dh]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, Hq, Dh]
@@ -73,7 +76,7 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
-                attn_metadata: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                attn_metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
@@ -94,7 +97,7 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None  # [T, H]
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, attn_metadata)
@@ -122,7 +125,7 @@ class LlamaForCausalLM(nn.Module):
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
         """input_ids/positions [T] -> final hidden states [T, H]."""
         return self.model(input_ids, positions, attn_metadata)
 

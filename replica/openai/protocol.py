@@ -7,11 +7,15 @@ that says what was wrong and what to do. Responses are in responses.py.
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError
-from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
+from kvmesh.replica.serving.json_types import JSONObject
+from kvmesh.replica.serving.sampling_params import (
+    MAX_LOGPROBS,
+    SamplingParams,
+    SamplingParamsError,
+    context_overflow,
+)
 from pydantic import Field
 
 MAX_CHOICES = 128
@@ -96,10 +100,10 @@ class SamplingFields(OpenAIBaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def to_sampling_params(self, prompt_len: int, max_model_len: int, default_max_tokens: int | None = None):
-        """``SamplingParams`` for a prompt of ``prompt_len`` tokens on a ``max_model_len`` context."""
-        from kvmesh.replica.serving.sampling_params import SamplingParams
-
+    def to_sampling_params(self, prompt_len: int, max_model_len: int,
+                           default_max_tokens: int | None = None) -> SamplingParams:
+        """``SamplingParams`` for a prompt of ``prompt_len`` tokens on a ``max_model_len`` context (the HTTP edge:
+        the field rules are ``SamplingParams``', the context rule ``context_overflow``; a 400 names the field)."""
         self.check_supported()
         if prompt_len < 1:
             raise ProtocolError("prompt is empty; send at least one token", param="prompt")
@@ -113,15 +117,9 @@ class SamplingFields(OpenAIBaseModel):
         max_tokens = self._max_tokens()
         if max_tokens is None:
             max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
-        if max_tokens < 1:
-            raise ProtocolError(f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
-        if prompt_len + max_tokens > max_model_len:
-            raise ProtocolError(
-                f"prompt has {prompt_len} tokens; model context is {max_model_len} "
-                f"(max_tokens={max_tokens} needs {prompt_len + max_tokens}). "
-                f"Lower max_tokens to at most {room} or shorten the prompt.",
-                param="max_tokens",
-            )
+        if (overflow := context_overflow(prompt_len, max_tokens, max_model_len)) is not None:
+            raise ProtocolError(f"{overflow}. Lower max_tokens to at most {room} or shorten the prompt.",
+                                param="max_tokens")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         logprobs, prompt_logprobs = self._logprobs()
         try:
@@ -139,6 +137,8 @@ class SamplingFields(OpenAIBaseModel):
                 prompt_logprobs=prompt_logprobs,
                 logit_bias=self._logit_bias(),
             )
+        except SamplingParamsError as e:
+            raise ProtocolError(f"bad sampling parameters: {e}", param=e.param) from None
         except (ValueError, TypeError) as e:
             raise ProtocolError(f"bad sampling parameters: {e}") from None
 
@@ -203,7 +203,7 @@ class CompletionRequest(SamplingFields):
 
 class ChatMessage(OpenAIBaseModel):
     role: str
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[JSONObject] | None = None
     name: str | None = None
 
     def text(self) -> str:
@@ -220,8 +220,8 @@ class ChatMessage(OpenAIBaseModel):
             texts.append(str(part.get("text", "")))
         return "\n".join(texts)
 
-    def to_template_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"role": self.role, "content": self.text()}
+    def to_template_dict(self) -> JSONObject:
+        d: JSONObject = {"role": self.role, "content": self.text()}
         if self.name:
             d["name"] = self.name
         return d
@@ -239,8 +239,8 @@ class ChatCompletionRequest(SamplingFields):
     """And of this many most likely tokens per position (needs ``logprobs: true``)."""
     add_generation_prompt: bool = True
     chat_template: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[JSONObject] | None = None
+    response_format: JSONObject | None = None
     prompt_token_ids: list[int] | None = None
     """(kvmesh) The chat already rendered to token ids: used instead of rendering ``messages`` (still required),
     after a range check and the usual context / max_tokens checks. A kvmesh router sets it so the replica
@@ -268,7 +268,7 @@ class ChatCompletionRequest(SamplingFields):
             raise ProtocolError("only response_format {'type': 'text'} is supported (no JSON mode)",
                                 param="response_format")
 
-    def template_messages(self) -> list[dict[str, Any]]:
+    def template_messages(self) -> list[JSONObject]:
         return [m.to_template_dict() for m in self.messages]
 
 

@@ -5,6 +5,8 @@ load report and the metric buckets; the OpenAI HTTP layer (``replica/openai/``) 
 
     sampling_params.py  SamplingParams: how one request samples and stops
     tokenizer.py        torch-free tokenizer loading and the prompt -> token id rules
+    hf_tokenizer.py     HFTokenizer: what kvmesh calls of a Hugging Face tokenizer (a Protocol)
+    json_types.py       JSONObject: the named alias for JSON the code does not structure
     chat_template.py    chat templates compiled once, rendered in a sandbox
     detokenizer.py      incremental detokenization with stop strings
     errors.py           ProtocolError and the OpenAI-shaped error body

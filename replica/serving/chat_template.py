@@ -18,13 +18,13 @@ from __future__ import annotations
 import functools
 import json
 from datetime import datetime
-from typing import Any
 
 import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from kvmesh.replica.serving.json_types import JSONObject
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 """Message fields transformers aliases to one another; messages with any of them are rendered by transformers."""
@@ -96,7 +96,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         super().__init__(**kwargs)
         self._verdicts: dict[tuple[type, str], bool] = {}
 
-    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+    def is_safe_attribute(self, obj: object, attr: str, value: object) -> bool:
         key = (type(obj), attr)
         verdict = self._verdicts.get(key)
         if verdict is None:
@@ -120,7 +120,7 @@ def compile_template(source: str) -> jinja2.Template:
     return template
 
 
-def plain(messages: list[dict[str, Any]]) -> bool:
+def plain(messages: list[JSONObject]) -> bool:
     """Whether ``messages`` are what ``render`` takes as transformers would: dicts of str (no ``None``), none
     with a reasoning field."""
     for m in messages:
@@ -133,7 +133,7 @@ def plain(messages: list[dict[str, Any]]) -> bool:
 
 
 def render(source: str, messages: list[dict[str, str]], add_generation_prompt: bool,
-           special_tokens: dict[str, Any]) -> str:
+           special_tokens: dict[str, str | list[str]]) -> str:
     """The chat as transformers' ``apply_chat_template(messages, chat_template=source, tokenize=False,
     add_generation_prompt=...)`` renders it, for ``plain`` messages; ``special_tokens`` is the tokenizer's
     ``special_tokens_map``. Raises what the template raises (jinja2 errors)."""

@@ -14,8 +14,9 @@ arrives split over several tokens is never streamed out; a matched stop string i
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
+from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
 PROMPT_CONTEXT_TOKENS = 5  # prompt tokens kept as decoding context for the first output token
@@ -27,7 +28,7 @@ class IncrementalDetokenizer:
     __slots__ = ("_decode", "_ids", "_prefix_offset", "_read_offset", "_text", "_emitted", "_stop",
                  "_hold", "_min_tokens", "_num_tokens")
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def __init__(self, tokenizer: HFTokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self._decode = _fast_decoder(tokenizer)
         self._ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self._prefix_offset = 0
@@ -86,7 +87,7 @@ class IncrementalDetokenizer:
         return self._text[:self._emitted] if not finished else self._text
 
 
-def _fast_decoder(tokenizer: Any):
+def _fast_decoder(tokenizer: HFTokenizer) -> Callable[[list[int]], str]:
     """``ids -> str`` skipping special tokens; uses the Rust tokenizer directly when there is one."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if backend is not None and hasattr(backend, "decode"):

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -20,6 +20,26 @@ ERROR_TYPES = {
 }
 
 
+class ErrorDetail(TypedDict):
+    """The inside of an error body."""
+
+    message: str
+    """What was wrong and what to do."""
+    type: str
+    """OpenAI's error type (``invalid_request_error``, ...), from the status."""
+    param: str | None
+    """The request field at fault, if one is."""
+    code: int
+    """The HTTP status."""
+
+
+class ErrorBody(TypedDict):
+    """The OpenAI-shaped error JSON."""
+
+    error: ErrorDetail
+    """What went wrong."""
+
+
 class ProtocolError(Exception):
     """A request that cannot be served, with the HTTP status to answer it with."""
 
@@ -29,11 +49,11 @@ class ProtocolError(Exception):
         self.status_code = status_code
         self.param = param
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ErrorBody:
         return error_body(self.message, self.status_code, self.param)
 
 
-def error_body(message: str, status_code: int = 400, param: str | None = None) -> dict[str, Any]:
+def error_body(message: str, status_code: int = 400, param: str | None = None) -> ErrorBody:
     """The OpenAI-shaped error JSON (``code`` is the HTTP status, as vLLM sends it)."""
     err_type = ERROR_TYPES.get(status_code, "invalid_request_error" if status_code < 500 else "internal_server_error")
     return {"error": {"message": message, "type": err_type, "param": param, "code": status_code}}

@@ -20,6 +20,24 @@ MAX_LOGPROBS = 20
 """Most top logprobs per token a request may ask for (vLLM's default ``max_logprobs``; OpenAI allows 20)."""
 
 
+class SamplingParamsError(ValueError):
+    """An invalid sampling parameter; ``param`` names the field (the HTTP layer's 400 says which)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def context_overflow(prompt_len: int, max_tokens: int, max_model_len: int) -> str | None:
+    """What is wrong when a prompt of ``prompt_len`` tokens plus ``max_tokens`` to generate do not fit a context
+    of ``max_model_len`` tokens, or None when they fit: the rule, written once (the HTTP layer and the engine
+    each add what to do)."""
+    needed = prompt_len + max_tokens
+    if prompt_len < max_model_len and needed <= max_model_len:
+        return None
+    return f"prompt has {prompt_len} tokens; model context is {max_model_len} (max_tokens={max_tokens} needs {needed})"
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """Per-request sampling and stopping rules. Validated on construction."""
@@ -58,31 +76,38 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first invalid field (the engine re-checks params it is handed)."""
+        """Raise SamplingParamsError naming the first invalid field (the engine re-checks params it is handed:
+        the dataclass is mutable)."""
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+            raise SamplingParamsError("max_tokens", f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be in [0, 100], got {self.temperature!r}")
+            raise SamplingParamsError("temperature", f"temperature must be in [0, 100], got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise SamplingParamsError("top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}")
+            raise SamplingParamsError(
+                "top_k", f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+            raise SamplingParamsError(
+                "min_tokens", f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
+            raise SamplingParamsError("stop", "stop strings must be non-empty")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+            raise SamplingParamsError(
+                "stop_token_ids", f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or not 0 <= value <= MAX_LOGPROBS):
-                raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
+                raise SamplingParamsError(
+                    name, f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
         for token_id, bias in (self.logit_bias or {}).items():
             if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
-                raise ValueError(f"logit_bias keys must be non-negative token ids, got {token_id!r}")
+                raise SamplingParamsError(
+                    "logit_bias", f"logit_bias keys must be non-negative token ids, got {token_id!r}")
             if not isinstance(bias, int | float) or not -100.0 <= bias <= 100.0:
-                raise ValueError(f"logit_bias[{token_id}] must be a number in [-100, 100], got {bias!r}")
+                raise SamplingParamsError(
+                    "logit_bias", f"logit_bias[{token_id}] must be a number in [-100, 100], got {bias!r}")
 
     @property
     def greedy(self) -> bool:

@@ -20,10 +20,12 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import msgspec
 from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.hf_tokenizer import HFTokenizer, TokenCache
+from kvmesh.replica.serving.json_types import JSONObject
 
 NO_CHAT_TEMPLATE = (
     "this model's tokenizer defines no chat template, so chat requests cannot be rendered (as in vLLM: "
@@ -65,11 +67,21 @@ def model_max_len(model: str, revision: str | None = None) -> int | None:
     return None
 
 
+class TemplateMessage(Protocol):
+    """A chat message that gives its template form (``protocol.ChatMessage``)."""
+
+    def to_template_dict(self) -> JSONObject: ...
+
+
+ChatMessageLike = JSONObject | TemplateMessage
+"""A chat message as ``render_chat`` takes it: a plain dict, or a message that gives one."""
+
+
 class Tokenizer:
     """A model's tokenizer plus the rules for turning requests into token ids."""
 
-    def __init__(self, hf_tokenizer: Any, max_model_len: int, chat_template: str | None = None, name: str = "",
-                 cache: Any = None):
+    def __init__(self, hf_tokenizer: HFTokenizer, max_model_len: int, chat_template: str | None = None, name: str = "",
+                 cache: TokenCache | None = None):
         self.hf = hf_tokenizer
         """The ``transformers`` fast tokenizer (tokenizers backend, no torch)."""
         self.max_model_len = max_model_len
@@ -81,7 +93,7 @@ class Tokenizer:
         """Where ``encode`` gets its ids when set: an object whose ``encode(text, add_special_tokens,
         max_fresh_chars=None)`` gives exactly ``hf``'s ids (the router's ``CachedTokenizer``,
         router/tokenize_cache.py); None: ``hf`` encodes every call."""
-        self._special_tokens: dict[str, Any] | None = None
+        self._special_tokens: dict[str, str | list[str]] | None = None
 
     # ------------------------------------------------------------ properties
     @property
@@ -123,7 +135,7 @@ class Tokenizer:
         return self.encode(text, add_special_tokens) if len(text) <= max_fresh_chars else None
 
     @functools.cached_property
-    def _token_ids_type(self) -> Any:
+    def _token_ids_type(self) -> type[list[int]]:
         """msgspec type of a list of token ids in this vocabulary."""
         from typing import Annotated
 
@@ -148,7 +160,7 @@ class Tokenizer:
         return ids
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, chat_template: str | None = None
+        self, messages: list[ChatMessageLike], add_generation_prompt: bool = True, chat_template: str | None = None
     ) -> str:
         """The chat rendered to text by the (given or the model's) template."""
         if chat_template is None and self.chat_template is None:
@@ -168,7 +180,7 @@ class Tokenizer:
         )
 
     @property
-    def special_tokens(self) -> dict[str, Any]:
+    def special_tokens(self) -> dict[str, str | list[str]]:
         """The variables a chat template gets besides the chat (``bos_token``, ``eos_token``, ...)."""
         if self._special_tokens is None:
             self._special_tokens = dict(self.hf.special_tokens_map)
@@ -176,7 +188,7 @@ class Tokenizer:
 
     def render_chat(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[ChatMessageLike],
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
     ) -> list[int]:
@@ -185,7 +197,7 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=False)
 
 
-def _as_dict(message: Any) -> dict[str, Any]:
+def _as_dict(message: ChatMessageLike) -> JSONObject:
     """A template-ready message from a dict or a ``protocol.ChatMessage``."""
     if isinstance(message, dict):
         return message

@@ -18,7 +18,7 @@ from kvmesh.replica.interfaces import EngineClient, ModelRunnerInterface
 from kvmesh.replica.model_runner import ModelRunner
 from kvmesh.replica.request import Request
 from kvmesh.replica.serving.sampling_params import SamplingParams
-from kvmesh.replica.tp_worker import RayTPExecutor
+from kvmesh.replica.tp_worker import RayTPExecutor, RunnerFacts
 
 
 @pytest.mark.parametrize("request_", [
@@ -53,9 +53,9 @@ def test_ray_tp_executor_is_a_model_runner(real_runner):
     # them, without starting Ray (the executor's ranks are exercised in test_tp_equivalence.py).
     executor = RayTPExecutor.__new__(RayTPExecutor)
     executor.world_size = 1
-    executor._adopt([{"num_kv_blocks": real_runner.num_kv_blocks, "max_model_len": real_runner.max_model_len,
-                      "vocab_size": real_runner.vocab_size, "eos_token_ids": list(real_runner.eos_token_ids),
-                      "device": "cpu"}])
+    executor._adopt([RunnerFacts(num_kv_blocks=real_runner.num_kv_blocks, max_model_len=real_runner.max_model_len,
+                                 vocab_size=real_runner.vocab_size, eos_token_ids=list(real_runner.eos_token_ids),
+                                 device="cpu")])
     assert isinstance(executor, ModelRunnerInterface)
 
 
