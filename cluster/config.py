@@ -1,34 +1,36 @@
 """The config trees of the ``kvmesh`` commands, built from the components' own config dataclasses.
 
-    ServeConfig (kvmesh serve)                 ReplicaCommandConfig (kvmesh replica)
-    ├── engine:   EngineConfig     replica/    ├── engine: EngineConfig
-    ├── replicas: ReplicasConfig   here        ├── server: ReplicaServerConfig
-    ├── router:   RouterConfig     router/     └── events: PublisherConfig
-    ├── events:   PublisherConfig  events/
-    ├── ray:      RayConfig        here        RouterCommandConfig (kvmesh router)
-    └── autoscale: AutoscaleConfig autoscaler  └── router: RouterConfig
+    ServeConfig (kvmesh serve)                  ReplicaCommandConfig (kvmesh replica)
+    ├── engine:   EngineConfig      replica/    ├── engine:   EngineConfig
+    ├── replicas: ReplicasConfig    here        ├── server:   ReplicaServerConfig  replica/
+    ├── router:   RouterConfig      router/     ├── events:   PublisherConfig
+    ├── events:   PublisherConfig   events/     └── frontend: FrontendConfig
+    ├── frontend: FrontendConfig    replica/openai/
+    ├── ray:      RayConfig         here        RouterCommandConfig (kvmesh router)
+    └── autoscale: AutoscaleConfig  autoscaler  ├── router:   RouterConfig
+                                                └── frontend: FrontendConfig
 
-A section is the component's dataclass itself, so a field, its default, its check and its doc
-exist once; ``config_schema.py`` derives YAML keys, ``KVMESH_*`` variables and flags from them.
-Fields one command derives from another (the router's block size is the engine's in ``serve``)
-are listed in that command's ``HIDDEN`` map with the reason, and rejected if set there.
+A section is the component's dataclass itself, and the component takes it whole
+(``ReplicaRuntime.start(engine, server, events, frontend)``), so a field, its default, its check
+and its doc exist once; ``config_schema.py`` derives YAML keys, ``KVMESH_*`` variables and flags
+from them. Fields one command derives from another (the router's block size is the engine's in
+``serve``) are listed in that command's hidden map with the reason, and rejected if set there.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvmesh.cluster.autoscaler import AutoscaleConfig
-from kvmesh.cluster.config_schema import Schema, to_dict
+from kvmesh.cluster.config_schema import Schema, Tree, to_dict
 from kvmesh.cluster.gpu_share import check_gpu_share, gpus_per_worker
 from kvmesh.events.publisher import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.router.config import RouterConfig, check_api_key
+from kvmesh.replica.server_config import ReplicaServerConfig
+from kvmesh.router.config import RouterConfig
 
 # ``engine.model`` value that selects the tiny Llama built locally (cluster/embedded_model.py).
 EMBEDDED_MODEL = "embedded"
@@ -187,40 +189,9 @@ class ServeConfig:
     def is_embedded_ray(self) -> bool:
         return self.ray.address is None
 
-    def to_dict(self, redact: bool = True) -> dict[str, Any]:
+    def to_dict(self, redact: bool = True) -> Tree:
         """Plain nested dict (YAML-ready); secrets are replaced by "<redacted>" unless redact=False."""
         return to_dict(self, redact)
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaServerConfig:
-    """Where a standalone replica (``kvmesh replica``) serves HTTP and KV events."""
-
-    host: str = "127.0.0.1"
-    """Address for HTTP and events; loopback by default."""
-    port: int = 8100
-    """HTTP port; 0 picks a free one (the JSON line on stdout says which)."""
-    event_port: int | None = 5557
-    """KV event PUB port (0 = free port); null (flag: --event-port none) publishes no events."""
-    replay_port: int = 5558
-    """Replay/snapshot ROUTER port (0 = free port)."""
-    events_endpoint: str | None = None
-    """Full PUB endpoint instead of host/event_port, e.g. connect://tcp://collector:5557."""
-    api_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_API_KEY", "cli": True})
-    """Bearer token clients must send on /v1/* routes (at least 8 characters); None disables auth."""
-    served_model_name: str | None = None
-    """Name clients put in "model"; None -> the model value."""
-
-    def __post_init__(self) -> None:
-        for name in ("port", "replay_port"):
-            _check_port(getattr(self, name), f"server.{name}")
-        if self.event_port is not None:
-            _check_port(self.event_port, "server.event_port")
-        check_api_key(self.api_key, "server.api_key")
-        try:
-            ipaddress.ip_address(self.host)
-        except ValueError:
-            _check(bool(re.fullmatch(r"[A-Za-z0-9.-]+", self.host)), f"server.host={self.host!r} is not an address")
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,14 +222,11 @@ class RouterCommandConfig:
 
 
 _EVENTS_DERIVED = "the replicas' event addresses come from replicas.event_port"
-_NOT_PASSED = "not passed to the replicas' publisher yet (replica/engine.py builds it from address and topic)"
+_SERVER_EVENTS = "set server.event_port or server.events_endpoint"
 _FRONTEND = "set the frontend section"
 _CURVE = "serve generates the event streams' CURVE keys (replicas.private_events)"
-_ENGINE_ONLY = "internal to the engine's Python API"
 SERVE_SCHEMA = Schema(ServeConfig, hidden={
-    "engine.kv_events_endpoint": _EVENTS_DERIVED, "engine.kv_events_replay_endpoint": _EVENTS_DERIVED,
-    "engine.kv_events_topic": "set events.topic", "engine.hf_config": _ENGINE_ONLY,
-    "engine.kv_events_curve_secret_key": _CURVE, "engine.kv_events_curve_client_keys": _CURVE,
+    "events.curve_secret_key": _CURVE, "events.curve_client_keys": _CURVE,
     "router.events_curve_server_key": _CURVE, "router.events_curve_public_key": _CURVE,
     "router.events_curve_secret_key": _CURVE,
     "router.model": "the router uses engine.model", "router.tokenizer": "the router uses engine.tokenizer",
@@ -267,15 +235,8 @@ SERVE_SCHEMA = Schema(ServeConfig, hidden={
     "router.replica_api_key": "the replicas require router.api_key", "router.frontend": _FRONTEND,
     "router.admin_key": "serve generates the admin key for its own processes",
     "events.endpoint": _EVENTS_DERIVED, "events.replay_endpoint": _EVENTS_DERIVED,
-    **{f"events.{f.name}": _NOT_PASSED for f in dataclasses.fields(PublisherConfig)
-       if f.name not in ("endpoint", "replay_endpoint", "topic")},
 })
 REPLICA_SCHEMA = Schema(ReplicaCommandConfig, hidden={
-    "engine.kv_events_endpoint": "set server.event_port or server.events_endpoint",
-    "engine.kv_events_replay_endpoint": "set server.replay_port", "engine.kv_events_topic": "set events.topic",
-    "engine.hf_config": _ENGINE_ONLY,
-    "events.endpoint": "set server.event_port or server.events_endpoint", "events.replay_endpoint": "set server.replay_port",
-    **{f"events.{f.name}": _NOT_PASSED for f in dataclasses.fields(PublisherConfig)
-       if f.name not in ("endpoint", "replay_endpoint", "topic")},
+    "events.endpoint": _SERVER_EVENTS, "events.replay_endpoint": "set server.replay_port",
 })
 ROUTER_SCHEMA = Schema(RouterCommandConfig, hidden={"router.frontend": _FRONTEND})

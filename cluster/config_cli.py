@@ -9,10 +9,18 @@ Secrets without a flag (the hash seed) are refused with a message that says wher
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Mapping
 
 from kvmesh.cluster.config_loader import ConfigError, load
-from kvmesh.cluster.config_schema import Option, Schema, assignments, field_docs, value_from_text
+from kvmesh.cluster.config_schema import (
+    Option,
+    Root,
+    Schema,
+    YamlValue,
+    assignments,
+    field_docs,
+    value_from_text,
+)
 
 
 class _RefuseSecret(argparse.Action):
@@ -28,7 +36,7 @@ class _RefuseSecret(argparse.Action):
                      "or put it in the --config file")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, schema: Schema, config_file: bool = True) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, schema: Schema[Root], config_file: bool = True) -> None:
     """One flag per visible field of ``schema``, grouped by section."""
     if config_file:
         parser.add_argument("--config", "-c", metavar="FILE",
@@ -48,20 +56,19 @@ def add_config_arguments(parser: argparse.ArgumentParser, schema: Schema, config
                 help_text += f" [default: {default}]"
             if opt.secret:
                 help_text += f" Prefer {opt.envs[-1]}: argv is visible in `ps`."
-            kwargs: dict[str, Any] = {"dest": _dest(opt), "default": argparse.SUPPRESS, "help": help_text}
+            common = {"dest": _dest(opt), "default": argparse.SUPPRESS}
             if opt.is_bool:
-                kwargs["action"] = argparse.BooleanOptionalAction
+                group.add_argument(opt.flag, **common, help=help_text, action=argparse.BooleanOptionalAction)
             elif opt.is_mapping:
-                kwargs.update(action="append", metavar="NAME=VALUE")
-                kwargs["help"] += " (repeatable)"
+                group.add_argument(opt.flag, **common, help=help_text + " (repeatable)", action="append",
+                                   metavar="NAME=VALUE")
             else:
-                kwargs["metavar"] = _metavar(opt)
-            group.add_argument(opt.flag, **kwargs)
+                group.add_argument(opt.flag, **common, help=help_text, metavar=_metavar(opt))
 
 
-def overrides_from_args(args: argparse.Namespace, schema: Schema) -> dict[str, Any]:
+def overrides_from_args(args: argparse.Namespace, schema: Schema[Root]) -> dict[str, YamlValue]:
     """The dotted-path values the user gave on the command line."""
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, YamlValue] = {}
     for opt in schema.options:
         if not hasattr(args, _dest(opt)):
             continue
@@ -78,7 +85,7 @@ def overrides_from_args(args: argparse.Namespace, schema: Schema) -> dict[str, A
     return overrides
 
 
-def config_from_args(args: argparse.Namespace, schema: Schema, env: Any = None) -> Any:
+def config_from_args(args: argparse.Namespace, schema: Schema[Root], env: Mapping[str, str] | None = None) -> Root:
     """YAML (``--config``) + environment + flags -> the root config; raises ``ConfigError``."""
     return load(schema, getattr(args, "config", None), overrides_from_args(args, schema), env)
 

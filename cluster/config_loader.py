@@ -14,20 +14,19 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import yaml
-from kvmesh.cluster.config import SERVE_SCHEMA
-from kvmesh.cluster.config_schema import Option, Schema, assignments, value_from_text
+from kvmesh.cluster.config import SERVE_SCHEMA, ServeConfig
+from kvmesh.cluster.config_schema import Option, Root, Schema, Tree, YamlValue, assignments, value_from_text
 
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message says where and what to do."""
 
 
-def load(schema: Schema, path: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
-         env: Mapping[str, str] | None = None) -> Any:
+def load(schema: Schema[Root], path: str | Path | None = None, overrides: Mapping[str, YamlValue] | None = None,
+         env: Mapping[str, str] | None = None) -> Root:
     """YAML file (optional) + environment + dotted overrides -> the validated root config."""
     source = f"config {path}" if path else "config"
     data = schema.section_defaults()
@@ -44,20 +43,20 @@ def load(schema: Schema, path: str | Path | None = None, overrides: Mapping[str,
     return convert(schema, data, source)
 
 
-def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
-                env: Mapping[str, str] | None = None) -> Any:
+def load_config(path: str | Path | None = None, overrides: Mapping[str, YamlValue] | None = None,
+                env: Mapping[str, str] | None = None) -> ServeConfig:
     """``kvmesh serve``'s ``ServeConfig`` (see ``load``)."""
     return load(SERVE_SCHEMA, path, overrides, env)
 
 
-def from_dict(data: Mapping[str, Any], schema: Schema = SERVE_SCHEMA, source: str = "config") -> Any:
+def from_dict(data: Mapping[str, YamlValue], schema: Schema[Root] = SERVE_SCHEMA, source: str = "config") -> Root:
     """Nested mapping (as in YAML) -> validated root config."""
     merged = schema.section_defaults()
     _merge(schema, merged, data, source)
     return convert(schema, merged, source)
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+def read_yaml(path: str | Path) -> dict[str, YamlValue]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; see deploy/serve.example.yaml for one")
@@ -70,14 +69,14 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def convert(schema: Schema, data: dict[str, Any], source: str) -> Any:
+def convert(schema: Schema[Root], data: Tree, source: str) -> Root:
     try:
         return msgspec.convert(data, schema.root, strict=False)
     except msgspec.ValidationError as e:
         raise ConfigError(f"{source}: {_explain(schema, data, str(e))}") from None
 
 
-def _merge(schema: Schema, data: dict[str, Any], given: Mapping[str, Any], source: str) -> None:
+def _merge(schema: Schema[Root], data: Tree, given: Mapping[str, YamlValue], source: str) -> None:
     for section, values in given.items():
         if section not in schema.sections:
             raise ConfigError(f"{source}: unknown section {section!r}{did_you_mean(str(section), list(schema.sections))}; "
@@ -90,7 +89,7 @@ def _merge(schema: Schema, data: dict[str, Any], given: Mapping[str, Any], sourc
             _set(data, _known(schema, f"{section}.{key}", source), value, source)
 
 
-def _known(schema: Schema, dotted: str, source: str) -> Option:
+def _known(schema: Schema[Root], dotted: str, source: str) -> Option:
     opt = schema.option(dotted)
     if opt is not None:
         return opt
@@ -102,7 +101,7 @@ def _known(schema: Schema, dotted: str, source: str) -> Option:
                       f"valid keys in {section}: {', '.join(names)}")
 
 
-def _set(data: dict[str, Any], opt: Option, value: Any, source: str) -> None:
+def _set(data: Tree, opt: Option, value: YamlValue, source: str) -> None:
     section = data.setdefault(opt.section, {})
     if opt.is_mapping and isinstance(value, str):
         try:
@@ -112,7 +111,7 @@ def _set(data: dict[str, Any], opt: Option, value: Any, source: str) -> None:
     section[opt.name] = value
 
 
-def _explain(schema: Schema, data: dict[str, Any], message: str) -> str:
+def _explain(schema: Schema[Root], data: Tree, message: str) -> str:
     """msgspec's "Expected `int`, got `str` - at `$.engine.block_size`" -> a line that names the flag."""
     m = re.fullmatch(r"(.*?)(?: - at `\$\.?([^`]*)`)?", message, flags=re.S)
     text, path = m.group(1), (m.group(2) or "")

@@ -24,12 +24,29 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 import yaml
 
 REDACTED = "<redacted>"
 _NULLS = ("none", "null", "~")
+
+YamlValue = str | int | float | bool | list | dict | None
+"""A value as a YAML file, a variable or a flag gives it, before msgspec converts it to the field's type."""
+Tree = dict[str, dict[str, YamlValue]]
+"""A root config as plain data: section -> key -> value (YAML-ready)."""
+Annotation = type | types.UnionType | types.GenericAlias
+"""A field's resolved type annotation: ``int``, ``str | None``, ``dict[str, float]``."""
+
+
+class Dataclass(Protocol):
+    """Any dataclass instance (a config section or a root config)."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field]]
+
+
+Root = TypeVar("Root", bound=Dataclass)
+"""The root config class of a schema (``ServeConfig``, ``ReplicaCommandConfig``, ...)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +57,7 @@ class Option:
     """Section name in the root config (``engine``, ``router``, ...)."""
     field: dataclasses.Field
     """The dataclass field (name, type, default, metadata)."""
-    type: Any
+    type: Annotation
     """The field's resolved type annotation."""
     doc: str
     """First line of the field's doc."""
@@ -79,10 +96,10 @@ class Option:
 
 
 @dataclass(frozen=True)
-class Schema:
+class Schema(Generic[Root]):
     """The options of one command: a root dataclass whose fields are sections."""
 
-    root: type
+    root: type[Root]
     """The root config class (``ServeConfig``, ...)."""
     hidden: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Dotted field -> why users do not set it in this command (derived from another field)."""
@@ -109,9 +126,9 @@ class Schema:
     def option(self, dotted: str) -> Option | None:
         return next((o for o in self.options if o.dotted == dotted), None)
 
-    def section_defaults(self) -> dict[str, Any]:
+    def section_defaults(self) -> Tree:
         """Each section's defaults in this root (``ServeConfig`` defaults its engine's model, ...)."""
-        out: dict[str, Any] = {}
+        out: Tree = {}
         for f in dataclasses.fields(self.root):
             if f.default_factory is not dataclasses.MISSING:
                 out[f.name] = dataclasses.asdict(f.default_factory())
@@ -137,19 +154,19 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def allows_none(tp: Any) -> bool:
+def allows_none(tp: Annotation) -> bool:
     return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
 
 
-def allows_str(tp: Any) -> bool:
+def allows_str(tp: Annotation) -> bool:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return str in typing.get_args(tp)
     return tp is str
 
 
-def value_from_text(text: str, tp: Any) -> Any:
-    """A CLI / environment string -> the value for a field of type ``tp`` (msgspec converts the rest)."""
-    if (tp is typing.Any or allows_none(tp)) and text.strip().lower() in _NULLS:
+def value_from_text(text: str, tp: Annotation | None) -> YamlValue:
+    """A CLI / environment string -> the value for a field of type ``tp`` (None: any; msgspec converts the rest)."""
+    if (tp is None or tp is typing.Any or allows_none(tp)) and text.strip().lower() in _NULLS:
         return None
     if allows_str(tp):
         return text
@@ -159,18 +176,18 @@ def value_from_text(text: str, tp: Any) -> Any:
         return text
 
 
-def assignments(items: list[str], what: str) -> dict[str, Any]:
+def assignments(items: list[str], what: str) -> dict[str, YamlValue]:
     """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (values parsed as YAML scalars)."""
     out = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{what} {item!r}: expected NAME=VALUE")
-        out[key.strip()] = value_from_text(raw, typing.Any)
+        out[key.strip()] = value_from_text(raw, None)
     return out
 
 
-def to_dict(config: Any, redact: bool = True) -> dict[str, Any]:
+def to_dict(config: Dataclass, redact: bool = True) -> Tree:
     """Nested plain dict of a root config (YAML-ready); secrets -> "<redacted>" unless redact=False."""
     out = dataclasses.asdict(config)
     if redact:
@@ -182,7 +199,7 @@ def to_dict(config: Any, redact: bool = True) -> dict[str, Any]:
     return out
 
 
-def commented_yaml(schema: Schema, config: Any, header: str = "") -> str:
+def commented_yaml(schema: Schema[Root], config: Root, header: str = "") -> str:
     """The config as YAML with each field's doc line above it (secrets redacted, hidden fields left out)."""
     values = to_dict(config)
     lines = [header.rstrip()] if header else []

@@ -6,18 +6,33 @@ admit only the router's public key. Generated per run by the launcher, never wri
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+
+from kvmesh.events.publisher import PublisherConfig
+from kvmesh.router.config import RouterConfig
 
 
 @dataclass(frozen=True)
 class CurveKeys:
-    """The config fields that make a cluster's event streams private (events/curve.py)."""
+    """The two keypairs of a cluster's private event streams (Z85). SECRET."""
 
-    replicas: dict[str, Any] = field(repr=False)
-    """The replicas' EngineConfig fields (their secret key, the router's public key). SECRET."""
-    router: dict[str, Any] = field(repr=False)
-    """The router's RouterConfig fields (the replicas' public key, its own keypair). SECRET."""
+    server_public: str
+    """The replicas' public key: the router checks it is talking to them."""
+    server_secret: str = field(repr=False)
+    """The replicas' secret key (their event sockets are CURVE servers). SECRET."""
+    router_public: str
+    """The router's public key: the only subscriber the replicas admit."""
+    router_secret: str = field(repr=False)
+    """The router's secret key. SECRET."""
+
+    def publisher(self, events: PublisherConfig) -> PublisherConfig:
+        """The replicas' events section with their secret key and the router as the one admitted client."""
+        return replace(events, curve_secret_key=self.server_secret, curve_client_keys=(self.router_public,))
+
+    def router(self, router: RouterConfig) -> RouterConfig:
+        """The router's section with the replicas' public key and its own keypair."""
+        return replace(router, events_curve_server_key=self.server_public, events_curve_public_key=self.router_public,
+                       events_curve_secret_key=self.router_secret)
 
 
 def curve_keys() -> CurveKeys:
@@ -25,7 +40,4 @@ def curve_keys() -> CurveKeys:
 
     server_public, server_secret = generate_keypair()
     router_public, router_secret = generate_keypair()
-    return CurveKeys(
-        replicas={"kv_events_curve_secret_key": server_secret, "kv_events_curve_client_keys": (router_public,)},
-        router={"events_curve_server_key": server_public, "events_curve_public_key": router_public,
-                "events_curve_secret_key": router_secret})
+    return CurveKeys(server_public, server_secret, router_public, router_secret)

@@ -21,40 +21,47 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
+from kvmesh.events.publisher import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
+from kvmesh.replica.server_config import AUTO_HOST, ReplicaServerConfig
+
+if TYPE_CHECKING:
+    from kvmesh.replica.runtime import Endpoints
+    from ray.actor import ActorHandle
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    RayOption = float | str | bool | PlacementGroupSchedulingStrategy | None
+    """A value of ``ray.remote(...).options(...)`` (num_cpus, num_gpus, name, scheduling_strategy, ...)."""
 
 logger = logging.getLogger(__name__)
 
 
+ACTOR_SERVER = ReplicaServerConfig(host=AUTO_HOST, port=0, event_port=0, replay_port=0)
+"""An actor's default server section: this node's address, ephemeral ports (reported by ``endpoints()``)."""
+
+
 @dataclass(slots=True)
 class ReplicaOptions:
-    """How one replica actor serves (engine settings are in ``engine``)."""
+    """How one replica actor serves: the replica's config sections whole, plus what only an actor has."""
 
     engine: EngineConfig
-    """The engine's configuration (model, cache, TP size, ...)."""
-    replica_id: str = "replica-0"
-    """Name used in logs, endpoints and metrics."""
-    host: str | None = None
-    """Address for HTTP and events; None -> 127.0.0.1 on a one-node Ray cluster, the node IP otherwise."""
-    http_port: int = 0
-    """HTTP port; 0 = ephemeral (reported by ``endpoints()``)."""
-    event_port: int = 0
-    """KV event PUB port; 0 = ephemeral."""
-    replay_port: int = 0
-    """Replay/snapshot ROUTER port; 0 = ephemeral."""
-    api_key: str | None = field(default=None, repr=False)
-    """Bearer token for /v1/* routes; None disables auth."""
-    served_model_name: str | None = None
-    """Name clients use in "model"; None -> the model path."""
+    """The engine's section (model, cache, TP size, ...)."""
+    server: ReplicaServerConfig = ACTOR_SERVER
+    """Where it listens (host "auto": 127.0.0.1 on a one-node Ray cluster, the node IP otherwise), API key, name."""
+    events: PublisherConfig = field(default_factory=PublisherConfig)
+    """The KV event stream (its addresses come from ``server``)."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     """The OpenAI front's limits, chat template and read timeouts."""
+    replica_id: str = "replica-0"
+    """Name used in logs, endpoints and metrics."""
     num_cpus_per_worker: float = 1.0
     """Ray CPUs per TP worker (TP > 1)."""
-    placement_group: Any = None
+    placement_group: PlacementGroup | None = None
     """Placement group for the TP workers (one bundle per rank); None -> the executor makes one."""
     step_timeout_s: float = 120.0
     """A TP step (or collective) slower than this means a rank is broken: the replica restarts."""
@@ -62,9 +69,6 @@ class ReplicaOptions:
     """How often the watchdog checks the engine and TP group."""
 
     def __post_init__(self) -> None:
-        for name in ("http_port", "event_port", "replay_port"):
-            if not 0 <= getattr(self, name) <= 65535:
-                raise ValueError(f"{name}={getattr(self, name)} is not a TCP port; use 0..65535 (0 = ephemeral)")
         if self.step_timeout_s <= 0 or self.watchdog_interval_s <= 0:
             raise ValueError("step_timeout_s and watchdog_interval_s must be positive")
 
@@ -99,20 +103,19 @@ class ReplicaActor:
 
     def __init__(self, options: ReplicaOptions):
         import ray
-        from kvmesh.replica.server_runtime import ReplicaRuntime
+        from kvmesh.replica.runtime import ReplicaRuntime
 
         self.options = options
         ctx = ray.get_runtime_context()
         self.restarted = bool(ctx.was_current_actor_reconstructed)
-        host = options.host or default_host()
+        server = options.server
+        if server.host == AUTO_HOST:
+            server = replace(server, host=default_host())
         with gpu_load_lock([str(i) for i in ray.get_gpu_ids()]):  # cards shared with other replicas: one at a time
             self.runtime = ReplicaRuntime.start(
-                options.engine, host=host, http_port=options.http_port, event_port=options.event_port,
-                replay_port=options.replay_port, api_key=options.api_key, served_model_name=options.served_model_name,
-                replica_id=options.replica_id, frontend=options.frontend,
-                executor_kwargs={"placement_group": options.placement_group,
-                                 "num_cpus_per_worker": options.num_cpus_per_worker,
-                                 "step_timeout_s": options.step_timeout_s})
+                options.engine, server, options.events, options.frontend, replica_id=options.replica_id,
+                placement_group=options.placement_group,
+                executor={"num_cpus_per_worker": options.num_cpus_per_worker, "step_timeout_s": options.step_timeout_s})
         self.started_at = time.time()
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="replica-watchdog", daemon=True)
@@ -128,11 +131,11 @@ class ReplicaActor:
                 self.runtime.close_events()  # publish nothing stale
                 os._exit(1)
 
-    def ready(self) -> dict[str, Any]:
+    def ready(self) -> Endpoints:
         """Returns (the endpoints) once the replica serves; callers wait on it."""
         return self.endpoints()
 
-    def endpoints(self) -> dict[str, Any]:
+    def endpoints(self) -> Endpoints:
         import ray
 
         info = self.runtime.endpoints()
@@ -140,14 +143,14 @@ class ReplicaActor:
                     node_id=ray.get_runtime_context().get_node_id(), started_at=self.started_at)
         return info
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> dict[str, bool | str | None]:
         reason = self.runtime.dead_reason()
         return {"healthy": reason is None, "reason": reason}
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, float | dict[str, int]]:
         return self.runtime.stats_dict()
 
-    def load(self) -> dict[str, Any]:
+    def load(self) -> dict[str, float | int | None]:
         return self.runtime.llm.load_report().to_dict()
 
     def shutdown(self, graceful_s: float = 10.0) -> bool:
@@ -157,7 +160,7 @@ class ReplicaActor:
 
 
 def start_replica_actor(options: ReplicaOptions, name: str | None = None, max_restarts: int = 3,
-                        namespace: str | None = None, **ray_options: Any) -> Any:
+                        namespace: str | None = None, **ray_options: RayOption) -> ActorHandle:
     """Create a ``ReplicaActor`` (not yet waited for: ``ray.get(actor.ready.remote())``).
 
     TP=1 on a GPU cluster needs the GPU in the actor itself (``num_gpus=1`` in ``ray_options``);
@@ -165,7 +168,7 @@ def start_replica_actor(options: ReplicaOptions, name: str | None = None, max_re
     """
     import ray
 
-    opts: dict[str, Any] = {"num_cpus": 1, "max_restarts": max_restarts, "max_task_retries": 0,
+    opts: dict[str, RayOption] = {"num_cpus": 1, "max_restarts": max_restarts, "max_task_retries": 0,
                             "max_concurrency": 8}
     if name is not None:
         opts["name"] = name

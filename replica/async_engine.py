@@ -34,7 +34,9 @@ from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.stats import EngineStats
 
 if TYPE_CHECKING:
+    from kvmesh.events.publisher import PublisherConfig
     from kvmesh.replica.tp_worker import ExecutorOptions
+    from ray.util.placement_group import PlacementGroup
     from typing_extensions import Unpack
 
 T = TypeVar("T")
@@ -68,7 +70,8 @@ class AsyncLLM:
 
     @classmethod
     def from_config(cls, config: EngineConfig, hf_tokenizer: HFTokenizer | None = None,
-                    model_runner: ModelRunnerInterface | None = None,
+                    model_runner: ModelRunnerInterface | None = None, events: PublisherConfig | None = None,
+                    placement_group: PlacementGroup | None = None,
                     **executor_kwargs: Unpack[ExecutorOptions]) -> AsyncLLM:
         """Model runner (a TP executor for tensor_parallel_size > 1), engine and its thread.
 
@@ -77,9 +80,9 @@ class AsyncLLM:
         if model_runner is None:
             from kvmesh.replica.tp_worker import make_model_runner
 
-            model_runner = make_model_runner(config, **executor_kwargs)
+            model_runner = make_model_runner(config, placement_group, **executor_kwargs)
         try:
-            engine = LLMEngine(config, model_runner=model_runner, tokenizer=hf_tokenizer)
+            engine = LLMEngine(config, model_runner=model_runner, tokenizer=hf_tokenizer, events=events)
         except BaseException:
             model_runner.shutdown()
             raise

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+
+from kvmesh.replica.serving.json_types import JSONObject
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -62,21 +63,10 @@ class EngineConfig:
     """Seed for dummy weights and for sampling requests that bring no seed of their own."""
     hash_seed: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_HASH_SEED"})
     """Secret seed of the block hash chain, the same on every replica; None -> generated (bytes also accepted)."""
-    hf_overrides: dict[str, Any] | None = None
+    hf_overrides: JSONObject | None = None
     """Values that replace fields of the model's HF config (e.g. ``{"num_hidden_layers": 2}``)."""
-    hf_config: dict[str, Any] | None = None
+    hf_config: JSONObject | None = None
     """A whole HF config as a dict, for dummy models without a directory (used instead of reading ``model``)."""
-    kv_events_endpoint: str | None = None
-    """ZeroMQ PUB endpoint for KV events (port 0 = ephemeral); None publishes no events."""
-    kv_events_replay_endpoint: str | None = None
-    """ZeroMQ ROUTER endpoint for replay/snapshot requests (port 0 = ephemeral); None disables replay."""
-    kv_events_topic: str = ""
-    """Topic frame of every KV event message; vLLM's default, the empty string (vllm-router subscribes to it)."""
-    kv_events_curve_secret_key: str | None = field(default=None, repr=False)
-    """SECRET: CURVE secret key (Z85) of the event sockets; set, the stream is encrypted and only
-    ``kv_events_curve_client_keys`` (if any) may subscribe; None: a plain, vLLM-compatible stream."""
-    kv_events_curve_client_keys: tuple[str, ...] = ()
-    """CURVE public keys (Z85) of the subscribers allowed in; empty: any client that knows the server key."""
     debug_check_integrity: bool = False
     """Run ``KVCacheManager.check_integrity()`` after every engine step (tests and debugging; a large pool is
     checked by the blocks in use and a window sweeping the rest, not walked whole)."""

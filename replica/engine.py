@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.async_scheduling import LaunchedStep, step_async, use_async_scheduling
 from kvmesh.replica.config import EngineConfig
@@ -26,6 +27,9 @@ from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.stats import EngineStats
 
+if TYPE_CHECKING:
+    from kvmesh.events.publisher import PublisherConfig
+
 logger = logging.getLogger(__name__)
 
 
@@ -34,7 +38,9 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, model_runner: ModelRunnerInterface | None = None,
                  tokenizer: HFTokenizer | None = None, event_publisher: EventPublisher | None = None,
-                 skip_tokenizer_init: bool = False) -> None:
+                 skip_tokenizer_init: bool = False, events: PublisherConfig | None = None) -> None:
+        """``events`` (the events section whole) makes the engine build its KV event publisher
+        (``event_publisher`` gives a ready one instead); neither: no events."""
         from kvmesh.kvcache.hashing import generate_seed
         from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
@@ -56,21 +62,18 @@ class LLMEngine:
             self.num_kv_blocks, config.block_size,
             hash_seed.encode() if isinstance(hash_seed, str) else hash_seed,
             enable_caching=config.enable_prefix_caching,
-            event_sink=self._step_events.append if self._wants_events() else None,
+            event_sink=self._step_events.append if event_publisher is not None or events is not None else None,
             eviction_policy=config.eviction_policy,
             medium="GPU" if str(getattr(model_runner, "device", config.device) or "cpu").startswith("cuda") else "CPU",
         )
-        if event_publisher is None and config.kv_events_endpoint is not None:
-            self.event_publisher = make_event_publisher(config, self.kv_cache_manager.block_pool.snapshot_events)
+        if event_publisher is None and events is not None:
+            self.event_publisher = make_event_publisher(events, self.kv_cache_manager.block_pool.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
         self.async_scheduling = use_async_scheduling(config, model_runner)
         self._in_flight: LaunchedStep | None = None  # async scheduling: step N, launched, tokens not read yet
         self._stats = EngineStats.for_model(self.max_model_len)
-
-    def _wants_events(self) -> bool:
-        return self.event_publisher is not None or self.config.kv_events_endpoint is not None
 
     # -- requests ----------------------------------------------------------------------------------
 

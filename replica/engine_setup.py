@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
+
+if TYPE_CHECKING:
+    from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
+    from kvmesh.events.schema import BlockStored
+    from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 
 logger = logging.getLogger(__name__)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def load_engine_tokenizer(config: EngineConfig) -> Any:
+def load_engine_tokenizer(config: EngineConfig) -> HFTokenizer | None:
     """The HF tokenizer, or None when there is none (dummy models without a directory)."""
     from pathlib import Path
 
@@ -27,11 +33,8 @@ def load_engine_tokenizer(config: EngineConfig) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def make_event_publisher(config: EngineConfig, snapshot_source: Any) -> Any:
-    from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
+def make_event_publisher(events: PublisherConfig, snapshot_source: Callable[[], list[BlockStored]]) -> ZmqEventPublisher:
+    """The replica's KV event publisher, configured by the events section whole."""
+    from kvmesh.events.publisher import ZmqEventPublisher
 
-    publisher_config = PublisherConfig(endpoint=config.kv_events_endpoint, topic=config.kv_events_topic,
-                                       replay_endpoint=config.kv_events_replay_endpoint,
-                                       curve_secret_key=config.kv_events_curve_secret_key,
-                                       curve_client_keys=tuple(config.kv_events_curve_client_keys))
-    return ZmqEventPublisher(publisher_config, snapshot_source=snapshot_source)
+    return ZmqEventPublisher(events, snapshot_source=snapshot_source)

@@ -16,7 +16,7 @@ replicas in one process never clash). Every ``vllm:*`` family carries vLLM v1's 
     vllm:e2e_request_latency_seconds, vllm:request_{queue,prefill,decode,inference}_time_seconds,
     vllm:request_prompt_tokens / _generation_tokens / _max_num_generation_tokens,
     vllm:request_params_max_tokens, vllm:iteration_tokens_total      histograms
-    kvmesh_http_requests{endpoint,status}                 counter (this server)
+    kvmesh_http_requests{endpoint,status}                 counter (this server, ``CountMiddleware``)
     process_*, python_*                                   the standard process collectors
 
 kvmesh's own names never contain ``:`` (reserved for recording rules; promtool flags it), only
@@ -26,13 +26,22 @@ vLLM's names do, so that vLLM's dashboards and alerts work unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.openai.metrics_exposition import add_process_collectors, metrics_response
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from kvmesh.replica.stats import EngineStats, Histogram
+
+StatsSource = Callable[[], "EngineStats | None"]
+"""Returns a snapshot of the engine's stats (``AsyncLLM.get_stats``); None: nothing to export yet."""
+CacheInfo = Mapping[str, str | int | float | bool]
+"""Labels of ``vllm:cache_config_info``."""
 
 ENGINE_INDEX = "0"  # vLLM's "engine" label: the data-parallel engine core; a replica has one
 
@@ -62,7 +71,7 @@ _HISTOGRAMS = (
 class EngineStatsCollector(Collector):
     """Reads ``stats_fn()`` (an ``EngineStats``) on every scrape and exports it."""
 
-    def __init__(self, stats_fn: Callable[[], Any], model_name: str, cache_info: Mapping[str, Any] | None = None):
+    def __init__(self, stats_fn: StatsSource, model_name: str, cache_info: CacheInfo | None = None):
         self.stats_fn = stats_fn
         self.labels = [model_name, ENGINE_INDEX]
         self.cache_info = {k: str(v) for k, v in (cache_info or {}).items()}
@@ -77,13 +86,13 @@ class EngineStatsCollector(Collector):
         c.add_metric(self.labels, value)
         return c
 
-    def _histogram(self, name: str, doc: str, hist: Any) -> HistogramMetricFamily:
+    def _histogram(self, name: str, doc: str, hist: Histogram) -> HistogramMetricFamily:
         h = HistogramMetricFamily(name, doc, labels=["model_name", "engine"])
         buckets = [(_bound(b), float(n)) for b, n in hist.cumulative()]
         h.add_metric(self.labels, buckets, sum_value=hist.sum)
         return h
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         s = self.stats_fn()
         if s is None:
             return
@@ -127,7 +136,7 @@ def _bound(b: float) -> str:
 class ReplicaMetrics:
     """The replica's private Prometheus registry: engine stats, HTTP request counts, process collectors."""
 
-    def __init__(self, stats_fn: Callable[[], Any], model_name: str, cache_info: Mapping[str, Any] | None = None):
+    def __init__(self, stats_fn: StatsSource, model_name: str, cache_info: CacheInfo | None = None):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(EngineStatsCollector(stats_fn, model_name, cache_info))
         add_process_collectors(self.registry)
@@ -146,3 +155,36 @@ class ReplicaMetrics:
     def response(self, accept: str | None) -> Response:
         """``GET /metrics``: OpenMetrics when the scraper accepts it, else the text format."""
         return metrics_response(self.registry, accept)
+
+
+KNOWN_PATHS = frozenset({
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/health", "/ping", "/version",
+    "/metrics", "/load", "/get_load", "/server_info", "/get_server_info", "/model_info", "/get_model_info",
+    "/v1/completions/render", "/v1/chat/completions/render",
+})
+"""The endpoints counted by name; any other path is counted as "other" (a bounded label set)."""
+
+
+class CountMiddleware:
+    """Pure ASGI (no response buffering, unlike ``BaseHTTPMiddleware``): a per-endpoint status counter."""
+
+    def __init__(self, app: ASGIApp, metrics: ReplicaMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        label = path if path in KNOWN_PATHS else "other"  # bounded label set, whatever clients send
+        status = [500]
+
+        async def send_counting(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counting)
+        finally:
+            self.metrics.count_request(label, status[0])

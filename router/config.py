@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmesh.events.subscriber_config import SubscriberConfig
-from kvmesh.replica.openai.config import FrontendConfig
+from kvmesh.replica.openai.config import FrontendConfig, check_api_key
 from kvmesh.router.policies import DEFAULT_POLICY, POLICIES
-
-MIN_API_KEY_CHARS = 8
 
 
 @dataclass(slots=True)
@@ -161,13 +159,6 @@ class RouterConfig:
             raise ValueError("replica_api_key is empty; give the replicas' key or leave it unset")
         if self.admin_key is not None and self.admin_key == self.api_key:
             raise ValueError("admin_key equals api_key: every tenant would hold the admin key; use another secret")
-
-
-def check_api_key(key: str | None, what: str) -> None:
-    """The one rule for API keys, router and replicas alike: unset, or at least 8 characters."""
-    if key is not None and len(key) < MIN_API_KEY_CHARS:
-        raise ValueError(f"{what} has {len(key)} characters; use a secret of at least {MIN_API_KEY_CHARS} "
-                         "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(24))'`) or leave it unset")
 
 
 def check_policy(policy: str, options: dict[str, Any]) -> None:

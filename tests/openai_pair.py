@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.server_runtime import ReplicaRuntime
+from kvmesh.replica.runtime import ReplicaRuntime
+from kvmesh.replica.server_config import ReplicaServerConfig
 from kvmesh.replica.serving.tokenizer import load_tokenizer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.server import RouterServer
@@ -23,8 +24,8 @@ HI = [{"role": "user", "content": "hi"}]
 def pair(stories_path):
     """(replica URL, router URL): the router routes to the replica and tokenizes as it does."""
     config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=32)
-    replica = ReplicaRuntime.start(config, http_port=0, event_port=0, replay_port=0, api_key=KEY,
-                                   served_model_name="stories", frontend=FRONTEND)
+    replica = ReplicaRuntime.start(config, ReplicaServerConfig(port=0, event_port=0, replay_port=0, api_key=KEY,
+                                                               served_model_name="stories"), frontend=FRONTEND)
     events = replica.endpoints()
     spec = ReplicaSpec(replica.http.url, events["events_endpoint"], events["replay_endpoint"], replica_id="r0")
     tokenizer = load_tokenizer(stories_path, chat_template=CHAT_TEMPLATE)

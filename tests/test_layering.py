@@ -35,7 +35,8 @@ RULES = {
 }
 
 # The replica's modules that serve HTTP (and so may use the OpenAI layer); the engine core is the rest.
-REPLICA_HTTP = ("server.py", "server_openai.py", "server_runtime.py", "metrics.py", "actor.py")
+REPLICA_HTTP = ("server.py", "server_config.py", "completions.py", "parallel_sampling.py", "runtime.py", "metrics.py",
+                "actor.py")
 
 
 def _imports(path: Path) -> set[str]:

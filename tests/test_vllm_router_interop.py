@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.server_runtime import ReplicaRuntime
+from kvmesh.replica.runtime import ReplicaRuntime
+from kvmesh.replica.server_config import ReplicaServerConfig
 
 STORY = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her big red "
          "ball. One day, she saw a dog in the park.")  # 48 tokens: 3 full blocks of 16
@@ -56,8 +57,8 @@ def decisions(log: Path) -> list[tuple[int, int]]:
 
 @pytest.fixture
 def replica(stories_path):
-    runtime = ReplicaRuntime.start(EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20), http_port=0,
-                                   event_port=0, replay_port=0, served_model_name="stories")
+    runtime = ReplicaRuntime.start(EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20),
+                                   ReplicaServerConfig(port=0, event_port=0, replay_port=0, served_model_name="stories"))
     yield runtime
     runtime.shutdown(graceful_s=1)
 

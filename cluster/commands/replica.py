@@ -14,9 +14,14 @@ import signal
 import sys
 import threading
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from kvmesh.cluster.config import REPLICA_SCHEMA
+from kvmesh.cluster.config import REPLICA_SCHEMA, ReplicaCommandConfig
 from kvmesh.cluster.config_cli import add_config_arguments
+
+if TYPE_CHECKING:
+    from kvmesh.replica.interfaces import ModelRunnerInterface
+    from kvmesh.replica.runtime import ReplicaRuntime
 
 
 def add_parser(subparsers) -> None:
@@ -27,8 +32,8 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def load(args: argparse.Namespace):
-    """The command's config and the EngineConfig it serves (events endpoints filled in); raises ValueError."""
+def load(args: argparse.Namespace) -> ReplicaCommandConfig:
+    """The command's config, its model path checked and its ports free; raises ValueError."""
     from kvmesh.cluster.config_cli import config_from_args
     from kvmesh.cluster.model_files import check_model
     from kvmesh.cluster.preflight import check_port_free
@@ -36,16 +41,26 @@ def load(args: argparse.Namespace):
     config = config_from_args(args, REPLICA_SCHEMA)
     server, engine = config.server, config.engine
     if engine.load_format != "dummy" or engine.hf_config is None:
-        engine = replace(engine, model=check_model(engine.model))
+        config = replace(config, engine=replace(engine, model=check_model(engine.model)))
     check_port_free(server.host, server.port, "server.port")
     if server.event_port is not None and not server.events_endpoint:
         check_port_free(server.host, server.event_port, "server.event_port")
         check_port_free(server.host, server.replay_port, "server.replay_port")
-    engine = replace(engine, kv_events_topic=config.events.topic)
-    if server.events_endpoint:
-        engine = replace(engine, kv_events_endpoint=server.events_endpoint,
-                         kv_events_replay_endpoint=f"tcp://{server.host}:{server.replay_port}")
-    return config, engine
+    return config
+
+
+def start(config: ReplicaCommandConfig, model_runner: ModelRunnerInterface | None = None) -> ReplicaRuntime:
+    """The replica this command serves, its sections passed whole (TP > 1: a local Ray instance for the ranks)."""
+    if config.engine.tensor_parallel_size > 1:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(num_cpus=max(config.engine.tensor_parallel_size + 1, 2), include_dashboard=False,
+                     configure_logging=False)
+    from kvmesh.replica.runtime import ReplicaRuntime
+
+    return ReplicaRuntime.start(config.engine, config.server, config.events, config.frontend,
+                                model_runner=model_runner)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,24 +68,12 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config, engine = load(args)
+        config = load(args)
     except ValueError as e:
         print(f"kvmesh replica: {e}", file=sys.stderr)
         return 2
-    server = config.server
-    if engine.tensor_parallel_size > 1:
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(num_cpus=max(engine.tensor_parallel_size + 1, 2), include_dashboard=False,
-                     configure_logging=False)
-    from kvmesh.replica.server_runtime import ReplicaRuntime
-
-    event_port = None if (server.event_port is None or server.events_endpoint) else server.event_port
     try:
-        runtime = ReplicaRuntime.start(engine, host=server.host, http_port=server.port, event_port=event_port,
-                                       replay_port=server.replay_port, api_key=server.api_key,
-                                       served_model_name=server.served_model_name, frontend=config.frontend)
+        runtime = start(config)
     except (ValueError, OSError) as e:  # a model the engine cannot serve, an address taken meanwhile
         print(f"kvmesh replica: cannot start: {e}", file=sys.stderr)
         return 1

@@ -1,8 +1,10 @@
-"""How the OpenAI front end (router or replica) reads, renders and limits requests."""
+"""How the OpenAI front end (router or replica) reads, renders and limits requests, and the one rule for API keys."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+MIN_API_KEY_CHARS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,3 +37,10 @@ class FrontendConfig:
         for name in ("render_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+def check_api_key(key: str | None, what: str) -> None:
+    """The one rule for API keys, router and replicas alike: unset, or at least 8 characters."""
+    if key is not None and len(key) < MIN_API_KEY_CHARS:
+        raise ValueError(f"{what} has {len(key)} characters; use a secret of at least {MIN_API_KEY_CHARS} "
+                         "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(24))'`) or leave it unset")

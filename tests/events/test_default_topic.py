@@ -7,12 +7,13 @@ import zmq
 from events_testkit import make_publisher, raw_socket, stored
 from kvmesh.events.publisher import PublisherConfig
 from kvmesh.events.schema import KVEventBatch
+from kvmesh.replica.actor import ReplicaOptions
 from kvmesh.replica.config import EngineConfig
 
 
 def test_default_topics_are_vllms_empty_string():
     assert PublisherConfig().topic == ""
-    assert EngineConfig(model="m").kv_events_topic == ""
+    assert ReplicaOptions(engine=EngineConfig(model="m")).events.topic == ""  # a replica's events section
 
 
 def test_default_publisher_sends_the_empty_topic_frame():

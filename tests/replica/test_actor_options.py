@@ -1,4 +1,4 @@
-"""ReplicaOptions and the TP rendezvous settings validate at the edge, with messages that say what to do."""
+"""ReplicaOptions, the server section and the TP rendezvous settings validate at the edge, with messages that say what to do."""
 
 from __future__ import annotations
 
@@ -6,25 +6,25 @@ import pytest
 from kvmesh.replica.actor import ReplicaOptions
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.distributed import DistributedInit, backend_for
-from kvmesh.replica.server import ServerConfig
+from kvmesh.replica.server_config import ReplicaServerConfig
 
 ENGINE = EngineConfig(model="some/model")
 
 
 def test_options_default_to_ephemeral_ports():
-    opts = ReplicaOptions(engine=ENGINE)
-    assert (opts.http_port, opts.event_port, opts.replay_port) == (0, 0, 0) and opts.host is None
+    server = ReplicaOptions(engine=ENGINE).server
+    assert (server.port, server.event_port, server.replay_port) == (0, 0, 0) and server.host == "auto"
 
 
-@pytest.mark.parametrize("field", ["http_port", "event_port", "replay_port"])
+@pytest.mark.parametrize("field", ["port", "event_port", "replay_port"])
 def test_bad_port_is_refused(field):
     with pytest.raises(ValueError, match=field):
-        ReplicaOptions(engine=ENGINE, **{field: 70000})
+        ReplicaServerConfig(**{field: 70000})
 
 
 def test_api_key_is_not_in_repr():
-    assert "hunter2" not in repr(ReplicaOptions(engine=ENGINE, api_key="hunter2-secret"))
-    assert "hunter2" not in repr(ServerConfig(api_key="hunter2-secret"))
+    server = ReplicaServerConfig(api_key="hunter2-secret")
+    assert "hunter2" not in repr(ReplicaOptions(engine=ENGINE, server=server)) and "hunter2" not in repr(server)
 
 
 def test_distributed_backend_follows_device():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -10,7 +11,7 @@ import zmq
 from kvmesh.events.codec import decode_batch
 from kvmesh.events.schema import AllBlocksCleared, BlockStored
 from kvmesh.events.wire import END_SEQ, pack_seq, unpack_seq
-from kvmesh.replica.actor import ReplicaOptions, start_replica_actor
+from kvmesh.replica.actor import ACTOR_SERVER, ReplicaOptions, start_replica_actor
 from kvmesh.replica.config import EngineConfig
 
 pytestmark = pytest.mark.ray
@@ -41,7 +42,7 @@ def complete(url: str) -> dict:
 
 def test_actor_serves_then_restarts_with_empty_cache_announced(ray_session, stories_path):
     options = ReplicaOptions(engine=EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20),
-                             replica_id="r0", host="127.0.0.1")
+                             replica_id="r0", server=replace(ACTOR_SERVER, host="127.0.0.1"))
     actor = start_replica_actor(options, max_restarts=1)
     try:
         first = ray_session.get(actor.ready.remote(), timeout=180)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from kvmesh.events.publisher import PublisherConfig
 from kvmesh.events.schema import BlockRemoved, BlockStored
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine
@@ -64,9 +65,9 @@ def test_events_reach_a_zmq_subscriber():
     import zmq
 
     runner = FakeModelRunner(num_kv_blocks=32, block_size=4)
-    config = EngineConfig(model="fake", block_size=4, hash_seed=b"seed", kv_events_endpoint="tcp://127.0.0.1:0",
-                          kv_events_replay_endpoint=None, kv_events_topic="kv-test")
-    engine = LLMEngine(config, model_runner=runner, skip_tokenizer_init=True)
+    config = EngineConfig(model="fake", block_size=4, hash_seed=b"seed")
+    events = PublisherConfig(endpoint="tcp://127.0.0.1:0", replay_endpoint=None, topic="kv-test")
+    engine = LLMEngine(config, model_runner=runner, skip_tokenizer_init=True, events=events)
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")

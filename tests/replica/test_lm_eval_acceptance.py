@@ -14,7 +14,8 @@ import math
 
 import pytest
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.server_runtime import ReplicaRuntime
+from kvmesh.replica.runtime import ReplicaRuntime
+from kvmesh.replica.server_config import ReplicaServerConfig
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness not installed (pip install lm-eval)")
 torch = pytest.importorskip("torch")
@@ -66,7 +67,7 @@ metric_list:
 @pytest.fixture(scope="module")
 def replica(stories_path):
     config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=32, dtype="float32")
-    runtime = ReplicaRuntime.start(config, host="127.0.0.1", http_port=0, event_port=0, replay_port=0)
+    runtime = ReplicaRuntime.start(config, ReplicaServerConfig(host="127.0.0.1", port=0, event_port=0, replay_port=0))
     yield runtime
     runtime.shutdown(graceful_s=1)
 

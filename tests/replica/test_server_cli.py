@@ -32,11 +32,12 @@ def test_flags_reach_the_engine_config(stories_path):
         "replica", "--model", model, "--tensor-parallel-size", "2", "--block-size", "32", "--max-model-len", "256",
         "--no-enable-prefix-caching", "--events-endpoint", "connect://tcp://collector:5557", "--replay-port", "0",
         "--port", "0", "--topic", "kv"])
-    _, engine = load(args)
+    config = load(args)
+    engine, events = config.engine, config.server.publisher_config(config.events)
     assert engine.tensor_parallel_size == 2 and engine.block_size == 32 and engine.max_model_len == 256
-    assert engine.enable_prefix_caching is False and engine.kv_events_topic == "kv"
-    assert engine.kv_events_endpoint == "connect://tcp://collector:5557"
-    assert engine.kv_events_replay_endpoint == "tcp://127.0.0.1:0"
+    assert engine.enable_prefix_caching is False and events.topic == "kv"
+    assert events.endpoint == "connect://tcp://collector:5557"
+    assert events.replay_endpoint == "tcp://127.0.0.1:0"
 
 
 def test_api_key_comes_from_the_environment():

@@ -11,7 +11,8 @@ import httpx
 import pytest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.fake_runner import FakeModelRunner
-from kvmesh.replica.server_runtime import ReplicaRuntime
+from kvmesh.replica.runtime import ReplicaRuntime
+from kvmesh.replica.server_config import ReplicaServerConfig
 
 POISON = 511  # a prompt ending in this token makes the engine fail that request (injected below)
 LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
@@ -20,7 +21,7 @@ LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
 @pytest.fixture(scope="module")
 def replica(stories_path):
     config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20)
-    runtime = ReplicaRuntime.start(config, http_port=0, event_port=None)
+    runtime = ReplicaRuntime.start(config, ReplicaServerConfig(port=0, event_port=None))
     engine = runtime.llm.engine
     real_append = engine._append_token
 
@@ -94,8 +95,8 @@ def fake_replica(stories_path):
     """A replica with a model-free runner: for HTTP behaviour that does not depend on the model."""
     runner = FakeModelRunner(num_kv_blocks=128, vocab_size=512, max_model_len=512)
     config = EngineConfig(model=str(stories_path))
-    runtime = ReplicaRuntime.start(config, http_port=0, event_port=None, api_key="sekrit-key",
-                                   served_model_name="tiny", model_runner=runner)
+    runtime = ReplicaRuntime.start(config, ReplicaServerConfig(port=0, event_port=None, api_key="sekrit-key",
+                                                               served_model_name="tiny"), model_runner=runner)
     yield runtime
     runtime.shutdown(graceful_s=0)
 

@@ -31,7 +31,8 @@ def live(stories_path, tokenizer):
     from kvmesh.kvcache.hashing import cache_salt_secret, generate_seed
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.openai.config import FrontendConfig
-    from kvmesh.replica.server_runtime import ReplicaRuntime
+    from kvmesh.replica.runtime import ReplicaRuntime
+    from kvmesh.replica.server_config import ReplicaServerConfig
 
     from ..conftest import CHAT_TEMPLATE
 
@@ -41,7 +42,7 @@ def live(stories_path, tokenizer):
         for _ in range(2):
             config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=32,
                                   hash_seed=seed)
-            runtimes.append(ReplicaRuntime.start(config, http_port=0, event_port=0, replay_port=0,
+            runtimes.append(ReplicaRuntime.start(config, ReplicaServerConfig(port=0, event_port=0, replay_port=0),
                                                  frontend=FrontendConfig(chat_template=CHAT_TEMPLATE)))
         specs = [ReplicaSpec(rt.http.url, rt.endpoints()["events_endpoint"], rt.endpoints()["replay_endpoint"],
                              replica_id=f"live{i}") for i, rt in enumerate(runtimes)]
@@ -167,14 +168,15 @@ def test_replica_that_cannot_match_the_router_keys_is_degraded_not_matched(live,
     visible in /replicas, instead of being matched with keys that can never hit."""
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.openai.config import FrontendConfig
-    from kvmesh.replica.server_runtime import ReplicaRuntime
+    from kvmesh.replica.runtime import ReplicaRuntime
+    from kvmesh.replica.server_config import ReplicaServerConfig
 
     from ..conftest import CHAT_TEMPLATE
 
     template = CHAT_TEMPLATE if mismatch == "block_size" else CHAT_TEMPLATE.replace(": ", ":: ")
     config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=8,
                           block_size=32 if mismatch == "block_size" else 16)
-    runtime = ReplicaRuntime.start(config, http_port=0, event_port=0, replay_port=0,
+    runtime = ReplicaRuntime.start(config, ReplicaServerConfig(port=0, event_port=0, replay_port=0),
                                    frontend=FrontendConfig(chat_template=template))
     router_rt = live.runtime
     try:

@@ -28,7 +28,8 @@ STORY = ("Once upon a time, there was a little girl named Lily. She loved to pla
 def replicas(stories_path):
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.openai.config import FrontendConfig
-    from kvmesh.replica.server_runtime import ReplicaRuntime
+    from kvmesh.replica.runtime import ReplicaRuntime
+    from kvmesh.replica.server_config import ReplicaServerConfig
 
     from ..conftest import CHAT_TEMPLATE
 
@@ -36,7 +37,7 @@ def replicas(stories_path):
     try:
         for _ in range(2):
             config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=32)
-            runtimes.append(ReplicaRuntime.start(config, http_port=0, event_port=0, replay_port=0,
+            runtimes.append(ReplicaRuntime.start(config, ReplicaServerConfig(port=0, event_port=0, replay_port=0),
                                                  frontend=FrontendConfig(chat_template=CHAT_TEMPLATE)))
         yield runtimes
     finally:

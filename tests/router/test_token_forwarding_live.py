@@ -39,13 +39,14 @@ class Counting:
 def setup(stories_path):
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.openai.config import FrontendConfig
-    from kvmesh.replica.server_runtime import ReplicaRuntime
+    from kvmesh.replica.runtime import ReplicaRuntime
+    from kvmesh.replica.server_config import ReplicaServerConfig
     from kvmesh.replica.serving.tokenizer import load_tokenizer
 
     from ..conftest import CHAT_TEMPLATE
 
     rt = ReplicaRuntime.start(EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=16),
-                              http_port=0, event_port=0, replay_port=0,
+                              ReplicaServerConfig(port=0, event_port=0, replay_port=0),
                               frontend=FrontendConfig(chat_template=CHAT_TEMPLATE))
     tok = rt.state.tokenizer
     counters = {name: Counting(getattr(tok, name)) for name in ("encode", "apply_chat_template", "render_completion")}

@@ -1,8 +1,11 @@
 """A whole serving replica in one process: tokenizer, engine (+ TP), event publisher, HTTP server.
 
-Used by the Ray actor (actor.py) and by ``kvmesh replica`` standalone. ``start`` returns once
-the HTTP socket is bound and the first event batch -- ``[AllBlocksCleared()]`` at seq 0, "this
-replica's cache is empty" -- is queued, so a subscriber can always tell a fresh incarnation.
+Used by the Ray actor (actor.py) and by ``kvmesh replica`` standalone. Each part takes its config
+section whole: the engine its ``EngineConfig``, the publisher the ``events`` section (with the
+server's addresses), the HTTP server its ``ReplicaServerConfig`` and the OpenAI front's
+``FrontendConfig``. ``start`` returns once the HTTP socket is bound and the first event batch --
+``[AllBlocksCleared()]`` at seq 0, "this replica's cache is empty" -- is queued, so a subscriber can
+always tell a fresh incarnation.
 
 Graceful shutdown: stop accepting (/health -> 503, new requests -> 503), let in-flight requests
 finish for ``graceful_s``, abort the rest, stop HTTP, stop the engine and close the publisher
@@ -13,56 +16,61 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from kvmesh.events.publisher import PublisherConfig
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.openai.config import FrontendConfig
+from kvmesh.replica.server_config import ReplicaServerConfig
 
 if TYPE_CHECKING:
+    from kvmesh.events.publisher import ZmqEventPublisher
     from kvmesh.replica.async_engine import AsyncLLM
+    from kvmesh.replica.interfaces import ModelRunnerInterface
+    from kvmesh.replica.openai.runner import HTTPServer
+    from kvmesh.replica.server import ServerState
+    from kvmesh.replica.tp_worker import ExecutorOptions
+    from ray.util.placement_group import PlacementGroup
 
 logger = logging.getLogger(__name__)
 
-
-def events_endpoints(host: str, event_port: int, replay_port: int) -> tuple[str, str]:
-    """(PUB, ROUTER) endpoints that bind on ``host`` (port 0 = ephemeral)."""
-    return f"bind://tcp://{host}:{event_port}", f"tcp://{host}:{replay_port}"
+Endpoints = dict[str, str | int | float | None]
+"""What a replica tells whoever needs it: HTTP URL, event endpoints, model, block size (JSON)."""
 
 
 class ReplicaRuntime:
     """Owns everything one replica runs; build it with ``ReplicaRuntime.start``."""
 
-    def __init__(self, llm: AsyncLLM, publisher: Any, http: Any, state: Any, replica_id: str):
+    def __init__(self, llm: AsyncLLM, publisher: ZmqEventPublisher | None, http: HTTPServer, state: ServerState,
+                 events: PublisherConfig | None, replica_id: str):
         self.llm = llm  # the engine on its thread (the server's EngineClient); owns the model runner
-        self.publisher = publisher  # events.publisher.ZmqEventPublisher, or None without events
-        self.http = http  # openai.runner.HTTPServer (on its own thread)
-        self.state = state  # server.ServerState
+        self.publisher = publisher  # None without events
+        self.http = http  # on its own thread
+        self.state = state
+        self.events = events  # the publisher's section, its addresses filled in; None without events
         self.replica_id = replica_id
         self._closed = False
 
     @classmethod
-    def start(cls, config: EngineConfig, host: str = "127.0.0.1", http_port: int = 0, event_port: int | None = 0,
-              replay_port: int = 0, api_key: str | None = None, served_model_name: str | None = None,
-              replica_id: str = "replica-0", model_runner: Any = None,
-              executor_kwargs: dict[str, Any] | None = None, frontend: Any = None) -> ReplicaRuntime:
-        """Build and start a replica. ``event_port=None`` keeps ``config``'s event endpoints as given
-        (None there: no events); otherwise events bind on ``host``. ``frontend`` is the HTTP front's
-        ``FrontendConfig`` (limits, chat template, timeouts); None uses the defaults."""
+    def start(cls, engine: EngineConfig, server: ReplicaServerConfig | None = None,
+              events: PublisherConfig | None = None, frontend: FrontendConfig | None = None, *,
+              replica_id: str = "replica-0", model_runner: ModelRunnerInterface | None = None,
+              placement_group: PlacementGroup | None = None, executor: ExecutorOptions | None = None) -> ReplicaRuntime:
+        """Build and start a replica from its sections (None: the section's defaults). The publisher binds
+        where ``server`` says (``server.publisher_config``; ``event_port`` null: no events).
+        ``placement_group`` and ``executor`` place the TP workers (TP > 1)."""
         from kvmesh.replica.async_engine import AsyncLLM
-        from kvmesh.replica.openai.config import FrontendConfig
         from kvmesh.replica.openai.runner import HTTPServer
-        from kvmesh.replica.server import ServerConfig, ServerState, build_app
+        from kvmesh.replica.server import ServerState, build_app
         from kvmesh.replica.serving.tokenizer import load_tokenizer
 
         t0 = time.monotonic()
-        if event_port is not None:
-            pub, replay = events_endpoints(host, event_port, replay_port)
-            config = replace(config, kv_events_endpoint=pub, kv_events_replay_endpoint=replay)
-        frontend = frontend or FrontendConfig()
-        tokenizer = load_tokenizer(config.tokenizer_path, max_model_len=config.max_model_len,
+        server, frontend = server or ReplicaServerConfig(), frontend or FrontendConfig()
+        events = server.publisher_config(events or PublisherConfig())
+        tokenizer = load_tokenizer(engine.tokenizer_path, max_model_len=engine.max_model_len,
                                    chat_template=frontend.chat_template)
-        kwargs = {k: v for k, v in (executor_kwargs or {}).items() if v is not None}
-        llm = AsyncLLM.from_config(config, tokenizer.hf, model_runner=model_runner, **kwargs)
+        llm = AsyncLLM.from_config(engine, tokenizer.hf, model_runner=model_runner, events=events,
+                                   placement_group=placement_group, **(executor or {}))
         tokenizer.max_model_len = llm.max_model_len
         publisher = llm.event_publisher
         if publisher is not None:
@@ -70,25 +78,24 @@ class ReplicaRuntime:
 
             publisher.publish([AllBlocksCleared()])  # seq 0 of every incarnation: "my cache is empty"
         try:
-            server_config = ServerConfig(host=host, port=http_port, api_key=api_key,
-                                         served_model_name=served_model_name, frontend=frontend)
-            state = ServerState(llm, tokenizer, server_config, config.model,
-                                extra_info={"replica_id": replica_id, **_event_info(publisher, config)})
-            http = HTTPServer(build_app(state), host=host, port=http_port, frontend=frontend, name="replica-http")
+            state = ServerState(llm, tokenizer, server, frontend, engine.model,
+                                extra_info={"replica_id": replica_id, **_event_info(publisher, events)})
+            http = HTTPServer(build_app(state), host=server.host, port=server.port, frontend=frontend,
+                              name="replica-http")
             http.start_in_thread()
         except BaseException:
             llm.shutdown()
             raise
-        runtime = cls(llm, publisher, http, state, replica_id)
-        logger.info("replica %s serving %s at %s (%.1fs)", replica_id, config.model, http.url, time.monotonic() - t0)
+        runtime = cls(llm, publisher, http, state, events, replica_id)
+        logger.info("replica %s serving %s at %s (%.1fs)", replica_id, engine.model, http.url, time.monotonic() - t0)
         return runtime
 
     # ------------------------------------------------------------ queries
-    def endpoints(self) -> dict[str, Any]:
+    def endpoints(self) -> Endpoints:
         llm = self.llm
         return {"http_url": self.http.url, "model": self.state.model_path, "served_model_name": self.state.model_name,
                 "block_size": llm.block_size, "max_model_len": llm.max_model_len, "num_kv_blocks": llm.num_kv_blocks,
-                "tensor_parallel_size": llm.tensor_parallel_size, **_event_info(self.publisher, llm.config)}
+                "tensor_parallel_size": llm.tensor_parallel_size, **_event_info(self.publisher, self.events)}
 
     def dead_reason(self) -> str | None:
         return self.llm.dead_reason()
@@ -100,7 +107,7 @@ class ReplicaRuntime:
             return None
         return self.llm.check_health(probe_timeout_s)
 
-    def stats_dict(self) -> dict[str, Any]:
+    def stats_dict(self) -> dict[str, float | dict[str, int]]:
         s = self.llm.get_stats()
         return {"num_running": s.num_running, "num_waiting": s.num_waiting, "kv_cache_usage": s.kv_cache_usage,
                 "prefix_cache_queries": s.prefix_cache_queries, "prefix_cache_hits": s.prefix_cache_hits,
@@ -136,8 +143,8 @@ class ReplicaRuntime:
         return clean
 
 
-def _event_info(publisher: Any, config: EngineConfig) -> dict[str, Any]:
-    if publisher is None:
+def _event_info(publisher: ZmqEventPublisher | None, events: PublisherConfig | None) -> Endpoints:
+    if publisher is None or events is None:
         return {"events_endpoint": None, "replay_endpoint": None, "events_topic": None}
     return {"events_endpoint": publisher.endpoint, "replay_endpoint": publisher.replay_endpoint,
-            "events_topic": config.kv_events_topic}
+            "events_topic": events.topic}

@@ -1,4 +1,4 @@
-"""The choices of one OpenAI request: a batch of prompts, ``n`` choices each, ``best_of`` candidates.
+"""Parallel sampling: the choices of one OpenAI request (a batch of prompts, ``n`` choices each, ``best_of`` candidates).
 
 Every candidate is its own engine request (vLLM's parallel sampling fans out the same way):
 
@@ -15,9 +15,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import Any
 
-from kvmesh.replica.outputs import RequestOutput
+from kvmesh.replica.interfaces import EngineClient
+from kvmesh.replica.outputs import PromptLogprobs, RequestOutput
+from kvmesh.replica.serving.sampling_params import SamplingParams
+
+Outputs = AsyncIterator[RequestOutput]
+"""One engine request's outputs, its final one last."""
 
 
 @dataclass(slots=True)
@@ -25,15 +29,18 @@ class Candidate:
     """One engine request behind a choice."""
 
     request_id: str
+    """The engine request's id: the OpenAI request's id + "-{prompt_index * per_prompt + sample_index}"."""
     prompt_index: int
+    """Which prompt of the request's batch it samples."""
     sample_index: int
     """j in 0 .. best_of - 1 among its prompt's candidates."""
     prompt_token_ids: list[int]
-    params: Any
+    """The prompt's token ids."""
+    params: SamplingParams
     """The engine's SamplingParams for this candidate."""
 
 
-def plan_candidates(request_id: str, prompts: list[list[int]], params: list[Any], num_choices: int,
+def plan_candidates(request_id: str, prompts: list[list[int]], params: list[SamplingParams], num_choices: int,
                     best_of: int | None, user_wants_logprobs: bool, stream: bool = False) -> list[Candidate]:
     """Candidates for ``prompts`` (``params[i]`` belongs to prompt i), prompt by prompt, sample 0 first.
     When streaming, every candidate computes its own prompt logprobs (each choice echoes its prompt
@@ -61,10 +68,11 @@ def choice_index(candidate: Candidate, num_choices: int) -> int:
     return candidate.prompt_index * num_choices + candidate.sample_index
 
 
-def select_choices(candidates: list[Candidate], finals: list[Any], num_choices: int) -> list[tuple[int, Candidate, Any]]:
+def select_choices(candidates: list[Candidate], finals: list[RequestOutput],
+                   num_choices: int) -> list[tuple[int, Candidate, RequestOutput]]:
     """(index, candidate, final output) of the returned choices: per prompt the first ``num_choices``
     candidates, or with best_of the ``num_choices`` with the highest cumulative logprob."""
-    by_prompt: dict[int, list[tuple[Candidate, Any]]] = {}
+    by_prompt: dict[int, list[tuple[Candidate, RequestOutput]]] = {}
     for candidate, final in zip(candidates, finals, strict=True):
         by_prompt.setdefault(candidate.prompt_index, []).append((candidate, final))
     chosen = []
@@ -76,15 +84,19 @@ def select_choices(candidates: list[Candidate], finals: list[Any], num_choices: 
     return chosen
 
 
-def prompt_logprobs_of(candidates: list[Candidate], finals: list[Any]) -> dict[int, Any]:
+def prompt_logprobs_of(candidates: list[Candidate], finals: list[RequestOutput]) -> dict[int, PromptLogprobs]:
     """prompt index -> the prompt logprobs its candidate 0 computed."""
     return {c.prompt_index: f.prompt_logprobs for c, f in zip(candidates, finals, strict=True)
             if c.sample_index == 0 and f.prompt_logprobs is not None}
 
 
-async def start_all(client: Any, candidates: list[Candidate], cache_salt: str | None) -> list[AsyncIterator[Any]]:
+async def start_all(client: EngineClient, candidates: list[Candidate], cache_salt: str | None) -> list[Outputs]:
     """Queue every candidate (in order) and wait for each one's first output; if one is refused, abort
-    the others and raise its error (a ValueError is a 400 before any byte is sent)."""
+    the others and raise its error (a ValueError is a 400 before any byte is sent). A lone candidate is
+    started in this task (no gather), so its engine call runs under the request's own stack."""
+    if len(candidates) == 1:
+        c = candidates[0]
+        return [await start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt)]
     results = await asyncio.gather(
         *(start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt) for c in candidates),
         return_exceptions=True)
@@ -97,8 +109,8 @@ async def start_all(client: Any, candidates: list[Candidate], cache_salt: str | 
     return results
 
 
-async def start_generation(client: Any, request_id: str, prompt_ids: list[int], params: Any,
-                           cache_salt: str | None) -> AsyncIterator[Any]:
+async def start_generation(client: EngineClient, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                           cache_salt: str | None) -> Outputs:
     """Queues the request and waits for its first output; returns the stream of all its outputs.
 
     So bad input raises ValueError (a 400) before any byte is sent, and a draining or broken
@@ -116,7 +128,7 @@ async def start_generation(client: Any, request_id: str, prompt_ids: list[int], 
     return _chain(first, agen)
 
 
-async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def _chain(first: RequestOutput, rest: Outputs) -> Outputs:
     try:
         yield first
         if first.finished:
@@ -127,10 +139,10 @@ async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
         await rest.aclose()  # an early close aborts the request (AsyncLLM's rule)
 
 
-async def collect_all(streams: list[AsyncIterator[Any]]) -> list[Any]:
+async def collect_all(streams: list[Outputs]) -> list[RequestOutput | None]:
     """Every stream's final output."""
 
-    async def last(stream: AsyncIterator[Any]) -> Any:
+    async def last(stream: Outputs) -> RequestOutput | None:
         final = None
         async for out in stream:
             final = out
@@ -139,15 +151,15 @@ async def collect_all(streams: list[AsyncIterator[Any]]) -> list[Any]:
     return list(await asyncio.gather(*(last(s) for s in streams)))
 
 
-async def merge_streams(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:
+async def merge_streams(streams: list[Outputs]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(stream index, output) from all streams as they come; closing it closes them all."""
     if len(streams) == 1:
         async for out in streams[0]:
             yield 0, out
         return
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, RequestOutput | None, Exception | None]] = asyncio.Queue()
 
-    async def pump(i: int, stream: AsyncIterator[Any]) -> None:
+    async def pump(i: int, stream: Outputs) -> None:
         try:
             async for out in stream:
                 await queue.put((i, out, None))
@@ -174,7 +186,7 @@ async def merge_streams(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tupl
             await stream.aclose()
 
 
-async def without_output(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def without_output(stream: Outputs) -> Outputs:
     """A request's outputs with the generated token taken out (``echo`` with ``max_tokens: 0``)."""
     try:
         async for out in stream:

@@ -1,0 +1,58 @@
+"""The replica server's config section: where one replica listens (HTTP, KV events) and what it calls itself."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field, replace
+
+from kvmesh.events.publisher import PublisherConfig
+from kvmesh.replica.openai.config import check_api_key
+
+AUTO_HOST = "auto"
+"""``host`` value a Ray actor resolves on its node (actor.py: 127.0.0.1 on one node, else the node's IP)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaServerConfig:
+    """Where a replica serves HTTP and KV events, its API key and served name."""
+
+    host: str = "127.0.0.1"
+    """Address for HTTP and events; loopback by default ("auto" in a Ray actor: the node's address)."""
+    port: int = 8100
+    """HTTP port; 0 picks a free one (the JSON line on stdout says which)."""
+    event_port: int | None = 5557
+    """KV event PUB port (0 = free port); null (flag: --event-port none) publishes no events."""
+    replay_port: int = 5558
+    """Replay/snapshot ROUTER port (0 = free port)."""
+    events_endpoint: str | None = None
+    """Full PUB endpoint instead of host/event_port, e.g. connect://tcp://collector:5557."""
+    api_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_API_KEY", "cli": True})
+    """Bearer token clients must send on /v1/* routes (at least 8 characters); None disables auth."""
+    served_model_name: str | None = None
+    """Name clients put in "model"; None -> the model value."""
+    default_max_tokens: int | None = None
+    """max_tokens for chat requests that set none; None fills the context (vLLM's behaviour)."""
+
+    def __post_init__(self) -> None:
+        ports = {"port": self.port, "replay_port": self.replay_port, "event_port": self.event_port}
+        for name, port in ports.items():
+            if port is not None and not 0 <= port <= 65535:
+                raise ValueError(f"server.{name}={port} is not a TCP port; use 0..65535 (0 = ephemeral)")
+        check_api_key(self.api_key, "server.api_key")
+        if self.default_max_tokens is not None and self.default_max_tokens < 1:
+            raise ValueError(f"server.default_max_tokens={self.default_max_tokens} must be at least 1 (or unset)")
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            if not re.fullmatch(r"[A-Za-z0-9.-]+", self.host):
+                raise ValueError(f"server.host={self.host!r} is not an address") from None
+
+    def publisher_config(self, events: PublisherConfig) -> PublisherConfig | None:
+        """The events section with this server's PUB and replay addresses; None: this replica publishes no events."""
+        replay = f"tcp://{self.host}:{self.replay_port}"
+        if self.events_endpoint:
+            return replace(events, endpoint=self.events_endpoint, replay_endpoint=replay)
+        if self.event_port is None:
+            return None
+        return replace(events, endpoint=f"bind://tcp://{self.host}:{self.event_port}", replay_endpoint=replay)

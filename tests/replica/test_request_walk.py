@@ -1,0 +1,104 @@
+"""Following one completion request from the replica's HTTP socket to the engine call, no file is entered twice.
+
+A profiler on the server's threads records the kvmesh frames on the stack at every call of a kvmesh
+function from the request's arrival until the engine call (``AsyncLLM.generate``); on no such stack does a
+file appear again after another file was entered (``server.py -> completions.py -> server.py`` would be a
+walk that goes back and forth). The way back is not part of it: an ASGI response passes up through the
+middleware's ``send`` callbacks by design."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import FrameType
+
+import httpx
+import pytest
+from kvmesh.replica.async_engine import AsyncLLM
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.openai.config import FrontendConfig
+from kvmesh.replica.runtime import ReplicaRuntime
+from kvmesh.replica.server_config import ReplicaServerConfig
+
+from ..conftest import CHAT_TEMPLATE
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+PACKAGES = tuple(str(ROOT / name) + "/" for name in ("kvcache", "events", "replica", "router", "cluster"))
+ENGINE_CALL = AsyncLLM.generate.__code__
+
+
+def kvmesh_files(frame: FrameType | None) -> list[str]:
+    """The kvmesh files of a stack, outermost first, a run of frames in one file written once."""
+    files: list[str] = []
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(PACKAGES):
+            files.append(str(Path(name).relative_to(ROOT)))
+        frame = frame.f_back
+    walk = [f for i, f in enumerate(reversed(files)) if i == 0 or f != files[len(files) - i]]
+    return walk
+
+
+def reentered(walk: list[str]) -> list[str]:
+    """Files that a walk leaves and comes back to."""
+    return sorted({f for i, f in enumerate(walk) if f in walk[:i]})
+
+
+class WalkRecorder:
+    """A profile function for the server's threads: every distinct kvmesh stack until the engine call, and that one."""
+
+    def __init__(self) -> None:
+        self.walks: set[tuple[str, ...]] = set()
+        self.to_engine: list[str] | None = None
+        self.recording = False
+
+    def __call__(self, frame: FrameType, event: str, arg: object) -> None:
+        if event != "call" or not self.recording or not frame.f_code.co_filename.startswith(PACKAGES):
+            return
+        if self.to_engine is not None:
+            return
+        walk = kvmesh_files(frame)
+        self.walks.add(tuple(walk))
+        if frame.f_code is ENGINE_CALL:
+            self.to_engine = walk
+
+
+def test_a_walk_that_goes_back_to_a_file_is_caught():
+    assert reentered(["replica/metrics.py", "replica/server.py", "replica/completions.py", "replica/server.py"]) \
+        == ["replica/server.py"]
+    assert reentered(["replica/metrics.py", "replica/openai/auth.py", "replica/completions.py"]) == []
+
+
+@pytest.fixture
+def recorded_replica(stories_path):
+    recorder = WalkRecorder()
+    threading.setprofile(recorder)  # threads started from here on: the HTTP server's, the engine's
+    try:
+        runtime = ReplicaRuntime.start(EngineConfig(model=str(stories_path)), ReplicaServerConfig(port=0, event_port=None),
+                                       frontend=FrontendConfig(chat_template=CHAT_TEMPLATE),
+                                       model_runner=FakeModelRunner(num_kv_blocks=64, vocab_size=512))
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+    try:
+        yield runtime, recorder
+    finally:
+        runtime.shutdown(graceful_s=0)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 2}),
+    ("/v1/completions", {"prompt": [1, 403, 407], "max_tokens": 2, "stream": True}),
+    ("/v1/completions", {"prompt": ["Once", "upon"], "max_tokens": 2, "n": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+], ids=["text", "token-ids-streamed", "batch-of-n", "chat"])
+def test_one_completion_enters_no_file_twice(recorded_replica, path, body):
+    runtime, recorder = recorded_replica
+    recorder.recording = True
+    reply = httpx.post(runtime.http.url + path, json=body, timeout=60)
+    recorder.recording = False
+    assert reply.status_code == 200, reply.text
+    assert recorder.to_engine is not None and recorder.to_engine[-1] == "replica/async_engine.py"
+    if body.get("n", 1) == 1:  # one candidate: one task from the socket on (n > 1: a task per candidate)
+        assert "replica/completions.py" in recorder.to_engine, recorder.to_engine
+    assert {w: reentered(list(w)) for w in recorder.walks if reentered(list(w))} == {}
