@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from kvmesh.events.publisher import PublisherConfig
     from kvmesh.replica.tp_worker import ExecutorOptions
     from ray.util.placement_group import PlacementGroup
-    from typing_extensions import Unpack
+    from typing import Unpack  # 3.11+; only read by type checkers
 
 T = TypeVar("T")
 

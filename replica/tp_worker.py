@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.model_runner import ModelRunner
     from kvmesh.replica.scheduler_output import SchedulerOutput
     from ray.util.placement_group import PlacementGroup
-    from typing_extensions import Unpack
+    from typing import Unpack  # 3.11+; only read by type checkers
 
 logger = logging.getLogger(__name__)
 
