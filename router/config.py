@@ -9,7 +9,7 @@ from typing import Any
 
 from kvmesh.events.subscriber_config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.router.policies import DEFAULT_POLICY, POLICIES
+from kvmesh.router.routing.policies import DEFAULT_POLICY, POLICIES
 
 MIN_API_KEY_CHARS = 8
 
@@ -116,7 +116,7 @@ class RouterConfig:
     max_attempts: int = 3
     """Replicas tried per request when the chosen one fails before its first byte."""
     migration_limit: int = 3
-    """Times one stream may move to another replica when its replica fails mid-way (router/migration.py);
+    """Times one stream may move to another replica when its replica fails mid-way (router/http/migration.py);
     0 turns migration off (as Dynamo's ``--migration-limit``)."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     """Body/prompt limits, chat template and its trust, read timeouts (the same settings as a replica's)."""
@@ -126,12 +126,12 @@ class RouterConfig:
     session_ttl_s: float = 600.0
     """Seconds a session (``x-session-id`` header or the body's ``user``) stays pinned to its replica."""
     tokenize_cache_tokens: int = 1 << 20
-    """Token ids the router's tokenize cache keeps (router/tokenize_cache.py); 0 turns the cache off."""
+    """Token ids the router's tokenize cache keeps (router/routing/tokenize_cache.py); 0 turns the cache off."""
     forward_token_ids: bool = True
     """Forward the prompt token ids the router computed, so replicas do not tokenize again: kvmesh replicas
-    get them for completions and chat, vLLM upstreams for completions (router/token_forwarding.py)."""
+    get them for completions and chat, vLLM upstreams for completions (router/http/token_forwarding.py)."""
     workers: int = 1
-    """Router processes serving the port (router/workers.py): each has its own index, all share their
+    """Router processes serving the port (router/control/workers.py): each has its own index, all share their
     in-flight counts; 0 = auto, the cores this host can spare (serve: those not reserved for replicas)."""
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.server_runtime import ReplicaRuntime
 from kvmesh.replica.serving.tokenizer import load_tokenizer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.server import RouterServer
+from kvmesh.router.control.router_server import RouterServer
 
 from .conftest import CHAT_TEMPLATE
 

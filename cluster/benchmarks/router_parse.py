@@ -37,8 +37,8 @@ def _setup():
     from kvmesh.cluster.benchmarks.router_peers import LLAMA2_CHAT_TEMPLATE, STORIES, workloads
     from kvmesh.replica.serving.tokenizer import load_tokenizer
     from kvmesh.router.config import RouterConfig
-    from kvmesh.router.forward import Forwarder
-    from kvmesh.router.runtime import RouterRuntime
+    from kvmesh.router.control.runtime import RouterRuntime
+    from kvmesh.router.http.proxy import Forwarder
 
     with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as f:
         f.write(LLAMA2_CHAT_TEMPLATE)
@@ -52,7 +52,7 @@ def _setup():
 
 
 async def _one(fwd, raw: bytes, chat: bool):
-    from kvmesh.router.token_forwarding import KVMESH, UpstreamBody
+    from kvmesh.router.http.token_forwarding import KVMESH, UpstreamBody
 
     req, prompts = await fwd.parse_prompts(raw, chat)
     ids = prompts[0] if prompts else []
@@ -131,7 +131,7 @@ def use_tree(root: Path) -> None:
                                                           submodule_search_locations=[str(root / parts[1])])
 
     sys.meta_path.insert(0, TreeFinder)
-    import kvmesh.router.forward as forward
+    import kvmesh.router.http.proxy as forward
 
     assert Path(forward.__file__).resolve().is_relative_to(root.resolve()), forward.__file__
 

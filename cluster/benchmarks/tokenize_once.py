@@ -3,7 +3,7 @@
 A ``kvmesh replica`` subprocess (stories260K) gets the bodies a router forwards to it, with
 ``forward_token_ids`` on (completions: ``prompt`` as the router's ids; chat: ``prompt_token_ids``) and
 off (the client's text, which the replica tokenizes / renders itself). The bodies are built by the
-router's own code (router/token_forwarding.py) from the router's tokenizer. Rounds alternate on/off;
+router's own code (router/http/token_forwarding.py) from the router's tokenizer. Rounds alternate on/off;
 each request's prompt is already cached, so the engine work (one token) is the same in both and the
 difference is the replica's tokenizing. Reported per request: the replica process's CPU time (user +
 system from /proc) and the client's wall time, plus the router-side CPU of building the rewritten body.
@@ -57,7 +57,7 @@ def make_prompts(tok, n: int, tokens: int) -> list[str]:
 def bodies(tok, texts: list[str], chat: bool) -> dict[bool, list[bytes]]:
     """forwarding on/off -> the bytes a router sends a kvmesh replica for each prompt."""
     from kvmesh.replica.openai import protocol as p
-    from kvmesh.router.token_forwarding import KVMESH, UpstreamBody
+    from kvmesh.router.http.token_forwarding import KVMESH, UpstreamBody
 
     out: dict[bool, list[bytes]] = {True: [], False: []}
     for text in texts:
@@ -74,7 +74,7 @@ def bodies(tok, texts: list[str], chat: bool) -> dict[bool, list[bytes]]:
 def rewrite_cost_us(tok, texts: list[str], chat: bool, n: int = 300) -> float:
     """Router CPU (us) to build one rewritten body (decode the client's JSON, set the ids, encode)."""
     from kvmesh.replica.openai import protocol as p
-    from kvmesh.router.token_forwarding import KVMESH, UpstreamBody
+    from kvmesh.router.http.token_forwarding import KVMESH, UpstreamBody
 
     raw = {"messages": [{"role": "user", "content": texts[0]}]} if chat else {"prompt": texts[0]}
     req = (p.ChatCompletionRequest if chat else p.CompletionRequest).model_validate(raw)

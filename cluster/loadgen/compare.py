@@ -114,7 +114,7 @@ async def compare(args) -> dict:
             runs[name] = await _run_workloads(args, name, url, workloads, nonce)
         return runs
     from kvmesh.router.config import RouterConfig
-    from kvmesh.router.server import RouterServer
+    from kvmesh.router.control.router_server import RouterServer
 
     specs = await _discover(args)
     model = args.router_model or await _model_id(specs[0].url, args.api_key)

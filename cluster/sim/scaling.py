@@ -30,7 +30,7 @@ from kvmesh.cluster.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.sim.report import percentiles, summarize
 from kvmesh.cluster.sim.router import SimRouter
 from kvmesh.cluster.sim.run import SimRun, run_policy
-from kvmesh.router.retention import exclusive_blocks
+from kvmesh.router.routing.retention import exclusive_blocks
 
 _STEP_END, _EVENTS, _TICK, _JOIN = 0, 1, 2, 3
 

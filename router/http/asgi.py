@@ -124,12 +124,12 @@ class AsgiBridge:
             logger.exception("unhandled error in the router app")
             if request.started:
                 return False
-            from kvmesh.router.http.server import error_response
+            from kvmesh.router.http.door import error_response
 
             return await conn._send(request, error_response(ProtocolError("internal router error", 500)),
                                     close=True, error=True)
         if not request.started:  # the app answered nothing
-            from kvmesh.router.http.server import error_response
+            from kvmesh.router.http.door import error_response
 
             return await conn._send(request, error_response(ProtocolError("the router app sent no answer", 500)),
                                     error=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.server import RouterServer
+from kvmesh.router.control.router_server import RouterServer
 
 FAKE = Path(__file__).with_name("fake_replica.py")
 BLOCK_SIZE = 4

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_body
-from kvmesh.router.migration import MigratingStream, SseSplitter, ask_for_token_ids
+from kvmesh.router.http.migration import MigratingStream, SseSplitter, ask_for_token_ids
 
 
 def chunk(text: str, ids: list[int] | None, finish: str | None = None, prompt_ids: list[int] | None = None) -> bytes:

@@ -1,4 +1,4 @@
-"""Which body each kind of upstream gets (router/token_forwarding.py), without servers."""
+"""Which body each kind of upstream gets (router/http/token_forwarding.py), without servers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import msgspec
 import pytest
 from kvmesh.replica.openai import protocol as p
-from kvmesh.router.token_forwarding import KVMESH, TEXT, VLLM, UpstreamBody, upstream_kind
+from kvmesh.router.http.token_forwarding import KVMESH, TEXT, VLLM, UpstreamBody, upstream_kind
 
 IDS = [[1, 400, 401, 402], [1, 500]]
 
