@@ -15,17 +15,17 @@ serve's workers passing them to the control router, use it).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from fastapi import Request as AppRequest
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.config import ReplicaSpec
+from kvmesh.router.control.rows import ReplicaList, ReplicaRow
 from kvmesh.router.control.runtime import RouterRuntime
 from kvmesh.router.routing.retention import exclusive_blocks
-from pydantic import ConfigDict
+from pydantic import ConfigDict, JsonValue
 
 
 class ReplicaRegistration(OpenAIBaseModel):
@@ -49,7 +49,7 @@ class RolloutRequest(OpenAIBaseModel):
     """``POST /admin/rollout`` body: engine settings the restarted replicas get (none: same settings)."""
 
     model_config = ConfigDict(extra="forbid")
-    engine: dict[str, Any] = {}
+    engine: dict[str, JsonValue] = {}
 
 
 def is_admin_request(method: str, path: str) -> bool:
@@ -64,19 +64,19 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
     cfg = runtime.config
 
     @app.get("/replicas")
-    async def list_replicas(drain_cost: bool = False):
+    async def list_replicas(drain_cost: bool = False) -> Response:
         loads = runtime.router.loads.loads
-        rows = [{"id": s.replica_id, "url": s.url, "events": s.events, "replay": s.replay,
-                 "healthy": s.replica_id in runtime.router.healthy, "draining": s.replica_id in runtime.draining,
-                 "degraded": runtime.router.degraded.get(s.replica_id),
-                 "in_flight": runtime.in_flight(s.replica_id),
-                 "prefill_backlog": loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0}
+        rows = [ReplicaRow(id=s.replica_id, url=s.url, events=s.events, replay=s.replay,
+                           healthy=s.replica_id in runtime.router.healthy, draining=s.replica_id in runtime.draining,
+                           degraded=runtime.router.degraded.get(s.replica_id),
+                           in_flight=runtime.in_flight(s.replica_id),
+                           prefill_backlog=loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0)
                 for s in list(runtime.specs.values())]
         if drain_cost:  # blocks only this replica holds: what draining it would cost (a walk over the index)
             exclusive = await asyncio.to_thread(exclusive_blocks, runtime.router)
             for row in rows:
-                row["exclusive_blocks"] = exclusive.get(row["id"], 0)
-        return {"replicas": rows}
+                row.exclusive_blocks = exclusive.get(row.id, 0)
+        return Response(ReplicaList(rows).encode(), media_type="application/json")
 
     @app.post("/replicas/{replica_id}/drain")
     async def drain_replica(replica_id: str):

@@ -1,21 +1,9 @@
-"""The router's HTTP front: the OpenAI surface of DESIGN.md in front of the replicas.
+"""The assembled router: the runtime (replica set, routing, event intake), its app and the one door.
 
-    POST /v1/completions, /v1/chat/completions   routed and proxied (forward.py; SSE passed through),
-                                                 served by the lean server directly (``hot_routes``)
-    everything else                              the FastAPI app (``build_app``), through the same server
-    POST /tokenize, /v1/completions/render, /v1/chat/completions/render, GET /version
-                                                 shared with the replica (replica/openai/routes.py)
-    GET  /v1/models                              the served model
-    GET  /health, /ping                          200 when >= 1 replica is healthy, else 503
-    GET  /get_load                               the router's in-flight requests (SGLang's shape)
-    GET  /metrics                                Prometheus (metrics.py)
-    /replicas..., /admin/...                     the replica set and the admin plane (admin_routes.py)
-
-Auth is one rule (replica/openai/auth.py), the app's middleware and ``hot_routes`` both apply it:
-with ``api_key`` set every path but the probes needs it; changing the replica set needs
-``admin_key``, which tenants never hold, and is refused for everyone when none is configured.
-``RouterServer`` runs both on one port (router/http/door.py) in a background thread (tests,
-embedding) or in the foreground (the CLI, a worker on an inherited socket).
+``RouterServer`` wires the door (router/http/door.py) to the proxied routes (router/http/proxy.py) and
+the app (app.py) on one port, and runs it in a background thread (tests, embedding) or in the
+foreground (the CLI, a worker on an inherited socket). ``companions`` start after the runtime and
+stop before it (a serve worker's ``ControlFollower``, router/control/follow.py).
 """
 
 from __future__ import annotations
@@ -24,128 +12,43 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import threading
-import time
-from typing import Any
+from collections.abc import Callable
+from typing import Protocol
 
-from fastapi import FastAPI
-from fastapi import Request as AppRequest
-from fastapi.responses import JSONResponse
-from kvmesh.replica.openai.auth import AuthMiddleware
-from kvmesh.replica.openai.errors import install_error_handlers
-from kvmesh.replica.openai.routes import install_shared_routes
-from kvmesh.replica.serving.errors import ProtocolError, error_body
+from kvmesh.replica.serving.tokenizer import Tokenizer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.control.admin_routes import install_replica_routes, is_admin_request
+from kvmesh.router.control.app import auth_rule, build_app, error_counter, served_model
 from kvmesh.router.control.runtime import RouterRuntime
-from kvmesh.router.http.door import HttpServer
-from kvmesh.router.http.messages import Request, Response
-from kvmesh.router.http.proxy import Forwarder
+from kvmesh.router.http.door import Door
+from kvmesh.router.http.proxy import Forwarder, proxied_routes
 
 logger = logging.getLogger(__name__)
 
 
-def served_model(cfg: RouterConfig) -> str:
-    return cfg.served_model_name or cfg.model or cfg.tokenizer or "kvmesh"
+class Companion(Protocol):
+    """Something that runs beside the router: started once it serves, stopped before it stops."""
 
-
-def _error_counter(runtime: RouterRuntime):
-    def count_error(e: ProtocolError) -> None:
-        runtime.metrics.child(runtime.metrics.requests, f"{e.status_code // 100}xx").inc()
-
-    return count_error
-
-
-def hot_routes(runtime: RouterRuntime) -> dict[tuple[bytes, str], Any]:
-    """The proxied paths, served by the lean server without ASGI: (method, path) -> handler.
-    The same auth rule as the app's middleware (``AuthMiddleware.refusal``)."""
-    cfg = runtime.config
-    forwarder = Forwarder(runtime)
-    auth = AuthMiddleware(None, api_key=cfg.api_key, admin_key=cfg.admin_key, is_admin=is_admin_request)
-    model_name = served_model(cfg)
-
-    def route(path: str, chat: bool):
-        async def handle(request: Request) -> Response:
-            if auth.api is not None or auth.admin is not None:
-                header = next((v for k, v in request.raw_headers if k == b"authorization"), b"")
-                refused = auth.refusal("POST", path, header)
-                if refused is not None:
-                    raise refused
-            start = time.perf_counter()
-            response = await forwarder.handle(request, path, chat=chat)
-            return runtime.metrics.observe_response(response, start, model_name)
-
-        return handle
-
-    return {(b"POST", "/v1/completions"): route("/v1/completions", False),
-            (b"POST", "/v1/chat/completions"): route("/v1/chat/completions", True)}
-
-
-def build_app(runtime: RouterRuntime) -> FastAPI:
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI):
-        await runtime.start()
-        try:
-            yield
-        finally:
-            await runtime.stop()
-
-    app = FastAPI(title="kvmesh router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    cfg = runtime.config
-    count_error = _error_counter(runtime)
-    app.add_middleware(AuthMiddleware, api_key=cfg.api_key, admin_key=cfg.admin_key, is_admin=is_admin_request,
-                       on_refused=count_error)
-    install_error_handlers(app, "router", on_error=count_error)
-    model_name = served_model(cfg)
-    install_shared_routes(app, runtime.renderer, runtime.check_model, lambda: model_name)
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "kvmesh",
-                                            "root": cfg.model}]}
-
-    async def health():
-        healthy = sorted(map(str, runtime.router.healthy))
-        feed = runtime.feed_state()
-        body = {"status": "ok" if healthy else "unavailable", "healthy_replicas": healthy,
-                "replicas": len(runtime.specs), "event_feed": feed,
-                "degraded_replicas": {str(rid): why for rid, why in list(runtime.router.degraded.items())}}
-        if healthy and not feed["alive"]:  # requests are still served, by load only
-            body["status"] = "degraded"
-            body["warning"] = (f"the KV event feed is down ({feed['error']}); routing by load only until it "
-                               "restarts")
-        if not healthy:
-            body["error"] = error_body("no healthy replica", 503)["error"]
-        return JSONResponse(body, status_code=200 if healthy else 503)
-
-    app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route("/ping", health, methods=["GET", "POST"])
-
-    @app.get("/get_load")
-    async def get_load():
-        loads = runtime.router.loads.loads.values()
-        return [{"dp_rank": 0, "num_reqs": sum(load.in_flight for load in loads), "num_waiting_reqs": 0,
-                 "num_tokens": sum(load.pending_prefill_tokens for load in loads)}]
-
-    @app.get("/metrics")
-    async def metrics(request: AppRequest):
-        return runtime.metrics.response(request.headers.get("accept"))
-
-    install_replica_routes(app, runtime)
-    return app
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
 
 
 class RouterServer:
     """The router on the lean server (router/http/): ``start()`` in a thread (returns once listening),
     ``run()`` in the foreground until SIGINT/SIGTERM, ``serve()`` inside a running loop."""
 
-    def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None, tokenizer=None,
-                 extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None,
+                 tokenizer: Tokenizer | None = None, extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.config = config
         self.runtime = RouterRuntime(config, replicas, tokenizer)
         self.app = build_app(self.runtime)
-        self.http = HttpServer(hot_routes(self.runtime), self.app, config.frontend, extra_headers)
-        self.http.on_error = _error_counter(self.runtime)
+        routes = proxied_routes(Forwarder(self.runtime), auth_rule(config), served_model(config))
+        self.door = Door(routes, self.app, config.frontend, extra_headers)
+        """Where every request enters (router/http/door.py)."""
+        self.door.on_error = error_counter(self.runtime)
+        self.companions: list[Companion] = []
+        """Run beside the router (started after the runtime, stopped before it)."""
         self.port = config.port
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -155,26 +58,23 @@ class RouterServer:
     def url(self) -> str:
         return f"http://{self.config.host}:{self.port}"
 
-    def use_app(self, app) -> None:
-        """Serve ``app`` (e.g. ``self.app`` wrapped by a worker's setup) for every path but the proxied
-        ones; its ASGI lifespan runs at start and stop."""
-        self.app = app
-        self.http.asgi.app = app
-
-    async def serve(self, sock=None, graceful_s: float = 2.0, drain_s: float = 0.0,
+    async def serve(self, sock: socket.socket | None = None, graceful_s: float = 2.0, drain_s: float = 0.0,
                     started: threading.Event | None = None) -> None:
         """Run the runtime (the app's lifespan) and serve until ``request_stop``; then shut down gracefully
         (``drain_s``: keep answering open connections with ``Connection: close`` first)."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._drain_s = drain_s
-        async with self.http.asgi.lifespan():
-            self.port = await self.http.listen(self.config.host, self.config.port, sock)
+        async with self.door.asgi.lifespan(), contextlib.AsyncExitStack() as companions:
+            for companion in self.companions:
+                await companion.start()
+                companions.push_async_callback(companion.stop)
+            self.port = await self.door.listen(self.config.host, self.config.port, sock)
             logger.info("kvmesh-router listening on %s", self.url)
             if started is not None:
                 started.set()
             await self._stop.wait()
-            await self.http.shutdown(graceful_s, self._drain_s)
+            await self.door.shutdown(graceful_s, self._drain_s)
 
     def request_stop(self, drain_s: float | None = None) -> None:
         """Stop serving (thread-safe); ``drain_s`` replaces the drain period given to ``serve``."""
@@ -188,7 +88,7 @@ class RouterServer:
 
         self._loop.call_soon_threadsafe(stop)
 
-    def run(self, sock=None, graceful_s: float = 2.0, drain_s: float = 0.0) -> None:
+    def run(self, sock: socket.socket | None = None, graceful_s: float = 2.0, drain_s: float = 0.0) -> None:
         """Serve in the foreground until SIGINT (shut down) or SIGTERM (drain ``drain_s``, then shut down)."""
         async def main() -> None:
             loop = asyncio.get_running_loop()
@@ -225,7 +125,7 @@ class RouterServer:
         self._thread = None
 
 
-def _loop_factory():
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's loop when it is installed, else asyncio's."""
     try:
         import uvloop

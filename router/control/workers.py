@@ -38,8 +38,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import wait
+from typing import TYPE_CHECKING
 
 from kvmesh.router.routing.shared_loads import SharedLoadTable
+
+if TYPE_CHECKING:
+    from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.control.router_server import RouterServer
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +209,7 @@ class RouterWorkers:
         self.sock.close()
 
 
-def router_workers(config, replicas, num_workers: int, control_url: str | None = None) -> RouterWorkers:
+def router_workers(config: RouterConfig, replicas: list[ReplicaSpec] | None, num_workers: int, control_url: str | None = None) -> RouterWorkers:
     """``num_workers`` processes serving the router app (``serve_router``) on ``config.host:config.port``,
     sharing their in-flight counts (router/routing/shared_loads.py); ``control_url``: they follow serve's
     control router for their replica set (router/control/follow.py)."""
@@ -224,8 +229,8 @@ DEFAULT_DRAIN_S = 5.0
 """Seconds a worker told to stop keeps answering its open connections (with ``Connection: close``)."""
 
 
-def serve_router(config, replicas, sock: socket.socket, worker_index: int,
-                 drain_s: float = DEFAULT_DRAIN_S, setup=None) -> None:
+def serve_router(config: RouterConfig, replicas: list[ReplicaSpec] | None, sock: socket.socket, worker_index: int,
+                 drain_s: float = DEFAULT_DRAIN_S, setup: WorkerSetup | None = None) -> None:
     """Serve the router on an inherited listening socket until SIGTERM (one worker's life).
 
     ``setup`` (``WorkerSetup``) joins the worker to its siblings: shared in-flight counts, and inside
@@ -235,7 +240,7 @@ def serve_router(config, replicas, sock: socket.socket, worker_index: int,
 
     server = RouterServer(config, replicas, extra_headers=[(WORKER_HEADER, str(worker_index).encode())])
     if setup is not None:
-        server.use_app(setup(server.runtime, server.app, worker_index))
+        setup(server, worker_index)
     server.run(sock=sock, graceful_s=config.request_timeout_s or 600.0, drain_s=drain_s)
 
 
@@ -248,10 +253,9 @@ class WorkerSetup:
     control_url: str | None = None
     """serve's control router, owner of the replica set; None: the worker's set is its own (``kvmesh router``)."""
 
-    def __call__(self, runtime, app, worker_index: int):
-        runtime.router.loads.share(self.table, worker_index)
-        if self.control_url is None:
-            return app
-        from kvmesh.router.control.follow import ControlFollower
+    def __call__(self, server: RouterServer, worker_index: int) -> None:
+        server.runtime.router.loads.share(self.table, worker_index)
+        if self.control_url is not None:
+            from kvmesh.router.control.follow import ControlFollower
 
-        return ControlFollower(runtime, self.control_url, self.table, worker_index).wrap(app)
+            ControlFollower.join(server, self.control_url, self.table, worker_index)

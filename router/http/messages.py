@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 from kvmesh.replica.serving.errors import ProtocolError
 
 
@@ -133,3 +134,8 @@ class Response:
         self.media_type = media_type
         self.headers: dict[str, str] = headers if headers is not None else {}
         """Extra headers (content type and length are added when sent)."""
+
+
+def error_response(e: ProtocolError) -> Response:
+    """The OpenAI-shaped error answer of ``e``."""
+    return Response(msgspec.json.encode(e.to_dict()), e.status_code)

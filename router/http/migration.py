@@ -23,11 +23,16 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
+
+if TYPE_CHECKING:
+    from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.serving.tokenizer import Tokenizer
 
 DATA, DONE = b"data: ", b"data: [DONE]"
 _TOKEN_IDS = re.compile(rb',\s*"token_ids"\s*:\s*\[([\d,\s]*)\]')
@@ -63,8 +68,11 @@ class SseSplitter:
 class MigratingStream:
     """One client stream: what went out, and how to continue it elsewhere when its replica fails."""
 
-    def __init__(self, req: Any, chat: bool, prompt_ids: list[int], tokenizer: Any, limit: int) -> None:
+    def __init__(self, req: CompletionRequest | ChatCompletionRequest, chat: bool, prompt_ids: list[int],
+                 tokenizer: Tokenizer | None, limit: int, params: SamplingParams | None = None) -> None:
         self.req, self.chat, self.tokenizer, self.limit = req, chat, tokenizer, limit
+        self.params = params
+        """The request's sampling parameters, validated when it came in (None: taken from ``req`` when needed)."""
         self.client_ids = bool(req.return_token_ids)
         """The client asked for token ids itself (else they are cut out of its chunks)."""
         self.prompt_ids = list(prompt_ids)
@@ -142,13 +150,13 @@ class MigratingStream:
             self.prompt_ids = list(prompt_ids)
 
     # ---------------------------------------------------------------- continuing on another replica
-    def continuation(self) -> dict[str, Any] | None:
+    def continuation(self) -> dict[str, object] | None:
         """The body of the next continuation request, or None when no token is left to generate."""
         req, n = self.req, self.num_output
         max_tokens = req._max_tokens()
         if max_tokens is not None and max_tokens - n < 1:
             return None
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "prompt": self.prompt_ids + self.output_ids, "stream": True, "return_token_ids": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "max_tokens": None if max_tokens is None else max_tokens - n,
@@ -168,8 +176,7 @@ class MigratingStream:
         self.migrations += 1
         self.broken = None
         if self.tokenizer is not None and self._detok is None:
-            # validated when the request came in, against the same prompt and context
-            params = self.req.to_sampling_params(len(self.prompt_ids), self.tokenizer.max_model_len)
+            params = self.params or self.req.to_sampling_params(len(self.prompt_ids), self.tokenizer.max_model_len)
             self._detok = IncrementalDetokenizer(self.tokenizer.hf, self.prompt_ids, params)
             for step in self.steps:  # the replica would have finished had one of these ended on a stop string
                 for token in step:
@@ -239,9 +246,10 @@ class MigratingStream:
 
     def _chunk(self, text: str, reason: str | None, ids: list[int], role: bool = False) -> bytes:
         token_ids = ids if self.client_ids else None
+        choice: r.ChatStreamChoice | r.CompletionChoice
         if self.chat:
             delta = r.DeltaMessage(role="assistant", content="") if role else r.DeltaMessage(content=text)
-            choice: Any = r.ChatStreamChoice(delta=delta, finish_reason=reason, token_ids=token_ids)
+            choice = r.ChatStreamChoice(delta=delta, finish_reason=reason, token_ids=token_ids)
         else:
             choice = r.CompletionChoice(text=text, finish_reason=reason, token_ids=token_ids)
         so = self.req.stream_options

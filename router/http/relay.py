@@ -12,32 +12,51 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, NamedTuple
 
-import msgspec
 from kvmesh.replica.serving.errors import ProtocolError, error_body
 from kvmesh.router.http.migration import DONE, MigratingStream, SseSplitter
-from kvmesh.router.http.token_forwarding import UpstreamBody
+from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.upstream import UpstreamError, UpstreamResponse
 from kvmesh.router.routing.kv_router import RouteDecision
+
+if TYPE_CHECKING:
+    from kvmesh.router.http.proxy import Replicas
 
 logger = logging.getLogger(__name__)
 UPSTREAM_ERRORS = (UpstreamError, OSError, asyncio.TimeoutError)
 """Failures of the upstream connection (refused, reset, timed out, truncated)."""
 
 
+class Opened(NamedTuple):
+    """A request opened on a replica: its response, the first body bytes, the rest, the route taken."""
+
+    upstream: UpstreamResponse
+    first: bytes
+    rest: AsyncIterator[bytes]
+    decision: RouteDecision
+
+
+Dispatch = Callable[[ProxyRequest, list[str]], Awaitable[Opened]]
+"""Opens a request on the best replica not tried (``Forwarder.dispatch``, router/http/proxy.py)."""
+
+
 class StreamRelay:
-    """The streaming half of the router's Forwarder (forward.py): relays one client's SSE stream and
+    """The streaming half of the proxy (router/http/proxy.py): relays one client's SSE stream and
     continues it on another replica when its replica fails mid-way."""
 
-    def __init__(self, forwarder: Any) -> None:
-        self.forwarder = forwarder
-        """Opens requests on replicas (``dispatch``) and reads the cached tokens they report."""
-        self.runtime = forwarder.runtime
+    def __init__(self, runtime: Replicas, dispatch: Dispatch,
+                 report_cached: Callable[[RouteDecision, bytes], None]) -> None:
+        self.runtime = runtime
+        self.dispatch = dispatch
+        """Opens a continuation on another replica."""
+        self.report_cached = report_cached
+        """Reads the cached tokens a replica reports (the first replica's usage)."""
 
-    async def relay(self, upstream: UpstreamResponse, first: bytes, body, decision: RouteDecision,
-                     stream: MigratingStream):
+    async def relay(self, opened: Opened, stream: MigratingStream) -> AsyncIterator[bytes]:
         """The client's stream: the first replica's events, then, if it fails mid-way, continuations."""
+        upstream, first, body, decision = opened
         outcome = "4xx"  # until the stream completes or breaks, an early end is the client leaving
         try:
             while True:
@@ -78,12 +97,13 @@ class StreamRelay:
             m = self.runtime.metrics
             m.child(m.requests, outcome).inc()
 
-    async def _events(self, upstream, first: bytes, body, stream: MigratingStream, decision: RouteDecision):
+    async def _events(self, upstream: UpstreamResponse, first: bytes, body: AsyncIterator[bytes],
+                      stream: MigratingStream, decision: RouteDecision) -> AsyncIterator[bytes]:
         """The client's events for one upstream, until it ends, breaks, or the stream is done."""
         split, chunk = SseSplitter(), first
         while True:
             if stream.migrations == 0:
-                self.forwarder.report_cached(decision, chunk)
+                self.report_cached(decision, chunk)
             for event in split.feed(chunk):
                 if stream.migrations == 0:
                     out = stream.relay(event)
@@ -99,7 +119,7 @@ class StreamRelay:
             except StopAsyncIteration:
                 return
 
-    async def _migrate(self, stream: MigratingStream, rid: str, why: str):
+    async def _migrate(self, stream: MigratingStream, rid: str, why: str) -> Opened | tuple[()] | None:
         """Continue ``stream`` on another replica: the opened continuation, () when no token is left to
         generate, None when it cannot migrate (limit reached, no token ids, no replica answered)."""
         svc = self.runtime
@@ -111,13 +131,13 @@ class StreamRelay:
             return ()
         logger.warning("%s; continuing the stream on another replica (migration %d)", why, stream.migrations + 1)
         try:
-            opened = await self.forwarder.dispatch("/v1/completions", UpstreamBody(msgspec.json.encode(body)),
-                                                   stream.prompt_ids + stream.output_ids, stream.req.cache_salt, [rid])
+            opened = await self.dispatch(ProxyRequest.continuation(
+                body, stream.prompt_ids + stream.output_ids, stream.req.cache_salt), [rid])
         except ProtocolError:
             return None
-        if opened[0].status != 200:
-            opened[0].close()
-            svc.router.loads.on_finish(opened[3].replica_id, opened[3].uncached_tokens, had_output=True)
+        if opened.upstream.status != 200:
+            opened.upstream.close()
+            svc.router.loads.on_finish(opened.decision.replica_id, opened.decision.uncached_tokens, had_output=True)
             return None
         svc.metrics.child(svc.metrics.migrations, str(rid)).inc()
         return opened

@@ -1,0 +1,121 @@
+"""One proxied request, the one object that carries it from the router's socket to its upstream call.
+
+What the client sent (``raw``, the validated ``req``), what the router made of it (the prompts' token
+ids, the sampling parameters, the session and receipt asks) and, per kind of upstream, the bytes that
+upstream gets: the client's own, or them with the router's token ids (tokenize once, the table of
+router/http/token_forwarding.py). A stream also carries its ``MigratingStream`` (router/http/migration.py);
+a continuation on another replica is a ``ProxyRequest`` of its own (``continuation``).
+
+Rewriting is exact: a replica range-checks token ids and uses them as they are, and the router computed
+them with the replica's own rules (replica/serving/tokenizer.py). ``echo`` is excluded because the echoed
+text must be the client's own; a batch of prompts is rewritten only as a whole. Everything else in the body
+(``cache_salt``, sampling parameters, ``stream``, ``return_token_ids``) is kept as sent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+from kvmesh.router.http.migration import ask_for_token_ids
+from kvmesh.router.http.token_forwarding import KVMESH, QUOTED_VLLM_TOKENIZING_KEYS, TEXT, VLLM, UpstreamKind
+
+if TYPE_CHECKING:
+    from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.router.http.migration import MigratingStream
+
+    OpenAIRequest = CompletionRequest | ChatCompletionRequest
+
+
+class ProxyRequest:
+    """One request through the proxy (see the module doc). Rewritten bodies are built once, on first use."""
+
+    def __init__(self, raw: bytes, req: OpenAIRequest | None = None, prompts: list[list[int]] | None = None,
+                 chat: bool = False, forward_ids: bool = False, *, path: str = "/v1/completions",
+                 session_id: str | None = None, wants_receipt: bool = False, tokenize_ns: int | None = None,
+                 sampling_params: SamplingParams | None = None) -> None:
+        self.raw = raw
+        """The body as the client sent it (plus ``return_token_ids`` for a stream the router may migrate)."""
+        self.req = req
+        """The validated body (None for a continuation, whose body the router wrote)."""
+        self.prompts = prompts or []
+        """Token ids the router computed, one list per prompt (empty: none, e.g. no tokenizer)."""
+        self.chat = chat
+        """A chat completion (else a completion)."""
+        self.path = path
+        """The path it goes to upstream."""
+        self.session_id = session_id
+        """``x-session-id`` or the body's ``user``: soft affinity to the replica of the last turn."""
+        self.wants_receipt = wants_receipt
+        """The client asked for the route receipt's headers (``x-kvmesh-receipt: 1``)."""
+        self.tokenize_ns = tokenize_ns
+        """Time spent validating and tokenizing it (None: not observed, e.g. a continuation)."""
+        self.sampling_params = sampling_params
+        """The first prompt's sampling parameters, validated at the edge against its length and the context."""
+        self.stream: MigratingStream | None = None
+        """A stream's state: what went out, and how to continue it elsewhere (None: not a stream)."""
+        self.salt = req.cache_salt if req is not None else None
+        """``cache_salt``: the router's keys of this request are salted with it, as the replica's."""
+        self.route_ids = self.prompts[0] if self.prompts else []
+        """The token ids it is routed by (a batch of prompts goes to one replica, by its first)."""
+        self._forward_ids = forward_ids and bool(self.prompts)
+        self._built: dict[str, bytes] = {}
+
+    @classmethod
+    def continuation(cls, body: dict[str, object], route_ids: list[int], salt: str | None) -> ProxyRequest:
+        """A stream's continuation on another replica: a token-in completion the router wrote itself."""
+        request = cls(msgspec.json.encode(body))
+        request.route_ids, request.salt = route_ids, salt
+        return request
+
+    def ask_for_token_ids(self) -> None:
+        """Streams: ask every upstream for the token ids behind the text (router/http/migration.py)."""
+        self.raw = ask_for_token_ids(self.raw)
+        self._built.clear()
+
+    def forwards_ids(self, kind: UpstreamKind) -> bool:
+        """Whether an upstream of ``kind`` gets the router's token ids for this request."""
+        req = self.req
+        if not self._forward_ids or kind == TEXT or req is None:
+            return False
+        if self.chat:  # a chat that came with its ids goes as sent (they are what the router routed by)
+            return kind == KVMESH and getattr(req, "prompt_token_ids", None) is None
+        if req.echo:
+            return False  # the echoed prompt must be the client's text, not the ids decoded
+        if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
+            return False  # already token ids
+        if kind == VLLM:
+            return not self._names_vllm_tokenizing_key()
+        return True
+
+    def for_kind(self, kind: UpstreamKind) -> bytes:
+        """The bytes to send to an upstream of ``kind``."""
+        if not self.forwards_ids(kind):
+            return self.raw
+        key = "prompt_token_ids" if self.chat else "prompt"
+        if key not in self._built:
+            self._built[key] = self._chat_body() if self.chat else self._completion_body()
+        return self._built[key]
+
+    def _chat_body(self) -> bytes:
+        head = self.raw.rstrip()
+        if head.endswith(b"}") and b'"prompt_token_ids"' not in head:  # appended: the messages are not re-encoded
+            return head[:-1] + b',"prompt_token_ids":' + msgspec.json.encode(self.prompts[0]) + b"}"
+        body = msgspec.json.decode(self.raw)  # e.g. "prompt_token_ids": null as sent
+        body["prompt_token_ids"] = self.prompts[0]
+        return msgspec.json.encode(body)
+
+    def _completion_body(self) -> bytes:
+        body = msgspec.json.decode(self.raw)  # one prompt stays one; a batch becomes a batch of id lists, in order
+        prompt = body["prompt"]
+        single = not (isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int))
+        assert len(self.prompts) == (1 if single else len(prompt)), "one id list per prompt"
+        body["prompt"] = self.prompts[0] if single else self.prompts
+        return msgspec.json.encode(body)
+
+    def _names_vllm_tokenizing_key(self) -> bool:
+        # A quoted name in the raw JSON: a key, or a string value (then the body just goes as sent);
+        # inside a string, a quote is escaped, so prompt text cannot match.
+        raw = self.raw
+        return any(quoted in raw for quoted in QUOTED_VLLM_TOKENIZING_KEYS)
