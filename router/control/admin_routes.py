@@ -127,7 +127,7 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
                                 '{"url": "http://HOST:PORT", "events": "tcp://...", "replay": "tcp://...", '
                                 '"id": "name"}') from None
         runtime.add_replica(spec)
-        return {"id": spec.replica_id, "healthy": await runtime.probe(spec)}
+        return {"id": spec.replica_id, "healthy": await runtime.probes.probe(spec)}
 
     @app.delete("/replicas/{replica_id:path}")
     async def delete_replica(replica_id: str):

@@ -29,7 +29,9 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 
+from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.routing.kv_router import LAGGING, LOST_EVENTS, STALLED
+from kvmesh.router.routing.load import ForeignLoad
 
 logger = logging.getLogger(__name__)
 
@@ -107,17 +109,20 @@ class StreamWatch:
             self._clear(replica_id, LOST_EVENTS, "resynced from a snapshot")
 
     # ---------------------------------------------------------------- poller
-    def on_report(self, replica_id: Hashable, report: dict, applied_seq: int, sent_at: float,
+    def on_report(self, replica_id: Hashable, report: LoadReport | ForeignLoad, applied_seq: int, sent_at: float,
                   received_at: float, now: float | None = None) -> None:
         """A ``/load`` report, asked for at ``sent_at`` and answered at ``received_at`` (router's
         ``time.time()``); ``applied_seq``: the last seq of this replica the router applied, read
         after the answer arrived. ``now``: ``time.monotonic()``."""
         st = self._stream(replica_id)
         now = time.monotonic() if now is None else now
-        stamp = report.get("timestamp")
+        if isinstance(report, LoadReport):
+            stamp, published, unsent_s = report.timestamp, report.kv_events_seq, report.kv_events_unsent_s
+        else:
+            stamp, published = report.get("timestamp"), report.get("kv_events_seq")
+            unsent_s = report.get("kv_events_unsent_s")
         if isinstance(stamp, int | float) and not isinstance(stamp, bool):
             st.clock_offset = float(stamp) - (sent_at + received_at) / 2
-        published, unsent_s = report.get("kv_events_seq"), report.get("kv_events_unsent_s")
         if not isinstance(published, int) or isinstance(published, bool):
             return  # a replica that does not say (vLLM): lag and loss only
         why = None

@@ -14,6 +14,11 @@ import time
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from kvmesh.replica.serving.load_report import LoadReport
+
+ForeignLoad = dict[str, object]
+"""Another server's ``/load`` JSON (not kvmesh's ``LoadReport``): the same numbers under other names."""
+
 
 @dataclass(slots=True)
 class ReplicaLoad:
@@ -58,11 +63,14 @@ class ReplicaLoad:
         """Requests all router processes of this host sent here that have not finished."""
         return self.in_flight + self.peer_in_flight
 
-    def update_report(self, report: dict) -> None:
-        """Take a replica's ``/load`` JSON (``protocol.LoadReport``; a few other spellings too).
-
-        Unknown keys are ignored; missing ones keep their value.
-        """
+    def update_report(self, report: LoadReport | ForeignLoad) -> None:
+        """Take a replica's ``/load``: kvmesh's ``LoadReport``, or another server's JSON in a few other
+        spellings (unknown keys are ignored; missing ones keep their value)."""
+        if isinstance(report, LoadReport):
+            self.num_running, self.num_waiting = report.num_requests_running, report.num_requests_waiting
+            self.kv_usage, self.queued_prefill_tokens = report.kv_cache_usage, report.num_waiting_prefill_tokens
+            self.reported_at = time.monotonic()
+            return
         self.num_running = int(_first(report, _RUNNING_KEYS, self.num_running))
         self.num_waiting = int(_first(report, _WAITING_KEYS, self.num_waiting))
         self.kv_usage = float(_first(report, _KV_USAGE_KEYS, self.kv_usage))
@@ -76,7 +84,7 @@ _KV_USAGE_KEYS = ("kv_cache_usage", "kv_usage")
 _PREFILL_KEYS = ("num_waiting_prefill_tokens", "queued_prefill_tokens")
 
 
-def _first(report: dict, keys: tuple[str, ...], default):
+def _first(report: ForeignLoad, keys: tuple[str, ...], default: int | float) -> object:
     for key in keys:
         value = report.get(key)
         if value is not None:
