@@ -20,9 +20,10 @@ ForeignLoad = dict[str, object]
 """Another server's ``/load`` JSON (not kvmesh's ``LoadReport``): the same numbers under other names."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class ReplicaLoad:
-    """Load of one replica. Policies read ``prefill_backlog`` and ``decode_load``."""
+    """Load of one replica. Policies read ``prefill_backlog`` and ``decode_load``; ``kvmesh status``
+    shows it (``ReplicaStatus``, cluster/router_client.py, read back from the router's metrics)."""
 
     in_flight: int = 0
     """Requests this router sent to the replica that have not finished."""
