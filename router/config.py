@@ -5,11 +5,13 @@ from __future__ import annotations
 import difflib
 import inspect
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvmesh.events.subscriber_config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.router.routing.policies import DEFAULT_POLICY, POLICIES
+
+PolicyOptions = dict[str, int | float | str | bool]
+"""Options of a routing policy as configured (YAML, ``--policy-kwargs``): keyword arguments of its class."""
 
 MIN_API_KEY_CHARS = 8
 
@@ -73,7 +75,7 @@ class RouterConfig:
     """Context length for validating requests; None = the model's."""
     policy: str = DEFAULT_POLICY
     """Routing policy: cache_aware, round_robin, least_loaded, random or prefix_hash (router/policies)."""
-    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    policy_kwargs: PolicyOptions = field(default_factory=dict)
     """Options of the policy, e.g. decode_weight=8 or temperature=0 for cache_aware."""
     block_size: int = 16
     """Tokens per KV block; must equal the replicas' block size."""
@@ -170,7 +172,7 @@ def check_api_key(key: str | None, what: str) -> None:
                          "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(24))'`) or leave it unset")
 
 
-def check_policy(policy: str, options: dict[str, Any]) -> None:
+def check_policy(policy: str, options: PolicyOptions) -> None:
     """The policy is registered and takes every option given (with a did-you-mean otherwise)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}{_did_you_mean(policy, list(POLICIES))}; "

@@ -15,11 +15,14 @@ sends (issue 23); the subscriber bounds what decoding it costs (``degraded_sourc
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvmesh.events.schema import AllBlocksCleared, BlockStored
 from kvmesh.events.subscriber_guard import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED
 from kvmesh.router.routing.kv_router import BAD_FRAMES
+
+if TYPE_CHECKING:
+    from kvmesh.router.control.runtime import RouterRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +30,7 @@ logger = logging.getLogger(__name__)
 class EventFeed:
     """Applies one router's events (see the module doc); ``runtime`` is its ``RouterRuntime``."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: RouterRuntime) -> None:
         self._rt = runtime
         self.quarantined: set[str] = set()
         """Replicas degraded for bad frames whose batches are dropped until one starts afresh."""

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.serving.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from kvmesh.router.http.connection import HttpConnection
 
 
 class Request:
@@ -22,7 +25,7 @@ class Request:
     __slots__ = ("method", "target", "raw_headers", "keep_alive", "http_version", "chunks", "size",
                  "complete", "too_large", "expect_continue", "conn", "waiter", "_headers", "started", "error")
 
-    def __init__(self, conn: Any, method: bytes, target: bytes) -> None:
+    def __init__(self, conn: HttpConnection | None, method: bytes, target: bytes) -> None:
         self.conn = conn
         """The connection's protocol (http/server.py): writes, the body limits, the disconnect."""
         self.method = method

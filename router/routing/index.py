@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import groupby, repeat
+from itertools import repeat
 from operator import and_, or_
 
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
 from kvmesh.router.routing.index_stats import IndexStats, ReplicaBlocks
 from kvmesh.router.routing.keys import FASTPATH, RouterKeyHasher, pack_tokens
 from kvmesh.router.routing.predictions import Predictions
+from kvmesh.router.routing.prefix_match import match_masks
 
 ReplicaId = Hashable
 
@@ -275,31 +276,4 @@ class PrefixIndex:
 
     def _match_py(self, keys: Sequence[int]) -> dict[ReplicaId, int]:
         """``match`` in Python (no compiled fast path, or more than 64 replica slots)."""
-        get = self._blocks.get
-        if not keys or not get(keys[0]):
-            return {}
-        # Raw masks come in runs of equal values (a prefix shared by the same replicas); the
-        # running AND only changes where a run starts, so it is taken once per run, in Python,
-        # while groupby finds the runs in C. Lookups stop as soon as no replica is left.
-        owners, out = self._slot_owner, {}
-        end, held = 0, -1  # held: replicas holding every block so far (-1 = all bits)
-        for mask, run in groupby(map(get, keys, repeat(0))):
-            now_held = held & mask
-            dropped = held & ~now_held if end else 0  # replicas whose chain ended at block `end`
-            if dropped & (dropped - 1) == 0:
-                if dropped:
-                    out[owners[dropped.bit_length() - 1]] = end
-            else:
-                while dropped:
-                    low = dropped & -dropped
-                    out[owners[low.bit_length() - 1]] = end
-                    dropped ^= low
-            if not now_held:
-                return out
-            end += len(list(run))
-            held = now_held
-        while held:  # replicas holding the whole prompt
-            low = held & -held
-            out[owners[low.bit_length() - 1]] = end
-            held ^= low
-        return out
+        return match_masks(self._blocks, keys, self._slot_owner)

@@ -35,9 +35,22 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from kvmesh.router.routing.tokenize_cuts import space_cut_pattern
+
+if TYPE_CHECKING:
+    import tokenizers
+
+
+PieceKey = tuple[str] | str
+"""A piece's cache key: the piece at offset 0 of a text as a 1-tuple, any other piece as the str itself."""
+
+
+class FastTokenizer(Protocol):
+    """A transformers fast tokenizer: what it wraps is a ``tokenizers.Tokenizer``."""
+
+    backend_tokenizer: tokenizers.Tokenizer
 
 DEFAULT_MAX_CACHED_TOKENS = 1 << 20
 """Token ids kept in the piece cache by default (~10 MB of list slots plus the piece strings)."""
@@ -56,7 +69,7 @@ def _chars(keys) -> int:
 class CachedTokenizer:
     """``encode(text, add_special_tokens)`` with exactly the tokenizer's ids, pieces served from an LRU cache."""
 
-    def __init__(self, tokenizer: Any, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
+    def __init__(self, tokenizer: tokenizers.Tokenizer | FastTokenizer, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
                  chunk_chars: int = DEFAULT_CHUNK_CHARS) -> None:
         if max_cached_tokens < 0:
             raise ValueError(f"max_cached_tokens must be >= 0, got {max_cached_tokens}")
@@ -74,7 +87,7 @@ class CachedTokenizer:
         """Token ids served from the cache."""
         self.miss_tokens = 0
         """Token ids the tokenizer computed (pieces not in the cache, and plain encodes)."""
-        self._cache: OrderedDict[Any, list[int]] = OrderedDict()
+        self._cache: OrderedDict[PieceKey, list[int]] = OrderedDict()
         self._cached_tokens = 0
         self._lock = threading.Lock()
         self._split, self._added_ids, self._unsafe, matched = self._added_token_split()
@@ -167,11 +180,11 @@ class CachedTokenizer:
             ids += self._frame[1]
         return ids
 
-    def _keys(self, text: str) -> list:
+    def _keys(self, text: str) -> list[int | PieceKey]:
         """``text`` as what ``encode`` concatenates: added token ids (int) and cache keys of pieces (a piece
         at offset 0 of the text as a 1-tuple, any other piece as the str itself)."""
         parts = self._split.split(text) if self._split is not None else [text]
-        keys: list = []
+        keys: list[int | PieceKey] = []
         added = self._added_ids
         for i, part in enumerate(parts):
             if i & 1:  # re.split puts the matched added tokens at odd positions
@@ -196,7 +209,7 @@ class CachedTokenizer:
             chunks.append(piece[start:cut])
             start = cut
 
-    def _tokenize(self, key: tuple[str] | str) -> list[int]:
+    def _tokenize(self, key: PieceKey) -> list[int]:
         """The ids of a piece (its cache key), from the tokenizer."""
         if key.__class__ is tuple:  # the piece at offset 0 of the text
             ids = self.backend.encode(key[0], add_special_tokens=False).ids
@@ -207,7 +220,7 @@ class CachedTokenizer:
         self.miss_tokens += len(ids)
         return ids
 
-    def _store(self, key: tuple[str] | str, ids: list[int]) -> None:
+    def _store(self, key: PieceKey, ids: list[int]) -> None:
         """Cache a piece's ids (under the lock), dropping the least recently used beyond the bound."""
         cache = self._cache
         if len(ids) > self.max_cached_tokens or key in cache:
