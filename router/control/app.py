@@ -21,6 +21,7 @@ from fastapi import Request as AppRequest
 from fastapi.responses import JSONResponse
 from kvmesh.replica.openai.auth import AuthMiddleware
 from kvmesh.replica.openai.errors import install_error_handlers
+from kvmesh.replica.openai.metrics_exposition import metrics_response
 from kvmesh.replica.openai.routes import install_shared_routes
 from kvmesh.replica.serving.errors import ProtocolError, error_body
 from kvmesh.router.config import RouterConfig
@@ -95,7 +96,7 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics(request: AppRequest):
-        return runtime.metrics.response(request.headers.get("accept"))
+        return metrics_response(runtime.metrics.registry, request.headers.get("accept"))  # OpenMetrics if accepted
 
     install_replica_routes(app, runtime)
     return app

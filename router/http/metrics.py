@@ -9,13 +9,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kvmesh.replica.openai.metrics_exposition import add_process_collectors, metrics_response
+from kvmesh.replica.openai.metrics_exposition import add_process_collectors
 from kvmesh.replica.serving.metric_buckets import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from kvmesh.router.http.loop_histogram import LoopHistogram
 from kvmesh.router.routing.kv_router import DEGRADED_CAUSES
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from starlette.responses import Response
 
 # Routing stages take microseconds; buckets from 1 µs to 100 ms.
 _STAGE_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 1e-1)
@@ -101,9 +100,6 @@ class RouterMetrics:
         """The text exposition (format 0.0.4)."""
         return generate_latest(self.registry)
 
-    def response(self, accept: str | None) -> Response:
-        """``GET /metrics``: OpenMetrics when the scraper accepts it, else the text format."""
-        return metrics_response(self.registry, accept)
 
 
 async def _timed(body, latency, start: float):
