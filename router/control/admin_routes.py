@@ -15,6 +15,7 @@ serve's workers passing them to the control router, use it).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from fastapi import FastAPI, Response
 from fastapi import Request as AppRequest
@@ -23,7 +24,7 @@ from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.config import ReplicaSpec
 from kvmesh.router.control.rows import ReplicaList, ReplicaRow
-from kvmesh.router.control.runtime import RouterRuntime
+from kvmesh.router.control.runtime import Json, RouterRuntime
 from kvmesh.router.routing.retention import exclusive_blocks
 from pydantic import ConfigDict, JsonValue
 
@@ -99,23 +100,24 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
     async def fleet_state():
         return fleet().state()
 
-    @app.post("/admin/scale")
-    async def scale(request: AppRequest):
-        body = await read_request(request, ScaleRequest, cfg.frontend, runtime.renderer.run)
+    def ask_fleet(ask: Callable[[], Json]) -> Json:
+        """The fleet's answer; a refused ask is a 400 (bad value) or a 409 (busy)."""
         try:
-            return fleet().request_scale(body.replicas)
-        except ValueError as e:
-            raise ProtocolError(str(e)) from None
-
-    @app.post("/admin/rollout")
-    async def rollout(request: AppRequest):
-        body = await read_request(request, RolloutRequest, cfg.frontend, runtime.renderer.run)
-        try:
-            return fleet().request_rollout(body.engine)
+            return ask()
         except ValueError as e:
             raise ProtocolError(str(e)) from None
         except RuntimeError as e:
             raise ProtocolError(str(e), 409) from None
+
+    @app.post("/admin/scale")
+    async def scale(request: AppRequest):
+        body = await read_request(request, ScaleRequest, cfg.frontend, runtime.renderer.run)
+        return ask_fleet(lambda: fleet().request_scale(body.replicas))
+
+    @app.post("/admin/rollout")
+    async def rollout(request: AppRequest):
+        body = await read_request(request, RolloutRequest, cfg.frontend, runtime.renderer.run)
+        return ask_fleet(lambda: fleet().request_rollout(body.engine))
 
     @app.post("/replicas")
     async def add_replica(request: AppRequest):
