@@ -16,7 +16,8 @@ The router's rooms (ARCHITECTURE.md, "The router"), one way down: control -> htt
                      core -- no HTTP library, never the data plane or control (pure decisions, no I/O)
     router/http      the data plane: never control (it reaches the running router through the
                      ``Replicas`` protocol of proxy.py), never aiohttp (its own client) or FastAPI
-    router/control   every room
+    router/control   every room; its HTTP calls (probes, a serve worker's control router) go through the
+                     data plane's client too, not aiohttp
 
 Checked statically on every module-level and function-level import, so a lazy import inside a function
 counts too. tests/router/test_no_torch.py checks the router's torch-freedom at run time as well.
@@ -49,7 +50,8 @@ ROOMS = {
                         "kvmesh.events.schema", "kvmesh.replica.serving"), _HTTP_LIBS),
     "router/http": (("kvmesh.router.http", "kvmesh.router.routing", "kvmesh.router.config", "kvmesh.replica.serving",
                      "kvmesh.replica.openai"), ("fastapi", "starlette", "uvicorn", "aiohttp")),
-    "router/control": (("kvmesh.router", "kvmesh.events", "kvmesh.replica.serving", "kvmesh.replica.openai"), ()),
+    "router/control": (("kvmesh.router", "kvmesh.events", "kvmesh.replica.serving", "kvmesh.replica.openai"),
+                       ("aiohttp", "httpx")),
 }
 
 # The replica's modules that serve HTTP (and so may use the OpenAI layer); the engine core is the rest.

@@ -18,12 +18,12 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-import aiohttp
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.config import ReplicaSpec
 from kvmesh.router.control.admin_routes import is_admin_request
 from kvmesh.router.control.rows import ReplicaList, ReplicaRow
 from kvmesh.router.http.messages import Request, Response
+from kvmesh.router.http.upstream import UpstreamError, UpstreamPool
 
 if TYPE_CHECKING:
     from kvmesh.router.control.router_server import RouterServer
@@ -35,6 +35,8 @@ FOLLOW_INTERVAL_S = 0.25
 """Seconds between two reads of the control router's replica set."""
 MAX_ADMIN_BODY = 1 << 20
 """Largest admin request body passed through (bytes)."""
+CONTROL_TIMEOUT_S = 10.0
+"""Seconds the control router has to answer one read or one passed-through request."""
 _PASSED_HEADERS = (b"authorization", b"content-type")
 
 
@@ -45,7 +47,7 @@ class ControlFollower:
         self.runtime = server.runtime
         self.control_url = control_url.rstrip("/")
         self.table, self.row = table, row
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: UpstreamPool | None = None
         self._task: asyncio.Task | None = None
         self._failing = False
 
@@ -60,7 +62,7 @@ class ControlFollower:
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         """Serve the control router's replica set from the first request on, then keep following it."""
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        self._pool = UpstreamPool(CONTROL_TIMEOUT_S, CONTROL_TIMEOUT_S)
         await self.follow_once()
         self._task = asyncio.create_task(self._follow())
 
@@ -68,8 +70,8 @@ class ControlFollower:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            self._pool.close()
 
     async def _follow(self) -> None:
         while True:
@@ -82,10 +84,12 @@ class ControlFollower:
         key = self.runtime.config.api_key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            async with self._session.get(self.control_url + "/replicas", headers=headers) as r:
-                r.raise_for_status()
-                rows = ReplicaList.decode(await r.read()).replicas
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            status, _, raw = await self._pool.fetch("GET", self.control_url, "/replicas", CONTROL_TIMEOUT_S,
+                                                    headers=headers)
+            if status != 200:
+                raise ValueError(f"GET /replicas answered {status}")
+            rows = ReplicaList.decode(raw).replicas
+        except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
             if not self._failing:
                 logger.warning("router worker %d cannot read the control router's replicas (%s); "
                                "keeping its set", self.row, e)
@@ -116,10 +120,10 @@ class ControlFollower:
         if len(body) > MAX_ADMIN_BODY:
             raise ProtocolError(f"admin request body over {MAX_ADMIN_BODY} bytes", 413)
         headers = {k.decode(): v.decode("latin-1") for k, v in request.raw_headers if k in _PASSED_HEADERS}
-        url = self.control_url + request.target.decode("latin-1")
         try:
-            async with self._session.request(request.method.decode("latin-1"), url, data=body,
-                                             headers=headers) as r:
-                return Response(await r.read(), r.status, r.headers.get("content-type", "application/json"))
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            status, answer_headers, answer = await self._pool.fetch(
+                request.method.decode("latin-1"), self.control_url, request.target.decode("latin-1"),
+                CONTROL_TIMEOUT_S, body, headers)
+            return Response(answer, status, answer_headers.get("content-type", "application/json"))
+        except (UpstreamError, OSError, asyncio.TimeoutError) as e:
             raise ProtocolError(f"serve's control router did not answer ({type(e).__name__}); retry", 503) from None

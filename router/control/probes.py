@@ -14,11 +14,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-import aiohttp
 import msgspec
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.config import ReplicaSpec
 from kvmesh.router.http.token_forwarding import ServerInfo, upstream_kind
+from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
 from kvmesh.router.routing.kv_router import INCOMPATIBLE
 from kvmesh.router.routing.load import ForeignLoad
 
@@ -34,17 +34,13 @@ class ReplicaProbes:
 
     def __init__(self, runtime: RouterRuntime) -> None:
         self.runtime = runtime
-        self.session: aiohttp.ClientSession | None = None
-        """HTTP client of the probes (/health, /load, /server_info)."""
+        self.pool: UpstreamPool | None = None
+        """The probes' own keep-alive connections (the router's one HTTP client, router/http/upstream.py)."""
         self._poller: asyncio.Task | None = None
 
     async def start(self) -> None:
         cfg = self.runtime.config
-        self.session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s,
-                                          sock_read=cfg.request_timeout_s),
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
-        )
+        self.pool = UpstreamPool(cfg.connect_timeout_s, cfg.connect_timeout_s)
 
     def start_polling(self) -> None:
         self._poller = asyncio.create_task(self._poll_loop())
@@ -53,27 +49,27 @@ class ReplicaProbes:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
-        if self.session is not None:
-            await self.session.close()
+        if self.pool is not None:
+            self.pool.close()
 
     async def probe(self, spec: ReplicaSpec) -> bool:
         """GET /health (and /load when it has one); marks the replica healthy or not."""
         rt = self.runtime
-        timeout = aiohttp.ClientTimeout(total=rt.config.connect_timeout_s)
+        timeout_s = rt.config.connect_timeout_s
         try:
-            async with self.session.get(spec.url + "/health", timeout=timeout, headers=rt.headers()) as r:
-                ok = r.status == 200
+            status, _, _ = await self.pool.fetch("GET", spec.url, "/health", timeout_s, headers=rt.headers())
+            ok = status == 200
             if ok:
                 sent_at = time.time()
-                async with self.session.get(spec.url + "/load", timeout=timeout, headers=rt.headers()) as r:
-                    report = decode_load(await r.read()) if r.status == 200 else None
+                status, _, raw = await self.pool.fetch("GET", spec.url, "/load", timeout_s, headers=rt.headers())
+                report = decode_load(raw) if status == 200 else None
                 load = rt.router.loads.loads.get(spec.replica_id)
                 if report is not None and load is not None:
                     load.update_report(report)
                     self.check_stream(spec, report, sent_at, time.time())
             connect_error = False
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            ok, connect_error = False, isinstance(e, aiohttp.ClientConnectorError)
+        except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
+            ok, connect_error = False, isinstance(e, UpstreamConnectError)
         if rt.specs.get(spec.replica_id) is not spec:
             return ok  # removed or re-registered meanwhile
         rt.stream_watch.tick(spec.replica_id, rt.subscriber.disconnected_s(spec.replica_id)
@@ -106,11 +102,11 @@ class ReplicaProbes:
         are trusted. Also notes whether it is a kvmesh replica (``"version": "kvmesh"``), which takes
         the router's token ids for chat too (router/http/token_forwarding.py)."""
         rt = self.runtime
-        timeout = aiohttp.ClientTimeout(total=rt.config.connect_timeout_s)
         try:
-            async with self.session.get(spec.url + "/server_info", timeout=timeout, headers=rt.headers()) as r:
-                info = msgspec.json.decode(await r.read()) if r.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            status, _, raw = await self.pool.fetch("GET", spec.url, "/server_info", rt.config.connect_timeout_s,
+                                                   headers=rt.headers())
+            info = msgspec.json.decode(raw) if status == 200 else None
+        except (UpstreamError, OSError, asyncio.TimeoutError, ValueError):
             info = None
         info = info if isinstance(info, dict) else None
         rt.upstream_kinds[spec.replica_id] = upstream_kind(info, rt.tokenizer)

@@ -61,9 +61,29 @@ class UpstreamPool:
 
     async def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
         """Send ``POST path`` with a JSON ``body``; the response once its status and headers arrived."""
+        return await self.request("POST", base_url, path, body, headers)
+
+    async def fetch(self, method: str, base_url: str, path: str, timeout_s: float, body: bytes = b"",
+                    headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        """A whole answer (status, headers, body) within ``timeout_s`` (the probes, a worker's control router)."""
+        async def whole() -> tuple[int, dict[str, str], bytes]:
+            response = await self.request(method, base_url, path, body, headers or {})
+            try:
+                data = await response.read()
+            except BaseException:
+                response.close()
+                raise
+            response.release()
+            return response.status, response.headers, data
+
+        return await asyncio.wait_for(whole(), timeout_s)
+
+    async def request(self, method: str, base_url: str, path: str, body: bytes,
+                      headers: dict[str, str]) -> UpstreamResponse:
+        """Send ``method path`` with ``body``; the response once its status and headers arrived."""
         key = self._address(base_url)
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        request = (f"POST {path} HTTP/1.1\r\nHost: {key[3].decode()}\r\nContent-Length: {len(body)}\r\n"
+        request = (f"{method} {path} HTTP/1.1\r\nHost: {key[3].decode()}\r\nContent-Length: {len(body)}\r\n"
                    f"{extra}\r\n").encode("latin-1") + body
         for _ in range(3):  # a stale pooled connection: again on another
             conn = self._take(key)
