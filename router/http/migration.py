@@ -47,13 +47,6 @@ def _ints(raw: bytes) -> list[int]:
     return [int(x) for x in raw.split(b",") if x.strip()]
 
 
-def ask_for_token_ids(raw: bytes) -> bytes:
-    """The request body with ``"return_token_ids": true`` as its last key (JSON's last duplicate wins)."""
-    body = raw.rstrip()
-    assert body.endswith(b"}"), "a validated request body is a JSON object"
-    return body[:-1] + b',"return_token_ids":true}'
-
-
 class SseSplitter:
     """Cuts a byte stream into whole server-sent events (returned without their blank-line terminator)."""
 

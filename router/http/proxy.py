@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 access_log = logging.getLogger("kvmesh.router.access")
 """One JSON line per request with its route receipt (``router.access_log``)."""
+OpenAIRequest = p.CompletionRequest | p.ChatCompletionRequest
+"""A validated body of one of the two proxied paths."""
 SESSION_HEADER = b"x-session-id"
 """Request header naming a conversation/agent session (else the body's ``user``): soft affinity."""
 HEADER_OPT_IN_BYTES = HEADER_OPT_IN.encode()
@@ -78,18 +80,18 @@ class Forwarder:
         """Relays streams and migrates them when their replica fails mid-way (relay.py)."""
 
     # ---------------------------------------------------------------- request -> token ids
-    async def parse(self, raw: bytes, chat: bool) -> tuple[p.CompletionRequest | p.ChatCompletionRequest, list[int]]:
+    async def parse(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[int]]:
         """Validate the body and render its prompts exactly as the replica will (ProtocolError on bad input);
         the token ids to route by (a batch of prompts goes to one replica, by its first prompt)."""
         req, prompts = await self.parse_prompts(raw, chat)
         return req, prompts[0] if prompts else []
 
-    async def parse_prompts(self, raw: bytes, chat: bool):
+    async def parse_prompts(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]]]:
         """``parse``, with the token ids of every prompt of the request (none without a tokenizer)."""
         req, prompts, _ = await self._validate(raw, chat)
         return req, prompts
 
-    async def _validate(self, raw: bytes, chat: bool):
+    async def _validate(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]], SamplingParams | None]:
         """The body, the token ids of its prompts and the first prompt's sampling parameters, each prompt
         checked against the context as the replica checks it (max_tokens, sampling)."""
         svc = self.runtime

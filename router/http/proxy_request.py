@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import msgspec
-from kvmesh.router.http.migration import ask_for_token_ids
 from kvmesh.router.http.token_forwarding import KVMESH, QUOTED_VLLM_TOKENIZING_KEYS, TEXT, VLLM, UpstreamKind
 
 if TYPE_CHECKING:
@@ -70,8 +69,9 @@ class ProxyRequest:
         return request
 
     def ask_for_token_ids(self) -> None:
-        """Streams: ask every upstream for the token ids behind the text (router/http/migration.py)."""
-        self.raw = ask_for_token_ids(self.raw)
+        """Streams: ask every upstream for the token ids behind the text (a stream migrates by them,
+        router/http/migration.py)."""
+        self.raw = with_token_ids_asked(self.raw)
         self._built.clear()
 
     def forwards_ids(self, kind: UpstreamKind) -> bool:
@@ -119,3 +119,10 @@ class ProxyRequest:
         # inside a string, a quote is escaped, so prompt text cannot match.
         raw = self.raw
         return any(quoted in raw for quoted in QUOTED_VLLM_TOKENIZING_KEYS)
+
+
+def with_token_ids_asked(raw: bytes) -> bytes:
+    """The request body with ``"return_token_ids": true`` as its last key (JSON's last duplicate wins)."""
+    body = raw.rstrip()
+    assert body.endswith(b"}"), "a validated request body is a JSON object"
+    return body[:-1] + b',"return_token_ids":true}'
