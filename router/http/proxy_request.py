@@ -14,6 +14,7 @@ text must be the client's own; a batch of prompts is rewritten only as a whole. 
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -27,39 +28,44 @@ if TYPE_CHECKING:
     OpenAIRequest = CompletionRequest | ChatCompletionRequest
 
 
+@dataclass(eq=False)
 class ProxyRequest:
     """One request through the proxy (see the module doc). Rewritten bodies are built once, on first use."""
 
-    def __init__(self, raw: bytes, req: OpenAIRequest | None = None, prompts: list[list[int]] | None = None,
-                 chat: bool = False, forward_ids: bool = False, *, path: str = "/v1/completions",
-                 session_id: str | None = None, wants_receipt: bool = False, tokenize_ns: int | None = None,
-                 sampling_params: SamplingParams | None = None) -> None:
-        self.raw = raw
-        """The body as the client sent it (plus ``return_token_ids`` for a stream the router may migrate)."""
-        self.req = req
-        """The validated body (None for a continuation, whose body the router wrote)."""
-        self.prompts = prompts or []
-        """Token ids the router computed, one list per prompt (empty: none, e.g. no tokenizer)."""
-        self.chat = chat
-        """A chat completion (else a completion)."""
-        self.path = path
-        """The path it goes to upstream."""
-        self.session_id = session_id
-        """``x-session-id`` or the body's ``user``: soft affinity to the replica of the last turn."""
-        self.wants_receipt = wants_receipt
-        """The client asked for the route receipt's headers (``x-kvmesh-receipt: 1``)."""
-        self.tokenize_ns = tokenize_ns
-        """Time spent validating and tokenizing it (None: not observed, e.g. a continuation)."""
-        self.sampling_params = sampling_params
-        """The first prompt's sampling parameters, validated at the edge against its length and the context."""
-        self.stream: MigratingStream | None = None
-        """A stream's state: what went out, and how to continue it elsewhere (None: not a stream)."""
-        self.salt = req.cache_salt if req is not None else None
-        """``cache_salt``: the router's keys of this request are salted with it, as the replica's."""
+    raw: bytes
+    """The body as the client sent it (plus ``return_token_ids`` for a stream the router may migrate)."""
+    req: OpenAIRequest | None = None
+    """The validated body (None for a continuation, whose body the router wrote)."""
+    prompts: list[list[int]] = field(default_factory=list)
+    """Token ids the router computed, one list per prompt (empty: none, e.g. no tokenizer)."""
+    chat: bool = False
+    """A chat completion (else a completion)."""
+    forward_ids: bool = False
+    """Upstreams that take them get the router's token ids (``RouterConfig.forward_token_ids``; never without ids)."""
+    _: KW_ONLY
+    path: str = "/v1/completions"
+    """The path it goes to upstream."""
+    session_id: str | None = None
+    """``x-session-id`` or the body's ``user``: soft affinity to the replica of the last turn."""
+    wants_receipt: bool = False
+    """The client asked for the route receipt's headers (``x-kvmesh-receipt: 1``)."""
+    tokenize_ns: int | None = None
+    """Time spent validating and tokenizing it (None: not observed, e.g. a continuation)."""
+    sampling_params: SamplingParams | None = None
+    """The first prompt's sampling parameters, validated at the edge against its length and the context."""
+    stream: MigratingStream | None = None
+    """A stream's state: what went out, and how to continue it elsewhere (None: not a stream)."""
+    salt: str | None = field(init=False)
+    """``cache_salt``: the router's keys of this request are salted with it, as the replica's."""
+    route_ids: list[int] = field(init=False)
+    """The token ids it is routed by (a batch of prompts goes to one replica, by its first)."""
+    _built: dict[str, bytes] = field(init=False, default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prompts = self.prompts or []
+        self.salt = self.req.cache_salt if self.req is not None else None
         self.route_ids = self.prompts[0] if self.prompts else []
-        """The token ids it is routed by (a batch of prompts goes to one replica, by its first)."""
-        self._forward_ids = forward_ids and bool(self.prompts)
-        self._built: dict[str, bytes] = {}
+        self.forward_ids = self.forward_ids and bool(self.prompts)
 
     @classmethod
     def continuation(cls, body: dict[str, object], route_ids: list[int], salt: str | None) -> ProxyRequest:
@@ -77,7 +83,7 @@ class ProxyRequest:
     def forwards_ids(self, kind: UpstreamKind) -> bool:
         """Whether an upstream of ``kind`` gets the router's token ids for this request."""
         req = self.req
-        if not self._forward_ids or kind == TEXT or req is None:
+        if not self.forward_ids or kind == TEXT or req is None:
             return False
         if self.chat:  # a chat that came with its ids goes as sent (they are what the router routed by)
             return kind == KVMESH and getattr(req, "prompt_token_ids", None) is None
