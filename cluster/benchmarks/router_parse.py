@@ -148,7 +148,7 @@ SPLIT = (  # part -> markers of its functions' files or names (first match wins)
     ("route (keys, match, policy, predictions)", ("kv_router.py", "index.py", "policies", "keys.py", "_fastpath",
                                                   "predictions.py", "receipts.py", "session.py", "load.py")),
     ("event loop / thread pool", ("asyncio", "concurrent", "selectors", "queue", "threading", "epoll")),
-    ("glue (forward.py, this loop)", ("forward.py", "router_parse.py")),
+    ("glue (proxy.py, this loop)", ("proxy.py", "router_parse.py")),
 )
 
 

@@ -15,14 +15,16 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from kvmesh.replica.serving.tokenizer import Tokenizer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.app import auth_rule, build_app, error_counter, served_model
 from kvmesh.router.control.runtime import RouterRuntime
 from kvmesh.router.http.door import Door
 from kvmesh.router.http.proxy import Forwarder, proxied_routes
+
+if TYPE_CHECKING:
+    from kvmesh.replica.serving.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ class Companion(Protocol):
 
 
 class RouterServer:
-    """The router on the lean server (router/http/): ``start()`` in a thread (returns once listening),
+    """The router behind its door (router/http/door.py): ``start()`` in a thread (returns once listening),
     ``run()`` in the foreground until SIGINT/SIGTERM, ``serve()`` inside a running loop."""
 
     def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None,

@@ -1,4 +1,4 @@
-"""Serving the router's FastAPI app (every path but the proxied ones) from the lean server.
+"""Serving the router's FastAPI app (every path the door does not answer itself, door.py) over a connection.
 
 ``AsgiBridge.answer`` runs one request through the ASGI app: ``receive`` hands it the body as it
 arrives, then ``http.disconnect`` once the client leaves; ``send`` writes the head (with the app's

@@ -27,7 +27,7 @@ class Request:
 
     def __init__(self, conn: HttpConnection | None, method: bytes, target: bytes) -> None:
         self.conn = conn
-        """The connection's protocol (http/server.py): writes, the body limits, the disconnect."""
+        """The connection's protocol (http/connection.py): writes, the body limits, the disconnect."""
         self.method = method
         self.target = target
         """The request target as sent: path and query."""

@@ -113,7 +113,7 @@ async def _timed(body, latency, start: float):
 
 
 class _StateCollector:
-    """Reads the router's current state at scrape time (see ``RouterServer.metrics_state``)."""
+    """Reads the router's current state at scrape time (see ``RouterRuntime.metrics_state``)."""
 
     def __init__(self, source: Callable[[], dict]) -> None:
         self.source = source

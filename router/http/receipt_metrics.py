@@ -1,6 +1,6 @@
 """Prometheus metrics of route receipts (router/routing/receipts.py), on the router's registry.
 
-Wiring (router/http/metrics.py + forward.py)::
+Wiring (router/http/metrics.py + proxy.py)::
 
     rm = ReceiptMetrics(metrics.registry, router.receipts)
     rm.on_route(decision.receipt)                          # once per request, after routing
