@@ -70,11 +70,16 @@ def traced(monkeypatch):
         threading.setprofile(None)
 
 
+TEXT = "Once upon a time there was a little dog " * 3
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": TEXT}),
+                                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": TEXT}]})])
 @pytest.mark.parametrize("stream", [False, True])
-def test_no_file_is_entered_twice_from_the_socket_to_the_upstream_call(fakes, start_router, traced, stream):
+def test_no_file_is_entered_twice_from_the_socket_to_the_upstream_call(fakes, start_router, traced, path, body,
+                                                                      stream):
     router = start_router([f.spec for f in fakes])
-    body = {"prompt": "Once upon a time there was a little dog " * 3, "max_tokens": 4, "stream": stream}
-    r = httpx.post(router.url + "/v1/completions", json=body, timeout=30)
+    r = httpx.post(router.url + path, json={**body, "max_tokens": 4, "stream": stream}, timeout=30)
     assert r.status_code == 200, r.text
     (send,) = traced["sends"]
     names = [path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1] for path in send]
