@@ -12,9 +12,14 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
+import msgspec
 from kvmesh.cluster.autoscaler import Autoscaler, cheapest_to_lose
+
+if TYPE_CHECKING:
+    from kvmesh.cluster.fleet import Fleet
+    from prometheus_client import CollectorRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +27,7 @@ logger = logging.getLogger(__name__)
 class AutoscaleLoop:
     """``run(stop)`` is the autoscaler thread of a ``Fleet``."""
 
-    def __init__(self, fleet: Any, registry: Any) -> None:
+    def __init__(self, fleet: Fleet, registry: CollectorRegistry) -> None:
         from prometheus_client import Counter
 
         self.fleet = fleet
@@ -46,12 +51,13 @@ class AutoscaleLoop:
         fleet = self.fleet
         client = fleet.st.router_client
         ids = set(fleet.replica_ids())
-        rows = [r for r in client.replicas() if r["id"] in ids]
+        rows = [msgspec.to_builtins(r) for r in client.replica_rows() if r.id in ids]
         decision = self.autoscaler.observe(time.monotonic(), rows)
         if decision is None:
             return
         if decision.action == "down":  # the victim by drain cost, which the router computes on request
-            costly = [r for r in client.replicas(drain_cost=True) if r["id"] in ids and not r["draining"]]
+            costly = [msgspec.to_builtins(r) for r in client.replica_rows(drain_cost=True)
+                      if r.id in ids and not r.draining]
             decision = replace(decision, victim=cheapest_to_lose(costly))
         fleet.decisions.append(decision)
         self.counter.labels(decision.action).inc()

@@ -43,7 +43,7 @@ from kvmesh.router.config import RouterConfig
 if TYPE_CHECKING:
     from kvmesh.cluster.fleet import Fleet
     from kvmesh.cluster.serve_router import RouterProcesses
-    from kvmesh.router.server import RouterServer
+    from kvmesh.router.control.router_server import RouterServer
     from ray.actor import ActorHandle
 
 logger = logging.getLogger(__name__)

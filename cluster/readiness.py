@@ -12,7 +12,7 @@ from kvmesh.cluster.supervisor import ReplicaHandle, register
 
 if TYPE_CHECKING:
     from kvmesh.cluster.serve_router import RouterProcesses
-    from kvmesh.router.server import RouterServer
+    from kvmesh.router.control.router_server import RouterServer
 
 NOTE_EVERY_S = 10.0
 """How often a long wait says how many replicas are still loading."""

@@ -1,6 +1,6 @@
 """Talking to a running router over HTTP: the replica registry and a per-replica status table.
 
-The router (router/server.py) exposes ``GET/POST /replicas``, ``DELETE /replicas/{id}``,
+The router (router/control/router_server.py) exposes ``GET/POST /replicas``, ``DELETE /replicas/{id}``,
 ``POST /replicas/{id}/drain``, the serve process's ``/admin/{fleet,scale,rollout}``, ``/health``
 and Prometheus ``/metrics``. serve's supervisor registers replicas through this
 client (the same calls work for a router in another process or on another node); ``kvmesh
@@ -14,28 +14,32 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import aiohttp
+import msgspec
+from kvmesh.router.control.rows import ReplicaList, ReplicaRow
+from kvmesh.router.routing.load import ReplicaLoad
+
+T = TypeVar("T")
+Json = dict[str, object]
+"""A JSON object the router answered (health, fleet state, a registration's answer), passed on as it is."""
 
 
 @dataclass(slots=True)
-class ReplicaStatus:
-    """One row of ``kvmesh status``."""
+class ReplicaStatus(ReplicaLoad):
+    """One row of ``kvmesh status``: the router's load view of a replica (``ReplicaLoad``: in flight,
+    running, waiting, KV usage) and what its metrics count."""
 
     replica_id: str
     url: str = ""
     healthy: bool = False
     draining: bool = False
     """Out of rotation: its running requests finish, then it is removed (``kvmesh drain``, the autoscaler)."""
-    kv_usage: float = 0.0
-    """Fraction of the replica's KV blocks held by running requests (its /load)."""
     index_blocks: int = 0
     """Blocks the router's index holds for this replica (from its events)."""
-    in_flight: int = 0
-    num_running: int = 0
-    num_waiting: int = 0
     requests_routed: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -83,10 +87,10 @@ class RouterClient:
         self._thread.join()
         self._loop.close()
 
-    def _run(self, coro: Any) -> Any:
+    def _run(self, coro: Coroutine[object, object, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    async def _fetch(self, method: str, path: str, body: Any = None, admin: bool = False,
+    async def _fetch(self, method: str, path: str, body: Json | None = None, admin: bool = False,
                      check: bool = True) -> tuple[int, bytes]:
         if self._session is None:  # made on the loop's own thread, as aiohttp wants
             self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
@@ -99,19 +103,24 @@ class RouterClient:
                                                   headers=response.headers)
             return response.status, raw
 
-    def _request(self, method: str, path: str, body: Any = None, admin: bool = False,
+    def _request(self, method: str, path: str, body: Json | None = None, admin: bool = False,
                  check: bool = True) -> tuple[int, bytes]:
         return self._run(self._fetch(method, path, body, admin, check))
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Json:
         return json.loads(self._request("GET", "/health", check=False)[1])
 
-    def replicas(self, drain_cost: bool = False) -> list[dict[str, Any]]:
-        """``GET /replicas`` rows; ``drain_cost`` adds ``exclusive_blocks`` (a walk over the router's index)."""
+    def replica_rows(self, drain_cost: bool = False) -> list[ReplicaRow]:
+        """``GET /replicas``; ``drain_cost`` adds ``exclusive_blocks`` (a walk over the router's index)."""
         path = "/replicas?drain_cost=true" if drain_cost else "/replicas"
-        return json.loads(self._request("GET", path)[1])["replicas"]
+        return ReplicaList.decode(self._request("GET", path)[1]).replicas
 
-    def register(self, replica_id: str, url: str, events: str | None, replay: str | None) -> dict[str, Any]:
+    def replicas(self, drain_cost: bool = False) -> list[Json]:
+        """``replica_rows`` as JSON objects, for the autoscaling policy (cluster/autoscaler.py), which the
+        simulator feeds with rows of its own."""
+        return [msgspec.to_builtins(row) for row in self.replica_rows(drain_cost)]
+
+    def register(self, replica_id: str, url: str, events: str | None, replay: str | None) -> Json:
         """Add a replica, or re-register it with new endpoints (the router drops its old tree)."""
         body = {"id": replica_id, "url": url, "events": events, "replay": replay}
         return json.loads(self._request("POST", "/replicas", body, admin=True)[1])
@@ -119,18 +128,18 @@ class RouterClient:
     def deregister(self, replica_id: str) -> bool:
         return self._request("DELETE", f"/replicas/{replica_id}", admin=True, check=False)[0] == 200
 
-    def drain(self, replica_id: str) -> dict[str, Any]:
+    def drain(self, replica_id: str) -> Json:
         """Stop routing new requests to a replica (its running ones finish); raises on 403/404."""
         return json.loads(self._request("POST", f"/replicas/{replica_id}/drain", admin=True)[1])
 
-    def fleet(self) -> dict[str, Any]:
+    def fleet(self) -> Json:
         """The serve process's replica set, target and scaling decisions (``GET /admin/fleet``)."""
         return json.loads(self._request("GET", "/admin/fleet", admin=True)[1])
 
-    def scale(self, replicas: int) -> dict[str, Any]:
+    def scale(self, replicas: int) -> Json:
         return json.loads(self._request("POST", "/admin/scale", {"replicas": replicas}, admin=True)[1])
 
-    def rollout(self, engine: dict[str, Any] | None = None) -> dict[str, Any]:
+    def rollout(self, engine: Json | None = None) -> Json:
         return json.loads(self._request("POST", "/admin/rollout", {"engine": engine or {}}, admin=True)[1])
 
     def metrics_text(self) -> str:
@@ -138,9 +147,9 @@ class RouterClient:
 
     def status(self) -> list[ReplicaStatus]:
         """Per-replica rows from /replicas (who, where, health) and /metrics (the numbers)."""
-        rows = {r["id"]: ReplicaStatus(replica_id=r["id"], url=r["url"], healthy=r["healthy"],
-                                       degraded=r.get("degraded"), draining=bool(r.get("draining")))
-                for r in self.replicas()}
+        rows = {r.id: ReplicaStatus(replica_id=r.id, url=r.url, healthy=r.healthy, degraded=r.degraded,
+                                    draining=r.draining)
+                for r in self.replica_rows()}
         apply_metrics(rows, self.metrics_text())
         return sorted(rows.values(), key=lambda r: r.replica_id)
 

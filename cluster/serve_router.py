@@ -14,7 +14,7 @@ autoscaler included. With N > 1::
 The control router carries no client traffic: it is the one owner of the replica set (serve's
 supervisor and fleet talk to it, as they talk to the in-process router with one worker), and its
 ``/replicas`` shows every worker's in-flight requests, so drains wait for them and the autoscaler
-sees the whole load. Workers follow it (router/control_follow.py); an admin request sent to the
+sees the whole load. Workers follow it (router/control/follow.py); an admin request sent to the
 public port lands on some worker, which passes it through to the control router.
 """
 
@@ -34,7 +34,7 @@ def num_router_workers(config: ServeConfig) -> int:
     if config.router.workers:
         return config.router.workers
     from kvmesh.cluster.placement import replica_bundles
-    from kvmesh.router.workers import spare_cores
+    from kvmesh.router.control.workers import spare_cores
 
     bundles = replica_bundles(config.engine.tensor_parallel_size, config.replicas.num_cpus_per_worker, "cpu")
     return spare_cores(config.replicas.num_replicas * sum(b["CPU"] for b in bundles))
@@ -43,7 +43,7 @@ def num_router_workers(config: ServeConfig) -> int:
 def start_router(config: RouterConfig, num_workers: int):
     """The router serve runs: ``RouterServer`` (one worker) or ``RouterProcesses``; started."""
     if num_workers <= 1:
-        from kvmesh.router.server import RouterServer
+        from kvmesh.router.control.router_server import RouterServer
 
         return RouterServer(replace(config, workers=1)).start()
     return RouterProcesses(config, num_workers).start()
@@ -53,13 +53,13 @@ class RouterProcesses:
     """A control router in this process and ``num_workers`` router processes on ``config.port``."""
 
     def __init__(self, config: RouterConfig, num_workers: int) -> None:
-        from kvmesh.router.server import RouterServer
+        from kvmesh.router.control.router_server import RouterServer
 
         self.config = replace(config, workers=num_workers)
         self.control = RouterServer(replace(config, host="127.0.0.1", port=0, workers=1))
         """Owner of the replica set; serve's supervisor and fleet talk to it (``control_url``)."""
         self.workers = None
-        """router/workers.py's ``RouterWorkers`` once started."""
+        """router/control/workers.py's ``RouterWorkers`` once started."""
 
     @property
     def runtime(self):
@@ -76,7 +76,7 @@ class RouterProcesses:
         return f"http://[{host}]:{self.workers.port}" if ":" in host else f"http://{host}:{self.workers.port}"
 
     def start(self) -> RouterProcesses:
-        from kvmesh.router.workers import router_workers
+        from kvmesh.router.control.workers import router_workers
 
         self.control.start()
         try:

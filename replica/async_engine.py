@@ -34,10 +34,11 @@ from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.stats import EngineStats
 
 if TYPE_CHECKING:
+    from typing import Unpack  # 3.11+; only read by type checkers
+
     from kvmesh.events.publisher import PublisherConfig
     from kvmesh.replica.tp_worker import ExecutorOptions
     from ray.util.placement_group import PlacementGroup
-    from typing import Unpack  # 3.11+; only read by type checkers
 
 T = TypeVar("T")
 

@@ -25,11 +25,12 @@ from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.distributed import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedInit
 
 if TYPE_CHECKING:
+    from typing import Unpack  # 3.11+; only read by type checkers
+
     from kvmesh.replica.interfaces import ModelRunnerInterface
     from kvmesh.replica.model_runner import ModelRunner
     from kvmesh.replica.scheduler_output import SchedulerOutput
     from ray.util.placement_group import PlacementGroup
-    from typing import Unpack  # 3.11+; only read by type checkers
 
 logger = logging.getLogger(__name__)
 

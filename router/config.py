@@ -5,11 +5,13 @@ from __future__ import annotations
 import difflib
 import inspect
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvmesh.events.subscriber_config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig, check_api_key
-from kvmesh.router.policies import DEFAULT_POLICY, POLICIES
+from kvmesh.router.routing.policies import DEFAULT_POLICY, POLICIES
+
+PolicyOptions = dict[str, int | float | str | bool]
+"""Options of a routing policy as configured (YAML, ``--policy-kwargs``): keyword arguments of its class."""
 
 
 @dataclass(slots=True)
@@ -71,7 +73,7 @@ class RouterConfig:
     """Context length for validating requests; None = the model's."""
     policy: str = DEFAULT_POLICY
     """Routing policy: cache_aware, round_robin, least_loaded, random or prefix_hash (router/policies)."""
-    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    policy_kwargs: PolicyOptions = field(default_factory=dict)
     """Options of the policy, e.g. decode_weight=8 or temperature=0 for cache_aware."""
     block_size: int = 16
     """Tokens per KV block; must equal the replicas' block size."""
@@ -114,7 +116,7 @@ class RouterConfig:
     max_attempts: int = 3
     """Replicas tried per request when the chosen one fails before its first byte."""
     migration_limit: int = 3
-    """Times one stream may move to another replica when its replica fails mid-way (router/migration.py);
+    """Times one stream may move to another replica when its replica fails mid-way (router/http/migration.py);
     0 turns migration off (as Dynamo's ``--migration-limit``)."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     """Body/prompt limits, chat template and its trust, read timeouts (the same settings as a replica's)."""
@@ -124,12 +126,12 @@ class RouterConfig:
     session_ttl_s: float = 600.0
     """Seconds a session (``x-session-id`` header or the body's ``user``) stays pinned to its replica."""
     tokenize_cache_tokens: int = 1 << 20
-    """Token ids the router's tokenize cache keeps (router/tokenize_cache.py); 0 turns the cache off."""
+    """Token ids the router's tokenize cache keeps (router/routing/tokenize_cache.py); 0 turns the cache off."""
     forward_token_ids: bool = True
     """Forward the prompt token ids the router computed, so replicas do not tokenize again: kvmesh replicas
-    get them for completions and chat, vLLM upstreams for completions (router/token_forwarding.py)."""
+    get them for completions and chat, vLLM upstreams for completions (router/http/token_forwarding.py)."""
     workers: int = 1
-    """Router processes serving the port (router/workers.py): each has its own index, all share their
+    """Router processes serving the port (router/control/workers.py): each has its own index, all share their
     in-flight counts; 0 = auto, the cores this host can spare (serve: those not reserved for replicas)."""
 
     def __post_init__(self) -> None:
@@ -161,7 +163,7 @@ class RouterConfig:
             raise ValueError("admin_key equals api_key: every tenant would hold the admin key; use another secret")
 
 
-def check_policy(policy: str, options: dict[str, Any]) -> None:
+def check_policy(policy: str, options: PolicyOptions) -> None:
     """The policy is registered and takes every option given (with a did-you-mean otherwise)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}{_did_you_mean(policy, list(POLICIES))}; "

@@ -9,7 +9,7 @@ from kvmesh.replica.runtime import ReplicaRuntime
 from kvmesh.replica.server_config import ReplicaServerConfig
 from kvmesh.replica.serving.tokenizer import load_tokenizer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.server import RouterServer
+from kvmesh.router.control.router_server import RouterServer
 
 from .conftest import CHAT_TEMPLATE
 

@@ -10,6 +10,15 @@
       the engine core  (every other replica module but the replica's HTTP server) never the OpenAI layer
     cluster   everything
 
+The router's rooms (ARCHITECTURE.md, "The router"), one way down: control -> http -> routing.
+
+    router/routing   routing itself, the compiled fast path, kvcache hashing, the event schema, the serving
+                     core -- no HTTP library, never the data plane or control (pure decisions, no I/O)
+    router/http      the data plane: never control (it reaches the running router through the
+                     ``Replicas`` protocol of proxy.py), never aiohttp (its own client) or FastAPI
+    router/control   every room; its HTTP calls (probes, a serve worker's control router) go through the
+                     data plane's client too, not aiohttp
+
 Checked statically on every module-level and function-level import, so a lazy import inside a function
 counts too. tests/router/test_no_torch.py checks the router's torch-freedom at run time as well.
 """
@@ -34,6 +43,17 @@ RULES = {
     "replica/openai": (("kvmesh.replica.serving", "kvmesh.replica.openai"), ("torch", "ray")),
 }
 
+# Per room of the router: the kvmesh modules it may import (prefixes) and the third-party modules it may not.
+_HTTP_LIBS = ("fastapi", "starlette", "uvicorn", "aiohttp", "httptools", "httpx")
+ROOMS = {
+    "router/routing": (("kvmesh.router.routing", "kvmesh.router._fastpath", "kvmesh.kvcache.hashing",
+                        "kvmesh.events.schema", "kvmesh.replica.serving"), _HTTP_LIBS),
+    "router/http": (("kvmesh.router.http", "kvmesh.router.routing", "kvmesh.router.config", "kvmesh.replica.serving",
+                     "kvmesh.replica.openai"), ("fastapi", "starlette", "uvicorn", "aiohttp")),
+    "router/control": (("kvmesh.router", "kvmesh.events", "kvmesh.replica.serving", "kvmesh.replica.openai"),
+                       ("aiohttp", "httpx")),
+}
+
 # The replica's modules that serve HTTP (and so may use the OpenAI layer); the engine core is the rest.
 REPLICA_HTTP = ("server.py", "server_config.py", "completions.py", "parallel_sampling.py", "runtime.py", "metrics.py",
                 "actor.py")
@@ -45,14 +65,15 @@ def _imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-            if node.module == "kvmesh.replica":  # `from kvmesh.replica import x` imports kvmesh.replica.x
+            if node.module in ("kvmesh.replica", "kvmesh.router"):  # `from kvmesh.router import x`: kvmesh.router.x
                 names.update(f"{node.module}.{alias.name}" for alias in node.names)
+            else:
+                names.add(node.module)
     return names
 
 
 def _violations(package: str, root: Path = ROOT) -> dict[str, list[str]]:
-    allowed, forbidden = RULES[package]
+    allowed, forbidden = RULES[package] if package in RULES else ROOMS[package]
     found = {}
     for path in sorted((root / package).rglob("*.py")):
         bad = sorted(
@@ -85,3 +106,18 @@ def test_the_check_sees_a_forbidden_import(tmp_path):
     (tmp_path / "router").mkdir()
     (tmp_path / "router" / "bad.py").write_text("def f():\n    from kvmesh.replica.engine import LLMEngine\n")
     assert _violations("router", tmp_path) == {"router/bad.py": ["kvmesh.replica.engine"]}
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_router_room_imports_only_the_rooms_below_it(room):
+    assert _violations(room) == {}, f"{room}/ breaks the router's rooms (ARCHITECTURE.md)"
+
+
+def test_the_room_check_sees_the_data_plane_reaching_into_control(tmp_path):
+    """The check itself can fail: the proxy importing the runtime, or routing importing the door, is caught."""
+    (tmp_path / "router" / "http").mkdir(parents=True)
+    (tmp_path / "router" / "http" / "bad.py").write_text("from kvmesh.router.control.runtime import RouterRuntime\n")
+    (tmp_path / "router" / "routing").mkdir()
+    (tmp_path / "router" / "routing" / "bad.py").write_text("import aiohttp\nfrom kvmesh.router.http.door import Door\n")
+    assert _violations("router/http", tmp_path) == {"router/http/bad.py": ["kvmesh.router.control.runtime"]}
+    assert _violations("router/routing", tmp_path) == {"router/routing/bad.py": ["aiohttp", "kvmesh.router.http.door"]}

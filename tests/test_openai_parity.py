@@ -14,7 +14,7 @@ import httpx
 import pytest
 from kvmesh.replica.serving.tokenizer import NO_CHAT_TEMPLATE, load_tokenizer
 from kvmesh.router.config import RouterConfig
-from kvmesh.router.server import RouterServer
+from kvmesh.router.control.router_server import RouterServer
 
 from . import openai_pair
 from .openai_pair import AUTH, HI

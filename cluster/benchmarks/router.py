@@ -40,7 +40,7 @@ def _chain_events(rng: random.Random, num_chains: int, blocks_per_chain: int, sa
 
 
 def bench_ingest(quick: bool) -> dict:
-    from kvmesh.router.index import PrefixIndex
+    from kvmesh.router.routing.index import PrefixIndex
 
     rng = random.Random(0)
     num_replicas, chains, blocks = 8, (200 if quick else 2000), 16
@@ -68,7 +68,7 @@ def _populated(num_replicas: int, prompt_blocks: int, rng: random.Random, typica
     Worst case (default): every replica at its own random depth (up to 64 distinct drop points).
     ``typical``: all share a 32-block system prompt, two replicas hold the whole prompt.
     """
-    from kvmesh.router.index import PrefixIndex
+    from kvmesh.router.routing.index import PrefixIndex
 
     index = index or PrefixIndex(BS, predict_ttl_s=0.0)
     hasher = index.hasher
@@ -118,7 +118,7 @@ def _pcts(samples_ns: list[int]) -> dict:
 
 
 def bench_decide(quick: bool) -> dict:
-    from kvmesh.router.kv_router import KVRouter
+    from kvmesh.router.routing.kv_router import KVRouter
 
     rng = random.Random(2)
     router = KVRouter(BS)  # predictions on, as in the HTTP router

@@ -28,7 +28,7 @@ STORIES = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "st
 def _run_router(q, replica_url: str, model: str, variant: str) -> None:
     from kvmesh.replica.openai import renderer
     from kvmesh.router.config import ReplicaSpec, RouterConfig
-    from kvmesh.router.server import RouterServer
+    from kvmesh.router.control.router_server import RouterServer
 
     if variant == "pool":
         renderer._INLINE_CHARS = 0

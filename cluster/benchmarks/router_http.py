@@ -55,7 +55,7 @@ def _run_echo(q) -> None:
 
 def _run_router(q, replica_url: str, model: str | None) -> None:
     from kvmesh.router.config import ReplicaSpec, RouterConfig
-    from kvmesh.router.server import RouterServer
+    from kvmesh.router.control.router_server import RouterServer
 
     cfg = RouterConfig(port=0, model=model, max_model_len=8192 if model else None)
     server = RouterServer(cfg, [ReplicaSpec(replica_url, replica_id="echo")]).start()

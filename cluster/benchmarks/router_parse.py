@@ -5,7 +5,7 @@
 
 CPU microseconds per request (process CPU, render-pool threads included) of what the router does between
 receiving a request's body and having its upstream body and replica: ``Forwarder.parse_prompts`` +
-``KVRouter.route`` + ``UpstreamBody.for_kind`` (a kvmesh upstream), on the three workloads of
+``KVRouter.route`` + ``ProxyRequest.for_kind`` (a kvmesh upstream), on the three workloads of
 ``kvmesh bench router-peers`` (``workloads``): 1,000-token text completions, the same prompts as token
 ids, and 8-turn chats resending their history (Llama-2 template). Per workload two numbers:
 ``first_us`` is the first pass (a chat's history, a prompt's shared prefix seen before, its new part
@@ -37,8 +37,8 @@ def _setup():
     from kvmesh.cluster.benchmarks.router_peers import LLAMA2_CHAT_TEMPLATE, STORIES, workloads
     from kvmesh.replica.serving.tokenizer import load_tokenizer
     from kvmesh.router.config import RouterConfig
-    from kvmesh.router.forward import Forwarder
-    from kvmesh.router.runtime import RouterRuntime
+    from kvmesh.router.control.runtime import RouterRuntime
+    from kvmesh.router.http.proxy import Forwarder
 
     with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as f:
         f.write(LLAMA2_CHAT_TEMPLATE)
@@ -52,12 +52,13 @@ def _setup():
 
 
 async def _one(fwd, raw: bytes, chat: bool):
-    from kvmesh.router.token_forwarding import KVMESH, UpstreamBody
+    from kvmesh.router.http.proxy_request import ProxyRequest
+    from kvmesh.router.http.token_forwarding import KVMESH
 
     req, prompts = await fwd.parse_prompts(raw, chat)
     ids = prompts[0] if prompts else []
     decision = fwd.runtime.router.route(ids, req.cache_salt, exclude=[], session_id=getattr(req, "user", None))
-    body = UpstreamBody(raw, req, prompts, chat, fwd.runtime.config.forward_token_ids).for_kind(KVMESH)
+    body = ProxyRequest(raw, req, prompts, chat, fwd.runtime.config.forward_token_ids).for_kind(KVMESH)
     return decision.replica_id, body
 
 
@@ -131,14 +132,14 @@ def use_tree(root: Path) -> None:
                                                           submodule_search_locations=[str(root / parts[1])])
 
     sys.meta_path.insert(0, TreeFinder)
-    import kvmesh.router.forward as forward
+    import kvmesh.router.http.proxy as forward
 
     assert Path(forward.__file__).resolve().is_relative_to(root.resolve()), forward.__file__
 
 
 SPLIT = (  # part -> markers of its functions' files or names (first match wins)
     ("chat template (jinja2)", ("jinja2", "<template>", "chat_template.py")),
-    ("upstream body", ("token_forwarding.py", "json_encode")),
+    ("upstream body", ("proxy_request.py", "json_encode")),
     ("JSON decode", ("json_decode",)),
     ("sampling params", ("sampling_params.py", "to_sampling_params")),
     ("tokenize (cache + tokenizers)", ("tokenize_cache.py", "encode", "re.Pattern", "move_to_end", "OrderedDict")),
@@ -147,7 +148,7 @@ SPLIT = (  # part -> markers of its functions' files or names (first match wins)
     ("route (keys, match, policy, predictions)", ("kv_router.py", "index.py", "policies", "keys.py", "_fastpath",
                                                   "predictions.py", "receipts.py", "session.py", "load.py")),
     ("event loop / thread pool", ("asyncio", "concurrent", "selectors", "queue", "threading", "epoll")),
-    ("glue (forward.py, this loop)", ("forward.py", "router_parse.py")),
+    ("glue (proxy.py, this loop)", ("proxy.py", "router_parse.py")),
 )
 
 

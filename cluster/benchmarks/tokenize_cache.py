@@ -4,7 +4,7 @@
 
 Per workload (1,000-token completions sharing 8 prefixes; 32 chats of 8 turns resending their
 history, Llama-2 template), CPU microseconds per request to turn the request into token ids:
-the plain tokenizer vs ``CachedTokenizer`` (router/tokenize_cache.py), interleaved, warm cache
+the plain tokenizer vs ``CachedTokenizer`` (router/routing/tokenize_cache.py), interleaved, warm cache
 (every request seen once before, as in a steady state where prefixes and histories recur) and
 cold (each distinct request's first sighting, only earlier requests' pieces cached). Every cached
 result is checked against the plain one.
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     args = ap.parse_args(argv)
     from kvmesh.replica.serving.tokenizer import load_tokenizer
-    from kvmesh.router.tokenize_cache import CachedTokenizer
+    from kvmesh.router.routing.tokenize_cache import CachedTokenizer
 
     tok = load_tokenizer(args.model, max_model_len=8192, chat_template=LLAMA2_CHAT_TEMPLATE)
     bodies = {w: [json.loads(b) for b in items] for w, items in workloads(tok).items() if w != "token_ids"}

@@ -3,7 +3,7 @@
 A ``kvmesh replica`` subprocess (stories260K) gets the bodies a router forwards to it, with
 ``forward_token_ids`` on (completions: ``prompt`` as the router's ids; chat: ``prompt_token_ids``) and
 off (the client's text, which the replica tokenizes / renders itself). The bodies are built by the
-router's own code (router/token_forwarding.py) from the router's tokenizer. Rounds alternate on/off;
+router's own code (router/http/token_forwarding.py) from the router's tokenizer. Rounds alternate on/off;
 each request's prompt is already cached, so the engine work (one token) is the same in both and the
 difference is the replica's tokenizing. Reported per request: the replica process's CPU time (user +
 system from /proc) and the client's wall time, plus the router-side CPU of building the rewritten body.
@@ -57,7 +57,8 @@ def make_prompts(tok, n: int, tokens: int) -> list[str]:
 def bodies(tok, texts: list[str], chat: bool) -> dict[bool, list[bytes]]:
     """forwarding on/off -> the bytes a router sends a kvmesh replica for each prompt."""
     from kvmesh.replica.openai import protocol as p
-    from kvmesh.router.token_forwarding import KVMESH, UpstreamBody
+    from kvmesh.router.http.proxy_request import ProxyRequest
+    from kvmesh.router.http.token_forwarding import KVMESH
 
     out: dict[bool, list[bytes]] = {True: [], False: []}
     for text in texts:
@@ -67,21 +68,22 @@ def bodies(tok, texts: list[str], chat: bool) -> dict[bool, list[bytes]]:
         ids = tok.render_chat(req.template_messages()) if chat else tok.render_completion(text)
         data = json.dumps(raw).encode()
         for on in (True, False):
-            out[on].append(UpstreamBody(data, req, [ids], chat, on).for_kind(KVMESH))
+            out[on].append(ProxyRequest(data, req, [ids], chat, on).for_kind(KVMESH))
     return out
 
 
 def rewrite_cost_us(tok, texts: list[str], chat: bool, n: int = 300) -> float:
     """Router CPU (us) to build one rewritten body (decode the client's JSON, set the ids, encode)."""
     from kvmesh.replica.openai import protocol as p
-    from kvmesh.router.token_forwarding import KVMESH, UpstreamBody
+    from kvmesh.router.http.proxy_request import ProxyRequest
+    from kvmesh.router.http.token_forwarding import KVMESH
 
     raw = {"messages": [{"role": "user", "content": texts[0]}]} if chat else {"prompt": texts[0]}
     req = (p.ChatCompletionRequest if chat else p.CompletionRequest).model_validate(raw)
     ids, data = list(range(1, 481)), json.dumps(raw).encode()
     t0 = time.process_time()
     for _ in range(n):
-        UpstreamBody(data, req, [ids], chat, True).for_kind(KVMESH)
+        ProxyRequest(data, req, [ids], chat, True).for_kind(KVMESH)
     return (time.process_time() - t0) / n * 1e6
 
 

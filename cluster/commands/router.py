@@ -35,7 +35,7 @@ def run(args) -> int:
 
     from kvmesh.cluster.config_cli import ConfigError, config_from_args
     from kvmesh.router.config import ReplicaSpec
-    from kvmesh.router.server import RouterServer
+    from kvmesh.router.control.router_server import RouterServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -46,11 +46,11 @@ def run(args) -> int:
         _check_paths(config)
         specs = [ReplicaSpec.parse(text) for text in args.replica]
         if config.workers == 0:
-            from kvmesh.router.workers import spare_cores
+            from kvmesh.router.control.workers import spare_cores
 
             config = replace(config, workers=spare_cores())
         if config.workers > 1:
-            from kvmesh.router.workers import router_workers
+            from kvmesh.router.control.workers import router_workers
 
             server = router_workers(config, specs, config.workers)
         else:

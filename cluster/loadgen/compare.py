@@ -121,7 +121,7 @@ async def compare(args: argparse.Namespace) -> dict:
             runs[name] = await _run_workloads(args, config, name, url, workloads, nonce)
         return runs
     from kvmesh.router.config import RouterConfig
-    from kvmesh.router.server import RouterServer
+    from kvmesh.router.control.router_server import RouterServer
 
     specs = await _discover(args, config.endpoint.url, api_key)
     model = args.router_model or await _model_id(specs[0].url, api_key)

@@ -22,7 +22,7 @@ from kvmesh.cluster.sim.replica import SimReplica, SimRequest
 
 
 def available_policies() -> list[str]:
-    from kvmesh.router.policies import POLICIES
+    from kvmesh.router.routing.policies import POLICIES
 
     return list(POLICIES)
 
@@ -30,7 +30,7 @@ def available_policies() -> list[str]:
 def build_policy(name: str, kwargs: dict, block_size: int, seed: int):
     """``get_policy(name, block_size=..., seed=..., **kwargs)``, dropping the keyword arguments
     the policy does not take (so one ``--policy-kwargs`` can tune one policy of several)."""
-    from kvmesh.router.policies import POLICIES, get_policy
+    from kvmesh.router.routing.policies import POLICIES, get_policy
 
     cls = POLICIES.get(name)
     if cls is None:
@@ -48,9 +48,9 @@ class SimRouter:
     finish load accounting and the receipts the HTTP front keeps around each of them."""
 
     def __init__(self, policy: str, config: SimConfig, replicas: list[SimReplica]) -> None:
-        from kvmesh.router.kv_router import KVRouter
-        from kvmesh.router.receipts import Receipts
-        from kvmesh.router.session import SessionConfig
+        from kvmesh.router.routing.kv_router import KVRouter
+        from kvmesh.router.routing.receipts import Receipts
+        from kvmesh.router.routing.session import SessionConfig
 
         self.block_size = config.block_size
         self.config = config

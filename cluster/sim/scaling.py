@@ -29,7 +29,7 @@ from kvmesh.cluster.sim.loop import FLEET_EVENT, FLEET_TIMER, Payload, SimRun, S
 from kvmesh.cluster.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.sim.report import percentiles, summarize
 from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
-from kvmesh.router.retention import exclusive_blocks
+from kvmesh.router.routing.retention import exclusive_blocks
 
 
 def vary_rate(requests: list[SimRequest], period_s: float, slow_factor: float) -> list[SimRequest]:

@@ -1,1 +1,1 @@
-"""The router's lean HTTP/1.1 data plane: server (server.py), ASGI bridge (asgi.py), replica client (upstream.py)."""
+"""The HTTP data plane: one door for every request (door.py), the proxy to the replicas (proxy.py), the replica client (upstream.py)."""

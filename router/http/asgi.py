@@ -1,4 +1,4 @@
-"""Serving the router's FastAPI app (every path but the proxied ones) from the lean server.
+"""Serving the router's FastAPI app (every path the door does not answer itself, door.py) over a connection.
 
 ``AsgiBridge.answer`` runs one request through the ASGI app: ``receive`` hands it the body as it
 arrives, then ``http.disconnect`` once the client leaves; ``send`` writes the head (with the app's
@@ -11,21 +11,51 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from kvmesh.replica.serving.errors import ProtocolError
-from kvmesh.router.http.messages import Request
+from kvmesh.router.http.messages import Request, error_response
+
+if TYPE_CHECKING:
+    from kvmesh.router.http.connection import HttpConnection
 
 logger = logging.getLogger(__name__)
 
+AsgiMessage = dict
+"""An ASGI scope or event: a JSON-like dict whose keys the ASGI spec names."""
+Receive = Callable[[], Awaitable[AsgiMessage]]
+Send = Callable[[AsgiMessage], Awaitable[None]]
+AsgiApp = Callable[[AsgiMessage, Receive, Send], Awaitable[None]]
+"""An ASGI 3 application (the router's FastAPI app)."""
+
+
+@dataclass
+class _Reply:
+    """What the app sent so far for one request."""
+
+    status: int = 0
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    chunked: bool = False
+    """The body goes with chunked encoding (no content-length, more than one part)."""
+    keep: bool = True
+    """The connection stays open after it."""
+    body_read: bool = False
+    """The app has received the whole request body."""
+    done: bool = False
+    """The last body part went out."""
+
 
 class AsgiBridge:
-    def __init__(self, app: Any) -> None:
+    """Runs requests, and the app's lifespan, through an ASGI app (see the module doc)."""
+
+    def __init__(self, app: AsgiApp) -> None:
         self.app = app
 
     @contextlib.asynccontextmanager
-    async def lifespan(self):
+    async def lifespan(self) -> AsyncIterator[None]:
         """The ASGI lifespan protocol around serving (the app may be wrapped, e.g. by a worker's setup):
         startup before the block, shutdown after it; a failed startup raises."""
         loop = asyncio.get_running_loop()
@@ -59,7 +89,7 @@ class AsgiBridge:
                 logger.error("the router app's shutdown failed: %s", stopped.exception())
             await asyncio.gather(task, return_exceptions=True)
 
-    async def answer(self, conn: Any, request: Request) -> bool:
+    async def answer(self, conn: HttpConnection, request: Request) -> bool:
         """Run ``request`` through the app; whether the connection stays open."""
         path, _, query = request.target.partition(b"?")
         sock = conn.transport.get_extra_info("sockname")
@@ -72,17 +102,16 @@ class AsgiBridge:
             "client": tuple(peer[:2]) if isinstance(peer, tuple) else None,
             "server": tuple(sock[:2]) if isinstance(sock, tuple) else None,
         }
-        state: dict[str, Any] = {"status": 0, "headers": [], "chunked": False, "keep": True, "body_read": False,
-                                 "done": False}
+        state = _Reply()
 
         async def receive() -> dict:
-            if not state["body_read"]:
+            if not state.body_read:
                 try:
                     chunk = await request.next_chunk()  # body.py applies the deadline and the size limit
                 except ProtocolError:  # the client left
                     return {"type": "http.disconnect"}
                 more = chunk is not None and not (request.complete and not request.chunks)
-                state["body_read"] = not more
+                state.body_read = not more
                 return {"type": "http.request", "body": chunk or b"", "more_body": more}
             while not conn.lost:  # the body was read: only the client leaving comes now
                 request.waiter = asyncio.get_running_loop().create_future()
@@ -92,29 +121,29 @@ class AsgiBridge:
         async def send(message: dict) -> None:
             kind = message["type"]
             if kind == "http.response.start":
-                state["status"], state["headers"] = message["status"], list(message.get("headers", ()))
+                state.status, state.headers = message["status"], list(message.get("headers", ()))
                 return
-            if kind != "http.response.body" or state["done"]:
+            if kind != "http.response.body" or state.done:
                 return
             body, more = message.get("body", b""), message.get("more_body", False)
             if not request.started:
-                headers = state["headers"]
+                headers = state.headers
                 declared = any(k.lower() == b"content-length" for k, _ in headers)
                 length = None if declared else (len(body) if not more else None)
-                state["chunked"] = not declared and more and request.http_version != "1.0"
+                state.chunked = not declared and more and request.http_version != "1.0"
                 if request.http_version == "1.0" and not declared and more:
-                    state["keep"] = False
-                keep = state["keep"] = state["keep"] and conn._keeps_alive(
+                    state.keep = False
+                keep = state.keep = state.keep and conn.keeps_alive(
                     request, any(k.lower() == b"connection" and v.lower() == b"close" for k, v in headers))
                 headers = [(k, v) for k, v in headers if k.lower() != b"connection"]
-                conn.write(conn.head(request, state["status"], headers, length, keep, state["chunked"]))
+                conn.write(conn.head(request, state.status, headers, length, keep, state.chunked))
             if body and request.method != b"HEAD":
-                conn.write(b"%x\r\n%b\r\n" % (len(body), body) if state["chunked"] else body)
+                conn.write(b"%x\r\n%b\r\n" % (len(body), body) if state.chunked else body)
                 await conn.drain()
             if not more:
-                if state["chunked"]:
+                if state.chunked:
                     conn.write(b"0\r\n\r\n")
-                state["done"] = True
+                state.done = True
 
         try:
             await self.app(scope, receive, send)
@@ -124,13 +153,9 @@ class AsgiBridge:
             logger.exception("unhandled error in the router app")
             if request.started:
                 return False
-            from kvmesh.router.http.server import error_response
-
-            return await conn._send(request, error_response(ProtocolError("internal router error", 500)),
+            return await conn.send(request, error_response(ProtocolError("internal router error", 500)),
                                     close=True, error=True)
         if not request.started:  # the app answered nothing
-            from kvmesh.router.http.server import error_response
-
-            return await conn._send(request, error_response(ProtocolError("the router app sent no answer", 500)),
+            return await conn.send(request, error_response(ProtocolError("the router app sent no answer", 500)),
                                     error=True)
-        return state["keep"] and state["done"]
+        return state.keep and state.done

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING
 
+import msgspec
 from kvmesh.replica.serving.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from kvmesh.router.http.connection import HttpConnection
 
 
 class Request:
@@ -21,9 +25,9 @@ class Request:
     __slots__ = ("method", "target", "raw_headers", "keep_alive", "http_version", "chunks", "size",
                  "complete", "too_large", "expect_continue", "conn", "waiter", "_headers", "started", "error")
 
-    def __init__(self, conn: Any, method: bytes, target: bytes) -> None:
+    def __init__(self, conn: HttpConnection | None, method: bytes, target: bytes) -> None:
         self.conn = conn
-        """The connection's protocol (http/server.py): writes, the body limits, the disconnect."""
+        """The connection's protocol (http/connection.py): writes, the body limits, the disconnect."""
         self.method = method
         self.target = target
         """The request target as sent: path and query."""
@@ -133,3 +137,8 @@ class Response:
         self.media_type = media_type
         self.headers: dict[str, str] = headers if headers is not None else {}
         """Extra headers (content type and length are added when sent)."""
+
+
+def error_response(e: ProtocolError) -> Response:
+    """The OpenAI-shaped error answer of ``e``."""
+    return Response(msgspec.json.encode(e.to_dict()), e.status_code)

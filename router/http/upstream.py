@@ -19,237 +19,22 @@ TCP_NODELAY.
 from __future__ import annotations
 
 import asyncio
-import collections
-import socket
 import ssl
 import time
 from urllib.parse import urlsplit
 
-import httptools
-from kvmesh.router.http.deadline import Deadline
+from kvmesh.router.http.upstream_connection import (
+    StaleConnection,
+    UpstreamConnectError,
+    UpstreamConnection,
+    UpstreamError,
+    UpstreamResponse,
+)
 
-
-class UpstreamError(Exception):
-    """The replica connection failed (reset, closed early, timed out, bad HTTP)."""
-
-
-class UpstreamConnectError(UpstreamError):
-    """No connection could be made to the replica (refused, unreachable, connect timeout)."""
-
-
-class _StaleConnection(UpstreamError):
-    """A reused connection ended before any answer byte: the request is sent again on a fresh one."""
-
+__all__ = ["UpstreamConnectError", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
 _IDLE_S = 15.0
 """Idle pooled connections older than this are dropped (replicas close theirs after 30 s by default)."""
-_LINGER_S = 1.0
-"""How long a released answer may take to end before its connection is closed rather than pooled."""
-_HIGH_WATER = 64
-"""Unread body chunks at which reading from the replica pauses (the client reads slower than it writes)."""
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection; carries one request at a time."""
-
-    def __init__(self, pool: UpstreamPool, key: tuple) -> None:
-        self.pool, self.key = pool, key
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.response: UpstreamResponse | None = None
-        self.reused = False
-        self.idle_since = 0.0
-        self.closed = False
-        self.read_deadline = Deadline(asyncio.get_running_loop(), self._read_timed_out)
-        """The current wait's ``read_timeout_s`` (re-armed per wait without a new timer)."""
-
-    # ---------------------------------------------------------------- asyncio.Protocol
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        r = self.response
-        if r is None:  # bytes nobody asked for: this connection cannot be trusted any more
-            self.transport.close()
-            return
-        r.received = True
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as e:
-            r._fail(UpstreamError(f"the replica sent malformed HTTP: {e}"))
-            self.transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.read_deadline.cancel()
-        self.pool._forget(self)
-        r = self.response
-        if r is not None and r.lingering is not None:
-            r.lingering.cancel()
-            r.lingering = None
-        if r is not None and not r.complete:
-            if r.status and "content-length" not in r.headers and "transfer-encoding" not in r.headers:
-                r.complete = True  # a body delimited by the connection's end (HTTP/1.0 style)
-                r._wake()
-            elif self.reused and not r.received:
-                r._fail(_StaleConnection("the pooled connection was closed by the replica"))
-            else:
-                r._fail(UpstreamError(f"the replica closed the connection before the answer ended ({exc!r})"))
-
-    def _read_timed_out(self) -> None:
-        if self.response is not None:
-            self.response._timed_out()
-
-    def pause_writing(self) -> None:  # the request bodies are small; nothing to throttle
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
-    # ---------------------------------------------------------------- httptools callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-
-    def on_headers_complete(self) -> None:
-        r = self.response
-        r.status = self.parser.get_status_code()
-        r._wake()
-
-    def on_body(self, body: bytes) -> None:
-        r = self.response
-        if r.lingering is not None:
-            return
-        r.chunks.append(body)
-        if len(r.chunks) >= _HIGH_WATER and not r.paused:
-            r.paused = True
-            self.transport.pause_reading()
-        r._wake()
-
-    def on_message_complete(self) -> None:
-        r = self.response
-        r.complete = True
-        r.keep_alive = self.parser.should_keep_alive()
-        if r.lingering is not None:  # released before its end: now it can go back to the pool
-            r.lingering.cancel()
-            r.lingering = None
-            r.chunks.clear()
-            r._done = False
-            r.release()
-        r._wake()
-
-
-class UpstreamResponse:
-    """A replica's answer: status and headers once they arrived, then the body as an async iterator."""
-
-    def __init__(self, conn: _Connection, read_timeout_s: float | None) -> None:
-        self.conn = conn
-        self.status = 0
-        self.headers: dict[str, str] = {}
-        """Lowercase names."""
-        self.chunks: collections.deque[bytes] = collections.deque()
-        self.complete = False
-        self.keep_alive = False
-        self.received = False
-        self.paused = False
-        self.error: BaseException | None = None
-        self._timeout = read_timeout_s
-        self._waiter: asyncio.Future | None = None
-        self._done = False
-        self.lingering: asyncio.TimerHandle | None = None
-        """Released before the end of the message arrived: closes the connection unless it arrives soon."""
-
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    def _fail(self, error: BaseException) -> None:
-        if self.error is None:
-            self.error = error
-        self._wake()
-
-    async def _wait(self) -> None:
-        """Until the connection has news (bytes, the end, a failure), at most ``read_timeout_s``."""
-        self._waiter = asyncio.get_running_loop().create_future()
-        deadline = None if self._timeout is None else self.conn.read_deadline
-        if deadline is not None:
-            deadline.arm(self._timeout)
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-            if deadline is not None:
-                deadline.disarm()
-
-    def _timed_out(self) -> None:
-        self._fail(UpstreamError(f"the replica sent nothing for {self._timeout}s"))
-
-    async def _head(self) -> None:
-        while self.status == 0:
-            if self.error is not None:
-                raise self.error
-            await self._wait()
-
-    def __aiter__(self) -> UpstreamResponse:
-        return self
-
-    async def __anext__(self) -> bytes:
-        """The body bytes that arrived since the last call (at least one byte), StopAsyncIteration at its end."""
-        while not self.chunks:
-            if self.complete:
-                raise StopAsyncIteration
-            if self.error is not None:
-                raise self.error
-            await self._wait()
-        data = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self._drain())
-        if self.paused:
-            self.paused = False
-            self.conn.transport.resume_reading()
-        return data
-
-    def _drain(self):
-        while self.chunks:
-            yield self.chunks.popleft()
-
-    async def read(self) -> bytes:
-        """The whole remaining body."""
-        return b"".join([chunk async for chunk in self])
-
-    def release(self) -> None:
-        """The body was read: the connection goes back to the pool (closed if it cannot be reused; kept
-        for ``_LINGER_S`` first if the end of the message has not arrived yet)."""
-        if self._done:
-            return
-        self._done = True
-        conn = self.conn
-        if not self.complete and self.error is None and not conn.closed and not self.paused:
-            # a stream read up to its [DONE]: the end of the message (the last chunk) is usually in flight
-            self.lingering = asyncio.get_running_loop().call_later(_LINGER_S, self._give_up)
-            return
-        conn.response = None
-        if self.complete and self.keep_alive and self.error is None and not conn.closed:
-            self.conn.pool._put(conn)
-        else:
-            conn.transport.close()
-
-    def _give_up(self) -> None:
-        self.lingering = None
-        self.conn.response = None
-        self.conn.transport.close()
-
-    def close(self) -> None:
-        """Abandon the answer: the connection closes, so the replica sees the client leave."""
-        if self.lingering is not None:
-            self.lingering.cancel()
-            self.lingering = None
-        if self._done:
-            return
-        self._done = True
-        self.conn.response = None
-        self.conn.transport.close()
 
 
 class UpstreamPool:
@@ -258,7 +43,7 @@ class UpstreamPool:
     def __init__(self, connect_timeout_s: float, read_timeout_s: float | None) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
-        self._idle: dict[tuple, list[_Connection]] = {}
+        self._idle: dict[tuple, list[UpstreamConnection]] = {}
         self._addresses: dict[str, tuple] = {}
         self._ssl: ssl.SSLContext | None = None
         self.connections_made = 0
@@ -276,9 +61,29 @@ class UpstreamPool:
 
     async def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
         """Send ``POST path`` with a JSON ``body``; the response once its status and headers arrived."""
+        return await self.request("POST", base_url, path, body, headers)
+
+    async def fetch(self, method: str, base_url: str, path: str, timeout_s: float, body: bytes = b"",
+                    headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        """A whole answer (status, headers, body) within ``timeout_s`` (the probes, a worker's control router)."""
+        async def whole() -> tuple[int, dict[str, str], bytes]:
+            response = await self.request(method, base_url, path, body, headers or {})
+            try:
+                data = await response.read()
+            except BaseException:
+                response.close()
+                raise
+            response.release()
+            return response.status, response.headers, data
+
+        return await asyncio.wait_for(whole(), timeout_s)
+
+    async def request(self, method: str, base_url: str, path: str, body: bytes,
+                      headers: dict[str, str]) -> UpstreamResponse:
+        """Send ``method path`` with ``body``; the response once its status and headers arrived."""
         key = self._address(base_url)
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        request = (f"POST {path} HTTP/1.1\r\nHost: {key[3].decode()}\r\nContent-Length: {len(body)}\r\n"
+        request = (f"{method} {path} HTTP/1.1\r\nHost: {key[3].decode()}\r\nContent-Length: {len(body)}\r\n"
                    f"{extra}\r\n").encode("latin-1") + body
         for _ in range(3):  # a stale pooled connection: again on another
             conn = self._take(key)
@@ -289,7 +94,7 @@ class UpstreamPool:
             conn.transport.write(request)
             try:
                 await response._head()
-            except _StaleConnection:
+            except StaleConnection:
                 continue
             except asyncio.CancelledError:
                 response.close()
@@ -300,7 +105,7 @@ class UpstreamPool:
             return response
         raise UpstreamError("the replica closed three connections in a row without answering")
 
-    def _take(self, key: tuple) -> _Connection | None:
+    def _take(self, key: tuple) -> UpstreamConnection | None:
         idle = self._idle.get(key)
         now = time.monotonic()
         while idle:
@@ -311,14 +116,14 @@ class UpstreamPool:
             conn.transport.close()
         return None
 
-    async def _connect(self, key: tuple) -> _Connection:
+    async def _connect(self, key: tuple) -> UpstreamConnection:
         host, port, https, _ = key
         loop = asyncio.get_running_loop()
         if https and self._ssl is None:
             self._ssl = ssl.create_default_context()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(self, key), host, port,
+                loop.create_connection(lambda: UpstreamConnection(self, key), host, port,
                                        ssl=self._ssl if https else None), self.connect_timeout_s)
         except asyncio.TimeoutError:
             raise UpstreamConnectError(f"no connection to {host}:{port} within {self.connect_timeout_s}s") from None
@@ -327,11 +132,11 @@ class UpstreamPool:
         self.connections_made += 1
         return conn
 
-    def _put(self, conn: _Connection) -> None:
+    def _put(self, conn: UpstreamConnection) -> None:
         conn.idle_since = time.monotonic()
         self._idle.setdefault(conn.key, []).append(conn)
 
-    def _forget(self, conn: _Connection) -> None:
+    def _forget(self, conn: UpstreamConnection) -> None:
         idle = self._idle.get(conn.key)
         if idle and conn in idle:
             idle.remove(conn)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from kvmesh.cluster.commands.status import format_table
 from kvmesh.cluster.router_client import ReplicaStatus, apply_metrics
-from kvmesh.router.load import LoadTracker
-from kvmesh.router.metrics import RouterMetrics
+from kvmesh.router.http.metrics import RouterMetrics
+from kvmesh.router.routing.load import LoadTracker
 
 
 def _router_metrics_text() -> str:

@@ -56,8 +56,8 @@ def test_the_salt_digest_in_events_cannot_be_confirmed_without_the_cluster_secre
 
 
 def test_a_router_given_the_salt_secret_keys_salted_prompts_as_the_replica(make_request, run_step, event_log):
-    from kvmesh.router.index import PrefixIndex
-    from kvmesh.router.keys import RouterKeyHasher
+    from kvmesh.router.routing.index import PrefixIndex
+    from kvmesh.router.routing.keys import RouterKeyHasher
 
     manager = fresh_manager(event_log)
     run_step(manager, make_request("a", PROMPT, cache_salt="tenant-a"))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kvmesh.replica.serving import chat_template as ct
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.replica.serving.tokenizer import Tokenizer
-from kvmesh.router.tokenize_cache import CachedTokenizer
+from kvmesh.router.routing.tokenize_cache import CachedTokenizer
 
 from ..conftest import CHAT_TEMPLATE
 from ..router.test_tokenize_cache import (  # noqa: F401 - fixtures

@@ -14,7 +14,7 @@ from kvmesh.replica.openai import renderer as rmod
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.replica.serving.tokenizer import load_tokenizer
-from kvmesh.router.tokenize_cache import CachedTokenizer
+from kvmesh.router.routing.tokenize_cache import CachedTokenizer
 
 from ..conftest import CHAT_TEMPLATE
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.server import RouterServer
+from kvmesh.router.control.router_server import RouterServer
 
 FAKE = "kvmesh.cluster.benchmarks.fake_replica"
 BLOCK_SIZE = 4

@@ -8,7 +8,7 @@ import time
 import pytest
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.router.config import RouterConfig
-from kvmesh.router.server import RouterServer
+from kvmesh.router.control.router_server import RouterServer
 
 GET = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
 

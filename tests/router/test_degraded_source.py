@@ -7,8 +7,8 @@ import time
 import zmq
 from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.kv_router import KVRouter
-from kvmesh.router.runtime import RouterRuntime
+from kvmesh.router.control.runtime import RouterRuntime
+from kvmesh.router.routing.kv_router import KVRouter
 
 from .helpers import stored
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvmesh.events.schema import BlockRemoved, BlockStored
-from kvmesh.router import keys as keys_mod
-from kvmesh.router.index import PrefixIndex
-from kvmesh.router.keys import RouterKeyHasher, chain_keys_py, pack_tokens
+from kvmesh.router.routing import keys as keys_mod
+from kvmesh.router.routing.index import PrefixIndex
+from kvmesh.router.routing.keys import RouterKeyHasher, chain_keys_py, pack_tokens
 
 NATIVE = keys_mod.FASTPATH
 needs_native = pytest.mark.skipif(NATIVE is None, reason="run with KVMESH_NO_NATIVE=1: the fallback alone")
@@ -29,7 +29,7 @@ def test_fastpath_is_built_unless_turned_off():
 
 
 def test_env_var_forces_the_python_fallback():
-    code = ("from kvmesh.router import keys; from kvmesh.router.index import PrefixIndex; "
+    code = ("from kvmesh.router.routing import keys; from kvmesh.router.routing.index import PrefixIndex; "
             "print(keys.FASTPATH, PrefixIndex().hasher.native)")
     env = {**os.environ, "KVMESH_NO_NATIVE": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.router.config import RouterConfig
-from kvmesh.router.server import RouterServer
+from kvmesh.router.control.router_server import RouterServer
 
 from .conftest import BLOCK_SIZE
 

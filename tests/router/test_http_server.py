@@ -1,4 +1,4 @@
-"""The router's own HTTP/1.1 server (router/http/server.py) on a real socket: what clients rely on from
+"""The router's own HTTP/1.1 server (router/http/door.py) on a real socket: what clients rely on from
 an HTTP server, on the proxied paths (served directly) and the others (the FastAPI app behind it)."""
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def test_sequential_requests_reuse_one_upstream_connection(fakes, start_router):
 
 def test_a_refused_replica_is_skipped_and_the_request_goes_to_another(fakes, tokenizer):
     from kvmesh.router.config import ReplicaSpec, RouterConfig
-    from kvmesh.router.server import RouterServer
+    from kvmesh.router.control.router_server import RouterServer
 
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
@@ -198,7 +198,7 @@ def test_a_refused_replica_is_skipped_and_the_request_goes_to_another(fakes, tok
 
 def test_stop_lets_an_in_flight_request_finish(fakes, tokenizer):
     from kvmesh.router.config import RouterConfig
-    from kvmesh.router.server import RouterServer
+    from kvmesh.router.control.router_server import RouterServer
 
     a = fakes[0]
     router = RouterServer(RouterConfig(port=0, block_size=BLOCK_SIZE), [a.spec], tokenizer=tokenizer).start()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvmesh.events.schema import AllBlocksCleared
-from kvmesh.router.index import PrefixIndex
-from kvmesh.router.keys import RouterKeyHasher
+from kvmesh.router.routing.index import PrefixIndex
+from kvmesh.router.routing.keys import RouterKeyHasher
 
 from .helpers import removed, stored
 

@@ -16,8 +16,8 @@ from kvmesh.events.schema import AllBlocksCleared
 from kvmesh.kvcache.hashing import RequestBlockHasher, cache_salt_secret, external_hash
 from kvmesh.kvcache.interfaces import TokenRequest as Req
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
-from kvmesh.router.index import PrefixIndex
-from kvmesh.router.keys import RouterKeyHasher
+from kvmesh.router.routing.index import PrefixIndex
+from kvmesh.router.routing.keys import RouterKeyHasher
 
 BS = 4
 PREFIXES = [[7] * 12, [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 8, 8, 7, 7]]

@@ -7,7 +7,7 @@ import asyncio
 import zmq
 from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.runtime import RouterRuntime
+from kvmesh.router.control.runtime import RouterRuntime
 
 from ..events.events_testkit import DroppingSocket
 from .helpers import removed, stored

@@ -8,7 +8,8 @@ import msgspec
 import pytest
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_body
-from kvmesh.router.migration import MigratingStream, SseSplitter, ask_for_token_ids
+from kvmesh.router.http.migration import MigratingStream, SseSplitter
+from kvmesh.router.http.proxy_request import with_token_ids_asked
 
 
 def chunk(text: str, ids: list[int] | None, finish: str | None = None, prompt_ids: list[int] | None = None) -> bytes:
@@ -28,7 +29,7 @@ def completion(**fields) -> p.CompletionRequest:
 
 def test_token_id_request_wins_over_the_clients_own_false():
     raw = json.dumps({"prompt": "hi", "stream": True, "return_token_ids": False}).encode()
-    req = parse_body(ask_for_token_ids(raw), p.CompletionRequest)
+    req = parse_body(with_token_ids_asked(raw), p.CompletionRequest)
     assert req.return_token_ids is True and req.prompt == "hi"
 
 

@@ -32,7 +32,7 @@ def _imports(path: Path) -> set[str]:
 
 def test_router_and_openai_layer_import_without_torch():
     modules = _modules(kvmesh.router) + _modules(kvmesh.replica.openai) + _modules(kvmesh.replica.serving)
-    assert "kvmesh.router.server" in modules and "kvmesh.replica.openai.renderer" in modules
+    assert "kvmesh.router.control.router_server" in modules and "kvmesh.replica.openai.renderer" in modules
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}: importlib.import_module(name)\n"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from kvmesh.router.load import LoadTracker, ReplicaLoad
-from kvmesh.router.policies import POLICIES, NoReplicaError, get_policy
+from kvmesh.router.routing.load import LoadTracker, ReplicaLoad
+from kvmesh.router.routing.policies import POLICIES, NoReplicaError, get_policy
 
 BS = 16
 KEYS = list(range(64))  # a 1,024-token prompt

@@ -7,7 +7,7 @@ import time
 from kvmesh.events.schema import AllBlocksCleared, KVEventBatch
 from kvmesh.events.subscriber_guard import DEGRADED, RECOVERED
 from kvmesh.router.config import RouterConfig
-from kvmesh.router.runtime import RouterRuntime
+from kvmesh.router.control.runtime import RouterRuntime
 
 from .helpers import stored
 

@@ -8,8 +8,14 @@ from dataclasses import dataclass, field
 
 import pytest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
-from kvmesh.router.kv_router import KVRouter
-from kvmesh.router.receipts import HEADER_BEST, HEADER_PREDICTED, HEADER_REASON, Receipts, RouteReceipt
+from kvmesh.router.routing.kv_router import KVRouter
+from kvmesh.router.routing.receipts import (
+    HEADER_BEST,
+    HEADER_PREDICTED,
+    HEADER_REASON,
+    Receipts,
+    RouteReceipt,
+)
 
 BS = 16
 
@@ -135,7 +141,7 @@ def test_bad_reason_and_negative_cached_tokens_are_rejected():
 
 
 def test_receipt_metrics_expose_captured_reuse_and_mispredictions():
-    from kvmesh.router.receipt_metrics import ReceiptMetrics
+    from kvmesh.router.http.receipt_metrics import ReceiptMetrics
     from prometheus_client import CollectorRegistry, generate_latest
 
     registry, receipts = CollectorRegistry(), Receipts()

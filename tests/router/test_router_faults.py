@@ -8,7 +8,7 @@ import socket
 import httpx
 import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.server import RouterServer
+from kvmesh.router.control.router_server import RouterServer
 
 from .conftest import BLOCK_SIZE, wait_for
 from .test_router_http import complete, prompt

@@ -7,7 +7,7 @@ import json
 import random
 
 import httpx
-from kvmesh.router.forward import Forwarder
+from kvmesh.router.http.proxy import Forwarder
 
 from .conftest import BLOCK_SIZE, fake_stats, wait_for
 

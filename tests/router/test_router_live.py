@@ -14,8 +14,8 @@ import json
 import httpx
 import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.forward import Forwarder
-from kvmesh.router.server import RouterServer
+from kvmesh.router.control.router_server import RouterServer
+from kvmesh.router.http.proxy import Forwarder
 
 from .conftest import wait_for
 

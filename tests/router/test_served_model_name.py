@@ -7,7 +7,7 @@ import httpx
 import pytest
 from kvmesh.replica.serving.tokenizer import load_tokenizer
 from kvmesh.router.config import RouterConfig
-from kvmesh.router.server import RouterServer
+from kvmesh.router.control.router_server import RouterServer
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from kvmesh.router.kv_router import KVRouter
-from kvmesh.router.session import SessionConfig, SessionTable
+from kvmesh.router.routing.kv_router import KVRouter
+from kvmesh.router.routing.session import SessionConfig, SessionTable
 
 BS = 16
 

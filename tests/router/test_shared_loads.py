@@ -1,13 +1,13 @@
-"""Router processes of one host share their in-flight counts (router/shared_loads.py, LoadTracker.share)."""
+"""Router processes of one host share their in-flight counts (router/routing/shared_loads.py, LoadTracker.share)."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 
 import pytest
-from kvmesh.router.load import LoadTracker
-from kvmesh.router.shared_loads import SharedLoadTable
-from kvmesh.router.workers import MAX_AUTO_WORKERS, spare_cores
+from kvmesh.router.control.workers import MAX_AUTO_WORKERS, spare_cores
+from kvmesh.router.routing.load import LoadTracker
+from kvmesh.router.routing.shared_loads import SharedLoadTable
 
 
 def _trackers(table: SharedLoadTable, *replicas: str) -> list[LoadTracker]:
@@ -37,7 +37,7 @@ def test_a_request_sent_by_one_process_counts_in_the_others_load_view():
 
 
 def test_the_policy_sees_the_other_process_requests():
-    from kvmesh.router.kv_router import KVRouter
+    from kvmesh.router.routing.kv_router import KVRouter
 
     table = SharedLoadTable(2)
     routers = [KVRouter(block_size=16, policy="least_loaded") for _ in range(2)]

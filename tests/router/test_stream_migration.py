@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.server import RouterServer
+from kvmesh.router.control.router_server import RouterServer
 
 from .conftest import wait_for
 from .dying_proxy import DyingProxy, Fuse

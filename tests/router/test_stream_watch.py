@@ -2,8 +2,8 @@
 only) and exact again once the stream caught up (issue 15). Times are given, never waited for."""
 
 import pytest
-from kvmesh.router.kv_router import INCOMPATIBLE, KVRouter
-from kvmesh.router.stream_watch import StreamWatch
+from kvmesh.router.control.stream_watch import StreamWatch
+from kvmesh.router.routing.kv_router import INCOMPATIBLE, KVRouter
 
 from .helpers import stored
 

@@ -12,7 +12,7 @@ import pytest
 from kvmesh.cluster.commands.status import format_table
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.server import RouterServer
+from kvmesh.router.control.router_server import RouterServer
 
 from .conftest import FakeProc, wait_for
 

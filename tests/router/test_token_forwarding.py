@@ -1,4 +1,4 @@
-"""Which body each kind of upstream gets (router/token_forwarding.py), without servers."""
+"""Which body each kind of upstream gets (router/http/token_forwarding.py), without servers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import msgspec
 import pytest
 from kvmesh.replica.openai import protocol as p
-from kvmesh.router.token_forwarding import KVMESH, TEXT, VLLM, UpstreamBody, upstream_kind
+from kvmesh.router.http.proxy_request import ProxyRequest
+from kvmesh.router.http.token_forwarding import KVMESH, TEXT, VLLM, upstream_kind
 
 IDS = [[1, 400, 401, 402], [1, 500]]
 
@@ -17,7 +18,7 @@ def body_for(raw: dict, kind: str, prompts=IDS, enabled=True) -> dict:
     req = (p.ChatCompletionRequest if chat else p.CompletionRequest).model_validate(raw)
     data = json.dumps(raw).encode()
     prompts = prompts[:1] if chat else prompts[:len(req.prompts())]
-    return json.loads(UpstreamBody(data, req, prompts, chat, enabled).for_kind(kind))
+    return json.loads(ProxyRequest(data, req, prompts, chat, enabled).for_kind(kind))
 
 
 def test_kvmesh_replica_gets_completion_ids_and_keeps_every_other_field():
@@ -55,7 +56,7 @@ def test_chat_ids_are_added_to_the_body_as_sent():
     for raw in (b'{"messages": [{"role": "user", "content": "hi \\u00e9}"}], "seed": 9}  \n',
                 b'{"messages": [{"role": "user", "content": "hi"}], "prompt_token_ids": null}'):
         req = p.ChatCompletionRequest.model_validate(json.loads(raw))
-        sent = UpstreamBody(raw, req, IDS[:1], True, True).for_kind(KVMESH)
+        sent = ProxyRequest(raw, req, IDS[:1], True, True).for_kind(KVMESH)
         assert json.loads(sent) == {**json.loads(raw), "prompt_token_ids": IDS[0]}
         assert msgspec.json.decode(sent) == json.loads(sent)  # no duplicate keys for decoders to disagree on
         assert sent.count(b'"prompt_token_ids"') == 1
@@ -65,7 +66,7 @@ def test_a_chat_sent_with_its_token_ids_goes_as_sent_byte_for_byte():
     raw = {"messages": [{"role": "user", "content": "hi"}], "prompt_token_ids": [1, 5, 6]}
     req = p.ChatCompletionRequest.model_validate(raw)
     data = b'{"messages": [{"role": "user", "content": "hi"}],  "prompt_token_ids": [1, 5, 6]}'
-    body = UpstreamBody(data, req, [[1, 5, 6]], True, True)
+    body = ProxyRequest(data, req, [[1, 5, 6]], True, True)
     assert body.for_kind(KVMESH) is data and not body.forwards_ids(KVMESH)
 
 
@@ -79,7 +80,7 @@ def test_nothing_is_rewritten_when_off_or_for_a_mismatched_tokenizer(raw):
 def test_streams_ask_for_token_ids_in_the_rewritten_body_too():
     raw = {"prompt": "Once", "stream": True}
     req = p.CompletionRequest.model_validate(raw)
-    body = UpstreamBody(msgspec.json.encode(raw), req, IDS[:1], False, True)
+    body = ProxyRequest(msgspec.json.encode(raw), req, IDS[:1], False, True)
     body.ask_for_token_ids()
     for kind in (KVMESH, TEXT):
         assert json.loads(body.for_kind(kind))["return_token_ids"] is True

@@ -13,8 +13,8 @@ import json
 import httpx
 import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.server import RouterServer
-from kvmesh.router.token_forwarding import KVMESH
+from kvmesh.router.control.router_server import RouterServer
+from kvmesh.router.http.token_forwarding import KVMESH
 
 from .conftest import wait_for
 

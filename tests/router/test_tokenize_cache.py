@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvmesh.cluster.benchmarks.router_peers import LLAMA2_CHAT_TEMPLATE
-from kvmesh.router.tokenize_cache import CachedTokenizer
+from kvmesh.router.routing.tokenize_cache import CachedTokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.workers import RouterWorkers, bind_listener, router_workers
+from kvmesh.router.control.workers import RouterWorkers, bind_listener, router_workers
 
 from .conftest import wait_for
 from .helpers import stub_replica

@@ -16,7 +16,7 @@ import time
 
 import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.workers import router_workers
+from kvmesh.router.control.workers import router_workers
 
 from .helpers import stub_replica
 

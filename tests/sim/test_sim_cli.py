@@ -8,7 +8,7 @@ from kvmesh.cluster.cli import main
 
 
 def test_sim_writes_json_table_and_plot_for_every_registered_policy(mooncake_trace, tmp_path, capsys):
-    from kvmesh.router.policies import POLICIES
+    from kvmesh.router.routing.policies import POLICIES
 
     out = tmp_path / "sim.json"
     rc = main(["sim", "--trace", str(mooncake_trace), "--start", "3800", "--limit", "120",

@@ -1,0 +1,138 @@
+"""The router's replica-set routes: list, register, drain and remove replicas, and the fleet (admin plane).
+
+    GET    /replicas[?drain_cost=true]   the replica set, in flight (and drain cost) per replica (API key)
+    POST   /replicas                     register (or re-register) a replica            } the admin key
+    DELETE /replicas/{id}                remove one                                     } only (403
+    POST   /replicas/{id}/drain          stop routing new requests to it; running ones  } without one)
+                                         finish (inside ``kvmesh serve``: then its process is removed)
+    GET    /admin/fleet, POST /admin/scale, /admin/rollout
+                                         the process set, when the router runs inside ``kvmesh serve``
+
+``is_admin_request`` is the one rule of which requests are the admin plane (the auth middleware, and
+serve's workers passing them to the control router, use it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from fastapi import FastAPI, Response
+from fastapi import Request as AppRequest
+from kvmesh.replica.openai.body import read_request
+from kvmesh.replica.openai.responses import OpenAIBaseModel
+from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.router.config import ReplicaSpec
+from kvmesh.router.control.rows import ReplicaList, ReplicaRow
+from kvmesh.router.control.runtime import Json, RouterRuntime
+from kvmesh.router.routing.retention import exclusive_blocks
+from pydantic import ConfigDict, JsonValue
+
+
+class ReplicaRegistration(OpenAIBaseModel):
+    """``POST /replicas`` body: where a replica listens (see ``ReplicaSpec``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str
+    events: str | None = None
+    replay: str | None = None
+    id: str | None = None
+
+
+class ScaleRequest(OpenAIBaseModel):
+    """``POST /admin/scale`` body."""
+
+    model_config = ConfigDict(extra="forbid")
+    replicas: int
+
+
+class RolloutRequest(OpenAIBaseModel):
+    """``POST /admin/rollout`` body: engine settings the restarted replicas get (none: same settings)."""
+
+    model_config = ConfigDict(extra="forbid")
+    engine: dict[str, JsonValue] = {}
+
+
+def is_admin_request(method: str, path: str) -> bool:
+    """Requests that change the replica set (the admin plane), and everything under /admin/."""
+    if path.startswith("/admin/"):
+        return True
+    return method not in ("GET", "HEAD") and (path == "/replicas" or path.startswith("/replicas/"))
+
+
+def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
+    """Add the routes of the module doc to the router's app."""
+    cfg = runtime.config
+
+    @app.get("/replicas")
+    async def list_replicas(drain_cost: bool = False) -> Response:
+        loads = runtime.router.loads.loads
+        rows = [ReplicaRow(id=s.replica_id, url=s.url, events=s.events, replay=s.replay,
+                           healthy=s.replica_id in runtime.router.healthy, draining=s.replica_id in runtime.draining,
+                           degraded=runtime.router.degraded.get(s.replica_id),
+                           in_flight=runtime.in_flight(s.replica_id),
+                           prefill_backlog=loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0)
+                for s in list(runtime.specs.values())]
+        if drain_cost:  # blocks only this replica holds: what draining it would cost (a walk over the index)
+            exclusive = await asyncio.to_thread(exclusive_blocks, runtime.router)
+            for row in rows:
+                row.exclusive_blocks = exclusive.get(row.id, 0)
+        return Response(ReplicaList(rows).encode(), media_type="application/json")
+
+    @app.post("/replicas/{replica_id}/drain")
+    async def drain_replica(replica_id: str):
+        if not runtime.drain(replica_id):
+            raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
+        removing = runtime.fleet is not None and runtime.fleet.request_remove(replica_id)
+        answer = {"id": replica_id, "draining": True, "in_flight": runtime.in_flight(replica_id),
+                  "will_be_removed": bool(removing)}
+        if removing:  # serve's replica count drops by one for good (until a scale or the autoscaler)
+            answer["target"] = runtime.fleet.target
+        return answer
+
+    def fleet():
+        if runtime.fleet is None:
+            raise ProtocolError("this router does not run replica processes (only `kvmesh serve` does); "
+                                "register and remove replicas with POST/DELETE /replicas", 501)
+        return runtime.fleet
+
+    @app.get("/admin/fleet")
+    async def fleet_state():
+        return fleet().state()
+
+    def ask_fleet(ask: Callable[[], Json]) -> Json:
+        """The fleet's answer; a refused ask is a 400 (bad value) or a 409 (busy)."""
+        try:
+            return ask()
+        except ValueError as e:
+            raise ProtocolError(str(e)) from None
+        except RuntimeError as e:
+            raise ProtocolError(str(e), 409) from None
+
+    @app.post("/admin/scale")
+    async def scale(request: AppRequest):
+        body = await read_request(request, ScaleRequest, cfg.frontend, runtime.renderer.run)
+        return ask_fleet(lambda: fleet().request_scale(body.replicas))
+
+    @app.post("/admin/rollout")
+    async def rollout(request: AppRequest):
+        body = await read_request(request, RolloutRequest, cfg.frontend, runtime.renderer.run)
+        return ask_fleet(lambda: fleet().request_rollout(body.engine))
+
+    @app.post("/replicas")
+    async def add_replica(request: AppRequest):
+        body = await read_request(request, ReplicaRegistration, cfg.frontend, runtime.renderer.run)
+        try:
+            spec = ReplicaSpec(url=body.url, events=body.events, replay=body.replay, replica_id=body.id or "")
+        except ValueError as e:
+            raise ProtocolError(f"bad replica registration: {e}; send "
+                                '{"url": "http://HOST:PORT", "events": "tcp://...", "replay": "tcp://...", '
+                                '"id": "name"}') from None
+        runtime.add_replica(spec)
+        return {"id": spec.replica_id, "healthy": await runtime.probes.probe(spec)}
+
+    @app.delete("/replicas/{replica_id:path}")
+    async def delete_replica(replica_id: str):
+        if not runtime.remove_replica(replica_id):
+            raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
+        return {"id": replica_id, "removed": True}

@@ -1,0 +1,94 @@
+"""The router's end of the KV event feed: batches into the index, the subscriber's word into degraded causes.
+
+``RouterRuntime`` hands ``on_batch`` and ``on_status`` to its ``EventSubscriber``; both run on the
+subscriber's thread. A batch that would take a replica past ``max_source_blocks`` raises, which the
+subscriber counts as a bad frame of that replica (and degrades it if that keeps happening).
+
+**Quarantine.** A replica degraded for bad frames is routed to by load only, so what its stream says
+is not used -- and it need not be held either: its tree is dropped at once and its batches are not
+applied until one starts afresh (``AllBlocksCleared`` first: the snapshot resync the subscriber
+asks for, or a restart) or the subscriber trusts it again (a source without snapshots relearns from
+an empty tree). So a broken or hostile stream costs no index memory while degraded, however much it
+sends (issue 23); the subscriber bounds what decoding it costs (``degraded_source_bytes_per_s``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from kvmesh.events.schema import AllBlocksCleared, BlockStored
+from kvmesh.events.subscriber_guard import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED
+from kvmesh.router.routing.kv_router import BAD_FRAMES
+
+if TYPE_CHECKING:
+    from kvmesh.router.control.runtime import RouterRuntime
+
+logger = logging.getLogger(__name__)
+
+
+class EventFeed:
+    """Applies one router's events (see the module doc); ``runtime`` is its ``RouterRuntime``."""
+
+    def __init__(self, runtime: RouterRuntime) -> None:
+        self._rt = runtime
+        self.quarantined: set[str] = set()
+        """Replicas degraded for bad frames whose batches are dropped until one starts afresh."""
+        self.dropped_batches: dict[str, int] = {}
+        """Replica id -> batches dropped while it was quarantined."""
+
+    def on_batch(self, source: str, seq: int, batch) -> None:
+        """Apply one batch (subscriber thread). Raising drops it: the subscriber counts it as a
+        bad frame of ``source`` and degrades the source if that keeps happening."""
+        if source in self.quarantined:
+            if not batch.events or batch.events[0].__class__ is not AllBlocksCleared:
+                self.dropped_batches[source] = self.dropped_batches.get(source, 0) + 1
+                return
+            self.quarantined.discard(source)  # a fresh start: what follows describes its cache again
+        rt = self._rt
+        self._check_blocks_held(source, batch.events)
+        rt.router.apply_events(source, batch)
+        rt.metrics.observe_batch(source, batch.ts)
+        rt.stream_watch.on_batch(source, batch.ts)
+
+    def _check_blocks_held(self, source: str, events: list) -> None:
+        held, stored = None, 0
+        for event in events:
+            if event.__class__ is AllBlocksCleared:
+                held, stored = 0, 0
+            elif event.__class__ is BlockStored:
+                stored += len(event.block_hashes)
+        if held is None:
+            held = self._rt.router.index.num_blocks(source)
+        limit = self._rt.subscriber_config.max_source_blocks
+        if held + stored > limit:
+            raise ValueError(f"replica {source} would hold {held + stored} blocks; the limit is {limit} "
+                             "(SubscriberConfig.max_source_blocks)")
+
+    def on_status(self, source: str, status: str, detail: str) -> None:
+        """The subscriber's word on a source (its thread): bad frames (quarantine, above), a loss it
+        could not repair (the tree is dropped and a snapshot asked for), a snapshot applied."""
+        rt = self._rt
+        if status == DEGRADED:
+            logger.warning("replica %s: event stream degraded (%s); routing to it by load only and "
+                           "ignoring its events until it is resynced", source, detail)
+            rt.router.set_degraded(source, detail, BAD_FRAMES)
+            self.quarantined.add(source)
+            rt.router.clear_cache(source)
+        elif status == RECOVERED:
+            logger.info("replica %s: event stream trusted again (%s)", source, detail)
+            self.quarantined.discard(source)
+            rt.router.set_degraded(source, None, BAD_FRAMES)
+        elif status == UNRECOVERED:
+            rt.router.clear_cache(source)  # what it said may be wrong: forget it, relearn it
+            snapshots = rt.subscriber.snapshots_supported(source) is not False
+            rt.stream_watch.on_lost(source, detail, snapshots)
+            if snapshots:
+                rt.subscriber.resync(source)
+        elif status == SNAPSHOT_APPLIED:
+            rt.stream_watch.on_snapshot(source)
+
+    def forget(self, source: str) -> None:
+        """Drop what is known about a removed (or re-registered) replica."""
+        self.quarantined.discard(source)
+        self.dropped_batches.pop(source, None)

@@ -1,0 +1,152 @@
+"""Probing the replicas: ``/health`` and ``/load`` on every poll, ``/server_info`` when one becomes healthy.
+
+A probe is also how a failed replica comes back. ``/load`` is decoded as kvmesh's ``LoadReport``
+(replica/serving/load_report.py); another server's load JSON is read by its keys (``ReplicaLoad.update_report``).
+``/server_info`` says whether a replica's cache can be described by the router's keys (block size,
+tokenizer and chat-template fingerprint; else it is routed by load only) and which body it takes
+(router/http/token_forwarding.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+from kvmesh.replica.serving.load_report import LoadReport
+from kvmesh.router.config import ReplicaSpec
+from kvmesh.router.http.token_forwarding import ServerInfo, upstream_kind
+from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
+from kvmesh.router.routing.kv_router import INCOMPATIBLE
+from kvmesh.router.routing.load import ForeignLoad
+
+if TYPE_CHECKING:
+    from kvmesh.replica.serving.tokenizer import Tokenizer
+    from kvmesh.router.control.runtime import RouterRuntime
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaProbes:
+    """The runtime's probes and the task that polls every replica each ``poll_interval_s``."""
+
+    def __init__(self, runtime: RouterRuntime) -> None:
+        self.runtime = runtime
+        self.pool: UpstreamPool | None = None
+        """The probes' own keep-alive connections (the router's one HTTP client, router/http/upstream.py)."""
+        self._poller: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        cfg = self.runtime.config
+        self.pool = UpstreamPool(cfg.connect_timeout_s, cfg.connect_timeout_s)
+
+    def start_polling(self) -> None:
+        self._poller = asyncio.create_task(self._poll_loop())
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        if self.pool is not None:
+            self.pool.close()
+
+    async def probe(self, spec: ReplicaSpec) -> bool:
+        """GET /health (and /load when it has one); marks the replica healthy or not."""
+        rt = self.runtime
+        timeout_s = rt.config.connect_timeout_s
+        try:
+            status, _, _ = await self.pool.fetch("GET", spec.url, "/health", timeout_s, headers=rt.headers())
+            ok = status == 200
+            if ok:
+                sent_at = time.time()
+                status, _, raw = await self.pool.fetch("GET", spec.url, "/load", timeout_s, headers=rt.headers())
+                report = decode_load(raw) if status == 200 else None
+                load = rt.router.loads.loads.get(spec.replica_id)
+                if report is not None and load is not None:
+                    load.update_report(report)
+                    self.check_stream(spec, report, sent_at, time.time())
+            connect_error = False
+        except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
+            ok, connect_error = False, isinstance(e, UpstreamConnectError)
+        if rt.specs.get(spec.replica_id) is not spec:
+            return ok  # removed or re-registered meanwhile
+        rt.stream_watch.tick(spec.replica_id, rt.subscriber.disconnected_s(spec.replica_id)
+                             if spec.events and rt.subscriber is not None else None)
+        was = spec.replica_id in rt.router.healthy
+        if ok and not was and spec.replica_id not in rt.draining:
+            logger.info("replica %s is healthy", spec.replica_id)
+            await self.check_compatible(spec)
+            rt.router.set_healthy(spec.replica_id, True)
+        elif not ok and was:
+            rt.mark_failed(spec.replica_id, connect_error)
+        elif not ok and connect_error:
+            rt.router.set_healthy(spec.replica_id, False, clear_cache=True)
+        return ok
+
+    def check_stream(self, spec: ReplicaSpec, report: LoadReport | ForeignLoad, sent_at: float,
+                     received_at: float) -> None:
+        """Hold a ``/load`` report (asked for at ``sent_at``, answered at ``received_at``) against the
+        last batch of the replica the router applied: a stalled stream degrades it (StreamWatch)."""
+        rt = self.runtime
+        if not spec.events or rt.subscriber is None:
+            return  # no stream to fall behind
+        stats = rt.subscriber.stats.get(spec.replica_id)
+        applied = stats.last_seq if stats is not None else -1
+        rt.stream_watch.on_report(spec.replica_id, report, applied, sent_at, received_at)
+
+    async def check_compatible(self, spec: ReplicaSpec) -> None:
+        """Degrade (load-only routing) a replica whose cache the router's keys cannot describe: another
+        block size, tokenizer or chat template (its ``/server_info``). Replicas that do not say (vLLM)
+        are trusted. Also notes whether it is a kvmesh replica (``"version": "kvmesh"``), which takes
+        the router's token ids for chat too (router/http/token_forwarding.py)."""
+        rt = self.runtime
+        try:
+            status, _, raw = await self.pool.fetch("GET", spec.url, "/server_info", rt.config.connect_timeout_s,
+                                                   headers=rt.headers())
+            info = msgspec.json.decode(raw) if status == 200 else None
+        except (UpstreamError, OSError, asyncio.TimeoutError, ValueError):
+            info = None
+        info = info if isinstance(info, dict) else None
+        rt.upstream_kinds[spec.replica_id] = upstream_kind(info, rt.tokenizer)
+        reason = incompatibility(info, rt.config.block_size, rt.tokenizer)
+        if reason is not None:
+            logger.warning("replica %s is routed by load only: %s", spec.replica_id, reason)
+            rt.router.set_degraded(spec.replica_id, reason, INCOMPATIBLE)
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(s) for s in list(self.runtime.specs.values())), return_exceptions=True)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.runtime.config.poll_interval_s)
+            try:
+                await self.probe_all()
+            except Exception:  # never let the poller die
+                logger.exception("replica poll failed")
+
+
+def decode_load(raw: bytes) -> LoadReport | ForeignLoad | None:
+    """A ``/load`` body: kvmesh's ``LoadReport``, else another server's JSON object, else None.
+    Raises ``ValueError`` (msgspec's DecodeError) for a body that is not JSON."""
+    try:
+        return msgspec.json.decode(raw, type=LoadReport)
+    except msgspec.ValidationError:
+        value = msgspec.json.decode(raw)
+        return value if isinstance(value, dict) else None
+
+
+def incompatibility(info: ServerInfo | None, block_size: int, tokenizer: Tokenizer | None) -> str | None:
+    """Why a replica's ``/server_info`` shows that its blocks cannot match the router's keys, or None."""
+    if not isinstance(info, dict):
+        return None
+    theirs = info.get("block_size")
+    if isinstance(theirs, int) and theirs != block_size:
+        return f"its block size is {theirs} tokens, the router's {block_size} (set router.block_size to the replicas')"
+    fingerprint = info.get("tokenizer_fingerprint")
+    ours = getattr(tokenizer, "fingerprint", None)
+    if isinstance(fingerprint, str) and ours is not None and fingerprint != ours:
+        return (f"its tokenizer or chat template differs from the router's (fingerprint {fingerprint} != {ours}); "
+                "give the router the replicas' model/tokenizer and frontend.chat_template")
+    return None

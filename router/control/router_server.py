@@ -1,0 +1,136 @@
+"""The assembled router: the runtime (replica set, routing, event intake), its app and the one door.
+
+``RouterServer`` wires the door (router/http/door.py) to the proxied routes (router/http/proxy.py) and
+the app (app.py) on one port, and runs it in a background thread (tests, embedding) or in the
+foreground (the CLI, a worker on an inherited socket). ``companions`` start after the runtime and
+stop before it (a serve worker's ``ControlFollower``, router/control/follow.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.control.app import auth_rule, build_app, error_counter, served_model
+from kvmesh.router.control.runtime import RouterRuntime
+from kvmesh.router.http.door import Door
+from kvmesh.router.http.proxy import Forwarder, proxied_routes
+
+if TYPE_CHECKING:
+    from kvmesh.replica.serving.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class Companion(Protocol):
+    """Something that runs beside the router: started once it serves, stopped before it stops."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+class RouterServer:
+    """The router behind its door (router/http/door.py): ``start()`` in a thread (returns once listening),
+    ``run()`` in the foreground until SIGINT/SIGTERM, ``serve()`` inside a running loop."""
+
+    def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None,
+                 tokenizer: Tokenizer | None = None, extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        self.config = config
+        self.runtime = RouterRuntime(config, replicas, tokenizer)
+        self.app = build_app(self.runtime)
+        routes = proxied_routes(Forwarder(self.runtime), auth_rule(config), served_model(config))
+        self.door = Door(routes, self.app, config.frontend, extra_headers)
+        """Where every request enters (router/http/door.py)."""
+        self.door.on_error = error_counter(self.runtime)
+        self.companions: list[Companion] = []
+        """Run beside the router (started after the runtime, stopped before it)."""
+        self.port = config.port
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    async def serve(self, sock: socket.socket | None = None, graceful_s: float = 2.0, drain_s: float = 0.0,
+                    started: threading.Event | None = None) -> None:
+        """Run the runtime (the app's lifespan) and serve until ``request_stop``; then shut down gracefully
+        (``drain_s``: keep answering open connections with ``Connection: close`` first)."""
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._drain_s = drain_s
+        async with self.door.asgi.lifespan(), contextlib.AsyncExitStack() as companions:
+            for companion in self.companions:
+                await companion.start()
+                companions.push_async_callback(companion.stop)
+            self.port = await self.door.listen(self.config.host, self.config.port, sock)
+            logger.info("kvmesh-router listening on %s", self.url)
+            if started is not None:
+                started.set()
+            await self._stop.wait()
+            await self.door.shutdown(graceful_s, self._drain_s)
+
+    def request_stop(self, drain_s: float | None = None) -> None:
+        """Stop serving (thread-safe); ``drain_s`` replaces the drain period given to ``serve``."""
+        if self._loop is None or self._stop is None:
+            return
+
+        def stop() -> None:
+            if drain_s is not None:
+                self._drain_s = drain_s
+            self._stop.set()
+
+        self._loop.call_soon_threadsafe(stop)
+
+    def run(self, sock: socket.socket | None = None, graceful_s: float = 2.0, drain_s: float = 0.0) -> None:
+        """Serve in the foreground until SIGINT (shut down) or SIGTERM (drain ``drain_s``, then shut down)."""
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGINT, self.request_stop, 0.0)
+            loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+            await self.serve(sock, graceful_s, drain_s)
+
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(main())
+
+    def start(self, timeout: float = 30.0) -> RouterServer:
+        started, error = threading.Event(), []
+
+        def run() -> None:
+            try:
+                with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                    runner.run(self.serve(started=started))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                error.append(e)
+                started.set()
+
+        self._thread = threading.Thread(target=run, name="kvmesh-router", daemon=True)
+        self._thread.start()
+        if not started.wait(timeout) or error:
+            raise RuntimeError(f"router did not start listening on {self.config.host}:{self.config.port}: "
+                               f"{error[0] if error else 'timeout'}")
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self.request_stop()
+        self._thread.join(15)
+        self._thread = None
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when it is installed, else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

@@ -1,0 +1,45 @@
+"""``GET /replicas``: one row per replica, the msgspec Structs read by serve's workers, the CLI and the autoscaler."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ReplicaRow(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One replica as the router sees it (every field is sent but ``exclusive_blocks``, which only
+    ``?drain_cost=true`` computes)."""
+
+    id: str
+    """The replica id (``ReplicaSpec.replica_id``)."""
+    url: str
+    """Its OpenAI HTTP server."""
+    events: str | None
+    """Its KV event stream (ZeroMQ PUB endpoint); None: routed by load only."""
+    replay: str | None
+    """Its replay/snapshot endpoint; None: gaps are not recovered."""
+    healthy: bool
+    """It answers ``/health`` and gets requests."""
+    draining: bool
+    """Out of rotation: its running requests finish, then it is removed."""
+    degraded: str | None
+    """Why its cache information is not trusted (routed by load only); None: trusted."""
+    in_flight: int
+    """Requests all router processes of this host sent it that have not finished."""
+    prefill_backlog: int
+    """Prompt tokens it must prefill before a new request's own prefill starts (``ReplicaLoad``)."""
+    exclusive_blocks: int | None = None
+    """Blocks of the index only this replica holds: what draining it would cost (only when asked for)."""
+
+
+class ReplicaList(msgspec.Struct):
+    """The body of ``GET /replicas``."""
+
+    replicas: list[ReplicaRow]
+
+    def encode(self) -> bytes:
+        return msgspec.json.encode(self)
+
+    @staticmethod
+    def decode(raw: bytes) -> ReplicaList:
+        """Raises ``msgspec.ValidationError`` (a ``ValueError``) for a body that is not a replica list."""
+        return msgspec.json.decode(raw, type=ReplicaList)

@@ -1,0 +1,238 @@
+"""The running router: the replica set, and what lives as long as the door.
+
+``RouterRuntime`` assembles the ``KVRouter`` (router/routing/), the tokenizer and renderer, the
+``EventSubscriber`` feeding the index (event_feed.py), the probes of every replica (probes.py) and the
+replica connection pool (router/http/upstream.py); itself it keeps the replica set. Replicas can be added, re-registered with new endpoints, drained and removed at runtime: a
+draining replica gets no new requests (the health probe never puts it back) while the ones it
+runs, streams included, finish; whoever drains it removes it once ``in_flight`` is 0.
+
+A replica whose cache information cannot be trusted is *degraded*: the router routes to it by load
+only (``KVRouter.set_degraded``), the other replicas are not touched. Causes: blocks that cannot
+match the router's keys (``ReplicaProbes.check_compatible``); a stream that keeps sending bad frames (or batches
+over ``max_source_blocks``; the subscriber's guard, until a snapshot resync -- router/control/event_feed.py,
+which also stops holding such a replica's events meanwhile); a stream that stalled,
+lags or lost batches (``StreamWatch``, router/control/stream_watch.py, from the events and each ``/load``).
+``feed_state()`` says whether the feed's thread runs (for ``/health``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import TYPE_CHECKING, Protocol
+
+from kvmesh.replica.openai.protocol import check_model
+from kvmesh.replica.openai.renderer import PromptRenderer
+from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.control.event_feed import EventFeed
+from kvmesh.router.control.probes import ReplicaProbes
+from kvmesh.router.control.stream_watch import StreamWatch
+from kvmesh.router.http.metrics import RouterMetrics
+from kvmesh.router.http.receipt_metrics import ReceiptMetrics
+from kvmesh.router.http.upstream import UpstreamPool
+from kvmesh.router.routing.kv_router import KVRouter
+from kvmesh.router.routing.session import SessionConfig
+
+if TYPE_CHECKING:
+    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.replica.serving.tokenizer import Tokenizer
+    from kvmesh.router.http.token_forwarding import UpstreamKind
+
+logger = logging.getLogger(__name__)
+
+Json = dict[str, object]
+"""A JSON object answered as it is (the fleet's state and decisions, ``/health``'s feed state)."""
+
+
+class Fleet(Protocol):
+    """Whoever can add and remove replica processes (``kvmesh serve``'s launcher, cluster/fleet.py)."""
+
+    target: int
+    """Replicas the fleet aims for."""
+
+    def request_remove(self, replica_id: str) -> bool: ...
+    def state(self) -> Json: ...
+    def request_scale(self, replicas: int) -> Json: ...
+    def request_rollout(self, engine: Json) -> Json: ...
+
+
+class RouterRuntime:
+    """See the module doc. ``start``/``stop`` run inside the server's event loop."""
+
+    def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None,
+                 tokenizer: Tokenizer | None = None) -> None:
+        self.config = config
+        self.router = KVRouter(config.block_size, config.policy, config.policy_kwargs,
+                               seed=secrets.randbits(64), predict_ttl_s=config.predict_ttl_s,
+                               sessions=SessionConfig(ttl_s=config.session_ttl_s))
+        self.router.hasher.salt_secret = config.cache_salt_secret
+        self.stream_watch = StreamWatch(config.events_max_lag_s, self.router.set_degraded)
+        """Degrades replicas whose event stream stalled, lags or lost batches (router/control/stream_watch.py)."""
+        if tokenizer is None and (config.tokenizer or config.model):
+            from kvmesh.replica.serving.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(config.tokenizer or config.model, max_model_len=config.max_model_len,
+                                       chat_template=config.frontend.chat_template)
+        if tokenizer is not None and config.tokenize_cache_tokens and hasattr(tokenizer, "hf"):
+            from kvmesh.router.routing.tokenize_cache import CachedTokenizer
+
+            # Same ids, pieces between added tokens seen before come from a cache (router/routing/tokenize_cache.py).
+            tokenizer.cache = CachedTokenizer(tokenizer.hf, config.tokenize_cache_tokens)
+        self.tokenizer = tokenizer
+        """The replicas' tokenizer (replica/serving/tokenizer.py); None = route without cache awareness."""
+        self.renderer = PromptRenderer(tokenizer, config.frontend)
+        """Renders requests to token ids off the event loop, as the replicas do."""
+        self.metrics = RouterMetrics(self.metrics_state)
+        self.receipt_metrics = ReceiptMetrics(self.metrics.registry, self.router.receipts)
+        """Captured / available reuse and stale-index predictions, from the route receipts."""
+        self.specs: dict[str, ReplicaSpec] = {}
+        self._initial = list(replicas or [])
+        self.probes = ReplicaProbes(self)
+        """Probes every replica's /health and /load, and /server_info when it becomes healthy (probes.py)."""
+        self.pool: UpstreamPool | None = None
+        """Keep-alive connections to the replicas carrying the proxied requests (router/http/upstream.py)."""
+        self.draining: set[str] = set()
+        """Replicas that get no new requests (``drain``) until removed or re-registered."""
+        self.upstream_kinds: dict[str, UpstreamKind] = {}
+        """Replica id -> what it accepts instead of text (router/http/token_forwarding.py), from ``/server_info``."""
+        self.fleet: Fleet | None = None
+        """Whoever can add and remove replica processes (``kvmesh serve``'s launcher); None = fixed set."""
+        self.subscriber: EventSubscriber | None = None
+        """The KV event feed's subscriber (started with the runtime)."""
+        from kvmesh.events.subscriber import SubscriberConfig
+
+        self.subscriber_config = SubscriberConfig(
+            curve_server_key=config.events_curve_server_key, curve_public_key=config.events_curve_public_key,
+            curve_secret_key=config.events_curve_secret_key, max_payload_bytes=config.events_max_payload_bytes,
+            max_source_blocks=config.events_max_source_blocks,
+            # a 16-token block is ~90 B of snapshot: room for a whole cache of events_max_source_blocks
+            max_snapshot_bytes=max(SubscriberConfig.max_snapshot_bytes, 128 * config.events_max_source_blocks))
+        """Limits of the event feed (bad-frame threshold, blocks per source, back-off)."""
+        self.feed = EventFeed(self)
+        """Applies the subscriber's batches and statuses (router/control/event_feed.py)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        from kvmesh.events.subscriber import EventSubscriber
+
+        self._loop = asyncio.get_running_loop()
+        cfg = self.config
+        await self.probes.start()
+        self.pool = UpstreamPool(cfg.connect_timeout_s, cfg.request_timeout_s)
+        self.subscriber = EventSubscriber(on_batch=self.feed.on_batch, config=self.subscriber_config,
+                                          on_status=self.feed.on_status).start()
+        for spec in self._initial:
+            self.add_replica(spec)
+        await self.probes.probe_all()
+        self.probes.start_polling()
+
+    async def stop(self) -> None:
+        await self.probes.stop()
+        if self.subscriber is not None:
+            await asyncio.to_thread(self.subscriber.close)
+        if self.pool is not None:
+            self.pool.close()
+        self.renderer.close()
+
+    def check_model(self, model: str | None) -> None:
+        """404 for a model other than ``served_model_name`` (None accepts any) or the path a replica also accepts."""
+        if self.config.served_model_name is not None:
+            check_model(model, self.config.served_model_name, aliases=(self.config.model,) if self.config.model else ())
+
+    # ---------------------------------------------------------------- replica set
+    def add_replica(self, spec: ReplicaSpec) -> None:
+        """Register a replica, or re-register it with new endpoints (its tree is dropped then)."""
+        old = self.specs.get(spec.replica_id)
+        if old == spec:
+            return
+        if old is not None:
+            self.remove_replica(spec.replica_id)
+        self.specs[spec.replica_id] = spec
+        self.draining.discard(spec.replica_id)
+        self.router.add_replica(spec.replica_id, healthy=False)
+        if spec.events and self.subscriber is not None:
+            from kvmesh.events.subscriber import PublisherSource
+
+            self.subscriber.add_source(PublisherSource(spec.replica_id, spec.events, spec.replay))
+        if self._loop is not None:  # probe now rather than at the next poll
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.probes.probe(spec)))
+        logger.info("replica %s registered at %s (events %s)", spec.replica_id, spec.url, spec.events)
+
+    def remove_replica(self, replica_id: str) -> bool:
+        spec = self.specs.pop(replica_id, None)
+        self.draining.discard(replica_id)
+        self.upstream_kinds.pop(replica_id, None)
+        if spec is None:
+            return False
+        if spec.events and self.subscriber is not None:
+            self.subscriber.remove_source(replica_id)
+        self.router.remove_replica(replica_id)
+        self.stream_watch.forget(replica_id)
+        self.feed.forget(replica_id)
+        self.metrics.last_event_lag.pop(replica_id, None)
+        return True
+
+    def drain(self, replica_id: str) -> bool:
+        """Stop routing new requests to a replica; running ones finish. False: no such replica."""
+        if replica_id not in self.specs:
+            return False
+        if replica_id not in self.draining:
+            logger.info("replica %s draining: no new requests, %d in flight", replica_id,
+                        self.in_flight(replica_id))
+        self.draining.add(replica_id)
+        self.router.set_healthy(replica_id, False)
+        return True
+
+    def in_flight(self, replica_id: str) -> int:
+        """Requests this router (all its processes, when they share counts) sent to the replica that
+        have not finished (streams until their last byte)."""
+        loads = self.router.loads
+        load = loads.loads.get(replica_id)
+        if load is None:
+            return 0
+        loads.refresh()
+        return load.total_in_flight
+
+    def mark_failed(self, replica_id: str, connect_error: bool) -> None:
+        """A request to the replica failed: stop routing to it until a probe succeeds.
+
+        A refused connection means the process is gone and its cache with it: drop its tree.
+        """
+        if replica_id in self.router.healthy:
+            logger.warning("replica %s failed; routing around it until it answers /health", replica_id)
+        self.router.set_healthy(replica_id, False, clear_cache=connect_error)
+
+    def headers(self) -> dict[str, str]:
+        key = self.config.replica_api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    # ---------------------------------------------------------------- events
+    def feed_state(self) -> Json:
+        """The event feed's thread: ``alive`` (bool), ``error`` (its last crash, or None) and
+        ``restarts`` -- for ``/health`` (a dead feed freezes cache-aware routing)."""
+        sub = self.subscriber
+        if sub is None:
+            return {"alive": False, "error": "the event feed is not started", "restarts": 0}
+        return {"alive": sub.feed_alive, "error": sub.feed_error, "restarts": sub.feed_restarts}
+
+    # ---------------------------------------------------------------- metrics
+    def metrics_state(self) -> dict:
+        r = self.router
+        with r.lock:
+            index_blocks = {str(rid): r.index.num_blocks(rid) for rid in r.index.replica_ids}
+            loads = {str(rid): load for rid, load in r.loads.loads.items()}
+            stats = r.index.stats
+            out = {
+                "index_blocks": index_blocks, "index_keys": r.index.num_keys,
+                "events_applied": r.events_applied,
+                "index": {"orphan_blocks": stats.orphan_blocks, "unknown_removals": stats.unknown_removals},
+                "healthy": {rid: rid in r.healthy for rid in loads}, "loads": loads,
+                "degraded": {str(rid): dict(r.degraded_causes.get(rid, {})) for rid in r.loads.loads},
+            }
+        sub = self.subscriber.stats if self.subscriber is not None else {}
+        out["subscriber"] = {name: st.as_dict() for name, st in sub.items()}
+        out["event_lag"] = dict(self.metrics.last_event_lag)
+        out["feed"] = self.feed_state()
+        return out

@@ -1,0 +1,185 @@
+"""Is a replica's KV event stream current? Stalled, lagging or lost -> degraded; caught up -> exact.
+
+The index is only as good as the stream it folds. Besides bad frames (events/subscriber_guard.py),
+three failures make it wrong, each a cause of ``KVRouter.set_degraded`` (routing by load only):
+
+- stalled: the replica's ``/load`` says its publisher sent batch N (``kv_events_seq``) and the
+  router has not applied N ``max_lag_s`` after it first heard of it (the PUB connection is dead,
+  the router's feed is stuck); or batches wait unsent in the replica's publisher longer than
+  ``max_lag_s`` (``kv_events_unsent_s``: its I/O thread died); or the connection to its publisher
+  has been down that long (the subscriber's socket monitor; what a vLLM replica shows of it).
+- lagging: a batch is applied more than ``max_lag_s`` after it was published (its ``ts``, on the
+  replica's clock: the offset between the clocks is estimated from ``/load``'s ``timestamp``).
+- lost: the subscriber gave a gap up (replay and snapshot could not fill it). The replica's tree
+  is dropped at once and a snapshot resync asked for (``EventFeed.on_status``, router/control/event_feed.py).
+
+Each cause clears by itself: stalled once the applied seq reaches the reported one; lagging on a
+batch applied in time, or once nothing published is left to apply and no batch came late for
+``max_lag_s`` (a stream late by a steady delay does not flap); lost once a snapshot is applied
+(a source without snapshots: ``max_lag_s`` after the loss -- its tree, dropped at the loss, holds
+only what the stream said since). An idle replica publishes nothing and reports the seq the router
+applied: never degraded. A replica whose ``/load`` has no ``kv_events_seq`` (vLLM) is watched for
+its connection, lag (clocks assumed in sync) and loss only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+
+from kvmesh.replica.serving.load_report import LoadReport
+from kvmesh.router.routing.kv_router import LAGGING, LOST_EVENTS, STALLED
+from kvmesh.router.routing.load import ForeignLoad
+
+logger = logging.getLogger(__name__)
+
+
+class _Stream:
+    __slots__ = ("behind", "clock_offset", "lagged_at", "lagging", "lost_at", "lost_until_snapshot", "stalled",
+                 "stalled_by")
+
+    def __init__(self) -> None:
+        self.behind: tuple[int, float] | None = None
+        """(reported seq, when first seen) of the oldest report the router has not caught up with."""
+        self.clock_offset = 0.0
+        """The replica's clock minus the router's (seconds), from its last ``/load``."""
+        self.stalled = self.lagging = False
+        self.lagged_at = 0.0
+        """When (router's ``time.time()``) the last late batch was applied."""
+        self.stalled_by: dict[str, str] = {}
+        """What shows the stall ("report": ``/load``, "link": the connection) -> its reason."""
+        self.lost_at: float | None = None
+        self.lost_until_snapshot = False
+
+
+class StreamWatch:
+    """Per-replica stream checks (see the module doc). ``on_batch``, ``on_lost`` and ``on_snapshot``
+    run on the subscriber's thread, ``on_report`` and ``tick`` on the poller's."""
+
+    def __init__(self, max_lag_s: float, set_degraded: Callable[[Hashable, str | None, str], None]) -> None:
+        self.max_lag_s = max_lag_s
+        self._set = set_degraded
+        self._streams: dict[Hashable, _Stream] = {}
+        self._lock = threading.Lock()
+
+    def _stream(self, replica_id: Hashable) -> _Stream:
+        st = self._streams.get(replica_id)
+        if st is None:
+            with self._lock:
+                st = self._streams.setdefault(replica_id, _Stream())
+        return st
+
+    def forget(self, replica_id: Hashable) -> None:
+        """A removed (or re-registered) replica starts over."""
+        with self._lock:
+            self._streams.pop(replica_id, None)
+
+    # ---------------------------------------------------------------- subscriber thread
+    def on_batch(self, replica_id: Hashable, batch_ts: float, now: float | None = None) -> None:
+        """A batch was applied (``now``: the router's ``time.time()``)."""
+        st = self._stream(replica_id)
+        now = time.time() if now is None else now
+        lag = now + st.clock_offset - batch_ts
+        if lag > self.max_lag_s:
+            first, st.lagging, st.lagged_at = not st.lagging, True, now
+            self._mark(replica_id, first, LAGGING,
+                       f"event stream lagging: a batch applied {lag:.1f}s after it was published "
+                       f"(events_max_lag_s={self.max_lag_s:g})")
+        elif st.lagging:
+            st.lagging = False
+            self._clear(replica_id, LAGGING, "a batch applied in time")
+
+    def on_lost(self, replica_id: Hashable, detail: str, has_snapshots: bool, now: float | None = None) -> None:
+        """The subscriber gave a gap of this replica up."""
+        st = self._stream(replica_id)
+        first = st.lost_at is None
+        st.lost_at = time.monotonic() if now is None else now
+        st.lost_until_snapshot = has_snapshots
+        then = ("resyncing from a snapshot" if has_snapshots else
+                f"its cached blocks were forgotten and are relearned from new events for {self.max_lag_s:g}s")
+        self._mark(replica_id, first, LOST_EVENTS, f"lost events ({detail}); {then}")
+
+    def on_snapshot(self, replica_id: Hashable) -> None:
+        """A snapshot replaced everything the router knew of this replica."""
+        st = self._streams.get(replica_id)
+        if st is not None and st.lost_at is not None:
+            st.lost_at = None
+            self._clear(replica_id, LOST_EVENTS, "resynced from a snapshot")
+
+    # ---------------------------------------------------------------- poller
+    def on_report(self, replica_id: Hashable, report: LoadReport | ForeignLoad, applied_seq: int, sent_at: float,
+                  received_at: float, now: float | None = None) -> None:
+        """A ``/load`` report, asked for at ``sent_at`` and answered at ``received_at`` (router's
+        ``time.time()``); ``applied_seq``: the last seq of this replica the router applied, read
+        after the answer arrived. ``now``: ``time.monotonic()``."""
+        st = self._stream(replica_id)
+        now = time.monotonic() if now is None else now
+        if isinstance(report, LoadReport):
+            stamp, published, unsent_s = report.timestamp, report.kv_events_seq, report.kv_events_unsent_s
+        else:
+            stamp, published = report.get("timestamp"), report.get("kv_events_seq")
+            unsent_s = report.get("kv_events_unsent_s")
+        if isinstance(stamp, int | float) and not isinstance(stamp, bool):
+            st.clock_offset = float(stamp) - (sent_at + received_at) / 2
+        if not isinstance(published, int) or isinstance(published, bool):
+            return  # a replica that does not say (vLLM): lag and loss only
+        why = None
+        if applied_seq >= published:
+            st.behind = None
+            # A stream that is always late catches up after each late batch: stay degraded until
+            # nothing late came for max_lag_s, so it does not flap between degraded and exact.
+            if st.lagging and received_at - st.lagged_at > self.max_lag_s:
+                st.lagging = False
+                self._clear(replica_id, LAGGING, f"every published batch is applied, none late for "
+                                                 f"{self.max_lag_s:g}s")
+        else:
+            if st.behind is None or applied_seq >= st.behind[0]:
+                st.behind = (published, now)
+            behind_s = now - st.behind[1]
+            if behind_s > self.max_lag_s:
+                why = (f"event stream stalled: {published - applied_seq} batches published but not applied "
+                       f"for {behind_s:.0f}s")
+        if isinstance(unsent_s, int | float) and unsent_s > self.max_lag_s:
+            why = f"event stream stalled: the replica's publisher has not sent its batches of the last {unsent_s:.0f}s"
+        self._stall(replica_id, st, "report", why)
+
+    def tick(self, replica_id: Hashable, disconnected_s: float | None = None, now: float | None = None) -> None:
+        """Once per poll: ``disconnected_s``, how long the connection to the replica's publisher has
+        been down (None: up, or not ours to tell); and a loss on a source without snapshots may
+        have been outlived."""
+        now = time.monotonic() if now is None else now
+        if disconnected_s is not None and disconnected_s > self.max_lag_s:
+            self._stall(replica_id, self._stream(replica_id), "link",
+                        f"event stream stalled: no connection to its publisher for {disconnected_s:.0f}s")
+        st = self._streams.get(replica_id)
+        if st is None:
+            return
+        if disconnected_s is None or disconnected_s <= self.max_lag_s:
+            self._stall(replica_id, st, "link", None)
+        if st.lost_at is not None and not st.lost_until_snapshot and now - st.lost_at > self.max_lag_s:
+            st.lost_at = None
+            self._clear(replica_id, LOST_EVENTS, f"no further loss for {self.max_lag_s:g}s")
+
+    # ---------------------------------------------------------------- helpers
+    def _stall(self, replica_id: Hashable, st: _Stream, by: str, why: str | None) -> None:
+        """What ``by`` shows of a stall: ``why``, or None (nothing); stalled while either shows one."""
+        if why is None:
+            if st.stalled_by.pop(by, None) is None or st.stalled_by:
+                return
+            st.stalled = False
+            self._clear(replica_id, STALLED, "caught up")
+            return
+        st.stalled_by[by] = why
+        first, st.stalled = not st.stalled, True
+        self._mark(replica_id, first, STALLED, "; ".join(st.stalled_by.values()))
+
+    def _mark(self, replica_id: Hashable, first: bool, cause: str, reason: str) -> None:
+        if first:  # the reason is updated at every check, logged once
+            logger.warning("replica %s: %s; routing to it by load only", replica_id, reason)
+        self._set(replica_id, reason, cause)
+
+    def _clear(self, replica_id: Hashable, cause: str, why: str) -> None:
+        logger.info("replica %s: event stream exact again (%s)", replica_id, why)
+        self._set(replica_id, None, cause)

@@ -1,0 +1,299 @@
+"""One client connection of the door: HTTP/1.1 parsed by httptools, requests answered in order.
+
+What it guarantees, as the uvicorn stack did:
+
+- keep-alive; ``Connection: close`` and HTTP/1.0 are honoured; chunked request bodies; ``Expect:
+  100-continue`` is answered when the handler first reads the body (messages.py);
+- a request head must arrive within ``header_timeout_s`` of the connection opening or of its first
+  byte (slowloris), a body within ``body_timeout_s`` (408); idle keep-alive connections close after
+  ``keep_alive_s``; more than ``max_body_bytes`` of body is a 413 (announced: before reading it);
+- malformed HTTP gets a 400 (OpenAI-shaped) and the connection closes; a handler's bug is a 500;
+- a client that disconnects cancels the handler of its current request (so the replica request is
+  closed) and of a stream being sent.
+
+Pipelined requests wait their turn, their bodies buffered. Every socket has TCP_NODELAY; each chunk of
+a streamed body is written as it comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+import httptools
+import msgspec
+from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.router.http.deadline import Deadline
+from kvmesh.router.http.messages import Request, Response, error_response
+
+if TYPE_CHECKING:
+    from kvmesh.router.http.door import Door
+
+logger = logging.getLogger(__name__)
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_MAX_PIPELINED = 32
+"""Queued pipelined requests at which the connection stops reading until they are answered."""
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection (see the module doc)."""
+
+    def __init__(self, server: Door) -> None:
+        self.server = server
+        """The door that accepted the connection: its handlers, limits and draining state."""
+        self.config = server.config
+        self.loop = asyncio.get_event_loop()
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.reading: Request | None = None
+        """The request whose head/body the parser is in."""
+        self.queue: collections.deque[Request] = collections.deque()
+        """Requests waiting to be answered, the first being answered now."""
+        self.task: asyncio.Task | None = None
+        """Answers the queue, one request after the other (started by the first request)."""
+        self._next: asyncio.Future | None = None
+        """What the task waits on while the queue is empty."""
+        self._url = b""
+        self._head: list[tuple[bytes, bytes]] = []
+        self._deadline = Deadline(self.loop, self._timed_out)
+        """The head / keep-alive timeout (re-armed per request without a new timer)."""
+        self._timeout: tuple[float, str] = (0.0, "")
+        """The armed timeout's seconds and why it closes the connection (for the log)."""
+        self._idle = False
+        self._paused = False
+        self._drained: asyncio.Future | None = None
+        self._write_paused = False
+
+    # ---------------------------------------------------------------- asyncio.Protocol
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:  # not TCP (a unix socket)
+                pass
+        self.server.connections.add(self)
+        self._arm(self.config.header_timeout_s, "sent no complete request head")
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(ProtocolError("protocol upgrades are not supported", 400))
+        except httptools.HttpParserError as e:
+            self._refuse(ProtocolError(f"malformed HTTP request: {e}", 400))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._deadline.cancel()
+        self.server.connections.discard(self)
+        for request in self.queue:
+            request._wake()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the client left: the replica request (or stream) is closed
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    # ---------------------------------------------------------------- httptools callbacks
+    def on_message_begin(self) -> None:
+        if not self._deadline.armed or self._idle:  # the head's deadline runs from its first byte
+            self._arm(self.config.header_timeout_s, "sent no complete request head")
+        self._url = b""
+        self._head = []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        request = self.reading = Request(self, self.parser.get_method(), self._url)
+        request.raw_headers = self._head
+        request.keep_alive = self.parser.should_keep_alive()
+        request.http_version = self.parser.get_http_version()
+        limit = self.config.max_body_bytes
+        for name, value in request.raw_headers:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                request.too_large = True  # refused before its body is read; the connection closes after
+                request.size = int(value)
+            elif name == b"expect" and value.lower() == b"100-continue":
+                request.expect_continue = True
+        self.queue.append(request)
+        if self.task is None:
+            self.task = self.loop.create_task(self._answer_queue())
+        elif self._next is not None and not self._next.done():
+            self._next.set_result(None)
+        if len(self.queue) > _MAX_PIPELINED and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def on_body(self, body: bytes) -> None:
+        request = self.reading
+        if request.too_large:
+            return  # dropped; the answer is a 413 and the connection closes
+        request.size += len(body)
+        request.chunks.append(body)
+        if request.size > self.config.max_body_bytes:
+            request.too_large = True
+        request._wake()
+
+    def on_message_complete(self) -> None:
+        request, self.reading = self.reading, None
+        request.complete = True
+        request._wake()
+
+    # ---------------------------------------------------------------- answering
+    async def _answer_queue(self) -> None:
+        """The connection's one task: answer the queued requests in order, wait for the next (keep-alive)."""
+        try:
+            while True:
+                while self.queue:
+                    request = self.queue[0]
+                    if request is _CLOSE or not await self._answer(request):
+                        self.transport.close()
+                        return
+                    self.queue.popleft()
+                    if self._paused and len(self.queue) <= _MAX_PIPELINED:
+                        self._paused = False
+                        self.transport.resume_reading()
+                if self.server.draining:
+                    self.transport.close()
+                    return
+                if self.reading is None:
+                    self._arm(self.config.keep_alive_s, "was idle", idle=True)
+                self._next = self.loop.create_future()
+                await self._next
+        except asyncio.CancelledError:
+            return
+
+    async def _answer(self, request: Request) -> bool:
+        """Answer one request; whether the connection stays open."""
+        if request.too_large:  # announced too large: answer before reading on
+            return await self.send(request, error_response(ProtocolError(
+                f"request body has {request.size} bytes; the limit is {self.config.max_body_bytes}", 413)),
+                close=True, error=True)
+        return await self.server.answer(self, request)
+
+    def keeps_alive(self, request: Request, close: bool) -> bool:
+        """Whether the connection stays open after this answer (the unread rest of a body ends it)."""
+        return not (close or self.server.draining or not request.keep_alive or not request.complete)
+
+    def head(self, request: Request, status: int, headers, length: int | None, keep: bool,
+             chunked: bool = False) -> bytes:
+        """The status line and headers, with ``content-length: length`` unless None, or chunked encoding."""
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
+        lines += [k + b": " + v + b"\r\n" for k, v in headers]
+        if length is not None:
+            lines.append(b"content-length: %d\r\n" % length)
+        elif chunked:
+            lines.append(b"transfer-encoding: chunked\r\n")
+        if not keep:
+            lines.append(b"connection: close\r\n")
+        elif request.http_version == "1.0":
+            lines.append(b"connection: keep-alive\r\n")
+        lines.append(self.server.extra_head)
+        lines.append(b"\r\n")
+        request.started = True
+        return b"".join(lines)
+
+    async def send(self, request: Request, response: Response, close: bool = False, error: bool = False) -> bool:
+        """Write ``response``; whether the connection stays open."""
+        if error and self.server.on_error is not None:
+            self.server.on_error(ProtocolError("", response.status))
+        keep = self.keeps_alive(request, close)
+        headers = [(b"content-type", response.media_type.encode("latin-1"))]
+        headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
+        if response.stream is None:
+            head = self.head(request, response.status, headers, len(response.body), keep)
+            self.write(head + response.body if request.method != b"HEAD" else head)
+            return keep
+        chunked = request.http_version != "1.0"
+        keep = keep and chunked  # an HTTP/1.0 stream ends when the connection closes
+        self.write(self.head(request, response.status, headers, None, keep, chunked))
+        stream = response.stream
+        try:
+            async for chunk in stream:
+                if chunk:
+                    self.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    if self._write_paused:
+                        await self.drain()
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        if chunked:
+            self.write(b"0\r\n\r\n")
+        return keep
+
+    def write(self, data: bytes) -> None:
+        if not self.lost:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait until the client took what was written (a slow reader holds the stream back)."""
+        if self._write_paused and not self.lost:
+            self._drained = self.loop.create_future()
+            await self._drained
+
+    # ---------------------------------------------------------------- timers and closing
+    def _arm(self, seconds: float, why: str, idle: bool = False) -> None:
+        self._idle = idle
+        self._timeout = (seconds, why)
+        self._deadline.arm(seconds)
+
+    def _disarm(self) -> None:
+        self._deadline.disarm()
+
+    def _timed_out(self) -> None:
+        seconds, why = self._timeout
+        if not self.queue and not self.transport.is_closing():
+            logger.debug("closing a connection that %s for %.0fs", why, seconds)
+            self.transport.close()
+
+    def _refuse(self, e: ProtocolError) -> None:
+        """Malformed input: a 400 unless an answer is under way, then close."""
+        self.transport.pause_reading()
+        if not self.queue:
+            if self.server.on_error is not None:
+                self.server.on_error(e)
+            body = msgspec.json.encode(e.to_dict())
+            request = Request(self, b"GET", b"/")
+            self.write(self.head(request, e.status_code, [(b"content-type", b"application/json")], len(body),
+                                 keep=False) + body)
+            self.transport.close()
+        else:  # answer the requests that parsed; the task closes the connection when they are done
+            if self.reading is not None and self.reading in self.queue:  # its body was malformed
+                self.reading.error = e
+                self.reading._wake()
+            self.queue.append(_CLOSE)
+            self.reading = None
+
+    def close_if_idle(self) -> None:
+        if not self.queue:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self.transport.close()
+
+
+_CLOSE = Request(None, b"", b"")
+"""Queued after the last request a connection could parse: closes it once those are answered."""

@@ -1,0 +1,262 @@
+"""The proxy: one OpenAI request read, tokenized, routed and sent to a replica, its answer passed back.
+
+    handle: read (body -> ProxyRequest) -> dispatch (route -> open on a replica, retry) -> answer
+
+A replica that fails before sending its first byte (refused connection, reset, 5xx) is excluded
+and the request goes to the next choice, up to ``max_attempts`` replicas; a refused connection
+also marks the replica unhealthy. Once bytes flow they go to the client (relay.py), and a stream
+that breaks then goes on from another replica (migration.py). A client that disconnects before its
+answer cancels the upstream request (the replica sees the connection close and aborts it). Each
+replica gets the body in the form it takes (``ProxyRequest.for_kind``: tokenize once); a stream's
+asks for ``"return_token_ids": true``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from kvmesh.replica.openai import protocol as p
+from kvmesh.replica.openai.body import parse_off_loop
+from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.router.http.messages import Request, Response
+from kvmesh.router.http.migration import MigratingStream
+from kvmesh.router.http.proxy_request import ProxyRequest
+from kvmesh.router.http.relay import UPSTREAM_ERRORS, Opened, StreamRelay, let_go
+from kvmesh.router.http.token_forwarding import TEXT, UpstreamKind
+from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamPool
+from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
+from kvmesh.router.routing.policies import NoReplicaError
+from kvmesh.router.routing.receipts import HEADER_OPT_IN
+
+if TYPE_CHECKING:
+    from kvmesh.replica.openai.auth import AuthMiddleware
+    from kvmesh.replica.openai.renderer import PromptRenderer
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.serving.tokenizer import Tokenizer
+    from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.http.door import Handler
+    from kvmesh.router.http.metrics import RouterMetrics
+    from kvmesh.router.http.receipt_metrics import ReceiptMetrics
+
+access_log = logging.getLogger("kvmesh.router.access")
+"""One JSON line per request with its route receipt (``router.access_log``)."""
+OpenAIRequest = p.CompletionRequest | p.ChatCompletionRequest
+"""A validated body of one of the two proxied paths."""
+SESSION_HEADER = b"x-session-id"
+"""Request header naming a conversation/agent session (else the body's ``user``): soft affinity."""
+HEADER_OPT_IN_BYTES = HEADER_OPT_IN.encode()
+_CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+
+
+class Replicas(Protocol):
+    """What the proxy needs of the running router (``RouterRuntime``, router/control/runtime.py)."""
+
+    config: RouterConfig
+    router: KVRouter
+    tokenizer: Tokenizer | None
+    renderer: PromptRenderer
+    metrics: RouterMetrics
+    receipt_metrics: ReceiptMetrics
+    specs: dict[str, ReplicaSpec]
+    upstream_kinds: dict[str, UpstreamKind]
+    pool: UpstreamPool | None
+
+    def check_model(self, model: str | None) -> None: ...
+    def mark_failed(self, replica_id: str, connect_error: bool) -> None: ...
+    def headers(self) -> dict[str, str]: ...
+
+
+class Forwarder:
+    """The /v1/completions and /v1/chat/completions handlers of the router."""
+
+    def __init__(self, runtime: Replicas) -> None:
+        self.runtime = runtime
+        self.relay = StreamRelay(runtime, self.dispatch, self.report_cached)
+        """Relays streams and migrates them when their replica fails mid-way (relay.py)."""
+
+    # ---------------------------------------------------------------- request -> token ids
+    async def parse(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[int]]:
+        """Validate the body and render its prompts exactly as the replica will (ProtocolError on bad input);
+        the token ids to route by (a batch of prompts goes to one replica, by its first prompt)."""
+        req, prompts = await self.parse_prompts(raw, chat)
+        return req, prompts[0] if prompts else []
+
+    async def parse_prompts(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]]]:
+        """``parse``, with the token ids of every prompt of the request (none without a tokenizer)."""
+        req, prompts, _ = await self._validate(raw, chat)
+        return req, prompts
+
+    async def _validate(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]], SamplingParams | None]:
+        """The body, the token ids of its prompts and the first prompt's sampling parameters, each prompt
+        checked against the context as the replica checks it (max_tokens, sampling)."""
+        svc = self.runtime
+        req = await parse_off_loop(raw, p.ChatCompletionRequest if chat else p.CompletionRequest, svc.renderer.run)
+        svc.check_model(req.model)
+        if svc.tokenizer is None:  # no tokenizer configured: load-only routing, the replica validates
+            return req, [], None
+        if chat:
+            prompts = [await svc.renderer.request(req)]
+        else:  # a batch of prompts is routed by its first; every prompt is checked, as the replica does
+            prompts = [await svc.renderer.completion(prompt) for prompt in req.prompts()]
+        params: list[SamplingParams] = [req.to_sampling_params(len(ids), svc.tokenizer.max_model_len)
+                                        for ids in prompts]
+        return req, prompts, params[0] if params else None
+
+    async def read(self, http: Request, path: str, chat: bool) -> ProxyRequest:
+        """The client's request, validated and tokenized (a stream with its migration state)."""
+        svc = self.runtime
+        raw = await http.body()
+        t0 = time.perf_counter_ns()
+        req, prompts, params = await self._validate(raw, chat)
+        request = ProxyRequest(raw, req, prompts, chat, svc.config.forward_token_ids, path=path,
+                               session_id=http.header(SESSION_HEADER) or getattr(req, "user", None),
+                               wants_receipt=http.header(HEADER_OPT_IN_BYTES) is not None,
+                               tokenize_ns=time.perf_counter_ns() - t0, sampling_params=params)
+        if req.stream:
+            request.stream = MigratingStream(req, chat, request.route_ids, svc.tokenizer, svc.config.migration_limit,
+                                             params=params)
+            if svc.config.migration_limit and not req.return_token_ids:
+                request.ask_for_token_ids()
+        return request
+
+    # ---------------------------------------------------------------- proxy
+    async def handle(self, http: Request, path: str, chat: bool) -> Response:
+        """Answer one request (the door's ``Request``, router/http/door.py). A client that disconnects
+        cancels this coroutine (the door does), which closes the upstream connection."""
+        request = await self.read(http, path, chat)
+        opened = await self.dispatch(request, [])
+        response = await self._answer(request, opened)
+        if request.wants_receipt:
+            response.headers.update(opened.decision.receipt.headers())
+        return response
+
+    async def dispatch(self, request: ProxyRequest, tried: list[str]) -> Opened:
+        """Open ``request`` on the best replica not ``tried``, moving on when one fails before its first byte;
+        the last attempt's 5xx if all failed so. Each replica gets the body in the form it takes."""
+        svc, router = self.runtime, self.runtime.router
+        headers = {"content-type": "application/json", **svc.headers()}
+        ids = request.route_ids
+        for attempt in range(svc.config.max_attempts):
+            try:
+                decision = router.route(ids, request.salt, exclude=tried, session_id=request.session_id)
+            except NoReplicaError as e:
+                raise ProtocolError(str(e), 503) from None
+            if attempt == 0 and request.tokenize_ns is not None:
+                svc.metrics.observe_stages(request.tokenize_ns, decision.timings_ns)
+            rid = decision.replica_id
+            spec = svc.specs.get(rid)
+            if spec is None:  # removed meanwhile
+                tried.append(rid)
+                continue
+            router.loads.on_dispatch(rid, decision.uncached_tokens)
+            try:
+                opened = await self._open(spec.url, request, svc.upstream_kinds.get(rid, TEXT), headers, decision)
+            except asyncio.CancelledError:  # the client left: nothing reached it
+                router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
+                raise
+            failed = isinstance(opened, Exception)
+            if failed or opened.upstream.status >= 500:
+                if not failed and attempt + 1 == svc.config.max_attempts:  # pass the last error through
+                    router.loads.on_first_output(rid, decision.uncached_tokens)
+                    return opened
+                router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
+                if failed:
+                    svc.mark_failed(rid, isinstance(opened, UpstreamConnectError))
+                else:
+                    opened.upstream.close()
+                svc.metrics.child(svc.metrics.retries, str(rid)).inc()
+                tried.append(rid)
+                continue
+            router.loads.on_first_output(rid, decision.uncached_tokens)
+            self._count_decision(decision, len(ids))
+            return opened
+        raise ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
+                            "retry later", 503)
+
+    async def _open(self, url: str, request: ProxyRequest, kind: UpstreamKind, headers: dict[str, str],
+                    decision: RouteDecision) -> Opened | Exception:
+        """Send the request and wait for the first body bytes (or the error that came instead)."""
+        try:
+            upstream = await self.runtime.pool.post(url, request.path, request.for_kind(kind), headers)
+        except UPSTREAM_ERRORS as e:
+            return e
+        try:
+            first = await upstream.__anext__()
+        except StopAsyncIteration:
+            first = b""
+        except UPSTREAM_ERRORS as e:
+            upstream.close()
+            return e
+        except BaseException:  # cancelled: close the connection so the replica aborts the request
+            upstream.close()
+            raise
+        return Opened(upstream, first, upstream, decision)
+
+    def _count_decision(self, decision: RouteDecision, prompt_tokens: int) -> None:
+        m, rid = self.runtime.metrics, str(decision.replica_id)
+        m.child(m.decisions, rid, self.runtime.router.policy_name).inc()
+        m.child(m.predicted_hit_tokens, rid).inc(decision.predicted_hit_tokens)
+        m.child(m.prompt_tokens, rid).inc(prompt_tokens)
+        self.runtime.receipt_metrics.on_route(decision.receipt)
+
+    def report_cached(self, decision: RouteDecision, chunk: bytes) -> None:
+        """Count the cached tokens a replica reported in ``chunk`` (usage), against the route's receipt."""
+        if b"cached_tokens" in chunk:
+            found = _CACHED.findall(chunk)
+            if found:
+                svc, cached = self.runtime, int(found[-1])
+                svc.metrics.child(svc.metrics.reported_cached_tokens, str(decision.replica_id)).inc(cached)
+                receipt = svc.router.receipts.record_actual(decision.receipt, cached)
+                svc.receipt_metrics.on_actual(receipt)
+                if svc.config.access_log:
+                    access_log.info("%s", json.dumps(receipt.log_fields()))
+
+    async def _answer(self, request: ProxyRequest, opened: Opened) -> Response:
+        """The client's answer: a stream relayed (and migrated if need be), or the whole body."""
+        upstream, decision = opened.upstream, opened.decision
+        rid, loads = decision.replica_id, self.runtime.router.loads
+        media = upstream.headers.get("content-type", "application/json")
+        status = upstream.status
+        if request.stream is not None and status == 200:
+            return Response(stream=self.relay.relay(opened, request.stream), status=status, media_type=media)
+        complete = False
+        try:
+            rest = [chunk async for chunk in opened.rest]
+            complete = True
+        except UPSTREAM_ERRORS as e:  # counted as a 5xx by the error handler
+            raise ProtocolError(f"replica {rid} failed while answering: {e!r}; retry the request", 502) from None
+        finally:
+            let_go(upstream, complete)
+            loads.on_finish(rid, decision.uncached_tokens, had_output=True)
+        m = self.runtime.metrics
+        m.child(m.requests, f"{status // 100}xx").inc()
+        content = opened.first + b"".join(rest)
+        self.report_cached(decision, content)
+        return Response(content, status, media)
+
+
+def proxied_routes(forwarder: Forwarder, auth: AuthMiddleware, model_name: str) -> dict[tuple[bytes, str], Handler]:
+    """The door's routes of the proxied paths (router/http/door.py), with the app's auth rule
+    (``AuthMiddleware.refusal``): (method, path) -> handler."""
+    metrics = forwarder.runtime.metrics
+
+    def route(path: str, chat: bool) -> Handler:
+        async def handle(request: Request) -> Response:
+            if auth.api is not None or auth.admin is not None:
+                header = next((v for k, v in request.raw_headers if k == b"authorization"), b"")
+                refused = auth.refusal("POST", path, header)
+                if refused is not None:
+                    raise refused
+            start = time.perf_counter()
+            response = await forwarder.handle(request, path, chat=chat)
+            return metrics.observe_response(response, start, model_name)
+
+        return handle
+
+    return {(b"POST", "/v1/completions"): route("/v1/completions", False),
+            (b"POST", "/v1/chat/completions"): route("/v1/chat/completions", True)}

@@ -1,0 +1,134 @@
+"""One proxied request, the one object that carries it from the router's socket to its upstream call.
+
+What the client sent (``raw``, the validated ``req``), what the router made of it (the prompts' token
+ids, the sampling parameters, the session and receipt asks) and, per kind of upstream, the bytes that
+upstream gets: the client's own, or them with the router's token ids (tokenize once, the table of
+router/http/token_forwarding.py). A stream also carries its ``MigratingStream`` (router/http/migration.py);
+a continuation on another replica is a ``ProxyRequest`` of its own (``continuation``).
+
+Rewriting is exact: a replica range-checks token ids and uses them as they are, and the router computed
+them with the replica's own rules (replica/serving/tokenizer.py). ``echo`` is excluded because the echoed
+text must be the client's own; a batch of prompts is rewritten only as a whole. Everything else in the body
+(``cache_salt``, sampling parameters, ``stream``, ``return_token_ids``) is kept as sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import KW_ONLY, dataclass, field
+from typing import TYPE_CHECKING
+
+import msgspec
+from kvmesh.router.http.token_forwarding import KVMESH, QUOTED_VLLM_TOKENIZING_KEYS, TEXT, VLLM, UpstreamKind
+
+if TYPE_CHECKING:
+    from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.router.http.migration import MigratingStream
+
+    OpenAIRequest = CompletionRequest | ChatCompletionRequest
+
+
+@dataclass(eq=False)
+class ProxyRequest:
+    """One request through the proxy (see the module doc). Rewritten bodies are built once, on first use."""
+
+    raw: bytes
+    """The body as the client sent it (plus ``return_token_ids`` for a stream the router may migrate)."""
+    req: OpenAIRequest | None = None
+    """The validated body (None for a continuation, whose body the router wrote)."""
+    prompts: list[list[int]] = field(default_factory=list)
+    """Token ids the router computed, one list per prompt (empty: none, e.g. no tokenizer)."""
+    chat: bool = False
+    """A chat completion (else a completion)."""
+    forward_ids: bool = False
+    """Upstreams that take them get the router's token ids (``RouterConfig.forward_token_ids``; never without ids)."""
+    _: KW_ONLY
+    path: str = "/v1/completions"
+    """The path it goes to upstream."""
+    session_id: str | None = None
+    """``x-session-id`` or the body's ``user``: soft affinity to the replica of the last turn."""
+    wants_receipt: bool = False
+    """The client asked for the route receipt's headers (``x-kvmesh-receipt: 1``)."""
+    tokenize_ns: int | None = None
+    """Time spent validating and tokenizing it (None: not observed, e.g. a continuation)."""
+    sampling_params: SamplingParams | None = None
+    """The first prompt's sampling parameters, validated at the edge against its length and the context."""
+    stream: MigratingStream | None = None
+    """A stream's state: what went out, and how to continue it elsewhere (None: not a stream)."""
+    salt: str | None = field(init=False)
+    """``cache_salt``: the router's keys of this request are salted with it, as the replica's."""
+    route_ids: list[int] = field(init=False)
+    """The token ids it is routed by (a batch of prompts goes to one replica, by its first)."""
+    _built: dict[str, bytes] = field(init=False, default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prompts = self.prompts or []
+        self.salt = self.req.cache_salt if self.req is not None else None
+        self.route_ids = self.prompts[0] if self.prompts else []
+        self.forward_ids = self.forward_ids and bool(self.prompts)
+
+    @classmethod
+    def continuation(cls, body: dict[str, object], route_ids: list[int], salt: str | None) -> ProxyRequest:
+        """A stream's continuation on another replica: a token-in completion the router wrote itself."""
+        request = cls(msgspec.json.encode(body))
+        request.route_ids, request.salt = route_ids, salt
+        return request
+
+    def ask_for_token_ids(self) -> None:
+        """Streams: ask every upstream for the token ids behind the text (a stream migrates by them,
+        router/http/migration.py)."""
+        self.raw = with_token_ids_asked(self.raw)
+        self._built.clear()
+
+    def forwards_ids(self, kind: UpstreamKind) -> bool:
+        """Whether an upstream of ``kind`` gets the router's token ids for this request."""
+        req = self.req
+        if not self.forward_ids or kind == TEXT or req is None:
+            return False
+        if self.chat:  # a chat that came with its ids goes as sent (they are what the router routed by)
+            return kind == KVMESH and getattr(req, "prompt_token_ids", None) is None
+        if req.echo:
+            return False  # the echoed prompt must be the client's text, not the ids decoded
+        if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
+            return False  # already token ids
+        if kind == VLLM:
+            return not self._names_vllm_tokenizing_key()
+        return True
+
+    def for_kind(self, kind: UpstreamKind) -> bytes:
+        """The bytes to send to an upstream of ``kind``."""
+        if not self.forwards_ids(kind):
+            return self.raw
+        key = "prompt_token_ids" if self.chat else "prompt"
+        if key not in self._built:
+            self._built[key] = self._chat_body() if self.chat else self._completion_body()
+        return self._built[key]
+
+    def _chat_body(self) -> bytes:
+        head = self.raw.rstrip()
+        if head.endswith(b"}") and b'"prompt_token_ids"' not in head:  # appended: the messages are not re-encoded
+            return head[:-1] + b',"prompt_token_ids":' + msgspec.json.encode(self.prompts[0]) + b"}"
+        body = msgspec.json.decode(self.raw)  # e.g. "prompt_token_ids": null as sent
+        body["prompt_token_ids"] = self.prompts[0]
+        return msgspec.json.encode(body)
+
+    def _completion_body(self) -> bytes:
+        body = msgspec.json.decode(self.raw)  # one prompt stays one; a batch becomes a batch of id lists, in order
+        prompt = body["prompt"]
+        single = not (isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int))
+        assert len(self.prompts) == (1 if single else len(prompt)), "one id list per prompt"
+        body["prompt"] = self.prompts[0] if single else self.prompts
+        return msgspec.json.encode(body)
+
+    def _names_vllm_tokenizing_key(self) -> bool:
+        # A quoted name in the raw JSON: a key, or a string value (then the body just goes as sent);
+        # inside a string, a quote is escaped, so prompt text cannot match.
+        raw = self.raw
+        return any(quoted in raw for quoted in QUOTED_VLLM_TOKENIZING_KEYS)
+
+
+def with_token_ids_asked(raw: bytes) -> bytes:
+    """The request body with ``"return_token_ids": true`` as its last key (JSON's last duplicate wins)."""
+    body = raw.rstrip()
+    assert body.endswith(b"}"), "a validated request body is a JSON object"
+    return body[:-1] + b',"return_token_ids":true}'

@@ -1,0 +1,157 @@
+"""Relaying a stream to its client, and moving it to another replica when its own fails mid-way.
+
+The events of the first replica go out as they come (whole SSE events, the router-only token ids cut
+out); when that upstream breaks before ``[DONE]``, ``_migrate`` opens a continuation on another replica
+(router/http/migration.py builds it and splices its events into the same stream), up to
+``migration_limit`` times. A stream that cannot go on ends with an OpenAI-shaped error event and
+``[DONE]`` and counts as a 5xx; a client that leaves closes the upstream, so the replica aborts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+from kvmesh.replica.serving.errors import ProtocolError, error_body
+from kvmesh.router.http.migration import DONE, MigratingStream, SseSplitter
+from kvmesh.router.http.proxy_request import ProxyRequest
+from kvmesh.router.http.upstream import UpstreamError, UpstreamResponse
+from kvmesh.router.routing.kv_router import RouteDecision
+
+if TYPE_CHECKING:
+    from kvmesh.router.http.proxy import Replicas
+
+logger = logging.getLogger(__name__)
+UPSTREAM_ERRORS = (UpstreamError, OSError, asyncio.TimeoutError)
+"""Failures of the upstream connection (refused, reset, timed out, truncated)."""
+
+
+class Opened(NamedTuple):
+    """A request opened on a replica: its response, the first body bytes, the rest, the route taken."""
+
+    upstream: UpstreamResponse
+    first: bytes
+    rest: AsyncIterator[bytes]
+    decision: RouteDecision
+
+
+Dispatch = Callable[[ProxyRequest, list[str]], Awaitable[Opened]]
+"""Opens a request on the best replica not tried (``Forwarder.dispatch``, router/http/proxy.py)."""
+
+
+class StreamRelay:
+    """The streaming half of the proxy (router/http/proxy.py): relays one client's SSE stream and
+    continues it on another replica when its replica fails mid-way."""
+
+    def __init__(self, runtime: Replicas, dispatch: Dispatch,
+                 report_cached: Callable[[RouteDecision, bytes], None]) -> None:
+        self.runtime = runtime
+        self.dispatch = dispatch
+        """Opens a continuation on another replica."""
+        self.report_cached = report_cached
+        """Reads the cached tokens a replica reports (the first replica's usage)."""
+
+    async def relay(self, opened: Opened, stream: MigratingStream) -> AsyncIterator[bytes]:
+        """The client's stream: the first replica's events, then, if it fails mid-way, continuations."""
+        upstream, first, body, decision = opened
+        outcome = "4xx"  # until the stream completes or breaks, an early end is the client leaving
+        try:
+            while True:
+                rid = decision.replica_id
+                try:
+                    async for out in self._events(upstream, first, body, stream, decision):
+                        yield out
+                except UPSTREAM_ERRORS as e:
+                    stream.broken = f"failed mid-stream: {e!r}"
+                finally:
+                    let_go(upstream, stream.done)
+                    self.runtime.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)
+                if not stream.done and stream.finish_reason is not None:  # only [DONE] was missing
+                    for out in stream.finish(stream.finish_reason, text_sent=True):
+                        yield out
+                if stream.done:
+                    outcome = "2xx"
+                    return
+                why = f"replica {rid} {stream.broken or 'ended the stream without [DONE]'}"
+                opened = await self._migrate(stream, rid, why)
+                if opened is None:
+                    outcome = "5xx"
+                    yield _error_event(f"{why}; the output is incomplete")
+                    return
+                if not opened:  # nothing was left to generate
+                    for out in stream.finish("length"):
+                        yield out
+                    outcome = "2xx"
+                    return
+                upstream, first, body, decision = opened
+                for out in stream.begin_continuation():
+                    yield out
+        except Exception as e:  # noqa: BLE001 - a bug here ends this stream cleanly, nothing else
+            logger.exception("relaying a stream failed")
+            outcome = "5xx"
+            yield _error_event(f"the router failed while relaying the stream: {e!r}; the output is incomplete")
+        finally:
+            m = self.runtime.metrics
+            m.child(m.requests, outcome).inc()
+
+    async def _events(self, upstream: UpstreamResponse, first: bytes, body: AsyncIterator[bytes],
+                      stream: MigratingStream, decision: RouteDecision) -> AsyncIterator[bytes]:
+        """The client's events for one upstream, until it ends, breaks, or the stream is done."""
+        split, chunk = SseSplitter(), first
+        while True:
+            if stream.migrations == 0:
+                self.report_cached(decision, chunk)
+            for event in split.feed(chunk):
+                if stream.migrations == 0:
+                    out = stream.relay(event)
+                    outs = [out] if out is not None else []
+                else:
+                    outs = stream.splice(event)
+                for out in outs:
+                    yield out
+                if stream.done or stream.broken:
+                    return
+            try:
+                chunk = await body.__anext__()
+            except StopAsyncIteration:
+                return
+
+    async def _migrate(self, stream: MigratingStream, rid: str, why: str) -> Opened | tuple[()] | None:
+        """Continue ``stream`` on another replica: the opened continuation, () when no token is left to
+        generate, None when it cannot migrate (limit reached, no token ids, no replica answered)."""
+        svc = self.runtime
+        svc.mark_failed(rid, connect_error=False)
+        if not stream.can_migrate():
+            return None
+        body = stream.continuation()
+        if body is None:
+            return ()
+        logger.warning("%s; continuing the stream on another replica (migration %d)", why, stream.migrations + 1)
+        try:
+            opened = await self.dispatch(ProxyRequest.continuation(
+                body, stream.prompt_ids + stream.output_ids, stream.req.cache_salt), [rid])
+        except ProtocolError:
+            return None
+        if opened.upstream.status != 200:
+            opened.upstream.close()
+            svc.router.loads.on_finish(opened.decision.replica_id, opened.decision.uncached_tokens, had_output=True)
+            return None
+        svc.metrics.child(svc.metrics.migrations, str(rid)).inc()
+        return opened
+
+
+def let_go(upstream: UpstreamResponse, complete: bool) -> None:
+    """A fully read response goes back to the pool; an abandoned one is closed, so the replica sees the
+    disconnect and aborts the request."""
+    if complete:
+        upstream.release()
+    else:
+        upstream.close()
+
+
+def _error_event(message: str) -> bytes:
+    """An OpenAI-shaped error event, then ``[DONE]`` (what a replica sends when a stream fails)."""
+    return f"data: {json.dumps(error_body(message, 502))}\n\n".encode() + DONE + b"\n\n"

@@ -1,0 +1,44 @@
+"""Tokenize once: the router forwards the prompt token ids it computed, so a replica does not tokenize again.
+
+What each kind of upstream gets (the kind comes from its ``/server_info``, read when it becomes healthy):
+
+    upstream                      /v1/completions                      /v1/chat/completions
+    kvmesh (same tokenizer)       ``prompt`` -> the ids (not with echo) ``prompt_token_ids``: the rendered ids
+    vLLM / says nothing           ``prompt`` -> the ids (not with echo, as sent
+                                  nor with vLLM's tokenizing options)
+    tokenizer fingerprint differs as sent                               as sent
+
+The body each upstream gets is built by the request itself (``ProxyRequest.for_kind``, router/http/proxy_request.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from kvmesh.replica.serving.tokenizer import Tokenizer
+
+UpstreamKind = Literal["kvmesh", "vllm", "text"]
+"""What an upstream accepts instead of text (one of the three below)."""
+KVMESH: UpstreamKind = "kvmesh"
+"""A kvmesh replica with the router's tokenizer and chat template: completions and chat carry token ids."""
+VLLM: UpstreamKind = "vllm"
+"""An upstream that does not say it is kvmesh (vLLM): completions carry token ids, chat goes as sent."""
+TEXT: UpstreamKind = "text"
+"""An upstream whose ids may differ from the router's (tokenizer fingerprint mismatch): bodies go as sent."""
+VLLM_TOKENIZING_KEYS = frozenset({"add_special_tokens", "truncate_prompt_tokens", "prompt_embeds"})
+"""vLLM completion options that change a text prompt's ids (kvmesh ignores them): such bodies go as sent."""
+QUOTED_VLLM_TOKENIZING_KEYS = tuple(f'"{key}"'.encode() for key in sorted(VLLM_TOKENIZING_KEYS))
+"""The same, as they appear in raw JSON (built once: formatting them per request cost ~5 µs)."""
+ServerInfo = dict[str, object]
+"""A replica's ``/server_info`` JSON object (free-form: each kind of server says what it says)."""
+
+
+def upstream_kind(info: ServerInfo | None, tokenizer: Tokenizer | None) -> UpstreamKind:
+    """KVMESH, VLLM or TEXT for a replica whose ``/server_info`` answered ``info`` (None: it did not answer)."""
+    if not isinstance(info, dict):
+        return VLLM
+    fingerprint, ours = info.get("tokenizer_fingerprint"), getattr(tokenizer, "fingerprint", None)
+    if isinstance(fingerprint, str) and ours is not None and fingerprint != ours:
+        return TEXT
+    return KVMESH if info.get("version") == KVMESH else VLLM

@@ -1,0 +1,240 @@
+"""One keep-alive connection to a replica and the answer it carries (the pool is upstream.py).
+
+``UpstreamConnection`` parses the replica's HTTP/1.1 answer with httptools into its ``UpstreamResponse``: status
+and headers once they arrived, then the body as an async iterator. A response read to its end goes back
+to the pool (``release``); an abandoned one closes its connection (``close``), so the replica aborts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+from typing import TYPE_CHECKING
+
+import httptools
+from kvmesh.router.http.deadline import Deadline
+
+if TYPE_CHECKING:
+    from kvmesh.router.http.upstream import UpstreamPool
+
+
+class UpstreamError(Exception):
+    """The replica connection failed (reset, closed early, timed out, bad HTTP)."""
+
+
+class UpstreamConnectError(UpstreamError):
+    """No connection could be made to the replica (refused, unreachable, connect timeout)."""
+
+
+class StaleConnection(UpstreamError):
+    """A reused connection ended before any answer byte: the request is sent again on a fresh one."""
+
+
+_LINGER_S = 1.0
+"""How long a released answer may take to end before its connection is closed rather than pooled."""
+_HIGH_WATER = 64
+"""Unread body chunks at which reading from the replica pauses (the client reads slower than it writes)."""
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One keep-alive connection; carries one request at a time."""
+
+    def __init__(self, pool: UpstreamPool, key: tuple) -> None:
+        self.pool, self.key = pool, key
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: UpstreamResponse | None = None
+        self.reused = False
+        self.idle_since = 0.0
+        self.closed = False
+        self.read_deadline = Deadline(asyncio.get_running_loop(), self._read_timed_out)
+        """The current wait's ``read_timeout_s`` (re-armed per wait without a new timer)."""
+
+    # ---------------------------------------------------------------- asyncio.Protocol
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        r = self.response
+        if r is None:  # bytes nobody asked for: this connection cannot be trusted any more
+            self.transport.close()
+            return
+        r.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            r._fail(UpstreamError(f"the replica sent malformed HTTP: {e}"))
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.read_deadline.cancel()
+        self.pool._forget(self)
+        r = self.response
+        if r is not None and r.lingering is not None:
+            r.lingering.cancel()
+            r.lingering = None
+        if r is not None and not r.complete:
+            if r.status and "content-length" not in r.headers and "transfer-encoding" not in r.headers:
+                r.complete = True  # a body delimited by the connection's end (HTTP/1.0 style)
+                r._wake()
+            elif self.reused and not r.received:
+                r._fail(StaleConnection("the pooled connection was closed by the replica"))
+            else:
+                r._fail(UpstreamError(f"the replica closed the connection before the answer ended ({exc!r})"))
+
+    def _read_timed_out(self) -> None:
+        if self.response is not None:
+            self.response._timed_out()
+
+    def pause_writing(self) -> None:  # the request bodies are small; nothing to throttle
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # ---------------------------------------------------------------- httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        r = self.response
+        r.status = self.parser.get_status_code()
+        r._wake()
+
+    def on_body(self, body: bytes) -> None:
+        r = self.response
+        if r.lingering is not None:
+            return
+        r.chunks.append(body)
+        if len(r.chunks) >= _HIGH_WATER and not r.paused:
+            r.paused = True
+            self.transport.pause_reading()
+        r._wake()
+
+    def on_message_complete(self) -> None:
+        r = self.response
+        r.complete = True
+        r.keep_alive = self.parser.should_keep_alive()
+        if r.lingering is not None:  # released before its end: now it can go back to the pool
+            r.lingering.cancel()
+            r.lingering = None
+            r.chunks.clear()
+            r._done = False
+            r.release()
+        r._wake()
+
+
+class UpstreamResponse:
+    """A replica's answer: status and headers once they arrived, then the body as an async iterator."""
+
+    def __init__(self, conn: UpstreamConnection, read_timeout_s: float | None) -> None:
+        self.conn = conn
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        """Lowercase names."""
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.complete = False
+        self.keep_alive = False
+        self.received = False
+        self.paused = False
+        self.error: BaseException | None = None
+        self._timeout = read_timeout_s
+        self._waiter: asyncio.Future | None = None
+        self._done = False
+        self.lingering: asyncio.TimerHandle | None = None
+        """Released before the end of the message arrived: closes the connection unless it arrives soon."""
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    async def _wait(self) -> None:
+        """Until the connection has news (bytes, the end, a failure), at most ``read_timeout_s``."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        deadline = None if self._timeout is None else self.conn.read_deadline
+        if deadline is not None:
+            deadline.arm(self._timeout)
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            if deadline is not None:
+                deadline.disarm()
+
+    def _timed_out(self) -> None:
+        self._fail(UpstreamError(f"the replica sent nothing for {self._timeout}s"))
+
+    async def _head(self) -> None:
+        while self.status == 0:
+            if self.error is not None:
+                raise self.error
+            await self._wait()
+
+    def __aiter__(self) -> UpstreamResponse:
+        return self
+
+    async def __anext__(self) -> bytes:
+        """The body bytes that arrived since the last call (at least one byte), StopAsyncIteration at its end."""
+        while not self.chunks:
+            if self.complete:
+                raise StopAsyncIteration
+            if self.error is not None:
+                raise self.error
+            await self._wait()
+        data = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self._drain())
+        if self.paused:
+            self.paused = False
+            self.conn.transport.resume_reading()
+        return data
+
+    def _drain(self):
+        while self.chunks:
+            yield self.chunks.popleft()
+
+    async def read(self) -> bytes:
+        """The whole remaining body."""
+        return b"".join([chunk async for chunk in self])
+
+    def release(self) -> None:
+        """The body was read: the connection goes back to the pool (closed if it cannot be reused; kept
+        for ``_LINGER_S`` first if the end of the message has not arrived yet)."""
+        if self._done:
+            return
+        self._done = True
+        conn = self.conn
+        if not self.complete and self.error is None and not conn.closed and not self.paused:
+            # a stream read up to its [DONE]: the end of the message (the last chunk) is usually in flight
+            self.lingering = asyncio.get_running_loop().call_later(_LINGER_S, self._give_up)
+            return
+        conn.response = None
+        if self.complete and self.keep_alive and self.error is None and not conn.closed:
+            self.conn.pool._put(conn)
+        else:
+            conn.transport.close()
+
+    def _give_up(self) -> None:
+        self.lingering = None
+        self.conn.response = None
+        self.conn.transport.close()
+
+    def close(self) -> None:
+        """Abandon the answer: the connection closes, so the replica sees the client leave."""
+        if self.lingering is not None:
+            self.lingering.cancel()
+            self.lingering = None
+        if self._done:
+            return
+        self._done = True
+        self.conn.response = None
+        self.conn.transport.close()

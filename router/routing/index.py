@@ -1,0 +1,279 @@
+"""The router's prefix index: which replica holds which leading blocks of a prompt.
+
+Fed by each replica's KV event stream. One global dict maps a router key (router/routing/keys.py) to a
+bitmask of the replicas that hold the block; each replica owns one bit (its *slot*)::
+
+    _blocks: {router_key: 0b1010}       replicas in slots 1 and 3 hold this block
+    replica.ext_to_key: {external_hash: router_key}   to apply BlockRemoved
+
+A match walks the request's keys AND-ing the masks while the set is non-empty, so a replica
+counts a block only while the chain up to it is unbroken. The masks come in runs of equal values
+(``groupby``, in C); the AND changes only where a run starts, so Python touches each run once.
+When the compiled fast path is built (router/_native/fastpath.c) the same walk runs in C, with
+identical results; the Python walk stays as the fallback and for more than 64 replica slots.
+
+*Predicted* entries: when the router sends a request to a replica it credits that replica with the
+request's blocks for ``predict_ttl_s`` (bits set in ``_blocks`` and recorded in ``predictions.predicted``),
+until the real ``BlockStored`` events arrive. A burst of requests sharing a new prefix then goes
+to one replica instead of scattering. Invariant: a predicted bit is never also a real one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Iterable, Sequence
+from itertools import repeat
+from operator import and_, or_
+
+from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
+from kvmesh.router.routing.index_stats import IndexStats, ReplicaBlocks
+from kvmesh.router.routing.keys import FASTPATH, RouterKeyHasher, pack_tokens
+from kvmesh.router.routing.predictions import Predictions
+from kvmesh.router.routing.prefix_match import match_masks
+
+ReplicaId = Hashable
+
+
+class PrefixIndex:
+    """Per-replica cached blocks under router keys, matched against a request's keys."""
+
+    def __init__(self, block_size: int = 16, hasher: RouterKeyHasher | None = None,
+                 predict_ttl_s: float = 2.0) -> None:
+        self.hasher = hasher or RouterKeyHasher(block_size)
+        """Computes router keys; its block size and seed must match the one hashing requests."""
+        self.block_size = self.hasher.block_size
+        """Tokens per block (events with another block size are counted and dropped)."""
+        self._blocks: dict[int, int] = {}             # router_key -> bits of the replicas holding it
+        self.predictions = Predictions(self._blocks, predict_ttl_s)
+        """Blocks credited to the replica a request was routed to, until events confirm them."""
+        self._replicas: dict[ReplicaId, ReplicaBlocks] = {}
+        self._slot_owner: list[ReplicaId | None] = []
+        self._free_slots: list[int] = []
+        self.stats = IndexStats()
+        """Counters: events applied, blocks stored/removed, orphans, mismatched block sizes."""
+
+    # ---------------------------------------------------------------- replicas
+    def add_replica(self, replica_id: ReplicaId) -> ReplicaBlocks:
+        """Register a replica (idempotent); returns its tree."""
+        tree = self._replicas.get(replica_id)
+        if tree is None:
+            if self._free_slots:
+                slot = self._free_slots.pop()
+                self._slot_owner[slot] = replica_id
+            else:
+                slot = len(self._slot_owner)
+                self._slot_owner.append(replica_id)
+            tree = self._replicas[replica_id] = ReplicaBlocks(replica_id, slot)
+        return tree
+
+    def remove_replica(self, replica_id: ReplicaId) -> None:
+        """Forget a replica and everything it held; its slot is reused later."""
+        tree = self._replicas.get(replica_id)
+        if tree is None:
+            return
+        self.clear_replica(replica_id)
+        del self._replicas[replica_id]
+        self._slot_owner[tree.slot] = None
+        self._free_slots.append(tree.slot)
+
+    def clear_replica(self, replica_id: ReplicaId) -> None:
+        """Drop a replica's whole tree (AllBlocksCleared, restart); real and predicted blocks."""
+        tree = self._replicas.get(replica_id)
+        if tree is None:
+            return
+        bit, mask_off, blocks = tree.bit, ~tree.bit, self._blocks
+        for key in set(tree.ext_to_key.values()):
+            mask = blocks.get(key, 0) & mask_off
+            if mask:
+                blocks[key] = mask
+            else:
+                blocks.pop(key, None)
+        self.predictions.forget(bit)
+        tree.ext_to_key.clear()
+        tree.orphans.clear()
+        tree.orphan_parent.clear()
+        tree.ext_dups.clear()
+        tree.key_dups.clear()
+
+    @property
+    def replica_ids(self) -> list[ReplicaId]:
+        return list(self._replicas)
+
+    def num_blocks(self, replica_id: ReplicaId | None = None) -> int:
+        """Blocks really held (no predictions): by one replica, or distinct keys over all."""
+        if replica_id is None:
+            return len(self._blocks) - len(self.predictions.predicted)
+        tree = self._replicas.get(replica_id)
+        if tree is None:
+            return 0
+        return len(tree.ext_to_key) + len(tree.orphan_parent) + sum(tree.ext_dups.values())
+
+    @property
+    def num_keys(self) -> int:
+        """Distinct router keys in the index (real and predicted)."""
+        return len(self._blocks)
+
+    def cached_hashes(self, replica_id: ReplicaId) -> set:
+        """The external block hashes a replica holds, as far as its events say."""
+        tree = self._replicas.get(replica_id)
+        return set() if tree is None else set(tree.ext_to_key) | set(tree.orphan_parent)
+
+    # ---------------------------------------------------------------- events
+    def apply(self, replica_id: ReplicaId, batch_or_events) -> None:
+        """Apply a KVEventBatch (or a list of events) published by ``replica_id``."""
+        events = getattr(batch_or_events, "events", batch_or_events)
+        tree = self._replicas.get(replica_id) or self.add_replica(replica_id)
+        stats = self.stats
+        for event in events:
+            if type(event) is BlockStored:
+                self._store(tree, event)
+            elif type(event) is BlockRemoved:
+                self._remove(tree, event.block_hashes)
+            elif type(event) is AllBlocksCleared:
+                self.clear_replica(replica_id)
+                stats.clears += 1
+            stats.events += 1
+
+    def _store(self, tree: ReplicaBlocks, event: BlockStored) -> None:
+        hashes = event.block_hashes
+        n = len(hashes)
+        if event.block_size != self.block_size or len(event.token_ids) != n * self.block_size:
+            self.stats.bad_block_size += n
+            return
+        ext_to_key = tree.ext_to_key
+        parent = event.parent_block_hash
+        extra = event.extra_keys
+        if extra is None and event.lora_name is not None:
+            from kvmesh.kvcache.hashing import block_extra_keys
+
+            extra = [block_extra_keys(1, None, event.lora_name)] * n
+        parent_key = self.hasher.seed if parent is None else ext_to_key.get(parent)
+        try:
+            if parent_key is None:  # parent evicted or its event missed: key the chain once it comes
+                self._park_orphans(tree, parent, hashes, pack_tokens(event.token_ids), extra)
+                return
+            keys = self.hasher.chain(event.token_ids, n, parent_key, extra)
+        except (ValueError, TypeError):  # a token id outside [0, 2**32): not from a real tokenizer
+            self.stats.bad_events += 1
+            return
+        self._insert(tree, hashes, keys)
+        self.stats.blocks_stored += n
+        if tree.orphans:
+            self._adopt_orphans(tree, hashes)
+
+    def _insert(self, tree: ReplicaBlocks, hashes: Sequence, keys: list[int]) -> None:
+        ext_to_key = tree.ext_to_key
+        blocks, predicted = self._blocks, self.predictions.predicted
+        bit = tree.bit
+        if ext_to_key.keys().isdisjoint(hashes):  # the usual case, done with C-level bulk updates
+            masks = list(map(blocks.get, keys, repeat(0)))
+            if not any(map(and_, masks, repeat(bit))):
+                ext_to_key.update(zip(hashes, keys, strict=False))
+                blocks.update(zip(keys, map(or_, masks, repeat(bit)), strict=False))
+                return
+        for ext, key in zip(hashes, keys, strict=False):
+            if ext in ext_to_key:
+                tree.ext_dups[ext] = tree.ext_dups.get(ext, 0) + 1
+                continue
+            ext_to_key[ext] = key
+            mask = blocks.get(key, 0)
+            if not mask & bit:
+                blocks[key] = mask | bit
+            elif predicted and predicted.get(key, 0) & bit:
+                self.predictions.confirm(key, bit)
+            else:  # another external hash of this replica already maps to the key
+                tree.key_dups[key] = tree.key_dups.get(key, 0) + 1
+
+    # A stored block whose parent the index does not know (the parent was evicted before a
+    # snapshot, or its event was lost) cannot be keyed yet. It is parked under its parent's
+    # external hash and keyed as soon as that parent is stored again.
+    def _park_orphans(self, tree: ReplicaBlocks, parent, hashes: Sequence, token_bytes: bytes, extra) -> None:
+        stride = 4 * self.block_size
+        for i, ext in enumerate(hashes):
+            if ext in tree.ext_to_key or ext in tree.orphan_parent:
+                tree.ext_dups[ext] = tree.ext_dups.get(ext, 0) + 1
+            else:
+                block = (ext, token_bytes[i * stride:(i + 1) * stride], None if extra is None else extra[i])
+                tree.orphans.setdefault(parent, []).append(block)
+                tree.orphan_parent[ext] = parent
+            parent = ext
+        self.stats.orphan_blocks += len(hashes)
+
+    def _adopt_orphans(self, tree: ReplicaBlocks, hashes: Sequence) -> None:
+        stack = [ext for ext in hashes if ext in tree.orphans]
+        while stack:
+            parent = stack.pop()
+            parent_key = tree.ext_to_key.get(parent)
+            for ext, data, extra in tree.orphans.pop(parent, ()):
+                del tree.orphan_parent[ext]
+                keys = self.hasher.chain(data, 1, parent_key, None if extra is None else [extra])
+                self._insert(tree, (ext,), keys)
+                stack.append(ext)
+
+    def _remove(self, tree: ReplicaBlocks, hashes: Iterable) -> None:
+        ext_to_key, blocks = tree.ext_to_key, self._blocks
+        mask_off = ~tree.bit
+        for ext in hashes:
+            key = ext_to_key.get(ext)
+            if key is None:
+                if ext in tree.orphan_parent:
+                    self._drop_orphan(tree, ext)
+                else:
+                    self.stats.unknown_removals += 1
+                continue
+            self.stats.blocks_removed += 1
+            if tree.ext_dups and ext in tree.ext_dups:
+                tree.ext_dups[ext] -= 1
+                if not tree.ext_dups[ext]:
+                    del tree.ext_dups[ext]
+                continue
+            del ext_to_key[ext]
+            if tree.key_dups and key in tree.key_dups:
+                tree.key_dups[key] -= 1
+                if not tree.key_dups[key]:
+                    del tree.key_dups[key]
+                continue
+            mask = blocks.get(key, 0) & mask_off
+            if mask:
+                blocks[key] = mask
+            else:
+                blocks.pop(key, None)
+
+    def _drop_orphan(self, tree: ReplicaBlocks, ext) -> None:
+        self.stats.blocks_removed += 1
+        if tree.ext_dups.get(ext):
+            tree.ext_dups[ext] -= 1
+            if not tree.ext_dups[ext]:
+                del tree.ext_dups[ext]
+            return
+        parent = tree.orphan_parent.pop(ext)
+        siblings = tree.orphans[parent]
+        siblings[:] = [b for b in siblings if b[0] != ext]
+        if not siblings:
+            del tree.orphans[parent]
+
+    # ---------------------------------------------------------------- predictions
+    @property
+    def predict_ttl_s(self) -> float:
+        return self.predictions.ttl_s
+
+    def predict(self, replica_id: ReplicaId, keys: Sequence[int], now: float | None = None, start: int = 0) -> int:
+        """Credit ``replica_id`` with ``keys[start:]`` until events confirm them or ``predict_ttl_s``
+        passes (router/routing/predictions.py); returns the blocks newly credited."""
+        tree = self._replicas.get(replica_id)
+        return 0 if tree is None else self.predictions.predict(tree.bit, keys, now, start)
+
+    # ---------------------------------------------------------------- matching
+    def match(self, keys: Sequence[int], now: float | None = None) -> dict[ReplicaId, int]:
+        """Per replica, the number of leading blocks of ``keys`` it holds (replicas with 0 omitted)."""
+        if self.predictions.queue:
+            self.predictions.expire(time.monotonic() if now is None else now)
+        if self.hasher.native:
+            out = FASTPATH.match(self._blocks, keys, self._slot_owner)
+            if out is not None:  # None: a mask wider than 64 slots, left to the Python walk
+                return out
+        return self._match_py(keys)
+
+    def _match_py(self, keys: Sequence[int]) -> dict[ReplicaId, int]:
+        """``match`` in Python (no compiled fast path, or more than 64 replica slots)."""
+        return match_masks(self._blocks, keys, self._slot_owner)

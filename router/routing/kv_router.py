@@ -1,0 +1,212 @@
+"""The routing decision: request tokens -> router keys -> prefix match -> policy -> replica.
+
+``KVRouter`` is what the HTTP front (router/control/router_server.py), the benchmarks and tests drive. It holds
+the index, the key hasher, the per-replica loads, the health set and the policy; it does no I/O.
+Event batches may arrive on another thread (the subscriber's), so index updates and decisions
+take one lock; each holds it for microseconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvmesh.router.routing.index import PrefixIndex
+from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
+from kvmesh.router.routing.load import LoadTracker
+from kvmesh.router.routing.policies import DEFAULT_POLICY, NoReplicaError, Policy, get_policy
+from kvmesh.router.routing.receipts import Receipts, RouteReceipt
+from kvmesh.router.routing.session import SessionConfig, SessionTable
+
+_ns = time.perf_counter_ns
+
+INCOMPATIBLE, BAD_FRAMES, STALLED, LAGGING, LOST_EVENTS = (
+    "incompatible", "bad_frames", "stalled", "lagging", "lost_events")
+DEGRADED_CAUSES = (INCOMPATIBLE, BAD_FRAMES, STALLED, LAGGING, LOST_EVENTS)
+"""Why a replica may be degraded: its blocks cannot match the router's keys (block size, tokenizer);
+its stream sends bad frames; it stopped (published batches not applied); it lags (batches applied
+long after they happened); it lost batches that neither replay nor a snapshot restored."""
+
+
+@dataclass(slots=True)
+class RouteDecision:
+    """One routing decision and what it cost."""
+
+    replica_id: Hashable
+    """The chosen replica."""
+    keys: list[int]
+    """The request's router keys (one per full prompt block)."""
+    matched_blocks: int
+    """Leading prompt blocks the chosen replica holds (real or predicted)."""
+    predicted_hit_tokens: int
+    """Prompt tokens the replica should report as cached (matched blocks, capped at prompt - 1)."""
+    uncached_tokens: int
+    """Prompt tokens the replica will still compute."""
+    receipt: RouteReceipt | None = None
+    """What was decided and why (router/routing/receipts.py); complete it with ``KVRouter.receipts.record_actual``."""
+    timings_ns: dict[str, int] = field(default_factory=dict)
+    """Nanoseconds spent per stage: hash, match, score."""
+
+
+class KVRouter:
+    """Index + loads + health + policy: decides where each request goes."""
+
+    def __init__(self, block_size: int = 16, policy: str | Policy = DEFAULT_POLICY,
+                 policy_kwargs: dict | None = None, seed: int = DEFAULT_ROUTER_SEED,
+                 predict_ttl_s: float = 2.0, sessions: SessionConfig | None = None) -> None:
+        self.hasher = RouterKeyHasher(block_size, seed)
+        self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
+        self.loads = LoadTracker()
+        if isinstance(policy, str):  # a registry name, or a policy built by the caller
+            policy = get_policy(policy, block_size=block_size, **(policy_kwargs or {}))
+        self.policy = policy
+        self.policy_name = policy.name
+        self.healthy: set[Hashable] = set()
+        """Replicas that may receive requests."""
+        self.degraded: dict[Hashable, str] = {}
+        """Replica id -> why its cache information is not trusted (its causes' reasons joined); such
+        replicas are routed by load only."""
+        self.degraded_causes: dict[Hashable, dict[str, str]] = {}
+        """Replica id -> cause (one of ``DEGRADED_CAUSES``) -> reason, for each cause that holds now."""
+        self.sessions = SessionTable(sessions)
+        """Session id -> the replica of its last request (soft affinity, router/routing/session.py)."""
+        self.receipts = Receipts()
+        """Completed route receipts: captured / available reuse, predicted != actual (router/routing/receipts.py)."""
+        self.lock = threading.Lock()
+        self.events_applied = 0
+        """Events applied from all replicas."""
+
+    @property
+    def block_size(self) -> int:
+        return self.hasher.block_size
+
+    # ---------------------------------------------------------------- replica set
+    def add_replica(self, replica_id: Hashable, healthy: bool = True) -> None:
+        with self.lock:
+            self.index.add_replica(replica_id)
+            self.loads.add_replica(replica_id)
+            if healthy:
+                self.healthy.add(replica_id)
+
+    def remove_replica(self, replica_id: Hashable) -> None:
+        with self.lock:
+            self.index.remove_replica(replica_id)
+            self.loads.remove_replica(replica_id)
+            self.healthy.discard(replica_id)
+            self.degraded.pop(replica_id, None)
+            self.degraded_causes.pop(replica_id, None)
+            self.sessions.forget_replica(replica_id)
+
+    def set_healthy(self, replica_id: Hashable, healthy: bool, clear_cache: bool = False) -> None:
+        """Mark a replica (un)healthy; ``clear_cache`` drops its tree (it died and lost its cache)."""
+        with self.lock:
+            if replica_id not in self.loads.loads:
+                return
+            if healthy:
+                self.healthy.add(replica_id)
+            else:
+                self.healthy.discard(replica_id)
+            if clear_cache:
+                self.index.clear_replica(replica_id)
+                self.sessions.forget_replica(replica_id)
+
+    def clear_cache(self, replica_id: Hashable) -> None:
+        """Forget which blocks a replica holds (its tree, real and predicted); it keeps its sessions."""
+        with self.lock:
+            self.index.clear_replica(replica_id)
+
+    def set_degraded(self, replica_id: Hashable, reason: str | None, cause: str = INCOMPATIBLE) -> None:
+        """Mark a replica degraded for ``cause`` (``reason``: why its cache information is not trusted,
+        e.g. a block size mismatch, a stalled event stream) or clear that cause (None). The replica is
+        degraded while any cause holds: it still receives requests, chosen by load only (its index
+        matches are ignored). Causes are independent: a stream that catches up does not lift a mismatch."""
+        if cause not in DEGRADED_CAUSES:
+            raise ValueError(f"unknown degraded cause {cause!r}; one of {', '.join(DEGRADED_CAUSES)}")
+        with self.lock:
+            causes = self.degraded_causes.get(replica_id)
+            if reason is None:
+                if causes is None or causes.pop(cause, None) is None:
+                    return
+            elif replica_id in self.loads.loads:
+                causes = self.degraded_causes.setdefault(replica_id, {})
+                causes[cause] = reason
+            else:
+                return
+            if causes:
+                self.degraded[replica_id] = "; ".join(causes.values())
+            else:
+                self.degraded.pop(replica_id, None)
+                self.degraded_causes.pop(replica_id, None)
+
+    def apply_events(self, replica_id: Hashable, batch_or_events) -> None:
+        """Apply a replica's event batch (called from the subscriber's thread)."""
+        events = getattr(batch_or_events, "events", batch_or_events)
+        with self.lock:
+            if replica_id in self.loads.loads:
+                self.index.apply(replica_id, events)
+                self.events_applied += len(events)
+
+    # ---------------------------------------------------------------- decisions
+    def route(self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None,
+              exclude: Iterable[Hashable] = (), now: float | None = None,
+              session_id: str | None = None) -> RouteDecision:
+        """Choose a healthy replica (not in ``exclude``) for a prompt; credits it with the prompt's blocks.
+
+        ``now`` is the clock that predictions and session pins expire by (``time.monotonic()`` when
+        None; the simulator passes simulated time). ``session_id`` (a header or the request's
+        ``user`` field) keeps a conversation on its replica while the policy's cost allows.
+        Raises NoReplicaError when no candidate is left.
+        """
+        t0 = _ns()
+        keys = self.hasher.keys(token_ids, cache_salt, lora_name)
+        t1 = _ns()
+        if now is None and session_id is not None:
+            now = time.monotonic()
+        with self.lock:
+            matches = self.index.match(keys, now=now)
+            t2 = _ns()
+            self.loads.refresh()  # other router processes' in-flight counts, when shared
+            all_loads = self.loads.loads
+            excluded = set(exclude)
+            healthy = self.healthy
+            loads = {r: load for r, load in all_loads.items() if r in healthy and r not in excluded}
+            if not loads:
+                raise NoReplicaError("no healthy replica to route to (all are down or already failed "
+                                     "this request); retry later or register a replica")
+            if self.degraded:
+                matches = {r: m for r, m in matches.items() if r not in self.degraded}
+            policy = self.policy
+            replica_id = policy.choose(keys, matches, loads, len(token_ids))
+            by_session = False
+            if session_id is not None:
+                pinned = self.sessions.get(session_id, now)
+                if (pinned is not None and pinned != replica_id and pinned in loads
+                        and policy.keeps_session(pinned, replica_id, keys, matches, loads, len(token_ids))):
+                    replica_id, by_session = pinned, True
+                self.sessions.pin(session_id, replica_id, now)
+            self.index.predict(replica_id, keys, now=now, start=matches.get(replica_id, 0))
+        t3 = _ns()
+        matched = matches.get(replica_id, 0)
+        best_id, best = None, 0
+        for rid, m in matches.items():
+            if m > best and rid in loads:
+                best_id, best = rid, m
+        hit, best_hit = self._hit_tokens(matched, len(token_ids)), self._hit_tokens(best, len(token_ids))
+        if excluded or replica_id in self.degraded:
+            reason = "fallback"
+        elif by_session:
+            reason = "session"
+        else:
+            reason = "cache" if matched and matched == best else "load"
+        receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id)
+        return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, receipt,
+                             {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2})
+
+    def _hit_tokens(self, matched_blocks: int, num_prompt_tokens: int) -> int:
+        """Tokens an engine reuses for ``matched_blocks`` leading blocks (it computes at least one token)."""
+        if not matched_blocks or not num_prompt_tokens:
+            return 0
+        bs = self.hasher.block_size
+        return min(matched_blocks * bs, ((num_prompt_tokens - 1) // bs) * bs)

@@ -1,0 +1,195 @@
+"""Per-replica load as the router sees it: its own in-flight requests plus the replica's ``/load``.
+
+The router's own counters are exact and immediate; the replica's report (polled from its JSON
+``/load``: running, waiting, KV usage, queued prefill tokens) also covers work other routers or
+clients sent, but is a little stale. Router processes of one host (``--workers N``) also add each
+other's counters (router/routing/shared_loads.py, ``LoadTracker.share``). Policies read the two combined
+properties below.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from kvmesh.replica.serving.load_report import LoadReport
+
+ForeignLoad = dict[str, object]
+"""Another server's ``/load`` JSON (not kvmesh's ``LoadReport``): the same numbers under other names."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ReplicaLoad:
+    """Load of one replica. Policies read ``prefill_backlog`` and ``decode_load``; ``kvmesh status``
+    shows it (``ReplicaStatus``, cluster/router_client.py, read back from the router's metrics)."""
+
+    in_flight: int = 0
+    """Requests this router sent to the replica that have not finished."""
+    pending_prefill_tokens: int = 0
+    """Uncached prompt tokens of this router's requests that have produced no output yet."""
+    num_running: int = 0
+    """Running requests, as the replica last reported."""
+    num_waiting: int = 0
+    """Waiting (queued) requests, as the replica last reported."""
+    kv_usage: float = 0.0
+    """Fraction of the replica's KV cache blocks in use, as last reported."""
+    queued_prefill_tokens: int = 0
+    """Prompt tokens the replica still has to prefill, as last reported."""
+    reported_at: float | None = None
+    """``time.monotonic()`` of the last report; None before the first one."""
+    recent_prefill: float = 0.0
+    """Uncached prompt tokens this router sent here, exponentially decayed (``LoadTracker.churn_tau_s``):
+    how fast the replica's cache turns over. In the tracker's scaled units: compare replicas only."""
+
+    peer_in_flight: int = 0
+    """Requests the other router processes of this host sent here and have not finished (shared
+    table, as of ``LoadTracker.refresh``; 0 for a router alone)."""
+    peer_pending_prefill_tokens: int = 0
+    """Their uncached prompt tokens that have produced no output yet (idem)."""
+
+    @property
+    def prefill_backlog(self) -> int:
+        """Prompt tokens the replica must prefill before a new request's own prefill starts."""
+        return max(self.pending_prefill_tokens + self.peer_pending_prefill_tokens, self.queued_prefill_tokens)
+
+    @property
+    def decode_load(self) -> int:
+        """Requests sharing the replica's decode steps."""
+        return max(self.in_flight + self.peer_in_flight, self.num_running + self.num_waiting)
+
+    @property
+    def total_in_flight(self) -> int:
+        """Requests all router processes of this host sent here that have not finished."""
+        return self.in_flight + self.peer_in_flight
+
+    def update_report(self, report: LoadReport | ForeignLoad) -> None:
+        """Take a replica's ``/load``: kvmesh's ``LoadReport``, or another server's JSON in a few other
+        spellings (unknown keys are ignored; missing ones keep their value)."""
+        if isinstance(report, LoadReport):
+            self.num_running, self.num_waiting = report.num_requests_running, report.num_requests_waiting
+            self.kv_usage, self.queued_prefill_tokens = report.kv_cache_usage, report.num_waiting_prefill_tokens
+            self.reported_at = time.monotonic()
+            return
+        self.num_running = int(_first(report, _RUNNING_KEYS, self.num_running))
+        self.num_waiting = int(_first(report, _WAITING_KEYS, self.num_waiting))
+        self.kv_usage = float(_first(report, _KV_USAGE_KEYS, self.kv_usage))
+        self.queued_prefill_tokens = int(_first(report, _PREFILL_KEYS, self.queued_prefill_tokens))
+        self.reported_at = time.monotonic()
+
+
+_RUNNING_KEYS = ("num_requests_running", "num_running", "running")
+_WAITING_KEYS = ("num_requests_waiting", "num_waiting", "waiting")
+_KV_USAGE_KEYS = ("kv_cache_usage", "kv_usage")
+_PREFILL_KEYS = ("num_waiting_prefill_tokens", "queued_prefill_tokens")
+
+
+def _first(report: ForeignLoad, keys: tuple[str, ...], default: int | float) -> object:
+    for key in keys:
+        value = report.get(key)
+        if value is not None:
+            return value
+    return default
+
+
+class LoadTracker:
+    """The router's per-replica loads; dispatch/first-token/finish keep the counters exact."""
+
+    def __init__(self, churn_tau_s: float = 300.0) -> None:
+        if not churn_tau_s > 0:
+            raise ValueError(f"churn_tau_s must be > 0 seconds, got {churn_tau_s}")
+        self.loads: dict[Hashable, ReplicaLoad] = {}
+        """replica id -> its load (the mapping policies receive, filtered to healthy replicas)."""
+        self.churn_tau_s = churn_tau_s
+        """Time constant of ``ReplicaLoad.recent_prefill`` (about a cache's turnover time)."""
+        self._churn_t0: float | None = None
+        self.shared = None
+        """The host's ``SharedLoadTable`` (router/routing/shared_loads.py) when several router processes share
+        their counts; None: this router counts alone."""
+        self.row: int | None = None
+        """This process's row in ``shared`` (None: it only reads, e.g. serve's control router)."""
+        self._slotted: list | None = None
+        self._num_slots = 0
+
+    def share(self, table, row: int | None) -> None:
+        """Publish this router's counts in ``table``'s ``row`` (cleared first) and read the others'."""
+        self.shared, self.row, self._slotted = table, row, None
+        if row is not None:
+            table.clear_row(row)
+        for replica_id, load in self.loads.items():
+            self._publish(replica_id, load)
+
+    def refresh(self) -> None:
+        """Take the other router processes' counts into ``peer_*`` (a no-op for a router alone)."""
+        table = self.shared
+        if table is None:
+            return
+        slotted = self._slotted
+        if slotted is None:  # (load, slot) of every replica with a slot; rebuilt when the set changes
+            pairs = ((load, table.slot(rid)) for rid, load in self.loads.items())
+            slotted = self._slotted = [(load, 2 * slot) for load, slot in pairs if slot is not None]
+            self._num_slots = max((i // 2 + 1 for _, i in slotted), default=0)
+        sums = table.peers(self.row, self._num_slots)
+        for load, i in slotted:
+            load.peer_in_flight = sums[i]
+            load.peer_pending_prefill_tokens = sums[i + 1]
+
+    def _publish(self, replica_id: Hashable, load: ReplicaLoad) -> None:
+        if self.row is not None:
+            slot = self.shared.slot(replica_id)
+            if slot is not None:
+                self.shared.write(self.row, slot, load.in_flight, load.pending_prefill_tokens)
+
+    def add_replica(self, replica_id: Hashable) -> ReplicaLoad:
+        self._slotted = None
+        return self.loads.setdefault(replica_id, ReplicaLoad())
+
+    def remove_replica(self, replica_id: Hashable) -> None:
+        self._slotted = None
+        load = self.loads.pop(replica_id, None)
+        if load is not None and self.shared is not None:
+            self._publish(replica_id, ReplicaLoad())  # its requests no longer count here
+
+    def on_dispatch(self, replica_id: Hashable, uncached_tokens: int, now: float | None = None) -> None:
+        """A request was sent; it will prefill ``uncached_tokens`` tokens there (``now``: the clock
+        the churn decays by, ``time.monotonic()`` when None)."""
+        load = self.loads.get(replica_id)
+        if load is not None:
+            load.in_flight += 1
+            load.pending_prefill_tokens += uncached_tokens
+            if self.shared is not None:
+                self._publish(replica_id, load)
+            scale = self._churn_scale(time.monotonic() if now is None else now)  # may rebase recent_prefill
+            load.recent_prefill += uncached_tokens * scale
+
+    def _churn_scale(self, now: float) -> float:
+        # Decay without touching every replica: a dispatch at `now` weighs exp((now - t0) / tau);
+        # ratios between replicas are then those of the decayed sums. Rebased before it overflows.
+        if self._churn_t0 is None:
+            self._churn_t0 = now
+        exponent = (now - self._churn_t0) / self.churn_tau_s
+        if exponent > 200:
+            shrink = math.exp(-exponent)  # may underflow to 0: that history is long forgotten anyway
+            for load in self.loads.values():
+                load.recent_prefill *= shrink
+            self._churn_t0, exponent = now, 0.0
+        return math.exp(exponent)
+
+    def on_first_output(self, replica_id: Hashable, uncached_tokens: int) -> None:
+        """The request produced its first byte: its prefill is done."""
+        load = self.loads.get(replica_id)
+        if load is not None:
+            load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)
+            if self.shared is not None:
+                self._publish(replica_id, load)
+
+    def on_finish(self, replica_id: Hashable, uncached_tokens: int, had_output: bool) -> None:
+        """The request finished (or failed); ``had_output`` says whether on_first_output ran."""
+        load = self.loads.get(replica_id)
+        if load is not None:
+            load.in_flight = max(0, load.in_flight - 1)
+            if not had_output:
+                load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)
+            if self.shared is not None:
+                self._publish(replica_id, load)

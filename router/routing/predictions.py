@@ -1,0 +1,93 @@
+"""Predicted entries of the prefix index (``PrefixIndex.predictions``, router/routing/index.py).
+
+When the router sends a request to a replica, it credits that replica with the request's blocks
+for ``predict_ttl_s`` seconds, before the replica's BlockStored events can arrive. A burst of
+requests sharing a new prefix then follows the first one instead of scattering.
+
+Predicted bits live in the index's ``blocks`` masks like real ones (so matching needs no second
+lookup) and are also recorded in ``predicted`` (key -> bits predicted but not real). Invariant:
+a bit is never both predicted and real -- a real BlockStored for a predicted block *confirms* it
+(the bit leaves ``predicted``); expiry removes only bits still unconfirmed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from itertools import repeat
+from operator import and_, or_
+
+
+class Predictions:
+    """predict / confirm / expire over the index's ``blocks`` masks (shared, not copied)."""
+
+    __slots__ = ("blocks", "predicted", "queue", "ttl_s")
+
+    def __init__(self, blocks: dict[int, int], ttl_s: float) -> None:
+        if ttl_s < 0:
+            raise ValueError(f"predict_ttl_s must be >= 0, got {ttl_s}")
+        self.blocks = blocks
+        """The index's router_key -> replica bits (real and predicted); this object updates it in place."""
+        self.predicted: dict[int, int] = {}
+        """router_key -> bits predicted but not (yet) real."""
+        self.queue: deque[tuple[float, int, list[int]]] = deque()
+        """(expiry time, replica bit, keys) in the order they were predicted."""
+        self.ttl_s = ttl_s
+        """How long a routed request's blocks count as held by its replica before events confirm them."""
+
+    def predict(self, bit: int, keys: Sequence[int], now: float | None = None, start: int = 0) -> int:
+        """Credit the replica owning ``bit`` with ``keys[start:]`` for ``ttl_s``; returns newly credited
+        blocks. ``start`` may be the replica's match length (those blocks are held already)."""
+        if len(keys) <= start or self.ttl_s <= 0:
+            return 0
+        now = time.monotonic() if now is None else now
+        self.expire(now)
+        blocks, predicted = self.blocks, self.predicted
+        tail = keys[start:] if start else keys
+        masks = list(map(blocks.get, tail, repeat(0)))
+        if not any(map(and_, masks, repeat(bit))):  # the usual case: none held yet, update in C
+            blocks.update(zip(tail, map(or_, masks, repeat(bit)), strict=False))
+            predicted.update(zip(tail, map(or_, map(predicted.get, tail, repeat(0)), repeat(bit)), strict=False))
+            added = list(tail)
+        else:
+            added = []
+            for key, mask in zip(tail, masks, strict=False):
+                if not mask & bit:
+                    blocks[key] = mask | bit
+                    predicted[key] = predicted.get(key, 0) | bit
+                    added.append(key)
+        if added:
+            self.queue.append((now + self.ttl_s, bit, added))
+        return len(added)
+
+    def confirm(self, key: int, bit: int) -> None:
+        """A real BlockStored arrived for a predicted block: the bit stays, as a real one."""
+        mask = self.predicted[key] & ~bit
+        if mask:
+            self.predicted[key] = mask
+        else:
+            del self.predicted[key]
+
+    def unpredict(self, key: int, bit: int) -> None:
+        """Withdraw a predicted bit from the index."""
+        self.confirm(key, bit)
+        mask = self.blocks.get(key, 0) & ~bit
+        if mask:
+            self.blocks[key] = mask
+        else:
+            self.blocks.pop(key, None)
+
+    def forget(self, bit: int) -> None:
+        """Withdraw every prediction of one replica (it was cleared or removed)."""
+        for key in [k for k, m in self.predicted.items() if m & bit]:
+            self.unpredict(key, bit)
+
+    def expire(self, now: float) -> None:
+        """Withdraw the predictions older than ``ttl_s`` that no event confirmed."""
+        queue, predicted = self.queue, self.predicted
+        while queue and queue[0][0] <= now:
+            _, bit, keys = queue.popleft()
+            for key in keys:
+                if predicted.get(key, 0) & bit:
+                    self.unpredict(key, bit)

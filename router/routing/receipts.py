@@ -1,0 +1,179 @@
+"""Route receipts: what the router decided for a request, why, and what the engine then reported.
+
+A receipt is made by ``KVRouter.route`` (``RouteDecision.receipt``) and completed with the
+replica's ``usage.prompt_tokens_details.cached_tokens`` (``Receipts.record_actual``). From the
+receipts the router reports its headline numbers:
+
+- *captured / available reuse*: cached tokens the replicas reported ÷ the best hit any healthy
+  replica offered when each request was routed (cluster-wide and per chosen replica);
+- *predicted ≠ actual*: the fraction of requests whose reported hit differed from the router's
+  prediction for the chosen replica (a stale index, an eviction between routing and admission,
+  or a replica whose hashing does not match the router's).
+
+Reasons (``RouteReceipt.reason``):
+
+    cache     the chosen replica offered the best hit of any candidate, and it was > 0
+    load      load decided: the policy sent the request away from a better hit to balance
+              load, or no candidate held any of the prompt
+    session   the request's session kept it on its replica (router/routing/session.py)
+    fallback  the router had no usable cache information: a retry after a failed replica, or
+              the chosen replica is degraded (load-only routing)
+
+The HTTP layer sends ``RouteReceipt.headers()`` (names ``x-kvmesh-*``) when the client opts in,
+and logs ``RouteReceipt.log_fields()`` in its access log. Nothing here does I/O or imports torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+REASONS = ("cache", "load", "session", "fallback")
+"""Every value ``RouteReceipt.reason`` takes."""
+
+HEADER_PREFIX = "x-kvmesh-"
+HEADER_REPLICA = HEADER_PREFIX + "replica"
+HEADER_REASON = HEADER_PREFIX + "route-reason"
+HEADER_PREDICTED = HEADER_PREFIX + "predicted-hit-tokens"
+HEADER_BEST = HEADER_PREFIX + "best-hit-tokens"
+HEADER_PROMPT = HEADER_PREFIX + "prompt-tokens"
+HEADER_OPT_IN = HEADER_PREFIX + "receipt"
+"""Request header a client sets (to any value) to get the receipt headers back."""
+
+
+@dataclass(slots=True)
+class RouteReceipt:
+    """One routing decision, in the words a user debugging a miss needs."""
+
+    replica_id: Hashable
+    """The chosen replica."""
+    reason: str
+    """Why it was chosen: one of ``REASONS``."""
+    predicted_hit_tokens: int
+    """Prompt tokens the router expected the chosen replica to find cached."""
+    best_hit_tokens: int
+    """The largest hit (tokens) any candidate replica offered (>= ``predicted_hit_tokens``)."""
+    best_replica_id: Hashable | None
+    """A candidate offering ``best_hit_tokens`` (None when no candidate held any block)."""
+    num_prompt_tokens: int
+    """Prompt length in tokens."""
+    session_id: str | None = None
+    """The request's session id, if it had one."""
+    actual_cached_tokens: int | None = None
+    """What the replica reported as cached (``usage.prompt_tokens_details.cached_tokens``); None until known."""
+
+    def __post_init__(self) -> None:
+        if self.reason not in REASONS:
+            raise ValueError(f"unknown route reason {self.reason!r}; expected one of {REASONS}")
+
+    @property
+    def diverted_tokens(self) -> int:
+        """Hit tokens given up by not choosing the best-matching replica (load or session)."""
+        return self.best_hit_tokens - self.predicted_hit_tokens
+
+    @property
+    def mispredicted(self) -> bool | None:
+        """True when the replica reported another hit than predicted; None before ``actual_cached_tokens``."""
+        if self.actual_cached_tokens is None:
+            return None
+        return self.actual_cached_tokens != self.predicted_hit_tokens
+
+    def headers(self) -> dict[str, str]:
+        """Response headers carrying this receipt (sent when the request had ``x-kvmesh-receipt``)."""
+        return {
+            HEADER_REPLICA: str(self.replica_id),
+            HEADER_REASON: self.reason,
+            HEADER_PREDICTED: str(self.predicted_hit_tokens),
+            HEADER_BEST: str(self.best_hit_tokens),
+            HEADER_PROMPT: str(self.num_prompt_tokens),
+        }
+
+    def log_fields(self) -> dict:
+        """Flat, JSON-ready fields for a structured access log line."""
+        return {
+            "replica": str(self.replica_id),
+            "route_reason": self.reason,
+            "prompt_tokens": self.num_prompt_tokens,
+            "predicted_hit_tokens": self.predicted_hit_tokens,
+            "best_hit_tokens": self.best_hit_tokens,
+            "best_replica": None if self.best_replica_id is None else str(self.best_replica_id),
+            "cached_tokens": self.actual_cached_tokens,
+            "session_id": self.session_id,
+        }
+
+
+@dataclass(slots=True)
+class ReuseTotals:
+    """Running sums over completed receipts (cluster-wide or of one replica)."""
+
+    requests: int = 0
+    """Receipts completed with the engine's report."""
+    prompt_tokens: int = 0
+    """Prompt tokens of those requests."""
+    available_tokens: int = 0
+    """Sum of ``best_hit_tokens``: the reuse the cluster offered at routing time."""
+    predicted_tokens: int = 0
+    """Sum of ``predicted_hit_tokens`` on the chosen replicas."""
+    captured_tokens: int = 0
+    """Sum of the cached tokens the replicas reported."""
+    mispredicted: int = 0
+    """Requests whose reported hit differed from the prediction."""
+    reasons: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    """Requests per route reason."""
+
+    def add(self, receipt: RouteReceipt, cached_tokens: int) -> None:
+        self.requests += 1
+        self.prompt_tokens += receipt.num_prompt_tokens
+        self.available_tokens += receipt.best_hit_tokens
+        self.predicted_tokens += receipt.predicted_hit_tokens
+        self.captured_tokens += cached_tokens
+        self.mispredicted += cached_tokens != receipt.predicted_hit_tokens
+        self.reasons[receipt.reason] += 1
+
+    @property
+    def captured_ratio(self) -> float:
+        """Captured ÷ available reuse (1.0 when nothing was available)."""
+        return self.captured_tokens / self.available_tokens if self.available_tokens else 1.0
+
+    @property
+    def mispredicted_rate(self) -> float:
+        """Fraction of requests whose reported hit differed from the prediction."""
+        return self.mispredicted / self.requests if self.requests else 0.0
+
+    def as_dict(self) -> dict:
+        return {"requests": self.requests, "prompt_tokens": self.prompt_tokens,
+                "available_tokens": self.available_tokens, "predicted_tokens": self.predicted_tokens,
+                "captured_tokens": self.captured_tokens, "captured_ratio": self.captured_ratio,
+                "mispredicted": self.mispredicted, "mispredicted_rate": self.mispredicted_rate,
+                "reasons": dict(self.reasons)}
+
+
+class Receipts:
+    """Aggregates completed receipts, cluster-wide and per replica (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.total = ReuseTotals()
+        """Over every completed receipt."""
+        self.per_replica: dict[Hashable, ReuseTotals] = {}
+        """Chosen replica id -> its totals."""
+        self._lock = threading.Lock()
+
+    def record_actual(self, receipt: RouteReceipt, cached_tokens: int) -> RouteReceipt:
+        """Complete ``receipt`` with the replica's reported ``cached_tokens`` and count it."""
+        if cached_tokens < 0:
+            raise ValueError(f"cached_tokens must be >= 0, got {cached_tokens}")
+        receipt.actual_cached_tokens = cached_tokens
+        with self._lock:
+            self.total.add(receipt, cached_tokens)
+            per = self.per_replica.get(receipt.replica_id)
+            if per is None:
+                per = self.per_replica[receipt.replica_id] = ReuseTotals()
+            per.add(receipt, cached_tokens)
+        return receipt
+
+    def summary(self) -> dict:
+        """JSON-ready totals: ``{"cluster": {...}, "replicas": {id: {...}}}``."""
+        with self._lock:
+            return {"cluster": self.total.as_dict(),
+                    "replicas": {str(r): t.as_dict() for r, t in self.per_replica.items()}}

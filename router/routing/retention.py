@@ -1,0 +1,27 @@
+"""What losing a replica costs in cached reuse: the blocks it holds that no other replica holds.
+
+The autoscaler drains the replica with the smallest cost (``GET /replicas`` reports it as
+``exclusive_blocks``): a block another replica also holds is still a cache hit after the drain;
+an exclusive one is recomputed on its next use. Predicted blocks (routed, not yet confirmed by
+events) are left out on both sides. Reads the index's masks under the router's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from kvmesh.router.routing.kv_router import KVRouter
+
+
+def exclusive_blocks(router: KVRouter) -> dict[Hashable, int]:
+    """Per replica: blocks it holds (per its events) that no other replica holds."""
+    with router.lock:
+        index = router.index
+        blocks, predicted = index._blocks, index.predictions.predicted
+        out: dict[Hashable, int] = {}
+        for replica_id in index.replica_ids:
+            tree = index._replicas[replica_id]
+            bit = tree.bit
+            out[replica_id] = sum(1 for key in set(tree.ext_to_key.values())
+                                  if blocks.get(key, 0) & ~predicted.get(key, 0) == bit)
+        return out
