@@ -46,7 +46,7 @@ class SimRequest:
     """The conversation this request belongs to (generated multi-turn workloads), if any."""
     # -- measured --
     router_index: int = 0  # which of the simulated routers routed it
-    receipt: object = None  # its RouteReceipt (router/receipts.py)
+    receipt: object = None  # its RouteReceipt (router/routing/receipts.py)
     replica_id: int = -1
     predicted_hit_tokens: int = 0  # the router's match for the chosen replica, in tokens
     num_cached_tokens: int = 0  # prefix hit found in the replica's pool on admission

@@ -6,7 +6,7 @@ kinds of events of its own:
 - tick (every ``autoscale.decision_interval_s``): the replicas' rows as ``GET /replicas`` gives them (the
   router's in-flight counts and prefill backlog) go to ``cluster.autoscaler.Autoscaler``; "up"
   creates replicas that join the router ``startup_s`` later (a cold cache), "down" drains the
-  replica ``cheapest_to_lose`` picks from the index's exclusive blocks (``router/retention.py``);
+  replica ``cheapest_to_lose`` picks from the index's exclusive blocks (``router/routing/retention.py``);
 - join: a started replica joins the router; a drained replica with nothing in flight leaves (the
   router drops it and its replica-seconds stop).
 

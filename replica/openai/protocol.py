@@ -58,7 +58,7 @@ class SamplingFields(OpenAIBaseModel):
     request_id: str | None = None
     return_token_ids: bool = False
     """(vLLM) Streamed chunks carry the token ids behind their text: each choice its new ``token_ids``, the
-    first chunk the ``prompt_token_ids``. The router asks for them so a stream can migrate (router/migration.py)."""
+    first chunk the ``prompt_token_ids``. The router asks for them so a stream can migrate (router/http/migration.py)."""
     logit_bias: dict[str, float] | None = None
     """Token id (as a string key, as OpenAI sends it) -> bias in [-100, 100] added to its logit."""
 
@@ -244,7 +244,7 @@ class ChatCompletionRequest(SamplingFields):
     prompt_token_ids: list[int] | None = None
     """(kvmesh) The chat already rendered to token ids: used instead of rendering ``messages`` (still required),
     after a range check and the usual context / max_tokens checks. A kvmesh router sets it so the replica
-    does not tokenize the chat again (router/token_forwarding.py); ids that do not match the messages are
+    does not tokenize the chat again (router/http/token_forwarding.py); ids that do not match the messages are
     the sender's choice, as with a token-id completion prompt."""
 
     def _max_tokens(self) -> int | None:

@@ -22,7 +22,7 @@ class LoadReport(msgspec.Struct, kw_only=True):
     """The replica's clock (``time.time()``) when it answered: routers estimate the clock offset from it."""
     kv_events_seq: int | None = None
     """Seq of the last KV event batch the replica's publisher sent (-1: none yet); None without events.
-    A router that has not applied it soon after is not following the stream (router/stream_watch.py)."""
+    A router that has not applied it soon after is not following the stream (router/control/stream_watch.py)."""
     kv_events_unsent_s: float | None = None
     """Seconds the oldest KV event batch has waited in the publisher unsent (0: none); None without events."""
 

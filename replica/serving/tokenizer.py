@@ -92,7 +92,7 @@ class Tokenizer:
         self.cache = cache
         """Where ``encode`` gets its ids when set: an object whose ``encode(text, add_special_tokens,
         max_fresh_chars=None)`` gives exactly ``hf``'s ids (the router's ``CachedTokenizer``,
-        router/tokenize_cache.py); None: ``hf`` encodes every call."""
+        router/routing/tokenize_cache.py); None: ``hf`` encodes every call."""
         self._special_tokens: dict[str, str | list[str]] | None = None
 
     # ------------------------------------------------------------ properties
