@@ -4,6 +4,7 @@
 
     engine thread                      I/O thread (owns every socket)
     publish(events) ──deque──wake──▶   seq = next; encode; PUB send [topic, seq, payload]
+                                       XPUB: subscribers joining/leaving -> ``subscribers``
        (never touches the network)     shadow.apply(events); ring buffer (seq, payload)
                                        ROUTER: replay request  -> buffered batches + end marker
                                                snapshot request -> shadow as BlockStored chains
@@ -129,7 +130,10 @@ class ZmqEventPublisher:
         self._own_ctx = zmq.Context() if config.curve_client_keys else None
         ctx = self._own_ctx or zmq.Context.instance()
         self._auth = curve.start_authenticator(ctx, config.curve_client_keys) if self._own_ctx else None
-        pub = ctx.socket(zmq.PUB)
+        # An XPUB is a PUB that also tells us who subscribes (the same to SUB peers on the wire):
+        # ``subscribers`` counts them, so "has anyone joined yet" is a condition, not a guess.
+        pub = ctx.socket(zmq.XPUB)
+        pub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe, not only the first/last
         pub.setsockopt(zmq.SNDHWM, config.hwm)
         pub.setsockopt(zmq.LINGER, int(config.shutdown_timeout * 1000))
         if config.curve_secret_key is not None:
@@ -183,6 +187,17 @@ class ZmqEventPublisher:
             initial = snapshot_source()
             if initial:
                 self.publish([AllBlocksCleared(), *initial])
+
+    @property
+    def subscribers(self) -> int:
+        """Subscriptions that cover this publisher's topic, from the peers connected now (ZeroMQ's
+        slow joiner: a batch sent before a subscriber's subscription arrived is not sent to it)."""
+        return self._io.subscribers
+
+    def wait_for_subscribers(self, count: int = 1, timeout: float = 5.0) -> bool:
+        """Wait until ``subscribers`` >= ``count`` (True) or ``timeout`` seconds passed (False)."""
+        with self._io.subscribed:
+            return self._io.subscribed.wait_for(lambda: self._io.subscribers >= count, timeout)
 
     @property
     def seq(self) -> int:

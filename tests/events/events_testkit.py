@@ -43,6 +43,23 @@ def raw_socket(kind: int, address: str, subscribe: bytes | None = None) -> zmq.S
     return sock
 
 
+def raw_publisher() -> tuple[zmq.Socket, str]:
+    """A hand-driven PUB bound on loopback and its address. It is an XPUB (a PUB to its peers) so that
+    ``wait_subscribed`` can tell when a subscriber's subscription arrived: a PUB drops what it sends before."""
+    pub = zmq.Context.instance().socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    return pub, f"tcp://127.0.0.1:{pub.bind_to_random_port('tcp://127.0.0.1')}"
+
+
+def wait_subscribed(xpub: zmq.Socket, timeout: float = 5.0) -> bool:
+    """Wait for a subscription to reach ``xpub`` (reported as ``b"\\x01" + topic``); True if one did."""
+    deadline = time.monotonic() + timeout
+    while xpub.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+        if xpub.recv()[:1] == b"\x01":
+            return True
+    return False
+
+
 def recv_until_end(dealer: zmq.Socket, timeout_ms: int = 3000) -> list[list[bytes]]:
     """DEALER answers up to and including an end frame (empty last frame)."""
     out = []
@@ -102,6 +119,12 @@ class Follower:
         tracker = self.sub._io.trackers.get(name)
         return pub.flushed() and st is not None and st.last_seq == pub.seq - 1 and tracker is not None and tracker.mode == "live"
 
+    def joined(self, name: str, pub, timeout: float = 5.0) -> bool:
+        """Following ``pub`` live: its snapshot applied, the replay probe that follows a snapshot answered
+        (lost batches count as gaps only after it) and our subscription arrived (a PUB drops before)."""
+        return wait_for(lambda: pub.stats["replays"] >= 1 and self.caught_up(name, pub), timeout) and \
+            pub.wait_for_subscribers(timeout=timeout)
+
     def converges(self, name: str, pub, timeout: float = 8.0) -> bool:
         """Caught up with ``pub`` and holding exactly its shadow (what it has sent)."""
         return wait_for(lambda: self.caught_up(name, pub) and self.states[name].keys() == pub._io.shadow.keys(),
@@ -117,9 +140,7 @@ class OldVllmPublisher:
         import threading
 
         ctx = zmq.Context.instance()
-        self.pub = ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.endpoint = f"tcp://127.0.0.1:{self.pub.bind_to_random_port('tcp://127.0.0.1')}"
+        self.pub, self.endpoint = raw_publisher()
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.replay_endpoint = f"tcp://127.0.0.1:{self.router.bind_to_random_port('tcp://127.0.0.1')}"
@@ -181,9 +202,7 @@ class RawSource:
 
     def __init__(self) -> None:
         ctx = zmq.Context.instance()
-        self.pub = ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.endpoint = f"tcp://127.0.0.1:{self.pub.bind_to_random_port('tcp://127.0.0.1')}"
+        self.pub, self.endpoint = raw_publisher()
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.replay_endpoint = f"tcp://127.0.0.1:{self.router.bind_to_random_port('tcp://127.0.0.1')}"
