@@ -7,7 +7,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvmesh.events.subscriber_config import SubscriberConfig
+from kvmesh.events.config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.router.policies import DEFAULT_POLICY, POLICIES
 

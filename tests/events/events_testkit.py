@@ -8,7 +8,7 @@ import zmq
 from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
 from kvmesh.events.schema import BlockStored
 from kvmesh.events.state import CachedBlockSet
-from kvmesh.events.subscriber import EventSubscriber
+from kvmesh.events.subscriber import EventSubscriber, wait_until
 
 LOOPBACK = "tcp://127.0.0.1:0"
 
@@ -26,12 +26,7 @@ def make_publisher(**kw) -> ZmqEventPublisher:
 
 
 def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
+    return wait_until(predicate, timeout)
 
 
 def raw_socket(kind: int, address: str, subscribe: bytes | None = None) -> zmq.Socket:
