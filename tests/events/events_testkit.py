@@ -66,11 +66,12 @@ def recv_until_end(dealer: zmq.Socket, timeout_ms: int = 3000) -> list[list[byte
     raise AssertionError(f"no end marker after {len(out)} answers")
 
 
-class DroppingSocket:
-    """Wraps a PUB socket and silently drops the batches whose seq ``drop(seq)`` selects."""
+class RewritingSocket:
+    """Wraps a PUB socket: each whole message ``[topic, seq, payload]`` is sent as ``rewrite(seq, frames)``
+    returns it (None: not sent). The publisher's replay buffer keeps what it meant to send."""
 
-    def __init__(self, sock: zmq.Socket, drop) -> None:
-        self._sock, self._drop = sock, drop
+    def __init__(self, sock: zmq.Socket, rewrite) -> None:
+        self._sock, self._rewrite = sock, rewrite
         self._frames: list = []
 
     def send(self, frame, flags=0):
@@ -78,11 +79,19 @@ class DroppingSocket:
         if flags & zmq.SNDMORE:
             return
         frames, self._frames = self._frames, []
-        if not self._drop(int.from_bytes(frames[1], "big")):
+        frames = self._rewrite(int.from_bytes(frames[1], "big"), frames)
+        if frames is not None:
             self._sock.send_multipart(frames, flags)
 
     def close(self, *a, **kw):
         self._sock.close(*a, **kw)
+
+
+class DroppingSocket(RewritingSocket):
+    """Wraps a PUB socket and silently drops the batches whose seq ``drop(seq)`` selects."""
+
+    def __init__(self, sock: zmq.Socket, drop) -> None:
+        super().__init__(sock, lambda seq, frames: None if drop(seq) else frames)
 
 
 class Follower:
@@ -114,11 +123,12 @@ class Follower:
         tracker = self.sub._io.trackers.get(name)
         return pub.flushed() and st is not None and st.last_seq == pub.seq - 1 and tracker is not None and tracker.mode == "live"
 
-    def joined(self, name: str, pub, timeout: float = 5.0) -> bool:
+    def joined(self, name: str, pub, followers: int = 1, timeout: float = 5.0) -> bool:
         """Following ``pub`` live: its snapshot applied, the replay probe that follows a snapshot answered
-        (lost batches count as gaps only after it) and our subscription arrived (a PUB drops before)."""
-        return wait_for(lambda: pub.stats["replays"] >= 1 and self.caught_up(name, pub), timeout) and \
-            pub.wait_for_subscribers(timeout=timeout)
+        (lost batches count as gaps only after it) and the subscription arrived (a PUB drops before).
+        ``followers``: how many follow ``pub`` (each probes once after its snapshot)."""
+        return wait_for(lambda: pub.stats["replays"] >= followers and self.caught_up(name, pub), timeout) and \
+            pub.wait_for_subscribers(followers, timeout)
 
     def converges(self, name: str, pub, timeout: float = 8.0) -> bool:
         """Caught up with ``pub`` and holding exactly its shadow (what it has sent)."""
@@ -171,25 +181,12 @@ class OldVllmPublisher:
         self.router.close()
 
 
-class CorruptingSocket:
+class CorruptingSocket(RewritingSocket):
     """Wraps a PUB socket and replaces the payload of the batches whose seq ``corrupt(seq)``
     selects by ``garbage`` (the publisher's replay buffer keeps the good payload)."""
 
     def __init__(self, sock: zmq.Socket, corrupt, garbage: bytes) -> None:
-        self._sock, self._corrupt, self._garbage = sock, corrupt, garbage
-        self._frames: list = []
-
-    def send(self, frame, flags=0):
-        self._frames.append(frame)
-        if flags & zmq.SNDMORE:
-            return
-        frames, self._frames = self._frames, []
-        if self._corrupt(int.from_bytes(frames[1], "big")):
-            frames[2] = self._garbage
-        self._sock.send_multipart(frames, flags)
-
-    def close(self, *a, **kw):
-        self._sock.close(*a, **kw)
+        super().__init__(sock, lambda seq, frames: [*frames[:2], garbage] if corrupt(seq) else frames)
 
 
 class RawSource:

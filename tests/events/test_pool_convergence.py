@@ -91,7 +91,7 @@ def test_late_dropped_and_restarted_followers_end_with_the_pools_cached_set(seed
         tiny = Follower([src], tiny_cfg, slow_first=3, delay=0.05).start()  # tiny HWM, slow consumer
         followers += [lossy, tiny]
         assert wait_for(lambda: lossy.sub.stats["r0"].snapshots == 1 and tiny.sub.stats["r0"].snapshots == 1)
-        assert pub.wait_for_subscribers(2)  # both subscriptions reached the publisher
+        assert lossy.joined("r0", pub, followers=2) and tiny.joined("r0", pub, followers=2)
         steps = 120
         restarted = late = None
         for i in range(steps):
