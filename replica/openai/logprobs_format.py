@@ -15,9 +15,7 @@ alone (``decode([id])``) with the leading spaces SentencePiece's "▁" stands fo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
-
-from typing_extensions import NotRequired, TypedDict  # typing has NotRequired from Python 3.11
+from typing import Protocol, TypedDict
 
 MIN_LOGPROB = -9999.0
 """What -inf becomes in JSON (OpenAI's and vLLM's value)."""
@@ -40,7 +38,14 @@ class HFTokenizerLike(Protocol):
     def convert_ids_to_tokens(self, ids: int) -> str | None: ...
 
 
-class ChatLogprob(TypedDict):
+class _TopLogprobs(TypedDict, total=False):
+    """The part of ``ChatLogprob`` only the chosen token has (a TypedDict's optional keys, Python 3.10's way)."""
+
+    top_logprobs: list[ChatLogprob]
+    """The most likely tokens at this position (on the chosen token only)."""
+
+
+class ChatLogprob(_TopLogprobs):
     """One token of a chat choice's ``logprobs.content`` (OpenAI's ``ChatCompletionTokenLogprob``)."""
 
     token: str
@@ -49,8 +54,6 @@ class ChatLogprob(TypedDict):
     """Its log probability, -inf clamped to ``MIN_LOGPROB``."""
     bytes: list[int]
     """Its UTF-8 bytes."""
-    top_logprobs: NotRequired[list[ChatLogprob]]
-    """The most likely tokens at this position (on the chosen token only)."""
 
 
 TokenDecoder = Callable[[int], str]

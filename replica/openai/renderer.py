@@ -16,21 +16,21 @@ The router and the replica both render through this class, so they compute the s
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.errors import ProtocolError
 from pydantic import JsonValue
-from typing_extensions import TypeVarTuple, Unpack  # typing has them from Python 3.11
 
 if TYPE_CHECKING:
     from kvmesh.replica.serving.tokenizer import Tokenizer
 
 T = TypeVar("T")
-Ts = TypeVarTuple("Ts")
+P = ParamSpec("P")
 _INLINE_IDS = 4096
 """Token-id prompts up to this length are range-checked on the loop (cheaper than a thread hop)."""
 _INLINE_CHARS = 2048
@@ -56,9 +56,9 @@ class PromptRenderer:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def run(self, fn: Callable[[Unpack[Ts]], T], *args: Unpack[Ts]) -> T:
-        """``fn(*args)`` on the pool; a ProtocolError(400) when it takes longer than ``render_timeout_s``."""
-        future = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` on the pool; a ProtocolError(400) when it takes longer than ``render_timeout_s``."""
+        future = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
         try:
             return await asyncio.wait_for(future, self.config.render_timeout_s)
         except asyncio.TimeoutError:
