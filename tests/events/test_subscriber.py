@@ -1,6 +1,7 @@
 """The subscriber follows publishers in order and converges whatever was lost on the way."""
 
 import asyncio
+from contextlib import contextmanager
 
 import pytest
 import zmq
@@ -27,6 +28,26 @@ def source(pub, name="r0", replay=True):
 def publish_chain(pub, start, n, per_batch=1):
     for i in range(start, start + n, per_batch):
         pub.publish([stored(h, h - 1 if h > 1 else None) for h in range(i, min(i + per_batch, start + n))])
+
+
+@contextmanager
+def restarted_publisher(batches_before: int):
+    """``(follower, p2)``: a follower that converged on a publisher's first ``batches_before`` batches,
+    and the publisher's restart ``p2`` on the same ports (seq back to 0); both closed after."""
+    p1 = make_publisher()
+    endpoint, replay = p1.endpoint, p1.replay_endpoint
+    f = Follower([PublisherSource("r0", endpoint, replay)], FAST).start()
+    try:
+        publish_chain(p1, 1, batches_before)
+        assert f.converges("r0", p1)
+        p1.close()
+        p2 = make_publisher(endpoint="bind://" + endpoint, replay_endpoint=replay)
+        try:
+            yield f, p2
+        finally:
+            p2.close()
+    finally:
+        f.close()
 
 
 @pytest.fixture
@@ -109,25 +130,13 @@ def test_a_restarted_subscriber_converges(pub):
 
 
 def test_a_publisher_restart_is_detected_and_the_state_reset():
-    p1 = make_publisher()
-    endpoint, replay = p1.endpoint, p1.replay_endpoint
-    f = Follower([PublisherSource("r0", endpoint, replay)], FAST).start()
-    try:
-        publish_chain(p1, 1, 10)
-        assert f.converges("r0", p1)
-        p1.close()
-        p2 = make_publisher(endpoint="bind://" + endpoint, replay_endpoint=replay)  # same ports, seq back to 0
-        try:
-            assert wait_for(lambda: f.sub.stats["r0"].snapshots >= 1)
-            assert p2.wait_for_subscribers()  # the SUB reconnects on its own
-            publish_chain(p2, 100, 3)
-            assert f.converges("r0", p2)
-            assert f.sub.stats["r0"].restarts >= 1
-            assert f.states["r0"].hashes() == {100, 101, 102}
-        finally:
-            p2.close()
-    finally:
-        f.close()
+    with restarted_publisher(10) as (f, p2):
+        assert wait_for(lambda: f.sub.stats["r0"].snapshots >= 1)
+        assert p2.wait_for_subscribers()  # the SUB reconnects on its own
+        publish_chain(p2, 100, 3)
+        assert f.converges("r0", p2)
+        assert f.sub.stats["r0"].restarts >= 1
+        assert f.states["r0"].hashes() == {100, 101, 102}
 
 
 def test_a_vllm_publisher_without_snapshots_is_followed_and_the_consumer_told(pub):
@@ -248,25 +257,13 @@ def test_sources_can_be_added_and_removed_while_running(pub):
 
 
 def test_a_restarted_publisher_that_ran_ahead_is_caught_by_the_reconnect_snapshot():
-    p1 = make_publisher()
-    endpoint, replay = p1.endpoint, p1.replay_endpoint
-    f = Follower([PublisherSource("r0", endpoint, replay)], FAST).start()
-    try:
-        publish_chain(p1, 1, 3)
-        assert f.converges("r0", p1)
-        p1.close()
-        p2 = make_publisher(endpoint="bind://" + endpoint, replay_endpoint=replay)
-        try:
-            # Before we reconnect, the new publisher is already past our last seq (2): no seq check
-            # can see the restart, the reconnect does.
-            publish_chain(p2, 100, 10)
-            assert f.converges("r0", p2)
-            assert f.states["r0"].hashes() == set(range(100, 110))
-            assert f.sub.stats["r0"].reconnects >= 1
-        finally:
-            p2.close()
-    finally:
-        f.close()
+    with restarted_publisher(3) as (f, p2):
+        # Before we reconnect, the new publisher is already past our last seq (2): no seq check
+        # can see the restart, the reconnect does.
+        publish_chain(p2, 100, 10)
+        assert f.converges("r0", p2)
+        assert f.states["r0"].hashes() == set(range(100, 110))
+        assert f.sub.stats["r0"].reconnects >= 1
 
 
 def test_a_batch_lost_at_the_tail_of_a_burst_is_found_by_the_idle_probe(pub):
