@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import zmq
@@ -97,14 +98,22 @@ class DroppingSocket(RewritingSocket):
 class Follower:
     """An EventSubscriber that folds what it receives into one CachedBlockSet per source."""
 
-    def __init__(self, sources, config=None, slow_first: int = 0, delay: float = 0.0) -> None:
+    def __init__(self, sources, config=None, slow_first: int = 0, delay: float = 0.0,
+                 gate: threading.Event | None = None) -> None:
         self.states: dict[str, CachedBlockSet] = {s.name: CachedBlockSet() for s in sources}
         self.statuses: list[tuple[str, str]] = []
         self._slow_left, self._delay = slow_first, delay
+        self._gate = gate
+        """The first live batch waits until ``gate`` is set: a consumer that stops reading (``stopped``)."""
+        self.stopped = threading.Event()
+        """Set when the first live batch waits at ``gate``."""
         self.sub = EventSubscriber(sources, on_batch=self._on_batch, config=config,
                                    on_status=lambda n, s, d: self.statuses.append((n, s)))
 
     def _on_batch(self, name, seq, batch) -> None:
+        if self._gate is not None and seq >= 0 and not self.stopped.is_set():
+            self.stopped.set()
+            self._gate.wait(10)
         if self._slow_left > 0:
             self._slow_left -= 1
             time.sleep(self._delay)
@@ -142,8 +151,6 @@ class OldVllmPublisher:
     reads as a huge start_seq). Single-threaded: call ``serve()`` to answer pending requests."""
 
     def __init__(self, topic: bytes = b"") -> None:
-        import threading
-
         ctx = zmq.Context.instance()
         self.pub, self.endpoint = raw_publisher()
         self.router = ctx.socket(zmq.ROUTER)
@@ -217,8 +224,6 @@ class EndlessMessagePeer:
     --mix endless``'s peer, in a thread); accepts reconnections. ``close()`` stops it."""
 
     def __init__(self) -> None:
-        import threading
-
         from kvmesh.cluster.benchmarks._flooder import endless_message_peer
 
         go, self._stop = threading.Event(), threading.Event()

@@ -1,6 +1,7 @@
 """The subscriber follows publishers in order and converges whatever was lost on the way."""
 
 import asyncio
+import threading
 from contextlib import contextmanager
 
 import pytest
@@ -100,14 +101,18 @@ def test_a_gap_older_than_the_replay_buffer_falls_back_to_a_snapshot():
 
 def test_a_tiny_hwm_loses_messages_and_still_converges():
     p = make_publisher(hwm=1)
-    f = Follower([source(p)], SubscriberConfig(rcvhwm=1, replay_timeout=1, snapshot_timeout=1),
-                 slow_first=4, delay=0.05).start()
+    gate = threading.Event()
+    f = Follower([source(p)], SubscriberConfig(rcvhwm=1, replay_timeout=1, snapshot_timeout=1), gate=gate).start()
     try:
         assert wait_for(lambda: f.sub.stats["r0"].snapshots == 1)
         assert f.joined("r0", p)
+        p.publish([stored(999, None)])
+        assert f.stopped.wait(5)  # the consumer naps (stops reading) at this first batch
         for i in range(60):  # ~100 KB per batch, so the socket buffers fill while the consumer naps
             p.publish([stored(1000 + i, None, bs=25_000)])
-        publish_chain(p, 1, 20)
+        assert wait_for(lambda: p.flushed() and p.seq == 61)  # sent, or dropped by the full PUB
+        gate.set()
+        publish_chain(p, 1, 20)  # sent after the dropped ones: the gap shows
         assert f.converges("r0", p, timeout=15)
         assert f.sub.stats["r0"].gaps >= 1  # the napping consumer did lose messages
     finally:
