@@ -110,7 +110,7 @@ class ZmqEventPublisher:
         self._wake.setsockopt(zmq.LINGER, 0)
         self._wake.connect(wake_addr)
         self._wake_lock = threading.Lock()
-        self._queue: deque = deque()
+        self._queue: deque[KVEventBatch] = deque()
         self._space = threading.Condition()
         self._io = PublisherIO(
             pub, replay, wake_recv, self._queue, self._space, config.topic.encode(), data_parallel_rank,

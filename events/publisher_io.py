@@ -14,6 +14,7 @@ from collections import deque
 
 import zmq
 from kvmesh.events.codec import encode_batch
+from kvmesh.events.config import PublisherConfig
 from kvmesh.events.ratelimit import TokenBucket
 from kvmesh.events.schema import BlockStored, KVEventBatch
 from kvmesh.events.state import CachedBlockSet
@@ -31,8 +32,9 @@ class PublisherIO:
     """State and loop of the publisher's I/O thread (see ``publisher.py`` for the picture)."""
 
     def __init__(
-        self, pub, replay, wake, queue: deque, space: threading.Condition, topic: bytes,
-        dp_rank: int, buffer_steps: int, buffer_max_bytes: int, snapshot_chunk_blocks: int, limits,
+        self, pub: zmq.Socket, replay: zmq.Socket | None, wake: zmq.Socket, queue: deque[KVEventBatch],
+        space: threading.Condition, topic: bytes, dp_rank: int, buffer_steps: int, buffer_max_bytes: int,
+        snapshot_chunk_blocks: int, limits: PublisherConfig,
     ) -> None:
         self._pub, self._replay, self._wake = pub, replay, wake
         self._xpub = pub  # what the subscriptions are read from (tests wrap ``_pub``, the sender)
