@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from kvmesh.cluster.autoscaler import AutoscaleConfig
 from kvmesh.cluster.config_schema import Schema, Tree, to_dict
 from kvmesh.cluster.gpu_share import check_gpu_share, gpus_per_worker
-from kvmesh.events.publisher import PublisherConfig
+from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.server_config import ReplicaServerConfig

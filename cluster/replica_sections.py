@@ -18,7 +18,7 @@ from kvmesh.cluster.config import ServeConfig
 from kvmesh.cluster.event_keys import CurveKeys
 from kvmesh.cluster.gpu_share import replica_memory_utilization
 from kvmesh.cluster.ray_cluster import LOCAL_HOST
-from kvmesh.events.publisher import PublisherConfig
+from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.server_config import AUTO_HOST, ReplicaServerConfig
 

@@ -7,11 +7,12 @@ Modules (import what you need; this package imports nothing itself):
 - ``wire``        frame layouts: PUB, replay (vLLM) and snapshot (kvmesh) requests and answers
 - ``endpoints``   bind-or-connect rules (vLLM's, plus ``bind://`` / ``connect://``), port 0
 - ``state``       CachedBlockSet: the set of blocks a stream describes, and its snapshot chains
+- ``config``      the events section: PublisherConfig, PublisherSource, SubscriberConfig
 - ``publisher``   ZmqEventPublisher (+ ``publisher_io``, its I/O thread)
-- ``subscriber``  EventSubscriber (+ ``subscriber_config``, its sources and limits;
-                  ``subscriber_io``/``subscriber_feed``/``subscriber_requests``, its I/O thread;
-                  ``subscriber_guard`` + ``health``, bad frames and degraded sources; ``tracker``,
-                  the per-publisher ordering and gap-recovery logic)
+- ``subscriber``  EventSubscriber (+ ``feed_loop``, its I/O thread over ``feed`` (one SUB socket each)
+                  and ``replay_requests`` (the DEALERs); ``frame_guard`` + ``health``, bad frames,
+                  degraded sources and the statuses a consumer hears; ``tracker``, the per-publisher
+                  ordering and gap-recovery logic; ``pending``, ``stats``, ``memory_watch``)
 - ``curve``       CURVE keys and socket setup (private streams); ``ratelimit``, the token bucket
                   of the publisher's replay/snapshot limits
 """

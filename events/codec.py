@@ -18,12 +18,14 @@ turns the failure into ``DecodeError``, so one bad frame can never kill the thre
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeAlias
 
 import msgspec
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
 
 _U64_MASK = (1 << 64) - 1
+Msgpack: TypeAlias = None | bool | int | float | str | bytes | list["Msgpack"] | dict["Msgpack", "Msgpack"]
+"""Whatever an untyped msgpack decode returns (the lenient path reads a payload this way first)."""
 
 _ENCODER = msgspec.msgpack.Encoder()
 _TYPED_DECODER = msgspec.msgpack.Decoder(KVEventBatch)
@@ -68,11 +70,11 @@ def external_hash_from_bytes(digest: bytes) -> int:
     return int.from_bytes(digest, "big") & _U64_MASK
 
 
-def _as_int(h: Any) -> Any:
+def _as_int(h: Msgpack) -> Msgpack:
     return external_hash_from_bytes(h) if isinstance(h, bytes) else h
 
 
-def _normalize_hashes(fields: dict) -> None:
+def _normalize_hashes(fields: dict[str, Msgpack]) -> None:
     """Bytes hashes of a raw event's fields -> ints, before conversion to the int-typed schema."""
     hashes = fields.get("block_hashes")
     if isinstance(hashes, (list, tuple)):
@@ -146,7 +148,7 @@ def _decode_lenient(payload: bytes) -> DecodedBatch:
     return DecodedBatch(KVEventBatch(ts=float(ts), events=events, data_parallel_rank=dp_rank), unknown)
 
 
-def _convert_event(raw: Any) -> KVEvent | None:
+def _convert_event(raw: Msgpack) -> KVEvent | None:
     """One event from its map or positional form; None if its type is unknown or it is malformed."""
     if isinstance(raw, dict):
         name = raw.get("type")

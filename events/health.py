@@ -8,11 +8,24 @@ no bad frame for ``probation_s``; a source without snapshots needs a whole clean
 
     ok ──threshold bad frames within window_s──▶ degraded ──snapshot applied, then probation_s
                                                             without a bad frame──▶ ok
+
+The statuses a consumer hears about a source (``on_status(name, status, detail)``) are named here too.
 """
 
 from __future__ import annotations
 
 from collections import deque
+
+DEGRADED = "degraded"
+"""The source sent ``threshold`` bad frames within ``window_s``: route to it by load only (frame_guard.py)."""
+RECOVERED = "recovered"
+"""A degraded source is trusted again (frame_guard.py)."""
+SNAPSHOT_APPLIED = "snapshot_applied"
+"""A snapshot replaced what the source said before (tracker.py)."""
+SNAPSHOT_FAILED = "snapshot_failed"
+"""A snapshot request failed: timed out, or the source has no snapshots (tracker.py)."""
+UNRECOVERED = "unrecovered"
+"""Batches were lost that neither a replay nor a snapshot could restore (tracker.py)."""
 
 
 class SourceHealth:

@@ -40,7 +40,7 @@ class MemoryWatch:
         self._next = self._last = 0.0
 
     def suspects(self, feeds) -> list:
-        """Feeds (``subscriber_feed.Feed``) to reset now: empty unless the RSS grew past the limit."""
+        """Feeds (``feed.Feed``) to reset now: empty unless the RSS grew past the limit."""
         if self._base is None:
             return []
         now = time.monotonic()

@@ -4,6 +4,7 @@
 
     engine thread                      I/O thread (owns every socket)
     publish(events) ──deque──wake──▶   seq = next; encode; PUB send [topic, seq, payload]
+                                       XPUB: subscribers joining/leaving -> ``subscribers``
        (never touches the network)     shadow.apply(events); ring buffer (seq, payload)
                                        ROUTER: replay request  -> buffered batches + end marker
                                                snapshot request -> shadow as BlockStored chains
@@ -33,82 +34,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import zmq
 from kvmesh.events import curve
+from kvmesh.events.config import PublisherConfig
 from kvmesh.events.endpoints import attach, offset_port, parse_listen_endpoint, parse_pub_endpoint
 from kvmesh.events.publisher_io import PublisherIO
 from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEvent, KVEventBatch
 from kvmesh.events.wire import MAX_REQUEST_BYTES
 
+__all__ = ["PublisherConfig", "ZmqEventPublisher"]
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class PublisherConfig:
-    """Where and how a replica publishes its KV events."""
-
-    endpoint: str = "bind://tcp://127.0.0.1:5557"
-    """PUB address. vLLM's rule: wildcard host / ipc / inproc binds, others connect; ``bind://``
-    forces a bind (default: loopback only), ``connect://`` a connect; port 0 = ephemeral."""
-    replay_endpoint: str | None = "tcp://127.0.0.1:5558"
-    """ROUTER address for replay and snapshot requests (always binds); None disables both."""
-    topic: str = ""
-    """ZeroMQ topic frame of every message; vLLM's default, the empty string (vllm-router subscribes to it)."""
-    buffer_steps: int = 10_000
-    """Batches kept for replay (ring buffer)."""
-    buffer_max_bytes: int = 256 << 20
-    """Byte cap of the replay ring buffer; the oldest batches go first."""
-    hwm: int = 100_000
-    """ZeroMQ send high-water mark (messages) of the PUB socket (the PUB drops beyond it)."""
-    max_queue_size: int = 100_000
-    """Batches waiting for the I/O thread before ``publish`` resyncs (or waits, without source)."""
-    snapshot_chunk_blocks: int = 2048
-    """Blocks per snapshot message."""
-    shutdown_timeout: float = 1.0
-    """Seconds ``close`` waits for queued batches to go out."""
-    replay_requests_per_s: float = 50.0
-    """Replay/snapshot requests answered per second, all peers together; beyond it replays are
-    dropped unanswered (the asker times out) and snapshots answered "busy" (the asker backs off)."""
-    replay_request_burst: int = 100
-    """Requests answered at once before ``replay_requests_per_s`` applies."""
-    snapshots_per_s: float = 1.0
-    """Snapshots answered per second, all peers together (each one encodes the whole cache:
-    ~0.1-0.2 s of this process's CPU per 100k blocks)."""
-    snapshot_burst: int = 4
-    """Snapshots answered at once (the most a flood can have queued in a moment)."""
-    replay_bytes_per_s: int = 64 << 20
-    """Bytes of replay/snapshot answers sent per second; requests wait (dropped) while in debt."""
-    replay_max_queued_bytes: int = 128 << 20
-    """Bytes of answers that may go out at once (the byte bucket's size): bounds what peers that
-    never read can make this process hold."""
-
-    curve_secret_key: str | None = field(default=None, repr=False)
-    """SECRET: this publisher's CURVE secret key (Z85). Set -> the PUB and replay sockets are CURVE
-    servers: encrypted, and only peers that know the matching public key connect. None: plain
-    text (vLLM-compatible; warned about when listening beyond loopback)."""
-    curve_client_keys: tuple[str, ...] = ()
-    """Public keys (Z85) of the subscribers allowed to connect (a ZAP allow-list); empty -> any
-    peer that knows this publisher's public key."""
-
-    def __post_init__(self) -> None:
-        if self.curve_secret_key is not None:
-            curve.check_key(self.curve_secret_key, "secret")
-            curve.require_curve()
-        elif self.curve_client_keys:
-            raise ValueError("PublisherConfig.curve_client_keys needs curve_secret_key (the server's key)")
-        for key in self.curve_client_keys:
-            curve.check_key(key, "client public")
-        for name in ("buffer_steps", "buffer_max_bytes", "hwm", "max_queue_size", "snapshot_chunk_blocks",
-                     "replay_requests_per_s", "replay_request_burst", "snapshots_per_s", "snapshot_burst",
-                     "replay_bytes_per_s", "replay_max_queued_bytes"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"PublisherConfig.{name} must be positive, got {getattr(self, name)}")
-        if not self.endpoint:
-            raise ValueError("PublisherConfig.endpoint is empty; use e.g. bind://tcp://127.0.0.1:0")
-        if self.shutdown_timeout < 0:
-            raise ValueError(f"PublisherConfig.shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
 
 
 class ZmqEventPublisher:
@@ -129,7 +66,10 @@ class ZmqEventPublisher:
         self._own_ctx = zmq.Context() if config.curve_client_keys else None
         ctx = self._own_ctx or zmq.Context.instance()
         self._auth = curve.start_authenticator(ctx, config.curve_client_keys) if self._own_ctx else None
-        pub = ctx.socket(zmq.PUB)
+        # An XPUB is a PUB that also tells us who subscribes (the same to SUB peers on the wire):
+        # ``subscribers`` counts them, so "has anyone joined yet" is a condition, not a guess.
+        pub = ctx.socket(zmq.XPUB)
+        pub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe, not only the first/last
         pub.setsockopt(zmq.SNDHWM, config.hwm)
         pub.setsockopt(zmq.LINGER, int(config.shutdown_timeout * 1000))
         if config.curve_secret_key is not None:
@@ -170,7 +110,7 @@ class ZmqEventPublisher:
         self._wake.setsockopt(zmq.LINGER, 0)
         self._wake.connect(wake_addr)
         self._wake_lock = threading.Lock()
-        self._queue: deque = deque()
+        self._queue: deque[KVEventBatch] = deque()
         self._space = threading.Condition()
         self._io = PublisherIO(
             pub, replay, wake_recv, self._queue, self._space, config.topic.encode(), data_parallel_rank,
@@ -183,6 +123,17 @@ class ZmqEventPublisher:
             initial = snapshot_source()
             if initial:
                 self.publish([AllBlocksCleared(), *initial])
+
+    @property
+    def subscribers(self) -> int:
+        """Subscriptions that cover this publisher's topic, from the peers connected now (ZeroMQ's
+        slow joiner: a batch sent before a subscriber's subscription arrived is not sent to it)."""
+        return self._io.subscribers
+
+    def wait_for_subscribers(self, count: int = 1, timeout: float = 5.0) -> bool:
+        """Wait until ``subscribers`` >= ``count`` (True) or ``timeout`` seconds passed (False)."""
+        with self._io.subscribed:
+            return self._io.subscribed.wait_for(lambda: self._io.subscribers >= count, timeout)
 
     @property
     def seq(self) -> int:

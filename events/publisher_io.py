@@ -1,8 +1,8 @@
 """The publisher's I/O thread: sends batches, keeps the replay ring and the shadow, answers requests.
 
-Everything here runs on one thread, which owns the PUB, ROUTER and wake-up sockets; the only
-state shared with the engine thread is the batch deque (append/popleft are atomic) and the
-``stats`` counters (ints, read without a lock).
+Everything here runs on one thread, which owns the PUB (an XPUB), ROUTER and wake-up sockets; the
+only state shared with the engine thread is the batch deque (append/popleft are atomic), the
+``stats`` counters and ``subscribers`` (ints, read without a lock).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections import deque
 
 import zmq
 from kvmesh.events.codec import encode_batch
+from kvmesh.events.config import PublisherConfig
 from kvmesh.events.ratelimit import TokenBucket
 from kvmesh.events.schema import BlockStored, KVEventBatch
 from kvmesh.events.state import CachedBlockSet
@@ -31,10 +32,12 @@ class PublisherIO:
     """State and loop of the publisher's I/O thread (see ``publisher.py`` for the picture)."""
 
     def __init__(
-        self, pub, replay, wake, queue: deque, space: threading.Condition, topic: bytes,
-        dp_rank: int, buffer_steps: int, buffer_max_bytes: int, snapshot_chunk_blocks: int, limits,
+        self, pub: zmq.Socket, replay: zmq.Socket | None, wake: zmq.Socket, queue: deque[KVEventBatch],
+        space: threading.Condition, topic: bytes, dp_rank: int, buffer_steps: int, buffer_max_bytes: int,
+        snapshot_chunk_blocks: int, limits: PublisherConfig,
     ) -> None:
         self._pub, self._replay, self._wake = pub, replay, wake
+        self._xpub = pub  # what the subscriptions are read from (tests wrap ``_pub``, the sender)
         self._queue, self._space = queue, space
         self._topic = topic
         self._dp_rank = dp_rank
@@ -50,6 +53,10 @@ class PublisherIO:
         self._requests = TokenBucket(limits.replay_requests_per_s, limits.replay_request_burst)
         self._snapshots = TokenBucket(limits.snapshots_per_s, limits.snapshot_burst)
         self._answer_bytes = TokenBucket(limits.replay_bytes_per_s, limits.replay_max_queued_bytes)
+        self.subscribers = 0
+        """Subscriptions covering ``topic`` from the peers connected now (the XPUB's reports)."""
+        self.subscribed = threading.Condition()
+        """Notified whenever ``subscribers`` changes."""
         self._stopping = False
         self.busy = False
         self._warned: set[str] = set()
@@ -60,6 +67,7 @@ class PublisherIO:
     def run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._wake, zmq.POLLIN)
+        poller.register(self._xpub, zmq.POLLIN)
         if self._replay is not None:
             poller.register(self._replay, zmq.POLLIN)
         try:
@@ -70,6 +78,8 @@ class PublisherIO:
                 ready = dict(poller.poll(100))
                 if self._wake in ready:
                     self._drain_wake()
+                if self._xpub in ready:
+                    self._read_subscriptions()
                 if self._replay is not None and self._replay in ready:
                     self._serve_requests()
         except Exception:  # pragma: no cover - a bug here must not pass silently
@@ -86,6 +96,22 @@ class PublisherIO:
                 self._wake.recv(zmq.NOBLOCK)
         except zmq.Again:
             pass
+
+    def _read_subscriptions(self) -> None:
+        """Count the subscribe (``\\x01topic``) and unsubscribe (``\\x00topic``) reports that cover
+        our topic; others (a peer's own topics) are read and forgotten, so they cost no memory."""
+        change = 0
+        for _ in range(_REQUESTS_PER_TURN):
+            try:
+                report = self._xpub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if report[:1] in (b"\x00", b"\x01") and self._topic.startswith(report[1:]):
+                change += 1 if report[0] else -1
+        if change:
+            with self.subscribed:
+                self.subscribers = max(0, self.subscribers + change)
+                self.subscribed.notify_all()
 
     def _send_queued(self) -> None:
         queue = self._queue

@@ -69,9 +69,7 @@ class CachedBlockSet:
             if cls is BlockStored:
                 if event.medium is not last_medium:
                     last_medium = event.medium
-                    blocks = media.get(last_medium)
-                    if blocks is None:
-                        blocks = media[last_medium] = {}
+                    blocks = media.setdefault(last_medium, {})
                 order += 1
                 hashes = event.block_hashes
                 if len(hashes) == 1:
@@ -87,9 +85,7 @@ class CachedBlockSet:
             elif cls is BlockRemoved:
                 if event.medium is not last_medium:
                     last_medium = event.medium
-                    blocks = media.get(last_medium)
-                    if blocks is None:
-                        blocks = media[last_medium] = {}
+                    blocks = media.setdefault(last_medium, {})
                 pop = blocks.pop
                 for h in event.block_hashes:
                     pop(h, None)

@@ -2,14 +2,14 @@
 
 One background thread owns every socket: a SUB per publisher (or one bound SUB that many
 publishers connect to, told apart by topic) and a DEALER per publisher for replay/snapshot
-requests. Ordering and recovery are ``tracker.SourceTracker``'s; bad frames and degraded sources
-``subscriber_guard``'s; this file moves frames. Should the I/O loop crash anyway (a bug), the
-thread rebuilds it with the same sources after ``feed_restart_s`` -- ``feed_alive`` and
+requests, looped over by ``feed_loop.FeedLoop``. Ordering and recovery are ``tracker.SourceTracker``'s;
+bad frames and degraded sources ``frame_guard.FrameGuard``'s. Should the I/O loop crash anyway (a bug),
+the thread rebuilds it with the same sources after ``feed_restart_s`` -- ``feed_alive`` and
 ``feed_error`` say so meanwhile, for a ``/health`` endpoint.
 Batches go to ``on_batch(source_name, seq, batch)`` on that thread, or, without a callback,
 to ``async for source_name, seq, batch in subscriber``.
-Statuses go to ``on_status(source_name, status, detail)`` on that thread: "degraded" and
-"recovered" (bad frames, subscriber_guard.py), "snapshot_applied", "snapshot_failed" and
+Statuses go to ``on_status(source_name, status, detail)`` on that thread (health.py names them):
+"degraded" and "recovered" (bad frames, frame_guard.py), "snapshot_applied", "snapshot_failed" and
 "unrecovered" (a loss neither replay nor snapshot repaired; tracker.py).
 """
 
@@ -23,10 +23,10 @@ from collections import deque
 from collections.abc import Callable
 
 import zmq
+from kvmesh.events.config import PublisherSource, SubscriberConfig
+from kvmesh.events.feed_loop import FeedLoop
 from kvmesh.events.schema import KVEventBatch
 from kvmesh.events.stats import SourceStats
-from kvmesh.events.subscriber_config import PublisherSource, SubscriberConfig
-from kvmesh.events.subscriber_io import SubscriberIO
 
 __all__ = ["EventSubscriber", "PublisherSource", "SubscriberConfig"]
 
@@ -34,7 +34,20 @@ logger = logging.getLogger(__name__)
 
 
 BatchCallback = Callable[[str, int, KVEventBatch], None]
+"""``on_batch(source_name, seq, batch)``."""
 StatusCallback = Callable[[str, str, str], None]
+"""``on_status(source_name, status, detail)``."""
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval_s: float = 0.005) -> bool:
+    """Poll ``predicate`` every ``interval_s`` until it holds or ``timeout`` seconds pass; True if it held
+    (for an effect of the I/O thread that has no event of its own: a counter, a mode)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()
 
 
 class EventSubscriber:
@@ -54,7 +67,7 @@ class EventSubscriber:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Event | None = None
         self._ctx = zmq.Context.instance()
-        self._io = SubscriberIO(self._ctx, self.config, self._deliver, self._status)
+        self._io = FeedLoop(self._ctx, self.config, self._deliver, self._status)
         for src in sources or []:
             self._io.add_source(src)
         self._thread: threading.Thread | None = None
@@ -93,9 +106,9 @@ class EventSubscriber:
             self.feed_restarts += 1
             logger.warning("KV event feed restarted after a crash (%s)", self.feed_error)
 
-    def _rebuilt(self, old: SubscriberIO) -> SubscriberIO:
+    def _rebuilt(self, old: FeedLoop) -> FeedLoop:
         """A fresh I/O loop following ``old``'s sources, keeping their counters and pending calls."""
-        new = SubscriberIO(self._ctx, self.config, self._deliver, self._status)
+        new = FeedLoop(self._ctx, self.config, self._deliver, self._status)
         for name, src in old._sources.items():
             try:
                 new.add_source(src)
@@ -174,12 +187,7 @@ class EventSubscriber:
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Poll ``predicate`` until it holds or ``timeout`` seconds pass; True if it held."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(0.005)
-        return predicate()
+        return wait_until(predicate, timeout)
 
     # -- delivery ---------------------------------------------------------------------------------
     def _deliver(self, name: str, seq: int, batch: KVEventBatch) -> None:

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from kvmesh.events.health import SNAPSHOT_APPLIED, SNAPSHOT_FAILED, UNRECOVERED
 from kvmesh.events.pending import PendingBatches
 from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEventBatch
 from kvmesh.events.stats import SourceStats
@@ -187,7 +188,7 @@ class SourceTracker:
         batch = KVEventBatch(ts=time.time(), events=[AllBlocksCleared(), *events])
         self._emit(next_seq - 1, batch, snapshot=True)
         self.mode = LIVE
-        self._notify(self.name, "snapshot_applied", f"next seq {next_seq}")
+        self._notify(self.name, SNAPSHOT_APPLIED, f"next seq {next_seq}")
         self._drain()
         if self._resync_after and self.mode == LIVE:  # asked before a reconnect: maybe stale
             self._resync_after = False
@@ -224,7 +225,7 @@ class SourceTracker:
             self._snapshot_failed = True
             if unsupported:
                 self.snapshot_supported = False
-            self._notify(self.name, "snapshot_failed", reason)
+            self._notify(self.name, SNAPSHOT_FAILED, reason)
             if self._joining:  # a vLLM source: the replay buffer may still reach back to seq 0
                 self._joining = False
                 self.last = -1
@@ -255,7 +256,7 @@ class SourceTracker:
     def _lost(self, reason: str) -> None:
         self.stats.unrecovered += 1
         self._log_once("lost", "source %s: events lost and not recoverable (%s)", self.name, reason)
-        self._notify(self.name, "unrecovered", reason)
+        self._notify(self.name, UNRECOVERED, reason)
 
     def _gave_up(self, reason: str) -> None:
         """Accept the loss and resume from the oldest waiting batch (or the next to arrive)."""

@@ -9,11 +9,10 @@ it evicted (lazily, in ``get_new_blocks``) and a ``BlockRemoved`` emitted. Event
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvmesh.kvcache.block import KVCacheBlock
-from kvmesh.kvcache.eviction import make_eviction_policy
+from kvmesh.kvcache.eviction import EvictionPolicyKwargs, make_eviction_policy
 from kvmesh.kvcache.hashing import BlockHash, external_hash
 from kvmesh.kvcache.pool_integrity import check_pool_integrity
 from kvmesh.kvcache.snapshot import block_stored_event, snapshot_events
@@ -26,7 +25,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  event_sink: Callable[[KVEvent], None] | None = None, eviction_policy: str = "lru",
-                 medium: str | None = "CPU", eviction_policy_kwargs: dict[str, Any] | None = None):
+                 medium: str | None = "CPU", eviction_policy_kwargs: EvictionPolicyKwargs | None = None):
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
         if block_size <= 0:

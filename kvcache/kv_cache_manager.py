@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from kvmesh.events.schema import KVEvent
 from kvmesh.kvcache.block_pool import BlockPool, KVCacheBlock
+from kvmesh.kvcache.eviction import EvictionPolicyKwargs
 from kvmesh.kvcache.hashing import RequestBlockHasher, generate_seed, make_none_hash
 from kvmesh.kvcache.interfaces import CacheRequest
 from kvmesh.kvcache.pool_integrity import FULL_CHECK_MAX_BLOCKS, check_pool_window, sweep_window
@@ -31,7 +31,7 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, hash_seed: bytes | str | None,
                  enable_caching: bool = True, event_sink: Callable[[KVEvent], None] | None = None,
                  eviction_policy: str = "lru", medium: str | None = "CPU",
-                 eviction_policy_kwargs: dict[str, Any] | None = None,
+                 eviction_policy_kwargs: EvictionPolicyKwargs | None = None,
                  max_remembered_freed: int = MAX_REMEMBERED_FREED, debug: bool = False):
         self.block_size = block_size
         self.enable_caching = enable_caching

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from kvmesh.events.publisher import PublisherConfig
+from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.server_config import AUTO_HOST, ReplicaServerConfig

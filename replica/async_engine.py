@@ -36,7 +36,7 @@ from kvmesh.replica.stats import EngineStats
 if TYPE_CHECKING:
     from typing import Unpack  # 3.11+; only read by type checkers
 
-    from kvmesh.events.publisher import PublisherConfig
+    from kvmesh.events.config import PublisherConfig
     from kvmesh.replica.tp_worker import ExecutorOptions
     from ray.util.placement_group import PlacementGroup
 

@@ -28,7 +28,7 @@ from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.stats import EngineStats
 
 if TYPE_CHECKING:
-    from kvmesh.events.publisher import PublisherConfig
+    from kvmesh.events.config import PublisherConfig
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from kvmesh.replica.config import EngineConfig
 
 if TYPE_CHECKING:
-    from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
+    from kvmesh.events.config import PublisherConfig
+    from kvmesh.events.publisher import ZmqEventPublisher
     from kvmesh.events.schema import BlockStored
     from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 

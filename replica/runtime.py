@@ -18,7 +18,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from kvmesh.events.publisher import PublisherConfig
+from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.server_config import ReplicaServerConfig

@@ -6,7 +6,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field, replace
 
-from kvmesh.events.publisher import PublisherConfig
+from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.openai.config import check_api_key
 
 AUTO_HOST = "auto"

@@ -6,7 +6,7 @@ import difflib
 import inspect
 from dataclasses import dataclass, field
 
-from kvmesh.events.subscriber_config import SubscriberConfig
+from kvmesh.events.config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig, check_api_key
 from kvmesh.router.routing.policies import DEFAULT_POLICY, POLICIES
 

@@ -30,8 +30,8 @@ def _frames(claims: list[list[int]], mix: str) -> tuple[list[list[bytes]], list[
     and the one over ZeroMQ's MAXMSGSIZE. ``mix="valid"``: only valid batches of ``max_batch_blocks``
     blocks, in seq order -- a source that never sends a bad frame, only too much."""
     from kvmesh.events.codec import encode_batch
+    from kvmesh.events.config import SubscriberConfig
     from kvmesh.events.schema import BlockStored, KVEventBatch
-    from kvmesh.events.subscriber_config import SubscriberConfig
 
     rng = random.Random(7)
     cfg = SubscriberConfig()

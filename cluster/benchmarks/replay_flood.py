@@ -41,7 +41,8 @@ def _rss_mb() -> float:
 
 
 def _replica(limits: dict, blocks: int, duration: float, ready, out) -> None:
-    from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
+    from kvmesh.events.config import PublisherConfig
+    from kvmesh.events.publisher import ZmqEventPublisher
     from kvmesh.events.schema import BlockStored
 
     def block(h: int) -> BlockStored:

@@ -49,7 +49,7 @@ def add_parser(subparsers) -> None:
 
 
 def _sources(args):
-    from kvmesh.events.subscriber import PublisherSource
+    from kvmesh.events.config import PublisherSource
 
     if len(args.replay_endpoint) > len(args.endpoint):
         raise ValueError("more --replay-endpoint than --endpoint values")
@@ -85,7 +85,8 @@ def event_json(name: str, seq: int, ts: float, event) -> str:
 
 
 def run(args) -> int:
-    from kvmesh.events.subscriber import EventSubscriber, SubscriberConfig
+    from kvmesh.events.config import SubscriberConfig
+    from kvmesh.events.subscriber import EventSubscriber
 
     done = threading.Event()
     printed = [0]

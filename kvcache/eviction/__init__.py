@@ -5,13 +5,14 @@ A new policy is one file and one line in ``EVICTION_POLICIES``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvmesh.kvcache.block import KVCacheBlock
 from kvmesh.kvcache.eviction.arc import ARCEvictionPolicy
 from kvmesh.kvcache.eviction.base import EvictionPolicy
 from kvmesh.kvcache.eviction.lru import LRUEvictionPolicy
 from kvmesh.kvcache.eviction.slru import SLRUEvictionPolicy
+
+EvictionPolicyKwargs = dict[str, float]
+"""A policy's tuning numbers by keyword (``protected_fraction=0.8``, ``ghost_fraction=1.0``, ...)."""
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
     LRUEvictionPolicy.name: LRUEvictionPolicy,
@@ -21,7 +22,7 @@ EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
 
 
 def make_eviction_policy(name: str, blocks: list[KVCacheBlock], num_blocks: int,
-                         **kwargs: Any) -> EvictionPolicy:
+                         **kwargs: float) -> EvictionPolicy:
     """The policy called ``name`` holding ``blocks`` (initially free) of a pool of ``num_blocks``."""
     try:
         cls = EVICTION_POLICIES[name]
@@ -32,5 +33,5 @@ def make_eviction_policy(name: str, blocks: list[KVCacheBlock], num_blocks: int,
     return cls(blocks, num_blocks, **kwargs)
 
 
-__all__ = ["ARCEvictionPolicy", "EVICTION_POLICIES", "EvictionPolicy", "LRUEvictionPolicy", "SLRUEvictionPolicy",
-           "make_eviction_policy"]
+__all__ = ["ARCEvictionPolicy", "EVICTION_POLICIES", "EvictionPolicy", "EvictionPolicyKwargs", "LRUEvictionPolicy",
+           "SLRUEvictionPolicy", "make_eviction_policy"]

@@ -22,12 +22,11 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from kvmesh.kvcache.block import KVCacheBlock
-from kvmesh.kvcache.eviction.base import EvictionPolicy
-from kvmesh.kvcache.free_queue import FreeKVCacheBlockQueue
+from kvmesh.kvcache.eviction.segmented import SegmentedEvictionPolicy
 from kvmesh.kvcache.hashing import BlockHash
 
 
-class ARCEvictionPolicy(EvictionPolicy):
+class ARCEvictionPolicy(SegmentedEvictionPolicy):
     """Adaptive frequency-aware eviction (see the module docstring)."""
 
     name = "arc"
@@ -42,18 +41,11 @@ class ARCEvictionPolicy(EvictionPolicy):
         """Most hashes each ghost list remembers."""
         self.target_probation = 0.0
         """ARC's p: how many free blocks the probation segment may keep before T2 is evicted."""
-        self.probation = FreeKVCacheBlockQueue(blocks)
-        self.protected = FreeKVCacheBlockQueue()
+        super().__init__(blocks)
         # OrderedDict: popitem(last=False) is O(1); deleting a plain dict's first key is not
         # (iteration walks the deleted slots left at the front).
         self.ghost_probation: OrderedDict[BlockHash, None] = OrderedDict()
         self.ghost_protected: OrderedDict[BlockHash, None] = OrderedDict()
-        for block in blocks:
-            block.protected = False
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.probation.num_free_blocks + self.protected.num_free_blocks
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         probation, protected = self.probation, self.protected
@@ -108,20 +100,13 @@ class ARCEvictionPolicy(EvictionPolicy):
             self.probation.append_n([b for b in blocks if not (b.hit_count and b.block_hash is not None)])
         self.protected.append_n(hot)
 
-    def remove(self, block: KVCacheBlock) -> None:
-        (self.protected if block.protected else self.probation).remove(block)
-        block.protected = False
-
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         first = max(0, self.probation.num_free_blocks - int(self.target_probation))
         t1 = self.probation.get_all_free_blocks()
         return t1[:first] + self.protected.get_all_free_blocks() + t1[first:]
 
     def reset(self) -> None:
-        blocks = self.protected.popleft_n(self.protected.num_free_blocks)
-        for block in blocks:
-            block.protected = False
-        self.probation.append_n(blocks)
+        super().reset()
         self.ghost_probation.clear()
         self.ghost_protected.clear()
         self.target_probation = 0.0

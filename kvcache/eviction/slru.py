@@ -19,11 +19,10 @@ yesterday's hot prefix does not pin the cache forever.
 from __future__ import annotations
 
 from kvmesh.kvcache.block import KVCacheBlock
-from kvmesh.kvcache.eviction.base import EvictionPolicy
-from kvmesh.kvcache.free_queue import FreeKVCacheBlockQueue
+from kvmesh.kvcache.eviction.segmented import SegmentedEvictionPolicy
 
 
-class SLRUEvictionPolicy(EvictionPolicy):
+class SLRUEvictionPolicy(SegmentedEvictionPolicy):
     """Frequency-aware eviction: blocks hit ``promote_after_hits`` times go to the protected segment."""
 
     name = "slru"
@@ -37,14 +36,7 @@ class SLRUEvictionPolicy(EvictionPolicy):
         self.promote_after_hits = promote_after_hits
         self.protected_capacity = max(1, int(protected_fraction * (num_blocks - 1)))
         """Most free blocks the protected segment holds before it demotes its oldest."""
-        self.probation = FreeKVCacheBlockQueue(blocks)
-        self.protected = FreeKVCacheBlockQueue()
-        for block in blocks:
-            block.protected = False
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.probation.num_free_blocks + self.protected.num_free_blocks
+        super().__init__(blocks)
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         if n > self.num_free_blocks:
@@ -81,15 +73,5 @@ class SLRUEvictionPolicy(EvictionPolicy):
                 block.hit_count = 0
             self.probation.append_n(demoted)
 
-    def remove(self, block: KVCacheBlock) -> None:
-        (self.protected if block.protected else self.probation).remove(block)
-        block.protected = False
-
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         return self.probation.get_all_free_blocks() + self.protected.get_all_free_blocks()
-
-    def reset(self) -> None:
-        blocks = self.protected.popleft_n(self.protected.num_free_blocks)
-        for block in blocks:
-            block.protected = False
-        self.probation.append_n(blocks)

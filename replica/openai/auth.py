@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
-from typing import Any
 
 from kvmesh.replica.openai.errors import error_response
 from kvmesh.replica.serving.errors import ProtocolError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 PUBLIC_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/load", "/get_load"})
 """Paths that reveal nothing a tenant could use and must answer probes without a key."""
@@ -35,7 +35,7 @@ def never_admin(method: str, path: str) -> bool:
 class AuthMiddleware:
     """The API key on every non-public path, the admin key on admin requests (see the module doc)."""
 
-    def __init__(self, app: Any, api_key: str | None, admin_key: str | None = None,
+    def __init__(self, app: ASGIApp, api_key: str | None, admin_key: str | None = None,
                  is_admin: Callable[[str, str], bool] = never_admin,
                  on_refused: Callable[[ProtocolError], None] | None = None):
         self.app = app
@@ -61,7 +61,7 @@ class AuthMiddleware:
             return ProtocolError("missing or wrong API key; send 'Authorization: Bearer <key>'", 401)
         return None
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             err = self.refusal(scope["method"], scope["path"], header)

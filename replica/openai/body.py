@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 from fastapi import Request
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.openai.errors import parse_request
 from kvmesh.replica.serving.errors import ProtocolError
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 from starlette.requests import ClientDisconnect
 
 M = TypeVar("M", bound=BaseModel)
+Offload = Callable[..., Awaitable[M]]
+"""Runs a function off the event loop (``PromptRenderer.run``)."""
 _INLINE_BYTES = 64 << 10
 """Bodies up to this size are parsed on the loop (a thread hop costs more than parsing them)."""
 
@@ -56,7 +58,7 @@ async def read_body(http: Request, config: FrontendConfig) -> bytes:
     return b"".join(chunks)
 
 
-def decode_json(raw: bytes) -> Any:
+def decode_json(raw: bytes) -> JsonValue:
     """JSON -> Python objects; a ProtocolError(400) that says why for anything malformed."""
     try:
         return msgspec.json.decode(raw)
@@ -66,20 +68,18 @@ def decode_json(raw: bytes) -> Any:
         raise ProtocolError(f"request body is not valid JSON: {e}") from None
 
 
-def parse_body(raw: bytes, model_cls: type[M] | None) -> Any:
-    """Decode ``raw`` and validate it into ``model_cls`` (None: the decoded JSON as is)."""
-    body = decode_json(raw)
-    return body if model_cls is None else parse_request(model_cls, body)
+def parse_body(raw: bytes, model_cls: type[M]) -> M:
+    """Decode ``raw`` and validate it into ``model_cls``."""
+    return parse_request(model_cls, decode_json(raw))
 
 
-async def read_request(http: Request, model_cls: type[M] | None, config: FrontendConfig,
-                       offload: Callable[..., Awaitable[Any]]) -> Any:
-    """Read, decode and validate a body into ``model_cls`` (None: the decoded JSON); large bodies are
-    decoded by ``offload`` (``PromptRenderer.run``) so the loop stays free."""
+async def read_request(http: Request, model_cls: type[M], config: FrontendConfig, offload: Offload[M]) -> M:
+    """Read, decode and validate a body into ``model_cls``; large bodies are decoded by ``offload``
+    (``PromptRenderer.run``) so the loop stays free."""
     return await parse_off_loop(await read_body(http, config), model_cls, offload)
 
 
-async def parse_off_loop(raw: bytes, model_cls: type[M] | None, offload: Callable[..., Awaitable[Any]]) -> Any:
+async def parse_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M]) -> M:
     """``parse_body``, on the loop for small bodies and through ``offload`` for large ones."""
     if len(raw) <= _INLINE_BYTES:
         return parse_body(raw, model_cls)

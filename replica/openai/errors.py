@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from kvmesh.replica.serving.errors import ProtocolError
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, JsonValue, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
 
 
 def validation_error_message(exc: ValidationError) -> str:
@@ -31,7 +32,7 @@ def validation_error_message(exc: ValidationError) -> str:
 _TOKEN_IDS = list[int]
 
 
-def _token_ids(value: Any) -> bool:
+def _token_ids(value: JsonValue) -> bool:
     """Whether ``value`` is a non-empty list of JSON integers (no bools, floats or strings), checked in C."""
     if value.__class__ is not list or not value or value[0].__class__ is not int:
         return False
@@ -42,7 +43,7 @@ def _token_ids(value: Any) -> bool:
     return True
 
 
-def parse_request(model_cls: type[BaseModel], body: Any) -> Any:
+def parse_request(model_cls: type[M], body: JsonValue) -> M:
     """Validate a decoded JSON body into ``model_cls``; a ProtocolError(400) on failure.
 
     Fields the model names in ``__token_id_fields__`` skip pydantic when they hold a plain list of integers

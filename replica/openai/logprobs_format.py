@@ -15,7 +15,7 @@ alone (``decode([id])``) with the leading spaces SentencePiece's "▁" stands fo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 MIN_LOGPROB = -9999.0
 """What -inf becomes in JSON (OpenAI's and vLLM's value)."""
@@ -30,10 +30,36 @@ class TokenLogprobsLike(Protocol):
     logprobs: list[float]
 
 
+class HFTokenizerLike(Protocol):
+    """What ``token_decoder`` needs of a Hugging Face tokenizer (``Tokenizer.hf``)."""
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+    def convert_ids_to_tokens(self, ids: int) -> str | None: ...
+
+
+class _TopLogprobs(TypedDict, total=False):
+    """The part of ``ChatLogprob`` only the chosen token has (a TypedDict's optional keys, Python 3.10's way)."""
+
+    top_logprobs: list[ChatLogprob]
+    """The most likely tokens at this position (on the chosen token only)."""
+
+
+class ChatLogprob(_TopLogprobs):
+    """One token of a chat choice's ``logprobs.content`` (OpenAI's ``ChatCompletionTokenLogprob``)."""
+
+    token: str
+    """The token's text."""
+    logprob: float
+    """Its log probability, -inf clamped to ``MIN_LOGPROB``."""
+    bytes: list[int]
+    """Its UTF-8 bytes."""
+
+
 TokenDecoder = Callable[[int], str]
 
 
-def token_decoder(hf_tokenizer: Any) -> TokenDecoder:
+def token_decoder(hf_tokenizer: HFTokenizerLike) -> TokenDecoder:
     """``token_id -> str`` for one token alone, with a SentencePiece piece's leading spaces kept."""
     cache: dict[int, str] = {}
 
@@ -94,7 +120,7 @@ def completion_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprob
             "text_offset": text_offset}
 
 
-def _chat_token(token: str, logprob: float) -> dict[str, Any]:
+def _chat_token(token: str, logprob: float) -> ChatLogprob:
     return {"token": token, "logprob": _clamp(logprob), "bytes": list(token.encode("utf-8", errors="replace"))}
 
 

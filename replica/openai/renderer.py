@@ -16,15 +16,21 @@ The router and the replica both render through this class, so they compute the s
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.errors import ProtocolError
+from pydantic import JsonValue
+
+if TYPE_CHECKING:
+    from kvmesh.replica.serving.tokenizer import Tokenizer
 
 T = TypeVar("T")
+P = ParamSpec("P")
 _INLINE_IDS = 4096
 """Token-id prompts up to this length are range-checked on the loop (cheaper than a thread hop)."""
 _INLINE_CHARS = 2048
@@ -42,7 +48,7 @@ _INLINE_MESSAGES = 256
 class PromptRenderer:
     """The tokenizer (None: a router without one; it routes by load only) behind a thread pool."""
 
-    def __init__(self, tokenizer: Any, config: FrontendConfig):
+    def __init__(self, tokenizer: Tokenizer | None, config: FrontendConfig):
         self.tokenizer = tokenizer
         self.config = config
         self._pool = ThreadPoolExecutor(config.render_threads, thread_name_prefix="kvmesh-render")
@@ -50,9 +56,9 @@ class PromptRenderer:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the pool; a ProtocolError(400) when it takes longer than ``render_timeout_s``."""
-        future = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` on the pool; a ProtocolError(400) when it takes longer than ``render_timeout_s``."""
+        future = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
         try:
             return await asyncio.wait_for(future, self.config.render_timeout_s)
         except asyncio.TimeoutError:
@@ -60,7 +66,7 @@ class PromptRenderer:
                                 "send a shorter prompt or a simpler chat template") from None
 
     # ------------------------------------------------------------ requests
-    def require_tokenizer(self) -> Any:
+    def require_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
             raise ProtocolError("this server has no tokenizer; start it with --model or --tokenizer")
         return self.tokenizer
@@ -87,7 +93,7 @@ class PromptRenderer:
             return tok.render_completion(prompt)
         return await self.run(tok.render_completion, prompt)
 
-    async def chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+    async def chat(self, messages: list[dict[str, JsonValue]], add_generation_prompt: bool = True,
                    chat_template: str | None = None, add_special_tokens: bool = False) -> list[int]:
         """Token ids of a chat: the template output encoded without special tokens (vLLM's rule), or with
         them when a /tokenize caller asks for ``add_special_tokens``. The server's template renders on the loop

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 
 class OpenAIBaseModel(BaseModel):
@@ -167,9 +167,9 @@ class RenderedRequest(OpenAIBaseModel):
 
     request_id: str
     token_ids: list[int]
-    sampling_params: dict[str, Any]
+    sampling_params: dict[str, JsonValue]
     model: str
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: dict[str, JsonValue] | None = None
     cache_salt: str | None = None
     token_offsets: list[tuple[int, int]] | None = None

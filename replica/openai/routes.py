@@ -13,13 +13,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from importlib import metadata
-from typing import Any
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.renderer import PromptRenderer
+from pydantic import BaseModel, JsonValue
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def kvmesh_version() -> str:
@@ -37,12 +40,12 @@ def install_shared_routes(app: FastAPI, renderer: PromptRenderer, check_model: C
     def max_model_len() -> int:
         return renderer.require_tokenizer().max_model_len
 
-    async def read(http: Request, model_cls: type) -> Any:
+    async def read(http: Request, model_cls: type[M]) -> M:
         req = await read_request(http, model_cls, config, renderer.run)
         check_model(getattr(req, "model", None))
         return req
 
-    def rendered(req: Any, ids: list[int], prefix: str) -> dict[str, Any]:
+    def rendered(req: p.CompletionRequest | p.ChatCompletionRequest, ids: list[int], prefix: str) -> dict[str, JsonValue]:
         params = req.to_sampling_params(len(ids), max_model_len())
         return r.RenderedRequest(
             request_id=req.request_id or r.random_id(prefix), token_ids=ids, model=req.model or model_name(),

@@ -15,10 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.openai.config import FrontendConfig
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+if TYPE_CHECKING:
+    import uvicorn
 
 logger = logging.getLogger(__name__)
 
@@ -67,22 +71,22 @@ def protocol_class(header_timeout_s: float) -> type[HeaderTimeoutProtocol]:
     return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout_s": header_timeout_s})
 
 
-def uvicorn_config(app: Any, frontend: FrontendConfig, graceful_s: float, lifespan: str = "off",
-                   log_level: str = "warning", **kwargs: Any) -> Any:
+def uvicorn_config(app: ASGIApp, frontend: FrontendConfig, graceful_s: float, host: str, port: int,
+                   lifespan: str = "off", log_level: str = "warning") -> uvicorn.Config:
     """The one uvicorn configuration of kvmesh's HTTP fronts: httptools with the header timeout,
-    the keep-alive limit and graceful shutdown of ``frontend`` (``kwargs``: host/port, ...)."""
+    the keep-alive limit and graceful shutdown of ``frontend``, listening on ``host:port``."""
     import uvicorn
 
     return uvicorn.Config(
-        app, log_level=log_level, access_log=False, lifespan=lifespan, timeout_graceful_shutdown=graceful_s,
-        timeout_keep_alive=frontend.keep_alive_s, limit_concurrency=None, backlog=2048,
-        http=protocol_class(frontend.header_timeout_s), **kwargs)
+        app, host=host, port=port, log_level=log_level, access_log=False, lifespan=lifespan,
+        timeout_graceful_shutdown=graceful_s, timeout_keep_alive=frontend.keep_alive_s, limit_concurrency=None,
+        backlog=2048, http=protocol_class(frontend.header_timeout_s))
 
 
 class HTTPServer:
     """One uvicorn server bound to ``host:port`` (port 0 = ephemeral)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, graceful_s: float = 5.0,
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, graceful_s: float = 5.0,
                  log_level: str = "warning", frontend: FrontendConfig | None = None, lifespan: str = "off",
                  name: str = "kvmesh-http"):
         import uvicorn

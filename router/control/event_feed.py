@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from kvmesh.events.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED
 from kvmesh.events.schema import AllBlocksCleared, BlockStored
-from kvmesh.events.subscriber_guard import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED
 from kvmesh.router.routing.kv_router import BAD_FRAMES
 
 if TYPE_CHECKING:

@@ -100,7 +100,7 @@ class RouterRuntime:
         """Whoever can add and remove replica processes (``kvmesh serve``'s launcher); None = fixed set."""
         self.subscriber: EventSubscriber | None = None
         """The KV event feed's subscriber (started with the runtime)."""
-        from kvmesh.events.subscriber import SubscriberConfig
+        from kvmesh.events.config import SubscriberConfig
 
         self.subscriber_config = SubscriberConfig(
             curve_server_key=config.events_curve_server_key, curve_public_key=config.events_curve_public_key,
@@ -153,7 +153,7 @@ class RouterRuntime:
         self.draining.discard(spec.replica_id)
         self.router.add_replica(spec.replica_id, healthy=False)
         if spec.events and self.subscriber is not None:
-            from kvmesh.events.subscriber import PublisherSource
+            from kvmesh.events.config import PublisherSource
 
             self.subscriber.add_source(PublisherSource(spec.replica_id, spec.events, spec.replay))
         if self._loop is not None:  # probe now rather than at the next poll

@@ -11,7 +11,7 @@ from kvmesh.cluster.cli import build_parser
 from kvmesh.cluster.commands import replica as replica_command
 from kvmesh.cluster.config import ReplicaCommandConfig
 from kvmesh.cluster.config_schema import Schema
-from kvmesh.events.publisher import PublisherConfig
+from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.fake_runner import FakeModelRunner
 from kvmesh.replica.server_config import ReplicaServerConfig

@@ -11,7 +11,7 @@ from kvmesh.cluster.config import SERVE_SCHEMA, ServeConfig
 from kvmesh.cluster.config_cli import add_config_arguments, config_from_args
 from kvmesh.cluster.config_loader import ConfigError, from_dict, load_config
 from kvmesh.cluster.config_schema import REDACTED
-from kvmesh.events.publisher import PublisherConfig
+from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.router.config import RouterConfig
 

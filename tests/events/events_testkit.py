@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import zmq
-from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
+from kvmesh.events.config import PublisherConfig
+from kvmesh.events.publisher import ZmqEventPublisher
 from kvmesh.events.schema import BlockStored
 from kvmesh.events.state import CachedBlockSet
-from kvmesh.events.subscriber import EventSubscriber
+from kvmesh.events.subscriber import EventSubscriber, wait_until
 
 LOOPBACK = "tcp://127.0.0.1:0"
 
@@ -26,12 +28,7 @@ def make_publisher(**kw) -> ZmqEventPublisher:
 
 
 def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
+    return wait_until(predicate, timeout)
 
 
 def raw_socket(kind: int, address: str, subscribe: bytes | None = None) -> zmq.Socket:
@@ -41,6 +38,23 @@ def raw_socket(kind: int, address: str, subscribe: bytes | None = None) -> zmq.S
         sock.setsockopt(zmq.SUBSCRIBE, subscribe)
     sock.connect(address)
     return sock
+
+
+def raw_publisher() -> tuple[zmq.Socket, str]:
+    """A hand-driven PUB bound on loopback and its address. It is an XPUB (a PUB to its peers) so that
+    ``wait_subscribed`` can tell when a subscriber's subscription arrived: a PUB drops what it sends before."""
+    pub = zmq.Context.instance().socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    return pub, f"tcp://127.0.0.1:{pub.bind_to_random_port('tcp://127.0.0.1')}"
+
+
+def wait_subscribed(xpub: zmq.Socket, timeout: float = 5.0) -> bool:
+    """Wait for a subscription to reach ``xpub`` (reported as ``b"\\x01" + topic``); True if one did."""
+    deadline = time.monotonic() + timeout
+    while xpub.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+        if xpub.recv()[:1] == b"\x01":
+            return True
+    return False
 
 
 def recv_until_end(dealer: zmq.Socket, timeout_ms: int = 3000) -> list[list[bytes]]:
@@ -54,11 +68,12 @@ def recv_until_end(dealer: zmq.Socket, timeout_ms: int = 3000) -> list[list[byte
     raise AssertionError(f"no end marker after {len(out)} answers")
 
 
-class DroppingSocket:
-    """Wraps a PUB socket and silently drops the batches whose seq ``drop(seq)`` selects."""
+class RewritingSocket:
+    """Wraps a PUB socket: each whole message ``[topic, seq, payload]`` is sent as ``rewrite(seq, frames)``
+    returns it (None: not sent). The publisher's replay buffer keeps what it meant to send."""
 
-    def __init__(self, sock: zmq.Socket, drop) -> None:
-        self._sock, self._drop = sock, drop
+    def __init__(self, sock: zmq.Socket, rewrite) -> None:
+        self._sock, self._rewrite = sock, rewrite
         self._frames: list = []
 
     def send(self, frame, flags=0):
@@ -66,24 +81,40 @@ class DroppingSocket:
         if flags & zmq.SNDMORE:
             return
         frames, self._frames = self._frames, []
-        if not self._drop(int.from_bytes(frames[1], "big")):
+        frames = self._rewrite(int.from_bytes(frames[1], "big"), frames)
+        if frames is not None:
             self._sock.send_multipart(frames, flags)
 
     def close(self, *a, **kw):
         self._sock.close(*a, **kw)
 
 
+class DroppingSocket(RewritingSocket):
+    """Wraps a PUB socket and silently drops the batches whose seq ``drop(seq)`` selects."""
+
+    def __init__(self, sock: zmq.Socket, drop) -> None:
+        super().__init__(sock, lambda seq, frames: None if drop(seq) else frames)
+
+
 class Follower:
     """An EventSubscriber that folds what it receives into one CachedBlockSet per source."""
 
-    def __init__(self, sources, config=None, slow_first: int = 0, delay: float = 0.0) -> None:
+    def __init__(self, sources, config=None, slow_first: int = 0, delay: float = 0.0,
+                 gate: threading.Event | None = None) -> None:
         self.states: dict[str, CachedBlockSet] = {s.name: CachedBlockSet() for s in sources}
         self.statuses: list[tuple[str, str]] = []
         self._slow_left, self._delay = slow_first, delay
+        self._gate = gate
+        """The first live batch waits until ``gate`` is set: a consumer that stops reading (``stopped``)."""
+        self.stopped = threading.Event()
+        """Set when the first live batch waits at ``gate``."""
         self.sub = EventSubscriber(sources, on_batch=self._on_batch, config=config,
                                    on_status=lambda n, s, d: self.statuses.append((n, s)))
 
     def _on_batch(self, name, seq, batch) -> None:
+        if self._gate is not None and seq >= 0 and not self.stopped.is_set():
+            self.stopped.set()
+            self._gate.wait(10)
         if self._slow_left > 0:
             self._slow_left -= 1
             time.sleep(self._delay)
@@ -102,6 +133,13 @@ class Follower:
         tracker = self.sub._io.trackers.get(name)
         return pub.flushed() and st is not None and st.last_seq == pub.seq - 1 and tracker is not None and tracker.mode == "live"
 
+    def joined(self, name: str, pub, followers: int = 1, timeout: float = 5.0) -> bool:
+        """Following ``pub`` live: its snapshot applied, the replay probe that follows a snapshot answered
+        (lost batches count as gaps only after it) and the subscription arrived (a PUB drops before).
+        ``followers``: how many follow ``pub`` (each probes once after its snapshot)."""
+        return wait_for(lambda: pub.stats["replays"] >= followers and self.caught_up(name, pub), timeout) and \
+            pub.wait_for_subscribers(followers, timeout)
+
     def converges(self, name: str, pub, timeout: float = 8.0) -> bool:
         """Caught up with ``pub`` and holding exactly its shadow (what it has sent)."""
         return wait_for(lambda: self.caught_up(name, pub) and self.states[name].keys() == pub._io.shadow.keys(),
@@ -114,12 +152,8 @@ class OldVllmPublisher:
     reads as a huge start_seq). Single-threaded: call ``serve()`` to answer pending requests."""
 
     def __init__(self, topic: bytes = b"") -> None:
-        import threading
-
         ctx = zmq.Context.instance()
-        self.pub = ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.endpoint = f"tcp://127.0.0.1:{self.pub.bind_to_random_port('tcp://127.0.0.1')}"
+        self.pub, self.endpoint = raw_publisher()
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.replay_endpoint = f"tcp://127.0.0.1:{self.router.bind_to_random_port('tcp://127.0.0.1')}"
@@ -155,25 +189,12 @@ class OldVllmPublisher:
         self.router.close()
 
 
-class CorruptingSocket:
+class CorruptingSocket(RewritingSocket):
     """Wraps a PUB socket and replaces the payload of the batches whose seq ``corrupt(seq)``
     selects by ``garbage`` (the publisher's replay buffer keeps the good payload)."""
 
     def __init__(self, sock: zmq.Socket, corrupt, garbage: bytes) -> None:
-        self._sock, self._corrupt, self._garbage = sock, corrupt, garbage
-        self._frames: list = []
-
-    def send(self, frame, flags=0):
-        self._frames.append(frame)
-        if flags & zmq.SNDMORE:
-            return
-        frames, self._frames = self._frames, []
-        if self._corrupt(int.from_bytes(frames[1], "big")):
-            frames[2] = self._garbage
-        self._sock.send_multipart(frames, flags)
-
-    def close(self, *a, **kw):
-        self._sock.close(*a, **kw)
+        super().__init__(sock, lambda seq, frames: [*frames[:2], garbage] if corrupt(seq) else frames)
 
 
 class RawSource:
@@ -181,9 +202,7 @@ class RawSource:
 
     def __init__(self) -> None:
         ctx = zmq.Context.instance()
-        self.pub = ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.endpoint = f"tcp://127.0.0.1:{self.pub.bind_to_random_port('tcp://127.0.0.1')}"
+        self.pub, self.endpoint = raw_publisher()
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.replay_endpoint = f"tcp://127.0.0.1:{self.router.bind_to_random_port('tcp://127.0.0.1')}"
@@ -206,8 +225,6 @@ class EndlessMessagePeer:
     --mix endless``'s peer, in a thread); accepts reconnections. ``close()`` stops it."""
 
     def __init__(self) -> None:
-        import threading
-
         from kvmesh.cluster.benchmarks._flooder import endless_message_peer
 
         go, self._stop = threading.Event(), threading.Event()

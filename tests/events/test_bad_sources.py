@@ -9,7 +9,7 @@ import time
 
 import pytest
 from events_testkit import CorruptingSocket, Follower, RawSource, make_publisher, stored, wait_for
-from kvmesh.events.subscriber import PublisherSource, SubscriberConfig
+from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.wire import SNAPSHOT_TAG
 
 FAST = SubscriberConfig(replay_timeout=0.5, snapshot_timeout=0.5)
@@ -37,7 +37,7 @@ def follow(*pubs, config=FAST):
     f = Follower(sources, config).start()
     for name, _ in pubs:
         assert wait_for(lambda n=name: f.sub.stats[n].snapshots == 1)
-    time.sleep(0.1)  # let the subscriptions settle
+    assert all(f.joined(name, p) for name, p in pubs)
     return f
 
 
@@ -66,7 +66,7 @@ def test_a_snapshot_answer_with_a_short_seq_frame_fails_the_snapshot_not_the_fee
         raw.router.send_multipart([identity, b"", SNAPSHOT_TAG, b"abc", b"\x93"])  # 3-byte seq frame
         assert wait_for(lambda: f.sub.stats["raw"].decode_errors == 1)
         assert wait_for(lambda: f.sub.stats["good"].snapshots == 1)
-        time.sleep(0.1)
+        assert f.joined("good", good)
         publish_chain(good, 1, 5)
         assert f.converges("good", good)
         assert f.sub.feed_alive and f.sub.stats["raw"].snapshot_failures >= 1

@@ -8,7 +8,7 @@ import pytest
 import zmq
 from events_testkit import Follower, make_publisher, raw_socket, stored, wait_for
 from kvmesh.events import curve
-from kvmesh.events.subscriber import PublisherSource, SubscriberConfig
+from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.wire import SNAPSHOT_REQUEST
 
 pytestmark = pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")

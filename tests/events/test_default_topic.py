@@ -1,11 +1,9 @@
 """By default a replica publishes on vLLM's default topic, the empty string: vllm-router's kv_aware
 policy subscribes to exactly b"" and drops every other topic (DESIGN.md, KV events)."""
 
-import time
-
 import zmq
 from events_testkit import make_publisher, raw_socket, stored
-from kvmesh.events.publisher import PublisherConfig
+from kvmesh.events.config import PublisherConfig
 from kvmesh.events.schema import KVEventBatch
 from kvmesh.replica.actor import ReplicaOptions
 from kvmesh.replica.config import EngineConfig
@@ -20,12 +18,11 @@ def test_default_publisher_sends_the_empty_topic_frame():
     pub = make_publisher()
     sub = raw_socket(zmq.SUB, pub.endpoint, subscribe=b"")
     try:
-        # PUB drops what it sends before the subscription has arrived: publish until a batch gets through
-        deadline, sent = time.monotonic() + 30, 0
-        while not sub.poll(200) and time.monotonic() < deadline:
-            pub.publish(KVEventBatch(ts=1.0, events=[stored(sent + 1, sent or None)], data_parallel_rank=0))
-            sent += 1
-        assert sub.poll(0), "no batch arrived"
+        # PUB drops what it sends before the subscription has arrived: wait until it has
+        assert pub.wait_for_subscribers()
+        sent = 1
+        pub.publish(KVEventBatch(ts=1.0, events=[stored(1, None)], data_parallel_rank=0))
+        assert sub.poll(5000), "no batch arrived"
         topic, seq, _ = sub.recv_multipart()
         assert topic == b"" and 0 <= int.from_bytes(seq, "big") < sent
     finally:

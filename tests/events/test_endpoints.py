@@ -2,8 +2,9 @@
 
 import pytest
 import zmq
+from kvmesh.events.config import PublisherConfig
 from kvmesh.events.endpoints import Endpoint, attach, offset_port, parse_pub_endpoint, parse_sub_endpoint
-from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
+from kvmesh.events.publisher import ZmqEventPublisher
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,12 @@ good publisher keeps publishing, and checks that the good source's state stays e
 import time
 
 import msgspec
-from events_testkit import Follower, make_publisher, stored, wait_for
+from events_testkit import Follower, make_publisher, raw_publisher, stored, wait_for, wait_subscribed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvmesh.events.codec import DecodeError, check_batch, decode_batch_counted, encode_batch
+from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, KVEventBatch
-from kvmesh.events.subscriber import PublisherSource, SubscriberConfig
 from kvmesh.events.wire import SNAPSHOT_TAG
 
 GOOD = encode_batch(KVEventBatch(ts=1.0, events=[
@@ -80,10 +80,8 @@ def test_hostile_frames_on_real_sockets_never_stop_the_feed_or_touch_a_good_sour
     import zmq
 
     ctx = zmq.Context.instance()
-    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
-    for s in (pub, router):
-        s.setsockopt(zmq.LINGER, 0)
-    bad_ep = f"tcp://127.0.0.1:{pub.bind_to_random_port('tcp://127.0.0.1')}"
+    (pub, bad_ep), router = raw_publisher(), ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
     bad_replay = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
     good = make_publisher()
     config = SubscriberConfig(replay_timeout=0.3, snapshot_timeout=0.3, bad_frame_threshold=5)
@@ -91,7 +89,7 @@ def test_hostile_frames_on_real_sockets_never_stop_the_feed_or_touch_a_good_sour
                   PublisherSource("good", good.endpoint, good.replay_endpoint)], config).start()
     try:
         assert wait_for(lambda: f.sub.stats["good"].snapshots == 1)
-        time.sleep(0.05)
+        assert good.wait_for_subscribers() and wait_subscribed(pub)
         for i, frame in enumerate(hostile):
             pub.send_multipart(frame)
             good.publish([stored(i + 1, i if i else None)])

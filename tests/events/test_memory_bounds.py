@@ -8,8 +8,8 @@ import pytest
 import zmq
 from events_testkit import Follower, RawSource, make_publisher, raw_socket, recv_until_end, stored, wait_for
 from kvmesh.events.codec import encode_batch
+from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.schema import BlockRemoved, KVEventBatch
-from kvmesh.events.subscriber import PublisherSource, SubscriberConfig
 from kvmesh.events.tracker import REPLAY, SourceTracker
 from kvmesh.events.wire import SNAPSHOT_REQUEST
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from events_testkit import DroppingSocket, Follower, make_publisher, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvmesh.events.subscriber import PublisherSource, SubscriberConfig
+from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.kvcache.hashing import external_hash
 from kvmesh.kvcache.interfaces import TokenRequest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
@@ -91,7 +91,7 @@ def test_late_dropped_and_restarted_followers_end_with_the_pools_cached_set(seed
         tiny = Follower([src], tiny_cfg, slow_first=3, delay=0.05).start()  # tiny HWM, slow consumer
         followers += [lossy, tiny]
         assert wait_for(lambda: lossy.sub.stats["r0"].snapshots == 1 and tiny.sub.stats["r0"].snapshots == 1)
-        time.sleep(0.05)  # the subscription reaches the publisher
+        assert lossy.joined("r0", pub, followers=2) and tiny.joined("r0", pub, followers=2)
         steps = 120
         restarted = late = None
         for i in range(steps):

@@ -21,8 +21,8 @@ def pub():
 
 def subscribed(pub) -> zmq.Socket:
     sub = raw_socket(zmq.SUB, pub.endpoint, subscribe=b"")
-    # PUB drops until the subscription has arrived: probe with throwaway publishers' absence by waiting.
-    time.sleep(0.2)
+    # PUB drops until the subscription has arrived; the publisher says when it has.
+    assert pub.wait_for_subscribers()
     return sub
 
 

@@ -6,7 +6,7 @@ import time
 import pytest
 import zmq
 from events_testkit import Follower, make_publisher, raw_socket, recv_until_end, stored, wait_for
-from kvmesh.events.subscriber import PublisherSource, SubscriberConfig
+from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.wire import SNAPSHOT_REQUEST
 
 

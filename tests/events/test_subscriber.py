@@ -1,14 +1,24 @@
 """The subscriber follows publishers in order and converges whatever was lost on the way."""
 
 import asyncio
-import time
+import threading
+from contextlib import contextmanager
 
 import pytest
 import zmq
-from events_testkit import DroppingSocket, Follower, make_publisher, stored, wait_for
+from events_testkit import (
+    DroppingSocket,
+    Follower,
+    make_publisher,
+    raw_publisher,
+    stored,
+    wait_for,
+    wait_subscribed,
+)
 from kvmesh.events.codec import encode_batch
+from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, KVEventBatch
-from kvmesh.events.subscriber import EventSubscriber, PublisherSource, SubscriberConfig
+from kvmesh.events.subscriber import EventSubscriber
 
 FAST = SubscriberConfig(replay_timeout=0.5, snapshot_timeout=0.5)
 
@@ -20,6 +30,26 @@ def source(pub, name="r0", replay=True):
 def publish_chain(pub, start, n, per_batch=1):
     for i in range(start, start + n, per_batch):
         pub.publish([stored(h, h - 1 if h > 1 else None) for h in range(i, min(i + per_batch, start + n))])
+
+
+@contextmanager
+def restarted_publisher(batches_before: int):
+    """``(follower, p2)``: a follower that converged on a publisher's first ``batches_before`` batches,
+    and the publisher's restart ``p2`` on the same ports (seq back to 0); both closed after."""
+    p1 = make_publisher()
+    endpoint, replay = p1.endpoint, p1.replay_endpoint
+    f = Follower([PublisherSource("r0", endpoint, replay)], FAST).start()
+    try:
+        publish_chain(p1, 1, batches_before)
+        assert f.converges("r0", p1)
+        p1.close()
+        p2 = make_publisher(endpoint="bind://" + endpoint, replay_endpoint=replay)
+        try:
+            yield f, p2
+        finally:
+            p2.close()
+    finally:
+        f.close()
 
 
 @pytest.fixture
@@ -46,7 +76,7 @@ def test_dropped_batches_are_replayed(pub):
     f = Follower([source(pub)], FAST).start()
     try:
         assert wait_for(lambda: f.sub.stats["r0"].snapshots == 1)
-        time.sleep(0.1)  # let the subscription settle
+        assert f.joined("r0", pub)
         publish_chain(pub, 1, 40)
         assert f.converges("r0", pub)
         st = f.sub.stats["r0"]
@@ -61,7 +91,7 @@ def test_a_gap_older_than_the_replay_buffer_falls_back_to_a_snapshot():
     f = Follower([source(p)], FAST).start()
     try:
         assert wait_for(lambda: f.sub.stats["r0"].snapshots == 1)
-        time.sleep(0.1)
+        assert f.joined("r0", p)
         publish_chain(p, 1, 30)
         assert f.converges("r0", p)
         assert f.sub.stats["r0"].snapshots >= 2
@@ -72,14 +102,18 @@ def test_a_gap_older_than_the_replay_buffer_falls_back_to_a_snapshot():
 
 def test_a_tiny_hwm_loses_messages_and_still_converges():
     p = make_publisher(hwm=1)
-    f = Follower([source(p)], SubscriberConfig(rcvhwm=1, replay_timeout=1, snapshot_timeout=1),
-                 slow_first=4, delay=0.05).start()
+    gate = threading.Event()
+    f = Follower([source(p)], SubscriberConfig(rcvhwm=1, replay_timeout=1, snapshot_timeout=1), gate=gate).start()
     try:
         assert wait_for(lambda: f.sub.stats["r0"].snapshots == 1)
-        time.sleep(0.1)
+        assert f.joined("r0", p)
+        p.publish([stored(999, None)])
+        assert f.stopped.wait(5)  # the consumer naps (stops reading) at this first batch
         for i in range(60):  # ~100 KB per batch, so the socket buffers fill while the consumer naps
             p.publish([stored(1000 + i, None, bs=25_000)])
-        publish_chain(p, 1, 20)
+        assert wait_for(lambda: p.flushed() and p.seq == 61)  # sent, or dropped by the full PUB
+        gate.set()
+        publish_chain(p, 1, 20)  # sent after the dropped ones: the gap shows
         assert f.converges("r0", p, timeout=15)
         assert f.sub.stats["r0"].gaps >= 1  # the napping consumer did lose messages
     finally:
@@ -102,25 +136,13 @@ def test_a_restarted_subscriber_converges(pub):
 
 
 def test_a_publisher_restart_is_detected_and_the_state_reset():
-    p1 = make_publisher()
-    endpoint, replay = p1.endpoint, p1.replay_endpoint
-    f = Follower([PublisherSource("r0", endpoint, replay)], FAST).start()
-    try:
-        publish_chain(p1, 1, 10)
-        assert f.converges("r0", p1)
-        p1.close()
-        p2 = make_publisher(endpoint="bind://" + endpoint, replay_endpoint=replay)  # same ports, seq back to 0
-        try:
-            assert wait_for(lambda: f.sub.stats["r0"].snapshots >= 1)
-            time.sleep(0.3)  # the SUB reconnects on its own
-            publish_chain(p2, 100, 3)
-            assert f.converges("r0", p2)
-            assert f.sub.stats["r0"].restarts >= 1
-            assert f.states["r0"].hashes() == {100, 101, 102}
-        finally:
-            p2.close()
-    finally:
-        f.close()
+    with restarted_publisher(10) as (f, p2):
+        assert wait_for(lambda: f.sub.stats["r0"].snapshots >= 1)
+        assert p2.wait_for_subscribers()  # the SUB reconnects on its own
+        publish_chain(p2, 100, 3)
+        assert f.converges("r0", p2)
+        assert f.sub.stats["r0"].restarts >= 1
+        assert f.states["r0"].hashes() == {100, 101, 102}
 
 
 def test_a_vllm_publisher_without_snapshots_is_followed_and_the_consumer_told(pub):
@@ -148,7 +170,7 @@ def test_a_replay_endpoint_that_never_answers_times_out_and_live_events_flow(pub
         assert wait_for(lambda: f.sub.stats["r0"].unrecovered >= 1, 3)
         assert f.sub.stats["r0"].snapshot_failures == 1
         assert ("r0", "unrecovered") in f.statuses
-        time.sleep(0.1)
+        assert pub.wait_for_subscribers()
         publish_chain(pub, 1, 3)
         assert wait_for(lambda: f.states["r0"].hashes() == {1, 2, 3})
     finally:
@@ -157,10 +179,8 @@ def test_a_replay_endpoint_that_never_answers_times_out_and_live_events_flow(pub
 
 
 def test_bad_input_is_counted_and_never_stops_the_stream():
-    raw_pub = zmq.Context.instance().socket(zmq.PUB)
-    raw_pub.setsockopt(zmq.LINGER, 0)
-    port = raw_pub.bind_to_random_port("tcp://127.0.0.1")
-    f = Follower([PublisherSource("r0", f"tcp://127.0.0.1:{port}")], FAST).start()
+    raw_pub, endpoint = raw_publisher()
+    f = Follower([PublisherSource("r0", endpoint)], FAST).start()
 
     def send(seq, payload, topic=b"t"):
         raw_pub.send_multipart([topic, seq.to_bytes(8, "big"), payload])
@@ -169,9 +189,9 @@ def test_bad_input_is_counted_and_never_stops_the_stream():
         return encode_batch(KVEventBatch(ts=0.0, events=[stored(h, None)], data_parallel_rank=0))
 
     try:
-        # Re-send seq 0 until the subscription is up (each repeat reads as a restart).
-        assert wait_for(lambda: (send(0, good(1)), f.states["r0"].hashes() == {1})[1], 3)
-        time.sleep(0.1)
+        assert wait_subscribed(raw_pub)  # a PUB drops what it sends before the subscription is up
+        send(0, good(1))
+        assert wait_for(lambda: f.states["r0"].hashes() == {1}, 3)
         restarts_before = f.sub.stats["r0"].restarts
         send(1, good(2))
         send(2, b"\xc1garbage")                                       # malformed payload
@@ -201,7 +221,7 @@ def test_a_bound_subscriber_collects_publishers_that_connect_to_it():
         address = f.sub.bound_endpoint("a")
         assert f.sub.bound_endpoint("b") == address  # one socket, told apart by topic
         pubs = [make_publisher(endpoint=address, topic=t, replay_endpoint=None) for t in "ab"]
-        time.sleep(0.3)
+        assert all(p.wait_for_subscribers() for p in pubs)
         pubs[0].publish([stored(1, None)])
         pubs[1].publish([stored(2, None)])
         assert wait_for(lambda: f.states["a"].hashes() == {1} and f.states["b"].hashes() == {2})
@@ -243,25 +263,13 @@ def test_sources_can_be_added_and_removed_while_running(pub):
 
 
 def test_a_restarted_publisher_that_ran_ahead_is_caught_by_the_reconnect_snapshot():
-    p1 = make_publisher()
-    endpoint, replay = p1.endpoint, p1.replay_endpoint
-    f = Follower([PublisherSource("r0", endpoint, replay)], FAST).start()
-    try:
-        publish_chain(p1, 1, 3)
-        assert f.converges("r0", p1)
-        p1.close()
-        p2 = make_publisher(endpoint="bind://" + endpoint, replay_endpoint=replay)
-        try:
-            # Before we reconnect, the new publisher is already past our last seq (2): no seq check
-            # can see the restart, the reconnect does.
-            publish_chain(p2, 100, 10)
-            assert f.converges("r0", p2)
-            assert f.states["r0"].hashes() == set(range(100, 110))
-            assert f.sub.stats["r0"].reconnects >= 1
-        finally:
-            p2.close()
-    finally:
-        f.close()
+    with restarted_publisher(3) as (f, p2):
+        # Before we reconnect, the new publisher is already past our last seq (2): no seq check
+        # can see the restart, the reconnect does.
+        publish_chain(p2, 100, 10)
+        assert f.converges("r0", p2)
+        assert f.states["r0"].hashes() == set(range(100, 110))
+        assert f.sub.stats["r0"].reconnects >= 1
 
 
 def test_a_batch_lost_at_the_tail_of_a_burst_is_found_by_the_idle_probe(pub):
@@ -269,7 +277,7 @@ def test_a_batch_lost_at_the_tail_of_a_burst_is_found_by_the_idle_probe(pub):
                                                  idle_probe_interval=0.2)).start()
     try:
         assert wait_for(lambda: f.sub.stats["r0"].snapshots == 1)
-        time.sleep(0.1)
+        assert f.joined("r0", pub)
         pub._io._pub = DroppingSocket(pub._io._pub, drop=lambda seq: seq == 4)
         publish_chain(pub, 1, 5)  # seq 4 is the last: no later batch reveals the gap
         assert f.converges("r0", pub, timeout=3)
@@ -291,7 +299,7 @@ def test_an_older_vllm_publisher_is_followed_through_replays():
         old.publish(payload(1))  # before we join: only a replay from seq 0 can give it
         f = Follower([PublisherSource("v", old.endpoint, old.replay_endpoint)], cfg).start()
         assert wait_for(lambda: f.sub.stats["v"].snapshot_failures == 1)
-        time.sleep(0.1)
+        assert wait_subscribed(old.pub)
         old.publish(payload(2), send=False)  # lost on the way
         old.publish(payload(3))
         assert wait_for(lambda: f.states["v"].hashes() == {1, 2, 3} and f.sub.stats["v"].last_seq == 2)
@@ -325,7 +333,7 @@ def test_one_subscriber_follows_many_publishers_each_in_order():
     sub.start()
     try:
         assert wait_for(lambda: all(st.snapshots == 1 for st in sub.stats.values()) and len(sub.stats) == 4)
-        time.sleep(0.1)
+        assert all(p.wait_for_subscribers() for p in pubs)
         for k in range(20):
             for i, p in enumerate(pubs):
                 p.publish([stored(1000 * i + k + 1, None)])
@@ -353,7 +361,7 @@ def test_an_unusable_replay_endpoint_is_reported_and_live_events_still_flow(pub)
     f = Follower([PublisherSource("r0", pub.endpoint, "nosuch://replay")], FAST).start()
     try:
         assert wait_for(lambda: f.sub.stats["r0"].unrecovered >= 1)
-        time.sleep(0.1)
+        assert pub.wait_for_subscribers()
         publish_chain(pub, 1, 2)
         assert wait_for(lambda: f.states["r0"].hashes() == {1, 2})
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from kvmesh.events.publisher import PublisherConfig
+from kvmesh.events.config import PublisherConfig
 from kvmesh.events.schema import BlockRemoved, BlockStored
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine import LLMEngine

@@ -5,7 +5,8 @@ import asyncio
 import time
 
 import zmq
-from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
+from kvmesh.events.config import PublisherConfig
+from kvmesh.events.publisher import ZmqEventPublisher
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.runtime import RouterRuntime
 from kvmesh.router.routing.kv_router import KVRouter
@@ -77,7 +78,7 @@ def test_garbage_from_one_replica_degrades_it_alone_and_a_snapshot_brings_it_bac
             r = runtime.router
             assert await wait_for(lambda: len(runtime.subscriber.stats) == 2 and all(
                 s.snapshots for s in runtime.subscriber.stats.values()))
-            await asyncio.sleep(0.1)
+            assert await wait_for(lambda: good.subscribers >= 1 and bad.subscribers >= 1)
             bad._io._pub = corrupt
             for i in range(4):
                 bad.publish([stored(PROMPT, BS, start_block=i, num_blocks=1)])
@@ -113,7 +114,7 @@ def test_a_replica_cannot_make_the_router_hold_more_than_max_source_blocks():
         await runtime.start()
         try:
             assert await wait_for(lambda: "r" in runtime.subscriber.stats and runtime.subscriber.stats["r"].snapshots == 1)
-            await asyncio.sleep(0.1)
+            assert await wait_for(lambda: pub.subscribers >= 1)
             for i in range(8):
                 pub.publish([stored(PROMPT, BS, start_block=i, num_blocks=1)])
             assert await wait_for(lambda: runtime.subscriber.stats["r"].apply_errors == 3)

@@ -5,7 +5,8 @@ snapshot; once one is applied the replica is exact again. Real ZeroMQ, in-proces
 import asyncio
 
 import zmq
-from kvmesh.events.publisher import PublisherConfig, ZmqEventPublisher
+from kvmesh.events.config import PublisherConfig
+from kvmesh.events.publisher import ZmqEventPublisher
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.runtime import RouterRuntime
 

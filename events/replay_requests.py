@@ -1,6 +1,6 @@
 """The subscriber's replay and snapshot requests: one DEALER per publisher, one request in flight.
 
-``SubscriberIO`` holds one ``ReplayRequests`` (same thread). A request that gets no answer within its
+``FeedLoop`` holds one ``ReplayRequests`` (same thread). A request that gets no answer within its
 timeout is given up and its DEALER replaced, so a late answer cannot be taken for the next
 request's. Answers are read in both layouts (wire.py): vLLM 0.33's ``[b"", topic, seq, payload]``
 and older vLLM's ``[b"", seq, payload]``; an end marker in answer to a snapshot request means
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import zmq
 from kvmesh.events.codec import check_batch
+from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.endpoints import parse_sub_endpoint
-from kvmesh.events.subscriber_guard import FrameGuard
+from kvmesh.events.frame_guard import FrameGuard
 from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
 from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
 
@@ -33,10 +33,11 @@ MESSAGES_PER_TURN = 512
 
 
 class ReplayRequests:
-    """The replay/snapshot requests of ``SubscriberIO``'s sources and their answers."""
+    """The replay/snapshot requests of ``FeedLoop``'s sources and their answers."""
 
-    def __init__(self, ctx: zmq.Context, config, poller: zmq.Poller, sources: dict, trackers: dict[str, SourceTracker],
-                 active: dict[str, float], guard: FrameGuard, secure: Callable[[zmq.Socket, Any], None]) -> None:
+    def __init__(self, ctx: zmq.Context, config: SubscriberConfig, poller: zmq.Poller,
+                 sources: dict[str, PublisherSource], trackers: dict[str, SourceTracker], active: dict[str, float],
+                 guard: FrameGuard, secure: Callable[[zmq.Socket, PublisherSource], None]) -> None:
         self._ctx, self._config, self._poller = ctx, config, poller
         self._sources, self._trackers = sources, trackers
         """The I/O loop's sources and trackers by name, shared, not copied."""
@@ -211,7 +212,7 @@ class ReplayRequests:
                 self._guard.bad_frame(name, "decode_errors", "bad replay frames",
                                 f"{len(frames)} frames, seq frame of {len(body[-2]) if len(body) > 1 else 0} bytes")
 
-    def _on_snapshot_frame(self, name: str, tracker: SourceTracker, body: list) -> None:
+    def _on_snapshot_frame(self, name: str, tracker: SourceTracker, body: list[bytes]) -> None:
         if len(body[1]) != 8:
             self._fail_snapshot(name, tracker, "decode_errors", "bad snapshot frames",
                                 f"seq frame of {len(body[1])} bytes; expected 8")

@@ -1,8 +1,77 @@
-"""What an ``EventSubscriber`` follows (``PublisherSource``) and its limits (``SubscriberConfig``)."""
+"""The events section of the config tree: how a replica publishes (``PublisherConfig``), what an
+``EventSubscriber`` follows (``PublisherSource``) and its timeouts and limits (``SubscriberConfig``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from kvmesh.events import curve
+
+
+@dataclass
+class PublisherConfig:
+    """Where and how a replica publishes its KV events."""
+
+    endpoint: str = "bind://tcp://127.0.0.1:5557"
+    """PUB address. vLLM's rule: wildcard host / ipc / inproc binds, others connect; ``bind://``
+    forces a bind (default: loopback only), ``connect://`` a connect; port 0 = ephemeral."""
+    replay_endpoint: str | None = "tcp://127.0.0.1:5558"
+    """ROUTER address for replay and snapshot requests (always binds); None disables both."""
+    topic: str = ""
+    """ZeroMQ topic frame of every message; vLLM's default, the empty string (vllm-router subscribes to it)."""
+    buffer_steps: int = 10_000
+    """Batches kept for replay (ring buffer)."""
+    buffer_max_bytes: int = 256 << 20
+    """Byte cap of the replay ring buffer; the oldest batches go first."""
+    hwm: int = 100_000
+    """ZeroMQ send high-water mark (messages) of the PUB socket (the PUB drops beyond it)."""
+    max_queue_size: int = 100_000
+    """Batches waiting for the I/O thread before ``publish`` resyncs (or waits, without source)."""
+    snapshot_chunk_blocks: int = 2048
+    """Blocks per snapshot message."""
+    shutdown_timeout: float = 1.0
+    """Seconds ``close`` waits for queued batches to go out."""
+    replay_requests_per_s: float = 50.0
+    """Replay/snapshot requests answered per second, all peers together; beyond it replays are
+    dropped unanswered (the asker times out) and snapshots answered "busy" (the asker backs off)."""
+    replay_request_burst: int = 100
+    """Requests answered at once before ``replay_requests_per_s`` applies."""
+    snapshots_per_s: float = 1.0
+    """Snapshots answered per second, all peers together (each one encodes the whole cache:
+    ~0.1-0.2 s of this process's CPU per 100k blocks)."""
+    snapshot_burst: int = 4
+    """Snapshots answered at once (the most a flood can have queued in a moment)."""
+    replay_bytes_per_s: int = 64 << 20
+    """Bytes of replay/snapshot answers sent per second; requests wait (dropped) while in debt."""
+    replay_max_queued_bytes: int = 128 << 20
+    """Bytes of answers that may go out at once (the byte bucket's size): bounds what peers that
+    never read can make this process hold."""
+
+    curve_secret_key: str | None = field(default=None, repr=False)
+    """SECRET: this publisher's CURVE secret key (Z85). Set -> the PUB and replay sockets are CURVE
+    servers: encrypted, and only peers that know the matching public key connect. None: plain
+    text (vLLM-compatible; warned about when listening beyond loopback)."""
+    curve_client_keys: tuple[str, ...] = ()
+    """Public keys (Z85) of the subscribers allowed to connect (a ZAP allow-list); empty -> any
+    peer that knows this publisher's public key."""
+
+    def __post_init__(self) -> None:
+        if self.curve_secret_key is not None:
+            curve.check_key(self.curve_secret_key, "secret")
+            curve.require_curve()
+        elif self.curve_client_keys:
+            raise ValueError("PublisherConfig.curve_client_keys needs curve_secret_key (the server's key)")
+        for key in self.curve_client_keys:
+            curve.check_key(key, "client public")
+        for name in ("buffer_steps", "buffer_max_bytes", "hwm", "max_queue_size", "snapshot_chunk_blocks",
+                     "replay_requests_per_s", "replay_request_burst", "snapshots_per_s", "snapshot_burst",
+                     "replay_bytes_per_s", "replay_max_queued_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"PublisherConfig.{name} must be positive, got {getattr(self, name)}")
+        if not self.endpoint:
+            raise ValueError("PublisherConfig.endpoint is empty; use e.g. bind://tcp://127.0.0.1:0")
+        if self.shutdown_timeout < 0:
+            raise ValueError(f"PublisherConfig.shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""One SUB socket of the subscriber, the sources it carries, and the state of its connection.
+"""One SUB socket of the subscriber: how it is opened, the sources it carries, the state of its connection.
 
 A connection of our own (not a bound address) is watched through a monitor socket. ZeroMQ reconnects
 by itself after a connection error, and says so (``EVENT_CONNECT_RETRIED``) -- but not after a
@@ -9,8 +9,11 @@ a drop that ZeroMQ does not retry, and ``reattach`` connects again once ``REATTA
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import zmq
+from kvmesh.events.config import SubscriberConfig
+from kvmesh.events.endpoints import Endpoint, attach
 
 REATTACH_S = 0.3
 """Seconds a dropped connection that ZeroMQ does not retry waits before we connect again."""
@@ -37,6 +40,38 @@ class Feed:
         self.detached = False
         """We cut the connection off (``detach``) and connect again at ``reattach_at``."""
         self._cuts = (0, 0.0)  # cuts in a row (no whole message since), time of the last one
+
+    @classmethod
+    def open(cls, ctx: zmq.Context, config: SubscriberConfig, ep: Endpoint, server_key: str | None,
+             secure: Callable[[zmq.Socket, str | None], None]) -> Feed:
+        """A SUB socket on ``ep``, made a CURVE client of ``server_key`` by ``secure`` (nothing for a plain one)."""
+        sock = ctx.socket(zmq.SUB)
+        # What a publisher can make us hold: RCVHWM messages of at most MAXMSGSIZE per frame
+        # (SubscriberConfig.max_source_queue_bytes); beyond it ZeroMQ stops reading its socket.
+        sock.setsockopt(zmq.RCVHWM, config.queue_messages())
+        sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, config.reconnect_ivl_ms)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, config.reconnect_ivl_max_ms)
+        feed = cls(sock, ep.address, ep.bind, server_key)
+        try:
+            secure(sock, server_key)
+            if not ep.bind:  # a connection of our own: watch it come up (monitored before it
+                # connects, so its first "connected" is seen), drop and come back
+                feed.monitor = sock.get_monitor_socket(MONITORED)
+            feed.address = attach(sock, ep)
+        except Exception:
+            feed.close()
+            raise
+        return feed
+
+    def close(self) -> None:
+        """Close the socket and its monitor."""
+        if self.monitor is not None:
+            self.sock.disable_monitor()
+            self.monitor.close(linger=0)
+            self.monitor = None
+        self.sock.close(linger=0)
 
     def watch(self, event: int) -> bool:
         """Note one monitor event; True when a connection that had dropped is up again."""

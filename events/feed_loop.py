@@ -1,7 +1,8 @@
-"""The subscriber's I/O thread: SUB and DEALER sockets, frame parsing, request timeouts.
+"""The subscriber's feed: the loop of its I/O thread over every SUB and DEALER socket, live frames parsed.
 
 Runs on one thread, which owns every socket; other threads talk to it through ``call``
-(a command deque plus an inproc wake-up socket).
+(a command deque plus an inproc wake-up socket). SUB sockets are ``Feed``s (feed.py), replay and
+snapshot requests ``ReplayRequests`` (replay_requests.py), bad frames ``FrameGuard``'s (frame_guard.py).
 """
 
 from __future__ import annotations
@@ -10,32 +11,40 @@ import logging
 import threading
 import time
 from collections import deque
+from typing import TYPE_CHECKING, Literal
 
 import zmq
 from kvmesh.events import curve
-from kvmesh.events.endpoints import attach, parse_sub_endpoint
+from kvmesh.events.config import PublisherSource, SubscriberConfig
+from kvmesh.events.endpoints import parse_sub_endpoint
+from kvmesh.events.feed import Feed
+from kvmesh.events.frame_guard import FrameGuard
 from kvmesh.events.memory_watch import MemoryWatch
-from kvmesh.events.subscriber_feed import MONITORED, Feed
-from kvmesh.events.subscriber_guard import FrameGuard
-from kvmesh.events.subscriber_requests import MESSAGES_PER_TURN, ReplayRequests
+from kvmesh.events.replay_requests import MESSAGES_PER_TURN, ReplayRequests
 from kvmesh.events.tracker import SourceTracker
 from kvmesh.events.wire import unpack_seq
 from zmq.utils.monitor import recv_monitor_message
 
+if TYPE_CHECKING:
+    from kvmesh.events.subscriber import BatchCallback, StatusCallback
+
 logger = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path
 _PAUSE_S = (0.05, 1.0)  # shortest and longest pause of a degraded source's socket over its budget
+Command = tuple[Literal["add"], PublisherSource] | tuple[Literal["remove", "resync"], str] | None
+"""What ``FeedLoop.call`` queues for the I/O thread (None: stop)."""
 
 
-class SubscriberIO:
+class FeedLoop:
     """Owns the sockets; see the module doc. Replay/snapshot requests: ``self.requests``
     (``ReplayRequests``); bad frames and source health: ``self.guard`` (``FrameGuard``)."""
 
-    def __init__(self, ctx: zmq.Context, config, deliver, status) -> None:
+    def __init__(self, ctx: zmq.Context, config: SubscriberConfig, deliver: BatchCallback,
+                 status: StatusCallback) -> None:
         self._ctx, self._config = ctx, config
         self.trackers: dict[str, SourceTracker] = {}
         self.bound: dict[str, str] = {}
-        self._sources: dict = {}
+        self._sources: dict[str, PublisherSource] = {}
         self._feeds: dict[str, Feed] = {}  # key: source name, or "bind:" + address when shared
         self._by_socket: dict[zmq.Socket, Feed] = {}  # SUB and monitor sockets -> their feed
         self._feed_of: dict[str, Feed] = {}
@@ -50,7 +59,7 @@ class SubscriberIO:
         self.guard = FrameGuard(config, self.trackers, deliver, status)
         self.requests = ReplayRequests(ctx, config, self._poller, self._sources, self.trackers, self._active,
                                        self.guard, lambda sock, src: self.secure(sock, self.server_key(src)))
-        self._calls: deque = deque()
+        self._calls: deque[Command] = deque()
         addr = f"inproc://kvmesh-subscriber-wake-{id(self)}-{time.monotonic_ns()}"
         self._wake_recv = ctx.socket(zmq.PULL)
         self._wake_recv.bind(addr)
@@ -62,7 +71,7 @@ class SubscriberIO:
         self._running = True
 
     # -- commands (any thread) --------------------------------------------------------------------
-    def call(self, command) -> None:
+    def call(self, command: Command) -> None:
         """Queue ``("add", source)``, ``("remove", name)``, ``("resync", name)`` or ``None`` (stop)."""
         self._calls.append(command)
         with self._wake_lock:  # zmq sockets are not thread-safe; callers may be many threads
@@ -87,7 +96,7 @@ class SubscriberIO:
                 logger.error("KV event subscriber: %s %r failed: %s", cmd[0], cmd[1], e)
 
     # -- sources ----------------------------------------------------------------------------------
-    def add_source(self, src) -> None:
+    def add_source(self, src: PublisherSource) -> None:
         """Follow ``src``; a source of the same name is replaced (or kept, if identical)."""
         if src.name in self._sources:
             if self._sources[src.name] == src:
@@ -101,33 +110,11 @@ class SubscriberIO:
             raise ValueError(f"source {src.name!r} shares the bound address {ep.address} with sources of "
                              "another CURVE server key; one bound socket has one key")
         if feed is None:
-            sock = self._ctx.socket(zmq.SUB)
-            # What a publisher can make us hold: RCVHWM messages of at most MAXMSGSIZE per frame
-            # (SubscriberConfig.max_source_queue_bytes); beyond it ZeroMQ stops reading its socket.
-            sock.setsockopt(zmq.RCVHWM, self._config.queue_messages())
-            sock.setsockopt(zmq.MAXMSGSIZE, self._config.max_message_bytes)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.RECONNECT_IVL, self._config.reconnect_ivl_ms)
-            sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._config.reconnect_ivl_max_ms)
-            monitor = None
-            try:
-                self.secure(sock, server_key)
-                if not ep.bind:  # a connection of our own: watch it come up (monitored before it
-                    # connects, so its first "connected" is seen), drop and come back
-                    monitor = sock.get_monitor_socket(MONITORED)
-                address = attach(sock, ep)
-            except Exception:
-                if monitor is not None:
-                    sock.disable_monitor()
-                    monitor.close(linger=0)
-                sock.close(linger=0)
-                raise
-            feed = self._feeds[key] = self._by_socket[sock] = Feed(sock, address, ep.bind, server_key)
-            self._poller.register(sock, zmq.POLLIN)
-            if monitor is not None:
-                feed.monitor = monitor
-                self._by_socket[monitor] = feed
-                self._poller.register(monitor, zmq.POLLIN)
+            feed = self._feeds[key] = Feed.open(self._ctx, self._config, ep, server_key, self.secure)
+            for sock in (feed.sock, feed.monitor):
+                if sock is not None:
+                    self._by_socket[sock] = feed
+                    self._poller.register(sock, zmq.POLLIN)
         feed.topics[src.name] = src.topic.encode()
         feed.sock.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
         self._feed_of[src.name] = feed
@@ -142,7 +129,7 @@ class SubscriberIO:
         self._to_start.append(src.name)
         self._active[src.name] = time.monotonic()
 
-    def server_key(self, src) -> str | None:
+    def server_key(self, src: PublisherSource) -> str | None:
         """The CURVE server key ``src`` is followed with (None: plain)."""
         return src.curve_server_key or self._config.curve_server_key
 
@@ -226,10 +213,7 @@ class SubscriberIO:
             self._by_socket.pop(feed.monitor, None)
             if feed.monitor in self._poller:
                 self._poller.unregister(feed.monitor)
-            feed.sock.disable_monitor()
-            feed.monitor.close(linger=0)
-            feed.monitor = None
-        feed.sock.close(linger=0)
+        feed.close()
 
     def _on_monitor(self, feed: Feed) -> None:
         while feed.monitor is not None and feed.monitor.poll(0):

@@ -1,6 +1,6 @@
 """The subscriber's defences: every frame decoded, checked and applied under guard.
 
-``SubscriberIO`` holds one ``FrameGuard`` (same thread). A frame that cannot be read, breaks a limit
+``FeedLoop`` holds one ``FrameGuard`` (same thread). A frame that cannot be read, breaks a limit
 (``SubscriberConfig.max_*``) or makes the consumer's ``on_batch`` raise is dropped and counted in
 its source's ``SourceStats`` (``bad_frames`` and one of ``decode_errors`` / ``rejected`` /
 ``apply_errors``); the I/O thread and every other source carry on. A source that keeps sending
@@ -12,7 +12,7 @@ snapshots, after a clean window).
 A degraded source's live messages are decoded only within a budget (``admit``): a token bucket of
 ``degraded_source_bytes_per_s`` payload bytes per second, which is also its largest message. A
 message beyond it is dropped unread and counted as bad, so a flooding source stays degraded and
-what it costs the process (GIL time, decoded memory) is bounded by that budget. (``SubscriberIO``
+what it costs the process (GIL time, decoded memory) is bounded by that budget. (``FeedLoop``
 then stops reading the source's socket for a while: the flood waits in, and is dropped by, the
 publisher's own queue.)
 """
@@ -21,22 +21,28 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from kvmesh.events.codec import DecodeError, check_batch, decode_batch_counted
-from kvmesh.events.health import SourceHealth
+from kvmesh.events.config import SubscriberConfig
+from kvmesh.events.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, SourceHealth
 from kvmesh.events.ratelimit import TokenBucket
+from kvmesh.events.schema import KVEventBatch
 from kvmesh.events.tracker import SourceTracker
+
+if TYPE_CHECKING:
+    from kvmesh.events.subscriber import BatchCallback, StatusCallback
 
 logger = logging.getLogger(__name__)
 
-DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED = "degraded", "recovered", "snapshot_applied", "unrecovered"
 _HEALTH_CHECK_S = 0.1
 
 
 class FrameGuard:
-    """Decoding, limits, consumer errors and source health for ``SubscriberIO``'s sources."""
+    """Decoding, limits, consumer errors and source health for ``FeedLoop``'s sources."""
 
-    def __init__(self, config, trackers: dict[str, SourceTracker], deliver, status) -> None:
+    def __init__(self, config: SubscriberConfig, trackers: dict[str, SourceTracker], deliver: BatchCallback,
+                 status: StatusCallback) -> None:
         self._config = config
         self._trackers = trackers
         """The I/O loop's trackers (source name -> SourceTracker), shared, not copied."""
@@ -99,7 +105,7 @@ class FrameGuard:
             self._status_cb(name, DEGRADED, health.reason)
             tracker.resync()
 
-    def decode(self, name: str, payload: bytes):
+    def decode(self, name: str, payload: bytes) -> KVEventBatch | None:
         """The checked batch of ``payload``, or None (counted) when it is bad."""
         tracker = self._trackers[name]
         if len(payload) > self._config.max_payload_bytes:
@@ -117,7 +123,7 @@ class FrameGuard:
             self.warn_once(name, "unknown events", f"{decoded.unknown_events} dropped")
         return decoded.batch
 
-    def deliver(self, name: str, seq: int, batch) -> None:
+    def deliver(self, name: str, seq: int, batch: KVEventBatch) -> None:
         try:
             self._deliver_cb(name, seq, batch)
         except Exception as e:  # the consumer refused it (e.g. over a limit): drop it, carry on
