@@ -186,22 +186,17 @@ async def test_100_concurrent_streaming_clients_all_complete(replica):
 def test_block_stored_events_arrive_live_on_the_pub_socket(client, replica):
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.RCVTIMEO, 200)
+    sub.setsockopt(zmq.RCVTIMEO, 30_000)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(replica.endpoints()["events_endpoint"])
     prompt = list(range(100, 100 + 40))  # 2 full blocks nobody computed before
     try:
-        # PUB/SUB joins asynchronously: repeat (with new prompts) until the subscription is live.
-        for attempt in range(25):
-            client.post("/v1/completions", json={"prompt": [attempt + 200] + prompt, "max_tokens": 1})
-            try:
-                topic, seq, payload = sub.recv_multipart()
-            except zmq.Again:
-                continue
-            events = decode_batch(payload).events
-            assert topic == b"" and unpack_seq(seq) > 0  # vLLM's default topic
-            assert any(isinstance(e, BlockStored) for e in events)
-            return
-        raise AssertionError("no event batch arrived on the PUB socket")
+        # PUB/SUB joins asynchronously: wait until the publisher's XPUB has seen the subscription.
+        assert replica.publisher.wait_for_subscribers(timeout=30), "the subscription never arrived"
+        client.post("/v1/completions", json={"prompt": [200] + prompt, "max_tokens": 1})
+        topic, seq, payload = sub.recv_multipart()
+        events = decode_batch(payload).events
+        assert topic == b"" and unpack_seq(seq) > 0  # vLLM's default topic
+        assert any(isinstance(e, BlockStored) for e in events)
     finally:
         sub.close()
