@@ -1,15 +1,10 @@
-"""Generated workloads for ``kvmesh sim``, in the Mooncake ``hash_ids`` format.
+"""Generated workloads in the Mooncake ``hash_ids`` format: what ``kvmesh sim --synthetic`` / ``--workload``
+simulate, and what ``kvmesh bench load --workload tool_agent`` sends to a real endpoint (sessions.py).
 
-Generated traces in the Mooncake ``hash_ids`` format, for ``kvmesh sim --synthetic``.
-
-Multi-turn conversations of several tenants: a conversation starts with its tenant's system
-prompt (``system_blocks`` shared blocks), and each turn appends ``turn_blocks`` new blocks to the
-whole history, so turn *k* shares turn *k-1*'s prompt as a prefix. Conversations start as a
-Poisson process; turns follow each other after an exponential think time. Each record carries
-its conversation's ``session_id``.
-
-Harder generated workloads for ``kvmesh sim --workload``, in the Mooncake ``hash_ids`` format.
-
+- ``SyntheticTrace`` (``--synthetic``): multi-turn conversations of several tenants. A conversation
+  starts with its tenant's system prompt (``system_blocks`` shared blocks), and each turn appends
+  ``turn_blocks`` new blocks to the whole history, so turn *k* shares turn *k-1*'s prompt as a prefix.
+  Conversations start as a Poisson process; turns follow each other after an exponential think time.
 - ``tool_agent``: agents whose trajectories fork. An agent starts from its tenant's long tool
   definitions plus its own task; at every step it issues ``fanout`` tool calls at once, each a
   branch of the whole trajectory plus its own new blocks; the next step continues from one
