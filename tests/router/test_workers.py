@@ -136,7 +136,7 @@ def test_every_worker_serves_the_same_port(workers):
 def _wait_flowing(load: Load) -> None:
     """Until both workers have answered requests of ``load``: the load runs through each of them."""
     wait_for(lambda: {"0", "1"} <= {r.worker for r in list(load.results) if r.ok}, timeout=30,
-             what=f"both workers to serve the load (results so far: {len(load.results)})")
+             what="both workers to serve the load")
 
 
 def _wait_answered_after(load: Load, t: float, count: int = 80) -> None:
