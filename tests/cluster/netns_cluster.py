@@ -146,7 +146,9 @@ class TwoNodeCluster:
         out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
         return [int(p) for p in out.stdout.split()] if out.returncode == 0 else []
 
-    def _kill_namespace_pids(self, ns: str) -> None:
+    def _kill_namespace_pids(self, ns: str, wait_s: float = 5.0) -> None:
+        """SIGTERM what runs in the namespace, SIGKILL what is left ``wait_s`` later; waits up to
+        ``wait_s`` for the namespace to be empty after each (a caller checks ``leftover_pids``)."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             pids = self._namespace_pids(ns)
             for pid in pids:
@@ -154,6 +156,9 @@ class TwoNodeCluster:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
+            deadline = time.monotonic() + wait_s
+            while pids and time.monotonic() < deadline:
+                time.sleep(0.1)
+                pids = self._namespace_pids(ns)
             if not pids:
                 return
-            time.sleep(1.0)

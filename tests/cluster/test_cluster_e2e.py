@@ -111,7 +111,10 @@ def test_streaming_returns_sse_chunks_then_done(cluster):
 def test_killed_replica_does_not_fail_requests_sent_after_it_died(cluster):
     victim = cluster.state.replicas[0]
     os.kill(victim.endpoints["pid"], signal.SIGKILL)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while not _zombie(victim.endpoints["pid"]):  # dead: its sockets are closed (reaped or not)
+        assert time.monotonic() < deadline, "the killed replica's process is still running"
+        time.sleep(0.02)
     for i in range(6):  # every one must succeed: the router routes around the dead replica
         _complete(cluster, f"Request {i} after the crash. " + STORY[:80])
     deadline = time.monotonic() + 180

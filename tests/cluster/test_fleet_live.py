@@ -61,6 +61,28 @@ def _wait_fleet(cluster, predicate, timeout_s: float, what: str) -> dict:
     raise AssertionError(f"timed out waiting for {what}: {state}\n" + "\n".join(cluster.messages[-20:]))
 
 
+def _run_past(load: Load, t: float, timeout_s: float = 60.0) -> None:
+    """Until ``load`` has completed a request at or after ``t`` (monotonic): every window of its
+    outcomes that ends by ``t`` is complete (``Outcome.at`` is when a request ended)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(o.at >= t for o in list(load.outcomes)):
+        assert time.monotonic() < deadline, (f"the load completed nothing after {t:.1f} ({len(load.outcomes)} "
+                                             f"requests, {len(load.failures)} failed)")
+        time.sleep(0.1)
+
+
+def _warm(load: Load, timeout_s: float = 120.0) -> float:
+    """Until the load's last ``families`` requests all had cached tokens (every prefix family cached
+    on the replica it is routed to); when that was seen (monotonic)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        last = list(load.outcomes)[-load.families:]
+        if len(last) == load.families and all(o.ok and o.cached_tokens > 0 for o in last):
+            return time.monotonic()
+        assert time.monotonic() < deadline, f"the load's prefixes never got cached: {last}"
+        time.sleep(0.1)
+
+
 def _idle(state: dict) -> bool:
     return state["busy"] is None and state["queued"] == 0
 
@@ -112,7 +134,7 @@ def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_reco
     names_before = {h.replica_id for h in cluster.state.replicas}
     load = Load(cluster.url, cluster.state.served_model_name, clients=3, max_tokens=16).start()
     try:
-        time.sleep(8)  # warm: the families' prefixes are cached
+        _run_past(load, _warm(load) + 5)  # the 5 s the hit rate before is measured on: all warm
         bad = httpx.post(cluster.url + "/admin/rollout", json={"engine": {"max_num_seq": 32}},
                          headers=_admin(cluster), timeout=10)
         assert bad.status_code == 400 and "max_num_seq" in bad.json()["error"]["message"], bad.text
@@ -125,7 +147,7 @@ def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_reco
         state = _wait_fleet(cluster, lambda s: _idle(s) and s["operations"][-1]["operation"] == "rollout", 300,
                             "the rollout")
         t_end = time.monotonic()
-        time.sleep(10)
+        _run_past(load, t_end + 10)  # the window the hit rate after is measured on (t_end + 2 .. t_end + 10)
     finally:
         outcomes = load.stop()
     assert state["operations"][-1]["outcome"] == "ok"

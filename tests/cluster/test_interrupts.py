@@ -25,19 +25,19 @@ def interrupts():
 def test_a_swallowed_ctrl_c_is_raised_again(interrupts):
     try:
         os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(2)
+        time.sleep(2)  # a deadline only: the handler's KeyboardInterrupt ends it at once
     except KeyboardInterrupt:
         pass  # swallowed, as logging's fork hook swallows it
     assert interrupts.pending
     with pytest.raises(KeyboardInterrupt):
-        time.sleep(5)
+        time.sleep(5)  # a deadline only: the redelivery (every 0.2 s) interrupts it
 
 
 def test_sigterm_is_an_exception_and_ignore_ends_redelivery(interrupts):
     with pytest.raises(Terminated):
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(2)
+        time.sleep(2)  # a deadline only: Terminated ends it at once
     interrupts.ignore()
     time.sleep(0.5)  # what must not happen: nothing is delivered after ignore() (asserting an absence)
     os.kill(os.getpid(), signal.SIGINT)  # ignored now: the shutdown itself is not interrupted
-    time.sleep(0.1)
+    time.sleep(0.1)  # what must not happen (an absence): no KeyboardInterrupt while it could land

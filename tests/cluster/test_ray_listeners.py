@@ -34,26 +34,43 @@ class Probe:
 
 actor = Probe.remote()
 actor_env = ray.get(actor.env.remote())
-time.sleep(1.0)  # agents open their ports a moment after start
 
-children = {}
-for entry in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        with open(f"/proc/{entry}/stat") as f:
-            children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    except (OSError, IndexError, ValueError):
-        pass
-tree, stack = set(), [os.getpid()]
-while stack:
-    pid = stack.pop()
-    tree.add(pid)
-    stack += children.get(pid, [])
+def process_tree():
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+        except (OSError, IndexError, ValueError):
+            pass
+    tree, stack = set(), [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        tree.add(pid)
+        stack += children.get(pid, [])
+    return tree
 
-listeners = []
-for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout.splitlines():
-    pids = {int(p) for p in re.findall(r"pid=(\d+)", line)}
-    if pids & tree:
-        listeners.append(line.split()[3])
+def tree_listeners(tree):
+    listeners = []
+    for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout.splitlines():
+        pids = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if pids & tree:
+            listeners.append(line.split()[3])
+    return listeners
+
+# agents open their ports a moment after start: until every port the node's record names listens
+node = ray.nodes()[0]
+named = {k: v for k, v in node.items() if k.endswith("Port") and isinstance(v, int) and v > 0}
+deadline = time.monotonic() + 60
+while True:
+    tree = process_tree()
+    listeners = tree_listeners(tree)
+    missing = {k: v for k, v in named.items() if v not in {int(a.rsplit(":", 1)[1]) for a in listeners}}
+    if not missing:
+        break
+    if time.monotonic() > deadline:
+        raise SystemExit(f"Ray's ports {missing} not listening after 60 s; listening: {listeners}")
+    time.sleep(0.1)
 leaky = []
 for pid in tree - {os.getpid()}:
     try:

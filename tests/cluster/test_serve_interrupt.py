@@ -47,7 +47,7 @@ def test_ctrl_c_during_start_up_leaves_no_process(after_s, stories_path, tmp_pat
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        time.sleep(after_s)
+        time.sleep(after_s)  # the moment under test: Ctrl-C after_s seconds into start-up, whatever it is doing
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
         deadline = time.monotonic() + 10  # what was killed last may take a moment to be reaped

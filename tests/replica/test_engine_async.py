@@ -65,12 +65,15 @@ async def test_cancelling_a_stream_aborts_its_request(llm):
 
 
 async def test_task_cancellation_aborts_its_request(llm):
+    streaming = asyncio.Event()
+
     async def consume():
         async for _ in llm.generate([4, 5], SamplingParams(max_tokens=400), request_id="c"):
-            await asyncio.sleep(0.001)
+            streaming.set()
+            await asyncio.sleep(0.001)  # a consumer that takes its time: the cancel lands mid-stream
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(streaming.wait(), timeout=10)  # the request is running: it has sent output
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

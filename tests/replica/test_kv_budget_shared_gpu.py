@@ -49,7 +49,7 @@ def _load_twice(tmp_path, first_ids, second_ids) -> list[tuple[str, float]]:
         start.wait()
         with gpu_load_lock(ids, str(tmp_path)):
             events.append((f"{name} in", time.monotonic()))
-            time.sleep(0.3)
+            time.sleep(0.3)  # the load under test: holding the lock, so the other waits for it or not
             events.append((f"{name} out", time.monotonic()))
 
     threads = [threading.Thread(target=load, args=("a", first_ids)), threading.Thread(target=load, args=("b", second_ids))]

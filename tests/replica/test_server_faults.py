@@ -134,8 +134,10 @@ async def test_graceful_shutdown_finishes_in_flight_and_refuses_new(slow_fake_re
     async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as c:
         slow = asyncio.ensure_future(c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 200,
                                                                      "ignore_eos": True}))
+        deadline = time.monotonic() + 10
         while fake_replica.llm.num_unfinished() == 0:  # wait for the request to be running
             assert not slow.done(), slow.result().text
+            assert time.monotonic() < deadline, "the request never started running"
             await asyncio.sleep(0.01)
         done = asyncio.get_running_loop().run_in_executor(None, fake_replica.shutdown, 10.0)
         deadline = time.monotonic() + 10  # the shutdown runs on another thread: wait for it to begin

@@ -41,7 +41,7 @@ def test_requests_closer_than_the_keep_alive_keep_the_connection_then_idle_close
     for _ in range(3):  # 1.8 s in all, longer than keep_alive_s: each answer re-arms it
         sock.sendall(GET)
         assert _answer(sock).startswith(b"HTTP/1.1 503")
-        time.sleep(0.6)
+        time.sleep(0.6)  # the pacing under test: idle gaps shorter than keep_alive_s, longer in sum
     assert sock.recv(65536) == b""  # then idle: closed by the server
 
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -32,6 +31,16 @@ def _stream(router, ids) -> tuple[int, str]:
     return r.status_code, text
 
 
+def _probes(router, replica_id: str, count: int) -> None:
+    """Until the router's poller has probed the replica ``count`` more times (its /load answered:
+    probes run one round after another, so all but the last of them have finished)."""
+    loads = router.runtime.router.loads.loads
+    for i in range(count):
+        since = loads[replica_id].reported_at
+        wait_for(lambda since=since: loads[replica_id].reported_at > since,
+                 what=f"probe {i + 1} of {count} of {replica_id}")
+
+
 def test_drain_lets_streams_finish_and_routes_new_requests_elsewhere(fakes, start_router):
     a, b = fakes
     router = start_router([a.spec, b.spec], api_key="tenant-key", admin_key="admin-key")
@@ -54,7 +63,8 @@ def test_drain_lets_streams_finish_and_routes_new_requests_elsewhere(fakes, star
     assert all(status == 200 for status, _ in results)
     assert [text for _, text in results[8:]] == ["b!"] * 8  # nothing new went to the draining replica
     assert "a!" in [text for _, text in results[:8]]         # ... and what it was running finished there
-    time.sleep(0.3)  # a few health probes: a draining replica stays out of rotation although it answers
+    wait_for(lambda: _rows(router)["a"]["in_flight"] == 0, what="a's finished streams counted out")
+    _probes(router, "a", 3)  # a few health probes: a draining replica stays out of rotation although it answers
     rows = _rows(router)
     assert rows["a"]["draining"] and not rows["a"]["healthy"] and rows["a"]["in_flight"] == 0
     assert rows["b"]["healthy"] and not rows["b"]["draining"]

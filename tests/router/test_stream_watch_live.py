@@ -51,7 +51,7 @@ def test_a_stopped_publisher_degrades_its_replica_until_it_is_back(pair, start_r
     wait_for(lambda: rt.router.healthy == {"s1", "s2"}, what="replicas healthy")
     direct(a, PROMPT)
     wait_for(lambda: rt.router.index.num_blocks("s1") == 8, what="s1's blocks in the index")
-    time.sleep(2 * MAX_LAG_S)  # idle, both: no events because nothing happened is fine
+    time.sleep(2 * MAX_LAG_S)  # what must not happen (an absence): idle past events_max_lag_s is not a stall
     assert rt.router.degraded == {}
     assert matched(rt, "s2", PROMPT) == 8
 
@@ -92,10 +92,12 @@ def test_late_events_degrade_with_a_reason_and_a_skewed_clock_is_not_lateness(pa
     rt = router.runtime
     wait_for(lambda: rt.router.healthy == {"s1", "s2"}, what="replicas healthy")
     b.configure(clock_skew=-30.0)  # its clock is 30 s behind: its batches look 30 s old, they are not
-    time.sleep(0.5)  # a /load poll or more: the router learns the offset
+    streams = rt.stream_watch._streams
+    wait_for(lambda: "s2" in streams and streams["s2"].clock_offset < -29,
+             what="the router to learn s2's clock offset from its /load")
     direct(b, PROMPT)
     wait_for(lambda: rt.router.index.num_blocks("s2") == 8, what="s2's blocks in the index")
-    time.sleep(MAX_LAG_S)
+    time.sleep(MAX_LAG_S)  # what must not happen (an absence): for events_max_lag_s, no lag and no stall
     assert rt.router.degraded == {}
 
     b.configure(event_lag=3 * MAX_LAG_S)  # its events now reach the router 4.5 s after they happened
@@ -133,7 +135,7 @@ def test_a_real_replica_reports_its_stream_and_is_degraded_when_its_publisher_di
             assert load["kv_events_seq"] >= 0 and load["kv_events_unsent_s"] == 0.0
             wait_for(lambda: "real" in rt.subscriber.stats and rt.subscriber.stats["real"].last_seq == load["kv_events_seq"],
                      what="the router caught up")
-            time.sleep(2 * MAX_LAG_S)
+            time.sleep(2 * MAX_LAG_S)  # what must not happen (an absence): idle past events_max_lag_s, not degraded
             assert rt.router.degraded == {}
 
             replica.publisher._io.stop()  # its publisher dies; HTTP and engine keep serving

@@ -133,13 +133,26 @@ def test_every_worker_serves_the_same_port(workers):
     assert {r.worker for r in results} == {"0", "1"}
 
 
+def _wait_flowing(load: Load) -> None:
+    """Until both workers have answered requests of ``load``: the load runs through each of them."""
+    wait_for(lambda: {"0", "1"} <= {r.worker for r in list(load.results) if r.ok}, timeout=30,
+             what="both workers to serve the load")
+
+
+def _wait_answered_after(load: Load, t: float, count: int = 80) -> None:
+    """Until ``count`` requests of ``load`` sent after ``t`` (monotonic) have an outcome, ok or not:
+    the load went on well past ``t`` (8 clients, a stub answering in 100 ms: about 1 s)."""
+    wait_for(lambda: sum(r.sent_at > t for r in list(load.results)) >= count, timeout=30,
+             what=f"{count} requests sent after {t:.2f} to be answered")
+
+
 def test_crashed_worker_fails_only_requests_it_already_held_and_comes_back(workers):
     before = workers.pids
     load = Load(workers.port)
-    time.sleep(1.0)
+    _wait_flowing(load)
     killed_at = time.monotonic()
     os.kill(before[0], signal.SIGKILL)
-    time.sleep(1.5)
+    _wait_answered_after(load, killed_at + 0.05)
     results = load.stop()
     failed = [r for r in results if not r.ok]
     print(f"SIGKILL of one of 2 workers under 8 clients: {len(failed)} of {len(results)} requests failed, "
@@ -157,9 +170,12 @@ def test_crashed_worker_fails_only_requests_it_already_held_and_comes_back(worke
 def test_gracefully_stopped_worker_fails_nothing(workers, keep_alive):
     before = workers.pids
     load = Load(workers.port, keep_alive=keep_alive)
-    time.sleep(1.0)
+    _wait_flowing(load)
     os.kill(before[1], signal.SIGTERM)
-    time.sleep(1.5)
+    # the whole graceful stop under load: until the worker has exited (its drain and in-flight
+    # requests done), then the load goes on without it
+    wait_for(lambda: workers.pids[1] != before[1], timeout=30, what="worker 1 to exit after SIGTERM")
+    _wait_answered_after(load, time.monotonic())
     results = load.stop()
     assert [r.error for r in results if not r.ok] == []
     wait_for(lambda: workers.pids[1] not in (None, before[1]), timeout=30, what="worker 1 restarted")
