@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config import ServeConfig
 from kvmesh.cluster.embedded_model import cache_dir, embedded_model_files, materialize
 
+if TYPE_CHECKING:
+    from kvmesh.cluster.ray_cluster import RayHandle
 
-def resolve_model_path(config: ServeConfig, handle: Any, report: Callable[[str], None] = print) -> str:
+
+def resolve_model_path(config: ServeConfig, handle: RayHandle, report: Callable[[str], None] = print) -> str:
     """The model path every replica (and the router's tokenizer) loads."""
     if config.is_embedded_model:
         files = embedded_model_files()

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
 
 from kvmesh.cluster.config import ServeConfig
-from kvmesh.router.config import RouterConfig
+from kvmesh.router.config import PolicyOptions, RouterConfig
 
 
 def num_router_workers(config: ServeConfig) -> int:
@@ -107,7 +106,7 @@ class RouterProcesses:
         self.control.stop()
 
 
-def step_budget(policy: str, options: dict[str, Any], max_num_batched_tokens: int) -> dict[str, Any]:
+def step_budget(policy: str, options: PolicyOptions, max_num_batched_tokens: int) -> PolicyOptions:
     """``cache_aware`` weighs running requests per engine step of the replicas (decode_step_tokens):
     give it the replicas' own step budget unless the operator set one."""
     if policy != "cache_aware" or "decode_step_tokens" in options:

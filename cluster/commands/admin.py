@@ -13,7 +13,10 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvmesh.cluster.router_client import RouterClient
 
 
 def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +30,7 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wait up to this long for the operation to finish; 0 = return at once (default %(default)s)")
 
 
-def run_admin(args: argparse.Namespace, command: str, call: Callable[[Any], dict],
+def run_admin(args: argparse.Namespace, command: str, call: Callable[[RouterClient], dict],
               describe: Callable[[dict], str], done: Callable[[dict], bool] | None = None) -> int:
     """Send one admin call, print what it did (``describe``), then (with --wait) follow GET /admin/fleet
     until ``done``."""
