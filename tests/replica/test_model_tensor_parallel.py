@@ -127,6 +127,9 @@ def _tp_worker(rank, path, port, out_dir):
     try:
         runner = ModelRunner(_engine_config(path), rank=rank, world_size=TP)
         torch.save({"tokens": greedy_tokens(runner), "blocks": runner.num_kv_blocks}, f"{out_dir}/rank{rank}.pt")
+        # Both ranks reach teardown together: a rank whose peer already closed the gloo connections can
+        # abort in gloo's threads ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
