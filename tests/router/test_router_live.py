@@ -130,7 +130,10 @@ def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill
     pred0 = other_sample("kvmesh_router_predicted_hit_tokens_total")
     try:
         out = post(live, "/v1/completions", {"prompt": base + " played chess."})
-        assert decisions() == before + 1
+        retried = metrics.registry.get_sample_value("kvmesh_router_retries_total", {"replica": other}) or 0
+        assert decisions() == before + 1, (  # what the router saw, should this ever fail again
+            f"routed to the holder: healthy={sorted(core.healthy)} retries on other={retried} "
+            f"holder={core.loads.loads[holder]!r} other={core.loads.loads[other]!r}")
         cached = out["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert cached == other_sample("kvmesh_router_predicted_hit_tokens_total") - pred0
         assert cached < saved
