@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import httpx
 import pytest
@@ -119,10 +120,18 @@ def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill
     reported = sample("kvmesh_router_reported_cached_tokens_total") - rep0
     assert predicted == reported > 0
 
-    # The holder gets busy: as many running requests as the saved prefill is worth, and then some.
+    # The holder gets busy: as many running requests as it takes for its cost to outweigh the other
+    # replica's by four more. The count comes from the policy's own costs, not from ``saved`` alone:
+    # the other's cost also carries its turnover factor and any request still running there.
     saved = 16 * len(base_keys)
     busy = core.loads.loads[holder]
-    busy.in_flight += saved // int(core.policy.decode_weight) + 2
+    keys = router_keys(live, "/v1/completions", {"prompt": base + " played chess."})
+    with core.lock:
+        costs = core.policy.costs(keys, core.index.match(keys),
+                                  {r: core.loads.loads[r] for r in (holder, other)})
+    extra = math.ceil(max(0.0, costs[other] - costs[holder]) / core.policy.decode_weight) + 4
+    assert costs[holder] < costs[other]  # idle, the holder's cached prefix made it the cheaper
+    busy.in_flight += extra
     decisions = lambda: metrics.registry.get_sample_value(  # noqa: E731
         "kvmesh_router_decisions_total", {"replica": other, "policy": "cache_aware"}) or 0
     other_sample = lambda name: metrics.registry.get_sample_value(name, {"replica": other}) or 0  # noqa: E731
@@ -138,7 +147,7 @@ def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill
         assert cached == other_sample("kvmesh_router_predicted_hit_tokens_total") - pred0
         assert cached < saved
     finally:
-        busy.in_flight -= saved // int(core.policy.decode_weight) + 2
+        busy.in_flight -= extra
 
 
 def test_route_receipts_predict_what_the_engine_reports_and_hold_sessions(live):
