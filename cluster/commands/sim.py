@@ -84,7 +84,7 @@ def load_workload(workload: SimWorkloadOptions, seed: int) -> list[MooncakeRecor
     from kvmesh.cluster.workloads.generated import bursty
     from kvmesh.cluster.workloads.registry import get_workload
 
-    records = get_workload("multi_turn" if workload.synthetic else workload.workload).records(workload.settings(seed))
+    records = get_workload("multi_turn" if workload.synthetic else workload.workload).make(workload.settings(seed))
     if workload.burst:
         records = bursty(records, workload.burst, workload.burst_duty, workload.burst_period)
     return records

@@ -10,12 +10,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvmesh.cluster.workloads import single_turn
 from kvmesh.cluster.workloads.generated import AzurePrefixes, SessionRecord, SyntheticTrace, ToolAgentTrace
 from kvmesh.cluster.workloads.settings import WorkloadSettings
 from kvmesh.cluster.workloads.traces import (
+    DEFAULT_TRACE,
     MOONCAKE_BLOCK_TOKENS,
     AzureRecord,
     MooncakeRecord,
@@ -24,6 +25,8 @@ from kvmesh.cluster.workloads.traces import (
     read_mooncake,
 )
 
+AZURE_CONV = "AzureLLMInferenceTrace_conv.csv"
+AZURE_CODE = "AzureLLMInferenceTrace_code.csv"
 Records = Callable[[WorkloadSettings], list[MooncakeRecord]]
 """A workload's generator: settings in, records (sorted by timestamp) out."""
 
@@ -42,17 +45,26 @@ class Workload:
     """Load generator: a session's records are the turns of one chat, started by its loop (False: a replay)."""
     real_lengths: bool = False
     """Load generator: lengths are kept as real tokens (x --length-scale), not shrunk to --trace-block-tokens."""
+    trace_file: str | None = None
+    """The shared trace (``default_trace(trace_file)``) read when no ``trace`` is given; None: generated."""
+
+    def make(self, settings: WorkloadSettings) -> list[MooncakeRecord]:
+        """The records for ``settings`` (a trace workload without ``settings.trace`` reads its shared trace)."""
+        if self.trace_file and not settings.trace:
+            settings = replace(settings, trace=default_trace(self.trace_file))
+        return self.records(settings)
 
 
 WORKLOADS: dict[str, Workload] = {}
 
 
-def register(name: str, *, conversation: bool, real_lengths: bool = False) -> Callable[[Records], Records]:
+def register(name: str, *, conversation: bool, real_lengths: bool = False,
+             trace_file: str | None = None) -> Callable[[Records], Records]:
     """Register a generator under ``name``; the first line of its docstring documents it."""
 
     def add(records: Records) -> Records:
         WORKLOADS[name] = Workload(name, (records.__doc__ or name).strip().splitlines()[0], records, conversation,
-                                   real_lengths)
+                                   real_lengths, trace_file)
         return records
 
     return add
@@ -79,35 +91,35 @@ def _given(**values: float | int | None) -> dict[str, float | int]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _azure(s: WorkloadSettings, which: str) -> list[AzureRecord]:
-    return read_azure(s.trace or default_trace(f"AzureLLMInferenceTrace_{which}.csv"), limit=s.trace_limit)
+def _azure(s: WorkloadSettings) -> list[AzureRecord]:
+    return read_azure(str(s.trace), limit=s.trace_limit)
 
 
-@register("mooncake", conversation=False)
+@register("mooncake", conversation=False, trace_file=DEFAULT_TRACE)
 def mooncake(s: WorkloadSettings) -> list[MooncakeRecord]:
     """A Mooncake hash_ids trace (--trace), its prefixes as recorded."""
-    return read_mooncake(s.trace or default_trace(), limit=s.trace_limit)
+    return read_mooncake(str(s.trace), limit=s.trace_limit)
 
 
-@register("azure", conversation=False, real_lengths=True)
+@register("azure", conversation=False, real_lengths=True, trace_file=AZURE_CONV)
 def azure(s: WorkloadSettings) -> list[MooncakeRecord]:
     """An Azure trace's arrivals and lengths, no shared prefixes."""
     ids = itertools.count()
     return [SessionRecord(1000.0 * a.arrival_s, a.context_tokens, a.generated_tokens,
                           tuple(next(ids) for _ in range(math.ceil(a.context_tokens / MOONCAKE_BLOCK_TOKENS))))
-            for a in _azure(s, "conv")]
+            for a in _azure(s)]
 
 
-@register("azure_conv", conversation=False)
+@register("azure_conv", conversation=False, trace_file=AZURE_CONV)
 def azure_conv(s: WorkloadSettings) -> list[MooncakeRecord]:
     """Azure conversation trace + generated tenant prefixes and follow-ups."""
-    return list(AzurePrefixes(seed=s.seed).records(_azure(s, "conv")))
+    return list(AzurePrefixes(seed=s.seed).records(_azure(s)))
 
 
-@register("azure_code", conversation=False)
+@register("azure_code", conversation=False, trace_file=AZURE_CODE)
 def azure_code(s: WorkloadSettings) -> list[MooncakeRecord]:
     """Azure code trace + generated tenant prefixes and follow-ups."""
-    return list(AzurePrefixes(seed=s.seed).records(_azure(s, "code")))
+    return list(AzurePrefixes(seed=s.seed).records(_azure(s)))
 
 
 @register("tool_agent", conversation=False)

@@ -11,10 +11,6 @@ from kvmesh.cluster.loadgen.prompts import PromptMaker, join
 from kvmesh.cluster.sim.options import default_trace
 from kvmesh.cluster.workloads.registry import WORKLOADS, get_workload, workload_names
 
-SHARED_TRACES = {"mooncake": default_trace(), "azure": default_trace("AzureLLMInferenceTrace_conv.csv"),
-                 "azure_conv": default_trace("AzureLLMInferenceTrace_conv.csv"),
-                 "azure_code": default_trace("AzureLLMInferenceTrace_code.csv")}
-
 
 def _args(url, *extra):
     return build_parser().parse_args(["--url", url, "--no-progress", "--no-plot", *extra])
@@ -22,8 +18,9 @@ def _args(url, *extra):
 
 @pytest.mark.parametrize("name", workload_names())
 async def test_every_registered_workload_runs_against_an_endpoint(name, fake_server):
-    if name in SHARED_TRACES and not Path(SHARED_TRACES[name]).is_file():
-        pytest.skip(f"{name} reads {SHARED_TRACES[name]}, which is not here (../shared/traces)")
+    trace = get_workload(name).trace_file
+    if trace and not Path(default_trace(trace)).is_file():
+        pytest.skip(f"{name} reads {default_trace(trace)}, which is not here (../shared/traces)")
     run = await run_async(_args(fake_server.url, "--workload", name, "--num-requests", "4", "--turns", "2",
                                 "--max-prompt-tokens", "64", "--max-tokens", "2", "--concurrency", "2"))
     s = run["summary"]
@@ -57,7 +54,7 @@ def test_multi_turn_sessions_are_the_simulators_conversations_rendered():
     maker = PromptMaker()
     w = WorkloadOptions(workload="multi_turn", num_requests=3, turns=3, max_prompt_tokens=128, max_tokens=8)
     entry = get_workload("multi_turn")
-    records = entry.records(w.settings(entry))
+    records = entry.make(w.settings(entry))
     rendering = w.rendering(entry, maker, as_text=False)
     sessions = build_sessions(_config("multi_turn", num_requests=3, turns=3, max_prompt_tokens=128, max_tokens=8),
                               maker)

@@ -11,14 +11,11 @@ from kvmesh.cluster.sim.options import default_trace
 from kvmesh.cluster.workloads.registry import WORKLOADS, get_workload, workload_names
 from kvmesh.cluster.workloads.settings import WorkloadSettings
 
-SHARED_TRACES = {"mooncake": default_trace(), "azure": default_trace("AzureLLMInferenceTrace_conv.csv"),
-                 "azure_conv": default_trace("AzureLLMInferenceTrace_conv.csv"),
-                 "azure_code": default_trace("AzureLLMInferenceTrace_code.csv")}
-
 
 def _needs_shared_trace(name: str) -> None:
-    if name in SHARED_TRACES and not Path(SHARED_TRACES[name]).is_file():
-        pytest.skip(f"{name} reads {SHARED_TRACES[name]}, which is not here (../shared/traces)")
+    trace = get_workload(name).trace_file
+    if trace and not Path(default_trace(trace)).is_file():
+        pytest.skip(f"{name} reads {default_trace(trace)}, which is not here (../shared/traces)")
 
 
 @pytest.mark.parametrize("name", workload_names())
@@ -54,14 +51,14 @@ def test_unknown_workload_names_the_registered_ones(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["chatbot", "multi_turn", "rag", "random", "tool_agent"])
 def test_generated_records_are_sorted_sized_and_in_sessions(name):
-    recs = get_workload(name).records(WorkloadSettings(num_requests=60, prompt_tokens=4096, turns=3, seed=2))
+    recs = get_workload(name).make(WorkloadSettings(num_requests=60, prompt_tokens=4096, turns=3, seed=2))
     assert len(recs) == 60 and [r.timestamp_ms for r in recs] == sorted(r.timestamp_ms for r in recs)
     assert all(0 < r.input_length <= 512 * len(r.hash_ids) for r in recs)
     assert all(r.session_id for r in recs)
 
 
 def test_multi_turn_turns_extend_the_previous_turn_and_keep_the_system_prompt():
-    recs = get_workload("multi_turn").records(WorkloadSettings(num_requests=30, prompt_tokens=8192, turns=3,
+    recs = get_workload("multi_turn").make(WorkloadSettings(num_requests=30, prompt_tokens=8192, turns=3,
                                                                num_prefixes=2))
     by_session: dict[str, list] = {}
     for r in recs:
@@ -74,8 +71,8 @@ def test_multi_turn_turns_extend_the_previous_turn_and_keep_the_system_prompt():
 
 
 def test_chatbot_and_rag_share_their_system_blocks():
-    chat = get_workload("chatbot").records(WorkloadSettings(num_requests=50, prompt_tokens=2048, num_prefixes=3))
+    chat = get_workload("chatbot").make(WorkloadSettings(num_requests=50, prompt_tokens=2048, num_prefixes=3))
     assert {r.system_blocks for r in chat} == {3} and len({r.hash_ids[:3] for r in chat}) == 3
     assert len({r.hash_ids[3:] for r in chat}) == 50  # unique questions
-    rag = get_workload("rag").records(WorkloadSettings(num_requests=20, prompt_tokens=5120, num_documents=2))
+    rag = get_workload("rag").make(WorkloadSettings(num_requests=20, prompt_tokens=5120, num_documents=2))
     assert len({r.hash_ids[:2] for r in rag}) == 1 and len({r.hash_ids[:-1] for r in rag}) == 2
