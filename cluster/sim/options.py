@@ -32,6 +32,14 @@ class SimWorkloadOptions:
     """Sessions (conversations, agents, questions) a generated workload starts per second."""
     num_requests: int = 2000
     """Requests of a generated workload."""
+    prompt_tokens: int = 16384
+    """Generated prompt size in tokens: chatbot's and rag's prompt, random's longest, multi_turn's last turn."""
+    num_prefixes: int = 8
+    """chatbot, multi_turn: tenants, each with its own system prompt."""
+    turns: int = 6
+    """multi_turn: turns per conversation."""
+    num_documents: int | None = None
+    """rag: document pool size (default: a unique document per request)."""
     burst: float = 0.0
     """Warp arrivals into bursts of this factor x the mean rate (0 = off; burst * --burst-duty < 1)."""
     burst_duty: float = 0.2
@@ -51,7 +59,9 @@ class SimWorkloadOptions:
     def settings(self, seed: int) -> WorkloadSettings:
         """The registry's settings (``--synthetic N`` is ``--workload multi_turn --num-requests N``)."""
         return WorkloadSettings(num_requests=self.synthetic or self.num_requests, trace=self.trace,
-                                rate=self.synthetic_rate, seed=seed)
+                                rate=self.synthetic_rate, prompt_tokens=self.prompt_tokens,
+                                num_prefixes=self.num_prefixes, turns=self.turns, num_documents=self.num_documents,
+                                seed=seed)
 
 
 @dataclass(frozen=True, slots=True)

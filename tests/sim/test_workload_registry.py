@@ -76,3 +76,12 @@ def test_chatbot_and_rag_share_their_system_blocks():
     assert len({r.hash_ids[3:] for r in chat}) == 50  # unique questions
     rag = get_workload("rag").make(WorkloadSettings(num_requests=20, prompt_tokens=5120, num_documents=2))
     assert len({r.hash_ids[:2] for r in rag}) == 1 and len({r.hash_ids[:-1] for r in rag}) == 2
+
+
+def test_the_simulators_workload_flags_default_to_the_registrys_settings():
+    from kvmesh.cluster.sim.options import SimWorkloadOptions
+
+    assert SimWorkloadOptions().settings(seed=3) == WorkloadSettings(rate=1.0, seed=3)
+    shaped = SimWorkloadOptions(workload="chatbot", num_requests=10, prompt_tokens=2048, num_prefixes=2).settings(0)
+    chat = get_workload("chatbot").make(shaped)
+    assert len(chat) == 10 and len({r.hash_ids[:3] for r in chat}) == 2
