@@ -95,8 +95,7 @@ class WorkloadOptions:
         block = max(1, round(MOONCAKE_BLOCK_TOKENS * self.length_scale)) if real else self.trace_block_tokens
         scale = self.length_scale if real else block / MOONCAKE_BLOCK_TOKENS
         return Rendering(maker, as_text, self.max_prompt_tokens, self.max_tokens, block, scale,
-                         self.length_scale if real else 1.0,
-                         self.time_scale, self.seed)
+                         output_scale=self.length_scale if real else 1.0, time_scale=self.time_scale, seed=self.seed)
 
 
 @dataclass(frozen=True, slots=True)
