@@ -76,3 +76,13 @@ def test_chatbot_prompt_is_the_system_blocks_plus_a_question_and_replays_keep_tr
     agents = build_sessions(_config("tool_agent", num_requests=8, time_scale=0.5), PromptMaker())
     times = [s.arrival_s for s in agents]
     assert times[0] == 0.0 and times == sorted(times) and all(len(s.turns) == 1 for s in agents)
+
+
+@pytest.mark.parametrize("name", ["chatbot", "rag", "multi_turn"])
+async def test_chat_sends_the_shared_blocks_as_the_system_message(name, fake_server):
+    run = await run_async(_args(fake_server.url, "--workload", name, "--api", "chat", "--prompt-format", "text",
+                                "--num-requests", "3", "--turns", "2", "--max-prompt-tokens", "160",
+                                "--max-tokens", "2"))
+    assert run["summary"]["errors"] == 0
+    firsts = [b["messages"] for b in fake_server.state.requests if len(b["messages"]) == 2]
+    assert len(firsts) == 3 and all([m["role"] for m in msgs] == ["system", "user"] for msgs in firsts)
