@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvmesh.cluster.sim.options import SESSION_MODES, SimCommandConfig, SimWorkloadOptions, default_trace
+from kvmesh.cluster.sim.options import SESSION_MODES, SimCommandConfig, SimWorkloadOptions
 
 if TYPE_CHECKING:
     from kvmesh.cluster.sim.config import SimConfig
@@ -28,14 +29,17 @@ def _int_list(text: str) -> list[int]:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from kvmesh.cluster.config_cli import add_config_arguments
     from kvmesh.cluster.sim.options import SIM_SCHEMA
+    from kvmesh.cluster.workloads.registry import describe
 
     p = subparsers.add_parser(
         "sim", help="replay a trace through the real router in front of simulated replicas",
-        description="Replay a Mooncake hash_ids trace through the real router index and policies in front "
-                    "of N simulated replicas (real kvcache block pools, model time from a cost model), and "
-                    "compare policies: prefix hit rate vs. infinite-cache and single-pool ceilings, TTFT and "
-                    "queueing p50/p99, load imbalance, events/s. Writes JSON + a PNG plot. "
-                    "`kvmesh sim scaling --help`: an autoscaled fleet against a fixed one over a varying rate.")
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=describe(),
+        description=textwrap.fill(
+            "Replay a workload (a Mooncake hash_ids trace by default) through the real router index and policies "
+            "in front of N simulated replicas (real kvcache block pools, model time from a cost model), and "
+            "compare policies: prefix hit rate vs. infinite-cache and single-pool ceilings, TTFT and "
+            "queueing p50/p99, load imbalance, events/s. Writes JSON + a PNG plot. "
+            "`kvmesh sim scaling --help`: an autoscaled fleet against a fixed one over a varying rate.", 100))
     add_config_arguments(p, SIM_SCHEMA, config_file=False)
     r = p.add_argument_group("runs and output")
     r.add_argument("--routers", type=_int_list, default=[1], metavar="N[,N...]",
@@ -76,22 +80,11 @@ def variants(routers: list[int], sessions: str) -> dict[str, dict] | None:
 
 
 def load_workload(workload: SimWorkloadOptions, seed: int) -> list[MooncakeRecord]:
-    """The records of ``--workload`` (or ``--synthetic``), bursty if asked."""
-    from kvmesh.cluster.workloads.generated import AzurePrefixes, SyntheticTrace, ToolAgentTrace, bursty
-    from kvmesh.cluster.workloads.traces import read_azure, read_mooncake
+    """The records of the registered ``--workload`` (or ``--synthetic``), bursty if asked."""
+    from kvmesh.cluster.workloads.generated import bursty
+    from kvmesh.cluster.workloads.registry import get_workload
 
-    kind = "multi_turn" if workload.synthetic else workload.workload
-    if kind == "multi_turn":
-        records = SyntheticTrace(num_requests=workload.synthetic or workload.num_requests,
-                                 conversations_per_s=workload.synthetic_rate, seed=seed).records()
-    elif kind == "tool_agent":
-        records = ToolAgentTrace(num_requests=workload.num_requests, agents_per_s=workload.synthetic_rate,
-                                 seed=seed).records()
-    elif kind.startswith("azure_"):
-        name = "AzureLLMInferenceTrace_" + kind.removeprefix("azure_") + ".csv"
-        records = AzurePrefixes(seed=seed).records(read_azure(default_trace(name)))
-    else:
-        records = read_mooncake(workload.trace)
+    records = get_workload("multi_turn" if workload.synthetic else workload.workload).make(workload.settings(seed))
     if workload.burst:
         records = bursty(records, workload.burst, workload.burst_duty, workload.burst_period)
     return records

@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_arguments(p)
     c = p.add_argument_group("comparison")
     c.add_argument("--policies", default="cache_aware,round_robin", help="comma-separated (default: %(default)s)")
-    c.add_argument("--workloads", default="chatbot,multi_turn", help="comma-separated (default: %(default)s)")
+    c.add_argument("--workloads", default="chatbot,multi_turn",
+                   help="registered workloads (listed below), comma-separated (default: %(default)s)")
     c.add_argument("--replica", action="append", default=[], metavar="SPEC",
                    help="replica URL[,events=tcp://H:P][,replay=tcp://H:P][,name=ID] (repeatable); "
                         "default: GET --url/replicas")

@@ -21,8 +21,12 @@ def results_dir() -> Path:
 
 
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
-    """The settings' flags (derived from ``options.BenchLoadConfig``) and where the results go."""
+    """The settings' flags (derived from ``options.BenchLoadConfig``), where the results go, and the registered
+    workloads listed under the flags (the parser formats its epilog raw)."""
+    from kvmesh.cluster.workloads.registry import describe
+
     add_config_arguments(p, BENCH_LOAD_SCHEMA, config_file=False)
+    p.epilog = describe()
     o = p.add_argument_group("output")
     o.add_argument("--out", default=str(results_dir() / "bench_load.json"),
                    help="JSON results, a PNG beside it (default: %(default)s; KVMESH_RESULTS_DIR moves the folder)")
@@ -32,42 +36,24 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str = "kvmesh bench load") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog=prog, description="Load-test an OpenAI-compatible endpoint with streaming "
-                                "requests; reports TTFT, inter-token and end-to-end latency, throughput, "
-                                "errors and the cached-token share.")
+    p = argparse.ArgumentParser(allow_abbrev=False, prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="Load-test an OpenAI-compatible endpoint with streaming requests;\n"
+                                "reports TTFT, inter-token and end-to-end latency, throughput, errors and the\n"
+                                "cached-token share.")
     add_load_arguments(p)
     return p
 
 
 def build_sessions(config: BenchLoadConfig, maker: PromptMaker) -> list[Session]:
-    from kvmesh.cluster.workloads import sessions as wl
-    from kvmesh.cluster.workloads.generated import ToolAgentTrace
-    from kvmesh.cluster.workloads.traces import read_azure, read_mooncake
+    """The registered workload's records, rendered into sessions (``workloads.sessions.render``)."""
+    from kvmesh.cluster.workloads.registry import get_workload
+    from kvmesh.cluster.workloads.sessions import render
 
     w = config.workload
-    budget = wl.Budget(w.max_prompt_tokens, w.max_tokens)
-    as_text = config.endpoint.prompt_format == "text"
-    n, seed = w.num_requests, w.seed
-    if w.workload == "chatbot":
-        return wl.chatbot(n, budget, maker, as_text, num_prefixes=w.num_prefixes,
-                          system_share=w.system_share or 0.75, seed=seed)
-    if w.workload == "multi_turn":
-        return wl.multi_turn(n, budget, maker, as_text, num_turns=w.turns,
-                             system_share=w.system_share or 0.25, seed=seed)
-    if w.workload == "rag":
-        return wl.rag(n, budget, maker, as_text, num_documents=w.num_documents, seed=seed)
-    if w.workload == "random":
-        return wl.random_prompts(n, budget, maker, as_text, seed=seed)
-    if w.workload == "tool_agent":  # the simulator's generated trace, replayed like a Mooncake one
-        return wl.mooncake(ToolAgentTrace(num_requests=n, seed=seed).records(), budget, maker, as_text,
-                           trace_block_tokens=w.trace_block_tokens, time_scale=w.time_scale, seed=seed)
-    if not w.trace:
-        raise ValueError(f"--workload {w.workload} needs --trace PATH")
-    if w.workload == "mooncake":
-        return wl.mooncake(read_mooncake(w.trace, limit=n), budget, maker, as_text,
-                           trace_block_tokens=w.trace_block_tokens, time_scale=w.time_scale, seed=seed)
-    return wl.azure(read_azure(w.trace, limit=n), budget, maker, as_text,
-                    length_scale=w.length_scale, time_scale=w.time_scale, seed=seed)
+    entry = get_workload(w.workload)
+    rendering = w.rendering(entry, maker, config.endpoint.prompt_format == "text")
+    records = entry.make(w.settings(entry))
+    return render(records, rendering, entry.conversation, max_sessions=w.num_requests if entry.conversation else None)
 
 
 async def run_async(args: argparse.Namespace, cache_salt: str | None = None) -> dict:

@@ -7,7 +7,11 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from kvmesh.cluster.config_schema import Schema
-from kvmesh.cluster.workloads.sessions import WORKLOADS
+from kvmesh.cluster.loadgen.prompts import PromptMaker
+from kvmesh.cluster.workloads.registry import Workload, get_workload
+from kvmesh.cluster.workloads.sessions import Rendering
+from kvmesh.cluster.workloads.settings import WorkloadSettings
+from kvmesh.cluster.workloads.traces import MOONCAKE_BLOCK_TOKENS
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -37,28 +41,28 @@ class EndpointOptions:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadOptions:
-    """What is sent: a generated workload or a trace replay (``cluster/workloads/sessions.py``)."""
+    """What is sent: a registered workload (``cluster/workloads/registry.py``) rendered into prompts."""
 
     workload: str = "chatbot"
-    """chatbot, multi_turn, rag, random, mooncake, azure or tool_agent (cluster/workloads/sessions.py)."""
+    """A registered workload (listed below; cluster/workloads/registry.py)."""
     num_requests: int = 64
-    """Requests (sessions for multi_turn); traces: the first N records."""
+    """Requests; conversation workloads: sessions (multi_turn: conversations); traces: the first N records."""
     max_prompt_tokens: int = 384
     """Token budget of a prompt; keep prompt + --max-tokens within the model's context."""
     max_tokens: int = 32
     """Tokens generated per request."""
     num_prefixes: int = 4
-    """chatbot: distinct system prompts."""
+    """chatbot, multi_turn: tenants, each with its own system prompt."""
     system_share: float | None = None
-    """Share of the budget taken by the system prompt (default: chatbot 0.75, multi_turn 0.25)."""
+    """Share of the budget taken by the shared system prompt (default: chatbot 0.75, multi_turn 0.25, rag 0.2)."""
     turns: int = 4
     """multi_turn: turns per conversation."""
     num_documents: int | None = None
     """rag: document pool size (default: a unique document per request)."""
     trace: str | None = None
-    """Mooncake JSONL or Azure CSV (workloads mooncake / azure)."""
+    """Trace file of mooncake (JSONL) and the azure workloads (CSV); default: the shared one."""
     trace_block_tokens: int = 16
-    """mooncake: tokens generated per hash_id (trace blocks are 512)."""
+    """Tokens sent per hash id, i.e. per 512-token trace block (every workload but azure)."""
     length_scale: float = 1.0
     """azure: multiply the trace's lengths."""
     time_scale: float = 1.0
@@ -71,7 +75,27 @@ class WorkloadOptions:
     """Seed of the generated prompts and of Poisson arrivals."""
 
     def __post_init__(self) -> None:
-        _choice("workload", self.workload, WORKLOADS)
+        get_workload(self.workload)
+        if self.trace_block_tokens < 1 or self.turns < 1:
+            raise ValueError(f"trace_block_tokens and turns must be >= 1, got {self.trace_block_tokens}, {self.turns}")
+
+    def settings(self, entry: Workload) -> WorkloadSettings:
+        """The registry's settings: the token budget in trace tokens (``trace_block_tokens`` per 512), and
+        a conversation workload asked for whole sessions (``turns`` requests each)."""
+        per_token = MOONCAKE_BLOCK_TOKENS / self.trace_block_tokens
+        return WorkloadSettings(
+            num_requests=self.num_requests * (self.turns if entry.conversation else 1), trace=self.trace,
+            trace_limit=self.num_requests, prompt_tokens=round(self.max_prompt_tokens * per_token),
+            answer_tokens=round(self.max_tokens * per_token), system_share=self.system_share,
+            num_prefixes=self.num_prefixes, turns=self.turns, num_documents=self.num_documents, seed=self.seed)
+
+    def rendering(self, entry: Workload, maker: PromptMaker, as_text: bool) -> Rendering:
+        """How the records become prompts: ``trace_block_tokens`` per hash id, or azure's real lengths."""
+        real = entry.real_lengths
+        block = max(1, round(MOONCAKE_BLOCK_TOKENS * self.length_scale)) if real else self.trace_block_tokens
+        scale = self.length_scale if real else block / MOONCAKE_BLOCK_TOKENS
+        return Rendering(maker, as_text, self.max_prompt_tokens, self.max_tokens, block, scale,
+                         output_scale=self.length_scale if real else 1.0, time_scale=self.time_scale, seed=self.seed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,26 +4,18 @@ and the comparison (the autoscaler and the varying rate), one dataclass each; th
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kvmesh.cluster.autoscaler import AutoscaleConfig
 from kvmesh.cluster.config_schema import Schema
 from kvmesh.cluster.sim.config import SimConfig
+from kvmesh.cluster.workloads.registry import get_workload
+from kvmesh.cluster.workloads.settings import WorkloadSettings
+from kvmesh.cluster.workloads.traces import default_trace
 
-DEFAULT_TRACE = "mooncake_synthetic_trace.jsonl"
-WORKLOADS = ("mooncake", "multi_turn", "tool_agent", "azure_conv", "azure_code")
 SESSION_MODES: dict[str, dict[str, bool]] = {
     "off": {" ": False}, "on": {"/sessions": True}, "both": {"/no-sessions": False, "/sessions": True}}
 """``--sessions`` mode -> {label suffix: whether the run passes session ids}."""
-
-
-def default_trace(name: str = DEFAULT_TRACE) -> str:
-    """``$KVMESH_SHARED_DIR/traces/NAME`` (default: the checkout's sibling ``shared/``)."""
-    shared = os.environ.get("KVMESH_SHARED_DIR")
-    root = Path(shared) if shared else Path(__file__).resolve().parents[2].parent / "shared"
-    return str(root / "traces" / name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,16 +23,23 @@ class SimWorkloadOptions:
     """The requests to simulate: a trace, a generated workload, a window of it, bursts."""
 
     workload: str = "mooncake"
-    """mooncake: --trace; multi_turn, tool_agent: generated (--num-requests); azure_conv, azure_code: the Azure
-    trace's arrivals and lengths with generated shared prefixes (cluster/workloads/generated.py)."""
-    trace: str = field(default_factory=default_trace)
-    """Mooncake JSONL trace."""
+    """A registered workload (listed below; cluster/workloads/registry.py)."""
+    trace: str | None = None
+    """Trace file of mooncake (JSONL) and the azure workloads (CSV); default: the shared one."""
     synthetic: int | None = None
-    """Simulate N generated multi-turn requests instead of --trace (cluster/workloads/generated.py)."""
+    """Simulate N requests of the generated multi_turn workload (--workload multi_turn --num-requests N)."""
     synthetic_rate: float = 1.0
-    """Conversations (multi_turn) or agents (tool_agent) started per second."""
+    """Sessions (conversations, agents, questions) a generated workload starts per second."""
     num_requests: int = 2000
     """Requests of a generated workload."""
+    prompt_tokens: int = 16384
+    """Generated prompt size in tokens: chatbot's and rag's prompt, random's longest, multi_turn's last turn."""
+    num_prefixes: int = 8
+    """chatbot, multi_turn: tenants, each with its own system prompt."""
+    turns: int = 6
+    """multi_turn: turns per conversation."""
+    num_documents: int | None = None
+    """rag: document pool size (default: a unique document per request)."""
     burst: float = 0.0
     """Warp arrivals into bursts of this factor x the mean rate (0 = off; burst * --burst-duty < 1)."""
     burst_duty: float = 0.2
@@ -55,8 +54,14 @@ class SimWorkloadOptions:
     """Truncate prompts to this many hash ids (keeps prefixes; for quick cuts)."""
 
     def __post_init__(self) -> None:
-        if self.workload not in WORKLOADS:
-            raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}; got {self.workload!r}")
+        get_workload(self.workload)
+
+    def settings(self, seed: int) -> WorkloadSettings:
+        """The registry's settings (``--synthetic N`` is ``--workload multi_turn --num-requests N``)."""
+        return WorkloadSettings(num_requests=self.synthetic or self.num_requests, trace=self.trace,
+                                rate=self.synthetic_rate, prompt_tokens=self.prompt_tokens,
+                                num_prefixes=self.num_prefixes, turns=self.turns, num_documents=self.num_documents,
+                                seed=seed)
 
 
 @dataclass(frozen=True, slots=True)

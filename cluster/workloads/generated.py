@@ -1,5 +1,5 @@
-"""Generated workloads in the Mooncake ``hash_ids`` format: what ``kvmesh sim --synthetic`` / ``--workload``
-simulate, and what ``kvmesh bench load --workload tool_agent`` sends to a real endpoint (sessions.py).
+"""Generated multi-request workloads in the Mooncake ``hash_ids`` format (registered in registry.py: both
+``kvmesh sim`` and ``kvmesh bench load`` run them).
 
 - ``SyntheticTrace`` (``--synthetic``): multi-turn conversations of several tenants. A conversation
   starts with its tenant's system prompt (``system_blocks`` shared blocks), and each turn appends
@@ -49,6 +49,7 @@ class SyntheticTrace:
     output_tokens: int = 200
     """Tokens generated per request."""
     seed: int = 0
+    """Seed of every random choice."""
 
     def __post_init__(self) -> None:
         if min(self.num_requests, self.num_tenants, self.turns, self.system_blocks + self.turn_blocks) < 1:
@@ -56,11 +57,11 @@ class SyntheticTrace:
         if not self.conversations_per_s > 0 or self.think_s < 0:
             raise ValueError("conversations_per_s must be > 0 and think_s >= 0")
 
-    def records(self) -> list[MooncakeRecord]:
+    def records(self) -> list[SessionRecord]:
         rng = random.Random(self.seed)
         next_id = itertools.count()
         systems = [[next(next_id) for _ in range(self.system_blocks)] for _ in range(self.num_tenants)]
-        out: list[MooncakeRecord] = []
+        out: list[SessionRecord] = []
         start, conv = 0.0, 0
         while len(out) < self.num_requests:
             start += rng.expovariate(self.conversations_per_s)
@@ -70,7 +71,7 @@ class SyntheticTrace:
             for _ in range(self.turns):
                 ids = ids + [next(next_id) for _ in range(self.turn_blocks)]
                 out.append(SessionRecord(1000.0 * t, len(ids) * MOONCAKE_BLOCK_TOKENS, self.output_tokens,
-                                         tuple(ids), sid))
+                                         tuple(ids), sid, self.system_blocks))
                 t += rng.expovariate(1.0 / self.think_s) if self.think_s else 0.0
                 if len(out) >= self.num_requests:
                     break
@@ -84,6 +85,8 @@ class SessionRecord(MooncakeRecord):
 
     session_id: str | None = None
     """The conversation/agent id (``KVRouter.route(session_id=...)`` in the simulator)."""
+    system_blocks: int = 0
+    """Leading hash ids that are the tenant's shared system prompt (the load generator's system message)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,7 @@ class ToolAgentTrace:
     output_tokens: int = 150
     """Tokens generated per request."""
     seed: int = 0
+    """Seed of every random choice."""
 
     def __post_init__(self) -> None:
         if min(self.num_requests, self.num_tenants, self.steps, self.fanout, self.tools_blocks) < 1:
@@ -133,7 +137,7 @@ class ToolAgentTrace:
                 branches = [trajectory + [next(ids) for _ in range(self.branch_blocks)] for _ in range(self.fanout)]
                 for b in branches:
                     out.append(SessionRecord(1000.0 * (t + rng.uniform(0, 0.05)), len(b) * MOONCAKE_BLOCK_TOKENS,
-                                             self.output_tokens, tuple(b), sid))
+                                             self.output_tokens, tuple(b), sid, self.tools_blocks))
                 trajectory = branches[rng.randrange(self.fanout)] + [next(ids)]  # the agent's next thought
                 t += rng.expovariate(1.0 / self.step_s) if self.step_s else 0.0
                 if len(out) >= self.num_requests:
@@ -158,6 +162,7 @@ class AzurePrefixes:
     open_conversations: int = 8
     """Recent conversations kept per tenant to continue."""
     seed: int = 0
+    """Seed of every random choice."""
 
     def __post_init__(self) -> None:
         if self.num_tenants < 1 or self.system_blocks < 0 or self.open_conversations < 1:

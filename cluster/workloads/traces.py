@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,6 +32,14 @@ from pathlib import Path
 
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id in the published Mooncake traces
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+DEFAULT_TRACE = "mooncake_synthetic_trace.jsonl"
+
+
+def default_trace(name: str = DEFAULT_TRACE) -> str:
+    """``$KVMESH_SHARED_DIR/traces/NAME`` (default: the checkout's sibling ``shared/``)."""
+    shared = os.environ.get("KVMESH_SHARED_DIR")
+    root = Path(shared) if shared else Path(__file__).resolve().parents[2].parent / "shared"
+    return str(root / "traces" / name)
 
 
 class TraceError(ValueError):
