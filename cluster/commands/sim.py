@@ -13,6 +13,7 @@ from kvmesh.cluster.sim.options import SESSION_MODES, SimCommandConfig, SimWorkl
 
 if TYPE_CHECKING:
     from kvmesh.cluster.sim.config import SimConfig
+    from kvmesh.cluster.workloads.settings import WorkloadShape
     from kvmesh.cluster.workloads.traces import MooncakeRecord
 
 
@@ -79,12 +80,13 @@ def variants(routers: list[int], sessions: str) -> dict[str, dict] | None:
     return out if len(out) > 1 or sessions != "off" else None
 
 
-def load_workload(workload: SimWorkloadOptions, seed: int) -> list[MooncakeRecord]:
+def load_workload(workload: SimWorkloadOptions, shape: WorkloadShape, seed: int) -> list[MooncakeRecord]:
     """The records of the registered ``--workload`` (or ``--synthetic``), bursty if asked."""
     from kvmesh.cluster.workloads.generated import bursty
     from kvmesh.cluster.workloads.registry import get_workload
 
-    records = get_workload("multi_turn" if workload.synthetic else workload.workload).make(workload.settings(seed))
+    entry = get_workload("multi_turn" if workload.synthetic else workload.workload)
+    records = entry.make(workload.settings(seed, shape))
     if workload.burst:
         records = bursty(records, workload.burst, workload.burst_duty, workload.burst_period)
     return records
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         command: SimCommandConfig = config_from_args(args, SIM_SCHEMA)
         w, compare = command.workload, command.compare
         config = build_config(command, args.routers, "sim.load_poll_s" in overrides_from_args(args, SIM_SCHEMA))
-        records = cut_trace(load_workload(w, config.seed), w.start, w.limit, w.max_prompt_blocks)
+        records = cut_trace(load_workload(w, command.shape, config.seed), w.start, w.limit, w.max_prompt_blocks)
         registered = available_policies()
         policies = [p.strip() for p in compare.policies.split(",") if p.strip()] if compare.policies else registered
         unknown = [p for p in policies if p not in registered]

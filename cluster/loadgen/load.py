@@ -52,7 +52,7 @@ def build_sessions(config: BenchLoadConfig, maker: PromptMaker) -> list[Session]
     w = config.workload
     entry = get_workload(w.workload)
     rendering = w.rendering(entry, maker, config.endpoint.prompt_format == "text")
-    records = entry.make(w.settings(entry))
+    records = entry.make(w.settings(entry, config.shape))
     return render(records, rendering, entry.conversation, max_sessions=w.num_requests if entry.conversation else None)
 
 

@@ -10,7 +10,7 @@ from kvmesh.cluster.config_schema import Schema
 from kvmesh.cluster.loadgen.prompts import PromptMaker
 from kvmesh.cluster.workloads.registry import Workload, get_workload
 from kvmesh.cluster.workloads.sessions import Rendering
-from kvmesh.cluster.workloads.settings import WorkloadSettings
+from kvmesh.cluster.workloads.settings import WorkloadSettings, WorkloadShape
 from kvmesh.cluster.workloads.traces import MOONCAKE_BLOCK_TOKENS
 
 
@@ -51,14 +51,6 @@ class WorkloadOptions:
     """Token budget of a prompt; keep prompt + --max-tokens within the model's context."""
     max_tokens: int = 32
     """Tokens generated per request."""
-    num_prefixes: int = 4
-    """chatbot, multi_turn: tenants, each with its own system prompt."""
-    system_share: float | None = None
-    """Share of the budget taken by the shared system prompt (default: chatbot 0.75, multi_turn 0.25, rag 0.2)."""
-    turns: int = 4
-    """multi_turn: turns per conversation."""
-    num_documents: int | None = None
-    """rag: document pool size (default: a unique document per request)."""
     trace: str | None = None
     """Trace file of mooncake (JSONL) and the azure workloads (CSV); default: the shared one."""
     trace_block_tokens: int = 16
@@ -76,18 +68,17 @@ class WorkloadOptions:
 
     def __post_init__(self) -> None:
         get_workload(self.workload)
-        if self.trace_block_tokens < 1 or self.turns < 1:
-            raise ValueError(f"trace_block_tokens and turns must be >= 1, got {self.trace_block_tokens}, {self.turns}")
+        if self.trace_block_tokens < 1:
+            raise ValueError(f"trace_block_tokens must be >= 1, got {self.trace_block_tokens}")
 
-    def settings(self, entry: Workload) -> WorkloadSettings:
+    def settings(self, entry: Workload, shape: WorkloadShape) -> WorkloadSettings:
         """The registry's settings: the token budget in trace tokens (``trace_block_tokens`` per 512), and
         a conversation workload asked for whole sessions (``turns`` requests each)."""
         per_token = MOONCAKE_BLOCK_TOKENS / self.trace_block_tokens
         return WorkloadSettings(
-            num_requests=self.num_requests * (self.turns if entry.conversation else 1), trace=self.trace,
+            num_requests=self.num_requests * (shape.turns if entry.conversation else 1), trace=self.trace,
             trace_limit=self.num_requests, prompt_tokens=round(self.max_prompt_tokens * per_token),
-            answer_tokens=round(self.max_tokens * per_token), system_share=self.system_share,
-            num_prefixes=self.num_prefixes, turns=self.turns, num_documents=self.num_documents, seed=self.seed)
+            answer_tokens=round(self.max_tokens * per_token), shape=shape, seed=self.seed)
 
     def rendering(self, entry: Workload, maker: PromptMaker, as_text: bool) -> Rendering:
         """How the records become prompts: ``trace_block_tokens`` per hash id, or azure's real lengths."""
@@ -136,6 +127,10 @@ class LoadOptions:
         return 8 if self.mode == "closed" else 0
 
 
+def _load_shape() -> WorkloadShape:
+    return WorkloadShape(num_prefixes=4, turns=4)
+
+
 @dataclass(frozen=True, slots=True)
 class BenchLoadConfig:
     """One load test."""
@@ -144,13 +139,15 @@ class BenchLoadConfig:
     """The endpoint under test."""
     workload: WorkloadOptions = field(default_factory=WorkloadOptions)
     """What is sent."""
+    shape: WorkloadShape = field(default_factory=_load_shape)
+    """How a generated workload shares its prompts (tenants, turns, documents)."""
     load: LoadOptions = field(default_factory=LoadOptions)
     """How it is sent."""
 
     def flat(self) -> dict[str, object]:
         """Every setting by its field name (the run's ``config`` in the report), the API key left out."""
         out: dict[str, object] = {}
-        for section in (self.endpoint, self.workload, self.load):
+        for section in (self.endpoint, self.workload, self.shape, self.load):
             out.update(dataclasses.asdict(section))
         out.pop("api_key")
         return out

@@ -10,7 +10,7 @@ from kvmesh.cluster.autoscaler import AutoscaleConfig
 from kvmesh.cluster.config_schema import Schema
 from kvmesh.cluster.sim.config import SimConfig
 from kvmesh.cluster.workloads.registry import get_workload
-from kvmesh.cluster.workloads.settings import WorkloadSettings
+from kvmesh.cluster.workloads.settings import WorkloadSettings, WorkloadShape
 from kvmesh.cluster.workloads.traces import default_trace
 
 SESSION_MODES: dict[str, dict[str, bool]] = {
@@ -34,12 +34,6 @@ class SimWorkloadOptions:
     """Requests of a generated workload."""
     prompt_tokens: int = 16384
     """Generated prompt size in tokens: chatbot's and rag's prompt, random's longest, multi_turn's last turn."""
-    num_prefixes: int = 8
-    """chatbot, multi_turn: tenants, each with its own system prompt."""
-    turns: int = 6
-    """multi_turn: turns per conversation."""
-    num_documents: int | None = None
-    """rag: document pool size (default: a unique document per request)."""
     burst: float = 0.0
     """Warp arrivals into bursts of this factor x the mean rate (0 = off; burst * --burst-duty < 1)."""
     burst_duty: float = 0.2
@@ -56,12 +50,10 @@ class SimWorkloadOptions:
     def __post_init__(self) -> None:
         get_workload(self.workload)
 
-    def settings(self, seed: int) -> WorkloadSettings:
+    def settings(self, seed: int, shape: WorkloadShape) -> WorkloadSettings:
         """The registry's settings (``--synthetic N`` is ``--workload multi_turn --num-requests N``)."""
         return WorkloadSettings(num_requests=self.synthetic or self.num_requests, trace=self.trace,
-                                rate=self.synthetic_rate, prompt_tokens=self.prompt_tokens,
-                                num_prefixes=self.num_prefixes, turns=self.turns, num_documents=self.num_documents,
-                                seed=seed)
+                                rate=self.synthetic_rate, prompt_tokens=self.prompt_tokens, shape=shape, seed=seed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +85,8 @@ class SimCommandConfig:
     """The simulated cluster: replicas, their KV pools and steps, the router(s)."""
     workload: SimWorkloadOptions = field(default_factory=SimWorkloadOptions)
     """The requests."""
+    shape: WorkloadShape = field(default_factory=WorkloadShape)
+    """How a generated workload shares its prompts (tenants, turns, documents)."""
     compare: SimCompareOptions = field(default_factory=SimCompareOptions)
     """The runs compared."""
 

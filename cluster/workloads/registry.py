@@ -125,35 +125,38 @@ def azure_code(s: WorkloadSettings) -> list[MooncakeRecord]:
 @register("tool_agent", conversation=False)
 def tool_agent(s: WorkloadSettings) -> list[MooncakeRecord]:
     """Agents forking parallel tool calls off one long trajectory."""
-    shape = ToolAgentTrace(num_requests=s.num_requests, seed=s.seed,
+    trace = ToolAgentTrace(num_requests=s.num_requests, seed=s.seed,
                            **_given(agents_per_s=s.rate, output_tokens=s.output_tokens))
-    return list(shape.records())
+    return list(trace.records())
 
 
 @register("multi_turn", conversation=True)
 def multi_turn(s: WorkloadSettings) -> list[MooncakeRecord]:
     """Tenants' conversations: each turn resends the history + new blocks."""
-    share = 0.25 if s.system_share is None else s.system_share
+    shape = s.shape
+    share = 0.25 if shape.system_share is None else shape.system_share
     system = round(s.prompt_tokens * share / MOONCAKE_BLOCK_TOKENS)
-    per_turn = (s.prompt_tokens - system * MOONCAKE_BLOCK_TOKENS - (s.turns - 1) * s.answer_tokens) // s.turns
-    shape = SyntheticTrace(num_requests=s.num_requests, num_tenants=s.num_prefixes, system_blocks=system,
-                           turn_blocks=max(1, per_turn // MOONCAKE_BLOCK_TOKENS), turns=s.turns, seed=s.seed,
+    per_turn = (s.prompt_tokens - system * MOONCAKE_BLOCK_TOKENS - (shape.turns - 1) * s.answer_tokens) // shape.turns
+    trace = SyntheticTrace(num_requests=s.num_requests, num_tenants=shape.num_prefixes, system_blocks=system,
+                           turn_blocks=max(1, per_turn // MOONCAKE_BLOCK_TOKENS), turns=shape.turns, seed=s.seed,
                            **_given(conversations_per_s=s.rate, output_tokens=s.output_tokens))
-    return list(shape.records())
+    return list(trace.records())
 
 
 @register("chatbot", conversation=True)
 def chatbot(s: WorkloadSettings) -> list[MooncakeRecord]:
     """Tenants' system prompts (--num-prefixes) + a unique question."""
-    return list(single_turn.chatbot(s.num_requests, s.prompt_tokens, num_tenants=s.num_prefixes, seed=s.seed,
-                                    **_given(system_share=s.system_share, rate=s.rate, output_tokens=s.output_tokens)))
+    shape = s.shape
+    return list(single_turn.chatbot(s.num_requests, s.prompt_tokens, num_tenants=shape.num_prefixes, seed=s.seed,
+                                    **_given(system_share=shape.system_share, rate=s.rate, output_tokens=s.output_tokens)))
 
 
 @register("rag", conversation=True)
 def rag(s: WorkloadSettings) -> list[MooncakeRecord]:
     """Instructions + a document (--num-documents) + a unique question."""
-    return list(single_turn.rag(s.num_requests, s.prompt_tokens, num_documents=s.num_documents, seed=s.seed,
-                                **_given(instruction_share=s.system_share, rate=s.rate, output_tokens=s.output_tokens)))
+    shape = s.shape
+    return list(single_turn.rag(s.num_requests, s.prompt_tokens, num_documents=shape.num_documents, seed=s.seed,
+                                **_given(instruction_share=shape.system_share, rate=s.rate, output_tokens=s.output_tokens)))
 
 
 @register("random", conversation=True)

@@ -45,4 +45,4 @@ def test_bench_load_flags_are_the_documented_fields_of_its_dataclasses():
     assert all(o.doc for o in BENCH_LOAD_SCHEMA.options), [o.dotted for o in BENCH_LOAD_SCHEMA.options if not o.doc]
     args = build_parser().parse_args(["--workload", "rag", "--num-documents", "3", "--no-ignore-eos"])
     config = config_from_args(args, BENCH_LOAD_SCHEMA, env={})
-    assert (config.workload.workload, config.workload.num_documents, config.load.ignore_eos) == ("rag", 3, False)
+    assert (config.workload.workload, config.shape.num_documents, config.load.ignore_eos) == ("rag", 3, False)

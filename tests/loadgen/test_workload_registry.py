@@ -10,6 +10,7 @@ from kvmesh.cluster.loadgen.options import BenchLoadConfig, WorkloadOptions
 from kvmesh.cluster.loadgen.prompts import PromptMaker, join
 from kvmesh.cluster.sim.options import default_trace
 from kvmesh.cluster.workloads.registry import WORKLOADS, get_workload, workload_names
+from kvmesh.cluster.workloads.settings import WorkloadShape
 
 
 def _args(url, *extra):
@@ -46,17 +47,19 @@ def test_help_lists_the_registry_like_kvmesh_sim(capsys):
     assert listed["sim"] == listed["bench"] == list(workload_names())
 
 
-def _config(name: str, **workload) -> BenchLoadConfig:
-    return BenchLoadConfig(workload=WorkloadOptions(workload=name, **workload))
+def _config(name: str, shape: WorkloadShape | None = None, **workload) -> BenchLoadConfig:
+    return BenchLoadConfig(workload=WorkloadOptions(workload=name, **workload),
+                           shape=shape or BenchLoadConfig().shape)
 
 
 def test_multi_turn_sessions_are_the_simulators_conversations_rendered():
     maker = PromptMaker()
-    w = WorkloadOptions(workload="multi_turn", num_requests=3, turns=3, max_prompt_tokens=128, max_tokens=8)
+    w = WorkloadOptions(workload="multi_turn", num_requests=3, max_prompt_tokens=128, max_tokens=8)
+    shape = WorkloadShape(num_prefixes=4, turns=3)
     entry = get_workload("multi_turn")
-    records = entry.make(w.settings(entry))
+    records = entry.make(w.settings(entry, shape))
     rendering = w.rendering(entry, maker, as_text=False)
-    sessions = build_sessions(_config("multi_turn", num_requests=3, turns=3, max_prompt_tokens=128, max_tokens=8),
+    sessions = build_sessions(_config("multi_turn", shape, num_requests=3, max_prompt_tokens=128, max_tokens=8),
                               maker)
     assert [s.session_id for s in sessions] == ["conv-0", "conv-1", "conv-2"]
     for session in sessions:
@@ -70,7 +73,8 @@ def test_multi_turn_sessions_are_the_simulators_conversations_rendered():
 
 
 def test_chatbot_prompt_is_the_system_blocks_plus_a_question_and_replays_keep_trace_time():
-    sessions = build_sessions(_config("chatbot", num_requests=6, num_prefixes=2, max_prompt_tokens=64), PromptMaker())
+    sessions = build_sessions(_config("chatbot", WorkloadShape(num_prefixes=2), num_requests=6,
+                                      max_prompt_tokens=64), PromptMaker())
     assert {len(s.turns[0].system) for s in sessions} == {48} and {len(s.turns[0].user) for s in sessions} == {16}
     assert len({tuple(s.turns[0].system) for s in sessions}) == 2 and all(s.arrival_s is None for s in sessions)
     agents = build_sessions(_config("tool_agent", num_requests=8, time_scale=0.5), PromptMaker())

@@ -9,7 +9,7 @@ import pytest
 from kvmesh.cluster.cli import main
 from kvmesh.cluster.sim.options import default_trace
 from kvmesh.cluster.workloads.registry import WORKLOADS, get_workload, workload_names
-from kvmesh.cluster.workloads.settings import WorkloadSettings
+from kvmesh.cluster.workloads.settings import WorkloadSettings, WorkloadShape
 
 
 def _needs_shared_trace(name: str) -> None:
@@ -51,15 +51,15 @@ def test_unknown_workload_names_the_registered_ones(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["chatbot", "multi_turn", "rag", "random", "tool_agent"])
 def test_generated_records_are_sorted_sized_and_in_sessions(name):
-    recs = get_workload(name).make(WorkloadSettings(num_requests=60, prompt_tokens=4096, turns=3, seed=2))
+    recs = get_workload(name).make(WorkloadSettings(num_requests=60, prompt_tokens=4096, shape=WorkloadShape(turns=3), seed=2))
     assert len(recs) == 60 and [r.timestamp_ms for r in recs] == sorted(r.timestamp_ms for r in recs)
     assert all(0 < r.input_length <= 512 * len(r.hash_ids) for r in recs)
     assert all(r.session_id for r in recs)
 
 
 def test_multi_turn_turns_extend_the_previous_turn_and_keep_the_system_prompt():
-    recs = get_workload("multi_turn").make(WorkloadSettings(num_requests=30, prompt_tokens=8192, turns=3,
-                                                               num_prefixes=2))
+    recs = get_workload("multi_turn").make(WorkloadSettings(
+        num_requests=30, prompt_tokens=8192, shape=WorkloadShape(turns=3, num_prefixes=2)))
     by_session: dict[str, list] = {}
     for r in recs:
         by_session.setdefault(r.session_id, []).append(r)
@@ -71,17 +71,19 @@ def test_multi_turn_turns_extend_the_previous_turn_and_keep_the_system_prompt():
 
 
 def test_chatbot_and_rag_share_their_system_blocks():
-    chat = get_workload("chatbot").make(WorkloadSettings(num_requests=50, prompt_tokens=2048, num_prefixes=3))
+    chat = get_workload("chatbot").make(WorkloadSettings(num_requests=50, prompt_tokens=2048, shape=WorkloadShape(num_prefixes=3)))
     assert {r.system_blocks for r in chat} == {3} and len({r.hash_ids[:3] for r in chat}) == 3
     assert len({r.hash_ids[3:] for r in chat}) == 50  # unique questions
-    rag = get_workload("rag").make(WorkloadSettings(num_requests=20, prompt_tokens=5120, num_documents=2))
+    rag = get_workload("rag").make(WorkloadSettings(num_requests=20, prompt_tokens=5120, shape=WorkloadShape(num_documents=2)))
     assert len({r.hash_ids[:2] for r in rag}) == 1 and len({r.hash_ids[:-1] for r in rag}) == 2
 
 
 def test_the_simulators_workload_flags_default_to_the_registrys_settings():
-    from kvmesh.cluster.sim.options import SimWorkloadOptions
+    from kvmesh.cluster.sim.options import SimCommandConfig, SimWorkloadOptions
 
-    assert SimWorkloadOptions().settings(seed=3) == WorkloadSettings(rate=1.0, seed=3)
-    shaped = SimWorkloadOptions(workload="chatbot", num_requests=10, prompt_tokens=2048, num_prefixes=2).settings(0)
+    command = SimCommandConfig()
+    assert command.workload.settings(3, command.shape) == WorkloadSettings(rate=1.0, seed=3)
+    shaped = SimWorkloadOptions(workload="chatbot", num_requests=10, prompt_tokens=2048).settings(
+        0, WorkloadShape(num_prefixes=2))
     chat = get_workload("chatbot").make(shaped)
     assert len(chat) == 10 and len({r.hash_ids[:3] for r in chat}) == 2
