@@ -35,9 +35,10 @@ from pathlib import Path
 
 from kvmesh.cluster.benchmarks import _peer_load as pl
 from kvmesh.cluster.benchmarks._flooder import BLOCK_SIZE, VOCAB, hostile_publisher, prefixes
+from kvmesh.cluster.shared_dir import stories_model
 
 ROOT = Path(__file__).resolve().parents[2]
-STORIES = ROOT.parent / "shared" / "models" / "stories260K" / "hf"
+STORIES = stories_model()
 SUFFIX_TOKENS = 16
 
 

@@ -14,20 +14,19 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import platform
 import random
 import sys
 import time
 from pathlib import Path
 
+from kvmesh.cluster.shared_dir import shared_path
 from kvmesh.kvcache.block_pool import BlockPool
 from kvmesh.kvcache.hashing import RequestBlockHasher, make_none_hash
 from kvmesh.kvcache.interfaces import TokenRequest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
-SHARED_DIR = Path(os.environ.get("KVMESH_SHARED_DIR", Path(__file__).resolve().parents[3] / "shared"))
-DEFAULT_TRACE = SHARED_DIR / "traces" / "mooncake_synthetic_trace.jsonl"
+DEFAULT_TRACE = shared_path("traces", "mooncake_synthetic_trace.jsonl")
 DEFAULT_POOL_BLOCKS = [12_288, 49_152, 196_608, 393_216, 786_432, 1_572_864]
 POLICIES = ["lru", "slru", "arc"]
 SEED = b"kvmesh-bench-seed"

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from kvmesh.cluster.benchmarks._peer_load import stop_processes
+from kvmesh.cluster.shared_dir import stories_model
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -156,7 +157,7 @@ def plot(result: dict, http_s: list[float], engine_s: list[float], path: Path) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    default_model = str(Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K" / "hf")
+    default_model = str(stories_model())
     p = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench replica_http", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=os.environ.get("KVMESH_BENCH_MODEL", default_model))
     p.add_argument("--requests", type=int, default=200, help="sequential 1-token requests per path")

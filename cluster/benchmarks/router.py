@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from kvmesh.cluster.benchmarks.router_http import measure_added_latency
+from kvmesh.cluster.shared_dir import stories_model
 from kvmesh.events.schema import BlockRemoved, BlockStored
 
 BS = 16
@@ -144,7 +145,7 @@ def bench_decide(quick: bool) -> dict:
 def _stories_tokenizer():
     from kvmesh.replica.serving.tokenizer import load_tokenizer
 
-    path = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K" / "hf"
+    path = stories_model()
     return load_tokenizer(path, max_model_len=8192) if (path / "tokenizer.json").exists() else None
 
 

@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 from kvmesh.cluster.benchmarks.router_http import _cpu_seconds, _run_echo, timed_post, wait_healthy
+from kvmesh.cluster.shared_dir import stories_model
 
-STORIES = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K" / "hf"
+STORIES = stories_model()
 
 
 def _run_router(q, replica_url: str, model: str, variant: str) -> None:

@@ -31,9 +31,10 @@ import time
 from pathlib import Path
 
 from kvmesh.cluster.benchmarks import _peer_load as pl
+from kvmesh.cluster.shared_dir import stories_model
 
 ROOT = Path(__file__).resolve().parents[2]
-STORIES = ROOT.parent / "shared" / "models" / "stories260K" / "hf"
+STORIES = stories_model()
 LLAMA2_CHAT_TEMPLATE = (
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
     "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"

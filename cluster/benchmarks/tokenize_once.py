@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvmesh.cluster.shared_dir import stories_model
+
 CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
                  "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
 """stories260K ships no chat template; the same one as the tests'."""
@@ -32,7 +34,7 @@ WORDS = STORY.split(" ")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(Path(__file__).resolve().parents[2] / "../shared/models/stories260K/hf"),
+    ap.add_argument("--model", default=str(stories_model()),
                     help="model directory (its tokenizer is the router's too)")
     ap.add_argument("--prompt-tokens", type=int, default=480, help="tokens per prompt (stories260K's context is 512)")
     ap.add_argument("--prompts", type=int, default=8, help="distinct prompts, cycled (each cached after its first)")

@@ -24,11 +24,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+from kvmesh.cluster.shared_dir import shared_path
 
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id in the published Mooncake traces
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -37,9 +38,7 @@ DEFAULT_TRACE = "mooncake_synthetic_trace.jsonl"
 
 def default_trace(name: str = DEFAULT_TRACE) -> str:
     """``$KVMESH_SHARED_DIR/traces/NAME`` (default: the checkout's sibling ``shared/``)."""
-    shared = os.environ.get("KVMESH_SHARED_DIR")
-    root = Path(shared) if shared else Path(__file__).resolve().parents[2].parent / "shared"
-    return str(root / "traces" / name)
+    return str(shared_path("traces", name))
 
 
 class TraceError(ValueError):
