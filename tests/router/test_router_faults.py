@@ -18,7 +18,10 @@ def test_killed_replica_is_retried_avoided_and_rejoins_empty(fakes, start_router
     by_name = {f.name: f for f in fakes}
     router = start_router([f.spec for f in fakes])
     core = router.runtime.router
-    base = prompt(10, 72)
+    # A prefix no other test sends (the fake replicas live for the whole session, so prompt(10)'s 64 tokens
+    # may already be cached on both), long enough that the two requests below prefer the holder by far:
+    # the idle replica must compute all ~164 tokens, the holder 4 beyond its cached blocks.
+    base = prompt(4101, 160)
     holder = complete(router, base)["choices"][0]["text"]
     other = "b" if holder == "a" else "a"
     wait_for(lambda: core.index.num_blocks(holder) >= len(base) // BLOCK_SIZE, what="events")
