@@ -20,13 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from kvmesh.cluster.shared_dir import shared_path
+from kvmesh.cluster.workloads.traces import default_trace, read_mooncake
 from kvmesh.kvcache.block_pool import BlockPool
 from kvmesh.kvcache.hashing import RequestBlockHasher, make_none_hash
 from kvmesh.kvcache.interfaces import TokenRequest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
-DEFAULT_TRACE = shared_path("traces", "mooncake_synthetic_trace.jsonl")
+DEFAULT_TRACE = Path(default_trace())
 DEFAULT_POOL_BLOCKS = [12_288, 49_152, 196_608, 393_216, 786_432, 1_572_864]
 POLICIES = ["lru", "slru", "arc"]
 SEED = b"kvmesh-bench-seed"
@@ -184,7 +184,6 @@ def replay(records, hashes, token_cache, num_blocks: int, policy: str, block_siz
 
 def bench_trace(trace: Path, pool_sizes: list[int], block_size: int, limit: int | None) -> dict:
     from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
-    from kvmesh.cluster.workloads.traces import read_mooncake
 
     records = read_mooncake(trace, limit=limit)
     token_cache = BlockTokenCache(512, VOCAB_SIZE)

@@ -58,13 +58,13 @@ class Workload:
 WORKLOADS: dict[str, Workload] = {}
 
 
-def register(name: str, *, conversation: bool, real_lengths: bool = False,
-             trace_file: str | None = None) -> Callable[[Records], Records]:
-    """Register a generator under ``name``; the first line of its docstring documents it."""
+def register(name: str, *, conversation: bool, real_lengths: bool = False, trace_file: str | None = None,
+             doc: str | None = None) -> Callable[[Records], Records]:
+    """Register a generator under ``name``; ``doc`` (default: the first line of its docstring) documents it."""
 
     def add(records: Records) -> Records:
-        WORKLOADS[name] = Workload(name, (records.__doc__ or name).strip().splitlines()[0], records, conversation,
-                                   real_lengths, trace_file)
+        line = doc or (records.__doc__ or name).strip().splitlines()[0]
+        WORKLOADS[name] = Workload(name, line, records, conversation, real_lengths, trace_file)
         return records
 
     return add
@@ -110,15 +110,11 @@ def azure(s: WorkloadSettings) -> list[MooncakeRecord]:
             for a in _azure(s)]
 
 
+@register("azure_code", conversation=False, trace_file=AZURE_CODE,
+          doc="Azure code trace + generated tenant prefixes and follow-ups.")
 @register("azure_conv", conversation=False, trace_file=AZURE_CONV)
-def azure_conv(s: WorkloadSettings) -> list[MooncakeRecord]:
+def azure_prefixed(s: WorkloadSettings) -> list[MooncakeRecord]:
     """Azure conversation trace + generated tenant prefixes and follow-ups."""
-    return list(AzurePrefixes(seed=s.seed).records(_azure(s)))
-
-
-@register("azure_code", conversation=False, trace_file=AZURE_CODE)
-def azure_code(s: WorkloadSettings) -> list[MooncakeRecord]:
-    """Azure code trace + generated tenant prefixes and follow-ups."""
     return list(AzurePrefixes(seed=s.seed).records(_azure(s)))
 
 
