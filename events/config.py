@@ -145,6 +145,9 @@ class SubscriberConfig:
     """Most blocks one batch (or snapshot chunk) may name; a bigger one is dropped as bad (a
     legitimate one, e.g. a publisher's resync batch, is then recovered through a snapshot, whose
     chunks hold ``PublisherConfig.snapshot_chunk_blocks`` -- keep that below this)."""
+    max_batch_events: int = 65_536
+    """Most events one batch (or snapshot chunk) may hold, read from its header before anything is
+    decoded (events/peek.py: a payload shaped unlike a batch is refused the same way, unread)."""
     max_source_blocks: int = 1_000_000
     """Most blocks one source may hold: a snapshot beyond it is refused, and consumers (the
     router) drop batches that would take a source past it."""
@@ -184,7 +187,7 @@ class SubscriberConfig:
             raise ValueError(f"SubscriberConfig.memory_alarm_bytes must be >= 0 (0: off), got {self.memory_alarm_bytes}")
         for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_source_queue_bytes", "max_pending",
                      "max_pending_bytes", "reconnect_ivl_ms", "max_payload_bytes", "degraded_source_bytes_per_s",
-                     "max_batch_blocks", "max_source_blocks", "max_snapshot_bytes", "bad_frame_threshold",
+                     "max_batch_blocks", "max_batch_events", "max_source_blocks", "max_snapshot_bytes", "bad_frame_threshold",
                      "bad_frame_window_s",
                      "recovery_backoff_s", "recovery_backoff_max_s"):
             if getattr(self, name) <= 0:

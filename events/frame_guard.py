@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from kvmesh.events.codec import DecodeError, check_batch, decode_batch_counted
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.events.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, SourceHealth
+from kvmesh.events.peek import ShapeError, peek_batch
 from kvmesh.events.ratelimit import TokenBucket
 from kvmesh.events.schema import KVEventBatch
 from kvmesh.events.tracker import SourceTracker
@@ -112,9 +113,16 @@ class FrameGuard:
             self.bad_frame(name, "rejected", "payload too large",
                             f"{len(payload)} bytes; max_payload_bytes={self._config.max_payload_bytes}")
             return None
+        cfg = self._config
+        try:  # headers first: a payload that would be expensive to decode is refused unread
+            peek_batch(payload, cfg.max_batch_events, cfg.max_batch_blocks)
+        except ShapeError as e:
+            tracker.stats.shape_refusals += 1
+            self.bad_frame(name, "decode_errors", "payload refused by its shape", str(e))
+            return None
         try:
-            decoded = decode_batch_counted(payload)
-            check_batch(decoded.batch, self._config.max_batch_blocks)
+            decoded = decode_batch_counted(payload, cfg.max_batch_events, cfg.max_batch_blocks)
+            check_batch(decoded.batch, cfg.max_batch_blocks)
         except DecodeError as e:
             self.bad_frame(name, "decode_errors", "undecodable payload", str(e))
             return None

@@ -27,6 +27,9 @@ class SourceStats:
     """Times a loss could not be repaired; the consumer was told (``on_status``)."""
     decode_errors: int = 0
     """Messages that could not be read (bad payload, frame count, seq frame)."""
+    shape_refusals: int = 0
+    """Payloads refused by their msgpack headers before any decoding (``events/peek.py``; counted in
+    ``decode_errors`` too)."""
     rejected: int = 0
     """Batches dropped for breaking a limit (payload bytes, blocks per batch, blocks held)."""
     apply_errors: int = 0
