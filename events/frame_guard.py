@@ -1,6 +1,7 @@
 """The subscriber's defences: every frame decoded, checked and applied under guard.
 
-``FeedLoop`` holds one ``FrameGuard`` (same thread). A frame that cannot be read, breaks a limit
+``FeedLoop`` holds one ``FrameGuard`` (same thread). A frame that cannot be read, is shaped unlike a
+batch (its msgpack headers are read before anything is decoded, peek.py), breaks a limit
 (``SubscriberConfig.max_*``) or makes the consumer's ``on_batch`` raise is dropped and counted in
 its source's ``SourceStats`` (``bad_frames`` and one of ``decode_errors`` / ``rejected`` /
 ``apply_errors``); the I/O thread and every other source carry on. A source that keeps sending
@@ -8,6 +9,10 @@ bad frames is degraded (``health.py``): the consumer hears ``on_status(name, "de
 the source is resynced from a snapshot, and ``on_status(name, "recovered", ...)`` follows once
 the snapshot is applied and ``degraded_probation_s`` passed without a bad frame (or, without
 snapshots, after a clean window).
+
+Every source's decoding and applying is charged to it (``spend``): over ``source_busy_share`` seconds
+per second, its socket is left unread until it paid its debt (``busy_wait_s``; feed_loop.py), so a
+source whose batches are costly cannot take the I/O thread from the others.
 
 A degraded source's live messages are decoded only within a budget (``admit``): a token bucket of
 ``degraded_source_bytes_per_s`` payload bytes per second, which is also its largest message. A
@@ -54,11 +59,27 @@ class FrameGuard:
         self._next_health_check = 0.0
         self._budgets: dict[str, TokenBucket] = {}
         """Source name -> its decode budget while degraded (see the module doc)."""
+        self._busy: dict[str, TokenBucket] = {}
+        """Source name -> seconds of the I/O thread it may still spend (``source_busy_share``)."""
 
     def forget(self, name: str) -> None:
         """Drop what is known about a removed source."""
         self.health.pop(name, None)
         self._budgets.pop(name, None)
+        self._busy.pop(name, None)
+
+    def spend(self, name: str, seconds: float) -> None:
+        """Charge ``name`` for ``seconds`` of the I/O thread (decoding and applying its message)."""
+        bucket = self._busy.get(name)
+        if bucket is None:
+            share = self._config.source_busy_share
+            bucket = self._busy[name] = TokenBucket(share, share)
+        bucket.spend(seconds)
+
+    def busy_wait_s(self, name: str) -> float:
+        """Seconds until ``name`` is back within its share of the I/O thread (0.0: it is)."""
+        bucket = self._busy.get(name)
+        return 0.0 if bucket is None else bucket.wait_s(0.0)
 
     def admit(self, name: str, payload_bytes: int) -> bool:
         """Whether a live payload of ``payload_bytes`` from ``name`` may be decoded (always, unless the
