@@ -139,8 +139,6 @@ def _summary(reqs: list[dict]) -> dict:
 def follow_ups(client: Client, earlier: list[dict], n: int = 6) -> dict:
     """``n`` follow-ups, each an earlier prompt the honest replica answered plus 16 fresh tokens: routed
     for the cache ("cache" to "healthy") and given it (cached >= the earlier prompt's full blocks)?"""
-    from kvmesh.cluster.benchmarks._flooder import BLOCK_SIZE
-
     base = [r for r in earlier if r["ok"] and r["replica"] == "healthy"][-n:]
     got = []
     for r in base:
