@@ -13,9 +13,10 @@ the message, and ``release_freed_memory`` gives the pages back to the system onc
 
 This replaces watching the process's RSS (issue 28): memory the process spends for any other reason --
 HTTP bodies, the index, the allocator keeping freed pages -- is never charged to an event source, and
-the source that is charged is the one whose connection holds the bytes. Counted: connections we make
-over TCP on Linux. Not counted (no per-connection count, or not ours to cut): ipc/inproc, and the
-publishers that connect to a bound address.
+the source that is charged is the one whose connection holds the bytes. Counted: the connections we
+make over TCP on Linux, to a publisher's PUB (feed_loop.py) and to its replay socket (replay_requests.py:
+an answer that never ends gives the request up). Not counted (no per-connection count, or not ours to
+cut): ipc/inproc, and the publishers that connect to a bound address.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import ctypes.util
 import socket
 import struct
 
+CHECK_S = 0.02
+"""Seconds between two counts of a connection (the most bytes it can take past its bound is what it
+receives in this time)."""
 _TCP_INFO_BYTES_RECEIVED = 128
 """Offset of ``tcpi_bytes_received`` (u64) in Linux's ``struct tcp_info`` (since Linux 4.1)."""
 _TCP_INFO_LEN = _TCP_INFO_BYTES_RECEIVED + 8

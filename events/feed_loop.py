@@ -8,7 +8,8 @@ Sources are served fairly: each turn of the loop reads every ready socket for at
 ``source_turn_s`` (at least one message), and a source whose decoding and applying took more than its
 ``source_busy_share`` of the thread is not read until it paid that back (its socket is left alone: the
 flood waits in its publisher). What a connection of ours received and ZeroMQ has not handed over is
-counted every ``ACCOUNT_S`` (conn_bytes.py); past ``max_connection_bytes`` it is cut off.
+counted every ``conn_bytes.CHECK_S`` (also the longest the loop sleeps while there is one to count);
+past ``max_connection_bytes`` it is cut off.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 import zmq
 from kvmesh.events import curve
 from kvmesh.events.config import PublisherSource, SubscriberConfig
+from kvmesh.events.conn_bytes import CHECK_S as ACCOUNT_S
 from kvmesh.events.conn_bytes import release_freed_memory
 from kvmesh.events.endpoints import parse_sub_endpoint
 from kvmesh.events.feed import Feed
@@ -37,9 +39,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path
 _PAUSE_S = (0.05, 1.0)  # shortest and longest pause of a source's socket over its budget
-ACCOUNT_S = 0.02
-"""Seconds between two counts of what each connection of ours holds (conn_bytes.py); also the longest
-the loop sleeps while there is a connection to count."""
 Command = tuple[Literal["add"], PublisherSource] | tuple[Literal["remove", "resync"], str] | None
 """What ``FeedLoop.call`` queues for the I/O thread (None: stop)."""
 
@@ -179,7 +178,7 @@ class FeedLoop:
                     if name in self.trackers:
                         self.trackers[name].start(self._config.snapshot_on_start)
                 timeout_ms = self.requests.poll_timeout_ms()
-                if any(not f.shared for f in self._feeds.values()):
+                if self.requests.dealers or any(not f.shared for f in self._feeds.values()):
                     timeout_ms = min(timeout_ms, int(ACCOUNT_S * 1000))
                 ready = dict(self._poller.poll(timeout_ms))
                 for sock in ready:

@@ -171,6 +171,25 @@ def test_a_peer_streaming_a_message_that_never_ends_is_cut_off_by_what_its_conne
         good.close()
 
 
+def test_a_replay_socket_answering_a_message_that_never_ends_is_cut_off_before_its_timeout():
+    from events_testkit import EndlessMessagePeer
+
+    peer, pub = EndlessMessagePeer(b"ROUTER"), make_publisher()
+    config = SubscriberConfig(max_payload_bytes=1 << 20, max_source_queue_bytes=4 << 20, snapshot_timeout=30.0,
+                              idle_probe_interval=None)
+    f = Follower([PublisherSource("r0", pub.endpoint, peer.endpoint)], config)  # asks it for a snapshot
+    start = _rss()
+    f.start()
+    try:
+        assert wait_for(lambda: f.sub.stats["r0"].rejected >= 1, timeout=10)  # long before snapshot_timeout
+        assert _rss() - start < 400 << 20
+        assert f.sub.stats["r0"].snapshot_failures >= 1 and f.sub.feed_alive
+    finally:
+        f.close()
+        peer.close()
+        pub.close()
+
+
 def test_memory_the_process_spends_elsewhere_is_not_charged_to_an_idle_source():
     """Issue 28: 48 rejected 10 MB request bodies grew the router by ~500 MB, and the old RSS watch cut the
     healthy replicas' streams ("a message that never ends?"). Bytes are counted per connection now."""

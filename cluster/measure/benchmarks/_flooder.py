@@ -116,16 +116,20 @@ def undecodable_snapshot_server(stop) -> tuple[str, object]:
 
 ZMTP_GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32
 """ZMTP 3.0 greeting of a NULL-mechanism peer (as a server)."""
-_READY = b"\x05READY" + b"\x0bSocket-Type" + (3).to_bytes(4, "big") + b"PUB"
-ZMTP_READY_PUB = b"\x04" + bytes([len(_READY)]) + _READY
-"""The READY command of a PUB socket."""
+
+
+def zmtp_ready(socket_type: bytes) -> bytes:
+    """The READY command of a ZMTP peer of ``socket_type`` (b"PUB", b"ROUTER", ...)."""
+    body = b"\x05READY" + b"\x0bSocket-Type" + len(socket_type).to_bytes(4, "big") + socket_type
+    return b"\x04" + bytes([len(body)]) + body
 ENDLESS_FRAME = b"\x03" + (60_000).to_bytes(8, "big") + b"x" * 60_000
 """A 60 kB frame flagged MORE: a message that a stream of these never ends."""
 
 
-def endless_message_peer(go, stop) -> tuple[str, object]:
+def endless_message_peer(go, stop, socket_type: bytes = b"PUB") -> tuple[str, object]:
     """``mix="endless"``: a raw-ZMTP "publisher" (no ZeroMQ) streaming one multipart message that never
-    ends, which ZeroMQ's receiving side holds whole; accepts reconnections. Returns its address and the
+    ends, which ZeroMQ's receiving side holds whole; accepts reconnections. ``socket_type`` b"ROUTER"
+    makes it a replay socket that answers so. Returns its address and the
     thread serving it (starts sending once ``go`` is set)."""
     import socket
     import threading
@@ -143,7 +147,12 @@ def endless_message_peer(go, stop) -> tuple[str, object]:
             except TimeoutError:
                 continue
             try:
-                conn.sendall(ZMTP_GREETING + ZMTP_READY_PUB)
+                conn.settimeout(5)
+                conn.sendall(ZMTP_GREETING + zmtp_ready(socket_type))
+                got = b""
+                while len(got) < len(ZMTP_GREETING) + 2:  # the peer's greeting and its READY's header:
+                    got += conn.recv(4096)                 # frames sent before them fail its handshake
+                conn.settimeout(None)
                 go.wait()
                 while not stop.is_set():
                     conn.sendall(chunk)
