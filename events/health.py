@@ -15,6 +15,14 @@ The statuses a consumer hears about a source (``on_status(name, status, detail)`
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+
+from kvmesh.events.schema import KVEventBatch
+
+BatchCallback = Callable[[str, int, KVEventBatch], None]
+"""What a consumer is handed each batch with: ``on_batch(source_name, seq, batch)``."""
+StatusCallback = Callable[[str, str, str], None]
+"""What a consumer hears a source's status with: ``on_status(source_name, status, detail)``."""
 
 DEGRADED = "degraded"
 """The source sent ``threshold`` bad frames within ``window_s``: route to it by load only (frame_guard.py)."""

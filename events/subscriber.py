@@ -25,6 +25,7 @@ from collections.abc import Callable
 import zmq
 from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.feed_loop import FeedLoop
+from kvmesh.events.health import BatchCallback, StatusCallback
 from kvmesh.events.schema import KVEventBatch
 from kvmesh.events.stats import SourceStats
 
@@ -32,11 +33,6 @@ __all__ = ["EventSubscriber", "PublisherSource", "SubscriberConfig"]
 
 logger = logging.getLogger(__name__)
 
-
-BatchCallback = Callable[[str, int, KVEventBatch], None]
-"""``on_batch(source_name, seq, batch)``."""
-StatusCallback = Callable[[str, str, str], None]
-"""``on_status(source_name, status, detail)``."""
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval_s: float = 0.005) -> bool:
