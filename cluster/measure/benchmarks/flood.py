@@ -12,10 +12,16 @@ each a shared 64-token prefix (32 of them, cached on the healthy replica beforeh
 The flooder cycles, as fast as the router reads, through garbage payloads, wrong frame counts and seq
 frames, payloads over ``max_payload_bytes``, valid batches of 65,536 blocks (~6 MB) and of more blocks
 than a batch may name, valid batches claiming the client's prefixes, and every 5 s one message over
-ZeroMQ's MAXMSGSIZE. Reported: the router's RSS (start of the flood, peak, growth; sampled every
-0.25 s), its CPU, the client's latency p50/p99 and hit rate (cached / prompt tokens) per phase, the
-hostile source's counters, ``/health`` at the end, and tracebacks in the router's log. Plot: RSS and
-latency over time (``--out`` with ``.png``).
+ZeroMQ's MAXMSGSIZE. ``--mix`` picks another attack (_flooder.py): ``valid`` (only huge valid
+batches), ``endless`` (one multipart message that never ends), ``hostile`` (issue 28: frames costly to
+decode -- nested arrays, 200,000-event batches -- and a replay socket answering undecodable snapshot
+frames). Reported: the router's RSS (start of the flood, peak, growth; sampled every 0.25 s), its CPU,
+per phase the client's latency p50/p99, hit rate (cached / prompt tokens) and routes (route reason and
+replica, from the receipt headers), what the router said of the honest replica every 0.5 s (degraded?
+lag of its last applied batch), six follow-ups at the end of the flood (prompts the honest replica
+answered plus fresh tokens: routed for their cache, and given it?), the hostile source's counters,
+``/health`` at the end, and tracebacks in the router's log. Plot: RSS and latency over time (``--out``
+with ``.png``).
 """
 
 from __future__ import annotations
