@@ -149,3 +149,57 @@ def test_the_flooding_source_is_degraded_and_the_honest_one_is_not():
         f.close()
         raw.close()
         good.close()
+
+
+def test_sources_sharing_a_bound_socket_get_their_share_too():
+    """Publishers that connect to one bound socket cannot be left unread one by one: a source over its
+    share has its messages dropped unread instead, and the others' are applied."""
+    import zmq
+
+    stop = threading.Event()
+    applied = {"flood": 0, "good": 0}
+
+    def on_batch(name, _seq, _batch) -> None:
+        applied[name] += 1
+        if name == "flood":
+            stop.wait(0.02)
+
+    from kvmesh.events.subscriber import EventSubscriber
+
+    sources = [PublisherSource(t, "bind://tcp://127.0.0.1:0", topic=t) for t in ("flood", "good")]
+    sub = EventSubscriber(sources, on_batch=on_batch, config=SubscriberConfig(snapshot_on_start=False,
+                                                                              idle_probe_interval=None)).start()
+    flood_pub = zmq.Context.instance().socket(zmq.XPUB)
+    flood_pub.setsockopt(zmq.LINGER, 0)
+    good, thread = None, None
+    try:
+        assert wait_for(lambda: sub.bound_endpoint("flood") is not None)
+        address = sub.bound_endpoint("flood")
+        flood_pub.connect(address)
+        good = make_publisher(endpoint=address, topic="good", replay_endpoint=None)
+        assert good.wait_for_subscribers() and wait_subscribed(flood_pub)
+        payload = encode_batch(KVEventBatch(ts=0.0, events=[stored(1, None)]))
+
+        def run() -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                flood_pub.send_multipart([b"flood", seq(n), payload], copy=False)
+                stop.wait(0.001)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        assert wait_for(lambda: applied["flood"] >= 20)
+        for h in range(1, 11):
+            good.publish([stored(h, h - 1 if h > 1 else None)])
+        assert wait_for(lambda: applied["good"] >= 10, timeout=5)
+        assert sub.stats["flood"].busy_pauses >= 1 and sub.stats["good"].busy_pauses == 0
+        assert thread.is_alive() and sub.feed_alive
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(2)
+        sub.close()
+        flood_pub.close()
+        if good is not None:
+            good.close()
