@@ -8,8 +8,8 @@ import argparse
 import logging
 
 import pytest
-from kvmesh.cluster.config import ROUTER_SCHEMA, SERVE_SCHEMA
-from kvmesh.cluster.config_loader import ConfigError, from_dict, load
+from kvmesh.cluster.config.loader import ConfigError, from_dict, load
+from kvmesh.cluster.config.trees import ROUTER_SCHEMA, SERVE_SCHEMA
 from kvmesh.events.config import SubscriberConfig
 
 
@@ -19,7 +19,7 @@ def test_the_router_events_section_is_the_subscribers_config():
 
 
 def test_a_flat_key_of_before_still_loads_and_says_what_it_is_now(caplog):
-    with caplog.at_level(logging.WARNING, logger="kvmesh.cluster.config_loader"):
+    with caplog.at_level(logging.WARNING, logger="kvmesh.cluster.config.loader"):
         config = from_dict({"router": {"events_max_source_blocks": 5000}}, ROUTER_SCHEMA)
     assert config.router.events.max_source_blocks == 5000
     assert "router.events_max_source_blocks is deprecated, it is now router.events.max_source_blocks" in caplog.text
@@ -27,7 +27,7 @@ def test_a_flat_key_of_before_still_loads_and_says_what_it_is_now(caplog):
 
 def test_flags_and_variables_keep_their_flat_names():
     from kvmesh.cluster.commands import router as command
-    from kvmesh.cluster.config_cli import config_from_args
+    from kvmesh.cluster.config.flags import config_from_args
 
     parser = argparse.ArgumentParser()
     command.add_parser(parser.add_subparsers())
@@ -54,7 +54,7 @@ def test_serve_refuses_the_keys_it_generates_under_either_name():
 
 
 def test_secrets_of_a_nested_section_are_redacted():
-    from kvmesh.cluster.config_schema import to_dict
+    from kvmesh.cluster.config.schema import to_dict
 
     config = load(ROUTER_SCHEMA, env={"KVMESH_ROUTER_EVENTS_CURVE_SECRET_KEY": "s" * 40,
                                       "KVMESH_ROUTER_EVENTS_CURVE_PUBLIC_KEY": "p" * 40})

@@ -54,7 +54,7 @@ def test_a_policy_refuses_another_policys_section():
 
 
 def test_the_simulator_refuses_a_knob_no_policy_takes():
-    from kvmesh.cluster.sim.config import SimConfig
+    from kvmesh.cluster.measure.sim.config import SimConfig
 
     SimConfig(policy_kwargs={"decode_weight": 2, "prefix_blocks": 3})  # each tunes one of the policies compared
     with pytest.raises(ValueError, match="'prefix_blokcs' is an option of no routing policy"):
