@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
+from kvmesh.router.routing.receipts import RouteReceipt
 
 
 @dataclass(slots=True, eq=False)
@@ -42,11 +43,12 @@ class SimRequest:
     num_computed_tokens: int = 0
     cache_salt: str | None = None
     lora_name: str | None = None
+    skip_reading_prefix_cache: bool = False
     session_id: str | None = None
     """The conversation this request belongs to (generated multi-turn workloads), if any."""
     # -- measured --
     router_index: int = 0  # which of the simulated routers routed it
-    receipt: object = None  # its RouteReceipt (router/routing/receipts.py)
+    receipt: RouteReceipt | None = None  # router/routing/receipts.py
     replica_id: int = -1
     predicted_hit_tokens: int = 0  # the router's match for the chosen replica, in tokens
     num_cached_tokens: int = 0  # prefix hit found in the replica's pool on admission
