@@ -261,7 +261,7 @@ def to_dict(config: Dataclass, redact: bool = True) -> Tree:
     return out
 
 
-def _redact(value: object, out: dict) -> None:
+def _redact(value: Dataclass | YamlValue, out: dict) -> None:
     """Secrets of a section (and of its nested sections) -> "<redacted>" in its dict ``out``."""
     for f in dataclasses.fields(value) if dataclasses.is_dataclass(value) else ():
         inner = getattr(value, f.name)
