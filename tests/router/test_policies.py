@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from kvmesh.router.routing.load import LoadTracker, ReplicaLoad
@@ -142,8 +143,9 @@ def test_load_tracker_recent_prefill_decays_with_its_time_constant():
 
 
 def test_cache_aware_backlog_release_point_makes_a_hot_replica_shed_requests():
-    kept = get_policy("cache_aware", CacheAwareConfig(decode_weight=0, backlog_weight=0.1, churn_weight=0), block_size=BS)
-    shed = get_policy("cache_aware", CacheAwareConfig(decode_weight=0, backlog_weight=0.1, churn_weight=0, backlog_release_tokens=1000), block_size=BS)
+    kept_config = CacheAwareConfig(decode_weight=0, backlog_weight=0.1, churn_weight=0)
+    kept = get_policy("cache_aware", kept_config, block_size=BS)
+    shed = get_policy("cache_aware", replace(kept_config, backlog_release_tokens=1000), block_size=BS)
     hot = loads(2, r1={"queued_prefill_tokens": 3000})  # saved 640 tokens vs 300 (kept) or 300 + 1800 (shed)
     assert kept.choose(KEYS, {"r1": 40}, hot) == "r1"
     assert shed.choose(KEYS, {"r1": 40}, hot) == "r0"
@@ -151,8 +153,9 @@ def test_cache_aware_backlog_release_point_makes_a_hot_replica_shed_requests():
 
 
 def test_cache_aware_running_requests_weigh_once_per_step_until_our_prefill_is_done():
-    policy = get_policy("cache_aware", CacheAwareConfig(backlog_weight=0, churn_weight=0, decode_step_tokens=256), block_size=BS)
-    one_step = get_policy("cache_aware", CacheAwareConfig(backlog_weight=0, churn_weight=0, decode_step_tokens=math.inf), block_size=BS)
+    no_backlog = CacheAwareConfig(backlog_weight=0, churn_weight=0)
+    policy = get_policy("cache_aware", replace(no_backlog, decode_step_tokens=256), block_size=BS)
+    one_step = get_policy("cache_aware", replace(no_backlog, decode_step_tokens=math.inf), block_size=BS)
     short = loads(2, r1={"in_flight": 3})  # r1 holds 60 of 64 blocks: 64 tokens left, under one step
     assert policy.costs(KEYS, {"r1": 60}, short)["r1"] == 64 + 3 * 8
     queued = loads(2, r1={"in_flight": 40, "queued_prefill_tokens": 1984})  # (1984 + 64) / 256 = 8 steps

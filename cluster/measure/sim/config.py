@@ -161,7 +161,8 @@ def check_policy_kwargs(options: dict[str, PolicyArgument]) -> None:
     known = sorted({name for policy in POLICIES for name in policy_options(policy)})
     for key in options:
         if key not in known:
-            raise ValueError(f"policy_kwargs: {key!r} is an option of no routing policy; the options: {', '.join(known)}")
+            raise ValueError(f"policy_kwargs: {key!r} is an option of no routing policy; "
+                             f"the options: {', '.join(known)}")
 
 
 def miniature(config: SimConfig, factor: int) -> SimConfig:
