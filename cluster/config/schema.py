@@ -70,7 +70,7 @@ class Option:
     flag: str
     """CLI flag, e.g. ``--block-size``."""
     sub: str = ""
-    """The nested section it is in (``events`` for ``router.events.max_lag_s``); "" for a section's own field."""
+    """The nested section it is in (``events`` for ``router.events.max_payload_bytes``); "" for a section's own field."""
 
     @property
     def name(self) -> str:
@@ -87,7 +87,7 @@ class Option:
 
     @property
     def flat_name(self) -> str:
-        """The name in its section's flat namespace (variables, flags): ``events_max_lag_s``."""
+        """The name in its section's flat namespace (variables, flags): ``events_max_payload_bytes``."""
         return f"{self.sub}_{self.name}" if self.sub else self.name
 
     @property
@@ -174,7 +174,7 @@ class Schema(Generic[Root]):
         return {o.sub for o in self.options if o.section == section and o.sub}
 
     def renamed(self, dotted: str) -> str | None:
-        """The nested key a flat one became (``router.events_max_lag_s`` -> ``router.events.max_lag_s``), hidden
+        """The nested key a flat one became (``router.events_max_payload_bytes`` -> ``router.events.max_payload_bytes``), hidden
         ones included; None if ``dotted`` never was one."""
         section, _, flat = dotted.partition(".")
         cls = self.sections.get(section)
