@@ -62,7 +62,7 @@ def build_config(command: SimCommandConfig, routers: list[int], load_poll_given:
     for key in command.compare.cost:
         if key not in known:
             raise ValueError(f"--cost {key}: unknown CostModel field; choose from {sorted(known)}")
-    sim = command.simulation()
+    sim = command.sim
     load_poll_s = sim.load_poll_s if load_poll_given else (0.5 if max(routers) > 1 else 0.0)
     config = replace(sim, num_routers=routers[0], load_poll_s=load_poll_s,
                      cost=CostModel(**{k: float(v) for k, v in command.compare.cost.items()}))

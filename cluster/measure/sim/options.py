@@ -96,9 +96,8 @@ class SimCommandConfig:
     compare: SimCompareOptions = field(default_factory=SimCompareOptions)
     """The runs compared."""
 
-    def simulation(self) -> SimConfig:
-        """The simulated cluster with the engine and router sections in it."""
-        return replace(self.sim, engine=self.engine, router=self.router)
+    def __post_init__(self) -> None:  # the simulated cluster holds the engine and router sections whole
+        object.__setattr__(self, "sim", replace(self.sim, engine=self.engine, router=self.router))
 
 
 SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs")
@@ -162,9 +161,9 @@ class ScalingCommandConfig:
     scaling: ScalingOptions = field(default_factory=ScalingOptions)
     """The trace and the replicas' startup."""
 
-    def simulation(self) -> SimConfig:
-        """The simulated cluster with the engine and router sections in it (autoscale.max_replicas of them)."""
-        return replace(self.sim, engine=self.engine, router=self.router, num_replicas=self.autoscale.max_replicas)
+    def __post_init__(self) -> None:  # the simulated cluster holds the engine and router sections whole
+        object.__setattr__(self, "sim", replace(self.sim, engine=self.engine, router=self.router,
+                                                num_replicas=self.autoscale.max_replicas))
 
 
 SCALING_SCHEMA = Schema(ScalingCommandConfig, hidden=_unread_sections() | {

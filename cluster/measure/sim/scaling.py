@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TraceError) as e:
         print(f"kvmesh sim scaling: {e}", file=sys.stderr)
         return 2
-    config = command.simulation()
+    config = command.sim
     per_replica = blocks_per_replica(config, records)
     tokens = BlockTokenCache(config.engine.block_size, config.vocab_size, config.seed)
 
