@@ -25,10 +25,13 @@ import ctypes
 import ctypes.util
 import socket
 import struct
+import time
 
 CHECK_S = 0.02
 """Seconds between two counts of a connection (the most bytes it can take past its bound is what it
 receives in this time)."""
+TRIM_AFTER_S = 0.5
+"""Seconds after a cut before the freed memory is given back (ZeroMQ's I/O thread frees it meanwhile)."""
 _TCP_INFO_BYTES_RECEIVED = 128
 """Offset of ``tcpi_bytes_received`` (u64) in Linux's ``struct tcp_info`` (since Linux 4.1)."""
 _TCP_INFO_LEN = _TCP_INFO_BYTES_RECEIVED + 8
@@ -108,6 +111,36 @@ class ConnectionBytes:
             self._mark = received
         self.held = received - self._mark
         return self.held
+
+
+class CountClock:
+    """When an owner of counted connections counts them (every ``CHECK_S``), and gives back the memory of
+    those it cut off (``TRIM_AFTER_S`` later)."""
+
+    __slots__ = ("checks", "_next", "_last", "_trim_at")
+
+    def __init__(self) -> None:
+        self._next = self._last = 0.0
+        self._trim_at: float | None = None
+        self.checks = 0
+        """Counts so far."""
+
+    def due(self) -> float | None:
+        """If a count is due now: the time of the previous one (whole messages delivered since then mean
+        the count starts afresh); None otherwise. Gives back freed memory when that is due."""
+        now = time.monotonic()
+        if self._trim_at is not None and now >= self._trim_at:
+            self._trim_at = None
+            release_freed_memory()
+        if now < self._next:
+            return None
+        since, self._last, self._next = self._last, now, now + CHECK_S
+        self.checks += 1
+        return since
+
+    def cut(self) -> None:
+        """A connection was cut off: give its memory back once ZeroMQ freed it."""
+        self._trim_at = time.monotonic() + TRIM_AFTER_S
 
 
 _LIBC = None

@@ -23,8 +23,7 @@ from typing import Literal
 import zmq
 from kvmesh.events import curve
 from kvmesh.events.config import PublisherSource, SubscriberConfig
-from kvmesh.events.conn_bytes import CHECK_S as ACCOUNT_S
-from kvmesh.events.conn_bytes import release_freed_memory
+from kvmesh.events.conn_bytes import CHECK_S, CountClock
 from kvmesh.events.endpoints import parse_sub_endpoint
 from kvmesh.events.feed import Feed
 from kvmesh.events.frame_guard import FrameGuard
@@ -60,8 +59,8 @@ class FeedLoop:
         self._to_start: list[str] = []
         self._active: dict[str, float] = {}  # source -> last time it sent us anything
         self._paused: dict[Feed, float] = {}  # feeds not polled (a degraded source over budget) -> until
-        self._next_account = self._last_account = 0.0
-        self._trim_due = False  # a connection was cut off: give its memory back once it is reattached
+        self.counts = CountClock()
+        """When the connections' bytes are counted (conn_bytes.py)."""
         self._poller = zmq.Poller()
         self.guard = FrameGuard(config, self.trackers, deliver, status)
         self.requests = ReplayRequests(ctx, config, self._poller, self._sources, self.trackers, self._active,
@@ -177,7 +176,7 @@ class FeedLoop:
                         self.trackers[name].start(self._config.snapshot_on_start)
                 timeout_ms = self.requests.poll_timeout_ms()
                 if self.requests.dealers or any(not f.shared for f in self._feeds.values()):
-                    timeout_ms = min(timeout_ms, int(ACCOUNT_S * 1000))
+                    timeout_ms = min(timeout_ms, int(CHECK_S * 1000))
                 ready = dict(self._poller.poll(timeout_ms))
                 for sock in ready:
                     if sock is self._wake_recv:
@@ -242,18 +241,15 @@ class FeedLoop:
                 if not feed.detached:
                     bad.append((feed, "connection dropped by ZeroMQ", "a frame over max_message_bytes or bad framing"))
                 feed.reattach()
-                if self._trim_due:  # ZeroMQ has freed what the cut connection held by now
-                    self._trim_due = False
-                    release_freed_memory()
-        if now >= self._next_account:
-            since, self._last_account, self._next_account = self._last_account, now, now + ACCOUNT_S
+        since = self.counts.due()
+        if since is not None:
             limit = self._config.max_connection_bytes
             for feed in feeds:
                 if feed.shared or feed.detached:
                     continue
                 held = feed.bytes.check(delivered=feed.last_message >= since)
                 if held > limit:
-                    self._trim_due = True
+                    self.counts.cut()
                     bad.append((feed, "a message that never ends", f"{held >> 20} MiB received without a whole "
                                 f"message (max_connection_bytes={limit >> 20} MiB): cut off for {feed.detach():g}s"))
         for feed, what, why in bad:

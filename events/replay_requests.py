@@ -27,7 +27,7 @@ from collections.abc import Callable
 import zmq
 from kvmesh.events.codec import check_batch
 from kvmesh.events.config import PublisherSource, SubscriberConfig
-from kvmesh.events.conn_bytes import CHECK_S, ConnectionBytes, release_freed_memory
+from kvmesh.events.conn_bytes import ConnectionBytes, CountClock
 from kvmesh.events.endpoints import parse_sub_endpoint
 from kvmesh.events.frame_guard import FrameGuard
 from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
@@ -63,8 +63,7 @@ class ReplayRequests:
         self._next_probe_check = 0.0
         self._counts: dict[str, tuple[zmq.Socket, ConnectionBytes]] = {}  # source -> its DEALER's monitor, count
         self._answered: dict[str, float] = {}  # source -> when its DEALER last delivered a whole message
-        self._next_count = self._last_count = 0.0
-        self._trim_at: float | None = None  # a DEALER was cut off: give its memory back then
+        self._clock = CountClock()
 
     def tick(self) -> None:
         """Once per loop turn: send requests whose back-off ended, expire unanswered ones, probe idle sources."""
@@ -174,13 +173,9 @@ class ReplayRequests:
 
     def _count_answers(self) -> None:
         """Give up a request whose answer holds more than ``max_connection_bytes`` unfinished (module doc)."""
-        now = time.monotonic()
-        if self._trim_at is not None and now >= self._trim_at:
-            self._trim_at = None
-            release_freed_memory()
-        if now < self._next_count or not self._counts:
+        since = self._clock.due()
+        if since is None or not self._counts:
             return
-        since, self._last_count, self._next_count = self._last_count, now, now + CHECK_S
         limit = self._config.max_connection_bytes
         for name, (monitor, count) in list(self._counts.items()):
             while monitor.poll(0):
@@ -195,7 +190,7 @@ class ReplayRequests:
             kind = self.inflight.pop(name, (None, 0.0))[0]
             self._deferred.pop(name, None)
             self.close_dealer(name)
-            self._trim_at = now + 0.5  # ZeroMQ's I/O thread frees the message meanwhile
+            self._clock.cut()
             why = f"{held >> 20} MiB received without a whole message (max_connection_bytes={limit >> 20} MiB)"
             self._guard.bad_frame(name, "rejected", "a replay answer that never ends", why)
             if kind is not None:

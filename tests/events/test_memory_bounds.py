@@ -181,9 +181,9 @@ def test_a_replay_socket_answering_a_message_that_never_ends_is_cut_off_before_i
     start = _rss()
     f.start()
     try:
-        assert wait_for(lambda: f.sub.stats["r0"].rejected >= 1, timeout=10)  # long before snapshot_timeout
-        assert _rss() - start < 400 << 20
-        assert f.sub.stats["r0"].snapshot_failures >= 1 and f.sub.feed_alive
+        st = f.sub.stats["r0"]  # cut off and the snapshot given up, long before snapshot_timeout
+        assert wait_for(lambda: st.rejected >= 1 and st.snapshot_failures >= 1, timeout=10)
+        assert _rss() - start < 400 << 20 and f.sub.feed_alive
     finally:
         f.close()
         peer.close()
@@ -202,8 +202,8 @@ def test_memory_the_process_spends_elsewhere_is_not_charged_to_an_idle_source():
         bodies = [bytearray(10 << 20) for _ in range(48)]  # touched pages: +480 MB of RSS, nothing received
         for body in bodies:
             body[::4096] = b"\1" * len(body[::4096])
-        checks = f.sub._io._next_account
-        assert wait_for(lambda: f.sub._io._next_account > checks + 0.1)  # several counts went by
+        checks = f.sub._io.counts.checks
+        assert wait_for(lambda: f.sub._io.counts.checks > checks + 5)  # several counts went by
         pub.publish([stored(1, None)])
         assert wait_for(lambda: f.sub.stats["r0"].batches == 2)
         st = f.sub.stats["r0"]
