@@ -115,3 +115,18 @@ def test_a_mistyped_command_gets_a_suggestion(capsys):
 def test_router_with_a_missing_model_directory_says_so_like_serve():
     result = _kvmesh("router", "--model", "../no-such-model-dir")
     _one_line_error(result, "--model '../no-such-model-dir' is not a directory")
+
+
+def test_a_reader_that_left_is_an_exit_not_a_traceback():
+    """`kvmesh status --json | head`: the pipe closes before kvmesh writes; every command (cli.main) exits as
+    SIGPIPE would, here one whose output is a page."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader left before the first byte
+    try:
+        result = subprocess.run([sys.executable, "-m", "kvmesh.cluster.cli", "serve", "--print-config"], stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141 and result.stderr == "", result.stderr
