@@ -136,7 +136,8 @@ class ServeCluster:
         workers = num_router_workers(cfg)
         st.router = start_router(self.router_config(admin_key), workers)
         if self.admin_keys_dir is not None:  # once the router listens: its URL names the record
-            self.admin_key_file = admin_key_store.publish(self.url, admin_key, self.admin_keys_dir or None)
+            self.admin_key_file = admin_key_store.publish(self.url, admin_key, self.admin_keys_dir or None,
+                                                          api_key=self.config.router.api_key)
         if workers > 1:
             self.report(f"router: {workers} processes on {self.url}, replica set owned by the control router "
                         f"at {st.router.control_url}")
