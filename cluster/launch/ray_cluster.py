@@ -199,10 +199,15 @@ def end_descendants(grace_s: float = 3.0) -> int:
 
 
 def resolve_device(config: ServeConfig, handle: RayHandle) -> str:
-    """device None (auto) -> "cuda" when the cluster has GPUs (the driver's node may have none), else "cpu"."""
+    """device None (auto) -> "cuda" when the cluster has GPUs (the driver's node may have none), else "cpu";
+    ValueError when GPUs are shared out on a cluster without any (gpu_share.check_device_share)."""
+    from kvmesh.cluster.launch.gpu_share import check_device_share
+
     if config.engine.device is not None:
         return config.engine.device
-    return "cuda" if handle.num_gpus >= 1 else "cpu"
+    device = "cuda" if handle.num_gpus >= 1 else "cpu"
+    check_device_share(config.replicas.gpus_per_replica, device, "the Ray cluster has no GPU")
+    return device
 
 
 def router_host(config: ServeConfig, handle: RayHandle) -> str:
