@@ -241,7 +241,8 @@ class ServeCluster:
         if st.router_client is not None:
             st.router_client.close()
         st.router, st.router_client = None, None
-        if st.replicas and ray.is_initialized():
+        ray_up = ray.is_initialized() and not ray_cluster.gcs_gone()  # gone: nothing left to stop in it
+        if st.replicas and ray_up:
             refs = [h.actor.shutdown.remote(graceful_s) for h in st.replicas]
             ray.wait(refs, num_returns=len(refs), timeout=graceful_s + 3)
             for handle in st.replicas:
@@ -250,7 +251,7 @@ class ServeCluster:
                 except Exception as e:  # already dead
                     logger.debug("kill %s: %s", handle.replica_id, e)
         st.replicas = []
-        if st.groups and ray.is_initialized():
+        if st.groups and ray_up:
             pl.remove_placement_groups(st.groups)
         st.groups = []
         ray_cluster.disconnect(st.ray)
