@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import zmq
 from kvmesh.events import curve
@@ -22,12 +22,9 @@ from kvmesh.events.frame_guard import FrameGuard
 from kvmesh.events.health import REFUSED
 from kvmesh.events.memory_watch import MemoryWatch
 from kvmesh.events.replay_requests import MESSAGES_PER_TURN, ReplayRequests
-from kvmesh.events.tracker import SourceTracker
+from kvmesh.events.tracker import BatchCallback, SourceTracker, StatusCallback
 from kvmesh.events.wire import unpack_seq
 from zmq.utils.monitor import recv_monitor_message
-
-if TYPE_CHECKING:
-    from kvmesh.events.subscriber import BatchCallback, StatusCallback
 
 logger = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path

@@ -9,7 +9,7 @@
 
 One worker thread runs the operations in order (``request_scale``/``request_rollout`` queue them and
 return at once; the router's ``/admin/*`` endpoints call them). With ``autoscale.scale_with_load`` a second
-thread (``autoscale_loop.py``) queues what the autoscaler decides.
+thread (``autoscale_loop.py``) hands what the autoscaler decides to ``apply``, which queues it.
 On a real Ray cluster a placement group no node can hold stays pending, which is what the Ray
 autoscaler scales GPU nodes on (deploy/README.md).
 """
@@ -32,7 +32,7 @@ from kvmesh.cluster.launch.capacity import plan_capacity
 from kvmesh.cluster.launch.gpu_share import check_gpu_share
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.launch.launcher import ServeCluster, ServeState
+    from kvmesh.cluster.launch.serve_state import RunningCluster, ServeState
     from kvmesh.replica.config import EngineConfig
 
 logger = logging.getLogger(__name__)
@@ -46,11 +46,11 @@ def replica_index(replica_id: str) -> int:
 class Fleet:
     """See the module doc. ``cluster`` is the running ``ServeCluster``."""
 
-    def __init__(self, cluster: ServeCluster) -> None:
+    def __init__(self, cluster: RunningCluster) -> None:
         self.cluster = cluster
         self.config = cluster.config.autoscale
         self.decisions: deque[Decision] = deque(maxlen=50)
-        """The autoscaler's last decisions (``AutoscaleLoop`` appends them)."""
+        """The autoscaler's last decisions (``apply`` appends them)."""
         self.operations: deque[Operation] = deque(maxlen=50)
         """Finished operations: what, when, how long, outcome."""
         self.busy: str | None = None
@@ -66,9 +66,9 @@ class Fleet:
         if self.config.scale_with_load:
             from kvmesh.cluster.fleet.autoscale_loop import AutoscaleLoop
 
-            loop = AutoscaleLoop(self, self.st.router.runtime.metrics.registry)
-            self._threads.append(threading.Thread(target=loop.run, args=(self._stop,), name="kvmesh-autoscaler",
-                                                  daemon=True))
+            loop = AutoscaleLoop(self.config, self.st.router_client, self.st.router.runtime.metrics.registry)
+            self._threads.append(threading.Thread(target=loop.run, args=(self._stop, self.idle, self.replica_ids,
+                                                  self.apply), name="kvmesh-autoscaler", daemon=True))
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Fleet:
@@ -82,15 +82,14 @@ class Fleet:
             thread.join(timeout=5)
 
     @property
-    def queued(self) -> int:
-        return self._ops.qsize()
-
-    @property
     def st(self) -> ServeState:
         return self.cluster.state
 
     def replica_ids(self) -> list[str]:
         return [h.replica_id for h in list(self.st.replicas)]
+
+    def idle(self) -> bool:
+        return self.busy is None and self._ops.empty()
 
     # ------------------------------------------------------------------ requests (router /admin/*)
     def state(self) -> FleetView:
@@ -154,6 +153,16 @@ class Fleet:
     def enqueue(self, name: str, fn, *args) -> None:
         """Run ``fn(*args)`` on the fleet's worker thread, after what is queued before it."""
         self._ops.put((name, fn, args))
+
+    def apply(self, decision: Decision, have: int) -> None:
+        """Queue what an autoscaler decision calls for (``AutoscaleLoop``; ``have``: the replicas it saw)."""
+        self.decisions.append(decision)
+        self.cluster.report(f"autoscaler: {decision.describe()}")
+        self.target = decision.target
+        if decision.action == "up":
+            self.enqueue(f"scale to {decision.target}", self.add_replicas, decision.target - have)
+        else:
+            self.enqueue(f"drain {decision.victim}", self.remove_replica, decision.victim)
 
     # ------------------------------------------------------------------ operations
     def scale_to(self, replicas: int) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_scheduling import LaunchedStep, add_placeholders, use_async_scheduling
-from kvmesh.replica.engine.outputs import RequestOutput, TokenLogprobs, request_output
+from kvmesh.replica.engine.outputs import ModelRunnerOutput, RequestOutput, TokenLogprobs, request_output
 from kvmesh.replica.engine.request import Request, RequestStatus, validate_request_input
 from kvmesh.replica.engine.scheduler import Scheduler
 from kvmesh.replica.engine.scheduler_output import SchedulerOutput
@@ -55,7 +55,7 @@ class LLMEngine:
         self.event_publisher = event_publisher
         self._step_events: list = []
         self.kv_cache_manager = make_kv_cache_manager(
-            config, self.num_kv_blocks, str(getattr(model_runner, "device", config.device) or "cpu"),
+            config, self.num_kv_blocks, str(model_runner.device),
             self._step_events.append if event_publisher is not None or events is not None else None)
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.block_pool.snapshot_events)
@@ -182,8 +182,9 @@ class LLMEngine:
         requests, detokenizers = self.scheduler.requests, self._detokenizers
         append_token, append_output = self._append_token, outputs.append
         tpots: dict[float, int] = {}  # inter-token time -> requests (observed once per distinct value)
-        token_logprobs = getattr(sampled, "logprobs", None)  # a ModelRunnerOutput when a request asked
-        if getattr(sampled, "prompt_logprobs", None):
+        with_logprobs = isinstance(sampled, ModelRunnerOutput)  # when a request asked for logprobs
+        token_logprobs = sampled.logprobs if with_logprobs else None
+        if with_logprobs and sampled.prompt_logprobs:
             self._record_prompt_logprobs(sampled.prompt_logprobs)
         for request_id, token in sampled.items():
             request = requests.get(request_id)
