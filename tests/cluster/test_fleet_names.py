@@ -10,7 +10,7 @@ import pytest
 from kvmesh.cluster.config.trees import ServeConfig
 from kvmesh.cluster.fleet.operations import Fleet
 from kvmesh.cluster.fleet.supervisor import ReplicaHandle
-from kvmesh.cluster.launch.launcher import ServeState
+from kvmesh.cluster.launch.serve_state import ServeState
 from prometheus_client import CollectorRegistry
 
 
@@ -24,7 +24,7 @@ def test_draining_the_last_replica_is_refused_and_changes_nothing():
     fleet = _fleet("replica-0")
     with pytest.raises(ValueError, match="replica-0 is this cluster's last replica.*kvmesh scale 2"):
         fleet.request_remove("replica-0")
-    assert fleet.target == 1 and fleet.queued == 0
+    assert fleet.target == 1 and fleet.state()["queued"] == 0
 
 
 def test_the_last_replica_not_already_leaving_stays():
@@ -33,7 +33,7 @@ def test_the_last_replica_not_already_leaving_stays():
     assert fleet.request_remove("replica-1")  # asked again: the same removal, not a second one
     with pytest.raises(ValueError, match="replica-0 is this cluster's last replica"):
         fleet.request_remove("replica-0")
-    assert fleet.queued == 1
+    assert fleet.state()["queued"] == 1
 
 
 def test_a_new_replica_never_takes_the_name_of_one_the_cluster_started_with():
