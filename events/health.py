@@ -15,14 +15,6 @@ The statuses a consumer hears about a source (``on_status(name, status, detail)`
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-
-from kvmesh.events.schema import KVEventBatch
-
-BatchCallback = Callable[[str, int, KVEventBatch], None]
-"""What a consumer is handed each batch with: ``on_batch(source_name, seq, batch)``."""
-StatusCallback = Callable[[str, str, str], None]
-"""What a consumer hears a source's status with: ``on_status(source_name, status, detail)``."""
 
 DEGRADED = "degraded"
 """The source sent ``threshold`` bad frames within ``window_s``: route to it by load only (frame_guard.py)."""
@@ -34,6 +26,9 @@ SNAPSHOT_FAILED = "snapshot_failed"
 """A snapshot request failed: timed out, or the source has no snapshots (tracker.py)."""
 UNRECOVERED = "unrecovered"
 """Batches were lost that neither a replay nor a snapshot could restore (tracker.py)."""
+REFUSED = "refused"
+"""The publisher refused our ZeroMQ handshake: a private (CURVE) stream we hold no key for, or not the key
+it admits (feed.py). Nothing will arrive; it is no bad frame of the source's."""
 
 
 class SourceHealth:

@@ -25,14 +25,13 @@ from collections.abc import Callable
 import zmq
 from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.feed_loop import FeedLoop
-from kvmesh.events.health import BatchCallback, StatusCallback
 from kvmesh.events.schema import KVEventBatch
 from kvmesh.events.stats import SourceStats
+from kvmesh.events.tracker import BatchCallback, StatusCallback
 
 __all__ = ["EventSubscriber", "PublisherSource", "SubscriberConfig"]
 
 logger = logging.getLogger(__name__)
-
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval_s: float = 0.005) -> bool:
