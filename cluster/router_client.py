@@ -53,6 +53,12 @@ class ReplicaStatus(ReplicaLoad):
     """Why the router does not trust this replica's event stream (routes it by load only); None: trusted."""
     event_bad_frames: int = 0
     """Event messages from this replica the router dropped as bad (undecodable, over a limit)."""
+    ejected: bool = False
+    """Out of rotation after failures in a row (outlier detection) until a probe request is answered."""
+    ejected_for_s: float = 0.0
+    """Seconds left of that ejection."""
+    last_failure: str | None = None
+    """What its last failed answer was."""
 
     @property
     def hit_rate(self) -> float | None:
@@ -148,7 +154,8 @@ class RouterClient:
     def status(self) -> list[ReplicaStatus]:
         """Per-replica rows from /replicas (who, where, health) and /metrics (the numbers)."""
         rows = {r.id: ReplicaStatus(replica_id=r.id, url=r.url, healthy=r.healthy, degraded=r.degraded,
-                                    draining=r.draining)
+                                    draining=r.draining, ejected=r.ejected, ejected_for_s=r.ejected_for_s,
+                                    last_failure=r.last_failure)
                 for r in self.replica_rows()}
         apply_metrics(rows, self.metrics_text())
         return sorted(rows.values(), key=lambda r: r.replica_id)

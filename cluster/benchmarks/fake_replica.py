@@ -8,10 +8,11 @@ replica's name then ``!``, or with ``answer_max_tokens`` the body's ``max_tokens
 (``PrefixCache``: a real ``KVCacheManager``, its events on a real ``ZmqEventPublisher`` with replay and
 snapshots) every prompt is "prefilled" through it and ``usage`` says how many tokens it held.
 
-``POST /fake/config`` changes the ``Faults`` (a first-byte delay, a forced status, streams cut after
-their first chunk, a clock skew or event lag, the publisher stopped or restarted); ``GET /fake/stats``
-counts requests whose client left during the delay and the Authorization headers seen. Without a
-cache a response costs ~20 µs of CPU, so a router in front of it is measured almost alone::
+``POST /fake/config`` changes the ``Faults`` (a first-byte delay, with or without progress in ``/load``, a
+forced status, streams cut after their first chunk or stalled after a few, answers that are not JSON, a
+clock skew or event lag, the publisher stopped or restarted); ``GET /fake/stats`` counts requests whose
+client left during the delay and the Authorization headers seen. Without a cache a response costs ~20 µs
+of CPU, so a router in front of it is measured almost alone::
 
     python -m kvmesh.cluster.benchmarks.fake_replica --port 0 [--delay-ms 0] [--event-port 0 ...]
     # prints {"port": P, "url": ..., "events": ..., "replay": ...}
@@ -56,6 +57,13 @@ class Faults:
     """Seconds between streamed tokens."""
     fail_every: int = 0
     """Every n-th completion fails with HTTP 400 (0 = none)."""
+    stall_after: int = 0
+    """Streams send this many chunks, then nothing more on an open connection (0 = never stall)."""
+    garbage: bool = False
+    """Answers are not JSON: a non-streamed 200 body of plain text, a stream's events ``data: garbage``."""
+    progress: bool = False
+    """While completions wait out ``delay``, ``/load`` shows a prefill queue that shrinks (a slow replica at
+    work); without it nothing there moves (a sick replica)."""
 
 
 def _head(status: int, length: int | None, content_type: bytes = b"application/json") -> bytes:
@@ -121,6 +129,8 @@ class FakeReplica:
         """Completion bodies received (with ``keep_bodies``)."""
         self.num_completions = 0
         self.running = 0
+        self.delaying: dict[int, float] = {}
+        """Completions waiting out ``Faults.delay``: their number -> when they started."""
         self.cancelled = 0
         self.auth_seen: deque[str] = deque(maxlen=10_000)
         """Authorization headers of the last completions."""
@@ -192,8 +202,10 @@ class FakeReplica:
         return {"ok": True}
 
     def load(self) -> JSONBody:
+        f, now = self.faults, time.monotonic()
+        prefill = sum(max(0, int((f.delay - (now - t)) * 1000)) for t in self.delaying.values()) if f.progress else 0
         report: JSONBody = {"num_requests_running": self.running, "num_requests_waiting": 0, "kv_cache_usage": 0.0,
-                            "num_waiting_prefill_tokens": 0, "timestamp": time.time() + self.faults.clock_skew}
+                            "num_waiting_prefill_tokens": prefill, "timestamp": time.time() + f.clock_skew}
         if self.cache is not None:
             report.update(self.cache.load_fields())
         return report
@@ -218,9 +230,14 @@ class FakeReplica:
         f = self.faults
         self.running += 1
         try:
-            if f.delay and await _client_left(reader, f.delay):
-                self.cancelled += 1
-                return False
+            number = self.num_completions
+            self.delaying[number] = time.monotonic()
+            try:
+                if f.delay and await _client_left(reader, f.delay):
+                    self.cancelled += 1
+                    return False
+            finally:
+                del self.delaying[number]
             status = 400 if f.fail_every and self.num_completions % f.fail_every == 0 else f.status
             if status != 200:
                 writer.write(_json(status, {"error": {"message": f"injected failure (HTTP {status})",
@@ -238,8 +255,13 @@ class FakeReplica:
         with_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
         head, *chunks, tail = _answer(chat, bool(body.get("stream")), with_usage, self.model, self.name, pieces,
                                       len(ids), cached)
+        if f.garbage:
+            return await self._garbage(writer, bool(body.get("stream")))
         writer.write(head)
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
+            if f.stall_after and i == f.stall_after:
+                await writer.drain()
+                return not await _client_left(reader, 3600)  # stalled: nothing more until the client leaves
             if f.token_delay:
                 await asyncio.sleep(f.token_delay)
             writer.write(chunk)
@@ -252,6 +274,17 @@ class FakeReplica:
         await writer.drain()
         return True
 
+
+    @staticmethod
+    async def _garbage(writer: asyncio.StreamWriter, stream: bool) -> bool:
+        """A 200 whose body is not what was asked for: plain text, or an SSE stream of non-JSON events."""
+        if not stream:
+            writer.write(_head(200, 24, b"application/json") + b"<html>bad gateway</html>")
+        else:
+            data = b"data: garbage\n\ndata: [DONE]\n\n"
+            writer.write(_head(200, None, b"text/event-stream") + b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+        await writer.drain()
+        return True
 
 
 async def serve(replica: FakeReplica, port: int) -> None:

@@ -29,9 +29,11 @@ from kvmesh.router.control.event_feed import EventFeed
 from kvmesh.router.control.probes import ReplicaProbes
 from kvmesh.router.control.stream_watch import StreamWatch
 from kvmesh.router.http.metrics import RouterMetrics
+from kvmesh.router.http.patience import Patience
 from kvmesh.router.http.receipt_metrics import ReceiptMetrics
 from kvmesh.router.http.upstream import UpstreamPool
 from kvmesh.router.routing.kv_router import KVRouter
+from kvmesh.router.routing.outlier import OutlierDetector
 from kvmesh.router.routing.session import SessionConfig
 
 if TYPE_CHECKING:
@@ -67,6 +69,10 @@ class RouterRuntime:
                                seed=secrets.randbits(64), predict_ttl_s=config.predict_ttl_s,
                                sessions=SessionConfig(ttl_s=config.session_ttl_s))
         self.router.hasher.salt_secret = config.cache_salt_secret
+        self.outliers = OutlierDetector(config.outlier_consecutive_failures, config.outlier_base_ejection_s,
+                                        config.outlier_max_ejection_s)
+        """Passive health: consecutive failures eject a replica for a back-off (router/routing/outlier.py)."""
+        self._patience: dict[str, Patience] = {}
         self.stream_watch = StreamWatch(config.events_max_lag_s, self.router.set_degraded)
         """Degrades replicas whose event stream stalled, lags or lost batches (router/control/stream_watch.py)."""
         if tokenizer is None and (config.tokenizer or config.model):
@@ -169,6 +175,8 @@ class RouterRuntime:
         if spec.events and self.subscriber is not None:
             self.subscriber.remove_source(replica_id)
         self.router.remove_replica(replica_id)
+        self.outliers.forget(replica_id)
+        self._patience.pop(replica_id, None)
         self.stream_watch.forget(replica_id)
         self.feed.forget(replica_id)
         self.metrics.last_event_lag.pop(replica_id, None)
@@ -195,14 +203,46 @@ class RouterRuntime:
         loads.refresh()
         return load.total_in_flight
 
-    def mark_failed(self, replica_id: str, connect_error: bool) -> None:
-        """A request to the replica failed: stop routing to it until a probe succeeds.
-
-        A refused connection means the process is gone and its cache with it: drop its tree.
+    def mark_failed(self, replica_id: str, connect_error: bool, why: str = "failed", kind: str = "connect",
+                    sick: bool = False) -> None:
+        """A request to the replica failed: stop routing to it until a probe succeeds, and count the failure
+        (``record_failure``). A refused connection means the process is gone and its cache with it: drop its tree.
         """
-        if replica_id in self.router.healthy:
-            logger.warning("replica %s failed; routing around it until it answers /health", replica_id)
+        if replica_id in self.router.healthy and not sick:
+            logger.warning("replica %s %s; routing around it until it answers /health", replica_id, why)
         self.router.set_healthy(replica_id, False, clear_cache=connect_error)
+        self.record_failure(replica_id, why, kind, sick)
+
+    def record_failure(self, replica_id: str, why: str, kind: str, sick: bool = False) -> None:
+        """Count a failure of the replica (``kind`` labels the metric); a ``sick`` one (its /health cannot vouch
+        for it) or enough in a row eject it (router/routing/outlier.py), unless no other replica would be left."""
+        if replica_id not in self.specs:
+            return
+        m = self.metrics
+        m.child(m.replica_failures, replica_id, kind).inc()
+        others = any(rid != replica_id and rid in self.specs and not self.outliers.is_ejected(rid)
+                     for rid in self.router.healthy)
+        seconds = self.outliers.on_failure(replica_id, why, can_eject=others, sick=sick)
+        if seconds is not None:
+            self.eject(replica_id, seconds)
+
+    def eject(self, replica_id: str, seconds: float) -> None:
+        h = self.outliers.health(replica_id)
+        logger.warning("replica %s ejected %s after %d failure(s) in a row (last: %s)", replica_id,
+                       f"for {seconds:.0f}s, then until a probe request is answered" if seconds else
+                       "until a probe request is answered", h.consecutive_failures, h.last_failure)
+        self.metrics.child(self.metrics.ejections, replica_id).inc()
+        self.router.set_healthy(replica_id, False)
+
+    def patience(self, replica_id: str) -> Patience | None:
+        """The deadlines of the replica's answers (router/http/patience.py); None: none configured."""
+        found = self._patience.get(replica_id)
+        cfg = self.config
+        if found is None and (cfg.first_byte_timeout_s is not None or cfg.stream_idle_timeout_s is not None):
+            found = self._patience[replica_id] = Patience(
+                cfg.first_byte_timeout_s, cfg.stream_idle_timeout_s,
+                lambda since: self.outliers.progressed_since(replica_id, since))
+        return found
 
     def headers(self) -> dict[str, str]:
         key = self.config.replica_api_key
