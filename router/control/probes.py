@@ -41,8 +41,9 @@ class ReplicaProbes:
         self.pool: UpstreamPool | None = None
         """The probes' own keep-alive connections (the router's one HTTP client, router/http/upstream.py)."""
         self._poller: asyncio.Task | None = None
-        self._marks: dict[str, tuple[int, int, int]] = {}
-        """Replica id -> (its /load's KV event seq, its prefill queue, the router's last applied seq) last poll."""
+        self._marks: dict[str, tuple[int, int, int, float]] = {}
+        """Replica id -> (its /load's KV event seq, its prefill queue, the router's last applied seq, when) at the
+        last poll."""
         self._trials: dict[str, asyncio.Task] = {}
         """Probe requests in flight, per ejected replica."""
 
@@ -104,11 +105,12 @@ class ReplicaProbes:
         rt = self.runtime
         seq = report.kv_events_seq if isinstance(report, LoadReport) else None
         stats = rt.subscriber.stats.get(spec.replica_id) if rt.subscriber is not None and spec.events else None
-        mark = (-1 if seq is None else seq, queued_prefill, stats.last_seq if stats is not None else -1)
+        mark = (-1 if seq is None else seq, queued_prefill, stats.last_seq if stats is not None else -1,
+                time.monotonic())
         last = self._marks.get(spec.replica_id)
         self._marks[spec.replica_id] = mark
         if last is not None and (mark[0] > last[0] or mark[1] < last[1] or mark[2] > last[2]):
-            rt.outliers.on_progress(spec.replica_id)
+            rt.outliers.on_progress(spec.replica_id, at=last[3])  # it moved after the last poll
 
     async def try_ejected(self, spec: ReplicaSpec) -> None:
         """The probe request of a replica whose ejection is over: a one-token completion answered within

@@ -67,8 +67,11 @@ class OutlierDetector:
         self.replicas.pop(replica_id, None)
 
     # ---------------------------------------------------------------- what requests and probes saw
-    def on_progress(self, replica_id: Hashable) -> None:
-        self.health(replica_id).last_progress = self.clock()
+    def on_progress(self, replica_id: Hashable, at: float | None = None) -> None:
+        """The replica made progress at monotonic time ``at`` (now if None); a poll that sees a change since the
+        last one passes the last one's time: all it knows is that the change came after it."""
+        h = self.health(replica_id)
+        h.last_progress = max(h.last_progress, self.clock() if at is None else at)
 
     def progressed_since(self, replica_id: Hashable, since: float) -> bool:
         """Whether the replica showed progress after monotonic time ``since``."""

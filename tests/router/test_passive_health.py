@@ -2,7 +2,7 @@
 rotation until a probe request is answered; a slow replica that shows progress is waited for, not ejected;
 answers that are not JSON or SSE never reach the client and count against their replica.
 
-Real fake replicas (cluster/benchmarks/fake_replica.py, one process each) behind a real router, with deadlines
+Real fake replicas (cluster/measure/benchmarks/fake_replica.py, one process each) behind a real router, with deadlines
 of a second (``first_byte_timeout_s``, ``stream_idle_timeout_s``) and round-robin routing, so every wave sends
 half its requests to the sick replica unless it is out of rotation.
 """
@@ -96,23 +96,20 @@ def test_slow_replica_that_shows_progress_is_waited_for_and_not_ejected(fakes, s
 def stream_events(router, ids) -> list[str]:
     with httpx.stream("POST", router.url + "/v1/completions", json={"prompt": ids, "max_tokens": 2, "stream": True},
                       timeout=30) as r:
-        assert r.status_code == 200
+        assert r.status_code == 200, r.read()
         return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
 
 
 def test_stream_that_stalls_ends_with_an_error_event_after_the_idle_deadline(fakes, start_router):
     a, b = fakes
+    a.configure(stall_after=1)  # one chunk, then nothing on an open connection
     router = start_router([a.spec, b.spec], **FAST)
     both_healthy(router)
-    router.runtime.drain("b")  # the streams go to "a"; no replica to move them to
-    ids = prompt(6500)
-    assert stream_events(router, ids)[-1] == "[DONE]"  # cached now: the stalled one below stores no new blocks,
-    wait_for(lambda: router.runtime.router.index.num_blocks("a") >= len(ids) // 4, what="events")  # so no progress
-    a.configure(stall_after=1)  # one chunk, then nothing on an open connection
-    events = stream_events(router, ids)
+    router.runtime.drain("b")  # the stream goes to "a"; no replica to move it to
+    events = stream_events(router, prompt(6500))
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
-    assert "not within 1s" in error["message"] and error["code"] == 502
+    assert "not within 1s" in error["message"] and error["code"] == 502, error
     assert json.loads(events[0])["choices"][0]["text"] == "a"  # what went out before the stall stays
     assert sample(router, "replica_failures", replica="a", kind="stream_idle_deadline") == 1, error
 
@@ -125,7 +122,7 @@ def test_answer_that_is_not_json_is_retried_elsewhere_and_counted(fakes, start_r
     out = wave(router, 6600, n=4)
     assert [r.status_code for r in out] == [200] * 4
     assert {r.json()["choices"][0]["text"] for r in out} == {"b"}
-    assert sample(router, "replica_failures", replica="a", kind="invalid_json") == 1
+    assert sample(router, "replica_failures", replica="a", kind="invalid_json") >= 1
     assert row(router, "a")["ejected"]
 
 
@@ -134,7 +131,8 @@ def test_stream_event_that_is_not_sse_json_never_reaches_the_client(fakes, start
     a.configure(garbage=True)  # "data: garbage"
     router = start_router([a.spec, b.spec], **FAST)
     both_healthy(router)
-    for i in range(2):  # round robin: one of the two goes to "a" first
+    for i in range(2):  # round robin: one of the two goes to "a" first, and moves to "b" before any byte went out
         events = stream_events(router, prompt(6700 + i))
         assert "garbage" not in events and events[-1] == "[DONE]"
+        assert not [e for e in events[:-1] if "error" in json.loads(e)], events
     assert sample(router, "replica_failures", replica="a", kind="invalid_sse") == 1

@@ -102,9 +102,11 @@ def _answer(chat: bool, stream: bool, with_usage: bool, model: str, name: str, p
         data = b"data: " + json.dumps(payload).encode() + b"\n\n"
         return b"%x\r\n%s\r\n" % (len(data), data)
 
+    last = len(pieces) - 1  # the last piece carries the finish reason, as a real server's last chunk does
     chunks = [event({"id": "cmpl-fake", "object": kind + ".chunk" * chat, "model": model, "choices": [
-        {"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
-        else {"index": 0, "text": piece, "finish_reason": None}]}) for piece in pieces]
+        {"index": 0, "delta": {"content": piece}, "finish_reason": "length" if i == last else None} if chat
+        else {"index": 0, "text": piece, "finish_reason": "length" if i == last else None}]})
+        for i, piece in enumerate(pieces)]
     tail = (event({"id": "cmpl-fake", "choices": [], "usage": usage}) if with_usage else b"")
     done = b"data: [DONE]\n\n"
     return (_head(200, None, b"text/event-stream"), *chunks,
