@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay-port", type=int, default=0, help="the publisher's replay port (0 = free one)")
     ap.add_argument("--block-size", type=int, default=16, help="the prefix cache's block size")
     ap.add_argument("--num-blocks", type=int, default=4096, help="the prefix cache's blocks")
+    ap.add_argument("--answer-max-tokens", action="store_true",
+                    help="answer max_tokens words (' w0', ' w1', ...) instead of the name and '!'")
     args = ap.parse_args(argv)
     try:
         import uvloop
@@ -323,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cache = (PrefixCache(args.name, args.block_size, args.num_blocks, args.event_port, args.replay_port)
              if args.event_port is not None else None)
-    asyncio.run(serve(FakeReplica(args.name, cache=cache, faults=Faults(delay=args.delay_ms / 1e3)), args.port))
+    asyncio.run(serve(FakeReplica(args.name, cache=cache, faults=Faults(delay=args.delay_ms / 1e3),
+                                  answer_max_tokens=args.answer_max_tokens), args.port))
     return 0
 
 
