@@ -10,12 +10,16 @@ request without counting: the replica is slow, not sick. Each failure is a sampl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvmesh.router.http.upstream import DeadlineMissed, UpstreamConnectError
 
-if TYPE_CHECKING:
-    from kvmesh.router.http.proxy import Replicas
+
+class FailedReplicas(Protocol):
+    """What counting a failure needs of the running router (``RouterRuntime.mark_failed``)."""
+
+    def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str = ...,
+                    sick: bool = ...) -> None: ...
 
 
 class InvalidAnswer(Exception):
@@ -28,7 +32,7 @@ class InvalidAnswer(Exception):
         """``invalid_json`` or ``invalid_sse`` (the failure metric's label)."""
 
 
-def count_failure(runtime: Replicas, replica_id: str, error: BaseException) -> str:
+def count_failure(runtime: FailedReplicas, replica_id: str, error: BaseException) -> str:
     """Count a failed attempt against its replica (a missed deadline only if the replica showed no progress);
     what went wrong, for the route receipt."""
     if isinstance(error, DeadlineMissed):
