@@ -27,10 +27,11 @@ class ReplicaRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Requests all router processes of this host sent it that have not finished."""
     prefill_backlog: int
     """Prompt tokens it must prefill before a new request's own prefill starts (``ReplicaLoad``)."""
-    ejected_for_s: float = 0.0
-    """Seconds left of its ejection by outlier detection (0 with ``ejected``: over, waiting for its probe request)."""
     ejected: bool = False
-    """Out of rotation after failures in a row (router/routing/outlier.py) until a probe request is answered."""
+    """Out of rotation after a sick answer or failures in a row (router/routing/outlier.py) until a probe request
+    is answered."""
+    ejected_for_s: float = 0.0
+    """Seconds left of that ejection's back-off (0 while ``ejected``: waiting for its probe request)."""
     ejections: int = 0
     """Times it was ejected."""
     last_failure: str | None = None

@@ -13,6 +13,7 @@ import concurrent.futures as cf
 import json
 
 import httpx
+from kvmesh.cluster.cli import main
 from kvmesh.router.routing.receipts import HEADER_FAILED_OVER
 
 from .conftest import wait_for
@@ -44,7 +45,7 @@ def both_healthy(router) -> None:
     wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
 
 
-def test_never_answering_replica_costs_one_deadline_then_is_out_of_rotation(fakes, start_router):
+def test_never_answering_replica_costs_one_deadline_then_is_out_of_rotation(fakes, start_router, capsys):
     a, b = fakes
     a.configure(delay=3600)  # answers /health, /load and /server_info; never a completion
     router = start_router([a.spec, b.spec], **FAST)
@@ -64,6 +65,9 @@ def test_never_answering_replica_costs_one_deadline_then_is_out_of_rotation(fake
     assert sample(router, "replica_ejections", replica="a") >= 1
     assert sample(router, "replica_failures", replica="a", kind="first_byte_deadline") >= 1
     assert sample(router, "replica_failures", replica="b", kind="first_byte_deadline") == 0
+    assert main(["status", "--url", router.url]) == 0
+    shown = capsys.readouterr().out
+    assert "EJECTED" in shown and "a: ejected after failures in a row -- missed a deadline" in shown
 
 
 def test_ejected_replica_comes_back_when_its_probe_request_is_answered(fakes, start_router):
