@@ -6,8 +6,8 @@ A replica that fails before sending its first byte (refused connection, reset, 5
 within ``first_byte_timeout_s`` while it showed no progress: router/http/patience.py) is excluded and the
 request goes to the next choice, up to ``max_attempts`` replicas; so does a non-streamed 200 whose body
 is not JSON (nothing reached the client yet). Each failure counts towards ejecting the replica
-(router/routing/outlier.py); a refused connection also marks it unhealthy. Once bytes flow they go to the client (relay.py), and a stream
-that breaks then goes on from another replica (migration.py). A client that disconnects before its
+(router/http/failures.py, router/routing/outlier.py). Once bytes flow they go to the client (relay.py),
+and a stream that breaks or stalls then goes on from another replica (migration.py). A client that disconnects before its
 answer cancels the upstream request (the replica sees the connection close and aborts it). Each
 replica gets the body in the form it takes (``ProxyRequest.for_kind``: tokenize once); a stream's
 asks for ``"return_token_ids": true``.
