@@ -93,8 +93,10 @@ class ReplicaProbes:
             logger.info("replica %s is healthy", spec.replica_id)
             await self.check_compatible(spec)
             rt.router.set_healthy(spec.replica_id, True)
-        elif not ok and was:
-            rt.mark_failed(spec.replica_id, connect_error)
+        if not ok:
+            rt.outliers.on_down(spec.replica_id)
+        if not ok and was:
+            rt.mark_failed(spec.replica_id, connect_error, "does not answer /health", kind=None)
         elif not ok and connect_error:
             rt.router.set_healthy(spec.replica_id, False, clear_cache=True)
         return ok

@@ -193,15 +193,16 @@ class RouterRuntime:
         loads.refresh()
         return load.total_in_flight
 
-    def mark_failed(self, replica_id: str, connect_error: bool, why: str = "failed", kind: str = "connect",
+    def mark_failed(self, replica_id: str, connect_error: bool, why: str = "failed", kind: str | None = "connect",
                     sick: bool = False) -> None:
-        """A request to the replica failed: stop routing to it until a probe succeeds, and count the failure
-        (``record_failure``). A refused connection means the process is gone and its cache with it: drop its tree.
-        """
+        """A request to the replica failed (or, ``kind`` None, its /health probe, which is not counted): stop
+        routing to it until a probe succeeds, and count the failure (``record_failure``). A refused connection
+        means the process is gone and its cache with it: drop its tree."""
         if replica_id in self.router.healthy and not sick:
             logger.warning("replica %s %s; routing around it until it answers /health", replica_id, why)
         self.router.set_healthy(replica_id, False, clear_cache=connect_error)
-        self.record_failure(replica_id, why, kind, sick)
+        if kind is not None:
+            self.record_failure(replica_id, why, kind, sick)
 
     def record_failure(self, replica_id: str, why: str, kind: str, sick: bool = False) -> None:
         """Count a failure of the replica (``kind`` labels the metric); a ``sick`` one (its /health cannot vouch

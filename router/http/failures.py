@@ -18,7 +18,7 @@ from kvmesh.router.http.upstream import DeadlineMissed, UpstreamConnectError
 class FailedReplicas(Protocol):
     """What counting a failure needs of the running router (``RouterRuntime.mark_failed``)."""
 
-    def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str = ...,
+    def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...,
                     sick: bool = ...) -> None: ...
 
 

@@ -13,7 +13,8 @@ not hold a missed deadline against it.
     ejection over                      ->  one probe request (a 1-token completion; router/control/probes.py)
     probe answered                     ->  back in rotation; a probe that fails ejects it again, for longer
 
-``k`` drops back to 0 once a re-admitted replica has served ``max_ejection_s`` without another ejection. The
+A replica whose ``/health`` fails is down, not an outlier (``on_down``): its count starts over and an
+ejection is lifted, so a replica that Ray restarts is back as soon as it answers ``/health``. ``k`` drops back to 0 once a re-admitted replica has served ``max_ejection_s`` without another ejection. The
 caller never ejects the last replica in rotation (Envoy's ``max_ejection_percent``, here: one stays). Pure
 bookkeeping on the router's event loop: no I/O, no locks.
 """
@@ -109,6 +110,14 @@ class OutlierDetector:
         h.ejections += 1
         h.level += 1
         return seconds
+
+    def on_down(self, replica_id: Hashable) -> None:
+        """Its ``/health`` failed: the process is down (killed, restarting), which explains its failures, and a
+        restarted one is vouched for by ``/health`` again -- no ejection to wait out, the count starts over."""
+        h = self.replicas.get(replica_id)
+        if h is not None:
+            h.consecutive_failures = 0
+            h.ejected_until = None
 
     # ---------------------------------------------------------------- ejections
     def is_ejected(self, replica_id: Hashable) -> bool:

@@ -79,3 +79,12 @@ def test_progress_is_seen_after_the_instant_it_is_asked_about():
     assert not d.progressed_since("r", 0.0)
     d.on_progress("r")
     assert d.progressed_since("r", clock.now - 1) and not d.progressed_since("r", clock.now)
+
+
+def test_a_replica_whose_health_fails_is_down_not_an_outlier_and_its_ejection_is_lifted():
+    d, _ = detector()
+    for _ in range(3):  # the streams of a killed replica break at once
+        d.on_failure("r", "reset", can_eject=True)
+    assert d.is_ejected("r")
+    d.on_down("r")  # its /health fails: restarting; /health vouches for the new process
+    assert not d.is_ejected("r") and d.health("r").consecutive_failures == 0

@@ -140,3 +140,20 @@ def test_stream_event_that_is_not_sse_json_never_reaches_the_client(fakes, start
         assert "garbage" not in events and events[-1] == "[DONE]"
         assert not [e for e in events[:-1] if "error" in json.loads(e)], events
     assert sample(router, "replica_failures", replica="a", kind="invalid_sse") == 1
+
+
+def test_a_killed_replica_is_back_as_soon_as_it_answers_health_again(fakes, start_router):
+    a, b = fakes
+    router = start_router([a.spec, b.spec], policy="round_robin", outlier_consecutive_failures=1)  # 1 failure ejects
+    core = router.runtime.router
+    both_healthy(router)
+    a.configure(delay=30)  # holds its requests
+    with cf.ThreadPoolExecutor(2) as pool:
+        outs = [pool.submit(post, router, prompt(6800 + i)) for i in range(2)]
+        wait_for(lambda: core.loads.loads["a"].in_flight == 1, what="a request held by 'a'")
+        a.kill()  # its connection resets: a failure, which ejects it (for 30 s by default)
+        assert {f.result(timeout=20).json()["choices"][0]["text"] for f in outs} == {"b"}
+    assert row(router, "a")["ejections"] == 1
+    a.launch().wait_ready()  # /health failed meanwhile: down, not an outlier; the restarted one needs only /health
+    wait_for(lambda: "a" in core.healthy, what="the restarted replica back in rotation, well before 30 s")
+    assert not row(router, "a").get("ejected")
