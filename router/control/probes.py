@@ -1,10 +1,7 @@
 """Probing the replicas: ``/health`` and ``/load`` on every poll, ``/server_info`` when one becomes healthy.
 
-A probe is also how a failed replica comes back -- unless outlier detection ejected it
-(router/routing/outlier.py): then ``/health`` is not enough, and once its ejection is over one probe request (a
-one-token completion, ``try_ejected``) must be answered within ``first_byte_timeout_s``. Each poll also looks
-for signs that a replica is working (its ``/load`` prefill queue shrinking, its KV event seq moving), which
-keep the router waiting for its slow answers (router/http/patience.py). ``/load`` is decoded as kvmesh's ``LoadReport``
+A probe is also how a failed replica comes back -- unless outlier detection ejected it: then ``/health`` is not
+enough (passive_health.py, which also reads each ``/load`` for signs that the replica is working). ``/load`` is decoded as kvmesh's ``LoadReport``
 (replica/serving/load_report.py); another server's load JSON is read by its keys (``ReplicaLoad.update_report``).
 ``/server_info`` says whether a replica's cache can be described by the router's keys (block size,
 tokenizer and chat-template fingerprint; else it is routed by load only) and which body it takes
@@ -41,11 +38,6 @@ class ReplicaProbes:
         self.pool: UpstreamPool | None = None
         """The probes' own keep-alive connections (the router's one HTTP client, router/http/upstream.py)."""
         self._poller: asyncio.Task | None = None
-        self._marks: dict[str, tuple[int, int, int, float]] = {}
-        """Replica id -> (its /load's KV event seq, its prefill queue, the router's last applied seq, when) at the
-        last poll."""
-        self._trials: dict[str, asyncio.Task] = {}
-        """Probe requests in flight, per ejected replica."""
 
     async def start(self) -> None:
         cfg = self.runtime.config
@@ -55,10 +47,9 @@ class ReplicaProbes:
         self._poller = asyncio.create_task(self._poll_loop())
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._poller, *self._trials.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
         if self.pool is not None:
             self.pool.close()
 
@@ -77,7 +68,7 @@ class ReplicaProbes:
                 if report is not None and load is not None:
                     load.update_report(report)
                     self.check_stream(spec, report, sent_at, time.time())
-                    self.check_progress(spec, report, load.queued_prefill_tokens)
+                    rt.health.check_progress(spec, report, load.queued_prefill_tokens)
             connect_error = False
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
             ok, connect_error = False, isinstance(e, UpstreamConnectError)
@@ -86,61 +77,17 @@ class ReplicaProbes:
         rt.stream_watch.tick(spec.replica_id, rt.subscriber.disconnected_s(spec.replica_id)
                              if spec.events and rt.subscriber is not None else None)
         was = spec.replica_id in rt.router.healthy
-        if ok and rt.outliers.is_ejected(spec.replica_id):
-            if rt.outliers.probe_due(spec.replica_id) and spec.replica_id not in self._trials:
-                self._trials[spec.replica_id] = asyncio.create_task(self.try_ejected(spec))
+        if rt.health.after_probe(spec, ok):
+            pass  # ejected: only its probe request re-admits it (passive_health.py)
         elif ok and not was and spec.replica_id not in rt.draining:
             logger.info("replica %s is healthy", spec.replica_id)
             await self.check_compatible(spec)
             rt.router.set_healthy(spec.replica_id, True)
-        if not ok:
-            rt.outliers.on_down(spec.replica_id)
         if not ok and was:
             rt.mark_failed(spec.replica_id, connect_error, "does not answer /health", kind=None)
         elif not ok and connect_error:
             rt.router.set_healthy(spec.replica_id, False, clear_cache=True)
         return ok
-
-    def check_progress(self, spec: ReplicaSpec, report: LoadReport | ForeignLoad, queued_prefill: int) -> None:
-        """Note progress when the replica's prefill queue shrank or its KV events moved since the last poll
-        (a replica stuck before its first byte shows neither)."""
-        rt = self.runtime
-        seq = report.kv_events_seq if isinstance(report, LoadReport) else None
-        stats = rt.subscriber.stats.get(spec.replica_id) if rt.subscriber is not None and spec.events else None
-        mark = (-1 if seq is None else seq, queued_prefill, stats.last_seq if stats is not None else -1,
-                time.monotonic())
-        last = self._marks.get(spec.replica_id)
-        self._marks[spec.replica_id] = mark
-        if last is not None and (mark[0] > last[0] or mark[1] < last[1] or mark[2] > last[2]):
-            rt.outliers.on_progress(spec.replica_id, at=last[3])  # it moved after the last poll
-
-    async def try_ejected(self, spec: ReplicaSpec) -> None:
-        """The probe request of a replica whose ejection is over: a one-token completion answered within
-        ``first_byte_timeout_s`` re-admits it; anything else ejects it again, for longer."""
-        rt, rid = self.runtime, spec.replica_id
-        body: dict[str, object] = {"prompt": "Hello", "max_tokens": 1, "stream": False}
-        if rt.config.served_model_name is not None:
-            body["model"] = rt.config.served_model_name
-        timeout_s = rt.config.first_byte_timeout_s or rt.config.request_timeout_s or 60.0
-        try:
-            status, _, raw = await rt.pool.fetch("POST", spec.url, "/v1/completions", timeout_s,
-                                                 msgspec.json.encode(body),
-                                                 {"content-type": "application/json", **rt.headers()})
-            answered = status == 200 and isinstance(msgspec.json.decode(raw), dict)
-            why = "" if answered else f"its probe request got HTTP {status}"
-        except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
-            answered, why = False, f"its probe request failed: {e!r}"
-        finally:
-            self._trials.pop(rid, None)
-        if rt.specs.get(rid) is not spec:
-            return
-        seconds = rt.outliers.on_probe(rid, answered, why)
-        if seconds is not None:
-            rt.metrics.child(rt.metrics.replica_failures, rid, "probe").inc()
-            rt.eject(rid, seconds)
-        elif rid not in rt.draining:
-            logger.info("replica %s answered its probe request: back in rotation", rid)
-            rt.router.set_healthy(rid, True)
 
     def check_stream(self, spec: ReplicaSpec, report: LoadReport | ForeignLoad, sent_at: float,
                      received_at: float) -> None:

@@ -26,13 +26,12 @@ from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
 from kvmesh.router.control.event_feed import EventFeed
+from kvmesh.router.control.passive_health import PassiveHealth
 from kvmesh.router.control.probes import ReplicaProbes
 from kvmesh.router.control.stream_watch import StreamWatch
 from kvmesh.router.http.metrics import RouterMetrics
-from kvmesh.router.http.patience import Patience
 from kvmesh.router.http.receipt_metrics import ReceiptMetrics
 from kvmesh.router.http.upstream import UpstreamPool
-from kvmesh.router.routing.outlier import OutlierDetector
 
 if TYPE_CHECKING:
     from kvmesh.events.config import SubscriberConfig
@@ -66,10 +65,10 @@ class RouterRuntime:
                  tokenizer: Tokenizer | None = None) -> None:
         self.config = config
         self.router: KVRouter = build_router(config, seed=secrets.randbits(64))
-        self.outliers = OutlierDetector(config.outlier_consecutive_failures, config.outlier_base_ejection_s,
-                                        config.outlier_max_ejection_s)
-        """Passive health: consecutive failures eject a replica for a back-off (router/routing/outlier.py)."""
-        self._patience: dict[str, Patience] = {}
+        self.health = PassiveHealth(self)
+        """Deadlines and ejections from what the replicas' answers say (passive_health.py)."""
+        self.outliers, self.record_failure, self.patience = (  # what the proxy reads (its Replicas protocol)
+            self.health.outliers, self.health.record_failure, self.health.patience)
         self.stream_watch = StreamWatch(config.events_max_lag_s, self.router.set_degraded)
         """Degrades replicas whose event stream stalled, lags or lost batches (router/control/stream_watch.py)."""
         if tokenizer is None and (config.tokenizer or config.model):
@@ -126,6 +125,7 @@ class RouterRuntime:
 
     async def stop(self) -> None:
         await self.probes.stop()
+        await self.health.stop()
         if self.subscriber is not None:
             await asyncio.to_thread(self.subscriber.close)
         if self.pool is not None:
@@ -165,8 +165,7 @@ class RouterRuntime:
         if spec.events and self.subscriber is not None:
             self.subscriber.remove_source(replica_id)
         self.router.remove_replica(replica_id)
-        self.outliers.forget(replica_id)
-        self._patience.pop(replica_id, None)
+        self.health.forget(replica_id)
         self.stream_watch.forget(replica_id)
         self.feed.forget(replica_id)
         self.metrics.last_event_lag.pop(replica_id, None)
@@ -203,37 +202,6 @@ class RouterRuntime:
         self.router.set_healthy(replica_id, False, clear_cache=connect_error)
         if kind is not None:
             self.record_failure(replica_id, why, kind, sick)
-
-    def record_failure(self, replica_id: str, why: str, kind: str, sick: bool = False) -> None:
-        """Count a failure of the replica (``kind`` labels the metric); a ``sick`` one (its /health cannot vouch
-        for it) or enough in a row eject it (router/routing/outlier.py), unless no other replica would be left."""
-        if replica_id not in self.specs:
-            return
-        m = self.metrics
-        m.child(m.replica_failures, replica_id, kind).inc()
-        others = any(rid != replica_id and rid in self.specs and not self.outliers.is_ejected(rid)
-                     for rid in self.router.healthy)
-        seconds = self.outliers.on_failure(replica_id, why, can_eject=others, sick=sick)
-        if seconds is not None:
-            self.eject(replica_id, seconds)
-
-    def eject(self, replica_id: str, seconds: float) -> None:
-        h = self.outliers.health(replica_id)
-        logger.warning("replica %s ejected %s after %d failure(s) in a row (last: %s)", replica_id,
-                       f"for {seconds:.0f}s, then until a probe request is answered" if seconds else
-                       "until a probe request is answered", h.consecutive_failures, h.last_failure)
-        self.metrics.child(self.metrics.ejections, replica_id).inc()
-        self.router.set_healthy(replica_id, False)
-
-    def patience(self, replica_id: str) -> Patience | None:
-        """The deadlines of the replica's answers (router/http/patience.py); None: none configured."""
-        found = self._patience.get(replica_id)
-        cfg = self.config
-        if found is None and (cfg.first_byte_timeout_s is not None or cfg.stream_idle_timeout_s is not None):
-            found = self._patience[replica_id] = Patience(
-                cfg.first_byte_timeout_s, cfg.stream_idle_timeout_s,
-                lambda since: self.outliers.progressed_since(replica_id, since))
-        return found
 
     def headers(self) -> dict[str, str]:
         key = self.config.replica_api_key
