@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from kvmesh.replica.serving.load_report import LoadReport
@@ -25,17 +25,34 @@ from kvmesh.router.http.upstream import UpstreamError
 from kvmesh.router.routing.outlier import OutlierDetector
 
 if TYPE_CHECKING:
-    from kvmesh.router.config import ReplicaSpec
-    from kvmesh.router.control.runtime import RouterRuntime
+    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.http.metrics import RouterMetrics
+    from kvmesh.router.http.upstream import UpstreamPool
+    from kvmesh.router.routing.kv_router import KVRouter
     from kvmesh.router.routing.load import ForeignLoad
 
 logger = logging.getLogger(__name__)
 
 
+class HealthRuntime(Protocol):
+    """What passive health reads of the running router (``RouterRuntime``, runtime.py)."""
+
+    config: RouterConfig
+    router: KVRouter
+    metrics: RouterMetrics
+    specs: dict[str, ReplicaSpec]
+    draining: set[str]
+    subscriber: EventSubscriber | None
+    pool: UpstreamPool | None
+
+    def headers(self) -> dict[str, str]: ...
+
+
 class PassiveHealth:
     """See the module doc; one per ``RouterRuntime``, on its event loop."""
 
-    def __init__(self, runtime: RouterRuntime) -> None:
+    def __init__(self, runtime: HealthRuntime) -> None:
         self.runtime = runtime
         cfg = runtime.config
         self.outliers = OutlierDetector(cfg.outlier_consecutive_failures, cfg.outlier_base_ejection_s,
