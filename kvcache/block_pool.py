@@ -25,7 +25,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  event_sink: Callable[[KVEvent], None] | None = None, eviction_policy: str = "lru",
-                 medium: str | None = "CPU", eviction_policy_kwargs: EvictionPolicyKwargs | None = None):
+                 medium: str | None = "GPU", eviction_policy_kwargs: EvictionPolicyKwargs | None = None):
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
         if block_size <= 0:
@@ -119,9 +119,9 @@ class BlockPool:
         if self._on_cached is not None:
             self._on_cached(stored)
         if self.event_sink is not None:
-            self._emit(stored)
+            self.emit_stored(stored)
 
-    def _emit(self, stored: list[KVCacheBlock]) -> None:
+    def emit_stored(self, stored: list[KVCacheBlock]) -> None:
         """One BlockStored per unbroken chain of newly cached blocks."""
         start = 0
         for i in range(1, len(stored)):
