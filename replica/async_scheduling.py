@@ -57,6 +57,7 @@ def use_async_scheduling(config: EngineConfig, model_runner: ModelRunnerInterfac
 def step_async(engine: LLMEngine) -> list[RequestOutput]:
     """One ``LLMEngine.step()`` under async scheduling: launch this step, return the previous one's outputs."""
     outputs, engine._pending = engine._pending, []
+    engine.poll_kv_transfers()
     sched = engine.scheduler.schedule()
     launched = None
     requests = engine.scheduler.requests

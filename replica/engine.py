@@ -64,10 +64,11 @@ class LLMEngine:
             enable_caching=config.enable_prefix_caching,
             event_sink=self._step_events.append if event_publisher is not None or events is not None else None,
             eviction_policy=config.eviction_policy,
-            medium="GPU" if str(getattr(model_runner, "device", config.device) or "cpu").startswith("cuda") else "CPU",
+            medium="GPU",  # the engine's own cache on every device, as vLLM's block pool writes it
+            num_host_blocks=getattr(model_runner, "num_host_blocks", 0),
         )
         if event_publisher is None and events is not None:
-            self.event_publisher = make_event_publisher(events, self.kv_cache_manager.block_pool.snapshot_events)
+            self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
@@ -128,6 +129,7 @@ class LLMEngine:
         if self.async_scheduling:
             return step_async(self)
         outputs, self._pending = self._pending, []
+        self.poll_kv_transfers()
         sched = self.scheduler.schedule()
         if not sched.is_empty:
             try:
@@ -145,6 +147,8 @@ class LLMEngine:
     def _fail_step(self, sched: SchedulerOutput, error: Exception) -> list[RequestOutput]:
         """The runner failed a batch: fail its requests (the engine keeps serving the others)."""
         logger.exception("model runner failed a step of %d requests", sched.num_requests)
+        if sched.kv_transfers is not None:
+            self.kv_cache_manager.cancel_transfers([sched.kv_transfers.transfer_id])
         for request_id in sched.request_ids():
             self.fail_request(request_id, f"model runner error: {error!r}")
         # Blocks are cached when scheduled; their K/V may never have been written: forget them.
@@ -152,6 +156,11 @@ class LLMEngine:
             logger.warning("prefix cache not reset after a runner failure: other requests hold blocks")
         failed, self._pending = self._pending, []
         return failed
+
+    def poll_kv_transfers(self) -> None:
+        """Copies to the host tier that landed become findable there (never waits for one)."""
+        if self.kv_cache_manager.offload is not None:
+            self.kv_cache_manager.complete_transfers(self.model_runner.finished_kv_transfers())
 
     def _end_step(self) -> None:
         self._publish_events()
