@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from kvmesh.events.schema import DEVICE_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvmesh.kvcache.block import KVCacheBlock
 from kvmesh.kvcache.eviction import EvictionPolicyKwargs, make_eviction_policy
 from kvmesh.kvcache.hashing import BlockHash, external_hash
@@ -25,7 +25,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  event_sink: Callable[[KVEvent], None] | None = None, eviction_policy: str = "lru",
-                 medium: str | None = "GPU", eviction_policy_kwargs: EvictionPolicyKwargs | None = None):
+                 medium: str | None = DEVICE_MEDIUM, eviction_policy_kwargs: EvictionPolicyKwargs | None = None):
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
         if block_size <= 0:

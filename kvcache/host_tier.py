@@ -19,14 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvmesh.events.schema import KVEvent
+from kvmesh.events.schema import HOST_MEDIUM, KVEvent
 from kvmesh.kvcache.block import KVCacheBlock
 from kvmesh.kvcache.block_pool import BlockPool
 from kvmesh.kvcache.eviction import EvictionPolicyKwargs
 from kvmesh.kvcache.hashing import BlockHash
-
-HOST_MEDIUM = "CPU"
-"""The host tier's ``medium`` in events, as vLLM's OffloadingConnector writes it."""
 
 
 class HostTier:

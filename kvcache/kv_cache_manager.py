@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 
-from kvmesh.events.schema import KVEvent
+from kvmesh.events.schema import DEVICE_MEDIUM, KVEvent
 from kvmesh.kvcache.block_pool import BlockPool, KVCacheBlock
 from kvmesh.kvcache.eviction import EvictionPolicyKwargs
 from kvmesh.kvcache.hashing import RequestBlockHasher, generate_seed, make_none_hash
@@ -38,7 +38,7 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, hash_seed: bytes | str | None,
                  enable_caching: bool = True, event_sink: Callable[[KVEvent], None] | None = None,
-                 eviction_policy: str = "lru", medium: str | None = "GPU",
+                 eviction_policy: str = "lru", medium: str | None = DEVICE_MEDIUM,
                  eviction_policy_kwargs: EvictionPolicyKwargs | None = None,
                  max_remembered_freed: int = MAX_REMEMBERED_FREED, debug: bool = False,
                  num_host_blocks: int = 0):

@@ -17,6 +17,7 @@ random sampling draws from the runner's generator in a different order (the extr
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,8 @@ class LaunchedStep:
 
     sched: SchedulerOutput
     """What the step computes."""
+    launched_at: float
+    """``time.monotonic()`` at launch (the engine's prefill rate: launch to tokens read)."""
     output: AsyncModelRunnerOutput
     """Its result on the way to the host (``get()`` waits for it)."""
     requests: dict[str, Request]
@@ -64,7 +67,7 @@ def step_async(engine: LLMEngine) -> list[RequestOutput]:
     runner: AsyncModelRunner = engine.model_runner  # use_async_scheduling saw it launch steps
     if not sched.is_empty:
         try:
-            launched = LaunchedStep(sched, runner.execute_model_async(sched),
+            launched = LaunchedStep(sched, time.monotonic(), runner.execute_model_async(sched),
                                     {rid: requests[rid] for rid in sched.request_ids()})
             engine._stats.record_step(sched.num_batched_tokens)
             add_placeholders(requests, sched)
@@ -76,6 +79,8 @@ def step_async(engine: LLMEngine) -> list[RequestOutput]:
     if previous is not None:
         try:
             sampled = previous.output.get()
+            if previous.sched.scheduled:  # prompt tokens ran in it
+                engine.prefill_rate.record(previous.sched.num_batched_tokens, time.monotonic() - previous.launched_at)
             for request_id in [rid for rid in sampled if requests.get(rid) is not previous.requests[rid]]:
                 del sampled[request_id]  # ended (and its id reused) while the step ran
         except Exception as e:

@@ -14,11 +14,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from kvmesh.events.schema import DEVICE_MEDIUM
 from kvmesh.replica.async_scheduling import LaunchedStep, step_async, use_async_scheduling
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine_setup import load_engine_tokenizer, make_event_publisher
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.outputs import RequestOutput, TokenLogprobs, request_output
+from kvmesh.replica.prefill_rate import PrefillRate
 from kvmesh.replica.request import Request, RequestStatus, validate_request_input
 from kvmesh.replica.scheduler import Scheduler
 from kvmesh.replica.scheduler_output import SchedulerOutput
@@ -64,7 +66,7 @@ class LLMEngine:
             enable_caching=config.enable_prefix_caching,
             event_sink=self._step_events.append if event_publisher is not None or events is not None else None,
             eviction_policy=config.eviction_policy,
-            medium="GPU",  # the engine's own cache on every device, as vLLM's block pool writes it
+            medium=DEVICE_MEDIUM,  # the engine's own cache on every device, as vLLM's block pool writes it
             num_host_blocks=getattr(model_runner, "num_host_blocks", 0),
         )
         if event_publisher is None and events is not None:
@@ -75,6 +77,8 @@ class LLMEngine:
         self.async_scheduling = use_async_scheduling(config, model_runner)
         self._in_flight: LaunchedStep | None = None  # async scheduling: step N, launched, tokens not read yet
         self._stats = EngineStats.for_model(self.max_model_len)
+        self.prefill_rate = PrefillRate()
+        """Prompt tokens per second this engine computes, from its own steps (reported in ``/load``)."""
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -133,8 +137,11 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched.is_empty:
             try:
+                start = time.monotonic()
                 sampled = self.model_runner.execute_model(sched)
                 self._stats.record_step(sched.num_batched_tokens)
+                if sched.scheduled:  # prompt tokens ran in this step
+                    self.prefill_rate.record(sched.num_batched_tokens, time.monotonic() - start)
             except Exception as e:  # the runner failed this batch: fail its requests, keep serving
                 outputs += self._fail_step(sched, e)
                 sampled = {}

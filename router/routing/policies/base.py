@@ -9,6 +9,10 @@
 - ``num_prompt_tokens``: the prompt length; defaults to ``len(request_keys) * block_size``.
 
 ``keeps_session(pinned, chosen, ...)`` decides whether a session's pin overrides the choice.
+
+A policy with ``prices_tiers`` also takes ``host_matches`` (replica id -> leading blocks of the prompt
+in its host-memory tier, ``PrefixIndex.host``) when any replica has announced such a tier; the
+router never passes it otherwise, so without tiers every policy decides exactly as before.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ class Policy:
     """Base class: holds the options every policy accepts."""
 
     name = "base"
+    prices_tiers = False
+    """Whether ``choose`` takes ``host_matches`` (host-tier blocks priced by their load-back)."""
 
     def __init__(self, block_size: int = 16, seed: int | None = None) -> None:
         if block_size <= 0:
