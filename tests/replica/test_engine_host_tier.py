@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 
 from kvmesh.events.schema import BlockRemoved, BlockStored  # noqa: E402
 from kvmesh.replica.config import EngineConfig  # noqa: E402
-from kvmesh.replica.engine import LLMEngine  # noqa: E402
+from kvmesh.replica.engine.llm_engine import LLMEngine  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
 
