@@ -27,6 +27,7 @@ class RecordingPublisher:
 
 
 def make_engine(stories_path, offload: str | None, **kw) -> tuple[LLMEngine, RecordingPublisher]:
+    kw.setdefault("device", "cpu")
     publisher = RecordingPublisher()
     config = EngineConfig(model=str(stories_path), dtype="float32", kv_cache_memory="1MiB",
                           kv_offload_memory=offload, debug_check_integrity=True, **kw)
@@ -47,7 +48,16 @@ def prompts(n: int, length: int, seed: int) -> list[list[int]]:
 
 
 def test_prompt_pushed_out_of_the_device_comes_back_from_the_host_tier(stories_path):
-    engine, publisher = make_engine(stories_path, "64MiB")
+    pushed_out_and_back(stories_path, "cpu")
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_prompt_pushed_out_comes_back_from_pinned_host_memory(stories_path):
+    pushed_out_and_back(stories_path, "cuda")
+
+
+def pushed_out_and_back(stories_path, device: str) -> None:
+    engine, publisher = make_engine(stories_path, "64MiB", device=device)
     assert 40 <= engine.num_kv_blocks <= 70 and engine.kv_cache_manager.offload is not None
     long_prompt = prompts(1, 428, seed=0)[0]
     first = generate(engine, "long", long_prompt)
