@@ -285,6 +285,15 @@ class LLMEngine:
         stats.prefix_cache_queries = cache_stats.queries
         stats.prefix_cache_hits = cache_stats.hits
         stats.num_preemptions = self.scheduler.num_preemptions
+        stats.prefill_tokens_per_s = self.prefill_rate.tokens_per_s or 0.0
+        offload, copier = self.kv_cache_manager.offload, getattr(self.model_runner, "kv_offload", None)
+        if offload is not None and copier is not None:
+            stats.num_host_kv_blocks = offload.host.num_blocks
+            stats.host_kv_cache_usage = offload.host.usage()
+            stats.host_prefix_cache_hits = offload.stats.hit_blocks * self.config.block_size
+            stats.kv_offload_bytes_to_host = copier.bytes_stored
+            stats.kv_offload_bytes_to_device = copier.bytes_loaded
+            stats.kv_offload_load_seconds = copier.load_seconds
         return stats
 
     @property
