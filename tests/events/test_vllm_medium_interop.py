@@ -14,7 +14,7 @@ kv_events = pytest.importorskip("vllm.distributed.kv_events")
 
 def test_vllm_decodes_device_blocks_as_gpu_and_host_tier_blocks_as_cpu():
     events: list = []
-    manager = KVCacheManager(3, 4, b"seed", event_sink=events.append, num_host_blocks=8)
+    manager = KVCacheManager(4, 4, b"seed", event_sink=events.append, num_host_blocks=8)
     a = TokenRequest("a", list(range(9)))
     computed, n = manager.get_computed_blocks(a)
     manager.allocate_slots(a, a.num_tokens - n, n, computed)
