@@ -213,7 +213,7 @@ class KVRouter:
             reason = "session"
         else:
             reason = "cache" if matched and matched == best else "load"
-        receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id)
+        receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id, host_hit)
         return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, host_hit, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2})
 

@@ -38,6 +38,7 @@ HEADER_REASON = HEADER_PREFIX + "route-reason"
 HEADER_PREDICTED = HEADER_PREFIX + "predicted-hit-tokens"
 HEADER_BEST = HEADER_PREFIX + "best-hit-tokens"
 HEADER_PROMPT = HEADER_PREFIX + "prompt-tokens"
+HEADER_PREDICTED_HOST = HEADER_PREFIX + "predicted-host-hit-tokens"
 HEADER_OPT_IN = HEADER_PREFIX + "receipt"
 """Request header a client sets (to any value) to get the receipt headers back."""
 
@@ -60,6 +61,9 @@ class RouteReceipt:
     """Prompt length in tokens."""
     session_id: str | None = None
     """The request's session id, if it had one."""
+    predicted_host_tokens: int = 0
+    """The part of ``predicted_hit_tokens`` expected from the replica's host tier (loaded back, not
+    recomputed); the rest is on the device."""
     actual_cached_tokens: int | None = None
     """What the replica reported as cached (``usage.prompt_tokens_details.cached_tokens``); None until known."""
 
@@ -87,6 +91,7 @@ class RouteReceipt:
             HEADER_PREDICTED: str(self.predicted_hit_tokens),
             HEADER_BEST: str(self.best_hit_tokens),
             HEADER_PROMPT: str(self.num_prompt_tokens),
+            HEADER_PREDICTED_HOST: str(self.predicted_host_tokens),
         }
 
     def log_fields(self) -> dict:
@@ -96,6 +101,7 @@ class RouteReceipt:
             "route_reason": self.reason,
             "prompt_tokens": self.num_prompt_tokens,
             "predicted_hit_tokens": self.predicted_hit_tokens,
+            "predicted_host_hit_tokens": self.predicted_host_tokens,
             "best_hit_tokens": self.best_hit_tokens,
             "best_replica": None if self.best_replica_id is None else str(self.best_replica_id),
             "cached_tokens": self.actual_cached_tokens,
@@ -115,6 +121,8 @@ class ReuseTotals:
     """Sum of ``best_hit_tokens``: the reuse the cluster offered at routing time."""
     predicted_tokens: int = 0
     """Sum of ``predicted_hit_tokens`` on the chosen replicas."""
+    predicted_host_tokens: int = 0
+    """The part of ``predicted_tokens`` predicted from host tiers."""
     captured_tokens: int = 0
     """Sum of the cached tokens the replicas reported."""
     mispredicted: int = 0
@@ -127,6 +135,7 @@ class ReuseTotals:
         self.prompt_tokens += receipt.num_prompt_tokens
         self.available_tokens += receipt.best_hit_tokens
         self.predicted_tokens += receipt.predicted_hit_tokens
+        self.predicted_host_tokens += receipt.predicted_host_tokens
         self.captured_tokens += cached_tokens
         self.mispredicted += cached_tokens != receipt.predicted_hit_tokens
         self.reasons[receipt.reason] += 1
@@ -144,6 +153,7 @@ class ReuseTotals:
     def as_dict(self) -> dict:
         return {"requests": self.requests, "prompt_tokens": self.prompt_tokens,
                 "available_tokens": self.available_tokens, "predicted_tokens": self.predicted_tokens,
+                "predicted_host_tokens": self.predicted_host_tokens,
                 "captured_tokens": self.captured_tokens, "captured_ratio": self.captured_ratio,
                 "mispredicted": self.mispredicted, "mispredicted_rate": self.mispredicted_rate,
                 "reasons": dict(self.reasons)}

@@ -70,6 +70,8 @@ def test_host_blocks_past_the_device_prefix_add_to_the_hit():
     decision = router.route(PROMPT)
     assert decision.replica_id == "a"
     assert decision.predicted_hit_tokens == 32 * BS and decision.host_hit_tokens == 22 * BS
+    assert decision.receipt.headers()["x-kvmesh-predicted-host-hit-tokens"] == str(22 * BS)
+    assert decision.receipt.log_fields()["predicted_host_hit_tokens"] == 22 * BS
 
 
 def _decisions(router: KVRouter, rng: random.Random) -> list:
