@@ -18,7 +18,7 @@ replicas in one process never clash). Every ``vllm:*`` family carries vLLM v1's 
     vllm:request_params_max_tokens, vllm:iteration_tokens_total      histograms
     kvmesh_http_requests{endpoint,status}                 counter (this server, ``CountMiddleware``)
     kvmesh_prefill_tokens_per_second                      gauge, measured on the engine's own steps
-    with a host tier (``kv_offload_memory``): kvmesh_host_kv_cache_usage (gauge, 0..1),
+    the host tier (``kv_offload_memory``; zeros without one): kvmesh_host_kv_cache_usage (gauge, 0..1),
     kvmesh_host_prefix_cache_hits (counter, tokens loaded back), kvmesh_kv_offload_bytes{direction}
     and kvmesh_kv_offload_load_seconds (counters)
     process_*, python_*                                   the standard process collectors
@@ -137,8 +137,7 @@ class EngineStatsCollector(Collector):
         yield self._gauge("kvmesh_prefill_tokens_per_second",
                           "Prompt tokens per second the engine measured on its recent steps (0: not yet).",
                           s.prefill_tokens_per_s)
-        if s.num_host_kv_blocks:
-            yield from self._host_tier(s)
+        yield from self._host_tier(s)  # zeros without a tier: dashboards query one set of series
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
                             s.num_preemptions)
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.num_prompt_tokens)
