@@ -25,7 +25,12 @@ from kvmesh.kvcache.hashing import RequestBlockHasher, generate_seed, make_none_
 from kvmesh.kvcache.host_tier import HostTier
 from kvmesh.kvcache.interfaces import CacheRequest
 from kvmesh.kvcache.offload import OffloadingManager
-from kvmesh.kvcache.pool_integrity import FULL_CHECK_MAX_BLOCKS, check_pool_window, sweep_window
+from kvmesh.kvcache.pool_integrity import (
+    FULL_CHECK_MAX_BLOCKS,
+    check_pool_integrity,
+    check_pool_window,
+    sweep_window,
+)
 from kvmesh.kvcache.stats import PrefixCacheStats
 from kvmesh.kvcache.transfers import KVTransfers
 
@@ -226,12 +231,12 @@ class KVCacheManager:
         if full is None:
             full = pool.num_blocks <= FULL_CHECK_MAX_BLOCKS
         if full:
-            pool.check_integrity()
+            check_pool_integrity(pool)
         refs: Counter[int] = Counter()
         if self.offload is not None:
             refs.update(b.block_id for b in self.offload.held_device_blocks())
             if full:
-                self.offload.host.pool.check_integrity()
+                check_pool_integrity(self.offload.host.pool)
         for rid, blocks in self.req_to_blocks.items():
             for block in blocks:
                 assert not block.is_null, f"request {rid!r} holds the null block"

@@ -6,6 +6,7 @@ import importlib
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+from kvmesh.replica.attention.flash_attn_backend import PAGED_BLOCK_MULTIPLE
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.triton_utils import triton_problem
 
@@ -17,7 +18,6 @@ if TYPE_CHECKING:  # the backends' modules import CUDA-only code: named for type
     AttentionMetadata = TorchAttentionMetadata | FlashAttentionMetadata | TritonAttentionMetadata
     """What a backend's ``build`` derives once per step and every layer's ``forward`` reads."""
 
-PAGED_BLOCK_MULTIPLE = 256  # flash-attn 2 reads a block_table only at page sizes that are multiples of this
 
 # name -> "module:Class", imported lazily so CUDA-only code is never imported on CPU.
 _BACKENDS = {

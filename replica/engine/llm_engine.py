@@ -14,17 +14,16 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from kvmesh.events.schema import DEVICE_MEDIUM
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine.async_scheduling import LaunchedStep, step_async, use_async_scheduling
+from kvmesh.replica.engine.async_scheduling import LaunchedStep, add_placeholders, use_async_scheduling
 from kvmesh.replica.engine.outputs import RequestOutput, TokenLogprobs, request_output
 from kvmesh.replica.engine.prefill_rate import PrefillRate
 from kvmesh.replica.engine.request import Request, RequestStatus, validate_request_input
 from kvmesh.replica.engine.scheduler import Scheduler
 from kvmesh.replica.engine.scheduler_output import SchedulerOutput
-from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publisher
+from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publisher, make_kv_cache_manager
 from kvmesh.replica.engine.stats import EngineStats
-from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
+from kvmesh.replica.interfaces import AsyncModelRunner, EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -43,9 +42,6 @@ class LLMEngine:
                  skip_tokenizer_init: bool = False, events: PublisherConfig | None = None) -> None:
         """``events`` (the events section whole) makes the engine build its KV event publisher
         (``event_publisher`` gives a ready one instead); neither: no events."""
-        from kvmesh.kvcache.hashing import generate_seed
-        from kvmesh.kvcache.kv_cache_manager import KVCacheManager
-
         self.config = config
         if model_runner is None:
             from kvmesh.replica.worker.model_runner import ModelRunner
@@ -59,16 +55,9 @@ class LLMEngine:
         self.tokenizer = tokenizer if tokenizer is not None or skip_tokenizer_init else load_engine_tokenizer(config)
         self.event_publisher = event_publisher
         self._step_events: list = []
-        hash_seed = config.hash_seed or generate_seed()
-        self.kv_cache_manager = KVCacheManager(
-            self.num_kv_blocks, config.block_size,
-            hash_seed.encode() if isinstance(hash_seed, str) else hash_seed,
-            enable_caching=config.enable_prefix_caching,
-            event_sink=self._step_events.append if event_publisher is not None or events is not None else None,
-            eviction_policy=config.eviction_policy,
-            medium=DEVICE_MEDIUM,  # the engine's own cache on every device, as vLLM's block pool writes it
-            num_host_blocks=getattr(model_runner, "num_host_blocks", 0),
-        )
+        self.kv_cache_manager = make_kv_cache_manager(
+            config, self.num_kv_blocks, getattr(model_runner, "num_host_blocks", 0),
+            self._step_events.append if event_publisher is not None or events is not None else None)
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
@@ -130,26 +119,51 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, and return the outputs of every request that progressed or ended
         (with async scheduling: launch this step, then return the outputs of the previous one)."""
-        if self.async_scheduling:
-            return step_async(self)
         outputs, self._pending = self._pending, []
         self.poll_kv_transfers()
         sched = self.scheduler.schedule()
-        if not sched.is_empty:
-            try:
-                start = time.monotonic()
-                sampled = self.model_runner.execute_model(sched)
-                self._stats.record_step(sched.num_batched_tokens)
-                if sched.scheduled:  # prompt tokens ran in this step
-                    self.prefill_rate.record(sched.num_batched_tokens, time.monotonic() - start)
-            except Exception as e:  # the runner failed this batch: fail its requests, keep serving
-                outputs += self._fail_step(sched, e)
-                sampled = {}
-            outputs += self._process_sampled(sampled)
-        else:
+        launched = None
+        if sched.is_empty:
             self.scheduler.finished_request_ids |= sched.finished_request_ids  # tell the runner next time
+        else:
+            launched = self._launch(sched, outputs)
+        ready = launched
+        if self.async_scheduling:
+            ready, self._in_flight = self._in_flight, launched
+        if ready is not None:
+            outputs += self._process_sampled(self._read(ready, outputs))
         self._end_step()
         return outputs
+
+    def _launch(self, sched: SchedulerOutput, outputs: list[RequestOutput]) -> LaunchedStep | None:
+        """Run the step (async scheduling: launch it; its tokens are read one step later). A runner failure
+        fails the step's requests into ``outputs`` and the engine keeps serving the others."""
+        try:
+            start = time.monotonic()
+            if self.async_scheduling:
+                requests = self.scheduler.requests
+                runner: AsyncModelRunner = self.model_runner  # use_async_scheduling saw it launch steps
+                launched = LaunchedStep(sched, runner.execute_model_async(sched),
+                                        {rid: requests[rid] for rid in sched.request_ids()}, start)
+                add_placeholders(requests, sched)
+            else:
+                launched = LaunchedStep(sched, self.model_runner.execute_model(sched), None, start)
+            self._stats.record_step(sched.num_batched_tokens)
+            return launched
+        except Exception as e:
+            outputs += self._fail_step(sched, e)
+            return None
+
+    def _read(self, step: LaunchedStep, outputs: list[RequestOutput]) -> dict[str, int]:
+        """The step's sampled tokens ({} if the runner failed it: its requests fail into ``outputs``)."""
+        try:
+            sampled = step.sampled(self.scheduler.requests)
+            if step.sched.scheduled:  # prompt tokens ran in it: launch to tokens read is its time
+                self.prefill_rate.record(step.sched.num_batched_tokens, time.monotonic() - step.launched_at)
+            return sampled
+        except Exception as e:
+            outputs += self._fail_step(step.sched, e)
+            return {}
 
     def _fail_step(self, sched: SchedulerOutput, error: Exception) -> list[RequestOutput]:
         """The runner failed a batch: fail its requests (the engine keeps serving the others)."""
