@@ -98,6 +98,9 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 2 (block 0 is the null block), got {self.num_kv_blocks}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.kv_offload_memory is not None and not self.enable_prefix_caching:
+            raise ValueError("kv_offload_memory (a host tier of cached blocks) needs enable_prefix_caching; "
+                             "turn prefix caching on or unset kv_offload_memory")
         if self.kv_offload_memory is not None and self.tensor_parallel_size > 1:
             raise ValueError("kv_offload_memory (a host tier) works with tensor_parallel_size 1 only for now; "
                              "unset it or use one rank")
