@@ -96,7 +96,7 @@ class KVCacheManager:
         forward pass produces logits to sample from. A request with ``skip_reading_prefix_cache`` (it
         asks prompt logprobs, which need every prompt position's logits) gets no hit, as in vLLM.
         """
-        if not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
+        if not self.enable_caching or request.skip_reading_prefix_cache:
             return [], 0
         hashes = self._hasher(request).block_hashes
         get = self.block_pool.cached_block_hash_to_block.get

@@ -34,6 +34,11 @@ class AttentionBackend(Protocol):
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         """Shape of one layer's cache (K and V) in this backend's layout."""
 
+    @staticmethod
+    def supports_static_decode(block_size: int) -> bool:
+        """Whether decode steps have fixed shapes per batch size at this block size (CUDA graphs can capture
+        them, replica/worker/cuda_graph.py; such a backend also offers ``static_decode_metadata``)."""
+
     def build(self, common: CommonAttentionMetadata) -> AttentionMetadata:
         """Per-step metadata derived once and shared by all layers."""
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.interfaces import AsyncModelRunner
 
 if TYPE_CHECKING:
     from kvmesh.replica.engine.outputs import ModelRunnerOutput
@@ -56,12 +57,12 @@ class LaunchedStep:
 
 def use_async_scheduling(config: EngineConfig, model_runner: ModelRunnerInterface) -> bool:
     """``config.async_scheduling``, or for None: on when the runner is on CUDA and can launch steps."""
-    can = callable(getattr(model_runner, "execute_model_async", None))
+    can = isinstance(model_runner, AsyncModelRunner)
     if config.async_scheduling and not can:
         raise ValueError(f"async_scheduling=True needs a model runner that launches steps without waiting; "
                          f"{type(model_runner).__name__} cannot (tensor_parallel_size > 1?): drop async_scheduling")
     if config.async_scheduling is None:
-        return can and str(getattr(model_runner, "device", "cpu")).startswith("cuda")
+        return can and str(model_runner.device).startswith("cuda")
     return config.async_scheduling
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_scheduling import LaunchedStep, add_placeholders, use_async_scheduling
-from kvmesh.replica.engine.outputs import RequestOutput, TokenLogprobs, request_output
+from kvmesh.replica.engine.outputs import ModelRunnerOutput, RequestOutput, TokenLogprobs, request_output
 from kvmesh.replica.engine.prefill_rate import PrefillRate
 from kvmesh.replica.engine.request import Request, RequestStatus, validate_request_input
 from kvmesh.replica.engine.scheduler import Scheduler
@@ -56,7 +56,7 @@ class LLMEngine:
         self.event_publisher = event_publisher
         self._step_events: list = []
         self.kv_cache_manager = make_kv_cache_manager(
-            config, self.num_kv_blocks, getattr(model_runner, "num_host_blocks", 0),
+            config, self.num_kv_blocks, model_runner.num_host_blocks,
             self._step_events.append if event_publisher is not None or events is not None else None)
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
@@ -197,8 +197,9 @@ class LLMEngine:
         requests, detokenizers = self.scheduler.requests, self._detokenizers
         append_token, append_output = self._append_token, outputs.append
         tpots: dict[float, int] = {}  # inter-token time -> requests (observed once per distinct value)
-        token_logprobs = getattr(sampled, "logprobs", None)  # a ModelRunnerOutput when a request asked
-        if getattr(sampled, "prompt_logprobs", None):
+        with_logprobs = isinstance(sampled, ModelRunnerOutput)  # when a request asked for logprobs
+        token_logprobs = sampled.logprobs if with_logprobs else None
+        if with_logprobs and sampled.prompt_logprobs:
             self._record_prompt_logprobs(sampled.prompt_logprobs)
         for request_id, token in sampled.items():
             request = requests.get(request_id)
@@ -300,7 +301,7 @@ class LLMEngine:
         stats.prefix_cache_hits = cache_stats.hits
         stats.num_preemptions = self.scheduler.num_preemptions
         stats.prefill_tokens_per_s = self.prefill_rate.tokens_per_s or 0.0
-        offload, copier = self.kv_cache_manager.offload, getattr(self.model_runner, "kv_offload", None)
+        offload, copier = self.kv_cache_manager.offload, self.model_runner.kv_offload
         if offload is not None and copier is not None:
             stats.num_host_kv_blocks = offload.host.num_blocks
             stats.host_kv_cache_usage = offload.host.usage()
