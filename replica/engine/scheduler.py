@@ -191,6 +191,8 @@ class Scheduler:
             request.num_computed_tokens = num_cached
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_cached
+                if kv.offload is not None:  # the part past the device prefix comes from the host tier
+                    request.num_host_cached_tokens = num_cached - len(blocks) * self.block_size
                 request.first_scheduled_time = time.monotonic()
             scheduled.append(self._schedule_chunk(request, num_new))
             budget -= num_new

@@ -66,6 +66,9 @@ class RouteReceipt:
     recomputed); the rest is on the device."""
     actual_cached_tokens: int | None = None
     """What the replica reported as cached (``usage.prompt_tokens_details.cached_tokens``); None until known."""
+    actual_host_cached_tokens: int | None = None
+    """The part of it the replica loaded back from its host tier (``host_cached_tokens``, written only by a
+    kvmesh replica with a tier); None otherwise."""
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:
@@ -105,6 +108,7 @@ class RouteReceipt:
             "best_hit_tokens": self.best_hit_tokens,
             "best_replica": None if self.best_replica_id is None else str(self.best_replica_id),
             "cached_tokens": self.actual_cached_tokens,
+            "host_cached_tokens": self.actual_host_cached_tokens,
             "session_id": self.session_id,
         }
 
@@ -125,6 +129,8 @@ class ReuseTotals:
     """The part of ``predicted_tokens`` predicted from host tiers."""
     captured_tokens: int = 0
     """Sum of the cached tokens the replicas reported."""
+    captured_host_tokens: int = 0
+    """The part of ``captured_tokens`` the replicas reported loading back from their host tiers."""
     mispredicted: int = 0
     """Requests whose reported hit differed from the prediction."""
     reasons: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
@@ -137,6 +143,7 @@ class ReuseTotals:
         self.predicted_tokens += receipt.predicted_hit_tokens
         self.predicted_host_tokens += receipt.predicted_host_tokens
         self.captured_tokens += cached_tokens
+        self.captured_host_tokens += receipt.actual_host_cached_tokens or 0
         self.mispredicted += cached_tokens != receipt.predicted_hit_tokens
         self.reasons[receipt.reason] += 1
 
@@ -154,7 +161,8 @@ class ReuseTotals:
         return {"requests": self.requests, "prompt_tokens": self.prompt_tokens,
                 "available_tokens": self.available_tokens, "predicted_tokens": self.predicted_tokens,
                 "predicted_host_tokens": self.predicted_host_tokens,
-                "captured_tokens": self.captured_tokens, "captured_ratio": self.captured_ratio,
+                "captured_tokens": self.captured_tokens,
+                "captured_host_tokens": self.captured_host_tokens, "captured_ratio": self.captured_ratio,
                 "mispredicted": self.mispredicted, "mispredicted_rate": self.mispredicted_rate,
                 "reasons": dict(self.reasons)}
 
@@ -169,11 +177,14 @@ class Receipts:
         """Chosen replica id -> its totals."""
         self._lock = threading.Lock()
 
-    def record_actual(self, receipt: RouteReceipt, cached_tokens: int) -> RouteReceipt:
-        """Complete ``receipt`` with the replica's reported ``cached_tokens`` and count it."""
+    def record_actual(self, receipt: RouteReceipt, cached_tokens: int,
+                      host_cached_tokens: int | None = None) -> RouteReceipt:
+        """Complete ``receipt`` with the replica's reported ``cached_tokens`` (and the part of them from its
+        host tier, when it has one) and count it."""
         if cached_tokens < 0:
             raise ValueError(f"cached_tokens must be >= 0, got {cached_tokens}")
         receipt.actual_cached_tokens = cached_tokens
+        receipt.actual_host_cached_tokens = host_cached_tokens
         with self._lock:
             self.total.add(receipt, cached_tokens)
             per = self.per_replica.get(receipt.replica_id)

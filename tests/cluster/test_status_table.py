@@ -83,8 +83,9 @@ def test_a_replica_with_a_host_tier_shows_its_usage_and_host_hit_rate():
              "healthy": {"replica-0": True, "replica-1": True}, "loads": dict(loads.loads), "event_lag": {}}
     metrics = RouterMetrics(lambda: state)
     metrics.prompt_tokens.labels("replica-0").inc(400)
-    ReceiptMetrics(metrics.registry, Receipts()).on_route(
-        RouteReceipt("replica-0", "cache", 320, 320, "replica-0", 400, predicted_host_tokens=100))
+    receipts = Receipts()
+    receipt = RouteReceipt("replica-0", "cache", 320, 320, "replica-0", 400, predicted_host_tokens=100)
+    ReceiptMetrics(metrics.registry, receipts).on_actual(receipts.record_actual(receipt, 320, 100))
     rows = {rid: ReplicaStatus(replica_id=rid) for rid in ("replica-0", "replica-1")}
     apply_metrics(rows, metrics.render().decode())
     assert rows["replica-0"].host_kv_usage == 0.25 and rows["replica-0"].host_hit_rate == 0.25

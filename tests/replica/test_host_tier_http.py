@@ -37,7 +37,9 @@ def test_prompt_pushed_out_of_the_device_comes_back_from_host_memory(replica):
         again = complete(client, long_prompt)
         load = client.get("/load").json()
         metrics = client.get("/metrics").text
-    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 256
+    details = again["usage"]["prompt_tokens_details"]
+    assert details["cached_tokens"] >= 256 and details["host_cached_tokens"] >= 256  # loaded back, not recomputed
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "host_cached_tokens": 0}
     assert again["choices"][0]["text"] == first["choices"][0]["text"]
     events = [e for _, batch in replay(replica.endpoints()["replay_endpoint"]) for e in batch.events]
     assert {e.medium for e in events if type(e) is BlockStored} == {"GPU", "CPU"}
