@@ -170,6 +170,7 @@ class KVCacheManager:
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, None)
         self.num_cached_block.pop(rid, None)
+        self._host_hits.pop(rid, None)
         self.req_to_hasher.pop(rid, None)
         if blocks is None:
             if rid in self._recently_freed:
