@@ -58,9 +58,10 @@ class HostTier:
         return found
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """A load-back read these blocks: they become the most recently used."""
+        """A load-back read these blocks: they become the most recently used (the chain's tail evicted
+        first, as the device pool frees a request's blocks)."""
         self.pool.touch(blocks)
-        self.pool.free_blocks(blocks)
+        self.pool.free_blocks(reversed(blocks))
 
     def reserve(self, sources: Sequence[KVCacheBlock]) -> list[KVCacheBlock]:
         """Host blocks for copies of the cached device blocks ``sources`` (content the tier does not
@@ -79,7 +80,7 @@ class HostTier:
 
     def commit(self, sources: Sequence[KVCacheBlock], targets: Sequence[KVCacheBlock]) -> None:
         """The copies of ``sources`` into ``targets`` landed: the targets become findable (BlockStored
-        with medium "CPU") and free, in LRU order."""
+        with medium "CPU") and free, tail first in the eviction order."""
         pool = self.pool
         stored: list[KVCacheBlock] = []
         for source, target in zip(sources, targets, strict=True):
@@ -90,7 +91,7 @@ class HostTier:
             stored.append(target)
         if pool.event_sink is not None and stored:
             pool.emit_stored(stored)
-        pool.free_blocks(targets)
+        pool.free_blocks(reversed(targets))  # a chain's tail is evicted before its head
 
     def cancel(self, sources: Sequence[KVCacheBlock], targets: Sequence[KVCacheBlock]) -> None:
         """The copies of ``sources`` will never land: their targets go back unfindable and free."""

@@ -110,3 +110,17 @@ def test_without_a_tier_nothing_is_copied(make_request, run_step, event_log):
     run_step(manager, make_request("a", range(9)))
     assert manager.take_transfers() is None
     assert {e.medium for e in event_log.events} == {"GPU"}
+
+
+def test_host_tier_evicts_a_chains_tail_before_its_head(make_request, run_step, event_log):
+    manager = manager_with_tier(event_log, device_blocks=5, host_blocks=4)  # 3 usable host blocks
+    a = make_request("a", range(13))  # 3 full blocks, copied down as one chain
+    run_step(manager, a)
+    finish_step(manager)
+    manager.free(a)
+    b = make_request("b", [100 + t for t in range(5)])  # 1 more block: the host evicts one of a's
+    run_step(manager, b)
+    finish_step(manager)
+    host_stored = [e for e in event_log.of_type(BlockStored) if e.medium == "CPU"]
+    (removed,) = [e for e in event_log.of_type(BlockRemoved) if e.medium == "CPU"]
+    assert removed.block_hashes == [host_stored[0].block_hashes[-1]]  # a's last block; its prefix stays usable
