@@ -8,12 +8,14 @@ vllm-router is not a kvmesh dependency; install it into a venv outside the repos
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -64,10 +66,9 @@ def replica(stories_path):
     runtime.shutdown(graceful_s=1)
 
 
-@pytest.fixture
-def vllm_router(vllm_router_exe, replica, tmp_path):
-    """vllm-router (kv_aware) in front of the replica, fed by the replica's event and replay sockets."""
-    exe = vllm_router_exe
+@contextlib.contextmanager
+def running_vllm_router(exe: str, replica: ReplicaRuntime, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """vllm-router (kv_aware) in front of ``replica``, fed by its event and replay sockets: (its URL, its log)."""
     ends, url, port = replica.endpoints(), replica.http.url, free_port()
     log = tmp_path / "vllm-router.log"
     cmd = [exe, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", url, "--policy", "kv_aware",
@@ -96,6 +97,12 @@ def vllm_router(vllm_router_exe, replica, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture
+def vllm_router(vllm_router_exe, replica, tmp_path):
+    with running_vllm_router(vllm_router_exe, replica, tmp_path) as router:
+        yield router
 
 
 def complete(base: str) -> dict:
@@ -134,9 +141,7 @@ def small_replica(stories_path, request):
 def test_kv_aware_credits_host_tier_blocks_at_its_host_penalty(vllm_router_exe, small_replica, tmp_path):
     """vllm-router's kv_aware reads ``medium``: a prefix that left the device for the host tier ("CPU" blocks)
     is still credited, discounted by its hand-set ``kv_penalty_host`` (0.8); without a tier it is gone."""
-    gen = vllm_router.__wrapped__(vllm_router_exe, small_replica, tmp_path)
-    base, log = next(gen)
-    try:
+    with running_vllm_router(vllm_router_exe, small_replica, tmp_path) as (base, log):
         body = {"model": "stories", "prompt": " ".join(f"{STORY} Chapter {i}." for i in range(5)), "max_tokens": 4}
         for prompt in [body["prompt"]] + [" ".join(f"Tom and Sue saw dog {i} {j} in the park." for j in range(12))
                                           for i in range(8)]:  # the first prompt, then 8 that push it out
@@ -152,5 +157,3 @@ def test_kv_aware_credits_host_tier_blocks_at_its_host_penalty(vllm_router_exe, 
             assert int(0.7 * host) <= credited < host  # credited, at kv_penalty_host
         else:
             assert host is None and again["prompt_tokens_details"]["cached_tokens"] == 0 and credited == 0
-    finally:
-        gen.close()
