@@ -39,6 +39,8 @@ HEADER_PREDICTED = HEADER_PREFIX + "predicted-hit-tokens"
 HEADER_BEST = HEADER_PREFIX + "best-hit-tokens"
 HEADER_PROMPT = HEADER_PREFIX + "prompt-tokens"
 HEADER_PREDICTED_HOST = HEADER_PREFIX + "predicted-host-hit-tokens"
+HEADER_FAILED_OVER = HEADER_PREFIX + "failed-over"
+"""Sent only when the request left a replica first: ``id: why`` per replica, ``; ``-separated."""
 HEADER_OPT_IN = HEADER_PREFIX + "receipt"
 """Request header a client sets (to any value) to get the receipt headers back."""
 
@@ -69,6 +71,8 @@ class RouteReceipt:
     actual_host_cached_tokens: int | None = None
     """The part of it the replica loaded back from its host tier (``host_cached_tokens``, written only by a
     kvmesh replica with a tier); None otherwise."""
+    failed_over: tuple[str, ...] = ()
+    """Replicas the request left before this one, each ``"id: why"`` (a failure or a missed deadline)."""
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:
@@ -95,7 +99,7 @@ class RouteReceipt:
             HEADER_BEST: str(self.best_hit_tokens),
             HEADER_PROMPT: str(self.num_prompt_tokens),
             HEADER_PREDICTED_HOST: str(self.predicted_host_tokens),
-        }
+        } | ({HEADER_FAILED_OVER: "; ".join(self.failed_over)} if self.failed_over else {})
 
     def log_fields(self) -> dict:
         """Flat, JSON-ready fields for a structured access log line."""
@@ -110,6 +114,7 @@ class RouteReceipt:
             "cached_tokens": self.actual_cached_tokens,
             "host_cached_tokens": self.actual_host_cached_tokens,
             "session_id": self.session_id,
+            "failed_over": list(self.failed_over),
         }
 
 
