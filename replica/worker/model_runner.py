@@ -38,6 +38,7 @@ from kvmesh.replica.worker.kv_cache import (
     outside_memory_in_use,
     read_cuda_memory,
 )
+from kvmesh.replica.worker.kv_offload import KVOffloader
 from kvmesh.replica.worker.parallel_state import ParallelState
 from kvmesh.replica.worker.weights import load_model_weights
 
@@ -80,6 +81,8 @@ class ModelRunner:
         self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, layer_shape, self.dtype, self.device)
         for i, attn in enumerate(self.model.attention_layers()):
             attn.kv_cache = self.kv_cache[i]
+        self.kv_offload = self._make_kv_offload(attn0)  # the host tier's copies (None without one)
+        self.num_host_blocks = 0 if self.kv_offload is None else self.kv_offload.num_host_blocks
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
                                       self.block_size, self.device, config.max_num_batched_tokens)
         self.static_decode: StaticDecode | None = None  # decode steps on static shapes (CUDA graphs)
@@ -130,6 +133,27 @@ class ModelRunner:
         log_capacity(num_blocks, self.block_size, self.max_model_len, block_bytes)
         return num_blocks
 
+    def _make_kv_offload(self, attn0) -> KVOffloader | None:
+        """The host tier of ``kv_offload_memory`` bytes, laid out per block like the device cache."""
+        if not self.config.kv_offload_memory:
+            return None
+        one, two = (self.attn_backend.kv_cache_shape(n, self.block_size, attn0.num_kv_heads, attn0.head_dim)
+                    for n in (1, 2))
+        block_dim = 1 + next(i for i, (a, b) in enumerate(zip(one, two, strict=True)) if a != b)
+        block_bytes = self.kv_cache.select(block_dim, 0).numel() * self.kv_cache.element_size()
+        num_host_blocks = self.config.kv_offload_memory // block_bytes
+        if num_host_blocks < 2:
+            raise ValueError(f"kv_offload_memory={self.config.kv_offload_memory} bytes holds {num_host_blocks} "
+                             f"blocks of {block_bytes} bytes; give the host tier at least 2 blocks or unset it")
+        offload = KVOffloader(self.kv_cache, block_dim, num_host_blocks)
+        logger.info("host KV tier: %d blocks (%.1f MiB), host-to-device %.2f GB/s", num_host_blocks,
+                    num_host_blocks * block_bytes / 2**20, offload.h2d_bytes_per_s / 1e9)
+        return offload
+
+    def finished_kv_transfers(self) -> list[int]:
+        """Steps whose copies to the host tier landed since the last call (never blocks)."""
+        return [] if self.kv_offload is None else self.kv_offload.finished()
+
     def profiled_kv_budget(self, cap: int | None = None) -> int:
         """Bytes for the KV cache on a GPU: read the facts, reset the peak counter, run the profiling forward,
         read them again, and take what ``gpu_memory_utilization`` leaves this engine, at most ``cap`` (the
@@ -177,6 +201,9 @@ class ModelRunner:
             self.prompt_logprobs.free(out.finished_request_ids)
         if out.is_empty:
             return AsyncModelRunnerOutput.ready({})
+        transfers = out.kv_transfers
+        if transfers is not None:
+            self.kv_offload.load(transfers.loads)  # the prefixes this step's prefills read
         inputs = self.input_batch.prepare(out)
         common = inputs.common
         if self.static_decode is not None and common.num_decodes == common.num_actual_tokens and \
@@ -184,6 +211,8 @@ class ModelRunner:
             hidden = self.static_decode.run(inputs.input_ids, inputs.positions, common)  # [T, H]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(common))  # [T, H]
+        if transfers is not None:
+            self.kv_offload.store(transfers.transfer_id, transfers.stores)  # the blocks this step completed
         prompt_logprobs = None
         if out.scheduled and any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled):
             prompt_logprobs = self._prompt_logprobs(out, inputs, hidden)
