@@ -1,7 +1,7 @@
 """Maps the repository's top-level architecture folders onto the ``kvmesh.`` namespace.
 
 ``kvcache/`` installs as ``kvmesh.kvcache``, ``events/`` as ``kvmesh.events`` and so on
-(DESIGN.md, "Layout"); ``kvmesh`` itself is an implicit namespace package. Everything
+(ARCHITECTURE.md, "Layout and layering"); ``kvmesh`` itself is an implicit namespace package. Everything
 else about the project lives in pyproject.toml.
 
 The router's hot path (key chain + prefix match) is a C extension, ``kvmesh.router._fastpath``.

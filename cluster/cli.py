@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ``kvmesh sim <mode> ...``: simulations with a command line of their own (besides the policy comparison).
-SIM_MODES = {"scaling": "kvmesh.cluster.sim.scaling"}
+SIM_MODES = {"scaling": "kvmesh.cluster.measure.sim.scaling"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -116,7 +116,7 @@ class RouterClient:
         return ReplicaList.decode(self._request("GET", path)[1]).replicas
 
     def replicas(self, drain_cost: bool = False) -> list[Json]:
-        """``replica_rows`` as JSON objects, for the autoscaling policy (cluster/autoscaler.py), which the
+        """``replica_rows`` as JSON objects, for the autoscaling policy (cluster/fleet/autoscaler.py), which the
         simulator feeds with rows of its own."""
         return [msgspec.to_builtins(row) for row in self.replica_rows(drain_cost)]
 

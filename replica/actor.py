@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.server_config import AUTO_HOST, ReplicaServerConfig
+from kvmesh.replica.server.config import AUTO_HOST, ReplicaServerConfig
 
 if TYPE_CHECKING:
     from kvmesh.replica.runtime import Endpoints

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from kvmesh.events.schema import KVEvent
-    from kvmesh.replica.async_output import AsyncModelRunnerOutput
-    from kvmesh.replica.outputs import RequestOutput
-    from kvmesh.replica.scheduler_output import SchedulerOutput
+    from kvmesh.replica.engine.outputs import RequestOutput
+    from kvmesh.replica.engine.scheduler_output import SchedulerOutput
+    from kvmesh.replica.engine.stats import EngineStats
     from kvmesh.replica.serving.load_report import LoadReport
     from kvmesh.replica.serving.sampling_params import SamplingParams
-    from kvmesh.replica.stats import EngineStats
+    from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
 
 
 @runtime_checkable

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any, TypedDict
 
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.outputs import RequestOutput
+from kvmesh.replica.engine.llm_engine import LLMEngine
+from kvmesh.replica.engine.outputs import RequestOutput
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.sampling_params import SamplingParams
 

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.server_config import ReplicaServerConfig
+from kvmesh.replica.server.config import ReplicaServerConfig
 
 if TYPE_CHECKING:
     from kvmesh.events.publisher import ZmqEventPublisher
-    from kvmesh.replica.async_engine import AsyncLLM
+    from kvmesh.replica.engine.async_llm import AsyncLLM
     from kvmesh.replica.interfaces import ModelRunnerInterface
     from kvmesh.replica.openai.runner import HTTPServer
-    from kvmesh.replica.server import ServerState
-    from kvmesh.replica.tp_worker import ExecutorOptions
+    from kvmesh.replica.server.app import ServerState
+    from kvmesh.replica.worker.tp_worker import ExecutorOptions
     from ray.util.placement_group import PlacementGroup
 
 logger = logging.getLogger(__name__)
@@ -59,9 +59,9 @@ class ReplicaRuntime:
         """Build and start a replica from its sections (None: the section's defaults). The publisher binds
         where ``server`` says (``server.publisher_config``; ``event_port`` null: no events).
         ``placement_group`` and ``executor`` place the TP workers (TP > 1)."""
-        from kvmesh.replica.async_engine import AsyncLLM
+        from kvmesh.replica.engine.async_llm import AsyncLLM
         from kvmesh.replica.openai.runner import HTTPServer
-        from kvmesh.replica.server import ServerState, build_app
+        from kvmesh.replica.server.app import ServerState, build_app
         from kvmesh.replica.serving.tokenizer import load_tokenizer
 
         t0 = time.monotonic()

@@ -169,7 +169,7 @@ def small_kv_cache_on_cuda():
         yield
         return
     from kvmesh.replica.config import EngineConfig
-    from kvmesh.replica.model_runner import ModelRunner
+    from kvmesh.replica.worker.model_runner import ModelRunner
 
     default_share = EngineConfig.__dataclass_fields__["gpu_memory_utilization"].default
     profiled = ModelRunner.profiled_kv_budget

@@ -6,7 +6,7 @@ import pytest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.runtime import ReplicaRuntime
-from kvmesh.replica.server_config import ReplicaServerConfig
+from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.replica.serving.tokenizer import load_tokenizer
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.router_server import RouterServer

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.runtime import ReplicaRuntime
-from kvmesh.replica.server_config import ReplicaServerConfig
+from kvmesh.replica.server.config import ReplicaServerConfig
 
 STORY = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her big red "
          "ball. One day, she saw a dog in the park.")  # 48 tokens: 3 full blocks of 16

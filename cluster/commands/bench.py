@@ -2,7 +2,7 @@
 
     kvmesh bench load --url http://127.0.0.1:8000 --workload chatbot ...
     kvmesh bench compare-policies --policies cache_aware,round_robin ...
-    kvmesh bench <area> [args]      -> kvmesh.cluster.benchmarks.<area>.main(args)
+    kvmesh bench <area> [args]      -> kvmesh.cluster.measure.benchmarks.<area>.main(args)
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ TOOLS = {
     "load": "load-test an OpenAI endpoint (router, replica, any server)",
     "compare-policies": "run one workload through the router under several policies, side by side",
 }
-NOT_AREAS = {"fake_replica"}  # shared helpers in kvmesh.cluster.benchmarks, not benchmarks
+NOT_AREAS = {"fake_replica"}  # shared helpers in kvmesh.cluster.measure.benchmarks, not benchmarks
 
 
 def available_areas() -> list[str]:
-    """Component benchmark modules found in kvmesh.cluster.benchmarks (without importing them)."""
+    """Component benchmark modules found in kvmesh.cluster.measure.benchmarks (without importing them)."""
     try:
-        pkg = importlib.import_module("kvmesh.cluster.benchmarks")
+        pkg = importlib.import_module("kvmesh.cluster.measure.benchmarks")
     except ModuleNotFoundError:
         return []
     return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
@@ -33,7 +33,7 @@ def _description() -> str:
     lines = ["Benchmarks. Targets:", ""]
     lines += [f"  {name:<18} {doc}" for name, doc in TOOLS.items()]
     areas = available_areas()
-    lines += ["", "Component benchmarks (kvmesh.cluster.benchmarks.<area>, results/<area>.json):"]
+    lines += ["", "Component benchmarks (kvmesh.cluster.measure.benchmarks.<area>, results/<area>.json):"]
     lines += [f"  {a}" for a in areas] or ["  (none installed)"]
     lines += ["", "Run `kvmesh bench TARGET --help` for a target's options."]
     return "\n".join(lines)
@@ -50,11 +50,11 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     target, rest = args.target, list(args.args)
     if target == "load":
-        from kvmesh.cluster.loadgen.load import main
+        from kvmesh.cluster.measure.loadgen.load import main
 
         return main(rest)
     if target == "compare-policies":
-        from kvmesh.cluster.loadgen.compare import main
+        from kvmesh.cluster.measure.loadgen.compare import main
 
         return main(rest)
     areas = available_areas()
@@ -63,5 +63,5 @@ def run(args) -> int:
         print(f"kvmesh bench: unknown target {target!r}; choose one of "
               f"{', '.join([*TOOLS, *areas])}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"kvmesh.cluster.benchmarks.{target}")
+    module = importlib.import_module(f"kvmesh.cluster.measure.benchmarks.{target}")
     return int(module.main(rest) or 0)

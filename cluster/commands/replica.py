@@ -16,8 +16,8 @@ import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from kvmesh.cluster.config import REPLICA_SCHEMA, ReplicaCommandConfig
-from kvmesh.cluster.config_cli import add_config_arguments
+from kvmesh.cluster.config.flags import add_config_arguments
+from kvmesh.cluster.config.trees import REPLICA_SCHEMA, ReplicaCommandConfig
 
 if TYPE_CHECKING:
     from kvmesh.replica.interfaces import ModelRunnerInterface
@@ -34,9 +34,9 @@ def add_parser(subparsers) -> None:
 
 def load(args: argparse.Namespace) -> ReplicaCommandConfig:
     """The command's config, its model path checked and its ports free; raises ValueError."""
-    from kvmesh.cluster.config_cli import config_from_args
-    from kvmesh.cluster.model_files import check_model
-    from kvmesh.cluster.preflight import check_port_free
+    from kvmesh.cluster.config.flags import config_from_args
+    from kvmesh.cluster.launch.model_files import check_model
+    from kvmesh.cluster.launch.preflight import check_port_free
 
     config = config_from_args(args, REPLICA_SCHEMA)
     server, engine = config.server, config.engine

@@ -16,8 +16,8 @@ import argparse
 import sys
 from dataclasses import replace
 
-from kvmesh.cluster.config import ROUTER_SCHEMA
-from kvmesh.cluster.config_cli import add_config_arguments
+from kvmesh.cluster.config.flags import add_config_arguments
+from kvmesh.cluster.config.trees import ROUTER_SCHEMA
 
 
 def add_parser(subparsers) -> None:
@@ -33,7 +33,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     import logging
 
-    from kvmesh.cluster.config_cli import ConfigError, config_from_args
+    from kvmesh.cluster.config.flags import ConfigError, config_from_args
     from kvmesh.router.config import ReplicaSpec
     from kvmesh.router.control.router_server import RouterServer
 
@@ -69,7 +69,7 @@ def _check_paths(config) -> None:
     """A --model/--tokenizer that is a path must be a directory (the tokenizer's); serve's wording."""
     import os
 
-    from kvmesh.cluster.model_files import looks_like_path
+    from kvmesh.cluster.launch.model_files import looks_like_path
 
     for flag, value in (("--model", config.model), ("--tokenizer", config.tokenizer)):
         if value and looks_like_path(value) and not os.path.isdir(os.path.expanduser(value)):

@@ -18,8 +18,8 @@ import argparse
 import sys
 import time
 
-from kvmesh.cluster.config import SERVE_SCHEMA
-from kvmesh.cluster.config_cli import add_config_arguments
+from kvmesh.cluster.config.flags import add_config_arguments
+from kvmesh.cluster.config.trees import SERVE_SCHEMA
 from kvmesh.cluster.interrupts import Interrupts, Terminated
 
 EXAMPLE_HEADER = """\
@@ -45,9 +45,9 @@ def report(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvmesh.cluster.config_cli import ConfigError, config_from_args
-    from kvmesh.cluster.config_schema import commented_yaml
-    from kvmesh.cluster.preflight import PreflightError, check
+    from kvmesh.cluster.config.flags import ConfigError, config_from_args
+    from kvmesh.cluster.config.schema import commented_yaml
+    from kvmesh.cluster.launch.preflight import PreflightError, check
 
     try:
         config = config_from_args(args, SERVE_SCHEMA)
@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvmesh serve: {e}", file=sys.stderr)
         return 2
 
-    from kvmesh.cluster import ray_cluster
-    from kvmesh.cluster.launcher import ServeCluster
+    from kvmesh.cluster.launch import ray_cluster
+    from kvmesh.cluster.launch.launcher import ServeCluster
 
     ray_cluster.adopt_orphans()  # a Ray process orphaned by a Ctrl-C mid-start is still ours to end
     interrupts = Interrupts()

@@ -1,4 +1,4 @@
-"""``kvmesh sim``: compare routing policies on a trace with simulated replicas (see kvmesh.cluster.sim)."""
+"""``kvmesh sim``: compare routing policies on a trace with simulated replicas (see kvmesh.cluster.measure.sim)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvmesh.cluster.sim.options import SESSION_MODES, SimCommandConfig, SimWorkloadOptions
+from kvmesh.cluster.measure.sim.options import SESSION_MODES, SimCommandConfig, SimWorkloadOptions
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.sim.config import SimConfig
-    from kvmesh.cluster.workloads.settings import WorkloadShape
-    from kvmesh.cluster.workloads.traces import MooncakeRecord
+    from kvmesh.cluster.measure.sim.config import SimConfig
+    from kvmesh.cluster.measure.workloads.settings import WorkloadShape
+    from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
 
 
 def _int_list(text: str) -> list[int]:
@@ -28,9 +28,9 @@ def _int_list(text: str) -> list[int]:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from kvmesh.cluster.config_cli import add_config_arguments
-    from kvmesh.cluster.sim.options import SIM_SCHEMA
-    from kvmesh.cluster.workloads.registry import describe
+    from kvmesh.cluster.config.flags import add_config_arguments
+    from kvmesh.cluster.measure.sim.options import SIM_SCHEMA
+    from kvmesh.cluster.measure.workloads.registry import describe
 
     p = subparsers.add_parser(
         "sim", help="replay a trace through the real router in front of simulated replicas",
@@ -56,7 +56,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def build_config(command: SimCommandConfig, routers: list[int], load_poll_given: bool) -> SimConfig:
     """The ``SimConfig`` of the first run: ``--cost`` applied, ``--routers``' first count, the load poll
     defaulting to 0.5 s with several routers, and ``--miniature``."""
-    from kvmesh.cluster.sim.config import CostModel, miniature
+    from kvmesh.cluster.measure.sim.config import CostModel, miniature
 
     known = {f.name for f in fields(CostModel)}
     for key in command.compare.cost:
@@ -82,8 +82,8 @@ def variants(routers: list[int], sessions: str) -> dict[str, dict] | None:
 
 def load_workload(workload: SimWorkloadOptions, shape: WorkloadShape, seed: int) -> list[MooncakeRecord]:
     """The records of the registered ``--workload`` (or ``--synthetic``), bursty if asked."""
-    from kvmesh.cluster.workloads.generated import bursty
-    from kvmesh.cluster.workloads.registry import get_workload
+    from kvmesh.cluster.measure.workloads.generated import bursty
+    from kvmesh.cluster.measure.workloads.registry import get_workload
 
     entry = get_workload("multi_turn" if workload.synthetic else workload.workload)
     records = entry.make(workload.settings(seed, shape))
@@ -93,14 +93,14 @@ def load_workload(workload: SimWorkloadOptions, shape: WorkloadShape, seed: int)
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvmesh.cluster.config_cli import config_from_args, overrides_from_args
-    from kvmesh.cluster.sim.options import SIM_SCHEMA
-    from kvmesh.cluster.sim.plots import plot_report
-    from kvmesh.cluster.sim.replica import cut_trace
-    from kvmesh.cluster.sim.report import format_table, write_json
-    from kvmesh.cluster.sim.router import available_policies
-    from kvmesh.cluster.sim.run import compare_policies
-    from kvmesh.cluster.workloads.traces import TraceError
+    from kvmesh.cluster.config.flags import config_from_args, overrides_from_args
+    from kvmesh.cluster.measure.sim.options import SIM_SCHEMA
+    from kvmesh.cluster.measure.sim.plots import plot_report
+    from kvmesh.cluster.measure.sim.replica import cut_trace
+    from kvmesh.cluster.measure.sim.report import format_table, write_json
+    from kvmesh.cluster.measure.sim.router import available_policies
+    from kvmesh.cluster.measure.sim.run import compare_policies
+    from kvmesh.cluster.measure.workloads.traces import TraceError
 
     try:
         command: SimCommandConfig = config_from_args(args, SIM_SCHEMA)

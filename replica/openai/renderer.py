@@ -35,7 +35,7 @@ _INLINE_IDS = 4096
 """Token-id prompts up to this length are range-checked on the loop (cheaper than a thread hop)."""
 _INLINE_CHARS = 2048
 """Characters of prompt text the loop may tokenize afresh per request: ~0.5 ms of work, less than the ~1 ms a
-thread hop added per request in cluster/benchmarks/router_frontend.py. Text whose pieces the tokenizer has
+thread hop added per request in cluster/measure/benchmarks/router_frontend.py. Text whose pieces the tokenizer has
 cached (router/routing/tokenize_cache.py) costs far less, so a longer prompt stays on the loop as long as at most
 this many of its characters are new (``Tokenizer.encode_within``); the rest goes to the pool."""
 _INLINE_MAX_CHARS = 64 << 10

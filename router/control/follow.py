@@ -1,4 +1,4 @@
-"""A router worker inside ``kvmesh serve`` follows serve's control router (cluster/serve_router.py).
+"""A router worker inside ``kvmesh serve`` follows serve's control router (cluster/launch/serve_router.py).
 
 The control router, in the serve process, is the one owner of the replica set: serve's supervisor
 and fleet register, drain and remove replicas there. Each worker

@@ -46,7 +46,7 @@ Json = dict[str, object]
 
 
 class Fleet(Protocol):
-    """Whoever can add and remove replica processes (``kvmesh serve``'s launcher, cluster/fleet.py)."""
+    """Whoever can add and remove replica processes (``kvmesh serve``'s launcher, cluster/fleet/operations.py)."""
 
     target: int
     """Replicas the fleet aims for."""

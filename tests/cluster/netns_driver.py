@@ -10,8 +10,8 @@ import json
 import sys
 
 import httpx
-from kvmesh.cluster.config_loader import from_dict
-from kvmesh.cluster.launcher import ServeCluster
+from kvmesh.cluster.config.loader import from_dict
+from kvmesh.cluster.launch.launcher import ServeCluster
 
 
 def main(address: str) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.autoscaler import AutoscaleConfig, Autoscaler, cheapest_to_lose, desired_replicas
+from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig, Autoscaler, cheapest_to_lose, desired_replicas
 
 CFG = AutoscaleConfig(scale_with_load=True, min_replicas=1, max_replicas=3, target_in_flight=4,
                       upscale_delay_s=2, downscale_delay_s=10)
@@ -88,7 +88,7 @@ def test_bad_settings_are_refused_with_the_field_named(kwargs, message):
 
 
 def test_serve_refuses_a_starting_count_outside_the_bounds():
-    from kvmesh.cluster.config import ReplicasConfig, ServeConfig
+    from kvmesh.cluster.config.trees import ReplicasConfig, ServeConfig
 
     with pytest.raises(ValueError, match=r"num_replicas=5 is outside autoscale.min_replicas=1..autoscale.max_replicas=3"):
         ServeConfig(replicas=ReplicasConfig(num_replicas=5), autoscale=AutoscaleConfig(scale_with_load=True, max_replicas=3))

@@ -12,15 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
-from kvmesh.cluster.capacity import (
+from kvmesh.cluster.config.trees import SERVE_SCHEMA
+from kvmesh.cluster.launch.capacity import (
     CapacityError,
     NodeResources,
     ReplicaShape,
     check_capacity,
     replicas_on_node,
 )
-from kvmesh.cluster.config import SERVE_SCHEMA
-from kvmesh.cluster.placement import replica_bundles
+from kvmesh.cluster.launch.placement import replica_bundles
 
 
 def _node(address: str, gpus: float, cpus: float = 8.0) -> NodeResources:

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from kvmesh.cluster.capacity import NodeResources, replicas_on_node
-from kvmesh.cluster.placement import replica_bundles
+from kvmesh.cluster.launch.capacity import NodeResources, replicas_on_node
+from kvmesh.cluster.launch.placement import replica_bundles
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

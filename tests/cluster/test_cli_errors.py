@@ -79,7 +79,7 @@ def test_a_cached_hub_id_without_a_hub_is_served_offline(tmp_path):
     (snapshot / "config.json").write_text("{}")
     (tmp_path / "models--some-org--some-model" / "refs").mkdir()
     (tmp_path / "models--some-org--some-model" / "refs" / "main").write_text("abc123")
-    code = ("import os; from kvmesh.cluster.config_loader import load_config; from kvmesh.cluster.preflight import check; "
+    code = ("import os; from kvmesh.cluster.config.loader import load_config; from kvmesh.cluster.launch.preflight import check; "
             "check(load_config(overrides={'engine.model': 'some-org/some-model', 'router.port': 0, "
             "'replicas.http_port': 0, 'replicas.event_port': 0}, env={})); print(os.environ.get('HF_HUB_OFFLINE'))")
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": "http://127.0.0.1:9"}

@@ -13,8 +13,8 @@ import time
 
 import httpx
 import pytest
-from kvmesh.cluster.config_loader import from_dict
-from kvmesh.cluster.launcher import ServeCluster
+from kvmesh.cluster.config.loader import from_dict
+from kvmesh.cluster.launch.launcher import ServeCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -4,10 +4,10 @@ tensor parallelism keeps whole GPUs; settings that cannot work are refused with 
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.config import ReplicasConfig, ServeConfig
-from kvmesh.cluster.config_loader import ConfigError, load_config
-from kvmesh.cluster.launcher import ServeCluster
-from kvmesh.cluster.placement import replica_bundles
+from kvmesh.cluster.config.loader import ConfigError, load_config
+from kvmesh.cluster.config.trees import ReplicasConfig, ServeConfig
+from kvmesh.cluster.launch.launcher import ServeCluster
+from kvmesh.cluster.launch.placement import replica_bundles
 from kvmesh.replica.config import EngineConfig
 
 
@@ -83,7 +83,7 @@ def test_cpu_replicas_ignore_the_gpu_share():
 def test_a_rollout_cannot_overfill_a_shared_card():
     from types import SimpleNamespace
 
-    from kvmesh.cluster.fleet import Fleet
+    from kvmesh.cluster.fleet.operations import Fleet
     from prometheus_client import CollectorRegistry
 
     cluster = ServeCluster(_config(0.5), report=lambda _: None)

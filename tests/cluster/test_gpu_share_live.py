@@ -8,8 +8,8 @@ import os
 
 import httpx
 import pytest
-from kvmesh.cluster.config_loader import from_dict
-from kvmesh.cluster.launcher import ServeCluster
+from kvmesh.cluster.config.loader import from_dict
+from kvmesh.cluster.launch.launcher import ServeCluster
 
 pytestmark = [pytest.mark.gpu, pytest.mark.ray, pytest.mark.slow]
 

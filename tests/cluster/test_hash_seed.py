@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvmesh.cluster.config_loader import from_dict, load_config
-from kvmesh.cluster.launcher import ServeCluster
+from kvmesh.cluster.config.loader import from_dict, load_config
+from kvmesh.cluster.launch.launcher import ServeCluster
 
 
 def _engine_config(config):

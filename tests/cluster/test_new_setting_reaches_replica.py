@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from kvmesh.cluster import config as cluster_config
 from kvmesh.cluster.cli import build_parser
 from kvmesh.cluster.commands import replica as replica_command
-from kvmesh.cluster.config import ReplicaCommandConfig
-from kvmesh.cluster.config_schema import Schema
+from kvmesh.cluster.config import trees as cluster_config
+from kvmesh.cluster.config.schema import Schema
+from kvmesh.cluster.config.trees import ReplicaCommandConfig
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.fake_runner import FakeModelRunner
-from kvmesh.replica.server_config import ReplicaServerConfig
+from kvmesh.replica.server.config import ReplicaServerConfig
+from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,10 @@ import re
 import time
 
 import pytest
-from kvmesh.cluster import placement as pl
-from kvmesh.cluster.capacity import CapacityError
-from kvmesh.cluster.config_loader import from_dict
-from kvmesh.cluster.launcher import ServeCluster
+from kvmesh.cluster.config.loader import from_dict
+from kvmesh.cluster.launch import placement as pl
+from kvmesh.cluster.launch.capacity import CapacityError
+from kvmesh.cluster.launch.launcher import ServeCluster
 
 pytestmark = pytest.mark.ray
 

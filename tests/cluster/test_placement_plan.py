@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvmesh.cluster.placement import actor_bundle_index, plan_nodes, replica_bundles
+from kvmesh.cluster.launch.placement import actor_bundle_index, plan_nodes, replica_bundles
 
 
 def _node(node_id: str, cpu: float, gpu: float = 0.0, alive: bool = True) -> dict:

@@ -18,7 +18,7 @@ FAKE_RAYLET = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.
 SCENARIO = f"""
 import subprocess, sys, time
 import psutil
-from kvmesh.cluster.ray_cluster import _kill_own_ray_processes
+from kvmesh.cluster.launch.ray_cluster import _kill_own_ray_processes
 
 raylet = subprocess.Popen([sys.executable, "-c", {FAKE_RAYLET!r}, "fake-raylet"])
 bystander = subprocess.Popen(["sleep", "60"])

@@ -22,8 +22,8 @@ SECRETS = {"KVMESH_API_KEY": "tenant-key-123456", "KVMESH_HASH_SEED": "hash-seed
 PROBE = r"""
 import json, os, re, subprocess, time
 import ray
-from kvmesh.cluster import ray_cluster
-from kvmesh.cluster.config import ServeConfig
+from kvmesh.cluster.launch import ray_cluster
+from kvmesh.cluster.config.trees import ServeConfig
 
 handle = ray_cluster.connect(ServeConfig())
 

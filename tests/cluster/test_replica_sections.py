@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvmesh.cluster.config_loader import from_dict
-from kvmesh.cluster.event_keys import curve_keys
-from kvmesh.cluster.replica_sections import replica_events, replica_server
+from kvmesh.cluster.config.loader import from_dict
+from kvmesh.cluster.launch.event_keys import curve_keys
+from kvmesh.cluster.launch.replica_sections import replica_events, replica_server
 
 
 def test_replica_i_listens_on_the_base_ports_plus_i_and_2i_with_the_routers_key():

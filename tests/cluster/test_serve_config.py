@@ -7,10 +7,10 @@ import argparse
 from pathlib import Path
 
 import pytest
-from kvmesh.cluster.config import SERVE_SCHEMA, ServeConfig
-from kvmesh.cluster.config_cli import add_config_arguments, config_from_args
-from kvmesh.cluster.config_loader import ConfigError, from_dict, load_config
-from kvmesh.cluster.config_schema import REDACTED
+from kvmesh.cluster.config.flags import add_config_arguments, config_from_args
+from kvmesh.cluster.config.loader import ConfigError, from_dict, load_config
+from kvmesh.cluster.config.schema import REDACTED
+from kvmesh.cluster.config.trees import SERVE_SCHEMA, ServeConfig
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.router.config import RouterConfig
@@ -188,7 +188,7 @@ def test_config_is_frozen():
 
 
 def test_serve_gives_cache_aware_the_replicas_step_budget_unless_set():
-    from kvmesh.cluster.serve_router import step_budget
+    from kvmesh.cluster.launch.serve_router import step_budget
 
     assert step_budget("cache_aware", {}, 2048) == {"decode_step_tokens": 2048}
     assert step_budget("cache_aware", {"decode_step_tokens": 512}, 2048) == {"decode_step_tokens": 512}

@@ -1,4 +1,4 @@
-"""serve with ``router.workers: 2`` (cluster/serve_router.py): a control router owns the replica set,
+"""serve with ``router.workers: 2`` (cluster/launch/serve_router.py): a control router owns the replica set,
 two router processes serve the port and follow it; the admin plane works through either of them.
 
 Driven as the launcher drives it (``start_router``), with stub replicas instead of Ray actors.
@@ -13,8 +13,8 @@ import sys
 import time
 
 import pytest
+from kvmesh.cluster.launch.serve_router import RouterProcesses, start_router
 from kvmesh.cluster.router_client import RouterClient
-from kvmesh.cluster.serve_router import RouterProcesses, start_router
 from kvmesh.router.config import RouterConfig
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def _every_worker(port: int, check, timeout: float = 30.0) -> None:
 
 @pytest.fixture(scope="module")
 def stubs():
-    procs = [subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.benchmarks.fake_replica", "--port", "0"],
+    procs = [subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.fake_replica", "--port", "0"],
                               stdout=subprocess.PIPE, text=True) for _ in range(2)]
     try:
         yield [f"http://127.0.0.1:{json.loads(p.stdout.readline())['port']}" for p in procs]

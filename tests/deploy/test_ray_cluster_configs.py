@@ -68,7 +68,7 @@ def test_validation_rejects_a_bad_value():
 
 
 def test_example_serve_config_is_a_valid_serve_config():
-    from kvmesh.cluster.config_loader import load_config
+    from kvmesh.cluster.config.loader import load_config
 
     config = load_config(DEPLOY / "serve.example.yaml", env={})
     assert config.router.host == "auto"  # loopback locally, the node's IP in a cluster; never 0.0.0.0

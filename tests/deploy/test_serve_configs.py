@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kvmesh.cluster.capacity import NodeResources, ReplicaShape, check_capacity
 from kvmesh.cluster.cli import build_parser
-from kvmesh.cluster.config_loader import load_config
-from kvmesh.cluster.placement import replica_bundles
+from kvmesh.cluster.config.loader import load_config
+from kvmesh.cluster.launch.capacity import NodeResources, ReplicaShape, check_capacity
+from kvmesh.cluster.launch.placement import replica_bundles
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SERVE_CONFIGS = sorted(DEPLOY.glob("serve*.yaml"))

@@ -225,7 +225,7 @@ class EndlessMessagePeer:
     --mix endless``'s peer, in a thread); accepts reconnections. ``close()`` stops it."""
 
     def __init__(self) -> None:
-        from kvmesh.cluster.benchmarks._flooder import endless_message_peer
+        from kvmesh.cluster.measure.benchmarks._flooder import endless_message_peer
 
         go, self._stop = threading.Event(), threading.Event()
         go.set()

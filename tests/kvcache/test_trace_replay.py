@@ -1,9 +1,9 @@
 """The kvcache benchmark's Mooncake replay: a pool big enough for everything reaches the ceiling."""
 
 import pytest
-from kvmesh.cluster.benchmarks import kvcache as bench
-from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
-from kvmesh.cluster.workloads.traces import read_mooncake
+from kvmesh.cluster.measure.benchmarks import kvcache as bench
+from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
+from kvmesh.cluster.measure.workloads.traces import read_mooncake
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import socket
 import time
 
 import pytest
-from kvmesh.cluster.loadgen.load import main
-from kvmesh.cluster.workloads.traces import TraceError, read_azure, read_mooncake
+from kvmesh.cluster.measure.loadgen.load import main
+from kvmesh.cluster.measure.workloads.traces import TraceError, read_azure, read_mooncake
 
 
 def _free_port() -> int:

@@ -38,9 +38,9 @@ def test_unknown_target_names_the_choices(capsys):
 
 
 def test_bench_load_flags_are_the_documented_fields_of_its_dataclasses():
-    from kvmesh.cluster.config_cli import config_from_args
-    from kvmesh.cluster.loadgen.load import build_parser
-    from kvmesh.cluster.loadgen.options import BENCH_LOAD_SCHEMA
+    from kvmesh.cluster.config.flags import config_from_args
+    from kvmesh.cluster.measure.loadgen.load import build_parser
+    from kvmesh.cluster.measure.loadgen.options import BENCH_LOAD_SCHEMA
 
     assert all(o.doc for o in BENCH_LOAD_SCHEMA.options), [o.dotted for o in BENCH_LOAD_SCHEMA.options if not o.doc]
     args = build_parser().parse_args(["--workload", "rag", "--num-documents", "3", "--no-ignore-eos"])

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from kvmesh.cluster.benchmarks.engine_speed.model_files import ensure_model
-from kvmesh.cluster.benchmarks.engine_speed.presets import PRESETS
 from kvmesh.cluster.cli import main
+from kvmesh.cluster.measure.benchmarks.engine_speed.model_files import ensure_model
+from kvmesh.cluster.measure.benchmarks.engine_speed.presets import PRESETS
 from kvmesh.replica.attention.backend import flash_attn_problem
 
 PREFIX = 64  # a multiple of both block sizes below, so the cached run can reuse all of it
@@ -139,7 +139,7 @@ def test_a_model_directory_without_a_config_is_a_clear_error(capsys, tmp_path):
 
 
 def test_the_summary_table_has_a_row_per_config_and_the_floor(run, capsys):
-    from kvmesh.cluster.benchmarks.engine_speed.report import summary_table
+    from kvmesh.cluster.measure.benchmarks.engine_speed.report import summary_table
 
     table = summary_table(run["results"])
     for label in ("default (torch:16)", "| torch:32 |", "HF generate, static batches of 4"):
@@ -150,7 +150,7 @@ def test_the_summary_table_has_a_row_per_config_and_the_floor(run, capsys):
 
 def test_configs_accept_any_registered_backend_name():
     """A backend added to the registry (such as "triton") is accepted without touching the bench."""
-    from kvmesh.cluster.benchmarks.engine_speed.variants import DEFAULT, EngineVariant, parse_variants
+    from kvmesh.cluster.measure.benchmarks.engine_speed.variants import DEFAULT, EngineVariant, parse_variants
 
     assert parse_variants("default, triton:16:graphs,torch:256", ["torch", "triton"]) == [
         DEFAULT, EngineVariant("triton", 16, True), EngineVariant("torch", 256, False)]
@@ -162,8 +162,8 @@ def test_configs_accept_any_registered_backend_name():
 @pytest.mark.parametrize("device, kv_cache_memory", [("cpu", "16MiB"), ("cuda", None)])
 def test_kv_cache_memory_sizes_the_cpu_cache_and_leaves_cuda_to_gpu_memory_utilization(tmp_path, device,
                                                                                       kv_cache_memory):
-    from kvmesh.cluster.benchmarks.engine_speed.options import EngineSpeedOptions
-    from kvmesh.cluster.benchmarks.engine_speed.run import make_plan
+    from kvmesh.cluster.measure.benchmarks.engine_speed.options import EngineSpeedOptions
+    from kvmesh.cluster.measure.benchmarks.engine_speed.run import make_plan
 
     options = EngineSpeedOptions(model_cache_dir=str(tmp_path), kv_cache_memory="16MiB")
     plan = make_plan(options, PRESETS["tiny"], torch.device(device))  # on cuda it would cap the cache

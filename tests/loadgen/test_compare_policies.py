@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvmesh.cluster.loadgen.compare import main
+from kvmesh.cluster.measure.loadgen.compare import main
 
 
 def test_compare_two_endpoints_side_by_side(make_fake_server, tmp_path, capsys):

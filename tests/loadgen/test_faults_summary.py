@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvmesh.cluster.benchmarks.faults import _metric, summarize
+from kvmesh.cluster.measure.benchmarks.faults import _metric, summarize
 
 PAGE = """# HELP kvmesh_router_stream_migrations_total Streams continued on another replica
 kvmesh_router_stream_migrations_total{replica="replica-0"} 3.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvmesh.cluster.loadgen.load import build_parser, main, results_dir, run_async, run_parameters
+from kvmesh.cluster.measure.loadgen.load import build_parser, main, results_dir, run_async, run_parameters
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvmesh.cluster.loadgen.load import build_parser, main, run_async
+from kvmesh.cluster.measure.loadgen.load import build_parser, main, run_async
 
 
 def _args(url, *extra):

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from kvmesh.cluster.benchmarks import router_peers
 from kvmesh.cluster.cli import main
+from kvmesh.cluster.measure.benchmarks import router_peers
 
 
 @pytest.fixture(scope="module")
 def stub():
-    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.benchmarks.fake_replica"],
+    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.fake_replica"],
                             stdout=subprocess.PIPE, text=True)
     try:
         yield f"http://127.0.0.1:{json.loads(proc.stdout.readline())['port']}"

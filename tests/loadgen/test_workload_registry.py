@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kvmesh.cluster.loadgen.load import build_parser, build_sessions, main, run_async
-from kvmesh.cluster.loadgen.options import BenchLoadConfig, WorkloadOptions
-from kvmesh.cluster.loadgen.prompts import PromptMaker, join
-from kvmesh.cluster.sim.options import default_trace
-from kvmesh.cluster.workloads.registry import WORKLOADS, get_workload, workload_names
-from kvmesh.cluster.workloads.settings import WorkloadShape
+from kvmesh.cluster.measure.loadgen.load import build_parser, build_sessions, main, run_async
+from kvmesh.cluster.measure.loadgen.options import BenchLoadConfig, WorkloadOptions
+from kvmesh.cluster.measure.loadgen.prompts import PromptMaker, join
+from kvmesh.cluster.measure.sim.options import default_trace
+from kvmesh.cluster.measure.workloads.registry import WORKLOADS, get_workload, workload_names
+from kvmesh.cluster.measure.workloads.settings import WorkloadShape
 
 
 def _args(url, *extra):

@@ -52,9 +52,9 @@ def scenarios() -> dict[str, tuple[dict, dict, dict | None]]:
 
 def _engine(path: str, on_fake: bool, **kw):
     from fake_device import FAKE
-    from kvmesh.replica import model_runner
     from kvmesh.replica.config import EngineConfig
-    from kvmesh.replica.engine import LLMEngine
+    from kvmesh.replica.engine.llm_engine import LLMEngine
+    from kvmesh.replica.worker import model_runner
 
     config = EngineConfig(model=path, dtype="float32", device="cpu", attention_backend="torch", block_size=16,
                           kv_cache_memory=1 << 22, max_num_seqs=8, **kw)
@@ -133,10 +133,10 @@ def step_buffers(path: str) -> dict:
     import numpy as np
     import torch
     from fake_device import FAKE, FakeDevice
-    from kvmesh.replica.cpu_gpu_buffer import to_device
-    from kvmesh.replica.input_batch import InputBatch
-    from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
+    from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
     from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.worker.cpu_gpu_buffer import to_device
+    from kvmesh.replica.worker.input_batch import InputBatch
 
     def storage(t):
         return t.elem.untyped_storage().data_ptr()

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.runtime import ReplicaRuntime
-from kvmesh.replica.server_config import ReplicaServerConfig
+from kvmesh.replica.server.config import ReplicaServerConfig
 
 from ..conftest import CHAT_TEMPLATE
 

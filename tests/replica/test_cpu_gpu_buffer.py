@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvmesh.replica.cpu_gpu_buffer import CpuGpuBuffer, start_copy_to_host
+from kvmesh.replica.worker.cpu_gpu_buffer import CpuGpuBuffer, start_copy_to_host
 
 from .fake_device_runs import run_in_child
 

@@ -8,8 +8,8 @@ eagerly through the flash-attn reference (the capture is the only part they leav
 from __future__ import annotations
 
 import pytest
-from kvmesh.replica.cuda_graph import StaticDecode
-from kvmesh.replica.engine import LLMEngine
+from kvmesh.replica.engine.llm_engine import LLMEngine
+from kvmesh.replica.worker.cuda_graph import StaticDecode
 
 from .engine_paths import (
     BLOCK_SIZES,

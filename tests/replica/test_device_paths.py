@@ -17,19 +17,19 @@ import torch
 from kvmesh.replica.attention import flash_attn_reference
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.distributed import DistributedInit, cuda_device_index, process_group_args
-from kvmesh.replica.input_batch import InputBatch
-from kvmesh.replica.kv_cache import (
+from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.sample.sampler import build_sampling_metadata
+from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.distributed import DistributedInit, cuda_device_index, process_group_args
+from kvmesh.replica.worker.input_batch import InputBatch
+from kvmesh.replica.worker.kv_cache import (
     DeviceMemory,
     bytes_per_block,
     kv_cache_budget,
     module_bytes,
     num_blocks_for_budget,
 )
-from kvmesh.replica.model_runner import ModelRunner
-from kvmesh.replica.sampler import build_sampling_metadata
-from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
-from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.model_runner import ModelRunner
 
 GIB = 2**30
 META = torch.device("meta")
@@ -201,8 +201,8 @@ def test_step_inputs_and_attention_metadata_live_on_the_runner_device(monkeypatc
 
 
 def test_kv_cache_and_static_decode_buffers_live_on_the_runner_device(monkeypatch):
-    from kvmesh.replica.cuda_graph import StaticDecode
-    from kvmesh.replica.kv_cache import allocate_kv_cache
+    from kvmesh.replica.worker.cuda_graph import StaticDecode
+    from kvmesh.replica.worker.kv_cache import allocate_kv_cache
 
     monkeypatch.setitem(sys.modules, "flash_attn", flash_attn_reference.as_module())
     assert allocate_kv_cache(2, (2, 8, 256, 2, 8), torch.bfloat16, META).device == META

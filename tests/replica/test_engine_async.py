@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from kvmesh.replica.async_engine import AsyncLLM
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.engine.async_llm import AsyncLLM
+from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
 
 @pytest.fixture

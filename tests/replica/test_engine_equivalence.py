@@ -10,9 +10,9 @@ import random
 
 import pytest
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
 
 def make_engine(num_blocks=256, block_size=4, **kw) -> LLMEngine:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from kvmesh.events.config import PublisherConfig
 from kvmesh.events.schema import BlockRemoved, BlockStored
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
 
 class RecordingPublisher:

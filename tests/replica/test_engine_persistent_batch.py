@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
+from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.engine.llm_engine import LLMEngine
+from kvmesh.replica.engine.stats import Histogram
 from kvmesh.replica.serving.sampling_params import SamplingParams
-from kvmesh.replica.stats import Histogram
+from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
 
 def make_engine(num_blocks=64):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
 PROMPT = [11, 12, 13]
 

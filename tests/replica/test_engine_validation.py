@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
 
 @pytest.fixture

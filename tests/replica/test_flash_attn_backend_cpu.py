@@ -18,7 +18,7 @@ from kvmesh.replica.attention import flash_attn_reference
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.flash_attn_backend import PAGED_BLOCK_MULTIPLE
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
+from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
 from .attention_steps import make_step

@@ -15,11 +15,11 @@ from collections import Counter
 import pytest
 import torch
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.input_batch import prepare_inputs
+from kvmesh.replica.engine.scheduler_output import ScheduledRequest
 from kvmesh.replica.layers.custom_op import force_triton
-from kvmesh.replica.model_runner import ModelRunner
-from kvmesh.replica.scheduler_output import ScheduledRequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.input_batch import prepare_inputs
+from kvmesh.replica.worker.model_runner import ModelRunner
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.scheduler_output import ScheduledRequest
 from kvmesh.replica.layers.custom_op import force_triton
-from kvmesh.replica.model_runner import ModelRunner
-from kvmesh.replica.scheduler_output import ScheduledRequest
+from kvmesh.replica.worker.model_runner import ModelRunner
 
 from .test_model_hf_parity import GREEDY, all_logits, hf_logits
 
@@ -59,7 +59,7 @@ def test_the_fused_path_runs_under_the_meta_device(triton_device):
     """The kernels' torch ops have meta implementations, so the fused model traces shapes without running
     a kernel (what torch.compile's fake tensors and the meta-device tests need)."""
     from kvmesh.replica.attention.backend import get_attn_backend
-    from kvmesh.replica.input_batch import prepare_inputs
+    from kvmesh.replica.worker.input_batch import prepare_inputs
 
     from .test_meta_device_model import META, SPECS, build_on
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.kv_cache import bytes_per_block
-from kvmesh.replica.model_runner import ModelRunner
+from kvmesh.replica.worker.kv_cache import bytes_per_block
+from kvmesh.replica.worker.model_runner import ModelRunner
 
 from ..conftest import TEST_KV_CACHE_MEMORY
 from .engine_paths import free_cuda_memory

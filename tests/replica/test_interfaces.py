@@ -8,17 +8,17 @@ EngineClient. A missing member shows up here, not as an AttributeError in a runn
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.sim.replica import SimRequest
+from kvmesh.cluster.measure.sim.replica import SimRequest
 from kvmesh.kvcache.interfaces import CacheRequest, TokenRequest
-from kvmesh.replica.async_engine import AsyncLLM
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.engine.async_llm import AsyncLLM
+from kvmesh.replica.engine.llm_engine import LLMEngine
+from kvmesh.replica.engine.request import Request
 from kvmesh.replica.interfaces import EngineClient, ModelRunnerInterface
-from kvmesh.replica.model_runner import ModelRunner
-from kvmesh.replica.request import Request
 from kvmesh.replica.serving.sampling_params import SamplingParams
-from kvmesh.replica.tp_worker import RayTPExecutor, RunnerFacts
+from kvmesh.replica.worker.fake_runner import FakeModelRunner
+from kvmesh.replica.worker.model_runner import ModelRunner
+from kvmesh.replica.worker.tp_worker import RayTPExecutor, RunnerFacts
 
 
 @pytest.mark.parametrize("request_", [

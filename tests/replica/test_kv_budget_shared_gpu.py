@@ -9,7 +9,7 @@ import time
 
 import pytest
 from kvmesh.replica.actor import gpu_load_lock
-from kvmesh.replica.kv_cache import DeviceMemory, kv_cache_budget
+from kvmesh.replica.worker.kv_cache import DeviceMemory, kv_cache_budget
 
 GIB = 2**30
 

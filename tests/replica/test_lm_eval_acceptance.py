@@ -15,7 +15,7 @@ import math
 import pytest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.runtime import ReplicaRuntime
-from kvmesh.replica.server_config import ReplicaServerConfig
+from kvmesh.replica.server.config import ReplicaServerConfig
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness not installed (pip install lm-eval)")
 torch = pytest.importorskip("torch")

@@ -10,10 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from kvmesh.replica.engine.outputs import ModelRunnerOutput, TokenLogprobs  # noqa: E402
 from kvmesh.replica.llm import LLM  # noqa: E402
-from kvmesh.replica.logprobs import gather_logprobs  # noqa: E402
-from kvmesh.replica.outputs import ModelRunnerOutput, TokenLogprobs  # noqa: E402
-from kvmesh.replica.sampler import Sampler, build_sampling_metadata  # noqa: E402
+from kvmesh.replica.sample.logprobs import gather_logprobs  # noqa: E402
+from kvmesh.replica.sample.sampler import Sampler, build_sampling_metadata  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
 from ..conftest import TEST_KV_CACHE_MEMORY  # noqa: E402
@@ -69,8 +69,8 @@ def test_logit_bias_moves_the_sampled_token_and_leaves_raw_logprobs(temperature)
 
 def test_a_runner_without_logprobs_fails_the_request_that_asked_instead_of_dropping_them():
     from kvmesh.replica.config import EngineConfig
-    from kvmesh.replica.engine import LLMEngine
-    from kvmesh.replica.fake_runner import FakeModelRunner
+    from kvmesh.replica.engine.llm_engine import LLMEngine
+    from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
     engine = LLMEngine(EngineConfig(model="fake", load_format="dummy"), model_runner=FakeModelRunner(),
                        skip_tokenizer_init=True)

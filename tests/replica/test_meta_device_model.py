@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
-from kvmesh.replica.input_batch import prepare_inputs
+from kvmesh.replica.engine.scheduler_output import ScheduledRequest
 from kvmesh.replica.model_config import ModelSpec
 from kvmesh.replica.models import MODEL_REGISTRY, get_model_class
-from kvmesh.replica.scheduler_output import ScheduledRequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.input_batch import prepare_inputs
 
 META = torch.device("meta")
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

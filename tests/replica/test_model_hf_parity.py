@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.input_batch import prepare_inputs
-from kvmesh.replica.model_runner import ModelRunner
-from kvmesh.replica.scheduler_output import ScheduledRequest
+from kvmesh.replica.engine.scheduler_output import ScheduledRequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.input_batch import prepare_inputs
+from kvmesh.replica.worker.model_runner import ModelRunner
 
 ATOL = 2e-5
 GREEDY = SamplingParams(temperature=0.0)

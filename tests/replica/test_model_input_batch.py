@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 import torch
-from kvmesh.replica.block_table import BlockTables
-from kvmesh.replica.input_batch import InputBatch, prepare_inputs
-from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.block_table import BlockTables
+from kvmesh.replica.worker.input_batch import InputBatch, prepare_inputs
 
 CPU = torch.device("cpu")
 SP = SamplingParams(temperature=0.0)

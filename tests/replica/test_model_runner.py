@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.input_batch import prepare_inputs
-from kvmesh.replica.model_runner import ModelRunner
-from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.input_batch import prepare_inputs
+from kvmesh.replica.worker.model_runner import ModelRunner
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
 ONCE_UPON_A_TIME = [1, 403, 407, 261, 378]  # "<s> Once upon a time" with the stories260K tokenizer

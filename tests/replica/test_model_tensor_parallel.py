@@ -15,7 +15,7 @@ from kvmesh.replica.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from kvmesh.replica.parallel_state import ParallelState
+from kvmesh.replica.worker.parallel_state import ParallelState
 
 TP = 2
 GEN = torch.Generator().manual_seed(0)
@@ -96,7 +96,7 @@ PROMPTS = [[1, 5, 9, 33, 70, 2, 8, 15, 4, 99], [1, 42, 17]]
 
 
 def greedy_tokens(runner, num_steps=6):
-    from kvmesh.replica.scheduler_output import ScheduledRequest, SchedulerOutput
+    from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
     from kvmesh.replica.serving.sampling_params import SamplingParams
 
     sp = SamplingParams(temperature=0.0)
@@ -120,7 +120,7 @@ def _engine_config(path):
 
 def _tp_worker(rank, path, port, out_dir):
     import torch.distributed as dist
-    from kvmesh.replica.model_runner import ModelRunner
+    from kvmesh.replica.worker.model_runner import ModelRunner
 
     os.environ["KVMESH_NUM_THREADS"] = "1"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
@@ -136,7 +136,7 @@ def _tp_worker(rank, path, port, out_dir):
 
 @pytest.mark.slow
 def test_tp2_over_gloo_gives_the_same_greedy_tokens_as_tp1(tmp_path):
-    from kvmesh.replica.model_runner import ModelRunner
+    from kvmesh.replica.worker.model_runner import ModelRunner
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)

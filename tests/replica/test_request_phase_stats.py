@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.engine.llm_engine import LLMEngine
+from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.serving.sampling_params import SamplingParams
-from kvmesh.replica.stats import EngineStats
+from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
 STEP_S = 0.02  # each model step sleeps this long, so every phase has a known lower bound
 

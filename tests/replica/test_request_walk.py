@@ -14,12 +14,12 @@ from types import FrameType
 
 import httpx
 import pytest
-from kvmesh.replica.async_engine import AsyncLLM
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.fake_runner import FakeModelRunner
+from kvmesh.replica.engine.async_llm import AsyncLLM
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.runtime import ReplicaRuntime
-from kvmesh.replica.server_config import ReplicaServerConfig
+from kvmesh.replica.server.config import ReplicaServerConfig
+from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
 from ..conftest import CHAT_TEMPLATE
 
@@ -65,9 +65,9 @@ class WalkRecorder:
 
 
 def test_a_walk_that_goes_back_to_a_file_is_caught():
-    assert reentered(["replica/metrics.py", "replica/server.py", "replica/completions.py", "replica/server.py"]) \
-        == ["replica/server.py"]
-    assert reentered(["replica/metrics.py", "replica/openai/auth.py", "replica/completions.py"]) == []
+    assert reentered(["replica/server/metrics.py", "replica/server/app.py", "replica/server/completions.py", "replica/server/app.py"]) \
+        == ["replica/server/app.py"]
+    assert reentered(["replica/server/metrics.py", "replica/openai/auth.py", "replica/server/completions.py"]) == []
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_one_completion_enters_no_file_twice(recorded_replica, path, body):
     reply = httpx.post(runtime.http.url + path, json=body, timeout=60)
     recorder.recording = False
     assert reply.status_code == 200, reply.text
-    assert recorder.to_engine is not None and recorder.to_engine[-1] == "replica/async_engine.py"
+    assert recorder.to_engine is not None and recorder.to_engine[-1] == "replica/engine/async_llm.py"
     if body.get("n", 1) == 1:  # one candidate: one task from the socket on (n > 1: a task per candidate)
-        assert "replica/completions.py" in recorder.to_engine, recorder.to_engine
+        assert "replica/server/completions.py" in recorder.to_engine, recorder.to_engine
     assert {w: reentered(list(w)) for w in recorder.walks if reentered(list(w))} == {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from kvmesh.replica.sampler import Sampler, apply_top_k_top_p, build_sampling_metadata
+from kvmesh.replica.sample.sampler import Sampler, apply_top_k_top_p, build_sampling_metadata
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
@@ -102,7 +102,7 @@ def test_top_p_and_top_k_draws_follow_the_renormalized_kept_set():
 
 
 def test_flat_distribution_falls_back_to_the_full_sort():
-    import kvmesh.replica.sampler as sampler_mod
+    import kvmesh.replica.sample.sampler as sampler_mod
 
     old, sampler_mod.TOP_P_CANDIDATES = sampler_mod.TOP_P_CANDIDATES, (2, 4)  # nucleus wider than the candidates
     try:
@@ -130,7 +130,7 @@ def test_a_seeded_nucleus_row_draws_the_same_token_whatever_shares_its_batch():
 def test_continuation_seed_draws_what_the_original_would_have_drawn():
     """A migrated stream re-starts with its output in the prompt; its seed is moved on so each later
     token comes from the same random number as in the uninterrupted request."""
-    from kvmesh.replica.sampler import seeded_generator
+    from kvmesh.replica.sample.sampler import seeded_generator
     from kvmesh.replica.serving.sampling_params import continuation_seed
 
     cpu = torch.device("cpu")

@@ -14,8 +14,8 @@ def parse(*argv: str):
 
 
 def _load(*argv: str, env: dict | None = None):
-    from kvmesh.cluster.config import REPLICA_SCHEMA
-    from kvmesh.cluster.config_cli import config_from_args
+    from kvmesh.cluster.config.flags import config_from_args
+    from kvmesh.cluster.config.trees import REPLICA_SCHEMA
 
     return config_from_args(parse(*argv), REPLICA_SCHEMA, env=env or {})
 

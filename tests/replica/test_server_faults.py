@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.fake_runner import FakeModelRunner
 from kvmesh.replica.runtime import ReplicaRuntime
-from kvmesh.replica.server_config import ReplicaServerConfig
+from kvmesh.replica.server.config import ReplicaServerConfig
+from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
 POISON = 511  # a prompt ending in this token makes the engine fail that request (injected below)
 LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}

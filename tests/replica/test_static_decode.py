@@ -14,10 +14,10 @@ from kvmesh.replica.attention.backend import default_backend, get_attn_backend
 from kvmesh.replica.attention.flash_attn_backend import FlashAttentionBackend
 from kvmesh.replica.attention.torch_backend import TorchAttentionBackend
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.cuda_graph import StaticDecode, use_cuda_graphs
-from kvmesh.replica.engine import LLMEngine
+from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.triton_utils import triton_problem
+from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
 
 BLOCK = 256
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # device objects only: nothing runs on CUDA here
@@ -120,7 +120,7 @@ def test_cuda_graphs_true_that_cannot_work_is_a_clear_error():
 
 
 def test_static_decode_needs_a_paged_flash_backend(flash_reference, stories_path):
-    from kvmesh.replica.model_runner import ModelRunner
+    from kvmesh.replica.worker.model_runner import ModelRunner
 
     runner = ModelRunner(EngineConfig(model=str(stories_path), dtype="float32", device="cpu", block_size=16,
                                       kv_cache_memory=1 << 22, attention_backend="flash_attn"))

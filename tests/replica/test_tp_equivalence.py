@@ -6,10 +6,10 @@ import time
 
 import pytest
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
-from kvmesh.replica.model_runner import ModelRunner
+from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
-from kvmesh.replica.tp_worker import RayTPExecutor
+from kvmesh.replica.worker.model_runner import ModelRunner
+from kvmesh.replica.worker.tp_worker import RayTPExecutor
 
 pytestmark = pytest.mark.ray
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine import LLMEngine
+from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.triton_utils import triton_problem
 
@@ -56,7 +56,7 @@ def workload(seed: int = 0) -> dict[str, list[int]]:
 @pytest.mark.skipif(triton_problem(torch.device("cpu")) is not None,
                     reason=f"{triton_problem(torch.device('cpu'))} (the gpu tests check the compiled kernel)")
 def test_stories260k_tokens_match_the_torch_backend_through_the_interpreter(stories_path, caplog):
-    caplog.set_level(logging.INFO, logger="kvmesh.replica.model_runner")
+    caplog.set_level(logging.INFO, logger="kvmesh.replica.worker.model_runner")
     prompts = workload()
     kw = dict(model=str(stories_path), dtype="float32", device="cpu", block_size=16, kv_cache_memory=1 << 20,
               max_num_batched_tokens=24, hash_seed=b"s")

@@ -12,12 +12,12 @@ import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.router_server import RouterServer
 
-FAKE = "kvmesh.cluster.benchmarks.fake_replica"
+FAKE = "kvmesh.cluster.measure.benchmarks.fake_replica"
 BLOCK_SIZE = 4
 
 
 class FakeProc:
-    """A fake replica process (kvmesh.cluster.benchmarks.fake_replica) that can be killed and restarted on the same ports."""
+    """A fake replica process (kvmesh.cluster.measure.benchmarks.fake_replica) that can be killed and restarted on the same ports."""
 
     def __init__(self, name: str):
         self.name = name

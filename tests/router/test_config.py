@@ -48,8 +48,8 @@ def test_router_config_binds_loopback_by_default():
 
 def test_cli_parses_a_standalone_router():
     from kvmesh.cluster.commands import router as command
-    from kvmesh.cluster.config import ROUTER_SCHEMA
-    from kvmesh.cluster.config_cli import config_from_args
+    from kvmesh.cluster.config.flags import config_from_args
+    from kvmesh.cluster.config.trees import ROUTER_SCHEMA
 
     parser = argparse.ArgumentParser()
     command.add_parser(parser.add_subparsers())
@@ -83,8 +83,8 @@ def test_cli_reports_a_bad_replica_spec_without_a_traceback(capsys):
 
 
 def test_router_command_reads_the_router_section_from_yaml_and_env(tmp_path):
-    from kvmesh.cluster.config import ROUTER_SCHEMA
-    from kvmesh.cluster.config_loader import load
+    from kvmesh.cluster.config.loader import load
+    from kvmesh.cluster.config.trees import ROUTER_SCHEMA
 
     path = tmp_path / "router.yaml"
     path.write_text("router:\n  policy: round_robin\n  max_attempts: 5\n")

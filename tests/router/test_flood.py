@@ -8,7 +8,7 @@ garbage, bad frames, payloads over every limit and valid-but-huge batches as fas
 """
 
 import pytest
-from kvmesh.cluster.benchmarks import flood
+from kvmesh.cluster.measure.benchmarks import flood
 
 pytestmark = pytest.mark.slow
 

@@ -36,7 +36,7 @@ def test_router_and_openai_layer_import_without_torch():
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}: importlib.import_module(name)\n"
-        "import kvmesh.cluster.commands.router, kvmesh.cluster.benchmarks.router\n"
+        "import kvmesh.cluster.commands.router, kvmesh.cluster.measure.benchmarks.router\n"
         "bad = [m for m in ('torch', 'transformers.models.auto.tokenization_auto') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

@@ -33,7 +33,7 @@ def live(stories_path, tokenizer):
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.openai.config import FrontendConfig
     from kvmesh.replica.runtime import ReplicaRuntime
-    from kvmesh.replica.server_config import ReplicaServerConfig
+    from kvmesh.replica.server.config import ReplicaServerConfig
 
     from ..conftest import CHAT_TEMPLATE
 
@@ -181,7 +181,7 @@ def test_replica_that_cannot_match_the_router_keys_is_degraded_not_matched(live,
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.openai.config import FrontendConfig
     from kvmesh.replica.runtime import ReplicaRuntime
-    from kvmesh.replica.server_config import ReplicaServerConfig
+    from kvmesh.replica.server.config import ReplicaServerConfig
 
     from ..conftest import CHAT_TEMPLATE
 

@@ -126,8 +126,8 @@ def test_auto_workers_are_the_cores_left_after_the_replicas(monkeypatch, cores, 
 
 
 def test_serve_resolves_auto_workers_to_one_on_a_two_core_host(monkeypatch):
-    from kvmesh.cluster.config import ServeConfig
-    from kvmesh.cluster.serve_router import num_router_workers
+    from kvmesh.cluster.config.trees import ServeConfig
+    from kvmesh.cluster.launch.serve_router import num_router_workers
 
     monkeypatch.setattr("os.sched_getaffinity", lambda _: {0, 1}, raising=False)
     assert ServeConfig().router.workers == 0  # auto is serve's default

@@ -40,7 +40,7 @@ def setup(stories_path):
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.openai.config import FrontendConfig
     from kvmesh.replica.runtime import ReplicaRuntime
-    from kvmesh.replica.server_config import ReplicaServerConfig
+    from kvmesh.replica.server.config import ReplicaServerConfig
     from kvmesh.replica.serving.tokenizer import load_tokenizer
 
     from ..conftest import CHAT_TEMPLATE

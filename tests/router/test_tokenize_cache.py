@@ -13,7 +13,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvmesh.cluster.benchmarks.router_peers import LLAMA2_CHAT_TEMPLATE
+from kvmesh.cluster.measure.benchmarks.router_peers import LLAMA2_CHAT_TEMPLATE
 from kvmesh.router.routing.tokenize_cache import CachedTokenizer
 
 tokenizers = pytest.importorskip("tokenizers")

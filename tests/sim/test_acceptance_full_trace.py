@@ -6,9 +6,9 @@ the lowest TTFT p50 and p99 of the policies side by side."""
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.sim.config import SimConfig, miniature
-from kvmesh.cluster.sim.run import compare_policies
-from kvmesh.cluster.workloads.traces import read_mooncake
+from kvmesh.cluster.measure.sim.config import SimConfig, miniature
+from kvmesh.cluster.measure.sim.run import compare_policies
+from kvmesh.cluster.measure.workloads.traces import read_mooncake
 
 POLICIES = ["cache_aware", "least_loaded", "prefix_hash"]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvmesh.cluster.sim.replica import SimRequest
-from kvmesh.cluster.sim.report import capped_hit_tokens, infinite_hit_rate, single_pool_hit_rate
-from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
+from kvmesh.cluster.measure.sim.replica import SimRequest
+from kvmesh.cluster.measure.sim.report import capped_hit_tokens, infinite_hit_rate, single_pool_hit_rate
+from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 
 
 def _r(i, ids, n, out=1):

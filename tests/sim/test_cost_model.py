@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.sim.config import CostModel, SimConfig, miniature
+from kvmesh.cluster.measure.sim.config import CostModel, SimConfig, miniature
 
 
 def test_prefill_time_grows_with_uncached_tokens_only():

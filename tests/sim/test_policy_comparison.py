@@ -10,11 +10,11 @@ is a benchmark (BENCHMARKS.md, "Simulator").
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.sim.config import SimConfig, miniature
-from kvmesh.cluster.sim.replica import cut_trace
-from kvmesh.cluster.sim.report import format_table
-from kvmesh.cluster.sim.run import compare_policies
-from kvmesh.cluster.workloads.traces import read_mooncake
+from kvmesh.cluster.measure.sim.config import SimConfig, miniature
+from kvmesh.cluster.measure.sim.replica import cut_trace
+from kvmesh.cluster.measure.sim.report import format_table
+from kvmesh.cluster.measure.sim.run import compare_policies
+from kvmesh.cluster.measure.workloads.traces import read_mooncake
 
 POLICIES = ["cache_aware", "round_robin", "least_loaded"]
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvmesh.cluster.sim.config import SimConfig
-from kvmesh.cluster.sim.replica import requests_from_mooncake
-from kvmesh.cluster.sim.router import SimRouter
-from kvmesh.cluster.sim.run import compare_policies, run_policy
-from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
-from kvmesh.cluster.workloads.generated import SyntheticTrace
-from kvmesh.cluster.workloads.traces import MooncakeRecord
+from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
+from kvmesh.cluster.measure.sim.router import SimRouter
+from kvmesh.cluster.measure.sim.run import compare_policies, run_policy
+from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
+from kvmesh.cluster.measure.workloads.generated import SyntheticTrace
+from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
 from kvmesh.kvcache.hashing import external_hash
 
 CFG = SimConfig(num_replicas=4, block_size=32, blocks_per_replica=16, max_num_batched_tokens=256)
@@ -88,7 +88,7 @@ def test_sessions_help_one_router_and_need_a_shared_table_under_several():
 
 
 def miniature_cfg(config: SimConfig) -> SimConfig:
-    from kvmesh.cluster.sim.config import miniature
+    from kvmesh.cluster.measure.sim.config import miniature
 
     return miniature(replace(config, block_size=512, blocks_per_replica=None, capacity_fraction=0.5), 16)
 

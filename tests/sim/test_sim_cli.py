@@ -41,8 +41,8 @@ def test_sim_rejects_unknown_policy_and_cost_field(mooncake_trace, tmp_path, cap
 def test_sim_flags_are_the_documented_fields_of_its_dataclasses():
     import argparse
 
-    from kvmesh.cluster.config_cli import add_config_arguments, config_from_args
-    from kvmesh.cluster.sim.options import SCALING_SCHEMA, SIM_SCHEMA
+    from kvmesh.cluster.config.flags import add_config_arguments, config_from_args
+    from kvmesh.cluster.measure.sim.options import SCALING_SCHEMA, SIM_SCHEMA
 
     for schema in (SIM_SCHEMA, SCALING_SCHEMA):
         assert all(o.doc for o in schema.options), [o.dotted for o in schema.options if not o.doc]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.sim.config import SimConfig
-from kvmesh.cluster.sim.replica import requests_from_mooncake
-from kvmesh.cluster.sim.run import run_policy
-from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
-from kvmesh.cluster.workloads.traces import MooncakeRecord
+from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
+from kvmesh.cluster.measure.sim.run import run_policy
+from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
+from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
 from kvmesh.kvcache.hashing import external_hash
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.sim.config import CostModel, SimConfig
-from kvmesh.cluster.sim.replica import SimReplica, SimRequest
-from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
+from kvmesh.cluster.measure.sim.config import CostModel, SimConfig
+from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
+from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 
 BS = 16
 COST = CostModel(step_overhead_s=0.001, prefill_s_per_token=0.001, decode_s_per_step=0.01,

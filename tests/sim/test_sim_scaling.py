@@ -4,13 +4,13 @@ trace at a rate that varies, against a fixed fleet sized for the peak."""
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.autoscaler import AutoscaleConfig
-from kvmesh.cluster.sim.config import SimConfig
-from kvmesh.cluster.sim.replica import SimRequest, cut_trace, requests_from_mooncake
-from kvmesh.cluster.sim.run import blocks_per_replica
-from kvmesh.cluster.sim.scaling import compare_with_fixed, run_autoscaled, vary_rate
-from kvmesh.cluster.workloads.block_tokens import BlockTokenCache
-from kvmesh.cluster.workloads.traces import read_mooncake
+from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig
+from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.replica import SimRequest, cut_trace, requests_from_mooncake
+from kvmesh.cluster.measure.sim.run import blocks_per_replica
+from kvmesh.cluster.measure.sim.scaling import compare_with_fixed, run_autoscaled, vary_rate
+from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
+from kvmesh.cluster.measure.workloads.traces import read_mooncake
 
 AUTOSCALE = AutoscaleConfig(scale_with_load=True, min_replicas=1, max_replicas=6, target_in_flight=32,
                             upscale_delay_s=5, downscale_delay_s=30)

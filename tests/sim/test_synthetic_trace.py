@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvmesh.cluster.sim.replica import requests_from_mooncake
-from kvmesh.cluster.sim.report import infinite_hit_rate
-from kvmesh.cluster.workloads.generated import SyntheticTrace
+from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
+from kvmesh.cluster.measure.sim.report import infinite_hit_rate
+from kvmesh.cluster.measure.workloads.generated import SyntheticTrace
 
 
 def test_turns_extend_their_conversation_and_tenants_share_system_prompts():

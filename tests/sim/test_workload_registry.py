@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from kvmesh.cluster.cli import main
-from kvmesh.cluster.sim.options import default_trace
-from kvmesh.cluster.workloads.registry import WORKLOADS, get_workload, workload_names
-from kvmesh.cluster.workloads.settings import WorkloadSettings, WorkloadShape
+from kvmesh.cluster.measure.sim.options import default_trace
+from kvmesh.cluster.measure.workloads.registry import WORKLOADS, get_workload, workload_names
+from kvmesh.cluster.measure.workloads.settings import WorkloadSettings, WorkloadShape
 
 
 def _needs_shared_trace(name: str) -> None:
@@ -79,7 +79,7 @@ def test_chatbot_and_rag_share_their_system_blocks():
 
 
 def test_the_simulators_workload_flags_default_to_the_registrys_settings():
-    from kvmesh.cluster.sim.options import SimCommandConfig, SimWorkloadOptions
+    from kvmesh.cluster.measure.sim.options import SimCommandConfig, SimWorkloadOptions
 
     command = SimCommandConfig()
     assert command.workload.settings(3, command.shape) == WorkloadSettings(rate=1.0, seed=3)

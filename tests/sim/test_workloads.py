@@ -7,10 +7,10 @@ from collections import defaultdict
 
 import pytest
 from kvmesh.cluster.cli import main
-from kvmesh.cluster.sim.replica import requests_from_mooncake
-from kvmesh.cluster.sim.report import infinite_hit_rate
-from kvmesh.cluster.workloads.generated import AzurePrefixes, ToolAgentTrace, bursty
-from kvmesh.cluster.workloads.traces import AzureRecord, MooncakeRecord
+from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
+from kvmesh.cluster.measure.sim.report import infinite_hit_rate
+from kvmesh.cluster.measure.workloads.generated import AzurePrefixes, ToolAgentTrace, bursty
+from kvmesh.cluster.measure.workloads.traces import AzureRecord, MooncakeRecord
 
 
 def test_tool_agent_branches_fork_from_one_trajectory_at_each_step():

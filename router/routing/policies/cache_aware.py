@@ -22,7 +22,7 @@ younger, likelier-reused tail. Steering new work towards slow-turnover replicas 
 partitioned caches behave more like one LRU pool (the simulator's attribution: fewer prefixes
 evicted from every replica). ``steps`` puts the decode term in time: ``decode_weight`` (8) is about
 what one running request with a 15k-token context adds to one step (50 us + 39 ns per context
-token ~ 8 prefill tokens at 12k tokens/s, ``cluster/sim/config.py``), and a request behind a long
+token ~ 8 prefill tokens at 12k tokens/s, ``cluster/measure/sim/config.py``), and a request behind a long
 backlog or with a long uncached prompt waits through several steps; a short prompt still weighs a
 running request as 8 tokens. Defaults (0.15, 1.0, 8192) come from ``kvmesh sim`` (BENCHMARKS.md §1.7).
 With ``temperature > 0`` the choice is sampled

@@ -1,5 +1,0 @@
-"""Component benchmarks: ``kvmesh.cluster.benchmarks.<area>`` modules with ``main(argv) -> int``.
-
-Each writes JSON (and a plot where useful) to ``results/<area>.json`` by default and is
-reachable as ``kvmesh bench <area>``. ``traces`` holds the shared trace readers.
-"""

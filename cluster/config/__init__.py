@@ -1,0 +1,1 @@
+"""kvmesh.cluster.config.trees: the config trees."""

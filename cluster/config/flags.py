@@ -1,0 +1,104 @@
+"""CLI flags derived from a command's config schema (``config_schema.py``), and their parsing.
+
+Every visible field gets one flag named after it (``engine.block_size`` -> ``--block-size``) with
+its doc line and default as help; booleans get ``--x/--no-x``; mappings take ``NAME=VALUE``
+(repeatable). Flags left out change nothing, so YAML < environment < flags holds field by field.
+Secrets without a flag (the hash seed) are refused with a message that says where they go.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+
+from kvmesh.cluster.config.loader import ConfigError, load
+from kvmesh.cluster.config.schema import (
+    Option,
+    Root,
+    Schema,
+    YamlValue,
+    assignments,
+    field_docs,
+    value_from_text,
+)
+
+
+class _RefuseSecret(argparse.Action):
+    """A secret given on the command line: refuse it (argv is visible to every user in `ps`)."""
+
+    def __init__(self, option_strings, dest, option: Option, **kwargs):
+        self.option = option
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: {self.option.dotted} is a secret and is not accepted on the command line "
+                     f"(every user of this machine sees argv in `ps`); set {' or '.join(self.option.envs)}, "
+                     "or put it in the --config file")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, schema: Schema[Root], config_file: bool = True) -> None:
+    """One flag per visible field of ``schema``, grouped by section."""
+    if config_file:
+        parser.add_argument("--config", "-c", metavar="FILE",
+                            help="YAML config file with the sections below (see deploy/serve.example.yaml)")
+    defaults = schema.section_defaults()
+    root_docs = field_docs(schema.root)
+    for section in schema.sections:
+        group = parser.add_argument_group(f"{section} ({section}: in YAML, KVMESH_{section.upper()}_* variables)",
+                                          root_docs.get(section))
+        for opt in (o for o in schema.options if o.section == section):
+            if not opt.on_cli:
+                group.add_argument(opt.flag, dest=_dest(opt), option=opt, action=_RefuseSecret)
+                continue
+            default = defaults.get(section, {}).get(opt.name, None)
+            help_text = opt.doc.replace("%", "%%")
+            if not opt.secret and default not in (None, {}, ""):
+                help_text += f" [default: {default}]"
+            if opt.secret:
+                help_text += f" Prefer {opt.envs[-1]}: argv is visible in `ps`."
+            common = {"dest": _dest(opt), "default": argparse.SUPPRESS}
+            if opt.is_bool:
+                group.add_argument(opt.flag, **common, help=help_text, action=argparse.BooleanOptionalAction)
+            elif opt.is_mapping:
+                group.add_argument(opt.flag, **common, help=help_text + " (repeatable)", action="append",
+                                   metavar="NAME=VALUE")
+            else:
+                group.add_argument(opt.flag, **common, help=help_text, metavar=_metavar(opt))
+
+
+def overrides_from_args(args: argparse.Namespace, schema: Schema[Root]) -> dict[str, YamlValue]:
+    """The dotted-path values the user gave on the command line."""
+    overrides: dict[str, YamlValue] = {}
+    for opt in schema.options:
+        if not hasattr(args, _dest(opt)):
+            continue
+        raw = getattr(args, _dest(opt))
+        if opt.is_bool:
+            overrides[opt.dotted] = raw
+        elif opt.is_mapping:
+            try:
+                overrides[opt.dotted] = assignments(raw, opt.flag)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        else:
+            overrides[opt.dotted] = value_from_text(raw, opt.type)
+    return overrides
+
+
+def config_from_args(args: argparse.Namespace, schema: Schema[Root], env: Mapping[str, str] | None = None) -> Root:
+    """YAML (``--config``) + environment + flags -> the root config; raises ``ConfigError``."""
+    return load(schema, getattr(args, "config", None), overrides_from_args(args, schema), env)
+
+
+def _metavar(opt: Option) -> str:
+    import typing
+
+    arms = set(typing.get_args(opt.type)) or {opt.type}
+    return "N" if int in arms and str not in arms else "X" if float in arms else "VALUE"
+
+
+def _dest(opt: Option) -> str:
+    return "cfg__" + opt.dotted.replace(".", "__")
+
+
+__all__ = ["ConfigError", "add_config_arguments", "config_from_args", "overrides_from_args"]

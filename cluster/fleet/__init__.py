@@ -1,0 +1,1 @@
+"""kvmesh.cluster.fleet.operations: a running cluster's replica set."""

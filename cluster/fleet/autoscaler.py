@@ -1,0 +1,133 @@
+"""Autoscaling policy: how many replicas the traffic wants, and which one to lose when fewer will do.
+
+    load per replica (router's GET /replicas, every decision_interval_s):
+        in flight (router's own count)  vs target_in_flight
+        queued prefill tokens (/load)   vs target_queued_prefill_tokens (0 = not used)
+    desired = ceil(max(sum in flight / target_in_flight, sum prefill / target_prefill)), in [min, max]
+
+    desired > current for upscale_delay_s    -> scale up to desired (several at once)
+    desired < current for downscale_delay_s  -> scale down by one: drain the replica whose loss costs
+                                                the least cached reuse (fewest blocks no other replica
+                                                holds, then fewest in flight), then remove it
+
+The policy is pure (``Autoscaler.observe`` takes the time and the rows), so tests and the simulator
+drive it with their own clock; ``cluster/fleet/operations.py`` runs it against a live cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscaleConfig:
+    """Replicas that follow the traffic (``kvmesh serve``; off by default)."""
+
+    scale_with_load: bool = False
+    """Scale the replica count between min_replicas and max_replicas with the load."""
+    min_replicas: int = 1
+    """Fewest replicas the autoscaler keeps."""
+    max_replicas: int = 4
+    """Most replicas the autoscaler starts (and the embedded Ray instance is sized for)."""
+    target_in_flight: float = 4.0
+    """Requests in flight per replica the autoscaler aims for (the router's own count)."""
+    target_queued_prefill_tokens: int = 0
+    """Queued prefill tokens per replica it aims for (the replicas' /load); 0 = not used."""
+    upscale_delay_s: float = 5.0
+    """How long more replicas must be wanted before they are started."""
+    downscale_delay_s: float = 30.0
+    """How long fewer replicas must be enough before one is drained."""
+    decision_interval_s: float = 1.0
+    """How often the autoscaler reads the router's load."""
+    drain_timeout_s: float = 300.0
+    """Longest a drained replica may take to finish its requests before it is removed anyway."""
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(message)
+
+        check(self.min_replicas >= 1, f"autoscale.min_replicas={self.min_replicas} must be at least 1")
+        check(self.max_replicas >= self.min_replicas,
+              f"autoscale.max_replicas={self.max_replicas} is below autoscale.min_replicas={self.min_replicas}")
+        check(self.target_in_flight > 0, f"autoscale.target_in_flight={self.target_in_flight} must be > 0")
+        check(self.target_queued_prefill_tokens >= 0,
+              f"autoscale.target_queued_prefill_tokens={self.target_queued_prefill_tokens} must be >= 0")
+        for name in ("upscale_delay_s", "downscale_delay_s", "drain_timeout_s"):
+            check(getattr(self, name) >= 0, f"autoscale.{name}={getattr(self, name)} must be >= 0")
+        check(self.decision_interval_s > 0, f"autoscale.decision_interval_s={self.decision_interval_s} must be > 0")
+
+
+DecisionDict = dict[str, str | float | None]
+"""A ``Decision`` as JSON (``GET /admin/fleet``, ``kvmesh status``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One scaling decision (logged, counted in metrics, listed by ``kvmesh status``)."""
+
+    at: float
+    """Clock time of the decision (the caller's clock)."""
+    action: str
+    """"up" or "down"."""
+    current: int
+    """Replicas serving (not draining) when decided."""
+    target: int
+    """Replicas wanted."""
+    reason: str
+    """The load that led to it, in words."""
+    victim: str | None = None
+    """Scale down: the replica to drain."""
+
+    def as_dict(self) -> DecisionDict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def desired_replicas(config: AutoscaleConfig, rows: list[dict]) -> tuple[int, str]:
+    """Replicas the load wants, and why; ``rows`` are ``GET /replicas`` rows of serving replicas."""
+    in_flight = sum(int(r.get("in_flight", 0)) for r in rows)
+    prefill = sum(int(r.get("prefill_backlog", 0)) for r in rows)
+    want = in_flight / config.target_in_flight
+    reason = f"{in_flight} in flight (target {config.target_in_flight:g}/replica)"
+    if config.target_queued_prefill_tokens:
+        want = max(want, prefill / config.target_queued_prefill_tokens)
+        reason += f", {prefill} queued prefill tokens (target {config.target_queued_prefill_tokens}/replica)"
+    desired = min(config.max_replicas, max(config.min_replicas, math.ceil(want - 1e-9)))
+    return desired, reason
+
+
+def cheapest_to_lose(rows: list[dict]) -> str:
+    """The serving replica whose loss costs the least cached reuse (then the least work in flight)."""
+    return min(rows, key=lambda r: (int(r.get("exclusive_blocks", 0)), int(r.get("in_flight", 0)), r["id"]))["id"]
+
+
+class Autoscaler:
+    """Turns a stream of load observations into scaling decisions (see the module doc)."""
+
+    def __init__(self, config: AutoscaleConfig) -> None:
+        self.config = config
+        self._want_since: dict[str, float] = {}  # "up"/"down" -> when that wish began
+
+    def observe(self, now: float, rows: list[dict]) -> Decision | None:
+        """One look at the router's replica rows; a decision when one is due (then the timers restart)."""
+        serving = [r for r in rows if not r.get("draining")]
+        current = len(serving)
+        desired, reason = desired_replicas(self.config, serving)
+        if current < self.config.min_replicas:  # below the floor: no delay
+            self._want_since.clear()
+            return Decision(now, "up", current, self.config.min_replicas, f"below min_replicas; {reason}")
+        direction = "up" if desired > current else "down" if desired < current else None
+        for other in ("up", "down"):
+            if other != direction:
+                self._want_since.pop(other, None)
+        if direction is None:
+            return None
+        since = self._want_since.setdefault(direction, now)
+        delay = self.config.upscale_delay_s if direction == "up" else self.config.downscale_delay_s
+        if now - since < delay:
+            return None
+        self._want_since.clear()
+        if direction == "up":
+            return Decision(now, "up", current, desired, reason)
+        return Decision(now, "down", current, current - 1, reason, victim=cheapest_to_lose(serving))

@@ -1,0 +1,291 @@
+"""A running cluster's replica set changed at runtime: add, drain + remove, scale to N, rolling restart.
+
+    add:      placement group (same bundles, same Ray placement) ─▶ launcher.start_replica ─▶ ready
+              ─▶ registered with the router ─▶ healthy in the router (the health gate)
+    remove:   router drain (no new requests) ─▶ its in-flight requests finish (streams to their last
+              byte; at most autoscale.drain_timeout_s) ─▶ router deregisters it (its index is dropped)
+              ─▶ actor shut down ─▶ placement group removed
+    rollout:  per old replica: add one (new engine settings, if any) ─▶ gate ─▶ remove the old one
+
+One worker thread runs the operations in order (``request_scale``/``request_rollout`` queue them and
+return at once; the router's ``/admin/*`` endpoints call them). With ``autoscale.scale_with_load`` a second
+thread (``autoscale_loop.py``) queues what the autoscaler decides.
+On a real Ray cluster a placement group no node can hold stays pending, which is what the Ray
+autoscaler scales GPU nodes on (deploy/README.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from kvmesh.cluster.fleet.autoscaler import Decision, cheapest_to_lose
+from kvmesh.cluster.fleet.supervisor import ReplicaHandle, actor_state, register
+from kvmesh.cluster.fleet.view import Accepted, EngineChanges, FleetView, Operation
+from kvmesh.cluster.launch import placement as pl
+from kvmesh.cluster.launch.capacity import plan_capacity
+from kvmesh.cluster.launch.gpu_share import check_gpu_share
+
+if TYPE_CHECKING:
+    from kvmesh.cluster.launch.launcher import ServeCluster, ServeState
+    from kvmesh.replica.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+class Fleet:
+    """See the module doc. ``cluster`` is the running ``ServeCluster``."""
+
+    def __init__(self, cluster: ServeCluster) -> None:
+        self.cluster = cluster
+        self.config = cluster.config.autoscale
+        self.decisions: deque[Decision] = deque(maxlen=50)
+        """The autoscaler's last decisions (``AutoscaleLoop`` appends them)."""
+        self.operations: deque[Operation] = deque(maxlen=50)
+        """Finished operations: what, when, how long, outcome."""
+        self.busy: str | None = None
+        self._removing: set[str] = set()
+        """Replicas being drained to be removed (one removal each)."""
+        self.target = len(cluster.state.replicas)
+        self._last_index = -1
+        """The highest replica index this cluster has used: names are never reused."""
+        self._ops: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._work, name="kvmesh-fleet", daemon=True)]
+        self._metrics()
+        if self.config.scale_with_load:
+            from kvmesh.cluster.fleet.autoscale_loop import AutoscaleLoop
+
+            loop = AutoscaleLoop(self, self.st.router.runtime.metrics.registry)
+            self._threads.append(threading.Thread(target=loop.run, args=(self._stop,), name="kvmesh-autoscaler",
+                                                  daemon=True))
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> Fleet:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    @property
+    def queued(self) -> int:
+        return self._ops.qsize()
+
+    @property
+    def st(self) -> ServeState:
+        return self.cluster.state
+
+    def replica_ids(self) -> list[str]:
+        return [h.replica_id for h in list(self.st.replicas)]
+
+    # ------------------------------------------------------------------ requests (router /admin/*)
+    def state(self) -> FleetView:
+        return {"replicas": self.replica_ids(), "target": self.target, "busy": self.busy,
+                "queued": self._ops.qsize(), "autoscale": {
+                    "enabled": self.config.scale_with_load, "min_replicas": self.config.min_replicas,
+                    "max_replicas": self.config.max_replicas, "target_in_flight": self.config.target_in_flight,
+                    "target_queued_prefill_tokens": self.config.target_queued_prefill_tokens},
+                "decisions": [d.as_dict() for d in self.decisions], "operations": list(self.operations)}
+
+    def request_scale(self, replicas: int) -> Accepted:
+        """Queue "scale to N" (ValueError when N is out of bounds)."""
+        low, high, why = 1, self.capacity(), "what the Ray cluster's nodes hold; serve --wait-for-nodes lifts this where a Ray autoscaler adds nodes"
+        if self.config.scale_with_load:
+            low, high, why = self.config.min_replicas, self.config.max_replicas, "autoscale.min/max_replicas"
+        if not low <= replicas <= high:
+            raise ValueError(f"cannot scale to {replicas} replicas: allowed {low}..{high} ({why})")
+        self.enqueue(f"scale to {replicas}", self.scale_to, replicas)
+        return {"accepted": True, "operation": f"scale to {replicas}", "replicas": self.replica_ids()}
+
+    def capacity(self) -> int:
+        """Most replicas the Ray cluster's nodes hold (capacity.py: each replica's GPUs on one node, CPUs);
+        no limit here with ray.wait_for_nodes (a pending placement group makes the Ray autoscaler add a node)."""
+        if self.cluster.config.ray.wait_for_nodes:
+            return 1 << 10
+        return max(1, plan_capacity(pl.cluster_nodes(), self.cluster.replica_bundles(), 1).holds)
+
+    def request_rollout(self, engine: EngineChanges | None = None) -> Accepted:
+        """Queue a rolling restart; ``engine`` = EngineConfig fields the new replicas get (checked now).
+
+        ValueError: bad settings; RuntimeError: a rollout is already under way."""
+        if self.busy == "rollout" or any(op[0] == "rollout" for op in list(self._ops.queue)):
+            raise RuntimeError("a rolling restart is already running; GET /admin/fleet shows its progress")
+        new_engine = self.st.engine
+        if engine:
+            try:
+                new_engine = replace(self.st.engine, **engine)
+                check_gpu_share(self.cluster.config.replicas.gpus_per_replica, new_engine.tensor_parallel_size,
+                                new_engine.gpu_memory_utilization)  # the running ones' share is explicit here
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"bad engine settings {engine}: {e}") from None
+        self.enqueue("rollout", self.rollout, new_engine)
+        return {"accepted": True, "operation": "rollout", "replicas": self.replica_ids(),
+                "engine_changes": sorted(engine or {})}
+
+    def request_remove(self, replica_id: str) -> bool:
+        """The router was told to drain a replica: remove its process once drained (False: not ours)."""
+        if replica_id not in self.replica_ids():
+            return False
+        if replica_id not in self._removing:
+            self._removing.add(replica_id)
+            self.target = max(1, self.target - 1)
+            self.enqueue(f"drain {replica_id}", self.remove_replica, replica_id)
+        return True
+
+    def enqueue(self, name: str, fn, *args) -> None:
+        """Run ``fn(*args)`` on the fleet's worker thread, after what is queued before it."""
+        self._ops.put((name, fn, args))
+
+    # ------------------------------------------------------------------ operations
+    def scale_to(self, replicas: int) -> None:
+        self.target = replicas
+        have = len(self.st.replicas)
+        if have < replicas:
+            self.add_replicas(replicas - have)
+        while len(self.st.replicas) > replicas and not self._stop.is_set():
+            rows = self.cluster.state.router_client.replicas(drain_cost=True)
+            self.remove_replica(cheapest_to_lose([r for r in rows if r["id"] in self.replica_ids()]))
+
+    def add_replicas(self, count: int) -> list[ReplicaHandle]:
+        """Start ``count`` replicas in new placement groups; returns once the router routes to them."""
+        import ray
+        from ray.util.placement_group import placement_group
+
+        cfg, st = self.cluster.config, self.st
+        used = {g.replica_index for g in st.groups} | {int(h.replica_id.rsplit("-", 1)[1]) for h in st.replicas}
+        # never a removed replica's name: its metrics (ROUTED, hits) and logs would be taken for the new one's
+        first = max(used | {self._last_index}, default=-1) + 1
+        indexes = list(range(first, first + count))
+        self._last_index = indexes[-1]
+        bundles = self.cluster.replica_bundles()
+        self.cluster.check_capacity(len(st.replicas) + count)  # more than the nodes hold: say so at once
+        groups = []
+        for i in indexes:
+            pg = placement_group(bundles, strategy="STRICT_PACK", name=f"kvmesh-replica-{i}-{time.time_ns()}")
+            groups.append(pl.ReplicaPlacement(replica_index=i, placement_group=pg, target_node_id=None))
+        st.groups.extend(groups)
+        pl.wait_ready(groups, timeout_s=cfg.ray.placement_timeout_s, report=self.cluster.report)
+        handles = [self.cluster.start_replica(g) for g in groups]
+        deadline = time.monotonic() + cfg.ray.ready_timeout_s
+        try:
+            for handle in handles:
+                handle.endpoints = ray.get(handle.actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+        except Exception:  # one did not start: none of this batch joins; free what they hold
+            for handle in handles:
+                ray.kill(handle.actor, no_restart=True)
+            pl.remove_placement_groups(groups)
+            st.groups[:] = [g for g in st.groups if g not in groups]
+            raise
+        for handle in handles:
+            handle.up = True
+            register(st.router_client, handle)
+            st.replicas.append(handle)  # the supervisor watches it from now on
+        for handle in handles:
+            self._wait_healthy(handle.replica_id, deadline)
+            self.cluster.report(f"{handle.replica_id} added at {handle.endpoints['http_url']} "
+                                f"({len(st.replicas)} replicas)")
+        return handles
+
+    def _wait_healthy(self, replica_id: str, deadline: float) -> None:
+        """The health gate: the router has probed the replica and routes to it."""
+        client = self.st.router_client
+        while time.monotonic() < deadline:
+            healthy = client.health().get("healthy_replicas", [])
+            if replica_id in healthy:
+                if hasattr(self.st.router, "wait_workers_see"):  # router processes follow the control router
+                    self.st.router.wait_workers_see(len(healthy), max(deadline - time.monotonic(), 1.0))
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{replica_id} started but the router does not see it healthy")
+
+    def remove_replica(self, replica_id: str) -> None:
+        """Drain, wait for its requests, deregister (index dropped), stop the actor, free its group."""
+        import ray
+
+        st, client = self.st, self.st.router_client
+        handle = next((h for h in st.replicas if h.replica_id == replica_id), None)
+        if handle is None:
+            raise ValueError(f"no replica {replica_id!r} in this cluster; it has {self.replica_ids()}")
+        t0 = time.monotonic()
+        self._removing.add(replica_id)
+        in_flight_at_drain = client.drain(replica_id)["in_flight"]
+        in_flight = -1
+        while time.monotonic() - t0 < self.config.drain_timeout_s:
+            row = next((r for r in client.replicas() if r["id"] == replica_id), None)
+            in_flight = row["in_flight"] if row else 0
+            if in_flight == 0:
+                break
+            time.sleep(0.1)
+        if in_flight:
+            self.cluster.report(f"{replica_id}: {in_flight} request(s) still running after "
+                                f"{self.config.drain_timeout_s:g}s (autoscale.drain_timeout_s); removing it anyway")
+        st.replicas.remove(handle)  # the supervisor stops watching it (its endpoints stay: no re-registration)
+        client.deregister(replica_id)
+        try:
+            ray.get(handle.actor.shutdown.remote(2.0), timeout=10)
+        except Exception as e:  # already gone: nothing to stop
+            logger.debug("shutdown %s: %s", replica_id, e)
+        ray.kill(handle.actor, no_restart=True)
+        deadline = time.monotonic() + 10  # its actor name is free for a later replica only once it is dead
+        while actor_state(handle.actor) not in ("DEAD", "UNKNOWN") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        index = int(replica_id.rsplit("-", 1)[1])
+        groups = [g for g in st.groups if g.replica_index == index]
+        pl.remove_placement_groups(groups)
+        st.groups[:] = [g for g in st.groups if g.replica_index != index]
+        self._removing.discard(replica_id)
+        self.cluster.report(f"{replica_id} drained in {time.monotonic() - t0:.1f}s ({in_flight_at_drain} "
+                            f"request(s) in flight finished) and removed ({len(st.replicas)} replicas)")
+
+    def rollout(self, engine: EngineConfig) -> None:
+        """Replace every replica, one at a time: a new one passes the health gate before an old one drains."""
+        st = self.st
+        old = self.replica_ids()
+        st.engine = engine
+        for replica_id in old:
+            if self._stop.is_set():
+                return
+            t0 = time.monotonic()
+            (new,) = self.add_replicas(1)
+            self.remove_replica(replica_id)
+            self.cluster.report(f"rollout: {replica_id} -> {new.replica_id} in {time.monotonic() - t0:.1f}s")
+
+    # ------------------------------------------------------------------ threads
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            try:
+                name, fn, args = self._ops.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.busy, t0 = name, time.monotonic()
+            outcome = "ok"
+            try:
+                fn(*args)
+            except Exception as e:  # report, keep serving: the cluster is still running
+                outcome = f"failed: {type(e).__name__}: {e}"
+                logger.exception("fleet operation %r failed", name)
+                self.cluster.report(f"{name} failed: {e}")
+            finally:
+                self.busy = None
+                self.operations.append({"operation": name, "started": time.time() - (time.monotonic() - t0),
+                                        "seconds": round(time.monotonic() - t0, 2), "outcome": outcome})
+                self._replicas_gauge.set(len(self.st.replicas))
+                self._target_gauge.set(self.target)
+
+    def _metrics(self) -> None:
+        from prometheus_client import Gauge
+
+        registry = self.st.router.runtime.metrics.registry
+        self._replicas_gauge = Gauge("kvmesh_fleet_replicas", "Replica processes serve runs", registry=registry)
+        self._target_gauge = Gauge("kvmesh_fleet_target_replicas", "Replicas wanted (scale/autoscaler)",
+                                   registry=registry)
+        self._replicas_gauge.set(len(self.st.replicas))
+        self._target_gauge.set(self.target)

@@ -1,0 +1,1 @@
+"""kvmesh.cluster.launch: starting a cluster on Ray."""

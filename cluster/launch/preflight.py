@@ -1,0 +1,87 @@
+"""Checks that run before Ray starts or a model loads, so a user's mistake costs a second, not minutes.
+
+``check(ServeConfig)``: the model resolves (local directory with config.json, or a Hugging Face
+id in the cache / on the hub, one request, no retries; a cached id with no hub in reach sets
+HF_HUB_OFFLINE=1 for the replicas) and every fixed port this machine will bind is free: the
+router's, and on an embedded Ray instance the replicas' HTTP and event ports; and an embedded Ray's
+one node (this machine's GPUs as Ray detects them, ``ray.num_cpus``) holds the replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from kvmesh.cluster.config.trees import ServeConfig
+from kvmesh.cluster.launch.model_files import check_model, hub_reachable
+
+logger = logging.getLogger(__name__)
+
+
+class PreflightError(ValueError):
+    """The config cannot start here; the message says what to change."""
+
+
+def check(config: ServeConfig) -> None:
+    if not config.is_embedded_model:
+        try:
+            path = check_model(config.engine.model)
+        except ValueError as e:
+            raise PreflightError(str(e)) from None
+        if not os.path.isdir(path) and not hub_reachable():
+            # A hub id found in the local cache, and no hub: the replicas (which inherit this
+            # environment) load from the cache instead of retrying the network for minutes.
+            os.environ["HF_HUB_OFFLINE"] = "1"
+    ports = []
+    if config.router.host != "auto" or config.is_embedded_ray:  # "auto" in a Ray cluster: the node's IP, later
+        host = "127.0.0.1" if config.router.host == "auto" else config.router.host
+        ports.append(("router.port", host, config.router.port))
+    if config.is_embedded_ray:  # the replicas bind on this machine too
+        host = "127.0.0.1"
+        ports += [("replicas.http_port", host, p) for p in config.replicas.http_ports()]
+        ports += [("replicas.event_port", host, p) for pair in config.replicas.event_ports() for p in pair]
+    for what, host, port in ports:
+        check_port_free(host, port, what)
+    if config.is_embedded_ray:
+        check_embedded_capacity(config)
+
+
+def check_embedded_capacity(config: ServeConfig) -> None:
+    """The embedded Ray's one node (ray.num_cpus, the GPUs Ray detects here) holds the replicas; a Ray this
+    process already runs (tests' session) is checked once connected (``ServeCluster.check_capacity``)."""
+    import ray
+    from kvmesh.cluster.launch import placement as pl
+    from kvmesh.cluster.launch.capacity import CapacityError
+    from kvmesh.cluster.launch.ray_cluster import embedded_num_cpus
+
+    if ray.is_initialized():
+        return
+    try:
+        nodes = pl.embedded_nodes(embedded_num_cpus(config))
+    except Exception as e:  # Ray's GPU detection is private API: checked again once Ray runs
+        logger.debug("GPU detection before Ray starts failed (%s); the check runs once Ray is up", e)
+        return
+    device = config.engine.device or ("cuda" if nodes[0].gpus >= 1 else "cpu")
+    tp = config.engine.tensor_parallel_size
+    bundles = pl.replica_bundles(tp, config.replicas.num_cpus_per_worker, device, config.gpus_per_worker)
+    try:
+        pl.check_capacity(bundles, tp, config.gpus_per_worker, config.replicas.num_replicas, embedded=True,
+                          nodes=nodes)
+    except CapacityError as e:
+        raise PreflightError(str(e)) from None
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Binding ``host:port`` works now (port 0 always does); else ``PreflightError`` naming the setting."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise PreflightError(f"{what}: port {host}:{port} is not available ({e.strerror}); another kvmesh (or "
+                                 "something else) uses it: stop it, or choose another port (0 = any free port)"
+                                 ) from None

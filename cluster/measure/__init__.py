@@ -1,0 +1,1 @@
+"""kvmesh.cluster.measure: the measuring tools."""

@@ -1,0 +1,296 @@
+"""The one fake replica of tests and benchmarks: stdlib asyncio HTTP/1.1, no model.
+
+Answers ``POST /v1/completions`` and ``/v1/chat/completions`` (SSE when the body asks for
+``"stream": true``), ``GET /load``, ``POST /tokenize``, and any other GET with a 200 JSON that
+satisfies the health and model probes of kvmesh's, sglang's and vLLM's routers. A stream is the
+replica's name then ``!``, or with ``answer_max_tokens`` the body's ``max_tokens`` words ``" w0"``, ``" w1"``
+...; a non-streamed answer is the name (tests read which replica answered). With a prefix cache
+(``PrefixCache``: a real ``KVCacheManager``, its events on a real ``ZmqEventPublisher`` with replay and
+snapshots) every prompt is "prefilled" through it and ``usage`` says how many tokens it held.
+
+``POST /fake/config`` changes the ``Faults`` (a first-byte delay, a forced status, streams cut after
+their first chunk, a clock skew or event lag, the publisher stopped or restarted); ``GET /fake/stats``
+counts requests whose client left during the delay and the Authorization headers seen. Without a
+cache a response costs ~20 µs of CPU, so a router in front of it is measured almost alone::
+
+    python -m kvmesh.cluster.measure.benchmarks.fake_replica --port 0 [--delay-ms 0] [--event-port 0 ...]
+    # prints {"port": P, "url": ..., "events": ..., "replay": ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import functools
+import json
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvmesh.cluster.measure.benchmarks._prefix_cache import PrefixCache
+
+JSONBody = dict[str, object]
+"""A request or response body as JSON decodes it (OpenAI bodies are open-ended)."""
+
+
+@dataclass
+class Faults:
+    """What a test makes the replica do (``POST /fake/config`` sets any of them)."""
+
+    delay: float = 0.0
+    """Seconds each completion waits before answering (a client that leaves meanwhile is counted)."""
+    status: int = 200
+    """Answer every completion with this HTTP status (200 = normally)."""
+    cut: bool = False
+    """Streams break after their first chunk, as when the process dies."""
+    clock_skew: float = 0.0
+    """Seconds this replica's clock is ahead of the real one (its /load timestamp and event batches)."""
+    event_lag: float = 0.0
+    """Seconds event batches are stamped before their step: as if they reached the router that late."""
+    token_delay: float = 0.0
+    """Seconds between streamed tokens."""
+    fail_every: int = 0
+    """Every n-th completion fails with HTTP 400 (0 = none)."""
+
+
+def _head(status: int, length: int | None, content_type: bytes = b"application/json") -> bytes:
+    size = b"Transfer-Encoding: chunked" if length is None else b"Content-Length: %d" % length
+    return b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s\r\n\r\n" % (status, HTTPStatus(status).phrase.encode(), content_type, size)
+
+
+async def _client_left(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """Wait ``seconds``; True as soon as the client closes its side (the router cancelled upstream)."""
+    try:
+        return await asyncio.wait_for(reader.read(1), seconds) == b""
+    except asyncio.TimeoutError:
+        return False
+
+
+def _json(status: int, body: JSONBody) -> bytes:
+    data = json.dumps(body).encode()
+    return _head(status, len(data)) + data
+
+
+@functools.lru_cache(maxsize=4096)
+def _answer(chat: bool, stream: bool, with_usage: bool, model: str, name: str, pieces: tuple[str, ...],
+            prompt_tokens: int, cached: int) -> tuple[bytes, ...]:
+    """A completion's bytes: (head, one chunk per piece, tail); not streamed, all in the head (memoized: the
+    same answer costs a lookup, so a router in front of the fake is measured almost alone)."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces),
+             "total_tokens": prompt_tokens + len(pieces), "prompt_tokens_details": {"cached_tokens": cached}}
+    kind = "chat.completion" if chat else "text_completion"
+    if not stream:
+        choice = ({"index": 0, "message": {"role": "assistant", "content": name}, "finish_reason": "length"}
+                  if chat else {"index": 0, "text": name, "logprobs": None, "finish_reason": "length"})
+        return _json(200, {"id": "cmpl-fake", "object": kind, "created": 0, "model": model, "choices": [choice],
+                           "usage": usage}), b""
+
+    def event(payload: JSONBody) -> bytes:
+        data = b"data: " + json.dumps(payload).encode() + b"\n\n"
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    chunks = [event({"id": "cmpl-fake", "object": kind + ".chunk" * chat, "model": model, "choices": [
+        {"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
+        else {"index": 0, "text": piece, "finish_reason": None}]}) for piece in pieces]
+    tail = (event({"id": "cmpl-fake", "choices": [], "usage": usage}) if with_usage else b"")
+    done = b"data: [DONE]\n\n"
+    return (_head(200, None, b"text/event-stream"), *chunks,
+            tail + b"%x\r\n%s\r\n" % (len(done), done) + b"0\r\n\r\n")
+
+
+class FakeReplica:
+    """Serves the fake protocol on one port until cancelled (``handle`` is the connection callback)."""
+
+    def __init__(self, name: str = "!", model: str = "stub", cache: PrefixCache | None = None,
+                 faults: Faults | None = None, answer_max_tokens: bool = False, keep_bodies: bool = False,
+                 words: bool = False) -> None:
+        self.name = name
+        self.model = model
+        self.cache = cache
+        self.faults = faults or Faults()
+        self.answer_max_tokens = answer_max_tokens
+        self.keep_bodies = keep_bodies
+        self.words = words
+        self._vocabulary: dict[str, int] = {}
+        self.requests: list[JSONBody] = []
+        """Completion bodies received (with ``keep_bodies``)."""
+        self.num_completions = 0
+        self.running = 0
+        self.cancelled = 0
+        self.auth_seen: deque[str] = deque(maxlen=10_000)
+        """Authorization headers of the last completions."""
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                method, path, _ = head.split(b"\r\n", 1)[0].split(b" ", 2)
+                headers = {k.strip().lower(): v.strip() for k, _, v in
+                           (line.partition(b":") for line in head.split(b"\r\n")[1:] if line)}
+                body = await self._body(reader, headers)
+                if not await self._answer(reader, writer, method, path.split(b"?")[0], body, headers):
+                    break
+                if headers.get(b"connection", b"").lower() == b"close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    async def _body(reader: asyncio.StreamReader, headers: dict[bytes, bytes]) -> bytes:
+        if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+            parts = []
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                parts.append(await reader.readexactly(size + 2))
+                if not size:
+                    return b"".join(p[:-2] for p in parts)
+        length = int(headers.get(b"content-length", b"0"))
+        return await reader.readexactly(length) if length else b""
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, method: bytes,
+                      path: bytes, raw: bytes, headers: dict[bytes, bytes]) -> bool:
+        """Write the answer; False when the connection must close."""
+        body: JSONBody = json.loads(raw) if raw.strip() else {}
+        if method == b"POST" and path in (b"/v1/completions", b"/v1/chat/completions"):
+            return await self._complete(reader, writer, body, path == b"/v1/chat/completions",
+                                        headers.get(b"authorization", b"").decode())
+        if method == b"POST" and path == b"/fake/config":
+            reply = self.configure(body)
+        elif method == b"POST" and path == b"/tokenize":
+            reply = {"count": len(self.token_ids(body))}
+        elif path == b"/fake/stats":
+            reply = {"cancelled": self.cancelled, "running": self.running, "auth_seen": list(self.auth_seen)}
+        elif path == b"/load":
+            reply = self.load()
+        elif method == b"GET":
+            reply = {"status": "ok", "object": "list", "data": [{"id": self.model, "object": "model",
+                     "owned_by": "fake"}], "model_path": self.model, "tokenizer_path": self.model,
+                     "is_generation": True}
+        else:
+            reply = {}
+        writer.write(_json(200, reply))
+        await writer.drain()
+        return True
+
+    def configure(self, body: JSONBody) -> JSONBody:
+        """``POST /fake/config``: new faults, the publisher stopped or restarted, the stats reset."""
+        for f in dataclasses.fields(Faults):
+            if f.name in body:
+                setattr(self.faults, f.name, type(getattr(self.faults, f.name))(body[f.name]))
+        if self.cache is not None and body.get("publisher") in ("stop", "restart"):
+            self.cache.stop_publisher() if body["publisher"] == "stop" else self.cache.restart_publisher()
+        if body.get("reset_stats"):
+            self.cancelled = 0
+            self.auth_seen.clear()
+        return {"ok": True}
+
+    def load(self) -> JSONBody:
+        report: JSONBody = {"num_requests_running": self.running, "num_requests_waiting": 0, "kv_cache_usage": 0.0,
+                            "num_waiting_prefill_tokens": 0, "timestamp": time.time() + self.faults.clock_skew}
+        if self.cache is not None:
+            report.update(self.cache.load_fields())
+        return report
+
+    def token_ids(self, body: JSONBody) -> list[int]:
+        """The prompt as token ids: a list of ids as sent; else a text prompt's (a chat's JSON) UTF-8 bytes,
+        or with ``words`` one id per word of the prompt (the chat's contents)."""
+        prompt, messages = body.get("prompt"), body.get("messages")
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return prompt
+        if not self.words:
+            return list((json.dumps(messages) if messages is not None else str(prompt)).encode())
+        text = "\n".join(str(m["content"]) for m in messages) if isinstance(messages, list) else str(prompt)
+        return [self._vocabulary.setdefault(word, len(self._vocabulary)) for word in text.split()]
+
+    async def _complete(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: JSONBody,
+                        chat: bool, auth: str) -> bool:
+        self.num_completions += 1
+        if self.keep_bodies:
+            self.requests.append(body)
+        self.auth_seen.append(auth)
+        f = self.faults
+        self.running += 1
+        try:
+            if f.delay and await _client_left(reader, f.delay):
+                self.cancelled += 1
+                return False
+            status = 400 if f.fail_every and self.num_completions % f.fail_every == 0 else f.status
+            if status != 200:
+                writer.write(_json(status, {"error": {"message": f"injected failure (HTTP {status})",
+                                                      "type": "BadRequestError", "code": status}}))
+                await writer.drain()
+                return True
+            ids = self.token_ids(body)
+            cached = self.cache.prefill(ids, body.get("cache_salt"), f.clock_skew - f.event_lag) if self.cache else 0
+        finally:
+            self.running -= 1
+        max_tokens = body.get("max_tokens")
+        pieces = (tuple(f" w{i}" for i in range(max_tokens if isinstance(max_tokens, int) else 16))
+                  if self.answer_max_tokens else (self.name, "!"))
+        stream_options = body.get("stream_options")
+        with_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+        head, *chunks, tail = _answer(chat, bool(body.get("stream")), with_usage, self.model, self.name, pieces,
+                                      len(ids), cached)
+        writer.write(head)
+        for chunk in chunks:
+            if f.token_delay:
+                await asyncio.sleep(f.token_delay)
+            writer.write(chunk)
+            if f.cut:
+                await writer.drain()
+                await asyncio.sleep(0.05)  # let the first chunk leave, then die mid-stream
+                writer.transport.abort()
+                return False
+        writer.write(tail)
+        await writer.drain()
+        return True
+
+
+
+async def serve(replica: FakeReplica, port: int) -> None:
+    server = await asyncio.start_server(replica.handle, "127.0.0.1", port, backlog=1024)
+    port = server.sockets[0].getsockname()[1]
+    ends = replica.cache.endpoints() if replica.cache else {}
+    print(json.dumps({"port": port, "url": f"http://127.0.0.1:{port}", **ends}), flush=True)
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        if replica.cache is not None:
+            replica.cache.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--name", default="!", help="what a completion answers (default: %(default)s)")
+    ap.add_argument("--port", type=int, default=0, help="port to bind on 127.0.0.1 (0 = free one)")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="wait before each completion answer")
+    ap.add_argument("--event-port", type=int, default=None,
+                    help="keep a prefix cache and publish its KV events on this port (0 = free one)")
+    ap.add_argument("--replay-port", type=int, default=0, help="the publisher's replay port (0 = free one)")
+    ap.add_argument("--block-size", type=int, default=16, help="the prefix cache's block size")
+    ap.add_argument("--num-blocks", type=int, default=4096, help="the prefix cache's blocks")
+    args = ap.parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    from kvmesh.cluster.measure.benchmarks._prefix_cache import PrefixCache
+
+    cache = (PrefixCache(args.name, args.block_size, args.num_blocks, args.event_port, args.replay_port)
+             if args.event_port is not None else None)
+    asyncio.run(serve(FakeReplica(args.name, cache=cache, faults=Faults(delay=args.delay_ms / 1e3)), args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

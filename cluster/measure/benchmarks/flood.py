@@ -1,0 +1,252 @@
+"""A hostile plain-ZeroMQ event stream at full speed against a router that also routes to a healthy replica
+(issue 23: the router's RSS grew ~1.7 GB per 6 s until the kernel killed it).
+
+    kvmesh bench flood [--duration 60] [--baseline 5] [--out results/flood.json]
+
+Processes: ``kvmesh router --workers 1`` (its own process: its RSS is what we watch); a *healthy*
+replica (``fake_replica`` with a prefix cache: a real prefix cache whose events the router follows); a *hostile* one
+whose HTTP is an instant stub and whose event stream (plain PUB, no replay socket, as a vLLM upstream
+replica's) is this module's flooder; one client sending completions one at a time through the router,
+each a shared 64-token prefix (32 of them, cached on the healthy replica beforehand) plus a fresh
+16-token suffix. Phases: ``--baseline`` seconds without the flood, then ``--duration`` seconds of it.
+The flooder cycles, as fast as the router reads, through garbage payloads, wrong frame counts and seq
+frames, payloads over ``max_payload_bytes``, valid batches of 65,536 blocks (~6 MB) and of more blocks
+than a batch may name, valid batches claiming the client's prefixes, and every 5 s one message over
+ZeroMQ's MAXMSGSIZE. Reported: the router's RSS (start of the flood, peak, growth; sampled every
+0.25 s), its CPU, the client's latency p50/p99 and hit rate (cached / prompt tokens) per phase, the
+hostile source's counters, ``/health`` at the end, and tracebacks in the router's log. Plot: RSS and
+latency over time (``--out`` with ``.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import queue
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kvmesh.cluster.measure.benchmarks import _peer_load as pl
+from kvmesh.cluster.measure.benchmarks._flooder import BLOCK_SIZE, VOCAB, hostile_publisher, prefixes
+from kvmesh.cluster.measure.shared_dir import stories_model
+
+ROOT = Path(__file__).resolve().parents[3]
+STORIES = stories_model()
+SUFFIX_TOKENS = 16
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class Client:
+    """One keep-alive connection to the router; completions one at a time."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.rsplit("/", 1)[1].split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        self.rng = random.Random(1)
+        self.prefixes = prefixes()
+
+    def request(self) -> dict:
+        ids = self.rng.choice(self.prefixes) + [self.rng.randrange(1, VOCAB) for _ in range(SUFFIX_TOKENS)]
+        body = json.dumps({"prompt": ids, "max_tokens": 1})
+        t0 = time.perf_counter()
+        self.conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        r = self.conn.getresponse()
+        data = r.read()
+        ms = 1e3 * (time.perf_counter() - t0)
+        ok = r.status == 200
+        cached = json.loads(data)["usage"]["prompt_tokens_details"]["cached_tokens"] if ok else 0
+        return {"t": time.monotonic(), "ms": ms, "ok": ok, "cached": cached, "tokens": len(ids)}
+
+
+def _phase(client: Client, seconds: float, rss_pid: int, samples: list, rss_cap_mb: float) -> list[dict]:
+    """Requests for ``seconds`` while sampling the router's RSS; stops early past ``rss_cap_mb`` (a
+    router without the bounds would take the machine down)."""
+    out, end, next_sample = [], time.monotonic() + seconds, 0.0
+    while (now := time.monotonic()) < end:
+        if now >= next_sample:
+            samples.append((now, _rss_mb(rss_pid)))
+            next_sample = now + 0.25
+            if samples[-1][1] > rss_cap_mb:
+                print(f"  router RSS {samples[-1][1]:.0f} MB > {rss_cap_mb:.0f} MB: flood stopped", flush=True)
+                break
+        out.append(client.request())
+    samples.append((time.monotonic(), _rss_mb(rss_pid)))
+    return out
+
+
+def _summary(reqs: list[dict]) -> dict:
+    ms = sorted(r["ms"] for r in reqs)
+    pct = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))] if ms else float("nan")  # noqa: E731
+    return {"requests": len(reqs), "errors": sum(not r["ok"] for r in reqs),
+            "hit_rate": sum(r["cached"] for r in reqs) / max(1, sum(r["tokens"] for r in reqs)),
+            "latency_p50_ms": pct(0.5), "latency_p99_ms": pct(0.99), "latency_max_ms": ms[-1] if ms else None}
+
+
+def _get(url: str, path: str) -> tuple[int, str]:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + path, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def run(duration: float, baseline: float, model: str = str(STORIES), rss_cap_mb: float = 2048,
+        mix: str = "all") -> dict:
+    """Run the whole scenario (see the module doc); the results as a dict."""
+    with tempfile.TemporaryFile("w+") as log:  # the router's stderr
+        return _run(duration, baseline, model, rss_cap_mb, mix, log)
+
+
+def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: str, log) -> dict:
+    ctx = mp.get_context("spawn")
+    endpoint_q, counts_q, go, stop = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
+    flooder = ctx.Process(target=hostile_publisher, args=(endpoint_q, go, stop, counts_q, mix), daemon=True)
+    procs: list[subprocess.Popen] = []
+    try:
+        flooder.start()
+        healthy = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.fake_replica",
+                                    "--name", "healthy", "--event-port", "0", "--block-size", str(BLOCK_SIZE)],
+                                   stdout=subprocess.PIPE, text=True)
+        procs.append(healthy)
+        stub_url = pl.start_stub_replicas(procs, 1)[0]
+        info = json.loads(healthy.stdout.readline())
+        hostile_events = endpoint_q.get(timeout=60)
+        port = pl.free_port()
+        url = f"http://127.0.0.1:{port}"
+        router = subprocess.Popen([
+            sys.executable, "-m", "kvmesh.cluster.cli", "router", "--model", model, "--max-model-len", "1024",
+            "--block-size", str(BLOCK_SIZE), "--workers", "1", "--host", "127.0.0.1", "--port", str(port),
+            "--poll-interval-s", "0.5", "--log-level", "warning",
+            "--replica", f"{info['url']},events={info['events']},replay={info['replay']},name=healthy",
+            "--replica", f"{stub_url},events={hostile_events},name=hostile"], stderr=log)
+        procs.append(router)
+        pl.wait_http(url, proc=router)
+        pl.wait_http(url, "/v1/models", proc=router)
+        warm = Client(info["url"])  # cache every prefix on the healthy replica, directly
+        for _ in range(2):
+            for p in warm.prefixes:
+                warm.conn.request("POST", "/v1/completions", json.dumps({"prompt": p, "max_tokens": 1}))
+                warm.conn.getresponse().read()
+        time.sleep(0.3)  # the router applies their events
+        client, samples = Client(url), []
+        cpu_before = pl.tree_cpu_seconds(router.pid)
+        before = _phase(client, baseline, router.pid, samples, rss_cap_mb)
+        rss_start, cpu_start = _rss_mb(router.pid), pl.tree_cpu_seconds(router.pid)
+        cpu_before = (cpu_start - cpu_before) / baseline
+        go.set()
+        t_flood = time.monotonic()
+        during = _phase(client, duration, router.pid, samples, rss_cap_mb)
+        flooded = time.monotonic() - t_flood
+        cpu = pl.tree_cpu_seconds(router.pid) - cpu_start
+        stop.set()
+        health_status, health = _get(url, "/health")
+        _, metrics = _get(url, "/metrics")
+        alive = router.poll() is None
+    finally:
+        stop.set()
+        go.set()
+        pl.stop_processes(procs, 10)
+        try:
+            counts = counts_q.get(timeout=10) if flooder.pid is not None else {}
+        except queue.Empty:
+            counts = {}
+        if flooder.pid is not None:
+            flooder.join(10)
+            if flooder.is_alive():
+                flooder.kill()
+        log.seek(0)
+        router_log = log.read()
+    hostile = {line.split('counter="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+               for line in metrics.splitlines()
+               if line.startswith("kvmesh_router_event_stream_total{") and 'replica="hostile"' in line}
+    flood_rss = [mb for t, mb in samples if t >= t_flood]
+    return {
+        "benchmark": "flood", "mix": mix, "duration_s": duration, "baseline_s": baseline, "router_alive": alive,
+        "rss_mb": {"flood_start": rss_start, "peak": max(flood_rss), "end": flood_rss[-1],
+                   "growth": max(flood_rss) - rss_start},
+        "flooded_s": flooded, "router_cpu_s_per_s": {"baseline": cpu_before, "flood": cpu / flooded},
+        "baseline": _summary(before), "flood": _summary(during),
+        "health_status": health_status, "health": json.loads(health),
+        "hostile_counters": hostile, "flooder": counts,
+        "router_log_tracebacks": router_log.count("Traceback"),
+        "router_log_lines": len(router_log.splitlines()),
+        "series": {"rss": [(round(t - t_flood, 3), round(mb, 1)) for t, mb in samples],
+                   "latency": latency_buckets([(r["t"] - t_flood, r["ms"]) for r in before + during])},
+        "machine": {"cpus": os.cpu_count()},
+    }
+
+
+def latency_buckets(points: list[tuple[float, float]], width_s: float = 0.25) -> list[tuple]:
+    """``(t, ms)`` points -> one ``(t, p50_ms, max_ms, n)`` per ``width_s`` window (the JSON stays small)."""
+    buckets: dict[int, list[float]] = {}
+    for t, ms in points:
+        buckets.setdefault(int(t // width_s), []).append(ms)
+    return [(round(k * width_s, 3), round(sorted(v)[len(v) // 2], 2), round(max(v), 2), len(v))
+            for k, v in sorted(buckets.items())]
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    t, mb = zip(*result["series"]["rss"], strict=True)
+    ax1.plot(t, mb)
+    ax1.set_ylabel("router RSS (MB)")
+    ax1.axvline(0, color="red", linestyle=":", label="flood starts")
+    ax1.legend()
+    t, p50, worst, _ = zip(*result["series"]["latency"], strict=True)
+    ax2.plot(t, p50, label="p50")
+    ax2.plot(t, worst, ".", markersize=3, label="max")
+    ax2.set_yscale("log")
+    ax2.set_ylabel("request latency per 0.25 s (ms)")
+    ax2.legend()
+    ax2.set_xlabel("seconds since the flood started")
+    fig.suptitle(f"hostile plain event stream: RSS growth {result['rss_mb']['growth']:.0f} MB, hit rate "
+                 f"{result['baseline']['hit_rate']:.3f} -> {result['flood']['hit_rate']:.3f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kvmesh bench flood", description=__doc__, allow_abbrev=False,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of flooding")
+    ap.add_argument("--baseline", type=float, default=5.0, help="seconds of traffic before the flood")
+    ap.add_argument("--model", default=str(STORIES), help="the router's tokenizer")
+    ap.add_argument("--rss-cap-mb", type=float, default=2048, help="stop the flood once the router's RSS passes this")
+    ap.add_argument("--mix", choices=["all", "valid", "endless"], default="all",
+                    help="all: every kind of bad and huge message; valid: only valid 65,536-block batches; "
+                         "endless: raw ZMTP, one multipart message that never ends")
+    ap.add_argument("--out", default="results/flood.json")
+    args = ap.parse_args(argv)
+    print(f"flood: {args.baseline:g} s baseline, then {args.duration:g} s of hostile traffic ...", flush=True)
+    result = run(args.duration, args.baseline, args.model, args.rss_cap_mb, args.mix)
+    for key in ("rss_mb", "router_cpu_s_per_s", "baseline", "flood", "hostile_counters", "flooder"):
+        print(f"  {key}: {json.dumps(result[key])}")
+    print(f"  router alive {result['router_alive']}, /health {result['health_status']} degraded "
+          f"{result['health'].get('degraded_replicas')}, tracebacks {result['router_log_tracebacks']}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    plot(result, str(Path(args.out).with_suffix(".png")))
+    print(f"wrote {args.out} and {Path(args.out).with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""``kvmesh bench compare-policies``: the same workloads through the router under several policies.
+
+For each policy a router is started in this process (``RouterServer``, ephemeral port) in front
+of the *same* replicas, and each workload is sent through it; every (policy, workload) run uses
+its own ``cache_salt``, so no run reuses cache entries an earlier run left behind. Replicas come
+from ``--replica`` (``URL[,events=tcp://H:P][,replay=tcp://H:P][,name=ID]``) or are discovered
+from a running router's ``GET /replicas`` (``--url``, e.g. the one ``kvmesh serve`` started).
+With ``--endpoint NAME=URL`` nothing is started: already-running endpoints are compared.
+
+Writes one JSON with every run and a side-by-side plot per workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import secrets
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from kvmesh.cluster.config.flags import config_from_args
+from kvmesh.cluster.measure.loadgen.load import add_load_arguments, results_dir, run_parameters
+from kvmesh.cluster.measure.loadgen.options import BENCH_LOAD_SCHEMA, BenchLoadConfig
+from kvmesh.router.config import ReplicaSpec
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench compare-policies", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_load_arguments(p)
+    c = p.add_argument_group("comparison")
+    c.add_argument("--policies", default="cache_aware,round_robin", help="comma-separated (default: %(default)s)")
+    c.add_argument("--workloads", default="chatbot,multi_turn",
+                   help="registered workloads (listed below), comma-separated (default: %(default)s)")
+    c.add_argument("--replica", action="append", default=[], metavar="SPEC",
+                   help="replica URL[,events=tcp://H:P][,replay=tcp://H:P][,name=ID] (repeatable); "
+                        "default: GET --url/replicas")
+    c.add_argument("--endpoint", action="append", default=[], metavar="NAME=URL",
+                   help="compare running endpoints instead of starting routers (repeatable)")
+    c.add_argument("--router-model", default=None,
+                   help="tokenizer/model path for the started routers (default: the replicas' model id)")
+    c.add_argument("--block-size", type=int, default=16, help="the replicas' KV block size (default: 16)")
+    c.add_argument("--settle", type=float, default=1.0, help="seconds to let a new router sync events")
+    p.set_defaults(out=str(results_dir() / "bench_compare.json"))
+    return p
+
+
+async def _discover(args: argparse.Namespace, url: str, api_key: str | None) -> list[ReplicaSpec]:
+    from kvmesh.cluster.measure.loadgen.client import HTTP_ERRORS, get_json, open_session
+
+    if args.replica:
+        return [ReplicaSpec.parse(s) for s in args.replica]
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with open_session(url, headers, total_s=5.0) as client:
+            status, body = await get_json(client, "/replicas")
+    except HTTP_ERRORS as e:
+        raise ValueError(f"cannot list replicas at {url}/replicas ({type(e).__name__}: {e}); is "
+                         "`kvmesh serve` running? Or pass --replica URL,events=...,replay=...") from None
+    if status != 200 or not isinstance(body, dict):
+        raise ValueError(f"GET {url}/replicas answered {status}; pass --replica specs")
+    specs = [ReplicaSpec(url=r["url"], events=r.get("events"), replay=r.get("replay"),
+                         replica_id=r.get("id") or "") for r in body["replicas"]]
+    if not specs:
+        raise ValueError(f"{url} has no replicas registered")
+    return specs
+
+
+async def _model_id(url: str, api_key: str | None) -> str | None:
+    from kvmesh.cluster.measure.loadgen.client import HTTP_ERRORS, get_json, open_session
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with open_session(url, headers, total_s=5.0) as client:
+            return (await get_json(client, "/v1/models"))[1]["data"][0]["id"]
+    except (*HTTP_ERRORS, TypeError, KeyError, IndexError):
+        return None
+
+
+async def _wait_healthy(url: str, timeout_s: float = 30.0) -> None:
+    from kvmesh.cluster.measure.loadgen.client import HTTP_ERRORS, open_session
+
+    async with open_session(url, total_s=2.0) as client:
+        for _ in range(int(timeout_s / 0.2)):
+            try:
+                async with client.get("/health") as resp:
+                    if resp.status == 200:
+                        return
+            except HTTP_ERRORS:
+                pass
+            await asyncio.sleep(0.2)
+    raise ValueError(f"router at {url} reported no healthy replica within {timeout_s:.0f} s")
+
+
+async def _run_workloads(args: argparse.Namespace, config: BenchLoadConfig, label: str, url: str,
+                         workloads: list[str], nonce: str) -> dict:
+    from kvmesh.cluster.measure.loadgen.load import run_bench
+
+    out = {}
+    for workload in workloads:
+        run = replace(config, endpoint=replace(config.endpoint, url=url),
+                      workload=replace(config.workload, workload=workload))
+        out[workload] = await run_bench(run, f"{label}/{workload}", not args.no_progress,
+                                        cache_salt=f"compare-{nonce}-{label}-{workload}")
+    return out
+
+
+async def compare(args: argparse.Namespace) -> dict:
+    config: BenchLoadConfig = config_from_args(args, BENCH_LOAD_SCHEMA)
+    api_key = config.endpoint.api_key
+    policies = [p for p in args.policies.split(",") if p]
+    workloads = [w for w in args.workloads.split(",") if w]
+    nonce = secrets.token_hex(4)
+    runs: dict[str, dict] = {}
+    if args.endpoint:
+        for item in args.endpoint:
+            name, sep, url = item.partition("=")
+            if not sep:
+                raise ValueError(f"--endpoint {item!r}: expected NAME=URL")
+            runs[name] = await _run_workloads(args, config, name, url, workloads, nonce)
+        return runs
+    from kvmesh.router.config import RouterConfig
+    from kvmesh.router.control.router_server import RouterServer
+
+    specs = await _discover(args, config.endpoint.url, api_key)
+    model = args.router_model or await _model_id(specs[0].url, api_key)
+    for policy in policies:
+        config = RouterConfig(host="127.0.0.1", port=0, model=model, policy=policy, block_size=args.block_size,
+                              replica_api_key=api_key)
+        server = RouterServer(config, [copy.copy(s) for s in specs]).start()
+        try:
+            await _wait_healthy(server.url)
+            await asyncio.sleep(args.settle)
+            runs[policy] = await _run_workloads(args, config, policy, server.url, workloads, nonce)
+        finally:
+            server.stop()
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kvmesh.cluster.measure.loadgen.client import EndpointUnreachable
+    from kvmesh.cluster.measure.loadgen.plots import plot_compare
+    from kvmesh.cluster.measure.loadgen.report import format_summary, write_json
+    from kvmesh.cluster.measure.workloads.traces import TraceError
+
+    args = build_parser().parse_args(argv)
+    try:
+        runs = asyncio.run(compare(args))
+    except (EndpointUnreachable, TraceError, ValueError) as e:
+        print(f"kvmesh bench compare-policies: {e}", file=sys.stderr)
+        return 2
+    table = {name: {w: r["summary"] for w, r in per.items()} for name, per in runs.items()}
+    out = write_json({"summaries": table, "runs": runs}, args.out)
+    written = [str(out)]
+    workloads = sorted({w for per in table.values() for w in per})
+    for w in workloads:
+        for name in table:
+            if w in table[name]:
+                print(format_summary(f"{name:>14} {w}", table[name][w]))
+        if not args.no_plot:
+            path = Path(args.out).with_name(f"{Path(args.out).stem}_{w}.png")
+            first = next(iter(runs.values()))[w]["config"]
+            written.append(str(plot_compare({n: table[n][w] for n in table if w in table[n]},
+                                            f"policies on {w}", path, params=run_parameters(first))))
+    print("wrote " + ", ".join(written))
+    return 0 if all(s["ok"] for per in table.values() for s in per.values()) else 1

@@ -1,0 +1,16 @@
+"""``kvmesh sim``: replay a trace through the real router index and policies in front of N
+simulated replicas, each owning a real ``kvcache`` block pool whose events feed the index.
+
+Model time comes from a cost model (:mod:`.config`); everything else — block hashing,
+LRU eviction, KV events, router keys, prefix matching, policy choice — is the production code.
+Package import is light: nothing here imports torch.
+
+    config.py     CostModel (step time) and SimConfig (one run)
+    replica.py    SimRequest (trace fields + timeline) and SimReplica (KV cache manager + scheduler)
+    router.py     SimRouter: one or several real KVRouters fed in-process, in simulated time
+    loop.py       the one discrete-event loop (run_policy), a fleet policy (fixed; autoscaled in scaling.py)
+    run.py        compare_policies: several policies over one trace, with the ceilings
+    report.py     per-policy summary, gap attribution, hit-rate ceilings, the table and JSON
+    plots.py      the report's PNG (matplotlib, imported on use)
+    scaling.py    replicas joining and leaving under the autoscaler (``python -m kvmesh.cluster.measure.sim.scaling``)
+"""

@@ -1,0 +1,228 @@
+"""The simulator's discrete-event loop: arrivals -> router (real index + policy) -> simulated replicas,
+with the replicas' KV events flowing back into the index as they happen (optionally delayed).
+
+Events are ordered by (time, insertion order) so runs are deterministic:
+
+- arrival: tokenize (token ids per hash id), compute router keys, match, choose, enqueue;
+- step end: a replica finishes a step (or a stretch of decode steps), frees finished requests,
+  plans its next step;
+- event delivery: a batch of a replica's BlockStored/BlockRemoved reaches the index;
+- load poll (``load_poll_s > 0``): one router reads every replica's ``/load``; the routers' polls
+  are staggered over the interval;
+- fleet timer / fleet event: the fleet policy's own (``FixedFleet`` has none; the autoscaler's
+  ticks and replica joins, ``scaling.AutoscaledFleet``).
+
+The run ends when every request has arrived and no event but a recurring timer is left; a request
+still unfinished then is an error.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
+from kvmesh.cluster.measure.sim.router import SimRouter
+from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
+from kvmesh.events.schema import KVEvent
+
+STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT = range(5)
+_RECURRING = (POLL, FLEET_TIMER)
+
+Payload = tuple[SimReplica, int] | tuple[int, list[KVEvent]] | int | None
+"""What an event carries: (replica, version) of a step end, (replica id, events) of a delivery, a
+router's index (poll), or a fleet's own (``AutoscaledFleet``: a joining replica's id, None for a tick)."""
+
+
+@dataclass
+class SimRun:
+    """Everything one policy's run produced (summarized by :mod:`.report`)."""
+
+    policy: str
+    """Routing policy name."""
+    requests: list[SimRequest]
+    """The requests, with their measured timelines."""
+    replicas: list[SimReplica]
+    """Every replica that existed during the run."""
+    router: SimRouter
+    """The simulated router(s) at the end of the run."""
+    wall_s: float = 0.0
+    """Wall seconds of the run."""
+    cpu_s: float = 0.0
+    """Process CPU seconds (wall time on a shared machine overstates the cost)."""
+    route_s: float = 0.0
+    """Wall seconds in key computation + match + choose."""
+    extra: dict = field(default_factory=dict)
+    """What the fleet policy measured (``AutoscaledFleet``: replica-seconds, timeline, decisions)."""
+
+
+class FleetPolicy(Protocol):
+    """How many replicas serve over a run: a fixed count, or a policy that adds and drains them."""
+
+    def initial_replicas(self, config: SimConfig) -> int:
+        """Replicas at time 0."""
+        ...
+
+    def begin(self, sim: Simulation) -> None:
+        """Before the first arrival (schedule the fleet's timers)."""
+        ...
+
+    def on_event(self, sim: Simulation, now: float, kind: int, payload: Payload) -> None:
+        """A ``FLEET_TIMER`` or ``FLEET_EVENT`` this fleet pushed has come due."""
+        ...
+
+    def after_step(self, sim: Simulation, rep: SimReplica, now: float) -> None:
+        """``rep`` finished a step and planned its next."""
+        ...
+
+    def extra(self, sim: Simulation) -> dict:
+        """What goes into ``SimRun.extra``."""
+        ...
+
+
+class FixedFleet:
+    """``config.num_replicas`` replicas from start to end."""
+
+    def initial_replicas(self, config: SimConfig) -> int:
+        return config.num_replicas
+
+    def begin(self, sim: Simulation) -> None:
+        pass
+
+    def on_event(self, sim: Simulation, now: float, kind: int, payload: Payload) -> None:
+        raise AssertionError("a fixed fleet pushes no events")
+
+    def after_step(self, sim: Simulation, rep: SimReplica, now: float) -> None:
+        pass
+
+    def extra(self, sim: Simulation) -> dict:
+        return {}
+
+
+class Simulation:
+    """One run's state: replicas, router, the event heap; ``run`` drives it to the end."""
+
+    def __init__(self, policy: str, requests: list[SimRequest], config: SimConfig, blocks_per_replica: int,
+                 tokens: BlockTokenCache, fleet: FleetPolicy) -> None:
+        self.config = config
+        self.requests = requests
+        self.tokens = tokens
+        self.fleet = fleet
+        self.blocks_per_replica = blocks_per_replica
+        self.seed = config.seed.to_bytes(8, "big") * 4  # fixed per run: replicas are independent caches
+        self.replicas = [SimReplica(i, blocks_per_replica, config, self.seed)
+                         for i in range(fleet.initial_replicas(config))]
+        self.router = SimRouter(policy, config, self.replicas)
+        self.policy = policy
+        self._heap: list[tuple[float, int, int, Payload]] = []
+        self._order = itertools.count()
+        self._pending = 0  # events in the heap that are not recurring timers
+        self._next_arrival = 0
+        self.route_s = 0.0
+
+    def push(self, at: float, kind: int, payload: Payload) -> None:
+        if kind not in _RECURRING:
+            self._pending += 1
+        heapq.heappush(self._heap, (at, next(self._order), kind, payload))
+
+    def new_replica(self) -> SimReplica:
+        """A replica appended to the fleet (not yet known to the router)."""
+        rep = SimReplica(len(self.replicas), self.blocks_per_replica, self.config, self.seed)
+        self.replicas.append(rep)
+        return rep
+
+    def flush(self, rep: SimReplica, now: float) -> None:
+        events = rep.take_events()
+        if not events:
+            return
+        if self.config.event_delay_s == 0:
+            self.router.apply(rep.replica_id, events)
+        else:
+            self.push(now + self.config.event_delay_s, EVENTS, (rep.replica_id, events))
+
+    def start(self, rep: SimReplica, now: float) -> None:
+        step = rep.schedule(now)
+        self.flush(rep, now)  # allocation stores blocks and may evict others
+        if step is not None:
+            self.push(step.end_s, STEP_END, (rep, rep.version))
+
+    def busy(self) -> bool:
+        return self._next_arrival < len(self.requests) or any(
+            rep.step is not None or rep.waiting for rep in self.replicas)
+
+    def arrive(self, req: SimRequest) -> None:
+        req.all_token_ids = self.tokens.prompt(req.hash_ids, req.num_prompt_tokens)
+        t0 = time.perf_counter()
+        rep = self.replicas[self.router.route(req)]
+        self.route_s += time.perf_counter() - t0
+        rep.add(req)
+        if rep.step is None:
+            self.start(rep, req.arrival_s)
+        else:
+            new_end = rep.interrupt(req.arrival_s)
+            if new_end is not None:
+                self.push(new_end, STEP_END, (rep, rep.version))
+
+    def step_end(self, rep: SimReplica, version: int, now: float) -> None:
+        if version != rep.version:
+            return  # a stretch that was cut short; its new end is queued
+        first, finished = rep.complete_step(now)
+        self.router.on_first_tokens(rep.replica_id, first)
+        self.router.on_finished(rep.replica_id, finished)
+        self.flush(rep, now)
+        self.start(rep, now)
+        self.fleet.after_step(self, rep, now)
+
+    def _schedule_polls(self) -> None:
+        poll, n = self.config.load_poll_s, self.config.num_routers
+        if poll > 0 and self.requests:
+            t0 = self.requests[0].arrival_s
+            for k in range(n):
+                self.push(t0 + poll * k / n, POLL, k)
+
+    def run(self, progress: Callable[[int], None] | None = None) -> None:
+        self._schedule_polls()
+        self.fleet.begin(self)
+        requests, heap = self.requests, self._heap
+        n = len(requests)
+        while self._next_arrival < n or self._pending:
+            i = self._next_arrival
+            if i < n and (not heap or requests[i].arrival_s <= heap[0][0]):
+                self._next_arrival += 1
+                self.arrive(requests[i])
+                if progress is not None:
+                    progress(1)
+                continue
+            now, _, kind, payload = heapq.heappop(heap)
+            if kind not in _RECURRING:
+                self._pending -= 1
+            if kind == STEP_END:
+                self.step_end(*payload, now)
+            elif kind == EVENTS:
+                self.router.apply(*payload)
+            elif kind == POLL:
+                self.router.poll(payload, self.replicas)
+                if self.busy():
+                    self.push(now + self.config.load_poll_s, POLL, payload)
+            else:
+                self.fleet.on_event(self, now, kind, payload)
+        unfinished = [r.request_id for r in requests if r.finished_s < 0]
+        if unfinished:
+            raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[:3]}")
+
+
+def run_policy(policy: str, requests: list[SimRequest], config: SimConfig, blocks_per_replica: int,
+               tokens: BlockTokenCache, progress: Callable[[int], None] | None = None,
+               fleet: FleetPolicy | None = None) -> SimRun:
+    """Simulate ``requests`` (fresh, sorted by arrival) under ``policy`` on ``fleet`` (default: a fixed
+    fleet of ``config.num_replicas``); returns the run."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    sim = Simulation(policy, requests, config, blocks_per_replica, tokens, fleet or FixedFleet())
+    sim.run(progress)
+    return SimRun(policy, requests, sim.replicas, sim.router, time.perf_counter() - wall0,
+                  time.process_time() - cpu0, sim.route_s, sim.fleet.extra(sim))

@@ -1,0 +1,140 @@
+"""``kvmesh sim``'s and ``kvmesh sim scaling``'s settings: the simulated cluster (``SimConfig``), the workload
+and the comparison (the autoscaler and the varying rate), one dataclass each; their flags
+(``--num-replicas``, ``--workload``, ``--max-replicas`` ...) are derived from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvmesh.cluster.config.schema import Schema
+from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig
+from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.workloads.registry import get_workload
+from kvmesh.cluster.measure.workloads.settings import WorkloadSettings, WorkloadShape
+from kvmesh.cluster.measure.workloads.traces import default_trace
+
+SESSION_MODES: dict[str, dict[str, bool]] = {
+    "off": {" ": False}, "on": {"/sessions": True}, "both": {"/no-sessions": False, "/sessions": True}}
+"""``--sessions`` mode -> {label suffix: whether the run passes session ids}."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimWorkloadOptions:
+    """The requests to simulate: a trace, a generated workload, a window of it, bursts."""
+
+    workload: str = "mooncake"
+    """A registered workload (listed below; cluster/measure/workloads/registry.py)."""
+    trace: str | None = None
+    """Trace file of mooncake (JSONL) and the azure workloads (CSV); default: the shared one."""
+    synthetic: int | None = None
+    """Simulate N requests of the generated multi_turn workload (--workload multi_turn --num-requests N)."""
+    synthetic_rate: float = 1.0
+    """Sessions (conversations, agents, questions) a generated workload starts per second."""
+    num_requests: int = 2000
+    """Requests of a generated workload."""
+    prompt_tokens: int = 16384
+    """Generated prompt size in tokens: chatbot's and rag's prompt, random's longest, multi_turn's last turn."""
+    burst: float = 0.0
+    """Warp arrivals into bursts of this factor x the mean rate (0 = off; burst * --burst-duty < 1)."""
+    burst_duty: float = 0.2
+    """Fraction of each burst period that bursts."""
+    burst_period: float = 60.0
+    """Seconds between burst starts."""
+    start: int = 0
+    """Skip the first N requests (a window of the trace)."""
+    limit: int | None = None
+    """Use only N requests (from --start)."""
+    max_prompt_blocks: int | None = None
+    """Truncate prompts to this many hash ids (keeps prefixes; for quick cuts)."""
+
+    def __post_init__(self) -> None:
+        get_workload(self.workload)
+
+    def settings(self, seed: int, shape: WorkloadShape) -> WorkloadSettings:
+        """The registry's settings (``--synthetic N`` is ``--workload multi_turn --num-requests N``)."""
+        return WorkloadSettings(num_requests=self.synthetic or self.num_requests, trace=self.trace,
+                                rate=self.synthetic_rate, prompt_tokens=self.prompt_tokens, shape=shape, seed=seed)
+
+
+@dataclass(frozen=True, slots=True)
+class SimCompareOptions:
+    """Which runs are compared, and how the simulated cluster is adjusted for them."""
+
+    policies: str | None = None
+    """Comma-separated routing policies (default: every registered policy)."""
+    sessions: str = "off"
+    """Pass the workload's session ids to the router: off, on, or both side by side."""
+    miniature: int = 1
+    """Divide every token count by this and multiply per-token costs by it: same model time, that many
+    times less hashing (quick runs; 1 = off)."""
+    cost: dict[str, float] = field(default_factory=dict)
+    """Override a CostModel constant, e.g. --cost prefill_s_per_token=1e-4."""
+    ceilings: bool = True
+    """Compute the infinite-cache and single-pool hit-rate ceilings."""
+
+    def __post_init__(self) -> None:
+        if self.sessions not in SESSION_MODES:
+            raise ValueError(f"sessions must be one of {', '.join(SESSION_MODES)}; got {self.sessions!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SimCommandConfig:
+    """One ``kvmesh sim`` comparison."""
+
+    sim: SimConfig = field(default_factory=SimConfig)
+    """The simulated cluster: replicas, their KV pools and steps, the router(s)."""
+    workload: SimWorkloadOptions = field(default_factory=SimWorkloadOptions)
+    """The requests."""
+    shape: WorkloadShape = field(default_factory=WorkloadShape)
+    """How a generated workload shares its prompts (tenants, turns, documents)."""
+    compare: SimCompareOptions = field(default_factory=SimCompareOptions)
+    """The runs compared."""
+
+
+SIM_SCHEMA = Schema(SimCommandConfig, hidden={
+    "sim.cost": "--cost FIELD=SECONDS",
+    "sim.num_routers": "--routers N[,N...] (one run per count)",
+    "sim.use_sessions": "--sessions off|on|both",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingOptions:
+    """The trace at a rate that varies, and how long a new replica takes (``kvmesh sim scaling``)."""
+
+    trace: str = field(default_factory=default_trace)
+    """Mooncake JSONL trace."""
+    limit: int | None = None
+    """First N requests of the trace."""
+    period: float = 60.0
+    """Seconds of trace per slow and per fast phase."""
+    slow_factor: float = 4.0
+    """Slow phases run at 1/this of the rate."""
+    startup: float = 30.0
+    """Seconds from a scale-up to the replica serving."""
+    policy: str = "cache_aware"
+    """Routing policy of both fleets."""
+
+
+def _scaling_autoscale() -> AutoscaleConfig:
+    return AutoscaleConfig(scale_with_load=True, max_replicas=8, target_in_flight=32.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingCommandConfig:
+    """An autoscaled fleet against a fixed one sized for the peak."""
+
+    sim: SimConfig = field(default_factory=SimConfig)
+    """The simulated replicas and router (as many replicas as autoscale.max_replicas for the fixed fleet)."""
+    autoscale: AutoscaleConfig = field(default_factory=_scaling_autoscale)
+    """The autoscaler, as ``kvmesh serve`` runs it."""
+    scaling: ScalingOptions = field(default_factory=ScalingOptions)
+    """The trace and the replicas' startup."""
+
+
+SCALING_SCHEMA = Schema(ScalingCommandConfig, hidden={
+    "sim.num_replicas": "autoscale.max_replicas (the fixed fleet)",
+    "sim.cost": "the default cost model",
+    "autoscale.scale_with_load": "always on here",
+    "autoscale.drain_timeout_s": "a drained simulated replica leaves when its last request ends",
+})

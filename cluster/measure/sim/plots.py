@@ -1,0 +1,73 @@
+"""Plots of a simulation report: hit rate (against both ceilings), TTFT and, when the single
+pool was simulated, where each policy's gap to it went (cluster/measure/sim/report.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot_report(report: dict, path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["policies"])
+    pol = report["policies"]
+    gaps = [pol[n].get("gap_to_single_pool") for n in names]
+    with_gap = all(gaps)
+    fig, axes = plt.subplots(1, 3 if with_gap else 2, figsize=(16 if with_gap else 11, 4.2))
+    ax_hit, ax_ttft = axes[0], axes[1]
+    ax_hit.bar(names, [100 * pol[n]["hit_rate"] for n in names], color="tab:blue")
+    ceil = report.get("ceilings", {})
+    for key, style, label in (("infinite_cache_hit_rate", ":", "infinite cache"),
+                              ("single_pool_hit_rate", "--", "single pool, same capacity")):
+        if key in ceil:
+            ax_hit.axhline(100 * ceil[key], linestyle=style, color="k", label=label)
+    ax_hit.set_ylabel("prefix hit rate (% of prompt tokens)")
+    ax_hit.set_title("Prefix cache hit rate")
+    if ceil:
+        ax_hit.legend(loc="lower right", fontsize=8)
+    x = range(len(names))
+    width = 0.38
+    ax_ttft.bar([i - width / 2 for i in x], [pol[n]["ttft_s"]["p50"] for n in names], width, label="p50")
+    ax_ttft.bar([i + width / 2 for i in x], [pol[n]["ttft_s"]["p99"] for n in names], width, label="p99")
+    ax_ttft.set_xticks(list(x), names)
+    ax_ttft.set_yscale("log")
+    ax_ttft.set_ylabel("TTFT (s, log scale)")
+    ax_ttft.set_title("Time to first token")
+    ax_ttft.legend(fontsize=8)
+    if with_gap:
+        _plot_gap(axes[2], names, gaps)
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=20)
+    cfg = report["config"]
+    fig.suptitle(f"kvmesh sim: {cfg['num_replicas']} replicas, {report['trace']['requests']} requests, "
+                 f"time scale {cfg['time_scale']}", fontsize=10)
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.24, top=0.84, wspace=0.25)  # tight_layout costs seconds
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p
+
+
+def _plot_gap(ax, names: list[str], gaps: list[dict]) -> None:
+    """Stacked bars: points of hit rate lost (up) and won back (down) against the single pool."""
+    parts = (("evicted_everywhere_points", 1, "evicted everywhere"), ("diverted_points", 1, "diverted (load)"),
+             ("routing_admission_race_lost_points", 1, "race lost"),
+             ("kept_beyond_pool_points", -1, "kept beyond the pool"),
+             ("routing_admission_race_gained_points", -1, "race gained"))
+    up, down = [0.0] * len(names), [0.0] * len(names)
+    for key, sign, label in parts:
+        values = [sign * g[key] for g in gaps]
+        base = up if sign > 0 else down
+        ax.bar(names, values, bottom=base, label=label)
+        for i, v in enumerate(values):
+            base[i] += v
+    ax.plot(names, [g["gap_points"] for g in gaps], "k_", markersize=18, label="net gap")
+    ax.axhline(0, color="k", linewidth=0.6)
+    ax.set_yscale("symlog", linthresh=2)
+    ax.set_ylabel("points of hit rate vs single pool")
+    ax.set_title("Where the gap to the single pool goes")
+    ax.legend(fontsize=7)

@@ -1,0 +1,261 @@
+"""The simulated request and the simulated replica that serves it.
+
+A simulated request: trace fields, the engine-facing request interface, and its timeline.
+
+A simulated replica: a real ``KVCacheManager`` with a continuous-batching scheduler whose
+step time comes from the cost model.
+
+Scheduling mirrors the engine (DESIGN.md, "Scheduler"): one queue, a token budget per step,
+running requests first (one token per decoding sequence, then prefill chunks), then waiting
+requests in arrival order. A request's blocks are allocated in full on admission (prompt +
+output), so it never needs preemption; it waits while they do not fit. Blocks are freed on
+completion and stay findable (lazy LRU) until recycled.
+
+A step that only decodes is simulated as a *stretch* of ``k`` identical steps that ends at the
+next completion; an arrival interrupts the stretch after the step in progress (see
+:meth:`SimReplica.interrupt`). Step time inside a stretch uses the context lengths at its
+start (a sub-percent error: outputs are short next to prompts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    """What ``KVCacheManager`` needs of a request (``request_id``, ``all_token_ids``,
+    ``num_tokens``, ``num_computed_tokens``, ``cache_salt``, ``lora_name``) plus what the
+    simulator measures. Token ids are filled on arrival and dropped on completion."""
+
+    request_id: str
+    arrival_s: float
+    hash_ids: tuple[int, ...]
+    num_prompt_tokens: int
+    max_output_tokens: int
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    cache_salt: str | None = None
+    lora_name: str | None = None
+    session_id: str | None = None
+    """The conversation this request belongs to (generated multi-turn workloads), if any."""
+    # -- measured --
+    router_index: int = 0  # which of the simulated routers routed it
+    receipt: object = None  # its RouteReceipt (router/routing/receipts.py)
+    replica_id: int = -1
+    predicted_hit_tokens: int = 0  # the router's match for the chosen replica, in tokens
+    num_cached_tokens: int = 0  # prefix hit found in the replica's pool on admission
+    num_output_tokens: int = 0
+    admitted_s: float = -1.0
+    first_token_s: float = -1.0
+    finished_s: float = -1.0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed_tokens >= self.num_prompt_tokens
+
+    @property
+    def remaining_prefill(self) -> int:
+        return self.num_prompt_tokens - self.num_computed_tokens
+
+    @property
+    def remaining_output(self) -> int:
+        return self.max_output_tokens - self.num_output_tokens
+
+    @property
+    def context_len(self) -> int:
+        return self.num_computed_tokens + self.num_output_tokens
+
+
+def requests_from_mooncake(records: list[MooncakeRecord], time_scale: float = 1.0,
+                           block_size: int = 512, trace_block_tokens: int = 512) -> list[SimRequest]:
+    """One :class:`SimRequest` per trace record, arrivals scaled by ``time_scale``.
+
+    With ``block_size != trace_block_tokens`` lengths are rescaled so that one hash id still
+    maps to one block (``block_size`` tokens). Every request generates at least one token.
+    """
+    scale = block_size / trace_block_tokens
+    out = []
+    for i, r in enumerate(records):
+        n = max(1, min(round(r.input_length * scale), len(r.hash_ids) * block_size))
+        out.append(SimRequest(f"req-{i}", r.arrival_s * time_scale, r.hash_ids, n, max(1, r.output_length),
+                              session_id=getattr(r, "session_id", None)))
+    return out
+
+
+def cut_trace(records: list[MooncakeRecord], start: int = 0, count: int | None = None,
+              max_prompt_blocks: int | None = None, trace_block_tokens: int = 512) -> list[MooncakeRecord]:
+    """A window of a trace (``count`` records from ``start``), prompts truncated to at most
+    ``max_prompt_blocks`` hash ids (a prefix of a chain is a chain: sharing is preserved).
+    Arrival times are shifted so the window starts at 0."""
+    window = records[start: None if count is None else start + count]
+    if not window:
+        raise ValueError(f"the trace has {len(records)} records; nothing from index {start}")
+    t0 = window[0].timestamp_ms
+    out = []
+    for r in window:
+        ids, n = r.hash_ids, r.input_length
+        if max_prompt_blocks is not None and len(ids) > max_prompt_blocks:
+            ids, n = ids[:max_prompt_blocks], max_prompt_blocks * trace_block_tokens
+        out.append(replace(r, timestamp_ms=r.timestamp_ms - t0, input_length=n, hash_ids=ids))
+    return out
+
+
+@dataclass(slots=True)
+class Step:
+    """A planned step (or stretch of ``num_steps`` identical decode steps)."""
+
+    start_s: float
+    step_s: float  # duration of one step
+    num_steps: int
+    prefill_chunks: list[tuple[SimRequest, int]]  # (request, tokens computed this step)
+    decodes: list[SimRequest]
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.step_s * self.num_steps
+
+
+class SimReplica:
+    def __init__(self, replica_id: int, num_blocks: int, config: SimConfig, hash_seed: bytes):
+        from kvmesh.kvcache.kv_cache_manager import KVCacheManager
+
+        self.replica_id = replica_id
+        self.config = config
+        self.num_blocks = num_blocks
+        self.pending_events: list = []
+        # +1: block 0 is the null block, so `num_blocks` stay usable.
+        self.kv = KVCacheManager(num_blocks + 1, config.block_size, hash_seed,
+                                 event_sink=self.pending_events.append)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.step: Step | None = None
+        self.version = 0  # bumped when a planned step is cut short (stale heap entries are skipped)
+        # -- measured --
+        self.busy_s = 0.0
+        self.num_steps = 0
+        self.prefill_tokens = 0
+        self.num_requests = 0
+
+    # -- load, as a router would see it ---------------------------------------------------
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def load_report(self) -> dict:
+        """What the replica's ``/load`` would answer now (``protocol.LoadReport`` fields)."""
+        reqs = [*self.waiting, *self.running]
+        return {"num_requests_running": len(self.running), "num_requests_waiting": len(self.waiting),
+                "kv_cache_usage": self.kv.usage,
+                "num_waiting_prefill_tokens": sum(r.remaining_prefill for r in reqs)}
+
+    def blocks_needed(self, req: SimRequest) -> int:
+        return math.ceil((req.num_prompt_tokens + req.max_output_tokens) / self.config.block_size)
+
+    def add(self, req: SimRequest) -> None:
+        if self.blocks_needed(req) > self.num_blocks:
+            raise ValueError(f"{req.request_id} needs {self.blocks_needed(req)} blocks of "
+                             f"{self.config.block_size} tokens; a replica holds {self.num_blocks}: "
+                             "raise --blocks-per-replica or --capacity-fraction")
+        self.waiting.append(req)
+        self.num_requests += 1
+
+    # -- scheduling --------------------------------------------------------------------
+    def _admit(self, req: SimRequest) -> bool:
+        computed_blocks, num_cached = self.kv.get_computed_blocks(req)
+        num_new = req.num_prompt_tokens + req.max_output_tokens - num_cached
+        if self.kv.allocate_slots(req, num_new, num_cached, computed_blocks) is None:
+            return False
+        req.num_cached_tokens = num_cached
+        req.num_computed_tokens = num_cached
+        return True
+
+    def schedule(self, now: float) -> Step | None:
+        """Plan the next step at ``now``; None when there is nothing to run."""
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        decodes = [r for r in self.running if r.prefill_done]
+        budget -= len(decodes)
+        chunks: list[tuple[SimRequest, int]] = []
+        for r in self.running:
+            if not r.prefill_done and budget > 0:
+                n = min(r.remaining_prefill, budget)
+                chunks.append((r, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting[0]
+            if not self._admit(req):
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            req.admitted_s = now
+            n = min(req.remaining_prefill, budget)
+            chunks.append((req, n))
+            budget -= n
+        if not chunks and not decodes:
+            if self.waiting:  # nothing runs, yet the head does not fit: cannot happen (checked in add)
+                raise RuntimeError(f"replica {self.replica_id}: {self.waiting[0].request_id} cannot be admitted")
+            self.step = None
+            return None
+        num_prefill = sum(n for _, n in chunks)
+        step_s = cfg.cost.step_time(num_prefill, len(decodes), sum(r.context_len for r in decodes))
+        num_steps = min(r.remaining_output for r in decodes) if not chunks else 1
+        self.step = Step(now, step_s, num_steps, chunks, decodes)
+        return self.step
+
+    def interrupt(self, now: float) -> float | None:
+        """Cut a decode stretch short after the step running at ``now``; returns the new end
+        time (the caller reschedules it under the new ``version``), or None if unchanged."""
+        step = self.step
+        if step is None or step.num_steps == 1:
+            return None
+        done = min(step.num_steps, int((now - step.start_s) / step.step_s) + 1)
+        if done >= step.num_steps:
+            return None
+        step.num_steps = done
+        self.version += 1
+        return step.end_s
+
+    def complete_step(self, now: float) -> tuple[list[SimRequest], list[SimRequest]]:
+        """Apply the planned step's work; returns (requests that got their first token,
+        requests that finished). Finished requests' blocks are freed."""
+        step = self.step
+        assert step is not None
+        self.step = None
+        self.busy_s += step.step_s * step.num_steps
+        self.num_steps += step.num_steps
+        first, finished = [], []
+        for r in step.decodes:
+            r.num_output_tokens += step.num_steps
+        for r, n in step.prefill_chunks:
+            r.num_computed_tokens += n
+            self.prefill_tokens += n
+            if r.prefill_done:  # the step that computes the last prompt token samples the first output token
+                r.num_output_tokens = 1
+                r.first_token_s = now
+                first.append(r)
+        still = []
+        for r in self.running:
+            if r.prefill_done and r.remaining_output <= 0:
+                r.finished_s = now
+                self.kv.free(r)
+                r.all_token_ids = []  # drop the tokens; the pool keeps the blocks
+                finished.append(r)
+            else:
+                still.append(r)
+        self.running = still
+        return first, finished
+
+    def take_events(self) -> list:
+        events = self.pending_events[:]
+        self.pending_events.clear()
+        return events

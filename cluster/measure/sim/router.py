@@ -1,0 +1,150 @@
+"""The real router in front of the simulated replicas: a ``KVRouter`` (``RouterKeyHasher``,
+``PrefixIndex`` with predictions, ``LoadTracker``, a policy from the registry), fed in-process (no
+sockets) with the replicas' KV events and driven in simulated time.
+
+Loads are what the HTTP router itself knows (its ``LoadTracker`` counters: requests in flight,
+uncached prompt tokens not yet past prefill) plus, with ``load_poll_s > 0``, the replicas'
+``/load`` reports as of the router's last poll.
+
+With ``num_routers > 1`` there are N such routers, as ``kvmesh router --workers N`` runs them:
+each applies every replica's events to its own index, keeps its own predictions, counters and
+session pins, and sees only the requests spread to it (and the polled reports).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import time
+
+from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
+
+
+def available_policies() -> list[str]:
+    from kvmesh.router.routing.policies import POLICIES
+
+    return list(POLICIES)
+
+
+def build_policy(name: str, kwargs: dict, block_size: int, seed: int):
+    """``get_policy(name, block_size=..., seed=..., **kwargs)``, dropping the keyword arguments
+    the policy does not take (so one ``--policy-kwargs`` can tune one policy of several)."""
+    from kvmesh.router.routing.policies import POLICIES, get_policy
+
+    cls = POLICIES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown routing policy {name!r}; choose one of {sorted(POLICIES)}")
+    options = set()
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            options |= set(inspect.signature(klass.__init__).parameters)
+    kwargs = {k: v for k, v in kwargs.items() if k in options}
+    return get_policy(name, block_size=block_size, seed=seed, **kwargs)
+
+
+class SimRouter:
+    """``num_routers`` real ``KVRouter``s driven in simulated time, plus the dispatch/first-token/
+    finish load accounting and the receipts the HTTP front keeps around each of them."""
+
+    def __init__(self, policy: str, config: SimConfig, replicas: list[SimReplica]) -> None:
+        from kvmesh.router.routing.kv_router import KVRouter
+        from kvmesh.router.routing.receipts import Receipts
+        from kvmesh.router.routing.session import SessionConfig
+
+        self.block_size = config.block_size
+        self.config = config
+        # cache_aware counts running requests per engine step: tell it the replicas' step budget
+        policy_kwargs = {"decode_step_tokens": config.max_num_batched_tokens, **config.policy_kwargs}
+        self.routers = [
+            KVRouter(block_size=config.block_size,
+                     policy=build_policy(policy, policy_kwargs, config.block_size, config.seed + k),
+                     predict_ttl_s=config.predict_ttl_s, sessions=SessionConfig(ttl_s=config.session_ttl_s))
+            for k in range(config.num_routers)
+        ]
+        for router in self.routers:
+            for rep in replicas:
+                router.add_replica(rep.replica_id)
+        self.router = self.routers[0]
+        self.index = self.router.index
+        self.tracker = self.router.loads
+        self.policy_name = policy
+        self.receipts = Receipts()
+        """Every request's receipt, completed with the cached tokens its replica found on admission."""
+        self._spread = random.Random(config.seed) if config.router_spread == "random" else None
+        self._next = 0
+        # -- measured --
+        self.num_events = 0
+        self.apply_s = 0.0
+
+    def _pick_router(self) -> int:
+        n = len(self.routers)
+        if self._spread is not None:
+            return self._spread.randrange(n)
+        self._next += 1
+        return (self._next - 1) % n
+
+    def route(self, req: SimRequest) -> int:
+        k = req.router_index = self._pick_router()
+        router = self.routers[k]
+        session = req.session_id if self.config.use_sessions else None
+        decision = router.route(req.all_token_ids, req.cache_salt, req.lora_name, now=req.arrival_s,
+                                session_id=session)
+        rid = req.replica_id = decision.replica_id
+        req.predicted_hit_tokens = decision.predicted_hit_tokens
+        req.receipt = decision.receipt
+        for tracker in self._trackers(k):
+            tracker.on_dispatch(rid, self._uncached(req), now=req.arrival_s)
+        if session is not None and self.config.share_sessions:
+            for other in self.routers:
+                other.sessions.pin(session, rid, req.arrival_s)
+        if self.config.share_predictions:
+            for other in self.routers:
+                if other is not router:
+                    other.index.predict(rid, decision.keys, now=req.arrival_s)
+        return rid
+
+    def _trackers(self, k: int) -> list:
+        """The load trackers that count router ``k``'s requests: its own, or all with ``share_loads``."""
+        return [r.loads for r in self.routers] if self.config.share_loads else [self.routers[k].loads]
+
+    def _uncached(self, req: SimRequest) -> int:
+        return req.num_prompt_tokens - req.predicted_hit_tokens
+
+    def on_first_tokens(self, rid: int, reqs: list[SimRequest]) -> None:
+        for r in reqs:
+            for tracker in self._trackers(r.router_index):
+                tracker.on_first_output(rid, self._uncached(r))
+            self.receipts.record_actual(r.receipt, r.num_cached_tokens)
+
+    def on_finished(self, rid: int, reqs: list[SimRequest]) -> None:
+        for r in reqs:
+            for tracker in self._trackers(r.router_index):
+                tracker.on_finish(rid, self._uncached(r), had_output=True)
+
+    def apply(self, rid: int, events: list) -> None:
+        t0 = time.perf_counter()
+        for router in self.routers:
+            router.apply_events(rid, events)
+        self.apply_s += time.perf_counter() - t0
+        self.num_events += len(events)
+
+    def poll(self, k: int, replicas: list[SimReplica]) -> None:
+        """Router ``k`` reads the ``/load`` of every replica it knows (as ``RouterRuntime`` polls it)."""
+        loads = self.routers[k].loads.loads
+        for rep in replicas:
+            if rep.replica_id in loads:
+                loads[rep.replica_id].update_report(rep.load_report())
+
+    def add_replica(self, rid: int) -> None:
+        """A replica joins every router: healthy, with an empty tree (a cold cache)."""
+        for router in self.routers:
+            router.add_replica(rid)
+
+    def remove_replica(self, rid: int) -> None:
+        for router in self.routers:
+            router.remove_replica(rid)
+
+    def set_healthy(self, rid: int, healthy: bool) -> None:
+        for router in self.routers:
+            router.set_healthy(rid, healthy)

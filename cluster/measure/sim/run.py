@@ -1,0 +1,92 @@
+"""Several routing policies over one trace: one simulated run each (``loop.run_policy``), one report
+with the infinite-cache and single-pool ceilings beside them."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, replace
+
+from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.loop import SimRun, run_policy
+from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
+from kvmesh.cluster.measure.sim.report import infinite_hit_rate, single_pool_hits, summarize
+from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
+from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
+
+__all__ = ["SimRun", "blocks_per_replica", "compare_policies", "run_policy", "working_set_blocks"]
+
+
+def working_set_blocks(records: list[MooncakeRecord]) -> int:
+    """Distinct hash ids of the trace (one block each)."""
+    ids: set[int] = set()
+    for r in records:
+        ids.update(r.hash_ids)
+    return len(ids)
+
+
+def blocks_per_replica(config: SimConfig, records: list[MooncakeRecord]) -> int:
+    if config.blocks_per_replica is not None:
+        return config.blocks_per_replica
+    return max(1, math.ceil(config.capacity_fraction * working_set_blocks(records) / config.num_replicas))
+
+
+def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies: list[str],
+                     show_progress: bool = True, with_ceilings: bool = True,
+                     variants: dict[str, dict] | None = None) -> dict:
+    """Simulate every policy on ``records``; returns the JSON-ready report.
+
+    ``variants`` runs each policy once per entry, label suffix -> ``SimConfig`` fields to change
+    (e.g. ``{" 1 router": {"num_routers": 1}, " 4 routers": {"num_routers": 4}}``); the report
+    names each run ``policy + suffix``. Default: one run per policy with ``config`` as given.
+    """
+    from tqdm import tqdm
+
+    tokens = BlockTokenCache(config.block_size, config.vocab_size, config.seed)
+    per_replica = blocks_per_replica(config, records)
+    total_blocks = per_replica * config.num_replicas
+
+    def fresh():
+        return requests_from_mooncake(records, config.time_scale, config.block_size)
+
+    largest = max(math.ceil((r.num_prompt_tokens + r.max_output_tokens) / config.block_size) for r in fresh())
+    if largest > per_replica:
+        raise ValueError(f"the largest request needs {largest} blocks but a replica holds {per_replica}: "
+                         "raise --blocks-per-replica / --capacity-fraction or use fewer replicas")
+    report: dict = {
+        "config": _config_dict(config),
+        "trace": {"requests": len(records), "working_set_blocks": working_set_blocks(records),
+                  "duration_s": (records[-1].arrival_s - records[0].arrival_s) * config.time_scale},
+        "blocks_per_replica": per_replica,
+        "total_blocks": total_blocks,
+        "ceilings": {},
+        "policies": {},
+    }
+    pool_hits = None
+    if with_ceilings:
+        t0 = time.perf_counter()
+        reqs = fresh()
+        pool_hits = single_pool_hits(reqs, total_blocks, config.block_size, tokens)
+        report["ceilings"] = {
+            "infinite_cache_hit_rate": infinite_hit_rate(reqs, config.block_size),
+            "single_pool_hit_rate": sum(pool_hits) / max(1, sum(r.num_prompt_tokens for r in reqs)),
+            "wall_s": time.perf_counter() - t0,
+        }
+    runs = [(name + suffix, name, replace(config, **changes))
+            for name in policies for suffix, changes in (variants or {"": {}}).items()]
+    for label, name, cfg in runs:
+        with tqdm(total=len(records), desc=f"sim {label}", unit="req", disable=not show_progress,
+                  leave=False) as bar:
+            run = run_policy(name, fresh(), cfg, per_replica, tokens, progress=bar.update)
+        summary = summarize(run, pool_hits)
+        ceiling = report["ceilings"].get("single_pool_hit_rate")
+        if ceiling:
+            summary["hit_rate_vs_single_pool"] = summary["hit_rate"] / ceiling
+        report["policies"][label] = summary
+    return report
+
+
+def _config_dict(config: SimConfig) -> dict:
+    d = asdict(config)
+    d["cost"] = asdict(config.cost)
+    return d

@@ -1,0 +1,1 @@
+"""kvmesh.replica.engine.llm_engine: the engine core."""

@@ -1,0 +1,259 @@
+"""``AsyncLLM``: the engine on a background thread behind the ``EngineClient`` interface.
+
+    caller coroutines ──commands (SimpleQueue)──▶ engine thread: drain commands, step(), repeat
+            ▲                                              │
+            └── per-request asyncio.Queue ◀─ call_soon_threadsafe ┘
+
+The engine itself is single-threaded; only the engine thread touches it. A generate() that is
+cancelled or closed early aborts its request. A request that fails gets a final output with
+finish_reason "error"; the others keep running. Besides streaming, it answers what the HTTP
+server and routers ask (``load_report``, ``dead_reason``) and owns the engine's model runner
+(``shutdown`` stops both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import gc
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.commands import AbortRequests, AddRequest, EngineCommand
+from kvmesh.replica.engine.llm_engine import LLMEngine
+from kvmesh.replica.engine.outputs import RequestOutput
+from kvmesh.replica.engine.stats import EngineStats
+from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
+from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
+from kvmesh.replica.serving.load_report import LoadReport
+from kvmesh.replica.serving.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from typing import Unpack  # 3.11+; only read by type checkers
+
+    from kvmesh.events.config import PublisherConfig
+    from kvmesh.replica.worker.tp_worker import ExecutorOptions
+    from ray.util.placement_group import PlacementGroup
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncLLM:
+    """Thread-safe, asyncio-friendly front of one ``LLMEngine``; an ``EngineClient``.
+
+    ``AsyncLLM(engine)`` fronts a ready engine; ``AsyncLLM.from_config(config)`` builds one.
+    """
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.config = engine.config
+        self.runner = engine.model_runner
+        self.max_model_len = engine.max_model_len
+        self.block_size = engine.config.block_size
+        self.num_kv_blocks = engine.num_kv_blocks
+        self.tensor_parallel_size = engine.config.tensor_parallel_size
+        self.draining = False  # set by graceful shutdown: new requests get 503
+        self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
+        self._ids = itertools.count()
+        self._closed = False
+        self.errored: BaseException | None = None  # set if the engine loop itself died
+        self._thread = threading.Thread(target=self._run, name="kvmesh-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, hf_tokenizer: HFTokenizer | None = None,
+                    model_runner: ModelRunnerInterface | None = None, events: PublisherConfig | None = None,
+                    placement_group: PlacementGroup | None = None,
+                    **executor_kwargs: Unpack[ExecutorOptions]) -> AsyncLLM:
+        """Model runner (a TP executor for tensor_parallel_size > 1), engine and its thread.
+
+        ``hf_tokenizer`` detokenizes; pass the one the server renders prompts with.
+        """
+        if model_runner is None:
+            from kvmesh.replica.worker.tp_worker import make_model_runner
+
+            model_runner = make_model_runner(config, placement_group, **executor_kwargs)
+        try:
+            engine = LLMEngine(config, model_runner=model_runner, tokenizer=hf_tokenizer, events=events)
+        except BaseException:
+            model_runner.shutdown()
+            raise
+        # Everything built so far (model, every KV block object, tokenizer) lives as long as the server:
+        # move it out of the garbage collector's generations so full collections do not rescan it.
+        gc.collect()
+        gc.freeze()
+        return cls(engine=engine)
+
+    @property
+    def event_publisher(self) -> EventPublisher | None:
+        """The engine's KV event publisher (None without events)."""
+        return self.engine.event_publisher
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._closed
+
+    # -- caller side (any thread / event loop) -----------------------------------------------------
+
+    async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
+                       request_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs until its final one. Raises ValueError for invalid input."""
+        if not self.is_running:
+            raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
+        request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use; use a unique id per request")
+        out_queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), out_queue)
+        accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._submit(AddRequest(request_id, prompt_token_ids, sampling_params, cache_salt, accepted))
+        try:
+            await asyncio.wrap_future(accepted)
+        except BaseException:
+            self._streams.pop(request_id, None)
+            raise
+        finished = False
+        try:
+            while not finished:
+                out = await out_queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._submit(AbortRequests([request_id]))
+
+    async def abort(self, request_id: str) -> None:
+        """End a request; its stream gets a final output with finish_reason "abort"."""
+        self._submit(AbortRequests([request_id]))
+
+    def get_stats(self) -> EngineStats:
+        """The engine's stats (read without locking: gauges may be one step old)."""
+        return self.engine.get_stats()
+
+    def load_report(self) -> LoadReport:
+        """Queue depth, KV usage and uncomputed prompt tokens (read racily from the engine thread's state)."""
+        sched = self.engine.scheduler
+        requests = _read_racily(lambda: list(sched.requests.values()))
+        waiting_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in requests)
+        publisher = self.engine.event_publisher
+        return LoadReport(
+            num_requests_running=len(sched.running), num_requests_waiting=len(sched.waiting),
+            kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
+            num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
+            **_event_stream_report(publisher))
+
+    def dead_reason(self) -> str | None:
+        """None while the replica can serve; otherwise why not."""
+        if self.draining:
+            return "shutting down"
+        if self.errored is not None:
+            return f"engine loop died: {self.errored!r}"
+        if not self.is_running:
+            return "engine stopped"
+        return self.runner.dead_reason
+
+    def check_health(self, timeout_s: float = 10.0) -> str | None:
+        """``dead_reason`` after probing the model runner (pings the TP ranks)."""
+        self.runner.check_health(timeout_s)
+        return self.dead_reason()
+
+    def num_unfinished(self) -> int:
+        return self.engine.get_num_unfinished_requests()
+
+    def abort_all(self) -> int:
+        """Abort every unfinished request (graceful shutdown's last resort); returns how many."""
+        ids = _read_racily(lambda: list(self.engine.scheduler.requests))
+        if ids:
+            self._submit(AbortRequests(ids))
+        return len(ids)
+
+    def shutdown(self) -> None:
+        """Stop the engine thread, close the engine (and its publisher), then the model runner."""
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+        try:
+            self.engine.close()
+        finally:
+            self.runner.shutdown()
+
+    def _submit(self, command: EngineCommand) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    # -- engine thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while not self._closed:
+                self._wake.clear()
+                self._drain_commands()
+                if not engine.has_unfinished_requests():
+                    self._wake.wait()
+                    continue
+                for out in engine.step():
+                    self._deliver(out)
+        except BaseException as e:  # a bug in the engine loop: fail every open stream, say why
+            logger.exception("engine loop died")
+            self.errored = e
+            self._closed = True
+            for request_id in list(self._streams):
+                self._deliver(RequestOutput(request_id, [], [], [], finished=True, finish_reason="error",
+                                            error=f"engine loop died: {e!r}"))
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, AddRequest):
+                try:
+                    self.engine.add_request(command.request_id, command.prompt_token_ids, command.sampling_params,
+                                            cache_salt=command.cache_salt)
+                except BaseException as e:
+                    command.accepted.set_exception(e)
+                else:
+                    command.accepted.set_result(None)
+            else:
+                self.engine.abort_request(command.request_ids)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return
+        loop, out_queue = stream
+        try:
+            loop.call_soon_threadsafe(out_queue.put_nowait, out)
+        except RuntimeError:  # the caller's event loop is gone: nobody will read this request
+            self._streams.pop(out.request_id, None)
+            self.engine.abort_request(out.request_id)
+
+
+def _read_racily(read: Callable[[], list[T]]) -> list[T]:
+    """``read()`` retried while the engine thread mutates the dict it iterates (gives up empty)."""
+    for _ in range(5):
+        try:
+            return read()
+        except RuntimeError:
+            continue
+    return []
+
+
+def _event_stream_report(publisher: EventPublisher | None) -> dict[str, int | float]:
+    """``LoadReport``'s event fields of a ``ZmqEventPublisher`` (none for no or another publisher)."""
+    seq, unsent_s = getattr(publisher, "seq", None), getattr(publisher, "unsent_s", None)
+    if not isinstance(seq, int) or unsent_s is None:
+        return {}
+    return {"kv_events_seq": seq - 1, "kv_events_unsent_s": unsent_s()}

@@ -1,0 +1,206 @@
+"""Which tokens of which requests run in the next step (vLLM v1's scheduler, nano-vllm's size).
+
+One queue, no prefill/decode phases. Each step has a token budget (``max_num_batched_tokens``):
+
+    1. running requests, oldest first, each gets the tokens it still lacks (a decode: 1; an unfinished
+       prefill: the next chunk). When the KV cache has no room, the newest running request is preempted:
+       its blocks are freed and it goes back to the front of the waiting queue, to be recomputed later
+       (mostly from the prefix cache, since freed blocks stay cached until recycled).
+       A decode whose token the runner itself sampled last step is sent as its id alone (see
+       scheduler_output.py, persistent batch).
+    2. then, if nothing was preempted, waiting requests in arrival order (FCFS): a prefix-cache lookup
+       advances ``num_computed_tokens`` past the cached blocks, and the rest is scheduled as one chunk.
+
+``num_computed_tokens`` is advanced when a chunk is scheduled (the runner computes it in the same step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.request import Request, RequestStatus
+from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
+
+if TYPE_CHECKING:
+    from kvmesh.kvcache.kv_cache_manager import KVCacheManager
+
+
+class Scheduler:
+    """Holds the waiting and running requests and turns them into one ``SchedulerOutput`` per step."""
+
+    def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.enable_caching = config.enable_prefix_caching
+        self.block_size = config.block_size
+        self.kv_cache_manager = kv_cache_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.finished_request_ids: set[str] = set()
+        self.num_preemptions = 0  # cumulative
+
+    # -- queue management -------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """End a request (finished, aborted or failed): drop it from its queue and free its blocks."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+            self.kv_cache_manager.free(request)
+        else:  # waiting or preempted: holds no blocks
+            self.waiting.remove(request)
+        request.status = status
+        request.finished_time = time.monotonic()
+        self.finished_request_ids.add(request_id)
+        return request
+
+    def finish_running(self, finished: list[Request]) -> None:
+        """Free the blocks of requests that reached a final status while running (stop checks). With async
+        scheduling a request preempted while its last token was in flight ends from the waiting queue."""
+        if not finished:
+            return
+        done = {r.request_id for r in finished}
+        running = len(self.running)
+        self.running = [r for r in self.running if r.request_id not in done]
+        now = time.monotonic()
+        for request in finished:
+            if running - len(self.running) < len(finished) and request in self.waiting:
+                self.waiting.remove(request)  # preempted: holds no blocks
+            else:
+                self.kv_cache_manager.free(request)
+            del self.requests[request.request_id]
+            request.finished_time = now
+        self.finished_request_ids |= done
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        decode_ids: list[str] = []  # decodes of the runner's last samples: sent as ids (persistent batch)
+        new_block_ids: dict[str, list[int]] = {}
+        num_preemptions = self.num_preemptions
+        block_size, append_decode = self.block_size, decode_ids.append
+        for request in self.running:  # preemption pops from the end: victims are never reached
+            if budget <= 0:
+                break
+            computed = request.num_computed_tokens
+            # async scheduling: a token still on the device counts (the runner feeds it to this step itself)
+            num_tokens = len(request.all_token_ids) + request.num_output_placeholders
+            if num_tokens == computed:
+                continue  # async scheduling: its last token is in flight and ends it (max_tokens)
+            if request.decoding_in_runner and num_tokens == computed + 1:
+                budget -= 1
+                if computed % block_size and num_tokens % block_size:
+                    # Fast path: a token inside a partly filled block that it does not fill needs no new
+                    # block and completes no block to cache, so allocate_slots would do nothing.
+                    request.num_computed_tokens = num_tokens
+                    append_decode(request.request_id)
+                    continue
+                if not self._decode_at_block_edge(request, decode_ids, new_block_ids):
+                    budget += 1
+                    break  # the request itself was preempted (it was the newest)
+                continue
+            num_new = min(num_tokens - computed, budget)
+            budget -= num_new
+            if not self._allocate_or_preempt(request, num_new):
+                budget += num_new
+                break  # the request itself was preempted (it was the newest)
+            scheduled.append(self._schedule_chunk(request, num_new))
+        if self.num_preemptions == num_preemptions:  # no room was short: admit new work
+            budget = self._schedule_waiting(scheduled, budget)
+        out = SchedulerOutput(
+            scheduled=scheduled,
+            num_batched_tokens=self.max_num_batched_tokens - budget,
+            finished_request_ids=self.finished_request_ids,
+            decode_request_ids=decode_ids,
+            new_block_ids=new_block_ids,
+        )
+        self.finished_request_ids = set()
+        return out
+
+    def _decode_at_block_edge(self, request: Request, decode_ids: list[str],
+                              new_block_ids: dict[str, list[int]]) -> bool:
+        """A decode by id whose token starts a new block or completes one (to be cached); False when the
+        request itself had to be preempted."""
+        num_blocks = len(request.block_ids)
+        if not self._allocate_or_preempt(request, 1):
+            return False
+        request.num_computed_tokens += 1
+        decode_ids.append(request.request_id)
+        if len(request.block_ids) > num_blocks:
+            new_block_ids[request.request_id] = request.block_ids[num_blocks:]
+        return True
+
+    def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
+        """Make room for ``num_new`` tokens of a running request, preempting newer ones as needed."""
+        while (new_blocks := self.kv_cache_manager.allocate_slots(request, num_new)) is None:
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is request:
+                return False
+        if new_blocks:
+            request.block_ids.extend([b.block_id for b in new_blocks])
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.block_ids = []
+        request.decoding_in_runner = False  # the runner's row is stale: resend the request in full
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+        """Admit waiting requests in arrival order while budget, sequence slots and blocks last."""
+        kv = self.kv_cache_manager
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            blocks, num_cached = kv.get_computed_blocks(request) if self.enable_caching else ([], 0)
+            num_new = min(request.num_tokens - num_cached, budget)
+            if kv.allocate_slots(request, num_new, num_cached, blocks) is None:
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            request.block_ids = kv.get_block_ids(request.request_id)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_cached
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_cached
+                request.first_scheduled_time = time.monotonic()
+            scheduled.append(self._schedule_chunk(request, num_new))
+            budget -= num_new
+        return budget
+
+    def _schedule_chunk(self, request: Request, num_new: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        end = request.num_computed_tokens = start + num_new
+        all_token_ids = request.all_token_ids
+        request.decoding_in_runner = end == len(all_token_ids)  # the runner samples its next token
+        # positional for speed: request_id, token_ids, num_computed_tokens, block_ids (the live block table,
+        # extended as blocks are allocated), sample, sampling_params, output_token_ids
+        return ScheduledRequest(request.request_id, all_token_ids[start:end], start, request.block_ids,
+                                end == len(all_token_ids), request.sampling_params, request.output_token_ids)

@@ -1,0 +1,1 @@
+"""kvmesh.replica.sample: sampling and logprobs."""

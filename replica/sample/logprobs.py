@@ -1,0 +1,64 @@
+"""Logprobs on the engine side: the chosen token's log-probability and rank plus the top-k of each row,
+from logits and their logsumexp (the full [N, V] log_softmax is never built), copied to the host in one
+transfer.
+
+    values [M, V] (logits, or log-probabilities)  ──gather(chosen) / topk(k)──▶  [M, 1 + k] token ids, values
+                                                   (>= count)                ──▶  [M] rank of the chosen token
+    logprob = logit - logsumexp(logits of the row)
+
+The sampler (sampled tokens) and prompt_logprobs.py (prompt tokens) both use ``gather_logprobs``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from kvmesh.replica.engine.outputs import TokenLogprobs
+
+
+@dataclass(slots=True)
+class LogprobsTensors:
+    """Per row: the chosen token's logprob and rank, then the top-k (vLLM's ``LogprobsTensors``)."""
+
+    token_ids: torch.Tensor
+    """[M, 1 + k] int64: the chosen token, then the k most likely in rank order."""
+    logprobs: torch.Tensor
+    """[M, 1 + k] float32: their log-probabilities."""
+    ranks: torch.Tensor
+    """[M] int64: rank of the chosen token (1 = most likely; tied tokens count, as vLLM's >= count)."""
+    rows: list[int] | None = None
+    """The batch rows these M rows belong to (None: every row, M = N)."""
+    _lists: tuple | None = field(default=None, repr=False)
+
+    def row(self, i: int, num_logprobs: int) -> TokenLogprobs:
+        """Batch row ``i`` cut to the chosen token plus its request's ``num_logprobs`` most likely."""
+        if self._lists is None:  # one device->host copy and tolist for all rows
+            index = None if self.rows is None else {row: j for j, row in enumerate(self.rows)}
+            self._lists = (self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist(), index)
+        token_ids, logprobs, ranks, index = self._lists
+        j = i if index is None else index[i]
+        return TokenLogprobs(token_ids[j][: 1 + num_logprobs], logprobs[j][: 1 + num_logprobs], ranks[j])
+
+
+def gather_logprobs(values: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
+                    lse: torch.Tensor | None = None, rows: list[int] | None = None) -> LogprobsTensors:
+    """The chosen ``token_ids`` [M] and the ``num_logprobs`` most likely tokens of each row of ``values``:
+    log-probabilities [M, V], or logits with their ``lse`` [M, 1] (logprob = logit - logsumexp)."""
+    chosen = token_ids.to(torch.int64).unsqueeze(1)  # [M, 1]
+    chosen_values = values.gather(1, chosen)  # [M, 1]
+    if values.device.type == "cpu":  # numpy's comparison is ~3x faster than torch's CPU kernel here
+        ranks = torch.from_numpy((values.numpy() >= chosen_values.numpy()).sum(axis=-1))  # [M]
+    else:
+        ranks = (values >= chosen_values).sum(dim=-1)
+    token_ids_out, values_out = chosen, chosen_values
+    if num_logprobs > 0:
+        top = values.topk(num_logprobs, dim=-1)  # values/indices [M, k], descending
+        token_ids_out = torch.cat([chosen, top.indices], dim=1)
+        values_out = torch.cat([chosen_values, top.values], dim=1)
+    if lse is not None:
+        values_out = values_out - lse
+    # one device->host transfer: [M, 1 + k | 1 + k | 1] in float64 (token ids and ranks < 2**53 are exact)
+    width = token_ids_out.shape[1]
+    packed = torch.cat([token_ids_out.double(), values_out.double(), ranks.double().unsqueeze(1)], dim=1).cpu()
+    return LogprobsTensors(packed[:, :width].long(), packed[:, width: 2 * width].float(), packed[:, -1].long(), rows)

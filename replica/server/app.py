@@ -1,0 +1,134 @@
+"""The replica's HTTP server (FastAPI): OpenAI endpoints, health, metrics, load and info for routers.
+
+    POST /v1/completions, /v1/chat/completions   (completions.py; SSE with stream=true)
+    POST /tokenize, /v1/completions/render, /v1/chat/completions/render, GET /version
+                                                 shared with the router (replica/openai/routes.py)
+    GET  /v1/models                              the served model
+    GET  /health, /ping                          200 while the engine runs, 503 otherwise
+    GET  /metrics                                Prometheus (vLLM names, metrics.py)
+    GET  /load                                   JSON LoadReport for routers (cheap, polled often)
+    GET  /get_load                               the same as SGLang's shape (sglang-router probes it)
+    GET  /server_info, /get_server_info          engine settings (SGLang-style routers ask these)
+    GET  /model_info, /get_model_info            model path / tokenizer path
+
+With ``api_key`` set, every path except health, ping, version, load and metrics needs
+``Authorization: Bearer <key>`` (replica/openai/auth.py). Errors are OpenAI-shaped JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from kvmesh.replica.openai import responses as r
+from kvmesh.replica.openai.auth import AuthMiddleware
+from kvmesh.replica.openai.config import FrontendConfig
+from kvmesh.replica.openai.errors import error_response, install_error_handlers
+from kvmesh.replica.openai.protocol import check_model
+from kvmesh.replica.openai.renderer import PromptRenderer
+from kvmesh.replica.openai.routes import install_shared_routes
+from kvmesh.replica.server.completions import OpenAIHandlers
+from kvmesh.replica.server.config import ReplicaServerConfig
+from kvmesh.replica.server.metrics import CountMiddleware, ReplicaMetrics
+from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from kvmesh.replica.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger(__name__)
+
+Info = dict[str, str | int | bool | None]
+"""A JSON object of scalars (``/server_info``, ``/model_info``, metric labels)."""
+
+
+class ServerState:
+    """What every handler needs: the engine client, the prompt renderer, names and metrics."""
+
+    def __init__(self, engine_client: AsyncLLM, tokenizer: Tokenizer | None, server: ReplicaServerConfig,
+                 frontend: FrontendConfig, model_path: str, extra_info: Mapping[str, str | int | None] | None = None):
+        self.engine_client = engine_client
+        self.tokenizer = tokenizer
+        self.renderer = PromptRenderer(tokenizer, frontend)
+        self.server = server
+        self.frontend = frontend
+        self.model_path = model_path
+        self.model_name = server.served_model_name or model_path
+        self.default_max_tokens = server.default_max_tokens
+        self.extra_info = dict(extra_info or {})
+        self.metrics = ReplicaMetrics(engine_client.get_stats, self.model_name,
+                                      cache_info=_cache_config_info(engine_client))
+
+    def check_model(self, model: str | None) -> None:
+        check_model(model, self.model_name, aliases=(self.model_path,))
+
+    def server_info(self) -> Info:
+        e = self.engine_client
+        return {"model": self.model_name, "model_path": self.model_path, "max_model_len": e.max_model_len,
+                "block_size": e.block_size, "num_kv_blocks": e.num_kv_blocks,
+                "tensor_parallel_size": e.tensor_parallel_size, "version": "kvmesh",
+                "tokenizer_fingerprint": self.tokenizer.fingerprint if self.tokenizer is not None else None,
+                **self.extra_info}
+
+    def model_info(self) -> Info:
+        return {"model_path": self.model_path, "tokenizer_path": getattr(self.tokenizer, "name", self.model_path),
+                "served_model_name": self.model_name, "is_generation": True}
+
+
+def _cache_config_info(engine: AsyncLLM) -> Info:
+    """The labels of ``vllm:cache_config_info`` (vLLM's CacheConfig names; "gpu" blocks = KV blocks on any device)."""
+    config = engine.config
+    return {"block_size": engine.block_size, "num_gpu_blocks": engine.num_kv_blocks,
+            "enable_prefix_caching": config.enable_prefix_caching, "gpu_memory_utilization": config.gpu_memory_utilization,
+            "eviction_policy": config.eviction_policy}
+
+
+def build_app(state: ServerState) -> FastAPI:
+    """The FastAPI app of one replica."""
+    app = FastAPI(title="kvmesh replica", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.kvmesh = state
+    handlers = OpenAIHandlers(state)
+    app.add_middleware(AuthMiddleware, api_key=state.server.api_key)
+    app.add_middleware(CountMiddleware, metrics=state.metrics)  # outermost: refusals are counted too
+
+    install_error_handlers(app, "replica")
+    install_shared_routes(app, state.renderer, state.check_model, lambda: state.model_name)
+    app.add_api_route("/v1/completions", handlers.completions, methods=["POST"], response_model=None)
+    app.add_api_route("/v1/chat/completions", handlers.chat, methods=["POST"], response_model=None)
+
+    @app.get("/v1/models")
+    async def models():
+        card = r.ModelCard(id=state.model_name, root=state.model_path, max_model_len=state.engine_client.max_model_len)
+        return r.ModelList(data=[card]).model_dump()
+
+    async def health():
+        reason = state.engine_client.dead_reason()
+        if reason is not None:
+            return error_response(ProtocolError(f"replica is not healthy: {reason}", 503))
+        return Response(status_code=200)
+
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/ping", health, methods=["GET", "POST"])  # vLLM's alias (SageMaker-style probes)
+
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        return state.metrics.response(request.headers.get("accept"))
+
+    @app.get("/load")
+    async def load():
+        return state.engine_client.load_report().to_dict()
+
+    @app.get("/get_load")
+    async def get_load():
+        report = state.engine_client.load_report()
+        return [{"dp_rank": 0, "num_reqs": report.num_requests_running + report.num_requests_waiting,
+                 "num_waiting_reqs": report.num_requests_waiting, "num_tokens": report.num_waiting_prefill_tokens}]
+
+    for path in ("/server_info", "/get_server_info"):
+        app.add_api_route(path, state.server_info, methods=["GET"], response_model=None)
+    for path in ("/model_info", "/get_model_info"):
+        app.add_api_route(path, state.model_info, methods=["GET"], response_model=None)
+    return app

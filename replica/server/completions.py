@@ -1,0 +1,281 @@
+"""The OpenAI completion endpoints of a replica: ``/v1/completions`` and ``/v1/chat/completions``.
+
+Both run the same path: validate the body -> render token ids off the loop (openai/renderer.py, the
+router's rules; a kvmesh router sends them ready: a token-id ``prompt``, a chat's ``prompt_token_ids``,
+so the replica only range-checks them) -> SamplingParams -> ``engine.generate`` (one engine request per choice and prompt:
+parallel_sampling.py) -> one JSON response, or SSE chunks then ``[DONE]``; logprobs in vLLM's shapes
+(openai/logprobs_format.py).
+A client that disconnects aborts its request (the engine frees its blocks); an error inside one
+request fails that request only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from kvmesh.replica.engine.outputs import PromptLogprobs, RequestOutput, TokenLogprobs
+from kvmesh.replica.openai import logprobs_format as lf
+from kvmesh.replica.openai import protocol as p
+from kvmesh.replica.openai import responses as r
+from kvmesh.replica.openai.body import read_request
+from kvmesh.replica.server import parallel_sampling as ps
+from kvmesh.replica.server.parallel_sampling import Outputs
+from kvmesh.replica.serving.errors import ProtocolError, error_body
+
+if TYPE_CHECKING:
+    from kvmesh.replica.server.app import ServerState
+
+logger = logging.getLogger(__name__)
+
+OpenAIRequest = p.CompletionRequest | p.ChatCompletionRequest
+R = TypeVar("R", p.CompletionRequest, p.ChatCompletionRequest)
+
+
+def _usage(out: RequestOutput) -> r.UsageInfo:
+    return r.UsageInfo.of(len(out.prompt_token_ids), len(out.output_token_ids), out.num_cached_tokens)
+
+
+def _total_usage(candidates: list[ps.Candidate], finals: list[RequestOutput]) -> r.UsageInfo:
+    """Each prompt counted once, every candidate's tokens (vLLM's usage for n / best_of / batches)."""
+    prompts = {c.prompt_index: f for c, f in zip(candidates, finals, strict=True) if c.sample_index == 0}
+    return r.UsageInfo.of(sum(len(f.prompt_token_ids) for f in prompts.values()),
+                          sum(len(f.output_token_ids) for f in finals),
+                          sum(f.num_cached_tokens for f in prompts.values()))
+
+
+def _check_failed(out: RequestOutput) -> None:
+    if out.finish_reason == "error":
+        raise ProtocolError(f"request failed inside the engine: {out.error or 'unknown error'}", 500)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Returns when the client goes away (the ASGI receive channel says ``http.disconnect``)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class OpenAIHandlers:
+    """Request handlers bound to one engine client, tokenizer and model name (see server.py)."""
+
+    def __init__(self, state: ServerState):
+        self.state = state  # engine client, tokenizer, served names, metrics
+        self._token_decoder: lf.TokenDecoder | None = None  # for logprobs' token strings
+
+    # ------------------------------------------------------------ entry points
+    async def completions(self, http: Request) -> Response:
+        req = await self._read(http, p.CompletionRequest)
+        prompts = [await self.state.renderer.completion(prompt) for prompt in req.prompts()]
+        return await self._serve(http, req, prompts)
+
+    async def chat(self, http: Request) -> Response:
+        req = await self._read(http, p.ChatCompletionRequest)
+        return await self._serve(http, req, [await self.state.renderer.request(req)])
+
+    async def _read(self, http: Request, model_cls: type[R]) -> R:
+        """The body validated into ``model_cls`` (limits applied while reading), for the served model."""
+        req = await read_request(http, model_cls, self.state.frontend, self.state.renderer.run)
+        self.state.check_model(req.model)
+        return req
+
+    # ------------------------------------------------------------ shared path
+    async def _serve(self, http: Request, req: OpenAIRequest, prompts: list[list[int]]) -> Response:
+        client = self.state.engine_client
+        params = [req.to_sampling_params(len(ids), client.max_model_len, self.state.default_max_tokens)
+                  for ids in prompts]
+        request_id = r.random_id("chatcmpl" if isinstance(req, p.ChatCompletionRequest) else "cmpl")
+        best_of = req.best_of if isinstance(req, p.CompletionRequest) else None
+        candidates = ps.plan_candidates(request_id, prompts, params, req.n, best_of,
+                                        params[0].logprobs is not None, req.stream)
+        try:  # queues the requests now, so bad input is a 400 before any byte is sent
+            streams = await ps.start_all(client, candidates, req.cache_salt)
+            if isinstance(req, p.CompletionRequest) and req.prompt_only:
+                streams = [ps.without_output(stream) for stream in streams]
+        except ValueError as e:
+            raise ProtocolError(str(e)) from None
+        except RuntimeError as e:  # draining or broken: a router should retry elsewhere
+            raise ProtocolError(str(e), 503) from None
+        model = req.model or self.state.model_name
+        if req.stream:
+            return StreamingResponse(
+                self._guard_stream(self._stream(request_id, model, candidates, streams, req), candidates),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
+            )
+        finals = await self._collect_or_abort(http, candidates, streams)
+        for final in finals:
+            _check_failed(final)
+        usage = _total_usage(candidates, finals)
+        choices = ps.select_choices(candidates, finals, req.n)
+        body: r.ChatCompletionResponse | r.CompletionResponse
+        if isinstance(req, p.ChatCompletionRequest):
+            body = r.ChatCompletionResponse(id=request_id, model=model, usage=usage, choices=[
+                r.ChatCompletionChoice(index=index, message=r.ChatMessageOut(content=final.text),
+                                       logprobs=self._chat_logprobs(req, final.output_token_ids, final.logprobs),
+                                       finish_reason=final.finish_reason)
+                for index, _, final in choices])
+        else:
+            prompt_logprobs = ps.prompt_logprobs_of(candidates, finals)
+            body = r.CompletionResponse(id=request_id, model=model, usage=usage, choices=[
+                self._completion_choice(req, index, final, candidate, prompt_logprobs.get(candidate.prompt_index))
+                for index, candidate, final in choices])
+        return JSONResponse(body.model_dump(), headers={"X-Request-Id": request_id})
+
+    # ------------------------------------------------------------ logprobs (openai/logprobs_format.py)
+    def _decode_token(self) -> lf.TokenDecoder:
+        """One token alone -> its text (built on first use; caches what it decoded)."""
+        if self._token_decoder is None:
+            self._token_decoder = lf.token_decoder(self.state.tokenizer.hf)
+        return self._token_decoder
+
+    def _echo_text(self, req: p.CompletionRequest, out: RequestOutput, prompt_index: int) -> str:
+        """The echoed prompt: as sent when it was text, else its tokens decoded."""
+        prompt = req.prompts()[prompt_index]
+        return prompt if isinstance(prompt, str) else self.state.tokenizer.decode(out.prompt_token_ids)
+
+    def _completion_choice(self, req: p.CompletionRequest, index: int, final: RequestOutput, candidate: ps.Candidate,
+                           prompt_logprobs: PromptLogprobs | None) -> r.CompletionChoice:
+        text = self._echo_text(req, final, candidate.prompt_index) + final.text if req.echo else final.text
+        logprobs = None if req.logprobs is None else lf.choice_logprobs(
+            final.prompt_token_ids, prompt_logprobs, final.output_token_ids, final.logprobs, req.logprobs,
+            self._decode_token(), req.echo)
+        return r.CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=final.finish_reason)
+
+    def _chat_logprobs(self, req: p.ChatCompletionRequest, token_ids: list[int],
+                       entries: list[TokenLogprobs] | None) -> dict | None:
+        if not req.logprobs or entries is None:
+            return None
+        return lf.chat_logprobs(token_ids, entries, req.top_logprobs or 0, self._decode_token())
+
+    async def _collect_or_abort(self, http: Request, candidates: list[ps.Candidate],
+                                stream_list: list[Outputs]) -> list[RequestOutput]:
+        """Every candidate's final output; aborts them all if the client disconnects first."""
+        collect_task = asyncio.ensure_future(ps.collect_all(stream_list))
+        disconnect_task = asyncio.ensure_future(_wait_disconnect(http))
+        try:
+            done, _ = await asyncio.wait({collect_task, disconnect_task}, return_when=asyncio.FIRST_COMPLETED)
+            if collect_task not in done:
+                logger.info("client disconnected; aborting %s", candidates[0].request_id)
+                collect_task.cancel()
+                for c in candidates:
+                    await self.state.engine_client.abort(c.request_id)
+                raise ProtocolError("client disconnected", 499)
+            finals = collect_task.result()
+        finally:
+            disconnect_task.cancel()
+            if not collect_task.done():
+                collect_task.cancel()
+        if any(f is None for f in finals):
+            raise ProtocolError("the engine returned no output for this request", 500)
+        return [f for f in finals if f is not None]
+
+    async def _guard_stream(self, chunks: AsyncIterator[str], candidates: list[ps.Candidate]) -> AsyncIterator[str]:
+        """Abort on disconnect (Starlette cancels this generator) and turn errors into an SSE error event."""
+        finished = False
+        request_id = candidates[0].request_id
+        try:
+            async for chunk in chunks:
+                yield chunk
+            finished = True
+        except ProtocolError as e:
+            finished = True
+            yield r.sse(e.to_dict())
+            yield r.SSE_DONE
+        except Exception as e:  # noqa: BLE001 - one request's failure must not reach the server
+            finished = True
+            logger.exception("stream of %s failed", request_id)
+            yield r.sse(error_body(f"internal error while streaming: {e!r}", 500))
+            yield r.SSE_DONE
+        finally:
+            if not finished:
+                logger.info("stream of %s closed early; aborting", request_id)
+                for c in candidates:
+                    await asyncio.shield(self.state.engine_client.abort(c.request_id))
+
+    async def _stream(self, request_id: str, model: str, candidates: list[ps.Candidate], stream_list: list[Outputs],
+                      req: OpenAIRequest) -> AsyncIterator[str]:
+        """Every choice's chunks as they come, then (``include_usage``) one usage chunk, then ``[DONE]``."""
+        created = int(time.time())
+        finals: list[RequestOutput | None] = [None] * len(candidates)  # filled in by the chunk generators
+        usage_chunk: type[r.ChatCompletionChunk] | type[r.CompletionChunk]
+        if isinstance(req, p.ChatCompletionRequest):
+            chunks = self._chat_chunks(request_id, created, model, candidates, stream_list, req, finals)
+            usage_chunk = r.ChatCompletionChunk
+        else:
+            chunks = self._completion_chunks(request_id, created, model, candidates, stream_list, req, finals)
+            usage_chunk = r.CompletionChunk
+        async for chunk in chunks:
+            yield chunk
+        done = [f for f in finals if f is not None]
+        if req.include_usage and len(done) == len(finals):
+            yield r.sse(usage_chunk(id=request_id, created=created, model=model, choices=[],
+                                    usage=_total_usage(candidates, done)))
+        yield r.SSE_DONE
+
+    async def _completion_chunks(self, request_id: str, created: int, model: str, candidates: list[ps.Candidate],
+                                 stream_list: list[Outputs], req: p.CompletionRequest,
+                                 finals: list[RequestOutput | None]) -> AsyncIterator[str]:
+        continuous = req.stream_options and req.stream_options.continuous_usage_stats
+        ids = req.return_token_ids  # then every step with new tokens is a chunk, even with no text yet
+        first_ids = [ids] * len(candidates)  # prompt ids go once, on each choice's first chunk
+        text_offsets = [0] * len(candidates)  # characters of each choice's logprobs tokens sent so far
+        echoed = [not req.echo] * len(candidates)
+        async for i, out in ps.merge_streams(stream_list):
+            _check_failed(out)
+            if not (out.delta_text or out.finished or out.new_logprobs or not echoed[i] or (ids and out.new_token_ids)):
+                continue
+            text, logprobs, echo = out.delta_text, None, not echoed[i]
+            if echo:
+                text, echoed[i] = self._echo_text(req, out, candidates[i].prompt_index) + text, True
+            if req.logprobs is not None:
+                logprobs = lf.choice_logprobs(
+                    out.prompt_token_ids, out.prompt_logprobs, out.new_token_ids,
+                    out.new_logprobs or [None] * len(out.new_token_ids), req.logprobs, self._decode_token(), echo,
+                    text_offsets[i])
+                text_offsets[i] += sum(map(len, logprobs["tokens"]))
+            chunk = r.CompletionChunk(
+                id=request_id, created=created, model=model,
+                prompt_token_ids=candidates[i].prompt_token_ids if first_ids[i] else None,
+                choices=[r.CompletionChoice(index=ps.choice_index(candidates[i], req.n), text=text,
+                                            logprobs=logprobs, finish_reason=out.finish_reason,
+                                            token_ids=out.new_token_ids if ids else None)],
+                usage=_usage(out) if continuous else None)
+            first_ids[i] = False
+            yield r.sse(chunk)
+            if out.finished:
+                finals[i] = out
+
+    async def _chat_chunks(self, request_id: str, created: int, model: str, candidates: list[ps.Candidate],
+                           stream_list: list[Outputs], req: p.ChatCompletionRequest,
+                           finals: list[RequestOutput | None]) -> AsyncIterator[str]:
+        continuous = req.stream_options and req.stream_options.continuous_usage_stats
+        ids = req.return_token_ids  # then every step with new tokens is a chunk, even with no text yet
+
+        def chunk(index: int, delta: r.DeltaMessage, finish_reason: str | None = None, usage: r.UsageInfo | None = None,
+                  logprobs: dict | None = None, token_ids: list[int] | None = None,
+                  first_ids: list[int] | None = None) -> str:
+            return r.sse(r.ChatCompletionChunk(
+                id=request_id, created=created, model=model, usage=usage, prompt_token_ids=first_ids,
+                choices=[r.ChatStreamChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
+                                            token_ids=token_ids if ids else None)]))
+
+        for c in candidates:
+            yield chunk(ps.choice_index(c, req.n), r.DeltaMessage(role="assistant", content=""), token_ids=[],
+                        first_ids=c.prompt_token_ids if ids else None)
+        async for i, out in ps.merge_streams(stream_list):
+            _check_failed(out)
+            if not out.delta_text and not out.finished and not out.new_logprobs and not (ids and out.new_token_ids):
+                continue
+            usage = _usage(out) if continuous else None
+            logprobs = self._chat_logprobs(req, out.new_token_ids, out.new_logprobs)
+            yield chunk(ps.choice_index(candidates[i], req.n), r.DeltaMessage(content=out.delta_text),
+                        out.finish_reason, usage, logprobs, out.new_token_ids)
+            if out.finished:
+                finals[i] = out

@@ -1,0 +1,200 @@
+"""Parallel sampling: the choices of one OpenAI request (a batch of prompts, ``n`` choices each, ``best_of`` candidates).
+
+Every candidate is its own engine request (vLLM's parallel sampling fans out the same way):
+
+    prompt i, candidate j  ->  request "{id}-{i * best_of + j}", seed + j when seeded (vLLM's child seeds)
+    candidate 0 of a prompt is queued first; the others find its prompt blocks in the prefix cache.
+    echo + logprobs: only candidate 0 computes the prompt logprobs (such a request cannot read the
+    cache); its siblings reuse them, so they still share its blocks.
+    best_of > n: the n candidates with the highest cumulative logprob win (OpenAI's "best").
+    choice index = i * n + (rank among prompt i's choices), as vLLM numbers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+
+from kvmesh.replica.engine.outputs import PromptLogprobs, RequestOutput
+from kvmesh.replica.interfaces import EngineClient
+from kvmesh.replica.serving.sampling_params import SamplingParams
+
+Outputs = AsyncIterator[RequestOutput]
+"""One engine request's outputs, its final one last."""
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One engine request behind a choice."""
+
+    request_id: str
+    """The engine request's id: the OpenAI request's id + "-{prompt_index * per_prompt + sample_index}"."""
+    prompt_index: int
+    """Which prompt of the request's batch it samples."""
+    sample_index: int
+    """j in 0 .. best_of - 1 among its prompt's candidates."""
+    prompt_token_ids: list[int]
+    """The prompt's token ids."""
+    params: SamplingParams
+    """The engine's SamplingParams for this candidate."""
+
+
+def plan_candidates(request_id: str, prompts: list[list[int]], params: list[SamplingParams], num_choices: int,
+                    best_of: int | None, user_wants_logprobs: bool, stream: bool = False) -> list[Candidate]:
+    """Candidates for ``prompts`` (``params[i]`` belongs to prompt i), prompt by prompt, sample 0 first.
+    When streaming, every candidate computes its own prompt logprobs (each choice echoes its prompt
+    in its first chunk, before candidate 0 may have finished its prefill)."""
+    per_prompt = max(best_of or num_choices, num_choices)
+    if len(prompts) == 1 and per_prompt == 1:
+        return [Candidate(request_id, 0, 0, prompts[0], params[0])]
+    candidates = []
+    for i, (prompt, base) in enumerate(zip(prompts, params, strict=True)):
+        for j in range(per_prompt):
+            sp = base
+            if j > 0 or (per_prompt > num_choices and not user_wants_logprobs):
+                sp = replace(
+                    base,
+                    seed=None if base.seed is None else base.seed + j,
+                    prompt_logprobs=base.prompt_logprobs if j == 0 or stream else None,
+                    # ranking best_of candidates needs their tokens' logprobs
+                    logprobs=0 if per_prompt > num_choices and base.logprobs is None else base.logprobs)
+            candidates.append(Candidate(f"{request_id}-{i * per_prompt + j}", i, j, prompt, sp))
+    return candidates
+
+
+def choice_index(candidate: Candidate, num_choices: int) -> int:
+    """The response's index of a streamed candidate (no best_of selection when streaming)."""
+    return candidate.prompt_index * num_choices + candidate.sample_index
+
+
+def select_choices(candidates: list[Candidate], finals: list[RequestOutput],
+                   num_choices: int) -> list[tuple[int, Candidate, RequestOutput]]:
+    """(index, candidate, final output) of the returned choices: per prompt the first ``num_choices``
+    candidates, or with best_of the ``num_choices`` with the highest cumulative logprob."""
+    by_prompt: dict[int, list[tuple[Candidate, RequestOutput]]] = {}
+    for candidate, final in zip(candidates, finals, strict=True):
+        by_prompt.setdefault(candidate.prompt_index, []).append((candidate, final))
+    chosen = []
+    for prompt_index, group in sorted(by_prompt.items()):
+        if len(group) > num_choices:
+            group = sorted(group, key=lambda cf: -(cf[1].cumulative_logprob or 0.0))[:num_choices]
+        for rank, (candidate, final) in enumerate(group):
+            chosen.append((prompt_index * num_choices + rank, candidate, final))
+    return chosen
+
+
+def prompt_logprobs_of(candidates: list[Candidate], finals: list[RequestOutput]) -> dict[int, PromptLogprobs]:
+    """prompt index -> the prompt logprobs its candidate 0 computed."""
+    return {c.prompt_index: f.prompt_logprobs for c, f in zip(candidates, finals, strict=True)
+            if c.sample_index == 0 and f.prompt_logprobs is not None}
+
+
+async def start_all(client: EngineClient, candidates: list[Candidate], cache_salt: str | None) -> list[Outputs]:
+    """Queue every candidate (in order) and wait for each one's first output; if one is refused, abort
+    the others and raise its error (a ValueError is a 400 before any byte is sent). A lone candidate is
+    started in this task (no gather), so its engine call runs under the request's own stack."""
+    if len(candidates) == 1:
+        c = candidates[0]
+        return [await start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt)]
+    results = await asyncio.gather(
+        *(start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt) for c in candidates),
+        return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        for r in results:
+            if not isinstance(r, BaseException):
+                await r.aclose()  # closing a stream early aborts its request
+        raise errors[0]
+    return results
+
+
+async def start_generation(client: EngineClient, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                           cache_salt: str | None) -> Outputs:
+    """Queues the request and waits for its first output; returns the stream of all its outputs.
+
+    So bad input raises ValueError (a 400) before any byte is sent, and a draining or broken
+    replica raises RuntimeError (a 503 a router retries elsewhere).
+    """
+    reason = client.dead_reason()
+    if reason is not None:
+        raise RuntimeError(f"replica cannot take requests: {reason}")
+    agen = client.generate(prompt_ids, params, request_id=request_id, cache_salt=cache_salt)
+    try:
+        first = await agen.__anext__()
+    except BaseException:
+        await agen.aclose()
+        raise
+    return _chain(first, agen)
+
+
+async def _chain(first: RequestOutput, rest: Outputs) -> Outputs:
+    try:
+        yield first
+        if first.finished:
+            return
+        async for out in rest:
+            yield out
+    finally:
+        await rest.aclose()  # an early close aborts the request (AsyncLLM's rule)
+
+
+async def collect_all(streams: list[Outputs]) -> list[RequestOutput | None]:
+    """Every stream's final output."""
+
+    async def last(stream: Outputs) -> RequestOutput | None:
+        final = None
+        async for out in stream:
+            final = out
+        return final
+
+    return list(await asyncio.gather(*(last(s) for s in streams)))
+
+
+async def merge_streams(streams: list[Outputs]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(stream index, output) from all streams as they come; closing it closes them all."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | None, Exception | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: Outputs) -> None:
+        try:
+            async for out in stream:
+                await queue.put((i, out, None))
+        except Exception as e:  # noqa: BLE001 - re-raised in the consumer
+            await queue.put((i, None, e))
+        await queue.put((i, None, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, out, error = await queue.get()
+            if error is not None:
+                raise error
+            if out is None:
+                remaining -= 1
+                continue
+            yield i, out
+    finally:  # the consumer left early or failed: stop the pumps (closing their streams aborts the requests)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
+
+
+async def without_output(stream: Outputs) -> Outputs:
+    """A request's outputs with the generated token taken out (``echo`` with ``max_tokens: 0``)."""
+    try:
+        async for out in stream:
+            yield RequestOutput(
+                out.request_id, out.prompt_token_ids, [], [], "", "", out.finished,
+                "length" if out.finish_reason in ("stop", "length") else out.finish_reason, None,
+                out.num_cached_tokens, out.error, out.metrics,
+                new_logprobs=None if out.new_logprobs is None else [],
+                logprobs=None if out.logprobs is None else [], prompt_logprobs=out.prompt_logprobs)
+    finally:
+        await stream.aclose()  # closing early aborts the request

@@ -1,0 +1,54 @@
+"""A launched step's result (vLLM's ``AsyncModelRunnerOutput``): the sampled ids are on their way to the host.
+
+``ModelRunner.execute_model_async`` enqueues a step's forward, sampling and the one device-to-host copy
+of its sampled ids, and returns this at once; ``get()`` waits for the copy and returns what
+``execute_model`` returns (``{request_id: token}``, a ``ModelRunnerOutput`` when logprobs were asked).
+The engine's async scheduling calls ``get()`` for step N after it has launched step N+1.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from kvmesh.replica.engine.outputs import ModelRunnerOutput, TokenLogprobs
+from kvmesh.replica.worker.cpu_gpu_buffer import start_copy_to_host
+
+if TYPE_CHECKING:
+    from kvmesh.replica.sample.logprobs import LogprobsTensors
+    from kvmesh.replica.worker.input_batch import InputBatch
+
+
+class AsyncModelRunnerOutput:
+    def __init__(self, input_batch: InputBatch, request_ids: list[str], rows: np.ndarray, tokens: torch.Tensor,
+                 logprobs: LogprobsTensors | None = None,
+                 prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] | None = None) -> None:
+        self.input_batch, self.request_ids, self.rows, self.tokens = input_batch, request_ids, rows, tokens
+        self.logprobs, self.prompt_logprobs = logprobs, prompt_logprobs
+        self.host, self.event = start_copy_to_host(tokens)  # [N] the step's one device-to-host transfer
+        self.params = [input_batch.params[row] for row in rows.tolist()] if logprobs is not None else None
+
+    @classmethod
+    def ready(cls, value: dict) -> AsyncModelRunnerOutput:
+        """A step that sampled nothing: its result is known at launch."""
+        out = cls.__new__(cls)
+        out._value = value
+        return out
+
+    def get(self) -> dict[str, int]:
+        if hasattr(self, "_value"):
+            return self._value
+        if self.event is not None:
+            self.event.synchronize()
+        self.input_batch.record_samples(self.rows, self.host.numpy(), self.tokens)
+        sampled = dict(zip(self.request_ids, self.host.tolist(), strict=True))
+        self._value = sampled
+        if self.logprobs is None and self.prompt_logprobs is None:
+            return sampled
+        token_logprobs = None
+        if self.logprobs is not None:  # row i of the logits is the step's i-th sampling request
+            token_logprobs = {rid: self.logprobs.row(i, sp.logprobs) for i, (rid, sp) in
+                              enumerate(zip(self.request_ids, self.params, strict=True)) if sp.logprobs is not None}
+        self._value = ModelRunnerOutput(sampled, token_logprobs, self.prompt_logprobs)
+        return self._value

@@ -1,0 +1,272 @@
+"""The runner's persistent batch: per-request rows kept between steps, and a step's input tensors.
+
+vLLM v1's persistent batch: a request that only decodes arrives as its id (scheduler_output.py), so
+its row here holds everything its step needs:
+
+    row r:  num_computed[r]   tokens with K/V in the cache (the position of the next token)
+            last_token[r]     the token the runner sampled for it last step (its next input), once on the host
+            num_output[r]     tokens generated so far (seeded sampling derives its generator from it)
+            prev_sample[r]    1 + its index in the previous step's sampled ids on the device (0: none)
+            params[r]         its SamplingParams;  block table row r in ``block_tables``
+
+A full ``ScheduledRequest`` (new, resumed, prefill chunk) (re)sets its row. The step's rows are
+ordered decodes-first, longest context first (see attention/metadata.py), and all index arithmetic
+is done on whole arrays:
+    positions[t]    = num_computed[req(t)] + (t - query_start_loc[req(t)])
+    slot_mapping[t] = block_table[req(t), positions[t] // block_size] * block_size + positions[t] % block_size
+    logits_indices  = query_start_loc[1:] - 1 for the requests that sample (their last token)
+
+Async scheduling launches a step before the host has the previous step's samples: a decode row sampled
+by the previous step takes its input id from that step's sampled tensor, on the device (``prev_sample``).
+
+The arrays are staged in host buffers allocated once and copied to persistent device buffers without
+blocking (``StepBuffers``, cpu_gpu_buffer.py); on a CPU device the two are the same memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
+import torch
+from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.sample.sampler import SamplingMetadata, build_sampling_metadata
+from kvmesh.replica.worker.block_table import BlockTables
+from kvmesh.replica.worker.cpu_gpu_buffer import CopyFence, CpuGpuBuffer, to_device
+
+__all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
+
+_token_ids = attrgetter("token_ids")
+_sample = attrgetter("sample")
+_ALL_GREEDY = SamplingMetadata(None, None, None, None, {})
+
+
+@dataclass(slots=True)
+class ModelInputs:
+    input_ids: torch.Tensor
+    """[T] int64."""
+    positions: torch.Tensor
+    """[T] int64."""
+    common: CommonAttentionMetadata
+    """Attention description of the step."""
+    logits_indices: torch.Tensor
+    """[N] int64 rows of the hidden states whose logits are sampled."""
+    sample_rows: np.ndarray
+    """[N] persistent-batch rows of the requests that sample, in logits order."""
+    sample_request_ids: list[str]
+    """Their request ids."""
+    rows: np.ndarray
+    """[n] persistent-batch rows of every request of the step, in order (``common.query_start_loc_cpu[i]``
+    is the first token of row ``rows[i]``)."""
+
+
+class StepBuffers:
+    """The step's input tensors: host staging buffers and their device twins, one set per runner."""
+
+    def __init__(self, max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int, device: torch.device) -> None:
+        self.input_ids = CpuGpuBuffer(max_num_tokens, torch.int64, device)  # [T]
+        self.positions = CpuGpuBuffer(max_num_tokens, torch.int64, device)  # [T]
+        self.slot_mapping = CpuGpuBuffer(max_num_tokens, torch.int64, device)  # [T]
+        self.query_start_loc = CpuGpuBuffer(max_num_reqs + 1, torch.int32, device)  # [n + 1]
+        self.seq_lens = CpuGpuBuffer(max_num_reqs, torch.int32, device)  # [n]
+        # [n * width] row after row, viewed [n, width]: a step copies only its own rows and width
+        self.block_tables = CpuGpuBuffer(max_num_reqs * max_blocks_per_req, torch.int32, device)
+        self.logits_indices = CpuGpuBuffer(max_num_reqs, torch.int64, device)  # [N]
+        self.fence = CopyFence(device)
+
+    def stage(self, name: str, array: np.ndarray) -> torch.Tensor:
+        """``array`` written into buffer ``name`` and (on a device) copied over, shaped like ``array``."""
+        buf: CpuGpuBuffer = getattr(self, name)
+        buf.fit(array.size)
+        buf.np[: array.size] = array.reshape(-1)
+        return buf.copy_to_gpu(array.size).view(array.shape)
+
+
+class InputBatch:
+    def __init__(self, max_num_reqs: int, max_blocks_per_req: int, block_size: int, device: torch.device,
+                 max_num_tokens: int | None = None) -> None:
+        self.block_size, self.device = block_size, device
+        self.block_tables = BlockTables(max_num_reqs, max_blocks_per_req)
+        self.buffers = StepBuffers(max_num_tokens or max_num_reqs, max_num_reqs, max_blocks_per_req, device)
+        self.num_computed = np.zeros(0, np.int64)
+        self.last_token = np.zeros(0, np.int64)
+        self.num_output = np.zeros(0, np.int64)
+        self.prev_sample = np.zeros(0, np.int64)
+        self.prev_sampled: torch.Tensor | None = None  # [N] the previous step's sampled ids, on the device
+        self._prev_rows = np.zeros(0, np.int64)
+        self.plain_greedy = np.zeros(0, bool)  # greedy, no min_tokens/logit_bias/logprobs: no sampling metadata
+        self.req_ids = np.zeros(0, object)
+        self.params: list = []
+        self._fit_rows()
+
+    def _fit_rows(self) -> None:
+        n, old = self.block_tables.num_rows, len(self.params)
+        if n > old:
+            for name in ("num_computed", "last_token", "num_output", "prev_sample", "plain_greedy", "req_ids"):
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate([a, np.zeros(n - old, a.dtype)]))
+            self.params += [None] * (n - old)
+
+    def free(self, request_ids) -> None:
+        rows = self.block_tables.rows
+        self.prev_sample[[rows[rid] for rid in request_ids if rid in rows]] = 0
+        self.block_tables.free(request_ids)
+
+    def _admit(self, srs: list[ScheduledRequest]) -> np.ndarray:
+        """(Re)set the rows of fully sent requests; returns their rows."""
+        rows = [self.block_tables.sync(sr.request_id, sr.block_ids) for sr in srs]
+        self._fit_rows()
+        for sr, row in zip(srs, rows, strict=True):
+            sp = sr.sampling_params
+            self.req_ids[row], self.params[row], self.num_output[row] = sr.request_id, sp, len(sr.output_token_ids)
+            self.plain_greedy[row] = (sp.greedy and not sp.min_tokens and not sp.logit_bias
+                                      and sp.logprobs is None)
+            self.num_computed[row] = sr.num_computed_tokens
+            self.prev_sample[row] = 0  # its input ids come with it
+            if len(sr.token_ids) == 1:
+                self.last_token[row] = sr.token_ids[0]
+        return np.array(rows, np.int64)
+
+    def prepare(self, out: SchedulerOutput) -> ModelInputs:
+        """The step's tensors; advances every scheduled row's ``num_computed``. ``out`` must not be empty."""
+        srs, bt = out.scheduled, self.block_tables
+        for rid, ids in out.new_block_ids.items():
+            bt.extend(rid, ids)
+        try:
+            dec_rows = np.fromiter(map(bt.rows.__getitem__, out.decode_request_ids), np.int64,
+                                   len(out.decode_request_ids))
+        except KeyError as e:
+            raise RuntimeError(f"request {e.args[0]!r} decodes by id, but this runner holds no row for it: a request "
+                               "must be sent in full (ScheduledRequest) before it decodes by id") from None
+        if not srs:  # decode-only step (the steady state): every row decodes its last sample
+            rows = dec_rows[np.argsort(-self.num_computed[dec_rows], kind="stable")]
+            query_lens = np.ones(len(rows), np.int64)
+            inputs = self._tensors(rows, query_lens, np.ones(len(rows), bool), len(rows), [])
+            self.num_computed[rows] += 1
+            return inputs
+        sr_rows = self._admit(srs)
+        n_sr = len(srs)
+        sr_qlens = np.fromiter(map(len, map(_token_ids, srs)), np.int64, n_sr)
+        sr_sample = np.fromiter(map(_sample, srs), bool, n_sr)
+        is_dec = sr_qlens == 1
+        # decodes first (by-id rows and one-token full requests), longest context first; prefills in order
+        dec_all = np.concatenate([dec_rows, sr_rows[is_dec]])
+        order = np.argsort(-self.num_computed[dec_all], kind="stable")
+        dec_all = dec_all[order]
+        pre = ~is_dec
+        rows = np.concatenate([dec_all, sr_rows[pre]])
+        query_lens = np.concatenate([np.ones(len(dec_all), np.int64), sr_qlens[pre]])
+        sample_mask = np.concatenate([np.concatenate([np.ones(len(dec_rows), bool), sr_sample[is_dec]])[order],
+                                      sr_sample[pre]])
+        pre_srs = srs if pre.all() else [sr for sr, p in zip(srs, pre.tolist(), strict=True) if p]
+        num_decodes = len(dec_all)
+        inputs = self._tensors(rows, query_lens, sample_mask, num_decodes, pre_srs)
+        self.num_computed[rows] += query_lens
+        return inputs
+
+    def _tensors(self, rows: np.ndarray, query_lens: np.ndarray, sample_mask: np.ndarray, num_decodes: int,
+                 prefills: list[ScheduledRequest]) -> ModelInputs:
+        n, bs = len(rows), self.block_size
+        num_computed = self.num_computed[rows]
+        if num_decodes == n:
+            query_start_loc = np.arange(n + 1)
+        else:
+            query_start_loc = np.zeros(n + 1, np.int64)
+            np.cumsum(query_lens, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        seq_lens = num_computed + query_lens
+        num_blocks = self.block_tables.num_blocks[rows]
+        if (seq_lens > num_blocks * bs).any():
+            bad = int(np.argmax(seq_lens > num_blocks * bs))
+            raise ValueError(f"request {self.req_ids[rows[bad]]} needs {seq_lens[bad]} token slots but its block "
+                             f"table has {num_blocks[bad]} blocks of {bs}; the scheduler must allocate them first")
+        if prefills:
+            input_ids = np.empty(num_tokens, np.int64)
+            input_ids[:num_decodes] = self.last_token[rows[:num_decodes]]
+            input_ids[num_decodes:] = np.fromiter(chain.from_iterable(map(_token_ids, prefills)), np.int64,
+                                                  num_tokens - num_decodes)
+        else:
+            input_ids = self.last_token[rows]
+        if num_tokens == n:  # decode-only step: one token per request
+            req_of_token, positions = np.arange(n), num_computed
+        else:
+            req_of_token = np.repeat(np.arange(n), query_lens)
+            positions = np.arange(num_tokens) - np.repeat(query_start_loc[:-1] - num_computed, query_lens)
+        block_tables = self.block_tables.table[rows, : int(num_blocks.max())]  # [n, width], 0-padded
+        slot_mapping = block_tables[req_of_token, positions // bs].astype(np.int64) * bs
+        slot_mapping += positions % bs
+        if num_decodes == n and sample_mask.all():
+            logits_indices, sample_rows = np.arange(n), rows
+        else:
+            logits_indices = query_start_loc[1:][sample_mask] - 1
+            sample_rows = rows[sample_mask]
+
+        buffers = self.buffers
+        buffers.fence.wait()  # the previous step's copies have read the staging buffers
+        stage = buffers.stage
+        common = CommonAttentionMetadata(
+            num_reqs=n, num_decodes=num_decodes, num_actual_tokens=num_tokens,
+            max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()), block_size=bs,
+            query_start_loc=stage("query_start_loc", query_start_loc), seq_lens=stage("seq_lens", seq_lens),
+            block_tables=stage("block_tables", block_tables), slot_mapping=stage("slot_mapping", slot_mapping),
+            query_start_loc_cpu=query_start_loc.tolist(), seq_lens_cpu=seq_lens.tolist(),
+            block_tables_cpu=block_tables,
+        )
+        inputs = ModelInputs(self._input_ids(stage("input_ids", input_ids), rows[:num_decodes]),
+                             stage("positions", positions), common,
+                             stage("logits_indices", logits_indices), sample_rows, self.req_ids[sample_rows].tolist(),
+                             rows)
+        buffers.fence.record()
+        return inputs
+
+    def sampling_metadata(self, rows: np.ndarray, vocab_size: int, eos_token_ids) -> SamplingMetadata:
+        """Sampling settings of ``rows`` (the all-greedy common case costs one array test)."""
+        if self.plain_greedy[rows].all():
+            return _ALL_GREEDY
+        params = [self.params[r] for r in rows.tolist()]
+        return build_sampling_metadata(params, self.num_output[rows].tolist(), vocab_size, eos_token_ids, self.device)
+
+    def first_token_index(self, inputs: ModelInputs, request_ids: list[str]) -> dict[str, int]:
+        """Where each request's tokens start among the step's tokens (its first row of the hidden states)."""
+        step_index = {row: i for i, row in enumerate(inputs.rows.tolist())}
+        starts, rows = inputs.common.query_start_loc_cpu, self.block_tables.rows
+        return {rid: starts[step_index[rows[rid]]] for rid in request_ids}
+
+    def _input_ids(self, input_ids: torch.Tensor, decode_rows: np.ndarray) -> torch.Tensor:
+        """``input_ids`` [T] (device) with the decode rows sampled by the previous step, not yet recorded on
+        the host, taking their ids from its sampled tensor (a device gather, no transfer)."""
+        if self.prev_sampled is None or not len(decode_rows):
+            return input_ids
+        src = self.prev_sample[decode_rows]
+        dst = np.flatnonzero(src)
+        if not len(dst):
+            return input_ids
+        index = to_device(src[dst] - 1, torch.int64, self.device)  # [D'] into prev_sampled
+        return input_ids.index_copy_(0, to_device(dst, torch.int64, self.device), self.prev_sampled[index])
+
+    def count_samples(self, rows: np.ndarray, tokens: torch.Tensor) -> None:
+        """A launched step sampled ``tokens`` [N] (on the device) for ``rows``: they are the rows' next inputs
+        until the host records them; the rows' output counts move on now (seeds, min_tokens of the next step)."""
+        self.num_output[rows] += 1
+        self.prev_sample[self._prev_rows] = 0
+        self.prev_sample[rows] = np.arange(1, len(rows) + 1)
+        self.prev_sampled, self._prev_rows = tokens, rows
+
+    def record_samples(self, rows: np.ndarray, tokens: np.ndarray | torch.Tensor,
+                       on_device: torch.Tensor | None = None) -> None:
+        """The sampled tokens (on the host) become the rows' next inputs (``on_device``: the tensor they
+        came from; if it is still the newest, later steps read the host copy instead)."""
+        self.last_token[rows] = np.asarray(tokens)
+        if on_device is not None and on_device is self.prev_sampled:
+            self.prev_sample[self._prev_rows] = 0
+            self.prev_sampled = None
+
+
+def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device) -> ModelInputs:
+    """The tensors of one step of full requests, from a fresh batch (tests and one-off forwards)."""
+    width = max(len(sr.block_ids) for sr in scheduled)
+    batch = InputBatch(len(scheduled), width, block_size, device, sum(len(sr.token_ids) for sr in scheduled))
+    return batch.prepare(SchedulerOutput(list(scheduled), sum(len(sr.token_ids) for sr in scheduled)))

@@ -1,0 +1,255 @@
+"""The model runner: owns the model, the paged KV cache and the sampler of one rank.
+
+``execute_model(SchedulerOutput)`` turns the scheduler's decision into tensors, runs the
+forward pass (writing the step's K/V into the cache), computes logits only for the rows that
+sample and returns ``{request_id: token}`` (a ``ModelRunnerOutput`` that carries logprobs too
+when a request asked for them; prompt_logprobs.py computes prompt logprobs). Per-request state lives in the persistent batch
+(input_batch.py): decodes arrive as request ids and continue from the row's own last sample.
+With ``cuda_graphs``, decode-only steps replay captured graphs (cuda_graph.py). Device facts
+(memory for KV sizing, the CUDA device of a rank) come through small seams tested on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import torch
+from kvmesh.replica.attention.backend import get_attn_backend
+from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.engine.outputs import ModelRunnerOutput
+from kvmesh.replica.engine.scheduler_output import SchedulerOutput
+from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
+from kvmesh.replica.models import get_model_class
+from kvmesh.replica.sample.prompt_logprobs import PromptLogprobsProcessor
+from kvmesh.replica.sample.sampler import Sampler
+from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
+from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
+from kvmesh.replica.worker.distributed import cuda_device_index
+from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs
+from kvmesh.replica.worker.kv_cache import (
+    allocate_kv_cache,
+    bytes_per_block,
+    kv_cache_budget,
+    log_capacity,
+    module_bytes,
+    num_blocks_for_budget,
+    outside_memory_in_use,
+    read_cuda_memory,
+)
+from kvmesh.replica.worker.parallel_state import ParallelState
+from kvmesh.replica.worker.weights import load_model_weights
+
+logger = logging.getLogger(__name__)
+
+SMALL_MODEL_HIDDEN = 256  # below this hidden size the CPU forward runs single-threaded
+
+
+class ModelRunner:
+    # the device facts of KV sizing, behind two seams (CPU tests inject their own)
+    read_device_memory = staticmethod(read_cuda_memory)
+    reset_peak_memory = staticmethod(torch.cuda.reset_peak_memory_stats)
+
+    def __init__(self, config, rank: int = 0, world_size: int = 1, parallel: ParallelState | None = None) -> None:
+        self.config = config
+        self.parallel = parallel or ParallelState(rank, world_size)
+        self.device = _pick_device(config.device, rank)
+        self.hf_config = load_hf_config(config.model, config.hf_config, config.hf_overrides)
+        self.spec = spec_from_hf_config(self.hf_config)
+        _set_num_threads(self.device, world_size, self.spec.hidden_size)
+        self.dtype = resolve_dtype(config.dtype, self.spec, self.device)
+        self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
+        self.vocab_size = self.spec.vocab_size
+        self.eos_token_ids = _eos_token_ids(config.model, self.spec.eos_token_ids)
+        self.block_size = config.block_size
+        if self.spec.sliding_window and self.spec.sliding_window < self.max_model_len:
+            logger.warning("model declares sliding_window=%d; attention here is full (exact up to the window)",
+                           self.spec.sliding_window)
+
+        self.outside_memory_at_start = outside_memory_in_use(self.device)  # replicas sharing the card hold it
+        self.model = self._build_model()
+        self.attn_backend = get_attn_backend(config.attention_backend, self.device, self.dtype, self.block_size)
+        for attn in self.model.attention_layers():
+            attn.backend = self.attn_backend
+        self.num_kv_blocks = self._size_kv_cache()
+        attn0 = self.model.attention_layers()[0]
+        layer_shape = self.attn_backend.kv_cache_shape(self.num_kv_blocks, self.block_size, attn0.num_kv_heads,
+                                                       attn0.head_dim)
+        # [num_layers, *layer_shape], e.g. torch: [num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]
+        self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, layer_shape, self.dtype, self.device)
+        for i, attn in enumerate(self.model.attention_layers()):
+            attn.kv_cache = self.kv_cache[i]
+        self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
+                                      self.block_size, self.device, config.max_num_batched_tokens)
+        self.static_decode: StaticDecode | None = None  # decode steps on static shapes (CUDA graphs)
+        tp_size = self.parallel.tp_size
+        if use_cuda_graphs(config.cuda_graphs, self.device, self.attn_backend, self.block_size, tp_size):
+            self.static_decode = StaticDecode(self.model, self.attn_backend, config.max_num_seqs,
+                                              self.input_batch.block_tables.table.shape[1], self.block_size,
+                                              self.device)
+            self.static_decode.capture()
+        logger.info("attention backend %s, block_size %d, %s", self.attn_backend.name, self.block_size,
+                    f"CUDA graphs for decode batch sizes {self.static_decode.sizes}" if self.static_decode
+                    else "no CUDA graphs")
+        generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.sampler = Sampler(generator)
+        self.prompt_logprobs = PromptLogprobsProcessor()  # rows waiting between a prompt's prefill chunks
+
+    def _build_model(self) -> torch.nn.Module:
+        cls = get_model_class(self.spec.architecture)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = cls(self.spec, self.max_model_len, self.parallel)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        model.to(self.device).eval()
+        load_format = self.config.load_format
+        if load_format == "auto":
+            has_weights = os.path.isdir(self.config.model) and any(
+                f.endswith(".safetensors") for f in os.listdir(self.config.model))
+            load_format = "safetensors" if has_weights or self.config.hf_config is None else "dummy"
+        load_model_weights(model, self.config.model, load_format, self.config.seed, self.device)
+        return model
+
+    def _size_kv_cache(self) -> int:
+        attn0 = self.model.attention_layers()[0]
+        block_bytes = bytes_per_block(self.spec.num_hidden_layers, self.block_size, attn0.num_kv_heads,
+                                      attn0.head_dim, self.dtype)
+        if self.device.type == "cuda":  # kv_cache_memory, when set, caps the profiled budget
+            cap = None if self.config.kv_cache_memory is None else self.config.kv_cache_memory // self.parallel.tp_size
+            budget = self.profiled_kv_budget(cap)
+        else:
+            budget = self.config.resolved_kv_cache_memory // self.parallel.tp_size
+        num_blocks = num_blocks_for_budget(budget, block_bytes, self.block_size, self.max_model_len)
+        if self.config.num_kv_blocks is not None:
+            num_blocks = min(num_blocks, self.config.num_kv_blocks)
+        num_blocks = self.parallel.all_reduce_min_int(num_blocks)
+        log_capacity(num_blocks, self.block_size, self.max_model_len, block_bytes)
+        return num_blocks
+
+    def profiled_kv_budget(self, cap: int | None = None) -> int:
+        """Bytes for the KV cache on a GPU: read the facts, reset the peak counter, run the profiling forward,
+        read them again, and take what ``gpu_memory_utilization`` leaves this engine, at most ``cap`` (the
+        device facts come from ``read_device_memory``)."""
+        before = self.read_device_memory(self.device)
+        self.reset_peak_memory(self.device)
+        self.profile_run()
+        after = self.read_device_memory(self.device)
+        return kv_cache_budget(before, after, module_bytes(self.model), self.config.gpu_memory_utilization, cap,
+                               self.outside_memory_at_start)
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """A forward over a full token budget of fresh prefills (no KV cache), to measure peak memory."""
+        budget = min(self.config.max_num_batched_tokens, self.config.max_num_seqs * self.max_model_len)
+        lens = [min(self.max_model_len, budget - i) for i in range(0, budget, self.max_model_len)]
+        cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        # every position in the null block: a table as wide as the longest sequence (backends may index it)
+        zeros = torch.zeros(len(lens), -(-max(lens) // self.block_size), dtype=torch.int32, device=self.device)
+        common = CommonAttentionMetadata(
+            num_reqs=len(lens), num_decodes=0, num_actual_tokens=budget, max_query_len=max(lens),
+            max_seq_len=max(lens), block_size=self.block_size, query_start_loc=cu.to(self.device),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device), block_tables=zeros,
+            slot_mapping=torch.zeros(budget, dtype=torch.int64, device=self.device),
+            query_start_loc_cpu=cu.tolist(), seq_lens_cpu=lens)
+        positions = torch.cat([torch.arange(n) for n in lens]).to(self.device)
+        hidden = self.model(torch.zeros(budget, dtype=torch.int64, device=self.device), positions,
+                            self.attn_backend.build(common))
+        rows = min(self.config.max_num_seqs, budget)
+        self.model.compute_logits(hidden[:rows])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
+        """Run one step; returns the sampled token of every scheduled request with ``sample=True`` (a
+        ``ModelRunnerOutput`` carrying logprobs too when a request asked for them)."""
+        return self.execute_model_async(out).get()
+
+    @torch.inference_mode()
+    def execute_model_async(self, out: SchedulerOutput) -> AsyncModelRunnerOutput:
+        """Launch one step without waiting for it: ``.get()`` of the result returns what ``execute_model``
+        does. Decode rows sampled by the previous launch read their input ids from its sampled tensor."""
+        if out.finished_request_ids:
+            self.input_batch.free(out.finished_request_ids)
+            self.prompt_logprobs.free(out.finished_request_ids)
+        if out.is_empty:
+            return AsyncModelRunnerOutput.ready({})
+        inputs = self.input_batch.prepare(out)
+        common = inputs.common
+        if self.static_decode is not None and common.num_decodes == common.num_actual_tokens and \
+                self.static_decode.size_for(common.num_reqs) is not None:
+            hidden = self.static_decode.run(inputs.input_ids, inputs.positions, common)  # [T, H]
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(common))  # [T, H]
+        prompt_logprobs = None
+        if out.scheduled and any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled):
+            prompt_logprobs = self._prompt_logprobs(out, inputs, hidden)
+        if not inputs.sample_request_ids:
+            return AsyncModelRunnerOutput.ready(ModelRunnerOutput({}, None, prompt_logprobs) if prompt_logprobs
+                                                else {})
+        if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order
+            hidden = hidden[inputs.logits_indices]
+        logits = self.model.compute_logits(hidden)  # [N, V]
+        sampling = self.input_batch.sampling_metadata(inputs.sample_rows, self.vocab_size, self.eos_token_ids)
+        if sampling.max_num_logprobs is None:  # the common case: no row asks for logprobs
+            tokens, logprobs = self.sampler(logits, sampling), None
+        else:
+            tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
+        self.input_batch.count_samples(inputs.sample_rows, tokens)
+        return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
+                                      logprobs, prompt_logprobs)
+
+    def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor) -> dict:
+        """Prompt logprobs of this step's prefill chunks of requests that ask for them (``hidden`` [T, H]).
+        Only full requests can ask: a request decoding by id has output tokens, so its prompt is done."""
+        asking = [sr for sr in out.scheduled if sr.sampling_params.prompt_logprobs is not None]
+        first_rows = self.input_batch.first_token_index(inputs, [sr.request_id for sr in asking])
+        return self.prompt_logprobs.compute(asking, first_rows, hidden, self.model.compute_logits)
+
+    # -- the rest of ModelRunnerInterface: one process, no TP group that could break --------------
+    dead_reason: str | None = None
+
+    def check_health(self, timeout_s: float = 10.0) -> str | None:
+        return self.dead_reason
+
+    def shutdown(self) -> None:
+        """Nothing to release by hand: the model and KV cache go with the runner."""
+
+
+def _pick_device(device: str | None, rank: int) -> torch.device:
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no CUDA device; use device='cpu'")
+        dev = torch.device("cuda", cuda_device_index(rank, torch.cuda.device_count()))
+        torch.cuda.set_device(dev)  # NCCL collectives and .cuda() use the current device
+        return dev
+    return torch.device(device)
+
+
+def _set_num_threads(device: torch.device, world_size: int, hidden_size: int) -> None:
+    """On CPU use this process's share of the cores (TP ranks share a machine), unless OMP_NUM_THREADS
+    or KVMESH_NUM_THREADS is set. Tiny models run on one thread: their ops are too small to split, and
+    idle OpenMP workers spinning on a busy machine cost more than they give."""
+    if device.type != "cpu" or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = 1 if hidden_size < SMALL_MODEL_HIDDEN else max(1, cores // world_size)
+    torch.set_num_threads(int(os.environ.get("KVMESH_NUM_THREADS", threads)))
+
+
+def _eos_token_ids(model: str, from_config: tuple[int, ...]) -> list[int]:
+    """EOS ids of the model config plus those of generation_config.json (when the directory has one)."""
+    ids = list(from_config)
+    path = os.path.join(model, "generation_config.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            eos = json.load(f).get("eos_token_id")
+        for t in eos if isinstance(eos, list) else [eos] if eos is not None else []:
+            if t not in ids:
+                ids.append(t)
+    return ids
