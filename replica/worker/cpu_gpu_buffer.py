@@ -54,19 +54,34 @@ def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return t.to(device, non_blocking=True)
 
 
-def start_copy_to_host(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """Enqueue ``t``'s copy to the host (pinned memory on CUDA) without waiting; returns the host tensor and
-    the event to wait on before reading it (None: already there). Each call gets its own host memory, so a
-    step launched before the previous one was read cannot overwrite it."""
-    if t.device.type == "cpu":
-        return t, None
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
-    host.copy_(t, non_blocking=True)
-    if t.device.type != "cuda":
-        return host, None
-    event = torch.cuda.Event()
-    event.record()
-    return host, event
+class HostCopies:
+    """Where sampled ids land on the host: ``depth`` pinned buffers [capacity] and CUDA events, allocated
+    once and used in turn, so a step allocates nothing for its copy back.
+
+        step N -> slot N % depth:  tokens (device) --non-blocking copy--> pinned[slot][:n], event[slot]
+
+    A slot is reused ``depth`` steps later. The engine reads step N's tokens right after launching step
+    N + 1 (async scheduling), so two slots are in use at most; ``depth`` 3 leaves one spare."""
+
+    def __init__(self, capacity: int, dtype: torch.dtype, device: torch.device, depth: int = 3) -> None:
+        self.device, self.next = device, 0
+        self.host = None if device.type == "cpu" else torch.zeros(
+            depth, capacity, dtype=dtype, pin_memory=device.type == "cuda")  # [depth, capacity]
+        self.events = [torch.cuda.Event() for _ in range(depth)] if device.type == "cuda" else None
+
+    def start(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """Enqueue ``t``'s copy to the host without waiting; returns the host tensor and the event to wait on
+        before reading it (None: already there)."""
+        if self.host is None:
+            return t, None
+        slot, self.next = self.next, (self.next + 1) % self.host.shape[0]
+        assert t.numel() <= self.host.shape[1], f"{t.numel()} sampled ids; the host buffers hold {self.host.shape[1]}"
+        host = self.host[slot, : t.numel()].view(t.shape)
+        host.copy_(t, non_blocking=True)
+        if self.events is None:
+            return host, None
+        self.events[slot].record()
+        return host, self.events[slot]
 
 
 class CopyFence:

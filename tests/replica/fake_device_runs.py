@@ -159,6 +159,29 @@ def step_buffers(path: str) -> dict:
                 "small": [small.device == FAKE, small.tolist()], "small_h2d": upload.h2d}
 
 
+def token_copies(path: str) -> dict:
+    """Where each step's sampled ids land on the host (their data pointers) against the runner's buffers."""
+    from fake_device import FakeDevice
+
+    greedy = dict(temperature=0.0, max_tokens=6)
+    requests = {"a": (PROMPT, greedy), "b": (PROMPT[:7], SAMPLING["top_p"])}
+    with FakeDevice() as dev:
+        engine = _engine(path, True)
+        copies = engine.model_runner.token_copies
+        storages, start = [], copies.start
+
+        def recorded(t):
+            host, event = start(t)
+            storages.append(host.data_ptr())
+            return host, event
+
+        copies.start = recorded
+        tokens, _ = _run(engine, dev, requests, None)
+    ring = [copies.host[i].data_ptr() for i in range(copies.host.shape[0])] * len(storages)
+    cpu, _ = _run(_engine(path, False), None, requests, None)
+    return {"storages": storages, "ring": ring, "tokens": tokens, "cpu_tokens": cpu}
+
+
 def device_contexts(path: str) -> dict:
     """The device a ``torch.device("meta")`` context gives ``torch.tensor`` after FakeDevice was used."""
     import torch
