@@ -149,12 +149,13 @@ def step_buffers(path: str) -> dict:
             first = batch.prepare(SchedulerOutput([ScheduledRequest("a", [10, 11, 12], 0, [7], True, sp)], 3))
         batch.record_samples(first.sample_rows, np.array([42]))
         second = batch.prepare(SchedulerOutput([], 1, decode_request_ids=["a"]))
-        same = [storage(i.input_ids) == storage(bufs.input_ids.gpu) and
-                storage(i.common.block_tables) == storage(bufs.block_tables.gpu) for i in (first, second)]
+        same = [storage(i.input_ids) == storage(bufs.arena.gpu) and
+                storage(i.common.block_tables) == storage(bufs.arena.gpu) for i in (first, second)]
+        second_inputs = [second.input_ids.tolist(), second.positions.tolist()]  # valid until the next step
         big = batch.prepare(SchedulerOutput([ScheduledRequest("b", list(range(1, 11)), 0, [8, 9, 5], True, sp)], 10))
         with dev.window() as upload:
             small = to_device([3, 1, 2], torch.int64, FAKE)
-        return {"same_buffers": same, "h2d": log.h2d, "second": [second.input_ids.tolist(), second.positions.tolist()],
+        return {"same_buffers": same, "h2d": log.h2d, "second": second_inputs,
                 "big": [big.input_ids.tolist(), big.positions.tolist(), big.common.slot_mapping.tolist()],
                 "small": [small.device == FAKE, small.tolist()], "small_h2d": upload.h2d}
 

@@ -45,6 +45,15 @@ def test_each_sampling_option_costs_one_transfer_per_step_and_gives_the_cpu_toke
     assert all(len(t) == 6 for t in run["tokens"].values())
 
 
+def test_a_greedy_step_uploads_its_inputs_in_one_copy(runs):
+    """Input ids, positions, slots, query starts, sequence lengths, block tables and logits indices of a
+    step go up together: one host-to-device copy of the step buffer (greedy rows need no sampling
+    metadata; the torch backend these runs use, the CPU reference, uploads its decode groups itself)."""
+    logs = runs["option:greedy"]["logs"]
+    step_copies = [sum("(copy_to_gpu)" in h2d for h2d in log["h2d"]) for log in logs]
+    assert step_copies == [1] * len(logs), [log["h2d"] for log in logs]
+
+
 def test_a_batch_mixing_every_sampling_option_costs_one_transfer_per_step(runs):
     run = runs["all-options"]
     assert_disciplined(run["logs"])
