@@ -148,10 +148,10 @@ class SubscriberConfig:
     max_source_blocks: int = 1_000_000
     """Most blocks one source may hold: a snapshot beyond it is refused, and consumers (the
     router) drop batches that would take a source past it."""
-    max_snapshot_bytes: int = 128 << 20
-    """Payload bytes one snapshot may take (a cache of ``max_source_blocks`` 16-token blocks is ~90 MB;
-    held decoded until it ends, a snapshot costs ~5x its payload); a bigger one is refused like one
-    over ``max_source_blocks``, before its chunk is decoded."""
+    max_snapshot_bytes: int | None = None
+    """Payload bytes one snapshot may take (held decoded until it ends, a snapshot costs ~5x its payload); a bigger
+    one is refused like one over ``max_source_blocks``, before its chunk is decoded. None: room for a whole cache of
+    ``max_source_blocks`` 16-token blocks (~90 B each; ``snapshot_bytes``)."""
     bad_frame_threshold: int = 20
     """Bad frames within ``bad_frame_window_s`` that degrade a source (load-only routing)."""
     bad_frame_window_s: float = 10.0
@@ -184,11 +184,14 @@ class SubscriberConfig:
             raise ValueError(f"SubscriberConfig.memory_alarm_bytes must be >= 0 (0: off), got {self.memory_alarm_bytes}")
         for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_source_queue_bytes", "max_pending",
                      "max_pending_bytes", "reconnect_ivl_ms", "max_payload_bytes", "degraded_source_bytes_per_s",
-                     "max_batch_blocks", "max_source_blocks", "max_snapshot_bytes", "bad_frame_threshold",
+                     "max_batch_blocks", "max_source_blocks", "bad_frame_threshold",
                      "bad_frame_window_s",
                      "recovery_backoff_s", "recovery_backoff_max_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SubscriberConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.max_snapshot_bytes is not None and self.max_snapshot_bytes <= 0:
+            raise ValueError(f"SubscriberConfig.max_snapshot_bytes must be positive (or None: sized by "
+                             f"max_source_blocks), got {self.max_snapshot_bytes}")
 
     @property
     def max_message_bytes(self) -> int:
@@ -196,6 +199,13 @@ class SubscriberConfig:
         connection): twice ``max_payload_bytes``, so a payload somewhat over the limit is still
         read, counted and dropped by the guard rather than costing a reconnect."""
         return 2 * self.max_payload_bytes
+
+    def snapshot_bytes(self) -> int:
+        """The largest snapshot payload accepted: ``max_snapshot_bytes``, or 128 bytes per block of
+        ``max_source_blocks`` (at least 128 MiB) when None."""
+        if self.max_snapshot_bytes is not None:
+            return self.max_snapshot_bytes
+        return max(128 << 20, 128 * self.max_source_blocks)
 
     def queue_messages(self) -> int:
         """The receive high-water mark (messages) of every socket we read: ``rcvhwm``, lowered so

@@ -229,9 +229,9 @@ class ReplayRequests:
             tracker.on_snapshot_end(next_seq)
             return
         size = self._snapshot_bytes[name] = self._snapshot_bytes.get(name, 0) + len(payload)
-        if size > self._config.max_snapshot_bytes:  # refused before decoding: held decoded, it costs ~5x
+        if size > self._config.snapshot_bytes():  # refused before decoding: held decoded, it costs ~5x
             self._fail_snapshot(name, tracker, "rejected", "snapshot too large",
-                                f"more than max_snapshot_bytes={self._config.max_snapshot_bytes} bytes")
+                                f"more than max_snapshot_bytes={self._config.snapshot_bytes()} bytes")
             return
         batch = self._guard.decode(name, payload)
         if batch is None:

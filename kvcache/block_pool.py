@@ -14,7 +14,6 @@ from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored, KV
 from kvmesh.kvcache.block import KVCacheBlock
 from kvmesh.kvcache.eviction import EvictionPolicyKwargs, make_eviction_policy
 from kvmesh.kvcache.hashing import BlockHash, external_hash
-from kvmesh.kvcache.pool_integrity import check_pool_integrity
 from kvmesh.kvcache.snapshot import block_stored_event, snapshot_events
 
 __all__ = ["BlockPool", "KVCacheBlock"]
@@ -159,7 +158,3 @@ class BlockPool:
         stale, answer.
         """
         return snapshot_events(dict(self.cached_block_hash_to_block), self.block_size, self.medium)
-
-    def check_integrity(self) -> None:
-        """Raises AssertionError if a pool invariant is broken (tests and debug mode)."""
-        check_pool_integrity(self)

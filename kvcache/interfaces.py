@@ -27,6 +27,8 @@ class CacheRequest(Protocol):
     """Tenant isolation: enters block 0's extra keys, so different salts share no block."""
     lora_name: str | None
     """The LoRA adapter, part of every block's hash; None without LoRA."""
+    skip_reading_prefix_cache: bool
+    """Read no cached prefix (a request asking prompt logprobs needs every prompt position's logits)."""
 
     @property
     def num_tokens(self) -> int:
@@ -43,6 +45,7 @@ class TokenRequest:
     num_computed_tokens: int = 0
     cache_salt: str | None = None
     lora_name: str | None = None
+    skip_reading_prefix_cache: bool = False
 
     @property
     def num_tokens(self) -> int:

@@ -18,7 +18,12 @@ from kvmesh.kvcache.block_pool import BlockPool, KVCacheBlock
 from kvmesh.kvcache.eviction import EvictionPolicyKwargs
 from kvmesh.kvcache.hashing import RequestBlockHasher, generate_seed, make_none_hash
 from kvmesh.kvcache.interfaces import CacheRequest
-from kvmesh.kvcache.pool_integrity import FULL_CHECK_MAX_BLOCKS, check_pool_window, sweep_window
+from kvmesh.kvcache.pool_integrity import (
+    FULL_CHECK_MAX_BLOCKS,
+    check_pool_integrity,
+    check_pool_window,
+    sweep_window,
+)
 from kvmesh.kvcache.stats import PrefixCacheStats
 
 MAX_REMEMBERED_FREED = 65_536
@@ -75,7 +80,7 @@ class KVCacheManager:
         forward pass produces logits to sample from. A request with ``skip_reading_prefix_cache`` (it
         asks prompt logprobs, which need every prompt position's logits) gets no hit, as in vLLM.
         """
-        if not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
+        if not self.enable_caching or request.skip_reading_prefix_cache:
             return [], 0
         hashes = self._hasher(request).block_hashes
         get = self.block_pool.cached_block_hash_to_block.get
@@ -172,7 +177,7 @@ class KVCacheManager:
         if full is None:
             full = pool.num_blocks <= FULL_CHECK_MAX_BLOCKS
         if full:
-            pool.check_integrity()
+            check_pool_integrity(pool)
         refs: Counter[int] = Counter()
         for rid, blocks in self.req_to_blocks.items():
             for block in blocks:

@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import torch
     from kvmesh.events.schema import KVEvent
-    from kvmesh.replica.engine.outputs import RequestOutput
+    from kvmesh.replica.engine.outputs import ModelRunnerOutput, RequestOutput
     from kvmesh.replica.engine.scheduler_output import SchedulerOutput
     from kvmesh.replica.engine.stats import EngineStats
     from kvmesh.replica.serving.load_report import LoadReport
@@ -38,9 +39,12 @@ class ModelRunnerInterface(Protocol):
     """Token ids that end a request (unless ``ignore_eos``)."""
     dead_reason: str | None
     """None while steps can run; otherwise why not (a TP rank died). Cheap to read."""
+    device: torch.device | str
+    """Where the model runs (rank 0's device under TP): ``cpu``, ``cuda:0``."""
 
-    def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
-        """Runs one step; returns ``{request_id: sampled token}`` (a ``ModelRunnerOutput`` with logprobs)."""
+    def execute_model(self, out: SchedulerOutput) -> dict[str, int] | ModelRunnerOutput:
+        """Runs one step; returns ``{request_id: sampled token}``, a ``ModelRunnerOutput`` (the same dict with
+        the logprobs) when a request asked for logprobs."""
         ...
 
     def check_health(self, timeout_s: float = 10.0) -> str | None:
@@ -52,6 +56,7 @@ class ModelRunnerInterface(Protocol):
         ...
 
 
+@runtime_checkable
 class AsyncModelRunner(ModelRunnerInterface, Protocol):
     """A runner that launches a step without waiting for its tokens (async scheduling, async_scheduling.py)."""
 
@@ -69,6 +74,20 @@ class EventPublisher(Protocol):
 
     def close(self) -> None:
         """Flushes and releases the sockets."""
+        ...
+
+
+@runtime_checkable
+class StreamPublisher(EventPublisher, Protocol):
+    """A publisher of a sequenced stream (``ZmqEventPublisher``): what a replica's ``/load`` reports of it."""
+
+    @property
+    def seq(self) -> int:
+        """The seq the next sent batch will carry (= batches sent so far)."""
+        ...
+
+    def unsent_s(self) -> float:
+        """Seconds the oldest batch not yet sent has waited (0 when none waits)."""
         ...
 
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.engine.async_llm import AsyncLLM
     from kvmesh.replica.interfaces import ModelRunnerInterface
     from kvmesh.replica.openai.runner import HTTPServer
-    from kvmesh.replica.server.app import ServerState
+    from kvmesh.replica.server.state import ServerState
     from kvmesh.replica.worker.tp_worker import ExecutorOptions
     from ray.util.placement_group import PlacementGroup
 
@@ -61,7 +61,8 @@ class ReplicaRuntime:
         ``placement_group`` and ``executor`` place the TP workers (TP > 1)."""
         from kvmesh.replica.engine.async_llm import AsyncLLM
         from kvmesh.replica.openai.runner import HTTPServer
-        from kvmesh.replica.server.app import ServerState, build_app
+        from kvmesh.replica.server.app import build_app
+        from kvmesh.replica.server.state import ServerState
         from kvmesh.replica.serving.tokenizer import load_tokenizer
 
         t0 = time.monotonic()

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import difflib
-import inspect
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig, check_api_key
-from kvmesh.router.routing.policies import DEFAULT_POLICY, POLICIES
+from kvmesh.router.routing.policies import DEFAULT_POLICY, PolicyConfig, PolicyOptions, policy_config
 
-PolicyOptions = dict[str, int | float | str | bool]
-"""Options of a routing policy as configured (YAML, ``--policy-kwargs``): keyword arguments of its class."""
+if TYPE_CHECKING:
+    from kvmesh.router.routing.kv_router import KVRouter
+    from kvmesh.router.routing.policies import Policy
 
 
 @dataclass(slots=True)
@@ -88,27 +88,17 @@ class RouterConfig:
     cache_salt_secret: bytes | None = field(default=None, repr=False)
     """SECRET: key of the replicas' cache-salt digests (``kvcache.hashing.cache_salt_secret(seed)``,
     not the seed); None: requests with a cache_salt are routed without prefix matches."""
-    events_curve_server_key: str | None = None
-    """CURVE public key (Z85) of the replicas' event sockets; set, the router subscribes over CURVE
-    (``kvmesh serve`` generates the keys); None: plain streams."""
-    events_curve_public_key: str | None = None
-    """The router's own CURVE public key (Z85), the one the replicas allow in."""
-    events_curve_secret_key: str | None = field(default=None, repr=False)
-    """SECRET: the router's own CURVE secret key (Z85), the pair of ``events_curve_public_key``."""
     predict_ttl_s: float = 2.0
     """Seconds a routed request's blocks count as cached on its replica before events confirm them."""
     poll_interval_s: float = 0.5
     """Seconds between polls of each replica's /load (or /health), which also probe dead ones back."""
+    events: SubscriberConfig = field(default_factory=SubscriberConfig)
+    """The KV event feed (events/config.py): CURVE keys, the largest batch, snapshot and cache a replica may
+    send, recovery timeouts and back-off. Its flags and variables keep their flat names (--events-max-payload-bytes,
+    KVMESH_ROUTER_EVENTS_MAX_PAYLOAD_BYTES)."""
     events_max_lag_s: float = 5.0
     """Seconds a replica's KV events may trail its cache (published but not yet applied, applied that late,
     or a loss not yet resynced) before the router routes it by load only (degraded) until its stream catches up."""
-    events_max_payload_bytes: int = SubscriberConfig.max_payload_bytes
-    """Largest KV event batch (bytes on the wire) read from a replica; bigger ones are dropped and counted, frames
-    over twice this make ZeroMQ drop the connection, and it queues at most 64 MiB per replica. The default fits a
-    batch of 65,536 16-token blocks."""
-    events_max_source_blocks: int = SubscriberConfig.max_source_blocks
-    """Most cached blocks the router tracks per replica (~150-250 B each in its index); batches beyond it are refused
-    and the replica degraded. Raise it for replicas whose cache holds more blocks."""
     connect_timeout_s: float = 2.0
     """Seconds to wait for a replica connection before trying another replica."""
     request_timeout_s: float | None = 600.0
@@ -137,7 +127,7 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} is not a TCP port; use 0..65535 (0 = ephemeral)")
-        check_policy(self.policy, self.policy_kwargs)
+        self.policy_config()
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.tokenize_cache_tokens < 0:
@@ -152,9 +142,6 @@ class RouterConfig:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
         if not self.events_max_lag_s > 0:
             raise ValueError(f"events_max_lag_s must be positive seconds, got {self.events_max_lag_s}")
-        if self.events_max_payload_bytes <= 0 or self.events_max_source_blocks <= 0:
-            raise ValueError("events_max_payload_bytes and events_max_source_blocks must be positive, got "
-                             f"{self.events_max_payload_bytes} and {self.events_max_source_blocks}")
         check_api_key(self.api_key, "api_key")
         check_api_key(self.admin_key, "admin_key")
         if self.replica_api_key is not None and not self.replica_api_key:
@@ -163,23 +150,22 @@ class RouterConfig:
             raise ValueError("admin_key equals api_key: every tenant would hold the admin key; use another secret")
 
 
-def check_policy(policy: str, options: PolicyOptions) -> None:
-    """The policy is registered and takes every option given (with a did-you-mean otherwise)."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}{_did_you_mean(policy, list(POLICIES))}; "
-                         f"choose one of {', '.join(POLICIES)}")
-    known = {p.name: p.default for klass in reversed(POLICIES[policy].__mro__) if "__init__" in vars(klass)
-             for p in inspect.signature(klass.__init__).parameters.values()
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "block_size", "seed")}
-    for name, value in options.items():
-        if name not in known:
-            raise ValueError(f"policy_kwargs: {name!r} is not an option of policy {policy!r}"
-                             f"{_did_you_mean(name, sorted(known))}; its options: {', '.join(sorted(known)) or 'none'}")
-        numeric = isinstance(known[name], int | float) and not isinstance(known[name], bool)
-        if numeric and (not isinstance(value, int | float) or isinstance(value, bool)):
-            raise ValueError(f"policy_kwargs: {name}={value!r} must be a number (default {known[name]})")
+    def policy_config(self) -> PolicyConfig:
+        """The policy's typed config section from ``policy_kwargs`` (a bad knob is a ValueError naming it)."""
+        return policy_config(self.policy, self.policy_kwargs)
 
 
-def _did_you_mean(key: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def build_router(config: RouterConfig, seed: int, policy: Policy | None = None) -> KVRouter:
+    """The one place a ``KVRouter`` is built from the router's section (``RouterRuntime``, the simulator).
+
+    ``seed``: root of the router keys (the HTTP router draws one at random); ``policy``: one the caller built
+    (the simulator seeds one per router, tuned for several policies at once), else ``config.policy`` with
+    its ``policy_kwargs``."""
+    from kvmesh.router.routing.kv_router import KVRouter
+    from kvmesh.router.routing.policies import get_policy
+    from kvmesh.router.routing.session import SessionConfig
+
+    if policy is None:
+        policy = get_policy(config.policy, config.policy_config(), block_size=config.block_size)
+    return KVRouter(config.block_size, policy, seed=seed, predict_ttl_s=config.predict_ttl_s,
+                    sessions=SessionConfig(ttl_s=config.session_ttl_s), salt_secret=config.cache_salt_secret)

@@ -50,7 +50,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, schema: Schema[Root], 
             if not opt.on_cli:
                 group.add_argument(opt.flag, dest=_dest(opt), option=opt, action=_RefuseSecret)
                 continue
-            default = defaults.get(section, {}).get(opt.name, None)
+            default = opt.value_in(defaults)
             help_text = opt.doc.replace("%", "%%")
             if not opt.secret and default not in (None, {}, ""):
                 help_text += f" [default: {default}]"

@@ -10,6 +10,7 @@ fields' types and runs the sections' ``__post_init__`` checks; every problem bec
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -19,6 +20,8 @@ import msgspec
 import yaml
 from kvmesh.cluster.config.schema import Option, Root, Schema, Tree, YamlValue, assignments, value_from_text
 from kvmesh.cluster.config.trees import SERVE_SCHEMA, ServeConfig
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -85,24 +88,38 @@ def _merge(schema: Schema[Root], data: Tree, given: Mapping[str, YamlValue], sou
             continue
         if not isinstance(values, Mapping):
             raise ConfigError(f"{source}: {section} must be a mapping of keys, got {values!r}")
+        nested = schema.nested(section)
         for key, value in values.items():
-            _set(data, _known(schema, f"{section}.{key}", source), value, source)
+            if key in nested and isinstance(value, Mapping):
+                for name, inner in value.items():
+                    _set(data, _known(schema, f"{section}.{key}.{name}", source), inner, source)
+            else:
+                _set(data, _known(schema, f"{section}.{key}", source), value, source)
 
 
 def _known(schema: Schema[Root], dotted: str, source: str) -> Option:
     opt = schema.option(dotted)
     if opt is not None:
         return opt
-    if dotted in schema.hidden:
-        raise ConfigError(f"{source}: {dotted} cannot be set in this command: {schema.hidden[dotted]}")
+    for hidden in (dotted, dotted.rpartition(".")[0]):
+        if hidden in schema.hidden:
+            raise ConfigError(f"{source}: {dotted} cannot be set in this command: {schema.hidden[hidden]}")
+    renamed = schema.renamed(dotted)
+    if renamed is not None:
+        opt = _known(schema, renamed, source)
+        logger.warning("%s: %s is deprecated, it is now %s (YAML: %s: {%s: {%s: ...}}); the flag and the "
+                       "variable keep their names", source, dotted, renamed, *opt.path)
+        return opt
     section, _, key = dotted.partition(".")
-    names = [o.name for o in schema.options if o.section == section]
+    names = [".".join(o.path[1:]) for o in schema.options if o.section == section]
     raise ConfigError(f"{source}: unknown key {dotted}{did_you_mean(key, names)}; "
                       f"valid keys in {section}: {', '.join(names)}")
 
 
 def _set(data: Tree, opt: Option, value: YamlValue, source: str) -> None:
     section = data.setdefault(opt.section, {})
+    if opt.sub:
+        section = section.setdefault(opt.sub, {})
     if opt.is_mapping and isinstance(value, str):
         try:
             value = assignments([v for v in value.split(",") if v.strip()], source)
@@ -121,9 +138,9 @@ def _explain(schema: Schema[Root], data: Tree, message: str) -> str:
         parts.append(missing.group(1))
         text = "is required"
     if len(parts) >= 2:
-        dotted = ".".join(parts[:2])
-        opt = schema.option(dotted)
-        value = data.get(parts[0], {}).get(parts[1], None)
+        opt = schema.option(".".join(parts[:3])) or schema.option(".".join(parts[:2]))
+        dotted = opt.dotted if opt else ".".join(parts[:2])
+        value = opt.value_in(data) if opt else data.get(parts[0], {}).get(parts[1], None)
         where = f" ({opt.flag} or {opt.envs[0]})" if opt and opt.on_cli else (f" ({opt.envs[-1]})" if opt else "")
         shown = "" if missing or (opt and opt.secret) else f" (the value was {value!r})"
         return f"{dotted}{where}: {text[0].lower() + text[1:]}{shown}"

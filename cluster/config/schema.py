@@ -8,6 +8,12 @@ and the one-line doc under it. From that, for a root config whose fields are sec
                         environment  KVMESH_ENGINE_BLOCK_SIZE=32
                         CLI flag     --block-size 32   (--engine-block-size if the name is not unique)
 
+A section's field that is itself a dataclass (``router.events``, the subscriber's ``SubscriberConfig``) is a
+nested section handed whole to its component: its fields are options too, one level down in YAML
+(``router: {events: {max_payload_bytes: N}}``), with flat names for variables and flags
+(``KVMESH_ROUTER_EVENTS_MAX_PAYLOAD_BYTES``, ``--events-max-payload-bytes``); the flat YAML key
+(``router.events_max_payload_bytes``) is still read, with a deprecation warning. Hiding it hides it all.
+
 Secrets are the fields declared with ``repr=False``: they are redacted when printed and get
 no CLI flag unless their metadata says ``cli=True`` (argv is visible to every user in ``ps``).
 ``metadata={"env": NAME}`` adds an environment alias (``KVMESH_HASH_SEED``).
@@ -63,14 +69,39 @@ class Option:
     """First line of the field's doc."""
     flag: str
     """CLI flag, e.g. ``--block-size``."""
+    sub: str = ""
+    """The nested section it is in (``events`` for ``router.events.max_payload_bytes``); "" for a section's own field."""
 
     @property
     def name(self) -> str:
         return self.field.name
 
     @property
+    def path(self) -> tuple[str, ...]:
+        """Keys from the root to the value: (section, name) or (section, sub, name)."""
+        return (self.section, self.sub, self.name) if self.sub else (self.section, self.name)
+
+    @property
     def dotted(self) -> str:
-        return f"{self.section}.{self.name}"
+        return ".".join(self.path)
+
+    @property
+    def flat_name(self) -> str:
+        """The name in its section's flat namespace (variables, flags): ``events_max_payload_bytes``."""
+        return f"{self.sub}_{self.name}" if self.sub else self.name
+
+    @property
+    def flat_dotted(self) -> str:
+        """The YAML key a nested option had when its section was flat (read with a deprecation warning)."""
+        return f"{self.section}.{self.flat_name}"
+
+    def value_in(self, tree: Mapping) -> YamlValue:
+        """Its value in a nested dict of the root (None where absent)."""
+        for key in self.path:
+            if not isinstance(tree, Mapping) or key not in tree:
+                return None
+            tree = tree[key]
+        return tree
 
     @property
     def secret(self) -> bool:
@@ -82,7 +113,7 @@ class Option:
 
     @property
     def envs(self) -> tuple[str, ...]:
-        derived = f"KVMESH_{self.section}_{self.name}".upper()
+        derived = f"KVMESH_{self.section}_{self.flat_name}".upper()
         alias = self.field.metadata.get("env")
         return (derived, alias) if alias else (derived,)
 
@@ -113,15 +144,49 @@ class Schema(Generic[Root]):
     def options(self) -> list[Option]:
         found = []
         for section, cls in self.sections.items():
-            hints, docs = typing.get_type_hints(cls), field_docs(cls)
-            for f in dataclasses.fields(cls):
-                if f"{section}.{f.name}" not in self.hidden:
-                    found.append((section, f, hints[f.name], docs.get(f.name, "")))
+            found += self._fields(section, cls, "")
         counts: dict[str, int] = {}
-        for _, f, _, _ in found:
-            counts[f.name] = counts.get(f.name, 0) + 1
-        return [Option(section, f, tp, doc, "--" + (f.name if counts[f.name] == 1 else f"{section}_{f.name}")
-                       .replace("_", "-")) for section, f, tp, doc in found]
+        for _, f, _, _, sub in found:
+            flat = f"{sub}_{f.name}" if sub else f.name
+            counts[flat] = counts.get(flat, 0) + 1
+        options = []
+        for section, f, tp, doc, sub in found:
+            flat = f"{sub}_{f.name}" if sub else f.name
+            flag = "--" + (flat if counts[flat] == 1 else f"{section}_{flat}").replace("_", "-")
+            options.append(Option(section, f, tp, doc, flag, sub))
+        return options
+
+    def _fields(self, section: str, cls: type, sub: str) -> list[tuple[str, dataclasses.Field, Annotation, str, str]]:
+        """(section, field, type, doc, sub) of every visible field of ``cls``, nested sections expanded."""
+        hints, docs, out = typing.get_type_hints(cls), field_docs(cls), []
+        prefix = f"{section}.{sub}." if sub else f"{section}."
+        for f in dataclasses.fields(cls):
+            if prefix + f.name in self.hidden:
+                continue
+            if not sub and dataclasses.is_dataclass(hints[f.name]):
+                out += self._fields(section, hints[f.name], f.name)
+            else:
+                out.append((section, f, hints[f.name], docs.get(f.name, ""), sub))
+        return out
+
+    def nested(self, section: str) -> set[str]:
+        """The nested sections of ``section`` that have visible options (``{"events"}`` for the router)."""
+        return {o.sub for o in self.options if o.section == section and o.sub}
+
+    def renamed(self, dotted: str) -> str | None:
+        """The nested key a flat one became (``router.events_max_payload_bytes`` -> ``router.events.max_payload_bytes``), hidden
+        ones included; None if ``dotted`` never was one."""
+        section, _, flat = dotted.partition(".")
+        cls = self.sections.get(section)
+        if cls is None or not dataclasses.is_dataclass(cls):
+            return None
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]) and flat.startswith(f.name + "_"):
+                name = flat[len(f.name) + 1:]
+                if name in {g.name for g in dataclasses.fields(hints[f.name])}:
+                    return f"{section}.{f.name}.{name}"
+        return None
 
     def option(self, dotted: str) -> Option | None:
         return next((o for o in self.options if o.dotted == dotted), None)
@@ -192,11 +257,18 @@ def to_dict(config: Dataclass, redact: bool = True) -> Tree:
     out = dataclasses.asdict(config)
     if redact:
         for section in dataclasses.fields(config):
-            value = getattr(config, section.name)
-            for f in dataclasses.fields(value) if dataclasses.is_dataclass(value) else ():
-                if not f.repr and getattr(value, f.name) is not None:
-                    out[section.name][f.name] = REDACTED
+            _redact(getattr(config, section.name), out[section.name])
     return out
+
+
+def _redact(value: Dataclass | YamlValue, out: dict) -> None:
+    """Secrets of a section (and of its nested sections) -> "<redacted>" in its dict ``out``."""
+    for f in dataclasses.fields(value) if dataclasses.is_dataclass(value) else ():
+        inner = getattr(value, f.name)
+        if dataclasses.is_dataclass(inner):
+            _redact(inner, out[f.name])
+        elif not f.repr and inner is not None:
+            out[f.name] = REDACTED
 
 
 def commented_yaml(schema: Schema[Root], config: Root, header: str = "") -> str:
@@ -206,12 +278,17 @@ def commented_yaml(schema: Schema[Root], config: Root, header: str = "") -> str:
     root_docs = field_docs(schema.root)
     for section in schema.sections:
         lines += ["", f"# {root_docs.get(section, '')}", f"{section}:"]
+        section_docs, sub = field_docs(schema.sections[section]), ""
         for opt in (o for o in schema.options if o.section == section):
-            value = values[section][opt.name]
+            if opt.sub != sub:
+                sub = opt.sub
+                lines += [f"  # {section_docs.get(sub, '')}", f"  {sub}:"] if sub else []
+            indent = "    " if opt.sub else "  "
             env = " or ".join(opt.envs)
-            lines.append(f"  # {opt.doc}" + (f" Secret: prefer {env}." if opt.secret else ""))
-            dumped = yaml.safe_dump({opt.name: value}, default_flow_style=True, sort_keys=False, width=1000)
-            lines.append("  " + dumped.strip()[1:-1].strip())
+            lines.append(f"{indent}# {opt.doc}" + (f" Secret: prefer {env}." if opt.secret else ""))
+            dumped = yaml.safe_dump({opt.name: opt.value_in(values)}, default_flow_style=True, sort_keys=False,
+                                    width=1000)
+            lines.append(indent + dumped.strip()[1:-1].strip())
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
@@ -220,7 +297,7 @@ def markdown_table(schema: Schema) -> str:
     defaults = schema.section_defaults()
     rows = ["| key | flag | default | meaning |", "|---|---|---|---|"]
     for opt in schema.options:
-        default = "" if opt.secret else yaml.safe_dump(defaults[opt.section][opt.name], default_flow_style=True,
+        default = "" if opt.secret else yaml.safe_dump(opt.value_in(defaults), default_flow_style=True,
                                                        width=1000).strip().removesuffix("...").strip()
         flag = f"`{opt.flag}`" if opt.on_cli else "(env/file only)"
         doc = opt.doc.replace("|", "\\|")

@@ -227,8 +227,8 @@ _FRONTEND = "set the frontend section"
 _CURVE = "serve generates the event streams' CURVE keys (replicas.private_events)"
 SERVE_SCHEMA = Schema(ServeConfig, hidden={
     "events.curve_secret_key": _CURVE, "events.curve_client_keys": _CURVE,
-    "router.events_curve_server_key": _CURVE, "router.events_curve_public_key": _CURVE,
-    "router.events_curve_secret_key": _CURVE,
+    "router.events.curve_server_key": _CURVE, "router.events.curve_public_key": _CURVE,
+    "router.events.curve_secret_key": _CURVE,
     "router.model": "the router uses engine.model", "router.tokenizer": "the router uses engine.tokenizer",
     "router.max_model_len": "the router uses engine.max_model_len",
     "router.block_size": "the router uses engine.block_size",

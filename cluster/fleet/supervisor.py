@@ -102,7 +102,7 @@ def register(router: RouterClient, handle: ReplicaHandle) -> None:
     router.register(handle.replica_id, e["http_url"], e.get("events_endpoint"), e.get("replay_endpoint"))
 
 
-def _incarnation(endpoints: ReplicaEndpoints | None) -> tuple[object, ...]:
+def _incarnation(endpoints: ReplicaEndpoints | None) -> tuple[int | str | float | None, ...]:
     e: ReplicaEndpoints = endpoints or {}
     return e.get("pid"), e.get("http_url"), e.get("events_endpoint"), e.get("started_at")
 

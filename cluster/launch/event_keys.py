@@ -31,8 +31,9 @@ class CurveKeys:
 
     def router(self, router: RouterConfig) -> RouterConfig:
         """The router's section with the replicas' public key and its own keypair."""
-        return replace(router, events_curve_server_key=self.server_public, events_curve_public_key=self.router_public,
-                       events_curve_secret_key=self.router_secret)
+        events = replace(router.events, curve_server_key=self.server_public, curve_public_key=self.router_public,
+                         curve_secret_key=self.router_secret)
+        return replace(router, events=events)
 
 
 def curve_keys() -> CurveKeys:

@@ -34,11 +34,11 @@ from kvmesh.cluster.launch.event_keys import curve_keys
 from kvmesh.cluster.launch.model_files import resolve_model_path
 from kvmesh.cluster.launch.readiness import wait_replicas_ready, wait_router_sees
 from kvmesh.cluster.launch.replica_sections import replica_engine, replica_events, replica_server
-from kvmesh.cluster.launch.serve_router import step_budget
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.kvcache.hashing import cache_salt_secret
 from kvmesh.replica.config import EngineConfig
 from kvmesh.router.config import RouterConfig
+from kvmesh.router.routing.policies import with_step_budget
 
 if TYPE_CHECKING:
     from kvmesh.cluster.fleet.operations import Fleet
@@ -148,8 +148,8 @@ class ServeCluster:
         """The serve config's router section, plus what the router takes from the engine's."""
         cfg, st = self.config, self.state
         router = replace(cfg.router, host=ray_cluster.router_host(cfg, st.ray), model=st.model_path,
-                       policy_kwargs=step_budget(cfg.router.policy, cfg.router.policy_kwargs,
-                                                 cfg.engine.max_num_batched_tokens),
+                       policy_kwargs=with_step_budget(cfg.router.policy, cfg.router.policy_kwargs,
+                                                      cfg.engine.max_num_batched_tokens),
                        tokenizer=cfg.engine.tokenizer, served_model_name=st.served_model_name,
                        max_model_len=cfg.engine.max_model_len, block_size=cfg.engine.block_size,
                        replica_api_key=cfg.router.api_key, admin_key=admin_key,

@@ -24,7 +24,7 @@ import time
 from dataclasses import replace
 
 from kvmesh.cluster.config.trees import ServeConfig
-from kvmesh.router.config import PolicyOptions, RouterConfig
+from kvmesh.router.config import RouterConfig
 
 
 def num_router_workers(config: ServeConfig) -> int:
@@ -105,10 +105,3 @@ class RouterProcesses:
             self.workers.stop()
         self.control.stop()
 
-
-def step_budget(policy: str, options: PolicyOptions, max_num_batched_tokens: int) -> PolicyOptions:
-    """``cache_aware`` weighs running requests per engine step of the replicas (decode_step_tokens):
-    give it the replicas' own step budget unless the operator set one."""
-    if policy != "cache_aware" or "decode_step_tokens" in options:
-        return options
-    return {**options, "decode_step_tokens": max_num_batched_tokens}

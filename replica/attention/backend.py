@@ -6,6 +6,7 @@ import importlib
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+from kvmesh.replica.attention.flash_attn_backend import PAGED_BLOCK_MULTIPLE
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.triton_utils import triton_problem
 
@@ -17,7 +18,6 @@ if TYPE_CHECKING:  # the backends' modules import CUDA-only code: named for type
     AttentionMetadata = TorchAttentionMetadata | FlashAttentionMetadata | TritonAttentionMetadata
     """What a backend's ``build`` derives once per step and every layer's ``forward`` reads."""
 
-PAGED_BLOCK_MULTIPLE = 256  # flash-attn 2 reads a block_table only at page sizes that are multiples of this
 
 # name -> "module:Class", imported lazily so CUDA-only code is never imported on CPU.
 _BACKENDS = {
@@ -33,6 +33,11 @@ class AttentionBackend(Protocol):
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         """Shape of one layer's cache (K and V) in this backend's layout."""
+
+    @staticmethod
+    def supports_static_decode(block_size: int) -> bool:
+        """Whether decode steps have fixed shapes per batch size at this block size (CUDA graphs can capture
+        them, replica/worker/cuda_graph.py; such a backend also offers ``static_decode_metadata``)."""
 
     def build(self, common: CommonAttentionMetadata) -> AttentionMetadata:
         """Per-step metadata derived once and shared by all layers."""

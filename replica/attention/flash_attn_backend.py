@@ -24,8 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from kvmesh.replica.attention.backend import PAGED_BLOCK_MULTIPLE
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+
+PAGED_BLOCK_MULTIPLE = 256
+"""flash-attn 2 reads a block_table only at page sizes that are multiples of this."""
 
 
 @dataclass(slots=True)

@@ -74,6 +74,11 @@ class TorchAttentionBackend:
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return (2, num_kv_heads, num_blocks, block_size, head_dim)
 
+    @staticmethod
+    def supports_static_decode(block_size: int) -> bool:
+        """The reference path sizes its work by the step's contexts: no static decode, no CUDA graphs."""
+        return False
+
     def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         bs, d = common.block_size, common.num_decodes
         device = common.slot_mapping.device

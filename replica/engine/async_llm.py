@@ -28,7 +28,7 @@ from kvmesh.replica.engine.commands import AbortRequests, AddRequest, EngineComm
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.outputs import RequestOutput
 from kvmesh.replica.engine.stats import EngineStats
-from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
+from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface, StreamPublisher
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -253,7 +253,6 @@ def _read_racily(read: Callable[[], list[T]]) -> list[T]:
 
 def _event_stream_report(publisher: EventPublisher | None) -> dict[str, int | float]:
     """``LoadReport``'s event fields of a ``ZmqEventPublisher`` (none for no or another publisher)."""
-    seq, unsent_s = getattr(publisher, "seq", None), getattr(publisher, "unsent_s", None)
-    if not isinstance(seq, int) or unsent_s is None:
+    if not isinstance(publisher, StreamPublisher):
         return {}
-    return {"kv_events_seq": seq - 1, "kv_events_unsent_s": unsent_s()}
+    return {"kv_events_seq": publisher.seq - 1, "kv_events_unsent_s": publisher.unsent_s()}

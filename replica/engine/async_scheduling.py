@@ -21,68 +21,47 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.interfaces import AsyncModelRunner
 
 if TYPE_CHECKING:
-    from kvmesh.replica.engine.llm_engine import LLMEngine
-    from kvmesh.replica.engine.outputs import RequestOutput
+    from kvmesh.replica.engine.outputs import ModelRunnerOutput
     from kvmesh.replica.engine.request import Request
     from kvmesh.replica.engine.scheduler_output import SchedulerOutput
-    from kvmesh.replica.interfaces import AsyncModelRunner, ModelRunnerInterface
+    from kvmesh.replica.interfaces import ModelRunnerInterface
     from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
 
 
 @dataclass(frozen=True, slots=True)
 class LaunchedStep:
-    """A step launched on the device whose sampled tokens the host has not read yet."""
+    """A step the model runner ran (synchronous) or launched on the device (async: tokens not read yet)."""
 
     sched: SchedulerOutput
     """What the step computes."""
-    output: AsyncModelRunnerOutput
-    """Its result on the way to the host (``get()`` waits for it)."""
-    requests: dict[str, Request]
-    """The step's Request objects: an id aborted and reused before ``get()`` must not get this step's token."""
+    output: ModelRunnerOutput | AsyncModelRunnerOutput
+    """Its sampled tokens: on the host, or (async) on the way there (``get()`` waits for them)."""
+    requests: dict[str, Request] | None = None
+    """Async: the step's Request objects; an id aborted and reused before ``get()`` must not get this step's
+    token. None for a synchronous step, whose tokens are read before anything can change."""
+
+    def sampled(self, requests: dict[str, Request]) -> ModelRunnerOutput:
+        """``{request_id: token}`` of the requests still live as they were at launch (waits, if async)."""
+        if self.requests is None:
+            return self.output
+        sampled = self.output.get()
+        for request_id in [rid for rid in sampled if requests.get(rid) is not self.requests[rid]]:
+            del sampled[request_id]  # ended (and its id reused) while the step ran
+        return sampled
 
 
 def use_async_scheduling(config: EngineConfig, model_runner: ModelRunnerInterface) -> bool:
     """``config.async_scheduling``, or for None: on when the runner is on CUDA and can launch steps."""
-    can = callable(getattr(model_runner, "execute_model_async", None))
+    can = isinstance(model_runner, AsyncModelRunner)
     if config.async_scheduling and not can:
         raise ValueError(f"async_scheduling=True needs a model runner that launches steps without waiting; "
                          f"{type(model_runner).__name__} cannot (tensor_parallel_size > 1?): drop async_scheduling")
     if config.async_scheduling is None:
-        return can and str(getattr(model_runner, "device", "cpu")).startswith("cuda")
+        return can and str(model_runner.device).startswith("cuda")
     return config.async_scheduling
-
-
-def step_async(engine: LLMEngine) -> list[RequestOutput]:
-    """One ``LLMEngine.step()`` under async scheduling: launch this step, return the previous one's outputs."""
-    outputs, engine._pending = engine._pending, []
-    sched = engine.scheduler.schedule()
-    launched = None
-    requests = engine.scheduler.requests
-    runner: AsyncModelRunner = engine.model_runner  # use_async_scheduling saw it launch steps
-    if not sched.is_empty:
-        try:
-            launched = LaunchedStep(sched, runner.execute_model_async(sched),
-                                    {rid: requests[rid] for rid in sched.request_ids()})
-            engine._stats.record_step(sched.num_batched_tokens)
-            add_placeholders(requests, sched)
-        except Exception as e:
-            outputs += engine._fail_step(sched, e)
-    else:
-        engine.scheduler.finished_request_ids |= sched.finished_request_ids  # tell the runner next time
-    previous, engine._in_flight = engine._in_flight, launched
-    if previous is not None:
-        try:
-            sampled = previous.output.get()
-            for request_id in [rid for rid in sampled if requests.get(rid) is not previous.requests[rid]]:
-                del sampled[request_id]  # ended (and its id reused) while the step ran
-        except Exception as e:
-            outputs += engine._fail_step(previous.sched, e)
-            sampled = {}
-        outputs += engine._process_sampled(sampled)
-    engine._end_step()
-    return outputs
 
 
 def add_placeholders(requests: dict[str, Request], sched: SchedulerOutput) -> None:

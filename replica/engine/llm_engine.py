@@ -15,14 +15,14 @@ import time
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine.async_scheduling import LaunchedStep, step_async, use_async_scheduling
-from kvmesh.replica.engine.outputs import RequestOutput, TokenLogprobs, request_output
+from kvmesh.replica.engine.async_scheduling import LaunchedStep, add_placeholders, use_async_scheduling
+from kvmesh.replica.engine.outputs import ModelRunnerOutput, RequestOutput, TokenLogprobs, request_output
 from kvmesh.replica.engine.request import Request, RequestStatus, validate_request_input
 from kvmesh.replica.engine.scheduler import Scheduler
 from kvmesh.replica.engine.scheduler_output import SchedulerOutput
-from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publisher
+from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publisher, make_kv_cache_manager
 from kvmesh.replica.engine.stats import EngineStats
-from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
+from kvmesh.replica.interfaces import AsyncModelRunner, EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -41,9 +41,6 @@ class LLMEngine:
                  skip_tokenizer_init: bool = False, events: PublisherConfig | None = None) -> None:
         """``events`` (the events section whole) makes the engine build its KV event publisher
         (``event_publisher`` gives a ready one instead); neither: no events."""
-        from kvmesh.kvcache.hashing import generate_seed
-        from kvmesh.kvcache.kv_cache_manager import KVCacheManager
-
         self.config = config
         if model_runner is None:
             from kvmesh.replica.worker.model_runner import ModelRunner
@@ -57,15 +54,9 @@ class LLMEngine:
         self.tokenizer = tokenizer if tokenizer is not None or skip_tokenizer_init else load_engine_tokenizer(config)
         self.event_publisher = event_publisher
         self._step_events: list = []
-        hash_seed = config.hash_seed or generate_seed()
-        self.kv_cache_manager = KVCacheManager(
-            self.num_kv_blocks, config.block_size,
-            hash_seed.encode() if isinstance(hash_seed, str) else hash_seed,
-            enable_caching=config.enable_prefix_caching,
-            event_sink=self._step_events.append if event_publisher is not None or events is not None else None,
-            eviction_policy=config.eviction_policy,
-            medium="GPU" if str(getattr(model_runner, "device", config.device) or "cpu").startswith("cuda") else "CPU",
-        )
+        self.kv_cache_manager = make_kv_cache_manager(
+            config, self.num_kv_blocks, str(model_runner.device),
+            self._step_events.append if event_publisher is not None or events is not None else None)
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.block_pool.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
@@ -125,22 +116,46 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, and return the outputs of every request that progressed or ended
         (with async scheduling: launch this step, then return the outputs of the previous one)."""
-        if self.async_scheduling:
-            return step_async(self)
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
-        if not sched.is_empty:
-            try:
-                sampled = self.model_runner.execute_model(sched)
-                self._stats.record_step(sched.num_batched_tokens)
-            except Exception as e:  # the runner failed this batch: fail its requests, keep serving
-                outputs += self._fail_step(sched, e)
-                sampled = {}
-            outputs += self._process_sampled(sampled)
-        else:
+        launched = None
+        if sched.is_empty:
             self.scheduler.finished_request_ids |= sched.finished_request_ids  # tell the runner next time
+        else:
+            launched = self._launch(sched, outputs)
+        ready = launched
+        if self.async_scheduling:
+            ready, self._in_flight = self._in_flight, launched
+        if ready is not None:
+            outputs += self._process_sampled(self._read(ready, outputs))
         self._end_step()
         return outputs
+
+    def _launch(self, sched: SchedulerOutput, outputs: list[RequestOutput]) -> LaunchedStep | None:
+        """Run the step (async scheduling: launch it; its tokens are read one step later). A runner failure
+        fails the step's requests into ``outputs`` and the engine keeps serving the others."""
+        try:
+            if self.async_scheduling:
+                requests = self.scheduler.requests
+                runner: AsyncModelRunner = self.model_runner  # use_async_scheduling saw it launch steps
+                launched = LaunchedStep(sched, runner.execute_model_async(sched),
+                                        {rid: requests[rid] for rid in sched.request_ids()})
+                add_placeholders(requests, sched)
+            else:
+                launched = LaunchedStep(sched, self.model_runner.execute_model(sched))
+            self._stats.record_step(sched.num_batched_tokens)
+            return launched
+        except Exception as e:
+            outputs += self._fail_step(sched, e)
+            return None
+
+    def _read(self, step: LaunchedStep, outputs: list[RequestOutput]) -> dict[str, int]:
+        """The step's sampled tokens ({} if the runner failed it: its requests fail into ``outputs``)."""
+        try:
+            return step.sampled(self.scheduler.requests)
+        except Exception as e:
+            outputs += self._fail_step(step.sched, e)
+            return {}
 
     def _fail_step(self, sched: SchedulerOutput, error: Exception) -> list[RequestOutput]:
         """The runner failed a batch: fail its requests (the engine keeps serving the others)."""
@@ -167,8 +182,9 @@ class LLMEngine:
         requests, detokenizers = self.scheduler.requests, self._detokenizers
         append_token, append_output = self._append_token, outputs.append
         tpots: dict[float, int] = {}  # inter-token time -> requests (observed once per distinct value)
-        token_logprobs = getattr(sampled, "logprobs", None)  # a ModelRunnerOutput when a request asked
-        if getattr(sampled, "prompt_logprobs", None):
+        with_logprobs = isinstance(sampled, ModelRunnerOutput)  # when a request asked for logprobs
+        token_logprobs = sampled.logprobs if with_logprobs else None
+        if with_logprobs and sampled.prompt_logprobs:
             self._record_prompt_logprobs(sampled.prompt_logprobs)
         for request_id, token in sampled.items():
             request = requests.get(request_id)

@@ -1,4 +1,5 @@
-"""What ``LLMEngine`` builds besides its scheduler: the tokenizer it detokenizes with and its KV event publisher."""
+"""What ``LLMEngine`` builds besides its scheduler: its KV cache manager, the tokenizer it detokenizes with and
+its KV event publisher."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from kvmesh.replica.config import EngineConfig
 if TYPE_CHECKING:
     from kvmesh.events.config import PublisherConfig
     from kvmesh.events.publisher import ZmqEventPublisher
-    from kvmesh.events.schema import BlockStored
+    from kvmesh.events.schema import BlockStored, KVEvent
+    from kvmesh.kvcache.kv_cache_manager import KVCacheManager
     from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 
 logger = logging.getLogger(__name__)
@@ -39,3 +41,17 @@ def make_event_publisher(events: PublisherConfig, snapshot_source: Callable[[], 
     from kvmesh.events.publisher import ZmqEventPublisher
 
     return ZmqEventPublisher(events, snapshot_source=snapshot_source)
+
+
+def make_kv_cache_manager(config: EngineConfig, num_blocks: int, device: str,
+                          event_sink: Callable[[KVEvent], None] | None) -> KVCacheManager:
+    """The block pool and prefix cache over ``num_blocks`` device blocks; ``event_sink`` gets its KV events."""
+    from kvmesh.kvcache.hashing import generate_seed
+    from kvmesh.kvcache.kv_cache_manager import KVCacheManager
+
+    hash_seed = config.hash_seed or generate_seed()
+    return KVCacheManager(
+        num_blocks, config.block_size, hash_seed.encode() if isinstance(hash_seed, str) else hash_seed,
+        enable_caching=config.enable_prefix_caching, event_sink=event_sink, eviction_policy=config.eviction_policy,
+        medium="GPU" if device.startswith("cuda") else "CPU",
+    )

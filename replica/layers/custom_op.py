@@ -13,14 +13,13 @@ Triton path on CPU tensors runs under Triton's interpreter (``TRITON_INTERPRET=1
 Each kernel is a torch op rather than a bare launch so that it is one op to the torch profiler,
 to a ``TorchDispatchMode`` counting launches, and to ``torch.compile`` / the meta device (its
 ``Meta`` implementation only allocates outputs). Ops are defined with ``torch.library.Library``
-directly (vLLM's ``direct_register_custom_op``): ~1 us per call, where ``torch.library.custom_op``
+directly (vLLM's ``direct_register_custom_op``, op_registry.py): ~1 us per call, where ``torch.library.custom_op``
 adds ~9 us of Python checks to every call of an eager decode step (both measured on the dev VM).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import torch
 from kvmesh.replica.triton_utils import has_triton
@@ -28,17 +27,6 @@ from torch import nn
 
 HAS_TRITON = has_triton()
 """Whether the Triton path can run at all (triton ships with torch's CUDA builds)."""
-
-_LIBRARY = torch.library.Library("kvmesh", "FRAGMENT")  # the ``torch.ops.kvmesh`` namespace
-
-
-def direct_register_custom_op(name: str, schema: str, impl: Callable, fake_impl: Callable) -> None:
-    """Define ``torch.ops.kvmesh.<name>`` (``schema`` without the name, e.g. ``"(Tensor x) -> Tensor"``):
-    ``impl`` runs on every real device, ``fake_impl`` on meta (shapes only)."""
-    _LIBRARY.define(name + schema)
-    _LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
-    _LIBRARY.impl(name, fake_impl, "Meta")
-
 
 @functools.cache
 def triton_ops():

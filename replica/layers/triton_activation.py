@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from kvmesh.replica.layers.custom_op import direct_register_custom_op
+from kvmesh.replica.layers.op_registry import direct_register_custom_op
 
 BLOCK_I = 1024
 """Columns per program (a row of intermediate_size I is split over cdiv(I, BLOCK_I) programs)."""

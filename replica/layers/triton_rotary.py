@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from kvmesh.replica.layers.custom_op import direct_register_custom_op
+from kvmesh.replica.layers.op_registry import direct_register_custom_op
 
 
 @triton.jit

@@ -29,7 +29,7 @@ from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.serving.errors import ProtocolError, error_body
 
 if TYPE_CHECKING:
-    from kvmesh.replica.server.app import ServerState
+    from kvmesh.replica.server.state import ServerState
 
 logger = logging.getLogger(__name__)
 

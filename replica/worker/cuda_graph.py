@@ -20,9 +20,13 @@ is tested on CPU. ``use_cuda_graphs`` turns the ``cuda_graphs`` setting into a d
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from kvmesh.replica.attention.backend import AttentionBackend
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +34,11 @@ CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 32
 """Batch sizes a decode step is padded to (the ones up to max_num_seqs are used)."""
 
 
-def supports_static_decode(backend, block_size: int) -> bool:
-    return getattr(backend, "supports_static_decode", lambda bs: False)(block_size)
+def supports_static_decode(backend: AttentionBackend, block_size: int) -> bool:
+    return backend.supports_static_decode(block_size)
 
 
-def use_cuda_graphs(requested: bool | None, device: torch.device, backend, block_size: int,
+def use_cuda_graphs(requested: bool | None, device: torch.device, backend: AttentionBackend, block_size: int,
                     tp_size: int = 1) -> bool:
     """``cuda_graphs`` (None: on where they work -- CUDA, a backend with a static decode path at this
     block size, and one rank: capturing torch.distributed's NCCL all-reduce is not something the default
@@ -48,7 +52,7 @@ def use_cuda_graphs(requested: bool | None, device: torch.device, backend, block
     return requested
 
 
-def _no_static_path(backend, block_size: int) -> str:
+def _no_static_path(backend: AttentionBackend, block_size: int) -> str:
     return (f"attention backend {backend.name!r} has no static decode path at block_size={block_size}; CUDA "
             "graphs need attention_backend='triton' (any block size) or 'flash_attn' with a block_size that is a "
             "multiple of 256")

@@ -24,20 +24,20 @@ from typing import TYPE_CHECKING, Protocol
 
 from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
 from kvmesh.router.control.event_feed import EventFeed
 from kvmesh.router.control.probes import ReplicaProbes
 from kvmesh.router.control.stream_watch import StreamWatch
 from kvmesh.router.http.metrics import RouterMetrics
 from kvmesh.router.http.receipt_metrics import ReceiptMetrics
 from kvmesh.router.http.upstream import UpstreamPool
-from kvmesh.router.routing.kv_router import KVRouter
-from kvmesh.router.routing.session import SessionConfig
 
 if TYPE_CHECKING:
+    from kvmesh.events.config import SubscriberConfig
     from kvmesh.events.subscriber import EventSubscriber
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.http.token_forwarding import UpstreamKind
+    from kvmesh.router.routing.kv_router import KVRouter
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +63,7 @@ class RouterRuntime:
     def __init__(self, config: RouterConfig, replicas: list[ReplicaSpec] | None = None,
                  tokenizer: Tokenizer | None = None) -> None:
         self.config = config
-        self.router = KVRouter(config.block_size, config.policy, config.policy_kwargs,
-                               seed=secrets.randbits(64), predict_ttl_s=config.predict_ttl_s,
-                               sessions=SessionConfig(ttl_s=config.session_ttl_s))
-        self.router.hasher.salt_secret = config.cache_salt_secret
+        self.router: KVRouter = build_router(config, seed=secrets.randbits(64))
         self.stream_watch = StreamWatch(config.events_max_lag_s, self.router.set_degraded)
         """Degrades replicas whose event stream stalled, lags or lost batches (router/control/stream_watch.py)."""
         if tokenizer is None and (config.tokenizer or config.model):
@@ -100,15 +97,8 @@ class RouterRuntime:
         """Whoever can add and remove replica processes (``kvmesh serve``'s launcher); None = fixed set."""
         self.subscriber: EventSubscriber | None = None
         """The KV event feed's subscriber (started with the runtime)."""
-        from kvmesh.events.config import SubscriberConfig
-
-        self.subscriber_config = SubscriberConfig(
-            curve_server_key=config.events_curve_server_key, curve_public_key=config.events_curve_public_key,
-            curve_secret_key=config.events_curve_secret_key, max_payload_bytes=config.events_max_payload_bytes,
-            max_source_blocks=config.events_max_source_blocks,
-            # a 16-token block is ~90 B of snapshot: room for a whole cache of events_max_source_blocks
-            max_snapshot_bytes=max(SubscriberConfig.max_snapshot_bytes, 128 * config.events_max_source_blocks))
-        """Limits of the event feed (bad-frame threshold, blocks per source, back-off)."""
+        self.subscriber_config: SubscriberConfig = config.events
+        """Limits of the event feed (bad-frame threshold, blocks per source, back-off): the router's events section."""
         self.feed = EventFeed(self)
         """Applies the subscriber's batches and statuses (router/control/event_feed.py)."""
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.routing.load import LoadTracker
-from kvmesh.router.routing.policies import DEFAULT_POLICY, NoReplicaError, Policy, get_policy
+from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, RouteReceipt
 from kvmesh.router.routing.session import SessionConfig, SessionTable
 
@@ -53,14 +53,17 @@ class RouteDecision:
 class KVRouter:
     """Index + loads + health + policy: decides where each request goes."""
 
-    def __init__(self, block_size: int = 16, policy: str | Policy = DEFAULT_POLICY,
-                 policy_kwargs: dict | None = None, seed: int = DEFAULT_ROUTER_SEED,
-                 predict_ttl_s: float = 2.0, sessions: SessionConfig | None = None) -> None:
-        self.hasher = RouterKeyHasher(block_size, seed)
+    def __init__(self, block_size: int = 16, policy: Policy | None = None, seed: int = DEFAULT_ROUTER_SEED,
+                 predict_ttl_s: float = 2.0, sessions: SessionConfig | None = None,
+                 salt_secret: bytes | None = None) -> None:
+        """``policy``: None = ``cache_aware`` with its defaults; ``seed``: root of the router keys;
+        ``salt_secret``: the replicas' cache-salt key (``RouterKeyHasher.salt_secret``).
+        ``router.config.build_router`` builds one from a ``RouterConfig``."""
+        self.hasher = RouterKeyHasher(block_size, seed, salt_secret)
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
         self.loads = LoadTracker()
-        if isinstance(policy, str):  # a registry name, or a policy built by the caller
-            policy = get_policy(policy, block_size=block_size, **(policy_kwargs or {}))
+        if policy is None:
+            policy = get_policy(block_size=block_size)
         self.policy = policy
         self.policy_name = policy.name
         self.healthy: set[Hashable] = set()

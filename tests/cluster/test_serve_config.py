@@ -188,7 +188,7 @@ def test_config_is_frozen():
 
 
 def test_serve_gives_cache_aware_the_replicas_step_budget_unless_set():
-    from kvmesh.cluster.launch.serve_router import step_budget
+    from kvmesh.router.routing.policies import with_step_budget as step_budget
 
     assert step_budget("cache_aware", {}, 2048) == {"decode_step_tokens": 2048}
     assert step_budget("cache_aware", {"decode_step_tokens": 512}, 2048) == {"decode_step_tokens": 512}

@@ -9,6 +9,8 @@ from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
+from ..events.events_testkit import wait_for
+
 
 class RecordingPublisher:
     def __init__(self):
@@ -77,7 +79,10 @@ def test_events_reach_a_zmq_subscriber():
         sub.poll(30_000)
         assert sub.poll(0), "no event batch arrived"
         topic, seq, payload = sub.recv_multipart()
-        assert topic == b"kv-test" and 0 <= int.from_bytes(seq, "big") < engine.event_publisher.seq and payload
+        # The I/O thread counts a batch as sent just after its send returns: wait for that count
+        seq = int.from_bytes(seq, "big")
+        assert wait_for(lambda: engine.event_publisher.seq > seq, timeout=30), (seq, engine.event_publisher.seq)
+        assert topic == b"kv-test" and seq >= 0 and payload
     finally:
         sub.close(linger=0)
         ctx.term()

@@ -90,3 +90,27 @@ def test_router_command_reads_the_router_section_from_yaml_and_env(tmp_path):
     path.write_text("router:\n  policy: round_robin\n  max_attempts: 5\n")
     config = load(ROUTER_SCHEMA, path, env={"KVMESH_ROUTER_MAX_ATTEMPTS": "2", "KVMESH_API_KEY": "k" * 12}).router
     assert config.policy == "round_robin" and config.max_attempts == 2 and config.api_key == "k" * 12
+
+
+def test_the_router_is_built_from_its_section_whole():
+    from kvmesh.router.config import build_router
+    from kvmesh.router.routing.policies.prefix_hash import PrefixHashConfig
+
+    config = RouterConfig(block_size=32, policy="prefix_hash", policy_kwargs={"prefix_blocks": 2},
+                          predict_ttl_s=0.25, session_ttl_s=30.0, cache_salt_secret=b"k" * 32)
+    router = build_router(config, seed=7)
+    assert (router.block_size, router.hasher.seed, router.hasher.salt_secret) == (32, 7, b"k" * 32)
+    assert router.policy.config == PrefixHashConfig(prefix_blocks=2) and router.policy.block_size == 32
+    assert (router.index.predict_ttl_s, router.sessions.config.ttl_s) == (0.25, 30.0)
+
+
+def test_the_runtime_hands_the_events_section_to_its_subscriber_whole():
+    from kvmesh.router.control.runtime import RouterRuntime
+
+    config = RouterConfig(block_size=16)
+    config.events.max_source_blocks = 5000
+    runtime = RouterRuntime(config)
+    try:
+        assert runtime.subscriber_config is config.events
+    finally:
+        runtime.renderer.close()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from kvmesh.router.routing.load import LoadTracker, ReplicaLoad
 from kvmesh.router.routing.policies import POLICIES, NoReplicaError, get_policy
+from kvmesh.router.routing.policies.cache_aware import CacheAwareConfig
+from kvmesh.router.routing.policies.prefix_hash import PrefixHashConfig
 
 BS = 16
 KEYS = list(range(64))  # a 1,024-token prompt
@@ -26,14 +29,14 @@ def test_cache_aware_prefers_replica_holding_the_prefix():
 
 
 def test_cache_aware_leaves_prefix_when_backlog_outweighs_saved_prefill():
-    policy = get_policy("cache_aware", block_size=BS, decode_weight=0, backlog_weight=1.0)
+    policy = get_policy("cache_aware", CacheAwareConfig(decode_weight=0, backlog_weight=1.0), block_size=BS)
     saved = 40 * BS
     assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"queued_prefill_tokens": saved - 1})) == "r1"
     assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"queued_prefill_tokens": saved + 1})) == "r0"
 
 
 def test_cache_aware_trade_off_is_continuous_in_decode_load():
-    policy = get_policy("cache_aware", block_size=BS, decode_weight=32)
+    policy = get_policy("cache_aware", CacheAwareConfig(decode_weight=32), block_size=BS)
     saved = 40 * BS  # = 20 running requests' worth
     assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"in_flight": 19})) == "r1"
     assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"in_flight": 21})) == "r0"
@@ -42,14 +45,14 @@ def test_cache_aware_trade_off_is_continuous_in_decode_load():
 
 
 def test_cache_aware_backlog_weight_scales_queued_prefill():
-    policy = get_policy("cache_aware", block_size=BS, decode_weight=0, backlog_weight=0.5)
+    policy = get_policy("cache_aware", CacheAwareConfig(decode_weight=0, backlog_weight=0.5), block_size=BS)
     saved = 40 * BS
     assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"queued_prefill_tokens": 2 * saved - 2})) == "r1"
     assert policy.choose(KEYS, {"r1": 40}, loads(2, r1={"queued_prefill_tokens": 2 * saved + 2})) == "r0"
 
 
 def test_cache_aware_router_pending_prefill_counts_as_backlog():
-    policy = get_policy("cache_aware", block_size=BS, decode_weight=0)
+    policy = get_policy("cache_aware", CacheAwareConfig(decode_weight=0), block_size=BS)
     busy = loads(2, r1={"pending_prefill_tokens": 10_000})
     assert policy.choose(KEYS, {"r1": 64}, busy) == "r0"
 
@@ -61,7 +64,7 @@ def test_cache_aware_ties_rotate_over_idle_replicas():
 
 
 def test_cache_aware_temperature_samples_near_equal_replicas():
-    policy = get_policy("cache_aware", block_size=BS, temperature=50.0, seed=1)
+    policy = get_policy("cache_aware", CacheAwareConfig(temperature=50.0), block_size=BS, seed=1)
     near = loads(3, r2={"queued_prefill_tokens": 100_000})
     picks = [policy.choose(KEYS, {"r0": 1}, near) for _ in range(200)]
     assert {"r0", "r1"} <= set(picks) and "r2" not in picks
@@ -84,7 +87,7 @@ def test_random_is_seeded():
 
 
 def test_prefix_hash_keeps_a_prefix_together_and_moves_little_on_removal():
-    policy = get_policy("prefix_hash", prefix_blocks=2)
+    policy = get_policy("prefix_hash", PrefixHashConfig(prefix_blocks=2))
     prompts = [[i * 1000 + j for j in range(8)] for i in range(200)]
     first = {i: policy.choose(p, {}, loads(10)) for i, p in enumerate(prompts)}
     assert first == {i: policy.choose(p, {}, loads(10)) for i, p in enumerate(prompts)}
@@ -113,16 +116,16 @@ def test_unknown_policy_names_the_choices():
 
 
 def test_cache_aware_sends_new_work_to_the_replica_whose_cache_turns_over_slowest():
-    policy = get_policy("cache_aware", block_size=BS, churn_weight=1.0)
+    policy = get_policy("cache_aware", CacheAwareConfig(churn_weight=1.0), block_size=BS)
     churned = loads(3, r0={"recent_prefill": 3000.0}, r1={"recent_prefill": 1000.0}, r2={"recent_prefill": 2000.0})
     assert policy.choose(KEYS, {}, churned) == "r1"
     assert {policy.choose(KEYS, {}, churned) for _ in range(3)} == {"r1"}
-    blind = get_policy("cache_aware", block_size=BS, churn_weight=0.0)
+    blind = get_policy("cache_aware", CacheAwareConfig(churn_weight=0.0), block_size=BS)
     assert {blind.choose(KEYS, {}, churned) for _ in range(3)} == {"r0", "r1", "r2"}  # ties rotate
 
 
 def test_cache_aware_churn_does_not_move_a_request_off_its_cached_prefix():
-    policy = get_policy("cache_aware", block_size=BS, churn_weight=1.0)
+    policy = get_policy("cache_aware", CacheAwareConfig(churn_weight=1.0), block_size=BS)
     churned = loads(2, r0={"recent_prefill": 9000.0}, r1={"recent_prefill": 1000.0})
     assert policy.choose(KEYS, {"r0": 60}, churned) == "r0"
 
@@ -140,9 +143,9 @@ def test_load_tracker_recent_prefill_decays_with_its_time_constant():
 
 
 def test_cache_aware_backlog_release_point_makes_a_hot_replica_shed_requests():
-    kept = get_policy("cache_aware", block_size=BS, decode_weight=0, backlog_weight=0.1, churn_weight=0)
-    shed = get_policy("cache_aware", block_size=BS, decode_weight=0, backlog_weight=0.1, churn_weight=0,
-                      backlog_release_tokens=1000)
+    kept_config = CacheAwareConfig(decode_weight=0, backlog_weight=0.1, churn_weight=0)
+    kept = get_policy("cache_aware", kept_config, block_size=BS)
+    shed = get_policy("cache_aware", replace(kept_config, backlog_release_tokens=1000), block_size=BS)
     hot = loads(2, r1={"queued_prefill_tokens": 3000})  # saved 640 tokens vs 300 (kept) or 300 + 1800 (shed)
     assert kept.choose(KEYS, {"r1": 40}, hot) == "r1"
     assert shed.choose(KEYS, {"r1": 40}, hot) == "r0"
@@ -150,8 +153,9 @@ def test_cache_aware_backlog_release_point_makes_a_hot_replica_shed_requests():
 
 
 def test_cache_aware_running_requests_weigh_once_per_step_until_our_prefill_is_done():
-    policy = get_policy("cache_aware", block_size=BS, backlog_weight=0, churn_weight=0, decode_step_tokens=256)
-    one_step = get_policy("cache_aware", block_size=BS, backlog_weight=0, churn_weight=0, decode_step_tokens="inf")
+    no_backlog = CacheAwareConfig(backlog_weight=0, churn_weight=0)
+    policy = get_policy("cache_aware", replace(no_backlog, decode_step_tokens=256), block_size=BS)
+    one_step = get_policy("cache_aware", replace(no_backlog, decode_step_tokens=math.inf), block_size=BS)
     short = loads(2, r1={"in_flight": 3})  # r1 holds 60 of 64 blocks: 64 tokens left, under one step
     assert policy.costs(KEYS, {"r1": 60}, short)["r1"] == 64 + 3 * 8
     queued = loads(2, r1={"in_flight": 40, "queued_prefill_tokens": 1984})  # (1984 + 64) / 256 = 8 steps
@@ -164,8 +168,8 @@ def test_cache_aware_choice_is_the_minimum_of_its_reported_costs():
     import random
 
     rng = random.Random(5)
-    for policy in (get_policy("cache_aware", block_size=BS, backlog_release_tokens=2000),
-                   get_policy("cache_aware", block_size=BS, decode_step_tokens=1000)):
+    for policy in (get_policy("cache_aware", CacheAwareConfig(backlog_release_tokens=2000), block_size=BS),
+                   get_policy("cache_aware", CacheAwareConfig(decode_step_tokens=1000), block_size=BS)):
         _check_choice_is_min_cost(policy, rng)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 from kvmesh.router.routing.kv_router import KVRouter
+from kvmesh.router.routing.policies import get_policy
 from kvmesh.router.routing.receipts import (
     HEADER_BEST,
     HEADER_PREDICTED,
@@ -29,6 +30,7 @@ class Req:
     num_computed_tokens: int = 0
     cache_salt: str | None = None
     lora_name: str | None = None
+    skip_reading_prefix_cache: bool = False
     extra: dict = field(default_factory=dict)
 
     @property
@@ -60,7 +62,7 @@ def prompt(prefix: int, n_blocks: int, tail: int = 5) -> list[int]:
 
 @pytest.fixture
 def cluster():
-    router = KVRouter(block_size=BS, policy="cache_aware")
+    router = KVRouter(block_size=BS, policy=get_policy("cache_aware", block_size=BS))
     return router, {rid: Replica(rid, router) for rid in ("r0", "r1", "r2")}
 
 

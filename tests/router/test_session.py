@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from kvmesh.router.routing.kv_router import KVRouter
+from kvmesh.router.routing.policies import get_policy
 from kvmesh.router.routing.session import SessionConfig, SessionTable
 
 BS = 16
@@ -14,7 +15,7 @@ def prompt(seed: int, n_blocks: int = 8) -> list[int]:
 
 
 def router(**kw) -> KVRouter:
-    r = KVRouter(block_size=BS, policy="cache_aware", predict_ttl_s=0, **kw)
+    r = KVRouter(block_size=BS, policy=get_policy("cache_aware", block_size=BS), predict_ttl_s=0, **kw)
     for rid in ("r0", "r1", "r2", "r3"):
         r.add_replica(rid)
     return r

@@ -38,9 +38,10 @@ def test_a_request_sent_by_one_process_counts_in_the_others_load_view():
 
 def test_the_policy_sees_the_other_process_requests():
     from kvmesh.router.routing.kv_router import KVRouter
+    from kvmesh.router.routing.policies import get_policy
 
     table = SharedLoadTable(2)
-    routers = [KVRouter(block_size=16, policy="least_loaded") for _ in range(2)]
+    routers = [KVRouter(block_size=16, policy=get_policy("least_loaded")) for _ in range(2)]
     for row, router in enumerate(routers):
         for rid in ("r0", "r1"):
             router.add_replica(rid)

@@ -34,7 +34,8 @@ def test_config_validates_at_the_edge():
 def test_miniature_keeps_model_time():
     full = SimConfig()
     mini = miniature(full, 8)
-    assert (mini.block_size, mini.max_num_batched_tokens) == (64, 1024)
+    assert (mini.engine.block_size, mini.engine.max_num_batched_tokens) == (64, 1024)
+    assert mini.router.block_size == 64  # the router hashes the engine's blocks
     # the same work in 8x fewer tokens takes the same time
     assert mini.cost.step_time(1000, 3, 2000) == pytest.approx(
         full.cost.step_time(8000, 3, 16000) - 0, rel=1e-9)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.config import SimConfig, sim_engine
 from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
 from kvmesh.cluster.measure.sim.router import SimRouter
 from kvmesh.cluster.measure.sim.run import compare_policies, run_policy
@@ -13,7 +13,7 @@ from kvmesh.cluster.measure.workloads.generated import SyntheticTrace
 from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
 from kvmesh.kvcache.hashing import external_hash
 
-CFG = SimConfig(num_replicas=4, block_size=32, blocks_per_replica=16, max_num_batched_tokens=256)
+CFG = SimConfig(num_replicas=4, engine=sim_engine(block_size=32, max_num_batched_tokens=256), blocks_per_replica=16)
 
 
 def _trace(n: int = 80) -> list[MooncakeRecord]:
@@ -90,7 +90,8 @@ def test_sessions_help_one_router_and_need_a_shared_table_under_several():
 def miniature_cfg(config: SimConfig) -> SimConfig:
     from kvmesh.cluster.measure.sim.config import miniature
 
-    return miniature(replace(config, block_size=512, blocks_per_replica=None, capacity_fraction=0.5), 16)
+    full = replace(config, engine=replace(config.engine, block_size=512), blocks_per_replica=None, capacity_fraction=0.5)
+    return miniature(full, 16)
 
 
 def test_gap_attribution_adds_up_to_the_gap_to_the_single_pool():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.config import SimConfig, sim_engine
 from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
 from kvmesh.cluster.measure.sim.run import run_policy
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
@@ -24,8 +24,8 @@ def _trace(n: int = 60) -> list[MooncakeRecord]:
 
 @pytest.mark.parametrize("delay", [0.0, 0.05])
 def test_index_ends_holding_exactly_what_the_pools_hold(delay):
-    cfg = SimConfig(num_replicas=3, block_size=32, blocks_per_replica=12, vocab_size=256, event_delay_s=delay,
-                    max_num_batched_tokens=256)
+    cfg = SimConfig(num_replicas=3, engine=sim_engine(block_size=32, max_num_batched_tokens=256),
+                    blocks_per_replica=12, vocab_size=256, event_delay_s=delay)
     reqs = requests_from_mooncake(_trace(), 1.0, 32, trace_block_tokens=32)
     run = run_policy("cache_aware", reqs, cfg, 12, BlockTokenCache(32, 256))
     index = run.router.index
@@ -41,8 +41,8 @@ def test_index_ends_holding_exactly_what_the_pools_hold(delay):
 
 
 def test_router_sends_a_session_back_to_its_prefix():
-    cfg = SimConfig(num_replicas=3, block_size=32, blocks_per_replica=40, vocab_size=256,
-                    max_num_batched_tokens=256)
+    cfg = SimConfig(num_replicas=3, engine=sim_engine(block_size=32, max_num_batched_tokens=256),
+                    blocks_per_replica=40, vocab_size=256)
     reqs = requests_from_mooncake(_trace(), 1.0, 32, trace_block_tokens=32)
     run = run_policy("cache_aware", reqs, cfg, 40, BlockTokenCache(32, 256))
     replica_of_session: dict[int, set] = {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.measure.sim.config import CostModel, SimConfig
+from kvmesh.cluster.measure.sim.config import CostModel, SimConfig, sim_engine
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 
@@ -13,7 +13,8 @@ COST = CostModel(step_overhead_s=0.001, prefill_s_per_token=0.001, decode_s_per_
 
 
 def _config(**kw) -> SimConfig:
-    return SimConfig(block_size=BS, max_num_batched_tokens=kw.pop("budget", 64), cost=COST, vocab_size=256, **kw)
+    engine = sim_engine(block_size=BS, max_num_batched_tokens=kw.pop("budget", 64))
+    return SimConfig(engine=engine, cost=COST, vocab_size=256, **kw)
 
 
 def _req(i: int, hash_ids, n: int, out: int = 1, tokens=BlockTokenCache(BS, 256)) -> SimRequest:

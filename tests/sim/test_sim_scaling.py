@@ -27,10 +27,10 @@ def test_vary_rate_alternates_slow_and_fast_phases():
 def setup(mooncake_trace):
     records = cut_trace(read_mooncake(mooncake_trace), 0, 800)
     config = SimConfig(num_replicas=AUTOSCALE.max_replicas)
-    tokens = BlockTokenCache(config.block_size, config.vocab_size, config.seed)
+    tokens = BlockTokenCache(config.engine.block_size, config.vocab_size, config.seed)
 
     def requests_of():
-        return vary_rate(requests_from_mooncake(records, 1.0, config.block_size), 60.0, 4.0)
+        return vary_rate(requests_from_mooncake(records, 1.0, config.engine.block_size), 60.0, 4.0)
 
     return records, config, blocks_per_replica(config, records), tokens, requests_of
 

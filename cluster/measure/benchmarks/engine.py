@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvmesh.cluster.measure.benchmarks._engines import make_engine
 from kvmesh.cluster.measure.benchmarks._step_overhead import TINY, bench_step_overhead
 
 MODEL = dict(model_type="llama", hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
@@ -53,18 +54,6 @@ class Clock:
 
     def read(self) -> dict[str, float]:
         return {"wall_s": time.perf_counter() - self.wall, "cpu_s": time.process_time() - self.cpu}
-
-
-def make_engine(model_dir: str | None, hf_config: dict | None = None, **kw):
-    from kvmesh.replica.config import EngineConfig
-    from kvmesh.replica.engine.llm_engine import LLMEngine
-
-    kw.setdefault("kv_cache_memory", 1 << 30)
-    if model_dir is None:
-        cfg = EngineConfig(model="dummy", load_format="dummy", hf_config=hf_config, dtype="float32", **kw)
-    else:
-        cfg = EngineConfig(model=model_dir, dtype="float32", **kw)
-    return LLMEngine(cfg, skip_tokenizer_init=True)
 
 
 def run_engine(engine, prompts, lengths, tag="r") -> dict:

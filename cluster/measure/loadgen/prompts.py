@@ -9,6 +9,7 @@ accepts a list of ints); text prompts are made of words and sized with ``tokens_
 from __future__ import annotations
 
 import random
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 # Plain words a small story model's tokenizer knows; order is irrelevant, content deterministic.
@@ -32,18 +33,18 @@ class PromptMaker:
         if not self.tokens_per_word > 0:
             raise ValueError(f"tokens_per_word must be > 0, got {self.tokens_per_word}")
 
-    def tokens(self, num_tokens: int, key: object) -> list[int]:
+    def tokens(self, num_tokens: int, key: Hashable) -> list[int]:
         """``num_tokens`` token ids, the same for the same ``key``."""
         rng = random.Random(repr(key))
         return [rng.randrange(self.first_token_id, self.vocab_size) for _ in range(num_tokens)]
 
-    def text(self, num_tokens: int, key: object) -> str:
+    def text(self, num_tokens: int, key: Hashable) -> str:
         """About ``num_tokens`` tokens of words, the same for the same ``key`` (at least one word)."""
         rng = random.Random(repr(key))
         n = max(1, int(num_tokens / self.tokens_per_word))
         return " ".join(rng.choice(WORDS) for _ in range(n))
 
-    def piece(self, num_tokens: int, key: object, as_text: bool) -> list[int] | str:
+    def piece(self, num_tokens: int, key: Hashable, as_text: bool) -> list[int] | str:
         return self.text(num_tokens, key) if as_text else self.tokens(num_tokens, key)
 
 

@@ -21,7 +21,10 @@ Configuration of one simulation run (validated at the edge, trusted inside).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from kvmesh.replica.config import EngineConfig
+from kvmesh.router.config import RouterConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,17 @@ ROUTER_SPREADS = ("round_robin", "random")
 
 PolicyArgument = int | float | str | bool | None
 """A routing policy's keyword argument value, as given on the command line (``--policy-kwargs K=V``)."""
+SIMULATED_MODEL = "simulated"
+"""``engine.model`` of a simulated replica: no model is loaded, the cost model stands in for it."""
+
+
+def sim_engine(block_size: int = 512, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> EngineConfig:
+    """The engine section of a simulated replica: the scheduler's budgets and the block size are the ones it
+    reads. 512-token blocks = one Mooncake ``hash_id`` per block: a real engine would use 16, but 512 keeps the
+    pools, events and index 32x smaller at scale and gives the same hit rates on hash_id traces (prefixes are
+    shared in whole 512-token blocks)."""
+    return EngineConfig(model=SIMULATED_MODEL, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+                        max_num_seqs=max_num_seqs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,24 +84,19 @@ class SimConfig:
 
     num_replicas: int = 16
     """Simulated replicas behind the router."""
-    block_size: int = 512
-    """Tokens per KV block of a simulated replica. 512 = one Mooncake ``hash_id`` per block: a
-    real engine would use 16, but 512 keeps the pools, events and index 32x smaller at scale and
-    gives the same hit rates on hash_id traces (prefixes are shared in whole 512-token blocks)."""
+    engine: EngineConfig = field(default_factory=sim_engine)
+    """The replicas' engine section; a simulated replica reads its block_size, max_num_batched_tokens and
+    max_num_seqs (``sim_engine``)."""
+    router: RouterConfig = field(default_factory=RouterConfig)
+    """The router's section; the simulated router reads predict_ttl_s and session_ttl_s (its block size is
+    the engine's, its policy the one compared)."""
     blocks_per_replica: int | None = None
     """KV blocks per replica (the null block comes on top). None: ``capacity_fraction`` of the
     trace's working set (distinct blocks), split evenly across replicas."""
     capacity_fraction: float = 0.25
     """Total cluster KV capacity as a fraction of the trace's working set (when ``blocks_per_replica`` is None)."""
-    max_num_batched_tokens: int = 8192
-    """Token budget of one engine step (prefill chunks + one token per decoding sequence)."""
-    max_num_seqs: int = 256
-    """Most sequences running at once on a replica."""
     event_delay_s: float = 0.0
     """Simulated delay between a cache change on a replica and the router applying its event."""
-    predict_ttl_s: float = 2.0
-    """The index's prediction window (``PrefixIndex.predict_ttl_s``, router default): how long a
-    routed request's blocks count as held before events confirm them; 0 disables predictions."""
     time_scale: float = 1.0
     """Multiplies trace arrival times: 0.25 replays the trace 4x faster (4x the request rate)."""
     vocab_size: int = 256
@@ -115,30 +124,23 @@ class SimConfig:
     table); without it each router pins only the turns it routed, and its pins go stale."""
     use_sessions: bool = False
     """Pass the trace's session ids (multi-turn conversations) to ``KVRouter.route`` (session affinity)."""
-    session_ttl_s: float = 600.0
-    """Seconds a session pin lives after its last request (``SessionConfig.ttl_s``)."""
     cost: CostModel = field(default_factory=CostModel)
     """Step-time model (H100-class defaults for an 8B model)."""
     policy_kwargs: dict[str, PolicyArgument] = field(default_factory=dict)
-    """Keyword arguments for every policy built by ``get_policy(name, **policy_kwargs)``
-    (a key a policy does not take is dropped for it)."""
+    """Knobs of every policy compared (``policies.policy_config``; a knob a policy does not take is left out
+    for it, one no policy takes is an error)."""
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1 token, got {self.block_size}")
+        if self.router.block_size != self.engine.block_size:  # the router hashes the replicas' blocks
+            object.__setattr__(self, "router", replace(self.router, block_size=self.engine.block_size))
         if self.blocks_per_replica is not None and self.blocks_per_replica < 1:
             raise ValueError(f"blocks_per_replica must be >= 1, got {self.blocks_per_replica}")
         if not self.capacity_fraction > 0:
             raise ValueError(f"capacity_fraction must be > 0, got {self.capacity_fraction}")
-        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
-            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1, got "
-                             f"{self.max_num_batched_tokens} and {self.max_num_seqs}")
         if self.event_delay_s < 0:
             raise ValueError(f"event_delay_s must be >= 0, got {self.event_delay_s}")
-        if self.predict_ttl_s < 0:
-            raise ValueError(f"predict_ttl_s must be >= 0, got {self.predict_ttl_s}")
         if not self.time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
         if self.num_routers < 1:
@@ -147,10 +149,20 @@ class SimConfig:
             raise ValueError(f"router_spread must be one of {ROUTER_SPREADS}, got {self.router_spread!r}")
         if self.load_poll_s < 0:
             raise ValueError(f"load_poll_s must be >= 0 (0 = no polling), got {self.load_poll_s}")
-        if not self.session_ttl_s > 0:
-            raise ValueError(f"session_ttl_s must be > 0, got {self.session_ttl_s}")
+        check_policy_kwargs(self.policy_kwargs)
         if self.vocab_size < 4:
             raise ValueError(f"vocab_size must be >= 4, got {self.vocab_size}")
+
+
+def check_policy_kwargs(options: dict[str, PolicyArgument]) -> None:
+    """Every knob is one of some policy's (``--policy-kwargs`` tunes all the policies compared)."""
+    from kvmesh.router.routing.policies import POLICIES, policy_options
+
+    known = sorted({name for policy in POLICIES for name in policy_options(policy)})
+    for key in options:
+        if key not in known:
+            raise ValueError(f"policy_kwargs: {key!r} is an option of no routing policy; "
+                             f"the options: {', '.join(known)}")
 
 
 def miniature(config: SimConfig, factor: int) -> SimConfig:
@@ -159,12 +171,12 @@ def miniature(config: SimConfig, factor: int) -> SimConfig:
     budget ``factor`` times smaller. Model time, hit rates and queueing stay the same to within
     rounding, while hashing and token generation get ``factor`` times cheaper (quick cuts, tests).
     """
-    from dataclasses import replace
-
-    if factor < 1 or config.block_size % factor:
-        raise ValueError(f"miniature factor {factor} must divide block_size {config.block_size}")
+    engine = config.engine
+    if factor < 1 or engine.block_size % factor:
+        raise ValueError(f"miniature factor {factor} must divide block_size {engine.block_size}")
     c = config.cost
     cost = replace(c, prefill_s_per_token=c.prefill_s_per_token * factor,
                    decode_s_per_context_token=c.decode_s_per_context_token * factor)
-    return replace(config, block_size=config.block_size // factor, cost=cost,
-                   max_num_batched_tokens=max(1, config.max_num_batched_tokens // factor))
+    engine = replace(engine, block_size=engine.block_size // factor,
+                     max_num_batched_tokens=max(1, engine.max_num_batched_tokens // factor))
+    return replace(config, engine=engine, cost=cost)

@@ -4,14 +4,16 @@ and the comparison (the autoscaler and the varying rate), one dataclass each; th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 from kvmesh.cluster.config.schema import Schema
 from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig
-from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.config import SimConfig, sim_engine
 from kvmesh.cluster.measure.workloads.registry import get_workload
 from kvmesh.cluster.measure.workloads.settings import WorkloadSettings, WorkloadShape
 from kvmesh.cluster.measure.workloads.traces import default_trace
+from kvmesh.replica.config import EngineConfig
+from kvmesh.router.config import RouterConfig
 
 SESSION_MODES: dict[str, dict[str, bool]] = {
     "off": {" ": False}, "on": {"/sessions": True}, "both": {"/no-sessions": False, "/sessions": True}}
@@ -83,6 +85,10 @@ class SimCommandConfig:
 
     sim: SimConfig = field(default_factory=SimConfig)
     """The simulated cluster: replicas, their KV pools and steps, the router(s)."""
+    engine: EngineConfig = field(default_factory=sim_engine)
+    """The simulated replicas' engine: block size and scheduler budgets."""
+    router: RouterConfig = field(default_factory=RouterConfig)
+    """The router: its predictions and session pins."""
     workload: SimWorkloadOptions = field(default_factory=SimWorkloadOptions)
     """The requests."""
     shape: WorkloadShape = field(default_factory=WorkloadShape)
@@ -90,8 +96,28 @@ class SimCommandConfig:
     compare: SimCompareOptions = field(default_factory=SimCompareOptions)
     """The runs compared."""
 
+    def __post_init__(self) -> None:  # the simulated cluster holds the engine and router sections whole
+        object.__setattr__(self, "sim", replace(self.sim, engine=self.engine, router=self.router))
 
-SIM_SCHEMA = Schema(SimCommandConfig, hidden={
+
+SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs")
+"""What a simulated replica reads of its engine section."""
+SIM_ROUTER_FIELDS = ("predict_ttl_s", "session_ttl_s")
+"""What the simulated router reads of its section (besides the policy, compared, and the engine's block size)."""
+
+
+def _unread_sections() -> dict[str, str]:
+    """The fields of the engine and router sections the simulator does not read, hidden with the reason."""
+    hidden = {"sim.engine": "set the engine section", "sim.router": "set the router section",
+              "router.block_size": "the router uses engine.block_size", "router.policy": "--policies",
+              "router.policy_kwargs": "--policy-kwargs tunes every policy compared"}
+    hidden |= {f"engine.{f.name}": "a simulated replica runs no model (its step time is the cost model)"
+               for f in fields(EngineConfig) if f.name not in SIM_ENGINE_FIELDS}
+    return {f"router.{f.name}": "the simulated router has no HTTP side and no event sockets"
+            for f in fields(RouterConfig) if f.name not in SIM_ROUTER_FIELDS} | hidden
+
+
+SIM_SCHEMA = Schema(SimCommandConfig, hidden=_unread_sections() | {
     "sim.cost": "--cost FIELD=SECONDS",
     "sim.num_routers": "--routers N[,N...] (one run per count)",
     "sim.use_sessions": "--sessions off|on|both",
@@ -126,13 +152,21 @@ class ScalingCommandConfig:
 
     sim: SimConfig = field(default_factory=SimConfig)
     """The simulated replicas and router (as many replicas as autoscale.max_replicas for the fixed fleet)."""
+    engine: EngineConfig = field(default_factory=sim_engine)
+    """The simulated replicas' engine: block size and scheduler budgets."""
+    router: RouterConfig = field(default_factory=RouterConfig)
+    """The router: its predictions and session pins."""
     autoscale: AutoscaleConfig = field(default_factory=_scaling_autoscale)
     """The autoscaler, as ``kvmesh serve`` runs it."""
     scaling: ScalingOptions = field(default_factory=ScalingOptions)
     """The trace and the replicas' startup."""
 
+    def __post_init__(self) -> None:  # the simulated cluster holds the engine and router sections whole
+        object.__setattr__(self, "sim", replace(self.sim, engine=self.engine, router=self.router,
+                                                num_replicas=self.autoscale.max_replicas))
 
-SCALING_SCHEMA = Schema(ScalingCommandConfig, hidden={
+
+SCALING_SCHEMA = Schema(ScalingCommandConfig, hidden=_unread_sections() | {
     "sim.num_replicas": "autoscale.max_replicas (the fixed fleet)",
     "sim.cost": "the default cost model",
     "autoscale.scale_with_load": "always on here",

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
+from kvmesh.router.routing.receipts import RouteReceipt
 
 
 @dataclass(slots=True, eq=False)
@@ -42,11 +43,12 @@ class SimRequest:
     num_computed_tokens: int = 0
     cache_salt: str | None = None
     lora_name: str | None = None
+    skip_reading_prefix_cache: bool = False
     session_id: str | None = None
     """The conversation this request belongs to (generated multi-turn workloads), if any."""
     # -- measured --
     router_index: int = 0  # which of the simulated routers routed it
-    receipt: object = None  # its RouteReceipt (router/routing/receipts.py)
+    receipt: RouteReceipt | None = None  # router/routing/receipts.py
     replica_id: int = -1
     predicted_hit_tokens: int = 0  # the router's match for the chosen replica, in tokens
     num_cached_tokens: int = 0  # prefix hit found in the replica's pool on admission
@@ -134,7 +136,7 @@ class SimReplica:
         self.num_blocks = num_blocks
         self.pending_events: list = []
         # +1: block 0 is the null block, so `num_blocks` stay usable.
-        self.kv = KVCacheManager(num_blocks + 1, config.block_size, hash_seed,
+        self.kv = KVCacheManager(num_blocks + 1, config.engine.block_size, hash_seed,
                                  event_sink=self.pending_events.append)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -159,12 +161,12 @@ class SimReplica:
                 "num_waiting_prefill_tokens": sum(r.remaining_prefill for r in reqs)}
 
     def blocks_needed(self, req: SimRequest) -> int:
-        return math.ceil((req.num_prompt_tokens + req.max_output_tokens) / self.config.block_size)
+        return math.ceil((req.num_prompt_tokens + req.max_output_tokens) / self.config.engine.block_size)
 
     def add(self, req: SimRequest) -> None:
         if self.blocks_needed(req) > self.num_blocks:
             raise ValueError(f"{req.request_id} needs {self.blocks_needed(req)} blocks of "
-                             f"{self.config.block_size} tokens; a replica holds {self.num_blocks}: "
+                             f"{self.config.engine.block_size} tokens; a replica holds {self.num_blocks}: "
                              "raise --blocks-per-replica or --capacity-fraction")
         self.waiting.append(req)
         self.num_requests += 1
@@ -182,7 +184,7 @@ class SimReplica:
     def schedule(self, now: float) -> Step | None:
         """Plan the next step at ``now``; None when there is nothing to run."""
         cfg = self.config
-        budget = cfg.max_num_batched_tokens
+        budget = cfg.engine.max_num_batched_tokens
         decodes = [r for r in self.running if r.prefill_done]
         budget -= len(decodes)
         chunks: list[tuple[SimRequest, int]] = []
@@ -191,7 +193,7 @@ class SimReplica:
                 n = min(r.remaining_prefill, budget)
                 chunks.append((r, n))
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < cfg.engine.max_num_seqs:
             req = self.waiting[0]
             if not self._admit(req):
                 break

@@ -13,12 +13,14 @@ session pins, and sees only the requests spread to it (and the polled reports).
 
 from __future__ import annotations
 
-import inspect
 import random
 import time
+from dataclasses import replace
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
+from kvmesh.router.routing.load import LoadTracker
+from kvmesh.router.routing.policies import Policy
 
 
 def available_policies() -> list[str]:
@@ -27,20 +29,12 @@ def available_policies() -> list[str]:
     return list(POLICIES)
 
 
-def build_policy(name: str, kwargs: dict, block_size: int, seed: int):
-    """``get_policy(name, block_size=..., seed=..., **kwargs)``, dropping the keyword arguments
-    the policy does not take (so one ``--policy-kwargs`` can tune one policy of several)."""
-    from kvmesh.router.routing.policies import POLICIES, get_policy
+def build_policy(name: str, config: SimConfig, seed: int) -> Policy:
+    """Policy ``name`` with the knobs of ``config.policy_kwargs`` it takes and the replicas' step budget."""
+    from kvmesh.router.routing.policies import get_policy, policy_config, with_step_budget
 
-    cls = POLICIES.get(name)
-    if cls is None:
-        raise ValueError(f"unknown routing policy {name!r}; choose one of {sorted(POLICIES)}")
-    options = set()
-    for klass in cls.__mro__:
-        if "__init__" in vars(klass):
-            options |= set(inspect.signature(klass.__init__).parameters)
-    kwargs = {k: v for k, v in kwargs.items() if k in options}
-    return get_policy(name, block_size=block_size, seed=seed, **kwargs)
+    options = with_step_budget(name, config.policy_kwargs, config.engine.max_num_batched_tokens)
+    return get_policy(name, policy_config(name, options, drop_unknown=True), config.engine.block_size, seed)
 
 
 class SimRouter:
@@ -48,20 +42,15 @@ class SimRouter:
     finish load accounting and the receipts the HTTP front keeps around each of them."""
 
     def __init__(self, policy: str, config: SimConfig, replicas: list[SimReplica]) -> None:
-        from kvmesh.router.routing.kv_router import KVRouter
+        from kvmesh.router.config import build_router
+        from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED
         from kvmesh.router.routing.receipts import Receipts
-        from kvmesh.router.routing.session import SessionConfig
 
-        self.block_size = config.block_size
+        self.block_size = config.engine.block_size
         self.config = config
-        # cache_aware counts running requests per engine step: tell it the replicas' step budget
-        policy_kwargs = {"decode_step_tokens": config.max_num_batched_tokens, **config.policy_kwargs}
-        self.routers = [
-            KVRouter(block_size=config.block_size,
-                     policy=build_policy(policy, policy_kwargs, config.block_size, config.seed + k),
-                     predict_ttl_s=config.predict_ttl_s, sessions=SessionConfig(ttl_s=config.session_ttl_s))
-            for k in range(config.num_routers)
-        ]
+        section = replace(config.router, policy=policy, policy_kwargs={})
+        self.routers = [build_router(section, DEFAULT_ROUTER_SEED, build_policy(policy, config, config.seed + k))
+                        for k in range(config.num_routers)]
         for router in self.routers:
             for rep in replicas:
                 router.add_replica(rep.replica_id)
@@ -104,7 +93,7 @@ class SimRouter:
                     other.index.predict(rid, decision.keys, now=req.arrival_s)
         return rid
 
-    def _trackers(self, k: int) -> list:
+    def _trackers(self, k: int) -> list[LoadTracker]:
         """The load trackers that count router ``k``'s requests: its own, or all with ``share_loads``."""
         return [r.loads for r in self.routers] if self.config.share_loads else [self.routers[k].loads]
 

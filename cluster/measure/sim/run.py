@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.loop import SimRun, run_policy
@@ -42,14 +42,14 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
     """
     from tqdm import tqdm
 
-    tokens = BlockTokenCache(config.block_size, config.vocab_size, config.seed)
+    tokens = BlockTokenCache(config.engine.block_size, config.vocab_size, config.seed)
     per_replica = blocks_per_replica(config, records)
     total_blocks = per_replica * config.num_replicas
 
     def fresh():
-        return requests_from_mooncake(records, config.time_scale, config.block_size)
+        return requests_from_mooncake(records, config.time_scale, config.engine.block_size)
 
-    largest = max(math.ceil((r.num_prompt_tokens + r.max_output_tokens) / config.block_size) for r in fresh())
+    largest = max(math.ceil((r.num_prompt_tokens + r.max_output_tokens) / config.engine.block_size) for r in fresh())
     if largest > per_replica:
         raise ValueError(f"the largest request needs {largest} blocks but a replica holds {per_replica}: "
                          "raise --blocks-per-replica / --capacity-fraction or use fewer replicas")
@@ -66,9 +66,9 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
     if with_ceilings:
         t0 = time.perf_counter()
         reqs = fresh()
-        pool_hits = single_pool_hits(reqs, total_blocks, config.block_size, tokens)
+        pool_hits = single_pool_hits(reqs, total_blocks, config.engine.block_size, tokens)
         report["ceilings"] = {
-            "infinite_cache_hit_rate": infinite_hit_rate(reqs, config.block_size),
+            "infinite_cache_hit_rate": infinite_hit_rate(reqs, config.engine.block_size),
             "single_pool_hit_rate": sum(pool_hits) / max(1, sum(r.num_prompt_tokens for r in reqs)),
             "wall_s": time.perf_counter() - t0,
         }
@@ -87,6 +87,9 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
 
 
 def _config_dict(config: SimConfig) -> dict:
-    d = asdict(config)
-    d["cost"] = asdict(config.cost)
-    return d
+    """The run's settings as the report names them: the engine and router fields the simulation reads, flat."""
+    d = {f.name: getattr(config, f.name) for f in fields(config) if f.name not in ("engine", "router", "cost")}
+    e, r = config.engine, config.router
+    return d | {"block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens,
+                "max_num_seqs": e.max_num_seqs, "predict_ttl_s": r.predict_ttl_s, "session_ttl_s": r.session_ttl_s,
+                "cost": asdict(config.cost)}

@@ -169,12 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TraceError) as e:
         print(f"kvmesh sim scaling: {e}", file=sys.stderr)
         return 2
-    config = replace(command.sim, num_replicas=autoscale.max_replicas)
+    config = command.sim
     per_replica = blocks_per_replica(config, records)
-    tokens = BlockTokenCache(config.block_size, config.vocab_size, config.seed)
+    tokens = BlockTokenCache(config.engine.block_size, config.vocab_size, config.seed)
 
     def requests_of() -> list[SimRequest]:
-        return vary_rate(requests_from_mooncake(records, config.time_scale, config.block_size), s.period,
+        return vary_rate(requests_from_mooncake(records, config.time_scale, config.engine.block_size), s.period,
                          s.slow_factor)
 
     report = {"args": to_dict(command) | {"out": args.out}, "blocks_per_replica": per_replica,

@@ -9,48 +9,74 @@
 - ``num_prompt_tokens``: the prompt length; defaults to ``len(request_keys) * block_size``.
 
 ``keeps_session(pinned, chosen, ...)`` decides whether a session's pin overrides the choice.
+
+A policy's tuning knobs are one frozen dataclass, its ``config_type`` (``CacheAwareConfig``, as
+sgl-router's), checked when it is built; ``policies.policy_config`` builds it from the options a user
+wrote (``router.policy_kwargs``) with an error that names a bad knob.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kvmesh.router.routing.load import ReplicaLoad
+
+ReplicaId = Hashable
+"""How the router names a replica (its spec's id over HTTP, an int in the simulator)."""
+Matches = Mapping[ReplicaId, int]
+"""Replica id -> leading blocks of the prompt it holds."""
+Loads = Mapping[ReplicaId, ReplicaLoad]
+"""The candidate replicas and what the router knows of their load."""
+PolicyOptions = dict[str, int | float | str | bool]
+"""A policy's knobs as a user writes them (``router.policy_kwargs``, ``--policy-kwargs K=V``), before
+``policies.policy_config`` checks and converts them to its ``PolicyConfig``."""
 
 
 class NoReplicaError(RuntimeError):
     """No candidate replica was given to a policy (every replica is unhealthy or none exists)."""
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """The tuning knobs of a policy; the baselines without knobs take this empty one."""
+
+
 class Policy:
-    """Base class: holds the options every policy accepts."""
+    """Base class: holds the block size, the random source and the policy's config section."""
 
-    name = "base"
+    name: ClassVar[str] = "base"
+    """The policy's registry name (router.policy)."""
+    config_type: ClassVar[type[PolicyConfig]] = PolicyConfig
+    """The dataclass of its knobs."""
 
-    def __init__(self, block_size: int = 16, seed: int | None = None) -> None:
+    def __init__(self, config: PolicyConfig | None = None, block_size: int = 16, seed: int | None = None) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if config is None:
+            config = self.config_type()
+        elif not isinstance(config, self.config_type):
+            raise TypeError(f"policy {self.name!r} takes a {self.config_type.__name__}, got {type(config).__name__}")
+        self.config = config
+        """The policy's knobs."""
         self.block_size = block_size
         """Tokens per block (to turn matched blocks into tokens)."""
         self.rng = random.Random(seed)
         """Random source of sampling policies; seeded for reproducible simulations."""
 
-    def choose(
-        self,
-        request_keys: Sequence[int],
-        matches: Mapping[Hashable, int],
-        loads: Mapping[Hashable, object],
-        num_prompt_tokens: int | None = None,
-    ) -> Hashable:
+    def choose(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
+               num_prompt_tokens: int | None = None) -> ReplicaId:
         raise NotImplementedError
 
-    def keeps_session(self, pinned: Hashable, chosen: Hashable, request_keys: Sequence[int],
-                      matches: Mapping[Hashable, int], loads: Mapping[Hashable, object],
-                      num_prompt_tokens: int | None = None) -> bool:
+    def keeps_session(self, pinned: ReplicaId, chosen: ReplicaId, request_keys: Sequence[int],
+                      matches: Matches, loads: Loads, num_prompt_tokens: int | None = None) -> bool:
         """Whether a request of a session pinned to ``pinned`` stays there although ``choose``
         picked ``chosen`` (router/routing/session.py). Baselines know no cost: the pin always holds."""
         return True
 
     @staticmethod
-    def _check(loads: Mapping) -> None:
+    def _check(loads: Loads) -> None:
         if not loads:
             raise NoReplicaError("no healthy replica to route to; start or register a replica")

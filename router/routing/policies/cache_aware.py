@@ -33,69 +33,82 @@ replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from operator import attrgetter
 
-from kvmesh.router.routing.policies.base import Policy
+from kvmesh.router.routing.policies.base import Loads, Matches, Policy, PolicyConfig, PolicyOptions, ReplicaId
 
 _RECENT_PREFILL = attrgetter("recent_prefill")
+DEFAULT_DECODE_STEP_TOKENS = 8192.0
+"""vLLM's ``max_num_batched_tokens`` for online serving on 80 GB GPUs: a step budget when the replicas' is unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAwareConfig(PolicyConfig):
+    """The knobs of ``cache_aware`` (in prefill-token units)."""
+
+    decode_weight: float = 8.0
+    """Prefill tokens one running request on a replica is worth."""
+    backlog_weight: float = 0.15
+    """Weight of the prompt tokens queued on a replica against the ones a cache hit saves."""
+    temperature: float = 0.0
+    """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
+    session_slack_tokens: float = 0.0
+    """How much more (in cost units, prefill tokens) a session's replica may cost than the cheapest one before the
+    session is released to the cheapest. 0: the pin holds while its replica is among the cheapest; the index already
+    keeps a conversation where its history is cached, and in the simulator every slack above 0 cost hit rate and
+    balance (it overrides the load and turnover terms: BENCHMARKS.md §1.8)."""
+    churn_weight: float = 1.0
+    """Eviction awareness: uncached tokens placed on a replica whose cache turns over faster than the mean
+    (``recent_prefill``) evict younger, likelier-reused blocks; they cost ``1 + churn_weight * (churn / mean churn
+    - 1)`` each instead of 1."""
+    churn_clamp: float = 2.0
+    """Bound of the churn ratio (a replica idle so far must not look free: ratio >= 1/clamp)."""
+    backlog_release_tokens: float = math.inf
+    """Queued prefill tokens beyond which the backlog counts in full (weight 1, not ``backlog_weight``): past this
+    release point a hot replica sheds requests as a plain least-loaded router would, so its prefixes get replicated
+    elsewhere. inf = never."""
+    decode_step_tokens: float = DEFAULT_DECODE_STEP_TOKENS
+    """Prefill tokens one engine step computes (the replicas' ``max_num_batched_tokens``: ``with_step_budget``).
+    A running request slows every step, so it costs ``decode_weight`` per step until the new request's prefill is
+    done: (queued + uncached prompt tokens) / this, at least 1. inf: always one step (the cost before it)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decode_step_tokens", float(self.decode_step_tokens))
+        for name in ("decode_weight", "backlog_weight", "temperature", "session_slack_tokens", "churn_weight",
+                     "backlog_release_tokens"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.decode_step_tokens > 0:
+            raise ValueError(f"decode_step_tokens must be > 0, got {self.decode_step_tokens}")
+        if not self.churn_clamp >= 1:
+            raise ValueError(f"churn_clamp must be >= 1, got {self.churn_clamp}")
+
+
+def with_step_budget(policy: str, options: PolicyOptions, max_num_batched_tokens: int) -> PolicyOptions:
+    """``cache_aware`` weighs running requests per engine step of the replicas: give it their step budget
+    (``max_num_batched_tokens``) as ``decode_step_tokens`` unless the options set one (``kvmesh serve``, the sim)."""
+    if policy != CacheAwarePolicy.name or "decode_step_tokens" in options:
+        return options
+    return {**options, "decode_step_tokens": max_num_batched_tokens}
 
 
 class CacheAwarePolicy(Policy):
     name = "cache_aware"
+    config_type = CacheAwareConfig
+    config: CacheAwareConfig
 
-    def __init__(self, decode_weight: float = 8.0, backlog_weight: float = 0.15, temperature: float = 0.0,
-                 session_slack_tokens: float = 0.0, churn_weight: float = 1.0, churn_clamp: float = 2.0,
-                 backlog_release_tokens: float = math.inf, decode_step_tokens: float = 8192,
-                 **kwargs) -> None:
-        super().__init__(**kwargs)
-        if decode_weight < 0 or backlog_weight < 0:
-            raise ValueError(f"decode_weight and backlog_weight must be >= 0, got {decode_weight}, {backlog_weight}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = always the cheapest), got {temperature}")
-        self.decode_weight = decode_weight
-        """Prefill tokens one running request on a replica is worth."""
-        self.backlog_weight = backlog_weight
-        """Weight of the prompt tokens queued on a replica against the ones a cache hit saves."""
-        if not backlog_release_tokens >= 0:
-            raise ValueError(f"backlog_release_tokens must be >= 0, got {backlog_release_tokens}")
-        self.backlog_release_tokens = backlog_release_tokens
-        """Queued prefill tokens beyond which the backlog counts in full (weight 1, not
-        ``backlog_weight``): past this release point a hot replica sheds requests as a plain
-        least-loaded router would, so its prefixes get replicated elsewhere. inf = never."""
-        decode_step_tokens = float(decode_step_tokens)
-        if not decode_step_tokens > 0:
-            raise ValueError(f"decode_step_tokens must be > 0, got {decode_step_tokens}")
-        self.decode_step_tokens = decode_step_tokens
-        """Prefill tokens one engine step computes (the replicas' ``max_num_batched_tokens``; 8192 is
-        vLLM's default for online serving on 80 GB GPUs). A running request slows every step, so it
-        costs ``decode_weight`` per step until the new request's prefill is done: (queued +
-        uncached prompt tokens) / this, at least 1. inf: always one step (the cost before it)."""
-        self.temperature = temperature
-        """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
-        if session_slack_tokens < 0:
-            raise ValueError(f"session_slack_tokens must be >= 0, got {session_slack_tokens}")
-        if churn_weight < 0:
-            raise ValueError(f"churn_weight must be >= 0, got {churn_weight}")
-        self.churn_weight = churn_weight
-        """Eviction awareness: uncached tokens placed on a replica whose cache turns over faster than
-        the mean (``recent_prefill``) evict younger, likelier-reused blocks; they cost
-        ``1 + churn_weight * (churn / mean churn - 1)`` each instead of 1."""
-        if churn_clamp < 1:
-            raise ValueError(f"churn_clamp must be >= 1, got {churn_clamp}")
-        self.churn_clamp = churn_clamp
-        """Bound of the churn ratio (a replica idle so far must not look free: ratio >= 1/clamp)."""
-        self.session_slack_tokens = session_slack_tokens
-        """How much more (in cost units, prefill tokens) a session's replica may cost than the
-        cheapest one before the session is released to the cheapest. 0 (default): the pin holds
-        while its replica is among the cheapest; the index already keeps a conversation where its
-        history is cached, and in the simulator every slack above 0 cost hit rate and balance
-        (it overrides the load and turnover terms: BENCHMARKS.md §1.8)."""
+    def __init__(self, config: CacheAwareConfig | None = None, block_size: int = 16,
+                 seed: int | None = None) -> None:
+        super().__init__(config, block_size, seed)
         self._tie = 0
 
-    def costs(self, request_keys, matches, loads, num_prompt_tokens=None) -> dict:
+    def costs(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
+              num_prompt_tokens: int | None = None) -> dict[ReplicaId, float]:
         """Cost of every candidate replica (for metrics and tests)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        bs, w, get = self.block_size, self.decode_weight, matches.get
+        bs, w, get = self.block_size, self.config.decode_weight, matches.get
         churn = self._churn_factor(loads)
         out = {}
         for rid, load in loads.items():
@@ -110,43 +123,46 @@ class CacheAwarePolicy(Policy):
 
     def _steps(self, prefill_tokens: float) -> float:
         """Engine steps until ``prefill_tokens`` (queued + this request's uncached) are computed, >= 1."""
-        steps = prefill_tokens / self.decode_step_tokens
+        steps = prefill_tokens / self.config.decode_step_tokens
         return steps if steps > 1 else 1.0
 
     def _backlog_cost(self, backlog: float) -> float:
-        wb, release = self.backlog_weight, self.backlog_release_tokens
+        wb, release = self.config.backlog_weight, self.config.backlog_release_tokens
         return wb * backlog + ((1 - wb) * (backlog - release) if backlog > release else 0.0)
 
-    def _churn_factor(self, loads) -> float:
+    def _churn_factor(self, loads: Loads) -> float:
         """``1 / mean recent_prefill`` over the candidates (0: no churn term)."""
-        if not self.churn_weight:
+        if not self.config.churn_weight:
             return 0.0
         total = sum(map(_RECENT_PREFILL, loads.values()))
         return len(loads) / total if total > 0 else 0.0
 
     def _turnover(self, ratio: float) -> float:
-        clamp = self.churn_clamp
+        clamp = self.config.churn_clamp
         ratio = clamp if ratio > clamp else 1 / clamp if ratio * clamp < 1 else ratio
-        return 1 + self.churn_weight * (ratio - 1)
+        return 1 + self.config.churn_weight * (ratio - 1)
 
-    def keeps_session(self, pinned, chosen, request_keys, matches, loads, num_prompt_tokens=None) -> bool:
+    def keeps_session(self, pinned: ReplicaId, chosen: ReplicaId, request_keys: Sequence[int], matches: Matches,
+                      loads: Loads, num_prompt_tokens: int | None = None) -> bool:
         costs = self.costs(request_keys, matches, {pinned: loads[pinned], chosen: loads[chosen]},
                            num_prompt_tokens)
-        return costs[pinned] <= costs[chosen] + self.session_slack_tokens
+        return costs[pinned] <= costs[chosen] + self.config.session_slack_tokens
 
-    def choose(self, request_keys, matches, loads, num_prompt_tokens=None):
+    def choose(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
+               num_prompt_tokens: int | None = None) -> ReplicaId:
         self._check(loads)
-        if self.temperature > 0:
+        c = self.config
+        if c.temperature > 0:
             costs = self.costs(request_keys, matches, loads, num_prompt_tokens)
-            best, t = min(costs.values()), self.temperature
-            weights = [math.exp((best - c) / t) for c in costs.values()]
+            best, t = min(costs.values()), c.temperature
+            weights = [math.exp((best - cost) / t) for cost in costs.values()]
             return self.rng.choices(list(costs), weights)[0]
         # One pass, fields read directly (this runs once per request over every candidate).
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        bs, w, wb, get = self.block_size, self.decode_weight, self.backlog_weight, matches.get
-        churn, release = self._churn_factor(loads), self.backlog_release_tokens
-        cw, hi = self.churn_weight, self.churn_clamp
-        lo, step = 1 / hi, self.decode_step_tokens
+        bs, w, wb, get = self.block_size, c.decode_weight, c.backlog_weight, matches.get
+        churn, release = self._churn_factor(loads), c.backlog_release_tokens
+        cw, hi = c.churn_weight, c.churn_clamp
+        lo, step = 1 / hi, c.decode_step_tokens
         best_cost, ties = math.inf, []
         for rid, load in loads.items():
             cached = get(rid)

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
-from kvmesh.router.routing.policies.base import Policy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvmesh.router.routing.policies.base import Loads, Matches, Policy, PolicyConfig, ReplicaId
+
+
+@dataclass(frozen=True, slots=True)
+class LeastLoadedConfig(PolicyConfig):
+    """The knob of ``least_loaded``."""
+
+    decode_weight: float = 8.0
+    """Prefill tokens one running request is worth."""
+
+    def __post_init__(self) -> None:
+        if not self.decode_weight >= 0:
+            raise ValueError(f"decode_weight must be >= 0, got {self.decode_weight}")
 
 
 class LeastLoadedPolicy(Policy):
     name = "least_loaded"
+    config_type = LeastLoadedConfig
+    config: LeastLoadedConfig
 
-    def __init__(self, decode_weight: float = 8.0, **kwargs) -> None:
-        super().__init__(**kwargs)
-        if decode_weight < 0:
-            raise ValueError(f"decode_weight must be >= 0, got {decode_weight}")
-        self.decode_weight = decode_weight
-        """Prefill tokens one running request is worth."""
-
-    def choose(self, request_keys, matches, loads, num_prompt_tokens=None):
+    def choose(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
+               num_prompt_tokens: int | None = None) -> ReplicaId:
         self._check(loads)
-        w = self.decode_weight
+        w = self.config.decode_weight
         return min(loads, key=lambda r: loads[r].prefill_backlog + w * loads[r].decode_load)

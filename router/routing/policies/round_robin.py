@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from kvmesh.router.routing.policies.base import Policy
+from collections.abc import Sequence
+
+from kvmesh.router.routing.policies.base import Loads, Matches, Policy, PolicyConfig, ReplicaId
 
 
 class RoundRobinPolicy(Policy):
     name = "round_robin"
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, config: PolicyConfig | None = None, block_size: int = 16, seed: int | None = None) -> None:
+        super().__init__(config, block_size, seed)
         self._next = 0
 
-    def choose(self, request_keys, matches, loads, num_prompt_tokens=None):
+    def choose(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
+               num_prompt_tokens: int | None = None) -> ReplicaId:
         self._check(loads)
         ids = list(loads)
         replica_id = ids[self._next % len(ids)]

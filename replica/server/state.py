@@ -1,0 +1,60 @@
+"""What every handler of a replica's HTTP server needs: the engine client, the prompt renderer, names, metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from kvmesh.replica.openai.config import FrontendConfig
+from kvmesh.replica.openai.protocol import check_model
+from kvmesh.replica.openai.renderer import PromptRenderer
+from kvmesh.replica.server.config import ReplicaServerConfig
+from kvmesh.replica.server.metrics import ReplicaMetrics
+from kvmesh.replica.serving.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from kvmesh.replica.engine.async_llm import AsyncLLM
+
+Info = dict[str, str | int | bool | None]
+"""A JSON object of scalars (``/server_info``, ``/model_info``, metric labels)."""
+
+
+class ServerState:
+    """What every handler needs: the engine client, the prompt renderer, names and metrics."""
+
+    def __init__(self, engine_client: AsyncLLM, tokenizer: Tokenizer | None, server: ReplicaServerConfig,
+                 frontend: FrontendConfig, model_path: str, extra_info: Mapping[str, str | int | None] | None = None):
+        self.engine_client = engine_client
+        self.tokenizer = tokenizer
+        self.renderer = PromptRenderer(tokenizer, frontend)
+        self.server = server
+        self.frontend = frontend
+        self.model_path = model_path
+        self.model_name = server.served_model_name or model_path
+        self.default_max_tokens = server.default_max_tokens
+        self.extra_info = dict(extra_info or {})
+        self.metrics = ReplicaMetrics(engine_client.get_stats, self.model_name,
+                                      cache_info=_cache_config_info(engine_client))
+
+    def check_model(self, model: str | None) -> None:
+        check_model(model, self.model_name, aliases=(self.model_path,))
+
+    def server_info(self) -> Info:
+        e = self.engine_client
+        return {"model": self.model_name, "model_path": self.model_path, "max_model_len": e.max_model_len,
+                "block_size": e.block_size, "num_kv_blocks": e.num_kv_blocks,
+                "tensor_parallel_size": e.tensor_parallel_size, "version": "kvmesh",
+                "tokenizer_fingerprint": self.tokenizer.fingerprint if self.tokenizer is not None else None,
+                **self.extra_info}
+
+    def model_info(self) -> Info:
+        return {"model_path": self.model_path, "tokenizer_path": getattr(self.tokenizer, "name", self.model_path),
+                "served_model_name": self.model_name, "is_generation": True}
+
+
+def _cache_config_info(engine: AsyncLLM) -> Info:
+    """The labels of ``vllm:cache_config_info`` (vLLM's CacheConfig names; "gpu" blocks = KV blocks on any device)."""
+    config = engine.config
+    return {"block_size": engine.block_size, "num_gpu_blocks": engine.num_kv_blocks,
+            "enable_prefix_caching": config.enable_prefix_caching, "gpu_memory_utilization": config.gpu_memory_utilization,
+            "eviction_policy": config.eviction_policy}
