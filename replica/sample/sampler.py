@@ -42,8 +42,8 @@ class SamplingMetadata:
     """[N] int64, vocab_size where disabled; None when no row uses top-k."""
     top_p: torch.Tensor | None
     """[N] float32, 1.0 where disabled; None when no row uses top-p."""
-    generators: dict[int, torch.Generator]
-    """Seeded rows -> their generator for this step."""
+    seeded: torch.Tensor | None
+    """[2, S] int64: seeded random rows and their draw keys (``seed_key``) this step; None when none."""
     banned: tuple[torch.Tensor, torch.Tensor] | None = None
     """(rows [B], token ids [B]) int64 that must not be sampled yet (stop/EOS tokens before min_tokens)."""
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -66,9 +66,34 @@ class SamplingMetadata:
         return self.temperature is None
 
 
-def seeded_generator(seed: int, num_generated: int, device: torch.device) -> torch.Generator:
-    """The generator of a seeded request's next token (depends only on seed and position)."""
-    return torch.Generator(device=device).manual_seed((seed * _MIX_A + num_generated * _MIX_B + 1) & _MASK)
+def seed_key(seed: int, num_generated: int) -> int:
+    """The key a seeded request's next token is drawn with: ``(seed*A + n*B + 1) & MASK`` (SEED_MIX), so its
+    tokens depend only on the seed and their position (and a continuation's moved seed gives the same key)."""
+    return (seed * _MIX_A + num_generated * _MIX_B + 1) & _MASK
+
+
+_SPLITMIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's >> is arithmetic)."""
+    return (x >> n) & ((1 << (64 - n)) - 1)
+
+
+def seeded_uniforms(keys: torch.Tensor) -> torch.Tensor:
+    """keys [S] int64 -> [S] float32 uniforms in [0, 1), on the keys' device: splitmix64 of each key (int64
+    arithmetic wraps modulo 2^64 like uint64), its top 24 bits. A counter-based draw: no generator per row,
+    nothing read back, the same numbers on every device."""
+    golden, mul1, mul2 = (_signed(c) for c in _SPLITMIX)
+    z = keys + golden
+    z = (z ^ _shr(z, 30)) * mul1
+    z = (z ^ _shr(z, 27)) * mul2
+    z = z ^ _shr(z, 31)
+    return _shr(z, 40).to(torch.float32) * (1.0 / (1 << 24))
 
 
 def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,
@@ -95,7 +120,7 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
     max_num_logprobs = max(params[row].logprobs for row in asked) if asked else None
     logprobs_rows = asked if 0 < len(asked) < len(params) else None
     if all(sp.greedy for sp in params):
-        return SamplingMetadata(None, None, None, None, {}, banned, bias, max_num_logprobs, logprobs_rows)
+        return SamplingMetadata(None, None, None, None, None, banned, bias, max_num_logprobs, logprobs_rows)
     top_ks = [sp.top_k if 0 < sp.top_k < vocab_size else vocab_size for sp in params]
     truncated = [not sp.greedy and (k < vocab_size or sp.top_p < 1.0) for k, sp in zip(top_ks, params, strict=True)]
     plain = [row for row, sp in enumerate(params) if not sp.greedy and not truncated[row]]
@@ -103,14 +128,13 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
     top_k = to_device(top_ks, torch.int64, device) if any(k < vocab_size for k in top_ks) else None
     top_p = to_device([sp.top_p for sp in params], torch.float32, device) if any(sp.top_p < 1.0 for sp in params) \
         else None
-    generators = {
-        row: seeded_generator(sp.seed, n, device)
-        for row, (n, sp) in enumerate(zip(num_generated, params, strict=True))
-        if sp.seed is not None and not sp.greedy
-    }
+    seeded = [(row, seed_key(sp.seed, n)) for row, (n, sp) in enumerate(zip(num_generated, params, strict=True))
+              if sp.seed is not None and not sp.greedy]
     return SamplingMetadata(
         to_device([1.0 if sp.greedy else sp.temperature for sp in params], torch.float32, device),
-        to_device([sp.greedy for sp in params], torch.bool, device), top_k, top_p, generators, banned, bias,
+        to_device([sp.greedy for sp in params], torch.bool, device), top_k, top_p,
+        to_device(np.ascontiguousarray(np.array(seeded, np.int64).T), torch.int64, device) if seeded else None,
+        banned, bias,
         max_num_logprobs, logprobs_rows, any_greedy=any(sp.greedy for sp in params),
         plain_rows=to_device(plain, torch.int64, device) if plain else None,
         truncated_rows=to_device(trunc, torch.int64, device) if trunc else None,
@@ -219,8 +243,8 @@ class Sampler:
         greedy = argmax(logits) if md.any_greedy else None
         logits = logits / md.temperature.unsqueeze(1)
         u = torch.rand(logits.shape[0], generator=self.generator, device=logits.device)
-        for row, gen in md.generators.items():
-            u[row] = torch.rand(1, generator=gen, device=logits.device)[0]
+        if md.seeded is not None:  # seeded rows draw from their keys: one index_put, no per-row generator
+            u.index_put_((md.seeded[0],), seeded_uniforms(md.seeded[1]))
         # each row's draw depends on its own settings only: plain rows in vocabulary order, top-k/top-p rows
         # in descending probability (so which other rows share the batch never changes a seeded row's token)
         sampled = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)

@@ -42,7 +42,7 @@ __all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
 
 _token_ids = attrgetter("token_ids")
 _sample = attrgetter("sample")
-_ALL_GREEDY = SamplingMetadata(None, None, None, None, {})
+_ALL_GREEDY = SamplingMetadata(None, None, None, None, None)
 
 
 @dataclass(slots=True)
