@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from kvmesh.replica.sample.logprobs import LogprobsTensors, gather_logprobs
 from kvmesh.replica.serving.sampling_params import SEED_MIX, SamplingParams
-from kvmesh.replica.worker.cpu_gpu_buffer import to_device
+from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies, to_device
 
 _MIX_A, _MIX_B, _MASK = SEED_MIX
 TOP_P_CANDIDATES = (256, 4096)  # candidates per nucleus row tried in turn before a full sort
@@ -228,8 +228,9 @@ def _sample_truncated(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
 class Sampler:
     """logits [N, V] + SamplingMetadata -> token ids [N] (on the logits' device; nothing read back)."""
 
-    def __init__(self, generator: torch.Generator | None = None) -> None:
+    def __init__(self, generator: torch.Generator | None = None, logprobs_copies: HostCopies | None = None) -> None:
         self.generator = generator  # uniforms for unseeded random rows
+        self.logprobs_copies = logprobs_copies  # where packed logprobs come back without blocking (None: blocking)
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         logits = logits.to(torch.float32, copy=md.banned is not None or md.logit_bias is not None)
@@ -271,4 +272,4 @@ class Sampler:
         lse = raw.logsumexp(dim=-1, keepdim=True)  # [M, 1]; the full log_softmax is never built
         sampled = self(logits, md)  # [N]
         chosen = sampled if index is None else sampled[index]
-        return sampled, gather_logprobs(raw, md.max_num_logprobs, chosen, lse, rows)
+        return sampled, gather_logprobs(raw, md.max_num_logprobs, chosen, lse, rows, self.logprobs_copies)

@@ -72,6 +72,9 @@ def test_mixed_steps_chunked_prefills_and_prefix_hits_cost_one_transfer_per_samp
 
 def test_logprobs_add_one_transfer_per_step(runs):
     assert_disciplined(runs["logprobs"]["logs"], extra_d2h=1)
+    # both come back into the runner's host buffers (HostCopies: non-blocking), no ``.cpu()`` in the launch
+    d2h = [d for log in runs["logprobs"]["logs"] for d in log["d2h"]]
+    assert d2h and all(d.startswith("copy_ into a host tensor") for d in d2h), d2h
 
 
 def test_prompt_logprobs_add_one_transfer_per_prefill_chunk(runs):
