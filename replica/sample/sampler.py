@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from kvmesh.replica.sample.logprobs import LogprobsTensors, gather_logprobs
 from kvmesh.replica.serving.sampling_params import SEED_MIX, SamplingParams
-from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies, to_device
+from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies, PackedUpload, to_device
 
 _MIX_A, _MIX_B, _MASK = SEED_MIX
 TOP_P_CANDIDATES = (256, 4096)  # candidates per nucleus row tried in turn before a full sort
@@ -97,47 +97,62 @@ def seeded_uniforms(keys: torch.Tensor) -> torch.Tensor:
 
 
 def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,
-                            eos_token_ids: Sequence[int], device: torch.device) -> SamplingMetadata:
-    """Collect the sampling rows' parameters into tensors (one Python pass over the rows, one non-blocking
-    upload per tensor); ``num_generated[i]`` = tokens row i has generated so far (min_tokens, seeded rows)."""
+                            eos_token_ids: Sequence[int], device: torch.device,
+                            packer: PackedUpload | None = None) -> SamplingMetadata:
+    """Collect the sampling rows' parameters into tensors: one Python pass over the rows, then one
+    non-blocking upload of them all (through ``packer``, the runner's staging buffer; a fresh one
+    without); ``num_generated[i]`` = tokens row i has generated so far (min_tokens, seeded rows)."""
+    i64, f32 = np.int64, np.float32
+    arrays: dict[str, tuple] = {}  # name -> (host array, dtype), uploaded together
     banned_rows, banned_ids = [], []
     for row, (n, sp) in enumerate(zip(num_generated, params, strict=True)):
         if sp.min_tokens and n < sp.min_tokens:
             ids = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))
             banned_rows += [row] * len(ids)
             banned_ids += ids
-    banned = (to_device(banned_rows, torch.int64, device), to_device(banned_ids, torch.int64, device)) \
-        if banned_ids else None
+    if banned_ids:
+        arrays["banned"] = (np.array([banned_rows, banned_ids]), i64)  # [2, B]
     bias_rows, bias_ids, bias_values = [], [], []
     for row, sp in enumerate(params):
         if sp.logit_bias:
             bias_rows += [row] * len(sp.logit_bias)
             bias_ids += list(sp.logit_bias)
             bias_values += [float(v) for v in sp.logit_bias.values()]
-    bias = (to_device(bias_rows, torch.int64, device), to_device(bias_ids, torch.int64, device),
-            to_device(bias_values, torch.float32, device)) if bias_ids else None
+    if bias_ids:
+        arrays["bias_at"], arrays["bias"] = (np.array([bias_rows, bias_ids]), i64), (np.array(bias_values), f32)
     asked = [row for row, sp in enumerate(params) if sp.logprobs is not None]
     max_num_logprobs = max(params[row].logprobs for row in asked) if asked else None
     logprobs_rows = asked if 0 < len(asked) < len(params) else None
-    if all(sp.greedy for sp in params):
-        return SamplingMetadata(None, None, None, None, None, banned, bias, max_num_logprobs, logprobs_rows)
+    greedy = all(sp.greedy for sp in params)
     top_ks = [sp.top_k if 0 < sp.top_k < vocab_size else vocab_size for sp in params]
     truncated = [not sp.greedy and (k < vocab_size or sp.top_p < 1.0) for k, sp in zip(top_ks, params, strict=True)]
-    plain = [row for row, sp in enumerate(params) if not sp.greedy and not truncated[row]]
     trunc = [row for row, t in enumerate(truncated) if t]
-    top_k = to_device(top_ks, torch.int64, device) if any(k < vocab_size for k in top_ks) else None
-    top_p = to_device([sp.top_p for sp in params], torch.float32, device) if any(sp.top_p < 1.0 for sp in params) \
-        else None
-    seeded = [(row, seed_key(sp.seed, n)) for row, (n, sp) in enumerate(zip(num_generated, params, strict=True))
-              if sp.seed is not None and not sp.greedy]
+    if not greedy:
+        arrays["temperature"] = ([1.0 if sp.greedy else sp.temperature for sp in params], f32)
+        arrays["greedy_rows"] = ([sp.greedy for sp in params], np.bool_)
+        if any(k < vocab_size for k in top_ks):
+            arrays["top_k"] = (top_ks, i64)
+        if any(sp.top_p < 1.0 for sp in params):
+            arrays["top_p"] = ([sp.top_p for sp in params], f32)
+        seeded = [(row, seed_key(sp.seed, n)) for row, (n, sp) in enumerate(zip(num_generated, params, strict=True))
+                  if sp.seed is not None and not sp.greedy]
+        if seeded:
+            arrays["seeded"] = (np.array(seeded).T, i64)  # [2, S]
+        plain = [row for row, sp in enumerate(params) if not sp.greedy and not truncated[row]]
+        if plain:
+            arrays["plain_rows"] = (plain, i64)
+        if trunc:
+            arrays["truncated_rows"] = (trunc, i64)
+    packer = packer or PackedUpload(0, device)
+    t = dict(zip(arrays, packer.upload(list(arrays.values())), strict=True)) if arrays else {}
+    banned = (t["banned"][0], t["banned"][1]) if "banned" in t else None
+    bias = (t["bias_at"][0], t["bias_at"][1], t["bias"]) if "bias" in t else None
+    if greedy:
+        return SamplingMetadata(None, None, None, None, None, banned, bias, max_num_logprobs, logprobs_rows)
     return SamplingMetadata(
-        to_device([1.0 if sp.greedy else sp.temperature for sp in params], torch.float32, device),
-        to_device([sp.greedy for sp in params], torch.bool, device), top_k, top_p,
-        to_device(np.ascontiguousarray(np.array(seeded, np.int64).T), torch.int64, device) if seeded else None,
-        banned, bias,
+        t["temperature"], t["greedy_rows"], t.get("top_k"), t.get("top_p"), t.get("seeded"), banned, bias,
         max_num_logprobs, logprobs_rows, any_greedy=any(sp.greedy for sp in params),
-        plain_rows=to_device(plain, torch.int64, device) if plain else None,
-        truncated_rows=to_device(trunc, torch.int64, device) if trunc else None,
+        plain_rows=t.get("plain_rows"), truncated_rows=t.get("truncated_rows"),
         max_top_k=max((top_ks[row] for row in trunc), default=0))
 
 

@@ -16,6 +16,7 @@ writes the next step's inputs (a step that samples waits anyway, for its sampled
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -52,6 +53,44 @@ def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         t = t.pin_memory()
     return t.to(device, non_blocking=True)
+
+
+class PackedUpload:
+    """Small host arrays packed into one staging buffer and copied to its device twin in one upload:
+
+        host bytes:  [ array 0 | array 1 | ... ]   each at an 8-byte aligned offset  --one copy-->  device bytes
+        each tensor handed out is a typed view of the device bytes, shaped like its array
+
+    Allocated once (grown, reallocated, only when a call outgrows it). A call waits until the previous
+    call's copy has read the staging buffer before writing it (``CopyFence``)."""
+
+    ALIGN = 8  # bytes: every view's offset is a multiple of its element size
+
+    def __init__(self, nbytes: int, device: torch.device) -> None:
+        self.arena = CpuGpuBuffer(nbytes + 8 * self.ALIGN, torch.uint8, device)
+        self.fence = CopyFence(device)
+
+    def upload(self, arrays: list[tuple]) -> list[torch.Tensor]:
+        """``(array, numpy dtype)`` pairs -> their device tensors, after one non-blocking copy."""
+        arrays = [np.ascontiguousarray(a, dtype) for a, dtype in arrays]
+        offsets, end = [], 0
+        for a in arrays:
+            start = -(-end // self.ALIGN) * self.ALIGN
+            offsets.append(start)
+            end = start + a.nbytes
+        self.fence.wait()
+        arena = self.arena
+        arena.fit(end)
+        for a, start in zip(arrays, offsets, strict=True):
+            arena.np[start: start + a.nbytes] = a.reshape(-1).view(np.uint8)
+        device = arena.copy_to_gpu(end)  # [end] bytes on the device
+        self.fence.record()
+        return [device[start: start + a.nbytes].view(_TORCH_DTYPES[a.dtype]).view(a.shape)
+                for a, start in zip(arrays, offsets, strict=True)]
+
+
+_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32,
+                 np.dtype(np.float32): torch.float32, np.dtype(np.bool_): torch.bool}
 
 
 class HostCopies:

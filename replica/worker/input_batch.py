@@ -20,7 +20,7 @@ Async scheduling launches a step before the host has the previous step's samples
 by the previous step takes its input id from that step's sampled tensor, on the device (``prev_sample``).
 
 The arrays are packed into one host buffer allocated once and copied to its device twin in one
-non-blocking upload per step (``StepBuffers``; cpu_gpu_buffer.py); on a CPU device the two are the
+non-blocking upload per step (``step_upload``, a ``PackedUpload`` of cpu_gpu_buffer.py); on a CPU device the two are the
 same memory.
 """
 
@@ -36,7 +36,7 @@ from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.sample.sampler import SamplingMetadata, build_sampling_metadata
 from kvmesh.replica.worker.block_table import BlockTables
-from kvmesh.replica.worker.cpu_gpu_buffer import CopyFence, CpuGpuBuffer
+from kvmesh.replica.worker.cpu_gpu_buffer import PackedUpload
 
 __all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
 
@@ -64,42 +64,14 @@ class ModelInputs:
     is the first token of row ``rows[i]``)."""
 
 
-class StepBuffers:
-    """A step's input arrays packed into one host staging buffer and copied to its device twin in one upload:
+def step_upload(max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int,
+                device: torch.device) -> PackedUpload:
+    """The one upload of a step's inputs, sized for the largest step the runner plans for:
 
-        host bytes:  [ input_ids | positions | slot_mapping | query_start_loc | seq_lens | block_tables | ... ]
-                       each array at an 8-byte aligned offset, in the order given  --one copy-->  device bytes
-        each tensor a step gets is a typed view of the device bytes (int64 ids and slots, int32 tables)
-
-    Allocated once at the largest step the runner plans for, grown (reallocated) only if a step outgrows it."""
-
-    ALIGN = 8  # bytes: every view's offset is a multiple of its element size
-
-    def __init__(self, max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int, device: torch.device) -> None:
-        # ids, positions, slots [T] and logits indices, gather indices [n] int64; qsl, seq_lens, tables int32
-        nbytes = 8 * (3 * max_num_tokens + 3 * max_num_reqs) + 4 * (max_num_reqs * (max_blocks_per_req + 2) + 1)
-        self.arena = CpuGpuBuffer(nbytes + 8 * self.ALIGN, torch.uint8, device)
-        self.fence = CopyFence(device)
-
-    def upload(self, arrays: list[tuple[np.ndarray, np.dtype]]) -> list[torch.Tensor]:
-        """Each array (cast to its dtype) written into the host buffer, all of them copied over in one
-        non-blocking copy; returns their device views, shaped like the arrays."""
-        arrays = [np.ascontiguousarray(a, dtype) for a, dtype in arrays]
-        offsets, end = [], 0
-        for a in arrays:
-            start = -(-end // self.ALIGN) * self.ALIGN
-            offsets.append(start)
-            end = start + a.nbytes
-        arena = self.arena
-        arena.fit(end)
-        for a, start in zip(arrays, offsets, strict=True):
-            arena.np[start: start + a.nbytes] = a.reshape(-1).view(np.uint8)
-        device = arena.copy_to_gpu(end)  # [end] bytes on the device
-        return [device[start: start + a.nbytes].view(_TORCH_DTYPES[a.dtype]).view(a.shape)
-                for a, start in zip(arrays, offsets, strict=True)]
-
-
-_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
+        [ input_ids | positions | slot_mapping | logits_indices | query_start_loc | seq_lens | block_tables
+          | gather indices (async scheduling) ]     int64 ids, positions, slots and indices; int32 the rest"""
+    nbytes = 8 * (3 * max_num_tokens + 3 * max_num_reqs) + 4 * (max_num_reqs * (max_blocks_per_req + 2) + 1)
+    return PackedUpload(nbytes, device)
 
 
 class InputBatch:
@@ -107,7 +79,8 @@ class InputBatch:
                  max_num_tokens: int | None = None) -> None:
         self.block_size, self.device = block_size, device
         self.block_tables = BlockTables(max_num_reqs, max_blocks_per_req)
-        self.buffers = StepBuffers(max_num_tokens or max_num_reqs, max_num_reqs, max_blocks_per_req, device)
+        self.buffers = step_upload(max_num_tokens or max_num_reqs, max_num_reqs, max_blocks_per_req, device)
+        self.sampling_upload = PackedUpload(64 * max_num_reqs, device)  # non-greedy rows' settings (grows)
         self.num_computed = np.zeros(0, np.int64)
         self.last_token = np.zeros(0, np.int64)
         self.num_output = np.zeros(0, np.int64)
@@ -222,12 +195,9 @@ class InputBatch:
             sample_rows = rows[sample_mask]
 
         gather = self._prev_sampled_gather(rows[:num_decodes])
-        buffers = self.buffers
-        buffers.fence.wait()  # the previous step's copy has read the staging buffer
         i64, i32 = np.int64, np.int32
-        staged = buffers.upload([(input_ids, i64), (positions, i64), (slot_mapping, i64), (logits_indices, i64),
-                                 (query_start_loc, i32), (seq_lens, i32), (block_tables, i32), *gather])
-        buffers.fence.record()
+        staged = self.buffers.upload([(input_ids, i64), (positions, i64), (slot_mapping, i64), (logits_indices, i64),
+                                      (query_start_loc, i32), (seq_lens, i32), (block_tables, i32), *gather])
         ids, positions_d, slots, logits_d, qsl, seq_lens_d, tables = staged[:7]
         common = CommonAttentionMetadata(
             num_reqs=n, num_decodes=num_decodes, num_actual_tokens=num_tokens,
@@ -246,7 +216,8 @@ class InputBatch:
         if self.plain_greedy[rows].all():
             return _ALL_GREEDY
         params = [self.params[r] for r in rows.tolist()]
-        return build_sampling_metadata(params, self.num_output[rows].tolist(), vocab_size, eos_token_ids, self.device)
+        return build_sampling_metadata(params, self.num_output[rows].tolist(), vocab_size, eos_token_ids, self.device,
+                                       self.sampling_upload)
 
     def first_token_index(self, inputs: ModelInputs, request_ids: list[str]) -> dict[str, int]:
         """Where each request's tokens start among the step's tokens (its first row of the hidden states)."""

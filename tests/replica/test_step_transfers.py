@@ -54,6 +54,14 @@ def test_a_greedy_step_uploads_its_inputs_in_one_copy(runs):
     assert step_copies == [1] * len(logs), [log["h2d"] for log in logs]
 
 
+def test_a_step_mixing_every_sampling_option_uploads_its_settings_in_one_more_copy(runs):
+    """Temperatures, greedy rows, top-k, top-p, seeded keys, bans and biases of the sampling rows go up
+    together, after the step's inputs: two packed uploads a step."""
+    logs = runs["all-options"]["logs"]
+    packed = [sum("(copy_to_gpu)" in h2d for h2d in log["h2d"]) for log in logs]
+    assert packed == [2] * len(logs), [log["h2d"] for log in logs]
+
+
 def test_a_batch_mixing_every_sampling_option_costs_one_transfer_per_step(runs):
     run = runs["all-options"]
     assert_disciplined(run["logs"])
