@@ -76,6 +76,21 @@ def test_stories260k_tokens_match_the_torch_backend_through_the_interpreter(stor
         assert outs["triton"][rid] == expected, rid
 
 
+@pytest.mark.skipif(triton_problem(torch.device("cpu")) is not None,
+                    reason=f"{triton_problem(torch.device('cpu'))} (the gpu tests check the compiled kernel)")
+def test_bf16_operands_give_the_torch_backends_tokens_through_the_interpreter(stories_path):
+    """bf16 Q/K and probabilities rounded to bf16 for P @ V (fp32 sums): a story prompt, a cached prefix of
+    it and a chunked prefill, greedy, against the torch backend in bf16."""
+    story = ONCE_UPON_A_TIME + [264, 383, 270, 449, 262, 312, 289, 398, 284, 425, 264, 383]  # 17 tokens
+    prompts = {"story-first": story, "again": story + [270], "long": story * 3}  # long: chunked (budget 24)
+    kw = dict(model=str(stories_path), dtype="bfloat16", device="cpu", block_size=16, kv_cache_memory=1 << 20,
+              max_num_batched_tokens=24, hash_seed=b"s")
+    expected, _ = generate(EngineConfig(attention_backend="torch", **kw), prompts, 6)
+    got, engine = generate(EngineConfig(attention_backend="triton", **kw), prompts, 6)
+    assert engine.partial_chunks > 0 and engine.get_stats().prefix_cache_hits > 0
+    assert got == expected
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cuda_triton_backend_gives_the_torch_backends_tokens(stories_path, dtype):
