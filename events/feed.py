@@ -20,7 +20,10 @@ REATTACH_S = 0.3
 DETACH_S = (0.5, 30.0)
 """First and longest wait before a connection we cut off (``detach``) is made again; doubles per cut
 in a row, so a peer that keeps earning it is connected less and less often."""
-MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+MONITORED = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+             | HANDSHAKE_FAILED)
 
 
 class Feed:
@@ -39,6 +42,9 @@ class Feed:
         """When the last whole message arrived (or the feed was made), for ``MemoryWatch``."""
         self.detached = False
         """We cut the connection off (``detach``) and connect again at ``reattach_at``."""
+        self.refused: str | None = None
+        """Why the publisher refused our last handshake (``refusal``); None: it did not. Its drops are no bad
+        frames and its reconnections no reconnections: nothing ever got through."""
         self._cuts = (0, 0.0)  # cuts in a row (no whole message since), time of the last one
 
     @classmethod
@@ -73,10 +79,16 @@ class Feed:
             self.monitor = None
         self.sock.close(linger=0)
 
-    def watch(self, event: int) -> bool:
+    def watch(self, event: int, value: int = 0) -> bool:
         """Note one monitor event; True when a connection that had dropped is up again."""
         if self.detached:
             return False  # our own cut: we connect again ourselves
+        if event & HANDSHAKE_FAILED:
+            self.refused = self.refusal(event, value)
+            return False
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.refused is not None:
+            self.refused = None  # the publisher admits us now (restarted without CURVE, or with our key)
+            return True
         if event == zmq.EVENT_DISCONNECTED:
             self.dropped = True
             if self.down_since is None:
@@ -86,10 +98,20 @@ class Feed:
             self.reattach_at = None  # ZeroMQ is on it
         elif event == zmq.EVENT_CONNECTED:
             self.down_since = self.reattach_at = None
-            if self.dropped:
+            if self.dropped and self.refused is None:
                 self.dropped = False
                 return True
         return False
+
+    def refusal(self, event: int, value: int) -> str:
+        """What a failed handshake means, for people."""
+        if self.server_key is None and (event != zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                        or value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
+            return (f"{self.address} refused our handshake: its stream is private (CURVE) and we hold no key "
+                    "for it")
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH or value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            return f"{self.address} refused our CURVE handshake: it does not admit our key (or is not private)"
+        return f"{self.address} failed the ZeroMQ handshake (protocol error {value:#x}): is it a ZeroMQ publisher?"
 
     def reattach(self) -> None:
         """Connect again (ZeroMQ gave the connection up after a protocol error, or we cut it off)."""

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import zmq
 from kvmesh.events import curve
@@ -19,14 +19,12 @@ from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.endpoints import parse_sub_endpoint
 from kvmesh.events.feed import Feed
 from kvmesh.events.frame_guard import FrameGuard
+from kvmesh.events.health import REFUSED
 from kvmesh.events.memory_watch import MemoryWatch
 from kvmesh.events.replay_requests import MESSAGES_PER_TURN, ReplayRequests
-from kvmesh.events.tracker import SourceTracker
+from kvmesh.events.tracker import BatchCallback, SourceTracker, StatusCallback
 from kvmesh.events.wire import unpack_seq
 from zmq.utils.monitor import recv_monitor_message
-
-if TYPE_CHECKING:
-    from kvmesh.events.subscriber import BatchCallback, StatusCallback
 
 logger = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path
@@ -217,10 +215,16 @@ class FeedLoop:
 
     def _on_monitor(self, feed: Feed) -> None:
         while feed.monitor is not None and feed.monitor.poll(0):
-            if feed.watch(recv_monitor_message(feed.monitor)["event"]):
+            message = recv_monitor_message(feed.monitor)
+            refused = feed.refused
+            if feed.watch(message["event"], message["value"]):
                 for name in list(feed.topics):
                     logger.info("KV events from %s: reconnected to %s", name, feed.address)
                     self.trackers[name].on_reconnect()
+            if feed.refused is not None and refused is None:  # said once per refusal, not per attempt
+                for name in list(feed.topics):
+                    logger.warning("KV events from %s: %s", name, feed.refused)
+                    self.guard.tracker_status(name, REFUSED, feed.refused)
 
     def _reattach_feeds(self) -> None:
         """Connect again what ZeroMQ gave up after a protocol error (a bad frame) or we cut off; cut off what
@@ -228,7 +232,7 @@ class FeedLoop:
         now, feeds, bad = time.monotonic(), list(self._feeds.values()), []
         for feed in feeds:
             if feed.reattach_at is not None and now >= feed.reattach_at:
-                if not feed.detached:
+                if not feed.detached and feed.refused is None:  # a refused handshake is not the source's frame
                     bad.append((feed, "connection dropped by ZeroMQ", "a frame over max_message_bytes or bad framing"))
                 feed.reattach()
         for feed in [f for f in self._memory.suspects(feeds) if not f.topics.keys() & self.requests.inflight.keys()]:

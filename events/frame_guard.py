@@ -21,17 +21,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from kvmesh.events.codec import DecodeError, check_batch, decode_batch_counted
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.events.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, SourceHealth
 from kvmesh.events.ratelimit import TokenBucket
 from kvmesh.events.schema import KVEventBatch
-from kvmesh.events.tracker import SourceTracker
-
-if TYPE_CHECKING:
-    from kvmesh.events.subscriber import BatchCallback, StatusCallback
+from kvmesh.events.tracker import BatchCallback, SourceTracker, StatusCallback
 
 logger = logging.getLogger(__name__)
 

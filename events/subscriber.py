@@ -27,16 +27,11 @@ from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.feed_loop import FeedLoop
 from kvmesh.events.schema import KVEventBatch
 from kvmesh.events.stats import SourceStats
+from kvmesh.events.tracker import BatchCallback, StatusCallback
 
 __all__ = ["EventSubscriber", "PublisherSource", "SubscriberConfig"]
 
 logger = logging.getLogger(__name__)
-
-
-BatchCallback = Callable[[str, int, KVEventBatch], None]
-"""``on_batch(source_name, seq, batch)``."""
-StatusCallback = Callable[[str, str, str], None]
-"""``on_status(source_name, status, detail)``."""
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval_s: float = 0.005) -> bool:

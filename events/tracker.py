@@ -31,6 +31,11 @@ logger = logging.getLogger(__name__)
 
 LIVE, REPLAY, SNAPSHOT = "live", "replay", "snapshot"
 
+BatchCallback = Callable[[str, int, KVEventBatch], None]
+"""``on_batch(source_name, seq, batch)``: where batches go, in seq order (the subscriber's consumer)."""
+StatusCallback = Callable[[str, str, str], None]
+"""``on_status(source_name, status, detail)``: what a consumer hears about a source (health.py names them)."""
+
 
 class SourceTracker:
     """Orders one publisher's batches and drives gap recovery (see the module picture)."""
@@ -38,9 +43,9 @@ class SourceTracker:
     def __init__(
         self,
         name: str,
-        deliver: Callable[[str, int, KVEventBatch], None],
+        deliver: BatchCallback,
         request: Callable[[str, str, int], None],
-        notify: Callable[[str, str, str], None],
+        notify: StatusCallback,
         has_replay: bool,
         max_pending: int = 100_000,
         max_pending_bytes: int = 32 << 20,

@@ -1,9 +1,11 @@
-"""The autoscaler against a live cluster: router rows in, fleet operations out (see ``autoscaler.py``).
+"""The autoscaler against a live cluster: router rows in, decisions out to the fleet (see ``autoscaler.py``).
 
 Every ``autoscale.decision_interval_s``, while the fleet is idle: ``GET /replicas`` of serve's
 replicas -> ``Autoscaler.observe``; a scale-down re-reads the rows with their drain cost
-(``?drain_cost=true``) to pick the victim. Each decision is logged, reported, counted in
-``kvmesh_autoscaler_decisions_total{action}`` and kept for ``GET /admin/fleet`` / ``kvmesh status``.
+(``?drain_cost=true``) to pick the victim. Each decision is logged, counted in
+``kvmesh_autoscaler_decisions_total{action}`` and handed to the fleet (``Fleet.apply``,
+operations.py), which reports it, keeps it for ``GET /admin/fleet`` / ``kvmesh status`` and queues
+the operation it calls for.
 """
 
 from __future__ import annotations
@@ -11,62 +13,57 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import msgspec
-from kvmesh.cluster.fleet.autoscaler import Autoscaler, cheapest_to_lose
+from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig, Autoscaler, Decision, cheapest_to_lose
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.fleet.operations import Fleet
+    from kvmesh.cluster.router_client import RouterClient
     from prometheus_client import CollectorRegistry
 
 logger = logging.getLogger(__name__)
 
 
 class AutoscaleLoop:
-    """``run(stop)`` is the autoscaler thread of a ``Fleet``."""
+    """``run`` is the autoscaler thread of a fleet; ``client`` reads the router that owns the replica set."""
 
-    def __init__(self, fleet: Fleet, registry: CollectorRegistry) -> None:
+    def __init__(self, config: AutoscaleConfig, client: RouterClient, registry: CollectorRegistry) -> None:
         from prometheus_client import Counter
 
-        self.fleet = fleet
-        self.config = fleet.config
-        self.autoscaler = Autoscaler(self.config)
+        self.config = config
+        self.client = client
+        self.autoscaler = Autoscaler(config)
         self.counter = Counter("kvmesh_autoscaler_decisions", "Scaling decisions, by action", ["action"],
                                registry=registry)
 
-    def run(self, stop: threading.Event) -> None:
-        fleet = self.fleet
+    def run(self, stop: threading.Event, idle: Callable[[], bool], replica_ids: Callable[[], list[str]],
+            apply: Callable[[Decision, int], None]) -> None:
+        """Until ``stop``: while ``idle()``, one look at the rows of ``replica_ids()`` per interval; a
+        decision goes to ``apply(decision, replicas seen)``."""
         while not stop.wait(self.config.decision_interval_s):
-            if fleet.busy is not None or fleet.queued:
+            if not idle():
                 continue
             try:
-                self.look()
+                ids = set(replica_ids())
+                decision = self.look(ids)
+                if decision is not None:
+                    apply(decision, len(ids))
             except Exception as e:  # the router is stopping, or a hiccup: look again next interval
                 logger.warning("autoscaler: %s: %s", type(e).__name__, e)
 
-    def look(self) -> None:
-        """One observation; queues the operation a decision calls for."""
-        fleet = self.fleet
-        client = fleet.st.router_client
-        ids = set(fleet.replica_ids())
-        rows = [msgspec.to_builtins(r) for r in client.replica_rows() if r.id in ids]
+    def look(self, ids: set[str]) -> Decision | None:
+        """One observation of the replicas ``ids``: the decision it calls for (logged and counted), or None."""
+        rows = [msgspec.to_builtins(r) for r in self.client.replica_rows() if r.id in ids]
         decision = self.autoscaler.observe(time.monotonic(), rows)
         if decision is None:
-            return
+            return None
         if decision.action == "down":  # the victim by drain cost, which the router computes on request
-            costly = [msgspec.to_builtins(r) for r in client.replica_rows(drain_cost=True)
+            costly = [msgspec.to_builtins(r) for r in self.client.replica_rows(drain_cost=True)
                       if r.id in ids and not r.draining]
             decision = replace(decision, victim=cheapest_to_lose(costly))
-        fleet.decisions.append(decision)
         self.counter.labels(decision.action).inc()
-        message = (f"autoscaler: {decision.action} {decision.current} -> {decision.target} replicas "
-                   f"({decision.reason})" + (f"; draining {decision.victim}" if decision.victim else ""))
-        logger.info(message)
-        fleet.cluster.report(message)
-        fleet.target = decision.target
-        if decision.action == "up":
-            fleet.enqueue(f"scale to {decision.target}", fleet.add_replicas, decision.target - len(ids))
-        else:
-            fleet.enqueue(f"drain {decision.victim}", fleet.remove_replica, decision.victim)
+        logger.info("autoscaler: %s", decision.describe())
+        return decision

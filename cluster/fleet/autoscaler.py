@@ -83,6 +83,11 @@ class Decision:
     def as_dict(self) -> DecisionDict:
         return {name: getattr(self, name) for name in self.__slots__}
 
+    def describe(self) -> str:
+        """In words, for the log and the operator: ``down 3 -> 2 replicas (why); draining replica-1``."""
+        return (f"{self.action} {self.current} -> {self.target} replicas ({self.reason})"
+                + (f"; draining {self.victim}" if self.victim else ""))
+
 
 def desired_replicas(config: AutoscaleConfig, rows: list[dict]) -> tuple[int, str]:
     """Replicas the load wants, and why; ``rows`` are ``GET /replicas`` rows of serving replicas."""

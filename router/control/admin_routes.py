@@ -81,9 +81,13 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
 
     @app.post("/replicas/{replica_id}/drain")
     async def drain_replica(replica_id: str):
-        if not runtime.drain(replica_id):
+        if replica_id not in runtime.specs:
             raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
-        removing = runtime.fleet is not None and runtime.fleet.request_remove(replica_id)
+        try:  # the fleet may refuse (its last replica) before anything changes
+            removing = runtime.fleet is not None and runtime.fleet.request_remove(replica_id)
+        except ValueError as e:
+            raise ProtocolError(str(e), 409) from None
+        runtime.drain(replica_id)
         answer = {"id": replica_id, "draining": True, "in_flight": runtime.in_flight(replica_id),
                   "will_be_removed": bool(removing)}
         if removing:  # serve's replica count drops by one for good (until a scale or the autoscaler)

@@ -15,22 +15,35 @@ sends (issue 23); the subscriber bounds what decoding it costs (``degraded_sourc
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvmesh.events.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED
 from kvmesh.events.schema import AllBlocksCleared, BlockStored
-from kvmesh.router.routing.kv_router import BAD_FRAMES
+from kvmesh.router.routing.kv_router import BAD_FRAMES, KVRouter
 
 if TYPE_CHECKING:
-    from kvmesh.router.control.runtime import RouterRuntime
+    from kvmesh.events.config import SubscriberConfig
+    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.router.control.stream_watch import StreamWatch
+    from kvmesh.router.http.metrics import RouterMetrics
 
 logger = logging.getLogger(__name__)
+
+
+class FeedRuntime(Protocol):
+    """What the event feed reads of the running router (``RouterRuntime``, runtime.py)."""
+
+    router: KVRouter
+    metrics: RouterMetrics
+    stream_watch: StreamWatch
+    subscriber: EventSubscriber | None
+    subscriber_config: SubscriberConfig
 
 
 class EventFeed:
     """Applies one router's events (see the module doc); ``runtime`` is its ``RouterRuntime``."""
 
-    def __init__(self, runtime: RouterRuntime) -> None:
+    def __init__(self, runtime: FeedRuntime) -> None:
         self._rt = runtime
         self.quarantined: set[str] = set()
         """Replicas degraded for bad frames whose batches are dropped until one starts afresh."""

@@ -12,27 +12,44 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from kvmesh.replica.serving.load_report import LoadReport
-from kvmesh.router.config import ReplicaSpec
-from kvmesh.router.http.token_forwarding import ServerInfo, upstream_kind
+from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.http.token_forwarding import ServerInfo, UpstreamKind, upstream_kind
 from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
-from kvmesh.router.routing.kv_router import INCOMPATIBLE
+from kvmesh.router.routing.kv_router import INCOMPATIBLE, KVRouter
 from kvmesh.router.routing.load import ForeignLoad
 
 if TYPE_CHECKING:
+    from kvmesh.events.subscriber import EventSubscriber
     from kvmesh.replica.serving.tokenizer import Tokenizer
-    from kvmesh.router.control.runtime import RouterRuntime
+    from kvmesh.router.control.stream_watch import StreamWatch
 
 logger = logging.getLogger(__name__)
+
+
+class ProbedRuntime(Protocol):
+    """What the probes read of the running router (``RouterRuntime``, runtime.py)."""
+
+    config: RouterConfig
+    router: KVRouter
+    tokenizer: Tokenizer | None
+    specs: dict[str, ReplicaSpec]
+    draining: set[str]
+    upstream_kinds: dict[str, UpstreamKind]
+    stream_watch: StreamWatch
+    subscriber: EventSubscriber | None
+
+    def headers(self) -> dict[str, str]: ...
+    def mark_failed(self, replica_id: str, connect_error: bool) -> None: ...
 
 
 class ReplicaProbes:
     """The runtime's probes and the task that polls every replica each ``poll_interval_s``."""
 
-    def __init__(self, runtime: RouterRuntime) -> None:
+    def __init__(self, runtime: ProbedRuntime) -> None:
         self.runtime = runtime
         self.pool: UpstreamPool | None = None
         """The probes' own keep-alive connections (the router's one HTTP client, router/http/upstream.py)."""

@@ -21,29 +21,38 @@ import asyncio
 import collections
 import logging
 import socket
-from http import HTTPStatus
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import httptools
 import msgspec
+from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.deadline import Deadline
-from kvmesh.router.http.messages import Request, Response, error_response
-
-if TYPE_CHECKING:
-    from kvmesh.router.http.door import Door
+from kvmesh.router.http.messages import Request, Response, error_response, response_head
 
 logger = logging.getLogger(__name__)
 
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _MAX_PIPELINED = 32
 """Queued pipelined requests at which the connection stops reading until they are answered."""
+
+
+class Server(Protocol):
+    """What a connection reads of the server that accepted it (``Door``, door.py)."""
+
+    config: FrontendConfig
+    connections: set[HttpConnection]
+    draining: bool
+    extra_head: bytes
+    on_error: Callable[[ProtocolError], None] | None
+
+    async def answer(self, conn: HttpConnection, request: Request) -> bool: ...
 
 
 class HttpConnection(asyncio.Protocol):
     """One client connection (see the module doc)."""
 
-    def __init__(self, server: Door) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
         """The door that accepted the connection: its handlers, limits and draining state."""
         self.config = server.config
@@ -123,7 +132,7 @@ class HttpConnection(asyncio.Protocol):
         self._head.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self._deadline.disarm()
         request = self.reading = Request(self, self.parser.get_method(), self._url)
         request.raw_headers = self._head
         request.keep_alive = self.parser.should_keep_alive()
@@ -197,21 +206,8 @@ class HttpConnection(asyncio.Protocol):
 
     def head(self, request: Request, status: int, headers, length: int | None, keep: bool,
              chunked: bool = False) -> bytes:
-        """The status line and headers, with ``content-length: length`` unless None, or chunked encoding."""
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
-        lines += [k + b": " + v + b"\r\n" for k, v in headers]
-        if length is not None:
-            lines.append(b"content-length: %d\r\n" % length)
-        elif chunked:
-            lines.append(b"transfer-encoding: chunked\r\n")
-        if not keep:
-            lines.append(b"connection: close\r\n")
-        elif request.http_version == "1.0":
-            lines.append(b"connection: keep-alive\r\n")
-        lines.append(self.server.extra_head)
-        lines.append(b"\r\n")
-        request.started = True
-        return b"".join(lines)
+        """The status line and headers (``response_head``, messages.py), with the server's extra ones."""
+        return response_head(request, status, headers, length, keep, chunked, self.server.extra_head)
 
     async def send(self, request: Request, response: Response, close: bool = False, error: bool = False) -> bool:
         """Write ``response``; whether the connection stays open."""
@@ -257,9 +253,6 @@ class HttpConnection(asyncio.Protocol):
         self._idle = idle
         self._timeout = (seconds, why)
         self._deadline.arm(seconds)
-
-    def _disarm(self) -> None:
-        self._deadline.disarm()
 
     def _timed_out(self) -> None:
         seconds, why = self._timeout

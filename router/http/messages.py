@@ -3,20 +3,33 @@
 A ``Request`` has its head parsed; its body arrives through ``await request.body()``, which applies the
 front end's limits as it reads (413 over ``max_body_bytes``, 408 slower than ``body_timeout_s``, 499
 when the client leaves) and answers ``Expect: 100-continue`` first. A ``Response`` is a whole body or
-an async iterator of chunks (sent with chunked encoding as each arrives).
+an async iterator of chunks (sent with chunked encoding as each arrives); ``response_head`` is the
+status line and headers that go before it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from http import HTTPStatus
+from typing import Protocol
 
 import msgspec
+from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.errors import ProtocolError
 
-if TYPE_CHECKING:
-    from kvmesh.router.http.connection import HttpConnection
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+class Connection(Protocol):
+    """What a request reads of its connection (``HttpConnection``, connection.py)."""
+
+    config: FrontendConfig
+    """The front end's limits (``max_body_bytes``, ``body_timeout_s``)."""
+    lost: bool
+    """The client left."""
+
+    def write(self, data: bytes) -> None: ...
 
 
 class Request:
@@ -25,7 +38,7 @@ class Request:
     __slots__ = ("method", "target", "raw_headers", "keep_alive", "http_version", "chunks", "size",
                  "complete", "too_large", "expect_continue", "conn", "waiter", "_headers", "started", "error")
 
-    def __init__(self, conn: HttpConnection | None, method: bytes, target: bytes) -> None:
+    def __init__(self, conn: Connection | None, method: bytes, target: bytes) -> None:
         self.conn = conn
         """The connection's protocol (http/connection.py): writes, the body limits, the disconnect."""
         self.method = method
@@ -142,3 +155,23 @@ class Response:
 def error_response(e: ProtocolError) -> Response:
     """The OpenAI-shaped error answer of ``e``."""
     return Response(msgspec.json.encode(e.to_dict()), e.status_code)
+
+
+def response_head(request: Request, status: int, headers: list[tuple[bytes, bytes]], length: int | None,
+                  keep: bool, chunked: bool = False, extra_head: bytes = b"") -> bytes:
+    """The status line and headers of the answer to ``request`` (which is marked started), with
+    ``content-length: length`` unless None, or chunked encoding; ``extra_head``: more header lines."""
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
+    lines += [k + b": " + v + b"\r\n" for k, v in headers]
+    if length is not None:
+        lines.append(b"content-length: %d\r\n" % length)
+    elif chunked:
+        lines.append(b"transfer-encoding: chunked\r\n")
+    if not keep:
+        lines.append(b"connection: close\r\n")
+    elif request.http_version == "1.0":
+        lines.append(b"connection: keep-alive\r\n")
+    lines.append(extra_head)
+    lines.append(b"\r\n")
+    request.started = True
+    return b"".join(lines)

@@ -13,16 +13,16 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kvmesh.replica.serving.errors import ProtocolError, error_body
 from kvmesh.router.http.migration import DONE, MigratingStream, SseSplitter
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.upstream import UpstreamError, UpstreamResponse
-from kvmesh.router.routing.kv_router import RouteDecision
+from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
 
 if TYPE_CHECKING:
-    from kvmesh.router.http.proxy import Replicas
+    from kvmesh.router.http.metrics import RouterMetrics
 
 logger = logging.getLogger(__name__)
 UPSTREAM_ERRORS = (UpstreamError, OSError, asyncio.TimeoutError)
@@ -42,11 +42,20 @@ Dispatch = Callable[[ProxyRequest, list[str]], Awaitable[Opened]]
 """Opens a request on the best replica not tried (``Forwarder.dispatch``, router/http/proxy.py)."""
 
 
+class RelayRuntime(Protocol):
+    """What the relay reads of the running router (``RouterRuntime``; a part of proxy.py's ``Replicas``)."""
+
+    router: KVRouter
+    metrics: RouterMetrics
+
+    def mark_failed(self, replica_id: str, connect_error: bool) -> None: ...
+
+
 class StreamRelay:
     """The streaming half of the proxy (router/http/proxy.py): relays one client's SSE stream and
     continues it on another replica when its replica fails mid-way."""
 
-    def __init__(self, runtime: Replicas, dispatch: Dispatch,
+    def __init__(self, runtime: RelayRuntime, dispatch: Dispatch,
                  report_cached: Callable[[RouteDecision, bytes], None]) -> None:
         self.runtime = runtime
         self.dispatch = dispatch

@@ -132,11 +132,13 @@ class UpstreamPool:
         self.connections_made += 1
         return conn
 
-    def _put(self, conn: UpstreamConnection) -> None:
+    def put(self, conn: UpstreamConnection) -> None:
+        """Keep ``conn`` for the next request to its replica (its answer was read to the end)."""
         conn.idle_since = time.monotonic()
         self._idle.setdefault(conn.key, []).append(conn)
 
-    def _forget(self, conn: UpstreamConnection) -> None:
+    def forget(self, conn: UpstreamConnection) -> None:
+        """Drop ``conn`` from the idle ones (it closed)."""
         idle = self._idle.get(conn.key)
         if idle and conn in idle:
             idle.remove(conn)

@@ -10,13 +10,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httptools
 from kvmesh.router.http.deadline import Deadline
-
-if TYPE_CHECKING:
-    from kvmesh.router.http.upstream import UpstreamPool
 
 
 class UpstreamError(Exception):
@@ -37,10 +34,20 @@ _HIGH_WATER = 64
 """Unread body chunks at which reading from the replica pauses (the client reads slower than it writes)."""
 
 
+class ConnectionPool(Protocol):
+    """Where a connection goes once its answer ends (``UpstreamPool``, upstream.py)."""
+
+    def put(self, conn: UpstreamConnection) -> None:
+        """Keep ``conn`` for the next request to its replica."""
+
+    def forget(self, conn: UpstreamConnection) -> None:
+        """Drop ``conn`` (it closed) if it is kept."""
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection; carries one request at a time."""
 
-    def __init__(self, pool: UpstreamPool, key: tuple) -> None:
+    def __init__(self, pool: ConnectionPool, key: tuple) -> None:
         self.pool, self.key = pool, key
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -73,7 +80,7 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.read_deadline.cancel()
-        self.pool._forget(self)
+        self.pool.forget(self)
         r = self.response
         if r is not None and r.lingering is not None:
             r.lingering.cancel()
@@ -219,7 +226,7 @@ class UpstreamResponse:
             return
         conn.response = None
         if self.complete and self.keep_alive and self.error is None and not conn.closed:
-            self.conn.pool._put(conn)
+            self.conn.pool.put(conn)
         else:
             conn.transport.close()
 

@@ -70,3 +70,15 @@ def test_kvmesh_sim_scaling_writes_the_comparison(mooncake_trace, tmp_path, caps
     assert report["autoscaled"]["replica_seconds"] < report["fixed_peak"]["replica_seconds"]
     printed = capsys.readouterr().out
     assert "fixed_peak" in printed and "autoscaled" in printed and str(out) in printed
+
+
+def test_kvmesh_sim_scaling_says_when_a_request_outgrows_a_replica(mooncake_trace, tmp_path, capsys):
+    """A cut whose pools are smaller than one of its requests is an error for people, not a traceback."""
+    from kvmesh.cluster.cli import main
+
+    out = tmp_path / "scaling.json"
+    assert main(["sim", "scaling", "--trace", str(mooncake_trace), "--limit", "300", "--blocks-per-replica", "2",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "kvmesh sim scaling:" in err and "blocks" in err and "Traceback" not in err
+    assert not out.exists()

@@ -177,8 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         return vary_rate(requests_from_mooncake(records, config.time_scale, config.engine.block_size), s.period,
                          s.slow_factor)
 
-    report = {"args": to_dict(command) | {"out": args.out}, "blocks_per_replica": per_replica,
-              **compare_with_fixed(requests_of, config, per_replica, tokens, autoscale, s.startup, s.policy)}
+    try:
+        runs = compare_with_fixed(requests_of, config, per_replica, tokens, autoscale, s.startup, s.policy)
+    except ValueError as e:  # e.g. a request larger than a replica's pool at this cut's capacity
+        print(f"kvmesh sim scaling: {e}", file=sys.stderr)
+        return 2
+    report = {"args": to_dict(command) | {"out": args.out}, "blocks_per_replica": per_replica, **runs}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     for name in ("fixed_peak", "autoscaled"):
