@@ -29,7 +29,8 @@ from kvmesh.replica.attention.triton_paged_attention import (
     step_programs,
     unified_attention,
 )
-from kvmesh.replica.attention.triton_reshape_and_cache import reshape_and_cache
+from kvmesh.replica.attention.triton_reshape_and_cache import reshape_and_cache, rotary_and_cache
+from kvmesh.replica.layers.triton_rotary import rotary_embedding
 
 
 @dataclass(slots=True)
@@ -54,6 +55,7 @@ class TritonAttentionMetadata:
 
 class TritonAttentionBackend:
     name = "triton"
+    fuses_rotary = True  # forward takes (positions, cos_sin_cache): rotary in the cache-write launch
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -81,8 +83,13 @@ class TritonAttentionBackend:
                                        None if decode_only else common.max_seq_len)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
-                md: TritonAttentionMetadata, scale: float) -> torch.Tensor:
+                md: TritonAttentionMetadata, scale: float,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``rotary`` (positions [T], cos_sin_cache [max_position, Dh]): q and k are not rotated yet; q is
+        rotated in place and k as it is written into the cache, in the cache write's one launch."""
         out = torch.empty_like(q)  # [T, Hq, Dh]
+        if kv_cache is None and rotary is not None:  # profiling: no cache to write into
+            rotary_embedding(rotary[0], q, k, rotary[1])
         if kv_cache is None:  # profiling run: fresh prefills only, attended from k/v as a cache of 1-token blocks
             k_cache, v_cache = k.unsqueeze(1), v.unsqueeze(1)  # [T, 1, Hk, Dh]: block t holds token t
             positions = torch.arange(md.max_query_len, dtype=torch.int32, device=q.device)
@@ -91,7 +98,10 @@ class TritonAttentionBackend:
             return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, block_table, scale,
                                      md.max_query_len)
         k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hk, Dh]
-        reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
+        if rotary is None:
+            reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
+        else:
+            rotary_and_cache(rotary[0], q, k, v, k_cache, v_cache, md.slot_mapping, rotary[1])
         if md.num_splits is None:
             md.num_splits = self.num_splits(md, q.shape[1] // k.shape[1], k.shape[1], q.device)
         return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, md.block_table, scale,

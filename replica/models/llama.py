@@ -49,8 +49,12 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, Hq, Dh]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hk, Dh]
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb[0](positions, q, k)
-        o = self.attn(q, k, v, attn_metadata)  # [T, Hq, Dh]
+        rotary = self.rotary_emb[0]
+        if self.attn.fuses_rotary(rotary.uses_triton(q)):  # rotated in the backend's cache-write launch
+            o = self.attn(q, k, v, attn_metadata, (positions, rotary.cos_sin_cache))  # [T, Hq, Dh]
+        else:
+            q, k = rotary(positions, q, k)
+            o = self.attn(q, k, v, attn_metadata)  # [T, Hq, Dh]
         return self.o_proj(o.view(-1, self.q_size))
 
 

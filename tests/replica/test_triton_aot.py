@@ -42,8 +42,8 @@ def rows(report: list[dict], kernel: str | None = None, target: str = "sm_90") -
 def test_every_case_compiles_every_kernel_it_launches(report):
     assert {r["case"] for r in rows(report)} == set(H100_CASES)
     assert {r["kernel"] for r in report} == {"_unified_attention_kernel", "_merge_splits_kernel",
-                                             "_reshape_and_cache_kernel", "_rms_norm_kernel", "_rotary_kernel",
-                                             "_silu_and_mul_kernel"}
+                                             "_rotary_and_cache_kernel", "_reshape_and_cache_kernel",
+                                             "_rms_norm_kernel", "_rotary_kernel", "_silu_and_mul_kernel"}
 
 
 def test_attention_dots_are_bf16_tensor_core_mmas_with_fp32_accumulators(report):

@@ -102,6 +102,43 @@ def test_block_size_that_is_not_a_multiple_of_16():
     check([(9, 1), (3, 7)], 4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_folded_into_the_cache_write_equals_rotary_then_the_write_bit_for_bit(dtype):
+    from kvmesh.replica.attention.triton_reshape_and_cache import reshape_and_cache, rotary_and_cache
+    from kvmesh.replica.layers.rotary import RotaryEmbedding
+
+    q, k, v, cache, common = make_step([(37, 1), (0, 9), (20, 6)], 16, hq=6, hk=2, dh=12, dtype=dtype)
+    positions = torch.cat([torch.arange(s - n, s) for s, n in zip(common.seq_lens_cpu, [1, 9, 6], strict=True)])
+    with torch.device("cpu"):
+        rotary = RotaryEmbedding(12, 64, 10000.0).to(DEVICE, dtype)
+    rotary.use_triton = True
+    q_ref, k_ref, cache_ref = q.clone(), k.clone(), cache.clone().to(DEVICE, dtype)
+    rotary(positions.to(DEVICE), q_ref, k_ref)  # in place
+    reshape_and_cache(k_ref, v, cache_ref[0], cache_ref[1], common.slot_mapping)
+    q_got, k_got, cache_got = q.clone(), k.clone(), cache.clone().to(DEVICE, dtype)
+    rotary_and_cache(positions.to(DEVICE), q_got, k_got, v, cache_got[0], cache_got[1], common.slot_mapping,
+                     rotary.cos_sin_cache)
+    assert torch.equal(q_got, q_ref) and torch.equal(cache_got, cache_ref)
+    assert torch.equal(k_got, k)  # k itself is left as it was: only the cache holds it rotated
+
+
+def test_the_backend_rotates_q_and_k_itself_when_given_the_rotary_table():
+    from kvmesh.replica.layers.rotary import RotaryEmbedding
+
+    q, k, v, cache, common = make_step([(37, 1), (3, 7)], 16, hq=4, hk=2, dh=8)
+    positions = torch.cat([torch.arange(37, 38), torch.arange(3, 10)]).to(DEVICE)
+    with torch.device("cpu"):
+        rotary = RotaryEmbedding(8, 64, 10000.0).to(DEVICE)
+    rotary.use_triton = False
+    backend = get_attn_backend("triton", DEVICE, torch.float32)
+    md = backend.build(common)
+    q_rot, k_rot = rotary(positions, q, k)
+    expected = backend.forward(q_rot, k_rot, v, cache.clone(), md, 0.3)
+    got = backend.forward(q.clone(), k.clone(), v, cache.clone(), backend.build(common), 0.3,
+                          (positions, rotary.cos_sin_cache))
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
 def test_profiling_forward_without_a_cache_is_causal_attention_over_the_step():
     q, k, v, cache, common = make_step([(0, 19), (0, 5)], 16)
     expected, _ = reference(q, k, v, cache, common, 0.5)

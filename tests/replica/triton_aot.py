@@ -73,9 +73,10 @@ def compile_instead_of_running() -> None:
 
 
 def attention_case(dtype: torch.dtype, hq: int, hk: int, dh: int, block_size: int, query_lens: list[int],
-                   context: int) -> Callable[[], None]:
+                   context: int, rotary: bool = True) -> Callable[[], None]:
     """A step of requests with ``query_lens`` new tokens over ``context`` cached ones, through the
-    backend's own build (its split-KV decision at the stand-in's SM count) and forward."""
+    backend's own build (its split-KV decision at the stand-in's SM count) and forward; ``rotary``: the
+    rotary embedding folded into the cache write (the model's path), else the plain write."""
     from kvmesh.replica.attention.metadata import CommonAttentionMetadata
     from kvmesh.replica.attention.triton_backend import TritonAttentionBackend
 
@@ -96,8 +97,9 @@ def attention_case(dtype: torch.dtype, hq: int, hk: int, dh: int, block_size: in
             query_start_loc_cpu=cu, seq_lens_cpu=lens)
         backend = TritonAttentionBackend()
         cache = torch.zeros(backend.kv_cache_shape(64, block_size, hk, dh), dtype=dtype, device="cpu")
+        rope = (torch.zeros(t, dtype=torch.int64), torch.zeros(4096, dh, dtype=dtype)) if rotary else None
         backend.forward(q.view(t, hq, dh), k.view(t, hk, dh), v.view(t, hk, dh), cache, backend.build(common),
-                        dh ** -0.5)
+                        dh ** -0.5, rope)
 
     return run
 
@@ -131,8 +133,8 @@ def cases() -> list[tuple[str, int, Callable[[], None]]]:
         ("layers T=1", 90, layers_case(1)),
         ("layers T=256", 90, layers_case(256)),
         ("layers T=512", 90, layers_case(512)),
-        ("A100 fp16 G=3 Dh=24 decode", 80, attention_case(torch.float16, 6, 2, 24, 32, [1, 1, 1], 100)),
-        ("A100 fp32 G=1 Dh=64 prefill", 80, attention_case(torch.float32, 2, 2, 64, 16, [100, 7], 30)),
+        ("A100 fp16 G=3 Dh=24 decode", 80, attention_case(torch.float16, 6, 2, 24, 32, [1, 1, 1], 100, False)),
+        ("A100 fp32 G=1 Dh=64 prefill", 80, attention_case(torch.float32, 2, 2, 64, 16, [100, 7], 30, False)),
     ]
 
 
