@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import zmq
 from kvmesh.events.config import SubscriberConfig
+from kvmesh.events.conn_bytes import ConnectionBytes
 from kvmesh.events.endpoints import Endpoint, attach
 
 REATTACH_S = 0.3
@@ -39,7 +40,9 @@ class Feed:
         self.reattach_at: float | None = None
         """When to connect again a dropped connection that ZeroMQ does not retry (None: none is)."""
         self.last_message = time.monotonic()
-        """When the last whole message arrived (or the feed was made), for ``MemoryWatch``."""
+        """When the last whole message arrived (or the feed was made)."""
+        self.bytes = ConnectionBytes()
+        """What the connection received and ZeroMQ has not handed over yet (conn_bytes.py)."""
         self.detached = False
         """We cut the connection off (``detach``) and connect again at ``reattach_at``."""
         self.refused: str | None = None
@@ -80,7 +83,12 @@ class Feed:
         self.sock.close(linger=0)
 
     def watch(self, event: int, value: int = 0) -> bool:
-        """Note one monitor event; True when a connection that had dropped is up again."""
+        """Note one monitor event (``value``: its value; the connection's descriptor when it connected);
+        True when a connection that had dropped is up again."""
+        if event == zmq.EVENT_CONNECTED:
+            self.bytes.connected(value)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.bytes.disconnected()
         if self.detached:
             return False  # our own cut: we connect again ourselves
         if event & HANDSHAKE_FAILED:
@@ -135,6 +143,7 @@ class Feed:
             self.sock.disconnect(self.address)
         except zmq.ZMQError:
             pass
+        self.bytes.disconnected()
         self.detached, self.dropped, self.reattach_at = True, True, now + wait
         if self.down_since is None:
             self.down_since = now
