@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from kvmesh.replica.sample.logprobs import LogprobsTensors, gather_logprobs
 from kvmesh.replica.serving.sampling_params import SEED_MIX, SamplingParams
-from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies, PackedUpload, to_device
+from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies, PackedUpload
 
 _MIX_A, _MIX_B, _MASK = SEED_MIX
 TOP_P_CANDIDATES = (256, 4096)  # candidates per nucleus row tried in turn before a full sort
@@ -60,6 +60,8 @@ class SamplingMetadata:
     """[Q] int64 random rows with top-k and/or top-p (None: none)."""
     max_top_k: int = 0
     """Largest top-k of the truncated rows (vocab_size when one of them has none)."""
+    logprobs_index: torch.Tensor | None = None
+    """[M] int64 ``logprobs_rows`` on the device (None with them)."""
 
     @property
     def all_greedy(self) -> bool:
@@ -123,6 +125,8 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
     asked = [row for row, sp in enumerate(params) if sp.logprobs is not None]
     max_num_logprobs = max(params[row].logprobs for row in asked) if asked else None
     logprobs_rows = asked if 0 < len(asked) < len(params) else None
+    if logprobs_rows is not None:
+        arrays["logprobs_index"] = (logprobs_rows, i64)
     greedy = all(sp.greedy for sp in params)
     top_ks = [sp.top_k if 0 < sp.top_k < vocab_size else vocab_size for sp in params]
     truncated = [not sp.greedy and (k < vocab_size or sp.top_p < 1.0) for k, sp in zip(top_ks, params, strict=True)]
@@ -148,12 +152,13 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
     banned = (t["banned"][0], t["banned"][1]) if "banned" in t else None
     bias = (t["bias_at"][0], t["bias_at"][1], t["bias"]) if "bias" in t else None
     if greedy:
-        return SamplingMetadata(None, None, None, None, None, banned, bias, max_num_logprobs, logprobs_rows)
+        return SamplingMetadata(None, None, None, None, None, banned, bias, max_num_logprobs, logprobs_rows,
+                                logprobs_index=t.get("logprobs_index"))
     return SamplingMetadata(
         t["temperature"], t["greedy_rows"], t.get("top_k"), t.get("top_p"), t.get("seeded"), banned, bias,
         max_num_logprobs, logprobs_rows, any_greedy=any(sp.greedy for sp in params),
         plain_rows=t.get("plain_rows"), truncated_rows=t.get("truncated_rows"),
-        max_top_k=max((top_ks[row] for row in trunc), default=0))
+        max_top_k=max((top_ks[row] for row in trunc), default=0), logprobs_index=t.get("logprobs_index"))
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
@@ -281,8 +286,7 @@ class Sampler:
         ``logprobs_mode="raw_logprobs"``). Rows that did not ask get none (``md.logprobs_rows``)."""
         if md.max_num_logprobs is None:
             return self(logits, md), None
-        rows = md.logprobs_rows
-        index = None if rows is None else to_device(rows, torch.int64, logits.device)  # [M]
+        rows, index = md.logprobs_rows, md.logprobs_index  # [M] on the device, uploaded with the settings
         raw = (logits if index is None else logits[index]).to(torch.float32)  # [M, V]
         lse = raw.logsumexp(dim=-1, keepdim=True)  # [M, 1]; the full log_softmax is never built
         sampled = self(logits, md)  # [N]
