@@ -54,6 +54,12 @@ class ReplicaStatus(ReplicaLoad):
     """Why the router does not trust this replica's event stream (routes it by load only); None: trusted."""
     event_bad_frames: int = 0
     """Event messages from this replica the router dropped as bad (undecodable, over a limit)."""
+    ejected: bool = False
+    """Out of rotation after failures in a row (outlier detection) until a probe request is answered."""
+    ejected_for_s: float = 0.0
+    """Seconds left of that ejection."""
+    last_failure: str | None = None
+    """What its last failed answer was."""
     prefix_cache_queries: int | None = None
     """Prompt tokens the replica looked up in its prefix cache (its ``vllm:prefix_cache_queries``); None: its
     /metrics did not answer."""
@@ -159,7 +165,8 @@ class RouterClient:
         """Per-replica rows from /replicas (who, where, health), the router's /metrics (the numbers) and each
         replica's /metrics (its prefix-cache counters; a replica that does not answer keeps the router's)."""
         rows = {r.id: ReplicaStatus(replica_id=r.id, url=r.url, healthy=r.healthy, degraded=r.degraded,
-                                    draining=r.draining)
+                                    draining=r.draining, ejected=r.ejected, ejected_for_s=r.ejected_for_s,
+                                    last_failure=r.last_failure)
                 for r in self.replica_rows()}
         apply_metrics(rows, self.metrics_text())
         for row, text in zip(rows.values(), self._run(self._replica_metrics(list(rows.values()))), strict=True):

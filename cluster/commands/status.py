@@ -125,12 +125,15 @@ def format_table(rows, url: str, health: dict) -> str:
                       for line in lines)
     healthy = len(health.get("healthy_replicas", []))
     notes = [f"  {r.replica_id}: routed by load only -- {r.degraded}" for r in rows if r.healthy and r.degraded]
+    notes += [f"  {r.replica_id}: ejected after failures in a row -- {r.last_failure}" for r in rows if r.ejected]
     return "\n".join([f"router {url}: {healthy}/{len(rows)} replicas healthy", table, *notes])
 
 
 def _health(row) -> str:
     if row.draining:  # out of rotation on purpose, its running requests finishing
         return "draining"
+    if row.ejected:  # outlier detection: back after its ejection and an answered probe request
+        return f"EJECTED {row.ejected_for_s:.0f}s" if row.ejected_for_s else "EJECTED (probing)"
     if not row.healthy:
         return "DOWN"
     return "degraded" if row.degraded else "ok"

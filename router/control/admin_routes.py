@@ -66,12 +66,16 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
 
     @app.get("/replicas")
     async def list_replicas(drain_cost: bool = False) -> Response:
-        loads = runtime.router.loads.loads
+        loads, outliers = runtime.router.loads.loads, runtime.outliers
         rows = [ReplicaRow(id=s.replica_id, url=s.url, events=s.events, replay=s.replay,
                            healthy=s.replica_id in runtime.router.healthy, draining=s.replica_id in runtime.draining,
                            degraded=runtime.router.degraded.get(s.replica_id),
                            in_flight=runtime.in_flight(s.replica_id),
-                           prefill_backlog=loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0)
+                           prefill_backlog=loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0,
+                           ejected=outliers.is_ejected(s.replica_id),
+                           ejected_for_s=round(outliers.ejected_for_s(s.replica_id), 1),
+                           ejections=outliers.health(s.replica_id).ejections,
+                           last_failure=outliers.health(s.replica_id).last_failure)
                 for s in list(runtime.specs.values())]
         if drain_cost:  # blocks only this replica holds: what draining it would cost (a walk over the index)
             exclusive = await asyncio.to_thread(exclusive_blocks, runtime.router)
