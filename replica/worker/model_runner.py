@@ -24,7 +24,9 @@ from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from
 from kvmesh.replica.models import get_model_class
 from kvmesh.replica.sample.prompt_logprobs import PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
+from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
 from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
+from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.worker.distributed import cuda_device_index
 from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs
@@ -96,7 +98,10 @@ class ModelRunner:
                     f"CUDA graphs for decode batch sizes {self.static_decode.sizes}" if self.static_decode
                     else "no CUDA graphs")
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.sampler = Sampler(generator)
+        # packed logprobs of a step: [N, 2 (1 + MAX_LOGPROBS) + 1] float64, back without blocking
+        logprobs_copies = HostCopies(config.max_num_seqs * (2 * MAX_LOGPROBS + 3), torch.float64, self.device)
+        self.sampler = Sampler(generator, logprobs_copies)
+        self.token_copies = HostCopies(config.max_num_seqs, torch.int64, self.device)  # sampled ids come back here
         self.prompt_logprobs = PromptLogprobsProcessor()  # rows waiting between a prompt's prefill chunks
 
     def _build_model(self) -> torch.nn.Module:
@@ -229,7 +234,7 @@ class ModelRunner:
             tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
         self.input_batch.count_samples(inputs.sample_rows, tokens)
         return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
-                                      logprobs, prompt_logprobs)
+                                      self.token_copies, logprobs, prompt_logprobs)
 
     def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor) -> dict:
         """Prompt logprobs of this step's prefill chunks of requests that ask for them (``hidden`` [T, H]).
