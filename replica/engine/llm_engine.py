@@ -2,7 +2,7 @@
 
     add_request ──▶ Scheduler ──SchedulerOutput──▶ ModelRunner.execute_model ──{request_id: token}──┐
                       ▲  KVCacheManager (blocks, prefix cache, events)                             │
-    step() ◀── RequestOutput ◀── stop checks + incremental detokenization ◀────────────────────────┘
+    step() ◀── RequestOutput ◀── OutputProcessor: stop checks + incremental detokenization ◀────────┘
 
 With ``EngineConfig.async_scheduling`` step() launches step N+1 before it reads step N's tokens
 (async_scheduling.py).
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_scheduling import LaunchedStep, add_placeholders, use_async_scheduling
-from kvmesh.replica.engine.outputs import ModelRunnerOutput, RequestOutput, TokenLogprobs, request_output
+from kvmesh.replica.engine.output_processor import OutputProcessor
+from kvmesh.replica.engine.outputs import RequestOutput
 from kvmesh.replica.engine.prefill_rate import PrefillRate
 from kvmesh.replica.engine.request import Request, RequestStatus, validate_request_input
 from kvmesh.replica.engine.scheduler import Scheduler
@@ -24,7 +25,6 @@ from kvmesh.replica.engine.scheduler_output import SchedulerOutput
 from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publisher, make_kv_cache_manager
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.interfaces import AsyncModelRunner, EventPublisher, ModelRunnerInterface
-from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
@@ -61,11 +61,11 @@ class LLMEngine:
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
         self.async_scheduling = use_async_scheduling(config, model_runner)
         self._in_flight: LaunchedStep | None = None  # async scheduling: step N, launched, tokens not read yet
         self._stats = EngineStats.for_model(self.max_model_len)
+        self.output_processor = OutputProcessor(self.tokenizer, self._stats, type(model_runner).__name__)
         self.prefill_rate = PrefillRate()
         """Prompt tokens per second this engine computes, from its own steps (reported in ``/load``)."""
 
@@ -87,8 +87,7 @@ class LLMEngine:
             has_tokenizer=self.tokenizer is not None)
         request = Request(request_id, prompt_token_ids, params, self.eos_token_ids, cache_salt,
                           arrival_time=arrival_time)
-        if self.tokenizer is not None:
-            self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params)
+        self.output_processor.add_request(request, params)
         self._stats.num_prompt_tokens += request.num_prompt_tokens
         self.scheduler.add_request(request)
 
@@ -105,8 +104,8 @@ class LLMEngine:
         request = self.scheduler.finish_request(request_id, status)
         if request is not None:
             request.error = error
-            self._pending.append(self._make_output(request, []))
-            self._on_finished(request)
+            self._pending.append(self.output_processor.make_output(request, []))
+            self.output_processor.on_finished(request)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._pending) or self._in_flight is not None
@@ -189,95 +188,15 @@ class LLMEngine:
             self.kv_cache_manager.check_integrity()
 
     def _process_sampled(self, sampled: dict[str, int]) -> list[RequestOutput]:
-        """Append each sampled token, run the stop checks, build the outputs (the per-token hot path: a
-        decoding request without text to decode and not at a stop condition skips the general path)."""
-        now = time.monotonic()
-        outputs: list[RequestOutput] = []
-        finished: list[Request] = []
-        requests, detokenizers = self.scheduler.requests, self._detokenizers
-        append_token, append_output = self._append_token, outputs.append
-        tpots: dict[float, int] = {}  # inter-token time -> requests (observed once per distinct value)
-        with_logprobs = isinstance(sampled, ModelRunnerOutput)  # when a request asked for logprobs
-        token_logprobs = sampled.logprobs if with_logprobs else None
-        if with_logprobs and sampled.prompt_logprobs:
-            self._record_prompt_logprobs(sampled.prompt_logprobs)
-        for request_id, token in sampled.items():
-            request = requests.get(request_id)
-            if request is None:
-                continue
-            output_ids = request.output_token_ids
-            last = request.last_token_time
-            if last is not None and not detokenizers and request.logprobs is None and request.prompt_logprobs is None:
-                request.last_token_time = now
-                tpots[now - last] = tpots.get(now - last, 0) + 1
-                output_ids.append(token)
-                request.all_token_ids.append(token)
-                request.num_output_placeholders = max(0, request.num_output_placeholders - 1)  # async: arrived
-                if request.check_stop():
-                    finished.append(request)
-                    append_output(self._make_output(request, [token]))
-                else:
-                    append_output(RequestOutput(request_id, request.prompt_token_ids, [token], output_ids, "",
-                                                "", False, None, None, request.num_cached_tokens))
-                continue
-            try:
-                if request.logprobs is not None:
-                    if not token_logprobs or request_id not in token_logprobs:
-                        raise RuntimeError(f"the model runner ({type(self.model_runner).__name__}) returned no "
-                                           "logprobs for a request that asked for them")
-                    request.logprobs.append(token_logprobs[request_id])
-                done = append_token(request, token, now)
-                append_output(self._make_output(request, [token]))
-            except Exception as e:  # e.g. a tokenizer failure: only this request fails
-                logger.exception("request %s failed while processing its output", request_id)
-                self.fail_request(request_id, f"output processing error: {e!r}")
-                continue
-            if done:
-                finished.append(request)
-        for tpot, n in tpots.items():
-            self._stats.tpot.observe_many(tpot, n)
-        self._stats.num_generation_tokens += len(sampled)
+        """The step's outputs (output_processor.py), its finished requests freed, then the aborts it caused."""
+        outputs, finished = self.output_processor.process_outputs(sampled, self.scheduler.requests,
+                                                                  self.fail_request)
         self.scheduler.finish_running(finished)
         for request in finished:
-            self._on_finished(request)
+            self.output_processor.on_finished(request)
         outputs += self._pending
         self._pending = []
         return outputs
-
-    def _append_token(self, request: Request, token: int, now: float) -> bool:
-        """Add a sampled token and run every stop rule; True when it ended the request (status set)."""
-        if request.first_token_time is None:
-            request.first_token_time = now
-            self._stats.ttft.observe(now - request.arrival_time)
-        else:
-            self._stats.tpot.observe(now - request.last_token_time)
-        request.last_token_time = now
-        request.output_token_ids.append(token)
-        request.all_token_ids.append(token)
-        request.num_output_placeholders = max(0, request.num_output_placeholders - 1)  # async: it arrived
-        if self._detokenizers:
-            detok = self._detokenizers.get(request.request_id)
-            if detok is not None and (stop_str := detok.update(token)) is not None:
-                request.status = RequestStatus.FINISHED_STOPPED
-                request.stop_reason = stop_str
-                return True
-        return request.check_stop()
-
-    def _record_prompt_logprobs(self, computed: dict[str, list[tuple[int, TokenLogprobs]]]) -> None:
-        """Store the prompt logprobs of this step's prefill chunks at their prompt positions."""
-        for request_id, entries in computed.items():
-            request = self.scheduler.requests.get(request_id)
-            if request is not None and request.prompt_logprobs is not None:
-                for position, entry in entries:
-                    request.prompt_logprobs[position] = entry
-
-    def _make_output(self, request: Request, new_token_ids: list[int]) -> RequestOutput:
-        return request_output(request, new_token_ids, self._detokenizers.get(request.request_id))
-
-    def _on_finished(self, request: Request) -> None:
-        """Forget per-request state (the detokenizer is dropped after the final output was built)."""
-        self._stats.record_finished(request)
-        self._detokenizers.pop(request.request_id, None)
 
     # -- events, stats, lifecycle ------------------------------------------------------------------
 

@@ -23,14 +23,14 @@ def replica(stories_path):
     config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20)
     runtime = ReplicaRuntime.start(config, ReplicaServerConfig(port=0, event_port=None))
     engine = runtime.llm.engine
-    real_append = engine._append_token
+    real_append = engine.output_processor.append_token
 
     def append_or_fail(request, token, now):  # runs on the engine thread
         if request.prompt_token_ids[-1] == POISON:
             raise RuntimeError("injected failure")
         return real_append(request, token, now)
 
-    engine._append_token = append_or_fail
+    engine.output_processor.append_token = append_or_fail
     yield runtime
     runtime.shutdown(graceful_s=1)
 
