@@ -23,20 +23,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import functools
 import json
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import TYPE_CHECKING
+
+from kvmesh.cluster.measure.benchmarks.fake_answers import (
+    JSONBody,
+    completion_answer,
+    garbage_answer,
+    json_answer,
+)
 
 if TYPE_CHECKING:
     from kvmesh.cluster.measure.benchmarks._prefix_cache import PrefixCache
-
-JSONBody = dict[str, object]
-"""A request or response body as JSON decodes it (OpenAI bodies are open-ended)."""
 
 
 @dataclass
@@ -66,51 +68,12 @@ class Faults:
     work); without it nothing there moves (a sick replica)."""
 
 
-def _head(status: int, length: int | None, content_type: bytes = b"application/json") -> bytes:
-    size = b"Transfer-Encoding: chunked" if length is None else b"Content-Length: %d" % length
-    return b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s\r\n\r\n" % (status, HTTPStatus(status).phrase.encode(), content_type, size)
-
-
 async def _client_left(reader: asyncio.StreamReader, seconds: float) -> bool:
     """Wait ``seconds``; True as soon as the client closes its side (the router cancelled upstream)."""
     try:
         return await asyncio.wait_for(reader.read(1), seconds) == b""
     except asyncio.TimeoutError:
         return False
-
-
-def _json(status: int, body: JSONBody) -> bytes:
-    data = json.dumps(body).encode()
-    return _head(status, len(data)) + data
-
-
-@functools.lru_cache(maxsize=4096)
-def _answer(chat: bool, stream: bool, with_usage: bool, model: str, name: str, pieces: tuple[str, ...],
-            prompt_tokens: int, cached: int) -> tuple[bytes, ...]:
-    """A completion's bytes: (head, one chunk per piece, tail); not streamed, all in the head (memoized: the
-    same answer costs a lookup, so a router in front of the fake is measured almost alone)."""
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces),
-             "total_tokens": prompt_tokens + len(pieces), "prompt_tokens_details": {"cached_tokens": cached}}
-    kind = "chat.completion" if chat else "text_completion"
-    if not stream:
-        choice = ({"index": 0, "message": {"role": "assistant", "content": name}, "finish_reason": "length"}
-                  if chat else {"index": 0, "text": name, "logprobs": None, "finish_reason": "length"})
-        return _json(200, {"id": "cmpl-fake", "object": kind, "created": 0, "model": model, "choices": [choice],
-                           "usage": usage}), b""
-
-    def event(payload: JSONBody) -> bytes:
-        data = b"data: " + json.dumps(payload).encode() + b"\n\n"
-        return b"%x\r\n%s\r\n" % (len(data), data)
-
-    last = len(pieces) - 1  # the last piece carries the finish reason, as a real server's last chunk does
-    chunks = [event({"id": "cmpl-fake", "object": kind + ".chunk" * chat, "model": model, "choices": [
-        {"index": 0, "delta": {"content": piece}, "finish_reason": "length" if i == last else None} if chat
-        else {"index": 0, "text": piece, "finish_reason": "length" if i == last else None}]})
-        for i, piece in enumerate(pieces)]
-    tail = (event({"id": "cmpl-fake", "choices": [], "usage": usage}) if with_usage else b"")
-    done = b"data: [DONE]\n\n"
-    return (_head(200, None, b"text/event-stream"), *chunks,
-            tail + b"%x\r\n%s\r\n" % (len(done), done) + b"0\r\n\r\n")
 
 
 class FakeReplica:
@@ -187,7 +150,7 @@ class FakeReplica:
                      "is_generation": True}
         else:
             reply = {}
-        writer.write(_json(200, reply))
+        writer.write(json_answer(200, reply))
         await writer.drain()
         return True
 
@@ -242,7 +205,7 @@ class FakeReplica:
                 del self.delaying[number]
             status = 400 if f.fail_every and self.num_completions % f.fail_every == 0 else f.status
             if status != 200:
-                writer.write(_json(status, {"error": {"message": f"injected failure (HTTP {status})",
+                writer.write(json_answer(status, {"error": {"message": f"injected failure (HTTP {status})",
                                                       "type": "BadRequestError", "code": status}}))
                 await writer.drain()
                 return True
@@ -255,10 +218,12 @@ class FakeReplica:
                   if self.answer_max_tokens else (self.name, "!"))
         stream_options = body.get("stream_options")
         with_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
-        head, *chunks, tail = _answer(chat, bool(body.get("stream")), with_usage, self.model, self.name, pieces,
+        head, *chunks, tail = completion_answer(chat, bool(body.get("stream")), with_usage, self.model, self.name, pieces,
                                       len(ids), cached)
         if f.garbage:
-            return await self._garbage(writer, bool(body.get("stream")))
+            writer.write(garbage_answer(bool(body.get("stream"))))
+            await writer.drain()
+            return True
         writer.write(head)
         for i, chunk in enumerate(chunks):
             if f.stall_after and i == f.stall_after:
@@ -273,18 +238,6 @@ class FakeReplica:
                 writer.transport.abort()
                 return False
         writer.write(tail)
-        await writer.drain()
-        return True
-
-
-    @staticmethod
-    async def _garbage(writer: asyncio.StreamWriter, stream: bool) -> bool:
-        """A 200 whose body is not what was asked for: plain text, or an SSE stream of non-JSON events."""
-        if not stream:
-            writer.write(_head(200, 24, b"application/json") + b"<html>bad gateway</html>")
-        else:
-            data = b"data: garbage\n\ndata: [DONE]\n\n"
-            writer.write(_head(200, None, b"text/event-stream") + b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
         await writer.drain()
         return True
 
