@@ -33,6 +33,7 @@ from operator import and_, or_
 from kvmesh.events.schema import HOST_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored
 from kvmesh.router.routing.index_stats import IndexStats, ReplicaBlocks
 from kvmesh.router.routing.keys import FASTPATH, RouterKeyHasher, pack_tokens
+from kvmesh.router.routing.orphans import adopt_orphans, drop_orphan, park_orphans
 from kvmesh.router.routing.predictions import Predictions
 from kvmesh.router.routing.prefix_match import match_masks
 
@@ -179,8 +180,9 @@ class PrefixIndex:
             extra = [block_extra_keys(1, None, event.lora_name)] * n
         parent_key = self.hasher.seed if parent is None else ext_to_key.get(parent)
         try:
-            if parent_key is None:  # parent evicted or its event missed: key the chain once it comes
-                self._park_orphans(tree, parent, hashes, pack_tokens(event.token_ids), extra)
+            if parent_key is None:  # parent evicted or its event missed: key the chain once it comes (orphans.py)
+                park_orphans(tree, parent, hashes, pack_tokens(event.token_ids), extra, self.block_size)
+                self.stats.orphan_blocks += n
                 return
             keys = self.hasher.chain(event.token_ids, n, parent_key, extra)
         except (ValueError, TypeError):  # a token id outside [0, 2**32): not from a real tokenizer
@@ -189,7 +191,7 @@ class PrefixIndex:
         self._insert(tree, hashes, keys)
         self.stats.blocks_stored += n
         if tree.orphans:
-            self._adopt_orphans(tree, hashes)
+            adopt_orphans(tree, hashes, self.hasher, self._insert)
 
     def _insert(self, tree: ReplicaBlocks, hashes: Sequence, keys: list[int]) -> None:
         ext_to_key = tree.ext_to_key
@@ -214,32 +216,6 @@ class PrefixIndex:
             else:  # another external hash of this replica already maps to the key
                 tree.key_dups[key] = tree.key_dups.get(key, 0) + 1
 
-    # A stored block whose parent the index does not know (the parent was evicted before a
-    # snapshot, or its event was lost) cannot be keyed yet. It is parked under its parent's
-    # external hash and keyed as soon as that parent is stored again.
-    def _park_orphans(self, tree: ReplicaBlocks, parent, hashes: Sequence, token_bytes: bytes, extra) -> None:
-        stride = 4 * self.block_size
-        for i, ext in enumerate(hashes):
-            if ext in tree.ext_to_key or ext in tree.orphan_parent:
-                tree.ext_dups[ext] = tree.ext_dups.get(ext, 0) + 1
-            else:
-                block = (ext, token_bytes[i * stride:(i + 1) * stride], None if extra is None else extra[i])
-                tree.orphans.setdefault(parent, []).append(block)
-                tree.orphan_parent[ext] = parent
-            parent = ext
-        self.stats.orphan_blocks += len(hashes)
-
-    def _adopt_orphans(self, tree: ReplicaBlocks, hashes: Sequence) -> None:
-        stack = [ext for ext in hashes if ext in tree.orphans]
-        while stack:
-            parent = stack.pop()
-            parent_key = tree.ext_to_key.get(parent)
-            for ext, data, extra in tree.orphans.pop(parent, ()):
-                del tree.orphan_parent[ext]
-                keys = self.hasher.chain(data, 1, parent_key, None if extra is None else [extra])
-                self._insert(tree, (ext,), keys)
-                stack.append(ext)
-
     def _remove(self, tree: ReplicaBlocks, hashes: Iterable) -> None:
         ext_to_key, blocks = tree.ext_to_key, self._blocks
         mask_off = ~tree.bit
@@ -247,7 +223,8 @@ class PrefixIndex:
             key = ext_to_key.get(ext)
             if key is None:
                 if ext in tree.orphan_parent:
-                    self._drop_orphan(tree, ext)
+                    self.stats.blocks_removed += 1
+                    drop_orphan(tree, ext)
                 else:
                     self.stats.unknown_removals += 1
                 continue
@@ -268,19 +245,6 @@ class PrefixIndex:
                 blocks[key] = mask
             else:
                 blocks.pop(key, None)
-
-    def _drop_orphan(self, tree: ReplicaBlocks, ext) -> None:
-        self.stats.blocks_removed += 1
-        if tree.ext_dups.get(ext):
-            tree.ext_dups[ext] -= 1
-            if not tree.ext_dups[ext]:
-                del tree.ext_dups[ext]
-            return
-        parent = tree.orphan_parent.pop(ext)
-        siblings = tree.orphans[parent]
-        siblings[:] = [b for b in siblings if b[0] != ext]
-        if not siblings:
-            del tree.orphans[parent]
 
     # ---------------------------------------------------------------- predictions
     @property
