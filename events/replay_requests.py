@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable
 
 import zmq
-from kvmesh.events.codec import check_batch
 from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.conn_bytes import ConnectionBytes, CountClock
 from kvmesh.events.endpoints import parse_sub_endpoint
 from kvmesh.events.frame_guard import FrameGuard
+from kvmesh.events.snapshot_answer import SnapshotAnswers, SnapshotChunk, SnapshotFailure
 from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
 from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
 from zmq.utils.monitor import recv_monitor_message
@@ -58,8 +58,7 @@ class ReplayRequests:
         self.inflight: dict[str, tuple[str, float]] = {}  # source -> (kind, deadline)
         self._deferred: dict[str, tuple[str, bytes, float]] = {}  # request held back by back-off
         self._streak: dict[str, tuple[int, float, float]] = {}  # requests in a row, last at, delay
-        self._snapshot_blocks: dict[str, int] = {}
-        self._snapshot_bytes: dict[str, int] = {}  # payload bytes of the snapshot under way
+        self._snapshots = SnapshotAnswers(config, guard)
         self._next_probe_check = 0.0
         self._counts: dict[str, tuple[zmq.Socket, ConnectionBytes]] = {}  # source -> its DEALER's monitor, count
         self._answered: dict[str, float] = {}  # source -> when its DEALER last delivered a whole message
@@ -97,7 +96,7 @@ class ReplayRequests:
     def request(self, name: str, kind: str, start_seq: int) -> None:
         body = SNAPSHOT_REQUEST if kind == SNAPSHOT else pack_seq(start_seq)
         if kind == SNAPSHOT:
-            self._snapshot_blocks[name] = self._snapshot_bytes[name] = 0
+            self._snapshots.start(name)
         delay = self._backoff(name)
         if delay > 0:
             send_at = time.monotonic() + delay
@@ -257,44 +256,21 @@ class ReplayRequests:
                                 f"{len(frames)} frames, seq frame of {len(body[-2]) if len(body) > 1 else 0} bytes")
 
     def _on_snapshot_frame(self, name: str, tracker: SourceTracker, body: list[bytes]) -> None:
-        if len(body[1]) != 8:
-            self._fail_snapshot(name, tracker, "decode_errors", "bad snapshot frames",
-                                f"seq frame of {len(body[1])} bytes; expected 8")
+        """Act on one frame of a snapshot answer (snapshot_answer.py says what it is)."""
+        answer = self._snapshots.read(name, body)
+        if isinstance(answer, SnapshotChunk):
+            tracker.on_snapshot_chunk(answer.events)
             return
-        next_seq, payload = unpack_seq(body[1]), body[2]
-        if not payload and body[1] == END_SEQ:  # busy: ask again after a back-off (no loss)
-            del self.inflight[name]
+        del self.inflight[name]
+        if isinstance(answer, SnapshotFailure):  # given up (the frame that broke it counted, unless it was)
+            self.close_dealer(name)
+            if answer.counter is not None:
+                self._guard.bad_frame(name, answer.counter, answer.what, answer.detail)
+            if tracker.mode == SNAPSHOT:
+                tracker.on_request_failed(SNAPSHOT, answer.detail)
+        elif answer.busy:  # ask again after a back-off (no loss)
             count, last, delay = self._streak.get(name, (0, 0.0, 0.0))
             self._streak[name] = (max(count, self._config.recovery_free_requests), time.monotonic(), delay)
             self.request(name, SNAPSHOT, 0)
-            return
-        if not payload:
-            del self.inflight[name]
-            tracker.on_snapshot_end(next_seq)
-            return
-        size = self._snapshot_bytes[name] = self._snapshot_bytes.get(name, 0) + len(payload)
-        if size > self._config.snapshot_bytes():  # refused before decoding: held decoded, it costs ~5x
-            self._fail_snapshot(name, tracker, "rejected", "snapshot too large",
-                                f"more than max_snapshot_bytes={self._config.snapshot_bytes()} bytes")
-            return
-        batch = self._guard.decode(name, payload)
-        if batch is None:
-            self._fail_snapshot(name, tracker, None, "", "a snapshot chunk could not be decoded")
-            return
-        held = self._snapshot_blocks.get(name, 0) + check_batch(batch, self._config.max_batch_blocks)
-        self._snapshot_blocks[name] = held
-        if held > self._config.max_source_blocks:
-            self._fail_snapshot(name, tracker, "rejected", "snapshot too large",
-                                f"more than max_source_blocks={self._config.max_source_blocks} blocks")
-            return
-        tracker.on_snapshot_chunk(batch.events)
-
-    def _fail_snapshot(self, name: str, tracker: SourceTracker, counter: str | None, what: str,
-                       detail: str) -> None:
-        """Give the snapshot up (and count the frame that broke it, unless already counted)."""
-        del self.inflight[name]
-        self.close_dealer(name)
-        if counter is not None:
-            self._guard.bad_frame(name, counter, what, detail)
-        if tracker.mode == SNAPSHOT:
-            tracker.on_request_failed(SNAPSHOT, detail)
+        else:
+            tracker.on_snapshot_end(answer.next_seq)
