@@ -1,0 +1,100 @@
+"""KV blocks of a real engine (stories260K) read by block id over NIXL (UCX) from another process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvmesh.cluster.measure.benchmarks._kv_peer import HolderSpec, start_holder
+from kvmesh.replica.kv_transfer.agent import (
+    KVTransferConfig,
+    agent_for_runner,
+    decode_handshake,
+    make_kv_transfer_agent,
+    read_blocks,
+)
+from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError
+from kvmesh.replica.kv_transfer.layout import block_layout
+from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
+from kvmesh.replica.llm import LLM
+
+pytestmark = pytest.mark.skipif(nixl_missing() is not None, reason=str(nixl_missing()))
+
+PROMPT = tuple(range(5, 5 + 70))  # 4 full blocks of 16 and a partial one
+NUM_KV_BLOCKS = 32
+
+
+@pytest.fixture
+def holder(stories_path):
+    """(pipe, process, its handshake, a copy of its cache, the ids of its blocks holding data)."""
+    conn, process = start_holder(HolderSpec("holder", model=str(stories_path), prompt=PROMPT,
+                                            num_kv_blocks=NUM_KV_BLOCKS))
+    handshake, cache, written = conn.recv()
+    yield conn, process, decode_handshake(handshake), cache, written
+    if process.is_alive():
+        conn.send("exit")
+    process.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def reader_runner(stories_path):
+    """A second engine of the same model: its cache is where pulled blocks land."""
+    return LLM(str(stories_path), device="cpu", num_kv_blocks=NUM_KV_BLOCKS).llm_engine.model_runner
+
+
+@pytest.fixture
+def reader(reader_runner):
+    reader_runner.kv_cache.zero_()
+    agent = agent_for_runner(KVTransferConfig(timeout_s=5.0), "reader", reader_runner)
+    yield agent
+    agent.close()
+
+
+def _blocks(cache: torch.Tensor, layout, block_ids: list[int]) -> torch.Tensor:
+    """The bytes of ``block_ids``: [num_regions, len(block_ids), bytes per region]."""
+    return cache.view(torch.uint8).view(layout.num_regions, layout.num_blocks, -1)[:, block_ids]
+
+
+def test_blocks_read_by_id_from_another_process_are_byte_identical(holder, reader, reader_runner):
+    _, _, handshake, holder_cache, written = holder
+    assert len(written) >= 4, f"the holder's engine wrote {written}"
+    local = [NUM_KV_BLOCKS - 1 - i for i in range(len(written))]  # other ids than the holder's
+    peer = reader.add_peer(handshake)
+    read_blocks(reader, peer, written, local)
+    assert torch.equal(_blocks(reader_runner.kv_cache, reader.layout, local),
+                       _blocks(holder_cache, handshake.layout, written))
+    untouched = sorted(set(range(NUM_KV_BLOCKS)) - set(local))
+    assert not _blocks(reader_runner.kv_cache, reader.layout, untouched).any()
+
+
+def test_a_peer_with_another_layout_is_refused_naming_the_fields(holder):
+    _, _, handshake, _, _ = holder
+    layout = handshake.layout
+    half = torch.zeros(layout.num_layers, 2, layout.num_kv_heads, 8, layout.block_size, layout.head_dim,
+                       dtype=torch.float16)
+    agent = make_kv_transfer_agent(KVTransferConfig(), "half-reader",
+                                   half, block_layout(half, layout.kv_layout, layout.block_size,
+                                                      layout.num_kv_heads, layout.head_dim))
+    try:
+        with pytest.raises(KVLayoutMismatch, match=r"dtype: float16 vs float32.*bytes_per_block"):
+            agent.add_peer(handshake)
+    finally:
+        agent.close()
+
+
+def test_a_block_id_outside_the_peer_cache_is_a_clear_error(holder, reader):
+    _, _, handshake, _, _ = holder
+    peer = reader.add_peer(handshake)
+    with pytest.raises(ValueError, match=rf"remote block ids \[{NUM_KV_BLOCKS}\] are outside 1..{NUM_KV_BLOCKS - 1}"):
+        read_blocks(reader, peer, [NUM_KV_BLOCKS], [1])
+    with pytest.raises(ValueError, match="2 remote block ids but 1 local"):
+        read_blocks(reader, peer, [1, 2], [1])
+
+
+def test_reading_from_a_dead_peer_fails_cleanly_within_the_timeout(holder, reader):
+    conn, process, handshake, _, written = holder
+    peer = reader.add_peer(handshake)
+    conn.send("die")
+    process.join(timeout=30)
+    assert not process.is_alive()
+    with pytest.raises(KVTransferError, match="recompute|failed"):
+        read_blocks(reader, peer, written, [1 + i for i in range(len(written))], timeout_s=5.0)
