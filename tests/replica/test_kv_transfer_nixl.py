@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvmesh.cluster.measure.benchmarks._kv_peer import HolderSpec, start_holder
+from kvmesh.cluster.measure.benchmarks._kv_peer import HolderSpec, receive_holder, start_holder
 from kvmesh.replica.kv_transfer.agent import (
     KVTransferConfig,
     agent_for_runner,
@@ -28,7 +28,7 @@ def holder(stories_path):
     """(pipe, process, its handshake, a copy of its cache, the ids of its blocks holding data)."""
     conn, process = start_holder(HolderSpec("holder", model=str(stories_path), prompt=PROMPT,
                                             num_kv_blocks=NUM_KV_BLOCKS))
-    handshake, cache, written = conn.recv()
+    handshake, cache, written = receive_holder(conn)
     yield conn, process, decode_handshake(handshake), cache, written
     if process.is_alive():
         conn.send("exit")
