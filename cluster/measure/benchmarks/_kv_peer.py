@@ -4,8 +4,8 @@ The transfer benchmark and the transfer tests both need the reader and the holde
 processes (nixl agents in one process would not show the cost of crossing them):
 
     conn, process = start_holder(HolderSpec(...))   # spawns the holder; the reader's end of a pipe
-    handshake, cache, written = receive_holder(conn)   # its handshake (bytes), a copy of its cache, blocks with data
-    ... add_peer(decode_handshake(handshake)); read_blocks(...) ...
+    ready = receive_holder(conn)                    # HolderReady: its handshake, a copy of its cache, ...
+    ... add_peer(decode_handshake(ready.handshake)); read_blocks(...) or pull_prefix(...) ...
     conn.send("exit")  (closes its agent)  or  conn.send("die")  (exits at once: a dead peer)
 """
 
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,10 @@ class HolderSpec:
     """A model directory: the cache is a real engine's (stories260K), filled by generating for ``prompt``."""
     prompt: tuple[int, ...] = ()
     """Token ids the engine computes so its cache holds their blocks."""
+    max_tokens: int = 4
+    """Greedy tokens the engine generates after ``prompt``."""
+    hash_seed: str | None = None
+    """The engine's hash seed (a puller must hash alike: the cluster's shared seed)."""
     num_kv_blocks: int = 64
     """Blocks of the engine's cache (null block included), or of the synthetic one."""
     kv_layout: str = "L,2,blocks,B,H,D"
@@ -49,39 +54,58 @@ class HolderSpec:
         return tuple(sizes[name] for name in self.kv_layout.split(","))
 
 
+@dataclass(frozen=True, slots=True)
+class HolderReady:
+    """What the holder sends once its agent is up."""
+
+    handshake: bytes
+    """Its encoded KVHandshake."""
+    cache: Any
+    """A copy of its cache tensor (to compare what was read with)."""
+    written: list[int]
+    """Ids of the blocks holding data."""
+    prefix_block_ids: list[int] = field(default_factory=list)
+    """With a model: the cached leading blocks of the prompt, in order (what a puller reads)."""
+    output_token_ids: list[int] = field(default_factory=list)
+    """With a model: the greedy tokens its engine generated for the prompt."""
+
+
 def _holder_cache(spec: HolderSpec):
-    """(cache tensor, its layout, ids of the blocks holding data, the engine keeping it alive)."""
+    """(cache tensor, its layout, a HolderReady without the handshake, the engine keeping the cache alive)."""
     import torch
     from kvmesh.replica.kv_transfer.agent import runner_layout
     from kvmesh.replica.kv_transfer.layout import block_layout
 
     if spec.model is not None:
+        from kvmesh.replica.kv_transfer.prefix_pull import cached_prefix_block_ids
         from kvmesh.replica.llm import LLM
         from kvmesh.replica.serving.sampling_params import SamplingParams
 
-        llm = LLM(spec.model, device="cpu", num_kv_blocks=spec.num_kv_blocks)
-        llm.generate([list(spec.prompt)], SamplingParams(max_tokens=4, temperature=0.0))
+        llm = LLM(spec.model, device="cpu", num_kv_blocks=spec.num_kv_blocks, hash_seed=spec.hash_seed)
+        (out,) = llm.generate([list(spec.prompt)], SamplingParams(max_tokens=spec.max_tokens, temperature=0.0))
         runner = llm.llm_engine.model_runner
         layout = runner_layout(runner)
         per_block = runner.kv_cache.view(layout.num_regions, layout.num_blocks, -1)
         written = [b for b in range(1, layout.num_blocks) if per_block[:, b].abs().sum() > 0]
-        return runner.kv_cache, layout, written, llm
+        prefix = cached_prefix_block_ids(llm.llm_engine.kv_cache_manager, list(spec.prompt))
+        ready = HolderReady(b"", runner.kv_cache.clone(), written, prefix, list(out.output_token_ids))
+        return runner.kv_cache, layout, ready, llm
     cache = torch.randn(spec.synthetic_shape()).to(getattr(torch, spec.dtype))
     layout = block_layout(cache, spec.kv_layout, spec.block_size, spec.num_kv_heads, spec.head_dim)
-    return cache, layout, list(range(1, spec.num_kv_blocks)), None
+    return cache, layout, HolderReady(b"", cache.clone(), list(range(1, spec.num_kv_blocks))), None
 
 
 def _hold(conn, spec: HolderSpec) -> None:
     from kvmesh.replica.kv_transfer.agent import KVTransferConfig, encode_handshake, make_kv_transfer_agent
     from kvmesh.replica.kv_transfer.errors import KVTransferError
 
-    cache, layout, written, _engine = _holder_cache(spec)
+    cache, layout, ready, _engine = _holder_cache(spec)
     try:
         agent = make_kv_transfer_agent(KVTransferConfig(transport=spec.transport), spec.name, cache, layout)
     except KVTransferError as e:
         conn.send(str(e))
         return
-    conn.send((encode_handshake(agent.handshake()), cache.clone(), written))
+    conn.send(replace(ready, handshake=encode_handshake(agent.handshake())))
     while (command := conn.recv()) != "exit":
         if command == "die":
             os._exit(1)  # no cleanup: the reader sees a dead peer
@@ -89,8 +113,8 @@ def _hold(conn, spec: HolderSpec) -> None:
     conn.close()
 
 
-def receive_holder(conn) -> tuple[bytes, object, list[int]]:
-    """The holder's (handshake, cache copy, written block ids); KVTransferUnavailable when it could not start."""
+def receive_holder(conn) -> HolderReady:
+    """The holder's HolderReady; KVTransferUnavailable when it could not start."""
     from kvmesh.replica.kv_transfer.errors import KVTransferUnavailable
 
     try:

@@ -80,7 +80,8 @@ def bench_layout(kv_layout: str, block_counts: list[int], repeat: int) -> dict:
     spec = HolderSpec("bench-holder", kv_layout=kv_layout, num_kv_blocks=max(block_counts) + 1)
     conn, process = start_holder(spec)
     try:
-        handshake, holder_cache, _ = receive_holder(conn)
+        ready = receive_holder(conn)
+        handshake, holder_cache = ready.handshake, ready.cache
         cache = torch.zeros(spec.synthetic_shape(), dtype=getattr(torch, spec.dtype))
         layout = block_layout(cache, kv_layout, spec.block_size, spec.num_kv_heads, spec.head_dim)
         agent = make_kv_transfer_agent(KVTransferConfig(), "bench-reader", cache, layout)
