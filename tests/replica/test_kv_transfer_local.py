@@ -12,8 +12,9 @@ from kvmesh.replica.kv_transfer.agent import (
     encode_handshake,
     make_kv_transfer_agent,
     read_blocks,
+    wait,
 )
-from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError
+from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError, KVTransferTimeout
 from kvmesh.replica.kv_transfer.layout import block_layout, symbolic_layout
 
 LAYERS, NUM_BLOCKS, BLOCK_SIZE, HEADS, HEAD_DIM = 3, 10, 4, 2, 8
@@ -120,3 +121,27 @@ def test_config_names_the_transports_it_knows():
         KVTransferConfig(transport="rdma")
     with pytest.raises(ValueError, match="must be positive"):
         KVTransferConfig(timeout_s=0)
+
+
+class StuckTransfer:
+    """A transfer whose peer never answers (PROC forever) or that fails (ERR)."""
+
+    def __init__(self, state: str) -> None:
+        self.num_blocks, self._state, self.released = 3, state, False
+
+    def state(self) -> str:
+        return self._state
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_a_transfer_that_never_finishes_times_out_and_one_that_fails_raises(agents):
+    reader = agents("reader", *_cache(TorchAttentionBackend))
+    stuck = StuckTransfer("PROC")
+    with pytest.raises(KVTransferTimeout, match=r"reading 3 KV blocks from 'holder' did not finish within 0.05 s"):
+        wait(reader, stuck, "holder", timeout_s=0.05)
+    failed = StuckTransfer("ERR")
+    with pytest.raises(KVTransferError, match=r"failed \(transfer state ERR\); recompute them"):
+        wait(reader, failed, "holder")
+    assert stuck.released and failed.released
