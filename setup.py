@@ -9,7 +9,14 @@ It is optional: without a C compiler or Python headers the build warns and the r
 pure-Python code, which gives identical results.
 """
 
+import warnings
+
 from setuptools import Extension, find_packages, setup
+from setuptools.warnings import InformationOnly
+
+# An editable install maps kvmesh.<top> onto the folders (setuptools' "lenient" mode) and says so in a
+# ten-line notice on every `pip install -e .`; that is the layout above, on purpose.
+warnings.filterwarnings("ignore", category=InformationOnly)
 
 TOP_LEVEL = ("kvcache", "events", "replica", "router", "cluster")
 
@@ -28,5 +35,7 @@ fastpath = Extension(
     optional=True,
 )
 
+# Package data is named, not taken from MANIFEST.in: the extension's C sources (router/_native/, which has
+# no __init__.py) go into the sdist to be compiled, not into the wheel as a package.
 setup(packages=packages, package_dir=package_dir, package_data={"kvmesh.cluster": ["*.yaml"]},
-      ext_modules=[fastpath])
+      include_package_data=False, ext_modules=[fastpath])

@@ -2,13 +2,15 @@
 
 Every running cluster has its own record, ``~/.cache/kvmesh/clusters/<host>_<port>.json``
 (``$XDG_CACHE_HOME`` respected; ``KVMESH_CLUSTERS_DIR`` overrides the folder): the router's URL, the
-serve process's pid and host name, and the admin key, readable by its user only (mode 0600, in a
-0700 folder). A cluster's record is written once its router listens, is never replaced while the
+serve process's pid and host name, the admin key and the tenants' API key when the router checks one,
+readable by its user only (mode 0600, in a 0700 folder). A cluster's record is written once its router listens, is never replaced while the
 process that wrote it lives, and is removed when that cluster stops.
 
 ``kvmesh scale/drain/rollout`` find the key: ``KVMESH_ADMIN_KEY``, else ``--admin-key-file`` (a
 record, or a file holding just the key), else the record of the cluster at ``--url``, else -- with no
 ``--url`` -- the one running cluster's record (several: an error listing them and how to pick one).
+``kvmesh status`` finds the API key the same way (``--api-key``, else ``KVMESH_API_KEY``, else the record).
+A URL names the same router however its loopback host is spelled (``localhost``, ``127.0.0.1``, ``[::1]``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+LOOPBACK_NAMES = frozenset({"localhost", "::1", "ip6-localhost"})
+"""Host names of this machine's loopback interface besides 127.0.0.0/8 (the router binds 127.0.0.1)."""
+
 
 @dataclass(frozen=True)
 class ClusterRecord:
@@ -30,6 +35,8 @@ class ClusterRecord:
     host: str
     admin_key: str = field(repr=False)
     path: Path = field(default=Path())
+    api_key: str | None = field(default=None, repr=False)
+    """The tenants' key the router checks (``kvmesh status`` reads ``/replicas`` with it); None: none."""
     started: str | None = None
     """The serve process's start time (/proc), so a reused pid is not taken for it."""
 
@@ -53,15 +60,27 @@ def record_path(url: str, folder: str | os.PathLike | None = None) -> Path:
     return Path(folder or clusters_dir()) / f"{parts.hostname}_{parts.port}.json"
 
 
-def publish(url: str, key: str, folder: str | os.PathLike | None = None) -> Path:
-    """Write this process's record for the router at ``url``; refuses to replace a live cluster's."""
+def same_router(url: str) -> str:
+    """``url`` as a record names it: scheme, host and port, a loopback host as 127.0.0.1, no trailing slash."""
+    parts = urlsplit(url.rstrip("/") if "://" in url else f"http://{url}")
+    host = (parts.hostname or "").lower()
+    if host in LOOPBACK_NAMES or host.startswith("127."):
+        host = "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme or 'http'}://{host}:{port}{parts.path.rstrip('/')}"
+
+
+def publish(url: str, key: str, folder: str | os.PathLike | None = None, api_key: str | None = None) -> Path:
+    """Write this process's record for the router at ``url`` (with the tenants' ``api_key``, if the router
+    checks one); refuses to replace a live cluster's."""
     path = record_path(url, folder)
     current = _load(path)
     if current is not None and current.alive() and current.pid != os.getpid():
         raise RuntimeError(f"{path} belongs to the running kvmesh serve (pid {current.pid}) at {current.url}; "
                            "stop it first, or serve this cluster on another --port")
     body = json.dumps({"url": url.rstrip("/"), "pid": os.getpid(), "host": socket.gethostname(),
-                       "started": _started(os.getpid()), "admin_key": key})
+                       "started": _started(os.getpid()), "admin_key": key,
+                       **({"api_key": api_key} if api_key else {})})
     return write_private(path, body)
 
 
@@ -116,9 +135,9 @@ def find_admin_key(url: str | None, key_file: str | None = None,
     where = Path(folder or clusters_dir())
     if url is not None:
         wanted = url.rstrip("/")
-        match = [r for r in running if r.url == wanted]
+        match = [r for r in running if same_router(r.url) == same_router(wanted)]
         if match:
-            return wanted, match[0].admin_key
+            return match[0].url, match[0].admin_key
         listed = "; running here: " + ", ".join(r.url for r in running) if running else ""
         raise ValueError(f"no running kvmesh serve with its router at {wanted} has a key in {where}{listed}. "
                          "Set KVMESH_ADMIN_KEY or --admin-key-file for a cluster started elsewhere")
@@ -130,6 +149,11 @@ def find_admin_key(url: str | None, key_file: str | None = None,
                          + ", ".join(f"{r.url} (pid {r.pid})" for r in running)
                          + "; pick one with --url, e.g. --url " + running[0].url)
     return running[0].url, running[0].admin_key
+
+
+def running_record(url: str, folder: str | os.PathLike | None = None) -> ClusterRecord | None:
+    """The record of the cluster running here with its router at ``url``; None: none."""
+    return next((r for r in running_clusters(folder) if same_router(r.url) == same_router(url)), None)
 
 
 def _load(path: Path, strict: bool = False) -> ClusterRecord | None:
@@ -150,7 +174,7 @@ def _load(path: Path, strict: bool = False) -> ClusterRecord | None:
         data = json.loads(text)
         return ClusterRecord(url=str(data["url"]), pid=int(data["pid"]), host=str(data["host"]),
                              admin_key=str(data["admin_key"]), path=path,
-                             started=data.get("started"))
+                             started=data.get("started"), api_key=data.get("api_key"))
     except (ValueError, KeyError, TypeError):
         if strict and text and "\n" not in text and not text.startswith("{"):
             return ClusterRecord(url="", pid=0, host="", admin_key=text, path=path)  # a file holding just the key

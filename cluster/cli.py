@@ -131,6 +131,22 @@ def main(argv: list[str] | None = None) -> int:
         return _main(sys.argv[1:] if argv is None else argv)
     except KeyboardInterrupt:  # Ctrl-C at any point, imports included: an exit, not a traceback
         return 130
+    except BrokenPipeError:  # `kvmesh status --json | head`: the reader left, as it may
+        return _reader_left()
+
+
+def _reader_left() -> int:
+    """Exit as a process killed by SIGPIPE reports it (128 + 13), without the traceback: what is still
+    buffered for stdout goes to /dev/null, so the interpreter's last flush cannot fail again."""
+    import os
+    import signal
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file (a test's capture)
+        pass
+    return 128 + signal.SIGPIPE
 
 
 def _main(argv: list[str]) -> int:

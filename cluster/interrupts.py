@@ -41,6 +41,12 @@ class Interrupts:
         """A signal arrived (whether or not its exception got through)."""
         return self._pending is not None
 
+    @property
+    def exit_code(self) -> int:
+        """What a shell expects of a process stopped by the signal that arrived: 128 + its number (Ctrl-C 130,
+        SIGTERM 143); 0 when none did."""
+        return 0 if self._pending is None else 128 + self._pending
+
     def ignore(self) -> None:
         self._acted.set()
         signal.signal(signal.SIGINT, signal.SIG_IGN)

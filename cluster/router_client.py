@@ -4,7 +4,8 @@ The router (router/control/router_server.py) exposes ``GET/POST /replicas``, ``D
 ``POST /replicas/{id}/drain``, the serve process's ``/admin/{fleet,scale,rollout}``, ``/health``
 and Prometheus ``/metrics``. serve's supervisor registers replicas through this
 client (the same calls work for a router in another process or on another node); ``kvmesh
-status`` builds its table from ``/replicas`` + ``/metrics``. It is synchronous for its callers
+status`` builds its table from ``/replicas`` + ``/metrics``, and the hit rate from each replica's own
+``/metrics`` (its prefix-cache counters count every prompt, streams without usage included). It is synchronous for its callers
 (the launcher, the supervisor thread, the CLI): the aiohttp session runs on a private event-loop
 thread, so any thread may call it, one request at a time per call.
 """
@@ -53,9 +54,24 @@ class ReplicaStatus(ReplicaLoad):
     """Why the router does not trust this replica's event stream (routes it by load only); None: trusted."""
     event_bad_frames: int = 0
     """Event messages from this replica the router dropped as bad (undecodable, over a limit)."""
+    ejected: bool = False
+    """Out of rotation after failures in a row (outlier detection) until a probe request is answered."""
+    ejected_for_s: float = 0.0
+    """Seconds left of that ejection."""
+    last_failure: str | None = None
+    """What its last failed answer was."""
+    prefix_cache_queries: int | None = None
+    """Prompt tokens the replica looked up in its prefix cache (its ``vllm:prefix_cache_queries``); None: its
+    /metrics did not answer."""
+    prefix_cache_hits: int = 0
+    """Of those, tokens found cached (``vllm:prefix_cache_hits``)."""
 
     @property
     def hit_rate(self) -> float | None:
+        """The replica's own count when it answered (every request, streams without usage too), else what the
+        router saw in usage (only requests whose client asked for it)."""
+        if self.prefix_cache_queries is not None:
+            return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else None
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
@@ -146,13 +162,37 @@ class RouterClient:
         return self._request("GET", "/metrics")[1].decode()
 
     def status(self) -> list[ReplicaStatus]:
-        """Per-replica rows from /replicas (who, where, health) and /metrics (the numbers)."""
+        """Per-replica rows from /replicas (who, where, health), the router's /metrics (the numbers) and each
+        replica's /metrics (its prefix-cache counters; a replica that does not answer keeps the router's)."""
         rows = {r.id: ReplicaStatus(replica_id=r.id, url=r.url, healthy=r.healthy, degraded=r.degraded,
-                                    draining=r.draining)
+                                    draining=r.draining, ejected=r.ejected, ejected_for_s=r.ejected_for_s,
+                                    last_failure=r.last_failure)
                 for r in self.replica_rows()}
         apply_metrics(rows, self.metrics_text())
+        for row, text in zip(rows.values(), self._run(self._replica_metrics(list(rows.values()))), strict=True):
+            if text is not None:
+                apply_cache_counters(row, text)
         return sorted(rows.values(), key=lambda r: r.replica_id)
 
+    async def _replica_metrics(self, rows: list[ReplicaStatus]) -> list[str | None]:
+        """Each replica's /metrics text (public: no key is sent to it), None where it does not answer."""
+        async def scrape(session: aiohttp.ClientSession, url: str) -> str | None:
+            try:
+                async with session.get(url.rstrip("/") + "/metrics") as response:
+                    return (await response.text()) if response.status == 200 else None
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                return None
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REPLICA_SCRAPE_TIMEOUT_S)) as session:
+            return list(await asyncio.gather(*(scrape(session, row.url) for row in rows)))
+
+
+REPLICA_SCRAPE_TIMEOUT_S = 2.0
+"""How long ``kvmesh status`` waits for a replica's /metrics (a slow one keeps the router's numbers)."""
+
+# replica metric (sample name, vLLM's) -> ReplicaStatus field
+_CACHE_COUNTERS = {"vllm:prefix_cache_queries_total": "prefix_cache_queries",
+                   "vllm:prefix_cache_hits_total": "prefix_cache_hits"}
 
 # router metric (sample name) -> ReplicaStatus field; counters come as <name>_total
 _GAUGES = {
@@ -196,6 +236,24 @@ def apply_metrics(rows: dict[str, ReplicaStatus], text: str) -> None:
                     row.event_restarts = int(sample.value)
                 elif counter == "bad_frames":
                     row.event_bad_frames = int(sample.value)
+
+
+def apply_cache_counters(row: ReplicaStatus, text: str) -> None:
+    """Fill ``row``'s prefix-cache counters from the replica's Prometheus text (a replica that has none, e.g.
+    a server of another kind, leaves them unknown)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in _CACHE_COUNTERS:
+                    found[_CACHE_COUNTERS[sample.name]] = found.get(_CACHE_COUNTERS[sample.name], 0) + int(sample.value)
+    except ValueError:  # not Prometheus text
+        return
+    if "prefix_cache_queries" in found:
+        row.prefix_cache_queries = found["prefix_cache_queries"]
+        row.prefix_cache_hits = found.get("prefix_cache_hits", 0)
 
 
 def _error_message(raw: bytes) -> str | None:

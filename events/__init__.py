@@ -3,7 +3,8 @@
 Modules (import what you need; this package imports nothing itself):
 
 - ``schema``      BlockStored / BlockRemoved / AllBlocksCleared / KVEventBatch (msgspec)
-- ``codec``       encode_batch (vLLM bytes) / decode_batch (every vLLM dialect)
+- ``codec``       encode_batch (vLLM bytes) / decode_batch (every vLLM dialect); ``peek``, a
+                  payload refused by its msgpack headers before it is decoded
 - ``wire``        frame layouts: PUB, replay (vLLM) and snapshot (kvmesh) requests and answers
 - ``endpoints``   bind-or-connect rules (vLLM's, plus ``bind://`` / ``connect://``), port 0
 - ``state``       CachedBlockSet: the set of blocks a stream describes, and its snapshot chains
@@ -12,7 +13,8 @@ Modules (import what you need; this package imports nothing itself):
 - ``subscriber``  EventSubscriber (+ ``feed_loop``, its I/O thread over ``feed`` (one SUB socket each)
                   and ``replay_requests`` (the DEALERs); ``frame_guard`` + ``health``, bad frames,
                   degraded sources and the statuses a consumer hears; ``tracker``, the per-publisher
-                  ordering and gap-recovery logic; ``pending``, ``stats``, ``memory_watch``)
+                  ordering and gap-recovery logic; ``pending``, ``stats``; ``conn_bytes``, what
+                  ZeroMQ holds per connection)
 - ``curve``       CURVE keys and socket setup (private streams); ``ratelimit``, the token bucket
                   of the publisher's replay/snapshot limits
 """

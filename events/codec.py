@@ -13,7 +13,10 @@
 A payload that is not a batch at all raises ``DecodeError`` -- and nothing else: whatever the bytes
 (invalid UTF-8 in a string, msgpack nested thousands deep, wrong types, huge ints), the decoder
 turns the failure into ``DecodeError``, so one bad frame can never kill the thread that reads it.
-``check_batch`` then applies a consumer's size limits and the schema's own invariants.
+``check_batch`` then applies a consumer's size limits and the schema's own invariants. The lenient path
+builds whatever it reads, so it reads only what is shaped like a batch (``peek.check_shape``); the typed
+path's cost is bounded by its types, and a consumer peeks at a payload before either (``peek.peek_batch``,
+frame_guard.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from __future__ import annotations
 from typing import TypeAlias
 
 import msgspec
+from kvmesh.events.config import SubscriberConfig
+from kvmesh.events.peek import ShapeError, check_shape
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
 
 _U64_MASK = (1 << 64) - 1
@@ -88,8 +93,10 @@ def decode_batch(payload: bytes) -> KVEventBatch:
     return decode_batch_counted(payload).batch
 
 
-def decode_batch_counted(payload: bytes) -> DecodedBatch:
-    """Like ``decode_batch`` but also reports how many unknown events were dropped."""
+def decode_batch_counted(payload: bytes, max_events: int = SubscriberConfig.max_batch_events,
+                         max_blocks: int = SubscriberConfig.max_batch_blocks) -> DecodedBatch:
+    """Like ``decode_batch`` but also reports how many unknown events were dropped. A payload the lenient
+    path would read must be shaped like a batch of at most ``max_events`` events (peek.py)."""
     try:
         return DecodedBatch(_TYPED_DECODER.decode(payload))  # hashes as bytes take the lenient path
     except DecodeError:
@@ -97,7 +104,10 @@ def decode_batch_counted(payload: bytes) -> DecodedBatch:
     except _DECODE_FAILURES:
         pass
     try:
+        check_shape(payload, max_events, max_blocks)
         return _decode_lenient(payload)
+    except ShapeError as e:
+        raise DecodeError(f"payload refused by its shape: {e}") from None
     except DecodeError:
         raise
     except _DECODE_FAILURES as e:

@@ -137,14 +137,21 @@ class SubscriberConfig:
     beyond it messages are dropped unread and counted as bad (so a flood keeps its source degraded).
     Enough for a source that behaves again to show it, too little for a flood to cost the process
     more than a few % of a core. (Trusted sources have no such budget: one core decodes ~60 MB/s.)"""
-    memory_alarm_bytes: int = 128 << 20
-    """Growth of this process's memory (RSS) at which the connections whose sources sent no message
-    for a second are reset and counted as bad: ZeroMQ holds a multipart message until its last frame,
-    so a peer streaming one that never ends is seen only there (events/memory_watch.py). 0: off."""
+    source_busy_share: float = 0.25
+    """Seconds per second of the I/O thread that one source's decoding and applying may take (its
+    debt paid back before its socket is read again; the flood waits in its publisher), so a source
+    sending batches that are costly to decode cannot starve the others. An honest replica's stream
+    takes ~1 ms/s."""
+    source_turn_s: float = 0.01
+    """Seconds one socket is read per turn of the I/O loop (at least one message) before the other
+    sources get theirs: an honest source waits at most one turn of each other source."""
     max_batch_blocks: int = 65_536
     """Most blocks one batch (or snapshot chunk) may name; a bigger one is dropped as bad (a
     legitimate one, e.g. a publisher's resync batch, is then recovered through a snapshot, whose
     chunks hold ``PublisherConfig.snapshot_chunk_blocks`` -- keep that below this)."""
+    max_batch_events: int = 65_536
+    """Most events one batch (or snapshot chunk) may hold, read from its header before anything is
+    decoded (events/peek.py: a payload shaped unlike a batch is refused the same way, unread)."""
     max_source_blocks: int = 1_000_000
     """Most blocks one source may hold: a snapshot beyond it is refused, and consumers (the
     router) drop batches that would take a source past it."""
@@ -180,12 +187,13 @@ class SubscriberConfig:
     def __post_init__(self) -> None:
         if (self.curve_public_key is None) != (self.curve_secret_key is None):
             raise ValueError("SubscriberConfig.curve_public_key and curve_secret_key go together (a keypair)")
-        if self.memory_alarm_bytes < 0:
-            raise ValueError(f"SubscriberConfig.memory_alarm_bytes must be >= 0 (0: off), got {self.memory_alarm_bytes}")
+        if not 0 < self.source_busy_share <= 1:
+            raise ValueError(f"SubscriberConfig.source_busy_share must be in (0, 1] (seconds per second), "
+                             f"got {self.source_busy_share}")
         for name in ("replay_timeout", "snapshot_timeout", "rcvhwm", "max_source_queue_bytes", "max_pending",
                      "max_pending_bytes", "reconnect_ivl_ms", "max_payload_bytes", "degraded_source_bytes_per_s",
-                     "max_batch_blocks", "max_source_blocks", "bad_frame_threshold",
-                     "bad_frame_window_s",
+                     "max_batch_blocks", "max_batch_events", "max_source_blocks", "bad_frame_threshold",
+                     "bad_frame_window_s", "source_turn_s",
                      "recovery_backoff_s", "recovery_backoff_max_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SubscriberConfig.{name} must be positive, got {getattr(self, name)}")
@@ -199,6 +207,13 @@ class SubscriberConfig:
         connection): twice ``max_payload_bytes``, so a payload somewhat over the limit is still
         read, counted and dropped by the guard rather than costing a reconnect."""
         return 2 * self.max_payload_bytes
+
+    @property
+    def max_connection_bytes(self) -> int:
+        """Bytes a connection of ours may receive without delivering a whole message before it is cut
+        off (events/conn_bytes.py): its queue of whole messages (``max_source_queue_bytes``), one
+        message under way and the kernel's receive buffer (``max_message_bytes`` each)."""
+        return self.max_source_queue_bytes + 2 * self.max_message_bytes
 
     def snapshot_bytes(self) -> int:
         """The largest snapshot payload accepted: ``max_snapshot_bytes``, or 128 bytes per block of

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import zmq
 from kvmesh.events.config import SubscriberConfig
+from kvmesh.events.conn_bytes import ConnectionBytes
 from kvmesh.events.endpoints import Endpoint, attach
 
 REATTACH_S = 0.3
@@ -20,7 +21,10 @@ REATTACH_S = 0.3
 DETACH_S = (0.5, 30.0)
 """First and longest wait before a connection we cut off (``detach``) is made again; doubles per cut
 in a row, so a peer that keeps earning it is connected less and less often."""
-MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+MONITORED = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+             | HANDSHAKE_FAILED)
 
 
 class Feed:
@@ -36,9 +40,14 @@ class Feed:
         self.reattach_at: float | None = None
         """When to connect again a dropped connection that ZeroMQ does not retry (None: none is)."""
         self.last_message = time.monotonic()
-        """When the last whole message arrived (or the feed was made), for ``MemoryWatch``."""
+        """When the last whole message arrived (or the feed was made)."""
+        self.bytes = ConnectionBytes()
+        """What the connection received and ZeroMQ has not handed over yet (conn_bytes.py)."""
         self.detached = False
         """We cut the connection off (``detach``) and connect again at ``reattach_at``."""
+        self.refused: str | None = None
+        """Why the publisher refused our last handshake (``refusal``); None: it did not. Its drops are no bad
+        frames and its reconnections no reconnections: nothing ever got through."""
         self._cuts = (0, 0.0)  # cuts in a row (no whole message since), time of the last one
 
     @classmethod
@@ -73,10 +82,21 @@ class Feed:
             self.monitor = None
         self.sock.close(linger=0)
 
-    def watch(self, event: int) -> bool:
-        """Note one monitor event; True when a connection that had dropped is up again."""
+    def watch(self, event: int, value: int = 0) -> bool:
+        """Note one monitor event (``value``: its value; the connection's descriptor when it connected);
+        True when a connection that had dropped is up again."""
+        if event == zmq.EVENT_CONNECTED:
+            self.bytes.connected(value)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.bytes.disconnected()
         if self.detached:
             return False  # our own cut: we connect again ourselves
+        if event & HANDSHAKE_FAILED:
+            self.refused = self.refusal(event, value)
+            return False
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.refused is not None:
+            self.refused = None  # the publisher admits us now (restarted without CURVE, or with our key)
+            return True
         if event == zmq.EVENT_DISCONNECTED:
             self.dropped = True
             if self.down_since is None:
@@ -86,10 +106,20 @@ class Feed:
             self.reattach_at = None  # ZeroMQ is on it
         elif event == zmq.EVENT_CONNECTED:
             self.down_since = self.reattach_at = None
-            if self.dropped:
+            if self.dropped and self.refused is None:
                 self.dropped = False
                 return True
         return False
+
+    def refusal(self, event: int, value: int) -> str:
+        """What a failed handshake means, for people."""
+        if self.server_key is None and (event != zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                        or value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
+            return (f"{self.address} refused our handshake: its stream is private (CURVE) and we hold no key "
+                    "for it")
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH or value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            return f"{self.address} refused our CURVE handshake: it does not admit our key (or is not private)"
+        return f"{self.address} failed the ZeroMQ handshake (protocol error {value:#x}): is it a ZeroMQ publisher?"
 
     def reattach(self) -> None:
         """Connect again (ZeroMQ gave the connection up after a protocol error, or we cut it off)."""
@@ -113,6 +143,7 @@ class Feed:
             self.sock.disconnect(self.address)
         except zmq.ZMQError:
             pass
+        self.bytes.disconnected()
         self.detached, self.dropped, self.reattach_at = True, True, now + wait
         if self.down_since is None:
             self.down_since = now

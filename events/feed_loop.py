@@ -3,6 +3,13 @@
 Runs on one thread, which owns every socket; other threads talk to it through ``call``
 (a command deque plus an inproc wake-up socket). SUB sockets are ``Feed``s (feed.py), replay and
 snapshot requests ``ReplayRequests`` (replay_requests.py), bad frames ``FrameGuard``'s (frame_guard.py).
+
+Sources are served fairly: each turn of the loop reads every ready socket for at most
+``source_turn_s`` (at least one message), and a source whose decoding and applying took more than its
+``source_busy_share`` of the thread is not read until it paid that back (its socket is left alone: the
+flood waits in its publisher). What a connection of ours received and ZeroMQ has not handed over is
+counted every ``conn_bytes.CHECK_S`` (also the longest the loop sleeps while there is one to count);
+past ``max_connection_bytes`` it is cut off.
 """
 
 from __future__ import annotations
@@ -16,10 +23,11 @@ from typing import Literal
 import zmq
 from kvmesh.events import curve
 from kvmesh.events.config import PublisherSource, SubscriberConfig
+from kvmesh.events.conn_bytes import CHECK_S, CountClock
 from kvmesh.events.endpoints import parse_sub_endpoint
 from kvmesh.events.feed import Feed
 from kvmesh.events.frame_guard import FrameGuard
-from kvmesh.events.memory_watch import MemoryWatch
+from kvmesh.events.health import REFUSED
 from kvmesh.events.replay_requests import MESSAGES_PER_TURN, ReplayRequests
 from kvmesh.events.tracker import BatchCallback, SourceTracker, StatusCallback
 from kvmesh.events.wire import unpack_seq
@@ -27,7 +35,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 logger = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path
-_PAUSE_S = (0.05, 1.0)  # shortest and longest pause of a degraded source's socket over its budget
+_PAUSE_S = (0.05, 1.0)  # shortest and longest pause of a source's socket over its budget
 Command = tuple[Literal["add"], PublisherSource] | tuple[Literal["remove", "resync"], str] | None
 """What ``FeedLoop.call`` queues for the I/O thread (None: stop)."""
 
@@ -51,7 +59,8 @@ class FeedLoop:
         self._to_start: list[str] = []
         self._active: dict[str, float] = {}  # source -> last time it sent us anything
         self._paused: dict[Feed, float] = {}  # feeds not polled (a degraded source over budget) -> until
-        self._memory = MemoryWatch(config.memory_alarm_bytes)
+        self.counts = CountClock()
+        """When the connections' bytes are counted (conn_bytes.py)."""
         self._poller = zmq.Poller()
         self.guard = FrameGuard(config, self.trackers, deliver, status)
         self.requests = ReplayRequests(ctx, config, self._poller, self._sources, self.trackers, self._active,
@@ -165,7 +174,10 @@ class FeedLoop:
                     name = self._to_start.pop(0)
                     if name in self.trackers:
                         self.trackers[name].start(self._config.snapshot_on_start)
-                ready = dict(self._poller.poll(self.requests.poll_timeout_ms()))
+                timeout_ms = self.requests.poll_timeout_ms()
+                if self.requests.dealers or any(not f.shared for f in self._feeds.values()):
+                    timeout_ms = min(timeout_ms, int(CHECK_S * 1000))
+                ready = dict(self._poller.poll(timeout_ms))
                 for sock in ready:
                     if sock is self._wake_recv:
                         self._drain(sock)
@@ -214,23 +226,37 @@ class FeedLoop:
 
     def _on_monitor(self, feed: Feed) -> None:
         while feed.monitor is not None and feed.monitor.poll(0):
-            if feed.watch(recv_monitor_message(feed.monitor)["event"]):
+            message = recv_monitor_message(feed.monitor)
+            refused = feed.refused
+            if feed.watch(message["event"], message["value"]):
                 for name in list(feed.topics):
                     logger.info("KV events from %s: reconnected to %s", name, feed.address)
                     self.trackers[name].on_reconnect()
+            if feed.refused is not None and refused is None:  # said once per refusal, not per attempt
+                for name in list(feed.topics):
+                    logger.warning("KV events from %s: %s", name, feed.refused)
+                    self.guard.tracker_status(name, REFUSED, feed.refused)
 
     def _reattach_feeds(self) -> None:
-        """Connect again what ZeroMQ gave up after a protocol error (a bad frame) or we cut off; cut off what
-        ``MemoryWatch`` suspects of a message that never ends (a bad frame too), unless it is recovering."""
+        """Connect again what ZeroMQ gave up after a protocol error (a bad frame) or we cut off; cut off a
+        connection holding more than ``max_connection_bytes`` without delivering (a bad frame too)."""
         now, feeds, bad = time.monotonic(), list(self._feeds.values()), []
         for feed in feeds:
             if feed.reattach_at is not None and now >= feed.reattach_at:
-                if not feed.detached:
+                if not feed.detached and feed.refused is None:  # a refused handshake is not the source's frame
                     bad.append((feed, "connection dropped by ZeroMQ", "a frame over max_message_bytes or bad framing"))
                 feed.reattach()
-        for feed in [f for f in self._memory.suspects(feeds) if not f.topics.keys() & self.requests.inflight.keys()]:
-            bad.append((feed, "memory grew while it sent nothing", f"RSS up {self._memory.limit_bytes >> 20} MiB: "
-                        f"a message that never ends? cut off for {feed.detach():g}s"))
+        since = self.counts.due()
+        if since is not None:
+            limit = self._config.max_connection_bytes
+            for feed in feeds:
+                if feed.shared or feed.detached:
+                    continue
+                held = feed.bytes.check(delivered=feed.last_message >= since)
+                if held > limit:
+                    self.counts.cut()
+                    bad.append((feed, "a message that never ends", f"{held >> 20} MiB received without a whole "
+                                f"message (max_connection_bytes={limit >> 20} MiB): cut off for {feed.detach():g}s"))
         for feed, what, why in bad:
             for name in list(feed.topics):
                 self.guard.bad_frame(name, "rejected", what, f"{feed.address}: {why}")
@@ -254,28 +280,49 @@ class FeedLoop:
             self._on_monitor(feed)
 
     def _on_sub(self, feed: Feed) -> None:
-        sock = feed.sock
+        sock, guard = feed.sock, self.guard
+        turn_ends = time.perf_counter() + self._config.source_turn_s
         for _ in range(MESSAGES_PER_TURN):
+            if not feed.shared:  # a socket of its own: over its share, it waits in its publisher
+                wait = guard.busy_wait_s(next(iter(feed.topics)))
+                if wait > 0:
+                    self.trackers[next(iter(feed.topics))].stats.busy_pauses += 1
+                    self._pause_feed(feed, wait)
+                    return
             try:
                 frames = sock.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 return
+            started = time.perf_counter()
+            feed.last_message = time.monotonic()
             name = feed.owner(frames[0]) if frames else None
             tracker = self.trackers.get(name) if name is not None else None
             if tracker is None:
-                self.guard.warn_once(feed.address, "message for an unknown topic", f"{frames[0][:40]!r}")
+                guard.warn_once(feed.address, "message for an unknown topic", f"{frames[0][:40]!r}")
                 continue
-            if len(frames) != 3 or len(frames[1]) != 8:
-                self.guard.bad_frame(name, "decode_errors", "bad frames",
-                                f"{len(frames)} frames; expected [topic, seq (8 bytes), payload]")
+            if feed.shared and guard.busy_wait_s(name) > 0:  # one socket, many sources: drop its, unread
+                tracker.stats.busy_pauses += 1
                 continue
-            self._active[name] = feed.last_message = time.monotonic()
-            payload = frames[2]
-            if not self.guard.admit(name, len(payload)):
-                if not feed.shared:  # a socket of its own: leave the flood in the publisher's queue
-                    self._pause_feed(feed, self.guard.refused_for_s(name, len(payload)))
-                    return
-                continue
-            batch = self.guard.decode(name, payload)
-            if batch is not None:
-                tracker.on_live(unpack_seq(frames[1]), batch, len(payload))
+            more = self._on_message(feed, name, tracker, frames)
+            guard.spend(name, time.perf_counter() - started)
+            if not more or time.perf_counter() >= turn_ends:
+                return  # the other sockets' turn; this one is still ready at the next poll
+
+    def _on_message(self, feed: Feed, name: str, tracker: SourceTracker, frames: list[bytes]) -> bool:
+        """One live message of ``name``: checked, decoded and delivered (or counted as bad). False when
+        the feed was paused (read no more of it now)."""
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.guard.bad_frame(name, "decode_errors", "bad frames",
+                                 f"{len(frames)} frames; expected [topic, seq (8 bytes), payload]")
+            return True
+        self._active[name] = feed.last_message
+        payload = frames[2]
+        if not self.guard.admit(name, len(payload)):
+            if not feed.shared:  # a socket of its own: leave the flood in the publisher's queue
+                self._pause_feed(feed, self.guard.refused_for_s(name, len(payload)))
+                return False
+            return True
+        batch = self.guard.decode(name, payload)
+        if batch is not None:
+            tracker.on_live(unpack_seq(frames[1]), batch, len(payload))
+        return True

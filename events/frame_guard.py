@@ -1,6 +1,7 @@
 """The subscriber's defences: every frame decoded, checked and applied under guard.
 
-``FeedLoop`` holds one ``FrameGuard`` (same thread). A frame that cannot be read, breaks a limit
+``FeedLoop`` holds one ``FrameGuard`` (same thread). A frame that cannot be read, is shaped unlike a
+batch (its msgpack headers are read before anything is decoded, peek.py), breaks a limit
 (``SubscriberConfig.max_*``) or makes the consumer's ``on_batch`` raise is dropped and counted in
 its source's ``SourceStats`` (``bad_frames`` and one of ``decode_errors`` / ``rejected`` /
 ``apply_errors``); the I/O thread and every other source carry on. A source that keeps sending
@@ -8,6 +9,10 @@ bad frames is degraded (``health.py``): the consumer hears ``on_status(name, "de
 the source is resynced from a snapshot, and ``on_status(name, "recovered", ...)`` follows once
 the snapshot is applied and ``degraded_probation_s`` passed without a bad frame (or, without
 snapshots, after a clean window).
+
+Every source's decoding and applying is charged to it (``spend``): over ``source_busy_share`` seconds
+per second, its socket is left unread until it paid its debt (``busy_wait_s``; feed_loop.py), so a
+source whose batches are costly cannot take the I/O thread from the others.
 
 A degraded source's live messages are decoded only within a budget (``admit``): a token bucket of
 ``degraded_source_bytes_per_s`` payload bytes per second, which is also its largest message. A
@@ -25,6 +30,7 @@ import time
 from kvmesh.events.codec import DecodeError, check_batch, decode_batch_counted
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.events.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, SourceHealth
+from kvmesh.events.peek import ShapeError, peek_batch
 from kvmesh.events.ratelimit import TokenBucket
 from kvmesh.events.schema import KVEventBatch
 from kvmesh.events.tracker import BatchCallback, SourceTracker, StatusCallback
@@ -49,11 +55,27 @@ class FrameGuard:
         self._next_health_check = 0.0
         self._budgets: dict[str, TokenBucket] = {}
         """Source name -> its decode budget while degraded (see the module doc)."""
+        self._busy: dict[str, TokenBucket] = {}
+        """Source name -> seconds of the I/O thread it may still spend (``source_busy_share``)."""
 
     def forget(self, name: str) -> None:
         """Drop what is known about a removed source."""
         self.health.pop(name, None)
         self._budgets.pop(name, None)
+        self._busy.pop(name, None)
+
+    def spend(self, name: str, seconds: float) -> None:
+        """Charge ``name`` for ``seconds`` of the I/O thread (decoding and applying its message)."""
+        bucket = self._busy.get(name)
+        if bucket is None:
+            share = self._config.source_busy_share
+            bucket = self._busy[name] = TokenBucket(share, share)
+        bucket.spend(seconds)
+
+    def busy_wait_s(self, name: str) -> float:
+        """Seconds until ``name`` is back within its share of the I/O thread (0.0: it is)."""
+        bucket = self._busy.get(name)
+        return 0.0 if bucket is None else bucket.wait_s(0.0)
 
     def admit(self, name: str, payload_bytes: int) -> bool:
         """Whether a live payload of ``payload_bytes`` from ``name`` may be decoded (always, unless the
@@ -108,9 +130,16 @@ class FrameGuard:
             self.bad_frame(name, "rejected", "payload too large",
                             f"{len(payload)} bytes; max_payload_bytes={self._config.max_payload_bytes}")
             return None
+        cfg = self._config
+        try:  # headers first: a payload that would be expensive to decode is refused unread
+            peek_batch(payload, cfg.max_batch_events, cfg.max_batch_blocks)
+        except ShapeError as e:
+            tracker.stats.shape_refusals += 1
+            self.bad_frame(name, "decode_errors", "payload refused by its shape", str(e))
+            return None
         try:
-            decoded = decode_batch_counted(payload)
-            check_batch(decoded.batch, self._config.max_batch_blocks)
+            decoded = decode_batch_counted(payload, cfg.max_batch_events, cfg.max_batch_blocks)
+            check_batch(decoded.batch, cfg.max_batch_blocks)
         except DecodeError as e:
             self.bad_frame(name, "decode_errors", "undecodable payload", str(e))
             return None

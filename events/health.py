@@ -26,6 +26,9 @@ SNAPSHOT_FAILED = "snapshot_failed"
 """A snapshot request failed: timed out, or the source has no snapshots (tracker.py)."""
 UNRECOVERED = "unrecovered"
 """Batches were lost that neither a replay nor a snapshot could restore (tracker.py)."""
+REFUSED = "refused"
+"""The publisher refused our ZeroMQ handshake: a private (CURVE) stream we hold no key for, or not the key
+it admits (feed.py). Nothing will arrive; it is no bad frame of the source's."""
 
 
 class SourceHealth:

@@ -12,6 +12,11 @@ further request waits ``recovery_backoff_s``, doubling up to ``recovery_backoff_
 streak ends when the source made no request for ``recovery_quiet_s`` plus twice its last delay.
 A held-back request counts as in flight (its timeout starts when it is sent). A publisher over
 its limits answers a snapshot request "busy": asked again after a back-off, never given up.
+
+What ZeroMQ holds for each DEALER's connection is counted (conn_bytes.py, through a monitor socket
+per DEALER): an answer that received ``max_connection_bytes`` without a whole message is given up,
+its DEALER closed (ZeroMQ frees it) and counted as a bad frame -- a timeout alone would let it grow
+for ``snapshot_timeout`` at the link's speed.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from collections.abc import Callable
 import zmq
 from kvmesh.events.codec import check_batch
 from kvmesh.events.config import PublisherSource, SubscriberConfig
+from kvmesh.events.conn_bytes import ConnectionBytes, CountClock
 from kvmesh.events.endpoints import parse_sub_endpoint
 from kvmesh.events.frame_guard import FrameGuard
 from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
 from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
+from zmq.utils.monitor import recv_monitor_message
 
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path
 MESSAGES_PER_TURN = 512
@@ -54,12 +61,16 @@ class ReplayRequests:
         self._snapshot_blocks: dict[str, int] = {}
         self._snapshot_bytes: dict[str, int] = {}  # payload bytes of the snapshot under way
         self._next_probe_check = 0.0
+        self._counts: dict[str, tuple[zmq.Socket, ConnectionBytes]] = {}  # source -> its DEALER's monitor, count
+        self._answered: dict[str, float] = {}  # source -> when its DEALER last delivered a whole message
+        self._clock = CountClock()
 
     def tick(self) -> None:
         """Once per loop turn: send requests whose back-off ended, expire unanswered ones, probe idle sources."""
         self._send_deferred()
         self._expire_requests()
         self._probe_idle()
+        self._count_answers()
 
     def poll_timeout_ms(self) -> int:
         """How long the loop may wait before a request is due or times out (at most 100 ms)."""
@@ -75,6 +86,7 @@ class ReplayRequests:
         self.inflight.pop(name, None)
         self._deferred.pop(name, None)
         self._streak.pop(name, None)
+        self._answered.pop(name, None)
         self.close_dealer(name)
 
     def close(self) -> None:
@@ -131,6 +143,8 @@ class ReplayRequests:
                 dealer.setsockopt(zmq.RCVHWM, self._config.queue_messages())
                 dealer.setsockopt(zmq.MAXMSGSIZE, self._config.max_message_bytes)
                 self._secure(dealer, src)
+                monitor = dealer.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+                self._counts[name] = (monitor, ConnectionBytes())
                 self.dealers[name] = dealer
                 self.dealer_owner[dealer] = name
                 self._poller.register(dealer, zmq.POLLIN)
@@ -148,10 +162,39 @@ class ReplayRequests:
 
     def close_dealer(self, name: str) -> None:
         dealer = self.dealers.pop(name, None)
+        counted = self._counts.pop(name, None)
         if dealer is not None:
             self.dealer_owner.pop(dealer, None)
             self._poller.unregister(dealer)
+            if counted is not None:
+                dealer.disable_monitor()
+                counted[0].close(linger=0)
             dealer.close(linger=0)
+
+    def _count_answers(self) -> None:
+        """Give up a request whose answer holds more than ``max_connection_bytes`` unfinished (module doc)."""
+        since = self._clock.due()
+        if since is None or not self._counts:
+            return
+        limit = self._config.max_connection_bytes
+        for name, (monitor, count) in list(self._counts.items()):
+            while monitor.poll(0):
+                event = recv_monitor_message(monitor)
+                if event["event"] == zmq.EVENT_CONNECTED:
+                    count.connected(event["value"])
+                else:
+                    count.disconnected()
+            held = count.check(delivered=self._answered.get(name, 0.0) >= since)
+            if held <= limit:
+                continue
+            kind = self.inflight.pop(name, (None, 0.0))[0]
+            self._deferred.pop(name, None)
+            self.close_dealer(name)
+            self._clock.cut()
+            why = f"{held >> 20} MiB received without a whole message (max_connection_bytes={limit >> 20} MiB)"
+            self._guard.bad_frame(name, "rejected", "a replay answer that never ends", why)
+            if kind is not None:
+                self._trackers[name].on_request_failed(kind, f"its answer never ended: {why}")
 
     def _expire_requests(self) -> None:
         now = time.monotonic()
@@ -186,6 +229,7 @@ class ReplayRequests:
                 frames = dealer.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 return
+            self._answered[name] = time.monotonic()
             kind = self.inflight.get(name, (None, 0.0))[0]
             if kind is None or name in self._deferred:
                 continue  # a stray answer to a request we gave up (or have not sent yet)

@@ -27,6 +27,9 @@ class SourceStats:
     """Times a loss could not be repaired; the consumer was told (``on_status``)."""
     decode_errors: int = 0
     """Messages that could not be read (bad payload, frame count, seq frame)."""
+    shape_refusals: int = 0
+    """Payloads refused by their msgpack headers before any decoding (``events/peek.py``; counted in
+    ``decode_errors`` too)."""
     rejected: int = 0
     """Batches dropped for breaking a limit (payload bytes, blocks per batch, blocks held)."""
     apply_errors: int = 0
@@ -38,6 +41,9 @@ class SourceStats:
     over_budget: int = 0
     """Live messages of a degraded source dropped unread, over its decode budget
     (``SubscriberConfig.degraded_source_bytes_per_s``; counted in ``rejected`` too)."""
+    busy_pauses: int = 0
+    """Times the source was over its share of the I/O thread (``source_busy_share``): its socket left
+    unread for a while (or, on a socket shared with other sources, one message dropped unread)."""
     pending_overflows: int = 0
     """Live batches dropped from the queue held during a recovery (over ``max_pending`` or
     ``max_pending_bytes``); recovered like lost ones."""

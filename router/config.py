@@ -108,6 +108,25 @@ class RouterConfig:
     migration_limit: int = 3
     """Times one stream may move to another replica when its replica fails mid-way (router/http/migration.py);
     0 turns migration off (as Dynamo's ``--migration-limit``)."""
+    first_byte_timeout_s: float | None = 20.0
+    """Seconds a replica may take to start answering (its first body bytes) before the request is retried on
+    another replica; extended while the replica shows progress (bytes of other answers, its /load prefill queue
+    shrinking, its KV events moving), so a slow but working replica is waited for (up to request_timeout_s).
+    None: only request_timeout_s."""
+    stream_idle_timeout_s: float | None = 20.0
+    """Seconds a stream may go without a byte from its replica before it moves to another replica (or ends with
+    an error event); the miss counts against the replica only if it showed no progress meanwhile. None: only
+    request_timeout_s."""
+    outlier_consecutive_failures: int = 3
+    """Consecutive failures of a replica (refused or reset connections, 5xx, missed deadlines without progress,
+    answers that are not JSON or SSE) that eject it from rotation, as Envoy's outlier detection; 0: never eject.
+    The last replica in rotation is never ejected."""
+    outlier_base_ejection_s: float = 30.0
+    """Seconds a replica's first ejection lasts; each further one doubles it (up to outlier_max_ejection_s). When
+    it ends, a probe request (a one-token completion) must be answered before the replica gets traffic again."""
+    outlier_max_ejection_s: float = 300.0
+    """Longest ejection; a re-admitted replica that serves this long without another ejection starts over at
+    outlier_base_ejection_s."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     """Body/prompt limits, chat template and its trust, read timeouts (the same settings as a replica's)."""
     access_log: bool = False
@@ -138,6 +157,16 @@ class RouterConfig:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.migration_limit < 0:
             raise ValueError(f"migration_limit must be >= 0 (0 = no stream migration), got {self.migration_limit}")
+        for name in ("first_byte_timeout_s", "stream_idle_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive seconds (or None for no deadline), got {value}")
+        if self.outlier_consecutive_failures < 0:
+            raise ValueError("outlier_consecutive_failures must be >= 0 (0 = never eject), got "
+                             f"{self.outlier_consecutive_failures}")
+        if not 0 < self.outlier_base_ejection_s <= self.outlier_max_ejection_s:
+            raise ValueError("outlier ejections must last 0 < outlier_base_ejection_s <= outlier_max_ejection_s, "
+                             f"got {self.outlier_base_ejection_s} and {self.outlier_max_ejection_s}")
         if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
         if not self.events_max_lag_s > 0:

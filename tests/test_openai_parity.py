@@ -106,6 +106,23 @@ def test_same_status_and_error_shape_for_invalid_bodies(pair, path, body):
     assert replica.json() == router.json()  # the same words too: one implementation answers
 
 
+MISTYPED = [  # vLLM answers 400; lax parsing would take "2" for 2 and "yes" for true
+    ("/v1/completions", {"prompt": "hi", "n": "2"}, "n"),
+    ("/v1/completions", {"prompt": "hi", "stream": "yes"}, "stream"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "4"}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": HI, "stream": 1}, "stream"),
+    ("/v1/chat/completions", {"messages": [{"role": "alien", "content": "hi"}]}, "messages.0.role"),
+]
+
+
+@pytest.mark.parametrize("path, body, field", MISTYPED)
+def test_a_mistyped_field_is_a_400_naming_it_on_both(pair, path, body, field):
+    replica, router = both(pair, path, json.dumps(body))
+    assert replica.status_code == router.status_code == 400, (replica.text, router.text)
+    assert replica.json() == router.json()
+    assert replica.json()["error"]["message"].startswith(f"invalid request: {field}: "), replica.text
+
+
 def test_both_refuse_missing_or_wrong_keys_the_same_way(pair):
     for headers in ({}, {"Authorization": "Bearer nope"}):
         for path in ("/v1/completions", "/tokenize", "/v1/chat/completions/render"):

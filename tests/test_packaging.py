@@ -32,11 +32,14 @@ def test_wheel_contains_only_namespaced_packages(tmp_path):
         shutil.copy(REPO_ROOT / name, source / name)
     for layer in LAYERS:
         shutil.copytree(REPO_ROOT / layer, source / layer, ignore=ignore)
-    subprocess.run(
+    build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
         check=True,
         capture_output=True,
+        text=True,
     )
+    # the build is quiet: no deprecated license table, no package setuptools would have to guess at
+    assert "Warning" not in build.stdout + build.stderr, build.stdout + build.stderr
     (wheel,) = tmp_path.glob("kvmesh-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top_level = {name.split("/")[0] for name in names if not name.startswith("kvmesh-")}

@@ -2,8 +2,9 @@
 
 Inside ``kvmesh serve`` the replica's process is then removed (the router drops its index) and the
 cluster's target replica count is lowered by one (``kvmesh scale N`` restores it; with
-autoscale.scale_with_load the autoscaler decides again); with a standalone router the replica stays
-registered, out of rotation (``DELETE /replicas/{id}`` removes it).
+autoscale.scale_with_load the autoscaler decides again); the cluster's last replica is not drained (409:
+scale up first, or stop the cluster). With a standalone router the replica stays registered, out of
+rotation (``DELETE /replicas/{id}`` removes it).
 
 examples:
   kvmesh drain replica-1

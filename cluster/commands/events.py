@@ -20,12 +20,12 @@ import json
 import sys
 import threading
 
+PRIVATE_HINT = ("a `kvmesh serve` cluster's event streams are private by default (CURVE: only its own router "
+                "can read them); restart it with --no-private-events to tail them")
 NO_ANSWER_HINT = (
-    "a `kvmesh serve` cluster's event streams are private by default "
-    "(CURVE: only its own router can read them, and other subscribers get nothing, not even an error); "
-    "restart it with --no-private-events to tail them. Otherwise check the addresses: replica i of serve "
+    f"{PRIVATE_HINT}. Otherwise check the addresses: replica i of serve "
     "publishes on 5557+2i and answers replays on 5558+2i (`kvmesh status` lists them)")
-"""What a silent stream most likely means, and what to do (ZeroMQ gives a subscriber no error to show)."""
+"""What a silent stream most likely means, and what to do."""
 
 
 def add_parser(subparsers) -> None:
@@ -86,6 +86,7 @@ def event_json(name: str, seq: int, ts: float, event) -> str:
 
 def run(args) -> int:
     from kvmesh.events.config import SubscriberConfig
+    from kvmesh.events.health import REFUSED
     from kvmesh.events.subscriber import EventSubscriber
 
     done = threading.Event()
@@ -110,6 +111,11 @@ def run(args) -> int:
     hinted = []
 
     def on_status(name, status, detail) -> None:
+        if status == REFUSED:  # said first, before a snapshot times out
+            if name not in hinted:
+                hinted.append(name)
+                print(f"# {name}: {detail}: {PRIVATE_HINT}", file=sys.stderr, flush=True)
+            return
         print(f"# {name}: {status}: {detail}", file=sys.stderr, flush=True)
         if status in ("snapshot_failed", "unrecovered") and "answer" in detail and not hinted:
             hinted.append(name)

@@ -41,7 +41,10 @@ def load(args: argparse.Namespace) -> ReplicaCommandConfig:
     config = config_from_args(args, REPLICA_SCHEMA)
     server, engine = config.server, config.engine
     if engine.load_format != "dummy" or engine.hf_config is None:
-        config = replace(config, engine=replace(engine, model=check_model(engine.model)))
+        # clients name the model as it was given (vLLM's rule, and what `kvmesh router --model` with the same
+        # value advertises), not as it resolved; the resolved path stays an alias (server/app.py)
+        server = replace(server, served_model_name=server.served_model_name or engine.model)
+        config = replace(config, server=server, engine=replace(engine, model=check_model(engine.model)))
     check_port_free(server.host, server.port, "server.port")
     if server.event_port is not None and not server.events_endpoint:
         check_port_free(server.host, server.event_port, "server.event_port")

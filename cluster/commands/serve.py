@@ -83,11 +83,12 @@ def run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, Terminated):
         interrupts.ignore()
         report("shutting down...")
-        code = 0
+        code = interrupts.exit_code or 130
     except Exception as e:  # startup failed: say why, then clean up
         interrupts.ignore()
         if interrupts.pending:  # an interrupt swallowed on the way made start-up fail: that is a Ctrl-C
             report("shutting down...")
+            code = interrupts.exit_code or 130
         else:
             print(f"kvmesh serve: {e}", file=sys.stderr, flush=True)
             code = 1

@@ -13,7 +13,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                    description=__doc__)
     parser.add_argument("--url", default=None,
                         help="router URL (default: the one kvmesh serve running here, else http://127.0.0.1:8000)")
-    parser.add_argument("--api-key", default=None, help="router API key (default: $KVMESH_API_KEY)")
+    parser.add_argument("--api-key", default=None,
+                        help="router API key (default: $KVMESH_API_KEY, else the record of the kvmesh serve "
+                             "running here at --url)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=run)
 
@@ -29,8 +31,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"kvmesh status: {e}", file=sys.stderr)
         return 2
-    client = RouterClient(args.url, api_key=args.api_key or os.environ.get("KVMESH_API_KEY"),
-                          admin_key=admin_key)
+    client = RouterClient(args.url, api_key=_api_key(args), admin_key=admin_key)
     try:
         rows = client.status()
         health = client.health()
@@ -69,6 +70,17 @@ def _locate(url: str | None) -> tuple[str, str | None]:
         return find_admin_key(url)
     except ValueError:
         return url or "http://127.0.0.1:8000", None
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else $KVMESH_API_KEY, else the key in the record of the cluster at ``args.url`` (its serve
+    runs here as this user)."""
+    from kvmesh.cluster.admin_key import running_record
+
+    if args.api_key or os.environ.get("KVMESH_API_KEY"):
+        return args.api_key or os.environ.get("KVMESH_API_KEY")
+    record = running_record(args.url)
+    return record.api_key if record is not None else None
 
 
 def _fleet(client) -> dict | None:
@@ -113,12 +125,15 @@ def format_table(rows, url: str, health: dict) -> str:
                       for line in lines)
     healthy = len(health.get("healthy_replicas", []))
     notes = [f"  {r.replica_id}: routed by load only -- {r.degraded}" for r in rows if r.healthy and r.degraded]
+    notes += [f"  {r.replica_id}: ejected after failures in a row -- {r.last_failure}" for r in rows if r.ejected]
     return "\n".join([f"router {url}: {healthy}/{len(rows)} replicas healthy", table, *notes])
 
 
 def _health(row) -> str:
     if row.draining:  # out of rotation on purpose, its running requests finishing
         return "draining"
+    if row.ejected:  # outlier detection: back after its ejection and an answered probe request
+        return f"EJECTED {row.ejected_for_s:.0f}s" if row.ejected_for_s else "EJECTED (probing)"
     if not row.healthy:
         return "DOWN"
     return "degraded" if row.degraded else "ok"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from kvmesh.cluster.config.schema import Schema, Tree, to_dict
 from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig
-from kvmesh.cluster.launch.gpu_share import check_gpu_share, gpus_per_worker
+from kvmesh.cluster.launch.gpu_share import check_device_share, check_gpu_share, gpus_per_worker
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.openai.config import FrontendConfig
@@ -143,6 +143,8 @@ class ServeConfig:
         check_hash_seed(self.engine.hash_seed)
         check_gpu_share(self.replicas.gpus_per_replica, self.engine.tensor_parallel_size,
                         self.engine.gpu_memory_utilization)
+        if self.engine.device == "cpu":
+            check_device_share(self.replicas.gpus_per_replica, "cpu", "engine.device=cpu")
         if self.autoscale.scale_with_load:
             a = self.autoscale
             _check(a.min_replicas <= self.replicas.num_replicas <= a.max_replicas,

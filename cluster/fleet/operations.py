@@ -37,6 +37,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
+def replica_index(replica_id: str) -> int:
+    """The index in a serve replica's name (``replica-3`` -> 3)."""
+    return int(replica_id.rsplit("-", 1)[1])
+
+
 class Fleet:
     """See the module doc. ``cluster`` is the running ``ServeCluster``."""
 
@@ -51,8 +57,8 @@ class Fleet:
         self._removing: set[str] = set()
         """Replicas being drained to be removed (one removal each)."""
         self.target = len(cluster.state.replicas)
-        self._last_index = -1
-        """The highest replica index this cluster has used: names are never reused."""
+        self._last_index = max((replica_index(h.replica_id) for h in cluster.state.replicas), default=-1)
+        """The highest replica index this cluster has used (from its start on): names are never reused."""
         self._ops: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._work, name="kvmesh-fleet", daemon=True)]
@@ -130,9 +136,14 @@ class Fleet:
                 "engine_changes": sorted(engine or {})}
 
     def request_remove(self, replica_id: str) -> bool:
-        """The router was told to drain a replica: remove its process once drained (False: not ours)."""
+        """The router was told to drain a replica: remove its process once drained (False: not ours).
+        ValueError when it is the last one not already leaving: a cluster never drops to 0 replicas."""
         if replica_id not in self.replica_ids():
             return False
+        staying = [r for r in self.replica_ids() if r != replica_id and r not in self._removing]
+        if not staying and replica_id not in self._removing:
+            raise ValueError(f"{replica_id} is this cluster's last replica: draining it would leave none to serve "
+                             "requests. Start another first (`kvmesh scale 2`), or stop the cluster")
         if replica_id not in self._removing:
             self._removing.add(replica_id)
             self.target = max(1, self.target - 1)
@@ -169,11 +180,7 @@ class Fleet:
         from ray.util.placement_group import placement_group
 
         cfg, st = self.cluster.config, self.st
-        used = {g.replica_index for g in st.groups} | {int(h.replica_id.rsplit("-", 1)[1]) for h in st.replicas}
-        # never a removed replica's name: its metrics (ROUTED, hits) and logs would be taken for the new one's
-        first = max(used | {self._last_index}, default=-1) + 1
-        indexes = list(range(first, first + count))
-        self._last_index = indexes[-1]
+        indexes = self.new_indexes(count)
         bundles = self.cluster.replica_bundles()
         self.cluster.check_capacity(len(st.replicas) + count)  # more than the nodes hold: say so at once
         groups = []
@@ -202,6 +209,15 @@ class Fleet:
             self.cluster.report(f"{handle.replica_id} added at {handle.endpoints['http_url']} "
                                 f"({len(st.replicas)} replicas)")
         return handles
+
+    def new_indexes(self, count: int) -> list[int]:
+        """Indexes for ``count`` new replicas, above every one this cluster has used: never a removed replica's
+        name, whose metrics (ROUTED, hits) and logs would be taken for the new one's."""
+        st = self.st
+        used = {g.replica_index for g in st.groups} | {replica_index(h.replica_id) for h in st.replicas}
+        first = max(used | {self._last_index}) + 1
+        self._last_index = first + count - 1
+        return list(range(first, first + count))
 
     def _wait_healthy(self, replica_id: str, deadline: float) -> None:
         """The health gate: the router has probed the replica and routes to it."""
@@ -246,7 +262,7 @@ class Fleet:
         deadline = time.monotonic() + 10  # its actor name is free for a later replica only once it is dead
         while actor_state(handle.actor) not in ("DEAD", "UNKNOWN") and time.monotonic() < deadline:
             time.sleep(0.1)
-        index = int(replica_id.rsplit("-", 1)[1])
+        index = replica_index(replica_id)
         groups = [g for g in st.groups if g.replica_index == index]
         pl.remove_placement_groups(groups)
         st.groups[:] = [g for g in st.groups if g.replica_index != index]

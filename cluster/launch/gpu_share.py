@@ -73,6 +73,14 @@ def check_gpu_share(gpus_per_replica: float | None, tensor_parallel_size: int, g
            f"{replica_memory_utilization(g, DEFAULT_MEMORY_UTILIZATION):g} per replica")
 
 
+def check_device_share(gpus_per_replica: float | None, device: str, why: str) -> None:
+    """ValueError when GPUs are shared out (``gpus_per_replica`` set) but the replicas run on CPU (``why``: how
+    that was decided): Ray would hand them no GPU, and the setting would do nothing without a word."""
+    if gpus_per_replica is not None and device == "cpu":
+        raise ValueError(f"replicas.gpus_per_replica={gpus_per_replica:g} shares out GPUs, but the replicas run on "
+                         f"CPU ({why}); leave it unset on CPU, or run where there are GPUs")
+
+
 def replica_memory_utilization(gpus_per_replica: float | None, gpu_memory_utilization: float) -> float:
     """The ``gpu_memory_utilization`` each replica's engine runs with (see the module doc)."""
     if gpus_per_replica is None or gpus_per_replica >= 1 or gpu_memory_utilization != DEFAULT_MEMORY_UTILIZATION:

@@ -107,7 +107,8 @@ class ServeCluster:
         workers = num_router_workers(cfg)
         st.router = start_router(self.router_config(admin_key), workers)
         if self.admin_keys_dir is not None:  # once the router listens: its URL names the record
-            self.admin_key_file = admin_key_store.publish(self.url, admin_key, self.admin_keys_dir or None)
+            self.admin_key_file = admin_key_store.publish(self.url, admin_key, self.admin_keys_dir or None,
+                                                          api_key=self.config.router.api_key)
         if workers > 1:
             self.report(f"router: {workers} processes on {self.url}, replica set owned by the control router "
                         f"at {st.router.control_url}")
@@ -212,7 +213,8 @@ class ServeCluster:
         if st.router_client is not None:
             st.router_client.close()
         st.router, st.router_client = None, None
-        if st.replicas and ray.is_initialized():
+        ray_up = ray.is_initialized() and not ray_cluster.gcs_gone()  # gone: nothing left to stop in it
+        if st.replicas and ray_up:
             refs = [h.actor.shutdown.remote(graceful_s) for h in st.replicas]
             ray.wait(refs, num_returns=len(refs), timeout=graceful_s + 3)
             for handle in st.replicas:
@@ -221,7 +223,7 @@ class ServeCluster:
                 except Exception as e:  # already dead
                     logger.debug("kill %s: %s", handle.replica_id, e)
         st.replicas = []
-        if st.groups and ray.is_initialized():
+        if st.groups and ray_up:
             pl.remove_placement_groups(st.groups)
         st.groups = []
         ray_cluster.disconnect(st.ray)

@@ -14,6 +14,7 @@ import os
 import socket
 
 from kvmesh.cluster.config.trees import ServeConfig
+from kvmesh.cluster.launch.gpu_share import check_device_share
 from kvmesh.cluster.launch.model_files import check_model, hub_reachable
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,6 @@ def check_embedded_capacity(config: ServeConfig) -> None:
     process already runs (tests' session) is checked once connected (``ServeCluster.check_capacity``)."""
     import ray
     from kvmesh.cluster.launch import placement as pl
-    from kvmesh.cluster.launch.capacity import CapacityError
     from kvmesh.cluster.launch.ray_cluster import embedded_num_cpus
 
     if ray.is_initialized():
@@ -66,9 +66,10 @@ def check_embedded_capacity(config: ServeConfig) -> None:
     tp = config.engine.tensor_parallel_size
     bundles = pl.replica_bundles(tp, config.replicas.num_cpus_per_worker, device, config.gpus_per_worker)
     try:
+        check_device_share(config.replicas.gpus_per_replica, device, "no GPU found on this machine")
         pl.check_capacity(bundles, tp, config.gpus_per_worker, config.replicas.num_replicas, embedded=True,
                           nodes=nodes)
-    except CapacityError as e:
+    except ValueError as e:  # CapacityError is one
         raise PreflightError(str(e)) from None
 
 

@@ -3,7 +3,9 @@
 Three cases:
 - embedded (``ray.address`` unset): a local Ray instance on 127.0.0.1 with an explicit number of
   logical CPUs, owned by serve and shut down with it; every Ray listener (GCS, raylet, workers,
-  agents, metrics export) binds 127.0.0.1, and no Ray process inherits kvmesh's secrets;
+  agents, metrics export) binds 127.0.0.1, no Ray process inherits kvmesh's secrets, and Ray's
+  processes run in a session of their own (a signal to serve's process group reaches serve, which
+  stops them in order);
 - join (``--address auto`` or host:port): the driver connects to an existing cluster and leaves it
   running on exit (only kvmesh's own actors and placement groups are removed);
 - already initialized in this process (tests' ``ray_session``): used as is, never shut down.
@@ -117,6 +119,37 @@ def without_secrets_in_env():
         os.environ.update(hidden)
 
 
+@contextlib.contextmanager
+def in_own_session():
+    """Start Ray's processes meanwhile (GCS, raylet, and through the raylet every worker) in a session of
+    their own.
+
+    ``timeout``, a shell's ``kill -- -PGID`` and job control signal serve's whole process group. Ray's
+    processes, left in it, would get the SIGTERM too and die under serve, whose driver then waits 60 s for
+    the GCS and is ended by Ray ("Failed to connect to GCS within 60 seconds") instead of stopping.
+    Apart, only serve gets the signal and stops them in order (``ray.shutdown``). They still end with serve
+    should it be killed: Ray ties them to it (kernel fate-sharing), and serve is their subreaper
+    (``adopt_orphans``). Ray starts its processes through one class, which is wrapped here."""
+    from ray._private import services
+
+    popen = getattr(services, "ConsolePopen", None)
+    if popen is None:  # another Ray: its processes stay in serve's group (a group signal then costs time)
+        logger.debug("ray._private.services.ConsolePopen not found; Ray's processes share serve's process group")
+        yield
+        return
+
+    class OwnSession(popen):
+        def __init__(self, *args, **kwargs) -> None:
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSession
+    try:
+        yield
+    finally:
+        services.ConsolePopen = popen
+
+
 def _start_embedded(config: ServeConfig, log_to_driver: bool, attempts: int = 2) -> None:
     """``ray.init`` a local instance (without the secrets in its environment); retried once, because Ray
     gives its raylet a fixed 30 s to register and a busy machine (a laptop compiling, a loaded CI box)
@@ -125,7 +158,7 @@ def _start_embedded(config: ServeConfig, log_to_driver: bool, attempts: int = 2)
 
     for attempt in range(1, attempts + 1):
         try:
-            with without_secrets_in_env(), loopback_only():
+            with without_secrets_in_env(), loopback_only(), in_own_session():
                 ray.init(
                     num_cpus=embedded_num_cpus(config),
                     namespace=config.ray.namespace,
@@ -198,11 +231,36 @@ def end_descendants(grace_s: float = 3.0) -> int:
     return ended
 
 
+GCS_PROBE_TIMEOUT_S = 1.0
+"""How long serve's shutdown waits for Ray's GCS to answer before it takes it for gone (``gcs_gone``)."""
+
+
+def gcs_gone() -> bool:
+    """Ray's GCS does not answer: a signal to every process serve started reached it too (systemd's default
+    ``KillMode=control-group``; it stops serving at once, its process lingers), and a Ray call that needs it
+    (removing a placement group) would wait 60 s for it, until Ray ends serve. One read with a short timeout."""
+    import ray
+
+    client = getattr(getattr(ray._private.worker, "global_worker", None), "gcs_client", None)
+    if client is None:
+        return False
+    try:
+        client.internal_kv_get(b"kvmesh-gcs-probe", None, timeout=GCS_PROBE_TIMEOUT_S)
+    except Exception:  # Ray's RpcError: timed out waiting for the GCS
+        return True
+    return False
+
+
 def resolve_device(config: ServeConfig, handle: RayHandle) -> str:
-    """device None (auto) -> "cuda" when the cluster has GPUs (the driver's node may have none), else "cpu"."""
+    """device None (auto) -> "cuda" when the cluster has GPUs (the driver's node may have none), else "cpu";
+    ValueError when GPUs are shared out on a cluster without any (gpu_share.check_device_share)."""
+    from kvmesh.cluster.launch.gpu_share import check_device_share
+
     if config.engine.device is not None:
         return config.engine.device
-    return "cuda" if handle.num_gpus >= 1 else "cpu"
+    device = "cuda" if handle.num_gpus >= 1 else "cpu"
+    check_device_share(config.replicas.gpus_per_replica, device, "the Ray cluster has no GPU")
+    return device
 
 
 def router_host(config: ServeConfig, handle: RayHandle) -> str:

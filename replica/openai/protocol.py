@@ -7,6 +7,8 @@ that says what was wrong and what to do. Responses are in responses.py.
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.replica.serving.json_types import JSONObject
@@ -17,6 +19,13 @@ from kvmesh.replica.serving.sampling_params import (
     context_overflow,
 )
 from pydantic import Field
+
+Flag = Annotated[bool, Field(strict=True)]
+"""A JSON boolean: ``"yes"``, ``"true"`` or ``1`` are a 400 naming the field (vLLM's), not a silent True."""
+Count = Annotated[int, Field(strict=True)]
+"""A JSON integer: ``"2"``, ``2.5`` or ``true`` are a 400 naming the field."""
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+"""The chat roles OpenAI's API defines; any other is a 400 naming ``messages.N.role``."""
 
 MAX_CHOICES = 128
 """Most choices (n, best_of) and prompts one request may ask for (OpenAI's limit on n)."""
@@ -30,9 +39,9 @@ def check_model(model: str | None, served: str, aliases: tuple[str, ...] = ()) -
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool = False
+    include_usage: Flag = False
     """Send a last chunk (empty choices) with the request's usage before ``[DONE]``."""
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: Flag = False
     """Attach the running usage to every chunk."""
 
 
@@ -42,21 +51,21 @@ class SamplingFields(OpenAIBaseModel):
     model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
-    min_tokens: int = 0
-    seed: int | None = None
+    top_k: Count | None = None
+    min_tokens: Count = 0
+    seed: Count | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    stream: bool = False
+    ignore_eos: Flag = False
+    stream: Flag = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: Count = 1
     """Choices to return (each sampled independently; they share the prompt's KV blocks via the prefix cache)."""
     user: str | None = None
     cache_salt: str | None = None
     """Tenant isolation (vLLM): requests with different salts share no cached blocks."""
     request_id: str | None = None
-    return_token_ids: bool = False
+    return_token_ids: Flag = False
     """(vLLM) Streamed chunks carry the token ids behind their text: each choice its new ``token_ids``, the
     first chunk the ``prompt_token_ids``. The router asks for them so a stream can migrate (router/http/migration.py)."""
     logit_bias: dict[str, float] | None = None
@@ -149,13 +158,13 @@ Prompt = str | list[int] | list[str] | list[list[int]]
 class CompletionRequest(SamplingFields):
     __token_id_fields__ = ("prompt",)  # validated in C when token ids (errors.parse_request)
     prompt: Prompt
-    max_tokens: int | None = 16
+    max_tokens: Count | None = 16
     """OpenAI's default for completions is 16."""
-    logprobs: int | None = None
+    logprobs: Count | None = None
     """Return the logprobs of the chosen tokens and of this many most likely ones per position."""
-    echo: bool = False
+    echo: Flag = False
     """Return the prompt before the completion (with its logprobs when ``logprobs`` is set)."""
-    best_of: int | None = None
+    best_of: Count | None = None
     """Sample this many choices and return the ``n`` with the highest cumulative logprob (not streamable)."""
     suffix: str | None = None
 
@@ -202,7 +211,7 @@ class CompletionRequest(SamplingFields):
 
 
 class ChatMessage(OpenAIBaseModel):
-    role: str
+    role: Role
     content: str | list[JSONObject] | None = None
     name: str | None = None
 
@@ -230,14 +239,14 @@ class ChatMessage(OpenAIBaseModel):
 class ChatCompletionRequest(SamplingFields):
     __token_id_fields__ = ("prompt_token_ids",)  # validated in C when token ids (errors.parse_request)
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
+    max_tokens: Count | None = None
     """Deprecated by OpenAI in favour of ``max_completion_tokens``; either is accepted."""
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
+    max_completion_tokens: Count | None = None
+    logprobs: Flag = False
     """Return the logprobs of the chosen tokens."""
-    top_logprobs: int | None = None
+    top_logprobs: Count | None = None
     """And of this many most likely tokens per position (needs ``logprobs: true``)."""
-    add_generation_prompt: bool = True
+    add_generation_prompt: Flag = True
     chat_template: str | None = None
     tools: list[JSONObject] | None = None
     response_format: JSONObject | None = None
@@ -278,7 +287,7 @@ class TokenizeRequest(OpenAIBaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: Flag = True
     chat_template: str | None = None
     """A template for ``messages`` instead of the model's (refused unless the server trusts request templates)."""
     add_special_tokens: bool | None = None

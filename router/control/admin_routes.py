@@ -66,12 +66,16 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
 
     @app.get("/replicas")
     async def list_replicas(drain_cost: bool = False) -> Response:
-        loads = runtime.router.loads.loads
+        loads, outliers = runtime.router.loads.loads, runtime.outliers
         rows = [ReplicaRow(id=s.replica_id, url=s.url, events=s.events, replay=s.replay,
                            healthy=s.replica_id in runtime.router.healthy, draining=s.replica_id in runtime.draining,
                            degraded=runtime.router.degraded.get(s.replica_id),
                            in_flight=runtime.in_flight(s.replica_id),
-                           prefill_backlog=loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0)
+                           prefill_backlog=loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0,
+                           ejected=outliers.is_ejected(s.replica_id),
+                           ejected_for_s=round(outliers.ejected_for_s(s.replica_id), 1),
+                           ejections=outliers.health(s.replica_id).ejections,
+                           last_failure=outliers.health(s.replica_id).last_failure)
                 for s in list(runtime.specs.values())]
         if drain_cost:  # blocks only this replica holds: what draining it would cost (a walk over the index)
             exclusive = await asyncio.to_thread(exclusive_blocks, runtime.router)
@@ -81,9 +85,13 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
 
     @app.post("/replicas/{replica_id}/drain")
     async def drain_replica(replica_id: str):
-        if not runtime.drain(replica_id):
+        if replica_id not in runtime.specs:
             raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
-        removing = runtime.fleet is not None and runtime.fleet.request_remove(replica_id)
+        try:  # the fleet may refuse (its last replica) before anything changes
+            removing = runtime.fleet is not None and runtime.fleet.request_remove(replica_id)
+        except ValueError as e:
+            raise ProtocolError(str(e), 409) from None
+        runtime.drain(replica_id)
         answer = {"id": replica_id, "draining": True, "in_flight": runtime.in_flight(replica_id),
                   "will_be_removed": bool(removing)}
         if removing:  # serve's replica count drops by one for good (until a scale or the autoscaler)

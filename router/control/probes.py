@@ -1,6 +1,7 @@
 """Probing the replicas: ``/health`` and ``/load`` on every poll, ``/server_info`` when one becomes healthy.
 
-A probe is also how a failed replica comes back. ``/load`` is decoded as kvmesh's ``LoadReport``
+A probe is also how a failed replica comes back -- unless outlier detection ejected it: then ``/health`` is not
+enough (passive_health.py, which also reads each ``/load`` for signs that the replica is working). ``/load`` is decoded as kvmesh's ``LoadReport``
 (replica/serving/load_report.py); another server's load JSON is read by its keys (``ReplicaLoad.update_report``).
 ``/server_info`` says whether a replica's cache can be described by the router's keys (block size,
 tokenizer and chat-template fingerprint; else it is routed by load only) and which body it takes
@@ -25,6 +26,7 @@ from kvmesh.router.routing.load import ForeignLoad
 if TYPE_CHECKING:
     from kvmesh.events.subscriber import EventSubscriber
     from kvmesh.replica.serving.tokenizer import Tokenizer
+    from kvmesh.router.control.passive_health import PassiveHealth
     from kvmesh.router.control.stream_watch import StreamWatch
 
 logger = logging.getLogger(__name__)
@@ -41,9 +43,10 @@ class ProbedRuntime(Protocol):
     upstream_kinds: dict[str, UpstreamKind]
     stream_watch: StreamWatch
     subscriber: EventSubscriber | None
+    health: PassiveHealth
 
     def headers(self) -> dict[str, str]: ...
-    def mark_failed(self, replica_id: str, connect_error: bool) -> None: ...
+    def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...) -> None: ...
 
 
 class ReplicaProbes:
@@ -84,6 +87,7 @@ class ReplicaProbes:
                 if report is not None and load is not None:
                     load.update_report(report)
                     self.check_stream(spec, report, sent_at, time.time())
+                    rt.health.check_progress(spec, report, load.queued_prefill_tokens)
             connect_error = False
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
             ok, connect_error = False, isinstance(e, UpstreamConnectError)
@@ -92,12 +96,14 @@ class ReplicaProbes:
         rt.stream_watch.tick(spec.replica_id, rt.subscriber.disconnected_s(spec.replica_id)
                              if spec.events and rt.subscriber is not None else None)
         was = spec.replica_id in rt.router.healthy
-        if ok and not was and spec.replica_id not in rt.draining:
+        if rt.health.after_probe(spec, ok):
+            pass  # ejected: only its probe request re-admits it (passive_health.py)
+        elif ok and not was and spec.replica_id not in rt.draining:
             logger.info("replica %s is healthy", spec.replica_id)
             await self.check_compatible(spec)
             rt.router.set_healthy(spec.replica_id, True)
-        elif not ok and was:
-            rt.mark_failed(spec.replica_id, connect_error)
+        if not ok and was:
+            rt.mark_failed(spec.replica_id, connect_error, "does not answer /health", kind=None)
         elif not ok and connect_error:
             rt.router.set_healthy(spec.replica_id, False, clear_cache=True)
         return ok

@@ -7,7 +7,7 @@ import msgspec
 
 class ReplicaRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One replica as the router sees it (every field is sent but ``exclusive_blocks``, which only
-    ``?drain_cost=true`` computes)."""
+    ``?drain_cost=true`` computes, and the passive-health fields while they hold their defaults)."""
 
     id: str
     """The replica id (``ReplicaSpec.replica_id``)."""
@@ -27,6 +27,15 @@ class ReplicaRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Requests all router processes of this host sent it that have not finished."""
     prefill_backlog: int
     """Prompt tokens it must prefill before a new request's own prefill starts (``ReplicaLoad``)."""
+    ejected: bool = False
+    """Out of rotation after a sick answer or failures in a row (router/routing/outlier.py) until a probe request
+    is answered."""
+    ejected_for_s: float = 0.0
+    """Seconds left of that ejection's back-off (0 while ``ejected``: waiting for its probe request)."""
+    ejections: int = 0
+    """Times it was ejected."""
+    last_failure: str | None = None
+    """What its last failed answer was (None: none yet)."""
     exclusive_blocks: int | None = None
     """Blocks of the index only this replica holds: what draining it would cost (only when asked for)."""
 

@@ -26,6 +26,7 @@ from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
 from kvmesh.router.control.event_feed import EventFeed
+from kvmesh.router.control.passive_health import PassiveHealth
 from kvmesh.router.control.probes import ReplicaProbes
 from kvmesh.router.control.stream_watch import StreamWatch
 from kvmesh.router.http.metrics import RouterMetrics
@@ -51,7 +52,8 @@ class Fleet(Protocol):
     target: int
     """Replicas the fleet aims for."""
 
-    def request_remove(self, replica_id: str) -> bool: ...
+    def request_remove(self, replica_id: str) -> bool:
+        """Remove the replica's process once drained (False: not the fleet's); ValueError: refused."""
     def state(self) -> Json: ...
     def request_scale(self, replicas: int) -> Json: ...
     def request_rollout(self, engine: Json) -> Json: ...
@@ -64,6 +66,10 @@ class RouterRuntime:
                  tokenizer: Tokenizer | None = None) -> None:
         self.config = config
         self.router: KVRouter = build_router(config, seed=secrets.randbits(64))
+        self.health = PassiveHealth(self)
+        """Deadlines and ejections from what the replicas' answers say (passive_health.py)."""
+        self.outliers, self.record_failure, self.patience = (  # what the proxy reads (its Replicas protocol)
+            self.health.outliers, self.health.record_failure, self.health.patience)
         self.stream_watch = StreamWatch(config.events_max_lag_s, self.router.set_degraded)
         """Degrades replicas whose event stream stalled, lags or lost batches (router/control/stream_watch.py)."""
         if tokenizer is None and (config.tokenizer or config.model):
@@ -120,6 +126,7 @@ class RouterRuntime:
 
     async def stop(self) -> None:
         await self.probes.stop()
+        await self.health.stop()
         if self.subscriber is not None:
             await asyncio.to_thread(self.subscriber.close)
         if self.pool is not None:
@@ -159,6 +166,7 @@ class RouterRuntime:
         if spec.events and self.subscriber is not None:
             self.subscriber.remove_source(replica_id)
         self.router.remove_replica(replica_id)
+        self.health.forget(replica_id)
         self.stream_watch.forget(replica_id)
         self.feed.forget(replica_id)
         self.metrics.last_event_lag.pop(replica_id, None)
@@ -185,14 +193,16 @@ class RouterRuntime:
         loads.refresh()
         return load.total_in_flight
 
-    def mark_failed(self, replica_id: str, connect_error: bool) -> None:
-        """A request to the replica failed: stop routing to it until a probe succeeds.
-
-        A refused connection means the process is gone and its cache with it: drop its tree.
-        """
-        if replica_id in self.router.healthy:
-            logger.warning("replica %s failed; routing around it until it answers /health", replica_id)
+    def mark_failed(self, replica_id: str, connect_error: bool, why: str = "failed", kind: str | None = "connect",
+                    sick: bool = False) -> None:
+        """A request to the replica failed (or, ``kind`` None, its /health probe, which is not counted): stop
+        routing to it until a probe succeeds, and count the failure (``record_failure``). A refused connection
+        means the process is gone and its cache with it: drop its tree."""
+        if replica_id in self.router.healthy and not sick:
+            logger.warning("replica %s %s; routing around it until it answers /health", replica_id, why)
         self.router.set_healthy(replica_id, False, clear_cache=connect_error)
+        if kind is not None:
+            self.record_failure(replica_id, why, kind, sick)
 
     def headers(self) -> dict[str, str]:
         key = self.config.replica_api_key

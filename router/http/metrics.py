@@ -51,6 +51,12 @@ class RouterMetrics:
         self.migrations = Counter("kvmesh_router_stream_migrations",
                                   "Streams continued on another replica after this one failed mid-way", ["replica"],
                                   registry=r)
+        self.replica_failures = Counter(
+            "kvmesh_router_replica_failures", "Failed answers per replica and kind (connect, http_5xx, first_byte_deadline, "
+            "stream_idle_deadline, invalid_json, invalid_sse, mid_stream, probe)", ["replica", "kind"], registry=r)
+        self.ejections = Counter("kvmesh_router_replica_ejections",
+                                 "Times a replica was taken out of rotation after failures in a row (outlier detection)",
+                                 ["replica"], registry=r)
         self.requests = Counter("kvmesh_router_requests", "Requests answered, per HTTP status class",
                                 ["status"], registry=r)
         self.stage_seconds = LoopHistogram("kvmesh_router_routing_seconds",

@@ -38,6 +38,8 @@ DATA, DONE = b"data: ", b"data: [DONE]"
 _TOKEN_IDS = re.compile(rb',\s*"token_ids"\s*:\s*\[([\d,\s]*)\]')
 _PROMPT_IDS = re.compile(rb',\s*"prompt_token_ids"\s*:\s*\[([\d,\s]*)\]')
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"(\w+)"')
+_SSE_FIELDS = (b":", b"event:", b"id:", b"retry:")
+"""How an SSE event that carries no data may begin (a comment, or one of the other fields)."""
 _NO_TEXT = re.compile(rb'"delta"\s*:\s*\{\s*"content"\s*:\s*""\s*\}|"text"\s*:\s*""')
 """A chunk without text: a replica sends one per token that adds none (for its token ids)."""
 # A JSON string cannot hold an unescaped quote, so these patterns only ever match the real fields.
@@ -83,6 +85,8 @@ class MigratingStream:
         self.finish_reason: str | None = None
         self.broken: str | None = None
         """Why the current upstream cannot finish the stream (None while it is fine)."""
+        self.invalid = False
+        """The current upstream broke it by sending an event that is not SSE JSON (counted as ``invalid_sse``)."""
         self.cached_tokens = 0
         self._detok: IncrementalDetokenizer | None = None
 
@@ -97,10 +101,14 @@ class MigratingStream:
     def relay(self, event: bytes) -> bytes | None:
         """The client's copy of one event of the first replica (its token ids cut out), None to hold it."""
         if not event.startswith(DATA):
-            return event + b"\n\n"
+            if event.startswith(_SSE_FIELDS):
+                return event + b"\n\n"
+            return self._invalid(event)
         if event.startswith(DONE):
             self.done = True
             return event + b"\n\n"
+        if not (event.startswith(b"data: {") and event.endswith(b"}")):  # cheap: JSON objects only
+            return self._invalid(event)
         if event.startswith(b'data: {"error"'):
             self.broken = f"sent an error: {event[len(DATA):][:300].decode(errors='replace')}"
             return None
@@ -129,6 +137,11 @@ class MigratingStream:
         if finish is None and not self.client_ids and _NO_TEXT.search(event) and b'"logprobs":null' in event:
             return None  # only its token ids made it a chunk, and the client asked for none (vLLM sends none)
         return event + b"\n\n"
+
+    def _invalid(self, event: bytes) -> None:
+        self.broken = f"sent an event that is not SSE JSON: {event[:80]!r}"
+        self.invalid = True
+        return None
 
     def _first_chunk(self, event: bytes) -> None:
         try:
@@ -167,7 +180,7 @@ class MigratingStream:
     def begin_continuation(self) -> list[bytes]:
         """Start splicing: rebuild the text state of what was sent; a chat stream not begun gets its role."""
         self.migrations += 1
-        self.broken = None
+        self.broken, self.invalid = None, False
         if self.tokenizer is not None and self._detok is None:
             params = self.params or self.req.to_sampling_params(len(self.prompt_ids), self.tokenizer.max_model_len)
             self._detok = IncrementalDetokenizer(self.tokenizer.hf, self.prompt_ids, params)
@@ -189,7 +202,7 @@ class MigratingStream:
         try:
             chunk = msgspec.json.decode(event[len(DATA):])
         except msgspec.DecodeError:
-            self.broken = "sent a chunk that is not JSON"
+            self._invalid(event)
             return []
         if "error" in chunk:
             self.broken = f"sent an error: {str(chunk['error'])[:300]}"

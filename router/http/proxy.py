@@ -2,10 +2,12 @@
 
     handle: read (body -> ProxyRequest) -> dispatch (route -> open on a replica, retry) -> answer
 
-A replica that fails before sending its first byte (refused connection, reset, 5xx) is excluded
-and the request goes to the next choice, up to ``max_attempts`` replicas; a refused connection
-also marks the replica unhealthy. Once bytes flow they go to the client (relay.py), and a stream
-that breaks then goes on from another replica (migration.py). A client that disconnects before its
+A replica that fails before sending its first byte (refused connection, reset, 5xx, no first bytes
+within ``first_byte_timeout_s`` while it showed no progress: router/http/patience.py) is excluded and the
+request goes to the next choice, up to ``max_attempts`` replicas; so does a non-streamed 200 whose body
+is not JSON (nothing reached the client yet). Each failure counts towards ejecting the replica
+(router/http/failures.py, router/routing/outlier.py). Once bytes flow they go to the client (relay.py),
+and a stream that breaks or stalls then goes on from another replica (migration.py). A client that disconnects before its
 answer cancels the upstream request (the replica sees the connection close and aborts it). Each
 replica gets the body in the form it takes (``ProxyRequest.for_kind``: tokenize once); a stream's
 asks for ``"return_token_ids": true``.
@@ -20,15 +22,17 @@ import re
 import time
 from typing import TYPE_CHECKING, Protocol
 
+import msgspec
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.router.http.failures import InvalidAnswer, count_failure
 from kvmesh.router.http.messages import Request, Response
 from kvmesh.router.http.migration import MigratingStream
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.relay import UPSTREAM_ERRORS, Opened, StreamRelay, let_go
 from kvmesh.router.http.token_forwarding import TEXT, UpstreamKind
-from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamPool
+from kvmesh.router.http.upstream import UpstreamPool
 from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
 from kvmesh.router.routing.policies import NoReplicaError
 from kvmesh.router.routing.receipts import HEADER_OPT_IN
@@ -41,7 +45,9 @@ if TYPE_CHECKING:
     from kvmesh.router.config import ReplicaSpec, RouterConfig
     from kvmesh.router.http.door import Handler
     from kvmesh.router.http.metrics import RouterMetrics
+    from kvmesh.router.http.patience import Patience
     from kvmesh.router.http.receipt_metrics import ReceiptMetrics
+    from kvmesh.router.routing.outlier import OutlierDetector
 
 access_log = logging.getLogger("kvmesh.router.access")
 """One JSON line per request with its route receipt (``router.access_log``)."""
@@ -65,9 +71,13 @@ class Replicas(Protocol):
     specs: dict[str, ReplicaSpec]
     upstream_kinds: dict[str, UpstreamKind]
     pool: UpstreamPool | None
+    outliers: OutlierDetector
 
     def check_model(self, model: str | None) -> None: ...
-    def mark_failed(self, replica_id: str, connect_error: bool) -> None: ...
+    def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...,
+                    sick: bool = ...) -> None: ...
+    def record_failure(self, replica_id: str, why: str, kind: str, sick: bool = ...) -> None: ...
+    def patience(self, replica_id: str) -> Patience | None: ...
     def headers(self) -> dict[str, str]: ...
 
 
@@ -129,8 +139,19 @@ class Forwarder:
         """Answer one request (the door's ``Request``, router/http/door.py). A client that disconnects
         cancels this coroutine (the door does), which closes the upstream connection."""
         request = await self.read(http, path, chat)
-        opened = await self.dispatch(request, [])
-        response = await self._answer(request, opened)
+        tried: list[str] = []
+        while True:
+            opened = await self.dispatch(request, tried)
+            try:
+                response = await self._answer(request, opened)
+                break
+            except InvalidAnswer as e:  # nothing reached the client: another replica, if one is left
+                rid = opened.decision.replica_id
+                tried.append(rid)
+                request.failed_over.append(f"{rid}: {count_failure(self.runtime, rid, e)}")
+                if len(tried) >= self.runtime.config.max_attempts:
+                    raise ProtocolError(f"replica {rid} {e}; no replica answered after {len(tried)} attempts",
+                                        502) from None
         if request.wants_receipt:
             response.headers.update(opened.decision.receipt.headers())
         return response
@@ -155,34 +176,42 @@ class Forwarder:
                 continue
             router.loads.on_dispatch(rid, decision.uncached_tokens)
             try:
-                opened = await self._open(spec.url, request, svc.upstream_kinds.get(rid, TEXT), headers, decision)
+                opened = await self._open(spec.url, request, svc.upstream_kinds.get(rid, TEXT), headers, decision,
+                                          svc.patience(rid))
             except asyncio.CancelledError:  # the client left: nothing reached it
                 router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
                 raise
             failed = isinstance(opened, Exception)
             if failed or opened.upstream.status >= 500:
+                if not failed:
+                    svc.record_failure(rid, f"answered HTTP {opened.upstream.status}", "http_5xx")
                 if not failed and attempt + 1 == svc.config.max_attempts:  # pass the last error through
                     router.loads.on_first_output(rid, decision.uncached_tokens)
                     return opened
                 router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
                 if failed:
-                    svc.mark_failed(rid, isinstance(opened, UpstreamConnectError))
+                    why = count_failure(svc, rid, opened)
                 else:
+                    why = f"HTTP {opened.upstream.status}"
                     opened.upstream.close()
                 svc.metrics.child(svc.metrics.retries, str(rid)).inc()
+                request.failed_over.append(f"{rid}: {why}")
                 tried.append(rid)
                 continue
+            svc.outliers.on_success(rid)
             router.loads.on_first_output(rid, decision.uncached_tokens)
+            if request.failed_over:
+                decision.receipt.failed_over = tuple(request.failed_over)
             self._count_decision(decision, len(ids))
             return opened
         raise ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
                             "retry later", 503)
 
     async def _open(self, url: str, request: ProxyRequest, kind: UpstreamKind, headers: dict[str, str],
-                    decision: RouteDecision) -> Opened | Exception:
+                    decision: RouteDecision, patience: Patience | None) -> Opened | Exception:
         """Send the request and wait for the first body bytes (or the error that came instead)."""
         try:
-            upstream = await self.runtime.pool.post(url, request.path, request.for_kind(kind), headers)
+            upstream = await self.runtime.pool.post(url, request.path, request.for_kind(kind), headers, patience)
         except UPSTREAM_ERRORS as e:
             return e
         try:
@@ -233,9 +262,14 @@ class Forwarder:
         finally:
             let_go(upstream, complete)
             loads.on_finish(rid, decision.uncached_tokens, had_output=True)
+        content = opened.first + b"".join(rest)
+        if status == 200:
+            try:
+                msgspec.json.decode(content, type=msgspec.Raw)  # checks the syntax, builds nothing
+            except msgspec.DecodeError as e:
+                raise InvalidAnswer(f"answered 200 with a body that is not JSON ({e}): {content[:80]!r}") from None
         m = self.runtime.metrics
         m.child(m.requests, f"{status // 100}xx").inc()
-        content = opened.first + b"".join(rest)
         self.report_cached(decision, content)
         return Response(content, status, media)
 

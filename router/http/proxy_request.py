@@ -55,6 +55,8 @@ class ProxyRequest:
     """The first prompt's sampling parameters, validated at the edge against its length and the context."""
     stream: MigratingStream | None = None
     """A stream's state: what went out, and how to continue it elsewhere (None: not a stream)."""
+    failed_over: list[str] = field(init=False, default_factory=list)
+    """Replicas it left before the one answering, each with why: the route receipt's ``failed_over``."""
     salt: str | None = field(init=False)
     """``cache_salt``: the router's keys of this request are salted with it, as the replica's."""
     route_ids: list[int] = field(init=False)

@@ -1,7 +1,8 @@
 """Relaying a stream to its client, and moving it to another replica when its own fails mid-way.
 
 The events of the first replica go out as they come (whole SSE events, the router-only token ids cut
-out); when that upstream breaks before ``[DONE]``, ``_migrate`` opens a continuation on another replica
+out); when that upstream breaks before ``[DONE]`` (or sends no bytes for ``stream_idle_timeout_s``, or an
+event that is not SSE JSON), ``_migrate`` opens a continuation on another replica
 (router/http/migration.py builds it and splices its events into the same stream), up to
 ``migration_limit`` times. A stream that cannot go on ends with an OpenAI-shaped error event and
 ``[DONE]`` and counts as a 5xx; a client that leaves closes the upstream, so the replica aborts.
@@ -16,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kvmesh.replica.serving.errors import ProtocolError, error_body
+from kvmesh.router.http.failures import InvalidAnswer, count_failure
 from kvmesh.router.http.migration import DONE, MigratingStream, SseSplitter
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.upstream import UpstreamError, UpstreamResponse
@@ -70,11 +72,12 @@ class StreamRelay:
         try:
             while True:
                 rid = decision.replica_id
+                error: BaseException | None = None
                 try:
                     async for out in self._events(upstream, first, body, stream, decision):
                         yield out
                 except UPSTREAM_ERRORS as e:
-                    stream.broken = f"failed mid-stream: {e!r}"
+                    stream.broken, error = f"failed mid-stream: {e}", e
                 finally:
                     let_go(upstream, stream.done)
                     self.runtime.router.loads.on_finish(rid, decision.uncached_tokens, had_output=True)
@@ -85,7 +88,9 @@ class StreamRelay:
                     outcome = "2xx"
                     return
                 why = f"replica {rid} {stream.broken or 'ended the stream without [DONE]'}"
-                opened = await self._migrate(stream, rid, why)
+                if error is None and stream.invalid:
+                    error = InvalidAnswer(stream.broken or "sent an event that is not SSE JSON", "invalid_sse")
+                opened = await self._migrate(stream, rid, why, error)
                 if opened is None:
                     outcome = "5xx"
                     yield _error_event(f"{why}; the output is incomplete")
@@ -110,7 +115,9 @@ class StreamRelay:
                       stream: MigratingStream, decision: RouteDecision) -> AsyncIterator[bytes]:
         """The client's events for one upstream, until it ends, breaks, or the stream is done."""
         split, chunk = SseSplitter(), first
+        outliers, rid = self.runtime.outliers, decision.replica_id
         while True:
+            outliers.on_progress(rid)
             if stream.migrations == 0:
                 self.report_cached(decision, chunk)
             for event in split.feed(chunk):
@@ -128,11 +135,16 @@ class StreamRelay:
             except StopAsyncIteration:
                 return
 
-    async def _migrate(self, stream: MigratingStream, rid: str, why: str) -> Opened | tuple[()] | None:
+    async def _migrate(self, stream: MigratingStream, rid: str, why: str,
+                       error: BaseException | None) -> Opened | tuple[()] | None:
         """Continue ``stream`` on another replica: the opened continuation, () when no token is left to
-        generate, None when it cannot migrate (limit reached, no token ids, no replica answered)."""
+        generate, None when it cannot migrate (limit reached, no token ids, no replica answered). The
+        replica's failure (``error``, else ``why``) is counted against it (router/http/failures.py)."""
         svc = self.runtime
-        svc.mark_failed(rid, connect_error=False)
+        if error is not None:
+            count_failure(svc, rid, error)
+        else:
+            svc.mark_failed(rid, False, why, "mid_stream")
         if not stream.can_migrate():
             return None
         body = stream.continuation()

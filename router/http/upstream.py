@@ -21,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from kvmesh.router.http.upstream_connection import (
+    DeadlineMissed,
     StaleConnection,
     UpstreamConnectError,
     UpstreamConnection,
@@ -31,7 +33,10 @@ from kvmesh.router.http.upstream_connection import (
     UpstreamResponse,
 )
 
-__all__ = ["UpstreamConnectError", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+if TYPE_CHECKING:
+    from kvmesh.router.http.patience import Patience
+
+__all__ = ["DeadlineMissed", "UpstreamConnectError", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
 _IDLE_S = 15.0
 """Idle pooled connections older than this are dropped (replicas close theirs after 30 s by default)."""
@@ -59,9 +64,11 @@ class UpstreamPool:
             found = self._addresses[base_url] = (u.hostname, port, https, u.netloc.encode("idna"))
         return found
 
-    async def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
-        """Send ``POST path`` with a JSON ``body``; the response once its status and headers arrived."""
-        return await self.request("POST", base_url, path, body, headers)
+    async def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str],
+                   patience: Patience | None = None) -> UpstreamResponse:
+        """Send ``POST path`` with a JSON ``body``; the response once its status and headers arrived (within
+        ``patience``'s first-byte deadline: router/http/patience.py)."""
+        return await self.request("POST", base_url, path, body, headers, patience)
 
     async def fetch(self, method: str, base_url: str, path: str, timeout_s: float, body: bytes = b"",
                     headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -79,7 +86,7 @@ class UpstreamPool:
         return await asyncio.wait_for(whole(), timeout_s)
 
     async def request(self, method: str, base_url: str, path: str, body: bytes,
-                      headers: dict[str, str]) -> UpstreamResponse:
+                      headers: dict[str, str], patience: Patience | None = None) -> UpstreamResponse:
         """Send ``method path`` with ``body``; the response once its status and headers arrived."""
         key = self._address(base_url)
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
@@ -89,7 +96,7 @@ class UpstreamPool:
             conn = self._take(key)
             if conn is None:
                 conn = await self._connect(key)
-            response = UpstreamResponse(conn, self.read_timeout_s)
+            response = UpstreamResponse(conn, self.read_timeout_s, patience)
             conn.response = response
             conn.transport.write(request)
             try:

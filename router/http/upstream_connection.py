@@ -10,10 +10,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
-from typing import Protocol
+import time
+from typing import TYPE_CHECKING, Protocol
 
 import httptools
 from kvmesh.router.http.deadline import Deadline
+
+if TYPE_CHECKING:
+    from kvmesh.router.http.patience import Patience
 
 
 class UpstreamError(Exception):
@@ -22,6 +26,17 @@ class UpstreamError(Exception):
 
 class UpstreamConnectError(UpstreamError):
     """No connection could be made to the replica (refused, unreachable, connect timeout)."""
+
+
+class DeadlineMissed(UpstreamError):
+    """The replica sent no first bytes, or a started answer stalled, within its ``Patience`` (patience.py)."""
+
+    def __init__(self, message: str, first_byte: bool, progressed: bool) -> None:
+        super().__init__(message)
+        self.first_byte = first_byte
+        """No body byte had arrived yet (else: a started answer stalled)."""
+        self.progressed = progressed
+        """The replica showed progress meanwhile: the miss does not count against it."""
 
 
 class StaleConnection(UpstreamError):
@@ -139,7 +154,8 @@ class UpstreamConnection(asyncio.Protocol):
 class UpstreamResponse:
     """A replica's answer: status and headers once they arrived, then the body as an async iterator."""
 
-    def __init__(self, conn: UpstreamConnection, read_timeout_s: float | None) -> None:
+    def __init__(self, conn: UpstreamConnection, read_timeout_s: float | None,
+                 patience: Patience | None = None) -> None:
         self.conn = conn
         self.status = 0
         self.headers: dict[str, str] = {}
@@ -151,6 +167,13 @@ class UpstreamResponse:
         self.paused = False
         self.error: BaseException | None = None
         self._timeout = read_timeout_s
+        self.patience = patience
+        """The deadlines of this answer (first bytes, then idle gaps); None: only ``read_timeout_s``."""
+        self.started = False
+        """A body chunk was handed out: idle gaps count from now on, not the first-byte wait."""
+        self._armed: float | None = None
+        """Seconds of the patience deadline now armed (None: the read timeout is)."""
+        self._period_start = self._first_wait = 0.0
         self._waiter: asyncio.Future | None = None
         self._done = False
         self.lingering: asyncio.TimerHandle | None = None
@@ -167,11 +190,21 @@ class UpstreamResponse:
         self._wake()
 
     async def _wait(self) -> None:
-        """Until the connection has news (bytes, the end, a failure), at most ``read_timeout_s``."""
+        """Until the connection has news (bytes, the end, a failure), at most ``read_timeout_s`` or the
+        patience deadline now due (patience.py)."""
         self._waiter = asyncio.get_running_loop().create_future()
-        deadline = None if self._timeout is None else self.conn.read_deadline
+        seconds, self._armed = self._timeout, None
+        p = self.patience
+        if p is not None:
+            limit = p.idle_s if self.started else p.first_byte_s
+            if limit is not None and (seconds is None or limit < seconds):
+                seconds = self._armed = limit
+                self._period_start = now = time.monotonic()
+                if not self._first_wait:
+                    self._first_wait = now
+        deadline = None if seconds is None else self.conn.read_deadline
         if deadline is not None:
-            deadline.arm(self._timeout)
+            deadline.arm(seconds)
         try:
             await self._waiter
         finally:
@@ -180,7 +213,20 @@ class UpstreamResponse:
                 deadline.disarm()
 
     def _timed_out(self) -> None:
-        self._fail(UpstreamError(f"the replica sent nothing for {self._timeout}s"))
+        armed = self._armed
+        if armed is None:
+            self._fail(UpstreamError(f"the replica sent nothing for {self._timeout}s"))
+            return
+        now = time.monotonic()
+        progressed = self.patience.progressed_since(self._period_start)
+        if progressed and not self.started and (self._timeout is None or now - self._first_wait < self._timeout):
+            self._period_start = now  # working (on this request, or others before it): wait another period
+            self.conn.read_deadline.arm(armed)
+            return
+        what = "its first bytes" if not self.started else "the next bytes of its answer"
+        self._fail(DeadlineMissed(f"the replica sent {what} not within {armed:g}s"
+                                  + (" (it was working on others)" if progressed else " and showed no progress"),
+                                  first_byte=not self.started, progressed=progressed))
 
     async def _head(self) -> None:
         while self.status == 0:
@@ -200,6 +246,7 @@ class UpstreamResponse:
                 raise self.error
             await self._wait()
         data = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self._drain())
+        self.started = True
         if self.paused:
             self.paused = False
             self.conn.transport.resume_reading()

@@ -38,6 +38,8 @@ HEADER_REASON = HEADER_PREFIX + "route-reason"
 HEADER_PREDICTED = HEADER_PREFIX + "predicted-hit-tokens"
 HEADER_BEST = HEADER_PREFIX + "best-hit-tokens"
 HEADER_PROMPT = HEADER_PREFIX + "prompt-tokens"
+HEADER_FAILED_OVER = HEADER_PREFIX + "failed-over"
+"""Sent only when the request left a replica first: ``id: why`` per replica, ``; ``-separated."""
 HEADER_OPT_IN = HEADER_PREFIX + "receipt"
 """Request header a client sets (to any value) to get the receipt headers back."""
 
@@ -62,6 +64,8 @@ class RouteReceipt:
     """The request's session id, if it had one."""
     actual_cached_tokens: int | None = None
     """What the replica reported as cached (``usage.prompt_tokens_details.cached_tokens``); None until known."""
+    failed_over: tuple[str, ...] = ()
+    """Replicas the request left before this one, each ``"id: why"`` (a failure or a missed deadline)."""
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:
@@ -87,7 +91,7 @@ class RouteReceipt:
             HEADER_PREDICTED: str(self.predicted_hit_tokens),
             HEADER_BEST: str(self.best_hit_tokens),
             HEADER_PROMPT: str(self.num_prompt_tokens),
-        }
+        } | ({HEADER_FAILED_OVER: "; ".join(self.failed_over)} if self.failed_over else {})
 
     def log_fields(self) -> dict:
         """Flat, JSON-ready fields for a structured access log line."""
@@ -100,6 +104,7 @@ class RouteReceipt:
             "best_replica": None if self.best_replica_id is None else str(self.best_replica_id),
             "cached_tokens": self.actual_cached_tokens,
             "session_id": self.session_id,
+            "failed_over": list(self.failed_over),
         }
 
 

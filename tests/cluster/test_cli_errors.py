@@ -115,3 +115,35 @@ def test_a_mistyped_command_gets_a_suggestion(capsys):
 def test_router_with_a_missing_model_directory_says_so_like_serve():
     result = _kvmesh("router", "--model", "../no-such-model-dir")
     _one_line_error(result, "--model '../no-such-model-dir' is not a directory")
+
+
+def test_a_reader_that_left_is_an_exit_not_a_traceback():
+    """`kvmesh status --json | head`: the pipe closes before kvmesh writes; every command (cli.main) exits as
+    SIGPIPE would, here one whose output is a page."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader left before the first byte
+    try:
+        result = subprocess.run([sys.executable, "-m", "kvmesh.cluster.cli", "serve", "--print-config"], stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141 and result.stderr == "", result.stderr
+
+
+def test_a_gpu_share_on_cpu_is_an_error_not_ignored():
+    result = _kvmesh("serve", "--gpus-per-replica", "0.5", "--device", "cpu")
+    _one_line_error(result, "replicas.gpus_per_replica=0.5 shares out GPUs, but the replicas run on CPU "
+                            "(engine.device=cpu)")
+
+
+def test_a_gpu_share_where_no_gpu_is_found_is_an_error_before_ray_starts():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = subprocess.run([sys.executable, "-m", "kvmesh.cluster.cli", "serve", "--gpus-per-replica", "0.5",
+                             "--port", "0", "--http-port", "0", "--event-port", "0"],
+                            capture_output=True, text=True, timeout=120)
+    _one_line_error(result, "but the replicas run on CPU (no GPU found on this machine)")

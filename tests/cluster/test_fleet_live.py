@@ -93,6 +93,20 @@ def test_admin_key_file_is_private(cluster):
     assert httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, timeout=10).status_code == 403
 
 
+def test_kvmesh_drain_of_the_last_replica_is_refused_and_it_keeps_serving(cluster, monkeypatch, capsys):
+    from kvmesh.cluster.cli import main
+
+    (only,) = [h.replica_id for h in cluster.state.replicas]
+    monkeypatch.setenv("KVMESH_CLUSTERS_DIR", str(cluster.admin_key_file.parent))
+    monkeypatch.delenv("KVMESH_ADMIN_KEY", raising=False)
+    assert main(["drain", only, "--url", cluster.url]) == 1
+    err = capsys.readouterr().err
+    assert "router answered 409" in err and "last replica" in err and "kvmesh scale 2" in err, err
+    state = httpx.get(cluster.url + "/admin/fleet", headers=_admin(cluster), timeout=10).json()
+    assert state["replicas"] == [only] and state["target"] == 1 and _idle(state)
+    assert httpx.get(cluster.url + "/health", timeout=10).json()["healthy_replicas"] == [only]  # not draining
+
+
 def test_scale_to_two_through_the_admin_api(cluster):
     r = httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, headers=_admin(cluster), timeout=10)
     assert r.status_code == 200 and r.json()["accepted"], r.text

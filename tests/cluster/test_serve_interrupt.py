@@ -7,6 +7,7 @@ they were re-parented, and none of the other tests' or users' on the machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -58,6 +59,48 @@ def test_ctrl_c_during_start_up_leaves_no_process(after_s, stories_path, tmp_pat
         # Python itself prints an interrupt that lands in an os.fork hook ("Exception ignored in"); no other
         assert out.count("Traceback (most recent call last)") <= out.count("Exception ignored in"), out[-3000:]
         assert not list((tmp_path / "clusters").glob("*.json")), "the stopped cluster's admin key record stayed"
+    finally:
+        for leftover in _processes_of(run):
+            leftover.kill()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("signum, code, whom", [(signal.SIGTERM, 143, "group"), (signal.SIGINT, 130, "group"),
+                                                (signal.SIGTERM, 143, "every process")])
+def test_a_signal_to_the_process_group_of_a_ready_serve_stops_it_cleanly(signum, code, whom, stories_path, tmp_path):
+    """What `timeout` and a terminal's Ctrl-C do: every process of serve's group gets the signal; and what
+    systemd does by default (KillMode=control-group): every process serve started, Ray's too. serve says it
+    stopped, exits as a process stopped by that signal, and leaves nothing (Ray's processes, in their own
+    session, are stopped by serve; when they got the signal as well, serve no longer waits for their GCS)."""
+    run = uuid.uuid4().hex
+    env = {**os.environ, MARKER: run, "KVMESH_CLUSTERS_DIR": str(tmp_path / "clusters"), "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    argv = [str(KVMESH), "serve", "--model", str(stories_path), "--num-replicas", "1", "--port", "0",
+            "--http-port", "0", "--event-port", "0"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # until serve is ready (or ends)
+            lines.append(line)
+            if "kvmesh is ready" in line:
+                break
+        assert proc.poll() is None, "".join(lines)[-3000:]
+        if whom == "group":
+            os.killpg(proc.pid, signum)
+        else:
+            for each in _processes_of(run):
+                with contextlib.suppress(psutil.Error):
+                    each.send_signal(signum)
+        out = "".join(lines) + proc.communicate(timeout=60)[0]  # before: Ray ended serve after 60 s
+        assert "Failed to connect to GCS" not in out, out[-3000:]
+        assert out.rstrip().endswith("kvmesh: stopped") and proc.returncode == code, (proc.returncode, out[-3000:])
+        deadline = time.monotonic() + 10  # what was killed last may take a moment to be reaped
+        while (left := _processes_of(run)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, "; ".join(f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in left)
     finally:
         for leftover in _processes_of(run):
             leftover.kill()

@@ -222,14 +222,15 @@ class RawSource:
 
 class EndlessMessagePeer:
     """A raw-ZMTP publisher streaming one multipart message that never ends (``kvmesh bench flood
-    --mix endless``'s peer, in a thread); accepts reconnections. ``close()`` stops it."""
+    --mix endless``'s peer, in a thread); accepts reconnections. ``close()`` stops it. ``socket_type``
+    b"ROUTER": a replay socket answering so."""
 
-    def __init__(self) -> None:
+    def __init__(self, socket_type: bytes = b"PUB") -> None:
         from kvmesh.cluster.measure.benchmarks._flooder import endless_message_peer
 
         go, self._stop = threading.Event(), threading.Event()
         go.set()
-        self.endpoint, self._thread = endless_message_peer(go, self._stop)
+        self.endpoint, self._thread = endless_message_peer(go, self._stop, socket_type)
 
     def close(self) -> None:
         self._stop.set()

@@ -138,28 +138,77 @@ def test_a_snapshot_over_max_snapshot_bytes_is_refused_before_it_is_held_and_rep
         pub.close()
 
 
-def test_a_peer_streaming_a_message_that_never_ends_is_cut_off_when_memory_grows():
+def _rss() -> int:
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_a_peer_streaming_a_message_that_never_ends_is_cut_off_by_what_its_connection_holds():
     from events_testkit import EndlessMessagePeer
-    from kvmesh.events.memory_watch import rss_bytes
 
     peer, good = EndlessMessagePeer(), make_publisher()
-    config = SubscriberConfig(memory_alarm_bytes=32 << 20, snapshot_on_start=False, idle_probe_interval=None)
+    config = SubscriberConfig(max_payload_bytes=1 << 20, max_source_queue_bytes=4 << 20, snapshot_on_start=False,
+                              idle_probe_interval=None)
+    assert config.max_connection_bytes == 8 << 20
     f = Follower([PublisherSource("endless", peer.endpoint), PublisherSource("good", good.endpoint)], config)
-    start = rss_bytes()
+    start = _rss()
     f.start()
     try:
         peak = start
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and peak - start < 400 << 20:  # unchecked: ~1 GB/s, stop early
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and peak - start < 400 << 20 and f.sub.stats["endless"].reconnects < 2:
             good.publish([stored(1, None)])
-            peak = max(peak, rss_bytes())
+            peak = max(peak, _rss())
             time.sleep(0.02)
         st = f.sub.stats["endless"]
         assert st.rejected >= 1 and st.reconnects >= 1  # cut off, and followed again
         assert (peak - start) < 400 << 20, f"RSS grew {(peak - start) >> 20} MiB"  # ~570 MB/s unchecked
-        assert f.sub.stats["good"].batches > 0 and f.sub.stats["good"].rejected == 0
+        assert f.sub.stats["good"].batches > 0 and f.sub.stats["good"].bad_frames == 0
         assert f.sub.feed_alive
     finally:
         f.close()
         peer.close()
         good.close()
+
+
+def test_a_replay_socket_answering_a_message_that_never_ends_is_cut_off_before_its_timeout():
+    from events_testkit import EndlessMessagePeer
+
+    peer, pub = EndlessMessagePeer(b"ROUTER"), make_publisher()
+    config = SubscriberConfig(max_payload_bytes=1 << 20, max_source_queue_bytes=4 << 20, snapshot_timeout=30.0,
+                              idle_probe_interval=None)
+    f = Follower([PublisherSource("r0", pub.endpoint, peer.endpoint)], config)  # asks it for a snapshot
+    start = _rss()
+    f.start()
+    try:
+        st = f.sub.stats["r0"]  # cut off and the snapshot given up, long before snapshot_timeout
+        assert wait_for(lambda: st.rejected >= 1 and st.snapshot_failures >= 1, timeout=10)
+        assert _rss() - start < 400 << 20 and f.sub.feed_alive
+    finally:
+        f.close()
+        peer.close()
+        pub.close()
+
+
+def test_memory_the_process_spends_elsewhere_is_not_charged_to_an_idle_source():
+    """Issue 28: 48 rejected 10 MB request bodies grew the router by ~500 MB, and the old RSS watch cut the
+    healthy replicas' streams ("a message that never ends?"). Bytes are counted per connection now."""
+    pub = make_publisher()
+    config = SubscriberConfig(max_payload_bytes=1 << 20, max_source_queue_bytes=4 << 20, idle_probe_interval=None)
+    f = Follower([PublisherSource("r0", pub.endpoint, pub.replay_endpoint)], config).start()
+    try:
+        assert wait_for(lambda: f.sub.stats["r0"].snapshots == 1)
+        assert wait_for(lambda: f.sub._io._feed_of["r0"].bytes.counted)
+        bodies = [bytearray(10 << 20) for _ in range(48)]  # touched pages: +480 MB of RSS, nothing received
+        for body in bodies:
+            body[::4096] = b"\1" * len(body[::4096])
+        checks = f.sub._io.counts.checks
+        assert wait_for(lambda: f.sub._io.counts.checks > checks + 5)  # several counts went by
+        pub.publish([stored(1, None)])
+        assert wait_for(lambda: f.sub.stats["r0"].batches == 2)
+        st = f.sub.stats["r0"]
+        assert st.bad_frames == 0 and st.reconnects == 0 and st.degradations == 0
+        del bodies
+    finally:
+        f.close()
+        pub.close()

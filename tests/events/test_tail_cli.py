@@ -49,3 +49,21 @@ def test_tail_of_a_private_stream_says_why_nothing_arrives(capsys):
         assert main(["events", "tail", "--endpoint", pub.endpoint, "--no-snapshot", "--duration", "0.5"]) == 0
     err = capsys.readouterr().err
     assert "batches=0" in err and "private by default" in err and "--no-private-events" in err
+
+
+def test_tail_of_a_private_stream_blames_the_key_first_and_counts_no_bad_frame(capsys):
+    import zmq
+    from kvmesh.events import curve
+
+    if not zmq.has("curve"):
+        pytest.skip("libzmq without CURVE")
+    _, secret = curve.generate_keypair()
+    with make_publisher(curve_secret_key=secret) as pub:
+        pub.publish([stored(5, 4)])
+        assert main(["events", "tail", "--endpoint", pub.endpoint, "--replay-endpoint", pub.replay_endpoint,
+                     "--duration", "1.5"]) == 0  # a refused handshake is retried every 0.3 s meanwhile
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("#")]
+    assert "refused our handshake: its stream is private (CURVE)" in lines[0], lines
+    assert "--no-private-events" in lines[0], lines
+    totals = dict(item.split("=") for item in lines[-1][2:].split())
+    assert totals["bad_frames"] == totals["reconnects"] == "0", lines[-1]

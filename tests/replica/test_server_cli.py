@@ -53,3 +53,36 @@ def test_a_users_mistake_is_one_line_not_a_traceback(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_router_and_a_replica_given_the_same_relative_model_agree_on_its_name(stories_path, monkeypatch):
+    """`kvmesh replica --model M` and `kvmesh router --model M` with a relative M: the name the router
+    advertises is one the replica serves (vLLM's rule: the --model as given; its resolved path an alias)."""
+    import httpx
+    from kvmesh.cluster.commands.replica import start
+    from kvmesh.cluster.config.flags import config_from_args
+    from kvmesh.cluster.config.trees import ROUTER_SCHEMA
+    from kvmesh.router.config import ReplicaSpec
+    from kvmesh.router.control.router_server import RouterServer
+
+    monkeypatch.chdir(stories_path.parent.parent)
+    model = f"{stories_path.parent.name}/{stories_path.name}"  # e.g. stories260K/hf
+    replica = start(load(build_parser().parse_args(["replica", "--model", model, "--port", "0", "--event-port",
+                                                    "0", "--replay-port", "0", "--kv-cache-memory", "4MiB"])))
+    try:
+        endpoints = replica.endpoints()
+        spec = ReplicaSpec(endpoints["http_url"], endpoints["events_endpoint"], endpoints["replay_endpoint"])
+        command = config_from_args(build_parser().parse_args(["router", "--model", model, "--port", "0"]),
+                                   ROUTER_SCHEMA, env={})
+        router = RouterServer(command.router, [spec]).start()
+        try:
+            (advertised,) = [m["id"] for m in httpx.get(router.url + "/v1/models", timeout=10).json()["data"]]
+            assert advertised == model
+            for name in (advertised, str(stories_path)):  # the resolved path is accepted too
+                body = {"model": name, "prompt": "Once upon a time", "max_tokens": 2}
+                r = httpx.post(router.url + "/v1/completions", json=body, timeout=60)
+                assert r.status_code == 200, r.text
+        finally:
+            router.stop()
+    finally:
+        replica.shutdown(graceful_s=1)

@@ -1,7 +1,9 @@
 """A TCP proxy in front of a replica that "dies" mid-stream: once the responses through it have carried
 ``after_events`` SSE events, it passes on what came before the last one, resets every connection and stops listening (connections are refused
 from then on), as a killed replica process does. Proxies sharing one ``Fuse`` die at most once in all,
-so whichever replica a test's stream lands on first is the one that dies."""
+so whichever replica a test's stream lands on first is the one that dies. With ``stall=True`` the fuse's
+connection stalls instead: what came before the event passes on, then nothing more, the connection left
+open (a replica that hangs mid-stream); the proxy's other connections go on."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import threading
 class Fuse:
     """Shared by proxies: the first to reach its event count dies; the others stay up."""
 
-    def __init__(self, after_events: int) -> None:
+    def __init__(self, after_events: int, stall: bool = False) -> None:
         self.after_events = after_events
+        self.stall = stall
         self.events = 0
         self.blown_by: str | None = None
         self.lock = threading.Lock()
@@ -44,6 +47,8 @@ class DyingProxy:
         self.url = f"http://127.0.0.1:{self.port}"
         self.conns: list[socket.socket] = []
         self.dead = False
+        self.closed = threading.Event()
+        """Set by ``close``: a stalled connection lets go."""
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -65,7 +70,10 @@ class DyingProxy:
                 cut = self.fuse.count(self.name, data) if response else None
                 if cut is not None:
                     dst.sendall(data[:cut])
-                    self.die()
+                    if self.fuse.stall:
+                        self.closed.wait()  # hung: nothing more until the test ends
+                    else:
+                        self.die()
                     return
                 dst.sendall(data)
         except OSError:
@@ -94,4 +102,5 @@ class DyingProxy:
                     pass
 
     def close(self) -> None:
+        self.closed.set()
         self.die()

@@ -5,6 +5,8 @@ every 6 s until the kernel killed it, while /health said 200 "ok". This runs ``k
 for a few seconds (the benchmark's 60 s run is in BENCHMARKS.md): a real ``kvmesh router`` process in
 front of a healthy replica with a real prefix cache and a hostile one whose plain ZeroMQ stream sends
 garbage, bad frames, payloads over every limit and valid-but-huge batches as fast as the router reads.
+``--mix hostile`` (issue 28) sends frames that are costly to decode instead, and answers replay and
+snapshot requests with frames that cannot be decoded: the honest replica's stream must stay exact.
 """
 
 import pytest
@@ -46,3 +48,23 @@ def test_health_names_the_degraded_source_and_only_it(flooded):
     assert set(degraded) == {"hostile"}
     assert "bad frames" in degraded["hostile"]
     assert flooded["health"]["event_feed"]["alive"]
+
+
+@pytest.fixture(scope="module")
+def costly(stories_path):
+    return flood.run(FLOOD_S, baseline=1.0, model=str(stories_path), mix="hostile")
+
+
+def test_frames_costly_to_decode_do_not_stop_the_honest_stream(costly):
+    """Issue 28: nested arrays, 200,000-event batches and undecodable snapshot frames from one source
+    stalled the honest replica's stream (degraded, every request routed by load)."""
+    assert costly["router_alive"] and costly["router_log_tracebacks"] == 0
+    assert costly["hostile_counters"]["shape_refusals"] > 0, "the flood never reached the router"
+    honest = costly["honest"]
+    assert honest["samples"] > 0 and honest["degraded_samples"] == 0, honest
+    assert honest["others_degraded"] == ["hostile"]
+    routes = costly["flood"]["routes"]
+    assert routes.get("cache:healthy", 0) >= 0.95 * costly["flood"]["requests"], routes
+    assert costly["follow_ups"]["sent"] == 6
+    assert costly["follow_ups"]["routed_for_cache"] == costly["follow_ups"]["got_cache"] == 6, costly["follow_ups"]
+    assert costly["rss_mb"]["growth"] <= RSS_GROWTH_MB, costly["rss_mb"]

@@ -86,3 +86,29 @@ def test_drain_inside_serve_says_the_target_drops_and_how_to_restore_it():
     text = describe({"id": "replica-1", "in_flight": 2, "will_be_removed": True, "target": 2})
     assert "2 request(s) in flight finish first" in text
     assert "target becomes 2 replica(s)" in text and "`kvmesh scale 3`" in text
+
+
+def test_status_of_an_api_key_cluster_finds_the_key_in_its_record(fakes, start_router, tmp_path, monkeypatch,
+                                                                  capsys):
+    monkeypatch.delenv("KVMESH_ADMIN_KEY", raising=False)
+    monkeypatch.delenv("KVMESH_API_KEY", raising=False)
+    monkeypatch.setenv("KVMESH_CLUSTERS_DIR", str(tmp_path / "clusters"))
+    router = start_router([fakes[0].spec], api_key="tenant-key", admin_key="admin-key")
+    publish(router.url, "admin-key", api_key="tenant-key")  # what `kvmesh serve --api-key` does
+    assert main(["status"]) == 0, capsys.readouterr().err
+    assert f"router {router.url}: " in capsys.readouterr().out
+    assert main(["status", "--url", router.url, "--api-key", "wrong-key"]) == 1  # a given key wins
+    assert "answered 401" in capsys.readouterr().err
+
+
+def test_localhost_names_the_cluster_at_127_0_0_1(fakes, start_router, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("KVMESH_ADMIN_KEY", raising=False)
+    monkeypatch.delenv("KVMESH_API_KEY", raising=False)
+    monkeypatch.setenv("KVMESH_CLUSTERS_DIR", str(tmp_path / "clusters"))
+    router = start_router([fakes[0].spec, fakes[1].spec], api_key="tenant-key", admin_key="admin-key")
+    publish(router.url, "admin-key", api_key="tenant-key")
+    wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
+    localhost = router.url.replace("127.0.0.1", "localhost") + "/"
+    assert main(["status", "--url", localhost]) == 0, capsys.readouterr().err
+    assert main(["drain", "b", "--url", localhost, "--wait", "0"]) == 0, capsys.readouterr().err
+    assert router.runtime.draining == {"b"}

@@ -129,7 +129,7 @@ def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill
     with core.lock:
         costs = core.policy.costs(keys, core.index.match(keys),
                                   {r: core.loads.loads[r] for r in (holder, other)})
-    extra = math.ceil(max(0.0, costs[other] - costs[holder]) / core.policy.decode_weight) + 4
+    extra = math.ceil(max(0.0, costs[other] - costs[holder]) / core.policy.config.decode_weight) + 4
     assert costs[holder] < costs[other]  # idle, the holder's cached prefix made it the cheaper
     busy.in_flight += extra
     decisions = lambda: metrics.registry.get_sample_value(  # noqa: E731

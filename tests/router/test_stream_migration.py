@@ -158,6 +158,28 @@ def test_concurrent_streams_survive_a_replica_death_under_load(cluster, replicas
     assert (reg.get_sample_value("kvmesh_router_requests_total", {"status": "5xx"}) or 0) == 0
 
 
+def test_stream_that_stalls_moves_to_another_replica_after_the_idle_deadline(replicas, tokenizer):
+    fuse = Fuse(after_events=10**9, stall=True)
+    proxies = [DyingProxy(f"p{i}", int(rt.http.url.rsplit(":", 1)[1]), fuse) for i, rt in enumerate(replicas)]
+    specs = [ReplicaSpec(p.url, replica_id=p.name) for p in proxies]
+    router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2, stream_idle_timeout_s=1.0),
+                          specs, tokenizer=tokenizer).start()
+    try:
+        wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
+        body = {"prompt": STORY, "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+        expected = reference(replicas, "/v1/completions", body)
+        fuse.after_events = fuse.events + 12  # hangs after ~a quarter of the stream, its connection open
+        events = stream(router.url, "/v1/completions", body)
+        assert fuse.blown_by is not None, "no proxy stalled: the test did not test anything"
+        check_one_stream(events, chat=False)
+        assert text_of(events, chat=False) == text_of(expected, chat=False)
+        assert migrations(router) == 1
+    finally:
+        router.stop()
+        for p in proxies:
+            p.close()
+
+
 def test_without_migration_the_cut_stream_ends_with_an_error_event(replicas, tokenizer):
     fuse = Fuse(after_events=10**9)
     proxies = [DyingProxy(f"p{i}", int(rt.http.url.rsplit(":", 1)[1]), fuse) for i, rt in enumerate(replicas)]

@@ -147,3 +147,46 @@ def test_a_real_replica_reports_its_stream_and_is_degraded_when_its_publisher_di
             assert httpx.get(replica.http.url + "/load", timeout=5).json()["kv_events_unsent_s"] > MAX_LAG_S
         finally:
             router.stop()
+
+
+def test_request_bodies_are_never_charged_to_the_replicas_event_streams(pair, start_router):
+    """Issue 28: 48 rejected 10 MB request bodies in 0.7 s grew the router by ~500 MB, and its watch of the
+    process's RSS cut both healthy replicas' event streams ("a message that never ends?"). What ZeroMQ
+    holds is counted per connection now: the streams never notice the bodies."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b = pair
+    router = start_router([a.spec, b.spec])
+    rt = router.runtime
+    wait_for(lambda: rt.router.healthy == {"s1", "s2"}, what="replicas healthy")
+    wait_for(lambda: all(rt.subscriber.disconnected_s(n) is None for n in ("s1", "s2")), what="streams connected")
+
+    def rss() -> int:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * 4096
+
+    start, peak, done = rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            done.wait(0.01)
+
+    body = b"{" + b" " * (10 << 20)  # not JSON: read whole, then refused
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    with ThreadPoolExecutor(48) as pool:
+        codes = list(pool.map(lambda _: httpx.post(router.url + "/v1/completions", content=body, timeout=60,
+                                                   headers={"content-type": "application/json"}).status_code,
+                              range(48)))
+    done.set()
+    sampler.join()
+    assert set(codes) == {400}
+    assert peak[0] - start > 200 << 20  # the premise: the bodies made the process grow
+    direct(a, PROMPT)  # and the stream still flows
+    wait_for(lambda: rt.router.index.num_blocks("s1") == 8, what="s1's blocks in the index")
+    for name in ("s1", "s2"):
+        st = rt.subscriber.stats[name]
+        assert st.bad_frames == 0 and st.reconnects == 0 and st.degradations == 0, (name, st)
+    assert rt.router.degraded == {}

@@ -6,7 +6,10 @@ batch of ``max_batch_blocks`` 16-token blocks (~6 MB), valid msgpack naming more
 may, and valid batches claiming the benchmark client's prefixes ("route them to me"); every 5 s one
 message over ZeroMQ's MAXMSGSIZE (the subscriber's ZeroMQ drops the connection, which comes back).
 ``mix="valid"`` sends only valid batches of ``max_batch_blocks`` blocks, in seq order; ``mix="endless"``
-is no ZeroMQ socket at all but raw ZMTP, one multipart message that never ends.
+is no ZeroMQ socket at all but raw ZMTP, one multipart message that never ends. ``mix="hostile"`` sends
+the frames that are expensive to decode (issue 28): arrays nested where events belong, batches of 200,000
+events (map and positional forms), valid batches of ``max_batch_blocks`` blocks, and has a replay socket
+that answers every replay or snapshot request with snapshot frames that cannot be decoded.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def _frames(claims: list[list[int]], mix: str) -> tuple[list[list[bytes]], list[
 
     if mix == "valid":
         return [[batch(cfg.max_batch_blocks)] for _ in range(4)], None
+    if mix == "hostile":
+        return hostile_cycle(batch(cfg.max_batch_blocks)), None
     garbage = rng.randbytes(4096)
     cycle = [
         [garbage], [garbage], [garbage], [garbage],
@@ -57,18 +62,74 @@ def _frames(claims: list[list[int]], mix: str) -> tuple[list[list[bytes]], list[
     return cycle, [b"", b"\0" * 8, b"\0" * (cfg.max_message_bytes + 1)]
 
 
+HOSTILE_EVENTS = 200_000
+"""Events in each of ``mix="hostile"``'s big batches (issue 28's "batches of 200,000 events")."""
+
+
+def hostile_cycle(huge_batch: bytes) -> list[list[bytes]]:
+    """``mix="hostile"``'s payloads: each costs a full decode ~0.2-1.5 s and up to ~300 MB of Python
+    objects (measured on stories-size hosts) unless refused by its shape first."""
+    import msgspec
+
+    enc = msgspec.msgpack.Encoder()
+    lists = 2_000_000
+    nested = b"\x93\xcb" + b"\0" * 8 + b"\xdd" + lists.to_bytes(4, "big") + b"\x91\x90" * lists + b"\x00"
+    deep = b"\x93\xcb" + b"\0" * 8 + b"\x91" * 1_000_000 + b"\x90" + b"\x00"
+    removed = [["BlockRemoved", [b"\0" * 7 + b"\1"], "GPU"]] * HOSTILE_EVENTS  # positional form, bytes hashes
+    cleared = [{"type": "AllBlocksCleared"}] * HOSTILE_EVENTS
+    hashes_of_lists = [{"type": "BlockRemoved", "block_hashes": [[]] * lists, "medium": "GPU"}]
+    return [[nested], [deep], [enc.encode([time.time(), removed, 0])], [enc.encode([time.time(), cleared, 0])],
+            [enc.encode([time.time(), hashes_of_lists, 0])], [huge_batch]]
+
+
+def undecodable_snapshot_server(stop) -> tuple[str, object]:
+    """``mix="hostile"``'s replay socket: answers any request with two snapshot chunks that are not
+    batches (4 MB of arrays nested where events belong), then the end. Returns its address and thread."""
+    import threading
+
+    import zmq
+    from kvmesh.events.wire import SNAPSHOT_TAG
+
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    chunk = b"\x93\xcb" + b"\0" * 8 + b"\xdd" + (2_000_000).to_bytes(4, "big") + b"\x91\x90" * 2_000_000 + b"\x00"
+
+    def serve() -> None:
+        while not stop.is_set():
+            if not router.poll(200):
+                continue
+            peer = router.recv_multipart()[0]
+            seq = (1 << 40).to_bytes(8, "big")
+            try:
+                for payload in (chunk, chunk, b""):
+                    router.send_multipart([peer, b"", SNAPSHOT_TAG, seq, payload], zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+        router.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"tcp://127.0.0.1:{port}", thread
+
+
 ZMTP_GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32
 """ZMTP 3.0 greeting of a NULL-mechanism peer (as a server)."""
-_READY = b"\x05READY" + b"\x0bSocket-Type" + (3).to_bytes(4, "big") + b"PUB"
-ZMTP_READY_PUB = b"\x04" + bytes([len(_READY)]) + _READY
-"""The READY command of a PUB socket."""
+
+
+def zmtp_ready(socket_type: bytes) -> bytes:
+    """The READY command of a ZMTP peer of ``socket_type`` (b"PUB", b"ROUTER", ...)."""
+    body = b"\x05READY" + b"\x0bSocket-Type" + len(socket_type).to_bytes(4, "big") + socket_type
+    return b"\x04" + bytes([len(body)]) + body
 ENDLESS_FRAME = b"\x03" + (60_000).to_bytes(8, "big") + b"x" * 60_000
 """A 60 kB frame flagged MORE: a message that a stream of these never ends."""
 
 
-def endless_message_peer(go, stop) -> tuple[str, object]:
+def endless_message_peer(go, stop, socket_type: bytes = b"PUB") -> tuple[str, object]:
     """``mix="endless"``: a raw-ZMTP "publisher" (no ZeroMQ) streaming one multipart message that never
-    ends, which ZeroMQ's receiving side holds whole; accepts reconnections. Returns its address and the
+    ends, which ZeroMQ's receiving side holds whole; accepts reconnections. ``socket_type`` b"ROUTER"
+    makes it a replay socket that answers so. Returns its address and the
     thread serving it (starts sending once ``go`` is set)."""
     import socket
     import threading
@@ -86,7 +147,12 @@ def endless_message_peer(go, stop) -> tuple[str, object]:
             except TimeoutError:
                 continue
             try:
-                conn.sendall(ZMTP_GREETING + ZMTP_READY_PUB)
+                conn.settimeout(5)
+                conn.sendall(ZMTP_GREETING + zmtp_ready(socket_type))
+                got = b""
+                while len(got) < len(ZMTP_GREETING) + 2:  # the peer's greeting and its READY's header:
+                    got += conn.recv(4096)                 # frames sent before them fail its handshake
+                conn.settimeout(None)
                 go.wait()
                 while not stop.is_set():
                     conn.sendall(chunk)
@@ -107,7 +173,7 @@ def hostile_publisher(endpoint_q, go, stop, counts_q, mix: str = "all") -> None:
 
     if mix == "endless":
         endpoint, thread = endless_message_peer(go, stop)
-        endpoint_q.put(endpoint)
+        endpoint_q.put((endpoint, None))
         thread.join()
         counts_q.put({})
         return
@@ -116,7 +182,8 @@ def hostile_publisher(endpoint_q, go, stop, counts_q, mix: str = "all") -> None:
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
-    endpoint_q.put(f"tcp://127.0.0.1:{port}")
+    replay = undecodable_snapshot_server(stop)[0] if mix == "hostile" else None
+    endpoint_q.put((f"tcp://127.0.0.1:{port}", replay))
     go.wait()
     sent = dropped = 0
     seq, last_big = 0, time.monotonic()

@@ -8,10 +8,11 @@ replica's name then ``!``, or with ``answer_max_tokens`` the body's ``max_tokens
 (``PrefixCache``: a real ``KVCacheManager``, its events on a real ``ZmqEventPublisher`` with replay and
 snapshots) every prompt is "prefilled" through it and ``usage`` says how many tokens it held.
 
-``POST /fake/config`` changes the ``Faults`` (a first-byte delay, a forced status, streams cut after
-their first chunk, a clock skew or event lag, the publisher stopped or restarted); ``GET /fake/stats``
-counts requests whose client left during the delay and the Authorization headers seen. Without a
-cache a response costs ~20 µs of CPU, so a router in front of it is measured almost alone::
+``POST /fake/config`` changes the ``Faults`` (a first-byte delay, with or without progress in ``/load``, a
+forced status, streams cut after their first chunk or stalled after a few, answers that are not JSON, a
+clock skew or event lag, the publisher stopped or restarted); ``GET /fake/stats`` counts requests whose
+client left during the delay and the Authorization headers seen. Without a cache a response costs ~20 µs
+of CPU, so a router in front of it is measured almost alone::
 
     python -m kvmesh.cluster.measure.benchmarks.fake_replica --port 0 [--delay-ms 0] [--event-port 0 ...]
     # prints {"port": P, "url": ..., "events": ..., "replay": ...}
@@ -56,6 +57,13 @@ class Faults:
     """Seconds between streamed tokens."""
     fail_every: int = 0
     """Every n-th completion fails with HTTP 400 (0 = none)."""
+    stall_after: int = 0
+    """Streams send this many chunks, then nothing more on an open connection (0 = never stall)."""
+    garbage: bool = False
+    """Answers are not JSON: a non-streamed 200 body of plain text, a stream's events ``data: garbage``."""
+    progress: bool = False
+    """While completions wait out ``delay``, ``/load`` shows a prefill queue that shrinks (a slow replica at
+    work); without it nothing there moves (a sick replica)."""
 
 
 def _head(status: int, length: int | None, content_type: bytes = b"application/json") -> bytes:
@@ -94,9 +102,11 @@ def _answer(chat: bool, stream: bool, with_usage: bool, model: str, name: str, p
         data = b"data: " + json.dumps(payload).encode() + b"\n\n"
         return b"%x\r\n%s\r\n" % (len(data), data)
 
+    last = len(pieces) - 1  # the last piece carries the finish reason, as a real server's last chunk does
     chunks = [event({"id": "cmpl-fake", "object": kind + ".chunk" * chat, "model": model, "choices": [
-        {"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
-        else {"index": 0, "text": piece, "finish_reason": None}]}) for piece in pieces]
+        {"index": 0, "delta": {"content": piece}, "finish_reason": "length" if i == last else None} if chat
+        else {"index": 0, "text": piece, "finish_reason": "length" if i == last else None}]})
+        for i, piece in enumerate(pieces)]
     tail = (event({"id": "cmpl-fake", "choices": [], "usage": usage}) if with_usage else b"")
     done = b"data: [DONE]\n\n"
     return (_head(200, None, b"text/event-stream"), *chunks,
@@ -121,6 +131,8 @@ class FakeReplica:
         """Completion bodies received (with ``keep_bodies``)."""
         self.num_completions = 0
         self.running = 0
+        self.delaying: dict[int, float] = {}
+        """Completions waiting out ``Faults.delay``: their number -> when they started."""
         self.cancelled = 0
         self.auth_seen: deque[str] = deque(maxlen=10_000)
         """Authorization headers of the last completions."""
@@ -192,8 +204,10 @@ class FakeReplica:
         return {"ok": True}
 
     def load(self) -> JSONBody:
+        f, now = self.faults, time.monotonic()
+        prefill = sum(max(0, int((f.delay - (now - t)) * 1000)) for t in self.delaying.values()) if f.progress else 0
         report: JSONBody = {"num_requests_running": self.running, "num_requests_waiting": 0, "kv_cache_usage": 0.0,
-                            "num_waiting_prefill_tokens": 0, "timestamp": time.time() + self.faults.clock_skew}
+                            "num_waiting_prefill_tokens": prefill, "timestamp": time.time() + f.clock_skew}
         if self.cache is not None:
             report.update(self.cache.load_fields())
         return report
@@ -218,9 +232,14 @@ class FakeReplica:
         f = self.faults
         self.running += 1
         try:
-            if f.delay and await _client_left(reader, f.delay):
-                self.cancelled += 1
-                return False
+            number = self.num_completions
+            self.delaying[number] = time.monotonic()
+            try:
+                if f.delay and await _client_left(reader, f.delay):
+                    self.cancelled += 1
+                    return False
+            finally:
+                del self.delaying[number]
             status = 400 if f.fail_every and self.num_completions % f.fail_every == 0 else f.status
             if status != 200:
                 writer.write(_json(status, {"error": {"message": f"injected failure (HTTP {status})",
@@ -238,8 +257,13 @@ class FakeReplica:
         with_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
         head, *chunks, tail = _answer(chat, bool(body.get("stream")), with_usage, self.model, self.name, pieces,
                                       len(ids), cached)
+        if f.garbage:
+            return await self._garbage(writer, bool(body.get("stream")))
         writer.write(head)
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
+            if f.stall_after and i == f.stall_after:
+                await writer.drain()
+                return not await _client_left(reader, 3600)  # stalled: nothing more until the client leaves
             if f.token_delay:
                 await asyncio.sleep(f.token_delay)
             writer.write(chunk)
@@ -252,6 +276,17 @@ class FakeReplica:
         await writer.drain()
         return True
 
+
+    @staticmethod
+    async def _garbage(writer: asyncio.StreamWriter, stream: bool) -> bool:
+        """A 200 whose body is not what was asked for: plain text, or an SSE stream of non-JSON events."""
+        if not stream:
+            writer.write(_head(200, 24, b"application/json") + b"<html>bad gateway</html>")
+        else:
+            data = b"data: garbage\n\ndata: [DONE]\n\n"
+            writer.write(_head(200, None, b"text/event-stream") + b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+        await writer.drain()
+        return True
 
 
 async def serve(replica: FakeReplica, port: int) -> None:
@@ -277,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay-port", type=int, default=0, help="the publisher's replay port (0 = free one)")
     ap.add_argument("--block-size", type=int, default=16, help="the prefix cache's block size")
     ap.add_argument("--num-blocks", type=int, default=4096, help="the prefix cache's blocks")
+    ap.add_argument("--answer-max-tokens", action="store_true",
+                    help="answer max_tokens words (' w0', ' w1', ...) instead of the name and '!'")
     args = ap.parse_args(argv)
     try:
         import uvloop
@@ -288,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cache = (PrefixCache(args.name, args.block_size, args.num_blocks, args.event_port, args.replay_port)
              if args.event_port is not None else None)
-    asyncio.run(serve(FakeReplica(args.name, cache=cache, faults=Faults(delay=args.delay_ms / 1e3)), args.port))
+    asyncio.run(serve(FakeReplica(args.name, cache=cache, faults=Faults(delay=args.delay_ms / 1e3),
+                                  answer_max_tokens=args.answer_max_tokens), args.port))
     return 0
 
 

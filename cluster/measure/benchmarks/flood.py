@@ -12,10 +12,16 @@ each a shared 64-token prefix (32 of them, cached on the healthy replica beforeh
 The flooder cycles, as fast as the router reads, through garbage payloads, wrong frame counts and seq
 frames, payloads over ``max_payload_bytes``, valid batches of 65,536 blocks (~6 MB) and of more blocks
 than a batch may name, valid batches claiming the client's prefixes, and every 5 s one message over
-ZeroMQ's MAXMSGSIZE. Reported: the router's RSS (start of the flood, peak, growth; sampled every
-0.25 s), its CPU, the client's latency p50/p99 and hit rate (cached / prompt tokens) per phase, the
-hostile source's counters, ``/health`` at the end, and tracebacks in the router's log. Plot: RSS and
-latency over time (``--out`` with ``.png``).
+ZeroMQ's MAXMSGSIZE. ``--mix`` picks another attack (_flooder.py): ``valid`` (only huge valid
+batches), ``endless`` (one multipart message that never ends), ``hostile`` (issue 28: frames costly to
+decode -- nested arrays, 200,000-event batches -- and a replay socket answering undecodable snapshot
+frames). Reported: the router's RSS (start of the flood, peak, growth; sampled every 0.25 s), its CPU,
+per phase the client's latency p50/p99, hit rate (cached / prompt tokens) and routes (route reason and
+replica, from the receipt headers), what the router said of the honest replica every 0.5 s (degraded?
+lag of its last applied batch), six follow-ups at the end of the flood (prompts the honest replica
+answered plus fresh tokens: routed for their cache, and given it?), the hostile source's counters,
+``/health`` at the end, and tracebacks in the router's log. Plot: RSS and latency over time (``--out``
+with ``.png``).
 """
 
 from __future__ import annotations
@@ -56,24 +62,63 @@ class Client:
         self.rng = random.Random(1)
         self.prefixes = prefixes()
 
-    def request(self) -> dict:
-        ids = self.rng.choice(self.prefixes) + [self.rng.randrange(1, VOCAB) for _ in range(SUFFIX_TOKENS)]
+    def request(self, ids: list[int] | None = None) -> dict:
+        """One completion (``ids``: its prompt; default a shared prefix + a fresh suffix), with the route receipt."""
+        if ids is None:
+            ids = self.rng.choice(self.prefixes) + [self.rng.randrange(1, VOCAB) for _ in range(SUFFIX_TOKENS)]
         body = json.dumps({"prompt": ids, "max_tokens": 1})
         t0 = time.perf_counter()
-        self.conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        self.conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json",
+                                                              "x-kvmesh-receipt": "1"})
         r = self.conn.getresponse()
         data = r.read()
         ms = 1e3 * (time.perf_counter() - t0)
         ok = r.status == 200
         cached = json.loads(data)["usage"]["prompt_tokens_details"]["cached_tokens"] if ok else 0
-        return {"t": time.monotonic(), "ms": ms, "ok": ok, "cached": cached, "tokens": len(ids)}
+        return {"t": time.monotonic(), "ms": ms, "ok": ok, "cached": cached, "tokens": len(ids), "ids": ids,
+                "replica": r.getheader("x-kvmesh-replica"), "reason": r.getheader("x-kvmesh-route-reason")}
 
 
-def _phase(client: Client, seconds: float, rss_pid: int, samples: list, rss_cap_mb: float) -> list[dict]:
-    """Requests for ``seconds`` while sampling the router's RSS; stops early past ``rss_cap_mb`` (a
-    router without the bounds would take the machine down)."""
+class Watch:
+    """What the router says of the honest replica, every ``interval_s``: degraded or not (``/health``) and
+    the lag of its last applied batch (``/metrics``)."""
+
+    def __init__(self, url: str, replica: str = "healthy", interval_s: float = 0.5) -> None:
+        self.url, self.replica, self.interval_s = url, replica, interval_s
+        self.samples: list[dict] = []
+        self._next = 0.0
+
+    def maybe_sample(self, now: float) -> None:
+        if now < self._next:
+            return
+        self._next = now + self.interval_s
+        _, health = _get(self.url, "/health")
+        _, metrics = _get(self.url, "/metrics")
+        lag = None
+        needle = f'kvmesh_router_event_lag_last_seconds{{replica="{self.replica}"}}'
+        for line in metrics.splitlines():
+            if line.startswith(needle):
+                lag = float(line.rsplit(" ", 1)[1])
+        degraded = json.loads(health).get("degraded_replicas", {})
+        self.samples.append({"t": now, "lag_s": lag, "degraded": degraded.get(self.replica),
+                             "others_degraded": sorted(set(degraded) - {self.replica})})
+
+    def summary(self, since: float) -> dict:
+        s = [x for x in self.samples if x["t"] >= since]
+        lags = [x["lag_s"] for x in s if x["lag_s"] is not None]
+        return {"samples": len(s), "lag_max_s": max(lags) if lags else None,
+                "degraded_samples": sum(x["degraded"] is not None for x in s),
+                "degraded_reasons": sorted({x["degraded"] for x in s if x["degraded"] is not None}),
+                "others_degraded": sorted({r for x in s for r in x["others_degraded"]})}
+
+
+def _phase(client: Client, seconds: float, rss_pid: int, samples: list, rss_cap_mb: float,
+           watch: Watch) -> list[dict]:
+    """Requests for ``seconds`` while sampling the router's RSS and its word on the honest replica; stops
+    early past ``rss_cap_mb`` (a router without the bounds would take the machine down)."""
     out, end, next_sample = [], time.monotonic() + seconds, 0.0
     while (now := time.monotonic()) < end:
+        watch.maybe_sample(now)
         if now >= next_sample:
             samples.append((now, _rss_mb(rss_pid)))
             next_sample = now + 0.25
@@ -88,9 +133,29 @@ def _phase(client: Client, seconds: float, rss_pid: int, samples: list, rss_cap_
 def _summary(reqs: list[dict]) -> dict:
     ms = sorted(r["ms"] for r in reqs)
     pct = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))] if ms else float("nan")  # noqa: E731
-    return {"requests": len(reqs), "errors": sum(not r["ok"] for r in reqs),
+    routes: dict[str, int] = {}
+    for r in reqs:
+        key = f"{r['reason']}:{r['replica']}"
+        routes[key] = routes.get(key, 0) + 1
+    return {"requests": len(reqs), "errors": sum(not r["ok"] for r in reqs), "routes": routes,
             "hit_rate": sum(r["cached"] for r in reqs) / max(1, sum(r["tokens"] for r in reqs)),
             "latency_p50_ms": pct(0.5), "latency_p99_ms": pct(0.99), "latency_max_ms": ms[-1] if ms else None}
+
+
+def follow_ups(client: Client, earlier: list[dict], n: int = 6) -> dict:
+    """``n`` follow-ups, each an earlier prompt the honest replica answered plus 16 fresh tokens: routed
+    for the cache ("cache" to "healthy") and given it (cached >= the earlier prompt's full blocks)?"""
+    base = [r for r in earlier if r["ok"] and r["replica"] == "healthy"][-n:]
+    got = []
+    for r in base:
+        ids = r["ids"] + [client.rng.randrange(1, VOCAB) for _ in range(SUFFIX_TOKENS)]
+        f = client.request(ids)
+        f["expected_cached"] = len(r["ids"]) // BLOCK_SIZE * BLOCK_SIZE
+        got.append(f)
+    return {"sent": len(got),
+            "routed_for_cache": sum(f["reason"] == "cache" and f["replica"] == "healthy" for f in got),
+            "got_cache": sum(f["cached"] >= f["expected_cached"] for f in got),
+            "each": [{k: f[k] for k in ("replica", "reason", "cached", "expected_cached")} for f in got]}
 
 
 def _get(url: str, path: str) -> tuple[int, str]:
@@ -123,7 +188,9 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
         procs.append(healthy)
         stub_url = pl.start_stub_replicas(procs, 1)[0]
         info = json.loads(healthy.stdout.readline())
-        hostile_events = endpoint_q.get(timeout=60)
+        hostile_events, hostile_replay = endpoint_q.get(timeout=60)
+        hostile = f"{stub_url},events={hostile_events},name=hostile" + (f",replay={hostile_replay}"
+                                                                        if hostile_replay else "")
         port = pl.free_port()
         url = f"http://127.0.0.1:{port}"
         router = subprocess.Popen([
@@ -131,7 +198,7 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
             "--block-size", str(BLOCK_SIZE), "--workers", "1", "--host", "127.0.0.1", "--port", str(port),
             "--poll-interval-s", "0.5", "--log-level", "warning",
             "--replica", f"{info['url']},events={info['events']},replay={info['replay']},name=healthy",
-            "--replica", f"{stub_url},events={hostile_events},name=hostile"], stderr=log)
+            "--replica", hostile], stderr=log)
         procs.append(router)
         pl.wait_http(url, proc=router)
         pl.wait_http(url, "/v1/models", proc=router)
@@ -141,14 +208,16 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
                 warm.conn.request("POST", "/v1/completions", json.dumps({"prompt": p, "max_tokens": 1}))
                 warm.conn.getresponse().read()
         time.sleep(0.3)  # the router applies their events
-        client, samples = Client(url), []
+        client, samples, watch = Client(url), [], Watch(url)
         cpu_before = pl.tree_cpu_seconds(router.pid)
-        before = _phase(client, baseline, router.pid, samples, rss_cap_mb)
+        before = _phase(client, baseline, router.pid, samples, rss_cap_mb, watch)
         rss_start, cpu_start = _rss_mb(router.pid), pl.tree_cpu_seconds(router.pid)
         cpu_before = (cpu_start - cpu_before) / baseline
         go.set()
         t_flood = time.monotonic()
-        during = _phase(client, duration, router.pid, samples, rss_cap_mb)
+        during = _phase(client, duration, router.pid, samples, rss_cap_mb, watch)
+        followed = follow_ups(client, during)  # still flooding
+        samples.append((time.monotonic(), _rss_mb(router.pid)))
         flooded = time.monotonic() - t_flood
         cpu = pl.tree_cpu_seconds(router.pid) - cpu_start
         stop.set()
@@ -169,7 +238,7 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
                 flooder.kill()
         log.seek(0)
         router_log = log.read()
-    hostile = {line.split('counter="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+    hostile_counters = {line.split('counter="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
                for line in metrics.splitlines()
                if line.startswith("kvmesh_router_event_stream_total{") and 'replica="hostile"' in line}
     flood_rss = [mb for t, mb in samples if t >= t_flood]
@@ -178,9 +247,10 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
         "rss_mb": {"flood_start": rss_start, "peak": max(flood_rss), "end": flood_rss[-1],
                    "growth": max(flood_rss) - rss_start},
         "flooded_s": flooded, "router_cpu_s_per_s": {"baseline": cpu_before, "flood": cpu / flooded},
-        "baseline": _summary(before), "flood": _summary(during),
+        "baseline": _summary(before), "flood": _summary(during), "follow_ups": followed,
+        "honest": watch.summary(t_flood),
         "health_status": health_status, "health": json.loads(health),
-        "hostile_counters": hostile, "flooder": counts,
+        "hostile_counters": hostile_counters, "flooder": counts,
         "router_log_tracebacks": router_log.count("Traceback"),
         "router_log_lines": len(router_log.splitlines()),
         "series": {"rss": [(round(t - t_flood, 3), round(mb, 1)) for t, mb in samples],
@@ -230,14 +300,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", type=float, default=5.0, help="seconds of traffic before the flood")
     ap.add_argument("--model", default=str(STORIES), help="the router's tokenizer")
     ap.add_argument("--rss-cap-mb", type=float, default=2048, help="stop the flood once the router's RSS passes this")
-    ap.add_argument("--mix", choices=["all", "valid", "endless"], default="all",
+    ap.add_argument("--mix", choices=["all", "valid", "endless", "hostile"], default="all",
                     help="all: every kind of bad and huge message; valid: only valid 65,536-block batches; "
-                         "endless: raw ZMTP, one multipart message that never ends")
+                         "endless: raw ZMTP, one multipart message that never ends; hostile: frames expensive "
+                         "to decode (nested arrays, 200,000-event batches, undecodable snapshot frames)")
     ap.add_argument("--out", default="results/flood.json")
     args = ap.parse_args(argv)
     print(f"flood: {args.baseline:g} s baseline, then {args.duration:g} s of hostile traffic ...", flush=True)
     result = run(args.duration, args.baseline, args.model, args.rss_cap_mb, args.mix)
-    for key in ("rss_mb", "router_cpu_s_per_s", "baseline", "flood", "hostile_counters", "flooder"):
+    for key in ("rss_mb", "router_cpu_s_per_s", "baseline", "flood", "honest", "follow_ups", "hostile_counters",
+                "flooder"):
         print(f"  {key}: {json.dumps(result[key])}")
     print(f"  router alive {result['router_alive']}, /health {result['health_status']} degraded "
           f"{result['health'].get('degraded_replicas')}, tracebacks {result['router_log_tracebacks']}")

@@ -1,0 +1,163 @@
+"""Passive health of the replica set: what answers say about each replica, and its ejections (Envoy's outlier
+detection; the bookkeeping is router/routing/outlier.py, the deadlines router/http/patience.py).
+
+- Every failed answer is counted here (``record_failure``, from router/http/failures.py); a sick one, or enough
+  in a row, ejects the replica -- never the last one in rotation.
+- Each poll of ``/load`` (router/control/probes.py) is held against the last one: a prefill queue that shrank
+  or KV events that moved are progress, credited to the last poll (the change came after it), and keep the
+  router waiting for the replica's slow answers.
+- An ejected replica answering ``/health`` stays out; once its ejection is over, one probe request (a
+  one-token completion) must be answered within ``first_byte_timeout_s``, else it is ejected again, for longer.
+  A replica whose ``/health`` fails is down, not sick: its ejection is lifted and ``/health`` brings it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
+from kvmesh.replica.serving.load_report import LoadReport
+from kvmesh.router.http.patience import Patience
+from kvmesh.router.http.upstream import UpstreamError
+from kvmesh.router.routing.outlier import OutlierDetector
+
+if TYPE_CHECKING:
+    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.http.metrics import RouterMetrics
+    from kvmesh.router.http.upstream import UpstreamPool
+    from kvmesh.router.routing.kv_router import KVRouter
+    from kvmesh.router.routing.load import ForeignLoad
+
+logger = logging.getLogger(__name__)
+
+
+class HealthRuntime(Protocol):
+    """What passive health reads of the running router (``RouterRuntime``, runtime.py)."""
+
+    config: RouterConfig
+    router: KVRouter
+    metrics: RouterMetrics
+    specs: dict[str, ReplicaSpec]
+    draining: set[str]
+    subscriber: EventSubscriber | None
+    pool: UpstreamPool | None
+
+    def headers(self) -> dict[str, str]: ...
+
+
+class PassiveHealth:
+    """See the module doc; one per ``RouterRuntime``, on its event loop."""
+
+    def __init__(self, runtime: HealthRuntime) -> None:
+        self.runtime = runtime
+        cfg = runtime.config
+        self.outliers = OutlierDetector(cfg.outlier_consecutive_failures, cfg.outlier_base_ejection_s,
+                                        cfg.outlier_max_ejection_s)
+        self._patience: dict[str, Patience] = {}
+        self._marks: dict[str, tuple[int, int, int, float]] = {}
+        """Replica id -> (its /load's KV event seq, its prefill queue, the router's last applied seq, when) at the
+        last poll."""
+        self._trials: dict[str, asyncio.Task] = {}
+        """Probe requests in flight, per ejected replica."""
+
+    def patience(self, replica_id: str) -> Patience | None:
+        """The deadlines of the replica's answers (router/http/patience.py); None: none configured."""
+        found = self._patience.get(replica_id)
+        cfg = self.runtime.config
+        if found is None and (cfg.first_byte_timeout_s is not None or cfg.stream_idle_timeout_s is not None):
+            found = self._patience[replica_id] = Patience(
+                cfg.first_byte_timeout_s, cfg.stream_idle_timeout_s,
+                lambda since: self.outliers.progressed_since(replica_id, since))
+        return found
+
+    def forget(self, replica_id: str) -> None:
+        self.outliers.forget(replica_id)
+        self._patience.pop(replica_id, None)
+        self._marks.pop(replica_id, None)
+
+    async def stop(self) -> None:
+        tasks = list(self._trials.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---------------------------------------------------------------- answers
+    def record_failure(self, replica_id: str, why: str, kind: str, sick: bool = False) -> None:
+        """Count a failure of the replica (``kind`` labels the metric); a ``sick`` one (its /health cannot vouch
+        for it) or enough in a row eject it, unless no other replica would be left in rotation."""
+        rt = self.runtime
+        if replica_id not in rt.specs:
+            return
+        rt.metrics.child(rt.metrics.replica_failures, replica_id, kind).inc()
+        others = any(rid != replica_id and rid in rt.specs and not self.outliers.is_ejected(rid)
+                     for rid in rt.router.healthy)
+        seconds = self.outliers.on_failure(replica_id, why, can_eject=others, sick=sick)
+        if seconds is not None:
+            self.eject(replica_id, seconds)
+
+    def eject(self, replica_id: str, seconds: float) -> None:
+        h, rt = self.outliers.health(replica_id), self.runtime
+        logger.warning("replica %s ejected %s after %d failure(s) in a row (last: %s)", replica_id,
+                       f"for {seconds:.0f}s, then until a probe request is answered" if seconds else
+                       "until a probe request is answered", h.consecutive_failures, h.last_failure)
+        rt.metrics.child(rt.metrics.ejections, replica_id).inc()
+        rt.router.set_healthy(replica_id, False)
+
+    # ---------------------------------------------------------------- polls
+    def check_progress(self, spec: ReplicaSpec, report: LoadReport | ForeignLoad, queued_prefill: int) -> None:
+        """Note progress when the replica's prefill queue shrank or its KV events moved since the last poll
+        (a replica stuck before its first byte shows neither)."""
+        rt = self.runtime
+        seq = report.kv_events_seq if isinstance(report, LoadReport) else None
+        stats = rt.subscriber.stats.get(spec.replica_id) if rt.subscriber is not None and spec.events else None
+        mark = (-1 if seq is None else seq, queued_prefill, stats.last_seq if stats is not None else -1,
+                time.monotonic())
+        last = self._marks.get(spec.replica_id)
+        self._marks[spec.replica_id] = mark
+        if last is not None and (mark[0] > last[0] or mark[1] < last[1] or mark[2] > last[2]):
+            self.outliers.on_progress(spec.replica_id, at=last[3])  # it moved after the last poll
+
+    def after_probe(self, spec: ReplicaSpec, ok: bool) -> bool:
+        """Take a ``/health`` probe's outcome; True while the replica is ejected (``/health`` must not re-admit
+        it: its probe request is sent once its ejection is over)."""
+        rid = spec.replica_id
+        if not ok:
+            self.outliers.on_down(rid)
+            return False
+        if not self.outliers.is_ejected(rid):
+            return False
+        if self.outliers.probe_due(rid) and rid not in self._trials:
+            self._trials[rid] = asyncio.create_task(self.try_ejected(spec))
+        return True
+
+    async def try_ejected(self, spec: ReplicaSpec) -> None:
+        """The probe request of a replica whose ejection is over: a one-token completion answered within
+        ``first_byte_timeout_s`` re-admits it; anything else ejects it again, for longer."""
+        rt, rid = self.runtime, spec.replica_id
+        body: dict[str, object] = {"prompt": "Hello", "max_tokens": 1, "stream": False}
+        if rt.config.served_model_name is not None:
+            body["model"] = rt.config.served_model_name
+        timeout_s = rt.config.first_byte_timeout_s or rt.config.request_timeout_s or 60.0
+        try:
+            status, _, raw = await rt.pool.fetch("POST", spec.url, "/v1/completions", timeout_s,
+                                                 msgspec.json.encode(body),
+                                                 {"content-type": "application/json", **rt.headers()})
+            answered = status == 200 and isinstance(msgspec.json.decode(raw), dict)
+            why = "" if answered else f"its probe request got HTTP {status}"
+        except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
+            answered, why = False, f"its probe request failed: {e!r}"
+        finally:
+            self._trials.pop(rid, None)
+        if rt.specs.get(rid) is not spec:
+            return
+        seconds = self.outliers.on_probe(rid, answered, why)
+        if seconds is not None:
+            rt.metrics.child(rt.metrics.replica_failures, rid, "probe").inc()
+            self.eject(rid, seconds)
+        elif rid not in rt.draining:
+            logger.info("replica %s answered its probe request: back in rotation", rid)
+            rt.router.set_healthy(rid, True)

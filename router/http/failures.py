@@ -1,0 +1,48 @@
+"""What a failed attempt on a replica means for it: counted towards its ejection (router/routing/outlier.py), or not.
+
+A refused or reset connection counts, and marks the replica unhealthy until its next ``/health`` probe. A missed
+deadline while the replica showed no progress (router/http/patience.py) and an answer that is not JSON or SSE
+are *sick* answers: a replica that answers ``/health`` can still give them, so they eject it until a probe
+request is answered (router/routing/outlier.py). A deadline missed while the replica was working moves the
+request without counting: the replica is slow, not sick. Each failure is a sample of
+``kvmesh_router_replica_failures_total{kind}``, and the route receipt names it (``failed_over``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from kvmesh.router.http.upstream import DeadlineMissed, UpstreamConnectError
+
+
+class FailedReplicas(Protocol):
+    """What counting a failure needs of the running router (``RouterRuntime.mark_failed``)."""
+
+    def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...,
+                    sick: bool = ...) -> None: ...
+
+
+class InvalidAnswer(Exception):
+    """A replica answered 200 with a body that is not JSON, or a stream event that is not SSE JSON: counted
+    against it, the request tried elsewhere (or the stream moved)."""
+
+    def __init__(self, message: str, kind: str = "invalid_json") -> None:
+        super().__init__(message)
+        self.kind = kind
+        """``invalid_json`` or ``invalid_sse`` (the failure metric's label)."""
+
+
+def count_failure(runtime: FailedReplicas, replica_id: str, error: BaseException) -> str:
+    """Count a failed attempt against its replica (a missed deadline only if the replica showed no progress);
+    what went wrong, for the route receipt."""
+    if isinstance(error, DeadlineMissed):
+        kind = "first_byte_deadline" if error.first_byte else "stream_idle_deadline"
+        if not error.progressed:
+            runtime.mark_failed(replica_id, False, f"missed a deadline: {error}", kind, sick=True)
+        return kind
+    if isinstance(error, InvalidAnswer):
+        runtime.mark_failed(replica_id, False, str(error), error.kind, sick=True)
+        return error.kind
+    connect = isinstance(error, UpstreamConnectError)
+    runtime.mark_failed(replica_id, connect, f"failed: {error}", "connect" if connect else "reset")
+    return "connect" if connect else "reset"

@@ -1,0 +1,149 @@
+"""Passive health: which replicas are out of rotation because their answers failed (Envoy's outlier detection).
+
+Every proxied request tells the detector how its replica did: the first bytes arrived (``on_success``), or it
+failed (``on_failure``: a refused or reset connection, a 5xx, no first byte or a stalled stream within the
+router's deadlines while the replica showed no progress, an answer that is not JSON or SSE). Any sign that a
+replica is working -- bytes of any answer, its ``/load`` prefill queue shrinking or its KV event seq moving --
+is ``on_progress``; the HTTP layer waits longer for a replica that progresses (``progressed_since``) and does
+not hold a missed deadline against it.
+
+    a sick answer (a missed deadline without progress, not JSON or SSE)  ->  ejected until a probe request is
+                                                                            answered (its /health cannot tell)
+    consecutive failures >= threshold  ->  ejected for base * 2^k s (k: its earlier ejections, capped at max)
+    ejection over                      ->  one probe request (a 1-token completion; router/control/probes.py)
+    probe answered                     ->  back in rotation; a probe that fails ejects it again, for longer
+
+A replica whose ``/health`` fails is down, not an outlier (``on_down``): its count starts over and an
+ejection is lifted, so a replica that Ray restarts is back as soon as it answers ``/health``. ``k`` drops back to 0 once a re-admitted replica has served ``max_ejection_s`` without another ejection. The
+caller never ejects the last replica in rotation (Envoy's ``max_ejection_percent``, here: one stays). Pure
+bookkeeping on the router's event loop: no I/O, no locks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class ReplicaHealth:
+    """What passive health knows about one replica."""
+
+    consecutive_failures: int = 0
+    """Failures since its last answer that arrived."""
+    last_failure: str | None = None
+    """What its last failure was, for people (``/replicas``, logs)."""
+    ejections: int = 0
+    """Times it was ejected (a total, for ``/replicas`` and metrics)."""
+    level: int = 0
+    """Ejections that count towards the next one's length (``base * 2^level``)."""
+    ejected_until: float | None = None
+    """Monotonic time its current ejection ends; None: in rotation. Past it, it waits for its probe request."""
+    readmitted_at: float = 0.0
+    """Monotonic time it last came back into rotation."""
+    last_progress: float = 0.0
+    """Monotonic time of its last sign of progress (bytes of an answer, its /load or KV events moving)."""
+
+
+class OutlierDetector:
+    """Per-replica failure counts and ejections (see the module doc)."""
+
+    def __init__(self, consecutive_failures: int, base_ejection_s: float, max_ejection_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.threshold = consecutive_failures
+        """Consecutive failures that eject a replica; 0: never eject."""
+        self.base_ejection_s = base_ejection_s
+        self.max_ejection_s = max_ejection_s
+        self.clock = clock
+        self.replicas: dict[Hashable, ReplicaHealth] = {}
+
+    def health(self, replica_id: Hashable) -> ReplicaHealth:
+        found = self.replicas.get(replica_id)
+        if found is None:
+            found = self.replicas[replica_id] = ReplicaHealth()
+        return found
+
+    def forget(self, replica_id: Hashable) -> None:
+        self.replicas.pop(replica_id, None)
+
+    # ---------------------------------------------------------------- what requests and probes saw
+    def on_progress(self, replica_id: Hashable, at: float | None = None) -> None:
+        """The replica made progress at monotonic time ``at`` (now if None); a poll that sees a change since the
+        last one passes the last one's time: all it knows is that the change came after it."""
+        h = self.health(replica_id)
+        h.last_progress = max(h.last_progress, self.clock() if at is None else at)
+
+    def progressed_since(self, replica_id: Hashable, since: float) -> bool:
+        """Whether the replica showed progress after monotonic time ``since``."""
+        found = self.replicas.get(replica_id)
+        return found is not None and found.last_progress > since
+
+    def on_success(self, replica_id: Hashable) -> None:
+        """An answer from the replica arrived."""
+        h = self.health(replica_id)
+        h.consecutive_failures = 0
+        h.last_progress = now = self.clock()
+        if h.level and h.ejected_until is None and now - h.readmitted_at > self.max_ejection_s:
+            h.level = 0
+
+    def on_failure(self, replica_id: Hashable, why: str, can_eject: bool, sick: bool = False) -> float | None:
+        """Count a failure; the seconds of the ejection it caused (0: until a probe request is answered), or
+        None (``can_eject``: another replica stays in rotation; ``sick``: an answer that ``/health`` cannot
+        vouch for, which ejects at once)."""
+        h = self.health(replica_id)
+        h.consecutive_failures += 1
+        h.last_failure = why
+        if not can_eject or not self.threshold or h.ejected_until is not None:
+            return None
+        if h.consecutive_failures >= self.threshold:
+            return self._eject(h)
+        if sick:
+            h.ejected_until = self.clock()
+            h.ejections += 1
+            return 0.0
+        return None
+
+    def _eject(self, h: ReplicaHealth) -> float:
+        seconds = min(self.base_ejection_s * 2 ** h.level, self.max_ejection_s)
+        h.ejected_until = self.clock() + seconds
+        h.ejections += 1
+        h.level += 1
+        return seconds
+
+    def on_down(self, replica_id: Hashable) -> None:
+        """Its ``/health`` failed: the process is down (killed, restarting), which explains its failures, and a
+        restarted one is vouched for by ``/health`` again -- no ejection to wait out, the count starts over."""
+        h = self.replicas.get(replica_id)
+        if h is not None:
+            h.consecutive_failures = 0
+            h.ejected_until = None
+
+    # ---------------------------------------------------------------- ejections
+    def is_ejected(self, replica_id: Hashable) -> bool:
+        """Out of rotation: ejected, and not yet re-admitted by a probe request."""
+        found = self.replicas.get(replica_id)
+        return found is not None and found.ejected_until is not None
+
+    def ejected_for_s(self, replica_id: Hashable) -> float:
+        """Seconds left of its ejection (0: in rotation, or over and waiting for its probe request)."""
+        found = self.replicas.get(replica_id)
+        if found is None or found.ejected_until is None:
+            return 0.0
+        return max(0.0, found.ejected_until - self.clock())
+
+    def probe_due(self, replica_id: Hashable) -> bool:
+        """Ejected, and its ejection is over: a probe request decides whether it comes back."""
+        found = self.replicas.get(replica_id)
+        return found is not None and found.ejected_until is not None and found.ejected_until <= self.clock()
+
+    def on_probe(self, replica_id: Hashable, answered: bool, why: str = "") -> float | None:
+        """The probe request's outcome: re-admitted (None), or ejected again for the seconds returned."""
+        h = self.health(replica_id)
+        if answered:
+            h.ejected_until = None
+            h.consecutive_failures = 0
+            h.readmitted_at = h.last_progress = self.clock()
+            return None
+        h.last_failure = why
+        return self._eject(h)
