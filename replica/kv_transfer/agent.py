@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import msgspec
 import torch
@@ -77,6 +77,7 @@ def decode_handshake(raw: bytes) -> KVHandshake:
     return _decoder.decode(raw)
 
 
+@runtime_checkable
 class KVTransfer(Protocol):
     """One started read."""
 
@@ -89,6 +90,7 @@ class KVTransfer(Protocol):
         """Free the transport's handle (after DONE or ERR, or to give up on it)."""
 
 
+@runtime_checkable
 class KVTransferAgent(Protocol):
     name: str
     layout: KVBlockLayout

@@ -44,6 +44,14 @@ def agents():
         agent.close()
 
 
+def test_the_local_transport_implements_the_agent_interface(agents):
+    from kvmesh.replica.kv_transfer.agent import KVTransfer, KVTransferAgent
+
+    holder, reader = agents("holder", *_cache(TorchAttentionBackend)), agents("reader", *_cache(TorchAttentionBackend))
+    assert isinstance(reader, KVTransferAgent)
+    assert isinstance(reader.start_read(reader.add_peer(holder.handshake()), [1], [1]), KVTransfer)
+
+
 def test_backend_layouts_are_named_by_their_dimensions():
     assert symbolic_layout(TorchAttentionBackend.kv_cache_shape) == "L,2,H,blocks,B,D"
     assert symbolic_layout(TritonAttentionBackend.kv_cache_shape) == "L,2,blocks,B,H,D"

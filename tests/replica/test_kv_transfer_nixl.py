@@ -64,6 +64,12 @@ def _blocks(cache: torch.Tensor, layout, block_ids: list[int]) -> torch.Tensor:
     return cache.view(torch.uint8).view(layout.num_regions, layout.num_blocks, -1)[:, block_ids]
 
 
+def test_the_nixl_transport_implements_the_agent_interface(reader):
+    from kvmesh.replica.kv_transfer.agent import KVTransferAgent
+
+    assert isinstance(reader, KVTransferAgent)
+
+
 def test_blocks_read_by_id_from_another_process_are_byte_identical(holder, reader, reader_runner):
     _, _, handshake, holder_cache, written, _ = holder
     assert len(written) >= 4, f"the holder's engine wrote {written}"
