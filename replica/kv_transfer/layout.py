@@ -32,10 +32,13 @@ class KVBlockLayout(msgspec.Struct, frozen=True):
     """One rank's KV cache as a peer sees it (sent at the handshake)."""
 
     num_layers: int
+    """Attention layers in the cache (its first dimension)."""
     block_size: int
+    """Tokens per block."""
     num_kv_heads: int
     """KV heads on this rank (the model's KV heads / tensor-parallel size)."""
     head_dim: int
+    """Elements per head."""
     dtype: str
     """torch's name for the element type, e.g. ``"float32"``."""
     kv_layout: str
