@@ -136,6 +136,7 @@ def plot(results: dict, path: Path) -> None:
         axis.set_xlabel(f"blocks per read ({results['layouts'][0]['bytes_per_block'] // 1024} KiB each)")
         axis.set_ylabel(label)
         axis.legend()
+    left.set_yscale("log")
     fig.suptitle(f"KV block reads between two processes ({results['transport']})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
