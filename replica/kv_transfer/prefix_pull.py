@@ -76,8 +76,10 @@ def pull_prefix(manager: KVCacheManager, agent: KVTransferAgent, peer: str, toke
     new = pool.get_new_blocks(wanted)
     try:
         read_blocks(agent, peer, remote_block_ids[len(local):len(hashes)], [b.block_id for b in new], timeout_s)
-    except KVTransferError as e:
+    except BaseException as e:
         pool.free_blocks(reversed(local + new))  # never hashed: the garbage in them is never hit
+        if not isinstance(e, KVTransferError):
+            raise  # the caller's mistake (block ids out of range, an unknown peer): said as it is
         logger.warning("prefix pull of %d blocks from %s failed (%s); the prompt will be computed", wanted, peer, e)
         return 0
     blocks = local + new

@@ -64,3 +64,27 @@ def test_a_failed_pull_leaves_nothing_cached_and_the_prompt_is_computed(pair):
     (out,) = puller.generate([PROMPT], GREEDY)
     assert out.num_cached_tokens == 0 and out.output_token_ids == held_out.output_token_ids
     manager.check_integrity()
+
+
+async def test_a_serving_engine_pulls_between_steps_and_its_next_request_hits(pair, stories_path):
+    from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.engine.async_llm import AsyncLLM
+    from kvmesh.replica.engine.llm_engine import LLMEngine
+
+    holder, held_out, _, _, _, holder_agent = pair
+    serving = AsyncLLM(LLMEngine(EngineConfig(model=str(stories_path), device="cpu", num_kv_blocks=32,
+                                              hash_seed=SEED)))
+    agent = agent_for_runner(KVTransferConfig(transport="local"), "serving", serving.runner)
+    try:
+        peer = agent.add_peer(holder_agent.handshake())
+        remote = cached_prefix_block_ids(holder.llm_engine.kv_cache_manager, PROMPT)
+        assert await serving.pull_prefix(agent, peer, PROMPT, remote) == 64
+        outs = [o async for o in serving.generate(PROMPT, GREEDY)]
+        assert outs[-1].num_cached_tokens == 64 and outs[-1].output_token_ids == held_out.output_token_ids
+        free = serving.engine.kv_cache_manager.block_pool.get_num_free_blocks()
+        with pytest.raises(ValueError, match=r"remote block ids \[99, 98\] are outside"):
+            await serving.pull_prefix(agent, peer, list(range(500, 540)), [99, 98])
+        assert serving.engine.kv_cache_manager.block_pool.get_num_free_blocks() == free  # nothing kept
+    finally:
+        agent.close()
+        serving.shutdown()
