@@ -46,6 +46,10 @@ class ReplicaStatus(ReplicaLoad):
     cached_tokens: int = 0
     """Prompt tokens the replica reported as served from cache."""
     predicted_hit_tokens: int = 0
+    predicted_host_tokens: int = 0
+    """The part of ``predicted_hit_tokens`` routed to the replica's host tier (loaded back there)."""
+    host_cached_tokens: int = 0
+    """The part of ``cached_tokens`` the replica reported loading back from its host tier."""
     event_lag_s: float | None = None
     """Publish-to-apply delay of the last event batch (None: no batch yet)."""
     event_gaps: int = 0
@@ -73,6 +77,14 @@ class ReplicaStatus(ReplicaLoad):
         if self.prefix_cache_queries is not None:
             return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else None
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    @property
+    def host_hit_rate(self) -> float | None:
+        """Prompt tokens the replica reported loading back from its host tier / prompt tokens (None: no tier
+        or no prompts)."""
+        if not self.num_host_kv_blocks or not self.prompt_tokens:
+            return None
+        return self.host_cached_tokens / self.prompt_tokens
 
 
 class RouterClient:
@@ -205,6 +217,10 @@ _GAUGES = {
     "kvmesh_router_prompt_tokens_total": "prompt_tokens",
     "kvmesh_router_reported_cached_tokens_total": "cached_tokens",
     "kvmesh_router_predicted_hit_tokens_total": "predicted_hit_tokens",
+    "kvmesh_router_predicted_host_hit_tokens_total": "predicted_host_tokens",
+    "kvmesh_router_reported_host_cached_tokens_total": "host_cached_tokens",
+    "kvmesh_router_replica_host_kv_usage": "host_kv_usage",
+    "kvmesh_router_replica_num_host_kv_blocks": "num_host_kv_blocks",
 }
 
 

@@ -10,9 +10,10 @@ Modules (import what you need; this package imports nothing itself):
 - ``state``       CachedBlockSet: the set of blocks a stream describes, and its snapshot chains
 - ``config``      the events section: PublisherConfig, PublisherSource, SubscriberConfig
 - ``publisher``   ZmqEventPublisher (+ ``publisher_io``, its I/O thread)
-- ``subscriber``  EventSubscriber (+ ``feed_loop``, its I/O thread over ``feed`` (one SUB socket each)
-                  and ``replay_requests`` (the DEALERs); ``frame_guard`` + ``health``, bad frames,
-                  degraded sources and the statuses a consumer hears; ``tracker``, the per-publisher
+- ``subscriber``  EventSubscriber (+ ``feed_loop``, its I/O thread over ``feed`` (one SUB socket each,
+                  read in turns by ``source_turns``) and ``replay_requests`` (the DEALERs);
+                  ``frame_guard`` + ``health``, bad frames, degraded sources and the statuses a
+                  consumer hears; ``consumer``, the callbacks' types; ``tracker``, the per-publisher
                   ordering and gap-recovery logic; ``pending``, ``stats``; ``conn_bytes``, what
                   ZeroMQ holds per connection)
 - ``curve``       CURVE keys and socket setup (private streams); ``ratelimit``, the token bucket

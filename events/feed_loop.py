@@ -7,7 +7,7 @@ snapshot requests ``ReplayRequests`` (replay_requests.py), bad frames ``FrameGua
 Sources are served fairly: each turn of the loop reads every ready socket for at most
 ``source_turn_s`` (at least one message), and a source whose decoding and applying took more than its
 ``source_busy_share`` of the thread is not read until it paid that back (its socket is left alone: the
-flood waits in its publisher). What a connection of ours received and ZeroMQ has not handed over is
+flood waits in its publisher); ``SourceTurns`` (source_turns.py) reads and pauses. What a connection of ours received and ZeroMQ has not handed over is
 counted every ``conn_bytes.CHECK_S`` (also the longest the loop sleeps while there is one to count);
 past ``max_connection_bytes`` it is cut off.
 """
@@ -24,18 +24,17 @@ import zmq
 from kvmesh.events import curve
 from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.conn_bytes import CHECK_S, CountClock
+from kvmesh.events.consumer import BatchCallback, StatusCallback
 from kvmesh.events.endpoints import parse_sub_endpoint
 from kvmesh.events.feed import Feed
 from kvmesh.events.frame_guard import FrameGuard
 from kvmesh.events.health import REFUSED
-from kvmesh.events.replay_requests import MESSAGES_PER_TURN, ReplayRequests
-from kvmesh.events.tracker import BatchCallback, SourceTracker, StatusCallback
-from kvmesh.events.wire import unpack_seq
+from kvmesh.events.replay_requests import ReplayRequests
+from kvmesh.events.source_turns import SourceTurns
+from kvmesh.events.tracker import SourceTracker
 from zmq.utils.monitor import recv_monitor_message
 
 logger = logging.getLogger(__name__)
-_NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path
-_PAUSE_S = (0.05, 1.0)  # shortest and longest pause of a source's socket over its budget
 Command = tuple[Literal["add"], PublisherSource] | tuple[Literal["remove", "resync"], str] | None
 """What ``FeedLoop.call`` queues for the I/O thread (None: stop)."""
 
@@ -58,13 +57,13 @@ class FeedLoop:
         """What stopped the loop, when it stopped for anything but ``call(None)``."""
         self._to_start: list[str] = []
         self._active: dict[str, float] = {}  # source -> last time it sent us anything
-        self._paused: dict[Feed, float] = {}  # feeds not polled (a degraded source over budget) -> until
         self.counts = CountClock()
         """When the connections' bytes are counted (conn_bytes.py)."""
         self._poller = zmq.Poller()
         self.guard = FrameGuard(config, self.trackers, deliver, status)
         self.requests = ReplayRequests(ctx, config, self._poller, self._sources, self.trackers, self._active,
                                        self.guard, lambda sock, src: self.secure(sock, self.server_key(src)))
+        self.turns = SourceTurns(config, self._poller, self.trackers, self._active, self.guard)
         self._calls: deque[Command] = deque()
         addr = f"inproc://kvmesh-subscriber-wake-{id(self)}-{time.monotonic_ns()}"
         self._wake_recv = ctx.socket(zmq.PULL)
@@ -160,8 +159,7 @@ class FeedLoop:
         feed = self._feed_of.pop(name)
         feed.topics.pop(name, None)
         if not feed.topics:
-            if self._paused.pop(feed, None) is None:
-                self._poller.unregister(feed.sock)
+            self.turns.forget(feed)
             self._close_feed(feed)
             self._feeds = {k: f for k, f in self._feeds.items() if f is not feed}
 
@@ -187,8 +185,8 @@ class FeedLoop:
                         self._on_socket(sock)
                 self.requests.tick()
                 self.guard.check_health()
-                if self._paused:
-                    self._resume_feeds()
+                if self.turns.paused:
+                    self.turns.resume_due()
                 self._reattach_feeds()
         except Exception as e:  # a bug here must not pass silently: EventSubscriber restarts the feed
             self.crash = e
@@ -204,17 +202,6 @@ class FeedLoop:
         self._feeds.clear()
         self._wake_recv.close(linger=0)
         self._wake_send.close(linger=0)
-
-    def _pause_feed(self, feed: Feed, seconds: float) -> None:
-        """Stop reading ``feed`` for ``seconds`` (within ``_PAUSE_S``): the flood waits in its publisher."""
-        self._poller.unregister(feed.sock)
-        self._paused[feed] = time.monotonic() + min(_PAUSE_S[1], max(_PAUSE_S[0], seconds))
-
-    def _resume_feeds(self) -> None:
-        now = time.monotonic()
-        for feed in [f for f, until in self._paused.items() if now >= until]:
-            del self._paused[feed]
-            self._poller.register(feed.sock, zmq.POLLIN)
 
     def _close_feed(self, feed: Feed) -> None:
         self._by_socket.pop(feed.sock, None)
@@ -275,54 +262,6 @@ class FeedLoop:
         if feed is None:
             return
         if feed.sock is sock:
-            self._on_sub(feed)
+            self.turns.read(feed)
         else:
             self._on_monitor(feed)
-
-    def _on_sub(self, feed: Feed) -> None:
-        sock, guard = feed.sock, self.guard
-        turn_ends = time.perf_counter() + self._config.source_turn_s
-        for _ in range(MESSAGES_PER_TURN):
-            if not feed.shared:  # a socket of its own: over its share, it waits in its publisher
-                wait = guard.busy_wait_s(next(iter(feed.topics)))
-                if wait > 0:
-                    self.trackers[next(iter(feed.topics))].stats.busy_pauses += 1
-                    self._pause_feed(feed, wait)
-                    return
-            try:
-                frames = sock.recv_multipart(_NOBLOCK)
-            except zmq.Again:
-                return
-            started = time.perf_counter()
-            feed.last_message = time.monotonic()
-            name = feed.owner(frames[0]) if frames else None
-            tracker = self.trackers.get(name) if name is not None else None
-            if tracker is None:
-                guard.warn_once(feed.address, "message for an unknown topic", f"{frames[0][:40]!r}")
-                continue
-            if feed.shared and guard.busy_wait_s(name) > 0:  # one socket, many sources: drop its, unread
-                tracker.stats.busy_pauses += 1
-                continue
-            more = self._on_message(feed, name, tracker, frames)
-            guard.spend(name, time.perf_counter() - started)
-            if not more or time.perf_counter() >= turn_ends:
-                return  # the other sockets' turn; this one is still ready at the next poll
-
-    def _on_message(self, feed: Feed, name: str, tracker: SourceTracker, frames: list[bytes]) -> bool:
-        """One live message of ``name``: checked, decoded and delivered (or counted as bad). False when
-        the feed was paused (read no more of it now)."""
-        if len(frames) != 3 or len(frames[1]) != 8:
-            self.guard.bad_frame(name, "decode_errors", "bad frames",
-                                 f"{len(frames)} frames; expected [topic, seq (8 bytes), payload]")
-            return True
-        self._active[name] = feed.last_message
-        payload = frames[2]
-        if not self.guard.admit(name, len(payload)):
-            if not feed.shared:  # a socket of its own: leave the flood in the publisher's queue
-                self._pause_feed(feed, self.guard.refused_for_s(name, len(payload)))
-                return False
-            return True
-        batch = self.guard.decode(name, payload)
-        if batch is not None:
-            tracker.on_live(unpack_seq(frames[1]), batch, len(payload))
-        return True

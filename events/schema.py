@@ -28,6 +28,12 @@ class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
     """Base class of every KV cache event; the msgpack map's ``"type"`` is the class name."""
 
 
+DEVICE_MEDIUM = "GPU"
+"""``medium`` of the engine's own KV cache, on every device (vLLM's block pool writes "GPU" on CPU too)."""
+HOST_MEDIUM = "CPU"
+"""``medium`` of a host-memory tier below it (vLLM's OffloadingConnector, kvmesh's ``kv_offload_memory``)."""
+
+
 class BlockStored(KVCacheEvent):
     """Full blocks became cached: a chain of ``len(block_hashes)`` blocks hanging off a parent."""
 
@@ -42,7 +48,8 @@ class BlockStored(KVCacheEvent):
     lora_id: int | None
     """Integer id of the LoRA adapter the blocks were computed with, if any."""
     medium: str | None
-    """Where the blocks live: ``"GPU"``, or ``"CPU"`` for a CPU-only engine."""
+    """The tier holding the blocks, in vLLM's values: ``DEVICE_MEDIUM`` ("GPU", the engine's own cache on every
+    device) or ``HOST_MEDIUM`` ("CPU", a host-memory tier)."""
     lora_name: str | None
     """Name of the LoRA adapter, if any (part of the hash's extra keys)."""
     extra_keys: list[Any] | None = None

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from kvmesh.events.consumer import BatchCallback, StatusCallback
 from kvmesh.events.health import SNAPSHOT_APPLIED, SNAPSHOT_FAILED, UNRECOVERED
 from kvmesh.events.pending import PendingBatches
 from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEventBatch
@@ -30,11 +31,6 @@ from kvmesh.events.stats import SourceStats
 logger = logging.getLogger(__name__)
 
 LIVE, REPLAY, SNAPSHOT = "live", "replay", "snapshot"
-
-BatchCallback = Callable[[str, int, KVEventBatch], None]
-"""``on_batch(source_name, seq, batch)``: where batches go, in seq order (the subscriber's consumer)."""
-StatusCallback = Callable[[str, str, str], None]
-"""``on_status(source_name, status, detail)``: what a consumer hears about a source (health.py names them)."""
 
 
 class SourceTracker:
@@ -151,7 +147,7 @@ class SourceTracker:
         was_probe, self._probing = self._probing, False
         if progressed or not was_probe:
             self.stats.replays += 1
-        first_pending = self._next_pending_seq()
+        first_pending = self.pending.first_seq()
         still_gap = first_pending is not None and first_pending > self.last + 1
         if still_gap and not progressed and was_probe and not self._replay_hole:
             self.stats.gaps += 1  # the gap opened after the probe was answered: replay it
@@ -254,9 +250,6 @@ class SourceTracker:
         level = logging.DEBUG if kind in self._logged else logging.WARNING
         self._logged.add(kind)
         logger.log(level, msg + ("" if level == logging.DEBUG else "; further ones are only counted"), *args)
-
-    def _next_pending_seq(self) -> int | None:
-        return self.pending.first_seq()
 
     def _lost(self, reason: str) -> None:
         self.stats.unrecovered += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from kvmesh.events.schema import DEVICE_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvmesh.kvcache.block import KVCacheBlock
 from kvmesh.kvcache.eviction import EvictionPolicyKwargs, make_eviction_policy
 from kvmesh.kvcache.hashing import BlockHash, external_hash
@@ -24,7 +24,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  event_sink: Callable[[KVEvent], None] | None = None, eviction_policy: str = "lru",
-                 medium: str | None = "CPU", eviction_policy_kwargs: EvictionPolicyKwargs | None = None):
+                 medium: str | None = DEVICE_MEDIUM, eviction_policy_kwargs: EvictionPolicyKwargs | None = None):
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
         if block_size <= 0:
@@ -118,9 +118,9 @@ class BlockPool:
         if self._on_cached is not None:
             self._on_cached(stored)
         if self.event_sink is not None:
-            self._emit(stored)
+            self.emit_stored(stored)
 
-    def _emit(self, stored: list[KVCacheBlock]) -> None:
+    def emit_stored(self, stored: list[KVCacheBlock]) -> None:
         """One BlockStored per unbroken chain of newly cached blocks."""
         start = 0
         for i in range(1, len(stored)):

@@ -5,6 +5,11 @@ For each request it keeps the block table (``req_to_blocks``), how many of its b
 cached prefix; ``allocate_slots`` reserves blocks for a step (or returns None so the scheduler can
 preempt) and caches the blocks the step fills; ``free`` returns a request's blocks tail first.
 
+With a host tier (``num_host_blocks``; kvcache/host_tier.py) a prefix continues past the device's
+own blocks into the tier: those blocks get fresh device blocks and are loaded back before the
+step's forward, and every block the device caches is copied down after it (kvcache/offload.py).
+``take_transfers`` hands the step's copies to the runner.
+
 A request is any ``CacheRequest`` (kvcache/interfaces.py).
 """
 
@@ -13,11 +18,13 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 
-from kvmesh.events.schema import KVEvent
+from kvmesh.events.schema import DEVICE_MEDIUM, KVEvent
 from kvmesh.kvcache.block_pool import BlockPool, KVCacheBlock
 from kvmesh.kvcache.eviction import EvictionPolicyKwargs
 from kvmesh.kvcache.hashing import RequestBlockHasher, generate_seed, make_none_hash
+from kvmesh.kvcache.host_tier import HostTier
 from kvmesh.kvcache.interfaces import CacheRequest
+from kvmesh.kvcache.offload import OffloadingManager
 from kvmesh.kvcache.pool_integrity import (
     FULL_CHECK_MAX_BLOCKS,
     check_pool_integrity,
@@ -25,6 +32,7 @@ from kvmesh.kvcache.pool_integrity import (
     sweep_window,
 )
 from kvmesh.kvcache.stats import PrefixCacheStats
+from kvmesh.kvcache.transfers import KVTransfers
 
 MAX_REMEMBERED_FREED = 65_536
 """Default number of recently freed request ids remembered to detect a double free."""
@@ -35,13 +43,21 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, hash_seed: bytes | str | None,
                  enable_caching: bool = True, event_sink: Callable[[KVEvent], None] | None = None,
-                 eviction_policy: str = "lru", medium: str | None = "CPU",
+                 eviction_policy: str = "lru", medium: str | None = DEVICE_MEDIUM,
                  eviction_policy_kwargs: EvictionPolicyKwargs | None = None,
-                 max_remembered_freed: int = MAX_REMEMBERED_FREED, debug: bool = False):
+                 max_remembered_freed: int = MAX_REMEMBERED_FREED, debug: bool = False,
+                 num_host_blocks: int = 0):
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, block_size, enable_caching, event_sink, eviction_policy,
                                     medium, eviction_policy_kwargs)
+        self.offload: OffloadingManager | None = None
+        """The host tier's planner (None without a host tier)."""
+        if num_host_blocks > 1 and enable_caching:
+            host = HostTier(num_host_blocks, block_size, event_sink, eviction_policy, eviction_policy_kwargs)
+            self.offload = OffloadingManager(self.block_pool, host)
+        self._host_hits: dict[str, list[KVCacheBlock]] = {}
+        """Host blocks ``get_computed_blocks`` found for a request, loaded by its next ``allocate_slots``."""
         self.none_hash = make_none_hash(generate_seed() if hash_seed is None else hash_seed)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         """Block table of each running request."""
@@ -85,13 +101,18 @@ class KVCacheManager:
         hashes = self._hasher(request).block_hashes
         get = self.block_pool.cached_block_hash_to_block.get
         computed: list[KVCacheBlock] = []
-        for i in range(min(len(hashes), (request.num_tokens - 1) // self.block_size)):
+        max_blocks = min(len(hashes), (request.num_tokens - 1) // self.block_size)
+        for i in range(max_blocks):
             block = get(hashes[i])
             if block is None:
                 break
             computed.append(block)
         num_computed_tokens = len(computed) * self.block_size
         self.prefix_cache_stats.record(request.num_tokens, num_computed_tokens)
+        if self.offload is not None:
+            host = self.offload.lookup(hashes, len(computed), max_blocks)
+            self._host_hits[request.request_id] = host
+            num_computed_tokens += len(host) * self.block_size
         return computed, num_computed_tokens
 
     def allocate_slots(self, request: CacheRequest, num_new_tokens: int, num_new_computed_tokens: int = 0,
@@ -107,6 +128,7 @@ class KVCacheManager:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         rid = request.request_id
         new_computed_blocks = new_computed_blocks or ()
+        host_hits = self._host_hits.pop(rid, None) if self._host_hits else None
         req_blocks = self.req_to_blocks.get(rid)
         num_existing = len(req_blocks) if req_blocks is not None else 0
         num_tokens_need_slot = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
@@ -126,6 +148,8 @@ class KVCacheManager:
             self.num_cached_block.setdefault(rid, len(req_blocks))
         new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         req_blocks.extend(new_blocks)
+        if host_hits and num_new_computed_tokens:
+            self.offload.plan_loads(host_hits, new_blocks[:len(host_hits)])
         if self.enable_caching:
             num_full_blocks = min(num_tokens_need_slot, request.num_tokens) // self.block_size
             num_cached = self.num_cached_block.get(rid, 0)
@@ -135,6 +159,8 @@ class KVCacheManager:
                                        request.all_token_ids, hasher.extra_keys,
                                        request.lora_name)
                 self.num_cached_block[rid] = num_full_blocks
+                if self.offload is not None:
+                    self.offload.plan_stores(req_blocks[num_cached:num_full_blocks])
         if self.debug:
             self.check_integrity()
         return new_blocks
@@ -144,6 +170,7 @@ class KVCacheManager:
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, None)
         self.num_cached_block.pop(rid, None)
+        self._host_hits.pop(rid, None)
         self.req_to_hasher.pop(rid, None)
         if blocks is None:
             if rid in self._recently_freed:
@@ -157,13 +184,41 @@ class KVCacheManager:
         if self.debug:
             self.check_integrity()
 
+    def take_transfers(self) -> KVTransfers | None:
+        """The copies the steps scheduled since the last call need (None without any)."""
+        return None if self.offload is None else self.offload.take()
+
+    def complete_transfers(self, transfer_ids: list[int]) -> None:
+        """The runner saw these steps' copies down land: they become findable in the host tier."""
+        if self.offload is not None and transfer_ids:
+            self.offload.complete(transfer_ids)
+
+    def snapshot_events(self) -> list:
+        """Every cached block of both tiers as BlockStored chains (device "GPU" first, then host "CPU")."""
+        events = self.block_pool.snapshot_events()
+        if self.offload is not None:
+            events += self.offload.host.snapshot_events()
+        return events
+
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table as block ids."""
         return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
 
     def reset_prefix_cache(self) -> bool:
-        """Forgets every cached block; False (nothing done) while any request holds blocks."""
-        return self.block_pool.reset_prefix_cache()
+        """Forgets every cached block of both tiers; False (nothing done) while any request holds blocks
+        or a copy to the host tier is in flight."""
+        if self.offload is not None and self.offload.pending:
+            return False
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.offload is not None:
+            self.offload.host.pool.reset_prefix_cache()
+        return True
+
+    def cancel_transfers(self, transfer_ids: list[int]) -> None:
+        """These steps' copies will never run (the runner failed them): release what they hold."""
+        if self.offload is not None:
+            self.offload.cancel(transfer_ids)
 
     def check_integrity(self, full: bool | None = None) -> None:
         """Raises AssertionError if a pool or block-table invariant is broken.
@@ -179,6 +234,10 @@ class KVCacheManager:
         if full:
             check_pool_integrity(pool)
         refs: Counter[int] = Counter()
+        if self.offload is not None:
+            refs.update(b.block_id for b in self.offload.held_device_blocks())
+            if full:
+                check_pool_integrity(self.offload.host.pool)
         for rid, blocks in self.req_to_blocks.items():
             for block in blocks:
                 assert not block.is_null, f"request {rid!r} holds the null block"

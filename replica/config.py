@@ -38,6 +38,9 @@ class EngineConfig:
     kv_cache_memory: int | str | None = None
     """KV cache per replica, bytes or a size such as "512MiB": on CPU the size (None: 1 GiB), on CUDA a cap on what
     gpu_memory_utilization leaves (None: all of it)."""
+    kv_offload_memory: int | str | None = None
+    """Host-memory KV tier per replica below the device cache, bytes or a size such as "64MiB" (vLLM's
+    --kv-offloading-size): pinned on CUDA; cached blocks are copied down and loaded back for later hits. None: no tier."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory the replica may use (weights + activations + KV cache), in (0, 1]."""
     num_kv_blocks: int | None = None
@@ -73,6 +76,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory, "kv_cache_memory"))
+        object.__setattr__(self, "kv_offload_memory", parse_size(self.kv_offload_memory, "kv_offload_memory"))
         if self.device == "auto":
             object.__setattr__(self, "device", None)
         if not self.model:
@@ -87,13 +91,19 @@ class EngineConfig:
         _check_positive_int("max_num_seqs", self.max_num_seqs)
         _check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         _check_positive_int("tensor_parallel_size", self.tensor_parallel_size)
-        for name in ("max_model_len", "kv_cache_memory", "num_kv_blocks"):
+        for name in ("max_model_len", "kv_cache_memory", "kv_offload_memory", "num_kv_blocks"):
             if getattr(self, name) is not None:
                 _check_positive_int(name, getattr(self, name))
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be >= 2 (block 0 is the null block), got {self.num_kv_blocks}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.kv_offload_memory is not None and not self.enable_prefix_caching:
+            raise ValueError("kv_offload_memory (a host tier of cached blocks) needs enable_prefix_caching; "
+                             "turn prefix caching on or unset kv_offload_memory")
+        if self.kv_offload_memory is not None and self.tensor_parallel_size > 1:
+            raise ValueError("kv_offload_memory (a host tier) works with tensor_parallel_size 1 only for now; "
+                             "unset it or use one rank")
         if self.async_scheduling not in (None, True, False):
             raise ValueError(f"async_scheduling must be true, false or null (auto), got {self.async_scheduling!r}")
         if self.hash_seed is not None and not isinstance(self.hash_seed, bytes | str):

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.serving.load_report import LoadReport
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
+    from kvmesh.replica.worker.kv_offload import KVOffloader
 
 
 @runtime_checkable
@@ -41,6 +42,14 @@ class ModelRunnerInterface(Protocol):
     """None while steps can run; otherwise why not (a TP rank died). Cheap to read."""
     device: torch.device | str
     """Where the model runs (rank 0's device under TP): ``cpu``, ``cuda:0``."""
+    num_host_blocks: int
+    """Blocks of the host-memory KV tier the runner holds (0: none; block 0 mirrors the null block)."""
+    kv_offload: KVOffloader | None
+    """The host tier's copies (bytes moved, measured bandwidth); None without a tier."""
+
+    def finished_kv_transfers(self) -> list[int]:
+        """Steps whose copies to the host tier landed since the last call (never blocks; [] without a tier)."""
+        ...
 
     def execute_model(self, out: SchedulerOutput) -> dict[str, int] | ModelRunnerOutput:
         """Runs one step; returns ``{request_id: sampled token}``, a ``ModelRunnerOutput`` (the same dict with

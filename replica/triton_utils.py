@@ -38,3 +38,28 @@ def triton_problem(device: torch.device) -> str | None:
         return ("triton runs on CPU tensors only through its interpreter: set TRITON_INTERPRET=1 before "
                 "triton is first imported (slow; meant for tests)")
     return f"triton kernels run on cuda (or cpu through the interpreter) devices, not {device.type}"
+
+
+def widen_bf16_dots_when_interpreting() -> None:
+    """Make the interpreter's ``tl.dot`` read bf16 operands as numbers.
+
+    Triton's interpreter stores bf16 tensors as their uint16 bits (numpy has no bf16) and its ``tl.dot``
+    hands those arrays to ``np.matmul`` unconverted, multiplying bit patterns (triton 3.9). Widening each
+    bf16 operand to fp32 first is what a bf16 tensor-core MMA with an fp32 accumulator computes: every
+    bf16 product is exact in fp32. Called where a kernel module with bf16 dots is imported; a no-op when
+    kernels are compiled, and once per process."""
+    if not interpreting():
+        return
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    original = InterpreterBuilder.create_dot
+    if getattr(original, "widens_bf16", False):
+        return
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        a, b = (self.cast_impl(x, tl.float32) if x.dtype.scalar == tl.bfloat16 else x for x in (a, b))
+        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    create_dot.widens_bf16 = True
+    InterpreterBuilder.create_dot = create_dot

@@ -8,16 +8,19 @@ vllm-router is not a kvmesh dependency; install it into a venv outside the repos
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from kvmesh.events.subscriber import wait_until
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.runtime import ReplicaRuntime
 from kvmesh.replica.server.config import ReplicaServerConfig
@@ -63,10 +66,9 @@ def replica(stories_path):
     runtime.shutdown(graceful_s=1)
 
 
-@pytest.fixture
-def vllm_router(vllm_router_exe, replica, tmp_path):
-    """vllm-router (kv_aware) in front of the replica, fed by the replica's event and replay sockets."""
-    exe = vllm_router_exe
+@contextlib.contextmanager
+def running_vllm_router(exe: str, replica: ReplicaRuntime, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """vllm-router (kv_aware) in front of ``replica``, fed by its event and replay sockets: (its URL, its log)."""
     ends, url, port = replica.endpoints(), replica.http.url, free_port()
     log = tmp_path / "vllm-router.log"
     cmd = [exe, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", url, "--policy", "kv_aware",
@@ -97,6 +99,12 @@ def vllm_router(vllm_router_exe, replica, tmp_path):
             proc.wait(10)
 
 
+@pytest.fixture
+def vllm_router(vllm_router_exe, replica, tmp_path):
+    with running_vllm_router(vllm_router_exe, replica, tmp_path) as router:
+        yield router
+
+
 def complete(base: str) -> dict:
     r = httpx.post(base + "/v1/completions", json={"model": "stories", "prompt": STORY, "max_tokens": 4}, timeout=60)
     assert r.status_code == 200, r.text
@@ -117,3 +125,35 @@ def test_kv_aware_credits_the_prefix_a_kvmesh_replica_announced(vllm_router):
             break
     assert 32 <= credited <= 48, decisions(log)  # at least the two blocks a repeat can reuse
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # and the replica did reuse them
+
+
+
+@pytest.fixture(params=["64MiB", None], ids=["host-tier", "no-tier"])
+def small_replica(stories_path, request):
+    """A replica with a ~50-block device pool, with or without a 64 MiB host tier."""
+    runtime = ReplicaRuntime.start(EngineConfig(model=str(stories_path), kv_cache_memory="1MiB",
+                                                kv_offload_memory=request.param),
+                                   ReplicaServerConfig(port=0, event_port=0, replay_port=0, served_model_name="stories"))
+    yield runtime
+    runtime.shutdown(graceful_s=1)
+
+
+def test_kv_aware_credits_host_tier_blocks_at_its_host_penalty(vllm_router_exe, small_replica, tmp_path):
+    """vllm-router's kv_aware reads ``medium``: a prefix that left the device for the host tier ("CPU" blocks)
+    is still credited, discounted by its hand-set ``kv_penalty_host`` (0.8); without a tier it is gone."""
+    with running_vllm_router(vllm_router_exe, small_replica, tmp_path) as (base, log):
+        body = {"model": "stories", "prompt": " ".join(f"{STORY} Chapter {i}." for i in range(5)), "max_tokens": 4}
+        for prompt in [body["prompt"]] + [" ".join(f"Tom and Sue saw dog {i} {j} in the park." for j in range(12))
+                                          for i in range(8)]:  # the first prompt, then 8 that push it out
+            r = httpx.post(base + "/v1/completions", json={**body, "prompt": prompt}, timeout=60)
+            assert r.status_code == 200, r.text
+        load = small_replica.http.url + "/load"
+        assert wait_until(lambda: httpx.get(load).json()["kv_events_unsent_s"] == 0.0, 10.0), "events not sent"
+        again = httpx.post(base + "/v1/completions", json=body, timeout=60).json()["usage"]
+        credited = decisions(log)[-1][1]
+        host = again["prompt_tokens_details"].get("host_cached_tokens")
+        if small_replica.llm.engine.config.kv_offload_memory:
+            assert host >= 256 and again["prompt_tokens_details"]["cached_tokens"] == host  # loaded back
+            assert int(0.7 * host) <= credited < host  # credited, at kv_penalty_host
+        else:
+            assert host is None and again["prompt_tokens_details"]["cached_tokens"] == 0 and credited == 0

@@ -46,7 +46,7 @@ def report(message: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvmesh.cluster.config.flags import ConfigError, config_from_args
-    from kvmesh.cluster.config.schema import commented_yaml
+    from kvmesh.cluster.config.reference import commented_yaml
     from kvmesh.cluster.launch.preflight import PreflightError, check
 
     try:

@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         client.close()
     if args.json:
         print(json.dumps({"router": args.url, "health": health, "fleet": fleet,
-                          "replicas": [{**_row_dict(r), "hit_rate": r.hit_rate} for r in rows]}, indent=2))
+                          "replicas": [{**_row_dict(r), "hit_rate": r.hit_rate, "host_hit_rate": r.host_hit_rate}
+                                       for r in rows]}, indent=2))
         return 0
     print(format_table(rows, args.url, health))
     if fleet:
@@ -111,13 +112,15 @@ def _row_dict(row) -> dict:
 
 
 def format_table(rows, url: str, health: dict) -> str:
-    header = ("REPLICA", "HEALTH", "KV USE", "INDEX BLK", "RUN", "WAIT", "ROUTED", "HIT RATE", "EVENT LAG",
-              "GAPS", "BAD FRAMES", "URL")
+    header = ("REPLICA", "HEALTH", "KV USE", "HOST USE", "INDEX BLK", "RUN", "WAIT", "ROUTED", "HIT RATE",
+              "HOST HIT", "EVENT LAG", "GAPS", "BAD FRAMES", "URL")
     lines = [header]
     for r in rows:
-        lines.append((r.replica_id, _health(r), f"{r.kv_usage:.0%}", str(r.index_blocks),
+        lines.append((r.replica_id, _health(r), f"{r.kv_usage:.0%}",
+                      f"{r.host_kv_usage:.0%}" if r.num_host_kv_blocks else "-", str(r.index_blocks),
                       str(r.num_running), str(r.num_waiting), str(r.requests_routed),
                       "-" if r.hit_rate is None else f"{r.hit_rate:.0%}",
+                      "-" if r.host_hit_rate is None else f"{r.host_hit_rate:.0%}",
                       "-" if r.event_lag_s is None else f"{r.event_lag_s * 1e3:.1f} ms", str(r.event_gaps),
                       str(r.event_bad_frames), r.url))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

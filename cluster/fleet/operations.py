@@ -1,10 +1,7 @@
 """A running cluster's replica set changed at runtime: add, drain + remove, scale to N, rolling restart.
 
-    add:      placement group (same bundles, same Ray placement) ─▶ launcher.start_replica ─▶ ready
-              ─▶ registered with the router ─▶ healthy in the router (the health gate)
-    remove:   router drain (no new requests) ─▶ its in-flight requests finish (streams to their last
-              byte; at most autoscale.drain_timeout_s) ─▶ router deregisters it (its index is dropped)
-              ─▶ actor shut down ─▶ placement group removed
+    add:      placement group ─▶ started ─▶ ready ─▶ registered ─▶ healthy in the router (replica_add.py)
+    remove:   router drain ─▶ its requests finish ─▶ deregistered ─▶ stopped ─▶ group freed (replica_remove.py)
     rollout:  per old replica: add one (new engine settings, if any) ─▶ gate ─▶ remove the old one
 
 One worker thread runs the operations in order (``request_scale``/``request_rollout`` queue them and
@@ -25,7 +22,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvmesh.cluster.fleet.autoscaler import Decision, cheapest_to_lose
-from kvmesh.cluster.fleet.supervisor import ReplicaHandle, actor_state, register
+from kvmesh.cluster.fleet.replica_add import add_replicas
+from kvmesh.cluster.fleet.replica_remove import remove_replica
+from kvmesh.cluster.fleet.supervisor import ReplicaHandle, replica_index
 from kvmesh.cluster.fleet.view import Accepted, EngineChanges, FleetView, Operation
 from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch.capacity import plan_capacity
@@ -36,11 +35,6 @@ if TYPE_CHECKING:
     from kvmesh.replica.config import EngineConfig
 
 logger = logging.getLogger(__name__)
-
-
-def replica_index(replica_id: str) -> int:
-    """The index in a serve replica's name (``replica-3`` -> 3)."""
-    return int(replica_id.rsplit("-", 1)[1])
 
 
 class Fleet:
@@ -176,39 +170,7 @@ class Fleet:
 
     def add_replicas(self, count: int) -> list[ReplicaHandle]:
         """Start ``count`` replicas in new placement groups; returns once the router routes to them."""
-        import ray
-        from ray.util.placement_group import placement_group
-
-        cfg, st = self.cluster.config, self.st
-        indexes = self.new_indexes(count)
-        bundles = self.cluster.replica_bundles()
-        self.cluster.check_capacity(len(st.replicas) + count)  # more than the nodes hold: say so at once
-        groups = []
-        for i in indexes:
-            pg = placement_group(bundles, strategy="STRICT_PACK", name=f"kvmesh-replica-{i}-{time.time_ns()}")
-            groups.append(pl.ReplicaPlacement(replica_index=i, placement_group=pg, target_node_id=None))
-        st.groups.extend(groups)
-        pl.wait_ready(groups, timeout_s=cfg.ray.placement_timeout_s, report=self.cluster.report)
-        handles = [self.cluster.start_replica(g) for g in groups]
-        deadline = time.monotonic() + cfg.ray.ready_timeout_s
-        try:
-            for handle in handles:
-                handle.endpoints = ray.get(handle.actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
-        except Exception:  # one did not start: none of this batch joins; free what they hold
-            for handle in handles:
-                ray.kill(handle.actor, no_restart=True)
-            pl.remove_placement_groups(groups)
-            st.groups[:] = [g for g in st.groups if g not in groups]
-            raise
-        for handle in handles:
-            handle.up = True
-            register(st.router_client, handle)
-            st.replicas.append(handle)  # the supervisor watches it from now on
-        for handle in handles:
-            self._wait_healthy(handle.replica_id, deadline)
-            self.cluster.report(f"{handle.replica_id} added at {handle.endpoints['http_url']} "
-                                f"({len(st.replicas)} replicas)")
-        return handles
+        return add_replicas(self.cluster, self.new_indexes(count))
 
     def new_indexes(self, count: int) -> list[int]:
         """Indexes for ``count`` new replicas, above every one this cluster has used: never a removed replica's
@@ -219,56 +181,14 @@ class Fleet:
         self._last_index = first + count - 1
         return list(range(first, first + count))
 
-    def _wait_healthy(self, replica_id: str, deadline: float) -> None:
-        """The health gate: the router has probed the replica and routes to it."""
-        client = self.st.router_client
-        while time.monotonic() < deadline:
-            healthy = client.health().get("healthy_replicas", [])
-            if replica_id in healthy:
-                if hasattr(self.st.router, "wait_workers_see"):  # router processes follow the control router
-                    self.st.router.wait_workers_see(len(healthy), max(deadline - time.monotonic(), 1.0))
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"{replica_id} started but the router does not see it healthy")
-
     def remove_replica(self, replica_id: str) -> None:
         """Drain, wait for its requests, deregister (index dropped), stop the actor, free its group."""
-        import ray
-
-        st, client = self.st, self.st.router_client
-        handle = next((h for h in st.replicas if h.replica_id == replica_id), None)
+        handle = next((h for h in self.st.replicas if h.replica_id == replica_id), None)
         if handle is None:
             raise ValueError(f"no replica {replica_id!r} in this cluster; it has {self.replica_ids()}")
-        t0 = time.monotonic()
         self._removing.add(replica_id)
-        in_flight_at_drain = client.drain(replica_id)["in_flight"]
-        in_flight = -1
-        while time.monotonic() - t0 < self.config.drain_timeout_s:
-            row = next((r for r in client.replicas() if r["id"] == replica_id), None)
-            in_flight = row["in_flight"] if row else 0
-            if in_flight == 0:
-                break
-            time.sleep(0.1)
-        if in_flight:
-            self.cluster.report(f"{replica_id}: {in_flight} request(s) still running after "
-                                f"{self.config.drain_timeout_s:g}s (autoscale.drain_timeout_s); removing it anyway")
-        st.replicas.remove(handle)  # the supervisor stops watching it (its endpoints stay: no re-registration)
-        client.deregister(replica_id)
-        try:
-            ray.get(handle.actor.shutdown.remote(2.0), timeout=10)
-        except Exception as e:  # already gone: nothing to stop
-            logger.debug("shutdown %s: %s", replica_id, e)
-        ray.kill(handle.actor, no_restart=True)
-        deadline = time.monotonic() + 10  # its actor name is free for a later replica only once it is dead
-        while actor_state(handle.actor) not in ("DEAD", "UNKNOWN") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        index = replica_index(replica_id)
-        groups = [g for g in st.groups if g.replica_index == index]
-        pl.remove_placement_groups(groups)
-        st.groups[:] = [g for g in st.groups if g.replica_index != index]
+        remove_replica(self.cluster, handle, self.config.drain_timeout_s)
         self._removing.discard(replica_id)
-        self.cluster.report(f"{replica_id} drained in {time.monotonic() - t0:.1f}s ({in_flight_at_drain} "
-                            f"request(s) in flight finished) and removed ({len(st.replicas)} replicas)")
 
     def rollout(self, engine: EngineConfig) -> None:
         """Replace every replica, one at a time: a new one passes the health gate before an old one drains."""

@@ -97,6 +97,11 @@ class ReplicaHandle:
     """When the pending replacement of a dead actor is due (None: none pending)."""
 
 
+def replica_index(replica_id: str) -> int:
+    """The index in a serve replica's name (``replica-3`` -> 3)."""
+    return int(replica_id.rsplit("-", 1)[1])
+
+
 def register(router: RouterClient, handle: ReplicaHandle) -> None:
     e: ReplicaEndpoints = handle.endpoints or {}
     router.register(handle.replica_id, e["http_url"], e.get("events_endpoint"), e.get("replay_endpoint"))

@@ -19,6 +19,15 @@ class Attention(nn.Module):
         self.backend: AttentionBackend | None = None
         self.kv_cache: torch.Tensor | None = None  # one layer's cache in the backend's layout, bound by the runner
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hk, D] -> [T, Hq, D]."""
-        return self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale)
+    def fuses_rotary(self, rotary_on_triton: bool) -> bool:
+        """Whether this layer's backend applies the rotary embedding itself, in its cache-write launch: the
+        Triton backend does, when the rotary embedding would have taken its Triton path too."""
+        return rotary_on_triton and getattr(self.backend, "fuses_rotary", False)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hk, D] -> [T, Hq, D]; ``rotary`` (positions [T], cos_sin_cache) when the
+        backend rotates q and k itself (``fuses_rotary``)."""
+        if rotary is None:
+            return self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale)
+        return self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale, rotary)

@@ -8,11 +8,12 @@ any block size works. The cache uses flash-attn's layout:
     slot s = block_id * block_size + offset  ->  kv[:, s // block_size, s % block_size]
 
 The step's K/V are written by ``slot_mapping`` (triton_reshape_and_cache.py, one launch) before the
-kernel reads them: two launches per layer, three for a split-KV decode step.
+kernel reads them: two launches per layer, three for a split-KV step.
 Every launch shape comes from host-side sizes (tokens, requests), so ``forward`` never syncs, and
 a decode-only step of B rows reads only fixed-shape tensors: ``static_decode_metadata`` is what
-cuda_graph.py captures, at every block size. Decode-only steps whose B * Hk programs would leave the
-GPU's SMs idle split each context into parts (split-KV) and merge them with a second launch. On CPU
+cuda_graph.py captures, at every block size. Steps whose programs would leave the GPU's SMs idle
+(small decode batches, a short suffix over a long cached prefix) split each context into parts
+(split-KV, sized from the SM count) and merge them with a second launch. On CPU
 the kernels run through Triton's interpreter (tests; see replica/triton_utils.py).
 """
 
@@ -22,8 +23,14 @@ from dataclasses import dataclass
 
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.attention.triton_paged_attention import num_kv_splits, unified_attention
-from kvmesh.replica.attention.triton_reshape_and_cache import reshape_and_cache
+from kvmesh.replica.attention.triton_paged_attention import (
+    decode_programs,
+    num_kv_splits,
+    step_programs,
+    unified_attention,
+)
+from kvmesh.replica.attention.triton_reshape_and_cache import reshape_and_cache, rotary_and_cache
+from kvmesh.replica.layers.triton_rotary import rotary_embedding
 
 
 @dataclass(slots=True)
@@ -37,12 +44,18 @@ class TritonAttentionMetadata:
     block_table: torch.Tensor
     """[R, max_blocks] int32 block ids of every request (0-padded)."""
     max_query_len: int
-    """Longest query run (host-side): picks the kernel's tile; 1 makes a decode-only step, which may split
-    contexts (split-KV)."""
+    """Longest query run (host-side): picks the kernel's tile; 1 makes a decode-only step."""
+    query_start_loc_cpu: list[int] | None = None
+    """Host copy of query_start_loc (None for decode-only steps: one token per row)."""
+    max_seq_len: int | None = None
+    """Longest context + query (host-side; None for decode-only steps, which split by batch size alone)."""
+    num_splits: int | None = None
+    """Parts each context is cut into (split-KV); decided by the first layer's forward, then reused."""
 
 
 class TritonAttentionBackend:
     name = "triton"
+    fuses_rotary = True  # forward takes (positions, cos_sin_cache): rotary in the cache-write launch
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -63,12 +76,20 @@ class TritonAttentionBackend:
         return TritonAttentionMetadata(slot_mapping, query_start_loc, seq_lens, block_table, 1)
 
     def build(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
+        decode_only = common.max_query_len == 1
         return TritonAttentionMetadata(common.slot_mapping, common.query_start_loc, common.seq_lens,
-                                       common.block_tables, common.max_query_len)
+                                       common.block_tables, common.max_query_len,
+                                       None if decode_only else common.query_start_loc_cpu,
+                                       None if decode_only else common.max_seq_len)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
-                md: TritonAttentionMetadata, scale: float) -> torch.Tensor:
+                md: TritonAttentionMetadata, scale: float,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``rotary`` (positions [T], cos_sin_cache [max_position, Dh]): q and k are not rotated yet; q is
+        rotated in place and k as it is written into the cache, in the cache write's one launch."""
         out = torch.empty_like(q)  # [T, Hq, Dh]
+        if kv_cache is None and rotary is not None:  # profiling: no cache to write into
+            rotary_embedding(rotary[0], q, k, rotary[1])
         if kv_cache is None:  # profiling run: fresh prefills only, attended from k/v as a cache of 1-token blocks
             k_cache, v_cache = k.unsqueeze(1), v.unsqueeze(1)  # [T, 1, Hk, Dh]: block t holds token t
             positions = torch.arange(md.max_query_len, dtype=torch.int32, device=q.device)
@@ -77,9 +98,20 @@ class TritonAttentionBackend:
             return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, block_table, scale,
                                      md.max_query_len)
         k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hk, Dh]
-        reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
-        splits = 1
-        if md.max_query_len == 1:  # decode-only: split contexts when B * Hk programs leave SMs idle
-            splits = num_kv_splits(md.seq_lens.shape[0], k.shape[1], q.device)
+        if rotary is None:
+            reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
+        else:
+            rotary_and_cache(rotary[0], q, k, v, k_cache, v_cache, md.slot_mapping, rotary[1])
+        if md.num_splits is None:
+            md.num_splits = self.num_splits(md, q.shape[1] // k.shape[1], k.shape[1], q.device)
         return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, md.block_table, scale,
-                                 md.max_query_len, splits)
+                                 md.max_query_len, md.num_splits)
+
+    @staticmethod
+    def num_splits(md: TritonAttentionMetadata, num_queries_per_kv: int, num_kv_heads: int,
+                   device: torch.device) -> int:
+        """Split-KV parts for this step: enough programs to fill the device's SMs (host facts only)."""
+        if md.query_start_loc_cpu is None:  # decode-only
+            return num_kv_splits(decode_programs(md.seq_lens.shape[0], num_kv_heads), device)
+        programs = step_programs(md.query_start_loc_cpu, num_queries_per_kv, md.max_query_len, num_kv_heads)
+        return num_kv_splits(programs, device, md.max_seq_len)

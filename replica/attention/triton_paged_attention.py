@@ -18,12 +18,18 @@ request's keys in tiles of ``TILE_N`` positions, reading each key's block id fro
     query token i of a run of n (context ctx = seq_len - n) is at position ctx + i, sees keys <= ctx + i
 
 A decode-only step of B rows launches (B // BLOCK_Q + B, Hk, S) programs over tensors of fixed shape
-per B: what a CUDA graph captures. S > 1 (split-KV, as SGLang's decode kernel) cuts each context into
-S parts of whole tiles; each program writes its part's normalized output and log-sum-exp, and
-``_merge_splits_kernel`` weighs them together -- for small batches of long contexts, where B * Hk
-programs alone would leave most SMs idle. Inputs of any float dtype are computed in fp32: bf16/fp16
-Q, K and V are exact in tf32, so the dots still run on tensor cores (the probabilities are rounded to
-tf32 for P @ V, finer than the bf16 flash kernels use); fp32 inputs take IEEE dots.
+per B: what a CUDA graph captures. S > 1 (split-KV, as SGLang's decode kernel) cuts each query
+block's keys into S parts of whole tiles; each program writes its part's normalized output and
+log-sum-exp, and ``_merge_splits_kernel`` weighs them together -- for steps whose working programs
+alone would leave most SMs idle: small decode batches, and short suffixes over long cached prefixes
+(16 tokens over 2k: 2 query blocks x 4 KV heads = 8 programs, 128 with S = 16). ``num_kv_splits``
+sizes S from the device's SM count.
+
+Both dots take the cache's dtype as operands and accumulate in fp32 (vLLM's unified attention, the
+flash kernels): Q @ K^T reads bf16/fp16 Q and K as loaded, P @ V rounds the fp32 probabilities to
+V's dtype. On an H100 that is ``wgmma``/``mma.sync`` bf16 -- twice the tensor-core rate of TF32 and
+half the shared memory of fp32 operands. The softmax statistics, the accumulator and the split-KV
+partials stay fp32. fp32 inputs (tests, CPU) take IEEE dots: nothing here runs in TF32.
 """
 
 import functools
@@ -31,11 +37,15 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from kvmesh.replica.triton_utils import widen_bf16_dots_when_interpreting
+
+widen_bf16_dots_when_interpreting()  # the interpreter's own tl.dot misreads bf16 (see there)
 
 TILE_N = 32  # key positions per inner-loop step
 MIN_BLOCK_M = 16  # tl.dot needs at least 16 rows; the tile of decode steps and short chunks
 PREFILL_BLOCK_M = 64  # tile rows once a query run fills more than MIN_BLOCK_M: K/V read once per 64 rows
-MAX_KV_SPLITS = 16  # most parts split-KV decode cuts a context into
+MAX_KV_SPLITS = 32  # most parts split-KV cuts a context into (B=1 on an H100: 4 KV heads x 32 = 128 of 132 SMs)
+MIN_SPLIT_KEYS = 128  # fewest keys per part when a step with longer query runs splits (4 tiles)
 
 
 @triton.jit
@@ -47,7 +57,7 @@ def _unified_attention_kernel(
         stride_bt,
         BLOCK_SIZE: tl.constexpr, NUM_QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
         HEAD_DIM_PADDED: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
-        INPUT_PRECISION: tl.constexpr, NUM_SPLITS: tl.constexpr):
+        NUM_SPLITS: tl.constexpr):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -79,7 +89,7 @@ def _unified_attention_kernel(
     d_ok = offs_d < HEAD_DIM
     q_rows = (q_start + q_idx).to(tl.int64) * stride_q_tok + head * stride_q_head
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
-                other=0.0).to(tl.float32)  # [BLOCK_M, HEAD_DIM_PADDED]
+                other=0.0)  # [BLOCK_M, HEAD_DIM_PADDED], the cache's dtype
     q_pos = ctx + q_idx  # [BLOCK_M] absolute position of each row's token
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scaled scores
@@ -98,8 +108,8 @@ def _unified_attention_kernel(
         slot = pos % BLOCK_SIZE
         k_off = block * stride_k_block + slot * stride_k_slot + kv_head * stride_k_head  # [TILE]
         k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=d_ok[:, None] & n_ok[None, :],
-                    other=0.0).to(tl.float32)  # [HEAD_DIM_PADDED, TILE]
-        s = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale  # [BLOCK_M, TILE]
+                    other=0.0)  # [HEAD_DIM_PADDED, TILE]
+        s = tl.dot(q, k, out_dtype=tl.float32, input_precision="ieee") * qk_scale  # [BLOCK_M, TILE] fp32
         s = tl.where((pos[None, :] <= q_pos[:, None]) & n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet (padding rows)
@@ -108,8 +118,8 @@ def _unified_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_off = block * stride_v_block + slot * stride_v_slot + kv_head * stride_v_head
         v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :],
-                    other=0.0).to(tl.float32)  # [TILE, HEAD_DIM_PADDED]
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=INPUT_PRECISION)
+                    other=0.0)  # [TILE, HEAD_DIM_PADDED]
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], out_dtype=tl.float32, input_precision="ieee")
         m_i = m_new
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if NUM_SPLITS == 1:
@@ -153,22 +163,45 @@ def tile_shape(num_queries_per_kv: int, max_query_len: int) -> tuple[int, int]:
     return block_m // num_queries_per_kv, block_m
 
 
-def num_kv_splits(num_reqs: int, num_kv_heads: int, device: torch.device) -> int:
-    """How many parts a decode-only step splits each context into: enough programs to fill the GPU's
-    SMs when B * Hk alone does not. B counts rounded up to a power of two, so an eager step and the
-    CUDA graph it would be padded to (capture sizes include every power of two) split alike and give
-    the same numbers; context lengths are not known on the host, and a short context just leaves
-    most parts empty. Host arithmetic only; 1 off CUDA."""
-    if device.type != "cuda":
-        return 1
-    programs, sms = triton.next_power_of_2(num_reqs) * num_kv_heads, _num_sms(device.index)
+def num_kv_splits(programs: int, device: torch.device, longest_context: int | None = None) -> int:
+    """How many parts to split each context into so that ``programs`` (query blocks x KV heads doing work)
+    fill the device's SMs: 1 when they already do, or off CUDA. Host arithmetic only.
+
+    Decode-only steps pass ``decode_programs`` and no context: their split depends on the batch alone,
+    so an eager step and the CUDA graph it would be padded to split alike (a short context just leaves
+    most parts empty). Other steps -- a short suffix over a long cached prefix is the case that matters
+    -- pass their longest context, and each part keeps at least ``MIN_SPLIT_KEYS`` keys."""
+    sms = num_sms(device)
     if programs >= sms:
         return 1
-    return min(MAX_KV_SPLITS, triton.next_power_of_2(triton.cdiv(sms, programs)))
+    splits = min(MAX_KV_SPLITS, triton.next_power_of_2(triton.cdiv(sms, programs)))
+    if longest_context is not None:
+        splits = min(splits, 1 << max(0, (longest_context // MIN_SPLIT_KEYS).bit_length() - 1))
+    return splits
+
+
+def decode_programs(num_reqs: int, num_kv_heads: int) -> int:
+    """Working programs of a decode-only step, B rounded up to a power of two (every power of two is a
+    CUDA-graph capture size)."""
+    return triton.next_power_of_2(num_reqs) * num_kv_heads
+
+
+def step_programs(query_start_loc_cpu: list[int], num_queries_per_kv: int, max_query_len: int,
+                  num_kv_heads: int) -> int:
+    """Working programs of any step: each request's query blocks, per KV head."""
+    block_q, _ = tile_shape(num_queries_per_kv, max_query_len)
+    starts = query_start_loc_cpu
+    blocks = sum(-(-(starts[r + 1] - starts[r]) // block_q) for r in range(len(starts) - 1))
+    return blocks * num_kv_heads
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 0 elsewhere (nothing to fill)."""
+    return _cuda_sms(device.index) if device.type == "cuda" else 0
 
 
 @functools.cache
-def _num_sms(device_index: int | None) -> int:
+def _cuda_sms(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index or 0).multi_processor_count
 
 
@@ -194,15 +227,13 @@ def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         partial = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         lse = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
     grid = (num_tokens // block_q + num_reqs, num_kv_heads, num_splits)
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _unified_attention_kernel[grid](
         q, k_cache, v_cache, out, partial, lse, block_table, seq_lens, query_start_loc, scale, num_reqs, num_heads,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), block_table.stride(0),
         BLOCK_SIZE=block_size, NUM_QUERIES_PER_KV=queries_per_kv, HEAD_DIM=head_dim,
-        HEAD_DIM_PADDED=head_dim_padded, BLOCK_Q=block_q, BLOCK_M=block_m, TILE=TILE_N,
-        INPUT_PRECISION=precision, NUM_SPLITS=num_splits)
+        HEAD_DIM_PADDED=head_dim_padded, BLOCK_Q=block_q, BLOCK_M=block_m, TILE=TILE_N, NUM_SPLITS=num_splits)
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
             partial, lse, out, num_heads, out.stride(0), out.stride(1), NUM_SPLITS=num_splits,

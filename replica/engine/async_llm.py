@@ -163,6 +163,7 @@ class AsyncLLM:
             num_requests_running=len(sched.running), num_requests_waiting=len(sched.waiting),
             kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
+            prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, **_host_tier_report(self.engine),
             **_event_stream_report(publisher))
 
     def dead_reason(self) -> str | None:
@@ -263,6 +264,16 @@ class AsyncLLM:
         except RuntimeError:  # the caller's event loop is gone: nobody will read this request
             self._streams.pop(out.request_id, None)
             self.engine.abort_request(out.request_id)
+
+
+def _host_tier_report(engine) -> dict:
+    """The ``/load`` fields of the engine's host tier and its copies (none without a tier)."""
+    offload = engine.kv_cache_manager.offload
+    copier = engine.model_runner.kv_offload
+    if offload is None or copier is None:
+        return {}
+    return {"kv_block_bytes": copier.block_bytes, "h2d_bytes_per_s": copier.h2d_bytes_per_s,
+            "num_host_kv_blocks": offload.host.num_blocks, "host_kv_cache_usage": offload.host.usage()}
 
 
 def _read_racily(read: Callable[[], list[T]]) -> list[T]:

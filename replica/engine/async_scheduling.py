@@ -42,6 +42,8 @@ class LaunchedStep:
     requests: dict[str, Request] | None = None
     """Async: the step's Request objects; an id aborted and reused before ``get()`` must not get this step's
     token. None for a synchronous step, whose tokens are read before anything can change."""
+    launched_at: float = 0.0
+    """``time.monotonic()`` when the step was launched (the engine's prefill rate: launch to tokens read)."""
 
     def sampled(self, requests: dict[str, Request]) -> ModelRunnerOutput:
         """``{request_id: token}`` of the requests still live as they were at launch (waits, if async)."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_scheduling import LaunchedStep, add_placeholders, use_async_scheduling
 from kvmesh.replica.engine.outputs import ModelRunnerOutput, RequestOutput, TokenLogprobs, request_output
+from kvmesh.replica.engine.prefill_rate import PrefillRate
 from kvmesh.replica.engine.request import Request, RequestStatus, validate_request_input
 from kvmesh.replica.engine.scheduler import Scheduler
 from kvmesh.replica.engine.scheduler_output import SchedulerOutput
@@ -55,16 +56,18 @@ class LLMEngine:
         self.event_publisher = event_publisher
         self._step_events: list = []
         self.kv_cache_manager = make_kv_cache_manager(
-            config, self.num_kv_blocks, str(model_runner.device),
+            config, self.num_kv_blocks, model_runner.num_host_blocks,
             self._step_events.append if event_publisher is not None or events is not None else None)
         if event_publisher is None and events is not None:
-            self.event_publisher = make_event_publisher(events, self.kv_cache_manager.block_pool.snapshot_events)
+            self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
         self.async_scheduling = use_async_scheduling(config, model_runner)
         self._in_flight: LaunchedStep | None = None  # async scheduling: step N, launched, tokens not read yet
         self._stats = EngineStats.for_model(self.max_model_len)
+        self.prefill_rate = PrefillRate()
+        """Prompt tokens per second this engine computes, from its own steps (reported in ``/load``)."""
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -117,6 +120,7 @@ class LLMEngine:
         """Schedule, run the model once, and return the outputs of every request that progressed or ended
         (with async scheduling: launch this step, then return the outputs of the previous one)."""
         outputs, self._pending = self._pending, []
+        self.poll_kv_transfers()
         sched = self.scheduler.schedule()
         launched = None
         if sched.is_empty:
@@ -135,14 +139,15 @@ class LLMEngine:
         """Run the step (async scheduling: launch it; its tokens are read one step later). A runner failure
         fails the step's requests into ``outputs`` and the engine keeps serving the others."""
         try:
+            start = time.monotonic()
             if self.async_scheduling:
                 requests = self.scheduler.requests
                 runner: AsyncModelRunner = self.model_runner  # use_async_scheduling saw it launch steps
                 launched = LaunchedStep(sched, runner.execute_model_async(sched),
-                                        {rid: requests[rid] for rid in sched.request_ids()})
+                                        {rid: requests[rid] for rid in sched.request_ids()}, start)
                 add_placeholders(requests, sched)
             else:
-                launched = LaunchedStep(sched, self.model_runner.execute_model(sched))
+                launched = LaunchedStep(sched, self.model_runner.execute_model(sched), None, start)
             self._stats.record_step(sched.num_batched_tokens)
             return launched
         except Exception as e:
@@ -152,7 +157,10 @@ class LLMEngine:
     def _read(self, step: LaunchedStep, outputs: list[RequestOutput]) -> dict[str, int]:
         """The step's sampled tokens ({} if the runner failed it: its requests fail into ``outputs``)."""
         try:
-            return step.sampled(self.scheduler.requests)
+            sampled = step.sampled(self.scheduler.requests)
+            if step.sched.scheduled:  # prompt tokens ran in it: launch to tokens read is its time
+                self.prefill_rate.record(step.sched.num_batched_tokens, time.monotonic() - step.launched_at)
+            return sampled
         except Exception as e:
             outputs += self._fail_step(step.sched, e)
             return {}
@@ -160,6 +168,8 @@ class LLMEngine:
     def _fail_step(self, sched: SchedulerOutput, error: Exception) -> list[RequestOutput]:
         """The runner failed a batch: fail its requests (the engine keeps serving the others)."""
         logger.exception("model runner failed a step of %d requests", sched.num_requests)
+        if sched.kv_transfers is not None:
+            self.kv_cache_manager.cancel_transfers([sched.kv_transfers.transfer_id])
         for request_id in sched.request_ids():
             self.fail_request(request_id, f"model runner error: {error!r}")
         # Blocks are cached when scheduled; their K/V may never have been written: forget them.
@@ -167,6 +177,11 @@ class LLMEngine:
             logger.warning("prefix cache not reset after a runner failure: other requests hold blocks")
         failed, self._pending = self._pending, []
         return failed
+
+    def poll_kv_transfers(self) -> None:
+        """Copies to the host tier that landed become findable there (never waits for one)."""
+        if self.kv_cache_manager.offload is not None:
+            self.kv_cache_manager.complete_transfers(self.model_runner.finished_kv_transfers())
 
     def _end_step(self) -> None:
         self._publish_events()
@@ -285,6 +300,15 @@ class LLMEngine:
         stats.prefix_cache_queries = cache_stats.queries
         stats.prefix_cache_hits = cache_stats.hits
         stats.num_preemptions = self.scheduler.num_preemptions
+        stats.prefill_tokens_per_s = self.prefill_rate.tokens_per_s or 0.0
+        offload, copier = self.kv_cache_manager.offload, self.model_runner.kv_offload
+        if offload is not None and copier is not None:
+            stats.num_host_kv_blocks = offload.host.num_blocks
+            stats.host_kv_cache_usage = offload.host.usage()
+            stats.host_prefix_cache_hits = offload.stats.hit_blocks * self.config.block_size
+            stats.kv_offload_bytes_to_host = copier.bytes_stored
+            stats.kv_offload_bytes_to_device = copier.bytes_loaded
+            stats.kv_offload_load_seconds = copier.load_seconds
         return stats
 
     @property

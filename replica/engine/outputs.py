@@ -76,6 +76,7 @@ class RequestOutput:
         finish_reason       "stop" (EOS, stop token or stop string), "length", "abort" or "error"; None while running
         stop_reason         the stop token id or stop string that ended the request, if one did
         num_cached_tokens   prompt tokens served from the prefix cache when the request was first scheduled
+        num_host_cached_tokens  of those, loaded back from the host tier (None: the replica has none)
         error               what went wrong, when finish_reason == "error"
         metrics             timing of the request (on the final output)
         new_logprobs        logprobs of ``new_token_ids`` (when the request asked for ``logprobs``)
@@ -86,14 +87,14 @@ class RequestOutput:
 
     __slots__ = ("request_id", "prompt_token_ids", "new_token_ids", "_output_ids", "_num_output", "delta_text",
                  "text", "finished", "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics",
-                 "new_logprobs", "logprobs", "prompt_logprobs")
+                 "new_logprobs", "logprobs", "prompt_logprobs", "num_host_cached_tokens")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], new_token_ids: list[int],
                  output_token_ids: list[int], delta_text: str = "", text: str = "", finished: bool = False,
                  finish_reason: str | None = None, stop_reason: int | str | None = None, num_cached_tokens: int = 0,
                  error: str | None = None, metrics: RequestMetrics | None = None,
                  new_logprobs: list[TokenLogprobs] | None = None, logprobs: list[TokenLogprobs] | None = None,
-                 prompt_logprobs: PromptLogprobs | None = None) -> None:
+                 prompt_logprobs: PromptLogprobs | None = None, num_host_cached_tokens: int | None = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.new_token_ids = new_token_ids
@@ -104,6 +105,7 @@ class RequestOutput:
         self.finish_reason = finish_reason
         self.stop_reason = stop_reason
         self.num_cached_tokens = num_cached_tokens
+        self.num_host_cached_tokens = num_host_cached_tokens
         self.error = error
         self.metrics = metrics
         self.new_logprobs = new_logprobs
@@ -141,7 +143,7 @@ class RequestOutput:
 
 _COMPARED = ("request_id", "prompt_token_ids", "new_token_ids", "output_token_ids", "delta_text", "text", "finished",
              "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics", "new_logprobs", "logprobs",
-             "prompt_logprobs")
+             "prompt_logprobs", "num_host_cached_tokens")
 
 
 def request_output(request: Request, new_token_ids: list[int], detok: IncrementalDetokenizer | None) -> RequestOutput:
@@ -160,6 +162,7 @@ def request_output(request: Request, new_token_ids: list[int], detok: Incrementa
         finish_reason=request.status.finish_reason,
         stop_reason=request.stop_reason,
         num_cached_tokens=max(request.num_cached_tokens, 0),
+        num_host_cached_tokens=request.num_host_cached_tokens,
         error=request.error,
         metrics=_metrics(request) if finished else None,
         new_logprobs=new_logprobs,

@@ -47,7 +47,7 @@ class Request:
     __slots__ = (
         "request_id", "prompt_token_ids", "sampling_params", "cache_salt", "lora_name", "eos_token_ids",
         "stop_token_ids",
-        "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens", "status",
+        "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens", "num_host_cached_tokens", "status",
         "stop_reason", "error", "num_preemptions", "arrival_time", "first_scheduled_time",
         "first_token_time", "last_token_time", "finished_time", "decoding_in_runner", "skip_reading_prefix_cache",
         "logprobs", "prompt_logprobs", "num_output_placeholders",
@@ -75,6 +75,7 @@ class Request:
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []  # the block table, kept in step with the KV cache manager's
         self.num_cached_tokens = -1  # prompt tokens found in the prefix cache at first scheduling
+        self.num_host_cached_tokens: int | None = None  # of those, loaded back from the host tier (None: no tier)
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         self.error: str | None = None

@@ -136,6 +136,7 @@ class Scheduler:
             finished_request_ids=self.finished_request_ids,
             decode_request_ids=decode_ids,
             new_block_ids=new_block_ids,
+            kv_transfers=self.kv_cache_manager.take_transfers(),
         )
         self.finished_request_ids = set()
         return out
@@ -190,6 +191,8 @@ class Scheduler:
             request.num_computed_tokens = num_cached
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_cached
+                if kv.offload is not None:  # the part past the device prefix comes from the host tier
+                    request.num_host_cached_tokens = num_cached - len(blocks) * self.block_size
                 request.first_scheduled_time = time.monotonic()
             scheduled.append(self._schedule_chunk(request, num_new))
             budget -= num_new

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from kvmesh.events.schema import DEVICE_MEDIUM
 from kvmesh.replica.config import EngineConfig
 
 if TYPE_CHECKING:
@@ -43,9 +44,10 @@ def make_event_publisher(events: PublisherConfig, snapshot_source: Callable[[], 
     return ZmqEventPublisher(events, snapshot_source=snapshot_source)
 
 
-def make_kv_cache_manager(config: EngineConfig, num_blocks: int, device: str,
+def make_kv_cache_manager(config: EngineConfig, num_blocks: int, num_host_blocks: int,
                           event_sink: Callable[[KVEvent], None] | None) -> KVCacheManager:
-    """The block pool and prefix cache over ``num_blocks`` device blocks; ``event_sink`` gets its KV events."""
+    """The block pool and prefix cache over ``num_blocks`` device blocks, with a host tier of
+    ``num_host_blocks`` (0: none); ``event_sink`` gets its KV events."""
     from kvmesh.kvcache.hashing import generate_seed
     from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
@@ -53,5 +55,6 @@ def make_kv_cache_manager(config: EngineConfig, num_blocks: int, device: str,
     return KVCacheManager(
         num_blocks, config.block_size, hash_seed.encode() if isinstance(hash_seed, str) else hash_seed,
         enable_caching=config.enable_prefix_caching, event_sink=event_sink, eviction_policy=config.eviction_policy,
-        medium="GPU" if device.startswith("cuda") else "CPU",
+        medium=DEVICE_MEDIUM,  # the engine's own cache on every device, as vLLM's block pool writes it
+        num_host_blocks=num_host_blocks,
     )

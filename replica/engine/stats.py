@@ -82,6 +82,20 @@ class EngineStats:
     """Of those, tokens found in the cache (cumulative)."""
     num_preemptions: int = 0
     """Preemptions (cumulative)."""
+    num_host_kv_blocks: int = 0
+    """Blocks of the host-memory tier (0: no tier)."""
+    host_kv_cache_usage: float = 0.0
+    """Fraction of the host tier's blocks holding content (0..1)."""
+    host_prefix_cache_hits: int = 0
+    """Prompt tokens found in the host tier past the device's prefix, loaded back (cumulative)."""
+    kv_offload_bytes_to_host: int = 0
+    """Bytes copied from the device cache to the host tier (cumulative)."""
+    kv_offload_bytes_to_device: int = 0
+    """Bytes loaded back from the host tier (cumulative)."""
+    kv_offload_load_seconds: float = 0.0
+    """Time spent loading back (cumulative; on CUDA bytes over the measured bandwidth)."""
+    prefill_tokens_per_s: float = 0.0
+    """Prompt tokens per second this engine measured on its recent steps (0: not yet)."""
     num_prompt_tokens: int = 0
     """Prompt tokens of requests that were scheduled (cumulative)."""
     num_generation_tokens: int = 0

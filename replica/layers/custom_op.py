@@ -41,12 +41,13 @@ class CustomOp(nn.Module):
     """True/False: always the Triton/native path (tests); None: Triton for CUDA tensors when installed."""
 
     def forward(self, *args, **kwargs):
-        use_triton = self.use_triton
-        if use_triton is None:
-            use_triton = HAS_TRITON and args[0].is_cuda  # args[0]: the first input tensor
-        if use_triton:
+        if self.uses_triton(args[0]):  # args[0]: the first input tensor
             return self.forward_triton(*args, **kwargs)
         return self.forward_native(*args, **kwargs)
+
+    def uses_triton(self, tensor: torch.Tensor) -> bool:
+        """Whether a call on ``tensor`` takes the Triton path."""
+        return self.use_triton if self.use_triton is not None else HAS_TRITON and tensor.is_cuda
 
     def forward_native(self, *args, **kwargs):
         raise NotImplementedError

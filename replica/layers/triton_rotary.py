@@ -20,6 +20,15 @@ from kvmesh.replica.layers.op_registry import direct_register_custom_op
 
 
 @triton.jit
+def _rotated(x1, x2, cos, sin, dtype: tl.constexpr):
+    """The rotated halves of x = [x1 | x2] (float32 tiles, cos/sin [BLOCK_D] float32), rounded to ``dtype``
+    where the reference rounds: each product, then the sum."""
+    x1_cos, x2_sin = (x1 * cos[None, :]).to(dtype).to(tl.float32), (x2 * sin[None, :]).to(dtype).to(tl.float32)
+    x2_cos, x1_sin = (x2 * cos[None, :]).to(dtype).to(tl.float32), (x1 * sin[None, :]).to(dtype).to(tl.float32)
+    return (x1_cos - x2_sin).to(dtype), (x2_cos + x1_sin).to(dtype)
+
+
+@triton.jit
 def _rotate_heads(x_ptr, token_stride, head_stride, token, num_heads, cos, sin, offs_d, mask_d,
                   HALF: tl.constexpr, BLOCK_H: tl.constexpr):
     """Rotate the ``num_heads`` heads of one token in place (cos/sin: [BLOCK_D] float32)."""
@@ -29,10 +38,21 @@ def _rotate_heads(x_ptr, token_stride, head_stride, token, num_heads, cos, sin, 
     mask = (offs_h < num_heads)[:, None] & mask_d[None, :]
     x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
-    x1_cos, x2_sin = (x1 * cos[None, :]).to(dtype).to(tl.float32), (x2 * sin[None, :]).to(dtype).to(tl.float32)
-    x2_cos, x1_sin = (x2 * cos[None, :]).to(dtype).to(tl.float32), (x1 * sin[None, :]).to(dtype).to(tl.float32)
-    tl.store(ptr, (x1_cos - x2_sin).to(dtype), mask=mask)
-    tl.store(ptr + HALF, (x2_cos + x1_sin).to(dtype), mask=mask)
+    out1, out2 = _rotated(x1, x2, cos, sin, dtype)
+    tl.store(ptr, out1, mask=mask)
+    tl.store(ptr + HALF, out2, mask=mask)
+
+
+@triton.jit
+def _cos_sin(positions_ptr, cos_sin_ptr, cos_sin_stride, token, offs_d, mask_d, dtype: tl.constexpr,
+             HALF: tl.constexpr):
+    """cos, sin [BLOCK_D] float32 of ``token``'s position (the table cast to the activation dtype, as the
+    reference multiplies by it)."""
+    position = tl.load(positions_ptr + token).to(tl.int64)
+    row = cos_sin_ptr + position * cos_sin_stride  # [ cos (D/2) | sin (D/2) ]
+    cos = tl.load(row + offs_d, mask=mask_d, other=0.0).to(dtype).to(tl.float32)
+    sin = tl.load(row + HALF + offs_d, mask=mask_d, other=0.0).to(dtype).to(tl.float32)
+    return cos, sin
 
 
 @triton.jit
@@ -41,14 +61,10 @@ def _rotary_kernel(positions_ptr, q_ptr, k_ptr, cos_sin_ptr,
                    num_q_heads, num_k_heads,
                    HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
-    position = tl.load(positions_ptr + token).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HALF
-    row = cos_sin_ptr + position * cos_sin_stride  # [ cos (D/2) | sin (D/2) ]
-    dtype = q_ptr.dtype.element_ty
-    # the reference multiplies by the table cast to the activation dtype
-    cos = tl.load(row + offs_d, mask=mask_d, other=0.0).to(dtype).to(tl.float32)
-    sin = tl.load(row + HALF + offs_d, mask=mask_d, other=0.0).to(dtype).to(tl.float32)
+    cos, sin = _cos_sin(positions_ptr, cos_sin_ptr, cos_sin_stride, token, offs_d, mask_d, q_ptr.dtype.element_ty,
+                        HALF)
     _rotate_heads(q_ptr, q_token_stride, q_head_stride, token, num_q_heads, cos, sin, offs_d, mask_d,
                   HALF, BLOCK_HQ)
     _rotate_heads(k_ptr, k_token_stride, k_head_stride, token, num_k_heads, cos, sin, offs_d, mask_d,

@@ -4,11 +4,14 @@ Module names match Hugging Face checkpoints except the fused projections listed 
 ``packed_modules_mapping`` (q/k/v -> qkv_proj, gate/up -> gate_up_proj). Tokens of all
 requests of a step are flattened: activations are [T, hidden].
 
-A decoder layer launches 9 kernels on CUDA (RMSNorm, rotary and SiLU·mul are fused Triton kernels,
-``replica/layers/custom_op.py``; the plain-torch layers on CPU/meta launch ~40):
+A decoder layer launches 9 kernels on CUDA with the triton backend (RMSNorm and SiLU·mul are fused
+Triton kernels, ``replica/layers/custom_op.py``; the rotary embedding is folded into the backend's
+cache write; the plain-torch layers on CPU/meta launch ~40):
 
-    add+rms_norm -> qkv GEMM -> rotary (q, k in place) -> attention -> o_proj GEMM (+ all-reduce)
+    add+rms_norm -> qkv GEMM -> rotary + K/V cache write -> attention -> o_proj GEMM (+ all-reduce)
     -> add+rms_norm -> gate_up GEMM -> silu_and_mul -> down GEMM (+ all-reduce)
+
+(other backends: rotary on q and k in place, then the backend's own write and attention).
 """
 
 from __future__ import annotations
@@ -49,8 +52,12 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, Hq, Dh]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hk, Dh]
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb[0](positions, q, k)
-        o = self.attn(q, k, v, attn_metadata)  # [T, Hq, Dh]
+        rotary = self.rotary_emb[0]
+        if self.attn.fuses_rotary(rotary.uses_triton(q)):  # rotated in the backend's cache-write launch
+            o = self.attn(q, k, v, attn_metadata, (positions, rotary.cos_sin_cache))  # [T, Hq, Dh]
+        else:
+            q, k = rotary(positions, q, k)
+            o = self.attn(q, k, v, attn_metadata)  # [T, Hq, Dh]
         return self.o_proj(o.view(-1, self.q_size))
 
 

@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, SerializerFunctionWrapHandler, model_serializer
 
 
 class OpenAIBaseModel(BaseModel):
@@ -29,6 +29,16 @@ class TokenizeResponse(OpenAIBaseModel):
 class PromptTokensDetails(OpenAIBaseModel):
     cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache."""
+    host_cached_tokens: int | None = None
+    """kvmesh: the part of ``cached_tokens`` loaded back from the replica's host-memory tier; written only
+    by a replica that has one (``--kv-offload-memory``)."""
+
+    @model_serializer(mode="wrap")
+    def _without_absent_tier(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if data.get("host_cached_tokens") is None:
+            data.pop("host_cached_tokens", None)  # responses without a tier keep OpenAI's exact shape
+        return data
 
 
 class UsageInfo(OpenAIBaseModel):
@@ -38,12 +48,14 @@ class UsageInfo(OpenAIBaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+           host_cached_tokens: int | None = None) -> UsageInfo:
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens,
+                                                      host_cached_tokens=host_cached_tokens),
         )
 
 

@@ -1,6 +1,6 @@
 """Logprobs on the engine side: the chosen token's log-probability and rank plus the top-k of each row,
 from logits and their logsumexp (the full [N, V] log_softmax is never built), copied to the host in one
-transfer.
+transfer (non-blocking into the sampler's pinned buffers when it has them; waited for when a row is read).
 
     values [M, V] (logits, or log-probabilities)  ──gather(chosen) / topk(k)──▶  [M, 1 + k] token ids, values
                                                    (>= count)                ──▶  [M] rank of the chosen token
@@ -12,28 +12,55 @@ The sampler (sampled tokens) and prompt_logprobs.py (prompt tokens) both use ``g
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from kvmesh.replica.engine.outputs import TokenLogprobs
 
+if TYPE_CHECKING:
+    from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
+
 
 @dataclass(slots=True)
 class LogprobsTensors:
-    """Per row: the chosen token's logprob and rank, then the top-k (vLLM's ``LogprobsTensors``)."""
+    """Per row: the chosen token's logprob and rank, then the top-k (vLLM's ``LogprobsTensors``), packed on
+    the host (maybe still arriving: ``event``) as [M, 1 + k token ids | 1 + k logprobs | rank] float64."""
 
-    token_ids: torch.Tensor
-    """[M, 1 + k] int64: the chosen token, then the k most likely in rank order."""
-    logprobs: torch.Tensor
-    """[M, 1 + k] float32: their log-probabilities."""
-    ranks: torch.Tensor
-    """[M] int64: rank of the chosen token (1 = most likely; tied tokens count, as vLLM's >= count)."""
+    packed: torch.Tensor
+    """[M, 2 (1 + k) + 1] float64 on the host (token ids and ranks < 2**53 are exact)."""
     rows: list[int] | None = None
     """The batch rows these M rows belong to (None: every row, M = N)."""
+    event: torch.cuda.Event | None = None
+    """The copy to wait for before reading ``packed`` (None: already there)."""
     _lists: tuple | None = field(default=None, repr=False)
+
+    def _host(self) -> torch.Tensor:
+        if self.event is not None:
+            self.event.synchronize()
+            self.event = None
+        return self.packed
+
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """[M, 1 + k] int64: the chosen token, then the k most likely in rank order."""
+        return self._host()[:, : self._width()].long()
+
+    @property
+    def logprobs(self) -> torch.Tensor:
+        """[M, 1 + k] float32: their log-probabilities."""
+        return self._host()[:, self._width(): 2 * self._width()].float()
+
+    @property
+    def ranks(self) -> torch.Tensor:
+        """[M] int64: rank of the chosen token (1 = most likely; tied tokens count, as vLLM's >= count)."""
+        return self._host()[:, -1].long()
+
+    def _width(self) -> int:
+        return (self.packed.shape[1] - 1) // 2
 
     def row(self, i: int, num_logprobs: int) -> TokenLogprobs:
         """Batch row ``i`` cut to the chosen token plus its request's ``num_logprobs`` most likely."""
-        if self._lists is None:  # one device->host copy and tolist for all rows
+        if self._lists is None:  # one tolist for all rows
             index = None if self.rows is None else {row: j for j, row in enumerate(self.rows)}
             self._lists = (self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist(), index)
         token_ids, logprobs, ranks, index = self._lists
@@ -42,9 +69,11 @@ class LogprobsTensors:
 
 
 def gather_logprobs(values: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
-                    lse: torch.Tensor | None = None, rows: list[int] | None = None) -> LogprobsTensors:
+                    lse: torch.Tensor | None = None, rows: list[int] | None = None,
+                    copies: HostCopies | None = None) -> LogprobsTensors:
     """The chosen ``token_ids`` [M] and the ``num_logprobs`` most likely tokens of each row of ``values``:
-    log-probabilities [M, V], or logits with their ``lse`` [M, 1] (logprob = logit - logsumexp)."""
+    log-probabilities [M, V], or logits with their ``lse`` [M, 1] (logprob = logit - logsumexp). With
+    ``copies`` the one transfer to the host is enqueued without waiting, else it blocks."""
     chosen = token_ids.to(torch.int64).unsqueeze(1)  # [M, 1]
     chosen_values = values.gather(1, chosen)  # [M, 1]
     if values.device.type == "cpu":  # numpy's comparison is ~3x faster than torch's CPU kernel here
@@ -59,6 +88,8 @@ def gather_logprobs(values: torch.Tensor, num_logprobs: int, token_ids: torch.Te
     if lse is not None:
         values_out = values_out - lse
     # one device->host transfer: [M, 1 + k | 1 + k | 1] in float64 (token ids and ranks < 2**53 are exact)
-    width = token_ids_out.shape[1]
-    packed = torch.cat([token_ids_out.double(), values_out.double(), ranks.double().unsqueeze(1)], dim=1).cpu()
-    return LogprobsTensors(packed[:, :width].long(), packed[:, width: 2 * width].float(), packed[:, -1].long(), rows)
+    packed = torch.cat([token_ids_out.double(), values_out.double(), ranks.double().unsqueeze(1)], dim=1)
+    if copies is None:
+        return LogprobsTensors(packed.cpu(), rows)
+    host, event = copies.start(packed)
+    return LogprobsTensors(host, rows, event)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from kvmesh.replica.sample.logprobs import LogprobsTensors, gather_logprobs
 from kvmesh.replica.serving.sampling_params import SEED_MIX, SamplingParams
-from kvmesh.replica.worker.cpu_gpu_buffer import to_device
+from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies, PackedUpload
 
 _MIX_A, _MIX_B, _MASK = SEED_MIX
 TOP_P_CANDIDATES = (256, 4096)  # candidates per nucleus row tried in turn before a full sort
@@ -42,8 +42,8 @@ class SamplingMetadata:
     """[N] int64, vocab_size where disabled; None when no row uses top-k."""
     top_p: torch.Tensor | None
     """[N] float32, 1.0 where disabled; None when no row uses top-p."""
-    generators: dict[int, torch.Generator]
-    """Seeded rows -> their generator for this step."""
+    seeded: torch.Tensor | None
+    """[2, S] int64: seeded random rows and their draw keys (``seed_key``) this step; None when none."""
     banned: tuple[torch.Tensor, torch.Tensor] | None = None
     """(rows [B], token ids [B]) int64 that must not be sampled yet (stop/EOS tokens before min_tokens)."""
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -60,61 +60,105 @@ class SamplingMetadata:
     """[Q] int64 random rows with top-k and/or top-p (None: none)."""
     max_top_k: int = 0
     """Largest top-k of the truncated rows (vocab_size when one of them has none)."""
+    logprobs_index: torch.Tensor | None = None
+    """[M] int64 ``logprobs_rows`` on the device (None with them)."""
 
     @property
     def all_greedy(self) -> bool:
         return self.temperature is None
 
 
-def seeded_generator(seed: int, num_generated: int, device: torch.device) -> torch.Generator:
-    """The generator of a seeded request's next token (depends only on seed and position)."""
-    return torch.Generator(device=device).manual_seed((seed * _MIX_A + num_generated * _MIX_B + 1) & _MASK)
+def seed_key(seed: int, num_generated: int) -> int:
+    """The key a seeded request's next token is drawn with: ``(seed*A + n*B + 1) & MASK`` (SEED_MIX), so its
+    tokens depend only on the seed and their position (and a continuation's moved seed gives the same key)."""
+    return (seed * _MIX_A + num_generated * _MIX_B + 1) & _MASK
+
+
+_SPLITMIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's >> is arithmetic)."""
+    return (x >> n) & ((1 << (64 - n)) - 1)
+
+
+def seeded_uniforms(keys: torch.Tensor) -> torch.Tensor:
+    """keys [S] int64 -> [S] float32 uniforms in [0, 1), on the keys' device: splitmix64 of each key (int64
+    arithmetic wraps modulo 2^64 like uint64), its top 24 bits. A counter-based draw: no generator per row,
+    nothing read back, the same numbers on every device."""
+    golden, mul1, mul2 = (_signed(c) for c in _SPLITMIX)
+    z = keys + golden
+    z = (z ^ _shr(z, 30)) * mul1
+    z = (z ^ _shr(z, 27)) * mul2
+    z = z ^ _shr(z, 31)
+    return _shr(z, 40).to(torch.float32) * (1.0 / (1 << 24))
 
 
 def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,
-                            eos_token_ids: Sequence[int], device: torch.device) -> SamplingMetadata:
-    """Collect the sampling rows' parameters into tensors (one Python pass over the rows, one non-blocking
-    upload per tensor); ``num_generated[i]`` = tokens row i has generated so far (min_tokens, seeded rows)."""
+                            eos_token_ids: Sequence[int], device: torch.device,
+                            packer: PackedUpload | None = None) -> SamplingMetadata:
+    """Collect the sampling rows' parameters into tensors: one Python pass over the rows, then one
+    non-blocking upload of them all (through ``packer``, the runner's staging buffer; a fresh one
+    without); ``num_generated[i]`` = tokens row i has generated so far (min_tokens, seeded rows)."""
+    i64, f32 = np.int64, np.float32
+    arrays: dict[str, tuple] = {}  # name -> (host array, dtype), uploaded together
     banned_rows, banned_ids = [], []
     for row, (n, sp) in enumerate(zip(num_generated, params, strict=True)):
         if sp.min_tokens and n < sp.min_tokens:
             ids = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))
             banned_rows += [row] * len(ids)
             banned_ids += ids
-    banned = (to_device(banned_rows, torch.int64, device), to_device(banned_ids, torch.int64, device)) \
-        if banned_ids else None
+    if banned_ids:
+        arrays["banned"] = (np.array([banned_rows, banned_ids]), i64)  # [2, B]
     bias_rows, bias_ids, bias_values = [], [], []
     for row, sp in enumerate(params):
         if sp.logit_bias:
             bias_rows += [row] * len(sp.logit_bias)
             bias_ids += list(sp.logit_bias)
             bias_values += [float(v) for v in sp.logit_bias.values()]
-    bias = (to_device(bias_rows, torch.int64, device), to_device(bias_ids, torch.int64, device),
-            to_device(bias_values, torch.float32, device)) if bias_ids else None
+    if bias_ids:
+        arrays["bias_at"], arrays["bias"] = (np.array([bias_rows, bias_ids]), i64), (np.array(bias_values), f32)
     asked = [row for row, sp in enumerate(params) if sp.logprobs is not None]
     max_num_logprobs = max(params[row].logprobs for row in asked) if asked else None
     logprobs_rows = asked if 0 < len(asked) < len(params) else None
-    if all(sp.greedy for sp in params):
-        return SamplingMetadata(None, None, None, None, {}, banned, bias, max_num_logprobs, logprobs_rows)
+    if logprobs_rows is not None:
+        arrays["logprobs_index"] = (logprobs_rows, i64)
+    greedy = all(sp.greedy for sp in params)
     top_ks = [sp.top_k if 0 < sp.top_k < vocab_size else vocab_size for sp in params]
     truncated = [not sp.greedy and (k < vocab_size or sp.top_p < 1.0) for k, sp in zip(top_ks, params, strict=True)]
-    plain = [row for row, sp in enumerate(params) if not sp.greedy and not truncated[row]]
     trunc = [row for row, t in enumerate(truncated) if t]
-    top_k = to_device(top_ks, torch.int64, device) if any(k < vocab_size for k in top_ks) else None
-    top_p = to_device([sp.top_p for sp in params], torch.float32, device) if any(sp.top_p < 1.0 for sp in params) \
-        else None
-    generators = {
-        row: seeded_generator(sp.seed, n, device)
-        for row, (n, sp) in enumerate(zip(num_generated, params, strict=True))
-        if sp.seed is not None and not sp.greedy
-    }
+    if not greedy:
+        arrays["temperature"] = ([1.0 if sp.greedy else sp.temperature for sp in params], f32)
+        arrays["greedy_rows"] = ([sp.greedy for sp in params], np.bool_)
+        if any(k < vocab_size for k in top_ks):
+            arrays["top_k"] = (top_ks, i64)
+        if any(sp.top_p < 1.0 for sp in params):
+            arrays["top_p"] = ([sp.top_p for sp in params], f32)
+        seeded = [(row, seed_key(sp.seed, n)) for row, (n, sp) in enumerate(zip(num_generated, params, strict=True))
+                  if sp.seed is not None and not sp.greedy]
+        if seeded:
+            arrays["seeded"] = (np.array(seeded).T, i64)  # [2, S]
+        plain = [row for row, sp in enumerate(params) if not sp.greedy and not truncated[row]]
+        if plain:
+            arrays["plain_rows"] = (plain, i64)
+        if trunc:
+            arrays["truncated_rows"] = (trunc, i64)
+    packer = packer or PackedUpload(0, device)
+    t = dict(zip(arrays, packer.upload(list(arrays.values())), strict=True)) if arrays else {}
+    banned = (t["banned"][0], t["banned"][1]) if "banned" in t else None
+    bias = (t["bias_at"][0], t["bias_at"][1], t["bias"]) if "bias" in t else None
+    if greedy:
+        return SamplingMetadata(None, None, None, None, None, banned, bias, max_num_logprobs, logprobs_rows,
+                                logprobs_index=t.get("logprobs_index"))
     return SamplingMetadata(
-        to_device([1.0 if sp.greedy else sp.temperature for sp in params], torch.float32, device),
-        to_device([sp.greedy for sp in params], torch.bool, device), top_k, top_p, generators, banned, bias,
+        t["temperature"], t["greedy_rows"], t.get("top_k"), t.get("top_p"), t.get("seeded"), banned, bias,
         max_num_logprobs, logprobs_rows, any_greedy=any(sp.greedy for sp in params),
-        plain_rows=to_device(plain, torch.int64, device) if plain else None,
-        truncated_rows=to_device(trunc, torch.int64, device) if trunc else None,
-        max_top_k=max((top_ks[row] for row in trunc), default=0))
+        plain_rows=t.get("plain_rows"), truncated_rows=t.get("truncated_rows"),
+        max_top_k=max((top_ks[row] for row in trunc), default=0), logprobs_index=t.get("logprobs_index"))
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
@@ -204,8 +248,9 @@ def _sample_truncated(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
 class Sampler:
     """logits [N, V] + SamplingMetadata -> token ids [N] (on the logits' device; nothing read back)."""
 
-    def __init__(self, generator: torch.Generator | None = None) -> None:
+    def __init__(self, generator: torch.Generator | None = None, logprobs_copies: HostCopies | None = None) -> None:
         self.generator = generator  # uniforms for unseeded random rows
+        self.logprobs_copies = logprobs_copies  # where packed logprobs come back without blocking (None: blocking)
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         logits = logits.to(torch.float32, copy=md.banned is not None or md.logit_bias is not None)
@@ -219,8 +264,8 @@ class Sampler:
         greedy = argmax(logits) if md.any_greedy else None
         logits = logits / md.temperature.unsqueeze(1)
         u = torch.rand(logits.shape[0], generator=self.generator, device=logits.device)
-        for row, gen in md.generators.items():
-            u[row] = torch.rand(1, generator=gen, device=logits.device)[0]
+        if md.seeded is not None:  # seeded rows draw from their keys: one index_put, no per-row generator
+            u.index_put_((md.seeded[0],), seeded_uniforms(md.seeded[1]))
         # each row's draw depends on its own settings only: plain rows in vocabulary order, top-k/top-p rows
         # in descending probability (so which other rows share the batch never changes a seeded row's token)
         sampled = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
@@ -241,10 +286,9 @@ class Sampler:
         ``logprobs_mode="raw_logprobs"``). Rows that did not ask get none (``md.logprobs_rows``)."""
         if md.max_num_logprobs is None:
             return self(logits, md), None
-        rows = md.logprobs_rows
-        index = None if rows is None else to_device(rows, torch.int64, logits.device)  # [M]
+        rows, index = md.logprobs_rows, md.logprobs_index  # [M] on the device, uploaded with the settings
         raw = (logits if index is None else logits[index]).to(torch.float32)  # [M, V]
         lse = raw.logsumexp(dim=-1, keepdim=True)  # [M, 1]; the full log_softmax is never built
         sampled = self(logits, md)  # [N]
         chosen = sampled if index is None else sampled[index]
-        return sampled, gather_logprobs(raw, md.max_num_logprobs, chosen, lse, rows)
+        return sampled, gather_logprobs(raw, md.max_num_logprobs, chosen, lse, rows, self.logprobs_copies)

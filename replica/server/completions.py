@@ -38,7 +38,8 @@ R = TypeVar("R", p.CompletionRequest, p.ChatCompletionRequest)
 
 
 def _usage(out: RequestOutput) -> r.UsageInfo:
-    return r.UsageInfo.of(len(out.prompt_token_ids), len(out.output_token_ids), out.num_cached_tokens)
+    return r.UsageInfo.of(len(out.prompt_token_ids), len(out.output_token_ids), out.num_cached_tokens,
+                          out.num_host_cached_tokens)
 
 
 def _total_usage(candidates: list[ps.Candidate], finals: list[RequestOutput]) -> r.UsageInfo:
@@ -46,7 +47,9 @@ def _total_usage(candidates: list[ps.Candidate], finals: list[RequestOutput]) ->
     prompts = {c.prompt_index: f for c, f in zip(candidates, finals, strict=True) if c.sample_index == 0}
     return r.UsageInfo.of(sum(len(f.prompt_token_ids) for f in prompts.values()),
                           sum(len(f.output_token_ids) for f in finals),
-                          sum(f.num_cached_tokens for f in prompts.values()))
+                          sum(f.num_cached_tokens for f in prompts.values()),
+                          None if any(f.num_host_cached_tokens is None for f in prompts.values())
+                          else sum(f.num_host_cached_tokens for f in prompts.values()))
 
 
 def _check_failed(out: RequestOutput) -> None:

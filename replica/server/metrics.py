@@ -17,6 +17,10 @@ replicas in one process never clash). Every ``vllm:*`` family carries vLLM v1's 
     vllm:request_prompt_tokens / _generation_tokens / _max_num_generation_tokens,
     vllm:request_params_max_tokens, vllm:iteration_tokens_total      histograms
     kvmesh_http_requests{endpoint,status}                 counter (this server, ``CountMiddleware``)
+    kvmesh_prefill_tokens_per_second                      gauge, measured on the engine's own steps
+    the host tier (``kv_offload_memory``; zeros without one): kvmesh_host_kv_cache_usage (gauge, 0..1),
+    kvmesh_host_prefix_cache_hits (counter, tokens loaded back), kvmesh_kv_offload_bytes{direction}
+    and kvmesh_kv_offload_load_seconds (counters)
     process_*, python_*                                   the standard process collectors
 
 kvmesh's own names never contain ``:`` (reserved for recording rules; promtool flags it), only
@@ -92,6 +96,21 @@ class EngineStatsCollector(Collector):
         h.add_metric(self.labels, buckets, sum_value=hist.sum)
         return h
 
+    def _host_tier(self, s: EngineStats) -> Iterator[Metric]:
+        """The host tier's usage, hits and copies."""
+        yield self._gauge("kvmesh_host_kv_cache_usage", "Fraction of the host-memory KV tier holding content.",
+                          s.host_kv_cache_usage)
+        yield self._counter("kvmesh_host_prefix_cache_hits",
+                            "Prompt tokens found in the host tier past the device prefix and loaded back.",
+                            s.host_prefix_cache_hits)
+        moved = CounterMetricFamily("kvmesh_kv_offload_bytes", "Bytes copied between the device cache and the host tier.",
+                                    labels=["model_name", "engine", "direction"])
+        moved.add_metric([*self.labels, "to_host"], s.kv_offload_bytes_to_host)
+        moved.add_metric([*self.labels, "to_device"], s.kv_offload_bytes_to_device)
+        yield moved
+        yield self._counter("kvmesh_kv_offload_load_seconds", "Seconds spent loading blocks back from the host tier.",
+                            s.kv_offload_load_seconds)
+
     def collect(self) -> Iterator[Metric]:
         s = self.stats_fn()
         if s is None:
@@ -115,6 +134,10 @@ class EngineStatsCollector(Collector):
                                 s.prefix_cache_queries)
             yield self._counter(f"vllm:{prefix}prefix_cache_hits",
                                 "Prefix cache hits, in terms of number of cached tokens." + note, s.prefix_cache_hits)
+        yield self._gauge("kvmesh_prefill_tokens_per_second",
+                          "Prompt tokens per second the engine measured on its recent steps (0: not yet).",
+                          s.prefill_tokens_per_s)
+        yield from self._host_tier(s)  # zeros without a tier: dashboards query one set of series
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
                             s.num_preemptions)
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.num_prompt_tokens)

@@ -195,6 +195,7 @@ async def without_output(stream: Outputs) -> Outputs:
                 "length" if out.finish_reason in ("stop", "length") else out.finish_reason, None,
                 out.num_cached_tokens, out.error, out.metrics,
                 new_logprobs=None if out.new_logprobs is None else [],
-                logprobs=None if out.logprobs is None else [], prompt_logprobs=out.prompt_logprobs)
+                logprobs=None if out.logprobs is None else [], prompt_logprobs=out.prompt_logprobs,
+                num_host_cached_tokens=out.num_host_cached_tokens)
     finally:
         await stream.aclose()  # closing early aborts the request

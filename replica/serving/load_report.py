@@ -25,6 +25,16 @@ class LoadReport(msgspec.Struct, kw_only=True):
     A router that has not applied it soon after is not following the stream (router/control/stream_watch.py)."""
     kv_events_unsent_s: float | None = None
     """Seconds the oldest KV event batch has waited in the publisher unsent (0: none); None without events."""
+    prefill_tokens_per_s: float | None = None
+    """Prompt tokens per second the engine computes, measured on its own recent steps (None: not yet)."""
+    kv_block_bytes: int | None = None
+    """Bytes of one KV block (all layers, K and V, this rank): what a load-back of one block moves."""
+    h2d_bytes_per_s: float | None = None
+    """Host-to-device bandwidth the replica measured for its host tier; None without a tier."""
+    num_host_kv_blocks: int = 0
+    """Blocks of the host-memory tier (0: none)."""
+    host_kv_cache_usage: float = 0.0
+    """Fraction of the host tier's blocks holding content, 0..1."""
 
     def to_dict(self) -> dict:
         """The JSON object ``/load`` answers with."""

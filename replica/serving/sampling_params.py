@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SEED_MIX = (6364136223846793005, 1442695040888963407, (1 << 63) - 1)
-"""(A, B, MASK): a seeded request draws its n-th token from a generator seeded ``(seed*A + n*B + 1) & MASK``
-(sampler.seeded_generator), so its tokens depend only on the seed and their position."""
+"""(A, B, MASK): a seeded request draws its n-th token from the key ``(seed*A + n*B + 1) & MASK``
+(sampler.seed_key, hashed on the device by sampler.seeded_uniforms), so its tokens depend only on the seed
+and their position."""
 
 
 def continuation_seed(seed: int, num_generated: int) -> int:

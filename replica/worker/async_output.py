@@ -13,20 +13,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from kvmesh.replica.engine.outputs import ModelRunnerOutput, TokenLogprobs
-from kvmesh.replica.worker.cpu_gpu_buffer import start_copy_to_host
 
 if TYPE_CHECKING:
     from kvmesh.replica.sample.logprobs import LogprobsTensors
+    from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
     from kvmesh.replica.worker.input_batch import InputBatch
 
 
 class AsyncModelRunnerOutput:
     def __init__(self, input_batch: InputBatch, request_ids: list[str], rows: np.ndarray, tokens: torch.Tensor,
-                 logprobs: LogprobsTensors | None = None,
+                 copies: HostCopies, logprobs: LogprobsTensors | None = None,
                  prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] | None = None) -> None:
         self.input_batch, self.request_ids, self.rows, self.tokens = input_batch, request_ids, rows, tokens
         self.logprobs, self.prompt_logprobs = logprobs, prompt_logprobs
-        self.host, self.event = start_copy_to_host(tokens)  # [N] the step's one device-to-host transfer
+        self.host, self.event = copies.start(tokens)  # [N] the step's one device-to-host transfer
         self.params = [input_batch.params[row] for row in rows.tolist()] if logprobs is not None else None
 
     @classmethod

@@ -7,6 +7,7 @@ addresses never change:
     seq_lens [B_max] int32, block_table [B_max, max_blocks] int32       (one set, sliced [:B])
     rows n..B-1 are padding: token 0 at position 0, writing and reading slot 0 (the null block,
     never a request's), seq_len 1 -- finite values, no zero-length edge case in the kernel.
+    The buffers start as padding; a step resets only what an earlier, bigger step left there.
 
 Only the model forward is static; logits and sampling run on hidden[:n] afterwards. The attention
 backend must offer a static decode path: ``supports_static_decode(block_size)`` and
@@ -74,6 +75,8 @@ class StaticDecode:
         self.metadata = {b: backend.static_decode_metadata(self.slot_mapping[:b], self.seq_lens[:b],
                                                             self.block_table[:b]) for b in self.sizes}
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.dirty_rows = 0  # rows [0, dirty_rows) may hold a step's values (padding past them)
+        self.table_width = 0  # block_table columns [0, table_width) of those rows may be non-zero
 
     def size_for(self, n: int) -> int | None:
         """The capture size a step of n decode rows runs at (None: too many rows, run it eagerly)."""
@@ -89,18 +92,30 @@ class StaticDecode:
         self.slot_mapping[:n].copy_(common.slot_mapping)
         self.seq_lens[:n].copy_(common.seq_lens)
         self.block_table[:n, :width].copy_(common.block_tables)
-        self.block_table[:n, width:].zero_()
-        if b > n:  # padding rows: see the module docstring
-            self.input_ids[n:b].zero_()
-            self.positions[n:b].zero_()
-            self.slot_mapping[n:b].zero_()
-            self.seq_lens[n:b].fill_(1)
-            self.block_table[n:b].zero_()
+        self._reset_stale(n, b, width)
         if b in self.graphs:
             graph, hidden = self.graphs[b]
             graph.replay()
             return hidden[:n]
         return self._forward(b)[:n]
+
+    def _reset_stale(self, n: int, b: int, width: int) -> None:
+        """Return what earlier steps left in this step's padding rows n..b-1 (a bigger batch's rows) and past
+        column ``width`` of its table to the padding values of the module docstring. A steady batch
+        leaves nothing stale, so most steps launch no fill at all."""
+        if width < self.table_width:
+            self.block_table[:n, width:self.table_width].zero_()
+        stale = min(self.dirty_rows, b)
+        if stale > n:
+            self.input_ids[n:stale].zero_()
+            self.positions[n:stale].zero_()
+            self.slot_mapping[n:stale].zero_()
+            self.seq_lens[n:stale].fill_(1)
+            self.block_table[n:stale].zero_()
+        if self.dirty_rows <= b:  # every row past n is padding again
+            self.dirty_rows, self.table_width = n, width
+        else:  # rows past b still hold an earlier step's values (and maybe wider tables)
+            self.table_width = max(self.table_width, width)
 
     def _forward(self, b: int) -> torch.Tensor:
         return self.model(self.input_ids[:b], self.positions[:b], self.metadata[b])  # [b, H]

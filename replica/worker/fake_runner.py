@@ -31,6 +31,11 @@ class FakeModelRunner:
         self.step_delay = 0.0  # seconds each step sleeps (to simulate a model's forward time)
         self.rows: dict[str, list] = {}  # request_id -> [block_ids, num_computed, last sampled token]
         self.dead_reason: str | None = None  # tests set it to play a broken TP group
+        self.num_host_blocks = 0  # no host tier
+        self.kv_offload = None
+
+    def finished_kv_transfers(self) -> list[int]:
+        return []
 
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
         self.num_steps += 1

@@ -19,8 +19,9 @@ is done on whole arrays:
 Async scheduling launches a step before the host has the previous step's samples: a decode row sampled
 by the previous step takes its input id from that step's sampled tensor, on the device (``prev_sample``).
 
-The arrays are staged in host buffers allocated once and copied to persistent device buffers without
-blocking (``StepBuffers``, cpu_gpu_buffer.py); on a CPU device the two are the same memory.
+The arrays are packed into one host buffer allocated once and copied to its device twin in one
+non-blocking upload per step (``step_upload``, a ``PackedUpload`` of cpu_gpu_buffer.py); on a CPU device the two are the
+same memory.
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.sample.sampler import SamplingMetadata, build_sampling_metadata
 from kvmesh.replica.worker.block_table import BlockTables
-from kvmesh.replica.worker.cpu_gpu_buffer import CopyFence, CpuGpuBuffer, to_device
+from kvmesh.replica.worker.cpu_gpu_buffer import PackedUpload
 
 __all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
 
 _token_ids = attrgetter("token_ids")
 _sample = attrgetter("sample")
-_ALL_GREEDY = SamplingMetadata(None, None, None, None, {})
+_ALL_GREEDY = SamplingMetadata(None, None, None, None, None)
 
 
 @dataclass(slots=True)
@@ -63,26 +64,14 @@ class ModelInputs:
     is the first token of row ``rows[i]``)."""
 
 
-class StepBuffers:
-    """The step's input tensors: host staging buffers and their device twins, one set per runner."""
+def step_upload(max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int,
+                device: torch.device) -> PackedUpload:
+    """The one upload of a step's inputs, sized for the largest step the runner plans for:
 
-    def __init__(self, max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int, device: torch.device) -> None:
-        self.input_ids = CpuGpuBuffer(max_num_tokens, torch.int64, device)  # [T]
-        self.positions = CpuGpuBuffer(max_num_tokens, torch.int64, device)  # [T]
-        self.slot_mapping = CpuGpuBuffer(max_num_tokens, torch.int64, device)  # [T]
-        self.query_start_loc = CpuGpuBuffer(max_num_reqs + 1, torch.int32, device)  # [n + 1]
-        self.seq_lens = CpuGpuBuffer(max_num_reqs, torch.int32, device)  # [n]
-        # [n * width] row after row, viewed [n, width]: a step copies only its own rows and width
-        self.block_tables = CpuGpuBuffer(max_num_reqs * max_blocks_per_req, torch.int32, device)
-        self.logits_indices = CpuGpuBuffer(max_num_reqs, torch.int64, device)  # [N]
-        self.fence = CopyFence(device)
-
-    def stage(self, name: str, array: np.ndarray) -> torch.Tensor:
-        """``array`` written into buffer ``name`` and (on a device) copied over, shaped like ``array``."""
-        buf: CpuGpuBuffer = getattr(self, name)
-        buf.fit(array.size)
-        buf.np[: array.size] = array.reshape(-1)
-        return buf.copy_to_gpu(array.size).view(array.shape)
+        [ input_ids | positions | slot_mapping | logits_indices | query_start_loc | seq_lens | block_tables
+          | gather indices (async scheduling) ]     int64 ids, positions, slots and indices; int32 the rest"""
+    nbytes = 8 * (3 * max_num_tokens + 3 * max_num_reqs) + 4 * (max_num_reqs * (max_blocks_per_req + 2) + 1)
+    return PackedUpload(nbytes, device)
 
 
 class InputBatch:
@@ -90,7 +79,8 @@ class InputBatch:
                  max_num_tokens: int | None = None) -> None:
         self.block_size, self.device = block_size, device
         self.block_tables = BlockTables(max_num_reqs, max_blocks_per_req)
-        self.buffers = StepBuffers(max_num_tokens or max_num_reqs, max_num_reqs, max_blocks_per_req, device)
+        self.buffers = step_upload(max_num_tokens or max_num_reqs, max_num_reqs, max_blocks_per_req, device)
+        self.sampling_upload = PackedUpload(64 * max_num_reqs, device)  # non-greedy rows' settings (grows)
         self.num_computed = np.zeros(0, np.int64)
         self.last_token = np.zeros(0, np.int64)
         self.num_output = np.zeros(0, np.int64)
@@ -204,30 +194,30 @@ class InputBatch:
             logits_indices = query_start_loc[1:][sample_mask] - 1
             sample_rows = rows[sample_mask]
 
-        buffers = self.buffers
-        buffers.fence.wait()  # the previous step's copies have read the staging buffers
-        stage = buffers.stage
+        gather = self._prev_sampled_gather(rows[:num_decodes])
+        i64, i32 = np.int64, np.int32
+        staged = self.buffers.upload([(input_ids, i64), (positions, i64), (slot_mapping, i64), (logits_indices, i64),
+                                      (query_start_loc, i32), (seq_lens, i32), (block_tables, i32), *gather])
+        ids, positions_d, slots, logits_d, qsl, seq_lens_d, tables = staged[:7]
         common = CommonAttentionMetadata(
             num_reqs=n, num_decodes=num_decodes, num_actual_tokens=num_tokens,
             max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()), block_size=bs,
-            query_start_loc=stage("query_start_loc", query_start_loc), seq_lens=stage("seq_lens", seq_lens),
-            block_tables=stage("block_tables", block_tables), slot_mapping=stage("slot_mapping", slot_mapping),
+            query_start_loc=qsl, seq_lens=seq_lens_d, block_tables=tables, slot_mapping=slots,
             query_start_loc_cpu=query_start_loc.tolist(), seq_lens_cpu=seq_lens.tolist(),
             block_tables_cpu=block_tables,
         )
-        inputs = ModelInputs(self._input_ids(stage("input_ids", input_ids), rows[:num_decodes]),
-                             stage("positions", positions), common,
-                             stage("logits_indices", logits_indices), sample_rows, self.req_ids[sample_rows].tolist(),
-                             rows)
-        buffers.fence.record()
-        return inputs
+        if gather:  # decode rows sampled by the previous step, not yet on the host: a device gather
+            index, dst = staged[7:]
+            ids.index_copy_(0, dst, self.prev_sampled[index])
+        return ModelInputs(ids, positions_d, common, logits_d, sample_rows, self.req_ids[sample_rows].tolist(), rows)
 
     def sampling_metadata(self, rows: np.ndarray, vocab_size: int, eos_token_ids) -> SamplingMetadata:
         """Sampling settings of ``rows`` (the all-greedy common case costs one array test)."""
         if self.plain_greedy[rows].all():
             return _ALL_GREEDY
         params = [self.params[r] for r in rows.tolist()]
-        return build_sampling_metadata(params, self.num_output[rows].tolist(), vocab_size, eos_token_ids, self.device)
+        return build_sampling_metadata(params, self.num_output[rows].tolist(), vocab_size, eos_token_ids, self.device,
+                                       self.sampling_upload)
 
     def first_token_index(self, inputs: ModelInputs, request_ids: list[str]) -> dict[str, int]:
         """Where each request's tokens start among the step's tokens (its first row of the hidden states)."""
@@ -235,17 +225,16 @@ class InputBatch:
         starts, rows = inputs.common.query_start_loc_cpu, self.block_tables.rows
         return {rid: starts[step_index[rows[rid]]] for rid in request_ids}
 
-    def _input_ids(self, input_ids: torch.Tensor, decode_rows: np.ndarray) -> torch.Tensor:
-        """``input_ids`` [T] (device) with the decode rows sampled by the previous step, not yet recorded on
-        the host, taking their ids from its sampled tensor (a device gather, no transfer)."""
+    def _prev_sampled_gather(self, decode_rows: np.ndarray) -> list[tuple[np.ndarray, type]]:
+        """For decode rows sampled by the previous step whose ids the host does not have yet: (index into its
+        sampled tensor, token position) to upload with the step; [] when there are none."""
         if self.prev_sampled is None or not len(decode_rows):
-            return input_ids
+            return []
         src = self.prev_sample[decode_rows]
         dst = np.flatnonzero(src)
         if not len(dst):
-            return input_ids
-        index = to_device(src[dst] - 1, torch.int64, self.device)  # [D'] into prev_sampled
-        return input_ids.index_copy_(0, to_device(dst, torch.int64, self.device), self.prev_sampled[index])
+            return []
+        return [(src[dst] - 1, np.int64), (dst, np.int64)]  # [D'] into prev_sampled, [D'] into input_ids
 
     def count_samples(self, rows: np.ndarray, tokens: torch.Tensor) -> None:
         """A launched step sampled ``tokens`` [N] (on the device) for ``rows``: they are the rows' next inputs

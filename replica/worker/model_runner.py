@@ -24,7 +24,9 @@ from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from
 from kvmesh.replica.models import get_model_class
 from kvmesh.replica.sample.prompt_logprobs import PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
+from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
 from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
+from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.worker.distributed import cuda_device_index
 from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs
@@ -38,6 +40,7 @@ from kvmesh.replica.worker.kv_cache import (
     outside_memory_in_use,
     read_cuda_memory,
 )
+from kvmesh.replica.worker.kv_offload import KVOffloader
 from kvmesh.replica.worker.parallel_state import ParallelState
 from kvmesh.replica.worker.weights import load_model_weights
 
@@ -80,6 +83,8 @@ class ModelRunner:
         self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, layer_shape, self.dtype, self.device)
         for i, attn in enumerate(self.model.attention_layers()):
             attn.kv_cache = self.kv_cache[i]
+        self.kv_offload = self._make_kv_offload(attn0)  # the host tier's copies (None without one)
+        self.num_host_blocks = 0 if self.kv_offload is None else self.kv_offload.num_host_blocks
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
                                       self.block_size, self.device, config.max_num_batched_tokens)
         self.static_decode: StaticDecode | None = None  # decode steps on static shapes (CUDA graphs)
@@ -93,7 +98,10 @@ class ModelRunner:
                     f"CUDA graphs for decode batch sizes {self.static_decode.sizes}" if self.static_decode
                     else "no CUDA graphs")
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.sampler = Sampler(generator)
+        # packed logprobs of a step: [N, 2 (1 + MAX_LOGPROBS) + 1] float64, back without blocking
+        logprobs_copies = HostCopies(config.max_num_seqs * (2 * MAX_LOGPROBS + 3), torch.float64, self.device)
+        self.sampler = Sampler(generator, logprobs_copies)
+        self.token_copies = HostCopies(config.max_num_seqs, torch.int64, self.device)  # sampled ids come back here
         self.prompt_logprobs = PromptLogprobsProcessor()  # rows waiting between a prompt's prefill chunks
 
     def _build_model(self) -> torch.nn.Module:
@@ -129,6 +137,27 @@ class ModelRunner:
         num_blocks = self.parallel.all_reduce_min_int(num_blocks)
         log_capacity(num_blocks, self.block_size, self.max_model_len, block_bytes)
         return num_blocks
+
+    def _make_kv_offload(self, attn0) -> KVOffloader | None:
+        """The host tier of ``kv_offload_memory`` bytes, laid out per block like the device cache."""
+        if not self.config.kv_offload_memory:
+            return None
+        one, two = (self.attn_backend.kv_cache_shape(n, self.block_size, attn0.num_kv_heads, attn0.head_dim)
+                    for n in (1, 2))
+        block_dim = 1 + next(i for i, (a, b) in enumerate(zip(one, two, strict=True)) if a != b)
+        block_bytes = self.kv_cache.select(block_dim, 0).numel() * self.kv_cache.element_size()
+        num_host_blocks = self.config.kv_offload_memory // block_bytes
+        if num_host_blocks < 2:
+            raise ValueError(f"kv_offload_memory={self.config.kv_offload_memory} bytes holds {num_host_blocks} "
+                             f"blocks of {block_bytes} bytes; give the host tier at least 2 blocks or unset it")
+        offload = KVOffloader(self.kv_cache, block_dim, num_host_blocks)
+        logger.info("host KV tier: %d blocks (%.1f MiB), host-to-device %.2f GB/s", num_host_blocks,
+                    num_host_blocks * block_bytes / 2**20, offload.h2d_bytes_per_s / 1e9)
+        return offload
+
+    def finished_kv_transfers(self) -> list[int]:
+        """Steps whose copies to the host tier landed since the last call (never blocks)."""
+        return [] if self.kv_offload is None else self.kv_offload.finished()
 
     def profiled_kv_budget(self, cap: int | None = None) -> int:
         """Bytes for the KV cache on a GPU: read the facts, reset the peak counter, run the profiling forward,
@@ -177,6 +206,9 @@ class ModelRunner:
             self.prompt_logprobs.free(out.finished_request_ids)
         if out.is_empty:
             return AsyncModelRunnerOutput.ready({})
+        transfers = out.kv_transfers
+        if transfers is not None:
+            self.kv_offload.load(transfers.loads)  # the prefixes this step's prefills read
         inputs = self.input_batch.prepare(out)
         common = inputs.common
         if self.static_decode is not None and common.num_decodes == common.num_actual_tokens and \
@@ -184,6 +216,8 @@ class ModelRunner:
             hidden = self.static_decode.run(inputs.input_ids, inputs.positions, common)  # [T, H]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(common))  # [T, H]
+        if transfers is not None:
+            self.kv_offload.store(transfers.transfer_id, transfers.stores)  # the blocks this step completed
         prompt_logprobs = None
         if out.scheduled and any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled):
             prompt_logprobs = self._prompt_logprobs(out, inputs, hidden)
@@ -200,7 +234,7 @@ class ModelRunner:
             tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
         self.input_batch.count_samples(inputs.sample_rows, tokens)
         return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
-                                      logprobs, prompt_logprobs)
+                                      self.token_copies, logprobs, prompt_logprobs)
 
     def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor) -> dict:
         """Prompt logprobs of this step's prefill chunks of requests that ask for them (``hidden`` [T, H]).

@@ -113,6 +113,12 @@ class RayTPExecutor:
 
     dead_reason: str | None = None
     """Why the TP group can no longer run steps (a rank died, raised or hung); None while it can."""
+    num_host_blocks = 0
+    """No host tier under tensor parallelism yet (EngineConfig refuses kv_offload_memory with TP > 1)."""
+    kv_offload = None
+
+    def finished_kv_transfers(self) -> list[int]:
+        return []
 
     def __init__(self, config: EngineConfig, placement_group: PlacementGroup | None = None,
                  num_cpus_per_worker: float = 1.0,

@@ -170,7 +170,7 @@ class _StateCollector:
             yield CounterMetricFamily("kvmesh_router_event_feed_restarts",
                                       "Times the KV event feed was rebuilt after a crash", value=feed["restarts"])
         fields = ("in_flight", "pending_prefill_tokens", "num_running", "num_waiting", "kv_usage",
-                  "queued_prefill_tokens")
+                  "queued_prefill_tokens", "host_kv_usage", "num_host_kv_blocks")
         for f in fields:
             fam = GaugeMetricFamily(f"kvmesh_router_replica_{f}",
                                     f"Replica load: {f} (router's own counters or the replica's /load)",

@@ -57,6 +57,7 @@ SESSION_HEADER = b"x-session-id"
 """Request header naming a conversation/agent session (else the body's ``user``): soft affinity."""
 HEADER_OPT_IN_BYTES = HEADER_OPT_IN.encode()
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+_HOST_CACHED = re.compile(rb'"host_cached_tokens"\s*:\s*(\d+)')  # kvmesh replicas with a host tier
 
 
 class Replicas(Protocol):
@@ -240,7 +241,9 @@ class Forwarder:
             if found:
                 svc, cached = self.runtime, int(found[-1])
                 svc.metrics.child(svc.metrics.reported_cached_tokens, str(decision.replica_id)).inc(cached)
-                receipt = svc.router.receipts.record_actual(decision.receipt, cached)
+                host = _HOST_CACHED.findall(chunk) if b"host_cached_tokens" in chunk else None
+                receipt = svc.router.receipts.record_actual(decision.receipt, cached,
+                                                            int(host[-1]) if host else None)
                 svc.receipt_metrics.on_actual(receipt)
                 if svc.config.access_log:
                     access_log.info("%s", json.dumps(receipt.log_fields()))

@@ -11,6 +11,8 @@ from ``Receipts`` (cluster-wide and per replica):
 
     kvmesh_router_route_decisions_total{replica, reason}        reason: cache | load | session | fallback
     kvmesh_router_available_hit_tokens_total{replica}           best hit any candidate offered
+    kvmesh_router_predicted_host_hit_tokens_total{replica}      the part of the predicted hit from the host tier
+    kvmesh_router_reported_host_cached_tokens_total{replica}    the part of the reported hit the replica loaded back
     kvmesh_router_receipt_mispredicted_total{replica}           reported cached tokens != predicted
     kvmesh_router_captured_reuse_ratio{replica}                 captured / available ("" = cluster)
     kvmesh_router_mispredicted_ratio{replica}                   mispredicted / completed ("" = cluster)
@@ -32,6 +34,12 @@ class ReceiptMetrics:
         self.available = Counter("kvmesh_router_available_hit_tokens",
                                  "Best prefix hit (tokens) any candidate replica offered, per chosen replica",
                                  ["replica"], registry=registry)
+        self.predicted_host = Counter("kvmesh_router_predicted_host_hit_tokens",
+                                      "Part of the predicted prefix hit (tokens) the chosen replica loads back from "
+                                      "its host tier", ["replica"], registry=registry)
+        self.reported_host = Counter("kvmesh_router_reported_host_cached_tokens",
+                                     "Cached prompt tokens the replica reported loading back from its host tier",
+                                     ["replica"], registry=registry)
         self.mispredicted = Counter("kvmesh_router_receipt_mispredicted",
                                     "Requests whose reported cached tokens differed from the router's prediction",
                                     ["replica"], registry=registry)
@@ -50,8 +58,12 @@ class ReceiptMetrics:
         rid = str(receipt.replica_id)
         self._child(self.decisions, rid, receipt.reason).inc()
         self._child(self.available, rid).inc(receipt.best_hit_tokens)
+        if receipt.predicted_host_tokens:
+            self._child(self.predicted_host, rid).inc(receipt.predicted_host_tokens)
 
     def on_actual(self, receipt: RouteReceipt) -> None:
+        if receipt.actual_host_cached_tokens:
+            self._child(self.reported_host, str(receipt.replica_id)).inc(receipt.actual_host_cached_tokens)
         if receipt.mispredicted:
             self._child(self.mispredicted, str(receipt.replica_id)).inc()
 

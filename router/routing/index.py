@@ -16,6 +16,11 @@ identical results; the Python walk stays as the fallback and for more than 64 re
 request's blocks for ``predict_ttl_s`` (bits set in ``_blocks`` and recorded in ``predictions.predicted``),
 until the real ``BlockStored`` events arrive. A burst of requests sharing a new prefix then goes
 to one replica instead of scattering. Invariant: a predicted bit is never also a real one.
+
+*Tiers*: events with vLLM's ``medium="CPU"`` describe a replica's host-memory tier (kvmesh's
+``--kv-offload-memory``, vLLM's OffloadingConnector); they go to a second index, ``host``, made on the
+first such event, so a cluster without tiers keeps exactly one index. Every other medium ("GPU",
+None) is the engine's own cache. ``AllBlocksCleared`` clears both.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from itertools import repeat
 from operator import and_, or_
 
-from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, BlockStored
+from kvmesh.events.schema import HOST_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored
 from kvmesh.router.routing.index_stats import IndexStats, ReplicaBlocks
 from kvmesh.router.routing.keys import FASTPATH, RouterKeyHasher, pack_tokens
 from kvmesh.router.routing.predictions import Predictions
@@ -51,6 +56,8 @@ class PrefixIndex:
         self._free_slots: list[int] = []
         self.stats = IndexStats()
         """Counters: events applied, blocks stored/removed, orphans, mismatched block sizes."""
+        self.host: PrefixIndex | None = None
+        """The replicas' host-memory tiers (events with medium "CPU"), once any replica announced one."""
 
     # ---------------------------------------------------------------- replicas
     def add_replica(self, replica_id: ReplicaId) -> ReplicaBlocks:
@@ -64,6 +71,8 @@ class PrefixIndex:
                 slot = len(self._slot_owner)
                 self._slot_owner.append(replica_id)
             tree = self._replicas[replica_id] = ReplicaBlocks(replica_id, slot)
+            if self.host is not None:
+                self.host.add_replica(replica_id)
         return tree
 
     def remove_replica(self, replica_id: ReplicaId) -> None:
@@ -72,6 +81,8 @@ class PrefixIndex:
         if tree is None:
             return
         self.clear_replica(replica_id)
+        if self.host is not None:
+            self.host.remove_replica(replica_id)
         del self._replicas[replica_id]
         self._slot_owner[tree.slot] = None
         self._free_slots.append(tree.slot)
@@ -81,6 +92,8 @@ class PrefixIndex:
         tree = self._replicas.get(replica_id)
         if tree is None:
             return
+        if self.host is not None:
+            self.host.clear_replica(replica_id)
         bit, mask_off, blocks = tree.bit, ~tree.bit, self._blocks
         for key in set(tree.ext_to_key.values()):
             mask = blocks.get(key, 0) & mask_off
@@ -126,13 +139,30 @@ class PrefixIndex:
         stats = self.stats
         for event in events:
             if type(event) is BlockStored:
-                self._store(tree, event)
+                if event.medium == HOST_MEDIUM:
+                    host = self._host_index()
+                    host._store(host.add_replica(replica_id), event)
+                else:
+                    self._store(tree, event)
             elif type(event) is BlockRemoved:
-                self._remove(tree, event.block_hashes)
+                if event.medium == HOST_MEDIUM:
+                    host = self._host_index()
+                    host._remove(host.add_replica(replica_id), event.block_hashes)
+                else:
+                    self._remove(tree, event.block_hashes)
             elif type(event) is AllBlocksCleared:
                 self.clear_replica(replica_id)
                 stats.clears += 1
             stats.events += 1
+
+    def _host_index(self) -> PrefixIndex:
+        """The host tiers' index, made on the first host-tier event."""
+        if self.host is None:
+            self.host = PrefixIndex(hasher=self.hasher, predict_ttl_s=0.0)
+            self.host.stats = self.stats  # one set of counters for both tiers
+            for rid in self._replicas:
+                self.host.add_replica(rid)
+        return self.host
 
     def _store(self, tree: ReplicaBlocks, event: BlockStored) -> None:
         hashes = event.block_hashes
@@ -277,3 +307,4 @@ class PrefixIndex:
     def _match_py(self, keys: Sequence[int]) -> dict[ReplicaId, int]:
         """``match`` in Python (no compiled fast path, or more than 64 replica slots)."""
         return match_masks(self._blocks, keys, self._slot_owner)
+

@@ -44,6 +44,8 @@ class RouteDecision:
     """Prompt tokens the replica should report as cached (matched blocks, capped at prompt - 1)."""
     uncached_tokens: int
     """Prompt tokens the replica will still compute."""
+    host_hit_tokens: int = 0
+    """The part of ``predicted_hit_tokens`` the replica loads back from its host tier."""
     receipt: RouteReceipt | None = None
     """What was decided and why (router/routing/receipts.py); complete it with ``KVRouter.receipts.record_actual``."""
     timings_ns: dict[str, int] = field(default_factory=dict)
@@ -178,10 +180,15 @@ class KVRouter:
             if not loads:
                 raise NoReplicaError("no healthy replica to route to (all are down or already failed "
                                      "this request); retry later or register a replica")
+            host_matches = self.index.host.match(keys) if self.index.host is not None else {}
             if self.degraded:
                 matches = {r: m for r, m in matches.items() if r not in self.degraded}
+                host_matches = {r: m for r, m in host_matches.items() if r not in self.degraded}
             policy = self.policy
-            replica_id = policy.choose(keys, matches, loads, len(token_ids))
+            if host_matches and policy.prices_tiers:
+                replica_id = policy.choose(keys, matches, loads, len(token_ids), host_matches=host_matches)
+            else:
+                replica_id = policy.choose(keys, matches, loads, len(token_ids))
             by_session = False
             if session_id is not None:
                 pinned = self.sessions.get(session_id, now)
@@ -191,20 +198,26 @@ class KVRouter:
                 self.sessions.pin(session_id, replica_id, now)
             self.index.predict(replica_id, keys, now=now, start=matches.get(replica_id, 0))
         t3 = _ns()
-        matched = matches.get(replica_id, 0)
+        if host_matches:  # a host-tier block past the device prefix is a hit too, loaded back
+            either = {r: max(m, host_matches.get(r, 0)) for r, m in matches.items()}
+            either.update((r, m) for r, m in host_matches.items() if r not in matches)
+        else:
+            either = matches
+        matched = either.get(replica_id, 0)
         best_id, best = None, 0
-        for rid, m in matches.items():
+        for rid, m in either.items():
             if m > best and rid in loads:
                 best_id, best = rid, m
         hit, best_hit = self._hit_tokens(matched, len(token_ids)), self._hit_tokens(best, len(token_ids))
+        host_hit = hit - self._hit_tokens(matches.get(replica_id, 0), len(token_ids))
         if excluded or replica_id in self.degraded:
             reason = "fallback"
         elif by_session:
             reason = "session"
         else:
             reason = "cache" if matched and matched == best else "load"
-        receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id)
-        return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, receipt,
+        receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id, host_hit)
+        return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, host_hit, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2})
 
     def _hit_tokens(self, matched_blocks: int, num_prompt_tokens: int) -> int:

@@ -43,6 +43,17 @@ class ReplicaLoad:
     """Uncached prompt tokens this router sent here, exponentially decayed (``LoadTracker.churn_tau_s``):
     how fast the replica's cache turns over. In the tracker's scaled units: compare replicas only."""
 
+    prefill_tokens_per_s: float | None = None
+    """Prompt tokens per second the replica measured itself computing (None: not reported)."""
+    kv_block_bytes: int | None = None
+    """Bytes one KV block moves on a load-back, as reported (None: not reported)."""
+    h2d_bytes_per_s: float | None = None
+    """Host-to-device bandwidth the replica measured for its host tier (None: no tier or not reported)."""
+    num_host_kv_blocks: int = 0
+    """Blocks of the replica's host-memory tier, as reported (0: none)."""
+    host_kv_usage: float = 0.0
+    """Fraction of the host tier holding content, as reported."""
+
     peer_in_flight: int = 0
     """Requests the other router processes of this host sent here and have not finished (shared
     table, as of ``LoadTracker.refresh``; 0 for a router alone)."""
@@ -59,6 +70,12 @@ class ReplicaLoad:
         """Requests sharing the replica's decode steps."""
         return max(self.in_flight + self.peer_in_flight, self.num_running + self.num_waiting)
 
+    def load_back_s(self, num_blocks: int) -> float:
+        """Seconds to load ``num_blocks`` back from the host tier (0 when the replica reported no bandwidth)."""
+        if not num_blocks or not self.h2d_bytes_per_s or not self.kv_block_bytes:
+            return 0.0
+        return num_blocks * self.kv_block_bytes / self.h2d_bytes_per_s
+
     @property
     def total_in_flight(self) -> int:
         """Requests all router processes of this host sent here that have not finished."""
@@ -70,6 +87,9 @@ class ReplicaLoad:
         if isinstance(report, LoadReport):
             self.num_running, self.num_waiting = report.num_requests_running, report.num_requests_waiting
             self.kv_usage, self.queued_prefill_tokens = report.kv_cache_usage, report.num_waiting_prefill_tokens
+            self.prefill_tokens_per_s, self.kv_block_bytes = report.prefill_tokens_per_s, report.kv_block_bytes
+            self.h2d_bytes_per_s, self.num_host_kv_blocks = report.h2d_bytes_per_s, report.num_host_kv_blocks
+            self.host_kv_usage = report.host_kv_cache_usage
             self.reported_at = time.monotonic()
             return
         self.num_running = int(_first(report, _RUNNING_KEYS, self.num_running))

@@ -38,6 +38,7 @@ HEADER_REASON = HEADER_PREFIX + "route-reason"
 HEADER_PREDICTED = HEADER_PREFIX + "predicted-hit-tokens"
 HEADER_BEST = HEADER_PREFIX + "best-hit-tokens"
 HEADER_PROMPT = HEADER_PREFIX + "prompt-tokens"
+HEADER_PREDICTED_HOST = HEADER_PREFIX + "predicted-host-hit-tokens"
 HEADER_FAILED_OVER = HEADER_PREFIX + "failed-over"
 """Sent only when the request left a replica first: ``id: why`` per replica, ``; ``-separated."""
 HEADER_OPT_IN = HEADER_PREFIX + "receipt"
@@ -62,8 +63,14 @@ class RouteReceipt:
     """Prompt length in tokens."""
     session_id: str | None = None
     """The request's session id, if it had one."""
+    predicted_host_tokens: int = 0
+    """The part of ``predicted_hit_tokens`` expected from the replica's host tier (loaded back, not
+    recomputed); the rest is on the device."""
     actual_cached_tokens: int | None = None
     """What the replica reported as cached (``usage.prompt_tokens_details.cached_tokens``); None until known."""
+    actual_host_cached_tokens: int | None = None
+    """The part of it the replica loaded back from its host tier (``host_cached_tokens``, written only by a
+    kvmesh replica with a tier); None otherwise."""
     failed_over: tuple[str, ...] = ()
     """Replicas the request left before this one, each ``"id: why"`` (a failure or a missed deadline)."""
 
@@ -91,6 +98,7 @@ class RouteReceipt:
             HEADER_PREDICTED: str(self.predicted_hit_tokens),
             HEADER_BEST: str(self.best_hit_tokens),
             HEADER_PROMPT: str(self.num_prompt_tokens),
+            HEADER_PREDICTED_HOST: str(self.predicted_host_tokens),
         } | ({HEADER_FAILED_OVER: "; ".join(self.failed_over)} if self.failed_over else {})
 
     def log_fields(self) -> dict:
@@ -100,9 +108,11 @@ class RouteReceipt:
             "route_reason": self.reason,
             "prompt_tokens": self.num_prompt_tokens,
             "predicted_hit_tokens": self.predicted_hit_tokens,
+            "predicted_host_hit_tokens": self.predicted_host_tokens,
             "best_hit_tokens": self.best_hit_tokens,
             "best_replica": None if self.best_replica_id is None else str(self.best_replica_id),
             "cached_tokens": self.actual_cached_tokens,
+            "host_cached_tokens": self.actual_host_cached_tokens,
             "session_id": self.session_id,
             "failed_over": list(self.failed_over),
         }
@@ -120,8 +130,12 @@ class ReuseTotals:
     """Sum of ``best_hit_tokens``: the reuse the cluster offered at routing time."""
     predicted_tokens: int = 0
     """Sum of ``predicted_hit_tokens`` on the chosen replicas."""
+    predicted_host_tokens: int = 0
+    """The part of ``predicted_tokens`` predicted from host tiers."""
     captured_tokens: int = 0
     """Sum of the cached tokens the replicas reported."""
+    captured_host_tokens: int = 0
+    """The part of ``captured_tokens`` the replicas reported loading back from their host tiers."""
     mispredicted: int = 0
     """Requests whose reported hit differed from the prediction."""
     reasons: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
@@ -132,7 +146,9 @@ class ReuseTotals:
         self.prompt_tokens += receipt.num_prompt_tokens
         self.available_tokens += receipt.best_hit_tokens
         self.predicted_tokens += receipt.predicted_hit_tokens
+        self.predicted_host_tokens += receipt.predicted_host_tokens
         self.captured_tokens += cached_tokens
+        self.captured_host_tokens += receipt.actual_host_cached_tokens or 0
         self.mispredicted += cached_tokens != receipt.predicted_hit_tokens
         self.reasons[receipt.reason] += 1
 
@@ -149,7 +165,9 @@ class ReuseTotals:
     def as_dict(self) -> dict:
         return {"requests": self.requests, "prompt_tokens": self.prompt_tokens,
                 "available_tokens": self.available_tokens, "predicted_tokens": self.predicted_tokens,
-                "captured_tokens": self.captured_tokens, "captured_ratio": self.captured_ratio,
+                "predicted_host_tokens": self.predicted_host_tokens,
+                "captured_tokens": self.captured_tokens,
+                "captured_host_tokens": self.captured_host_tokens, "captured_ratio": self.captured_ratio,
                 "mispredicted": self.mispredicted, "mispredicted_rate": self.mispredicted_rate,
                 "reasons": dict(self.reasons)}
 
@@ -164,11 +182,14 @@ class Receipts:
         """Chosen replica id -> its totals."""
         self._lock = threading.Lock()
 
-    def record_actual(self, receipt: RouteReceipt, cached_tokens: int) -> RouteReceipt:
-        """Complete ``receipt`` with the replica's reported ``cached_tokens`` and count it."""
+    def record_actual(self, receipt: RouteReceipt, cached_tokens: int,
+                      host_cached_tokens: int | None = None) -> RouteReceipt:
+        """Complete ``receipt`` with the replica's reported ``cached_tokens`` (and the part of them from its
+        host tier, when it has one) and count it."""
         if cached_tokens < 0:
             raise ValueError(f"cached_tokens must be >= 0, got {cached_tokens}")
         receipt.actual_cached_tokens = cached_tokens
+        receipt.actual_host_cached_tokens = host_cached_tokens
         with self._lock:
             self.total.add(receipt, cached_tokens)
             per = self.per_replica.get(receipt.replica_id)

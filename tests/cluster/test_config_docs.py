@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvmesh.cluster.commands.serve import EXAMPLE_HEADER
 from kvmesh.cluster.config.loader import load, load_config
-from kvmesh.cluster.config.schema import commented_yaml, markdown_table
+from kvmesh.cluster.config.reference import commented_yaml, markdown_table
 from kvmesh.cluster.config.trees import SERVE_SCHEMA, ServeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,4 +32,4 @@ def test_readme_config_reference_is_the_generated_table():
     text = (ROOT / "README.md").read_text()
     start = text.index("<!-- config-reference")
     block = text[text.index("\n", start) + 1:text.index("<!-- /config-reference -->")]
-    assert block == markdown_table(SERVE_SCHEMA), "regenerate with kvmesh.cluster.config.schema.markdown_table"
+    assert block == markdown_table(SERVE_SCHEMA), "regenerate with kvmesh.cluster.config.reference.markdown_table"

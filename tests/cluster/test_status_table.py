@@ -66,3 +66,31 @@ def test_a_degraded_replica_and_its_bad_frames_are_shown():
     table = format_table(list(rows.values()), "http://127.0.0.1:8000", {"healthy_replicas": ["replica-0"]})
     assert "degraded" in table and "BAD FRAMES" in table
     assert "routed by load only -- 20 bad frames within 10s" in table
+
+
+def test_a_replica_with_a_host_tier_shows_its_usage_and_host_hit_rate():
+    from kvmesh.replica.serving.load_report import LoadReport
+    from kvmesh.router.http.receipt_metrics import ReceiptMetrics
+    from kvmesh.router.routing.receipts import Receipts, RouteReceipt
+
+    loads = LoadTracker()
+    loads.add_replica("replica-0").update_report(LoadReport(
+        num_requests_running=0, num_requests_waiting=0, kv_cache_usage=0.5, num_waiting_prefill_tokens=0,
+        num_host_kv_blocks=4096, host_kv_cache_usage=0.25))
+    loads.add_replica("replica-1")
+    state = {"index_blocks": {}, "index_keys": 0, "events_applied": 0, "subscriber": {},
+             "index": {"orphan_blocks": 0, "unknown_removals": 0},
+             "healthy": {"replica-0": True, "replica-1": True}, "loads": dict(loads.loads), "event_lag": {}}
+    metrics = RouterMetrics(lambda: state)
+    metrics.prompt_tokens.labels("replica-0").inc(400)
+    receipts = Receipts()
+    receipt = RouteReceipt("replica-0", "cache", 320, 320, "replica-0", 400, predicted_host_tokens=100)
+    ReceiptMetrics(metrics.registry, receipts).on_actual(receipts.record_actual(receipt, 320, 100))
+    rows = {rid: ReplicaStatus(replica_id=rid) for rid in ("replica-0", "replica-1")}
+    apply_metrics(rows, metrics.render().decode())
+    assert rows["replica-0"].host_kv_usage == 0.25 and rows["replica-0"].host_hit_rate == 0.25
+    assert rows["replica-1"].host_hit_rate is None  # no tier
+    table = format_table(list(rows.values()), "http://router", {"healthy_replicas": ["replica-0", "replica-1"]})
+    assert "HOST USE" in table and "HOST HIT" in table
+    line0 = next(line for line in table.splitlines() if line.startswith("replica-0"))
+    assert "25%" in line0

@@ -91,7 +91,7 @@ def test_a_degraded_source_over_its_decode_budget_is_dropped_unread_and_stays_de
         assert wait_for(lambda: f.sub.stats["raw"].over_budget >= 1)
         st = f.sub.stats["raw"]
         assert st.batches == batches and st.rejected >= st.over_budget >= 1
-        assert f.sub._io._paused  # its socket is left unread meanwhile: more would wait in the publisher
+        assert f.sub._io.turns.paused  # its socket is left unread meanwhile: more would wait in the publisher
         assert ("raw", "recovered") not in f.statuses and f.sub.feed_alive
         small = removed_payload(2)  # within the budget: decoded and delivered
         assert wait_for(lambda: (raw.pub.send_multipart([b"", seq(100), small]),

@@ -17,6 +17,7 @@ from events_testkit import DroppingSocket, Follower, make_publisher, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvmesh.events.config import PublisherSource, SubscriberConfig
+from kvmesh.events.schema import DEVICE_MEDIUM
 from kvmesh.kvcache.hashing import external_hash
 from kvmesh.kvcache.interfaces import TokenRequest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
@@ -73,7 +74,7 @@ class Workload:
         return out
 
     def cached(self) -> set:
-        return {("CPU", external_hash(h)) for h in self.kv.block_pool.cached_block_hash_to_block}
+        return {(DEVICE_MEDIUM, external_hash(h)) for h in self.kv.block_pool.cached_block_hash_to_block}
 
 
 @settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

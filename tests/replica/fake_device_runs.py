@@ -149,14 +149,38 @@ def step_buffers(path: str) -> dict:
             first = batch.prepare(SchedulerOutput([ScheduledRequest("a", [10, 11, 12], 0, [7], True, sp)], 3))
         batch.record_samples(first.sample_rows, np.array([42]))
         second = batch.prepare(SchedulerOutput([], 1, decode_request_ids=["a"]))
-        same = [storage(i.input_ids) == storage(bufs.input_ids.gpu) and
-                storage(i.common.block_tables) == storage(bufs.block_tables.gpu) for i in (first, second)]
+        same = [storage(i.input_ids) == storage(bufs.arena.gpu) and
+                storage(i.common.block_tables) == storage(bufs.arena.gpu) for i in (first, second)]
+        second_inputs = [second.input_ids.tolist(), second.positions.tolist()]  # valid until the next step
         big = batch.prepare(SchedulerOutput([ScheduledRequest("b", list(range(1, 11)), 0, [8, 9, 5], True, sp)], 10))
         with dev.window() as upload:
             small = to_device([3, 1, 2], torch.int64, FAKE)
-        return {"same_buffers": same, "h2d": log.h2d, "second": [second.input_ids.tolist(), second.positions.tolist()],
+        return {"same_buffers": same, "h2d": log.h2d, "second": second_inputs,
                 "big": [big.input_ids.tolist(), big.positions.tolist(), big.common.slot_mapping.tolist()],
                 "small": [small.device == FAKE, small.tolist()], "small_h2d": upload.h2d}
+
+
+def token_copies(path: str) -> dict:
+    """Where each step's sampled ids land on the host (their data pointers) against the runner's buffers."""
+    from fake_device import FakeDevice
+
+    greedy = dict(temperature=0.0, max_tokens=6)
+    requests = {"a": (PROMPT, greedy), "b": (PROMPT[:7], SAMPLING["top_p"])}
+    with FakeDevice() as dev:
+        engine = _engine(path, True)
+        copies = engine.model_runner.token_copies
+        storages, start = [], copies.start
+
+        def recorded(t):
+            host, event = start(t)
+            storages.append(host.data_ptr())
+            return host, event
+
+        copies.start = recorded
+        tokens, _ = _run(engine, dev, requests, None)
+    ring = [copies.host[i].data_ptr() for i in range(copies.host.shape[0])] * len(storages)
+    cpu, _ = _run(_engine(path, False), None, requests, None)
+    return {"storages": storages, "ring": ring, "tokens": tokens, "cpu_tokens": cpu}
 
 
 def device_contexts(path: str) -> dict:

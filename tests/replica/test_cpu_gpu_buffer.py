@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvmesh.replica.worker.cpu_gpu_buffer import CpuGpuBuffer, start_copy_to_host
+from kvmesh.replica.worker.cpu_gpu_buffer import CpuGpuBuffer, HostCopies
 
 from .fake_device_runs import run_in_child
 
@@ -22,7 +22,7 @@ def test_on_a_cpu_device_host_and_device_are_one_tensor_and_nothing_is_copied():
     staged = buf.copy_to_gpu(3)
     assert staged.tolist() == [4, 5, 6] and storage(staged) == storage(buf.cpu)
     sampled = torch.tensor([1, 2])
-    assert start_copy_to_host(sampled) == (sampled, None)
+    assert HostCopies(4, torch.int64, CPU).start(sampled) == (sampled, None)
 
 
 def test_a_buffer_grows_when_a_step_outgrows_it():
@@ -32,17 +32,25 @@ def test_a_buffer_grows_when_a_step_outgrows_it():
 
 
 def test_step_tensors_live_in_the_same_device_buffers_every_step(stories_path):
-    """Two steps' inputs are views of one set of device buffers (what CUDA graphs want), filled by
-    non-blocking copies; a step larger than the buffers still gets correct inputs; small uploads do not
-    block. (On the stand-in device, in a child process: fake_device_runs.py.)"""
+    """Two steps' inputs are views of one device buffer (what CUDA graphs want), filled by one
+    non-blocking copy per step; a step larger than the buffer still gets correct inputs; small uploads do
+    not block. (On the stand-in device, in a child process: fake_device_runs.py.)"""
     run = run_in_child("step_buffers", stories_path)
     assert run["same_buffers"] == [True, True]
     assert run["second"] == [[42], [3]]
-    assert len(run["h2d"]) == 7 and all("non_blocking=True" in h for h in run["h2d"])
+    assert len(run["h2d"]) == 1 and "non_blocking=True" in run["h2d"][0]
     assert run["big"] == [list(range(1, 11)), list(range(10)),
                           [8 * 4 + i for i in range(4)] + [9 * 4 + i for i in range(4)] + [5 * 4, 5 * 4 + 1]]
     assert run["small"] == [True, [3, 1, 2]]
     assert len(run["small_h2d"]) == 1 and "non_blocking=True" in run["small_h2d"][0]
+
+
+def test_sampled_ids_come_back_into_host_buffers_allocated_once(stories_path):
+    """On the stand-in device every step's copy back lands in one of three host buffers made with the
+    runner, in turn, and each step still reads its own tokens (fake_device_runs.py, a child process)."""
+    run = run_in_child("token_copies", stories_path)
+    assert run["storages"] == run["ring"][: len(run["storages"])] and len(set(run["storages"])) == 3
+    assert run["tokens"] == run["cpu_tokens"]
 
 
 @pytest.mark.gpu
@@ -51,6 +59,7 @@ def test_on_cuda_the_host_side_is_pinned():
     assert buf.cpu.is_pinned() and buf.gpu.is_cuda
     buf.np[:2] = [7, 8]
     assert buf.copy_to_gpu(2).tolist() == [7, 8]
-    host, event = start_copy_to_host(torch.tensor([5, 6], device="cuda"))
+    copies = HostCopies(4, torch.int64, torch.device("cuda"))
+    host, event = copies.start(torch.tensor([5, 6], device="cuda"))
     event.synchronize()
     assert host.is_pinned() and host.tolist() == [5, 6]

@@ -1,4 +1,4 @@
-"""The engine publishes its block pool's events: one batch per step, in order, CPU medium."""
+"""The engine publishes its block pool's events: one batch per step, in order, medium "GPU" (the engine's own cache on every device, as vLLM's block pool writes it)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_one_batch_per_step_with_the_steps_stored_blocks():
     assert 1 <= len(pub.batches) <= steps
     stored = [e for batch in pub.batches for e in batch if isinstance(e, BlockStored)]
     assert sum(len(e.block_hashes) for e in stored) == 3
-    assert all(e.medium == "CPU" for e in stored)
+    assert all(e.medium == "GPU" for e in stored)
     assert all(batch for batch in pub.batches), "empty batches are not published"
     engine.close()
     assert pub.closed

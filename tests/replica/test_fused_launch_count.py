@@ -134,9 +134,10 @@ def test_fused_decode_step_launches_about_ten_kernels_per_layer(stories_path, tr
     assert all(len(ops) == len(fused[1]) for ops in fused[1:]), fused
     assert len(fused[1]) <= MAX_FUSED_PER_LAYER, fused[1]
     assert len(fused[1]) < len(reference[1]), (fused[1], reference[1])
+    # on CUDA the triton backend folds the rotary embedding into its cache write (inside "attention")
+    rotary = {} if triton_device.type == "cuda" else {"kvmesh::rotary_embedding": 1}
     assert Counter(fused[1]) == Counter({
-        "matmul": 4, "kvmesh::fused_add_rms_norm": 2, "kvmesh::rotary_embedding": 1, "attention": 1,
-        "kvmesh::silu_and_mul": 1})
+        "matmul": 4, "kvmesh::fused_add_rms_norm": 2, **rotary, "attention": 1, "kvmesh::silu_and_mul": 1})
     # layer 0 normalizes the embeddings without a residual: the same number of launches
     assert Counter(fused[0])["kvmesh::rms_norm"] == 1 and len(fused[0]) == len(fused[1])
 

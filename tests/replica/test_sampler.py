@@ -130,14 +130,30 @@ def test_a_seeded_nucleus_row_draws_the_same_token_whatever_shares_its_batch():
 def test_continuation_seed_draws_what_the_original_would_have_drawn():
     """A migrated stream re-starts with its output in the prompt; its seed is moved on so each later
     token comes from the same random number as in the uninterrupted request."""
-    from kvmesh.replica.sample.sampler import seeded_generator
+    from kvmesh.replica.sample.sampler import seed_key, seeded_uniforms
     from kvmesh.replica.serving.sampling_params import continuation_seed
 
-    cpu = torch.device("cpu")
     for seed in (0, 7, -3, 2**64 - 1):
         for done in (1, 5, 40):
             moved = continuation_seed(seed, done)
             for n in range(3):
-                original = torch.rand(1, generator=seeded_generator(seed, done + n, cpu))
-                continued = torch.rand(1, generator=seeded_generator(moved, n, cpu))
+                original = seeded_uniforms(torch.tensor([seed_key(seed, done + n)]))
+                continued = seeded_uniforms(torch.tensor([seed_key(moved, n)]))
                 assert torch.equal(original, continued)
+
+
+def test_seeded_uniforms_are_splitmix64_computed_on_the_device_in_wrapping_int64():
+    """The device hash equals splitmix64 in exact integer arithmetic, and its draws look uniform."""
+    from kvmesh.replica.sample.sampler import seed_key, seeded_uniforms
+
+    def splitmix64(x: int) -> int:
+        m = (1 << 64) - 1
+        z = (x + 0x9E3779B97F4A7C15) & m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        return z ^ (z >> 31)
+
+    keys = [seed_key(seed, n) for seed in (0, 1, 2**63 - 1, 2**64 - 1, 12345) for n in range(40)]
+    got = seeded_uniforms(torch.tensor(keys)).tolist()
+    assert got == [(splitmix64(k) >> 40) / (1 << 24) for k in keys]
+    assert 0.4 < sum(got) / len(got) < 0.6 and min(got) >= 0.0 and max(got) < 1.0

@@ -18,6 +18,7 @@ from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.triton_utils import triton_problem
 from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
+from torch.utils._python_dispatch import TorchDispatchMode
 
 BLOCK = 256
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # device objects only: nothing runs on CUDA here
@@ -65,6 +66,39 @@ def test_padded_static_decode_gives_the_eager_tokens(flash_reference, stories_pa
     sizes = count_sizes(static)
     assert generate(engine, prompts, lengths) == eager
     assert {(7, 8), (5, 8), (3, 4), (1, 1)} <= set(sizes)  # padded to capture sizes as requests finished
+
+
+class Fills(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket in (torch.ops.aten.fill_, torch.ops.aten.zero_)
+        return func(*args, **(kwargs or {}))
+
+
+def test_static_decode_resets_padding_only_after_the_batch_shrinks(flash_reference, stories_path):
+    """Rows a bigger step left are reset once; a steady batch (padded or not) fills nothing per step."""
+    config = EngineConfig(model=str(stories_path), dtype="float32", device="cpu", attention_backend="flash_attn",
+                          block_size=BLOCK, max_num_seqs=8, kv_cache_memory=1 << 24, hash_seed=b"s")
+    engine = LLMEngine(config, skip_tokenizer_init=True)
+    runner = engine.model_runner
+    runner.static_decode = static = StaticDecode(runner.model, runner.attn_backend, 8,
+                                                 runner.input_batch.block_tables.table.shape[1], BLOCK, runner.device)
+    fills, run = [], static.run
+
+    def counted(ids, pos, common):
+        with Fills() as mode:
+            out = run(ids, pos, common)
+        fills.append((common.num_reqs, mode.count))
+        return out
+
+    static.run = counted
+    generate(engine, {f"r{i}": [5 + i] * 9 for i in range(4)}, {"r0": 3, "r1": 6, "r2": 6, "r3": 6})
+    rows = [n for n, _ in fills]
+    assert rows == [4, 4, 3, 3, 3], fills  # graph size 4 throughout: 4 rows, then 3 and a padding row
+    assert [count for _, count in fills] == [0, 0, 5, 0, 0]  # row 3 reset once (5 buffers), then nothing
 
 
 @pytest.mark.skipif(triton_problem(CPU) is not None, reason=f"{triton_problem(CPU)} (the gpu tests cover triton)")

@@ -45,6 +45,23 @@ def test_each_sampling_option_costs_one_transfer_per_step_and_gives_the_cpu_toke
     assert all(len(t) == 6 for t in run["tokens"].values())
 
 
+def test_a_greedy_step_uploads_its_inputs_in_one_copy(runs):
+    """Input ids, positions, slots, query starts, sequence lengths, block tables and logits indices of a
+    step go up together: one host-to-device copy of the step buffer (greedy rows need no sampling
+    metadata; the torch backend these runs use, the CPU reference, uploads its decode groups itself)."""
+    logs = runs["option:greedy"]["logs"]
+    step_copies = [sum("(copy_to_gpu)" in h2d for h2d in log["h2d"]) for log in logs]
+    assert step_copies == [1] * len(logs), [log["h2d"] for log in logs]
+
+
+def test_a_step_mixing_every_sampling_option_uploads_its_settings_in_one_more_copy(runs):
+    """Temperatures, greedy rows, top-k, top-p, seeded keys, bans and biases of the sampling rows go up
+    together, after the step's inputs: two packed uploads a step."""
+    logs = runs["all-options"]["logs"]
+    packed = [sum("(copy_to_gpu)" in h2d for h2d in log["h2d"]) for log in logs]
+    assert packed == [2] * len(logs), [log["h2d"] for log in logs]
+
+
 def test_a_batch_mixing_every_sampling_option_costs_one_transfer_per_step(runs):
     run = runs["all-options"]
     assert_disciplined(run["logs"])
@@ -63,6 +80,9 @@ def test_mixed_steps_chunked_prefills_and_prefix_hits_cost_one_transfer_per_samp
 
 def test_logprobs_add_one_transfer_per_step(runs):
     assert_disciplined(runs["logprobs"]["logs"], extra_d2h=1)
+    # both come back into the runner's host buffers (HostCopies: non-blocking), no ``.cpu()`` in the launch
+    d2h = [d for log in runs["logprobs"]["logs"] for d in log["d2h"]]
+    assert d2h and all(d.startswith("copy_ into a host tensor") for d in d2h), d2h
 
 
 def test_prompt_logprobs_add_one_transfer_per_prefill_chunk(runs):

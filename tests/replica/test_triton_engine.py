@@ -16,17 +16,20 @@ import torch
 import transformers
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.llm_engine import LLMEngine
+from kvmesh.replica.layers.custom_op import force_triton
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.triton_utils import triton_problem
 
 ONCE_UPON_A_TIME = [1, 403, 407, 261, 378]
 
 
-def generate(config: EngineConfig, prompts: dict[str, list[int]], max_tokens: int | dict[str, int]
-             ) -> tuple[dict, LLMEngine]:
+def generate(config: EngineConfig, prompts: dict[str, list[int]], max_tokens: int | dict[str, int],
+             fused: bool = False) -> tuple[dict, LLMEngine]:
     """Greedy tokens per request (max_tokens: for all, or per request id); requests whose id ends in
     "-first" finish before the rest are added (so the rest find their blocks cached)."""
     engine = LLMEngine(config, skip_tokenizer_init=True)
+    if fused:  # the Triton layers (and the rotary folded into the triton backend's cache write) on CPU too
+        force_triton(engine.model_runner.model, True)
     execute, engine.partial_chunks = engine.model_runner.execute_model, 0
 
     def counting(out):  # prefill chunks that stop short of the prompt's end
@@ -74,6 +77,22 @@ def test_stories260k_tokens_match_the_torch_backend_through_the_interpreter(stor
         expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
                                pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
         assert outs["triton"][rid] == expected, rid
+
+
+@pytest.mark.skipif(triton_problem(torch.device("cpu")) is not None,
+                    reason=f"{triton_problem(torch.device('cpu'))} (the gpu tests check the compiled kernel)")
+def test_bf16_operands_give_the_torch_backends_tokens_through_the_interpreter(stories_path):
+    """bf16 Q/K and probabilities rounded to bf16 for P @ V (fp32 sums), the fused layers and the rotary
+    embedding folded into the cache write (the CUDA path): a story prompt, a cached prefix of it and a
+    chunked prefill, greedy, against the torch backend in bf16 (plain torch layers)."""
+    story = ONCE_UPON_A_TIME + [264, 383, 270, 449, 262, 312, 289, 398, 284, 425, 264, 383]  # 17 tokens
+    prompts = {"story-first": story, "again": story + [270], "long": story * 3}  # long: chunked (budget 24)
+    kw = dict(model=str(stories_path), dtype="bfloat16", device="cpu", block_size=16, kv_cache_memory=1 << 20,
+              max_num_batched_tokens=24, hash_seed=b"s")
+    expected, _ = generate(EngineConfig(attention_backend="torch", **kw), prompts, 6)
+    got, engine = generate(EngineConfig(attention_backend="triton", **kw), prompts, 6, fused=True)
+    assert engine.partial_chunks > 0 and engine.get_stats().prefix_cache_hits > 0
+    assert got == expected
 
 
 @pytest.mark.gpu

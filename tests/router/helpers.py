@@ -21,22 +21,22 @@ def ext_hashes(token_ids, block_size, salt=""):
     return out
 
 
-def stored(token_ids, block_size, start_block=0, num_blocks=None, salt="", extra_keys=None):
-    """BlockStored for blocks [start_block, start_block + num_blocks) of a prompt."""
+def stored(token_ids, block_size, start_block=0, num_blocks=None, salt="", extra_keys=None, medium="GPU"):
+    """BlockStored for blocks [start_block, start_block + num_blocks) of a prompt (medium "CPU": a host tier)."""
     hashes = ext_hashes(token_ids, block_size, salt)
     end = len(hashes) if num_blocks is None else start_block + num_blocks
     return BlockStored(
         block_hashes=hashes[start_block:end],
         parent_block_hash=hashes[start_block - 1] if start_block else None,
         token_ids=list(token_ids[start_block * block_size:end * block_size]),
-        block_size=block_size, lora_id=None, medium="CPU", lora_name=None,
+        block_size=block_size, lora_id=None, medium=medium, lora_name=None,
         extra_keys=extra_keys,
     )
 
 
-def removed(token_ids, block_size, blocks, salt=""):
+def removed(token_ids, block_size, blocks, salt="", medium="GPU"):
     hashes = ext_hashes(token_ids, block_size, salt)
-    return BlockRemoved(block_hashes=[hashes[i] for i in blocks], medium="CPU")
+    return BlockRemoved(block_hashes=[hashes[i] for i in blocks], medium=medium)
 
 
 @contextlib.contextmanager

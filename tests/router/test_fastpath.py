@@ -88,9 +88,9 @@ def _random_index(rng_data, num_replicas: int, native: bool) -> tuple[PrefixInde
             continue
         hashes = [r * 10_000 + p * 100 + i for i in range(depth)]
         index.apply(r, [BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=prompts[p][: depth * bs],
-                                    block_size=bs, lora_id=None, medium="CPU", lora_name=None)])
+                                    block_size=bs, lora_id=None, medium="GPU", lora_name=None)])
         if evict % 3 == 0:  # evicting a middle block breaks the chain after it
-            index.apply(r, [BlockRemoved(block_hashes=[hashes[depth // 2]], medium="CPU")])
+            index.apply(r, [BlockRemoved(block_hashes=[hashes[depth // 2]], medium="GPU")])
     return index, prompts
 
 

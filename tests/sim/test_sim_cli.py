@@ -52,3 +52,17 @@ def test_sim_flags_are_the_documented_fields_of_its_dataclasses():
                                SIM_SCHEMA, env={})
     assert (command.sim.vocab_size, command.compare.ceilings, command.compare.cost) == (300, False,
                                                                                         {"step_overhead_s": 0.01})
+
+
+def test_sim_with_a_host_tier_compares_each_policy_with_and_without_it(mooncake_trace, tmp_path, capsys):
+    out = tmp_path / "sim.json"
+    rc = main(["sim", "--trace", str(mooncake_trace), "--start", "3800", "--limit", "120",
+               "--max-prompt-blocks", "32", "--num-replicas", "4", "--block-size", "32", "--time-scale", "0.5",
+               "--capacity-fraction", "0.15", "--offload-capacity-fraction", "0.85", "--policies", "cache_aware",
+               "--out", str(out), "--no-progress", "--no-plot"])
+    assert rc == 0
+    runs = json.loads(out.read_text())["policies"]
+    without, with_tier = runs["cache_aware/no-tier"], runs["cache_aware/host-tier"]
+    assert without["host_hit_rate"] == 0.0 and with_tier["host_hit_rate"] > 0
+    assert with_tier["hit_rate"] > without["hit_rate"]
+    assert "host tier" in capsys.readouterr().out

@@ -14,7 +14,7 @@ COST = CostModel(step_overhead_s=0.001, prefill_s_per_token=0.001, decode_s_per_
 
 def _config(**kw) -> SimConfig:
     engine = sim_engine(block_size=BS, max_num_batched_tokens=kw.pop("budget", 64))
-    return SimConfig(engine=engine, cost=COST, vocab_size=256, **kw)
+    return SimConfig(engine=engine, cost=kw.pop("cost", COST), vocab_size=256, **kw)
 
 
 def _req(i: int, hash_ids, n: int, out: int = 1, tokens=BlockTokenCache(BS, 256)) -> SimRequest:
@@ -91,3 +91,20 @@ def test_request_larger_than_a_replica_is_refused_clearly():
     rep = SimReplica(0, 2, _config(), b"s" * 32)
     with pytest.raises(ValueError, match="needs 3 blocks.*holds 2"):
         rep.add(_req(0, [1, 2, 3], 40))
+
+
+def test_prefix_evicted_from_the_pool_comes_back_from_the_host_tier_for_its_load_time():
+    cost = CostModel(step_overhead_s=0.001, prefill_s_per_token=0.001, decode_s_per_step=0.01,
+                     decode_s_per_seq=0.0, decode_s_per_context_token=0.0, load_s_per_token=0.0001)
+    rep = SimReplica(0, 4, _config(offload_blocks_per_replica=16, cost=cost), b"s" * 32)
+    first = _req(0, [1, 2, 3], 48)
+    rep.add(first)
+    _run(rep)
+    rep.add(_req(1, [7, 8, 9], 48))  # takes every device block: [1, 2, 3] leave the device
+    _run(rep, 1.0)
+    again = _req(2, [1, 2, 3], 48)
+    rep.add(again)
+    step = rep.schedule(2.0)
+    assert again.num_cached_tokens == 2 * BS and again.num_host_cached_tokens == 2 * BS
+    assert rep.loaded_tokens == 2 * BS
+    assert step.step_s == pytest.approx(0.001 + 0.001 * BS + 0.0001 * 2 * BS)  # 1 block computed, 2 loaded

@@ -6,8 +6,8 @@
 Processes: ``kvmesh router --workers 1`` (its own process: its RSS is what we watch); a *healthy*
 replica (``fake_replica`` with a prefix cache: a real prefix cache whose events the router follows); a *hostile* one
 whose HTTP is an instant stub and whose event stream (plain PUB, no replay socket, as a vLLM upstream
-replica's) is this module's flooder; one client sending completions one at a time through the router,
-each a shared 64-token prefix (32 of them, cached on the healthy replica beforehand) plus a fresh
+replica's) is _flooder.py's; one client (_flood_client.py) sending completions one at a time through
+the router, each a shared 64-token prefix (32 of them, cached on the healthy replica beforehand) plus a fresh
 16-token suffix. Phases: ``--baseline`` seconds without the flood, then ``--duration`` seconds of it.
 The flooder cycles, as fast as the router reads, through garbage payloads, wrong frame counts and seq
 frames, payloads over ``max_payload_bytes``, valid batches of 65,536 blocks (~6 MB) and of more blocks
@@ -27,145 +27,23 @@ with ``.png``).
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import multiprocessing as mp
 import os
 import queue
-import random
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from kvmesh.cluster.measure.benchmarks import _flood_client as fc
 from kvmesh.cluster.measure.benchmarks import _peer_load as pl
-from kvmesh.cluster.measure.benchmarks._flooder import BLOCK_SIZE, VOCAB, hostile_publisher, prefixes
+from kvmesh.cluster.measure.benchmarks._flooder import BLOCK_SIZE, hostile_publisher
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 ROOT = Path(__file__).resolve().parents[3]
 STORIES = stories_model()
-SUFFIX_TOKENS = 16
-
-
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-class Client:
-    """One keep-alive connection to the router; completions one at a time."""
-
-    def __init__(self, url: str) -> None:
-        host, port = url.rsplit("/", 1)[1].split(":")
-        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        self.rng = random.Random(1)
-        self.prefixes = prefixes()
-
-    def request(self, ids: list[int] | None = None) -> dict:
-        """One completion (``ids``: its prompt; default a shared prefix + a fresh suffix), with the route receipt."""
-        if ids is None:
-            ids = self.rng.choice(self.prefixes) + [self.rng.randrange(1, VOCAB) for _ in range(SUFFIX_TOKENS)]
-        body = json.dumps({"prompt": ids, "max_tokens": 1})
-        t0 = time.perf_counter()
-        self.conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json",
-                                                              "x-kvmesh-receipt": "1"})
-        r = self.conn.getresponse()
-        data = r.read()
-        ms = 1e3 * (time.perf_counter() - t0)
-        ok = r.status == 200
-        cached = json.loads(data)["usage"]["prompt_tokens_details"]["cached_tokens"] if ok else 0
-        return {"t": time.monotonic(), "ms": ms, "ok": ok, "cached": cached, "tokens": len(ids), "ids": ids,
-                "replica": r.getheader("x-kvmesh-replica"), "reason": r.getheader("x-kvmesh-route-reason")}
-
-
-class Watch:
-    """What the router says of the honest replica, every ``interval_s``: degraded or not (``/health``) and
-    the lag of its last applied batch (``/metrics``)."""
-
-    def __init__(self, url: str, replica: str = "healthy", interval_s: float = 0.5) -> None:
-        self.url, self.replica, self.interval_s = url, replica, interval_s
-        self.samples: list[dict] = []
-        self._next = 0.0
-
-    def maybe_sample(self, now: float) -> None:
-        if now < self._next:
-            return
-        self._next = now + self.interval_s
-        _, health = _get(self.url, "/health")
-        _, metrics = _get(self.url, "/metrics")
-        lag = None
-        needle = f'kvmesh_router_event_lag_last_seconds{{replica="{self.replica}"}}'
-        for line in metrics.splitlines():
-            if line.startswith(needle):
-                lag = float(line.rsplit(" ", 1)[1])
-        degraded = json.loads(health).get("degraded_replicas", {})
-        self.samples.append({"t": now, "lag_s": lag, "degraded": degraded.get(self.replica),
-                             "others_degraded": sorted(set(degraded) - {self.replica})})
-
-    def summary(self, since: float) -> dict:
-        s = [x for x in self.samples if x["t"] >= since]
-        lags = [x["lag_s"] for x in s if x["lag_s"] is not None]
-        return {"samples": len(s), "lag_max_s": max(lags) if lags else None,
-                "degraded_samples": sum(x["degraded"] is not None for x in s),
-                "degraded_reasons": sorted({x["degraded"] for x in s if x["degraded"] is not None}),
-                "others_degraded": sorted({r for x in s for r in x["others_degraded"]})}
-
-
-def _phase(client: Client, seconds: float, rss_pid: int, samples: list, rss_cap_mb: float,
-           watch: Watch) -> list[dict]:
-    """Requests for ``seconds`` while sampling the router's RSS and its word on the honest replica; stops
-    early past ``rss_cap_mb`` (a router without the bounds would take the machine down)."""
-    out, end, next_sample = [], time.monotonic() + seconds, 0.0
-    while (now := time.monotonic()) < end:
-        watch.maybe_sample(now)
-        if now >= next_sample:
-            samples.append((now, _rss_mb(rss_pid)))
-            next_sample = now + 0.25
-            if samples[-1][1] > rss_cap_mb:
-                print(f"  router RSS {samples[-1][1]:.0f} MB > {rss_cap_mb:.0f} MB: flood stopped", flush=True)
-                break
-        out.append(client.request())
-    samples.append((time.monotonic(), _rss_mb(rss_pid)))
-    return out
-
-
-def _summary(reqs: list[dict]) -> dict:
-    ms = sorted(r["ms"] for r in reqs)
-    pct = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))] if ms else float("nan")  # noqa: E731
-    routes: dict[str, int] = {}
-    for r in reqs:
-        key = f"{r['reason']}:{r['replica']}"
-        routes[key] = routes.get(key, 0) + 1
-    return {"requests": len(reqs), "errors": sum(not r["ok"] for r in reqs), "routes": routes,
-            "hit_rate": sum(r["cached"] for r in reqs) / max(1, sum(r["tokens"] for r in reqs)),
-            "latency_p50_ms": pct(0.5), "latency_p99_ms": pct(0.99), "latency_max_ms": ms[-1] if ms else None}
-
-
-def follow_ups(client: Client, earlier: list[dict], n: int = 6) -> dict:
-    """``n`` follow-ups, each an earlier prompt the honest replica answered plus 16 fresh tokens: routed
-    for the cache ("cache" to "healthy") and given it (cached >= the earlier prompt's full blocks)?"""
-    base = [r for r in earlier if r["ok"] and r["replica"] == "healthy"][-n:]
-    got = []
-    for r in base:
-        ids = r["ids"] + [client.rng.randrange(1, VOCAB) for _ in range(SUFFIX_TOKENS)]
-        f = client.request(ids)
-        f["expected_cached"] = len(r["ids"]) // BLOCK_SIZE * BLOCK_SIZE
-        got.append(f)
-    return {"sent": len(got),
-            "routed_for_cache": sum(f["reason"] == "cache" and f["replica"] == "healthy" for f in got),
-            "got_cache": sum(f["cached"] >= f["expected_cached"] for f in got),
-            "each": [{k: f[k] for k in ("replica", "reason", "cached", "expected_cached")} for f in got]}
-
-
-def _get(url: str, path: str) -> tuple[int, str]:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url + path, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def run(duration: float, baseline: float, model: str = str(STORIES), rss_cap_mb: float = 2048,
@@ -202,27 +80,27 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
         procs.append(router)
         pl.wait_http(url, proc=router)
         pl.wait_http(url, "/v1/models", proc=router)
-        warm = Client(info["url"])  # cache every prefix on the healthy replica, directly
+        warm = fc.Client(info["url"])  # cache every prefix on the healthy replica, directly
         for _ in range(2):
             for p in warm.prefixes:
                 warm.conn.request("POST", "/v1/completions", json.dumps({"prompt": p, "max_tokens": 1}))
                 warm.conn.getresponse().read()
         time.sleep(0.3)  # the router applies their events
-        client, samples, watch = Client(url), [], Watch(url)
+        client, samples, watch = fc.Client(url), [], fc.Watch(url)
         cpu_before = pl.tree_cpu_seconds(router.pid)
-        before = _phase(client, baseline, router.pid, samples, rss_cap_mb, watch)
-        rss_start, cpu_start = _rss_mb(router.pid), pl.tree_cpu_seconds(router.pid)
+        before = fc.phase(client, baseline, router.pid, samples, rss_cap_mb, watch)
+        rss_start, cpu_start = fc.rss_mb(router.pid), pl.tree_cpu_seconds(router.pid)
         cpu_before = (cpu_start - cpu_before) / baseline
         go.set()
         t_flood = time.monotonic()
-        during = _phase(client, duration, router.pid, samples, rss_cap_mb, watch)
-        followed = follow_ups(client, during)  # still flooding
-        samples.append((time.monotonic(), _rss_mb(router.pid)))
+        during = fc.phase(client, duration, router.pid, samples, rss_cap_mb, watch)
+        followed = fc.follow_ups(client, during)  # still flooding
+        samples.append((time.monotonic(), fc.rss_mb(router.pid)))
         flooded = time.monotonic() - t_flood
         cpu = pl.tree_cpu_seconds(router.pid) - cpu_start
         stop.set()
-        health_status, health = _get(url, "/health")
-        _, metrics = _get(url, "/metrics")
+        health_status, health = fc.get(url, "/health")
+        _, metrics = fc.get(url, "/metrics")
         alive = router.poll() is None
     finally:
         stop.set()
@@ -247,25 +125,16 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
         "rss_mb": {"flood_start": rss_start, "peak": max(flood_rss), "end": flood_rss[-1],
                    "growth": max(flood_rss) - rss_start},
         "flooded_s": flooded, "router_cpu_s_per_s": {"baseline": cpu_before, "flood": cpu / flooded},
-        "baseline": _summary(before), "flood": _summary(during), "follow_ups": followed,
+        "baseline": fc.summarize(before), "flood": fc.summarize(during), "follow_ups": followed,
         "honest": watch.summary(t_flood),
         "health_status": health_status, "health": json.loads(health),
         "hostile_counters": hostile_counters, "flooder": counts,
         "router_log_tracebacks": router_log.count("Traceback"),
         "router_log_lines": len(router_log.splitlines()),
         "series": {"rss": [(round(t - t_flood, 3), round(mb, 1)) for t, mb in samples],
-                   "latency": latency_buckets([(r["t"] - t_flood, r["ms"]) for r in before + during])},
+                   "latency": fc.latency_buckets([(r["t"] - t_flood, r["ms"]) for r in before + during])},
         "machine": {"cpus": os.cpu_count()},
     }
-
-
-def latency_buckets(points: list[tuple[float, float]], width_s: float = 0.25) -> list[tuple]:
-    """``(t, ms)`` points -> one ``(t, p50_ms, max_ms, n)`` per ``width_s`` window (the JSON stays small)."""
-    buckets: dict[int, list[float]] = {}
-    for t, ms in points:
-        buckets.setdefault(int(t // width_s), []).append(ms)
-    return [(round(k * width_s, 3), round(sorted(v)[len(v) // 2], 2), round(max(v), 2), len(v))
-            for k, v in sorted(buckets.items())]
 
 
 def plot(result: dict, path: str) -> None:

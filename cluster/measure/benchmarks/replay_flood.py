@@ -48,7 +48,7 @@ def _replica(limits: dict, blocks: int, duration: float, ready, out) -> None:
     def block(h: int) -> BlockStored:
         return BlockStored(block_hashes=[h], parent_block_hash=h - 1 if h % 64 != 1 else None,
                            token_ids=[(h + t) % 32000 for t in range(BLOCK_SIZE)], block_size=BLOCK_SIZE,
-                           lora_id=None, medium="CPU", lora_name=None)
+                           lora_id=None, medium="GPU", lora_name=None)
 
     pub = ZmqEventPublisher(PublisherConfig(endpoint="tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0",
                                             **limits))

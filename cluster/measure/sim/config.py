@@ -41,20 +41,25 @@ class CostModel:
     """Per decoding sequence in the batch (sampling, per-sequence kernels)."""
     decode_s_per_context_token: float = 131_072 / 3.35e12
     """Per context token of each decoding sequence: 128 KiB of KV read at 3.35 TB/s (~39 ns)."""
+    load_s_per_token: float = 131_072 / 25e9
+    """Per prompt token loaded back from the host tier: 128 KiB of KV over PCIe at ~25 GB/s (~5 us)."""
 
     def __post_init__(self) -> None:
         for name in ("step_overhead_s", "prefill_s_per_token", "decode_s_per_step",
-                     "decode_s_per_seq", "decode_s_per_context_token"):
+                     "decode_s_per_seq", "decode_s_per_context_token", "load_s_per_token"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"CostModel.{name} must be >= 0 seconds, got {value!r}")
         if self.step_overhead_s + self.prefill_s_per_token + self.decode_s_per_step <= 0:
             raise ValueError("CostModel: a step must take some time (all constants are 0)")
 
-    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, decode_context_tokens: int) -> float:
+    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, decode_context_tokens: int,
+                  num_loaded_tokens: int = 0) -> float:
         """Seconds for one step computing ``num_prefill_tokens`` prompt tokens and decoding
-        ``num_decode_seqs`` sequences whose contexts sum to ``decode_context_tokens``."""
-        t = self.step_overhead_s + self.prefill_s_per_token * num_prefill_tokens
+        ``num_decode_seqs`` sequences whose contexts sum to ``decode_context_tokens``, after loading
+        ``num_loaded_tokens`` back from the host tier (the prefill waits for them)."""
+        t = (self.step_overhead_s + self.prefill_s_per_token * num_prefill_tokens
+             + self.load_s_per_token * num_loaded_tokens)
         if num_decode_seqs:
             t += (self.decode_s_per_step + self.decode_s_per_seq * num_decode_seqs
                   + self.decode_s_per_context_token * decode_context_tokens)
@@ -95,6 +100,12 @@ class SimConfig:
     trace's working set (distinct blocks), split evenly across replicas."""
     capacity_fraction: float = 0.25
     """Total cluster KV capacity as a fraction of the trace's working set (when ``blocks_per_replica`` is None)."""
+    offload_blocks_per_replica: int | None = None
+    """Host-tier KV blocks per replica (kvcache/host_tier.py). None: ``offload_capacity_fraction`` of the
+    working set, split evenly across replicas."""
+    offload_capacity_fraction: float = 0.0
+    """Total host-tier capacity as a fraction of the trace's working set (0 = no tier); each run is then
+    compared with the same run without the tier."""
     event_delay_s: float = 0.0
     """Simulated delay between a cache change on a replica and the router applying its event."""
     time_scale: float = 1.0
@@ -137,6 +148,11 @@ class SimConfig:
             object.__setattr__(self, "router", replace(self.router, block_size=self.engine.block_size))
         if self.blocks_per_replica is not None and self.blocks_per_replica < 1:
             raise ValueError(f"blocks_per_replica must be >= 1, got {self.blocks_per_replica}")
+        if self.offload_blocks_per_replica is not None and self.offload_blocks_per_replica < 0:
+            raise ValueError(f"offload_blocks_per_replica must be >= 0, got {self.offload_blocks_per_replica}")
+        if not self.offload_capacity_fraction >= 0:
+            raise ValueError(f"offload_capacity_fraction must be >= 0 (0 = no host tier), got "
+                             f"{self.offload_capacity_fraction}")
         if not self.capacity_fraction > 0:
             raise ValueError(f"capacity_fraction must be > 0, got {self.capacity_fraction}")
         if self.event_delay_s < 0:
@@ -176,6 +192,7 @@ def miniature(config: SimConfig, factor: int) -> SimConfig:
         raise ValueError(f"miniature factor {factor} must divide block_size {engine.block_size}")
     c = config.cost
     cost = replace(c, prefill_s_per_token=c.prefill_s_per_token * factor,
+                   load_s_per_token=c.load_s_per_token * factor,
                    decode_s_per_context_token=c.decode_s_per_context_token * factor)
     engine = replace(engine, block_size=engine.block_size // factor,
                      max_num_batched_tokens=max(1, engine.max_num_batched_tokens // factor))

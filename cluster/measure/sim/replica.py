@@ -52,6 +52,7 @@ class SimRequest:
     replica_id: int = -1
     predicted_hit_tokens: int = 0  # the router's match for the chosen replica, in tokens
     num_cached_tokens: int = 0  # prefix hit found in the replica's pool on admission
+    num_host_cached_tokens: int = 0  # the part of it loaded back from the host tier
     num_output_tokens: int = 0
     admitted_s: float = -1.0
     first_token_s: float = -1.0
@@ -136,8 +137,10 @@ class SimReplica:
         self.num_blocks = num_blocks
         self.pending_events: list = []
         # +1: block 0 is the null block, so `num_blocks` stay usable.
+        # the host tier: +1 for its own null block
+        num_host_blocks = config.offload_blocks_per_replica + 1 if config.offload_blocks_per_replica else 0
         self.kv = KVCacheManager(num_blocks + 1, config.engine.block_size, hash_seed,
-                                 event_sink=self.pending_events.append)
+                                 event_sink=self.pending_events.append, num_host_blocks=num_host_blocks)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.step: Step | None = None
@@ -146,6 +149,7 @@ class SimReplica:
         self.busy_s = 0.0
         self.num_steps = 0
         self.prefill_tokens = 0
+        self.loaded_tokens = 0  # loaded back from the host tier
         self.num_requests = 0
 
     # -- load, as a router would see it ---------------------------------------------------
@@ -178,6 +182,7 @@ class SimReplica:
         if self.kv.allocate_slots(req, num_new, num_cached, computed_blocks) is None:
             return False
         req.num_cached_tokens = num_cached
+        req.num_host_cached_tokens = num_cached - len(computed_blocks) * self.config.engine.block_size
         req.num_computed_tokens = num_cached
         return True
 
@@ -209,7 +214,13 @@ class SimReplica:
             self.step = None
             return None
         num_prefill = sum(n for _, n in chunks)
-        step_s = cfg.cost.step_time(num_prefill, len(decodes), sum(r.context_len for r in decodes))
+        # copies to and from the host tier: loads delay this step; stores land with it (on a side stream)
+        transfers = self.kv.take_transfers()
+        num_loaded = 0 if transfers is None else len(transfers.loads) * cfg.engine.block_size
+        if transfers is not None:
+            self.kv.complete_transfers([transfers.transfer_id])
+            self.loaded_tokens += num_loaded
+        step_s = cfg.cost.step_time(num_prefill, len(decodes), sum(r.context_len for r in decodes), num_loaded)
         num_steps = min(r.remaining_output for r in decodes) if not chunks else 1
         self.step = Step(now, step_s, num_steps, chunks, decodes)
         return self.step

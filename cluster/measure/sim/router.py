@@ -51,9 +51,8 @@ class SimRouter:
         section = replace(config.router, policy=policy, policy_kwargs={})
         self.routers = [build_router(section, DEFAULT_ROUTER_SEED, build_policy(policy, config, config.seed + k))
                         for k in range(config.num_routers)]
-        for router in self.routers:
-            for rep in replicas:
-                router.add_replica(rep.replica_id)
+        for rep in replicas:
+            self.add_replica(rep.replica_id)
         self.router = self.routers[0]
         self.index = self.router.index
         self.tracker = self.router.loads
@@ -126,9 +125,16 @@ class SimRouter:
                 loads[rep.replica_id].update_report(rep.load_report())
 
     def add_replica(self, rid: int) -> None:
-        """A replica joins every router: healthy, with an empty tree (a cold cache)."""
+        """A replica joins every router: healthy, with an empty tree (a cold cache), and the rates a real
+        replica measures and reports in ``/load`` taken from the cost model (block bytes counted as one
+        per token: only the ratios matter)."""
+        cost = self.config.cost
         for router in self.routers:
             router.add_replica(rid)
+            load = router.loads.loads[rid]
+            load.prefill_tokens_per_s = 1 / cost.prefill_s_per_token if cost.prefill_s_per_token else None
+            load.kv_block_bytes = self.config.engine.block_size
+            load.h2d_bytes_per_s = 1 / cost.load_s_per_token if cost.load_s_per_token else None
 
     def remove_replica(self, rid: int) -> None:
         for router in self.routers:

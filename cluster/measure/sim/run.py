@@ -31,6 +31,15 @@ def blocks_per_replica(config: SimConfig, records: list[MooncakeRecord]) -> int:
     return max(1, math.ceil(config.capacity_fraction * working_set_blocks(records) / config.num_replicas))
 
 
+def offload_blocks_per_replica(config: SimConfig, records: list[MooncakeRecord]) -> int:
+    """Host-tier blocks per replica (0: no tier)."""
+    if config.offload_blocks_per_replica is not None:
+        return config.offload_blocks_per_replica
+    if not config.offload_capacity_fraction:
+        return 0
+    return max(1, math.ceil(config.offload_capacity_fraction * working_set_blocks(records) / config.num_replicas))
+
+
 def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies: list[str],
                      show_progress: bool = True, with_ceilings: bool = True,
                      variants: dict[str, dict] | None = None) -> dict:
@@ -72,8 +81,13 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
             "single_pool_hit_rate": sum(pool_hits) / max(1, sum(r.num_prompt_tokens for r in reqs)),
             "wall_s": time.perf_counter() - t0,
         }
-    runs = [(name + suffix, name, replace(config, **changes))
-            for name in policies for suffix, changes in (variants or {"": {}}).items()]
+    host_blocks = offload_blocks_per_replica(config, records)
+    report["offload_blocks_per_replica"] = host_blocks
+    tiers = {"": {}} if not host_blocks else {
+        "/no-tier": {"offload_blocks_per_replica": 0}, "/host-tier": {"offload_blocks_per_replica": host_blocks}}
+    runs = [(name + suffix + tier, name, replace(config, **changes, **tier_changes))
+            for name in policies for suffix, changes in (variants or {"": {}}).items()
+            for tier, tier_changes in tiers.items()]
     for label, name, cfg in runs:
         with tqdm(total=len(records), desc=f"sim {label}", unit="req", disable=not show_progress,
                   leave=False) as bar:

@@ -13,6 +13,10 @@
 A policy's tuning knobs are one frozen dataclass, its ``config_type`` (``CacheAwareConfig``, as
 sgl-router's), checked when it is built; ``policies.policy_config`` builds it from the options a user
 wrote (``router.policy_kwargs``) with an error that names a bad knob.
+
+A policy with ``prices_tiers`` also takes ``host_matches`` (replica id -> leading blocks of the prompt
+in its host-memory tier, ``PrefixIndex.host``) when any replica has announced such a tier; the
+router never passes it otherwise, so without tiers every policy decides exactly as before.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class Policy:
     """The policy's registry name (router.policy)."""
     config_type: ClassVar[type[PolicyConfig]] = PolicyConfig
     """The dataclass of its knobs."""
+    prices_tiers: ClassVar[bool] = False
+    """Whether ``choose`` takes ``host_matches`` (host-tier blocks priced by their load-back)."""
 
     def __init__(self, config: PolicyConfig | None = None, block_size: int = 16, seed: int | None = None) -> None:
         if block_size <= 0:

@@ -25,6 +25,13 @@ what one running request with a 15k-token context adds to one step (50 us + 39 n
 token ~ 8 prefill tokens at 12k tokens/s, ``cluster/measure/sim/config.py``), and a request behind a long
 backlog or with a long uncached prompt waits through several steps; a short prompt still weighs a
 running request as 8 tokens. Defaults (0.15, 1.0, 8192) come from ``kvmesh sim`` (BENCHMARKS.md §1.7).
+**Tiers, in seconds.** When some replica has a host-memory tier (``host_matches``), each candidate is
+priced as estimated time to first token, from what the replica measured of itself and reports in
+``/load``: the cost above (host-tier blocks past its device prefix counted as cached) over its
+prefill rate, plus their load-back, ``blocks * block bytes / host-to-device bandwidth``. A device hit
+costs nothing, a host hit its copy, a miss its prefill, the queue its prefill. A replica that reports
+no prefill rate gets the mean of those that do; with no rate anywhere the costs stay in tokens and a
+host hit counts as a device hit (its load-back cannot be priced).
 With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
@@ -98,6 +105,7 @@ class CacheAwarePolicy(Policy):
     name = "cache_aware"
     config_type = CacheAwareConfig
     config: CacheAwareConfig
+    prices_tiers = True
 
     def __init__(self, config: CacheAwareConfig | None = None, block_size: int = 16,
                  seed: int | None = None) -> None:
@@ -148,13 +156,37 @@ class CacheAwarePolicy(Policy):
                            num_prompt_tokens)
         return costs[pinned] <= costs[chosen] + self.config.session_slack_tokens
 
+    def ttft_s(self, request_keys: Sequence[int], matches: Matches, host_matches: Matches, loads: Loads,
+               num_prompt_tokens: int | None = None) -> dict[ReplicaId, float]:
+        """Estimated seconds to first token on every candidate (see "Tiers, in seconds" above)."""
+        prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
+        usable = max(0, (prompt - 1) // self.block_size)  # an engine computes at least the last token
+        device, host = matches.get, host_matches.get
+        extra = {rid: max(0, min(host(rid, 0), usable) - device(rid, 0)) for rid in loads}
+        either = {rid: device(rid, 0) + extra[rid] for rid in loads}
+        costs = self.costs(request_keys, either, loads, prompt)
+        rates = [load.prefill_tokens_per_s for load in loads.values() if load.prefill_tokens_per_s]
+        mean_rate = sum(rates) / len(rates) if rates else None
+        if mean_rate is None:
+            return costs
+        return {rid: costs[rid] / (load.prefill_tokens_per_s or mean_rate) + load.load_back_s(extra[rid])
+                for rid, load in loads.items()}
+
     def choose(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
-               num_prompt_tokens: int | None = None) -> ReplicaId:
+               num_prompt_tokens: int | None = None, host_matches: Matches | None = None) -> ReplicaId:
         self._check(loads)
         c = self.config
-        if c.temperature > 0:
-            costs = self.costs(request_keys, matches, loads, num_prompt_tokens)
-            best, t = min(costs.values()), c.temperature
+        if host_matches or c.temperature > 0:
+            costs = (self.ttft_s(request_keys, matches, host_matches, loads, num_prompt_tokens) if host_matches
+                     else self.costs(request_keys, matches, loads, num_prompt_tokens))
+            best = min(costs.values())
+            if c.temperature <= 0:
+                ties = [rid for rid, cost in costs.items() if cost == best]
+                if len(ties) == 1:
+                    return ties[0]
+                self._tie += 1
+                return ties[self._tie % len(ties)]
+            t = c.temperature
             weights = [math.exp((best - cost) / t) for cost in costs.values()]
             return self.rng.choices(list(costs), weights)[0]
         # One pass, fields read directly (this runs once per request over every candidate).

@@ -1,0 +1,39 @@
+"""What a real decode step launches, every Triton and aten kernel, by phase (decode_step_launches.py).
+
+The engine's own step on stories260K with the Triton attention backend and the fused layers (the CUDA
+path, run through Triton's interpreter here). The counts do not depend on the batch (256 gives the
+same, in BENCHMARKS.md; it takes minutes in the interpreter), so the test steps small batches.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from kvmesh.replica.triton_utils import triton_problem
+
+from .decode_step_launches import decode_step_launches
+
+pytestmark = pytest.mark.skipif(triton_problem(torch.device("cpu")) is not None and not torch.cuda.is_available(),
+                                reason=str(triton_problem(torch.device("cpu"))))
+
+LAYER = Counter({"matmul": 4, "triton:_rms_norm_kernel": 2, "triton:_rotary_and_cache_kernel": 1,
+                 "triton:_unified_attention_kernel": 1, "triton:_silu_and_mul_kernel": 1})
+"""A decoder layer's decode launches: qkv, o, gate_up and down GEMMs, two (add +) RMSNorms, rotary on q and
+k folded into the K/V cache write, attention, SiLU-and-mul (a GPU adds the split-KV merge at small batches)."""
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_every_decoder_layer_launches_nine_kernels_and_nothing_else(stories_path, batch):
+    launches = decode_step_launches(str(stories_path), batch)
+    assert [dict(layer) for layer in launches.per_layer] == [dict(LAYER)] * len(launches.per_layer)
+
+
+def test_outside_the_layers_a_decode_step_launches_embedding_final_norm_lm_head_and_sampling(stories_path):
+    launches = decode_step_launches(str(stories_path), 1)
+    phases = {phase: dict(counts) for phase, counts in launches.phases.items() if phase != "layer"}
+    assert phases["model"] == {"aten::embedding": 1, "triton:_rms_norm_kernel": 1}
+    assert phases["lm_head"] == {"matmul": 1}
+    assert sum(phases.get("sample", {}).values()) <= 2, phases  # the logits cast (+ argmax on CUDA)
+    assert not phases.get("inputs") and not phases.get("runner") and not phases.get("output"), phases
