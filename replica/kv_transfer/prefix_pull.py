@@ -84,5 +84,7 @@ def pull_prefix(manager: KVCacheManager, agent: KVTransferAgent, peer: str, toke
         return 0
     blocks = local + new
     pool.cache_full_blocks(blocks, hashes, len(local), len(blocks), token_ids, hasher.extra_keys, lora_name)
+    if manager.offload is not None:  # a host tier keeps a copy, as of any block the device caches
+        manager.offload.plan_stores(new)
     pool.free_blocks(reversed(blocks))  # evictable, tail first, like a finished request's
     return wanted * manager.block_size

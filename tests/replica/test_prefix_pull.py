@@ -13,8 +13,8 @@ PROMPT = list(range(7, 7 + 75))  # 4 full blocks of 16 and a partial one
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
 
 
-def _engine(stories_path) -> LLM:
-    return LLM(str(stories_path), device="cpu", num_kv_blocks=32, hash_seed=SEED)
+def _engine(stories_path, **config) -> LLM:
+    return LLM(str(stories_path), device="cpu", num_kv_blocks=32, hash_seed=SEED, **config)
 
 
 @pytest.fixture
@@ -51,6 +51,23 @@ def test_only_the_blocks_the_puller_lacks_are_pulled(pair):
     assert pull_prefix(manager, agent, peer, PROMPT, remote) == 32
     assert pull_prefix(manager, agent, peer, PROMPT, remote) == 0  # now held: nothing to pull
     assert puller.generate([PROMPT], GREEDY)[0].num_cached_tokens == 64
+
+
+def test_pulled_blocks_are_copied_down_to_the_host_tier_like_computed_ones(pair, stories_path):
+    holder, held_out, _, _, _, holder_agent = pair
+    puller = _engine(stories_path, kv_offload_memory=1 << 20)
+    agent = agent_for_runner(KVTransferConfig(transport="local"), "tiered", puller.llm_engine.model_runner)
+    try:
+        peer = agent.add_peer(holder_agent.handshake())
+        remote = cached_prefix_block_ids(holder.llm_engine.kv_cache_manager, PROMPT)
+        manager = puller.llm_engine.kv_cache_manager
+        assert pull_prefix(manager, agent, peer, PROMPT, remote) == 64
+        (out,) = puller.generate([PROMPT], GREEDY)  # its step carries the pulled blocks' copies down
+        assert out.num_cached_tokens == 64 and out.output_token_ids == held_out.output_token_ids
+        assert manager.offload.stats.stored_blocks >= 4
+        manager.check_integrity()
+    finally:
+        agent.close()
 
 
 def test_a_failed_pull_leaves_nothing_cached_and_the_prompt_is_computed(pair):
