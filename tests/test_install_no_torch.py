@@ -90,8 +90,9 @@ def venv(tmp_path_factory) -> Path:
     return root / "venv"
 
 
-def test_the_core_install_has_no_torch_ray_or_transformers(venv):
-    probe = "import importlib.util as u; print([m for m in ('torch', 'ray', 'transformers') if u.find_spec(m)])"
+def test_the_core_install_has_no_torch_ray_transformers_or_nixl(venv):
+    probe = ("import importlib.util as u; "
+             "print([m for m in ('torch', 'ray', 'transformers', 'nixl') if u.find_spec(m)])")
     assert _run(venv / "bin" / "python", "-c", probe).stdout.strip() == "[]"
 
 

@@ -111,3 +111,12 @@ def test_torch_free_layers_import_only_core_dependencies_at_module_level():
     core_modules = {IMPORT_NAMES.get(name, name) for name in core}
     imported = _imported(("kvcache", "events", "router"), top_level_only=True)
     assert imported <= core_modules, f"router/events/kvcache need extras at import: {imported - core_modules}"
+
+
+def test_nixl_comes_with_the_engine_extra_only():
+    # the KV transfer library (replica/kv_transfer/) requires torch: never in the core (router) install
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert "nixl" in {_requirement_name(r) for r in project["optional-dependencies"]["engine"]}
+    assert "nixl" not in {_requirement_name(r) for r in project["dependencies"]}

@@ -24,11 +24,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine.commands import AbortRequests, AddRequest, EngineCommand
+from kvmesh.replica.engine.commands import AbortRequests, AddRequest, EngineCommand, PullPrefix
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.outputs import RequestOutput
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface, StreamPublisher
+from kvmesh.replica.kv_transfer.agent import KVTransferAgent
+from kvmesh.replica.kv_transfer.prefix_pull import pull_prefix
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -132,6 +134,17 @@ class AsyncLLM:
             if not finished:
                 self._submit(AbortRequests([request_id]))
 
+    async def pull_prefix(self, agent: KVTransferAgent, peer: str, prompt_token_ids: list[int],
+                          remote_block_ids: list[int], cache_salt: str | None = None) -> int:
+        """Pull the prompt's cached prefix from ``peer`` (its ``remote_block_ids``) into this engine's prefix cache,
+        between two steps; the tokens pulled. A request added afterwards hits them (``num_cached_tokens``). The
+        read runs on the engine thread: steps wait for it (at most the agent's ``timeout_s``)."""
+        if not self.is_running:
+            raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
+        pulled: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._submit(PullPrefix(agent, peer, prompt_token_ids, remote_block_ids, cache_salt, pulled))
+        return await asyncio.wrap_future(pulled)
+
     async def abort(self, request_id: str) -> None:
         """End a request; its stream gets a final output with finish_reason "abort"."""
         self._submit(AbortRequests([request_id]))
@@ -227,8 +240,19 @@ class AsyncLLM:
                     command.accepted.set_exception(e)
                 else:
                     command.accepted.set_result(None)
+            elif isinstance(command, PullPrefix):
+                self._pull_prefix(command)
             else:
                 self.engine.abort_request(command.request_ids)
+
+    def _pull_prefix(self, command: PullPrefix) -> None:
+        try:
+            tokens = pull_prefix(self.engine.kv_cache_manager, command.agent, command.peer, command.prompt_token_ids,
+                                 command.remote_block_ids, command.cache_salt)
+        except BaseException as e:  # bad arguments (ids out of range, unknown peer): the caller's error
+            command.pulled.set_exception(e)
+        else:
+            command.pulled.set_result(tokens)
 
     def _deliver(self, out: RequestOutput) -> None:
         stream = self._streams.get(out.request_id)

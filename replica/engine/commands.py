@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.serving.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # named for type checkers only: the engine loads no transfer code until a pull is asked
+    from kvmesh.replica.kv_transfer.agent import KVTransferAgent
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,5 +40,23 @@ class AbortRequests:
     """The ids to abort."""
 
 
-EngineCommand = AddRequest | AbortRequests
+@dataclass(frozen=True, slots=True)
+class PullPrefix:
+    """Read a prompt's cached prefix from a peer replica into the prefix cache (kv_transfer/prefix_pull.py)."""
+
+    agent: KVTransferAgent
+    """This replica's transfer agent, with ``peer`` added."""
+    peer: str
+    """The holder's agent name."""
+    prompt_token_ids: list[int]
+    """The prompt whose leading full blocks are pulled."""
+    remote_block_ids: list[int]
+    """The holder's block ids of those blocks, in order (its ``cached_prefix_block_ids``)."""
+    cache_salt: str | None
+    """The prompt's salt (it changes the block hashes)."""
+    pulled: concurrent.futures.Future[int]
+    """Set to the tokens pulled (0: nothing missing, no room, or the read failed)."""
+
+
+EngineCommand = AddRequest | AbortRequests | PullPrefix
 """Every command the engine thread takes."""

@@ -1,0 +1,175 @@
+"""The KV transfer agent of one replica rank: its interface, its handshake message, and the registry.
+
+    a = make_kv_transfer_agent(config, "replica-0-rank-0", kv_cache, layout)   # registers the cache
+    b = make_kv_transfer_agent(config, "replica-1-rank-0", other_cache, other_layout)
+    peer = b.add_peer(a.handshake())             # layouts checked here: KVLayoutMismatch names the fields
+    b.read_blocks(peer, remote_block_ids=[7, 8], local_block_ids=[3, 4])   # a's blocks 7, 8 -> b's 3, 4
+
+The handshake travels out of band (an HTTP call, a Ray call, a pipe in tests) as msgpack
+(``encode_handshake`` / ``decode_handshake``). A read is one-sided, like vLLM's NixlConnector: the
+reader pulls, the holder's engine is not involved. ``start_read`` returns at once and ``wait``
+polls until DONE, raising ``KVTransferError`` on ERR and ``KVTransferTimeout`` past the timeout,
+so a dead peer never hangs the caller. Transports: ``nixl`` (UCX; host or device memory, across
+processes and machines) and ``local`` (the same process, plain tensor copies: for tests without nixl).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import msgspec
+import torch
+from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError, KVTransferTimeout
+from kvmesh.replica.kv_transfer.layout import KVBlockLayout, block_layout, symbolic_layout
+
+# name -> "module:Class", imported on first use (nixl loads large native libraries).
+_TRANSPORTS = {
+    "nixl": "kvmesh.replica.kv_transfer.nixl_agent:NixlKVTransferAgent",
+    "local": "kvmesh.replica.kv_transfer.local_agent:LocalKVTransferAgent",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KVTransferConfig:
+    """How a replica rank moves KV blocks to and from its peers."""
+
+    transport: str = "nixl"
+    """``nixl`` (NIXL over UCX: across processes and machines) or ``local`` (in-process copies, for tests)."""
+    timeout_s: float = 10.0
+    """A transfer not done after this many seconds fails with KVTransferTimeout (the blocks get recomputed)."""
+    poll_interval_s: float = 0.0005
+    """Seconds between completion checks while waiting on a transfer."""
+
+    def __post_init__(self) -> None:
+        if self.transport not in _TRANSPORTS:
+            raise ValueError(f"kv transfer transport {self.transport!r} is unknown; choose one of "
+                             f"{', '.join(_TRANSPORTS)}")
+        if self.timeout_s <= 0 or self.poll_interval_s <= 0:
+            raise ValueError(f"kv transfer timeout_s ({self.timeout_s}) and poll_interval_s "
+                             f"({self.poll_interval_s}) must be positive")
+
+
+class KVHandshake(msgspec.Struct, frozen=True):
+    """What a rank sends a peer so the peer can read its blocks."""
+
+    agent_name: str
+    transport: str
+    layout: KVBlockLayout
+    agent_metadata: bytes = b""
+    """The transport's own connection data (nixl's ``get_agent_metadata``)."""
+    device_id: int = 0
+    """The device the cache lives on (CUDA index; 0 for host memory)."""
+    mem_type: str = "DRAM"
+    """nixl's memory type of the cache: ``DRAM`` (host) or ``VRAM`` (GPU)."""
+
+
+_encoder, _decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(KVHandshake)
+
+
+def encode_handshake(handshake: KVHandshake) -> bytes:
+    return _encoder.encode(handshake)
+
+
+def decode_handshake(raw: bytes) -> KVHandshake:
+    return _decoder.decode(raw)
+
+
+@runtime_checkable
+class KVTransfer(Protocol):
+    """One started read."""
+
+    num_blocks: int
+
+    def state(self) -> str:
+        """``"PROC"`` while in flight, ``"DONE"``, or ``"ERR"``."""
+
+    def release(self) -> None:
+        """Free the transport's handle (after DONE or ERR, or to give up on it)."""
+
+
+@runtime_checkable
+class KVTransferAgent(Protocol):
+    name: str
+    layout: KVBlockLayout
+    config: KVTransferConfig
+
+    def handshake(self) -> KVHandshake:
+        """This rank's handshake, for a peer's ``add_peer``."""
+
+    def add_peer(self, handshake: KVHandshake) -> str:
+        """Connect to the peer that sent ``handshake`` and return its name; KVLayoutMismatch when its layout
+        differs from this rank's."""
+
+    def remove_peer(self, peer: str) -> None:
+        """Forget a peer (it left, or died)."""
+
+    def start_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int]) -> KVTransfer:
+        """Start copying the peer's ``remote_block_ids`` into this rank's ``local_block_ids`` (same length)."""
+
+    def close(self) -> None:
+        """Deregister the cache and drop every peer."""
+
+
+def wait(agent: KVTransferAgent, transfer: KVTransfer, peer: str, timeout_s: float | None = None) -> None:
+    """Poll ``transfer`` until DONE; KVTransferError on ERR, KVTransferTimeout after ``timeout_s``
+    (the agent's ``config.timeout_s`` by default). The transfer's handle is released either way."""
+    timeout_s = agent.config.timeout_s if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
+    try:
+        while (state := transfer.state()) == "PROC":
+            if time.monotonic() > deadline:
+                raise KVTransferTimeout(f"reading {transfer.num_blocks} KV blocks from {peer!r} did not finish "
+                                        f"within {timeout_s:g} s (peer dead or stalled); recompute them")
+            time.sleep(agent.config.poll_interval_s)
+        if state != "DONE":
+            raise KVTransferError(f"reading {transfer.num_blocks} KV blocks from {peer!r} failed "
+                                  f"(transfer state {state}); recompute them")
+    finally:
+        transfer.release()
+
+
+def read_blocks(agent: KVTransferAgent, peer: str, remote_block_ids: list[int], local_block_ids: list[int],
+                timeout_s: float | None = None) -> None:
+    """Copy the peer's blocks into this rank's and return once they are here (``start_read`` + ``wait``)."""
+    wait(agent, agent.start_read(peer, remote_block_ids, local_block_ids), peer, timeout_s)
+
+
+def check_read(layout: KVBlockLayout, remote: KVBlockLayout, remote_block_ids: list[int],
+               local_block_ids: list[int]) -> None:
+    """The arguments of a read, checked before anything moves (every transport calls this)."""
+    if len(remote_block_ids) != len(local_block_ids):
+        raise ValueError(f"{len(remote_block_ids)} remote block ids but {len(local_block_ids)} local ones; "
+                         "a read copies block i of one list into block i of the other")
+    remote.check_block_ids(remote_block_ids, "remote")
+    layout.check_block_ids(local_block_ids, "local")
+
+
+def check_layouts(mine: KVBlockLayout, handshake: KVHandshake, my_name: str) -> None:
+    """KVLayoutMismatch naming every field where the peer's layout differs from this rank's."""
+    differences = mine.mismatch(handshake.layout)
+    if differences:
+        raise KVLayoutMismatch(f"peer {handshake.agent_name!r} has a different KV block layout than "
+                               f"{my_name!r} ({'; '.join(differences)}); replicas that exchange KV must run "
+                               "the same model, dtype, block size, tensor-parallel size and attention layout")
+
+
+def make_kv_transfer_agent(config: KVTransferConfig, name: str, kv_cache: torch.Tensor,
+                           layout: KVBlockLayout) -> KVTransferAgent:
+    """The configured transport's agent for one rank, with ``kv_cache`` registered."""
+    module, cls = _TRANSPORTS[config.transport].split(":")
+    return getattr(importlib.import_module(module), cls)(config, name, kv_cache, layout)
+
+
+def runner_layout(runner) -> KVBlockLayout:
+    """The block layout of a ModelRunner's cache (replica/worker/model_runner.py)."""
+    attn0 = runner.model.attention_layers()[0]
+    return block_layout(runner.kv_cache, symbolic_layout(runner.attn_backend.kv_cache_shape), runner.block_size,
+                        attn0.num_kv_heads, attn0.head_dim)
+
+
+def agent_for_runner(config: KVTransferConfig, name: str, runner) -> KVTransferAgent:
+    """A transfer agent with a ModelRunner's KV cache registered."""
+    return make_kv_transfer_agent(config, name, runner.kv_cache, runner_layout(runner))
