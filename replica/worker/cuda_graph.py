@@ -15,6 +15,15 @@ backend must offer a static decode path: ``supports_static_decode(block_size)`` 
 block size, flash_attn when block_size is a multiple of 256). ``capture()`` (CUDA only) records one
 graph per size; without it, ``run`` executes the same padded forward eagerly, which is how the path
 is tested on CPU. ``use_cuda_graphs`` turns the ``cuda_graphs`` setting into a decision.
+
+Memory and threads (vLLM captures after sizing the cache and so leaves the graphs outside its budget;
+here they are inside it):
+
+    builder thread:  profile forward -> measure_capture (capture every size over a one-block scratch
+                     cache, read what it took, free it) -> KV cache sized with that reserved -> allocated
+    engine thread:   the runner's bind_thread: set_device, capture() over the real cache, then every replay
+
+A graph replays on the device and stream context it was captured in, so capture runs where replay does.
 """
 
 from __future__ import annotations
@@ -119,6 +128,29 @@ class StaticDecode:
 
     def _forward(self, b: int) -> torch.Tensor:
         return self.model(self.input_ids[:b], self.positions[:b], self.metadata[b])  # [b, H]
+
+    @torch.inference_mode()
+    def measure_capture(self, layers: list, layer_shape: tuple[int, ...], dtype: torch.dtype, read_memory) -> int:
+        """Bytes the graphs will take, before there is a KV cache: capture every size over a scratch cache of
+        ``layer_shape`` (one block: padding rows read and write only block 0) per attention layer, read the
+        device facts (``read_memory``) around it, then free the graphs and the scratch again."""
+        from kvmesh.replica.worker.kv_cache import graph_memory
+
+        scratch = torch.zeros(len(layers), *layer_shape, dtype=dtype, device=self.device)  # [L, *layer_shape]
+        bound = [attn.kv_cache for attn in layers]
+        for i, attn in enumerate(layers):
+            attn.kv_cache = scratch[i]
+        before = read_memory(self.device)
+        self.capture()
+        after = read_memory(self.device)
+        self.graphs.clear()
+        for attn, cache in zip(layers, bound, strict=True):
+            attn.kv_cache = cache
+        del scratch
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()  # the graphs' pool goes back to the device, for the KV cache to take
+        return graph_memory(before, after)
 
     @torch.inference_mode()
     def capture(self) -> None:

@@ -10,8 +10,9 @@
 
 On CPU the budget is ``kv_cache_memory`` bytes for the whole replica (all TP ranks together, so a
 TP=2 replica gets as many blocks as a TP=1 one). On CUDA it is what ``gpu_memory_utilization``
-leaves after this engine's weights and the peak activation memory of a profiling forward, capped
-by ``kv_cache_memory`` when that is set. Only this engine's memory counts against its share, so
+leaves after this engine's weights, the peak activation memory of a profiling forward and the
+memory its decode CUDA graphs take (measured by capturing them once before the cache is sized,
+``graph_memory``), capped by ``kv_cache_memory`` when that is set. Only this engine's memory counts against its share, so
 several engines in one process (tests, a benchmark comparing two) each get their own share as
 long as the shares fit on the device. The device facts are read before and after the profiling
 forward (``read_cuda_memory``) and the arithmetic (``kv_cache_budget``) is plain, so it is tested
@@ -87,21 +88,28 @@ def outside_memory_in_use(device: torch.device) -> int:
     return max(0, total - free - torch.cuda.memory_reserved(device))
 
 
+def graph_memory(before: DeviceMemory, after: DeviceMemory) -> int:
+    """Device bytes a capture took: ``before``/``after`` are read around capturing every decode graph (their
+    memory pool, inside torch's allocator, and the instantiated graphs, outside it: both leave ``free``)."""
+    return max(0, before.free - after.free)
+
+
 def module_bytes(module: torch.nn.Module) -> int:
     """Bytes of a module's parameters and buffers (an engine's weights)."""
     return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
 def kv_cache_budget(before: DeviceMemory, after: DeviceMemory, weight_bytes: int, gpu_memory_utilization: float,
-                    cap: int | None = None, outside_at_start: int = 0) -> int:
+                    cap: int | None = None, outside_at_start: int = 0, graphs: int = 0) -> int:
     """Bytes for this engine's KV cache: its share of the device less what it uses, capped by ``cap``
     (``kv_cache_memory``); ``before``/``after`` are read around the profiling forward, ``weight_bytes``
     are this engine's weights, ``outside_at_start`` what was in use outside this process before the
-    runner loaded anything (``outside_memory_in_use``: other replicas sharing the card).
+    runner loaded anything (``outside_memory_in_use``: other replicas sharing the card), ``graphs`` what its
+    decode CUDA graphs take (``graph_memory``; 0 without graphs).
 
         activations = after.torch_peak - before.torch_allocated     (the forward's peak above what was held)
         outside     = after.non_torch - outside_at_start            (this process's CUDA context, NCCL, ...)
-        budget      = total * gpu_memory_utilization - weight_bytes - activations - outside
+        budget      = total * gpu_memory_utilization - weight_bytes - activations - outside - graphs
 
     Neither other engines in this process (``before.torch_allocated - weight_bytes``) nor other
     processes' memory at start count against this engine's share, but the budget must fit in what is
@@ -119,16 +127,17 @@ def kv_cache_budget(before: DeviceMemory, after: DeviceMemory, weight_bytes: int
     activations = max(0, after.torch_peak - before.torch_allocated)
     others = max(0, before.torch_allocated - weight_bytes)
     outside = max(0, after.non_torch - outside_at_start)
-    budget = int(share - weight_bytes - activations - outside)
+    budget = int(share - weight_bytes - activations - outside - graphs)
     if budget <= 0:
         raise ValueError(
             f"gpu_memory_utilization={gpu_memory_utilization} of {after.total / gib:.1f} GiB leaves no room for the "
-            f"KV cache: weights + activations peak at {(weight_bytes + activations) / gib:.1f} GiB and "
-            f"{outside / gib:.1f} GiB are used outside this process's tensors; raise gpu_memory_utilization "
-            "or lower max_num_batched_tokens")
+            f"KV cache: weights + activations peak at {(weight_bytes + activations) / gib:.1f} GiB, the decode "
+            f"CUDA graphs take {graphs / gib:.1f} GiB and {outside / gib:.1f} GiB are used outside this process's "
+            "tensors; raise gpu_memory_utilization, lower max_num_batched_tokens or max_num_seqs (fewer graphs), "
+            "or set cuda_graphs=False")
     if cap is not None:
         budget = min(budget, cap)
-    room = after.free + after.torch_reserved - after.torch_allocated - activations
+    room = after.free + after.torch_reserved - after.torch_allocated - activations - graphs
     if budget > room:
         raise ValueError(
             f"gpu_memory_utilization={gpu_memory_utilization} asks for a {budget / gib:.1f} GiB KV cache but only "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
@@ -28,7 +29,7 @@ from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
 from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
 from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
-from kvmesh.replica.worker.distributed import cuda_device_index
+from kvmesh.replica.worker.device import pick_device, set_current_device, set_num_threads
 from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs
 from kvmesh.replica.worker.kv_cache import (
     allocate_kv_cache,
@@ -46,9 +47,6 @@ from kvmesh.replica.worker.weights import load_model_weights
 
 logger = logging.getLogger(__name__)
 
-SMALL_MODEL_HIDDEN = 256  # below this hidden size the CPU forward runs single-threaded
-
-
 class ModelRunner:
     # the device facts of KV sizing, behind two seams (CPU tests inject their own)
     read_device_memory = staticmethod(read_cuda_memory)
@@ -57,10 +55,10 @@ class ModelRunner:
     def __init__(self, config, rank: int = 0, world_size: int = 1, parallel: ParallelState | None = None) -> None:
         self.config = config
         self.parallel = parallel or ParallelState(rank, world_size)
-        self.device = _pick_device(config.device, rank)
+        self.device = pick_device(config.device, rank)
         self.hf_config = load_hf_config(config.model, config.hf_config, config.hf_overrides)
         self.spec = spec_from_hf_config(self.hf_config)
-        _set_num_threads(self.device, world_size, self.spec.hidden_size)
+        set_num_threads(self.device, world_size, self.spec.hidden_size)
         self.dtype = resolve_dtype(config.dtype, self.spec, self.device)
         self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
         self.vocab_size = self.spec.vocab_size
@@ -75,25 +73,26 @@ class ModelRunner:
         self.attn_backend = get_attn_backend(config.attention_backend, self.device, self.dtype, self.block_size)
         for attn in self.model.attention_layers():
             attn.backend = self.attn_backend
+        self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
+                                      self.block_size, self.device, config.max_num_batched_tokens)
+        self.static_decode: StaticDecode | None = None  # decode steps on static shapes (CUDA graphs)
+        # measured before the KV cache is sized, captured by bind_thread on the thread that replays them
+        self.capture_graphs = use_cuda_graphs(config.cuda_graphs, self.device, self.attn_backend, self.block_size,
+                                              self.parallel.tp_size)
+        if self.capture_graphs:
+            self.static_decode = StaticDecode(self.model, self.attn_backend, config.max_num_seqs,
+                                              self.input_batch.block_tables.table.shape[1], self.block_size,
+                                              self.device)
+        self._bound_thread: int | None = None  # the thread that steps (bind_thread)
         self.num_kv_blocks = self._size_kv_cache()
         attn0 = self.model.attention_layers()[0]
-        layer_shape = self.attn_backend.kv_cache_shape(self.num_kv_blocks, self.block_size, attn0.num_kv_heads,
-                                                       attn0.head_dim)
         # [num_layers, *layer_shape], e.g. torch: [num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]
-        self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, layer_shape, self.dtype, self.device)
+        self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, self._layer_shape(self.num_kv_blocks),
+                                          self.dtype, self.device)
         for i, attn in enumerate(self.model.attention_layers()):
             attn.kv_cache = self.kv_cache[i]
         self.kv_offload = self._make_kv_offload(attn0)  # the host tier's copies (None without one)
         self.num_host_blocks = 0 if self.kv_offload is None else self.kv_offload.num_host_blocks
-        self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
-                                      self.block_size, self.device, config.max_num_batched_tokens)
-        self.static_decode: StaticDecode | None = None  # decode steps on static shapes (CUDA graphs)
-        tp_size = self.parallel.tp_size
-        if use_cuda_graphs(config.cuda_graphs, self.device, self.attn_backend, self.block_size, tp_size):
-            self.static_decode = StaticDecode(self.model, self.attn_backend, config.max_num_seqs,
-                                              self.input_batch.block_tables.table.shape[1], self.block_size,
-                                              self.device)
-            self.static_decode.capture()
         logger.info("attention backend %s, block_size %d, %s", self.attn_backend.name, self.block_size,
                     f"CUDA graphs for decode batch sizes {self.static_decode.sizes}" if self.static_decode
                     else "no CUDA graphs")
@@ -138,6 +137,19 @@ class ModelRunner:
         log_capacity(num_blocks, self.block_size, self.max_model_len, block_bytes)
         return num_blocks
 
+    def _layer_shape(self, num_blocks: int) -> tuple[int, ...]:
+        attn0 = self.model.attention_layers()[0]
+        return self.attn_backend.kv_cache_shape(num_blocks, self.block_size, attn0.num_kv_heads, attn0.head_dim)
+
+    def bind_thread(self) -> None:
+        """Make the calling thread the one that steps: its current CUDA device becomes the runner's, and the
+        decode graphs are captured here, where they replay (the engine thread calls this before its first
+        step; a step on another thread rebinds)."""
+        set_current_device(self.device)
+        if self.capture_graphs and not self.static_decode.graphs:
+            self.static_decode.capture()
+        self._bound_thread = threading.get_ident()
+
     def _make_kv_offload(self, attn0) -> KVOffloader | None:
         """The host tier of ``kv_offload_memory`` bytes, laid out per block like the device cache."""
         if not self.config.kv_offload_memory:
@@ -161,14 +173,16 @@ class ModelRunner:
 
     def profiled_kv_budget(self, cap: int | None = None) -> int:
         """Bytes for the KV cache on a GPU: read the facts, reset the peak counter, run the profiling forward,
-        read them again, and take what ``gpu_memory_utilization`` leaves this engine, at most ``cap`` (the
-        device facts come from ``read_device_memory``)."""
+        read them again, measure the decode graphs (with CUDA graphs) and take what ``gpu_memory_utilization``
+        leaves this engine, at most ``cap`` (the device facts come from ``read_device_memory``)."""
         before = self.read_device_memory(self.device)
         self.reset_peak_memory(self.device)
         self.profile_run()
         after = self.read_device_memory(self.device)
+        graphs = 0 if not self.capture_graphs else self.static_decode.measure_capture(
+            self.model.attention_layers(), self._layer_shape(1), self.dtype, self.read_device_memory)
         return kv_cache_budget(before, after, module_bytes(self.model), self.config.gpu_memory_utilization, cap,
-                               self.outside_memory_at_start)
+                               self.outside_memory_at_start, graphs)
 
     @torch.inference_mode()
     def profile_run(self) -> None:
@@ -201,6 +215,8 @@ class ModelRunner:
     def execute_model_async(self, out: SchedulerOutput) -> AsyncModelRunnerOutput:
         """Launch one step without waiting for it: ``.get()`` of the result returns what ``execute_model``
         does. Decode rows sampled by the previous launch read their input ids from its sampled tensor."""
+        if self._bound_thread != threading.get_ident():
+            self.bind_thread()
         if out.finished_request_ids:
             self.input_batch.free(out.finished_request_ids)
             self.prompt_logprobs.free(out.finished_request_ids)
@@ -251,29 +267,6 @@ class ModelRunner:
 
     def shutdown(self) -> None:
         """Nothing to release by hand: the model and KV cache go with the runner."""
-
-
-def _pick_device(device: str | None, rank: int) -> torch.device:
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("device='cuda' but torch sees no CUDA device; use device='cpu'")
-        dev = torch.device("cuda", cuda_device_index(rank, torch.cuda.device_count()))
-        torch.cuda.set_device(dev)  # NCCL collectives and .cuda() use the current device
-        return dev
-    return torch.device(device)
-
-
-def _set_num_threads(device: torch.device, world_size: int, hidden_size: int) -> None:
-    """On CPU use this process's share of the cores (TP ranks share a machine), unless OMP_NUM_THREADS
-    or KVMESH_NUM_THREADS is set. Tiny models run on one thread: their ops are too small to split, and
-    idle OpenMP workers spinning on a busy machine cost more than they give."""
-    if device.type != "cpu" or "OMP_NUM_THREADS" in os.environ:
-        return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = 1 if hidden_size < SMALL_MODEL_HIDDEN else max(1, cores // world_size)
-    torch.set_num_threads(int(os.environ.get("KVMESH_NUM_THREADS", threads)))
 
 
 def _eos_token_ids(model: str, from_config: tuple[int, ...]) -> list[int]:

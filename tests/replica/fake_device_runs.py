@@ -58,13 +58,13 @@ def _engine(path: str, on_fake: bool, **kw):
 
     config = EngineConfig(model=path, dtype="float32", device="cpu", attention_backend="torch", block_size=16,
                           kv_cache_memory=1 << 22, max_num_seqs=8, **kw)
-    pick = model_runner._pick_device
+    pick = model_runner.pick_device
     if on_fake:
-        model_runner._pick_device = lambda device, rank: FAKE
+        model_runner.pick_device = lambda device, rank: FAKE
     try:
         runner = model_runner.ModelRunner(config)
     finally:
-        model_runner._pick_device = pick
+        model_runner.pick_device = pick
     return LLMEngine(config, model_runner=runner)
 
 
