@@ -67,6 +67,12 @@ class SamplingMetadata:
     def all_greedy(self) -> bool:
         return self.temperature is None
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Every row takes the argmax of its logits as they are (no bias, bans or logprobs)."""
+        return self.temperature is None and self.banned is None and self.logit_bias is None \
+            and self.max_num_logprobs is None
+
 
 def seed_key(seed: int, num_generated: int) -> int:
     """The key a seeded request's next token is drawn with: ``(seed*A + n*B + 1) & MASK`` (SEED_MIX), so its

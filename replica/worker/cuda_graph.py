@@ -9,7 +9,10 @@ addresses never change:
     never a request's), seq_len 1 -- finite values, no zero-length edge case in the kernel.
     The buffers start as padding; a step resets only what an earlier, bigger step left there.
 
-Only the model forward is static; logits and sampling run on hidden[:n] afterwards. The attention
+A graph holds the forward, the LM head and the greedy argmax: ``run`` returns logits [n, V] and the
+argmax tokens [n] (int64) of the rows, both views of the graph's static outputs, valid until the next
+``run``. An all-greedy step takes the tokens as they are (no launch after the replay but the copy back);
+other steps sample from the logits (sampler.py), as an eager step would. The attention
 backend must offer a static decode path: ``supports_static_decode(block_size)`` and
 ``static_decode_metadata(slot_mapping, seq_lens, block_table)`` over these buffers (triton at every
 block size, flash_attn when block_size is a multiple of 256). ``capture()`` (CUDA only) records one
@@ -32,6 +35,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import torch
+from kvmesh.replica.sample.sampler import argmax
 from torch import nn
 
 if TYPE_CHECKING:
@@ -83,7 +87,7 @@ class StaticDecode:
             self.block_table = torch.zeros(b_max, max_blocks, dtype=torch.int32)
         self.metadata = {b: backend.static_decode_metadata(self.slot_mapping[:b], self.seq_lens[:b],
                                                             self.block_table[:b]) for b in self.sizes}
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.dirty_rows = 0  # rows [0, dirty_rows) may hold a step's values (padding past them)
         self.table_width = 0  # block_table columns [0, table_width) of those rows may be non-zero
 
@@ -91,8 +95,8 @@ class StaticDecode:
         """The capture size a step of n decode rows runs at (None: too many rows, run it eagerly)."""
         return next((b for b in self.sizes if b >= n), None)
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, common) -> torch.Tensor:
-        """Final hidden states [n, H] of a decode-only step (``common``: its CommonAttentionMetadata)."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, common) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [n, V] and greedy tokens [n] of a decode-only step (``common``: its CommonAttentionMetadata)."""
         n = common.num_reqs
         b = self.size_for(n)
         width = common.block_tables.shape[1]
@@ -103,10 +107,11 @@ class StaticDecode:
         self.block_table[:n, :width].copy_(common.block_tables)
         self._reset_stale(n, b, width)
         if b in self.graphs:
-            graph, hidden = self.graphs[b]
+            graph, (logits, tokens) = self.graphs[b]
             graph.replay()
-            return hidden[:n]
-        return self._forward(b)[:n]
+        else:
+            logits, tokens = self._forward(b)
+        return logits[:n], tokens[:n]
 
     def _reset_stale(self, n: int, b: int, width: int) -> None:
         """Return what earlier steps left in this step's padding rows n..b-1 (a bigger batch's rows) and past
@@ -126,8 +131,10 @@ class StaticDecode:
         else:  # rows past b still hold an earlier step's values (and maybe wider tables)
             self.table_width = max(self.table_width, width)
 
-    def _forward(self, b: int) -> torch.Tensor:
-        return self.model(self.input_ids[:b], self.positions[:b], self.metadata[b])  # [b, H]
+    def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.model(self.input_ids[:b], self.positions[:b], self.metadata[b])  # [b, H]
+        logits = self.model.compute_logits(hidden)  # [b, V]
+        return logits, argmax(logits.to(torch.float32))  # the sampler's greedy rule: argmax of the fp32 logits
 
     @torch.inference_mode()
     def measure_capture(self, layers: list, layer_shape: tuple[int, ...], dtype: torch.dtype, read_memory) -> int:
@@ -164,8 +171,8 @@ class StaticDecode:
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                hidden = self._forward(b)
+                outputs = self._forward(b)
             pool = graph.pool()
-            self.graphs[b] = (graph, hidden)
+            self.graphs[b] = (graph, outputs)
         torch.cuda.synchronize(self.device)
         logger.info("captured decode CUDA graphs for batch sizes %s", self.sizes)

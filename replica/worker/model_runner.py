@@ -226,31 +226,40 @@ class ModelRunner:
         if transfers is not None:
             self.kv_offload.load(transfers.loads)  # the prefixes this step's prefills read
         inputs = self.input_batch.prepare(out)
-        common = inputs.common
-        if self.static_decode is not None and common.num_decodes == common.num_actual_tokens and \
-                self.static_decode.size_for(common.num_reqs) is not None:
-            hidden = self.static_decode.run(inputs.input_ids, inputs.positions, common)  # [T, H]
+        asks_prompt_logprobs = any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled)
+        greedy = None  # [N] argmax tokens when the step replays a decode graph (forward, LM head, argmax)
+        if self._static_step(inputs, asks_prompt_logprobs):
+            logits, greedy = self.static_decode.run(inputs.input_ids, inputs.positions, inputs.common)  # [N, V]
         else:
-            hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(common))  # [T, H]
+            hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))  # [T, H]
         if transfers is not None:
             self.kv_offload.store(transfers.transfer_id, transfers.stores)  # the blocks this step completed
-        prompt_logprobs = None
-        if out.scheduled and any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled):
-            prompt_logprobs = self._prompt_logprobs(out, inputs, hidden)
+        prompt_logprobs = self._prompt_logprobs(out, inputs, hidden) if asks_prompt_logprobs else None
         if not inputs.sample_request_ids:
             return AsyncModelRunnerOutput.ready(ModelRunnerOutput({}, None, prompt_logprobs) if prompt_logprobs
                                                 else {})
-        if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order
-            hidden = hidden[inputs.logits_indices]
-        logits = self.model.compute_logits(hidden)  # [N, V]
+        if greedy is None:
+            if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order
+                hidden = hidden[inputs.logits_indices]
+            logits = self.model.compute_logits(hidden)  # [N, V]
         sampling = self.input_batch.sampling_metadata(inputs.sample_rows, self.vocab_size, self.eos_token_ids)
-        if sampling.max_num_logprobs is None:  # the common case: no row asks for logprobs
+        if greedy is not None and sampling.plain_greedy:  # the graph's argmax is the sampler's answer
+            tokens, logprobs = greedy, None
+        elif sampling.max_num_logprobs is None:  # the common case: no row asks for logprobs
             tokens, logprobs = self.sampler(logits, sampling), None
         else:
             tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
         self.input_batch.count_samples(inputs.sample_rows, tokens)
         return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
                                       self.token_copies, logprobs, prompt_logprobs)
+
+    def _static_step(self, inputs: ModelInputs, asks_prompt_logprobs: bool) -> bool:
+        """Whether a step replays a decode graph: decode tokens only, each sampling, no prompt logprobs (they need
+        the hidden states), and a capture size that fits its rows."""
+        common = inputs.common
+        return (self.static_decode is not None and not asks_prompt_logprobs
+                and common.num_decodes == common.num_actual_tokens == len(inputs.sample_rows)
+                and self.static_decode.size_for(common.num_reqs) is not None)
 
     def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor) -> dict:
         """Prompt logprobs of this step's prefill chunks of requests that ask for them (``hidden`` [T, H]).

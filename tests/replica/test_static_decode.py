@@ -182,3 +182,57 @@ def test_cuda_graph_decode_gives_the_eager_tokens(stories_path):
         del engine
         torch.cuda.empty_cache()
     assert outs[True] == outs[False]
+
+
+def static_engine(config: EngineConfig) -> tuple[LLMEngine, list]:
+    """An engine on the static decode path (run eagerly on CPU) that records the rows of each sampler call."""
+    engine = LLMEngine(config, skip_tokenizer_init=True)
+    runner = engine.model_runner
+    runner.static_decode = StaticDecode(runner.model, runner.attn_backend, config.max_num_seqs,
+                                        runner.input_batch.block_tables.table.shape[1], BLOCK, runner.device)
+    sampler_rows, sample = [], runner.sampler.__call__
+    runner.sampler = type("Recording", (type(runner.sampler),), {
+        "__call__": lambda self, logits, md: sampler_rows.append(logits.shape[0]) or sample(logits, md)})(
+        runner.sampler.generator, runner.sampler.logprobs_copies)
+    return engine, sampler_rows
+
+
+def outputs(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict:
+    for rid, (prompt, params) in requests.items():
+        engine.add_request(rid, prompt, params)
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = (out.output_token_ids, out.logprobs)
+    return finals
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_greedy_decode_step_takes_the_graphs_argmax_and_no_sampler(flash_reference, stories_path,
+                                                                     async_scheduling):
+    config = EngineConfig(model=str(stories_path), dtype="float32", device="cpu", attention_backend="flash_attn",
+                          block_size=BLOCK, max_num_seqs=4, kv_cache_memory=1 << 24, hash_seed=b"s",
+                          async_scheduling=async_scheduling)
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    requests = {f"r{i}": ([5 + i, 40, 77, 300 - i], greedy) for i in range(3)}
+    eager = outputs(LLMEngine(config, skip_tokenizer_init=True), requests)
+    engine, sampler_rows = static_engine(config)
+    assert outputs(engine, requests) == eager
+    assert sampler_rows == [3]  # only the prefill step samples eagerly; 5 decode steps took the graph's argmax
+
+
+def test_static_decode_samples_every_option_from_the_graphs_logits(flash_reference, stories_path):
+    """Seeded, top-k/top-p, logit_bias, min_tokens and logprobs rows next to greedy ones: the sampler runs on the
+    logits the graph computed and gives the eager engine's tokens and logprobs."""
+    from .fake_device_runs import PROMPT, SAMPLING
+
+    config = EngineConfig(model=str(stories_path), dtype="float32", device="cpu", attention_backend="flash_attn",
+                          block_size=BLOCK, max_num_seqs=8, kv_cache_memory=1 << 24, hash_seed=b"s")
+    requests = {name: (PROMPT[: 5 + i], SamplingParams(**p)) for i, (name, p) in enumerate(SAMPLING.items())}
+    requests["logprobs"] = (PROMPT, SamplingParams(temperature=0.0, logprobs=3, max_tokens=6))
+    eager = outputs(LLMEngine(config, skip_tokenizer_init=True), requests)
+    engine, sampler_rows = static_engine(config)
+    assert outputs(engine, requests) == eager
+    assert len(sampler_rows) >= 6  # every decode step sampled (from the graph's logits)
+    assert all(len(tokens) == 6 for tokens, _ in eager.values())
