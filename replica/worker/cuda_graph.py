@@ -1,13 +1,8 @@
 """Decode steps on static shapes: what CUDA graphs capture and replay (vLLM's CUDA-graph decode).
 
-A decode-only step of n rows is padded up to a capture size B >= n and run on buffers whose
-addresses never change:
-
-    input_ids [B_max] int64, positions [B_max] int64, slot_mapping [B_max] int64,
-    seq_lens [B_max] int32, block_table [B_max, max_blocks] int32       (one set, sliced [:B])
-    rows n..B-1 are padding: token 0 at position 0, writing and reading slot 0 (the null block,
-    never a request's), seq_len 1 -- finite values, no zero-length edge case in the kernel.
-    The buffers start as padding; a step resets only what an earlier, bigger step left there.
+A decode-only step of n rows is padded up to a capture size B >= n and run on the buffers of
+static_inputs.py, whose addresses never change: the step's one upload writes them (padding rows
+included) and the graph of size B reads them, with no copy between.
 
 A graph holds the forward, the LM head and the greedy argmax: ``run`` returns logits [n, V] and the
 argmax tokens [n] (int64) of the rows, both views of the graph's static outputs, valid until the next
@@ -36,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from kvmesh.replica.sample.sampler import argmax
+from kvmesh.replica.worker.static_inputs import StaticInputs
 from torch import nn
 
 if TYPE_CHECKING:
@@ -78,34 +74,19 @@ class StaticDecode:
             raise ValueError(_no_static_path(backend, block_size))
         self.model, self.backend, self.device = model, backend, device
         self.sizes = [b for b in CAPTURE_SIZES if b < max_num_seqs] + [max_num_seqs]
-        b_max = self.sizes[-1]
-        with torch.device(device):
-            self.input_ids = torch.zeros(b_max, dtype=torch.int64)
-            self.positions = torch.zeros(b_max, dtype=torch.int64)
-            self.slot_mapping = torch.zeros(b_max, dtype=torch.int64)
-            self.seq_lens = torch.ones(b_max, dtype=torch.int32)
-            self.block_table = torch.zeros(b_max, max_blocks, dtype=torch.int32)
-        self.metadata = {b: backend.static_decode_metadata(self.slot_mapping[:b], self.seq_lens[:b],
-                                                            self.block_table[:b]) for b in self.sizes}
+        self.inputs = StaticInputs(self.sizes[-1], max_blocks, device)  # the step uploads into these
+        self.metadata = {b: backend.static_decode_metadata(self.inputs.slot_mapping[:b], self.inputs.seq_lens[:b],
+                                                            self.inputs.block_table[:b]) for b in self.sizes}
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
-        self.dirty_rows = 0  # rows [0, dirty_rows) may hold a step's values (padding past them)
-        self.table_width = 0  # block_table columns [0, table_width) of those rows may be non-zero
 
     def size_for(self, n: int) -> int | None:
         """The capture size a step of n decode rows runs at (None: too many rows, run it eagerly)."""
         return next((b for b in self.sizes if b >= n), None)
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, common) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [n, V] and greedy tokens [n] of a decode-only step (``common``: its CommonAttentionMetadata)."""
-        n = common.num_reqs
+    def run(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [n, V] and greedy tokens [n] of a decode-only step of n rows, whose inputs were staged into
+        ``self.inputs`` at its capture size (``StaticInputs.stage``)."""
         b = self.size_for(n)
-        width = common.block_tables.shape[1]
-        self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(positions)
-        self.slot_mapping[:n].copy_(common.slot_mapping)
-        self.seq_lens[:n].copy_(common.seq_lens)
-        self.block_table[:n, :width].copy_(common.block_tables)
-        self._reset_stale(n, b, width)
         if b in self.graphs:
             graph, (logits, tokens) = self.graphs[b]
             graph.replay()
@@ -113,26 +94,8 @@ class StaticDecode:
             logits, tokens = self._forward(b)
         return logits[:n], tokens[:n]
 
-    def _reset_stale(self, n: int, b: int, width: int) -> None:
-        """Return what earlier steps left in this step's padding rows n..b-1 (a bigger batch's rows) and past
-        column ``width`` of its table to the padding values of the module docstring. A steady batch
-        leaves nothing stale, so most steps launch no fill at all."""
-        if width < self.table_width:
-            self.block_table[:n, width:self.table_width].zero_()
-        stale = min(self.dirty_rows, b)
-        if stale > n:
-            self.input_ids[n:stale].zero_()
-            self.positions[n:stale].zero_()
-            self.slot_mapping[n:stale].zero_()
-            self.seq_lens[n:stale].fill_(1)
-            self.block_table[n:stale].zero_()
-        if self.dirty_rows <= b:  # every row past n is padding again
-            self.dirty_rows, self.table_width = n, width
-        else:  # rows past b still hold an earlier step's values (and maybe wider tables)
-            self.table_width = max(self.table_width, width)
-
     def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.model(self.input_ids[:b], self.positions[:b], self.metadata[b])  # [b, H]
+        hidden = self.model(self.inputs.input_ids[:b], self.inputs.positions[:b], self.metadata[b])  # [b, H]
         logits = self.model.compute_logits(hidden)  # [b, V]
         return logits, argmax(logits.to(torch.float32))  # the sampler's greedy rule: argmax of the fp32 logits
 
@@ -164,8 +127,7 @@ class StaticDecode:
         """Record one CUDA graph per size, largest first (they share one memory pool)."""
         if self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
-        self.seq_lens.fill_(1)
-        pool = None
+        pool = None  # the inputs hold padding or a finished step's rows: finite values either way
         for b in reversed(self.sizes):
             self._forward(b)  # warm-up: lazy inits and allocator growth happen outside the capture
             torch.cuda.synchronize(self.device)

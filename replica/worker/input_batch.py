@@ -53,8 +53,8 @@ class ModelInputs:
     """[T] int64."""
     common: CommonAttentionMetadata
     """Attention description of the step."""
-    logits_indices: torch.Tensor
-    """[N] int64 rows of the hidden states whose logits are sampled."""
+    logits_indices: torch.Tensor | None
+    """[N] int64 rows of the hidden states whose logits are sampled (None for a step staged for a graph)."""
     sample_rows: np.ndarray
     """[N] persistent-batch rows of the requests that sample, in logits order."""
     sample_request_ids: list[str]
@@ -62,6 +62,9 @@ class ModelInputs:
     rows: np.ndarray
     """[n] persistent-batch rows of every request of the step, in order (``common.query_start_loc_cpu[i]``
     is the first token of row ``rows[i]``)."""
+    static_size: int | None = None
+    """The capture size the step's inputs were staged at in the decode graphs' inputs (None: not staged there;
+    then ``logits_indices`` and ``common.query_start_loc`` are None)."""
 
 
 def step_upload(max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int,
@@ -86,6 +89,7 @@ class InputBatch:
         self.num_output = np.zeros(0, np.int64)
         self.prev_sample = np.zeros(0, np.int64)
         self.prev_sampled: torch.Tensor | None = None  # [N] the previous step's sampled ids, on the device
+        self.static = None  # the runner's StaticDecode (cuda_graph.py): decode-only steps stage into its inputs
         self._prev_rows = np.zeros(0, np.int64)
         self.plain_greedy = np.zeros(0, bool)  # greedy, no min_tokens/logit_bias/logprobs: no sampling metadata
         self.req_ids = np.zeros(0, object)
@@ -120,8 +124,10 @@ class InputBatch:
                 self.last_token[row] = sr.token_ids[0]
         return np.array(rows, np.int64)
 
-    def prepare(self, out: SchedulerOutput) -> ModelInputs:
-        """The step's tensors; advances every scheduled row's ``num_computed``. ``out`` must not be empty."""
+    def prepare(self, out: SchedulerOutput, static: bool = False) -> ModelInputs:
+        """The step's tensors; advances every scheduled row's ``num_computed``. ``out`` must not be empty.
+        ``static``: a decode-only step whose rows all sample may run on the decode graphs (``self.static``),
+        its inputs staged into theirs."""
         srs, bt = out.scheduled, self.block_tables
         for rid, ids in out.new_block_ids.items():
             bt.extend(rid, ids)
@@ -134,7 +140,7 @@ class InputBatch:
         if not srs:  # decode-only step (the steady state): every row decodes its last sample
             rows = dec_rows[np.argsort(-self.num_computed[dec_rows], kind="stable")]
             query_lens = np.ones(len(rows), np.int64)
-            inputs = self._tensors(rows, query_lens, np.ones(len(rows), bool), len(rows), [])
+            inputs = self._tensors(rows, query_lens, np.ones(len(rows), bool), len(rows), [], static)
             self.num_computed[rows] += 1
             return inputs
         sr_rows = self._admit(srs)
@@ -153,12 +159,12 @@ class InputBatch:
                                       sr_sample[pre]])
         pre_srs = srs if pre.all() else [sr for sr, p in zip(srs, pre.tolist(), strict=True) if p]
         num_decodes = len(dec_all)
-        inputs = self._tensors(rows, query_lens, sample_mask, num_decodes, pre_srs)
+        inputs = self._tensors(rows, query_lens, sample_mask, num_decodes, pre_srs, static)
         self.num_computed[rows] += query_lens
         return inputs
 
     def _tensors(self, rows: np.ndarray, query_lens: np.ndarray, sample_mask: np.ndarray, num_decodes: int,
-                 prefills: list[ScheduledRequest]) -> ModelInputs:
+                 prefills: list[ScheduledRequest], static: bool) -> ModelInputs:
         n, bs = len(rows), self.block_size
         num_computed = self.num_computed[rows]
         if num_decodes == n:
@@ -195,10 +201,21 @@ class InputBatch:
             sample_rows = rows[sample_mask]
 
         gather = self._prev_sampled_gather(rows[:num_decodes])
-        i64, i32 = np.int64, np.int32
-        staged = self.buffers.upload([(input_ids, i64), (positions, i64), (slot_mapping, i64), (logits_indices, i64),
-                                      (query_start_loc, i32), (seq_lens, i32), (block_tables, i32), *gather])
-        ids, positions_d, slots, logits_d, qsl, seq_lens_d, tables = staged[:7]
+        static_size = self.static.size_for(n) if self.static is not None and static and num_tokens == n \
+            and len(sample_rows) == n else None
+        if static_size is not None:  # straight into the decode graphs' inputs (static_inputs.py)
+            into = self.static.inputs
+            gathered = into.stage(static_size, input_ids, positions, slot_mapping, seq_lens, block_tables, gather)
+            ids, positions_d, slots, seq_lens_d = into.input_ids[:n], into.positions[:n], into.slot_mapping[:n], \
+                into.seq_lens[:n]
+            tables, logits_d, qsl = into.block_table[:n], None, None  # the graph reads neither
+        else:
+            i64, i32 = np.int64, np.int32
+            staged = self.buffers.upload([(input_ids, i64), (positions, i64), (slot_mapping, i64),
+                                          (logits_indices, i64), (query_start_loc, i32), (seq_lens, i32),
+                                          (block_tables, i32), *gather])
+            ids, positions_d, slots, logits_d, qsl, seq_lens_d, tables = staged[:7]
+            gathered = staged[7:]
         common = CommonAttentionMetadata(
             num_reqs=n, num_decodes=num_decodes, num_actual_tokens=num_tokens,
             max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()), block_size=bs,
@@ -207,9 +224,10 @@ class InputBatch:
             block_tables_cpu=block_tables,
         )
         if gather:  # decode rows sampled by the previous step, not yet on the host: a device gather
-            index, dst = staged[7:]
+            index, dst = gathered
             ids.index_copy_(0, dst, self.prev_sampled[index])
-        return ModelInputs(ids, positions_d, common, logits_d, sample_rows, self.req_ids[sample_rows].tolist(), rows)
+        return ModelInputs(ids, positions_d, common, logits_d, sample_rows, self.req_ids[sample_rows].tolist(), rows,
+                           static_size)
 
     def sampling_metadata(self, rows: np.ndarray, vocab_size: int, eos_token_ids) -> SamplingMetadata:
         """Sampling settings of ``rows`` (the all-greedy common case costs one array test)."""

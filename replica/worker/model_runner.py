@@ -75,7 +75,7 @@ class ModelRunner:
             attn.backend = self.attn_backend
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
                                       self.block_size, self.device, config.max_num_batched_tokens)
-        self.static_decode: StaticDecode | None = None  # decode steps on static shapes (CUDA graphs)
+        self.static_decode = None  # decode steps on static shapes (CUDA graphs)
         # measured before the KV cache is sized, captured by bind_thread on the thread that replays them
         self.capture_graphs = use_cuda_graphs(config.cuda_graphs, self.device, self.attn_backend, self.block_size,
                                               self.parallel.tp_size)
@@ -136,6 +136,15 @@ class ModelRunner:
         num_blocks = self.parallel.all_reduce_min_int(num_blocks)
         log_capacity(num_blocks, self.block_size, self.max_model_len, block_bytes)
         return num_blocks
+
+    @property
+    def static_decode(self) -> StaticDecode | None:
+        return self._static_decode
+
+    @static_decode.setter
+    def static_decode(self, static: StaticDecode | None) -> None:
+        """Decode-only steps stage their inputs into the graphs' own (the input batch is told)."""
+        self._static_decode = self.input_batch.static = static
 
     def _layer_shape(self, num_blocks: int) -> tuple[int, ...]:
         attn0 = self.model.attention_layers()[0]
@@ -225,11 +234,11 @@ class ModelRunner:
         transfers = out.kv_transfers
         if transfers is not None:
             self.kv_offload.load(transfers.loads)  # the prefixes this step's prefills read
-        inputs = self.input_batch.prepare(out)
         asks_prompt_logprobs = any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled)
+        inputs = self.input_batch.prepare(out, static=not asks_prompt_logprobs)  # prompt logprobs need hidden
         greedy = None  # [N] argmax tokens when the step replays a decode graph (forward, LM head, argmax)
-        if self._static_step(inputs, asks_prompt_logprobs):
-            logits, greedy = self.static_decode.run(inputs.input_ids, inputs.positions, inputs.common)  # [N, V]
+        if inputs.static_size is not None:  # its inputs are already the graph's
+            logits, greedy = self.static_decode.run(inputs.common.num_reqs)  # [N, V], [N]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))  # [T, H]
         if transfers is not None:
@@ -252,14 +261,6 @@ class ModelRunner:
         self.input_batch.count_samples(inputs.sample_rows, tokens)
         return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
                                       self.token_copies, logprobs, prompt_logprobs)
-
-    def _static_step(self, inputs: ModelInputs, asks_prompt_logprobs: bool) -> bool:
-        """Whether a step replays a decode graph: decode tokens only, each sampling, no prompt logprobs (they need
-        the hidden states), and a capture size that fits its rows."""
-        common = inputs.common
-        return (self.static_decode is not None and not asks_prompt_logprobs
-                and common.num_decodes == common.num_actual_tokens == len(inputs.sample_rows)
-                and self.static_decode.size_for(common.num_reqs) is not None)
 
     def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor) -> dict:
         """Prompt logprobs of this step's prefill chunks of requests that ask for them (``hidden`` [T, H]).

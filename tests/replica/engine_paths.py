@@ -72,10 +72,10 @@ def run(engine: LLMEngine, prompts: list[dict[str, list[int]]], lengths: dict[st
     if static is not None:
         static_run = static.run
 
-        def counting_static(ids, pos, common):
+        def counting_static(n):
             out.static_steps += 1
-            out.replays += static.size_for(common.num_reqs) in static.graphs
-            return static_run(ids, pos, common)
+            out.replays += static.size_for(n) in static.graphs
+            return static_run(n)
 
         static.run = counting_static
     for i, wave in enumerate(prompts):

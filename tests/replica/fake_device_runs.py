@@ -56,8 +56,8 @@ def _engine(path: str, on_fake: bool, **kw):
     from kvmesh.replica.engine.llm_engine import LLMEngine
     from kvmesh.replica.worker import model_runner
 
-    config = EngineConfig(model=path, dtype="float32", device="cpu", attention_backend="torch", block_size=16,
-                          kv_cache_memory=1 << 22, max_num_seqs=8, **kw)
+    kw = dict(dict(attention_backend="torch", block_size=16, kv_cache_memory=1 << 22), **kw)
+    config = EngineConfig(model=path, dtype="float32", device="cpu", max_num_seqs=8, **kw)
     pick = model_runner.pick_device
     if on_fake:
         model_runner.pick_device = lambda device, rank: FAKE
@@ -110,6 +110,38 @@ def engine_steps(path: str) -> dict:
         sync = {k: v for k, v in kw.items() if k != "async_scheduling"}  # the reference schedules synchronously
         cpu, _ = _run(_engine(path, False, **sync), None, requests, later)
         results[name] = {"tokens": tokens, "cpu_tokens": cpu, "logs": logs, "prefix_cache_hits": hits}
+    return results
+
+
+def static_steps(path: str) -> dict:
+    """Greedy decode steps on the CUDA-graph path (its padded forward run eagerly through the flash-attn
+    reference at block 256), synchronous and async-scheduled, on the stand-in device and on the plain CPU."""
+    import torch
+    import transformers.integrations.flash_attention  # noqa: F401  (probes flash_attn before the stand-in)
+    from fake_device import FakeDevice
+    from kvmesh.replica.attention import flash_attn_reference
+    from kvmesh.replica.worker.cuda_graph import StaticDecode
+
+    sys.modules["flash_attn"] = reference = flash_attn_reference.as_module(allow_float32=True)
+    reference.SUPPORTED_DEVICES = ("cpu", "meta")  # plain torch: it runs on the stand-in device too
+    greedy = dict(temperature=0.0, max_tokens=6)
+    requests = {"a": (PROMPT, greedy), "b": (PROMPT[:7], greedy), "c": (PROMPT[:3], dict(greedy, max_tokens=3))}
+    results = {}
+    for name, kw in (("sync", {}), ("async", {"async_scheduling": True})):
+        kw = dict(kw, attention_backend="flash_attn", block_size=256, kv_cache_memory=1 << 24)
+        with FakeDevice() as dev:
+            engine = _engine(path, True, **kw)
+            runner, static_rows = engine.model_runner, []
+            runner.static_decode = static = StaticDecode(runner.model, runner.attn_backend, 8,
+                                                         runner.input_batch.block_tables.table.shape[1], 256,
+                                                         runner.device)
+            run = static.run
+            static.run = lambda n, rows=static_rows, run=run: rows.append(n) or run(n)
+            tokens, logs = _run(engine, dev, requests, None)
+        sync = {k: v for k, v in kw.items() if k != "async_scheduling"}
+        cpu, _ = _run(_engine(path, False, **sync), None, requests, None)
+        results[name] = {"tokens": tokens, "cpu_tokens": cpu, "logs": logs, "static_rows": static_rows,
+                         "on_device": str(static.inputs.input_ids.device) == str(torch.device("meta"))}
     return results
 
 

@@ -64,7 +64,7 @@ def check_int32(engine: LLMEngine) -> None:
     assert wrong == []
     assert runner.input_batch.block_tables.table.dtype == np.int32
     if runner.static_decode is not None:
-        assert runner.static_decode.block_table.dtype == torch.int32
+        assert runner.static_decode.inputs.block_table.dtype == torch.int32
         assert all(t.dtype == torch.int32 for md in runner.static_decode.metadata.values()
                    for _, t in block_table_tensors(md))
 

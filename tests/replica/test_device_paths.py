@@ -208,6 +208,7 @@ def test_kv_cache_and_static_decode_buffers_live_on_the_runner_device(monkeypatc
     assert allocate_kv_cache(2, (2, 8, 256, 2, 8), torch.bfloat16, META).device == META
     backend = get_attn_backend("flash_attn", torch.device("cpu"), torch.bfloat16)
     static = StaticDecode(None, backend, max_num_seqs=8, max_blocks=4, block_size=256, device=META)
-    buffers = [static.input_ids, static.positions, static.slot_mapping, static.seq_lens, static.block_table]
+    inputs = static.inputs
+    buffers = [inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.seq_lens, inputs.block_table]
     assert all(t.device == META for t in buffers)
     assert all(off_device(md) == [] for md in static.metadata.values())

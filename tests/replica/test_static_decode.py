@@ -46,8 +46,7 @@ def generate(engine: LLMEngine, prompts: dict[str, list[int]], lengths: dict[str
 def count_sizes(static: StaticDecode) -> list[tuple[int, int]]:
     """Record (rows, capture size) of every decode step the static path runs."""
     sizes, run = [], static.run
-    static.run = lambda ids, pos, common: sizes.append((common.num_reqs, static.size_for(common.num_reqs))) or run(
-        ids, pos, common)
+    static.run = lambda n: sizes.append((n, static.size_for(n))) or run(n)
     return sizes
 
 
@@ -68,37 +67,42 @@ def test_padded_static_decode_gives_the_eager_tokens(flash_reference, stories_pa
     assert {(7, 8), (5, 8), (3, 4), (1, 1)} <= set(sizes)  # padded to capture sizes as requests finished
 
 
-class Fills(TorchDispatchMode):
-    def __init__(self) -> None:
+class Writes(TorchDispatchMode):
+    """Counts copies and fills into one buffer (``storage``: the graphs' inputs)."""
+
+    def __init__(self, storage: torch.Tensor) -> None:
         super().__init__()
-        self.count = 0
+        self.ptr, self.count = storage.untyped_storage().data_ptr(), 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func.overloadpacket in (torch.ops.aten.fill_, torch.ops.aten.zero_)
+        self.count += func.overloadpacket in (torch.ops.aten.copy_, torch.ops.aten.fill_, torch.ops.aten.zero_) and \
+            args[0].untyped_storage().data_ptr() == self.ptr
         return func(*args, **(kwargs or {}))
 
 
-def test_static_decode_resets_padding_only_after_the_batch_shrinks(flash_reference, stories_path):
-    """Rows a bigger step left are reset once; a steady batch (padded or not) fills nothing per step."""
+def test_a_static_step_runs_on_the_inputs_it_staged_with_no_copy_or_fill(flash_reference, stories_path):
+    """The step's upload lands in the graphs' inputs, padding rows included: the run itself copies and fills
+    nothing, whether the batch is steady or shrinks (rows a bigger step left are rewritten by the upload)."""
     config = EngineConfig(model=str(stories_path), dtype="float32", device="cpu", attention_backend="flash_attn",
                           block_size=BLOCK, max_num_seqs=8, kv_cache_memory=1 << 24, hash_seed=b"s")
     engine = LLMEngine(config, skip_tokenizer_init=True)
     runner = engine.model_runner
     runner.static_decode = static = StaticDecode(runner.model, runner.attn_backend, 8,
                                                  runner.input_batch.block_tables.table.shape[1], BLOCK, runner.device)
-    fills, run = [], static.run
+    writes, run = [], static.run
 
-    def counted(ids, pos, common):
-        with Fills() as mode:
-            out = run(ids, pos, common)
-        fills.append((common.num_reqs, mode.count))
+    def counted(n):
+        with Writes(static.inputs.buffer.gpu) as mode:
+            out = run(n)
+        inputs = static.inputs
+        padding = [inputs.input_ids[n:4].tolist(), inputs.seq_lens[n:4].tolist(), inputs.block_table[n:4].sum().item()]
+        writes.append((n, mode.count, padding))
         return out
 
     static.run = counted
     generate(engine, {f"r{i}": [5 + i] * 9 for i in range(4)}, {"r0": 3, "r1": 6, "r2": 6, "r3": 6})
-    rows = [n for n, _ in fills]
-    assert rows == [4, 4, 3, 3, 3], fills  # graph size 4 throughout: 4 rows, then 3 and a padding row
-    assert [count for _, count in fills] == [0, 0, 5, 0, 0]  # row 3 reset once (5 buffers), then nothing
+    assert [(n, count) for n, count, _ in writes] == [(4, 0), (4, 0), (3, 0), (3, 0), (3, 0)], writes
+    assert all(pad == [[0] * (4 - n), [1] * (4 - n), 0] for n, _, pad in writes)  # row 3 padding again
 
 
 @pytest.mark.skipif(triton_problem(CPU) is not None, reason=f"{triton_problem(CPU)} (the gpu tests cover triton)")

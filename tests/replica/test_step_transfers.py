@@ -106,6 +106,27 @@ def test_async_scheduling_keeps_one_transfer_per_step_and_the_tokens(runs):
     assert run["tokens"] == run["cpu_tokens"]
 
 
+@pytest.mark.parametrize("scheduling", ["sync", "async"])
+def test_a_cuda_graph_decode_step_is_one_upload_one_run_one_copy_back(stories_path, scheduling):
+    """On the static (CUDA-graph) path the step's inputs go up in one copy straight into the graph's inputs
+    and the greedy tokens come from the run itself: one host-to-device copy, one device-to-host copy."""
+    run = run_in_child("static_steps", stories_path)[scheduling]
+    assert run["on_device"] and run["static_rows"], run["static_rows"]
+    assert run["tokens"] == run["cpu_tokens"]
+    # the flash-attn reference stands in for a CUDA kernel: what it does inside is no transfer of the step's
+    kernel = "attention/flash_attn_reference.py"
+    logs = [{k: [r for r in v if kernel not in r] if isinstance(v, list) else v for k, v in log.items()}
+            for log in run["logs"]]
+    if scheduling == "sync":
+        assert_disciplined(logs)
+    else:  # a step's copy back is read by the next step (see the async test above)
+        assert all(log["syncs"] == [] and log["mixed"] == [] and len(log["d2h"]) <= 1 for log in logs)
+        assert sum(len(log["d2h"]) for log in logs) == sum(log["sampled"] for log in logs)
+    decode_only = [log for log in logs[1:] if log["d2h"]]  # steps that launched a decode (after the prefill)
+    assert decode_only and all(len(log["h2d"]) == 1 and "(copy_to_gpu)" in log["h2d"][0] for log in decode_only), \
+        [log["h2d"] for log in decode_only]
+
+
 def test_the_check_sees_syncs_transfers_and_mixing(stories_path):
     """The stand-in device records what a GPU would pay for (so the assertions above can fail)."""
     log = run_in_child("the_check", stories_path)
