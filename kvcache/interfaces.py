@@ -1,6 +1,6 @@
 """The request a ``KVCacheManager`` sees, written down once.
 
-The engine's ``replica.request.Request``, the simulator's ``SimRequest`` and the benchmarks'
+The engine's ``replica.engine.request.Request``, the simulator's ``SimRequest`` and the benchmarks'
 and tests' ``TokenRequest`` all satisfy ``CacheRequest``; the manager reads nothing else.
 
     all_token_ids = [p0 p1 ... | o0 o1 ...]     prompt | output so far (num_tokens long)

@@ -3,7 +3,7 @@
     ReplicaActor (Ray, max_restarts)
       ├─ LLMEngine on the AsyncLLM thread ── model runner (TP=1) | RayTPExecutor ──▶ TPWorker × N
       ├─ ZmqEventPublisher   PUB + replay/snapshot ROUTER (ephemeral ports on the node IP)
-      ├─ HTTPServer          FastAPI app (server.py) on its own thread
+      ├─ HTTPServer          FastAPI app (server/app.py) on its own thread
       └─ watchdog thread     engine or TP group broken -> the process exits, Ray restarts it
 
 A (re)started actor announces its empty cache as the first batch of its stream: seq 0 is

@@ -16,7 +16,8 @@ TOOLS = {
     "load": "load-test an OpenAI endpoint (router, replica, any server)",
     "compare-policies": "run one workload through the router under several policies, side by side",
 }
-NOT_AREAS = {"fake_replica"}  # shared helpers in kvmesh.cluster.measure.benchmarks, not benchmarks
+# shared helpers in kvmesh.cluster.measure.benchmarks, not benchmarks (no main)
+NOT_AREAS = {"fake_replica", "fake_answers", "router_http"}
 
 
 def available_areas() -> list[str]:

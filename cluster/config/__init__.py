@@ -1,1 +1,1 @@
-"""kvmesh.cluster.config.trees: the config trees."""
+"""kvmesh.cluster.config: the config trees (trees.py), their schema (schema.py), and the YAML / env / flag derivation."""

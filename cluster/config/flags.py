@@ -1,4 +1,4 @@
-"""CLI flags derived from a command's config schema (``config_schema.py``), and their parsing.
+"""CLI flags derived from a command's config schema (``schema.py``), and their parsing.
 
 Every visible field gets one flag named after it (``engine.block_size`` -> ``--block-size``) with
 its doc line and default as help; booleans get ``--x/--no-x``; mappings take ``NAME=VALUE``

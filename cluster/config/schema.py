@@ -90,11 +90,6 @@ class Option:
         """The name in its section's flat namespace (variables, flags): ``events_max_payload_bytes``."""
         return f"{self.sub}_{self.name}" if self.sub else self.name
 
-    @property
-    def flat_dotted(self) -> str:
-        """The YAML key a nested option had when its section was flat (read with a deprecation warning)."""
-        return f"{self.section}.{self.flat_name}"
-
     def value_in(self, tree: Mapping) -> YamlValue:
         """Its value in a nested dict of the root (None where absent)."""
         for key in self.path:

@@ -12,7 +12,7 @@
 
 A section is the component's dataclass itself, and the component takes it whole
 (``ReplicaRuntime.start(engine, server, events, frontend)``), so a field, its default, its check
-and its doc exist once; ``config_schema.py`` derives YAML keys, ``KVMESH_*`` variables and flags
+and its doc exist once; ``schema.py`` derives YAML keys, ``KVMESH_*`` variables and flags
 from them. Fields one command derives from another (the router's block size is the engine's in
 ``serve``) are listed in that command's hidden map with the reason, and rejected if set there.
 """

@@ -1,1 +1,1 @@
-"""kvmesh.cluster.fleet.operations: a running cluster's replica set."""
+"""kvmesh.cluster.fleet: a running cluster's replica set: supervisor, scale / drain / rollout (operations.py), autoscaler."""

@@ -1,1 +1,1 @@
-"""Paged attention: typed per-step metadata, a backend registry ("torch", "flash_attn"), the layer."""
+"""Paged attention: typed per-step metadata, a backend registry ("triton", "flash_attn", "torch"), the layer."""

@@ -1,1 +1,1 @@
-"""kvmesh.replica.engine.llm_engine: the engine core."""
+"""kvmesh.replica.engine: the engine core: LLMEngine and its step, scheduler, AsyncLLM, requests, outputs, stats."""

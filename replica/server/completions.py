@@ -66,7 +66,7 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 class OpenAIHandlers:
-    """Request handlers bound to one engine client, tokenizer and model name (see server.py)."""
+    """Request handlers bound to one engine client, tokenizer and model name (see app.py)."""
 
     def __init__(self, state: ServerState):
         self.state = state  # engine client, tokenizer, served names, metrics

@@ -1,6 +1,6 @@
 /* kvmesh.router._fastpath: the router's hot path in C (the key chain and the prefix match).
  *
- * Same results as the pure-Python code in router/keys.py and router/index.py (a hypothesis test
+ * Same results as the pure-Python code in router/routing/keys.py and router/routing/index.py (a hypothesis test
  * compares both; KVMESH_NO_NATIVE=1 forces the Python path):
  *
  *   chain_keys(tokens, num_blocks, block_size, parent_key, extras) -> list[int]

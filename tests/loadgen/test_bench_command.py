@@ -20,6 +20,16 @@ def test_help_lists_tools_and_installed_areas(capsys):
     assert "traces" not in bench.available_areas()  # a shared helper, not a benchmark
 
 
+def test_every_listed_area_has_a_main():
+    """A helper module beside the benchmarks is not offered as one (``kvmesh bench fake_answers`` crashed)."""
+    import importlib.util
+
+    for area in bench.available_areas():
+        spec = importlib.util.find_spec(f"kvmesh.cluster.measure.benchmarks.{area}")
+        with open(spec.origin) as f:
+            assert "\ndef main(" in f.read(), f"kvmesh bench lists {area!r}, which has no main(argv)"
+
+
 def test_area_dispatches_to_its_main_with_the_remaining_arguments(monkeypatch):
     seen = {}
     fake = types.SimpleNamespace(main=lambda argv: seen.setdefault("argv", argv) and 0)

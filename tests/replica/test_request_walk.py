@@ -2,7 +2,7 @@
 
 A profiler on the server's threads records the kvmesh frames on the stack at every call of a kvmesh
 function from the request's arrival until the engine call (``AsyncLLM.generate``); on no such stack does a
-file appear again after another file was entered (``server.py -> completions.py -> server.py`` would be a
+file appear again after another file was entered (``app.py -> completions.py -> app.py`` would be a
 walk that goes back and forth). The way back is not part of it: an ASGI response passes up through the
 middleware's ``send`` callbacks by design."""
 

@@ -1,5 +1,5 @@
 """``kvmesh bench load``'s settings: the endpoint, the workload and how it is sent, one dataclass each;
-its flags (``--url``, ``--workload``, ``--mode`` ...) are derived from them (``config_cli``)."""
+its flags (``--url``, ``--workload``, ``--mode`` ...) are derived from them (``cluster/config/flags.py``)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ LRU eviction, KV events, router keys, prefix matching, policy choice — is the 
 Package import is light: nothing here imports torch.
 
     config.py     CostModel (step time) and SimConfig (one run)
+    options.py    the commands' config trees (SimCommandConfig, ScalingCommandConfig): flags derive from them
     replica.py    SimRequest (trace fields + timeline) and SimReplica (KV cache manager + scheduler)
     router.py     SimRouter: one or several real KVRouters fed in-process, in simulated time
     loop.py       the one discrete-event loop (run_policy), a fleet policy (fixed; autoscaled in scaling.py)
