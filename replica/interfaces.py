@@ -47,6 +47,11 @@ class ModelRunnerInterface(Protocol):
     kv_offload: KVOffloader | None
     """The host tier's copies (bytes moved, measured bandwidth); None without a tier."""
 
+    def bind_thread(self) -> None:
+        """Make the calling thread the one that steps (its device current, CUDA graphs captured there); the
+        engine thread calls it before its first step."""
+        ...
+
     def finished_kv_transfers(self) -> list[int]:
         """Steps whose copies to the host tier landed since the last call (never blocks; [] without a tier)."""
         ...

@@ -29,6 +29,9 @@ _BACKENDS = {
 
 class AttentionBackend(Protocol):
     name: str
+    fuses_rotary: bool
+    """``forward`` also takes ``rotary`` (positions [T], cos_sin_cache) and rotates q and k in its cache-write
+    launch (the Triton backend); False: the model rotates them first."""
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:

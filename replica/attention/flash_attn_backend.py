@@ -65,6 +65,7 @@ def cumulative(lengths: torch.Tensor) -> torch.Tensor:
 
 class FlashAttentionBackend:
     name = "flash_attn"
+    fuses_rotary = False  # the model rotates q and k before forward
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:

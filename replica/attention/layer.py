@@ -22,7 +22,7 @@ class Attention(nn.Module):
     def fuses_rotary(self, rotary_on_triton: bool) -> bool:
         """Whether this layer's backend applies the rotary embedding itself, in its cache-write launch: the
         Triton backend does, when the rotary embedding would have taken its Triton path too."""
-        return rotary_on_triton and getattr(self.backend, "fuses_rotary", False)
+        return rotary_on_triton and self.backend.fuses_rotary
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -69,6 +69,7 @@ class TorchAttentionMetadata:
 
 class TorchAttentionBackend:
     name = "torch"
+    fuses_rotary = False  # the model rotates q and k before forward
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:

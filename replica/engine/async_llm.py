@@ -210,9 +210,7 @@ class AsyncLLM:
     def _run(self) -> None:
         engine = self.engine
         try:
-            bind = getattr(self.runner, "bind_thread", None)  # its CUDA device, its graphs captured here
-            if bind is not None:
-                bind()
+            self.runner.bind_thread()  # its CUDA device, its graphs captured here
             while not self._closed:
                 self._wake.clear()
                 self._drain_commands()

@@ -80,6 +80,9 @@ class FakeModelRunner:
             token = (start * 7 + len(token_ids)) % self.vocab_size
         row[2] = sampled[rid] = token
 
+    def bind_thread(self) -> None:
+        """No device, no graphs: any thread may step."""
+
     def check_health(self, timeout_s: float = 10.0) -> str | None:
         return self.dead_reason
 

@@ -204,6 +204,9 @@ class RayTPExecutor:
             raise RuntimeError(self.dead_reason) from e
         return results[0]
 
+    def bind_thread(self) -> None:
+        """Each rank steps on its own worker actor's thread, bound there; the driver's thread holds no device."""
+
     def check_health(self, timeout_s: float = 10.0) -> str | None:
         """None when every rank answers, else why not (and the executor is marked dead)."""
         import ray

@@ -37,16 +37,23 @@ def _processes_of(run: str) -> list[psutil.Process]:
     return found
 
 
-@pytest.mark.parametrize("after_s", [1, 5, 15])
-def test_ctrl_c_during_start_up_leaves_no_process(after_s, stories_path, tmp_path):
+def _start_serve(stories_path: Path, tmp_path: Path) -> tuple[str, subprocess.Popen]:
+    """(run, process): ``kvmesh serve`` of one stories260K replica on free ports, its processes marked ``run``
+    (``_processes_of``), in a session of its own so that a signal reaches its whole process group, as a
+    terminal's Ctrl-C does."""
     run = uuid.uuid4().hex
     env = {**os.environ, MARKER: run, "KVMESH_CLUSTERS_DIR": str(tmp_path / "clusters"), "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
     argv = [str(KVMESH), "serve", "--model", str(stories_path), "--num-replicas", "1", "--port", "0",
             "--http-port", "0", "--event-port", "0"]
-    # a session of its own, so that the signal reaches its whole process group, as a terminal's Ctrl-C does
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    return run, proc
+
+
+@pytest.mark.parametrize("after_s", [1, 5, 15])
+def test_ctrl_c_during_start_up_leaves_no_process(after_s, stories_path, tmp_path):
+    run, proc = _start_serve(stories_path, tmp_path)
     try:
         time.sleep(after_s)  # the moment under test: Ctrl-C after_s seconds into start-up, whatever it is doing
         os.killpg(proc.pid, signal.SIGINT)
@@ -74,13 +81,7 @@ def test_a_signal_to_the_process_group_of_a_ready_serve_stops_it_cleanly(signum,
     systemd does by default (KillMode=control-group): every process serve started, Ray's too. serve says it
     stopped, exits as a process stopped by that signal, and leaves nothing (Ray's processes, in their own
     session, are stopped by serve; when they got the signal as well, serve no longer waits for their GCS)."""
-    run = uuid.uuid4().hex
-    env = {**os.environ, MARKER: run, "KVMESH_CLUSTERS_DIR": str(tmp_path / "clusters"), "PYTHONUNBUFFERED": "1"}
-    env.pop("RAY_ADDRESS", None)
-    argv = [str(KVMESH), "serve", "--model", str(stories_path), "--num-replicas", "1", "--port", "0",
-            "--http-port", "0", "--event-port", "0"]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    run, proc = _start_serve(stories_path, tmp_path)
     try:
         lines = []
         for line in proc.stdout:  # until serve is ready (or ends)
