@@ -53,6 +53,11 @@ class PrefixCache:
             self.publisher.publish(KVEventBatch(ts=time.time() + clock_offset, events=events))
         return n
 
+    def held_tokens(self, ids: list[int], salt: str | None) -> int:
+        """Tokens of the prompt's leading full blocks cached here (at most all but its last token), untouched."""
+        with self.lock:
+            return self.manager.get_computed_blocks(TokenRequest(f"{self.name}-held", ids, cache_salt=salt))[1]
+
     def load_fields(self) -> dict[str, object]:
         """What ``GET /load`` adds: cache usage and the publisher's progress."""
         fields: dict[str, object] = {"kv_cache_usage": self.manager.usage}
