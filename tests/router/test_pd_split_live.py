@@ -230,3 +230,43 @@ def test_no_pull_when_one_end_has_transfer_off_or_pulling_costs_more(trio, start
     assert answer(r) == ({"d": "e", "e": "d"}[holder], 0)
     assert received(d) == [] and received(e) == []
     assert sample(router, "peer_pulls") == 0
+
+
+# ---------------------------------------------------------------- roles over the admin API and the command line
+ADMIN = {"Authorization": "Bearer admin-key"}
+
+
+def test_admin_api_registers_a_prefill_replica_and_refuses_a_bad_role(trio, start_router):
+    p, d, _ = trio
+    router = start_router([role(d, "decode")], admin_key="admin-key")
+    bad = httpx.post(router.url + "/replicas", json={"url": p.info["url"], "id": "p", "role": "prefil"}, headers=ADMIN)
+    assert bad.status_code == 400
+    assert "role='prefil' is not a replica role; choose one of prefill, decode, both" in bad.json()["error"]["message"]
+    ok = httpx.post(router.url + "/replicas", json={"url": p.info["url"], "events": p.info["events"], "id": "p",
+                                                    "role": "prefill"}, headers=ADMIN)
+    assert ok.status_code == 200 and ok.json() == {"id": "p", "healthy": True}
+    rows = {r["id"]: r["role"] for r in httpx.get(router.url + "/replicas", timeout=5).json()["replicas"]}
+    assert rows == {"p": "prefill", "d": "decode"}
+    assert answer(post(router, prompt(7800))) == ("d", MOVABLE)  # split through the registered prefill replica
+    assert received(p) == [{"do_remote_decode": True}]
+
+
+def test_standalone_router_refuses_a_bad_role_with_a_clear_error(capsys):
+    from kvmesh.cluster.cli import main
+
+    assert main(["router", "--replica", "http://127.0.0.1:9,role=decoder"]) == 2
+    err = capsys.readouterr().err
+    assert "role='decoder' is not a replica role; choose one of prefill, decode, both" in err and "Traceback" not in err
+
+
+def test_access_log_names_the_prefill_replica_and_the_tokens_moved(trio, start_router, caplog):
+    p, d, _ = trio
+    router = start_router([role(p, "prefill"), role(d, "decode")], access_log=True)
+    with caplog.at_level("INFO", logger="kvmesh.router.access"):
+        answer(post(router, prompt(7900)))
+        wait_for(lambda: any(r.name == "kvmesh.router.access" for r in caplog.records), what="the access log line")
+    line = json.loads(next(r.getMessage() for r in caplog.records if r.name == "kvmesh.router.access"))
+    assert line["replica"] == "d" and line["prefill_replica"] == "p" and line["kv_pulled_tokens"] == MOVABLE
+    assert line["cached_tokens"] == MOVABLE and line["kv_pulled_from"] is None
+    summary = router.runtime.router.receipts.summary()["cluster"]
+    assert summary["mispredicted"] == 0  # the pulled tokens are not held against the index's prediction
