@@ -78,22 +78,19 @@ class KVHandoff:
         prefill_id, skipped = svc.router.choose_prefill(decision)
         if skipped is not None:
             svc.metrics.child(svc.metrics.pd_splits, skipped).inc()
-        if prefill_id is not None:
+        if prefill_id is not None:  # a split, or (its prefill call failed) the request as sent: never a pull
             handle = await self._prefill(request, decision, prefill_id)
-            outcome = SPLIT_OK if handle is not None else SPLIT_PREFILL_FAILED
-            svc.metrics.child(svc.metrics.pd_splits, outcome).inc()
+            svc.metrics.child(svc.metrics.pd_splits, SPLIT_OK if handle is not None else SPLIT_PREFILL_FAILED).inc()
             if handle is not None:
                 request.kv_transfer_params = handle
                 decision.receipt.prefill_replica_id = prefill_id
-                decision.receipt.pulled_from = None
             return
         pull = decision.pull
         holder = svc.specs.get(pull.holder_id) if pull is not None else None
-        if holder is None:
-            decision.receipt.pulled_from = None
-            return
-        request.kv_transfer_params = {"do_remote_prefill": True, "remote_url": holder.url}
-        svc.metrics.peer_pulls.inc()
+        if holder is not None:
+            request.kv_transfer_params = {"do_remote_prefill": True, "remote_url": holder.url}
+            decision.receipt.pulled_from = pull.holder_id
+            svc.metrics.peer_pulls.inc()
 
     async def _prefill(self, request: ProxyRequest, decision: RouteDecision, prefill_id: str) -> dict | None:
         """The prefill call; the handle for the decode replica, or None (counted against the prefill replica

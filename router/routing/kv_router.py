@@ -242,8 +242,6 @@ class KVRouter:
         else:
             reason = "cache" if matched and matched == best else "load"
         receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id, host_hit)
-        if pull is not None:
-            receipt.pulled_from = pull.holder_id
         return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, host_hit, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull)
 

@@ -134,7 +134,6 @@ def test_a_request_sent_away_from_the_holder_pulls_when_that_is_cheaper():
     assert decision.replica_id == "b"
     assert decision.pull.holder_id == "a" and decision.pull.num_tokens == 32 * BS
     assert decision.pull.pull_s < decision.pull.recompute_s
-    assert decision.receipt.pulled_from == "a"
 
 
 def test_no_pull_when_recomputing_is_cheaper_or_transfer_is_off_or_the_holder_was_chosen():
