@@ -270,3 +270,11 @@ def test_access_log_names_the_prefill_replica_and_the_tokens_moved(trio, start_r
     assert line["cached_tokens"] == MOVABLE and line["kv_pulled_from"] is None
     summary = router.runtime.router.receipts.summary()["cluster"]
     assert summary["mispredicted"] == 0  # the pulled tokens are not held against the index's prediction
+
+
+def test_the_prefill_call_carries_the_replicas_key(trio, start_router):
+    p, d, _ = trio
+    router = start_router([role(p, "prefill"), role(d, "decode")], replica_api_key="replica-key-1234")
+    assert answer(post(router, prompt(8000)))[0] == "d"
+    assert fake_stats(p)["auth_seen"] == ["Bearer replica-key-1234"]  # the prefill call, nothing else
+    assert fake_stats(d)["auth_seen"] == ["Bearer replica-key-1234"]
