@@ -104,7 +104,8 @@ class ReplicaRuntime:
         llm = self.llm
         return {"http_url": self.http.url, "model": self.state.model_path, "served_model_name": self.state.model_name,
                 "block_size": llm.block_size, "max_model_len": llm.max_model_len, "num_kv_blocks": llm.num_kv_blocks,
-                "tensor_parallel_size": llm.tensor_parallel_size, **_event_info(self.publisher, self.events)}
+                "tensor_parallel_size": llm.tensor_parallel_size, "kv_transfer": self.state.kv_transfer is not None,
+                **_event_info(self.publisher, self.events)}
 
     def dead_reason(self) -> str | None:
         return self.llm.dead_reason()
@@ -177,7 +178,13 @@ def _kv_transfer_service(config: KVTransferConfig, llm: AsyncLLM, state: ServerS
     from kvmesh.replica.kv_transfer.agent import agent_for_runner
     from kvmesh.replica.server.kv_transfer import KVTransferService
 
-    agent = agent_for_runner(config, f"{replica_id}-{uuid.uuid4().hex[:8]}-rank-0", llm.runner)
+    from kvmesh.replica.kv_transfer.errors import KVTransferError
+
+    try:
+        agent = agent_for_runner(config, f"{replica_id}-{uuid.uuid4().hex[:8]}-rank-0", llm.runner)
+    except KVTransferError as e:  # nixl missing or unable to start here: said as a start-up error
+        raise ValueError(f"kv_transfer (transport {config.transport}) cannot start: {e}; install nixl "
+                         "(the engine extra) or turn KV transfer off (--no-kv-transfer)") from None
     service = KVTransferService(config, agent, llm, state.kv_metrics)
     llm.kv_transfer_load = service.load
     return service

@@ -19,11 +19,11 @@ KEY = "kv-transfer-test-key"
 
 @contextlib.contextmanager
 def kv_replica(stories_path, api_key: str | None = KEY, lease_ttl_s: float = 30.0, enabled: bool = True,
-               **engine) -> Iterator[ReplicaRuntime]:
+               transport: str = "local", **engine) -> Iterator[ReplicaRuntime]:
     config = EngineConfig(model=str(stories_path), hash_seed=SEED, **{"kv_cache_memory": 4 << 20, **engine})
     runtime = ReplicaRuntime.start(
         config, ReplicaServerConfig(port=0, event_port=None, api_key=api_key),
-        kv_transfer=KVTransferConfig(enabled=enabled, transport="local", lease_ttl_s=lease_ttl_s, timeout_s=5.0))
+        kv_transfer=KVTransferConfig(enabled=enabled, transport=transport, lease_ttl_s=lease_ttl_s, timeout_s=5.0))
     try:
         yield runtime
     finally:
