@@ -176,9 +176,8 @@ def _kv_transfer_service(config: KVTransferConfig, llm: AsyncLLM, state: ServerS
     import uuid
 
     from kvmesh.replica.kv_transfer.agent import agent_for_runner
-    from kvmesh.replica.server.kv_transfer import KVTransferService
-
     from kvmesh.replica.kv_transfer.errors import KVTransferError
+    from kvmesh.replica.server.kv_transfer import KVTransferService
 
     try:
         agent = agent_for_runner(config, f"{replica_id}-{uuid.uuid4().hex[:8]}-rank-0", llm.runner)
