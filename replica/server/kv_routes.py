@@ -44,6 +44,12 @@ def install_kv_routes(app: FastAPI, state: ServerState) -> None:
             raise ProtocolError("KV transfer is off on this replica; start it with --kv-transfer", 503)
         return state.kv_transfer
 
+    async def close_client() -> None:  # the pulls' HTTP client session, on the server's loop
+        if state.kv_transfer is not None:
+            await state.kv_transfer.close()
+
+    app.router.on_shutdown.append(close_client)
+
     @app.get("/kv/handshake")
     async def handshake():
         return Response(service().handshake_bytes(), media_type="application/msgpack")

@@ -61,6 +61,7 @@ class KVTransferService:
         self._handshake = encode_handshake(agent.handshake())
         self._peers: dict[str, str] = {}  # remote_url -> the peer's agent name (handshake done)
         self._session: aiohttp.ClientSession | None = None
+        self._handshaking: asyncio.Lock | None = None  # one handshake at a time (made on the server's loop)
 
     # ------------------------------------------------------------ holder side
     def handshake_bytes(self) -> bytes:
@@ -111,9 +112,12 @@ class KVTransferService:
         return result
 
     async def _peer(self, url: str, headers: dict[str, str]) -> str:
-        if url not in self._peers:
-            raw = await self._call("GET", f"{url}/kv/handshake", headers, None, raw=True)
-            self._peers[url] = self.agent.add_peer(decode_handshake(raw))  # KVLayoutMismatch names the fields
+        if self._handshaking is None:
+            self._handshaking = asyncio.Lock()
+        async with self._handshaking:  # two first requests to one peer shake hands once
+            if url not in self._peers:
+                raw = await self._call("GET", f"{url}/kv/handshake", headers, None, raw=True)
+                self._peers[url] = self.agent.add_peer(decode_handshake(raw))  # KVLayoutMismatch names the fields
         return self._peers[url]
 
     def _forget(self, url: str) -> None:
