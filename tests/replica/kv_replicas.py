@@ -10,8 +10,11 @@ from collections.abc import Iterator
 import httpx
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.kv_transfer.config import KVTransferConfig
+from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.runtime import ReplicaRuntime
 from kvmesh.replica.server.config import ReplicaServerConfig
+
+from ..conftest import CHAT_TEMPLATE
 
 SEED = "a-shared-cluster-hash-seed"  # replicas of one cluster hash alike
 KEY = "kv-transfer-test-key"
@@ -23,6 +26,7 @@ def kv_replica(stories_path, api_key: str | None = KEY, lease_ttl_s: float = 30.
     config = EngineConfig(model=str(stories_path), hash_seed=SEED, **{"kv_cache_memory": 4 << 20, **engine})
     runtime = ReplicaRuntime.start(
         config, ReplicaServerConfig(port=0, event_port=None, api_key=api_key),
+        frontend=FrontendConfig(chat_template=CHAT_TEMPLATE),
         kv_transfer=KVTransferConfig(enabled=enabled, transport=transport, lease_ttl_s=lease_ttl_s, timeout_s=5.0))
     try:
         yield runtime

@@ -190,3 +190,19 @@ def test_streamed_answers_carry_the_pull_headers(pair):
             assert r.headers["x-kvmesh-kv-pull"] == "ok"
             assert int(r.headers["x-kvmesh-kv-pulled-tokens"]) == FULL_BLOCK_TOKENS
             assert "[DONE]" in r.read().decode()
+
+
+def test_chat_takes_kv_transfer_params_on_both_sides(pair):
+    a, b = pair
+    messages = [{"role": "user", "content": " ".join(f"word{i}" for i in range(30))}]
+    body = {"messages": messages, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    with client(a) as ca, client(b) as cb:
+        reference = ca.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        prefill = ca.post("/v1/chat/completions", json={**body, "max_tokens": 1,
+                                                       "kv_transfer_params": {"do_remote_decode": True}})
+        handle = prefill.json()["kv_transfer_params"]
+        assert handle["num_tokens"] >= 16
+        r = cb.post("/v1/chat/completions", json={**body, "kv_transfer_params": {**handle, "remote_url": a.http.url}})
+        assert r.status_code == 200 and r.headers["x-kvmesh-kv-pull"] == "ok"
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= handle["num_tokens"]
+        assert r.json()["choices"][0]["message"]["content"] == reference
