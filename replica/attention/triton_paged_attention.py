@@ -51,7 +51,15 @@ MAX_KV_SPLITS = 32  # most parts split-KV cuts a context into (B=1 on an H100: 4
 MIN_SPLIT_KEYS = 128  # fewest keys per part when a step with longer query runs splits (4 tiles)
 
 
-@triton.jit
+STEP_VARYING = ("counter_ptr", "block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr", "num_reqs", "stride_bt",
+                "positions_ptr", "slot_mapping_ptr")
+"""Arguments that change from step to step in ways Triton would otherwise compile a kernel for each of (an int
+equal to 1 or a multiple of 16, an index array's 16-byte alignment in the step's packed upload): not
+specialized on, so the specializations a server meets are the few worker/kernel_warmup.py compiles at
+start-up. They are scalars and gathered indices: alignment buys these loads nothing."""
+
+
+@triton.jit(do_not_specialize=STEP_VARYING)
 def _unified_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, lse_ptr, counter_ptr, block_table_ptr, seq_lens_ptr,
         query_start_loc_ptr, scale, num_reqs, num_heads,

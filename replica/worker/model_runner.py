@@ -31,6 +31,7 @@ from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.worker.device import pick_device, set_current_device, set_num_threads
 from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs
+from kvmesh.replica.worker.kernel_warmup import warm_up_kernels
 from kvmesh.replica.worker.kv_cache import (
     allocate_kv_cache,
     bytes_per_block,
@@ -96,6 +97,7 @@ class ModelRunner:
         logger.info("attention backend %s, block_size %d, %s", self.attn_backend.name, self.block_size,
                     f"CUDA graphs for decode batch sizes {self.static_decode.sizes}" if self.static_decode
                     else "no CUDA graphs")
+        warm_up_kernels(self)  # every Triton specialization a step can hit, compiled before the replica is ready
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         # packed logprobs of a step: [N, 2 (1 + MAX_LOGPROBS) + 1] float64, back without blocking
         logprobs_copies = HostCopies(config.max_num_seqs * (2 * MAX_LOGPROBS + 3), torch.float64, self.device)
