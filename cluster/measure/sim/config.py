@@ -88,7 +88,23 @@ class SimConfig:
     """N simulated replicas, each a real ``KVCacheManager`` behind a cost model."""
 
     num_replicas: int = 16
-    """Simulated replicas behind the router."""
+    """Simulated replicas behind the router that decode (role ``both``, or ``decode`` next to prefill replicas)."""
+    num_prefill_replicas: int = 0
+    """Prefill-only replicas next to ``num_replicas`` (as ``kvmesh serve --num-prefill-replicas``): a prompt
+    whose uncached suffix on its decode replica is at least the router's ``pd_min_uncached_tokens`` is computed
+    on one and its KV moved to the decode replica (sim/transfer.py)."""
+    peer_pulls: bool = False
+    """A replica the router sends away from the prefix holder pulls the holder's extra blocks when that costs
+    fewer seconds than computing them (the router's pricing rule, sim/transfer.py)."""
+    kv_transfer_bytes_per_s: float = 1.8e9
+    """Bandwidth of a KV transfer between replicas. Default: BENCHMARKS §3.14, nixl over UCX between two
+    processes on this machine's host memory, 256 scattered blocks (a GPU fleet with RDMA is 10x+ faster)."""
+    kv_transfer_latency_s: float = 0.00018
+    """Fixed seconds per transfer (BENCHMARKS §3.14: a one-block read, 0.16-0.18 ms)."""
+    kv_bytes_per_token: int = 131_072
+    """KV bytes one token moves: 128 KiB for the cost model's 8B Llama-3 (32 layers x 8 KV heads x 128 x K,V x bf16)."""
+    miniature_factor: int = 1
+    """Token counts were divided by this (``miniature``): the router's token thresholds are divided too."""
     engine: EngineConfig = field(default_factory=sim_engine)
     """The replicas' engine section; a simulated replica reads its block_size, max_num_batched_tokens and
     max_num_seqs (``sim_engine``)."""
@@ -143,7 +159,18 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
-            raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
+            raise ValueError(f"num_replicas must be >= 1 (replicas that decode), got {self.num_replicas}")
+        if self.num_prefill_replicas < 0:
+            raise ValueError(f"num_prefill_replicas must be >= 0 (0 = no prefill/decode split), "
+                             f"got {self.num_prefill_replicas}")
+        if not self.kv_transfer_bytes_per_s > 0:
+            raise ValueError(f"kv_transfer_bytes_per_s must be > 0 bytes per second, got {self.kv_transfer_bytes_per_s}")
+        if not self.kv_transfer_latency_s >= 0:
+            raise ValueError(f"kv_transfer_latency_s must be >= 0 seconds, got {self.kv_transfer_latency_s}")
+        if self.miniature_factor < 1:
+            raise ValueError(f"miniature_factor must be >= 1, got {self.miniature_factor}")
+        if self.kv_bytes_per_token < 1:
+            raise ValueError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
         if self.router.block_size != self.engine.block_size:  # the router hashes the replicas' blocks
             object.__setattr__(self, "router", replace(self.router, block_size=self.engine.block_size))
         if self.blocks_per_replica is not None and self.blocks_per_replica < 1:
@@ -168,6 +195,11 @@ class SimConfig:
         check_policy_kwargs(self.policy_kwargs)
         if self.vocab_size < 4:
             raise ValueError(f"vocab_size must be >= 4, got {self.vocab_size}")
+
+    @property
+    def total_replicas(self) -> int:
+        """Every simulated replica: the decoding ones and the prefill ones (the KV capacity is split over all)."""
+        return self.num_replicas + self.num_prefill_replicas
 
 
 def check_policy_kwargs(options: dict[str, PolicyArgument]) -> None:
@@ -196,4 +228,5 @@ def miniature(config: SimConfig, factor: int) -> SimConfig:
                    decode_s_per_context_token=c.decode_s_per_context_token * factor)
     engine = replace(engine, block_size=engine.block_size // factor,
                      max_num_batched_tokens=max(1, engine.max_num_batched_tokens // factor))
-    return replace(config, engine=engine, cost=cost)
+    return replace(config, engine=engine, cost=cost, kv_bytes_per_token=config.kv_bytes_per_token * factor,
+                   miniature_factor=config.miniature_factor * factor)

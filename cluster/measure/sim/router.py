@@ -6,6 +6,12 @@ Loads are what the HTTP router itself knows (its ``LoadTracker`` counters: reque
 uncached prompt tokens not yet past prefill) plus, with ``load_poll_s > 0``, the replicas'
 ``/load`` reports as of the router's last poll.
 
+Roles and moves (sim/transfer.py): prefill replicas are in every router's index and load table but never
+candidates for a request's decode; a request whose uncached suffix on its decode replica is long enough gets
+a prefill leg on the least loaded prefill replica with room (``SimRequest.prefill_leg``), and, with
+``peer_pulls``, a request sent away from the best prefix holder is told to pull from it when that is
+cheaper (``SimRequest.pull_from``).
+
 With ``num_routers > 1`` there are N such routers, as ``kvmesh router --workers N`` runs them:
 each applies every replica's events to its own index, keeps its own predictions, counters and
 session pins, and sees only the requests spread to it (and the polled reports).
@@ -19,6 +25,13 @@ from dataclasses import replace
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
+from kvmesh.cluster.measure.sim.report import capped_hit_tokens
+from kvmesh.cluster.measure.sim.transfer import (
+    pd_min_uncached_tokens,
+    pick_prefill_replica,
+    prefill_leg,
+    pull_is_cheaper,
+)
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import Policy
 
@@ -51,8 +64,10 @@ class SimRouter:
         section = replace(config.router, policy=policy, policy_kwargs={})
         self.routers = [build_router(section, DEFAULT_ROUTER_SEED, build_policy(policy, config, config.seed + k))
                         for k in range(config.num_routers)]
+        self.prefill_ids: list[int] = []
+        """Replicas of role prefill (in the routers, never a decode candidate)."""
         for rep in replicas:
-            self.add_replica(rep.replica_id)
+            self.add_replica(rep.replica_id, getattr(rep, "role", "both"))
         self.router = self.routers[0]
         self.index = self.router.index
         self.tracker = self.router.loads
@@ -61,9 +76,14 @@ class SimRouter:
         """Every request's receipt, completed with the cached tokens its replica found on admission."""
         self._spread = random.Random(config.seed) if config.router_spread == "random" else None
         self._next = 0
+        self._pd_min_uncached = pd_min_uncached_tokens(config)
         # -- measured --
         self.num_events = 0
         self.apply_s = 0.0
+        self.splits_skipped_no_room = 0
+        """Requests long enough to split that stayed whole: no prefill replica had room."""
+        self.pulls_not_cheaper = 0
+        """Requests sent away from a better prefix holder where recomputing was cheaper than pulling."""
 
     def _pick_router(self) -> int:
         n = len(self.routers)
@@ -90,7 +110,37 @@ class SimRouter:
             for other in self.routers:
                 if other is not router:
                     other.index.predict(rid, decision.keys, now=req.arrival_s)
+        if self.prefill_ids and decision.uncached_tokens >= self._pd_min_uncached:
+            self._split(req, k, decision.keys)
+        elif self.config.peer_pulls:
+            self._maybe_pull(req)
         return rid
+
+    def _split(self, req: SimRequest, k: int, keys: list[int]) -> None:
+        """Send ``req``'s prompt to the least loaded prefill replica with room (a leg the loop runs there)."""
+        router = self.routers[k]
+        pid = pick_prefill_replica(router.loads.loads, self.prefill_ids, self.config.engine.max_num_seqs)
+        if pid is None:
+            self.splits_skipped_no_room += 1
+            return
+        leg = prefill_leg(req, pid)
+        matched = router.index.match(keys, now=req.arrival_s).get(pid, 0)
+        leg.predicted_hit_tokens = capped_hit_tokens(matched, req.num_prompt_tokens, self.block_size)
+        router.index.predict(pid, keys, now=req.arrival_s, start=matched)
+        for tracker in self._trackers(k):
+            tracker.on_dispatch(pid, self._uncached(leg), now=req.arrival_s)
+
+    def _maybe_pull(self, req: SimRequest) -> None:
+        """The router's peer-pull rule: away from the best holder, pull its extra blocks when cheaper."""
+        receipt = req.receipt
+        best = receipt.best_replica_id
+        extra = receipt.best_hit_tokens - req.predicted_hit_tokens
+        if best is None or best == req.replica_id or extra <= 0:
+            return
+        if pull_is_cheaper(self.config, extra):
+            req.pull_from = best
+        else:
+            self.pulls_not_cheaper += 1
 
     def _trackers(self, k: int) -> list[LoadTracker]:
         """The load trackers that count router ``k``'s requests: its own, or all with ``share_loads``."""
@@ -103,7 +153,13 @@ class SimRouter:
         for r in reqs:
             for tracker in self._trackers(r.router_index):
                 tracker.on_first_output(rid, self._uncached(r))
-            self.receipts.record_actual(r.receipt, r.num_cached_tokens)
+            self.receipts.record_actual(r.receipt, r.own_cached_tokens)  # the prediction was of its own pool
+
+    def on_prefill_done(self, pid: int, leg: SimRequest) -> None:
+        """A prefill leg answered (its one token): the prefill replica's load drops."""
+        for tracker in self._trackers(leg.router_index):
+            tracker.on_first_output(pid, self._uncached(leg))
+            tracker.on_finish(pid, self._uncached(leg), had_output=True)
 
     def on_finished(self, rid: int, reqs: list[SimRequest]) -> None:
         for r in reqs:
@@ -124,13 +180,16 @@ class SimRouter:
             if rep.replica_id in loads:
                 loads[rep.replica_id].update_report(rep.load_report())
 
-    def add_replica(self, rid: int) -> None:
+    def add_replica(self, rid: int, role: str = "both") -> None:
         """A replica joins every router: healthy, with an empty tree (a cold cache), and the rates a real
         replica measures and reports in ``/load`` taken from the cost model (block bytes counted as one
-        per token: only the ratios matter)."""
+        per token: only the ratios matter). A prefill replica joins out of the decode candidates: the
+        routers index its blocks and count its load, and their policies never choose it."""
         cost = self.config.cost
+        if role == "prefill":
+            self.prefill_ids.append(rid)
         for router in self.routers:
-            router.add_replica(rid)
+            router.add_replica(rid, healthy=role != "prefill")
             load = router.loads.loads[rid]
             load.prefill_tokens_per_s = 1 / cost.prefill_s_per_token if cost.prefill_s_per_token else None
             load.kv_block_bytes = self.config.engine.block_size

@@ -28,7 +28,7 @@ def working_set_blocks(records: list[MooncakeRecord]) -> int:
 def blocks_per_replica(config: SimConfig, records: list[MooncakeRecord]) -> int:
     if config.blocks_per_replica is not None:
         return config.blocks_per_replica
-    return max(1, math.ceil(config.capacity_fraction * working_set_blocks(records) / config.num_replicas))
+    return max(1, math.ceil(config.capacity_fraction * working_set_blocks(records) / config.total_replicas))
 
 
 def offload_blocks_per_replica(config: SimConfig, records: list[MooncakeRecord]) -> int:
@@ -37,7 +37,7 @@ def offload_blocks_per_replica(config: SimConfig, records: list[MooncakeRecord])
         return config.offload_blocks_per_replica
     if not config.offload_capacity_fraction:
         return 0
-    return max(1, math.ceil(config.offload_capacity_fraction * working_set_blocks(records) / config.num_replicas))
+    return max(1, math.ceil(config.offload_capacity_fraction * working_set_blocks(records) / config.total_replicas))
 
 
 def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies: list[str],
@@ -53,7 +53,7 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
 
     tokens = BlockTokenCache(config.engine.block_size, config.vocab_size, config.seed)
     per_replica = blocks_per_replica(config, records)
-    total_blocks = per_replica * config.num_replicas
+    total_blocks = per_replica * config.total_replicas
 
     def fresh():
         return requests_from_mooncake(records, config.time_scale, config.engine.block_size)

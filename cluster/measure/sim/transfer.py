@@ -1,0 +1,112 @@
+"""KV that moves between simulated replicas: the prefill/decode split and peer prefix pulls.
+
+Both halves of the P/D and peer-pull contract (ARCHITECTURE.md, "KV transfer"), in simulated time:
+
+- **split**: the router picks the decode replica first (cache-aware; prefill replicas are no candidates).
+  When the prompt's uncached suffix there is at least the router's ``pd_min_uncached_tokens`` and the least
+  loaded prefill replica has room, a one-token *prefill leg* runs on that replica (its blocks stay in its
+  cache, with their events). When the leg finishes, the decode replica pulls the prompt's KV it lacks and
+  then serves the request: the first token comes from the decode replica, after the transfer.
+- **peer pull**: when the policy picks a replica other than the best prefix holder and moving the holder's
+  extra blocks costs fewer seconds than computing them (``pull_is_cheaper``, the router's rule), the chosen
+  replica pulls, from what the holder holds when the request reaches it, the leading blocks its own pool
+  lacks. Moved tokens count as cached (``SimRequest.num_transferred_tokens`` keeps them apart).
+
+A moved request joins its replica's queue when the transfer ends (``transfer_s``: bytes over the measured
+bandwidth plus a fixed latency per transfer; a pull that finds nothing to move still pays the latency of
+asking). A transfer takes no step time on either replica (the NIC's DMA moves it). The holder's blocks are
+read when the transfer starts (a lease keeps them in the real system). A split's decode replica computes the
+last prompt token again (vLLM's NixlConnector does): a real engine's 16-token blocks leave fewer than 16
+tokens past the last full block, so the simulator's 512-token blocks, which would leave up to 511, are not
+used for that remainder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+
+from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
+from kvmesh.router.routing.load import ReplicaLoad
+
+DEFAULT_PD_MIN_UNCACHED_TOKENS = 256
+"""The contract's default of the router's ``pd_min_uncached_tokens``, used while the router section lacks it."""
+
+
+def pd_min_uncached_tokens(config: SimConfig) -> int:
+    """The router's split threshold in the simulation's tokens (divided by the miniature factor).
+
+    The one place the simulator reads it: ``RouterConfig.pd_min_uncached_tokens`` where the router section has
+    the field, the contract's default (256) otherwise."""
+    tokens = getattr(config.router, "pd_min_uncached_tokens", DEFAULT_PD_MIN_UNCACHED_TOKENS)
+    return max(1, tokens // config.miniature_factor)
+
+
+def transfer_s(config: SimConfig, num_tokens: int) -> float:
+    """Seconds to move the KV of ``num_tokens`` tokens between two replicas (the per-transfer latency alone
+    for 0 tokens: the lease was asked for and released)."""
+    return config.kv_transfer_latency_s + num_tokens * config.kv_bytes_per_token / config.kv_transfer_bytes_per_s
+
+
+def pull_is_cheaper(config: SimConfig, num_tokens: int) -> bool:
+    """The router's pricing rule: pull when ``blocks * bytes_per_block / pull_bytes_per_s + latency`` is fewer
+    seconds than ``tokens / prefill_tokens_per_s`` on the chosen replica (every simulated replica reports the
+    cost model's prefill rate and the configured bandwidth)."""
+    return num_tokens > 0 and transfer_s(config, num_tokens) < num_tokens * config.cost.prefill_s_per_token
+
+
+def pick_prefill_replica(loads: dict[Hashable, ReplicaLoad], prefill_ids: Iterable[Hashable],
+                         max_num_seqs: int) -> Hashable | None:
+    """The least loaded prefill replica in the router's view (smallest prefill backlog, then fewest in flight,
+    then id), if it has room: fewer requests in flight than its engine runs at once (``max_num_seqs``)."""
+    candidates = [(loads[r].prefill_backlog, loads[r].total_in_flight, r) for r in prefill_ids if r in loads]
+    if not candidates:
+        return None
+    _, in_flight, rid = min(candidates)
+    return rid if in_flight < max_num_seqs else None
+
+
+def held_prefix_tokens(replica: SimReplica, req: SimRequest) -> int:
+    """Leading prompt tokens of ``req`` whose blocks ``replica`` holds now (device pool), capped as a hit is (the
+    last prompt token is always computed). A look only: no stats, no touch."""
+    from kvmesh.kvcache.hashing import RequestBlockHasher
+
+    kv, bs = replica.kv, replica.config.engine.block_size
+    hasher = RequestBlockHasher(bs, kv.none_hash, req.cache_salt, req.lora_name)
+    cached = kv.block_pool.cached_block_hash_to_block
+    n = 0
+    for h in hasher.extend(req.all_token_ids[: (req.num_prompt_tokens - 1) // bs * bs]):
+        if h not in cached:
+            break
+        n += 1
+    return n * bs
+
+
+def prefill_leg(req: SimRequest, prefill_id: int) -> SimRequest:
+    """The request prefill replica ``prefill_id`` runs for a split ``req``: its prompt, one output token
+    (linked both ways: ``req.prefill_leg``, ``leg.parent``)."""
+    leg = SimRequest(f"{req.request_id}/prefill", req.arrival_s, req.hash_ids, req.num_prompt_tokens, 1,
+                     all_token_ids=req.all_token_ids, cache_salt=req.cache_salt, lora_name=req.lora_name,
+                     parent=req, router_index=req.router_index, replica_id=prefill_id)
+    req.prefill_leg, req.prefill_replica_id = leg, prefill_id
+    return leg
+
+
+def plan_move(req: SimRequest, target: SimReplica, extent_tokens: int) -> float:
+    """``target`` takes the first ``extent_tokens`` of ``req``'s prompt from another replica, moving only what its
+    own pool lacks; records the move on ``req`` and returns its seconds."""
+    own = min(held_prefix_tokens(target, req), extent_tokens)
+    req.num_transferred_tokens = extent_tokens - own
+    req.pull_extent_tokens = extent_tokens if req.num_transferred_tokens else 0
+    req.transfer_s = transfer_s(target.config, req.num_transferred_tokens)
+    return req.transfer_s
+
+
+def plan_peer_pull(req: SimRequest, holder: SimReplica, target: SimReplica) -> float:
+    """A peer pull at the request's arrival on ``target``: the holder's leased prefix (what it holds now)."""
+    return plan_move(req, target, held_prefix_tokens(holder, req))
+
+
+def plan_split_handoff(req: SimRequest, decode: SimReplica) -> float:
+    """The decode side of a split whose prefill leg just finished: the whole prompt but its last token."""
+    return plan_move(req, decode, req.num_prompt_tokens - 1)
