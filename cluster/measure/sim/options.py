@@ -73,6 +73,9 @@ class SimCompareOptions:
     """Override a CostModel constant, e.g. --cost prefill_s_per_token=1e-4."""
     ceilings: bool = True
     """Compute the infinite-cache and single-pool hit-rate ceilings."""
+    pd_compare: bool = False
+    """Run each policy four ways at the same total of replicas: all of role both, with peer pulls, split into
+    --num-prefill-replicas (1 when 0) prefill + the rest decode, and split with peer pulls (also a _kv_transfer.png)."""
 
     def __post_init__(self) -> None:
         if self.sessions not in SESSION_MODES:
@@ -119,6 +122,7 @@ def _unread_sections() -> dict[str, str]:
 
 SIM_SCHEMA = Schema(SimCommandConfig, hidden=_unread_sections() | {
     "sim.cost": "--cost FIELD=SECONDS",
+    "sim.miniature_factor": "--miniature",
     "sim.num_routers": "--routers N[,N...] (one run per count)",
     "sim.use_sessions": "--sessions off|on|both",
 })
@@ -168,6 +172,9 @@ class ScalingCommandConfig:
 
 SCALING_SCHEMA = Schema(ScalingCommandConfig, hidden=_unread_sections() | {
     "sim.num_replicas": "autoscale.max_replicas (the fixed fleet)",
+    "sim.miniature_factor": "no miniature here",
+    **{f"sim.{name}": "the autoscaled fleet's replicas are of role both, without KV transfers" for name in (
+        "num_prefill_replicas", "peer_pulls", "kv_transfer_bytes_per_s", "kv_transfer_latency_s", "kv_bytes_per_token")},
     "sim.cost": "the default cost model",
     "autoscale.scale_with_load": "always on here",
     "autoscale.drain_timeout_s": "a drained simulated replica leaves when its last request ends",

@@ -44,27 +44,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from kvmesh.cluster.measure.sim.replica import SimRequest
+from kvmesh.cluster.measure.sim.stats import imbalance, percentiles
 from kvmesh.cluster.measure.sim.transfer_report import format_transfer_table, transfer_summary
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 
 if TYPE_CHECKING:
     from kvmesh.cluster.measure.sim.loop import SimRun
-
-
-def percentiles(values, qs=(50, 90, 99)) -> dict[str, float]:
-    if len(values) == 0:
-        return {f"p{q}": float("nan") for q in qs} | {"mean": float("nan")}
-    arr = np.asarray(values, dtype=float)
-    out = {f"p{q}": float(np.percentile(arr, q)) for q in qs}
-    out["mean"] = float(arr.mean())
-    return out
-
-
-def imbalance(values) -> float:
-    """max / mean (1.0 = perfectly even); 1.0 when nothing ran."""
-    arr = np.asarray(values, dtype=float)
-    mean = arr.mean() if len(arr) else 0.0
-    return float(arr.max() / mean) if mean > 0 else 1.0
 
 
 def summarize(run: SimRun, pool_hits: list[int] | None = None) -> dict:

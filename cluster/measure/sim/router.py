@@ -25,7 +25,6 @@ from dataclasses import replace
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
-from kvmesh.cluster.measure.sim.report import capped_hit_tokens
 from kvmesh.cluster.measure.sim.transfer import (
     pd_min_uncached_tokens,
     pick_prefill_replica,
@@ -125,7 +124,8 @@ class SimRouter:
             return
         leg = prefill_leg(req, pid)
         matched = router.index.match(keys, now=req.arrival_s).get(pid, 0)
-        leg.predicted_hit_tokens = capped_hit_tokens(matched, req.num_prompt_tokens, self.block_size)
+        bs = self.block_size
+        leg.predicted_hit_tokens = min(matched * bs, (req.num_prompt_tokens - 1) // bs * bs)  # as KVRouter counts
         router.index.predict(pid, keys, now=req.arrival_s, start=matched)
         for tracker in self._trackers(k):
             tracker.on_dispatch(pid, self._uncached(leg), now=req.arrival_s)

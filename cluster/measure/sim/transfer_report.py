@@ -12,27 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+from kvmesh.cluster.measure.sim.stats import imbalance, percentiles, weighted_percentiles
 
 if TYPE_CHECKING:
     from kvmesh.cluster.measure.sim.loop import SimRun
 
 
-def weighted_percentiles(histogram: dict[float, int], qs=(50, 90, 99)) -> dict[str, float]:
-    """Percentiles and mean of values given as value -> count."""
-    if not histogram:
-        return {f"p{q}": float("nan") for q in qs} | {"mean": float("nan")}
-    values = np.array(sorted(histogram), dtype=float)
-    counts = np.array([histogram[v] for v in sorted(histogram)], dtype=float)
-    cum = np.cumsum(counts) / counts.sum()
-    out = {f"p{q}": float(values[min(len(values) - 1, int(np.searchsorted(cum, q / 100)))]) for q in qs}
-    out["mean"] = float((values * counts).sum() / counts.sum())
-    return out
-
-
 def transfer_summary(run: SimRun) -> dict:
     """The run's moves and the latencies they change (JSON-ready)."""
-    from kvmesh.cluster.measure.sim.report import imbalance, percentiles
-
     reqs, config = run.requests, run.router.config
     prompt = sum(r.num_prompt_tokens for r in reqs) or 1
     split = [r for r in reqs if r.prefill_leg is not None]
@@ -74,7 +61,7 @@ def format_transfer_table(report: dict) -> str:
     runs = {n: s for n, s in report["policies"].items() if "transfers" in s}
     width = max([16, *(len(name) + 2 for name in runs)])
     header = (f"{'run':<{width}}{'P':>3}{'splits':>8}{'pulls':>7}{'moved tok':>11}{'hit':>7}{'pulled':>8}"
-              f"{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'dec max/mean':>13}")
+              f"{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'p99.9':>8}{'dec max/mean':>13}")
     lines = ["KV transfers (P = prefill replicas; hit = prompt tokens no replica computed; "
              "ITL = inter-token latency, s):", header, "-" * len(header)]
     for name, s in runs.items():
@@ -83,5 +70,5 @@ def format_transfer_table(report: dict) -> str:
             f"{name:<{width}}{t['num_prefill_replicas']:>3}{t['splits']:>8}{t['peer_pulls']:>7}"
             f"{t['split_tokens_moved'] + t['pulled_tokens']:>11,}{s['hit_rate']:>7.1%}{t['pulled_hit_rate']:>8.1%}"
             f"{s['ttft_s']['p50']:>10.3f}{s['ttft_s']['p99']:>10.3f}{t['inter_token_s']['p50']:>9.4f}"
-            f"{t['inter_token_s']['p99']:>9.4f}{t['decode_load_imbalance']:>13.2f}")
+            f"{t['inter_token_s']['p99']:>9.4f}{t['inter_token_s']['p99.9']:>8.3f}{t['decode_load_imbalance']:>13.2f}")
     return "\n".join(lines)
