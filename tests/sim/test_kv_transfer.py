@@ -99,6 +99,19 @@ def test_ttft_of_a_split_request_includes_the_transfer():
     assert req.transfer_s == pytest.approx(transfer_s(config, moved))
 
 
+@pytest.mark.parametrize(("pick", "leg_hit"), [("least_loaded", 0), ("policy", 14 * BS)])
+def test_prefill_pick_least_loaded_loses_the_prefix_a_cache_aware_pick_keeps(pick, leg_hit):
+    records = [MooncakeRecord(0.0, 16 * BS, 4, tuple(range(1, 17))),
+               MooncakeRecord(2000.0, 2 * BS, 4, (100, 101)),  # keeps the first prefill replica a little busy
+               MooncakeRecord(2001.0, 16 * BS, 4, (*range(1, 15), 200, 201))]  # the first's 14-block prefix
+    run = _run(records, _config(num_replicas=1, num_prefill_replicas=2, pd_prefill_pick=pick))
+    first, _, third = run.requests
+    assert third.prefill_leg is not None
+    assert (third.prefill_replica_id == first.prefill_replica_id) == (pick == "policy")
+    assert third.prefill_leg.num_cached_tokens == leg_hit
+    assert third.prefill_computed_tokens == third.num_prompt_tokens - leg_hit
+
+
 def _shared_prefix(gap_s: float = 10.0) -> list[MooncakeRecord]:
     """Two requests sharing 6 blocks, far enough apart that the first is cached when the second comes."""
     return [MooncakeRecord(0.0, 8 * BS, 4, (1, 2, 3, 4, 5, 6, 7, 8)),
@@ -174,6 +187,7 @@ def test_pd_compare_keeps_the_total_and_needs_a_decode_replica():
     ("kv_transfer_bytes_per_s", 0.0, "kv_transfer_bytes_per_s must be > 0"),
     ("kv_transfer_latency_s", -1.0, "kv_transfer_latency_s must be >= 0"),
     ("kv_bytes_per_token", 0, "kv_bytes_per_token must be >= 1"),
+    ("pd_prefill_pick", "nearest", "pd_prefill_pick must be one of least_loaded, policy"),
 ])
 def test_bad_transfer_settings_are_clear_errors(field, value, message):
     with pytest.raises(ValueError, match=message):

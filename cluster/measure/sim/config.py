@@ -67,6 +67,7 @@ class CostModel:
 
 
 ROUTER_SPREADS = ("round_robin", "random")
+PD_PREFILL_PICKS = ("least_loaded", "policy")
 
 PolicyArgument = int | float | str | bool | None
 """A routing policy's keyword argument value, as given on the command line (``--policy-kwargs K=V``)."""
@@ -93,6 +94,9 @@ class SimConfig:
     """Prefill-only replicas next to ``num_replicas`` (as ``kvmesh serve --num-prefill-replicas``): a prompt
     whose uncached suffix on its decode replica is at least the router's ``pd_min_uncached_tokens`` is computed
     on one and its KV moved to the decode replica (sim/transfer.py)."""
+    pd_prefill_pick: str = "least_loaded"
+    """How a split picks its prefill replica: ``least_loaded`` (the router's contract: smallest prefill backlog)
+    or ``policy`` (the routing policy compared, over the prefill replicas: cache-aware for cache_aware)."""
     peer_pulls: bool = False
     """A replica the router sends away from the prefix holder pulls the holder's extra blocks when that costs
     fewer seconds than computing them (the router's pricing rule, sim/transfer.py)."""
@@ -163,6 +167,8 @@ class SimConfig:
         if self.num_prefill_replicas < 0:
             raise ValueError(f"num_prefill_replicas must be >= 0 (0 = no prefill/decode split), "
                              f"got {self.num_prefill_replicas}")
+        if self.pd_prefill_pick not in PD_PREFILL_PICKS:
+            raise ValueError(f"pd_prefill_pick must be one of {', '.join(PD_PREFILL_PICKS)}; got {self.pd_prefill_pick!r}")
         if not self.kv_transfer_bytes_per_s > 0:
             raise ValueError(f"kv_transfer_bytes_per_s must be > 0 bytes per second, got {self.kv_transfer_bytes_per_s}")
         if not self.kv_transfer_latency_s >= 0:

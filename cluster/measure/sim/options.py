@@ -174,7 +174,7 @@ SCALING_SCHEMA = Schema(ScalingCommandConfig, hidden=_unread_sections() | {
     "sim.num_replicas": "autoscale.max_replicas (the fixed fleet)",
     "sim.miniature_factor": "no miniature here",
     **{f"sim.{name}": "the autoscaled fleet's replicas are of role both, without KV transfers" for name in (
-        "num_prefill_replicas", "peer_pulls", "kv_transfer_bytes_per_s", "kv_transfer_latency_s", "kv_bytes_per_token")},
+        "num_prefill_replicas", "pd_prefill_pick", "peer_pulls", "kv_transfer_bytes_per_s", "kv_transfer_latency_s", "kv_bytes_per_token")},
     "sim.cost": "the default cost model",
     "autoscale.scale_with_load": "always on here",
     "autoscale.drain_timeout_s": "a drained simulated replica leaves when its last request ends",

@@ -118,12 +118,18 @@ class SimRouter:
     def _split(self, req: SimRequest, k: int, keys: list[int]) -> None:
         """Send ``req``'s prompt to the least loaded prefill replica with room (a leg the loop runs there)."""
         router = self.routers[k]
-        pid = pick_prefill_replica(router.loads.loads, self.prefill_ids, self.config.engine.max_num_seqs)
+        matches = router.index.match(keys, now=req.arrival_s)
+        chosen = None
+        if self.config.pd_prefill_pick == "policy":
+            loads = {r: router.loads.loads[r] for r in self.prefill_ids}
+            chosen = router.policy.choose(keys, {r: m for r, m in matches.items() if r in loads}, loads,
+                                          req.num_prompt_tokens)
+        pid = pick_prefill_replica(router.loads.loads, self.prefill_ids, self.config.engine.max_num_seqs, chosen)
         if pid is None:
             self.splits_skipped_no_room += 1
             return
         leg = prefill_leg(req, pid)
-        matched = router.index.match(keys, now=req.arrival_s).get(pid, 0)
+        matched = matches.get(pid, 0)
         bs = self.block_size
         leg.predicted_hit_tokens = min(matched * bs, (req.num_prompt_tokens - 1) // bs * bs)  # as KVRouter counts
         router.index.predict(pid, keys, now=req.arrival_s, start=matched)

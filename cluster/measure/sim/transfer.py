@@ -56,14 +56,15 @@ def pull_is_cheaper(config: SimConfig, num_tokens: int) -> bool:
 
 
 def pick_prefill_replica(loads: dict[Hashable, ReplicaLoad], prefill_ids: Iterable[Hashable],
-                         max_num_seqs: int) -> Hashable | None:
+                         max_num_seqs: int, chosen: Hashable | None = None) -> Hashable | None:
     """The least loaded prefill replica in the router's view (smallest prefill backlog, then fewest in flight,
-    then id), if it has room: fewer requests in flight than its engine runs at once (``max_num_seqs``)."""
+    then id), or ``chosen`` when given (``pd_prefill_pick=policy``), if it has room: fewer requests in flight
+    than its engine runs at once (``max_num_seqs``)."""
     candidates = [(loads[r].prefill_backlog, loads[r].total_in_flight, r) for r in prefill_ids if r in loads]
     if not candidates:
         return None
-    _, in_flight, rid = min(candidates)
-    return rid if in_flight < max_num_seqs else None
+    rid = min(candidates)[2] if chosen is None else chosen
+    return rid if loads[rid].total_in_flight < max_num_seqs else None
 
 
 def held_prefix_tokens(replica: SimReplica, req: SimRequest) -> int:
