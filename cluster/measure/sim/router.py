@@ -26,10 +26,12 @@ from dataclasses import replace
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.transfer import (
+    find_holder,
     pd_min_uncached_tokens,
     pick_prefill_replica,
     prefill_leg,
     pull_is_cheaper,
+    router_rule,
 )
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import Policy
@@ -76,6 +78,8 @@ class SimRouter:
         self._spread = random.Random(config.seed) if config.router_spread == "random" else None
         self._next = 0
         self._pd_min_uncached = pd_min_uncached_tokens(config)
+        self._pd_max_backlog = int(router_rule(config, "pd_max_prefill_backlog_tokens"))
+        self._pulls = config.peer_pulls and bool(router_rule(config, "peer_pulls"))
         # -- measured --
         self.num_events = 0
         self.apply_s = 0.0
@@ -111,8 +115,8 @@ class SimRouter:
                     other.index.predict(rid, decision.keys, now=req.arrival_s)
         if self.prefill_ids and decision.uncached_tokens >= self._pd_min_uncached:
             self._split(req, k, decision.keys)
-        elif self.config.peer_pulls:
-            self._maybe_pull(req)
+        elif self._pulls:
+            self._maybe_pull(req, router, decision.keys, decision.matched_blocks)
         return rid
 
     def _split(self, req: SimRequest, k: int, keys: list[int]) -> None:
@@ -124,7 +128,7 @@ class SimRouter:
             loads = {r: router.loads.loads[r] for r in self.prefill_ids}
             chosen = router.policy.choose(keys, {r: m for r, m in matches.items() if r in loads}, loads,
                                           req.num_prompt_tokens)
-        pid = pick_prefill_replica(router.loads.loads, self.prefill_ids, self.config.engine.max_num_seqs, chosen)
+        pid = pick_prefill_replica(router.loads.loads, self.prefill_ids, self._pd_max_backlog, chosen)
         if pid is None:
             self.splits_skipped_no_room += 1
             return
@@ -136,15 +140,16 @@ class SimRouter:
         for tracker in self._trackers(k):
             tracker.on_dispatch(pid, self._uncached(leg), now=req.arrival_s)
 
-    def _maybe_pull(self, req: SimRequest) -> None:
-        """The router's peer-pull rule: away from the best holder, pull its extra blocks when cheaper."""
-        receipt = req.receipt
-        best = receipt.best_replica_id
-        extra = receipt.best_hit_tokens - req.predicted_hit_tokens
-        if best is None or best == req.replica_id or extra <= 0:
+    def _maybe_pull(self, req: SimRequest, router, keys: list[int], own_blocks: int) -> None:
+        """The router's peer-pull rule: the replica (any role) holding more of the prompt than the chosen one
+        lends its extra blocks when moving them is cheaper than computing them."""
+        bs = self.block_size
+        matches = router.index.match(keys, now=req.arrival_s)
+        holder, extra = find_holder(matches, req.replica_id, own_blocks, (req.num_prompt_tokens - 1) // bs)
+        if holder is None:
             return
-        if pull_is_cheaper(self.config, extra):
-            req.pull_from = best
+        if pull_is_cheaper(self.config, extra * bs):
+            req.pull_from = holder
         else:
             self.pulls_not_cheaper += 1
 
