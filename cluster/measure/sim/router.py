@@ -113,14 +113,15 @@ class SimRouter:
             for other in self.routers:
                 if other is not router:
                     other.index.predict(rid, decision.keys, now=req.arrival_s)
-        if self.prefill_ids and decision.uncached_tokens >= self._pd_min_uncached:
-            self._split(req, k, decision.keys)
-        elif self._pulls:
+        if self.prefill_ids and decision.uncached_tokens >= self._pd_min_uncached and self._split(req, k, decision.keys):
+            pass
+        elif self._pulls:  # not split (short, or no prefill replica had room): a pull may still pay
             self._maybe_pull(req, router, decision.keys, decision.matched_blocks)
         return rid
 
-    def _split(self, req: SimRequest, k: int, keys: list[int]) -> None:
-        """Send ``req``'s prompt to the least loaded prefill replica with room (a leg the loop runs there)."""
+    def _split(self, req: SimRequest, k: int, keys: list[int]) -> bool:
+        """Send ``req``'s prompt to the least loaded prefill replica with room (a leg the loop runs there);
+        False when none has room."""
         router = self.routers[k]
         matches = router.index.match(keys, now=req.arrival_s)
         chosen = None
@@ -131,7 +132,7 @@ class SimRouter:
         pid = pick_prefill_replica(router.loads.loads, self.prefill_ids, self._pd_max_backlog, chosen)
         if pid is None:
             self.splits_skipped_no_room += 1
-            return
+            return False
         leg = prefill_leg(req, pid)
         matched = matches.get(pid, 0)
         bs = self.block_size
@@ -139,6 +140,7 @@ class SimRouter:
         router.index.predict(pid, keys, now=req.arrival_s, start=matched)
         for tracker in self._trackers(k):
             tracker.on_dispatch(pid, self._uncached(leg), now=req.arrival_s)
+        return True
 
     def _maybe_pull(self, req: SimRequest, router, keys: list[int], own_blocks: int) -> None:
         """The router's peer-pull rule: the replica (any role) holding more of the prompt than the chosen one
