@@ -160,6 +160,18 @@ def test_peer_pull_happens_only_when_cheaper_than_recomputing():
     assert not pull_is_cheaper(config, 0)
 
 
+def test_a_prompt_the_split_skips_for_want_of_room_can_still_pull_its_prefix():
+    records = [MooncakeRecord(0.0, 8 * BS, 4, tuple(range(1, 9))),  # A: split, its prefix ends on decode replica 0
+               MooncakeRecord(1000.0, 36 * BS, 4, tuple(range(100, 136))),  # X: fills the prefill replica's backlog
+               MooncakeRecord(1100.0, 32, 4, (300,)),  # Y: short, whole (round_robin's turn)
+               MooncakeRecord(1200.0, 8 * BS, 4, (*range(1, 8), 400))]  # B: A's 7-block prefix, on replica 1
+    run = _run(records, _config(num_replicas=2, num_prefill_replicas=1, peer_pulls=True), policy="round_robin")
+    a, x, _, b = run.requests
+    assert a.prefill_leg is not None and x.prefill_leg is not None and a.replica_id == 0 and b.replica_id == 1
+    assert b.prefill_leg is None and run.router.splits_skipped_no_room == 1
+    assert b.pull_from in (0, 2) and b.num_transferred_tokens == 7 * BS
+
+
 def test_without_peer_pulls_the_second_request_recomputes_its_prefix():
     run = _run(_shared_prefix(), _config(num_replicas=2), policy="round_robin")
     assert run.requests[1].num_cached_tokens == 0 and run.requests[1].pull_from == -1
