@@ -14,15 +14,10 @@ from kvmesh.cluster.measure.sim.loop import run_policy
 from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
 from kvmesh.cluster.measure.sim.report import format_table
 from kvmesh.cluster.measure.sim.run import compare_policies, kv_transfer_variants
-from kvmesh.cluster.measure.sim.transfer import (
-    DEFAULT_PD_MIN_UNCACHED_TOKENS,
-    ROUTER_TRANSFER_DEFAULTS,
-    pd_min_uncached_tokens,
-    pull_is_cheaper,
-    transfer_s,
-)
+from kvmesh.cluster.measure.sim.transfer import transfer_s
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
+from kvmesh.router.config import RouterConfig
 
 BS = 512
 LONG_BLOCKS = 16  # an 8192-token prompt: eight 1024-token prefill chunks
@@ -79,7 +74,7 @@ def test_split_moves_long_prefills_off_the_decode_replicas_and_lowers_inter_toke
 
 def test_short_prompts_are_not_split():
     split = _run(_long_and_chatty(), _config(num_replicas=3, num_prefill_replicas=1))
-    short = [r for r in split.requests if r.num_prompt_tokens < DEFAULT_PD_MIN_UNCACHED_TOKENS]
+    short = [r for r in split.requests if r.num_prompt_tokens < RouterConfig().pd_min_uncached_tokens]
     long = [r for r in split.requests if r.num_prompt_tokens > BS]
     assert short and all(r.prefill_leg is None and r.num_transferred_tokens == 0 for r in short)
     assert long and all(r.prefill_replica_id in (3, -1) for r in long)  # -1: no room, served whole
@@ -149,15 +144,13 @@ def test_peer_pull_happens_only_when_cheaper_than_recomputing():
     run = _run(_shared_prefix(), slow, policy="round_robin")
     second = run.requests[1]
     assert second.pull_from == -1 and second.num_transferred_tokens == 0 and second.num_cached_tokens == 0
-    assert run.router.pulls_not_cheaper == 1
-    # the router's price: bytes / bandwidth + its per-pull overhead (10 ms) against tokens / prefill rate
-    config = _config()
-    recompute_s = 6 * BS * config.cost.prefill_s_per_token
-    copy_s = 6 * BS * config.kv_bytes_per_token / config.kv_transfer_bytes_per_s
-    assert pull_is_cheaper(config, 6 * BS) == (copy_s + ROUTER_TRANSFER_DEFAULTS["peer_pull_overhead_s"] < recompute_s)
-    assert pull_is_cheaper(config, 6 * BS)  # 0.234 s against 0.256 s
-    assert not pull_is_cheaper(config, BS)  # one block: 0.047 s against 0.043 s
-    assert not pull_is_cheaper(config, 0)
+    # the router's price: bytes / pull rate + its per-pull overhead against tokens / prefill rate
+    one_block = [MooncakeRecord(0.0, 2 * BS, 4, (1, 2)), MooncakeRecord(10_000.0, 2 * BS, 4, (1, 3))]
+    run = _run(one_block, _config(num_replicas=2, peer_pulls=True), policy="round_robin")
+    config = run.router.config  # one block: 0.037 s to move + 0.01 s overhead against 0.043 s to compute
+    assert BS * config.kv_bytes_per_token / config.kv_transfer_bytes_per_s + config.router.peer_pull_overhead_s > (
+        BS * config.cost.prefill_s_per_token)
+    assert run.requests[1].pull_from == -1 and run.requests[1].num_cached_tokens == 0
 
 
 def test_a_prompt_the_split_skips_for_want_of_room_can_still_pull_its_prefix():
@@ -187,7 +180,7 @@ def test_pd_comparison_report_sets_the_four_runs_side_by_side():
     assert both["transfers"]["num_prefill_replicas"] == 0 and both["transfers"]["splits"] == 0
     assert split["transfers"]["num_prefill_replicas"] == 1 and split["transfers"]["splits"] > 0
     for key in ("split_tokens_moved", "pulled_tokens", "pulled_hit_rate", "kv_bytes_moved", "ttft_split_s",
-                "inter_token_s", "decode_load_imbalance", "splits_skipped_no_room", "peer_pulls_not_cheaper"):
+                "inter_token_s", "decode_load_imbalance", "splits_skipped_no_room"):
         assert key in split["transfers"], key
     assert {"p50", "p99", "p99.9", "mean"} <= set(split["transfers"]["inter_token_s"])
     assert split["transfers"]["ttft_split_s"]["p50"] > 0
@@ -215,11 +208,12 @@ def test_bad_transfer_settings_are_clear_errors(field, value, message):
         SimConfig(**{field: value})
 
 
-def test_the_split_threshold_is_the_routers_in_simulation_tokens():
+def test_the_routers_token_thresholds_shrink_with_a_miniature():
     from kvmesh.cluster.measure.sim.config import miniature
 
-    assert pd_min_uncached_tokens(SimConfig()) == DEFAULT_PD_MIN_UNCACHED_TOKENS
-    assert pd_min_uncached_tokens(miniature(SimConfig(), 8)) == DEFAULT_PD_MIN_UNCACHED_TOKENS // 8
+    small = miniature(SimConfig(), 8).router
+    assert small.pd_min_uncached_tokens == RouterConfig().pd_min_uncached_tokens // 8
+    assert small.pd_max_prefill_backlog_tokens == RouterConfig().pd_max_prefill_backlog_tokens // 8
 
 
 def test_sim_cli_pd_compare_writes_the_transfer_plot(mooncake_trace, tmp_path, capsys):

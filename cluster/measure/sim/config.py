@@ -107,14 +107,13 @@ class SimConfig:
     """Fixed seconds per transfer (BENCHMARKS §3.14: a one-block read, 0.16-0.18 ms)."""
     kv_bytes_per_token: int = 131_072
     """KV bytes one token moves: 128 KiB for the cost model's 8B Llama-3 (32 layers x 8 KV heads x 128 x K,V x bf16)."""
-    miniature_factor: int = 1
-    """Token counts were divided by this (``miniature``): the router's token thresholds are divided too."""
     engine: EngineConfig = field(default_factory=sim_engine)
     """The replicas' engine section; a simulated replica reads its block_size, max_num_batched_tokens and
     max_num_seqs (``sim_engine``)."""
     router: RouterConfig = field(default_factory=RouterConfig)
-    """The router's section; the simulated router reads predict_ttl_s and session_ttl_s (its block size is
-    the engine's, its policy the one compared)."""
+    """The router's section; the simulated router reads predict_ttl_s, session_ttl_s and the transfer rules
+    (pd_min_uncached_tokens, pd_max_prefill_backlog_tokens, peer_pull_overhead_s); its block size is the
+    engine's, its policy the one compared."""
     blocks_per_replica: int | None = None
     """KV blocks per replica (the null block comes on top). None: ``capacity_fraction`` of the
     trace's working set (distinct blocks), split evenly across replicas."""
@@ -173,8 +172,6 @@ class SimConfig:
             raise ValueError(f"kv_transfer_bytes_per_s must be > 0 bytes per second, got {self.kv_transfer_bytes_per_s}")
         if not self.kv_transfer_latency_s >= 0:
             raise ValueError(f"kv_transfer_latency_s must be >= 0 seconds, got {self.kv_transfer_latency_s}")
-        if self.miniature_factor < 1:
-            raise ValueError(f"miniature_factor must be >= 1, got {self.miniature_factor}")
         if self.kv_bytes_per_token < 1:
             raise ValueError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
         if self.router.block_size != self.engine.block_size:  # the router hashes the replicas' blocks
@@ -234,5 +231,8 @@ def miniature(config: SimConfig, factor: int) -> SimConfig:
                    decode_s_per_context_token=c.decode_s_per_context_token * factor)
     engine = replace(engine, block_size=engine.block_size // factor,
                      max_num_batched_tokens=max(1, engine.max_num_batched_tokens // factor))
-    return replace(config, engine=engine, cost=cost, kv_bytes_per_token=config.kv_bytes_per_token * factor,
-                   miniature_factor=config.miniature_factor * factor)
+    r = config.router  # its token thresholds shrink with the tokens
+    router = replace(r, pd_min_uncached_tokens=max(1, r.pd_min_uncached_tokens // factor),
+                     pd_max_prefill_backlog_tokens=max(1, r.pd_max_prefill_backlog_tokens // factor))
+    return replace(config, engine=engine, cost=cost, router=router,
+                   kv_bytes_per_token=config.kv_bytes_per_token * factor)

@@ -105,7 +105,8 @@ class SimCommandConfig:
 
 SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs")
 """What a simulated replica reads of its engine section."""
-SIM_ROUTER_FIELDS = ("predict_ttl_s", "session_ttl_s")
+SIM_ROUTER_FIELDS = ("predict_ttl_s", "session_ttl_s", "pd_min_uncached_tokens", "pd_max_prefill_backlog_tokens",
+                     "peer_pull_overhead_s")
 """What the simulated router reads of its section (besides the policy, compared, and the engine's block size)."""
 
 
@@ -113,7 +114,8 @@ def _unread_sections() -> dict[str, str]:
     """The fields of the engine and router sections the simulator does not read, hidden with the reason."""
     hidden = {"sim.engine": "set the engine section", "sim.router": "set the router section",
               "router.block_size": "the router uses engine.block_size", "router.policy": "--policies",
-              "router.policy_kwargs": "--policy-kwargs tunes every policy compared"}
+              "router.policy_kwargs": "--policy-kwargs tunes every policy compared",
+              "router.peer_pulls": "--peer-pulls (the simulated replicas' KV transfer on or off)"}
     hidden |= {f"engine.{f.name}": "a simulated replica runs no model (its step time is the cost model)"
                for f in fields(EngineConfig) if f.name not in SIM_ENGINE_FIELDS}
     return {f"router.{f.name}": "the simulated router has no HTTP side and no event sockets"
@@ -122,7 +124,6 @@ def _unread_sections() -> dict[str, str]:
 
 SIM_SCHEMA = Schema(SimCommandConfig, hidden=_unread_sections() | {
     "sim.cost": "--cost FIELD=SECONDS",
-    "sim.miniature_factor": "--miniature",
     "sim.num_routers": "--routers N[,N...] (one run per count)",
     "sim.use_sessions": "--sessions off|on|both",
 })
@@ -172,9 +173,10 @@ class ScalingCommandConfig:
 
 SCALING_SCHEMA = Schema(ScalingCommandConfig, hidden=_unread_sections() | {
     "sim.num_replicas": "autoscale.max_replicas (the fixed fleet)",
-    "sim.miniature_factor": "no miniature here",
-    **{f"sim.{name}": "the autoscaled fleet's replicas are of role both, without KV transfers" for name in (
-        "num_prefill_replicas", "pd_prefill_pick", "peer_pulls", "kv_transfer_bytes_per_s", "kv_transfer_latency_s", "kv_bytes_per_token")},
+    **{name: "the autoscaled fleet's replicas are of role both, without KV transfers" for name in (
+        "sim.num_prefill_replicas", "sim.pd_prefill_pick", "sim.peer_pulls", "sim.kv_transfer_bytes_per_s",
+        "sim.kv_transfer_latency_s", "sim.kv_bytes_per_token", "router.pd_min_uncached_tokens",
+        "router.pd_max_prefill_backlog_tokens", "router.peer_pull_overhead_s")},
     "sim.cost": "the default cost model",
     "autoscale.scale_with_load": "always on here",
     "autoscale.drain_timeout_s": "a drained simulated replica leaves when its last request ends",

@@ -6,11 +6,12 @@ Loads are what the HTTP router itself knows (its ``LoadTracker`` counters: reque
 uncached prompt tokens not yet past prefill) plus, with ``load_poll_s > 0``, the replicas'
 ``/load`` reports as of the router's last poll.
 
-Roles and moves (sim/transfer.py): prefill replicas are in every router's index and load table but never
-candidates for a request's decode; a request whose uncached suffix on its decode replica is long enough gets
-a prefill leg on the least loaded prefill replica with room (``SimRequest.prefill_leg``), and, with
-``peer_pulls``, a request sent away from the best prefix holder is told to pull from it when that is
-cheaper (``SimRequest.pull_from``).
+Roles and moves (sim/transfer.py): the routers decide as the HTTP router does (router/routing/transfers.py):
+prefill replicas join with their role and never decode; ``KVRouter.choose_prefill`` gives a request whose
+uncached suffix on its decode replica is long enough a prefill leg on the least loaded prefill replica with
+room (``SimRequest.prefill_leg``; ``pd_prefill_pick=policy`` lets the policy pick among them instead), and
+a request kept whole gets the decision's peer pull (``RouteDecision.pull`` -> ``SimRequest.pull_from``) when
+the replicas report KV transfer on (``peer_pulls``).
 
 With ``num_routers > 1`` there are N such routers, as ``kvmesh router --workers N`` runs them:
 each applies every replica's events to its own index, keeps its own predictions, counters and
@@ -22,19 +23,17 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
-from kvmesh.cluster.measure.sim.transfer import (
-    find_holder,
-    pd_min_uncached_tokens,
-    pick_prefill_replica,
-    prefill_leg,
-    pull_is_cheaper,
-    router_rule,
-)
+from kvmesh.cluster.measure.sim.transfer import pick_prefill_replica, prefill_leg
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import Policy
+from kvmesh.router.routing.transfers import SPLIT_NO_ROOM
+
+if TYPE_CHECKING:
+    from kvmesh.router.routing.kv_router import KVRouter
 
 
 def available_policies() -> list[str]:
@@ -77,16 +76,11 @@ class SimRouter:
         """Every request's receipt, completed with the cached tokens its replica found on admission."""
         self._spread = random.Random(config.seed) if config.router_spread == "random" else None
         self._next = 0
-        self._pd_min_uncached = pd_min_uncached_tokens(config)
-        self._pd_max_backlog = int(router_rule(config, "pd_max_prefill_backlog_tokens"))
-        self._pulls = config.peer_pulls and bool(router_rule(config, "peer_pulls"))
         # -- measured --
         self.num_events = 0
         self.apply_s = 0.0
         self.splits_skipped_no_room = 0
         """Requests long enough to split that stayed whole: no prefill replica had room."""
-        self.pulls_not_cheaper = 0
-        """Requests sent away from a better prefix holder where recomputing was cheaper than pulling."""
 
     def _pick_router(self) -> int:
         n = len(self.routers)
@@ -113,47 +107,36 @@ class SimRouter:
             for other in self.routers:
                 if other is not router:
                     other.index.predict(rid, decision.keys, now=req.arrival_s)
-        if self.prefill_ids and decision.uncached_tokens >= self._pd_min_uncached and self._split(req, k, decision.keys):
-            pass
-        elif self._pulls:  # not split (short, or no prefill replica had room): a pull may still pay
-            self._maybe_pull(req, router, decision.keys, decision.matched_blocks)
+        pid, skipped = router.choose_prefill(decision)  # the router's split rule (router/routing/transfers.py)
+        if pid is not None and self.config.pd_prefill_pick == "policy":
+            pid = self._policy_prefill(router, decision.keys, req)
+            skipped = None if pid is not None else SPLIT_NO_ROOM
+        if pid is not None:
+            self._split(req, k, decision.keys, pid)
+        elif decision.pull is not None:  # not split (short, or no prefill replica had room): the router's pull
+            req.pull_from = decision.pull.holder_id
+        if skipped == SPLIT_NO_ROOM:
+            self.splits_skipped_no_room += 1
         return rid
 
-    def _split(self, req: SimRequest, k: int, keys: list[int]) -> bool:
-        """Send ``req``'s prompt to the least loaded prefill replica with room (a leg the loop runs there);
-        False when none has room."""
-        router = self.routers[k]
+    def _policy_prefill(self, router: KVRouter, keys: list[int], req: SimRequest) -> int | None:
+        """``pd_prefill_pick=policy``: the routing policy's choice among the prefill replicas, if it has room."""
+        loads = {r: router.loads.loads[r] for r in self.prefill_ids}
         matches = router.index.match(keys, now=req.arrival_s)
-        chosen = None
-        if self.config.pd_prefill_pick == "policy":
-            loads = {r: router.loads.loads[r] for r in self.prefill_ids}
-            chosen = router.policy.choose(keys, {r: m for r, m in matches.items() if r in loads}, loads,
-                                          req.num_prompt_tokens)
-        pid = pick_prefill_replica(router.loads.loads, self.prefill_ids, self._pd_max_backlog, chosen)
-        if pid is None:
-            self.splits_skipped_no_room += 1
-            return False
+        chosen = router.policy.choose(keys, {r: m for r, m in matches.items() if r in loads}, loads,
+                                      req.num_prompt_tokens)
+        return pick_prefill_replica(loads, self.prefill_ids, router.transfers.pd_max_prefill_backlog_tokens, chosen)
+
+    def _split(self, req: SimRequest, k: int, keys: list[int], pid: int) -> None:
+        """Send ``req``'s prompt to prefill replica ``pid`` first (a leg the loop runs there)."""
+        router = self.routers[k]
         leg = prefill_leg(req, pid)
-        matched = matches.get(pid, 0)
+        matched = router.index.match(keys, now=req.arrival_s).get(pid, 0)
         bs = self.block_size
         leg.predicted_hit_tokens = min(matched * bs, (req.num_prompt_tokens - 1) // bs * bs)  # as KVRouter counts
         router.index.predict(pid, keys, now=req.arrival_s, start=matched)
         for tracker in self._trackers(k):
             tracker.on_dispatch(pid, self._uncached(leg), now=req.arrival_s)
-        return True
-
-    def _maybe_pull(self, req: SimRequest, router, keys: list[int], own_blocks: int) -> None:
-        """The router's peer-pull rule: the replica (any role) holding more of the prompt than the chosen one
-        lends its extra blocks when moving them is cheaper than computing them."""
-        bs = self.block_size
-        matches = router.index.match(keys, now=req.arrival_s)
-        holder, extra = find_holder(matches, req.replica_id, own_blocks, (req.num_prompt_tokens - 1) // bs)
-        if holder is None:
-            return
-        if pull_is_cheaper(self.config, extra * bs):
-            req.pull_from = holder
-        else:
-            self.pulls_not_cheaper += 1
 
     def _trackers(self, k: int) -> list[LoadTracker]:
         """The load trackers that count router ``k``'s requests: its own, or all with ``share_loads``."""
@@ -194,19 +177,21 @@ class SimRouter:
                 loads[rep.replica_id].update_report(rep.load_report())
 
     def add_replica(self, rid: int, role: str = "both") -> None:
-        """A replica joins every router: healthy, with an empty tree (a cold cache), and the rates a real
-        replica measures and reports in ``/load`` taken from the cost model (block bytes counted as one
-        per token: only the ratios matter). A prefill replica joins out of the decode candidates: the
-        routers index its blocks and count its load, and their policies never choose it."""
-        cost = self.config.cost
+        """A replica of ``role`` joins every router: healthy, with an empty tree (a cold cache), and the rates a
+        real replica measures and reports in ``/load`` taken from the cost model (block bytes counted as one
+        per token: only the ratios matter, so the pull rate is in tokens per second too). Its KV transfer is
+        on with ``peer_pulls`` (the router plans pulls only between replicas that report it on)."""
+        config, cost = self.config, self.config.cost
         if role == "prefill":
             self.prefill_ids.append(rid)
         for router in self.routers:
-            router.add_replica(rid, healthy=role != "prefill")
+            router.add_replica(rid, role=role)
             load = router.loads.loads[rid]
             load.prefill_tokens_per_s = 1 / cost.prefill_s_per_token if cost.prefill_s_per_token else None
-            load.kv_block_bytes = self.config.engine.block_size
+            load.kv_block_bytes = config.engine.block_size
             load.h2d_bytes_per_s = 1 / cost.load_s_per_token if cost.load_s_per_token else None
+            load.kv_transfer_enabled = config.peer_pulls
+            load.pull_bytes_per_s = config.kv_transfer_bytes_per_s / config.kv_bytes_per_token
 
     def remove_replica(self, rid: int) -> None:
         for router in self.routers:

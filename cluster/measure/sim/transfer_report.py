@@ -41,7 +41,6 @@ def transfer_summary(run: SimRun) -> dict:
         "split_tokens_moved": split_tokens,
         "peer_pulls": sum(1 for r in pulls if r.num_transferred_tokens),
         "peer_pulls_nothing_to_move": sum(1 for r in pulls if not r.num_transferred_tokens),
-        "peer_pulls_not_cheaper": run.router.pulls_not_cheaper,
         "pulled_tokens": pulled_tokens,
         "pulled_hit_rate": pulled_tokens / prompt,
         "kv_bytes_moved": (split_tokens + pulled_tokens) * config.kv_bytes_per_token,
