@@ -6,13 +6,14 @@ does), in simulated time:
 - **split**: the router picks the decode replica first (cache-aware; prefill replicas are no candidates).
   When the prompt's uncached suffix there is at least the router's ``pd_min_uncached_tokens`` and the least
   loaded prefill replica has room (its backlog under ``pd_max_prefill_backlog_tokens``), a one-token
-  *prefill leg* runs on that replica (its blocks stay in its cache, with their events). When the leg finishes, the decode replica pulls the prompt's KV it lacks and
-  then serves the request: the first token comes from the decode replica, after the transfer.
+  *prefill leg* runs on that replica (its blocks stay in its cache, with their events). When the leg
+  finishes, the decode replica pulls the prompt's KV it lacks and then serves the request: the first token
+  comes from the decode replica, after the transfer.
 - **peer pull**: when a replica (any role) holds more of the prompt than the one the policy picked and moving
   its extra blocks costs fewer seconds than computing them (the router's ``plan_pull``: bytes over the pull
-  rate plus its ``peer_pull_overhead_s``, against tokens over the prefill rate), the chosen
-  replica pulls, from what the holder holds when the request reaches it, the leading blocks its own pool
-  lacks. Moved tokens count as cached (``SimRequest.num_transferred_tokens`` keeps them apart).
+  rate plus its ``peer_pull_overhead_s``, against tokens over the prefill rate), the chosen replica pulls,
+  from what the holder holds when the request reaches it, the leading blocks its own pool lacks. Moved
+  tokens count as cached (``SimRequest.num_transferred_tokens`` keeps them apart).
 
 A moved request joins its replica's queue when the transfer ends (``transfer_s``: bytes over the measured
 bandwidth plus a fixed latency per transfer; a pull that finds nothing to move still pays the latency of
