@@ -28,6 +28,7 @@ from kvmesh.replica.engine.commands import (
     AbortRequests,
     AddRequest,
     EngineCommand,
+    LeaseAtFinish,
     LeaseBlocks,
     PullPrefix,
     ReleaseLease,
@@ -157,6 +158,16 @@ class AsyncLLM:
         granted: concurrent.futures.Future[Lease] = concurrent.futures.Future()
         return await self._ask(LeaseBlocks(prompt_token_ids, cache_salt, ttl_s, granted), granted)
 
+    def lease_at_finish(self, request_id: str, ttl_s: float) -> concurrent.futures.Future[Lease]:
+        """Arm a lease on the prompt blocks of ``request_id`` (call before generating it), taken on the engine
+        thread when it finishes, before its blocks are freed; resolves to an empty lease if it was aborted,
+        failed or refused."""
+        if not self.is_running:
+            raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
+        granted: concurrent.futures.Future[Lease] = concurrent.futures.Future()
+        self._submit(LeaseAtFinish(request_id, ttl_s, granted))
+        return granted
+
     async def release_lease(self, lease_id: str) -> int | None:
         """Let a lease's blocks go; the blocks it held, or None when no such lease is live."""
         released: concurrent.futures.Future[int | None] = concurrent.futures.Future()
@@ -265,10 +276,11 @@ class AsyncLLM:
                     self.engine.add_request(command.request_id, command.prompt_token_ids, command.sampling_params,
                                             cache_salt=command.cache_salt)
                 except BaseException as e:
+                    self.kv_transfers.request_refused(command.request_id)
                     command.accepted.set_exception(e)
                 else:
                     command.accepted.set_result(None)
-            elif isinstance(command, PullPrefix | LeaseBlocks | ReleaseLease):
+            elif isinstance(command, PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease):
                 self.kv_transfers.handle(command)
             else:
                 self.engine.abort_request(command.request_ids)

@@ -5,7 +5,8 @@
         GET  {remote_url}/kv/handshake     once per peer (cached; fetched again after a failure)
         engine.pull_prefix(...)            the blocks this replica lacks, read between engine steps
         POST {remote_url}/kv/release       always, success or failure
-    prefill side (do_remote_decode): engine.lease_blocks(prompt) once the request finished -> the handle.
+    prefill side (do_remote_decode): engine.lease_at_finish(request id) armed before the request runs; the
+                                     engine thread leases the prompt's blocks as it finishes -> the handle.
 
 Any failure (peer dead, an HTTP error, a timeout, a layout mismatch, no room) ends as ``PullResult("failed")``
 and the caller computes the prompt: a request never fails because of a transfer.
@@ -14,6 +15,7 @@ and the caller computes the prompt: a request never fails because of a transfer.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from kvmesh.replica.serving.load_report import KVTransferLoad
 if TYPE_CHECKING:
     import aiohttp
     from kvmesh.replica.engine.async_llm import AsyncLLM
+    from kvmesh.replica.kv_transfer.leases import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +74,13 @@ class KVTransferService:
         return KVTransferLoad(enabled=True, pull_bytes_per_s=self.engine.kv_transfers.pull_bytes_per_s,
                               bytes_per_token=self.bytes_per_block // self.block_size)
 
-    async def lease_after(self, prompt: list[int], cache_salt: str | None) -> dict:
-        """The prefill side's answer: the finished prompt's cached blocks leased, as ``kv_transfer_params``."""
-        lease = await self.engine.lease_blocks(prompt, cache_salt, self.config.lease_ttl_s)
+    def lease_at_finish(self, request_id: str) -> concurrent.futures.Future[Lease]:
+        """Arm the prefill side's lease: taken on the engine thread when ``request_id`` finishes."""
+        return self.engine.lease_at_finish(request_id, self.config.lease_ttl_s)
+
+    async def handle(self, armed: concurrent.futures.Future[Lease]) -> dict:
+        """The prefill side's answer: the lease its request took at finish, as ``kv_transfer_params``."""
+        lease = await asyncio.wrap_future(armed)
         return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": lease.remote_block_ids,
                 "remote_lease_id": lease.lease_id, "remote_engine_id": self.agent.name,
                 "num_tokens": lease.num_tokens}
