@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from kvmesh.replica.engine.commands import LeaseAtFinish, LeaseBlocks, PullPrefix, ReleaseLease
 from kvmesh.replica.engine.request import Request, RequestStatus
+from kvmesh.replica.kv_transfer.agent import block_bytes
 from kvmesh.replica.kv_transfer.leases import Lease, LeaseTable
 from kvmesh.replica.kv_transfer.prefix_pull import PendingPull, start_pull
 
@@ -95,7 +96,7 @@ class EngineKVTransfers:
         if isinstance(pending, int):
             command.pulled.set_result(pending)  # nothing missing, or no room: the prompt is computed
         else:
-            self.pulls.append(_InFlight(pending, command, time.monotonic(), command.agent.layout.bytes_per_block))
+            self.pulls.append(_InFlight(pending, command, time.monotonic(), block_bytes(command.agent)))
 
     def between_steps(self) -> None:
         """Finish the pulls whose read ended and the leases past their TTL; never waits."""

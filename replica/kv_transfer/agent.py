@@ -44,6 +44,14 @@ class KVHandshake(msgspec.Struct, frozen=True):
     """The device the cache lives on (CUDA index; 0 for host memory)."""
     mem_type: str = "DRAM"
     """nixl's memory type of the cache: ``DRAM`` (host) or ``VRAM`` (GPU)."""
+    tp_size: int = 1
+    """Tensor-parallel ranks of the replica; the fields above are rank 0's."""
+    ranks: list[KVHandshake] = []
+    """Every rank's own handshake in rank order when ``tp_size`` > 1 (a pull reads rank r from rank r)."""
+
+    def rank_handshakes(self) -> list[KVHandshake]:
+        """One handshake per tensor-parallel rank (this one alone for a single-rank replica)."""
+        return list(self.ranks) if self.ranks else [self]
 
 
 _encoder, _decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(KVHandshake)
@@ -127,13 +135,21 @@ def check_read(layout: KVBlockLayout, remote: KVBlockLayout, remote_block_ids: l
     layout.check_block_ids(local_block_ids, "local")
 
 
-def check_layouts(mine: KVBlockLayout, handshake: KVHandshake, my_name: str) -> None:
-    """KVLayoutMismatch naming every field where the peer's layout differs from this rank's."""
+def check_layouts(mine: KVBlockLayout, handshake: KVHandshake, my_name: str, tp_size: int = 1) -> None:
+    """KVLayoutMismatch naming every field where the peer's layout (and tensor-parallel size) differs from this
+    rank's."""
     differences = mine.mismatch(handshake.layout)
+    if handshake.tp_size != tp_size:
+        differences.insert(0, f"tp (tensor_parallel_size): {tp_size} vs {handshake.tp_size}")
     if differences:
         raise KVLayoutMismatch(f"peer {handshake.agent_name!r} has a different KV block layout than "
                                f"{my_name!r} ({'; '.join(differences)}); replicas that exchange KV must run "
                                "the same model, dtype, block size, tensor-parallel size and attention layout")
+
+
+def block_bytes(agent: KVTransferAgent) -> int:
+    """Bytes one block moves across all of the agent's ranks (a tensor-parallel replica pulls on each)."""
+    return getattr(agent, "tp_size", 1) * agent.layout.bytes_per_block
 
 
 def make_kv_transfer_agent(config: KVTransferConfig, name: str, kv_cache: torch.Tensor,

@@ -14,7 +14,7 @@ tokens. A failed read frees the blocks uncached: the request computes the prefix
 
 Both replicas must hash alike (the cluster's shared hash seed, same block size) and the blocks must
 stay put on the holder while they are read (a lease keeps them: leases.py). Runs on the engine's thread,
-between steps; one rank (tensor parallelism pulls per rank: not built).
+between steps; under tensor parallelism the agent reads on every rank (tp_agent.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvmesh.replica.kv_transfer.agent import KVTransferAgent, decode_handshake, encode_handshake
+from kvmesh.replica.kv_transfer.agent import KVTransferAgent, block_bytes, decode_handshake, encode_handshake
 from kvmesh.replica.kv_transfer.config import KVTransferConfig
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.server.kv_metrics import KVTransferMetrics
@@ -60,7 +60,7 @@ class KVTransferService:
                  metrics: KVTransferMetrics) -> None:
         self.config, self.agent, self.engine, self.metrics = config, agent, engine, metrics
         self.block_size = engine.block_size
-        self.bytes_per_block = agent.layout.bytes_per_block
+        self.bytes_per_block = block_bytes(agent)  # every tensor-parallel rank's share
         self._handshake = encode_handshake(agent.handshake())
         self._peers: dict[str, str] = {}  # remote_url -> the peer's agent name (handshake done)
         self._session: aiohttp.ClientSession | None = None
