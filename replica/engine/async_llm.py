@@ -146,12 +146,14 @@ class AsyncLLM:
                 self._submit(AbortRequests([request_id]))
 
     async def pull_prefix(self, agent: KVTransferAgent, peer: str, prompt_token_ids: list[int],
-                          remote_block_ids: list[int], cache_salt: str | None = None) -> int:
+                          remote_block_ids: list[int], cache_salt: str | None = None,
+                          remote_block_media: list[str] | None = None) -> int:
         """Pull the prompt's cached prefix from ``peer`` (its ``remote_block_ids``) into this engine's prefix cache;
         the tokens pulled. A request added afterwards hits them (``num_cached_tokens``). The read is started
         between two steps and polled between the next ones: other requests keep stepping while it is in flight."""
         pulled: concurrent.futures.Future[int] = concurrent.futures.Future()
-        return await self._ask(PullPrefix(agent, peer, prompt_token_ids, remote_block_ids, cache_salt, pulled), pulled)
+        return await self._ask(PullPrefix(agent, peer, prompt_token_ids, remote_block_ids, cache_salt, pulled,
+                                          remote_block_media), pulled)
 
     async def lease_blocks(self, prompt_token_ids: list[int], cache_salt: str | None, ttl_s: float) -> Lease:
         """Hold the prompt's cached leading blocks for a peer to read (kv_transfer/leases.py)."""

@@ -58,6 +58,8 @@ class PullPrefix:
     pulled: concurrent.futures.Future[int]
     """Set once the read ended (checked between steps: other requests keep stepping meanwhile) to the tokens
     pulled (0: nothing missing, no room, or the read failed or timed out)."""
+    remote_block_media: list[str] | None = None
+    """The holder's tier of each block (``"GPU"``/``"CPU"``: its host tier); None: every block on its device."""
 
 
 @dataclass(frozen=True, slots=True)

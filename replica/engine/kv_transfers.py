@@ -89,7 +89,8 @@ class EngineKVTransfers:
     def _start_pull(self, command: PullPrefix) -> None:
         try:
             pending = start_pull(self.engine.kv_cache_manager, command.agent, command.peer,
-                                 command.prompt_token_ids, command.remote_block_ids, command.cache_salt)
+                                 command.prompt_token_ids, command.remote_block_ids, command.cache_salt,
+                                 remote_block_media=command.remote_block_media)
         except BaseException as e:  # KVTransferError (dead peer) or bad arguments (ids out of range)
             command.pulled.set_exception(e)
             return

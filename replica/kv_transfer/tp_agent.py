@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvmesh.events.schema import DEVICE_MEDIUM
 from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig
 from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError
 
@@ -97,7 +98,8 @@ class TPKVTransferAgent:
             except Exception:  # noqa: BLE001 - a dead rank forgets its peers anyway
                 pass
 
-    def start_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int]) -> TPTransfer:
+    def start_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int],
+                   remote_medium: str = DEVICE_MEDIUM) -> TPTransfer:
         names = self._peers.get(peer)
         if names is None:
             raise KVTransferError(f"{peer!r} is not a peer of {self.name!r}; add_peer its handshake first")
@@ -105,8 +107,8 @@ class TPKVTransferAgent:
             raise ValueError(f"{len(remote_block_ids)} remote block ids but {len(local_block_ids)} local ones; "
                              "a read copies block i of one list into block i of the other")
         self.layout.check_block_ids(local_block_ids, "local")
-        refs = [w.kv_read.remote(n, remote_block_ids, local_block_ids) for w, n in zip(self._workers, names,
-                                                                                         strict=True)]
+        refs = [w.kv_read.remote(n, remote_block_ids, local_block_ids, remote_medium)
+                for w, n in zip(self._workers, names, strict=True)]
         return TPTransfer(refs, len(local_block_ids))
 
     def close(self) -> None:

@@ -82,7 +82,7 @@ class KVTransferService:
         """The prefill side's answer: the lease its request took at finish, as ``kv_transfer_params``."""
         lease = await asyncio.wrap_future(armed)
         return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": lease.remote_block_ids,
-                "remote_lease_id": lease.lease_id, "remote_engine_id": self.agent.name,
+                "remote_block_media": lease.remote_block_media, "remote_lease_id": lease.lease_id, "remote_engine_id": self.agent.name,
                 "num_tokens": lease.num_tokens}
 
     # ------------------------------------------------------------ puller side
@@ -91,17 +91,18 @@ class KVTransferService:
         """Pull what this replica lacks of ``prompt``'s prefix from ``params.remote_url``; never raises."""
         url = params.remote_url.rstrip("/")
         headers = {"Authorization": authorization} if authorization else {}
-        block_ids, lease_id = params.remote_block_ids, params.remote_lease_id
+        block_ids, lease_id, media = params.remote_block_ids, params.remote_lease_id, params.remote_block_media
         t0 = time.monotonic()
         try:
             if block_ids is None:
                 lease = await self._call("POST", f"{url}/kv/lease", headers,
                                          {"prompt_token_ids": prompt, "cache_salt": cache_salt})
                 block_ids, lease_id = list(lease["remote_block_ids"]), lease["lease_id"] or None
+                media = lease.get("remote_block_media")  # absent from a holder without tiers: all on its device
             if not block_ids:
                 return self._count(PullResult("skipped"), t0)
             peer = await self._peer(url, headers)
-            tokens = await self.engine.pull_prefix(self.agent, peer, prompt, block_ids, cache_salt)
+            tokens = await self.engine.pull_prefix(self.agent, peer, prompt, block_ids, cache_salt, media)
         except Exception as e:  # noqa: BLE001 - any failure: the prompt is computed here
             self._forget(url)
             logger.warning("KV pull from %s failed (%s: %s); computing the prompt", url, type(e).__name__, e)

@@ -117,11 +117,11 @@ class TPWorker:
     def kv_remove_peer(self, peer: str) -> None:
         self.kv_agent.remove_peer(peer)
 
-    def kv_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int]) -> None:
+    def kv_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int], remote_medium: str) -> None:
         """Read the peer rank's blocks into this rank's (beside the steps: the actor takes concurrent calls)."""
-        from kvmesh.replica.kv_transfer.agent import read_blocks
+        from kvmesh.replica.kv_transfer.agent import wait
 
-        read_blocks(self.kv_agent, peer, remote_block_ids, local_block_ids)
+        wait(self.kv_agent, self.kv_agent.start_read(peer, remote_block_ids, local_block_ids, remote_medium), peer)
 
     def kv_close(self) -> None:
         if self.kv_agent is not None:
