@@ -55,6 +55,7 @@ class EngineKVTransfers:
         self.at_finish: dict[str, LeaseAtFinish] = {}
         """Requests whose finish takes a lease on their prompt's blocks (request id -> the command)."""
         engine.on_request_finished = self.request_finished
+        engine.kv_cache_manager.held_elsewhere = self.held_blocks
 
     def handle(self, command: PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease) -> None:
         manager = self.engine.kv_cache_manager
@@ -79,6 +80,13 @@ class EngineKVTransfers:
                                                                request.cache_salt, command.ttl_s))
         else:
             command.granted.set_result(Lease("", [], 0, command.ttl_s))
+
+    def held_blocks(self) -> list:
+        """Device blocks the leases and the pulls in flight hold (the pool's integrity check counts them)."""
+        held = self.leases.held_device_blocks()
+        for pull in self.pulls:
+            held += pull.pending.local + pull.pending.new
+        return held
 
     def request_refused(self, request_id: str) -> None:
         """The request never ran (``add_request`` refused it): an armed lease ends empty."""

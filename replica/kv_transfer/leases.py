@@ -106,6 +106,10 @@ class LeaseTable:
         self.expired += len(ended)
         return len(ended)
 
+    def held_device_blocks(self) -> list[KVCacheBlock]:
+        """Every device block a lease holds, once per lease (integrity checks)."""
+        return [b for held in self._held.values() for b in held.blocks]
+
     def next_expiry_s(self, now: float | None = None) -> float | None:
         """Seconds until the first lease expires (None: no lease)."""
         if not self._held:

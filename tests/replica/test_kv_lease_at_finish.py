@@ -23,7 +23,8 @@ NUM_KV_BLOCKS = 48  # 47 usable: PROMPT (27) and FILLER (22) do not fit together
 
 
 def _llm(stories_path, num_kv_blocks: int = NUM_KV_BLOCKS) -> LLM:
-    return LLM(str(stories_path), device="cpu", num_kv_blocks=num_kv_blocks, hash_seed=SEED)
+    return LLM(str(stories_path), device="cpu", num_kv_blocks=num_kv_blocks, hash_seed=SEED,
+               debug_check_integrity=True)  # the pool checked after every step, leases and pulls included
 
 
 def _run_until(engine, request_id: str) -> None:

@@ -55,7 +55,8 @@ class HeldAgent:
 
 
 def _engine(stories_path) -> AsyncLLM:
-    return AsyncLLM.from_config(EngineConfig(model=str(stories_path), hash_seed=SEED, kv_cache_memory=4 << 20))
+    return AsyncLLM.from_config(EngineConfig(model=str(stories_path), hash_seed=SEED, kv_cache_memory=4 << 20,
+                                             debug_check_integrity=True))  # pulls in flight counted
 
 
 @pytest.fixture
