@@ -23,6 +23,7 @@ from kvmesh.replica.engine.outputs import ModelRunnerOutput
 from kvmesh.replica.engine.scheduler_output import SchedulerOutput
 from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
+from kvmesh.replica.sample.logprobs import LogprobsTensors
 from kvmesh.replica.sample.prompt_logprobs import PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
@@ -30,7 +31,7 @@ from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
 from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.worker.device import pick_device, set_current_device, set_num_threads
-from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs
+from kvmesh.replica.worker.input_batch import GRAPH_SAMPLES, InputBatch, ModelInputs
 from kvmesh.replica.worker.kv_cache import (
     allocate_kv_cache,
     bytes_per_block,
@@ -74,7 +75,7 @@ class ModelRunner:
         for attn in self.model.attention_layers():
             attn.backend = self.attn_backend
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
-                                      self.block_size, self.device, config.max_num_batched_tokens)
+                                      self.block_size, self.device, config.max_num_batched_tokens, config.seed)
         self.static_decode = None  # decode steps on static shapes (CUDA graphs)
         # measured before the KV cache is sized, captured by bind_thread on the thread that replays them
         self.capture_graphs = use_cuda_graphs(config.cuda_graphs, self.device, self.attn_backend, self.block_size,
@@ -96,10 +97,9 @@ class ModelRunner:
         logger.info("attention backend %s, block_size %d, %s", self.attn_backend.name, self.block_size,
                     f"CUDA graphs for decode batch sizes {self.static_decode.sizes}" if self.static_decode
                     else "no CUDA graphs")
-        generator = torch.Generator(device=self.device).manual_seed(config.seed)
         # packed logprobs of a step: [N, 2 (1 + MAX_LOGPROBS) + 1] float64, back without blocking
         logprobs_copies = HostCopies(config.max_num_seqs * (2 * MAX_LOGPROBS + 3), torch.float64, self.device)
-        self.sampler = Sampler(generator, logprobs_copies)
+        self.sampler = Sampler(logprobs_copies=logprobs_copies)  # random rows draw from keys (sample/draws.py)
         self.token_copies = HostCopies(config.max_num_seqs, torch.int64, self.device)  # sampled ids come back here
         self.prompt_logprobs = PromptLogprobsProcessor()  # rows waiting between a prompt's prefill chunks
 
@@ -236,9 +236,10 @@ class ModelRunner:
             self.kv_offload.load(transfers.loads)  # the prefixes this step's prefills read
         asks_prompt_logprobs = any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled)
         inputs = self.input_batch.prepare(out, static=not asks_prompt_logprobs)  # prompt logprobs need hidden
-        greedy = None  # [N] argmax tokens when the step replays a decode graph (forward, LM head, argmax)
-        if inputs.static_size is not None:  # its inputs are already the graph's
-            logits, greedy = self.static_decode.run(inputs.common.num_reqs)  # [N, V], [N]
+        graph_tokens = None  # [N] the step's tokens when a decode graph's argmax or draw is its answer
+        if inputs.static_size is not None:  # its inputs (and sampling settings) are already the graph's
+            logits, graph_tokens = self.static_decode.run(inputs.common.num_reqs,  # [N, V], [N]
+                                                          sampling=inputs.graph_tokens == GRAPH_SAMPLES)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))  # [T, H]
         if transfers is not None:
@@ -247,20 +248,24 @@ class ModelRunner:
         if not inputs.sample_request_ids:
             return AsyncModelRunnerOutput.ready(ModelRunnerOutput({}, None, prompt_logprobs) if prompt_logprobs
                                                 else {})
-        if greedy is None:
+        if inputs.static_size is None:
             if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order
                 hidden = hidden[inputs.logits_indices]
             logits = self.model.compute_logits(hidden)  # [N, V]
-        sampling = self.input_batch.sampling_metadata(inputs.sample_rows, self.vocab_size, self.eos_token_ids)
-        if greedy is not None and sampling.plain_greedy:  # the graph's argmax is the sampler's answer
-            tokens, logprobs = greedy, None
-        elif sampling.max_num_logprobs is None:  # the common case: no row asks for logprobs
-            tokens, logprobs = self.sampler(logits, sampling), None
+        if inputs.graph_tokens is not None:  # the graph's argmax or draw is the answer: nothing launches after it
+            tokens, logprobs = graph_tokens, None
         else:
-            tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
+            tokens, logprobs = self._sample(logits, inputs)
         self.input_batch.count_samples(inputs.sample_rows, tokens)
         return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
                                       self.token_copies, logprobs, prompt_logprobs)
+
+    def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> tuple[torch.Tensor, LogprobsTensors | None]:
+        """The eager sampler on ``logits`` [N, V]: tokens [N] and the logprobs rows asked for (or None)."""
+        sampling = self.input_batch.sampling_metadata(inputs.sample_rows, self.vocab_size, self.eos_token_ids)
+        if sampling.max_num_logprobs is None:  # the common case: no row asks for logprobs
+            return self.sampler(logits, sampling), None
+        return self.sampler.sample_with_logprobs(logits, sampling)
 
     def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor) -> dict:
         """Prompt logprobs of this step's prefill chunks of requests that ask for them (``hidden`` [T, H]).

@@ -106,12 +106,19 @@ def test_async_scheduling_keeps_one_transfer_per_step_and_the_tokens(runs):
     assert run["tokens"] == run["cpu_tokens"]
 
 
-@pytest.mark.parametrize("scheduling", ["sync", "async"])
-def test_a_cuda_graph_decode_step_is_one_upload_one_run_one_copy_back(stories_path, scheduling):
+@pytest.fixture(scope="module")
+def static_runs(stories_path) -> dict:
+    return run_in_child("static_steps", stories_path)
+
+
+@pytest.mark.parametrize("scheduling", ["sync", "async", "sampled-sync", "sampled-async"])
+def test_a_cuda_graph_decode_step_is_one_upload_one_run_one_copy_back(static_runs, scheduling):
     """On the static (CUDA-graph) path the step's inputs go up in one copy straight into the graph's inputs
-    and the greedy tokens come from the run itself: one host-to-device copy, one device-to-host copy."""
-    run = run_in_child("static_steps", stories_path)[scheduling]
+    and the tokens come from the run itself: one host-to-device copy, one device-to-host copy. A sampled step
+    (seeded temperature, top-k, top-p rows) too: its settings ride in the same copy, the graph draws."""
+    run = static_runs[scheduling]
     assert run["on_device"] and run["static_rows"], run["static_rows"]
+    assert all(sampling == scheduling.startswith("sampled") for _, sampling in run["static_rows"])
     assert run["tokens"] == run["cpu_tokens"]
     # the flash-attn reference stands in for a CUDA kernel: what it does inside is no transfer of the step's
     kernel = "attention/flash_attn_reference.py"
