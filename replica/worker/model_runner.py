@@ -19,12 +19,11 @@ import threading
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.engine.outputs import ModelRunnerOutput
 from kvmesh.replica.engine.scheduler_output import SchedulerOutput
 from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
 from kvmesh.replica.sample.logprobs import LogprobsTensors
-from kvmesh.replica.sample.prompt_logprobs import PromptLogprobsProcessor
+from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
 from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
@@ -101,7 +100,9 @@ class ModelRunner:
         logprobs_copies = HostCopies(config.max_num_seqs * (2 * MAX_LOGPROBS + 3), torch.float64, self.device)
         self.sampler = Sampler(logprobs_copies=logprobs_copies)  # random rows draw from keys (sample/draws.py)
         self.token_copies = HostCopies(config.max_num_seqs, torch.int64, self.device)  # sampled ids come back here
-        self.prompt_logprobs = PromptLogprobsProcessor()  # rows waiting between a prompt's prefill chunks
+        # rows waiting between a prompt's prefill chunks; a step's entries come back in one copy
+        self.prompt_logprobs = PromptLogprobsProcessor(config.max_num_batched_tokens + config.max_num_seqs,
+                                                       self.device)
 
     def _build_model(self) -> torch.nn.Module:
         cls = get_model_class(self.spec.architecture)
@@ -245,17 +246,15 @@ class ModelRunner:
         if transfers is not None:
             self.kv_offload.store(transfers.transfer_id, transfers.stores)  # the blocks this step completed
         prompt_logprobs = self._prompt_logprobs(out, inputs, hidden) if asks_prompt_logprobs else None
-        if not inputs.sample_request_ids:
-            return AsyncModelRunnerOutput.ready(ModelRunnerOutput({}, None, prompt_logprobs) if prompt_logprobs
-                                                else {})
+        if not inputs.sample_request_ids:  # nothing sampled; prompt logprobs are read when the output is
+            return AsyncModelRunnerOutput.prompt_logprobs_only(prompt_logprobs) if prompt_logprobs else \
+                AsyncModelRunnerOutput.ready({})
         if inputs.static_size is None:
             if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order
                 hidden = hidden[inputs.logits_indices]
             logits = self.model.compute_logits(hidden)  # [N, V]
-        if inputs.graph_tokens is not None:  # the graph's argmax or draw is the answer: nothing launches after it
-            tokens, logprobs = graph_tokens, None
-        else:
-            tokens, logprobs = self._sample(logits, inputs)
+        # the graph's argmax or draw is the answer (nothing launches after it), else the eager sampler's
+        tokens, logprobs = (graph_tokens, None) if inputs.graph_tokens is not None else self._sample(logits, inputs)
         self.input_batch.count_samples(inputs.sample_rows, tokens)
         return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
                                       self.token_copies, logprobs, prompt_logprobs)
@@ -267,10 +266,13 @@ class ModelRunner:
             return self.sampler(logits, sampling), None
         return self.sampler.sample_with_logprobs(logits, sampling)
 
-    def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor) -> dict:
-        """Prompt logprobs of this step's prefill chunks of requests that ask for them (``hidden`` [T, H]).
-        Only full requests can ask: a request decoding by id has output tokens, so its prompt is done."""
-        asking = [sr for sr in out.scheduled if sr.sampling_params.prompt_logprobs is not None]
+    def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor
+                         ) -> PendingPromptLogprobs | None:
+        """Prompt logprobs of this step's prefill chunks (``hidden`` [T, H]) on their way to the host (None: none
+        this step). Only full requests without output ask: a request decoding by id has its prompt done."""
+        asking = [sr for sr in out.scheduled if sr.sampling_params.prompt_logprobs is not None and not sr.output_token_ids]
+        if not asking:
+            return None
         first_rows = self.input_batch.first_token_index(inputs, [sr.request_id for sr in asking])
         return self.prompt_logprobs.compute(asking, first_rows, hidden, self.model.compute_logits)
 

@@ -11,7 +11,7 @@ mode records, for each ``LLMEngine.step()`` (scheduling, ``execute_model``, outp
     h2d    host -> device copies                                       must all be non-blocking
 
 Requests asking for ``logprobs`` add one transfer per step (their packed logprobs); ``prompt_logprobs``
-add one per prefill chunk (and one for the row pending from the previous chunk). The tokens are
+add one per prefill chunk (with the row pending from the previous chunk). The tokens are
 compared with the same engine on the plain CPU, so the check cannot hide a wrong step. The runs
 happen in a child process (fake_device_runs.py says why); the scenarios are defined there.
 """
@@ -85,12 +85,15 @@ def test_logprobs_add_one_transfer_per_step(runs):
     assert d2h and all(d.startswith("copy_ into a host tensor") for d in d2h), d2h
 
 
-def test_prompt_logprobs_add_one_transfer_per_prefill_chunk(runs):
+def test_prompt_logprobs_add_one_non_blocking_transfer_per_prefill_chunk(runs):
     logs = runs["prompt-logprobs"]["logs"]
-    # 57 prompt tokens in chunks of 32 + 25: chunk 1 one transfer; chunk 2 one for its rows, one for the row
-    # pending from chunk 1, one for the sampled id; then a decode step with the sampled id only
-    assert [len(log["d2h"]) for log in logs] == [1, 3, 1]
+    # 57 prompt tokens in chunks of 32 + 25: chunk 1 one transfer; chunk 2 one for its rows and the row pending
+    # from chunk 1 together, one for the sampled id; then a decode step with the sampled id only
+    assert [len(log["d2h"]) for log in logs] == [1, 2, 1]
     assert all(log["syncs"] == [] and log["mixed"] == [] for log in logs)
+    # into the runner's pinned buffers, read when the step's output is: no ``.cpu()`` in the launch
+    d2h = [d for log in logs for d in log["d2h"]]
+    assert all(d.startswith("copy_ into a host tensor") for d in d2h), d2h
     assert len(runs["prompt-logprobs"]["tokens"]["p"]) == 2
 
 
