@@ -22,6 +22,7 @@ PATHS = {
     "top_p": dict(temperature=1.0, top_p=0.85, seed=4),
     "top_k_top_p": dict(temperature=1.3, top_k=40, top_p=0.9, seed=5),
     "nucleus_unseeded": dict(temperature=0.7, top_p=0.6),
+    "top_k_past_the_vocabulary": dict(temperature=0.9, top_k=100_000, seed=6),
 }
 
 
