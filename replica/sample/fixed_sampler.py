@@ -16,7 +16,8 @@ logits, settings and key only: the eager sampler's shortlist over K columns and 
 over V give the same token (on CPU bit for bit; ties between equal probabilities may order differently).
 
 ``sample_fixed`` runs both draws on every row and picks per row by masks -- shapes and control flow depend
-on no host fact, so a CUDA graph can replay it with the settings in its static inputs:
+on no per-step host fact, so a CUDA graph can replay it with the settings in its static inputs (one graph
+per variant: RANDOM leaves out the sort when no row has top-k/top-p, TOP_K_TOP_P holds both draws):
 temperature (0: greedy), top_k (>= the vocabulary size: none), top_p (1: none), the draw keys
 (``fixed_settings`` writes them; rows with logit_bias, min_tokens bans or logprobs take the eager sampler).
 """
@@ -54,15 +55,22 @@ def truncated_weights(sorted_probs: torch.Tensor, top_k: torch.Tensor, top_p: to
     return e.masked_fill(~keep, 0.0), covered
 
 
+RANDOM, TOP_K_TOP_P = "random", "top_k_top_p"
+"""The variants of ``sample_fixed``: random and greedy rows only, or top-k / top-p rows too (a [B, V] sort)."""
+
+
 def sample_fixed(logits: torch.Tensor, greedy: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+                 top_p: torch.Tensor, keys: torch.Tensor, variant: str = TOP_K_TOP_P) -> torch.Tensor:
     """logits [B, V] float32, their argmax ``greedy`` [B], temperature [B] float32 (0: greedy row), top_k [B]
-    int64 (>= V: none), top_p [B] float32 (1: none), keys [B] int64 -> tokens [B] int64 (module docstring)."""
+    int64 (>= V: none), top_p [B] float32 (1: none), keys [B] int64 -> tokens [B] int64 (module docstring).
+    ``variant`` RANDOM ignores top_k and top_p (``fixed_settings`` picks it only when no row has them)."""
     vocab = logits.shape[-1]
     is_greedy = temperature == 0
     probs = torch.softmax(logits / torch.where(is_greedy, 1.0, temperature).unsqueeze(1), dim=-1)  # [B, V]
     u = seeded_uniforms(keys)  # [B]
     plain = draw_in_order(probs, u)
+    if variant == RANDOM:
+        return torch.where(is_greedy, greedy, plain)
     sorted_probs, order = probs.sort(dim=-1, descending=True)  # [B, V]
     weights, _ = truncated_weights(sorted_probs, top_k, top_p, vocab)
     truncated = order.gather(1, draw_in_order(weights, u).unsqueeze(1)).squeeze(1)
@@ -75,13 +83,15 @@ NO_TOP_K = 1 << 62
 
 
 def fixed_settings(params: Sequence[SamplingParams], num_generated: Sequence[int], draws: RandomDraws
-                   ) -> tuple[np.ndarray, ...] | None:
-    """The rows' (temperature, top_k, top_p, draw keys) for ``sample_fixed``, or None when a row needs the eager
-    sampler: logit_bias, min_tokens still banning stop tokens, logprobs (then no draw is counted here)."""
+                   ) -> tuple[str, tuple[np.ndarray, ...]] | None:
+    """The variant and the rows' (temperature, top_k, top_p, draw keys) for ``sample_fixed``, or None when a row
+    needs the eager sampler: logit_bias, min_tokens still banning stop tokens, logprobs (then no draw is
+    counted here)."""
     if any(sp.logit_bias or sp.logprobs is not None or n < sp.min_tokens
            for sp, n in zip(params, num_generated, strict=True)):
         return None
+    truncates = any(not sp.greedy and (sp.top_k > 0 or sp.top_p < 1.0) for sp in params)
     temperature = np.array([0.0 if sp.greedy else sp.temperature for sp in params], np.float32)
     top_k = np.array([sp.top_k if sp.top_k > 0 else NO_TOP_K for sp in params], np.int64)
     top_p = np.array([sp.top_p for sp in params], np.float32)
-    return temperature, top_k, top_p, draws.keys(params, num_generated)
+    return TOP_K_TOP_P if truncates else RANDOM, (temperature, top_k, top_p, draws.keys(params, num_generated))

@@ -6,9 +6,9 @@ included) and the graph of size B reads them, with no copy between.
 
 A graph holds the forward, the LM head and the greedy argmax: ``run`` returns logits [n, V] and the
 argmax tokens [n] (int64) of the rows, both views of the graph's static outputs, valid until the next
-``run``. Each size has a second graph that samples instead (``run(n, sampling=True)``): the same forward,
-then fixed_sampler.py's draw (temperature, top-k, top-p, seeded and unseeded) with the rows' settings
-staged beside the inputs. An all-greedy step or one whose settings the graph covers takes the tokens as
+``run``. Each size has two more graphs that sample instead (``run(n, sampling=RANDOM | TOP_K_TOP_P)``): the
+same forward, then fixed_sampler.py's draw (temperature, top-k, top-p, seeded and unseeded; RANDOM without
+the sort, for steps with no top-k/top-p row) with the rows' settings staged beside the inputs. An all-greedy step or one whose settings the graph covers takes the tokens as
 they are (no launch after the replay but the copy back); other steps (logit_bias, min_tokens bans,
 logprobs) sample from the logits (sampler.py), as an eager step would. The attention
 backend must offer a static decode path: ``supports_static_decode(block_size)`` and
@@ -33,7 +33,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import torch
-from kvmesh.replica.sample.fixed_sampler import sample_fixed
+from kvmesh.replica.sample.fixed_sampler import RANDOM, TOP_K_TOP_P, sample_fixed
 from kvmesh.replica.sample.sampler import argmax
 from kvmesh.replica.worker.static_inputs import StaticInputs
 from torch import nn
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+VARIANTS = (None, RANDOM, TOP_K_TOP_P)
+"""The graphs of each size: greedy (argmax), then fixed_sampler.py's draws."""
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 """Batch sizes a decode step is padded to (the ones up to max_num_seqs are used)."""
 
@@ -81,17 +83,17 @@ class StaticDecode:
         self.inputs = StaticInputs(self.sizes[-1], max_blocks, device)  # the step uploads into these
         self.metadata = {b: backend.static_decode_metadata(self.inputs.slot_mapping[:b], self.inputs.seq_lens[:b],
                                                             self.inputs.block_table[:b]) for b in self.sizes}
-        # (size, samples) -> the graph and its outputs (logits, tokens)
-        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        # (size, variant) -> the graph and its outputs (logits, tokens)
+        self.graphs: dict[tuple[int, str | None], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def size_for(self, n: int) -> int | None:
         """The capture size a step of n decode rows runs at (None: too many rows, run it eagerly)."""
         return next((b for b in self.sizes if b >= n), None)
 
-    def run(self, n: int, sampling: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, n: int, sampling: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [n, V] and tokens [n] of a decode-only step of n rows, whose inputs were staged into
-        ``self.inputs`` at its capture size (``StaticInputs.stage``): the argmax, or with ``sampling`` the
-        draw of the settings staged with them."""
+        ``self.inputs`` at its capture size (``StaticInputs.stage``): the argmax, or with ``sampling`` (a
+        fixed_sampler.py variant) the draw of the settings staged with them."""
         b = self.size_for(n)
         if (b, sampling) in self.graphs:
             graph, (logits, tokens) = self.graphs[b, sampling]
@@ -100,12 +102,12 @@ class StaticDecode:
             logits, tokens = self._forward(b, sampling)
         return logits[:n], tokens[:n]
 
-    def _forward(self, b: int, sampling: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, b: int, sampling: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.model(self.inputs.input_ids[:b], self.inputs.positions[:b], self.metadata[b])  # [b, H]
         logits = self.model.compute_logits(hidden)  # [b, V]
         scores = logits.to(torch.float32)
         greedy = argmax(scores)  # the sampler's greedy rule: argmax of the fp32 logits
-        return logits, sample_fixed(scores, greedy, *self.inputs.sampling(b)) if sampling else greedy
+        return logits, greedy if sampling is None else sample_fixed(scores, greedy, *self.inputs.sampling(b), sampling)
 
     @torch.inference_mode()
     def measure_capture(self, layers: list, layer_shape: tuple[int, ...], dtype: torch.dtype, read_memory) -> int:
@@ -132,12 +134,12 @@ class StaticDecode:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Record two CUDA graphs per size (greedy, sampling), largest first (they share one memory pool)."""
+        """Record the CUDA graphs of every size and variant, largest first (they share one memory pool)."""
         if self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
         pool = None  # the inputs hold padding or a finished step's rows: finite values either way
         for b in reversed(self.sizes):
-            for sampling in (False, True):
+            for sampling in VARIANTS:
                 self._forward(b, sampling)  # warm-up: lazy inits and allocator growth happen outside the capture
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()

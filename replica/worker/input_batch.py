@@ -45,7 +45,6 @@ __all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
 _token_ids = attrgetter("token_ids")
 _sample = attrgetter("sample")
 _ALL_GREEDY = SamplingMetadata(None, None, None, None, None)
-GRAPH_GREEDY, GRAPH_SAMPLES = "greedy", "sample"  # which decode graph's tokens a staged step takes
 
 
 @dataclass(slots=True)
@@ -68,10 +67,12 @@ class ModelInputs:
     static_size: int | None = None
     """The capture size the step's inputs were staged at in the decode graphs' inputs (None: not staged there;
     then ``logits_indices`` and ``common.query_start_loc`` are None)."""
-    graph_tokens: str | None = None
-    """A staged step's tokens: the greedy graph's argmax (GRAPH_GREEDY), the sampling graph's draw with the
-    settings staged beside its inputs (GRAPH_SAMPLES, fixed_sampler.py), or None: the eager sampler runs on
-    the graph's logits (logit_bias, min_tokens bans, logprobs)."""
+    graph_sampling: str | None = None
+    """The decode graph a staged step replays: None the greedy one, else fixed_sampler.py's variant (RANDOM,
+    TOP_K_TOP_P) drawing with the settings staged beside its inputs."""
+    graph_answers: bool = False
+    """The replay's tokens are the step's; else the eager sampler runs on its logits (logit_bias, min_tokens
+    bans, logprobs)."""
 
 
 def step_upload(max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int,
@@ -211,10 +212,10 @@ class InputBatch:
         gather = self._prev_sampled_gather(rows[:num_decodes])
         static_size = self.static.size_for(n) if self.static is not None and static and num_tokens == n \
             and len(sample_rows) == n else None
-        graph_tokens = None
+        graph_sampling, graph_answers = None, False
         if static_size is not None:  # straight into the decode graphs' inputs (static_inputs.py)
             into = self.static.inputs
-            graph_tokens, settings = self._graph_sampling(sample_rows)
+            graph_sampling, graph_answers, settings = self._graph_sampling(sample_rows)
             gathered = into.stage(static_size, input_ids, positions, slot_mapping, seq_lens, block_tables, gather,
                                   settings)
             ids, positions_d, slots, seq_lens_d = into.input_ids[:n], into.positions[:n], into.slot_mapping[:n], \
@@ -238,15 +239,14 @@ class InputBatch:
             index, dst = gathered
             ids.index_copy_(0, dst, self.prev_sampled[index])
         return ModelInputs(ids, positions_d, common, logits_d, sample_rows, self.req_ids[sample_rows].tolist(), rows,
-                           static_size, graph_tokens)
+                           static_size, graph_sampling, graph_answers)
 
-    def _graph_sampling(self, rows: np.ndarray) -> tuple[str | None, tuple | None]:
-        """Which graph's tokens a staged step of ``rows`` takes (``ModelInputs.graph_tokens``), with the sampling
-        settings to stage for GRAPH_SAMPLES."""
+    def _graph_sampling(self, rows: np.ndarray) -> tuple[str | None, bool, tuple | None]:
+        """A staged step's ``ModelInputs.graph_sampling`` and ``graph_answers``, with the settings to stage."""
         if self.plain_greedy[rows].all():
-            return GRAPH_GREEDY, None
-        settings = fixed_settings([self.params[r] for r in rows.tolist()], self.num_output[rows].tolist(), self.draws)
-        return (None, None) if settings is None else (GRAPH_SAMPLES, settings)
+            return None, True, None
+        fixed = fixed_settings([self.params[r] for r in rows.tolist()], self.num_output[rows].tolist(), self.draws)
+        return (None, False, None) if fixed is None else (fixed[0], True, fixed[1])
 
     def sampling_metadata(self, rows: np.ndarray, vocab_size: int, eos_token_ids) -> SamplingMetadata:
         """Sampling settings of ``rows`` (the all-greedy common case costs one array test)."""

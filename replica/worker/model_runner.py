@@ -30,7 +30,7 @@ from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
 from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.worker.device import pick_device, set_current_device, set_num_threads
-from kvmesh.replica.worker.input_batch import GRAPH_SAMPLES, InputBatch, ModelInputs
+from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs
 from kvmesh.replica.worker.kv_cache import (
     allocate_kv_cache,
     bytes_per_block,
@@ -239,8 +239,7 @@ class ModelRunner:
         inputs = self.input_batch.prepare(out, static=not asks_prompt_logprobs)  # prompt logprobs need hidden
         graph_tokens = None  # [N] the step's tokens when a decode graph's argmax or draw is its answer
         if inputs.static_size is not None:  # its inputs (and sampling settings) are already the graph's
-            logits, graph_tokens = self.static_decode.run(inputs.common.num_reqs,  # [N, V], [N]
-                                                          sampling=inputs.graph_tokens == GRAPH_SAMPLES)
+            logits, graph_tokens = self.static_decode.run(inputs.common.num_reqs, inputs.graph_sampling)  # [N, V], [N]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))  # [T, H]
         if transfers is not None:
@@ -254,7 +253,7 @@ class ModelRunner:
                 hidden = hidden[inputs.logits_indices]
             logits = self.model.compute_logits(hidden)  # [N, V]
         # the graph's argmax or draw is the answer (nothing launches after it), else the eager sampler's
-        tokens, logprobs = (graph_tokens, None) if inputs.graph_tokens is not None else self._sample(logits, inputs)
+        tokens, logprobs = (graph_tokens, None) if inputs.graph_answers else self._sample(logits, inputs)
         self.input_batch.count_samples(inputs.sample_rows, tokens)
         return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
                                       self.token_copies, logprobs, prompt_logprobs)

@@ -72,7 +72,7 @@ def run(engine: LLMEngine, prompts: list[dict[str, list[int]]], lengths: dict[st
     if static is not None:
         static_run = static.run
 
-        def counting_static(n, sampling=False):
+        def counting_static(n, sampling=None):
             out.static_steps += 1
             out.replays += (static.size_for(n), sampling) in static.graphs
             return static_run(n, sampling)

@@ -140,7 +140,7 @@ def static_steps(path: str) -> dict:
                                                          runner.input_batch.block_tables.table.shape[1], 256,
                                                          runner.device)
             run = static.run
-            static.run = lambda n, sampling=False, rows=static_rows, run=run: rows.append([n, sampling]) or run(n, sampling)
+            static.run = lambda n, sampling=None, rows=static_rows, run=run: rows.append([n, sampling]) or run(n, sampling)
             tokens, logs = _run(engine, dev, requests, None)
         sync = {k: v for k, v in kw.items() if k != "async_scheduling"}
         cpu, _ = _run(_engine(path, False, **sync), None, requests, None)

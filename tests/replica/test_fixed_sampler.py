@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 from kvmesh.replica.sample.draws import RandomDraws
-from kvmesh.replica.sample.fixed_sampler import fixed_settings, sample_fixed
+from kvmesh.replica.sample.fixed_sampler import RANDOM, TOP_K_TOP_P, fixed_settings, sample_fixed
 from kvmesh.replica.sample.sampler import Sampler, apply_top_k_top_p, argmax, build_sampling_metadata
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
@@ -32,9 +32,9 @@ def eager_tokens(logits, params, num_generated, seed):
 
 
 def fixed_tokens(logits, params, num_generated, seed):
-    settings = fixed_settings(params, num_generated, RandomDraws(seed))
+    variant, settings = fixed_settings(params, num_generated, RandomDraws(seed))
     temperature, top_k, top_p, keys = (torch.from_numpy(a) for a in settings)
-    return sample_fixed(logits, argmax(logits), temperature, top_k, top_p, keys).tolist()
+    return sample_fixed(logits, argmax(logits), temperature, top_k, top_p, keys, variant).tolist()
 
 
 @pytest.mark.parametrize("vocab", [50, 512, 5000])
@@ -96,9 +96,9 @@ def test_unseeded_draws_of_the_graphs_sampler_follow_the_distribution(params, ke
     counts fit the temperature-scaled, top-k/top-p renormalized distribution (chi-square, p = 0.001)."""
     logits = torch.tensor([[1.2, 0.4, 0.9, -0.3, 0.0, 0.6]])
     n = 6000
-    settings = fixed_settings([params] * n, [0] * n, RandomDraws(2026))
+    variant, settings = fixed_settings([params] * n, [0] * n, RandomDraws(2026))
     temperature, top_k, top_p, keys = (torch.from_numpy(a) for a in settings)
-    tokens = sample_fixed(logits.repeat(n, 1), argmax(logits.repeat(n, 1)), temperature, top_k, top_p, keys)
+    tokens = sample_fixed(logits.repeat(n, 1), argmax(logits.repeat(n, 1)), temperature, top_k, top_p, keys, variant)
     counts = torch.bincount(tokens, minlength=6).double()
     k = torch.tensor([params.top_k if params.top_k > 0 else 6])
     probs = torch.softmax(apply_top_k_top_p(logits / params.temperature, k, torch.tensor([params.top_p]))[0],
@@ -127,3 +127,13 @@ def test_the_graphs_sampler_makes_its_tensors_on_the_logits_device():
     tokens = sample_fixed(torch.empty(b, vocab, **f32), torch.empty(b, **i64), torch.empty(b, **f32),
                           torch.empty(b, **i64), torch.empty(b, **f32), torch.empty(b, **i64))
     assert tokens.device == meta and tokens.shape == (b,) and tokens.dtype == torch.int64
+
+
+def test_a_step_without_top_k_or_top_p_rows_takes_the_graph_without_the_sort():
+    def variant(*params):
+        return fixed_settings(list(params), [0] * len(params), RandomDraws(0))[0]
+
+    hot, cold = SamplingParams(temperature=0.9, seed=1), SamplingParams(temperature=0.0, top_p=0.5, top_k=3)
+    assert variant(hot, cold, SamplingParams(temperature=1.2)) == RANDOM  # a greedy row's top-k/top-p draw nothing
+    assert variant(hot, SamplingParams(temperature=0.9, top_p=0.95)) == TOP_K_TOP_P
+    assert variant(SamplingParams(temperature=0.9, top_k=50), cold) == TOP_K_TOP_P

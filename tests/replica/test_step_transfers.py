@@ -121,7 +121,7 @@ def test_a_cuda_graph_decode_step_is_one_upload_one_run_one_copy_back(static_run
     (seeded temperature, top-k, top-p rows) too: its settings ride in the same copy, the graph draws."""
     run = static_runs[scheduling]
     assert run["on_device"] and run["static_rows"], run["static_rows"]
-    assert all(sampling == scheduling.startswith("sampled") for _, sampling in run["static_rows"])
+    assert all((sampling == "top_k_top_p") == scheduling.startswith("sampled") for _, sampling in run["static_rows"])
     assert run["tokens"] == run["cpu_tokens"]
     # the flash-attn reference stands in for a CUDA kernel: what it does inside is no transfer of the step's
     kernel = "attention/flash_attn_reference.py"
