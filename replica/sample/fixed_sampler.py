@@ -17,9 +17,10 @@ over V give the same token (on CPU bit for bit; ties between equal probabilities
 
 ``sample_fixed`` runs both draws on every row and picks per row by masks -- shapes and control flow depend
 on no per-step host fact, so a CUDA graph can replay it with the settings in its static inputs (one graph
-per variant: RANDOM leaves out the sort when no row has top-k/top-p, TOP_K_TOP_P holds both draws):
+per variant: RANDOM leaves out the sort when no row has top-k/top-p, TOP_K_TOP_P holds both draws, LOGPROBS
+adds every row's logprobs at the widest width, packed with the tokens for one copy back: ``sample_and_pack``):
 temperature (0: greedy), top_k (>= the vocabulary size: none), top_p (1: none), the draw keys
-(``fixed_settings`` writes them; rows with logit_bias, min_tokens bans or logprobs take the eager sampler).
+(``fixed_settings`` writes them; rows with logit_bias or min_tokens bans take the eager sampler).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from kvmesh.replica.sample.draws import RandomDraws, seeded_uniforms
-from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.sample.logprobs import pack_logprobs
+from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
 def draw_in_order(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -55,8 +57,8 @@ def truncated_weights(sorted_probs: torch.Tensor, top_k: torch.Tensor, top_p: to
     return e.masked_fill(~keep, 0.0), covered
 
 
-RANDOM, TOP_K_TOP_P = "random", "top_k_top_p"
-"""The variants of ``sample_fixed``: random and greedy rows only, or top-k / top-p rows too (a [B, V] sort)."""
+RANDOM, TOP_K_TOP_P, LOGPROBS = "random", "top_k_top_p", "logprobs"
+"""The variants: random and greedy rows only; top-k / top-p rows too (a [B, V] sort); that and logprobs."""
 
 
 def sample_fixed(logits: torch.Tensor, greedy: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -78,20 +80,30 @@ def sample_fixed(logits: torch.Tensor, greedy: torch.Tensor, temperature: torch.
     return torch.where(is_greedy, greedy, sampled)
 
 
+def sample_and_pack(logits: torch.Tensor, greedy: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                    top_p: torch.Tensor, keys: torch.Tensor, variant: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``sample_fixed``'s tokens [B] and, for LOGPROBS, every row's raw logprobs at MAX_LOGPROBS packed as
+    ``pack_logprobs`` does [B, 2 (1 + MAX_LOGPROBS) + 1] float64 -- column 0 is the token id, so that one copy
+    brings back tokens and logprobs (None for the other variants)."""
+    tokens = sample_fixed(logits, greedy, temperature, top_k, top_p, keys, RANDOM if variant == RANDOM else TOP_K_TOP_P)
+    if variant != LOGPROBS:
+        return tokens, None
+    return tokens, pack_logprobs(logits, MAX_LOGPROBS, tokens, logits.logsumexp(dim=-1, keepdim=True))
+
+
 NO_TOP_K = 1 << 62
 """top_k of a row without one (any value >= the vocabulary size means none)."""
 
 
 def fixed_settings(params: Sequence[SamplingParams], num_generated: Sequence[int], draws: RandomDraws
                    ) -> tuple[str, tuple[np.ndarray, ...]] | None:
-    """The variant and the rows' (temperature, top_k, top_p, draw keys) for ``sample_fixed``, or None when a row
-    needs the eager sampler: logit_bias, min_tokens still banning stop tokens, logprobs (then no draw is
-    counted here)."""
-    if any(sp.logit_bias or sp.logprobs is not None or n < sp.min_tokens
-           for sp, n in zip(params, num_generated, strict=True)):
+    """The variant and the rows' (temperature, top_k, top_p, draw keys) for ``sample_and_pack``, or None when a
+    row needs the eager sampler: logit_bias, min_tokens still banning stop tokens (then no draw is counted)."""
+    if any(sp.logit_bias or n < sp.min_tokens for sp, n in zip(params, num_generated, strict=True)):
         return None
     truncates = any(not sp.greedy and (sp.top_k > 0 or sp.top_p < 1.0) for sp in params)
+    variant = LOGPROBS if any(sp.logprobs is not None for sp in params) else TOP_K_TOP_P if truncates else RANDOM
     temperature = np.array([0.0 if sp.greedy else sp.temperature for sp in params], np.float32)
     top_k = np.array([sp.top_k if sp.top_k > 0 else NO_TOP_K for sp in params], np.int64)
     top_p = np.array([sp.top_p for sp in params], np.float32)
-    return TOP_K_TOP_P if truncates else RANDOM, (temperature, top_k, top_p, draws.keys(params, num_generated))
+    return variant, (temperature, top_k, top_p, draws.keys(params, num_generated))

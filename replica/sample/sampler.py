@@ -7,8 +7,8 @@ count of unseeded draws), over weights whose order depends on its own settings o
 for plain rows, descending probability for top-k/top-p rows): fixed_sampler.py defines the draw, and
 the decode CUDA graph runs the same draw, so both give the same tokens, whatever shares the batch.
 
-This eager sampler is what runs outside the graph: logit_bias and min_tokens bans (applied to the
-logits first), logprobs, prefill steps. Top-k / top-p avoid sorting the vocabulary on the CPU (a
+This eager sampler is what runs outside the decode graphs: logit_bias and min_tokens bans (applied to
+the logits first), the steps that are not decode-only, every step without graphs. Top-k / top-p avoid sorting the vocabulary on the CPU (a
 [256, 32000] sort costs ~1 s on one CPU core): ``topk`` picks a shortlist per row (the largest top_k,
 or TOP_P_CANDIDATES[i] for nucleus rows without one) and the draw runs on [N, K]; rows whose nucleus
 is wider than the shortlist (very flat distributions) take the full sort.

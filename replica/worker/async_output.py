@@ -25,10 +25,11 @@ if TYPE_CHECKING:
 class AsyncModelRunnerOutput:
     def __init__(self, input_batch: InputBatch, request_ids: list[str], rows: np.ndarray, tokens: torch.Tensor,
                  copies: HostCopies, logprobs: LogprobsTensors | None = None,
-                 prompt_logprobs: PendingPromptLogprobs | None = None) -> None:
+                 prompt_logprobs: PendingPromptLogprobs | None = None, tokens_in_logprobs: bool = False) -> None:
         self.input_batch, self.request_ids, self.rows, self.tokens = input_batch, request_ids, rows, tokens
         self.logprobs, self.prompt_logprobs = logprobs, prompt_logprobs
-        self.host, self.event = copies.start(tokens)  # [N] the step's one device-to-host transfer
+        # [N] the step's one device-to-host transfer; or the ids are column 0 of the logprobs' (a decode graph's)
+        self.host, self.event = (None, None) if tokens_in_logprobs else copies.start(tokens)
         self.params = [input_batch.params[row] for row in rows.tolist()] if logprobs is not None else None
 
     @classmethod
@@ -53,8 +54,9 @@ class AsyncModelRunnerOutput:
             return self._value
         if self.event is not None:
             self.event.synchronize()
-        self.input_batch.record_samples(self.rows, self.host.numpy(), self.tokens)
-        sampled = dict(zip(self.request_ids, self.host.tolist(), strict=True))
+        host = self.logprobs.token_ids[:, 0] if self.host is None else self.host  # [N] (waits for its copy)
+        self.input_batch.record_samples(self.rows, host.numpy(), self.tokens)
+        sampled = dict(zip(self.request_ids, host.tolist(), strict=True))
         self._value = sampled
         if self.logprobs is None and self.prompt_logprobs is None:
             return sampled

@@ -72,7 +72,7 @@ class ModelInputs:
     TOP_K_TOP_P) drawing with the settings staged beside its inputs."""
     graph_answers: bool = False
     """The replay's tokens are the step's; else the eager sampler runs on its logits (logit_bias, min_tokens
-    bans, logprobs)."""
+    bans)."""
 
 
 def step_upload(max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int,

@@ -22,7 +22,7 @@ from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.engine.scheduler_output import SchedulerOutput
 from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
-from kvmesh.replica.sample.logprobs import LogprobsTensors
+from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host
 from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
@@ -237,9 +237,9 @@ class ModelRunner:
             self.kv_offload.load(transfers.loads)  # the prefixes this step's prefills read
         asks_prompt_logprobs = any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled)
         inputs = self.input_batch.prepare(out, static=not asks_prompt_logprobs)  # prompt logprobs need hidden
-        graph_tokens = None  # [N] the step's tokens when a decode graph's argmax or draw is its answer
+        graph_tokens = graph_logprobs = None  # [N] the graph's argmax or draw, [N, W] its packed logprobs (or None)
         if inputs.static_size is not None:  # its inputs (and sampling settings) are already the graph's
-            logits, graph_tokens = self.static_decode.run(inputs.common.num_reqs, inputs.graph_sampling)  # [N, V], [N]
+            logits, graph_tokens, graph_logprobs = self.static_decode.run(inputs.common.num_reqs, inputs.graph_sampling)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))  # [T, H]
         if transfers is not None:
@@ -254,9 +254,11 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden)  # [N, V]
         # the graph's argmax or draw is the answer (nothing launches after it), else the eager sampler's
         tokens, logprobs = (graph_tokens, None) if inputs.graph_answers else self._sample(logits, inputs)
+        if graph_logprobs is not None:  # the tokens ride in its column 0: one copy back for both
+            logprobs = to_host(graph_logprobs, None, self.sampler.logprobs_copies)
         self.input_batch.count_samples(inputs.sample_rows, tokens)
         return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
-                                      self.token_copies, logprobs, prompt_logprobs)
+                                      self.token_copies, logprobs, prompt_logprobs, graph_logprobs is not None)
 
     def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> tuple[torch.Tensor, LogprobsTensors | None]:
         """The eager sampler on ``logits`` [N, V]: tokens [N] and the logprobs rows asked for (or None)."""

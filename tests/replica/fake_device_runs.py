@@ -129,9 +129,11 @@ def static_steps(path: str) -> dict:
     greedy_requests = {"a": (PROMPT, greedy), "b": (PROMPT[:7], greedy), "c": (PROMPT[:3], dict(greedy, max_tokens=3))}
     sampled = {"a": (PROMPT, SAMPLING["top_k_top_p"]), "b": (PROMPT[:7], SAMPLING["temperature"]),
                "c": (PROMPT[:3], dict(SAMPLING["top_p"], max_tokens=3)), "d": (PROMPT[:5], SAMPLING["top_k"])}
+    logprobs = {"a": (PROMPT, dict(SAMPLING["top_p"], logprobs=2)), "b": (PROMPT[:7], dict(greedy, logprobs=0))}
     results = {}
     for name, kw, requests in (("sync", {}, greedy_requests), ("async", {"async_scheduling": True}, greedy_requests),
-                               ("sampled-sync", {}, sampled), ("sampled-async", {"async_scheduling": True}, sampled)):
+                               ("sampled-sync", {}, sampled), ("sampled-async", {"async_scheduling": True}, sampled),
+                               ("logprobs-sync", {}, logprobs)):
         kw = dict(kw, attention_backend="flash_attn", block_size=256, kv_cache_memory=1 << 24)
         with FakeDevice() as dev:
             engine = _engine(path, True, **kw)

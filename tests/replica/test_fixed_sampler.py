@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 from kvmesh.replica.sample.draws import RandomDraws
-from kvmesh.replica.sample.fixed_sampler import RANDOM, TOP_K_TOP_P, fixed_settings, sample_fixed
+from kvmesh.replica.sample.fixed_sampler import LOGPROBS, RANDOM, TOP_K_TOP_P, fixed_settings, sample_fixed
 from kvmesh.replica.sample.sampler import Sampler, apply_top_k_top_p, argmax, build_sampling_metadata
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
@@ -111,8 +111,7 @@ def test_unseeded_draws_of_the_graphs_sampler_follow_the_distribution(params, ke
 def test_rows_the_graph_cannot_sample_are_left_to_the_eager_sampler():
     draws = RandomDraws(0)
     for params in (SamplingParams(temperature=0.9, logit_bias={5: 2.0}),
-                   SamplingParams(temperature=0.9, min_tokens=3, max_tokens=5),
-                   SamplingParams(temperature=0.9, logprobs=2)):
+                   SamplingParams(temperature=0.9, min_tokens=3, max_tokens=5)):
         assert fixed_settings([SamplingParams(temperature=0.5), params], [0, 0], draws) is None
     assert draws.count == 0  # no draw was taken for a step the eager sampler will draw
     assert fixed_settings([SamplingParams(temperature=0.9, min_tokens=3, max_tokens=5)], [3], draws) is not None
@@ -137,3 +136,4 @@ def test_a_step_without_top_k_or_top_p_rows_takes_the_graph_without_the_sort():
     assert variant(hot, cold, SamplingParams(temperature=1.2)) == RANDOM  # a greedy row's top-k/top-p draw nothing
     assert variant(hot, SamplingParams(temperature=0.9, top_p=0.95)) == TOP_K_TOP_P
     assert variant(SamplingParams(temperature=0.9, top_k=50), cold) == TOP_K_TOP_P
+    assert variant(hot, SamplingParams(temperature=0.0, logprobs=0)) == LOGPROBS

@@ -245,16 +245,19 @@ def test_static_decode_samples_every_option_from_the_graphs_logits(flash_referen
 MIXED = [dict(temperature=0.9), dict(temperature=0.8, seed=1), dict(temperature=1.2, top_k=5),
          dict(temperature=0.9, top_p=0.8, seed=3), dict(temperature=1.1, top_k=40, top_p=0.9), dict(temperature=0.0)]
 NO_TRUNCATION = [dict(temperature=0.9), dict(temperature=0.7, seed=2), dict(temperature=0.0), dict(temperature=1.3)]
+LOGPROBS = [dict(temperature=0.9, logprobs=3), dict(temperature=0.8, top_p=0.9, seed=1), dict(temperature=0.0, logprobs=0),
+            dict(temperature=1.2, top_k=5, logprobs=20)]
 
 
-@pytest.mark.parametrize("options,variant", [(MIXED, "top_k_top_p"), (NO_TRUNCATION, "random")])
+@pytest.mark.parametrize("options,variant", [(MIXED, "top_k_top_p"), (NO_TRUNCATION, "random"), (LOGPROBS, "logprobs")])
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_a_sampled_decode_step_takes_the_graphs_draw_and_no_sampler(flash_reference, stories_path, async_scheduling,
                                                                     options, variant):
     """Temperature, seeded and unseeded, top-k, top-p and greedy rows in one batch: every decode step's tokens are
     the graph's own draw (the eager sampler runs only for the prefill), equal to the eager engine's tokens --
     unseeded rows too, since both draw from the runner's counter of unseeded draws (sample/draws.py). A batch
-    without top-k/top-p rows replays the graph without the sort."""
+    without top-k/top-p rows replays the graph without the sort; one with logprobs rows the graph that packs
+    them (equal to the eager sampler's)."""
     config = EngineConfig(model=str(stories_path), dtype="float32", device="cpu", attention_backend="flash_attn",
                           block_size=BLOCK, max_num_seqs=8, kv_cache_memory=1 << 24, hash_seed=b"s", seed=5,
                           async_scheduling=async_scheduling)

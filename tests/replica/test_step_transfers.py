@@ -123,6 +123,7 @@ def test_a_cuda_graph_decode_step_is_one_upload_one_run_one_copy_back(static_run
     assert run["on_device"] and run["static_rows"], run["static_rows"]
     assert all((sampling == "top_k_top_p") == scheduling.startswith("sampled") for _, sampling in run["static_rows"])
     assert run["tokens"] == run["cpu_tokens"]
+    assert run["tokens"] == run["cpu_tokens"]
     # the flash-attn reference stands in for a CUDA kernel: what it does inside is no transfer of the step's
     kernel = "attention/flash_attn_reference.py"
     logs = [{k: [r for r in v if kernel not in r] if isinstance(v, list) else v for k, v in log.items()}
@@ -135,6 +136,23 @@ def test_a_cuda_graph_decode_step_is_one_upload_one_run_one_copy_back(static_run
     decode_only = [log for log in logs[1:] if log["d2h"]]  # steps that launched a decode (after the prefill)
     assert decode_only and all(len(log["h2d"]) == 1 and "(copy_to_gpu)" in log["h2d"][0] for log in decode_only), \
         [log["h2d"] for log in decode_only]
+
+
+def test_a_cuda_graph_decode_step_with_logprobs_is_one_upload_one_run_one_copy_back(static_runs):
+    """Logprobs rows (top-p seeded, greedy) on the graph path: the graph packs every row's logprobs with the token
+    ids in column 0, so the ids come back in that one copy (the eager prefill step copies ids and logprobs)."""
+    run = static_runs["logprobs-sync"]
+    assert run["static_rows"] and all(sampling == "logprobs" for _, sampling in run["static_rows"])
+    assert run["tokens"] == run["cpu_tokens"]
+    kernel = "attention/flash_attn_reference.py"
+    logs = [{k: [r for r in v if kernel not in r] if isinstance(v, list) else v for k, v in log.items()}
+            for log in run["logs"]]
+    assert all(log["syncs"] == [] and log["mixed"] == [] for log in logs)
+    assert len(logs[0]["d2h"]) == 2  # the prefill: ids and logprobs, sampled eagerly
+    decode = logs[1:]
+    assert decode and all(len(log["d2h"]) == 1 and log["d2h"][0].startswith("copy_ into a host tensor")
+                          for log in decode), [log["d2h"] for log in decode]
+    assert all(len(log["h2d"]) == 1 and "(copy_to_gpu)" in log["h2d"][0] for log in decode), [log["h2d"] for log in decode]
 
 
 def test_the_check_sees_syncs_transfers_and_mixing(stories_path):
