@@ -188,10 +188,8 @@ def _sample_truncated(probs: torch.Tensor, k: torch.Tensor, p: torch.Tensor, u: 
 class Sampler:
     """logits [N, V] + SamplingMetadata -> token ids [N] (on the logits' device; nothing read back)."""
 
-    def __init__(self, generator: torch.Generator | None = None, logprobs_copies: HostCopies | None = None) -> None:
-        # random rows draw from their keys (draws.py); ``generator`` is not drawn from and stays for callers
-        # of the old signature (cluster/measure/benchmarks/logprobs.py)
-        self.generator = generator
+    def __init__(self, logprobs_copies: HostCopies | None = None) -> None:
+        # random rows draw from their keys (draws.py): no generator state
         self.logprobs_copies = logprobs_copies  # where packed logprobs come back without blocking (None: blocking)
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
