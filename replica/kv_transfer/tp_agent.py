@@ -62,8 +62,9 @@ class TPKVTransferAgent:
 
         self.config, self.name, self.tp_size = config, name, executor.world_size
         self._workers = list(executor.workers)
+        # start-up, not a transfer: each rank loads nixl and starts UCX, so the ranks' start-up timeout applies
         ranks = _get(ray, [w.kv_agent_start.remote(config, f"{name}-rank-{r}") for r, w in enumerate(self._workers)],
-                     config.timeout_s, "start the ranks' transfer agents")
+                     executor.init_timeout_s, "start the ranks' transfer agents")
         self.layout = ranks[0].layout
         """Rank 0's layout (every rank's is the same: its share of the heads)."""
         first = ranks[0]
