@@ -149,10 +149,11 @@ class RouterConfig:
     in-flight counts; 0 = auto, the cores this host can spare (serve: those not reserved for replicas)."""
     pd_min_uncached_tokens: int = 256
     """Prefill/decode split: a prompt with at least this many tokens uncached on its decode replica is prefilled
-    on a prefill replica (role=prefill) first, when one has room; shorter ones are served whole."""
+    on a prefill replica (role=prefill) first, when one has room and the split is worth its seconds (pd_ttft_slack_s);
+    shorter ones are served whole."""
     pd_max_prefill_backlog_tokens: int = 16384
     """A prefill replica has room for a split while the prompt tokens queued on it are fewer than this (a hard bound)."""
-    pd_ttft_slack_s: float | None = 0.25
+    pd_ttft_slack_s: float | None = 0.5
     """A split goes ahead when what it adds to the prompt's time to first token (the prefill replica's queue and
     prefill at its measured rate plus moving the KV, against the decode replica's queue and the uncached suffix)
     is at most these seconds plus pd_stall_weight times the stall it saves the decode batch; None, or a rate not

@@ -56,7 +56,7 @@ class TransferRules:
     """Uncached prompt tokens on the decode replica from which a prompt is prefilled on a prefill replica."""
     pd_max_prefill_backlog_tokens: int = 16384
     """A prefill replica has room while its prefill backlog (tokens) is below this."""
-    pd_ttft_slack_s: float | None = 0.25
+    pd_ttft_slack_s: float | None = 0.5
     """Seconds a split may add to a prompt's time to first token besides the stall it saves; None: token rules."""
     pd_stall_weight: float = 1.0
     """Seconds of time to first token one second of decode-batch stall is worth (per decoding request)."""
