@@ -8,10 +8,12 @@ uncached prompt tokens not yet past prefill) plus, with ``load_poll_s > 0``, the
 
 Roles and moves (sim/transfer.py): the routers decide as the HTTP router does (router/routing/transfers.py):
 prefill replicas join with their role and never decode; ``KVRouter.choose_prefill`` gives a request whose
-uncached suffix on its decode replica is long enough a prefill leg on the least loaded prefill replica with
-room (``SimRequest.prefill_leg``; ``pd_prefill_pick=policy`` lets the policy pick among them instead), and
-a request kept whole gets the decision's peer pull (``RouteDecision.pull`` -> ``SimRequest.pull_from``) when
-the replicas report KV transfer on (``peer_pulls``).
+uncached suffix on its decode replica is long enough a prefill leg on the prefill replica with room that
+gives it the earliest first token, when the split is worth its seconds (``SimRequest.prefill_leg``;
+``pd_prefill_pick=policy`` lets the policy pick among them instead), and a request kept whole gets the
+decision's peer pull (``RouteDecision.pull`` -> ``SimRequest.pull_from``) when the replicas report KV transfer
+on (``peer_pulls``). As the HTTP router, it decides the split before it counts the request on its decode
+replica, and counts a split's decode side as the tokens its pull leaves.
 
 With ``num_routers > 1`` there are N such routers, as ``kvmesh router --workers N`` runs them:
 each applies every replica's events to its own index, keeps its own predictions, counters and
