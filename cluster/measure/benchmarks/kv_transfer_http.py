@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvmesh.cluster.measure.benchmarks import _http as http
+
 SEED = "kv-transfer-http-bench-seed"
 
 
@@ -41,13 +43,12 @@ def _holder(model: str) -> tuple[subprocess.Popen, str]:
     return process, json.loads(line)["http_url"]
 
 
-def _pull_seconds_sum(client) -> float:
-    found = re.search(r"^kvmesh_kv_transfer_pull_seconds_sum ([0-9.e+-]+)$", client.get("/metrics").text, re.M)
+def _pull_seconds_sum(url: str) -> float:
+    found = re.search(r"^kvmesh_kv_transfer_pull_seconds_sum ([0-9.e+-]+)$", http.get(url + "/metrics").text, re.M)
     return float(found.group(1))
 
 
 def run(model: str, requests: int, prompt_tokens: int) -> dict:
-    import httpx
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.kv_transfer.config import KVTransferConfig
     from kvmesh.replica.runtime import ReplicaRuntime
@@ -58,28 +59,26 @@ def run(model: str, requests: int, prompt_tokens: int) -> dict:
                                   ReplicaServerConfig(port=0, event_port=None), kv_transfer=KVTransferConfig(enabled=True))
     rng, rows = random.Random(0), []
     try:
-        with httpx.Client(base_url=holder_url, timeout=120) as holder, \
-                httpx.Client(base_url=puller.http.url, timeout=120) as mine:
-            for i in range(requests + 1):  # the first one shakes hands: reported apart
-                prompt, computed = ([rng.randrange(3, 500) for _ in range(prompt_tokens)] for _ in range(2))
-                body = {"max_tokens": 1, "temperature": 0}
-                holder.post("/v1/completions", json={"prompt": prompt, **body}).raise_for_status()
-                before = _pull_seconds_sum(mine)
-                w0 = time.perf_counter()
-                r = mine.post("/v1/completions", json={"prompt": prompt, **body, "kv_transfer_params": {
-                    "do_remote_prefill": True, "remote_url": holder_url}})
-                pulled_s = time.perf_counter() - w0
-                r.raise_for_status()
-                pull_s = _pull_seconds_sum(mine) - before
-                w0 = time.perf_counter()
-                mine.post("/v1/completions", json={"prompt": computed, **body}).raise_for_status()
-                rows.append({"request": i, "outcome": r.headers["x-kvmesh-kv-pull"],
-                             "pulled_tokens": int(r.headers["x-kvmesh-kv-pulled-tokens"]),
-                             "pulled_bytes": int(r.headers["x-kvmesh-kv-pulled-bytes"]), "pull_s": pull_s,
-                             "request_with_pull_s": pulled_s, "request_computed_s": time.perf_counter() - w0})
-                print(f"{i:>3} {rows[-1]['outcome']:>7} {rows[-1]['pulled_tokens']} tokens: pull "
-                      f"{pull_s * 1e3:.2f} ms, request {pulled_s * 1e3:.2f} ms (computed: "
-                      f"{rows[-1]['request_computed_s'] * 1e3:.2f} ms)", flush=True)
+        for i in range(requests + 1):  # the first one shakes hands: reported apart
+            prompt, computed = ([rng.randrange(3, 500) for _ in range(prompt_tokens)] for _ in range(2))
+            body = {"max_tokens": 1, "temperature": 0}
+            http.post(holder_url + "/v1/completions", {"prompt": prompt, **body}).raise_for_status()
+            before = _pull_seconds_sum(puller.http.url)
+            w0 = time.perf_counter()
+            r = http.post(puller.http.url + "/v1/completions", {"prompt": prompt, **body, "kv_transfer_params": {
+                "do_remote_prefill": True, "remote_url": holder_url}})
+            pulled_s = time.perf_counter() - w0
+            r.raise_for_status()
+            pull_s = _pull_seconds_sum(puller.http.url) - before
+            w0 = time.perf_counter()
+            http.post(puller.http.url + "/v1/completions", {"prompt": computed, **body}).raise_for_status()
+            rows.append({"request": i, "outcome": r.headers["x-kvmesh-kv-pull"],
+                         "pulled_tokens": int(r.headers["x-kvmesh-kv-pulled-tokens"]),
+                         "pulled_bytes": int(r.headers["x-kvmesh-kv-pulled-bytes"]), "pull_s": pull_s,
+                         "request_with_pull_s": pulled_s, "request_computed_s": time.perf_counter() - w0})
+            print(f"{i:>3} {rows[-1]['outcome']:>7} {rows[-1]['pulled_tokens']} tokens: pull "
+                  f"{pull_s * 1e3:.2f} ms, request {pulled_s * 1e3:.2f} ms (computed: "
+                  f"{rows[-1]['request_computed_s'] * 1e3:.2f} ms)", flush=True)
     finally:
         puller.shutdown(graceful_s=1)
         process.terminate()

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
+from kvmesh.cluster.measure.benchmarks import _http as http
 
 PROMPT_TOKENS = 428
 
@@ -51,7 +51,7 @@ def measure(requests: int) -> dict:
     try:
         (_, p), (_, d) = procs
         for info in (p, d):
-            httpx.post(info["url"] + "/fake/config", json={"kv_transfer": {"enabled": True}}, timeout=5)
+            http.post(info["url"] + "/fake/config", {"kv_transfer": {"enabled": True}}, timeout=5).raise_for_status()
         specs = [ReplicaSpec(p["url"], p["events"], replica_id="p", role="prefill"),
                  ReplicaSpec(d["url"], d["events"], replica_id="d", role="decode")]
         tokenizer = load_tokenizer(str(stories_model()))
@@ -60,16 +60,15 @@ def measure(requests: int) -> dict:
                                         tokenizer=tokenizer).start())
             _wait_healthy(servers[-1], 2)
         rng, latency = random.Random(0), {"whole": [], "split": []}
-        with httpx.Client(timeout=30) as client:
-            for i in range(requests + 20):
-                for label, server in zip(("whole", "split"), servers, strict=True):
-                    ids = [rng.randrange(3, 500) for _ in range(PROMPT_TOKENS)]
-                    t0 = time.perf_counter()
-                    r = client.post(server.url + "/v1/completions", json={"prompt": ids, "max_tokens": 2})
-                    if r.status_code != 200:
-                        raise RuntimeError(f"{label}: HTTP {r.status_code}: {r.text[:200]}")
-                    if i >= 20:  # warm-up done
-                        latency[label].append((time.perf_counter() - t0) * 1e3)
+        for i in range(requests + 20):
+            for label, server in zip(("whole", "split"), servers, strict=True):
+                ids = [rng.randrange(3, 500) for _ in range(PROMPT_TOKENS)]
+                t0 = time.perf_counter()
+                r = http.post(server.url + "/v1/completions", {"prompt": ids, "max_tokens": 2})
+                if r.status != 200:
+                    raise RuntimeError(f"{label}: HTTP {r.status}: {r.text[:200]}")
+                if i >= 20:  # warm-up done
+                    latency[label].append((time.perf_counter() - t0) * 1e3)
         splits = servers[1].runtime.metrics.registry.get_sample_value("kvmesh_router_pd_splits_total", {"outcome": "ok"})
         out = {label: {"p50_ms": statistics.median(v), "p90_ms": sorted(v)[int(0.9 * len(v))], "n": len(v)}
                for label, v in latency.items()}
