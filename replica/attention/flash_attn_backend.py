@@ -91,6 +91,21 @@ class FlashAttentionBackend:
         return FlashAttentionMetadata(slot_mapping, seq_lens.numel(), empty, empty, 0, 0, block_table[:0], None,
                                       decode_seq_lens=seq_lens, decode_block_table=block_table)
 
+    @staticmethod
+    def supports_static_prefill(block_size: int) -> bool:
+        """One-request prefill steps padded to a fixed query length: the paged varlen call reads its lengths
+        from the device and takes fixed maxima (prefill_graph.py)."""
+        return block_size % PAGED_BLOCK_MULTIPLE == 0
+
+    @staticmethod
+    def static_prefill_metadata(slot_mapping: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                                cu_seqlens_k: torch.Tensor, block_table: torch.Tensor, num_tokens: int,
+                                max_seq_len: int) -> FlashAttentionMetadata:
+        """Metadata of a prefill step of ``num_tokens`` tokens over caller-owned buffers (a real request and
+        the padding request: query_start_loc and cu_seqlens_k [3], block_table [2, max_blocks] int32)."""
+        return FlashAttentionMetadata(slot_mapping, 0, query_start_loc, cu_seqlens_k, num_tokens, max_seq_len,
+                                      block_table, None)
+
     def build(self, common: CommonAttentionMetadata) -> FlashAttentionMetadata:
         bs, d, n = common.block_size, common.num_decodes, common.num_reqs
         if bs % PAGED_BLOCK_MULTIPLE == 0:

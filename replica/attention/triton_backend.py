@@ -82,6 +82,22 @@ class TritonAttentionBackend:
         query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=seq_lens.device)  # [B + 1]
         return TritonAttentionMetadata(slot_mapping, query_start_loc, seq_lens, block_table, 1)
 
+    @staticmethod
+    def supports_static_prefill(block_size: int) -> bool:
+        """One-request prefill steps padded to a fixed query length have fixed shapes too (prefill_graph.py)."""
+        return True
+
+    @staticmethod
+    def static_prefill_metadata(slot_mapping: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                                cu_seqlens_k: torch.Tensor, block_table: torch.Tensor, num_tokens: int,
+                                max_seq_len: int) -> TritonAttentionMetadata:
+        """Metadata of a prefill step of ``num_tokens`` tokens over caller-owned buffers (a real request and
+        the padding request: query_start_loc [3], seq_lens [2] int32, block_table [2, max_blocks]). The tile
+        comes from ``num_tokens`` and the split count, decided by the first forward, from the programs of one
+        request of ``num_tokens`` queries over ``max_seq_len`` keys -- host facts fixed per size."""
+        return TritonAttentionMetadata(slot_mapping, query_start_loc, seq_lens, block_table, num_tokens,
+                                       [0, num_tokens, num_tokens], max_seq_len)
+
     def build(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
         if triton_paged_attention.num_sms(common.seq_lens.device):  # a GPU: split counters, once, outside a step
             self._split_counters(common.seq_lens.device, 0)

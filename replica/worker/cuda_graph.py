@@ -27,6 +27,8 @@ here they are inside it):
     engine thread:   the runner's bind_thread: set_device, capture() over the real cache, then every replay
 
 A graph replays on the device and stream context it was captured in, so capture runs where replay does.
+Short one-request prefill steps have graphs too (``prefill``: prefill_graph.py), captured after the decode
+graphs into the same pool, so ``measure_capture`` counts them with the rest.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 from kvmesh.replica.sample.fixed_sampler import LOGPROBS, RANDOM, TOP_K_TOP_P, sample_and_pack
 from kvmesh.replica.sample.sampler import argmax
+from kvmesh.replica.worker.prefill_graph import StaticPrefill, supports_static_prefill
 from kvmesh.replica.worker.static_inputs import StaticInputs
 from torch import nn
 
@@ -77,10 +80,13 @@ def _no_static_path(backend: AttentionBackend, block_size: int) -> str:
 
 class StaticDecode:
     def __init__(self, model: nn.Module, backend, max_num_seqs: int, max_blocks: int, block_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, max_seq_len: int | None = None) -> None:
         if not supports_static_decode(backend, block_size):
             raise ValueError(_no_static_path(backend, block_size))
         self.model, self.backend, self.device = model, backend, device
+        # short one-request prefills (prefill_graph.py), given the longest context, where the backend has the path
+        self.prefill = StaticPrefill(model, backend, max_blocks, block_size, max_seq_len, device) \
+            if max_seq_len is not None and supports_static_prefill(backend, block_size) else None
         self.sizes = [b for b in CAPTURE_SIZES if b < max_num_seqs] + [max_num_seqs]
         self.inputs = StaticInputs(self.sizes[-1], max_blocks, device)  # the step uploads into these
         self.metadata = {b: backend.static_decode_metadata(self.inputs.slot_mapping[:b], self.inputs.seq_lens[:b],
@@ -128,6 +134,8 @@ class StaticDecode:
         self.capture()
         after = read_memory(self.device)
         self.graphs.clear()
+        if self.prefill is not None:
+            self.prefill.graphs.clear()
         for attn, cache in zip(layers, bound, strict=True):
             attn.kv_cache = cache
         del scratch
@@ -138,7 +146,8 @@ class StaticDecode:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Record the CUDA graphs of every size and variant, largest first (they share one memory pool)."""
+        """Record the CUDA graphs of every size and variant, largest first, then the prefill graphs (one
+        memory pool for all)."""
         if self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
         pool = None  # the inputs hold padding or a finished step's rows: finite values either way
@@ -151,5 +160,8 @@ class StaticDecode:
                     outputs = self._forward(b, sampling)
                 pool = graph.pool()
                 self.graphs[b, sampling] = (graph, outputs)
+        if self.prefill is not None:
+            self.prefill.capture(VARIANTS, pool)
         torch.cuda.synchronize(self.device)
-        logger.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
+        logger.info("captured decode CUDA graphs for batch sizes %s%s", self.sizes, "" if self.prefill is None
+                    else f" and one-request prefill graphs for {self.prefill.sizes} tokens")

@@ -26,7 +26,6 @@ same memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
 
@@ -39,50 +38,13 @@ from kvmesh.replica.sample.fixed_sampler import fixed_settings
 from kvmesh.replica.sample.sampler import SamplingMetadata, build_sampling_metadata
 from kvmesh.replica.worker.block_table import BlockTables
 from kvmesh.replica.worker.cpu_gpu_buffer import PackedUpload
+from kvmesh.replica.worker.model_inputs import ModelInputs, step_upload
 
 __all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
 
 _token_ids = attrgetter("token_ids")
 _sample = attrgetter("sample")
 _ALL_GREEDY = SamplingMetadata(None, None, None, None, None)
-
-
-@dataclass(slots=True)
-class ModelInputs:
-    input_ids: torch.Tensor
-    """[T] int64."""
-    positions: torch.Tensor
-    """[T] int64."""
-    common: CommonAttentionMetadata
-    """Attention description of the step."""
-    logits_indices: torch.Tensor | None
-    """[N] int64 rows of the hidden states whose logits are sampled (None for a step staged for a graph)."""
-    sample_rows: np.ndarray
-    """[N] persistent-batch rows of the requests that sample, in logits order."""
-    sample_request_ids: list[str]
-    """Their request ids."""
-    rows: np.ndarray
-    """[n] persistent-batch rows of every request of the step, in order (``common.query_start_loc_cpu[i]``
-    is the first token of row ``rows[i]``)."""
-    static_size: int | None = None
-    """The capture size the step's inputs were staged at in the decode graphs' inputs (None: not staged there;
-    then ``logits_indices`` and ``common.query_start_loc`` are None)."""
-    graph_sampling: str | None = None
-    """The decode graph a staged step replays: None the greedy one, else fixed_sampler.py's variant (RANDOM,
-    TOP_K_TOP_P) drawing with the settings staged beside its inputs."""
-    graph_answers: bool = False
-    """The replay's tokens are the step's; else the eager sampler runs on its logits (logit_bias, min_tokens
-    bans)."""
-
-
-def step_upload(max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int,
-                device: torch.device) -> PackedUpload:
-    """The one upload of a step's inputs, sized for the largest step the runner plans for:
-
-        [ input_ids | positions | slot_mapping | logits_indices | query_start_loc | seq_lens | block_tables
-          | gather indices (async scheduling) ]     int64 ids, positions, slots and indices; int32 the rest"""
-    nbytes = 8 * (3 * max_num_tokens + 3 * max_num_reqs) + 4 * (max_num_reqs * (max_blocks_per_req + 2) + 1)
-    return PackedUpload(nbytes, device)
 
 
 class InputBatch:
@@ -136,7 +98,8 @@ class InputBatch:
     def prepare(self, out: SchedulerOutput, static: bool = False) -> ModelInputs:
         """The step's tensors; advances every scheduled row's ``num_computed``. ``out`` must not be empty.
         ``static``: a decode-only step whose rows all sample may run on the decode graphs (``self.static``),
-        its inputs staged into theirs."""
+        its inputs staged into theirs; so may a step of one request that samples after a query of at most
+        the largest prefill graph size (their ``prefill``)."""
         srs, bt = out.scheduled, self.block_tables
         for rid, ids in out.new_block_ids.items():
             bt.extend(rid, ids)
@@ -212,8 +175,18 @@ class InputBatch:
         gather = self._prev_sampled_gather(rows[:num_decodes])
         static_size = self.static.size_for(n) if self.static is not None and static and num_tokens == n \
             and len(sample_rows) == n else None
+        prefill = None if self.static is None or not static else self.static.prefill
+        prefill_size = prefill.size_for(num_tokens) if prefill is not None and n == 1 and static_size is None \
+            and len(sample_rows) == 1 else None
         graph_sampling, graph_answers = None, False
-        if static_size is not None:  # straight into the decode graphs' inputs (static_inputs.py)
+        if prefill_size is not None:  # one request, a short query: straight into the prefill graphs' inputs
+            into = prefill.inputs
+            graph_sampling, graph_answers, settings = self._graph_sampling(sample_rows)
+            into.stage(prefill_size, input_ids, positions, slot_mapping, int(seq_lens[0]), block_tables[0], settings)
+            ids, positions_d, slots = into.input_ids[:num_tokens], into.positions[:num_tokens], \
+                into.slot_mapping[:num_tokens]
+            seq_lens_d, tables, logits_d, qsl, gathered = into.seq_lens[:1], into.block_table[:1], None, None, ()
+        elif static_size is not None:  # straight into the decode graphs' inputs (static_inputs.py)
             into = self.static.inputs
             graph_sampling, graph_answers, settings = self._graph_sampling(sample_rows)
             gathered = into.stage(static_size, input_ids, positions, slot_mapping, seq_lens, block_tables, gather,
@@ -239,7 +212,8 @@ class InputBatch:
             index, dst = gathered
             ids.index_copy_(0, dst, self.prev_sampled[index])
         return ModelInputs(ids, positions_d, common, logits_d, sample_rows, self.req_ids[sample_rows].tolist(), rows,
-                           static_size, graph_sampling, graph_answers)
+                           static_size=static_size, graph_sampling=graph_sampling, prefill_size=prefill_size,
+                           graph_answers=graph_answers)
 
     def _graph_sampling(self, rows: np.ndarray) -> tuple[str | None, bool, tuple | None]:
         """A staged step's ``ModelInputs.graph_sampling`` and ``graph_answers``, with the settings to stage."""

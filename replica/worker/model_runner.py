@@ -82,7 +82,7 @@ class ModelRunner:
         if self.capture_graphs:
             self.static_decode = StaticDecode(self.model, self.attn_backend, config.max_num_seqs,
                                               self.input_batch.block_tables.table.shape[1], self.block_size,
-                                              self.device)
+                                              self.device, self.max_model_len)
         self._bound_thread: int | None = None  # the thread that steps (bind_thread)
         self.num_kv_blocks = self._size_kv_cache()
         attn0 = self.model.attention_layers()[0]
@@ -241,6 +241,9 @@ class ModelRunner:
         graph_tokens = graph_logprobs = None  # [N] the graph's argmax or draw, [N, W] its packed logprobs (or None)
         if inputs.static_size is not None:  # its inputs (and sampling settings) are already the graph's
             logits, graph_tokens, graph_logprobs = self.static_decode.run(inputs.common.num_reqs, inputs.graph_sampling)
+        elif inputs.prefill_size is not None:  # a short one-request prefill, staged the same way
+            logits, graph_tokens, graph_logprobs = self.static_decode.prefill.run(inputs.prefill_size,
+                                                                                  inputs.graph_sampling)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))  # [T, H]
         if transfers is not None:
@@ -249,7 +252,7 @@ class ModelRunner:
         if not inputs.sample_request_ids:  # nothing sampled; prompt logprobs are read when the output is
             return AsyncModelRunnerOutput.prompt_logprobs_only(prompt_logprobs) if prompt_logprobs else \
                 AsyncModelRunnerOutput.ready({})
-        if inputs.static_size is None:
+        if inputs.static_size is None and inputs.prefill_size is None:
             if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order
                 hidden = hidden[inputs.logits_indices]
             logits = self.model.compute_logits(hidden)  # [N, V]

@@ -1,0 +1,104 @@
+"""Short one-request prefill steps on static, padded shapes (prefill_graph.py), run eagerly on CPU through the
+Triton kernel (Triton's interpreter) and the flash-attn reference; the capture itself needs CUDA. The tokens
+must be the eager path's and the torch backend's, over cached prefixes of 0, 1 and many blocks."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+import torch
+from kvmesh.replica.attention import flash_attn_reference
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.llm_engine import LLMEngine
+from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.triton_utils import triton_problem
+from kvmesh.replica.worker.cuda_graph import StaticDecode
+from kvmesh.replica.worker.prefill_graph import PREFILL_SIZES
+
+CPU = torch.device("cpu")
+needs_triton = pytest.mark.skipif(triton_problem(CPU) is not None, reason=f"{triton_problem(CPU)}")
+SUFFIXES = (1, 5, 16, 17, 64, 65)
+PREFIX_BLOCKS = (0, 1, 9)
+
+
+def engine(backend: str, block_size: int, static: bool, **kw) -> tuple[LLMEngine, list, list]:
+    """An engine; with ``static`` its runner has the static paths (decode and prefill), recorded: (decode rows)
+    and (prefill size) of every step that took them."""
+    config = EngineConfig(model=kw.pop("model"), dtype="float32", device="cpu", attention_backend=backend,
+                          block_size=block_size, max_num_seqs=4, kv_cache_memory=1 << 23, hash_seed=b"s", **kw)
+    eng = LLMEngine(config, skip_tokenizer_init=True)
+    decodes, prefills = [], []
+    if static:
+        runner = eng.model_runner
+        runner.static_decode = sd = StaticDecode(runner.model, runner.attn_backend, 4,
+                                                 runner.input_batch.block_tables.table.shape[1], block_size,
+                                                 runner.device, runner.max_model_len)
+        assert sd.prefill is not None and sd.prefill.sizes == PREFILL_SIZES
+        run_decode, run_prefill = sd.run, sd.prefill.run
+        sd.run = lambda n, sampling=None: decodes.append(n) or run_decode(n, sampling)
+        sd.prefill.run = lambda size, sampling=None: prefills.append(size) or run_prefill(size, sampling)
+    return eng, decodes, prefills
+
+
+def one_by_one(eng: LLMEngine, prompts: list[list[int]], params: dict) -> list[list[int]]:
+    """Each prompt alone (its prefill is a one-request step), in order: later ones hit earlier ones' blocks."""
+    tokens = []
+    for i, prompt in enumerate(prompts):
+        eng.add_request(f"r{i}", prompt, SamplingParams(ignore_eos=True, **params))
+        while eng.has_unfinished_requests():
+            for out in eng.step():
+                if out.finished:
+                    tokens.append(out.output_token_ids)
+    return tokens
+
+
+def cached_prefix_prompts(block_size: int, seed: int = 0) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """For each (prefix blocks, suffix length): a prompt that fills the cache with the prefix, then one with
+    the prefix and the suffix (its step computes exactly the suffix)."""
+    rng = random.Random(seed)
+    prompts, cases = [], []
+    for blocks in PREFIX_BLOCKS:
+        for suffix in SUFFIXES:
+            prefix = [rng.randrange(3, 500) for _ in range(blocks * block_size)]
+            if blocks:
+                prompts.append(prefix + [rng.randrange(3, 500)])
+            prompts.append(prefix + [rng.randrange(3, 500) for _ in range(suffix)])
+            cases.append((blocks, suffix))
+    return prompts, cases
+
+
+@needs_triton
+def test_short_prefills_on_the_triton_backend_give_the_eager_and_torch_backends_tokens(stories_path):
+    prompts, cases = cached_prefix_prompts(16)
+    greedy = dict(temperature=0.0, max_tokens=3)
+    torch_tokens = one_by_one(engine("torch", 16, False, model=str(stories_path))[0], prompts, greedy)
+    eager_tokens = one_by_one(engine("triton", 16, False, model=str(stories_path))[0], prompts, greedy)
+    eng, decodes, prefills = engine("triton", 16, True, model=str(stories_path))
+    assert one_by_one(eng, prompts, greedy) == eager_tokens == torch_tokens
+    hits = eng.get_stats().prefix_cache_hits
+    assert hits > 0
+    # each prompt's first step: 1 token -> the decode graph of 1 row; 2..64 tokens -> the next prefill size; more
+    # (the 65-token suffix, the 9-block cache fillers) -> eager
+    size = {q: next((p for p in PREFILL_SIZES if p >= q), None) for q in range(2, 200)}
+    steps = [q for blocks, suffix in cases for q in ([blocks * 16 + 1] if blocks else []) + [suffix]]
+    assert prefills == [size[q] for q in steps if q > 1 and size[q]]
+    assert set(prefills) == set(PREFILL_SIZES)
+    assert len(decodes) == 2 * len(prompts) + steps.count(1)  # two decode steps a prompt, and the 1-token steps
+
+
+def test_short_prefills_on_the_flash_attn_reference_give_the_eager_tokens(monkeypatch, stories_path):
+    """The paged flash-attn path (block 256): a 300-token prompt, then 5 and 40 tokens over its cached block."""
+    import transformers.integrations.flash_attention  # noqa: F401  (probes flash_attn before the stand-in)
+
+    monkeypatch.setitem(sys.modules, "flash_attn", flash_attn_reference.as_module(allow_float32=True))
+    rng = random.Random(1)
+    prefix = [rng.randrange(3, 500) for _ in range(256)]
+    prompts = [prefix + [7] * 44, prefix + [9, 8, 7, 6, 5], prefix + [rng.randrange(3, 500) for _ in range(40)],
+               [11, 12, 13]]
+    seeded = dict(temperature=0.9, top_p=0.9, seed=5, max_tokens=3)
+    eager = one_by_one(engine("flash_attn", 256, False, model=str(stories_path))[0], prompts, seeded)
+    eng, _, prefills = engine("flash_attn", 256, True, model=str(stories_path))
+    assert one_by_one(eng, prompts, seeded) == eager
+    assert prefills == [16, 64, 16]  # the 300-token prompt ran eagerly
