@@ -151,6 +151,43 @@ def static_steps(path: str) -> dict:
     return results
 
 
+def prefill_steps(path: str) -> dict:
+    """A cached-prefix step on the prefill graphs' path (prefill_graph.py: its padded forward run eagerly through
+    the flash-attn reference at block 256): a 300-token prompt fills the cache, then 5 tokens over its block,
+    greedy and sampled (seeded top-p: the graph's draw), on the stand-in device and on the plain CPU."""
+    import torch
+    import transformers.integrations.flash_attention  # noqa: F401  (probes flash_attn before the stand-in)
+    from fake_device import FakeDevice
+    from kvmesh.replica.attention import flash_attn_reference
+    from kvmesh.replica.worker.cuda_graph import StaticDecode
+
+    sys.modules["flash_attn"] = reference = flash_attn_reference.as_module(allow_float32=True)
+    reference.SUPPORTED_DEVICES = ("cpu", "meta")
+    prefix = (PROMPT * 14)[:256]
+    results = {}
+    for name, params in (("greedy", dict(temperature=0.0, max_tokens=3)), ("sampled", SAMPLING["top_p"])):
+        fill, hit = {"fill": (prefix + PROMPT[:12] * 4, params)}, {"hit": (prefix + PROMPT[:5], params)}
+        kw = dict(attention_backend="flash_attn", block_size=256, kv_cache_memory=1 << 24)
+        with FakeDevice() as dev:
+            engine = _engine(path, True, **kw)
+            runner, staged = engine.model_runner, []
+            runner.static_decode = static = StaticDecode(runner.model, runner.attn_backend, 8,
+                                                         runner.input_batch.block_tables.table.shape[1], 256,
+                                                         runner.device, runner.max_model_len)
+            run = static.prefill.run
+            static.prefill.run = lambda size, sampling=None: staged.append([size, sampling]) or run(size, sampling)
+            _run(engine, dev, fill, None)
+            tokens, logs = _run(engine, dev, hit, None)
+            hits = engine.get_stats().prefix_cache_hits
+        cpu = _engine(path, False, **kw)
+        _run(cpu, None, fill, None)
+        cpu_tokens, _ = _run(cpu, None, hit, None)
+        results[name] = {"tokens": tokens, "cpu_tokens": cpu_tokens, "logs": logs, "staged": staged,
+                         "prefix_cache_hits": hits,
+                         "on_device": str(static.prefill.inputs.input_ids.device) == str(torch.device("meta"))}
+    return results
+
+
 def the_check(path: str) -> dict:
     """What the stand-in device records for known syncs, transfers and mixing."""
     import torch

@@ -18,6 +18,7 @@ from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.layers.custom_op import force_triton
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.triton_utils import triton_problem
+from kvmesh.replica.worker.cuda_graph import StaticDecode
 from kvmesh.replica.worker.kernel_warmup import StepShape, run_step_shapes, step_shapes, warm_up_kernels
 
 from .kernel_keys import LaunchKeys
@@ -44,7 +45,7 @@ def test_off_cuda_the_runner_skips_the_warm_up(stories_path):
     assert warm_up_kernels(engine.model_runner) == 0
 
 
-def serve(engine: LLMEngine) -> None:
+def serve(engine: LLMEngine) -> dict[str, list[int]]:
     """A cached prefix, a chunked prefill next to decodes, and decode batches shrinking from 3 rows to 1."""
     rng = random.Random(0)
     shared = [rng.randrange(3, 512) for _ in range(17)]
@@ -55,10 +56,21 @@ def serve(engine: LLMEngine) -> None:
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.get_stats().prefix_cache_hits > 0
+    return prompts
+
+
+def alone(engine: LLMEngine, prompt: list[int]) -> None:
+    engine.add_request("alone", prompt, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
 
 
 @needs_triton
-def test_after_the_warm_up_serving_launches_no_kernel_specialization_it_has_not_compiled(monkeypatch, stories_path):
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "static-decode-and-prefill"])
+def test_after_the_warm_up_serving_launches_no_kernel_specialization_it_has_not_compiled(monkeypatch, stories_path,
+                                                                                          graphs):
+    """``static-decode-and-prefill``: steps on the CUDA graphs' padded shapes (decode rows, and the cached
+    prefix's 3-token suffix padded to a 16-token prefill with its split count fixed for the longest context)."""
     from kvmesh.replica.attention import triton_paged_attention as tpa
 
     monkeypatch.setattr(tpa, "num_sms", lambda device: 8)  # stories260K's 4 KV heads: 1 or 2 decode rows split
@@ -70,8 +82,18 @@ def test_after_the_warm_up_serving_launches_no_kernel_specialization_it_has_not_
         force_triton(engine.model_runner.model, True)  # the fused layers, as on CUDA
         if DEVICE.type == "cpu":
             assert run_step_shapes(engine.model_runner, show_progress=False) == 6  # decode: 2 parts, 1; 2 tiles x 1, 2
+    runner = engine.model_runner
+    if graphs:
+        runner.static_decode = StaticDecode(runner.model, runner.attn_backend, 4,
+                                            runner.input_batch.block_tables.table.shape[1], 16, runner.device,
+                                            runner.max_model_len)
+        staged, run = [], runner.static_decode.prefill.run
+        runner.static_decode.prefill.run = lambda size, sampling=None: staged.append(size) or run(size, sampling)
     with LaunchKeys() as served:
-        serve(engine)
+        prompts = serve(engine)
+        if graphs:  # one request alone: 4 tokens over a's cached block
+            alone(engine, prompts["a"] + [40, 41, 42])
+    assert not graphs or staged == [32, 16]  # "a": 18 fresh tokens (b and c join decoding rows: eager); the 4
     assert served.launches > 0
     assert served.seen - warm.seen == set()
     splits = {dict(options)["NUM_SPLITS"] for name, _, options in warm.seen if name == "_unified_attention_kernel"}

@@ -155,6 +155,29 @@ def test_a_cuda_graph_decode_step_with_logprobs_is_one_upload_one_run_one_copy_b
     assert all(len(log["h2d"]) == 1 and "(copy_to_gpu)" in log["h2d"][0] for log in decode), [log["h2d"] for log in decode]
 
 
+@pytest.mark.parametrize("name", ["greedy", "sampled"])
+def test_a_cached_prefix_prefill_step_is_one_upload_one_run_one_copy_back(stories_path, prefill_runs, name):
+    """5 tokens over a 256-token cached prefix, one request: the step's inputs (and its sampling settings) go up
+    in one copy straight into the prefill graphs' inputs, the graph of 16 tokens runs, its token comes back in
+    one copy (the LM head and the argmax or draw are inside the run)."""
+    run = prefill_runs[name]
+    assert run["on_device"] and run["prefix_cache_hits"] > 0
+    assert run["staged"] == [[16, None if name == "greedy" else "top_k_top_p"]]
+    assert run["tokens"] == run["cpu_tokens"]
+    kernel = "attention/flash_attn_reference.py"  # stands in for a CUDA kernel: its inside is no transfer
+    logs = [{k: [r for r in v if kernel not in r] if isinstance(v, list) else v for k, v in log.items()}
+            for log in run["logs"]]
+    assert_disciplined(logs)
+    prefill = logs[0]
+    assert len(prefill["h2d"]) == 1 and "(copy_to_gpu)" in prefill["h2d"][0], prefill["h2d"]
+    assert len(prefill["d2h"]) == 1 and prefill["d2h"][0].startswith("copy_ into a host tensor"), prefill["d2h"]
+
+
+@pytest.fixture(scope="module")
+def prefill_runs(stories_path) -> dict:
+    return run_in_child("prefill_steps", stories_path)
+
+
 def test_the_check_sees_syncs_transfers_and_mixing(stories_path):
     """The stand-in device records what a GPU would pay for (so the assertions above can fail)."""
     log = run_in_child("the_check", stories_path)
