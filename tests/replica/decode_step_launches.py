@@ -14,7 +14,8 @@ the step), ``layer`` (inside a decoder layer: counted per layer), ``model`` (emb
 ``lm_head``, ``sample``, ``runner`` (the rest of ``execute_model``) and ``output`` (reading the tokens
 back). On CPU the greedy argmax runs in numpy (sampler.argmax), unseen here; on CUDA it is one
 ``aten::argmax`` in ``sample``. tests/replica/test_decode_step_launches.py checks it; ``python tests/replica/decode_step_launches.py
-[model]`` prints the BENCHMARKS.md table, split-KV sized for an H100 (TRITON_INTERPRET=1 is set here
+[model]`` prints the BENCHMARKS.md table (``--prefill``: the cached-prefix step's, eager and on the prefill
+graphs' path), split-KV sized for an H100 (TRITON_INTERPRET=1 is set here
 before triton is imported).
 """
 
@@ -145,6 +146,59 @@ def decode_step_launches(path: str, batch: int) -> StepLaunches:
     return launches
 
 
+@torch.inference_mode()
+def cached_prefix_launches(path: str, static: bool) -> tuple[StepLaunches, list]:
+    """The step of 5 tokens over a 2-block cached prefix, one request (the cached-prefix TTFT step): eager, or
+    with ``static`` on the prefill graphs' path (prefill_graph.py; on CPU its padded forward runs eagerly,
+    so the count is what the graph holds). Returns the launches and the prefill sizes the step ran at."""
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.worker.cuda_graph import StaticDecode
+
+    llm = engine(path, 1)
+    while llm.has_unfinished_requests():
+        llm.step()
+    runner, staged = llm.model_runner, []
+    if static:
+        runner.static_decode = StaticDecode(runner.model, runner.attn_backend, 1,
+                                            runner.input_batch.block_tables.table.shape[1], 16, runner.device,
+                                            runner.max_model_len)
+        run = runner.static_decode.prefill.run
+        runner.static_decode.prefill.run = lambda size, sampling=None: staged.append(size) or run(size, sampling)
+    prefix = (PROMPT * 3)[:32]
+    llm.add_request("fill", prefix + [7], SamplingParams(temperature=0.0, max_tokens=1))
+    while llm.has_unfinished_requests():
+        llm.step()
+    staged.clear()
+    llm.add_request("hit", prefix + [9, 8, 7, 6, 5], SamplingParams(temperature=0.0, max_tokens=1))
+    with StepLaunches(runner) as launches:
+        outputs = llm.step()
+    assert len(outputs) == 1 and len(outputs[0].new_token_ids) == 1, outputs
+    return launches, staged
+
+
+def prefill_table(path: str) -> str:
+    """The BENCHMARKS.md rows of the cached-prefix step, split-KV sized for an H100 (132 SMs)."""
+    from kvmesh.replica.attention import triton_paged_attention as tpa
+
+    tpa.num_sms = lambda device: 132
+    lines = ["| path | per decoder layer | embed + final norm | LM head | sampling | inputs | runner | output | "
+             "total | Triton launches | prefill graph size |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for static in (False, True):
+        c, staged = cached_prefix_launches(path, static)
+        total = sum(sum(p.values()) for p in c.phases.values())
+        triton = sum(n for p in c.phases.values() for k, n in p.items() if k.startswith("triton:"))
+        n = {phase: sum(c.phases.get(phase, Counter()).values()) for phase in
+             ("model", "lm_head", "sample", "inputs", "runner", "output")}
+        lines.append(f"| {'graph' if static else 'eager'} | {sum(c.per_layer[1].values())} | {n['model']} | "
+                     f"{n['lm_head']} | {n['sample']} | {n['inputs']} | {n['runner']} | {n['output']} | {total} | "
+                     f"{triton} | {staged} |")
+        for phase, counts in c.phases.items():
+            if phase != "layer":
+                lines.append(f"<!-- {static=} {phase}: {dict(counts)} -->")
+        lines.append(f"<!-- {static=} layer 1: {dict(c.per_layer[1])} -->")
+    return "\n".join(lines)
+
+
 def table(path: str) -> str:
     """The BENCHMARKS.md rows, split-KV sized for an H100 (132 SMs) as on the GPU: batch 1 splits 32 ways."""
     from kvmesh.replica.attention import triton_paged_attention as tpa
@@ -169,4 +223,6 @@ def table(path: str) -> str:
 
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    print(table(sys.argv[1] if len(sys.argv) > 1 else "../shared/models/stories260K/hf"))
+    args = [a for a in sys.argv[1:] if a != "--prefill"]
+    model = args[0] if args else "../shared/models/stories260K/hf"
+    print(prefill_table(model) if "--prefill" in sys.argv else table(model))

@@ -175,7 +175,8 @@ def prefill_steps(path: str) -> dict:
                                                          runner.input_batch.block_tables.table.shape[1], 256,
                                                          runner.device, runner.max_model_len)
             run = static.prefill.run
-            static.prefill.run = lambda size, sampling=None: staged.append([size, sampling]) or run(size, sampling)
+            static.prefill.run = lambda size, sampling=None, staged=staged, run=run: staged.append([size, sampling]) \
+                or run(size, sampling)
             _run(engine, dev, fill, None)
             tokens, logs = _run(engine, dev, hit, None)
             hits = engine.get_stats().prefix_cache_hits
