@@ -55,8 +55,9 @@ class EngineConfig:
     """Attention backend registry name ("torch", "flash_attn", "triton"); None: triton on CUDA (flash_attn at
     block sizes that are multiples of 256 when installed), torch on CPU."""
     cuda_graphs: bool | None = None
-    """Replay decode-only steps from CUDA graphs; None: on with CUDA and tensor_parallel_size 1 when the backend
-    has a static decode path (triton: any block size; flash_attn: block_size % 256 == 0), else off."""
+    """Replay decode-only steps, and one-request steps of a query up to 64 tokens (a short suffix over a cached
+    prefix), from CUDA graphs; None: on with CUDA and tensor_parallel_size 1 when the backend has a static decode
+    path (triton: any block size; flash_attn: block_size % 256 == 0), else off."""
     async_scheduling: bool | None = None
     """Schedule step N+1 while step N runs on the device (vLLM's async scheduling; same tokens); None: on
     for CUDA, off elsewhere. Needs a runner that launches steps without waiting (tensor_parallel_size 1)."""
