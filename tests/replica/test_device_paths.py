@@ -207,8 +207,13 @@ def test_kv_cache_and_static_decode_buffers_live_on_the_runner_device(monkeypatc
     monkeypatch.setitem(sys.modules, "flash_attn", flash_attn_reference.as_module())
     assert allocate_kv_cache(2, (2, 8, 256, 2, 8), torch.bfloat16, META).device == META
     backend = get_attn_backend("flash_attn", torch.device("cpu"), torch.bfloat16)
-    static = StaticDecode(None, backend, max_num_seqs=8, max_blocks=4, block_size=256, device=META)
+    static = StaticDecode(None, backend, max_num_seqs=8, max_blocks=4, block_size=256, device=META, max_seq_len=1024)
     inputs = static.inputs
     buffers = [inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.seq_lens, inputs.block_table]
     assert all(t.device == META for t in buffers)
     assert all(off_device(md) == [] for md in static.metadata.values())
+    prefill = static.prefill.inputs  # the prefill graphs' inputs and metadata too (prefill_graph.py)
+    buffers = [prefill.input_ids, prefill.positions, prefill.slot_mapping, prefill.query_start_loc, prefill.seq_lens,
+               prefill.cu_seqlens_k, prefill.block_table, prefill.last_index, *prefill.sampling()]
+    assert all(t.device == META for t in buffers)
+    assert all(off_device(md) == [] for md in static.prefill.metadata.values())
