@@ -102,3 +102,30 @@ def test_short_prefills_on_the_flash_attn_reference_give_the_eager_tokens(monkey
     eng, _, prefills = engine("flash_attn", 256, True, model=str(stories_path))
     assert one_by_one(eng, prompts, seeded) == eager
     assert prefills == [16, 64, 16]  # the 300-token prompt ran eagerly
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend, block_size", [("triton", 16), ("flash_attn", 256)])
+def test_captured_prefill_graphs_give_the_eager_tokens_and_replay(stories_path, backend, block_size):
+    """On a GPU: the runner captures the prefill graphs with the decode graphs, the cached-prefix steps replay
+    them, and the tokens are the eager engine's."""
+    if backend == "flash_attn":
+        pytest.importorskip("flash_attn")
+    prompts, _ = cached_prefix_prompts(block_size, seed=2)
+    greedy = dict(temperature=0.0, max_tokens=3)
+    outs, replays = {}, []
+    for graphs in (False, True):
+        config = EngineConfig(model=str(stories_path), dtype="bfloat16", device="cuda", attention_backend=backend,
+                              block_size=block_size, max_num_seqs=4, gpu_memory_utilization=0.05, cuda_graphs=graphs,
+                              hash_seed=b"s")
+        eng = LLMEngine(config, skip_tokenizer_init=True)
+        if graphs:
+            prefill = eng.model_runner.static_decode.prefill
+            run = prefill.run
+            prefill.run = lambda size, sampling=None, prefill=prefill, run=run: \
+                replays.append((size, sampling) in prefill.graphs) or run(size, sampling)
+        outs[graphs] = one_by_one(eng, prompts, greedy)
+        del eng
+        torch.cuda.empty_cache()
+    assert outs[True] == outs[False]
+    assert replays and all(replays)
