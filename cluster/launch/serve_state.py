@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from kvmesh.cluster.config.trees import ServeConfig
+from kvmesh.cluster.fleet.roles import Role
 from kvmesh.cluster.fleet.supervisor import ReplicaHandle, Supervisor
 from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch import ray_cluster
@@ -59,4 +60,4 @@ class RunningCluster(Protocol):
 
     def replica_bundles(self) -> list[dict[str, float]]: ...
     def check_capacity(self, num_replicas: int) -> None: ...
-    def start_replica(self, group: pl.ReplicaPlacement) -> ReplicaHandle: ...
+    def start_replica(self, group: pl.ReplicaPlacement, role: Role) -> ReplicaHandle: ...

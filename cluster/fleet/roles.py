@@ -1,0 +1,49 @@
+"""Replica roles in a ``kvmesh serve`` cluster (issue 32): who prefills, who decodes, and their names.
+
+    --num-prefill-replicas 0:   replica-0 … replica-{n-1}               role both (each serves requests whole)
+    --num-prefill-replicas N:   replica-0 … replica-{n-1}               role decode (the router's decode targets)
+                                prefill-n … prefill-{n+N-1}             role prefill (compute prompts, lease the KV)
+
+One index space for every role: a replica's index gives its ports (http_port + i, event_port + 2i) and its
+placement group, and an index is never reused (cluster/fleet/operations.py), so names stay unique across roles.
+The role is in the name (``prefill-3``) and on the replica's handle; the router is told it at registration
+(``RouterClient.register``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Role = Literal["prefill", "decode", "both"]
+ROLES: tuple[Role, ...] = ("prefill", "decode", "both")
+PREFILL: Role = "prefill"
+
+
+def serving_role(num_prefill_replicas: int) -> Role:
+    """The role of the ``--num-replicas`` replicas: decode next to prefill replicas, else both."""
+    return "decode" if num_prefill_replicas > 0 else "both"
+
+
+def replica_name(index: int, role: Role) -> str:
+    """``prefill-3`` for a prefill replica, ``replica-3`` for the others."""
+    return f"{'prefill' if role == PREFILL else 'replica'}-{index}"
+
+
+def decodes(role: Role) -> bool:
+    """The replica serves requests to their end (the router's decode targets): role decode or both."""
+    return role != PREFILL
+
+
+def check_role(role: str) -> Role:
+    """``role`` as a Role; ValueError naming the choices (``kvmesh scale --role``, ``POST /admin/scale``)."""
+    if role not in ROLES:
+        raise ValueError(f"unknown replica role {role!r}; expected one of {', '.join(ROLES)}")
+    return role  # type: ignore[return-value]
+
+
+def kv_transfer_on(mode: str, num_prefill_replicas: int, nixl_importable: bool) -> bool:
+    """Whether serve's replicas get their KV transfer (``replicas.kv_transfer``): on, off, or auto = on when there
+    are prefill replicas (they need it) or nixl is importable (peer pulls)."""
+    if mode == "auto":
+        return num_prefill_replicas > 0 or nixl_importable
+    return mode == "on"
