@@ -96,17 +96,17 @@ def test_a_replica_with_a_host_tier_shows_its_usage_and_host_hit_rate():
     assert "25%" in line0
 
 
-def _replica_kv_transfer_text(ok: int, failed: int, tokens: int, nbytes: int) -> str:
-    """A replica's /metrics with issue 32's kvmesh:kv_transfer_* counters, as prometheus_client writes them."""
+def _replica_kv_transfer_text(ok: int, failed: int, tokens: int, nbytes: int, prefix: str = "kvmesh:") -> str:
+    """A replica's /metrics with issue 32's kv_transfer counters, as prometheus_client writes them."""
     from prometheus_client import CollectorRegistry, Counter, generate_latest
 
     registry = CollectorRegistry()
-    pulls = Counter("kvmesh:kv_transfer_pulls", "pulls", ["outcome"], registry=registry)
+    pulls = Counter(f"{prefix}kv_transfer_pulls", "pulls", ["outcome"], registry=registry)
     pulls.labels("ok").inc(ok)
     pulls.labels("failed").inc(failed)
     pulls.labels("skipped").inc(5)
-    Counter("kvmesh:kv_transfer_pulled_tokens", "tokens", registry=registry).inc(tokens)
-    Counter("kvmesh:kv_transfer_pulled_bytes", "bytes", registry=registry).inc(nbytes)
+    Counter(f"{prefix}kv_transfer_pulled_tokens", "tokens", registry=registry).inc(tokens)
+    Counter(f"{prefix}kv_transfer_pulled_bytes", "bytes", registry=registry).inc(nbytes)
     Counter("vllm:prefix_cache_queries", "q", registry=registry).inc(100)
     return generate_latest(registry).decode()
 
@@ -127,3 +127,11 @@ def test_roles_pulls_and_bytes_moved_per_replica_and_a_dash_where_a_replica_has_
     cells = {line.split()[0]: line.split() for line in lines}
     assert cells["replica-0"][1] == "decode" and "3 (1 failed)" in lines[0] and "3.0 MiB" in lines[0]
     assert cells["prefill-1"][1] == "prefill" and cells["replica-2"][1] == "-"
+
+
+def test_the_kv_transfer_counters_are_read_under_kvmeshs_underscore_names_too():
+    from kvmesh.cluster.replica_status import apply_replica_metrics
+
+    row = ReplicaStatus("replica-0")
+    apply_replica_metrics(row, _replica_kv_transfer_text(ok=2, failed=0, tokens=64, nbytes=2048, prefix="kvmesh_"))
+    assert (row.kv_pulls, row.kv_pulled_tokens, row.kv_pulled_bytes) == (2, 64, 2048)
