@@ -133,3 +133,43 @@ def test_the_autoscaler_sees_only_the_replicas_that_decode():
 def test_a_new_replica_of_either_role_takes_a_fresh_index():
     fleet = _fleet(("replica-0", "decode"), ("prefill-1", "prefill"))
     assert fleet.new_indexes(1) == [2] and fleet.new_indexes(1) == [3]
+
+
+def _without_ray(monkeypatch, fleet: Fleet) -> list[str]:
+    """Replace the fleet's two Ray steps by their effect on the replica set (what they do to Ray is tested live);
+    returns the log of what was started and removed."""
+    from kvmesh.cluster.fleet import operations
+
+    log: list[str] = []
+
+    def add(cluster, indexes, role):
+        handles = [ReplicaHandle(replica_id=replica_name(i, role), actor=None, role=role) for i in indexes]
+        cluster.state.replicas.extend(handles)
+        log.extend(f"+{h.replica_id}:{role}" for h in handles)
+        return handles
+
+    def remove(cluster, handle, drain_timeout_s):
+        cluster.state.replicas.remove(handle)
+        log.append(f"-{handle.replica_id}")
+
+    monkeypatch.setattr(operations, "add_replicas", add)
+    monkeypatch.setattr(operations, "remove_replica", remove)
+    fleet.st.router_client = SimpleNamespace(replicas=lambda drain_cost: [
+        {"id": h.replica_id, "exclusive_blocks": 0, "in_flight": 0} for h in fleet.st.replicas])
+    return log
+
+
+def test_a_rollout_replaces_each_replica_by_one_of_its_role(monkeypatch):
+    fleet = _fleet(("replica-0", "decode"), ("prefill-1", "prefill"))
+    log = _without_ray(monkeypatch, fleet)
+    fleet.rollout(fleet.st.engine)
+    assert log == ["+replica-2:decode", "-replica-0", "+prefill-3:prefill", "-prefill-1"]
+
+
+def test_scaling_one_role_leaves_the_other_alone(monkeypatch):
+    fleet = _fleet(("replica-0", "decode"), ("prefill-1", "prefill"), ("prefill-2", "prefill"))
+    log = _without_ray(monkeypatch, fleet)
+    fleet.scale_to(0, "prefill")
+    fleet.scale_to(2, "decode")
+    assert log == ["-prefill-1", "-prefill-2", "+replica-3:decode"]
+    assert fleet.state()["roles"] == {"replica-0": "decode", "replica-3": "decode"}
