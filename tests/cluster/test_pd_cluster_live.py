@@ -149,7 +149,8 @@ def test_a_long_unseen_prompt_is_prefilled_on_one_replica_and_decoded_on_the_oth
     assert answer["choices"][0]["text"] == reference(prompt, 16)
     receipt = {k: v for k, v in response.headers.items() if k.startswith("x-kvmesh-")}
     assert receipt.get("x-kvmesh-replica") == "replica-0", receipt  # decoded there
-    assert "prefill-1" in receipt.values(), receipt  # the receipt names the prefill replica
+    assert receipt.get("x-kvmesh-prefill-replica") == "prefill-1", receipt  # prefilled there
+    assert int(receipt.get("x-kvmesh-kv-pulled-tokens", 0)) >= 384, receipt  # and handed over
     after = _status(pd, monkeypatch, capsys)
     decode, prefill = after["replica-0"], after["prefill-1"]
     assert decode["kv_pulls"] == (before["replica-0"]["kv_pulls"] or 0) + 1, decode
@@ -261,6 +262,8 @@ def test_a_replica_pulls_a_busy_holders_prefix_instead_of_computing_it(peers, to
             t.join(timeout=130)
     answer = response.json()
     assert response.headers["x-kvmesh-replica"] != holder, dict(response.headers)  # sent away from the holder
+    assert response.headers.get("x-kvmesh-kv-pulled-from") == holder, dict(response.headers)
+    assert int(response.headers.get("x-kvmesh-kv-pulled-tokens", 0)) > 0, dict(response.headers)
     assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, answer["usage"]  # ... and it pulled
     assert answer["choices"][0]["text"] == reference(prompt, 16)
     assert busy and all(code == 200 for code in busy)
