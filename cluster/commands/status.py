@@ -100,9 +100,9 @@ def _fleet(client) -> dict | None:
 def format_fleet(fleet: dict) -> str:
     auto = fleet["autoscale"]
     prefill = sum(role == "prefill" for role in (fleet.get("roles") or {}).values())
-    split = (f" ({prefill} prefill)" if prefill else "") + (f" + {fleet['prefill_target']} prefill"
-                                                             if fleet.get("prefill_target") else "")
-    lines = [f"fleet: {len(fleet['replicas'])} replicas, target {fleet['target']}{split}"
+    have = f" ({prefill} prefill)" if prefill else ""
+    want = f" + {fleet['prefill_target']} prefill" if fleet.get("prefill_target") else ""
+    lines = [f"fleet: {len(fleet['replicas'])} replicas{have}, target {fleet['target']}{want}"
              + (f", autoscale {auto['min_replicas']}..{auto['max_replicas']} at {auto['target_in_flight']:g} in "
                 "flight/replica" if auto["enabled"] else ", autoscale off")
              + (f"; now: {fleet['busy']}" if fleet["busy"] else "")]
