@@ -68,10 +68,11 @@ def reference(stories_path):
     return generate
 
 
-def _start(stories_path, tmp_path_factory, name: str, replicas: dict) -> ServeCluster:
+def _start(stories_path, tmp_path_factory, name: str, replicas: dict, router: dict | None = None) -> ServeCluster:
     config = from_dict({
         "engine": {"model": str(stories_path), "kv_cache_memory": "16MiB", "max_num_batched_tokens": 512},
-        "replicas": {"max_restarts": 0, "http_port": 0, "event_port": 0, **replicas}, "router": {"port": 0},
+        "replicas": {"max_restarts": 0, "http_port": 0, "event_port": 0, **replicas},
+        "router": {"port": 0, **(router or {})},
         "ray": {"namespace": f"kvmesh-{name}-{os.getpid()}", "ready_timeout_s": 240}})
     messages: list[str] = []
     serve = ServeCluster(config, report=messages.append, supervise_interval_s=0.5,
@@ -227,7 +228,11 @@ def test_killing_the_prefill_replica_under_load_fails_no_request(pd, tokenizer, 
 @pytest.fixture(scope="module")
 def peers(ray_session, stories_path, tmp_path_factory, nixl, pd):
     pd.stop()  # one cluster at a time on this machine
-    serve = _start(stories_path, tmp_path_factory, "peers", {"num_replicas": 2})
+    # stories260K computes a 320-token prefix in milliseconds, less than a pull's default fixed overhead (10 ms,
+    # sized for real models): priced as on a real model, the pull pays; and 16 running requests on the holder
+    # outweigh its 320 cached tokens (decode_weight 64; the default 8 would need 40 of them on this 2-core box)
+    serve = _start(stories_path, tmp_path_factory, "peers", {"num_replicas": 2},
+                   router={"peer_pull_overhead_s": 0.0, "policy_kwargs": {"decode_weight": 64}})
     yield serve
     serve.stop()
 
