@@ -173,3 +173,15 @@ def test_scaling_one_role_leaves_the_other_alone(monkeypatch):
     fleet.scale_to(2, "decode")
     assert log == ["-prefill-1", "-prefill-2", "+replica-3:decode"]
     assert fleet.state()["roles"] == {"replica-0": "decode", "replica-3": "decode"}
+
+
+def test_the_cli_counts_and_describes_per_role():
+    from kvmesh.cluster.commands import drain, scale
+
+    state = {"replicas": ["replica-0", "prefill-1", "prefill-2"],
+             "roles": {"replica-0": "decode", "prefill-1": "prefill", "prefill-2": "prefill"}}
+    assert scale.count(state, "prefill") == 2 and scale.count(state, None) == 1 and scale.count(state, "decode") == 1
+    assert scale.describe(2, {"replicas": state["replicas"], "role": "prefill"}).startswith(
+        "scaling to 2 prefill replica(s) (now 3 in all")
+    said = drain.describe({"id": "prefill-2", "in_flight": 0, "will_be_removed": True, "target": 1})
+    assert "kvmesh scale --role prefill N" in said and "target becomes" not in said
