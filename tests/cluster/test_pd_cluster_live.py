@@ -158,6 +158,10 @@ def test_a_long_unseen_prompt_is_prefilled_on_one_replica_and_decoded_on_the_oth
     assert decode["kv_pulled_tokens"] - before["replica-0"]["kv_pulled_tokens"] >= 384
     assert decode["kv_pulled_bytes"] > before["replica-0"]["kv_pulled_bytes"]
     assert prefill["kv_leases"] > before["prefill-1"]["kv_leases"], prefill  # it handed the KV over
+    with capsys.disabled():
+        print(f"\nP/D: {PROMPT_TOKENS}-token prompt prefilled on prefill-1, decoded on replica-0: cached_tokens "
+              f"{answer['usage']['prompt_tokens_details']['cached_tokens']}, "
+              f"{decode['kv_pulled_bytes'] - before['replica-0']['kv_pulled_bytes']} bytes pulled")
 
 
 def test_scale_the_prefill_role_by_the_cli(pd, monkeypatch, capsys):
@@ -223,6 +227,17 @@ def test_killing_the_prefill_replica_under_load_fails_no_request(pd, tokenizer, 
     failed = [r for r in results if r[0] != 200]
     assert not failed, failed[:3]
     assert any("prefill-1 is dead" in m for m in pd.messages), pd.messages[-10:]
+    splits = {s.labels["outcome"]: int(s.value) for s in _samples(httpx.get(pd.url + "/metrics", timeout=10).text,
+                                                                     "kvmesh_router_pd_splits_total")}
+    with capsys.disabled():
+        print(f"\nprefill-1 killed under {clients} clients: {len(results)} requests, 0 failed; router splits "
+              f"{splits}")
+
+
+def _samples(text: str, name: str) -> list:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s for family in text_string_to_metric_families(text) for s in family.samples if s.name == name]
 
 
 @pytest.fixture(scope="module")
