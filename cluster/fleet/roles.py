@@ -41,9 +41,10 @@ def check_role(role: str) -> Role:
     return role  # type: ignore[return-value]
 
 
-def kv_transfer_on(mode: str, num_prefill_replicas: int, nixl_importable: bool) -> bool:
+def kv_transfer_on(mode: str, num_prefill_replicas: int, nixl_importable: bool, tensor_parallel_size: int = 1) -> bool:
     """Whether serve's replicas get their KV transfer (``replicas.kv_transfer``): on, off, or auto = on when there
-    are prefill replicas (they need it) or nixl is importable (peer pulls)."""
+    are prefill replicas (they need it), or nixl is importable (peer pulls) and a replica is one rank (a pull per
+    tensor-parallel rank is not built: the replica refuses the transfer with TP > 1)."""
     if mode == "auto":
-        return num_prefill_replicas > 0 or nixl_importable
+        return num_prefill_replicas > 0 or (nixl_importable and tensor_parallel_size == 1)
     return mode == "on"

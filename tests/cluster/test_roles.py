@@ -185,3 +185,10 @@ def test_the_cli_counts_and_describes_per_role():
         "scaling to 2 prefill replica(s) (now 3 in all")
     said = drain.describe({"id": "prefill-2", "in_flight": 0, "will_be_removed": True, "target": 1})
     assert "kvmesh scale --role prefill N" in said and "target becomes" not in said
+
+
+def test_the_kv_transfer_needs_one_rank_per_replica_for_now():
+    assert not kv_transfer_on("auto", 0, nixl_importable=True, tensor_parallel_size=2)  # TP 2 serves without it
+    with pytest.raises(ConfigError, match=r"num_prefill_replicas=1 .* need the KV transfer, which runs with "
+                                          r"engine\.tensor_parallel_size 1 for now \(got 2"):
+        from_dict({"engine": {"tensor_parallel_size": 2}, "replicas": {"num_prefill_replicas": 1}})
