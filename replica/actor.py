@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.kv_transfer.config import KVTransferConfig
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.server.config import AUTO_HOST, ReplicaServerConfig
 
@@ -57,6 +58,8 @@ class ReplicaOptions:
     """The KV event stream (its addresses come from ``server``)."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     """The OpenAI front's limits, chat template and read timeouts."""
+    kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    """Moving KV to and from peer replicas (off by default; serve turns it on for P/D and peer pulls)."""
     replica_id: str = "replica-0"
     """Name used in logs, endpoints and metrics."""
     num_cpus_per_worker: float = 1.0
@@ -115,7 +118,8 @@ class ReplicaActor:
             self.runtime = ReplicaRuntime.start(
                 options.engine, server, options.events, options.frontend, replica_id=options.replica_id,
                 placement_group=options.placement_group,
-                executor={"num_cpus_per_worker": options.num_cpus_per_worker, "step_timeout_s": options.step_timeout_s})
+                executor={"num_cpus_per_worker": options.num_cpus_per_worker, "step_timeout_s": options.step_timeout_s},
+                kv_transfer=options.kv_transfer)
         self.started_at = time.time()
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="replica-watchdog", daemon=True)

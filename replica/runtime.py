@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.kv_transfer.config import KVTransferConfig
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.server.config import ReplicaServerConfig
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.engine.async_llm import AsyncLLM
     from kvmesh.replica.interfaces import ModelRunnerInterface
     from kvmesh.replica.openai.runner import HTTPServer
+    from kvmesh.replica.server.kv_transfer import KVTransferService
     from kvmesh.replica.server.state import ServerState
     from kvmesh.replica.worker.tp_worker import ExecutorOptions
     from ray.util.placement_group import PlacementGroup
@@ -55,10 +57,12 @@ class ReplicaRuntime:
     def start(cls, engine: EngineConfig, server: ReplicaServerConfig | None = None,
               events: PublisherConfig | None = None, frontend: FrontendConfig | None = None, *,
               replica_id: str = "replica-0", model_runner: ModelRunnerInterface | None = None,
-              placement_group: PlacementGroup | None = None, executor: ExecutorOptions | None = None) -> ReplicaRuntime:
+              placement_group: PlacementGroup | None = None, executor: ExecutorOptions | None = None,
+              kv_transfer: KVTransferConfig | None = None) -> ReplicaRuntime:
         """Build and start a replica from its sections (None: the section's defaults). The publisher binds
         where ``server`` says (``server.publisher_config``; ``event_port`` null: no events).
-        ``placement_group`` and ``executor`` place the TP workers (TP > 1)."""
+        ``placement_group`` and ``executor`` place the TP workers (TP > 1). ``kv_transfer.enabled``: a transfer
+        agent with the KV cache registered, /kv/* and kv_transfer_params served (server/kv_transfer.py)."""
         from kvmesh.replica.engine.async_llm import AsyncLLM
         from kvmesh.replica.openai.runner import HTTPServer
         from kvmesh.replica.server.app import build_app
@@ -66,6 +70,8 @@ class ReplicaRuntime:
         from kvmesh.replica.serving.tokenizer import load_tokenizer
 
         t0 = time.monotonic()
+        kv_transfer = kv_transfer or KVTransferConfig()
+        check_kv_transfer(kv_transfer, engine)
         server, frontend = server or ReplicaServerConfig(), frontend or FrontendConfig()
         events = server.publisher_config(events or PublisherConfig())
         tokenizer = load_tokenizer(engine.tokenizer_path, max_model_len=engine.max_model_len,
@@ -81,6 +87,8 @@ class ReplicaRuntime:
         try:
             state = ServerState(llm, tokenizer, server, frontend, engine.model,
                                 extra_info={"replica_id": replica_id, **_event_info(publisher, events)})
+            if kv_transfer.enabled:
+                state.kv_transfer = _kv_transfer_service(kv_transfer, llm, state, replica_id)
             http = HTTPServer(build_app(state), host=server.host, port=server.port, frontend=frontend,
                               name="replica-http")
             http.start_in_thread()
@@ -96,7 +104,8 @@ class ReplicaRuntime:
         llm = self.llm
         return {"http_url": self.http.url, "model": self.state.model_path, "served_model_name": self.state.model_name,
                 "block_size": llm.block_size, "max_model_len": llm.max_model_len, "num_kv_blocks": llm.num_kv_blocks,
-                "tensor_parallel_size": llm.tensor_parallel_size, **_event_info(self.publisher, self.events)}
+                "tensor_parallel_size": llm.tensor_parallel_size, "kv_transfer": self.state.kv_transfer is not None,
+                **_event_info(self.publisher, self.events)}
 
     def dead_reason(self) -> str | None:
         return self.llm.dead_reason()
@@ -140,6 +149,8 @@ class ReplicaRuntime:
         self.http.stop_thread()
         self.state.renderer.close()
         llm.shutdown()
+        if self.state.kv_transfer is not None:
+            self.state.kv_transfer.agent.close()
         self._closed = True
         return clean
 
@@ -149,3 +160,30 @@ def _event_info(publisher: ZmqEventPublisher | None, events: PublisherConfig | N
         return {"events_endpoint": None, "replay_endpoint": None, "events_topic": None}
     return {"events_endpoint": publisher.endpoint, "replay_endpoint": publisher.replay_endpoint,
             "events_topic": events.topic}
+
+
+def check_kv_transfer(config: KVTransferConfig, engine: EngineConfig) -> None:
+    """Refuse what KV transfer cannot do yet, before anything loads."""
+    if config.enabled and engine.tensor_parallel_size > 1:
+        raise ValueError(f"kv_transfer.enabled needs tensor_parallel_size 1 (got {engine.tensor_parallel_size}): a "
+                         "pull per tensor-parallel rank is not built yet; turn KV transfer off (--no-kv-transfer) "
+                         "or serve with one rank")
+
+
+def _kv_transfer_service(config: KVTransferConfig, llm: AsyncLLM, state: ServerState,
+                         replica_id: str) -> KVTransferService:
+    """Rank 0's transfer agent with the runner's KV cache registered, and the service around it."""
+    import uuid
+
+    from kvmesh.replica.kv_transfer.agent import agent_for_runner
+    from kvmesh.replica.kv_transfer.errors import KVTransferError
+    from kvmesh.replica.server.kv_transfer import KVTransferService
+
+    try:
+        agent = agent_for_runner(config, f"{replica_id}-{uuid.uuid4().hex[:8]}-rank-0", llm.runner)
+    except KVTransferError as e:  # nixl missing or unable to start here: said as a start-up error
+        raise ValueError(f"kv_transfer (transport {config.transport}) cannot start: {e}; install nixl "
+                         "(the engine extra) or turn KV transfer off (--no-kv-transfer)") from None
+    service = KVTransferService(config, agent, llm, state.kv_metrics)
+    llm.kv_transfer_load = service.load
+    return service

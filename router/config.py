@@ -1,4 +1,4 @@
-"""Router configuration and the ``--replica URL[,events=...,replay=...]`` spec."""
+"""Router configuration and the ``--replica URL[,events=...,replay=...,role=...]`` spec."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig, check_api_key
 from kvmesh.router.routing.policies import DEFAULT_POLICY, PolicyConfig, PolicyOptions, policy_config
+from kvmesh.router.routing.roles import BOTH, ROLES, check_role
+from kvmesh.router.routing.transfers import TransferRules
 
 if TYPE_CHECKING:
     from kvmesh.router.routing.kv_router import KVRouter
@@ -26,8 +28,11 @@ class ReplicaSpec:
     """ZeroMQ replay/snapshot endpoint, e.g. ``tcp://127.0.0.1:5558``; None = no gap recovery."""
     replica_id: str = ""
     """Name used in metrics and the index; defaults to the URL."""
+    role: str = BOTH
+    """``prefill`` (computes prompts for decode replicas, never decodes), ``decode`` or ``both`` (the default)."""
 
     def __post_init__(self) -> None:
+        check_role(self.role, f"replica {self.url!r} role")
         self.url = self.url.rstrip("/")
         if self.url.endswith("/v1"):
             self.url = self.url[:-3]
@@ -42,14 +47,14 @@ class ReplicaSpec:
 
     @classmethod
     def parse(cls, text: str) -> ReplicaSpec:
-        """``URL[,events=tcp://H:P][,replay=tcp://H:P][,name=ID]`` -> ReplicaSpec."""
+        """``URL[,events=tcp://H:P][,replay=tcp://H:P][,name=ID][,role=prefill|decode|both]`` -> ReplicaSpec."""
         url, *options = [part.strip() for part in text.split(",")]
         kwargs: dict[str, str] = {}
         for option in options:
             key, sep, value = option.partition("=")
-            if not sep or key not in ("events", "replay", "name"):
-                raise ValueError(f"bad replica option {option!r} in {text!r}; "
-                                 "use URL[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT][,name=ID]")
+            if not sep or key not in ("events", "replay", "name", "role"):
+                raise ValueError(f"bad replica option {option!r} in {text!r}; use URL[,events=tcp://HOST:PORT]"
+                                 f"[,replay=tcp://HOST:PORT][,name=ID][,role={'|'.join(ROLES)}]")
             kwargs["replica_id" if key == "name" else key] = value
         return cls(url=url, **kwargs)
 
@@ -142,6 +147,18 @@ class RouterConfig:
     workers: int = 1
     """Router processes serving the port (router/control/workers.py): each has its own index, all share their
     in-flight counts; 0 = auto, the cores this host can spare (serve: those not reserved for replicas)."""
+    pd_min_uncached_tokens: int = 256
+    """Prefill/decode split: a prompt with at least this many tokens uncached on its decode replica is prefilled
+    on a prefill replica (role=prefill) first, when one has room; shorter ones are served whole."""
+    pd_max_prefill_backlog_tokens: int = 16384
+    """A prefill replica has room for a split while the prompt tokens queued on it are fewer than this."""
+    peer_pulls: bool = True
+    """Ask a replica to pull a prompt's prefix from the replica holding it when the pull costs fewer seconds than
+    recomputing (both must report kv_transfer enabled in /load)."""
+    peer_pull_overhead_s: float = 0.01
+    """Seconds one pull costs besides the copy itself (lease, handshake and release round trips)."""
+    peer_pull_assumed_bytes_per_s: float = 1e9
+    """Pull bandwidth (bytes/s) assumed for a replica that has not measured one yet; 0: no pull until it has."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -169,6 +186,12 @@ class RouterConfig:
                              f"got {self.outlier_base_ejection_s} and {self.outlier_max_ejection_s}")
         if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
+        if self.pd_min_uncached_tokens < 1 or self.pd_max_prefill_backlog_tokens < 1:
+            raise ValueError("pd_min_uncached_tokens and pd_max_prefill_backlog_tokens must be >= 1 token, got "
+                             f"{self.pd_min_uncached_tokens} and {self.pd_max_prefill_backlog_tokens}")
+        if not (self.peer_pull_overhead_s >= 0 and self.peer_pull_assumed_bytes_per_s >= 0):
+            raise ValueError("peer_pull_overhead_s and peer_pull_assumed_bytes_per_s must be >= 0, got "
+                             f"{self.peer_pull_overhead_s} and {self.peer_pull_assumed_bytes_per_s}")
         if not self.events_max_lag_s > 0:
             raise ValueError(f"events_max_lag_s must be positive seconds, got {self.events_max_lag_s}")
         check_api_key(self.api_key, "api_key")
@@ -178,6 +201,11 @@ class RouterConfig:
         if self.admin_key is not None and self.admin_key == self.api_key:
             raise ValueError("admin_key equals api_key: every tenant would hold the admin key; use another secret")
 
+
+    def transfer_rules(self) -> TransferRules:
+        """When KV moves between replicas: the split and peer pulls (router/routing/transfers.py)."""
+        return TransferRules(self.pd_min_uncached_tokens, self.pd_max_prefill_backlog_tokens, self.peer_pulls,
+                             self.peer_pull_overhead_s, self.peer_pull_assumed_bytes_per_s)
 
     def policy_config(self) -> PolicyConfig:
         """The policy's typed config section from ``policy_kwargs`` (a bad knob is a ValueError naming it)."""
@@ -197,4 +225,5 @@ def build_router(config: RouterConfig, seed: int, policy: Policy | None = None) 
     if policy is None:
         policy = get_policy(config.policy, config.policy_config(), block_size=config.block_size)
     return KVRouter(config.block_size, policy, seed=seed, predict_ttl_s=config.predict_ttl_s,
-                    sessions=SessionConfig(ttl_s=config.session_ttl_s), salt_secret=config.cache_salt_secret)
+                    sessions=SessionConfig(ttl_s=config.session_ttl_s), salt_secret=config.cache_salt_secret,
+                    transfers=config.transfer_rules())

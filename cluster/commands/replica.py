@@ -63,7 +63,7 @@ def start(config: ReplicaCommandConfig, model_runner: ModelRunnerInterface | Non
     from kvmesh.replica.runtime import ReplicaRuntime
 
     return ReplicaRuntime.start(config.engine, config.server, config.events, config.frontend,
-                                model_runner=model_runner)
+                                model_runner=model_runner, kv_transfer=config.kv_transfer)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -69,14 +69,17 @@ def build_config(command: SimCommandConfig, routers: list[int], load_poll_given:
     return miniature(config, command.compare.miniature)
 
 
-def variants(routers: list[int], sessions: str) -> dict[str, dict] | None:
-    """Label suffix -> SimConfig changes, one run per entry and policy (None: one plain run)."""
+def variants(routers: list[int], sessions: str, kv_transfer: dict[str, dict] | None = None) -> dict[str, dict] | None:
+    """Label suffix -> SimConfig changes, one run per entry and policy (None: one plain run); ``kv_transfer``:
+    the ``--pd-compare`` runs (``run.kv_transfer_variants``), crossed with the others."""
     counts: list[int | None] = list(routers) if len(routers) > 1 else [None]
     out = {}
     for n in counts:
         for suffix, on in SESSION_MODES[sessions].items():
             label = (f"/{n}r" if n is not None else "") + suffix.strip()
             out[label] = {"use_sessions": on} | ({"num_routers": n} if n is not None else {})
+    if kv_transfer:
+        out = {label + suffix: changes | more for label, changes in out.items() for suffix, more in kv_transfer.items()}
     return out if len(out) > 1 or sessions != "off" else None
 
 
@@ -95,11 +98,11 @@ def load_workload(workload: SimWorkloadOptions, shape: WorkloadShape, seed: int)
 def run(args: argparse.Namespace) -> int:
     from kvmesh.cluster.config.flags import config_from_args, overrides_from_args
     from kvmesh.cluster.measure.sim.options import SIM_SCHEMA
-    from kvmesh.cluster.measure.sim.plots import plot_report
+    from kvmesh.cluster.measure.sim.plots import plot_kv_transfer, plot_report
     from kvmesh.cluster.measure.sim.replica import cut_trace
     from kvmesh.cluster.measure.sim.report import format_table, write_json
     from kvmesh.cluster.measure.sim.router import available_policies
-    from kvmesh.cluster.measure.sim.run import compare_policies
+    from kvmesh.cluster.measure.sim.run import compare_policies, kv_transfer_variants
     from kvmesh.cluster.measure.workloads.traces import TraceError
 
     try:
@@ -112,14 +115,18 @@ def run(args: argparse.Namespace) -> int:
         unknown = [p for p in policies if p not in registered]
         if unknown:
             raise ValueError(f"unknown policies {unknown}; registered: {registered}")
+        moves = kv_transfer_variants(config) if compare.pd_compare else None
         report = compare_policies(records, config, policies, show_progress=not args.no_progress,
-                                  with_ceilings=compare.ceilings, variants=variants(args.routers, compare.sessions))
+                                  with_ceilings=compare.ceilings, variants=variants(args.routers, compare.sessions, moves))
     except (TraceError, ValueError) as e:
         print(f"kvmesh sim: {e}", file=sys.stderr)
         return 2
     written = [str(write_json(report, args.out))]
     if not args.no_plot:
-        written.append(str(plot_report(report, args.plot or Path(args.out).with_suffix(".png"))))
+        png = Path(args.plot or Path(args.out).with_suffix(".png"))
+        written.append(str(plot_report(report, png)))
+        if config.num_prefill_replicas or config.peer_pulls or compare.pd_compare:
+            written.append(str(plot_kv_transfer(report, png.with_name(png.stem + "_kv_transfer.png"))))
     print(format_table(report))
     print("wrote " + " and ".join(written))
     return 0

@@ -16,7 +16,8 @@ nested section handed whole to its component: its fields are options too, one le
 
 Secrets are the fields declared with ``repr=False``: they are redacted when printed and get
 no CLI flag unless their metadata says ``cli=True`` (argv is visible to every user in ``ps``).
-``metadata={"env": NAME}`` adds an environment alias (``KVMESH_HASH_SEED``).
+``metadata={"env": NAME}`` adds an environment alias (``KVMESH_HASH_SEED``); ``metadata={"flag": "--x"}`` names
+the flag (``--kv-transfer`` for ``kv_transfer.enabled``).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ class Schema(Generic[Root]):
         options = []
         for section, f, tp, doc, sub in found:
             flat = f"{sub}_{f.name}" if sub else f.name
-            flag = "--" + (flat if counts[flat] == 1 else f"{section}_{flat}").replace("_", "-")
+            derived = "--" + (flat if counts[flat] == 1 else f"{section}_{flat}").replace("_", "-")
+            flag = f.metadata.get("flag") or derived
             options.append(Option(section, f, tp, doc, flag, sub))
         return options
 

@@ -4,10 +4,11 @@
     ├── engine:   EngineConfig      replica/    ├── engine:   EngineConfig
     ├── replicas: ReplicasConfig    here        ├── server:   ReplicaServerConfig  replica/
     ├── router:   RouterConfig      router/     ├── events:   PublisherConfig
-    ├── events:   PublisherConfig   events/     └── frontend: FrontendConfig
-    ├── frontend: FrontendConfig    replica/openai/
-    ├── ray:      RayConfig         here        RouterCommandConfig (kvmesh router)
-    └── autoscale: AutoscaleConfig  autoscaler  ├── router:   RouterConfig
+    ├── events:   PublisherConfig   events/     ├── frontend: FrontendConfig
+    ├── frontend: FrontendConfig    replica/openai/ └── kv_transfer: KVTransferConfig  replica/kv_transfer/
+    ├── ray:      RayConfig         here
+    └── autoscale: AutoscaleConfig  autoscaler  RouterCommandConfig (kvmesh router)
+                                                ├── router:   RouterConfig
                                                 └── frontend: FrontendConfig
 
 A section is the component's dataclass itself, and the component takes it whole
@@ -28,6 +29,7 @@ from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig
 from kvmesh.cluster.launch.gpu_share import check_device_share, check_gpu_share, gpus_per_worker
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.kv_transfer.config import KVTransferConfig
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.router.config import RouterConfig
@@ -235,6 +237,8 @@ class ReplicaCommandConfig:
     """The KV event stream."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     """The OpenAI front: body/prompt limits, chat template, read timeouts."""
+    kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    """Moving KV blocks between replicas (off by default): transport, lease TTL, timeouts."""
 
     def __post_init__(self) -> None:
         check_hash_seed(self.engine.hash_seed)

@@ -21,16 +21,23 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine.commands import AbortRequests, AddRequest, EngineCommand, PullPrefix
+from kvmesh.replica.engine.commands import (
+    AbortRequests,
+    AddRequest,
+    EngineCommand,
+    LeaseBlocks,
+    PullPrefix,
+    ReleaseLease,
+)
+from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
+from kvmesh.replica.engine.load_fields import event_stream_report, host_tier_report, read_racily
 from kvmesh.replica.engine.outputs import RequestOutput
 from kvmesh.replica.engine.stats import EngineStats
-from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface, StreamPublisher
-from kvmesh.replica.kv_transfer.agent import KVTransferAgent
-from kvmesh.replica.kv_transfer.prefix_pull import pull_prefix
+from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -39,10 +46,11 @@ if TYPE_CHECKING:
     from typing import Unpack  # 3.11+; only read by type checkers
 
     from kvmesh.events.config import PublisherConfig
+    from kvmesh.replica.kv_transfer.agent import KVTransferAgent
+    from kvmesh.replica.kv_transfer.leases import Lease
+    from kvmesh.replica.serving.load_report import KVTransferLoad
     from kvmesh.replica.worker.tp_worker import ExecutorOptions
     from ray.util.placement_group import PlacementGroup
-
-T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +76,8 @@ class AsyncLLM:
         self._ids = itertools.count()
         self._closed = False
         self.errored: BaseException | None = None  # set if the engine loop itself died
+        self.kv_transfers = EngineKVTransfers(engine)  # pulls in flight and leases (engine thread only)
+        self.kv_transfer_load: Callable[[], KVTransferLoad] | None = None  # /load's kv_transfer (server sets it)
         self._thread = threading.Thread(target=self._run, name="kvmesh-engine", daemon=True)
         self._thread.start()
 
@@ -136,14 +146,27 @@ class AsyncLLM:
 
     async def pull_prefix(self, agent: KVTransferAgent, peer: str, prompt_token_ids: list[int],
                           remote_block_ids: list[int], cache_salt: str | None = None) -> int:
-        """Pull the prompt's cached prefix from ``peer`` (its ``remote_block_ids``) into this engine's prefix cache,
-        between two steps; the tokens pulled. A request added afterwards hits them (``num_cached_tokens``). The
-        read runs on the engine thread: steps wait for it (at most the agent's ``timeout_s``)."""
+        """Pull the prompt's cached prefix from ``peer`` (its ``remote_block_ids``) into this engine's prefix cache;
+        the tokens pulled. A request added afterwards hits them (``num_cached_tokens``). The read is started
+        between two steps and polled between the next ones: other requests keep stepping while it is in flight."""
+        pulled: concurrent.futures.Future[int] = concurrent.futures.Future()
+        return await self._ask(PullPrefix(agent, peer, prompt_token_ids, remote_block_ids, cache_salt, pulled), pulled)
+
+    async def lease_blocks(self, prompt_token_ids: list[int], cache_salt: str | None, ttl_s: float) -> Lease:
+        """Hold the prompt's cached leading blocks for a peer to read (kv_transfer/leases.py)."""
+        granted: concurrent.futures.Future[Lease] = concurrent.futures.Future()
+        return await self._ask(LeaseBlocks(prompt_token_ids, cache_salt, ttl_s, granted), granted)
+
+    async def release_lease(self, lease_id: str) -> int | None:
+        """Let a lease's blocks go; the blocks it held, or None when no such lease is live."""
+        released: concurrent.futures.Future[int | None] = concurrent.futures.Future()
+        return await self._ask(ReleaseLease(lease_id, released), released)
+
+    async def _ask(self, command: EngineCommand, answer: concurrent.futures.Future):
         if not self.is_running:
             raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
-        pulled: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._submit(PullPrefix(agent, peer, prompt_token_ids, remote_block_ids, cache_salt, pulled))
-        return await asyncio.wrap_future(pulled)
+        self._submit(command)
+        return await asyncio.wrap_future(answer)
 
     async def abort(self, request_id: str) -> None:
         """End a request; its stream gets a final output with finish_reason "abort"."""
@@ -156,15 +179,16 @@ class AsyncLLM:
     def load_report(self) -> LoadReport:
         """Queue depth, KV usage and uncomputed prompt tokens (read racily from the engine thread's state)."""
         sched = self.engine.scheduler
-        requests = _read_racily(lambda: list(sched.requests.values()))
+        requests = read_racily(lambda: list(sched.requests.values()))
         waiting_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in requests)
         publisher = self.engine.event_publisher
         return LoadReport(
             num_requests_running=len(sched.running), num_requests_waiting=len(sched.waiting),
             kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
-            prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, **_host_tier_report(self.engine),
-            **_event_stream_report(publisher))
+            prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, **host_tier_report(self.engine),
+            **event_stream_report(publisher),
+            **({} if self.kv_transfer_load is None else {"kv_transfer": self.kv_transfer_load()}))
 
     def dead_reason(self) -> str | None:
         """None while the replica can serve; otherwise why not."""
@@ -186,7 +210,7 @@ class AsyncLLM:
 
     def abort_all(self) -> int:
         """Abort every unfinished request (graceful shutdown's last resort); returns how many."""
-        ids = _read_racily(lambda: list(self.engine.scheduler.requests))
+        ids = read_racily(lambda: list(self.engine.scheduler.requests))
         if ids:
             self._submit(AbortRequests(ids))
         return len(ids)
@@ -197,6 +221,8 @@ class AsyncLLM:
         self._wake.set()
         self._thread.join(timeout=30)
         try:
+            if not self._thread.is_alive():
+                self.kv_transfers.abandon()  # pulls in flight answered 0, leased blocks let go
             self.engine.close()
         finally:
             self.runner.shutdown()
@@ -214,8 +240,9 @@ class AsyncLLM:
             while not self._closed:
                 self._wake.clear()
                 self._drain_commands()
+                self.kv_transfers.between_steps()
                 if not engine.has_unfinished_requests():
-                    self._wake.wait()
+                    self._wake.wait(self.kv_transfers.idle_timeout())
                     continue
                 for out in engine.step():
                     self._deliver(out)
@@ -241,19 +268,10 @@ class AsyncLLM:
                     command.accepted.set_exception(e)
                 else:
                     command.accepted.set_result(None)
-            elif isinstance(command, PullPrefix):
-                self._pull_prefix(command)
+            elif isinstance(command, PullPrefix | LeaseBlocks | ReleaseLease):
+                self.kv_transfers.handle(command)
             else:
                 self.engine.abort_request(command.request_ids)
-
-    def _pull_prefix(self, command: PullPrefix) -> None:
-        try:
-            tokens = pull_prefix(self.engine.kv_cache_manager, command.agent, command.peer, command.prompt_token_ids,
-                                 command.remote_block_ids, command.cache_salt)
-        except BaseException as e:  # bad arguments (ids out of range, unknown peer): the caller's error
-            command.pulled.set_exception(e)
-        else:
-            command.pulled.set_result(tokens)
 
     def _deliver(self, out: RequestOutput) -> None:
         stream = self._streams.get(out.request_id)
@@ -265,30 +283,3 @@ class AsyncLLM:
         except RuntimeError:  # the caller's event loop is gone: nobody will read this request
             self._streams.pop(out.request_id, None)
             self.engine.abort_request(out.request_id)
-
-
-def _host_tier_report(engine) -> dict:
-    """The ``/load`` fields of the engine's host tier and its copies (none without a tier)."""
-    offload = engine.kv_cache_manager.offload
-    copier = engine.model_runner.kv_offload
-    if offload is None or copier is None:
-        return {}
-    return {"kv_block_bytes": copier.block_bytes, "h2d_bytes_per_s": copier.h2d_bytes_per_s,
-            "num_host_kv_blocks": offload.host.num_blocks, "host_kv_cache_usage": offload.host.usage()}
-
-
-def _read_racily(read: Callable[[], list[T]]) -> list[T]:
-    """``read()`` retried while the engine thread mutates the dict it iterates (gives up empty)."""
-    for _ in range(5):
-        try:
-            return read()
-        except RuntimeError:
-            continue
-    return []
-
-
-def _event_stream_report(publisher: EventPublisher | None) -> dict[str, int | float]:
-    """``LoadReport``'s event fields of a ``ZmqEventPublisher`` (none for no or another publisher)."""
-    if not isinstance(publisher, StreamPublisher):
-        return {}
-    return {"kv_events_seq": publisher.seq - 1, "kv_events_unsent_s": publisher.unsent_s()}

@@ -14,6 +14,7 @@ from kvmesh.replica.serving.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # named for type checkers only: the engine loads no transfer code until a pull is asked
     from kvmesh.replica.kv_transfer.agent import KVTransferAgent
+    from kvmesh.replica.kv_transfer.leases import Lease
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +56,33 @@ class PullPrefix:
     cache_salt: str | None
     """The prompt's salt (it changes the block hashes)."""
     pulled: concurrent.futures.Future[int]
-    """Set to the tokens pulled (0: nothing missing, no room, or the read failed)."""
+    """Set once the read ended (checked between steps: other requests keep stepping meanwhile) to the tokens
+    pulled (0: nothing missing, no room, or the read failed or timed out)."""
 
 
-EngineCommand = AddRequest | AbortRequests | PullPrefix
+@dataclass(frozen=True, slots=True)
+class LeaseBlocks:
+    """Hold a prompt's cached leading blocks for a peer to read (kv_transfer/leases.py)."""
+
+    prompt_token_ids: list[int]
+    """The prompt whose leading full blocks are leased."""
+    cache_salt: str | None
+    """The prompt's salt (it changes the block hashes)."""
+    ttl_s: float
+    """Seconds until the lease ends on its own."""
+    granted: concurrent.futures.Future[Lease]
+    """Set to the lease (no blocks and lease_id "": none of the prompt is cached)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseLease:
+    """Let a lease's blocks go (the peer read them, or gave up)."""
+
+    lease_id: str
+    """The lease's handle."""
+    released: concurrent.futures.Future[int | None]
+    """Set to the blocks it held, or None when no such lease is live (unknown, released or expired)."""
+
+
+EngineCommand = AddRequest | AbortRequests | PullPrefix | LeaseBlocks | ReleaseLease
 """Every command the engine thread takes."""

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import importlib
 import time
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import msgspec
 import torch
+from kvmesh.replica.kv_transfer.config import KVTransferConfig  # noqa: F401 - re-exported
 from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError, KVTransferTimeout
 from kvmesh.replica.kv_transfer.layout import KVBlockLayout, block_layout, symbolic_layout
 
@@ -30,26 +30,6 @@ _TRANSPORTS = {
     "nixl": "kvmesh.replica.kv_transfer.nixl_agent:NixlKVTransferAgent",
     "local": "kvmesh.replica.kv_transfer.local_agent:LocalKVTransferAgent",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class KVTransferConfig:
-    """How a replica rank moves KV blocks to and from its peers."""
-
-    transport: str = "nixl"
-    """``nixl`` (NIXL over UCX: across processes and machines) or ``local`` (in-process copies, for tests)."""
-    timeout_s: float = 10.0
-    """A transfer not done after this many seconds fails with KVTransferTimeout (the blocks get recomputed)."""
-    poll_interval_s: float = 0.0005
-    """Seconds between completion checks while waiting on a transfer."""
-
-    def __post_init__(self) -> None:
-        if self.transport not in _TRANSPORTS:
-            raise ValueError(f"kv transfer transport {self.transport!r} is unknown; choose one of "
-                             f"{', '.join(_TRANSPORTS)}")
-        if self.timeout_s <= 0 or self.poll_interval_s <= 0:
-            raise ValueError(f"kv transfer timeout_s ({self.timeout_s}) and poll_interval_s "
-                             f"({self.poll_interval_s}) must be positive")
 
 
 class KVHandshake(msgspec.Struct, frozen=True):

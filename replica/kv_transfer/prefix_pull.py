@@ -1,42 +1,44 @@
 """Pulling a prompt's cached prefix from a peer replica into this one's prefix cache.
 
     holder:  ids = cached_prefix_block_ids(holder_engine.kv_cache_manager, prompt)     # sent to the puller
-    puller:  tokens = pull_prefix(engine.kv_cache_manager, agent, peer, prompt, ids)   # then add the request
+    puller:  pending = start_pull(engine.kv_cache_manager, agent, peer, prompt, ids)   # between two steps
+             tokens = pending.poll()          # between later steps: None while in flight; then add the request
 
 The puller looks up which leading full blocks it already holds, allocates blocks for the ones after
-them that the holder has, reads the holder's blocks into them (``read_blocks``: one READ, waited on
-with the agent's timeout), and only then caches them under the prompt's block hashes (BlockStored
+them that the holder has, starts reading the holder's blocks into them (one READ; ``PendingPull.poll``
+checks it without waiting, up to the agent's timeout), and only then caches them under the prompt's block hashes (BlockStored
 goes out; the router learns this replica holds them) and frees them to the evictable pool. The
 request added next hits them in the prefix cache like any cached block, so they count in its
 ``num_cached_tokens`` (``usage.prompt_tokens_details.cached_tokens``), as vLLM counts a connector's
 tokens. A failed read frees the blocks uncached: the request computes the prefix itself.
 
 Both replicas must hash alike (the cluster's shared hash seed, same block size) and the blocks must
-stay put on the holder while they are read (the holder is idle, or a lease keeps them: not built).
-Runs on the engine's thread, between steps; one rank (tensor parallelism pulls per rank: not built).
+stay put on the holder while they are read (a lease keeps them: leases.py). Runs on the engine's thread,
+between steps; one rank (tensor parallelism pulls per rank: not built).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 from kvmesh.kvcache.block_pool import KVCacheBlock
 from kvmesh.kvcache.hashing import RequestBlockHasher
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
-from kvmesh.replica.kv_transfer.agent import KVTransferAgent, read_blocks
-from kvmesh.replica.kv_transfer.errors import KVTransferError
+from kvmesh.replica.kv_transfer.agent import KVTransfer, KVTransferAgent
+from kvmesh.replica.kv_transfer.errors import KVTransferError, KVTransferTimeout
 
 logger = logging.getLogger(__name__)
 
 
-def _hasher(manager: KVCacheManager, token_ids: list[int], cache_salt: str | None,
+def block_hasher(manager: KVCacheManager, token_ids: list[int], cache_salt: str | None,
             lora_name: str | None) -> RequestBlockHasher:
     hasher = RequestBlockHasher(manager.block_size, manager.none_hash, cache_salt, lora_name)
     hasher.extend(token_ids)
     return hasher
 
 
-def _cached_prefix(manager: KVCacheManager, hashes) -> list[KVCacheBlock]:
+def cached_prefix(manager: KVCacheManager, hashes) -> list[KVCacheBlock]:
     """The leading blocks of ``hashes`` this manager holds, up to the first it does not."""
     get, blocks = manager.block_pool.cached_block_hash_to_block.get, []
     for h in hashes:
@@ -50,19 +52,61 @@ def _cached_prefix(manager: KVCacheManager, hashes) -> list[KVCacheBlock]:
 def cached_prefix_block_ids(manager: KVCacheManager, token_ids: list[int], cache_salt: str | None = None,
                             lora_name: str | None = None) -> list[int]:
     """Block ids of the leading full blocks of ``token_ids`` that this replica holds (the holder's answer)."""
-    hasher = _hasher(manager, token_ids, cache_salt, lora_name)
-    return [block.block_id for block in _cached_prefix(manager, hasher.block_hashes)]
+    hasher = block_hasher(manager, token_ids, cache_salt, lora_name)
+    return [block.block_id for block in cached_prefix(manager, hasher.block_hashes)]
 
 
-def pull_prefix(manager: KVCacheManager, agent: KVTransferAgent, peer: str, token_ids: list[int],
-                remote_block_ids: list[int], cache_salt: str | None = None, lora_name: str | None = None,
-                timeout_s: float | None = None) -> int:
-    """Read the blocks of ``token_ids``'s prefix that ``peer`` holds (``remote_block_ids``, its leading full
-    blocks in order) and this replica lacks into this replica's prefix cache; the tokens pulled (0 when
-    nothing was missing, the pool had no room, or the read failed)."""
-    hasher = _hasher(manager, token_ids, cache_salt, lora_name)
+class PendingPull:
+    """A started prefix pull: its blocks are held (not evictable, not hashed) until ``poll`` sees the read end.
+
+    Lives on the engine thread: ``start_pull`` makes it between two steps, ``poll`` checks it between the
+    next ones without waiting (vLLM's WAITING_FOR_REMOTE_KVS), so the read overlaps other requests' steps.
+    """
+
+    def __init__(self, manager: KVCacheManager, transfer: KVTransfer, peer: str, token_ids: list[int],
+                 hasher: RequestBlockHasher, local: list[KVCacheBlock], new: list[KVCacheBlock],
+                 lora_name: str | None, deadline: float) -> None:
+        self.manager, self.transfer, self.peer, self.token_ids = manager, transfer, peer, token_ids
+        self.hasher, self.local, self.new, self.lora_name, self.deadline = hasher, local, new, lora_name, deadline
+        self.num_tokens = len(new) * manager.block_size
+        """Tokens this pull brings once it is done."""
+
+    def poll(self, now: float | None = None) -> int | None:
+        """None while the read is in flight; else the tokens pulled, now cached. A failed or timed-out read
+        frees the blocks uncached and raises ``KVTransferError`` (the prompt will be computed)."""
+        state = self.transfer.state()
+        if state == "PROC" and (now if now is not None else time.monotonic()) <= self.deadline:
+            return None
+        self.transfer.release()
+        if state != "DONE":
+            self.fail()
+            why = "did not finish in time (peer dead or stalled)" if state == "PROC" else f"ended in state {state}"
+            raise (KVTransferTimeout if state == "PROC" else KVTransferError)(
+                f"reading {len(self.new)} KV blocks from {self.peer!r} {why}; recompute them")
+        blocks, pool = self.local + self.new, self.manager.block_pool
+        hashes = self.hasher.block_hashes[: len(blocks)]
+        pool.cache_full_blocks(blocks, hashes, len(self.local), len(blocks), self.token_ids, self.hasher.extra_keys,
+                               self.lora_name)
+        if self.manager.offload is not None:  # a host tier keeps a copy, as of any block the device caches
+            self.manager.offload.plan_stores(self.new)
+        pool.free_blocks(reversed(blocks))  # evictable, tail first, like a finished request's
+        return self.num_tokens
+
+    def fail(self) -> None:
+        """Free the blocks unhashed (the garbage in them is never hit)."""
+        self.manager.block_pool.free_blocks(reversed(self.local + self.new))
+
+
+def start_pull(manager: KVCacheManager, agent: KVTransferAgent, peer: str, token_ids: list[int],
+               remote_block_ids: list[int], cache_salt: str | None = None, lora_name: str | None = None,
+               timeout_s: float | None = None) -> PendingPull | int:
+    """Allocate the blocks of ``token_ids``'s prefix that ``peer`` holds (``remote_block_ids``, its leading full
+    blocks in order) and this replica lacks, and start reading them; the pull in flight, or 0 when nothing was
+    missing or the pool had no room. A read that cannot start raises (``KVTransferError``: a dead peer; a
+    ``ValueError``: bad block ids), its blocks freed."""
+    hasher = block_hasher(manager, token_ids, cache_salt, lora_name)
     hashes = hasher.block_hashes[: len(remote_block_ids)]
-    local = _cached_prefix(manager, hashes)
+    local = cached_prefix(manager, hashes)
     wanted = len(hashes) - len(local)
     pool = manager.block_pool
     if wanted <= 0:
@@ -75,16 +119,27 @@ def pull_prefix(manager: KVCacheManager, agent: KVTransferAgent, peer: str, toke
         return 0
     new = pool.get_new_blocks(wanted)
     try:
-        read_blocks(agent, peer, remote_block_ids[len(local):len(hashes)], [b.block_id for b in new], timeout_s)
-    except BaseException as e:
-        pool.free_blocks(reversed(local + new))  # never hashed: the garbage in them is never hit
-        if not isinstance(e, KVTransferError):
-            raise  # the caller's mistake (block ids out of range, an unknown peer): said as it is
-        logger.warning("prefix pull of %d blocks from %s failed (%s); the prompt will be computed", wanted, peer, e)
+        transfer = agent.start_read(peer, remote_block_ids[len(local):len(hashes)], [b.block_id for b in new])
+    except BaseException:
+        pool.free_blocks(reversed(local + new))  # never hashed
+        raise
+    timeout_s = agent.config.timeout_s if timeout_s is None else timeout_s
+    return PendingPull(manager, transfer, peer, token_ids, hasher, local, new, lora_name,
+                       time.monotonic() + timeout_s)
+
+
+def pull_prefix(manager: KVCacheManager, agent: KVTransferAgent, peer: str, token_ids: list[int],
+                remote_block_ids: list[int], cache_salt: str | None = None, lora_name: str | None = None,
+                timeout_s: float | None = None) -> int:
+    """``start_pull`` and wait for it here (tools and tests; a serving engine polls between steps instead);
+    the tokens pulled (0 when nothing was missing, the pool had no room, or the read failed)."""
+    try:
+        pending = start_pull(manager, agent, peer, token_ids, remote_block_ids, cache_salt, lora_name, timeout_s)
+        while not isinstance(pending, int):
+            if (done := pending.poll()) is not None:
+                return done
+            time.sleep(agent.config.poll_interval_s)
+    except KVTransferError as e:
+        logger.warning("prefix pull from %s failed (%s); the prompt will be computed", peer, e)
         return 0
-    blocks = local + new
-    pool.cache_full_blocks(blocks, hashes, len(local), len(blocks), token_ids, hasher.extra_keys, lora_name)
-    if manager.offload is not None:  # a host tier keeps a copy, as of any block the device caches
-        manager.offload.plan_stores(new)
-    pool.free_blocks(reversed(blocks))  # evictable, tail first, like a finished request's
-    return wanted * manager.block_size
+    return pending

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.replica.serving.json_types import JSONObject
@@ -70,6 +71,8 @@ class SamplingFields(OpenAIBaseModel):
     first chunk the ``prompt_token_ids``. The router asks for them so a stream can migrate (router/http/migration.py)."""
     logit_bias: dict[str, float] | None = None
     """Token id (as a string key, as OpenAI sends it) -> bias in [-100, 100] added to its logit."""
+    kv_transfer_params: KVTransferParams | None = None
+    """(vLLM's NixlConnector) Move the prompt's KV between replicas (openai/kv_transfer_params.py)."""
 
     def _max_tokens(self) -> int | None:
         raise NotImplementedError

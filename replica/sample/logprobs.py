@@ -6,7 +6,8 @@ transfer (non-blocking into the sampler's pinned buffers when it has them; waite
                                                    (>= count)                ──▶  [M] rank of the chosen token
     logprob = logit - logsumexp(logits of the row)
 
-The sampler (sampled tokens) and prompt_logprobs.py (prompt tokens) both use ``gather_logprobs``.
+The sampler (sampled tokens) uses ``gather_logprobs``; prompt_logprobs.py packs each pass of a step with
+``pack_logprobs`` and sends them together (``to_host``).
 """
 
 from __future__ import annotations
@@ -68,12 +69,11 @@ class LogprobsTensors:
         return TokenLogprobs(token_ids[j][: 1 + num_logprobs], logprobs[j][: 1 + num_logprobs], ranks[j])
 
 
-def gather_logprobs(values: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
-                    lse: torch.Tensor | None = None, rows: list[int] | None = None,
-                    copies: HostCopies | None = None) -> LogprobsTensors:
+def pack_logprobs(values: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
+                  lse: torch.Tensor | None = None) -> torch.Tensor:
     """The chosen ``token_ids`` [M] and the ``num_logprobs`` most likely tokens of each row of ``values``:
-    log-probabilities [M, V], or logits with their ``lse`` [M, 1] (logprob = logit - logsumexp). With
-    ``copies`` the one transfer to the host is enqueued without waiting, else it blocks."""
+    log-probabilities [M, V], or logits with their ``lse`` [M, 1] (logprob = logit - logsumexp), packed on
+    the device as [M, 1 + k token ids | 1 + k logprobs | rank] float64 (``LogprobsTensors.packed``)."""
     chosen = token_ids.to(torch.int64).unsqueeze(1)  # [M, 1]
     chosen_values = values.gather(1, chosen)  # [M, 1]
     if values.device.type == "cpu":  # numpy's comparison is ~3x faster than torch's CPU kernel here
@@ -87,9 +87,21 @@ def gather_logprobs(values: torch.Tensor, num_logprobs: int, token_ids: torch.Te
         values_out = torch.cat([chosen_values, top.values], dim=1)
     if lse is not None:
         values_out = values_out - lse
-    # one device->host transfer: [M, 1 + k | 1 + k | 1] in float64 (token ids and ranks < 2**53 are exact)
-    packed = torch.cat([token_ids_out.double(), values_out.double(), ranks.double().unsqueeze(1)], dim=1)
+    # token ids and ranks < 2**53 are exact in float64
+    return torch.cat([token_ids_out.double(), values_out.double(), ranks.double().unsqueeze(1)], dim=1)
+
+
+def to_host(packed: torch.Tensor, rows: list[int] | None = None, copies: HostCopies | None = None) -> LogprobsTensors:
+    """Packed logprobs [M, W] on their way to the host in one transfer: enqueued without waiting into
+    ``copies`` (read through ``LogprobsTensors``, which waits for it), or blocking without."""
     if copies is None:
         return LogprobsTensors(packed.cpu(), rows)
     host, event = copies.start(packed)
     return LogprobsTensors(host, rows, event)
+
+
+def gather_logprobs(values: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
+                    lse: torch.Tensor | None = None, rows: list[int] | None = None,
+                    copies: HostCopies | None = None) -> LogprobsTensors:
+    """``pack_logprobs`` of the rows, sent to the host by ``to_host`` (non-blocking with ``copies``)."""
+    return to_host(pack_logprobs(values, num_logprobs, token_ids, lse), rows, copies)

@@ -1,17 +1,17 @@
 """Batched sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens, logit_bias, and the
 logprobs rows ask for (of the raw distribution, gathered by logprobs.py).
 
-All rows are processed together on [N, vocab] tensors. A random row draws by inverse CDF: one
-uniform number u per row, token = first index whose cumulative probability exceeds u. So a seeded
-row needs one number from its own generator, seeded by (seed, tokens generated so far), and the
-order its CDF runs in depends on its own settings only (vocabulary order for plain rows, descending
-probability for top-k/top-p rows, whichever code path computed them): a seeded request's tokens do
-not depend on what else is in the batch.
+All rows are processed together on [N, vocab] tensors. A random row draws by inverse CDF with one
+uniform number per row from its key (draws.py: splitmix64 of (seed, position), or of the runner's
+count of unseeded draws), over weights whose order depends on its own settings only (vocabulary order
+for plain rows, descending probability for top-k/top-p rows): fixed_sampler.py defines the draw, and
+the decode CUDA graph runs the same draw, so both give the same tokens, whatever shares the batch.
 
-Top-k / top-p avoid sorting the vocabulary (a [256, 32000] sort costs ~1 s on one CPU core):
-``topk`` picks enough candidates per row (the largest top_k, or TOP_P_CANDIDATES[i] for nucleus
-rows); the masks and the draw then run on [N, K]. Rows whose nucleus is wider than the candidates
-(very flat distributions) fall back to ``apply_top_k_top_p``'s full sort.
+This eager sampler is what runs outside the decode graphs: logit_bias and min_tokens bans (applied to
+the logits first), the steps that are not decode-only, every step without graphs. Top-k / top-p avoid sorting the vocabulary on the CPU (a
+[256, 32000] sort costs ~1 s on one CPU core): ``topk`` picks a shortlist per row (the largest top_k,
+or TOP_P_CANDIDATES[i] for nucleus rows without one) and the draw runs on [N, K]; rows whose nucleus
+is wider than the shortlist (very flat distributions) take the full sort.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from kvmesh.replica.sample.draws import RandomDraws, seeded_uniforms
+from kvmesh.replica.sample.fixed_sampler import draw_in_order, truncated_weights
 from kvmesh.replica.sample.logprobs import LogprobsTensors, gather_logprobs
-from kvmesh.replica.serving.sampling_params import SEED_MIX, SamplingParams
+from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies, PackedUpload
 
-_MIX_A, _MIX_B, _MASK = SEED_MIX
-TOP_P_CANDIDATES = (256, 4096)  # candidates per nucleus row tried in turn before a full sort
+TOP_P_CANDIDATES = (256, 4096)  # shortlist per nucleus row tried in turn before a full sort (CPU)
 
 
 @dataclass(slots=True)
@@ -39,11 +40,11 @@ class SamplingMetadata:
     greedy_rows: torch.Tensor | None
     """[N] bool: rows that take the argmax; None when every row is greedy."""
     top_k: torch.Tensor | None
-    """[N] int64, vocab_size where disabled; None when no row uses top-k."""
+    """[N] int64, vocab_size where disabled; None when no row uses top-k or top-p."""
     top_p: torch.Tensor | None
-    """[N] float32, 1.0 where disabled; None when no row uses top-p."""
-    seeded: torch.Tensor | None
-    """[2, S] int64: seeded random rows and their draw keys (``seed_key``) this step; None when none."""
+    """[N] float32, 1.0 where disabled; None when no row uses top-k or top-p."""
+    keys: torch.Tensor | None
+    """[N] int64 draw keys of the rows this step (draws.py; 0 on greedy rows); None when every row is greedy."""
     banned: tuple[torch.Tensor, torch.Tensor] | None = None
     """(rows [B], token ids [B]) int64 that must not be sampled yet (stop/EOS tokens before min_tokens)."""
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -59,7 +60,9 @@ class SamplingMetadata:
     truncated_rows: torch.Tensor | None = None
     """[Q] int64 random rows with top-k and/or top-p (None: none)."""
     max_top_k: int = 0
-    """Largest top-k of the truncated rows (vocab_size when one of them has none)."""
+    """Largest top-k below the vocabulary size of the truncated rows (0: none has one)."""
+    nucleus_only: bool = False
+    """Some truncated row has top-p and no top-k (its shortlist is a guess: TOP_P_CANDIDATES)."""
     logprobs_index: torch.Tensor | None = None
     """[M] int64 ``logprobs_rows`` on the device (None with them)."""
 
@@ -74,42 +77,14 @@ class SamplingMetadata:
             and self.max_num_logprobs is None
 
 
-def seed_key(seed: int, num_generated: int) -> int:
-    """The key a seeded request's next token is drawn with: ``(seed*A + n*B + 1) & MASK`` (SEED_MIX), so its
-    tokens depend only on the seed and their position (and a continuation's moved seed gives the same key)."""
-    return (seed * _MIX_A + num_generated * _MIX_B + 1) & _MASK
-
-
-_SPLITMIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
-
-
-def _signed(x: int) -> int:
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
-def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Logical right shift of int64 bit patterns (torch's >> is arithmetic)."""
-    return (x >> n) & ((1 << (64 - n)) - 1)
-
-
-def seeded_uniforms(keys: torch.Tensor) -> torch.Tensor:
-    """keys [S] int64 -> [S] float32 uniforms in [0, 1), on the keys' device: splitmix64 of each key (int64
-    arithmetic wraps modulo 2^64 like uint64), its top 24 bits. A counter-based draw: no generator per row,
-    nothing read back, the same numbers on every device."""
-    golden, mul1, mul2 = (_signed(c) for c in _SPLITMIX)
-    z = keys + golden
-    z = (z ^ _shr(z, 30)) * mul1
-    z = (z ^ _shr(z, 27)) * mul2
-    z = z ^ _shr(z, 31)
-    return _shr(z, 40).to(torch.float32) * (1.0 / (1 << 24))
-
-
 def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,
                             eos_token_ids: Sequence[int], device: torch.device,
-                            packer: PackedUpload | None = None) -> SamplingMetadata:
+                            packer: PackedUpload | None = None, draws: RandomDraws | None = None
+                            ) -> SamplingMetadata:
     """Collect the sampling rows' parameters into tensors: one Python pass over the rows, then one
     non-blocking upload of them all (through ``packer``, the runner's staging buffer; a fresh one
-    without); ``num_generated[i]`` = tokens row i has generated so far (min_tokens, seeded rows)."""
+    without); ``num_generated[i]`` = tokens row i has generated so far (min_tokens, seeded rows);
+    ``draws``: the runner's count of unseeded draws (a fresh one without)."""
     i64, f32 = np.int64, np.float32
     arrays: dict[str, tuple] = {}  # name -> (host array, dtype), uploaded together
     banned_rows, banned_ids = [], []
@@ -140,14 +115,10 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
     if not greedy:
         arrays["temperature"] = ([1.0 if sp.greedy else sp.temperature for sp in params], f32)
         arrays["greedy_rows"] = ([sp.greedy for sp in params], np.bool_)
-        if any(k < vocab_size for k in top_ks):
+        if trunc:
             arrays["top_k"] = (top_ks, i64)
-        if any(sp.top_p < 1.0 for sp in params):
             arrays["top_p"] = ([sp.top_p for sp in params], f32)
-        seeded = [(row, seed_key(sp.seed, n)) for row, (n, sp) in enumerate(zip(num_generated, params, strict=True))
-                  if sp.seed is not None and not sp.greedy]
-        if seeded:
-            arrays["seeded"] = (np.array(seeded).T, i64)  # [2, S]
+        arrays["keys"] = ((draws or RandomDraws()).keys(params, num_generated), i64)
         plain = [row for row, sp in enumerate(params) if not sp.greedy and not truncated[row]]
         if plain:
             arrays["plain_rows"] = (plain, i64)
@@ -161,29 +132,27 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
         return SamplingMetadata(None, None, None, None, None, banned, bias, max_num_logprobs, logprobs_rows,
                                 logprobs_index=t.get("logprobs_index"))
     return SamplingMetadata(
-        t["temperature"], t["greedy_rows"], t.get("top_k"), t.get("top_p"), t.get("seeded"), banned, bias,
+        t["temperature"], t["greedy_rows"], t.get("top_k"), t.get("top_p"), t["keys"], banned, bias,
         max_num_logprobs, logprobs_rows, any_greedy=any(sp.greedy for sp in params),
         plain_rows=t.get("plain_rows"), truncated_rows=t.get("truncated_rows"),
-        max_top_k=max((top_ks[row] for row in trunc), default=0), logprobs_index=t.get("logprobs_index"))
+        max_top_k=max((top_ks[row] for row in trunc if top_ks[row] < vocab_size), default=0),
+        nucleus_only=any(top_ks[row] >= vocab_size for row in trunc), logprobs_index=t.get("logprobs_index"))
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
-    """Set logits outside each row's top-k / nucleus to -inf (logits [N, V], k [N], p [N])."""
+    """Set logits outside each row's top-k / nucleus to -inf (logits [N, V], k [N], p [N]): the plain-torch
+    reference of which tokens a row may draw (tests hold the draws to it)."""
     if k is None and p is None:
         return logits
-    if p is None:  # top-k only: a threshold from topk, no full sort
-        max_k = int(k.max())
-        kth = logits.topk(max_k, dim=-1).values.gather(1, (k.clamp(max=max_k) - 1).unsqueeze(1))  # [N, 1]
-        kth = kth.masked_fill((k >= logits.shape[-1]).unsqueeze(1), float("-inf"))
-        return logits.masked_fill(logits < kth, float("-inf"))
     logits_sort, logits_idx = logits.sort(dim=-1, descending=False)  # ascending
     if k is not None:
         kth = logits_sort.gather(1, (logits_sort.shape[1] - k).unsqueeze(1))
         logits_sort.masked_fill_(logits_sort < kth, float("-inf"))
-    probs_sum = logits_sort.softmax(dim=-1).cumsum(dim=-1)
-    top_p_mask = probs_sum <= 1 - p.unsqueeze(1)  # the low tail whose mass stays outside top_p
-    top_p_mask[:, -1] = False  # always keep the most likely token
-    logits_sort.masked_fill_(top_p_mask, float("-inf"))
+    if p is not None:
+        probs_sum = logits_sort.softmax(dim=-1).cumsum(dim=-1)
+        top_p_mask = probs_sum <= 1 - p.unsqueeze(1)  # the low tail whose mass stays outside top_p
+        top_p_mask[:, -1] = False  # always keep the most likely token
+        logits_sort.masked_fill_(top_p_mask, float("-inf"))
     return logits.scatter(-1, logits_idx, logits_sort)
 
 
@@ -194,68 +163,33 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw: probs [N, K] (need not be normalized), u [N] uniform in [0, 1) -> indices [N]."""
-    cdf = probs.cumsum(dim=-1)  # [N, K]
-    target = (u * cdf[:, -1]).unsqueeze(1)  # [N, 1]
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    return idx.clamp_(max=probs.shape[-1] - 1)
+def _sample_truncated(probs: torch.Tensor, k: torch.Tensor, p: torch.Tensor, u: torch.Tensor,
+                      md: SamplingMetadata) -> torch.Tensor:
+    """Draw from each row's top-k / nucleus set (probs [Q, V], k [Q], p [Q], u [Q]) as fixed_sampler.py does.
 
-
-def _truncated_candidates(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
-                          num_candidates: int, num: int | None = None):
-    """(probs [N, K], indices [N, K]) of each row's top-k / nucleus set, or None when K would be the
-    whole vocabulary or a nucleus does not fit in the candidates (then the caller sorts). ``num``: K when
-    the host knows it (the largest top-k), else it is read from the device."""
-    vocab = logits.shape[-1]
-    n = logits.shape[0]
-    k_eff = k if k is not None else torch.full((n,), vocab, dtype=torch.long, device=logits.device)
-    if p is not None:  # nucleus rows without top-k start from TOP_P_CANDIDATES candidates
-        k_eff = torch.where((p < 1.0) & (k_eff >= vocab), min(num_candidates, vocab), k_eff)
-    num = int(k_eff.max()) if num is None else num
-    if num >= vocab:
-        return None
-    values, indices = logits.topk(num, dim=-1)  # [N, K], descending
-    pos = torch.arange(num, device=logits.device)
-    values = values.masked_fill(pos[None, :] >= k_eff[:, None], float("-inf"))  # top-k
-    if p is not None:
-        has_k = k is not None and (k < vocab)
-        full_lse = logits.logsumexp(dim=-1)
-        lse = torch.where(has_k, values.logsumexp(dim=-1), full_lse) if k is not None else full_lse
-        probs = (values - lse[:, None]).exp()
-        before = probs.cumsum(dim=-1) - probs  # mass of the more likely candidates
-        covered = (before[:, -1] + probs[:, -1]) >= p  # the nucleus ends inside the candidates
-        limited = k_eff < num if k is None else (k < vocab)
-        if not bool((covered | limited | (p >= 1.0)).all()):
-            return None
-        keep = (before < p[:, None]) | (pos[None, :] == 0)
-        values = values.masked_fill(~keep, float("-inf"))
-    return torch.softmax(values, dim=-1), indices
-
-
-def _sample_truncated(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
-                      u: torch.Tensor, max_top_k: int) -> torch.Tensor:
-    """Draw from each row's top-k / nucleus set by inverse CDF over descending probability.
-
-    On the CPU nucleus rows first try TOP_P_CANDIDATES candidates (a full sort is slow there). On a device
-    the path is chosen from host facts only -- top-k rows take their ``max_top_k`` candidates, nucleus rows
-    sort -- because whether a nucleus fits the candidates is a device value the host would wait for."""
-    on_cpu = logits.device.type == "cpu"
-    tries = (0,) if p is None else TOP_P_CANDIDATES if on_cpu else ()
-    for num_candidates in tries:
-        candidates = _truncated_candidates(logits, k, p, num_candidates, None if on_cpu else max_top_k)
-        if candidates is not None:
-            probs, indices = candidates  # [N, K], most likely first
-            return indices.gather(1, sample_from_probs(probs, u).unsqueeze(1)).squeeze(1)
-    probs, order = torch.softmax(apply_top_k_top_p(logits, k, p), dim=-1).sort(dim=-1, descending=True)
-    return order.gather(1, sample_from_probs(probs, u).unsqueeze(1)).squeeze(1)
+    The shortlist is sized from host facts: the largest top-k when every row has one; else, on the CPU,
+    TOP_P_CANDIDATES in turn while a nucleus ends past the shortlist (read back: the CPU has no device to
+    wait for); on a device the full sort, as the graph does."""
+    vocab = probs.shape[-1]
+    tries = (md.max_top_k,) if not md.nucleus_only else \
+        tuple(max(c, md.max_top_k) for c in TOP_P_CANDIDATES) if probs.device.type == "cpu" else ()
+    for num in tries:
+        if num >= vocab:
+            break
+        values, indices = probs.topk(num, dim=-1)  # [Q, K], most likely first
+        weights, covered = truncated_weights(values, k, p, vocab)
+        if not md.nucleus_only or bool(covered.all()):
+            return indices.gather(1, draw_in_order(weights, u).unsqueeze(1)).squeeze(1)
+    values, order = probs.sort(dim=-1, descending=True)  # [Q, V]
+    weights, _ = truncated_weights(values, k, p, vocab)
+    return order.gather(1, draw_in_order(weights, u).unsqueeze(1)).squeeze(1)
 
 
 class Sampler:
     """logits [N, V] + SamplingMetadata -> token ids [N] (on the logits' device; nothing read back)."""
 
-    def __init__(self, generator: torch.Generator | None = None, logprobs_copies: HostCopies | None = None) -> None:
-        self.generator = generator  # uniforms for unseeded random rows
+    def __init__(self, logprobs_copies: HostCopies | None = None) -> None:
+        # random rows draw from their keys (draws.py): no generator state
         self.logprobs_copies = logprobs_copies  # where packed logprobs come back without blocking (None: blocking)
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
@@ -269,20 +203,17 @@ class Sampler:
             return argmax(logits)
         greedy = argmax(logits) if md.any_greedy else None
         logits = logits / md.temperature.unsqueeze(1)
-        u = torch.rand(logits.shape[0], generator=self.generator, device=logits.device)
-        if md.seeded is not None:  # seeded rows draw from their keys: one index_put, no per-row generator
-            u.index_put_((md.seeded[0],), seeded_uniforms(md.seeded[1]))
-        # each row's draw depends on its own settings only: plain rows in vocabulary order, top-k/top-p rows
-        # in descending probability (so which other rows share the batch never changes a seeded row's token)
+        u = seeded_uniforms(md.keys)  # [N]
+        # each row's draw depends on its own logits, settings and key (fixed_sampler.py): the same token as the
+        # decode graph's sampler, whichever rows share the batch
         sampled = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
         if md.plain_rows is not None:
             rows = md.plain_rows
-            sampled[rows] = sample_from_probs(torch.softmax(logits[rows], dim=-1), u[rows])
+            sampled[rows] = draw_in_order(torch.softmax(logits[rows], dim=-1), u[rows])
         if md.truncated_rows is not None:
             rows = md.truncated_rows
-            k = md.top_k[rows] if md.top_k is not None else None
-            p = md.top_p[rows] if md.top_p is not None else None
-            sampled[rows] = _sample_truncated(logits[rows], k, p, u[rows], md.max_top_k)
+            probs = torch.softmax(logits[rows], dim=-1)  # [Q, V]
+            sampled[rows] = _sample_truncated(probs, md.top_k[rows], md.top_p[rows], u[rows], md)
         return sampled if greedy is None else torch.where(md.greedy_rows, greedy, sampled)
 
     def sample_with_logprobs(self, logits: torch.Tensor, md: SamplingMetadata

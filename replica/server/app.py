@@ -10,6 +10,7 @@
     GET  /get_load                               the same as SGLang's shape (sglang-router probes it)
     GET  /server_info, /get_server_info          engine settings (SGLang-style routers ask these)
     GET  /model_info, /get_model_info            model path / tokenizer path
+    GET  /kv/handshake, POST /kv/lease, /kv/release   KV transfer to peer replicas (kv_routes.py; 503 when off)
 
 With ``api_key`` set, every path except health, ping, version, load and metrics needs
 ``Authorization: Bearer <key>`` (replica/openai/auth.py). Errors are OpenAI-shaped JSON.
@@ -26,6 +27,7 @@ from kvmesh.replica.openai.auth import AuthMiddleware
 from kvmesh.replica.openai.errors import error_response, install_error_handlers
 from kvmesh.replica.openai.routes import install_shared_routes
 from kvmesh.replica.server.completions import OpenAIHandlers
+from kvmesh.replica.server.kv_routes import install_kv_routes
 from kvmesh.replica.server.metrics import CountMiddleware
 from kvmesh.replica.server.state import ServerState
 from kvmesh.replica.serving.errors import ProtocolError
@@ -44,6 +46,7 @@ def build_app(state: ServerState) -> FastAPI:
     install_shared_routes(app, state.renderer, state.check_model, lambda: state.model_name)
     app.add_api_route("/v1/completions", handlers.completions, methods=["POST"], response_model=None)
     app.add_api_route("/v1/chat/completions", handlers.chat, methods=["POST"], response_model=None)
+    install_kv_routes(app, state)
 
     @app.get("/v1/models")
     async def models():

@@ -24,6 +24,7 @@ from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
+from kvmesh.replica.server import kv_handoff
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.serving.errors import ProtocolError, error_body
@@ -97,6 +98,7 @@ class OpenAIHandlers:
         best_of = req.best_of if isinstance(req, p.CompletionRequest) else None
         candidates = ps.plan_candidates(request_id, prompts, params, req.n, best_of,
                                         params[0].logprobs is not None, req.stream)
+        kv_headers = await kv_handoff.before(self.state, req, prompts, http)  # a pull first: its blocks are hit
         try:  # queues the requests now, so bad input is a 400 before any byte is sent
             streams = await ps.start_all(client, candidates, req.cache_salt)
             if isinstance(req, p.CompletionRequest) and req.prompt_only:
@@ -110,7 +112,7 @@ class OpenAIHandlers:
             return StreamingResponse(
                 self._guard_stream(self._stream(request_id, model, candidates, streams, req), candidates),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
+                headers={"Cache-Control": "no-cache", "X-Request-Id": request_id, **kv_headers},
             )
         finals = await self._collect_or_abort(http, candidates, streams)
         for final in finals:
@@ -129,7 +131,10 @@ class OpenAIHandlers:
             body = r.CompletionResponse(id=request_id, model=model, usage=usage, choices=[
                 self._completion_choice(req, index, final, candidate, prompt_logprobs.get(candidate.prompt_index))
                 for index, candidate, final in choices])
-        return JSONResponse(body.model_dump(), headers={"X-Request-Id": request_id})
+        payload = body.model_dump()
+        if (handle := await kv_handoff.after(self.state, req, prompts)) is not None:
+            payload["kv_transfer_params"] = handle
+        return JSONResponse(payload, headers={"X-Request-Id": request_id, **kv_headers})
 
     # ------------------------------------------------------------ logprobs (openai/logprobs_format.py)
     def _decode_token(self) -> lf.TokenDecoder:

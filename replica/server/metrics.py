@@ -183,7 +183,7 @@ class ReplicaMetrics:
 KNOWN_PATHS = frozenset({
     "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/health", "/ping", "/version",
     "/metrics", "/load", "/get_load", "/server_info", "/get_server_info", "/model_info", "/get_model_info",
-    "/v1/completions/render", "/v1/chat/completions/render",
+    "/v1/completions/render", "/v1/chat/completions/render", "/kv/handshake", "/kv/lease", "/kv/release",
 })
 """The endpoints counted by name; any other path is counted as "other" (a bounded label set)."""
 

@@ -9,11 +9,13 @@ from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.replica.server.config import ReplicaServerConfig
+from kvmesh.replica.server.kv_metrics import KVTransferMetrics
 from kvmesh.replica.server.metrics import ReplicaMetrics
 from kvmesh.replica.serving.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from kvmesh.replica.engine.async_llm import AsyncLLM
+    from kvmesh.replica.server.kv_transfer import KVTransferService
 
 Info = dict[str, str | int | bool | None]
 """A JSON object of scalars (``/server_info``, ``/model_info``, metric labels)."""
@@ -35,6 +37,9 @@ class ServerState:
         self.extra_info = dict(extra_info or {})
         self.metrics = ReplicaMetrics(engine_client.get_stats, self.model_name,
                                       cache_info=_cache_config_info(engine_client))
+        self.kv_metrics = KVTransferMetrics(self.metrics.registry, lambda: _lease_counts(engine_client))
+        self.kv_transfer: KVTransferService | None = None
+        """The KV transfer front (runtime.py sets it when ``kv_transfer.enabled``); None: /kv/* answer 503."""
 
     def check_model(self, model: str | None) -> None:
         check_model(model, self.model_name, aliases=(self.model_path,))
@@ -58,3 +63,9 @@ def _cache_config_info(engine: AsyncLLM) -> Info:
     return {"block_size": engine.block_size, "num_gpu_blocks": engine.num_kv_blocks,
             "enable_prefix_caching": config.enable_prefix_caching, "gpu_memory_utilization": config.gpu_memory_utilization,
             "eviction_policy": config.eviction_policy}
+
+
+def _lease_counts(engine: AsyncLLM) -> tuple[int, int, int]:
+    """(active, released, expired) leases of the engine (zeros for an engine client without them)."""
+    leases = getattr(getattr(engine, "kv_transfers", None), "leases", None)
+    return (0, 0, 0) if leases is None else (leases.active, leases.released, leases.expired)

@@ -7,6 +7,17 @@ import time
 import msgspec
 
 
+class KVTransferLoad(msgspec.Struct, kw_only=True):
+    """``/load``'s ``kv_transfer``: whether the replica moves KV and how fast, so a router can price a pull."""
+
+    enabled: bool = False
+    """The replica has a transfer agent and serves /kv/* and kv_transfer_params."""
+    pull_bytes_per_s: float | None = None
+    """Bytes per second of its finished pulls (EWMA, measured); None before the first one."""
+    bytes_per_token: int | None = None
+    """KV bytes one token takes on this replica (one block's bytes / block size); None when disabled."""
+
+
 class LoadReport(msgspec.Struct, kw_only=True):
     """What a router needs to weigh a replica (cheap to compute, polled often)."""
 
@@ -35,6 +46,8 @@ class LoadReport(msgspec.Struct, kw_only=True):
     """Blocks of the host-memory tier (0: none)."""
     host_kv_cache_usage: float = 0.0
     """Fraction of the host tier's blocks holding content, 0..1."""
+    kv_transfer: KVTransferLoad = msgspec.field(default_factory=KVTransferLoad)
+    """KV transfer between replicas (issue 32): enabled, measured pull rate, bytes per token."""
 
     def to_dict(self) -> dict:
         """The JSON object ``/load`` answers with."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 SEED_MIX = (6364136223846793005, 1442695040888963407, (1 << 63) - 1)
 """(A, B, MASK): a seeded request draws its n-th token from the key ``(seed*A + n*B + 1) & MASK``
-(sampler.seed_key, hashed on the device by sampler.seeded_uniforms), so its tokens depend only on the seed
+(sample/draws.py: seed_key, hashed on the device by seeded_uniforms), so its tokens depend only on the seed
 and their position."""
 
 

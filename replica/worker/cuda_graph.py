@@ -4,10 +4,15 @@ A decode-only step of n rows is padded up to a capture size B >= n and run on th
 static_inputs.py, whose addresses never change: the step's one upload writes them (padding rows
 included) and the graph of size B reads them, with no copy between.
 
-A graph holds the forward, the LM head and the greedy argmax: ``run`` returns logits [n, V] and the
-argmax tokens [n] (int64) of the rows, both views of the graph's static outputs, valid until the next
-``run``. An all-greedy step takes the tokens as they are (no launch after the replay but the copy back);
-other steps sample from the logits (sampler.py), as an eager step would. The attention
+A graph holds the forward, the LM head and the greedy argmax: ``run`` returns logits [n, V], the
+argmax tokens [n] (int64) of the rows and None, views of the graph's static outputs, valid until the next
+``run``. Each size has three more graphs that sample instead (``run(n, sampling=RANDOM | TOP_K_TOP_P |
+LOGPROBS)``): the same forward, then fixed_sampler.py's draw (temperature, top-k, top-p, seeded and
+unseeded; RANDOM without the sort, for steps with no top-k/top-p row; LOGPROBS adds the packed logprobs
+[n, 2 (1 + 20) + 1], token ids in column 0) with the rows' settings staged beside the inputs. An
+all-greedy step or one whose settings the graph covers takes the tokens as they are (no launch after the
+replay but the copy back); other steps (logit_bias, min_tokens bans) sample from the logits (sampler.py),
+as an eager step would. The attention
 backend must offer a static decode path: ``supports_static_decode(block_size)`` and
 ``static_decode_metadata(slot_mapping, seq_lens, block_table)`` over these buffers (triton at every
 block size, flash_attn when block_size is a multiple of 256). ``capture()`` (CUDA only) records one
@@ -30,6 +35,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import torch
+from kvmesh.replica.sample.fixed_sampler import LOGPROBS, RANDOM, TOP_K_TOP_P, sample_and_pack
 from kvmesh.replica.sample.sampler import argmax
 from kvmesh.replica.worker.static_inputs import StaticInputs
 from torch import nn
@@ -39,6 +45,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+VARIANTS = (None, RANDOM, TOP_K_TOP_P, LOGPROBS)
+"""The graphs of each size: greedy (argmax), then fixed_sampler.py's draws."""
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 """Batch sizes a decode step is padded to (the ones up to max_num_seqs are used)."""
 
@@ -77,27 +85,33 @@ class StaticDecode:
         self.inputs = StaticInputs(self.sizes[-1], max_blocks, device)  # the step uploads into these
         self.metadata = {b: backend.static_decode_metadata(self.inputs.slot_mapping[:b], self.inputs.seq_lens[:b],
                                                             self.inputs.block_table[:b]) for b in self.sizes}
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        # (size, variant) -> the graph and its outputs (logits, tokens, packed logprobs or None)
+        self.graphs: dict[tuple[int, str | None], tuple[torch.cuda.CUDAGraph, tuple]] = {}
 
     def size_for(self, n: int) -> int | None:
         """The capture size a step of n decode rows runs at (None: too many rows, run it eagerly)."""
         return next((b for b in self.sizes if b >= n), None)
 
-    def run(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [n, V] and greedy tokens [n] of a decode-only step of n rows, whose inputs were staged into
-        ``self.inputs`` at its capture size (``StaticInputs.stage``)."""
+    def run(self, n: int, sampling: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Logits [n, V], tokens [n] and packed logprobs [n, W] (LOGPROBS, else None) of a decode-only step of n
+        rows, whose inputs were staged into ``self.inputs`` at its capture size (``StaticInputs.stage``): the
+        argmax, or with ``sampling`` (a fixed_sampler.py variant) the draw of the settings staged with them."""
         b = self.size_for(n)
-        if b in self.graphs:
-            graph, (logits, tokens) = self.graphs[b]
+        if (b, sampling) in self.graphs:
+            graph, (logits, tokens, packed) = self.graphs[b, sampling]
             graph.replay()
         else:
-            logits, tokens = self._forward(b)
-        return logits[:n], tokens[:n]
+            logits, tokens, packed = self._forward(b, sampling)
+        return logits[:n], tokens[:n], None if packed is None else packed[:n]
 
-    def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, b: int, sampling: str | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         hidden = self.model(self.inputs.input_ids[:b], self.inputs.positions[:b], self.metadata[b])  # [b, H]
         logits = self.model.compute_logits(hidden)  # [b, V]
-        return logits, argmax(logits.to(torch.float32))  # the sampler's greedy rule: argmax of the fp32 logits
+        scores = logits.to(torch.float32)
+        greedy = argmax(scores)  # the sampler's greedy rule: argmax of the fp32 logits
+        if sampling is None:
+            return logits, greedy, None
+        return logits, *sample_and_pack(scores, greedy, *self.inputs.sampling(b), sampling)
 
     @torch.inference_mode()
     def measure_capture(self, layers: list, layer_shape: tuple[int, ...], dtype: torch.dtype, read_memory) -> int:
@@ -124,17 +138,18 @@ class StaticDecode:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Record one CUDA graph per size, largest first (they share one memory pool)."""
+        """Record the CUDA graphs of every size and variant, largest first (they share one memory pool)."""
         if self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
         pool = None  # the inputs hold padding or a finished step's rows: finite values either way
         for b in reversed(self.sizes):
-            self._forward(b)  # warm-up: lazy inits and allocator growth happen outside the capture
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                outputs = self._forward(b)
-            pool = graph.pool()
-            self.graphs[b] = (graph, outputs)
+            for sampling in VARIANTS:
+                self._forward(b, sampling)  # warm-up: lazy inits and allocator growth happen outside the capture
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    outputs = self._forward(b, sampling)
+                pool = graph.pool()
+                self.graphs[b, sampling] = (graph, outputs)
         torch.cuda.synchronize(self.device)
         logger.info("captured decode CUDA graphs for batch sizes %s", self.sizes)

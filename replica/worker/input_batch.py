@@ -34,6 +34,8 @@ import numpy as np
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.sample.draws import RandomDraws
+from kvmesh.replica.sample.fixed_sampler import fixed_settings
 from kvmesh.replica.sample.sampler import SamplingMetadata, build_sampling_metadata
 from kvmesh.replica.worker.block_table import BlockTables
 from kvmesh.replica.worker.cpu_gpu_buffer import PackedUpload
@@ -65,6 +67,12 @@ class ModelInputs:
     static_size: int | None = None
     """The capture size the step's inputs were staged at in the decode graphs' inputs (None: not staged there;
     then ``logits_indices`` and ``common.query_start_loc`` are None)."""
+    graph_sampling: str | None = None
+    """The decode graph a staged step replays: None the greedy one, else fixed_sampler.py's variant (RANDOM,
+    TOP_K_TOP_P) drawing with the settings staged beside its inputs."""
+    graph_answers: bool = False
+    """The replay's tokens are the step's; else the eager sampler runs on its logits (logit_bias, min_tokens
+    bans)."""
 
 
 def step_upload(max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int,
@@ -79,8 +87,9 @@ def step_upload(max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int,
 
 class InputBatch:
     def __init__(self, max_num_reqs: int, max_blocks_per_req: int, block_size: int, device: torch.device,
-                 max_num_tokens: int | None = None) -> None:
+                 max_num_tokens: int | None = None, seed: int = 0) -> None:
         self.block_size, self.device = block_size, device
+        self.draws = RandomDraws(seed)  # keys of unseeded random rows, for the eager and the graph's sampler
         self.block_tables = BlockTables(max_num_reqs, max_blocks_per_req)
         self.buffers = step_upload(max_num_tokens or max_num_reqs, max_num_reqs, max_blocks_per_req, device)
         self.sampling_upload = PackedUpload(64 * max_num_reqs, device)  # non-greedy rows' settings (grows)
@@ -203,9 +212,12 @@ class InputBatch:
         gather = self._prev_sampled_gather(rows[:num_decodes])
         static_size = self.static.size_for(n) if self.static is not None and static and num_tokens == n \
             and len(sample_rows) == n else None
+        graph_sampling, graph_answers = None, False
         if static_size is not None:  # straight into the decode graphs' inputs (static_inputs.py)
             into = self.static.inputs
-            gathered = into.stage(static_size, input_ids, positions, slot_mapping, seq_lens, block_tables, gather)
+            graph_sampling, graph_answers, settings = self._graph_sampling(sample_rows)
+            gathered = into.stage(static_size, input_ids, positions, slot_mapping, seq_lens, block_tables, gather,
+                                  settings)
             ids, positions_d, slots, seq_lens_d = into.input_ids[:n], into.positions[:n], into.slot_mapping[:n], \
                 into.seq_lens[:n]
             tables, logits_d, qsl = into.block_table[:n], None, None  # the graph reads neither
@@ -227,7 +239,14 @@ class InputBatch:
             index, dst = gathered
             ids.index_copy_(0, dst, self.prev_sampled[index])
         return ModelInputs(ids, positions_d, common, logits_d, sample_rows, self.req_ids[sample_rows].tolist(), rows,
-                           static_size)
+                           static_size, graph_sampling, graph_answers)
+
+    def _graph_sampling(self, rows: np.ndarray) -> tuple[str | None, bool, tuple | None]:
+        """A staged step's ``ModelInputs.graph_sampling`` and ``graph_answers``, with the settings to stage."""
+        if self.plain_greedy[rows].all():
+            return None, True, None
+        fixed = fixed_settings([self.params[r] for r in rows.tolist()], self.num_output[rows].tolist(), self.draws)
+        return (None, False, None) if fixed is None else (fixed[0], True, fixed[1])
 
     def sampling_metadata(self, rows: np.ndarray, vocab_size: int, eos_token_ids) -> SamplingMetadata:
         """Sampling settings of ``rows`` (the all-greedy common case costs one array test)."""
@@ -235,7 +254,7 @@ class InputBatch:
             return _ALL_GREEDY
         params = [self.params[r] for r in rows.tolist()]
         return build_sampling_metadata(params, self.num_output[rows].tolist(), vocab_size, eos_token_ids, self.device,
-                                       self.sampling_upload)
+                                       self.sampling_upload, self.draws)
 
     def first_token_index(self, inputs: ModelInputs, request_ids: list[str]) -> dict[str, int]:
         """Where each request's tokens start among the step's tokens (its first row of the hidden states)."""

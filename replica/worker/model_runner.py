@@ -19,11 +19,11 @@ import threading
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.engine.outputs import ModelRunnerOutput
 from kvmesh.replica.engine.scheduler_output import SchedulerOutput
 from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
-from kvmesh.replica.sample.prompt_logprobs import PromptLogprobsProcessor
+from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host
+from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
 from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
@@ -74,7 +74,7 @@ class ModelRunner:
         for attn in self.model.attention_layers():
             attn.backend = self.attn_backend
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
-                                      self.block_size, self.device, config.max_num_batched_tokens)
+                                      self.block_size, self.device, config.max_num_batched_tokens, config.seed)
         self.static_decode = None  # decode steps on static shapes (CUDA graphs)
         # measured before the KV cache is sized, captured by bind_thread on the thread that replays them
         self.capture_graphs = use_cuda_graphs(config.cuda_graphs, self.device, self.attn_backend, self.block_size,
@@ -96,12 +96,13 @@ class ModelRunner:
         logger.info("attention backend %s, block_size %d, %s", self.attn_backend.name, self.block_size,
                     f"CUDA graphs for decode batch sizes {self.static_decode.sizes}" if self.static_decode
                     else "no CUDA graphs")
-        generator = torch.Generator(device=self.device).manual_seed(config.seed)
         # packed logprobs of a step: [N, 2 (1 + MAX_LOGPROBS) + 1] float64, back without blocking
         logprobs_copies = HostCopies(config.max_num_seqs * (2 * MAX_LOGPROBS + 3), torch.float64, self.device)
-        self.sampler = Sampler(generator, logprobs_copies)
+        self.sampler = Sampler(logprobs_copies=logprobs_copies)  # random rows draw from keys (sample/draws.py)
         self.token_copies = HostCopies(config.max_num_seqs, torch.int64, self.device)  # sampled ids come back here
-        self.prompt_logprobs = PromptLogprobsProcessor()  # rows waiting between a prompt's prefill chunks
+        # rows waiting between a prompt's prefill chunks; a step's entries come back in one copy
+        self.prompt_logprobs = PromptLogprobsProcessor(config.max_num_batched_tokens + config.max_num_seqs,
+                                                       self.device)
 
     def _build_model(self) -> torch.nn.Module:
         cls = get_model_class(self.spec.architecture)
@@ -236,36 +237,43 @@ class ModelRunner:
             self.kv_offload.load(transfers.loads)  # the prefixes this step's prefills read
         asks_prompt_logprobs = any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled)
         inputs = self.input_batch.prepare(out, static=not asks_prompt_logprobs)  # prompt logprobs need hidden
-        greedy = None  # [N] argmax tokens when the step replays a decode graph (forward, LM head, argmax)
-        if inputs.static_size is not None:  # its inputs are already the graph's
-            logits, greedy = self.static_decode.run(inputs.common.num_reqs)  # [N, V], [N]
+        graph_tokens = graph_logprobs = None  # [N] the graph's argmax or draw, [N, W] its packed logprobs (or None)
+        if inputs.static_size is not None:  # its inputs (and sampling settings) are already the graph's
+            logits, graph_tokens, graph_logprobs = self.static_decode.run(inputs.common.num_reqs, inputs.graph_sampling)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))  # [T, H]
         if transfers is not None:
             self.kv_offload.store(transfers.transfer_id, transfers.stores)  # the blocks this step completed
         prompt_logprobs = self._prompt_logprobs(out, inputs, hidden) if asks_prompt_logprobs else None
-        if not inputs.sample_request_ids:
-            return AsyncModelRunnerOutput.ready(ModelRunnerOutput({}, None, prompt_logprobs) if prompt_logprobs
-                                                else {})
-        if greedy is None:
+        if not inputs.sample_request_ids:  # nothing sampled; prompt logprobs are read when the output is
+            return AsyncModelRunnerOutput.prompt_logprobs_only(prompt_logprobs) if prompt_logprobs else \
+                AsyncModelRunnerOutput.ready({})
+        if inputs.static_size is None:
             if len(inputs.sample_rows) < hidden.shape[0]:  # else every token samples: rows are already in order
                 hidden = hidden[inputs.logits_indices]
             logits = self.model.compute_logits(hidden)  # [N, V]
-        sampling = self.input_batch.sampling_metadata(inputs.sample_rows, self.vocab_size, self.eos_token_ids)
-        if greedy is not None and sampling.plain_greedy:  # the graph's argmax is the sampler's answer
-            tokens, logprobs = greedy, None
-        elif sampling.max_num_logprobs is None:  # the common case: no row asks for logprobs
-            tokens, logprobs = self.sampler(logits, sampling), None
-        else:
-            tokens, logprobs = self.sampler.sample_with_logprobs(logits, sampling)
+        # the graph's argmax or draw is the answer (nothing launches after it), else the eager sampler's
+        tokens, logprobs = (graph_tokens, None) if inputs.graph_answers else self._sample(logits, inputs)
+        if graph_logprobs is not None:  # the tokens ride in its column 0: one copy back for both
+            logprobs = to_host(graph_logprobs, None, self.sampler.logprobs_copies)
         self.input_batch.count_samples(inputs.sample_rows, tokens)
         return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
-                                      self.token_copies, logprobs, prompt_logprobs)
+                                      self.token_copies, logprobs, prompt_logprobs, graph_logprobs is not None)
 
-    def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor) -> dict:
-        """Prompt logprobs of this step's prefill chunks of requests that ask for them (``hidden`` [T, H]).
-        Only full requests can ask: a request decoding by id has output tokens, so its prompt is done."""
-        asking = [sr for sr in out.scheduled if sr.sampling_params.prompt_logprobs is not None]
+    def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> tuple[torch.Tensor, LogprobsTensors | None]:
+        """The eager sampler on ``logits`` [N, V]: tokens [N] and the logprobs rows asked for (or None)."""
+        sampling = self.input_batch.sampling_metadata(inputs.sample_rows, self.vocab_size, self.eos_token_ids)
+        if sampling.max_num_logprobs is None:  # the common case: no row asks for logprobs
+            return self.sampler(logits, sampling), None
+        return self.sampler.sample_with_logprobs(logits, sampling)
+
+    def _prompt_logprobs(self, out: SchedulerOutput, inputs: ModelInputs, hidden: torch.Tensor
+                         ) -> PendingPromptLogprobs | None:
+        """Prompt logprobs of this step's prefill chunks (``hidden`` [T, H]) on their way to the host (None: none
+        this step). Only full requests without output ask: a request decoding by id has its prompt done."""
+        asking = [sr for sr in out.scheduled if sr.sampling_params.prompt_logprobs is not None and not sr.output_token_ids]
+        if not asking:
+            return None
         first_rows = self.input_batch.first_token_index(inputs, [sr.request_id for sr in asking])
         return self.prompt_logprobs.compute(asking, first_rows, hidden, self.model.compute_logits)
 

@@ -26,17 +26,19 @@ from kvmesh.router.config import ReplicaSpec
 from kvmesh.router.control.rows import ReplicaList, ReplicaRow
 from kvmesh.router.control.runtime import Json, RouterRuntime
 from kvmesh.router.routing.retention import exclusive_blocks
+from kvmesh.router.routing.roles import BOTH, ROLES
 from pydantic import ConfigDict, JsonValue
 
 
 class ReplicaRegistration(OpenAIBaseModel):
-    """``POST /replicas`` body: where a replica listens (see ``ReplicaSpec``)."""
+    """``POST /replicas`` body: where a replica listens and its role (see ``ReplicaSpec``)."""
 
     model_config = ConfigDict(extra="forbid")
     url: str
     events: str | None = None
     replay: str | None = None
     id: str | None = None
+    role: str = BOTH
 
 
 class ScaleRequest(OpenAIBaseModel):
@@ -67,7 +69,7 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
     @app.get("/replicas")
     async def list_replicas(drain_cost: bool = False) -> Response:
         loads, outliers = runtime.router.loads.loads, runtime.outliers
-        rows = [ReplicaRow(id=s.replica_id, url=s.url, events=s.events, replay=s.replay,
+        rows = [ReplicaRow(id=s.replica_id, url=s.url, role=s.role, events=s.events, replay=s.replay,
                            healthy=s.replica_id in runtime.router.healthy, draining=s.replica_id in runtime.draining,
                            degraded=runtime.router.degraded.get(s.replica_id),
                            in_flight=runtime.in_flight(s.replica_id),
@@ -131,11 +133,12 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
     async def add_replica(request: AppRequest):
         body = await read_request(request, ReplicaRegistration, cfg.frontend, runtime.renderer.run)
         try:
-            spec = ReplicaSpec(url=body.url, events=body.events, replay=body.replay, replica_id=body.id or "")
+            spec = ReplicaSpec(url=body.url, events=body.events, replay=body.replay, replica_id=body.id or "",
+                               role=body.role)
         except ValueError as e:
             raise ProtocolError(f"bad replica registration: {e}; send "
                                 '{"url": "http://HOST:PORT", "events": "tcp://...", "replay": "tcp://...", '
-                                '"id": "name"}') from None
+                                f'"id": "name", "role": "{"|".join(ROLES)}"}}') from None
         runtime.add_replica(spec)
         return {"id": spec.replica_id, "healthy": await runtime.probes.probe(spec)}
 

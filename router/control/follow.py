@@ -105,7 +105,7 @@ class ControlFollower:
             if replica_id not in wanted:
                 runtime.remove_replica(replica_id)
         for replica_id, row in wanted.items():
-            spec = ReplicaSpec(url=row.url, events=row.events, replay=row.replay, replica_id=replica_id)
+            spec = ReplicaSpec(url=row.url, events=row.events, replay=row.replay, replica_id=replica_id, role=row.role)
             if replica_id in runtime.draining and not row.draining:
                 runtime.remove_replica(replica_id)  # re-registered at the control router: start afresh
             runtime.add_replica(spec)

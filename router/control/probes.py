@@ -3,7 +3,8 @@
 A probe is also how a failed replica comes back -- unless outlier detection ejected it: then ``/health`` is not
 enough (passive_health.py, which also reads each ``/load`` for signs that the replica is working). ``/load`` is decoded as kvmesh's ``LoadReport``
 (replica/serving/load_report.py); another server's load JSON is read by its keys (``ReplicaLoad.update_report``).
-``/server_info`` says whether a replica's cache can be described by the router's keys (block size,
+Its ``kv_transfer`` object (KV transfer on, the measured pull rate: router/routing/transfers.py prices peer
+pulls with it) is read whatever the report's kind. ``/server_info`` says whether a replica's cache can be described by the router's keys (block size,
 tokenizer and chat-template fingerprint; else it is routed by load only) and which body it takes
 (router/http/token_forwarding.py).
 """
@@ -86,6 +87,7 @@ class ReplicaProbes:
                 load = rt.router.loads.loads.get(spec.replica_id)
                 if report is not None and load is not None:
                     load.update_report(report)
+                    load.update_transfer(decode_transfer(raw))
                     self.check_stream(spec, report, sent_at, time.time())
                     rt.health.check_progress(spec, report, load.queued_prefill_tokens)
             connect_error = False
@@ -158,6 +160,18 @@ def decode_load(raw: bytes) -> LoadReport | ForeignLoad | None:
     except msgspec.ValidationError:
         value = msgspec.json.decode(raw)
         return value if isinstance(value, dict) else None
+
+
+class _TransferPart(msgspec.Struct):
+    kv_transfer: dict | None = None
+
+
+def decode_transfer(raw: bytes) -> dict | None:
+    """``/load``'s ``kv_transfer`` object (``{"enabled", "pull_bytes_per_s", "bytes_per_token"}``), or None."""
+    try:
+        return msgspec.json.decode(raw, type=_TransferPart).kv_transfer
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
 
 
 def incompatibility(info: ServerInfo | None, block_size: int, tokenizer: Tokenizer | None) -> str | None:

@@ -21,7 +21,8 @@ from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.app import auth_rule, build_app, error_counter, served_model
 from kvmesh.router.control.runtime import RouterRuntime
 from kvmesh.router.http.door import Door
-from kvmesh.router.http.proxy import Forwarder, proxied_routes
+from kvmesh.router.http.proxied_routes import proxied_routes
+from kvmesh.router.http.proxy import Forwarder
 
 if TYPE_CHECKING:
     from kvmesh.replica.serving.tokenizer import Tokenizer

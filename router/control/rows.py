@@ -13,6 +13,8 @@ class ReplicaRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The replica id (``ReplicaSpec.replica_id``)."""
     url: str
     """Its OpenAI HTTP server."""
+    role: str
+    """``prefill``, ``decode`` or ``both`` (router/routing/roles.py)."""
     events: str | None
     """Its KV event stream (ZeroMQ PUB endpoint); None: routed by load only."""
     replay: str | None

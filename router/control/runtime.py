@@ -148,14 +148,14 @@ class RouterRuntime:
             self.remove_replica(spec.replica_id)
         self.specs[spec.replica_id] = spec
         self.draining.discard(spec.replica_id)
-        self.router.add_replica(spec.replica_id, healthy=False)
+        self.router.add_replica(spec.replica_id, healthy=False, role=spec.role)
         if spec.events and self.subscriber is not None:
             from kvmesh.events.config import PublisherSource
 
             self.subscriber.add_source(PublisherSource(spec.replica_id, spec.events, spec.replay))
         if self._loop is not None:  # probe now rather than at the next poll
             self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.probes.probe(spec)))
-        logger.info("replica %s registered at %s (events %s)", spec.replica_id, spec.url, spec.events)
+        logger.info("replica %s (%s) registered at %s (events %s)", spec.replica_id, spec.role, spec.url, spec.events)
 
     def remove_replica(self, replica_id: str) -> bool:
         spec = self.specs.pop(replica_id, None)

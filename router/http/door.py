@@ -5,7 +5,7 @@
 One listening socket, asyncio (uvloop when installed) + httptools (connection.py parses each client
 connection). A parsed request is answered by the first of:
 
-    routes   (method, path) -> handler       the proxied paths (router/http/proxy.py ``proxied_routes``)
+    routes   (method, path) -> handler       the proxied paths (router/http/proxied_routes.py)
     rules    (method, path) -> bool, handler e.g. a serve worker's admin plane, passed to the control
                                              router (router/control/follow.py)
     app      the ASGI app (asgi.py)          every other path: /health, /v1/models, /tokenize, /replicas...

@@ -57,6 +57,16 @@ class RouterMetrics:
         self.ejections = Counter("kvmesh_router_replica_ejections",
                                  "Times a replica was taken out of rotation after failures in a row (outlier detection)",
                                  ["replica"], registry=r)
+        self.pd_splits = Counter("kvmesh_router_pd_splits",
+                                 "Prompts long enough to prefill on a prefill replica: ok (prefilled there), "
+                                 "prefill_failed (the decode replica computed it), skipped_no_room (no prefill replica "
+                                 "had room)", ["outcome"], registry=r)
+        self.peer_pulls = Counter("kvmesh_router_peer_pulls",
+                                  "Requests whose replica was asked to pull the prompt's prefix from the replica holding it",
+                                  registry=r)
+        self.kv_pulled_tokens = Counter("kvmesh_router_kv_pulled_tokens",
+                                        "Prompt tokens whose KV the replicas reported pulling from another replica "
+                                        "(x-kvmesh-kv-pulled-tokens), split and peer pulls", registry=r)
         self.requests = Counter("kvmesh_router_requests", "Requests answered, per HTTP status class",
                                 ["status"], registry=r)
         self.stage_seconds = LoopHistogram("kvmesh_router_routing_seconds",

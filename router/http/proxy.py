@@ -27,6 +27,7 @@ from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.failures import InvalidAnswer, count_failure
+from kvmesh.router.http.kv_handoff import KVHandoff, refuse_client_transfer
 from kvmesh.router.http.messages import Request, Response
 from kvmesh.router.http.migration import MigratingStream
 from kvmesh.router.http.proxy_request import ProxyRequest
@@ -38,12 +39,10 @@ from kvmesh.router.routing.policies import NoReplicaError
 from kvmesh.router.routing.receipts import HEADER_OPT_IN
 
 if TYPE_CHECKING:
-    from kvmesh.replica.openai.auth import AuthMiddleware
     from kvmesh.replica.openai.renderer import PromptRenderer
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.config import ReplicaSpec, RouterConfig
-    from kvmesh.router.http.door import Handler
     from kvmesh.router.http.metrics import RouterMetrics
     from kvmesh.router.http.patience import Patience
     from kvmesh.router.http.receipt_metrics import ReceiptMetrics
@@ -89,6 +88,8 @@ class Forwarder:
         self.runtime = runtime
         self.relay = StreamRelay(runtime, self.dispatch, self.report_cached)
         """Relays streams and migrates them when their replica fails mid-way (relay.py)."""
+        self.handoff = KVHandoff(runtime)
+        """The P/D split's prefill call and peer pulls: what the decode replica gets in kv_transfer_params."""
 
     # ---------------------------------------------------------------- request -> token ids
     async def parse(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[int]]:
@@ -122,6 +123,7 @@ class Forwarder:
         """The client's request, validated and tokenized (a stream with its migration state)."""
         svc = self.runtime
         raw = await http.body()
+        refuse_client_transfer(raw)
         t0 = time.perf_counter_ns()
         req, prompts, params = await self._validate(raw, chat)
         request = ProxyRequest(raw, req, prompts, chat, svc.config.forward_token_ids, path=path,
@@ -148,6 +150,7 @@ class Forwarder:
                 break
             except InvalidAnswer as e:  # nothing reached the client: another replica, if one is left
                 rid = opened.decision.replica_id
+                self.handoff.abandon(request)
                 tried.append(rid)
                 request.failed_over.append(f"{rid}: {count_failure(self.runtime, rid, e)}")
                 if len(tried) >= self.runtime.config.max_attempts:
@@ -175,6 +178,8 @@ class Forwarder:
             if spec is None:  # removed meanwhile
                 tried.append(rid)
                 continue
+            if attempt == 0 and not tried and request.req is not None:  # a retry or a continuation goes as sent
+                await self.handoff.prepare(request, decision)
             router.loads.on_dispatch(rid, decision.uncached_tokens)
             try:
                 opened = await self._open(spec.url, request, svc.upstream_kinds.get(rid, TEXT), headers, decision,
@@ -190,6 +195,7 @@ class Forwarder:
                     router.loads.on_first_output(rid, decision.uncached_tokens)
                     return opened
                 router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
+                self.handoff.abandon(request)
                 if failed:
                     why = count_failure(svc, rid, opened)
                 else:
@@ -200,6 +206,7 @@ class Forwarder:
                 tried.append(rid)
                 continue
             svc.outliers.on_success(rid)
+            self.handoff.opened(decision, opened.upstream)
             router.loads.on_first_output(rid, decision.uncached_tokens)
             if request.failed_over:
                 decision.receipt.failed_over = tuple(request.failed_over)
@@ -275,25 +282,3 @@ class Forwarder:
         m.child(m.requests, f"{status // 100}xx").inc()
         self.report_cached(decision, content)
         return Response(content, status, media)
-
-
-def proxied_routes(forwarder: Forwarder, auth: AuthMiddleware, model_name: str) -> dict[tuple[bytes, str], Handler]:
-    """The door's routes of the proxied paths (router/http/door.py), with the app's auth rule
-    (``AuthMiddleware.refusal``): (method, path) -> handler."""
-    metrics = forwarder.runtime.metrics
-
-    def route(path: str, chat: bool) -> Handler:
-        async def handle(request: Request) -> Response:
-            if auth.api is not None or auth.admin is not None:
-                header = next((v for k, v in request.raw_headers if k == b"authorization"), b"")
-                refused = auth.refusal("POST", path, header)
-                if refused is not None:
-                    raise refused
-            start = time.perf_counter()
-            response = await forwarder.handle(request, path, chat=chat)
-            return metrics.observe_response(response, start, model_name)
-
-        return handle
-
-    return {(b"POST", "/v1/completions"): route("/v1/completions", False),
-            (b"POST", "/v1/chat/completions"): route("/v1/chat/completions", True)}

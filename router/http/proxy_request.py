@@ -55,6 +55,9 @@ class ProxyRequest:
     """The first prompt's sampling parameters, validated at the edge against its length and the context."""
     stream: MigratingStream | None = None
     """A stream's state: what went out, and how to continue it elsewhere (None: not a stream)."""
+    kv_transfer_params: dict | None = field(init=False, default=None)
+    """What the router adds for the replica it goes to (router/http/kv_handoff.py: a prefill replica's handle, a
+    peer to pull from); None: the body goes without."""
     failed_over: list[str] = field(init=False, default_factory=list)
     """Replicas it left before the one answering, each with why: the route receipt's ``failed_over``."""
     salt: str | None = field(init=False)
@@ -98,13 +101,17 @@ class ProxyRequest:
         return True
 
     def for_kind(self, kind: UpstreamKind) -> bytes:
-        """The bytes to send to an upstream of ``kind``."""
+        """The bytes to send to an upstream of ``kind`` (with ``kv_transfer_params`` when the router set them)."""
         if not self.forwards_ids(kind):
-            return self.raw
-        key = "prompt_token_ids" if self.chat else "prompt"
-        if key not in self._built:
-            self._built[key] = self._chat_body() if self.chat else self._completion_body()
-        return self._built[key]
+            body = self.raw
+        else:
+            key = "prompt_token_ids" if self.chat else "prompt"
+            if key not in self._built:
+                self._built[key] = self._chat_body() if self.chat else self._completion_body()
+            body = self._built[key]
+        if self.kv_transfer_params is not None:  # the last key: it wins over a duplicate (JSON's rule)
+            body = body.rstrip()[:-1] + b',"kv_transfer_params":' + msgspec.json.encode(self.kv_transfer_params) + b"}"
+        return body
 
     def _chat_body(self) -> bytes:
         head = self.raw.rstrip()

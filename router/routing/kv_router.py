@@ -18,7 +18,15 @@ from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, RouteReceipt
+from kvmesh.router.routing.roles import BOTH, PREFILL, check_role
 from kvmesh.router.routing.session import SessionConfig, SessionTable
+from kvmesh.router.routing.transfers import (
+    SPLIT_NO_ROOM,
+    PlannedPull,
+    TransferRules,
+    choose_prefill,
+    plan_pull,
+)
 
 _ns = time.perf_counter_ns
 
@@ -50,6 +58,8 @@ class RouteDecision:
     """What was decided and why (router/routing/receipts.py); complete it with ``KVRouter.receipts.record_actual``."""
     timings_ns: dict[str, int] = field(default_factory=dict)
     """Nanoseconds spent per stage: hash, match, score."""
+    pull: PlannedPull | None = None
+    """A peer pull worth making: the chosen replica gets the holder's extra blocks (router/routing/transfers.py)."""
 
 
 class KVRouter:
@@ -57,9 +67,10 @@ class KVRouter:
 
     def __init__(self, block_size: int = 16, policy: Policy | None = None, seed: int = DEFAULT_ROUTER_SEED,
                  predict_ttl_s: float = 2.0, sessions: SessionConfig | None = None,
-                 salt_secret: bytes | None = None) -> None:
+                 salt_secret: bytes | None = None, transfers: TransferRules | None = None) -> None:
         """``policy``: None = ``cache_aware`` with its defaults; ``seed``: root of the router keys;
-        ``salt_secret``: the replicas' cache-salt key (``RouterKeyHasher.salt_secret``).
+        ``salt_secret``: the replicas' cache-salt key (``RouterKeyHasher.salt_secret``); ``transfers``: when KV
+        may move between replicas (None: the defaults of ``TransferRules``).
         ``router.config.build_router`` builds one from a ``RouterConfig``."""
         self.hasher = RouterKeyHasher(block_size, seed, salt_secret)
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
@@ -70,6 +81,10 @@ class KVRouter:
         self.policy_name = policy.name
         self.healthy: set[Hashable] = set()
         """Replicas that may receive requests."""
+        self.prefill_only: set[Hashable] = set()
+        """Replicas of role prefill: they prefill for others (``choose_prefill``), never decode a request."""
+        self.transfers = transfers or TransferRules()
+        """When prompts are split and prefixes pulled (router/routing/transfers.py)."""
         self.degraded: dict[Hashable, str] = {}
         """Replica id -> why its cache information is not trusted (its causes' reasons joined); such
         replicas are routed by load only."""
@@ -88,10 +103,16 @@ class KVRouter:
         return self.hasher.block_size
 
     # ---------------------------------------------------------------- replica set
-    def add_replica(self, replica_id: Hashable, healthy: bool = True) -> None:
+    def add_replica(self, replica_id: Hashable, healthy: bool = True, role: str = BOTH) -> None:
+        """Register a replica of ``role`` (router/routing/roles.py: prefill, decode or both)."""
+        check_role(role)
         with self.lock:
             self.index.add_replica(replica_id)
             self.loads.add_replica(replica_id)
+            if role == PREFILL:
+                self.prefill_only.add(replica_id)
+            else:
+                self.prefill_only.discard(replica_id)
             if healthy:
                 self.healthy.add(replica_id)
 
@@ -100,6 +121,7 @@ class KVRouter:
             self.index.remove_replica(replica_id)
             self.loads.remove_replica(replica_id)
             self.healthy.discard(replica_id)
+            self.prefill_only.discard(replica_id)
             self.degraded.pop(replica_id, None)
             self.degraded_causes.pop(replica_id, None)
             self.sessions.forget_replica(replica_id)
@@ -176,10 +198,12 @@ class KVRouter:
             all_loads = self.loads.loads
             excluded = set(exclude)
             healthy = self.healthy
-            loads = {r: load for r, load in all_loads.items() if r in healthy and r not in excluded}
+            prefill_only = self.prefill_only
+            loads = {r: load for r, load in all_loads.items()
+                     if r in healthy and r not in excluded and r not in prefill_only}
             if not loads:
-                raise NoReplicaError("no healthy replica to route to (all are down or already failed "
-                                     "this request); retry later or register a replica")
+                raise NoReplicaError("no healthy replica to route to (all are down, of role prefill or already "
+                                     "failed this request); retry later or register a decode replica")
             host_matches = self.index.host.match(keys) if self.index.host is not None else {}
             if self.degraded:
                 matches = {r: m for r, m in matches.items() if r not in self.degraded}
@@ -197,6 +221,7 @@ class KVRouter:
                     replica_id, by_session = pinned, True
                 self.sessions.pin(session_id, replica_id, now)
             self.index.predict(replica_id, keys, now=now, start=matches.get(replica_id, 0))
+            pull = self._plan_pull(replica_id, matches, host_matches, len(token_ids), excluded)
         t3 = _ns()
         if host_matches:  # a host-tier block past the device prefix is a hit too, loaded back
             either = {r: max(m, host_matches.get(r, 0)) for r, m in matches.items()}
@@ -218,7 +243,29 @@ class KVRouter:
             reason = "cache" if matched and matched == best else "load"
         receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id, host_hit)
         return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, host_hit, receipt,
-                             {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2})
+                             {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull)
+
+    def _plan_pull(self, chosen: Hashable, matches: dict, host_matches: dict, num_prompt_tokens: int,
+                   excluded: set) -> PlannedPull | None:
+        """A peer pull for the chosen replica (under the lock; router/routing/transfers.py)."""
+        rules, bs = self.transfers, self.hasher.block_size
+        usable = (num_prompt_tokens - 1) // bs if num_prompt_tokens else 0
+        own = min(max(matches.get(chosen, 0), host_matches.get(chosen, 0)), usable)
+        if not rules.peer_pulls or not matches or own >= usable:
+            return None
+        candidates = self.healthy - excluded if excluded else self.healthy
+        return plan_pull(chosen, own, matches, self.loads.loads, candidates, usable, bs, rules)
+
+    def choose_prefill(self, decision: RouteDecision) -> tuple[Hashable | None, str | None]:
+        """Where to prefill ``decision``'s prompt before its decode replica gets it: (prefill replica, None);
+        (None, ``SPLIT_NO_ROOM``) when a split is wanted but no prefill replica has room; (None, None) when the
+        prompt stays whole (no prefill replica, or its uncached suffix is under ``pd_min_uncached_tokens``)."""
+        if not self.prefill_only or decision.uncached_tokens < self.transfers.pd_min_uncached_tokens:
+            return None, None
+        with self.lock:
+            self.loads.refresh()
+            found = choose_prefill(self.loads.loads, self.prefill_only, self.healthy, self.transfers)
+        return (found, None) if found is not None else (None, SPLIT_NO_ROOM)
 
     def _hit_tokens(self, matched_blocks: int, num_prompt_tokens: int) -> int:
         """Tokens an engine reuses for ``matched_blocks`` leading blocks (it computes at least one token)."""

@@ -53,6 +53,12 @@ class ReplicaLoad:
     """Blocks of the replica's host-memory tier, as reported (0: none)."""
     host_kv_usage: float = 0.0
     """Fraction of the host tier holding content, as reported."""
+    kv_transfer_enabled: bool = False
+    """The replica reported KV transfer on (``/load``'s ``kv_transfer.enabled``): it can pull and be pulled from."""
+    pull_bytes_per_s: float | None = None
+    """Bytes per second its pulls from peers measured (``kv_transfer.pull_bytes_per_s``, an EWMA; None: none yet)."""
+    kv_bytes_per_token: int | None = None
+    """KV bytes one token moves in a pull (``kv_transfer.bytes_per_token``; None: not reported)."""
 
     peer_in_flight: int = 0
     """Requests the other router processes of this host sent here and have not finished (shared
@@ -72,9 +78,25 @@ class ReplicaLoad:
 
     def load_back_s(self, num_blocks: int) -> float:
         """Seconds to load ``num_blocks`` back from the host tier (0 when the replica reported no bandwidth)."""
-        if not num_blocks or not self.h2d_bytes_per_s or not self.kv_block_bytes:
-            return 0.0
-        return num_blocks * self.kv_block_bytes / self.h2d_bytes_per_s
+        return copy_seconds(num_blocks, self.kv_block_bytes, self.h2d_bytes_per_s) or 0.0
+
+    def pull_s(self, num_blocks: int, block_size: int, overhead_s: float,
+               assumed_bytes_per_s: float | None = None) -> float | None:
+        """Seconds for this replica to pull ``num_blocks`` from a peer: the copy at its measured pull rate
+        (``assumed_bytes_per_s`` until it measured one) plus ``overhead_s`` per pull (lease, handshake,
+        release); None when it cannot be priced (no block size in bytes, no rate)."""
+        block_bytes = self.kv_block_bytes or (self.kv_bytes_per_token * block_size if self.kv_bytes_per_token else None)
+        seconds = copy_seconds(num_blocks, block_bytes, self.pull_bytes_per_s or assumed_bytes_per_s)
+        return None if seconds is None else seconds + overhead_s
+
+    def update_transfer(self, kv_transfer: object) -> None:
+        """Take ``/load``'s ``kv_transfer`` object (a dict, or a Struct with the same fields); None/absent:
+        transfer off."""
+        get = kv_transfer.get if isinstance(kv_transfer, dict) else lambda k: getattr(kv_transfer, k, None)
+        self.kv_transfer_enabled = kv_transfer is not None and get("enabled") is True
+        rate, per_token = get("pull_bytes_per_s"), get("bytes_per_token")
+        self.pull_bytes_per_s = float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+        self.kv_bytes_per_token = per_token if isinstance(per_token, int) and per_token > 0 else None
 
     @property
     def total_in_flight(self) -> int:
@@ -97,6 +119,16 @@ class ReplicaLoad:
         self.kv_usage = float(_first(report, _KV_USAGE_KEYS, self.kv_usage))
         self.queued_prefill_tokens = int(_first(report, _PREFILL_KEYS, self.queued_prefill_tokens))
         self.reported_at = time.monotonic()
+
+
+def copy_seconds(num_blocks: int, block_bytes: int | None, bytes_per_s: float | None) -> float | None:
+    """Seconds to move ``num_blocks`` KV blocks of ``block_bytes`` at ``bytes_per_s``: the one cost form of a
+    host-tier load-back and a peer pull (0 for no blocks; None when a size or the rate is unknown)."""
+    if not num_blocks:
+        return 0.0
+    if not block_bytes or not bytes_per_s:
+        return None
+    return num_blocks * block_bytes / bytes_per_s
 
 
 _RUNNING_KEYS = ("num_requests_running", "num_running", "running")

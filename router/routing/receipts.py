@@ -41,6 +41,12 @@ HEADER_PROMPT = HEADER_PREFIX + "prompt-tokens"
 HEADER_PREDICTED_HOST = HEADER_PREFIX + "predicted-host-hit-tokens"
 HEADER_FAILED_OVER = HEADER_PREFIX + "failed-over"
 """Sent only when the request left a replica first: ``id: why`` per replica, ``; ``-separated."""
+HEADER_PREFILL = HEADER_PREFIX + "prefill-replica"
+"""Sent only when the prompt was prefilled on a prefill replica (the P/D split): its id."""
+HEADER_PULLED_FROM = HEADER_PREFIX + "kv-pulled-from"
+"""Sent only when the router asked the replica to pull the prefix from a peer: the peer's id."""
+HEADER_PULLED_TOKENS = HEADER_PREFIX + "kv-pulled-tokens"
+"""Prompt tokens whose KV the replica pulled from another replica (its own answer's header of that name)."""
 HEADER_OPT_IN = HEADER_PREFIX + "receipt"
 """Request header a client sets (to any value) to get the receipt headers back."""
 
@@ -73,6 +79,12 @@ class RouteReceipt:
     kvmesh replica with a tier); None otherwise."""
     failed_over: tuple[str, ...] = ()
     """Replicas the request left before this one, each ``"id: why"`` (a failure or a missed deadline)."""
+    prefill_replica_id: Hashable | None = None
+    """The prefill replica that computed the prompt for this one (P/D split); None: no split."""
+    pulled_from: Hashable | None = None
+    """The peer the router asked the replica to pull the prefix from (peer pull); None: no pull asked."""
+    kv_pulled_tokens: int | None = None
+    """Prompt tokens the replica reported pulling (``x-kvmesh-kv-pulled-tokens``); None: it said nothing."""
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:
@@ -85,10 +97,11 @@ class RouteReceipt:
 
     @property
     def mispredicted(self) -> bool | None:
-        """True when the replica reported another hit than predicted; None before ``actual_cached_tokens``."""
+        """True when the replica reported another hit than predicted, its pulled tokens aside (they were not in
+        its cache when routed); None before ``actual_cached_tokens``."""
         if self.actual_cached_tokens is None:
             return None
-        return self.actual_cached_tokens != self.predicted_hit_tokens
+        return self.actual_cached_tokens - (self.kv_pulled_tokens or 0) != self.predicted_hit_tokens
 
     def headers(self) -> dict[str, str]:
         """Response headers carrying this receipt (sent when the request had ``x-kvmesh-receipt``)."""
@@ -99,7 +112,17 @@ class RouteReceipt:
             HEADER_BEST: str(self.best_hit_tokens),
             HEADER_PROMPT: str(self.num_prompt_tokens),
             HEADER_PREDICTED_HOST: str(self.predicted_host_tokens),
-        } | ({HEADER_FAILED_OVER: "; ".join(self.failed_over)} if self.failed_over else {})
+        } | ({HEADER_FAILED_OVER: "; ".join(self.failed_over)} if self.failed_over else {}) | self._transfer_headers()
+
+    def _transfer_headers(self) -> dict[str, str]:
+        out = {}
+        if self.prefill_replica_id is not None:
+            out[HEADER_PREFILL] = str(self.prefill_replica_id)
+        if self.pulled_from is not None:
+            out[HEADER_PULLED_FROM] = str(self.pulled_from)
+        if self.kv_pulled_tokens is not None:
+            out[HEADER_PULLED_TOKENS] = str(self.kv_pulled_tokens)
+        return out
 
     def log_fields(self) -> dict:
         """Flat, JSON-ready fields for a structured access log line."""
@@ -115,6 +138,9 @@ class RouteReceipt:
             "host_cached_tokens": self.actual_host_cached_tokens,
             "session_id": self.session_id,
             "failed_over": list(self.failed_over),
+            "prefill_replica": None if self.prefill_replica_id is None else str(self.prefill_replica_id),
+            "kv_pulled_from": None if self.pulled_from is None else str(self.pulled_from),
+            "kv_pulled_tokens": self.kv_pulled_tokens,
         }
 
 
@@ -149,7 +175,7 @@ class ReuseTotals:
         self.predicted_host_tokens += receipt.predicted_host_tokens
         self.captured_tokens += cached_tokens
         self.captured_host_tokens += receipt.actual_host_cached_tokens or 0
-        self.mispredicted += cached_tokens != receipt.predicted_hit_tokens
+        self.mispredicted += bool(receipt.mispredicted)
         self.reasons[receipt.reason] += 1
 
     @property

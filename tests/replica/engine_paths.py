@@ -72,10 +72,10 @@ def run(engine: LLMEngine, prompts: list[dict[str, list[int]]], lengths: dict[st
     if static is not None:
         static_run = static.run
 
-        def counting_static(n):
+        def counting_static(n, sampling=None):
             out.static_steps += 1
-            out.replays += static.size_for(n) in static.graphs
-            return static_run(n)
+            out.replays += (static.size_for(n), sampling) in static.graphs
+            return static_run(n, sampling)
 
         static.run = counting_static
     for i, wave in enumerate(prompts):

@@ -114,8 +114,9 @@ def engine_steps(path: str) -> dict:
 
 
 def static_steps(path: str) -> dict:
-    """Greedy decode steps on the CUDA-graph path (its padded forward run eagerly through the flash-attn
-    reference at block 256), synchronous and async-scheduled, on the stand-in device and on the plain CPU."""
+    """Decode steps on the CUDA-graph path (its padded forward run eagerly through the flash-attn reference at
+    block 256), greedy and sampled (seeded temperature, top-k, top-p: the graph's own draw), synchronous and
+    async-scheduled, on the stand-in device and on the plain CPU."""
     import torch
     import transformers.integrations.flash_attention  # noqa: F401  (probes flash_attn before the stand-in)
     from fake_device import FakeDevice
@@ -125,9 +126,14 @@ def static_steps(path: str) -> dict:
     sys.modules["flash_attn"] = reference = flash_attn_reference.as_module(allow_float32=True)
     reference.SUPPORTED_DEVICES = ("cpu", "meta")  # plain torch: it runs on the stand-in device too
     greedy = dict(temperature=0.0, max_tokens=6)
-    requests = {"a": (PROMPT, greedy), "b": (PROMPT[:7], greedy), "c": (PROMPT[:3], dict(greedy, max_tokens=3))}
+    greedy_requests = {"a": (PROMPT, greedy), "b": (PROMPT[:7], greedy), "c": (PROMPT[:3], dict(greedy, max_tokens=3))}
+    sampled = {"a": (PROMPT, SAMPLING["top_k_top_p"]), "b": (PROMPT[:7], SAMPLING["temperature"]),
+               "c": (PROMPT[:3], dict(SAMPLING["top_p"], max_tokens=3)), "d": (PROMPT[:5], SAMPLING["top_k"])}
+    logprobs = {"a": (PROMPT, dict(SAMPLING["top_p"], logprobs=2)), "b": (PROMPT[:7], dict(greedy, logprobs=0))}
     results = {}
-    for name, kw in (("sync", {}), ("async", {"async_scheduling": True})):
+    for name, kw, requests in (("sync", {}, greedy_requests), ("async", {"async_scheduling": True}, greedy_requests),
+                               ("sampled-sync", {}, sampled), ("sampled-async", {"async_scheduling": True}, sampled),
+                               ("logprobs-sync", {}, logprobs)):
         kw = dict(kw, attention_backend="flash_attn", block_size=256, kv_cache_memory=1 << 24)
         with FakeDevice() as dev:
             engine = _engine(path, True, **kw)
@@ -136,7 +142,7 @@ def static_steps(path: str) -> dict:
                                                          runner.input_batch.block_tables.table.shape[1], 256,
                                                          runner.device)
             run = static.run
-            static.run = lambda n, rows=static_rows, run=run: rows.append(n) or run(n)
+            static.run = lambda n, sampling=None, rows=static_rows, run=run: rows.append([n, sampling]) or run(n, sampling)
             tokens, logs = _run(engine, dev, requests, None)
         sync = {k: v for k, v in kw.items() if k != "async_scheduling"}
         cpu, _ = _run(_engine(path, False, **sync), None, requests, None)

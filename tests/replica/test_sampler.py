@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from kvmesh.replica.sample.draws import RandomDraws, seed_key, seeded_uniforms
 from kvmesh.replica.sample.sampler import Sampler, apply_top_k_top_p, build_sampling_metadata
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
@@ -11,8 +12,8 @@ V = 50
 
 
 def sample(logits, params, num_out=0, seed=0):
-    md = build_sampling_metadata(list(params), [num_out] * len(params), V, [2], CPU)
-    return Sampler(torch.Generator().manual_seed(seed))(logits, md).tolist()
+    md = build_sampling_metadata(list(params), [num_out] * len(params), V, [2], CPU, draws=RandomDraws(seed))
+    return Sampler()(logits, md).tolist()
 
 
 def test_temperature_zero_is_argmax():
@@ -106,8 +107,8 @@ def test_flat_distribution_falls_back_to_the_full_sort():
 
     old, sampler_mod.TOP_P_CANDIDATES = sampler_mod.TOP_P_CANDIDATES, (2, 4)  # nucleus wider than the candidates
     try:
-        logits = torch.zeros(1, V)
-        logits[0, :10] = 0.5
+        logits = -0.001 * torch.arange(V, dtype=torch.float32).unsqueeze(0)  # flat, and no ties (which tied
+        logits[0, :10] += 0.5  # token a nucleus keeps is the sort's choice)
         expected = torch.softmax(apply_top_k_top_p(logits.clone(), None, torch.tensor([0.5]))[0], 0)
         torch.testing.assert_close(draw_frequencies(logits, SamplingParams(top_p=0.5)), expected, atol=0.035, rtol=0)
     finally:
@@ -120,17 +121,16 @@ def test_a_seeded_nucleus_row_draws_the_same_token_whatever_shares_its_batch():
     seeded = SamplingParams(temperature=0.9, top_p=0.9, seed=5)
     neighbours = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)]  # force other code paths
     for num_out in range(25):
-        alone = build_sampling_metadata([seeded], [num_out], vocab, [2], CPU)
-        batch = build_sampling_metadata([*neighbours, seeded], [3, 0, num_out], vocab, [2], CPU)
-        a = Sampler(torch.Generator().manual_seed(1))(logits[2:], alone).tolist()[0]
-        b = Sampler(torch.Generator().manual_seed(2))(logits, batch).tolist()[2]
+        alone = build_sampling_metadata([seeded], [num_out], vocab, [2], CPU, draws=RandomDraws(1))
+        batch = build_sampling_metadata([*neighbours, seeded], [3, 0, num_out], vocab, [2], CPU, draws=RandomDraws(2))
+        a = Sampler()(logits[2:], alone).tolist()[0]
+        b = Sampler()(logits, batch).tolist()[2]
         assert a == b, num_out
 
 
 def test_continuation_seed_draws_what_the_original_would_have_drawn():
     """A migrated stream re-starts with its output in the prompt; its seed is moved on so each later
     token comes from the same random number as in the uninterrupted request."""
-    from kvmesh.replica.sample.sampler import seed_key, seeded_uniforms
     from kvmesh.replica.serving.sampling_params import continuation_seed
 
     for seed in (0, 7, -3, 2**64 - 1):
@@ -144,8 +144,6 @@ def test_continuation_seed_draws_what_the_original_would_have_drawn():
 
 def test_seeded_uniforms_are_splitmix64_computed_on_the_device_in_wrapping_int64():
     """The device hash equals splitmix64 in exact integer arithmetic, and its draws look uniform."""
-    from kvmesh.replica.sample.sampler import seed_key, seeded_uniforms
-
     def splitmix64(x: int) -> int:
         m = (1 << 64) - 1
         z = (x + 0x9E3779B97F4A7C15) & m

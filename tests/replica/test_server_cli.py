@@ -86,3 +86,20 @@ def test_a_router_and_a_replica_given_the_same_relative_model_agree_on_its_name(
             router.stop()
     finally:
         replica.shutdown(graceful_s=1)
+
+
+def test_kv_transfer_flags_reach_the_kv_transfer_section():
+    config = _load("--kv-transfer", "--kv-transfer-transport", "local", "--kv-transfer-lease-ttl-s", "5")
+    assert config.kv_transfer.enabled and config.kv_transfer.transport == "local"
+    assert config.kv_transfer.lease_ttl_s == 5.0
+    assert _load().kv_transfer.enabled is False  # a bare replica moves no KV
+
+
+def test_kv_transfer_with_tensor_parallelism_is_refused_naming_the_limit():
+    from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.kv_transfer.config import KVTransferConfig
+    from kvmesh.replica.runtime import check_kv_transfer
+
+    with pytest.raises(ValueError, match="tensor_parallel_size 1.*pull per tensor-parallel rank is not built"):
+        check_kv_transfer(KVTransferConfig(enabled=True), EngineConfig(model=MODEL, tensor_parallel_size=2))
+    check_kv_transfer(KVTransferConfig(enabled=False), EngineConfig(model=MODEL, tensor_parallel_size=2))

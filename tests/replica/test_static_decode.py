@@ -46,7 +46,7 @@ def generate(engine: LLMEngine, prompts: dict[str, list[int]], lengths: dict[str
 def count_sizes(static: StaticDecode) -> list[tuple[int, int]]:
     """Record (rows, capture size) of every decode step the static path runs."""
     sizes, run = [], static.run
-    static.run = lambda n: sizes.append((n, static.size_for(n))) or run(n)
+    static.run = lambda n, sampling=None: sizes.append((n, static.size_for(n))) or run(n, sampling)
     return sizes
 
 
@@ -91,9 +91,9 @@ def test_a_static_step_runs_on_the_inputs_it_staged_with_no_copy_or_fill(flash_r
                                                  runner.input_batch.block_tables.table.shape[1], BLOCK, runner.device)
     writes, run = [], static.run
 
-    def counted(n):
+    def counted(n, sampling=None):
         with Writes(static.inputs.buffer.gpu) as mode:
-            out = run(n)
+            out = run(n, sampling)
         inputs = static.inputs
         padding = [inputs.input_ids[n:4].tolist(), inputs.seq_lens[n:4].tolist(), inputs.block_table[n:4].sum().item()]
         writes.append((n, mode.count, padding))
@@ -240,3 +240,35 @@ def test_static_decode_samples_every_option_from_the_graphs_logits(flash_referen
     assert outputs(engine, requests) == eager
     assert len(sampler_rows) >= 6  # every decode step sampled (from the graph's logits)
     assert all(len(tokens) == 6 for tokens, _ in eager.values())
+
+
+MIXED = [dict(temperature=0.9), dict(temperature=0.8, seed=1), dict(temperature=1.2, top_k=5),
+         dict(temperature=0.9, top_p=0.8, seed=3), dict(temperature=1.1, top_k=40, top_p=0.9), dict(temperature=0.0)]
+NO_TRUNCATION = [dict(temperature=0.9), dict(temperature=0.7, seed=2), dict(temperature=0.0), dict(temperature=1.3)]
+LOGPROBS = [dict(temperature=0.9, logprobs=3), dict(temperature=0.8, top_p=0.9, seed=1), dict(temperature=0.0, logprobs=0),
+            dict(temperature=1.2, top_k=5, logprobs=20)]
+
+
+@pytest.mark.parametrize("options,variant", [(MIXED, "top_k_top_p"), (NO_TRUNCATION, "random"), (LOGPROBS, "logprobs")])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_sampled_decode_step_takes_the_graphs_draw_and_no_sampler(flash_reference, stories_path, async_scheduling,
+                                                                    options, variant):
+    """Temperature, seeded and unseeded, top-k, top-p and greedy rows in one batch: every decode step's tokens are
+    the graph's own draw (the eager sampler runs only for the prefill), equal to the eager engine's tokens --
+    unseeded rows too, since both draw from the runner's counter of unseeded draws (sample/draws.py). A batch
+    without top-k/top-p rows replays the graph without the sort; one with logprobs rows the graph that packs
+    them (equal to the eager sampler's)."""
+    config = EngineConfig(model=str(stories_path), dtype="float32", device="cpu", attention_backend="flash_attn",
+                          block_size=BLOCK, max_num_seqs=8, kv_cache_memory=1 << 24, hash_seed=b"s", seed=5,
+                          async_scheduling=async_scheduling)
+    requests = {f"r{i}": ([5 + i, 40, 77, 300 - i], SamplingParams(max_tokens=8, ignore_eos=True, **option))
+                for i, option in enumerate(options)}
+    eager = outputs(LLMEngine(config, skip_tokenizer_init=True), requests)
+    engine, sampler_rows = static_engine(config)
+    static, variants = engine.model_runner.static_decode, []
+    run = static.run
+    static.run = lambda n, sampling=None: variants.append(sampling) or run(n, sampling)
+    assert outputs(engine, requests) == eager
+    assert sampler_rows == [len(options)]  # the prefill; 7 decode steps sampled inside the graph
+    assert variants == [variant] * 7
+    assert len({tuple(tokens) for tokens, _ in eager.values()}) == len(options)

@@ -11,7 +11,7 @@ mode records, for each ``LLMEngine.step()`` (scheduling, ``execute_model``, outp
     h2d    host -> device copies                                       must all be non-blocking
 
 Requests asking for ``logprobs`` add one transfer per step (their packed logprobs); ``prompt_logprobs``
-add one per prefill chunk (and one for the row pending from the previous chunk). The tokens are
+add one per prefill chunk (with the row pending from the previous chunk). The tokens are
 compared with the same engine on the plain CPU, so the check cannot hide a wrong step. The runs
 happen in a child process (fake_device_runs.py says why); the scenarios are defined there.
 """
@@ -85,12 +85,15 @@ def test_logprobs_add_one_transfer_per_step(runs):
     assert d2h and all(d.startswith("copy_ into a host tensor") for d in d2h), d2h
 
 
-def test_prompt_logprobs_add_one_transfer_per_prefill_chunk(runs):
+def test_prompt_logprobs_add_one_non_blocking_transfer_per_prefill_chunk(runs):
     logs = runs["prompt-logprobs"]["logs"]
-    # 57 prompt tokens in chunks of 32 + 25: chunk 1 one transfer; chunk 2 one for its rows, one for the row
-    # pending from chunk 1, one for the sampled id; then a decode step with the sampled id only
-    assert [len(log["d2h"]) for log in logs] == [1, 3, 1]
+    # 57 prompt tokens in chunks of 32 + 25: chunk 1 one transfer; chunk 2 one for its rows and the row pending
+    # from chunk 1 together, one for the sampled id; then a decode step with the sampled id only
+    assert [len(log["d2h"]) for log in logs] == [1, 2, 1]
     assert all(log["syncs"] == [] and log["mixed"] == [] for log in logs)
+    # into the runner's pinned buffers, read when the step's output is: no ``.cpu()`` in the launch
+    d2h = [d for log in logs for d in log["d2h"]]
+    assert all(d.startswith("copy_ into a host tensor") for d in d2h), d2h
     assert len(runs["prompt-logprobs"]["tokens"]["p"]) == 2
 
 
@@ -106,12 +109,20 @@ def test_async_scheduling_keeps_one_transfer_per_step_and_the_tokens(runs):
     assert run["tokens"] == run["cpu_tokens"]
 
 
-@pytest.mark.parametrize("scheduling", ["sync", "async"])
-def test_a_cuda_graph_decode_step_is_one_upload_one_run_one_copy_back(stories_path, scheduling):
+@pytest.fixture(scope="module")
+def static_runs(stories_path) -> dict:
+    return run_in_child("static_steps", stories_path)
+
+
+@pytest.mark.parametrize("scheduling", ["sync", "async", "sampled-sync", "sampled-async"])
+def test_a_cuda_graph_decode_step_is_one_upload_one_run_one_copy_back(static_runs, scheduling):
     """On the static (CUDA-graph) path the step's inputs go up in one copy straight into the graph's inputs
-    and the greedy tokens come from the run itself: one host-to-device copy, one device-to-host copy."""
-    run = run_in_child("static_steps", stories_path)[scheduling]
+    and the tokens come from the run itself: one host-to-device copy, one device-to-host copy. A sampled step
+    (seeded temperature, top-k, top-p rows) too: its settings ride in the same copy, the graph draws."""
+    run = static_runs[scheduling]
     assert run["on_device"] and run["static_rows"], run["static_rows"]
+    assert all((sampling == "top_k_top_p") == scheduling.startswith("sampled") for _, sampling in run["static_rows"])
+    assert run["tokens"] == run["cpu_tokens"]
     assert run["tokens"] == run["cpu_tokens"]
     # the flash-attn reference stands in for a CUDA kernel: what it does inside is no transfer of the step's
     kernel = "attention/flash_attn_reference.py"
@@ -125,6 +136,23 @@ def test_a_cuda_graph_decode_step_is_one_upload_one_run_one_copy_back(stories_pa
     decode_only = [log for log in logs[1:] if log["d2h"]]  # steps that launched a decode (after the prefill)
     assert decode_only and all(len(log["h2d"]) == 1 and "(copy_to_gpu)" in log["h2d"][0] for log in decode_only), \
         [log["h2d"] for log in decode_only]
+
+
+def test_a_cuda_graph_decode_step_with_logprobs_is_one_upload_one_run_one_copy_back(static_runs):
+    """Logprobs rows (top-p seeded, greedy) on the graph path: the graph packs every row's logprobs with the token
+    ids in column 0, so the ids come back in that one copy (the eager prefill step copies ids and logprobs)."""
+    run = static_runs["logprobs-sync"]
+    assert run["static_rows"] and all(sampling == "logprobs" for _, sampling in run["static_rows"])
+    assert run["tokens"] == run["cpu_tokens"]
+    kernel = "attention/flash_attn_reference.py"
+    logs = [{k: [r for r in v if kernel not in r] if isinstance(v, list) else v for k, v in log.items()}
+            for log in run["logs"]]
+    assert all(log["syncs"] == [] and log["mixed"] == [] for log in logs)
+    assert len(logs[0]["d2h"]) == 2  # the prefill: ids and logprobs, sampled eagerly
+    decode = logs[1:]
+    assert decode and all(len(log["d2h"]) == 1 and log["d2h"][0].startswith("copy_ into a host tensor")
+                          for log in decode), [log["d2h"] for log in decode]
+    assert all(len(log["h2d"]) == 1 and "(copy_to_gpu)" in log["h2d"][0] for log in decode), [log["h2d"] for log in decode]
 
 
 def test_the_check_sees_syncs_transfers_and_mixing(stories_path):

@@ -53,6 +53,14 @@ class PrefixCache:
             self.publisher.publish(KVEventBatch(ts=time.time() + clock_offset, events=events))
         return n
 
+    def held_tokens(self, ids: list[int], salt: str | None) -> int:
+        """Tokens of the prompt's leading full blocks cached here (at most all but its last token), untouched."""
+        with self.lock:
+            req = TokenRequest(f"{self.name}-held-{next(self._ids)}", ids, cache_salt=salt)
+            held = self.manager.get_computed_blocks(req)[1]
+            self.manager.free(req)  # never allocated: only its hasher goes
+            return held
+
     def load_fields(self) -> dict[str, object]:
         """What ``GET /load`` adds: cache usage and the publisher's progress."""
         fields: dict[str, object] = {"kv_cache_usage": self.manager.usage}

@@ -6,7 +6,8 @@ satisfies the health and model probes of kvmesh's, sglang's and vLLM's routers. 
 replica's name then ``!``, or with ``answer_max_tokens`` the body's ``max_tokens`` words ``" w0"``, ``" w1"``
 ...; a non-streamed answer is the name (tests read which replica answered). With a prefix cache
 (``PrefixCache``: a real ``KVCacheManager``, its events on a real ``ZmqEventPublisher`` with replay and
-snapshots) every prompt is "prefilled" through it and ``usage`` says how many tokens it held.
+snapshots) every prompt is "prefilled" through it and ``usage`` says how many tokens it held; it then also
+plays the P/D and peer-pull contract (``kv_transfer_params``, ``/kv/lease``, ``/kv/release``: _fake_kv_transfer.py).
 
 ``POST /fake/config`` changes the ``Faults`` (a first-byte delay, with or without progress in ``/load``, a
 forced status, streams cut after their first chunk or stalled after a few, answers that are not JSON, a
@@ -27,9 +28,14 @@ import json
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvmesh.cluster.measure.benchmarks._fake_faults import Faults, client_left
+from kvmesh.cluster.measure.benchmarks._fake_kv_transfer import (
+    BadTransferParams,
+    FakeKVTransfer,
+    with_headers,
+)
 from kvmesh.cluster.measure.benchmarks.fake_answers import (
     JSONBody,
     completion_answer,
@@ -39,41 +45,6 @@ from kvmesh.cluster.measure.benchmarks.fake_answers import (
 
 if TYPE_CHECKING:
     from kvmesh.cluster.measure.benchmarks._prefix_cache import PrefixCache
-
-
-@dataclass
-class Faults:
-    """What a test makes the replica do (``POST /fake/config`` sets any of them)."""
-
-    delay: float = 0.0
-    """Seconds each completion waits before answering (a client that leaves meanwhile is counted)."""
-    status: int = 200
-    """Answer every completion with this HTTP status (200 = normally)."""
-    cut: bool = False
-    """Streams break after their first chunk, as when the process dies."""
-    clock_skew: float = 0.0
-    """Seconds this replica's clock is ahead of the real one (its /load timestamp and event batches)."""
-    event_lag: float = 0.0
-    """Seconds event batches are stamped before their step: as if they reached the router that late."""
-    token_delay: float = 0.0
-    """Seconds between streamed tokens."""
-    fail_every: int = 0
-    """Every n-th completion fails with HTTP 400 (0 = none)."""
-    stall_after: int = 0
-    """Streams send this many chunks, then nothing more on an open connection (0 = never stall)."""
-    garbage: bool = False
-    """Answers are not JSON: a non-streamed 200 body of plain text, a stream's events ``data: garbage``."""
-    progress: bool = False
-    """While completions wait out ``delay``, ``/load`` shows a prefill queue that shrinks (a slow replica at
-    work); without it nothing there moves (a sick replica)."""
-
-
-async def _client_left(reader: asyncio.StreamReader, seconds: float) -> bool:
-    """Wait ``seconds``; True as soon as the client closes its side (the router cancelled upstream)."""
-    try:
-        return await asyncio.wait_for(reader.read(1), seconds) == b""
-    except asyncio.TimeoutError:
-        return False
 
 
 class FakeReplica:
@@ -99,6 +70,8 @@ class FakeReplica:
         self.cancelled = 0
         self.auth_seen: deque[str] = deque(maxlen=10_000)
         """Authorization headers of the last completions."""
+        self.kv = FakeKVTransfer(name, cache)
+        """Leases, prefill handles and pulls (_fake_kv_transfer.py)."""
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -141,7 +114,13 @@ class FakeReplica:
         elif method == b"POST" and path == b"/tokenize":
             reply = {"count": len(self.token_ids(body))}
         elif path == b"/fake/stats":
-            reply = {"cancelled": self.cancelled, "running": self.running, "auth_seen": list(self.auth_seen)}
+            reply = {"cancelled": self.cancelled, "running": self.running, "auth_seen": list(self.auth_seen),
+                     **self.kv.stats()}
+        elif method == b"POST" and path in (b"/kv/lease", b"/kv/release"):
+            status, reply = self.kv.release(body) if path == b"/kv/release" else (200, self.kv.lease(body))
+            writer.write(json_answer(status, reply))
+            await writer.drain()
+            return True
         elif path == b"/load":
             reply = self.load()
         elif method == b"GET":
@@ -161,9 +140,11 @@ class FakeReplica:
                 setattr(self.faults, f.name, type(getattr(self.faults, f.name))(body[f.name]))
         if self.cache is not None and body.get("publisher") in ("stop", "restart"):
             self.cache.stop_publisher() if body["publisher"] == "stop" else self.cache.restart_publisher()
+        self.kv.configure(body.get("kv_transfer"))
         if body.get("reset_stats"):
             self.cancelled = 0
             self.auth_seen.clear()
+            self.kv.reset()
         return {"ok": True}
 
     def load(self) -> JSONBody:
@@ -173,7 +154,9 @@ class FakeReplica:
                             "num_waiting_prefill_tokens": prefill, "timestamp": time.time() + f.clock_skew}
         if self.cache is not None:
             report.update(self.cache.load_fields())
-        return report
+        if f.prefill_tokens_per_s:
+            report["prefill_tokens_per_s"] = f.prefill_tokens_per_s
+        return {**report, "kv_transfer": self.kv.load_field()}
 
     def token_ids(self, body: JSONBody) -> list[int]:
         """The prompt as token ids: a list of ids as sent; else a text prompt's (a chat's JSON) UTF-8 bytes,
@@ -198,7 +181,7 @@ class FakeReplica:
             number = self.num_completions
             self.delaying[number] = time.monotonic()
             try:
-                if f.delay and await _client_left(reader, f.delay):
+                if f.delay and await client_left(reader, f.delay):
                     self.cancelled += 1
                     return False
             finally:
@@ -209,8 +192,17 @@ class FakeReplica:
                                                       "type": "BadRequestError", "code": status}}))
                 await writer.drain()
                 return True
-            ids = self.token_ids(body)
-            cached = self.cache.prefill(ids, body.get("cache_salt"), f.clock_skew - f.event_lag) if self.cache else 0
+            ids, salt = self.token_ids(body), body.get("cache_salt")
+            try:
+                params = self.kv.params_of(body)
+                pulled, outcome = (await self.kv.pull(params, ids, salt, auth) if params and
+                                   params.get("do_remote_prefill") else (0, None))
+            except BadTransferParams as e:
+                writer.write(json_answer(400, {"error": {"message": str(e), "type": "BadRequestError", "code": 400,
+                                                         "param": "kv_transfer_params"}}))
+                await writer.drain()
+                return True
+            cached = pulled + (self.cache.prefill(ids, salt, f.clock_skew - f.event_lag) if self.cache else 0)
         finally:
             self.running -= 1
         max_tokens = body.get("max_tokens")
@@ -220,6 +212,13 @@ class FakeReplica:
         with_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
         head, *chunks, tail = completion_answer(chat, bool(body.get("stream")), with_usage, self.model, self.name, pieces,
                                       len(ids), cached)
+        if params is not None:
+            self.kv.received.append(params)
+            if params.get("do_remote_decode"):  # the prefill side: the answer carries the handle
+                answer = json.loads(head.partition(b"\r\n\r\n")[2])
+                head = json_answer(200, {**answer, "kv_transfer_params": self.kv.handle(ids, salt)})
+            head = with_headers(head, {"x-kvmesh-kv-pulled-tokens": pulled, "x-kvmesh-kv-pulled-bytes":
+                                       pulled * self.kv.bytes_per_token, **({"x-kvmesh-kv-pull": outcome} if outcome else {})})
         if f.garbage:
             writer.write(garbage_answer(bool(body.get("stream"))))
             await writer.drain()
@@ -228,7 +227,7 @@ class FakeReplica:
         for i, chunk in enumerate(chunks):
             if f.stall_after and i == f.stall_after:
                 await writer.drain()
-                return not await _client_left(reader, 3600)  # stalled: nothing more until the client leaves
+                return not await client_left(reader, 3600)  # stalled: nothing more until the client leaves
             if f.token_delay:
                 await asyncio.sleep(f.token_delay)
             writer.write(chunk)

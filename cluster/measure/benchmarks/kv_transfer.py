@@ -2,6 +2,7 @@
 
     kvmesh bench kv-transfer [--out results/kv_transfer.json] [--blocks 1 16 256] [--repeat 20]
                              [--layouts L,2,blocks,B,H,D L,2,H,blocks,B,D]
+    kvmesh bench kv-transfer --http [...]   per-request overhead of an HTTP pull (kv_transfer_http.py)
 
 A holder process registers a synthetic cache (by default a Llama-3.2-1B-sized rank: 16 layers,
 8 KV heads of 64, 16-token blocks, bf16: 512 KiB per block) and the reader, this process, reads
@@ -143,6 +144,11 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--http" in argv:  # the per-request overhead of a pull over HTTP between replicas
+        from kvmesh.cluster.measure.benchmarks.kv_transfer_http import main as http_main
+
+        return http_main([a for a in argv if a != "--http"])
     parser = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench kv-transfer",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/kv_transfer.json"), help="JSON output path")

@@ -60,7 +60,7 @@ def sampler_step_ms(num_rows: int, vocab: int, steps: int = 50) -> dict[str, flo
     from kvmesh.replica.serving.sampling_params import SamplingParams
 
     logits = torch.randn(num_rows, vocab, generator=torch.Generator().manual_seed(0))
-    sampler = Sampler(torch.Generator().manual_seed(0))
+    sampler = Sampler()
     out = {}
     for name, k in DECODE_VARIANTS.items():
         params = [SamplingParams(temperature=0.0, logprobs=k)] * num_rows

@@ -7,11 +7,15 @@ Package import is light: nothing here imports torch.
 
     config.py     CostModel (step time) and SimConfig (one run)
     options.py    the commands' config trees (SimCommandConfig, ScalingCommandConfig): flags derive from them
-    replica.py    SimRequest (trace fields + timeline) and SimReplica (KV cache manager + scheduler)
+    request.py    SimRequest (trace fields + timeline), made from trace records
+    replica.py    SimReplica (KV cache manager + scheduler; role both, prefill or decode)
     router.py     SimRouter: one or several real KVRouters fed in-process, in simulated time
+    transfer.py   KV that moves: prefill/decode splits and peer prefix pulls, priced and timed
     loop.py       the one discrete-event loop (run_policy), a fleet policy (fixed; autoscaled in scaling.py)
     run.py        compare_policies: several policies over one trace, with the ceilings
     report.py     per-policy summary, gap attribution, hit-rate ceilings, the table and JSON
+    transfer_report.py  what the transfers did: splits, pulls, tokens moved, TTFT, inter-token latency
+    stats.py      percentiles (plain and weighted) and max/mean balance
     plots.py      the report's PNG (matplotlib, imported on use)
     scaling.py    replicas joining and leaving under the autoscaler (``python -m kvmesh.cluster.measure.sim.scaling``)
 """

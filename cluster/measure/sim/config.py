@@ -67,6 +67,7 @@ class CostModel:
 
 
 ROUTER_SPREADS = ("round_robin", "random")
+PD_PREFILL_PICKS = ("least_loaded", "policy")
 
 PolicyArgument = int | float | str | bool | None
 """A routing policy's keyword argument value, as given on the command line (``--policy-kwargs K=V``)."""
@@ -88,13 +89,31 @@ class SimConfig:
     """N simulated replicas, each a real ``KVCacheManager`` behind a cost model."""
 
     num_replicas: int = 16
-    """Simulated replicas behind the router."""
+    """Simulated replicas behind the router that decode (role ``both``, or ``decode`` next to prefill replicas)."""
+    num_prefill_replicas: int = 0
+    """Prefill-only replicas next to ``num_replicas`` (as ``kvmesh serve --num-prefill-replicas``): a prompt
+    whose uncached suffix on its decode replica is at least the router's ``pd_min_uncached_tokens`` is computed
+    on one and its KV moved to the decode replica (sim/transfer.py)."""
+    pd_prefill_pick: str = "least_loaded"
+    """How a split picks its prefill replica: ``least_loaded`` (the router's contract: smallest prefill backlog)
+    or ``policy`` (the routing policy compared, over the prefill replicas: cache-aware for cache_aware)."""
+    peer_pulls: bool = False
+    """A replica the router sends away from the prefix holder pulls the holder's extra blocks when that costs
+    fewer seconds than computing them (the router's pricing rule, sim/transfer.py)."""
+    kv_transfer_bytes_per_s: float = 1.8e9
+    """Bandwidth of a KV transfer between replicas. Default: BENCHMARKS §3.14, nixl over UCX between two
+    processes on this machine's host memory, 256 scattered blocks (a GPU fleet with RDMA is 10x+ faster)."""
+    kv_transfer_latency_s: float = 0.00018
+    """Fixed seconds per transfer (BENCHMARKS §3.14: a one-block read, 0.16-0.18 ms)."""
+    kv_bytes_per_token: int = 131_072
+    """KV bytes one token moves: 128 KiB for the cost model's 8B Llama-3 (32 layers x 8 KV heads x 128 x K,V x bf16)."""
     engine: EngineConfig = field(default_factory=sim_engine)
     """The replicas' engine section; a simulated replica reads its block_size, max_num_batched_tokens and
     max_num_seqs (``sim_engine``)."""
     router: RouterConfig = field(default_factory=RouterConfig)
-    """The router's section; the simulated router reads predict_ttl_s and session_ttl_s (its block size is
-    the engine's, its policy the one compared)."""
+    """The router's section; the simulated router reads predict_ttl_s, session_ttl_s and the transfer rules
+    (pd_min_uncached_tokens, pd_max_prefill_backlog_tokens, peer_pull_overhead_s); its block size is the
+    engine's, its policy the one compared."""
     blocks_per_replica: int | None = None
     """KV blocks per replica (the null block comes on top). None: ``capacity_fraction`` of the
     trace's working set (distinct blocks), split evenly across replicas."""
@@ -143,7 +162,18 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
-            raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
+            raise ValueError(f"num_replicas must be >= 1 (replicas that decode), got {self.num_replicas}")
+        if self.num_prefill_replicas < 0:
+            raise ValueError(f"num_prefill_replicas must be >= 0 (0 = no prefill/decode split), "
+                             f"got {self.num_prefill_replicas}")
+        if self.pd_prefill_pick not in PD_PREFILL_PICKS:
+            raise ValueError(f"pd_prefill_pick must be one of {', '.join(PD_PREFILL_PICKS)}; got {self.pd_prefill_pick!r}")
+        if not self.kv_transfer_bytes_per_s > 0:
+            raise ValueError(f"kv_transfer_bytes_per_s must be > 0 bytes per second, got {self.kv_transfer_bytes_per_s}")
+        if not self.kv_transfer_latency_s >= 0:
+            raise ValueError(f"kv_transfer_latency_s must be >= 0 seconds, got {self.kv_transfer_latency_s}")
+        if self.kv_bytes_per_token < 1:
+            raise ValueError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
         if self.router.block_size != self.engine.block_size:  # the router hashes the replicas' blocks
             object.__setattr__(self, "router", replace(self.router, block_size=self.engine.block_size))
         if self.blocks_per_replica is not None and self.blocks_per_replica < 1:
@@ -168,6 +198,11 @@ class SimConfig:
         check_policy_kwargs(self.policy_kwargs)
         if self.vocab_size < 4:
             raise ValueError(f"vocab_size must be >= 4, got {self.vocab_size}")
+
+    @property
+    def total_replicas(self) -> int:
+        """Every simulated replica: the decoding ones and the prefill ones (the KV capacity is split over all)."""
+        return self.num_replicas + self.num_prefill_replicas
 
 
 def check_policy_kwargs(options: dict[str, PolicyArgument]) -> None:
@@ -196,4 +231,8 @@ def miniature(config: SimConfig, factor: int) -> SimConfig:
                    decode_s_per_context_token=c.decode_s_per_context_token * factor)
     engine = replace(engine, block_size=engine.block_size // factor,
                      max_num_batched_tokens=max(1, engine.max_num_batched_tokens // factor))
-    return replace(config, engine=engine, cost=cost)
+    r = config.router  # its token thresholds shrink with the tokens
+    router = replace(r, pd_min_uncached_tokens=max(1, r.pd_min_uncached_tokens // factor),
+                     pd_max_prefill_backlog_tokens=max(1, r.pd_max_prefill_backlog_tokens // factor))
+    return replace(config, engine=engine, cost=cost, router=router,
+                   kv_bytes_per_token=config.kv_bytes_per_token * factor)

@@ -10,7 +10,9 @@ Events are ordered by (time, insertion order) so runs are deterministic:
 - load poll (``load_poll_s > 0``): one router reads every replica's ``/load``; the routers' polls
   are staggered over the interval;
 - fleet timer / fleet event: the fleet policy's own (``FixedFleet`` has none; the autoscaler's
-  ticks and replica joins, ``scaling.AutoscaledFleet``).
+  ticks and replica joins, ``scaling.AutoscaledFleet``);
+- moved: a request whose KV transfer ended joins its replica's queue (a peer pull at arrival, or a split's
+  hand-off when its prefill leg finished on the prefill replica; sim/transfer.py).
 
 The run ends when every request has arrived and no event but a recurring timer is left; a request
 still unfinished then is an error.
@@ -28,15 +30,17 @@ from typing import Protocol
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.router import SimRouter
+from kvmesh.cluster.measure.sim.transfer import plan_peer_pull, plan_split_handoff
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.events.schema import KVEvent
 
-STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT = range(5)
+STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT, MOVED = range(6)
 _RECURRING = (POLL, FLEET_TIMER)
 
-Payload = tuple[SimReplica, int] | tuple[int, list[KVEvent]] | int | None
+Payload = tuple[SimReplica, int] | tuple[int, list[KVEvent]] | tuple[SimReplica, SimRequest] | int | None
 """What an event carries: (replica, version) of a step end, (replica id, events) of a delivery, a
-router's index (poll), or a fleet's own (``AutoscaledFleet``: a joining replica's id, None for a tick)."""
+router's index (poll), (replica, request) of a move, or a fleet's own (``AutoscaledFleet``: a joining
+replica's id, None for a tick)."""
 
 
 @dataclass
@@ -86,10 +90,10 @@ class FleetPolicy(Protocol):
 
 
 class FixedFleet:
-    """``config.num_replicas`` replicas from start to end."""
+    """``config.num_replicas`` replicas (and ``num_prefill_replicas`` prefill ones) from start to end."""
 
     def initial_replicas(self, config: SimConfig) -> int:
-        return config.num_replicas
+        return config.total_replicas
 
     def begin(self, sim: Simulation) -> None:
         pass
@@ -115,7 +119,7 @@ class Simulation:
         self.fleet = fleet
         self.blocks_per_replica = blocks_per_replica
         self.seed = config.seed.to_bytes(8, "big") * 4  # fixed per run: replicas are independent caches
-        self.replicas = [SimReplica(i, blocks_per_replica, config, self.seed)
+        self.replicas = [SimReplica(i, blocks_per_replica, config, self.seed, role_of(i, config))
                          for i in range(fleet.initial_replicas(config))]
         self.router = SimRouter(policy, config, self.replicas)
         self.policy = policy
@@ -123,6 +127,7 @@ class Simulation:
         self._order = itertools.count()
         self._pending = 0  # events in the heap that are not recurring timers
         self._next_arrival = 0
+        self._moving = 0  # requests in a KV transfer
         self.route_s = 0.0
 
     def push(self, at: float, kind: int, payload: Payload) -> None:
@@ -152,7 +157,7 @@ class Simulation:
             self.push(step.end_s, STEP_END, (rep, rep.version))
 
     def busy(self) -> bool:
-        return self._next_arrival < len(self.requests) or any(
+        return self._next_arrival < len(self.requests) or self._moving > 0 or any(
             rep.step is not None or rep.waiting for rep in self.replicas)
 
     def arrive(self, req: SimRequest) -> None:
@@ -160,20 +165,43 @@ class Simulation:
         t0 = time.perf_counter()
         rep = self.replicas[self.router.route(req)]
         self.route_s += time.perf_counter() - t0
+        if req.prefill_leg is not None:  # split: the prompt first goes to the prefill replica
+            self.enqueue(self.replicas[req.prefill_leg.replica_id], req.prefill_leg, req.arrival_s)
+        elif req.pull_from >= 0:
+            self.move(rep, req, req.arrival_s + plan_peer_pull(req, self.replicas[req.pull_from], rep))
+        else:
+            self.enqueue(rep, req, req.arrival_s)
+
+    def enqueue(self, rep: SimReplica, req: SimRequest, now: float) -> None:
         rep.add(req)
         if rep.step is None:
-            self.start(rep, req.arrival_s)
+            self.start(rep, now)
         else:
-            new_end = rep.interrupt(req.arrival_s)
+            new_end = rep.interrupt(now)
             if new_end is not None:
                 self.push(new_end, STEP_END, (rep, rep.version))
+
+    def move(self, rep: SimReplica, req: SimRequest, at: float) -> None:
+        """``req`` joins ``rep``'s queue at ``at``, when its KV transfer ends."""
+        self._moving += 1
+        self.push(at, MOVED, (rep, req))
 
     def step_end(self, rep: SimReplica, version: int, now: float) -> None:
         if version != rep.version:
             return  # a stretch that was cut short; its new end is queued
         first, finished = rep.complete_step(now)
+        legs = [r for r in finished if r.parent is not None]
+        if legs:  # prefill legs answer the router, not a client
+            first = [r for r in first if r.parent is None]
+            finished = [r for r in finished if r.parent is None]
         self.router.on_first_tokens(rep.replica_id, first)
         self.router.on_finished(rep.replica_id, finished)
+        for leg in legs:
+            self.router.on_prefill_done(rep.replica_id, leg)
+            req = leg.parent
+            req.prefill_computed_tokens = leg.num_prompt_tokens - leg.num_cached_tokens
+            decode = self.replicas[req.replica_id]
+            self.move(decode, req, now + plan_split_handoff(req, decode))
         self.flush(rep, now)
         self.start(rep, now)
         self.fleet.after_step(self, rep, now)
@@ -205,6 +233,9 @@ class Simulation:
                 self.step_end(*payload, now)
             elif kind == EVENTS:
                 self.router.apply(*payload)
+            elif kind == MOVED:
+                self._moving -= 1
+                self.enqueue(*payload, now)
             elif kind == POLL:
                 self.router.poll(payload, self.replicas)
                 if self.busy():
@@ -214,6 +245,13 @@ class Simulation:
         unfinished = [r.request_id for r in requests if r.finished_s < 0]
         if unfinished:
             raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[:3]}")
+
+
+def role_of(replica_id: int, config: SimConfig) -> str:
+    """Replicas ``0 .. num_replicas - 1`` decode (role both without prefill replicas), the rest prefill."""
+    if replica_id >= config.num_replicas:
+        return "prefill"
+    return "decode" if config.num_prefill_replicas else "both"
 
 
 def run_policy(policy: str, requests: list[SimRequest], config: SimConfig, blocks_per_replica: int,

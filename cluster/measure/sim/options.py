@@ -73,6 +73,9 @@ class SimCompareOptions:
     """Override a CostModel constant, e.g. --cost prefill_s_per_token=1e-4."""
     ceilings: bool = True
     """Compute the infinite-cache and single-pool hit-rate ceilings."""
+    pd_compare: bool = False
+    """Run each policy four ways at the same total of replicas: all of role both, with peer pulls, split into
+    --num-prefill-replicas (1 when 0) prefill + the rest decode, and split with peer pulls (also a _kv_transfer.png)."""
 
     def __post_init__(self) -> None:
         if self.sessions not in SESSION_MODES:
@@ -102,7 +105,8 @@ class SimCommandConfig:
 
 SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs")
 """What a simulated replica reads of its engine section."""
-SIM_ROUTER_FIELDS = ("predict_ttl_s", "session_ttl_s")
+SIM_ROUTER_FIELDS = ("predict_ttl_s", "session_ttl_s", "pd_min_uncached_tokens", "pd_max_prefill_backlog_tokens",
+                     "peer_pull_overhead_s")
 """What the simulated router reads of its section (besides the policy, compared, and the engine's block size)."""
 
 
@@ -110,7 +114,8 @@ def _unread_sections() -> dict[str, str]:
     """The fields of the engine and router sections the simulator does not read, hidden with the reason."""
     hidden = {"sim.engine": "set the engine section", "sim.router": "set the router section",
               "router.block_size": "the router uses engine.block_size", "router.policy": "--policies",
-              "router.policy_kwargs": "--policy-kwargs tunes every policy compared"}
+              "router.policy_kwargs": "--policy-kwargs tunes every policy compared",
+              "router.peer_pulls": "--peer-pulls (the simulated replicas' KV transfer on or off)"}
     hidden |= {f"engine.{f.name}": "a simulated replica runs no model (its step time is the cost model)"
                for f in fields(EngineConfig) if f.name not in SIM_ENGINE_FIELDS}
     return {f"router.{f.name}": "the simulated router has no HTTP side and no event sockets"
@@ -168,6 +173,10 @@ class ScalingCommandConfig:
 
 SCALING_SCHEMA = Schema(ScalingCommandConfig, hidden=_unread_sections() | {
     "sim.num_replicas": "autoscale.max_replicas (the fixed fleet)",
+    **{name: "the autoscaled fleet's replicas are of role both, without KV transfers" for name in (
+        "sim.num_prefill_replicas", "sim.pd_prefill_pick", "sim.peer_pulls", "sim.kv_transfer_bytes_per_s",
+        "sim.kv_transfer_latency_s", "sim.kv_bytes_per_token", "router.pd_min_uncached_tokens",
+        "router.pd_max_prefill_backlog_tokens", "router.peer_pull_overhead_s")},
     "sim.cost": "the default cost model",
     "autoscale.scale_with_load": "always on here",
     "autoscale.drain_timeout_s": "a drained simulated replica leaves when its last request ends",

@@ -1,9 +1,6 @@
-"""The simulated request and the simulated replica that serves it.
-
-A simulated request: trace fields, the engine-facing request interface, and its timeline.
-
-A simulated replica: a real ``KVCacheManager`` with a continuous-batching scheduler whose
-step time comes from the cost model.
+"""The simulated replica: a real ``KVCacheManager`` with a continuous-batching scheduler whose step time
+comes from the cost model; it serves simulated requests (request.py). Its role (``both``, ``prefill``,
+``decode``) only decides what the router sends it (router.py); a replica serves whatever it gets alike.
 
 Scheduling mirrors the engine (DESIGN.md, "Scheduler"): one queue, a token budget per step,
 running requests first (one token per decoding sequence, then prefill chunks), then waiting
@@ -21,96 +18,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 from kvmesh.cluster.measure.sim.config import SimConfig
-from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
-from kvmesh.router.routing.receipts import RouteReceipt
+from kvmesh.cluster.measure.sim.request import SimRequest, cut_trace, requests_from_mooncake
 
-
-@dataclass(slots=True, eq=False)
-class SimRequest:
-    """What ``KVCacheManager`` needs of a request (``request_id``, ``all_token_ids``,
-    ``num_tokens``, ``num_computed_tokens``, ``cache_salt``, ``lora_name``) plus what the
-    simulator measures. Token ids are filled on arrival and dropped on completion."""
-
-    request_id: str
-    arrival_s: float
-    hash_ids: tuple[int, ...]
-    num_prompt_tokens: int
-    max_output_tokens: int
-    all_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
-    cache_salt: str | None = None
-    lora_name: str | None = None
-    skip_reading_prefix_cache: bool = False
-    session_id: str | None = None
-    """The conversation this request belongs to (generated multi-turn workloads), if any."""
-    # -- measured --
-    router_index: int = 0  # which of the simulated routers routed it
-    receipt: RouteReceipt | None = None  # router/routing/receipts.py
-    replica_id: int = -1
-    predicted_hit_tokens: int = 0  # the router's match for the chosen replica, in tokens
-    num_cached_tokens: int = 0  # prefix hit found in the replica's pool on admission
-    num_host_cached_tokens: int = 0  # the part of it loaded back from the host tier
-    num_output_tokens: int = 0
-    admitted_s: float = -1.0
-    first_token_s: float = -1.0
-    finished_s: float = -1.0
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-    @property
-    def prefill_done(self) -> bool:
-        return self.num_computed_tokens >= self.num_prompt_tokens
-
-    @property
-    def remaining_prefill(self) -> int:
-        return self.num_prompt_tokens - self.num_computed_tokens
-
-    @property
-    def remaining_output(self) -> int:
-        return self.max_output_tokens - self.num_output_tokens
-
-    @property
-    def context_len(self) -> int:
-        return self.num_computed_tokens + self.num_output_tokens
-
-
-def requests_from_mooncake(records: list[MooncakeRecord], time_scale: float = 1.0,
-                           block_size: int = 512, trace_block_tokens: int = 512) -> list[SimRequest]:
-    """One :class:`SimRequest` per trace record, arrivals scaled by ``time_scale``.
-
-    With ``block_size != trace_block_tokens`` lengths are rescaled so that one hash id still
-    maps to one block (``block_size`` tokens). Every request generates at least one token.
-    """
-    scale = block_size / trace_block_tokens
-    out = []
-    for i, r in enumerate(records):
-        n = max(1, min(round(r.input_length * scale), len(r.hash_ids) * block_size))
-        out.append(SimRequest(f"req-{i}", r.arrival_s * time_scale, r.hash_ids, n, max(1, r.output_length),
-                              session_id=getattr(r, "session_id", None)))
-    return out
-
-
-def cut_trace(records: list[MooncakeRecord], start: int = 0, count: int | None = None,
-              max_prompt_blocks: int | None = None, trace_block_tokens: int = 512) -> list[MooncakeRecord]:
-    """A window of a trace (``count`` records from ``start``), prompts truncated to at most
-    ``max_prompt_blocks`` hash ids (a prefix of a chain is a chain: sharing is preserved).
-    Arrival times are shifted so the window starts at 0."""
-    window = records[start: None if count is None else start + count]
-    if not window:
-        raise ValueError(f"the trace has {len(records)} records; nothing from index {start}")
-    t0 = window[0].timestamp_ms
-    out = []
-    for r in window:
-        ids, n = r.hash_ids, r.input_length
-        if max_prompt_blocks is not None and len(ids) > max_prompt_blocks:
-            ids, n = ids[:max_prompt_blocks], max_prompt_blocks * trace_block_tokens
-        out.append(replace(r, timestamp_ms=r.timestamp_ms - t0, input_length=n, hash_ids=ids))
-    return out
+__all__ = ["SimReplica", "SimRequest", "Step", "cut_trace", "requests_from_mooncake"]
 
 
 @dataclass(slots=True)
@@ -129,10 +42,12 @@ class Step:
 
 
 class SimReplica:
-    def __init__(self, replica_id: int, num_blocks: int, config: SimConfig, hash_seed: bytes):
+    def __init__(self, replica_id: int, num_blocks: int, config: SimConfig, hash_seed: bytes, role: str = "both"):
         from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
         self.replica_id = replica_id
+        self.role = role
+        """``both``, ``prefill`` or ``decode``: what the router sends it (router.py)."""
         self.config = config
         self.num_blocks = num_blocks
         self.pending_events: list = []
@@ -151,6 +66,8 @@ class SimReplica:
         self.prefill_tokens = 0
         self.loaded_tokens = 0  # loaded back from the host tier
         self.num_requests = 0
+        self.inter_token_s: dict[float, int] = {}
+        """Inter-token latency histogram: a decode step's seconds (to 10 us) -> tokens it gave its sequences."""
 
     # -- load, as a router would see it ---------------------------------------------------
     @property
@@ -181,9 +98,9 @@ class SimReplica:
         num_new = req.num_prompt_tokens + req.max_output_tokens - num_cached
         if self.kv.allocate_slots(req, num_new, num_cached, computed_blocks) is None:
             return False
-        req.num_cached_tokens = num_cached
+        # a transfer (sim/transfer.py) brought the leading pull_extent_tokens: cached, as the replica reports them
+        req.num_cached_tokens = req.num_computed_tokens = max(num_cached, req.pull_extent_tokens)
         req.num_host_cached_tokens = num_cached - len(computed_blocks) * self.config.engine.block_size
-        req.num_computed_tokens = num_cached
         return True
 
     def schedule(self, now: float) -> Step | None:
@@ -249,6 +166,9 @@ class SimReplica:
         first, finished = [], []
         for r in step.decodes:
             r.num_output_tokens += step.num_steps
+        if step.decodes:  # each decoding sequence waited one step for each of its tokens
+            key = round(step.step_s, 5)
+            self.inter_token_s[key] = self.inter_token_s.get(key, 0) + step.num_steps * len(step.decodes)
         for r, n in step.prefill_chunks:
             r.num_computed_tokens += n
             self.prefill_tokens += n

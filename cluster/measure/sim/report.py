@@ -1,6 +1,8 @@
 """What a simulation run reports: per-policy summary, gap attribution, ceilings, table and JSON.
 
-Per-policy summary of a simulation run: hit rate, TTFT, queueing, load balance, events/s.
+Per-policy summary of a simulation run: hit rate, TTFT, queueing, load balance, events/s, and what KV
+transfers did (transfer_report.py). The hit rate is the share of prompt tokens no replica computed: a split
+request's prefill leg counts its computed tokens, and tokens a transfer brought count as cached.
 
 Where a policy's hit tokens went, against the single pool: every lost token gets one cause.
 
@@ -42,26 +44,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from kvmesh.cluster.measure.sim.replica import SimRequest
+from kvmesh.cluster.measure.sim.stats import imbalance, percentiles
+from kvmesh.cluster.measure.sim.transfer_report import format_transfer_table, transfer_summary
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 
 if TYPE_CHECKING:
     from kvmesh.cluster.measure.sim.loop import SimRun
-
-
-def percentiles(values, qs=(50, 90, 99)) -> dict[str, float]:
-    if len(values) == 0:
-        return {f"p{q}": float("nan") for q in qs} | {"mean": float("nan")}
-    arr = np.asarray(values, dtype=float)
-    out = {f"p{q}": float(np.percentile(arr, q)) for q in qs}
-    out["mean"] = float(arr.mean())
-    return out
-
-
-def imbalance(values) -> float:
-    """max / mean (1.0 = perfectly even); 1.0 when nothing ran."""
-    arr = np.asarray(values, dtype=float)
-    mean = arr.mean() if len(arr) else 0.0
-    return float(arr.max() / mean) if mean > 0 else 1.0
 
 
 def summarize(run: SimRun, pool_hits: list[int] | None = None) -> dict:
@@ -69,6 +57,7 @@ def summarize(run: SimRun, pool_hits: list[int] | None = None) -> dict:
     reqs = run.requests
     prompt = sum(r.num_prompt_tokens for r in reqs)
     cached = sum(r.num_cached_tokens for r in reqs)
+    computed = sum(r.computed_prompt_tokens for r in reqs)  # by the serving replica and any prefill leg
     predicted = sum(r.predicted_hit_tokens for r in reqs)
     ttft = [r.first_token_s - r.arrival_s for r in reqs]
     queue = [r.admitted_s - r.arrival_s for r in reqs]
@@ -84,7 +73,7 @@ def summarize(run: SimRun, pool_hits: list[int] | None = None) -> dict:
         "num_requests": len(reqs),
         "prompt_tokens": prompt,
         "cached_tokens": cached,
-        "hit_rate": cached / prompt if prompt else 0.0,
+        "hit_rate": 1 - computed / prompt if prompt else 0.0,
         "host_hit_rate": sum(r.num_host_cached_tokens for r in reqs) / prompt if prompt else 0.0,
         "router_predicted_hit_rate": predicted / prompt if prompt else 0.0,
         "ttft_s": percentiles(ttft),
@@ -108,6 +97,7 @@ def summarize(run: SimRun, pool_hits: list[int] | None = None) -> dict:
         "receipts": {"captured_ratio": receipts.captured_ratio, "mispredicted_rate": receipts.mispredicted_rate,
                      "available_tokens": receipts.available_tokens, "reasons": dict(receipts.reasons)},
     }
+    out["transfers"] = transfer_summary(run)
     if pool_hits is not None:
         out["gap_to_single_pool"] = attribute_gap(reqs, pool_hits)
     return out
@@ -135,13 +125,13 @@ def attribute_gap(requests: Sequence[SimRequest], pool_hits: Sequence[int]) -> d
         else:
             kept -= held
         diverted += best - predicted
-        race = predicted - r.num_cached_tokens
+        race = predicted - r.own_cached_tokens
         if race > 0:
             race_lost += race
         else:
             race_gained -= race
     pool_total = sum(pool_hits)
-    actual = sum(r.num_cached_tokens for r in requests)
+    actual = sum(r.own_cached_tokens for r in requests)
     return {
         "gap_points": 100 * (pool_total - actual) / prompt,
         "evicted_everywhere_points": 100 * evicted / prompt,
@@ -233,6 +223,9 @@ def format_table(report: dict) -> str:
                          f"{g['kept_beyond_pool_points']:.2f} + {g['diverted_points']:.2f} + "
                          f"{g['routing_admission_race_lost_points']:.2f} - "
                          f"{g['routing_admission_race_gained_points']:.2f}")
+    if any(s["transfers"]["num_prefill_replicas"] or s["transfers"]["peer_pulls_enabled"]
+           for s in report["policies"].values() if "transfers" in s):
+        lines.append(format_transfer_table(report))
     return "\n".join(lines)
 
 

@@ -6,6 +6,13 @@ Loads are what the HTTP router itself knows (its ``LoadTracker`` counters: reque
 uncached prompt tokens not yet past prefill) plus, with ``load_poll_s > 0``, the replicas'
 ``/load`` reports as of the router's last poll.
 
+Roles and moves (sim/transfer.py): the routers decide as the HTTP router does (router/routing/transfers.py):
+prefill replicas join with their role and never decode; ``KVRouter.choose_prefill`` gives a request whose
+uncached suffix on its decode replica is long enough a prefill leg on the least loaded prefill replica with
+room (``SimRequest.prefill_leg``; ``pd_prefill_pick=policy`` lets the policy pick among them instead), and
+a request kept whole gets the decision's peer pull (``RouteDecision.pull`` -> ``SimRequest.pull_from``) when
+the replicas report KV transfer on (``peer_pulls``).
+
 With ``num_routers > 1`` there are N such routers, as ``kvmesh router --workers N`` runs them:
 each applies every replica's events to its own index, keeps its own predictions, counters and
 session pins, and sees only the requests spread to it (and the polled reports).
@@ -16,11 +23,17 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
+from kvmesh.cluster.measure.sim.transfer import pick_prefill_replica, prefill_leg
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import Policy
+from kvmesh.router.routing.transfers import SPLIT_NO_ROOM
+
+if TYPE_CHECKING:
+    from kvmesh.router.routing.kv_router import KVRouter
 
 
 def available_policies() -> list[str]:
@@ -51,8 +64,10 @@ class SimRouter:
         section = replace(config.router, policy=policy, policy_kwargs={})
         self.routers = [build_router(section, DEFAULT_ROUTER_SEED, build_policy(policy, config, config.seed + k))
                         for k in range(config.num_routers)]
+        self.prefill_ids: list[int] = []
+        """Replicas of role prefill (in the routers, never a decode candidate)."""
         for rep in replicas:
-            self.add_replica(rep.replica_id)
+            self.add_replica(rep.replica_id, getattr(rep, "role", "both"))
         self.router = self.routers[0]
         self.index = self.router.index
         self.tracker = self.router.loads
@@ -64,6 +79,8 @@ class SimRouter:
         # -- measured --
         self.num_events = 0
         self.apply_s = 0.0
+        self.splits_skipped_no_room = 0
+        """Requests long enough to split that stayed whole: no prefill replica had room."""
 
     def _pick_router(self) -> int:
         n = len(self.routers)
@@ -90,7 +107,36 @@ class SimRouter:
             for other in self.routers:
                 if other is not router:
                     other.index.predict(rid, decision.keys, now=req.arrival_s)
+        pid, skipped = router.choose_prefill(decision)  # the router's split rule (router/routing/transfers.py)
+        if pid is not None and self.config.pd_prefill_pick == "policy":
+            pid = self._policy_prefill(router, decision.keys, req)
+            skipped = None if pid is not None else SPLIT_NO_ROOM
+        if pid is not None:
+            self._split(req, k, decision.keys, pid)
+        elif decision.pull is not None:  # not split (short, or no prefill replica had room): the router's pull
+            req.pull_from = decision.pull.holder_id
+        if skipped == SPLIT_NO_ROOM:
+            self.splits_skipped_no_room += 1
         return rid
+
+    def _policy_prefill(self, router: KVRouter, keys: list[int], req: SimRequest) -> int | None:
+        """``pd_prefill_pick=policy``: the routing policy's choice among the prefill replicas, if it has room."""
+        loads = {r: router.loads.loads[r] for r in self.prefill_ids}
+        matches = router.index.match(keys, now=req.arrival_s)
+        chosen = router.policy.choose(keys, {r: m for r, m in matches.items() if r in loads}, loads,
+                                      req.num_prompt_tokens)
+        return pick_prefill_replica(loads, self.prefill_ids, router.transfers.pd_max_prefill_backlog_tokens, chosen)
+
+    def _split(self, req: SimRequest, k: int, keys: list[int], pid: int) -> None:
+        """Send ``req``'s prompt to prefill replica ``pid`` first (a leg the loop runs there)."""
+        router = self.routers[k]
+        leg = prefill_leg(req, pid)
+        matched = router.index.match(keys, now=req.arrival_s).get(pid, 0)
+        bs = self.block_size
+        leg.predicted_hit_tokens = min(matched * bs, (req.num_prompt_tokens - 1) // bs * bs)  # as KVRouter counts
+        router.index.predict(pid, keys, now=req.arrival_s, start=matched)
+        for tracker in self._trackers(k):
+            tracker.on_dispatch(pid, self._uncached(leg), now=req.arrival_s)
 
     def _trackers(self, k: int) -> list[LoadTracker]:
         """The load trackers that count router ``k``'s requests: its own, or all with ``share_loads``."""
@@ -103,7 +149,13 @@ class SimRouter:
         for r in reqs:
             for tracker in self._trackers(r.router_index):
                 tracker.on_first_output(rid, self._uncached(r))
-            self.receipts.record_actual(r.receipt, r.num_cached_tokens)
+            self.receipts.record_actual(r.receipt, r.own_cached_tokens)  # the prediction was of its own pool
+
+    def on_prefill_done(self, pid: int, leg: SimRequest) -> None:
+        """A prefill leg answered (its one token): the prefill replica's load drops."""
+        for tracker in self._trackers(leg.router_index):
+            tracker.on_first_output(pid, self._uncached(leg))
+            tracker.on_finish(pid, self._uncached(leg), had_output=True)
 
     def on_finished(self, rid: int, reqs: list[SimRequest]) -> None:
         for r in reqs:
@@ -124,17 +176,22 @@ class SimRouter:
             if rep.replica_id in loads:
                 loads[rep.replica_id].update_report(rep.load_report())
 
-    def add_replica(self, rid: int) -> None:
-        """A replica joins every router: healthy, with an empty tree (a cold cache), and the rates a real
-        replica measures and reports in ``/load`` taken from the cost model (block bytes counted as one
-        per token: only the ratios matter)."""
-        cost = self.config.cost
+    def add_replica(self, rid: int, role: str = "both") -> None:
+        """A replica of ``role`` joins every router: healthy, with an empty tree (a cold cache), and the rates a
+        real replica measures and reports in ``/load`` taken from the cost model (block bytes counted as one
+        per token: only the ratios matter, so the pull rate is in tokens per second too). Its KV transfer is
+        on with ``peer_pulls`` (the router plans pulls only between replicas that report it on)."""
+        config, cost = self.config, self.config.cost
+        if role == "prefill":
+            self.prefill_ids.append(rid)
         for router in self.routers:
-            router.add_replica(rid)
+            router.add_replica(rid, role=role)
             load = router.loads.loads[rid]
             load.prefill_tokens_per_s = 1 / cost.prefill_s_per_token if cost.prefill_s_per_token else None
-            load.kv_block_bytes = self.config.engine.block_size
+            load.kv_block_bytes = config.engine.block_size
             load.h2d_bytes_per_s = 1 / cost.load_s_per_token if cost.load_s_per_token else None
+            load.kv_transfer_enabled = config.peer_pulls
+            load.pull_bytes_per_s = config.kv_transfer_bytes_per_s / config.kv_bytes_per_token
 
     def remove_replica(self, rid: int) -> None:
         for router in self.routers:

@@ -14,7 +14,8 @@ from kvmesh.cluster.measure.sim.report import infinite_hit_rate, single_pool_hit
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
 
-__all__ = ["SimRun", "blocks_per_replica", "compare_policies", "run_policy", "working_set_blocks"]
+__all__ = ["SimRun", "blocks_per_replica", "compare_policies", "kv_transfer_variants", "run_policy",
+           "working_set_blocks"]
 
 
 def working_set_blocks(records: list[MooncakeRecord]) -> int:
@@ -28,7 +29,7 @@ def working_set_blocks(records: list[MooncakeRecord]) -> int:
 def blocks_per_replica(config: SimConfig, records: list[MooncakeRecord]) -> int:
     if config.blocks_per_replica is not None:
         return config.blocks_per_replica
-    return max(1, math.ceil(config.capacity_fraction * working_set_blocks(records) / config.num_replicas))
+    return max(1, math.ceil(config.capacity_fraction * working_set_blocks(records) / config.total_replicas))
 
 
 def offload_blocks_per_replica(config: SimConfig, records: list[MooncakeRecord]) -> int:
@@ -37,7 +38,7 @@ def offload_blocks_per_replica(config: SimConfig, records: list[MooncakeRecord])
         return config.offload_blocks_per_replica
     if not config.offload_capacity_fraction:
         return 0
-    return max(1, math.ceil(config.offload_capacity_fraction * working_set_blocks(records) / config.num_replicas))
+    return max(1, math.ceil(config.offload_capacity_fraction * working_set_blocks(records) / config.total_replicas))
 
 
 def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies: list[str],
@@ -53,7 +54,7 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
 
     tokens = BlockTokenCache(config.engine.block_size, config.vocab_size, config.seed)
     per_replica = blocks_per_replica(config, records)
-    total_blocks = per_replica * config.num_replicas
+    total_blocks = per_replica * config.total_replicas
 
     def fresh():
         return requests_from_mooncake(records, config.time_scale, config.engine.block_size)
@@ -98,6 +99,22 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
             summary["hit_rate_vs_single_pool"] = summary["hit_rate"] / ceiling
         report["policies"][label] = summary
     return report
+
+
+def kv_transfer_variants(config: SimConfig) -> dict[str, dict]:
+    """The four ways ``--pd-compare`` runs each policy, at the same total of replicas: every replica ``both``
+    (baseline), with peer pulls, split into ``num_prefill_replicas`` (1 when 0) prefill + the rest decode, and
+    split with peer pulls. Label suffix -> ``SimConfig`` changes (``compare_policies``' ``variants``)."""
+    total = config.total_replicas
+    prefill = config.num_prefill_replicas or 1
+    if total - prefill < 1:
+        raise ValueError(f"--pd-compare needs a decode replica beside {prefill} prefill replica(s): "
+                         f"{total} replica(s) in all; raise --num-replicas")
+    both = {"num_replicas": total, "num_prefill_replicas": 0}
+    split = {"num_replicas": total - prefill, "num_prefill_replicas": prefill}
+    tag = f"/pd {prefill}p{total - prefill}d"
+    return {"/both": both | {"peer_pulls": False}, "/both+pulls": both | {"peer_pulls": True},
+            tag: split | {"peer_pulls": False}, tag + "+pulls": split | {"peer_pulls": True}}
 
 
 def _config_dict(config: SimConfig) -> dict:

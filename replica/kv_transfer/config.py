@@ -1,0 +1,32 @@
+"""The ``kv_transfer`` config section of a replica (torch-free: the CLI derives flags from it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TRANSPORTS = ("nixl", "local")
+"""The transports agent.py's registry knows (``nixl``: NIXL over UCX; ``local``: in-process copies)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVTransferConfig:
+    """How a replica moves KV blocks to and from its peers (issue 32: P/D splits and peer pulls)."""
+
+    enabled: bool = field(default=False, metadata={"flag": "--kv-transfer"})
+    """Create a transfer agent at start-up and serve /kv/handshake, /kv/lease, /kv/release and kv_transfer_params."""
+    transport: str = field(default="nixl", metadata={"flag": "--kv-transfer-transport"})
+    """``nixl`` (NIXL over UCX: across processes and machines) or ``local`` (in-process copies, for tests)."""
+    lease_ttl_s: float = field(default=30.0, metadata={"flag": "--kv-transfer-lease-ttl-s"})
+    """Seconds a lease holds its blocks on this replica when the puller never releases it."""
+    timeout_s: float = field(default=10.0, metadata={"flag": "--kv-transfer-timeout-s"})
+    """A transfer (or a peer's /kv/* answer) not done after this many seconds fails; the prompt is computed."""
+    poll_interval_s: float = field(default=0.0005, metadata={"flag": "--kv-transfer-poll-interval-s"})
+    """Seconds between completion checks while waiting on a transfer."""
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"kv transfer transport {self.transport!r} is unknown; choose one of "
+                             f"{', '.join(TRANSPORTS)}")
+        if self.timeout_s <= 0 or self.poll_interval_s <= 0 or self.lease_ttl_s <= 0:
+            raise ValueError(f"kv transfer timeout_s ({self.timeout_s}), poll_interval_s ({self.poll_interval_s}) "
+                             f"and lease_ttl_s ({self.lease_ttl_s}) must be positive")

@@ -1,0 +1,57 @@
+"""``kv_transfer_params`` of a completion request (vLLM NixlConnector's field name), torch-free.
+
+    prefill side:  {"do_remote_decode": true}
+                   -> the response carries {"do_remote_prefill": true, "do_remote_decode": false,
+                      "remote_block_ids": [...], "remote_lease_id": "...", "remote_engine_id": "...", "num_tokens": N}
+    decode side:   {"do_remote_prefill": true, "remote_url": "http://host:port",
+                    "remote_block_ids": [...]?, "remote_lease_id": "..."?}   (no block ids: the replica leases them)
+
+Unknown keys are ignored (vLLM adds its own: remote_host, remote_port, tp_size, ...); a known key of the wrong
+type is a 400 naming it (``kv_transfer_params.remote_block_ids``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from kvmesh.replica.openai.responses import OpenAIBaseModel
+from kvmesh.replica.serving.errors import ProtocolError
+from pydantic import Field
+
+_Flag = Annotated[bool, Field(strict=True)]
+_BlockId = Annotated[int, Field(strict=True, ge=0)]
+
+
+class KVTransferParams(OpenAIBaseModel):
+    do_remote_decode: _Flag = False
+    """Prefill side: compute the prompt, lease its blocks when done, answer with the handle."""
+    do_remote_prefill: _Flag = False
+    """Decode side: pull the prompt's blocks from ``remote_url`` before running it."""
+    remote_url: str | None = None
+    """The holder's base URL (``http://host:port``)."""
+    remote_block_ids: list[_BlockId] | None = None
+    """The holder's block ids of the prompt's leading full blocks; None: lease them from the holder first."""
+    remote_lease_id: str | None = None
+    """The holder's lease on those blocks (released after the pull)."""
+    remote_engine_id: str | None = None
+    """The holder's transfer agent name (informational: the handshake names it)."""
+    num_tokens: Annotated[int, Field(strict=True, ge=0)] | None = None
+    """Tokens the leased blocks hold (informational)."""
+
+    def check(self, num_prompts: int, stream: bool) -> None:
+        """A 400 naming the field for a combination the replica cannot serve."""
+        if self.do_remote_decode and self.do_remote_prefill:
+            raise ProtocolError("kv_transfer_params cannot set both do_remote_decode and do_remote_prefill",
+                                param="kv_transfer_params")
+        if (self.do_remote_decode or self.do_remote_prefill) and num_prompts != 1:
+            raise ProtocolError(f"kv_transfer_params applies to one prompt; this request has {num_prompts}",
+                                param="kv_transfer_params")
+        if self.do_remote_decode and stream:
+            raise ProtocolError("kv_transfer_params.do_remote_decode needs stream false (the handle is in the "
+                                "JSON response)", param="kv_transfer_params.do_remote_decode")
+        if self.do_remote_prefill:
+            url = self.remote_url or ""
+            if not url.startswith(("http://", "https://")):
+                raise ProtocolError("kv_transfer_params.remote_url must be the holder's http(s)://host:port when "
+                                    f"do_remote_prefill is true, got {self.remote_url!r}",
+                                    param="kv_transfer_params.remote_url")

@@ -1,0 +1,50 @@
+"""``kv_transfer_params`` on the completion endpoints: pull before the request, lease after it.
+
+    decode side  {"do_remote_prefill": true, "remote_url": ...}  -> ``before``: the pull (kv_transfer.py), then
+                 the request runs as usual and hits the pulled blocks (they count in cached_tokens)
+    prefill side {"do_remote_decode": true}                      -> ``after``: the finished prompt's blocks leased,
+                 the handle returned as the response's top-level ``kv_transfer_params``
+
+Every completion answer carries ``x-kvmesh-kv-pulled-tokens`` and ``x-kvmesh-kv-pulled-bytes`` (0 without a
+pull) and, when a pull was tried, ``x-kvmesh-kv-pull: ok|failed|skipped``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+from kvmesh.replica.server.kv_transfer import PullResult
+
+if TYPE_CHECKING:
+    from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from kvmesh.replica.server.state import ServerState
+
+NO_PULL = {"x-kvmesh-kv-pulled-tokens": "0", "x-kvmesh-kv-pulled-bytes": "0"}
+
+
+async def before(state: ServerState, req: CompletionRequest | ChatCompletionRequest, prompts: list[list[int]],
+                 http: Request) -> dict[str, str]:
+    """Check ``kv_transfer_params`` (a 400 naming the field) and run the decode side's pull; the response headers."""
+    params = req.kv_transfer_params
+    if params is None:
+        return dict(NO_PULL)
+    params.check(len(prompts), req.stream)
+    if not params.do_remote_prefill:
+        return dict(NO_PULL)
+    if state.kv_transfer is None:  # transfer off here: computed, said so
+        return PullResult("skipped").headers()
+    result = await state.kv_transfer.pull(params, prompts[0], req.cache_salt, http.headers.get("authorization"))
+    return result.headers()
+
+
+async def after(state: ServerState, req: CompletionRequest | ChatCompletionRequest,
+                prompts: list[list[int]]) -> dict | None:
+    """The prefill side's ``kv_transfer_params`` for the response (None: the request asked for none)."""
+    params = req.kv_transfer_params
+    if params is None or not params.do_remote_decode:
+        return None
+    if state.kv_transfer is None:  # nothing to hand over: the decode side computes the prompt
+        return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [], "remote_lease_id": "",
+                "remote_engine_id": "", "num_tokens": 0}
+    return await state.kv_transfer.lease_after(prompts[0], req.cache_salt)

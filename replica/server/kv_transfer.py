@@ -1,0 +1,150 @@
+"""The replica's KV transfer front: its agent, the peers it has shaken hands with, pulls over HTTP, stats.
+
+    decode side (kv_transfer_params.do_remote_prefill):
+        POST {remote_url}/kv/lease         when no block ids came with the request (a peer pull)
+        GET  {remote_url}/kv/handshake     once per peer (cached; fetched again after a failure)
+        engine.pull_prefix(...)            the blocks this replica lacks, read between engine steps
+        POST {remote_url}/kv/release       always, success or failure
+    prefill side (do_remote_decode): engine.lease_blocks(prompt) once the request finished -> the handle.
+
+Any failure (peer dead, an HTTP error, a timeout, a layout mismatch, no room) ends as ``PullResult("failed")``
+and the caller computes the prompt: a request never fails because of a transfer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvmesh.replica.kv_transfer.agent import KVTransferAgent, decode_handshake, encode_handshake
+from kvmesh.replica.kv_transfer.config import KVTransferConfig
+from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
+from kvmesh.replica.server.kv_metrics import KVTransferMetrics
+from kvmesh.replica.serving.load_report import KVTransferLoad
+
+if TYPE_CHECKING:
+    import aiohttp
+    from kvmesh.replica.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    """How a pull went: ``ok`` (tokens moved), ``skipped`` (nothing to move) or ``failed`` (computed instead)."""
+
+    outcome: str
+    tokens: int = 0
+    bytes: int = 0
+
+    def headers(self) -> dict[str, str]:
+        """The response headers of the contract (``x-kvmesh-kv-pull`` only when a pull was tried)."""
+        return {"x-kvmesh-kv-pulled-tokens": str(self.tokens), "x-kvmesh-kv-pulled-bytes": str(self.bytes),
+                "x-kvmesh-kv-pull": self.outcome}
+
+
+class PeerError(RuntimeError):
+    """A peer's /kv/* call failed (status, body or connection)."""
+
+
+class KVTransferService:
+    """One replica's transfer agent (rank 0) and what its HTTP routes and completions need of it."""
+
+    def __init__(self, config: KVTransferConfig, agent: KVTransferAgent, engine: AsyncLLM,
+                 metrics: KVTransferMetrics) -> None:
+        self.config, self.agent, self.engine, self.metrics = config, agent, engine, metrics
+        self.block_size = engine.block_size
+        self.bytes_per_block = agent.layout.bytes_per_block
+        self._handshake = encode_handshake(agent.handshake())
+        self._peers: dict[str, str] = {}  # remote_url -> the peer's agent name (handshake done)
+        self._session: aiohttp.ClientSession | None = None
+        self._handshaking: asyncio.Lock | None = None  # one handshake at a time (made on the server's loop)
+
+    # ------------------------------------------------------------ holder side
+    def handshake_bytes(self) -> bytes:
+        return self._handshake
+
+    def load(self) -> KVTransferLoad:
+        return KVTransferLoad(enabled=True, pull_bytes_per_s=self.engine.kv_transfers.pull_bytes_per_s,
+                              bytes_per_token=self.bytes_per_block // self.block_size)
+
+    async def lease_after(self, prompt: list[int], cache_salt: str | None) -> dict:
+        """The prefill side's answer: the finished prompt's cached blocks leased, as ``kv_transfer_params``."""
+        lease = await self.engine.lease_blocks(prompt, cache_salt, self.config.lease_ttl_s)
+        return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": lease.remote_block_ids,
+                "remote_lease_id": lease.lease_id, "remote_engine_id": self.agent.name,
+                "num_tokens": lease.num_tokens}
+
+    # ------------------------------------------------------------ puller side
+    async def pull(self, params: KVTransferParams, prompt: list[int], cache_salt: str | None,
+                   authorization: str | None) -> PullResult:
+        """Pull what this replica lacks of ``prompt``'s prefix from ``params.remote_url``; never raises."""
+        url = params.remote_url.rstrip("/")
+        headers = {"Authorization": authorization} if authorization else {}
+        block_ids, lease_id = params.remote_block_ids, params.remote_lease_id
+        t0 = time.monotonic()
+        try:
+            if block_ids is None:
+                lease = await self._call("POST", f"{url}/kv/lease", headers,
+                                         {"prompt_token_ids": prompt, "cache_salt": cache_salt})
+                block_ids, lease_id = list(lease["remote_block_ids"]), lease["lease_id"] or None
+            if not block_ids:
+                return self._count(PullResult("skipped"), t0)
+            peer = await self._peer(url, headers)
+            tokens = await self.engine.pull_prefix(self.agent, peer, prompt, block_ids, cache_salt)
+        except Exception as e:  # noqa: BLE001 - any failure: the prompt is computed here
+            self._forget(url)
+            logger.warning("KV pull from %s failed (%s: %s); computing the prompt", url, type(e).__name__, e)
+            result = PullResult("failed")
+        else:
+            result = PullResult("ok", tokens, tokens // self.block_size * self.bytes_per_block) if tokens \
+                else PullResult("skipped")
+        finally:
+            if lease_id:
+                await self._release(url, headers, lease_id)
+        return self._count(result, t0)
+
+    def _count(self, result: PullResult, t0: float) -> PullResult:
+        self.metrics.record_pull(result.outcome, result.tokens, result.bytes, time.monotonic() - t0)
+        return result
+
+    async def _peer(self, url: str, headers: dict[str, str]) -> str:
+        if self._handshaking is None:
+            self._handshaking = asyncio.Lock()
+        async with self._handshaking:  # two first requests to one peer shake hands once
+            if url not in self._peers:
+                raw = await self._call("GET", f"{url}/kv/handshake", headers, None, raw=True)
+                self._peers[url] = self.agent.add_peer(decode_handshake(raw))  # KVLayoutMismatch names the fields
+        return self._peers[url]
+
+    def _forget(self, url: str) -> None:
+        peer = self._peers.pop(url, None)
+        if peer is not None:
+            self.agent.remove_peer(peer)
+
+    async def _release(self, url: str, headers: dict[str, str], lease_id: str) -> None:
+        try:
+            await self._call("POST", f"{url}/kv/release", headers, {"lease_id": lease_id})
+        except Exception as e:  # noqa: BLE001 - the lease expires on the holder anyway
+            logger.info("releasing lease %s at %s failed (%s); it expires there", lease_id, url, e)
+
+    async def _call(self, method: str, url: str, headers: dict[str, str], body: dict | None, raw: bool = False):
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.timeout_s))
+        try:
+            async with self._session.request(method, url, json=body, headers=headers) as resp:
+                data = await resp.read()
+                if resp.status != 200:
+                    raise PeerError(f"{method} {url} answered {resp.status}: {data[:200]!r}")
+                return data if raw else await resp.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise PeerError(f"{method} {url} failed: {e!r}") from None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

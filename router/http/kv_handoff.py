@@ -1,0 +1,190 @@
+"""Moving a request's KV between replicas, the data plane's half (router/routing/transfers.py decides).
+
+    prepare(request, decision)   before the first attempt: the P/D split (the prefill call) or a peer pull,
+                                 as ``request.kv_transfer_params`` for the decode replica (vLLM's field name)
+    abandon(request)             that attempt failed before its first byte: the next replica gets the request
+                                 as the client sent it; a prefill replica's lease is released
+    opened(decision, upstream)   the answer's ``x-kvmesh-kv-pulled-tokens`` onto the receipt and the metrics
+
+**The split.** The prompt goes to the prefill replica as a token-id completion with ``max_tokens=1``,
+``stream: false`` and ``kv_transfer_params: {"do_remote_decode": true}``; its answer's ``kv_transfer_params``
+(the handle: block ids, lease, engine) plus ``"remote_url"`` go to the decode replica, which pulls what its
+own cache lacks. The prefill call is held to the router's deadlines (``first_byte_timeout_s``,
+``stream_idle_timeout_s``: router/http/patience.py) and counts towards its replica's ejection like any
+answer (router/http/failures.py); whatever goes wrong, the decode replica gets the request unchanged and
+computes the prompt itself, so no request fails because of a split.
+
+**A peer pull** is only the field ``{"do_remote_prefill": true, "remote_url": <holder>}``: the replica
+leases the blocks from the holder itself, and computes the prompt if the pull fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
+from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.router.http.failures import InvalidAnswer, count_failure
+from kvmesh.router.http.relay import UPSTREAM_ERRORS
+from kvmesh.router.routing.receipts import HEADER_PULLED_TOKENS
+from kvmesh.router.routing.transfers import SPLIT_OK, SPLIT_PREFILL_FAILED
+
+if TYPE_CHECKING:
+    from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.http.metrics import RouterMetrics
+    from kvmesh.router.http.patience import Patience
+    from kvmesh.router.http.proxy_request import ProxyRequest
+    from kvmesh.router.http.upstream import UpstreamPool, UpstreamResponse
+    from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
+    from kvmesh.router.routing.outlier import OutlierDetector
+
+logger = logging.getLogger(__name__)
+
+TRANSFER_FIELD = "kv_transfer_params"
+"""The request and response field of a transfer (vLLM's NixlConnector's name)."""
+
+
+class HandoffRuntime(Protocol):
+    """What a handoff reads of the running router (``RouterRuntime``; a part of proxy.py's ``Replicas``)."""
+
+    config: RouterConfig
+    router: KVRouter
+    metrics: RouterMetrics
+    specs: dict[str, ReplicaSpec]
+    pool: UpstreamPool | None
+    outliers: OutlierDetector
+
+    def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...,
+                    sick: bool = ...) -> None: ...
+    def record_failure(self, replica_id: str, why: str, kind: str, sick: bool = ...) -> None: ...
+    def patience(self, replica_id: str) -> Patience | None: ...
+    def headers(self) -> dict[str, str]: ...
+
+
+class KVHandoff:
+    """See the module doc; one per ``Forwarder``."""
+
+    def __init__(self, runtime: HandoffRuntime) -> None:
+        self.runtime = runtime
+        self._releases: set[asyncio.Task] = set()
+
+    async def prepare(self, request: ProxyRequest, decision: RouteDecision) -> None:
+        """Set ``request.kv_transfer_params`` for ``decision``'s replica: a split's handle, a peer pull, or none."""
+        svc = self.runtime
+        if not request.route_ids or len(request.prompts) > 1:
+            return  # no token ids to prefill by (no tokenizer), or a batch of prompts: served as sent
+        prefill_id, skipped = svc.router.choose_prefill(decision)
+        if skipped is not None:
+            svc.metrics.child(svc.metrics.pd_splits, skipped).inc()
+        if prefill_id is not None:  # a split, or (its prefill call failed) the request as sent: never a pull
+            handle = await self._prefill(request, decision, prefill_id)
+            svc.metrics.child(svc.metrics.pd_splits, SPLIT_OK if handle is not None else SPLIT_PREFILL_FAILED).inc()
+            if handle is not None:
+                request.kv_transfer_params = handle
+                decision.receipt.prefill_replica_id = prefill_id
+            return
+        pull = decision.pull
+        holder = svc.specs.get(pull.holder_id) if pull is not None else None
+        if holder is not None:
+            request.kv_transfer_params = {"do_remote_prefill": True, "remote_url": holder.url}
+            decision.receipt.pulled_from = pull.holder_id
+            svc.metrics.peer_pulls.inc()
+
+    async def _prefill(self, request: ProxyRequest, decision: RouteDecision, prefill_id: str) -> dict | None:
+        """The prefill call; the handle for the decode replica, or None (counted against the prefill replica
+        when it failed as a replica fails)."""
+        svc = self.runtime
+        spec = svc.specs.get(prefill_id)
+        if spec is None:
+            return None
+        body: dict[str, object] = {"prompt": request.route_ids, "max_tokens": 1, "stream": False,
+                                   TRANSFER_FIELD: {"do_remote_decode": True}}
+        if request.req is not None and request.req.model is not None:
+            body["model"] = request.req.model
+        if request.salt is not None:
+            body["cache_salt"] = request.salt
+        headers = {"content-type": "application/json", **svc.headers()}
+        loads, uncached = svc.router.loads, decision.uncached_tokens
+        loads.on_dispatch(prefill_id, uncached)
+        try:
+            upstream = await svc.pool.post(spec.url, "/v1/completions", msgspec.json.encode(body), headers,
+                                           svc.patience(prefill_id))
+            try:
+                raw = await upstream.read()
+            except BaseException:
+                upstream.close()
+                raise
+            upstream.release()
+        except UPSTREAM_ERRORS as e:
+            why = count_failure(svc, prefill_id, e)
+            logger.info("prefill replica %s failed (%s); the decode replica computes the prompt", prefill_id, why)
+            return None
+        finally:
+            loads.on_finish(prefill_id, uncached, had_output=False)
+        return self._handle(prefill_id, spec.url, upstream.status, raw)
+
+    def _handle(self, prefill_id: str, url: str, status: int, raw: bytes) -> dict | None:
+        """The decode replica's ``kv_transfer_params`` from the prefill replica's answer, or None."""
+        svc = self.runtime
+        if status >= 500:
+            svc.record_failure(prefill_id, f"answered HTTP {status}", "http_5xx")
+            return None
+        if status != 200:
+            logger.warning("prefill replica %s answered HTTP %d: %s", prefill_id, status, raw[:200])
+            return None
+        try:
+            answer = msgspec.json.decode(raw)
+        except msgspec.DecodeError as e:
+            count_failure(svc, prefill_id, InvalidAnswer(f"answered 200 with a body that is not JSON ({e})"))
+            return None
+        svc.outliers.on_success(prefill_id)
+        handle = answer.get(TRANSFER_FIELD) if isinstance(answer, dict) else None
+        if not isinstance(handle, dict):
+            logger.warning("prefill replica %s answered without %s (is KV transfer on there?)", prefill_id,
+                           TRANSFER_FIELD)
+            return None
+        return {**handle, "remote_url": url}
+
+    def abandon(self, request: ProxyRequest) -> None:
+        """The attempt carrying ``request.kv_transfer_params`` failed: forget them, release a split's lease."""
+        params, request.kv_transfer_params = request.kv_transfer_params, None
+        lease = params.get("remote_lease_id") if params else None
+        if lease and isinstance(params.get("remote_url"), str):
+            task = asyncio.ensure_future(self._release(params["remote_url"], lease))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+
+    async def _release(self, url: str, lease_id: str) -> None:
+        """``POST /kv/release`` (best effort: an unknown lease, already released by its puller, is a 404)."""
+        svc = self.runtime
+        headers = {"content-type": "application/json", **svc.headers()}
+        try:
+            await svc.pool.fetch("POST", url, "/kv/release", svc.config.connect_timeout_s,
+                                 msgspec.json.encode({"lease_id": lease_id}), headers)
+        except (*UPSTREAM_ERRORS, ValueError):
+            pass  # the lease expires on its own
+
+    def opened(self, decision: RouteDecision, upstream: UpstreamResponse) -> None:
+        """Read the tokens the replica pulled (its ``x-kvmesh-kv-pulled-tokens``) into the receipt and metrics."""
+        value = upstream.headers.get(HEADER_PULLED_TOKENS)
+        if value is None:
+            return
+        try:
+            pulled = max(0, int(value))
+        except ValueError:
+            return
+        decision.receipt.kv_pulled_tokens = pulled
+        if pulled:
+            self.runtime.metrics.kv_pulled_tokens.inc(pulled)
+
+
+def refuse_client_transfer(raw: bytes) -> None:
+    """A client may not send ``kv_transfer_params``: it names a URL the replica would call with the cluster's
+    key (the router alone sets it). A 400 for a body that does."""
+    if b'"kv_transfer_params"' in raw:
+        body = msgspec.json.decode(raw)
+        if isinstance(body, dict) and TRANSFER_FIELD in body:
+            raise ProtocolError(f"{TRANSFER_FIELD} is set by the router (prefill/decode split, peer pulls), "
+                                "not by clients; remove it from the request", param=TRANSFER_FIELD)

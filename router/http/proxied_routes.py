@@ -1,0 +1,35 @@
+"""The door's routes of the proxied paths: ``POST /v1/completions`` and ``/v1/chat/completions`` (router/http/door.py),
+each behind the app's auth rule and timed in the router's metrics, answered by the ``Forwarder`` (proxy.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvmesh.replica.openai.auth import AuthMiddleware
+    from kvmesh.router.http.door import Handler
+    from kvmesh.router.http.messages import Request, Response
+    from kvmesh.router.http.proxy import Forwarder
+
+
+def proxied_routes(forwarder: Forwarder, auth: AuthMiddleware, model_name: str) -> dict[tuple[bytes, str], Handler]:
+    """The door's routes of the proxied paths (router/http/door.py), with the app's auth rule
+    (``AuthMiddleware.refusal``): (method, path) -> handler."""
+    metrics = forwarder.runtime.metrics
+
+    def route(path: str, chat: bool) -> Handler:
+        async def handle(request: Request) -> Response:
+            if auth.api is not None or auth.admin is not None:
+                header = next((v for k, v in request.raw_headers if k == b"authorization"), b"")
+                refused = auth.refusal("POST", path, header)
+                if refused is not None:
+                    raise refused
+            start = time.perf_counter()
+            response = await forwarder.handle(request, path, chat=chat)
+            return metrics.observe_response(response, start, model_name)
+
+        return handle
+
+    return {(b"POST", "/v1/completions"): route("/v1/completions", False),
+            (b"POST", "/v1/chat/completions"): route("/v1/chat/completions", True)}

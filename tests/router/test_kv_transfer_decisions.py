@@ -1,0 +1,156 @@
+"""Where KV moves, decided without I/O (router/routing/transfers.py): replica roles, the P/D split's prefill
+replica, and peer pulls priced in seconds with the host tier's load-back form (``load.copy_seconds``)."""
+
+from __future__ import annotations
+
+import pytest
+from kvmesh.replica.serving.load_report import LoadReport
+from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
+from kvmesh.router.control.probes import decode_transfer
+from kvmesh.router.routing.kv_router import KVRouter
+from kvmesh.router.routing.load import ReplicaLoad, copy_seconds
+from kvmesh.router.routing.policies import NoReplicaError
+from kvmesh.router.routing.transfers import SPLIT_NO_ROOM, TransferRules, price_pull
+
+from .helpers import stored
+
+BS = 16
+PROMPT = list(range(1000, 1000 + 32 * BS + 5))  # 32 full blocks and a tail
+TRANSFER = {"enabled": True, "pull_bytes_per_s": 10e9, "bytes_per_token": 1 << 16}  # 1 MiB blocks at 10 GB/s
+
+
+def report(running: int = 0, waiting_prefill: int = 0, rate: float | None = 10_000.0) -> LoadReport:
+    return LoadReport(num_requests_running=running, num_requests_waiting=0, kv_cache_usage=0.0,
+                      num_waiting_prefill_tokens=waiting_prefill, prefill_tokens_per_s=rate)
+
+
+def make_router(roles: dict[str, str], transfer: dict | None = TRANSFER, **rules) -> KVRouter:
+    router = KVRouter(block_size=BS, predict_ttl_s=0.0, transfers=TransferRules(**rules))
+    for rid, role in roles.items():
+        router.add_replica(rid, role=role)
+        router.loads.loads[rid].update_report(report())
+        router.loads.loads[rid].update_transfer(transfer)
+    return router
+
+
+# ---------------------------------------------------------------- roles
+def test_replica_spec_takes_a_role_and_the_old_form_means_both():
+    assert ReplicaSpec.parse("http://h:1").role == "both"
+    assert ReplicaSpec.parse("http://h:1,role=prefill,name=p").role == "prefill"
+    assert ReplicaSpec.parse("http://h:1/v1,events=tcp://h:2,role=decode").role == "decode"
+
+
+def test_a_bad_role_names_the_field_and_the_choices():
+    with pytest.raises(ValueError, match=r"role='prefil' is not a replica role; choose one of prefill, decode, both"):
+        ReplicaSpec.parse("http://h:1,role=prefil")
+    with pytest.raises(ValueError, match="role=prefill|decode|both"):
+        ReplicaSpec.parse("http://h:1,rol=prefill")
+
+
+def test_prefill_replicas_never_get_a_request_to_decode():
+    router = make_router({"p": "prefill", "d": "decode"})
+    router.apply_events("p", [stored(PROMPT, BS)])  # the prefill replica even holds the prompt
+    assert {router.route(PROMPT).replica_id for _ in range(20)} == {"d"}
+    router.set_healthy("d", False)
+    with pytest.raises(NoReplicaError, match="role prefill"):
+        router.route(PROMPT)
+
+
+def test_router_settings_for_transfers_are_checked():
+    assert build_router(RouterConfig(pd_min_uncached_tokens=64), seed=1).transfers.pd_min_uncached_tokens == 64
+    with pytest.raises(ValueError, match="pd_min_uncached_tokens"):
+        RouterConfig(pd_min_uncached_tokens=0)
+    with pytest.raises(ValueError, match="peer_pull_overhead_s"):
+        RouterConfig(peer_pull_overhead_s=-1)
+
+
+# ---------------------------------------------------------------- the split
+def test_split_only_for_a_long_uncached_suffix_on_the_decode_replica():
+    router = make_router({"p": "prefill", "d": "decode"}, pd_min_uncached_tokens=256)
+    assert router.choose_prefill(router.route(PROMPT)) == ("p", None)  # 517 uncached tokens
+    assert router.choose_prefill(router.route(PROMPT[:200])) == (None, None)  # 200 < 256
+    router.apply_events("d", [stored(PROMPT, BS, num_blocks=24)])  # 517 - 384 = 133 uncached on d
+    assert router.choose_prefill(router.route(PROMPT)) == (None, None)
+
+
+def test_split_goes_to_the_least_loaded_prefill_replica_with_room():
+    router = make_router({"p1": "prefill", "p2": "prefill", "d": "both"}, pd_max_prefill_backlog_tokens=4096)
+    router.loads.loads["p1"].update_report(report(waiting_prefill=3000))
+    assert router.choose_prefill(router.route(PROMPT))[0] == "p2"
+    router.loads.loads["p2"].update_report(report(waiting_prefill=5000))  # over the limit: no room
+    assert router.choose_prefill(router.route(PROMPT))[0] == "p1"
+    router.loads.loads["p1"].update_report(report(waiting_prefill=4096))
+    assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_NO_ROOM)
+    router.loads.loads["p1"].update_report(report())
+    router.set_healthy("p1", False)  # down, draining or ejected: no room either
+    assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_NO_ROOM)
+
+
+def test_no_prefill_replica_no_split():
+    router = make_router({"a": "both", "b": "both"}, pd_min_uncached_tokens=1)
+    assert router.choose_prefill(router.route(PROMPT)) == (None, None)
+
+
+# ---------------------------------------------------------------- pricing
+def test_pull_and_load_back_share_one_cost_form():
+    load = ReplicaLoad(kv_block_bytes=1 << 20, h2d_bytes_per_s=20e9, pull_bytes_per_s=10e9)
+    assert load.load_back_s(32) == copy_seconds(32, 1 << 20, 20e9) == pytest.approx(32 * (1 << 20) / 20e9)
+    assert load.pull_s(32, BS, overhead_s=0.01) == pytest.approx(32 * (1 << 20) / 10e9 + 0.01)
+    assert copy_seconds(0, None, None) == 0.0 and copy_seconds(3, None, 1e9) is None
+
+
+def test_pull_block_bytes_come_from_bytes_per_token_and_an_unmeasured_rate_is_assumed():
+    load = ReplicaLoad()
+    load.update_transfer({"enabled": True, "pull_bytes_per_s": None, "bytes_per_token": 1000})
+    assert load.kv_transfer_enabled and load.pull_bytes_per_s is None
+    assert load.pull_s(10, BS, 0.0) is None  # no rate, none assumed: cannot be priced
+    assert load.pull_s(10, BS, 0.0, assumed_bytes_per_s=16_000) == pytest.approx(10.0)
+
+
+def test_price_pull_compares_seconds_of_copy_and_of_recompute():
+    chosen, holder = ReplicaLoad(prefill_tokens_per_s=10_000.0), ReplicaLoad()
+    chosen.update_transfer(TRANSFER)
+    holder.update_transfer(TRANSFER)
+    pull_s, recompute_s = price_pull(chosen, holder, 32, BS, None, TransferRules(pull_overhead_s=0.01))
+    assert pull_s == pytest.approx(32 * (1 << 20) / 10e9 + 0.01) and recompute_s == pytest.approx(32 * BS / 10_000)
+    holder.update_transfer({"enabled": False})
+    assert price_pull(chosen, holder, 32, BS, None, TransferRules()) is None  # both ends must be enabled
+    holder.update_transfer(TRANSFER)
+    chosen.prefill_tokens_per_s = None
+    assert price_pull(chosen, holder, 32, BS, 5_000.0, TransferRules())[1] == pytest.approx(32 * BS / 5_000)
+    assert price_pull(chosen, holder, 32, BS, None, TransferRules()) is None  # no rate anywhere
+
+
+def busy_holder_router(transfer=TRANSFER, **rules) -> KVRouter:
+    """``a`` holds the prompt but is busy: cache_aware sends it to ``b``."""
+    router = make_router({"a": "both", "b": "both"}, transfer, **rules)
+    router.apply_events("a", [stored(PROMPT, BS)])
+    router.loads.loads["a"].update_report(report(running=500))
+    return router
+
+
+def test_a_request_sent_away_from_the_holder_pulls_when_that_is_cheaper():
+    decision = busy_holder_router().route(PROMPT)
+    assert decision.replica_id == "b"
+    assert decision.pull.holder_id == "a" and decision.pull.num_tokens == 32 * BS
+    assert decision.pull.pull_s < decision.pull.recompute_s
+
+
+def test_no_pull_when_recomputing_is_cheaper_or_transfer_is_off_or_the_holder_was_chosen():
+    slow = dict(TRANSFER, pull_bytes_per_s=1e6)  # 32 MiB at 1 MB/s: 33 s against 51 ms of prefill
+    assert busy_holder_router(slow).route(PROMPT).pull is None
+    assert busy_holder_router({"enabled": False}).route(PROMPT).pull is None
+    assert busy_holder_router(peer_pulls=False).route(PROMPT).pull is None
+    idle = busy_holder_router()
+    idle.loads.loads["a"].update_report(report())
+    decision = idle.route(PROMPT)
+    assert decision.replica_id == "a" and decision.pull is None
+
+
+def test_load_report_kv_transfer_is_read_whatever_the_report():
+    raw = (b'{"num_requests_running": 0, "num_requests_waiting": 0, "kv_cache_usage": 0.0, '
+           b'"num_waiting_prefill_tokens": 0, "kv_transfer": {"enabled": true, "pull_bytes_per_s": 2.5e9, '
+           b'"bytes_per_token": 4096}}')
+    assert decode_transfer(raw) == {"enabled": True, "pull_bytes_per_s": 2.5e9, "bytes_per_token": 4096}
+    assert decode_transfer(b'{"num_requests_running": 1}') is None
+    assert decode_transfer(b'{"kv_transfer": 3}') is None
