@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from kvmesh.cluster.commands.admin import add_admin_arguments, run_admin
-from kvmesh.cluster.fleet.roles import PREFILL
+from kvmesh.router.routing.roles import PREFILL
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

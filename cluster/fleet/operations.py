@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING
 from kvmesh.cluster.fleet.autoscaler import Decision, cheapest_to_lose
 from kvmesh.cluster.fleet.replica_add import add_replicas
 from kvmesh.cluster.fleet.replica_remove import remove_replica
-from kvmesh.cluster.fleet.roles import PREFILL, Role, check_role, decodes, serving_role
+from kvmesh.cluster.fleet.roles import Role, decodes, serving_role
 from kvmesh.cluster.fleet.supervisor import ReplicaHandle, replica_index
 from kvmesh.cluster.fleet.view import Accepted, EngineChanges, FleetView, Operation
 from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch.capacity import plan_capacity
 from kvmesh.cluster.launch.gpu_share import check_gpu_share
+from kvmesh.router.routing.roles import PREFILL, check_role
 
 if TYPE_CHECKING:
     from kvmesh.cluster.launch.serve_state import RunningCluster, ServeState

@@ -12,16 +12,15 @@ The role is in the name (``prefill-3``) and on the replica's handle; the router 
 
 from __future__ import annotations
 
-from typing import Literal
+from kvmesh.router.routing.roles import BOTH, DECODE, PREFILL
 
-Role = Literal["prefill", "decode", "both"]
-ROLES: tuple[Role, ...] = ("prefill", "decode", "both")
-PREFILL: Role = "prefill"
+Role = str
+"""One of the router's ``ROLES`` (router/routing/roles.py: the words, and ``check_role``)."""
 
 
 def serving_role(num_prefill_replicas: int) -> Role:
     """The role of the ``--num-replicas`` replicas: decode next to prefill replicas, else both."""
-    return "decode" if num_prefill_replicas > 0 else "both"
+    return DECODE if num_prefill_replicas > 0 else BOTH
 
 
 def replica_name(index: int, role: Role) -> str:
@@ -32,13 +31,6 @@ def replica_name(index: int, role: Role) -> str:
 def decodes(role: Role) -> bool:
     """The replica serves requests to their end (the router's decode targets): role decode or both."""
     return role != PREFILL
-
-
-def check_role(role: str) -> Role:
-    """``role`` as a Role; ValueError naming the choices (``kvmesh scale --role``, ``POST /admin/scale``)."""
-    if role not in ROLES:
-        raise ValueError(f"unknown replica role {role!r}; expected one of {', '.join(ROLES)}")
-    return role  # type: ignore[return-value]
 
 
 def kv_transfer_on(mode: str, num_prefill_replicas: int, nixl_importable: bool, tensor_parallel_size: int = 1) -> bool:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.cluster import admin_key as admin_key_store
 from kvmesh.cluster.config.trees import ServeConfig
-from kvmesh.cluster.fleet.roles import PREFILL, Role, replica_name, serving_role
+from kvmesh.cluster.fleet.roles import Role, replica_name, serving_role
 from kvmesh.cluster.fleet.supervisor import ReplicaHandle, Supervisor
 from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch import preflight, ray_cluster
@@ -46,6 +46,7 @@ from kvmesh.kvcache.hashing import cache_salt_secret
 from kvmesh.replica.config import EngineConfig
 from kvmesh.router.config import RouterConfig
 from kvmesh.router.routing.policies import with_step_budget
+from kvmesh.router.routing.roles import PREFILL
 
 if TYPE_CHECKING:
     from kvmesh.cluster.fleet.operations import Fleet

@@ -27,7 +27,7 @@ from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.server.config import AUTO_HOST, ReplicaServerConfig
 
 if TYPE_CHECKING:
-    from kvmesh.replica.kv_transfer.agent import KVTransferConfig
+    from kvmesh.replica.kv_transfer.config import KVTransferConfig
 
 # KV cache per replica on CPU when the config sets none and the model is the embedded one:
 # 2 KiB/token x 32k tokens -- plenty for a demo, small enough for a laptop.
@@ -67,7 +67,7 @@ def replica_server(cfg: ServeConfig, index: int, served_model_name: str, local: 
 def replica_kv_transfer(cfg: ServeConfig) -> KVTransferConfig:
     """The kv_transfer section every replica gets: enabled as ``replicas.kv_transfer`` says (auto: prefill replicas,
     or nixl importable), transport nixl. The only place serve builds it (issue 32's seam with the replica)."""
-    from kvmesh.replica.kv_transfer.agent import KVTransferConfig
+    from kvmesh.replica.kv_transfer.config import KVTransferConfig
     from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
 
     rc = cfg.replicas

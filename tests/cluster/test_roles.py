@@ -114,7 +114,7 @@ def test_scale_per_role_queues_that_roles_operation_and_checks_its_bounds():
     assert fleet.request_scale(3, "decode")["operation"] == "scale to 3"
     with pytest.raises(ValueError, match="cannot scale to 0 replicas: allowed 1.."):
         fleet.request_scale(0)
-    with pytest.raises(ValueError, match="unknown replica role 'prefil'; expected one of prefill, decode, both"):
+    with pytest.raises(ValueError, match="role='prefil' is not a replica role; choose one of prefill, decode, both"):
         fleet.request_scale(1, "prefil")
     assert fleet.state()["queued"] == 3
 
