@@ -1,15 +1,15 @@
 """The config trees of the ``kvmesh`` commands, built from the components' own config dataclasses.
 
-    ServeConfig (kvmesh serve)                  ReplicaCommandConfig (kvmesh replica)
-    ├── engine:   EngineConfig      replica/    ├── engine:   EngineConfig
-    ├── replicas: ReplicasConfig    here        ├── server:   ReplicaServerConfig  replica/
-    ├── router:   RouterConfig      router/     ├── events:   PublisherConfig
-    ├── events:   PublisherConfig   events/     ├── frontend: FrontendConfig
-    ├── frontend: FrontendConfig    replica/openai/ └── kv_transfer: KVTransferConfig  replica/kv_transfer/
-    ├── ray:      RayConfig         here
-    └── autoscale: AutoscaleConfig  autoscaler  RouterCommandConfig (kvmesh router)
-                                                ├── router:   RouterConfig
-                                                └── frontend: FrontendConfig
+    ServeConfig (kvmesh serve)                      ReplicaCommandConfig (kvmesh replica)
+    ├── engine:      EngineConfig      replica/     ├── engine:      EngineConfig
+    ├── replicas:    ReplicasConfig    here         ├── server:      ReplicaServerConfig  replica/
+    ├── router:      RouterConfig      router/      ├── events:      PublisherConfig
+    ├── events:      PublisherConfig   events/      ├── frontend:    FrontendConfig
+    ├── frontend:    FrontendConfig    replica/openai/ └── kv_transfer: KVTransferConfig  replica/kv_transfer/
+    ├── kv_transfer: KVTransferConfig  replica/kv_transfer/
+    ├── ray:         RayConfig         here         RouterCommandConfig (kvmesh router)
+    └── autoscale:   AutoscaleConfig   autoscaler   ├── router:   RouterConfig
+                                                    └── frontend: FrontendConfig
 
 A section is the component's dataclass itself, and the component takes it whole
 (``ReplicaRuntime.start(engine, server, events, frontend)``), so a field, its default, its check
@@ -156,6 +156,8 @@ class ServeConfig:
     """The replicas' KV event streams."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     """The OpenAI front of the router and every replica: body/prompt limits, chat template, read timeouts."""
+    kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    """The replicas' KV transfer (lease TTL, timeouts); whether it is on is replicas.kv_transfer."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Embedded Ray or an existing cluster; placement."""
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
@@ -268,6 +270,8 @@ SERVE_SCHEMA = Schema(ServeConfig, hidden={
     "router.replica_api_key": "the replicas require router.api_key", "router.frontend": _FRONTEND,
     "router.admin_key": "serve generates the admin key for its own processes",
     "events.endpoint": _EVENTS_DERIVED, "events.replay_endpoint": _EVENTS_DERIVED,
+    "kv_transfer.enabled": "serve turns it on as replicas.kv_transfer says (auto: prefill replicas or nixl here)",
+    "kv_transfer.transport": "serve's replicas move KV over nixl (the local transport works only inside one process)",
 })
 REPLICA_SCHEMA = Schema(ReplicaCommandConfig, hidden={
     "events.endpoint": _SERVER_EVENTS, "events.replay_endpoint": "set server.replay_port",

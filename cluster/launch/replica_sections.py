@@ -6,8 +6,9 @@
                                                    the router's API key (the replicas require it), the served name
                 ──▶ events   PublisherConfig       the events section, plus the CURVE keys of private streams
                 ──▶ frontend FrontendConfig        as configured
-                ──▶ kv_transfer KVTransferConfig   on as replicas.kv_transfer says (cluster/fleet/roles.py),
-                                                   transport nixl (``local`` moves KV only inside one process)
+                ──▶ kv_transfer KVTransferConfig   serve's section, on as replicas.kv_transfer says
+                                                   (cluster/fleet/roles.py), transport nixl (``local`` moves KV
+                                                   only inside one process)
 
 The replica actor then starts ``ReplicaRuntime`` with them.
 """
@@ -15,7 +16,6 @@ The replica actor then starts ``ReplicaRuntime`` with them.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config.trees import ServeConfig
 from kvmesh.cluster.fleet.roles import kv_transfer_on
@@ -24,10 +24,8 @@ from kvmesh.cluster.launch.gpu_share import replica_memory_utilization
 from kvmesh.cluster.launch.ray_cluster import LOCAL_HOST
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.kv_transfer.config import KVTransferConfig
 from kvmesh.replica.server.config import AUTO_HOST, ReplicaServerConfig
-
-if TYPE_CHECKING:
-    from kvmesh.replica.kv_transfer.config import KVTransferConfig
 
 # KV cache per replica on CPU when the config sets none and the model is the embedded one:
 # 2 KiB/token x 32k tokens -- plenty for a demo, small enough for a laptop.
@@ -65,12 +63,11 @@ def replica_server(cfg: ServeConfig, index: int, served_model_name: str, local: 
 
 
 def replica_kv_transfer(cfg: ServeConfig) -> KVTransferConfig:
-    """The kv_transfer section every replica gets: enabled as ``replicas.kv_transfer`` says (auto: prefill replicas,
-    or nixl importable), transport nixl. The only place serve builds it (issue 32's seam with the replica)."""
-    from kvmesh.replica.kv_transfer.config import KVTransferConfig
+    """The kv_transfer section every replica gets: serve's, enabled as ``replicas.kv_transfer`` says (auto: prefill
+    replicas, or nixl importable), transport nixl. The only place serve builds it."""
     from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
 
     rc = cfg.replicas
     enabled = kv_transfer_on(rc.kv_transfer, rc.num_prefill_replicas, nixl_missing() is None,
                              cfg.engine.tensor_parallel_size)
-    return KVTransferConfig(transport="nixl", enabled=enabled)
+    return replace(cfg.kv_transfer, enabled=enabled, transport="nixl")

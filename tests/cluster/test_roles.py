@@ -192,3 +192,16 @@ def test_the_kv_transfer_needs_one_rank_per_replica_for_now():
     with pytest.raises(ConfigError, match=r"num_prefill_replicas=1 .* need the KV transfer, which runs with "
                                           r"engine\.tensor_parallel_size 1 for now \(got 2"):
         from_dict({"engine": {"tensor_parallel_size": 2}, "replicas": {"num_prefill_replicas": 1}})
+
+
+def test_serves_kv_transfer_section_reaches_every_replica_on_nixl_and_on_as_replicas_kv_transfer_says():
+    from kvmesh.cluster.launch.replica_sections import replica_kv_transfer
+
+    on = replica_kv_transfer(from_dict({"replicas": {"kv_transfer": "on"}, "kv_transfer": {"lease_ttl_s": 5}}))
+    assert (on.enabled, on.transport, on.lease_ttl_s) == (True, "nixl", 5)
+    assert not replica_kv_transfer(from_dict({"replicas": {"kv_transfer": "off"}})).enabled
+    assert replica_kv_transfer(from_dict({"replicas": {"num_prefill_replicas": 1}})).enabled
+    with pytest.raises(ConfigError, match=r"kv_transfer\.enabled cannot be set .*replicas\.kv_transfer"):
+        from_dict({"kv_transfer": {"enabled": True}})
+    with pytest.raises(ConfigError, match=r"kv_transfer\.transport cannot be set .*nixl"):
+        from_dict({"kv_transfer": {"transport": "local"}})
