@@ -122,9 +122,10 @@ class Fleet:
         why = "what the Ray cluster's nodes hold; serve --wait-for-nodes lifts this where a Ray autoscaler adds nodes"
         if self.config.scale_with_load and role != PREFILL:
             low, high, why = self.config.min_replicas, self.config.max_replicas, "autoscale.min/max_replicas"
-        if role == PREFILL and replicas and self.cluster.config.replicas.kv_transfer == "off":
-            raise ValueError("cannot start prefill replicas: this cluster runs with replicas.kv_transfer=off, and a "
-                             "prefill replica hands its KV over the transfer")
+        if role == PREFILL and replicas and not self.st.kv_transfer.enabled:
+            raise ValueError(f"cannot start prefill replicas: this cluster's replicas run without KV transfer (replicas."
+                             f"kv_transfer={self.cluster.config.replicas.kv_transfer}; auto is on only with nixl "
+                             "importable and one rank per replica), and a prefill replica hands its KV over it")
         what = f"{role} replicas" if role == PREFILL else "replicas"
         if not low <= replicas <= high:
             raise ValueError(f"cannot scale to {replicas} {what}: allowed {low}..{high} ({why})")

@@ -141,6 +141,7 @@ class ServeCluster:
         bundles = self.replica_bundles()
         self.check_capacity(rc.num_started)  # fail in a second, not after placement_timeout_s
         st.engine = self.engine_config()
+        st.kv_transfer = replica_kv_transfer(cfg)
         roles = [serving_role(rc.num_prefill_replicas)] * rc.num_replicas + [PREFILL] * rc.num_prefill_replicas
         memory = f", gpu_memory_utilization {st.engine.gpu_memory_utilization:g} each" if st.device == "cuda" else ""
         split = f" ({rc.num_replicas} decode + {rc.num_prefill_replicas} prefill)" if rc.num_prefill_replicas else ""
@@ -176,7 +177,7 @@ class ServeCluster:
         replica_id = replica_name(i, role)
         options = ReplicaOptions(
             engine=st.engine, server=replica_server(cfg, i, st.served_model_name, st.ray.local),
-            events=replica_events(cfg, self._curve), frontend=cfg.frontend, kv_transfer=replica_kv_transfer(cfg),
+            events=replica_events(cfg, self._curve), frontend=cfg.frontend, kv_transfer=st.kv_transfer,
             replica_id=replica_id, num_cpus_per_worker=rc.num_cpus_per_worker,
             placement_group=group.placement_group if tp > 1 else None)
         spawn = functools.partial(

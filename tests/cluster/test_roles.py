@@ -15,6 +15,7 @@ from kvmesh.cluster.fleet.operations import Fleet
 from kvmesh.cluster.fleet.roles import kv_transfer_on, replica_name, serving_role
 from kvmesh.cluster.fleet.supervisor import ReplicaHandle, replica_index
 from kvmesh.cluster.launch.ray_cluster import DRIVER_CPUS, embedded_num_cpus
+from kvmesh.cluster.launch.replica_sections import replica_kv_transfer
 from kvmesh.cluster.launch.serve_state import ServeState
 from prometheus_client import CollectorRegistry
 
@@ -88,6 +89,7 @@ def _fleet(*replicas: tuple[str, str], **config) -> Fleet:
     prefill = sum(role == "prefill" for _, role in replicas)
     cfg = from_dict({"replicas": {"num_replicas": len(replicas) - prefill, "num_prefill_replicas": prefill,
                                   **config}, "ray": {"wait_for_nodes": True}})  # wait_for_nodes: no Ray asked
+    state.kv_transfer = replica_kv_transfer(cfg)
     return Fleet(SimpleNamespace(config=cfg, state=state, report=lambda message: None))
 
 
@@ -121,7 +123,7 @@ def test_scale_per_role_queues_that_roles_operation_and_checks_its_bounds():
 
 def test_prefill_replicas_are_refused_where_the_kv_transfer_is_off():
     fleet = _fleet(("replica-0", "both"), kv_transfer="off")
-    with pytest.raises(ValueError, match="replicas.kv_transfer=off"):
+    with pytest.raises(ValueError, match="run without KV transfer \\(replicas.kv_transfer=off"):
         fleet.request_scale(1, "prefill")
 
 
@@ -195,8 +197,6 @@ def test_the_kv_transfer_needs_one_rank_per_replica_for_now():
 
 
 def test_serves_kv_transfer_section_reaches_every_replica_on_nixl_and_on_as_replicas_kv_transfer_says():
-    from kvmesh.cluster.launch.replica_sections import replica_kv_transfer
-
     on = replica_kv_transfer(from_dict({"replicas": {"kv_transfer": "on"}, "kv_transfer": {"lease_ttl_s": 5}}))
     assert (on.enabled, on.transport, on.lease_ttl_s) == (True, "nixl", 5)
     assert not replica_kv_transfer(from_dict({"replicas": {"kv_transfer": "off"}})).enabled
