@@ -73,6 +73,9 @@ class KVCacheManager:
         """Check the invariants after each allocation and free (``check_integrity``: tests only)."""
         self._sweep_start = 1
         """Where the next windowed integrity check of a large pool starts (a block id)."""
+        self.held_elsewhere: Callable[[], list[KVCacheBlock]] | None = None
+        """Device blocks held outside any block table (a KV transfer's leases and pulls in flight), one entry per
+        reference, for ``check_integrity``."""
 
     @property
     def usage(self) -> float:
@@ -234,6 +237,8 @@ class KVCacheManager:
         if full:
             check_pool_integrity(pool)
         refs: Counter[int] = Counter()
+        if self.held_elsewhere is not None:
+            refs.update(b.block_id for b in self.held_elsewhere())
         if self.offload is not None:
             refs.update(b.block_id for b in self.offload.held_device_blocks())
             if full:

@@ -163,24 +163,31 @@ def _event_info(publisher: ZmqEventPublisher | None, events: PublisherConfig | N
 
 
 def check_kv_transfer(config: KVTransferConfig, engine: EngineConfig) -> None:
-    """Refuse what KV transfer cannot do yet, before anything loads."""
-    if config.enabled and engine.tensor_parallel_size > 1:
-        raise ValueError(f"kv_transfer.enabled needs tensor_parallel_size 1 (got {engine.tensor_parallel_size}): a "
-                         "pull per tensor-parallel rank is not built yet; turn KV transfer off (--no-kv-transfer) "
-                         "or serve with one rank")
+    """Refuse what KV transfer cannot do, before anything loads."""
+    if config.enabled and engine.tensor_parallel_size > 1 and config.transport == "local":
+        raise ValueError(f"kv_transfer transport 'local' copies inside one process, but tensor_parallel_size "
+                         f"{engine.tensor_parallel_size} runs each rank in its own process; use "
+                         "--kv-transfer-transport nixl")
 
 
 def _kv_transfer_service(config: KVTransferConfig, llm: AsyncLLM, state: ServerState,
                          replica_id: str) -> KVTransferService:
-    """Rank 0's transfer agent with the runner's KV cache registered, and the service around it."""
+    """The transfer agent with the runner's KV cache registered (every rank's, under tensor parallelism), and
+    the service around it."""
     import uuid
 
     from kvmesh.replica.kv_transfer.agent import agent_for_runner
     from kvmesh.replica.kv_transfer.errors import KVTransferError
     from kvmesh.replica.server.kv_transfer import KVTransferService
 
+    name = f"{replica_id}-{uuid.uuid4().hex[:8]}"
     try:
-        agent = agent_for_runner(config, f"{replica_id}-{uuid.uuid4().hex[:8]}-rank-0", llm.runner)
+        if llm.tensor_parallel_size > 1:  # one agent per rank, in its worker (kv_transfer/tp_agent.py)
+            from kvmesh.replica.kv_transfer.tp_agent import TPKVTransferAgent
+
+            agent = TPKVTransferAgent(config, name, llm.runner)
+        else:
+            agent = agent_for_runner(config, f"{name}-rank-0", llm.runner)
     except KVTransferError as e:  # nixl missing or unable to start here: said as a start-up error
         raise ValueError(f"kv_transfer (transport {config.transport}) cannot start: {e}; install nixl "
                          "(the engine extra) or turn KV transfer off (--no-kv-transfer)") from None

@@ -149,9 +149,18 @@ class RouterConfig:
     in-flight counts; 0 = auto, the cores this host can spare (serve: those not reserved for replicas)."""
     pd_min_uncached_tokens: int = 256
     """Prefill/decode split: a prompt with at least this many tokens uncached on its decode replica is prefilled
-    on a prefill replica (role=prefill) first, when one has room; shorter ones are served whole."""
+    on a prefill replica (role=prefill) first, when one has room and the split is worth its seconds (pd_ttft_slack_s);
+    shorter ones are served whole."""
     pd_max_prefill_backlog_tokens: int = 16384
-    """A prefill replica has room for a split while the prompt tokens queued on it are fewer than this."""
+    """A prefill replica has room for a split while the prompt tokens queued on it are fewer than this (a hard bound)."""
+    pd_ttft_slack_s: float | None = 0.5
+    """A split goes ahead when what it adds to the prompt's time to first token (the prefill replica's queue and
+    prefill at its measured rate plus moving the KV, against the decode replica's queue and the uncached suffix)
+    is at most these seconds plus pd_stall_weight times the stall it saves the decode batch; None, or a rate not
+    measured yet: the token rules alone (router/routing/transfers.py)."""
+    pd_stall_weight: float = 1.0
+    """Seconds of time to first token a split may cost per second of stall it saves the decode replica's batch
+    (the suffix's prefill seconds there, times the requests decoding there); 0: pd_ttft_slack_s alone."""
     peer_pulls: bool = True
     """Ask a replica to pull a prompt's prefix from the replica holding it when the pull costs fewer seconds than
     recomputing (both must report kv_transfer enabled in /load)."""
@@ -189,6 +198,9 @@ class RouterConfig:
         if self.pd_min_uncached_tokens < 1 or self.pd_max_prefill_backlog_tokens < 1:
             raise ValueError("pd_min_uncached_tokens and pd_max_prefill_backlog_tokens must be >= 1 token, got "
                              f"{self.pd_min_uncached_tokens} and {self.pd_max_prefill_backlog_tokens}")
+        if not ((self.pd_ttft_slack_s is None or self.pd_ttft_slack_s >= 0) and self.pd_stall_weight >= 0):
+            raise ValueError("pd_ttft_slack_s (seconds, or None for the token rules alone) and pd_stall_weight must "
+                             f"be >= 0, got {self.pd_ttft_slack_s} and {self.pd_stall_weight}")
         if not (self.peer_pull_overhead_s >= 0 and self.peer_pull_assumed_bytes_per_s >= 0):
             raise ValueError("peer_pull_overhead_s and peer_pull_assumed_bytes_per_s must be >= 0, got "
                              f"{self.peer_pull_overhead_s} and {self.peer_pull_assumed_bytes_per_s}")
@@ -204,8 +216,9 @@ class RouterConfig:
 
     def transfer_rules(self) -> TransferRules:
         """When KV moves between replicas: the split and peer pulls (router/routing/transfers.py)."""
-        return TransferRules(self.pd_min_uncached_tokens, self.pd_max_prefill_backlog_tokens, self.peer_pulls,
-                             self.peer_pull_overhead_s, self.peer_pull_assumed_bytes_per_s)
+        return TransferRules(self.pd_min_uncached_tokens, self.pd_max_prefill_backlog_tokens, self.pd_ttft_slack_s,
+                             self.pd_stall_weight, self.peer_pulls, self.peer_pull_overhead_s,
+                             self.peer_pull_assumed_bytes_per_s)
 
     def policy_config(self) -> PolicyConfig:
         """The policy's typed config section from ``policy_kwargs`` (a bad knob is a ValueError naming it)."""

@@ -28,6 +28,7 @@ from kvmesh.replica.engine.commands import (
     AbortRequests,
     AddRequest,
     EngineCommand,
+    LeaseAtFinish,
     LeaseBlocks,
     PullPrefix,
     ReleaseLease,
@@ -145,17 +146,29 @@ class AsyncLLM:
                 self._submit(AbortRequests([request_id]))
 
     async def pull_prefix(self, agent: KVTransferAgent, peer: str, prompt_token_ids: list[int],
-                          remote_block_ids: list[int], cache_salt: str | None = None) -> int:
+                          remote_block_ids: list[int], cache_salt: str | None = None,
+                          remote_block_media: list[str] | None = None) -> int:
         """Pull the prompt's cached prefix from ``peer`` (its ``remote_block_ids``) into this engine's prefix cache;
         the tokens pulled. A request added afterwards hits them (``num_cached_tokens``). The read is started
         between two steps and polled between the next ones: other requests keep stepping while it is in flight."""
         pulled: concurrent.futures.Future[int] = concurrent.futures.Future()
-        return await self._ask(PullPrefix(agent, peer, prompt_token_ids, remote_block_ids, cache_salt, pulled), pulled)
+        return await self._ask(PullPrefix(agent, peer, prompt_token_ids, remote_block_ids, cache_salt, pulled,
+                                          remote_block_media), pulled)
 
     async def lease_blocks(self, prompt_token_ids: list[int], cache_salt: str | None, ttl_s: float) -> Lease:
         """Hold the prompt's cached leading blocks for a peer to read (kv_transfer/leases.py)."""
         granted: concurrent.futures.Future[Lease] = concurrent.futures.Future()
         return await self._ask(LeaseBlocks(prompt_token_ids, cache_salt, ttl_s, granted), granted)
+
+    def lease_at_finish(self, request_id: str, ttl_s: float) -> concurrent.futures.Future[Lease]:
+        """Arm a lease on the prompt blocks of ``request_id`` (call before generating it), taken on the engine
+        thread when it finishes, before its blocks are freed; resolves to an empty lease if it was aborted,
+        failed or refused."""
+        if not self.is_running:
+            raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
+        granted: concurrent.futures.Future[Lease] = concurrent.futures.Future()
+        self._submit(LeaseAtFinish(request_id, ttl_s, granted))
+        return granted
 
     async def release_lease(self, lease_id: str) -> int | None:
         """Let a lease's blocks go; the blocks it held, or None when no such lease is live."""
@@ -265,10 +278,11 @@ class AsyncLLM:
                     self.engine.add_request(command.request_id, command.prompt_token_ids, command.sampling_params,
                                             cache_salt=command.cache_salt)
                 except BaseException as e:
+                    self.kv_transfers.request_refused(command.request_id)
                     command.accepted.set_exception(e)
                 else:
                     command.accepted.set_result(None)
-            elif isinstance(command, PullPrefix | LeaseBlocks | ReleaseLease):
+            elif isinstance(command, PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease):
                 self.kv_transfers.handle(command)
             else:
                 self.engine.abort_request(command.request_ids)

@@ -58,6 +58,8 @@ class PullPrefix:
     pulled: concurrent.futures.Future[int]
     """Set once the read ended (checked between steps: other requests keep stepping meanwhile) to the tokens
     pulled (0: nothing missing, no room, or the read failed or timed out)."""
+    remote_block_media: list[str] | None = None
+    """The holder's tier of each block (``"GPU"``/``"CPU"``: its host tier); None: every block on its device."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,20 @@ class LeaseBlocks:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseAtFinish:
+    """Lease a request's prompt blocks when it finishes, before they are freed (the prefill side of a P/D
+    split; vLLM's NixlConnector delays freeing the same way). Sent before the request's ``AddRequest``."""
+
+    request_id: str
+    """The request whose finish takes the lease."""
+    ttl_s: float
+    """Seconds until the lease ends on its own."""
+    granted: concurrent.futures.Future[Lease]
+    """Set when the request ends: to its lease, or to an empty lease (lease_id "") when it was aborted,
+    failed or refused."""
+
+
+@dataclass(frozen=True, slots=True)
 class ReleaseLease:
     """Let a lease's blocks go (the peer read them, or gave up)."""
 
@@ -84,5 +100,5 @@ class ReleaseLease:
     """Set to the blocks it held, or None when no such lease is live (unknown, released or expired)."""
 
 
-EngineCommand = AddRequest | AbortRequests | PullPrefix | LeaseBlocks | ReleaseLease
+EngineCommand = AddRequest | AbortRequests | PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease
 """Every command the engine thread takes."""

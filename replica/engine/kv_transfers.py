@@ -1,6 +1,6 @@
 """The engine thread's side of KV transfer: pulls in flight and leases, checked between steps.
 
-    AsyncLLM engine thread:  drain commands (PullPrefix starts a read, LeaseBlocks / ReleaseLease)
+    AsyncLLM engine thread:  drain commands (PullPrefix starts a read, LeaseBlocks / LeaseAtFinish / ReleaseLease)
                              kv.between_steps()      pulls polled without waiting, leases past their TTL ended
                              step() ...              other requests keep stepping while a read is in flight
 
@@ -8,6 +8,11 @@ A pull's read is started on the engine thread (its blocks allocated and held) an
 way vLLM keeps a request in WAITING_FOR_REMOTE_KVS: on DONE the blocks are cached under the prompt's
 hashes and freed to the evictable pool (the request added next hits them), on ERR or timeout they are
 freed uncached. Each finished pull's bytes and seconds feed ``pull_bytes_per_s`` (an EWMA).
+
+The prefill side of a P/D split leases at the request's finish, not after its answer: ``LeaseAtFinish``
+arms the request id, and ``request_finished`` (the engine's hook, called before the request's blocks go
+back to the evictable pool, as vLLM's connector's ``request_finished`` delays freeing) takes the lease,
+so no step in between can evict them.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-from kvmesh.replica.engine.commands import LeaseBlocks, PullPrefix, ReleaseLease
-from kvmesh.replica.kv_transfer.leases import LeaseTable
+from kvmesh.replica.engine.commands import LeaseAtFinish, LeaseBlocks, PullPrefix, ReleaseLease
+from kvmesh.replica.engine.request import Request, RequestStatus
+from kvmesh.replica.kv_transfer.agent import block_bytes
+from kvmesh.replica.kv_transfer.leases import Lease, LeaseTable
 from kvmesh.replica.kv_transfer.prefix_pull import PendingPull, start_pull
 
 logger = logging.getLogger(__name__)
@@ -45,10 +52,16 @@ class EngineKVTransfers:
         self.pulls: list[_InFlight] = []
         self.pull_bytes_per_s: float | None = None
         """Bytes per second of this replica's finished pulls (EWMA; None before the first one)."""
+        self.at_finish: dict[str, LeaseAtFinish] = {}
+        """Requests whose finish takes a lease on their prompt's blocks (request id -> the command)."""
+        engine.on_request_finished = self.request_finished
+        engine.kv_cache_manager.held_elsewhere = self.held_blocks
 
-    def handle(self, command: PullPrefix | LeaseBlocks | ReleaseLease) -> None:
+    def handle(self, command: PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease) -> None:
         manager = self.engine.kv_cache_manager
-        if isinstance(command, LeaseBlocks):
+        if isinstance(command, LeaseAtFinish):
+            self.at_finish[command.request_id] = command
+        elif isinstance(command, LeaseBlocks):
             _settle(command.granted, lambda: self.leases.grant(manager, command.prompt_token_ids,
                                                                command.cache_salt, command.ttl_s))
         elif isinstance(command, ReleaseLease):
@@ -56,17 +69,43 @@ class EngineKVTransfers:
         else:
             self._start_pull(command)
 
+    def request_finished(self, request: Request) -> None:
+        """The engine's hook when a request ends, before its blocks are freed: an armed request that finished
+        (stop or length) leases its prompt's cached full blocks; an aborted or failed one gets an empty lease."""
+        command = self.at_finish.pop(request.request_id, None) if self.at_finish else None
+        if command is None:
+            return
+        if request.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH):
+            _settle(command.granted, lambda: self.leases.grant(self.engine.kv_cache_manager, request.prompt_token_ids,
+                                                               request.cache_salt, command.ttl_s))
+        else:
+            command.granted.set_result(Lease("", [], 0, command.ttl_s))
+
+    def held_blocks(self) -> list:
+        """Device blocks the leases and the pulls in flight hold (the pool's integrity check counts them)."""
+        held = self.leases.held_device_blocks()
+        for pull in self.pulls:
+            held += pull.pending.local + pull.pending.new
+        return held
+
+    def request_refused(self, request_id: str) -> None:
+        """The request never ran (``add_request`` refused it): an armed lease ends empty."""
+        command = self.at_finish.pop(request_id, None)
+        if command is not None:
+            command.granted.set_result(Lease("", [], 0, command.ttl_s))
+
     def _start_pull(self, command: PullPrefix) -> None:
         try:
             pending = start_pull(self.engine.kv_cache_manager, command.agent, command.peer,
-                                 command.prompt_token_ids, command.remote_block_ids, command.cache_salt)
+                                 command.prompt_token_ids, command.remote_block_ids, command.cache_salt,
+                                 remote_block_media=command.remote_block_media)
         except BaseException as e:  # KVTransferError (dead peer) or bad arguments (ids out of range)
             command.pulled.set_exception(e)
             return
         if isinstance(pending, int):
             command.pulled.set_result(pending)  # nothing missing, or no room: the prompt is computed
         else:
-            self.pulls.append(_InFlight(pending, command, time.monotonic(), command.agent.layout.bytes_per_block))
+            self.pulls.append(_InFlight(pending, command, time.monotonic(), block_bytes(command.agent)))
 
     def between_steps(self) -> None:
         """Finish the pulls whose read ended and the leases past their TTL; never waits."""
@@ -108,6 +147,8 @@ class EngineKVTransfers:
             pull.pending.fail()
             pull.command.pulled.set_exception(RuntimeError("the engine stopped while a KV pull was in flight"))
         self.pulls = []
+        for request_id in list(self.at_finish):
+            self.request_refused(request_id)
         self.leases.expire(self.engine.kv_cache_manager, now=float("inf"))
 
 

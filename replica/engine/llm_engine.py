@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
@@ -68,6 +69,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self._stats, type(model_runner).__name__)
         self.prefill_rate = PrefillRate()
         """Prompt tokens per second this engine computes, from its own steps (reported in ``/load``)."""
+        self.on_request_finished: Callable[[Request], None] | None = None
+        """Called when a request ends, before its blocks are freed (KV transfer leases them: kv_transfers.py)."""
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -103,6 +106,8 @@ class LLMEngine:
     def _finish_with(self, request_id: str, status: RequestStatus, error: str | None = None) -> None:
         request = self.scheduler.finish_request(request_id, status)
         if request is not None:
+            if self.on_request_finished is not None:
+                self.on_request_finished(request)  # aborted or failed: nothing to lease
             request.error = error
             self._pending.append(self.output_processor.make_output(request, []))
             self.output_processor.on_finished(request)
@@ -191,6 +196,9 @@ class LLMEngine:
         """The step's outputs (output_processor.py), its finished requests freed, then the aborts it caused."""
         outputs, finished = self.output_processor.process_outputs(sampled, self.scheduler.requests,
                                                                   self.fail_request)
+        if self.on_request_finished is not None:
+            for request in finished:  # before the blocks are freed: a lease taken here holds them
+                self.on_request_finished(request)
         self.scheduler.finish_running(finished)
         for request in finished:
             self.output_processor.on_finished(request)

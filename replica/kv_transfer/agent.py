@@ -21,6 +21,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 import torch
+from kvmesh.events.schema import DEVICE_MEDIUM, HOST_MEDIUM
 from kvmesh.replica.kv_transfer.config import KVTransferConfig  # noqa: F401 - re-exported
 from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError, KVTransferTimeout
 from kvmesh.replica.kv_transfer.layout import KVBlockLayout, block_layout, symbolic_layout
@@ -44,6 +45,17 @@ class KVHandshake(msgspec.Struct, frozen=True):
     """The device the cache lives on (CUDA index; 0 for host memory)."""
     mem_type: str = "DRAM"
     """nixl's memory type of the cache: ``DRAM`` (host) or ``VRAM`` (GPU)."""
+    tp_size: int = 1
+    """Tensor-parallel ranks of the replica; the fields above are rank 0's."""
+    ranks: list[KVHandshake] = []
+    """Every rank's own handshake in rank order when ``tp_size`` > 1 (a pull reads rank r from rank r)."""
+    host_layout: KVBlockLayout | None = None
+    """The host tier's blocks (medium ``"CPU"``, host memory) when the replica has one: a lease may name blocks
+    that live only there (``layout`` is the device tier's, medium ``"GPU"``)."""
+
+    def rank_handshakes(self) -> list[KVHandshake]:
+        """One handshake per tensor-parallel rank (this one alone for a single-rank replica)."""
+        return list(self.ranks) if self.ranks else [self]
 
 
 _encoder, _decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(KVHandshake)
@@ -86,8 +98,10 @@ class KVTransferAgent(Protocol):
     def remove_peer(self, peer: str) -> None:
         """Forget a peer (it left, or died)."""
 
-    def start_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int]) -> KVTransfer:
-        """Start copying the peer's ``remote_block_ids`` into this rank's ``local_block_ids`` (same length)."""
+    def start_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int],
+                   remote_medium: str = DEVICE_MEDIUM) -> KVTransfer:
+        """Start copying the peer's ``remote_block_ids`` into this rank's ``local_block_ids`` (same length);
+        ``remote_medium`` ``"CPU"`` reads them from the peer's host tier."""
 
     def close(self) -> None:
         """Deregister the cache and drop every peer."""
@@ -127,20 +141,38 @@ def check_read(layout: KVBlockLayout, remote: KVBlockLayout, remote_block_ids: l
     layout.check_block_ids(local_block_ids, "local")
 
 
-def check_layouts(mine: KVBlockLayout, handshake: KVHandshake, my_name: str) -> None:
-    """KVLayoutMismatch naming every field where the peer's layout differs from this rank's."""
+def check_layouts(mine: KVBlockLayout, handshake: KVHandshake, my_name: str, tp_size: int = 1) -> None:
+    """KVLayoutMismatch naming every field where the peer's layout (and tensor-parallel size) differs from this
+    rank's."""
     differences = mine.mismatch(handshake.layout)
+    if handshake.tp_size != tp_size:
+        differences.insert(0, f"tp (tensor_parallel_size): {tp_size} vs {handshake.tp_size}")
     if differences:
         raise KVLayoutMismatch(f"peer {handshake.agent_name!r} has a different KV block layout than "
                                f"{my_name!r} ({'; '.join(differences)}); replicas that exchange KV must run "
                                "the same model, dtype, block size, tensor-parallel size and attention layout")
 
 
-def make_kv_transfer_agent(config: KVTransferConfig, name: str, kv_cache: torch.Tensor,
-                           layout: KVBlockLayout) -> KVTransferAgent:
-    """The configured transport's agent for one rank, with ``kv_cache`` registered."""
+def block_bytes(agent: KVTransferAgent) -> int:
+    """Bytes one block moves across all of the agent's ranks (a tensor-parallel replica pulls on each)."""
+    return getattr(agent, "tp_size", 1) * agent.layout.bytes_per_block
+
+
+def make_kv_transfer_agent(config: KVTransferConfig, name: str, kv_cache: torch.Tensor, layout: KVBlockLayout,
+                           host_cache: torch.Tensor | None = None) -> KVTransferAgent:
+    """The configured transport's agent for one rank, with ``kv_cache`` registered (and the host tier's
+    ``host_cache``, [num_host_blocks, *one block], when there is one)."""
     module, cls = _TRANSPORTS[config.transport].split(":")
-    return getattr(importlib.import_module(module), cls)(config, name, kv_cache, layout)
+    return getattr(importlib.import_module(module), cls)(config, name, kv_cache, layout, host_cache)
+
+
+def peer_layout(handshake: KVHandshake, medium: str) -> KVBlockLayout:
+    """The peer's layout of the tier ``medium``; a KVTransferError when it has no such tier."""
+    if medium == DEVICE_MEDIUM:
+        return handshake.layout
+    if medium == HOST_MEDIUM and handshake.host_layout is not None:
+        return handshake.host_layout
+    raise KVTransferError(f"peer {handshake.agent_name!r} has no {medium!r} tier to read from")
 
 
 def runner_layout(runner) -> KVBlockLayout:
@@ -151,5 +183,7 @@ def runner_layout(runner) -> KVBlockLayout:
 
 
 def agent_for_runner(config: KVTransferConfig, name: str, runner) -> KVTransferAgent:
-    """A transfer agent with a ModelRunner's KV cache registered."""
-    return make_kv_transfer_agent(config, name, runner.kv_cache, runner_layout(runner))
+    """A transfer agent with a ModelRunner's KV cache registered, and its host tier's when it has one."""
+    offload = getattr(runner, "kv_offload", None)
+    return make_kv_transfer_agent(config, name, runner.kv_cache, runner_layout(runner),
+                                  None if offload is None else offload.host)

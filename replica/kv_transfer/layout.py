@@ -11,6 +11,9 @@ block is one contiguous run in each outer index ("region"):
 
     region r, block b  ->  base + r * region_stride + b * block_stride,  block_stride bytes long
 
+    host tier:         [num_host_blocks, <one device block, regions in the same order>]   (kv_offload.py)
+    region r, block b  ->  base + r * block_stride + b * bytes_per_block,  block_stride bytes long
+
 (vLLM's NixlConnector describes the same thing per layer: one descriptor per (layer region, block).)
 Descriptor ``r * num_blocks + b`` is region r of block b, so a list of block ids becomes descriptor
 indices with arithmetic only. Two ranks can exchange blocks when everything but ``num_blocks``
@@ -57,6 +60,15 @@ class KVBlockLayout(msgspec.Struct, frozen=True):
     """``num_regions * block_stride``: what moving one block moves."""
     base_address: int
     """The cache tensor's first byte in this process."""
+    block_step: int = 0
+    """Bytes from one block to the next when that differs from ``block_stride`` (0: the same): a host tier
+    keeps each block whole (``host_tier_layout``), so its regions are adjacent and its blocks
+    ``bytes_per_block`` apart."""
+
+    @property
+    def block_pitch(self) -> int:
+        """Bytes from one block to the next within a region."""
+        return self.block_step or self.block_stride
 
     def mismatch(self, other: KVBlockLayout) -> list[str]:
         """The fields that differ from ``other``'s as ``"name: mine vs theirs"`` (empty: compatible)."""
@@ -70,7 +82,7 @@ class KVBlockLayout(msgspec.Struct, frozen=True):
 
     def descriptors(self, device_id: int = 0) -> list[tuple[int, int, int]]:
         """``(address, length, device_id)`` of every (region, block), in ``descriptor_ids`` order."""
-        return [(self.base_address + r * self.region_stride + b * self.block_stride, self.block_stride, device_id)
+        return [(self.base_address + r * self.region_stride + b * self.block_pitch, self.block_stride, device_id)
                 for r in range(self.num_regions) for b in range(self.num_blocks)]
 
     def check_block_ids(self, block_ids: list[int], side: str) -> None:
@@ -113,3 +125,10 @@ def symbolic_layout(kv_cache_shape) -> str:
 def block_dim_of(kv_layout: str) -> int:
     """Index of the block dimension in a ``symbolic_layout`` name."""
     return kv_layout.split(",").index("blocks")
+
+
+def host_tier_layout(device: KVBlockLayout, host: torch.Tensor) -> KVBlockLayout:
+    """The layout of a host tier ``host`` ([num_host_blocks, *one device block], replica/worker/kv_offload.py) of
+    a device cache laid out as ``device``: the same regions, each block whole."""
+    return msgspec.structs.replace(device, num_blocks=host.shape[0], region_stride=device.block_stride,
+                                   block_step=device.bytes_per_block, base_address=host.data_ptr())

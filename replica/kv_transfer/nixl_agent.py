@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from kvmesh.events.schema import DEVICE_MEDIUM, HOST_MEDIUM
 from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig, check_layouts, check_read
 from kvmesh.replica.kv_transfer.errors import KVTransferError, KVTransferUnavailable
-from kvmesh.replica.kv_transfer.layout import KVBlockLayout
+from kvmesh.replica.kv_transfer.layout import KVBlockLayout, host_tier_layout
 
 BACKEND = "UCX"
 
@@ -30,7 +31,7 @@ def nixl_missing() -> str | None:
 def _descriptor_array(layout: KVBlockLayout, device_id: int) -> np.ndarray:
     """[num_regions * num_blocks, 3] rows (address, length, device id) in ``layout.descriptor_ids`` order."""
     regions = layout.base_address + np.arange(layout.num_regions, dtype=np.int64) * layout.region_stride
-    blocks = np.arange(layout.num_blocks, dtype=np.int64) * layout.block_stride
+    blocks = np.arange(layout.num_blocks, dtype=np.int64) * layout.block_pitch
     rows = np.empty((layout.num_regions * layout.num_blocks, 3), dtype=np.int64)
     rows[:, 0] = (regions[:, None] + blocks[None, :]).reshape(-1)
     rows[:, 1] = layout.block_stride
@@ -66,12 +67,15 @@ class NixlTransfer:
 
 
 class _Peer:
-    def __init__(self, layout: KVBlockLayout, dlist) -> None:
-        self.layout, self.dlist = layout, dlist
+    """A peer's tiers: medium -> (its layout, its prepared descriptor list)."""
+
+    def __init__(self, tiers: dict[str, tuple[KVBlockLayout, object]]) -> None:
+        self.tiers = tiers
 
 
 class NixlKVTransferAgent:
-    def __init__(self, config: KVTransferConfig, name: str, kv_cache: torch.Tensor, layout: KVBlockLayout) -> None:
+    def __init__(self, config: KVTransferConfig, name: str, kv_cache: torch.Tensor, layout: KVBlockLayout,
+                 host_cache: torch.Tensor | None = None) -> None:
         missing = nixl_missing()
         if missing:
             raise KVTransferUnavailable(missing)
@@ -85,17 +89,23 @@ class NixlKVTransferAgent:
         except Exception as e:
             raise KVTransferUnavailable(f"nixl agent {name!r} could not start its {BACKEND} backend: {e}") from e
         nbytes = kv_cache.numel() * kv_cache.element_size()
-        self._registered = self._agent.get_reg_descs([(kv_cache.data_ptr(), nbytes, self.device_id, "")],
-                                                     self.mem_type)
-        self._agent.register_memory(self._registered)
+        self._registered = [self._agent.get_reg_descs([(kv_cache.data_ptr(), nbytes, self.device_id, "")],
+                                                      self.mem_type)]
+        self.host_layout = None  # the host tier (medium "CPU", DRAM), registered too: peers read it by block id
+        if host_cache is not None:
+            self.host_layout = host_tier_layout(layout, host_cache)
+            self._registered.append(self._agent.get_reg_descs(
+                [(host_cache.data_ptr(), host_cache.numel() * host_cache.element_size(), 0, "")], "DRAM"))
+        for registered in self._registered:
+            self._agent.register_memory(registered)
         self._local = self._agent.prep_xfer_dlist(
             "NIXL_INIT_AGENT", _descriptor_array(layout, self.device_id), self.mem_type)
         self._peers: dict[str, _Peer] = {}
-        self._cache = kv_cache  # the registered memory stays alive as long as the agent
+        self._cache = (kv_cache, host_cache)  # the registered memory stays alive as long as the agent
 
     def handshake(self) -> KVHandshake:
         return KVHandshake(self.name, "nixl", self.layout, self._agent.get_agent_metadata(),
-                           self.device_id, self.mem_type)
+                           self.device_id, self.mem_type, host_layout=self.host_layout)
 
     def add_peer(self, handshake: KVHandshake) -> str:
         if handshake.transport != "nixl":
@@ -107,28 +117,36 @@ class NixlKVTransferAgent:
         try:
             peer = self._agent.add_remote_agent(handshake.agent_metadata)
             peer = peer.decode() if isinstance(peer, bytes) else peer
-            descriptors = _descriptor_array(handshake.layout, handshake.device_id)
-            dlist = self._agent.prep_xfer_dlist(peer, descriptors, handshake.mem_type)
+            tiers = {DEVICE_MEDIUM: (handshake.layout, self._agent.prep_xfer_dlist(
+                peer, _descriptor_array(handshake.layout, handshake.device_id), handshake.mem_type))}
+            if handshake.host_layout is not None:
+                tiers[HOST_MEDIUM] = (handshake.host_layout, self._agent.prep_xfer_dlist(
+                    peer, _descriptor_array(handshake.host_layout, 0), "DRAM"))
         except Exception as e:
             raise KVTransferError(f"could not connect to KV peer {handshake.agent_name!r}: {e}") from e
-        self._peers[peer] = _Peer(handshake.layout, dlist)
+        self._peers[peer] = _Peer(tiers)
         return peer
 
     def remove_peer(self, peer: str) -> None:
         known = self._peers.pop(peer, None)
         if known is not None:
-            self._agent.release_dlist_handle(known.dlist)
+            for _, dlist in known.tiers.values():
+                self._agent.release_dlist_handle(dlist)
             self._agent.remove_remote_agent(peer)
 
-    def start_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int]) -> NixlTransfer:
+    def start_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int],
+                   remote_medium: str = DEVICE_MEDIUM) -> NixlTransfer:
         known = self._peers.get(peer)
         if known is None:
             raise KVTransferError(f"{peer!r} is not a peer of {self.name!r}; add_peer its handshake first")
-        check_read(self.layout, known.layout, remote_block_ids, local_block_ids)
+        if remote_medium not in known.tiers:
+            raise KVTransferError(f"peer {peer!r} has no {remote_medium!r} tier to read from")
+        remote_layout, remote_dlist = known.tiers[remote_medium]
+        check_read(self.layout, remote_layout, remote_block_ids, local_block_ids)
         try:
             handle = self._agent.make_prepped_xfer(
                 "READ", self._local, _descriptor_ids(self.layout, local_block_ids),
-                known.dlist, _descriptor_ids(known.layout, remote_block_ids))
+                remote_dlist, _descriptor_ids(remote_layout, remote_block_ids))
             transfer = NixlTransfer(self._agent, handle, len(local_block_ids))
             if self._agent.transfer(handle) == "ERR":
                 transfer.release()
@@ -145,4 +163,5 @@ class NixlKVTransferAgent:
         for peer in list(self._peers):
             self.remove_peer(peer)
         self._agent.release_dlist_handle(self._local)
-        self._agent.deregister_memory(self._registered)
+        for registered in self._registered:
+            self._agent.deregister_memory(registered)

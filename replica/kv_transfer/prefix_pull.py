@@ -5,8 +5,10 @@
              tokens = pending.poll()          # between later steps: None while in flight; then add the request
 
 The puller looks up which leading full blocks it already holds, allocates blocks for the ones after
-them that the holder has, starts reading the holder's blocks into them (one READ; ``PendingPull.poll``
-checks it without waiting, up to the agent's timeout), and only then caches them under the prompt's block hashes (BlockStored
+them that the holder has, starts reading the holder's blocks into them (one READ per holder tier: its
+device cache, then the host tier for blocks it keeps only in host memory, ``remote_block_media``;
+``PendingPull.poll`` checks them without waiting, up to the agent's timeout), and only then caches them
+under the prompt's block hashes (BlockStored
 goes out; the router learns this replica holds them) and frees them to the evictable pool. The
 request added next hits them in the prefix cache like any cached block, so they count in its
 ``num_cached_tokens`` (``usage.prompt_tokens_details.cached_tokens``), as vLLM counts a connector's
@@ -14,7 +16,7 @@ tokens. A failed read frees the blocks uncached: the request computes the prefix
 
 Both replicas must hash alike (the cluster's shared hash seed, same block size) and the blocks must
 stay put on the holder while they are read (a lease keeps them: leases.py). Runs on the engine's thread,
-between steps; one rank (tensor parallelism pulls per rank: not built).
+between steps; under tensor parallelism the agent reads on every rank (tp_agent.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 
+from kvmesh.events.schema import DEVICE_MEDIUM
 from kvmesh.kvcache.block_pool import KVCacheBlock
 from kvmesh.kvcache.hashing import RequestBlockHasher
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
@@ -97,13 +100,50 @@ class PendingPull:
         self.manager.block_pool.free_blocks(reversed(self.local + self.new))
 
 
+class TierReads:
+    """The reads of one pull, one per tier of the holder it reads from: DONE when all are, ERR when one is."""
+
+    def __init__(self, transfers: list[KVTransfer], num_blocks: int) -> None:
+        self.transfers, self.num_blocks = transfers, num_blocks
+
+    def state(self) -> str:
+        states = [t.state() for t in self.transfers]
+        return "ERR" if "ERR" in states else "PROC" if "PROC" in states else "DONE"
+
+    def release(self) -> None:
+        for t in self.transfers:
+            t.release()
+
+
+def _start_reads(agent: KVTransferAgent, peer: str, remote_ids: list[int], media: list[str],
+                 local_ids: list[int]) -> TierReads:
+    """One read per run of ``media`` (the holder's device blocks, then its host tier's)."""
+    reads: list[KVTransfer] = []
+    try:
+        start = 0
+        while start < len(remote_ids):
+            end = start
+            while end < len(remote_ids) and media[end] == media[start]:
+                end += 1
+            reads.append(agent.start_read(peer, remote_ids[start:end], local_ids[start:end], media[start]))
+            start = end
+    except BaseException:
+        for read in reads:
+            read.release()
+        raise
+    return TierReads(reads, len(local_ids))
+
+
 def start_pull(manager: KVCacheManager, agent: KVTransferAgent, peer: str, token_ids: list[int],
                remote_block_ids: list[int], cache_salt: str | None = None, lora_name: str | None = None,
-               timeout_s: float | None = None) -> PendingPull | int:
+               timeout_s: float | None = None, remote_block_media: list[str] | None = None) -> PendingPull | int:
     """Allocate the blocks of ``token_ids``'s prefix that ``peer`` holds (``remote_block_ids``, its leading full
-    blocks in order) and this replica lacks, and start reading them; the pull in flight, or 0 when nothing was
-    missing or the pool had no room. A read that cannot start raises (``KVTransferError``: a dead peer; a
-    ``ValueError``: bad block ids), its blocks freed."""
+    blocks in order; ``remote_block_media`` the tier of each, ``"GPU"`` when None) and this replica lacks, and
+    start reading them; the pull in flight, or 0 when nothing was missing or the pool had no room. A read that
+    cannot start raises (``KVTransferError``: a dead peer; a ``ValueError``: bad block ids), its blocks freed."""
+    media = remote_block_media or [DEVICE_MEDIUM] * len(remote_block_ids)
+    if len(media) != len(remote_block_ids):
+        raise ValueError(f"{len(media)} block media for {len(remote_block_ids)} remote block ids; give one per id")
     hasher = block_hasher(manager, token_ids, cache_salt, lora_name)
     hashes = hasher.block_hashes[: len(remote_block_ids)]
     local = cached_prefix(manager, hashes)
@@ -119,7 +159,8 @@ def start_pull(manager: KVCacheManager, agent: KVTransferAgent, peer: str, token
         return 0
     new = pool.get_new_blocks(wanted)
     try:
-        transfer = agent.start_read(peer, remote_block_ids[len(local):len(hashes)], [b.block_id for b in new])
+        transfer = _start_reads(agent, peer, remote_block_ids[len(local):len(hashes)], media[len(local):len(hashes)],
+                                [b.block_id for b in new])
     except BaseException:
         pool.free_blocks(reversed(local + new))  # never hashed
         raise
@@ -130,11 +171,12 @@ def start_pull(manager: KVCacheManager, agent: KVTransferAgent, peer: str, token
 
 def pull_prefix(manager: KVCacheManager, agent: KVTransferAgent, peer: str, token_ids: list[int],
                 remote_block_ids: list[int], cache_salt: str | None = None, lora_name: str | None = None,
-                timeout_s: float | None = None) -> int:
+                timeout_s: float | None = None, remote_block_media: list[str] | None = None) -> int:
     """``start_pull`` and wait for it here (tools and tests; a serving engine polls between steps instead);
     the tokens pulled (0 when nothing was missing, the pool had no room, or the read failed)."""
     try:
-        pending = start_pull(manager, agent, peer, token_ids, remote_block_ids, cache_salt, lora_name, timeout_s)
+        pending = start_pull(manager, agent, peer, token_ids, remote_block_ids, cache_salt, lora_name, timeout_s,
+                             remote_block_media)
         while not isinstance(pending, int):
             if (done := pending.poll()) is not None:
                 return done

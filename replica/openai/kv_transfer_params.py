@@ -2,9 +2,11 @@
 
     prefill side:  {"do_remote_decode": true}
                    -> the response carries {"do_remote_prefill": true, "do_remote_decode": false,
-                      "remote_block_ids": [...], "remote_lease_id": "...", "remote_engine_id": "...", "num_tokens": N}
+                      "remote_block_ids": [...], "remote_block_media": ["GPU"|"CPU", ...], "remote_lease_id": "...",
+                      "remote_engine_id": "...", "num_tokens": N}
     decode side:   {"do_remote_prefill": true, "remote_url": "http://host:port",
-                    "remote_block_ids": [...]?, "remote_lease_id": "..."?}   (no block ids: the replica leases them)
+                    "remote_block_ids": [...]?, "remote_block_media": [...]?, "remote_lease_id": "..."?}
+                   (no block ids: the replica leases them; no media: every block in the holder's device cache)
 
 Unknown keys are ignored (vLLM adds its own: remote_host, remote_port, tp_size, ...); a known key of the wrong
 type is a 400 naming it (``kv_transfer_params.remote_block_ids``).
@@ -12,7 +14,7 @@ type is a 400 naming it (``kv_transfer_params.remote_block_ids``).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError
@@ -31,6 +33,9 @@ class KVTransferParams(OpenAIBaseModel):
     """The holder's base URL (``http://host:port``)."""
     remote_block_ids: list[_BlockId] | None = None
     """The holder's block ids of the prompt's leading full blocks; None: lease them from the holder first."""
+    remote_block_media: list[Literal["GPU", "CPU"]] | None = None
+    """The tier of each of ``remote_block_ids`` on the holder (``"GPU"`` its device cache, ``"CPU"`` its host
+    tier, the events' values); None: all ``"GPU"``."""
     remote_lease_id: str | None = None
     """The holder's lease on those blocks (released after the pull)."""
     remote_engine_id: str | None = None
@@ -49,6 +54,10 @@ class KVTransferParams(OpenAIBaseModel):
         if self.do_remote_decode and stream:
             raise ProtocolError("kv_transfer_params.do_remote_decode needs stream false (the handle is in the "
                                 "JSON response)", param="kv_transfer_params.do_remote_decode")
+        if self.remote_block_media is not None and len(self.remote_block_media) != len(self.remote_block_ids or ()):
+            raise ProtocolError(f"kv_transfer_params.remote_block_media has {len(self.remote_block_media)} entries "
+                                f"for {len(self.remote_block_ids or ())} remote_block_ids; give one per block id",
+                                param="kv_transfer_params.remote_block_media")
         if self.do_remote_prefill:
             url = self.remote_url or ""
             if not url.startswith(("http://", "https://")):

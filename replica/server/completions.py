@@ -99,6 +99,7 @@ class OpenAIHandlers:
         candidates = ps.plan_candidates(request_id, prompts, params, req.n, best_of,
                                         params[0].logprobs is not None, req.stream)
         kv_headers = await kv_handoff.before(self.state, req, prompts, http)  # a pull first: its blocks are hit
+        armed = kv_handoff.arm(self.state, req, candidates[0].request_id)  # a lease taken as it finishes
         try:  # queues the requests now, so bad input is a 400 before any byte is sent
             streams = await ps.start_all(client, candidates, req.cache_salt)
             if isinstance(req, p.CompletionRequest) and req.prompt_only:
@@ -132,7 +133,7 @@ class OpenAIHandlers:
                 self._completion_choice(req, index, final, candidate, prompt_logprobs.get(candidate.prompt_index))
                 for index, candidate, final in choices])
         payload = body.model_dump()
-        if (handle := await kv_handoff.after(self.state, req, prompts)) is not None:
+        if (handle := await kv_handoff.after(self.state, req, armed)) is not None:
             payload["kv_transfer_params"] = handle
         return JSONResponse(payload, headers={"X-Request-Id": request_id, **kv_headers})
 

@@ -2,8 +2,9 @@
 
     decode side  {"do_remote_prefill": true, "remote_url": ...}  -> ``before``: the pull (kv_transfer.py), then
                  the request runs as usual and hits the pulled blocks (they count in cached_tokens)
-    prefill side {"do_remote_decode": true}                      -> ``after``: the finished prompt's blocks leased,
-                 the handle returned as the response's top-level ``kv_transfer_params``
+    prefill side {"do_remote_decode": true}                      -> ``arm`` before the request runs: the engine
+                 thread leases the prompt's blocks the moment it finishes (before they could be evicted);
+                 ``after``: that lease returned as the response's top-level ``kv_transfer_params``
 
 Every completion answer carries ``x-kvmesh-kv-pulled-tokens`` and ``x-kvmesh-kv-pulled-bytes`` (0 without a
 pull) and, when a pull was tried, ``x-kvmesh-kv-pull: ok|failed|skipped``.
@@ -11,12 +12,14 @@ pull) and, when a pull was tried, ``x-kvmesh-kv-pull: ok|failed|skipped``.
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import TYPE_CHECKING
 
 from fastapi import Request
 from kvmesh.replica.server.kv_transfer import PullResult
 
 if TYPE_CHECKING:
+    from kvmesh.replica.kv_transfer.leases import Lease
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.replica.server.state import ServerState
 
@@ -38,13 +41,23 @@ async def before(state: ServerState, req: CompletionRequest | ChatCompletionRequ
     return result.headers()
 
 
+def arm(state: ServerState, req: CompletionRequest | ChatCompletionRequest,
+        request_id: str) -> concurrent.futures.Future[Lease] | None:
+    """The prefill side: arm the lease the engine takes when ``request_id`` (the prompt's first candidate)
+    finishes; call before the request is queued. None: no lease asked, or transfer off here."""
+    params = req.kv_transfer_params
+    if params is None or not params.do_remote_decode or state.kv_transfer is None:
+        return None
+    return state.kv_transfer.lease_at_finish(request_id)
+
+
 async def after(state: ServerState, req: CompletionRequest | ChatCompletionRequest,
-                prompts: list[list[int]]) -> dict | None:
+                armed: concurrent.futures.Future[Lease] | None) -> dict | None:
     """The prefill side's ``kv_transfer_params`` for the response (None: the request asked for none)."""
     params = req.kv_transfer_params
     if params is None or not params.do_remote_decode:
         return None
-    if state.kv_transfer is None:  # nothing to hand over: the decode side computes the prompt
+    if state.kv_transfer is None or armed is None:  # nothing to hand over: the decode side computes the prompt
         return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [], "remote_lease_id": "",
                 "remote_engine_id": "", "num_tokens": 0}
-    return await state.kv_transfer.lease_after(prompts[0], req.cache_salt)
+    return await state.kv_transfer.handle(armed)

@@ -2,7 +2,9 @@
 
     GET  /kv/handshake   msgpack KVHandshake (application/msgpack): agent name, transport metadata, layout
     POST /kv/lease       {"prompt_token_ids": [...], "cache_salt": str|null, "ttl_s": float?}
-                         -> {"lease_id", "remote_block_ids", "num_tokens", "remote_engine_id", "expires_in_s"}
+                         -> {"lease_id", "remote_block_ids", "remote_block_media" ("GPU"|"CPU" per block:
+                             blocks past the device's prefix may live only in the host tier), "num_tokens",
+                             "remote_engine_id", "expires_in_s"}
     POST /kv/release     {"lease_id": str} -> {"released_blocks": int}; 404 for an unknown or expired lease
 
 Behind ``--api-key`` like every path that reveals or changes state (AuthMiddleware); 503 when the replica
@@ -61,6 +63,7 @@ def install_kv_routes(app: FastAPI, state: ServerState) -> None:
         ttl_s = kv.config.lease_ttl_s if req.ttl_s is None else req.ttl_s
         granted = await state.engine_client.lease_blocks(req.prompt_token_ids, req.cache_salt, ttl_s)
         return JSONResponse({"lease_id": granted.lease_id, "remote_block_ids": granted.remote_block_ids,
+                             "remote_block_media": granted.remote_block_media,
                              "num_tokens": granted.num_tokens, "remote_engine_id": kv.agent.name,
                              "expires_in_s": granted.expires_in_s})
 

@@ -5,7 +5,8 @@
         GET  {remote_url}/kv/handshake     once per peer (cached; fetched again after a failure)
         engine.pull_prefix(...)            the blocks this replica lacks, read between engine steps
         POST {remote_url}/kv/release       always, success or failure
-    prefill side (do_remote_decode): engine.lease_blocks(prompt) once the request finished -> the handle.
+    prefill side (do_remote_decode): engine.lease_at_finish(request id) armed before the request runs; the
+                                     engine thread leases the prompt's blocks as it finishes -> the handle.
 
 Any failure (peer dead, an HTTP error, a timeout, a layout mismatch, no room) ends as ``PullResult("failed")``
 and the caller computes the prompt: a request never fails because of a transfer.
@@ -14,12 +15,13 @@ and the caller computes the prompt: a request never fails because of a transfer.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvmesh.replica.kv_transfer.agent import KVTransferAgent, decode_handshake, encode_handshake
+from kvmesh.replica.kv_transfer.agent import KVTransferAgent, block_bytes, decode_handshake, encode_handshake
 from kvmesh.replica.kv_transfer.config import KVTransferConfig
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.server.kv_metrics import KVTransferMetrics
@@ -28,6 +30,7 @@ from kvmesh.replica.serving.load_report import KVTransferLoad
 if TYPE_CHECKING:
     import aiohttp
     from kvmesh.replica.engine.async_llm import AsyncLLM
+    from kvmesh.replica.kv_transfer.leases import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ class KVTransferService:
                  metrics: KVTransferMetrics) -> None:
         self.config, self.agent, self.engine, self.metrics = config, agent, engine, metrics
         self.block_size = engine.block_size
-        self.bytes_per_block = agent.layout.bytes_per_block
+        self.bytes_per_block = block_bytes(agent)  # every tensor-parallel rank's share
         self._handshake = encode_handshake(agent.handshake())
         self._peers: dict[str, str] = {}  # remote_url -> the peer's agent name (handshake done)
         self._session: aiohttp.ClientSession | None = None
@@ -71,11 +74,15 @@ class KVTransferService:
         return KVTransferLoad(enabled=True, pull_bytes_per_s=self.engine.kv_transfers.pull_bytes_per_s,
                               bytes_per_token=self.bytes_per_block // self.block_size)
 
-    async def lease_after(self, prompt: list[int], cache_salt: str | None) -> dict:
-        """The prefill side's answer: the finished prompt's cached blocks leased, as ``kv_transfer_params``."""
-        lease = await self.engine.lease_blocks(prompt, cache_salt, self.config.lease_ttl_s)
+    def lease_at_finish(self, request_id: str) -> concurrent.futures.Future[Lease]:
+        """Arm the prefill side's lease: taken on the engine thread when ``request_id`` finishes."""
+        return self.engine.lease_at_finish(request_id, self.config.lease_ttl_s)
+
+    async def handle(self, armed: concurrent.futures.Future[Lease]) -> dict:
+        """The prefill side's answer: the lease its request took at finish, as ``kv_transfer_params``."""
+        lease = await asyncio.wrap_future(armed)
         return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": lease.remote_block_ids,
-                "remote_lease_id": lease.lease_id, "remote_engine_id": self.agent.name,
+                "remote_block_media": lease.remote_block_media, "remote_lease_id": lease.lease_id, "remote_engine_id": self.agent.name,
                 "num_tokens": lease.num_tokens}
 
     # ------------------------------------------------------------ puller side
@@ -84,17 +91,18 @@ class KVTransferService:
         """Pull what this replica lacks of ``prompt``'s prefix from ``params.remote_url``; never raises."""
         url = params.remote_url.rstrip("/")
         headers = {"Authorization": authorization} if authorization else {}
-        block_ids, lease_id = params.remote_block_ids, params.remote_lease_id
+        block_ids, lease_id, media = params.remote_block_ids, params.remote_lease_id, params.remote_block_media
         t0 = time.monotonic()
         try:
             if block_ids is None:
                 lease = await self._call("POST", f"{url}/kv/lease", headers,
                                          {"prompt_token_ids": prompt, "cache_salt": cache_salt})
                 block_ids, lease_id = list(lease["remote_block_ids"]), lease["lease_id"] or None
+                media = lease.get("remote_block_media")  # absent from a holder without tiers: all on its device
             if not block_ids:
                 return self._count(PullResult("skipped"), t0)
             peer = await self._peer(url, headers)
-            tokens = await self.engine.pull_prefix(self.agent, peer, prompt, block_ids, cache_salt)
+            tokens = await self.engine.pull_prefix(self.agent, peer, prompt, block_ids, cache_salt, media)
         except Exception as e:  # noqa: BLE001 - any failure: the prompt is computed here
             self._forget(url)
             logger.warning("KV pull from %s failed (%s: %s); computing the prompt", url, type(e).__name__, e)

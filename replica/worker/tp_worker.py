@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from kvmesh.replica.engine.scheduler_output import SchedulerOutput
     from kvmesh.replica.interfaces import ModelRunnerInterface
+    from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig
     from kvmesh.replica.worker.model_runner import ModelRunner
     from ray.util.placement_group import PlacementGroup
 
@@ -69,6 +70,7 @@ class TPWorker:
         self.rank = rank
         self.world_size = world_size
         self.runner: ModelRunner | None = None
+        self.kv_agent = None  # this rank's KV transfer agent, once the replica turns transfer on
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's node IP and a free port there (the group's meeting point)."""
@@ -89,6 +91,7 @@ class TPWorker:
         """(Re)build this rank's ModelRunner for ``config`` in the existing process group."""
         from kvmesh.replica.worker.model_runner import ModelRunner
 
+        self.kv_close()  # its cache goes with the old runner
         self.config, self.runner = config, None
         self.runner = r = ModelRunner(config, rank=self.rank, world_size=self.world_size)
         return RunnerFacts(num_kv_blocks=r.num_kv_blocks, max_model_len=r.max_model_len, vocab_size=r.vocab_size,
@@ -101,9 +104,34 @@ class TPWorker:
     def ping(self) -> int:
         return self.rank
 
+    # -- KV transfer: this rank's own agent, its shard of the cache registered (kv_transfer/tp_agent.py) --
+    def kv_agent_start(self, config: KVTransferConfig, name: str) -> KVHandshake:
+        from kvmesh.replica.kv_transfer.agent import agent_for_runner
+
+        self.kv_agent = agent_for_runner(config, name, self.runner)
+        return self.kv_agent.handshake()
+
+    def kv_add_peer(self, handshake: KVHandshake) -> str:
+        return self.kv_agent.add_peer(handshake)
+
+    def kv_remove_peer(self, peer: str) -> None:
+        self.kv_agent.remove_peer(peer)
+
+    def kv_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int], remote_medium: str) -> None:
+        """Read the peer rank's blocks into this rank's (beside the steps: the actor takes concurrent calls)."""
+        from kvmesh.replica.kv_transfer.agent import wait
+
+        wait(self.kv_agent, self.kv_agent.start_read(peer, remote_block_ids, local_block_ids, remote_medium), peer)
+
+    def kv_close(self) -> None:
+        if self.kv_agent is not None:
+            self.kv_agent.close()
+            self.kv_agent = None
+
     def shutdown(self) -> None:
         from kvmesh.replica.worker.distributed import destroy_distributed
 
+        self.kv_close()
         self.runner = None
         destroy_distributed()
 
@@ -150,7 +178,7 @@ class RayTPExecutor:
             worker_cls.options(
                 num_cpus=num_cpus_per_worker if not use_gpu else 0, num_gpus=1 if use_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=i),
-                max_restarts=0, max_concurrency=2,
+                max_restarts=0, max_concurrency=4,  # a step, a ping, KV reads
             ).remote(config, i, n)
             for i in range(n)
         ]

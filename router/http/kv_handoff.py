@@ -29,7 +29,7 @@ from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.failures import InvalidAnswer, count_failure
 from kvmesh.router.http.relay import UPSTREAM_ERRORS
 from kvmesh.router.routing.receipts import HEADER_PULLED_TOKENS
-from kvmesh.router.routing.transfers import SPLIT_OK, SPLIT_PREFILL_FAILED
+from kvmesh.router.routing.transfers import SPLIT_OK, SPLIT_PREFILL_FAILED, tokens_left_after_split
 
 if TYPE_CHECKING:
     from kvmesh.router.config import ReplicaSpec, RouterConfig
@@ -84,6 +84,9 @@ class KVHandoff:
             if handle is not None:
                 request.kv_transfer_params = handle
                 decision.receipt.prefill_replica_id = prefill_id
+                # the decode replica's load counts what it still computes, not the suffix the prefill replica did
+                decision.uncached_tokens = min(decision.uncached_tokens, tokens_left_after_split(
+                    len(request.route_ids), svc.router.block_size))
             return
         pull = decision.pull
         holder = svc.specs.get(pull.holder_id) if pull is not None else None

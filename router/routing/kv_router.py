@@ -20,13 +20,7 @@ from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, RouteReceipt
 from kvmesh.router.routing.roles import BOTH, PREFILL, check_role
 from kvmesh.router.routing.session import SessionConfig, SessionTable
-from kvmesh.router.routing.transfers import (
-    SPLIT_NO_ROOM,
-    PlannedPull,
-    TransferRules,
-    choose_prefill,
-    plan_pull,
-)
+from kvmesh.router.routing.transfers import PlannedPull, SplitChoice, TransferRules, choose_split, plan_pull
 
 _ns = time.perf_counter_ns
 
@@ -256,16 +250,24 @@ class KVRouter:
         candidates = self.healthy - excluded if excluded else self.healthy
         return plan_pull(chosen, own, matches, self.loads.loads, candidates, usable, bs, rules)
 
-    def choose_prefill(self, decision: RouteDecision) -> tuple[Hashable | None, str | None]:
+    def choose_prefill(self, decision: RouteDecision, now: float | None = None) -> tuple[Hashable | None, str | None]:
         """Where to prefill ``decision``'s prompt before its decode replica gets it: (prefill replica, None);
-        (None, ``SPLIT_NO_ROOM``) when a split is wanted but no prefill replica has room; (None, None) when the
-        prompt stays whole (no prefill replica, or its uncached suffix is under ``pd_min_uncached_tokens``)."""
+        (None, why) when a split is wanted but not made (``SPLIT_NO_ROOM``, ``SPLIT_SLOWER``); (None, None) when
+        the prompt stays whole (no prefill replica, or its uncached suffix is under ``pd_min_uncached_tokens``)."""
+        choice = self.choose_split(decision, now)
+        return choice.prefill_id, choice.skipped
+
+    def choose_split(self, decision: RouteDecision, now: float | None = None) -> SplitChoice:
+        """``choose_prefill`` with the split's price in seconds (router/routing/transfers.py); ``now`` as ``route``'s."""
         if not self.prefill_only or decision.uncached_tokens < self.transfers.pd_min_uncached_tokens:
-            return None, None
+            return SplitChoice(None)
+        num_tokens = decision.uncached_tokens + decision.predicted_hit_tokens
         with self.lock:
             self.loads.refresh()
-            found = choose_prefill(self.loads.loads, self.prefill_only, self.healthy, self.transfers)
-        return (found, None) if found is not None else (None, SPLIT_NO_ROOM)
+            matches = self.index.match(decision.keys, now=now)
+            return choose_split(self.loads.loads, self.prefill_only, self.healthy, decision.replica_id,
+                                decision.uncached_tokens, matches, num_tokens, self.hasher.block_size,
+                                self.transfers)
 
     def _hit_tokens(self, matched_blocks: int, num_prompt_tokens: int) -> int:
         """Tokens an engine reuses for ``matched_blocks`` leading blocks (it computes at least one token)."""

@@ -1,10 +1,27 @@
 """When KV moves between replicas (issue 32): the prefill/decode split and peer pulls, decided without I/O.
 
-**Split.** The decode replica is chosen first (the policy, as for any request). The prompt goes to a prefill
-replica first only when its uncached suffix on that decode replica is at least ``pd_min_uncached_tokens`` and
-a prefill replica has room (``choose_prefill``: the least loaded healthy prefill replica whose prefill backlog
-is under ``pd_max_prefill_backlog_tokens``). A short suffix stays whole: a split adds a round trip and a
-transfer to the time to first token, and pays only when the prompt would stall the decode batch.
+**Split.** The decode replica is chosen first (the policy, as for any request). A prompt whose uncached suffix on
+it is under ``pd_min_uncached_tokens`` stays whole. A longer one is priced in seconds (``price_split``) on every
+healthy prefill replica whose prefill backlog is under ``pd_max_prefill_backlog_tokens`` (a hard bound; none:
+``skipped_no_room``)::
+
+    split_s = (prefill's backlog + the prompt's tokens uncached there) / prefill's prefill_tokens_per_s
+              + moving what the decode replica lacks (ReplicaLoad.pull_s, the host tier's copy_seconds form)
+    local_s = (decode's backlog + the uncached suffix) / decode's prefill_tokens_per_s
+    stall_s = requests decoding on the decode replica * the suffix's prefill seconds there
+
+and goes to the prefill replica with the smallest ``split_s`` when what it costs the prompt's time to first token
+is within what it may::
+
+    split_s - local_s <= pd_ttft_slack_s + pd_stall_weight * stall_s
+
+else it stays whole (``skipped_slower``). A split trades the prompt's first token for the decode batch's next
+ones: it is worth a fixed allowance (a round trip and a move, so an idle decode replica still hands long prompts
+off) plus the stall it takes off the batch, never a prefill queue that costs more than that (BENCHMARKS §1.12:
+on a prefill-bound trace the token rules sent prompts to such queues; a slack *factor* on ``local_s``, tried
+there, refused the cheap splits of short local prefills). A replica without a measured prefill rate (or a pull
+that cannot be priced), or ``pd_ttft_slack_s`` None, leaves the token rules: the least loaded prefill replica
+with room.
 
 **Peer pull.** When the policy sends a request away from the replica holding the most of its prefix (load),
 the chosen replica can pull the holder's extra blocks instead of computing them (``price_pull``)::
@@ -25,10 +42,10 @@ from dataclasses import dataclass
 
 from kvmesh.router.routing.load import ReplicaLoad
 
-SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM = "ok", "prefill_failed", "skipped_no_room"
-SPLIT_OUTCOMES = (SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM)
+SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM, SPLIT_SLOWER = "ok", "prefill_failed", "skipped_no_room", "skipped_slower"
+SPLIT_OUTCOMES = (SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM, SPLIT_SLOWER)
 """``kvmesh_router_pd_splits_total{outcome}``: split done, prefill call failed (the decode replica computed the
-prompt), split wanted but no prefill replica had room."""
+prompt), split wanted but no prefill replica had room, split priced slower than ``pd_ttft_slack`` allows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +56,10 @@ class TransferRules:
     """Uncached prompt tokens on the decode replica from which a prompt is prefilled on a prefill replica."""
     pd_max_prefill_backlog_tokens: int = 16384
     """A prefill replica has room while its prefill backlog (tokens) is below this."""
+    pd_ttft_slack_s: float | None = 0.5
+    """Seconds a split may add to a prompt's time to first token besides the stall it saves; None: token rules."""
+    pd_stall_weight: float = 1.0
+    """Seconds of time to first token one second of decode-batch stall is worth (per decoding request)."""
     peer_pulls: bool = True
     """Plan peer pulls at all."""
     pull_overhead_s: float = 0.01
@@ -61,18 +82,99 @@ class PlannedPull:
     """What computing them instead would cost in seconds."""
 
 
+@dataclass(frozen=True, slots=True)
+class SplitChoice:
+    """Where a long prompt is prefilled (``choose_split``)."""
+
+    prefill_id: Hashable | None
+    """The prefill replica; None: the prompt stays whole on its decode replica."""
+    skipped: str | None = None
+    """Why a wanted split was not made (``SPLIT_NO_ROOM``, ``SPLIT_SLOWER``); None when made or not wanted."""
+    price: SplitPrice | None = None
+    """The best prefill replica's price in seconds (None: not priced, the token rules decided)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SplitPrice:
+    """A split's price in seconds (``price_split``)."""
+
+    split_s: float
+    """Expected seconds to the first token via the prefill replica: its queue, its prefill, the move."""
+    local_s: float
+    """Expected seconds to the first token computing the prompt on the decode replica: its queue, the suffix."""
+    stall_s: float
+    """Seconds of stall the suffix would put on the decode replica's batch (summed over its decoding requests)."""
+
+    def worth_it(self, rules: TransferRules) -> bool:
+        """The split costs the prompt no more time to first token than it may (the module doc)."""
+        return self.split_s - self.local_s <= rules.pd_ttft_slack_s + rules.pd_stall_weight * self.stall_s
+
+
 def choose_prefill(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, healthy: set,
                    rules: TransferRules) -> Hashable | None:
-    """The least loaded healthy prefill replica with room (backlog, then requests in flight); None: none has room."""
+    """The token rule: the least loaded healthy prefill replica with room (backlog, then requests in flight);
+    None: none has room."""
     best, best_key = None, None
-    for rid in prefill_ids:
-        load = loads.get(rid)
-        if load is None or rid not in healthy or load.prefill_backlog >= rules.pd_max_prefill_backlog_tokens:
-            continue
+    for rid in _with_room(loads, prefill_ids, healthy, rules):
+        load = loads[rid]
         key = (load.prefill_backlog, load.total_in_flight)
         if best_key is None or key < best_key:
             best, best_key = rid, key
     return best
+
+
+def _with_room(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, healthy: set,
+               rules: TransferRules) -> list[Hashable]:
+    """Healthy prefill replicas whose backlog is under the hard bound ``pd_max_prefill_backlog_tokens``."""
+    return [rid for rid in prefill_ids if rid in healthy and rid in loads
+            and loads[rid].prefill_backlog < rules.pd_max_prefill_backlog_tokens]
+
+
+def price_split(decode: ReplicaLoad, prefill: ReplicaLoad, local_uncached: int, prefill_uncached: int,
+                move_blocks: int, block_size: int, rules: TransferRules) -> SplitPrice | None:
+    """The split via ``prefill`` (computing ``prefill_uncached`` tokens, the decode replica pulling
+    ``move_blocks``) against ``decode`` computing ``local_uncached``; None when either replica has no measured
+    prefill rate or the move cannot be priced."""
+    rate_d, rate_p = decode.prefill_tokens_per_s, prefill.prefill_tokens_per_s
+    move_s = decode.pull_s(move_blocks, block_size, rules.pull_overhead_s, rules.assumed_pull_bytes_per_s or None)
+    if not rate_d or not rate_p or move_s is None:
+        return None
+    split_s = (prefill.prefill_backlog + prefill_uncached) / rate_p + move_s
+    local_s = (decode.prefill_backlog + local_uncached) / rate_d
+    return SplitPrice(split_s, local_s, decode.decode_load * local_uncached / rate_d)
+
+
+def choose_split(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, healthy: set, decode_id: Hashable,
+                 local_uncached: int, prefill_matched: Mapping[Hashable, int], num_prompt_tokens: int,
+                 block_size: int, rules: TransferRules) -> SplitChoice:
+    """The split decision for a prompt whose uncached suffix on ``decode_id`` is ``local_uncached`` tokens
+    (``prefill_matched``: leading prompt blocks each prefill replica holds). See the module doc."""
+    if local_uncached < rules.pd_min_uncached_tokens:
+        return SplitChoice(None)
+    room = _with_room(loads, prefill_ids, healthy, rules)
+    if not room:
+        return SplitChoice(None, SPLIT_NO_ROOM)
+    usable = (num_prompt_tokens - 1) // block_size  # full blocks a replica reuses: all but the last token
+    lacking = max(0, usable - (num_prompt_tokens - local_uncached) // block_size)
+    prices = [] if rules.pd_ttft_slack_s is not None else None  # None: the token rules alone
+    for rid in room if prices is not None else ():
+        held = min(prefill_matched.get(rid, 0), usable) * block_size
+        price = price_split(loads[decode_id], loads[rid], local_uncached, num_prompt_tokens - held, lacking,
+                            block_size, rules)
+        if price is None:  # a rate not measured yet: the token rules
+            prices = None
+            break
+        prices.append((price, rid))
+    if not prices:
+        return SplitChoice(choose_prefill(loads, prefill_ids, healthy, rules))
+    price, rid = min(prices, key=lambda p: p[0].split_s)
+    return SplitChoice(rid, None, price) if price.worth_it(rules) else SplitChoice(None, SPLIT_SLOWER, price)
+
+
+def tokens_left_after_split(num_prompt_tokens: int, block_size: int) -> int:
+    """Prompt tokens a split's decode replica still computes once it pulled the prompt's full blocks (all but the
+    last token reuse): what its load counts as prefill for the request, instead of the uncached suffix."""
+    return num_prompt_tokens - (num_prompt_tokens - 1) // block_size * block_size
 
 
 def price_pull(chosen: ReplicaLoad, holder: ReplicaLoad, extra_blocks: int, block_size: int,

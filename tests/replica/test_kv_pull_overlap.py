@@ -45,8 +45,8 @@ class HeldAgent:
     def add_peer(self, handshake):
         return self.agent.add_peer(handshake)
 
-    def start_read(self, peer, remote_block_ids, local_block_ids):
-        self.agent.start_read(peer, remote_block_ids, local_block_ids)
+    def start_read(self, peer, remote_block_ids, local_block_ids, remote_medium="GPU"):
+        self.agent.start_read(peer, remote_block_ids, local_block_ids, remote_medium)
         self.started.set()
         return HeldTransfer(len(local_block_ids), self.finish)
 
@@ -55,7 +55,8 @@ class HeldAgent:
 
 
 def _engine(stories_path) -> AsyncLLM:
-    return AsyncLLM.from_config(EngineConfig(model=str(stories_path), hash_seed=SEED, kv_cache_memory=4 << 20))
+    return AsyncLLM.from_config(EngineConfig(model=str(stories_path), hash_seed=SEED, kv_cache_memory=4 << 20,
+                                             debug_check_integrity=True))  # pulls in flight counted
 
 
 @pytest.fixture

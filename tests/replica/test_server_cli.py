@@ -95,11 +95,13 @@ def test_kv_transfer_flags_reach_the_kv_transfer_section():
     assert _load().kv_transfer.enabled is False  # a bare replica moves no KV
 
 
-def test_kv_transfer_with_tensor_parallelism_is_refused_naming_the_limit():
+def test_kv_transfer_with_tensor_parallelism_needs_a_transport_across_processes():
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.kv_transfer.config import KVTransferConfig
     from kvmesh.replica.runtime import check_kv_transfer
 
-    with pytest.raises(ValueError, match="tensor_parallel_size 1.*pull per tensor-parallel rank is not built"):
-        check_kv_transfer(KVTransferConfig(enabled=True), EngineConfig(model=MODEL, tensor_parallel_size=2))
-    check_kv_transfer(KVTransferConfig(enabled=False), EngineConfig(model=MODEL, tensor_parallel_size=2))
+    tp2 = EngineConfig(model=MODEL, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="'local' copies inside one process.*--kv-transfer-transport nixl"):
+        check_kv_transfer(KVTransferConfig(enabled=True, transport="local"), tp2)
+    check_kv_transfer(KVTransferConfig(enabled=True, transport="nixl"), tp2)  # a pull per rank
+    check_kv_transfer(KVTransferConfig(enabled=False, transport="local"), tp2)

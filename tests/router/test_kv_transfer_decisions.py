@@ -10,7 +10,13 @@ from kvmesh.router.control.probes import decode_transfer
 from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.load import ReplicaLoad, copy_seconds
 from kvmesh.router.routing.policies import NoReplicaError
-from kvmesh.router.routing.transfers import SPLIT_NO_ROOM, TransferRules, price_pull
+from kvmesh.router.routing.transfers import (
+    SPLIT_NO_ROOM,
+    SPLIT_SLOWER,
+    TransferRules,
+    price_pull,
+    price_split,
+)
 
 from .helpers import stored
 
@@ -62,6 +68,9 @@ def test_router_settings_for_transfers_are_checked():
         RouterConfig(pd_min_uncached_tokens=0)
     with pytest.raises(ValueError, match="peer_pull_overhead_s"):
         RouterConfig(peer_pull_overhead_s=-1)
+    with pytest.raises(ValueError, match="pd_ttft_slack_s"):
+        RouterConfig(pd_ttft_slack_s=-0.1)
+    assert build_router(RouterConfig(pd_ttft_slack_s=None), seed=1).transfers.pd_ttft_slack_s is None
 
 
 # ---------------------------------------------------------------- the split
@@ -73,8 +82,9 @@ def test_split_only_for_a_long_uncached_suffix_on_the_decode_replica():
     assert router.choose_prefill(router.route(PROMPT)) == (None, None)
 
 
-def test_split_goes_to_the_least_loaded_prefill_replica_with_room():
-    router = make_router({"p1": "prefill", "p2": "prefill", "d": "both"}, pd_max_prefill_backlog_tokens=4096)
+def test_token_rules_split_to_the_least_loaded_prefill_replica_with_room():
+    router = make_router({"p1": "prefill", "p2": "prefill", "d": "both"}, pd_max_prefill_backlog_tokens=4096,
+                         pd_ttft_slack_s=None)
     router.loads.loads["p1"].update_report(report(waiting_prefill=3000))
     assert router.choose_prefill(router.route(PROMPT))[0] == "p2"
     router.loads.loads["p2"].update_report(report(waiting_prefill=5000))  # over the limit: no room
@@ -84,6 +94,61 @@ def test_split_goes_to_the_least_loaded_prefill_replica_with_room():
     router.loads.loads["p1"].update_report(report())
     router.set_healthy("p1", False)  # down, draining or ejected: no room either
     assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_NO_ROOM)
+
+
+def test_a_split_that_costs_more_first_token_time_than_it_saves_is_skipped_slower():
+    router = make_router({"p": "prefill", "d": "decode"}, pd_ttft_slack_s=0.25)
+    router.loads.loads["p"].update_report(report(waiting_prefill=5000))  # 0.5 s of queue, under the token cap
+    assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_SLOWER)
+    router.loads.loads["d"].update_report(report(waiting_prefill=6000))  # home is slower still: 0.6 s of queue
+    assert router.choose_prefill(router.route(PROMPT)) == ("p", None)
+
+
+@pytest.mark.parametrize(("weight", "split"), [(1.0, True), (0.0, False)])
+def test_a_split_may_cost_the_first_token_the_stall_it_saves_the_decode_batch(weight, split):
+    router = make_router({"p": "prefill", "d": "decode"}, pd_ttft_slack_s=0.0, pd_stall_weight=weight)
+    router.loads.loads["p"].update_report(report(waiting_prefill=2000))  # the split costs 0.21 s more
+    assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_SLOWER)  # d idle: it saves nothing
+    router.loads.loads["d"].update_report(report(running=5))  # 5 decoding x 52 ms of suffix: 0.26 s saved
+    assert router.choose_prefill(router.route(PROMPT)) == (("p", None) if split else (None, SPLIT_SLOWER))
+
+
+def test_an_idle_decode_replica_still_hands_a_long_prompt_off_within_the_slack():
+    router = make_router({"p": "prefill", "d": "decode"})  # defaults: 0.5 s covers the move and a round trip
+    choice = router.choose_split(router.route(PROMPT))
+    assert choice.prefill_id == "p" and choice.price.split_s > choice.price.local_s and choice.price.stall_s == 0
+
+
+@pytest.mark.parametrize(("slack_s", "chosen"), [(0.5, "p2"), (None, "p1")])
+def test_the_split_goes_to_the_prefill_replica_with_the_earliest_first_token_not_the_shortest_queue(slack_s, chosen):
+    router = make_router({"p1": "prefill", "p2": "prefill", "d": "decode"}, pd_ttft_slack_s=slack_s)
+    router.apply_events("p2", [stored(PROMPT, BS)])  # p2 holds the prompt: it computes 5 tokens, not 517
+    router.loads.loads["p2"].update_report(report(waiting_prefill=300))
+    router.loads.loads["p1"].update_report(report(waiting_prefill=100))
+    choice = router.choose_split(router.route(PROMPT))
+    assert choice.prefill_id == chosen  # None: the token rules, the shortest backlog
+    if slack_s is not None:
+        assert choice.price.split_s == pytest.approx((300 + 5) / 10_000 + 32 * (1 << 20) / 10e9 + 0.01)
+
+
+def test_without_measured_prefill_rates_the_token_rules_decide():
+    router = make_router({"p": "prefill", "d": "decode"})
+    router.loads.loads["p"].update_report(report(waiting_prefill=15_000, rate=None))  # slow, but unpriced
+    choice = router.choose_split(router.route(PROMPT))
+    assert choice.prefill_id == "p" and choice.price is None
+    router.loads.loads["p"].update_report(report(waiting_prefill=16_384, rate=None))  # the hard bound holds
+    assert router.choose_prefill(router.route(PROMPT)) == (None, SPLIT_NO_ROOM)
+
+
+def test_the_move_is_priced_at_the_decode_replicas_pull_rate():
+    decode, prefill = ReplicaLoad(prefill_tokens_per_s=10_000.0), ReplicaLoad(prefill_tokens_per_s=20_000.0)
+    decode.update_transfer(dict(TRANSFER, pull_bytes_per_s=1e8))  # 32 MiB at 100 MB/s: 0.34 s
+    price = price_split(decode, prefill, 517, 517, 32, BS, TransferRules(pull_overhead_s=0.01))
+    assert price.split_s == pytest.approx(517 / 20_000 + 32 * (1 << 20) / 1e8 + 0.01)
+    assert price.local_s == pytest.approx(517 / 10_000)  # the split costs 0.32 s more, and d is idle
+    assert not price.worth_it(TransferRules(pd_ttft_slack_s=0.25)) and price.worth_it(TransferRules(pd_ttft_slack_s=0.5))
+    assert price_split(ReplicaLoad(prefill_tokens_per_s=10_000.0), prefill, 517, 517, 32, BS, TransferRules(
+        assumed_pull_bytes_per_s=0)) is None  # no bytes per token reported: the move cannot be priced
 
 
 def test_no_prefill_replica_no_split():

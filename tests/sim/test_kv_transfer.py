@@ -62,8 +62,8 @@ def test_split_moves_long_prefills_off_the_decode_replicas_and_lowers_inter_toke
     decoding = [rep for rep in split.replicas if rep.role == "decode"]
     assert [rep.role for rep in split.replicas] == ["decode"] * 3 + ["prefill"]
     long = [r for r in split.requests if r.num_prompt_tokens > BS]
-    kept = [r for r in long if r.prefill_leg is None]  # the prefill replica's backlog was full
-    assert len(kept) == split.router.splits_skipped_no_room < 0.2 * len(long)
+    kept = [r for r in long if r.prefill_leg is None]  # the prefill replica's backlog was full, or too slow
+    assert len(kept) == split.router.splits_skipped_no_room + split.router.splits_skipped_slower < 0.2 * len(long)
     # the decode replicas compute the short prompts, the long ones kept whole and one token of each split one
     short_tokens = sum(r.num_prompt_tokens for r in split.requests if r.num_prompt_tokens <= BS)
     assert sum(rep.prefill_tokens for rep in decoding) <= (
@@ -105,7 +105,8 @@ def test_prefill_pick_least_loaded_loses_the_prefix_a_cache_aware_pick_keeps(pic
     records = [MooncakeRecord(0.0, 16 * BS, 4, tuple(range(1, 17))),
                MooncakeRecord(2000.0, 2 * BS, 4, (100, 101)),  # keeps the first prefill replica a little busy
                MooncakeRecord(2001.0, 16 * BS, 4, (*range(1, 15), 200, 201))]  # the first's 14-block prefix
-    run = _run(records, _config(num_replicas=1, num_prefill_replicas=2, pd_prefill_pick=pick))
+    token_rules = RouterConfig(pd_ttft_slack_s=None)  # priced in seconds, the third would stay whole (its suffix is short)
+    run = _run(records, _config(num_replicas=1, num_prefill_replicas=2, pd_prefill_pick=pick, router=token_rules))
     first, _, third = run.requests
     assert third.prefill_leg is not None
     assert (third.prefill_replica_id == first.prefill_replica_id) == (pick == "policy")
@@ -158,7 +159,9 @@ def test_a_prompt_the_split_skips_for_want_of_room_can_still_pull_its_prefix():
                MooncakeRecord(1000.0, 36 * BS, 4, tuple(range(100, 136))),  # X: fills the prefill replica's backlog
                MooncakeRecord(1100.0, 32, 4, (300,)),  # Y: short, whole (round_robin's turn)
                MooncakeRecord(1200.0, 8 * BS, 4, (*range(1, 8), 400))]  # B: A's 7-block prefix, on replica 1
-    run = _run(records, _config(num_replicas=2, num_prefill_replicas=1, peer_pulls=True), policy="round_robin")
+    token_rules = RouterConfig(pd_ttft_slack_s=None)  # the room bound alone (in seconds, A would stay whole too)
+    run = _run(records, _config(num_replicas=2, num_prefill_replicas=1, peer_pulls=True, router=token_rules),
+               policy="round_robin")
     a, x, _, b = run.requests
     assert a.prefill_leg is not None and x.prefill_leg is not None and a.replica_id == 0 and b.replica_id == 1
     assert b.prefill_leg is None and run.router.splits_skipped_no_room == 1

@@ -112,7 +112,8 @@ class SimConfig:
     max_num_seqs (``sim_engine``)."""
     router: RouterConfig = field(default_factory=RouterConfig)
     """The router's section; the simulated router reads predict_ttl_s, session_ttl_s and the transfer rules
-    (pd_min_uncached_tokens, pd_max_prefill_backlog_tokens, peer_pull_overhead_s); its block size is the
+    (pd_min_uncached_tokens, pd_max_prefill_backlog_tokens, pd_ttft_slack_s, pd_stall_weight,
+    peer_pull_overhead_s); its block size is the
     engine's, its policy the one compared."""
     blocks_per_replica: int | None = None
     """KV blocks per replica (the null block comes on top). None: ``capacity_fraction`` of the

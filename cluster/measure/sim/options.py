@@ -106,6 +106,7 @@ class SimCommandConfig:
 SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs")
 """What a simulated replica reads of its engine section."""
 SIM_ROUTER_FIELDS = ("predict_ttl_s", "session_ttl_s", "pd_min_uncached_tokens", "pd_max_prefill_backlog_tokens",
+                     "pd_ttft_slack_s", "pd_stall_weight",
                      "peer_pull_overhead_s")
 """What the simulated router reads of its section (besides the policy, compared, and the engine's block size)."""
 
@@ -176,7 +177,8 @@ SCALING_SCHEMA = Schema(ScalingCommandConfig, hidden=_unread_sections() | {
     **{name: "the autoscaled fleet's replicas are of role both, without KV transfers" for name in (
         "sim.num_prefill_replicas", "sim.pd_prefill_pick", "sim.peer_pulls", "sim.kv_transfer_bytes_per_s",
         "sim.kv_transfer_latency_s", "sim.kv_bytes_per_token", "router.pd_min_uncached_tokens",
-        "router.pd_max_prefill_backlog_tokens", "router.peer_pull_overhead_s")},
+        "router.pd_max_prefill_backlog_tokens", "router.pd_ttft_slack_s", "router.pd_stall_weight",
+        "router.peer_pull_overhead_s")},
     "sim.cost": "the default cost model",
     "autoscale.scale_with_load": "always on here",
     "autoscale.drain_timeout_s": "a drained simulated replica leaves when its last request ends",

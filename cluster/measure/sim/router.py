@@ -8,10 +8,12 @@ uncached prompt tokens not yet past prefill) plus, with ``load_poll_s > 0``, the
 
 Roles and moves (sim/transfer.py): the routers decide as the HTTP router does (router/routing/transfers.py):
 prefill replicas join with their role and never decode; ``KVRouter.choose_prefill`` gives a request whose
-uncached suffix on its decode replica is long enough a prefill leg on the least loaded prefill replica with
-room (``SimRequest.prefill_leg``; ``pd_prefill_pick=policy`` lets the policy pick among them instead), and
-a request kept whole gets the decision's peer pull (``RouteDecision.pull`` -> ``SimRequest.pull_from``) when
-the replicas report KV transfer on (``peer_pulls``).
+uncached suffix on its decode replica is long enough a prefill leg on the prefill replica with room that
+gives it the earliest first token, when the split is worth its seconds (``SimRequest.prefill_leg``;
+``pd_prefill_pick=policy`` lets the policy pick among them instead), and a request kept whole gets the
+decision's peer pull (``RouteDecision.pull`` -> ``SimRequest.pull_from``) when the replicas report KV transfer
+on (``peer_pulls``). As the HTTP router, it decides the split before it counts the request on its decode
+replica, and counts a split's decode side as the tokens its pull leaves.
 
 With ``num_routers > 1`` there are N such routers, as ``kvmesh router --workers N`` runs them:
 each applies every replica's events to its own index, keeps its own predictions, counters and
@@ -30,7 +32,7 @@ from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.transfer import pick_prefill_replica, prefill_leg
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import Policy
-from kvmesh.router.routing.transfers import SPLIT_NO_ROOM
+from kvmesh.router.routing.transfers import SPLIT_NO_ROOM, SPLIT_SLOWER, tokens_left_after_split
 
 if TYPE_CHECKING:
     from kvmesh.router.routing.kv_router import KVRouter
@@ -81,6 +83,8 @@ class SimRouter:
         self.apply_s = 0.0
         self.splits_skipped_no_room = 0
         """Requests long enough to split that stayed whole: no prefill replica had room."""
+        self.splits_skipped_slower = 0
+        """Requests long enough to split that stayed whole: the split was priced slower than the slack allows."""
 
     def _pick_router(self) -> int:
         n = len(self.routers)
@@ -98,6 +102,13 @@ class SimRouter:
         rid = req.replica_id = decision.replica_id
         req.predicted_hit_tokens = decision.predicted_hit_tokens
         req.receipt = decision.receipt
+        # the split is decided before the decode replica counts the request, as the HTTP router does (kv_handoff)
+        pid, skipped = router.choose_prefill(decision, now=req.arrival_s)  # router/routing/transfers.py
+        if pid is not None and self.config.pd_prefill_pick == "policy":
+            pid = self._policy_prefill(router, decision.keys, req)
+            skipped = None if pid is not None else SPLIT_NO_ROOM
+        if pid is not None:
+            self._split(req, k, decision.keys, pid)
         for tracker in self._trackers(k):
             tracker.on_dispatch(rid, self._uncached(req), now=req.arrival_s)
         if session is not None and self.config.share_sessions:
@@ -107,16 +118,12 @@ class SimRouter:
             for other in self.routers:
                 if other is not router:
                     other.index.predict(rid, decision.keys, now=req.arrival_s)
-        pid, skipped = router.choose_prefill(decision)  # the router's split rule (router/routing/transfers.py)
-        if pid is not None and self.config.pd_prefill_pick == "policy":
-            pid = self._policy_prefill(router, decision.keys, req)
-            skipped = None if pid is not None else SPLIT_NO_ROOM
-        if pid is not None:
-            self._split(req, k, decision.keys, pid)
-        elif decision.pull is not None:  # not split (short, or no prefill replica had room): the router's pull
+        if pid is None and decision.pull is not None:  # kept whole (short, no room, slower): the router's pull
             req.pull_from = decision.pull.holder_id
         if skipped == SPLIT_NO_ROOM:
             self.splits_skipped_no_room += 1
+        elif skipped == SPLIT_SLOWER:
+            self.splits_skipped_slower += 1
         return rid
 
     def _policy_prefill(self, router: KVRouter, keys: list[int], req: SimRequest) -> int | None:
@@ -143,7 +150,12 @@ class SimRouter:
         return [r.loads for r in self.routers] if self.config.share_loads else [self.routers[k].loads]
 
     def _uncached(self, req: SimRequest) -> int:
-        return req.num_prompt_tokens - req.predicted_hit_tokens
+        """Prompt tokens the router counts as ``req``'s prefill on its replica (a split's decode side: what its
+        pull leaves, as the HTTP router counts it)."""
+        uncached = req.num_prompt_tokens - req.predicted_hit_tokens
+        if req.prefill_leg is not None:
+            return min(uncached, tokens_left_after_split(req.num_prompt_tokens, self.block_size))
+        return uncached
 
     def on_first_tokens(self, rid: int, reqs: list[SimRequest]) -> None:
         for r in reqs:

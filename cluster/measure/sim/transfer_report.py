@@ -38,6 +38,7 @@ def transfer_summary(run: SimRun) -> dict:
         "peer_pulls_enabled": config.peer_pulls,
         "splits": len(split),
         "splits_skipped_no_room": run.router.splits_skipped_no_room,
+        "splits_skipped_slower": run.router.splits_skipped_slower,
         "split_tokens_moved": split_tokens,
         "peer_pulls": sum(1 for r in pulls if r.num_transferred_tokens),
         "peer_pulls_nothing_to_move": sum(1 for r in pulls if not r.num_transferred_tokens),

@@ -1,0 +1,103 @@
+"""The prefill side's lease is taken on the engine thread as the request finishes, before its blocks could be
+evicted: under eviction pressure (a tiny cache, another prompt waiting for room) the handle still names every
+full block of the prompt, and a pull from it gives the same greedy text as computing the prompt."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+
+import pytest
+from kvmesh.replica.engine.commands import LeaseAtFinish
+from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
+from kvmesh.replica.kv_transfer.agent import KVTransferConfig, agent_for_runner
+from kvmesh.replica.kv_transfer.prefix_pull import pull_prefix
+from kvmesh.replica.llm import LLM
+from kvmesh.replica.serving.sampling_params import SamplingParams
+
+SEED = "shared-cluster-seed"
+PROMPT = [random.Random(7).randrange(3, 500) for _ in range(428)]  # 26 full blocks of 16 and 12 tokens
+FILLER = [random.Random(8).randrange(3, 500) for _ in range(340)]  # 22 blocks: fits only by evicting PROMPT's
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+NUM_KV_BLOCKS = 48  # 47 usable: PROMPT (27) and FILLER (22) do not fit together
+
+
+def _llm(stories_path, num_kv_blocks: int = NUM_KV_BLOCKS) -> LLM:
+    return LLM(str(stories_path), device="cpu", num_kv_blocks=num_kv_blocks, hash_seed=SEED,
+               debug_check_integrity=True)  # the pool checked after every step, leases and pulls included
+
+
+def _run_until(engine, request_id: str) -> None:
+    while not any(o.finished and o.request_id == request_id for o in engine.step()):
+        pass
+
+
+@pytest.fixture
+def holder(stories_path):
+    llm = _llm(stories_path)
+    kv = EngineKVTransfers(llm.llm_engine)  # hooks the engine's request_finished
+    agent = agent_for_runner(KVTransferConfig(transport="local"), "holder", llm.llm_engine.model_runner)
+    yield llm.llm_engine, kv, agent
+    agent.close()
+
+
+def test_a_request_finishing_under_eviction_pressure_keeps_every_prompt_block_for_its_puller(holder, stories_path):
+    engine, kv, holder_agent = holder
+    granted: concurrent.futures.Future = concurrent.futures.Future()
+    kv.handle(LeaseAtFinish("prefill", 30.0, granted))
+    engine.add_request("prefill", PROMPT, SamplingParams(max_tokens=1, temperature=0.0))
+    engine.add_request("filler", FILLER, SamplingParams(max_tokens=4, temperature=0.0))  # waits for room
+    _run_until(engine, "prefill")
+    lease = granted.result(timeout=0)
+    assert len(lease.remote_block_ids) == 26 and lease.num_tokens == 416 and lease.lease_id
+    for _ in range(5):  # the filler's steps: it cannot take the leased blocks
+        engine.step()
+
+    puller = _llm(stories_path, 64)
+    agent = agent_for_runner(KVTransferConfig(transport="local"), "puller", puller.llm_engine.model_runner)
+    try:
+        peer = agent.add_peer(holder_agent.handshake())
+        manager = puller.llm_engine.kv_cache_manager
+        assert pull_prefix(manager, agent, peer, PROMPT, lease.remote_block_ids) == 416
+        (pulled,) = puller.generate([PROMPT], GREEDY)
+    finally:
+        agent.close()
+    (computed,) = _llm(stories_path, 64).generate([PROMPT], GREEDY)
+    assert pulled.num_cached_tokens == 416
+    assert pulled.output_token_ids == computed.output_token_ids
+
+    assert kv.leases.release(engine.kv_cache_manager, lease.lease_id) == 26
+    _run_until(engine, "filler")  # the lease let go: the filler gets its room
+    engine.kv_cache_manager.check_integrity()
+
+
+def test_an_aborted_request_ends_its_armed_lease_empty_and_holds_nothing(holder):
+    engine, kv, _ = holder
+    granted: concurrent.futures.Future = concurrent.futures.Future()
+    kv.handle(LeaseAtFinish("prefill", 30.0, granted))
+    engine.add_request("prefill", PROMPT, SamplingParams(max_tokens=8, temperature=0.0))
+    engine.step()
+    engine.abort_request("prefill")
+    lease = granted.result(timeout=0)
+    assert lease.lease_id == "" and lease.remote_block_ids == []
+    assert kv.leases.active == 0
+    engine.kv_cache_manager.check_integrity()
+
+
+def test_over_http_a_prefill_handle_under_eviction_pressure_is_whole_and_pulls_the_same_text(stories_path):
+    from .kv_replicas import client, kv_replica
+
+    body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    with kv_replica(stories_path, num_kv_blocks=NUM_KV_BLOCKS) as a, kv_replica(stories_path) as b, \
+            client(a) as ca, client(b) as cb, concurrent.futures.ThreadPoolExecutor(3) as pool:
+        reference = cb.post("/v1/completions", json={**body, "cache_salt": "reference"}).json()["choices"][0]["text"]
+        prefill = pool.submit(ca.post, "/v1/completions",
+                              json={**body, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
+        fillers = [pool.submit(ca.post, "/v1/completions", json={"prompt": FILLER[i:], "max_tokens": 4})
+                   for i in range(2)]  # arrive right after: they fit only by evicting the prompt's blocks
+        handle = prefill.result().json()["kv_transfer_params"]
+        assert len(handle["remote_block_ids"]) == 26 and handle["num_tokens"] == 416
+        decode = cb.post("/v1/completions", json={**body, "kv_transfer_params": {**handle, "remote_url": a.http.url}})
+        assert decode.headers["x-kvmesh-kv-pull"] == "ok" and int(decode.headers["x-kvmesh-kv-pulled-tokens"]) == 416
+        assert decode.json()["choices"][0]["text"] == reference
+        assert all(f.result().status_code == 200 for f in fillers)  # the released lease let them run
