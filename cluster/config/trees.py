@@ -174,12 +174,6 @@ class ServeConfig:
             _check(a.min_replicas <= self.replicas.num_replicas <= a.max_replicas,
                    f"replicas.num_replicas={self.replicas.num_replicas} is outside autoscale.min_replicas="
                    f"{a.min_replicas}..autoscale.max_replicas={a.max_replicas}; it is the count serve starts with")
-        rc, tp = self.replicas, self.engine.tensor_parallel_size
-        _check(tp == 1 or not (rc.num_prefill_replicas or rc.kv_transfer == "on"),
-               f"replicas.num_prefill_replicas={rc.num_prefill_replicas} / replicas.kv_transfer={rc.kv_transfer} need "
-               f"the KV transfer, which runs with engine.tensor_parallel_size 1 for now (got {tp}: a pull per "
-               "tensor-parallel rank is not built); use one rank per replica, or no prefill replicas and kv_transfer "
-               "auto/off")
         if self.is_embedded_model:
             _check(self.engine.load_format in ("auto", "dummy"),
                    f"engine.load_format={self.engine.load_format!r} cannot load the embedded model, which has "

@@ -125,7 +125,7 @@ class Fleet:
         if role == PREFILL and replicas and not self.st.kv_transfer.enabled:
             raise ValueError(f"cannot start prefill replicas: this cluster's replicas run without KV transfer (replicas."
                              f"kv_transfer={self.cluster.config.replicas.kv_transfer}; auto is on only with nixl "
-                             "importable and one rank per replica), and a prefill replica hands its KV over it")
+                             "importable), and a prefill replica hands its KV over it")
         what = f"{role} replicas" if role == PREFILL else "replicas"
         if not low <= replicas <= high:
             raise ValueError(f"cannot scale to {replicas} {what}: allowed {low}..{high} ({why})")

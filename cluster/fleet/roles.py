@@ -33,10 +33,9 @@ def decodes(role: Role) -> bool:
     return role != PREFILL
 
 
-def kv_transfer_on(mode: str, num_prefill_replicas: int, nixl_importable: bool, tensor_parallel_size: int = 1) -> bool:
+def kv_transfer_on(mode: str, num_prefill_replicas: int, nixl_importable: bool) -> bool:
     """Whether serve's replicas get their KV transfer (``replicas.kv_transfer``): on, off, or auto = on when there
-    are prefill replicas (they need it), or nixl is importable (peer pulls) and a replica is one rank (a pull per
-    tensor-parallel rank is not built: the replica refuses the transfer with TP > 1)."""
+    are prefill replicas (they need it) or nixl is importable (peer pulls)."""
     if mode == "auto":
-        return num_prefill_replicas > 0 or (nixl_importable and tensor_parallel_size == 1)
+        return num_prefill_replicas > 0 or nixl_importable
     return mode == "on"

@@ -68,6 +68,5 @@ def replica_kv_transfer(cfg: ServeConfig) -> KVTransferConfig:
     from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
 
     rc = cfg.replicas
-    enabled = kv_transfer_on(rc.kv_transfer, rc.num_prefill_replicas, nixl_missing() is None,
-                             cfg.engine.tensor_parallel_size)
+    enabled = kv_transfer_on(rc.kv_transfer, rc.num_prefill_replicas, nixl_missing() is None)
     return replace(cfg.kv_transfer, enabled=enabled, transport="nixl")

@@ -189,13 +189,6 @@ def test_the_cli_counts_and_describes_per_role():
     assert "kvmesh scale --role prefill N" in said and "target becomes" not in said
 
 
-def test_the_kv_transfer_needs_one_rank_per_replica_for_now():
-    assert not kv_transfer_on("auto", 0, nixl_importable=True, tensor_parallel_size=2)  # TP 2 serves without it
-    with pytest.raises(ConfigError, match=r"num_prefill_replicas=1 .* need the KV transfer, which runs with "
-                                          r"engine\.tensor_parallel_size 1 for now \(got 2"):
-        from_dict({"engine": {"tensor_parallel_size": 2}, "replicas": {"num_prefill_replicas": 1}})
-
-
 def test_serves_kv_transfer_section_reaches_every_replica_on_nixl_and_on_as_replicas_kv_transfer_says():
     on = replica_kv_transfer(from_dict({"replicas": {"kv_transfer": "on"}, "kv_transfer": {"lease_ttl_s": 5}}))
     assert (on.enabled, on.transport, on.lease_ttl_s) == (True, "nixl", 5)
