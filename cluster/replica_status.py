@@ -92,13 +92,12 @@ REPLICA_SCRAPE_TIMEOUT_S = 2.0
 _CACHE_COUNTERS = {"vllm:prefix_cache_queries_total": "prefix_cache_queries",
                    "vllm:prefix_cache_hits_total": "prefix_cache_hits"}
 
-# replica metric (sample name; the pulls by outcome) -> ReplicaStatus field: issue 32's kv_transfer counters, read
-# under the contract's ``kvmesh:`` prefix and under ``kvmesh_`` (kvmesh's own names avoid ":", README "Metrics")
-_KV_PULLS = "kv_transfer_pulls_total"
-_KV_FIELDS = {f"{_KV_PULLS}/ok": "kv_pulls", f"{_KV_PULLS}/failed": "kv_pulls_failed",
-              "kv_transfer_pulled_tokens_total": "kv_pulled_tokens", "kv_transfer_pulled_bytes_total": "kv_pulled_bytes",
-              "kv_transfer_leases_total": "kv_leases"}
-_KV_COUNTERS = {prefix + name: field for name, field in _KV_FIELDS.items() for prefix in ("kvmesh:", "kvmesh_")}
+# replica metric (sample name; the pulls by outcome) -> ReplicaStatus field (replica/server/kv_metrics.py)
+_KV_PULLS = "kvmesh_kv_transfer_pulls_total"
+_KV_COUNTERS = {f"{_KV_PULLS}/ok": "kv_pulls", f"{_KV_PULLS}/failed": "kv_pulls_failed",
+                "kvmesh_kv_transfer_pulled_tokens_total": "kv_pulled_tokens",
+                "kvmesh_kv_transfer_pulled_bytes_total": "kv_pulled_bytes",
+                "kvmesh_kv_transfer_leases_total": "kv_leases"}
 
 # router metric (sample name) -> ReplicaStatus field; counters come as <name>_total
 _GAUGES = {
@@ -155,8 +154,8 @@ def apply_replica_metrics(row: ReplicaStatus, text: str) -> None:
 
 
 def apply_kv_transfer_counters(row: ReplicaStatus, text: str) -> None:
-    """Fill ``row``'s pulls, tokens and bytes moved and leases from the replica's ``kvmesh:kv_transfer_*`` counters
-    (a replica without them leaves ``kv_pulls`` None: status shows "-")."""
+    """Fill ``row``'s pulls, tokens and bytes moved and leases from the replica's ``kvmesh_kv_transfer_*`` counters
+    (a replica without them, e.g. a vLLM server, leaves ``kv_pulls`` None: status shows "-")."""
     from prometheus_client.parser import text_string_to_metric_families
 
     found: dict[str, int] = {}
@@ -164,7 +163,7 @@ def apply_kv_transfer_counters(row: ReplicaStatus, text: str) -> None:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 key = sample.name
-                if key.endswith(_KV_PULLS):
+                if key == _KV_PULLS:
                     key += "/" + sample.labels.get("outcome", "")
                 if key in _KV_COUNTERS:
                     found[_KV_COUNTERS[key]] = found.get(_KV_COUNTERS[key], 0) + int(sample.value)

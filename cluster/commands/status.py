@@ -2,7 +2,7 @@
 
 ROLE is prefill, decode or both; PULLS are the KV pulls a replica made from a peer (a prefill replica's hand-over,
 or a peer's prefix), with failed ones in brackets; MOVED the KV bytes it pulled; "-" where the replica has no
-KV transfer counters (transfer off, or its /metrics did not answer)."""
+KV transfer counters (a server of another kind, or its /metrics did not answer)."""
 
 from __future__ import annotations
 

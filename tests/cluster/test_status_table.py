@@ -96,17 +96,18 @@ def test_a_replica_with_a_host_tier_shows_its_usage_and_host_hit_rate():
     assert "25%" in line0
 
 
-def _replica_kv_transfer_text(ok: int, failed: int, tokens: int, nbytes: int, prefix: str = "kvmesh:") -> str:
-    """A replica's /metrics with issue 32's kv_transfer counters, as prometheus_client writes them."""
+def _replica_kv_transfer_text(ok: int, failed: int, tokens: int, nbytes: int) -> str:
+    """A replica's /metrics with its real KV transfer metrics (replica/server/kv_metrics.py) after some pulls."""
+    from kvmesh.replica.server.kv_metrics import KVTransferMetrics
     from prometheus_client import CollectorRegistry, Counter, generate_latest
 
     registry = CollectorRegistry()
-    pulls = Counter(f"{prefix}kv_transfer_pulls", "pulls", ["outcome"], registry=registry)
-    pulls.labels("ok").inc(ok)
-    pulls.labels("failed").inc(failed)
-    pulls.labels("skipped").inc(5)
-    Counter(f"{prefix}kv_transfer_pulled_tokens", "tokens", registry=registry).inc(tokens)
-    Counter(f"{prefix}kv_transfer_pulled_bytes", "bytes", registry=registry).inc(nbytes)
+    metrics = KVTransferMetrics(registry, lambda: (0, 2, 1))  # leases: 0 active, 2 released, 1 expired
+    for _ in range(ok):
+        metrics.record_pull("ok", tokens // ok, nbytes // ok, 0.01)
+    for _ in range(failed):
+        metrics.record_pull("failed", 0, 0, 0.01)
+    metrics.record_pull("skipped", 0, 0, 0.0)
     Counter("vllm:prefix_cache_queries", "q", registry=registry).inc(100)
     return generate_latest(registry).decode()
 
@@ -119,7 +120,7 @@ def test_roles_pulls_and_bytes_moved_per_replica_and_a_dash_where_a_replica_has_
     old = ReplicaStatus("replica-2", healthy=True)  # a router that does not say roles, a replica without transfer
     apply_replica_metrics(decode, _replica_kv_transfer_text(ok=3, failed=1, tokens=1200, nbytes=3 * 1024 * 1024))
     apply_replica_metrics(old, "vllm:prefix_cache_queries_total 10\n")
-    assert (decode.kv_pulls, decode.kv_pulls_failed, decode.kv_pulled_tokens) == (3, 1, 1200)
+    assert (decode.kv_pulls, decode.kv_pulls_failed, decode.kv_pulled_tokens, decode.kv_leases) == (3, 1, 1200, 3)
     assert old.kv_pulls is None and old.prefix_cache_queries == 10
     table = format_table([decode, prefill, old], "http://router", {"healthy_replicas": ["replica-0"]})
     header, *lines = table.splitlines()[1:]
@@ -128,10 +129,3 @@ def test_roles_pulls_and_bytes_moved_per_replica_and_a_dash_where_a_replica_has_
     assert cells["replica-0"][1] == "decode" and "3 (1 failed)" in lines[0] and "3.0 MiB" in lines[0]
     assert cells["prefill-1"][1] == "prefill" and cells["replica-2"][1] == "-"
 
-
-def test_the_kv_transfer_counters_are_read_under_kvmeshs_underscore_names_too():
-    from kvmesh.cluster.replica_status import apply_replica_metrics
-
-    row = ReplicaStatus("replica-0")
-    apply_replica_metrics(row, _replica_kv_transfer_text(ok=2, failed=0, tokens=64, nbytes=2048, prefix="kvmesh_"))
-    assert (row.kv_pulls, row.kv_pulled_tokens, row.kv_pulled_bytes) == (2, 64, 2048)
