@@ -7,6 +7,7 @@ transformers 5.x keeps RoPE settings in ``config.rope_parameters`` ({"rope_type"
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import TypedDict
@@ -168,3 +169,15 @@ def resolve_dtype(requested: str, spec: ModelSpec, device: torch.device) -> torc
         return torch.float32
     return TORCH_DTYPES.get(spec.dtype, torch.bfloat16) if spec.dtype != "float32" else torch.bfloat16
 
+
+def eos_token_ids(model: str, from_config: tuple[int, ...]) -> list[int]:
+    """EOS ids of the model config plus those of generation_config.json (when the directory has one)."""
+    ids = list(from_config)
+    path = os.path.join(model, "generation_config.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            eos = json.load(f).get("eos_token_id")
+        for t in eos if isinstance(eos, list) else [eos] if eos is not None else []:
+            if t not in ids:
+                ids.append(t)
+    return ids

@@ -7,13 +7,14 @@ any block size works. The cache uses flash-attn's layout:
     per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]      (0 = K, 1 = V)
     slot s = block_id * block_size + offset  ->  kv[:, s // block_size, s % block_size]
 
-The step's K/V are written by ``slot_mapping`` (triton_reshape_and_cache.py, one launch) before the
-kernel reads them: two launches per layer, three for a split-KV step.
+A prefill step's K/V are written by ``slot_mapping`` (triton_reshape_and_cache.py, one launch, with
+the rotary embedding) before the kernel reads them: two launches per layer. A decode-only step is one
+launch: the attention kernel rotates q and writes the new K/V itself (triton_attention_folds.py).
 Every launch shape comes from host-side sizes (tokens, requests), so ``forward`` never syncs, and
 a decode-only step of B rows reads only fixed-shape tensors: ``static_decode_metadata`` is what
 cuda_graph.py captures, at every block size. Steps whose programs would leave the GPU's SMs idle
 (small decode batches, a short suffix over a long cached prefix) split each context into parts
-(split-KV, sized from the SM count) and merge them with a second launch. On CPU
+(split-KV, sized from the SM count), merged by the last part to finish, in the same launch. On CPU
 the kernels run through Triton's interpreter (tests; see replica/triton_utils.py).
 """
 
@@ -22,11 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kvmesh.replica.attention import triton_paged_attention
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.attention.triton_paged_attention import (
+    NewTokenKV,
     decode_programs,
     num_kv_splits,
     step_programs,
+    tile_shape,
     unified_attention,
 )
 from kvmesh.replica.attention.triton_reshape_and_cache import reshape_and_cache, rotary_and_cache
@@ -55,7 +59,10 @@ class TritonAttentionMetadata:
 
 class TritonAttentionBackend:
     name = "triton"
-    fuses_rotary = True  # forward takes (positions, cos_sin_cache): rotary in the cache-write launch
+    fuses_rotary = True  # forward takes (positions, cos_sin_cache): rotary in the cache-write or attention launch
+
+    def __init__(self) -> None:
+        self._counters: dict[torch.device, list[torch.Tensor]] = {}  # split-KV arrival counters per device
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -76,6 +83,8 @@ class TritonAttentionBackend:
         return TritonAttentionMetadata(slot_mapping, query_start_loc, seq_lens, block_table, 1)
 
     def build(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
+        if triton_paged_attention.num_sms(common.seq_lens.device):  # a GPU: split counters, once, outside a step
+            self._split_counters(common.seq_lens.device, 0)
         decode_only = common.max_query_len == 1
         return TritonAttentionMetadata(common.slot_mapping, common.query_start_loc, common.seq_lens,
                                        common.block_tables, common.max_query_len,
@@ -98,14 +107,33 @@ class TritonAttentionBackend:
             return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, block_table, scale,
                                      md.max_query_len)
         k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hk, Dh]
-        if rotary is None:
+        new_kv = None  # a decode-only step: rotary and the cache write inside the attention launch
+        if rotary is not None and md.max_query_len == 1:
+            new_kv = NewTokenKV(k, v, rotary[0], md.slot_mapping, rotary[1])
+        elif rotary is None:
             reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
         else:
             rotary_and_cache(rotary[0], q, k, v, k_cache, v_cache, md.slot_mapping, rotary[1])
         if md.num_splits is None:
             md.num_splits = self.num_splits(md, q.shape[1] // k.shape[1], k.shape[1], q.device)
+        counters = None
+        if md.num_splits > 1:
+            block_q, _ = tile_shape(q.shape[1] // k.shape[1], md.max_query_len)
+            counters = self._split_counters(q.device, (q.shape[0] // block_q + md.seq_lens.shape[0]) * k.shape[1])
         return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, md.block_table, scale,
-                                 md.max_query_len, md.num_splits)
+                                 md.max_query_len, md.num_splits, new_kv, counters)
+
+    def _split_counters(self, device: torch.device, needed: int) -> torch.Tensor:
+        """The split launches' arrival counters (>= ``needed``), zeroed once and left zero by every launch.
+        Allocated by the first step's ``build`` on a GPU at twice its SM count, which bounds every split
+        launch (it splits only while its working programs are fewer than the SMs, and its grid has at most
+        twice its working programs), so a captured CUDA graph keeps reading the same counters; a launch that
+        outgrows them (a forced split) gets larger ones, and the old stay allocated for graphs that hold them."""
+        held = self._counters.setdefault(device, [])
+        if not held or held[-1].numel() < needed:
+            size = max(needed, 2 * triton_paged_attention.num_sms(device))
+            held.append(torch.zeros(size, dtype=torch.int32, device=device))
+        return held[-1]
 
     @staticmethod
     def num_splits(md: TritonAttentionMetadata, num_queries_per_kv: int, num_kv_heads: int,

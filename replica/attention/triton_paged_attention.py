@@ -20,10 +20,11 @@ request's keys in tiles of ``TILE_N`` positions, reading each key's block id fro
 A decode-only step of B rows launches (B // BLOCK_Q + B, Hk, S) programs over tensors of fixed shape
 per B: what a CUDA graph captures. S > 1 (split-KV, as SGLang's decode kernel) cuts each query
 block's keys into S parts of whole tiles; each program writes its part's normalized output and
-log-sum-exp, and ``_merge_splits_kernel`` weighs them together -- for steps whose working programs
-alone would leave most SMs idle: small decode batches, and short suffixes over long cached prefixes
-(16 tokens over 2k: 2 query blocks x 4 KV heads = 8 programs, 128 with S = 16). ``num_kv_splits``
-sizes S from the device's SM count.
+log-sum-exp, and the last of the S to finish weighs them together in the same launch -- for steps
+whose working programs alone would leave most SMs idle: small decode batches, and short suffixes over
+long cached prefixes (16 tokens over 2k: 2 query blocks x 4 KV heads = 8 programs, 128 with S = 16).
+``num_kv_splits`` sizes S from the device's SM count. A decode-only step also rotates q and writes the
+new tokens' K/V in this launch (``new_kv``); both folds are in triton_attention_folds.py.
 
 Both dots take the cache's dtype as operands and accumulate in fp32 (vLLM's unified attention, the
 flash kernels): Q @ K^T reads bf16/fp16 Q and K as loaded, P @ V rounds the fp32 probabilities to
@@ -33,10 +34,12 @@ partials stay fp32. fp32 inputs (tests, CPU) take IEEE dots: nothing here runs i
 """
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from kvmesh.replica.attention.triton_attention_folds import merge_splits, rotate_rows, write_new_kv
 from kvmesh.replica.triton_utils import widen_bf16_dots_when_interpreting
 
 widen_bf16_dots_when_interpreting()  # the interpreter's own tl.dot misreads bf16 (see there)
@@ -48,16 +51,27 @@ MAX_KV_SPLITS = 32  # most parts split-KV cuts a context into (B=1 on an H100: 4
 MIN_SPLIT_KEYS = 128  # fewest keys per part when a step with longer query runs splits (4 tiles)
 
 
-@triton.jit
+STEP_VARYING = ("counter_ptr", "block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr", "num_reqs", "stride_bt",
+                "positions_ptr", "slot_mapping_ptr")
+"""Arguments that change from step to step in ways Triton would otherwise compile a kernel for each of (an int
+equal to 1 or a multiple of 16, an index array's 16-byte alignment in the step's packed upload): not
+specialized on, so the specializations a server meets are the few worker/kernel_warmup.py compiles at
+start-up. They are scalars and gathered indices: alignment buys these loads nothing."""
+
+
+@triton.jit(do_not_specialize=STEP_VARYING)
 def _unified_attention_kernel(
-        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, lse_ptr, block_table_ptr, seq_lens_ptr,
+        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, lse_ptr, counter_ptr, block_table_ptr, seq_lens_ptr,
         query_start_loc_ptr, scale, num_reqs, num_heads,
         stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head,
         stride_bt,
+        new_k_ptr, new_v_ptr, positions_ptr, slot_mapping_ptr, cos_sin_ptr,
+        stride_nk_tok, stride_nk_head, stride_nv_tok, stride_nv_head, stride_cos_sin,
         BLOCK_SIZE: tl.constexpr, NUM_QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
         HEAD_DIM_PADDED: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
-        NUM_SPLITS: tl.constexpr):
+        NUM_SPLITS: tl.constexpr, SPLITS_PADDED: tl.constexpr, MERGE_ROWS: tl.constexpr, DECODE_WRITE: tl.constexpr,
+        HALF: tl.constexpr):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -88,9 +102,14 @@ def _unified_attention_kernel(
     row_ok = (offs_m // NUM_QUERIES_PER_KV < BLOCK_Q) & (q_idx < q_len)
     d_ok = offs_d < HEAD_DIM
     q_rows = (q_start + q_idx).to(tl.int64) * stride_q_tok + head * stride_q_head
-    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
-                other=0.0)  # [BLOCK_M, HEAD_DIM_PADDED], the cache's dtype
     q_pos = ctx + q_idx  # [BLOCK_M] absolute position of each row's token
+    if DECODE_WRITE:  # a decode-only step: q rotated here (triton_attention_folds.py)
+        rope_pos = tl.load(positions_ptr + q_start + q_idx, mask=row_ok, other=0)  # [BLOCK_M]
+        q = rotate_rows((q_ptr + q_rows)[:, None], rope_pos[:, None], cos_sin_ptr, stride_cos_sin, offs_d[None, :],
+                        row_ok[:, None] & d_ok[None, :], HALF, k_cache_ptr.dtype.element_ty)
+    else:
+        q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
+                    other=0.0)  # [BLOCK_M, HEAD_DIM_PADDED], the cache's dtype
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scaled scores
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)  # running sum of exp(score - m_i)
@@ -100,6 +119,13 @@ def _unified_attention_kernel(
     split_len = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), TILE) * TILE  # whole tiles; >= kv_end when unsplit
     kv_lo = split * split_len
     kv_hi = tl.minimum(kv_end, kv_lo + split_len)  # this program's keys: [kv_lo, kv_hi), maybe none
+    if DECODE_WRITE:  # noqa: SIM102 -- a compile-time branch: the split test exists only in decode kernels
+        if split == (seq_len - 1) // split_len:  # the part whose keys end at the new token writes its K/V
+            write_new_kv(q_start, kv_head, new_k_ptr, new_v_ptr, positions_ptr, slot_mapping_ptr, cos_sin_ptr,
+                         k_cache_ptr, v_cache_ptr, stride_nk_tok, stride_nk_head, stride_nv_tok, stride_nv_head,
+                         stride_cos_sin, stride_k_block, stride_k_slot, stride_k_head, stride_v_block,
+                         stride_v_slot, stride_v_head, offs_d, d_ok, BLOCK_SIZE, HALF)
+            tl.debug_barrier()  # written before any thread of the program reads it back below
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
     for start in range(kv_lo, kv_hi, TILE):
         pos = start + offs_n  # [TILE] key positions
@@ -123,34 +149,14 @@ def _unified_attention_kernel(
         m_i = m_new
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if NUM_SPLITS == 1:
-        o_rows = (q_start + q_idx).to(tl.int64) * stride_o_tok + head * stride_o_head
+        o_rows = (q_start + q_idx).to(tl.int64) * stride_o_tok + head * stride_o_head  # [BLOCK_M]
         tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
-    else:  # this split's normalized output and log2-sum-exp2, merged by _merge_splits_kernel
-        rows = ((q_start + q_idx).to(tl.int64) * num_heads + head) * NUM_SPLITS + split  # [BLOCK_M]
-        tl.store(partial_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
-        lse = tl.where(l_i > 0.0, m_i + tl.math.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-        tl.store(lse_ptr + rows, lse, mask=row_ok)
-
-
-@triton.jit
-def _merge_splits_kernel(partial_ptr, lse_ptr, out_ptr, num_heads, stride_o_tok, stride_o_head,
-                         NUM_SPLITS: tl.constexpr, SPLITS_PADDED: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         HEAD_DIM_PADDED: tl.constexpr):
-    """out[t, h] = the splits' outputs weighted by their share of the softmax sum (grid (T, Hq))."""
-    tok = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    offs_s = tl.arange(0, SPLITS_PADDED)
-    offs_d = tl.arange(0, HEAD_DIM_PADDED)
-    s_ok = offs_s < NUM_SPLITS
-    d_ok = offs_d < HEAD_DIM
-    rows = (tok * num_heads + head) * NUM_SPLITS + offs_s  # [SPLITS_PADDED]
-    lse = tl.load(lse_ptr + rows, mask=s_ok, other=float("-inf"))  # split 0 always has a key: max is finite
-    weight = tl.math.exp2(lse - tl.max(lse, 0))  # [SPLITS_PADDED], 0 for empty splits
-    part = tl.load(partial_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
-                   other=0.0)  # [SPLITS_PADDED, HEAD_DIM_PADDED]
-    o = tl.sum(weight[:, None] * part, 0) / tl.sum(weight, 0)
-    tl.store(out_ptr + tok * stride_o_tok + head * stride_o_head + offs_d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
+    else:  # this split's part; the last of the query block's splits to finish merges them
+        merge_splits(acc, m_i, l_i, partial_ptr, lse_ptr, counter_ptr + q_block * tl.num_programs(1) + kv_head,
+                     out_ptr, q_start, q_len, local, kv_head, split, num_heads, stride_o_tok, stride_o_head,
+                     offs_d, d_ok, HEAD_DIM, NUM_SPLITS, SPLITS_PADDED, NUM_QUERIES_PER_KV, BLOCK_Q, BLOCK_M,
+                     MERGE_ROWS)
 
 
 def tile_shape(num_queries_per_kv: int, max_query_len: int) -> tuple[int, int]:
@@ -205,16 +211,41 @@ def _cuda_sms(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index or 0).multi_processor_count
 
 
+class NewTokenKV(NamedTuple):
+    """A decode-only step's new tokens, not yet rotated nor in the cache: the kernel does both."""
+
+    k: torch.Tensor
+    """[T, Hk, Dh] keys before the rotary embedding (q, too, comes unrotated)."""
+    v: torch.Tensor
+    """[T, Hk, Dh] values."""
+    positions: torch.Tensor
+    """[T] position of every token (the rotary angle)."""
+    slot_mapping: torch.Tensor
+    """[T] int64 cache slot of every token."""
+    cos_sin_cache: torch.Tensor
+    """[max_position, Dh] the rotary table: [cos | sin] per position."""
+
+
+def split_counters(num_tokens: int, num_reqs: int, num_kv_heads: int, block_q: int,
+                   device: torch.device) -> torch.Tensor:
+    """Zeroed arrival counters of a split launch, one per (query block, KV head) program column."""
+    return torch.zeros((num_tokens // block_q + num_reqs) * num_kv_heads, dtype=torch.int32, device=device)
+
+
 def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                       query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
-                      scale: float, max_query_len: int, num_splits: int = 1) -> torch.Tensor:
+                      scale: float, max_query_len: int, num_splits: int = 1, new_kv: NewTokenKV | None = None,
+                      counters: torch.Tensor | None = None) -> torch.Tensor:
     """Attend q [T, Hq, Dh] over the paged cache k_cache/v_cache [num_blocks, block_size, Hk, Dh] into
     out [T, Hq, Dh]. query_start_loc [R + 1] int32, seq_lens [R] int32 (context + query), block_table
-    [R, max_blocks] int32; the step's own K/V must already be in the cache; max_query_len (host) picks
-    the tile. With ``num_splits`` > 1
-    each context is cut into that many parts attended by separate programs, then merged (split-KV:
-    for decode steps too small to fill the GPU). Launch shapes come from q's shape, R and num_splits
-    only, so nothing is read back from the device."""
+    [R, max_blocks] int32; max_query_len (host) picks the tile. The step's own K/V must already be in
+    the cache, except in a decode-only step given ``new_kv``: then q is unrotated and the kernel rotates
+    q, and rotates and writes the new K/V itself (triton_attention_folds.py).
+
+    With ``num_splits`` > 1 each context is cut into that many parts attended by separate programs, the
+    last of which merges them (split-KV: for steps too small to fill the GPU); ``counters`` (int32, at
+    least ``split_counters``'s size, zero, left zero) count the parts done -- allocated here when None.
+    Launch shapes come from q's shape, R and num_splits only, so nothing is read back from the device."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and q.stride(-1) == 1 and out.stride(-1) == 1
@@ -226,16 +257,24 @@ def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if num_splits > 1:
         partial = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         lse = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
+        if counters is None:
+            counters = split_counters(num_tokens, num_reqs, num_kv_heads, block_q, q.device)
+    else:
+        counters = out  # unused
+    if new_kv is None:
+        k = v = positions = slots = cos_sin = out  # unused
+    else:
+        assert max_query_len == 1 and head_dim % 2 == 0, "new_kv is for decode-only steps with an even head_dim"
+        k, v, positions, slots, cos_sin = new_kv
+        assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin.stride(-1) == 1
     grid = (num_tokens // block_q + num_reqs, num_kv_heads, num_splits)
     _unified_attention_kernel[grid](
-        q, k_cache, v_cache, out, partial, lse, block_table, seq_lens, query_start_loc, scale, num_reqs, num_heads,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        q, k_cache, v_cache, out, partial, lse, counters, block_table, seq_lens, query_start_loc, scale, num_reqs,
+        num_heads, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-        v_cache.stride(2), block_table.stride(0),
+        v_cache.stride(2), block_table.stride(0), k, v, positions, slots, cos_sin,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
         BLOCK_SIZE=block_size, NUM_QUERIES_PER_KV=queries_per_kv, HEAD_DIM=head_dim,
-        HEAD_DIM_PADDED=head_dim_padded, BLOCK_Q=block_q, BLOCK_M=block_m, TILE=TILE_N, NUM_SPLITS=num_splits)
-    if num_splits > 1:
-        _merge_splits_kernel[(num_tokens, num_heads)](
-            partial, lse, out, num_heads, out.stride(0), out.stride(1), NUM_SPLITS=num_splits,
-            SPLITS_PADDED=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded)
+        HEAD_DIM_PADDED=head_dim_padded, BLOCK_Q=block_q, BLOCK_M=block_m, TILE=TILE_N, NUM_SPLITS=num_splits,
+        SPLITS_PADDED=triton.next_power_of_2(num_splits), MERGE_ROWS=MIN_BLOCK_M, DECODE_WRITE=new_kv is not None, HALF=head_dim // 2)
     return out

@@ -20,7 +20,7 @@ from kvmesh.replica.layers.triton_rotary import _cos_sin, _rotate_heads, _rotate
 BLOCK_T = 16  # tokens per program
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("slot_mapping_ptr", "num_tokens"))  # per step: see STEP_VARYING
 def _reshape_and_cache_kernel(
         k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, num_tokens,
         stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,
@@ -60,7 +60,7 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v
         HD_PADDED=triton.next_power_of_2(num_kv_heads * head_dim), TOKENS=BLOCK_T)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("positions_ptr", "slot_mapping_ptr"))  # per step: see STEP_VARYING
 def _rotary_and_cache_kernel(
         positions_ptr, q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, cos_sin_ptr,
         stride_q_tok, stride_q_head, stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,

@@ -55,7 +55,7 @@ def _cos_sin(positions_ptr, cos_sin_ptr, cos_sin_stride, token, offs_d, mask_d, 
     return cos, sin
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("positions_ptr",))  # a view of the step's upload: alignment varies per step
 def _rotary_kernel(positions_ptr, q_ptr, k_ptr, cos_sin_ptr,
                    q_token_stride, q_head_stride, k_token_stride, k_head_stride, cos_sin_stride,
                    num_q_heads, num_k_heads,

@@ -11,7 +11,6 @@ With ``cuda_graphs``, decode-only steps replay captured graphs (cuda_graph.py). 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -20,7 +19,7 @@ import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.engine.scheduler_output import SchedulerOutput
-from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
+from kvmesh.replica.model_config import eos_token_ids, load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
 from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host
 from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobsProcessor
@@ -31,6 +30,7 @@ from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.worker.device import pick_device, set_current_device, set_num_threads
 from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs
+from kvmesh.replica.worker.kernel_warmup import warm_up_kernels
 from kvmesh.replica.worker.kv_cache import (
     allocate_kv_cache,
     bytes_per_block,
@@ -62,7 +62,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.spec, self.device)
         self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
         self.vocab_size = self.spec.vocab_size
-        self.eos_token_ids = _eos_token_ids(config.model, self.spec.eos_token_ids)
+        self.eos_token_ids = eos_token_ids(config.model, self.spec.eos_token_ids)
         self.block_size = config.block_size
         if self.spec.sliding_window and self.spec.sliding_window < self.max_model_len:
             logger.warning("model declares sliding_window=%d; attention here is full (exact up to the window)",
@@ -96,6 +96,7 @@ class ModelRunner:
         logger.info("attention backend %s, block_size %d, %s", self.attn_backend.name, self.block_size,
                     f"CUDA graphs for decode batch sizes {self.static_decode.sizes}" if self.static_decode
                     else "no CUDA graphs")
+        warm_up_kernels(self)  # every Triton specialization a step can hit, compiled before the replica is ready
         # packed logprobs of a step: [N, 2 (1 + MAX_LOGPROBS) + 1] float64, back without blocking
         logprobs_copies = HostCopies(config.max_num_seqs * (2 * MAX_LOGPROBS + 3), torch.float64, self.device)
         self.sampler = Sampler(logprobs_copies=logprobs_copies)  # random rows draw from keys (sample/draws.py)
@@ -286,15 +287,3 @@ class ModelRunner:
     def shutdown(self) -> None:
         """Nothing to release by hand: the model and KV cache go with the runner."""
 
-
-def _eos_token_ids(model: str, from_config: tuple[int, ...]) -> list[int]:
-    """EOS ids of the model config plus those of generation_config.json (when the directory has one)."""
-    ids = list(from_config)
-    path = os.path.join(model, "generation_config.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            eos = json.load(f).get("eos_token_id")
-        for t in eos if isinstance(eos, list) else [eos] if eos is not None else []:
-            if t not in ids:
-                ids.append(t)
-    return ids

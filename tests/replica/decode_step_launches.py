@@ -14,7 +14,8 @@ the step), ``layer`` (inside a decoder layer: counted per layer), ``model`` (emb
 ``lm_head``, ``sample``, ``runner`` (the rest of ``execute_model``) and ``output`` (reading the tokens
 back). On CPU the greedy argmax runs in numpy (sampler.argmax), unseen here; on CUDA it is one
 ``aten::argmax`` in ``sample``. tests/replica/test_decode_step_launches.py checks it; ``python tests/replica/decode_step_launches.py
-[model]`` prints the BENCHMARKS.md table (TRITON_INTERPRET=1 is set here before triton is imported).
+[model]`` prints the BENCHMARKS.md table, split-KV sized for an H100 (TRITON_INTERPRET=1 is set here
+before triton is imported).
 """
 
 from __future__ import annotations
@@ -145,6 +146,10 @@ def decode_step_launches(path: str, batch: int) -> StepLaunches:
 
 
 def table(path: str) -> str:
+    """The BENCHMARKS.md rows, split-KV sized for an H100 (132 SMs) as on the GPU: batch 1 splits 32 ways."""
+    from kvmesh.replica.attention import triton_paged_attention as tpa
+
+    tpa.num_sms = lambda device: 132
     lines = ["| batch | per decoder layer | embed + final norm | LM head | sampling | inputs | runner | output | "
              "step total | Triton launches |", "|---|---|---|---|---|---|---|---|---|---|"]
     for batch in (1, 256):

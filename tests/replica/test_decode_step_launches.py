@@ -18,16 +18,22 @@ from .decode_step_launches import decode_step_launches
 pytestmark = pytest.mark.skipif(triton_problem(torch.device("cpu")) is not None and not torch.cuda.is_available(),
                                 reason=str(triton_problem(torch.device("cpu"))))
 
-LAYER = Counter({"matmul": 4, "triton:_rms_norm_kernel": 2, "triton:_rotary_and_cache_kernel": 1,
-                 "triton:_unified_attention_kernel": 1, "triton:_silu_and_mul_kernel": 1})
-"""A decoder layer's decode launches: qkv, o, gate_up and down GEMMs, two (add +) RMSNorms, rotary on q and
-k folded into the K/V cache write, attention, SiLU-and-mul (a GPU adds the split-KV merge at small batches)."""
+LAYER = Counter({"matmul": 4, "triton:_rms_norm_kernel": 2, "triton:_unified_attention_kernel": 1,
+                 "triton:_silu_and_mul_kernel": 1})
+"""A decoder layer's decode launches: qkv, o, gate_up and down GEMMs, two (add +) RMSNorms, attention (which
+rotates q and k, writes the new K/V into the cache and merges its split-KV parts itself), SiLU-and-mul."""
 
 
-@pytest.mark.parametrize("batch", [1, 4])
-def test_every_decoder_layer_launches_nine_kernels_and_nothing_else(stories_path, batch):
+@pytest.mark.parametrize("batch,sms", [(1, 0), (1, 132), (4, 132)])
+def test_every_decoder_layer_launches_eight_kernels_and_nothing_else(monkeypatch, stories_path, batch, sms):
+    """sms=132: split-KV sized for an H100 as on the GPU (a batch-1 step's context cut into 32 parts), so the
+    CPU count covers the GPU's kernel set."""
+    from kvmesh.replica.attention import triton_paged_attention as tpa
+
+    monkeypatch.setattr(tpa, "num_sms", lambda device: sms)
     launches = decode_step_launches(str(stories_path), batch)
     assert [dict(layer) for layer in launches.per_layer] == [dict(LAYER)] * len(launches.per_layer)
+    assert sum(LAYER.values()) == 8
 
 
 def test_outside_the_layers_a_decode_step_launches_embedding_final_norm_lm_head_and_sampling(stories_path):

@@ -197,7 +197,7 @@ def static_engine(config: EngineConfig) -> tuple[LLMEngine, list]:
     sampler_rows, sample = [], runner.sampler.__call__
     runner.sampler = type("Recording", (type(runner.sampler),), {
         "__call__": lambda self, logits, md: sampler_rows.append(logits.shape[0]) or sample(logits, md)})(
-        runner.sampler.generator, runner.sampler.logprobs_copies)
+        runner.sampler.logprobs_copies)
     return engine, sampler_rows
 
 

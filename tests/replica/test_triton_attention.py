@@ -139,6 +139,51 @@ def test_the_backend_rotates_q_and_k_itself_when_given_the_rotary_table():
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("sms", [0, 132])  # 0: one part; 132 (an H100): the rows split, merged in the launch
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decode_step_rotates_and_writes_its_new_kv_inside_the_attention_launch(monkeypatch, sms, dtype):
+    """Decode-only: the kernel rotates q and the new k and writes k/v itself -- the same output and the same
+    cache, bit for bit, as rotary_and_cache then attention (the prefill path)."""
+    from kvmesh.replica.attention import triton_paged_attention as tpa
+    from kvmesh.replica.attention.triton_reshape_and_cache import rotary_and_cache
+    from kvmesh.replica.layers.rotary import RotaryEmbedding
+
+    monkeypatch.setattr(tpa, "num_sms", lambda device: sms)
+    specs = [(70, 1), (15, 1), (16, 1), (0, 1), (40, 1)]  # mid-block, block ends, a first token
+    q, k, v, cache, common = make_step(specs, 16, hq=6, hk=2, dh=12, dtype=dtype)
+    positions = torch.tensor([c for c, _ in specs], device=DEVICE)
+    with torch.device("cpu"):
+        rotary = RotaryEmbedding(12, 128, 10000.0).to(DEVICE, dtype)
+    backend = get_attn_backend("triton", DEVICE, dtype)
+    cache = cache.to(DEVICE, dtype)
+    q_rot, expected_cache = q.clone(), cache.clone()
+    rotary_and_cache(positions, q_rot, k, v, expected_cache[0], expected_cache[1], common.slot_mapping,
+                     rotary.cos_sin_cache)
+    md = backend.build(common)
+    expected = tpa.unified_attention(q_rot, expected_cache[0], expected_cache[1], torch.empty_like(q),
+                                     common.query_start_loc, common.seq_lens, common.block_tables, 0.3, 1,
+                                     backend.num_splits(md, 3, 2, DEVICE))
+    got_cache, q_in, k_in = cache.clone(), q.clone(), k.clone()
+    got = backend.forward(q_in, k_in, v, got_cache, md, 0.3, (positions, rotary.cos_sin_cache))
+    assert md.num_splits == (1 if sms == 0 else 16)  # 5 rows pad to 8: 16 programs, 16 parts
+    assert torch.equal(got_cache, expected_cache) and torch.equal(got, expected)
+    assert torch.equal(q_in, q) and torch.equal(k_in, k)  # q and k are read, never written
+
+
+def test_split_launches_leave_their_arrival_counters_zero_for_the_next_launch_or_replay():
+    from kvmesh.replica.attention import triton_paged_attention as tpa
+
+    q, k, v, cache, common = make_step([(100, 1), (31, 1), (0, 1)], 16, hq=4, hk=2)
+    _, written = reference(q, k, v, cache, common, 0.3)
+    written = written.to(DEVICE, q.dtype)
+    counters = torch.zeros(64, dtype=torch.int32, device=DEVICE)
+    outs = [tpa.unified_attention(q, written[0], written[1], torch.empty_like(q), common.query_start_loc,
+                                  common.seq_lens, common.block_tables, 0.3, 1, 4, counters=counters)
+            for _ in range(2)]
+    assert not counters.any()
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_profiling_forward_without_a_cache_is_causal_attention_over_the_step():
     q, k, v, cache, common = make_step([(0, 19), (0, 5)], 16)
     expected, _ = reference(q, k, v, cache, common, 0.5)
@@ -251,7 +296,7 @@ def test_the_backend_splits_a_short_suffix_over_a_long_prefix_on_a_gpu(monkeypat
 @pytest.mark.gpu
 @pytest.mark.parametrize("specs", [[(300, 1), (40, 1)], [(33, 1), (0, 17), (24, 40)]])
 def test_cuda_forward_never_syncs_and_launches_its_kernels_once(specs):
-    """A mixed step: the cache write and one attention launch; a small decode step adds the split merge."""
+    """The cache write and one attention launch, split-KV merged inside it (the plain write: no rotary)."""
     from torch.profiler import ProfilerActivity, profile
 
     q, k, v, cache, common = make_step(specs, 16, dtype=torch.bfloat16)
@@ -267,7 +312,6 @@ def test_cuda_forward_never_syncs_and_launches_its_kernels_once(specs):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    decode_only = all(new == 1 for _, new in specs)
     assert sum("_reshape_and_cache_kernel" in n for n in names) == 1
     assert sum("_unified_attention_kernel" in n for n in names) == 1
-    assert sum("_merge_splits_kernel" in n for n in names) == (1 if decode_only else 0)
+    assert len(names) == 2, names

@@ -128,3 +128,33 @@ def test_cuda_graph_replay_gives_the_eager_tokens_at_block_16(stories_path):
         del engine, runner
         torch.cuda.empty_cache()
     assert outs[None] == outs[False]
+
+
+@pytest.mark.skipif(triton_problem(torch.device("cpu")) is not None,
+                    reason=f"{triton_problem(torch.device('cpu'))} (the gpu tests check the compiled kernel)")
+def test_decode_steps_folded_into_one_attention_launch_give_the_torch_backends_tokens_under_preemption(
+        monkeypatch, stories_path):
+    """The GPU's decode path on CPU: rotary, the K/V write and the split-KV merge inside the attention launch
+    (split-KV sized for a 32-SM GPU: 2 or 4 parts at these batches; the kernel tests split long contexts
+    many ways), decode steps padded to static sizes, requests preempted and recomputed -- the torch
+    backend's tokens."""
+    from kvmesh.replica.attention import triton_paged_attention as tpa
+    from kvmesh.replica.worker.cuda_graph import StaticDecode
+
+    from .engine_paths import config, pool_that_preempts, run
+
+    rng = random.Random(3)  # short prompts a few tokens under a block boundary: the interpreter is slow
+    prompts = [{f"r{i}": [rng.randrange(3, 512) for _ in range(n)] for i, n in enumerate((13, 12, 27))}]
+    lengths = {"r0": 8, "r1": 7, "r2": 6}
+    kw = dict(block_size=16, dtype="float32", device="cpu", num_kv_blocks=pool_that_preempts(16, prompts, lengths))
+    expected = run(LLMEngine(config(stories_path, attention_backend="torch", **kw), skip_tokenizer_init=True),
+                   prompts, lengths)
+    monkeypatch.setattr(tpa, "num_sms", lambda device: 32)  # few parts: every interpreted program costs ~1 ms
+    engine = LLMEngine(config(stories_path, attention_backend="triton", **kw), skip_tokenizer_init=True)
+    force_triton(engine.model_runner.model, True)
+    runner = engine.model_runner
+    runner.static_decode = StaticDecode(runner.model, runner.attn_backend, 8,
+                                        runner.input_batch.block_tables.table.shape[1], 16, runner.device)
+    got = run(engine, prompts, lengths)
+    assert got.num_preemptions > 0 and got.static_steps > 0
+    assert got.tokens == expected.tokens
