@@ -1,13 +1,15 @@
 """``kvmesh drain REPLICA``: stop routing new requests to a replica and let its running ones finish.
 
 Inside ``kvmesh serve`` the replica's process is then removed (the router drops its index) and the
-cluster's target replica count is lowered by one (``kvmesh scale N`` restores it; with
-autoscale.scale_with_load the autoscaler decides again); the cluster's last replica is not drained (409:
-scale up first, or stop the cluster). With a standalone router the replica stays registered, out of
+cluster's target replica count of its role is lowered by one (``kvmesh scale N``, ``kvmesh scale --role prefill
+N`` restore it; with autoscale.scale_with_load the autoscaler decides again); the cluster's last replica that
+decodes is not drained (409: scale up first, or stop the cluster); prefill replicas may all go (the decode
+replicas then compute prompts themselves). With a standalone router the replica stays registered, out of
 rotation (``DELETE /replicas/{id}`` removes it).
 
 examples:
   kvmesh drain replica-1
+  kvmesh drain prefill-2
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 
 from kvmesh.cluster.commands.admin import add_admin_arguments, run_admin
+from kvmesh.router.routing.roles import PREFILL
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +36,8 @@ def describe(answer: dict) -> str:
     target = answer.get("target")
     if target is None:
         return text + "; then its process is removed"
+    if rid.startswith(f"{PREFILL}-"):  # serve's prefill replicas (cluster/fleet/roles.py); target is the others'
+        return text + f"; then its process is removed (`kvmesh scale --role {PREFILL} N` starts replacements)"
     return (text + f"; then its process is removed and the cluster's target becomes {target} replica(s) "
             f"(`kvmesh scale {target + 1}` starts a replacement)")
 

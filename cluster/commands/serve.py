@@ -10,6 +10,7 @@ examples:
   kvmesh serve --policy cache_aware --policy-kwargs decode_weight=4 --policy-kwargs temperature=0.1
   kvmesh serve --config deploy/serve.example.yaml --port 9000 --event-port 0
   kvmesh serve --print-config > my-serve.yaml     # every setting with its doc line
+  kvmesh serve --num-replicas 2 --num-prefill-replicas 1   # 2 decode + 1 prefill replica (KV handed over)
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         cluster.start()
         interrupts.install()  # after ray.init, which installs its own SIGTERM handler
-        print(f"\nkvmesh is ready in {cluster.elapsed_s:.1f}s: {cluster.url}  ({config.replicas.num_replicas} "
+        rc = config.replicas
+        split = f" decode + {rc.num_prefill_replicas} prefill" if rc.num_prefill_replicas else ""
+        print(f"\nkvmesh is ready in {cluster.elapsed_s:.1f}s: {cluster.url}  ({rc.num_replicas}{split} "
               f"replicas, policy {config.router.policy}, model {cluster.state.served_model_name})\n"
               f"Try it{' (export KVMESH_API_KEY first)' if config.router.api_key else ''}:\n"
               f"  {cluster.curl_line()}\n"

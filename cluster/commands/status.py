@@ -1,4 +1,8 @@
-"""``kvmesh status``: the router's replicas, their health, KV usage, hit rates and event lag."""
+"""``kvmesh status``: the router's replicas, their roles, health, KV usage, hit rates, KV transfers and event lag.
+
+ROLE is prefill, decode or both; PULLS are the KV pulls a replica made from a peer (a prefill replica's hand-over,
+or a peer's prefix), with failed ones in brackets; MOVED the KV bytes it pulled; "-" where the replica has no
+KV transfer counters (a server of another kind, or its /metrics did not answer)."""
 
 from __future__ import annotations
 
@@ -95,7 +99,10 @@ def _fleet(client) -> dict | None:
 
 def format_fleet(fleet: dict) -> str:
     auto = fleet["autoscale"]
-    lines = [f"fleet: {len(fleet['replicas'])} replicas, target {fleet['target']}"
+    prefill = sum(role == "prefill" for role in (fleet.get("roles") or {}).values())
+    have = f" ({prefill} prefill)" if prefill else ""
+    want = f" + {fleet['prefill_target']} prefill" if fleet.get("prefill_target") else ""
+    lines = [f"fleet: {len(fleet['replicas'])} replicas{have}, target {fleet['target']}{want}"
              + (f", autoscale {auto['min_replicas']}..{auto['max_replicas']} at {auto['target_in_flight']:g} in "
                 "flight/replica" if auto["enabled"] else ", autoscale off")
              + (f"; now: {fleet['busy']}" if fleet["busy"] else "")]
@@ -112,15 +119,16 @@ def _row_dict(row) -> dict:
 
 
 def format_table(rows, url: str, health: dict) -> str:
-    header = ("REPLICA", "HEALTH", "KV USE", "HOST USE", "INDEX BLK", "RUN", "WAIT", "ROUTED", "HIT RATE",
-              "HOST HIT", "EVENT LAG", "GAPS", "BAD FRAMES", "URL")
+    header = ("REPLICA", "ROLE", "HEALTH", "KV USE", "HOST USE", "INDEX BLK", "RUN", "WAIT", "ROUTED", "HIT RATE",
+              "HOST HIT", "PULLS", "MOVED", "EVENT LAG", "GAPS", "BAD FRAMES", "URL")
     lines = [header]
     for r in rows:
-        lines.append((r.replica_id, _health(r), f"{r.kv_usage:.0%}",
+        lines.append((r.replica_id, r.role or "-", _health(r), f"{r.kv_usage:.0%}",
                       f"{r.host_kv_usage:.0%}" if r.num_host_kv_blocks else "-", str(r.index_blocks),
                       str(r.num_running), str(r.num_waiting), str(r.requests_routed),
                       "-" if r.hit_rate is None else f"{r.hit_rate:.0%}",
-                      "-" if r.host_hit_rate is None else f"{r.host_hit_rate:.0%}",
+                      "-" if r.host_hit_rate is None else f"{r.host_hit_rate:.0%}", _pulls(r),
+                      "-" if r.kv_pulls is None else _bytes(r.kv_pulled_bytes),
                       "-" if r.event_lag_s is None else f"{r.event_lag_s * 1e3:.1f} ms", str(r.event_gaps),
                       str(r.event_bad_frames), r.url))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -130,6 +138,22 @@ def format_table(rows, url: str, health: dict) -> str:
     notes = [f"  {r.replica_id}: routed by load only -- {r.degraded}" for r in rows if r.healthy and r.degraded]
     notes += [f"  {r.replica_id}: ejected after failures in a row -- {r.last_failure}" for r in rows if r.ejected]
     return "\n".join([f"router {url}: {healthy}/{len(rows)} replicas healthy", table, *notes])
+
+
+def _pulls(row) -> str:
+    if row.kv_pulls is None:
+        return "-"
+    return f"{row.kv_pulls}" + (f" ({row.kv_pulls_failed} failed)" if row.kv_pulls_failed else "")
+
+
+def _bytes(n: int) -> str:
+    """1023 B, 1.5 KiB, 12.0 MiB, 3.2 GiB."""
+    size, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
 
 
 def _health(row) -> str:

@@ -1,15 +1,15 @@
 """The config trees of the ``kvmesh`` commands, built from the components' own config dataclasses.
 
-    ServeConfig (kvmesh serve)                  ReplicaCommandConfig (kvmesh replica)
-    ├── engine:   EngineConfig      replica/    ├── engine:   EngineConfig
-    ├── replicas: ReplicasConfig    here        ├── server:   ReplicaServerConfig  replica/
-    ├── router:   RouterConfig      router/     ├── events:   PublisherConfig
-    ├── events:   PublisherConfig   events/     ├── frontend: FrontendConfig
-    ├── frontend: FrontendConfig    replica/openai/ └── kv_transfer: KVTransferConfig  replica/kv_transfer/
-    ├── ray:      RayConfig         here
-    └── autoscale: AutoscaleConfig  autoscaler  RouterCommandConfig (kvmesh router)
-                                                ├── router:   RouterConfig
-                                                └── frontend: FrontendConfig
+    ServeConfig (kvmesh serve)                      ReplicaCommandConfig (kvmesh replica)
+    ├── engine:      EngineConfig      replica/     ├── engine:      EngineConfig
+    ├── replicas:    ReplicasConfig    here         ├── server:      ReplicaServerConfig  replica/
+    ├── router:      RouterConfig      router/      ├── events:      PublisherConfig
+    ├── events:      PublisherConfig   events/      ├── frontend:    FrontendConfig
+    ├── frontend:    FrontendConfig    replica/openai/ └── kv_transfer: KVTransferConfig  replica/kv_transfer/
+    ├── kv_transfer: KVTransferConfig  replica/kv_transfer/
+    ├── ray:         RayConfig         here         RouterCommandConfig (kvmesh router)
+    └── autoscale:   AutoscaleConfig   autoscaler   ├── router:   RouterConfig
+                                                    └── frontend: FrontendConfig
 
 A section is the component's dataclass itself, and the component takes it whole
 (``ReplicaRuntime.start(engine, server, events, frontend)``), so a field, its default, its check
@@ -37,6 +37,7 @@ from kvmesh.router.config import RouterConfig
 # ``engine.model`` value that selects the tiny Llama built locally (cluster/launch/embedded_model.py).
 EMBEDDED_MODEL = "embedded"
 _PLACEMENTS = ("spread", "pack")
+KV_TRANSFER_MODES = ("auto", "on", "off")
 _MIN_HASH_SEED_CHARS = 16
 
 
@@ -60,7 +61,14 @@ class ReplicasConfig:
     """How many replicas ``kvmesh serve`` runs, their restarts, CPUs and ports."""
 
     num_replicas: int = 2
-    """Number of engine replicas (each a Ray actor with its own KV cache)."""
+    """Number of engine replicas (each a Ray actor with its own KV cache); they decode (role decode) when there are
+    prefill replicas, else they do both (role both)."""
+    num_prefill_replicas: int = 0
+    """Replicas of role prefill, next to num_replicas: they compute long prompts and hand the KV to a decode replica
+    (the router's pd_min_uncached_tokens decides which prompts); 0 = no prefill/decode split."""
+    kv_transfer: str = "auto"
+    """KV moved between replicas over NIXL (prefill/decode split, peer prefix pulls): auto = on when nixl is
+    importable or there are prefill replicas; on; off."""
     num_cpus_per_worker: float = 1.0
     """Ray CPUs reserved per tensor-parallel worker."""
     gpus_per_replica: float | None = None
@@ -78,10 +86,22 @@ class ReplicasConfig:
 
     def __post_init__(self) -> None:
         _check(self.num_replicas >= 1, f"replicas.num_replicas={self.num_replicas} must be at least 1")
+        _check(self.num_prefill_replicas >= 0,
+               f"replicas.num_prefill_replicas={self.num_prefill_replicas} must be 0 (no split) or more")
+        _check(self.kv_transfer in KV_TRANSFER_MODES,
+               f"replicas.kv_transfer={self.kv_transfer!r}; expected one of {', '.join(KV_TRANSFER_MODES)}")
+        _check(not (self.num_prefill_replicas and self.kv_transfer == "off"),
+               f"replicas.num_prefill_replicas={self.num_prefill_replicas} needs the KV transfer (prefill replicas "
+               "hand their KV over it), but replicas.kv_transfer=off; use auto/on or no prefill replicas")
         _check(self.num_cpus_per_worker > 0, f"replicas.num_cpus_per_worker={self.num_cpus_per_worker} must be > 0")
         _check(self.max_restarts >= -1, f"replicas.max_restarts={self.max_restarts}; use -1 (forever) or >= 0")
         _check_port(self.http_port, "replicas.http_port")
         _check_port(self.event_port, "replicas.event_port")
+
+    @property
+    def num_started(self) -> int:
+        """Replicas serve starts: num_replicas + num_prefill_replicas."""
+        return self.num_replicas + self.num_prefill_replicas
 
     def http_ports(self, count: int | None = None) -> list[int]:
         """HTTP port of replicas 0..count-1 (count defaults to num_replicas)."""
@@ -136,6 +156,8 @@ class ServeConfig:
     """The replicas' KV event streams."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     """The OpenAI front of the router and every replica: body/prompt limits, chat template, read timeouts."""
+    kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    """The replicas' KV transfer (lease TTL, timeouts); whether it is on is replicas.kv_transfer."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Embedded Ray or an existing cluster; placement."""
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
@@ -176,9 +198,10 @@ class ServeConfig:
 
     @property
     def max_replica_slots(self) -> int:
-        """Most replicas alive at once: the largest count it may scale to, plus one a rolling restart adds."""
+        """Most replicas alive at once: the largest count it may scale to, the prefill replicas, plus one a rolling
+        restart adds."""
         top = max(self.replicas.num_replicas, self.autoscale.max_replicas if self.autoscale.scale_with_load else 0)
-        return top + 1
+        return top + self.replicas.num_prefill_replicas + 1
 
     @property
     def gpus_per_worker(self) -> float:
@@ -241,6 +264,8 @@ SERVE_SCHEMA = Schema(ServeConfig, hidden={
     "router.replica_api_key": "the replicas require router.api_key", "router.frontend": _FRONTEND,
     "router.admin_key": "serve generates the admin key for its own processes",
     "events.endpoint": _EVENTS_DERIVED, "events.replay_endpoint": _EVENTS_DERIVED,
+    "kv_transfer.enabled": "serve turns it on as replicas.kv_transfer says (auto: prefill replicas or nixl here)",
+    "kv_transfer.transport": "serve's replicas move KV over nixl (the local transport works only inside one process)",
 })
 REPLICA_SCHEMA = Schema(ReplicaCommandConfig, hidden={
     "events.endpoint": _SERVER_EVENTS, "events.replay_endpoint": "set server.replay_port",

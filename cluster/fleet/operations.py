@@ -2,7 +2,12 @@
 
     add:      placement group ─▶ started ─▶ ready ─▶ registered ─▶ healthy in the router (replica_add.py)
     remove:   router drain ─▶ its requests finish ─▶ deregistered ─▶ stopped ─▶ group freed (replica_remove.py)
-    rollout:  per old replica: add one (new engine settings, if any) ─▶ gate ─▶ remove the old one
+    rollout:  per old replica: add one of its role (new engine settings, if any) ─▶ gate ─▶ remove the old one
+
+Per role (cluster/fleet/roles.py): scale counts and changes one role's replicas (``--role prefill``, or the
+serving ones: decode, or both in a cluster without prefill replicas); the last replica that decodes is never
+drained (prefill replicas alone serve nothing); the autoscaler follows the load with the serving replicas only
+(prefill replicas are scaled by the operator: their load is the long prompts, not the requests in flight).
 
 One worker thread runs the operations in order (``request_scale``/``request_rollout`` queue them and
 return at once; the router's ``/admin/*`` endpoints call them). With ``autoscale.scale_with_load`` a second
@@ -24,11 +29,13 @@ from typing import TYPE_CHECKING
 from kvmesh.cluster.fleet.autoscaler import Decision, cheapest_to_lose
 from kvmesh.cluster.fleet.replica_add import add_replicas
 from kvmesh.cluster.fleet.replica_remove import remove_replica
+from kvmesh.cluster.fleet.roles import Role, decodes, serving_role
 from kvmesh.cluster.fleet.supervisor import ReplicaHandle, replica_index
 from kvmesh.cluster.fleet.view import Accepted, EngineChanges, FleetView, Operation
 from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch.capacity import plan_capacity
 from kvmesh.cluster.launch.gpu_share import check_gpu_share
+from kvmesh.router.routing.roles import PREFILL, check_role
 
 if TYPE_CHECKING:
     from kvmesh.cluster.launch.serve_state import RunningCluster, ServeState
@@ -50,7 +57,12 @@ class Fleet:
         self.busy: str | None = None
         self._removing: set[str] = set()
         """Replicas being drained to be removed (one removal each)."""
-        self.target = len(cluster.state.replicas)
+        self.serving_role: Role = serving_role(cluster.config.replicas.num_prefill_replicas)
+        """The role of the replicas that serve requests (decode next to prefill replicas, else both)."""
+        self.target = len(self.replica_ids(self.serving_role))
+        """Serving replicas wanted (scale, drain, the autoscaler)."""
+        self.prefill_target = len(self.replica_ids(PREFILL))
+        """Prefill replicas wanted."""
         self._last_index = max((replica_index(h.replica_id) for h in cluster.state.replicas), default=-1)
         """The highest replica index this cluster has used (from its start on): names are never reused."""
         self._ops: queue.Queue = queue.Queue()
@@ -61,7 +73,7 @@ class Fleet:
             from kvmesh.cluster.fleet.autoscale_loop import AutoscaleLoop
 
             loop = AutoscaleLoop(self.config, self.st.router_client, self.st.router.runtime.metrics.registry)
-            self._threads.append(threading.Thread(target=loop.run, args=(self._stop, self.idle, self.replica_ids,
+            self._threads.append(threading.Thread(target=loop.run, args=(self._stop, self.idle, self.serving_ids,
                                                   self.apply), name="kvmesh-autoscaler", daemon=True))
 
     # ------------------------------------------------------------------ lifecycle
@@ -79,30 +91,47 @@ class Fleet:
     def st(self) -> ServeState:
         return self.cluster.state
 
-    def replica_ids(self) -> list[str]:
-        return [h.replica_id for h in list(self.st.replicas)]
+    def replica_ids(self, role: Role | None = None) -> list[str]:
+        """Every replica, or those of ``role`` (decode and both: the serving ones)."""
+        return [h.replica_id for h in list(self.st.replicas)
+                if role is None or (h.role == PREFILL) == (role == PREFILL)]
+
+    def serving_ids(self) -> list[str]:
+        """The replicas that serve requests to their end (the autoscaler's)."""
+        return self.replica_ids(self.serving_role)
 
     def idle(self) -> bool:
         return self.busy is None and self._ops.empty()
 
     # ------------------------------------------------------------------ requests (router /admin/*)
     def state(self) -> FleetView:
-        return {"replicas": self.replica_ids(), "target": self.target, "busy": self.busy,
+        return {"replicas": self.replica_ids(), "roles": {h.replica_id: h.role for h in list(self.st.replicas)},
+                "target": self.target, "prefill_target": self.prefill_target, "busy": self.busy,
                 "queued": self._ops.qsize(), "autoscale": {
                     "enabled": self.config.scale_with_load, "min_replicas": self.config.min_replicas,
                     "max_replicas": self.config.max_replicas, "target_in_flight": self.config.target_in_flight,
                     "target_queued_prefill_tokens": self.config.target_queued_prefill_tokens},
                 "decisions": [d.as_dict() for d in self.decisions], "operations": list(self.operations)}
 
-    def request_scale(self, replicas: int) -> Accepted:
-        """Queue "scale to N" (ValueError when N is out of bounds)."""
-        low, high, why = 1, self.capacity(), "what the Ray cluster's nodes hold; serve --wait-for-nodes lifts this where a Ray autoscaler adds nodes"
-        if self.config.scale_with_load:
+    def request_scale(self, replicas: int, role: str | None = None) -> Accepted:
+        """Queue "scale ``role`` to N" (role None: the serving replicas); ValueError when N is out of bounds or the
+        role is unknown."""
+        role = PREFILL if check_role(role or self.serving_role) == PREFILL else self.serving_role
+        others = len(self.st.replicas) - len(self.replica_ids(role))  # the other role's replicas hold nodes too
+        low, high = (0 if role == PREFILL else 1), max(1, self.capacity() - others)
+        why = "what the Ray cluster's nodes hold; serve --wait-for-nodes lifts this where a Ray autoscaler adds nodes"
+        if self.config.scale_with_load and role != PREFILL:
             low, high, why = self.config.min_replicas, self.config.max_replicas, "autoscale.min/max_replicas"
+        if role == PREFILL and replicas and not self.st.kv_transfer.enabled:
+            raise ValueError(f"cannot start prefill replicas: this cluster's replicas run without KV transfer (replicas."
+                             f"kv_transfer={self.cluster.config.replicas.kv_transfer}; auto is on only with nixl "
+                             "importable), and a prefill replica hands its KV over it")
+        what = f"{role} replicas" if role == PREFILL else "replicas"
         if not low <= replicas <= high:
-            raise ValueError(f"cannot scale to {replicas} replicas: allowed {low}..{high} ({why})")
-        self.enqueue(f"scale to {replicas}", self.scale_to, replicas)
-        return {"accepted": True, "operation": f"scale to {replicas}", "replicas": self.replica_ids()}
+            raise ValueError(f"cannot scale to {replicas} {what}: allowed {low}..{high} ({why})")
+        operation = f"scale to {replicas}" + (f" {PREFILL}" if role == PREFILL else "")
+        self.enqueue(operation, self.scale_to, replicas, role)
+        return {"accepted": True, "operation": operation, "replicas": self.replica_ids(), "role": role}
 
     def capacity(self) -> int:
         """Most replicas the Ray cluster's nodes hold (capacity.py: each replica's GPUs on one node, CPUs);
@@ -131,16 +160,23 @@ class Fleet:
 
     def request_remove(self, replica_id: str) -> bool:
         """The router was told to drain a replica: remove its process once drained (False: not ours).
-        ValueError when it is the last one not already leaving: a cluster never drops to 0 replicas."""
-        if replica_id not in self.replica_ids():
+        ValueError when it is the last one that decodes not already leaving: a cluster never drops to 0 replicas
+        that serve requests (prefill replicas alone finish none)."""
+        handle = next((h for h in list(self.st.replicas) if h.replica_id == replica_id), None)
+        if handle is None:
             return False
-        staying = [r for r in self.replica_ids() if r != replica_id and r not in self._removing]
-        if not staying and replica_id not in self._removing:
-            raise ValueError(f"{replica_id} is this cluster's last replica: draining it would leave none to serve "
-                             "requests. Start another first (`kvmesh scale 2`), or stop the cluster")
+        staying = [r for r in self.serving_ids() if r != replica_id and r not in self._removing]
+        if decodes(handle.role) and not staying and replica_id not in self._removing:
+            what = "last replica" if len(self.st.replicas) == 1 else "last replica that decodes"
+            raise ValueError(f"{replica_id} is this cluster's {what}: draining it would leave none to serve "
+                             f"requests. Start another first (`kvmesh scale {len(self.serving_ids()) + 1}`), or stop "
+                             "the cluster")
         if replica_id not in self._removing:
             self._removing.add(replica_id)
-            self.target = max(1, self.target - 1)
+            if handle.role == PREFILL:
+                self.prefill_target = max(0, self.prefill_target - 1)
+            else:
+                self.target = max(1, self.target - 1)
             self.enqueue(f"drain {replica_id}", self.remove_replica, replica_id)
         return True
 
@@ -154,23 +190,28 @@ class Fleet:
         self.cluster.report(f"autoscaler: {decision.describe()}")
         self.target = decision.target
         if decision.action == "up":
-            self.enqueue(f"scale to {decision.target}", self.add_replicas, decision.target - have)
+            self.enqueue(f"scale to {decision.target}", self.add_replicas, decision.target - have, self.serving_role)
         else:
             self.enqueue(f"drain {decision.victim}", self.remove_replica, decision.victim)
 
     # ------------------------------------------------------------------ operations
-    def scale_to(self, replicas: int) -> None:
-        self.target = replicas
-        have = len(self.st.replicas)
+    def scale_to(self, replicas: int, role: Role) -> None:
+        """``role``'s replicas (prefill, or the serving ones) to ``replicas``: new ones started, extra ones drained
+        (the cheapest to lose first)."""
+        if role == PREFILL:
+            self.prefill_target = replicas
+        else:
+            self.target = replicas
+        have = len(self.replica_ids(role))
         if have < replicas:
-            self.add_replicas(replicas - have)
-        while len(self.st.replicas) > replicas and not self._stop.is_set():
+            self.add_replicas(replicas - have, role)
+        while len(ids := self.replica_ids(role)) > replicas and not self._stop.is_set():
             rows = self.cluster.state.router_client.replicas(drain_cost=True)
-            self.remove_replica(cheapest_to_lose([r for r in rows if r["id"] in self.replica_ids()]))
+            self.remove_replica(cheapest_to_lose([r for r in rows if r["id"] in ids]))
 
-    def add_replicas(self, count: int) -> list[ReplicaHandle]:
-        """Start ``count`` replicas in new placement groups; returns once the router routes to them."""
-        return add_replicas(self.cluster, self.new_indexes(count))
+    def add_replicas(self, count: int, role: Role) -> list[ReplicaHandle]:
+        """Start ``count`` replicas of ``role`` in new placement groups; returns once the router routes to them."""
+        return add_replicas(self.cluster, self.new_indexes(count), role)
 
     def new_indexes(self, count: int) -> list[int]:
         """Indexes for ``count`` new replicas, above every one this cluster has used: never a removed replica's
@@ -191,15 +232,16 @@ class Fleet:
         self._removing.discard(replica_id)
 
     def rollout(self, engine: EngineConfig) -> None:
-        """Replace every replica, one at a time: a new one passes the health gate before an old one drains."""
+        """Replace every replica, one at a time, by one of its role: a new one passes the health gate before an old
+        one drains."""
         st = self.st
-        old = self.replica_ids()
+        old = [(h.replica_id, h.role) for h in list(st.replicas)]
         st.engine = engine
-        for replica_id in old:
+        for replica_id, role in old:
             if self._stop.is_set():
                 return
             t0 = time.monotonic()
-            (new,) = self.add_replicas(1)
+            (new,) = self.add_replicas(1, role)
             self.remove_replica(replica_id)
             self.cluster.report(f"rollout: {replica_id} -> {new.replica_id} in {time.monotonic() - t0:.1f}s")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from kvmesh.cluster.fleet.roles import Role
 from kvmesh.cluster.fleet.supervisor import ReplicaHandle, register
 from kvmesh.cluster.launch import placement as pl
 
@@ -19,8 +20,8 @@ if TYPE_CHECKING:
     from kvmesh.cluster.launch.serve_state import RunningCluster, ServeState
 
 
-def add_replicas(cluster: RunningCluster, indexes: list[int]) -> list[ReplicaHandle]:
-    """Start replicas ``indexes`` in new placement groups; returns once the router routes to them."""
+def add_replicas(cluster: RunningCluster, indexes: list[int], role: Role) -> list[ReplicaHandle]:
+    """Start replicas ``indexes`` of ``role`` in new placement groups; returns once the router routes to them."""
     import ray
     from ray.util.placement_group import placement_group
 
@@ -33,7 +34,7 @@ def add_replicas(cluster: RunningCluster, indexes: list[int]) -> list[ReplicaHan
         groups.append(pl.ReplicaPlacement(replica_index=i, placement_group=pg, target_node_id=None))
     st.groups.extend(groups)
     pl.wait_ready(groups, timeout_s=cfg.ray.placement_timeout_s, report=cluster.report)
-    handles = [cluster.start_replica(g) for g in groups]
+    handles = [cluster.start_replica(g, role) for g in groups]
     deadline = time.monotonic() + cfg.ray.ready_timeout_s
     try:
         for handle in handles:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict
 
+from kvmesh.cluster.fleet.roles import Role
 from kvmesh.cluster.router_client import RouterClient
 
 if TYPE_CHECKING:
@@ -84,6 +85,8 @@ class ReplicaHandle:
     replica_id: str
     actor: ActorHandle
     """The replica's Ray actor."""
+    role: Role = "both"
+    """prefill, decode or both (cluster/fleet/roles.py); the router is told it at registration."""
     endpoints: ReplicaEndpoints | None = None
     """Last answer of ``actor.endpoints()`` (None until ready, and after the replica was removed)."""
     up: bool = False
@@ -98,13 +101,14 @@ class ReplicaHandle:
 
 
 def replica_index(replica_id: str) -> int:
-    """The index in a serve replica's name (``replica-3`` -> 3)."""
+    """The index in a serve replica's name (``replica-3``, ``prefill-4`` -> 3, 4)."""
     return int(replica_id.rsplit("-", 1)[1])
 
 
 def register(router: RouterClient, handle: ReplicaHandle) -> None:
     e: ReplicaEndpoints = handle.endpoints or {}
-    router.register(handle.replica_id, e["http_url"], e.get("events_endpoint"), e.get("replay_endpoint"))
+    router.register(handle.replica_id, e["http_url"], e.get("events_endpoint"), e.get("replay_endpoint"),
+                    role=handle.role)
 
 
 def _incarnation(endpoints: ReplicaEndpoints | None) -> tuple[int | str | float | None, ...]:

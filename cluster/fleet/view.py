@@ -44,8 +44,12 @@ class FleetView(TypedDict):
 
     replicas: list[str]
     """The replicas now."""
+    roles: dict[str, str]
+    """Each replica's role: prefill, decode or both (cluster/fleet/roles.py)."""
     target: int
-    """Replicas wanted."""
+    """Replicas wanted that serve requests (decode, or both)."""
+    prefill_target: int
+    """Prefill replicas wanted."""
     busy: str | None
     """The operation under way, if any."""
     queued: int
@@ -67,5 +71,7 @@ class Accepted(TypedDict, total=False):
     """What was queued."""
     replicas: list[str]
     """The replicas when it was queued."""
+    role: str
+    """Scale: the role scaled (prefill, or the serving replicas' decode/both)."""
     engine_changes: list[str]
     """Rollout: the engine fields it changes."""

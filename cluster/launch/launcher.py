@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.cluster import admin_key as admin_key_store
 from kvmesh.cluster.config.trees import ServeConfig
+from kvmesh.cluster.fleet.roles import Role, replica_name, serving_role
 from kvmesh.cluster.fleet.supervisor import ReplicaHandle, Supervisor
 from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch import preflight, ray_cluster
@@ -33,13 +34,19 @@ from kvmesh.cluster.launch.embedded_model import SERVED_NAME
 from kvmesh.cluster.launch.event_keys import curve_keys
 from kvmesh.cluster.launch.model_files import resolve_model_path
 from kvmesh.cluster.launch.readiness import wait_replicas_ready, wait_router_sees
-from kvmesh.cluster.launch.replica_sections import replica_engine, replica_events, replica_server
+from kvmesh.cluster.launch.replica_sections import (
+    replica_engine,
+    replica_events,
+    replica_kv_transfer,
+    replica_server,
+)
 from kvmesh.cluster.launch.serve_state import ServeState
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.kvcache.hashing import cache_salt_secret
 from kvmesh.replica.config import EngineConfig
 from kvmesh.router.config import RouterConfig
 from kvmesh.router.routing.policies import with_step_budget
+from kvmesh.router.routing.roles import PREFILL
 
 if TYPE_CHECKING:
     from kvmesh.cluster.fleet.operations import Fleet
@@ -132,15 +139,18 @@ class ServeCluster:
         cfg, st = self.config, self.state
         rc, tp = cfg.replicas, cfg.engine.tensor_parallel_size
         bundles = self.replica_bundles()
-        self.check_capacity(rc.num_replicas)  # fail in a second, not after placement_timeout_s
+        self.check_capacity(rc.num_started)  # fail in a second, not after placement_timeout_s
         st.engine = self.engine_config()
+        st.kv_transfer = replica_kv_transfer(cfg)
+        roles = [serving_role(rc.num_prefill_replicas)] * rc.num_replicas + [PREFILL] * rc.num_prefill_replicas
         memory = f", gpu_memory_utilization {st.engine.gpu_memory_utilization:g} each" if st.device == "cuda" else ""
-        self.report(f"placing {rc.num_replicas} replica(s): {tp} worker(s) each on "
+        split = f" ({rc.num_replicas} decode + {rc.num_prefill_replicas} prefill)" if rc.num_prefill_replicas else ""
+        self.report(f"placing {rc.num_started} replica(s){split}: {tp} worker(s) each on "
                     f"{st.device}, bundles {bundles}, placement {cfg.ray.placement}{memory}")
-        st.groups = pl.create_placement_groups(rc.num_replicas, bundles, cfg.ray.placement)
+        st.groups = pl.create_placement_groups(rc.num_started, bundles, cfg.ray.placement)
         pl.wait_ready(st.groups, timeout_s=cfg.ray.placement_timeout_s, report=self.report)
-        for group in st.groups:
-            st.replicas.append(self.start_replica(group))
+        for group, role in zip(st.groups, roles, strict=True):
+            st.replicas.append(self.start_replica(group, role))
 
     def replica_bundles(self) -> list[dict[str, float]]:
         cfg = self.config
@@ -151,11 +161,11 @@ class ServeCluster:
         """CapacityError unless the nodes hold ``num_replicas`` replicas (placement.check_serve_capacity)."""
         pl.check_serve_capacity(self.config, self.replica_bundles(), num_replicas, self.state.ray.owned, self.report)
 
-    def start_replica(self, group: pl.ReplicaPlacement) -> ReplicaHandle:
-        """Start replica ``group.replica_index``'s actor in its placement group (not yet ready).
+    def start_replica(self, group: pl.ReplicaPlacement, role: Role) -> ReplicaHandle:
+        """Start replica ``group.replica_index``'s actor of ``role`` in its placement group (not yet ready).
 
         The hook the fleet (cluster/fleet/operations.py) adds replicas through at runtime; ports are the
-        base + i (+ 2i for events).
+        base + i (+ 2i for events), whatever the role (cluster/fleet/roles.py).
         """
         from kvmesh.replica.actor import ReplicaOptions, start_replica_actor
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -164,18 +174,20 @@ class ServeCluster:
         rc, tp, i = cfg.replicas, cfg.engine.tensor_parallel_size, group.replica_index
         bundles = self.replica_bundles()
         actor_bundle = pl.actor_bundle_index(tp)
+        replica_id = replica_name(i, role)
         options = ReplicaOptions(
             engine=st.engine, server=replica_server(cfg, i, st.served_model_name, st.ray.local),
-            events=replica_events(cfg, self._curve), frontend=cfg.frontend, replica_id=f"replica-{i}",
-            num_cpus_per_worker=rc.num_cpus_per_worker, placement_group=group.placement_group if tp > 1 else None)
+            events=replica_events(cfg, self._curve), frontend=cfg.frontend, kv_transfer=st.kv_transfer,
+            replica_id=replica_id, num_cpus_per_worker=rc.num_cpus_per_worker,
+            placement_group=group.placement_group if tp > 1 else None)
         spawn = functools.partial(
-            start_replica_actor, options, name=f"kvmesh-replica-{i}", max_restarts=rc.max_restarts,
+            start_replica_actor, options, name=f"kvmesh-{replica_id}", max_restarts=rc.max_restarts,
             namespace=cfg.ray.namespace, num_cpus=bundles[actor_bundle]["CPU"],
             num_gpus=cfg.gpus_per_worker if st.device == "cuda" and tp == 1 else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 group.placement_group, placement_group_bundle_index=actor_bundle))
-        self._spawn[f"replica-{i}"] = spawn  # the supervisor replaces a dead replica with the same
-        return ReplicaHandle(replica_id=f"replica-{i}", actor=spawn())
+        self._spawn[replica_id] = spawn  # the supervisor replaces a dead replica with the same
+        return ReplicaHandle(replica_id=replica_id, actor=spawn(), role=role)
 
     def engine_config(self) -> EngineConfig:
         """The serve config's engine section as every replica gets it (cluster/launch/replica_sections.py)."""

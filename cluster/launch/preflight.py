@@ -40,12 +40,27 @@ def check(config: ServeConfig) -> None:
         ports.append(("router.port", host, config.router.port))
     if config.is_embedded_ray:  # the replicas bind on this machine too
         host = "127.0.0.1"
-        ports += [("replicas.http_port", host, p) for p in config.replicas.http_ports()]
-        ports += [("replicas.event_port", host, p) for pair in config.replicas.event_ports() for p in pair]
+        started = config.replicas.num_started
+        ports += [("replicas.http_port", host, p) for p in config.replicas.http_ports(started)]
+        ports += [("replicas.event_port", host, p) for pair in config.replicas.event_ports(started) for p in pair]
     for what, host, port in ports:
         check_port_free(host, port, what)
+    check_kv_transfer(config)
     if config.is_embedded_ray:
         check_embedded_capacity(config)
+
+
+def check_kv_transfer(config: ServeConfig) -> None:
+    """Prefill replicas, or ``replicas.kv_transfer=on``, need nixl here (the replicas' transport)."""
+    rc = config.replicas
+    if rc.kv_transfer == "on" or rc.num_prefill_replicas:
+        from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
+
+        why = nixl_missing()
+        if why is not None:
+            need = (f"replicas.num_prefill_replicas={rc.num_prefill_replicas}" if rc.num_prefill_replicas
+                    else "replicas.kv_transfer=on")
+            raise PreflightError(f"{need} moves KV between replicas over NIXL, but {why}")
 
 
 def check_embedded_capacity(config: ServeConfig) -> None:
@@ -67,7 +82,7 @@ def check_embedded_capacity(config: ServeConfig) -> None:
     bundles = pl.replica_bundles(tp, config.replicas.num_cpus_per_worker, device, config.gpus_per_worker)
     try:
         check_device_share(config.replicas.gpus_per_replica, device, "no GPU found on this machine")
-        pl.check_capacity(bundles, tp, config.gpus_per_worker, config.replicas.num_replicas, embedded=True,
+        pl.check_capacity(bundles, tp, config.gpus_per_worker, config.replicas.num_started, embedded=True,
                           nodes=nodes)
     except ValueError as e:  # CapacityError is one
         raise PreflightError(str(e)) from None

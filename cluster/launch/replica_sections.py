@@ -6,8 +6,11 @@
                                                    the router's API key (the replicas require it), the served name
                 ──▶ events   PublisherConfig       the events section, plus the CURVE keys of private streams
                 ──▶ frontend FrontendConfig        as configured
+                ──▶ kv_transfer KVTransferConfig   serve's section, on as replicas.kv_transfer says
+                                                   (cluster/fleet/roles.py), transport nixl (``local`` moves KV
+                                                   only inside one process)
 
-The replica actor then starts ``ReplicaRuntime.start(engine, server, events, frontend)`` with them.
+The replica actor then starts ``ReplicaRuntime`` with them.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvmesh.cluster.config.trees import ServeConfig
+from kvmesh.cluster.fleet.roles import kv_transfer_on
 from kvmesh.cluster.launch.event_keys import CurveKeys
 from kvmesh.cluster.launch.gpu_share import replica_memory_utilization
 from kvmesh.cluster.launch.ray_cluster import LOCAL_HOST
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.kv_transfer.config import KVTransferConfig
 from kvmesh.replica.server.config import AUTO_HOST, ReplicaServerConfig
 
 # KV cache per replica on CPU when the config sets none and the model is the embedded one:
@@ -55,3 +60,13 @@ def replica_server(cfg: ServeConfig, index: int, served_model_name: str, local: 
     return ReplicaServerConfig(host=LOCAL_HOST if local else AUTO_HOST, port=http_port, event_port=event_port,
                                replay_port=replay_port, api_key=cfg.router.api_key,
                                served_model_name=served_model_name)
+
+
+def replica_kv_transfer(cfg: ServeConfig) -> KVTransferConfig:
+    """The kv_transfer section every replica gets: serve's, enabled as ``replicas.kv_transfer`` says (auto: prefill
+    replicas, or nixl importable), transport nixl. The only place serve builds it."""
+    from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
+
+    rc = cfg.replicas
+    enabled = kv_transfer_on(rc.kv_transfer, rc.num_prefill_replicas, nixl_missing() is None)
+    return replace(cfg.kv_transfer, enabled=enabled, transport="nixl")

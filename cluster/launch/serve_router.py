@@ -36,7 +36,7 @@ def num_router_workers(config: ServeConfig) -> int:
     from kvmesh.router.control.workers import spare_cores
 
     bundles = replica_bundles(config.engine.tensor_parallel_size, config.replicas.num_cpus_per_worker, "cpu")
-    return spare_cores(config.replicas.num_replicas * sum(b["CPU"] for b in bundles))
+    return spare_cores(config.replicas.num_started * sum(b["CPU"] for b in bundles))
 
 
 def start_router(config: RouterConfig, num_workers: int):

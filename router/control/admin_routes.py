@@ -46,6 +46,8 @@ class ScaleRequest(OpenAIBaseModel):
 
     model_config = ConfigDict(extra="forbid")
     replicas: int
+    role: str | None = None
+    """Scale the replicas of this role (``prefill``); none: the replicas that serve requests."""
 
 
 class RolloutRequest(OpenAIBaseModel):
@@ -122,7 +124,7 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
     @app.post("/admin/scale")
     async def scale(request: AppRequest):
         body = await read_request(request, ScaleRequest, cfg.frontend, runtime.renderer.run)
-        return ask_fleet(lambda: fleet().request_scale(body.replicas))
+        return ask_fleet(lambda: fleet().request_scale(body.replicas, body.role))
 
     @app.post("/admin/rollout")
     async def rollout(request: AppRequest):

@@ -142,13 +142,14 @@ def test_every_help_example_is_accepted(monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # examples name deploy/serve.example.yaml
     examples = [shlex.split(line.split("#")[0].split(">")[0])[2:] for line in help_text.splitlines()
                 if line.strip().startswith("kvmesh serve ")]
-    assert len(examples) == 4
+    assert len(examples) == 5
     from kvmesh.cluster.cli import build_parser
 
     configs = [config_from_args(build_parser().parse_args(["serve", *argv]), SERVE_SCHEMA, env={})
                for argv in examples]
     assert configs[1].router.policy_kwargs == {"decode_weight": 4, "temperature": 0.1}
     assert configs[0].replicas.num_replicas == 4 and configs[2].replicas.event_port == 0
+    assert (configs[4].replicas.num_replicas, configs[4].replicas.num_prefill_replicas) == (2, 1)
 
 
 def test_bad_yaml_names_the_file(tmp_path):

@@ -94,3 +94,38 @@ def test_a_replica_with_a_host_tier_shows_its_usage_and_host_hit_rate():
     assert "HOST USE" in table and "HOST HIT" in table
     line0 = next(line for line in table.splitlines() if line.startswith("replica-0"))
     assert "25%" in line0
+
+
+def _replica_kv_transfer_text(ok: int, failed: int, tokens: int, nbytes: int) -> str:
+    """A replica's /metrics with its real KV transfer metrics (replica/server/kv_metrics.py) after some pulls."""
+    from kvmesh.replica.server.kv_metrics import KVTransferMetrics
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    registry = CollectorRegistry()
+    metrics = KVTransferMetrics(registry, lambda: (0, 2, 1))  # leases: 0 active, 2 released, 1 expired
+    for _ in range(ok):
+        metrics.record_pull("ok", tokens // ok, nbytes // ok, 0.01)
+    for _ in range(failed):
+        metrics.record_pull("failed", 0, 0, 0.01)
+    metrics.record_pull("skipped", 0, 0, 0.0)
+    Counter("vllm:prefix_cache_queries", "q", registry=registry).inc(100)
+    return generate_latest(registry).decode()
+
+
+def test_roles_pulls_and_bytes_moved_per_replica_and_a_dash_where_a_replica_has_no_transfer():
+    from kvmesh.cluster.replica_status import apply_replica_metrics
+
+    decode = ReplicaStatus("replica-0", role="decode", healthy=True)
+    prefill = ReplicaStatus("prefill-1", role="prefill", healthy=True)
+    old = ReplicaStatus("replica-2", healthy=True)  # a router that does not say roles, a replica without transfer
+    apply_replica_metrics(decode, _replica_kv_transfer_text(ok=3, failed=1, tokens=1200, nbytes=3 * 1024 * 1024))
+    apply_replica_metrics(old, "vllm:prefix_cache_queries_total 10\n")
+    assert (decode.kv_pulls, decode.kv_pulls_failed, decode.kv_pulled_tokens, decode.kv_leases) == (3, 1, 1200, 3)
+    assert old.kv_pulls is None and old.prefix_cache_queries == 10
+    table = format_table([decode, prefill, old], "http://router", {"healthy_replicas": ["replica-0"]})
+    header, *lines = table.splitlines()[1:]
+    assert header.split()[:3] == ["REPLICA", "ROLE", "HEALTH"] and "PULLS" in header and "MOVED" in header
+    cells = {line.split()[0]: line.split() for line in lines}
+    assert cells["replica-0"][1] == "decode" and "3 (1 failed)" in lines[0] and "3.0 MiB" in lines[0]
+    assert cells["prefill-1"][1] == "prefill" and cells["replica-2"][1] == "-"
+
