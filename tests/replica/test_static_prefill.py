@@ -88,8 +88,10 @@ def test_short_prefills_on_the_triton_backend_give_the_eager_and_torch_backends_
     assert len(decodes) == 2 * len(prompts) + steps.count(1)  # two decode steps a prompt, and the 1-token steps
 
 
-def test_short_prefills_on_the_flash_attn_reference_give_the_eager_tokens(monkeypatch, stories_path):
-    """The paged flash-attn path (block 256): a 300-token prompt, then 5 and 40 tokens over its cached block."""
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_short_prefills_on_the_flash_attn_reference_give_the_eager_tokens(monkeypatch, stories_path, async_scheduling):
+    """The paged flash-attn path (block 256): a 300-token prompt, then 5 and 40 tokens over its cached block,
+    and a fresh 3-token prompt; with async scheduling too (the eager reference is synchronous)."""
     import transformers.integrations.flash_attention  # noqa: F401  (probes flash_attn before the stand-in)
 
     monkeypatch.setitem(sys.modules, "flash_attn", flash_attn_reference.as_module(allow_float32=True))
@@ -99,7 +101,7 @@ def test_short_prefills_on_the_flash_attn_reference_give_the_eager_tokens(monkey
                [11, 12, 13]]
     seeded = dict(temperature=0.9, top_p=0.9, seed=5, max_tokens=3)
     eager = one_by_one(engine("flash_attn", 256, False, model=str(stories_path))[0], prompts, seeded)
-    eng, _, prefills = engine("flash_attn", 256, True, model=str(stories_path))
+    eng, _, prefills = engine("flash_attn", 256, True, model=str(stories_path), async_scheduling=async_scheduling)
     assert one_by_one(eng, prompts, seeded) == eager
     assert prefills == [16, 64, 16]  # the 300-token prompt ran eagerly
 
