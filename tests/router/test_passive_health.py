@@ -14,9 +14,9 @@ import json
 
 import httpx
 from kvmesh.cluster.cli import main
-from kvmesh.router.routing.receipts import HEADER_FAILED_OVER
+from kvmesh.router.routing.receipts import HEADER_FAILED_OVER, HEADER_PREDICTED
 
-from .conftest import wait_for
+from .conftest import BLOCK_SIZE, wait_for
 from .test_router_http import prompt
 
 FAST = {"first_byte_timeout_s": 1.0, "stream_idle_timeout_s": 1.0, "policy": "round_robin"}
@@ -106,11 +106,18 @@ def stream_events(router, ids) -> list[str]:
 
 def test_stream_that_stalls_ends_with_an_error_event_after_the_idle_deadline(fakes, start_router):
     a, b = fakes
-    a.configure(stall_after=1)  # one chunk, then nothing on an open connection
     router = start_router([a.spec, b.spec], **FAST)
     both_healthy(router)
     router.runtime.drain("b")  # the stream goes to "a"; no replica to move it to
-    events = stream_events(router, prompt(6500))
+    ids = prompt(6500)
+    # "a" computes the prompt first and the router takes in all its KV events, so nothing "a" publishes
+    # later reads as work on other requests while the stream stalls (on a loaded machine the router could
+    # still be applying the prompt's BlockStored events when the idle deadline runs out)
+    assert post(router, ids).status_code == 200
+    wait_for(lambda: int(post(router, ids).headers.get(HEADER_PREDICTED, 0)) >= len(ids) - BLOCK_SIZE, 30,
+             "the router to hold a's blocks of the prompt")
+    a.configure(stall_after=1)  # one chunk, then nothing on an open connection
+    events = stream_events(router, ids)
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert "not within 1s" in error["message"] and error["code"] == 502, error
