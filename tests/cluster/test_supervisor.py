@@ -19,7 +19,7 @@ class RecordingRouter:
         self.registered: list[tuple[str, str]] = []
         self.deregistered: list[str] = []
 
-    def register(self, replica_id, url, events, replay):
+    def register(self, replica_id, url, events, replay, role="both"):
         self.registered.append((replica_id, url))
         return {"id": replica_id}
 
