@@ -67,8 +67,8 @@ class ReplicasConfig:
     """Replicas of role prefill, next to num_replicas: they compute long prompts and hand the KV to a decode replica
     (the router's pd_min_uncached_tokens decides which prompts); 0 = no prefill/decode split."""
     kv_transfer: str = "auto"
-    """KV moved between replicas over NIXL (prefill/decode split, peer prefix pulls): auto = on when nixl is
-    importable or there are prefill replicas; on; off."""
+    """KV moved between replicas over NIXL (prefill/decode split, peer prefix pulls): auto = on when there are
+    prefill replicas; on (also peer pulls without prefill replicas; each replica's NIXL agent busy-polls a CPU core); off."""
     num_cpus_per_worker: float = 1.0
     """Ray CPUs reserved per tensor-parallel worker."""
     gpus_per_replica: float | None = None

@@ -33,9 +33,10 @@ def decodes(role: Role) -> bool:
     return role != PREFILL
 
 
-def kv_transfer_on(mode: str, num_prefill_replicas: int, nixl_importable: bool) -> bool:
+def kv_transfer_on(mode: str, num_prefill_replicas: int) -> bool:
     """Whether serve's replicas get their KV transfer (``replicas.kv_transfer``): on, off, or auto = on when there
-    are prefill replicas (they need it) or nixl is importable (peer pulls)."""
+    are prefill replicas (they need it). Peer pulls alone take ``on``: each replica's NIXL agent runs a progress
+    thread that busy-polls about one CPU core, idle or not, which a cluster should choose, not get by default."""
     if mode == "auto":
-        return num_prefill_replicas > 0 or nixl_importable
+        return num_prefill_replicas > 0
     return mode == "on"

@@ -63,10 +63,8 @@ def replica_server(cfg: ServeConfig, index: int, served_model_name: str, local: 
 
 
 def replica_kv_transfer(cfg: ServeConfig) -> KVTransferConfig:
-    """The kv_transfer section every replica gets: serve's, enabled as ``replicas.kv_transfer`` says (auto: prefill
-    replicas, or nixl importable), transport nixl. The only place serve builds it."""
-    from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
-
+    """The kv_transfer section every replica gets: serve's, enabled as ``replicas.kv_transfer`` says (auto: with
+    prefill replicas), transport nixl. The only place serve builds it."""
     rc = cfg.replicas
-    enabled = kv_transfer_on(rc.kv_transfer, rc.num_prefill_replicas, nixl_missing() is None)
+    enabled = kv_transfer_on(rc.kv_transfer, rc.num_prefill_replicas)
     return replace(cfg.kv_transfer, enabled=enabled, transport="nixl")

@@ -246,7 +246,7 @@ def peers(ray_session, stories_path, tmp_path_factory, nixl, pd):
     # stories260K computes a 320-token prefix in milliseconds, less than a pull's default fixed overhead (10 ms,
     # sized for real models): priced as on a real model, the pull pays; and 16 running requests on the holder
     # outweigh its 320 cached tokens (decode_weight 64; the default 8 would need 40 of them on this 2-core box)
-    serve = _start(stories_path, tmp_path_factory, "peers", {"num_replicas": 2},
+    serve = _start(stories_path, tmp_path_factory, "peers", {"num_replicas": 2, "kv_transfer": "on"},
                    router={"peer_pull_overhead_s": 0.0, "policy_kwargs": {"decode_weight": 64}})
     yield serve
     serve.stop()

@@ -68,11 +68,10 @@ def test_the_serving_replicas_decode_next_to_prefill_replicas_and_do_both_withou
     assert replica_index("prefill-3") == 3  # one index space: ports and placement groups by index
 
 
-def test_kv_transfer_is_on_with_prefill_replicas_or_nixl_unless_turned_off():
-    assert kv_transfer_on("auto", 1, nixl_importable=False)  # prefill replicas need it
-    assert kv_transfer_on("auto", 0, nixl_importable=True)  # peer pulls where nixl is there
-    assert not kv_transfer_on("auto", 0, nixl_importable=False)
-    assert not kv_transfer_on("off", 0, nixl_importable=True) and kv_transfer_on("on", 0, nixl_importable=False)
+def test_kv_transfer_is_on_with_prefill_replicas_or_when_asked():
+    assert kv_transfer_on("auto", 1)  # prefill replicas need it
+    assert not kv_transfer_on("auto", 0)  # no NIXL agent (a busy-polling core per replica) unless asked
+    assert not kv_transfer_on("off", 0) and kv_transfer_on("on", 0)
 
 
 def test_the_embedded_ray_and_the_ports_count_the_prefill_replicas():
