@@ -9,6 +9,8 @@ the descriptor indices of the block ids (layout.py), then ``transfer`` and polli
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 from kvmesh.events.schema import DEVICE_MEDIUM, HOST_MEDIUM
@@ -17,6 +19,12 @@ from kvmesh.replica.kv_transfer.errors import KVTransferError, KVTransferUnavail
 from kvmesh.replica.kv_transfer.layout import KVBlockLayout, host_tier_layout
 
 BACKEND = "UCX"
+# How long (microseconds) the UCX progress thread sleeps in poll() between wake-ups when nothing arrives.
+# nixl's Python wrapper fixes it at 0, which makes the thread busy-poll a whole core per agent even idle
+# (one per replica and TP rank). The thread still wakes at once on its workers' event fds, so reads are as
+# fast (BENCHMARKS 3.14); the delay only bounds the fallback poll.
+PROGRESS_THREAD_DELAY_US = 1000
+_construct_lock = threading.Lock()
 
 
 def nixl_missing() -> str | None:
@@ -43,6 +51,31 @@ def _descriptor_ids(layout: KVBlockLayout, block_ids: list[int]) -> np.ndarray:
     """Indices into ``_descriptor_array`` of ``block_ids``, region-major."""
     regions = np.arange(layout.num_regions, dtype=np.int64)[:, None] * layout.num_blocks
     return (regions + np.asarray(block_ids, dtype=np.int64)[None, :]).reshape(-1)
+
+
+def _start_agent(name: str):
+    """A ``nixl_agent`` on the UCX backend whose progress thread sleeps between wake-ups.
+
+    The wrapper builds its native config itself and sets ``pthrDelay = 0``; the config class it builds is
+    swapped, for this constructor only, for one that keeps at least ``PROGRESS_THREAD_DELAY_US``.
+    """
+    from nixl import _api
+
+    bindings = _api.nixlBind
+    native_config = bindings.nixlAgentConfig
+
+    class PatientConfig(native_config):
+        def __setattr__(self, key, value):
+            if key == "pthrDelay":
+                value = max(value, PROGRESS_THREAD_DELAY_US)
+            super().__setattr__(key, value)
+
+    with _construct_lock:
+        bindings.nixlAgentConfig = PatientConfig
+        try:
+            return _api.nixl_agent(name, _api.nixl_agent_config(backends=[BACKEND]))
+        finally:
+            bindings.nixlAgentConfig = native_config
 
 
 class NixlTransfer:
@@ -79,13 +112,12 @@ class NixlKVTransferAgent:
         missing = nixl_missing()
         if missing:
             raise KVTransferUnavailable(missing)
-        from nixl._api import nixl_agent, nixl_agent_config
 
         self.config, self.name, self.layout = config, name, layout
         self.mem_type = "VRAM" if kv_cache.is_cuda else "DRAM"
         self.device_id = kv_cache.device.index or 0
         try:
-            self._agent = nixl_agent(name, nixl_agent_config(backends=[BACKEND]))
+            self._agent = _start_agent(name)
         except Exception as e:
             raise KVTransferUnavailable(f"nixl agent {name!r} could not start its {BACKEND} backend: {e}") from e
         nbytes = kv_cache.numel() * kv_cache.element_size()

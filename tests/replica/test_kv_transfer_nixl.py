@@ -125,3 +125,14 @@ def test_a_prefix_pulled_from_another_process_is_hit_with_the_same_greedy_text(h
     (out,) = reader_llm.generate([list(PROMPT)], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
     assert out.num_cached_tokens == 64
     assert out.output_token_ids == ready.output_token_ids
+
+
+def test_an_idle_agent_leaves_the_cpu_alone(reader):
+    """UCX's progress thread sleeps in poll() between events: an idle agent (one per replica and TP rank)
+    must not busy-poll a core. With nixl's own fixed delay of 0 this process burned ~1 CPU-second per second."""
+    import time
+
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    time.sleep(1.0)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    assert cpu < 0.25 * wall, f"{cpu:.2f} CPU-s in {wall:.2f} s with an idle agent"
