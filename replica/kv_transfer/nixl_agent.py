@@ -81,19 +81,21 @@ def _start_agent(name: str):
 class NixlTransfer:
     """One READ in flight: its nixl handle, polled by ``agent.wait``."""
 
-    def __init__(self, agent, handle, num_blocks: int) -> None:
-        self._agent, self._handle, self.num_blocks = agent, handle, num_blocks
+    def __init__(self, agent, lock: threading.RLock, handle, num_blocks: int) -> None:
+        self._agent, self._lock, self._handle, self.num_blocks = agent, lock, handle, num_blocks
 
     def state(self) -> str:
         try:
-            return self._agent.check_xfer_state(self._handle)
+            with self._lock:
+                return self._agent.check_xfer_state(self._handle)
         except Exception:  # nixl raises on a broken connection: the read failed
             return "ERR"
 
     def release(self) -> None:
         if self._handle is not None:
             try:
-                self._agent.release_xfer_handle(self._handle)
+                with self._lock:
+                    self._agent.release_xfer_handle(self._handle)
             except Exception:  # nixl refuses to release a handle still in flight; the agent's close frees it
                 pass
             self._handle = None
@@ -107,6 +109,10 @@ class _Peer:
 
 
 class NixlKVTransferAgent:
+    """One rank's nixl agent. Its calls come from two threads (handshakes on the replica's HTTP loop, reads on the
+    engine thread) and the agent runs without nixl's own locking (``NIXL_THREAD_SYNC_NONE``, the default without
+    a listener thread), so every call into it holds ``_lock``."""
+
     def __init__(self, config: KVTransferConfig, name: str, kv_cache: torch.Tensor, layout: KVBlockLayout,
                  host_cache: torch.Tensor | None = None) -> None:
         missing = nixl_missing()
@@ -116,6 +122,7 @@ class NixlKVTransferAgent:
         self.config, self.name, self.layout = config, name, layout
         self.mem_type = "VRAM" if kv_cache.is_cuda else "DRAM"
         self.device_id = kv_cache.device.index or 0
+        self._lock = threading.RLock()
         try:
             self._agent = _start_agent(name)
         except Exception as e:
@@ -136,7 +143,9 @@ class NixlKVTransferAgent:
         self._cache = (kv_cache, host_cache)  # the registered memory stays alive as long as the agent
 
     def handshake(self) -> KVHandshake:
-        return KVHandshake(self.name, "nixl", self.layout, self._agent.get_agent_metadata(),
+        with self._lock:
+            metadata = self._agent.get_agent_metadata()
+        return KVHandshake(self.name, "nixl", self.layout, metadata,
                            self.device_id, self.mem_type, host_layout=self.host_layout)
 
     def add_peer(self, handshake: KVHandshake) -> str:
@@ -144,6 +153,10 @@ class NixlKVTransferAgent:
             raise KVTransferError(f"peer {handshake.agent_name!r} uses the {handshake.transport} transport; "
                                   f"{self.name!r} uses nixl")
         check_layouts(self.layout, handshake, self.name)
+        with self._lock:
+            return self._add_peer(handshake)
+
+    def _add_peer(self, handshake: KVHandshake) -> str:
         if handshake.agent_name in self._peers:
             self.remove_peer(handshake.agent_name)  # a restarted peer: new addresses
         try:
@@ -160,11 +173,12 @@ class NixlKVTransferAgent:
         return peer
 
     def remove_peer(self, peer: str) -> None:
-        known = self._peers.pop(peer, None)
-        if known is not None:
-            for _, dlist in known.tiers.values():
-                self._agent.release_dlist_handle(dlist)
-            self._agent.remove_remote_agent(peer)
+        with self._lock:
+            known = self._peers.pop(peer, None)
+            if known is not None:
+                for _, dlist in known.tiers.values():
+                    self._agent.release_dlist_handle(dlist)
+                self._agent.remove_remote_agent(peer)
 
     def start_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int],
                    remote_medium: str = DEVICE_MEDIUM) -> NixlTransfer:
@@ -176,11 +190,13 @@ class NixlKVTransferAgent:
         remote_layout, remote_dlist = known.tiers[remote_medium]
         check_read(self.layout, remote_layout, remote_block_ids, local_block_ids)
         try:
-            handle = self._agent.make_prepped_xfer(
-                "READ", self._local, _descriptor_ids(self.layout, local_block_ids),
-                remote_dlist, _descriptor_ids(remote_layout, remote_block_ids))
-            transfer = NixlTransfer(self._agent, handle, len(local_block_ids))
-            if self._agent.transfer(handle) == "ERR":
+            with self._lock:
+                handle = self._agent.make_prepped_xfer(
+                    "READ", self._local, _descriptor_ids(self.layout, local_block_ids),
+                    remote_dlist, _descriptor_ids(remote_layout, remote_block_ids))
+                started = self._agent.transfer(handle)
+            transfer = NixlTransfer(self._agent, self._lock, handle, len(local_block_ids))
+            if started == "ERR":
                 transfer.release()
                 raise KVTransferError(f"nixl refused to start reading {len(local_block_ids)} KV blocks "
                                       f"from {peer!r}; recompute them")
@@ -192,8 +208,9 @@ class NixlKVTransferAgent:
         return transfer
 
     def close(self) -> None:
-        for peer in list(self._peers):
-            self.remove_peer(peer)
-        self._agent.release_dlist_handle(self._local)
-        for registered in self._registered:
-            self._agent.deregister_memory(registered)
+        with self._lock:
+            for peer in list(self._peers):
+                self.remove_peer(peer)
+            self._agent.release_dlist_handle(self._local)
+            for registered in self._registered:
+                self._agent.deregister_memory(registered)
