@@ -22,6 +22,9 @@ class KVTransferConfig:
     """A transfer (or a peer's /kv/* answer) not done after this many seconds fails; the prompt is computed."""
     poll_interval_s: float = field(default=0.0005, metadata={"flag": "--kv-transfer-poll-interval-s"})
     """Seconds between completion checks while waiting on a transfer."""
+    progress_delay_us: int = field(default=1000, metadata={"flag": "--kv-transfer-progress-delay-us"})
+    """Microseconds nixl's UCX progress thread sleeps between wake-ups when no event comes (it wakes at once on one);
+    0 busy-polls a CPU core per agent (replica and TP rank), idle or not."""
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -30,3 +33,5 @@ class KVTransferConfig:
         if self.timeout_s <= 0 or self.poll_interval_s <= 0 or self.lease_ttl_s <= 0:
             raise ValueError(f"kv transfer timeout_s ({self.timeout_s}), poll_interval_s ({self.poll_interval_s}) "
                              f"and lease_ttl_s ({self.lease_ttl_s}) must be positive")
+        if self.progress_delay_us < 0:
+            raise ValueError(f"kv transfer progress_delay_us ({self.progress_delay_us}) must be 0 or more")

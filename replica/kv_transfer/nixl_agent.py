@@ -19,11 +19,6 @@ from kvmesh.replica.kv_transfer.errors import KVTransferError, KVTransferUnavail
 from kvmesh.replica.kv_transfer.layout import KVBlockLayout, host_tier_layout
 
 BACKEND = "UCX"
-# How long (microseconds) the UCX progress thread sleeps in poll() between wake-ups when nothing arrives.
-# nixl's Python wrapper fixes it at 0, which makes the thread busy-poll a whole core per agent even idle
-# (one per replica and TP rank). The thread still wakes at once on its workers' event fds, so reads are as
-# fast (BENCHMARKS 3.14); the delay only bounds the fallback poll.
-PROGRESS_THREAD_DELAY_US = 1000
 _construct_lock = threading.Lock()
 
 
@@ -53,11 +48,13 @@ def _descriptor_ids(layout: KVBlockLayout, block_ids: list[int]) -> np.ndarray:
     return (regions + np.asarray(block_ids, dtype=np.int64)[None, :]).reshape(-1)
 
 
-def _start_agent(name: str):
-    """A ``nixl_agent`` on the UCX backend whose progress thread sleeps between wake-ups.
+def _start_agent(name: str, progress_delay_us: int):
+    """A ``nixl_agent`` on the UCX backend whose progress thread sleeps ``progress_delay_us`` in poll() between
+    wake-ups (it still wakes at once on its workers' event fds, so reads are not slower: BENCHMARKS 3.14).
 
-    The wrapper builds its native config itself and sets ``pthrDelay = 0``; the config class it builds is
-    swapped, for this constructor only, for one that keeps at least ``PROGRESS_THREAD_DELAY_US``.
+    nixl's Python wrapper builds its native config itself and fixes ``pthrDelay`` at 0, which has the thread
+    busy-poll a core per agent, idle or not; the config class it builds is swapped, for this constructor only,
+    for one that takes ``progress_delay_us`` instead.
     """
     from nixl import _api
 
@@ -67,7 +64,7 @@ def _start_agent(name: str):
     class PatientConfig(native_config):
         def __setattr__(self, key, value):
             if key == "pthrDelay":
-                value = max(value, PROGRESS_THREAD_DELAY_US)
+                value = progress_delay_us
             super().__setattr__(key, value)
 
     with _construct_lock:
@@ -124,7 +121,7 @@ class NixlKVTransferAgent:
         self.device_id = kv_cache.device.index or 0
         self._lock = threading.RLock()
         try:
-            self._agent = _start_agent(name)
+            self._agent = _start_agent(name, config.progress_delay_us)
         except Exception as e:
             raise KVTransferUnavailable(f"nixl agent {name!r} could not start its {BACKEND} backend: {e}") from e
         nbytes = kv_cache.numel() * kv_cache.element_size()

@@ -22,6 +22,19 @@ def test_bench_writes_reads_per_block_count_and_pattern_with_a_plot(tmp_path):
     assert all(r["gb_per_s"] > 0 and r["bytes"] == r["blocks"] * run["bytes_per_block"] for r in run["reads"])
     assert run["per_request_overhead_s"] == run["reads"][0]["wall_median_s"]
     assert out.with_suffix(".png").stat().st_size > 0
+    assert run["progress_delay_us"] == 1000 and run["holder_cpu_s_per_read"] >= 0  # 10 ms ticks: 0 for 4 reads
+
+
+@pytest.mark.skipif(nixl_missing() is not None, reason=str(nixl_missing()))
+def test_progress_delays_are_compared_interleaved_with_the_holders_cpu(tmp_path):
+    out = tmp_path / "kv_transfer.json"
+    assert main(["bench", "kv-transfer", "--blocks", "1", "2", "--repeat", "2", "--layouts", FLASH_LAYOUT,
+                 "--progress-delay-us", "1000", "0", "--rounds", "2", "--out", str(out)]) == 0
+    runs = json.loads(out.read_text())["layouts"]
+    assert [(r["round"], r["progress_delay_us"]) for r in runs] == [(0, 1000), (0, 0), (1, 1000), (1, 0)]
+    sleeping, spinning = (max(r["holder_idle_cpu_s_per_s"] for r in runs if r["progress_delay_us"] == d)
+                          for d in (1000, 0))
+    assert sleeping < 0.25 < spinning, (sleeping, spinning)  # delay 0: the holder's progress thread spins idle
 
 
 def test_an_unknown_layout_is_refused_naming_the_known_ones(capsys):

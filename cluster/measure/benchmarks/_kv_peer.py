@@ -25,6 +25,8 @@ class HolderSpec:
     """The holder agent's name."""
     transport: str = "nixl"
     """KVTransferConfig.transport."""
+    progress_delay_us: int = 1000
+    """KVTransferConfig.progress_delay_us (nixl's progress thread)."""
     model: str | None = None
     """A model directory: the cache is a real engine's (stories260K), filled by generating for ``prompt``."""
     prompt: tuple[int, ...] = ()
@@ -101,7 +103,8 @@ def _hold(conn, spec: HolderSpec) -> None:
 
     cache, layout, ready, _engine = _holder_cache(spec)
     try:
-        agent = make_kv_transfer_agent(KVTransferConfig(transport=spec.transport), spec.name, cache, layout)
+        agent = make_kv_transfer_agent(
+            KVTransferConfig(transport=spec.transport, progress_delay_us=spec.progress_delay_us), spec.name, cache, layout)
     except KVTransferError as e:
         conn.send(str(e))
         return

@@ -2,6 +2,7 @@
 
     kvmesh bench kv-transfer [--out results/kv_transfer.json] [--blocks 1 16 256] [--repeat 20]
                              [--layouts L,2,blocks,B,H,D L,2,H,blocks,B,D]
+                             [--progress-delay-us 1000 0 --rounds 3]   interleaved A/B of nixl's progress thread
     kvmesh bench kv-transfer --http [...]   per-request overhead of an HTTP pull (kv_transfer_http.py)
 
 A holder process registers a synthetic cache (by default a Llama-3.2-1B-sized rank: 16 layers,
@@ -12,7 +13,9 @@ per-request overhead is the median of a one-block read, and the reader's CPU per
 (one contiguous run: region of a block) is taken from the largest read. Copying as
 many bytes in one run inside one process (``memcpy``) is the baseline: what this machine's memory allows. The last read of each N is checked byte for byte. Both the torch
 backend's head-major layout (one run per layer, K/V and head: more, smaller descriptors) and the
-flash/triton layout (one run per layer and K/V) are measured. Writes JSON and a PNG beside it.
+flash/triton layout (one run per layer and K/V) are measured. The holder's CPU is read too: per
+second idle (before the reads) and over the reads, for each progress-thread delay given (rounds
+interleave them). Writes JSON and a PNG beside it.
 """
 
 from __future__ import annotations
@@ -73,27 +76,41 @@ def _memcpy_seconds(cache, holder_cache, nbytes: int, repeat: int) -> float:
     return min(times)
 
 
-def bench_layout(kv_layout: str, block_counts: list[int], repeat: int) -> dict:
+def _cpu_s(process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def bench_layout(kv_layout: str, block_counts: list[int], repeat: int, progress_delay_us: int = 1000) -> dict:
+    import psutil
     import torch
     from kvmesh.cluster.measure.benchmarks._kv_peer import HolderSpec, receive_holder, start_holder
     from kvmesh.replica.kv_transfer.agent import KVTransferConfig, decode_handshake, make_kv_transfer_agent
     from kvmesh.replica.kv_transfer.layout import block_layout
 
-    spec = HolderSpec("bench-holder", kv_layout=kv_layout, num_kv_blocks=max(block_counts) + 1)
+    spec = HolderSpec("bench-holder", kv_layout=kv_layout, num_kv_blocks=max(block_counts) + 1,
+                      progress_delay_us=progress_delay_us)
     conn, process = start_holder(spec)
     try:
         ready = receive_holder(conn)
         handshake, holder_cache = ready.handshake, ready.cache
         cache = torch.zeros(spec.synthetic_shape(), dtype=getattr(torch, spec.dtype))
         layout = block_layout(cache, kv_layout, spec.block_size, spec.num_kv_heads, spec.head_dim)
-        agent = make_kv_transfer_agent(KVTransferConfig(), "bench-reader", cache, layout)
+        agent = make_kv_transfer_agent(KVTransferConfig(progress_delay_us=progress_delay_us), "bench-reader",
+                                       cache, layout)
+        holder = psutil.Process(process.pid)
+        idle0, w0 = _cpu_s(holder), time.perf_counter()
+        time.sleep(1.0)
+        holder_idle = (_cpu_s(holder) - idle0) / (time.perf_counter() - w0)
         w0 = time.perf_counter()
         peer = agent.add_peer(decode_handshake(handshake))
         handshake_s = time.perf_counter() - w0
         rng, rows = random.Random(0), []
         _read_times(agent, peer, layout, 1, 3, rng, cache, holder_cache)  # warm the connection
+        holder0, reads = _cpu_s(holder), 0
         for blocks, contiguous in ((b, c) for c in (False, True) for b in block_counts):
             times = _read_times(agent, peer, layout, blocks, repeat, rng, cache, holder_cache, contiguous)
+            reads += repeat
             wall, cpu = [t[0] for t in times], [t[1] for t in times]
             nbytes = blocks * layout.bytes_per_block
             memcpy_s = _memcpy_seconds(cache, holder_cache, nbytes, repeat)
@@ -102,17 +119,21 @@ def bench_layout(kv_layout: str, block_counts: list[int], repeat: int) -> dict:
                          "wall_best_s": min(wall), "cpu_median_s": statistics.median(cpu),
                          "gb_per_s": nbytes / statistics.median(wall) / 1e9,
                          "descriptors": blocks * layout.num_regions})
-            print(f"{kv_layout} {blocks:>4} {'contiguous' if contiguous else 'scattered '} blocks: "
+            print(f"delay {progress_delay_us:>5} us {kv_layout} {blocks:>4} {'contiguous' if contiguous else 'scattered '} blocks: "
                   f"{rows[-1]['wall_median_s'] * 1e3:8.3f} ms median ({rows[-1]['gb_per_s']:.2f} GB/s; "
                   f"memcpy best {rows[-1]['memcpy_best_gb_per_s']:.2f} GB/s), "
                   f"cpu {rows[-1]['cpu_median_s'] * 1e3:.3f} ms", flush=True)
+        holder_read_cpu = (_cpu_s(holder) - holder0) / reads
+        print(f"delay {progress_delay_us:>5} us {kv_layout}: holder CPU {holder_idle:.3f} s/s idle, "
+              f"{holder_read_cpu * 1e3:.3f} ms per read", flush=True)
         agent.close()
     finally:
         if process.is_alive():
             conn.send("exit")
         process.join(timeout=60)
     largest = max((r for r in rows if not r["contiguous"]), key=lambda r: r["blocks"])
-    return {"kv_layout": kv_layout, "bytes_per_block": layout.bytes_per_block, "regions_per_block": layout.num_regions,
+    return {"kv_layout": kv_layout, "progress_delay_us": progress_delay_us, "holder_idle_cpu_s_per_s": holder_idle,
+            "holder_cpu_s_per_read": holder_read_cpu, "bytes_per_block": layout.bytes_per_block, "regions_per_block": layout.num_regions,
             "dtype": spec.dtype, "handshake_s": handshake_s, "reads": rows,
             "per_request_overhead_s": rows[0]["wall_median_s"] if rows[0]["blocks"] == 1 else None,  # scattered 1
             "cpu_us_per_descriptor": largest["cpu_median_s"] / largest["descriptors"] * 1e6}
@@ -125,10 +146,12 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for run in results["layouts"]:
+    delays = {run["progress_delay_us"] for run in results["layouts"]}
+    for run in (r for r in results["layouts"] if r["round"] == 0):
         for contiguous in (False, True):
             reads = [r for r in run["reads"] if r["contiguous"] == contiguous]
             label = f"{run['kv_layout']} {'contiguous' if contiguous else 'scattered'}"
+            label += f" (progress delay {run['progress_delay_us']} us)" if len(delays) > 1 else ""
             blocks = [r["blocks"] for r in reads]
             left.plot(blocks, [r["wall_median_s"] * 1e3 for r in reads], marker="o", label=label)
             right.plot(blocks, [r["gb_per_s"] for r in reads], marker="o", label=label)
@@ -156,9 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=20, help="reads per block count")
     parser.add_argument("--layouts", nargs="+", default=[FLASH_LAYOUT, TORCH_LAYOUT],
                         help="cache layouts to measure (flash/triton's and torch's)")
+    parser.add_argument("--progress-delay-us", type=int, nargs="+", default=[1000],
+                        help="nixl progress-thread delays to compare (KVTransferConfig.progress_delay_us)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds, each running every delay in turn")
     args = parser.parse_args(argv)
     if args.repeat <= 0 or min(args.blocks) <= 0 or len(set(args.blocks)) < 2:
         parser.error("--repeat and --blocks must be positive, with at least two different block counts")
+    if args.rounds <= 0 or min(args.progress_delay_us) < 0:
+        parser.error("--rounds must be positive and --progress-delay-us 0 or more")
     bad = [layout for layout in args.layouts if layout not in (FLASH_LAYOUT, TORCH_LAYOUT)]
     if bad:
         parser.error(f"unknown layouts {bad}; choose from {FLASH_LAYOUT} {TORCH_LAYOUT}")
@@ -170,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     from kvmesh.replica.kv_transfer.errors import KVTransferError
 
     try:
-        runs = [bench_layout(layout, sorted(args.blocks), args.repeat) for layout in args.layouts]
+        runs = [dict(bench_layout(layout, sorted(args.blocks), args.repeat, delay), round=r)
+                for r in range(args.rounds) for delay in args.progress_delay_us for layout in args.layouts]
     except KVTransferError as e:
         print(f"kvmesh bench kv-transfer: {e}", file=sys.stderr)
         return 2
