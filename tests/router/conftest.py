@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -54,6 +55,17 @@ class FakeProc:
         httpx.post(self.info["url"] + "/fake/config", json=kw, timeout=5).raise_for_status()
 
 
+@contextlib.contextmanager
+def launched_fakes(*names: str):
+    """Fake replica processes named ``names``, ready; killed on leaving."""
+    procs = [FakeProc(name).launch() for name in names]
+    try:
+        yield [p.wait_ready() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+
+
 @pytest.fixture(scope="session")
 def tokenizer(stories_path):
     from kvmesh.replica.serving.tokenizer import load_tokenizer
@@ -65,12 +77,8 @@ def tokenizer(stories_path):
 
 @pytest.fixture(scope="session")
 def _fake_pair():
-    procs = [FakeProc(name).launch() for name in ("a", "b")]
-    try:
-        yield [p.wait_ready() for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+    with launched_fakes("a", "b") as procs:
+        yield procs
 
 
 @pytest.fixture
@@ -88,7 +96,8 @@ def start_router(tokenizer):
     started = []
 
     def start(specs, **kw) -> RouterServer:
-        cfg = RouterConfig(port=0, block_size=BLOCK_SIZE, poll_interval_s=0.1, connect_timeout_s=1.0, **kw)
+        cfg = RouterConfig(**{"port": 0, "block_size": BLOCK_SIZE, "poll_interval_s": 0.1, "connect_timeout_s": 1.0,
+                              **kw})
         server = RouterServer(cfg, specs, tokenizer=tokenizer).start()
         started.append(server)
         return server

@@ -12,11 +12,9 @@ import threading
 
 import httpx
 import pytest
-from kvmesh.router.config import RouterConfig
-from kvmesh.router.control.router_server import RouterServer
 from kvmesh.router.routing.receipts import HEADER_PREFILL, HEADER_PULLED_FROM, HEADER_PULLED_TOKENS
 
-from .conftest import BLOCK_SIZE, FakeProc, fake_stats, wait_for
+from .conftest import BLOCK_SIZE, FakeProc, fake_stats, launched_fakes, wait_for
 from .test_router_http import prompt
 
 MOVABLE = 60
@@ -26,12 +24,8 @@ TRANSFER = {"enabled": True, "pull_bytes_per_s": 1e9, "bytes_per_token": 64}
 
 @pytest.fixture(scope="module")
 def _trio():
-    procs = [FakeProc(name).launch() for name in ("p", "d", "e")]
-    try:
-        yield [p.wait_ready() for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+    with launched_fakes("p", "d", "e") as procs:
+        yield procs
 
 
 @pytest.fixture
@@ -46,20 +40,15 @@ def trio(_trio):
 
 
 @pytest.fixture
-def start_router(tokenizer):
-    started = []
+def start_router(start_router):
+    """The shared one, splitting from 32 uncached tokens, returning once every replica is healthy."""
 
-    def start(specs, **kw) -> RouterServer:
-        cfg = RouterConfig(**{"port": 0, "block_size": BLOCK_SIZE, "poll_interval_s": 0.1, "connect_timeout_s": 1.0,
-                              "pd_min_uncached_tokens": 32, **kw})
-        server = RouterServer(cfg, specs, tokenizer=tokenizer).start()
-        started.append(server)
+    def start(specs, **kw):
+        server = start_router(specs, **{"pd_min_uncached_tokens": 32, **kw})
         wait_for(lambda: set(server.runtime.router.healthy) == {s.replica_id for s in specs}, what="replicas healthy")
         return server
 
-    yield start
-    for s in started:
-        s.stop()
+    return start
 
 
 def role(fake: FakeProc, name: str):

@@ -13,9 +13,8 @@ import json
 import os
 import random
 import time
-import urllib.error
-import urllib.request
 
+from kvmesh.cluster.measure.benchmarks import _http
 from kvmesh.cluster.measure.benchmarks._flooder import BLOCK_SIZE, VOCAB, prefixes
 
 SUFFIX_TOKENS = 16
@@ -133,11 +132,8 @@ def follow_ups(client: Client, earlier: list[dict], n: int = 6) -> dict:
 
 def get(url: str, path: str) -> tuple[int, str]:
     """GET ``url + path``: its status and body (an HTTP error's too)."""
-    try:
-        with urllib.request.urlopen(url + path, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    answer = _http.get(url + path, timeout=10)
+    return answer.status, answer.text
 
 
 def latency_buckets(points: list[tuple[float, float]], width_s: float = 0.25) -> list[tuple]:

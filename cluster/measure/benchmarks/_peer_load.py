@@ -12,8 +12,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from kvmesh.cluster.measure.benchmarks._http import get
 
 WRK_SCRIPT = r"""
 local reqs = {}
@@ -99,9 +100,8 @@ def wait_http(url: str, path: str = "/health", timeout_s: float = 120.0, proc: s
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{' '.join(map(str, proc.args))} exited with code {proc.returncode}")
         try:
-            with urllib.request.urlopen(url + path, timeout=2) as r:
-                if r.status == 200:
-                    return
+            if get(url + path, timeout=2).status == 200:
+                return
         except OSError:
             pass
         time.sleep(0.2)

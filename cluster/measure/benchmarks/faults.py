@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from kvmesh.cluster.measure.benchmarks._http import get
 from kvmesh.cluster.measure.benchmarks.startup import _cmdline, _free_port, _tree
 
 PROMPTS = [f"Once upon a time, {who} went to the {where} and" for who in ("Lily", "Tom", "a little dog", "Ben")
@@ -130,14 +131,13 @@ def body(args, prompt: str) -> dict:
 
 
 def healthy(url: str) -> tuple[float, str]:
-    import urllib.request
-
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
-            page = response.read().decode()
+        answer = get(url + "/metrics", timeout=5)
     except OSError:
         return -1.0, ""
-    return _metric(page, "kvmesh_router_replica_healthy"), page
+    if answer.status != 200:
+        return -1.0, ""
+    return _metric(answer.text, "kvmesh_router_replica_healthy"), answer.text
 
 
 def kill_and_watch(args, proc: subprocess.Popen, url: str, index: int) -> dict:

@@ -27,10 +27,10 @@ import shlex
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
+from kvmesh.cluster.measure.benchmarks._http import call
 from kvmesh.cluster.measure.benchmarks.startup import _free_port
 from kvmesh.cluster.measure.shared_dir import stories_model
 
@@ -42,16 +42,6 @@ def start_fake(name: str, words: bool) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([*FAKE, "--name", name, *(["--answer-max-tokens"] * words)], stdout=subprocess.PIPE,
                             text=True)
     return proc, json.loads(proc.stdout.readline())["url"]
-
-
-def http(method: str, url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 def start_router(args, urls: dict[str, str]) -> tuple[subprocess.Popen, str]:
@@ -66,7 +56,8 @@ def start_router(args, urls: dict[str, str]) -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            status, raw = http("GET", url + "/replicas")
+            answer = call("GET", url + "/replicas", timeout=5.0)
+            status, raw = answer.status, answer.body
             if status == 200 and all(r["healthy"] for r in json.loads(raw)["replicas"]) and json.loads(raw)["replicas"]:
                 return proc, url
         except OSError:
@@ -82,8 +73,8 @@ def complete(url: str, i: int, timeout: float) -> dict:
     """One non-streamed completion: status, latency, which replica answered."""
     t0 = time.monotonic()
     try:
-        status, raw = http("POST", url + "/v1/completions", {"prompt": f"Once upon a time {i}", "max_tokens": 2},
-                           timeout)
+        answer = call("POST", url + "/v1/completions", {"prompt": f"Once upon a time {i}", "max_tokens": 2}, timeout)
+        status, raw = answer.status, answer.body
         text = json.loads(raw)["choices"][0]["text"] if status == 200 else raw[:200].decode(errors="replace")
     except OSError as e:  # the client gave up
         status, text = None, f"{type(e).__name__}: {e}"
@@ -131,7 +122,7 @@ def scenario(args, name: str, faults: dict, run) -> dict:
     router = None
     try:
         router, url = start_router(args, {n: u for n, (_, u) in fakes.items()})
-        http("POST", fakes["sick"][1] + "/fake/config", faults)
+        call("POST", fakes["sick"][1] + "/fake/config", faults, timeout=5.0)
         print(f"{name}: router {url}, sick replica {faults}", flush=True)
         return run(url)
     finally:
