@@ -145,24 +145,29 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    delays = {run["progress_delay_us"] for run in results["layouts"]}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5))
+    delays = sorted({run["progress_delay_us"] for run in results["layouts"]}, reverse=True)
+    series = [(layout, contiguous) for layout in dict.fromkeys(r["kv_layout"] for r in results["layouts"])
+              for contiguous in (False, True)]  # one colour each; one line style per progress delay
     for run in (r for r in results["layouts"] if r["round"] == 0):
         for contiguous in (False, True):
             reads = [r for r in run["reads"] if r["contiguous"] == contiguous]
             label = f"{run['kv_layout']} {'contiguous' if contiguous else 'scattered'}"
-            label += f" (progress delay {run['progress_delay_us']} us)" if len(delays) > 1 else ""
+            label += f", progress delay {run['progress_delay_us']} us" if len(delays) > 1 else ""
+            style = {"marker": "o", "label": label, "color": f"C{series.index((run['kv_layout'], contiguous))}",
+                     "linestyle": ("-", "--", ":")[min(delays.index(run["progress_delay_us"]), 2)]}
             blocks = [r["blocks"] for r in reads]
-            left.plot(blocks, [r["wall_median_s"] * 1e3 for r in reads], marker="o", label=label)
-            right.plot(blocks, [r["gb_per_s"] for r in reads], marker="o", label=label)
+            left.plot(blocks, [r["wall_median_s"] * 1e3 for r in reads], **style)
+            right.plot(blocks, [r["gb_per_s"] for r in reads], **style)
     for axis, label in ((left, "ms per read (median)"), (right, "GB/s")):
         axis.set_xscale("log")
         axis.set_xlabel(f"blocks per read ({results['layouts'][0]['bytes_per_block'] // 1024} KiB each)")
         axis.set_ylabel(label)
-        axis.legend()
     left.set_yscale("log")
+    handles, labels = left.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize="small")
+    fig.subplots_adjust(bottom=0.1 + 0.045 * ((len(labels) + 1) // 2), top=0.9, wspace=0.25)
     fig.suptitle(f"KV block reads between two processes ({results['transport']})")
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
