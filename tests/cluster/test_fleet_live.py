@@ -8,41 +8,20 @@ Every load is bounded (threads with a deadline) and every request must succeed.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import httpx
 import pytest
-from kvmesh.cluster.config.loader import from_dict
-from kvmesh.cluster.launch.launcher import ServeCluster
 
 from .fleet_load import Load
+from .live_cluster import start_cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def _start(ray_session, stories_path, tmp_path_factory, name: str, **sections) -> ServeCluster:
-    replicas = {"num_replicas": 1, "max_restarts": 0, "http_port": 0, "event_port": 0,
-                **sections.pop("replicas", {})}
-    config = from_dict({
-        "engine": {"model": str(stories_path), "kv_cache_memory": "16MiB", "max_num_batched_tokens": 512},
-        "replicas": replicas, "router": {"port": 0},
-        "ray": {"namespace": f"kvmesh-{name}-{os.getpid()}", "ready_timeout_s": 240}, **sections})
-    messages: list[str] = []
-    serve = ServeCluster(config, report=messages.append, supervise_interval_s=0.5,
-                         admin_keys_dir=str(tmp_path_factory.mktemp("clusters")))
-    serve.messages = messages
-    try:
-        serve.start()
-    except Exception as e:
-        serve.stop()
-        pytest.fail(f"cluster did not start: {type(e).__name__}: {e}\n" + "\n".join(serve.messages))
-    return serve
-
-
 @pytest.fixture(scope="module")
 def cluster(ray_session, stories_path, tmp_path_factory):
-    serve = _start(ray_session, stories_path, tmp_path_factory, "fleet")
+    serve = start_cluster(stories_path, tmp_path_factory, "fleet")
     yield serve
     serve.stop()
 
@@ -187,7 +166,7 @@ def autoscaled(ray_session, stories_path, tmp_path_factory, cluster):
     record = cluster.admin_key_file
     cluster.stop()  # one cluster at a time on this machine
     assert not record.exists(), "a stopped cluster's admin key record stays behind"
-    serve = _start(ray_session, stories_path, tmp_path_factory, "autoscale", autoscale={
+    serve = start_cluster(stories_path, tmp_path_factory, "autoscale", autoscale={
         "scale_with_load": True, "min_replicas": 1, "max_replicas": 3, "target_in_flight": 2,
         "upscale_delay_s": 1, "downscale_delay_s": 3, "decision_interval_s": 0.25})
     yield serve

@@ -9,15 +9,14 @@ side (roles, the split, peer-pull pricing) of issue 32, and nixl (the replicas' 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
 
 import httpx
 import pytest
-from kvmesh.cluster.config.loader import from_dict
-from kvmesh.cluster.launch.launcher import ServeCluster
+
+from .live_cluster import start_cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -68,27 +67,9 @@ def reference(stories_path):
     return generate
 
 
-def _start(stories_path, tmp_path_factory, name: str, replicas: dict, router: dict | None = None) -> ServeCluster:
-    config = from_dict({
-        "engine": {"model": str(stories_path), "kv_cache_memory": "16MiB", "max_num_batched_tokens": 512},
-        "replicas": {"max_restarts": 0, "http_port": 0, "event_port": 0, **replicas},
-        "router": {"port": 0, **(router or {})},
-        "ray": {"namespace": f"kvmesh-{name}-{os.getpid()}", "ready_timeout_s": 240}})
-    messages: list[str] = []
-    serve = ServeCluster(config, report=messages.append, supervise_interval_s=0.5,
-                         admin_keys_dir=str(tmp_path_factory.mktemp("clusters")))
-    serve.messages = messages
-    try:
-        serve.start()
-    except Exception as e:
-        serve.stop()
-        pytest.fail(f"cluster did not start: {type(e).__name__}: {e}\n" + "\n".join(messages))
-    return serve
-
-
 @pytest.fixture(scope="module")
 def pd(ray_session, stories_path, tmp_path_factory, nixl):
-    serve = _start(stories_path, tmp_path_factory, "pd", {"num_replicas": 1, "num_prefill_replicas": 1})
+    serve = start_cluster(stories_path, tmp_path_factory, "pd", replicas={"num_replicas": 1, "num_prefill_replicas": 1})
     yield serve
     serve.stop()
 
@@ -246,8 +227,8 @@ def peers(ray_session, stories_path, tmp_path_factory, nixl, pd):
     # stories260K computes a 320-token prefix in milliseconds, less than a pull's default fixed overhead (10 ms,
     # sized for real models): priced as on a real model, the pull pays; and 16 running requests on the holder
     # outweigh its 320 cached tokens (decode_weight 64; the default 8 would need 40 of them on this 2-core box)
-    serve = _start(stories_path, tmp_path_factory, "peers", {"num_replicas": 2, "kv_transfer": "on"},
-                   router={"peer_pull_overhead_s": 0.0, "policy_kwargs": {"decode_weight": 64}})
+    serve = start_cluster(stories_path, tmp_path_factory, "peers", replicas={"num_replicas": 2, "kv_transfer": "on"},
+                          router={"peer_pull_overhead_s": 0.0, "policy_kwargs": {"decode_weight": 64}})
     yield serve
     serve.stop()
 
