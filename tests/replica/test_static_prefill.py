@@ -55,15 +55,16 @@ def one_by_one(eng: LLMEngine, prompts: list[list[int]], params: dict) -> list[l
 
 
 def cached_prefix_prompts(block_size: int, seed: int = 0) -> tuple[list[list[int]], list[tuple[int, int]]]:
-    """For each (prefix blocks, suffix length): a prompt that fills the cache with the prefix, then one with
-    the prefix and the suffix (its step computes exactly the suffix)."""
+    """For each prefix length in blocks: a prompt that fills the cache with the prefix (one step of
+    ``blocks * block_size + 1`` tokens), then the prefix with each suffix (its step computes exactly the suffix).
+    Returns the prompts and their (prefix blocks, suffix length) cases, fillers excluded."""
     rng = random.Random(seed)
     prompts, cases = [], []
     for blocks in PREFIX_BLOCKS:
+        prefix = [rng.randrange(3, 500) for _ in range(blocks * block_size)]
+        if blocks:
+            prompts.append(prefix + [rng.randrange(3, 500)])
         for suffix in SUFFIXES:
-            prefix = [rng.randrange(3, 500) for _ in range(blocks * block_size)]
-            if blocks:
-                prompts.append(prefix + [rng.randrange(3, 500)])
             prompts.append(prefix + [rng.randrange(3, 500) for _ in range(suffix)])
             cases.append((blocks, suffix))
     return prompts, cases
@@ -82,7 +83,8 @@ def test_short_prefills_on_the_triton_backend_give_the_eager_and_torch_backends_
     # each prompt's first step: 1 token -> the decode graph of 1 row; 2..64 tokens -> the next prefill size; more
     # (the 65-token suffix, the 9-block cache fillers) -> eager
     size = {q: next((p for p in PREFILL_SIZES if p >= q), None) for q in range(2, 200)}
-    steps = [q for blocks, suffix in cases for q in ([blocks * 16 + 1] if blocks else []) + [suffix]]
+    fillers = {blocks: [blocks * 16 + 1] if blocks else [] for blocks in PREFIX_BLOCKS}
+    steps = [q for blocks in PREFIX_BLOCKS for q in fillers[blocks] + [s for b, s in cases if b == blocks]]
     assert prefills == [size[q] for q in steps if q > 1 and size[q]]
     assert set(prefills) == set(PREFILL_SIZES)
     assert len(decodes) == 2 * len(prompts) + steps.count(1)  # two decode steps a prompt, and the 1-token steps
