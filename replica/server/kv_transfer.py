@@ -64,7 +64,7 @@ class KVTransferService:
         self._handshake = encode_handshake(agent.handshake())
         self._peers: dict[str, str] = {}  # remote_url -> the peer's agent name (handshake done)
         self._session: aiohttp.ClientSession | None = None
-        self._handshaking: asyncio.Lock | None = None  # one handshake at a time (made on the server's loop)
+        self._handshaking: asyncio.Lock | None = None  # one handshake at a time
 
     # ------------------------------------------------------------ holder side
     def handshake_bytes(self) -> bytes:
@@ -104,7 +104,7 @@ class KVTransferService:
             peer = await self._peer(url, headers)
             tokens = await self.engine.pull_prefix(self.agent, peer, prompt, block_ids, cache_salt, media)
         except Exception as e:  # noqa: BLE001 - any failure: the prompt is computed here
-            self._forget(url)
+            await self._forget(url)
             logger.warning("KV pull from %s failed (%s: %s); computing the prompt", url, type(e).__name__, e)
             result = PullResult("failed")
         else:
@@ -125,13 +125,15 @@ class KVTransferService:
         async with self._handshaking:  # two first requests to one peer shake hands once
             if url not in self._peers:
                 raw = await self._call("GET", f"{url}/kv/handshake", headers, None, raw=True)
-                self._peers[url] = self.agent.add_peer(decode_handshake(raw))  # KVLayoutMismatch names the fields
+                # off the server's loop: nixl prepares the peer's descriptors (tens of ms), a TP agent waits on
+                # every rank over Ray (up to timeout_s); KVLayoutMismatch names the fields
+                self._peers[url] = await asyncio.to_thread(self.agent.add_peer, decode_handshake(raw))
         return self._peers[url]
 
-    def _forget(self, url: str) -> None:
+    async def _forget(self, url: str) -> None:
         peer = self._peers.pop(url, None)
         if peer is not None:
-            self.agent.remove_peer(peer)
+            await asyncio.to_thread(self.agent.remove_peer, peer)
 
     async def _release(self, url: str, headers: dict[str, str], lease_id: str) -> None:
         try:

@@ -127,6 +127,43 @@ def test_a_peer_with_another_layout_is_refused_and_the_prompt_computed(pair, sto
         assert metric(ca, "kvmesh_kv_transfer_leases_active") == 0  # released after the failure too
 
 
+def test_a_slow_handshake_does_not_stall_the_pullers_other_requests(pair, stories_path):
+    """A first pull's handshake (nixl preparing the peer's descriptors; a TP replica asking every rank over Ray)
+    runs off the server's loop: the replica keeps answering meanwhile."""
+    import threading
+    import time
+
+    a, _ = pair
+    with kv_replica(stories_path) as c, client(a) as ca, client(c) as cc:
+        agent = c.state.kv_transfer.agent
+        add_peer, entered = agent.add_peer, threading.Event()
+
+        def slow_add_peer(handshake):
+            entered.set()
+            time.sleep(1.5)
+            return add_peer(handshake)
+
+        agent.add_peer = slow_add_peer
+        prompt = fresh_prompt(11)
+        complete(ca, prompt)
+        pulled = {}
+
+        def pull():
+            with client(c) as cp:
+                pulled["r"] = complete(cp, prompt, kv_transfer_params={"do_remote_prefill": True,
+                                                                       "remote_url": a.http.url})
+
+        puller = threading.Thread(target=pull)
+        puller.start()
+        assert entered.wait(30), "the pull never reached its handshake"
+        t0 = time.monotonic()
+        assert cc.get("/health").status_code == 200
+        answered_s = time.monotonic() - t0
+        puller.join(60)
+        assert answered_s < 1.0, f"/health waited {answered_s:.2f} s behind a handshake"
+        assert pulled["r"].headers["x-kvmesh-kv-pull"] == "ok"
+
+
 def test_kv_routes_need_the_api_key(pair):
     a, _ = pair
     with client(a, api_key=None) as anonymous:
