@@ -34,11 +34,13 @@ graphs into the same pool, so ``measure_capture`` counts them with the rest.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 from kvmesh.replica.sample.fixed_sampler import LOGPROBS, RANDOM, TOP_K_TOP_P, sample_and_pack
 from kvmesh.replica.sample.sampler import argmax
+from kvmesh.replica.worker.graph_record import record_graph
 from kvmesh.replica.worker.prefill_graph import StaticPrefill, supports_static_prefill
 from kvmesh.replica.worker.static_inputs import StaticInputs
 from torch import nn
@@ -153,11 +155,7 @@ class StaticDecode:
         pool = None  # the inputs hold padding or a finished step's rows: finite values either way
         for b in reversed(self.sizes):
             for sampling in VARIANTS:
-                self._forward(b, sampling)  # warm-up: lazy inits and allocator growth happen outside the capture
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    outputs = self._forward(b, sampling)
+                graph, outputs = record_graph(partial(self._forward, b, sampling), self.device, pool)
                 pool = graph.pool()
                 self.graphs[b, sampling] = (graph, outputs)
         if self.prefill is not None:

@@ -21,11 +21,14 @@ the decode graphs' memory pool, counted with them before the KV cache is sized (
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 from kvmesh.replica.sample.fixed_sampler import sample_and_pack
 from kvmesh.replica.sample.sampler import argmax
 from kvmesh.replica.worker.cpu_gpu_buffer import CopyFence, CpuGpuBuffer
+from kvmesh.replica.worker.graph_record import record_graph
 from torch import nn
 
 PREFILL_SIZES = (16, 32, 64)
@@ -146,11 +149,7 @@ class StaticPrefill:
         for p in reversed(self.sizes):
             self.inputs.stage(p, empty, empty, empty, 0, empty)  # all padding: finite inputs for every size
             for sampling in variants:
-                self._forward(p, sampling)  # warm-up outside the capture: lazy inits, kernel compiles
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    outputs = self._forward(p, sampling)
+                graph, outputs = record_graph(partial(self._forward, p, sampling), self.device, pool)
                 pool = graph.pool()
                 self.graphs[p, sampling] = (graph, outputs)
         return pool
