@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
+import httpx
 import pytest
 from kvmesh.cluster.config.loader import from_dict
 from kvmesh.cluster.launch.launcher import ServeCluster
@@ -29,3 +32,24 @@ def start_cluster(stories_path, tmp_path_factory, name: str, *, replicas: dict |
         serve.stop()
         pytest.fail(f"cluster did not start: {type(e).__name__}: {e}\n" + "\n".join(messages))
     return serve
+
+
+def admin_headers(cluster: ServeCluster) -> dict:
+    """The cluster's admin key (from the key file serve wrote) as an Authorization header."""
+    return {"Authorization": f"Bearer {json.loads(cluster.admin_key_file.read_text())['admin_key']}"}
+
+
+def fleet_idle(state: dict) -> bool:
+    """``/admin/fleet`` reports no operation running or queued."""
+    return state["busy"] is None and state["queued"] == 0
+
+
+def wait_fleet(cluster: ServeCluster, predicate, timeout_s: float, what: str) -> dict:
+    """Poll ``/admin/fleet`` until ``predicate(state)``; fails naming ``what`` with serve's last messages."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = httpx.get(cluster.url + "/admin/fleet", headers=admin_headers(cluster), timeout=10).json()
+        if predicate(state):
+            return state
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}: {state}\n" + "\n".join(cluster.messages[-20:]))

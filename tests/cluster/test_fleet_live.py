@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from .fleet_load import Load
-from .live_cluster import start_cluster
+from .live_cluster import admin_headers, fleet_idle, start_cluster, wait_fleet
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -24,20 +24,6 @@ def cluster(ray_session, stories_path, tmp_path_factory):
     serve = start_cluster(stories_path, tmp_path_factory, "fleet")
     yield serve
     serve.stop()
-
-
-def _admin(cluster) -> dict:
-    return {"Authorization": f"Bearer {json.loads(cluster.admin_key_file.read_text())['admin_key']}"}
-
-
-def _wait_fleet(cluster, predicate, timeout_s: float, what: str) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = httpx.get(cluster.url + "/admin/fleet", headers=_admin(cluster), timeout=10).json()
-        if predicate(state):
-            return state
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}: {state}\n" + "\n".join(cluster.messages[-20:]))
 
 
 def _run_past(load: Load, t: float, timeout_s: float = 60.0) -> None:
@@ -62,10 +48,6 @@ def _warm(load: Load, timeout_s: float = 120.0) -> float:
         time.sleep(0.1)
 
 
-def _idle(state: dict) -> bool:
-    return state["busy"] is None and state["queued"] == 0
-
-
 def test_admin_key_file_is_private(cluster):
     assert cluster.admin_key_file.stat().st_mode & 0o777 == 0o600
     assert json.loads(cluster.admin_key_file.read_text())["url"] == cluster.url
@@ -81,19 +63,19 @@ def test_kvmesh_drain_of_the_last_replica_is_refused_and_it_keeps_serving(cluste
     assert main(["drain", only, "--url", cluster.url]) == 1
     err = capsys.readouterr().err
     assert "router answered 409" in err and "last replica" in err and "kvmesh scale 2" in err, err
-    state = httpx.get(cluster.url + "/admin/fleet", headers=_admin(cluster), timeout=10).json()
-    assert state["replicas"] == [only] and state["target"] == 1 and _idle(state)
+    state = httpx.get(cluster.url + "/admin/fleet", headers=admin_headers(cluster), timeout=10).json()
+    assert state["replicas"] == [only] and state["target"] == 1 and fleet_idle(state)
     assert httpx.get(cluster.url + "/health", timeout=10).json()["healthy_replicas"] == [only]  # not draining
 
 
 def test_scale_to_two_through_the_admin_api(cluster):
-    r = httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, headers=_admin(cluster), timeout=10)
+    r = httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, headers=admin_headers(cluster), timeout=10)
     assert r.status_code == 200 and r.json()["accepted"], r.text
-    state = _wait_fleet(cluster, lambda s: _idle(s) and len(s["replicas"]) == 2, 180, "2 replicas")
+    state = wait_fleet(cluster, lambda s: fleet_idle(s) and len(s["replicas"]) == 2, 180, "2 replicas")
     assert state["operations"][-1]["outcome"] == "ok"
     health = httpx.get(cluster.url + "/health", timeout=10).json()
     assert sorted(health["healthy_replicas"]) == sorted(state["replicas"])
-    too_many = httpx.post(cluster.url + "/admin/scale", json={"replicas": 9}, headers=_admin(cluster), timeout=10)
+    too_many = httpx.post(cluster.url + "/admin/scale", json={"replicas": 9}, headers=admin_headers(cluster), timeout=10)
     assert too_many.status_code == 400 and "cannot scale to 9" in too_many.json()["error"]["message"]
     # the session's Ray has RAY_NUM_CPUS = 8 logical CPUs and a replica takes 1 (capacity.py's count)
     assert "allowed 1..8 (what the Ray cluster's nodes hold" in too_many.json()["error"]["message"]
@@ -108,10 +90,10 @@ def test_drain_lets_streams_in_flight_finish_then_removes_the_replica(cluster):
             rows = httpx.get(cluster.url + "/replicas", timeout=10).json()["replicas"]
             busy = next((r["id"] for r in rows if r["in_flight"] > 0), None)
         assert busy, "no request in flight"
-        r = httpx.post(f"{cluster.url}/replicas/{busy}/drain", headers=_admin(cluster), timeout=10)
+        r = httpx.post(f"{cluster.url}/replicas/{busy}/drain", headers=admin_headers(cluster), timeout=10)
         assert r.status_code == 200 and r.json()["in_flight"] > 0 and r.json()["will_be_removed"], r.text
         assert r.json()["target"] == 1, r.text  # a drain lowers the target for good, and says so
-        _wait_fleet(cluster, lambda s: _idle(s) and busy not in s["replicas"], 120, f"{busy} removed")
+        wait_fleet(cluster, lambda s: fleet_idle(s) and busy not in s["replicas"], 120, f"{busy} removed")
     finally:
         outcomes = load.stop()
     assert outcomes and not load.failures, load.failures[:3]
@@ -121,23 +103,23 @@ def test_drain_lets_streams_in_flight_finish_then_removes_the_replica(cluster):
 
 
 def test_rolling_restart_under_constant_load_fails_nothing_and_the_hit_rate_recovers(cluster):
-    httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, headers=_admin(cluster), timeout=10)
-    _wait_fleet(cluster, lambda s: _idle(s) and len(s["replicas"]) == 2, 180, "2 replicas")
+    httpx.post(cluster.url + "/admin/scale", json={"replicas": 2}, headers=admin_headers(cluster), timeout=10)
+    wait_fleet(cluster, lambda s: fleet_idle(s) and len(s["replicas"]) == 2, 180, "2 replicas")
     before = {h.actor._actor_id.hex() for h in cluster.state.replicas}
     names_before = {h.replica_id for h in cluster.state.replicas}
     load = Load(cluster.url, cluster.state.served_model_name, clients=3, max_tokens=16).start()
     try:
         _run_past(load, _warm(load) + 5)  # the 5 s the hit rate before is measured on: all warm
         bad = httpx.post(cluster.url + "/admin/rollout", json={"engine": {"max_num_seq": 32}},
-                         headers=_admin(cluster), timeout=10)
+                         headers=admin_headers(cluster), timeout=10)
         assert bad.status_code == 400 and "max_num_seq" in bad.json()["error"]["message"], bad.text
         t_start = time.monotonic()
         r = httpx.post(cluster.url + "/admin/rollout", json={"engine": {"max_num_seqs": 32}},
-                       headers=_admin(cluster), timeout=10)
+                       headers=admin_headers(cluster), timeout=10)
         assert r.status_code == 200 and r.json()["engine_changes"] == ["max_num_seqs"], r.text
-        again = httpx.post(cluster.url + "/admin/rollout", json={}, headers=_admin(cluster), timeout=10)
+        again = httpx.post(cluster.url + "/admin/rollout", json={}, headers=admin_headers(cluster), timeout=10)
         assert again.status_code == 409 and "already running" in again.json()["error"]["message"], again.text
-        state = _wait_fleet(cluster, lambda s: _idle(s) and s["operations"][-1]["operation"] == "rollout", 300,
+        state = wait_fleet(cluster, lambda s: fleet_idle(s) and s["operations"][-1]["operation"] == "rollout", 300,
                             "the rollout")
         t_end = time.monotonic()
         _run_past(load, t_end + 10)  # the window the hit rate after is measured on (t_end + 2 .. t_end + 10)
@@ -178,13 +160,13 @@ def test_autoscaler_follows_load_up_to_three_and_back_to_one(autoscaled, monkeyp
     t0 = time.monotonic()
     load = Load(cluster.url, cluster.state.served_model_name, clients=8, max_tokens=48).start()
     try:
-        _wait_fleet(cluster, lambda s: len(s["replicas"]) == 3 and _idle(s), 240, "3 replicas")
+        wait_fleet(cluster, lambda s: len(s["replicas"]) == 3 and fleet_idle(s), 240, "3 replicas")
     finally:
         load.stop()
     t_up = time.monotonic()
     trickle = Load(cluster.url, cluster.state.served_model_name, clients=1, max_tokens=64).start()
     try:
-        state = _wait_fleet(cluster, lambda s: len(s["replicas"]) == 1 and _idle(s), 240, "back to 1 replica")
+        state = wait_fleet(cluster, lambda s: len(s["replicas"]) == 1 and fleet_idle(s), 240, "back to 1 replica")
     finally:
         trickle.stop()
     with capsys.disabled():

@@ -16,7 +16,7 @@ import uuid
 import httpx
 import pytest
 
-from .live_cluster import start_cluster
+from .live_cluster import fleet_idle, start_cluster, wait_fleet
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -93,20 +93,6 @@ def _status(cluster, monkeypatch, capsys) -> dict[str, dict]:
     return {r["replica_id"]: r for r in json.loads(capsys.readouterr().out)["replicas"]}
 
 
-def _admin(cluster) -> dict:
-    return {"Authorization": f"Bearer {json.loads(cluster.admin_key_file.read_text())['admin_key']}"}
-
-
-def _wait_fleet(cluster, predicate, timeout_s: float, what: str) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = httpx.get(cluster.url + "/admin/fleet", headers=_admin(cluster), timeout=10).json()
-        if state["busy"] is None and state["queued"] == 0 and predicate(state):
-            return state
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}: {state}\n" + "\n".join(cluster.messages[-20:]))
-
-
 def test_status_and_the_router_show_each_replicas_role(pd, monkeypatch, capsys):
     rows = httpx.get(pd.url + "/replicas", timeout=10).json()["replicas"]
     assert {r["id"]: r["role"] for r in rows} == {"replica-0": "decode", "prefill-1": "prefill"}
@@ -151,7 +137,7 @@ def test_scale_the_prefill_role_by_the_cli(pd, monkeypatch, capsys):
     monkeypatch.setenv("KVMESH_CLUSTERS_DIR", str(pd.admin_key_file.parent))
     monkeypatch.delenv("KVMESH_ADMIN_KEY", raising=False)
     assert main(["scale", "--role", "prefill", "2", "--url", pd.url, "--wait", "240"]) == 0
-    state = _wait_fleet(pd, lambda s: len(s["replicas"]) == 3, 10, "3 replicas")
+    state = wait_fleet(pd, lambda s: fleet_idle(s) and len(s["replicas"]) == 3, 10, "3 replicas")
     new = [rid for rid, role in state["roles"].items() if role == "prefill" and rid != "prefill-1"]
     assert new == ["prefill-2"] and state["prefill_target"] == 2, state  # a fresh index, the prefill name
     rows = httpx.get(pd.url + "/replicas", timeout=10).json()["replicas"]
@@ -168,7 +154,7 @@ def test_the_last_decode_replica_is_not_drained_and_a_prefill_replica_is(pd, mon
     assert "409" in err and "last replica that decodes" in err, err
     assert main(["drain", "prefill-2", "--url", pd.url, "--wait", "120"]) == 0
     assert "kvmesh scale --role prefill N" in capsys.readouterr().out
-    state = _wait_fleet(pd, lambda s: "prefill-2" not in s["replicas"], 10, "prefill-2 removed")
+    state = wait_fleet(pd, lambda s: fleet_idle(s) and "prefill-2" not in s["replicas"], 10, "prefill-2 removed")
     assert sorted(state["replicas"]) == ["prefill-1", "replica-0"] and state["prefill_target"] == 1
 
 

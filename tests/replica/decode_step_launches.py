@@ -176,6 +176,19 @@ def cached_prefix_launches(path: str, static: bool) -> tuple[StepLaunches, list]
     return launches, staged
 
 
+def _rows(c, label, tag: str, *extra) -> list[str]:
+    """One markdown row of ``c``'s counts (label, per decoder layer, each phase, step total, Triton launches,
+    ``extra`` columns) and HTML comments with each phase's ops, tagged ``tag``."""
+    total = sum(sum(p.values()) for p in c.phases.values())
+    triton = sum(n for p in c.phases.values() for k, n in p.items() if k.startswith("triton:"))
+    n = [sum(c.phases.get(phase, Counter()).values()) for phase in
+         ("model", "lm_head", "sample", "inputs", "runner", "output")]
+    cells = [label, sum(c.per_layer[1].values()), *n, total, triton, *extra]
+    lines = ["| " + " | ".join(map(str, cells)) + " |"]
+    lines += [f"<!-- {tag} {phase}: {dict(counts)} -->" for phase, counts in c.phases.items() if phase != "layer"]
+    return lines + [f"<!-- {tag} layer 1: {dict(c.per_layer[1])} -->"]
+
+
 def prefill_table(path: str) -> str:
     """The BENCHMARKS.md rows of the cached-prefix step, split-KV sized for an H100 (132 SMs)."""
     from kvmesh.replica.attention import triton_paged_attention as tpa
@@ -185,17 +198,7 @@ def prefill_table(path: str) -> str:
              "total | Triton launches | prefill graph size |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for static in (False, True):
         c, staged = cached_prefix_launches(path, static)
-        total = sum(sum(p.values()) for p in c.phases.values())
-        triton = sum(n for p in c.phases.values() for k, n in p.items() if k.startswith("triton:"))
-        n = {phase: sum(c.phases.get(phase, Counter()).values()) for phase in
-             ("model", "lm_head", "sample", "inputs", "runner", "output")}
-        lines.append(f"| {'graph' if static else 'eager'} | {sum(c.per_layer[1].values())} | {n['model']} | "
-                     f"{n['lm_head']} | {n['sample']} | {n['inputs']} | {n['runner']} | {n['output']} | {total} | "
-                     f"{triton} | {staged} |")
-        for phase, counts in c.phases.items():
-            if phase != "layer":
-                lines.append(f"<!-- {static=} {phase}: {dict(counts)} -->")
-        lines.append(f"<!-- {static=} layer 1: {dict(c.per_layer[1])} -->")
+        lines += _rows(c, "graph" if static else "eager", f"{static=}", staged)
     return "\n".join(lines)
 
 
@@ -207,17 +210,7 @@ def table(path: str) -> str:
     lines = ["| batch | per decoder layer | embed + final norm | LM head | sampling | inputs | runner | output | "
              "step total | Triton launches |", "|---|---|---|---|---|---|---|---|---|---|"]
     for batch in (1, 256):
-        c = decode_step_launches(path, batch)
-        total = sum(sum(p.values()) for p in c.phases.values())
-        triton = sum(n for p in c.phases.values() for k, n in p.items() if k.startswith("triton:"))
-        n = {phase: sum(c.phases.get(phase, Counter()).values()) for phase in
-             ("model", "lm_head", "sample", "inputs", "runner", "output")}
-        lines.append(f"| {batch} | {sum(c.per_layer[1].values())} | {n['model']} | {n['lm_head']} | {n['sample']} | "
-                     f"{n['inputs']} | {n['runner']} | {n['output']} | {total} | {triton} |")
-        for phase, counts in c.phases.items():
-            if phase != "layer":
-                lines.append(f"<!-- B={batch} {phase}: {dict(counts)} -->")
-        lines.append(f"<!-- B={batch} layer 1: {dict(c.per_layer[1])} -->")
+        lines += _rows(decode_step_launches(path, batch), batch, f"B={batch}")
     return "\n".join(lines)
 
 
