@@ -178,6 +178,7 @@ def _kv_transfer_service(config: KVTransferConfig, llm: AsyncLLM, state: ServerS
 
     from kvmesh.replica.kv_transfer.agent import agent_for_runner
     from kvmesh.replica.kv_transfer.errors import KVTransferError
+    from kvmesh.replica.kv_transfer.leases import LeaseCaps
     from kvmesh.replica.server.kv_transfer import KVTransferService
 
     name = f"{replica_id}-{uuid.uuid4().hex[:8]}"
@@ -191,6 +192,7 @@ def _kv_transfer_service(config: KVTransferConfig, llm: AsyncLLM, state: ServerS
     except KVTransferError as e:  # nixl missing or unable to start here: said as a start-up error
         raise ValueError(f"kv_transfer (transport {config.transport}) cannot start: {e}; install nixl "
                          "(the engine extra) or turn KV transfer off (--no-kv-transfer)") from None
-    service = KVTransferService(config, agent, llm, state.kv_metrics)
+    service = KVTransferService(config, agent, llm, state.kv_metrics, replica_id)
     llm.kv_transfer_load = service.load
+    llm.kv_transfers.leases.caps = LeaseCaps.of(config)  # before the server takes a lease: no engine step reads it yet
     return service

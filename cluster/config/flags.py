@@ -62,6 +62,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, schema: Schema[Root], 
             elif opt.is_mapping:
                 group.add_argument(opt.flag, **common, help=help_text + " (repeatable)", action="append",
                                    metavar="NAME=VALUE")
+            elif opt.is_sequence:
+                group.add_argument(opt.flag, **common, help=help_text + " (repeatable)", action="append",
+                                   metavar="VALUE")
             else:
                 group.add_argument(opt.flag, **common, help=help_text, metavar=_metavar(opt))
 
@@ -80,6 +83,8 @@ def overrides_from_args(args: argparse.Namespace, schema: Schema[Root]) -> dict[
                 overrides[opt.dotted] = assignments(raw, opt.flag)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+        elif opt.is_sequence:
+            overrides[opt.dotted] = list(raw)
         else:
             overrides[opt.dotted] = value_from_text(raw, opt.type)
     return overrides

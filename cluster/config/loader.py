@@ -39,7 +39,7 @@ def load(schema: Schema[Root], path: str | Path | None = None, overrides: Mappin
     for opt in schema.options:
         for var in opt.envs:
             if env.get(var):
-                _set(data, opt, value_from_text(env[var], opt.type) if not opt.is_mapping else env[var], var)
+                _set(data, opt, value_from_text(env[var], opt.type) if not (opt.is_mapping or opt.is_sequence) else env[var], var)
     for dotted, value in (overrides or {}).items():
         opt = _known(schema, dotted, "command line")
         _set(data, opt, value, "command line")
@@ -120,6 +120,8 @@ def _set(data: Tree, opt: Option, value: YamlValue, source: str) -> None:
     section = data.setdefault(opt.section, {})
     if opt.sub:
         section = section.setdefault(opt.sub, {})
+    if opt.is_sequence and isinstance(value, str):  # a variable: comma-separated
+        value = [v.strip() for v in value.split(",") if v.strip()]
     if opt.is_mapping and isinstance(value, str):
         try:
             value = assignments([v for v in value.split(",") if v.strip()], source)

@@ -121,6 +121,11 @@ class Option:
     def is_mapping(self) -> bool:
         return typing.get_origin(self.type) is dict
 
+    @property
+    def is_sequence(self) -> bool:
+        """A list or tuple of values: a repeatable flag, a comma-separated variable."""
+        return typing.get_origin(self.type) in (list, tuple)
+
 
 @dataclass(frozen=True)
 class Schema(Generic[Root]):

@@ -23,6 +23,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
+from kvmesh.kvcache.hashing import RequestBlockHasher
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.commands import (
     AbortRequests,
@@ -155,19 +156,31 @@ class AsyncLLM:
         return await self._ask(PullPrefix(agent, peer, prompt_token_ids, remote_block_ids, cache_salt, pulled,
                                           remote_block_media), pulled)
 
-    async def lease_blocks(self, prompt_token_ids: list[int], cache_salt: str | None, ttl_s: float) -> Lease:
-        """Hold the prompt's cached leading blocks for a peer to read (kv_transfer/leases.py)."""
+    async def lease_blocks(self, prompt_token_ids: list[int], cache_salt: str | None, ttl_s: float,
+                           peer: str = "local", lease_id: str | None = None) -> Lease:
+        """Hold the prompt's cached leading blocks for ``peer`` to read, or (``lease_id``) show that lease when it
+        holds this prompt's chain (kv_transfer/leases.py; ``LeaseRefused`` otherwise or past a cap). The prompt is
+        hashed on a worker thread: the engine thread only looks the hashes up."""
+        hashes = await asyncio.to_thread(self.block_hashes, prompt_token_ids, cache_salt)
         granted: concurrent.futures.Future[Lease] = concurrent.futures.Future()
-        return await self._ask(LeaseBlocks(prompt_token_ids, cache_salt, ttl_s, granted), granted)
+        return await self._ask(LeaseBlocks(hashes, ttl_s, peer, granted, lease_id), granted)
 
-    def lease_at_finish(self, request_id: str, ttl_s: float) -> concurrent.futures.Future[Lease]:
+    def block_hashes(self, prompt_token_ids: list[int], cache_salt: str | None) -> list[bytes]:
+        """The hashes of the prompt's full blocks as this replica's prefix cache keys them (any thread: it reads
+        only the cache's fixed block size and seed)."""
+        manager = self.engine.kv_cache_manager
+        hasher = RequestBlockHasher(manager.block_size, manager.none_hash, cache_salt, None)
+        hasher.extend(prompt_token_ids)
+        return hasher.block_hashes
+
+    def lease_at_finish(self, request_id: str, ttl_s: float, peer: str = "local") -> concurrent.futures.Future[Lease]:
         """Arm a lease on the prompt blocks of ``request_id`` (call before generating it), taken on the engine
-        thread when it finishes, before its blocks are freed; resolves to an empty lease if it was aborted,
-        failed or refused."""
+        thread when it finishes, before its blocks are freed, counted against ``peer``'s cap; resolves to an empty
+        lease if it was aborted, failed or refused, or a cap was reached."""
         if not self.is_running:
             raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
         granted: concurrent.futures.Future[Lease] = concurrent.futures.Future()
-        self._submit(LeaseAtFinish(request_id, ttl_s, granted))
+        self._submit(LeaseAtFinish(request_id, ttl_s, peer, granted))
         return granted
 
     async def release_lease(self, lease_id: str) -> int | None:

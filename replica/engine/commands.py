@@ -64,16 +64,20 @@ class PullPrefix:
 
 @dataclass(frozen=True, slots=True)
 class LeaseBlocks:
-    """Hold a prompt's cached leading blocks for a peer to read (kv_transfer/leases.py)."""
+    """Hold a prompt's cached leading blocks for a peer to read, or show the lease a P/D handle named
+    (kv_transfer/leases.py). The hashes are computed before the command is sent: the engine thread only looks
+    them up."""
 
-    prompt_token_ids: list[int]
-    """The prompt whose leading full blocks are leased."""
-    cache_salt: str | None
-    """The prompt's salt (it changes the block hashes)."""
+    block_hashes: list[bytes]
+    """The prompt's full blocks' hashes (its token ids and cache salt, hashed off the engine thread)."""
     ttl_s: float
-    """Seconds until the lease ends on its own."""
+    """Seconds until a new lease ends on its own."""
+    peer: str
+    """Who asks (its x-kvmesh-replica-id, else its address): the per-peer cap counts its leases."""
     granted: concurrent.futures.Future[Lease]
-    """Set to the lease (no blocks and lease_id "": none of the prompt is cached)."""
+    """Set to the lease (no blocks and lease_id "": none of the prompt is cached), or to ``LeaseRefused``."""
+    lease_id: str | None = None
+    """Show this existing lease instead (only when it holds a leading run of ``block_hashes``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +89,11 @@ class LeaseAtFinish:
     """The request whose finish takes the lease."""
     ttl_s: float
     """Seconds until the lease ends on its own."""
+    peer: str
+    """Who asked for the handle (the router's address): the lease counts against that peer's cap."""
     granted: concurrent.futures.Future[Lease]
     """Set when the request ends: to its lease, or to an empty lease (lease_id "") when it was aborted,
-    failed or refused."""
+    failed or refused, or a cap was reached."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from kvmesh.replica.engine.commands import LeaseAtFinish, LeaseBlocks, PullPrefix, ReleaseLease
 from kvmesh.replica.engine.request import Request, RequestStatus
 from kvmesh.replica.kv_transfer.agent import block_bytes
-from kvmesh.replica.kv_transfer.leases import Lease, LeaseTable
-from kvmesh.replica.kv_transfer.prefix_pull import PendingPull, start_pull
+from kvmesh.replica.kv_transfer.leases import Lease, LeaseRefused, LeaseTable
+from kvmesh.replica.kv_transfer.prefix_pull import PendingPull, block_hasher, start_pull
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +62,9 @@ class EngineKVTransfers:
         if isinstance(command, LeaseAtFinish):
             self.at_finish[command.request_id] = command
         elif isinstance(command, LeaseBlocks):
-            _settle(command.granted, lambda: self.leases.grant(manager, command.prompt_token_ids,
-                                                               command.cache_salt, command.ttl_s))
+            _settle(command.granted, lambda: self.leases.grant(manager, command.block_hashes, command.ttl_s,
+                                                               command.peer) if command.lease_id is None
+                    else self.leases.lookup(manager, command.lease_id, command.block_hashes))
         elif isinstance(command, ReleaseLease):
             _settle(command.released, lambda: self.leases.release(manager, command.lease_id))
         else:
@@ -71,15 +72,25 @@ class EngineKVTransfers:
 
     def request_finished(self, request: Request) -> None:
         """The engine's hook when a request ends, before its blocks are freed: an armed request that finished
-        (stop or length) leases its prompt's cached full blocks; an aborted or failed one gets an empty lease."""
+        (stop or length) leases its prompt's cached full blocks (by the hashes the cache manager already holds);
+        an aborted or failed one, or one past a lease cap, gets an empty lease."""
         command = self.at_finish.pop(request.request_id, None) if self.at_finish else None
         if command is None:
             return
-        if request.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH):
-            _settle(command.granted, lambda: self.leases.grant(self.engine.kv_cache_manager, request.prompt_token_ids,
-                                                               request.cache_salt, command.ttl_s))
-        else:
-            command.granted.set_result(Lease("", [], 0, command.ttl_s))
+        empty = Lease("", [], 0, command.ttl_s)
+        if request.status not in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH):
+            command.granted.set_result(empty)
+            return
+        manager = self.engine.kv_cache_manager
+        hasher = manager.req_to_hasher.get(request.request_id)
+        if hasher is None:  # caching off, or a request the cache never saw
+            hasher = block_hasher(manager, request.prompt_token_ids, request.cache_salt, request.lora_name)
+        hashes = hasher.block_hashes[: request.num_prompt_tokens // manager.block_size]
+        try:
+            command.granted.set_result(self.leases.grant(manager, hashes, command.ttl_s, command.peer))
+        except LeaseRefused as e:  # the decode side computes the prompt
+            logger.warning("prefill handle of %s holds no blocks: %s", request.request_id, e.message)
+            command.granted.set_result(empty)
 
     def held_blocks(self) -> list:
         """Device blocks the leases and the pulls in flight hold (the pool's integrity check counts them)."""

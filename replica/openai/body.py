@@ -29,9 +29,10 @@ _INLINE_BYTES = 64 << 10
 """Bodies up to this size are parsed on the loop (a thread hop costs more than parsing them)."""
 
 
-async def read_body(http: Request, config: FrontendConfig) -> bytes:
-    """The raw body, or a ProtocolError: 413 over ``max_body_bytes``, 408 slower than ``body_timeout_s``."""
-    limit = config.max_body_bytes
+async def read_body(http: Request, config: FrontendConfig, limit: int | None = None) -> bytes:
+    """The raw body, or a ProtocolError: 413 over ``limit`` (None: ``max_body_bytes``), 408 slower than
+    ``body_timeout_s``."""
+    limit = config.max_body_bytes if limit is None else limit
     declared = http.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -73,10 +74,11 @@ def parse_body(raw: bytes, model_cls: type[M]) -> M:
     return parse_request(model_cls, decode_json(raw))
 
 
-async def read_request(http: Request, model_cls: type[M], config: FrontendConfig, offload: Offload[M]) -> M:
-    """Read, decode and validate a body into ``model_cls``; large bodies are decoded by ``offload``
-    (``PromptRenderer.run``) so the loop stays free."""
-    return await parse_off_loop(await read_body(http, config), model_cls, offload)
+async def read_request(http: Request, model_cls: type[M], config: FrontendConfig, offload: Offload[M],
+                       limit: int | None = None) -> M:
+    """Read (at most ``limit`` bytes; None: ``max_body_bytes``), decode and validate a body into ``model_cls``;
+    large bodies are decoded by ``offload`` (``PromptRenderer.run``) so the loop stays free."""
+    return await parse_off_loop(await read_body(http, config, limit), model_cls, offload)
 
 
 async def parse_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M]) -> M:

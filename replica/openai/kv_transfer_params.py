@@ -4,9 +4,11 @@
                    -> the response carries {"do_remote_prefill": true, "do_remote_decode": false,
                       "remote_block_ids": [...], "remote_block_media": ["GPU"|"CPU", ...], "remote_lease_id": "...",
                       "remote_engine_id": "...", "num_tokens": N}
-    decode side:   {"do_remote_prefill": true, "remote_url": "http://host:port",
-                    "remote_block_ids": [...]?, "remote_block_media": [...]?, "remote_lease_id": "..."?}
-                   (no block ids: the replica leases them; no media: every block in the holder's device cache)
+    decode side:   {"do_remote_prefill": true, "remote_url": "http://host:port", "remote_lease_id": "..."?}
+                   the replica asks the holder's /kv/lease for this prompt's blocks (showing remote_lease_id when
+                   given; the holder answers it only for the chain it holds) and reads only the ids that answer
+                   names; remote_url must be a registered peer's (server/kv_peers.py). ``remote_block_ids`` and
+                   ``remote_block_media`` are accepted (vLLM sends them) and informational: never read.
 
 Unknown keys are ignored (vLLM adds its own: remote_host, remote_port, tp_size, ...); a known key of the wrong
 type is a 400 naming it (``kv_transfer_params.remote_block_ids``).
@@ -32,12 +34,14 @@ class KVTransferParams(OpenAIBaseModel):
     remote_url: str | None = None
     """The holder's base URL (``http://host:port``)."""
     remote_block_ids: list[_BlockId] | None = None
-    """The holder's block ids of the prompt's leading full blocks; None: lease them from the holder first."""
+    """The holder's block ids of the prompt's leading full blocks (informational: a puller reads only the ids the
+    holder's /kv/lease answers for this prompt)."""
     remote_block_media: list[Literal["GPU", "CPU"]] | None = None
     """The tier of each of ``remote_block_ids`` on the holder (``"GPU"`` its device cache, ``"CPU"`` its host
-    tier, the events' values); None: all ``"GPU"``."""
+    tier, the events' values); informational, as they are."""
     remote_lease_id: str | None = None
-    """The holder's lease on those blocks (released after the pull)."""
+    """The holder's lease on the prompt's blocks (a P/D handle's): shown to its /kv/lease, released after the
+    pull."""
     remote_engine_id: str | None = None
     """The holder's transfer agent name (informational: the handshake names it)."""
     num_tokens: Annotated[int, Field(strict=True, ge=0)] | None = None

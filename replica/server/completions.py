@@ -99,7 +99,7 @@ class OpenAIHandlers:
         candidates = ps.plan_candidates(request_id, prompts, params, req.n, best_of,
                                         params[0].logprobs is not None, req.stream)
         kv_headers = await kv_handoff.before(self.state, req, prompts, http)  # a pull first: its blocks are hit
-        armed = kv_handoff.arm(self.state, req, candidates[0].request_id)  # a lease taken as it finishes
+        armed = kv_handoff.arm(self.state, req, candidates[0].request_id, http)  # a lease taken as it finishes
         try:  # queues the requests now, so bad input is a 400 before any byte is sent
             streams = await ps.start_all(client, candidates, req.cache_salt)
             if isinstance(req, p.CompletionRequest) and req.prompt_only:

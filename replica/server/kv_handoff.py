@@ -16,6 +16,7 @@ import concurrent.futures
 from typing import TYPE_CHECKING
 
 from fastapi import Request
+from kvmesh.replica.server.kv_peers import peer_of
 from kvmesh.replica.server.kv_transfer import PullResult
 
 if TYPE_CHECKING:
@@ -41,14 +42,15 @@ async def before(state: ServerState, req: CompletionRequest | ChatCompletionRequ
     return result.headers()
 
 
-def arm(state: ServerState, req: CompletionRequest | ChatCompletionRequest,
-        request_id: str) -> concurrent.futures.Future[Lease] | None:
+def arm(state: ServerState, req: CompletionRequest | ChatCompletionRequest, request_id: str,
+        http: Request) -> concurrent.futures.Future[Lease] | None:
     """The prefill side: arm the lease the engine takes when ``request_id`` (the prompt's first candidate)
-    finishes; call before the request is queued. None: no lease asked, or transfer off here."""
+    finishes, counted against the caller's lease cap; call before the request is queued. None: no lease asked,
+    or transfer off here."""
     params = req.kv_transfer_params
     if params is None or not params.do_remote_decode or state.kv_transfer is None:
         return None
-    return state.kv_transfer.lease_at_finish(request_id)
+    return state.kv_transfer.lease_at_finish(request_id, peer_of(http))
 
 
 async def after(state: ServerState, req: CompletionRequest | ChatCompletionRequest,

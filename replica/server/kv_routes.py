@@ -1,14 +1,23 @@
-"""The holder's KV transfer routes: what a peer replica calls to read this replica's blocks.
+"""The holder's KV transfer routes: what a peer replica (or the router) calls; the KV plane, internal key only.
 
     GET  /kv/handshake   msgpack KVHandshake (application/msgpack): agent name, transport metadata, layout
-    POST /kv/lease       {"prompt_token_ids": [...], "cache_salt": str|null, "ttl_s": float?}
+    POST /kv/lease       {"prompt_token_ids": [...], "cache_salt": str|null, "ttl_s": float?, "lease_id": str?}
                          -> {"lease_id", "remote_block_ids", "remote_block_media" ("GPU"|"CPU" per block:
                              blocks past the device's prefix may live only in the host tier), "num_tokens",
                              "remote_engine_id", "expires_in_s"}
+                         without lease_id: a new lease on the prompt's cached leading blocks ("" and [] when none
+                         is cached); ttl_s above kv_transfer.max_lease_ttl_s is clamped to it.
+                         with lease_id (a P/D handle's): that lease's blocks, only when the chain it holds leads
+                         the chain of these token ids and salt; 409 when it does not, 404 when no such lease.
+                         429 past a lease cap (per peer: x-kvmesh-replica-id, else the client address; in total;
+                         leased blocks). 413 for a body over 12 bytes per token of max_model_len + 4 KiB, 400
+                         for more than max_model_len token ids (checked before anything is hashed).
     POST /kv/release     {"lease_id": str} -> {"released_blocks": int}; 404 for an unknown or expired lease
+    POST /kv/peers       {"peers": [{"replica_id": str, "url": str}, ...]} -> {"peers": int}: the router's
+                         replica set, replacing the last one (kv_peers.py: whom this replica may pull from)
 
-Behind ``--api-key`` like every path that reveals or changes state (AuthMiddleware); 503 when the replica
-has KV transfer off. Leasing and releasing run on the engine thread (its command queue).
+503 when the replica has KV transfer off. The prompt is hashed on a worker thread; leasing and releasing run on
+the engine thread (its command queue), which only looks the hashes up.
 """
 
 from __future__ import annotations
@@ -17,8 +26,10 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from kvmesh.replica.kv_transfer.leases import LeaseRefused
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.responses import OpenAIBaseModel
+from kvmesh.replica.server.kv_peers import peer_of
 from kvmesh.replica.serving.errors import ProtocolError
 from pydantic import Field
 
@@ -26,18 +37,37 @@ if TYPE_CHECKING:
     from kvmesh.replica.server.kv_transfer import KVTransferService
     from kvmesh.replica.server.state import ServerState
 
-MAX_LEASE_TTL_S = 3600.0
-"""Longest lease a peer may ask for (an hour): a lease pins blocks, so a typo must not pin them for days."""
+BYTES_PER_TOKEN = 12
+"""Most bytes a token id takes in a /kv/lease body (up to 10 digits, a comma, a space)."""
+BODY_SLACK_BYTES = 4096
+"""Room for the rest of a /kv/lease body (salt, lease id, ttl)."""
+MAX_PEERS = 4096
+"""Most replicas one /kv/peers body may register."""
 
 
 class LeaseRequest(OpenAIBaseModel):
     prompt_token_ids: list[Annotated[int, Field(strict=True, ge=0)]]
     cache_salt: str | None = None
-    ttl_s: Annotated[float, Field(gt=0, le=MAX_LEASE_TTL_S)] | None = None
+    ttl_s: Annotated[float, Field(gt=0)] | None = None
+    lease_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
 
 
 class ReleaseRequest(OpenAIBaseModel):
     lease_id: Annotated[str, Field(min_length=1)]
+
+
+class Peer(OpenAIBaseModel):
+    replica_id: Annotated[str, Field(min_length=1, max_length=256)]
+    url: Annotated[str, Field(min_length=1, max_length=2048)]
+
+
+class PeersRequest(OpenAIBaseModel):
+    peers: Annotated[list[Peer], Field(max_length=MAX_PEERS)]
+
+
+def lease_body_limit(max_model_len: int) -> int:
+    """The most bytes a /kv/lease body may have: its token ids for a prompt of ``max_model_len`` and slack."""
+    return BYTES_PER_TOKEN * max_model_len + BODY_SLACK_BYTES
 
 
 def install_kv_routes(app: FastAPI, state: ServerState) -> None:
@@ -59,9 +89,16 @@ def install_kv_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/kv/lease")
     async def lease(http: Request):
         kv = service()
-        req = await read_request(http, LeaseRequest, state.frontend, state.renderer.run)
-        ttl_s = kv.config.lease_ttl_s if req.ttl_s is None else req.ttl_s
-        granted = await state.engine_client.lease_blocks(req.prompt_token_ids, req.cache_salt, ttl_s)
+        max_len = state.engine_client.max_model_len
+        req = await read_request(http, LeaseRequest, state.frontend, state.renderer.run, lease_body_limit(max_len))
+        if len(req.prompt_token_ids) > max_len:
+            raise ProtocolError(f"prompt_token_ids has {len(req.prompt_token_ids)} tokens; this replica's "
+                                f"max_model_len is {max_len}", param="prompt_token_ids")
+        try:
+            granted = await state.engine_client.lease_blocks(req.prompt_token_ids, req.cache_salt,
+                                                             kv.lease_ttl_s(req.ttl_s), peer_of(http), req.lease_id)
+        except LeaseRefused as e:
+            raise ProtocolError(e.message, e.status, param="lease_id" if e.status in (404, 409) else None) from None
         return JSONResponse({"lease_id": granted.lease_id, "remote_block_ids": granted.remote_block_ids,
                              "remote_block_media": granted.remote_block_media,
                              "num_tokens": granted.num_tokens, "remote_engine_id": kv.agent.name,
@@ -70,9 +107,19 @@ def install_kv_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/kv/release")
     async def release(http: Request):
         service()
-        req = await read_request(http, ReleaseRequest, state.frontend, state.renderer.run)
+        req = await read_request(http, ReleaseRequest, state.frontend, state.renderer.run, BODY_SLACK_BYTES)
         released = await state.engine_client.release_lease(req.lease_id)
         if released is None:
             raise ProtocolError(f"lease {req.lease_id!r} is unknown, already released or expired", 404,
                                 param="lease_id")
         return JSONResponse({"released_blocks": released})
+
+    @app.post("/kv/peers")
+    async def peers(http: Request):
+        kv = service()
+        req = await read_request(http, PeersRequest, state.frontend, state.renderer.run)
+        try:
+            registered = kv.registry.replace([(p.replica_id, p.url) for p in req.peers])
+        except ValueError as e:
+            raise ProtocolError(str(e), param="peers") from None
+        return JSONResponse({"peers": registered})

@@ -1,15 +1,19 @@
-"""The replica's KV transfer front: its agent, the peers it has shaken hands with, pulls over HTTP, stats.
+"""The replica's KV transfer front: its agent, its registered peers, pulls over HTTP, stats.
 
     decode side (kv_transfer_params.do_remote_prefill):
-        POST {remote_url}/kv/lease         when no block ids came with the request (a peer pull)
+        remote_url a registered peer's?    (kv_peers.py) else skipped: no HTTP call at all, the prompt computed
+        POST {remote_url}/kv/lease         {"prompt_token_ids", "cache_salt", "lease_id"?: remote_lease_id}: the
+                                           block ids read come only from this answer, for this prompt's chain
         GET  {remote_url}/kv/handshake     once per peer (cached; fetched again after a failure)
         engine.pull_prefix(...)            the blocks this replica lacks, read between engine steps
-        POST {remote_url}/kv/release       always, success or failure
+        POST {remote_url}/kv/release       always when a lease is known, success or failure
     prefill side (do_remote_decode): engine.lease_at_finish(request id) armed before the request runs; the
                                      engine thread leases the prompt's blocks as it finishes -> the handle.
 
-Any failure (peer dead, an HTTP error, a timeout, a layout mismatch, no room) ends as ``PullResult("failed")``
-and the caller computes the prompt: a request never fails because of a transfer.
+Every /kv/* call carries ``x-kvmesh-replica-id`` (the holder's lease caps count per peer). ``remote_block_ids``
+and ``remote_block_media`` in ``kv_transfer_params`` are informational (vLLM sends them): never read.
+Any failure (peer dead, an HTTP error or refusal, a timeout, a layout mismatch, no room) ends as
+``PullResult("failed")`` and the caller computes the prompt: a request never fails because of a transfer.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from kvmesh.replica.kv_transfer.agent import KVTransferAgent, block_bytes, decod
 from kvmesh.replica.kv_transfer.config import KVTransferConfig
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.server.kv_metrics import KVTransferMetrics
+from kvmesh.replica.server.kv_peers import REPLICA_ID_HEADER, PeerRegistry
 from kvmesh.replica.serving.load_report import KVTransferLoad
 
 if TYPE_CHECKING:
@@ -50,15 +55,26 @@ class PullResult:
 
 
 class PeerError(RuntimeError):
-    """A peer's /kv/* call failed (status, body or connection)."""
+    """A peer's /kv/* call failed (status, body or connection); ``status`` its HTTP status, None without one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+REFUSALS = (404, 409, 413, 429)
+"""A holder's answers to a lease it will not give (unknown, another chain, too big, a cap): no fault of the peer."""
 
 
 class KVTransferService:
     """One replica's transfer agent (rank 0) and what its HTTP routes and completions need of it."""
 
     def __init__(self, config: KVTransferConfig, agent: KVTransferAgent, engine: AsyncLLM,
-                 metrics: KVTransferMetrics) -> None:
+                 metrics: KVTransferMetrics, replica_id: str) -> None:
         self.config, self.agent, self.engine, self.metrics = config, agent, engine, metrics
+        self.replica_id = replica_id
+        self.registry = PeerRegistry(config.peers)
+        """Whom this replica may pull from (``POST /kv/peers`` and ``--kv-peer``)."""
         self.block_size = engine.block_size
         self.bytes_per_block = block_bytes(agent)  # every tensor-parallel rank's share
         self._handshake = encode_handshake(agent.handshake())
@@ -74,37 +90,46 @@ class KVTransferService:
         return KVTransferLoad(enabled=True, pull_bytes_per_s=self.engine.kv_transfers.pull_bytes_per_s,
                               bytes_per_token=self.bytes_per_block // self.block_size)
 
-    def lease_at_finish(self, request_id: str) -> concurrent.futures.Future[Lease]:
-        """Arm the prefill side's lease: taken on the engine thread when ``request_id`` finishes."""
-        return self.engine.lease_at_finish(request_id, self.config.lease_ttl_s)
+    def lease_at_finish(self, request_id: str, peer: str) -> concurrent.futures.Future[Lease]:
+        """Arm the prefill side's lease, counted against ``peer``: taken on the engine thread when ``request_id``
+        finishes."""
+        return self.engine.lease_at_finish(request_id, self.config.lease_ttl_s, peer)
+
+    def lease_ttl_s(self, asked: float | None) -> float:
+        """The TTL of a lease asked with ``ttl_s`` ``asked``: the default, clamped to ``max_lease_ttl_s``."""
+        return min(self.config.lease_ttl_s if asked is None else asked, self.config.max_lease_ttl_s)
 
     async def handle(self, armed: concurrent.futures.Future[Lease]) -> dict:
         """The prefill side's answer: the lease its request took at finish, as ``kv_transfer_params``."""
         lease = await asyncio.wrap_future(armed)
         return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": lease.remote_block_ids,
-                "remote_block_media": lease.remote_block_media, "remote_lease_id": lease.lease_id, "remote_engine_id": self.agent.name,
-                "num_tokens": lease.num_tokens}
+                "remote_block_media": lease.remote_block_media, "remote_lease_id": lease.lease_id,
+                "remote_engine_id": self.agent.name, "num_tokens": lease.num_tokens}
 
     # ------------------------------------------------------------ puller side
     async def pull(self, params: KVTransferParams, prompt: list[int], cache_salt: str | None,
                    authorization: str | None) -> PullResult:
         """Pull what this replica lacks of ``prompt``'s prefix from ``params.remote_url``; never raises."""
-        url = params.remote_url.rstrip("/")
-        headers = {"Authorization": authorization} if authorization else {}
-        block_ids, lease_id, media = params.remote_block_ids, params.remote_lease_id, params.remote_block_media
         t0 = time.monotonic()
+        url = self.registry.resolve(params.remote_url or "")
+        if url is None:
+            logger.warning("KV pull skipped: %r is not a registered peer (POST /kv/peers, --kv-peer); computing "
+                           "the prompt", params.remote_url)
+            return self._count(PullResult("skipped"), t0)
+        headers = {REPLICA_ID_HEADER: self.replica_id, **({"Authorization": authorization} if authorization else {})}
+        lease_id = params.remote_lease_id or None  # a P/D handle's: shown only for this prompt's chain
         try:
-            if block_ids is None:
-                lease = await self._call("POST", f"{url}/kv/lease", headers,
-                                         {"prompt_token_ids": prompt, "cache_salt": cache_salt})
-                block_ids, lease_id = list(lease["remote_block_ids"]), lease["lease_id"] or None
-                media = lease.get("remote_block_media")  # absent from a holder without tiers: all on its device
+            ask = {"prompt_token_ids": prompt, "cache_salt": cache_salt, **({"lease_id": lease_id} if lease_id else {})}
+            lease = await self._call("POST", f"{url}/kv/lease", headers, ask)
+            block_ids, lease_id = list(lease["remote_block_ids"]), lease["lease_id"] or lease_id
+            media = lease.get("remote_block_media")  # absent from a holder without tiers: all on its device
             if not block_ids:
                 return self._count(PullResult("skipped"), t0)
             peer = await self._peer(url, headers)
             tokens = await self.engine.pull_prefix(self.agent, peer, prompt, block_ids, cache_salt, media)
         except Exception as e:  # noqa: BLE001 - any failure: the prompt is computed here
-            await self._forget(url)
+            if not (isinstance(e, PeerError) and e.status in REFUSALS):  # a refusal: the peer itself is fine
+                await self._forget(url)
             logger.warning("KV pull from %s failed (%s: %s); computing the prompt", url, type(e).__name__, e)
             result = PullResult("failed")
         else:
@@ -150,7 +175,7 @@ class KVTransferService:
             async with self._session.request(method, url, json=body, headers=headers) as resp:
                 data = await resp.read()
                 if resp.status != 200:
-                    raise PeerError(f"{method} {url} answered {resp.status}: {data[:200]!r}")
+                    raise PeerError(f"{method} {url} answered {resp.status}: {data[:200]!r}", resp.status)
                 return data if raw else await resp.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             raise PeerError(f"{method} {url} failed: {e!r}") from None

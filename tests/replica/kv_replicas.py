@@ -22,16 +22,27 @@ KEY = "kv-transfer-test-key"
 
 @contextlib.contextmanager
 def kv_replica(stories_path, api_key: str | None = KEY, lease_ttl_s: float = 30.0, enabled: bool = True,
-               transport: str = "local", **engine) -> Iterator[ReplicaRuntime]:
+               transport: str = "local", kv: dict | None = None, replica_id: str = "replica-0",
+               **engine) -> Iterator[ReplicaRuntime]:
+    """A replica with KV transfer on (``kv``: more KVTransferConfig fields: caps, peers)."""
     config = EngineConfig(model=str(stories_path), hash_seed=SEED, **{"kv_cache_memory": 4 << 20, **engine})
     runtime = ReplicaRuntime.start(
         config, ReplicaServerConfig(port=0, event_port=None, api_key=api_key),
-        frontend=FrontendConfig(chat_template=CHAT_TEMPLATE),
-        kv_transfer=KVTransferConfig(enabled=enabled, transport=transport, lease_ttl_s=lease_ttl_s, timeout_s=5.0))
+        frontend=FrontendConfig(chat_template=CHAT_TEMPLATE), replica_id=replica_id,
+        kv_transfer=KVTransferConfig(enabled=enabled, transport=transport, lease_ttl_s=lease_ttl_s, timeout_s=5.0,
+                                     **(kv or {})))
     try:
         yield runtime
     finally:
         runtime.shutdown(graceful_s=1)
+
+
+def register(puller: ReplicaRuntime, *holders: ReplicaRuntime) -> None:
+    """Register ``holders`` as ``puller``'s peers (``POST /kv/peers``, as the router does)."""
+    peers = [{"replica_id": f"holder-{i}", "url": h.http.url} for i, h in enumerate(holders)]
+    with client(puller) as c:
+        r = c.post("/kv/peers", json={"peers": peers})
+        assert r.status_code == 200 and r.json() == {"peers": len(holders)}, r.text
 
 
 def client(runtime: ReplicaRuntime, api_key: str | None = KEY) -> httpx.Client:

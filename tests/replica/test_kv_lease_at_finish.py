@@ -11,6 +11,7 @@ import pytest
 from kvmesh.replica.engine.commands import LeaseAtFinish
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.kv_transfer.agent import KVTransferConfig, agent_for_runner
+from kvmesh.replica.kv_transfer.leases import LeaseCaps
 from kvmesh.replica.kv_transfer.prefix_pull import pull_prefix
 from kvmesh.replica.llm import LLM
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -36,6 +37,7 @@ def _run_until(engine, request_id: str) -> None:
 def holder(stories_path):
     llm = _llm(stories_path)
     kv = EngineKVTransfers(llm.llm_engine)  # hooks the engine's request_finished
+    kv.leases.caps = LeaseCaps(max_blocks_fraction=0.75)  # the 26-block lease is over half of this tiny pool
     agent = agent_for_runner(KVTransferConfig(transport="local"), "holder", llm.llm_engine.model_runner)
     yield llm.llm_engine, kv, agent
     agent.close()
@@ -44,7 +46,7 @@ def holder(stories_path):
 def test_a_request_finishing_under_eviction_pressure_keeps_every_prompt_block_for_its_puller(holder, stories_path):
     engine, kv, holder_agent = holder
     granted: concurrent.futures.Future = concurrent.futures.Future()
-    kv.handle(LeaseAtFinish("prefill", 30.0, granted))
+    kv.handle(LeaseAtFinish("prefill", 30.0, "router", granted))
     engine.add_request("prefill", PROMPT, SamplingParams(max_tokens=1, temperature=0.0))
     engine.add_request("filler", FILLER, SamplingParams(max_tokens=4, temperature=0.0))  # waits for room
     _run_until(engine, "prefill")
@@ -74,7 +76,7 @@ def test_a_request_finishing_under_eviction_pressure_keeps_every_prompt_block_fo
 def test_an_aborted_request_ends_its_armed_lease_empty_and_holds_nothing(holder):
     engine, kv, _ = holder
     granted: concurrent.futures.Future = concurrent.futures.Future()
-    kv.handle(LeaseAtFinish("prefill", 30.0, granted))
+    kv.handle(LeaseAtFinish("prefill", 30.0, "router", granted))
     engine.add_request("prefill", PROMPT, SamplingParams(max_tokens=8, temperature=0.0))
     engine.step()
     engine.abort_request("prefill")
@@ -85,11 +87,14 @@ def test_an_aborted_request_ends_its_armed_lease_empty_and_holds_nothing(holder)
 
 
 def test_over_http_a_prefill_handle_under_eviction_pressure_is_whole_and_pulls_the_same_text(stories_path):
-    from .kv_replicas import client, kv_replica
+    from .kv_replicas import client, kv_replica, register
 
     body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
-    with kv_replica(stories_path, num_kv_blocks=NUM_KV_BLOCKS) as a, kv_replica(stories_path) as b, \
-            client(a) as ca, client(b) as cb, concurrent.futures.ThreadPoolExecutor(3) as pool:
+    # the 26-block lease is over half of this tiny pool: the leased-blocks cap raised to let it be taken
+    with kv_replica(stories_path, num_kv_blocks=NUM_KV_BLOCKS, kv={"max_leased_blocks_fraction": 0.75}) as a, \
+            kv_replica(stories_path) as b, client(a) as ca, client(b) as cb, \
+            concurrent.futures.ThreadPoolExecutor(3) as pool:
+        register(b, a)
         reference = cb.post("/v1/completions", json={**body, "cache_salt": "reference"}).json()["choices"][0]["text"]
         prefill = pool.submit(ca.post, "/v1/completions",
                               json={**body, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})

@@ -9,7 +9,7 @@ import random
 import pytest
 from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
 
-from .kv_replicas import client, kv_replica
+from .kv_replicas import client, kv_replica, register
 
 PROMPT = [random.Random(51).randrange(3, 500) for _ in range(428)]  # 26 full blocks of 16 and 12 tokens
 FILLERS = [[random.Random(52 + i).randrange(3, 500) for _ in range(480)] for i in range(2)]  # 30 blocks each
@@ -36,6 +36,7 @@ def _lease_media(c) -> list[str]:
 def _pull_from(holder, stories_path) -> tuple[str, dict]:
     """A fresh replica pulls PROMPT from ``holder``; (its text, the pull's headers), after checking the reference."""
     with kv_replica(stories_path, transport=holder.state.kv_transfer.config.transport) as b, client(b) as cb:
+        register(b, holder)
         reference = cb.post("/v1/completions", json={**BODY, "cache_salt": "computed"}).json()["choices"][0]["text"]
         r = cb.post("/v1/completions", json={**BODY, "kv_transfer_params": {"do_remote_prefill": True,
                                                                              "remote_url": holder.http.url}})

@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from .kv_replicas import KEY, client, kv_replica, metric, wait_for
+from .kv_replicas import KEY, client, kv_replica, metric, register, wait_for
 
 PROMPT = [random.Random(32).randrange(3, 500) for _ in range(428)]  # 26 full blocks of 16 and 12 tokens
 FULL_BLOCK_TOKENS = 416
@@ -19,7 +19,8 @@ FULL_BLOCK_TOKENS = 416
 @pytest.fixture(scope="module")
 def pair(stories_path):
     """(holder A, puller B): two replicas with KV transfer on, behind the same API key."""
-    with kv_replica(stories_path) as a, kv_replica(stories_path) as b:
+    with kv_replica(stories_path, replica_id="a") as a, kv_replica(stories_path, replica_id="b") as b:
+        register(b, a)
         yield a, b
 
 
@@ -103,13 +104,14 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_dead_peer_means_the_prompt_is_computed_with_the_same_text(pair):
-    a, b = pair
+def test_a_dead_peer_means_the_prompt_is_computed_with_the_same_text(pair, stories_path):
+    a, _ = pair
     prompt = fresh_prompt(5)
-    with client(a) as ca, client(b) as cb:
+    dead = f"http://127.0.0.1:{_closed_port()}"
+    with kv_replica(stories_path) as c, client(a) as ca, client(c) as cc:
+        cc.post("/kv/peers", json={"peers": [{"replica_id": "dead", "url": dead}]}).raise_for_status()
         reference = complete(ca, prompt).json()["choices"][0]["text"]
-        r = complete(cb, prompt, kv_transfer_params={"do_remote_prefill": True,
-                                                     "remote_url": f"http://127.0.0.1:{_closed_port()}"})
+        r = complete(cc, prompt, kv_transfer_params={"do_remote_prefill": True, "remote_url": dead})
         assert r.headers["x-kvmesh-kv-pull"] == "failed" and r.headers["x-kvmesh-kv-pulled-tokens"] == "0"
         assert cached(r) == 0 and r.json()["choices"][0]["text"] == reference
 
@@ -118,6 +120,7 @@ def test_a_peer_with_another_layout_is_refused_and_the_prompt_computed(pair, sto
     a, _ = pair
     prompt = fresh_prompt(6)
     with kv_replica(stories_path, block_size=32) as c, client(a) as ca, client(c) as cc:
+        register(c, a)
         reference = complete(ca, prompt).json()["choices"][0]["text"]
         with caplog.at_level(logging.WARNING):
             r = complete(cc, prompt, kv_transfer_params={"do_remote_prefill": True, "remote_url": a.http.url})
@@ -135,6 +138,7 @@ def test_a_slow_handshake_does_not_stall_the_pullers_other_requests(pair, storie
 
     a, _ = pair
     with kv_replica(stories_path) as c, client(a) as ca, client(c) as cc:
+        register(c, a)
         agent = c.state.kv_transfer.agent
         add_peer, entered = agent.add_peer, threading.Event()
 
@@ -178,6 +182,9 @@ def test_kv_routes_need_the_api_key(pair):
 @pytest.mark.parametrize(("path", "body", "field"), [
     ("/kv/lease", {"prompt_token_ids": "nope"}, "prompt_token_ids"),
     ("/kv/lease", {"prompt_token_ids": [1], "ttl_s": -1}, "ttl_s"),
+    ("/kv/lease", {"prompt_token_ids": [1], "lease_id": ""}, "lease_id"),
+    ("/kv/peers", {"peers": [{"replica_id": "x", "url": "ftp://host"}]}, "peers"),
+    ("/kv/peers", {"peers": "http://host"}, "peers"),
     ("/kv/lease", {}, "prompt_token_ids"),
     ("/kv/release", {"lease_id": 7}, "lease_id"),
     ("/v1/completions", {"prompt": [5, 6], "kv_transfer_params": "yes"}, "kv_transfer_params"),
