@@ -27,6 +27,7 @@ from kvmesh.router.routing.outlier import OutlierDetector
 if TYPE_CHECKING:
     from kvmesh.events.subscriber import EventSubscriber
     from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.control.kv_peers import KVPeerRegistry
     from kvmesh.router.http.metrics import RouterMetrics
     from kvmesh.router.http.upstream import UpstreamPool
     from kvmesh.router.routing.kv_router import KVRouter
@@ -45,6 +46,7 @@ class HealthRuntime(Protocol):
     draining: set[str]
     subscriber: EventSubscriber | None
     pool: UpstreamPool | None
+    kv_peers: KVPeerRegistry
 
     def headers(self) -> dict[str, str]: ...
 
@@ -160,4 +162,5 @@ class PassiveHealth:
             self.eject(rid, seconds)
         elif rid not in rt.draining:
             logger.info("replica %s answered its probe request: back in rotation", rid)
+            await rt.kv_peers.before_healthy(spec)  # it may have restarted meanwhile: its pull peers again
             rt.router.set_healthy(rid, True)

@@ -27,6 +27,7 @@ from kvmesh.router.routing.load import ForeignLoad
 if TYPE_CHECKING:
     from kvmesh.events.subscriber import EventSubscriber
     from kvmesh.replica.serving.tokenizer import Tokenizer
+    from kvmesh.router.control.kv_peers import KVPeerRegistry
     from kvmesh.router.control.passive_health import PassiveHealth
     from kvmesh.router.control.stream_watch import StreamWatch
 
@@ -45,6 +46,7 @@ class ProbedRuntime(Protocol):
     stream_watch: StreamWatch
     subscriber: EventSubscriber | None
     health: PassiveHealth
+    kv_peers: KVPeerRegistry
 
     def headers(self) -> dict[str, str]: ...
     def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...) -> None: ...
@@ -77,6 +79,7 @@ class ReplicaProbes:
         """GET /health (and /load when it has one); marks the replica healthy or not."""
         rt = self.runtime
         timeout_s = rt.config.connect_timeout_s
+        turned_on = False  # KV transfer on in this /load, off (or unknown) in the last
         try:
             status, _, _ = await self.pool.fetch("GET", spec.url, "/health", timeout_s, headers=rt.headers())
             ok = status == 200
@@ -87,7 +90,9 @@ class ReplicaProbes:
                 load = rt.router.loads.loads.get(spec.replica_id)
                 if report is not None and load is not None:
                     load.update_report(report)
+                    was_on = load.kv_transfer_enabled
                     load.update_transfer(decode_transfer(raw))
+                    turned_on = load.kv_transfer_enabled and not was_on
                     self.check_stream(spec, report, sent_at, time.time())
                     rt.health.check_progress(spec, report, load.queued_prefill_tokens)
             connect_error = False
@@ -103,7 +108,10 @@ class ReplicaProbes:
         elif ok and not was and spec.replica_id not in rt.draining:
             logger.info("replica %s is healthy", spec.replica_id)
             await self.check_compatible(spec)
+            await rt.kv_peers.before_healthy(spec)  # its pull peers (and it among the others') first
             rt.router.set_healthy(spec.replica_id, True)
+        elif turned_on and was:
+            await rt.kv_peers.push([spec])  # healthy already, transfer only now on: its pull peers
         if not ok and was:
             rt.mark_failed(spec.replica_id, connect_error, "does not answer /health", kind=None)
         elif not ok and connect_error:

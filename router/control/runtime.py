@@ -26,6 +26,7 @@ from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
 from kvmesh.router.control.event_feed import EventFeed
+from kvmesh.router.control.kv_peers import KVPeerRegistry
 from kvmesh.router.control.passive_health import PassiveHealth
 from kvmesh.router.control.probes import ReplicaProbes
 from kvmesh.router.control.stream_watch import StreamWatch
@@ -93,6 +94,8 @@ class RouterRuntime:
         self._initial = list(replicas or [])
         self.probes = ReplicaProbes(self)
         """Probes every replica's /health and /load, and /server_info when it becomes healthy (probes.py)."""
+        self.kv_peers = KVPeerRegistry(self)
+        """Registers the replica set on the replicas with KV transfer on (their pull peers, kv_peers.py)."""
         self.pool: UpstreamPool | None = None
         """Keep-alive connections to the replicas carrying the proxied requests (router/http/upstream.py)."""
         self.draining: set[str] = set()
@@ -116,6 +119,7 @@ class RouterRuntime:
         self._loop = asyncio.get_running_loop()
         cfg = self.config
         await self.probes.start()
+        self.kv_peers.start(self._loop)
         self.pool = UpstreamPool(cfg.connect_timeout_s, cfg.request_timeout_s)
         self.subscriber = EventSubscriber(on_batch=self.feed.on_batch, config=self.subscriber_config,
                                           on_status=self.feed.on_status).start()
@@ -125,6 +129,7 @@ class RouterRuntime:
         self.probes.start_polling()
 
     async def stop(self) -> None:
+        await self.kv_peers.stop()
         await self.probes.stop()
         await self.health.stop()
         if self.subscriber is not None:
@@ -155,6 +160,7 @@ class RouterRuntime:
             self.subscriber.add_source(PublisherSource(spec.replica_id, spec.events, spec.replay))
         if self._loop is not None:  # probe now rather than at the next poll
             self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.probes.probe(spec)))
+        self.kv_peers.changed()
         logger.info("replica %s (%s) registered at %s (events %s)", spec.replica_id, spec.role, spec.url, spec.events)
 
     def remove_replica(self, replica_id: str) -> bool:
@@ -170,6 +176,7 @@ class RouterRuntime:
         self.stream_watch.forget(replica_id)
         self.feed.forget(replica_id)
         self.metrics.last_event_lag.pop(replica_id, None)
+        self.kv_peers.changed()
         return True
 
     def drain(self, replica_id: str) -> bool:

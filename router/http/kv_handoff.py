@@ -8,8 +8,9 @@
 
 **The split.** The prompt goes to the prefill replica as a token-id completion with ``max_tokens=1``,
 ``stream: false`` and ``kv_transfer_params: {"do_remote_decode": true}``; its answer's ``kv_transfer_params``
-(the handle: block ids, lease, engine) plus ``"remote_url"`` go to the decode replica, which pulls what its
-own cache lacks. The prefill call is held to the router's deadlines (``first_byte_timeout_s``,
+(the handle: lease, engine, tokens; not its block ids) plus ``"remote_url"`` go to the decode replica, which asks
+the prefill replica's ``/kv/lease`` for the prompt with that lease (answered only for the chain it holds) and pulls
+what its own cache lacks. Every replica knows the others as its pull peers (router/control/kv_peers.py). The prefill call is held to the router's deadlines (``first_byte_timeout_s``,
 ``stream_idle_timeout_s``: router/http/patience.py) and counts towards its replica's ejection like any
 answer (router/http/failures.py); whatever goes wrong, the decode replica gets the request unchanged and
 computes the prompt itself, so no request fails because of a split.
@@ -44,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 TRANSFER_FIELD = "kv_transfer_params"
 """The request and response field of a transfer (vLLM's NixlConnector's name)."""
+HANDLE_KEYS = ("remote_lease_id", "remote_engine_id", "num_tokens")
+"""What of the prefill replica's handle goes on to the decode replica (with ``remote_url``)."""
 
 
 class HandoffRuntime(Protocol):
@@ -148,7 +151,9 @@ class KVHandoff:
             logger.warning("prefill replica %s answered without %s (is KV transfer on there?)", prefill_id,
                            TRANSFER_FIELD)
             return None
-        return {**handle, "remote_url": url}
+        # the decode replica asks the prefill replica's /kv/lease for this prompt, showing the lease: block ids
+        # are never passed along (a puller reads only what the holder answers for the prompt's own chain)
+        return {"do_remote_prefill": True, "remote_url": url, **{key: handle[key] for key in HANDLE_KEYS if key in handle}}
 
     def abandon(self, request: ProxyRequest) -> None:
         """The attempt carrying ``request.kv_transfer_params`` failed: forget them, release a split's lease."""

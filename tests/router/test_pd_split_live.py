@@ -93,8 +93,9 @@ def test_long_uncached_prompt_is_prefilled_on_the_prefill_replica_and_decoded_wi
     assert received(p) == [{"do_remote_decode": True}]
     [handle] = received(d)
     assert handle["do_remote_prefill"] is True and handle["remote_url"] == p.info["url"]
-    assert handle["remote_engine_id"] == "p" and len(handle["remote_block_ids"]) == MOVABLE // BLOCK_SIZE
-    assert handle["remote_lease_id"] and fake_stats(p)["leases_active"] == 0  # d released it
+    assert handle["remote_engine_id"] == "p" and handle["num_tokens"] == MOVABLE
+    assert "remote_block_ids" not in handle  # d reads only what p's /kv/lease answers for the prompt
+    assert handle["remote_lease_id"] and fake_stats(p)["leases_active"] == 0  # d showed the lease, released it
     assert r.headers[HEADER_PREFILL] == "p" and r.headers[HEADER_PULLED_TOKENS] == str(MOVABLE)
     assert HEADER_PULLED_FROM not in r.headers
     assert sample(router, "pd_splits", outcome="ok") == 1 and sample(router, "kv_pulled_tokens") == MOVABLE
@@ -267,3 +268,32 @@ def test_the_prefill_call_carries_the_replicas_key(trio, start_router):
     assert answer(post(router, prompt(8000)))[0] == "d"
     assert fake_stats(p)["auth_seen"] == ["Bearer replica-key-1234"]  # the prefill call, nothing else
     assert fake_stats(d)["auth_seen"] == ["Bearer replica-key-1234"]
+
+
+# ---------------------------------------------------------------- the replicas' pull peers
+def test_the_router_registers_its_replica_set_on_every_replica_and_again_after_a_restart(trio, start_router):
+    from kvmesh.replica.server.kv_peers import normalize_url
+
+    p, d, e = trio
+    router = start_router([role(p, "prefill"), d.spec, e.spec])
+    every = sorted(normalize_url(f.info["url"]) for f in trio)
+    for fake in trio:
+        wait_for(lambda fake=fake: sorted(fake_stats(fake)["kv_peers"]) == every, what=f"{fake.name}'s peers")
+    router.runtime.remove_replica("e")
+    wait_for(lambda: sorted(fake_stats(d)["kv_peers"]) == sorted(normalize_url(f.info["url"]) for f in (p, d)),
+             what="e gone from d's peers")
+    d.kill()  # a restart: the new process knows no peers
+    d.launch().wait_ready()
+    d.configure(kv_transfer=TRANSFER, prefill_tokens_per_s=1000.0)
+    wait_for(lambda: len(fake_stats(d)["kv_peers"]) == 2, what="the restarted d's peers registered again")
+    assert answer(post(router, prompt(8100))) == ("d", MOVABLE)  # and it pulls from p again
+
+
+def test_a_replica_told_no_peers_computes_instead_of_calling_remote_url(trio, start_router):
+    p, d, _ = trio
+    router = start_router([role(p, "prefill"), role(d, "decode")])
+    wait_for(lambda: len(fake_stats(d)["kv_peers"]) == 2, what="d's peers")
+    httpx.post(d.info["url"] + "/kv/peers", json={"peers": []}, timeout=5).raise_for_status()
+    r = post(router, prompt(8200))
+    assert answer(r) == ("d", 0)  # p prefilled and leased, d did not call it: computed
+    assert r.headers[HEADER_PULLED_TOKENS] == "0"

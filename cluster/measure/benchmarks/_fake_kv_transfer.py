@@ -1,16 +1,20 @@
 """The fake replica's side of the P/D and peer-pull contract (issue 32), over real HTTP, without moving bytes.
 
 What a router sees is the contract's: ``POST /kv/lease`` (the prompt's leading full blocks this replica's prefix
-cache holds, held under a lease id), ``POST /kv/release`` (404 for an unknown lease), ``GET /kv/handshake``
-(503 while transfer is off), ``/load``'s ``kv_transfer`` object, and ``kv_transfer_params`` on completions:
+cache holds, held under a lease id; with ``lease_id``, that lease for the prompt it holds, else a 409),
+``POST /kv/release`` (404 for an unknown lease), ``POST /kv/peers`` (the router's replica set: the only URLs this
+replica pulls from), ``GET /kv/handshake`` (503 while transfer is off), ``/load``'s ``kv_transfer`` object, and
+``kv_transfer_params`` on completions:
 
 - ``{"do_remote_decode": true}`` (prefill side): the prompt goes through the cache, then its blocks are leased and
   the answer carries the handle (``do_remote_prefill``, ``remote_block_ids``, ``remote_lease_id``,
   ``remote_engine_id``, ``num_tokens``);
-- ``{"do_remote_prefill": true, "remote_url": ...}`` (decode side or peer pull): leases from ``remote_url``
-  itself when no block ids came, counts the leased tokens its own cache lacks as pulled, always releases, and
-  answers with ``x-kvmesh-kv-pulled-tokens`` / ``-bytes`` and ``x-kvmesh-kv-pull: ok|failed``; a peer that is
-  down, errs or times out is a failed pull (0 tokens) and the request is served anyway.
+- ``{"do_remote_prefill": true, "remote_url": ...}`` (decode side or peer pull): a ``remote_url`` that is no
+  registered peer's is skipped without a call; else it asks ``remote_url``'s ``/kv/lease`` for the prompt (showing
+  ``remote_lease_id`` when given; block ids on the wire are never read), counts the leased tokens its own cache
+  lacks as pulled, always releases, and answers with ``x-kvmesh-kv-pulled-tokens`` / ``-bytes`` and
+  ``x-kvmesh-kv-pull: ok|failed|skipped``; a peer that is down, errs, refuses or times out is a failed pull
+  (0 tokens) and the request is served anyway.
 
 Every ``kv_transfer_params`` received is kept (``/fake/stats``: ``kv_transfer_params``) so tests can read what
 the router sent where.
@@ -23,6 +27,8 @@ import itertools
 import json
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+from kvmesh.replica.server.kv_peers import normalize_url
 
 if TYPE_CHECKING:
     from kvmesh.cluster.measure.benchmarks._prefix_cache import PrefixCache
@@ -66,8 +72,10 @@ class FakeKVTransfer:
         """``/load``'s ``kv_transfer.enabled`` (``POST /fake/config {"kv_transfer": {...}}`` sets it)."""
         self.pull_bytes_per_s: float | None = None
         self.bytes_per_token = 64
-        self.leases: dict[str, int] = {}
-        """Lease id -> blocks held."""
+        self.leases: dict[str, tuple[int, list[int], str | None]] = {}
+        """Lease id -> (blocks held, the prompt's token ids they hold, its salt)."""
+        self.peers: list[str] = []
+        """The registered peers' URLs, normalized (``POST /kv/peers``)."""
         self.released = 0
         self.received: list[JSONBody] = []
         """Every ``kv_transfer_params`` received on a completion, in order."""
@@ -83,6 +91,7 @@ class FakeKVTransfer:
         self.received.clear()
         self.leases.clear()
         self.released = 0
+        self.peers = []
 
     def load_field(self) -> JSONBody:
         """``/load``'s ``kv_transfer`` object."""
@@ -91,7 +100,7 @@ class FakeKVTransfer:
 
     def stats(self) -> JSONBody:
         return {"kv_transfer_params": list(self.received), "leases_active": len(self.leases),
-                "leases_released": self.released}
+                "leases_released": self.released, "kv_peers": list(self.peers)}
 
     @staticmethod
     def params_of(body: JSONBody) -> JSONBody | None:
@@ -102,29 +111,50 @@ class FakeKVTransfer:
         return params
 
     # ---------------------------------------------------------------- holder side
-    def lease(self, body: JSONBody) -> JSONBody:
-        """``POST /kv/lease``: the prompt's leading full blocks held here, under a new lease ("" when none)."""
+    def lease(self, body: JSONBody) -> tuple[int, JSONBody]:
+        """``POST /kv/lease``: the prompt's leading full blocks held here, under a new lease ("" when none); with
+        ``lease_id``, that lease when it holds this prompt's leading tokens (409 otherwise, 404 unknown)."""
         ids, salt = body.get("prompt_token_ids"), body.get("cache_salt")
-        held = self.cache.held_tokens(ids, salt) if self.cache is not None and isinstance(ids, list) else 0
-        blocks = held // self.cache.manager.block_size if held else 0
+        ids = ids if isinstance(ids, list) else []
+        if body.get("lease_id") is not None:
+            held = self.leases.get(str(body["lease_id"]))
+            if held is None:
+                return 404, _error(f"no lease {body['lease_id']!r}", 404)
+            blocks, tokens, held_salt = held
+            if held_salt != salt or ids[:len(tokens)] != tokens:
+                return 409, _error(f"lease {body['lease_id']!r} does not hold this prompt's blocks", 409)
+            return 200, self._answer(str(body["lease_id"]), blocks)
+        held_tokens = self.cache.held_tokens(ids, salt) if self.cache is not None else 0
+        blocks = held_tokens // self.cache.manager.block_size if held_tokens else 0
         lease_id = f"{self.name}-lease-{next(self._ids)}" if blocks else ""
         if blocks:
-            self.leases[lease_id] = blocks
-        return {"lease_id": lease_id, "remote_block_ids": list(range(1, blocks + 1)), "num_tokens": held,
+            self.leases[lease_id] = (blocks, ids[:held_tokens], salt)
+        return 200, self._answer(lease_id, blocks)
+
+    def _answer(self, lease_id: str, blocks: int) -> JSONBody:
+        size = self.cache.manager.block_size if self.cache is not None else 1
+        return {"lease_id": lease_id, "remote_block_ids": list(range(1, blocks + 1)), "num_tokens": blocks * size,
                 "remote_engine_id": self.name, "expires_in_s": 30.0}
+
+    def register(self, body: JSONBody) -> tuple[int, JSONBody]:
+        """``POST /kv/peers``: the router's replica set replaces the registered peers."""
+        peers = body.get("peers")
+        if not isinstance(peers, list) or not all(isinstance(p, dict) and isinstance(p.get("url"), str) for p in peers):
+            return 400, _error("peers must be a list of {replica_id, url}", 400)
+        self.peers = [u for u in (normalize_url(p["url"]) for p in peers) if u is not None]
+        return 200, {"peers": len(self.peers)}
 
     def release(self, body: JSONBody) -> tuple[int, JSONBody]:
         """``POST /kv/release``: 200 with the blocks let go, 404 for an unknown lease."""
-        blocks = self.leases.pop(str(body.get("lease_id")), None)
-        if blocks is None:
-            return 404, {"error": {"message": f"no lease {body.get('lease_id')!r}", "type": "NotFoundError",
-                                   "code": 404}}
+        held = self.leases.pop(str(body.get("lease_id")), None)
+        if held is None:
+            return 404, _error(f"no lease {body.get('lease_id')!r}", 404)
         self.released += 1
-        return 200, {"released_blocks": blocks}
+        return 200, {"released_blocks": held[0]}
 
     def handle(self, ids: list[int], salt: str | None) -> JSONBody:
         """A prefill's answer field: the prompt's blocks leased for the decode replica."""
-        lease = self.lease({"prompt_token_ids": ids, "cache_salt": salt})
+        _, lease = self.lease({"prompt_token_ids": ids, "cache_salt": salt})
         return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": lease["remote_block_ids"],
                 "remote_lease_id": lease["lease_id"], "remote_engine_id": self.name,
                 "num_tokens": lease["num_tokens"]}
@@ -135,17 +165,16 @@ class FakeKVTransfer:
         url = params.get("remote_url")
         if not isinstance(url, str):
             raise BadTransferParams("kv_transfer_params.remote_url must be the holder's http://HOST:PORT")
+        if normalize_url(url) not in self.peers:
+            return 0, "skipped"  # not a registered peer: no call at all
         own = self.cache.held_tokens(ids, salt) if self.cache is not None else 0
-        lease_id = params.get("remote_lease_id")
+        lease_id = params.get("remote_lease_id") or None
+        ask = {"prompt_token_ids": ids, "cache_salt": salt, **({"lease_id": lease_id} if lease_id else {})}
         try:
-            if params.get("remote_block_ids") is None:
-                status, lease = await asyncio.wait_for(
-                    post_json(url, "/kv/lease", {"prompt_token_ids": ids, "cache_salt": salt}, auth), PULL_TIMEOUT_S)
-                if status != 200:
-                    return 0, "failed"
-                lease_id, remote = lease.get("lease_id"), int(lease.get("num_tokens", 0))
-            else:
-                remote = len(params["remote_block_ids"]) * (self.cache.manager.block_size if self.cache else 1)
+            status, lease = await asyncio.wait_for(post_json(url, "/kv/lease", ask, auth), PULL_TIMEOUT_S)
+            if status != 200:
+                return 0, "failed"
+            lease_id, remote = lease.get("lease_id") or lease_id, int(lease.get("num_tokens", 0))
         except (OSError, asyncio.TimeoutError, ValueError):
             return 0, "failed"
         finally:
@@ -159,6 +188,10 @@ class FakeKVTransfer:
             await asyncio.wait_for(post_json(url, "/kv/release", {"lease_id": lease_id}, auth), PULL_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError, ValueError):
             pass  # the holder's lease expires on its own
+
+
+def _error(message: str, status: int) -> JSONBody:
+    return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": status}}
 
 
 def with_headers(head: bytes, headers: dict[str, str]) -> bytes:

@@ -116,8 +116,9 @@ class FakeReplica:
         elif path == b"/fake/stats":
             reply = {"cancelled": self.cancelled, "running": self.running, "auth_seen": list(self.auth_seen),
                      **self.kv.stats()}
-        elif method == b"POST" and path in (b"/kv/lease", b"/kv/release"):
-            status, reply = self.kv.release(body) if path == b"/kv/release" else (200, self.kv.lease(body))
+        elif method == b"POST" and path in (b"/kv/lease", b"/kv/release", b"/kv/peers"):
+            status, reply = {b"/kv/lease": self.kv.lease, b"/kv/release": self.kv.release,
+                             b"/kv/peers": self.kv.register}[path](body)
             writer.write(json_answer(status, reply))
             await writer.drain()
             return True

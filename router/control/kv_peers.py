@@ -1,0 +1,108 @@
+"""Registering the replica set on the replicas with KV transfer on: ``POST /kv/peers`` (the internal key).
+
+A replica pulls only from a registered peer's ``remote_url`` (replica/server/kv_peers.py), so the router tells
+each one the set it routes to, ``{"peers": [{"replica_id", "url"}, ...]}``, replacing the last one:
+
+    a replica added, re-registered or removed     -> every healthy replica with transfer on (in the background)
+    a replica turning healthy (a probe, or its     -> awaited before it is routed to: that replica and every
+    probe request after an ejection)                 healthy one, so a restarted replica gets the set again
+
+A push that fails is logged and retried at the next transition; until then that replica computes its prompts
+instead of pulling them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
+from kvmesh.router.http.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.control.probes import ReplicaProbes
+    from kvmesh.router.routing.kv_router import KVRouter
+
+logger = logging.getLogger(__name__)
+
+
+class PeersRuntime(Protocol):
+    """What the pushes read of the running router (``RouterRuntime``)."""
+
+    config: RouterConfig
+    router: KVRouter
+    specs: dict[str, ReplicaSpec]
+    probes: ReplicaProbes
+
+    def headers(self) -> dict[str, str]: ...
+
+
+class KVPeerRegistry:
+    """See the module doc; one per ``RouterRuntime``."""
+
+    def __init__(self, runtime: PeersRuntime) -> None:
+        self.runtime = runtime
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.pushes = 0
+        """``POST /kv/peers`` answered 200 (tests read it)."""
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def body(self) -> bytes:
+        specs = self.runtime.specs.values()
+        return msgspec.json.encode({"peers": [{"replica_id": s.replica_id, "url": s.url} for s in specs]})
+
+    def _transfer_on(self, replica_id: str) -> bool:
+        load = self.runtime.router.loads.loads.get(replica_id)
+        return load is not None and load.kv_transfer_enabled
+
+    def _healthy_targets(self) -> list[ReplicaSpec]:
+        rt = self.runtime
+        return [s for rid, s in rt.specs.items() if rid in rt.router.healthy and self._transfer_on(rid)]
+
+    def changed(self) -> None:
+        """The replica set changed (any thread): push it to every healthy replica with transfer on, soon."""
+        if self._loop is None:
+            return  # not started: the start-up probes push it
+        self._loop.call_soon_threadsafe(self._spawn)
+
+    def _spawn(self) -> None:
+        task = asyncio.ensure_future(self.push(self._healthy_targets()))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def before_healthy(self, spec: ReplicaSpec) -> None:
+        """``spec`` is about to be routed to: the set to it (transfer on) and to every healthy replica."""
+        targets = self._healthy_targets()
+        if self._transfer_on(spec.replica_id) and spec not in targets:
+            targets.append(spec)
+        await self.push(targets)
+
+    async def push(self, targets: list[ReplicaSpec]) -> None:
+        if targets:
+            body = self.body()
+            await asyncio.gather(*(self._post(spec, body) for spec in targets))
+
+    async def _post(self, spec: ReplicaSpec, body: bytes) -> None:
+        rt = self.runtime
+        headers = {"content-type": "application/json", **rt.headers()}
+        try:
+            status, _, raw = await rt.probes.pool.fetch("POST", spec.url, "/kv/peers", rt.config.connect_timeout_s,
+                                                        body, headers)
+        except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
+            logger.info("registering peers on replica %s failed (%r); it computes prompts until the next push",
+                        spec.replica_id, e)
+            return
+        if status == 200:
+            self.pushes += 1
+        else:
+            logger.warning("replica %s answered POST /kv/peers with HTTP %d: %s", spec.replica_id, status, raw[:200])
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
