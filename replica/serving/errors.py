@@ -14,6 +14,7 @@ ERROR_TYPES = {
     404: "not_found_error",
     408: "timeout_error",
     413: "invalid_request_error",
+    429: "rate_limit_error",
     500: "internal_server_error",
     502: "bad_gateway",
     503: "service_unavailable",

@@ -18,11 +18,10 @@ import logging
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
-from kvmesh.router.http.upstream import UpstreamError
+from kvmesh.router.http.upstream import UpstreamError, UpstreamPool
 
 if TYPE_CHECKING:
     from kvmesh.router.config import ReplicaSpec, RouterConfig
-    from kvmesh.router.control.probes import ReplicaProbes
     from kvmesh.router.routing.kv_router import KVRouter
 
 logger = logging.getLogger(__name__)
@@ -34,7 +33,7 @@ class PeersRuntime(Protocol):
     config: RouterConfig
     router: KVRouter
     specs: dict[str, ReplicaSpec]
-    probes: ReplicaProbes
+    pool: UpstreamPool | None
 
     def headers(self) -> dict[str, str]: ...
 
@@ -90,8 +89,10 @@ class KVPeerRegistry:
     async def _post(self, spec: ReplicaSpec, body: bytes) -> None:
         rt = self.runtime
         headers = {"content-type": "application/json", **rt.headers()}
+        if rt.pool is None:
+            return  # stopping
         try:
-            status, _, raw = await rt.probes.pool.fetch("POST", spec.url, "/kv/peers", rt.config.connect_timeout_s,
+            status, _, raw = await rt.pool.fetch("POST", spec.url, "/kv/peers", rt.config.connect_timeout_s,
                                                         body, headers)
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
             logger.info("registering peers on replica %s failed (%r); it computes prompts until the next push",

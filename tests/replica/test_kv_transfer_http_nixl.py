@@ -49,7 +49,9 @@ def test_a_prompt_computed_in_another_process_is_pulled_over_http_and_nixl(stori
     with httpx.Client(base_url=holder_url, headers=headers, timeout=120) as holder:
         held = holder.post("/v1/completions", json=body)
         assert held.status_code == 200, held.text
-    with kv_replica(stories_path, transport="nixl") as runtime, client(runtime) as puller:
+    # the holder is a --kv-peer of the puller (no router registers it)
+    with kv_replica(stories_path, transport="nixl", kv={"peers": (holder_url,)}) as runtime, \
+            client(runtime) as puller:
         r = puller.post("/v1/completions", json={**body, "kv_transfer_params": {
             "do_remote_prefill": True, "remote_url": holder_url}})
         assert r.status_code == 200, r.text

@@ -11,7 +11,7 @@ from kvmesh.replica.kv_transfer.agent import decode_handshake
 from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch
 from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
 
-from .kv_replicas import client, kv_replica
+from .kv_replicas import client, kv_replica, register
 
 pytestmark = [pytest.mark.ray, pytest.mark.skipif(nixl_missing() is not None, reason=str(nixl_missing()))]
 
@@ -25,6 +25,7 @@ def tp_pair(ray_session, stories_path):
     """(holder A, puller B): two TP=2 replicas with KV transfer over nixl."""
     with kv_replica(stories_path, transport="nixl", tensor_parallel_size=2) as a, \
             kv_replica(stories_path, transport="nixl", tensor_parallel_size=2) as b:
+        register(b, a)
         yield a, b
 
 
@@ -52,6 +53,7 @@ def test_a_pull_between_two_tp2_replicas_reads_every_rank_and_answers_the_holder
 def test_a_replica_of_another_tp_size_is_refused_naming_tp_and_computes_the_prompt(tp_pair, stories_path):
     a, _ = tp_pair
     with kv_replica(stories_path, transport="nixl") as c, client(a) as ca, client(c) as cc:
+        register(c, a)
         with pytest.raises(KVLayoutMismatch, match="tp"):
             c.state.kv_transfer.agent.add_peer(decode_handshake(ca.get("/kv/handshake").content))
         with pytest.raises(KVLayoutMismatch, match="tp"):

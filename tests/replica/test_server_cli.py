@@ -95,6 +95,26 @@ def test_kv_transfer_flags_reach_the_kv_transfer_section():
     assert _load().kv_transfer.enabled is False  # a bare replica moves no KV
 
 
+def test_kv_peer_is_repeatable_and_the_variable_comma_separated():
+    config = _load("--kv-peer", "http://10.0.0.1:8100", "--kv-peer", "http://10.0.0.2:8100")
+    assert config.kv_transfer.peers == ("http://10.0.0.1:8100", "http://10.0.0.2:8100")
+    env = {"KVMESH_KV_TRANSFER_PEERS": "http://a:1, http://b:2"}
+    assert _load(env=env).kv_transfer.peers == ("http://a:1", "http://b:2")
+    with pytest.raises(Exception, match="'gopher://x' is not an http"):
+        _load("--kv-peer", "gopher://x")
+
+
+def test_lease_caps_are_flags_and_a_default_ttl_above_the_cap_is_refused():
+    config = _load("--kv-transfer-max-lease-ttl-s", "20", "--kv-transfer-max-leases-per-peer", "8",
+                   "--kv-transfer-max-leases", "16", "--kv-transfer-max-leased-blocks-fraction", "0.25",
+                   "--kv-transfer-lease-ttl-s", "10")
+    kv = config.kv_transfer
+    assert (kv.max_lease_ttl_s, kv.max_leases_per_peer, kv.max_leases, kv.max_leased_blocks_fraction) == (
+        20.0, 8, 16, 0.25)
+    with pytest.raises(Exception, match="lease_ttl_s .90.0. is above max_lease_ttl_s .60.0."):
+        _load("--kv-transfer-lease-ttl-s", "90")
+
+
 def test_kv_transfer_with_tensor_parallelism_needs_a_transport_across_processes():
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.kv_transfer.config import KVTransferConfig

@@ -56,7 +56,8 @@ def run(model: str, requests: int, prompt_tokens: int) -> dict:
 
     process, holder_url = _holder(model)
     puller = ReplicaRuntime.start(EngineConfig(model=model, hash_seed=SEED, kv_cache_memory=64 << 20),
-                                  ReplicaServerConfig(port=0, event_port=None), kv_transfer=KVTransferConfig(enabled=True))
+                                  ReplicaServerConfig(port=0, event_port=None),
+                                  kv_transfer=KVTransferConfig(enabled=True, peers=(holder_url,)))
     rng, rows = random.Random(0), []
     try:
         for i in range(requests + 1):  # the first one shakes hands: reported apart
