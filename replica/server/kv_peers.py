@@ -66,6 +66,11 @@ class PeerRegistry:
         self._pushed = pushed
         return len(pushed)
 
+    @property
+    def num_registered(self) -> int:
+        """Peers in the router's last set (the ``--kv-peer`` URLs aside)."""
+        return len(self._pushed)
+
     def resolve(self, url: str) -> str | None:
         """The normalized URL to call when ``url`` is a registered peer's; None when it is not."""
         normal = normalize_url(url)

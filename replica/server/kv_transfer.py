@@ -88,7 +88,8 @@ class KVTransferService:
 
     def load(self) -> KVTransferLoad:
         return KVTransferLoad(enabled=True, pull_bytes_per_s=self.engine.kv_transfers.pull_bytes_per_s,
-                              bytes_per_token=self.bytes_per_block // self.block_size)
+                              bytes_per_token=self.bytes_per_block // self.block_size,
+                              registered_peers=self.registry.num_registered)
 
     def lease_at_finish(self, request_id: str, peer: str) -> concurrent.futures.Future[Lease]:
         """Arm the prefill side's lease, counted against ``peer``: taken on the engine thread when ``request_id``

@@ -16,6 +16,9 @@ class KVTransferLoad(msgspec.Struct, kw_only=True):
     """Bytes per second of its finished pulls (EWMA, measured); None before the first one."""
     bytes_per_token: int | None = None
     """KV bytes one token takes on this replica (one block's bytes / block size); None when disabled."""
+    registered_peers: int | None = None
+    """Peers a router registered here (``POST /kv/peers``; 0 after a restart: the router registers them again);
+    None when disabled."""
 
 
 class LoadReport(msgspec.Struct, kw_only=True):

@@ -79,7 +79,7 @@ class ReplicaProbes:
         """GET /health (and /load when it has one); marks the replica healthy or not."""
         rt = self.runtime
         timeout_s = rt.config.connect_timeout_s
-        turned_on = False  # KV transfer on in this /load, off (or unknown) in the last
+        turned_on = False  # KV transfer on in this /load, off (or unknown) in the last; or no peers registered
         try:
             status, _, _ = await self.pool.fetch("GET", spec.url, "/health", timeout_s, headers=rt.headers())
             ok = status == 200
@@ -90,9 +90,9 @@ class ReplicaProbes:
                 load = rt.router.loads.loads.get(spec.replica_id)
                 if report is not None and load is not None:
                     load.update_report(report)
-                    was_on = load.kv_transfer_enabled
-                    load.update_transfer(decode_transfer(raw))
-                    turned_on = load.kv_transfer_enabled and not was_on
+                    was_on, transfer = load.kv_transfer_enabled, decode_transfer(raw)
+                    load.update_transfer(transfer)
+                    turned_on = load.kv_transfer_enabled and (not was_on or transfer.get("registered_peers") == 0)
                     self.check_stream(spec, report, sent_at, time.time())
                     rt.health.check_progress(spec, report, load.queued_prefill_tokens)
             connect_error = False
@@ -111,7 +111,7 @@ class ReplicaProbes:
             await rt.kv_peers.before_healthy(spec)  # its pull peers (and it among the others') first
             rt.router.set_healthy(spec.replica_id, True)
         elif turned_on and was:
-            await rt.kv_peers.push([spec])  # healthy already, transfer only now on: its pull peers
+            await rt.kv_peers.push([spec])  # healthy already, transfer only now on (or restarted): its pull peers
         if not ok and was:
             rt.mark_failed(spec.replica_id, connect_error, "does not answer /health", kind=None)
         elif not ok and connect_error:

@@ -56,6 +56,7 @@ def test_decode_side_pulls_the_prompt_and_answers_the_holders_text(pair):
         assert metric(cb, "kvmesh_kv_transfer_pulls_total", 'outcome="ok"') >= 1
         load = cb.get("/load").json()["kv_transfer"]
         assert load["enabled"] and load["pull_bytes_per_s"] > 0 and load["bytes_per_token"] > 0
+        assert load["registered_peers"] == 1
 
 
 def test_prefill_side_hands_a_lease_that_the_decode_side_pulls_and_releases(pair):
@@ -215,7 +216,7 @@ def test_a_replica_with_transfer_off_says_so_and_computes(stories_path, pair):
     with kv_replica(stories_path, enabled=False) as off, client(off) as c:
         assert c.get("/kv/handshake").status_code == 503
         assert c.get("/load").json()["kv_transfer"] == {"enabled": False, "pull_bytes_per_s": None,
-                                                       "bytes_per_token": None}
+                                                       "bytes_per_token": None, "registered_peers": None}
         r = complete(c, max_tokens=2, kv_transfer_params={"do_remote_prefill": True, "remote_url": a.http.url})
         assert r.headers["x-kvmesh-kv-pull"] == "skipped"
         handle = complete(c, max_tokens=1, kv_transfer_params={"do_remote_decode": True}).json()["kv_transfer_params"]

@@ -287,6 +287,8 @@ def test_the_router_registers_its_replica_set_on_every_replica_and_again_after_a
     d.configure(kv_transfer=TRANSFER, prefill_tokens_per_s=1000.0)
     wait_for(lambda: len(fake_stats(d)["kv_peers"]) == 2, what="the restarted d's peers registered again")
     assert answer(post(router, prompt(8100))) == ("d", MOVABLE)  # and it pulls from p again
+    d.configure(reset_stats=True)  # a restart between two polls: healthy throughout, its /load says 0 peers
+    wait_for(lambda: len(fake_stats(d)["kv_peers"]) == 2, what="d's peers registered after its /load said none")
 
 
 def test_a_replica_told_no_peers_computes_instead_of_calling_remote_url(trio, start_router):

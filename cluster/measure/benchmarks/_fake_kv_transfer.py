@@ -96,7 +96,8 @@ class FakeKVTransfer:
     def load_field(self) -> JSONBody:
         """``/load``'s ``kv_transfer`` object."""
         return {"enabled": self.enabled, "pull_bytes_per_s": self.pull_bytes_per_s,
-                "bytes_per_token": self.bytes_per_token if self.enabled else None}
+                "bytes_per_token": self.bytes_per_token if self.enabled else None,
+                "registered_peers": len(self.peers) if self.enabled else None}
 
     def stats(self) -> JSONBody:
         return {"kv_transfer_params": list(self.received), "leases_active": len(self.leases),
