@@ -81,7 +81,7 @@ class ControlFollower:
     # ---------------------------------------------------------------- following
     async def follow_once(self) -> None:
         """Read the control router's replica set and make this worker's equal to it."""
-        key = self.runtime.config.api_key
+        key = self.runtime.config.admin_key  # the replica set is the admin plane's (it names the replicas' URLs)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
             status, _, raw = await self._pool.fetch("GET", self.control_url, "/replicas", CONTROL_TIMEOUT_S,
