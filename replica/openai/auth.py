@@ -19,7 +19,7 @@ Keys are compared in constant time.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 
 from kvmesh.replica.openai.errors import error_response
 from kvmesh.replica.serving.errors import ProtocolError
@@ -43,11 +43,6 @@ def never_admin(method: str, path: str) -> bool:
 
 def never_kv_plane(path: str) -> bool:
     return False
-
-
-def is_internal(scope: MutableMapping) -> bool:
-    """Whether the request of ``scope`` presented the internal key (set by ``AuthMiddleware``)."""
-    return bool(scope.get("state", {}).get(INTERNAL_SCOPE_KEY, False))
 
 
 class AuthMiddleware:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvmesh.replica.openai.auth import KV_PLANE_REFUSED, is_internal
+from kvmesh.replica.openai.auth import INTERNAL_SCOPE_KEY, KV_PLANE_REFUSED
 from kvmesh.replica.serving.errors import ProtocolError
 
 if TYPE_CHECKING:
@@ -39,6 +39,6 @@ def check_transfer_params(server: ReplicaServerConfig, http: Request, req: Sampl
     (when this replica has one)."""
     if server.internal_key is None or req.kv_transfer_params is None:
         return
-    if not is_internal(http.scope):
+    if not http.scope.get("state", {}).get(INTERNAL_SCOPE_KEY, False):  # set by the auth middleware
         raise ProtocolError(f"{TRANSFER_FIELD}: {KV_PLANE_REFUSED}; the router sets it (prefill/decode split, "
                             "peer pulls), so remove it from the request", 403, param=TRANSFER_FIELD)
