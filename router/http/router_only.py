@@ -30,6 +30,8 @@ ROUTER_ONLY = {
 
 
 def refuse_router_only(req: SamplingFields) -> None:
-    """A 400 naming the first router-only field the decoded request ``req`` has (its model's fields set)."""
-    for name in req.model_fields_set & ROUTER_ONLY.keys():
-        raise ProtocolError(f"{name} may not be sent to the router: {ROUTER_ONLY[name]}", param=name)
+    """A 400 naming a router-only field the decoded request ``req`` has (its model's fields set), the first in
+    ``ROUTER_ONLY``'s order."""
+    for name, why in ROUTER_ONLY.items():
+        if name in req.model_fields_set:
+            raise ProtocolError(f"{name} may not be sent to the router: {why}", param=name)

@@ -57,7 +57,7 @@ async def _discover(args: argparse.Namespace, url: str) -> list[ReplicaSpec]:
     try:  # the replica list names the replicas' URLs: the admin plane's (the record of a serve running here)
         admin_key = find_admin_key(url)[1]
     except ValueError as e:
-        raise ValueError(f"cannot list the replicas at {url}: {e}; or pass --replica URL,events=...,replay=...") from None
+        raise ValueError(f"cannot list replicas at {url}: {e}; or pass --replica URL,events=...,replay=...") from None
     headers = {"Authorization": f"Bearer {admin_key}"}
     try:
         async with open_session(url, headers, total_s=5.0) as client:
