@@ -117,6 +117,9 @@ def test_the_router_calls_replicas_with_the_internal_key_not_the_tenants(fakes, 
         assert r.status_code == 200, r.text
     assert set(fake_stats(legit)["auth_seen"]) == {"Bearer cluster-internal-key"}
     assert "cluster-internal-key" not in repr(router.runtime.config)
+    inside = {"Authorization": "Bearer cluster-internal-key"}  # the replicas' key is no key to the router
+    assert httpx.post(router.url + "/v1/completions", json={"prompt": "hi"}, headers=inside).status_code == 401
+    assert httpx.get(router.url + "/replicas", headers=inside).status_code == 403
 
 
 @pytest.mark.parametrize("other", ["api_key", "admin_key"])
