@@ -1,6 +1,6 @@
 """Talking to a running router over HTTP: the replica registry and a per-replica status table.
 
-The router (router/control/router_server.py) exposes ``GET/POST /replicas``, ``DELETE /replicas/{id}``,
+The router (router/control/router_server.py) exposes, to the admin key, ``GET/POST /replicas``, ``DELETE /replicas/{id}``,
 ``POST /replicas/{id}/drain``, the serve process's ``/admin/{fleet,scale,rollout}``, ``/health``
 and Prometheus ``/metrics``. serve's supervisor registers replicas through this
 client (the same calls work for a router in another process or on another node); ``kvmesh
@@ -86,9 +86,10 @@ class RouterClient:
         return json.loads(self._request("GET", "/health", check=False)[1])
 
     def replica_rows(self, drain_cost: bool = False) -> list[ReplicaRow]:
-        """``GET /replicas``; ``drain_cost`` adds ``exclusive_blocks`` (a walk over the router's index)."""
+        """``GET /replicas`` (the admin key: it names the replicas' URLs); ``drain_cost`` adds ``exclusive_blocks``
+        (a walk over the router's index)."""
         path = "/replicas?drain_cost=true" if drain_cost else "/replicas"
-        return ReplicaList.decode(self._request("GET", path)[1]).replicas
+        return ReplicaList.decode(self._request("GET", path, admin=True)[1]).replicas
 
     def replicas(self, drain_cost: bool = False) -> list[Json]:
         """``replica_rows`` as JSON objects, for the autoscaling policy (cluster/fleet/autoscaler.py), which the
@@ -98,7 +99,7 @@ class RouterClient:
     def _replica_json(self) -> list[Json]:
         """``GET /replicas`` rows as JSON, for ``status``: a router of another version may add fields (``role``)
         or lack them, which status then shows as unknown."""
-        return json.loads(self._request("GET", "/replicas")[1])["replicas"]
+        return json.loads(self._request("GET", "/replicas", admin=True)[1])["replicas"]
 
     def register(self, replica_id: str, url: str, events: str | None, replay: str | None, role: str = "both") -> Json:
         """Add a replica, or re-register it with new endpoints (the router drops its old tree); ``role``: prefill,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvmesh.events.config import SubscriberConfig
-from kvmesh.replica.openai.config import FrontendConfig, check_api_key
+from kvmesh.replica.openai.config import FrontendConfig, check_api_key, check_internal_key
 from kvmesh.router.routing.policies import DEFAULT_POLICY, PolicyConfig, PolicyOptions, policy_config
 from kvmesh.router.routing.roles import BOTH, ROLES, check_role
 from kvmesh.router.routing.transfers import TransferRules
@@ -89,7 +89,10 @@ class RouterConfig:
     """Bearer token for changing the replica set (POST/DELETE /replicas); None disables those endpoints (403).
     Must differ from api_key: tenants never hold it. ``kvmesh serve`` generates one for its own processes."""
     replica_api_key: str | None = field(default=None, repr=False, metadata={"cli": True})
-    """Bearer token sent to replicas, if they require one."""
+    """Bearer token sent to replicas, if they require one (and no internal_key is set)."""
+    internal_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_INTERNAL_KEY", "cli": True})
+    """The cluster's internal key, sent to replicas on every call instead of replica_api_key: only it opens their KV
+    plane (kv_transfer_params, /kv/*); must differ from api_key and admin_key. ``kvmesh serve`` generates one."""
     cache_salt_secret: bytes | None = field(default=None, repr=False)
     """SECRET: key of the replicas' cache-salt digests (``kvcache.hashing.cache_salt_secret(seed)``,
     not the seed); None: requests with a cache_salt are routed without prefix matches."""
@@ -212,6 +215,7 @@ class RouterConfig:
             raise ValueError("replica_api_key is empty; give the replicas' key or leave it unset")
         if self.admin_key is not None and self.admin_key == self.api_key:
             raise ValueError("admin_key equals api_key: every tenant would hold the admin key; use another secret")
+        check_internal_key(self.internal_key, "internal_key", {"api_key": self.api_key, "admin_key": self.admin_key})
 
 
     def transfer_rules(self) -> TransferRules:

@@ -24,6 +24,7 @@ def test_status_hit_rate_counts_streams_sent_without_include_usage(pair, tmp_pat
         assert r.status_code == 200 and events[-1] == "data: [DONE]"
         assert not any('"usage":{' in e for e in events[:-1] if '"choices":[]' in e)  # no usage asked, none sent
     monkeypatch.setenv("KVMESH_API_KEY", KEY)
+    monkeypatch.setenv("KVMESH_ADMIN_KEY", "admin-key")  # the router's (openai_pair.py): the replica list needs it
     monkeypatch.setenv("KVMESH_CLUSTERS_DIR", str(tmp_path))
     capsys.readouterr()
     assert main(["status", "--url", router, "--json"]) == 0

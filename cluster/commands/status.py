@@ -20,6 +20,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--api-key", default=None,
                         help="router API key (default: $KVMESH_API_KEY, else the record of the kvmesh serve "
                              "running here at --url)")
+    parser.add_argument("--admin-key-file", default=None,
+                        help="file holding the admin key, or a cluster record, for the replica list (default: "
+                             "$KVMESH_ADMIN_KEY, else the record of the kvmesh serve running here at --url)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=run)
 
@@ -31,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from kvmesh.cluster.router_client import RouterClient
 
     try:
-        args.url, admin_key = _locate(args.url)
+        args.url, admin_key = _locate(args.url, args.admin_key_file)
     except ValueError as e:
         print(f"kvmesh status: {e}", file=sys.stderr)
         return 2
@@ -41,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
         health = client.health()
         fleet = _fleet(client)
     except aiohttp.ClientResponseError as e:
-        hint = " (set --api-key or KVMESH_API_KEY)" if e.status == 401 else ""
+        hint = {401: " (set --api-key or KVMESH_API_KEY)",
+                403: " (the replica list needs the cluster's admin key: run status as the user whose kvmesh serve "
+                     "runs here, or set KVMESH_ADMIN_KEY)"}.get(e.status, "")
         print(f"kvmesh status: router at {args.url} answered {e.status}{hint}", file=sys.stderr)
         return 1
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
@@ -61,10 +66,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _locate(url: str | None) -> tuple[str, str | None]:
+def _locate(url: str | None, key_file: str | None = None) -> tuple[str, str | None]:
     """The router's URL -- the one cluster running here when none is given (ValueError listing them when
-    several run) -- and, when this user has it (its serve runs here), its admin key: status then shows
-    scaling."""
+    several run) -- and, when this user has it (its serve runs here, ``key_file``, $KVMESH_ADMIN_KEY), its
+    admin key: the replica list needs it (it names the replicas' URLs), and status then shows scaling."""
     import os
 
     from kvmesh.cluster.admin_key import find_admin_key, running_clusters
@@ -72,8 +77,10 @@ def _locate(url: str | None) -> tuple[str, str | None]:
     if url is None and len(running_clusters()) > 1 and not os.environ.get("KVMESH_ADMIN_KEY"):
         find_admin_key(None)  # raises: which clusters run, and --url to pick one
     try:
-        return find_admin_key(url)
+        return find_admin_key(url, key_file)
     except ValueError:
+        if key_file:
+            raise
         return url or "http://127.0.0.1:8000", None
 
 

@@ -239,6 +239,12 @@ class ReplicaCommandConfig:
 
     def __post_init__(self) -> None:
         check_hash_seed(self.engine.hash_seed)
+        if self.kv_transfer.enabled and self.server.internal_key is None and not self.server.is_loopback:
+            raise ValueError(
+                f"kv_transfer is on and server.host={self.server.host!r} is reachable from other hosts, but no "
+                "internal key is set: anyone reaching the replica could lease, read and plant KV. Give the key "
+                "the router and the other replicas hold with --internal-key or KVMESH_INTERNAL_KEY (kvmesh serve "
+                "makes one itself), or bind to 127.0.0.1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +270,7 @@ SERVE_SCHEMA = Schema(ServeConfig, hidden={
     "router.block_size": "the router uses engine.block_size",
     "router.replica_api_key": "the replicas require router.api_key", "router.frontend": _FRONTEND,
     "router.admin_key": "serve generates the admin key for its own processes",
+    "router.internal_key": "serve generates the internal key for the router and its replicas",
     "events.endpoint": _EVENTS_DERIVED, "events.replay_endpoint": _EVENTS_DERIVED,
     "kv_transfer.enabled": "serve turns it on as replicas.kv_transfer says (auto: when there are prefill replicas)",
     "kv_transfer.transport": "serve's replicas move KV over nixl (the local transport works only inside one process)",

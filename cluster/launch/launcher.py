@@ -10,7 +10,9 @@
               Ray (only if serve started it)
 
 The hash seed is generated here when the config has none and reaches replicas only inside their
-EngineConfig (an actor argument); the router never needs it (it keys blocks by token ids).
+EngineConfig (an actor argument); the router never needs it (it keys blocks by token ids). The internal key
+(the KV plane's) is generated here per run and reaches the router inside its RouterConfig and every replica,
+restarted and added ones too, inside its ReplicaServerConfig.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ class ServeCluster:
         # SECRET: the cluster's hash seed, generated here unless configured; replicas get it as an actor
         # argument, the router only the salt secret derived from it (kvcache.hashing.cache_salt_secret).
         self._hash_seed: str = config.engine.hash_seed or secrets.token_hex(32)
+        # SECRET: the cluster's internal key, the KV plane's (kv_transfer_params, /kv/*): the router and every
+        # replica get it inside their config sections over Ray, never on a command line or in a log.
+        self._internal_key: str = secrets.token_urlsafe(32)
         # SECRET: CURVE keypairs of the replicas' event sockets and of the router that subscribes to them.
         self._curve = curve_keys() if config.replicas.private_events else None
 
@@ -131,7 +136,7 @@ class ServeCluster:
                                                       cfg.engine.max_num_batched_tokens),
                        tokenizer=cfg.engine.tokenizer, served_model_name=st.served_model_name,
                        max_model_len=cfg.engine.max_model_len, block_size=cfg.engine.block_size,
-                       replica_api_key=cfg.router.api_key, admin_key=admin_key,
+                       replica_api_key=None, internal_key=self._internal_key, admin_key=admin_key,
                        frontend=cfg.frontend, cache_salt_secret=cache_salt_secret(self._hash_seed))
         return self._curve.router(router) if self._curve else router
 
@@ -176,7 +181,7 @@ class ServeCluster:
         actor_bundle = pl.actor_bundle_index(tp)
         replica_id = replica_name(i, role)
         options = ReplicaOptions(
-            engine=st.engine, server=replica_server(cfg, i, st.served_model_name, st.ray.local),
+            engine=st.engine, server=replica_server(cfg, i, st.served_model_name, st.ray.local, self._internal_key),
             events=replica_events(cfg, self._curve), frontend=cfg.frontend, kv_transfer=st.kv_transfer,
             replica_id=replica_id, num_cpus_per_worker=rc.num_cpus_per_worker,
             placement_group=group.placement_group if tp > 1 else None)

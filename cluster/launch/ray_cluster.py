@@ -76,11 +76,11 @@ def connect(config: ServeConfig, log_to_driver: bool = False) -> RayHandle:
 
 
 def secret_env_names() -> tuple[str, ...]:
-    """Environment variables that may hold a kvmesh secret (hash seed, API key, admin key)."""
+    """Environment variables that may hold a kvmesh secret (hash seed, API key, admin and internal keys)."""
     from kvmesh.cluster.config.trees import SERVE_SCHEMA
 
     return tuple(sorted({env for opt in SERVE_SCHEMA.options if opt.secret for env in opt.envs}
-                        | {"KVMESH_ADMIN_KEY"}))
+                        | {"KVMESH_ADMIN_KEY", "KVMESH_INTERNAL_KEY"}))
 
 
 @contextlib.contextmanager

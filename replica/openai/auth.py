@@ -1,13 +1,18 @@
-"""Who may call what: tenants' API key, the operator's admin key, and the few open paths.
+"""Who may call what: tenants' API key, the operator's admin key, the cluster's internal key, the open paths.
 
 One pure ASGI middleware (no response buffering) in front of both apps, so no handler can forget
 a check:
 
     PUBLIC_PATHS (health, liveness, version, load, metrics)   open: probes and scrapers
+    the internal key (a replica's, ``internal_key``)          every path: the router and peer replicas
+    the KV plane (``is_kv_plane(path)``: a replica's /kv/*)   the internal key only, when one is configured:
+                                                              none -> 401, the API or admin key -> 403
     admin requests (``is_admin(method, path)``)               the admin key, never the API key;
                                                               no admin key configured -> 403 for all
     everything else                                           the API key, when one is configured
 
+A request that presented the internal key has ``scope["state"]["kvmesh_internal"]`` True (False for every
+other), so a handler can tell the cluster's own calls (``kv_transfer_params``: replica/server/kv_plane.py).
 Keys are compared in constant time.
 """
 
@@ -22,6 +27,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 PUBLIC_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/load", "/get_load"})
 """Paths that reveal nothing a tenant could use and must answer probes without a key."""
+INTERNAL_SCOPE_KEY = "kvmesh_internal"
+"""``scope["state"][INTERNAL_SCOPE_KEY]``: the request presented the cluster's internal key."""
+KV_PLANE_REFUSED = ("the KV plane is the cluster's own: only the router and the replicas (the internal key) may "
+                    "use it; tenants' and admin keys are refused")
 
 
 def _bearer(key: str | None) -> bytes | None:
@@ -32,27 +41,44 @@ def never_admin(method: str, path: str) -> bool:
     return False
 
 
+def never_kv_plane(path: str) -> bool:
+    return False
+
+
 class AuthMiddleware:
-    """The API key on every non-public path, the admin key on admin requests (see the module doc)."""
+    """The API key on every non-public path, the admin key on admin requests, the internal key on the KV
+    plane (see the module doc)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, admin_key: str | None = None,
                  is_admin: Callable[[str, str], bool] = never_admin,
-                 on_refused: Callable[[ProtocolError], None] | None = None):
+                 on_refused: Callable[[ProtocolError], None] | None = None,
+                 internal_key: str | None = None, is_kv_plane: Callable[[str], bool] = never_kv_plane):
         self.app = app
         self.api = _bearer(api_key)
         self.admin = _bearer(admin_key)
+        self.internal = _bearer(internal_key)
         self.is_admin = is_admin
+        self.is_kv_plane = is_kv_plane
         self.on_refused = on_refused
         """Sees every refusal first (the router counts them in its request metric)."""
 
+    def internal_caller(self, header: bytes) -> bool:
+        """Whether ``header`` (the Authorization value) is the internal key."""
+        return self.internal is not None and hmac.compare_digest(header, self.internal)
+
     def refusal(self, method: str, path: str, header: bytes) -> ProtocolError | None:
         """Why this request may not pass, or None."""
-        if path in PUBLIC_PATHS:
+        if path in PUBLIC_PATHS or self.internal_caller(header):
             return None
+        if self.internal is not None and self.is_kv_plane(path):
+            if any(key is not None and hmac.compare_digest(header, key) for key in (self.api, self.admin)):
+                return ProtocolError(f"{method} {path}: {KV_PLANE_REFUSED}", 403)
+            return ProtocolError(f"{method} {path} needs the cluster's internal key; send "
+                                 "'Authorization: Bearer <internal key>'", 401)
         if self.is_admin(method, path):
             if self.admin is None:
-                return ProtocolError(f"{method} {path} changes the replica set and the admin API is disabled: "
-                                     "start the router with an admin key (admin_key) to enable it", 403)
+                return ProtocolError(f"{method} {path} is the admin plane (the replica set) and the admin API is "
+                                     "disabled: start the router with an admin key (admin_key) to enable it", 403)
             if not hmac.compare_digest(header, self.admin):
                 return ProtocolError(f"{method} {path} needs the admin key ('Authorization: Bearer <admin key>'); "
                                      "the tenants' API key is not enough", 403)
@@ -69,4 +95,6 @@ class AuthMiddleware:
                 if self.on_refused is not None:
                     self.on_refused(err)
                 return await error_response(err)(scope, receive, send)
+            # a fresh dict per request: a server may hand every request the same lifespan state
+            scope["state"] = {**scope.get("state", {}), INTERNAL_SCOPE_KEY: self.internal_caller(header)}
         await self.app(scope, receive, send)

@@ -39,6 +39,15 @@ class FrontendConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
+def check_internal_key(key: str | None, what: str, others: dict[str, str | None]) -> None:
+    """The internal key: an API key's rule, and none of the ``others`` (name -> key), which tenants or the
+    operator hold."""
+    check_api_key(key, what)
+    for name, other in others.items():
+        if key is not None and key == other:
+            raise ValueError(f"{what} equals {name}: whoever holds {name} would reach the KV plane; use another secret")
+
+
 def check_api_key(key: str | None, what: str) -> None:
     """The one rule for API keys, router and replicas alike: unset, or at least 8 characters."""
     if key is not None and len(key) < MIN_API_KEY_CHARS:

@@ -23,6 +23,13 @@ from kvmesh.replica.openai.renderer import PromptRenderer
 from pydantic import BaseModel, JsonValue
 
 M = TypeVar("M", bound=BaseModel)
+BodyCheck = Callable[[Request, p.SamplingFields], None]
+"""Refuses (raises ProtocolError) a decoded completion or chat body the server will not take from this caller:
+the router's router-only fields (router/http/router_only.py), a replica's KV plane (replica/server/kv_plane.py)."""
+
+
+def accept_any(http: Request, req: p.SamplingFields) -> None:
+    return None
 
 
 def kvmesh_version() -> str:
@@ -33,8 +40,9 @@ def kvmesh_version() -> str:
 
 
 def install_shared_routes(app: FastAPI, renderer: PromptRenderer, check_model: Callable[[str | None], None],
-                          model_name: Callable[[], str]) -> None:
-    """Add the shared endpoints to ``app``; ``check_model`` raises the 404 for a model not served."""
+                          model_name: Callable[[], str], check_body: BodyCheck = accept_any) -> None:
+    """Add the shared endpoints to ``app``; ``check_model`` raises the 404 for a model not served, ``check_body``
+    refuses a render body the server will not take (the same rule as its completion paths)."""
     config = renderer.config
 
     def max_model_len() -> int:
@@ -61,11 +69,13 @@ def install_shared_routes(app: FastAPI, renderer: PromptRenderer, check_model: C
     @app.post("/v1/completions/render")
     async def render_completion(http: Request):
         req = await read(http, p.CompletionRequest)
+        check_body(http, req)
         return [rendered(req, await renderer.completion(prompt), "cmpl") for prompt in req.prompts()]
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(http: Request):
         req = await read(http, p.ChatCompletionRequest)
+        check_body(http, req)
         return rendered(req, await renderer.request(req), "chatcmpl")
 
     @app.get("/version")

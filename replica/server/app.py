@@ -13,7 +13,9 @@
     GET  /kv/handshake, POST /kv/lease, /kv/release   KV transfer to peer replicas (kv_routes.py; 503 when off)
 
 With ``api_key`` set, every path except health, ping, version, load and metrics needs
-``Authorization: Bearer <key>`` (replica/openai/auth.py). Errors are OpenAI-shaped JSON.
+``Authorization: Bearer <key>`` (replica/openai/auth.py). With ``internal_key`` set, that key passes every
+path and alone opens the KV plane: /kv/* and a body's ``kv_transfer_params`` (kv_plane.py). Errors are
+OpenAI-shaped JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.auth import AuthMiddleware
 from kvmesh.replica.openai.errors import error_response, install_error_handlers
 from kvmesh.replica.openai.routes import install_shared_routes
+from kvmesh.replica.server import kv_plane
 from kvmesh.replica.server.completions import OpenAIHandlers
 from kvmesh.replica.server.kv_routes import install_kv_routes
 from kvmesh.replica.server.metrics import CountMiddleware
@@ -39,11 +42,13 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="kvmesh replica", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.kvmesh = state
     handlers = OpenAIHandlers(state)
-    app.add_middleware(AuthMiddleware, api_key=state.server.api_key)
+    app.add_middleware(AuthMiddleware, api_key=state.server.api_key, internal_key=state.server.internal_key,
+                       is_kv_plane=kv_plane.is_kv_plane)
     app.add_middleware(CountMiddleware, metrics=state.metrics)  # outermost: refusals are counted too
 
     install_error_handlers(app, "replica")
-    install_shared_routes(app, state.renderer, state.check_model, lambda: state.model_name)
+    install_shared_routes(app, state.renderer, state.check_model, lambda: state.model_name,
+                          lambda http, req: kv_plane.check_transfer_params(state.server, http, req))
     app.add_api_route("/v1/completions", handlers.completions, methods=["POST"], response_model=None)
     app.add_api_route("/v1/chat/completions", handlers.chat, methods=["POST"], response_model=None)
     install_kv_routes(app, state)

@@ -24,7 +24,7 @@ from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
-from kvmesh.replica.server import kv_handoff
+from kvmesh.replica.server import kv_handoff, kv_plane
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.serving.errors import ProtocolError, error_body
@@ -84,9 +84,11 @@ class OpenAIHandlers:
         return await self._serve(http, req, [await self.state.renderer.request(req)])
 
     async def _read(self, http: Request, model_cls: type[R]) -> R:
-        """The body validated into ``model_cls`` (limits applied while reading), for the served model."""
+        """The body validated into ``model_cls`` (limits applied while reading), for the served model;
+        ``kv_transfer_params`` only from the cluster itself (kv_plane.py), before kv_handoff.py acts on them."""
         req = await read_request(http, model_cls, self.state.frontend, self.state.renderer.run)
         self.state.check_model(req.model)
+        kv_plane.check_transfer_params(self.state.server, http, req)
         return req
 
     # ------------------------------------------------------------ shared path

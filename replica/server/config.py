@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from kvmesh.events.config import PublisherConfig
-from kvmesh.replica.openai.config import check_api_key
+from kvmesh.replica.openai.config import check_api_key, check_internal_key
 
 AUTO_HOST = "auto"
 """``host`` value a Ray actor resolves on its node (actor.py: 127.0.0.1 on one node, else the node's IP)."""
@@ -29,6 +29,9 @@ class ReplicaServerConfig:
     """Full PUB endpoint instead of host/event_port, e.g. connect://tcp://collector:5557."""
     api_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_API_KEY", "cli": True})
     """Bearer token clients must send on /v1/* routes (at least 8 characters); None disables auth."""
+    internal_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_INTERNAL_KEY", "cli": True})
+    """The cluster's internal key (the router's and peer replicas'): passes every path, and alone opens the KV plane
+    (kv_transfer_params, /kv/*); needed with kv_transfer on a non-loopback host. ``kvmesh serve`` generates one."""
     served_model_name: str | None = None
     """Name clients put in "model"; None -> the model value."""
     default_max_tokens: int | None = None
@@ -40,6 +43,7 @@ class ReplicaServerConfig:
             if port is not None and not 0 <= port <= 65535:
                 raise ValueError(f"server.{name}={port} is not a TCP port; use 0..65535 (0 = ephemeral)")
         check_api_key(self.api_key, "server.api_key")
+        check_internal_key(self.internal_key, "server.internal_key", {"server.api_key": self.api_key})
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"server.default_max_tokens={self.default_max_tokens} must be at least 1 (or unset)")
         try:
@@ -47,6 +51,14 @@ class ReplicaServerConfig:
         except ValueError:
             if not re.fullmatch(r"[A-Za-z0-9.-]+", self.host):
                 raise ValueError(f"server.host={self.host!r} is not an address") from None
+
+    @property
+    def is_loopback(self) -> bool:
+        """Whether it listens on loopback only (no other host can reach it)."""
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
 
     def publisher_config(self, events: PublisherConfig) -> PublisherConfig | None:
         """The events section with this server's PUB and replay addresses; None: this replica publishes no events."""

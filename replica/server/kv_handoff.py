@@ -38,7 +38,11 @@ async def before(state: ServerState, req: CompletionRequest | ChatCompletionRequ
         return dict(NO_PULL)
     if state.kv_transfer is None:  # transfer off here: computed, said so
         return PullResult("skipped").headers()
-    result = await state.kv_transfer.pull(params, prompts[0], req.cache_salt, http.headers.get("authorization"))
+    # the cluster's internal key; a replica without one (loopback only) passes on the caller's header, which
+    # goes to a registered peer only
+    key = state.server.internal_key
+    auth = f"Bearer {key}" if key else http.headers.get("authorization")
+    result = await state.kv_transfer.pull(params, prompts[0], req.cache_salt, auth)
     return result.headers()
 
 

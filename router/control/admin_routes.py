@@ -1,15 +1,17 @@
 """The router's replica-set routes: list, register, drain and remove replicas, and the fleet (admin plane).
 
-    GET    /replicas[?drain_cost=true]   the replica set, in flight (and drain cost) per replica (API key)
-    POST   /replicas                     register (or re-register) a replica            } the admin key
-    DELETE /replicas/{id}                remove one                                     } only (403
-    POST   /replicas/{id}/drain          stop routing new requests to it; running ones  } without one)
+    GET    /replicas[?drain_cost=true]   the replica set, in flight (and drain cost) per  } the admin key
+                                         replica: its URLs, the fleet's layout            } only (403
+    POST   /replicas                     register (or re-register) a replica              } without one)
+    DELETE /replicas/{id}                remove one                                       }
+    POST   /replicas/{id}/drain          stop routing new requests to it; running ones    }
                                          finish (inside ``kvmesh serve``: then its process is removed)
     GET    /admin/fleet, POST /admin/scale, /admin/rollout
                                          the process set, when the router runs inside ``kvmesh serve``
 
-``is_admin_request`` is the one rule of which requests are the admin plane (the auth middleware, and
-serve's workers passing them to the control router, use it).
+``is_admin_request`` is the one rule of which requests are the admin plane (the auth middleware uses it);
+``answered_by_owner`` the part of it serve's workers pass to the control router, which owns the replica set
+(a worker answers ``GET /replicas`` with its own view).
 """
 
 from __future__ import annotations
@@ -58,10 +60,13 @@ class RolloutRequest(OpenAIBaseModel):
 
 
 def is_admin_request(method: str, path: str) -> bool:
-    """Requests that change the replica set (the admin plane), and everything under /admin/."""
-    if path.startswith("/admin/"):
-        return True
-    return method not in ("GET", "HEAD") and (path == "/replicas" or path.startswith("/replicas/"))
+    """The admin plane: the replica set (reading it too: it names the replicas' URLs), everything under /admin/."""
+    return path.startswith("/admin/") or path == "/replicas" or path.startswith("/replicas/")
+
+
+def answered_by_owner(method: str, path: str) -> bool:
+    """Admin requests the replica set's owner answers: changes to the set, and everything under /admin/."""
+    return path.startswith("/admin/") or (method not in ("GET", "HEAD") and is_admin_request(method, path))
 
 
 def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:

@@ -27,6 +27,7 @@ from kvmesh.replica.serving.errors import ProtocolError, error_body
 from kvmesh.router.config import RouterConfig
 from kvmesh.router.control.admin_routes import install_replica_routes, is_admin_request
 from kvmesh.router.control.runtime import RouterRuntime
+from kvmesh.router.http.router_only import refuse_router_only
 
 
 def served_model(cfg: RouterConfig) -> str:
@@ -64,7 +65,8 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
                        on_refused=count_error)
     install_error_handlers(app, "router", on_error=count_error)
     model_name = served_model(cfg)
-    install_shared_routes(app, runtime.renderer, runtime.check_model, lambda: model_name)
+    install_shared_routes(app, runtime.renderer, runtime.check_model, lambda: model_name,
+                          lambda http, req: refuse_router_only(req))
 
     @app.get("/v1/models")
     async def models():

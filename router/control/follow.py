@@ -6,8 +6,8 @@ and fleet register, drain and remove replicas there. Each worker
 - reads the control router's ``GET /replicas`` every ``FOLLOW_INTERVAL_S`` and makes its own set
   equal (add / re-register, drain, remove) -- a worker restarted after a crash catches up the same
   way; and writes how many replicas it routes to in the shared table (serve waits on it);
-- passes every admin-plane request it receives (``is_admin_request``: ``POST /replicas``,
-  ``DELETE``, ``/drain``, ``/admin/*``) through to the control router unchanged, credentials
+- passes every request that changes the replica set, or is for the fleet (``answered_by_owner``:
+  ``POST /replicas``, ``DELETE``, ``/drain``, ``/admin/*``) through to the control router unchanged, credentials
   included, and answers with its answer (a rule of the worker's door, router/http/door.py). The
   change then reaches every worker by the first rule.
 """
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.config import ReplicaSpec
-from kvmesh.router.control.admin_routes import is_admin_request
+from kvmesh.router.control.admin_routes import answered_by_owner
 from kvmesh.router.control.rows import ReplicaList, ReplicaRow
 from kvmesh.router.http.messages import Request, Response
 from kvmesh.router.http.upstream import UpstreamError, UpstreamPool
@@ -56,7 +56,7 @@ class ControlFollower:
         """Follow from ``server``'s start to its stop; its door passes the admin plane on."""
         follower = cls(server, control_url, table, row)
         server.companions.append(follower)
-        server.door.add_rule(is_admin_request, follower.pass_through)
+        server.door.add_rule(answered_by_owner, follower.pass_through)
         return follower
 
     # ---------------------------------------------------------------- lifecycle
@@ -81,7 +81,7 @@ class ControlFollower:
     # ---------------------------------------------------------------- following
     async def follow_once(self) -> None:
         """Read the control router's replica set and make this worker's equal to it."""
-        key = self.runtime.config.api_key
+        key = self.runtime.config.admin_key  # the replica set is the admin plane's (it names the replicas' URLs)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
             status, _, raw = await self._pool.fetch("GET", self.control_url, "/replicas", CONTROL_TIMEOUT_S,
@@ -115,7 +115,7 @@ class ControlFollower:
 
     # ---------------------------------------------------------------- admin plane
     async def pass_through(self, request: Request) -> Response:
-        """An admin-plane request, answered by the control router (the door's rule for ``is_admin_request``)."""
+        """An admin-plane request, answered by the control router (the door's rule for ``answered_by_owner``)."""
         body = await request.body()
         if len(body) > MAX_ADMIN_BODY:
             raise ProtocolError(f"admin request body over {MAX_ADMIN_BODY} bytes", 413)

@@ -26,7 +26,6 @@ import logging
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
-from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.failures import InvalidAnswer, count_failure
 from kvmesh.router.http.relay import UPSTREAM_ERRORS
 from kvmesh.router.routing.receipts import HEADER_PULLED_TOKENS
@@ -187,12 +186,3 @@ class KVHandoff:
         if pulled:
             self.runtime.metrics.kv_pulled_tokens.inc(pulled)
 
-
-def refuse_client_transfer(raw: bytes) -> None:
-    """A client may not send ``kv_transfer_params``: it names a URL the replica would call with the cluster's
-    key (the router alone sets it). A 400 for a body that does."""
-    if b'"kv_transfer_params"' in raw:
-        body = msgspec.json.decode(raw)
-        if isinstance(body, dict) and TRANSFER_FIELD in body:
-            raise ProtocolError(f"{TRANSFER_FIELD} is set by the router (prefill/decode split, peer pulls), "
-                                "not by clients; remove it from the request", param=TRANSFER_FIELD)

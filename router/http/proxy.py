@@ -27,11 +27,12 @@ from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.failures import InvalidAnswer, count_failure
-from kvmesh.router.http.kv_handoff import KVHandoff, refuse_client_transfer
+from kvmesh.router.http.kv_handoff import KVHandoff
 from kvmesh.router.http.messages import Request, Response
 from kvmesh.router.http.migration import MigratingStream
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.relay import UPSTREAM_ERRORS, Opened, StreamRelay, let_go
+from kvmesh.router.http.router_only import refuse_router_only
 from kvmesh.router.http.token_forwarding import TEXT, UpstreamKind
 from kvmesh.router.http.upstream import UpstreamPool
 from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
@@ -108,6 +109,7 @@ class Forwarder:
         checked against the context as the replica checks it (max_tokens, sampling)."""
         svc = self.runtime
         req = await parse_off_loop(raw, p.ChatCompletionRequest if chat else p.CompletionRequest, svc.renderer.run)
+        refuse_router_only(req)  # on the decoded body, as the replica decodes it (router_only.py)
         svc.check_model(req.model)
         if svc.tokenizer is None:  # no tokenizer configured: load-only routing, the replica validates
             return req, [], None
@@ -123,7 +125,6 @@ class Forwarder:
         """The client's request, validated and tokenized (a stream with its migration state)."""
         svc = self.runtime
         raw = await http.body()
-        refuse_client_transfer(raw)
         t0 = time.perf_counter_ns()
         req, prompts, params = await self._validate(raw, chat)
         request = ProxyRequest(raw, req, prompts, chat, svc.config.forward_token_ids, path=path,

@@ -90,8 +90,8 @@ class ProxyRequest:
         req = self.req
         if not self.forward_ids or kind == TEXT or req is None:
             return False
-        if self.chat:  # a chat that came with its ids goes as sent (they are what the router routed by)
-            return kind == KVMESH and getattr(req, "prompt_token_ids", None) is None
+        if self.chat:  # a client may not send a chat's ids (router_only.py): the router's always go
+            return kind == KVMESH
         if req.echo:
             return False  # the echoed prompt must be the client's text, not the ids decoded
         if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
@@ -117,7 +117,7 @@ class ProxyRequest:
         head = self.raw.rstrip()
         if head.endswith(b"}") and b'"prompt_token_ids"' not in head:  # appended: the messages are not re-encoded
             return head[:-1] + b',"prompt_token_ids":' + msgspec.json.encode(self.prompts[0]) + b"}"
-        body = msgspec.json.decode(self.raw)  # e.g. "prompt_token_ids": null as sent
+        body = msgspec.json.decode(self.raw)  # e.g. the name nested in another object
         body["prompt_token_ids"] = self.prompts[0]
         return msgspec.json.encode(body)
 

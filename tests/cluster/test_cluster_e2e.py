@@ -127,7 +127,7 @@ def test_killed_replica_does_not_fail_requests_sent_after_it_died(cluster):
 def test_restarted_replica_gets_an_empty_tree_rebuilt_from_its_new_event_stream(cluster):
     from kvmesh.cluster.router_client import RouterClient
 
-    client = RouterClient(cluster.url)
+    client = RouterClient(cluster.url, admin_key=cluster.state.admin_key)  # the replica list is the admin plane's
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         rows = {r.replica_id: r for r in client.status()}
@@ -148,9 +148,10 @@ def test_restarted_replica_gets_an_empty_tree_rebuilt_from_its_new_event_stream(
     client.close()
 
 
-def test_status_command_shows_every_replica(cluster, capsys):
+def test_status_command_shows_every_replica(cluster, capsys, monkeypatch):
     from kvmesh.cluster.cli import main
 
+    monkeypatch.setenv("KVMESH_ADMIN_KEY", cluster.state.admin_key)  # this serve wrote no record: status is told
     assert main(["status", "--url", cluster.url]) == 0
     out = capsys.readouterr().out
     assert "2/2 replicas healthy" in out and "replica-0" in out and "replica-1" in out

@@ -87,7 +87,7 @@ def test_drain_lets_streams_in_flight_finish_then_removes_the_replica(cluster):
         deadline = time.monotonic() + 60
         busy = None
         while busy is None and time.monotonic() < deadline:
-            rows = httpx.get(cluster.url + "/replicas", timeout=10).json()["replicas"]
+            rows = httpx.get(cluster.url + "/replicas", headers=admin_headers(cluster), timeout=10).json()["replicas"]
             busy = next((r["id"] for r in rows if r["in_flight"] > 0), None)
         assert busy, "no request in flight"
         r = httpx.post(f"{cluster.url}/replicas/{busy}/drain", headers=admin_headers(cluster), timeout=10)

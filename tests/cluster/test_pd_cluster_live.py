@@ -16,7 +16,7 @@ import uuid
 import httpx
 import pytest
 
-from .live_cluster import fleet_idle, start_cluster, wait_fleet
+from .live_cluster import admin_headers, fleet_idle, start_cluster, wait_fleet
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -94,7 +94,7 @@ def _status(cluster, monkeypatch, capsys) -> dict[str, dict]:
 
 
 def test_status_and_the_router_show_each_replicas_role(pd, monkeypatch, capsys):
-    rows = httpx.get(pd.url + "/replicas", timeout=10).json()["replicas"]
+    rows = httpx.get(pd.url + "/replicas", headers=admin_headers(pd), timeout=10).json()["replicas"]
     assert {r["id"]: r["role"] for r in rows} == {"replica-0": "decode", "prefill-1": "prefill"}
     status = _status(pd, monkeypatch, capsys)
     assert {rid: r["role"] for rid, r in status.items()} == {"replica-0": "decode", "prefill-1": "prefill"}
@@ -131,6 +131,21 @@ def test_a_long_unseen_prompt_is_prefilled_on_one_replica_and_decoded_on_the_oth
               f"{decode['kv_pulled_bytes'] - before['replica-0']['kv_pulled_bytes']} bytes pulled")
 
 
+def test_the_replicas_kv_plane_is_closed_to_all_but_the_cluster(pd):
+    """serve's replicas hold the internal key the router sends: without it, no /kv/* and no kv_transfer_params."""
+    assert httpx.get(pd.url + "/replicas", timeout=10).status_code == 403  # the replicas' URLs: admin only
+    rows = httpx.get(pd.url + "/replicas", headers=admin_headers(pd), timeout=10).json()["replicas"]
+    urls = {r["id"]: r["url"] for r in rows}
+    r = httpx.get(urls["prefill-1"] + "/kv/handshake", timeout=10)
+    assert r.status_code == 401, r.text
+    r = httpx.post(urls["replica-0"] + "/v1/completions", timeout=30, json={
+        "prompt": [5, 6, 7], "max_tokens": 1, "kv_transfer_params": {"do_remote_prefill": True,
+                                                                      "remote_url": urls["prefill-1"]}})
+    assert r.status_code == 403 and "KV plane is the cluster's own" in r.json()["error"]["message"]
+    assert httpx.post(urls["replica-0"] + "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 1},
+                      timeout=30).status_code == 200  # a tenant may still call a replica directly
+
+
 def test_scale_the_prefill_role_by_the_cli(pd, monkeypatch, capsys):
     from kvmesh.cluster.cli import main
 
@@ -140,7 +155,7 @@ def test_scale_the_prefill_role_by_the_cli(pd, monkeypatch, capsys):
     state = wait_fleet(pd, lambda s: fleet_idle(s) and len(s["replicas"]) == 3, 10, "3 replicas")
     new = [rid for rid, role in state["roles"].items() if role == "prefill" and rid != "prefill-1"]
     assert new == ["prefill-2"] and state["prefill_target"] == 2, state  # a fresh index, the prefill name
-    rows = httpx.get(pd.url + "/replicas", timeout=10).json()["replicas"]
+    rows = httpx.get(pd.url + "/replicas", headers=admin_headers(pd), timeout=10).json()["replicas"]
     assert {r["id"]: r["role"] for r in rows}["prefill-2"] == "prefill"
 
 

@@ -17,7 +17,7 @@ import pytest
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 SECRETS = {"KVMESH_API_KEY": "tenant-key-123456", "KVMESH_HASH_SEED": "hash-seed-123456",
-           "KVMESH_ADMIN_KEY": "admin-key-123456"}
+           "KVMESH_ADMIN_KEY": "admin-key-123456", "KVMESH_INTERNAL_KEY": "internal-key-123456"}
 
 PROBE = r"""
 import json, os, re, subprocess, time

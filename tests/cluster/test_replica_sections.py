@@ -9,12 +9,13 @@ from kvmesh.cluster.launch.event_keys import curve_keys
 from kvmesh.cluster.launch.replica_sections import replica_events, replica_server
 
 
-def test_replica_i_listens_on_the_base_ports_plus_i_and_2i_with_the_routers_key():
+def test_replica_i_listens_on_the_base_ports_plus_i_and_2i_with_the_tenants_and_the_internal_key():
     cfg = from_dict({"replicas": {"http_port": 9000, "event_port": 6000}, "router": {"api_key": "tenant-secret-key"}})
-    server = replica_server(cfg, 2, "tiny", local=True)
+    server = replica_server(cfg, 2, "tiny", local=True, internal_key="cluster-internal-key")
     assert (server.host, server.port, server.event_port, server.replay_port) == ("127.0.0.1", 9002, 6004, 6005)
     assert server.api_key == "tenant-secret-key" and server.served_model_name == "tiny"
-    assert replica_server(cfg, 0, "tiny", local=False).host == "auto"  # the actor takes its node's address
+    assert server.internal_key == "cluster-internal-key" and "cluster-internal-key" not in repr(server)
+    assert replica_server(cfg, 0, "tiny", local=False, internal_key=None).host == "auto"  # the node's address
 
 
 def test_every_events_setting_reaches_the_replicas_and_private_streams_add_the_curve_keys():
@@ -29,7 +30,7 @@ def test_every_events_setting_reaches_the_replicas_and_private_streams_add_the_c
 
 
 def test_the_server_section_places_the_publisher():
-    server = replica_server(from_dict({}), 0, "m", local=True)
+    server = replica_server(from_dict({}), 0, "m", local=True, internal_key=None)
     events = server.publisher_config(from_dict({}).events)
     assert events.endpoint == "bind://tcp://127.0.0.1:5557" and events.replay_endpoint == "tcp://127.0.0.1:5558"
     assert replace(server, event_port=None).publisher_config(from_dict({}).events) is None

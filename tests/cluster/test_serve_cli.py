@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -19,6 +20,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 KVMESH = Path(sys.executable).parent / "kvmesh"
 READY_TIMEOUT_S = 240
+GENERATED_SECRET = re.compile(r"(?<![\w-])[\w-]{43}(?![\w-])")
+"""A key serve generates (secrets.token_urlsafe(32): the admin and the internal key) standing alone in text."""
 
 
 def _port_free(port: int) -> bool:
@@ -58,6 +61,14 @@ def _identity(pid: int) -> tuple[int, str] | None:
     except OSError:
         return None
     return None if fields[0] == "Z" else (pid, fields[19])
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _alive(identity: tuple[int, str]) -> bool:
@@ -114,6 +125,8 @@ def test_serve_with_no_flags_gets_ready_and_answers_the_printed_curl_line(tmp_pa
 
         tree = {i for i in map(_identity, _descendants(proc.pid)) if i is not None}
         assert tree, "serve started no processes?"
+        command_lines = "\n".join(_command_line(pid) for pid, _ in tree)
+        assert not GENERATED_SECRET.search(command_lines), "a generated key is on a command line (ps shows it)"
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         try:
@@ -129,6 +142,7 @@ def test_serve_with_no_flags_gets_ready_and_answers_the_printed_curl_line(tmp_pa
     assert "kvmesh: stopped" in "".join(seen)
     assert not list(records.glob("*.json")), "the stopped cluster's admin key record stayed"
     assert seed not in "".join(seen)
+    assert not GENERATED_SECRET.search("".join(seen)), "serve printed a key it generated"
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(_alive(p) for p in tree):
         time.sleep(0.2)

@@ -40,7 +40,7 @@ def _every_worker(port: int, check, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while ok != {"0", "1"}:
         assert time.monotonic() < deadline, f"workers {sorted({'0', '1'} - ok)} never agreed"
-        _, worker, body = _request(port, "GET", "/replicas")
+        _, worker, body = _request(port, "GET", "/replicas", admin=True)  # the admin plane; each worker its own view
         if check(body["replicas"]):
             ok.add(worker)
         else:
@@ -82,6 +82,12 @@ def test_two_workers_follow_the_control_router_and_pass_the_admin_plane_to_it(st
         _every_worker(port, lambda rows: [r["id"] for r in rows if r["healthy"]] == ["replica-0"])
         status, _, _ = _request(port, "POST", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 1})
         assert status == 200
+        # every worker refuses the router's own fields and keeps the replicas' URLs from tenants
+        for _ in range(4):
+            status, _, body = _request(port, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 1,
+                                                                        "kv_transfer_params": None})
+            assert status == 400 and body["error"]["param"] == "kv_transfer_params"
+            assert _request(port, "GET", "/replicas")[0] == 403
         # an operator's registration through the public port lands on one worker and reaches all
         status, _, body = _request(port, "POST", "/replicas", {"url": stubs[1], "id": "replica-1"}, admin=True)
         assert status == 200 and body["id"] == "replica-1"

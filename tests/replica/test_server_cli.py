@@ -125,3 +125,22 @@ def test_kv_transfer_with_tensor_parallelism_needs_a_transport_across_processes(
         check_kv_transfer(KVTransferConfig(enabled=True, transport="local"), tp2)
     check_kv_transfer(KVTransferConfig(enabled=True, transport="nixl"), tp2)  # a pull per rank
     check_kv_transfer(KVTransferConfig(enabled=False, transport="local"), tp2)
+
+
+def test_kv_transfer_on_a_reachable_host_without_an_internal_key_refuses_to_start(capsys):
+    """Anyone reaching such a replica could lease, read and plant KV: it names the flag and the variable."""
+    assert main(["replica", "--model", "/tmp", "--kv-transfer", "--host", "10.1.2.3"]) == 2
+    err = capsys.readouterr().err
+    assert "--internal-key" in err and "KVMESH_INTERNAL_KEY" in err and "Traceback" not in err
+
+
+def test_kv_transfer_with_an_internal_key_or_on_loopback_is_accepted():
+    on_host = _load("--kv-transfer", "--host", "10.1.2.3", env={"KVMESH_INTERNAL_KEY": "cluster-internal-key"})
+    assert on_host.server.internal_key == "cluster-internal-key" and on_host.kv_transfer.enabled
+    assert _load("--kv-transfer").server.internal_key is None  # 127.0.0.1: only this host reaches it
+    assert _load("--internal-key", "cluster-internal-key").server.internal_key == "cluster-internal-key"
+
+
+def test_the_internal_key_must_not_be_the_tenants_key(capsys):
+    assert main(["replica", "--model", "/tmp", "--api-key", "same-secret-1", "--internal-key", "same-secret-1"]) == 2
+    assert "internal_key equals server.api_key" in capsys.readouterr().err

@@ -15,6 +15,9 @@ from kvmesh.router.control.router_server import RouterServer
 
 FAKE = "kvmesh.cluster.measure.benchmarks.fake_replica"
 BLOCK_SIZE = 4
+ADMIN_KEY = "admin-key"
+"""The admin key of ``start_router``'s routers (the replica list needs it); pass admin_key=None for none."""
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 class FakeProc:
@@ -97,7 +100,7 @@ def start_router(tokenizer):
 
     def start(specs, **kw) -> RouterServer:
         cfg = RouterConfig(**{"port": 0, "block_size": BLOCK_SIZE, "poll_interval_s": 0.1, "connect_timeout_s": 1.0,
-                              **kw})
+                              "admin_key": ADMIN_KEY, **kw})
         server = RouterServer(cfg, specs, tokenizer=tokenizer).start()
         started.append(server)
         return server
@@ -114,6 +117,13 @@ def wait_for(predicate, timeout=10.0, what="condition"):
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def replica_rows(router, query: str = "") -> list[dict]:
+    """``GET /replicas`` (the admin plane: it names the replicas' URLs) of a ``start_router`` router."""
+    r = httpx.get(router.url + "/replicas" + query, headers=ADMIN, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()["replicas"]
 
 
 def fake_stats(fake: FakeProc) -> dict:

@@ -20,7 +20,7 @@ def _register(router, spec, name, headers):
 
 def test_hijack_by_registering_a_fake_replica_fails(fakes, start_router):
     legit, hijacker = fakes  # "b" plays the attacker's server: it records every request it receives
-    router = start_router([legit.spec], api_key="tenant-key", replica_api_key="replica-secret")
+    router = start_router([legit.spec], api_key="tenant-key", replica_api_key="replica-secret", admin_key=None)
     for headers in ({}, TENANT, {"Authorization": "Bearer replica-secret"}):
         r = _register(router, hijacker.spec, "evil", headers)
         assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
@@ -36,11 +36,12 @@ def test_hijack_by_registering_a_fake_replica_fails(fakes, start_router):
 
 
 def test_admin_endpoints_are_closed_when_no_admin_key_is_configured(fakes, start_router):
-    router = start_router([])  # the default: no API key, no admin key
+    router = start_router([], admin_key=None)  # the default: no API key, no admin key
     r = _register(router, fakes[0].spec, "a", {})
     assert r.status_code == 403 and "disabled" in r.json()["error"]["message"]
     assert router.runtime.specs == {}
-    assert httpx.get(router.url + "/replicas").status_code == 200  # reading the set is a tenant-level call
+    r = httpx.get(router.url + "/replicas")  # reading the set too: it names the replicas' URLs
+    assert r.status_code == 403 and "disabled" in r.json()["error"]["message"]
 
 
 def test_admin_key_registers_and_removes_while_the_api_key_cannot(fakes, start_router):
@@ -48,8 +49,9 @@ def test_admin_key_registers_and_removes_while_the_api_key_cannot(fakes, start_r
     assert _register(router, fakes[0].spec, "a", TENANT).status_code == 403
     r = _register(router, fakes[0].spec, "a", ADMIN)
     assert r.status_code == 200 and r.json() == {"id": "a", "healthy": True}
-    assert httpx.get(router.url + "/replicas", headers=ADMIN).status_code == 401  # the admin key is not a tenant's
-    assert httpx.get(router.url + "/replicas", headers=TENANT).json()["replicas"][0]["id"] == "a"
+    assert httpx.get(router.url + "/v1/models", headers=ADMIN).status_code == 401  # the admin key is not a tenant's
+    assert httpx.get(router.url + "/replicas", headers=TENANT).status_code == 403  # the tenants' key sees no URLs
+    assert httpx.get(router.url + "/replicas", headers=ADMIN).json()["replicas"][0]["id"] == "a"
     assert httpx.delete(router.url + "/replicas/a", headers=ADMIN).json() == {"id": "a", "removed": True}
 
 
@@ -103,3 +105,24 @@ def test_router_client_drives_the_admin_plane_and_says_who_refused(fakes, start_
             gone.health()
         finally:
             gone.close()
+
+
+def test_the_router_calls_replicas_with_the_internal_key_not_the_tenants(fakes, start_router):
+    legit, _ = fakes
+    router = start_router([legit.spec], api_key="tenant-key", replica_api_key="replica-secret",
+                          internal_key="cluster-internal-key")
+    for i in range(4):
+        r = httpx.post(router.url + "/v1/completions", json={"prompt": prompt(90 + i), "max_tokens": 2},
+                       headers=TENANT, timeout=20)
+        assert r.status_code == 200, r.text
+    assert set(fake_stats(legit)["auth_seen"]) == {"Bearer cluster-internal-key"}
+    assert "cluster-internal-key" not in repr(router.runtime.config)
+    inside = {"Authorization": "Bearer cluster-internal-key"}  # the replicas' key is no key to the router
+    assert httpx.post(router.url + "/v1/completions", json={"prompt": "hi"}, headers=inside).status_code == 401
+    assert httpx.get(router.url + "/replicas", headers=inside).status_code == 403
+
+
+@pytest.mark.parametrize("other", ["api_key", "admin_key"])
+def test_the_internal_key_must_differ_from_the_keys_tenants_and_operators_hold(other):
+    with pytest.raises(ValueError, match=f"internal_key equals {other}"):
+        RouterConfig(block_size=BLOCK_SIZE, **{other: "same-secret-key"}, internal_key="same-secret-key")

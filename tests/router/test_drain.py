@@ -16,7 +16,7 @@ ADMIN = {"Authorization": "Bearer admin-key"}
 
 
 def _rows(router) -> dict[str, dict]:
-    r = httpx.get(router.url + "/replicas?drain_cost=true", headers=TENANT, timeout=10)
+    r = httpx.get(router.url + "/replicas?drain_cost=true", headers=ADMIN, timeout=10)
     assert r.status_code == 200, r.text
     return {row["id"]: row for row in r.json()["replicas"]}
 
@@ -72,7 +72,7 @@ def test_drain_lets_streams_finish_and_routes_new_requests_elsewhere(fakes, star
     index = router.runtime.router.index
     assert "a" not in index.replica_ids and index.num_blocks("a") == 0
     assert set(_rows(router)) == {"b"}
-    plain = httpx.get(router.url + "/replicas", headers=TENANT, timeout=10).json()["replicas"]
+    plain = httpx.get(router.url + "/replicas", headers=ADMIN, timeout=10).json()["replicas"]
     assert "exclusive_blocks" not in plain[0]  # the index walk happens only when asked for
 
 

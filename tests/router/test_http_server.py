@@ -152,11 +152,11 @@ def test_api_key_is_required_on_proxied_and_app_paths_but_not_on_probes(fakes, s
     router = start_router([fakes[0].spec], api_key="sk-test-key-1234567890")
     body = {"prompt": prompt(4), "max_tokens": 2}
     for method, path, payload in (("POST", "/v1/completions", body), ("POST", "/v1/chat/completions",
-                                  {"messages": [{"role": "user", "content": "hi"}]}), ("GET", "/replicas", None),
-                                  ("GET", "/v1/models", None)):
+                                  {"messages": [{"role": "user", "content": "hi"}]}), ("GET", "/v1/models", None)):
         r = httpx.request(method, router.url + path, json=payload)
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", path
     key = {"Authorization": "Bearer sk-test-key-1234567890"}
+    assert httpx.get(router.url + "/replicas", headers=key).status_code == 403  # the replicas' URLs: admin only
     assert httpx.post(router.url + "/v1/completions", json=body, headers=key).status_code == 200
     assert httpx.get(router.url + "/health").status_code == 200
     r = httpx.post(router.url + "/replicas", json={"url": "http://127.0.0.1:1"}, headers=key)

@@ -24,7 +24,7 @@ def test_drain_command_takes_the_replica_out_of_rotation(fakes, start_router, ke
     assert "b is draining: no new requests; 0 request(s) in flight finish first. It stays registered" in (
         capsys.readouterr().out)
     assert router.runtime.draining == {"b"} and router.runtime.router.healthy == {"a"}
-    assert main(["status", "--url", router.url]) == 0
+    assert main(["status", "--url", router.url, "--admin-key-file", str(key_file)]) == 0
     assert "draining" in capsys.readouterr().out
 
 
@@ -97,8 +97,10 @@ def test_status_of_an_api_key_cluster_finds_the_key_in_its_record(fakes, start_r
     publish(router.url, "admin-key", api_key="tenant-key")  # what `kvmesh serve --api-key` does
     assert main(["status"]) == 0, capsys.readouterr().err
     assert f"router {router.url}: " in capsys.readouterr().out
-    assert main(["status", "--url", router.url, "--api-key", "wrong-key"]) == 1  # a given key wins
-    assert "answered 401" in capsys.readouterr().err
+    wrong = write_private(tmp_path / "wrong_key", "wrong-admin-key")
+    assert main(["status", "--url", router.url, "--admin-key-file", str(wrong)]) == 1  # a given key wins
+    err = capsys.readouterr().err
+    assert "answered 403" in err and "admin key" in err  # the replica list (URLs) is the admin plane's
 
 
 def test_localhost_names_the_cluster_at_127_0_0_1(fakes, start_router, tmp_path, monkeypatch, capsys):

@@ -16,7 +16,7 @@ import httpx
 from kvmesh.cluster.cli import main
 from kvmesh.router.routing.receipts import HEADER_FAILED_OVER, HEADER_PREDICTED
 
-from .conftest import BLOCK_SIZE, wait_for
+from .conftest import ADMIN_KEY, BLOCK_SIZE, replica_rows, wait_for
 from .test_router_http import prompt
 
 FAST = {"first_byte_timeout_s": 1.0, "stream_idle_timeout_s": 1.0, "policy": "round_robin"}
@@ -33,7 +33,7 @@ def wave(router, seed: int, n: int = 8, **kw) -> list[httpx.Response]:
 
 
 def row(router, name: str) -> dict:
-    rows = httpx.get(router.url + "/replicas", timeout=5).json()["replicas"]
+    rows = replica_rows(router)
     return next(r for r in rows if r["id"] == name)
 
 
@@ -45,7 +45,8 @@ def both_healthy(router) -> None:
     wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
 
 
-def test_never_answering_replica_costs_one_deadline_then_is_out_of_rotation(fakes, start_router, capsys):
+def test_never_answering_replica_costs_one_deadline_then_is_out_of_rotation(fakes, start_router, capsys,
+                                                                            monkeypatch):
     a, b = fakes
     a.configure(delay=3600)  # answers /health, /load and /server_info; never a completion
     router = start_router([a.spec, b.spec], **FAST)
@@ -65,6 +66,7 @@ def test_never_answering_replica_costs_one_deadline_then_is_out_of_rotation(fake
     assert sample(router, "replica_ejections", replica="a") >= 1
     assert sample(router, "replica_failures", replica="a", kind="first_byte_deadline") >= 1
     assert sample(router, "replica_failures", replica="b", kind="first_byte_deadline") == 0
+    monkeypatch.setenv("KVMESH_ADMIN_KEY", ADMIN_KEY)  # status reads the replica list with it
     assert main(["status", "--url", router.url]) == 0
     shown = capsys.readouterr().out
     assert "EJECTED" in shown and "a: ejected after failures in a row -- missed a deadline" in shown

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from kvmesh.router.routing.receipts import HEADER_PREFILL, HEADER_PULLED_FROM, HEADER_PULLED_TOKENS
 
-from .conftest import FakeProc, fake_stats, launched_fakes, wait_for
+from .conftest import BLOCK_SIZE, FakeProc, fake_stats, launched_fakes, replica_rows, wait_for
 from .test_router_http import prompt
 
 MOVABLE = 60
@@ -166,7 +166,7 @@ def test_prefill_replicas_never_get_a_request_to_decode(trio, start_router):
     for seed in range(8):
         assert answer(post(router, prompt(7400 + seed, n=16)))[0] == "d"
     assert fake_stats(p)["auth_seen"] == []  # not one completion reached p
-    rows = {r["id"]: r for r in httpx.get(router.url + "/replicas", timeout=5).json()["replicas"]}
+    rows = {r["id"]: r for r in replica_rows(router)}
     assert rows["p"]["role"] == "prefill" and rows["d"]["role"] == "both"
     router.runtime.drain("d")
     r = post(router, prompt(7410, n=16))
@@ -177,7 +177,7 @@ def test_clients_may_not_send_kv_transfer_params(trio, start_router):
     p, d, _ = trio
     router = start_router([role(p, "prefill"), role(d, "decode")])
     r = post(router, prompt(7500), kv_transfer_params={"do_remote_prefill": True, "remote_url": "http://evil:1"})
-    assert r.status_code == 400 and "kv_transfer_params is set by the router" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "kv_transfer_params may not be sent to the router" in r.json()["error"]["message"]
     assert received(d) == [] and received(p) == []
 
 
@@ -235,7 +235,7 @@ def test_admin_api_registers_a_prefill_replica_and_refuses_a_bad_role(trio, star
     ok = httpx.post(router.url + "/replicas", json={"url": p.info["url"], "events": p.info["events"], "id": "p",
                                                     "role": "prefill"}, headers=ADMIN)
     assert ok.status_code == 200 and ok.json() == {"id": "p", "healthy": True}
-    rows = {r["id"]: r["role"] for r in httpx.get(router.url + "/replicas", timeout=5).json()["replicas"]}
+    rows = {r["id"]: r["role"] for r in replica_rows(router)}
     assert rows == {"p": "prefill", "d": "decode"}
     assert answer(post(router, prompt(7800))) == ("d", MOVABLE)  # split through the registered prefill replica
     assert received(p) == [{"do_remote_decode": True}]
@@ -262,12 +262,16 @@ def test_access_log_names_the_prefill_replica_and_the_tokens_moved(trio, start_r
     assert summary["mispredicted"] == 0  # the pulled tokens are not held against the index's prediction
 
 
-def test_the_prefill_call_carries_the_replicas_key(trio, start_router):
+@pytest.mark.parametrize(("keys", "sent"), [
+    ({"replica_api_key": "replica-key-1234"}, "replica-key-1234"),
+    ({"replica_api_key": "replica-key-1234", "internal_key": "cluster-internal-key"}, "cluster-internal-key"),
+])
+def test_the_prefill_call_carries_the_replicas_key(trio, start_router, keys, sent):
     p, d, _ = trio
-    router = start_router([role(p, "prefill"), role(d, "decode")], replica_api_key="replica-key-1234")
-    assert answer(post(router, prompt(8000)))[0] == "d"
-    assert fake_stats(p)["auth_seen"] == ["Bearer replica-key-1234"]  # the prefill call, nothing else
-    assert fake_stats(d)["auth_seen"] == ["Bearer replica-key-1234"]
+    router = start_router([role(p, "prefill"), role(d, "decode")], **keys)
+    assert answer(post(router, prompt(8000 + 100 * len(keys))))[0] == "d"  # a prompt d does not hold yet
+    assert fake_stats(p)["auth_seen"] == [f"Bearer {sent}"]  # the prefill call, nothing else
+    assert fake_stats(d)["auth_seen"] == [f"Bearer {sent}"]
 
 
 # ---------------------------------------------------------------- the replicas' pull peers

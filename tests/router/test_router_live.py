@@ -18,7 +18,7 @@ from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.router_server import RouterServer
 from kvmesh.router.http.proxy import Forwarder
 
-from .conftest import wait_for
+from .conftest import ADMIN_KEY, replica_rows, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def live(stories_path, tokenizer):
                                                  frontend=FrontendConfig(chat_template=CHAT_TEMPLATE)))
         specs = [ReplicaSpec(rt.http.url, rt.endpoints()["events_endpoint"], rt.endpoints()["replay_endpoint"],
                              replica_id=f"live{i}") for i, rt in enumerate(runtimes)]
-        router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2,
+        router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2, admin_key=ADMIN_KEY,
                                            cache_salt_secret=cache_salt_secret(seed)), specs,
                               tokenizer=tokenizer).start()
         wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
@@ -198,7 +198,7 @@ def test_replica_that_cannot_match_the_router_keys_is_degraded_not_matched(live,
         wait_for(lambda: "odd" in router_rt.router.healthy, what="the odd replica probed")
         reason = router_rt.router.degraded.get("odd")
         assert reason is not None and ("block size" if mismatch == "block_size" else "fingerprint") in reason
-        listed = {r["id"]: r for r in httpx.get(live.url + "/replicas", timeout=10).json()["replicas"]}
+        listed = {r["id"]: r for r in replica_rows(live)}
         assert listed["odd"]["degraded"]
         healthy_ones = [r for r in router_rt.router.healthy if r != "odd"]
         assert all(r not in router_rt.router.degraded for r in healthy_ones)

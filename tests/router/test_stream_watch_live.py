@@ -14,7 +14,7 @@ from kvmesh.cluster.router_client import RouterClient
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.router_server import RouterServer
 
-from .conftest import FakeProc, wait_for
+from .conftest import ADMIN_KEY, FakeProc, replica_rows, wait_for
 
 MAX_LAG_S = 1.5
 PROMPT = list(range(10, 42))  # 8 full blocks of 4 tokens
@@ -65,14 +65,14 @@ def test_a_stopped_publisher_degrades_its_replica_until_it_is_back(pair, start_r
     assert "s2" not in rt.router.degraded
     decision = rt.router.route(PROMPT, exclude=["s2"])
     assert decision.matched_blocks == 0 and decision.receipt.reason == "fallback"  # no stale match claimed
-    listed = {r["id"]: r for r in httpx.get(router.url + "/replicas", timeout=5).json()["replicas"]}
+    listed = {r["id"]: r for r in replica_rows(router)}
     assert "event stream stalled" in listed["s1"]["degraded"] and listed["s2"]["degraded"] is None
     health = httpx.get(router.url + "/health", timeout=5).json()
     assert list(health["degraded_replicas"]) == ["s1"] and health["status"] == "ok"  # still served, by load
     metrics = httpx.get(router.url + "/metrics", timeout=5).text
     assert 'kvmesh_router_replica_degraded{reason="stalled",replica="s1"} 1.0' in metrics
     assert 'kvmesh_router_replica_degraded{reason="stalled",replica="s2"} 0.0' in metrics
-    client = RouterClient(router.url)
+    client = RouterClient(router.url, admin_key=ADMIN_KEY)
     try:
         table = format_table(client.status(), router.url, client.health())
     finally:

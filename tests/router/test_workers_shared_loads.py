@@ -18,6 +18,7 @@ import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.workers import router_workers
 
+from .conftest import ADMIN, ADMIN_KEY
 from .helpers import stub_replica
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.slow
 def _get(port: int, path: str) -> tuple[str | None, dict]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        conn.request("GET", path, headers={"Connection": "close"})
+        conn.request("GET", path, headers={"Connection": "close", **ADMIN})  # the replica list: the admin plane
         resp = conn.getresponse()
         return resp.getheader("x-kvmesh-router-worker"), json.loads(resp.read())
     finally:
@@ -67,7 +68,7 @@ def slow_stub_url():
 
 
 def test_a_long_request_through_one_worker_shows_in_the_other_workers_load_view(slow_stub_url, stories_path):
-    config = RouterConfig(port=0, model=str(stories_path), poll_interval_s=0.1, workers=2)
+    config = RouterConfig(port=0, model=str(stories_path), poll_interval_s=0.1, workers=2, admin_key=ADMIN_KEY)
     pool = router_workers(config, [ReplicaSpec(slow_stub_url, replica_id="stub")], 2).start()
     try:
         _views(pool.port, lambda v: set(v) == {"0", "1"})  # both workers up and see the replica healthy
@@ -86,7 +87,7 @@ def test_a_long_request_through_one_worker_shows_in_the_other_workers_load_view(
 
 
 def test_a_killed_worker_s_requests_leave_the_other_workers_load_view(slow_stub_url, stories_path):
-    config = RouterConfig(port=0, model=str(stories_path), poll_interval_s=0.1, workers=2)
+    config = RouterConfig(port=0, model=str(stories_path), poll_interval_s=0.1, workers=2, admin_key=ADMIN_KEY)
     pool = router_workers(config, [ReplicaSpec(slow_stub_url, replica_id="stub")], 2).start()
     try:
         _views(pool.port, lambda v: set(v) == {"0", "1"})

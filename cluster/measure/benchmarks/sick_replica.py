@@ -56,9 +56,9 @@ def start_router(args, urls: dict[str, str]) -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            answer = call("GET", url + "/replicas", timeout=5.0)
-            status, raw = answer.status, answer.body
-            if status == 200 and all(r["healthy"] for r in json.loads(raw)["replicas"]) and json.loads(raw)["replicas"]:
+            answer = call("GET", url + "/health", timeout=5.0)  # /replicas is the admin plane's
+            health = json.loads(answer.body) if answer.status == 200 else {}
+            if health.get("replicas") and len(health["healthy_replicas"]) == health["replicas"]:
                 return proc, url
         except OSError:
             pass

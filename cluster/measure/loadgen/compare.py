@@ -47,12 +47,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _discover(args: argparse.Namespace, url: str, api_key: str | None) -> list[ReplicaSpec]:
+async def _discover(args: argparse.Namespace, url: str) -> list[ReplicaSpec]:
     from kvmesh.cluster.measure.loadgen.client import HTTP_ERRORS, get_json, open_session
 
     if args.replica:
         return [ReplicaSpec.parse(s) for s in args.replica]
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    from kvmesh.cluster.admin_key import find_admin_key
+
+    try:  # the replica list names the replicas' URLs: the admin plane's (the record of a serve running here)
+        admin_key = find_admin_key(url)[1]
+    except ValueError as e:
+        raise ValueError(f"cannot list replicas at {url}: {e}; or pass --replica URL,events=...,replay=...") from None
+    headers = {"Authorization": f"Bearer {admin_key}"}
     try:
         async with open_session(url, headers, total_s=5.0) as client:
             status, body = await get_json(client, "/replicas")
@@ -124,11 +130,12 @@ async def compare(args: argparse.Namespace) -> dict:
     from kvmesh.router.config import RouterConfig
     from kvmesh.router.control.router_server import RouterServer
 
-    specs = await _discover(args, config.endpoint.url, api_key)
+    specs = await _discover(args, config.endpoint.url)
     model = args.router_model or await _model_id(specs[0].url, api_key)
     for policy in policies:
+        # these routers hold no internal key: the replicas' KV plane is closed to them (no peer pulls)
         config = RouterConfig(host="127.0.0.1", port=0, model=model, policy=policy, block_size=args.block_size,
-                              replica_api_key=api_key)
+                              replica_api_key=api_key, peer_pulls=False)
         server = RouterServer(config, [copy.copy(s) for s in specs]).start()
         try:
             await _wait_healthy(server.url)
