@@ -108,6 +108,8 @@ def test_the_internal_key_hands_kv_over_between_replicas(pair):
                                                  "kv_transfer_params": {"do_remote_decode": True}})
         assert held.status_code == 200, held.text
         handle = {**held.json()["kv_transfer_params"], "remote_url": a.http.url}
+        registered = cb.post("/kv/peers", json={"peers": [{"replica_id": "a", "url": a.http.url}]})
+        assert registered.status_code == 200, registered.text  # a puller calls registered peers only
         pulled = cb.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "kv_transfer_params": handle})
         assert pulled.status_code == 200, pulled.text
         assert pulled.headers["x-kvmesh-kv-pull"] == "ok" and int(pulled.headers["x-kvmesh-kv-pulled-tokens"]) > 0
