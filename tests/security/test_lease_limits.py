@@ -27,8 +27,9 @@ CACHED_PROMPTS = 6
 
 def test_a_flood_of_leases_is_capped_and_keeps_no_tenant_waiting(kv_cluster, tokenizer, record):
     c = kv_cluster
+    normal, _ = timed(c.via_router, c.completion_body(unseen_text(tokenizer, 30 * BLOCK), max_tokens=4))
     prompts = [unseen_text(tokenizer, 30 * BLOCK + 1) for _ in range(CACHED_PROMPTS)]
-    for prompt in prompts:
+    for prompt in prompts:  # the pool full of cached blocks, each prompt's leasable
         c.direct(DECODE, c.completion_body(prompt, 1))
     before = c.leases_active(DECODE)
     granted, statuses, longest = [], {}, 0.0
@@ -47,7 +48,7 @@ def test_a_flood_of_leases_is_capped_and_keeps_no_tenant_waiting(kv_cluster, tok
             c.release(DECODE, lease)
     record("lease flood with the cluster's key", asked=names.FLOOD_LEASES, statuses=statuses,
            granted=len(granted), held=held, longest_expiry_s=longest, victim_wait_s=round(wait, 2),
-           victim=getattr(answer, "status_code", type(answer).__name__))
+           victim=getattr(answer, "status_code", type(answer).__name__), same_request_without_leases_s=round(normal, 2))
     assert len(granted) < names.FLOOD_LEASES and held < names.FLOOD_LEASES, \
         f"all {names.FLOOD_LEASES} leases were granted ({held} held at once): no cap"
     assert longest <= names.LONGEST_LEASE_S, f"a lease was granted for {longest:.0f} s"
@@ -58,6 +59,24 @@ def test_a_flood_of_leases_is_capped_and_keeps_no_tenant_waiting(kv_cluster, tok
 def oversized_body() -> bytes:
     ids = [random.randrange(100_000, 999_999) for _ in range(names.OVERSIZED_LEASE_TOKENS)]
     return json.dumps({"prompt_token_ids": ids, "cache_salt": None}).encode()
+
+
+def stream_gaps(c, prompt: list[int], senders: list[threading.Thread]) -> list[float]:
+    """Seconds between the lines of a tenant's 400-token stream through the router; ``senders`` start once it
+    flows (after its third line)."""
+    body = c.completion_body(prompt, max_tokens=400, stream=True)
+    gaps = []
+    with httpx.Client(timeout=120) as http, \
+            http.stream("POST", c.url + "/v1/completions", json=body, headers=c.tenant()) as stream:
+        last = time.monotonic()
+        for i, _ in enumerate(stream.iter_lines()):
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+            if i == 2:
+                for t in senders:
+                    t.start()
+    return gaps
 
 
 def test_an_oversized_lease_body_is_refused_without_stalling_others(kv_cluster, tokenizer, record):
@@ -78,25 +97,16 @@ def test_an_oversized_lease_body_is_refused_without_stalling_others(kv_cluster, 
         except httpx.HTTPError as e:
             statuses.append(type(e).__name__)
 
-    stream_body = c.completion_body(unseen_text(tokenizer, 3 * BLOCK), max_tokens=400, stream=True)
-    gaps, senders = [], [threading.Thread(target=send, daemon=True) for _ in range(8)]
-    with httpx.Client(timeout=120) as http, \
-            http.stream("POST", c.url + "/v1/completions", json=stream_body, headers=c.tenant()) as stream:
-        last = time.monotonic()
-        for i, _ in enumerate(stream.iter_lines()):
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
-            if i == 2:  # the stream is flowing: the bodies arrive now
-                for t in senders:
-                    t.start()
+    senders = [threading.Thread(target=send, daemon=True) for _ in range(8)]
+    baseline = stream_gaps(c, unseen_text(tokenizer, 3 * BLOCK), [])  # the same stream with nothing else going on
+    gaps = stream_gaps(c, unseen_text(tokenizer, 3 * BLOCK), senders)
     for t in senders:
         t.join(timeout=180)
     leases = c.leases_active(DECODE) - before
     record("oversized /kv/lease bodies", body_mib=round(len(body) / 2**20, 1),
            one_body=getattr(first, "status_code", type(first).__name__), one_body_s=round(one, 2),
            eight_bodies=statuses, stream_longest_gap_s=round(max(gaps[3:], default=0.0), 2),
-           stream_chunks=len(gaps), leases_left=leases)
+           stream_chunks=len(gaps), leases_left=leases, stream_longest_gap_alone_s=round(max(baseline[3:]), 2))
     assert isinstance(first, httpx.Response) and 400 <= first.status_code < 500, \
         f"a {len(body) >> 20} MiB lease body answered {getattr(first, 'status_code', first)} (want 413 or 400)"
     assert all(isinstance(s, int) and 400 <= s < 500 for s in statuses), statuses

@@ -132,6 +132,7 @@ def test_a_tenant_cannot_make_a_replica_call_its_url(kv_cluster, tokenizer, list
 
 def test_a_tenant_cannot_pin_the_pool_with_leases(kv_cluster, tokenizer, record):
     c = kv_cluster
+    normal, _ = timed(c.via_router, c.completion_body(unseen_text(tokenizer, 30 * BLOCK), max_tokens=4))
     before = c.effects()
     attacks, held = [], []
     free_blocks = (4 << 20) // (BLOCK * 1280)  # the pool (conftest.KV_POOL), about 200 blocks
@@ -153,8 +154,20 @@ def test_a_tenant_cannot_pin_the_pool_with_leases(kv_cluster, tokenizer, record)
         for lease in held:  # let the pool go again for the tests after this one
             c.release(DECODE, lease)
     record("d: pin the pool with leases", attack_statuses=attacks, leases_granted=len(held), leases_pinned=pinned,
-           victim_wait_s=round(wait, 2), victim=getattr(answer, "status_code", type(answer).__name__))
+           victim_wait_s=round(wait, 2), victim=getattr(answer, "status_code", type(answer).__name__),
+           same_request_unpinned_s=round(normal, 2))
     assert not held and pinned == 0, f"{len(held)} leases granted to a tenant, {pinned} held on {DECODE}"
     assert all(isinstance(s, int) and 400 <= s < 500 for s in attacks), attacks
     assert isinstance(answer, httpx.Response) and answer.status_code == 200, answer
     assert wait < names.NORMAL_WAIT_S, f"another tenant's request waited {wait:.1f}s"
+
+
+def test_the_clusters_own_split_still_moves_kv(kv_cluster, tokenizer, reference):
+    """What the refusals above must leave working: the router's own P/D split of a long unseen prompt."""
+    c = kv_cluster
+    prompt = unseen_text(tokenizer, 20 * BLOCK + TAIL)
+    r = c.via_router(c.completion_body(prompt))
+    assert r.status_code == 200, r.text
+    assert r.headers.get("x-kvmesh-prefill-replica") == PREFILL, dict(r.headers)
+    assert pulled_tokens(r) >= 16 * BLOCK, dict(r.headers)
+    assert r.json()["choices"][0]["text"] == reference(prompt)
