@@ -32,9 +32,10 @@ PULLED_TOKENS_HEADER = "x-kvmesh-kv-pulled-tokens"
 """A completion answer's header: tokens its replica pulled (0 without a pull)."""
 
 FLOOD_LEASES = 200
-"""Leases a flood asks one holder for with the internal key: more than any cap the fix may choose."""
+"""Leases a flood asks one holder for with the internal key: more than any cap the fix may choose (wt-holder:
+64 per peer, 256 in all, half the blocks)."""
 LONGEST_LEASE_S = 300.0
-"""A granted lease must expire within this many seconds (the old cap was 3,600 s)."""
+"""A granted lease must expire within this many seconds (the old cap was 3,600 s; wt-holder clamps to 60 s)."""
 OVERSIZED_LEASE_TOKENS = 2_000_000
 """Token ids in an oversized /kv/lease body (about 14 MiB of JSON; 200 before the fix)."""
 NORMAL_WAIT_S = 5.0
@@ -46,6 +47,7 @@ STREAM_GAP_S = 0.3
 
 def internal_key(cluster) -> str | None:
     """The cluster-internal key ``kvmesh serve`` generated for this run (None before the fix: there is none).
-    ALIGN after the merge: read it where serve keeps it (assumed ``cluster.state.internal_key``, next to
-    ``state.admin_key``)."""
-    return getattr(cluster.state, "internal_key", None)
+    Read from the router's config as serve builds it (wt-auth: ``ServeCluster.router_config().internal_key``).
+    ALIGN after the merge: ``return cluster.router_config().internal_key`` (the getattr only bridges the
+    code before the fix, whose RouterConfig has no such field)."""
+    return getattr(cluster.router_config(), "internal_key", None)
