@@ -36,7 +36,7 @@ def nixl():
 
 
 @pytest.fixture(scope="session", params=["open", "api_key"])
-def kv_cluster(request, ray_session, stories_path, tmp_path_factory, nixl):
+def kv_cluster(request, stories_path, nixl, ray_session, tmp_path_factory):
     """See the module doc; one cluster alive at a time (pytest orders the tests by this parameter)."""
     api_key = secrets.token_urlsafe(16) if request.param == "api_key" else None
     template = tmp_path_factory.mktemp("template") / "chat.jinja"

@@ -97,7 +97,7 @@ def test_no_spelling_of_kv_transfer_params_reaches_a_replica(fake_router, chat):
     server, fakes, listener = fake_router
     path = "/v1/chat/completions" if chat else "/v1/completions"
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(body=bodies(listener.url, chat))
     def check(body: bytes) -> None:
         for fake in fakes:
