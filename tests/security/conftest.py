@@ -1,0 +1,93 @@
+"""Fixtures of the security suite (issue 36): the live clusters an attacker faces, the listener, the reference.
+
+``kv_cluster`` is one ``kvmesh serve`` of stories260K on the session's Ray: a prefill and a decode replica, KV
+transfer on both (splits, and the same /kv routes and ``kv_transfer_params`` a peer pull uses), with a small
+KV pool (so pinning it is quick). It is parametrized over the router's ``api_key`` (``open``: none;
+``api_key``: tenants need one) and session-scoped, so every test module shares the two clusters, one at a time.
+
+``record(attack, **numbers)`` keeps what an attack achieved before the test asserts it was refused: with
+``KVMESH_SECURITY_RECORD=<file>`` each is appended to it as a JSON line (how the "before" numbers of the
+issue were taken).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+
+import pytest
+
+from ..cluster.live_cluster import start_cluster
+from ..conftest import CHAT_TEMPLATE
+from .harness import KVCluster
+from .listener import Listener
+
+KV_POOL = "4MiB"
+"""The replicas' KV cache: about 200 blocks of stories260K (1,280 bytes a token)."""
+
+
+@pytest.fixture(scope="session")
+def nixl():
+    from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
+
+    if (why := nixl_missing()) is not None:
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session", params=["open", "api_key"])
+def kv_cluster(request, stories_path, nixl, ray_session, tmp_path_factory):
+    """See the module doc; one cluster alive at a time (pytest orders the tests by this parameter)."""
+    api_key = secrets.token_urlsafe(16) if request.param == "api_key" else None
+    template = tmp_path_factory.mktemp("template") / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)  # stories260K ships none; the chat tests need one
+    serve = start_cluster(
+        stories_path, tmp_path_factory, f"sec-{request.param}",
+        engine={"model": str(stories_path), "kv_cache_memory": KV_POOL, "max_num_batched_tokens": 512},
+        replicas={"num_replicas": 1, "num_prefill_replicas": 1},
+        router={"api_key": api_key} if api_key else {}, frontend={"chat_template": str(template)})
+    yield KVCluster(serve, api_key)
+    serve.stop()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(stories_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(stories_path))
+
+
+@pytest.fixture(scope="session")
+def reference(stories_path):
+    """Greedy text of one engine, no cluster: the model's own answer to a prompt."""
+    from kvmesh.replica.llm import LLM
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+
+    llm = LLM(str(stories_path), kv_cache_memory=4 << 20, max_num_batched_tokens=512)
+
+    def generate(prompt: list[int], max_tokens: int = 16) -> str:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        return llm.generate([prompt], params)[0].text
+
+    return generate
+
+
+@pytest.fixture
+def listener():
+    """A stranger's URL on 127.0.0.1 that records every call (listener.py)."""
+    server = Listener().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def record(request):
+    """``record(attack, **numbers)``: what the attack achieved, kept before the test asserts (module doc)."""
+    path = os.environ.get("KVMESH_SECURITY_RECORD")
+
+    def keep(attack: str, **numbers) -> None:
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps({"test": request.node.nodeid, "attack": attack, **numbers}, default=str) + "\n")
+
+    return keep
