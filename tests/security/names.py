@@ -45,9 +45,7 @@ STREAM_GAP_S = 0.3
 3.5 s seen under the old bodies, 0.55 to 1 s here)."""
 
 
-def internal_key(cluster) -> str | None:
-    """The cluster-internal key ``kvmesh serve`` generated for this run (None before the fix: there is none).
-    Read from the router's config as serve builds it (wt-auth: ``ServeCluster.router_config().internal_key``).
-    ALIGN after the merge: ``return cluster.router_config().internal_key`` (the getattr only bridges the
-    code before the fix, whose RouterConfig has no such field)."""
-    return getattr(cluster.router_config(), "internal_key", None)
+def internal_key(cluster) -> str:
+    """The cluster-internal key ``kvmesh serve`` generated for this run, read from the router's config as serve
+    builds it."""
+    return cluster.router_config().internal_key
