@@ -15,7 +15,9 @@ The worker thread starts with the first read and exits once it has no read left 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -24,6 +26,10 @@ from kvmesh.replica.kv_transfer.agent import KVTransfer, KVTransferAgent
 from kvmesh.replica.kv_transfer.errors import KVTransferError
 
 logger = logging.getLogger(__name__)
+
+WORKER_NICE = 19
+"""The transfer worker thread's nice value while it starts a read (nixl copies there on host memory): such a copy
+runs on the CPU time the engine's steps leave over (kvmesh bench kv-transfer --step-trace; BENCHMARKS 3.15)."""
 
 
 class TierReads:
@@ -114,7 +120,8 @@ class PullRead:
         if self._abort_asked:  # given up before it started: nothing to wait for
             self.over = True
             return
-        self.reads, error = start_tier_reads(self.agent, self.peer, self.remote_ids, self.media, self.local_ids)
+        with _yielding_cpu():
+            self.reads, error = start_tier_reads(self.agent, self.peer, self.remote_ids, self.media, self.local_ids)
         if error is not None:
             self._fail(error)
             self._abort_sent = True  # start_tier_reads aborted the ones that started
@@ -197,6 +204,43 @@ class ReadWorker:
                 read._raised = True
                 logger.exception("KV read from %s: the transport raised; its blocks stay quarantined", read.peer)
             read._fail(e)
+
+
+@contextlib.contextmanager
+def _yielding_cpu():
+    """This thread at nice ``WORKER_NICE`` inside the block (Linux: nice is per thread): on host memory a read
+    copies inside ``start_read``, and where cores are short the copy must yield to the engine's steps. Only the
+    copy (nixl lets go of the GIL meanwhile): Python run at a low priority would hold the GIL while starved, and
+    the engine thread would wait on it. Left alone where the priority could not be raised back afterwards."""
+    tid = threading.get_native_id()
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, tid)
+        lowered = base < WORKER_NICE and _can_renice(tid, base)
+    except (AttributeError, OSError):  # not Linux
+        lowered = False
+    if lowered:
+        os.setpriority(os.PRIO_PROCESS, tid, WORKER_NICE)
+    try:
+        yield
+    finally:
+        if lowered:
+            os.setpriority(os.PRIO_PROCESS, tid, base)
+
+
+_RENICE: dict[str, bool] = {}
+
+
+def _can_renice(tid: int, base: int) -> bool:
+    """Whether this process may raise a thread's priority back to ``base`` (root, or RLIMIT_NICE allows it)."""
+    if "ok" not in _RENICE:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, base + 1)
+            os.setpriority(os.PRIO_PROCESS, tid, base)
+            _RENICE["ok"] = True
+        except OSError:
+            _RENICE["ok"] = False
+            logger.info("KV reads copy at the engine's priority: this process may not raise a thread's back")
+    return _RENICE["ok"]
 
 
 _WORKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -217,3 +217,26 @@ async def test_a_failed_read_that_lands_late_writes_only_quarantined_blocks(engi
     finally:
         agent.close()
         holder_agent.close()
+
+
+async def test_an_engine_stopped_with_a_read_in_flight_keeps_its_blocks_held(stories_path):
+    holder, puller = _engine(stories_path), _engine(stories_path, num_kv_blocks=PULLER_BLOCKS)
+    holder_agent, agent, peer = _agents(holder, puller, 60.0, "stopped", "late")
+    try:
+        await _final(holder, PROMPT)
+        lease = await holder.lease_blocks(PROMPT, None, 60.0)
+        pool = puller.engine.kv_cache_manager.block_pool
+        free_before = pool.get_num_free_blocks()
+        pull = asyncio.ensure_future(puller.pull_prefix(agent, peer, PROMPT, lease.remote_block_ids))
+        await _until(lambda: agent.transfers, "the read's start")
+        await asyncio.to_thread(puller.shutdown)
+        with pytest.raises(RuntimeError, match="engine stopped"):
+            await pull
+        assert agent.transfers[0].aborted  # asked to stop; it cannot, so its blocks stay held
+        assert puller.kv_transfers.quarantined_blocks == 6 and pool.get_num_free_blocks() == free_before - 6
+        agent.land.set()
+        await _until(agent.transfers[0].landed.is_set, "the late write")
+    finally:
+        agent.close()
+        holder_agent.close()
+        holder.shutdown()
