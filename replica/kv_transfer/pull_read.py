@@ -27,9 +27,12 @@ from kvmesh.replica.kv_transfer.errors import KVTransferError
 
 logger = logging.getLogger(__name__)
 
-WORKER_NICE = 19
+SETTLE_POLL_S = 0.05
+"""Seconds between checks of failed reads awaiting the transport's confirmation (one may never come)."""
+WORKER_NICE = 10
 """The transfer worker thread's nice value while it starts a read (nixl copies there on host memory): such a copy
-runs on the CPU time the engine's steps leave over (kvmesh bench kv-transfer --step-trace; BENCHMARKS 3.15)."""
+yields the CPU to the engine's steps (weight 110 against their 1024), yet is not starved past the pull's timeout
+on a loaded machine, as 19 was (kvmesh bench kv-transfer --step-trace; BENCHMARKS 3.15)."""
 
 
 class TierReads:
@@ -191,9 +194,10 @@ class ReadWorker:
             if changed and self.on_progress is not None:
                 self.on_progress()
             if self._active:
+                live = any(r.outcome is None for r in self._active)  # else only failed reads awaiting confirmation
                 with self._cond:
                     if not self._queue:
-                        self._cond.wait(self.poll_interval_s)
+                        self._cond.wait(self.poll_interval_s if live else max(self.poll_interval_s, SETTLE_POLL_S))
 
     @staticmethod
     def _guard(read: PullRead, step) -> None:

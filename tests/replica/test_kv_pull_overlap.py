@@ -232,7 +232,8 @@ async def test_an_engine_stopped_with_a_read_in_flight_keeps_its_blocks_held(sto
         await asyncio.to_thread(puller.shutdown)
         with pytest.raises(RuntimeError, match="engine stopped"):
             await pull
-        assert agent.transfers[0].aborted  # asked to stop; it cannot, so its blocks stay held
+        await _until(lambda: agent.transfers[0].aborted, "the abort")  # asked to stop (by the transfer worker)
+        assert not agent.transfers[0].landed.is_set()  # it cannot stop, so its blocks stay held
         assert puller.kv_transfers.quarantined_blocks == 6 and pool.get_num_free_blocks() == free_before - 6
         agent.land.set()
         await _until(agent.transfers[0].landed.is_set, "the late write")

@@ -9,7 +9,9 @@ of 64, 16-token blocks, float32) decodes ``--seqs`` sequences without pause whil
 the engine thread, the read on the agent's transfer worker) from a holder in another process over nixl (UCX,
 host memory): one whose copy yields the CPU to the steps (the worker at nice ``pull_read.WORKER_NICE`` while it
 starts the read), one at the engine's priority; the windows' order rotates each round. Every engine step is timed (wall, and the engine thread's CPU); a step counts as "during the
-pull" when it overlaps the pull, as "quiet" when it lies in a quiet window. Also: this process's and the holder's
+pull" when it overlaps the pull, as "quiet" when it lies in a quiet window; a step's time runs from the end of the
+previous one (the engine loop's commands and ``between_steps`` included: a read started on the engine thread
+copies there) to its own end, the gap between two tokens of a decoding request. Also: this process's and the holder's
 CPU per second in each kind of window. Writes JSON and a PNG beside it: step time over time with and without a
 pull (one round), and the distributions.
 """
@@ -38,18 +40,18 @@ DECODE_TOKENS = 200
 
 
 class StepClock:
-    """Wraps ``engine.step``: (start, end, engine thread CPU seconds) of every step."""
+    """Wraps ``engine.step``: (start, end, the engine thread's CPU seconds so far at the end) of every step."""
 
     def __init__(self, engine) -> None:
         self.steps: list[tuple[float, float, float]] = []
         step = engine.step
 
         def timed():
-            c0, w0 = time.thread_time(), time.perf_counter()
+            w0 = time.perf_counter()
             try:
                 return step()
             finally:
-                self.steps.append((w0, time.perf_counter(), time.thread_time() - c0))
+                self.steps.append((w0, time.perf_counter(), time.thread_time()))
 
         engine.step = timed
 
@@ -73,13 +75,16 @@ async def _decode_forever(serving, rng: random.Random, stop: asyncio.Event) -> N
 async def _trace(serving, agent, peer: str, num_blocks: int, args, holder) -> dict:
     import psutil
     from kvmesh.replica.kv_transfer import pull_read
+    from kvmesh.replica.kv_transfer.errors import KVTransferError
 
-    me, rng, nice = psutil.Process(), random.Random(0), pull_read.WORKER_NICE
+    me, rng, nice = psutil.Process(), random.Random(0), args.copy_nice
+    default_nice = pull_read.WORKER_NICE
     clock = StepClock(serving.engine)
     stop = asyncio.Event()
     load = [asyncio.ensure_future(_decode_forever(serving, random.Random(1000 + i), stop)) for i in range(args.seqs)]
     await asyncio.sleep(2.0)  # warm: every sequence decoding
     windows = []
+    pulled = None
     for r in range(args.rounds):
         for kind in KINDS[r % len(KINDS):] + KINDS[:r % len(KINDS)]:  # interleaved, order rotating
             c0, h0, w0 = _cpu_s(me), _cpu_s(holder), time.perf_counter()
@@ -87,16 +92,20 @@ async def _trace(serving, agent, peer: str, num_blocks: int, args, holder) -> di
                 pull_read.WORKER_NICE = nice if kind == "pull" else 0
                 prompt = [rng.randrange(3, 1000) for _ in range(num_blocks * 16)]  # fresh: nothing cached
                 remote = rng.sample(range(1, num_blocks + 1), num_blocks)
-                pulled = await serving.pull_prefix(agent, peer, prompt, remote)
-                if pulled != num_blocks * 16:
+                try:
+                    pulled = await serving.pull_prefix(agent, peer, prompt, remote)
+                except KVTransferError as e:  # past kv_transfer.timeout_s: the copy starved
+                    print(f"round {r} {kind}: {e}", flush=True)
+                    pulled = None
+                if pulled not in (None, 0, num_blocks * 16):  # 0: skipped, a failed pull's blocks still held
                     raise RuntimeError(f"the pull brought {pulled} tokens, not {num_blocks * 16}")
             else:
                 await asyncio.sleep(args.quiet_s)
             w1 = time.perf_counter()
-            windows.append({"kind": kind, "round": r, "start": w0, "end": w1, "cpu_s_per_s": (_cpu_s(me) - c0) / (w1 - w0),
+            windows.append({"kind": kind, "round": r, "start": w0, "end": w1, "failed": kind != "quiet" and pulled != num_blocks * 16, "cpu_s_per_s": (_cpu_s(me) - c0) / (w1 - w0),
                             "holder_cpu_s_per_s": (_cpu_s(holder) - h0) / (w1 - w0)})
             await asyncio.sleep(0.3)  # settle between windows
-    pull_read.WORKER_NICE = nice
+    pull_read.WORKER_NICE = default_nice
     stop.set()
     await asyncio.gather(*load)
     return {"steps": clock.steps, "windows": windows}
@@ -123,6 +132,7 @@ def _summary(steps: list, windows: list, kind: str) -> dict:
             "engine_thread_cpu_ms_mean": statistics.fmean(cpu),
             "window_s": [round(b - a, 4) for a, b in spans],
             "window_s_median": statistics.median(b - a for a, b in spans),
+            "failed_pulls": sum(w["failed"] for w in windows if w["kind"] == kind),
             "process_cpu_s_per_s": statistics.fmean(w["cpu_s_per_s"] for w in windows if w["kind"] == kind),
             "holder_cpu_s_per_s": statistics.fmean(w["holder_cpu_s_per_s"] for w in windows if w["kind"] == kind)}
 
@@ -160,14 +170,18 @@ def bench_step_trace(args: argparse.Namespace) -> dict:
         if agent is not None:
             agent.close()
         serving.shutdown()
-    steps, windows = trace["steps"], trace["windows"]
+    windows = trace["windows"]
+    # one engine loop iteration per step: from the previous step's end (drained commands, between_steps: where
+    # a read started on the engine thread would copy) to this one's end: the gap a decoding request sees
+    steps = [(prev[1], step[1], step[2] - prev[2]) for prev, step in zip(trace["steps"][:-1], trace["steps"][1:],
+                                                                       strict=True)]
     summaries = {k: _summary(steps, windows, k) for k in KINDS}
     t0 = windows[0]["start"]
     by_kind = {k: [round((b - a) * 1e3, 3) for a, b, _ in _steps_of(steps, windows, k)] for k in KINDS}
     quiet = summaries["quiet"]
     return {"step_ms_by_kind": by_kind, "pull_bytes": num_blocks * layout.bytes_per_block,
             "bytes_per_block": layout.bytes_per_block, "kv_layout": layout.kv_layout, "seqs": args.seqs,
-            "rounds": args.rounds, **summaries,
+            "rounds": args.rounds, "copy_nice": args.copy_nice, **summaries,
             "vs_quiet": {k: {"mean": summaries[k]["wall_ms_mean"] / quiet["wall_ms_mean"],
                              "median": summaries[k]["wall_ms_median"] / quiet["wall_ms_median"]} for k in KINDS[1:]},
             "windows": [dict(w, start=w["start"] - t0, end=w["end"] - t0) for w in windows],
@@ -196,12 +210,12 @@ def plot(results: dict, path: Path) -> None:
     unique = dict(zip(labels, handles, strict=True))
     trace.legend(unique.values(), unique.keys(), fontsize="small")
     trace.set_xlabel("seconds")
-    trace.set_ylabel("step wall ms")
+    trace.set_ylabel("step ms (loop iteration)")
     trace.set_title("step time over time (two rounds)")
     data = [results["step_ms_by_kind"][k] for k in KINDS]
     dist.boxplot(data, tick_labels=["quiet", "pull\n(yielding)", "pull\n(equal)"], showfliers=True)
     dist.set_yscale("log")
-    dist.set_ylabel("step wall ms")
+    dist.set_ylabel("step ms (loop iteration)")
     ratios = ", ".join(f"{k} x{v['median']:.2f}" for k, v in results["vs_quiet"].items())
     dist.set_title(f"all {results['rounds']} rounds, median vs quiet: {ratios}", fontsize="small")
     fig.suptitle(f"engine steps ({results['seqs']} sequences decoding) with and without a KV pull (nixl, UCX)")
@@ -217,11 +231,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="rounds, each a quiet window and a pull")
     parser.add_argument("--seqs", type=int, default=4, help="sequences decoding throughout")
     parser.add_argument("--quiet-s", type=float, default=1.0, help="seconds of each quiet window")
+    parser.add_argument("--copy-nice", type=int, default=None,
+                        help="the yielding pull's nice while it copies (default: pull_read.WORKER_NICE)")
     args = parser.parse_args(argv)
     if args.pull_mib <= 0 or args.rounds <= 0 or args.seqs <= 0 or args.quiet_s <= 0:
         parser.error("--pull-mib, --rounds, --seqs and --quiet-s must be positive")
+    from kvmesh.replica.kv_transfer import pull_read
     from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
 
+    args.copy_nice = pull_read.WORKER_NICE if args.copy_nice is None else args.copy_nice
     if nixl_missing():
         print(f"kvmesh bench kv-transfer: {nixl_missing()}", file=sys.stderr)
         return 2
@@ -233,7 +251,7 @@ def main(argv: list[str]) -> int:
         print(f"{kind:>10}: {s['steps']} steps, wall ms median {s['wall_ms_median']:.1f} mean {s['wall_ms_mean']:.1f} "
               f"p90 {s['wall_ms_p90']:.1f} max {s['wall_ms_max']:.1f}; engine thread CPU ms {s['engine_thread_cpu_ms_mean']:.1f}; "
               f"process CPU {s['process_cpu_s_per_s']:.2f} s/s, holder {s['holder_cpu_s_per_s']:.2f} s/s; "
-              f"window s median {s['window_s_median']:.2f}", flush=True)
+              f"window s median {s['window_s_median']:.2f}, failed pulls {s['failed_pulls']}", flush=True)
     for kind, ratio in results["vs_quiet"].items():
         print(f"step wall during a {kind} / quiet: median x{ratio['median']:.2f}, mean x{ratio['mean']:.2f}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
