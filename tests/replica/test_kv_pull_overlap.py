@@ -26,7 +26,10 @@ from kvmesh.replica.kv_transfer.agent import agent_for_runner
 from kvmesh.replica.kv_transfer.config import KVTransferConfig
 from kvmesh.replica.kv_transfer.errors import KVTransferError, KVTransferTimeout
 from kvmesh.replica.kv_transfer.prefix_pull import cached_prefix_block_ids
+from kvmesh.replica.server.kv_metrics import KVTransferMetrics
+from kvmesh.replica.server.state import _quarantined_blocks
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from prometheus_client import CollectorRegistry
 
 SEED = "overlap-test-hash-seed"
 PROMPT = [random.Random(7).randrange(3, 500) for _ in range(100)]  # 6 full blocks of 16
@@ -134,6 +137,13 @@ def engines(stories_path):
     holder.shutdown()
 
 
+def _gauge(llm: AsyncLLM) -> float:
+    """The replica's ``kvmesh_kv_transfer_quarantined_blocks`` as its /metrics would export it."""
+    registry = CollectorRegistry()
+    KVTransferMetrics(registry, lambda: (0, 0, 0), lambda: _quarantined_blocks(llm))
+    return registry.get_sample_value("kvmesh_kv_transfer_quarantined_blocks")
+
+
 async def _final(llm: AsyncLLM, prompt: list[int], params: SamplingParams = GREEDY):
     return [out async for out in llm.generate(prompt, params)][-1]
 
@@ -195,7 +205,7 @@ async def test_a_failed_read_that_lands_late_writes_only_quarantined_blocks(engi
         with pytest.raises(error):
             await puller.pull_prefix(agent, peer, PROMPT, lease.remote_block_ids, remote_block_media=media)
         assert pool.get_num_free_blocks() == free_before - 6  # failed, yet every block of the pull still held
-        assert transfers.quarantined_blocks == 6  # and counted
+        assert transfers.quarantined_blocks == 6 and _gauge(puller) == 6  # and counted, on /metrics too
         outs = [await _final(puller, filler) for filler in FILLERS]  # together they take every free block
         manager = puller.engine.kv_cache_manager
         in_use = set(cached_prefix_block_ids(manager, FILLERS[1]))
@@ -205,6 +215,7 @@ async def test_a_failed_read_that_lands_late_writes_only_quarantined_blocks(engi
         agent.land.set()  # the late write lands now
         await _until(lambda: agent.transfers and all(t.landed.is_set() for t in agent.transfers), "the late write")
         await _until(lambda: transfers.quarantined_blocks == 0, "the quarantined blocks' release")
+        assert _gauge(puller) == 0
         after = puller.runner.kv_cache.view(layout.num_regions, layout.num_blocks, -1)
         changed = {b for b in range(layout.num_blocks) if not torch.equal(before[:, b], after[:, b])}
         assert changed and changed <= set(agent.landed_ids)  # the write happened, only where it was aimed
