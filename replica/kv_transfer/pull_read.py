@@ -71,7 +71,7 @@ def start_tier_reads(agent: KVTransferAgent, peer: str, remote_ids: list[int], m
                 end += 1
             reads.append(agent.start_read(peer, remote_ids[start:end], local_ids[start:end], media[start]))
             start = end
-    except BaseException as e:  # noqa: BLE001 - KVTransferError (dead peer) or ValueError (bad ids): the pull's
+    except BaseException as e:  # noqa: BLE001 - KVTransferError (dead peer) or ValueError (bad ids): the pull fails
         for read in reads:
             read.abort()
         return TierReads(reads, len(local_ids)), e
