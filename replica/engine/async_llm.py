@@ -79,6 +79,7 @@ class AsyncLLM:
         self._closed = False
         self.errored: BaseException | None = None  # set if the engine loop itself died
         self.kv_transfers = EngineKVTransfers(engine)  # pulls in flight and leases (engine thread only)
+        self.kv_transfers.wake = self._wake.set  # a transfer worker thread saw a read move on
         self.kv_transfer_load: Callable[[], KVTransferLoad] | None = None  # /load's kv_transfer (server sets it)
         self._thread = threading.Thread(target=self._run, name="kvmesh-engine", daemon=True)
         self._thread.start()

@@ -4,10 +4,14 @@
                              kv.between_steps()      pulls polled without waiting, leases past their TTL ended
                              step() ...              other requests keep stepping while a read is in flight
 
-A pull's read is started on the engine thread (its blocks allocated and held) and then only polled, the
-way vLLM keeps a request in WAITING_FOR_REMOTE_KVS: on DONE the blocks are cached under the prompt's
-hashes and freed to the evictable pool (the request added next hits them), on ERR or timeout they are
-freed uncached. Each finished pull's bytes and seconds feed ``pull_bytes_per_s`` (an EWMA).
+A pull's blocks are allocated and held on the engine thread, which hands the read to the agent's transfer
+worker thread (pull_read.py: starting a read can copy synchronously, nixl on host memory) and then only
+reads the worker's flags, the way vLLM keeps a request in WAITING_FOR_REMOTE_KVS: on DONE the blocks are
+cached under the prompt's hashes and freed to the evictable pool (the request added next hits them). On ERR
+or timeout the pull fails at once, but its blocks are QUARANTINED (held: never free, reused or hashed;
+counted in ``quarantined_blocks`` and the pool's integrity check) until the transport confirms the read is
+over, then freed uncached: a read that lands late lands in blocks nobody else holds. Each finished pull's
+bytes and seconds feed ``pull_bytes_per_s`` (an EWMA).
 
 The prefill side of a P/D split leases at the request's finish, not after its answer: ``LeaseAtFinish``
 arms the request id, and ``request_finished`` (the engine's hook, called before the request's blocks go
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvmesh.replica.engine.commands import LeaseAtFinish, LeaseBlocks, PullPrefix, ReleaseLease
@@ -32,7 +37,7 @@ logger = logging.getLogger(__name__)
 EWMA_WEIGHT = 0.3
 """Weight of the newest pull in ``pull_bytes_per_s``."""
 POLL_INTERVAL_S = 0.0005
-"""How often an idle engine thread checks a read in flight."""
+"""How often an idle engine thread checks a read in flight when no transfer worker can wake it."""
 
 
 @dataclass(slots=True)
@@ -50,12 +55,16 @@ class EngineKVTransfers:
         self.engine = engine
         self.leases = LeaseTable()
         self.pulls: list[_InFlight] = []
+        self.quarantine: list[PendingPull] = []
+        """Failed pulls whose read the transport has not yet confirmed over: their blocks stay held."""
         self.pull_bytes_per_s: float | None = None
         """Bytes per second of this replica's finished pulls (EWMA; None before the first one)."""
         self.at_finish: dict[str, LeaseAtFinish] = {}
         """Requests whose finish takes a lease on their prompt's blocks (request id -> the command)."""
         engine.on_request_finished = self.request_finished
         engine.kv_cache_manager.held_elsewhere = self.held_blocks
+        self.wake: Callable[[], None] | None = None
+        """Wakes the idle engine thread (AsyncLLM sets it); the transfer workers call it when a read moves on."""
 
     def handle(self, command: PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease) -> None:
         manager = self.engine.kv_cache_manager
@@ -97,7 +106,14 @@ class EngineKVTransfers:
         held = self.leases.held_device_blocks()
         for pull in self.pulls:
             held += pull.pending.local + pull.pending.new
+        for pending in self.quarantine:
+            held += pending.local + pending.new
         return held
+
+    @property
+    def quarantined_blocks(self) -> int:
+        """Blocks of failed pulls held until the transport confirms their read is over (read racily by metrics)."""
+        return sum(len(pending.new) for pending in list(self.quarantine))
 
     def request_refused(self, request_id: str) -> None:
         """The request never ran (``add_request`` refused it): an armed lease ends empty."""
@@ -109,8 +125,8 @@ class EngineKVTransfers:
         try:
             pending = start_pull(self.engine.kv_cache_manager, command.agent, command.peer,
                                  command.prompt_token_ids, command.remote_block_ids, command.cache_salt,
-                                 remote_block_media=command.remote_block_media)
-        except BaseException as e:  # KVTransferError (dead peer) or bad arguments (ids out of range)
+                                 remote_block_media=command.remote_block_media, on_progress=self.wake)
+        except BaseException as e:  # bad arguments (media not matching the ids)
             command.pulled.set_exception(e)
             return
         if isinstance(pending, int):
@@ -119,14 +135,17 @@ class EngineKVTransfers:
             self.pulls.append(_InFlight(pending, command, time.monotonic(), block_bytes(command.agent)))
 
     def between_steps(self) -> None:
-        """Finish the pulls whose read ended and the leases past their TTL; never waits."""
+        """Finish the pulls whose read ended, free the quarantined blocks whose read is over, end the leases past
+        their TTL; never waits (only the transfer workers' flags are read)."""
         if self.pulls:
             now = time.monotonic()
             still = []
             for pull in self.pulls:
                 try:
                     tokens = pull.pending.poll(now)
-                except BaseException as e:  # KVTransferError: the blocks were freed uncached
+                except BaseException as e:  # KVTransferError (or bad block ids): the blocks are quarantined
+                    if not pull.pending.settle():
+                        self.quarantine.append(pull.pending)
                     pull.command.pulled.set_exception(e)
                     continue
                 if tokens is None:
@@ -136,6 +155,8 @@ class EngineKVTransfers:
                     self._measure(tokens // self.engine.config.block_size * pull.bytes_per_block, now - pull.started)
                 pull.command.pulled.set_result(tokens)
             self.pulls = still
+        if self.quarantine:
+            self.quarantine = [pending for pending in self.quarantine if not pending.settle()]
         if self.leases.active:
             self.leases.expire(self.engine.kv_cache_manager)
 
@@ -145,19 +166,31 @@ class EngineKVTransfers:
         self.pull_bytes_per_s = rate if old is None else (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * rate
 
     def idle_timeout(self) -> float | None:
-        """How long an idle engine thread may sleep: a short poll while a read is in flight, until the next
-        lease expiry while leases are held, else until woken (None)."""
+        """How long an idle engine thread may sleep: until the first pull's deadline (the transfer workers wake it
+        when a read moves on; without that hook, a short poll) or the next lease expiry, else until woken."""
+        waits = []
         if self.pulls:
-            return POLL_INTERVAL_S
-        return self.leases.next_expiry_s()
+            first = min(pull.pending.deadline for pull in self.pulls) - time.monotonic()
+            waits.append(POLL_INTERVAL_S if self.wake is None else max(first, 0.0))
+        if self.quarantine and self.wake is None:
+            waits.append(POLL_INTERVAL_S)
+        if (lease := self.leases.next_expiry_s()) is not None:
+            waits.append(lease)
+        return min(waits) if waits else None
 
     def abandon(self) -> None:
-        """Engine stopping: free what pulls and leases hold."""
+        """Engine stopping (its thread gone): answer the pulls in flight, ask their reads to abort, let the leases
+        go. Blocks whose read the transport has not confirmed over are NOT freed: they stay held in the pool that
+        goes with the engine (the agent keeps the cache registered, so a late write still lands in its memory)."""
         for pull in self.pulls:
-            pull.pending.transfer.release()
-            pull.pending.fail()
+            pull.pending.read.give_up(RuntimeError("the engine stopped while a KV pull was in flight"))
             pull.command.pulled.set_exception(RuntimeError("the engine stopped while a KV pull was in flight"))
+            self.quarantine.append(pull.pending)
         self.pulls = []
+        self.quarantine = [pending for pending in self.quarantine if not pending.settle()]
+        if self.quarantine:
+            logger.warning("engine stopped with %d KV blocks still quarantined (reads the transport has not "
+                           "confirmed over); they stay held", self.quarantined_blocks)
         for request_id in list(self.at_finish):
             self.request_refused(request_id)
         self.leases.expire(self.engine.kv_cache_manager, now=float("inf"))

@@ -7,15 +7,17 @@
 
 The handshake travels out of band (an HTTP call, a Ray call, a pipe in tests) as msgpack
 (``encode_handshake`` / ``decode_handshake``). A read is one-sided, like vLLM's NixlConnector: the
-reader pulls, the holder's engine is not involved. ``start_read`` returns at once and ``wait``
-polls until DONE, raising ``KVTransferError`` on ERR and ``KVTransferTimeout`` past the timeout,
-so a dead peer never hangs the caller. Transports: ``nixl`` (UCX; host or device memory, across
+reader pulls, the holder's engine is not involved. ``start_read`` posts the read (nixl may copy inside it on
+host memory: a serving engine calls it on a transfer worker thread, pull_read.py) and ``wait`` polls until it
+is over, raising ``KVTransferError`` on ERR and ``KVTransferTimeout`` past the timeout, after aborting the
+read and waiting for the transport to confirm it stopped: a failed read never lands late in reused blocks. Transports: ``nixl`` (UCX; host or device memory, across
 processes and machines) and ``local`` (the same process, plain tensor copies: for tests without nixl).
 """
 
 from __future__ import annotations
 
 import importlib
+import threading
 import time
 from typing import Protocol, runtime_checkable
 
@@ -71,15 +73,22 @@ def decode_handshake(raw: bytes) -> KVHandshake:
 
 @runtime_checkable
 class KVTransfer(Protocol):
-    """One started read."""
+    """One started read. It is over (nothing more can land in its local blocks) only once ``state`` is not
+    ``"PROC"`` and ``release`` returned True; until then the local blocks must stay held."""
 
     num_blocks: int
 
     def state(self) -> str:
-        """``"PROC"`` while in flight, ``"DONE"``, or ``"ERR"``."""
+        """``"PROC"`` while the transport may still write into the local blocks (an aborted read too, until the
+        transport confirms it stopped), then ``"DONE"`` or ``"ERR"``."""
 
-    def release(self) -> None:
-        """Free the transport's handle (after DONE or ERR, or to give up on it)."""
+    def abort(self) -> None:
+        """Ask the transport to stop the read (giving up on it); never waits. ``state`` keeps saying ``"PROC"``
+        until the transport confirms it stopped."""
+
+    def release(self) -> bool:
+        """Free the transport's handle: True once freed (and on every later call); False when the transport
+        refuses because the read is still in flight (nixl does): keep it and ask again later."""
 
 
 @runtime_checkable
@@ -107,22 +116,29 @@ class KVTransferAgent(Protocol):
         """Deregister the cache and drop every peer."""
 
 
-def wait(agent: KVTransferAgent, transfer: KVTransfer, peer: str, timeout_s: float | None = None) -> None:
-    """Poll ``transfer`` until DONE; KVTransferError on ERR, KVTransferTimeout after ``timeout_s``
-    (the agent's ``config.timeout_s`` by default). The transfer's handle is released either way."""
+def wait(agent: KVTransferAgent, transfer: KVTransfer, peer: str, timeout_s: float | None = None,
+         abort: threading.Event | None = None) -> None:
+    """Poll ``transfer`` until it is over; return on DONE, KVTransferError on ERR. Past ``timeout_s`` (the agent's
+    ``config.timeout_s`` by default), or once ``abort`` is set, the read is aborted and still waited on until the
+    transport confirms it stopped, then KVTransferTimeout: on return or raise, nothing more lands in the local
+    blocks (the transfer's handle is released)."""
     timeout_s = agent.config.timeout_s if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s
-    try:
-        while (state := transfer.state()) == "PROC":
-            if time.monotonic() > deadline:
-                raise KVTransferTimeout(f"reading {transfer.num_blocks} KV blocks from {peer!r} did not finish "
-                                        f"within {timeout_s:g} s (peer dead or stalled); recompute them")
-            time.sleep(agent.config.poll_interval_s)
-        if state != "DONE":
-            raise KVTransferError(f"reading {transfer.num_blocks} KV blocks from {peer!r} failed "
-                                  f"(transfer state {state}); recompute them")
-    finally:
-        transfer.release()
+    given_up: KVTransferError | None = None
+    while True:
+        state = transfer.state()
+        if state != "PROC" and transfer.release():
+            break
+        if given_up is None and (time.monotonic() > deadline or (abort is not None and abort.is_set())):
+            given_up = KVTransferTimeout(f"reading {transfer.num_blocks} KV blocks from {peer!r} did not finish "
+                                         f"within {timeout_s:g} s (peer dead or stalled, or given up); recompute them")
+            transfer.abort()
+        time.sleep(agent.config.poll_interval_s)
+    if given_up is not None:
+        raise given_up
+    if state != "DONE":
+        raise KVTransferError(f"reading {transfer.num_blocks} KV blocks from {peer!r} failed "
+                              f"(transfer state {state}); recompute them")
 
 
 def read_blocks(agent: KVTransferAgent, peer: str, remote_block_ids: list[int], local_block_ids: list[int],

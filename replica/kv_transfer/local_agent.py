@@ -42,8 +42,11 @@ class DoneTransfer:
     def state(self) -> str:
         return "DONE"
 
-    def release(self) -> None:
+    def abort(self) -> None:
         pass
+
+    def release(self) -> bool:
+        return True
 
 
 class LocalKVTransferAgent:

@@ -5,6 +5,8 @@ transfer descriptor, prepared once for this rank ("NIXL_INIT_AGENT") and once pe
 peer's layout (its base address and block count); a read is ``make_prepped_xfer("READ", ...)`` with
 the descriptor indices of the block ids (layout.py), then ``transfer`` and polling
 ``check_xfer_state``. UCX moves host memory too, so this runs on CPU; on CUDA the memory type is VRAM.
+On host memory UCX copies inside ``transfer`` (nixl's binding lets go of the GIL meanwhile): a serving
+engine starts reads on the agent's transfer worker thread (pull_read.py), never on its own.
 """
 
 from __future__ import annotations
@@ -77,26 +79,41 @@ def _start_agent(name: str, progress_delay_us: int):
 
 
 class NixlTransfer:
-    """One READ in flight: its nixl handle, polled by ``agent.wait``."""
+    """One READ posted to nixl. Over once nixl reports DONE or ERR and lets its handle go: nixl refuses to release a
+    handle still in flight (it tries to cancel it first), so a refusal keeps the handle, and the caller asks again
+    later; the local blocks stay held meanwhile."""
 
-    def __init__(self, agent, lock: threading.RLock, handle, num_blocks: int) -> None:
+    def __init__(self, agent, lock: threading.RLock, handle, num_blocks: int, posted: str = "PROC") -> None:
         self._agent, self._lock, self._handle, self.num_blocks = agent, lock, handle, num_blocks
+        self._last = "ERR" if posted == "ERR" else "PROC"
+        """The last state nixl reported (``transfer`` said ERR: the post failed)."""
 
     def state(self) -> str:
-        try:
-            with self._lock:
-                return self._agent.check_xfer_state(self._handle)
-        except Exception:  # nixl raises on a broken connection: the read failed
-            return "ERR"
-
-    def release(self) -> None:
-        if self._handle is not None:
+        if self._handle is None:
+            return self._last
+        if self._last != "ERR":
             try:
                 with self._lock:
-                    self._agent.release_xfer_handle(self._handle)
-            except Exception:  # nixl refuses to release a handle still in flight; the agent's close frees it
-                pass
-            self._handle = None
+                    self._last = self._agent.check_xfer_state(self._handle)
+            except Exception:  # nixl raises on a broken connection: the read failed
+                self._last = "ERR"
+        return self._last
+
+    def abort(self) -> None:
+        self.release()  # nixl cancels a read in flight on release when it can; refused: it keeps running
+
+    def release(self) -> bool:
+        if self._handle is None:
+            return True
+        try:
+            with self._lock:
+                self._agent.release_xfer_handle(self._handle)
+        except Exception:  # nixl refuses to release a handle still in flight: it may still write; ask again later
+            return False
+        self._handle = None
+        if self._last == "PROC":  # released in flight: nixl cancelled it
+            self._last = "ERR"
+        return True
 
 
 class _Peer:
@@ -107,9 +124,9 @@ class _Peer:
 
 
 class NixlKVTransferAgent:
-    """One rank's nixl agent. Its calls come from two threads (handshakes on the replica's HTTP loop, reads on the
-    engine thread) and the agent runs without nixl's own locking (``NIXL_THREAD_SYNC_NONE``, the default without
-    a listener thread), so every call into it holds ``_lock``."""
+    """One rank's nixl agent. Its calls come from two threads (handshakes on the replica's HTTP loop, reads on
+    the agent's transfer worker thread) and the agent runs without nixl's own locking (``NIXL_THREAD_SYNC_NONE``,
+    the default without a listener thread), so every call into it holds ``_lock``."""
 
     def __init__(self, config: KVTransferConfig, name: str, kv_cache: torch.Tensor, layout: KVBlockLayout,
                  host_cache: torch.Tensor | None = None) -> None:
@@ -192,18 +209,15 @@ class NixlKVTransferAgent:
                 handle = self._agent.make_prepped_xfer(
                     "READ", self._local, _descriptor_ids(self.layout, local_block_ids),
                     remote_dlist, _descriptor_ids(remote_layout, remote_block_ids))
-                started = self._agent.transfer(handle)
-            transfer = NixlTransfer(self._agent, self._lock, handle, len(local_block_ids))
-            if started == "ERR":
-                transfer.release()
-                raise KVTransferError(f"nixl refused to start reading {len(local_block_ids)} KV blocks "
-                                      f"from {peer!r}; recompute them")
-        except KVTransferError:
-            raise
-        except Exception as e:
+        except Exception as e:  # nothing posted yet
             raise KVTransferError(f"reading {len(local_block_ids)} KV blocks from {peer!r} failed: {e}; "
                                   "recompute them") from e
-        return transfer
+        try:  # posted from here on: returned whatever happens, so the caller waits until nixl lets it go
+            with self._lock:
+                started = self._agent.transfer(handle)
+        except Exception:  # noqa: BLE001 - a failed post reads as ERR
+            started = "ERR"
+        return NixlTransfer(self._agent, self._lock, handle, len(local_block_ids), started)
 
     def close(self) -> None:
         with self._lock:

@@ -8,14 +8,18 @@
         start_read    rank r reads the peer's rank r blocks: the same block ids on every rank (the block
                       table is shared), each rank's bytes its own heads (num_kv_heads / tp)
         state()       DONE once every rank's read is done; ERR when one failed (``ray.wait``, no waiting)
+        abort()       every rank aborts its read (``TPWorker.kv_abort``); each answers once its transport let go
 
-Each rank's read runs inside its worker (``TPWorker.kv_read``: start, then wait up to the timeout), beside
-its steps (the worker takes concurrent calls); the engine thread only checks the rank calls' results.
+Each rank's read runs inside its worker (``TPWorker.kv_read``: start, then ``agent.wait``: up to the timeout,
+then aborted and waited on until its transport confirms it stopped), beside its steps (the worker takes
+concurrent calls); the replica's transfer worker thread only checks the rank calls' results. A rank that never
+answers keeps the read in flight, so its blocks stay quarantined; a dead rank's memory is gone with it.
 Ranks live in separate processes, so the transport is nixl (``local`` works only inside one process).
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING
 
 from kvmesh.events.schema import DEVICE_MEDIUM
@@ -27,31 +31,40 @@ if TYPE_CHECKING:
 
 
 class TPTransfer:
-    """One read per rank; done when all are."""
+    """One read per rank; each rank's call returns only once its own read is over (``agent.wait``), so the read
+    is in flight (PROC) while any rank's call is unanswered, a rank that cannot answer included."""
 
-    def __init__(self, refs: list, num_blocks: int) -> None:
-        self._refs, self.num_blocks = refs, num_blocks
+    def __init__(self, workers: list, read_id: str, refs: list, num_blocks: int) -> None:
+        self._workers, self._read_id, self._refs, self.num_blocks = workers, read_id, refs, num_blocks
 
-    def state(self) -> str:
+    def _answered(self) -> list:
         import ray
 
         ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
-        if len(ready) < len(self._refs):
-            return "PROC"
-        try:
-            ray.get(self._refs)
-        except Exception:  # noqa: BLE001 - a rank's read failed (KVTransferError there) or its worker died
-            return "ERR"
-        return "DONE"
+        return ready
 
-    def release(self) -> None:
+    def state(self) -> str:
+        if len(self._answered()) < len(self._refs):
+            return "PROC"
+        return "ERR" if self.failed() else "DONE"
+
+    def failed(self) -> bool:
+        """A rank's read failed (KVTransferError there) or its worker died, whether or not the others are over."""
         import ray
 
-        for ref in self._refs:
+        for ref in self._answered():
             try:
-                ray.cancel(ref)
-            except Exception:  # noqa: BLE001 - finished already, or the worker is gone
-                pass
+                ray.get(ref, timeout=0)
+            except Exception:  # noqa: BLE001 - that rank's read failed, or its worker is gone
+                return True
+        return False
+
+    def abort(self) -> None:
+        for worker in self._workers:  # each rank aborts its read and answers once its transport let go
+            worker.kv_abort.remote(self._read_id)
+
+    def release(self) -> bool:
+        return len(self._answered()) == len(self._refs)  # each rank released its own handle before answering
 
 
 class TPKVTransferAgent:
@@ -108,9 +121,10 @@ class TPKVTransferAgent:
             raise ValueError(f"{len(remote_block_ids)} remote block ids but {len(local_block_ids)} local ones; "
                              "a read copies block i of one list into block i of the other")
         self.layout.check_block_ids(local_block_ids, "local")
-        refs = [w.kv_read.remote(n, remote_block_ids, local_block_ids, remote_medium)
+        read_id = uuid.uuid4().hex
+        refs = [w.kv_read.remote(n, remote_block_ids, local_block_ids, remote_medium, read_id)
                 for w, n in zip(self._workers, names, strict=True)]
-        return TPTransfer(refs, len(local_block_ids))
+        return TPTransfer(self._workers, read_id, refs, len(local_block_ids))
 
     def close(self) -> None:
         import ray

@@ -5,6 +5,8 @@
     kvmesh_kv_transfer_pull_seconds                                histogram, lease + handshake + read + release
     kvmesh_kv_transfer_leases_active                               gauge, leases this replica holds for peers
     kvmesh_kv_transfer_leases_total{end="released|expired"}        counter, how its leases ended
+    kvmesh_kv_transfer_quarantined_blocks                          gauge, blocks of failed pulls held until the
+                                                                   transport confirms their read is over
 
 Exported (as zeros) on every replica, transfer enabled or not, so dashboards query one set of series.
 kvmesh's names carry no ``:`` (metrics.py: that is for vLLM's names and recording rules).
@@ -27,10 +29,13 @@ LeaseCounts = Callable[[], tuple[int, int, int]]
 
 
 class _LeaseCollector(Collector):
-    def __init__(self, counts: LeaseCounts) -> None:
-        self.counts = counts
+    def __init__(self, counts: LeaseCounts, quarantined: Callable[[], int]) -> None:
+        self.counts, self.quarantined = counts, quarantined
 
     def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("kvmesh_kv_transfer_quarantined_blocks",
+                                "KV blocks of failed pulls held until the transport confirms their read is over.",
+                                value=self.quarantined())
         active, released, expired = self.counts()
         yield GaugeMetricFamily("kvmesh_kv_transfer_leases_active", "Leases this replica holds blocks for.",
                                 value=active)
@@ -43,7 +48,8 @@ class _LeaseCollector(Collector):
 class KVTransferMetrics:
     """Counters of the pulls this replica tried and a view of its leases."""
 
-    def __init__(self, registry: CollectorRegistry, lease_counts: LeaseCounts) -> None:
+    def __init__(self, registry: CollectorRegistry, lease_counts: LeaseCounts,
+                 quarantined_blocks: Callable[[], int] = lambda: 0) -> None:
         self.pulls = Counter("kvmesh_kv_transfer_pulls", "KV pulls from a peer replica, by outcome.", ["outcome"],
                              registry=registry)
         for outcome in OUTCOMES:
@@ -55,7 +61,7 @@ class KVTransferMetrics:
         self.pull_seconds = Histogram("kvmesh_kv_transfer_pull_seconds",
                                       "Seconds a pull took (lease, handshake, read, release).",
                                       buckets=TTFT_BUCKETS, registry=registry)
-        registry.register(_LeaseCollector(lease_counts))
+        registry.register(_LeaseCollector(lease_counts, quarantined_blocks))
 
     def record_pull(self, outcome: str, tokens: int, num_bytes: int, seconds: float) -> None:
         self.pulls.labels(outcome).inc()

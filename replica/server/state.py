@@ -37,7 +37,8 @@ class ServerState:
         self.extra_info = dict(extra_info or {})
         self.metrics = ReplicaMetrics(engine_client.get_stats, self.model_name,
                                       cache_info=_cache_config_info(engine_client))
-        self.kv_metrics = KVTransferMetrics(self.metrics.registry, lambda: _lease_counts(engine_client))
+        self.kv_metrics = KVTransferMetrics(self.metrics.registry, lambda: _lease_counts(engine_client),
+                                            lambda: _quarantined_blocks(engine_client))
         self.kv_transfer: KVTransferService | None = None
         """The KV transfer front (runtime.py sets it when ``kv_transfer.enabled``); None: /kv/* answer 503."""
 
@@ -69,3 +70,9 @@ def _lease_counts(engine: AsyncLLM) -> tuple[int, int, int]:
     """(active, released, expired) leases of the engine (zeros for an engine client without them)."""
     leases = getattr(getattr(engine, "kv_transfers", None), "leases", None)
     return (0, 0, 0) if leases is None else (leases.active, leases.released, leases.expired)
+
+
+def _quarantined_blocks(engine: AsyncLLM) -> int:
+    """Blocks of the engine's failed pulls still held until their read is over (0 for an engine client without)."""
+    transfers = getattr(engine, "kv_transfers", None)
+    return 0 if transfers is None else transfers.quarantined_blocks

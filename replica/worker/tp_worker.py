@@ -71,6 +71,7 @@ class TPWorker:
         self.world_size = world_size
         self.runner: ModelRunner | None = None
         self.kv_agent = None  # this rank's KV transfer agent, once the replica turns transfer on
+        self.kv_aborts: dict = {}  # read id -> threading.Event set by kv_abort
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's node IP and a free port there (the group's meeting point)."""
@@ -117,11 +118,27 @@ class TPWorker:
     def kv_remove_peer(self, peer: str) -> None:
         self.kv_agent.remove_peer(peer)
 
-    def kv_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int], remote_medium: str) -> None:
-        """Read the peer rank's blocks into this rank's (beside the steps: the actor takes concurrent calls)."""
+    def kv_read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int], remote_medium: str,
+                read_id: str) -> None:
+        """Read the peer rank's blocks into this rank's (beside the steps: the actor takes concurrent calls); returns
+        or raises only once the read is over (``agent.wait``), aborted early by ``kv_abort(read_id)``."""
+        import threading
+
         from kvmesh.replica.kv_transfer.agent import wait
 
-        wait(self.kv_agent, self.kv_agent.start_read(peer, remote_block_ids, local_block_ids, remote_medium), peer)
+        abort = self.kv_aborts[read_id] = threading.Event()
+        try:
+            transfer = self.kv_agent.start_read(peer, remote_block_ids, local_block_ids, remote_medium)
+            wait(self.kv_agent, transfer, peer, abort=abort)
+        finally:
+            self.kv_aborts.pop(read_id, None)
+
+    def kv_abort(self, read_id: str) -> None:
+        """Give up on the read ``read_id`` (its ``kv_read`` answers once the transport let go); one not running
+        (not started, or over) is left alone: it times out on its own."""
+        abort = self.kv_aborts.get(read_id)
+        if abort is not None:
+            abort.set()
 
     def kv_close(self) -> None:
         if self.kv_agent is not None:

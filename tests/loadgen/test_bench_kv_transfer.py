@@ -42,3 +42,22 @@ def test_an_unknown_layout_is_refused_naming_the_known_ones(capsys):
         main(["bench", "kv-transfer", "--layouts", "L,blocks"])
     assert e.value.code == 2
     assert "unknown layouts ['L,blocks']" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(nixl_missing() is not None, reason=str(nixl_missing()))
+def test_the_step_trace_times_steps_in_quiet_and_pull_windows_with_a_plot(tmp_path):
+    out = tmp_path / "kv_transfer_steps.json"
+    assert main(["bench", "kv-transfer", "--step-trace", "--pull-mib", "16", "--rounds", "1", "--seqs", "1",
+                 "--quiet-s", "0.3", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["pull_bytes"] == 16 << 20 and results["bytes_per_block"] == 1 << 20
+    assert [w["kind"] for w in results["windows"]] == ["quiet", "pull", "pull-equal"]
+    for kind in ("quiet", "pull", "pull-equal"):
+        assert results[kind]["steps"] > 0 and results[kind].get("failed_pulls", 0) == 0, results[kind]
+    assert set(results["vs_quiet"]) == {"pull", "pull-equal"} and out.with_suffix(".png").stat().st_size > 0
+
+
+def test_the_step_trace_refuses_a_pull_of_nothing(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "kv-transfer", "--step-trace", "--pull-mib", "0"])
+    assert e.value.code == 2 and "--pull-mib" in capsys.readouterr().err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from kvmesh.replica.attention.torch_backend import TorchAttentionBackend
@@ -132,16 +134,37 @@ def test_config_names_the_transports_it_knows():
 
 
 class StuckTransfer:
-    """A transfer whose peer never answers (PROC forever) or that fails (ERR)."""
+    """A transfer whose peer never answers (PROC until aborted; the transport then confirms it stopped) or that
+    fails (ERR)."""
 
     def __init__(self, state: str) -> None:
-        self.num_blocks, self._state, self.released = 3, state, False
+        self.num_blocks, self._state, self.released, self.aborted = 3, state, False, False
 
     def state(self) -> str:
         return self._state
 
-    def release(self) -> None:
+    def abort(self) -> None:
+        self.aborted, self._state = True, "ERR"
+
+    def release(self) -> bool:
         self.released = True
+        return True
+
+
+class LateTransfer:
+    """A transfer that ignores abort and keeps writing until ``lands_at``; its handle cannot be released before."""
+
+    def __init__(self, lands_at: float) -> None:
+        self.num_blocks, self.lands_at, self.aborted = 3, lands_at, False
+
+    def state(self) -> str:
+        return "PROC" if time.monotonic() < self.lands_at else "DONE"
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def release(self) -> bool:
+        return time.monotonic() >= self.lands_at
 
 
 def test_a_transfer_that_never_finishes_times_out_and_one_that_fails_raises(agents):
@@ -152,4 +175,12 @@ def test_a_transfer_that_never_finishes_times_out_and_one_that_fails_raises(agen
     failed = StuckTransfer("ERR")
     with pytest.raises(KVTransferError, match=r"failed \(transfer state ERR\); recompute them"):
         wait(reader, failed, "holder")
-    assert stuck.released and failed.released
+    assert stuck.aborted and stuck.released and failed.released and not failed.aborted
+
+
+def test_a_timed_out_transfer_is_waited_on_until_the_transport_lets_it_go(agents):
+    reader = agents("reader", *_cache(TorchAttentionBackend))
+    late = LateTransfer(time.monotonic() + 0.4)
+    with pytest.raises(KVTransferTimeout):
+        wait(reader, late, "holder", timeout_s=0.05)
+    assert late.aborted and time.monotonic() >= late.lands_at  # not before: the local blocks could still be written

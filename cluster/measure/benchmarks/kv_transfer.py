@@ -4,6 +4,7 @@
                              [--layouts L,2,blocks,B,H,D L,2,H,blocks,B,D]
                              [--progress-delay-us 1000 0 --rounds 3]   interleaved A/B of nixl's progress thread
     kvmesh bench kv-transfer --http [...]   per-request overhead of an HTTP pull (kv_transfer_http.py)
+    kvmesh bench kv-transfer --step-trace [...]   engine step time during a 512 MiB pull (kv_transfer_steps.py)
 
 A holder process registers a synthetic cache (by default a Llama-3.2-1B-sized rank: 16 layers,
 8 KV heads of 64, 16-token blocks, bf16: 512 KiB per block) and the reader, this process, reads
@@ -177,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvmesh.cluster.measure.benchmarks.kv_transfer_http import main as http_main
 
         return http_main([a for a in argv if a != "--http"])
+    if "--step-trace" in argv:  # engine step time while a large pull is in flight
+        from kvmesh.cluster.measure.benchmarks.kv_transfer_steps import main as steps_main
+
+        return steps_main([a for a in argv if a != "--step-trace"])
     parser = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench kv-transfer",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/kv_transfer.json"), help="JSON output path")
