@@ -14,7 +14,7 @@ import httpx
 import pytest
 from kvmesh.router.routing.receipts import HEADER_PREFILL, HEADER_PULLED_FROM, HEADER_PULLED_TOKENS
 
-from .conftest import BLOCK_SIZE, FakeProc, fake_stats, launched_fakes, replica_rows, wait_for
+from .conftest import FakeProc, fake_stats, launched_fakes, replica_rows, wait_for
 from .test_router_http import prompt
 
 MOVABLE = 60
