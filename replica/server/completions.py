@@ -27,7 +27,7 @@ from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.server import kv_handoff
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.parallel_sampling import Outputs
-from kvmesh.replica.serving.errors import ProtocolError, error_body
+from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure
 
 if TYPE_CHECKING:
     from kvmesh.replica.server.state import ServerState
@@ -107,7 +107,9 @@ class OpenAIHandlers:
         except ValueError as e:
             raise ProtocolError(str(e)) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere
-            raise ProtocolError(str(e), 503) from None
+            request_id = log_failure(e, logger, "a request was refused")
+            raise ProtocolError(f"this replica cannot take requests now (draining, or its engine stopped; request id "
+                                f"{request_id}); retry on another one", 503) from None
         model = req.model or self.state.model_name
         if req.stream:
             return StreamingResponse(
@@ -199,8 +201,7 @@ class OpenAIHandlers:
             yield r.SSE_DONE
         except Exception as e:  # noqa: BLE001 - one request's failure must not reach the server
             finished = True
-            logger.exception("stream of %s failed", request_id)
-            yield r.sse(error_body(f"internal error while streaming: {e!r}", 500))
+            yield r.sse(internal_error("replica", e, logger, what=f"stream of {request_id} failed").to_dict())
             yield r.SSE_DONE
         finally:
             if not finished:
