@@ -1,7 +1,8 @@
 """A replica killed under streaming load, trial after trial: what status codes and streams clients see.
 
     kvmesh bench replica-kill [--model ../shared/models/stories260K/hf] [--replicas 2] [--trials 10]
-                              [--concurrency 16] [--duration 8] [--kill-at 3] [--out results/replica_kill.json]
+                              [--concurrency 16] [--duration 8] [--kill-at 3] [--router-cmd CMD]
+                              [--out results/replica_kill.json]
 
 Real replicas (``kvmesh replica``, stories260K on CPU) and ``kvmesh router`` in front of them, each its own
 process, as an operator runs them. Each trial keeps ``--concurrency`` streaming completions in flight for
@@ -20,6 +21,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -85,7 +87,8 @@ def wait_all_healthy(url: str, procs: list[subprocess.Popen], n: int, timeout_s:
     while time.monotonic() - t0 < timeout_s:
         for proc in procs:
             if proc.poll() is not None:
-                raise RuntimeError(f"{proc.args[3]} exited ({proc.returncode}); its log: {proc.stderr.name}")
+                raise RuntimeError(f"{' '.join(proc.args[:4])}... exited ({proc.returncode}); see its log in "
+                                   f"{tempfile.gettempdir()}/kvmesh-replica-kill-*.log")
         rows = replica_rows(url)
         if len(rows) == n and all(r["healthy"] and not r.get("ejected") for r in rows.values()):
             return time.monotonic() - t0
@@ -189,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-at", type=float, default=3.0, help="seconds into each trial's load")
     ap.add_argument("--client-timeout", type=float, default=120.0)
     ap.add_argument("--restart-timeout", type=float, default=180.0, help="for a replica to start and be healthy")
+    ap.add_argument("--router-cmd", default=f"{sys.executable} -m kvmesh.cluster.cli router",
+                    help="command that starts the router (another build's, to compare)")
     ap.add_argument("--out", default="results/replica_kill.json")
     args = ap.parse_args(argv)
     if not Path(args.model).is_dir():
@@ -201,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for r in replicas:
             r.start()
-        argv_router = [*CLI, "router", "--port", str(port), "--model", args.model, "--log-level", "error"]
+        argv_router = [*shlex.split(args.router_cmd), "--port", str(port), "--model", args.model, "--log-level", "error"]
         router = subprocess.Popen(argv_router + [a for r in replicas for a in ("--replica", r.spec)],
                                   env={k: v for k, v in os.environ.items() if not k.startswith("KVMESH_ROUTER_")},
                                   stderr=_log("router"))
