@@ -27,7 +27,7 @@ from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.server import kv_handoff
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.parallel_sampling import Outputs
-from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure
+from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure, new_request_id
 
 if TYPE_CHECKING:
     from kvmesh.replica.server.state import ServerState
@@ -54,8 +54,13 @@ def _total_usage(candidates: list[ps.Candidate], finals: list[RequestOutput]) ->
 
 
 def _check_failed(out: RequestOutput) -> None:
+    """A request the engine failed is a 500 naming a request id; what failed (an exception's text) is logged."""
     if out.finish_reason == "error":
-        raise ProtocolError(f"request failed inside the engine: {out.error or 'unknown error'}", 500)
+        request_id = new_request_id()
+        logger.error("request %s failed inside the engine (request id %s): %s", out.request_id, request_id,
+                     out.error or "unknown error")
+        raise ProtocolError(f"request failed inside the engine (request id {request_id}); the replica's log has "
+                            "the details", 500)
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -61,10 +61,15 @@ def error_body(message: str, status_code: int = 400, param: str | None = None) -
     return {"error": {"message": message, "type": err_type, "param": param, "code": status_code}}
 
 
+def new_request_id() -> str:
+    """A short id that ties an error answer to its line in the server's log."""
+    return secrets.token_hex(6)
+
+
 def log_failure(e: BaseException, log: logging.Logger, what: str) -> str:
     """Log ``e`` with its traceback under a fresh request id, which the answer names instead of the
     exception (whose text may carry internals: addresses, paths, library state); the id."""
-    request_id = secrets.token_hex(6)
+    request_id = new_request_id()
     log.error("%s (request id %s): %s: %s", what, request_id, type(e).__name__, e, exc_info=e)
     return request_id
 
