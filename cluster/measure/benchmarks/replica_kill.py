@@ -1,13 +1,14 @@
 """A replica killed under streaming load, trial after trial: what status codes and streams clients see.
 
     kvmesh bench replica-kill [--model ../shared/models/stories260K/hf] [--replicas 2] [--trials 10]
-                              [--concurrency 16] [--duration 8] [--kill-at 3] [--router-cmd CMD]
+                              [--roles prefill,decode,decode] [--long-prompts] [--concurrency 16] [--duration 8] [--kill-at 3]
+                              [--router-cmd CMD]
                               [--out results/replica_kill.json]
 
 Real replicas (``kvmesh replica``, stories260K on CPU) and ``kvmesh router`` in front of them, each its own
 process, as an operator runs them. Each trial keeps ``--concurrency`` streaming completions in flight for
 ``--duration`` seconds and SIGKILLs, ``--kill-at`` seconds in, the replica with the most requests in
-flight (the one decoding most streams); then restarts it on the same ports and waits until the router
+flight (the one decoding most streams; with ``--roles``, a prefill replica is never the one); then restarts it on the same ports and waits until the router
 has it back. Counted per trial and in all: HTTP status codes, streams that ended with ``[DONE]`` and no
 error, error events, broken streams, and answers whose text names a Python exception (internals leaking);
 with the router's retries and stream migrations (what it did so that clients saw nothing). Acceptance
@@ -38,6 +39,13 @@ from kvmesh.cluster.measure.shared_dir import stories_model
 CLI = [sys.executable, "-m", "kvmesh.cluster.cli"]
 PROMPTS = [f"Once upon a time, {who} went to the {where} and" for who in ("Lily", "Tom", "a little dog", "Ben")
            for where in ("park", "sea", "shop", "forest")]
+STORY = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her big red ball. "
+         "One day, she saw a dog in the park and the dog wanted to play with the ball too. Lily was happy to share, "
+         "and they played together until the sun went down. ")
+LONG = STORY * 4
+"""About 300 tokens of stories260K: with a number in front of it, a prompt long enough for a P/D split."""
+SPLIT_OK = 'kvmesh_router_pd_splits_total{outcome="ok"}'
+"""Prompts prefilled on a prefill replica and decoded on another (the router's metric)."""
 LEAK = re.compile(r"\b\w*(Error|Exception)\b|Traceback|TCPTransport|0x[0-9a-f]{6,}")
 """What a Python exception's text looks like in an answer (a 5xx or an error event must not carry one)."""
 
@@ -45,21 +53,23 @@ LEAK = re.compile(r"\b\w*(Error|Exception)\b|Traceback|TCPTransport|0x[0-9a-f]{6
 class Replica:
     """One ``kvmesh replica`` process on fixed ports (so a restarted one is the same replica to the router)."""
 
-    def __init__(self, model: str, name: str) -> None:
-        self.model, self.name = model, name
+    def __init__(self, model: str, name: str, role: str = "both") -> None:
+        self.model, self.name, self.role = model, name, role
         self.ports = (_free_port(), _free_port(), _free_port())
         self.proc: subprocess.Popen | None = None
 
     @property
     def spec(self) -> str:
         http, events, replay = self.ports
-        return f"http://127.0.0.1:{http},events=tcp://127.0.0.1:{events},replay=tcp://127.0.0.1:{replay},name={self.name}"
+        return (f"http://127.0.0.1:{http},events=tcp://127.0.0.1:{events},replay=tcp://127.0.0.1:{replay},"
+                f"name={self.name},role={self.role}")
 
     def start(self) -> None:
         http, events, replay = self.ports
         self.proc = subprocess.Popen([*CLI, "replica", "--model", self.model, "--port", str(http), "--event-port",
                                       str(events), "--replay-port", str(replay), "--kv-cache-memory", "8MiB",
-                                      "--max-num-seqs", "32"], stdout=subprocess.DEVNULL, stderr=_log(self.name))
+                                      "--max-num-seqs", "32", *(["--kv-transfer"] if self.role != "both" else [])],
+                                     stdout=subprocess.DEVNULL, stderr=_log(self.name))
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -137,7 +147,8 @@ async def load(url: str, args, stop_at: float) -> list[dict]:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             n = i
             while time.monotonic() < stop_at:
-                results.append(await stream_once(session, url, PROMPTS[n % len(PROMPTS)], args.max_tokens))
+                prompt = f"{n} {LONG}" if args.long_prompts else PROMPTS[n % len(PROMPTS)]
+                results.append(await stream_once(session, url, prompt, args.max_tokens))
                 n += args.concurrency
 
     await asyncio.gather(*(client(i) for i in range(args.concurrency)))
@@ -153,7 +164,8 @@ def trial(index: int, url: str, replicas: list[Replica], args) -> dict:
         running = asyncio.ensure_future(load(url, args, t0 + args.duration))
         await asyncio.sleep(args.kill_at)
         rows = await asyncio.to_thread(replica_rows, url)
-        busiest = max(replicas, key=lambda r: rows.get(r.name, {}).get("in_flight", 0))
+        decoding = [r for r in replicas if r.role != "prefill"]
+        busiest = max(decoding, key=lambda r: rows.get(r.name, {}).get("in_flight", 0))
         busiest.kill()
         return await running, busiest.name
 
@@ -172,6 +184,7 @@ def trial(index: int, url: str, replicas: list[Replica], args) -> dict:
         "retries": _metric(after, "kvmesh_router_retries_total") - _metric(before, "kvmesh_router_retries_total"),
         "migrations": (_metric(after, "kvmesh_router_stream_migrations_total")
                        - _metric(before, "kvmesh_router_stream_migrations_total")),
+        "pd_splits": _metric(after, SPLIT_OK) - _metric(before, SPLIT_OK),
         "restarted_and_back_s": round(back_s, 1),
         "failure_examples": sorted({r.get("message", r["ended"]) for r in results if r["ended"] != "done"})[:3],
     }
@@ -185,8 +198,13 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(stories_model()), help="the replicas' model (default: stories260K)")
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--roles", default=None,
+                    help="each replica's role, comma-separated (e.g. prefill,decode,decode: a P/D split with KV "
+                         "transfer; the killed one is a decoding replica); default: every replica both")
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--concurrency", type=int, default=16, help="streams kept in flight")
+    ap.add_argument("--long-prompts", action="store_true",
+                    help="distinct ~300-token prompts (uncached: what a P/D split takes) instead of 16 short ones")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--duration", type=float, default=8.0, help="seconds of load per trial")
     ap.add_argument("--kill-at", type=float, default=3.0, help="seconds into each trial's load")
@@ -198,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not Path(args.model).is_dir():
         ap.error(f"model directory {args.model} not found (needs ../shared beside the checkout)")
-    replicas = [Replica(args.model, f"r{i}") for i in range(args.replicas)]
+    roles = args.roles.split(",") if args.roles else ["both"] * args.replicas
+    replicas = [Replica(args.model, f"r{i}", role) for i, role in enumerate(roles)]
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     router = None
@@ -228,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                "status_codes": dict(sorted(total.items())), "http_5xx": sum(t["http_5xx"] for t in trials),
                "streams_not_done": sum(t["requests"] - t["ended"].get("done", 0) for t in trials),
                "leaking_answers": sum(t["leaking_answers"] for t in trials),
-               "retries": sum(t["retries"] for t in trials), "migrations": sum(t["migrations"] for t in trials)}
+               "retries": sum(t["retries"] for t in trials), "migrations": sum(t["migrations"] for t in trials),
+               "pd_splits": sum(t["pd_splits"] for t in trials)}
     result = {"benchmark": "replica-kill", "command": "kvmesh bench replica-kill " + " ".join(argv or sys.argv[1:]),
               "config": {k: v for k, v in vars(args).items() if k != "out"}, "machine": {"cpus": os.cpu_count()},
               **summary, "per_trial": trials}
