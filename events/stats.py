@@ -53,6 +53,9 @@ class SourceStats:
     """Publisher restarts seen (seq went backwards, or AllBlocksCleared in the stream)."""
     reconnects: int = 0
     """Times the connection to the publisher dropped and came back."""
+    late_joins: int = 0
+    """Times the stream was joined under way from a source without replay endpoint: its first batch seen
+    became the baseline (what it published before is unknown here; nothing is lost or degraded)."""
     last_seq: int = -1
     """Seq of the last delivered batch (-1: none yet)."""
 

@@ -12,6 +12,9 @@ failures; it delivers batches in seq order and asks its owner for replays and sn
       │                         give up: count, tell the consumer, resume from what arrives
       └──seq drop──▶ restart: the next delivered batch starts with AllBlocksCleared
 
+A late joiner of a source without replay endpoint (vLLM publishes without one by default) takes the
+first batch it sees as its baseline: what was published before it listened is unknown, not lost.
+
 While recovering, live batches wait in ``pending`` (bounded in batches and payload bytes,
 pending.py); once recovered they are delivered, skipping what the replay or snapshot already covered.
 """
@@ -80,12 +83,11 @@ class SourceTracker:
             return
         last = self.last
         if last is None:  # no baseline yet
-            if seq != 0 and not self._accept_next:
-                if self.has_replay:
-                    self.last = last = -1  # missed the start of the stream: recover it
-                else:
-                    self._lost(f"joined at seq {seq}; the source has no replay endpoint")
-            if last is None:
+            if seq != 0 and not self._accept_next and self.has_replay:
+                self.last = last = -1  # missed the start of the stream: recover it
+            else:
+                if seq != 0 and not self._accept_next:
+                    self._joined_late(seq)
                 self._accept_next = False
                 self._emit(seq, batch)
                 return
@@ -102,6 +104,15 @@ class SourceTracker:
                 self._gap(seq, batch, payload_bytes)
         else:
             self._gap(seq, batch, payload_bytes)
+
+    def _joined_late(self, seq: int) -> None:
+        """Joined a stream under way that cannot be replayed: its first batch seen is the baseline.
+        What came before was said before this subscriber listened -- unknown, not lost: a consumer
+        that starts (or restarts) here starts from an empty view of the source, which is the truth
+        minus what it was never told. No loss is reported and nothing is degraded."""
+        self.stats.late_joins += 1
+        logger.info("source %s: joined its stream at seq %d; it has no replay endpoint, so what it published "
+                    "before is not known here", self.name, seq)
 
     def _gap(self, seq: int, batch: KVEventBatch, payload_bytes: int) -> None:
         self.stats.gaps += 1

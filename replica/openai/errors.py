@@ -12,7 +12,7 @@ from typing import TypeVar
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, internal_error
 from pydantic import BaseModel, JsonValue, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -81,8 +81,8 @@ def install_error_handlers(
     """Answer every failure of ``app`` in OpenAI's error shape.
 
     A ``ProtocolError`` keeps its status (``on_error`` sees it first, e.g. to count it); routing
-    errors of the framework (404, 405) keep theirs; anything else is a 500 that names the exception
-    and is logged with its traceback, and the server keeps serving.
+    errors of the framework (404, 405) keep theirs; anything else is a 500 naming a request id, under
+    which the exception is logged with its traceback (its text is not answered), and the server keeps serving.
     """
 
     @app.exception_handler(ProtocolError)
@@ -96,6 +96,6 @@ def install_error_handlers(
         return error_response(ProtocolError(str(e.detail), e.status_code))
 
     @app.exception_handler(Exception)
-    async def internal_error(_: Request, e: Exception) -> JSONResponse:
-        logger.exception("unhandled error in a %s request", server_name)
-        return error_response(ProtocolError(f"internal {server_name} error: {type(e).__name__}: {e}", 500))
+    async def unhandled_error(request: Request, e: Exception) -> JSONResponse:
+        return error_response(internal_error(server_name, e, logger, what=f"unhandled error in {server_name} "
+                                                                           f"request {request.url.path}"))

@@ -60,8 +60,9 @@ def build_app(state: ServerState) -> FastAPI:
 
     async def health():
         reason = state.engine_client.dead_reason()
-        if reason is not None:
-            return error_response(ProtocolError(f"replica is not healthy: {reason}", 503))
+        if reason is not None:  # "what: detail" -- the detail (an exception's text) is the log's, not the answer's
+            what = reason.split(": ", 1)[0]
+            return error_response(ProtocolError(f"replica is not healthy: {what} (its log has the details)", 503))
         return Response(status_code=200)
 
     app.add_api_route("/health", health, methods=["GET"])

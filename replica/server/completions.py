@@ -27,7 +27,7 @@ from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.server import kv_handoff, kv_plane
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.parallel_sampling import Outputs
-from kvmesh.replica.serving.errors import ProtocolError, error_body
+from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure, new_request_id
 
 if TYPE_CHECKING:
     from kvmesh.replica.server.state import ServerState
@@ -54,8 +54,13 @@ def _total_usage(candidates: list[ps.Candidate], finals: list[RequestOutput]) ->
 
 
 def _check_failed(out: RequestOutput) -> None:
+    """A request the engine failed is a 500 naming a request id; what failed (an exception's text) is logged."""
     if out.finish_reason == "error":
-        raise ProtocolError(f"request failed inside the engine: {out.error or 'unknown error'}", 500)
+        request_id = new_request_id()
+        logger.error("request %s failed inside the engine (request id %s): %s", out.request_id, request_id,
+                     out.error or "unknown error")
+        raise ProtocolError(f"request failed inside the engine (request id {request_id}); the replica's log has "
+                            "the details", 500)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -109,7 +114,9 @@ class OpenAIHandlers:
         except ValueError as e:
             raise ProtocolError(str(e)) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere
-            raise ProtocolError(str(e), 503) from None
+            request_id = log_failure(e, logger, "a request was refused")
+            raise ProtocolError(f"this replica cannot take requests now (draining, or its engine stopped; request id "
+                                f"{request_id}); retry on another one", 503) from None
         model = req.model or self.state.model_name
         if req.stream:
             return StreamingResponse(
@@ -201,8 +208,7 @@ class OpenAIHandlers:
             yield r.SSE_DONE
         except Exception as e:  # noqa: BLE001 - one request's failure must not reach the server
             finished = True
-            logger.exception("stream of %s failed", request_id)
-            yield r.sse(error_body(f"internal error while streaming: {e!r}", 500))
+            yield r.sse(internal_error("replica", e, logger, what=f"stream of {request_id} failed").to_dict())
             yield r.SSE_DONE
         finally:
             if not finished:

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import logging
+import secrets
 from typing import TypedDict
 
 ERROR_TYPES = {
@@ -58,3 +60,23 @@ def error_body(message: str, status_code: int = 400, param: str | None = None) -
     """The OpenAI-shaped error JSON (``code`` is the HTTP status, as vLLM sends it)."""
     err_type = ERROR_TYPES.get(status_code, "invalid_request_error" if status_code < 500 else "internal_server_error")
     return {"error": {"message": message, "type": err_type, "param": param, "code": status_code}}
+
+
+def new_request_id() -> str:
+    """A short id that ties an error answer to its line in the server's log."""
+    return secrets.token_hex(6)
+
+
+def log_failure(e: BaseException, log: logging.Logger, what: str) -> str:
+    """Log ``e`` with its traceback under a fresh request id, which the answer names instead of the
+    exception (whose text may carry internals: addresses, paths, library state); the id."""
+    request_id = new_request_id()
+    log.error("%s (request id %s): %s: %s", what, request_id, type(e).__name__, e, exc_info=e)
+    return request_id
+
+
+def internal_error(server_name: str, e: BaseException, log: logging.Logger,
+                   what: str = "unhandled error in a request") -> ProtocolError:
+    """The 500 answering a failure nobody planned for (``log_failure``): it names the request id only."""
+    request_id = log_failure(e, log, what)
+    return ProtocolError(f"internal {server_name} error (request id {request_id}); its log has the details", 500)

@@ -261,6 +261,7 @@ class RayTPExecutor:
                 ray.get([w.ping.remote() for w in self.workers], timeout=timeout_s)
             except Exception as e:
                 self.dead_reason = f"a rank does not answer: {type(e).__name__}: {e}"
+                logger.error("tensor-parallel rank does not answer; replica must restart: %s", self.dead_reason)
         return self.dead_reason
 
     def shutdown(self) -> None:

@@ -8,6 +8,9 @@ three failures make it wrong, each a cause of ``KVRouter.set_degraded`` (routing
   the router's feed is stuck); or batches wait unsent in the replica's publisher longer than
   ``max_lag_s`` (``kv_events_unsent_s``: its I/O thread died); or the connection to its publisher
   has been down that long (the subscriber's socket monitor; what a vLLM replica shows of it).
+  Batches published before the router applied any of the replica's (a router started or restarted
+  after its replicas) are not owed: the first report's seq is the join point, and a source without
+  replay endpoint never sends what came before again (the router's view is incomplete, not wrong).
 - lagging: a batch is applied more than ``max_lag_s`` after it was published (its ``ts``, on the
   replica's clock: the offset between the clocks is estimated from ``/load``'s ``timestamp``).
 - lost: the subscriber gave a gap up (replay and snapshot could not fill it). The replica's tree
@@ -37,8 +40,8 @@ logger = logging.getLogger(__name__)
 
 
 class _Stream:
-    __slots__ = ("behind", "clock_offset", "lagged_at", "lagging", "lost_at", "lost_until_snapshot", "stalled",
-                 "stalled_by")
+    __slots__ = ("behind", "clock_offset", "joined_after", "lagged_at", "lagging", "lost_at", "lost_until_snapshot",
+                 "stalled", "stalled_by")
 
     def __init__(self) -> None:
         self.behind: tuple[int, float] | None = None
@@ -52,6 +55,9 @@ class _Stream:
         """What shows the stall ("report": ``/load``, "link": the connection) -> its reason."""
         self.lost_at: float | None = None
         self.lost_until_snapshot = False
+        self.joined_after: int | None = None
+        """The seq the replica reported before the router applied any batch of it: batches up to it
+        were published before the router listened (it joined late) and are not owed."""
 
 
 class StreamWatch:
@@ -126,6 +132,10 @@ class StreamWatch:
         if not isinstance(published, int) or isinstance(published, bool):
             return  # a replica that does not say (vLLM): lag and loss only
         why = None
+        if applied_seq < 0:  # nothing applied yet: what was published before the router joined is not owed
+            if st.joined_after is None:
+                st.joined_after = published
+            applied_seq = st.joined_after
         if applied_seq >= published:
             st.behind = None
             # A stream that is always late catches up after each late batch: stay degraded until

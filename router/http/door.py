@@ -23,7 +23,7 @@ import socket
 from collections.abc import Awaitable, Callable
 
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, internal_error
 from kvmesh.router.http.asgi import AsgiApp, AsgiBridge
 from kvmesh.router.http.connection import HttpConnection
 from kvmesh.router.http.messages import Request, Response, error_response
@@ -82,9 +82,8 @@ class Door:
                 return False
             return await conn.send(request, error_response(e), close=e.status_code in (408, 413), error=True)
         except Exception as e:  # noqa: BLE001 - a bug answers this request, the server keeps serving
-            logger.exception("unhandled error in a router request")
-            return await conn.send(request, error_response(ProtocolError(
-                f"internal router error: {type(e).__name__}: {e}", 500)), error=True)
+            error = internal_error("router", e, logger, what=f"unhandled error in {request.path}")
+            return await conn.send(request, error_response(error), error=True)
         return await conn.send(request, response)
 
     # ---------------------------------------------------------------- listening

@@ -32,6 +32,15 @@ class InvalidAnswer(Exception):
         """``invalid_json`` or ``invalid_sse`` (the failure metric's label)."""
 
 
+class BrokenAnswer(Exception):
+    """A replica's whole (not streamed) answer broke off before its end (``error``): nothing reached the
+    client, so the request is tried on another replica, and ``error`` counted against this one."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__("failed while answering")
+        self.error = error
+
+
 def count_failure(runtime: FailedReplicas, replica_id: str, error: BaseException) -> str:
     """Count a failed attempt against its replica (a missed deadline only if the replica showed no progress);
     what went wrong, for the route receipt."""

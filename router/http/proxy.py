@@ -26,7 +26,7 @@ import msgspec
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.serving.errors import ProtocolError
-from kvmesh.router.http.failures import InvalidAnswer, count_failure
+from kvmesh.router.http.failures import BrokenAnswer, InvalidAnswer, count_failure
 from kvmesh.router.http.kv_handoff import KVHandoff
 from kvmesh.router.http.messages import Request, Response
 from kvmesh.router.http.migration import MigratingStream
@@ -149,11 +149,12 @@ class Forwarder:
             try:
                 response = await self._answer(request, opened)
                 break
-            except InvalidAnswer as e:  # nothing reached the client: another replica, if one is left
+            except (InvalidAnswer, BrokenAnswer) as e:  # nothing reached the client: another replica, if one is left
                 rid = opened.decision.replica_id
                 self.handoff.abandon(request)
                 tried.append(rid)
-                request.failed_over.append(f"{rid}: {count_failure(self.runtime, rid, e)}")
+                failure = e.error if isinstance(e, BrokenAnswer) else e
+                request.failed_over.append(f"{rid}: {count_failure(self.runtime, rid, failure)}")
                 if len(tried) >= self.runtime.config.max_attempts:
                     raise ProtocolError(f"replica {rid} {e}; no replica answered after {len(tried)} attempts",
                                         502) from None
@@ -268,8 +269,8 @@ class Forwarder:
         try:
             rest = [chunk async for chunk in opened.rest]
             complete = True
-        except UPSTREAM_ERRORS as e:  # counted as a 5xx by the error handler
-            raise ProtocolError(f"replica {rid} failed while answering: {e!r}; retry the request", 502) from None
+        except UPSTREAM_ERRORS as e:  # nothing reached the client yet: handle() tries another replica
+            raise BrokenAnswer(e) from None
         finally:
             let_go(upstream, complete)
             loads.on_finish(rid, decision.uncached_tokens, had_output=True)

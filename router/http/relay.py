@@ -16,7 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from kvmesh.replica.serving.errors import ProtocolError, error_body
+from kvmesh.replica.serving.errors import ProtocolError, error_body, log_failure
 from kvmesh.router.http.failures import InvalidAnswer, count_failure
 from kvmesh.router.http.migration import DONE, MigratingStream, SseSplitter
 from kvmesh.router.http.proxy_request import ProxyRequest
@@ -104,9 +104,10 @@ class StreamRelay:
                 for out in stream.begin_continuation():
                     yield out
         except Exception as e:  # noqa: BLE001 - a bug here ends this stream cleanly, nothing else
-            logger.exception("relaying a stream failed")
             outcome = "5xx"
-            yield _error_event(f"the router failed while relaying the stream: {e!r}; the output is incomplete")
+            request_id = log_failure(e, logger, "relaying a stream failed")
+            yield _error_event(f"the router failed while relaying the stream (request id {request_id}); the output "
+                               "is incomplete")
         finally:
             m = self.runtime.metrics
             m.child(m.requests, outcome).inc()

@@ -9,9 +9,12 @@
 
 Failures raise ``UpstreamError``; one to connect (refused, unreachable, connect timeout) raises its
 subclass ``UpstreamConnectError``, which the forwarder takes as "the replica is down". A pooled
-connection the replica closed while it sat idle (its keep-alive timeout) is noticed when it ends
-before any byte of the answer arrived, and the request goes once more on a fresh connection: a
-replica closes an idle connection without reading what arrives on it, so nothing ran twice.
+connection the replica closed while it sat idle (its keep-alive timeout, or it died) is noticed when
+writing the request fails, or when the connection ends before any byte of the answer arrived; the
+idle connections beside it are dropped and the request goes once more on a fresh connection: a
+replica closes an idle connection without reading what arrives on it, so nothing ran twice. A fresh
+connection closed before the request was written raises ``UpstreamConnectError`` (the forwarder
+tries another replica); one closed after it, before any answer byte, ``UpstreamError`` (likewise).
 ``read_timeout_s`` bounds each wait for the next bytes (aiohttp's ``sock_read``). Every socket has
 TCP_NODELAY.
 """
@@ -92,32 +95,51 @@ class UpstreamPool:
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         request = (f"{method} {path} HTTP/1.1\r\nHost: {key[3].decode()}\r\nContent-Length: {len(body)}\r\n"
                    f"{extra}\r\n").encode("latin-1") + body
-        for _ in range(3):  # a stale pooled connection: again on another
-            conn = self._take(key)
-            if conn is None:
-                conn = await self._connect(key)
-            response = UpstreamResponse(conn, self.read_timeout_s, patience)
-            conn.response = response
+        conn = self._take(key)
+        if conn is not None:
+            response = await self._send(conn, request, patience)
+            if response is not None:
+                return response
+            self._drop_idle(key)  # found closed: those idle beside it likely are too (restarted, or died)
+        conn = await self._connect(key)
+        return await self._send(conn, request, patience)
+
+    async def _send(self, conn: UpstreamConnection, request: bytes,
+                    patience: Patience | None) -> UpstreamResponse | None:
+        """Write ``request`` on ``conn`` and wait for the answer's head; None when ``conn`` was a pooled one
+        found closed (nothing ran: the request goes again on a fresh one)."""
+        response = UpstreamResponse(conn, self.read_timeout_s, patience)
+        conn.response = response
+        try:
             conn.transport.write(request)
-            try:
-                await response._head()
-            except StaleConnection:
-                continue
-            except asyncio.CancelledError:
-                response.close()
-                raise
-            except UpstreamError:
-                response.close()
-                raise
-            return response
-        raise UpstreamError("the replica closed three connections in a row without answering")
+        except (RuntimeError, OSError):  # closed under us (uvloop raises; asyncio drops the bytes)
+            response.close()
+            if conn.reused:
+                return None
+            host, port = conn.key[:2]  # nothing was sent: the replica is gone, another one may answer
+            raise UpstreamConnectError(f"the connection to {host}:{port} closed before the request was sent") from None
+        try:
+            await response._head()
+        except StaleConnection:
+            return None
+        except asyncio.CancelledError:
+            response.close()
+            raise
+        except UpstreamError:
+            response.close()
+            raise
+        return response
+
+    def _drop_idle(self, key: tuple) -> None:
+        for conn in self._idle.pop(key, ()):
+            conn.transport.close()
 
     def _take(self, key: tuple) -> UpstreamConnection | None:
         idle = self._idle.get(key)
         now = time.monotonic()
         while idle:
             conn = idle.pop()
-            if not conn.closed and now - conn.idle_since < _IDLE_S:
+            if not conn.closed and not conn.transport.is_closing() and now - conn.idle_since < _IDLE_S:
                 conn.reused = True
                 return conn
             conn.transport.close()

@@ -107,7 +107,8 @@ class UpstreamConnection(asyncio.Protocol):
             elif self.reused and not r.received:
                 r._fail(StaleConnection("the pooled connection was closed by the replica"))
             else:
-                r._fail(UpstreamError(f"the replica closed the connection before the answer ended ({exc!r})"))
+                how = "reset" if isinstance(exc, ConnectionResetError) else "closed"
+                r._fail(UpstreamError(f"the replica {how} the connection before the answer ended"))
 
     def _read_timed_out(self) -> None:
         if self.response is not None:

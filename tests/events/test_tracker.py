@@ -110,6 +110,31 @@ def test_without_replay_endpoint_gaps_are_only_counted():
     assert h.seqs() == [0, 3] and h.requests == [] and h.t.stats.gaps == 1
 
 
+def test_a_late_joiner_without_replay_takes_its_first_batch_as_the_baseline():
+    # A router started after its replicas, in front of streams without a replay endpoint (vLLM's
+    # default): what was published before it listened is unknown, not lost -- no loss is reported.
+    h = Harness(has_replay=False)
+    h.t.start(snapshot_on_start=True)
+    for s in (7, 8, 9):
+        h.t.on_live(s, batch(s))
+    assert h.seqs() == [7, 8, 9] and h.requests == []
+    assert h.status == [] and h.t.stats.unrecovered == 0 and h.t.stats.gaps == 0
+    assert h.t.stats.late_joins == 1 and h.t.stats.last_seq == 9
+    h.t.on_live(11, batch(11))  # a gap after joining is still counted
+    assert h.seqs()[-1] == 11 and h.t.stats.gaps == 1
+
+
+def test_a_restart_missed_mid_stream_without_replay_is_still_a_loss():
+    # Only the first join is free: a router that had a view of the source and missed a new
+    # publisher's first batches holds stale blocks, which it must be told about.
+    h = Harness(has_replay=False)
+    for s in range(6):
+        h.t.on_live(s, batch(s))
+    h.t.on_live(3, batch(3))  # a new publisher, its batches 0..2 missed
+    assert "unrecovered" in h.status and h.t.stats.unrecovered == 1 and h.t.stats.late_joins == 0
+    assert h.seqs()[-1] == 3 and h.delivered[-1][1][0] == AllBlocksCleared()
+
+
 def test_seq_going_back_is_a_restart_that_clears_first():
     h = Harness()
     for s in range(3):

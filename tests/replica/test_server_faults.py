@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 
@@ -76,16 +77,23 @@ def test_disconnect_while_waiting_for_full_response_aborts(replica):
     assert aborted(replica) == before + 1
 
 
-async def test_exception_inside_one_request_fails_only_that_request(replica):
+async def test_exception_inside_one_request_fails_only_that_request(replica, caplog):
+    caplog.set_level(logging.ERROR, logger="kvmesh.replica.server.completions")
     async with httpx.AsyncClient(base_url=replica.http.url, timeout=60) as c:
         good = c.post("/v1/completions", json={"prompt": [1, 403, 407], "max_tokens": 20, "ignore_eos": True})
         bad = c.post("/v1/completions", json={"prompt": [1, 403, POISON], "max_tokens": 20})
         bad_stream = c.post("/v1/completions", json={"prompt": [1, 9, POISON], "max_tokens": 20, "stream": True})
         good_r, bad_r, bad_stream_r = await asyncio.gather(good, bad, bad_stream)
         assert good_r.status_code == 200 and good_r.json()["usage"]["completion_tokens"] == 20
-        assert bad_r.status_code == 500 and "injected failure" in bad_r.json()["error"]["message"]
+        # the answers name a request id; the exception's text is the replica's log's, not the client's
+        message = bad_r.json()["error"]["message"]
+        assert bad_r.status_code == 500 and "request id" in message and "injected failure" not in bad_r.text
         events = [line for line in bad_stream_r.text.splitlines() if line.startswith("data: ")]
-        assert "injected failure" in json.loads(events[-2][6:])["error"]["message"] and events[-1] == "data: [DONE]"
+        stream_error = json.loads(events[-2][6:])["error"]
+        assert stream_error["code"] == 500 and "request id" in stream_error["message"] and events[-1] == "data: [DONE]"
+        assert "injected failure" not in bad_stream_r.text
+        request_id = message.split("request id ")[1].split(")")[0]
+        assert any(request_id in rec.getMessage() and "injected failure" in rec.getMessage() for rec in caplog.records)
         assert (await c.get("/health")).status_code == 200
     wait_idle(replica)
 
@@ -155,8 +163,10 @@ def test_broken_tp_group_makes_health_and_new_requests_503(fake_replica):
                       headers={"Authorization": "Bearer sekrit-key"}) as c:
         health = c.get("/health")
         assert health.status_code == 503 and "rank failed" in health.json()["error"]["message"]
+        assert "RayActorError" not in health.text  # the exception is the log's, not the answer's
         r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["code"] == 503
+        assert "RayActorError" not in r.text and "request id" in r.json()["error"]["message"]
     assert fake_replica.broken_reason() is not None
 
 

@@ -219,3 +219,23 @@ def test_stop_lets_an_in_flight_request_finish(fakes, tokenizer):
     assert out["r"].status_code == 200 and out["r"].headers["connection"] == "close"
     with pytest.raises(httpx.ConnectError):
         httpx.get(router.url + "/health")
+
+
+def test_an_unhandled_error_answers_500_naming_a_request_id_not_the_exception(fakes, start_router, caplog):
+    # A bug (or a library failing in an unplanned way) must not hand its internals to the client: the 500
+    # names a request id, under which the router logged the exception with its traceback.
+    router = start_router([fakes[0].spec])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True 0x55ff2c687c80>")
+
+    router.runtime.router.route = broken
+    with caplog.at_level("ERROR", logger="kvmesh.router.http.door"):
+        r = httpx.post(router.url + "/v1/completions", json={"prompt": prompt(7), "max_tokens": 2}, timeout=10)
+    assert r.status_code == 500
+    error = r.json()["error"]
+    assert error["type"] == "internal_server_error" and error["code"] == 500
+    assert "RuntimeError" not in r.text and "TCPTransport" not in r.text, r.text
+    request_id = error["message"].split("request id ")[1].split(")")[0]
+    logged = [rec for rec in caplog.records if request_id in rec.getMessage()]
+    assert logged and "TCPTransport" in logged[0].getMessage() and logged[0].exc_info is not None

@@ -146,3 +146,19 @@ def test_replica_5xx_is_retried_elsewhere_and_load_accounting_stays_exact(fakes,
     r = httpx.post(router.url + "/v1/completions", json={"prompt": prompt(40)}, timeout=20)
     assert r.status_code in (500, 503) and "error" in r.json()
     assert all(load.in_flight == 0 and load.pending_prefill_tokens == 0 for load in core.loads.loads.values())
+
+
+def test_a_whole_answer_cut_mid_body_is_tried_on_another_replica(fakes, start_router):
+    # Nothing of a non-streamed answer reaches the client before its end: a replica dying half-way through
+    # it costs a retry, not a 502 carrying the connection's error.
+    a, b = fakes
+    router = start_router([a.spec, b.spec], max_attempts=2)
+    a.configure(cut=True)
+    for i in range(4):
+        r = httpx.post(router.url + "/v1/completions", json={"prompt": prompt(60 + i), "max_tokens": 3},
+                       headers={"x-kvmesh-receipt": "1"}, timeout=20)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvmesh-replica"] == "b"
+    failures = router.runtime.metrics.registry.get_sample_value("kvmesh_router_replica_failures_total",
+                                                                 {"replica": "a", "kind": "reset"})
+    assert failures, "the cut replica was never tried"

@@ -61,6 +61,29 @@ def test_published_batches_not_applied_for_too_long_degrade_until_caught_up(rout
     assert router.route(PROMPT, exclude=["other"]).matched_blocks == 8
 
 
+def test_batches_published_before_the_router_joined_are_not_owed(router, watch):
+    # A router (re)started after its replicas: they already published 0..41, which a source without
+    # replay endpoint never sends again. An idle replica stays exact, and the first batch it publishes
+    # after the join is what the router owes.
+    for t in range(0, 600, 60):
+        poll(watch, 41, -1, now=float(t))
+    assert router.degraded == {}
+    poll(watch, 42, -1, now=600.0)
+    poll(watch, 42, 42, now=601.0)  # the router's first batch of it
+    assert router.degraded == {}
+
+
+def test_a_stream_that_never_reaches_a_late_router_still_stalls(router, watch):
+    # Joining late excuses only what was published before: batches published after the router's first
+    # report and never applied (a wrong topic, a dead feed) degrade the replica as before.
+    poll(watch, 41, -1, now=0.0)
+    poll(watch, 43, -1, now=1.0)
+    poll(watch, 45, -1, now=LAG + 2)
+    assert "stalled: 4 batches published but not applied for 6s" in router.degraded["r"]
+    poll(watch, 45, 45, now=LAG + 3)
+    assert router.degraded == {}
+
+
 def test_a_publisher_holding_batches_unsent_degrades_its_replica(router, watch):
     poll(watch, 3, 3, now=0.0, kv_events_unsent_s=LAG + 2)
     assert "publisher has not sent its batches of the last 7s" in router.degraded["r"]

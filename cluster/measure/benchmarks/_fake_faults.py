@@ -15,7 +15,7 @@ class Faults:
     status: int = 200
     """Answer every completion with this HTTP status (200 = normally)."""
     cut: bool = False
-    """Streams break after their first chunk, as when the process dies."""
+    """Streams break after their first chunk, whole answers a few bytes before their end, as when the process dies."""
     clock_skew: float = 0.0
     """Seconds this replica's clock is ahead of the real one (its /load timestamp and event batches)."""
     event_lag: float = 0.0

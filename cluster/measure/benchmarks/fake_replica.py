@@ -224,6 +224,12 @@ class FakeReplica:
             writer.write(garbage_answer(bool(body.get("stream"))))
             await writer.drain()
             return True
+        if f.cut and not chunks:  # a whole answer: part of its body, then the process dies
+            writer.write(head[:-8])
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.transport.abort()
+            return False
         writer.write(head)
         for i, chunk in enumerate(chunks):
             if f.stall_after and i == f.stall_after:

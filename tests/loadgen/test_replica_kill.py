@@ -1,0 +1,32 @@
+"""kvmesh bench replica-kill, one short trial (the 10-trial run is in BENCHMARKS.md): real replicas and a
+router, each its own process; one replica SIGKILLed under 16 streaming clients. No client sees a 5xx, an
+error event, a broken stream or an exception's text: the router retried or migrated what the dead
+replica held."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kvmesh.cluster.measure.benchmarks.replica_kill import LEAK, main
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_replica_killed_under_streaming_load_costs_clients_nothing(stories_path, tmp_path):
+    out = tmp_path / "replica_kill.json"
+    code = main(["--model", str(stories_path), "--trials", "1", "--duration", "6", "--kill-at", "2",
+                 "--out", str(out)])
+    result = json.loads(out.read_text())
+    (trial,) = result["per_trial"]
+    assert trial["requests"] >= 16 and result["status_codes"] == {"200": result["requests"]}, result
+    assert result["http_5xx"] == result["streams_not_done"] == result["leaking_answers"] == 0, trial
+    assert trial["retries"] + trial["migrations"] >= 1  # the kill hit requests in flight
+    assert code == 0
+
+
+def test_the_leak_check_finds_exception_text():
+    assert LEAK.search('{"error": {"message": "internal router error: RuntimeError: unable to perform"}}')
+    assert LEAK.search("unable to perform operation on <TCPTransport closed=True reading=False 0x55ff2c687c80>")
+    assert not LEAK.search('{"error": {"message": "internal router error (request id 3f2a9c1b00de); its log '
+                           'has the details", "type": "internal_server_error"}}')
