@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from kvmesh.router.http.receipt_metrics import ReceiptMetrics
     from kvmesh.router.routing.outlier import OutlierDetector
 
+logger = logging.getLogger(__name__)
 access_log = logging.getLogger("kvmesh.router.access")
 """One JSON line per request with its route receipt (``router.access_log``)."""
 OpenAIRequest = p.CompletionRequest | p.ChatCompletionRequest
@@ -155,9 +156,10 @@ class Forwarder:
                 tried.append(rid)
                 failure = e.error if isinstance(e, BrokenAnswer) else e
                 request.failed_over.append(f"{rid}: {count_failure(self.runtime, rid, failure)}")
-                if len(tried) >= self.runtime.config.max_attempts:
-                    raise ProtocolError(f"replica {rid} {e}; no replica answered after {len(tried)} attempts",
-                                        502) from None
+                if len(tried) >= self.runtime.config.max_attempts:  # the detail is logged, never answered
+                    logger.warning("replica %s: %s; giving up after %d attempts", rid, e, len(tried))
+                    raise ProtocolError(f"replica {rid} sent a broken or invalid answer; no replica answered after "
+                                        f"{len(tried)} attempts", 502) from None
         if request.wants_receipt:
             response.headers.update(opened.decision.receipt.headers())
         return response
