@@ -26,7 +26,7 @@ from kvmesh.replica.layers.layernorm import RMSNorm
 from kvmesh.replica.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from kvmesh.replica.layers.rotary import RotaryEmbedding
 from kvmesh.replica.model_config import ModelSpec
-from kvmesh.replica.worker.parallel_state import SINGLE, ParallelState, divide
+from kvmesh.replica.distributed.parallel_state import SINGLE, ParallelState, divide
 from torch import nn
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ from kvmesh.replica.worker.kv_cache import (
     read_cuda_memory,
 )
 from kvmesh.replica.worker.kv_offload import KVOffloader
-from kvmesh.replica.worker.parallel_state import ParallelState
+from kvmesh.replica.distributed.parallel_state import ParallelState
 from kvmesh.replica.worker.weights import load_model_weights
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import msgspec
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.worker.distributed import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedInit
+from kvmesh.replica.distributed.utils import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedInit
 
 if TYPE_CHECKING:
     from typing import Unpack  # 3.11+; only read by type checkers
@@ -76,14 +76,14 @@ class TPWorker:
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's node IP and a free port there (the group's meeting point)."""
         import ray
-        from kvmesh.replica.worker.distributed import free_port
+        from kvmesh.replica.distributed.utils import free_port
 
         ip = ray.util.get_node_ip_address()
         return ip, free_port()
 
     def init_model(self, init: DistributedInit) -> RunnerFacts:
         """Join the process group, build this rank's ModelRunner, report what the engine needs."""
-        from kvmesh.replica.worker.distributed import init_distributed
+        from kvmesh.replica.distributed.utils import init_distributed
 
         init_distributed(init, self.rank)
         return self.load_model(self.config)
@@ -146,7 +146,7 @@ class TPWorker:
             self.kv_agent = None
 
     def shutdown(self) -> None:
-        from kvmesh.replica.worker.distributed import destroy_distributed
+        from kvmesh.replica.distributed.utils import destroy_distributed
 
         self.kv_close()
         self.runner = None
@@ -169,7 +169,7 @@ class RayTPExecutor:
                  num_cpus_per_worker: float = 1.0,
                  init_timeout_s: float = 300.0, step_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S):
         import ray
-        from kvmesh.replica.worker.distributed import backend_for
+        from kvmesh.replica.distributed.utils import backend_for
         from ray.util.placement_group import placement_group as make_pg
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 

@@ -15,7 +15,7 @@ from kvmesh.replica.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from kvmesh.replica.worker.parallel_state import ParallelState
+from kvmesh.replica.distributed.parallel_state import ParallelState
 
 TP = 2
 GEN = torch.Generator().manual_seed(0)
