@@ -18,6 +18,7 @@ import threading
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.distributed.parallel_state import ParallelState
 from kvmesh.replica.engine.scheduler_output import SchedulerOutput
 from kvmesh.replica.model_config import eos_token_ids, load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
@@ -42,7 +43,6 @@ from kvmesh.replica.worker.kv_cache import (
     read_cuda_memory,
 )
 from kvmesh.replica.worker.kv_offload import KVOffloader
-from kvmesh.replica.distributed.parallel_state import ParallelState
 from kvmesh.replica.worker.weights import load_model_weights
 
 logger = logging.getLogger(__name__)

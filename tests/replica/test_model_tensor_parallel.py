@@ -9,13 +9,13 @@ import socket
 import pytest
 import torch
 import torch.nn.functional as F
+from kvmesh.replica.distributed.parallel_state import ParallelState
 from kvmesh.replica.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from kvmesh.replica.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
 )
-from kvmesh.replica.distributed.parallel_state import ParallelState
 
 TP = 2
 GEN = torch.Generator().manual_seed(0)
