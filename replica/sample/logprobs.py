@@ -19,7 +19,7 @@ import torch
 from kvmesh.replica.engine.outputs import TokenLogprobs
 
 if TYPE_CHECKING:
-    from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
+    from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ from kvmesh.replica.engine.outputs import ModelRunnerOutput
 if TYPE_CHECKING:
     from kvmesh.replica.sample.logprobs import LogprobsTensors
     from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs
-    from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
+    from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
     from kvmesh.replica.worker.input_batch import InputBatch
 
 

@@ -36,8 +36,8 @@ from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOu
 from kvmesh.replica.sample.draws import RandomDraws
 from kvmesh.replica.sample.fixed_sampler import fixed_settings
 from kvmesh.replica.sample.sampler import SamplingMetadata, build_sampling_metadata
+from kvmesh.replica.utils.cpu_gpu_buffer import PackedUpload
 from kvmesh.replica.worker.block_table import BlockTables
-from kvmesh.replica.worker.cpu_gpu_buffer import PackedUpload
 from kvmesh.replica.worker.model_inputs import ModelInputs, step_upload
 
 __all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]

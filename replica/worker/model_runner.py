@@ -26,8 +26,8 @@ from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host
 from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
+from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
-from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.worker.device import pick_device, set_current_device, set_num_threads
 from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs

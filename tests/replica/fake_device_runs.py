@@ -211,7 +211,7 @@ def step_buffers(path: str) -> dict:
     from fake_device import FAKE, FakeDevice
     from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
     from kvmesh.replica.serving.sampling_params import SamplingParams
-    from kvmesh.replica.worker.cpu_gpu_buffer import to_device
+    from kvmesh.replica.utils.cpu_gpu_buffer import to_device
     from kvmesh.replica.worker.input_batch import InputBatch
 
     def storage(t):
