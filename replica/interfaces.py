@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
     from kvmesh.events.schema import KVEvent
-    from kvmesh.replica.engine.outputs import ModelRunnerOutput, RequestOutput
-    from kvmesh.replica.engine.scheduler_output import SchedulerOutput
     from kvmesh.replica.engine.stats import EngineStats
     from kvmesh.replica.serving.load_report import LoadReport
     from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.step.outputs import ModelRunnerOutput, RequestOutput
+    from kvmesh.replica.step.scheduler_output import SchedulerOutput
     from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
     from kvmesh.replica.worker.kv_offload import KVOffloader
 

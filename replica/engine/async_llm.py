@@ -37,12 +37,12 @@ from kvmesh.replica.engine.commands import (
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.load_fields import event_stream_report, host_tier_report, read_racily
-from kvmesh.replica.engine.outputs import RequestOutput
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from typing import Unpack  # 3.11+; only read by type checkers

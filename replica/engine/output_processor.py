@@ -9,12 +9,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from kvmesh.replica.engine.outputs import ModelRunnerOutput, RequestOutput, TokenLogprobs, request_output
 from kvmesh.replica.engine.request import Request, RequestStatus
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.outputs import ModelRunnerOutput, RequestOutput, TokenLogprobs, request_output
 
 logger = logging.getLogger(__name__)
 

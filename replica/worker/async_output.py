@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from kvmesh.replica.engine.outputs import ModelRunnerOutput
+from kvmesh.replica.step.outputs import ModelRunnerOutput
 
 if TYPE_CHECKING:
     from kvmesh.replica.sample.logprobs import LogprobsTensors

@@ -32,10 +32,10 @@ from operator import attrgetter
 import numpy as np
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.sample.draws import RandomDraws
 from kvmesh.replica.sample.fixed_sampler import fixed_settings
 from kvmesh.replica.sample.sampler import SamplingMetadata, build_sampling_metadata
+from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.utils.cpu_gpu_buffer import PackedUpload
 from kvmesh.replica.worker.block_table import BlockTables
 from kvmesh.replica.worker.model_inputs import ModelInputs, step_upload

@@ -19,13 +19,13 @@ import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.distributed.parallel_state import ParallelState
-from kvmesh.replica.engine.scheduler_output import SchedulerOutput
 from kvmesh.replica.model_config import eos_token_ids, load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
 from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host
 from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
+from kvmesh.replica.step.scheduler_output import SchedulerOutput
 from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
 from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs

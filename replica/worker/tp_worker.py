@@ -27,9 +27,9 @@ from kvmesh.replica.distributed.utils import DEFAULT_COLLECTIVE_TIMEOUT_S, Distr
 if TYPE_CHECKING:
     from typing import Unpack  # 3.11+; only read by type checkers
 
-    from kvmesh.replica.engine.scheduler_output import SchedulerOutput
     from kvmesh.replica.interfaces import ModelRunnerInterface
     from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig
+    from kvmesh.replica.step.scheduler_output import SchedulerOutput
     from kvmesh.replica.worker.model_runner import ModelRunner
     from ray.util.placement_group import PlacementGroup
 

@@ -209,8 +209,8 @@ def step_buffers(path: str) -> dict:
     import numpy as np
     import torch
     from fake_device import FAKE, FakeDevice
-    from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
     from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
     from kvmesh.replica.utils.cpu_gpu_buffer import to_device
     from kvmesh.replica.worker.input_batch import InputBatch
 

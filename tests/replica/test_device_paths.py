@@ -18,9 +18,9 @@ from kvmesh.replica.attention import flash_attn_reference
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.distributed.utils import DistributedInit, cuda_device_index, process_group_args
-from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.sample.sampler import build_sampling_metadata
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.worker.input_batch import InputBatch
 from kvmesh.replica.worker.kv_cache import (
     DeviceMemory,
