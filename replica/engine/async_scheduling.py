@@ -26,9 +26,8 @@ from kvmesh.replica.interfaces import AsyncModelRunner
 if TYPE_CHECKING:
     from kvmesh.replica.engine.request import Request
     from kvmesh.replica.interfaces import ModelRunnerInterface
-    from kvmesh.replica.step.outputs import ModelRunnerOutput
+    from kvmesh.replica.step.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
     from kvmesh.replica.step.scheduler_output import SchedulerOutput
-    from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
-from kvmesh.replica.interfaces import EngineClient
+from kvmesh.replica.engine.protocol import EngineClient
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput
 
