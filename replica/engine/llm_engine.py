@@ -45,9 +45,9 @@ class LLMEngine:
         (``event_publisher`` gives a ready one instead); neither: no events."""
         self.config = config
         if model_runner is None:
-            from kvmesh.replica.worker.model_runner import ModelRunner
+            from kvmesh.replica.executor.factory import local_model_runner
 
-            model_runner = ModelRunner(config)
+            model_runner = local_model_runner(config)
         self.model_runner = model_runner
         self.max_model_len: int = model_runner.max_model_len
         self.vocab_size: int = model_runner.vocab_size

@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.distributed.utils import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedInit
 
 if TYPE_CHECKING:
-    from typing import Unpack  # 3.11+; only read by type checkers
-
-    from kvmesh.replica.interfaces import ModelRunnerInterface
     from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig
     from kvmesh.replica.step.scheduler_output import SchedulerOutput
     from kvmesh.replica.worker.model_runner import ModelRunner
@@ -49,17 +46,6 @@ class RunnerFacts(msgspec.Struct, frozen=True):
     """Token ids that end a request."""
     device: str
     """Where the rank runs (``cuda:0``, ``cpu``)."""
-
-
-class ExecutorOptions(TypedDict, total=False):
-    """``RayTPExecutor``'s keyword arguments besides the config, as callers pass them through."""
-
-    num_cpus_per_worker: float
-    """CPUs each rank's actor reserves."""
-    init_timeout_s: float
-    """Longest wait for the placement group and the ranks' model load."""
-    step_timeout_s: float
-    """Longest a step (or a collective) may take before the group is declared dead."""
 
 
 class TPWorker:
@@ -284,13 +270,3 @@ def _cuda_on_cluster() -> bool:
     import ray
 
     return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
-
-
-def make_model_runner(config: EngineConfig, placement_group: PlacementGroup | None = None,
-                      **executor_kwargs: Unpack[ExecutorOptions]) -> ModelRunnerInterface:
-    """A ModelRunner in this process for TP=1, a RayTPExecutor for TP>1."""
-    if config.tensor_parallel_size == 1:
-        from kvmesh.replica.worker.model_runner import ModelRunner
-
-        return ModelRunner(config)
-    return RayTPExecutor(config, placement_group=placement_group, **executor_kwargs)
