@@ -28,8 +28,8 @@ from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
 from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
-from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.worker.device import pick_device, set_current_device, set_num_threads
+from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs
 from kvmesh.replica.worker.kernel_warmup import warm_up_kernels
 from kvmesh.replica.worker.kv_cache import (

@@ -201,7 +201,7 @@ def test_step_inputs_and_attention_metadata_live_on_the_runner_device(monkeypatc
 
 
 def test_kv_cache_and_static_decode_buffers_live_on_the_runner_device(monkeypatch):
-    from kvmesh.replica.worker.cuda_graph import StaticDecode
+    from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode
     from kvmesh.replica.worker.kv_cache import allocate_kv_cache
 
     monkeypatch.setitem(sys.modules, "flash_attn", flash_attn_reference.as_module())
