@@ -30,6 +30,7 @@ from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
 from kvmesh.replica.worker.device import pick_device, set_current_device, set_num_threads
 from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode, use_cuda_graphs
+from kvmesh.replica.worker.graphs.dispatcher import CudagraphDispatcher
 from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs
 from kvmesh.replica.worker.kernel_warmup import warm_up_kernels
 from kvmesh.replica.worker.kv_cache import (
@@ -146,7 +147,8 @@ class ModelRunner:
     @static_decode.setter
     def static_decode(self, static: StaticDecode | None) -> None:
         """Decode-only steps stage their inputs into the graphs' own (the input batch is told)."""
-        self._static_decode = self.input_batch.static = static
+        self._static_decode = static
+        self.input_batch.dispatcher = CudagraphDispatcher(static)
 
     def _layer_shape(self, num_blocks: int) -> tuple[int, ...]:
         attn0 = self.model.attention_layers()[0]
