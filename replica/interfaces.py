@@ -1,29 +1,40 @@
-"""The replica's two seams, written down: what ``LLMEngine`` drives and what the HTTP server calls.
+"""The runner's seam, written down: what ``LLMEngine`` drives, and where it sends KV events.
 
-    HTTP server ──EngineClient──▶ AsyncLLM ─▶ LLMEngine ──ModelRunnerInterface──▶ ModelRunner (TP=1)
-                                                   │                              | RayTPExecutor (TP>1)
-                                                   │                              | FakeModelRunner (tests)
-                                                   └──EventPublisher──▶ ZmqEventPublisher (KV events)
+    AsyncLLM ─▶ LLMEngine ──ModelRunnerInterface──▶ ModelRunner (TP=1)
+                    │                              | RayTPExecutor (TP>1)
+                    │                              | FakeModelRunner (tests)
+                    └──EventPublisher──▶ ZmqEventPublisher (KV events)
 
-The two seams are ``runtime_checkable``; tests/replica/test_interfaces.py checks every implementation.
-Torch-free: importing this module loads no model code.
+The HTTP server's seam, ``EngineClient``, is the engine's (engine/protocol.py). The seams are
+``runtime_checkable``; tests/replica/test_interfaces.py checks every implementation.
+Torch-free: importing this module loads no model code. It sits below the engine and the worker: it names
+the step contract (step/) only.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
     from kvmesh.events.schema import KVEvent
-    from kvmesh.replica.engine.outputs import ModelRunnerOutput, RequestOutput
-    from kvmesh.replica.engine.scheduler_output import SchedulerOutput
-    from kvmesh.replica.engine.stats import EngineStats
-    from kvmesh.replica.serving.load_report import LoadReport
-    from kvmesh.replica.serving.sampling_params import SamplingParams
-    from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
-    from kvmesh.replica.worker.kv_offload import KVOffloader
+    from kvmesh.replica.step.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+    from kvmesh.replica.step.scheduler_output import SchedulerOutput
+
+
+class KVOffloadCounters(Protocol):
+    """What the engine reads of the host tier's copies (worker/kv_offload.py's ``KVOffloader``)."""
+
+    block_bytes: int
+    """Bytes of one KV block (all layers)."""
+    h2d_bytes_per_s: float
+    """Host-to-device bandwidth measured at start."""
+    bytes_stored: int
+    """Bytes copied to the host tier so far."""
+    bytes_loaded: int
+    """Bytes loaded back from the host tier so far."""
+    load_seconds: float
+    """Seconds spent loading back."""
 
 
 @runtime_checkable
@@ -44,7 +55,7 @@ class ModelRunnerInterface(Protocol):
     """Where the model runs (rank 0's device under TP): ``cpu``, ``cuda:0``."""
     num_host_blocks: int
     """Blocks of the host-memory KV tier the runner holds (0: none; block 0 mirrors the null block)."""
-    kv_offload: KVOffloader | None
+    kv_offload: KVOffloadCounters | None
     """The host tier's copies (bytes moved, measured bandwidth); None without a tier."""
 
     def bind_thread(self) -> None:
@@ -102,33 +113,4 @@ class StreamPublisher(EventPublisher, Protocol):
 
     def unsent_s(self) -> float:
         """Seconds the oldest batch not yet sent has waited (0 when none waits)."""
-        ...
-
-
-@runtime_checkable
-class EngineClient(Protocol):
-    """What the replica's HTTP server needs of the engine (vLLM's ``EngineClient``)."""
-
-    max_model_len: int
-    block_size: int
-    num_kv_blocks: int
-    tensor_parallel_size: int
-    draining: bool
-    """Set by a graceful shutdown: new requests are refused (503)."""
-
-    def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
-                 request_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Streams the request's ``RequestOutput``s; the first ``__anext__`` raises ValueError for bad input."""
-        ...
-
-    async def abort(self, request_id: str) -> None: ...
-
-    def get_stats(self) -> EngineStats: ...
-
-    def load_report(self) -> LoadReport:
-        """The ``LoadReport`` routers poll (queue depth, KV usage, uncomputed prompt tokens)."""
-        ...
-
-    def dead_reason(self) -> str | None:
-        """None while the replica can serve; otherwise why not."""
         ...

@@ -8,9 +8,9 @@ from typing import Any, TypedDict
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.llm_engine import LLMEngine
-from kvmesh.replica.engine.outputs import RequestOutput
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.outputs import RequestOutput
 
 
 class _SaltedPrompt(TypedDict, total=False):

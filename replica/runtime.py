@@ -27,11 +27,11 @@ from kvmesh.replica.server.config import ReplicaServerConfig
 if TYPE_CHECKING:
     from kvmesh.events.publisher import ZmqEventPublisher
     from kvmesh.replica.engine.async_llm import AsyncLLM
+    from kvmesh.replica.executor.factory import ExecutorOptions
     from kvmesh.replica.interfaces import ModelRunnerInterface
     from kvmesh.replica.openai.runner import HTTPServer
     from kvmesh.replica.server.kv_transfer import KVTransferService
     from kvmesh.replica.server.state import ServerState
-    from kvmesh.replica.worker.tp_worker import ExecutorOptions
     from ray.util.placement_group import PlacementGroup
 
 logger = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ class AttentionBackend(Protocol):
     @staticmethod
     def supports_static_decode(block_size: int) -> bool:
         """Whether decode steps have fixed shapes per batch size at this block size (CUDA graphs can capture
-        them, replica/worker/cuda_graph.py; such a backend also offers ``static_decode_metadata``)."""
+        them, replica/worker/graphs/cuda_graph.py; such a backend also offers ``static_decode_metadata``)."""
 
     def build(self, common: CommonAttentionMetadata) -> AttentionMetadata:
         """Per-step metadata derived once and shared by all layers."""

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.worker.cpu_gpu_buffer import to_device
+from kvmesh.replica.utils.cpu_gpu_buffer import to_device
 
 
 @dataclass(slots=True)

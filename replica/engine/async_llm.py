@@ -37,21 +37,21 @@ from kvmesh.replica.engine.commands import (
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.load_fields import event_stream_report, host_tier_report, read_racily
-from kvmesh.replica.engine.outputs import RequestOutput
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from typing import Unpack  # 3.11+; only read by type checkers
 
     from kvmesh.events.config import PublisherConfig
+    from kvmesh.replica.executor.factory import ExecutorOptions
     from kvmesh.replica.kv_transfer.agent import KVTransferAgent
     from kvmesh.replica.kv_transfer.leases import Lease
     from kvmesh.replica.serving.load_report import KVTransferLoad
-    from kvmesh.replica.worker.tp_worker import ExecutorOptions
     from ray.util.placement_group import PlacementGroup
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class AsyncLLM:
         ``hf_tokenizer`` detokenizes; pass the one the server renders prompts with.
         """
         if model_runner is None:
-            from kvmesh.replica.worker.tp_worker import make_model_runner
+            from kvmesh.replica.executor.factory import make_model_runner
 
             model_runner = make_model_runner(config, placement_group, **executor_kwargs)
         try:

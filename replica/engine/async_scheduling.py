@@ -24,11 +24,10 @@ from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.interfaces import AsyncModelRunner
 
 if TYPE_CHECKING:
-    from kvmesh.replica.engine.outputs import ModelRunnerOutput
     from kvmesh.replica.engine.request import Request
-    from kvmesh.replica.engine.scheduler_output import SchedulerOutput
     from kvmesh.replica.interfaces import ModelRunnerInterface
-    from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
+    from kvmesh.replica.step.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+    from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
 
 @dataclass(frozen=True, slots=True)

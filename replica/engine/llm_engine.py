@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_scheduling import LaunchedStep, add_placeholders, use_async_scheduling
 from kvmesh.replica.engine.output_processor import OutputProcessor
-from kvmesh.replica.engine.outputs import RequestOutput
 from kvmesh.replica.engine.prefill_rate import PrefillRate
 from kvmesh.replica.engine.request import Request, RequestStatus, validate_request_input
 from kvmesh.replica.engine.scheduler import Scheduler
-from kvmesh.replica.engine.scheduler_output import SchedulerOutput
 from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publisher, make_kv_cache_manager
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.interfaces import AsyncModelRunner, EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.outputs import RequestOutput
+from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
     from kvmesh.events.config import PublisherConfig
@@ -45,9 +45,9 @@ class LLMEngine:
         (``event_publisher`` gives a ready one instead); neither: no events."""
         self.config = config
         if model_runner is None:
-            from kvmesh.replica.worker.model_runner import ModelRunner
+            from kvmesh.replica.executor.factory import local_model_runner
 
-            model_runner = ModelRunner(config)
+            model_runner = local_model_runner(config)
         self.model_runner = model_runner
         self.max_model_len: int = model_runner.max_model_len
         self.vocab_size: int = model_runner.vocab_size

@@ -9,12 +9,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from kvmesh.replica.engine.outputs import ModelRunnerOutput, RequestOutput, TokenLogprobs, request_output
 from kvmesh.replica.engine.request import Request, RequestStatus
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.outputs import ModelRunnerOutput, RequestMetrics, RequestOutput, TokenLogprobs
 
 logger = logging.getLogger(__name__)
 
@@ -124,3 +124,36 @@ class OutputProcessor:
             if request is not None and request.prompt_logprobs is not None:
                 for position, entry in entries:
                     request.prompt_logprobs[position] = entry
+
+
+def request_output(request: Request, new_token_ids: list[int], detok: IncrementalDetokenizer | None) -> RequestOutput:
+    """The output of ``request`` after a step that gave it ``new_token_ids`` (its text from ``detok``, if any)."""
+    finished = request.status.is_finished
+    logprobs = request.logprobs
+    new_logprobs = logprobs[len(logprobs) - len(new_token_ids):] if logprobs is not None else None
+    return RequestOutput(
+        request_id=request.request_id,
+        prompt_token_ids=request.prompt_token_ids,
+        new_token_ids=new_token_ids,
+        output_token_ids=request.output_token_ids,
+        delta_text=detok.take_delta(finished) if detok is not None else "",
+        text=detok.visible_text(finished) if detok is not None else "",
+        finished=finished,
+        finish_reason=request.status.finish_reason,
+        stop_reason=request.stop_reason,
+        num_cached_tokens=max(request.num_cached_tokens, 0),
+        num_host_cached_tokens=request.num_host_cached_tokens,
+        error=request.error,
+        metrics=_metrics(request) if finished else None,
+        new_logprobs=new_logprobs,
+        logprobs=list(logprobs) if finished and logprobs is not None else None,
+        # complete once a token was sampled (a preempted request keeps the first computation's)
+        prompt_logprobs=request.prompt_logprobs if request.output_token_ids else None,
+    )
+
+
+def _metrics(request: Request) -> RequestMetrics:
+    return RequestMetrics(
+        arrival_time=request.arrival_time, first_scheduled_time=request.first_scheduled_time,
+        first_token_time=request.first_token_time, last_token_time=request.last_token_time,
+        finished_time=request.finished_time or time.monotonic(), num_preemptions=request.num_preemptions)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.request import Request, RequestStatus
-from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 
 if TYPE_CHECKING:
     from kvmesh.kvcache.kv_cache_manager import KVCacheManager

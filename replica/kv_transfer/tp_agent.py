@@ -20,14 +20,22 @@ Ranks live in separate processes, so the transport is nixl (``local`` works only
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from kvmesh.events.schema import DEVICE_MEDIUM
 from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig
 from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError
 
-if TYPE_CHECKING:
-    from kvmesh.replica.worker.tp_worker import RayTPExecutor
+
+class TPRanks(Protocol):
+    """What the agent needs of a TP replica's runner (worker/tp_worker.py's ``RayTPExecutor`` has it)."""
+
+    world_size: int
+    """Ranks in the group."""
+    workers: list[Any]
+    """Each rank's ``TPWorker`` actor handle, rank order."""
+    init_timeout_s: float
+    """Longest wait for the ranks to start their agents."""
 
 
 class TPTransfer:
@@ -70,7 +78,7 @@ class TPTransfer:
 class TPKVTransferAgent:
     """``KVTransferAgent`` of a RayTPExecutor's replica: one real agent per rank, in its worker."""
 
-    def __init__(self, config: KVTransferConfig, name: str, executor: RayTPExecutor) -> None:
+    def __init__(self, config: KVTransferConfig, name: str, executor: TPRanks) -> None:
         import ray
 
         self.config, self.name, self.tp_size = config, name, executor.world_size

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from kvmesh.replica.distributed.parallel_state import SINGLE, ParallelState
 from kvmesh.replica.layers.linear import LoadedWeight, ShardId, loaded_shape, narrow
-from kvmesh.replica.worker.parallel_state import SINGLE, ParallelState
 from torch import nn
 
 

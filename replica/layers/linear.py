@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
-from kvmesh.replica.worker.parallel_state import SINGLE, ParallelState, divide
+from kvmesh.replica.distributed.parallel_state import SINGLE, ParallelState, divide
 from torch import nn
 
 

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 import torch
 from kvmesh.replica.attention.layer import Attention
+from kvmesh.replica.distributed.parallel_state import SINGLE, ParallelState, divide
 from kvmesh.replica.layers.activation import SiluAndMul
 from kvmesh.replica.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from kvmesh.replica.layers.layernorm import RMSNorm
 from kvmesh.replica.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from kvmesh.replica.layers.rotary import RotaryEmbedding
 from kvmesh.replica.model_config import ModelSpec
-from kvmesh.replica.worker.parallel_state import SINGLE, ParallelState, divide
 from torch import nn
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ SPACE_MARKER = "▁"
 
 
 class TokenLogprobsLike(Protocol):
-    """The engine's ``replica.engine.outputs.TokenLogprobs`` (the chosen token first, then the top-k)."""
+    """The engine's ``replica.step.outputs.TokenLogprobs`` (the chosen token first, then the top-k)."""
 
     token_ids: list[int]
     logprobs: list[float]

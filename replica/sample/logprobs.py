@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from kvmesh.replica.engine.outputs import TokenLogprobs
+from kvmesh.replica.step.outputs import TokenLogprobs
 
 if TYPE_CHECKING:
-    from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
+    from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
 
 
 @dataclass(slots=True)

@@ -27,11 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
-from kvmesh.replica.engine.outputs import TokenLogprobs
-from kvmesh.replica.engine.scheduler_output import ScheduledRequest
 from kvmesh.replica.sample.logprobs import LogprobsTensors, pack_logprobs, to_host
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
-from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies, to_device
+from kvmesh.replica.step.outputs import TokenLogprobs
+from kvmesh.replica.step.scheduler_output import ScheduledRequest
+from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies, to_device
 
 ROWS_PER_PASS = 1024
 """Prompt positions whose logits are computed at once (bounds the [rows, vocab] fp32 temporaries)."""

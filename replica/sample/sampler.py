@@ -25,7 +25,7 @@ from kvmesh.replica.sample.draws import RandomDraws, seeded_uniforms
 from kvmesh.replica.sample.fixed_sampler import draw_in_order, truncated_weights
 from kvmesh.replica.sample.logprobs import LogprobsTensors, gather_logprobs
 from kvmesh.replica.serving.sampling_params import SamplingParams
-from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies, PackedUpload
+from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies, PackedUpload
 
 TOP_P_CANDIDATES = (256, 4096)  # shortlist per nucleus row tried in turn before a full sort (CPU)
 

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from kvmesh.replica.engine.outputs import PromptLogprobs, RequestOutput, TokenLogprobs
 from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
@@ -28,6 +27,7 @@ from kvmesh.replica.server import kv_handoff, kv_plane
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure, new_request_id
+from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput, TokenLogprobs
 
 if TYPE_CHECKING:
     from kvmesh.replica.server.state import ServerState

@@ -16,9 +16,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
-from kvmesh.replica.engine.outputs import PromptLogprobs, RequestOutput
-from kvmesh.replica.interfaces import EngineClient
+from kvmesh.replica.engine.protocol import EngineClient
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput
 
 Outputs = AsyncIterator[RequestOutput]
 """One engine request's outputs, its final one last."""

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from kvmesh.replica.engine.outputs import ModelRunnerOutput
+from kvmesh.replica.step.outputs import ModelRunnerOutput
 
 if TYPE_CHECKING:
     from kvmesh.replica.sample.logprobs import LogprobsTensors
     from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs
-    from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
+    from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
     from kvmesh.replica.worker.input_batch import InputBatch
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import torch
-from kvmesh.replica.worker.distributed import cuda_device_index
+from kvmesh.replica.distributed.utils import cuda_device_index
 
 SMALL_MODEL_HIDDEN = 256  # below this hidden size the CPU forward runs single-threaded
 

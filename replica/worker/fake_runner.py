@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from kvmesh.replica.engine.scheduler_output import SchedulerOutput
+from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
 
 class FakeModelRunner:

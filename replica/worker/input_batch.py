@@ -32,12 +32,13 @@ from operator import attrgetter
 import numpy as np
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.sample.draws import RandomDraws
 from kvmesh.replica.sample.fixed_sampler import fixed_settings
 from kvmesh.replica.sample.sampler import SamplingMetadata, build_sampling_metadata
+from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.utils.cpu_gpu_buffer import PackedUpload
 from kvmesh.replica.worker.block_table import BlockTables
-from kvmesh.replica.worker.cpu_gpu_buffer import PackedUpload
+from kvmesh.replica.worker.graphs.dispatcher import BatchDescriptor, CudagraphDispatcher
 from kvmesh.replica.worker.model_inputs import ModelInputs, step_upload
 
 __all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
@@ -60,7 +61,7 @@ class InputBatch:
         self.num_output = np.zeros(0, np.int64)
         self.prev_sample = np.zeros(0, np.int64)
         self.prev_sampled: torch.Tensor | None = None  # [N] the previous step's sampled ids, on the device
-        self.static = None  # the runner's StaticDecode (cuda_graph.py): decode-only steps stage into its inputs
+        self.dispatcher = CudagraphDispatcher()  # each step's path; the runner hands it its graphs (graphs/)
         self._prev_rows = np.zeros(0, np.int64)
         self.plain_greedy = np.zeros(0, bool)  # greedy, no min_tokens/logit_bias/logprobs: no sampling metadata
         self.req_ids = np.zeros(0, object)
@@ -97,9 +98,8 @@ class InputBatch:
 
     def prepare(self, out: SchedulerOutput, static: bool = False) -> ModelInputs:
         """The step's tensors; advances every scheduled row's ``num_computed``. ``out`` must not be empty.
-        ``static``: a decode-only step whose rows all sample may run on the decode graphs (``self.static``),
-        its inputs staged into theirs; so may a step of one request that samples after a query of at most
-        the largest prefill graph size (their ``prefill``)."""
+        ``static``: the step may run on the runner's graphs: ``self.dispatcher`` picks its path once (a decode
+        graph, a prefill graph, eager), and its inputs are staged where that path reads them."""
         srs, bt = out.scheduled, self.block_tables
         for rid, ids in out.new_block_ids.items():
             bt.extend(rid, ids)
@@ -173,28 +173,25 @@ class InputBatch:
             sample_rows = rows[sample_mask]
 
         gather = self._prev_sampled_gather(rows[:num_decodes])
-        static_size = self.static.size_for(n) if self.static is not None and static and num_tokens == n \
-            and len(sample_rows) == n else None
-        prefill = None if self.static is None or not static else self.static.prefill
-        prefill_size = prefill.size_for(num_tokens) if prefill is not None and n == 1 and static_size is None \
-            and len(sample_rows) == 1 else None
+        path = self.dispatcher.dispatch(BatchDescriptor(n, num_tokens, len(sample_rows)), static)
         graph_sampling, graph_answers = None, False
-        if prefill_size is not None:  # one request, a short query: straight into the prefill graphs' inputs
-            into = prefill.inputs
+        if path.prefill_size is not None:  # one request, a short query: straight into the prefill graphs' inputs
+            into = self.dispatcher.static.prefill.inputs
             graph_sampling, graph_answers, settings = self._graph_sampling(sample_rows)
-            into.stage(prefill_size, input_ids, positions, slot_mapping, int(seq_lens[0]), block_tables[0], settings)
+            into.stage(path.prefill_size, input_ids, positions, slot_mapping, int(seq_lens[0]), block_tables[0],
+                       settings)
             ids, positions_d, slots = into.input_ids[:num_tokens], into.positions[:num_tokens], \
                 into.slot_mapping[:num_tokens]
             seq_lens_d, tables, logits_d, qsl, gathered = into.seq_lens[:1], into.block_table[:1], None, None, ()
-        elif static_size is not None:  # straight into the decode graphs' inputs (static_inputs.py)
-            into = self.static.inputs
+        elif path.decode_size is not None:  # straight into the decode graphs' inputs (static_inputs.py)
+            into = self.dispatcher.static.inputs
             graph_sampling, graph_answers, settings = self._graph_sampling(sample_rows)
-            gathered = into.stage(static_size, input_ids, positions, slot_mapping, seq_lens, block_tables, gather,
-                                  settings)
+            gathered = into.stage(path.decode_size, input_ids, positions, slot_mapping, seq_lens, block_tables,
+                                  gather, settings)
             ids, positions_d, slots, seq_lens_d = into.input_ids[:n], into.positions[:n], into.slot_mapping[:n], \
                 into.seq_lens[:n]
             tables, logits_d, qsl = into.block_table[:n], None, None  # the graph reads neither
-        else:
+        else:  # eager: the step's one upload
             i64, i32 = np.int64, np.int32
             staged = self.buffers.upload([(input_ids, i64), (positions, i64), (slot_mapping, i64),
                                           (logits_indices, i64), (query_start_loc, i32), (seq_lens, i32),
@@ -212,7 +209,7 @@ class InputBatch:
             index, dst = gathered
             ids.index_copy_(0, dst, self.prev_sampled[index])
         return ModelInputs(ids, positions_d, common, logits_d, sample_rows, self.req_ids[sample_rows].tolist(), rows,
-                           static_size=static_size, graph_sampling=graph_sampling, prefill_size=prefill_size,
+                           static_size=path.decode_size, graph_sampling=graph_sampling, prefill_size=path.prefill_size,
                            graph_answers=graph_answers)
 
     def _graph_sampling(self, rows: np.ndarray) -> tuple[str | None, bool, tuple | None]:

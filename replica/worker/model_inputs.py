@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.worker.cpu_gpu_buffer import PackedUpload
+from kvmesh.replica.utils.cpu_gpu_buffer import PackedUpload
 
 
 @dataclass(slots=True)

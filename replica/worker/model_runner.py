@@ -18,17 +18,19 @@ import threading
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
-from kvmesh.replica.engine.scheduler_output import SchedulerOutput
+from kvmesh.replica.distributed.parallel_state import ParallelState
 from kvmesh.replica.model_config import eos_token_ids, load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
 from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host
 from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
+from kvmesh.replica.step.scheduler_output import SchedulerOutput
+from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
-from kvmesh.replica.worker.cpu_gpu_buffer import HostCopies
-from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
 from kvmesh.replica.worker.device import pick_device, set_current_device, set_num_threads
+from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode, use_cuda_graphs
+from kvmesh.replica.worker.graphs.dispatcher import CudagraphDispatcher
 from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs
 from kvmesh.replica.worker.kernel_warmup import warm_up_kernels
 from kvmesh.replica.worker.kv_cache import (
@@ -42,7 +44,6 @@ from kvmesh.replica.worker.kv_cache import (
     read_cuda_memory,
 )
 from kvmesh.replica.worker.kv_offload import KVOffloader
-from kvmesh.replica.worker.parallel_state import ParallelState
 from kvmesh.replica.worker.weights import load_model_weights
 
 logger = logging.getLogger(__name__)
@@ -146,7 +147,8 @@ class ModelRunner:
     @static_decode.setter
     def static_decode(self, static: StaticDecode | None) -> None:
         """Decode-only steps stage their inputs into the graphs' own (the input batch is told)."""
-        self._static_decode = self.input_batch.static = static
+        self._static_decode = static
+        self.input_batch.dispatcher = CudagraphDispatcher(static)
 
     def _layer_shape(self, num_blocks: int) -> tuple[int, ...]:
         attn0 = self.model.attention_layers()[0]

@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.worker.distributed import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedInit
+from kvmesh.replica.distributed.utils import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedInit
 
 if TYPE_CHECKING:
-    from typing import Unpack  # 3.11+; only read by type checkers
-
-    from kvmesh.replica.engine.scheduler_output import SchedulerOutput
-    from kvmesh.replica.interfaces import ModelRunnerInterface
     from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig
+    from kvmesh.replica.step.scheduler_output import SchedulerOutput
     from kvmesh.replica.worker.model_runner import ModelRunner
     from ray.util.placement_group import PlacementGroup
 
@@ -51,17 +48,6 @@ class RunnerFacts(msgspec.Struct, frozen=True):
     """Where the rank runs (``cuda:0``, ``cpu``)."""
 
 
-class ExecutorOptions(TypedDict, total=False):
-    """``RayTPExecutor``'s keyword arguments besides the config, as callers pass them through."""
-
-    num_cpus_per_worker: float
-    """CPUs each rank's actor reserves."""
-    init_timeout_s: float
-    """Longest wait for the placement group and the ranks' model load."""
-    step_timeout_s: float
-    """Longest a step (or a collective) may take before the group is declared dead."""
-
-
 class TPWorker:
     """One rank: its own process, its shard of the weights and of the KV cache."""
 
@@ -76,14 +62,14 @@ class TPWorker:
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's node IP and a free port there (the group's meeting point)."""
         import ray
-        from kvmesh.replica.worker.distributed import free_port
+        from kvmesh.replica.distributed.utils import free_port
 
         ip = ray.util.get_node_ip_address()
         return ip, free_port()
 
     def init_model(self, init: DistributedInit) -> RunnerFacts:
         """Join the process group, build this rank's ModelRunner, report what the engine needs."""
-        from kvmesh.replica.worker.distributed import init_distributed
+        from kvmesh.replica.distributed.utils import init_distributed
 
         init_distributed(init, self.rank)
         return self.load_model(self.config)
@@ -146,7 +132,7 @@ class TPWorker:
             self.kv_agent = None
 
     def shutdown(self) -> None:
-        from kvmesh.replica.worker.distributed import destroy_distributed
+        from kvmesh.replica.distributed.utils import destroy_distributed
 
         self.kv_close()
         self.runner = None
@@ -169,7 +155,7 @@ class RayTPExecutor:
                  num_cpus_per_worker: float = 1.0,
                  init_timeout_s: float = 300.0, step_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S):
         import ray
-        from kvmesh.replica.worker.distributed import backend_for
+        from kvmesh.replica.distributed.utils import backend_for
         from ray.util.placement_group import placement_group as make_pg
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -285,13 +271,3 @@ def _cuda_on_cluster() -> bool:
     import ray
 
     return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
-
-
-def make_model_runner(config: EngineConfig, placement_group: PlacementGroup | None = None,
-                      **executor_kwargs: Unpack[ExecutorOptions]) -> ModelRunnerInterface:
-    """A ModelRunner in this process for TP=1, a RayTPExecutor for TP>1."""
-    if config.tensor_parallel_size == 1:
-        from kvmesh.replica.worker.model_runner import ModelRunner
-
-        return ModelRunner(config)
-    return RayTPExecutor(config, placement_group=placement_group, **executor_kwargs)

@@ -152,7 +152,7 @@ def cached_prefix_launches(path: str, static: bool) -> tuple[StepLaunches, list]
     with ``static`` on the prefill graphs' path (prefill_graph.py; on CPU its padded forward runs eagerly,
     so the count is what the graph holds). Returns the launches and the prefill sizes the step ran at."""
     from kvmesh.replica.serving.sampling_params import SamplingParams
-    from kvmesh.replica.worker.cuda_graph import StaticDecode
+    from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode
 
     llm = engine(path, 1)
     while llm.has_unfinished_requests():

@@ -16,7 +16,7 @@ from kvmesh.replica.attention.backend import available_backends, get_attn_backen
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
-from kvmesh.replica.worker.cuda_graph import supports_static_decode
+from kvmesh.replica.worker.graphs.cuda_graph import supports_static_decode
 
 BLOCK_SIZES = (16, 256)
 """vLLM's default block and flash-attn's paged-cache granule."""

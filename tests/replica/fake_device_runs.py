@@ -121,7 +121,7 @@ def static_steps(path: str) -> dict:
     import transformers.integrations.flash_attention  # noqa: F401  (probes flash_attn before the stand-in)
     from fake_device import FakeDevice
     from kvmesh.replica.attention import flash_attn_reference
-    from kvmesh.replica.worker.cuda_graph import StaticDecode
+    from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode
 
     sys.modules["flash_attn"] = reference = flash_attn_reference.as_module(allow_float32=True)
     reference.SUPPORTED_DEVICES = ("cpu", "meta")  # plain torch: it runs on the stand-in device too
@@ -159,7 +159,7 @@ def prefill_steps(path: str) -> dict:
     import transformers.integrations.flash_attention  # noqa: F401  (probes flash_attn before the stand-in)
     from fake_device import FakeDevice
     from kvmesh.replica.attention import flash_attn_reference
-    from kvmesh.replica.worker.cuda_graph import StaticDecode
+    from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode
 
     sys.modules["flash_attn"] = reference = flash_attn_reference.as_module(allow_float32=True)
     reference.SUPPORTED_DEVICES = ("cpu", "meta")
@@ -209,9 +209,9 @@ def step_buffers(path: str) -> dict:
     import numpy as np
     import torch
     from fake_device import FAKE, FakeDevice
-    from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
     from kvmesh.replica.serving.sampling_params import SamplingParams
-    from kvmesh.replica.worker.cpu_gpu_buffer import to_device
+    from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
+    from kvmesh.replica.utils.cpu_gpu_buffer import to_device
     from kvmesh.replica.worker.input_batch import InputBatch
 
     def storage(t):

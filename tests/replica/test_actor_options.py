@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from kvmesh.replica.actor import ReplicaOptions
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.distributed.utils import DistributedInit, backend_for
 from kvmesh.replica.server.config import ReplicaServerConfig
-from kvmesh.replica.worker.distributed import DistributedInit, backend_for
 
 ENGINE = EngineConfig(model="some/model")
 

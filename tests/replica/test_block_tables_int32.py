@@ -12,8 +12,8 @@ import pytest
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.engine.llm_engine import LLMEngine
-from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.worker.input_batch import InputBatch
 
 from .engine_paths import BLOCK_SIZES, CUDA_BACKENDS, config, cuda_dtype_or_skip, flash_reference, run, waves

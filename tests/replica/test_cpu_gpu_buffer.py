@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvmesh.replica.worker.cpu_gpu_buffer import CpuGpuBuffer, HostCopies
+from kvmesh.replica.utils.cpu_gpu_buffer import CpuGpuBuffer, HostCopies
 
 from .fake_device_runs import run_in_child
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from kvmesh.replica.engine.llm_engine import LLMEngine
-from kvmesh.replica.worker.cuda_graph import StaticDecode
+from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode
 
 from .engine_paths import (
     BLOCK_SIZES,

@@ -17,10 +17,10 @@ import torch
 from kvmesh.replica.attention import flash_attn_reference
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvmesh.replica.distributed.utils import DistributedInit, cuda_device_index, process_group_args
 from kvmesh.replica.sample.sampler import build_sampling_metadata
 from kvmesh.replica.serving.sampling_params import SamplingParams
-from kvmesh.replica.worker.distributed import DistributedInit, cuda_device_index, process_group_args
+from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.worker.input_batch import InputBatch
 from kvmesh.replica.worker.kv_cache import (
     DeviceMemory,
@@ -201,7 +201,7 @@ def test_step_inputs_and_attention_metadata_live_on_the_runner_device(monkeypatc
 
 
 def test_kv_cache_and_static_decode_buffers_live_on_the_runner_device(monkeypatch):
-    from kvmesh.replica.worker.cuda_graph import StaticDecode
+    from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode
     from kvmesh.replica.worker.kv_cache import allocate_kv_cache
 
     monkeypatch.setitem(sys.modules, "flash_attn", flash_attn_reference.as_module())

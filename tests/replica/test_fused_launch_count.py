@@ -15,9 +15,9 @@ from collections import Counter
 import pytest
 import torch
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine.scheduler_output import ScheduledRequest
 from kvmesh.replica.layers.custom_op import force_triton
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.scheduler_output import ScheduledRequest
 from kvmesh.replica.worker.input_batch import prepare_inputs
 from kvmesh.replica.worker.model_runner import ModelRunner
 from torch.profiler import ProfilerActivity, profile, record_function

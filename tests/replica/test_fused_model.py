@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine.scheduler_output import ScheduledRequest
 from kvmesh.replica.layers.custom_op import force_triton
+from kvmesh.replica.step.scheduler_output import ScheduledRequest
 from kvmesh.replica.worker.model_runner import ModelRunner
 
 from .test_model_hf_parity import GREEDY, all_logits, hf_logits

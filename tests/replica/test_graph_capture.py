@@ -19,7 +19,7 @@ from kvmesh.replica.engine.async_llm import AsyncLLM
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker import model_runner
-from kvmesh.replica.worker.cuda_graph import StaticDecode
+from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode
 from kvmesh.replica.worker.kv_cache import DeviceMemory, graph_memory, kv_cache_budget, module_bytes
 
 GIB, MIB = 2**30, 2**20

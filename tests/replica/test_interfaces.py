@@ -13,8 +13,9 @@ from kvmesh.kvcache.interfaces import CacheRequest, TokenRequest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_llm import AsyncLLM
 from kvmesh.replica.engine.llm_engine import LLMEngine
+from kvmesh.replica.engine.protocol import EngineClient
 from kvmesh.replica.engine.request import Request
-from kvmesh.replica.interfaces import EngineClient, ModelRunnerInterface
+from kvmesh.replica.interfaces import ModelRunnerInterface
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.fake_runner import FakeModelRunner
 from kvmesh.replica.worker.model_runner import ModelRunner

@@ -18,7 +18,7 @@ from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.layers.custom_op import force_triton
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.triton_utils import triton_problem
-from kvmesh.replica.worker.cuda_graph import StaticDecode
+from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode
 from kvmesh.replica.worker.kernel_warmup import StepShape, run_step_shapes, step_shapes, warm_up_kernels
 
 from .kernel_keys import LaunchKeys

@@ -10,11 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from kvmesh.replica.engine.outputs import ModelRunnerOutput, TokenLogprobs  # noqa: E402
 from kvmesh.replica.llm import LLM  # noqa: E402
 from kvmesh.replica.sample.logprobs import gather_logprobs  # noqa: E402
 from kvmesh.replica.sample.sampler import Sampler, build_sampling_metadata  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
+from kvmesh.replica.step.outputs import ModelRunnerOutput, TokenLogprobs  # noqa: E402
 
 from ..conftest import TEST_KV_CACHE_MEMORY  # noqa: E402
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from kvmesh.replica.engine.outputs import TokenLogprobs
 from kvmesh.replica.openai.logprobs_format import (
     chat_logprobs,
     choice_logprobs,
@@ -12,6 +11,7 @@ from kvmesh.replica.openai.logprobs_format import (
     distinct_candidates,
     token_decoder,
 )
+from kvmesh.replica.step.outputs import TokenLogprobs
 
 WORDS = {1: "<s>", 5: " Once", 6: " upon", 7: "re", 8: " a"}
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
-from kvmesh.replica.engine.scheduler_output import ScheduledRequest
 from kvmesh.replica.model_config import ModelSpec
 from kvmesh.replica.models import MODEL_REGISTRY, get_model_class
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.scheduler_output import ScheduledRequest
 from kvmesh.replica.worker.input_batch import prepare_inputs
 
 META = torch.device("meta")

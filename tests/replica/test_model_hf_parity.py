@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine.scheduler_output import ScheduledRequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.scheduler_output import ScheduledRequest
 from kvmesh.replica.worker.input_batch import prepare_inputs
 from kvmesh.replica.worker.model_runner import ModelRunner
 

@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 import torch
-from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.worker.block_table import BlockTables
 from kvmesh.replica.worker.input_batch import InputBatch, prepare_inputs
 

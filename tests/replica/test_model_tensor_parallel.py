@@ -9,13 +9,13 @@ import socket
 import pytest
 import torch
 import torch.nn.functional as F
+from kvmesh.replica.distributed.parallel_state import ParallelState
 from kvmesh.replica.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from kvmesh.replica.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
 )
-from kvmesh.replica.worker.parallel_state import ParallelState
 
 TP = 2
 GEN = torch.Generator().manual_seed(0)
@@ -96,8 +96,8 @@ PROMPTS = [[1, 5, 9, 33, 70, 2, 8, 15, 4, 99], [1, 42, 17]]
 
 
 def greedy_tokens(runner, num_steps=6):
-    from kvmesh.replica.engine.scheduler_output import ScheduledRequest, SchedulerOutput
     from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 
     sp = SamplingParams(temperature=0.0)
     seqs, done = [list(p) for p in PROMPTS], [0, 0]

@@ -17,7 +17,7 @@ from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.triton_utils import triton_problem
-from kvmesh.replica.worker.cuda_graph import StaticDecode, use_cuda_graphs
+from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode, use_cuda_graphs
 from torch.utils._python_dispatch import TorchDispatchMode
 
 BLOCK = 256

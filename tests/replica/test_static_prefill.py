@@ -14,8 +14,8 @@ from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.triton_utils import triton_problem
-from kvmesh.replica.worker.cuda_graph import StaticDecode
-from kvmesh.replica.worker.prefill_graph import PREFILL_SIZES
+from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode
+from kvmesh.replica.worker.graphs.prefill_graph import PREFILL_SIZES
 
 CPU = torch.device("cpu")
 needs_triton = pytest.mark.skipif(triton_problem(CPU) is not None, reason=f"{triton_problem(CPU)}")

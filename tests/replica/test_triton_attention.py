@@ -219,7 +219,7 @@ def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
 
 
 def test_static_decode_buffers_and_metadata_are_born_on_the_runner_device():
-    from kvmesh.replica.worker.cuda_graph import StaticDecode
+    from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode
 
     meta = torch.device("meta")
     backend = get_attn_backend("triton", DEVICE, torch.bfloat16)
@@ -259,7 +259,7 @@ def test_split_kv_of_short_suffixes_over_cached_prefixes_merges_to_the_unsplit_r
 
 def test_split_kv_is_sized_from_the_sm_count_to_fill_idle_cores(monkeypatch):
     from kvmesh.replica.attention import triton_paged_attention as tpa
-    from kvmesh.replica.worker.cuda_graph import CAPTURE_SIZES
+    from kvmesh.replica.worker.graphs.cuda_graph import CAPTURE_SIZES
 
     monkeypatch.setattr(tpa, "_cuda_sms", lambda index: 108)  # an A100
     cuda = torch.device("cuda", 0)

@@ -139,7 +139,7 @@ def test_decode_steps_folded_into_one_attention_launch_give_the_torch_backends_t
     many ways), decode steps padded to static sizes, requests preempted and recomputed -- the torch
     backend's tokens."""
     from kvmesh.replica.attention import triton_paged_attention as tpa
-    from kvmesh.replica.worker.cuda_graph import StaticDecode
+    from kvmesh.replica.worker.graphs.cuda_graph import StaticDecode
 
     from .engine_paths import config, pool_that_preempts, run
 

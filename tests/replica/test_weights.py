@@ -6,10 +6,10 @@ import time
 
 import pytest
 import torch
+from kvmesh.replica.distributed.parallel_state import ParallelState
 from kvmesh.replica.layers.linear import narrow
 from kvmesh.replica.model_config import ModelSpec, load_hf_config, spec_from_hf_config
 from kvmesh.replica.models.llama import LlamaForCausalLM
-from kvmesh.replica.worker.parallel_state import ParallelState
 from kvmesh.replica.worker.weights import checkpoint_shapes, dummy_weights, load_weights, safetensors_weights
 from safetensors.torch import save_file
 

@@ -1,14 +1,10 @@
-"""What the engine returns for a request after a step (vLLM's ``RequestOutput``), and how it is built."""
+"""What a step returns: the runner's ``ModelRunnerOutput`` to the engine, and the engine's ``RequestOutput`` for a
+request (vLLM's ``RequestOutput``; built by engine/output_processor.py)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from kvmesh.replica.engine.request import Request
-    from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
+from typing import Protocol
 
 
 @dataclass(slots=True)
@@ -146,39 +142,6 @@ _COMPARED = ("request_id", "prompt_token_ids", "new_token_ids", "output_token_id
              "prompt_logprobs", "num_host_cached_tokens")
 
 
-def request_output(request: Request, new_token_ids: list[int], detok: IncrementalDetokenizer | None) -> RequestOutput:
-    """The output of ``request`` after a step that gave it ``new_token_ids`` (its text from ``detok``, if any)."""
-    finished = request.status.is_finished
-    logprobs = request.logprobs
-    new_logprobs = logprobs[len(logprobs) - len(new_token_ids):] if logprobs is not None else None
-    return RequestOutput(
-        request_id=request.request_id,
-        prompt_token_ids=request.prompt_token_ids,
-        new_token_ids=new_token_ids,
-        output_token_ids=request.output_token_ids,
-        delta_text=detok.take_delta(finished) if detok is not None else "",
-        text=detok.visible_text(finished) if detok is not None else "",
-        finished=finished,
-        finish_reason=request.status.finish_reason,
-        stop_reason=request.stop_reason,
-        num_cached_tokens=max(request.num_cached_tokens, 0),
-        num_host_cached_tokens=request.num_host_cached_tokens,
-        error=request.error,
-        metrics=_metrics(request) if finished else None,
-        new_logprobs=new_logprobs,
-        logprobs=list(logprobs) if finished and logprobs is not None else None,
-        # complete once a token was sampled (a preempted request keeps the first computation's)
-        prompt_logprobs=request.prompt_logprobs if request.output_token_ids else None,
-    )
-
-
-def _metrics(request: Request) -> RequestMetrics:
-    return RequestMetrics(
-        arrival_time=request.arrival_time, first_scheduled_time=request.first_scheduled_time,
-        first_token_time=request.first_token_time, last_token_time=request.last_token_time,
-        finished_time=request.finished_time or time.monotonic(), num_preemptions=request.num_preemptions)
-
-
 class ModelRunnerOutput(dict):
     """What a model runner returns for a step: ``{request_id: sampled token}`` (a plain dict to every
     caller that wants only tokens) plus the logprobs the step's requests asked for.
@@ -198,3 +161,11 @@ class ModelRunnerOutput(dict):
 
     def __reduce__(self):  # pickled across Ray (tensor-parallel rank 0 -> the engine)
         return ModelRunnerOutput, (dict(self), self.logprobs, self.prompt_logprobs)
+
+
+class AsyncModelRunnerOutput(Protocol):
+    """A launched step's result (vLLM's ``AsyncModelRunnerOutput``; worker/async_output.py implements it)."""
+
+    def get(self) -> dict[str, int] | ModelRunnerOutput:
+        """Waits for the step's sampled ids; returns what ``execute_model`` would have."""
+        ...

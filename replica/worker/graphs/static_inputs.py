@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from kvmesh.replica.worker.cpu_gpu_buffer import CopyFence, CpuGpuBuffer
+from kvmesh.replica.utils.cpu_gpu_buffer import CopyFence, CpuGpuBuffer
 
 
 class StaticInputs:

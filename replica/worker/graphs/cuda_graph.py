@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING
 import torch
 from kvmesh.replica.sample.fixed_sampler import LOGPROBS, RANDOM, TOP_K_TOP_P, sample_and_pack
 from kvmesh.replica.sample.sampler import argmax
-from kvmesh.replica.worker.graph_record import record_graph
-from kvmesh.replica.worker.prefill_graph import StaticPrefill, supports_static_prefill
-from kvmesh.replica.worker.static_inputs import StaticInputs
+from kvmesh.replica.worker.graphs.graph_record import record_graph
+from kvmesh.replica.worker.graphs.prefill_graph import StaticPrefill, supports_static_prefill
+from kvmesh.replica.worker.graphs.static_inputs import StaticInputs
 from torch import nn
 
 if TYPE_CHECKING:

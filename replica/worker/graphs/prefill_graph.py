@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from kvmesh.replica.sample.fixed_sampler import sample_and_pack
 from kvmesh.replica.sample.sampler import argmax
-from kvmesh.replica.worker.cpu_gpu_buffer import CopyFence, CpuGpuBuffer
-from kvmesh.replica.worker.graph_record import record_graph
+from kvmesh.replica.utils.cpu_gpu_buffer import CopyFence, CpuGpuBuffer
+from kvmesh.replica.worker.graphs.graph_record import record_graph
 from torch import nn
 
 PREFILL_SIZES = (16, 32, 64)

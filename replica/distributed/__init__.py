@@ -1,0 +1,1 @@
+"""kvmesh.replica.distributed: tensor-parallel state and process-group setup (vLLM's ``vllm/distributed``)."""

@@ -1,0 +1,45 @@
+"""The engine's face to the HTTP server (vLLM's ``vllm/engine/protocol.py``): ``EngineClient``, which ``AsyncLLM``
+implements and the server calls.
+
+    HTTP server ──EngineClient──▶ AsyncLLM ─▶ LLMEngine
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from kvmesh.replica.engine.stats import EngineStats
+    from kvmesh.replica.serving.load_report import LoadReport
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.step.outputs import RequestOutput
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """What the replica's HTTP server needs of the engine (vLLM's ``EngineClient``)."""
+
+    max_model_len: int
+    block_size: int
+    num_kv_blocks: int
+    tensor_parallel_size: int
+    draining: bool
+    """Set by a graceful shutdown: new requests are refused (503)."""
+
+    def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
+                 request_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Streams the request's ``RequestOutput``s; the first ``__anext__`` raises ValueError for bad input."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def get_stats(self) -> EngineStats: ...
+
+    def load_report(self) -> LoadReport:
+        """The ``LoadReport`` routers poll (queue depth, KV usage, uncomputed prompt tokens)."""
+        ...
+
+    def dead_reason(self) -> str | None:
+        """None while the replica can serve; otherwise why not."""
+        ...

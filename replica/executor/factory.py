@@ -1,0 +1,43 @@
+"""The model runner the engine drives: a ``ModelRunner`` in this process, a ``RayTPExecutor`` over TP ranks.
+
+    LLMEngine / AsyncLLM.from_config ──make_model_runner──▶ worker/model_runner.py | worker/tp_worker.py
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from typing import Unpack  # 3.11+; only read by type checkers
+
+    from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.interfaces import ModelRunnerInterface
+    from ray.util.placement_group import PlacementGroup
+
+
+class ExecutorOptions(TypedDict, total=False):
+    """``RayTPExecutor``'s keyword arguments besides the config, as callers pass them through."""
+
+    num_cpus_per_worker: float
+    """CPUs each rank's actor reserves."""
+    init_timeout_s: float
+    """Longest wait for the placement group and the ranks' model load."""
+    step_timeout_s: float
+    """Longest a step (or a collective) may take before the group is declared dead."""
+
+
+def local_model_runner(config: EngineConfig) -> ModelRunnerInterface:
+    """A ModelRunner in this process (what ``LLMEngine`` builds when given no runner)."""
+    from kvmesh.replica.worker.model_runner import ModelRunner
+
+    return ModelRunner(config)
+
+
+def make_model_runner(config: EngineConfig, placement_group: PlacementGroup | None = None,
+                      **executor_kwargs: Unpack[ExecutorOptions]) -> ModelRunnerInterface:
+    """A ModelRunner in this process for TP=1, a RayTPExecutor for TP>1."""
+    if config.tensor_parallel_size == 1:
+        return local_model_runner(config)
+    from kvmesh.replica.worker.tp_worker import RayTPExecutor
+
+    return RayTPExecutor(config, placement_group=placement_group, **executor_kwargs)
