@@ -211,7 +211,7 @@ class SubscriberConfig:
     @property
     def max_connection_bytes(self) -> int:
         """Bytes a connection of ours may receive without delivering a whole message before it is cut
-        off (events/conn_bytes.py): its queue of whole messages (``max_source_queue_bytes``), one
+        off (events/subscribe/conn_bytes.py): its queue of whole messages (``max_source_queue_bytes``), one
         message under way and the kernel's receive buffer (``max_message_bytes`` each)."""
         return self.max_source_queue_bytes + 2 * self.max_message_bytes
 

@@ -25,7 +25,7 @@ from kvmesh.router.http.upstream import UpstreamError
 from kvmesh.router.routing.outlier import OutlierDetector
 
 if TYPE_CHECKING:
-    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.events.subscribe.subscriber import EventSubscriber
     from kvmesh.router.config import ReplicaSpec, RouterConfig
     from kvmesh.router.control.kv_peers import KVPeerRegistry
     from kvmesh.router.http.metrics import RouterMetrics

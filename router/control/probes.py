@@ -25,7 +25,7 @@ from kvmesh.router.routing.kv_router import INCOMPATIBLE, KVRouter
 from kvmesh.router.routing.load import ForeignLoad
 
 if TYPE_CHECKING:
-    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.events.subscribe.subscriber import EventSubscriber
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.control.kv_peers import KVPeerRegistry
     from kvmesh.router.control.passive_health import PassiveHealth

@@ -36,7 +36,7 @@ from kvmesh.router.http.upstream import UpstreamPool
 
 if TYPE_CHECKING:
     from kvmesh.events.config import SubscriberConfig
-    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.events.subscribe.subscriber import EventSubscriber
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.http.token_forwarding import UpstreamKind
     from kvmesh.router.routing.kv_router import KVRouter
@@ -114,7 +114,7 @@ class RouterRuntime:
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        from kvmesh.events.subscriber import EventSubscriber
+        from kvmesh.events.subscribe.subscriber import EventSubscriber
 
         self._loop = asyncio.get_running_loop()
         cfg = self.config
