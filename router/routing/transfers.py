@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
+from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.router.routing.load import ReplicaLoad
 
 SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM, SPLIT_SLOWER = "ok", "prefill_failed", "skipped_no_room", "skipped_slower"
@@ -174,7 +175,7 @@ def choose_split(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, health
     room = _with_room(loads, prefill_ids, healthy, rules)
     if not room:
         return SplitChoice(None, SPLIT_NO_ROOM)
-    usable = (num_prompt_tokens - 1) // block_size  # full blocks a replica reuses: all but the last token
+    usable = reusable_blocks(num_prompt_tokens, block_size)  # full blocks a replica reuses
     lacking = max(0, usable - (num_prompt_tokens - local_uncached) // block_size)
     prices = [] if rules.pd_ttft_slack_s is not None else None  # None: the token rules alone
     for rid in room if prices is not None else ():
@@ -194,7 +195,7 @@ def choose_split(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, health
 def tokens_left_after_split(num_prompt_tokens: int, block_size: int) -> int:
     """Prompt tokens a split's decode replica still computes once it pulled the prompt's full blocks (all but the
     last token reuse): what its load counts as prefill for the request, instead of the uncached suffix."""
-    return num_prompt_tokens - (num_prompt_tokens - 1) // block_size * block_size
+    return num_prompt_tokens - reusable_blocks(num_prompt_tokens, block_size) * block_size
 
 
 def price_pull(chosen: ReplicaLoad, holder: ReplicaLoad, extra_blocks: int, block_size: int,
