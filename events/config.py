@@ -176,6 +176,9 @@ class SubscriberConfig:
     """A source that made no request for this long (plus twice its last delay) starts afresh."""
     feed_restart_s: float = 0.5
     """Pause before the I/O thread's loop is rebuilt after it crashed."""
+    max_lag_s: float = 5.0
+    """Seconds a replica's KV events may trail its cache (published but not yet applied, applied that late,
+    or a loss not yet resynced) before the router routes it by load only (degraded) until its stream catches up."""
     curve_server_key: str | None = None
     """CURVE public key (Z85) of the publishers (one per cluster); set -> every source without a
     key of its own is followed over CURVE (encrypted, authenticated). None: plain text."""
@@ -197,6 +200,8 @@ class SubscriberConfig:
                      "recovery_backoff_s", "recovery_backoff_max_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SubscriberConfig.{name} must be positive, got {getattr(self, name)}")
+        if not self.max_lag_s > 0:
+            raise ValueError(f"events_max_lag_s must be positive seconds, got {self.max_lag_s}")
         if self.max_snapshot_bytes is not None and self.max_snapshot_bytes <= 0:
             raise ValueError(f"SubscriberConfig.max_snapshot_bytes must be positive (or None: sized by "
                              f"max_source_blocks), got {self.max_snapshot_bytes}")
@@ -211,7 +216,7 @@ class SubscriberConfig:
     @property
     def max_connection_bytes(self) -> int:
         """Bytes a connection of ours may receive without delivering a whole message before it is cut
-        off (events/conn_bytes.py): its queue of whole messages (``max_source_queue_bytes``), one
+        off (events/subscribe/conn_bytes.py): its queue of whole messages (``max_source_queue_bytes``), one
         message under way and the kernel's receive buffer (``max_message_bytes`` each)."""
         return self.max_source_queue_bytes + 2 * self.max_message_bytes
 

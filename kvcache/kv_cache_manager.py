@@ -31,6 +31,7 @@ from kvmesh.kvcache.pool_integrity import (
     check_pool_window,
     sweep_window,
 )
+from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.kvcache.stats import PrefixCacheStats
 from kvmesh.kvcache.transfers import KVTransfers
 
@@ -104,7 +105,7 @@ class KVCacheManager:
         hashes = self._hasher(request).block_hashes
         get = self.block_pool.cached_block_hash_to_block.get
         computed: list[KVCacheBlock] = []
-        max_blocks = min(len(hashes), (request.num_tokens - 1) // self.block_size)
+        max_blocks = min(len(hashes), reusable_blocks(request.num_tokens, self.block_size))
         for i in range(max_blocks):
             block = get(hashes[i])
             if block is None:

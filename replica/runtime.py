@@ -25,7 +25,7 @@ from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.server.config import ReplicaServerConfig
 
 if TYPE_CHECKING:
-    from kvmesh.events.publisher import ZmqEventPublisher
+    from kvmesh.events.publish.publisher import ZmqEventPublisher
     from kvmesh.replica.engine.async_llm import AsyncLLM
     from kvmesh.replica.executor.factory import ExecutorOptions
     from kvmesh.replica.interfaces import ModelRunnerInterface

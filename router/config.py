@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING
 
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig, check_api_key, check_internal_key
+from kvmesh.router.routing.outlier import OutlierConfig
 from kvmesh.router.routing.policies import DEFAULT_POLICY, PolicyConfig, PolicyOptions, policy_config
 from kvmesh.router.routing.roles import BOTH, ROLES, check_role
+from kvmesh.router.routing.session import SessionConfig
 from kvmesh.router.routing.transfers import TransferRules
 
 if TYPE_CHECKING:
@@ -60,8 +62,65 @@ class ReplicaSpec:
 
 
 @dataclass(slots=True)
+class UpstreamConfig:
+    """How the router talks to its replicas: polls, deadlines, attempts (``RouterConfig.upstream``; flags and
+    variables keep their flat names: ``--connect-timeout-s``, ``KVMESH_ROUTER_MAX_ATTEMPTS``)."""
+
+    poll_interval_s: float = 0.5
+    """Seconds between polls of each replica's /load (or /health), which also probe dead ones back."""
+    connect_timeout_s: float = 2.0
+    """Seconds to wait for a replica connection before trying another replica."""
+    request_timeout_s: float | None = 600.0
+    """Seconds a forwarded request may take in total (None = no limit)."""
+    max_attempts: int = 3
+    """Replicas tried per request when the chosen one fails before its first byte."""
+    migration_limit: int = 3
+    """Times one stream may move to another replica when its replica fails mid-way (router/http/migration.py);
+    0 turns migration off (as Dynamo's ``--migration-limit``)."""
+    first_byte_timeout_s: float | None = 20.0
+    """Seconds a replica may take to start answering (its first body bytes) before the request is retried on
+    another replica; extended while the replica shows progress (bytes of other answers, its /load prefill queue
+    shrinking, its KV events moving), so a slow but working replica is waited for (up to request_timeout_s).
+    None: only request_timeout_s."""
+    stream_idle_timeout_s: float | None = 20.0
+    """Seconds a stream may go without a byte from its replica before it moves to another replica (or ends with
+    an error event); the miss counts against the replica only if it showed no progress meanwhile. None: only
+    request_timeout_s."""
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.migration_limit < 0:
+            raise ValueError(f"migration_limit must be >= 0 (0 = no stream migration), got {self.migration_limit}")
+        for name, value in (("first_byte_timeout_s", self.first_byte_timeout_s),
+                            ("stream_idle_timeout_s", self.stream_idle_timeout_s)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive seconds (or None for no deadline), got {value}")
+        if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:
+            raise ValueError("poll_interval_s and connect_timeout_s must be positive")
+
+
+@dataclass(slots=True)
+class TokenizeConfig:
+    """The router's own tokenization (``RouterConfig.tokenize``; flags keep their names)."""
+
+    tokenize_cache_tokens: int = 1 << 20
+    """Token ids the router's tokenize cache keeps (router/routing/tokenize_cache.py); 0 turns the cache off."""
+    forward_token_ids: bool = True
+    """Forward the prompt token ids the router computed, so replicas do not tokenize again: kvmesh replicas
+    get them for completions and chat, vLLM upstreams for completions (router/http/token_forwarding.py)."""
+
+    def __post_init__(self) -> None:
+        if self.tokenize_cache_tokens < 0:
+            raise ValueError(f"tokenize_cache_tokens must be >= 0, got {self.tokenize_cache_tokens}")
+
+
+@dataclass(slots=True)
 class RouterConfig:
-    """How the router listens, decides and talks to replicas."""
+    """How the router listens, decides and talks to replicas. Sections are handed whole to what uses them
+    (``events`` to the subscriber and the stream watch, ``upstream`` to the pool and the proxy, ``outliers`` to
+    the outlier detector, ``sessions`` and ``transfers`` to ``KVRouter``); their flags and variables keep flat
+    names (cluster/config/schema.py)."""
 
     host: str = "127.0.0.1"
     """Address to bind (never 0.0.0.0 unless asked); "auto": 127.0.0.1 on one machine, the node's IP in a Ray cluster."""
@@ -98,79 +157,29 @@ class RouterConfig:
     not the seed); None: requests with a cache_salt are routed without prefix matches."""
     predict_ttl_s: float = 2.0
     """Seconds a routed request's blocks count as cached on its replica before events confirm them."""
-    poll_interval_s: float = 0.5
-    """Seconds between polls of each replica's /load (or /health), which also probe dead ones back."""
     events: SubscriberConfig = field(default_factory=SubscriberConfig)
     """The KV event feed (events/config.py): CURVE keys, the largest batch, snapshot and cache a replica may
-    send, recovery timeouts and back-off. Its flags and variables keep their flat names (--events-max-payload-bytes,
-    KVMESH_ROUTER_EVENTS_MAX_PAYLOAD_BYTES)."""
-    events_max_lag_s: float = 5.0
-    """Seconds a replica's KV events may trail its cache (published but not yet applied, applied that late,
-    or a loss not yet resynced) before the router routes it by load only (degraded) until its stream catches up."""
-    connect_timeout_s: float = 2.0
-    """Seconds to wait for a replica connection before trying another replica."""
-    request_timeout_s: float | None = 600.0
-    """Seconds a forwarded request may take in total (None = no limit)."""
-    max_attempts: int = 3
-    """Replicas tried per request when the chosen one fails before its first byte."""
-    migration_limit: int = 3
-    """Times one stream may move to another replica when its replica fails mid-way (router/http/migration.py);
-    0 turns migration off (as Dynamo's ``--migration-limit``)."""
-    first_byte_timeout_s: float | None = 20.0
-    """Seconds a replica may take to start answering (its first body bytes) before the request is retried on
-    another replica; extended while the replica shows progress (bytes of other answers, its /load prefill queue
-    shrinking, its KV events moving), so a slow but working replica is waited for (up to request_timeout_s).
-    None: only request_timeout_s."""
-    stream_idle_timeout_s: float | None = 20.0
-    """Seconds a stream may go without a byte from its replica before it moves to another replica (or ends with
-    an error event); the miss counts against the replica only if it showed no progress meanwhile. None: only
-    request_timeout_s."""
-    outlier_consecutive_failures: int = 3
-    """Consecutive failures of a replica (refused or reset connections, 5xx, missed deadlines without progress,
-    answers that are not JSON or SSE) that eject it from rotation, as Envoy's outlier detection; 0: never eject.
-    The last replica in rotation is never ejected."""
-    outlier_base_ejection_s: float = 30.0
-    """Seconds a replica's first ejection lasts; each further one doubles it (up to outlier_max_ejection_s). When
-    it ends, a probe request (a one-token completion) must be answered before the replica gets traffic again."""
-    outlier_max_ejection_s: float = 300.0
-    """Longest ejection; a re-admitted replica that serves this long without another ejection starts over at
-    outlier_base_ejection_s."""
+    send, recovery timeouts and back-off, the lag before a replica is routed by load only. Its flags and variables
+    keep their flat names (--events-max-payload-bytes, KVMESH_ROUTER_EVENTS_MAX_PAYLOAD_BYTES)."""
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig, metadata={"prefix": ""})
+    """Polls of the replicas, deadlines, attempts and stream migration (--connect-timeout-s, --max-attempts ...)."""
+    outliers: OutlierConfig = field(default_factory=OutlierConfig, metadata={"prefix": "outlier"})
+    """Passive health: the failures that eject a replica and for how long (--outlier-consecutive-failures ...)."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     """Body/prompt limits, chat template and its trust, read timeouts (the same settings as a replica's)."""
     access_log: bool = False
     """Log one JSON line per request (logger ``kvmesh.router.access``) with its route receipt: replica,
     reason, predicted / best offered / engine-reported cached tokens."""
-    session_ttl_s: float = 600.0
-    """Seconds a session (``x-session-id`` header or the body's ``user``) stays pinned to its replica."""
-    tokenize_cache_tokens: int = 1 << 20
-    """Token ids the router's tokenize cache keeps (router/routing/tokenize_cache.py); 0 turns the cache off."""
-    forward_token_ids: bool = True
-    """Forward the prompt token ids the router computed, so replicas do not tokenize again: kvmesh replicas
-    get them for completions and chat, vLLM upstreams for completions (router/http/token_forwarding.py)."""
+    sessions: SessionConfig = field(default_factory=SessionConfig, metadata={"prefix": "session"})
+    """Session affinity: how long a session stays pinned to its replica (--session-ttl-s)."""
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig, metadata={"prefix": ""})
+    """The router's tokenize cache and the token ids it forwards (--tokenize-cache-tokens, --forward-token-ids)."""
     workers: int = 1
     """Router processes serving the port (router/control/workers.py): each has its own index, all share their
     in-flight counts; 0 = auto, the cores this host can spare (serve: those not reserved for replicas)."""
-    pd_min_uncached_tokens: int = 256
-    """Prefill/decode split: a prompt with at least this many tokens uncached on its decode replica is prefilled
-    on a prefill replica (role=prefill) first, when one has room and the split is worth its seconds (pd_ttft_slack_s);
-    shorter ones are served whole."""
-    pd_max_prefill_backlog_tokens: int = 16384
-    """A prefill replica has room for a split while the prompt tokens queued on it are fewer than this (a hard bound)."""
-    pd_ttft_slack_s: float | None = 0.5
-    """A split goes ahead when what it adds to the prompt's time to first token (the prefill replica's queue and
-    prefill at its measured rate plus moving the KV, against the decode replica's queue and the uncached suffix)
-    is at most these seconds plus pd_stall_weight times the stall it saves the decode batch; None, or a rate not
-    measured yet: the token rules alone (router/routing/transfers.py)."""
-    pd_stall_weight: float = 1.0
-    """Seconds of time to first token a split may cost per second of stall it saves the decode replica's batch
-    (the suffix's prefill seconds there, times the requests decoding there); 0: pd_ttft_slack_s alone."""
-    peer_pulls: bool = True
-    """Ask a replica to pull a prompt's prefix from the replica holding it when the pull costs fewer seconds than
-    recomputing (both must report kv_transfer enabled in /load)."""
-    peer_pull_overhead_s: float = 0.01
-    """Seconds one pull costs besides the copy itself (lease, handshake and release round trips)."""
-    peer_pull_assumed_bytes_per_s: float = 1e9
-    """Pull bandwidth (bytes/s) assumed for a replica that has not measured one yet; 0: no pull until it has."""
+    transfers: TransferRules = field(default_factory=TransferRules, metadata={"prefix": ""})
+    """KV that moves between replicas: the prefill/decode split and peer pulls (--pd-min-uncached-tokens,
+    --peer-pulls ...; router/routing/transfers.py)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -178,37 +187,8 @@ class RouterConfig:
         self.policy_config()
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
-        if self.tokenize_cache_tokens < 0:
-            raise ValueError(f"tokenize_cache_tokens must be >= 0, got {self.tokenize_cache_tokens}")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 1, or 0 for auto; got {self.workers}")
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.migration_limit < 0:
-            raise ValueError(f"migration_limit must be >= 0 (0 = no stream migration), got {self.migration_limit}")
-        for name in ("first_byte_timeout_s", "stream_idle_timeout_s"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be positive seconds (or None for no deadline), got {value}")
-        if self.outlier_consecutive_failures < 0:
-            raise ValueError("outlier_consecutive_failures must be >= 0 (0 = never eject), got "
-                             f"{self.outlier_consecutive_failures}")
-        if not 0 < self.outlier_base_ejection_s <= self.outlier_max_ejection_s:
-            raise ValueError("outlier ejections must last 0 < outlier_base_ejection_s <= outlier_max_ejection_s, "
-                             f"got {self.outlier_base_ejection_s} and {self.outlier_max_ejection_s}")
-        if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:
-            raise ValueError("poll_interval_s and connect_timeout_s must be positive")
-        if self.pd_min_uncached_tokens < 1 or self.pd_max_prefill_backlog_tokens < 1:
-            raise ValueError("pd_min_uncached_tokens and pd_max_prefill_backlog_tokens must be >= 1 token, got "
-                             f"{self.pd_min_uncached_tokens} and {self.pd_max_prefill_backlog_tokens}")
-        if not ((self.pd_ttft_slack_s is None or self.pd_ttft_slack_s >= 0) and self.pd_stall_weight >= 0):
-            raise ValueError("pd_ttft_slack_s (seconds, or None for the token rules alone) and pd_stall_weight must "
-                             f"be >= 0, got {self.pd_ttft_slack_s} and {self.pd_stall_weight}")
-        if not (self.peer_pull_overhead_s >= 0 and self.peer_pull_assumed_bytes_per_s >= 0):
-            raise ValueError("peer_pull_overhead_s and peer_pull_assumed_bytes_per_s must be >= 0, got "
-                             f"{self.peer_pull_overhead_s} and {self.peer_pull_assumed_bytes_per_s}")
-        if not self.events_max_lag_s > 0:
-            raise ValueError(f"events_max_lag_s must be positive seconds, got {self.events_max_lag_s}")
         check_api_key(self.api_key, "api_key")
         check_api_key(self.admin_key, "admin_key")
         if self.replica_api_key is not None and not self.replica_api_key:
@@ -216,13 +196,6 @@ class RouterConfig:
         if self.admin_key is not None and self.admin_key == self.api_key:
             raise ValueError("admin_key equals api_key: every tenant would hold the admin key; use another secret")
         check_internal_key(self.internal_key, "internal_key", {"api_key": self.api_key, "admin_key": self.admin_key})
-
-
-    def transfer_rules(self) -> TransferRules:
-        """When KV moves between replicas: the split and peer pulls (router/routing/transfers.py)."""
-        return TransferRules(self.pd_min_uncached_tokens, self.pd_max_prefill_backlog_tokens, self.pd_ttft_slack_s,
-                             self.pd_stall_weight, self.peer_pulls, self.peer_pull_overhead_s,
-                             self.peer_pull_assumed_bytes_per_s)
 
     def policy_config(self) -> PolicyConfig:
         """The policy's typed config section from ``policy_kwargs`` (a bad knob is a ValueError naming it)."""
@@ -237,10 +210,8 @@ def build_router(config: RouterConfig, seed: int, policy: Policy | None = None) 
     its ``policy_kwargs``."""
     from kvmesh.router.routing.kv_router import KVRouter
     from kvmesh.router.routing.policies import get_policy
-    from kvmesh.router.routing.session import SessionConfig
 
     if policy is None:
         policy = get_policy(config.policy, config.policy_config(), block_size=config.block_size)
     return KVRouter(config.block_size, policy, seed=seed, predict_ttl_s=config.predict_ttl_s,
-                    sessions=SessionConfig(ttl_s=config.session_ttl_s), salt_secret=config.cache_salt_secret,
-                    transfers=config.transfer_rules())
+                    sessions=config.sessions, salt_secret=config.cache_salt_secret, transfers=config.transfers)

@@ -8,7 +8,7 @@ from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.runtime import ReplicaRuntime
 from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.replica.serving.tokenizer import load_tokenizer
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
 
 from .conftest import CHAT_TEMPLATE
@@ -30,7 +30,8 @@ def pair(stories_path):
     spec = ReplicaSpec(replica.http.url, events["events_endpoint"], events["replay_endpoint"], replica_id="r0")
     tokenizer = load_tokenizer(stories_path, chat_template=CHAT_TEMPLATE)
     router = RouterServer(RouterConfig(port=0, api_key=KEY, replica_api_key=KEY, admin_key="admin-key",
-                                       served_model_name="stories", frontend=FRONTEND, poll_interval_s=0.2),
+                                       served_model_name="stories", frontend=FRONTEND,
+                                       upstream=UpstreamConfig(poll_interval_s=0.2)),
                           [spec], tokenizer=tokenizer).start()
     try:
         yield replica.http.url, router.url

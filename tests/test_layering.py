@@ -2,7 +2,7 @@
 
     kvcache   stdlib, xxhash, kvmesh.events.schema
     events    stdlib, msgspec, pyzmq
-    router    kvcache (hashing), events, kvmesh.replica.serving (the torch-free serving core),
+    router    kvcache (hashing, reuse), events, kvmesh.replica.serving (the torch-free serving core),
               kvmesh.replica.openai (the OpenAI HTTP layer on top of it), HTTP libs
     replica   everything above, torch, transformers (not router/, not cluster/)
       replica/serving  itself only, and no torch, no HTTP framework (the engine and the router both import it)
@@ -13,7 +13,7 @@
 
 The router's rooms (ARCHITECTURE.md, "The router"), one way down: control -> http -> routing.
 
-    router/routing   routing itself, the compiled fast path, kvcache hashing, the event schema, the serving
+    router/routing   routing itself, the compiled fast path, kvcache hashing and reuse, the event schema, the serving
                      core -- no HTTP library, never the data plane or control (pure decisions, no I/O)
     router/http      the data plane: never control (it reaches the running router through the
                      ``Replicas`` protocol of proxy.py), never aiohttp (its own client) or FastAPI
@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RULES = {
     "kvcache": (("kvmesh.kvcache", "kvmesh.events.schema"), ("torch", "ray", "transformers", "zmq", "fastapi")),
     "events": (("kvmesh.events",), ("torch", "ray", "transformers", "fastapi", "uvicorn")),
-    "router": (("kvmesh.router", "kvmesh.kvcache.hashing", "kvmesh.events", "kvmesh.replica.serving",
-                "kvmesh.replica.openai"), ("torch", "ray", "transformers")),
+    "router": (("kvmesh.router", "kvmesh.kvcache.hashing", "kvmesh.kvcache.reuse", "kvmesh.events",
+                "kvmesh.replica.serving", "kvmesh.replica.openai"), ("torch", "ray", "transformers")),
     "replica": (("kvmesh.replica", "kvmesh.kvcache", "kvmesh.events"), ()),
     "replica/serving": (("kvmesh.replica.serving",), ("torch", "ray", "fastapi", "starlette", "uvicorn", "zmq")),
     "replica/openai": (("kvmesh.replica.serving", "kvmesh.replica.openai"), ("torch", "ray")),
@@ -48,7 +48,7 @@ RULES = {
 _HTTP_LIBS = ("fastapi", "starlette", "uvicorn", "aiohttp", "httptools", "httpx")
 ROOMS = {
     "router/routing": (("kvmesh.router.routing", "kvmesh.router._fastpath", "kvmesh.kvcache.hashing",
-                        "kvmesh.events.schema", "kvmesh.replica.serving"), _HTTP_LIBS),
+                        "kvmesh.kvcache.reuse", "kvmesh.events.schema", "kvmesh.replica.serving"), _HTTP_LIBS),
     "router/http": (("kvmesh.router.http", "kvmesh.router.routing", "kvmesh.router.config", "kvmesh.replica.serving",
                      "kvmesh.replica.openai"), ("fastapi", "starlette", "uvicorn", "aiohttp")),
     "router/control": (("kvmesh.router", "kvmesh.events", "kvmesh.replica.serving", "kvmesh.replica.openai"),

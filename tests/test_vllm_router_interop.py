@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kvmesh.events.subscriber import wait_until
+from kvmesh.events.subscribe.subscriber import wait_until
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.runtime import ReplicaRuntime
 from kvmesh.replica.server.config import ReplicaServerConfig

@@ -86,8 +86,8 @@ def event_json(name: str, seq: int, ts: float, event) -> str:
 
 def run(args) -> int:
     from kvmesh.events.config import SubscriberConfig
-    from kvmesh.events.health import REFUSED
-    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.events.subscribe.health import REFUSED
+    from kvmesh.events.subscribe.subscriber import EventSubscriber
 
     done = threading.Event()
     printed = [0]

@@ -12,7 +12,10 @@ A section's field that is itself a dataclass (``router.events``, the subscriber'
 nested section handed whole to its component: its fields are options too, one level down in YAML
 (``router: {events: {max_payload_bytes: N}}``), with flat names for variables and flags
 (``KVMESH_ROUTER_EVENTS_MAX_PAYLOAD_BYTES``, ``--events-max-payload-bytes``); the flat YAML key
-(``router.events_max_payload_bytes``) is still read, with a deprecation warning. Hiding it hides it all.
+(``router.events_max_payload_bytes``) is still read, with a deprecation warning. Hiding it hides it all. The flat
+names are prefixed with the nested section's name, or with its field's ``metadata={"prefix": P}`` ("": none), so a
+section cut out of a flat one keeps its names: ``router.transfers.pd_min_uncached_tokens`` is
+``--pd-min-uncached-tokens``, ``router.outliers.consecutive_failures`` ``--outlier-consecutive-failures``.
 
 Secrets are the fields declared with ``repr=False``: they are redacted when printed and get
 no CLI flag unless their metadata says ``cli=True`` (argv is visible to every user in ``ps``).
@@ -72,6 +75,8 @@ class Option:
     """CLI flag, e.g. ``--block-size``."""
     sub: str = ""
     """The nested section it is in (``events`` for ``router.events.max_payload_bytes``); "" for a section's own field."""
+    prefix: str = ""
+    """What its flat name starts with (``sub``, or the nested section's ``metadata["prefix"]``; "": none)."""
 
     @property
     def name(self) -> str:
@@ -89,7 +94,7 @@ class Option:
     @property
     def flat_name(self) -> str:
         """The name in its section's flat namespace (variables, flags): ``events_max_payload_bytes``."""
-        return f"{self.sub}_{self.name}" if self.sub else self.name
+        return flat_name(self.prefix, self.name)
 
     def value_in(self, tree: Mapping) -> YamlValue:
         """Its value in a nested dict of the root (None where absent)."""
@@ -145,30 +150,31 @@ class Schema(Generic[Root]):
     def options(self) -> list[Option]:
         found = []
         for section, cls in self.sections.items():
-            found += self._fields(section, cls, "")
+            found += self._fields(section, cls, "", "")
         counts: dict[str, int] = {}
-        for _, f, _, _, sub in found:
-            flat = f"{sub}_{f.name}" if sub else f.name
+        for _, f, _, _, _, prefix in found:
+            flat = flat_name(prefix, f.name)
             counts[flat] = counts.get(flat, 0) + 1
         options = []
-        for section, f, tp, doc, sub in found:
-            flat = f"{sub}_{f.name}" if sub else f.name
+        for section, f, tp, doc, sub, prefix in found:
+            flat = flat_name(prefix, f.name)
             derived = "--" + (flat if counts[flat] == 1 else f"{section}_{flat}").replace("_", "-")
             flag = f.metadata.get("flag") or derived
-            options.append(Option(section, f, tp, doc, flag, sub))
+            options.append(Option(section, f, tp, doc, flag, sub, prefix))
         return options
 
-    def _fields(self, section: str, cls: type, sub: str) -> list[tuple[str, dataclasses.Field, Annotation, str, str]]:
-        """(section, field, type, doc, sub) of every visible field of ``cls``, nested sections expanded."""
+    def _fields(self, section: str, cls: type, sub: str,
+                prefix: str) -> list[tuple[str, dataclasses.Field, Annotation, str, str, str]]:
+        """(section, field, type, doc, sub, prefix) of every visible field of ``cls``, nested sections expanded."""
         hints, docs, out = typing.get_type_hints(cls), field_docs(cls), []
-        prefix = f"{section}.{sub}." if sub else f"{section}."
+        path = f"{section}.{sub}." if sub else f"{section}."
         for f in dataclasses.fields(cls):
-            if prefix + f.name in self.hidden:
+            if path + f.name in self.hidden:
                 continue
             if not sub and dataclasses.is_dataclass(hints[f.name]):
-                out += self._fields(section, hints[f.name], f.name)
+                out += self._fields(section, hints[f.name], f.name, nested_prefix(f))
             else:
-                out.append((section, f, hints[f.name], docs.get(f.name, ""), sub))
+                out.append((section, f, hints[f.name], docs.get(f.name, ""), sub, prefix))
         return out
 
     def nested(self, section: str) -> set[str]:
@@ -176,18 +182,19 @@ class Schema(Generic[Root]):
         return {o.sub for o in self.options if o.section == section and o.sub}
 
     def renamed(self, dotted: str) -> str | None:
-        """The nested key a flat one became (``router.events_max_payload_bytes`` -> ``router.events.max_payload_bytes``), hidden
-        ones included; None if ``dotted`` never was one."""
+        """The nested key a flat one became (``router.events_max_payload_bytes`` -> ``router.events.max_payload_bytes``,
+        ``router.pd_min_uncached_tokens`` -> ``router.transfers.pd_min_uncached_tokens``), hidden ones included; None
+        if ``dotted`` never was one."""
         section, _, flat = dotted.partition(".")
         cls = self.sections.get(section)
         if cls is None or not dataclasses.is_dataclass(cls):
             return None
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(hints[f.name]) and flat.startswith(f.name + "_"):
-                name = flat[len(f.name) + 1:]
-                if name in {g.name for g in dataclasses.fields(hints[f.name])}:
-                    return f"{section}.{f.name}.{name}"
+            if dataclasses.is_dataclass(hints[f.name]):
+                for g in dataclasses.fields(hints[f.name]):
+                    if flat_name(nested_prefix(f), g.name) == flat:
+                        return f"{section}.{f.name}.{g.name}"
         return None
 
     def option(self, dotted: str) -> Option | None:
@@ -202,6 +209,16 @@ class Schema(Generic[Root]):
             else:
                 out[f.name] = {}
         return out
+
+
+def nested_prefix(section: dataclasses.Field) -> str:
+    """The flat-name prefix of a nested section's options: its field's ``metadata["prefix"]``, else its name."""
+    return section.metadata.get("prefix", section.name)
+
+
+def flat_name(prefix: str, name: str) -> str:
+    """A nested option's name in its section's flat namespace (variables, flags, the YAML key of before)."""
+    return f"{prefix}_{name}" if prefix else name
 
 
 @functools.cache

@@ -257,11 +257,14 @@ class RouterCommandConfig:
     """The OpenAI front: body/prompt limits, chat template, read timeouts."""
 
 
+ROUTER_FIXED = {"router.sessions.max_sessions": "the session table holds at most 100,000 pins (a setting of "
+                                                "router/routing/session.py, not of the command line)"}
+"""Fields of the router's sections that no command sets (they had no key before the sections were cut)."""
 _EVENTS_DERIVED = "the replicas' event addresses come from replicas.event_port"
 _SERVER_EVENTS = "set server.event_port or server.events_endpoint"
 _FRONTEND = "set the frontend section"
 _CURVE = "serve generates the event streams' CURVE keys (replicas.private_events)"
-SERVE_SCHEMA = Schema(ServeConfig, hidden={
+SERVE_SCHEMA = Schema(ServeConfig, hidden=ROUTER_FIXED | {
     "events.curve_secret_key": _CURVE, "events.curve_client_keys": _CURVE,
     "router.events.curve_server_key": _CURVE, "router.events.curve_public_key": _CURVE,
     "router.events.curve_secret_key": _CURVE,
@@ -278,4 +281,4 @@ SERVE_SCHEMA = Schema(ServeConfig, hidden={
 REPLICA_SCHEMA = Schema(ReplicaCommandConfig, hidden={
     "events.endpoint": _SERVER_EVENTS, "events.replay_endpoint": "set server.replay_port",
 })
-ROUTER_SCHEMA = Schema(RouterCommandConfig, hidden={"router.frontend": _FRONTEND})
+ROUTER_SCHEMA = Schema(RouterCommandConfig, hidden=ROUTER_FIXED | {"router.frontend": _FRONTEND})

@@ -12,7 +12,7 @@ from kvmesh.replica.config import EngineConfig
 
 if TYPE_CHECKING:
     from kvmesh.events.config import PublisherConfig
-    from kvmesh.events.publisher import ZmqEventPublisher
+    from kvmesh.events.publish.publisher import ZmqEventPublisher
     from kvmesh.events.schema import BlockStored, KVEvent
     from kvmesh.kvcache.kv_cache_manager import KVCacheManager
     from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
@@ -39,7 +39,7 @@ def load_engine_tokenizer(config: EngineConfig) -> HFTokenizer | None:
 
 def make_event_publisher(events: PublisherConfig, snapshot_source: Callable[[], list[BlockStored]]) -> ZmqEventPublisher:
     """The replica's KV event publisher, configured by the events section whole."""
-    from kvmesh.events.publisher import ZmqEventPublisher
+    from kvmesh.events.publish.publisher import ZmqEventPublisher
 
     return ZmqEventPublisher(events, snapshot_source=snapshot_source)
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from kvmesh.events.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED
 from kvmesh.events.schema import AllBlocksCleared, BlockStored
+from kvmesh.events.subscribe.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED
 from kvmesh.router.routing.kv_router import BAD_FRAMES, KVRouter
 
 if TYPE_CHECKING:
     from kvmesh.events.config import SubscriberConfig
-    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.events.subscribe.subscriber import EventSubscriber
     from kvmesh.router.control.stream_watch import StreamWatch
     from kvmesh.router.http.metrics import RouterMetrics
 

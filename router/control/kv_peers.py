@@ -92,7 +92,7 @@ class KVPeerRegistry:
         if rt.pool is None:
             return  # stopping
         try:
-            status, _, raw = await rt.pool.fetch("POST", spec.url, "/kv/peers", rt.config.connect_timeout_s,
+            status, _, raw = await rt.pool.fetch("POST", spec.url, "/kv/peers", rt.config.upstream.connect_timeout_s,
                                                         body, headers)
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
             logger.info("registering peers on replica %s failed (%r); it computes prompts until the next push",

@@ -25,7 +25,7 @@ from kvmesh.router.http.upstream import UpstreamError
 from kvmesh.router.routing.outlier import OutlierDetector
 
 if TYPE_CHECKING:
-    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.events.subscribe.subscriber import EventSubscriber
     from kvmesh.router.config import ReplicaSpec, RouterConfig
     from kvmesh.router.control.kv_peers import KVPeerRegistry
     from kvmesh.router.http.metrics import RouterMetrics
@@ -56,9 +56,7 @@ class PassiveHealth:
 
     def __init__(self, runtime: HealthRuntime) -> None:
         self.runtime = runtime
-        cfg = runtime.config
-        self.outliers = OutlierDetector(cfg.outlier_consecutive_failures, cfg.outlier_base_ejection_s,
-                                        cfg.outlier_max_ejection_s)
+        self.outliers = OutlierDetector(runtime.config.outliers)
         self._patience: dict[str, Patience] = {}
         self._marks: dict[str, tuple[int, int, int, float]] = {}
         """Replica id -> (its /load's KV event seq, its prefill queue, the router's last applied seq, when) at the
@@ -69,7 +67,7 @@ class PassiveHealth:
     def patience(self, replica_id: str) -> Patience | None:
         """The deadlines of the replica's answers (router/http/patience.py); None: none configured."""
         found = self._patience.get(replica_id)
-        cfg = self.runtime.config
+        cfg = self.runtime.config.upstream
         if found is None and (cfg.first_byte_timeout_s is not None or cfg.stream_idle_timeout_s is not None):
             found = self._patience[replica_id] = Patience(
                 cfg.first_byte_timeout_s, cfg.stream_idle_timeout_s,
@@ -143,7 +141,7 @@ class PassiveHealth:
         body: dict[str, object] = {"prompt": "Hello", "max_tokens": 1, "stream": False}
         if rt.config.served_model_name is not None:
             body["model"] = rt.config.served_model_name
-        timeout_s = rt.config.first_byte_timeout_s or rt.config.request_timeout_s or 60.0
+        timeout_s = rt.config.upstream.first_byte_timeout_s or rt.config.upstream.request_timeout_s or 60.0
         try:
             status, _, raw = await rt.pool.fetch("POST", spec.url, "/v1/completions", timeout_s,
                                                  msgspec.json.encode(body),

@@ -25,7 +25,7 @@ from kvmesh.router.routing.kv_router import INCOMPATIBLE, KVRouter
 from kvmesh.router.routing.load import ForeignLoad
 
 if TYPE_CHECKING:
-    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.events.subscribe.subscriber import EventSubscriber
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.control.kv_peers import KVPeerRegistry
     from kvmesh.router.control.passive_health import PassiveHealth
@@ -63,7 +63,7 @@ class ReplicaProbes:
 
     async def start(self) -> None:
         cfg = self.runtime.config
-        self.pool = UpstreamPool(cfg.connect_timeout_s, cfg.connect_timeout_s)
+        self.pool = UpstreamPool(cfg.upstream.connect_timeout_s, cfg.upstream.connect_timeout_s)
 
     def start_polling(self) -> None:
         self._poller = asyncio.create_task(self._poll_loop())
@@ -78,7 +78,7 @@ class ReplicaProbes:
     async def probe(self, spec: ReplicaSpec) -> bool:
         """GET /health (and /load when it has one); marks the replica healthy or not."""
         rt = self.runtime
-        timeout_s = rt.config.connect_timeout_s
+        timeout_s = rt.config.upstream.connect_timeout_s
         turned_on = False  # KV transfer on in this /load, off (or unknown) in the last; or no peers registered
         try:
             status, _, _ = await self.pool.fetch("GET", spec.url, "/health", timeout_s, headers=rt.headers())
@@ -136,8 +136,8 @@ class ReplicaProbes:
         the router's token ids for chat too (router/http/token_forwarding.py)."""
         rt = self.runtime
         try:
-            status, _, raw = await self.pool.fetch("GET", spec.url, "/server_info", rt.config.connect_timeout_s,
-                                                   headers=rt.headers())
+            status, _, raw = await self.pool.fetch("GET", spec.url, "/server_info",
+                                                   rt.config.upstream.connect_timeout_s, headers=rt.headers())
             info = msgspec.json.decode(raw) if status == 200 else None
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError):
             info = None
@@ -153,7 +153,7 @@ class ReplicaProbes:
 
     async def _poll_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.runtime.config.poll_interval_s)
+            await asyncio.sleep(self.runtime.config.upstream.poll_interval_s)
             try:
                 await self.probe_all()
             except Exception:  # never let the poller die

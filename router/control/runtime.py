@@ -36,7 +36,7 @@ from kvmesh.router.http.upstream import UpstreamPool
 
 if TYPE_CHECKING:
     from kvmesh.events.config import SubscriberConfig
-    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.events.subscribe.subscriber import EventSubscriber
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.http.token_forwarding import UpstreamKind
     from kvmesh.router.routing.kv_router import KVRouter
@@ -71,18 +71,18 @@ class RouterRuntime:
         """Deadlines and ejections from what the replicas' answers say (passive_health.py)."""
         self.outliers, self.record_failure, self.patience = (  # what the proxy reads (its Replicas protocol)
             self.health.outliers, self.health.record_failure, self.health.patience)
-        self.stream_watch = StreamWatch(config.events_max_lag_s, self.router.set_degraded)
+        self.stream_watch = StreamWatch(config.events.max_lag_s, self.router.set_degraded)
         """Degrades replicas whose event stream stalled, lags or lost batches (router/control/stream_watch.py)."""
         if tokenizer is None and (config.tokenizer or config.model):
             from kvmesh.replica.serving.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(config.tokenizer or config.model, max_model_len=config.max_model_len,
                                        chat_template=config.frontend.chat_template)
-        if tokenizer is not None and config.tokenize_cache_tokens and hasattr(tokenizer, "hf"):
+        if tokenizer is not None and config.tokenize.tokenize_cache_tokens and hasattr(tokenizer, "hf"):
             from kvmesh.router.routing.tokenize_cache import CachedTokenizer
 
             # Same ids, pieces between added tokens seen before come from a cache (router/routing/tokenize_cache.py).
-            tokenizer.cache = CachedTokenizer(tokenizer.hf, config.tokenize_cache_tokens)
+            tokenizer.cache = CachedTokenizer(tokenizer.hf, config.tokenize.tokenize_cache_tokens)
         self.tokenizer = tokenizer
         """The replicas' tokenizer (replica/serving/tokenizer.py); None = route without cache awareness."""
         self.renderer = PromptRenderer(tokenizer, config.frontend)
@@ -114,13 +114,13 @@ class RouterRuntime:
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        from kvmesh.events.subscriber import EventSubscriber
+        from kvmesh.events.subscribe.subscriber import EventSubscriber
 
         self._loop = asyncio.get_running_loop()
         cfg = self.config
         await self.probes.start()
         self.kv_peers.start(self._loop)
-        self.pool = UpstreamPool(cfg.connect_timeout_s, cfg.request_timeout_s)
+        self.pool = UpstreamPool(cfg.upstream.connect_timeout_s, cfg.upstream.request_timeout_s)
         self.subscriber = EventSubscriber(on_batch=self.feed.on_batch, config=self.subscriber_config,
                                           on_status=self.feed.on_status).start()
         for spec in self._initial:

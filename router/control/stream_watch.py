@@ -1,6 +1,6 @@
 """Is a replica's KV event stream current? Stalled, lagging or lost -> degraded; caught up -> exact.
 
-The index is only as good as the stream it folds. Besides bad frames (events/frame_guard.py),
+The index is only as good as the stream it folds. Besides bad frames (events/subscribe/frame_guard.py),
 three failures make it wrong, each a cause of ``KVRouter.set_degraded`` (routing by load only):
 
 - stalled: the replica's ``/load`` says its publisher sent batch N (``kv_events_seq``) and the

@@ -241,7 +241,7 @@ def serve_router(config: RouterConfig, replicas: list[ReplicaSpec] | None, sock:
     server = RouterServer(config, replicas, extra_headers=[(WORKER_HEADER, str(worker_index).encode())])
     if setup is not None:
         setup(server, worker_index)
-    server.run(sock=sock, graceful_s=config.request_timeout_s or 600.0, drain_s=drain_s)
+    server.run(sock=sock, graceful_s=config.upstream.request_timeout_s or 600.0, drain_s=drain_s)
 
 
 @dataclass

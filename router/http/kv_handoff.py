@@ -168,7 +168,7 @@ class KVHandoff:
         svc = self.runtime
         headers = {"content-type": "application/json", **svc.headers()}
         try:
-            await svc.pool.fetch("POST", url, "/kv/release", svc.config.connect_timeout_s,
+            await svc.pool.fetch("POST", url, "/kv/release", svc.config.upstream.connect_timeout_s,
                                  msgspec.json.encode({"lease_id": lease_id}), headers)
         except (*UPSTREAM_ERRORS, ValueError):
             pass  # the lease expires on its own

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Patience:
-    """The deadlines of one replica's answers (``RouterConfig.first_byte_timeout_s``, ``stream_idle_timeout_s``)."""
+    """The deadlines of one replica's answers (``RouterConfig.upstream``: ``first_byte_timeout_s``,
+    ``stream_idle_timeout_s``)."""
 
     first_byte_s: float | None
     """Seconds to wait for the first body bytes, per period without progress; None: no such deadline."""

@@ -128,14 +128,14 @@ class Forwarder:
         raw = await http.body()
         t0 = time.perf_counter_ns()
         req, prompts, params = await self._validate(raw, chat)
-        request = ProxyRequest(raw, req, prompts, chat, svc.config.forward_token_ids, path=path,
+        request = ProxyRequest(raw, req, prompts, chat, svc.config.tokenize.forward_token_ids, path=path,
                                session_id=http.header(SESSION_HEADER) or getattr(req, "user", None),
                                wants_receipt=http.header(HEADER_OPT_IN_BYTES) is not None,
                                tokenize_ns=time.perf_counter_ns() - t0, sampling_params=params)
         if req.stream:
-            request.stream = MigratingStream(req, chat, request.route_ids, svc.tokenizer, svc.config.migration_limit,
-                                             params=params)
-            if svc.config.migration_limit and not req.return_token_ids:
+            request.stream = MigratingStream(req, chat, request.route_ids, svc.tokenizer,
+                                             svc.config.upstream.migration_limit, params=params)
+            if svc.config.upstream.migration_limit and not req.return_token_ids:
                 request.ask_for_token_ids()
         return request
 
@@ -156,7 +156,7 @@ class Forwarder:
                 tried.append(rid)
                 failure = e.error if isinstance(e, BrokenAnswer) else e
                 request.failed_over.append(f"{rid}: {count_failure(self.runtime, rid, failure)}")
-                if len(tried) >= self.runtime.config.max_attempts:  # the detail is logged, never answered
+                if len(tried) >= self.runtime.config.upstream.max_attempts:  # the detail is logged, never answered
                     logger.warning("replica %s: %s; giving up after %d attempts", rid, e, len(tried))
                     raise ProtocolError(f"replica {rid} sent a broken or invalid answer; no replica answered after "
                                         f"{len(tried)} attempts", 502) from None
@@ -170,7 +170,7 @@ class Forwarder:
         svc, router = self.runtime, self.runtime.router
         headers = {"content-type": "application/json", **svc.headers()}
         ids = request.route_ids
-        for attempt in range(svc.config.max_attempts):
+        for attempt in range(svc.config.upstream.max_attempts):
             try:
                 decision = router.route(ids, request.salt, exclude=tried, session_id=request.session_id)
             except NoReplicaError as e:
@@ -195,7 +195,7 @@ class Forwarder:
             if failed or opened.upstream.status >= 500:
                 if not failed:
                     svc.record_failure(rid, f"answered HTTP {opened.upstream.status}", "http_5xx")
-                if not failed and attempt + 1 == svc.config.max_attempts:  # pass the last error through
+                if not failed and attempt + 1 == svc.config.upstream.max_attempts:  # pass the last error through
                     router.loads.on_first_output(rid, decision.uncached_tokens)
                     return opened
                 router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)

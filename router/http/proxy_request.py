@@ -41,7 +41,8 @@ class ProxyRequest:
     chat: bool = False
     """A chat completion (else a completion)."""
     forward_ids: bool = False
-    """Upstreams that take them get the router's token ids (``RouterConfig.forward_token_ids``; never without ids)."""
+    """Upstreams that take them get the router's token ids (``RouterConfig.tokenize.forward_token_ids``; never
+    without ids)."""
     _: KW_ONLY
     path: str = "/v1/completions"
     """The path it goes to upstream."""

@@ -36,6 +36,7 @@ from kvmesh.router.routing.keys import FASTPATH, RouterKeyHasher, pack_tokens
 from kvmesh.router.routing.orphans import adopt_orphans, drop_orphan, park_orphans
 from kvmesh.router.routing.predictions import Predictions
 from kvmesh.router.routing.prefix_match import match_masks
+from kvmesh.router.routing.tier_matches import TierMatches
 
 ReplicaId = Hashable
 
@@ -267,6 +268,10 @@ class PrefixIndex:
             if out is not None:  # None: a mask wider than 64 slots, left to the Python walk
                 return out
         return self._match_py(keys)
+
+    def match_tiers(self, keys: Sequence[int], now: float | None = None) -> TierMatches:
+        """``match`` per tier: the GPU pools' (predictions included) and the host tiers' (empty without any)."""
+        return TierMatches(self.match(keys, now=now), self.host.match(keys) if self.host is not None else {})
 
     def _match_py(self, keys: Sequence[int]) -> dict[ReplicaId, int]:
         """``match`` in Python (no compiled fast path, or more than 64 replica slots)."""

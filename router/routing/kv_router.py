@@ -13,6 +13,7 @@ import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from kvmesh.kvcache.reuse import reusable_blocks, reusable_tokens
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.routing.load import LoadTracker
@@ -20,6 +21,7 @@ from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, RouteReceipt
 from kvmesh.router.routing.roles import BOTH, PREFILL, check_role
 from kvmesh.router.routing.session import SessionConfig, SessionTable
+from kvmesh.router.routing.tier_matches import TierMatches
 from kvmesh.router.routing.transfers import PlannedPull, SplitChoice, TransferRules, choose_split, plan_pull
 
 _ns = time.perf_counter_ns
@@ -186,7 +188,7 @@ class KVRouter:
         if now is None and session_id is not None:
             now = time.monotonic()
         with self.lock:
-            matches = self.index.match(keys, now=now)
+            tiers = self.index.match_tiers(keys, now=now)
             t2 = _ns()
             self.loads.refresh()  # other router processes' in-flight counts, when shared
             all_loads = self.loads.loads
@@ -198,15 +200,9 @@ class KVRouter:
             if not loads:
                 raise NoReplicaError("no healthy replica to route to (all are down, of role prefill or already "
                                      "failed this request); retry later or register a decode replica")
-            host_matches = self.index.host.match(keys) if self.index.host is not None else {}
-            if self.degraded:
-                matches = {r: m for r, m in matches.items() if r not in self.degraded}
-                host_matches = {r: m for r, m in host_matches.items() if r not in self.degraded}
-            policy = self.policy
-            if host_matches and policy.prices_tiers:
-                replica_id = policy.choose(keys, matches, loads, len(token_ids), host_matches=host_matches)
-            else:
-                replica_id = policy.choose(keys, matches, loads, len(token_ids))
+            tiers = tiers.without(self.degraded)
+            matches, policy = tiers.device, self.policy
+            replica_id = policy.choose(keys, tiers, loads, len(token_ids))
             by_session = False
             if session_id is not None:
                 pinned = self.sessions.get(session_id, now)
@@ -215,13 +211,9 @@ class KVRouter:
                     replica_id, by_session = pinned, True
                 self.sessions.pin(session_id, replica_id, now)
             self.index.predict(replica_id, keys, now=now, start=matches.get(replica_id, 0))
-            pull = self._plan_pull(replica_id, matches, host_matches, len(token_ids), excluded)
+            pull = self._plan_pull(replica_id, tiers, len(token_ids), excluded)
         t3 = _ns()
-        if host_matches:  # a host-tier block past the device prefix is a hit too, loaded back
-            either = {r: max(m, host_matches.get(r, 0)) for r, m in matches.items()}
-            either.update((r, m) for r, m in host_matches.items() if r not in matches)
-        else:
-            either = matches
+        either = tiers.either()  # a host-tier block past the device prefix is a hit too, loaded back
         matched = either.get(replica_id, 0)
         best_id, best = None, 0
         for rid, m in either.items():
@@ -239,12 +231,12 @@ class KVRouter:
         return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, host_hit, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull)
 
-    def _plan_pull(self, chosen: Hashable, matches: dict, host_matches: dict, num_prompt_tokens: int,
+    def _plan_pull(self, chosen: Hashable, tiers: TierMatches, num_prompt_tokens: int,
                    excluded: set) -> PlannedPull | None:
         """A peer pull for the chosen replica (under the lock; router/routing/transfers.py)."""
-        rules, bs = self.transfers, self.hasher.block_size
-        usable = (num_prompt_tokens - 1) // bs if num_prompt_tokens else 0
-        own = min(max(matches.get(chosen, 0), host_matches.get(chosen, 0)), usable)
+        rules, bs, matches = self.transfers, self.hasher.block_size, tiers.device
+        usable = reusable_blocks(num_prompt_tokens, bs)
+        own = min(max(matches.get(chosen, 0), tiers.host.get(chosen, 0)), usable)
         if not rules.peer_pulls or not matches or own >= usable:
             return None
         candidates = self.healthy - excluded if excluded else self.healthy
@@ -271,7 +263,4 @@ class KVRouter:
 
     def _hit_tokens(self, matched_blocks: int, num_prompt_tokens: int) -> int:
         """Tokens an engine reuses for ``matched_blocks`` leading blocks (it computes at least one token)."""
-        if not matched_blocks or not num_prompt_tokens:
-            return 0
-        bs = self.hasher.block_size
-        return min(matched_blocks * bs, ((num_prompt_tokens - 1) // bs) * bs)
+        return reusable_tokens(matched_blocks, num_prompt_tokens, self.hasher.block_size)

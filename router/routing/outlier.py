@@ -46,15 +46,38 @@ class ReplicaHealth:
     """Monotonic time of its last sign of progress (bytes of an answer, its /load or KV events moving)."""
 
 
+@dataclass(frozen=True, slots=True)
+class OutlierConfig:
+    """When a replica leaves rotation and for how long (``RouterConfig.outliers``; flags ``--outlier-*``)."""
+
+    consecutive_failures: int = 3
+    """Consecutive failures of a replica (refused or reset connections, 5xx, missed deadlines without progress,
+    answers that are not JSON or SSE) that eject it from rotation, as Envoy's outlier detection; 0: never eject.
+    The last replica in rotation is never ejected."""
+    base_ejection_s: float = 30.0
+    """Seconds a replica's first ejection lasts; each further one doubles it (up to outlier_max_ejection_s). When
+    it ends, a probe request (a one-token completion) must be answered before the replica gets traffic again."""
+    max_ejection_s: float = 300.0
+    """Longest ejection; a re-admitted replica that serves this long without another ejection starts over at
+    outlier_base_ejection_s."""
+
+    def __post_init__(self) -> None:
+        if self.consecutive_failures < 0:
+            raise ValueError("outlier_consecutive_failures must be >= 0 (0 = never eject), got "
+                             f"{self.consecutive_failures}")
+        if not 0 < self.base_ejection_s <= self.max_ejection_s:
+            raise ValueError("outlier ejections must last 0 < outlier_base_ejection_s <= outlier_max_ejection_s, "
+                             f"got {self.base_ejection_s} and {self.max_ejection_s}")
+
+
 class OutlierDetector:
     """Per-replica failure counts and ejections (see the module doc)."""
 
-    def __init__(self, consecutive_failures: int, base_ejection_s: float, max_ejection_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.threshold = consecutive_failures
+    def __init__(self, config: OutlierConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.threshold = config.consecutive_failures
         """Consecutive failures that eject a replica; 0: never eject."""
-        self.base_ejection_s = base_ejection_s
-        self.max_ejection_s = max_ejection_s
+        self.base_ejection_s = config.base_ejection_s
+        self.max_ejection_s = config.max_ejection_s
         self.clock = clock
         self.replicas: dict[Hashable, ReplicaHealth] = {}
 

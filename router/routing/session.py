@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class SessionConfig:
-    """How long and how many session pins the router keeps."""
+    """How long and how many session pins the router keeps (``RouterConfig.sessions``; ``ttl_s`` is
+    ``--session-ttl-s``)."""
 
     ttl_s: float = 600.0
-    """Seconds a pin lives after the session's last request."""
+    """Seconds a session (``x-session-id`` header or the body's ``user``) stays pinned to its replica."""
     max_sessions: int = 100_000
     """Most pins held; the least recently used is dropped beyond it."""
 

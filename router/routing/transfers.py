@@ -26,13 +26,13 @@ with room.
 **Peer pull.** When the policy sends a request away from the replica holding the most of its prefix (load),
 the chosen replica can pull the holder's extra blocks instead of computing them (``price_pull``)::
 
-    pull_s      = extra blocks * bytes per block / chosen's pull_bytes_per_s + pull_overhead_s
+    pull_s      = extra blocks * bytes per block / chosen's pull_bytes_per_s + peer_pull_overhead_s
     recompute_s = extra blocks * block_size / chosen's prefill_tokens_per_s
 
 priced with ``ReplicaLoad.pull_s`` (the host tier's load-back form, ``load.copy_seconds``). A pull is planned
 only when ``pull_s < recompute_s`` and both replicas report ``kv_transfer.enabled`` in ``/load``. A replica
-that has not measured a pull yet is priced at ``assumed_pull_bytes_per_s``; one without a prefill rate at the
-mean of those reported (none anywhere: no pull, it cannot be priced).
+that has not measured a pull yet is priced at ``peer_pull_assumed_bytes_per_s``; one without a prefill rate at
+the mean of those reported (none anywhere: no pull, it cannot be priced).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
+from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.router.routing.load import ReplicaLoad
 
 SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM, SPLIT_SLOWER = "ok", "prefill_failed", "skipped_no_room", "skipped_slower"
@@ -50,22 +51,41 @@ prompt), split wanted but no prefill replica had room, split priced slower than 
 
 @dataclass(frozen=True, slots=True)
 class TransferRules:
-    """The router's settings for moving KV (``RouterConfig``'s ``pd_*`` and ``peer_pull*`` fields)."""
+    """The router's settings for moving KV: its config section ``RouterConfig.transfers``, handed whole to the
+    router (flags and variables keep their flat names: ``--pd-min-uncached-tokens``, ``--peer-pulls``)."""
 
     pd_min_uncached_tokens: int = 256
-    """Uncached prompt tokens on the decode replica from which a prompt is prefilled on a prefill replica."""
+    """Prefill/decode split: a prompt with at least this many tokens uncached on its decode replica is prefilled
+    on a prefill replica (role=prefill) first, when one has room and the split is worth its seconds (pd_ttft_slack_s);
+    shorter ones are served whole."""
     pd_max_prefill_backlog_tokens: int = 16384
-    """A prefill replica has room while its prefill backlog (tokens) is below this."""
+    """A prefill replica has room for a split while the prompt tokens queued on it are fewer than this (a hard bound)."""
     pd_ttft_slack_s: float | None = 0.5
-    """Seconds a split may add to a prompt's time to first token besides the stall it saves; None: token rules."""
+    """A split goes ahead when what it adds to the prompt's time to first token (the prefill replica's queue and
+    prefill at its measured rate plus moving the KV, against the decode replica's queue and the uncached suffix)
+    is at most these seconds plus pd_stall_weight times the stall it saves the decode batch; None, or a rate not
+    measured yet: the token rules alone (router/routing/transfers.py)."""
     pd_stall_weight: float = 1.0
-    """Seconds of time to first token one second of decode-batch stall is worth (per decoding request)."""
+    """Seconds of time to first token a split may cost per second of stall it saves the decode replica's batch
+    (the suffix's prefill seconds there, times the requests decoding there); 0: pd_ttft_slack_s alone."""
     peer_pulls: bool = True
-    """Plan peer pulls at all."""
-    pull_overhead_s: float = 0.01
-    """Fixed seconds one pull costs besides the copy (lease, handshake, release round trips)."""
-    assumed_pull_bytes_per_s: float = 1e9
-    """Pull bandwidth assumed for a replica that has measured none yet; 0: no pull until measured."""
+    """Ask a replica to pull a prompt's prefix from the replica holding it when the pull costs fewer seconds than
+    recomputing (both must report kv_transfer enabled in /load)."""
+    peer_pull_overhead_s: float = 0.01
+    """Seconds one pull costs besides the copy itself (lease, handshake and release round trips)."""
+    peer_pull_assumed_bytes_per_s: float = 1e9
+    """Pull bandwidth (bytes/s) assumed for a replica that has not measured one yet; 0: no pull until it has."""
+
+    def __post_init__(self) -> None:
+        if self.pd_min_uncached_tokens < 1 or self.pd_max_prefill_backlog_tokens < 1:
+            raise ValueError("pd_min_uncached_tokens and pd_max_prefill_backlog_tokens must be >= 1 token, got "
+                             f"{self.pd_min_uncached_tokens} and {self.pd_max_prefill_backlog_tokens}")
+        if not ((self.pd_ttft_slack_s is None or self.pd_ttft_slack_s >= 0) and self.pd_stall_weight >= 0):
+            raise ValueError("pd_ttft_slack_s (seconds, or None for the token rules alone) and pd_stall_weight must "
+                             f"be >= 0, got {self.pd_ttft_slack_s} and {self.pd_stall_weight}")
+        if not (self.peer_pull_overhead_s >= 0 and self.peer_pull_assumed_bytes_per_s >= 0):
+            raise ValueError("peer_pull_overhead_s and peer_pull_assumed_bytes_per_s must be >= 0, got "
+                             f"{self.peer_pull_overhead_s} and {self.peer_pull_assumed_bytes_per_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +156,8 @@ def price_split(decode: ReplicaLoad, prefill: ReplicaLoad, local_uncached: int, 
     ``move_blocks``) against ``decode`` computing ``local_uncached``; None when either replica has no measured
     prefill rate or the move cannot be priced."""
     rate_d, rate_p = decode.prefill_tokens_per_s, prefill.prefill_tokens_per_s
-    move_s = decode.pull_s(move_blocks, block_size, rules.pull_overhead_s, rules.assumed_pull_bytes_per_s or None)
+    move_s = decode.pull_s(move_blocks, block_size, rules.peer_pull_overhead_s,
+                           rules.peer_pull_assumed_bytes_per_s or None)
     if not rate_d or not rate_p or move_s is None:
         return None
     split_s = (prefill.prefill_backlog + prefill_uncached) / rate_p + move_s
@@ -154,7 +175,7 @@ def choose_split(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, health
     room = _with_room(loads, prefill_ids, healthy, rules)
     if not room:
         return SplitChoice(None, SPLIT_NO_ROOM)
-    usable = (num_prompt_tokens - 1) // block_size  # full blocks a replica reuses: all but the last token
+    usable = reusable_blocks(num_prompt_tokens, block_size)  # full blocks a replica reuses
     lacking = max(0, usable - (num_prompt_tokens - local_uncached) // block_size)
     prices = [] if rules.pd_ttft_slack_s is not None else None  # None: the token rules alone
     for rid in room if prices is not None else ():
@@ -174,7 +195,7 @@ def choose_split(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, health
 def tokens_left_after_split(num_prompt_tokens: int, block_size: int) -> int:
     """Prompt tokens a split's decode replica still computes once it pulled the prompt's full blocks (all but the
     last token reuse): what its load counts as prefill for the request, instead of the uncached suffix."""
-    return num_prompt_tokens - (num_prompt_tokens - 1) // block_size * block_size
+    return num_prompt_tokens - reusable_blocks(num_prompt_tokens, block_size) * block_size
 
 
 def price_pull(chosen: ReplicaLoad, holder: ReplicaLoad, extra_blocks: int, block_size: int,
@@ -184,7 +205,8 @@ def price_pull(chosen: ReplicaLoad, holder: ReplicaLoad, extra_blocks: int, bloc
     if not (rules.peer_pulls and extra_blocks > 0 and chosen.kv_transfer_enabled and holder.kv_transfer_enabled):
         return None
     rate = chosen.prefill_tokens_per_s or mean_prefill_rate
-    pull_s = chosen.pull_s(extra_blocks, block_size, rules.pull_overhead_s, rules.assumed_pull_bytes_per_s or None)
+    pull_s = chosen.pull_s(extra_blocks, block_size, rules.peer_pull_overhead_s,
+                           rules.peer_pull_assumed_bytes_per_s or None)
     if not rate or pull_s is None:
         return None
     return pull_s, extra_blocks * block_size / rate

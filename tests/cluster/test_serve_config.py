@@ -73,14 +73,14 @@ def test_flags_beat_env_beat_yaml(tmp_path):
                          "--policy-kwargs", "decode_weight=2"], env)
     assert config.replicas.num_replicas == 3  # flag beats file
     assert config.router.port == 9100  # env beats file
-    assert config.router.max_attempts == 5  # file beats default
+    assert config.router.upstream.max_attempts == 5  # file beats default
     assert config.engine.model == "m" and config.engine.block_size == 32
     assert config.router.policy_kwargs == {"decode_weight": 2}
 
 
 def test_router_settings_missing_from_the_old_serve_cli_are_flags_now():
     config = _from_argv(["--predict-ttl-s", "0.5", "--max-attempts", "1", "--no-enable-prefix-caching"])
-    assert config.router.predict_ttl_s == 0.5 and config.router.max_attempts == 1
+    assert config.router.predict_ttl_s == 0.5 and config.router.upstream.max_attempts == 1
     assert config.engine.enable_prefix_caching is False
 
 

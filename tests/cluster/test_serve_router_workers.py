@@ -15,7 +15,7 @@ import time
 import pytest
 from kvmesh.cluster.launch.serve_router import RouterProcesses, start_router
 from kvmesh.cluster.router_client import RouterClient
-from kvmesh.router.config import RouterConfig
+from kvmesh.router.config import RouterConfig, UpstreamConfig
 
 pytestmark = pytest.mark.slow
 ADMIN_KEY = "admin-key-for-tests-0123456789"
@@ -69,7 +69,8 @@ def test_one_worker_is_the_in_process_router(stories_path):
 
 
 def test_two_workers_follow_the_control_router_and_pass_the_admin_plane_to_it(stubs, stories_path):
-    config = RouterConfig(host="127.0.0.1", port=0, model=str(stories_path), poll_interval_s=0.1,
+    config = RouterConfig(host="127.0.0.1", port=0, model=str(stories_path),
+                          upstream=UpstreamConfig(poll_interval_s=0.1),
                           admin_key=ADMIN_KEY)
     router = start_router(config, 2)
     client = RouterClient(router.control_url, admin_key=ADMIN_KEY)

@@ -7,10 +7,10 @@ import time
 
 import zmq
 from kvmesh.events.config import PublisherConfig
-from kvmesh.events.publisher import ZmqEventPublisher
+from kvmesh.events.publish.publisher import ZmqEventPublisher
 from kvmesh.events.schema import BlockStored
 from kvmesh.events.state import CachedBlockSet
-from kvmesh.events.subscriber import EventSubscriber, wait_until
+from kvmesh.events.subscribe.subscriber import EventSubscriber, wait_until
 
 LOOPBACK = "tcp://127.0.0.1:0"
 

@@ -4,7 +4,7 @@ import pytest
 import zmq
 from kvmesh.events.config import PublisherConfig
 from kvmesh.events.endpoints import Endpoint, attach, offset_port, parse_pub_endpoint, parse_sub_endpoint
-from kvmesh.events.publisher import ZmqEventPublisher
+from kvmesh.events.publish.publisher import ZmqEventPublisher
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from events_testkit import Follower, RawSource, make_publisher, raw_socket, recv
 from kvmesh.events.codec import encode_batch
 from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.schema import BlockRemoved, KVEventBatch
-from kvmesh.events.tracker import REPLAY, SourceTracker
+from kvmesh.events.subscribe.tracker import REPLAY, SourceTracker
 from kvmesh.events.wire import SNAPSHOT_REQUEST
 
 GARBAGE = b"\xac\xff\xfe\xfd\xff\xfe\xfd\xff\xfe\xfd\xff\xfe\xfd"  # a msgpack str that is not UTF-8

@@ -7,11 +7,11 @@ import threading
 import msgspec
 import pytest
 from events_testkit import Follower, RawSource, make_publisher, stored, wait_for, wait_subscribed
-from kvmesh.events import frame_guard
 from kvmesh.events.codec import decode_batch, encode_batch
 from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.peek import ShapeError, peek_batch
 from kvmesh.events.schema import BlockRemoved, BlockStored, KVEventBatch
+from kvmesh.events.subscribe import frame_guard
 
 ENC = msgspec.msgpack.Encoder()
 LISTS = 1_000_000
@@ -104,7 +104,7 @@ def test_an_honest_source_is_applied_while_another_floods_with_costly_batches():
         if name == "flood":
             stop.wait(0.02)  # an expensive apply
 
-    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.events.subscribe.subscriber import EventSubscriber
 
     sub = EventSubscriber([PublisherSource("flood", raw.endpoint), PublisherSource("good", good.endpoint)],
                           on_batch=on_batch, config=config).start()
@@ -164,7 +164,7 @@ def test_sources_sharing_a_bound_socket_get_their_share_too():
         if name == "flood":
             stop.wait(0.02)
 
-    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.events.subscribe.subscriber import EventSubscriber
 
     sources = [PublisherSource(t, "bind://tcp://127.0.0.1:0", topic=t) for t in ("flood", "good")]
     sub = EventSubscriber(sources, on_batch=on_batch, config=SubscriberConfig(snapshot_on_start=False,

@@ -18,7 +18,7 @@ from events_testkit import (
 from kvmesh.events.codec import encode_batch
 from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, KVEventBatch
-from kvmesh.events.subscriber import EventSubscriber
+from kvmesh.events.subscribe.subscriber import EventSubscriber
 
 FAST = SubscriberConfig(replay_timeout=0.5, snapshot_timeout=0.5)
 

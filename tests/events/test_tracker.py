@@ -3,7 +3,7 @@
 import time
 
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, KVEventBatch
-from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
+from kvmesh.events.subscribe.tracker import REPLAY, SNAPSHOT, SourceTracker
 
 
 def batch(tag: int) -> KVEventBatch:

@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
 
 FAKE = "kvmesh.cluster.measure.benchmarks.fake_replica"
@@ -99,8 +99,8 @@ def start_router(tokenizer):
     started = []
 
     def start(specs, **kw) -> RouterServer:
-        cfg = RouterConfig(**{"port": 0, "block_size": BLOCK_SIZE, "poll_interval_s": 0.1, "connect_timeout_s": 1.0,
-                              "admin_key": ADMIN_KEY, **kw})
+        upstream = UpstreamConfig(**{"poll_interval_s": 0.1, "connect_timeout_s": 1.0, **kw.pop("upstream", {})})
+        cfg = RouterConfig(**{"port": 0, "block_size": BLOCK_SIZE, "upstream": upstream, "admin_key": ADMIN_KEY, **kw})
         server = RouterServer(cfg, specs, tokenizer=tokenizer).start()
         started.append(server)
         return server

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 
 
 def test_replica_spec_parses_events_replay_and_name():
@@ -32,14 +32,14 @@ def test_bad_replica_spec_says_what_to_write(text, fragment):
     ({"policy": "fastest"}, "unknown policy"),
     ({"port": 70000}, "port"),
     ({"block_size": 0}, "block_size"),
-    ({"max_attempts": 0}, "max_attempts"),
+    ({"upstream": {"max_attempts": 0}}, "max_attempts"),
     ({"api_key": ""}, "api_key"),
     ({"api_key": "1234567"}, "at least 8"),
     ({"policy_kwargs": {"decode_wieght": 1}}, "did you mean 'decode_weight'"),
 ])
 def test_router_config_rejects_bad_values(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
-        RouterConfig(**kwargs)
+        RouterConfig(**{k: UpstreamConfig(**v) if k == "upstream" else v for k, v in kwargs.items()})
 
 
 def test_router_config_binds_loopback_by_default():
@@ -89,15 +89,17 @@ def test_router_command_reads_the_router_section_from_yaml_and_env(tmp_path):
     path = tmp_path / "router.yaml"
     path.write_text("router:\n  policy: round_robin\n  max_attempts: 5\n")
     config = load(ROUTER_SCHEMA, path, env={"KVMESH_ROUTER_MAX_ATTEMPTS": "2", "KVMESH_API_KEY": "k" * 12}).router
-    assert config.policy == "round_robin" and config.max_attempts == 2 and config.api_key == "k" * 12
+    assert config.policy == "round_robin" and config.upstream.max_attempts == 2 and config.api_key == "k" * 12
 
 
 def test_the_router_is_built_from_its_section_whole():
     from kvmesh.router.config import build_router
     from kvmesh.router.routing.policies.prefix_hash import PrefixHashConfig
+    from kvmesh.router.routing.session import SessionConfig
 
     config = RouterConfig(block_size=32, policy="prefix_hash", policy_kwargs={"prefix_blocks": 2},
-                          predict_ttl_s=0.25, session_ttl_s=30.0, cache_salt_secret=b"k" * 32)
+                          predict_ttl_s=0.25, sessions=SessionConfig(ttl_s=30.0),
+                          cache_salt_secret=b"k" * 32)
     router = build_router(config, seed=7)
     assert (router.block_size, router.hasher.seed, router.hasher.salt_secret) == (32, 7, b"k" * 32)
     assert router.policy.config == PrefixHashConfig(prefix_blocks=2) and router.policy.block_size == 32
@@ -114,3 +116,20 @@ def test_the_runtime_hands_the_events_section_to_its_subscriber_whole():
         assert runtime.subscriber_config is config.events
     finally:
         runtime.renderer.close()
+
+
+def test_router_config_keeps_its_settings_in_sections():
+    """Issue 37: at most 24 top-level fields; what a component uses is a section handed to it whole."""
+    import dataclasses
+
+    from kvmesh.events.config import SubscriberConfig
+    from kvmesh.router.routing.outlier import OutlierConfig
+    from kvmesh.router.routing.session import SessionConfig
+    from kvmesh.router.routing.transfers import TransferRules
+
+    assert len(dataclasses.fields(RouterConfig)) <= 24, [f.name for f in dataclasses.fields(RouterConfig)]
+    sections = {f.name: f.type for f in dataclasses.fields(RouterConfig)}
+    assert {"transfers", "outliers", "sessions", "events"} <= set(sections)
+    config = RouterConfig()
+    assert (type(config.transfers), type(config.outliers), type(config.sessions), type(config.events)) == (
+        TransferRules, OutlierConfig, SessionConfig, SubscriberConfig)

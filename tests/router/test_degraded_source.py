@@ -6,7 +6,7 @@ import time
 
 import zmq
 from kvmesh.events.config import PublisherConfig
-from kvmesh.events.publisher import ZmqEventPublisher
+from kvmesh.events.publish.publisher import ZmqEventPublisher
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.runtime import RouterRuntime
 from kvmesh.router.routing.kv_router import KVRouter

@@ -173,13 +173,14 @@ def test_sequential_requests_reuse_one_upstream_connection(fakes, start_router):
 
 
 def test_a_refused_replica_is_skipped_and_the_request_goes_to_another(fakes, tokenizer):
-    from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
     from kvmesh.router.control.router_server import RouterServer
 
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
     spec = ReplicaSpec(f"http://127.0.0.1:{dead.getsockname()[1]}", replica_id="dead")
-    cfg = RouterConfig(port=0, block_size=BLOCK_SIZE, poll_interval_s=60)  # no probe puts it back meanwhile
+    cfg = RouterConfig(port=0, block_size=BLOCK_SIZE,
+                       upstream=UpstreamConfig(poll_interval_s=60))  # no probe puts it back meanwhile
     router = RouterServer(cfg, [fakes[0].spec, spec], tokenizer=tokenizer).start()
     runtime = router.runtime
     retried = lambda: runtime.metrics.registry.get_sample_value("kvmesh_router_retries_total",  # noqa: E731

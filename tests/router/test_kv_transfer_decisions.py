@@ -63,14 +63,16 @@ def test_prefill_replicas_never_get_a_request_to_decode():
 
 
 def test_router_settings_for_transfers_are_checked():
-    assert build_router(RouterConfig(pd_min_uncached_tokens=64), seed=1).transfers.pd_min_uncached_tokens == 64
+    rules = TransferRules(pd_min_uncached_tokens=64)
+    assert build_router(RouterConfig(transfers=rules), seed=1).transfers is rules  # the section, handed whole
     with pytest.raises(ValueError, match="pd_min_uncached_tokens"):
-        RouterConfig(pd_min_uncached_tokens=0)
+        TransferRules(pd_min_uncached_tokens=0)
     with pytest.raises(ValueError, match="peer_pull_overhead_s"):
-        RouterConfig(peer_pull_overhead_s=-1)
+        TransferRules(peer_pull_overhead_s=-1)
     with pytest.raises(ValueError, match="pd_ttft_slack_s"):
-        RouterConfig(pd_ttft_slack_s=-0.1)
-    assert build_router(RouterConfig(pd_ttft_slack_s=None), seed=1).transfers.pd_ttft_slack_s is None
+        TransferRules(pd_ttft_slack_s=-0.1)
+    assert build_router(RouterConfig(transfers=TransferRules(pd_ttft_slack_s=None)),
+                        seed=1).transfers.pd_ttft_slack_s is None
 
 
 # ---------------------------------------------------------------- the split
@@ -143,12 +145,12 @@ def test_without_measured_prefill_rates_the_token_rules_decide():
 def test_the_move_is_priced_at_the_decode_replicas_pull_rate():
     decode, prefill = ReplicaLoad(prefill_tokens_per_s=10_000.0), ReplicaLoad(prefill_tokens_per_s=20_000.0)
     decode.update_transfer(dict(TRANSFER, pull_bytes_per_s=1e8))  # 32 MiB at 100 MB/s: 0.34 s
-    price = price_split(decode, prefill, 517, 517, 32, BS, TransferRules(pull_overhead_s=0.01))
+    price = price_split(decode, prefill, 517, 517, 32, BS, TransferRules(peer_pull_overhead_s=0.01))
     assert price.split_s == pytest.approx(517 / 20_000 + 32 * (1 << 20) / 1e8 + 0.01)
     assert price.local_s == pytest.approx(517 / 10_000)  # the split costs 0.32 s more, and d is idle
     assert not price.worth_it(TransferRules(pd_ttft_slack_s=0.25)) and price.worth_it(TransferRules(pd_ttft_slack_s=0.5))
     assert price_split(ReplicaLoad(prefill_tokens_per_s=10_000.0), prefill, 517, 517, 32, BS, TransferRules(
-        assumed_pull_bytes_per_s=0)) is None  # no bytes per token reported: the move cannot be priced
+        peer_pull_assumed_bytes_per_s=0)) is None  # no bytes per token reported: the move cannot be priced
 
 
 def test_no_prefill_replica_no_split():
@@ -176,7 +178,7 @@ def test_price_pull_compares_seconds_of_copy_and_of_recompute():
     chosen, holder = ReplicaLoad(prefill_tokens_per_s=10_000.0), ReplicaLoad()
     chosen.update_transfer(TRANSFER)
     holder.update_transfer(TRANSFER)
-    pull_s, recompute_s = price_pull(chosen, holder, 32, BS, None, TransferRules(pull_overhead_s=0.01))
+    pull_s, recompute_s = price_pull(chosen, holder, 32, BS, None, TransferRules(peer_pull_overhead_s=0.01))
     assert pull_s == pytest.approx(32 * (1 << 20) / 10e9 + 0.01) and recompute_s == pytest.approx(32 * BS / 10_000)
     holder.update_transfer({"enabled": False})
     assert price_pull(chosen, holder, 32, BS, None, TransferRules()) is None  # both ends must be enabled

@@ -5,9 +5,9 @@ snapshot; once one is applied the replica is exact again. Real ZeroMQ, in-proces
 import asyncio
 
 import zmq
-from kvmesh.events.config import PublisherConfig
-from kvmesh.events.publisher import ZmqEventPublisher
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.events.config import PublisherConfig, SubscriberConfig
+from kvmesh.events.publish.publisher import ZmqEventPublisher
+from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.runtime import RouterRuntime
 
 from ..events.events_testkit import DroppingSocket
@@ -40,7 +40,8 @@ class Deaf:
 
 def test_an_unrepairable_gap_degrades_the_replica_until_a_snapshot_resync():
     pub = ZmqEventPublisher(PublisherConfig(endpoint="tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0"))
-    runtime = RouterRuntime(RouterConfig(block_size=BS, poll_interval_s=3600), [  # no HTTP: no polls
+    runtime = RouterRuntime(RouterConfig(block_size=BS, upstream=UpstreamConfig(poll_interval_s=3600)),
+                            [  # no HTTP: no polls
         ReplicaSpec("http://127.0.0.1:9", pub.endpoint, pub.replay_endpoint, replica_id="r")])
     runtime.subscriber_config.replay_timeout = runtime.subscriber_config.snapshot_timeout = 0.3
     deaf, lost_seq = Deaf(pub), []
@@ -88,7 +89,8 @@ def test_a_publisher_gone_while_its_replica_serves_degrades_it_until_it_is_back(
     """A replica that reports no seq (vLLM): the connection to its publisher is what shows."""
     pub = ZmqEventPublisher(PublisherConfig(endpoint="tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0"))
     endpoint, replay = pub.endpoint, pub.replay_endpoint
-    runtime = RouterRuntime(RouterConfig(block_size=BS, poll_interval_s=0.1, events_max_lag_s=0.5), [
+    runtime = RouterRuntime(RouterConfig(block_size=BS, upstream=UpstreamConfig(poll_interval_s=0.1),
+                                         events=SubscriberConfig(max_lag_s=0.5)), [
         ReplicaSpec("http://127.0.0.1:9", endpoint, replay, replica_id="v")])
     r = runtime.router
     pubs = [pub]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvmesh.router.routing.outlier import OutlierDetector
+from kvmesh.router.routing.outlier import OutlierConfig, OutlierDetector
 
 
 class Clock:
@@ -15,7 +15,7 @@ class Clock:
 
 def detector(threshold=3, base=30.0, most=300.0):
     clock = Clock()
-    return OutlierDetector(threshold, base, most, clock=clock), clock
+    return OutlierDetector(OutlierConfig(threshold, base, most), clock=clock), clock
 
 
 def test_failures_in_a_row_eject_and_an_answer_in_between_starts_the_count_over():

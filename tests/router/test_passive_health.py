@@ -14,12 +14,13 @@ import json
 
 import httpx
 from kvmesh.cluster.cli import main
+from kvmesh.router.routing.outlier import OutlierConfig
 from kvmesh.router.routing.receipts import HEADER_FAILED_OVER, HEADER_PREDICTED
 
 from .conftest import ADMIN_KEY, BLOCK_SIZE, replica_rows, wait_for
 from .test_router_http import prompt
 
-FAST = {"first_byte_timeout_s": 1.0, "stream_idle_timeout_s": 1.0, "policy": "round_robin"}
+FAST = {"upstream": {"first_byte_timeout_s": 1.0, "stream_idle_timeout_s": 1.0}, "policy": "round_robin"}
 
 
 def post(router, ids, **kw) -> httpx.Response:
@@ -75,7 +76,7 @@ def test_never_answering_replica_costs_one_deadline_then_is_out_of_rotation(fake
 def test_ejected_replica_comes_back_when_its_probe_request_is_answered(fakes, start_router):
     a, b = fakes
     a.configure(delay=3600)
-    router = start_router([a.spec, b.spec], outlier_base_ejection_s=0.5, outlier_max_ejection_s=1.0, **FAST)
+    router = start_router([a.spec, b.spec], outliers=OutlierConfig(base_ejection_s=0.5, max_ejection_s=1.0), **FAST)
     both_healthy(router)
     assert {r.json()["choices"][0]["text"] for r in wave(router, 6200, n=2)} == {"b"}
     wait_for(lambda: row(router, "a").get("ejections", 0) >= 2, what="a failed probe request ejecting 'a' again")
@@ -153,7 +154,8 @@ def test_stream_event_that_is_not_sse_json_never_reaches_the_client(fakes, start
 
 def test_a_killed_replica_is_back_as_soon_as_it_answers_health_again(fakes, start_router):
     a, b = fakes
-    router = start_router([a.spec, b.spec], policy="round_robin", outlier_consecutive_failures=1)  # 1 failure ejects
+    router = start_router([a.spec, b.spec], policy="round_robin",
+                          outliers=OutlierConfig(consecutive_failures=1))  # 1 failure ejects
     core = router.runtime.router
     both_healthy(router)
     a.configure(delay=30)  # holds its requests

@@ -11,9 +11,10 @@ import random
 
 import httpx
 import pytest
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
 from kvmesh.router.routing.receipts import HEADER_PREFILL, HEADER_PULLED_FROM, HEADER_PULLED_TOKENS
+from kvmesh.router.routing.transfers import TransferRules
 
 from ..conftest import CHAT_TEMPLATE
 from ..replica.kv_replicas import KEY, SEED, kv_replica
@@ -40,7 +41,8 @@ def test_a_long_prompt_is_prefilled_on_one_replica_and_decoded_on_the_other(repl
     prefill, decode, alone = replicas
     specs = [ReplicaSpec(prefill.http.url, replica_id="p", role="prefill"),
              ReplicaSpec(decode.http.url, replica_id="d", role="decode")]
-    router = RouterServer(RouterConfig(port=0, replica_api_key=KEY, poll_interval_s=0.1), specs,
+    router = RouterServer(RouterConfig(port=0, replica_api_key=KEY,
+                                       upstream=UpstreamConfig(poll_interval_s=0.1)), specs,
                           tokenizer=tokenizer).start()
     try:
         wait_for(lambda: len(router.runtime.router.healthy) == 2, timeout=30, what="both replicas healthy")
@@ -84,8 +86,10 @@ def test_a_request_sent_away_from_the_holder_pulls_its_prefix_with_the_same_text
             specs.append(ReplicaSpec(runtime.http.url, ends["events_endpoint"], ends["replay_endpoint"], replica_id=name))
         # the 10 ms default per-pull overhead is about what a pull costs here (BENCHMARKS 3.14); the tiny model's
         # prefill rate on this machine may be high enough to price 416 tokens under it: 1 ms keeps the test on the pull
-        router = RouterServer(RouterConfig(port=0, replica_api_key=KEY, poll_interval_s=0.1, policy="round_robin",
-                                           peer_pull_overhead_s=0.001), specs, tokenizer=tokenizer).start()
+        router = RouterServer(RouterConfig(port=0, replica_api_key=KEY,
+                                           upstream=UpstreamConfig(poll_interval_s=0.1), policy="round_robin",
+                                           transfers=TransferRules(peer_pull_overhead_s=0.001)), specs,
+                              tokenizer=tokenizer).start()
         try:
             loads = router.runtime.router.loads.loads
             wait_for(lambda: len(router.runtime.router.healthy) == 2 and all(

@@ -4,8 +4,8 @@ router keep (or grow) a tree for it."""
 
 import time
 
-from kvmesh.events.health import DEGRADED, RECOVERED
 from kvmesh.events.schema import AllBlocksCleared, KVEventBatch
+from kvmesh.events.subscribe.health import DEGRADED, RECOVERED
 from kvmesh.router.config import RouterConfig
 from kvmesh.router.control.runtime import RouterRuntime
 

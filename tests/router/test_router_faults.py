@@ -137,7 +137,7 @@ def test_router_binds_loopback_by_default(keyed_router):
 
 def test_replica_5xx_is_retried_elsewhere_and_load_accounting_stays_exact(fakes, start_router):
     a, b = fakes
-    router = start_router([a.spec, b.spec], max_attempts=2)
+    router = start_router([a.spec, b.spec], upstream={"max_attempts": 2})
     core = router.runtime.router
     a.configure(status=503)
     outs = {complete(router, prompt(30 + i))["choices"][0]["text"] for i in range(3)}

@@ -14,7 +14,7 @@ import math
 
 import httpx
 import pytest
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
 from kvmesh.router.http.proxy import Forwarder
 
@@ -47,7 +47,8 @@ def live(stories_path, tokenizer):
                                                  frontend=FrontendConfig(chat_template=CHAT_TEMPLATE)))
         specs = [ReplicaSpec(rt.http.url, rt.endpoints()["events_endpoint"], rt.endpoints()["replay_endpoint"],
                              replica_id=f"live{i}") for i, rt in enumerate(runtimes)]
-        router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2, admin_key=ADMIN_KEY,
+        router = RouterServer(RouterConfig(port=0, block_size=16, upstream=UpstreamConfig(poll_interval_s=0.2),
+                                           admin_key=ADMIN_KEY,
                                            cache_salt_secret=cache_salt_secret(seed)), specs,
                               tokenizer=tokenizer).start()
         wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")

@@ -25,11 +25,12 @@ PATHS = {"/v1/completions": '"prompt": "Once upon a time", "max_tokens": 2',
 @pytest.fixture(scope="module")
 def routed():
     """(router URL, the fake replica behind it) for the whole module: hypothesis runs many bodies."""
-    from kvmesh.router.config import RouterConfig
+    from kvmesh.router.config import RouterConfig, UpstreamConfig
     from kvmesh.router.control.router_server import RouterServer
 
     with launched_fakes("only") as (fake,):
-        router = RouterServer(RouterConfig(port=0, block_size=4, poll_interval_s=0.1), [fake.spec]).start()
+        router = RouterServer(RouterConfig(port=0, block_size=4, upstream=UpstreamConfig(poll_interval_s=0.1)),
+                              [fake.spec]).start()
         try:
             wait_for(lambda: httpx.get(router.url + "/health").status_code == 200, what="the replica healthy")
             yield router.url, fake

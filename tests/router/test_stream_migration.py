@@ -12,7 +12,7 @@ import json
 
 import httpx
 import pytest
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
 
 from .conftest import wait_for
@@ -52,7 +52,8 @@ def cluster(replicas, tokenizer):
     proxies = [DyingProxy(f"p{i}", int(rt.http.url.rsplit(":", 1)[1]), fuse) for i, rt in enumerate(replicas)]
     specs = [ReplicaSpec(p.url, rt.endpoints()["events_endpoint"], rt.endpoints()["replay_endpoint"],
                          replica_id=p.name) for p, rt in zip(proxies, replicas, strict=True)]
-    router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2), specs, tokenizer=tokenizer).start()
+    router = RouterServer(RouterConfig(port=0, block_size=16, upstream=UpstreamConfig(poll_interval_s=0.2)),
+                          specs, tokenizer=tokenizer).start()
     wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
     yield router, proxies, fuse
     router.stop()
@@ -162,7 +163,8 @@ def test_stream_that_stalls_moves_to_another_replica_after_the_idle_deadline(rep
     fuse = Fuse(after_events=10**9, stall=True)
     proxies = [DyingProxy(f"p{i}", int(rt.http.url.rsplit(":", 1)[1]), fuse) for i, rt in enumerate(replicas)]
     specs = [ReplicaSpec(p.url, replica_id=p.name) for p in proxies]
-    router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2, stream_idle_timeout_s=1.0),
+    router = RouterServer(RouterConfig(port=0, block_size=16, upstream=UpstreamConfig(poll_interval_s=0.2,
+                                                                                      stream_idle_timeout_s=1.0)),
                           specs, tokenizer=tokenizer).start()
     try:
         wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
@@ -184,7 +186,8 @@ def test_without_migration_the_cut_stream_ends_with_an_error_event(replicas, tok
     fuse = Fuse(after_events=10**9)
     proxies = [DyingProxy(f"p{i}", int(rt.http.url.rsplit(":", 1)[1]), fuse) for i, rt in enumerate(replicas)]
     specs = [ReplicaSpec(p.url, replica_id=p.name) for p in proxies]
-    router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2, migration_limit=0), specs,
+    router = RouterServer(RouterConfig(port=0, block_size=16, upstream=UpstreamConfig(poll_interval_s=0.2,
+                                                                                      migration_limit=0)), specs,
                           tokenizer=tokenizer).start()
     try:
         wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
@@ -203,7 +206,7 @@ def test_a_router_without_tokenizer_learns_the_prompt_ids_from_the_replica(repli
     new replica's text is passed on (exact here: no stop strings, so the first replica held nothing back)."""
     fuse = Fuse(after_events=10**9)
     proxies = [DyingProxy(f"p{i}", int(rt.http.url.rsplit(":", 1)[1]), fuse) for i, rt in enumerate(replicas)]
-    router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2),
+    router = RouterServer(RouterConfig(port=0, block_size=16, upstream=UpstreamConfig(poll_interval_s=0.2)),
                           [ReplicaSpec(p.url, replica_id=p.name) for p in proxies]).start()
     try:
         wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")

@@ -11,7 +11,8 @@ import httpx
 import pytest
 from kvmesh.cluster.commands.status import format_table
 from kvmesh.cluster.router_client import RouterClient
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.events.config import SubscriberConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
 
 from .conftest import ADMIN_KEY, FakeProc, replica_rows, wait_for
@@ -46,7 +47,7 @@ def matched(runtime, other: str, prompt: list[int]) -> int:
 
 def test_a_stopped_publisher_degrades_its_replica_until_it_is_back(pair, start_router):
     a, b = pair
-    router = start_router([a.spec, b.spec], events_max_lag_s=MAX_LAG_S)
+    router = start_router([a.spec, b.spec], events=SubscriberConfig(max_lag_s=MAX_LAG_S))
     rt = router.runtime
     wait_for(lambda: rt.router.healthy == {"s1", "s2"}, what="replicas healthy")
     direct(a, PROMPT)
@@ -88,7 +89,7 @@ def test_a_stopped_publisher_degrades_its_replica_until_it_is_back(pair, start_r
 
 def test_late_events_degrade_with_a_reason_and_a_skewed_clock_is_not_lateness(pair, start_router):
     a, b = pair
-    router = start_router([a.spec, b.spec], events_max_lag_s=MAX_LAG_S)
+    router = start_router([a.spec, b.spec], events=SubscriberConfig(max_lag_s=MAX_LAG_S))
     rt = router.runtime
     wait_for(lambda: rt.router.healthy == {"s1", "s2"}, what="replicas healthy")
     b.configure(clock_skew=-30.0)  # its clock is 30 s behind: its batches look 30 s old, they are not
@@ -123,7 +124,8 @@ def test_a_real_replica_reports_its_stream_and_is_degraded_when_its_publisher_di
     with stories_replica(stories_path) as replica:
         spec = ReplicaSpec(replica.http.url, replica.endpoints()["events_endpoint"],
                            replica.endpoints()["replay_endpoint"], replica_id="real")
-        router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.1, events_max_lag_s=MAX_LAG_S),
+        router = RouterServer(RouterConfig(port=0, block_size=16, upstream=UpstreamConfig(poll_interval_s=0.1),
+                                           events=SubscriberConfig(max_lag_s=MAX_LAG_S)),
                               [spec], tokenizer=tokenizer).start()
         try:
             rt = router.runtime

@@ -8,6 +8,7 @@ import random
 from kvmesh.events.schema import AllBlocksCleared
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.routing.kv_router import KVRouter
+from kvmesh.router.routing.tier_matches import TierMatches
 
 from .helpers import removed, stored
 
@@ -34,11 +35,11 @@ def test_device_and_host_blocks_are_indexed_apart():
     router = make_router("a")
     router.apply_events("a", [stored(PROMPT, BS, num_blocks=8), stored(PROMPT, BS, num_blocks=20, medium="CPU")])
     keys = router.hasher.keys(PROMPT)
-    assert router.index.match(keys) == {"a": 8} and router.index.host.match(keys) == {"a": 20}
+    assert router.index.match_tiers(keys) == TierMatches({"a": 8}, {"a": 20})
     router.apply_events("a", [removed(PROMPT, BS, [10], medium="CPU")])
-    assert router.index.host.match(keys) == {"a": 10} and router.index.match(keys) == {"a": 8}
+    assert router.index.match_tiers(keys) == TierMatches({"a": 8}, {"a": 10})
     router.apply_events("a", [AllBlocksCleared()])
-    assert router.index.match(keys) == {} and router.index.host.match(keys) == {}
+    assert router.index.match_tiers(keys) == TierMatches({}, {})
 
 
 def test_router_prefers_a_device_hit_to_an_equal_host_hit():

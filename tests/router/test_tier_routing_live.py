@@ -11,7 +11,7 @@ from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.runtime import ReplicaRuntime
 from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.replica.serving.tokenizer import load_tokenizer
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
 
 from .conftest import wait_for
@@ -24,7 +24,7 @@ def tiered(stories_path):
     replica = ReplicaRuntime.start(config, ReplicaServerConfig(port=0, event_port=0, replay_port=0))
     ends = replica.endpoints()
     spec = ReplicaSpec(replica.http.url, ends["events_endpoint"], ends["replay_endpoint"], replica_id="r0")
-    router = RouterServer(RouterConfig(port=0, poll_interval_s=0.2, access_log=True), [spec],
+    router = RouterServer(RouterConfig(port=0, upstream=UpstreamConfig(poll_interval_s=0.2), access_log=True), [spec],
                           tokenizer=load_tokenizer(stories_path)).start()
     try:
         yield router

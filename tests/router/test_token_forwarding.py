@@ -7,6 +7,7 @@ import json
 import msgspec
 import pytest
 from kvmesh.replica.openai import protocol as p
+from kvmesh.router.config import TokenizeConfig
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.token_forwarding import KVMESH, TEXT, VLLM, upstream_kind
 
@@ -122,7 +123,7 @@ def test_an_upstream_that_is_not_kvmesh_gets_completion_ids_and_chat_as_sent(fak
     assert prompt_tokens("/v1/completions", {"prompt": text, "echo": True}) == len(text.encode())
     messages = [{"role": "user", "content": text}]
     assert prompt_tokens("/v1/chat/completions", {"messages": messages}) == len(json.dumps(messages).encode())
-    off = start_router([f.spec for f in fakes], forward_token_ids=False)
+    off = start_router([f.spec for f in fakes], tokenize=TokenizeConfig(forward_token_ids=False))
     wait_for(lambda: off.runtime.router.healthy, what="a replica healthy")
     r = httpx.post(off.url + "/v1/completions", json={"prompt": text, "max_tokens": 2}, timeout=20)
     assert r.json()["usage"]["prompt_tokens"] == len(text.encode())

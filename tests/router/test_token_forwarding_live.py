@@ -12,7 +12,7 @@ import json
 
 import httpx
 import pytest
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, TokenizeConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
 from kvmesh.router.http.token_forwarding import KVMESH
 
@@ -58,7 +58,9 @@ def setup(stories_path):
     try:
         for on in (True, False):
             router_tok = load_tokenizer(stories_path, chat_template=CHAT_TEMPLATE)
-            routers[on] = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2, forward_token_ids=on),
+            routers[on] = RouterServer(RouterConfig(port=0, block_size=16,
+                                                    upstream=UpstreamConfig(poll_interval_s=0.2),
+                                                    tokenize=TokenizeConfig(forward_token_ids=on)),
                                        [spec], tokenizer=router_tok).start()
             wait_for(lambda r=routers[on]: r.runtime.router.healthy, what="the replica healthy")
         yield rt, routers, counters

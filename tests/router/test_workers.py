@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.workers import RouterWorkers, bind_listener, router_workers
 
 from .conftest import wait_for
@@ -107,7 +107,7 @@ def stub_url():
 
 @pytest.fixture
 def workers(stub_url, stories_path):
-    config = RouterConfig(port=0, model=str(stories_path), poll_interval_s=0.1, workers=2)
+    config = RouterConfig(port=0, model=str(stories_path), upstream=UpstreamConfig(poll_interval_s=0.1), workers=2)
     pool = router_workers(config, [ReplicaSpec(stub_url, replica_id="stub")], 2).start()
     try:
         _wait_serving(pool, {"0", "1"})

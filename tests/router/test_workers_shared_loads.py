@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.workers import router_workers
 
 from .conftest import ADMIN, ADMIN_KEY
@@ -68,7 +68,8 @@ def slow_stub_url():
 
 
 def test_a_long_request_through_one_worker_shows_in_the_other_workers_load_view(slow_stub_url, stories_path):
-    config = RouterConfig(port=0, model=str(stories_path), poll_interval_s=0.1, workers=2, admin_key=ADMIN_KEY)
+    config = RouterConfig(port=0, model=str(stories_path), upstream=UpstreamConfig(poll_interval_s=0.1),
+                          workers=2, admin_key=ADMIN_KEY)
     pool = router_workers(config, [ReplicaSpec(slow_stub_url, replica_id="stub")], 2).start()
     try:
         _views(pool.port, lambda v: set(v) == {"0", "1"})  # both workers up and see the replica healthy
@@ -87,7 +88,8 @@ def test_a_long_request_through_one_worker_shows_in_the_other_workers_load_view(
 
 
 def test_a_killed_worker_s_requests_leave_the_other_workers_load_view(slow_stub_url, stories_path):
-    config = RouterConfig(port=0, model=str(stories_path), poll_interval_s=0.1, workers=2, admin_key=ADMIN_KEY)
+    config = RouterConfig(port=0, model=str(stories_path), upstream=UpstreamConfig(poll_interval_s=0.1),
+                          workers=2, admin_key=ADMIN_KEY)
     pool = router_workers(config, [ReplicaSpec(slow_stub_url, replica_id="stub")], 2).start()
     try:
         _views(pool.port, lambda v: set(v) == {"0", "1"})

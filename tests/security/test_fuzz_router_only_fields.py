@@ -18,7 +18,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvmesh.router.config import RouterConfig
+from kvmesh.router.config import RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
 
 from ..conftest import CHAT_TEMPLATE
@@ -82,7 +82,8 @@ def fake_router(stories_path):
     tokenizer = load_tokenizer(stories_path, chat_template=CHAT_TEMPLATE)
     listener = Listener().start()
     with launched_fakes("fa", "fb") as fakes:
-        cfg = RouterConfig(port=0, block_size=BLOCK_SIZE, poll_interval_s=0.1, connect_timeout_s=1.0)
+        cfg = RouterConfig(port=0, block_size=BLOCK_SIZE, upstream=UpstreamConfig(poll_interval_s=0.1,
+                                                                                  connect_timeout_s=1.0))
         server = RouterServer(cfg, [f.spec for f in fakes], tokenizer=tokenizer).start()
         wait_for(lambda: set(server.runtime.router.healthy) == {"fa", "fb"}, what="fakes healthy")
         try:

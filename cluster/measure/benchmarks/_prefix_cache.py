@@ -8,7 +8,7 @@ import threading
 import time
 
 from kvmesh.events.config import PublisherConfig
-from kvmesh.events.publisher import ZmqEventPublisher
+from kvmesh.events.publish.publisher import ZmqEventPublisher
 from kvmesh.events.schema import AllBlocksCleared, KVEvent, KVEventBatch
 from kvmesh.kvcache.interfaces import TokenRequest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager

@@ -43,7 +43,7 @@ def _events(step: int, per_batch: int):
 
 def _publisher_process(conn, rate: float, duration: float, per_batch: int, snapshot_blocks: int, chain: int):
     from kvmesh.events.config import PublisherConfig
-    from kvmesh.events.publisher import ZmqEventPublisher
+    from kvmesh.events.publish.publisher import ZmqEventPublisher
 
     pub = ZmqEventPublisher(PublisherConfig(endpoint="bind://tcp://127.0.0.1:0",
                                             replay_endpoint="tcp://127.0.0.1:0"))
@@ -103,7 +103,7 @@ def _fill(pub, num_blocks: int, chain: int) -> None:
 
 def run_throughput(rate: float, duration: float, per_batch: int) -> dict:
     from kvmesh.events.config import PublisherSource, SubscriberConfig
-    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.events.subscribe.subscriber import EventSubscriber
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -151,7 +151,7 @@ def run_throughput(rate: float, duration: float, per_batch: int) -> dict:
 def run_snapshot(num_blocks: int, chain: int) -> dict:
     from kvmesh.events.config import PublisherSource, SubscriberConfig
     from kvmesh.events.state import CachedBlockSet
-    from kvmesh.events.subscriber import EventSubscriber
+    from kvmesh.events.subscribe.subscriber import EventSubscriber
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()

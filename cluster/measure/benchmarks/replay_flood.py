@@ -42,7 +42,7 @@ def _rss_mb() -> float:
 
 def _replica(limits: dict, blocks: int, duration: float, ready, out) -> None:
     from kvmesh.events.config import PublisherConfig
-    from kvmesh.events.publisher import ZmqEventPublisher
+    from kvmesh.events.publish.publisher import ZmqEventPublisher
     from kvmesh.events.schema import BlockStored
 
     def block(h: int) -> BlockStored:

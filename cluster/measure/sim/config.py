@@ -111,10 +111,9 @@ class SimConfig:
     """The replicas' engine section; a simulated replica reads its block_size, max_num_batched_tokens and
     max_num_seqs (``sim_engine``)."""
     router: RouterConfig = field(default_factory=RouterConfig)
-    """The router's section; the simulated router reads predict_ttl_s, session_ttl_s and the transfer rules
+    """The router's section; the simulated router reads predict_ttl_s, its sessions and transfers sections
     (pd_min_uncached_tokens, pd_max_prefill_backlog_tokens, pd_ttft_slack_s, pd_stall_weight,
-    peer_pull_overhead_s); its block size is the
-    engine's, its policy the one compared."""
+    peer_pull_overhead_s); its block size is the engine's, its policy the one compared."""
     blocks_per_replica: int | None = None
     """KV blocks per replica (the null block comes on top). None: ``capacity_fraction`` of the
     trace's working set (distinct blocks), split evenly across replicas."""
@@ -232,8 +231,9 @@ def miniature(config: SimConfig, factor: int) -> SimConfig:
                    decode_s_per_context_token=c.decode_s_per_context_token * factor)
     engine = replace(engine, block_size=engine.block_size // factor,
                      max_num_batched_tokens=max(1, engine.max_num_batched_tokens // factor))
-    r = config.router  # its token thresholds shrink with the tokens
-    router = replace(r, pd_min_uncached_tokens=max(1, r.pd_min_uncached_tokens // factor),
-                     pd_max_prefill_backlog_tokens=max(1, r.pd_max_prefill_backlog_tokens // factor))
+    rules = config.router.transfers  # its token thresholds shrink with the tokens
+    router = replace(config.router, transfers=replace(
+        rules, pd_min_uncached_tokens=max(1, rules.pd_min_uncached_tokens // factor),
+        pd_max_prefill_backlog_tokens=max(1, rules.pd_max_prefill_backlog_tokens // factor)))
     return replace(config, engine=engine, cost=cost, router=router,
                    kv_bytes_per_token=config.kv_bytes_per_token * factor)

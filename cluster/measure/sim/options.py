@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from kvmesh.cluster.config.schema import Schema
+from kvmesh.cluster.config.trees import ROUTER_FIXED
 from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig
 from kvmesh.cluster.measure.sim.config import SimConfig, sim_engine
 from kvmesh.cluster.measure.workloads.registry import get_workload
@@ -105,10 +106,9 @@ class SimCommandConfig:
 
 SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs")
 """What a simulated replica reads of its engine section."""
-SIM_ROUTER_FIELDS = ("predict_ttl_s", "session_ttl_s", "pd_min_uncached_tokens", "pd_max_prefill_backlog_tokens",
-                     "pd_ttft_slack_s", "pd_stall_weight",
-                     "peer_pull_overhead_s")
-"""What the simulated router reads of its section (besides the policy, compared, and the engine's block size)."""
+SIM_ROUTER_FIELDS = ("predict_ttl_s", "sessions", "transfers")
+"""What the simulated router reads of its section (besides the policy, compared, and the engine's block size):
+of ``sessions`` its ``ttl_s``, of ``transfers`` all but what ``_unread_sections`` hides."""
 
 
 def _unread_sections() -> dict[str, str]:
@@ -116,7 +116,9 @@ def _unread_sections() -> dict[str, str]:
     hidden = {"sim.engine": "set the engine section", "sim.router": "set the router section",
               "router.block_size": "the router uses engine.block_size", "router.policy": "--policies",
               "router.policy_kwargs": "--policy-kwargs tunes every policy compared",
-              "router.peer_pulls": "--peer-pulls (the simulated replicas' KV transfer on or off)"}
+              "router.transfers.peer_pulls": "--peer-pulls (the simulated replicas' KV transfer on or off)",
+              "router.transfers.peer_pull_assumed_bytes_per_s": "the simulated replicas report their pull rate "
+                                                                "(--kv-transfer-bytes-per-s)"} | ROUTER_FIXED
     hidden |= {f"engine.{f.name}": "a simulated replica runs no model (its step time is the cost model)"
                for f in fields(EngineConfig) if f.name not in SIM_ENGINE_FIELDS}
     return {f"router.{f.name}": "the simulated router has no HTTP side and no event sockets"
@@ -176,9 +178,7 @@ SCALING_SCHEMA = Schema(ScalingCommandConfig, hidden=_unread_sections() | {
     "sim.num_replicas": "autoscale.max_replicas (the fixed fleet)",
     **{name: "the autoscaled fleet's replicas are of role both, without KV transfers" for name in (
         "sim.num_prefill_replicas", "sim.pd_prefill_pick", "sim.peer_pulls", "sim.kv_transfer_bytes_per_s",
-        "sim.kv_transfer_latency_s", "sim.kv_bytes_per_token", "router.pd_min_uncached_tokens",
-        "router.pd_max_prefill_backlog_tokens", "router.pd_ttft_slack_s", "router.pd_stall_weight",
-        "router.peer_pull_overhead_s")},
+        "sim.kv_transfer_latency_s", "sim.kv_bytes_per_token", "router.transfers")},
     "sim.cost": "the default cost model",
     "autoscale.scale_with_load": "always on here",
     "autoscale.drain_timeout_s": "a drained simulated replica leaves when its last request ends",

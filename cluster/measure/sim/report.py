@@ -47,6 +47,7 @@ from kvmesh.cluster.measure.sim.replica import SimRequest
 from kvmesh.cluster.measure.sim.stats import imbalance, percentiles
 from kvmesh.cluster.measure.sim.transfer_report import format_transfer_table, transfer_summary
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
+from kvmesh.kvcache.reuse import reusable_tokens
 
 if TYPE_CHECKING:
     from kvmesh.cluster.measure.sim.loop import SimRun
@@ -144,7 +145,7 @@ def attribute_gap(requests: Sequence[SimRequest], pool_hits: Sequence[int]) -> d
 
 def capped_hit_tokens(num_matched_blocks: int, num_prompt_tokens: int, block_size: int) -> int:
     """Tokens reused by a request whose first ``num_matched_blocks`` blocks are cached."""
-    return min(num_matched_blocks, (num_prompt_tokens - 1) // block_size) * block_size
+    return reusable_tokens(num_matched_blocks, num_prompt_tokens, block_size)
 
 
 def infinite_hit_rate(requests: list[SimRequest], block_size: int) -> float:

@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.transfer import pick_prefill_replica, prefill_leg
+from kvmesh.kvcache.reuse import reusable_tokens
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import Policy
+from kvmesh.router.routing.tier_matches import TierMatches
 from kvmesh.router.routing.transfers import SPLIT_NO_ROOM, SPLIT_SLOWER, tokens_left_after_split
 
 if TYPE_CHECKING:
@@ -130,8 +132,8 @@ class SimRouter:
         """``pd_prefill_pick=policy``: the routing policy's choice among the prefill replicas, if it has room."""
         loads = {r: router.loads.loads[r] for r in self.prefill_ids}
         matches = router.index.match(keys, now=req.arrival_s)
-        chosen = router.policy.choose(keys, {r: m for r, m in matches.items() if r in loads}, loads,
-                                      req.num_prompt_tokens)
+        device = {r: m for r, m in matches.items() if r in loads}  # the prefill replicas' pools (no host tier)
+        chosen = router.policy.choose(keys, TierMatches(device), loads, req.num_prompt_tokens)
         return pick_prefill_replica(loads, self.prefill_ids, router.transfers.pd_max_prefill_backlog_tokens, chosen)
 
     def _split(self, req: SimRequest, k: int, keys: list[int], pid: int) -> None:
@@ -140,7 +142,7 @@ class SimRouter:
         leg = prefill_leg(req, pid)
         matched = router.index.match(keys, now=req.arrival_s).get(pid, 0)
         bs = self.block_size
-        leg.predicted_hit_tokens = min(matched * bs, (req.num_prompt_tokens - 1) // bs * bs)  # as KVRouter counts
+        leg.predicted_hit_tokens = reusable_tokens(matched, req.num_prompt_tokens, bs)  # as KVRouter counts
         router.index.predict(pid, keys, now=req.arrival_s, start=matched)
         for tracker in self._trackers(k):
             tracker.on_dispatch(pid, self._uncached(leg), now=req.arrival_s)

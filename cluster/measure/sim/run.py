@@ -122,5 +122,5 @@ def _config_dict(config: SimConfig) -> dict:
     d = {f.name: getattr(config, f.name) for f in fields(config) if f.name not in ("engine", "router", "cost")}
     e, r = config.engine, config.router
     return d | {"block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens,
-                "max_num_seqs": e.max_num_seqs, "predict_ttl_s": r.predict_ttl_s, "session_ttl_s": r.session_ttl_s,
+                "max_num_seqs": e.max_num_seqs, "predict_ttl_s": r.predict_ttl_s, "session_ttl_s": r.sessions.ttl_s,
                 "cost": asdict(config.cost)}

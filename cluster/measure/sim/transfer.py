@@ -30,6 +30,7 @@ from collections.abc import Hashable, Iterable
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
+from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.router.routing.load import ReplicaLoad
 
 
@@ -60,7 +61,7 @@ def held_prefix_tokens(replica: SimReplica, req: SimRequest) -> int:
     hasher = RequestBlockHasher(bs, kv.none_hash, req.cache_salt, req.lora_name)
     cached = kv.block_pool.cached_block_hash_to_block
     n = 0
-    for h in hasher.extend(req.all_token_ids[: (req.num_prompt_tokens - 1) // bs * bs]):
+    for h in hasher.extend(req.all_token_ids[: reusable_blocks(req.num_prompt_tokens, bs) * bs]):
         if h not in cached:
             break
         n += 1

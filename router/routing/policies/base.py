@@ -1,22 +1,21 @@
 """The routing policy interface: pure (no I/O), fast, called once per request.
 
-``choose(request_keys, matches, loads, num_prompt_tokens=None) -> replica_id``
+``choose(request_keys, tiers, loads, num_prompt_tokens=None) -> replica_id``
 
 - ``request_keys``: the request's router keys (one per full prompt block, router/routing/keys.py).
-- ``matches``: replica id -> leading blocks of the prompt it holds (``PrefixIndex.match``);
-  replicas holding nothing may be absent; replicas not in ``loads`` are ignored.
+- ``tiers``: the leading blocks of the prompt each replica holds, per tier (``PrefixIndex.match_tiers``,
+  router/routing/tier_matches.py): ``tiers.device`` in its GPU pool, ``tiers.host`` in its host-memory tier
+  (empty until a replica announces one); replicas holding nothing may be absent, replicas not in ``loads``
+  are ignored. Policies that do not price tiers read ``tiers.device`` alone (or nothing).
 - ``loads``: the *candidate* replicas (healthy ones), id -> ``ReplicaLoad`` (router/routing/load.py).
 - ``num_prompt_tokens``: the prompt length; defaults to ``len(request_keys) * block_size``.
 
-``keeps_session(pinned, chosen, ...)`` decides whether a session's pin overrides the choice.
+``keeps_session(pinned, chosen, keys, matches, ...)`` decides whether a session's pin overrides the choice
+(``matches``: the device tier's).
 
 A policy's tuning knobs are one frozen dataclass, its ``config_type`` (``CacheAwareConfig``, as
 sgl-router's), checked when it is built; ``policies.policy_config`` builds it from the options a user
 wrote (``router.policy_kwargs``) with an error that names a bad knob.
-
-A policy with ``prices_tiers`` also takes ``host_matches`` (replica id -> leading blocks of the prompt
-in its host-memory tier, ``PrefixIndex.host``) when any replica has announced such a tier; the
-router never passes it otherwise, so without tiers every policy decides exactly as before.
 """
 
 from __future__ import annotations
@@ -27,11 +26,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvmesh.router.routing.load import ReplicaLoad
+from kvmesh.router.routing.tier_matches import TierMatches
 
 ReplicaId = Hashable
 """How the router names a replica (its spec's id over HTTP, an int in the simulator)."""
 Matches = Mapping[ReplicaId, int]
-"""Replica id -> leading blocks of the prompt it holds."""
+"""Replica id -> leading blocks of the prompt it holds (one tier's; ``TierMatches`` holds both)."""
 Loads = Mapping[ReplicaId, ReplicaLoad]
 """The candidate replicas and what the router knows of their load."""
 PolicyOptions = dict[str, int | float | str | bool]
@@ -55,8 +55,6 @@ class Policy:
     """The policy's registry name (router.policy)."""
     config_type: ClassVar[type[PolicyConfig]] = PolicyConfig
     """The dataclass of its knobs."""
-    prices_tiers: ClassVar[bool] = False
-    """Whether ``choose`` takes ``host_matches`` (host-tier blocks priced by their load-back)."""
 
     def __init__(self, config: PolicyConfig | None = None, block_size: int = 16, seed: int | None = None) -> None:
         if block_size <= 0:
@@ -72,7 +70,7 @@ class Policy:
         self.rng = random.Random(seed)
         """Random source of sampling policies; seeded for reproducible simulations."""
 
-    def choose(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None) -> ReplicaId:
         raise NotImplementedError
 

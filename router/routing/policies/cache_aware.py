@@ -25,7 +25,7 @@ what one running request with a 15k-token context adds to one step (50 us + 39 n
 token ~ 8 prefill tokens at 12k tokens/s, ``cluster/measure/sim/config.py``), and a request behind a long
 backlog or with a long uncached prompt waits through several steps; a short prompt still weighs a
 running request as 8 tokens. Defaults (0.15, 1.0, 8192) come from ``kvmesh sim`` (BENCHMARKS.md §1.7).
-**Tiers, in seconds.** When some replica has a host-memory tier (``host_matches``), each candidate is
+**Tiers, in seconds.** When some replica has a host-memory tier (``tiers.host``), each candidate is
 priced as estimated time to first token, from what the replica measured of itself and reports in
 ``/load``: the cost above (host-tier blocks past its device prefix counted as cached) over its
 prefill rate, plus their load-back, ``blocks * block bytes / host-to-device bandwidth``. A device hit
@@ -44,7 +44,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
+from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.router.routing.policies.base import Loads, Matches, Policy, PolicyConfig, PolicyOptions, ReplicaId
+from kvmesh.router.routing.tier_matches import TierMatches
 
 _RECENT_PREFILL = attrgetter("recent_prefill")
 DEFAULT_DECODE_STEP_TOKENS = 8192.0
@@ -105,7 +107,6 @@ class CacheAwarePolicy(Policy):
     name = "cache_aware"
     config_type = CacheAwareConfig
     config: CacheAwareConfig
-    prices_tiers = True
 
     def __init__(self, config: CacheAwareConfig | None = None, block_size: int = 16,
                  seed: int | None = None) -> None:
@@ -160,7 +161,7 @@ class CacheAwarePolicy(Policy):
                num_prompt_tokens: int | None = None) -> dict[ReplicaId, float]:
         """Estimated seconds to first token on every candidate (see "Tiers, in seconds" above)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
-        usable = max(0, (prompt - 1) // self.block_size)  # an engine computes at least the last token
+        usable = reusable_blocks(prompt, self.block_size)  # an engine computes at least the last token
         device, host = matches.get, host_matches.get
         extra = {rid: max(0, min(host(rid, 0), usable) - device(rid, 0)) for rid in loads}
         either = {rid: device(rid, 0) + extra[rid] for rid in loads}
@@ -172,10 +173,10 @@ class CacheAwarePolicy(Policy):
         return {rid: costs[rid] / (load.prefill_tokens_per_s or mean_rate) + load.load_back_s(extra[rid])
                 for rid, load in loads.items()}
 
-    def choose(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
-               num_prompt_tokens: int | None = None, host_matches: Matches | None = None) -> ReplicaId:
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+               num_prompt_tokens: int | None = None) -> ReplicaId:
         self._check(loads)
-        c = self.config
+        c, matches, host_matches = self.config, tiers.device, tiers.host
         if host_matches or c.temperature > 0:
             costs = (self.ttft_s(request_keys, matches, host_matches, loads, num_prompt_tokens) if host_matches
                      else self.costs(request_keys, matches, loads, num_prompt_tokens))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvmesh.router.routing.policies.base import Loads, Matches, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.routing.tier_matches import TierMatches
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +26,7 @@ class LeastLoadedPolicy(Policy):
     config_type = LeastLoadedConfig
     config: LeastLoadedConfig
 
-    def choose(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None) -> ReplicaId:
         self._check(loads)
         w = self.config.decode_weight

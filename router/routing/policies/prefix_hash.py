@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
-from kvmesh.router.routing.policies.base import Loads, Matches, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.routing.tier_matches import TierMatches
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,7 @@ class PrefixHashPolicy(Policy):
         self._ring_owners = [rid for _, rid in points]
         self._ring_ids = ids
 
-    def choose(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None) -> ReplicaId:
         self._check(loads)
         ids = frozenset(loads)

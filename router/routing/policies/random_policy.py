@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvmesh.router.routing.policies.base import Loads, Matches, Policy, ReplicaId
+from kvmesh.router.routing.policies.base import Loads, Policy, ReplicaId
+from kvmesh.router.routing.tier_matches import TierMatches
 
 
 class RandomPolicy(Policy):
     name = "random"
 
-    def choose(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None) -> ReplicaId:
         self._check(loads)
         ids = list(loads)

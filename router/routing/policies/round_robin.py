@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvmesh.router.routing.policies.base import Loads, Matches, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
+from kvmesh.router.routing.tier_matches import TierMatches
 
 
 class RoundRobinPolicy(Policy):
@@ -14,7 +15,7 @@ class RoundRobinPolicy(Policy):
         super().__init__(config, block_size, seed)
         self._next = 0
 
-    def choose(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None) -> ReplicaId:
         self._check(loads)
         ids = list(loads)

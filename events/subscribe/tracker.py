@@ -25,11 +25,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from kvmesh.events.consumer import BatchCallback, StatusCallback
-from kvmesh.events.health import SNAPSHOT_APPLIED, SNAPSHOT_FAILED, UNRECOVERED
-from kvmesh.events.pending import PendingBatches
 from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEventBatch
-from kvmesh.events.stats import SourceStats
+from kvmesh.events.subscribe.consumer import BatchCallback, StatusCallback
+from kvmesh.events.subscribe.health import SNAPSHOT_APPLIED, SNAPSHOT_FAILED, UNRECOVERED
+from kvmesh.events.subscribe.pending import PendingBatches
+from kvmesh.events.subscribe.stats import SourceStats
 
 logger = logging.getLogger(__name__)
 

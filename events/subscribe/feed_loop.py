@@ -23,15 +23,15 @@ from typing import Literal
 import zmq
 from kvmesh.events import curve
 from kvmesh.events.config import PublisherSource, SubscriberConfig
-from kvmesh.events.conn_bytes import CHECK_S, CountClock
-from kvmesh.events.consumer import BatchCallback, StatusCallback
 from kvmesh.events.endpoints import parse_sub_endpoint
-from kvmesh.events.feed import Feed
-from kvmesh.events.frame_guard import FrameGuard
-from kvmesh.events.health import REFUSED
-from kvmesh.events.replay_requests import ReplayRequests
-from kvmesh.events.source_turns import SourceTurns
-from kvmesh.events.tracker import SourceTracker
+from kvmesh.events.subscribe.conn_bytes import CHECK_S, CountClock
+from kvmesh.events.subscribe.consumer import BatchCallback, StatusCallback
+from kvmesh.events.subscribe.feed import Feed
+from kvmesh.events.subscribe.frame_guard import FrameGuard
+from kvmesh.events.subscribe.health import REFUSED
+from kvmesh.events.subscribe.replay_requests import ReplayRequests
+from kvmesh.events.subscribe.source_turns import SourceTurns
+from kvmesh.events.subscribe.tracker import SourceTracker
 from zmq.utils.monitor import recv_monitor_message
 
 logger = logging.getLogger(__name__)

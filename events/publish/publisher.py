@@ -39,7 +39,7 @@ import zmq
 from kvmesh.events import curve
 from kvmesh.events.config import PublisherConfig
 from kvmesh.events.endpoints import attach, offset_port, parse_listen_endpoint, parse_pub_endpoint
-from kvmesh.events.publisher_io import PublisherIO
+from kvmesh.events.publish.publisher_io import PublisherIO
 from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEvent, KVEventBatch
 from kvmesh.events.wire import MAX_REQUEST_BYTES
 

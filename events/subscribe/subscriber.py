@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 import zmq
 from kvmesh.events.config import PublisherSource, SubscriberConfig
-from kvmesh.events.consumer import BatchCallback, StatusCallback
-from kvmesh.events.feed_loop import FeedLoop
 from kvmesh.events.schema import KVEventBatch
-from kvmesh.events.stats import SourceStats
+from kvmesh.events.subscribe.consumer import BatchCallback, StatusCallback
+from kvmesh.events.subscribe.feed_loop import FeedLoop
+from kvmesh.events.subscribe.stats import SourceStats
 
 __all__ = ["EventSubscriber", "PublisherSource", "SubscriberConfig"]
 

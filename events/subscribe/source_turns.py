@@ -15,10 +15,10 @@ import time
 
 import zmq
 from kvmesh.events.config import SubscriberConfig
-from kvmesh.events.feed import Feed
-from kvmesh.events.frame_guard import FrameGuard
-from kvmesh.events.replay_requests import MESSAGES_PER_TURN
-from kvmesh.events.tracker import SourceTracker
+from kvmesh.events.subscribe.feed import Feed
+from kvmesh.events.subscribe.frame_guard import FrameGuard
+from kvmesh.events.subscribe.replay_requests import MESSAGES_PER_TURN
+from kvmesh.events.subscribe.tracker import SourceTracker
 from kvmesh.events.wire import unpack_seq
 
 _NOBLOCK = int(zmq.NOBLOCK)  # a plain int skips pyzmq's enum arithmetic on the hot path

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import zmq
 from kvmesh.events.config import SubscriberConfig
-from kvmesh.events.conn_bytes import ConnectionBytes
 from kvmesh.events.endpoints import Endpoint, attach
+from kvmesh.events.subscribe.conn_bytes import ConnectionBytes
 
 REATTACH_S = 0.3
 """Seconds a dropped connection that ZeroMQ does not retry waits before we connect again."""

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from kvmesh.events.codec import check_batch
 from kvmesh.events.config import SubscriberConfig
-from kvmesh.events.frame_guard import FrameGuard
 from kvmesh.events.schema import KVEvent
+from kvmesh.events.subscribe.frame_guard import FrameGuard
 from kvmesh.events.wire import END_SEQ, unpack_seq
 
 

@@ -29,12 +29,12 @@ import time
 
 from kvmesh.events.codec import DecodeError, check_batch, decode_batch_counted
 from kvmesh.events.config import SubscriberConfig
-from kvmesh.events.consumer import BatchCallback, StatusCallback
-from kvmesh.events.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, SourceHealth
 from kvmesh.events.peek import ShapeError, peek_batch
 from kvmesh.events.ratelimit import TokenBucket
 from kvmesh.events.schema import KVEventBatch
-from kvmesh.events.tracker import SourceTracker
+from kvmesh.events.subscribe.consumer import BatchCallback, StatusCallback
+from kvmesh.events.subscribe.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, SourceHealth
+from kvmesh.events.subscribe.tracker import SourceTracker
 
 logger = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ from collections.abc import Callable
 
 import zmq
 from kvmesh.events.config import PublisherSource, SubscriberConfig
-from kvmesh.events.conn_bytes import ConnectionBytes, CountClock
 from kvmesh.events.endpoints import parse_sub_endpoint
-from kvmesh.events.frame_guard import FrameGuard
-from kvmesh.events.snapshot_answer import SnapshotAnswers, SnapshotChunk, SnapshotFailure
-from kvmesh.events.tracker import REPLAY, SNAPSHOT, SourceTracker
+from kvmesh.events.subscribe.conn_bytes import ConnectionBytes, CountClock
+from kvmesh.events.subscribe.frame_guard import FrameGuard
+from kvmesh.events.subscribe.snapshot_answer import SnapshotAnswers, SnapshotChunk, SnapshotFailure
+from kvmesh.events.subscribe.tracker import REPLAY, SNAPSHOT, SourceTracker
 from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
 from zmq.utils.monitor import recv_monitor_message
 

@@ -1,0 +1,41 @@
+"""What the index knows of a prompt, per tier: the leading blocks each replica holds in its GPU pool and in its
+host-memory tier (``PrefixIndex.match_tiers``), handed whole to every routing policy.
+
+A policy that prices tiers (cache_aware) reads both; the others read ``device`` alone. ``host`` is empty until a
+replica announces a host tier (events with vLLM's ``medium="CPU"``), so without tiers every policy decides from
+the device matches alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Mapping
+from dataclasses import dataclass, field
+
+Matches = Mapping[Hashable, int]
+"""Replica id -> leading blocks of the prompt it holds (replicas holding nothing may be absent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TierMatches:
+    """A prompt's matches per tier."""
+
+    device: Matches = field(default_factory=dict)
+    """Replica id -> leading blocks of the prompt in its GPU pool (predictions included)."""
+    host: Matches = field(default_factory=dict)
+    """Replica id -> leading blocks of the prompt in its host-memory tier; empty without tiers."""
+
+    def without(self, replica_ids: Collection[Hashable]) -> TierMatches:
+        """The same matches less those of ``replica_ids`` (degraded replicas: routed by load only)."""
+        if not replica_ids:
+            return self
+        return TierMatches({r: m for r, m in self.device.items() if r not in replica_ids},
+                           {r: m for r, m in self.host.items() if r not in replica_ids})
+
+    def either(self) -> dict[Hashable, int]:
+        """Per replica, the leading blocks it holds in either tier (a host-tier block past the device prefix is a
+        hit too, loaded back)."""
+        if not self.host:
+            return dict(self.device)
+        out = {r: max(m, self.host.get(r, 0)) for r, m in self.device.items()}
+        out.update((r, m) for r, m in self.host.items() if r not in self.device)
+        return out
