@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvmesh.cluster.fleet.supervisor import ReplicaHandle, register
+from kvmesh.cluster.launch.supervisor import ReplicaHandle, register
 from kvmesh.cluster.router_client import RouterClient
 
 if TYPE_CHECKING:
