@@ -113,7 +113,7 @@ class ServeCluster:
         return self
 
     def _start_router(self) -> None:
-        from kvmesh.cluster.launch.serve_router import num_router_workers, start_router
+        from kvmesh.cluster.launch.serve_router import RouterProcesses, num_router_workers, start_router
 
         cfg, st = self.config, self.state
         admin_key = st.admin_key = secrets.token_urlsafe(32)  # the replica set is changed only by the operator
@@ -126,8 +126,8 @@ class ServeCluster:
             self.report(f"router: {workers} processes on {self.url}, replica set owned by the control router "
                         f"at {st.router.control_url}")
         # the supervisor and fleet change the replica set where it is owned (cluster/launch/serve_router.py)
-        st.router_client = RouterClient(getattr(st.router, "control_url", self.url), api_key=cfg.router.api_key,
-                                        admin_key=admin_key)
+        owner_url = st.router.control_url if isinstance(st.router, RouterProcesses) else self.url
+        st.router_client = RouterClient(owner_url, api_key=cfg.router.api_key, admin_key=admin_key)
 
     def router_config(self, admin_key: str | None = None) -> RouterConfig:
         """The serve config's router section, plus what the router takes from the engine's."""
