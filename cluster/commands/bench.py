@@ -16,18 +16,17 @@ TOOLS = {
     "load": "load-test an OpenAI endpoint (router, replica, any server)",
     "compare-policies": "run one workload through the router under several policies, side by side",
 }
-# shared helpers in kvmesh.cluster.measure.benchmarks, not benchmarks (no main)
-NOT_AREAS = {"fake_replica", "fake_answers", "router_http"}
+SUPPORT = "support"
+"""benchmarks/support/: what the areas share (fake replicas, HTTP drivers, peers); the one room that is no area."""
 
 
 def available_areas() -> list[str]:
-    """Component benchmark modules found in kvmesh.cluster.measure.benchmarks (without importing them)."""
+    """The modules at the top of kvmesh.cluster.measure.benchmarks, each an area (found without importing them)."""
     try:
         pkg = importlib.import_module("kvmesh.cluster.measure.benchmarks")
     except ModuleNotFoundError:
         return []
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
-                  if not m.name.startswith("_") and m.name not in NOT_AREAS)
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name != SUPPORT)
 
 
 def _description() -> str:

@@ -36,7 +36,7 @@ def describe(answer: dict) -> str:
     target = answer.get("target")
     if target is None:
         return text + "; then its process is removed"
-    if rid.startswith(f"{PREFILL}-"):  # serve's prefill replicas (cluster/fleet/roles.py); target is the others'
+    if rid.startswith(f"{PREFILL}-"):  # serve's prefill replicas (cluster/config/roles.py); target is the others'
         return text + f"; then its process is removed (`kvmesh scale --role {PREFILL} N` starts replacements)"
     return (text + f"; then its process is removed and the cluster's target becomes {target} replica(s) "
             f"(`kvmesh scale {target + 1}` starts a replacement)")

@@ -60,13 +60,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvmesh serve: {e}", file=sys.stderr)
         return 2
 
+    from kvmesh.cluster.fleet.operations import Fleet
     from kvmesh.cluster.launch import ray_cluster
     from kvmesh.cluster.launch.launcher import ServeCluster
 
     ray_cluster.adopt_orphans()  # a Ray process orphaned by a Ctrl-C mid-start is still ours to end
     interrupts = Interrupts()
     interrupts.install()
-    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_keys_dir="")
+    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_keys_dir="", fleet=Fleet)
     code = 0
     try:
         cluster.start()

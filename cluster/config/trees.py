@@ -8,7 +8,7 @@
     ├── frontend:    FrontendConfig    replica/openai/ └── kv_transfer: KVTransferConfig  replica/kv_transfer/
     ├── kv_transfer: KVTransferConfig  replica/kv_transfer/
     ├── ray:         RayConfig         here         RouterCommandConfig (kvmesh router)
-    └── autoscale:   AutoscaleConfig   autoscaler   ├── router:   RouterConfig
+    └── autoscale:   AutoscaleConfig   autoscale.py ├── router:   RouterConfig
                                                     └── frontend: FrontendConfig
 
 A section is the component's dataclass itself, and the component takes it whole
@@ -24,9 +24,9 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
+from kvmesh.cluster.config.autoscale import AutoscaleConfig
+from kvmesh.cluster.config.gpu_share import check_device_share, check_gpu_share, gpus_per_worker
 from kvmesh.cluster.config.schema import Schema, Tree, to_dict
-from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig
-from kvmesh.cluster.launch.gpu_share import check_device_share, check_gpu_share, gpus_per_worker
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.kv_transfer.config import KVTransferConfig

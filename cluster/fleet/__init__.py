@@ -1,1 +1,1 @@
-"""kvmesh.cluster.fleet: a running cluster's replica set: supervisor, scale / drain / rollout (operations.py), autoscaler."""
+"""kvmesh.cluster.fleet: a started cluster's replica set changed at runtime: scale / drain / rollout (operations.py), autoscaler."""

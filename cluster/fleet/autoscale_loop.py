@@ -18,7 +18,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import msgspec
-from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig, Autoscaler, Decision, cheapest_to_lose
+from kvmesh.cluster.config.autoscale import AutoscaleConfig
+from kvmesh.cluster.fleet.autoscaler import Autoscaler, Decision, cheapest_to_lose
 
 if TYPE_CHECKING:
     from kvmesh.cluster.router_client import RouterClient

@@ -4,7 +4,7 @@
     remove:   router drain ─▶ its requests finish ─▶ deregistered ─▶ stopped ─▶ group freed (replica_remove.py)
     rollout:  per old replica: add one of its role (new engine settings, if any) ─▶ gate ─▶ remove the old one
 
-Per role (cluster/fleet/roles.py): scale counts and changes one role's replicas (``--role prefill``, or the
+Per role (cluster/config/roles.py): scale counts and changes one role's replicas (``--role prefill``, or the
 serving ones: decode, or both in a cluster without prefill replicas); the last replica that decodes is never
 drained (prefill replicas alone serve nothing); the autoscaler follows the load with the serving replicas only
 (prefill replicas are scaled by the operator: their load is the long prompts, not the requests in flight).
@@ -26,15 +26,15 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from kvmesh.cluster.config.gpu_share import check_gpu_share
+from kvmesh.cluster.config.roles import Role, decodes, serving_role
 from kvmesh.cluster.fleet.autoscaler import Decision, cheapest_to_lose
 from kvmesh.cluster.fleet.replica_add import add_replicas
 from kvmesh.cluster.fleet.replica_remove import remove_replica
-from kvmesh.cluster.fleet.roles import Role, decodes, serving_role
-from kvmesh.cluster.fleet.supervisor import ReplicaHandle, replica_index
 from kvmesh.cluster.fleet.view import Accepted, EngineChanges, FleetView, Operation
 from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch.capacity import plan_capacity
-from kvmesh.cluster.launch.gpu_share import check_gpu_share
+from kvmesh.cluster.launch.supervisor import ReplicaHandle, replica_index
 from kvmesh.router.routing.roles import PREFILL, check_role
 
 if TYPE_CHECKING:

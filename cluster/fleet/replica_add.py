@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from kvmesh.cluster.fleet.roles import Role
-from kvmesh.cluster.fleet.supervisor import ReplicaHandle, register
+from kvmesh.cluster.config.roles import Role
 from kvmesh.cluster.launch import placement as pl
+from kvmesh.cluster.launch.supervisor import ReplicaHandle, register
 
 if TYPE_CHECKING:
     from kvmesh.cluster.launch.serve_state import RunningCluster, ServeState

@@ -11,8 +11,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from kvmesh.cluster.fleet.supervisor import ReplicaHandle, actor_state, replica_index
 from kvmesh.cluster.launch import placement as pl
+from kvmesh.cluster.launch.supervisor import ReplicaHandle, actor_state, replica_index
 
 if TYPE_CHECKING:
     from kvmesh.cluster.launch.serve_state import RunningCluster

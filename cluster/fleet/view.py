@@ -45,7 +45,7 @@ class FleetView(TypedDict):
     replicas: list[str]
     """The replicas now."""
     roles: dict[str, str]
-    """Each replica's role: prefill, decode or both (cluster/fleet/roles.py)."""
+    """Each replica's role: prefill, decode or both (cluster/config/roles.py)."""
     target: int
     """Replicas wanted that serve requests (decode, or both)."""
     prefill_target: int

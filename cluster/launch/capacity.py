@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-RESOURCE_STEP = 1e-4
-"""Ray counts resources in steps of 0.0001 (``ray._raylet.RESOURCE_UNIT_SCALING`` = 10000)."""
+from kvmesh.cluster.config.gpu_share import RESOURCE_STEP
+
 UNBOUNDED = 1 << 30
 """Replicas a node holds when a replica needs none of its resources."""
 

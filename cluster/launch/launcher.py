@@ -4,8 +4,9 @@
               placement group per replica ─▶ replica actors (loading; their config sections:
               replica_sections.py) ─▶ router (this process, or a control router + router.workers:
               cluster/launch/serve_router.py) ─▶ wait for ready, register endpoints with the router (readiness.py)
-              ─▶ supervisor thread (restarts -> re-registration) ─▶ fleet (cluster/fleet/operations.py: replicas
-              added/drained/removed at runtime, autoscaler, rolling restart)
+              ─▶ supervisor thread (restarts -> re-registration, supervisor.py) ─▶ the fleet built on the started
+              cluster, when given one (``fleet``: ``kvmesh serve`` passes cluster/fleet/operations.py's ``Fleet``:
+              replicas added/drained/removed at runtime, autoscaler, rolling restart); launch never names fleet/
     stop():   fleet ─▶ supervisor ─▶ router ─▶ replicas (graceful, then killed) ─▶ placement groups ─▶
               Ray (only if serve started it)
 
@@ -27,9 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvmesh.cluster import admin_key as admin_key_store
+from kvmesh.cluster.config.roles import Role, replica_name, serving_role
 from kvmesh.cluster.config.trees import ServeConfig
-from kvmesh.cluster.fleet.roles import Role, replica_name, serving_role
-from kvmesh.cluster.fleet.supervisor import ReplicaHandle, Supervisor
 from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch import preflight, ray_cluster
 from kvmesh.cluster.launch.embedded_model import SERVED_NAME
@@ -42,7 +42,8 @@ from kvmesh.cluster.launch.replica_sections import (
     replica_kv_transfer,
     replica_server,
 )
-from kvmesh.cluster.launch.serve_state import ServeState
+from kvmesh.cluster.launch.serve_state import ClusterFleet, FleetFactory, ServeState
+from kvmesh.cluster.launch.supervisor import ReplicaHandle, Supervisor
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.kvcache.hashing import cache_salt_secret
 from kvmesh.replica.config import EngineConfig
@@ -51,7 +52,6 @@ from kvmesh.router.routing.policies import with_step_budget
 from kvmesh.router.routing.roles import PREFILL
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.fleet.operations import Fleet
     from ray.actor import ActorHandle
 
 logger = logging.getLogger(__name__)
@@ -62,8 +62,10 @@ class ServeCluster:
 
     def __init__(self, config: ServeConfig, report: Callable[[str], None] = print,
                  log_to_driver: bool = False, supervise_interval_s: float = 1.0,
-                 admin_keys_dir: str | None = None) -> None:
+                 admin_keys_dir: str | None = None, fleet: FleetFactory | None = None) -> None:
         self.config = config
+        self.make_fleet = fleet
+        """Builds the fleet on the started cluster (None: none; the replica set stays as started)."""
         self.admin_keys_dir = admin_keys_dir
         """Folder of the cluster records (cluster/admin_key.py; "" = the default one); None = write none."""
         self.admin_key_file: Path | None = None
@@ -72,8 +74,8 @@ class ServeCluster:
         self.log_to_driver = log_to_driver
         self.supervise_interval_s = supervise_interval_s
         self.state = ServeState()
-        self.fleet: Fleet | None = None
-        """cluster/fleet/operations.py's Fleet: runtime scaling, drains, rolling restarts."""
+        self.fleet: ClusterFleet | None = None
+        """The fleet ``make_fleet`` built (cluster/fleet/operations.py's): runtime scaling, drains, rolling restarts."""
         self.started_at = time.monotonic()
         self._spawn: dict[str, Callable[[], ActorHandle]] = {}  # replica id -> makes its actor (again)
         # SECRET: the cluster's hash seed, generated here unless configured; replicas get it as an actor
@@ -105,14 +107,13 @@ class ServeCluster:
         wait_router_sees(st.router_client, st.router, len(st.replicas))
         st.supervisor = Supervisor(st.replicas, st.router_client, interval_s=self.supervise_interval_s,
                                    report=self.report, spawn=lambda rid: self._spawn[rid]()).start()
-        from kvmesh.cluster.fleet.operations import Fleet
-
-        self.fleet = Fleet(self).start()
-        st.router.runtime.fleet = self.fleet
+        if self.make_fleet is not None:
+            self.fleet = self.make_fleet(self).start()
+            st.router.runtime.fleet = self.fleet
         return self
 
     def _start_router(self) -> None:
-        from kvmesh.cluster.launch.serve_router import num_router_workers, start_router
+        from kvmesh.cluster.launch.serve_router import RouterProcesses, num_router_workers, start_router
 
         cfg, st = self.config, self.state
         admin_key = st.admin_key = secrets.token_urlsafe(32)  # the replica set is changed only by the operator
@@ -125,8 +126,8 @@ class ServeCluster:
             self.report(f"router: {workers} processes on {self.url}, replica set owned by the control router "
                         f"at {st.router.control_url}")
         # the supervisor and fleet change the replica set where it is owned (cluster/launch/serve_router.py)
-        st.router_client = RouterClient(getattr(st.router, "control_url", self.url), api_key=cfg.router.api_key,
-                                        admin_key=admin_key)
+        owner_url = st.router.control_url if isinstance(st.router, RouterProcesses) else self.url
+        st.router_client = RouterClient(owner_url, api_key=cfg.router.api_key, admin_key=admin_key)
 
     def router_config(self, admin_key: str | None = None) -> RouterConfig:
         """The serve config's router section, plus what the router takes from the engine's."""
@@ -170,7 +171,7 @@ class ServeCluster:
         """Start replica ``group.replica_index``'s actor of ``role`` in its placement group (not yet ready).
 
         The hook the fleet (cluster/fleet/operations.py) adds replicas through at runtime; ports are the
-        base + i (+ 2i for events), whatever the role (cluster/fleet/roles.py).
+        base + i (+ 2i for events), whatever the role (cluster/config/roles.py).
         """
         from kvmesh.replica.actor import ReplicaOptions, start_replica_actor
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -13,8 +13,8 @@ import logging
 import os
 import socket
 
+from kvmesh.cluster.config.gpu_share import check_device_share
 from kvmesh.cluster.config.trees import ServeConfig
-from kvmesh.cluster.launch.gpu_share import check_device_share
 from kvmesh.cluster.launch.model_files import check_model, hub_reachable
 
 logger = logging.getLogger(__name__)

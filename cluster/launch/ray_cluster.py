@@ -254,7 +254,7 @@ def gcs_gone() -> bool:
 def resolve_device(config: ServeConfig, handle: RayHandle) -> str:
     """device None (auto) -> "cuda" when the cluster has GPUs (the driver's node may have none), else "cpu";
     ValueError when GPUs are shared out on a cluster without any (gpu_share.check_device_share)."""
-    from kvmesh.cluster.launch.gpu_share import check_device_share
+    from kvmesh.cluster.config.gpu_share import check_device_share
 
     if config.engine.device is not None:
         return config.engine.device

@@ -7,11 +7,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvmesh.cluster.fleet.supervisor import ReplicaHandle, register
+from kvmesh.cluster.launch.serve_router import RouterProcesses
+from kvmesh.cluster.launch.supervisor import ReplicaHandle, register
 from kvmesh.cluster.router_client import RouterClient
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.launch.serve_router import RouterProcesses
     from kvmesh.router.control.router_server import RouterServer
 
 NOTE_EVERY_S = 10.0
@@ -56,7 +56,7 @@ def wait_router_sees(router_client: RouterClient, router: RouterServer | RouterP
     while time.monotonic() < deadline:
         healthy = router_client.health().get("healthy_replicas", [])
         if len(healthy) >= want:
-            if hasattr(router, "wait_workers_see"):  # several router processes follow it
+            if isinstance(router, RouterProcesses):  # several router processes follow it
                 router.wait_workers_see(want, max(deadline - time.monotonic(), 1.0))
             return
         time.sleep(0.1)

@@ -8,7 +8,7 @@
                 ──▶ events   PublisherConfig       the events section, plus the CURVE keys of private streams
                 ──▶ frontend FrontendConfig        as configured
                 ──▶ kv_transfer KVTransferConfig   serve's section, on as replicas.kv_transfer says
-                                                   (cluster/fleet/roles.py), transport nixl (``local`` moves KV
+                                                   (cluster/config/roles.py), transport nixl (``local`` moves KV
                                                    only inside one process)
 
 The replica actor then starts ``ReplicaRuntime`` with them.
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kvmesh.cluster.config.gpu_share import replica_memory_utilization
+from kvmesh.cluster.config.roles import kv_transfer_on
 from kvmesh.cluster.config.trees import ServeConfig
-from kvmesh.cluster.fleet.roles import kv_transfer_on
 from kvmesh.cluster.launch.event_keys import CurveKeys
-from kvmesh.cluster.launch.gpu_share import replica_memory_utilization
 from kvmesh.cluster.launch.ray_cluster import LOCAL_HOST
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
@@ -36,7 +36,7 @@ EMBEDDED_KV_CACHE_MEMORY = 64 << 20
 def replica_engine(cfg: ServeConfig, model_path: str, device: str, hash_seed: str) -> EngineConfig:
     """The engine section as every replica gets it (with the cluster's secret hash seed)."""
     engine = cfg.engine
-    if device == "cuda":  # a fraction of a GPU: that share of its memory (cluster/launch/gpu_share.py)
+    if device == "cuda":  # a fraction of a GPU: that share of its memory (cluster/config/gpu_share.py)
         engine = replace(engine, gpu_memory_utilization=replica_memory_utilization(
             cfg.replicas.gpus_per_replica, engine.gpu_memory_utilization))
     return replace(

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from kvmesh.cluster.config.roles import Role
 from kvmesh.cluster.config.trees import ServeConfig
-from kvmesh.cluster.fleet.roles import Role
-from kvmesh.cluster.fleet.supervisor import ReplicaHandle, Supervisor
 from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch import ray_cluster
+from kvmesh.cluster.launch.supervisor import ReplicaHandle, Supervisor
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.kv_transfer.config import KVTransferConfig
@@ -64,3 +64,15 @@ class RunningCluster(Protocol):
     def replica_bundles(self) -> list[dict[str, float]]: ...
     def check_capacity(self, num_replicas: int) -> None: ...
     def start_replica(self, group: pl.ReplicaPlacement, role: Role) -> ReplicaHandle: ...
+
+
+class ClusterFleet(Protocol):
+    """What the launcher drives of the fleet built on a started cluster (cluster/fleet/operations.py's ``Fleet``,
+    which the router's admin routes drive too: ``Fleet`` in router/control/runtime.py)."""
+
+    def start(self) -> ClusterFleet: ...
+    def stop(self) -> None: ...
+
+
+FleetFactory = Callable[[RunningCluster], ClusterFleet]
+"""Builds the fleet on the started cluster (``ServeCluster(fleet=...)``; ``kvmesh serve`` passes ``Fleet``)."""

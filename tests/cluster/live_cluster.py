@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 from kvmesh.cluster.config.loader import from_dict
+from kvmesh.cluster.fleet.operations import Fleet
 from kvmesh.cluster.launch.launcher import ServeCluster
 
 
@@ -24,7 +25,7 @@ def start_cluster(stories_path, tmp_path_factory, name: str, *, replicas: dict |
         "ray": {"namespace": f"kvmesh-{name}-{os.getpid()}", "ready_timeout_s": 240}, **sections})
     messages: list[str] = []
     serve = ServeCluster(config, report=messages.append, supervise_interval_s=0.5,
-                         admin_keys_dir=str(tmp_path_factory.mktemp("clusters")))
+                         admin_keys_dir=str(tmp_path_factory.mktemp("clusters")), fleet=Fleet)
     serve.messages = messages
     try:
         serve.start()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig, Autoscaler, cheapest_to_lose, desired_replicas
+from kvmesh.cluster.config.autoscale import AutoscaleConfig
+from kvmesh.cluster.fleet.autoscaler import Autoscaler, cheapest_to_lose, desired_replicas
 
 CFG = AutoscaleConfig(scale_with_load=True, min_replicas=1, max_replicas=3, target_in_flight=4,
                       upscale_delay_s=2, downscale_delay_s=10)

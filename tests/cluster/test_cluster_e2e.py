@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 from kvmesh.cluster.config.loader import from_dict
+from kvmesh.cluster.fleet.operations import Fleet
 from kvmesh.cluster.launch.launcher import ServeCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -53,7 +54,7 @@ def cluster(ray_session, stories_path):
         "ray": {"namespace": f"kvmesh-test-{os.getpid()}", "ready_timeout_s": 240},
     })
     messages: list[str] = []
-    serve = ServeCluster(config, report=messages.append, supervise_interval_s=0.5)
+    serve = ServeCluster(config, report=messages.append, supervise_interval_s=0.5, fleet=Fleet)
     try:
         try:
             serve.start()

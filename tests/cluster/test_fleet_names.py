@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from kvmesh.cluster.config.trees import ServeConfig
 from kvmesh.cluster.fleet.operations import Fleet
-from kvmesh.cluster.fleet.supervisor import ReplicaHandle
 from kvmesh.cluster.launch.serve_state import ServeState
+from kvmesh.cluster.launch.supervisor import ReplicaHandle
 from prometheus_client import CollectorRegistry
 
 

@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 from kvmesh.cluster.config.loader import ConfigError, from_dict, load
+from kvmesh.cluster.config.roles import kv_transfer_on, replica_name, serving_role
 from kvmesh.cluster.config.trees import SERVE_SCHEMA
 from kvmesh.cluster.fleet.operations import Fleet
-from kvmesh.cluster.fleet.roles import kv_transfer_on, replica_name, serving_role
-from kvmesh.cluster.fleet.supervisor import ReplicaHandle, replica_index
 from kvmesh.cluster.launch.ray_cluster import DRIVER_CPUS, embedded_num_cpus
 from kvmesh.cluster.launch.replica_sections import replica_kv_transfer
 from kvmesh.cluster.launch.serve_state import ServeState
+from kvmesh.cluster.launch.supervisor import ReplicaHandle, replica_index
 from prometheus_client import CollectorRegistry
 
 

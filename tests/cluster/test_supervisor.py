@@ -9,7 +9,7 @@ import time
 from collections import deque
 
 import pytest
-from kvmesh.cluster.fleet.supervisor import ReplicaHandle, Supervisor, SupervisorConfig
+from kvmesh.cluster.launch.supervisor import ReplicaHandle, Supervisor, SupervisorConfig
 
 
 class RecordingRouter:

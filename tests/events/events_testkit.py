@@ -226,7 +226,7 @@ class EndlessMessagePeer:
     b"ROUTER": a replay socket answering so."""
 
     def __init__(self, socket_type: bytes = b"PUB") -> None:
-        from kvmesh.cluster.measure.benchmarks._flooder import endless_message_peer
+        from kvmesh.cluster.measure.benchmarks.support.flooder import endless_message_peer
 
         go, self._stop = threading.Event(), threading.Event()
         go.set()

@@ -1,4 +1,4 @@
-"""Load-generator test fixtures: the fake replica (``kvmesh.cluster.measure.benchmarks.fake_replica``) on a thread.
+"""Load-generator test fixtures: the fake replica (``kvmesh.cluster.measure.benchmarks.support.fake_replica``) on a thread.
 
 It streams ``max_tokens`` chunks ``token_delay`` apart and reports ``usage`` with
 ``prompt_tokens_details.cached_tokens`` from a real prefix cache of 16-token blocks (token-id prompts
@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 
 import pytest
-from kvmesh.cluster.measure.benchmarks._fake_thread import RunningFake, serve_in_thread
-from kvmesh.cluster.measure.benchmarks._prefix_cache import PrefixCache
-from kvmesh.cluster.measure.benchmarks.fake_replica import FakeReplica, Faults
+from kvmesh.cluster.measure.benchmarks.support.fake_replica import FakeReplica, Faults
+from kvmesh.cluster.measure.benchmarks.support.fake_thread import RunningFake, serve_in_thread
+from kvmesh.cluster.measure.benchmarks.support.prefix_cache import PrefixCache
 
 BLOCK = 16
 

@@ -15,7 +15,7 @@ from kvmesh.cluster.measure.benchmarks import router_peers
 
 @pytest.fixture(scope="module")
 def stub():
-    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.fake_replica"],
+    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.support.fake_replica"],
                             stdout=subprocess.PIPE, text=True)
     try:
         yield f"http://127.0.0.1:{json.loads(proc.stdout.readline())['port']}"

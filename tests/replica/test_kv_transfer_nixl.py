@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvmesh.cluster.measure.benchmarks._kv_peer import HolderSpec, receive_holder, start_holder
+from kvmesh.cluster.measure.benchmarks.support.kv_peer import HolderSpec, receive_holder, start_holder
 from kvmesh.replica.kv_transfer.agent import (
     KVTransferConfig,
     agent_for_runner,

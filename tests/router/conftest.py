@@ -13,7 +13,7 @@ import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
 
-FAKE = "kvmesh.cluster.measure.benchmarks.fake_replica"
+FAKE = "kvmesh.cluster.measure.benchmarks.support.fake_replica"
 BLOCK_SIZE = 4
 ADMIN_KEY = "admin-key"
 """The admin key of ``start_router``'s routers (the replica list needs it); pass admin_key=None for none."""
@@ -21,7 +21,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 class FakeProc:
-    """A fake replica process (kvmesh.cluster.measure.benchmarks.fake_replica) that can be killed and restarted on the same ports."""
+    """A fake replica process (kvmesh.cluster.measure.benchmarks.support.fake_replica) that can be killed and restarted on the same ports."""
 
     def __init__(self, name: str):
         self.name = name

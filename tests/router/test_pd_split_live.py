@@ -1,5 +1,5 @@
 """The P/D split and peer pulls end to end: a real router in front of fake replicas (one process each, real HTTP,
-real KV events) that play the replica side of the contract (cluster/measure/benchmarks/_fake_kv_transfer.py):
+real KV events) that play the replica side of the contract (cluster/measure/benchmarks/support/fake_kv_transfer.py):
 a prefill replica answers with a leased handle, a decode replica records the ``kv_transfer_params`` it got, leases
 from ``remote_url`` itself for a peer pull, releases, and reports the tokens it pulled in
 ``x-kvmesh-kv-pulled-tokens``. Block size 4, prompts of 64 tokens: 15 full blocks (60 tokens) can move."""

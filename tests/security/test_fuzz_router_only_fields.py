@@ -3,7 +3,7 @@
 ``kv_transfer_params`` (and a chat's ``prompt_token_ids``) mean what the JSON decodes to, whatever the bytes:
 unicode escapes of any of its characters (either hex case), whitespace, duplicate keys in either order with a
 null or an evil value, nested evil objects whose own keys are escaped. Hypothesis writes the spellings; a
-real router sends them to fake replicas (cluster/measure/benchmarks/fake_replica.py records every
+real router sends them to fake replicas (cluster/measure/benchmarks/support/fake_replica.py records every
 ``kv_transfer_params`` it decodes, and calls ``remote_url`` as a replica does) with KV transfer off, so the
 router itself never sets the field: whatever a replica got came from the client. The property: the router
 refuses (an OpenAI-shaped 4xx) or the replica got nothing to act on, and nothing called the listener. A few

@@ -4,7 +4,7 @@ trace at a rate that varies, against a fixed fleet sized for the peak."""
 from __future__ import annotations
 
 import pytest
-from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig
+from kvmesh.cluster.config.autoscale import AutoscaleConfig
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimRequest, cut_trace, requests_from_mooncake
 from kvmesh.cluster.measure.sim.run import blocks_per_replica

@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks._engines import make_engine
-from kvmesh.cluster.measure.benchmarks._step_overhead import TINY, bench_step_overhead
+from kvmesh.cluster.measure.benchmarks.support.engines import make_engine
+from kvmesh.cluster.measure.benchmarks.support.step_overhead import TINY, bench_step_overhead
 
 MODEL = dict(model_type="llama", hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
              num_attention_heads=8, num_key_value_heads=2, vocab_size=32000, max_position_embeddings=4096)

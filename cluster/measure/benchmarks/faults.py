@@ -26,8 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks._http import get
 from kvmesh.cluster.measure.benchmarks.startup import _cmdline, _free_port, _tree
+from kvmesh.cluster.measure.benchmarks.support.json_http import get
 
 PROMPTS = [f"Once upon a time, {who} went to the {where} and" for who in ("Lily", "Tom", "a little dog", "Ben")
            for where in ("park", "sea", "shop", "forest")]

@@ -6,13 +6,13 @@
 Processes: ``kvmesh router --workers 1`` (its own process: its RSS is what we watch); a *healthy*
 replica (``fake_replica`` with a prefix cache: a real prefix cache whose events the router follows); a *hostile* one
 whose HTTP is an instant stub and whose event stream (plain PUB, no replay socket, as a vLLM upstream
-replica's) is _flooder.py's; one client (_flood_client.py) sending completions one at a time through
+replica's) is support/flooder.py's; one client (support/flood_client.py) sending completions one at a time through
 the router, each a shared 64-token prefix (32 of them, cached on the healthy replica beforehand) plus a fresh
 16-token suffix. Phases: ``--baseline`` seconds without the flood, then ``--duration`` seconds of it.
 The flooder cycles, as fast as the router reads, through garbage payloads, wrong frame counts and seq
 frames, payloads over ``max_payload_bytes``, valid batches of 65,536 blocks (~6 MB) and of more blocks
 than a batch may name, valid batches claiming the client's prefixes, and every 5 s one message over
-ZeroMQ's MAXMSGSIZE. ``--mix`` picks another attack (_flooder.py): ``valid`` (only huge valid
+ZeroMQ's MAXMSGSIZE. ``--mix`` picks another attack (support/flooder.py): ``valid`` (only huge valid
 batches), ``endless`` (one multipart message that never ends), ``hostile`` (issue 28: frames costly to
 decode -- nested arrays, 200,000-event batches -- and a replay socket answering undecodable snapshot
 frames). Reported: the router's RSS (start of the flood, peak, growth; sampled every 0.25 s), its CPU,
@@ -37,9 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks import _flood_client as fc
-from kvmesh.cluster.measure.benchmarks import _peer_load as pl
-from kvmesh.cluster.measure.benchmarks._flooder import BLOCK_SIZE, hostile_publisher
+from kvmesh.cluster.measure.benchmarks.support import flood_client as fc
+from kvmesh.cluster.measure.benchmarks.support import peer_load as pl
+from kvmesh.cluster.measure.benchmarks.support.flooder import BLOCK_SIZE, hostile_publisher
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -60,7 +60,7 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
     procs: list[subprocess.Popen] = []
     try:
         flooder.start()
-        healthy = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.fake_replica",
+        healthy = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.support.fake_replica",
                                     "--name", "healthy", "--event-port", "0", "--block-size", str(BLOCK_SIZE)],
                                    stdout=subprocess.PIPE, text=True)
         procs.append(healthy)

@@ -85,7 +85,7 @@ def _cpu_s(process) -> float:
 def bench_layout(kv_layout: str, block_counts: list[int], repeat: int, progress_delay_us: int = 1000) -> dict:
     import psutil
     import torch
-    from kvmesh.cluster.measure.benchmarks._kv_peer import HolderSpec, receive_holder, start_holder
+    from kvmesh.cluster.measure.benchmarks.support.kv_peer import HolderSpec, receive_holder, start_holder
     from kvmesh.replica.kv_transfer.agent import KVTransferConfig, decode_handshake, make_kv_transfer_agent
     from kvmesh.replica.kv_transfer.layout import block_layout
 

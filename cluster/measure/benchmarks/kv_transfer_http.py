@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks import _http as http
+from kvmesh.cluster.measure.benchmarks.support import json_http as http
 
 SEED = "kv-transfer-http-bench-seed"
 

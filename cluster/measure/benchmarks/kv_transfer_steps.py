@@ -139,8 +139,8 @@ def _summary(steps: list, windows: list, kind: str) -> dict:
 
 def bench_step_trace(args: argparse.Namespace) -> dict:
     import psutil
-    from kvmesh.cluster.measure.benchmarks._engines import make_engine
-    from kvmesh.cluster.measure.benchmarks._kv_peer import HolderSpec, receive_holder, start_holder
+    from kvmesh.cluster.measure.benchmarks.support.engines import make_engine
+    from kvmesh.cluster.measure.benchmarks.support.kv_peer import HolderSpec, receive_holder, start_holder
     from kvmesh.replica.engine.async_llm import AsyncLLM
     from kvmesh.replica.kv_transfer.agent import KVTransferConfig, agent_for_runner, decode_handshake
 

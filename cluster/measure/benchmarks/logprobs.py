@@ -19,8 +19,8 @@ import random
 import statistics
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks._engines import make_engine
 from kvmesh.cluster.measure.benchmarks.engine import MODEL, Clock
+from kvmesh.cluster.measure.benchmarks.support.engines import make_engine
 
 DECODE_VARIANTS = {"none": None, "logprobs=0": 0, "logprobs=5": 5, "logprobs=20": 20}
 SCORING_VARIANTS = {"none": None, "prompt_logprobs=1": 1}

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks._peer_load import stop_processes
+from kvmesh.cluster.measure.benchmarks.support.peer_load import stop_processes
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 

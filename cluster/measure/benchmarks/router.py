@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks.router_http import measure_added_latency
+from kvmesh.cluster.measure.benchmarks.support.router_http import measure_added_latency
 from kvmesh.cluster.measure.shared_dir import stories_model
 from kvmesh.events.schema import BlockRemoved, BlockStored
 

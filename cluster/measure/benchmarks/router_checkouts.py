@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks import _peer_load as pl
 from kvmesh.cluster.measure.benchmarks.router_parse import HERE, write_tree_comparison
 from kvmesh.cluster.measure.benchmarks.router_peers import LLAMA2_CHAT_TEMPLATE, PATHS, STORIES, workloads
+from kvmesh.cluster.measure.benchmarks.support import peer_load as pl
 
 
 def _router(tree: Path, stubs: list[str], template: str) -> tuple[subprocess.Popen, str]:

@@ -20,7 +20,12 @@ import statistics
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks.router_http import _cpu_seconds, _run_echo, timed_post, wait_healthy
+from kvmesh.cluster.measure.benchmarks.support.router_http import (
+    _cpu_seconds,
+    _run_echo,
+    timed_post,
+    wait_healthy,
+)
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 STORIES = stories_model()

@@ -20,13 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks import _http as http
+from kvmesh.cluster.measure.benchmarks.support import json_http as http
 
 PROMPT_TOKENS = 428
 
 
 def _launch(name: str) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.fake_replica", "--name", name,
+    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.support.fake_replica", "--name", name,
                              "--port", "0", "--event-port", "0", "--block-size", "16", "--num-blocks", "65536"],
                             stdout=subprocess.PIPE, text=True)
     return proc, json.loads(proc.stdout.readline())

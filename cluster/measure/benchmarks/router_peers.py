@@ -2,7 +2,7 @@
 
     kvmesh bench router-peers [--peers-dir DIR] [--out results/router_peers.json] [--quick]
 
-Two instant stub replicas (cluster/measure/benchmarks/fake_replica.py) serve every router. Peers are found
+Two instant stub replicas (cluster/measure/benchmarks/support/fake_replica.py) serve every router. Peers are found
 as ``DIR/*/bin/sglang-router`` and ``DIR/*/bin/vllm-router`` (DIR: ``--peers-dir``, else
 ``$KVMESH_PEERS_DIR``, else ``../peers`` beside the checkout; each in its own virtualenv, outside the
 repository); what is missing is skipped and said so. Each router runs alone on core 0 (taskset),
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks import _peer_load as pl
+from kvmesh.cluster.measure.benchmarks.support import peer_load as pl
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 ROOT = Path(__file__).resolve().parents[3]

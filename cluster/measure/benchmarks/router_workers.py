@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks import _peer_load as pl
+from kvmesh.cluster.measure.benchmarks.support import peer_load as pl
 
 ROOT = Path(__file__).resolve().parents[3]
 STORIES = ROOT.parent / "shared" / "models" / "stories260K" / "hf"

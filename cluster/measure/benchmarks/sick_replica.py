@@ -3,7 +3,7 @@
     kvmesh bench sick-replica [--model ../shared/models/stories260K/hf] [--concurrency 8] [--client-timeout 120]
                               [--router-cmd "python -m kvmesh.cluster.cli router"] [--out results/sick_replica.json]
 
-Two fake replicas (cluster/measure/benchmarks/fake_replica.py), each its own process: ``healthy`` answers at
+Two fake replicas (cluster/measure/benchmarks/support/fake_replica.py), each its own process: ``healthy`` answers at
 once; ``sick`` answers ``/health``, ``/load`` and ``/server_info`` like a real one but
 
 - ``never-answers``: never answers a completion. Two waves of ``--concurrency`` concurrent completions, the
@@ -30,11 +30,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks._http import call
 from kvmesh.cluster.measure.benchmarks.startup import _free_port
+from kvmesh.cluster.measure.benchmarks.support.json_http import call
 from kvmesh.cluster.measure.shared_dir import stories_model
 
-FAKE = [sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.fake_replica", "--port", "0"]
+FAKE = [sys.executable, "-m", "kvmesh.cluster.measure.benchmarks.support.fake_replica", "--port", "0"]
 
 
 def start_fake(name: str, words: bool) -> tuple[subprocess.Popen, str]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
+from kvmesh.cluster.config.autoscale import AutoscaleConfig
 from kvmesh.cluster.config.schema import Schema
 from kvmesh.cluster.config.trees import ROUTER_FIXED
-from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig
 from kvmesh.cluster.measure.sim.config import SimConfig, sim_engine
 from kvmesh.cluster.measure.workloads.registry import get_workload
 from kvmesh.cluster.measure.workloads.settings import WorkloadSettings, WorkloadShape

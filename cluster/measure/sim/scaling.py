@@ -23,7 +23,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 
-from kvmesh.cluster.fleet.autoscaler import AutoscaleConfig, Autoscaler, cheapest_to_lose
+from kvmesh.cluster.config.autoscale import AutoscaleConfig
+from kvmesh.cluster.fleet.autoscaler import Autoscaler, cheapest_to_lose
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.loop import FLEET_EVENT, FLEET_TIMER, Payload, SimRun, Simulation, run_policy
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest

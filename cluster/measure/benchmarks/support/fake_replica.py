@@ -7,7 +7,7 @@ replica's name then ``!``, or with ``answer_max_tokens`` the body's ``max_tokens
 ...; a non-streamed answer is the name (tests read which replica answered). With a prefix cache
 (``PrefixCache``: a real ``KVCacheManager``, its events on a real ``ZmqEventPublisher`` with replay and
 snapshots) every prompt is "prefilled" through it and ``usage`` says how many tokens it held; it then also
-plays the P/D and peer-pull contract (``kv_transfer_params``, ``/kv/lease``, ``/kv/release``: _fake_kv_transfer.py).
+plays the P/D and peer-pull contract (``kv_transfer_params``, ``/kv/lease``, ``/kv/release``: fake_kv_transfer.py).
 
 ``POST /fake/config`` changes the ``Faults`` (a first-byte delay, with or without progress in ``/load``, a
 forced status, streams cut after their first chunk or stalled after a few, answers that are not JSON, a
@@ -15,7 +15,7 @@ clock skew or event lag, the publisher stopped or restarted); ``GET /fake/stats`
 client left during the delay and the Authorization headers seen. Without a cache a response costs ~20 µs
 of CPU, so a router in front of it is measured almost alone::
 
-    python -m kvmesh.cluster.measure.benchmarks.fake_replica --port 0 [--delay-ms 0] [--event-port 0 ...]
+    python -m kvmesh.cluster.measure.benchmarks.support.fake_replica --port 0 [--delay-ms 0] [--event-port 0 ...]
     # prints {"port": P, "url": ..., "events": ..., "replay": ...}
 """
 
@@ -30,21 +30,21 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from kvmesh.cluster.measure.benchmarks._fake_faults import Faults, client_left
-from kvmesh.cluster.measure.benchmarks._fake_kv_transfer import (
-    BadTransferParams,
-    FakeKVTransfer,
-    with_headers,
-)
-from kvmesh.cluster.measure.benchmarks.fake_answers import (
+from kvmesh.cluster.measure.benchmarks.support.fake_answers import (
     JSONBody,
     completion_answer,
     garbage_answer,
     json_answer,
 )
+from kvmesh.cluster.measure.benchmarks.support.fake_faults import Faults, client_left
+from kvmesh.cluster.measure.benchmarks.support.fake_kv_transfer import (
+    BadTransferParams,
+    FakeKVTransfer,
+    with_headers,
+)
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.measure.benchmarks._prefix_cache import PrefixCache
+    from kvmesh.cluster.measure.benchmarks.support.prefix_cache import PrefixCache
 
 
 class FakeReplica:
@@ -71,7 +71,7 @@ class FakeReplica:
         self.auth_seen: deque[str] = deque(maxlen=10_000)
         """Authorization headers of the last completions."""
         self.kv = FakeKVTransfer(name, cache)
-        """Leases, prefill handles and pulls (_fake_kv_transfer.py)."""
+        """Leases, prefill handles and pulls (fake_kv_transfer.py)."""
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
-    from kvmesh.cluster.measure.benchmarks._prefix_cache import PrefixCache
+    from kvmesh.cluster.measure.benchmarks.support.prefix_cache import PrefixCache
 
     cache = (PrefixCache(args.name, args.block_size, args.num_blocks, args.event_port, args.replay_port)
              if args.event_port is not None else None)

@@ -14,8 +14,8 @@ import os
 import random
 import time
 
-from kvmesh.cluster.measure.benchmarks import _http
-from kvmesh.cluster.measure.benchmarks._flooder import BLOCK_SIZE, VOCAB, prefixes
+from kvmesh.cluster.measure.benchmarks.support import json_http
+from kvmesh.cluster.measure.benchmarks.support.flooder import BLOCK_SIZE, VOCAB, prefixes
 
 SUFFIX_TOKENS = 16
 
@@ -132,7 +132,7 @@ def follow_ups(client: Client, earlier: list[dict], n: int = 6) -> dict:
 
 def get(url: str, path: str) -> tuple[int, str]:
     """GET ``url + path``: its status and body (an HTTP error's too)."""
-    answer = _http.get(url + path, timeout=10)
+    answer = json_http.get(url + path, timeout=10)
     return answer.status, answer.text
 
 

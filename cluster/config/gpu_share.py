@@ -23,9 +23,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kvmesh.cluster.launch.capacity import RESOURCE_STEP
 from kvmesh.replica.config import EngineConfig
 
+RESOURCE_STEP = 1e-4
+"""Ray counts resources in steps of 0.0001 (``ray._raylet.RESOURCE_UNIT_SCALING`` = 10000)."""
 DEFAULT_MEMORY_UTILIZATION: float = next(f.default for f in dataclasses.fields(EngineConfig)
                                          if f.name == "gpu_memory_utilization")
 """EngineConfig's default, which serve scales to a replica's share of the card."""

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict
 
-from kvmesh.cluster.fleet.roles import Role
+from kvmesh.cluster.config.roles import Role
 from kvmesh.cluster.router_client import RouterClient
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class ReplicaHandle:
     actor: ActorHandle
     """The replica's Ray actor."""
     role: Role = "both"
-    """prefill, decode or both (cluster/fleet/roles.py); the router is told it at registration."""
+    """prefill, decode or both (cluster/config/roles.py); the router is told it at registration."""
     endpoints: ReplicaEndpoints | None = None
     """Last answer of ``actor.endpoints()`` (None until ready, and after the replica was removed)."""
     up: bool = False

@@ -29,7 +29,7 @@ def _timed(fn: Callable[P, R], bucket: list[float]) -> Callable[P, R]:
 
 def bench_step_overhead(args: argparse.Namespace) -> dict:
     """Decode steps of ``overhead_seqs`` running sequences on a tiny model; CPU time per step by part."""
-    from kvmesh.cluster.measure.benchmarks._engines import make_engine
+    from kvmesh.cluster.measure.benchmarks.support.engines import make_engine
 
     n = args.overhead_seqs
     engine = make_engine(None, TINY, max_num_seqs=n, max_num_batched_tokens=max(2048, 16 * n), kv_cache_memory=1 << 28)

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from kvmesh.replica.server.kv_peers import normalize_url
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.measure.benchmarks._prefix_cache import PrefixCache
+    from kvmesh.cluster.measure.benchmarks.support.prefix_cache import PrefixCache
 
 JSONBody = dict[str, object]
 PULL_TIMEOUT_S = 5.0

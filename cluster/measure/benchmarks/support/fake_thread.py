@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kvmesh.cluster.measure.benchmarks.fake_replica import FakeReplica
+from kvmesh.cluster.measure.benchmarks.support.fake_replica import FakeReplica
 
 
 @dataclass
