@@ -16,7 +16,7 @@ import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.router_server import RouterServer
 
-from .conftest import wait_for
+from .conftest import ADMIN_KEY, replica_rows, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def test_a_router_started_after_its_replicas_is_exact_and_routes_follow_ups_to_t
         specs = [ReplicaSpec(rt.http.url, rt.endpoints()["events_endpoint"], None, replica_id=f"late{i}")
                  for i, rt in enumerate(runtimes)]  # events only: no replay endpoint, as vLLM by default
         router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2, events_max_lag_s=MAX_LAG_S,
-                                           cache_salt_secret=cache_salt_secret(seed)), specs,
+                                           cache_salt_secret=cache_salt_secret(seed), admin_key=ADMIN_KEY), specs,
                               tokenizer=tokenizer).start()
         wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
         time.sleep(3 * MAX_LAG_S)  # several polls that report batches the router never saw
@@ -88,7 +88,7 @@ def test_a_router_started_after_its_replicas_is_exact_and_routes_follow_ups_to_t
                    for n, (rid, reason, tokens) in cached.items()), (served, cached)
 
         assert router.runtime.router.degraded == {}
-        rows = httpx.get(router.url + "/replicas", timeout=10).json()["replicas"]
+        rows = replica_rows(router)
         assert [row.get("degraded") for row in rows] == [None, None], rows
         stats = router.runtime.subscriber.stats
         assert all(stats[s.replica_id].unrecovered == 0 and stats[s.replica_id].late_joins <= 1 for s in specs)

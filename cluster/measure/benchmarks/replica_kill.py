@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import re
+import secrets
 import shlex
 import signal
 import subprocess
@@ -82,9 +83,13 @@ def _log(name: str):
     return tempfile.NamedTemporaryFile(prefix=f"kvmesh-replica-kill-{name}-", suffix=".log", delete=False)
 
 
+ADMIN_KEY = secrets.token_urlsafe(16)
+"""The router's admin key for this run (``GET /replicas`` is the admin plane)."""
+
+
 def replica_rows(url: str) -> dict[str, dict]:
     try:
-        answer = call("GET", url + "/replicas", timeout=5.0)
+        answer = call("GET", url + "/replicas", timeout=5.0, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
         return {r["id"]: r for r in json.loads(answer.body)["replicas"]} if answer.status == 200 else {}
     except (OSError, ValueError):
         return {}
@@ -227,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             r.start()
         argv_router = [*shlex.split(args.router_cmd), "--port", str(port), "--model", args.model, "--log-level", "error"]
         router = subprocess.Popen(argv_router + [a for r in replicas for a in ("--replica", r.spec)],
-                                  env={k: v for k, v in os.environ.items() if not k.startswith("KVMESH_ROUTER_")},
+                                  env={**{k: v for k, v in os.environ.items() if not k.startswith("KVMESH_ROUTER_")},
+                                       "KVMESH_ADMIN_KEY": ADMIN_KEY},
                                   stderr=_log("router"))
         wait_all_healthy(url, [router, *(r.proc for r in replicas)], len(replicas), args.restart_timeout)
         for i in range(1, args.trials + 1):

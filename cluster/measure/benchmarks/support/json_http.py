@@ -29,10 +29,13 @@ class Answer:
         return self
 
 
-def call(method: str, url: str, json_body: object | None = None, timeout: float = 30.0) -> Answer:
-    """``method url`` with an optional JSON body; HTTP errors come back as answers, not exceptions."""
+def call(method: str, url: str, json_body: object | None = None, timeout: float = 30.0,
+         headers: dict[str, str] | None = None) -> Answer:
+    """``method url`` with an optional JSON body (and ``headers``); HTTP errors come back as answers, not
+    exceptions."""
     data = None if json_body is None else json.dumps(json_body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"content-type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return Answer(r.status, {k.lower(): v for k, v in r.headers.items()}, r.read())
