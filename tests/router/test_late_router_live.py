@@ -13,7 +13,8 @@ import time
 
 import httpx
 import pytest
-from kvmesh.router.config import ReplicaSpec, RouterConfig
+from kvmesh.events.config import SubscriberConfig
+from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
 
 from .conftest import ADMIN_KEY, replica_rows, wait_for
@@ -64,7 +65,8 @@ def test_a_router_started_after_its_replicas_is_exact_and_routes_follow_ups_to_t
 
         specs = [ReplicaSpec(rt.http.url, rt.endpoints()["events_endpoint"], None, replica_id=f"late{i}")
                  for i, rt in enumerate(runtimes)]  # events only: no replay endpoint, as vLLM by default
-        router = RouterServer(RouterConfig(port=0, block_size=16, poll_interval_s=0.2, events_max_lag_s=MAX_LAG_S,
+        router = RouterServer(RouterConfig(port=0, block_size=16, upstream=UpstreamConfig(poll_interval_s=0.2),
+                                           events=SubscriberConfig(max_lag_s=MAX_LAG_S),
                                            cache_salt_secret=cache_salt_secret(seed), admin_key=ADMIN_KEY), specs,
                               tokenizer=tokenizer).start()
         wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")
