@@ -8,7 +8,7 @@ preempt) and caches the blocks the step fills; ``free`` returns a request's bloc
 With a host tier (``num_host_blocks``; kvcache/host_tier.py) a prefix continues past the device's
 own blocks into the tier: those blocks get fresh device blocks and are loaded back before the
 step's forward, and every block the device caches is copied down after it (kvcache/offload.py).
-``take_transfers`` hands the step's copies to the runner.
+``take_offload_copies`` hands the step's copies to the runner.
 
 A request is any ``CacheRequest`` (kvcache/interfaces.py).
 """
@@ -25,6 +25,7 @@ from kvmesh.kvcache.hashing import RequestBlockHasher, generate_seed, make_none_
 from kvmesh.kvcache.host_tier import HostTier
 from kvmesh.kvcache.interfaces import CacheRequest
 from kvmesh.kvcache.offload import OffloadingManager
+from kvmesh.kvcache.offload_copies import OffloadCopies
 from kvmesh.kvcache.pool_integrity import (
     FULL_CHECK_MAX_BLOCKS,
     check_pool_integrity,
@@ -32,7 +33,6 @@ from kvmesh.kvcache.pool_integrity import (
     sweep_window,
 )
 from kvmesh.kvcache.stats import PrefixCacheStats
-from kvmesh.kvcache.transfers import KVTransfers
 
 MAX_REMEMBERED_FREED = 65_536
 """Default number of recently freed request ids remembered to detect a double free."""
@@ -187,14 +187,14 @@ class KVCacheManager:
         if self.debug:
             self.check_integrity()
 
-    def take_transfers(self) -> KVTransfers | None:
+    def take_offload_copies(self) -> OffloadCopies | None:
         """The copies the steps scheduled since the last call need (None without any)."""
         return None if self.offload is None else self.offload.take()
 
-    def complete_transfers(self, transfer_ids: list[int]) -> None:
+    def complete_offload_stores(self, job_ids: list[int]) -> None:
         """The runner saw these steps' copies down land: they become findable in the host tier."""
-        if self.offload is not None and transfer_ids:
-            self.offload.complete(transfer_ids)
+        if self.offload is not None and job_ids:
+            self.offload.complete(job_ids)
 
     def snapshot_events(self) -> list:
         """Every cached block of both tiers as BlockStored chains (device "GPU" first, then host "CPU")."""
@@ -218,10 +218,10 @@ class KVCacheManager:
             self.offload.host.pool.reset_prefix_cache()
         return True
 
-    def cancel_transfers(self, transfer_ids: list[int]) -> None:
+    def cancel_offload_copies(self, job_ids: list[int]) -> None:
         """These steps' copies will never run (the runner failed them): release what they hold."""
         if self.offload is not None:
-            self.offload.cancel(transfer_ids)
+            self.offload.cancel(job_ids)
 
     def check_integrity(self, full: bool | None = None) -> None:
         """Raises AssertionError if a pool or block-table invariant is broken.

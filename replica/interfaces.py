@@ -52,7 +52,7 @@ class ModelRunnerInterface(Protocol):
         engine thread calls it before its first step."""
         ...
 
-    def finished_kv_transfers(self) -> list[int]:
+    def finished_offload_stores(self) -> list[int]:
         """Steps whose copies to the host tier landed since the last call (never blocks; [] without a tier)."""
         ...
 

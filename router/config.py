@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig, check_api_key, check_internal_key
+from kvmesh.router.routing.kv_placement import KVPlacementRules
 from kvmesh.router.routing.policies import DEFAULT_POLICY, PolicyConfig, PolicyOptions, policy_config
 from kvmesh.router.routing.roles import BOTH, ROLES, check_role
-from kvmesh.router.routing.transfers import TransferRules
 
 if TYPE_CHECKING:
     from kvmesh.router.routing.kv_router import KVRouter
@@ -160,7 +160,7 @@ class RouterConfig:
     """A split goes ahead when what it adds to the prompt's time to first token (the prefill replica's queue and
     prefill at its measured rate plus moving the KV, against the decode replica's queue and the uncached suffix)
     is at most these seconds plus pd_stall_weight times the stall it saves the decode batch; None, or a rate not
-    measured yet: the token rules alone (router/routing/transfers.py)."""
+    measured yet: the token rules alone (router/routing/kv_placement.py)."""
     pd_stall_weight: float = 1.0
     """Seconds of time to first token a split may cost per second of stall it saves the decode replica's batch
     (the suffix's prefill seconds there, times the requests decoding there); 0: pd_ttft_slack_s alone."""
@@ -218,9 +218,9 @@ class RouterConfig:
         check_internal_key(self.internal_key, "internal_key", {"api_key": self.api_key, "admin_key": self.admin_key})
 
 
-    def transfer_rules(self) -> TransferRules:
-        """When KV moves between replicas: the split and peer pulls (router/routing/transfers.py)."""
-        return TransferRules(self.pd_min_uncached_tokens, self.pd_max_prefill_backlog_tokens, self.pd_ttft_slack_s,
+    def transfer_rules(self) -> KVPlacementRules:
+        """When KV moves between replicas: the split and peer pulls (router/routing/kv_placement.py)."""
+        return KVPlacementRules(self.pd_min_uncached_tokens, self.pd_max_prefill_backlog_tokens, self.pd_ttft_slack_s,
                              self.pd_stall_weight, self.peer_pulls, self.peer_pull_overhead_s,
                              self.peer_pull_assumed_bytes_per_s)
 

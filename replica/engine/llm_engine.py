@@ -124,7 +124,7 @@ class LLMEngine:
         """Schedule, run the model once, and return the outputs of every request that progressed or ended
         (with async scheduling: launch this step, then return the outputs of the previous one)."""
         outputs, self._pending = self._pending, []
-        self.poll_kv_transfers()
+        self.poll_offload_stores()
         sched = self.scheduler.schedule()
         launched = None
         if sched.is_empty:
@@ -172,8 +172,8 @@ class LLMEngine:
     def _fail_step(self, sched: SchedulerOutput, error: Exception) -> list[RequestOutput]:
         """The runner failed a batch: fail its requests (the engine keeps serving the others)."""
         logger.exception("model runner failed a step of %d requests", sched.num_requests)
-        if sched.kv_transfers is not None:
-            self.kv_cache_manager.cancel_transfers([sched.kv_transfers.transfer_id])
+        if sched.offload_copies is not None:
+            self.kv_cache_manager.cancel_offload_copies([sched.offload_copies.job_id])
         for request_id in sched.request_ids():
             self.fail_request(request_id, f"model runner error: {error!r}")
         # Blocks are cached when scheduled; their K/V may never have been written: forget them.
@@ -182,10 +182,10 @@ class LLMEngine:
         failed, self._pending = self._pending, []
         return failed
 
-    def poll_kv_transfers(self) -> None:
+    def poll_offload_stores(self) -> None:
         """Copies to the host tier that landed become findable there (never waits for one)."""
         if self.kv_cache_manager.offload is not None:
-            self.kv_cache_manager.complete_transfers(self.model_runner.finished_kv_transfers())
+            self.kv_cache_manager.complete_offload_stores(self.model_runner.finished_offload_stores())
 
     def _end_step(self) -> None:
         self._publish_events()

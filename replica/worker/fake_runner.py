@@ -34,7 +34,7 @@ class FakeModelRunner:
         self.num_host_blocks = 0  # no host tier
         self.kv_offload = None
 
-    def finished_kv_transfers(self) -> list[int]:
+    def finished_offload_stores(self) -> list[int]:
         return []
 
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:

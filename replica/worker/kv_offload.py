@@ -91,7 +91,7 @@ class KVOffloader:
         self.bytes_loaded += nbytes
         self.load_seconds += nbytes / self.h2d_bytes_per_s if self.cuda else time.perf_counter() - start
 
-    def store(self, transfer_id: int, pairs: list[tuple[int, int]]) -> None:
+    def store(self, job_id: int, pairs: list[tuple[int, int]]) -> None:
         """Copy device blocks into host blocks, ``(device_id, host_id)``, after the step's forward."""
         if not pairs:
             return
@@ -105,11 +105,11 @@ class KVOffloader:
             if self.stream is not None:
                 event = torch.cuda.Event()
                 event.record(self.stream)
-        self._pending.append((transfer_id, event))
+        self._pending.append((job_id, event))
         self.bytes_stored += len(pairs) * self.block_bytes
 
     def finished(self) -> list[int]:
-        """Transfer ids whose stores landed since the last call (never blocks; in issue order)."""
+        """Job ids whose stores landed since the last call (never blocks; in issue order)."""
         done: list[int] = []
         while self._pending and (self._pending[0][1] is None or self._pending[0][1].query()):
             done.append(self._pending.pop(0)[0])

@@ -178,7 +178,7 @@ class ModelRunner:
                     num_host_blocks * block_bytes / 2**20, offload.h2d_bytes_per_s / 1e9)
         return offload
 
-    def finished_kv_transfers(self) -> list[int]:
+    def finished_offload_stores(self) -> list[int]:
         """Steps whose copies to the host tier landed since the last call (never blocks)."""
         return [] if self.kv_offload is None else self.kv_offload.finished()
 
@@ -233,9 +233,9 @@ class ModelRunner:
             self.prompt_logprobs.free(out.finished_request_ids)
         if out.is_empty:
             return AsyncModelRunnerOutput.ready({})
-        transfers = out.kv_transfers
-        if transfers is not None:
-            self.kv_offload.load(transfers.loads)  # the prefixes this step's prefills read
+        copies = out.offload_copies
+        if copies is not None:
+            self.kv_offload.load(copies.loads)  # the prefixes this step's prefills read
         asks_prompt_logprobs = any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled)
         inputs = self.input_batch.prepare(out, static=not asks_prompt_logprobs)  # prompt logprobs need hidden
         graph_tokens = graph_logprobs = None  # [N] the graph's argmax or draw, [N, W] its packed logprobs (or None)
@@ -246,8 +246,8 @@ class ModelRunner:
                                                                                   inputs.graph_sampling)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))  # [T, H]
-        if transfers is not None:
-            self.kv_offload.store(transfers.transfer_id, transfers.stores)  # the blocks this step completed
+        if copies is not None:
+            self.kv_offload.store(copies.job_id, copies.stores)  # the blocks this step completed
         prompt_logprobs = self._prompt_logprobs(out, inputs, hidden) if asks_prompt_logprobs else None
         if not inputs.sample_request_ids:  # nothing sampled; prompt logprobs are read when the output is
             return AsyncModelRunnerOutput.prompt_logprobs_only(prompt_logprobs) if prompt_logprobs else \

@@ -162,7 +162,7 @@ class RayTPExecutor:
     """No host tier under tensor parallelism yet (EngineConfig refuses kv_offload_memory with TP > 1)."""
     kv_offload = None
 
-    def finished_kv_transfers(self) -> list[int]:
+    def finished_offload_stores(self) -> list[int]:
         return []
 
     def __init__(self, config: EngineConfig, placement_group: PlacementGroup | None = None,
