@@ -46,7 +46,7 @@ class KVCacheManager:
                  eviction_policy: str = "lru", medium: str | None = DEVICE_MEDIUM,
                  eviction_policy_kwargs: EvictionPolicyKwargs | None = None,
                  max_remembered_freed: int = MAX_REMEMBERED_FREED, debug: bool = False,
-                 num_host_blocks: int = 0):
+                 num_host_blocks: int = 0, held_elsewhere: Callable[[], list[KVCacheBlock]] | None = None):
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, block_size, enable_caching, event_sink, eviction_policy,
@@ -73,9 +73,9 @@ class KVCacheManager:
         """Check the invariants after each allocation and free (``check_integrity``: tests only)."""
         self._sweep_start = 1
         """Where the next windowed integrity check of a large pool starts (a block id)."""
-        self.held_elsewhere: Callable[[], list[KVCacheBlock]] | None = None
-        """Device blocks held outside any block table (a KV transfer's leases and pulls in flight), one entry per
-        reference, for ``check_integrity``."""
+        self.held_elsewhere = held_elsewhere
+        """Device blocks held outside any block table (the engine's KV connectors': leases and pulls in flight),
+        one entry per reference, for ``check_integrity``."""
 
     @property
     def usage(self) -> float:
