@@ -11,7 +11,8 @@ its scheduler side).
 
 Two connectors plug in here: the host tier's (``OffloadConnector``, offload_connector.py; vLLM's
 ``OffloadingConnector``), built by the engine when its cache manager has a host tier, and the KV transfers between
-replicas (``EngineKVTransfers``, kv_transfers.py; vLLM's ``NixlConnector``), built by ``default_kv_connectors``.
+replicas (``EngineKVTransfers``, kv_transfers.py; vLLM's ``NixlConnector``), built by ``default_kv_connectors``
+(connector_defaults.py).
 The engine calls them in that order. vLLM's ``get_num_new_matched_tokens`` / ``update_state_after_alloc`` /
 ``build_connector_meta`` have no method here: the host tier's lookup, load planning and the step's copies are
 decided inside the KV cache manager's own prefix walk (kvcache/offload.py), and a pull fills the prefix cache
@@ -20,7 +21,7 @@ before its request is added (kv_transfer/prefix_pull.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -77,10 +78,3 @@ class KVConnectorContext:
 
 KVConnectorFactory = Callable[[KVConnectorContext], KVConnector]
 
-
-def default_kv_connectors() -> Sequence[KVConnectorFactory]:
-    """The connectors every engine gets unless told otherwise: KV transfers between replicas (pulls and leases;
-    idle until the replica turns KV transfer on)."""
-    from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
-
-    return (EngineKVTransfers,)

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_scheduling import LaunchedStep, add_placeholders, use_async_scheduling
+from kvmesh.replica.engine.connector_defaults import default_kv_connectors
 from kvmesh.replica.engine.kv_connector import (
     KVConnector,
     KVConnectorContext,
     KVConnectorFactory,
-    default_kv_connectors,
 )
 from kvmesh.replica.engine.offload_connector import OffloadConnector
 from kvmesh.replica.engine.output_processor import OutputProcessor

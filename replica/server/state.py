@@ -54,7 +54,7 @@ class ServerState:
                 **self.extra_info}
 
     def model_info(self) -> Info:
-        return {"model_path": self.model_path, "tokenizer_path": getattr(self.tokenizer, "name", self.model_path),
+        return {"model_path": self.model_path, "tokenizer_path": self.tokenizer.name if self.tokenizer is not None else self.model_path,
                 "served_model_name": self.model_name, "is_generation": True}
 
 

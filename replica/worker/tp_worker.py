@@ -96,7 +96,7 @@ class TPWorker:
         self.config, self.runner = config, None
         self.runner = r = ModelRunner(config, rank=self.rank, world_size=self.world_size)
         return RunnerFacts(num_kv_blocks=r.num_kv_blocks, max_model_len=r.max_model_len, vocab_size=r.vocab_size,
-                           eos_token_ids=list(r.eos_token_ids or ()), device=str(getattr(r, "device", "cpu")))
+                           eos_token_ids=list(r.eos_token_ids or ()), device=str(r.device))
 
     def execute_model(self, out: SchedulerOutput) -> dict[str, int] | None:
         sampled = self.runner.execute_model(out)
@@ -175,6 +175,9 @@ class RayTPExecutor:
 
         self.world_size = n = config.tensor_parallel_size
         self.step_timeout_s = step_timeout_s
+        self.workers: list = []  # set before anything can fail: ``shutdown`` reads them
+        self.placement_group: PlacementGroup | None = None
+        self._own_pg = False
         device = config.device or ("cuda" if _cuda_on_cluster() else "cpu")
         use_gpu = device == "cuda"
         # Each rank must not start its own TP group: the worker's config says device explicitly.
@@ -266,13 +269,13 @@ class RayTPExecutor:
     def shutdown(self) -> None:
         import ray
 
-        for w in getattr(self, "workers", []):
+        for w in self.workers:
             try:
                 ray.kill(w, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.workers = []
-        if self._own_pg and getattr(self, "placement_group", None) is not None:
+        if self._own_pg and self.placement_group is not None:
             try:
                 ray.util.remove_placement_group(self.placement_group)
             except Exception:  # noqa: BLE001

@@ -190,7 +190,7 @@ def incompatibility(info: ServerInfo | None, block_size: int, tokenizer: Tokeniz
     if isinstance(theirs, int) and theirs != block_size:
         return f"its block size is {theirs} tokens, the router's {block_size} (set router.block_size to the replicas')"
     fingerprint = info.get("tokenizer_fingerprint")
-    ours = getattr(tokenizer, "fingerprint", None)
+    ours = tokenizer.fingerprint if tokenizer is not None else None
     if isinstance(fingerprint, str) and ours is not None and fingerprint != ours:
         return (f"its tokenizer or chat template differs from the router's (fingerprint {fingerprint} != {ours}); "
                 "give the router the replicas' model/tokenizer and frontend.chat_template")

@@ -13,6 +13,7 @@ import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from kvmesh.events.schema import EventBatch
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.routing.kv_placement import (
@@ -169,7 +170,7 @@ class KVRouter:
 
     def apply_events(self, replica_id: Hashable, batch_or_events) -> None:
         """Apply a replica's event batch (called from the subscriber's thread)."""
-        events = getattr(batch_or_events, "events", batch_or_events)
+        events = batch_or_events.events if isinstance(batch_or_events, EventBatch) else batch_or_events
         with self.lock:
             if replica_id in self.loads.loads:
                 self.index.apply(replica_id, events)

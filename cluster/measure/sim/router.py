@@ -69,7 +69,7 @@ class SimRouter:
         self.prefill_ids: list[int] = []
         """Replicas of role prefill (in the routers, never a decode candidate)."""
         for rep in replicas:
-            self.add_replica(rep.replica_id, getattr(rep, "role", "both"))
+            self.add_replica(rep.replica_id, rep.role)
         self.router = self.routers[0]
         self.index = self.router.index
         self.tracker = self.router.loads
