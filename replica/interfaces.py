@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.engine.outputs import ModelRunnerOutput, RequestOutput
     from kvmesh.replica.engine.scheduler_output import SchedulerOutput
     from kvmesh.replica.engine.stats import EngineStats
+    from kvmesh.replica.kv_transfer.layout import KVBlockLayout
     from kvmesh.replica.serving.load_report import LoadReport
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
@@ -46,6 +47,10 @@ class ModelRunnerInterface(Protocol):
     """Blocks of the host-memory KV tier the runner holds (0: none; block 0 mirrors the null block)."""
     kv_offload: KVOffloader | None
     """The host tier's copies (bytes moved, measured bandwidth); None without a tier."""
+    kv_layout: KVBlockLayout | None
+    """Where each KV block lies (rank 0's under TP: per-layer K/V regions, dtype, bytes per block), computed once
+    when the cache is allocated; the host tier, the KV transfer agent and ``/load`` read it. None: no tensors
+    (a stand-in runner)."""
 
     def bind_thread(self) -> None:
         """Make the calling thread the one that steps (its device current, CUDA graphs captured there); the

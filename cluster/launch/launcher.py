@@ -42,6 +42,7 @@ from kvmesh.cluster.launch.replica_sections import (
     replica_kv_transfer,
     replica_server,
 )
+from kvmesh.cluster.launch.serve_router import RouterProcesses
 from kvmesh.cluster.launch.serve_state import ServeState
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.kvcache.hashing import cache_salt_secret
@@ -125,7 +126,8 @@ class ServeCluster:
             self.report(f"router: {workers} processes on {self.url}, replica set owned by the control router "
                         f"at {st.router.control_url}")
         # the supervisor and fleet change the replica set where it is owned (cluster/launch/serve_router.py)
-        st.router_client = RouterClient(getattr(st.router, "control_url", self.url), api_key=cfg.router.api_key,
+        owner = st.router.control_url if isinstance(st.router, RouterProcesses) else self.url
+        st.router_client = RouterClient(owner, api_key=cfg.router.api_key,
                                         admin_key=admin_key)
 
     def router_config(self, admin_key: str | None = None) -> RouterConfig:

@@ -24,6 +24,7 @@ class OffloadConnector:
     def __init__(self, context: KVConnectorContext) -> None:
         self.kv_cache_manager: KVCacheManager = context.kv_cache_manager
         self.model_runner: ModelRunnerInterface = context.model_runner
+        self.tp_size = context.config.tensor_parallel_size
 
     def update_connector_output(self) -> None:
         """Copies to the host tier that landed become findable there (never waits for one)."""
@@ -46,9 +47,10 @@ class OffloadConnector:
     def load_fields(self) -> dict:
         """The ``/load`` fields of the host tier and its copies (none without a tier)."""
         offload, copier = self.kv_cache_manager.offload, self.model_runner.kv_offload
-        if offload is None or copier is None:
+        layout = self.model_runner.kv_layout  # the one bytes-per-block figure (kv_transfer/layout.py)
+        if offload is None or copier is None or layout is None:
             return {}
-        return {"kv_block_bytes": copier.block_bytes, "h2d_bytes_per_s": copier.h2d_bytes_per_s,
+        return {"kv_block_bytes": layout.total_bytes_per_block(self.tp_size), "h2d_bytes_per_s": copier.h2d_bytes_per_s,
                 "num_host_kv_blocks": offload.host.num_blocks, "host_kv_cache_usage": offload.host.usage()}
 
     def shutdown(self) -> None:

@@ -65,6 +65,11 @@ class KVBlockLayout(msgspec.Struct, frozen=True):
     keeps each block whole (``host_tier_layout``), so its regions are adjacent and its blocks
     ``bytes_per_block`` apart."""
 
+    def total_bytes_per_block(self, tp_size: int) -> int:
+        """Bytes one block of the whole replica takes (``bytes_per_block`` is this rank's share; every
+        tensor-parallel rank holds an equal one): what a pull moves per block, and ``/load``'s figures."""
+        return tp_size * self.bytes_per_block
+
     @property
     def block_pitch(self) -> int:
         """Bytes from one block to the next within a region."""

@@ -50,6 +50,7 @@ class DoneTransfer:
 
 
 class LocalKVTransferAgent:
+    tp_size = 1  # one rank's agent
     def __init__(self, config: KVTransferConfig, name: str, kv_cache: torch.Tensor, layout: KVBlockLayout,
                  host_cache: torch.Tensor | None = None) -> None:
         if name in _LIVE:

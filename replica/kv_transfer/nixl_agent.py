@@ -128,6 +128,8 @@ class NixlKVTransferAgent:
     the agent's transfer worker thread) and the agent runs without nixl's own locking (``NIXL_THREAD_SYNC_NONE``,
     the default without a listener thread), so every call into it holds ``_lock``."""
 
+    tp_size = 1  # one rank's agent (tp_agent.py reads on every rank)
+
     def __init__(self, config: KVTransferConfig, name: str, kv_cache: torch.Tensor, layout: KVBlockLayout,
                  host_cache: torch.Tensor | None = None) -> None:
         missing = nixl_missing()

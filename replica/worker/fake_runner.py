@@ -33,6 +33,7 @@ class FakeModelRunner:
         self.dead_reason: str | None = None  # tests set it to play a broken TP group
         self.num_host_blocks = 0  # no host tier
         self.kv_offload = None
+        self.kv_layout = None  # no tensors
 
     def finished_offload_stores(self) -> list[int]:
         return []

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.engine.scheduler_output import SchedulerOutput
     from kvmesh.replica.interfaces import ModelRunnerInterface
     from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig
+    from kvmesh.replica.kv_transfer.layout import KVBlockLayout
     from kvmesh.replica.worker.model_runner import ModelRunner
     from ray.util.placement_group import PlacementGroup
 
@@ -49,6 +50,8 @@ class RunnerFacts(msgspec.Struct, frozen=True):
     """Token ids that end a request."""
     device: str
     """Where the rank runs (``cuda:0``, ``cpu``)."""
+    kv_layout: KVBlockLayout | None = None
+    """The rank's ``ModelRunner.kv_layout``."""
 
 
 class ExecutorOptions(TypedDict, total=False):
@@ -96,7 +99,8 @@ class TPWorker:
         self.config, self.runner = config, None
         self.runner = r = ModelRunner(config, rank=self.rank, world_size=self.world_size)
         return RunnerFacts(num_kv_blocks=r.num_kv_blocks, max_model_len=r.max_model_len, vocab_size=r.vocab_size,
-                           eos_token_ids=list(r.eos_token_ids or ()), device=str(r.device))
+                           eos_token_ids=list(r.eos_token_ids or ()), device=str(r.device),
+                           kv_layout=r.kv_layout)
 
     def execute_model(self, out: SchedulerOutput) -> dict[str, int] | None:
         sampled = self.runner.execute_model(out)
@@ -228,6 +232,7 @@ class RayTPExecutor:
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
         self.device = info.device
+        self.kv_layout = info.kv_layout  # rank 0's
         self.hf_config = None
         logger.info("TP group of %d ranks ready on %s (%d KV blocks)", self.world_size, self.device,
                     self.num_kv_blocks)
