@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.engine.outputs import ModelRunnerOutput, RequestOutput
     from kvmesh.replica.engine.scheduler_output import SchedulerOutput
     from kvmesh.replica.engine.stats import EngineStats
-    from kvmesh.replica.kv_transfer.layout import KVBlockLayout
+    from kvmesh.replica.kv_layout import KVBlockLayout
     from kvmesh.replica.serving.load_report import LoadReport
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput

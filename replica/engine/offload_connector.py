@@ -47,7 +47,7 @@ class OffloadConnector:
     def load_fields(self) -> dict:
         """The ``/load`` fields of the host tier and its copies (none without a tier)."""
         offload, copier = self.kv_cache_manager.offload, self.model_runner.kv_offload
-        layout = self.model_runner.kv_layout  # the one bytes-per-block figure (kv_transfer/layout.py)
+        layout = self.model_runner.kv_layout  # the one bytes-per-block figure (replica/kv_layout.py)
         if offload is None or copier is None or layout is None:
             return {}
         return {"kv_block_bytes": layout.total_bytes_per_block(self.tp_size), "h2d_bytes_per_s": copier.h2d_bytes_per_s,

@@ -24,9 +24,9 @@ from typing import Protocol, runtime_checkable
 import msgspec
 import torch
 from kvmesh.events.schema import DEVICE_MEDIUM, HOST_MEDIUM
+from kvmesh.replica.kv_layout import KVBlockLayout
 from kvmesh.replica.kv_transfer.config import KVTransferConfig  # noqa: F401 - re-exported
 from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError, KVTransferTimeout
-from kvmesh.replica.kv_transfer.layout import KVBlockLayout
 
 # name -> "module:Class", imported on first use (nixl loads large native libraries).
 _TRANSPORTS = {

@@ -16,9 +16,9 @@ import threading
 import numpy as np
 import torch
 from kvmesh.events.schema import DEVICE_MEDIUM, HOST_MEDIUM
+from kvmesh.replica.kv_layout import KVBlockLayout, host_tier_layout
 from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig, check_layouts, check_read
 from kvmesh.replica.kv_transfer.errors import KVTransferError, KVTransferUnavailable
-from kvmesh.replica.kv_transfer.layout import KVBlockLayout, host_tier_layout
 
 BACKEND = "UCX"
 _construct_lock = threading.Lock()

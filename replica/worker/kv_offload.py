@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from kvmesh.replica.kv_transfer.layout import KVBlockLayout
+    from kvmesh.replica.kv_layout import KVBlockLayout
 
 
 def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:

@@ -19,7 +19,7 @@ import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.engine.scheduler_output import SchedulerOutput
-from kvmesh.replica.kv_transfer.layout import block_layout, symbolic_layout
+from kvmesh.replica.kv_layout import block_layout, symbolic_layout
 from kvmesh.replica.model_config import eos_token_ids, load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
 from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
     from kvmesh.replica.engine.scheduler_output import SchedulerOutput
     from kvmesh.replica.interfaces import ModelRunnerInterface
+    from kvmesh.replica.kv_layout import KVBlockLayout
     from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig
-    from kvmesh.replica.kv_transfer.layout import KVBlockLayout
     from kvmesh.replica.worker.model_runner import ModelRunner
     from ray.util.placement_group import PlacementGroup
 

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvmesh.replica.kv_transfer.layout import block_layout  # noqa: E402
+from kvmesh.replica.kv_layout import block_layout  # noqa: E402
 from kvmesh.replica.worker.kv_offload import KVOffloader, _runs  # noqa: E402
 
 

@@ -75,7 +75,7 @@ class HolderReady:
 def _holder_cache(spec: HolderSpec):
     """(cache tensor, its layout, a HolderReady without the handshake, the engine keeping the cache alive)."""
     import torch
-    from kvmesh.replica.kv_transfer.layout import block_layout
+    from kvmesh.replica.kv_layout import block_layout
 
     if spec.model is not None:
         from kvmesh.replica.kv_transfer.prefix_pull import cached_prefix_block_ids
