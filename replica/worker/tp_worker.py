@@ -50,8 +50,7 @@ class RunnerFacts(msgspec.Struct, frozen=True):
     """Token ids that end a request."""
     device: str
     """Where the rank runs (``cuda:0``, ``cpu``)."""
-    kv_layout: KVBlockLayout | None = None
-    """The rank's ``ModelRunner.kv_layout``."""
+    kv_layout: KVBlockLayout | None = None  # the rank's ModelRunner.kv_layout
 
 
 class ExecutorOptions(TypedDict, total=False):
@@ -99,8 +98,7 @@ class TPWorker:
         self.config, self.runner = config, None
         self.runner = r = ModelRunner(config, rank=self.rank, world_size=self.world_size)
         return RunnerFacts(num_kv_blocks=r.num_kv_blocks, max_model_len=r.max_model_len, vocab_size=r.vocab_size,
-                           eos_token_ids=list(r.eos_token_ids or ()), device=str(r.device),
-                           kv_layout=r.kv_layout)
+                           eos_token_ids=list(r.eos_token_ids or ()), device=str(r.device), kv_layout=r.kv_layout)
 
     def execute_model(self, out: SchedulerOutput) -> dict[str, int] | None:
         sampled = self.runner.execute_model(out)
@@ -170,8 +168,8 @@ class RayTPExecutor:
         return []
 
     def __init__(self, config: EngineConfig, placement_group: PlacementGroup | None = None,
-                 num_cpus_per_worker: float = 1.0,
-                 init_timeout_s: float = 300.0, step_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S):
+                 num_cpus_per_worker: float = 1.0, init_timeout_s: float = 300.0,
+                 step_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S):
         import ray
         from kvmesh.replica.worker.distributed import backend_for
         from ray.util.placement_group import placement_group as make_pg
@@ -179,9 +177,7 @@ class RayTPExecutor:
 
         self.world_size = n = config.tensor_parallel_size
         self.step_timeout_s = step_timeout_s
-        self.workers: list = []  # set before anything can fail: ``shutdown`` reads them
-        self.placement_group: PlacementGroup | None = None
-        self._own_pg = False
+        self.workers, self.placement_group, self._own_pg = [], None, False  # set first: ``shutdown`` reads them
         device = config.device or ("cuda" if _cuda_on_cluster() else "cpu")
         use_gpu = device == "cuda"
         # Each rank must not start its own TP group: the worker's config says device explicitly.
