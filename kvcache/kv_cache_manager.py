@@ -8,7 +8,7 @@ preempt) and caches the blocks the step fills; ``free`` returns a request's bloc
 With a host tier (``num_host_blocks``; kvcache/host_tier.py) a prefix continues past the device's
 own blocks into the tier: those blocks get fresh device blocks and are loaded back before the
 step's forward, and every block the device caches is copied down after it (kvcache/offload.py).
-``take_transfers`` hands the step's copies to the runner.
+``take_offload_copies`` hands the step's copies to the runner.
 
 A request is any ``CacheRequest`` (kvcache/interfaces.py).
 """
@@ -25,6 +25,7 @@ from kvmesh.kvcache.hashing import RequestBlockHasher, generate_seed, make_none_
 from kvmesh.kvcache.host_tier import HostTier
 from kvmesh.kvcache.interfaces import CacheRequest
 from kvmesh.kvcache.offload import OffloadingManager
+from kvmesh.kvcache.offload_copies import OffloadCopies
 from kvmesh.kvcache.pool_integrity import (
     FULL_CHECK_MAX_BLOCKS,
     check_pool_integrity,
@@ -33,7 +34,6 @@ from kvmesh.kvcache.pool_integrity import (
 )
 from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.kvcache.stats import PrefixCacheStats
-from kvmesh.kvcache.transfers import KVTransfers
 
 MAX_REMEMBERED_FREED = 65_536
 """Default number of recently freed request ids remembered to detect a double free."""
@@ -47,7 +47,7 @@ class KVCacheManager:
                  eviction_policy: str = "lru", medium: str | None = DEVICE_MEDIUM,
                  eviction_policy_kwargs: EvictionPolicyKwargs | None = None,
                  max_remembered_freed: int = MAX_REMEMBERED_FREED, debug: bool = False,
-                 num_host_blocks: int = 0):
+                 num_host_blocks: int = 0, held_elsewhere: Callable[[], list[KVCacheBlock]] | None = None):
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, block_size, enable_caching, event_sink, eviction_policy,
@@ -74,9 +74,9 @@ class KVCacheManager:
         """Check the invariants after each allocation and free (``check_integrity``: tests only)."""
         self._sweep_start = 1
         """Where the next windowed integrity check of a large pool starts (a block id)."""
-        self.held_elsewhere: Callable[[], list[KVCacheBlock]] | None = None
-        """Device blocks held outside any block table (a KV transfer's leases and pulls in flight), one entry per
-        reference, for ``check_integrity``."""
+        self.held_elsewhere = held_elsewhere
+        """Device blocks held outside any block table (the engine's KV connectors': leases and pulls in flight),
+        one entry per reference, for ``check_integrity``."""
 
     @property
     def usage(self) -> float:
@@ -188,14 +188,14 @@ class KVCacheManager:
         if self.debug:
             self.check_integrity()
 
-    def take_transfers(self) -> KVTransfers | None:
+    def take_offload_copies(self) -> OffloadCopies | None:
         """The copies the steps scheduled since the last call need (None without any)."""
         return None if self.offload is None else self.offload.take()
 
-    def complete_transfers(self, transfer_ids: list[int]) -> None:
+    def complete_offload_stores(self, job_ids: list[int]) -> None:
         """The runner saw these steps' copies down land: they become findable in the host tier."""
-        if self.offload is not None and transfer_ids:
-            self.offload.complete(transfer_ids)
+        if self.offload is not None and job_ids:
+            self.offload.complete(job_ids)
 
     def snapshot_events(self) -> list:
         """Every cached block of both tiers as BlockStored chains (device "GPU" first, then host "CPU")."""
@@ -219,10 +219,10 @@ class KVCacheManager:
             self.offload.host.pool.reset_prefix_cache()
         return True
 
-    def cancel_transfers(self, transfer_ids: list[int]) -> None:
+    def cancel_offload_copies(self, job_ids: list[int]) -> None:
         """These steps' copies will never run (the runner failed them): release what they hold."""
         if self.offload is not None:
-            self.offload.cancel(transfer_ids)
+            self.offload.cancel(job_ids)
 
     def check_integrity(self, full: bool | None = None) -> None:
         """Raises AssertionError if a pool or block-table invariant is broken.

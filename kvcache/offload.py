@@ -2,7 +2,7 @@
 which come back, and when a copy counts as landed.
 
 The KV cache manager calls it while scheduling; what it decides leaves with the step as
-``KVTransfers`` (kvcache/transfers.py) and comes back as the ids of the steps whose stores the
+``OffloadCopies`` (kvcache/offload_copies.py) and comes back as the ids of the steps whose stores the
 runner saw land (``complete``). A device block being copied down keeps one extra reference until
 then, so the pool never hands it out, and nothing ever waits for a copy to free a block.
 """
@@ -15,7 +15,7 @@ from kvmesh.kvcache.block import KVCacheBlock
 from kvmesh.kvcache.block_pool import BlockPool
 from kvmesh.kvcache.hashing import BlockHash
 from kvmesh.kvcache.host_tier import HostTier
-from kvmesh.kvcache.transfers import KVTransfers
+from kvmesh.kvcache.offload_copies import OffloadCopies
 
 
 @dataclass(slots=True)
@@ -41,7 +41,7 @@ class OffloadingManager:
         self._stores: list[tuple[KVCacheBlock, KVCacheBlock]] = []
         self._next_id = 0
         self.pending: dict[int, list[tuple[KVCacheBlock, KVCacheBlock]]] = {}
-        """Transfer id -> its stores ``(device block, host block)`` not yet reported landed."""
+        """Job id -> its stores ``(device block, host block)`` not yet reported landed."""
 
     def lookup(self, block_hashes: list[BlockHash], start: int, stop: int) -> list[KVCacheBlock]:
         """Host blocks continuing a device prefix of ``start`` blocks, up to block ``stop``."""
@@ -64,23 +64,23 @@ class OffloadingManager:
             source.ref_cnt += 1  # held until the copy landed (released in ``complete``)
         self._stores += zip(sources, targets, strict=False)
 
-    def take(self) -> KVTransfers | None:
+    def take(self) -> OffloadCopies | None:
         """This step's copies (None when there are none); their stores become pending."""
         if not self._loads and not self._stores:
             return None
-        transfer_id, self._next_id = self._next_id, self._next_id + 1
-        out = KVTransfers(transfer_id, self._loads,
+        job_id, self._next_id = self._next_id, self._next_id + 1
+        out = OffloadCopies(job_id, self._loads,
                           [(d.block_id, h.block_id) for d, h in self._stores])
         self.stats.loaded_blocks += len(self._loads)
         if self._stores:
-            self.pending[transfer_id] = self._stores
+            self.pending[job_id] = self._stores
         self._loads, self._stores = [], []
         return out
 
-    def complete(self, transfer_ids: list[int]) -> None:
+    def complete(self, job_ids: list[int]) -> None:
         """The runner saw these steps' stores land: host copies become findable, device holds drop."""
-        for transfer_id in transfer_ids:
-            stores = self.pending.pop(transfer_id, None)
+        for job_id in job_ids:
+            stores = self.pending.pop(job_id, None)
             if not stores:
                 continue
             sources = [d for d, _ in stores]
@@ -88,10 +88,10 @@ class OffloadingManager:
             self.device.free_blocks(sources)
             self.stats.stored_blocks += len(stores)
 
-    def cancel(self, transfer_ids: list[int]) -> None:
+    def cancel(self, job_ids: list[int]) -> None:
         """These steps' stores will never land (the runner failed the step): forget them."""
-        for transfer_id in transfer_ids:
-            stores = self.pending.pop(transfer_id, None)
+        for job_id in job_ids:
+            stores = self.pending.pop(job_id, None)
             if stores:
                 sources = [d for d, _ in stores]
                 self.host.cancel(sources, [h for _, h in stores])

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
     from kvmesh.events.schema import KVEvent
+    from kvmesh.replica.kv_layout import KVBlockLayout
     from kvmesh.replica.step.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
     from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
@@ -57,13 +58,17 @@ class ModelRunnerInterface(Protocol):
     """Blocks of the host-memory KV tier the runner holds (0: none; block 0 mirrors the null block)."""
     kv_offload: KVOffloadCounters | None
     """The host tier's copies (bytes moved, measured bandwidth); None without a tier."""
+    kv_layout: KVBlockLayout | None
+    """Where each KV block lies (rank 0's under TP: per-layer K/V regions, dtype, bytes per block), computed once
+    when the cache is allocated; the host tier, the KV transfer agent and ``/load`` read it. None: no tensors
+    (a stand-in runner)."""
 
     def bind_thread(self) -> None:
         """Make the calling thread the one that steps (its device current, CUDA graphs captured there); the
         engine thread calls it before its first step."""
         ...
 
-    def finished_kv_transfers(self) -> list[int]:
+    def finished_offload_stores(self) -> list[int]:
         """Steps whose copies to the host tier landed since the last call (never blocks; [] without a tier)."""
         ...
 

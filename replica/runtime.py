@@ -193,6 +193,5 @@ def _kv_transfer_service(config: KVTransferConfig, llm: AsyncLLM, state: ServerS
         raise ValueError(f"kv_transfer (transport {config.transport}) cannot start: {e}; install nixl "
                          "(the engine extra) or turn KV transfer off (--no-kv-transfer)") from None
     service = KVTransferService(config, agent, llm, state.kv_metrics, replica_id)
-    llm.kv_transfer_load = service.load
-    llm.kv_transfers.leases.caps = LeaseCaps.of(config)  # before the server takes a lease: no engine step reads it yet
+    llm.kv_transfers.turn_on(LeaseCaps.of(config), service.load)  # before the server takes a lease
     return service

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig, check_api_key, check_internal_key
+from kvmesh.router.routing.kv_placement import KVPlacementRules
 from kvmesh.router.routing.outlier import OutlierConfig
 from kvmesh.router.routing.policies import DEFAULT_POLICY, PolicyConfig, PolicyOptions, policy_config
 from kvmesh.router.routing.roles import BOTH, ROLES, check_role
 from kvmesh.router.routing.session import SessionConfig
-from kvmesh.router.routing.transfers import TransferRules
 
 if TYPE_CHECKING:
     from kvmesh.router.routing.kv_router import KVRouter
@@ -177,9 +177,9 @@ class RouterConfig:
     workers: int = 1
     """Router processes serving the port (router/control/workers.py): each has its own index, all share their
     in-flight counts; 0 = auto, the cores this host can spare (serve: those not reserved for replicas)."""
-    transfers: TransferRules = field(default_factory=TransferRules, metadata={"prefix": ""})
+    transfers: KVPlacementRules = field(default_factory=KVPlacementRules, metadata={"prefix": ""})
     """KV that moves between replicas: the prefill/decode split and peer pulls (--pd-min-uncached-tokens,
-    --peer-pulls ...; router/routing/transfers.py)."""
+    --peer-pulls ...; router/routing/kv_placement.py)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -67,8 +67,10 @@ def _hex(h) -> str:
 
 def format_event(name: str, seq: int, event) -> str:
     """The human line for one event."""
+    from kvmesh.events.schema import BlockRemoved, BlockStored
+
     kind = type(event).__name__
-    hashes = getattr(event, "block_hashes", [])
+    hashes = event.block_hashes if isinstance(event, BlockStored | BlockRemoved) else []
     line = f"{name:<12} seq={seq:<8} {kind:<16} blocks={len(hashes):<4}"
     if hashes:
         line += f" first={_hex(hashes[0])}"

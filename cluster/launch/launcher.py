@@ -42,6 +42,7 @@ from kvmesh.cluster.launch.replica_sections import (
     replica_kv_transfer,
     replica_server,
 )
+from kvmesh.cluster.launch.serve_router import RouterProcesses
 from kvmesh.cluster.launch.serve_state import ClusterFleet, FleetFactory, ServeState
 from kvmesh.cluster.launch.supervisor import ReplicaHandle, Supervisor
 from kvmesh.cluster.router_client import RouterClient
@@ -113,7 +114,7 @@ class ServeCluster:
         return self
 
     def _start_router(self) -> None:
-        from kvmesh.cluster.launch.serve_router import RouterProcesses, num_router_workers, start_router
+        from kvmesh.cluster.launch.serve_router import num_router_workers, start_router
 
         cfg, st = self.config, self.state
         admin_key = st.admin_key = secrets.token_urlsafe(32)  # the replica set is changed only by the operator

@@ -42,6 +42,10 @@ class AttentionBackend(Protocol):
         """Whether decode steps have fixed shapes per batch size at this block size (CUDA graphs can capture
         them, replica/worker/graphs/cuda_graph.py; such a backend also offers ``static_decode_metadata``)."""
 
+    @staticmethod
+    def supports_static_prefill(block_size: int) -> bool:
+        """Whether one-request prefill steps have fixed shapes at this block size (replica/worker/prefill_graph.py)."""
+
     def build(self, common: CommonAttentionMetadata) -> AttentionMetadata:
         """Per-step metadata derived once and shared by all layers."""
 

@@ -80,6 +80,11 @@ class TorchAttentionBackend:
         """The reference path sizes its work by the step's contexts: no static decode, no CUDA graphs."""
         return False
 
+    @staticmethod
+    def supports_static_prefill(block_size: int) -> bool:
+        """Nor static prefill."""
+        return False
+
     def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         bs, d = common.block_size, common.num_decodes
         device = common.slot_mapping.device

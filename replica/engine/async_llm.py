@@ -20,7 +20,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from kvmesh.kvcache.hashing import RequestBlockHasher
@@ -36,7 +36,7 @@ from kvmesh.replica.engine.commands import (
 )
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
-from kvmesh.replica.engine.load_fields import event_stream_report, host_tier_report, read_racily
+from kvmesh.replica.engine.load_fields import event_stream_report, read_racily
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from kvmesh.replica.executor.factory import ExecutorOptions
     from kvmesh.replica.kv_transfer.agent import KVTransferAgent
     from kvmesh.replica.kv_transfer.leases import Lease
-    from kvmesh.replica.serving.load_report import KVTransferLoad
     from ray.util.placement_group import PlacementGroup
 
 logger = logging.getLogger(__name__)
@@ -78,9 +77,11 @@ class AsyncLLM:
         self._ids = itertools.count()
         self._closed = False
         self.errored: BaseException | None = None  # set if the engine loop itself died
-        self.kv_transfers = EngineKVTransfers(engine)  # pulls in flight and leases (engine thread only)
+        kv_transfers = engine.connector(EngineKVTransfers)
+        if kv_transfers is None:
+            raise ValueError("AsyncLLM needs an engine with the KV transfer connector (default_kv_connectors)")
+        self.kv_transfers: EngineKVTransfers = kv_transfers  # pulls in flight and leases (engine thread only)
         self.kv_transfers.wake = self._wake.set  # a transfer worker thread saw a read move on
-        self.kv_transfer_load: Callable[[], KVTransferLoad] | None = None  # /load's kv_transfer (server sets it)
         self._thread = threading.Thread(target=self._run, name="kvmesh-engine", daemon=True)
         self._thread.start()
 
@@ -213,9 +214,8 @@ class AsyncLLM:
             num_requests_running=len(sched.running), num_requests_waiting=len(sched.waiting),
             kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
-            prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, **host_tier_report(self.engine),
-            **event_stream_report(publisher),
-            **({} if self.kv_transfer_load is None else {"kv_transfer": self.kv_transfer_load()}))
+            prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, **self.engine.kv_load_fields(),
+            **event_stream_report(publisher))
 
     def dead_reason(self) -> str | None:
         """None while the replica can serve; otherwise why not."""
@@ -249,7 +249,7 @@ class AsyncLLM:
         self._thread.join(timeout=30)
         try:
             if not self._thread.is_alive():
-                self.kv_transfers.abandon()  # pulls in flight answered 0, leased blocks let go
+                self.engine.shutdown_connectors()  # pulls in flight answered 0, leased blocks let go
             self.engine.close()
         finally:
             self.runner.shutdown()
@@ -267,9 +267,9 @@ class AsyncLLM:
             while not self._closed:
                 self._wake.clear()
                 self._drain_commands()
-                self.kv_transfers.between_steps()
+                engine.between_steps()
                 if not engine.has_unfinished_requests():
-                    self._wake.wait(self.kv_transfers.idle_timeout())
+                    self._wake.wait(engine.idle_timeout())
                     continue
                 for out in engine.step():
                     self._deliver(out)

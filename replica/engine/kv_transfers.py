@@ -14,7 +14,7 @@ over, then freed uncached: a read that lands late lands in blocks nobody else ho
 bytes and seconds feed ``pull_bytes_per_s`` (an EWMA).
 
 The prefill side of a P/D split leases at the request's finish, not after its answer: ``LeaseAtFinish``
-arms the request id, and ``request_finished`` (the engine's hook, called before the request's blocks go
+arms the request id, and ``request_finished`` (the engine calls its connectors, kv_connector.py, before the request's blocks go
 back to the evictable pool, as vLLM's connector's ``request_finished`` delays freeing) takes the lease,
 so no step in between can evict them.
 """
@@ -25,12 +25,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.engine.commands import LeaseAtFinish, LeaseBlocks, PullPrefix, ReleaseLease
 from kvmesh.replica.engine.request import Request, RequestStatus
 from kvmesh.replica.kv_transfer.agent import block_bytes
-from kvmesh.replica.kv_transfer.leases import Lease, LeaseRefused, LeaseTable
+from kvmesh.replica.kv_transfer.leases import Lease, LeaseCaps, LeaseRefused, LeaseTable
 from kvmesh.replica.kv_transfer.prefix_pull import PendingPull, block_hasher, start_pull
+
+if TYPE_CHECKING:
+    from kvmesh.kvcache.kv_cache_manager import KVCacheManager
+    from kvmesh.replica.engine.kv_connector import KVConnectorContext
+    from kvmesh.replica.serving.load_report import KVTransferLoad
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +55,12 @@ class _InFlight:
 
 
 class EngineKVTransfers:
-    """Pulls in flight and leases of one engine; only the engine thread calls its methods."""
+    """Pulls in flight and leases of one engine, a ``KVConnector`` (kv_connector.py); only the engine thread calls
+    its methods."""
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
+    def __init__(self, context: KVConnectorContext) -> None:
+        self.kv_cache_manager: KVCacheManager = context.kv_cache_manager
+        self.block_size = context.config.block_size
         self.leases = LeaseTable()
         self.pulls: list[_InFlight] = []
         self.quarantine: list[PendingPull] = []
@@ -61,13 +69,12 @@ class EngineKVTransfers:
         """Bytes per second of this replica's finished pulls (EWMA; None before the first one)."""
         self.at_finish: dict[str, LeaseAtFinish] = {}
         """Requests whose finish takes a lease on their prompt's blocks (request id -> the command)."""
-        engine.on_request_finished = self.request_finished
-        engine.kv_cache_manager.held_elsewhere = self.held_blocks
+        self._load: Callable[[], KVTransferLoad] | None = None
         self.wake: Callable[[], None] | None = None
         """Wakes the idle engine thread (AsyncLLM sets it); the transfer workers call it when a read moves on."""
 
     def handle(self, command: PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease) -> None:
-        manager = self.engine.kv_cache_manager
+        manager = self.kv_cache_manager
         if isinstance(command, LeaseAtFinish):
             self.at_finish[command.request_id] = command
         elif isinstance(command, LeaseBlocks):
@@ -80,7 +87,7 @@ class EngineKVTransfers:
             self._start_pull(command)
 
     def request_finished(self, request: Request) -> None:
-        """The engine's hook when a request ends, before its blocks are freed: an armed request that finished
+        """A request ended, before its blocks are freed: an armed request that finished
         (stop or length) leases its prompt's cached full blocks (by the hashes the cache manager already holds);
         an aborted or failed one, or one past a lease cap, gets an empty lease."""
         command = self.at_finish.pop(request.request_id, None) if self.at_finish else None
@@ -90,7 +97,7 @@ class EngineKVTransfers:
         if request.status not in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH):
             command.granted.set_result(empty)
             return
-        manager = self.engine.kv_cache_manager
+        manager = self.kv_cache_manager
         hasher = manager.req_to_hasher.get(request.request_id)
         if hasher is None:  # caching off, or a request the cache never saw
             hasher = block_hasher(manager, request.prompt_token_ids, request.cache_salt, request.lora_name)
@@ -123,7 +130,7 @@ class EngineKVTransfers:
 
     def _start_pull(self, command: PullPrefix) -> None:
         try:
-            pending = start_pull(self.engine.kv_cache_manager, command.agent, command.peer,
+            pending = start_pull(self.kv_cache_manager, command.agent, command.peer,
                                  command.prompt_token_ids, command.remote_block_ids, command.cache_salt,
                                  remote_block_media=command.remote_block_media, on_progress=self.wake)
         except BaseException as e:  # bad arguments (media not matching the ids)
@@ -152,13 +159,13 @@ class EngineKVTransfers:
                     still.append(pull)
                     continue
                 if tokens:
-                    self._measure(tokens // self.engine.config.block_size * pull.bytes_per_block, now - pull.started)
+                    self._measure(tokens // self.block_size * pull.bytes_per_block, now - pull.started)
                 pull.command.pulled.set_result(tokens)
             self.pulls = still
         if self.quarantine:
             self.quarantine = [pending for pending in self.quarantine if not pending.settle()]
         if self.leases.active:
-            self.leases.expire(self.engine.kv_cache_manager)
+            self.leases.expire(self.kv_cache_manager)
 
     def _measure(self, num_bytes: int, seconds: float) -> None:
         rate = num_bytes / max(seconds, 1e-6)
@@ -178,6 +185,22 @@ class EngineKVTransfers:
             waits.append(lease)
         return min(waits) if waits else None
 
+    def update_connector_output(self) -> None:
+        return None  # pulls are polled between steps, idle or not (``between_steps``)
+
+    def turn_on(self, caps: LeaseCaps, load: Callable[[], KVTransferLoad]) -> None:
+        """The replica turned KV transfer on (runtime.py, before its server takes a lease): the lease caps, and
+        ``load`` gives ``/load``'s ``kv_transfer`` object (its transfer service's, server/kv_transfer.py)."""
+        self.leases.caps = caps
+        self._load = load
+
+    def load_fields(self) -> dict:
+        """``/load``'s ``kv_transfer`` object once KV transfer is on (read off the engine thread)."""
+        return {} if self._load is None else {"kv_transfer": self._load()}
+
+    def shutdown(self) -> None:
+        self.abandon()
+
     def abandon(self) -> None:
         """Engine stopping (its thread gone): answer the pulls in flight, ask their reads to abort, let the leases
         go. Blocks whose read the transport has not confirmed over are NOT freed: they stay held in the pool that
@@ -193,7 +216,7 @@ class EngineKVTransfers:
                            "confirmed over); they stay held", self.quarantined_blocks)
         for request_id in list(self.at_finish):
             self.request_refused(request_id)
-        self.leases.expire(self.engine.kv_cache_manager, now=float("inf"))
+        self.leases.expire(self.kv_cache_manager, now=float("inf"))
 
 
 def _settle(future, compute) -> None:

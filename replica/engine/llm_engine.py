@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_scheduling import LaunchedStep, add_placeholders, use_async_scheduling
+from kvmesh.replica.engine.connector_defaults import default_kv_connectors
+from kvmesh.replica.engine.kv_connector import (
+    KVConnector,
+    KVConnectorContext,
+    KVConnectorFactory,
+)
+from kvmesh.replica.engine.offload_connector import OffloadConnector
 from kvmesh.replica.engine.output_processor import OutputProcessor
 from kvmesh.replica.engine.prefill_rate import PrefillRate
 from kvmesh.replica.engine.request import Request, RequestStatus, validate_request_input
@@ -33,6 +40,7 @@ if TYPE_CHECKING:
     from kvmesh.events.config import PublisherConfig
 
 logger = logging.getLogger(__name__)
+C = TypeVar("C")
 
 
 class LLMEngine:
@@ -40,9 +48,12 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, model_runner: ModelRunnerInterface | None = None,
                  tokenizer: HFTokenizer | None = None, event_publisher: EventPublisher | None = None,
-                 skip_tokenizer_init: bool = False, events: PublisherConfig | None = None) -> None:
+                 skip_tokenizer_init: bool = False, events: PublisherConfig | None = None,
+                 kv_connectors: Sequence[KVConnectorFactory] | None = None) -> None:
         """``events`` (the events section whole) makes the engine build its KV event publisher
-        (``event_publisher`` gives a ready one instead); neither: no events."""
+        (``event_publisher`` gives a ready one instead); neither: no events. ``kv_connectors`` build the
+        connectors of KV held or moved outside the block tables (kv_connector.py; None: ``default_kv_connectors``);
+        the host tier's comes first when the cache has one."""
         self.config = config
         if model_runner is None:
             from kvmesh.replica.executor.factory import local_model_runner
@@ -58,7 +69,8 @@ class LLMEngine:
         self._step_events: list = []
         self.kv_cache_manager = make_kv_cache_manager(
             config, self.num_kv_blocks, model_runner.num_host_blocks,
-            self._step_events.append if event_publisher is not None or events is not None else None)
+            self._step_events.append if event_publisher is not None or events is not None else None,
+            held_elsewhere=self._held_elsewhere)
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
@@ -69,8 +81,11 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self._stats, type(model_runner).__name__)
         self.prefill_rate = PrefillRate()
         """Prompt tokens per second this engine computes, from its own steps (reported in ``/load``)."""
-        self.on_request_finished: Callable[[Request], None] | None = None
-        """Called when a request ends, before its blocks are freed (KV transfer leases them: kv_transfers.py)."""
+        context = KVConnectorContext(config, self.kv_cache_manager, model_runner)
+        factories = [OffloadConnector] if self.kv_cache_manager.offload is not None else []
+        factories += default_kv_connectors() if kv_connectors is None else kv_connectors
+        self.kv_connectors: list[KVConnector] = [make(context) for make in factories]
+        """Called in this order at every point of the seam (kv_connector.py)."""
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -106,8 +121,8 @@ class LLMEngine:
     def _finish_with(self, request_id: str, status: RequestStatus, error: str | None = None) -> None:
         request = self.scheduler.finish_request(request_id, status)
         if request is not None:
-            if self.on_request_finished is not None:
-                self.on_request_finished(request)  # aborted or failed: nothing to lease
+            for connector in self.kv_connectors:
+                connector.request_finished(request)  # aborted or failed: nothing to lease
             request.error = error
             self._pending.append(self.output_processor.make_output(request, []))
             self.output_processor.on_finished(request)
@@ -124,7 +139,8 @@ class LLMEngine:
         """Schedule, run the model once, and return the outputs of every request that progressed or ended
         (with async scheduling: launch this step, then return the outputs of the previous one)."""
         outputs, self._pending = self._pending, []
-        self.poll_kv_transfers()
+        for connector in self.kv_connectors:
+            connector.update_connector_output()
         sched = self.scheduler.schedule()
         launched = None
         if sched.is_empty:
@@ -172,8 +188,8 @@ class LLMEngine:
     def _fail_step(self, sched: SchedulerOutput, error: Exception) -> list[RequestOutput]:
         """The runner failed a batch: fail its requests (the engine keeps serving the others)."""
         logger.exception("model runner failed a step of %d requests", sched.num_requests)
-        if sched.kv_transfers is not None:
-            self.kv_cache_manager.cancel_transfers([sched.kv_transfers.transfer_id])
+        if sched.offload_copies is not None:
+            self.kv_cache_manager.cancel_offload_copies([sched.offload_copies.job_id])
         for request_id in sched.request_ids():
             self.fail_request(request_id, f"model runner error: {error!r}")
         # Blocks are cached when scheduled; their K/V may never have been written: forget them.
@@ -181,11 +197,6 @@ class LLMEngine:
             logger.warning("prefix cache not reset after a runner failure: other requests hold blocks")
         failed, self._pending = self._pending, []
         return failed
-
-    def poll_kv_transfers(self) -> None:
-        """Copies to the host tier that landed become findable there (never waits for one)."""
-        if self.kv_cache_manager.offload is not None:
-            self.kv_cache_manager.complete_transfers(self.model_runner.finished_kv_transfers())
 
     def _end_step(self) -> None:
         self._publish_events()
@@ -196,15 +207,45 @@ class LLMEngine:
         """The step's outputs (output_processor.py), its finished requests freed, then the aborts it caused."""
         outputs, finished = self.output_processor.process_outputs(sampled, self.scheduler.requests,
                                                                   self.fail_request)
-        if self.on_request_finished is not None:
+        for connector in self.kv_connectors:
             for request in finished:  # before the blocks are freed: a lease taken here holds them
-                self.on_request_finished(request)
+                connector.request_finished(request)
         self.scheduler.finish_running(finished)
         for request in finished:
             self.output_processor.on_finished(request)
         outputs += self._pending
         self._pending = []
         return outputs
+
+    # -- the connectors' seam, for the engine thread's loop (AsyncLLM) and /load ---------------------
+
+    def connector(self, kind: type[C]) -> C | None:
+        """This engine's connector of class ``kind`` (None without one)."""
+        return next((c for c in self.kv_connectors if isinstance(c, kind)), None)
+
+    def _held_elsewhere(self) -> list:
+        held = []
+        for connector in self.kv_connectors:
+            held += connector.held_blocks()
+        return held
+
+    def between_steps(self) -> None:
+        for connector in self.kv_connectors:
+            connector.between_steps()
+
+    def idle_timeout(self) -> float | None:
+        waits = [w for c in self.kv_connectors if (w := c.idle_timeout()) is not None]
+        return min(waits) if waits else None
+
+    def kv_load_fields(self) -> dict:
+        fields: dict = {}
+        for connector in self.kv_connectors:
+            fields.update(connector.load_fields())
+        return fields
+
+    def shutdown_connectors(self) -> None:
+        for connector in self.kv_connectors:
+            connector.shutdown()
 
     # -- events, stats, lifecycle ------------------------------------------------------------------
 

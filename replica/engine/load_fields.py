@@ -1,4 +1,4 @@
-"""The ``/load`` fields ``AsyncLLM.load_report`` reads racily off the engine thread's state."""
+"""Helpers of ``AsyncLLM.load_report``: reading racily off the engine thread's state, the event stream's fields."""
 
 from __future__ import annotations
 
@@ -8,16 +8,6 @@ from typing import TypeVar
 from kvmesh.replica.interfaces import EventPublisher, StreamPublisher
 
 T = TypeVar("T")
-
-
-def host_tier_report(engine) -> dict:
-    """The ``/load`` fields of the engine's host tier and its copies (none without a tier)."""
-    offload = engine.kv_cache_manager.offload
-    copier = engine.model_runner.kv_offload
-    if offload is None or copier is None:
-        return {}
-    return {"kv_block_bytes": copier.block_bytes, "h2d_bytes_per_s": copier.h2d_bytes_per_s,
-            "num_host_kv_blocks": offload.host.num_blocks, "host_kv_cache_usage": offload.host.usage()}
 
 
 def read_racily(read: Callable[[], list[T]]) -> list[T]:

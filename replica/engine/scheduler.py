@@ -136,7 +136,7 @@ class Scheduler:
             finished_request_ids=self.finished_request_ids,
             decode_request_ids=decode_ids,
             new_block_ids=new_block_ids,
-            kv_transfers=self.kv_cache_manager.take_transfers(),
+            offload_copies=self.kv_cache_manager.take_offload_copies(),
         )
         self.finished_request_ids = set()
         return out

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from kvmesh.events.config import PublisherConfig
     from kvmesh.events.publish.publisher import ZmqEventPublisher
     from kvmesh.events.schema import BlockStored, KVEvent
+    from kvmesh.kvcache.block import KVCacheBlock
     from kvmesh.kvcache.kv_cache_manager import KVCacheManager
     from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 
@@ -45,9 +46,11 @@ def make_event_publisher(events: PublisherConfig, snapshot_source: Callable[[], 
 
 
 def make_kv_cache_manager(config: EngineConfig, num_blocks: int, num_host_blocks: int,
-                          event_sink: Callable[[KVEvent], None] | None) -> KVCacheManager:
+                          event_sink: Callable[[KVEvent], None] | None,
+                          held_elsewhere: Callable[[], list[KVCacheBlock]] | None = None) -> KVCacheManager:
     """The block pool and prefix cache over ``num_blocks`` device blocks, with a host tier of
-    ``num_host_blocks`` (0: none); ``event_sink`` gets its KV events."""
+    ``num_host_blocks`` (0: none); ``event_sink`` gets its KV events; ``held_elsewhere`` names the device blocks
+    the engine's connectors hold (its integrity check counts them)."""
     from kvmesh.kvcache.hashing import generate_seed
     from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
@@ -56,5 +59,5 @@ def make_kv_cache_manager(config: EngineConfig, num_blocks: int, num_host_blocks
         num_blocks, config.block_size, hash_seed.encode() if isinstance(hash_seed, str) else hash_seed,
         enable_caching=config.enable_prefix_caching, event_sink=event_sink, eviction_policy=config.eviction_policy,
         medium=DEVICE_MEDIUM,  # the engine's own cache on every device, as vLLM's block pool writes it
-        num_host_blocks=num_host_blocks,
+        num_host_blocks=num_host_blocks, held_elsewhere=held_elsewhere,
     )

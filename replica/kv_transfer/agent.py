@@ -24,9 +24,9 @@ from typing import Protocol, runtime_checkable
 import msgspec
 import torch
 from kvmesh.events.schema import DEVICE_MEDIUM, HOST_MEDIUM
+from kvmesh.replica.kv_layout import KVBlockLayout
 from kvmesh.replica.kv_transfer.config import KVTransferConfig  # noqa: F401 - re-exported
 from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError, KVTransferTimeout
-from kvmesh.replica.kv_transfer.layout import KVBlockLayout, block_layout, symbolic_layout
 
 # name -> "module:Class", imported on first use (nixl loads large native libraries).
 _TRANSPORTS = {
@@ -95,7 +95,10 @@ class KVTransfer(Protocol):
 class KVTransferAgent(Protocol):
     name: str
     layout: KVBlockLayout
+    """Rank 0's layout (every rank's is the same but for its addresses and block count)."""
     config: KVTransferConfig
+    tp_size: int
+    """Tensor-parallel ranks the agent reads on (1 for one rank's agent)."""
 
     def handshake(self) -> KVHandshake:
         """This rank's handshake, for a peer's ``add_peer``."""
@@ -171,7 +174,7 @@ def check_layouts(mine: KVBlockLayout, handshake: KVHandshake, my_name: str, tp_
 
 def block_bytes(agent: KVTransferAgent) -> int:
     """Bytes one block moves across all of the agent's ranks (a tensor-parallel replica pulls on each)."""
-    return getattr(agent, "tp_size", 1) * agent.layout.bytes_per_block
+    return agent.layout.total_bytes_per_block(agent.tp_size)
 
 
 def make_kv_transfer_agent(config: KVTransferConfig, name: str, kv_cache: torch.Tensor, layout: KVBlockLayout,
@@ -191,15 +194,19 @@ def peer_layout(handshake: KVHandshake, medium: str) -> KVBlockLayout:
     raise KVTransferError(f"peer {handshake.agent_name!r} has no {medium!r} tier to read from")
 
 
-def runner_layout(runner) -> KVBlockLayout:
-    """The block layout of a ModelRunner's cache (replica/worker/model_runner.py)."""
-    attn0 = runner.model.attention_layers()[0]
-    return block_layout(runner.kv_cache, symbolic_layout(runner.attn_backend.kv_cache_shape), runner.block_size,
-                        attn0.num_kv_heads, attn0.head_dim)
+class RunnerCache(Protocol):
+    """What an agent registers of one rank's model runner (replica/worker/model_runner.py)."""
+
+    kv_cache: torch.Tensor
+    kv_layout: KVBlockLayout
+    """The runner's one layout of its cache, computed when the cache was allocated."""
+
+    @property
+    def host_kv_cache(self) -> torch.Tensor | None:
+        """The host tier's tensor (None without a tier)."""
+        ...
 
 
-def agent_for_runner(config: KVTransferConfig, name: str, runner) -> KVTransferAgent:
+def agent_for_runner(config: KVTransferConfig, name: str, runner: RunnerCache) -> KVTransferAgent:
     """A transfer agent with a ModelRunner's KV cache registered, and its host tier's when it has one."""
-    offload = getattr(runner, "kv_offload", None)
-    return make_kv_transfer_agent(config, name, runner.kv_cache, runner_layout(runner),
-                                  None if offload is None else offload.host)
+    return make_kv_transfer_agent(config, name, runner.kv_cache, runner.kv_layout, runner.host_kv_cache)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from kvmesh.events.schema import DEVICE_MEDIUM, HOST_MEDIUM
+from kvmesh.replica.kv_layout import KVBlockLayout, host_tier_layout
 from kvmesh.replica.kv_transfer.agent import (
     KVHandshake,
     KVTransferConfig,
@@ -18,7 +19,6 @@ from kvmesh.replica.kv_transfer.agent import (
     peer_layout,
 )
 from kvmesh.replica.kv_transfer.errors import KVTransferError
-from kvmesh.replica.kv_transfer.layout import KVBlockLayout, host_tier_layout
 
 _LIVE: dict[str, LocalKVTransferAgent] = {}
 
@@ -50,6 +50,7 @@ class DoneTransfer:
 
 
 class LocalKVTransferAgent:
+    tp_size = 1  # one rank's agent
     def __init__(self, config: KVTransferConfig, name: str, kv_cache: torch.Tensor, layout: KVBlockLayout,
                  host_cache: torch.Tensor | None = None) -> None:
         if name in _LIVE:

@@ -16,9 +16,9 @@ import threading
 import numpy as np
 import torch
 from kvmesh.events.schema import DEVICE_MEDIUM, HOST_MEDIUM
+from kvmesh.replica.kv_layout import KVBlockLayout, host_tier_layout
 from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig, check_layouts, check_read
 from kvmesh.replica.kv_transfer.errors import KVTransferError, KVTransferUnavailable
-from kvmesh.replica.kv_transfer.layout import KVBlockLayout, host_tier_layout
 
 BACKEND = "UCX"
 _construct_lock = threading.Lock()
@@ -127,6 +127,8 @@ class NixlKVTransferAgent:
     """One rank's nixl agent. Its calls come from two threads (handshakes on the replica's HTTP loop, reads on
     the agent's transfer worker thread) and the agent runs without nixl's own locking (``NIXL_THREAD_SYNC_NONE``,
     the default without a listener thread), so every call into it holds ``_lock``."""
+
+    tp_size = 1  # one rank's agent (tp_agent.py reads on every rank)
 
     def __init__(self, config: KVTransferConfig, name: str, kv_cache: torch.Tensor, layout: KVBlockLayout,
                  host_cache: torch.Tensor | None = None) -> None:

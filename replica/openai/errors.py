@@ -12,12 +12,13 @@ from typing import TypeVar
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError, internal_error
-from pydantic import BaseModel, JsonValue, ValidationError
+from pydantic import JsonValue, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound=OpenAIBaseModel)
 
 
 def validation_error_message(exc: ValidationError) -> str:
@@ -51,7 +52,7 @@ def parse_request(model_cls: type[M], body: JsonValue) -> M:
     one-token stand-in and gets the list after, so errors and results are pydantic's either way."""
     if not isinstance(body, dict):
         raise ProtocolError(f"request body must be a JSON object, got {type(body).__name__}")
-    ids = {name: body[name] for name in getattr(model_cls, "__token_id_fields__", ()) if _token_ids(body.get(name))}
+    ids = {name: body[name] for name in model_cls.__token_id_fields__ if _token_ids(body.get(name))}
     try:
         if not ids:
             return model_cls.model_validate(body)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, SerializerFunctionWrapHandler, model_serializer
 
@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, SerializerFunction
 class OpenAIBaseModel(BaseModel):
     # Clients send fields we do not use (frequency_penalty=0, ...): accept and ignore them.
     model_config = ConfigDict(extra="ignore")
+    __token_id_fields__: ClassVar[tuple[str, ...]] = ()
+    """Fields validated in C when they hold token ids (errors.parse_request); none by default."""
 
 
 

@@ -20,9 +20,9 @@ from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.renderer import PromptRenderer
-from pydantic import BaseModel, JsonValue
+from pydantic import JsonValue
 
-M = TypeVar("M", bound=BaseModel)
+Routed = TypeVar("Routed", p.TokenizeRequest, p.CompletionRequest, p.ChatCompletionRequest)
 BodyCheck = Callable[[Request, p.SamplingFields], None]
 """Refuses (raises ProtocolError) a decoded completion or chat body the server will not take from this caller:
 the router's router-only fields (router/http/router_only.py), a replica's KV plane (replica/server/kv_plane.py)."""
@@ -48,9 +48,9 @@ def install_shared_routes(app: FastAPI, renderer: PromptRenderer, check_model: C
     def max_model_len() -> int:
         return renderer.require_tokenizer().max_model_len
 
-    async def read(http: Request, model_cls: type[M]) -> M:
+    async def read(http: Request, model_cls: type[Routed]) -> Routed:
         req = await read_request(http, model_cls, config, renderer.run)
-        check_model(getattr(req, "model", None))
+        check_model(req.model)
         return req
 
     def rendered(req: p.CompletionRequest | p.ChatCompletionRequest, ids: list[int], prefix: str) -> dict[str, JsonValue]:

@@ -31,6 +31,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol plus a deadline on each request head."""
 
     header_timeout_s = 10.0  # replaced per server by a subclass (see ``protocol_class``)
+    _head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -42,7 +43,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
 
     def _disarm_head_timer(self) -> None:
-        timer = getattr(self, "_head_timer", None)
+        timer = self._head_timer
         if timer is not None:
             timer.cancel()
             self._head_timer = None
@@ -55,7 +56,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if getattr(self, "_head_timer", None) is None:
+        if self._head_timer is None:
             self._arm_head_timer()
 
     def on_headers_complete(self) -> None:

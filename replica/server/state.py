@@ -54,7 +54,7 @@ class ServerState:
                 **self.extra_info}
 
     def model_info(self) -> Info:
-        return {"model_path": self.model_path, "tokenizer_path": getattr(self.tokenizer, "name", self.model_path),
+        return {"model_path": self.model_path, "tokenizer_path": self.tokenizer.name if self.tokenizer is not None else self.model_path,
                 "served_model_name": self.model_name, "is_generation": True}
 
 
@@ -67,12 +67,11 @@ def _cache_config_info(engine: AsyncLLM) -> Info:
 
 
 def _lease_counts(engine: AsyncLLM) -> tuple[int, int, int]:
-    """(active, released, expired) leases of the engine (zeros for an engine client without them)."""
-    leases = getattr(getattr(engine, "kv_transfers", None), "leases", None)
-    return (0, 0, 0) if leases is None else (leases.active, leases.released, leases.expired)
+    """(active, released, expired) leases of the engine's KV transfer connector."""
+    leases = engine.kv_transfers.leases
+    return leases.active, leases.released, leases.expired
 
 
 def _quarantined_blocks(engine: AsyncLLM) -> int:
-    """Blocks of the engine's failed pulls still held until their read is over (0 for an engine client without)."""
-    transfers = getattr(engine, "kv_transfers", None)
-    return 0 if transfers is None else transfers.quarantined_blocks
+    """Blocks of the engine's failed pulls still held until their read is over."""
+    return engine.kv_transfers.quarantined_blocks

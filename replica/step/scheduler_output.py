@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmesh.kvcache.transfers import KVTransfers
+from kvmesh.kvcache.offload_copies import OffloadCopies
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
 
@@ -59,7 +59,7 @@ class SchedulerOutput:
     """Running requests that decode one more token: the one the runner sampled for them last step."""
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)
     """Blocks appended this step to the block tables of requests in ``decode_request_ids``."""
-    kv_transfers: KVTransfers | None = None
+    offload_copies: OffloadCopies | None = None
     """Copies between the device cache and the host tier around this step's forward (None: none)."""
 
     @property

@@ -33,8 +33,9 @@ class FakeModelRunner:
         self.dead_reason: str | None = None  # tests set it to play a broken TP group
         self.num_host_blocks = 0  # no host tier
         self.kv_offload = None
+        self.kv_layout = None  # no tensors
 
-    def finished_kv_transfers(self) -> list[int]:
+    def finished_offload_stores(self) -> list[int]:
         return []
 
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:

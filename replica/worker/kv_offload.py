@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from kvmesh.replica.kv_layout import KVBlockLayout
 
 
 def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
@@ -36,15 +40,16 @@ def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
 
 
 class KVOffloader:
-    """Copies blocks between ``kv_cache`` and a host tier of ``num_host_blocks``; see the module doc."""
+    """Copies blocks between ``kv_cache`` (laid out as ``layout``, the runner's one ``KVBlockLayout``) and a host
+    tier of ``num_host_blocks``; see the module doc."""
 
-    def __init__(self, kv_cache: torch.Tensor, block_dim: int, num_host_blocks: int) -> None:
+    def __init__(self, kv_cache: torch.Tensor, layout: KVBlockLayout, num_host_blocks: int) -> None:
         self.kv_cache = kv_cache
-        self.block_dim = block_dim
+        self.block_dim = block_dim = layout.block_dim
         self.device = kv_cache.device
         self.cuda = self.device.type == "cuda"
         self.block_shape = tuple(kv_cache.select(block_dim, 0).shape)
-        self.block_bytes = kv_cache.select(block_dim, 0).numel() * kv_cache.element_size()
+        self.block_bytes = layout.bytes_per_block
         # [num_host_blocks, *block_shape]; row 0 mirrors the device's null block and is never used
         self.host = torch.zeros((num_host_blocks, *self.block_shape), dtype=kv_cache.dtype,
                                 pin_memory=self.cuda)
@@ -91,7 +96,7 @@ class KVOffloader:
         self.bytes_loaded += nbytes
         self.load_seconds += nbytes / self.h2d_bytes_per_s if self.cuda else time.perf_counter() - start
 
-    def store(self, transfer_id: int, pairs: list[tuple[int, int]]) -> None:
+    def store(self, job_id: int, pairs: list[tuple[int, int]]) -> None:
         """Copy device blocks into host blocks, ``(device_id, host_id)``, after the step's forward."""
         if not pairs:
             return
@@ -105,11 +110,11 @@ class KVOffloader:
             if self.stream is not None:
                 event = torch.cuda.Event()
                 event.record(self.stream)
-        self._pending.append((transfer_id, event))
+        self._pending.append((job_id, event))
         self.bytes_stored += len(pairs) * self.block_bytes
 
     def finished(self) -> list[int]:
-        """Transfer ids whose stores landed since the last call (never blocks; in issue order)."""
+        """Job ids whose stores landed since the last call (never blocks; in issue order)."""
         done: list[int] = []
         while self._pending and (self._pending[0][1] is None or self._pending[0][1].query()):
             done.append(self._pending.pop(0)[0])

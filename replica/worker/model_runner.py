@@ -19,6 +19,7 @@ import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.distributed.parallel_state import ParallelState
+from kvmesh.replica.kv_layout import block_layout, symbolic_layout
 from kvmesh.replica.model_config import eos_token_ids, load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
 from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host
@@ -92,7 +93,10 @@ class ModelRunner:
                                           self.dtype, self.device)
         for i, attn in enumerate(self.model.attention_layers()):
             attn.kv_cache = self.kv_cache[i]
-        self.kv_offload = self._make_kv_offload(attn0)  # the host tier's copies (None without one)
+        # where each block lies, computed once here: the host tier, the KV transfer agent and /load read it
+        self.kv_layout = block_layout(self.kv_cache, symbolic_layout(self.attn_backend.kv_cache_shape),
+                                      self.block_size, attn0.num_kv_heads, attn0.head_dim)
+        self.kv_offload = self._make_kv_offload()  # the host tier's copies (None without one)
         self.num_host_blocks = 0 if self.kv_offload is None else self.kv_offload.num_host_blocks
         logger.info("attention backend %s, block_size %d, %s", self.attn_backend.name, self.block_size,
                     f"CUDA graphs for decode batch sizes {self.static_decode.sizes}" if self.static_decode
@@ -163,24 +167,26 @@ class ModelRunner:
             self.static_decode.capture()
         self._bound_thread = threading.get_ident()
 
-    def _make_kv_offload(self, attn0) -> KVOffloader | None:
+    def _make_kv_offload(self) -> KVOffloader | None:
         """The host tier of ``kv_offload_memory`` bytes, laid out per block like the device cache."""
         if not self.config.kv_offload_memory:
             return None
-        one, two = (self.attn_backend.kv_cache_shape(n, self.block_size, attn0.num_kv_heads, attn0.head_dim)
-                    for n in (1, 2))
-        block_dim = 1 + next(i for i, (a, b) in enumerate(zip(one, two, strict=True)) if a != b)
-        block_bytes = self.kv_cache.select(block_dim, 0).numel() * self.kv_cache.element_size()
+        block_bytes = self.kv_layout.bytes_per_block
         num_host_blocks = self.config.kv_offload_memory // block_bytes
         if num_host_blocks < 2:
             raise ValueError(f"kv_offload_memory={self.config.kv_offload_memory} bytes holds {num_host_blocks} "
                              f"blocks of {block_bytes} bytes; give the host tier at least 2 blocks or unset it")
-        offload = KVOffloader(self.kv_cache, block_dim, num_host_blocks)
+        offload = KVOffloader(self.kv_cache, self.kv_layout, num_host_blocks)
         logger.info("host KV tier: %d blocks (%.1f MiB), host-to-device %.2f GB/s", num_host_blocks,
                     num_host_blocks * block_bytes / 2**20, offload.h2d_bytes_per_s / 1e9)
         return offload
 
-    def finished_kv_transfers(self) -> list[int]:
+    @property
+    def host_kv_cache(self) -> torch.Tensor | None:
+        """The host tier's tensor, [num_host_blocks, *one device block] (None without a tier)."""
+        return None if self.kv_offload is None else self.kv_offload.host
+
+    def finished_offload_stores(self) -> list[int]:
         """Steps whose copies to the host tier landed since the last call (never blocks)."""
         return [] if self.kv_offload is None else self.kv_offload.finished()
 
@@ -235,9 +241,9 @@ class ModelRunner:
             self.prompt_logprobs.free(out.finished_request_ids)
         if out.is_empty:
             return AsyncModelRunnerOutput.ready({})
-        transfers = out.kv_transfers
-        if transfers is not None:
-            self.kv_offload.load(transfers.loads)  # the prefixes this step's prefills read
+        copies = out.offload_copies
+        if copies is not None:
+            self.kv_offload.load(copies.loads)  # the prefixes this step's prefills read
         asks_prompt_logprobs = any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled)
         inputs = self.input_batch.prepare(out, static=not asks_prompt_logprobs)  # prompt logprobs need hidden
         graph_tokens = graph_logprobs = None  # [N] the graph's argmax or draw, [N, W] its packed logprobs (or None)
@@ -248,8 +254,8 @@ class ModelRunner:
                                                                                   inputs.graph_sampling)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))  # [T, H]
-        if transfers is not None:
-            self.kv_offload.store(transfers.transfer_id, transfers.stores)  # the blocks this step completed
+        if copies is not None:
+            self.kv_offload.store(copies.job_id, copies.stores)  # the blocks this step completed
         prompt_logprobs = self._prompt_logprobs(out, inputs, hidden) if asks_prompt_logprobs else None
         if not inputs.sample_request_ids:  # nothing sampled; prompt logprobs are read when the output is
             return AsyncModelRunnerOutput.prompt_logprobs_only(prompt_logprobs) if prompt_logprobs else \

@@ -25,6 +25,7 @@ from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.distributed.utils import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedInit
 
 if TYPE_CHECKING:
+    from kvmesh.replica.kv_layout import KVBlockLayout
     from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig
     from kvmesh.replica.step.scheduler_output import SchedulerOutput
     from kvmesh.replica.worker.model_runner import ModelRunner
@@ -46,6 +47,7 @@ class RunnerFacts(msgspec.Struct, frozen=True):
     """Token ids that end a request."""
     device: str
     """Where the rank runs (``cuda:0``, ``cpu``)."""
+    kv_layout: KVBlockLayout | None = None  # the rank's ModelRunner.kv_layout
 
 
 class TPWorker:
@@ -82,7 +84,7 @@ class TPWorker:
         self.config, self.runner = config, None
         self.runner = r = ModelRunner(config, rank=self.rank, world_size=self.world_size)
         return RunnerFacts(num_kv_blocks=r.num_kv_blocks, max_model_len=r.max_model_len, vocab_size=r.vocab_size,
-                           eos_token_ids=list(r.eos_token_ids or ()), device=str(getattr(r, "device", "cpu")))
+                           eos_token_ids=list(r.eos_token_ids or ()), device=str(r.device), kv_layout=r.kv_layout)
 
     def execute_model(self, out: SchedulerOutput) -> dict[str, int] | None:
         sampled = self.runner.execute_model(out)
@@ -148,12 +150,12 @@ class RayTPExecutor:
     """No host tier under tensor parallelism yet (EngineConfig refuses kv_offload_memory with TP > 1)."""
     kv_offload = None
 
-    def finished_kv_transfers(self) -> list[int]:
+    def finished_offload_stores(self) -> list[int]:
         return []
 
     def __init__(self, config: EngineConfig, placement_group: PlacementGroup | None = None,
-                 num_cpus_per_worker: float = 1.0,
-                 init_timeout_s: float = 300.0, step_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S):
+                 num_cpus_per_worker: float = 1.0, init_timeout_s: float = 300.0,
+                 step_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S):
         import ray
         from kvmesh.replica.distributed.utils import backend_for
         from ray.util.placement_group import placement_group as make_pg
@@ -161,6 +163,7 @@ class RayTPExecutor:
 
         self.world_size = n = config.tensor_parallel_size
         self.step_timeout_s = step_timeout_s
+        self.workers, self.placement_group, self._own_pg = [], None, False  # set first: ``shutdown`` reads them
         device = config.device or ("cuda" if _cuda_on_cluster() else "cpu")
         use_gpu = device == "cuda"
         # Each rank must not start its own TP group: the worker's config says device explicitly.
@@ -211,6 +214,7 @@ class RayTPExecutor:
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
         self.device = info.device
+        self.kv_layout = info.kv_layout  # rank 0's
         self.hf_config = None
         logger.info("TP group of %d ranks ready on %s (%d KV blocks)", self.world_size, self.device,
                     self.num_kv_blocks)
@@ -253,13 +257,13 @@ class RayTPExecutor:
     def shutdown(self) -> None:
         import ray
 
-        for w in getattr(self, "workers", []):
+        for w in self.workers:
             try:
                 ray.kill(w, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.workers = []
-        if self._own_pg and getattr(self, "placement_group", None) is not None:
+        if self._own_pg and self.placement_group is not None:
             try:
                 ray.util.remove_placement_group(self.placement_group)
             except Exception:  # noqa: BLE001

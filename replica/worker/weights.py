@@ -45,8 +45,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, LoadedWeight]]) 
 
     Raises if a parameter received nothing (a truncated or mismatched checkpoint).
     """
-    packed = getattr(model, "packed_modules_mapping", {})
-    tied = getattr(model.spec, "tie_word_embeddings", False)
+    packed = model.packed_modules_mapping
+    tied = model.spec.tie_word_embeddings
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     count = 0

@@ -3,7 +3,7 @@
 A probe is also how a failed replica comes back -- unless outlier detection ejected it: then ``/health`` is not
 enough (passive_health.py, which also reads each ``/load`` for signs that the replica is working). ``/load`` is decoded as kvmesh's ``LoadReport``
 (replica/serving/load_report.py); another server's load JSON is read by its keys (``ReplicaLoad.update_report``).
-Its ``kv_transfer`` object (KV transfer on, the measured pull rate: router/routing/transfers.py prices peer
+Its ``kv_transfer`` object (KV transfer on, the measured pull rate: router/routing/kv_placement.py prices peer
 pulls with it) is read whatever the report's kind. ``/server_info`` says whether a replica's cache can be described by the router's keys (block size,
 tokenizer and chat-template fingerprint; else it is routed by load only) and which body it takes
 (router/http/token_forwarding.py).
@@ -190,7 +190,7 @@ def incompatibility(info: ServerInfo | None, block_size: int, tokenizer: Tokeniz
     if isinstance(theirs, int) and theirs != block_size:
         return f"its block size is {theirs} tokens, the router's {block_size} (set router.block_size to the replicas')"
     fingerprint = info.get("tokenizer_fingerprint")
-    ours = getattr(tokenizer, "fingerprint", None)
+    ours = tokenizer.fingerprint if tokenizer is not None else None
     if isinstance(fingerprint, str) and ours is not None and fingerprint != ours:
         return (f"its tokenizer or chat template differs from the router's (fingerprint {fingerprint} != {ours}); "
                 "give the router the replicas' model/tokenizer and frontend.chat_template")

@@ -1,4 +1,4 @@
-"""Moving a request's KV between replicas, the data plane's half (router/routing/transfers.py decides).
+"""Moving a request's KV between replicas, the data plane's half (router/routing/kv_placement.py decides).
 
     prepare(request, decision)   before the first attempt: the P/D split (the prefill call) or a peer pull,
                                  as ``request.kv_transfer_params`` for the decode replica (vLLM's field name)
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 from kvmesh.router.http.failures import InvalidAnswer, count_failure
 from kvmesh.router.http.relay import UPSTREAM_ERRORS
+from kvmesh.router.routing.kv_placement import SPLIT_OK, SPLIT_PREFILL_FAILED, tokens_left_after_split
 from kvmesh.router.routing.receipts import HEADER_PULLED_TOKENS
-from kvmesh.router.routing.transfers import SPLIT_OK, SPLIT_PREFILL_FAILED, tokens_left_after_split
 
 if TYPE_CHECKING:
     from kvmesh.router.config import ReplicaSpec, RouterConfig

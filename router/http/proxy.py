@@ -129,7 +129,7 @@ class Forwarder:
         t0 = time.perf_counter_ns()
         req, prompts, params = await self._validate(raw, chat)
         request = ProxyRequest(raw, req, prompts, chat, svc.config.tokenize.forward_token_ids, path=path,
-                               session_id=http.header(SESSION_HEADER) or getattr(req, "user", None),
+                               session_id=http.header(SESSION_HEADER) or req.user,
                                wants_receipt=http.header(HEADER_OPT_IN_BYTES) is not None,
                                tokenize_ns=time.perf_counter_ns() - t0, sampling_params=params)
         if req.stream:

@@ -38,7 +38,7 @@ def upstream_kind(info: ServerInfo | None, tokenizer: Tokenizer | None) -> Upstr
     """KVMESH, VLLM or TEXT for a replica whose ``/server_info`` answered ``info`` (None: it did not answer)."""
     if not isinstance(info, dict):
         return VLLM
-    fingerprint, ours = info.get("tokenizer_fingerprint"), getattr(tokenizer, "fingerprint", None)
+    fingerprint, ours = info.get("tokenizer_fingerprint"), tokenizer.fingerprint if tokenizer is not None else None
     if isinstance(fingerprint, str) and ours is not None and fingerprint != ours:
         return TEXT
     return KVMESH if info.get("version") == KVMESH else VLLM

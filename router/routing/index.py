@@ -30,7 +30,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from itertools import repeat
 from operator import and_, or_
 
-from kvmesh.events.schema import HOST_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored
+from kvmesh.events.schema import HOST_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from kvmesh.router.routing.index_stats import IndexStats, ReplicaBlocks
 from kvmesh.router.routing.keys import FASTPATH, RouterKeyHasher, pack_tokens
 from kvmesh.router.routing.orphans import adopt_orphans, drop_orphan, park_orphans
@@ -136,7 +136,7 @@ class PrefixIndex:
     # ---------------------------------------------------------------- events
     def apply(self, replica_id: ReplicaId, batch_or_events) -> None:
         """Apply a KVEventBatch (or a list of events) published by ``replica_id``."""
-        events = getattr(batch_or_events, "events", batch_or_events)
+        events = batch_or_events.events if isinstance(batch_or_events, EventBatch) else batch_or_events
         tree = self._replicas.get(replica_id) or self.add_replica(replica_id)
         stats = self.stats
         for event in events:

@@ -13,16 +13,23 @@ import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from kvmesh.events.schema import EventBatch
 from kvmesh.kvcache.reuse import reusable_blocks, reusable_tokens
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
+from kvmesh.router.routing.kv_placement import (
+    KVPlacementRules,
+    PlannedPull,
+    SplitChoice,
+    choose_split,
+    plan_pull,
+)
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, RouteReceipt
 from kvmesh.router.routing.roles import BOTH, PREFILL, check_role
 from kvmesh.router.routing.session import SessionConfig, SessionTable
 from kvmesh.router.routing.tier_matches import TierMatches
-from kvmesh.router.routing.transfers import PlannedPull, SplitChoice, TransferRules, choose_split, plan_pull
 
 _ns = time.perf_counter_ns
 
@@ -55,7 +62,7 @@ class RouteDecision:
     timings_ns: dict[str, int] = field(default_factory=dict)
     """Nanoseconds spent per stage: hash, match, score."""
     pull: PlannedPull | None = None
-    """A peer pull worth making: the chosen replica gets the holder's extra blocks (router/routing/transfers.py)."""
+    """A peer pull worth making: the chosen replica gets the holder's extra blocks (router/routing/kv_placement.py)."""
 
 
 class KVRouter:
@@ -63,10 +70,10 @@ class KVRouter:
 
     def __init__(self, block_size: int = 16, policy: Policy | None = None, seed: int = DEFAULT_ROUTER_SEED,
                  predict_ttl_s: float = 2.0, sessions: SessionConfig | None = None,
-                 salt_secret: bytes | None = None, transfers: TransferRules | None = None) -> None:
+                 salt_secret: bytes | None = None, transfers: KVPlacementRules | None = None) -> None:
         """``policy``: None = ``cache_aware`` with its defaults; ``seed``: root of the router keys;
         ``salt_secret``: the replicas' cache-salt key (``RouterKeyHasher.salt_secret``); ``transfers``: when KV
-        may move between replicas (None: the defaults of ``TransferRules``).
+        may move between replicas (None: the defaults of ``KVPlacementRules``).
         ``router.config.build_router`` builds one from a ``RouterConfig``."""
         self.hasher = RouterKeyHasher(block_size, seed, salt_secret)
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
@@ -79,8 +86,8 @@ class KVRouter:
         """Replicas that may receive requests."""
         self.prefill_only: set[Hashable] = set()
         """Replicas of role prefill: they prefill for others (``choose_prefill``), never decode a request."""
-        self.transfers = transfers or TransferRules()
-        """When prompts are split and prefixes pulled (router/routing/transfers.py)."""
+        self.transfers = transfers or KVPlacementRules()
+        """When prompts are split and prefixes pulled (router/routing/kv_placement.py)."""
         self.degraded: dict[Hashable, str] = {}
         """Replica id -> why its cache information is not trusted (its causes' reasons joined); such
         replicas are routed by load only."""
@@ -165,7 +172,7 @@ class KVRouter:
 
     def apply_events(self, replica_id: Hashable, batch_or_events) -> None:
         """Apply a replica's event batch (called from the subscriber's thread)."""
-        events = getattr(batch_or_events, "events", batch_or_events)
+        events = batch_or_events.events if isinstance(batch_or_events, EventBatch) else batch_or_events
         with self.lock:
             if replica_id in self.loads.loads:
                 self.index.apply(replica_id, events)
@@ -233,7 +240,7 @@ class KVRouter:
 
     def _plan_pull(self, chosen: Hashable, tiers: TierMatches, num_prompt_tokens: int,
                    excluded: set) -> PlannedPull | None:
-        """A peer pull for the chosen replica (under the lock; router/routing/transfers.py)."""
+        """A peer pull for the chosen replica (under the lock; router/routing/kv_placement.py)."""
         rules, bs, matches = self.transfers, self.hasher.block_size, tiers.device
         usable = reusable_blocks(num_prompt_tokens, bs)
         own = min(max(matches.get(chosen, 0), tiers.host.get(chosen, 0)), usable)
@@ -250,7 +257,7 @@ class KVRouter:
         return choice.prefill_id, choice.skipped
 
     def choose_split(self, decision: RouteDecision, now: float | None = None) -> SplitChoice:
-        """``choose_prefill`` with the split's price in seconds (router/routing/transfers.py); ``now`` as ``route``'s."""
+        """``choose_prefill`` with the split's price in seconds (router/routing/kv_placement.py); ``now`` as ``route``'s."""
         if not self.prefill_only or decision.uncached_tokens < self.transfers.pd_min_uncached_tokens:
             return SplitChoice(None)
         num_tokens = decision.uncached_tokens + decision.predicted_hit_tokens

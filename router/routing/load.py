@@ -14,6 +14,7 @@ import time
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+import msgspec
 from kvmesh.replica.serving.load_report import LoadReport
 
 ForeignLoad = dict[str, object]
@@ -92,7 +93,9 @@ class ReplicaLoad:
     def update_transfer(self, kv_transfer: object) -> None:
         """Take ``/load``'s ``kv_transfer`` object (a dict, or a Struct with the same fields); None/absent:
         transfer off."""
-        get = kv_transfer.get if isinstance(kv_transfer, dict) else lambda k: getattr(kv_transfer, k, None)
+        fields = kv_transfer if isinstance(kv_transfer, dict) else {} if kv_transfer is None else \
+            msgspec.structs.asdict(kv_transfer)
+        get = fields.get
         self.kv_transfer_enabled = kv_transfer is not None and get("enabled") is True
         rate, per_token = get("pull_bytes_per_s"), get("bytes_per_token")
         self.pull_bytes_per_s = float(rate) if isinstance(rate, (int, float)) and rate > 0 else None

@@ -18,7 +18,7 @@ def test_vllm_decodes_device_blocks_as_gpu_and_host_tier_blocks_as_cpu():
     a = TokenRequest("a", list(range(9)))
     computed, n = manager.get_computed_blocks(a)
     manager.allocate_slots(a, a.num_tokens - n, n, computed)
-    manager.complete_transfers([manager.take_transfers().transfer_id])
+    manager.complete_offload_stores([manager.take_offload_copies().job_id])
     manager.free(a)
     b = TokenRequest("b", [50] * 9)  # recycles the device blocks: BlockRemoved "GPU"
     computed, n = manager.get_computed_blocks(b)

@@ -15,19 +15,19 @@ def manager_with_tier(event_log, device_blocks=5, host_blocks=17, **kw):
 
 def finish_step(manager, landed=True):
     """What the engine does after the runner ran a step: report its stores landed."""
-    transfers = manager.take_transfers()
-    if transfers is not None and landed:
-        manager.complete_transfers([transfers.transfer_id])
-    return transfers
+    copies = manager.take_offload_copies()
+    if copies is not None and landed:
+        manager.complete_offload_stores([copies.job_id])
+    return copies
 
 
 def test_cached_blocks_are_copied_down_after_the_step(make_request, run_step, event_log):
     manager = manager_with_tier(event_log)
     run_step(manager, make_request("a", range(9)))  # 2 full blocks
-    transfers = manager.take_transfers()
-    assert transfers.loads == [] and [d for d, _ in transfers.stores] == manager.get_block_ids("a")[:2]
+    copies = manager.take_offload_copies()
+    assert copies.loads == [] and [d for d, _ in copies.stores] == manager.get_block_ids("a")[:2]
     assert [e.medium for e in event_log.of_type(BlockStored)] == ["GPU"]  # the host copy is in flight
-    manager.complete_transfers([transfers.transfer_id])
+    manager.complete_offload_stores([copies.job_id])
     stored = event_log.of_type(BlockStored)
     assert [e.medium for e in stored] == ["GPU", "CPU"]
     assert stored[0].block_hashes == stored[1].block_hashes and stored[0].token_ids == stored[1].token_ids
@@ -38,13 +38,13 @@ def test_block_in_flight_is_neither_findable_nor_reusable(make_request, run_step
     manager = manager_with_tier(event_log, device_blocks=4)
     a = make_request("a", range(9))  # 3 blocks: 2 full and cached, 1 partial
     run_step(manager, a)
-    transfers = finish_step(manager, landed=False)
+    copies = finish_step(manager, landed=False)
     manager.free(a)
     assert manager.block_pool.get_num_free_blocks() == 1  # the 2 copied blocks are still held
     in_flight = list(manager.offload.host.in_flight)
     assert len(in_flight) == 2 and manager.offload.lookup(in_flight, 0, 2) == []  # not findable yet
     assert run_step(manager, make_request("b", [50] * 8))[1] is None  # no room: nothing was recycled
-    manager.complete_transfers([transfers.transfer_id])
+    manager.complete_offload_stores([copies.job_id])
     assert manager.block_pool.get_num_free_blocks() == 3
     manager.check_integrity()
 
@@ -65,9 +65,9 @@ def test_prefix_evicted_from_device_is_loaded_back_from_host(make_request, run_s
     computed, num_cached = manager.get_computed_blocks(again)
     assert computed == [] and num_cached == 12  # all three blocks, from the host tier
     new_blocks = manager.allocate_slots(again, 1, num_cached, computed)
-    transfers = manager.take_transfers()
-    assert [d for _, d in transfers.loads] == [b.block_id for b in new_blocks[:3]]
-    assert transfers.stores == []  # the host already holds them
+    copies = manager.take_offload_copies()
+    assert [d for _, d in copies.loads] == [b.block_id for b in new_blocks[:3]]
+    assert copies.stores == []  # the host already holds them
     assert manager.offload.stats.hit_blocks == 3
     manager.check_integrity()
 
@@ -97,8 +97,8 @@ def test_failed_step_releases_its_copies(make_request, run_step, event_log):
     manager = manager_with_tier(event_log)
     a = make_request("a", range(9))
     run_step(manager, a)
-    transfers = finish_step(manager, landed=False)
-    manager.cancel_transfers([transfers.transfer_id])
+    copies = finish_step(manager, landed=False)
+    manager.cancel_offload_copies([copies.job_id])
     manager.free(a)
     assert manager.block_pool.get_num_free_blocks() == 4 and not manager.offload.host.in_flight
     assert [e.medium for e in event_log.of_type(BlockStored)] == ["GPU"]
@@ -108,7 +108,7 @@ def test_failed_step_releases_its_copies(make_request, run_step, event_log):
 def test_without_a_tier_nothing_is_copied(make_request, run_step, event_log):
     manager = KVCacheManager(5, BS, b"seed", event_sink=event_log)
     run_step(manager, make_request("a", range(9)))
-    assert manager.take_transfers() is None
+    assert manager.take_offload_copies() is None
     assert {e.medium for e in event_log.events} == {"GPU"}
 
 

@@ -36,7 +36,7 @@ def _run_until(engine, request_id: str) -> None:
 @pytest.fixture
 def holder(stories_path):
     llm = _llm(stories_path)
-    kv = EngineKVTransfers(llm.llm_engine)  # hooks the engine's request_finished
+    kv = llm.llm_engine.connector(EngineKVTransfers)  # the engine calls its request_finished (kv_connector.py)
     kv.leases.caps = LeaseCaps(max_blocks_fraction=0.75)  # the 26-block lease is over half of this tiny pool
     agent = agent_for_runner(KVTransferConfig(transport="local"), "holder", llm.llm_engine.model_runner)
     yield llm.llm_engine, kv, agent

@@ -7,6 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kvmesh.replica.kv_layout import block_layout  # noqa: E402
 from kvmesh.replica.worker.kv_offload import KVOffloader, _runs  # noqa: E402
 
 
@@ -15,9 +16,13 @@ def cache(device: str, num_blocks: int = 9) -> torch.Tensor:
     return torch.randn(3, 2, 2, num_blocks, 4, 8, device=device)
 
 
+def offloader(kv: torch.Tensor, num_host_blocks: int) -> KVOffloader:
+    return KVOffloader(kv, block_layout(kv, "L,2,H,blocks,B,D", 4, 2, 8), num_host_blocks)
+
+
 def round_trip(device: str) -> None:
     kv = cache(device)
-    offload = KVOffloader(kv, block_dim=3, num_host_blocks=6)
+    offload = offloader(kv, 6)
     before = kv.clone()
     offload.store(0, [(2, 1), (3, 2), (7, 5)])
     while not offload.finished():  # on CUDA the event fires once the side stream ran
@@ -38,7 +43,7 @@ def test_blocks_copied_down_come_back_bit_for_bit_on_cpu():
 
 
 def test_stores_on_cpu_are_finished_at_once_in_issue_order():
-    offload = KVOffloader(cache("cpu"), block_dim=3, num_host_blocks=4)
+    offload = offloader(cache("cpu"), 4)
     offload.store(5, [(1, 1)])
     offload.store(6, [(2, 2)])
     assert offload.finished() == [5, 6] and offload.finished() == []
@@ -51,7 +56,7 @@ def test_consecutive_ids_are_copied_as_runs():
 @pytest.mark.gpu
 def test_on_cuda_the_tier_is_pinned_and_copies_run_on_a_side_stream():
     round_trip("cuda")
-    offload = KVOffloader(cache("cuda"), block_dim=3, num_host_blocks=4)
+    offload = offloader(cache("cuda"), 4)
     assert offload.host.is_pinned() and offload.stream is not None
     offload.store(1, [(1, 1)])
     torch.cuda.synchronize()

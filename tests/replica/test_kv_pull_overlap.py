@@ -88,6 +88,7 @@ class LateAgent:
 
     def __init__(self, agent, mode: str, cpu_fails: bool = False) -> None:
         self.agent, self.name, self.layout, self.config = agent, agent.name, agent.layout, agent.config
+        self.tp_size = agent.tp_size
         self.mode, self.cpu_fails = mode, cpu_fails
         self.started, self.land = threading.Event(), threading.Event()
         self.transfers: list[LateTransfer] = []

@@ -8,6 +8,7 @@ import pytest
 import torch
 from kvmesh.replica.attention.torch_backend import TorchAttentionBackend
 from kvmesh.replica.attention.triton_backend import TritonAttentionBackend
+from kvmesh.replica.kv_layout import block_layout, symbolic_layout
 from kvmesh.replica.kv_transfer.agent import (
     KVTransferConfig,
     decode_handshake,
@@ -17,7 +18,6 @@ from kvmesh.replica.kv_transfer.agent import (
     wait,
 )
 from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError, KVTransferTimeout
-from kvmesh.replica.kv_transfer.layout import block_layout, symbolic_layout
 
 LAYERS, NUM_BLOCKS, BLOCK_SIZE, HEADS, HEAD_DIM = 3, 10, 4, 2, 8
 BACKENDS = [TorchAttentionBackend, TritonAttentionBackend]

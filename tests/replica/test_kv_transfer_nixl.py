@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kvmesh.cluster.measure.benchmarks.support.kv_peer import HolderSpec, receive_holder, start_holder
+from kvmesh.replica.kv_layout import block_layout
 from kvmesh.replica.kv_transfer.agent import (
     KVTransferConfig,
     agent_for_runner,
@@ -13,7 +14,6 @@ from kvmesh.replica.kv_transfer.agent import (
     read_blocks,
 )
 from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError
-from kvmesh.replica.kv_transfer.layout import block_layout
 from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
 from kvmesh.replica.kv_transfer.prefix_pull import pull_prefix
 from kvmesh.replica.llm import LLM

@@ -123,13 +123,13 @@ def test_router_config_keeps_its_settings_in_sections():
     import dataclasses
 
     from kvmesh.events.config import SubscriberConfig
+    from kvmesh.router.routing.kv_placement import KVPlacementRules
     from kvmesh.router.routing.outlier import OutlierConfig
     from kvmesh.router.routing.session import SessionConfig
-    from kvmesh.router.routing.transfers import TransferRules
 
     assert len(dataclasses.fields(RouterConfig)) <= 24, [f.name for f in dataclasses.fields(RouterConfig)]
     sections = {f.name: f.type for f in dataclasses.fields(RouterConfig)}
     assert {"transfers", "outliers", "sessions", "events"} <= set(sections)
     config = RouterConfig()
     assert (type(config.transfers), type(config.outliers), type(config.sessions), type(config.events)) == (
-        TransferRules, OutlierConfig, SessionConfig, SubscriberConfig)
+        KVPlacementRules, OutlierConfig, SessionConfig, SubscriberConfig)

@@ -1,4 +1,4 @@
-"""Where KV moves, decided without I/O (router/routing/transfers.py): replica roles, the P/D split's prefill
+"""Where KV moves, decided without I/O (router/routing/kv_placement.py): replica roles, the P/D split's prefill
 replica, and peer pulls priced in seconds with the host tier's load-back form (``load.copy_seconds``)."""
 
 from __future__ import annotations
@@ -7,16 +7,16 @@ import pytest
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
 from kvmesh.router.control.probes import decode_transfer
-from kvmesh.router.routing.kv_router import KVRouter
-from kvmesh.router.routing.load import ReplicaLoad, copy_seconds
-from kvmesh.router.routing.policies import NoReplicaError
-from kvmesh.router.routing.transfers import (
+from kvmesh.router.routing.kv_placement import (
     SPLIT_NO_ROOM,
     SPLIT_SLOWER,
-    TransferRules,
+    KVPlacementRules,
     price_pull,
     price_split,
 )
+from kvmesh.router.routing.kv_router import KVRouter
+from kvmesh.router.routing.load import ReplicaLoad, copy_seconds
+from kvmesh.router.routing.policies import NoReplicaError
 
 from .helpers import stored
 
@@ -31,7 +31,7 @@ def report(running: int = 0, waiting_prefill: int = 0, rate: float | None = 10_0
 
 
 def make_router(roles: dict[str, str], transfer: dict | None = TRANSFER, **rules) -> KVRouter:
-    router = KVRouter(block_size=BS, predict_ttl_s=0.0, transfers=TransferRules(**rules))
+    router = KVRouter(block_size=BS, predict_ttl_s=0.0, transfers=KVPlacementRules(**rules))
     for rid, role in roles.items():
         router.add_replica(rid, role=role)
         router.loads.loads[rid].update_report(report())
@@ -63,15 +63,15 @@ def test_prefill_replicas_never_get_a_request_to_decode():
 
 
 def test_router_settings_for_transfers_are_checked():
-    rules = TransferRules(pd_min_uncached_tokens=64)
+    rules = KVPlacementRules(pd_min_uncached_tokens=64)
     assert build_router(RouterConfig(transfers=rules), seed=1).transfers is rules  # the section, handed whole
     with pytest.raises(ValueError, match="pd_min_uncached_tokens"):
-        TransferRules(pd_min_uncached_tokens=0)
+        KVPlacementRules(pd_min_uncached_tokens=0)
     with pytest.raises(ValueError, match="peer_pull_overhead_s"):
-        TransferRules(peer_pull_overhead_s=-1)
+        KVPlacementRules(peer_pull_overhead_s=-1)
     with pytest.raises(ValueError, match="pd_ttft_slack_s"):
-        TransferRules(pd_ttft_slack_s=-0.1)
-    assert build_router(RouterConfig(transfers=TransferRules(pd_ttft_slack_s=None)),
+        KVPlacementRules(pd_ttft_slack_s=-0.1)
+    assert build_router(RouterConfig(transfers=KVPlacementRules(pd_ttft_slack_s=None)),
                         seed=1).transfers.pd_ttft_slack_s is None
 
 
@@ -145,11 +145,11 @@ def test_without_measured_prefill_rates_the_token_rules_decide():
 def test_the_move_is_priced_at_the_decode_replicas_pull_rate():
     decode, prefill = ReplicaLoad(prefill_tokens_per_s=10_000.0), ReplicaLoad(prefill_tokens_per_s=20_000.0)
     decode.update_transfer(dict(TRANSFER, pull_bytes_per_s=1e8))  # 32 MiB at 100 MB/s: 0.34 s
-    price = price_split(decode, prefill, 517, 517, 32, BS, TransferRules(peer_pull_overhead_s=0.01))
+    price = price_split(decode, prefill, 517, 517, 32, BS, KVPlacementRules(peer_pull_overhead_s=0.01))
     assert price.split_s == pytest.approx(517 / 20_000 + 32 * (1 << 20) / 1e8 + 0.01)
     assert price.local_s == pytest.approx(517 / 10_000)  # the split costs 0.32 s more, and d is idle
-    assert not price.worth_it(TransferRules(pd_ttft_slack_s=0.25)) and price.worth_it(TransferRules(pd_ttft_slack_s=0.5))
-    assert price_split(ReplicaLoad(prefill_tokens_per_s=10_000.0), prefill, 517, 517, 32, BS, TransferRules(
+    assert not price.worth_it(KVPlacementRules(pd_ttft_slack_s=0.25)) and price.worth_it(KVPlacementRules(pd_ttft_slack_s=0.5))
+    assert price_split(ReplicaLoad(prefill_tokens_per_s=10_000.0), prefill, 517, 517, 32, BS, KVPlacementRules(
         peer_pull_assumed_bytes_per_s=0)) is None  # no bytes per token reported: the move cannot be priced
 
 
@@ -178,14 +178,14 @@ def test_price_pull_compares_seconds_of_copy_and_of_recompute():
     chosen, holder = ReplicaLoad(prefill_tokens_per_s=10_000.0), ReplicaLoad()
     chosen.update_transfer(TRANSFER)
     holder.update_transfer(TRANSFER)
-    pull_s, recompute_s = price_pull(chosen, holder, 32, BS, None, TransferRules(peer_pull_overhead_s=0.01))
+    pull_s, recompute_s = price_pull(chosen, holder, 32, BS, None, KVPlacementRules(peer_pull_overhead_s=0.01))
     assert pull_s == pytest.approx(32 * (1 << 20) / 10e9 + 0.01) and recompute_s == pytest.approx(32 * BS / 10_000)
     holder.update_transfer({"enabled": False})
-    assert price_pull(chosen, holder, 32, BS, None, TransferRules()) is None  # both ends must be enabled
+    assert price_pull(chosen, holder, 32, BS, None, KVPlacementRules()) is None  # both ends must be enabled
     holder.update_transfer(TRANSFER)
     chosen.prefill_tokens_per_s = None
-    assert price_pull(chosen, holder, 32, BS, 5_000.0, TransferRules())[1] == pytest.approx(32 * BS / 5_000)
-    assert price_pull(chosen, holder, 32, BS, None, TransferRules()) is None  # no rate anywhere
+    assert price_pull(chosen, holder, 32, BS, 5_000.0, KVPlacementRules())[1] == pytest.approx(32 * BS / 5_000)
+    assert price_pull(chosen, holder, 32, BS, None, KVPlacementRules()) is None  # no rate anywhere
 
 
 def busy_holder_router(transfer=TRANSFER, **rules) -> KVRouter:

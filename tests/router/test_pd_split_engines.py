@@ -13,8 +13,8 @@ import httpx
 import pytest
 from kvmesh.router.config import ReplicaSpec, RouterConfig, UpstreamConfig
 from kvmesh.router.control.router_server import RouterServer
+from kvmesh.router.routing.kv_placement import KVPlacementRules
 from kvmesh.router.routing.receipts import HEADER_PREFILL, HEADER_PULLED_FROM, HEADER_PULLED_TOKENS
-from kvmesh.router.routing.transfers import TransferRules
 
 from ..conftest import CHAT_TEMPLATE
 from ..replica.kv_replicas import KEY, SEED, kv_replica
@@ -88,7 +88,7 @@ def test_a_request_sent_away_from_the_holder_pulls_its_prefix_with_the_same_text
         # prefill rate on this machine may be high enough to price 416 tokens under it: 1 ms keeps the test on the pull
         router = RouterServer(RouterConfig(port=0, replica_api_key=KEY,
                                            upstream=UpstreamConfig(poll_interval_s=0.1), policy="round_robin",
-                                           transfers=TransferRules(peer_pull_overhead_s=0.001)), specs,
+                                           transfers=KVPlacementRules(peer_pull_overhead_s=0.001)), specs,
                               tokenizer=tokenizer).start()
         try:
             loads = router.runtime.router.loads.loads

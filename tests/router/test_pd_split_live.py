@@ -12,8 +12,8 @@ import threading
 
 import httpx
 import pytest
+from kvmesh.router.routing.kv_placement import KVPlacementRules
 from kvmesh.router.routing.receipts import HEADER_PREFILL, HEADER_PULLED_FROM, HEADER_PULLED_TOKENS
-from kvmesh.router.routing.transfers import TransferRules
 
 from .conftest import FakeProc, fake_stats, launched_fakes, replica_rows, wait_for
 from .test_router_http import prompt
@@ -45,7 +45,7 @@ def start_router(start_router):
     """The shared one, splitting from 32 uncached tokens, returning once every replica is healthy."""
 
     def start(specs, **kw):
-        server = start_router(specs, **{"transfers": TransferRules(pd_min_uncached_tokens=32), **kw})
+        server = start_router(specs, **{"transfers": KVPlacementRules(pd_min_uncached_tokens=32), **kw})
         wait_for(lambda: set(server.runtime.router.healthy) == {s.replica_id for s in specs}, what="replicas healthy")
         return server
 
@@ -153,7 +153,7 @@ def busy(fake: FakeProc) -> None:
 
 def test_no_prefill_replica_with_room_no_split(trio, start_router):
     p, d, _ = trio
-    router = start_router([role(p, "prefill"), role(d, "decode")], transfers=TransferRules(32, 1000))
+    router = start_router([role(p, "prefill"), role(d, "decode")], transfers=KVPlacementRules(32, 1000))
     p.configure(delay=5.0, progress=True)  # a long prefill on p: its /load shows ~5000 queued tokens
     threading.Thread(target=busy, args=(p,), daemon=True).start()
     wait_for(lambda: router.runtime.router.loads.loads["p"].queued_prefill_tokens > 1000, what="p's backlog seen")

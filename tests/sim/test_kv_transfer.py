@@ -18,7 +18,7 @@ from kvmesh.cluster.measure.sim.transfer import transfer_s
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
 from kvmesh.router.config import RouterConfig
-from kvmesh.router.routing.transfers import TransferRules
+from kvmesh.router.routing.kv_placement import KVPlacementRules
 
 BS = 512
 LONG_BLOCKS = 16  # an 8192-token prompt: eight 1024-token prefill chunks
@@ -75,7 +75,7 @@ def test_split_moves_long_prefills_off_the_decode_replicas_and_lowers_inter_toke
 
 def test_short_prompts_are_not_split():
     split = _run(_long_and_chatty(), _config(num_replicas=3, num_prefill_replicas=1))
-    short = [r for r in split.requests if r.num_prompt_tokens < TransferRules().pd_min_uncached_tokens]
+    short = [r for r in split.requests if r.num_prompt_tokens < KVPlacementRules().pd_min_uncached_tokens]
     long = [r for r in split.requests if r.num_prompt_tokens > BS]
     assert short and all(r.prefill_leg is None and r.num_transferred_tokens == 0 for r in short)
     assert long and all(r.prefill_replica_id in (3, -1) for r in long)  # -1: no room, served whole
@@ -107,7 +107,7 @@ def test_prefill_pick_least_loaded_loses_the_prefix_a_cache_aware_pick_keeps(pic
                MooncakeRecord(2000.0, 2 * BS, 4, (100, 101)),  # keeps the first prefill replica a little busy
                MooncakeRecord(2001.0, 16 * BS, 4, (*range(1, 15), 200, 201))]  # the first's 14-block prefix
     # priced in seconds, the third would stay whole (its suffix is short)
-    token_rules = RouterConfig(transfers=TransferRules(pd_ttft_slack_s=None))
+    token_rules = RouterConfig(transfers=KVPlacementRules(pd_ttft_slack_s=None))
     run = _run(records, _config(num_replicas=1, num_prefill_replicas=2, pd_prefill_pick=pick, router=token_rules))
     first, _, third = run.requests
     assert third.prefill_leg is not None
@@ -163,7 +163,7 @@ def test_a_prompt_the_split_skips_for_want_of_room_can_still_pull_its_prefix():
                MooncakeRecord(1100.0, 32, 4, (300,)),  # Y: short, whole (round_robin's turn)
                MooncakeRecord(1200.0, 8 * BS, 4, (*range(1, 8), 400))]  # B: A's 7-block prefix, on replica 1
     # the room bound alone (in seconds, A would stay whole too)
-    token_rules = RouterConfig(transfers=TransferRules(pd_ttft_slack_s=None))
+    token_rules = RouterConfig(transfers=KVPlacementRules(pd_ttft_slack_s=None))
     run = _run(records, _config(num_replicas=2, num_prefill_replicas=1, peer_pulls=True, router=token_rules),
                policy="round_robin")
     a, x, _, b = run.requests
@@ -219,8 +219,8 @@ def test_the_routers_token_thresholds_shrink_with_a_miniature():
     from kvmesh.cluster.measure.sim.config import miniature
 
     small = miniature(SimConfig(), 8).router.transfers
-    assert small.pd_min_uncached_tokens == TransferRules().pd_min_uncached_tokens // 8
-    assert small.pd_max_prefill_backlog_tokens == TransferRules().pd_max_prefill_backlog_tokens // 8
+    assert small.pd_min_uncached_tokens == KVPlacementRules().pd_min_uncached_tokens // 8
+    assert small.pd_max_prefill_backlog_tokens == KVPlacementRules().pd_max_prefill_backlog_tokens // 8
 
 
 def test_sim_cli_pd_compare_writes_the_transfer_plot(mooncake_trace, tmp_path, capsys):

@@ -67,6 +67,7 @@ def test_shared_predictions_credit_the_replica_in_the_other_routers():
 class _Rep:
     def __init__(self, rid: int) -> None:
         self.replica_id = rid
+        self.role = "both"
 
 
 def test_sessions_help_one_router_and_need_a_shared_table_under_several():

@@ -86,8 +86,8 @@ def bench_layout(kv_layout: str, block_counts: list[int], repeat: int, progress_
     import psutil
     import torch
     from kvmesh.cluster.measure.benchmarks.support.kv_peer import HolderSpec, receive_holder, start_holder
+    from kvmesh.replica.kv_layout import block_layout
     from kvmesh.replica.kv_transfer.agent import KVTransferConfig, decode_handshake, make_kv_transfer_agent
-    from kvmesh.replica.kv_transfer.layout import block_layout
 
     spec = HolderSpec("bench-holder", kv_layout=kv_layout, num_kv_blocks=max(block_counts) + 1,
                       progress_delay_us=progress_delay_us)

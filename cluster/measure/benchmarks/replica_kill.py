@@ -32,9 +32,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks.support.json_http import call
 from kvmesh.cluster.measure.benchmarks.faults import _metric
 from kvmesh.cluster.measure.benchmarks.startup import _free_port
+from kvmesh.cluster.measure.benchmarks.support.json_http import call
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 CLI = [sys.executable, "-m", "kvmesh.cluster.cli"]

@@ -57,7 +57,7 @@ async def _one(fwd, raw: bytes, chat: bool):
 
     req, prompts = await fwd.parse_prompts(raw, chat)
     ids = prompts[0] if prompts else []
-    decision = fwd.runtime.router.route(ids, req.cache_salt, exclude=[], session_id=getattr(req, "user", None))
+    decision = fwd.runtime.router.route(ids, req.cache_salt, exclude=[], session_id=req.user)
     body = ProxyRequest(raw, req, prompts, chat, fwd.runtime.config.tokenize.forward_token_ids).for_kind(KVMESH)
     return decision.replica_id, body
 

@@ -45,7 +45,7 @@ def measure(requests: int) -> dict:
     from kvmesh.replica.serving.tokenizer import load_tokenizer
     from kvmesh.router.config import ReplicaSpec, RouterConfig
     from kvmesh.router.control.router_server import RouterServer
-    from kvmesh.router.routing.transfers import TransferRules
+    from kvmesh.router.routing.kv_placement import KVPlacementRules
 
     procs = [_launch("p"), _launch("d")]
     servers = []
@@ -58,7 +58,7 @@ def measure(requests: int) -> dict:
         tokenizer = load_tokenizer(str(stories_model()))
         for pd_min in (10**9, 32):
             servers.append(RouterServer(RouterConfig(port=0, block_size=16,
-                                                     transfers=TransferRules(pd_min_uncached_tokens=pd_min)), specs,
+                                                     transfers=KVPlacementRules(pd_min_uncached_tokens=pd_min)), specs,
                                         tokenizer=tokenizer).start())
             _wait_healthy(servers[-1], 2)
         rng, latency = random.Random(0), {"whole": [], "split": []}

@@ -129,14 +129,14 @@ async def compare(args: argparse.Namespace) -> dict:
         return runs
     from kvmesh.router.config import RouterConfig
     from kvmesh.router.control.router_server import RouterServer
-    from kvmesh.router.routing.transfers import TransferRules
+    from kvmesh.router.routing.kv_placement import KVPlacementRules
 
     specs = await _discover(args, config.endpoint.url)
     model = args.router_model or await _model_id(specs[0].url, api_key)
     for policy in policies:
         # these routers hold no internal key: the replicas' KV plane is closed to them (no peer pulls)
         config = RouterConfig(host="127.0.0.1", port=0, model=model, policy=policy, block_size=args.block_size,
-                              replica_api_key=api_key, transfers=TransferRules(peer_pulls=False))
+                              replica_api_key=api_key, transfers=KVPlacementRules(peer_pulls=False))
         server = RouterServer(config, [copy.copy(s) for s in specs]).start()
         try:
             await _wait_healthy(server.url)

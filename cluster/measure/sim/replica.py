@@ -132,10 +132,10 @@ class SimReplica:
             return None
         num_prefill = sum(n for _, n in chunks)
         # copies to and from the host tier: loads delay this step; stores land with it (on a side stream)
-        transfers = self.kv.take_transfers()
-        num_loaded = 0 if transfers is None else len(transfers.loads) * cfg.engine.block_size
-        if transfers is not None:
-            self.kv.complete_transfers([transfers.transfer_id])
+        copies = self.kv.take_offload_copies()
+        num_loaded = 0 if copies is None else len(copies.loads) * cfg.engine.block_size
+        if copies is not None:
+            self.kv.complete_offload_stores([copies.job_id])
             self.loaded_tokens += num_loaded
         step_s = cfg.cost.step_time(num_prefill, len(decodes), sum(r.context_len for r in decodes), num_loaded)
         num_steps = min(r.remaining_output for r in decodes) if not chunks else 1

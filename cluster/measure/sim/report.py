@@ -37,6 +37,7 @@ The simulator's printed table and JSON file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +52,7 @@ from kvmesh.kvcache.reuse import reusable_tokens
 
 if TYPE_CHECKING:
     from kvmesh.cluster.measure.sim.loop import SimRun
+    from kvmesh.router.routing.index import PrefixIndex
 
 
 def summarize(run: SimRun, pool_hits: list[int] | None = None) -> dict:
@@ -104,12 +106,10 @@ def summarize(run: SimRun, pool_hits: list[int] | None = None) -> dict:
     return out
 
 
-def _index_stats(index) -> dict:
-    stats = getattr(index, "stats", None)
-    if stats is None:
-        return {}
-    fields = getattr(stats, "__dataclass_fields__", None) or getattr(stats, "__slots__", ())
-    return {k: getattr(stats, k) for k in fields if isinstance(getattr(stats, k, None), int | float)}
+def _index_stats(index: PrefixIndex) -> dict:
+    stats = index.stats
+    values = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
+    return {k: v for k, v in values.items() if isinstance(v, int | float)}
 
 
 def attribute_gap(requests: Sequence[SimRequest], pool_hits: Sequence[int]) -> dict:

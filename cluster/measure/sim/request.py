@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from kvmesh.cluster.measure.workloads.generated import SessionRecord
 from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
 from kvmesh.router.routing.receipts import RouteReceipt
 
@@ -91,7 +92,7 @@ def requests_from_mooncake(records: list[MooncakeRecord], time_scale: float = 1.
     for i, r in enumerate(records):
         n = max(1, min(round(r.input_length * scale), len(r.hash_ids) * block_size))
         out.append(SimRequest(f"req-{i}", r.arrival_s * time_scale, r.hash_ids, n, max(1, r.output_length),
-                              session_id=getattr(r, "session_id", None)))
+                              session_id=r.session_id if isinstance(r, SessionRecord) else None))
     return out
 
 

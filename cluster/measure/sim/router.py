@@ -6,7 +6,7 @@ Loads are what the HTTP router itself knows (its ``LoadTracker`` counters: reque
 uncached prompt tokens not yet past prefill) plus, with ``load_poll_s > 0``, the replicas'
 ``/load`` reports as of the router's last poll.
 
-Roles and moves (sim/transfer.py): the routers decide as the HTTP router does (router/routing/transfers.py):
+Roles and moves (sim/transfer.py): the routers decide as the HTTP router does (router/routing/kv_placement.py):
 prefill replicas join with their role and never decode; ``KVRouter.choose_prefill`` gives a request whose
 uncached suffix on its decode replica is long enough a prefill leg on the prefill replica with room that
 gives it the earliest first token, when the split is worth its seconds (``SimRequest.prefill_leg``;
@@ -31,10 +31,10 @@ from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.transfer import pick_prefill_replica, prefill_leg
 from kvmesh.kvcache.reuse import reusable_tokens
+from kvmesh.router.routing.kv_placement import SPLIT_NO_ROOM, SPLIT_SLOWER, tokens_left_after_split
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import Policy
 from kvmesh.router.routing.tier_matches import TierMatches
-from kvmesh.router.routing.transfers import SPLIT_NO_ROOM, SPLIT_SLOWER, tokens_left_after_split
 
 if TYPE_CHECKING:
     from kvmesh.router.routing.kv_router import KVRouter
@@ -71,7 +71,7 @@ class SimRouter:
         self.prefill_ids: list[int] = []
         """Replicas of role prefill (in the routers, never a decode candidate)."""
         for rep in replicas:
-            self.add_replica(rep.replica_id, getattr(rep, "role", "both"))
+            self.add_replica(rep.replica_id, rep.role)
         self.router = self.routers[0]
         self.index = self.router.index
         self.tracker = self.router.loads
@@ -105,7 +105,7 @@ class SimRouter:
         req.predicted_hit_tokens = decision.predicted_hit_tokens
         req.receipt = decision.receipt
         # the split is decided before the decode replica counts the request, as the HTTP router does (kv_handoff)
-        pid, skipped = router.choose_prefill(decision, now=req.arrival_s)  # router/routing/transfers.py
+        pid, skipped = router.choose_prefill(decision, now=req.arrival_s)  # router/routing/kv_placement.py
         if pid is not None and self.config.pd_prefill_pick == "policy":
             pid = self._policy_prefill(router, decision.keys, req)
             skipped = None if pid is not None else SPLIT_NO_ROOM

@@ -40,8 +40,7 @@ and each size costs four more graphs at start-up."""
 
 def supports_static_prefill(backend, block_size: int) -> bool:
     """Whether ``backend`` runs one-request prefill steps on fixed shapes at this block size."""
-    supports = getattr(backend, "supports_static_prefill", None)
-    return supports is not None and supports(block_size)
+    return backend.supports_static_prefill(block_size)
 
 
 class PrefillInputs:

@@ -75,8 +75,7 @@ class HolderReady:
 def _holder_cache(spec: HolderSpec):
     """(cache tensor, its layout, a HolderReady without the handshake, the engine keeping the cache alive)."""
     import torch
-    from kvmesh.replica.kv_transfer.agent import runner_layout
-    from kvmesh.replica.kv_transfer.layout import block_layout
+    from kvmesh.replica.kv_layout import block_layout
 
     if spec.model is not None:
         from kvmesh.replica.kv_transfer.prefix_pull import cached_prefix_block_ids
@@ -86,7 +85,7 @@ def _holder_cache(spec: HolderSpec):
         llm = LLM(spec.model, device="cpu", num_kv_blocks=spec.num_kv_blocks, hash_seed=spec.hash_seed)
         (out,) = llm.generate([list(spec.prompt)], SamplingParams(max_tokens=spec.max_tokens, temperature=0.0))
         runner = llm.llm_engine.model_runner
-        layout = runner_layout(runner)
+        layout = runner.kv_layout
         per_block = runner.kv_cache.view(layout.num_regions, layout.num_blocks, -1)
         written = [b for b in range(1, layout.num_blocks) if per_block[:, b].abs().sum() > 0]
         prefix = cached_prefix_block_ids(llm.llm_engine.kv_cache_manager, list(spec.prompt))

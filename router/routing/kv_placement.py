@@ -50,7 +50,7 @@ prompt), split wanted but no prefill replica had room, split priced slower than 
 
 
 @dataclass(frozen=True, slots=True)
-class TransferRules:
+class KVPlacementRules:
     """The router's settings for moving KV: its config section ``RouterConfig.transfers``, handed whole to the
     router (flags and variables keep their flat names: ``--pd-min-uncached-tokens``, ``--peer-pulls``)."""
 
@@ -64,7 +64,7 @@ class TransferRules:
     """A split goes ahead when what it adds to the prompt's time to first token (the prefill replica's queue and
     prefill at its measured rate plus moving the KV, against the decode replica's queue and the uncached suffix)
     is at most these seconds plus pd_stall_weight times the stall it saves the decode batch; None, or a rate not
-    measured yet: the token rules alone (router/routing/transfers.py)."""
+    measured yet: the token rules alone (router/routing/kv_placement.py)."""
     pd_stall_weight: float = 1.0
     """Seconds of time to first token a split may cost per second of stall it saves the decode replica's batch
     (the suffix's prefill seconds there, times the requests decoding there); 0: pd_ttft_slack_s alone."""
@@ -125,13 +125,13 @@ class SplitPrice:
     stall_s: float
     """Seconds of stall the suffix would put on the decode replica's batch (summed over its decoding requests)."""
 
-    def worth_it(self, rules: TransferRules) -> bool:
+    def worth_it(self, rules: KVPlacementRules) -> bool:
         """The split costs the prompt no more time to first token than it may (the module doc)."""
         return self.split_s - self.local_s <= rules.pd_ttft_slack_s + rules.pd_stall_weight * self.stall_s
 
 
 def choose_prefill(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, healthy: set,
-                   rules: TransferRules) -> Hashable | None:
+                   rules: KVPlacementRules) -> Hashable | None:
     """The token rule: the least loaded healthy prefill replica with room (backlog, then requests in flight);
     None: none has room."""
     best, best_key = None, None
@@ -144,14 +144,14 @@ def choose_prefill(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, heal
 
 
 def _with_room(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, healthy: set,
-               rules: TransferRules) -> list[Hashable]:
+               rules: KVPlacementRules) -> list[Hashable]:
     """Healthy prefill replicas whose backlog is under the hard bound ``pd_max_prefill_backlog_tokens``."""
     return [rid for rid in prefill_ids if rid in healthy and rid in loads
             and loads[rid].prefill_backlog < rules.pd_max_prefill_backlog_tokens]
 
 
 def price_split(decode: ReplicaLoad, prefill: ReplicaLoad, local_uncached: int, prefill_uncached: int,
-                move_blocks: int, block_size: int, rules: TransferRules) -> SplitPrice | None:
+                move_blocks: int, block_size: int, rules: KVPlacementRules) -> SplitPrice | None:
     """The split via ``prefill`` (computing ``prefill_uncached`` tokens, the decode replica pulling
     ``move_blocks``) against ``decode`` computing ``local_uncached``; None when either replica has no measured
     prefill rate or the move cannot be priced."""
@@ -167,7 +167,7 @@ def price_split(decode: ReplicaLoad, prefill: ReplicaLoad, local_uncached: int, 
 
 def choose_split(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, healthy: set, decode_id: Hashable,
                  local_uncached: int, prefill_matched: Mapping[Hashable, int], num_prompt_tokens: int,
-                 block_size: int, rules: TransferRules) -> SplitChoice:
+                 block_size: int, rules: KVPlacementRules) -> SplitChoice:
     """The split decision for a prompt whose uncached suffix on ``decode_id`` is ``local_uncached`` tokens
     (``prefill_matched``: leading prompt blocks each prefill replica holds). See the module doc."""
     if local_uncached < rules.pd_min_uncached_tokens:
@@ -199,7 +199,7 @@ def tokens_left_after_split(num_prompt_tokens: int, block_size: int) -> int:
 
 
 def price_pull(chosen: ReplicaLoad, holder: ReplicaLoad, extra_blocks: int, block_size: int,
-               mean_prefill_rate: float | None, rules: TransferRules) -> tuple[float, float] | None:
+               mean_prefill_rate: float | None, rules: KVPlacementRules) -> tuple[float, float] | None:
     """(pull_s, recompute_s) of moving ``extra_blocks`` from ``holder`` to ``chosen``; None when no pull is
     possible (transfer off on either end, peer pulls off) or it cannot be priced."""
     if not (rules.peer_pulls and extra_blocks > 0 and chosen.kv_transfer_enabled and holder.kv_transfer_enabled):
@@ -214,7 +214,7 @@ def price_pull(chosen: ReplicaLoad, holder: ReplicaLoad, extra_blocks: int, bloc
 
 def plan_pull(chosen_id: Hashable, chosen_blocks: int, device_matches: Mapping[Hashable, int],
               loads: Mapping[Hashable, ReplicaLoad], candidates: set, usable_blocks: int, block_size: int,
-              rules: TransferRules) -> PlannedPull | None:
+              rules: KVPlacementRules) -> PlannedPull | None:
     """A pull for a request routed to ``chosen_id`` (holding ``chosen_blocks`` of it, device or host) when a
     holder among ``candidates`` (healthy, trusted replicas of any role) has more and pulling is cheaper."""
     holder_id, held = None, chosen_blocks

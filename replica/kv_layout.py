@@ -1,4 +1,7 @@
-"""Where a replica rank's KV blocks lie in memory: the layout two peers compare at the handshake.
+"""Where a replica rank's KV blocks lie in memory: one ``KVBlockLayout``, computed when the runner allocates its
+cache (``ModelRunner.kv_layout``, declared on ``ModelRunnerInterface``) and read by the host tier
+(worker/kv_offload.py), the KV transfer agent (the layout two peers compare at the handshake) and ``/load``
+(``total_bytes_per_block``: the one bytes figure behind ``kv_block_bytes`` and ``kv_transfer.bytes_per_token``).
 
 The cache is one tensor for all layers (replica/worker/kv_cache.py). A block is not one run of
 bytes: in every backend's layout the block dimension sits behind some "outer" dimensions, and a
@@ -64,6 +67,11 @@ class KVBlockLayout(msgspec.Struct, frozen=True):
     """Bytes from one block to the next when that differs from ``block_stride`` (0: the same): a host tier
     keeps each block whole (``host_tier_layout``), so its regions are adjacent and its blocks
     ``bytes_per_block`` apart."""
+
+    def total_bytes_per_block(self, tp_size: int) -> int:
+        """Bytes one block of the whole replica takes (``bytes_per_block`` is this rank's share; every
+        tensor-parallel rank holds an equal one): what a pull moves per block, and ``/load``'s figures."""
+        return tp_size * self.bytes_per_block
 
     @property
     def block_pitch(self) -> int:
