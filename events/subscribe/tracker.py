@@ -39,16 +39,9 @@ LIVE, REPLAY, SNAPSHOT = "live", "replay", "snapshot"
 class SourceTracker:
     """Orders one publisher's batches and drives gap recovery (see the module picture)."""
 
-    def __init__(
-        self,
-        name: str,
-        deliver: BatchCallback,
-        request: Callable[[str, str, int], None],
-        notify: StatusCallback,
-        has_replay: bool,
-        max_pending: int = 100_000,
-        max_pending_bytes: int = 32 << 20,
-    ) -> None:
+    def __init__(self, name: str, deliver: BatchCallback, request: Callable[[str, str, int], None],
+                 notify: StatusCallback, has_replay: bool, max_pending: int = 100_000,
+                 max_pending_bytes: int = 32 << 20) -> None:
         self.name = name
         self._deliver, self._request, self._notify = deliver, request, notify
         self.has_replay = has_replay
@@ -68,7 +61,6 @@ class SourceTracker:
         self._logged: set[str] = set()
         self._accept_next = False  # after giving up: take the next batch as the new baseline
 
-    # -- starting -----------------------------------------------------------------------------
     def start(self, snapshot_on_start: bool) -> None:
         """A late joiner asks for a snapshot first (if the source may have one)."""
         if snapshot_on_start and self.has_replay:
@@ -270,8 +262,7 @@ class SourceTracker:
     def _gave_up(self, reason: str) -> None:
         """Accept the loss and resume from the oldest waiting batch (or the next to arrive)."""
         self._lost(reason)
-        self._joining = False
-        self._snapshot_failed = False
+        self._joining = self._snapshot_failed = False
         self.mode = LIVE
         if self.pending:
             self.last = self.pending.first_seq() - 1

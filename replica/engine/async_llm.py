@@ -23,16 +23,12 @@ import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from kvmesh.kvcache.hashing import RequestBlockHasher
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.async_kv import KV_COMMANDS, AsyncKVCommands
 from kvmesh.replica.engine.commands import (
     AbortRequests,
     AddRequest,
     EngineCommand,
-    LeaseAtFinish,
-    LeaseBlocks,
-    PullPrefix,
-    ReleaseLease,
 )
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
@@ -49,14 +45,12 @@ if TYPE_CHECKING:
 
     from kvmesh.events.config import PublisherConfig
     from kvmesh.replica.executor.factory import ExecutorOptions
-    from kvmesh.replica.kv_transfer.agent import KVTransferAgent
-    from kvmesh.replica.kv_transfer.leases import Lease
     from ray.util.placement_group import PlacementGroup
 
 logger = logging.getLogger(__name__)
 
 
-class AsyncLLM:
+class AsyncLLM(AsyncKVCommands):
     """Thread-safe, asyncio-friendly front of one ``LLMEngine``; an ``EngineClient``.
 
     ``AsyncLLM(engine)`` fronts a ready engine; ``AsyncLLM.from_config(config)`` builds one.
@@ -147,48 +141,6 @@ class AsyncLLM:
             self._streams.pop(request_id, None)
             if not finished:
                 self._submit(AbortRequests([request_id]))
-
-    async def pull_prefix(self, agent: KVTransferAgent, peer: str, prompt_token_ids: list[int],
-                          remote_block_ids: list[int], cache_salt: str | None = None,
-                          remote_block_media: list[str] | None = None) -> int:
-        """Pull the prompt's cached prefix from ``peer`` (its ``remote_block_ids``) into this engine's prefix cache;
-        the tokens pulled. A request added afterwards hits them (``num_cached_tokens``). The read is started
-        between two steps and polled between the next ones: other requests keep stepping while it is in flight."""
-        pulled: concurrent.futures.Future[int] = concurrent.futures.Future()
-        return await self._ask(PullPrefix(agent, peer, prompt_token_ids, remote_block_ids, cache_salt, pulled,
-                                          remote_block_media), pulled)
-
-    async def lease_blocks(self, prompt_token_ids: list[int], cache_salt: str | None, ttl_s: float,
-                           peer: str = "local", lease_id: str | None = None) -> Lease:
-        """Hold the prompt's cached leading blocks for ``peer`` to read, or (``lease_id``) show that lease when it
-        holds this prompt's chain (kv_transfer/leases.py; ``LeaseRefused`` otherwise or past a cap). The prompt is
-        hashed on a worker thread: the engine thread only looks the hashes up."""
-        hashes = await asyncio.to_thread(self.block_hashes, prompt_token_ids, cache_salt)
-        granted: concurrent.futures.Future[Lease] = concurrent.futures.Future()
-        return await self._ask(LeaseBlocks(hashes, ttl_s, peer, granted, lease_id), granted)
-
-    def block_hashes(self, prompt_token_ids: list[int], cache_salt: str | None) -> list[bytes]:
-        """The hashes of the prompt's full blocks as this replica's prefix cache keys them (any thread: it reads
-        only the cache's fixed block size and seed)."""
-        manager = self.engine.kv_cache_manager
-        hasher = RequestBlockHasher(manager.block_size, manager.none_hash, cache_salt, None)
-        hasher.extend(prompt_token_ids)
-        return hasher.block_hashes
-
-    def lease_at_finish(self, request_id: str, ttl_s: float, peer: str = "local") -> concurrent.futures.Future[Lease]:
-        """Arm a lease on the prompt blocks of ``request_id`` (call before generating it), taken on the engine
-        thread when it finishes, before its blocks are freed, counted against ``peer``'s cap; resolves to an empty
-        lease if it was aborted, failed or refused, or a cap was reached."""
-        if not self.is_running:
-            raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
-        granted: concurrent.futures.Future[Lease] = concurrent.futures.Future()
-        self._submit(LeaseAtFinish(request_id, ttl_s, peer, granted))
-        return granted
-
-    async def release_lease(self, lease_id: str) -> int | None:
-        """Let a lease's blocks go; the blocks it held, or None when no such lease is live."""
-        released: concurrent.futures.Future[int | None] = concurrent.futures.Future()
-        return await self._ask(ReleaseLease(lease_id, released), released)
 
     async def _ask(self, command: EngineCommand, answer: concurrent.futures.Future):
         if not self.is_running:
@@ -296,7 +248,7 @@ class AsyncLLM:
                     command.accepted.set_exception(e)
                 else:
                     command.accepted.set_result(None)
-            elif isinstance(command, PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease):
+            elif isinstance(command, KV_COMMANDS):
                 self.kv_transfers.handle(command)
             else:
                 self.engine.abort_request(command.request_ids)
