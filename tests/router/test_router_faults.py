@@ -152,7 +152,7 @@ def test_a_whole_answer_cut_mid_body_is_tried_on_another_replica(fakes, start_ro
     # Nothing of a non-streamed answer reaches the client before its end: a replica dying half-way through
     # it costs a retry, not a 502 carrying the connection's error.
     a, b = fakes
-    router = start_router([a.spec, b.spec], max_attempts=2)
+    router = start_router([a.spec, b.spec], upstream={"max_attempts": 2})
     a.configure(cut=True)
     for i in range(4):
         r = httpx.post(router.url + "/v1/completions", json={"prompt": prompt(60 + i), "max_tokens": 3},
