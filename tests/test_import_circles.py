@@ -14,7 +14,8 @@ TOPS = ("kvcache", "events", "replica", "router", "cluster")
 MAX_CIRCLES = 2
 
 
-def _modules(root: Path) -> dict[str, Path]:
+def kvmesh_modules(root: Path) -> dict[str, Path]:
+    """Every kvmesh module under ``root`` (its dotted name -> its file); a package is its ``__init__.py``."""
     mods = {}
     for top in TOPS:
         for path in (root / top).rglob("*.py"):
@@ -27,7 +28,7 @@ def _modules(root: Path) -> dict[str, Path]:
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """kvmesh module -> the kvmesh modules it imports anywhere in its text."""
-    mods = _modules(root)
+    mods = kvmesh_modules(root)
 
     def owner(name: str) -> str | None:  # `from kvmesh.a.b import C` -> kvmesh.a.b (or kvmesh.a.b.C, a module)
         while name and name not in mods:
@@ -94,7 +95,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _explained(group: list[str], root: Path = ROOT) -> bool:
-    mods = _modules(root)
+    mods = kvmesh_modules(root)
     return any("# import circle:" in mods[m].read_text() for m in group)
 
 

@@ -16,19 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-TOPS = ("kvcache", "events", "replica", "router", "cluster")
-
-
-def _modules(root: Path) -> dict[str, Path]:
-    mods = {}
-    for top in TOPS:
-        for path in (root / top).rglob("*.py"):
-            parts = list(path.relative_to(root).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            mods["kvmesh." + ".".join(parts)] = path
-    return mods
+from .test_import_circles import ROOT, TOPS, kvmesh_modules
 
 
 def _room(module: str) -> tuple[str, str] | None:
@@ -52,7 +40,7 @@ def _imported(module: str, path: Path, node: ast.AST) -> list[str]:
 
 def doors(root: Path = ROOT) -> dict[tuple[str, str, str], list[str]]:
     """(package, from room, to room) -> where the first room's modules import the second's ("module -> module")."""
-    mods = _modules(root)
+    mods = kvmesh_modules(root)
     found: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for module, path in mods.items():
         here = _room(module)
