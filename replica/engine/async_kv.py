@@ -16,8 +16,8 @@ import asyncio
 import concurrent.futures
 from typing import TYPE_CHECKING
 
-from kvmesh.kvcache.hashing import RequestBlockHasher
 from kvmesh.replica.engine.commands import EngineCommand, LeaseAtFinish, LeaseBlocks, PullPrefix, ReleaseLease
+from kvmesh.replica.kv_transfer.prefix_pull import block_hasher
 
 if TYPE_CHECKING:
     from kvmesh.replica.engine.llm_engine import LLMEngine
@@ -62,10 +62,7 @@ class AsyncKVCommands:
     def block_hashes(self, prompt_token_ids: list[int], cache_salt: str | None) -> list[bytes]:
         """The hashes of the prompt's full blocks as this replica's prefix cache keys them (any thread: it reads
         only the cache's fixed block size and seed)."""
-        manager = self.engine.kv_cache_manager
-        hasher = RequestBlockHasher(manager.block_size, manager.none_hash, cache_salt, None)
-        hasher.extend(prompt_token_ids)
-        return hasher.block_hashes
+        return block_hasher(self.engine.kv_cache_manager, prompt_token_ids, cache_salt, None).block_hashes
 
     def lease_at_finish(self, request_id: str, ttl_s: float, peer: str = "local") -> concurrent.futures.Future[Lease]:
         """Arm a lease on the prompt blocks of ``request_id`` (call before generating it), taken on the engine

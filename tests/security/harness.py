@@ -61,10 +61,9 @@ class KVCluster:
         return {"Authorization": f"Bearer {json.loads(self.serve.admin_key_file.read_text())['admin_key']}"}
 
     def cluster_key(self) -> dict[str, str]:
-        """What the router sends its replicas: the internal key once it exists; before the fix, the tenants'
-        key (the replicas' only key). The test's own way onto the KV plane, to set a scene up and read it."""
-        key = names.internal_key(self.serve) or self.api_key
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        """What the router sends its replicas, the cluster's internal key: the test's own way onto the KV plane,
+        to set a scene up and read it."""
+        return {"Authorization": f"Bearer {names.internal_key(self.serve)}"}
 
     def as_peer(self, peer_id: str) -> dict[str, str]:
         """The cluster's key plus the puller's name: a registered peer's /kv/* call."""

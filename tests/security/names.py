@@ -32,12 +32,13 @@ PULLED_TOKENS_HEADER = "x-kvmesh-kv-pulled-tokens"
 """A completion answer's header: tokens its replica pulled (0 without a pull)."""
 
 FLOOD_LEASES = 200
-"""Leases a flood asks one holder for with the internal key: more than any cap the fix may choose (wt-holder:
-64 per peer, 256 in all, half the blocks)."""
+"""Leases a flood asks one holder for with the internal key: more than any cap lets one peer hold
+(kv_transfer.max_leases_per_peer 64, max_leases 256, max_leased_blocks_fraction 0.5)."""
 LONGEST_LEASE_S = 300.0
-"""A granted lease must expire within this many seconds (the old cap was 3,600 s; wt-holder clamps to 60 s)."""
+"""A granted lease must expire within this many seconds (asked: 3,600 s, the old cap; kv_transfer.max_lease_ttl_s
+clamps it to 60 s)."""
 OVERSIZED_LEASE_TOKENS = 2_000_000
-"""Token ids in an oversized /kv/lease body (about 14 MiB of JSON; 200 before the fix)."""
+"""Token ids in an oversized /kv/lease body (about 14 MiB of JSON; answered 200 before issue 36)."""
 NORMAL_WAIT_S = 5.0
 """A tenant's short request answered within this many seconds counts as not kept waiting (0.02 s normally)."""
 STREAM_GAP_S = 0.3
