@@ -73,6 +73,9 @@ class SamplingFields(OpenAIBaseModel):
     """Token id (as a string key, as OpenAI sends it) -> bias in [-100, 100] added to its logit."""
     kv_transfer_params: KVTransferParams | None = None
     """(vLLM's NixlConnector) Move the prompt's KV between replicas (openai/kv_transfer_params.py)."""
+    priority: Count = 0
+    """(vLLM) Scheduling priority: lower is served first (``--scheduling-policy priority``); the router's
+    admission orders its queue by it too."""
 
     def _max_tokens(self) -> int | None:
         raise NotImplementedError

@@ -21,6 +21,25 @@ class KVTransferLoad(msgspec.Struct, kw_only=True):
     None when disabled."""
 
 
+class LoRALoad(msgspec.Struct, kw_only=True):
+    """``/load``'s ``lora``: which LoRA adapters the replica can serve and what loading one costs there."""
+
+    enabled: bool = False
+    """The engine serves LoRA adapters (``--enable-lora``)."""
+    max_loras: int = 0
+    """Adapters one step may batch (device slots)."""
+    max_lora_rank: int = 0
+    """Largest adapter rank the replica accepts."""
+    adapters: dict[str, int] = msgspec.field(default_factory=dict)
+    """Every adapter the replica knows (``--lora-modules`` or ``/v1/load_lora_adapter``) -> its weights' bytes."""
+    resident: list[str] = msgspec.field(default_factory=list)
+    """Adapters in a device slot now: a request for one needs no load."""
+    active: list[str] = msgspec.field(default_factory=list)
+    """Adapters with a running request: the slots ``max_loras`` has left are ``max_loras - len(active)``."""
+    load_bytes_per_s: float | None = None
+    """Bytes per second of the replica's adapter loads into a slot (measured); None before the first."""
+
+
 class LoadReport(msgspec.Struct, kw_only=True):
     """What a router needs to weigh a replica (cheap to compute, polled often)."""
 
@@ -51,6 +70,8 @@ class LoadReport(msgspec.Struct, kw_only=True):
     """Fraction of the host tier's blocks holding content, 0..1."""
     kv_transfer: KVTransferLoad = msgspec.field(default_factory=KVTransferLoad)
     """KV transfer between replicas (issue 32): enabled, measured pull rate, bytes per token."""
+    lora: LoRALoad = msgspec.field(default_factory=LoRALoad)
+    """LoRA adapters (issue 39): which the replica knows, which are resident, what a load costs."""
 
     def to_dict(self) -> dict:
         """The JSON object ``/load`` answers with."""

@@ -63,6 +63,9 @@ class RouteDecision:
     """Nanoseconds spent per stage: hash, match, score."""
     pull: PlannedPull | None = None
     """A peer pull worth making: the chosen replica gets the holder's extra blocks (router/routing/kv_placement.py)."""
+    predicted_ttft_s: float | None = None
+    """The request's predicted time to first token on the chosen replica, in seconds (issue 38's cost model);
+    None when the policy does not price in seconds. Router admission compares it with the request's deadline."""
 
 
 class KVRouter:
