@@ -86,7 +86,7 @@ class UpstreamConfig:
     """Seconds a stream may go without a byte from its replica before it moves to another replica (or ends with
     an error event); the miss counts against the replica only if it showed no progress meanwhile. None: only
     request_timeout_s."""
-    load_adapters: bool = True
+    load_missing_adapters: bool = True
     """A LoRA adapter's request may go to a replica of its base model that lacks the adapter: the router loads it
     there first (``POST /v1/load_lora_adapter`` with the internal key; router/control/adapter_loads.py); False:
     only replicas that have it serve it."""

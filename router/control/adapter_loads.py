@@ -1,7 +1,7 @@
 """LoRA adapters the router loads on replicas: before routing a request there, and when an admin asks.
 
 A request for an adapter may go to a replica of its base model that lacks it (its pool, router/routing/
-model_pools.py; ``upstream.load_adapters``). The router first asks that replica to load it, with the
+model_pools.py; ``upstream.load_missing_adapters``). The router first asks that replica to load it, with the
 cluster's internal key, through vLLM's endpoint::
 
     POST {replica}/v1/load_lora_adapter   {"lora_name": NAME, "lora_path": PATH}
@@ -30,8 +30,7 @@ from kvmesh.router.http.upstream import UpstreamError
 from kvmesh.router.routing.model_pools import AdapterLoadError
 
 if TYPE_CHECKING:
-    from kvmesh.router.control.models import RouterModels
-    from kvmesh.router.control.runtime import RouterRuntime
+    from kvmesh.router.control.models import ModelsRuntime, RouterModels
     from kvmesh.router.routing.model_pools import ModelPool
 
 logger = logging.getLogger(__name__)
@@ -43,7 +42,7 @@ UNLOAD_PATH = "/v1/unload_lora_adapter"
 class AdapterLoads:
     """Loads (and unloads) adapters on replicas; see the module doc."""
 
-    def __init__(self, runtime: RouterRuntime, models: RouterModels) -> None:
+    def __init__(self, runtime: ModelsRuntime, models: RouterModels) -> None:
         self.runtime = runtime
         self.models = models
         self._loading: dict[tuple[str, str], asyncio.Task] = {}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from kvmesh.replica.openai.protocol import check_model
@@ -35,13 +35,32 @@ if TYPE_CHECKING:
     from kvmesh.replica.serving.load_report import LoadReport
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.config import ReplicaSpec, RouterConfig
-    from kvmesh.router.control.runtime import RouterRuntime
     from kvmesh.router.http.token_forwarding import ServerInfo
+    from kvmesh.router.http.upstream import UpstreamPool
+    from kvmesh.router.routing.kv_router import KVRouter
 
 logger = logging.getLogger(__name__)
 
 Frontend = tuple["Tokenizer | None", PromptRenderer]
 """A base model's tokenizer (None: its requests are routed untokenized) and the renderer over it."""
+
+
+class HasClient(Protocol):
+    pool: UpstreamPool | None
+    """The router's HTTP client of control calls (the probes')."""
+
+
+class ModelsRuntime(Protocol):
+    """What the models (and the adapter loads) read of the running router (``RouterRuntime``, runtime.py)."""
+
+    config: RouterConfig
+    router: KVRouter
+    tokenizer: Tokenizer | None
+    renderer: PromptRenderer
+    specs: dict[str, ReplicaSpec]
+    probes: HasClient
+
+    def headers(self) -> dict[str, str]: ...
 
 
 def build_tokenizer(path: str, config: RouterConfig, max_model_len: int | None) -> Tokenizer:
@@ -79,18 +98,18 @@ def served_models(raw: bytes) -> ServedModels | None:
 class RouterModels:
     """See the module doc; ``runtime`` is the running router (its config, probes' HTTP client, tokenizer)."""
 
-    def __init__(self, runtime: RouterRuntime) -> None:
+    def __init__(self, runtime: ModelsRuntime) -> None:
         self.runtime = runtime
         cfg = runtime.config
-        self.catalog = ModelCatalog(cfg.upstream.load_adapters)
+        self.catalog = ModelCatalog(cfg.upstream.load_missing_adapters)
         """What each replica serves (router/routing/model_pools.py)."""
         self.own_names = model_aliases(cfg.served_model_name, cfg.model, cfg.tokenizer)
         """Every name of the router's own model (its path forms too)."""
         self.frontends: dict[str, Frontend] = {}
         """Base model -> its tokenizer and renderer (the router's own for its own model)."""
         self._loading: dict[str, asyncio.Task] = {}
-        self._asking: set[str] = set()
-        """Replicas whose /v1/models is being read for an adapter's path."""
+        self._asked: dict[str, frozenset] = {}
+        """Replica -> the adapter names its /v1/models was last read for (an adapter's path)."""
 
     # ---------------------------------------------------------------- requests
     def check_own(self, model: str | None) -> None:
@@ -156,14 +175,16 @@ class RouterModels:
     def on_load(self, spec: ReplicaSpec, report: LoadReport) -> None:
         """A ``/load`` report: the adapters the replica has now (its ``lora`` section, when LoRA is on); one
         whose path the router does not know yet is read from its ``/v1/models`` (e.g. another router loaded it)."""
-        if report.lora.enabled and self.catalog.set_adapters(spec.replica_id, report.lora.adapters) \
-                and spec.replica_id not in self._asking:
-            self._asking.add(spec.replica_id)
-            task = asyncio.ensure_future(self.learn(spec, None))
-            task.add_done_callback(lambda _: self._asking.discard(spec.replica_id))
+        if not report.lora.enabled or not self.catalog.set_adapters(spec.replica_id, report.lora.adapters):
+            return
+        names = frozenset(report.lora.adapters)
+        if self._asked.get(spec.replica_id) != names:  # once per set of adapters, not every poll
+            self._asked[spec.replica_id] = names
+            asyncio.ensure_future(self.learn(spec, None))
 
     def forget(self, replica_id: str) -> None:
         self.catalog.forget(replica_id)
+        self._asked.pop(replica_id, None)
 
     async def _frontend_ready(self, served: ServedModels, info: ServerInfo | None) -> None:
         base = served.base

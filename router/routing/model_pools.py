@@ -65,8 +65,8 @@ class ModelPool:
 class ModelCatalog:
     """The replicas' reports and the adapters the router learned (see the module doc). No I/O."""
 
-    def __init__(self, load_adapters: bool = True) -> None:
-        self.load_adapters = load_adapters
+    def __init__(self, load_missing_adapters: bool = True) -> None:
+        self.load_missing_adapters = load_missing_adapters
         """Adapter pools include the base's replicas that lack the adapter (the router loads it there first)."""
         self.served: dict[Hashable, ServedModels] = {}
         """Replica id -> what it reported."""
@@ -170,7 +170,7 @@ class ModelCatalog:
         if adapter is not None:
             base, path = adapter
             holders = frozenset(rid for rid, s in self.served.items() if model in s.adapters)
-            loadable = self.replicas_of(base) if base is not None and path is not None and self.load_adapters \
+            loadable = self.replicas_of(base) if base is not None and path is not None and self.load_missing_adapters \
                 else frozenset()
             if holders or loadable:
                 return ModelPool(model, base or self.base_of(next(iter(holders))), holders | loadable, model,
