@@ -109,7 +109,9 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
                            ejected=outliers.is_ejected(s.replica_id),
                            ejected_for_s=round(outliers.ejected_for_s(s.replica_id), 1),
                            ejections=outliers.health(s.replica_id).ejections,
-                           last_failure=outliers.health(s.replica_id).last_failure)
+                           last_failure=outliers.health(s.replica_id).last_failure,
+                           model=runtime.models.catalog.base_of(s.replica_id),
+                           adapters=sorted(runtime.models.catalog.adapters_of(s.replica_id)))
                 for s in list(runtime.specs.values())]
         if drain_cost:  # blocks only this replica holds: what draining it would cost (a walk over the index)
             exclusive = await asyncio.to_thread(exclusive_blocks, runtime.router)

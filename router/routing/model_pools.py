@@ -133,6 +133,10 @@ class ModelCatalog:
         served = self.served.get(replica_id)
         return served.base if served is not None else None
 
+    def adapters_of(self, replica_id: Hashable) -> list[str]:
+        served = self.served.get(replica_id)
+        return list(served.adapters) if served is not None else []
+
     def root_of(self, base: str) -> str | None:
         return self._roots.get(base)
 

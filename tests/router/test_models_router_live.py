@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from .conftest import ADMIN, launched_fakes, wait_for
+from .conftest import ADMIN, launched_fakes, replica_rows, wait_for
 
 INTERNAL_KEY = "internal-key-for-the-models-test"
 
@@ -61,6 +61,9 @@ def test_each_model_from_its_own_pool_adapters_loaded_where_missing(two_model_fa
     assert set(cards) == {"llama", "qwen", "tiny"} and cards["tiny"]["parent"] == "llama"
     assert "parent" not in cards["llama"] and cards["tiny"]["root"] == str(adapter_dir)
     assert {answered_by(complete(router, "tiny")) for _ in range(6)} <= {"a1", "a2"}
+    rows = {row["id"]: row for row in replica_rows(router)}  # the admin's view: what each replica serves
+    assert {rid: (row["model"], row.get("adapters", [])) for rid, row in rows.items()} == {
+        "a1": ("llama", ["tiny"]), "a2": ("llama", ["tiny"]), "b1": ("qwen", [])}
 
     # an adapter the router knows but no replica has yet: loaded on the chosen replica before its request
     models.catalog.learn_adapter("sql", str(adapter_dir), "llama")
