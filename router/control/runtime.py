@@ -23,6 +23,7 @@ import secrets
 from typing import TYPE_CHECKING, Protocol
 
 from kvmesh.replica.openai.renderer import PromptRenderer
+from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
 from kvmesh.router.control.adapter_loads import AdapterLoads
 from kvmesh.router.control.event_feed import EventFeed
@@ -143,8 +144,12 @@ class RouterRuntime:
         self.models.close()
 
     def check_model(self, model: str | None) -> None:
-        """404 for a model no replica serves (``pool_for``)."""
-        self.models.pool_for(model)
+        """The router's own /tokenize and /render: 404 for a model no replica serves (``pool_for``), 400 for one
+        tokenized with another tokenizer than the router's own (its replicas answer those paths)."""
+        pool = self.models.pool_for(model)
+        if pool is not None and self.models.frontend(pool)[1] is not self.renderer:
+            raise ProtocolError(f"the router tokenizes and renders here for its own model only; send this request "
+                                f"for `{model}` to one of its replicas", 400, param="model")
 
     def pool_for(self, model: str | None) -> ModelPool | None:
         """The replicas a request's ``"model"`` may go to (None: all); 400/404 (models.py)."""

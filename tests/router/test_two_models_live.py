@@ -77,3 +77,6 @@ def test_each_models_answers_through_the_router_equal_its_replicas(two_models):
     assert unknown.status_code == 404 and "`gpt-4` does not exist" in unknown.json()["error"]["message"]
     cards = httpx.get(router.url + "/v1/models", timeout=10).json()["data"]
     assert sorted(c["id"] for c in cards) == sorted([stories, "kvmesh-embedded"])
+    tokenize = httpx.post(router.url + "/tokenize", json={"model": "kvmesh-embedded", "prompt": "hi"}, timeout=10)
+    assert tokenize.status_code == 400 and "its replicas" in tokenize.json()["error"]["message"]  # not wrong ids
+    assert httpx.post(router.url + "/tokenize", json={"model": stories, "prompt": "hi"}, timeout=10).status_code == 200
