@@ -138,3 +138,32 @@ def test_a_catalog_base_given_as_a_path_answers_through_a_link(tmp_path):
     catalog = two_models()
     catalog.set_served("c1", ServedModels("mistral", str(tmp_path / "real" / "llama")))
     assert catalog.pool(str(tmp_path / "link" / "llama")).replicas == {"c1"}
+
+
+class _Tok:
+    fingerprint = "ours"
+
+
+class _Runtime:
+    """The little of the running router ``RouterModels`` reads to pick a tokenizer."""
+
+    def __init__(self, **tokenize):
+        from kvmesh.router.config import RouterConfig, TokenizeConfig
+
+        self.config = RouterConfig(model="/models/llama", served_model_name="llama", tokenize=TokenizeConfig(**tokenize))
+        self.tokenizer, self.renderer, self.specs = _Tok(), object(), {}
+
+
+def test_each_base_model_gets_its_tokenizer_from_the_first_rule_that_names_one(tmp_path):
+    from kvmesh.router.control.models import RouterModels
+
+    models = RouterModels(_Runtime(tokenizers={"qwen": "Qwen/Qwen2.5-0.5B"}))
+    path = models.tokenizer_path
+    assert path(ServedModels("llama", "/elsewhere"), None) is None  # the router's own model: its own tokenizer
+    assert path(ServedModels("other", "/models/llama"), None) is None  # ... by any name of its path
+    assert path(ServedModels("qwen", str(tmp_path)), None) == "Qwen/Qwen2.5-0.5B"  # named in tokenize.tokenizers
+    assert path(ServedModels("same", str(tmp_path)), {"tokenizer_fingerprint": "ours"}) is None  # same tokenizer
+    assert path(ServedModels("mistral", str(tmp_path)), {"tokenizer_fingerprint": "theirs"}) == str(tmp_path)
+    assert path(ServedModels("remote", "/not/on/this/host"), None) is None  # nothing to load: the router's own
+    assert RouterModels(_Runtime(load_reported_tokenizers=False)).tokenizer_path(
+        ServedModels("mistral", str(tmp_path)), None) is None
