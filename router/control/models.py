@@ -122,13 +122,9 @@ class RouterModels:
     def pool_for(self, model: str | None) -> ModelPool | None:
         """The pool ``model`` picks (None: every replica); ProtocolError 400/404 as ``ModelCatalog.pool``."""
         pool = self.catalog.pool(model)
-        if pool is None and model is not None and len(self.catalog.bases()) <= 1 and not self._reported(model):
-            self.check_own(model)
+        if pool is None and model is not None and not self.catalog.names_base(model):
+            self.check_own(model)  # one base model (else pool() refused an unknown name): today's rule
         return pool
-
-    def _reported(self, model: str) -> bool:
-        bases = self.catalog.bases()
-        return bool(bases) and names_model(model, model_aliases(bases[0], self.catalog.root_of(bases[0])))
 
     def frontend(self, pool: ModelPool | None) -> Frontend:
         """The tokenizer and renderer of the pool's base model (the router's own without a pool)."""

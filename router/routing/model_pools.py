@@ -156,6 +156,11 @@ class ModelCatalog:
         return {name: (base if base is not None or len(bases) != 1 else bases[0], path)
                 for name, (base, path) in out.items()}
 
+    def names_base(self, model: str) -> bool:
+        """Whether ``model`` names a base model served now (its served name or a form of its root)."""
+        alias = find_model(model, self._aliases)
+        return alias is not None and self._aliases[alias] in self.bases()
+
     def pool(self, model: str | None) -> ModelPool | None:
         """The pool ``model`` picks (module doc); None: every replica (one base model served, or a name the
         catalog does not know while one is: the caller applies the router's own rule). Raises ProtocolError:
@@ -170,15 +175,17 @@ class ModelCatalog:
         if alias is not None and self._aliases[alias] in bases:
             return None if len(bases) == 1 else ModelPool(model, self._aliases[alias],
                                                           self.replicas_of(self._aliases[alias]))
-        adapter = self.adapters().get(model)
-        if adapter is not None:
-            base, path = adapter
-            holders = frozenset(rid for rid, s in self.served.items() if model in s.adapters)
-            loadable = self.replicas_of(base) if base is not None and path is not None and self.load_missing_adapters \
+        holders = frozenset(rid for rid, s in self.served.items() if model in s.adapters)
+        known = self.adapter_paths.get(model)
+        if holders or known is not None:
+            path, base = known if known is not None else (None, None)
+            if base is None:
+                base = self.served[next(iter(holders))].base if holders else bases[0] if len(bases) == 1 else None
+            path = path or next((p for rid in holders if (p := self.served[rid].adapters[model])), None)
+            loadable = self.replicas_of(base) if base is not None and path and self.load_missing_adapters \
                 else frozenset()
             if holders or loadable:
-                return ModelPool(model, base or self.base_of(next(iter(holders))), holders | loadable, model,
-                                 holders, path)
+                return ModelPool(model, base, holders | loadable, model, holders, path)
         if len(bases) > 1:
             raise ProtocolError(f"The model `{model}` does not exist; this router serves {', '.join(bases)} and "
                                 "their adapters (see /v1/models).", 404, param="model")
