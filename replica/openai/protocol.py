@@ -13,7 +13,6 @@ from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.replica.serving.json_types import JSONObject
-from kvmesh.replica.serving.model_names import names_model
 from kvmesh.replica.serving.sampling_params import (
     MAX_LOGPROBS,
     SamplingParams,
@@ -31,14 +30,6 @@ Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 MAX_CHOICES = 128
 """Most choices (n, best_of) and prompts one request may ask for (OpenAI's limit on n)."""
-
-
-def check_model(model: str | None, served: str, aliases: tuple[str, ...] = ()) -> None:
-    """A 404 (vLLM's) for a request naming a model other than ``served`` (or one of its ``aliases``, e.g.
-    ``model_aliases(served, path)``: a path also matches by its resolved form, replica/serving/model_names.py)."""
-    if model is not None and model != served and not names_model(model, aliases):
-        raise ProtocolError(f"The model `{model}` does not exist; this server serves `{served}` (see /v1/models).",
-                            404, param="model")
 
 
 class StreamOptions(OpenAIBaseModel):

@@ -6,12 +6,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.replica.server.kv_metrics import KVTransferMetrics
 from kvmesh.replica.server.metrics import ReplicaMetrics
-from kvmesh.replica.serving.model_names import model_aliases
+from kvmesh.replica.serving.model_names import check_model, model_aliases
 from kvmesh.replica.serving.tokenizer import Tokenizer
 
 if TYPE_CHECKING:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from collections.abc import Collection
 
+from kvmesh.replica.serving.errors import ProtocolError
+
 
 def looks_like_path(name: str) -> bool:
     """A name that may be a filesystem path: it has a separator or starts like one (``.``, ``~``)."""
@@ -60,3 +62,11 @@ def find_model(requested: str, names: Collection[str]) -> str | None:
 def names_model(requested: str, names: Collection[str]) -> bool:
     """Whether ``requested`` names the model whose ``model_aliases`` are ``names`` (``find_model``)."""
     return find_model(requested, names) is not None
+
+
+def check_model(model: str | None, served: str, aliases: Collection[str] = ()) -> None:
+    """A 404 (vLLM's) for a request naming a model other than ``served`` or one of its ``aliases`` (e.g.
+    ``model_aliases(served, path)``; a path also by its resolved form: ``names_model``)."""
+    if model is not None and model != served and not names_model(model, aliases):
+        raise ProtocolError(f"The model `{model}` does not exist; this server serves `{served}` (see /v1/models).",
+                            404, param="model")

@@ -25,9 +25,8 @@ import os
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
-from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
-from kvmesh.replica.serving.model_names import model_aliases, names_model
+from kvmesh.replica.serving.model_names import check_model, model_aliases, names_model
 from kvmesh.router.http.upstream import UpstreamError
 from kvmesh.router.routing.model_pools import ModelCatalog, ModelPool, ServedModels
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.serving.errors import ProtocolError
-from kvmesh.replica.serving.model_names import find_model, model_aliases
+from kvmesh.replica.serving.model_names import check_model, find_model, model_aliases
 from kvmesh.router.control.models import served_models
 from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.model_pools import ModelCatalog, ServedModels
