@@ -86,6 +86,12 @@ class UpstreamConfig:
     """Seconds a stream may go without a byte from its replica before it moves to another replica (or ends with
     an error event); the miss counts against the replica only if it showed no progress meanwhile. None: only
     request_timeout_s."""
+    load_missing_adapters: bool = True
+    """A LoRA adapter's request may go to a replica of its base model that lacks the adapter: the router loads it
+    there first (``POST /v1/load_lora_adapter`` with the internal key; router/control/adapter_loads.py); False:
+    only replicas that have it serve it."""
+    adapter_load_timeout_s: float = 30.0
+    """Seconds one adapter load on a replica may take before the request tries another replica."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -98,6 +104,8 @@ class UpstreamConfig:
                 raise ValueError(f"{name} must be positive seconds (or None for no deadline), got {value}")
         if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
+        if not self.adapter_load_timeout_s > 0:
+            raise ValueError(f"adapter_load_timeout_s must be positive seconds, got {self.adapter_load_timeout_s}")
 
 
 @dataclass(slots=True)
@@ -109,6 +117,12 @@ class TokenizeConfig:
     forward_token_ids: bool = True
     """Forward the prompt token ids the router computed, so replicas do not tokenize again: kvmesh replicas
     get them for completions and chat, vLLM upstreams for completions (router/http/token_forwarding.py)."""
+    tokenizers: dict[str, str] = field(default_factory=dict)
+    """Several base models behind one router: served model name -> the tokenizer (path or hub id) of that model's
+    requests, for base models other than ``model``; one not named here gets the path its replicas report when
+    that is a directory on this host (``load_reported_tokenizers``), else the router's own tokenizer."""
+    load_reported_tokenizers: bool = True
+    """Load another base model's tokenizer from the path its replicas report, when it exists on this host."""
 
     def __post_init__(self) -> None:
         if self.tokenize_cache_tokens < 0:

@@ -32,13 +32,6 @@ MAX_CHOICES = 128
 """Most choices (n, best_of) and prompts one request may ask for (OpenAI's limit on n)."""
 
 
-def check_model(model: str | None, served: str, aliases: tuple[str, ...] = ()) -> None:
-    """A 404 (vLLM's) for a request naming a model other than ``served`` (or one of its ``aliases``)."""
-    if model is not None and model != served and model not in aliases:
-        raise ProtocolError(f"The model `{model}` does not exist; this server serves `{served}` (see /v1/models).",
-                            404, param="model")
-
-
 class StreamOptions(OpenAIBaseModel):
     include_usage: Flag = False
     """Send a last chunk (empty choices) with the request's usage before ``[DONE]``."""

@@ -6,11 +6,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.replica.server.kv_metrics import KVTransferMetrics
 from kvmesh.replica.server.metrics import ReplicaMetrics
+from kvmesh.replica.serving.model_names import check_model, model_aliases
 from kvmesh.replica.serving.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ class ServerState:
         self.frontend = frontend
         self.model_path = model_path
         self.model_name = server.served_model_name or model_path
+        self.model_aliases = model_aliases(self.model_name, model_path)
+        """Every name the model answers to: the served name, the path, their absolute and resolved forms."""
         self.default_max_tokens = server.default_max_tokens
         self.extra_info = dict(extra_info or {})
         self.metrics = ReplicaMetrics(engine_client.get_stats, self.model_name,
@@ -43,7 +45,7 @@ class ServerState:
         """The KV transfer front (runtime.py sets it when ``kv_transfer.enabled``); None: /kv/* answer 503."""
 
     def check_model(self, model: str | None) -> None:
-        check_model(model, self.model_name, aliases=(self.model_path,))
+        check_model(model, self.model_name, aliases=self.model_aliases)
 
     def server_info(self) -> Info:
         e = self.engine_client

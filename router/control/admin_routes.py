@@ -6,6 +6,8 @@
     DELETE /replicas/{id}                remove one                                       }
     POST   /replicas/{id}/drain          stop routing new requests to it; running ones    }
                                          finish (inside ``kvmesh serve``: then its process is removed)
+    POST   /v1/load_lora_adapter         learn a LoRA adapter, load it on its base's replicas } (adapter_loads.py)
+    POST   /v1/unload_lora_adapter       unload it everywhere                                }
     GET    /admin/fleet, POST /admin/scale, /admin/rollout
                                          the process set, when the router runs inside ``kvmesh serve``
 
@@ -29,7 +31,7 @@ from kvmesh.router.control.rows import ReplicaList, ReplicaRow
 from kvmesh.router.control.runtime import Json, RouterRuntime
 from kvmesh.router.routing.retention import exclusive_blocks
 from kvmesh.router.routing.roles import BOTH, ROLES
-from pydantic import ConfigDict, JsonValue
+from pydantic import ConfigDict, Field, JsonValue
 
 
 class ReplicaRegistration(OpenAIBaseModel):
@@ -41,6 +43,24 @@ class ReplicaRegistration(OpenAIBaseModel):
     replay: str | None = None
     id: str | None = None
     role: str = BOTH
+
+
+class AdapterLoadRequest(OpenAIBaseModel):
+    """``POST /v1/load_lora_adapter`` body (vLLM's, and the base model when the router serves several)."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    base_model_name: str | None = None
+    """The base model the adapter adapts (needed only while the router serves several)."""
+
+
+class AdapterUnloadRequest(OpenAIBaseModel):
+    """``POST /v1/unload_lora_adapter`` body (vLLM's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str = Field(min_length=1)
+    lora_int_id: int | None = None
 
 
 class ScaleRequest(OpenAIBaseModel):
@@ -59,9 +79,14 @@ class RolloutRequest(OpenAIBaseModel):
     engine: dict[str, JsonValue] = {}
 
 
+ADAPTER_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+"""vLLM's runtime adapter endpoints: on the router they load on (unload from) the replicas (adapter_loads.py)."""
+
+
 def is_admin_request(method: str, path: str) -> bool:
-    """The admin plane: the replica set (reading it too: it names the replicas' URLs), everything under /admin/."""
-    return path.startswith("/admin/") or path == "/replicas" or path.startswith("/replicas/")
+    """The admin plane: the replica set (reading it too: it names the replicas' URLs), everything under /admin/,
+    loading and unloading LoRA adapters."""
+    return path.startswith("/admin/") or path == "/replicas" or path.startswith("/replicas/") or path in ADAPTER_PATHS
 
 
 def answered_by_owner(method: str, path: str) -> bool:
@@ -84,7 +109,9 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
                            ejected=outliers.is_ejected(s.replica_id),
                            ejected_for_s=round(outliers.ejected_for_s(s.replica_id), 1),
                            ejections=outliers.health(s.replica_id).ejections,
-                           last_failure=outliers.health(s.replica_id).last_failure)
+                           last_failure=outliers.health(s.replica_id).last_failure,
+                           model=runtime.models.catalog.base_of(s.replica_id),
+                           adapters=sorted(runtime.models.catalog.adapters_of(s.replica_id)))
                 for s in list(runtime.specs.values())]
         if drain_cost:  # blocks only this replica holds: what draining it would cost (a walk over the index)
             exclusive = await asyncio.to_thread(exclusive_blocks, runtime.router)
@@ -148,6 +175,16 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
                                 f'"id": "name", "role": "{"|".join(ROLES)}"}}') from None
         runtime.add_replica(spec)
         return {"id": spec.replica_id, "healthy": await runtime.probes.probe(spec)}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: AppRequest):
+        body = await read_request(request, AdapterLoadRequest, cfg.frontend, runtime.renderer.run)
+        return await runtime.adapters.admin_load(body.lora_name, body.lora_path, body.base_model_name)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: AppRequest):
+        body = await read_request(request, AdapterUnloadRequest, cfg.frontend, runtime.renderer.run)
+        return await runtime.adapters.admin_unload(body.lora_name)
 
     @app.delete("/replicas/{replica_id:path}")
     async def delete_replica(replica_id: str):

@@ -2,7 +2,7 @@
 
     POST /tokenize, /v1/completions/render, /v1/chat/completions/render, GET /version
                                      shared with the replica (replica/openai/routes.py)
-    GET  /v1/models                  the served model
+    GET  /v1/models                  every base model and adapter served (router/control/models.py)
     GET  /health, /ping              200 when >= 1 replica is healthy, else 503
     GET  /get_load                   the router's in-flight requests (SGLang's shape)
     GET  /metrics                    Prometheus (router/http/metrics.py)
@@ -69,9 +69,8 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
                           lambda http, req: refuse_router_only(req))
 
     @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "kvmesh",
-                                            "root": cfg.model}]}
+    async def models():  # every base model the replicas serve, then every adapter (its parent: its base)
+        return {"object": "list", "data": runtime.models.cards()}
 
     async def health():
         healthy = sorted(map(str, runtime.router.healthy))

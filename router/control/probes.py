@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from kvmesh.events.subscribe.subscriber import EventSubscriber
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.control.kv_peers import KVPeerRegistry
+    from kvmesh.router.control.models import RouterModels
     from kvmesh.router.control.passive_health import PassiveHealth
     from kvmesh.router.control.stream_watch import StreamWatch
 
@@ -47,6 +48,7 @@ class ProbedRuntime(Protocol):
     subscriber: EventSubscriber | None
     health: PassiveHealth
     kv_peers: KVPeerRegistry
+    models: RouterModels
 
     def headers(self) -> dict[str, str]: ...
     def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...) -> None: ...
@@ -90,6 +92,8 @@ class ReplicaProbes:
                 load = rt.router.loads.loads.get(spec.replica_id)
                 if report is not None and load is not None:
                     load.update_report(report)
+                    if isinstance(report, LoadReport):
+                        rt.models.on_load(spec, report)  # the adapters it has now
                     was_on, transfer = load.kv_transfer_enabled, decode_transfer(raw)
                     load.update_transfer(transfer)
                     turned_on = load.kv_transfer_enabled and (not was_on or transfer.get("registered_peers") == 0)
@@ -131,8 +135,8 @@ class ReplicaProbes:
 
     async def check_compatible(self, spec: ReplicaSpec) -> None:
         """Degrade (load-only routing) a replica whose cache the router's keys cannot describe: another
-        block size, tokenizer or chat template (its ``/server_info``). Replicas that do not say (vLLM)
-        are trusted. Also notes whether it is a kvmesh replica (``"version": "kvmesh"``), which takes
+        block size, tokenizer or chat template (its ``/server_info``, against the tokenizer of the model it
+        serves: its ``/v1/models``, router/control/models.py). Replicas that do not say (vLLM) are trusted. Also notes whether it is a kvmesh replica (``"version": "kvmesh"``), which takes
         the router's token ids for chat too (router/http/token_forwarding.py)."""
         rt = self.runtime
         try:
@@ -142,8 +146,10 @@ class ReplicaProbes:
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError):
             info = None
         info = info if isinstance(info, dict) else None
-        rt.upstream_kinds[spec.replica_id] = upstream_kind(info, rt.tokenizer)
-        reason = incompatibility(info, rt.config.block_size, rt.tokenizer)
+        await rt.models.learn(spec, info)  # what it serves (its /v1/models), its model's tokenizer ready
+        tokenizer = rt.models.tokenizer_of(spec.replica_id)
+        rt.upstream_kinds[spec.replica_id] = upstream_kind(info, tokenizer)
+        reason = incompatibility(info, rt.config.block_size, tokenizer)
         if reason is not None:
             logger.warning("replica %s is routed by load only: %s", spec.replica_id, reason)
             rt.router.set_degraded(spec.replica_id, reason, INCOMPATIBLE)

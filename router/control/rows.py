@@ -40,6 +40,10 @@ class ReplicaRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What its last failed answer was (None: none yet)."""
     exclusive_blocks: int | None = None
     """Blocks of the index only this replica holds: what draining it would cost (only when asked for)."""
+    model: str | None = None
+    """The base model it serves (its ``/v1/models``; router/control/models.py); None: not reported (yet)."""
+    adapters: list[str] = msgspec.field(default_factory=list)
+    """The LoRA adapters it has (its ``/v1/models`` and ``/load``)."""
 
 
 class ReplicaList(msgspec.Struct):

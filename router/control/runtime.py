@@ -22,11 +22,13 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, Protocol
 
-from kvmesh.replica.openai.protocol import check_model
 from kvmesh.replica.openai.renderer import PromptRenderer
+from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
+from kvmesh.router.control.adapter_loads import AdapterLoads
 from kvmesh.router.control.event_feed import EventFeed
 from kvmesh.router.control.kv_peers import KVPeerRegistry
+from kvmesh.router.control.models import RouterModels, build_tokenizer
 from kvmesh.router.control.passive_health import PassiveHealth
 from kvmesh.router.control.probes import ReplicaProbes
 from kvmesh.router.control.stream_watch import StreamWatch
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.http.token_forwarding import UpstreamKind
     from kvmesh.router.routing.kv_router import KVRouter
+    from kvmesh.router.routing.model_pools import ModelPool
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +77,8 @@ class RouterRuntime:
         self.stream_watch = StreamWatch(config.events.max_lag_s, self.router.set_degraded)
         """Degrades replicas whose event stream stalled, lags or lost batches (router/control/stream_watch.py)."""
         if tokenizer is None and (config.tokenizer or config.model):
-            from kvmesh.replica.serving.tokenizer import load_tokenizer
-
-            tokenizer = load_tokenizer(config.tokenizer or config.model, max_model_len=config.max_model_len,
-                                       chat_template=config.frontend.chat_template)
-        if tokenizer is not None and config.tokenize.tokenize_cache_tokens and hasattr(tokenizer, "hf"):
+            tokenizer = build_tokenizer(config.tokenizer or config.model, config, config.max_model_len)
+        elif tokenizer is not None and config.tokenize.tokenize_cache_tokens and hasattr(tokenizer, "hf"):
             from kvmesh.router.routing.tokenize_cache import CachedTokenizer
 
             # Same ids, pieces between added tokens seen before come from a cache (router/routing/tokenize_cache.py).
@@ -87,6 +87,10 @@ class RouterRuntime:
         """The replicas' tokenizer (replica/serving/tokenizer.py); None = route without cache awareness."""
         self.renderer = PromptRenderer(tokenizer, config.frontend)
         """Renders requests to token ids off the event loop, as the replicas do."""
+        self.models = RouterModels(self)
+        """What each replica serves, the pool a request's "model" picks, a tokenizer per base model (models.py)."""
+        self.adapters = AdapterLoads(self, self.models)
+        """LoRA adapters loaded on replicas that lack them, and the admin's load calls (adapter_loads.py)."""
         self.metrics = RouterMetrics(self.metrics_state)
         self.receipt_metrics = ReceiptMetrics(self.metrics.registry, self.router.receipts)
         """Captured / available reuse and stale-index predictions, from the route receipts."""
@@ -137,11 +141,28 @@ class RouterRuntime:
         if self.pool is not None:
             self.pool.close()
         self.renderer.close()
+        self.models.close()
 
     def check_model(self, model: str | None) -> None:
-        """404 for a model other than ``served_model_name`` (None accepts any) or the path a replica also accepts."""
-        if self.config.served_model_name is not None:
-            check_model(model, self.config.served_model_name, aliases=(self.config.model,) if self.config.model else ())
+        """The router's own /tokenize and /render: 404 for a model no replica serves (``pool_for``), 400 for one
+        tokenized with another tokenizer than the router's own (its replicas answer those paths)."""
+        pool = self.models.pool_for(model)
+        if pool is not None and self.models.frontend(pool)[1] is not self.renderer:
+            raise ProtocolError(f"the router tokenizes and renders here for its own model only; send this request "
+                                f"for `{model}` to one of its replicas", 400, param="model")
+
+    def pool_for(self, model: str | None) -> ModelPool | None:
+        """The replicas a request's ``"model"`` may go to (None: all); 400/404 (models.py)."""
+        return self.models.pool_for(model)
+
+    def frontend_for(self, pool: ModelPool | None) -> tuple[Tokenizer | None, PromptRenderer]:
+        """The tokenizer and renderer of the pool's base model."""
+        return self.models.frontend(pool)
+
+    async def ensure_adapter(self, replica_id: str, pool: ModelPool | None) -> None:
+        """Load the pool's adapter on ``replica_id`` when it lacks it (AdapterLoadError: it did not load)."""
+        if pool is not None and pool.lora_name is not None:
+            await self.adapters.ensure(replica_id, pool)
 
     # ---------------------------------------------------------------- replica set
     def add_replica(self, spec: ReplicaSpec) -> None:
@@ -175,6 +196,7 @@ class RouterRuntime:
         self.health.forget(replica_id)
         self.stream_watch.forget(replica_id)
         self.feed.forget(replica_id)
+        self.models.forget(replica_id)
         self.metrics.last_event_lag.pop(replica_id, None)
         self.kv_peers.changed()
         return True

@@ -29,6 +29,7 @@ import msgspec
 from kvmesh.router.http.failures import InvalidAnswer, count_failure
 from kvmesh.router.http.relay import UPSTREAM_ERRORS
 from kvmesh.router.routing.kv_placement import SPLIT_OK, SPLIT_PREFILL_FAILED, tokens_left_after_split
+from kvmesh.router.routing.model_pools import AdapterLoadError
 from kvmesh.router.routing.receipts import HEADER_PULLED_TOKENS
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from kvmesh.router.http.proxy_request import ProxyRequest
     from kvmesh.router.http.upstream import UpstreamPool, UpstreamResponse
     from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
+    from kvmesh.router.routing.model_pools import ModelPool
     from kvmesh.router.routing.outlier import OutlierDetector
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ class HandoffRuntime(Protocol):
     def record_failure(self, replica_id: str, why: str, kind: str, sick: bool = ...) -> None: ...
     def patience(self, replica_id: str) -> Patience | None: ...
     def headers(self) -> dict[str, str]: ...
+    async def ensure_adapter(self, replica_id: str, pool: ModelPool | None) -> None: ...
 
 
 class KVHandoff:
@@ -103,6 +106,11 @@ class KVHandoff:
         svc = self.runtime
         spec = svc.specs.get(prefill_id)
         if spec is None:
+            return None
+        try:  # an adapter's prompt is prefilled with the adapter: the prefill replica loads it first
+            await svc.ensure_adapter(prefill_id, request.model_pool)
+        except AdapterLoadError as e:
+            logger.info("prefill replica %s: %s; the decode replica computes the prompt", prefill_id, e)
             return None
         body: dict[str, object] = {"prompt": request.route_ids, "max_tokens": 1, "stream": False,
                                    TRANSFER_FIELD: {"do_remote_decode": True}}

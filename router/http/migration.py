@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.serving.tokenizer import Tokenizer
+    from kvmesh.router.routing.model_pools import ModelPool
 
 DATA, DONE = b"data: ", b"data: [DONE]"
 _TOKEN_IDS = re.compile(rb',\s*"token_ids"\s*:\s*\[([\d,\s]*)\]')
@@ -88,6 +89,8 @@ class MigratingStream:
         self.invalid = False
         """The current upstream broke it by sending an event that is not SSE JSON (counted as ``invalid_sse``)."""
         self.cached_tokens = 0
+        self.model_pool: ModelPool | None = None
+        """The replicas its model may go to (router/routing/model_pools.py): a continuation stays in them."""
         self._detok: IncrementalDetokenizer | None = None
 
     @property

@@ -26,6 +26,7 @@ import msgspec
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.router.http.adapter_ready import adapter_ready
 from kvmesh.router.http.failures import BrokenAnswer, InvalidAnswer, count_failure
 from kvmesh.router.http.kv_handoff import KVHandoff
 from kvmesh.router.http.messages import Request, Response
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from kvmesh.router.http.metrics import RouterMetrics
     from kvmesh.router.http.patience import Patience
     from kvmesh.router.http.receipt_metrics import ReceiptMetrics
+    from kvmesh.router.routing.model_pools import ModelPool
     from kvmesh.router.routing.outlier import OutlierDetector
 
 logger = logging.getLogger(__name__)
@@ -75,7 +77,9 @@ class Replicas(Protocol):
     pool: UpstreamPool | None
     outliers: OutlierDetector
 
-    def check_model(self, model: str | None) -> None: ...
+    def pool_for(self, model: str | None) -> ModelPool | None: ...
+    def frontend_for(self, pool: ModelPool | None) -> tuple[Tokenizer | None, PromptRenderer]: ...
+    async def ensure_adapter(self, replica_id: str, pool: ModelPool | None) -> None: ...
     def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...,
                     sick: bool = ...) -> None: ...
     def record_failure(self, replica_id: str, why: str, kind: str, sick: bool = ...) -> None: ...
@@ -102,39 +106,42 @@ class Forwarder:
 
     async def parse_prompts(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]]]:
         """``parse``, with the token ids of every prompt of the request (none without a tokenizer)."""
-        req, prompts, _ = await self._validate(raw, chat)
+        req, prompts, _, _ = await self._validate(raw, chat)
         return req, prompts
 
-    async def _validate(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]], SamplingParams | None]:
-        """The body, the token ids of its prompts and the first prompt's sampling parameters, each prompt
-        checked against the context as the replica checks it (max_tokens, sampling)."""
+    async def _validate(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]], SamplingParams | None,
+                                                                ModelPool | None]:
+        """The body, the token ids of its prompts (by its model's tokenizer), the first prompt's sampling
+        parameters, each prompt checked against the context as the replica checks it, and the pool its
+        ``"model"`` picks (router/routing/model_pools.py; 400/404 for none)."""
         svc = self.runtime
         req = await parse_off_loop(raw, p.ChatCompletionRequest if chat else p.CompletionRequest, svc.renderer.run)
         refuse_router_only(req)  # on the decoded body, as the replica decodes it (router_only.py)
-        svc.check_model(req.model)
-        if svc.tokenizer is None:  # no tokenizer configured: load-only routing, the replica validates
-            return req, [], None
+        pool = svc.pool_for(req.model)
+        tokenizer, renderer = svc.frontend_for(pool)
+        if tokenizer is None:  # no tokenizer for its model: load-only routing, the replica validates
+            return req, [], None, pool
         if chat:
-            prompts = [await svc.renderer.request(req)]
+            prompts = [await renderer.request(req)]
         else:  # a batch of prompts is routed by its first; every prompt is checked, as the replica does
-            prompts = [await svc.renderer.completion(prompt) for prompt in req.prompts()]
-        params: list[SamplingParams] = [req.to_sampling_params(len(ids), svc.tokenizer.max_model_len)
-                                        for ids in prompts]
-        return req, prompts, params[0] if params else None
+            prompts = [await renderer.completion(prompt) for prompt in req.prompts()]
+        params: list[SamplingParams] = [req.to_sampling_params(len(ids), tokenizer.max_model_len) for ids in prompts]
+        return req, prompts, params[0] if params else None, pool
 
     async def read(self, http: Request, path: str, chat: bool) -> ProxyRequest:
         """The client's request, validated and tokenized (a stream with its migration state)."""
         svc = self.runtime
         raw = await http.body()
         t0 = time.perf_counter_ns()
-        req, prompts, params = await self._validate(raw, chat)
+        req, prompts, params, pool = await self._validate(raw, chat)
         request = ProxyRequest(raw, req, prompts, chat, svc.config.tokenize.forward_token_ids, path=path,
                                session_id=http.header(SESSION_HEADER) or req.user,
                                wants_receipt=http.header(HEADER_OPT_IN_BYTES) is not None,
-                               tokenize_ns=time.perf_counter_ns() - t0, sampling_params=params)
+                               tokenize_ns=time.perf_counter_ns() - t0, sampling_params=params, model_pool=pool)
         if req.stream:
-            request.stream = MigratingStream(req, chat, request.route_ids, svc.tokenizer,
+            request.stream = MigratingStream(req, chat, request.route_ids, svc.frontend_for(pool)[0],
                                              svc.config.upstream.migration_limit, params=params)
+            request.stream.model_pool = pool
             if svc.config.upstream.migration_limit and not req.return_token_ids:
                 request.ask_for_token_ids()
         return request
@@ -169,10 +176,12 @@ class Forwarder:
         the last attempt's 5xx if all failed so. Each replica gets the body in the form it takes."""
         svc, router = self.runtime, self.runtime.router
         headers = {"content-type": "application/json", **svc.headers()}
-        ids = request.route_ids
+        ids, pool = request.route_ids, request.model_pool
+        lora, replicas = (pool.lora_name, pool.replicas) if pool is not None else (None, None)
         for attempt in range(svc.config.upstream.max_attempts):
             try:
-                decision = router.route(ids, request.salt, exclude=tried, session_id=request.session_id)
+                decision = router.route(ids, request.salt, lora, exclude=tried, session_id=request.session_id,
+                                        pool=replicas)
             except NoReplicaError as e:
                 raise ProtocolError(str(e), 503) from None
             if attempt == 0 and request.tokenize_ns is not None:
@@ -181,6 +190,8 @@ class Forwarder:
             spec = svc.specs.get(rid)
             if spec is None:  # removed meanwhile
                 tried.append(rid)
+                continue
+            if lora is not None and not await adapter_ready(svc, rid, request, tried):
                 continue
             if attempt == 0 and not tried and request.req is not None:  # a retry or a continuation goes as sent
                 await self.handoff.prepare(request, decision)

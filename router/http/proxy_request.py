@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.router.http.migration import MigratingStream
+    from kvmesh.router.routing.model_pools import ModelPool
 
     OpenAIRequest = CompletionRequest | ChatCompletionRequest
 
@@ -56,6 +57,9 @@ class ProxyRequest:
     """The first prompt's sampling parameters, validated at the edge against its length and the context."""
     stream: MigratingStream | None = None
     """A stream's state: what went out, and how to continue it elsewhere (None: not a stream)."""
+    model_pool: ModelPool | None = None
+    """The replicas its ``"model"`` may go to and the adapter it selects (router/routing/model_pools.py); None:
+    every replica, no adapter."""
     kv_transfer_params: dict | None = field(init=False, default=None)
     """What the router adds for the replica it goes to (router/http/kv_handoff.py: a prefill replica's handle, a
     peer to pull from); None: the body goes without."""
@@ -74,9 +78,11 @@ class ProxyRequest:
         self.forward_ids = self.forward_ids and bool(self.prompts)
 
     @classmethod
-    def continuation(cls, body: dict[str, object], route_ids: list[int], salt: str | None) -> ProxyRequest:
-        """A stream's continuation on another replica: a token-in completion the router wrote itself."""
-        request = cls(msgspec.json.encode(body))
+    def continuation(cls, body: dict[str, object], route_ids: list[int], salt: str | None,
+                     model_pool: ModelPool | None = None) -> ProxyRequest:
+        """A stream's continuation on another replica (of its model's pool): a token-in completion the router
+        wrote itself."""
+        request = cls(msgspec.json.encode(body), model_pool=model_pool)
         request.route_ids, request.salt = route_ids, salt
         return request
 

@@ -66,6 +66,9 @@ class RouteDecision:
     predicted_ttft_s: float | None = None
     """The request's predicted time to first token on the chosen replica, in seconds (issue 38's cost model);
     None when the policy does not price in seconds. Router admission compares it with the request's deadline."""
+    pool: frozenset | None = None
+    """The replicas the request could go to (those serving its model, router/routing/model_pools.py); None: all.
+    A P/D split and a peer pull stay inside it."""
 
 
 class KVRouter:
@@ -184,8 +187,10 @@ class KVRouter:
     # ---------------------------------------------------------------- decisions
     def route(self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None,
               exclude: Iterable[Hashable] = (), now: float | None = None,
-              session_id: str | None = None) -> RouteDecision:
-        """Choose a healthy replica (not in ``exclude``) for a prompt; credits it with the prompt's blocks.
+              session_id: str | None = None, pool: frozenset | None = None) -> RouteDecision:
+        """Choose a healthy replica (not in ``exclude``; in ``pool`` when given: the replicas serving the request's
+        model or adapter) for a prompt; credits it with the prompt's blocks. ``lora_name`` keys the prompt's blocks
+        with its adapter, as the engine keys them.
 
         ``now`` is the clock that predictions and session pins expire by (``time.monotonic()`` when
         None; the simulator passes simulated time). ``session_id`` (a header or the request's
@@ -206,10 +211,12 @@ class KVRouter:
             healthy = self.healthy
             prefill_only = self.prefill_only
             loads = {r: load for r, load in all_loads.items()
-                     if r in healthy and r not in excluded and r not in prefill_only}
+                     if r in healthy and r not in excluded and r not in prefill_only and (pool is None or r in pool)}
             if not loads:
                 raise NoReplicaError("no healthy replica to route to (all are down, of role prefill or already "
-                                     "failed this request); retry later or register a decode replica")
+                                     "failed this request); retry later or register a decode replica"
+                                     if pool is None else "no healthy replica serves this model now (its replicas "
+                                     "are down, of role prefill or already failed this request); retry later")
             tiers = tiers.without(self.degraded)
             matches, policy = tiers.device, self.policy
             replica_id = policy.choose(keys, tiers, loads, len(token_ids))
@@ -221,7 +228,7 @@ class KVRouter:
                     replica_id, by_session = pinned, True
                 self.sessions.pin(session_id, replica_id, now)
             self.index.predict(replica_id, keys, now=now, start=matches.get(replica_id, 0))
-            pull = self._plan_pull(replica_id, tiers, len(token_ids), excluded)
+            pull = self._plan_pull(replica_id, tiers, len(token_ids), excluded, pool)
         t3 = _ns()
         either = tiers.either()  # a host-tier block past the device prefix is a hit too, loaded back
         matched = either.get(replica_id, 0)
@@ -239,10 +246,10 @@ class KVRouter:
             reason = "cache" if matched and matched == best else "load"
         receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id, host_hit)
         return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, host_hit, receipt,
-                             {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull)
+                             {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, pool=pool)
 
     def _plan_pull(self, chosen: Hashable, tiers: TierMatches, num_prompt_tokens: int,
-                   excluded: set) -> PlannedPull | None:
+                   excluded: set, pool: frozenset | None = None) -> PlannedPull | None:
         """A peer pull for the chosen replica (under the lock; router/routing/kv_placement.py)."""
         rules, bs, matches = self.transfers, self.hasher.block_size, tiers.device
         usable = reusable_blocks(num_prompt_tokens, bs)
@@ -250,6 +257,8 @@ class KVRouter:
         if not rules.peer_pulls or not matches or own >= usable:
             return None
         candidates = self.healthy - excluded if excluded else self.healthy
+        if pool is not None:  # another model's replica holds other KV, whatever its keys say
+            candidates = candidates & pool
         return plan_pull(chosen, own, matches, self.loads.loads, candidates, usable, bs, rules)
 
     def choose_prefill(self, decision: RouteDecision, now: float | None = None) -> tuple[Hashable | None, str | None]:
@@ -267,7 +276,8 @@ class KVRouter:
         with self.lock:
             self.loads.refresh()
             matches = self.index.match(decision.keys, now=now)
-            return choose_split(self.loads.loads, self.prefill_only, self.healthy, decision.replica_id,
+            prefill = self.prefill_only if decision.pool is None else self.prefill_only & decision.pool
+            return choose_split(self.loads.loads, prefill, self.healthy, decision.replica_id,
                                 decision.uncached_tokens, matches, num_tokens, self.hasher.block_size,
                                 self.transfers)
 

@@ -1,8 +1,10 @@
 """cache_salt and LoRA names isolate tenants: different keys never share a block."""
 
+import pytest
 from kvmesh.events.schema import BlockStored
-from kvmesh.kvcache.hashing import cache_salt_secret, salt_key
+from kvmesh.kvcache.hashing import cache_salt_secret, external_hash, salt_key
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
+from msgspec.structs import replace
 
 BS = 4
 PROMPT = list(range(13))
@@ -68,3 +70,30 @@ def test_a_router_given_the_salt_secret_keys_salted_prompts_as_the_replica(make_
     assert index.match(with_secret.keys(PROMPT, "tenant-a")) == {"r": 3}
     assert index.match(RouterKeyHasher(BS).keys(PROMPT, "tenant-a")) == {}  # no secret: no match
     assert index.match(with_secret.keys(PROMPT, "tenant-b")) == {}
+
+
+@pytest.mark.parametrize("salt", [None, "tenant-a"])
+@pytest.mark.parametrize("without_extra_keys", [False, True])
+def test_the_router_keys_an_adapters_prompt_as_the_engine_hashes_it(make_request, run_step, event_log, salt,
+                                                                    without_extra_keys):
+    """Issue 39: the router's key of an adapter's prompt equals the engine's block hash, through the BlockStored
+    events (their lora_name and extra_keys), salted and unsalted; vLLM before 0.33 sends lora_name without
+    extra_keys (an unsalted prompt's extra keys are the adapter alone). Another adapter and the base match nothing."""
+    from kvmesh.router.routing.kv_router import KVRouter
+
+    if without_extra_keys and salt is not None:
+        pytest.skip("a salted block's event always carries extra_keys (the salt is in them)")
+    manager = fresh_manager(event_log)
+    run_step(manager, make_request("a", PROMPT, cache_salt=salt, lora_name="tiny"))
+    (stored,) = event_log.of_type(BlockStored)
+    assert stored.lora_name == "tiny" and stored.extra_keys[-1] == ("tiny",)
+    if without_extra_keys:
+        stored = replace(stored, extra_keys=None)
+    router = KVRouter(block_size=BS, salt_secret=cache_salt_secret(b"seed"))
+    router.add_replica("r")
+    router.apply_events("r", [stored])
+    engine_hashes = [external_hash(h) for h in manager.block_pool.cached_block_hash_to_block]
+    assert sorted(router.index.cached_hashes("r")) == sorted(engine_hashes)
+    assert router.route(PROMPT, salt, "tiny").matched_blocks == 3  # every full block: the keys agree
+    for other_salt, lora in ((salt, "sql"), (salt, None), ("tenant-b", "tiny")):
+        assert router.index.match(router.hasher.keys(PROMPT, other_salt, lora)) == {}

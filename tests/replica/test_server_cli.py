@@ -55,9 +55,12 @@ def test_a_users_mistake_is_one_line_not_a_traceback(argv, message, capsys):
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_router_and_a_replica_given_the_same_relative_model_agree_on_its_name(stories_path, monkeypatch):
+def test_a_router_and_a_replica_given_the_same_relative_model_agree_on_its_name(stories_path, monkeypatch,
+                                                                                 tmp_path):
     """`kvmesh replica --model M` and `kvmesh router --model M` with a relative M: the name the router
-    advertises is one the replica serves (vLLM's rule: the --model as given; its resolved path an alias)."""
+    advertises is one the replica serves (vLLM's rule: the --model as given; its absolute and resolved paths
+    aliases). Both run in a directory reached through a symbolic link (as ../shared is on some machines): the
+    path through the link, the resolved one and the relative one all name the model (issue 39)."""
     import httpx
     from kvmesh.cluster.commands.replica import start
     from kvmesh.cluster.config.flags import config_from_args
@@ -65,7 +68,9 @@ def test_a_router_and_a_replica_given_the_same_relative_model_agree_on_its_name(
     from kvmesh.router.config import ReplicaSpec
     from kvmesh.router.control.router_server import RouterServer
 
-    monkeypatch.chdir(stories_path.parent.parent)
+    link = tmp_path / "models-link"
+    link.symlink_to(stories_path.parent.parent.resolve())
+    monkeypatch.chdir(link)
     model = f"{stories_path.parent.name}/{stories_path.name}"  # e.g. stories260K/hf
     replica = start(load(build_parser().parse_args(["replica", "--model", model, "--port", "0", "--event-port",
                                                     "0", "--replay-port", "0", "--kv-cache-memory", "4MiB"])))
@@ -78,7 +83,7 @@ def test_a_router_and_a_replica_given_the_same_relative_model_agree_on_its_name(
         try:
             (advertised,) = [m["id"] for m in httpx.get(router.url + "/v1/models", timeout=10).json()["data"]]
             assert advertised == model
-            for name in (advertised, str(stories_path)):  # the resolved path is accepted too
+            for name in (advertised, str(stories_path), str(stories_path.resolve()), str(link / model)):
                 body = {"model": name, "prompt": "Once upon a time", "max_tokens": 2}
                 r = httpx.post(router.url + "/v1/completions", json=body, timeout=60)
                 assert r.status_code == 200, r.text

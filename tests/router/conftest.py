@@ -23,8 +23,9 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 class FakeProc:
     """A fake replica process (kvmesh.cluster.measure.benchmarks.support.fake_replica) that can be killed and restarted on the same ports."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, model: str = "stub"):
         self.name = name
+        self.model = model
         self.proc: subprocess.Popen | None = None
         self.ports = (0, 0, 0)
         self.info: dict = {}
@@ -33,7 +34,7 @@ class FakeProc:
         http, ev, rp = self.ports
         self.proc = subprocess.Popen(
             [sys.executable, "-m", FAKE, "--name", self.name, "--port", str(http), "--event-port", str(ev),
-             "--replay-port", str(rp), "--block-size", str(BLOCK_SIZE), "--num-blocks", "256"],
+             "--replay-port", str(rp), "--block-size", str(BLOCK_SIZE), "--num-blocks", "256", "--model", self.model],
             stdout=subprocess.PIPE, text=True)
         return self
 
@@ -59,9 +60,10 @@ class FakeProc:
 
 
 @contextlib.contextmanager
-def launched_fakes(*names: str):
-    """Fake replica processes named ``names``, ready; killed on leaving."""
-    procs = [FakeProc(name).launch() for name in names]
+def launched_fakes(*names: str, models: tuple[str, ...] = ()):
+    """Fake replica processes named ``names`` (serving ``models``, one each; default "stub"), ready; killed on
+    leaving."""
+    procs = [FakeProc(name, *models[i:i + 1]).launch() for i, name in enumerate(names)]
     try:
         yield [p.wait_ready() for p in procs]
     finally:

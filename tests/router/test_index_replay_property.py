@@ -1,7 +1,7 @@
 """Property: replaying a real BlockPool's event stream into the index reproduces its cached set.
 
 A ``KVCacheManager`` (the replica's real prefix cache) is driven by random requests -- shared
-prefixes, salts, frees, evictions under memory pressure, prefix-cache resets, restarts -- and its
+prefixes, salts, LoRA adapters, frees, evictions under memory pressure, prefix-cache resets, restarts -- and its
 events feed a ``PrefixIndex``. Whenever the stream is complete, the index holds exactly the
 replica's cached block hashes and matches every prompt as the replica's own lookup would. Lost
 events (a gap) leave it wrong until a snapshot ``[AllBlocksCleared, *snapshot]`` arrives, after
@@ -22,6 +22,8 @@ from kvmesh.router.routing.keys import RouterKeyHasher
 BS = 4
 PREFIXES = [[7] * 12, [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 8, 8, 7, 7]]
 SALTS = [None, "tenant-a"]
+LORAS = [None, "tiny", "sql"]
+"""Adapters (issue 39): the engine keys every block of an adapter's prompt with its name; the router must too."""
 
 
 class Replica:
@@ -44,7 +46,7 @@ class Replica:
         return {external_hash(h) for h in self.manager.block_pool.cached_block_hash_to_block}
 
     def expected_match(self, req: Req) -> int:
-        hashes = RequestBlockHasher(BS, self.manager.none_hash, req.cache_salt).extend(req.all_token_ids)
+        hashes = RequestBlockHasher(BS, self.manager.none_hash, req.cache_salt, req.lora_name).extend(req.all_token_ids)
         cached = self.manager.block_pool.cached_block_hash_to_block
         n = 0
         while n < len(hashes) and hashes[n] in cached:
@@ -54,7 +56,7 @@ class Replica:
 
 op = st.one_of(
     st.tuples(st.just("run"), st.integers(0, len(PREFIXES) - 1), st.lists(st.integers(0, 30), max_size=14),
-              st.sampled_from(SALTS)),
+              st.sampled_from(SALTS), st.sampled_from(LORAS)),
     st.tuples(st.just("free"), st.integers(0, 50)),
     st.tuples(st.just("reset")),
     st.tuples(st.just("restart")),
@@ -73,8 +75,8 @@ def test_index_converges_to_replica_cached_set(ops, num_blocks):
     in_gap = False
     for i, (kind, *args) in enumerate(ops):
         if kind == "run":
-            prefix, suffix, salt = args
-            req = Req(f"r{i}", PREFIXES[prefix] + suffix, cache_salt=salt)
+            prefix, suffix, salt, lora = args
+            req = Req(f"r{i}", PREFIXES[prefix] + suffix, cache_salt=salt, lora_name=lora)
             prompts.append(req)
             replica.run(req)
         elif kind == "free" and replica.active:
@@ -97,5 +99,5 @@ def test_index_converges_to_replica_cached_set(ops, num_blocks):
             assert index.cached_hashes("r") == replica.cached_hashes()
             assert index.num_blocks("r") == len(replica.cached_hashes())
             for req in prompts[-5:]:
-                got = index.match(hasher.keys(req.all_token_ids, req.cache_salt)).get("r", 0)
+                got = index.match(hasher.keys(req.all_token_ids, req.cache_salt, req.lora_name)).get("r", 0)
                 assert got == replica.expected_match(req)

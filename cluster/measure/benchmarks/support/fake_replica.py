@@ -30,6 +30,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from kvmesh.cluster.measure.benchmarks.support.fake_adapters import FakeAdapters
 from kvmesh.cluster.measure.benchmarks.support.fake_answers import (
     JSONBody,
     completion_answer,
@@ -72,6 +73,8 @@ class FakeReplica:
         """Authorization headers of the last completions."""
         self.kv = FakeKVTransfer(name, cache)
         """Leases, prefill handles and pulls (fake_kv_transfer.py)."""
+        self.lora = FakeAdapters()
+        """LoRA adapters "loaded" through vLLM's endpoints, listed in ``/v1/models`` (fake_adapters.py)."""
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -109,28 +112,29 @@ class FakeReplica:
         if method == b"POST" and path in (b"/v1/completions", b"/v1/chat/completions"):
             return await self._complete(reader, writer, body, path == b"/v1/chat/completions",
                                         headers.get(b"authorization", b"").decode())
+        status = 200
         if method == b"POST" and path == b"/fake/config":
             reply = self.configure(body)
         elif method == b"POST" and path == b"/tokenize":
             reply = {"count": len(self.token_ids(body))}
         elif path == b"/fake/stats":
             reply = {"cancelled": self.cancelled, "running": self.running, "auth_seen": list(self.auth_seen),
-                     **self.kv.stats()}
+                     "adapter_calls": self.lora.calls, **self.kv.stats()}
         elif method == b"POST" and path in (b"/kv/lease", b"/kv/release", b"/kv/peers"):
             status, reply = {b"/kv/lease": self.kv.lease, b"/kv/release": self.kv.release,
                              b"/kv/peers": self.kv.register}[path](body)
-            writer.write(json_answer(status, reply))
-            await writer.drain()
-            return True
         elif path == b"/load":
             reply = self.load()
+        elif method == b"POST" and path in (b"/v1/load_lora_adapter", b"/v1/unload_lora_adapter"):
+            status, reply = self.lora.call(path == b"/v1/load_lora_adapter", body,
+                                           headers.get(b"authorization", b"").decode())
         elif method == b"GET":
             reply = {"status": "ok", "object": "list", "data": [{"id": self.model, "object": "model",
-                     "owned_by": "fake"}], "model_path": self.model, "tokenizer_path": self.model,
-                     "is_generation": True}
+                     "owned_by": "fake", "root": self.model}, *self.lora.cards(self.model)],
+                     "model_path": self.model, "tokenizer_path": self.model, "is_generation": True}
         else:
             reply = {}
-        writer.write(json_answer(200, reply))
+        writer.write(json_answer(status, reply))
         await writer.drain()
         return True
 
@@ -264,6 +268,7 @@ async def serve(replica: FakeReplica, port: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", default="!", help="what a completion answers (default: %(default)s)")
+    ap.add_argument("--model", default="stub", help="the model it serves in /v1/models (default: %(default)s)")
     ap.add_argument("--port", type=int, default=0, help="port to bind on 127.0.0.1 (0 = free one)")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="wait before each completion answer")
     ap.add_argument("--event-port", type=int, default=None,
@@ -284,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cache = (PrefixCache(args.name, args.block_size, args.num_blocks, args.event_port, args.replay_port)
              if args.event_port is not None else None)
-    asyncio.run(serve(FakeReplica(args.name, cache=cache, faults=Faults(delay=args.delay_ms / 1e3),
+    asyncio.run(serve(FakeReplica(args.name, args.model, cache=cache, faults=Faults(delay=args.delay_ms / 1e3),
                                   answer_max_tokens=args.answer_max_tokens), args.port))
     return 0
 

@@ -1,0 +1,148 @@
+"""LoRA adapters the router loads on replicas: before routing a request there, and when an admin asks.
+
+A request for an adapter may go to a replica of its base model that lacks it (its pool, router/routing/
+model_pools.py; ``upstream.load_missing_adapters``). The router first asks that replica to load it, with the
+cluster's internal key, through vLLM's endpoint::
+
+    POST {replica}/v1/load_lora_adapter   {"lora_name": NAME, "lora_path": PATH}
+
+One load per (replica, adapter) at a time: concurrent requests wait for the same call. A load is bounded by
+``upstream.adapter_load_timeout_s``; one that fails (an error status, a timeout, no answer) raises
+``AdapterLoadError`` with the replica's reason, and the proxy tries another replica of the pool.
+
+The router learns adapters (name -> path, base model) from the replicas' reports and from its own admin
+endpoint, the same shape with the admin key (``kvmesh lora load NAME PATH [--deployment D]`` calls it)::
+
+    POST {router}/v1/load_lora_adapter    {"lora_name", "lora_path", "base_model_name"?}  load it on every
+                                          healthy replica of the base (the only base when not named)
+    POST {router}/v1/unload_lora_adapter  {"lora_name"}  unload it from every replica that has it, forget it
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import msgspec
+from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.router.http.upstream import UpstreamError
+from kvmesh.router.routing.model_pools import AdapterLoadError
+
+if TYPE_CHECKING:
+    from kvmesh.router.control.models import ModelsRuntime, RouterModels
+    from kvmesh.router.routing.model_pools import ModelPool
+
+logger = logging.getLogger(__name__)
+
+LOAD_PATH = "/v1/load_lora_adapter"
+UNLOAD_PATH = "/v1/unload_lora_adapter"
+
+
+class AdapterLoads:
+    """Loads (and unloads) adapters on replicas; see the module doc."""
+
+    def __init__(self, runtime: ModelsRuntime, models: RouterModels) -> None:
+        self.runtime = runtime
+        self.models = models
+        self._loading: dict[tuple[str, str], asyncio.Task] = {}
+        self.loads = 0
+        """Adapter loads the router asked replicas for (routed requests and admin calls)."""
+
+    def needs_load(self, replica_id: str, pool: ModelPool | None) -> bool:
+        """Whether a request of ``pool`` routed to ``replica_id`` must load its adapter there first."""
+        if pool is None or pool.lora_name is None or replica_id in pool.holders:
+            return False
+        served = self.models.catalog.served.get(replica_id)
+        return served is None or pool.lora_name not in served.adapters
+
+    async def ensure(self, replica_id: str, pool: ModelPool) -> None:
+        """Load the pool's adapter on ``replica_id`` unless it has it; AdapterLoadError when that fails."""
+        if not self.needs_load(replica_id, pool):
+            return
+        if pool.lora_path is None:
+            raise AdapterLoadError(f"adapter `{pool.lora_name}` has no known path to load it from")
+        await self.load(replica_id, pool.lora_name, pool.lora_path)
+
+    async def load(self, replica_id: str, name: str, path: str) -> None:
+        """One load of ``name`` on ``replica_id`` (concurrent callers share it); AdapterLoadError on failure."""
+        key = (replica_id, name)
+        task = self._loading.get(key)
+        if task is None:
+            task = self._loading[key] = asyncio.ensure_future(self._call(replica_id, LOAD_PATH,
+                                                                         {"lora_name": name, "lora_path": path}))
+            task.add_done_callback(lambda _: self._loading.pop(key, None))
+        await asyncio.shield(task)
+        self.models.catalog.add_adapter(replica_id, name, path)
+
+    async def _call(self, replica_id: str, path: str, body: dict[str, str]) -> None:
+        rt = self.runtime
+        spec = rt.specs.get(replica_id)
+        if spec is None:
+            raise AdapterLoadError(f"replica {replica_id} is no longer registered")
+        timeout_s = rt.config.upstream.adapter_load_timeout_s
+        headers = {"content-type": "application/json", **rt.headers()}
+        if path == LOAD_PATH:
+            self.loads += 1
+        try:
+            status, _, raw = await rt.probes.pool.fetch("POST", spec.url, path, timeout_s,
+                                                        msgspec.json.encode(body), headers)
+        except asyncio.TimeoutError:
+            raise AdapterLoadError(f"replica {replica_id} did not answer {path} within {timeout_s:g} s "
+                                   "(upstream.adapter_load_timeout_s)") from None
+        except (UpstreamError, OSError) as e:
+            raise AdapterLoadError(f"replica {replica_id} could not be reached for {path}: {e}") from None
+        if status != 200:
+            raise AdapterLoadError(f"replica {replica_id} answered {path} with HTTP {status}: {_message(raw)}")
+        logger.info("replica %s: %s %s", replica_id, path, body["lora_name"])
+
+    # ---------------------------------------------------------------- the admin endpoints
+    async def admin_load(self, name: str, path: str, base: str | None) -> dict:
+        """``POST /v1/load_lora_adapter`` on the router: learn the adapter, load it on every healthy replica of
+        its base (ProtocolError: several bases and none named, an unknown base, every load failed)."""
+        catalog = self.models.catalog
+        bases = catalog.bases()
+        if base is None and len(bases) > 1:
+            raise ProtocolError(f"this router serves several base models ({', '.join(bases)}): name the adapter's "
+                                "in `base_model_name`", 400, param="base_model_name")
+        if base is not None and bases and base not in bases:
+            raise ProtocolError(f"The model `{base}` does not exist; this router serves {', '.join(bases)}",
+                                404, param="base_model_name")
+        if name in bases:
+            raise ProtocolError(f"`{name}` is a base model's name; give the adapter another", 400, param="lora_name")
+        base = base or (bases[0] if bases else None)
+        catalog.learn_adapter(name, path, base)
+        healthy = self.runtime.router.healthy
+        targets = sorted(rid for rid in (catalog.replicas_of(base) if base is not None else ()) if rid in healthy)
+        results = await asyncio.gather(*(self.load(rid, name, path) for rid in targets), return_exceptions=True)
+        failed = {rid: str(r) for rid, r in zip(targets, results, strict=True) if isinstance(r, BaseException)}
+        if targets and len(failed) == len(targets):
+            catalog.forget_adapter(name)
+            raise ProtocolError(f"adapter `{name}` did not load on any replica: "
+                                + "; ".join(failed.values()), 502)
+        return {"lora_name": name, "lora_path": path, "base_model_name": base,
+                "loaded_on": [rid for rid in targets if rid not in failed], "failed": failed}
+
+    async def admin_unload(self, name: str) -> dict:
+        """``POST /v1/unload_lora_adapter`` on the router: unload it from every replica that has it, forget it."""
+        catalog = self.models.catalog
+        if name not in catalog.adapters():
+            raise ProtocolError(f"The model `{name}` does not exist (no adapter of that name is loaded)", 404,
+                                param="lora_name")
+        holders = sorted(rid for rid, s in catalog.served.items() if name in s.adapters)
+        results = await asyncio.gather(*(self._call(rid, UNLOAD_PATH, {"lora_name": name}) for rid in holders),
+                                       return_exceptions=True)
+        catalog.forget_adapter(name)
+        failed = {rid: str(r) for rid, r in zip(holders, results, strict=True) if isinstance(r, BaseException)}
+        return {"lora_name": name, "unloaded_from": [rid for rid in holders if rid not in failed], "failed": failed}
+
+
+def _message(raw: bytes) -> str:
+    """An error answer's message (OpenAI-shaped or not), short."""
+    try:
+        body = msgspec.json.decode(raw)
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            return str(body["error"].get("message", ""))[:300]
+    except msgspec.DecodeError:
+        pass
+    return raw[:300].decode("utf-8", "replace")

@@ -1,0 +1,192 @@
+"""Several models behind one router: what each replica serves, and the pool a request's ``"model"`` picks.
+
+Each replica reports what it serves (router/control/models.py reads its ``/v1/models``, vLLM's shape, and the
+adapter names of its ``/load``'s ``lora`` section): one base model (its served name and ``root``, the path or hub
+id it was loaded from) and the LoRA adapters it has (name -> path). ``ModelCatalog`` keeps those reports and
+answers, for a request's ``"model"``, its ``ModelPool``: the replicas that may serve it.
+
+    "model"                       pool
+    a base model (or its alias)   the replicas serving that base
+    an adapter                    the replicas holding it, and those of its base when its path is known (the
+                                  router loads it there first: router/control/adapter_loads.py)
+    none                          every replica while one base model is served; with several, a 400 naming `model`
+    an unknown name               with several base models a 404 (vLLM's); with one, today's rule (the router's
+                                  ``served_model_name`` decides, the replica checks the rest)
+
+While one base model is served the pool of a base-model request is None (every replica, whatever it
+reported): a single-model router routes exactly as before. Names of a base given as a path follow the one naming
+rule (replica/serving/model_names.py): the path as given, its absolute and its resolved form. The pool's
+``model`` is the name as the request gave it: admission queues per model by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+
+from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.model_names import find_model, model_aliases
+
+
+class AdapterLoadError(Exception):
+    """A replica did not load a LoRA adapter the router asked it to (its reason in the message)."""
+
+
+@dataclass(slots=True)
+class ServedModels:
+    """What one replica serves (its ``/v1/models``; adapters also from ``/load``)."""
+
+    base: str
+    """The served name of its base model (the ``/v1/models`` entry without a ``parent``)."""
+    root: str | None = None
+    """The path or hub id it loaded the base from (vLLM's ``root``); a path adds aliases."""
+    adapters: dict[str, str | None] = field(default_factory=dict)
+    """LoRA adapters it has: name -> the path it loaded it from (None: not reported)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPool:
+    """The replicas a request's ``"model"`` may go to."""
+
+    model: str
+    """The name as the request gave it (admission's queue key)."""
+    base: str
+    """The base model's served name (its tokenizer tokenizes the request)."""
+    replicas: frozenset
+    """Candidates: replicas of the base, or holding the adapter (or able to load it)."""
+    lora_name: str | None = None
+    """The adapter the request selects (its blocks are keyed with it, as the engine keys them); None: the base."""
+    holders: frozenset = frozenset()
+    """Replicas that have the adapter now (a request routed elsewhere loads it there first)."""
+    lora_path: str | None = None
+    """Where the adapter loads from (None: only its holders can serve it)."""
+
+
+class ModelCatalog:
+    """The replicas' reports and the adapters the router learned (see the module doc). No I/O."""
+
+    def __init__(self, load_missing_adapters: bool = True) -> None:
+        self.load_missing_adapters = load_missing_adapters
+        """Adapter pools include the base's replicas that lack the adapter (the router loads it there first)."""
+        self.served: dict[Hashable, ServedModels] = {}
+        """Replica id -> what it reported."""
+        self.adapter_paths: dict[str, tuple[str, str | None]] = {}
+        """Adapter -> (path, base) learned from reports and ``POST /v1/load_lora_adapter`` (base None: any)."""
+        self._aliases: dict[str, str] = {}
+        """Every name of every base (model_aliases) -> the base's served name."""
+        self._roots: dict[str, str | None] = {}
+        """Base served name -> its root as first reported."""
+
+    # ---------------------------------------------------------------- reports
+    def set_served(self, replica_id: Hashable, served: ServedModels) -> None:
+        """What ``replica_id`` serves now (its ``/v1/models``)."""
+        self.served[replica_id] = served
+        if served.base not in self._roots:
+            self._roots[served.base] = served.root
+            for alias in model_aliases(served.base, served.root):
+                self._aliases.setdefault(alias, served.base)
+        for name, path in served.adapters.items():
+            if path is not None:
+                self.adapter_paths[name] = (path, served.base)
+
+    def set_adapters(self, replica_id: Hashable, names: Iterable[str]) -> bool:
+        """The adapters ``replica_id`` has now (``/load``'s ``lora.adapters``): paths already known are kept.
+        True when one of them has no known path (its ``/v1/models`` says it)."""
+        served = self.served.get(replica_id)
+        if served is None:
+            return False
+        names = list(names)
+        if set(names) != set(served.adapters):
+            served.adapters = {name: served.adapters.get(name) or self.path_of(name) for name in names}
+        return any(path is None for path in served.adapters.values())
+
+    def add_adapter(self, replica_id: Hashable, name: str, path: str | None) -> None:
+        """``replica_id`` loaded ``name`` (the router's load call succeeded)."""
+        served = self.served.get(replica_id)
+        if served is not None:
+            served.adapters[name] = path
+
+    def learn_adapter(self, name: str, path: str, base: str | None) -> None:
+        """An adapter the router may load on the replicas of ``base`` (None: of the only base)."""
+        self.adapter_paths[name] = (path, base)
+
+    def forget_adapter(self, name: str) -> None:
+        """Unloaded: no replica is asked to load it again, and holders drop it."""
+        self.adapter_paths.pop(name, None)
+        for served in self.served.values():
+            served.adapters.pop(name, None)
+
+    def forget(self, replica_id: Hashable) -> None:
+        self.served.pop(replica_id, None)
+
+    # ---------------------------------------------------------------- reading
+    def path_of(self, adapter: str) -> str | None:
+        known = self.adapter_paths.get(adapter)
+        return known[0] if known is not None else None
+
+    def bases(self) -> list[str]:
+        """The base models served now, in the order first seen."""
+        live = {s.base for s in self.served.values()}
+        return [base for base in self._roots if base in live]
+
+    def base_of(self, replica_id: Hashable) -> str | None:
+        served = self.served.get(replica_id)
+        return served.base if served is not None else None
+
+    def adapters_of(self, replica_id: Hashable) -> list[str]:
+        served = self.served.get(replica_id)
+        return list(served.adapters) if served is not None else []
+
+    def root_of(self, base: str) -> str | None:
+        return self._roots.get(base)
+
+    def replicas_of(self, base: str) -> frozenset:
+        return frozenset(rid for rid, s in self.served.items() if s.base == base)
+
+    def adapters(self) -> dict[str, tuple[str | None, str | None]]:
+        """Every adapter served or loadable -> (its base, its path)."""
+        out: dict[str, tuple[str | None, str | None]] = {}
+        for name, (path, base) in self.adapter_paths.items():
+            out[name] = (base, path)
+        for served in self.served.values():
+            for name, path in served.adapters.items():
+                if name not in out or out[name][0] is None:
+                    out[name] = (served.base, path or self.path_of(name))
+        bases = self.bases()
+        return {name: (base if base is not None or len(bases) != 1 else bases[0], path)
+                for name, (base, path) in out.items()}
+
+    def names_base(self, model: str) -> bool:
+        """Whether ``model`` names a base model served now (its served name or a form of its root)."""
+        alias = find_model(model, self._aliases)
+        return alias is not None and self._aliases[alias] in self.bases()
+
+    def pool(self, model: str | None) -> ModelPool | None:
+        """The pool ``model`` picks (module doc); None: every replica (one base model served, or a name the
+        catalog does not know while one is: the caller applies the router's own rule). Raises ProtocolError:
+        400 without ``model`` while several base models are served, 404 for an unknown one then."""
+        bases = self.bases()
+        if model is None:
+            if len(bases) > 1:
+                raise ProtocolError(f"this router serves several models ({', '.join(bases)}): name one in `model` "
+                                    "(GET /v1/models lists them)", 400, param="model")
+            return None
+        alias = find_model(model, self._aliases)
+        if alias is not None and self._aliases[alias] in bases:
+            return None if len(bases) == 1 else ModelPool(model, self._aliases[alias],
+                                                          self.replicas_of(self._aliases[alias]))
+        holders = frozenset(rid for rid, s in self.served.items() if model in s.adapters)
+        known = self.adapter_paths.get(model)
+        if holders or known is not None:
+            path, base = known if known is not None else (None, None)
+            if base is None:
+                base = self.served[next(iter(holders))].base if holders else bases[0] if len(bases) == 1 else None
+            path = path or next((p for rid in holders if (p := self.served[rid].adapters[model])), None)
+            loadable = self.replicas_of(base) if base is not None and path and self.load_missing_adapters \
+                else frozenset()
+            if holders or loadable:
+                return ModelPool(model, base, holders | loadable, model, holders, path)
+        if len(bases) > 1:
+            raise ProtocolError(f"The model `{model}` does not exist; this router serves {', '.join(bases)} and "
+                                "their adapters (see /v1/models).", 404, param="model")
+        return None
