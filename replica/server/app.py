@@ -23,6 +23,7 @@ open (vLLM's). Errors are OpenAI-shaped JSON.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -33,6 +34,7 @@ from kvmesh.replica.openai.lora_adapters import LORA_ADMIN_PATHS
 from kvmesh.replica.openai.routes import install_shared_routes
 from kvmesh.replica.server import kv_plane
 from kvmesh.replica.server.completions import OpenAIHandlers
+from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.replica.server.kv_routes import install_kv_routes
 from kvmesh.replica.server.lora_models import install_lora_routes
 from kvmesh.replica.server.metrics import CountMiddleware
@@ -47,16 +49,20 @@ def is_lora_admin(method: str, path: str) -> bool:
     return path in LORA_ADMIN_PATHS
 
 
+def admin_rule(server: ReplicaServerConfig) -> Callable[[str, str], bool]:
+    """The admin plane's paths when any key is set; none with no key at all (open, as a plain vLLM server)."""
+    keyed = any(key is not None for key in (server.api_key, server.admin_key, server.internal_key))
+    return is_lora_admin if keyed else never_admin
+
+
 def build_app(state: ServerState) -> FastAPI:
     """The FastAPI app of one replica."""
     app = FastAPI(title="kvmesh replica", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.kvmesh = state
     handlers = OpenAIHandlers(state)
     server = state.server
-    keyed = any(key is not None for key in (server.api_key, server.admin_key, server.internal_key))
     app.add_middleware(AuthMiddleware, api_key=server.api_key, internal_key=server.internal_key,
-                       is_kv_plane=kv_plane.is_kv_plane, admin_key=server.admin_key,
-                       is_admin=is_lora_admin if keyed else never_admin)  # no key at all: open, as vLLM
+                       is_kv_plane=kv_plane.is_kv_plane, admin_key=server.admin_key, is_admin=admin_rule(server))
     app.add_middleware(CountMiddleware, metrics=state.metrics)  # outermost: refusals are counted too
 
     install_error_handlers(app, "replica")

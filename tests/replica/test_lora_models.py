@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 from kvmesh.replica.openai.auth import AuthMiddleware
-from kvmesh.replica.server.app import is_lora_admin
+from kvmesh.replica.server.app import admin_rule, is_lora_admin
+from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.replica.server.lora_models import ServedLoRAs
 from kvmesh.replica.serving.errors import ProtocolError
 
@@ -106,3 +107,10 @@ def test_the_lora_admin_plane_takes_the_admin_or_internal_key_only(header, statu
     for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
         refusal = auth.refusal("POST", path, header)
         assert (refusal and refusal.status_code) == status
+
+
+def test_a_replica_without_any_key_leaves_the_lora_paths_open_as_vllm_does():
+    assert not admin_rule(ReplicaServerConfig())("POST", "/v1/load_lora_adapter")
+    assert admin_rule(ReplicaServerConfig(api_key="tenant-key-0001"))("POST", "/v1/load_lora_adapter")
+    assert admin_rule(ReplicaServerConfig(internal_key="internal-key-003"))("POST", "/v1/unload_lora_adapter")
+    assert not admin_rule(ReplicaServerConfig(api_key="tenant-key-0001"))("POST", "/v1/completions")
