@@ -63,6 +63,8 @@ class PullPrefix:
     pulled (0: nothing missing, no room, or the read failed or timed out)."""
     remote_block_media: list[str] | None = None
     """The holder's tier of each block (``"GPU"``/``"CPU"``: its host tier); None: every block on its device."""
+    lora_name: str | None = None
+    """The LoRA adapter the prompt runs with (it keys the block hashes, as the holder's); None: the base model."""
 
 
 @dataclass(frozen=True, slots=True)
