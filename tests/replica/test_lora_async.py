@@ -22,7 +22,9 @@ def fake_engine(**kw) -> LLMEngine:
 
 
 async def test_async_llm_adds_serves_reports_and_removes_an_adapter():
-    llm = AsyncLLM(engine=fake_engine(enable_lora=True, max_loras=2, max_lora_rank=8))
+    engine = fake_engine(enable_lora=True, max_loras=2, max_lora_rank=8)
+    engine.model_runner.step_delay = 0.05  # the request is still running when /load is read (200 steps: 10 s)
+    llm = AsyncLLM(engine=engine)
     try:
         assert await llm.add_lora(A) and not await llm.add_lora(A)
         assert llm.list_loras() == [A]
