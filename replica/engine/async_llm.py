@@ -28,11 +28,11 @@ from kvmesh.replica.engine.async_kv import KV_COMMANDS, AsyncKVCommands
 from kvmesh.replica.engine.commands import AbortRequests, AddLoRA, AddRequest, EngineCommand, RemoveLoRA
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
-from kvmesh.replica.engine.load_fields import event_stream_report, read_racily
+from kvmesh.replica.engine.load_fields import event_stream_report, lora_report, read_racily
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
-from kvmesh.replica.serving.load_report import LoadReport, LoRALoad
+from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.step.outputs import RequestOutput
@@ -162,16 +162,6 @@ class AsyncLLM(AsyncKVCommands):
         """The registered adapters (a racy copy of the engine thread's registry)."""
         return read_racily(self.engine.list_loras)
 
-    def _lora_load(self) -> LoRALoad:
-        """``/load``'s ``lora`` section (read racily; an empty section if the registry kept changing)."""
-        sched = self.engine.scheduler
-        for _ in range(5):
-            try:
-                return self.engine.loras.load([r.lora_name for r in list(sched.running)])
-            except RuntimeError:
-                continue
-        return LoRALoad(enabled=self.config.enable_lora)
-
     async def abort(self, request_id: str) -> None:
         """End a request; its stream gets a final output with finish_reason "abort"."""
         self._submit(AbortRequests([request_id]))
@@ -190,7 +180,7 @@ class AsyncLLM(AsyncKVCommands):
             num_requests_running=len(sched.running), num_requests_waiting=len(sched.waiting),
             kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
-            prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, lora=self._lora_load(),
+            prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, lora=lora_report(self.engine.loras, sched.running),
             **self.engine.kv_load_fields(), **event_stream_report(publisher))
 
     def dead_reason(self) -> str | None:

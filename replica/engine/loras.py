@@ -33,12 +33,17 @@ class EngineLoRAs:
 
     def add(self, lora: LoRARequest) -> bool:
         """Register ``lora`` (read and checked by the runner); False when it is registered already as it is.
-        Raises ValueError (``LoRAError``) saying why an adapter cannot be served."""
+        Raises ValueError (``LoRAError``) saying why an adapter cannot be served, or that another adapter has
+        its name (vLLM's rule: remove that one first)."""
         if not self.enabled:
             raise ValueError(f"LoRA adapter {lora.lora_name!r}: this engine serves no adapters; start it with "
                              "enable_lora (--enable-lora)")
-        if self.registered.get(lora.lora_name) == lora:
+        known = self.registered.get(lora.lora_name)
+        if known == lora:
             return False
+        if known is not None:
+            raise ValueError(f"LoRA adapter {lora.lora_name!r} is registered already as {known}; remove it first "
+                             "to load another under that name")
         clash = next((o for o in self.registered.values()
                       if o.lora_int_id == lora.lora_int_id and o.lora_name != lora.lora_name), None)
         if clash is not None:

@@ -43,6 +43,7 @@ class LoRAManager:
         self._in_slot: dict[str, LoRARequest] = {}  # which version of an adapter each slot holds
         self.bytes_loaded = 0
         self.load_seconds = 0.0
+        self.warm_up()
 
     # -- adapters in host memory -----------------------------------------------------------------------
 
@@ -96,12 +97,35 @@ class LoRAManager:
             start = time.perf_counter()
             adapter = self._host_adapter(by_name[name])
             for path, layer in self.state.layers.items():
-                layer.set_slot(slot, adapter.weights.get(path))
+                layer.set_slot(slot, self._on_device(adapter.weights.get(path)))
             self._in_slot[name] = by_name[name]
             self.bytes_loaded += adapter.nbytes
             self.load_seconds += time.perf_counter() - start
             logger.info("LoRA adapter %r loaded into slot %d (%d bytes)", name, slot, adapter.nbytes)
         return {lora.lora_int_id: slot_of[lora.lora_name] for lora in loras}
+
+    def _on_device(self, weights: dict[ShardId, tuple[torch.Tensor, torch.Tensor]] | None
+                   ) -> dict[ShardId, tuple[torch.Tensor, torch.Tensor]] | None:
+        """A layer's factors on the device: from pinned host memory without blocking (stream-ordered before the
+        step's forward), so writing a slot is device-to-device."""
+        if weights is None or self.device.type == "cpu":
+            return weights
+        return {sid: (a.to(self.device, non_blocking=True), b.to(self.device, non_blocking=True))
+                for sid, (a, b) in weights.items()}
+
+    def warm_up(self) -> None:
+        """Compile the Triton kernels' specializations (every layer shape, shrink and expand) before the first
+        adapter step: one token of slot 0 through every LoRA layer (CUDA only; nothing compiles off it)."""
+        if not self.state.use_triton:
+            return
+        from kvmesh.replica.lora.triton_lora import lora_update_triton
+
+        qsl = torch.tensor([0, 1], dtype=torch.int32, device=self.device)
+        slots = torch.zeros(1, dtype=torch.int32, device=self.device)
+        for layer in self.state.layers.values():
+            x = torch.zeros(1, layer.lora_a.shape[2], dtype=self.dtype, device=self.device)  # [1, in]
+            y = torch.zeros(1, layer.lora_b.shape[1], dtype=self.dtype, device=self.device)  # [1, out]
+            lora_update_triton(y, x, layer.lora_a, layer.lora_b, qsl, slots, 1, 1)
 
     def mapping(self, req_slots: np.ndarray, query_lens: np.ndarray, req_slots_device: torch.Tensor,
                 query_start_loc: torch.Tensor) -> LoRAMapping:

@@ -231,6 +231,8 @@ class ModelRunner:
             if self.lora is not None:  # which slot each request's tokens use (None: no adapter this step)
                 self.lora.state.mapping = inputs.lora_mapping
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))  # [T, H]
+            if self.lora is not None:
+                self.lora.state.mapping = None  # no later forward (a graph capture) sees this step's
         if copies is not None:
             self.kv_offload.store(copies.job_id, copies.stores)  # the blocks this step completed
         prompt_logprobs = self._prompt_logprobs(out, inputs, hidden) if asks_prompt_logprobs else None

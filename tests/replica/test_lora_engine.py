@@ -121,6 +121,8 @@ def test_adapters_registered_at_start_and_removed(stories_path, adapters):
     assert sorted(lora.lora_name for lora in engine.list_loras()) == sorted(named)
     a1 = next(lora for lora in engine.list_loras() if lora.lora_name == "a1")
     assert not engine.add_lora(a1)  # registered already
+    with pytest.raises(ValueError, match="remove it first"):
+        engine.add_lora(LoRARequest("a1", a1.lora_int_id, named["a2"]))
     with pytest.raises(ValueError, match="is registered as"):
         engine.add_request("x", PROMPTS[0], GREEDY, lora_request=LoRARequest("a1", a1.lora_int_id, "/elsewhere"))
     assert engine.remove_lora("a1") and not engine.remove_lora("a1")
