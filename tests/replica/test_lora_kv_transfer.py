@@ -9,7 +9,7 @@ import random
 import pytest
 
 from .kv_replicas import client, kv_replica, register
-from .lora_testkit import make_adapter
+from .lora_fixtures import make_adapter
 
 pytest.importorskip("peft")
 

@@ -13,7 +13,7 @@ from kvmesh.events.codec import decode_batch
 from kvmesh.events.schema import BlockStored
 from kvmesh.events.wire import END_SEQ, pack_seq
 
-from .lora_testkit import greedy_reference, make_adapter
+from .lora_fixtures import greedy, make_adapter
 
 pytest.importorskip("peft")
 
@@ -34,7 +34,7 @@ def adapters(stories_path, tmp_path_factory):
     root = tmp_path_factory.mktemp("adapters")
     tiny = make_adapter(stories_path, root / "tiny", seed=1)
     late = make_adapter(stories_path, root / "late", seed=2)
-    make_adapter(stories_path, root / "wide", r=16, seed=3)
+    make_adapter(stories_path, root / "wide", seed=3, r=16)
     return root, {"tiny": tiny, "late": late}
 
 
@@ -70,7 +70,7 @@ def complete(client, model: str, prompt_ids: list[int]) -> dict:
 
 
 def assert_matches_reference(body: dict, prompt_ids: list[int], reference, tokenizer) -> None:
-    tokens, logprobs = reference
+    tokens, logprobs = reference.tokens, reference.logprobs
     choice = body["choices"][0]
     assert choice["text"] == tokenizer.decode(prompt_ids + tokens)[len(tokenizer.decode(prompt_ids)):]
     assert choice["logprobs"]["token_logprobs"] == pytest.approx(logprobs, abs=1e-4)
@@ -82,11 +82,11 @@ def test_the_adapter_gives_transformers_peft_greedy_tokens_and_logprobs(client, 
     body = complete(client, "tiny", ids)
     assert body["model"] == "tiny"
     tokenizer = replica.state.tokenizer
-    reference = greedy_reference(tiny, ids, MAX_TOKENS)
+    reference = greedy(tiny, ids, MAX_TOKENS)
     assert_matches_reference(body, ids, reference, tokenizer)
     with tiny.disable_adapter():  # the base model's own answer, from the same weights
-        base_reference = greedy_reference(tiny, ids, MAX_TOKENS)
-    assert base_reference[0] != reference[0]  # the adapter changes the answer
+        base_reference = greedy(tiny, ids, MAX_TOKENS)
+    assert base_reference.tokens != reference.tokens  # the adapter changes the answer
     base = complete(client, replica.state.model_name, ids)
     assert_matches_reference(base, ids, base_reference, tokenizer)
     assert base["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # the adapter's blocks are not the base's
@@ -117,7 +117,7 @@ def test_an_adapter_loaded_at_runtime_serves_at_once_and_unloads(client, replica
     assert r.status_code == 200 and "late" in r.text
     body = complete(client, "late", ids)
     assert time.monotonic() - t0 < 1.0  # load call + a first request
-    assert_matches_reference(body, ids, greedy_reference(refs["late"], ids, MAX_TOKENS), replica.state.tokenizer)
+    assert_matches_reference(body, ids, greedy(refs["late"], ids, MAX_TOKENS), replica.state.tokenizer)
     assert client.get("/load").json()["lora"]["adapters"].keys() == {"tiny", "late"}
     r = client.post("/v1/unload_lora_adapter", json={"lora_name": "late"}, headers=bearer(INTERNAL))  # the router
     assert r.status_code == 200, r.text
