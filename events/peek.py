@@ -31,7 +31,7 @@ MAX_EXTRA_KEY_ITEMS = 16
 """Most items of one block's ``extra_keys`` entry (vLLM: LoRA name, cache salt, multimodal hashes)."""
 PEEK_ITEMS = 4096
 """Items ``peek_batch`` walks before it trusts the typed decoder with the rest."""
-_SCALAR_LISTS = (b"block_hashes", b"token_ids")
+_SCALAR_LISTS = (b"block_hashes", b"token_ids", b"lookahead_token_ids")
 _EXTRA_KEYS = b"extra_keys"
 
 

@@ -46,14 +46,17 @@ class BlockStored(KVCacheEvent):
     block_size: int
     """Tokens per block."""
     lora_id: int | None
-    """Integer id of the LoRA adapter the blocks were computed with, if any."""
+    """Integer id of the LoRA adapter the blocks were computed with, if any (deprecated in vLLM, kept for old
+    consumers: the id is the engine's own handle, so ``lora_name`` is what a router keys on)."""
     medium: str | None
     """The tier holding the blocks, in vLLM's values: ``DEVICE_MEDIUM`` ("GPU", the engine's own cache on every
     device) or ``HOST_MEDIUM`` ("CPU", a host-memory tier)."""
     lora_name: str | None
-    """Name of the LoRA adapter, if any (part of the hash's extra keys)."""
+    """Name of the LoRA adapter the blocks were computed with (the request's ``"model"``), if any; also one of
+    every block's extra hash keys, so two adapters never share a block."""
     extra_keys: list[Any] | None = None
-    """Extra hash keys per block (e.g. cache salt), when the engine reports them."""
+    """Extra hash keys per block, one entry per hash (None or a list: the cache-salt key on block 0, the LoRA
+    name on every block), when the engine reports them -- enough for a consumer to recompute the hashes."""
     group_idx: int | None = None
     """KV cache group the blocks belong to (hybrid models); None for a single group."""
     kv_cache_spec_kind: str | None = None
@@ -70,6 +73,15 @@ class BlockStored(KVCacheEvent):
     """Cache dtype of the group's spec."""
     kv_cache_spec_page_size_bytes: int | None = None
     """Page size in bytes of the group's spec."""
+    locality: str | None = None
+    """``"LOCAL"`` or ``"REMOTE"``: where the tier holding the blocks lives relative to the publisher (vLLM sets
+    it for file-system / object-store tiers); None when unspecified. kvmesh's own tiers leave it unset."""
+    ownership: str | None = None
+    """The secondary (offloading) tier that emitted the event, when one did; None for the engine's own cache."""
+    session_id: str | None = None
+    """The session of the request whose store (or reuse report) this is -- not an owner: blocks are shared."""
+    lookahead_token_ids: list[int] | None = None
+    """Tokens after the chain's last block that its hash covers (EAGLE-style lookahead hashing), when used."""
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -85,6 +97,10 @@ class BlockRemoved(KVCacheEvent):
     """Where the blocks lived (``"GPU"`` / ``"CPU"``)."""
     group_idx: int | None = None
     """KV cache group of the blocks; None for a single group."""
+    locality: str | None = None
+    """``"LOCAL"`` / ``"REMOTE"`` as on ``BlockStored`` (vLLM writes it on both for symmetry)."""
+    ownership: str | None = None
+    """The secondary tier that emitted the event, as on ``BlockStored``."""
 
 
 class AllBlocksCleared(KVCacheEvent):

@@ -87,12 +87,11 @@ def salt_key(cache_salt: str, salt_secret: bytes | None = None) -> str:
 
 def block_extra_keys(block_index: int, cache_salt: str | None, lora_name: str | None,
                      salt_secret: bytes | None = None) -> tuple | None:
-    """Extra hash keys of block ``block_index``: the salt key on block 0, the LoRA name on all."""
-    keys: tuple = ()
+    """Extra hash keys of block ``block_index`` in vLLM's order: the LoRA name on every block, then the salt key
+    on block 0 (vLLM's ``lora_extra_keys + mm_extra_keys + cache_salt_keys``; kvmesh has no multimodal keys)."""
+    keys: tuple = () if lora_name is None else (lora_name,)
     if block_index == 0 and cache_salt is not None:
-        keys = (salt_key(cache_salt, salt_secret),)
-    if lora_name is not None:
-        keys += (lora_name,)
+        keys += (salt_key(cache_salt, salt_secret),)
     return keys or None
 
 

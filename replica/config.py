@@ -74,6 +74,16 @@ class EngineConfig:
     debug_check_integrity: bool = False
     """Run ``KVCacheManager.check_integrity()`` after every engine step (tests and debugging; a large pool is
     checked by the blocks in use and a window sweeping the rest, not walked whole)."""
+    enable_lora: bool = False
+    """Serve LoRA adapters (vLLM's --enable-lora): requests of the base model and of several adapters share a step."""
+    max_loras: int = 1
+    """Most distinct LoRA adapters in one step's batch (the device slots of adapter weights)."""
+    max_lora_rank: int = 16
+    """Largest LoRA rank served; an adapter of a higher rank is refused when it is added."""
+    max_cpu_loras: int | None = None
+    """LoRA adapters kept loaded in host memory (least recently used dropped first); None: max_loras."""
+    lora_modules: dict[str, str] | None = None
+    """LoRA adapters registered at start, name -> PEFT directory (vLLM's --lora-modules name=path ...)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory, "kv_cache_memory"))
@@ -107,6 +117,7 @@ class EngineConfig:
                              "unset it or use one rank")
         if self.async_scheduling not in (None, True, False):
             raise ValueError(f"async_scheduling must be true, false or null (auto), got {self.async_scheduling!r}")
+        _check_lora(self)
         if self.hash_seed is not None and not isinstance(self.hash_seed, bytes | str):
             raise ValueError("hash_seed must be bytes or str (or None to generate one)")
 
@@ -119,6 +130,27 @@ class EngineConfig:
     def resolved_kv_cache_memory(self) -> int:
         """Bytes of KV cache on CPU."""
         return self.kv_cache_memory if self.kv_cache_memory is not None else DEFAULT_KV_CACHE_MEMORY
+
+    @property
+    def resolved_max_cpu_loras(self) -> int:
+        """LoRA adapters kept in host memory."""
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
+
+
+def _check_lora(config: EngineConfig) -> None:
+    """The LoRA fields: positive sizes, host cache >= slots, adapters only with enable_lora."""
+    _check_positive_int("max_loras", config.max_loras)
+    _check_positive_int("max_lora_rank", config.max_lora_rank)
+    if config.max_cpu_loras is not None:
+        _check_positive_int("max_cpu_loras", config.max_cpu_loras)
+        if config.max_cpu_loras < config.max_loras:
+            raise ValueError(f"max_cpu_loras ({config.max_cpu_loras}) must be >= max_loras ({config.max_loras}): "
+                             "an adapter in a device slot is also kept in host memory")
+    if config.lora_modules and not config.enable_lora:
+        raise ValueError("lora_modules needs enable_lora; turn it on or drop the adapters")
+    for name, path in (config.lora_modules or {}).items():
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise ValueError(f"lora_modules entry {name!r}={path!r}: expected NAME=PATH (a PEFT directory)")
 
 
 def _check_positive_int(name: str, value: object) -> None:

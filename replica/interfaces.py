@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import torch
     from kvmesh.events.schema import KVEvent
     from kvmesh.replica.kv_layout import KVBlockLayout
+    from kvmesh.replica.serving.lora_request import LoRARequest
     from kvmesh.replica.step.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
     from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
@@ -79,6 +80,20 @@ class ModelRunnerInterface(Protocol):
 
     def check_health(self, timeout_s: float = 10.0) -> str | None:
         """Probes the runner (pings the TP ranks); returns ``dead_reason``."""
+        ...
+
+    def add_lora(self, lora: LoRARequest) -> int:
+        """Reads and checks a LoRA adapter into host memory (every rank); returns its bytes. Raises ValueError
+        saying why one cannot be served (LoRA off, bad directory, rank above max_lora_rank, unknown targets)."""
+        ...
+
+    def remove_lora(self, lora_name: str) -> bool:
+        """Forgets an adapter (host memory and device slot); False when the runner held none of that name."""
+        ...
+
+    def lora_residency(self) -> tuple[list[str], float | None]:
+        """Adapters in a device slot now, and the measured bytes per second of loads into a slot (None before
+        the first); ``([], None)`` without LoRA. Read from any thread (a racy snapshot)."""
         ...
 
     def shutdown(self) -> None:

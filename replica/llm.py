@@ -9,6 +9,7 @@ from typing import Any, TypedDict
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
+from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.step.outputs import RequestOutput
 
@@ -53,8 +54,11 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """``lora_request``: the LoRA adapter of every prompt, or one per prompt (None: the base model)."""
         prompts = _as_prompt_list(prompts)
+        loras = _per_prompt(lora_request, len(prompts))
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompts)
         else:
@@ -65,10 +69,10 @@ class LLM:
         engine = self.llm_engine
         request_ids: list[str] = []
         try:
-            for prompt, params in zip(prompts, params_list, strict=True):
+            for prompt, params, lora in zip(prompts, params_list, loras, strict=True):
                 token_ids, salt = self._tokenize(prompt)
                 request_ids.append(str(next(self._ids)))
-                engine.add_request(request_ids[-1], token_ids, params, cache_salt=salt)
+                engine.add_request(request_ids[-1], token_ids, params, cache_salt=salt, lora_request=lora)
         except Exception:
             engine.abort_request(request_ids)
             engine.step()  # collect the abort outputs
@@ -106,6 +110,15 @@ class LLM:
                 raise ValueError("this engine has no tokenizer; pass prompts as token id lists")
             return list(tokenizer.encode(prompt)), salt
         return list(prompt), salt
+
+
+def _per_prompt(lora: LoRARequest | Sequence[LoRARequest | None] | None, n: int) -> list[LoRARequest | None]:
+    if lora is None or isinstance(lora, LoRARequest):
+        return [lora] * n
+    loras = list(lora)
+    if len(loras) != n:
+        raise ValueError(f"got {len(loras)} lora_requests for {n} prompts; pass one LoRARequest or one per prompt")
+    return loras
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:

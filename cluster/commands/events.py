@@ -76,6 +76,8 @@ def format_event(name: str, seq: int, event) -> str:
         line += f" first={_hex(hashes[0])}"
     if kind == "BlockStored":
         line += f" parent={_hex(event.parent_block_hash)}"
+        if event.lora_name is not None:
+            line += f" lora={event.lora_name}"
     return line
 
 

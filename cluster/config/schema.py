@@ -124,7 +124,8 @@ class Option:
 
     @property
     def is_mapping(self) -> bool:
-        return typing.get_origin(self.type) is dict
+        """A dict of values (also ``dict[...] | None``): a repeatable NAME=VALUE flag, a comma-separated variable."""
+        return typing.get_origin(self.type) is dict or any(typing.get_origin(a) is dict for a in typing.get_args(self.type))
 
     @property
     def is_sequence(self) -> bool:

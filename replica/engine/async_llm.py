@@ -25,18 +25,15 @@ from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_kv import KV_COMMANDS, AsyncKVCommands
-from kvmesh.replica.engine.commands import (
-    AbortRequests,
-    AddRequest,
-    EngineCommand,
-)
+from kvmesh.replica.engine.commands import AbortRequests, AddLoRA, AddRequest, EngineCommand, RemoveLoRA
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
-from kvmesh.replica.engine.load_fields import event_stream_report, read_racily
+from kvmesh.replica.engine.load_fields import event_stream_report, lora_report, read_racily
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.load_report import LoadReport
+from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.step.outputs import RequestOutput
 
@@ -115,8 +112,10 @@ class AsyncLLM(AsyncKVCommands):
     # -- caller side (any thread / event loop) -----------------------------------------------------
 
     async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream the request's outputs until its final one. Raises ValueError for invalid input."""
+                       request_id: str | None = None, cache_salt: str | None = None,
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs until its final one (``lora_request``: its adapter). Raises ValueError
+        for invalid input."""
         if not self.is_running:
             raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
         request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
@@ -125,7 +124,7 @@ class AsyncLLM(AsyncKVCommands):
         out_queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), out_queue)
         accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._submit(AddRequest(request_id, prompt_token_ids, sampling_params, cache_salt, accepted))
+        self._submit(AddRequest(request_id, prompt_token_ids, sampling_params, cache_salt, accepted, lora_request))
         try:
             await asyncio.wrap_future(accepted)
         except BaseException:
@@ -148,6 +147,21 @@ class AsyncLLM(AsyncKVCommands):
         self._submit(command)
         return await asyncio.wrap_future(answer)
 
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Register an adapter on the engine thread (read and checked there); False when registered already.
+        Raises ValueError saying why one cannot be served."""
+        done: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        return await self._ask(AddLoRA(lora_request, done), done)
+
+    async def remove_lora(self, lora_name: str) -> bool:
+        """Forget an adapter; False when unknown."""
+        done: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        return await self._ask(RemoveLoRA(lora_name, done), done)
+
+    def list_loras(self) -> list[LoRARequest]:
+        """The registered adapters (a racy copy of the engine thread's registry)."""
+        return read_racily(self.engine.list_loras)
+
     async def abort(self, request_id: str) -> None:
         """End a request; its stream gets a final output with finish_reason "abort"."""
         self._submit(AbortRequests([request_id]))
@@ -166,8 +180,8 @@ class AsyncLLM(AsyncKVCommands):
             num_requests_running=len(sched.running), num_requests_waiting=len(sched.waiting),
             kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
-            prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, **self.engine.kv_load_fields(),
-            **event_stream_report(publisher))
+            prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, lora=lora_report(self.engine.loras, sched.running),
+            **self.engine.kv_load_fields(), **event_stream_report(publisher))
 
     def dead_reason(self) -> str | None:
         """None while the replica can serve; otherwise why not."""
@@ -242,16 +256,27 @@ class AsyncLLM(AsyncKVCommands):
             if isinstance(command, AddRequest):
                 try:
                     self.engine.add_request(command.request_id, command.prompt_token_ids, command.sampling_params,
-                                            cache_salt=command.cache_salt)
+                                            cache_salt=command.cache_salt, lora_request=command.lora_request)
                 except BaseException as e:
                     self.kv_transfers.request_refused(command.request_id)
                     command.accepted.set_exception(e)
                 else:
                     command.accepted.set_result(None)
+            elif isinstance(command, AddLoRA | RemoveLoRA):
+                self._lora_command(command)
             elif isinstance(command, KV_COMMANDS):
                 self.kv_transfers.handle(command)
             else:
                 self.engine.abort_request(command.request_ids)
+
+    def _lora_command(self, command: AddLoRA | RemoveLoRA) -> None:
+        try:
+            answer = (self.engine.add_lora(command.lora_request) if isinstance(command, AddLoRA)
+                      else self.engine.remove_lora(command.lora_name))
+        except Exception as e:  # noqa: BLE001 - the caller gets it (a refused adapter is a ValueError)
+            command.done.set_exception(e)
+        else:
+            command.done.set_result(answer)
 
     def _deliver(self, out: RequestOutput) -> None:
         stream = self._streams.get(out.request_id)

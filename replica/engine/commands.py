@@ -10,6 +10,7 @@ import concurrent.futures
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # named for type checkers only: the engine loads no transfer code until a pull is asked
@@ -31,6 +32,8 @@ class AddRequest:
     """Tenant isolation: requests with different salts share no cached blocks."""
     accepted: concurrent.futures.Future[None]
     """Set to None when the request is queued, or to the ValueError that refused it."""
+    lora_request: LoRARequest | None = None
+    """The LoRA adapter it runs with (None: the base model)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,8 @@ class PullPrefix:
     pulled (0: nothing missing, no room, or the read failed or timed out)."""
     remote_block_media: list[str] | None = None
     """The holder's tier of each block (``"GPU"``/``"CPU"``: its host tier); None: every block on its device."""
+    lora_name: str | None = None
+    """The LoRA adapter the prompt runs with (it keys the block hashes, as the holder's); None: the base model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,5 +111,25 @@ class ReleaseLease:
     """Set to the blocks it held, or None when no such lease is live (unknown, released or expired)."""
 
 
-EngineCommand = AddRequest | AbortRequests | PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease
+@dataclass(frozen=True, slots=True)
+class AddLoRA:
+    """Register a LoRA adapter (``LLMEngine.add_lora``): read and checked on the engine thread."""
+
+    lora_request: LoRARequest
+    """The adapter."""
+    done: concurrent.futures.Future[bool]
+    """Set to ``add_lora``'s answer (False: registered already), or to the ValueError that refused it."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveLoRA:
+    """Forget a LoRA adapter (``LLMEngine.remove_lora``)."""
+
+    lora_name: str
+    """The adapter's name."""
+    done: concurrent.futures.Future[bool]
+    """Set to ``remove_lora``'s answer (False: unknown)."""
+
+
+EngineCommand = AddRequest | AbortRequests | PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease | AddLoRA | RemoveLoRA
 """Every command the engine thread takes."""

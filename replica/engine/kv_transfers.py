@@ -132,7 +132,8 @@ class EngineKVTransfers:
         try:
             pending = start_pull(self.kv_cache_manager, command.agent, command.peer,
                                  command.prompt_token_ids, command.remote_block_ids, command.cache_salt,
-                                 remote_block_media=command.remote_block_media, on_progress=self.wake)
+                                 command.lora_name, remote_block_media=command.remote_block_media,
+                                 on_progress=self.wake)
         except BaseException as e:  # bad arguments (media not matching the ids)
             command.pulled.set_exception(e)
             return

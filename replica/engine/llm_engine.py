@@ -18,11 +18,8 @@ from typing import TYPE_CHECKING, TypeVar
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_scheduling import LaunchedStep, add_placeholders, use_async_scheduling
 from kvmesh.replica.engine.connector_defaults import default_kv_connectors
-from kvmesh.replica.engine.kv_connector import (
-    KVConnector,
-    KVConnectorContext,
-    KVConnectorFactory,
-)
+from kvmesh.replica.engine.kv_connector import KVConnector, KVConnectorContext, KVConnectorFactory
+from kvmesh.replica.engine.loras import EngineLoRAs
 from kvmesh.replica.engine.offload_connector import OffloadConnector
 from kvmesh.replica.engine.output_processor import OutputProcessor
 from kvmesh.replica.engine.prefill_rate import PrefillRate
@@ -32,6 +29,7 @@ from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publis
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.interfaces import AsyncModelRunner, EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
+from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.step.outputs import RequestOutput
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
@@ -86,12 +84,26 @@ class LLMEngine:
         factories += default_kv_connectors() if kv_connectors is None else kv_connectors
         self.kv_connectors: list[KVConnector] = [make(context) for make in factories]
         """Called in this order at every point of the seam (kv_connector.py)."""
+        self.loras = EngineLoRAs(config, model_runner)  # adapters known here; config.lora_modules registered now
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Register an adapter (read and checked now); False when it was registered already. Raises ValueError."""
+        return self.loras.add(lora_request)
+
+    def remove_lora(self, lora_name: str) -> bool:
+        """Forget an adapter (running requests finish with it); False when unknown."""
+        return self.loras.remove(lora_name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return list(self.loras.registered.values())  # a copy: the HTTP side reads it off the engine thread
 
     # -- requests ----------------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
-                    cache_salt: str | None = None, arrival_time: float | None = None) -> None:
-        """Queue a request. Raises ValueError (and queues nothing) when the input is invalid."""
+                    cache_salt: str | None = None, arrival_time: float | None = None,
+                    lora_request: LoRARequest | None = None) -> None:
+        """Queue a request (``lora_request``: the adapter it runs with, registered on first use). Raises ValueError
+        (and queues nothing) when the input is invalid."""
         params = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
@@ -104,7 +116,7 @@ class LLMEngine:
             block_size=self.config.block_size, num_usable_blocks=self.num_kv_blocks - 1,
             has_tokenizer=self.tokenizer is not None)
         request = Request(request_id, prompt_token_ids, params, self.eos_token_ids, cache_salt,
-                          arrival_time=arrival_time)
+                          arrival_time=arrival_time, lora_request=self.loras.resolve(lora_request))
         self.output_processor.add_request(request, params)
         self._stats.num_prompt_tokens += request.num_prompt_tokens
         self.scheduler.add_request(request)
@@ -271,12 +283,7 @@ class LLMEngine:
         stats.prefill_tokens_per_s = self.prefill_rate.tokens_per_s or 0.0
         offload, copier = self.kv_cache_manager.offload, self.model_runner.kv_offload
         if offload is not None and copier is not None:
-            stats.num_host_kv_blocks = offload.host.num_blocks
-            stats.host_kv_cache_usage = offload.host.usage()
-            stats.host_prefix_cache_hits = offload.stats.hit_blocks * self.config.block_size
-            stats.kv_offload_bytes_to_host = copier.bytes_stored
-            stats.kv_offload_bytes_to_device = copier.bytes_loaded
-            stats.kv_offload_load_seconds = copier.load_seconds
+            stats.record_host_tier(offload, copier, self.config.block_size)
         return stats
 
     @property

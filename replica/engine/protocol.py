@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from kvmesh.replica.engine.stats import EngineStats
     from kvmesh.replica.serving.load_report import LoadReport
+    from kvmesh.replica.serving.lora_request import LoRARequest
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.step.outputs import RequestOutput
 
@@ -28,8 +29,23 @@ class EngineClient(Protocol):
     """Set by a graceful shutdown: new requests are refused (503)."""
 
     def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
-                 request_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Streams the request's ``RequestOutput``s; the first ``__anext__`` raises ValueError for bad input."""
+                 request_id: str | None = None, cache_salt: str | None = None,
+                 lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
+        """Streams the request's ``RequestOutput``s (``lora_request``: the LoRA adapter it runs with); the first
+        ``__anext__`` raises ValueError for bad input."""
+        ...
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Registers a LoRA adapter (read and checked now); False when registered already. Raises ValueError
+        saying why an adapter cannot be served."""
+        ...
+
+    async def remove_lora(self, lora_name: str) -> bool:
+        """Forgets a LoRA adapter; False when unknown."""
+        ...
+
+    def list_loras(self) -> list[LoRARequest]:
+        """The registered LoRA adapters."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -36,6 +36,7 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.enable_caching = config.enable_prefix_caching
         self.block_size = config.block_size
+        self.max_loras = config.max_loras if config.enable_lora else 0  # distinct adapters per step (0: no LoRA)
         self.kv_cache_manager = kv_cache_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -178,8 +179,17 @@ class Scheduler:
     def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
         """Admit waiting requests in arrival order while budget, sequence slots and blocks last."""
         kv = self.kv_cache_manager
+        # vLLM's max_loras check: the running requests' adapters plus the admitted ones stay within the slots;
+        # a request of one more adapter waits (in its place) while later ones go ahead
+        loras = {r.lora_name for r in self.running if r.lora_name is not None} if self.max_loras else None
+        skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if loras is not None and request.lora_name is not None and request.lora_name not in loras:
+                if len(loras) >= self.max_loras:
+                    skipped.append(self.waiting.popleft())
+                    continue
+                loras.add(request.lora_name)
             blocks, num_cached = kv.get_computed_blocks(request) if self.enable_caching else ([], 0)
             num_new = min(request.num_tokens - num_cached, budget)
             if kv.allocate_slots(request, num_new, num_cached, blocks) is None:
@@ -196,6 +206,7 @@ class Scheduler:
                 request.first_scheduled_time = time.monotonic()
             scheduled.append(self._schedule_chunk(request, num_new))
             budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
         return budget
 
     def _schedule_chunk(self, request: Request, num_new: int) -> ScheduledRequest:
@@ -204,6 +215,7 @@ class Scheduler:
         all_token_ids = request.all_token_ids
         request.decoding_in_runner = end == len(all_token_ids)  # the runner samples its next token
         # positional for speed: request_id, token_ids, num_computed_tokens, block_ids (the live block table,
-        # extended as blocks are allocated), sample, sampling_params, output_token_ids
+        # extended as blocks are allocated), sample, sampling_params, output_token_ids, lora_request
         return ScheduledRequest(request.request_id, all_token_ids[start:end], start, request.block_ids,
-                                end == len(all_token_ids), request.sampling_params, request.output_token_ids)
+                                end == len(all_token_ids), request.sampling_params, request.output_token_ids,
+                                request.lora_request)

@@ -22,7 +22,9 @@ from kvmesh.replica.serving.metric_buckets import (
 )
 
 if TYPE_CHECKING:
+    from kvmesh.kvcache.offload import OffloadingManager
     from kvmesh.replica.engine.request import Request
+    from kvmesh.replica.interfaces import KVOffloadCounters
 
 DEFAULT_MAX_MODEL_LEN = 4096  # token-count buckets of an ``EngineStats()`` built without a model
 
@@ -137,6 +139,15 @@ class EngineStats:
     def record_step(self, num_batched_tokens: int) -> None:
         """One engine step that ran the model on ``num_batched_tokens`` tokens."""
         self.iteration_tokens.observe(num_batched_tokens)
+
+    def record_host_tier(self, offload: OffloadingManager, copier: KVOffloadCounters, block_size: int) -> None:
+        """The host tier's gauges and counters, read from its policy half and its copies."""
+        self.num_host_kv_blocks = offload.host.num_blocks
+        self.host_kv_cache_usage = offload.host.usage()
+        self.host_prefix_cache_hits = offload.stats.hit_blocks * block_size
+        self.kv_offload_bytes_to_host = copier.bytes_stored
+        self.kv_offload_bytes_to_device = copier.bytes_loaded
+        self.kv_offload_load_seconds = copier.load_seconds
 
     def record_finished(self, request: Request) -> None:
         """Observe a finished ``Request``'s phases and sizes (its timestamps are ``time.monotonic()``)."""

@@ -77,8 +77,9 @@ class AuthMiddleware:
                                  "'Authorization: Bearer <internal key>'", 401)
         if self.is_admin(method, path):
             if self.admin is None:
-                return ProtocolError(f"{method} {path} is the admin plane (the replica set) and the admin API is "
-                                     "disabled: start the router with an admin key (admin_key) to enable it", 403)
+                return ProtocolError(f"{method} {path} is the admin plane (the replica set, adapters) and the admin "
+                                     "API is disabled: give this server an admin key (admin_key, KVMESH_ADMIN_KEY) "
+                                     "to enable it", 403)
             if not hmac.compare_digest(header, self.admin):
                 return ProtocolError(f"{method} {path} needs the admin key ('Authorization: Bearer <admin key>'); "
                                      "the tenants' API key is not enough", 403)

@@ -158,6 +158,8 @@ class ModelCard(OpenAIBaseModel):
     owned_by: str = "kvmesh"
     root: str | None = None
     max_model_len: int | None = None
+    parent: str | None = None
+    """The base model's name for a LoRA adapter (vLLM's); None for a base model."""
 
 
 class ModelList(OpenAIBaseModel):

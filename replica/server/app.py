@@ -3,7 +3,8 @@
     POST /v1/completions, /v1/chat/completions   (completions.py; SSE with stream=true)
     POST /tokenize, /v1/completions/render, /v1/chat/completions/render, GET /version
                                                  shared with the router (replica/openai/routes.py)
-    GET  /v1/models                              the served model
+    GET  /v1/models                              the served model, then its LoRA adapters (``parent``: the model)
+    POST /v1/load_lora_adapter, /v1/unload_lora_adapter   LoRA adapters at runtime (lora_models.py; admin plane)
     GET  /health, /ping                          200 while the engine runs, 503 otherwise
     GET  /metrics                                Prometheus (vLLM names, metrics.py)
     GET  /load                                   JSON LoadReport for routers (cheap, polled often)
@@ -14,36 +15,54 @@
 
 With ``api_key`` set, every path except health, ping, version, load and metrics needs
 ``Authorization: Bearer <key>`` (replica/openai/auth.py). With ``internal_key`` set, that key passes every
-path and alone opens the KV plane: /kv/* and a body's ``kv_transfer_params`` (kv_plane.py). Errors are
-OpenAI-shaped JSON.
+path and alone opens the KV plane: /kv/* and a body's ``kv_transfer_params`` (kv_plane.py). The LoRA admin
+paths take the admin key (``admin_key``) or the internal key, never the API key; with no key set at all they are
+open (vLLM's). Errors are OpenAI-shaped JSON.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from kvmesh.replica.openai import responses as r
-from kvmesh.replica.openai.auth import AuthMiddleware
+from kvmesh.replica.openai.auth import AuthMiddleware, never_admin
 from kvmesh.replica.openai.errors import error_response, install_error_handlers
+from kvmesh.replica.openai.lora_adapters import LORA_ADMIN_PATHS
 from kvmesh.replica.openai.routes import install_shared_routes
 from kvmesh.replica.server import kv_plane
 from kvmesh.replica.server.completions import OpenAIHandlers
+from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.replica.server.kv_routes import install_kv_routes
+from kvmesh.replica.server.lora_models import install_lora_routes
 from kvmesh.replica.server.metrics import CountMiddleware
 from kvmesh.replica.server.state import ServerState
 from kvmesh.replica.serving.errors import ProtocolError
 
 logger = logging.getLogger(__name__)
 
+
+def is_lora_admin(method: str, path: str) -> bool:
+    """The replica's admin plane: loading and unloading LoRA adapters (the admin or the internal key)."""
+    return path in LORA_ADMIN_PATHS
+
+
+def admin_rule(server: ReplicaServerConfig) -> Callable[[str, str], bool]:
+    """The admin plane's paths when any key is set; none with no key at all (open, as a plain vLLM server)."""
+    keyed = any(key is not None for key in (server.api_key, server.admin_key, server.internal_key))
+    return is_lora_admin if keyed else never_admin
+
+
 def build_app(state: ServerState) -> FastAPI:
     """The FastAPI app of one replica."""
     app = FastAPI(title="kvmesh replica", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.kvmesh = state
     handlers = OpenAIHandlers(state)
-    app.add_middleware(AuthMiddleware, api_key=state.server.api_key, internal_key=state.server.internal_key,
-                       is_kv_plane=kv_plane.is_kv_plane)
+    server = state.server
+    app.add_middleware(AuthMiddleware, api_key=server.api_key, internal_key=server.internal_key,
+                       is_kv_plane=kv_plane.is_kv_plane, admin_key=server.admin_key, is_admin=admin_rule(server))
     app.add_middleware(CountMiddleware, metrics=state.metrics)  # outermost: refusals are counted too
 
     install_error_handlers(app, "replica")
@@ -52,11 +71,13 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_api_route("/v1/completions", handlers.completions, methods=["POST"], response_model=None)
     app.add_api_route("/v1/chat/completions", handlers.chat, methods=["POST"], response_model=None)
     install_kv_routes(app, state)
+    install_lora_routes(app, state.loras, state.frontend, state.renderer.run)
 
     @app.get("/v1/models")
     async def models():
-        card = r.ModelCard(id=state.model_name, root=state.model_path, max_model_len=state.engine_client.max_model_len)
-        return r.ModelList(data=[card]).model_dump()
+        max_model_len = state.engine_client.max_model_len
+        card = r.ModelCard(id=state.model_name, root=state.model_path, max_model_len=max_model_len)
+        return r.ModelList(data=[card, *state.loras.cards(max_model_len)]).model_dump()
 
     async def health():
         reason = state.engine_client.dead_reason()

@@ -15,7 +15,7 @@ AUTO_HOST = "auto"
 
 @dataclass(frozen=True, slots=True)
 class ReplicaServerConfig:
-    """Where a replica serves HTTP and KV events, its API key and served name."""
+    """Where a replica serves HTTP and KV events, its keys and served name."""
 
     host: str = "127.0.0.1"
     """Address for HTTP and events; loopback by default ("auto" in a Ray actor: the node's address)."""
@@ -36,6 +36,9 @@ class ReplicaServerConfig:
     """Name clients put in "model"; None -> the model value."""
     default_max_tokens: int | None = None
     """max_tokens for chat requests that set none; None fills the context (vLLM's behaviour)."""
+    admin_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_ADMIN_KEY"})
+    """The operator's key for the replica's admin plane (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``);
+    the internal key opens it too, the API key never. Unset with any key set: only the internal key opens it."""
 
     def __post_init__(self) -> None:
         ports = {"port": self.port, "replay_port": self.replay_port, "event_port": self.event_port}
@@ -43,7 +46,12 @@ class ReplicaServerConfig:
             if port is not None and not 0 <= port <= 65535:
                 raise ValueError(f"server.{name}={port} is not a TCP port; use 0..65535 (0 = ephemeral)")
         check_api_key(self.api_key, "server.api_key")
-        check_internal_key(self.internal_key, "server.internal_key", {"server.api_key": self.api_key})
+        check_api_key(self.admin_key, "server.admin_key")
+        if self.admin_key is not None and self.admin_key == self.api_key:
+            raise ValueError("server.admin_key equals server.api_key: every tenant would hold the admin key; "
+                             "use another secret")
+        check_internal_key(self.internal_key, "server.internal_key",
+                           {"server.api_key": self.api_key, "server.admin_key": self.admin_key})
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"server.default_max_tokens={self.default_max_tokens} must be at least 1 (or unset)")
         try:

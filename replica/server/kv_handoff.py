@@ -42,7 +42,8 @@ async def before(state: ServerState, req: CompletionRequest | ChatCompletionRequ
     # goes to a registered peer only
     key = state.server.internal_key
     auth = f"Bearer {key}" if key else http.headers.get("authorization")
-    result = await state.kv_transfer.pull(params, prompts[0], req.cache_salt, auth)
+    lora = state.loras.request_for(req.model)  # the adapter keys the hashes on both sides
+    result = await state.kv_transfer.pull(params, prompts[0], req.cache_salt, auth, lora and lora.lora_name)
     return result.headers()
 
 

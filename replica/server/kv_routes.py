@@ -1,7 +1,8 @@
 """The holder's KV transfer routes: what a peer replica (or the router) calls; the KV plane, internal key only.
 
     GET  /kv/handshake   msgpack KVHandshake (application/msgpack): agent name, transport metadata, layout
-    POST /kv/lease       {"prompt_token_ids": [...], "cache_salt": str|null, "ttl_s": float?, "lease_id": str?}
+    POST /kv/lease       {"prompt_token_ids": [...], "cache_salt": str|null, "ttl_s": float?, "lease_id": str?,
+                          "lora_name": str?}
                          -> {"lease_id", "remote_block_ids", "remote_block_media" ("GPU"|"CPU" per block:
                              blocks past the device's prefix may live only in the host tier), "num_tokens",
                              "remote_engine_id", "expires_in_s"}
@@ -50,6 +51,8 @@ class LeaseRequest(OpenAIBaseModel):
     cache_salt: str | None = None
     ttl_s: Annotated[float, Field(gt=0)] | None = None
     lease_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    lora_name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """The LoRA adapter the prompt runs with (it keys the hashes); None: the base model."""
 
 
 class ReleaseRequest(OpenAIBaseModel):
@@ -96,7 +99,8 @@ def install_kv_routes(app: FastAPI, state: ServerState) -> None:
                                 f"max_model_len is {max_len}", param="prompt_token_ids")
         try:
             granted = await state.engine_client.lease_blocks(req.prompt_token_ids, req.cache_salt,
-                                                             kv.lease_ttl_s(req.ttl_s), peer_of(http), req.lease_id)
+                                                             kv.lease_ttl_s(req.ttl_s), peer_of(http), req.lease_id,
+                                                             req.lora_name)
         except LeaseRefused as e:
             raise ProtocolError(e.message, e.status, param="lease_id" if e.status in (404, 409) else None) from None
         return JSONResponse({"lease_id": granted.lease_id, "remote_block_ids": granted.remote_block_ids,

@@ -109,8 +109,9 @@ class KVTransferService:
 
     # ------------------------------------------------------------ puller side
     async def pull(self, params: KVTransferParams, prompt: list[int], cache_salt: str | None,
-                   authorization: str | None) -> PullResult:
-        """Pull what this replica lacks of ``prompt``'s prefix from ``params.remote_url``; never raises."""
+                   authorization: str | None, lora_name: str | None = None) -> PullResult:
+        """Pull what this replica lacks of ``prompt``'s prefix (run with adapter ``lora_name``, None: the base model)
+        from ``params.remote_url``; never raises."""
         t0 = time.monotonic()
         url = self.registry.resolve(params.remote_url or "")
         if url is None:
@@ -120,14 +121,15 @@ class KVTransferService:
         headers = {REPLICA_ID_HEADER: self.replica_id, **({"Authorization": authorization} if authorization else {})}
         lease_id = params.remote_lease_id or None  # a P/D handle's: shown only for this prompt's chain
         try:
-            ask = {"prompt_token_ids": prompt, "cache_salt": cache_salt, **({"lease_id": lease_id} if lease_id else {})}
+            ask = {"prompt_token_ids": prompt, "cache_salt": cache_salt, **({"lease_id": lease_id} if lease_id else {}),
+                   **({"lora_name": lora_name} if lora_name else {})}
             lease = await self._call("POST", f"{url}/kv/lease", headers, ask)
             block_ids, lease_id = list(lease["remote_block_ids"]), lease["lease_id"] or lease_id
             media = lease.get("remote_block_media")  # absent from a holder without tiers: all on its device
             if not block_ids:
                 return self._count(PullResult("skipped"), t0)
             peer = await self._peer(url, headers)
-            tokens = await self.engine.pull_prefix(self.agent, peer, prompt, block_ids, cache_salt, media)
+            tokens = await self.engine.pull_prefix(self.agent, peer, prompt, block_ids, cache_salt, media, lora_name)
         except Exception as e:  # noqa: BLE001 - any failure: the prompt is computed here
             if not (isinstance(e, PeerError) and e.status in REFUSALS):  # a refusal: the peer itself is fine
                 await self._forget(url)

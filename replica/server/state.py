@@ -9,6 +9,7 @@ from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.openai.renderer import PromptRenderer
 from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.replica.server.kv_metrics import KVTransferMetrics
+from kvmesh.replica.server.lora_models import ServedLoRAs
 from kvmesh.replica.server.metrics import ReplicaMetrics
 from kvmesh.replica.serving.model_names import check_model, model_aliases
 from kvmesh.replica.serving.tokenizer import Tokenizer
@@ -43,9 +44,14 @@ class ServerState:
                                             lambda: _quarantined_blocks(engine_client))
         self.kv_transfer: KVTransferService | None = None
         """The KV transfer front (runtime.py sets it when ``kv_transfer.enabled``); None: /kv/* answer 503."""
+        self.loras = ServedLoRAs(engine_client, self.model_aliases, engine_client.config.enable_lora,
+                                 engine_client.list_loras())  # --lora-modules, registered by the engine at start
+        """The LoRA adapters served by name (``"model": "<adapter>"``, /v1/load_lora_adapter)."""
 
     def check_model(self, model: str | None) -> None:
-        check_model(model, self.model_name, aliases=self.model_aliases)
+        """A 404 unless ``model`` is unset, the base model (its served name or any form of its path) or a loaded
+        adapter."""
+        check_model(model, self.model_name, aliases=(*self.model_aliases, *self.loras.names()))
 
     def server_info(self) -> Info:
         e = self.engine_client

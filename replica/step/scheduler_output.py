@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvmesh.kvcache.offload_copies import OffloadCopies
+from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
 
@@ -43,6 +44,8 @@ class ScheduledRequest:
     """How to sample (only read when ``sample``)."""
     output_token_ids: list[int] = field(default_factory=list)
     """Tokens generated so far (seeded sampling derives its generator state from their count)."""
+    lora_request: LoRARequest | None = None
+    """The LoRA adapter the request runs with (None: the base model); the runner keeps it with the row."""
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
 
@@ -34,6 +35,7 @@ class FakeModelRunner:
         self.num_host_blocks = 0  # no host tier
         self.kv_offload = None
         self.kv_layout = None  # no tensors
+        self.loras: dict[str, LoRARequest] = {}  # adapters added (names only: tokens ignore them)
 
     def finished_offload_stores(self) -> list[int]:
         return []
@@ -83,6 +85,17 @@ class FakeModelRunner:
 
     def bind_thread(self) -> None:
         """No device, no graphs: any thread may step."""
+
+    def add_lora(self, lora: LoRARequest) -> int:
+        """Adapters are names here (no weights): every one is accepted and weighs 0 bytes."""
+        self.loras[lora.lora_name] = lora
+        return 0
+
+    def remove_lora(self, lora_name: str) -> bool:
+        return self.loras.pop(lora_name, None) is not None
+
+    def lora_residency(self) -> tuple[list[str], float | None]:
+        return [], None
 
     def check_health(self, timeout_s: float = 10.0) -> str | None:
         return self.dead_reason

@@ -32,9 +32,11 @@ from operator import attrgetter
 import numpy as np
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.lora.manager import LoRAManager
 from kvmesh.replica.sample.draws import RandomDraws
 from kvmesh.replica.sample.fixed_sampler import fixed_settings
 from kvmesh.replica.sample.sampler import SamplingMetadata, build_sampling_metadata
+from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.utils.cpu_gpu_buffer import PackedUpload
 from kvmesh.replica.worker.block_table import BlockTables
@@ -66,12 +68,15 @@ class InputBatch:
         self.plain_greedy = np.zeros(0, bool)  # greedy, no min_tokens/logit_bias/logprobs: no sampling metadata
         self.req_ids = np.zeros(0, object)
         self.params: list = []
+        self.lora: LoRAManager | None = None  # the runner's LoRA state (None: LoRA off)
+        self.lora_ids = np.zeros(0, np.int64)  # each row's adapter, lora_int_id (0: the base model)
+        self.lora_requests: dict[int, LoRARequest] = {}  # lora_int_id -> the adapter, as rows last brought it
         self._fit_rows()
 
     def _fit_rows(self) -> None:
         n, old = self.block_tables.num_rows, len(self.params)
         if n > old:
-            for name in ("num_computed", "last_token", "num_output", "prev_sample", "plain_greedy", "req_ids"):
+            for name in ("num_computed", "last_token", "num_output", "prev_sample", "plain_greedy", "req_ids", "lora_ids"):
                 a = getattr(self, name)
                 setattr(self, name, np.concatenate([a, np.zeros(n - old, a.dtype)]))
             self.params += [None] * (n - old)
@@ -92,6 +97,10 @@ class InputBatch:
                                       and sp.logprobs is None)
             self.num_computed[row] = sr.num_computed_tokens
             self.prev_sample[row] = 0  # its input ids come with it
+            lora = sr.lora_request
+            self.lora_ids[row] = 0 if lora is None else lora.lora_int_id
+            if lora is not None:
+                self.lora_requests[lora.lora_int_id] = lora
             if len(sr.token_ids) == 1:
                 self.last_token[row] = sr.token_ids[0]
         return np.array(rows, np.int64)
@@ -173,6 +182,8 @@ class InputBatch:
             sample_rows = rows[sample_mask]
 
         gather = self._prev_sampled_gather(rows[:num_decodes])
+        req_slots = self._lora_slots(rows)  # [n] int32 slot per request, None: no adapter in the step
+        static = static and req_slots is None  # steps with an adapter run eagerly (no graph holds the update)
         path = self.dispatcher.dispatch(BatchDescriptor(n, num_tokens, len(sample_rows)), static)
         graph_sampling, graph_answers = None, False
         if path.prefill_size is not None:  # one request, a short query: straight into the prefill graphs' inputs
@@ -195,9 +206,10 @@ class InputBatch:
             i64, i32 = np.int64, np.int32
             staged = self.buffers.upload([(input_ids, i64), (positions, i64), (slot_mapping, i64),
                                           (logits_indices, i64), (query_start_loc, i32), (seq_lens, i32),
-                                          (block_tables, i32), *gather])
+                                          (block_tables, i32), *gather,
+                                          *(() if req_slots is None else [(req_slots, i32)])])
             ids, positions_d, slots, logits_d, qsl, seq_lens_d, tables = staged[:7]
-            gathered = staged[7:]
+            gathered = staged[7:7 + len(gather)]
         common = CommonAttentionMetadata(
             num_reqs=n, num_decodes=num_decodes, num_actual_tokens=num_tokens,
             max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()), block_size=bs,
@@ -208,9 +220,24 @@ class InputBatch:
         if gather:  # decode rows sampled by the previous step, not yet on the host: a device gather
             index, dst = gathered
             ids.index_copy_(0, dst, self.prev_sampled[index])
+        lora_mapping = None if req_slots is None else self.lora.mapping(req_slots, query_lens, staged[-1], qsl)
         return ModelInputs(ids, positions_d, common, logits_d, sample_rows, self.req_ids[sample_rows].tolist(), rows,
                            static_size=path.decode_size, graph_sampling=graph_sampling, prefill_size=path.prefill_size,
-                           graph_answers=graph_answers)
+                           graph_answers=graph_answers, lora_mapping=lora_mapping)
+
+    def _lora_slots(self, rows: np.ndarray) -> np.ndarray | None:
+        """Each request's adapter slot [n] int32 (-1: base), its adapters put into slots first; None when no request
+        of the step has an adapter (the base-only step costs one array test)."""
+        if self.lora is None:
+            return None
+        ids = self.lora_ids[rows]
+        if not ids.any():
+            return None
+        uniq = np.unique(ids[ids > 0]).tolist()
+        slot_of = self.lora.activate([self.lora_requests[i] for i in uniq])
+        table = np.full(int(ids.max()) + 1, -1, np.int32)
+        table[uniq] = [slot_of[i] for i in uniq]
+        return table[ids]
 
     def _graph_sampling(self, rows: np.ndarray) -> tuple[str | None, bool, tuple | None]:
         """A staged step's ``ModelInputs.graph_sampling`` and ``graph_answers``, with the settings to stage."""

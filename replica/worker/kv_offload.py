@@ -19,6 +19,7 @@ Written for CUDA first, and the same code runs on CPU (no streams, copies done a
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,8 @@ import torch
 
 if TYPE_CHECKING:
     from kvmesh.replica.kv_layout import KVBlockLayout
+
+logger = logging.getLogger(__name__)
 
 
 def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
@@ -132,3 +135,18 @@ class KVOffloader:
         if self.cuda:
             torch.cuda.synchronize(self.device)
         return n * self.block_bytes / max(time.perf_counter() - start, 1e-9)
+
+
+def make_kv_offload(kv_offload_memory: int | None, kv_cache: torch.Tensor, layout: KVBlockLayout) -> KVOffloader | None:
+    """The host tier of ``kv_offload_memory`` bytes, laid out per block like the device cache (None: no tier)."""
+    if not kv_offload_memory:
+        return None
+    block_bytes = layout.bytes_per_block
+    num_host_blocks = kv_offload_memory // block_bytes
+    if num_host_blocks < 2:
+        raise ValueError(f"kv_offload_memory={kv_offload_memory} bytes holds {num_host_blocks} "
+                         f"blocks of {block_bytes} bytes; give the host tier at least 2 blocks or unset it")
+    offload = KVOffloader(kv_cache, layout, num_host_blocks)
+    logger.info("host KV tier: %d blocks (%.1f MiB), host-to-device %.2f GB/s", num_host_blocks,
+                num_host_blocks * block_bytes / 2**20, offload.h2d_bytes_per_s / 1e9)
+    return offload

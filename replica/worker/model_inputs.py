@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
+from kvmesh.replica.lora.ops import LoRAMapping
 from kvmesh.replica.utils.cpu_gpu_buffer import PackedUpload
 
 
@@ -40,6 +41,8 @@ class ModelInputs:
     graph_answers: bool = False
     """The replay's tokens are the step's; else the eager sampler runs on its logits (logit_bias, min_tokens
     bans)."""
+    lora_mapping: LoRAMapping | None = None
+    """Which adapter slot each request of the step uses (None: no adapter in the step; such a step is eager)."""
 
 
 def step_upload(max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int,
@@ -47,6 +50,7 @@ def step_upload(max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int,
     """The one upload of a step's inputs, sized for the largest step the runner plans for:
 
         [ input_ids | positions | slot_mapping | logits_indices | query_start_loc | seq_lens | block_tables
-          | gather indices (async scheduling) ]     int64 ids, positions, slots and indices; int32 the rest"""
-    nbytes = 8 * (3 * max_num_tokens + 3 * max_num_reqs) + 4 * (max_num_reqs * (max_blocks_per_req + 2) + 1)
+          | gather indices (async scheduling) | LoRA slot per request ]     int64 ids, positions, slots and
+                                                                        indices; int32 the rest"""
+    nbytes = 8 * (3 * max_num_tokens + 3 * max_num_reqs) + 4 * (max_num_reqs * (max_blocks_per_req + 3) + 1)
     return PackedUpload(nbytes, device)

@@ -17,14 +17,15 @@ import threading
 
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
-from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.distributed.parallel_state import ParallelState
 from kvmesh.replica.kv_layout import block_layout, symbolic_layout
+from kvmesh.replica.lora.manager import LoRAManager
 from kvmesh.replica.model_config import eos_token_ids, load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
 from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host
 from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
+from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
 from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
@@ -44,7 +45,8 @@ from kvmesh.replica.worker.kv_cache import (
     outside_memory_in_use,
     read_cuda_memory,
 )
-from kvmesh.replica.worker.kv_offload import KVOffloader
+from kvmesh.replica.worker.kv_offload import make_kv_offload
+from kvmesh.replica.worker.profile_run import profile_forward
 from kvmesh.replica.worker.weights import load_model_weights
 
 logger = logging.getLogger(__name__)
@@ -72,11 +74,15 @@ class ModelRunner:
 
         self.outside_memory_at_start = outside_memory_in_use(self.device)  # replicas sharing the card hold it
         self.model = self._build_model()
+        self.lora = None if not config.enable_lora else LoRAManager(  # wraps the projections: before any capture
+            self.model, self.spec, self.model.packed_modules_mapping, config.max_loras, config.max_lora_rank,
+            config.resolved_max_cpu_loras, self.device, self.dtype)
         self.attn_backend = get_attn_backend(config.attention_backend, self.device, self.dtype, self.block_size)
         for attn in self.model.attention_layers():
             attn.backend = self.attn_backend
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
                                       self.block_size, self.device, config.max_num_batched_tokens, config.seed)
+        self.input_batch.lora = self.lora
         self.static_decode = None  # decode steps on static shapes (CUDA graphs)
         # measured before the KV cache is sized, captured by bind_thread on the thread that replays them
         self.capture_graphs = use_cuda_graphs(config.cuda_graphs, self.device, self.attn_backend, self.block_size,
@@ -96,7 +102,7 @@ class ModelRunner:
         # where each block lies, computed once here: the host tier, the KV transfer agent and /load read it
         self.kv_layout = block_layout(self.kv_cache, symbolic_layout(self.attn_backend.kv_cache_shape),
                                       self.block_size, attn0.num_kv_heads, attn0.head_dim)
-        self.kv_offload = self._make_kv_offload()  # the host tier's copies (None without one)
+        self.kv_offload = make_kv_offload(config.kv_offload_memory, self.kv_cache, self.kv_layout)  # None: no tier
         self.num_host_blocks = 0 if self.kv_offload is None else self.kv_offload.num_host_blocks
         logger.info("attention backend %s, block_size %d, %s", self.attn_backend.name, self.block_size,
                     f"CUDA graphs for decode batch sizes {self.static_decode.sizes}" if self.static_decode
@@ -167,20 +173,6 @@ class ModelRunner:
             self.static_decode.capture()
         self._bound_thread = threading.get_ident()
 
-    def _make_kv_offload(self) -> KVOffloader | None:
-        """The host tier of ``kv_offload_memory`` bytes, laid out per block like the device cache."""
-        if not self.config.kv_offload_memory:
-            return None
-        block_bytes = self.kv_layout.bytes_per_block
-        num_host_blocks = self.config.kv_offload_memory // block_bytes
-        if num_host_blocks < 2:
-            raise ValueError(f"kv_offload_memory={self.config.kv_offload_memory} bytes holds {num_host_blocks} "
-                             f"blocks of {block_bytes} bytes; give the host tier at least 2 blocks or unset it")
-        offload = KVOffloader(self.kv_cache, self.kv_layout, num_host_blocks)
-        logger.info("host KV tier: %d blocks (%.1f MiB), host-to-device %.2f GB/s", num_host_blocks,
-                    num_host_blocks * block_bytes / 2**20, offload.h2d_bytes_per_s / 1e9)
-        return offload
-
     @property
     def host_kv_cache(self) -> torch.Tensor | None:
         """The host tier's tensor, [num_host_blocks, *one device block] (None without a tier)."""
@@ -206,24 +198,7 @@ class ModelRunner:
     @torch.inference_mode()
     def profile_run(self) -> None:
         """A forward over a full token budget of fresh prefills (no KV cache), to measure peak memory."""
-        budget = min(self.config.max_num_batched_tokens, self.config.max_num_seqs * self.max_model_len)
-        lens = [min(self.max_model_len, budget - i) for i in range(0, budget, self.max_model_len)]
-        cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        # every position in the null block: a table as wide as the longest sequence (backends may index it)
-        zeros = torch.zeros(len(lens), -(-max(lens) // self.block_size), dtype=torch.int32, device=self.device)
-        common = CommonAttentionMetadata(
-            num_reqs=len(lens), num_decodes=0, num_actual_tokens=budget, max_query_len=max(lens),
-            max_seq_len=max(lens), block_size=self.block_size, query_start_loc=cu.to(self.device),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device), block_tables=zeros,
-            slot_mapping=torch.zeros(budget, dtype=torch.int64, device=self.device),
-            query_start_loc_cpu=cu.tolist(), seq_lens_cpu=lens)
-        positions = torch.cat([torch.arange(n) for n in lens]).to(self.device)
-        hidden = self.model(torch.zeros(budget, dtype=torch.int64, device=self.device), positions,
-                            self.attn_backend.build(common))
-        rows = min(self.config.max_num_seqs, budget)
-        self.model.compute_logits(hidden[:rows])
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        profile_forward(self.model, self.attn_backend, self.config, self.max_model_len, self.block_size, self.device)
 
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the sampled token of every scheduled request with ``sample=True`` (a
@@ -253,7 +228,11 @@ class ModelRunner:
             logits, graph_tokens, graph_logprobs = self.static_decode.prefill.run(inputs.prefill_size,
                                                                                   inputs.graph_sampling)
         else:
+            if self.lora is not None:  # which slot each request's tokens use (None: no adapter this step)
+                self.lora.state.mapping = inputs.lora_mapping
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn_backend.build(inputs.common))  # [T, H]
+            if self.lora is not None:
+                self.lora.state.mapping = None  # no later forward (a graph capture) sees this step's
         if copies is not None:
             self.kv_offload.store(copies.job_id, copies.stores)  # the blocks this step completed
         prompt_logprobs = self._prompt_logprobs(out, inputs, hidden) if asks_prompt_logprobs else None
@@ -288,6 +267,20 @@ class ModelRunner:
             return None
         first_rows = self.input_batch.first_token_index(inputs, [sr.request_id for sr in asking])
         return self.prompt_logprobs.compute(asking, first_rows, hidden, self.model.compute_logits)
+
+    # -- LoRA adapters (replica/lora/): ModelRunnerInterface's part ----------------------------------------------
+    def add_lora(self, lora: LoRARequest) -> int:
+        """Read and check an adapter into host memory; its bytes. Raises LoRAError (a ValueError) when refused."""
+        if self.lora is None:
+            raise ValueError("LoRA adapters need enable_lora")
+        return self.lora.add_lora(lora)
+
+    def remove_lora(self, lora_name: str) -> bool:
+        return self.lora is not None and self.lora.remove_lora(lora_name)
+
+    def lora_residency(self) -> tuple[list[str], float | None]:
+        """Adapters in a device slot, and the measured bytes per second of loads into one (None before any)."""
+        return ([], None) if self.lora is None else (self.lora.resident, self.lora.load_bytes_per_s)
 
     # -- the rest of ModelRunnerInterface: one process, no TP group that could break --------------
     dead_reason: str | None = None

@@ -27,6 +27,7 @@ from kvmesh.replica.distributed.utils import DEFAULT_COLLECTIVE_TIMEOUT_S, Distr
 if TYPE_CHECKING:
     from kvmesh.replica.kv_layout import KVBlockLayout
     from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig
+    from kvmesh.replica.serving.lora_request import LoRARequest
     from kvmesh.replica.step.scheduler_output import SchedulerOutput
     from kvmesh.replica.worker.model_runner import ModelRunner
     from ray.util.placement_group import PlacementGroup
@@ -92,6 +93,12 @@ class TPWorker:
 
     def ping(self) -> int:
         return self.rank
+
+    def add_lora(self, lora: LoRARequest) -> int: return self.runner.add_lora(lora)  # noqa: E704
+
+    def remove_lora(self, lora_name: str) -> bool: return self.runner.remove_lora(lora_name)  # noqa: E704
+
+    def lora_residency(self) -> tuple[list[str], float | None]: return self.runner.lora_residency()  # noqa: E704
 
     # -- KV transfer: this rank's own agent, its shard of the cache registered (kv_transfer/tp_agent.py) --
     def kv_agent_start(self, config: KVTransferConfig, name: str) -> KVHandshake:
@@ -241,6 +248,22 @@ class RayTPExecutor:
 
     def bind_thread(self) -> None:
         """Each rank steps on its own worker actor's thread, bound there; the driver's thread holds no device."""
+
+    def add_lora(self, lora: LoRARequest) -> int:
+        """Every rank reads the adapter (each keeps its shard in its slots); rank 0's bytes."""
+        import ray
+        return ray.get([w.add_lora.remote(lora) for w in self.workers], timeout=self.step_timeout_s)[0]
+
+    def remove_lora(self, lora_name: str) -> bool:
+        import ray
+        return ray.get([w.remove_lora.remote(lora_name) for w in self.workers], timeout=self.step_timeout_s)[0]
+
+    def lora_residency(self) -> tuple[list[str], float | None]:
+        import ray  # rank 0's: every rank runs the same slot policy on the same steps
+        try:
+            return ray.get(self.workers[0].lora_residency.remote(), timeout=1.0)
+        except Exception:  # noqa: BLE001 - a slow or gone rank: /load reports no residency rather than hang
+            return [], None
 
     def check_health(self, timeout_s: float = 10.0) -> str | None:
         """None when every rank answers, else why not (and the executor is marked dead)."""

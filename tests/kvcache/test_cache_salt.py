@@ -42,7 +42,7 @@ def test_block_stored_reports_the_salt_key_on_the_first_block_only(make_request,
     manager = fresh_manager(event_log)
     run_step(manager, make_request("a", PROMPT, cache_salt="s", lora_name="l1"))
     (stored,) = event_log.of_type(BlockStored)
-    assert stored.extra_keys == [(salt_key("s", cache_salt_secret(b"seed")), "l1"), ("l1",), ("l1",)]
+    assert stored.extra_keys == [("l1", salt_key("s", cache_salt_secret(b"seed"))), ("l1",), ("l1",)]
     assert stored.lora_name == "l1"
 
 

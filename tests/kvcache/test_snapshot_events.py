@@ -52,3 +52,26 @@ def test_snapshot_replay_reproduces_the_cached_set(make_request, run_step):
 
 def test_empty_pool_has_an_empty_snapshot():
     assert KVCacheManager(4, BS, b"s").block_pool.snapshot_events() == []
+
+
+def test_snapshot_groups_chains_by_adapter_and_replays_them(make_request, run_step):
+    manager = KVCacheManager(num_blocks=20, block_size=BS, hash_seed=b"seed")
+    prompt = list(range(8)) + [1]
+    run_step(manager, make_request("base", prompt))
+    run_step(manager, make_request("tiny", prompt, lora_name="tiny"))
+    run_step(manager, make_request("other", prompt, lora_name="other"))
+    events = manager.block_pool.snapshot_events()
+    by_adapter = {e.lora_name: e for e in events}
+    assert sorted(by_adapter, key=str) == sorted([None, "tiny", "other"], key=str) and len(events) == 3
+    assert by_adapter["tiny"].extra_keys == [("tiny",), ("tiny",)] and by_adapter[None].extra_keys is None
+    assert set(by_adapter["tiny"].block_hashes).isdisjoint(by_adapter[None].block_hashes)
+    # replay: a router's index fed only the snapshot keys an adapter's prompt as the engine does
+    from kvmesh.router.routing.index import PrefixIndex
+    from kvmesh.router.routing.keys import RouterKeyHasher
+
+    hasher = RouterKeyHasher(BS)
+    index = PrefixIndex(hasher=hasher)
+    index.add_replica("r0")
+    index.apply("r0", [e for e in events if e.lora_name == "tiny"])
+    assert index.match(hasher.keys(prompt[:8], None, "tiny")) == {"r0": 2}
+    assert index.match(hasher.keys(prompt[:8], None, None)) == {}

@@ -1,8 +1,9 @@
 """Tensor-parallel sharding: rank slices recombine to the unsharded layer, and TP=2 over gloo
-gives the same greedy tokens as TP=1."""
+gives the same greedy tokens as TP=1 -- with a LoRA adapter too (its factors sharded like the layers)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 
@@ -111,14 +112,32 @@ def greedy_tokens(runner, num_steps=6):
     return seqs
 
 
-def _engine_config(path):
+def _engine_config(path, tp=TP, lora=False):
     from kvmesh.replica.config import EngineConfig
 
     return EngineConfig(model=str(path), dtype="float32", device="cpu", kv_cache_memory=1 << 20,
-                        block_size=4, tensor_parallel_size=TP)
+                        block_size=4, tensor_parallel_size=tp, enable_lora=lora, max_lora_rank=8)
 
 
-def _tp_worker(rank, path, port, out_dir):
+def lora_tokens(runner, lora_path: str, num_steps: int = 4) -> list[list[int]]:
+    """Greedy tokens of one prompt twice in every step: with the adapter (request 0) and without (request 1)."""
+    from kvmesh.replica.serving.lora_request import LoRARequest
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
+
+    sp, lora = SamplingParams(temperature=0.0), LoRARequest("tiny", 1, lora_path)
+    seqs, done, blocks = [list(PROMPTS[0]), list(PROMPTS[0])], [0, 0], [[1, 2, 3, 4], [5, 6, 7, 8]]
+    for _ in range(num_steps):
+        reqs = [ScheduledRequest(str(i), s[done[i]:], done[i], blocks[i], True, sp, [], lora if i == 0 else None)
+                for i, s in enumerate(seqs)]
+        out = runner.execute_model(SchedulerOutput(reqs, sum(len(r.token_ids) for r in reqs)))
+        for i, s in enumerate(seqs):
+            done[i] = len(s)
+            s.append(out[str(i)])
+    return seqs
+
+
+def _tp_worker(rank, path, port, out_dir, lora_path=None):
     import torch.distributed as dist
     from kvmesh.replica.worker.model_runner import ModelRunner
 
@@ -126,7 +145,11 @@ def _tp_worker(rank, path, port, out_dir):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
     try:
         runner = ModelRunner(_engine_config(path), rank=rank, world_size=TP)
-        torch.save({"tokens": greedy_tokens(runner), "blocks": runner.num_kv_blocks}, f"{out_dir}/rank{rank}.pt")
+        result = {"tokens": greedy_tokens(runner), "blocks": runner.num_kv_blocks}
+        if lora_path is not None:  # the same ranks again, with a LoRA adapter sharded over them
+            result["lora"] = lora_tokens(ModelRunner(_engine_config(path, lora=True), rank=rank, world_size=TP),
+                                         lora_path)
+        torch.save(result, f"{out_dir}/rank{rank}.pt")
         # Both ranks reach teardown together: a rank whose peer already closed the gloo connections can
         # abort in gloo's threads ("terminate called without an active exception").
         dist.barrier()
@@ -143,11 +166,20 @@ def test_tp2_over_gloo_gives_the_same_greedy_tokens_as_tp1(tmp_path):
     hf = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **CONFIG), dtype=torch.float32)
     hf.save_pretrained(tmp_path / "model")
     expected = greedy_tokens(ModelRunner(_engine_config(tmp_path / "model"), rank=0, world_size=1))
+    lora_path = lora_expected = None
+    if importlib.util.find_spec("peft") is not None:  # peft makes the adapter (a dev extra)
+        from .lora_fixtures import make_adapter
+
+        make_adapter(tmp_path / "model", tmp_path / "tiny", seed=3, r=4)  # one K/V head: replicated B rows
+        lora_path = str(tmp_path / "tiny")
+        lora_expected = lora_tokens(ModelRunner(_engine_config(tmp_path / "model", 1, lora=True)), lora_path)
+        assert lora_expected[0] != lora_expected[1]  # the adapter changes the tokens: the check below can fail
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(_tp_worker, args=(str(tmp_path / "model"), port, str(tmp_path)), nprocs=TP)
+    torch.multiprocessing.spawn(_tp_worker, args=(str(tmp_path / "model"), port, str(tmp_path), lora_path), nprocs=TP)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(TP)]
     assert results[0]["tokens"] == expected
     assert results[1]["tokens"] == expected
     assert results[0]["blocks"] == results[1]["blocks"]
+    assert [r.get("lora") for r in results] == [lora_expected, lora_expected]

@@ -1,0 +1,84 @@
+"""The engine's LoRA adapters (vLLM's ``add_lora`` / ``remove_lora`` / ``list_loras``): which adapters are known,
+their bytes, and ``/load``'s ``lora`` section. The weights live in the runner (replica/lora/); this is the
+engine thread's registry, torch-free.
+
+    EngineConfig.lora_modules ──at start──▶ add()  ◀── LLMEngine.add_lora / AsyncLLM.add_lora (/v1/load_lora_adapter)
+    add_request(lora_request=...) ──resolve()──▶ Request.lora_request (keys its blocks, rides to the runner)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.interfaces import ModelRunnerInterface
+from kvmesh.replica.serving.load_report import LoRALoad
+from kvmesh.replica.serving.lora_request import LoRARequest
+
+
+class EngineLoRAs:
+    """Adapters known to one engine, by name; registering one reads and checks it in the runner."""
+
+    def __init__(self, config: EngineConfig, runner: ModelRunnerInterface) -> None:
+        self.enabled, self.max_loras, self.max_lora_rank = config.enable_lora, config.max_loras, config.max_lora_rank
+        self.runner = runner
+        self.registered: dict[str, LoRARequest] = {}
+        self.nbytes: dict[str, int] = {}
+        for name, path in (config.lora_modules or {}).items():
+            self.add(LoRARequest(name, self.next_id(), path))
+
+    def next_id(self) -> int:
+        """A ``lora_int_id`` no registered adapter has."""
+        return max((lora.lora_int_id for lora in self.registered.values()), default=0) + 1
+
+    def add(self, lora: LoRARequest) -> bool:
+        """Register ``lora`` (read and checked by the runner); False when it is registered already as it is.
+        Raises ValueError (``LoRAError``) saying why an adapter cannot be served, or that another adapter has
+        its name (vLLM's rule: remove that one first)."""
+        if not self.enabled:
+            raise ValueError(f"LoRA adapter {lora.lora_name!r}: this engine serves no adapters; start it with "
+                             "enable_lora (--enable-lora)")
+        known = self.registered.get(lora.lora_name)
+        if known == lora:
+            return False
+        if known is not None:
+            raise ValueError(f"LoRA adapter {lora.lora_name!r} is registered already as {known}; remove it first "
+                             "to load another under that name")
+        clash = next((o for o in self.registered.values()
+                      if o.lora_int_id == lora.lora_int_id and o.lora_name != lora.lora_name), None)
+        if clash is not None:
+            raise ValueError(f"LoRA adapter {lora.lora_name!r}: lora_int_id {lora.lora_int_id} is adapter "
+                             f"{clash.lora_name!r}'s; give each adapter its own id")
+        self.nbytes[lora.lora_name] = self.runner.add_lora(lora)
+        self.registered[lora.lora_name] = lora
+        return True
+
+    def remove(self, name: str) -> bool:
+        """Forget adapter ``name`` (requests already running with it finish); False when unknown."""
+        if self.registered.pop(name, None) is None:
+            return False
+        self.nbytes.pop(name, None)
+        self.runner.remove_lora(name)
+        return True
+
+    def resolve(self, lora: LoRARequest | None) -> LoRARequest | None:
+        """The adapter a new request runs with: registered on first use (vLLM's), refused when it differs from
+        the registered adapter of that name."""
+        if lora is None:
+            return None
+        known = self.registered.get(lora.lora_name)
+        if known is None:
+            self.add(lora)
+        elif known != lora:
+            raise ValueError(f"LoRA adapter {lora.lora_name!r} is registered as {known}; a request named it as "
+                             f"{lora}")
+        return lora
+
+    def load(self, running_names: Iterable[str | None]) -> LoRALoad:
+        """``/load``'s ``lora`` section (read off the engine thread: copies, never iterated live)."""
+        if not self.enabled:
+            return LoRALoad()
+        resident, rate = self.runner.lora_residency()
+        return LoRALoad(enabled=True, max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
+                        adapters=dict(self.nbytes), resident=list(resident),
+                        active=sorted({n for n in running_names if n is not None}), load_bytes_per_s=rate)
