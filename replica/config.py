@@ -82,7 +82,7 @@ class EngineConfig:
     """Largest LoRA rank served; an adapter of a higher rank is refused when it is added."""
     max_cpu_loras: int | None = None
     """LoRA adapters kept loaded in host memory (least recently used dropped first); None: max_loras."""
-    lora_modules: dict[str, str] | None = None
+    lora_modules: dict[str, str] = field(default_factory=dict)
     """LoRA adapters registered at start, name -> PEFT directory (vLLM's --lora-modules name=path ...)."""
 
     def __post_init__(self) -> None:

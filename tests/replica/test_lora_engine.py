@@ -149,3 +149,15 @@ def test_the_triton_kernels_in_an_engine_step_equal_transformers_and_peft(storie
         ref, out = adapters[lora][1], finals[str(lora)]
         assert out.output_token_ids == ref.tokens[:2]
         assert [lp.logprobs[0] for lp in out.logprobs] == pytest.approx(ref.logprobs[:2], abs=1e-4)
+
+
+def test_offline_llm_generate_takes_an_adapter_per_prompt(stories_path, adapters):
+    from kvmesh.replica.llm import LLM
+
+    a1 = next(lora for lora in adapters if lora is not None)
+    llm = LLM(str(stories_path), dtype="float32", device="cpu", kv_cache_memory="4MiB", enable_lora=True,
+              max_lora_rank=8)
+    outs = llm.generate([PROMPTS[0], PROMPTS[0]], GREEDY, lora_request=[a1, None])
+    assert [o.output_token_ids for o in outs] == [adapters[a1][0].tokens, adapters[None][0].tokens]
+    with pytest.raises(ValueError, match="one LoRARequest or one per prompt"):
+        llm.generate([PROMPTS[0]], GREEDY, lora_request=[a1, None])
