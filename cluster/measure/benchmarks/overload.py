@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-in-flight", type=int, default=256, help="the driver's cap on requests in flight")
     p.add_argument("--drain-s", type=float, default=5.0, help="grace after an open-loop phase before cancelling")
     p.add_argument("--client-timeout-s", type=float, default=30.0, help="a request's whole time limit")
+    p.add_argument("--settle-s", type=float, default=2.0,
+                   help="with --url: seconds to wait between phases (a started cluster is polled until idle)")
     p.add_argument("--progress-s", type=float, default=5.0, help="seconds between progress lines (0: none)")
     ap.add_argument("--out", default=None, help="results JSON (default: results/bench_overload[_variant].json)")
     return ap
@@ -131,7 +133,7 @@ async def drive(args, driver: ol.Driver, cluster: Cluster | None, info: dict) ->
                              "driver_cpu_s": round(sum(os.times()[:2]) - d0, 2),
                              "cluster_cpu_s": None if spent is None else round(spent, 2),
                              "cluster_cpu_ms_per_ok_request": round(1e3 * spent / done, 1) if spent and done else None}
-                times[name]["idle_wait_s"] = round(await asyncio.to_thread(wait_idle, cluster, 60.0), 2)
+                times[name]["idle_wait_s"] = round(await asyncio.to_thread(wait_idle, cluster, 60.0, args.settle_s), 2)
 
             def lights(name: str, until: float):
                 return ol.ticker(args.light_period_s, until,
