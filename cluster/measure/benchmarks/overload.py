@@ -26,12 +26,14 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support import overload_load as ol
 from kvmesh.cluster.measure.benchmarks.support import overload_report as rep
+from kvmesh.cluster.measure.benchmarks.support.json_http import call
 from kvmesh.cluster.measure.benchmarks.support.overload_cluster import (
     Cluster,
     ClusterShape,
@@ -206,6 +208,14 @@ def result_doc(args, argv: list[str], shape: ClusterShape, driver: ol.Driver, in
     }
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: the run stops as on Ctrl-C (the cluster stopped, the results written), exit code 143."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -220,12 +230,21 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"kvmesh bench overload: {e}", file=sys.stderr)
         return 2
+    if args.url:
+        args.url = args.url.rstrip("/")
+        try:
+            call("GET", args.url + "/v1/models", timeout=5.0)
+        except OSError as e:
+            print(f"kvmesh bench overload: cannot reach {args.url} ({e}); is the router running?", file=sys.stderr)
+            return 2
     out = Path(args.out or f"results/bench_overload{'_url' if args.url else shape.label}.json")
     cluster = None if args.url else Cluster(shape)
     driver = ol.Driver(url=args.url or "", client_timeout_s=args.client_timeout_s, priority_in=args.priority_in,
                        priority_header=args.priority_header)
     info: dict = {"loadavg_start": list(os.getloadavg())}
-    interrupted = False
+    interrupted = 0  # the exit code of a run stopped by a signal
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         if cluster:
             print(f"starting {len(shape.roles)} replica(s) {shape.roles}, router --workers {shape.workers} ...",
@@ -238,16 +257,20 @@ def main(argv: list[str] | None = None) -> int:
             after = cluster.metrics()
             info["router"] = {m: metric_sum(after, m) - metric_sum(before, m)
                               for m in ("kvmesh_router_pd_splits_total", "kvmesh_router_retries_total")}
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as e:
+        interrupted = 143 if isinstance(e, Terminated) else 130
         print("interrupted: stopping the cluster, writing what was measured", file=sys.stderr, flush=True)
     except RuntimeError as e:
         print(f"kvmesh bench overload: {e}", file=sys.stderr)
         return 1
     finally:
         if cluster:
+            for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not leave processes behind
+                signal.signal(sig, signal.SIG_IGN)
             cluster.stop()
-    result = result_doc(args, argv, shape, driver, info, interrupted)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    result = result_doc(args, argv, shape, driver, info, bool(interrupted))
     print(rep.format_table(result["phases"]))
     print(rep.format_verdict(result["verdict"]))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -256,4 +279,4 @@ def main(argv: list[str] | None = None) -> int:
 
     plot(result, str(out.with_suffix(".png")))
     print(f"wrote {out} and {out.with_suffix('.png')}")
-    return 130 if interrupted else 0 if result["verdict"]["pass"] else 1
+    return interrupted or (0 if result["verdict"]["pass"] else 1)
