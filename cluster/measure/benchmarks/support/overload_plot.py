@@ -23,11 +23,14 @@ def plot(result: dict, path: str) -> None:
     for cls, color in COLORS.items():
         got = [(r["t"], r["ttft_s"]) for r in records if r["cls"] == cls and r["ttft_s"] is not None]
         never = [r["t"] for r in records if r["cls"] == cls and r["ttft_s"] is None and r["outcome"] != "not_sent"]
+        crowd = cls in ("flood", "bulk")  # many small dots, under the few that matter
         if got:
-            ax1.plot(*zip(*got, strict=True), ".", color=color, markersize=3 if cls in ("flood", "bulk") else 6,
-                     label=f"{cls} TTFT", alpha=0.6 if cls in ("flood", "bulk") else 1.0)
+            ax1.plot(*zip(*got, strict=True), "." if crowd else "o", color=color, markersize=3 if crowd else 5,
+                     label=f"{cls} TTFT", alpha=0.5 if crowd else 1.0, zorder=2 if crowd else 3,
+                     markeredgecolor="none" if crowd else "black", markeredgewidth=0.5)
         if never:
-            ax1.plot(never, [top] * len(never), "x", color=color, markersize=4, label=f"{cls}: no first token")
+            ax1.plot(never, [top * (1.0 if crowd else 1.15)] * len(never), "x", color=color, markersize=4,
+                     label=f"{cls}: no first token", zorder=2 if crowd else 3)
     for name, span in result["phase_times"].items():
         ax1.axvline(span["start"], color="gray", linestyle=":", linewidth=0.8)
         ax1.text(span["start"], top * 1.3, name, fontsize=7, rotation=0, va="bottom")
