@@ -12,7 +12,13 @@ import threading
 import pytest
 from aiohttp import web
 from kvmesh.cluster.measure.benchmarks.overload import main
-from kvmesh.cluster.measure.benchmarks.support.overload_report import percentile, summarize, verdict
+from kvmesh.cluster.measure.benchmarks.support.overload_report import (
+    COLUMNS,
+    load_result,
+    percentile,
+    summarize,
+    verdict,
+)
 
 
 def rec(phase, cls, ttft=0.01, outcome="ok", answer=0.005, retry_after=None, t=0.0):
@@ -128,7 +134,8 @@ def test_a_short_run_sends_tenants_and_priorities_and_writes_every_number(tmp_pa
                      "--flood-clients", "4", "--flood-tokens", "4", "--retry-after-cap-s", "0.05", "--levels", "2",
                      "--capacity", "10", "--overload-s", "1", "--high-share", "0.25", "--drain-s", "1",
                      "--settle-s", "0", "--progress-s", "0", "--out", str(out)])
-    result = json.loads(out.read_text())
+    result = load_result(out.read_text())
+    assert json.loads(out.read_text())["requests"]["columns"] == list(COLUMNS)  # one compact row per request
     assert code == 0 and result["verdict"]["pass"], result["verdict"]
     assert out.with_suffix(".png").stat().st_size > 10_000
     assert result["capacity_rps"] == 10 and result["capacity_source"] == "--capacity"

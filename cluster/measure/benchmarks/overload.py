@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -194,7 +193,7 @@ def result_doc(args, argv: list[str], shape: ClusterShape, driver: ol.Driver, in
     records = [{**r, "outcome": "cancelled"} if r["outcome"] == "pending" else r  # only when interrupted
                for r in driver.records if r["phase"] != "warmup"]
     return {
-        "benchmark": "overload", "command": "kvmesh bench overload " + " ".join(argv), "interrupted": interrupted,
+        "benchmark": "overload", "command": " ".join(["kvmesh bench overload", *argv]), "interrupted": interrupted,
         "variant": {"label": ("url" if args.url else shape.label.lstrip("_") or "1replica"), "url": args.url,
                     "replicas": 2 if shape.pd else shape.replicas, "workers": shape.workers, "pd": shape.pd},
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "tenant_key")},
@@ -274,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     print(rep.format_table(result["phases"]))
     print(rep.format_verdict(result["verdict"]))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(rep.result_text(result))
     from kvmesh.cluster.measure.benchmarks.support.overload_plot import plot
 
     plot(result, str(out.with_suffix(".png")))

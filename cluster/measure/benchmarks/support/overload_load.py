@@ -84,7 +84,7 @@ class Driver:
             rec["retry_after"] = r.headers.get("Retry-After")
             if r.status != 200:
                 rec["outcome"] = "429" if r.status == 429 else "5xx" if r.status >= 500 else "4xx"
-                rec["error"] = (await r.read())[:300].decode(errors="replace")
+                rec["error"] = (await r.read())[:160].decode(errors="replace")
                 return
             async for raw in r.content:
                 if not raw.startswith(b"data:"):

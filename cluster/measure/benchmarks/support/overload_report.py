@@ -10,6 +10,7 @@ that got a 429, a timeout or nothing at all did not get its first token in time.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 
@@ -147,3 +148,24 @@ def _cell(x: float | None, got: int, sent: int) -> str:
     if x is None:
         return "never" if sent and got < sent else "-"
     return f"{x:.3f}s"
+
+
+COLUMNS = ("phase", "cls", "t", "outcome", "status", "ttft_s", "answer_s", "e2e_s", "retry_after", "tokens", "error")
+"""A request record's fields, in the order the result file's rows hold them."""
+
+
+def result_text(result: dict) -> str:
+    """The result file's text: the summaries indented, then ``requests`` as ``columns`` and one compact row per
+    request (a run sends thousands); ``load_result`` reads it back."""
+    head = json.dumps({k: v for k, v in result.items() if k != "requests"}, indent=1)
+    rows = ",\n".join("  " + json.dumps([r.get(c) for c in COLUMNS], separators=(",", ":"))
+                       for r in result.get("requests", []))
+    return (f'{head[:-2]},\n "requests": {{"columns": {json.dumps(list(COLUMNS))}, "rows": [\n{rows}\n ]}}\n}}\n')
+
+
+def load_result(text: str) -> dict:
+    """A result file as ``result_text`` wrote it, with ``requests`` as a list of records again."""
+    doc = json.loads(text)
+    table = doc.get("requests") or {"columns": COLUMNS, "rows": []}
+    doc["requests"] = [dict(zip(table["columns"], row, strict=True)) for row in table["rows"]]
+    return doc
