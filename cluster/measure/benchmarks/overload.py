@@ -12,7 +12,8 @@ Starts its own cluster (``kvmesh replica`` processes of stories260K on CPU with 
              and the cluster's capacity (flood requests completed per second once the flood is under way)
   overload   per level in ``--levels`` (2,4): arrivals evenly spaced at level x capacity for ``--overload-s``, one in
              1/``--high-share`` from the high-priority class (``priority`` ``--high-priority``), the rest bulk from the
-             flooding tenant (``--low-priority``) -> the high class's TTFT p90 against ``--high-target-s``
+             flooding tenant (``--low-priority``; at most ``--max-in-flight`` of them in flight) -> the high class's
+             TTFT p90 against ``--high-target-s``
 
 Tenants are named by the request's ``user`` (and by an API key when ``--tenant-key``/``--keys-file`` gives one).
 Requests still waiting ``--drain-s`` after their phase ends are cancelled (counted); between phases the driver
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import signal
 import sys
 import time
@@ -53,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--pd", action="store_true", help="a P/D split: one prefill and one decode replica")
     c.add_argument("--workers", type=int, default=1, help="router processes (router --workers)")
     c.add_argument("--max-num-seqs", type=int, default=4)
+    c.add_argument("--kvmesh-cmd", default=f"{sys.executable} -m kvmesh.cluster.cli",
+                   help="the command that starts replicas and the router (another build's, to compare)")
     c.add_argument("--replica-arg", action="append", default=[], metavar="ARG",
                    help="extra flag for every replica (repeatable; e.g. --replica-arg=--scheduling-policy=priority)")
     c.add_argument("--router-arg", action="append", default=[], metavar="ARG",
@@ -82,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overload-s", type=float, default=12.0, help="seconds per overload level")
     p.add_argument("--high-share", type=float, default=0.1, help="share of overload arrivals in the high class")
     p.add_argument("--high-target-s", type=float, default=0.5, help="the high class's TTFT target (p90)")
-    p.add_argument("--max-in-flight", type=int, default=256, help="the driver's cap on requests in flight")
+    p.add_argument("--max-in-flight", type=int, default=256,
+                   help="the driver's cap on requests in flight: bulk arrivals past it are not sent (the high class "
+                        "always is: its clients are others)")
     p.add_argument("--drain-s", type=float, default=5.0, help="grace after an open-loop phase before cancelling")
     p.add_argument("--client-timeout-s", type=float, default=30.0, help="a request's whole time limit")
     p.add_argument("--settle-s", type=float, default=2.0,
@@ -165,11 +171,12 @@ async def drive(args, driver: ol.Driver, cluster: Cluster | None, info: dict) ->
                     return driver.one(session, name, "bulk", flood, args.flood_tokens, lo_p)
 
                 def refuse(i: int, name=name) -> None:
-                    ol.not_sent(driver, name, "high" if i % every == 0 else "bulk")
+                    ol.not_sent(driver, name, "bulk")
 
                 async def overload(level=level, send=send, refuse=refuse) -> None:
                     tasks = await ol.open_loop(level * info["capacity_rps"], now() + args.overload_s, send,
-                                               args.max_in_flight, driver, refuse)
+                                               lambda i: i % every == 0 or driver.in_flight < args.max_in_flight,
+                                               refuse)
                     await ol.settle(tasks, args.drain_s)
 
                 await phase(name, overload)
@@ -219,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     shape = ClusterShape(model=args.model, replicas=args.replicas, workers=args.workers, pd=args.pd,
-                         max_num_seqs=args.max_num_seqs, replica_args=args.replica_arg, router_args=args.router_arg)
+                         max_num_seqs=args.max_num_seqs, replica_args=args.replica_arg, router_args=args.router_arg,
+                         cli=shlex.split(args.kvmesh_cmd))
     if not args.url and not Path(args.model).is_dir():
         print(f"kvmesh bench overload: model directory {args.model} not found (../shared beside the checkout, "
               "or $KVMESH_SHARED_DIR, or --model)", file=sys.stderr)

@@ -37,6 +37,8 @@ class ClusterShape:
     pd_min_uncached_tokens: int = 16
     replica_args: list[str] = field(default_factory=list)
     router_args: list[str] = field(default_factory=list)
+    cli: list[str] = field(default_factory=lambda: list(CLI))
+    """The command that starts ``kvmesh`` (another build's, to compare: ``env PYTHONPATH=... python -m ...``)."""
 
     @property
     def roles(self) -> list[str]:
@@ -69,7 +71,7 @@ class Cluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KVMESH_ROUTER_", "KVMESH_API_KEY"))}
         for i, role in enumerate(s.roles):
             http, events, replay = free_port(), free_port(), free_port()
-            cmd = [*CLI, "replica", "--model", s.model, "--host", "127.0.0.1", "--port", str(http),
+            cmd = [*s.cli, "replica", "--model", s.model, "--host", "127.0.0.1", "--port", str(http),
                    "--event-port", str(events), "--replay-port", str(replay), "--kv-cache-memory", s.kv_cache_memory,
                    "--max-num-seqs", str(s.max_num_seqs), *(["--kv-transfer"] if s.pd else []), *s.replica_args]
             with self._log(f"r{i}") as log:
@@ -77,7 +79,7 @@ class Cluster:
             specs.append(f"http://127.0.0.1:{http},events=tcp://127.0.0.1:{events},replay=tcp://127.0.0.1:{replay},"
                          f"name=r{i},role={role}")
         port = free_port()
-        cmd = [*CLI, "router", "--model", s.model, "--host", "127.0.0.1", "--port", str(port), "--workers",
+        cmd = [*s.cli, "router", "--model", s.model, "--host", "127.0.0.1", "--port", str(port), "--workers",
                str(s.workers), "--log-level", "warning",
                *(["--pd-min-uncached-tokens", str(s.pd_min_uncached_tokens)] if s.pd else []), *s.router_args,
                *[a for spec in specs for a in ("--replica", spec)]]
@@ -101,7 +103,7 @@ class Cluster:
         while time.monotonic() < deadline:
             for p in self.procs:
                 if p.poll() is not None:
-                    raise RuntimeError(f"{' '.join(p.args[3:5])} exited ({p.returncode}); logs: {', '.join(self.logs)}")
+                    raise RuntimeError(f"{' '.join(p.args[:6])}... exited ({p.returncode}); logs: {', '.join(self.logs)}")
             rows = self.replica_rows()
             if len(rows) == n and all(r["healthy"] and not r.get("ejected") for r in rows):
                 return

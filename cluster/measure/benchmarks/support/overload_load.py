@@ -143,14 +143,15 @@ def _seconds(header: str | None, default: float) -> float:
         return default
 
 
-async def open_loop(rate_per_s: float, until: float, send: Callable[[int], Awaitable], max_in_flight: int,
-                    driver: Driver, refuse: Callable[[int], None]) -> list[asyncio.Task]:
+async def open_loop(rate_per_s: float, until: float, send: Callable[[int], Awaitable], may_send: Callable[[int], bool],
+                    refuse: Callable[[int], None]) -> list[asyncio.Task]:
     """Arrivals evenly spaced at ``rate_per_s`` until ``until``; arrival i runs ``send(i)``, or ``refuse(i)`` when
-    ``max_in_flight`` requests are already in flight. The started tasks (the caller awaits or cancels them)."""
+    ``may_send(i)`` says no (the driver's cap on requests in flight). The started tasks (the caller awaits or
+    cancels them)."""
     tasks, i, start = [], 0, time.monotonic()
     while (at := start + i / rate_per_s) < until:
         await asyncio.sleep(max(0.0, at - time.monotonic()))
-        if driver.in_flight >= max_in_flight:
+        if not may_send(i):
             refuse(i)
         else:
             tasks.append(asyncio.ensure_future(send(i)))
