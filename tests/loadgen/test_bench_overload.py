@@ -148,3 +148,18 @@ def test_a_short_run_sends_tenants_and_priorities_and_writes_every_number(tmp_pa
     users = {(b["user"], b.get("priority")) for b in server.bodies}
     assert users == {("light", None), ("flood", None), ("vip", -1), ("flood", 1)}
     assert all(b["stream"] and b["ignore_eos"] for b in server.bodies)
+
+
+def test_tenant_keys_come_from_pairs_or_a_router_keys_file(tmp_path):
+    from kvmesh.cluster.measure.benchmarks.support.overload_keys import load_tenant_keys
+
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("keys:\n  - {key: sk-light-0001, tenant: light, priority: 0}\n"
+                    "  - {key: sk-light-0002, tenant: light}\n  - {key: sk-flood-0001, tenant: flood}\n")
+    assert load_tenant_keys(["vip=sk-vip-0001"], str(keys)) == {"light": "sk-light-0001", "flood": "sk-flood-0001",
+                                                                 "vip": "sk-vip-0001"}
+    keys.write_text("keys:\n  - {key: 12345678}\n")
+    with pytest.raises(ValueError, match="entry 0 needs a string key and tenant"):
+        load_tenant_keys([], str(keys))
+    with pytest.raises(ValueError, match="expected USER=KEY"):
+        load_tenant_keys(["light"], None)

@@ -51,7 +51,8 @@ def plot(result: dict, path: str) -> None:
     ax2.set_xticks(range(len(groups)), [f"{p}\n{c}" for p, c in groups], fontsize=7)
     ax2.set_ylabel("requests")
     ax2.set_yscale("symlog")
-    ax2.legend(fontsize=7, ncols=3)
+    if groups:
+        ax2.legend(fontsize=7, ncols=3)
     verdict = "PASS" if result["verdict"]["pass"] else "FAIL"
     fig.suptitle(f"kvmesh bench overload {result['variant']['label']}: acceptance {verdict}", fontsize=10)
     fig.tight_layout()
