@@ -39,7 +39,7 @@ def plot(result: dict, path: str) -> None:
     ax1.set_yscale("log")
     ax1.set_ylabel("TTFT (s)")
     ax1.set_xlabel("send time (s since the run began)")
-    ax1.legend(fontsize=7, loc="upper left", ncols=2)
+    ax1.legend(fontsize=7, loc="lower right", ncols=2)
     groups = list(dict.fromkeys((r["phase"], r["cls"]) for r in records))
     counts = {g: Counter(r["outcome"] for r in records if (r["phase"], r["cls"]) == g) for g in groups}
     bottom = [0] * len(groups)
