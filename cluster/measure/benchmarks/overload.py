@@ -1,0 +1,289 @@
+"""Issue 38's live acceptance: a light tenant, a flooding tenant and a high-priority class against a live cluster.
+
+    kvmesh bench overload [--replicas 2 | --pd] [--workers 2] [--url URL] [--out results/bench_overload.json]
+
+Starts its own cluster (``kvmesh replica`` processes of stories260K on CPU with ``--max-num-seqs 4`` and
+``kvmesh router`` in front, loopback, free ports; support/overload_cluster.py) unless ``--url`` names one. Then:
+
+  alone      the light tenant alone: one streamed request every ``--light-period-s`` -> its TTFT p50 alone
+  flood      ``--flood-clients`` clients of the flooding tenant (closed loop, ``--flood-tokens`` each, a 429 makes a
+             client wait its Retry-After) for ``--flood-s``, the light tenant still sending every period -> its TTFT
+             p90 under the flood, every flood request's outcome (200 / 429: how fast, Retry-After? / 5xx / timeout)
+             and the cluster's capacity (flood requests completed per second once the flood is under way)
+  overload   per level in ``--levels`` (2,4): arrivals evenly spaced at level x capacity for ``--overload-s``, one in
+             1/``--high-share`` from the high-priority class (``priority`` ``--high-priority``), the rest bulk from the
+             flooding tenant (``--low-priority``; at most ``--max-in-flight`` of them in flight) -> the high class's
+             TTFT p90 against ``--high-target-s``
+
+Tenants are named by the request's ``user`` (and by an API key when ``--tenant-key``/``--keys-file`` gives one).
+Requests still waiting ``--drain-s`` after their phase ends are cancelled (counted); between phases the driver
+waits until the router has nothing in flight. Prints progress, a table and the acceptance verdict; writes every
+request and summary to ``--out`` with a plot beside it (.png). Ctrl-C stops the cluster and writes what it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+from kvmesh.cluster.measure.benchmarks.support import overload_load as ol
+from kvmesh.cluster.measure.benchmarks.support import overload_report as rep
+from kvmesh.cluster.measure.benchmarks.support.json_http import call
+from kvmesh.cluster.measure.benchmarks.support.overload_cluster import (
+    Cluster,
+    ClusterShape,
+    metric_sum,
+    wait_idle,
+)
+from kvmesh.cluster.measure.benchmarks.support.overload_keys import load_tenant_keys
+from kvmesh.cluster.measure.shared_dir import stories_model
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kvmesh bench overload", description=__doc__, allow_abbrev=False,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    c = ap.add_argument_group("cluster")
+    c.add_argument("--url", default=None, help="drive this running router instead of starting a cluster")
+    c.add_argument("--model", default=str(stories_model()), help="the replicas' model (default: stories260K)")
+    c.add_argument("--replicas", type=int, default=1, help="replicas, each role both")
+    c.add_argument("--pd", action="store_true", help="a P/D split: one prefill and one decode replica")
+    c.add_argument("--workers", type=int, default=1, help="router processes (router --workers)")
+    c.add_argument("--max-num-seqs", type=int, default=4)
+    c.add_argument("--kvmesh-cmd", default=f"{sys.executable} -m kvmesh.cluster.cli",
+                   help="the command that starts replicas and the router (another build's, to compare)")
+    c.add_argument("--replica-arg", action="append", default=[], metavar="ARG",
+                   help="extra flag for every replica (repeatable; e.g. --replica-arg=--scheduling-policy=priority)")
+    c.add_argument("--router-arg", action="append", default=[], metavar="ARG",
+                   help="extra flag for the router (repeatable)")
+    t = ap.add_argument_group("tenants and priorities")
+    t.add_argument("--light-user", default="light")
+    t.add_argument("--flood-user", default="flood")
+    t.add_argument("--high-user", default="vip")
+    t.add_argument("--tenant-key", action="append", default=[], metavar="USER=KEY",
+                   help="send this Bearer key with the tenant's requests (repeatable)")
+    t.add_argument("--keys-file", default=None, help="YAML/JSON: {user: key} or a list of {key, tenant|name}")
+    t.add_argument("--priority-in", choices=["body", "header", "both", "none"], default="body",
+                   help="where a priority goes: the body's priority field (vLLM's), a header, both, or nowhere")
+    t.add_argument("--priority-header", default="x-kvmesh-priority")
+    t.add_argument("--high-priority", type=int, default=-1, help="the high class's priority (lower first)")
+    t.add_argument("--low-priority", type=int, default=1, help="the bulk's priority in the overload phase")
+    p = ap.add_argument_group("phases")
+    p.add_argument("--light-period-s", type=float, default=2.0)
+    p.add_argument("--light-tokens", type=int, default=16)
+    p.add_argument("--alone-s", type=float, default=16.0)
+    p.add_argument("--flood-s", type=float, default=25.0)
+    p.add_argument("--flood-clients", type=int, default=48)
+    p.add_argument("--flood-tokens", type=int, default=64)
+    p.add_argument("--retry-after-cap-s", type=float, default=1.0, help="longest Retry-After a flood client honours")
+    p.add_argument("--levels", default="2,4", help="overload levels, times the capacity (comma-separated)")
+    p.add_argument("--capacity", type=float, default=None, help="requests/s at saturation (default: the flood's)")
+    p.add_argument("--overload-s", type=float, default=12.0, help="seconds per overload level")
+    p.add_argument("--high-share", type=float, default=0.1, help="share of overload arrivals in the high class")
+    p.add_argument("--high-target-s", type=float, default=0.5, help="the high class's TTFT target (p90)")
+    p.add_argument("--max-in-flight", type=int, default=256,
+                   help="the driver's cap on requests in flight: bulk arrivals past it are not sent (the high class "
+                        "always is: its clients are others)")
+    p.add_argument("--drain-s", type=float, default=5.0, help="grace after an open-loop phase before cancelling")
+    p.add_argument("--client-timeout-s", type=float, default=30.0, help="a request's whole time limit")
+    p.add_argument("--settle-s", type=float, default=2.0,
+                   help="with --url: seconds to wait between phases (a started cluster is polled until idle)")
+    p.add_argument("--progress-s", type=float, default=5.0, help="seconds between progress lines (0: none)")
+    ap.add_argument("--out", default=None, help="results JSON (default: results/bench_overload[_variant].json)")
+    return ap
+
+
+async def _progress(driver: ol.Driver, every_s: float, state: dict) -> None:
+    while every_s > 0:
+        await asyncio.sleep(every_s)
+        recs = [r for r in driver.records if r["phase"] == state["phase"]]
+        outcomes = {}
+        for r in recs:
+            if r["outcome"] != "pending":
+                outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+        light = [r["ttft_s"] for r in recs if r["cls"] in ("light", "high") and r["ttft_s"] is not None]
+        print(f"  [{time.monotonic() - driver.t0:6.1f} s] {state['phase']}: sent {len(recs)}, in flight "
+              f"{driver.in_flight}, {outcomes}" + (f", last light/high TTFT {light[-1]:.3f} s" if light else ""),
+              flush=True)
+
+
+async def drive(args, driver: ol.Driver, cluster: Cluster | None, info: dict) -> None:
+    """Run the phases; what is measured besides the records goes into ``info`` as it is known."""
+    keys = load_tenant_keys(args.tenant_key, args.keys_file)
+    light, flood, high = (ol.Tenant(u, keys.get(u)) for u in (args.light_user, args.flood_user, args.high_user))
+    prio = None if args.priority_in == "none" else args.priority_in
+    hi_p, lo_p = (args.high_priority, args.low_priority) if prio else (None, None)
+    state = {"phase": "warmup"}
+    times, cpu = info.setdefault("phase_times", {}), info.setdefault("cpu", {})
+    now = time.monotonic
+    async with ol.open_session() as session:
+        progress = asyncio.ensure_future(_progress(driver, args.progress_s, state))
+        try:
+            for _ in range(2):  # first requests load lazily built state; not measured
+                await driver.one(session, "warmup", "light", light, args.light_tokens)
+
+            async def phase(name: str, body) -> None:
+                state["phase"] = name
+                print(f"phase {name} ...", flush=True)
+                t0, c0, d0 = now(), cluster.cpu_seconds() if cluster else 0.0, sum(os.times()[:2])
+                times[name] = {"start": round(t0 - driver.t0, 3)}
+                await body()
+                times[name]["end"] = round(now() - driver.t0, 3)
+                done = sum(r["outcome"] == "ok" for r in driver.records if r["phase"] == name)
+                spent = cluster.cpu_seconds() - c0 if cluster else None
+                cpu[name] = {"wall_s": round(now() - t0, 2), "ok_requests": done,
+                             "driver_cpu_s": round(sum(os.times()[:2]) - d0, 2),
+                             "cluster_cpu_s": None if spent is None else round(spent, 2),
+                             "cluster_cpu_ms_per_ok_request": round(1e3 * spent / done, 1) if spent and done else None}
+                times[name]["idle_wait_s"] = round(await asyncio.to_thread(wait_idle, cluster, 60.0, args.settle_s), 2)
+
+            def lights(name: str, until: float):
+                return ol.ticker(args.light_period_s, until,
+                                 lambda: driver.one(session, name, "light", light, args.light_tokens))
+
+            async def alone() -> None:
+                await ol.settle(await lights("alone", now() + args.alone_s), args.client_timeout_s)
+
+            async def flooding() -> None:
+                until = now() + args.flood_s
+                ticking = asyncio.ensure_future(lights("flood", until))
+                await ol.closed_loop(args.flood_clients, until, lambda: driver.one(
+                    session, "flood", "flood", flood, args.flood_tokens), args.retry_after_cap_s)
+                await ol.settle(await ticking, args.client_timeout_s)
+
+            await phase("alone", alone)
+            await phase("flood", flooding)
+            info["capacity_rps"], info["capacity_source"] = (
+                (args.capacity, "--capacity") if args.capacity else (capacity(driver.records, times["flood"]), "flood"))
+            print(f"capacity: {info['capacity_rps']:.2f} requests/s ({info['capacity_source']})", flush=True)
+            every = max(1, round(1 / args.high_share))
+            for level in _levels(args.levels):
+                name = rep.level_phase(level)
+
+                def send(i: int, name=name):
+                    if i % every == 0:
+                        return driver.one(session, name, "high", high, args.flood_tokens, hi_p)
+                    return driver.one(session, name, "bulk", flood, args.flood_tokens, lo_p)
+
+                def refuse(i: int, name=name) -> None:
+                    ol.not_sent(driver, name, "bulk")
+
+                async def overload(level=level, send=send, refuse=refuse) -> None:
+                    tasks = await ol.open_loop(level * info["capacity_rps"], now() + args.overload_s, send,
+                                               lambda i: i % every == 0 or driver.in_flight < args.max_in_flight,
+                                               refuse)
+                    await ol.settle(tasks, args.drain_s)
+
+                await phase(name, overload)
+        finally:
+            progress.cancel()
+
+
+def capacity(records: list[dict], span: dict) -> float:
+    """Flood requests completed (200, stream done) per second, from a third of the flood (at most 5 s) to its end."""
+    start = span["start"] + min(5.0, (span["end"] - span["start"]) / 3)
+    done = [r for r in records if r["phase"] == "flood" and r["cls"] == "flood" and r["outcome"] == "ok"
+            and start <= r["t"] + r["e2e_s"] <= span["end"]]
+    return max(len(done), 1) / max(span["end"] - start, 1e-3)
+
+
+def _levels(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def result_doc(args, argv: list[str], shape: ClusterShape, driver: ol.Driver, info: dict, interrupted: bool) -> dict:
+    records = [{**r, "outcome": "cancelled"} if r["outcome"] == "pending" else r  # only when interrupted
+               for r in driver.records if r["phase"] != "warmup"]
+    return {
+        "benchmark": "overload", "command": " ".join(["kvmesh bench overload", *argv]), "interrupted": interrupted,
+        "variant": {"label": ("url" if args.url else shape.label.lstrip("_") or "1replica"), "url": args.url,
+                    "replicas": 2 if shape.pd else shape.replicas, "workers": shape.workers, "pd": shape.pd},
+        "config": {k: v for k, v in vars(args).items() if k not in ("out", "tenant_key")},
+        "machine": {"cpus": os.cpu_count(), "nice": os.nice(0), "loadavg_start": info.get("loadavg_start"),
+                    "loadavg_end": list(os.getloadavg())},
+        "capacity_rps": info.get("capacity_rps"), "capacity_source": info.get("capacity_source"),
+        "phase_times": info.get("phase_times", {}), "cpu": info.get("cpu", {}), "router": info.get("router", {}),
+        "phases": rep.by_phase_and_class(records),
+        "verdict": rep.verdict(records, _levels(args.levels), args.high_target_s),
+        "requests": records,
+    }
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: the run stops as on Ctrl-C (the cluster stopped, the results written), exit code 143."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    shape = ClusterShape(model=args.model, replicas=args.replicas, workers=args.workers, pd=args.pd,
+                         max_num_seqs=args.max_num_seqs, replica_args=args.replica_arg, router_args=args.router_arg,
+                         cli=shlex.split(args.kvmesh_cmd))
+    if not args.url and not Path(args.model).is_dir():
+        print(f"kvmesh bench overload: model directory {args.model} not found (../shared beside the checkout, "
+              "or $KVMESH_SHARED_DIR, or --model)", file=sys.stderr)
+        return 2
+    try:
+        load_tenant_keys(args.tenant_key, args.keys_file)
+    except ValueError as e:
+        print(f"kvmesh bench overload: {e}", file=sys.stderr)
+        return 2
+    if args.url:
+        args.url = args.url.rstrip("/")
+        try:
+            call("GET", args.url + "/v1/models", timeout=5.0)
+        except OSError as e:
+            print(f"kvmesh bench overload: cannot reach {args.url} ({e}); is the router running?", file=sys.stderr)
+            return 2
+    out = Path(args.out or f"results/bench_overload{'_url' if args.url else shape.label}.json")
+    cluster = None if args.url else Cluster(shape)
+    driver = ol.Driver(url=args.url or "", client_timeout_s=args.client_timeout_s, priority_in=args.priority_in,
+                       priority_header=args.priority_header)
+    info: dict = {"loadavg_start": list(os.getloadavg())}
+    interrupted = 0  # the exit code of a run stopped by a signal
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        if cluster:
+            print(f"starting {len(shape.roles)} replica(s) {shape.roles}, router --workers {shape.workers} ...",
+                  flush=True)
+            driver.url = cluster.start()
+        before = cluster.metrics() if cluster else ""
+        driver.t0 = time.monotonic()
+        asyncio.run(drive(args, driver, cluster, info))
+        if cluster:
+            after = cluster.metrics()
+            info["router"] = {m: metric_sum(after, m) - metric_sum(before, m)
+                              for m in ("kvmesh_router_pd_splits_total", "kvmesh_router_retries_total")}
+    except KeyboardInterrupt as e:
+        interrupted = 143 if isinstance(e, Terminated) else 130
+        print("interrupted: stopping the cluster, writing what was measured", file=sys.stderr, flush=True)
+    except RuntimeError as e:
+        print(f"kvmesh bench overload: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if cluster:
+            for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not leave processes behind
+                signal.signal(sig, signal.SIG_IGN)
+            cluster.stop()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    result = result_doc(args, argv, shape, driver, info, bool(interrupted))
+    print(rep.format_table(result["phases"]))
+    print(rep.format_verdict(result["verdict"]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(rep.result_text(result))
+    from kvmesh.cluster.measure.benchmarks.support.overload_plot import plot
+
+    plot(result, str(out.with_suffix(".png")))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return interrupted or (0 if result["verdict"]["pass"] else 1)
