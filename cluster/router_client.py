@@ -128,6 +128,18 @@ class RouterClient:
     def rollout(self, engine: Json | None = None) -> Json:
         return json.loads(self._request("POST", "/admin/rollout", {"engine": engine or {}}, admin=True)[1])
 
+    def load_lora_adapter(self, name: str, path: str, base_model_name: str | None = None) -> Json:
+        """``POST /v1/load_lora_adapter`` (admin key): the router loads adapter ``name`` from ``path`` on the replicas
+        of its base model (``base_model_name``: a deployment's served name; None: the router's only one)."""
+        body: Json = {"lora_name": name, "lora_path": path}
+        if base_model_name is not None:
+            body["base_model_name"] = base_model_name
+        return json.loads(self._request("POST", "/v1/load_lora_adapter", body, admin=True)[1])
+
+    def unload_lora_adapter(self, name: str) -> Json:
+        """``POST /v1/unload_lora_adapter`` (admin key): unloaded from every replica that has it."""
+        return json.loads(self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name}, admin=True)[1])
+
     def metrics_text(self) -> str:
         return self._request("GET", "/metrics")[1].decode()
 

@@ -89,7 +89,7 @@ def variants(routers: list[int], sessions: str, kv_transfer: dict[str, dict] | N
 
 def lora_variants(config: SimConfig, mode: str) -> dict[str, dict] | None:
     """``--adapter-affinity``: label suffix -> the run's LoRA section (None: ``on``, the config as given)."""
-    from kvmesh.cluster.measure.sim.lora import ADAPTER_AFFINITY_MODES
+    from kvmesh.cluster.measure.sim.lora_config import ADAPTER_AFFINITY_MODES
 
     if mode == "on":
         return None

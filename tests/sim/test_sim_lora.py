@@ -7,10 +7,16 @@ from dataclasses import replace
 
 import pytest
 from kvmesh.cluster.measure.sim.config import CostModel, SimConfig, sim_engine
-from kvmesh.cluster.measure.sim.lora import LoRASlots, SimLoRAConfig
+from kvmesh.cluster.measure.sim.lora import LoRASlots
+from kvmesh.cluster.measure.sim.lora_config import SimLoRAConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.run import compare_policies
-from kvmesh.cluster.measure.workloads.adapters import AdapterShape, adapter_name, adapter_requests, zipf_weights
+from kvmesh.cluster.measure.workloads.adapters import (
+    AdapterShape,
+    adapter_name,
+    adapter_requests,
+    zipf_weights,
+)
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.cluster.measure.workloads.registry import get_workload
 from kvmesh.cluster.measure.workloads.settings import WorkloadSettings, WorkloadShape

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kvmesh.cluster.measure.sim.lora import SimLoRAConfig
+from kvmesh.cluster.measure.sim.lora_config import SimLoRAConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.router.config import RouterConfig
 

@@ -28,51 +28,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from kvmesh.cluster.measure.sim.lora_config import SimLoRAConfig
 from kvmesh.replica.serving.load_report import LoRALoad
 from kvmesh.router.routing.load import ReplicaLoad
 
 if TYPE_CHECKING:
-    from kvmesh.cluster.measure.sim.loop import SimRun
     from kvmesh.cluster.measure.sim.request import SimRequest
     from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
-
-ADAPTER_AFFINITY_MODES: dict[str, dict[str, bool]] = {
-    "on": {"/adapter-aware": True}, "off": {"/adapter-blind": False},
-    "both": {"/adapter-aware": True, "/adapter-blind": False}}
-"""``--adapter-affinity`` mode -> {label suffix: whether the router is adapter-aware}."""
-
-
-@dataclass(frozen=True, slots=True)
-class SimLoRAConfig:
-    """The simulated replicas' LoRA slots and how the router sees adapters."""
-
-    max_loras: int = 4
-    """Distinct LoRA adapters one step may batch (device slots per replica, vLLM's --max-loras)."""
-    max_lora_rank: int = 16
-    """Largest adapter rank, as the replicas report it."""
-    lora_bytes: int = 83_886_080
-    """Bytes of one adapter's weights: rank 16 on every projection of an 8B Llama-3 in bf16 (~84 MB)."""
-    lora_load_bytes_per_s: float = 10e9
-    """Bytes per second of an adapter's load into a device slot (host memory to GPU with its set-up)."""
-    adapter_aware: bool = True
-    """The router gets each request's lora_name and the replicas' /load lora section (False: adapter-blind)."""
-
-    def __post_init__(self) -> None:
-        if self.max_loras < 1 or self.max_lora_rank < 1:
-            raise ValueError(f"max_loras and max_lora_rank must be >= 1, got {self.max_loras} and {self.max_lora_rank}")
-        if self.lora_bytes < 0:
-            raise ValueError(f"lora_bytes must be >= 0, got {self.lora_bytes}")
-        if not self.lora_load_bytes_per_s > 0:
-            raise ValueError(f"lora_load_bytes_per_s must be > 0 bytes per second, got {self.lora_load_bytes_per_s}")
-
-    @property
-    def load_s(self) -> float:
-        """Seconds one adapter's load into a slot takes."""
-        return self.lora_bytes / self.lora_load_bytes_per_s
-
 
 class LoRASlots:
     """One replica's device slots: which adapters are resident (LRU), what their loads cost, who waited."""
@@ -175,13 +140,12 @@ class ModelPools:
         return out
 
 
-def lora_summary(run: SimRun) -> dict:
-    """What the adapters cost in a run: loads into slots, their seconds, requests that waited for a slot."""
-    reqs = run.requests
+def lora_summary(reqs: Sequence[SimRequest], slots: Sequence[LoRASlots]) -> dict:
+    """What the adapters cost in a run (its requests, its replicas' slots): loads into slots, their seconds,
+    requests that waited for a slot."""
     adapter_reqs = [r for r in reqs if r.lora_name is not None]
     if not adapter_reqs:
         return {}
-    slots = [rep.lora for rep in run.replicas]
     loads = sum(s.num_loads for s in slots)
     per_replica = [len(s.known) for s in slots]
     return {"lora": {

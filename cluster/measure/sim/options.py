@@ -10,7 +10,7 @@ from kvmesh.cluster.config.autoscale import AutoscaleConfig
 from kvmesh.cluster.config.schema import Schema
 from kvmesh.cluster.config.trees import ROUTER_FIXED
 from kvmesh.cluster.measure.sim.config import SimConfig, sim_engine
-from kvmesh.cluster.measure.sim.lora import ADAPTER_AFFINITY_MODES
+from kvmesh.cluster.measure.sim.lora_config import ADAPTER_AFFINITY_MODES
 from kvmesh.cluster.measure.workloads.registry import get_workload
 from kvmesh.cluster.measure.workloads.settings import WorkloadSettings, WorkloadShape
 from kvmesh.cluster.measure.workloads.traces import default_trace

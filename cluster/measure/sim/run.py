@@ -94,7 +94,7 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
         with tqdm(total=len(records), desc=f"sim {label}", unit="req", disable=not show_progress,
                   leave=False) as bar:
             run = run_policy(name, fresh(), cfg, per_replica, tokens, progress=bar.update)
-        summary = summarize(run, pool_hits) | lora_summary(run)
+        summary = summarize(run, pool_hits) | lora_summary(run.requests, [rep.lora for rep in run.replicas])
         ceiling = report["ceilings"].get("single_pool_hit_rate")
         if ceiling:
             summary["hit_rate_vs_single_pool"] = summary["hit_rate"] / ceiling
