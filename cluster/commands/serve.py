@@ -74,8 +74,11 @@ def run(args: argparse.Namespace) -> int:
         interrupts.install()  # after ray.init, which installs its own SIGTERM handler
         rc = config.replicas
         split = f" decode + {rc.num_prefill_replicas} prefill" if rc.num_prefill_replicas else ""
-        print(f"\nkvmesh is ready in {cluster.elapsed_s:.1f}s: {cluster.url}  ({rc.num_replicas}{split} "
-              f"replicas, policy {config.router.policy}, model {cluster.state.served_model_name})\n"
+        models = ", ".join(f"{u.served_model_name} x{u.deployment.num_replicas}" for u in cluster.units)
+        print(f"\nkvmesh is ready in {cluster.elapsed_s:.1f}s: {cluster.url}  "
+              + (f"(deployments {models}, policy {config.router.policy})\n" if models else
+                 f"({rc.num_replicas}{split} replicas, policy {config.router.policy}, model "
+                 f"{cluster.state.served_model_name})\n") +
               f"Try it{' (export KVMESH_API_KEY first)' if config.router.api_key else ''}:\n"
               f"  {cluster.curl_line()}\n"
               f"Status: kvmesh status --url {cluster.url}\n"

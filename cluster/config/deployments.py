@@ -17,12 +17,11 @@ deployment is checked (and started) exactly as a one-model cluster is. Without d
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
+from kvmesh.cluster.config.autoscale import AutoscaleConfig
 from kvmesh.replica.config import EngineConfig
-
-if TYPE_CHECKING:
-    from kvmesh.cluster.config.trees import ServeConfig
+from kvmesh.router.config import RouterConfig
 
 EngineSetting = int | float | str | bool | None
 """A value of an engine field a deployment sets for its replicas (``engine: {max_num_seqs: 64}``)."""
@@ -103,6 +102,24 @@ class DeploymentsConfig:
         raise ValueError(f"no deployment {name!r}; the deployments: {', '.join(d.name for d in self.models) or 'none'}")
 
 
+class _Replicas(Protocol):
+    num_prefill_replicas: int
+
+
+class ServeTree(Protocol):
+    """What this module reads of ``ServeConfig`` (cluster/config/trees.py, which imports this module)."""
+
+    engine: EngineConfig
+    replicas: _Replicas
+    router: RouterConfig
+    autoscale: AutoscaleConfig
+    deployments: DeploymentsConfig
+
+
+ServeConfig = TypeVar("ServeConfig", bound=ServeTree)
+"""``trees.ServeConfig`` (a type variable: the tree is built from this module's section, not the other way)."""
+
+
 def lora_engine_fields(adapters: dict[str, str]) -> dict[str, object]:
     """The engine fields that serve ``adapters`` from the start (none without adapters)."""
     if not adapters:
@@ -136,8 +153,12 @@ def check_deployments(config: ServeConfig) -> None:
     if config.autoscale.scale_with_load:
         raise ValueError("deployments: autoscale.scale_with_load must be off (scale each deployment with "
                          "`kvmesh scale N --deployment NAME`)")
+    sizes = {}
     for d in config.deployments.models:
         try:
-            deployment_config(config, d)
+            sizes[d.name] = deployment_config(config, d).engine.block_size
         except ValueError as e:
             raise ValueError(f"deployment {d.name}: {e}") from None
+    if len(set(sizes.values())) > 1:  # the one router keys every model's blocks with one block size
+        raise ValueError("deployments: every deployment needs the same engine.block_size (the router hashes "
+                         f"blocks of one size); got {', '.join(f'{n}: {b}' for n, b in sizes.items())}")

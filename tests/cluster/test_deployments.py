@@ -95,3 +95,23 @@ def test_placement_is_planned_for_every_deployment_together():
     assert "small: 2 replicas x 0.5 GPUs and 1 CPU (room for 0)" in text and "big: 1 replica x 4 GPUs" in text
     assert "node 10.0.0.1: 4 GPUs, 16 CPUs; node 10.0.0.2: 2 GPUs, 16 CPUs" in text
     assert "Lower a deployment's num_replicas or gpus_per_replica" in text
+
+
+def test_serve_checks_every_deployments_model_and_sizes_its_embedded_ray_for_all(tmp_path):
+    from kvmesh.cluster.launch.preflight import PreflightError, check
+    from kvmesh.cluster.launch.ray_cluster import DRIVER_CPUS, embedded_num_cpus
+
+    config = load_config(_write(tmp_path, "router: {port: 0}\nreplicas: {http_port: 0, event_port: 0}\n"
+                                          "deployments: {models: [{model: embedded, served_model_name: a, "
+                                          "num_replicas: 2}, {model: embedded, served_model_name: b, "
+                                          "tensor_parallel_size: 2}]}\n"), env={})
+    assert embedded_num_cpus(config) == 2 * 1 + 1 * (2 + 1) + DRIVER_CPUS  # 2 + TP 2 and its actor's CPU
+    check(config)
+    missing = tmp_path / "no-such-model"
+    bad = load_config(_write(tmp_path, f"deployments: {{models: [{{model: embedded, served_model_name: a}}, "
+                                       f"{{model: {missing}, served_model_name: b}}]}}\n"), env={})
+    with pytest.raises(PreflightError, match="deployment b: "):
+        check(bad)
+    with pytest.raises(ConfigError, match="same engine.block_size"):
+        load_config(_write(tmp_path, "deployments: {models: [{model: embedded, served_model_name: a}, "
+                                     "{model: embedded, served_model_name: b, engine: {block_size: 32}}]}\n"), env={})
