@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvmesh serve: {e}", file=sys.stderr)
         return 2
 
+    from kvmesh.cluster.fleet.deployment_fleet import DeploymentFleet
     from kvmesh.cluster.fleet.operations import Fleet
     from kvmesh.cluster.launch import ray_cluster
     from kvmesh.cluster.launch.launcher import ServeCluster
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     ray_cluster.adopt_orphans()  # a Ray process orphaned by a Ctrl-C mid-start is still ours to end
     interrupts = Interrupts()
     interrupts.install()
-    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_keys_dir="", fleet=Fleet)
+    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_keys_dir="",
+                           fleet=DeploymentFleet if config.deployments.models else Fleet)
     code = 0
     try:
         cluster.start()

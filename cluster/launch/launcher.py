@@ -116,7 +116,7 @@ class ServeCluster:
         wait_router_sees(st.router_client, st.router, len(st.replicas))
         st.supervisor = Supervisor(st.replicas, st.router_client, interval_s=self.supervise_interval_s,
                                    report=self.report, spawn=lambda rid: self._spawn[rid]()).start()
-        if self.make_fleet is not None and not self.units:  # the fleet drives one model's replicas
+        if self.make_fleet is not None:
             self.fleet = self.make_fleet(self).start()
             st.router.runtime.fleet = self.fleet
         return self
@@ -217,7 +217,8 @@ class ServeCluster:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 group.placement_group, placement_group_bundle_index=actor_bundle))
         self._spawn[replica_id] = spawn  # the supervisor replaces a dead replica with the same
-        return ReplicaHandle(replica_id=replica_id, actor=spawn(), role=role)
+        return ReplicaHandle(replica_id=replica_id, actor=spawn(), role=role,
+                             deployment=unit.deployment.name if unit is not None else "")
 
     def engine_config(self) -> EngineConfig:
         """The serve config's engine section as every replica gets it (cluster/launch/replica_sections.py)."""
