@@ -161,7 +161,8 @@ def format_table(rows, url: str, health: dict) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
                       for line in lines)
-    healthy = len(health.get("healthy_replicas", []))
+    shown = {r.replica_id for r in rows}  # --deployment: its replicas only
+    healthy = len([rid for rid in health.get("healthy_replicas", []) if rid in shown])
     notes = [f"  {r.replica_id}: routed by load only -- {r.degraded}" for r in rows if r.healthy and r.degraded]
     notes += [f"  {r.replica_id}: ejected after failures in a row -- {r.last_failure}" for r in rows if r.ejected]
     return "\n".join([f"router {url}: {healthy}/{len(rows)} replicas healthy", table, *notes])

@@ -51,7 +51,7 @@ class _FakeAdmin(BaseHTTPRequestHandler):
 def admin_args(tmp_path, monkeypatch):
     monkeypatch.delenv("KVMESH_ADMIN_KEY", raising=False)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeAdmin)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     _FakeAdmin.posts = []
     key = write_private(tmp_path / "admin_key", "admin-key")
     yield ["--url", f"http://127.0.0.1:{server.server_address[1]}", "--admin-key-file", str(key), "--wait", "0"]

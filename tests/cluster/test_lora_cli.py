@@ -42,7 +42,7 @@ class _FakeRouter(BaseHTTPRequestHandler):
 @pytest.fixture
 def router_url():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeRouter)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     _FakeRouter.calls = []
     yield f"http://127.0.0.1:{server.server_address[1]}"
