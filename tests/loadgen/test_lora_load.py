@@ -18,3 +18,6 @@ async def test_the_lora_workload_names_its_adapters_as_the_model_most_popular_fi
     assert set(models) <= {"lora-0", "lora-1", "lora-2", "lora-3", "fake-model"}
     assert models["fake-model"] > 0  # base-model requests name the run's model
     assert models["lora-0"] > models["lora-3"] > 0
+    per_model = run["summary"]["by_model"]
+    assert {name: v["requests"] for name, v in per_model.items()} == dict(models)
+    assert list(per_model)[0] == "lora-0" and per_model["lora-0"]["later_requests_cached"] > 0.5
