@@ -23,6 +23,7 @@ COMMANDS = {
     "scale": "scale",
     "drain": "drain",
     "rollout": "rollout",
+    "lora": "lora",
     "events": "events",
     "bench": "bench",
     "sim": "sim",

@@ -120,13 +120,29 @@ class RouterClient:
         """The serve process's replica set, target and scaling decisions (``GET /admin/fleet``)."""
         return json.loads(self._request("GET", "/admin/fleet", admin=True)[1])
 
-    def scale(self, replicas: int, role: str | None = None) -> Json:
-        """``POST /admin/scale``: ``role`` prefill, or None/decode/both for the replicas that serve requests."""
+    def scale(self, replicas: int, role: str | None = None, deployment: str | None = None) -> Json:
+        """``POST /admin/scale``: ``role`` prefill, or None/decode/both for the replicas that serve requests;
+        ``deployment``: that deployment's replicas (a cluster of several models)."""
         body: Json = {"replicas": replicas} if role is None else {"replicas": replicas, "role": role}
+        if deployment is not None:
+            body["deployment"] = deployment
         return json.loads(self._request("POST", "/admin/scale", body, admin=True)[1])
 
-    def rollout(self, engine: Json | None = None) -> Json:
-        return json.loads(self._request("POST", "/admin/rollout", {"engine": engine or {}}, admin=True)[1])
+    def rollout(self, engine: Json | None = None, deployment: str | None = None) -> Json:
+        body: Json = {"engine": engine or {}} | ({"deployment": deployment} if deployment is not None else {})
+        return json.loads(self._request("POST", "/admin/rollout", body, admin=True)[1])
+
+    def load_lora_adapter(self, name: str, path: str, base_model_name: str | None = None) -> Json:
+        """``POST /v1/load_lora_adapter`` (admin key): the router loads adapter ``name`` from ``path`` on the replicas
+        of its base model (``base_model_name``: a deployment's served name; None: the router's only one)."""
+        body: Json = {"lora_name": name, "lora_path": path}
+        if base_model_name is not None:
+            body["base_model_name"] = base_model_name
+        return json.loads(self._request("POST", "/v1/load_lora_adapter", body, admin=True)[1])
+
+    def unload_lora_adapter(self, name: str) -> Json:
+        """``POST /v1/unload_lora_adapter`` (admin key): unloaded from every replica that has it."""
+        return json.loads(self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name}, admin=True)[1])
 
     def metrics_text(self) -> str:
         return self._request("GET", "/metrics")[1].decode()

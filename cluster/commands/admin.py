@@ -70,6 +70,9 @@ def run_admin(args: argparse.Namespace, command: str, call: Callable[[RouterClie
                 "at --url is found by itself)"}.get(e.status, "")
         print(f"kvmesh {command}: router answered {e.status}: {e.message}{hint}", file=sys.stderr)
         return 1
+    except ValueError as e:  # the command's own check refused (e.g. drain --deployment of another's replica)
+        print(f"kvmesh {command}: {e}", file=sys.stderr)
+        return 2
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         print(f"kvmesh {command}: no router at {args.url} ({type(e).__name__}); is `kvmesh serve` running? "
               "Pass --url for another address.", file=sys.stderr)

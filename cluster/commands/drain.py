@@ -10,20 +10,27 @@ rotation (``DELETE /replicas/{id}`` removes it).
 examples:
   kvmesh drain replica-1
   kvmesh drain prefill-2
+  kvmesh drain replica-4 --deployment llama   # refused unless replica-4 serves deployment llama
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from kvmesh.cluster.commands.admin import add_admin_arguments, run_admin
 from kvmesh.router.routing.roles import PREFILL
+
+if TYPE_CHECKING:
+    from kvmesh.cluster.router_client import RouterClient
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("drain", help="take a replica out of a running cluster without failing a request",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("replica", help="replica id, as `kvmesh status` lists it")
+    parser.add_argument("--deployment", default=None,
+                        help="refuse unless the replica is this deployment's (a cluster of several models)")
     add_admin_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -43,5 +50,12 @@ def describe(answer: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_admin(args, "drain", lambda client: client.drain(args.replica), describe,
-                     done=lambda state: args.replica not in state["replicas"])
+    def call(client: RouterClient) -> dict:
+        if args.deployment is not None:  # the fleet names each replica's deployment
+            owner = (client.fleet().get("deployments") or {}).get(args.replica)
+            if owner != args.deployment:
+                raise ValueError(f"{args.replica} is not a replica of deployment {args.deployment!r}"
+                                 + (f" (it serves {owner})" if owner else ""))
+        return client.drain(args.replica)
+
+    return run_admin(args, "drain", call, describe, done=lambda state: args.replica not in state["replicas"])

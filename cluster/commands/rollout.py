@@ -6,6 +6,7 @@ For each replica: start a new one (with the --engine changes), wait until the ro
 examples:
   kvmesh rollout
   kvmesh rollout --engine max_num_seqs=64 --engine max_num_batched_tokens=4096
+  kvmesh rollout --deployment llama --engine max_num_seqs=64   # one deployment's replicas (several models)
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
                         help="an engine setting the new replicas get (repeatable; JSON values, else text)")
+    parser.add_argument("--deployment", default=None,
+                        help="restart only this deployment's replicas (a cluster of several models)")
     add_admin_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -52,5 +55,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"kvmesh rollout: {e}", file=sys.stderr)
         return 2
-    return run_admin(args, "rollout", lambda client: client.rollout(engine), describe,
-                     done=lambda state: bool(state["operations"]) and state["operations"][-1]["operation"] == "rollout")
+    operation = "rollout" if args.deployment is None else f"rollout {args.deployment}"
+    return run_admin(args, "rollout", lambda client: client.rollout(engine, args.deployment), describe,
+                     done=lambda state: bool(state["operations"]) and state["operations"][-1]["operation"] == operation)

@@ -7,6 +7,7 @@ examples:
   kvmesh scale 3                  # the one cluster running here (several: add --url)
   kvmesh scale --role prefill 2   # two prefill replicas
   kvmesh scale 1 --url http://10.0.0.5:8000 --wait 0
+  kvmesh scale 3 --deployment llama   # a cluster of several models (serve's deployments): that one's replicas
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("replicas", type=int, help="replicas wanted (of --role)")
     parser.add_argument("--role", choices=ROLES, default=None,
                         help="which replicas: prefill, or decode/both = the ones that serve requests (the default)")
+    parser.add_argument("--deployment", default=None,
+                        help="the deployment whose replicas to scale (a cluster of several models)")
     add_admin_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def describe(wanted: int, answer: dict) -> str:
     now, what = answer.get("replicas", []), "prefill replica(s)" if answer.get("role") == PREFILL else "replica(s)"
+    if answer.get("deployment"):
+        what += f" of {answer['deployment']}"
     return f"scaling to {wanted} {what} (now {len(now)} in all: {', '.join(now) or 'none'})"
 
 
@@ -39,6 +44,10 @@ def count(state: dict, role: str | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_admin(args, "scale", lambda client: client.scale(args.replicas, args.role),
-                     lambda answer: describe(args.replicas, answer),
-                     done=lambda state: count(state, args.role) == args.replicas)
+    def done(state: dict) -> bool:
+        if args.deployment is None:
+            return count(state, args.role) == args.replicas
+        return list((state.get("deployments") or {}).values()).count(args.deployment) == args.replicas
+
+    return run_admin(args, "scale", lambda client: client.scale(args.replicas, args.role, args.deployment),
+                     lambda answer: describe(args.replicas, answer), done=done)

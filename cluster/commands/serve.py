@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvmesh serve: {e}", file=sys.stderr)
         return 2
 
+    from kvmesh.cluster.fleet.deployment_fleet import DeploymentFleet
     from kvmesh.cluster.fleet.operations import Fleet
     from kvmesh.cluster.launch import ray_cluster
     from kvmesh.cluster.launch.launcher import ServeCluster
@@ -67,15 +68,19 @@ def run(args: argparse.Namespace) -> int:
     ray_cluster.adopt_orphans()  # a Ray process orphaned by a Ctrl-C mid-start is still ours to end
     interrupts = Interrupts()
     interrupts.install()
-    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_keys_dir="", fleet=Fleet)
+    cluster = ServeCluster(config, report=report, log_to_driver=args.verbose, admin_keys_dir="",
+                           fleet=DeploymentFleet if config.deployments.models else Fleet)
     code = 0
     try:
         cluster.start()
         interrupts.install()  # after ray.init, which installs its own SIGTERM handler
         rc = config.replicas
         split = f" decode + {rc.num_prefill_replicas} prefill" if rc.num_prefill_replicas else ""
-        print(f"\nkvmesh is ready in {cluster.elapsed_s:.1f}s: {cluster.url}  ({rc.num_replicas}{split} "
-              f"replicas, policy {config.router.policy}, model {cluster.state.served_model_name})\n"
+        models = ", ".join(f"{u.served_model_name} x{u.deployment.num_replicas}" for u in cluster.units)
+        print(f"\nkvmesh is ready in {cluster.elapsed_s:.1f}s: {cluster.url}  "
+              + (f"(deployments {models}, policy {config.router.policy})\n" if models else
+                 f"({rc.num_replicas}{split} replicas, policy {config.router.policy}, model "
+                 f"{cluster.state.served_model_name})\n") +
               f"Try it{' (export KVMESH_API_KEY first)' if config.router.api_key else ''}:\n"
               f"  {cluster.curl_line()}\n"
               f"Status: kvmesh status --url {cluster.url}\n"

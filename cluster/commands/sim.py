@@ -69,18 +69,32 @@ def build_config(command: SimCommandConfig, routers: list[int], load_poll_given:
     return miniature(config, command.compare.miniature)
 
 
-def variants(routers: list[int], sessions: str, kv_transfer: dict[str, dict] | None = None) -> dict[str, dict] | None:
+def variants(routers: list[int], sessions: str, kv_transfer: dict[str, dict] | None = None,
+             adapters: dict[str, dict] | None = None) -> dict[str, dict] | None:
     """Label suffix -> SimConfig changes, one run per entry and policy (None: one plain run); ``kv_transfer``:
-    the ``--pd-compare`` runs (``run.kv_transfer_variants``), crossed with the others."""
+    the ``--pd-compare`` runs (``run.kv_transfer_variants``), and ``adapters``: the ``--adapter-affinity both``
+    runs (``lora_variants``), crossed with the others."""
     counts: list[int | None] = list(routers) if len(routers) > 1 else [None]
     out = {}
     for n in counts:
         for suffix, on in SESSION_MODES[sessions].items():
             label = (f"/{n}r" if n is not None else "") + suffix.strip()
             out[label] = {"use_sessions": on} | ({"num_routers": n} if n is not None else {})
-    if kv_transfer:
-        out = {label + suffix: changes | more for label, changes in out.items() for suffix, more in kv_transfer.items()}
+    for more_runs in (kv_transfer, adapters):
+        if more_runs:
+            out = {label + suffix: changes | more for label, changes in out.items()
+                   for suffix, more in more_runs.items()}
     return out if len(out) > 1 or sessions != "off" else None
+
+
+def lora_variants(config: SimConfig, mode: str) -> dict[str, dict] | None:
+    """``--adapter-affinity``: label suffix -> the run's LoRA section (None: ``on``, the config as given)."""
+    from kvmesh.cluster.measure.sim.lora_config import ADAPTER_AFFINITY_MODES
+
+    if mode == "on":
+        return None
+    return {suffix: {"lora": replace(config.lora, adapter_aware=aware)}
+            for suffix, aware in ADAPTER_AFFINITY_MODES[mode].items()}
 
 
 def load_workload(workload: SimWorkloadOptions, shape: WorkloadShape, seed: int) -> list[MooncakeRecord]:
@@ -97,6 +111,7 @@ def load_workload(workload: SimWorkloadOptions, shape: WorkloadShape, seed: int)
 
 def run(args: argparse.Namespace) -> int:
     from kvmesh.cluster.config.flags import config_from_args, overrides_from_args
+    from kvmesh.cluster.measure.sim.lora_report import format_lora_table, has_lora, plot_lora
     from kvmesh.cluster.measure.sim.options import SIM_SCHEMA
     from kvmesh.cluster.measure.sim.plots import plot_kv_transfer, plot_report
     from kvmesh.cluster.measure.sim.replica import cut_trace
@@ -117,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"unknown policies {unknown}; registered: {registered}")
         moves = kv_transfer_variants(config) if compare.pd_compare else None
         report = compare_policies(records, config, policies, show_progress=not args.no_progress,
-                                  with_ceilings=compare.ceilings, variants=variants(args.routers, compare.sessions, moves))
+                                  with_ceilings=compare.ceilings, variants=variants(args.routers, compare.sessions, moves,
+                                                                    lora_variants(config, compare.adapter_affinity)))
     except (TraceError, ValueError) as e:
         print(f"kvmesh sim: {e}", file=sys.stderr)
         return 2
@@ -128,5 +144,9 @@ def run(args: argparse.Namespace) -> int:
         if config.num_prefill_replicas or config.peer_pulls or compare.pd_compare:
             written.append(str(plot_kv_transfer(report, png.with_name(png.stem + "_kv_transfer.png"))))
     print(format_table(report))
+    if has_lora(report):
+        print(format_lora_table(report))
+        if not args.no_plot:
+            written.append(str(plot_lora(report, png.with_name(png.stem + "_lora.png"))))
     print("wrote " + " and ".join(written))
     return 0

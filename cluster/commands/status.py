@@ -24,6 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="file holding the admin key, or a cluster record, for the replica list (default: "
                              "$KVMESH_ADMIN_KEY, else the record of the kvmesh serve running here at --url)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--deployment", default=None,
+                        help="only this deployment's replicas (a cluster of several models; needs the admin key)")
     parser.set_defaults(func=run)
 
 
@@ -55,6 +57,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         client.close()
+    if args.deployment is not None:
+        try:
+            rows = of_deployment(rows, fleet, args.deployment)
+        except ValueError as e:
+            print(f"kvmesh status: {e}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps({"router": args.url, "health": health, "fleet": fleet,
                           "replicas": [{**_row_dict(r), "hit_rate": r.hit_rate, "host_hit_rate": r.host_hit_rate}
@@ -64,6 +72,18 @@ def run(args: argparse.Namespace) -> int:
     if fleet:
         print(format_fleet(fleet))
     return 0
+
+
+def of_deployment(rows: list, fleet: dict | None, deployment: str) -> list:
+    """The rows of ``deployment``'s replicas (``GET /admin/fleet``'s ``deployments``); ValueError when the cluster
+    runs no deployments (or the fleet could not be read) or none of that name."""
+    owners = (fleet or {}).get("deployments")
+    if not owners:
+        raise ValueError(f"--deployment {deployment}: this cluster runs no deployments (or its fleet could not be "
+                         "read: it needs the admin key)")
+    if deployment not in owners.values():
+        raise ValueError(f"no deployment {deployment!r}; this cluster runs {', '.join(sorted(set(owners.values())))}")
+    return [r for r in rows if owners.get(r.replica_id) == deployment]
 
 
 def _locate(url: str | None, key_file: str | None = None) -> tuple[str, str | None]:
@@ -141,7 +161,8 @@ def format_table(rows, url: str, health: dict) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
                       for line in lines)
-    healthy = len(health.get("healthy_replicas", []))
+    shown = {r.replica_id for r in rows}  # --deployment: its replicas only
+    healthy = len([rid for rid in health.get("healthy_replicas", []) if rid in shown])
     notes = [f"  {r.replica_id}: routed by load only -- {r.degraded}" for r in rows if r.healthy and r.degraded]
     notes += [f"  {r.replica_id}: ejected after failures in a row -- {r.last_failure}" for r in rows if r.ejected]
     return "\n".join([f"router {url}: {healthy}/{len(rows)} replicas healthy", table, *notes])

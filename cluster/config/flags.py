@@ -83,8 +83,8 @@ def overrides_from_args(args: argparse.Namespace, schema: Schema[Root]) -> dict[
                 overrides[opt.dotted] = assignments(raw, opt.flag)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-        elif opt.is_sequence:
-            overrides[opt.dotted] = list(raw)
+        elif opt.is_sequence:  # a list of sections (deployments.models) takes one YAML mapping per flag
+            overrides[opt.dotted] = [value_from_text(v, None) for v in raw] if _of_sections(opt) else list(raw)
         else:
             overrides[opt.dotted] = value_from_text(raw, opt.type)
     return overrides
@@ -100,6 +100,14 @@ def _metavar(opt: Option) -> str:
 
     arms = set(typing.get_args(opt.type)) or {opt.type}
     return "N" if int in arms and str not in arms else "X" if float in arms else "VALUE"
+
+
+def _of_sections(opt: Option) -> bool:
+    """A list whose items are dataclasses (``deployments.models``)."""
+    import dataclasses
+    import typing
+
+    return any(dataclasses.is_dataclass(arg) for arg in typing.get_args(opt.type))
 
 
 def _dest(opt: Option) -> str:

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 
 from kvmesh.cluster.config.autoscale import AutoscaleConfig
+from kvmesh.cluster.config.deployments import DeploymentsConfig, check_deployments
 from kvmesh.cluster.config.gpu_share import check_device_share, check_gpu_share, gpus_per_worker
 from kvmesh.cluster.config.schema import Schema, Tree, to_dict
 from kvmesh.events.config import PublisherConfig
@@ -163,9 +164,12 @@ class ServeConfig:
     """Embedded Ray or an existing cluster; placement."""
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
     """Replicas that follow the traffic: bounds, target load per replica, delays."""
+    deployments: DeploymentsConfig = field(default_factory=DeploymentsConfig)
+    """Several models behind the one router (cluster/config/deployments.py); empty: the engine section's model."""
 
     def __post_init__(self) -> None:
         check_hash_seed(self.engine.hash_seed)
+        check_deployments(self)
         check_gpu_share(self.replicas.gpus_per_replica, self.engine.tensor_parallel_size,
                         self.engine.gpu_memory_utilization)
         if self.engine.device == "cpu":

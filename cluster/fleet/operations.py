@@ -44,6 +44,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def one_model(deployment: str | None) -> None:
+    """A one-model cluster has no deployments to name (ValueError when one is named)."""
+    if deployment is not None:
+        raise ValueError(f"this cluster runs one model, no deployments: drop --deployment {deployment}")
+
+
 class Fleet:
     """See the module doc. ``cluster`` is the running ``ServeCluster``."""
 
@@ -113,9 +119,10 @@ class Fleet:
                     "target_queued_prefill_tokens": self.config.target_queued_prefill_tokens},
                 "decisions": [d.as_dict() for d in self.decisions], "operations": list(self.operations)}
 
-    def request_scale(self, replicas: int, role: str | None = None) -> Accepted:
+    def request_scale(self, replicas: int, role: str | None = None, deployment: str | None = None) -> Accepted:
         """Queue "scale ``role`` to N" (role None: the serving replicas); ValueError when N is out of bounds or the
-        role is unknown."""
+        role is unknown (``deployment``: a cluster of deployments', deployment_fleet.py)."""
+        one_model(deployment)
         role = PREFILL if check_role(role or self.serving_role) == PREFILL else self.serving_role
         others = len(self.st.replicas) - len(self.replica_ids(role))  # the other role's replicas hold nodes too
         low, high = (0 if role == PREFILL else 1), max(1, self.capacity() - others)
@@ -140,10 +147,11 @@ class Fleet:
             return 1 << 10
         return max(1, plan_capacity(pl.cluster_nodes(), self.cluster.replica_bundles(), 1).holds)
 
-    def request_rollout(self, engine: EngineChanges | None = None) -> Accepted:
+    def request_rollout(self, engine: EngineChanges | None = None, deployment: str | None = None) -> Accepted:
         """Queue a rolling restart; ``engine`` = EngineConfig fields the new replicas get (checked now).
 
         ValueError: bad settings; RuntimeError: a rollout is already under way."""
+        one_model(deployment)
         if self.busy == "rollout" or any(op[0] == "rollout" for op in list(self._ops.queue)):
             raise RuntimeError("a rolling restart is already running; GET /admin/fleet shows its progress")
         new_engine = self.st.engine

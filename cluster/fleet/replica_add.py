@@ -16,25 +16,53 @@ from kvmesh.cluster.config.roles import Role
 from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch.supervisor import ReplicaHandle, register
 
+
+def check_deployment_counts(cluster: RunningCluster, more: dict[str, int]) -> None:
+    """``CapacityError`` unless the nodes hold every deployment's replicas with ``more`` added (name -> count)
+    (only reported with ``ray.wait_for_nodes``: a Ray autoscaler may add nodes)."""
+    from dataclasses import replace
+
+    from kvmesh.cluster.launch.capacity import CapacityError
+    from kvmesh.cluster.launch.deployment_capacity import check_deployments_capacity
+
+    have = {u.deployment.name: 0 for u in cluster.units}
+    for handle in cluster.state.replicas:
+        have[handle.deployment] = have.get(handle.deployment, 0) + 1
+    demands = [replace(u.demand, num_replicas=have[u.deployment.name] + more.get(u.deployment.name, 0))
+               for u in cluster.units]
+    try:
+        check_deployments_capacity(pl.cluster_nodes(), demands, embedded=cluster.state.ray.owned)
+    except CapacityError as e:
+        if not cluster.config.ray.wait_for_nodes:
+            raise
+        cluster.report(f"the nodes cannot hold the replicas yet: {e.shortfall}")
+
 if TYPE_CHECKING:
+    from kvmesh.cluster.launch.deployment_launch import DeploymentUnit
     from kvmesh.cluster.launch.serve_state import RunningCluster, ServeState
 
 
-def add_replicas(cluster: RunningCluster, indexes: list[int], role: Role) -> list[ReplicaHandle]:
-    """Start replicas ``indexes`` of ``role`` in new placement groups; returns once the router routes to them."""
+def add_replicas(cluster: RunningCluster, indexes: list[int], role: Role,
+                 unit: DeploymentUnit | None = None) -> list[ReplicaHandle]:
+    """Start replicas ``indexes`` of ``role`` (of deployment ``unit``) in new placement groups; returns once the
+    router routes to them."""
     import ray
     from ray.util.placement_group import placement_group
 
     cfg, st = cluster.config, cluster.state
-    bundles = cluster.replica_bundles()
-    cluster.check_capacity(len(st.replicas) + len(indexes))  # more than the nodes hold: say so at once
+    if unit is None:
+        bundles = cluster.replica_bundles()
+        cluster.check_capacity(len(st.replicas) + len(indexes))  # more than the nodes hold: say so at once
+    else:  # every deployment's replicas with these added (cluster/launch/deployment_capacity.py)
+        bundles = unit.bundles
+        check_deployment_counts(cluster, {unit.deployment.name: len(indexes)})
     groups = []
     for i in indexes:
         pg = placement_group(bundles, strategy="STRICT_PACK", name=f"kvmesh-replica-{i}-{time.time_ns()}")
         groups.append(pl.ReplicaPlacement(replica_index=i, placement_group=pg, target_node_id=None))
     st.groups.extend(groups)
     pl.wait_ready(groups, timeout_s=cfg.ray.placement_timeout_s, report=cluster.report)
-    handles = [cluster.start_replica(g, role) for g in groups]
+    handles = [cluster.start_replica(g, role, unit) for g in groups]
     deadline = time.monotonic() + cfg.ray.ready_timeout_s
     try:
         for handle in handles:

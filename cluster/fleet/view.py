@@ -39,7 +39,7 @@ class Operation(TypedDict):
     """``ok`` or ``failed: ...``."""
 
 
-class FleetView(TypedDict):
+class FleetView(TypedDict, total=False):
     """``GET /admin/fleet``: the replica set, the operation under way and the recent history."""
 
     replicas: list[str]
@@ -60,6 +60,8 @@ class FleetView(TypedDict):
     """The autoscaler's last decisions."""
     operations: list[Operation]
     """The last finished operations."""
+    deployments: dict[str, str]
+    """Each replica's deployment (a cluster of several models only: deployment_fleet.py)."""
 
 
 class Accepted(TypedDict, total=False):
@@ -75,3 +77,5 @@ class Accepted(TypedDict, total=False):
     """Scale: the role scaled (prefill, or the serving replicas' decode/both)."""
     engine_changes: list[str]
     """Rollout: the engine fields it changes."""
+    deployment: str
+    """The deployment scaled or rolled out (a cluster of several models)."""

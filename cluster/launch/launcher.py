@@ -32,6 +32,7 @@ from kvmesh.cluster.config.roles import Role, replica_name, serving_role
 from kvmesh.cluster.config.trees import ServeConfig
 from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch import preflight, ray_cluster
+from kvmesh.cluster.launch.deployment_launch import DeploymentUnit, place_units, plan_units
 from kvmesh.cluster.launch.embedded_model import SERVED_NAME
 from kvmesh.cluster.launch.event_keys import curve_keys
 from kvmesh.cluster.launch.model_files import resolve_model_path
@@ -87,6 +88,9 @@ class ServeCluster:
         self._internal_key: str = secrets.token_urlsafe(32)
         # SECRET: CURVE keypairs of the replicas' event sockets and of the router that subscribes to them.
         self._curve = curve_keys() if config.replicas.private_events else None
+        self.units: list[DeploymentUnit] = []
+        """The deployments as their replicas start (``deployments.models``; empty: the one model of the engine
+        section). cluster/launch/deployment_launch.py."""
 
     # ------------------------------------------------------------------ start
     def start(self) -> ServeCluster:
@@ -99,9 +103,13 @@ class ServeCluster:
         st.ray = ray_cluster.connect(cfg, log_to_driver=self.log_to_driver)
         preflight.check_port_free(ray_cluster.router_host(cfg, st.ray), cfg.router.port, "router.port")
         st.device = ray_cluster.resolve_device(cfg, st.ray)
-        st.model_path = resolve_model_path(cfg, st.ray, self.report)
-        st.served_model_name = cfg.router.served_model_name or (SERVED_NAME if cfg.is_embedded_model
-                                                                 else cfg.engine.model)
+        if cfg.deployments.models:  # several models: the first one's is the router's own (its tokenizer)
+            self.units = plan_units(cfg, st.ray, st.device, self._hash_seed, self.report)
+            st.model_path, st.served_model_name = self.units[0].model_path, self.units[0].served_model_name
+        else:
+            st.model_path = resolve_model_path(cfg, st.ray, self.report)
+            st.served_model_name = cfg.router.served_model_name or (SERVED_NAME if cfg.is_embedded_model
+                                                                     else cfg.engine.model)
         self._start_replicas()  # they load the model while the router starts
         self._start_router()
         wait_replicas_ready(st.replicas, st.router_client, cfg.ray.ready_timeout_s, self.report, lambda: self.elapsed_s)
@@ -133,17 +141,20 @@ class ServeCluster:
     def router_config(self, admin_key: str | None = None) -> RouterConfig:
         """The serve config's router section, plus what the router takes from the engine's."""
         cfg, st = self.config, self.state
+        engine = self.units[0].engine if self.units else cfg.engine
         router = replace(cfg.router, host=ray_cluster.router_host(cfg, st.ray), model=st.model_path,
                        policy_kwargs=with_step_budget(cfg.router.policy, cfg.router.policy_kwargs,
-                                                      cfg.engine.max_num_batched_tokens),
-                       tokenizer=cfg.engine.tokenizer, served_model_name=st.served_model_name,
-                       max_model_len=cfg.engine.max_model_len, block_size=cfg.engine.block_size,
+                                                      engine.max_num_batched_tokens),
+                       tokenizer=engine.tokenizer, served_model_name=st.served_model_name,
+                       max_model_len=engine.max_model_len, block_size=engine.block_size,
                        replica_api_key=None, internal_key=self._internal_key, admin_key=admin_key,
                        frontend=cfg.frontend, cache_salt_secret=cache_salt_secret(self._hash_seed))
         return self._curve.router(router) if self._curve else router
 
     def _start_replicas(self) -> None:
         cfg, st = self.config, self.state
+        if self.units:
+            return self._start_deployments()
         rc, tp = cfg.replicas, cfg.engine.tensor_parallel_size
         bundles = self.replica_bundles()
         self.check_capacity(rc.num_started)  # fail in a second, not after placement_timeout_s
@@ -159,6 +170,15 @@ class ServeCluster:
         for group, role in zip(st.groups, roles, strict=True):
             st.replicas.append(self.start_replica(group, role))
 
+    def _start_deployments(self) -> None:
+        """Every deployment's replicas, placement planned for all first (cluster/launch/deployment_launch.py)."""
+        st = self.state
+        st.engine, st.kv_transfer = self.units[0].engine, replica_kv_transfer(self.config)
+        placed = place_units(self.config, self.units, st.ray.owned, self.report)
+        st.groups = [group for _, group in placed]
+        for unit, group in placed:
+            st.replicas.append(self.start_replica(group, serving_role(0), unit))
+
     def replica_bundles(self) -> list[dict[str, float]]:
         cfg = self.config
         return pl.replica_bundles(cfg.engine.tensor_parallel_size, cfg.replicas.num_cpus_per_worker,
@@ -168,8 +188,9 @@ class ServeCluster:
         """CapacityError unless the nodes hold ``num_replicas`` replicas (placement.check_serve_capacity)."""
         pl.check_serve_capacity(self.config, self.replica_bundles(), num_replicas, self.state.ray.owned, self.report)
 
-    def start_replica(self, group: pl.ReplicaPlacement, role: Role) -> ReplicaHandle:
-        """Start replica ``group.replica_index``'s actor of ``role`` in its placement group (not yet ready).
+    def start_replica(self, group: pl.ReplicaPlacement, role: Role, unit: DeploymentUnit | None = None) -> ReplicaHandle:
+        """Start replica ``group.replica_index``'s actor of ``role`` in its placement group (not yet ready);
+        ``unit``: a replica of that deployment (its engine, served name, bundles), else of the one model.
 
         The hook the fleet (cluster/fleet/operations.py) adds replicas through at runtime; ports are the
         base + i (+ 2i for events), whatever the role (cluster/config/roles.py).
@@ -178,23 +199,26 @@ class ServeCluster:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         cfg, st = self.config, self.state
-        rc, tp, i = cfg.replicas, cfg.engine.tensor_parallel_size, group.replica_index
-        bundles = self.replica_bundles()
+        own = unit.config if unit is not None else cfg  # a deployment's replica: its parallelism and GPU share
+        rc, tp, i = cfg.replicas, own.engine.tensor_parallel_size, group.replica_index
+        bundles = unit.bundles if unit is not None else self.replica_bundles()
+        engine, served = (unit.engine, unit.served_model_name) if unit is not None else (st.engine, st.served_model_name)
         actor_bundle = pl.actor_bundle_index(tp)
         replica_id = replica_name(i, role)
         options = ReplicaOptions(
-            engine=st.engine, server=replica_server(cfg, i, st.served_model_name, st.ray.local, self._internal_key),
+            engine=engine, server=replica_server(cfg, i, served, st.ray.local, self._internal_key),
             events=replica_events(cfg, self._curve), frontend=cfg.frontend, kv_transfer=st.kv_transfer,
             replica_id=replica_id, num_cpus_per_worker=rc.num_cpus_per_worker,
             placement_group=group.placement_group if tp > 1 else None)
         spawn = functools.partial(
             start_replica_actor, options, name=f"kvmesh-{replica_id}", max_restarts=rc.max_restarts,
             namespace=cfg.ray.namespace, num_cpus=bundles[actor_bundle]["CPU"],
-            num_gpus=cfg.gpus_per_worker if st.device == "cuda" and tp == 1 else 0,
+            num_gpus=own.gpus_per_worker if st.device == "cuda" and tp == 1 else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 group.placement_group, placement_group_bundle_index=actor_bundle))
         self._spawn[replica_id] = spawn  # the supervisor replaces a dead replica with the same
-        return ReplicaHandle(replica_id=replica_id, actor=spawn(), role=role)
+        return ReplicaHandle(replica_id=replica_id, actor=spawn(), role=role,
+                             deployment=unit.deployment.name if unit is not None else "")
 
     def engine_config(self) -> EngineConfig:
         """The serve config's engine section as every replica gets it (cluster/launch/replica_sections.py)."""

@@ -25,6 +25,15 @@ class PreflightError(ValueError):
 
 
 def check(config: ServeConfig) -> None:
+    if config.deployments.models:  # several models: each one's files, every port (deployment_launch.py)
+        from kvmesh.cluster.launch.deployment_launch import preflight_deployments
+
+        try:
+            return preflight_deployments(config, check_port_free)
+        except PreflightError:
+            raise
+        except ValueError as e:
+            raise PreflightError(str(e)) from None
     if not config.is_embedded_model:
         try:
             path = check_model(config.engine.model)

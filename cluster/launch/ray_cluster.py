@@ -50,6 +50,12 @@ def embedded_num_cpus(config: ServeConfig) -> int:
 
     if config.ray.num_cpus is not None:
         return config.ray.num_cpus
+    if config.deployments.models:  # several models: every deployment's replicas
+        rc = config.replicas
+        need = sum(d.num_replicas * sum(b["CPU"] for b in replica_bundles(d.tensor_parallel_size,
+                                                                          rc.num_cpus_per_worker, "cpu"))
+                   for d in config.deployments.models)
+        return int(-(-need // 1)) + DRIVER_CPUS
     bundles = replica_bundles(config.engine.tensor_parallel_size, config.replicas.num_cpus_per_worker, "cpu")
     per_replica = sum(b["CPU"] for b in bundles)
     return int(-(-config.max_replica_slots * per_replica // 1)) + DRIVER_CPUS

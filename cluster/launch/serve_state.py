@@ -19,6 +19,7 @@ from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.kv_transfer.config import KVTransferConfig
 
 if TYPE_CHECKING:
+    from kvmesh.cluster.launch.deployment_launch import DeploymentUnit
     from kvmesh.cluster.launch.serve_router import RouterProcesses
     from kvmesh.router.control.router_server import RouterServer
 
@@ -61,9 +62,13 @@ class RunningCluster(Protocol):
     report: Callable[[str], None]
     """Tells the operator (``kvmesh serve``'s output)."""
 
+    units: list[DeploymentUnit]
+    """The deployments (``deployments.models``; empty: one model), cluster/launch/deployment_launch.py."""
+
     def replica_bundles(self) -> list[dict[str, float]]: ...
     def check_capacity(self, num_replicas: int) -> None: ...
-    def start_replica(self, group: pl.ReplicaPlacement, role: Role) -> ReplicaHandle: ...
+    def start_replica(self, group: pl.ReplicaPlacement, role: Role,
+                      unit: DeploymentUnit | None = None) -> ReplicaHandle: ...
 
 
 class ClusterFleet(Protocol):

@@ -98,6 +98,8 @@ class ReplicaHandle:
     """``time.monotonic()`` of each restart within the window."""
     replace_at: float | None = None
     """When the pending replacement of a dead actor is due (None: none pending)."""
+    deployment: str = ""
+    """The deployment it serves (its served model name, ``deployments.models``); "" in a one-model cluster."""
 
 
 def replica_index(replica_id: str) -> int:

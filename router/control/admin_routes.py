@@ -70,6 +70,8 @@ class ScaleRequest(OpenAIBaseModel):
     replicas: int
     role: str | None = None
     """Scale the replicas of this role (``prefill``); none: the replicas that serve requests."""
+    deployment: str | None = None
+    """Scale this deployment's replicas (a cluster of several models, ``kvmesh scale N --deployment D``)."""
 
 
 class RolloutRequest(OpenAIBaseModel):
@@ -77,6 +79,8 @@ class RolloutRequest(OpenAIBaseModel):
 
     model_config = ConfigDict(extra="forbid")
     engine: dict[str, JsonValue] = {}
+    deployment: str | None = None
+    """Restart only this deployment's replicas (a cluster of several models)."""
 
 
 ADAPTER_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
@@ -156,12 +160,12 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
     @app.post("/admin/scale")
     async def scale(request: AppRequest):
         body = await read_request(request, ScaleRequest, cfg.frontend, runtime.renderer.run)
-        return ask_fleet(lambda: fleet().request_scale(body.replicas, body.role))
+        return ask_fleet(lambda: fleet().request_scale(body.replicas, body.role, body.deployment))
 
     @app.post("/admin/rollout")
     async def rollout(request: AppRequest):
         body = await read_request(request, RolloutRequest, cfg.frontend, runtime.renderer.run)
-        return ask_fleet(lambda: fleet().request_rollout(body.engine))
+        return ask_fleet(lambda: fleet().request_rollout(body.engine, body.deployment))
 
     @app.post("/replicas")
     async def add_replica(request: AppRequest):

@@ -58,6 +58,8 @@ class RequestResult:
     completion_tokens: int = 0
     cached_tokens: int = 0
     text: str = ""
+    model: str = ""
+    """The "model" the request named (an adapter of the ``lora`` workload, or the run's model)."""
 
     def to_json(self) -> dict:
         d = {k: getattr(self, k) for k in self.__slots__ if k not in ("text", "itl_s")}

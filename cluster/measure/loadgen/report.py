@@ -42,7 +42,26 @@ def summarize(results: list[RequestResult], wall_s: float, counters: dict | None
         "itl_s": percentiles([x for r in ok for x in r.itl_s]),
         "e2e_s": percentiles([r.e2e_s for r in ok]),
         **(counters or {}),
+        **by_model(ok),
     }
+
+
+def by_model(ok: list[RequestResult]) -> dict:
+    """With requests naming several models (the ``lora`` workload's adapters): per model, its requests, its cached
+    token share, the share of its requests after its first that found cached tokens, and its TTFT p50."""
+    models: dict[str, list[RequestResult]] = {}
+    for r in sorted(ok, key=lambda r: r.start_s):
+        models.setdefault(r.model, []).append(r)
+    if len(models) < 2:
+        return {}
+    out = {}
+    for name, rs in sorted(models.items(), key=lambda kv: -len(kv[1])):
+        prompt, later = sum(r.prompt_tokens for r in rs), rs[1:]
+        out[name] = {"requests": len(rs),
+                     "cached_token_share": sum(r.cached_tokens for r in rs) / prompt if prompt else 0.0,
+                     "later_requests_cached": sum(r.cached_tokens > 0 for r in later) / len(later) if later else None,
+                     "ttft_p50_s": percentiles([r.ttft_s for r in rs])["p50"]}
+    return {"by_model": out}
 
 
 def format_summary(label: str, s: dict) -> str:

@@ -60,7 +60,7 @@ async def run_load(client: aiohttp.ClientSession, sessions: list[Session], optio
                 counters["turns_skipped_by_duration"] += len(session.turns) - k
                 return
             path, body = state.body(k)
-            result = RequestResult(session.session_id, k)
+            result = RequestResult(session.session_id, k, model=body["model"])
             if limit is not None:
                 async with limit:
                     await send_streaming(client, path, body, result, t0)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from kvmesh.cluster.measure.sim.lora_config import SimLoRAConfig
 from kvmesh.replica.config import EngineConfig
 from kvmesh.router.config import RouterConfig
 
@@ -159,6 +160,8 @@ class SimConfig:
     policy_kwargs: dict[str, PolicyArgument] = field(default_factory=dict)
     """Knobs of every policy compared (``policies.policy_config``; a knob a policy does not take is left out
     for it, one no policy takes is an error)."""
+    lora: SimLoRAConfig = field(default_factory=SimLoRAConfig, metadata={"prefix": ""})
+    """LoRA adapters: the replicas' slots (max_loras), an adapter's size and load rate, adapter affinity (sim/lora.py)."""
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.lora import ModelPools
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.router import SimRouter
 from kvmesh.cluster.measure.sim.transfer import plan_peer_pull, plan_split_handoff
@@ -122,6 +123,7 @@ class Simulation:
         self.replicas = [SimReplica(i, blocks_per_replica, config, self.seed, role_of(i, config))
                          for i in range(fleet.initial_replicas(config))]
         self.router = SimRouter(policy, config, self.replicas)
+        self.router.pools = ModelPools.of(requests, [r.replica_id for r in self.replicas if r.role != "prefill"])
         self.policy = policy
         self._heap: list[tuple[float, int, int, Payload]] = []
         self._order = itertools.count()

@@ -10,6 +10,7 @@ from kvmesh.cluster.config.autoscale import AutoscaleConfig
 from kvmesh.cluster.config.schema import Schema
 from kvmesh.cluster.config.trees import ROUTER_FIXED
 from kvmesh.cluster.measure.sim.config import SimConfig, sim_engine
+from kvmesh.cluster.measure.sim.lora_config import ADAPTER_AFFINITY_MODES
 from kvmesh.cluster.measure.workloads.registry import get_workload
 from kvmesh.cluster.measure.workloads.settings import WorkloadSettings, WorkloadShape
 from kvmesh.cluster.measure.workloads.traces import default_trace
@@ -78,9 +79,16 @@ class SimCompareOptions:
     """Run each policy four ways at the same total of replicas: all of role both, with peer pulls, split into
     --num-prefill-replicas (1 when 0) prefill + the rest decode, and split with peer pulls (also a _kv_transfer.png)."""
 
+    adapter_affinity: str = "on"
+    """Route LoRA requests adapter-aware (on), adapter-blind (off: lora_name hidden, no /load lora section;
+    sim/lora.py), or both side by side."""
+
     def __post_init__(self) -> None:
         if self.sessions not in SESSION_MODES:
             raise ValueError(f"sessions must be one of {', '.join(SESSION_MODES)}; got {self.sessions!r}")
+        if self.adapter_affinity not in ADAPTER_AFFINITY_MODES:
+            raise ValueError(f"adapter_affinity must be one of {', '.join(ADAPTER_AFFINITY_MODES)}; "
+                             f"got {self.adapter_affinity!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +137,7 @@ SIM_SCHEMA = Schema(SimCommandConfig, hidden=_unread_sections() | {
     "sim.cost": "--cost FIELD=SECONDS",
     "sim.num_routers": "--routers N[,N...] (one run per count)",
     "sim.use_sessions": "--sessions off|on|both",
+    "sim.lora.adapter_aware": "--adapter-affinity on|off|both",
 })
 
 

@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.lora import LoRASlots
 from kvmesh.cluster.measure.sim.request import SimRequest, cut_trace, requests_from_mooncake
 
 __all__ = ["SimReplica", "SimRequest", "Step", "cut_trace", "requests_from_mooncake"]
@@ -59,6 +60,8 @@ class SimReplica:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.step: Step | None = None
+        self.lora = LoRASlots(config.lora)
+        """Its LoRA adapters' device slots (sim/lora.py)."""
         self.version = 0  # bumped when a planned step is cut short (stale heap entries are skipped)
         # -- measured --
         self.busy_s = 0.0
@@ -115,16 +118,23 @@ class SimReplica:
                 n = min(r.remaining_prefill, budget)
                 chunks.append((r, n))
                 budget -= n
+        passed_over: list[SimRequest] = []  # waiting for a LoRA slot: later requests go first (as vLLM)
+        lora_load_s = 0.0
         while self.waiting and budget > 0 and len(self.running) < cfg.engine.max_num_seqs:
             req = self.waiting[0]
+            if not self.lora.fits(req, self.running):
+                passed_over.append(self.waiting.popleft())
+                continue
             if not self._admit(req):
                 break
             self.waiting.popleft()
+            lora_load_s += self.lora.admit(req, self.running)
             self.running.append(req)
             req.admitted_s = now
             n = min(req.remaining_prefill, budget)
             chunks.append((req, n))
             budget -= n
+        self.waiting.extendleft(reversed(passed_over))
         if not chunks and not decodes:
             if self.waiting:  # nothing runs, yet the head does not fit: cannot happen (checked in add)
                 raise RuntimeError(f"replica {self.replica_id}: {self.waiting[0].request_id} cannot be admitted")
@@ -138,6 +148,7 @@ class SimReplica:
             self.kv.complete_offload_stores([copies.job_id])
             self.loaded_tokens += num_loaded
         step_s = cfg.cost.step_time(num_prefill, len(decodes), sum(r.context_len for r in decodes), num_loaded)
+        step_s += lora_load_s  # the step waits for its adapters' loads into their slots
         num_steps = min(r.remaining_output for r in decodes) if not chunks else 1
         self.step = Step(now, step_s, num_steps, chunks, decodes)
         return self.step

@@ -28,6 +28,8 @@ class SimRequest:
     skip_reading_prefix_cache: bool = False
     session_id: str | None = None
     """The conversation this request belongs to (generated multi-turn workloads), if any."""
+    model: str | None = None
+    """The base model it names, when the workload has several (sim/lora.py ``ModelPools``)."""
     # -- measured --
     router_index: int = 0  # which of the simulated routers routed it
     receipt: RouteReceipt | None = None  # router/routing/receipts.py

@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.lora import ModelPools, report_lora
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.transfer import pick_prefill_replica, prefill_leg
 from kvmesh.kvcache.reuse import reusable_tokens
@@ -79,6 +80,8 @@ class SimRouter:
         self.receipts = Receipts()
         """Every request's receipt, completed with the cached tokens its replica found on admission."""
         self._spread = random.Random(config.seed) if config.router_spread == "random" else None
+        self.pools = ModelPools([], [])
+        """Which base model each replica serves (sim/lora.py; set by the loop when the workload has several)."""
         self._next = 0
         # -- measured --
         self.num_events = 0
@@ -99,8 +102,9 @@ class SimRouter:
         k = req.router_index = self._pick_router()
         router = self.routers[k]
         session = req.session_id if self.config.use_sessions else None
-        decision = router.route(req.all_token_ids, req.cache_salt, req.lora_name, now=req.arrival_s,
-                                session_id=session)
+        lora_name = req.lora_name if self.config.lora.adapter_aware else None  # adapter-blind: hidden (sim/lora.py)
+        decision = router.route(req.all_token_ids, req.cache_salt, lora_name, exclude=self.pools.exclude(req.model),
+                                now=req.arrival_s, session_id=session)
         rid = req.replica_id = decision.replica_id
         req.predicted_hit_tokens = decision.predicted_hit_tokens
         req.receipt = decision.receipt
@@ -186,9 +190,11 @@ class SimRouter:
     def poll(self, k: int, replicas: list[SimReplica]) -> None:
         """Router ``k`` reads the ``/load`` of every replica it knows (as ``RouterRuntime`` polls it)."""
         loads = self.routers[k].loads.loads
+        aware = self.config.lora.adapter_aware
         for rep in replicas:
             if rep.replica_id in loads:
                 loads[rep.replica_id].update_report(rep.load_report())
+                report_lora(loads[rep.replica_id], rep.lora.section(rep.running) if aware else None)
 
     def add_replica(self, rid: int, role: str = "both") -> None:
         """A replica of ``role`` joins every router: healthy, with an empty tree (a cold cache), and the rates a

@@ -9,6 +9,7 @@ from dataclasses import asdict, fields, replace
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.loop import SimRun, run_policy
+from kvmesh.cluster.measure.sim.lora import lora_summary, with_adapters
 from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
 from kvmesh.cluster.measure.sim.report import infinite_hit_rate, single_pool_hits, summarize
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
@@ -57,7 +58,7 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
     total_blocks = per_replica * config.total_replicas
 
     def fresh():
-        return requests_from_mooncake(records, config.time_scale, config.engine.block_size)
+        return with_adapters(requests_from_mooncake(records, config.time_scale, config.engine.block_size), records)
 
     largest = max(math.ceil((r.num_prompt_tokens + r.max_output_tokens) / config.engine.block_size) for r in fresh())
     if largest > per_replica:
@@ -93,7 +94,7 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
         with tqdm(total=len(records), desc=f"sim {label}", unit="req", disable=not show_progress,
                   leave=False) as bar:
             run = run_policy(name, fresh(), cfg, per_replica, tokens, progress=bar.update)
-        summary = summarize(run, pool_hits)
+        summary = summarize(run, pool_hits) | lora_summary(run.requests, [rep.lora for rep in run.replicas])
         ceiling = report["ceilings"].get("single_pool_hit_rate")
         if ceiling:
             summary["hit_rate_vs_single_pool"] = summary["hit_rate"] / ceiling
@@ -119,8 +120,8 @@ def kv_transfer_variants(config: SimConfig) -> dict[str, dict]:
 
 def _config_dict(config: SimConfig) -> dict:
     """The run's settings as the report names them: the engine and router fields the simulation reads, flat."""
-    d = {f.name: getattr(config, f.name) for f in fields(config) if f.name not in ("engine", "router", "cost")}
+    d = {f.name: getattr(config, f.name) for f in fields(config) if f.name not in ("engine", "router", "cost", "lora")}
     e, r = config.engine, config.router
     return d | {"block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens,
                 "max_num_seqs": e.max_num_seqs, "predict_ttl_s": r.predict_ttl_s, "session_ttl_s": r.sessions.ttl_s,
-                "cost": asdict(config.cost)}
+                "cost": asdict(config.cost), "lora": asdict(config.lora)}

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvmesh.cluster.measure.workloads import single_turn
+from kvmesh.cluster.measure.workloads.adapters import adapter_requests
 from kvmesh.cluster.measure.workloads.generated import (
     AzurePrefixes,
     SessionRecord,
@@ -165,3 +166,11 @@ def random_prompts(s: WorkloadSettings) -> list[MooncakeRecord]:
     """Unrelated prompts of random length (no shared prefixes)."""
     return list(single_turn.random_prompts(s.num_requests, s.prompt_tokens, seed=s.seed,
                                            **_given(rate=s.rate, output_tokens=s.output_tokens)))
+
+
+@register("lora", conversation=True)
+def lora(s: WorkloadSettings) -> list[MooncakeRecord]:
+    """LoRA adapters (--num-adapters, Zipf --adapter-zipf) and base models (--num-models), prefixes of their own."""
+    shape = s.shape
+    return list(adapter_requests(s.num_requests, s.prompt_tokens, shape.adapters, seed=s.seed,
+                                 **_given(system_share=shape.system_share, rate=s.rate, output_tokens=s.output_tokens)))

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from kvmesh.cluster.measure.loadgen.prompts import PromptMaker, join
+from kvmesh.cluster.measure.workloads.adapters import AdapterRecord
 from kvmesh.cluster.measure.workloads.generated import SessionRecord
 from kvmesh.cluster.measure.workloads.traces import MOONCAKE_BLOCK_TOKENS, MooncakeRecord
 
@@ -44,6 +45,8 @@ class Session:
     """Start time from a trace (seconds from the start, already time-scaled); None: the runner decides."""
     extra: dict = field(default_factory=dict)
     """Free-form tags (``multi_turn``)."""
+    model: str | None = None
+    """The "model" its requests name: a LoRA adapter of the ``lora`` workload; None: the run's (--model)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +94,7 @@ def render(records: list[MooncakeRecord], r: Rendering, conversation: bool,
     if not conversation:
         t0 = records[0].arrival_s if records else 0.0
         return [Session(f"req-{i}", [Turn(join(r.blocks(rec), r.as_text), r.output(rec))],
-                        arrival_s=(rec.arrival_s - t0) * r.time_scale)
+                        arrival_s=(rec.arrival_s - t0) * r.time_scale, model=_adapter(rec))
                 for i, rec in enumerate(records[:max_sessions])]
     by_session: dict[str, list[MooncakeRecord]] = {}
     for i, rec in enumerate(records):
@@ -109,4 +112,9 @@ def _conversation(session_id: str, records: list[MooncakeRecord], r: Rendering) 
         system = join(pieces[:done], r.as_text) if not turns and done else None
         turns.append(Turn(join(pieces[done:], r.as_text), r.output(rec), system=system))
         done = len(rec.hash_ids)
-    return Session(session_id, turns, extra={"multi_turn": True} if len(turns) > 1 else {})
+    return Session(session_id, turns, extra={"multi_turn": True} if len(turns) > 1 else {}, model=_adapter(first))
+
+
+def _adapter(record: MooncakeRecord) -> str | None:
+    """The adapter a ``lora`` workload's record names (requests of a base model go to the run's model)."""
+    return record.lora_name if isinstance(record, AdapterRecord) else None

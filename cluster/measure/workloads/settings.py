@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvmesh.cluster.measure.workloads.adapters import AdapterShape
+
 
 @dataclass(frozen=True, slots=True)
 class WorkloadShape:
@@ -23,6 +25,8 @@ class WorkloadShape:
     """multi_turn: turns per conversation."""
     num_documents: int | None = None
     """rag: document pool size (default: a unique document per request)."""
+    adapters: AdapterShape = field(default_factory=AdapterShape, metadata={"prefix": ""})
+    """lora: LoRA adapters (Zipf popularity, prefixes of their own) and base models."""
 
     def __post_init__(self) -> None:
         if self.num_prefixes < 1 or self.turns < 1:
