@@ -53,8 +53,11 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """``priority``: one per prompt (vLLM's), lower first; needs ``scheduling_policy="priority"``."""
         prompts = _as_prompt_list(prompts)
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts; pass one per prompt")
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompts)
         else:
@@ -65,10 +68,11 @@ class LLM:
         engine = self.llm_engine
         request_ids: list[str] = []
         try:
-            for prompt, params in zip(prompts, params_list, strict=True):
+            for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
                 token_ids, salt = self._tokenize(prompt)
                 request_ids.append(str(next(self._ids)))
-                engine.add_request(request_ids[-1], token_ids, params, cache_salt=salt)
+                engine.add_request(request_ids[-1], token_ids, params, cache_salt=salt,
+                                   priority=0 if priority is None else priority[i])
         except Exception:
             engine.abort_request(request_ids)
             engine.step()  # collect the abort outputs

@@ -115,8 +115,10 @@ class AsyncLLM(AsyncKVCommands):
     # -- caller side (any thread / event loop) -----------------------------------------------------
 
     async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream the request's outputs until its final one. Raises ValueError for invalid input."""
+                       request_id: str | None = None, cache_salt: str | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs until its final one. Raises ValueError for invalid input (a non-zero
+        ``priority`` under the "fcfs" scheduling policy among it)."""
         if not self.is_running:
             raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
         request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
@@ -125,7 +127,7 @@ class AsyncLLM(AsyncKVCommands):
         out_queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), out_queue)
         accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._submit(AddRequest(request_id, prompt_token_ids, sampling_params, cache_salt, accepted))
+        self._submit(AddRequest(request_id, prompt_token_ids, sampling_params, cache_salt, accepted, priority))
         try:
             await asyncio.wrap_future(accepted)
         except BaseException:
@@ -242,7 +244,7 @@ class AsyncLLM(AsyncKVCommands):
             if isinstance(command, AddRequest):
                 try:
                     self.engine.add_request(command.request_id, command.prompt_token_ids, command.sampling_params,
-                                            cache_salt=command.cache_salt)
+                                            cache_salt=command.cache_salt, priority=command.priority)
                 except BaseException as e:
                     self.kv_transfers.request_refused(command.request_id)
                     command.accepted.set_exception(e)

@@ -31,6 +31,8 @@ class AddRequest:
     """Tenant isolation: requests with different salts share no cached blocks."""
     accepted: concurrent.futures.Future[None]
     """Set to None when the request is queued, or to the ValueError that refused it."""
+    priority: int = 0
+    """Lower runs first under the "priority" scheduling policy (vLLM's request ``priority``)."""
 
 
 @dataclass(frozen=True, slots=True)

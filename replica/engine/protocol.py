@@ -28,8 +28,10 @@ class EngineClient(Protocol):
     """Set by a graceful shutdown: new requests are refused (503)."""
 
     def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
-                 request_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Streams the request's ``RequestOutput``s; the first ``__anext__`` raises ValueError for bad input."""
+                 request_id: str | None = None, cache_salt: str | None = None,
+                 priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Streams the request's ``RequestOutput``s; the first ``__anext__`` raises ValueError for bad input
+        (a non-zero ``priority`` under the "fcfs" scheduling policy among it)."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -6,9 +6,12 @@ One queue, no prefill/decode phases. Each step has a token budget (``max_num_bat
        prefill: the next chunk). When the KV cache has no room, the newest running request is preempted:
        its blocks are freed and it goes back to the front of the waiting queue, to be recomputed later
        (mostly from the prefix cache, since freed blocks stay cached until recycled).
+       Under the "priority" policy (vLLM's) "oldest" and "newest" read as the smallest and the largest
+       ``(priority, arrival_time)``: the running list is kept in that order, so the victim is the lowest
+       priority's newest request, and a preempted request waits at its place in that order.
        A decode whose token the runner itself sampled last step is sent as its id alone (see
        scheduler_output.py, persistent batch).
-    2. then, if nothing was preempted, waiting requests in arrival order (FCFS): a prefix-cache lookup
+    2. then, if nothing was preempted, waiting requests in the policy's order (request_queue.py): a prefix-cache lookup
        advances ``num_computed_tokens`` past the cached blocks, and the rest is scheduled as one chunk.
 
 ``num_computed_tokens`` is advanced when a chunk is scheduled (the runner computes it in the same step).
@@ -16,12 +19,13 @@ One queue, no prefill/decode phases. Each step has a token budget (``max_num_bat
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections import deque
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.request import Request, RequestStatus
+from kvmesh.replica.engine.request_queue import create_request_queue, priority_key
 from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -37,7 +41,8 @@ class Scheduler:
         self.enable_caching = config.enable_prefix_caching
         self.block_size = config.block_size
         self.kv_cache_manager = kv_cache_manager
-        self.waiting: deque[Request] = deque()
+        self.policy = config.scheduling_policy
+        self.waiting = create_request_queue(self.policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_request_ids: set[str] = set()
@@ -47,7 +52,7 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.add_request(request)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
         """End a request (finished, aborted or failed): drop it from its queue and free its blocks."""
@@ -58,7 +63,7 @@ class Scheduler:
             self.running.remove(request)
             self.kv_cache_manager.free(request)
         else:  # waiting or preempted: holds no blocks
-            self.waiting.remove(request)
+            self.waiting.remove_request(request)
         request.status = status
         request.finished_time = time.monotonic()
         self.finished_request_ids.add(request_id)
@@ -75,7 +80,7 @@ class Scheduler:
         now = time.monotonic()
         for request in finished:
             if running - len(self.running) < len(finished) and request in self.waiting:
-                self.waiting.remove(request)  # preempted: holds no blocks
+                self.waiting.remove_request(request)  # preempted: holds no blocks
             else:
                 self.kv_cache_manager.free(request)
             del self.requests[request.request_id]
@@ -173,19 +178,22 @@ class Scheduler:
         request.decoding_in_runner = False  # the runner's row is stale: resend the request in full
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self.waiting.prepend_request(request)
 
     def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
-        """Admit waiting requests in arrival order while budget, sequence slots and blocks last."""
+        """Admit waiting requests in the policy's order while budget, sequence slots and blocks last."""
         kv = self.kv_cache_manager
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting.peek_request()
             blocks, num_cached = kv.get_computed_blocks(request) if self.enable_caching else ([], 0)
             num_new = min(request.num_tokens - num_cached, budget)
             if kv.allocate_slots(request, num_new, num_cached, blocks) is None:
                 break
-            self.waiting.popleft()
-            self.running.append(request)
+            self.waiting.pop_request()
+            if self.policy == "priority":  # running stays in (priority, arrival) order: the victim is last
+                bisect.insort(self.running, request, key=priority_key)
+            else:
+                self.running.append(request)
             request.block_ids = kv.get_block_ids(request.request_id)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_cached
