@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from kvmesh.cluster.measure.workloads.tenants import parse_tenant_mix
 from kvmesh.replica.config import EngineConfig
 from kvmesh.router.config import RouterConfig
 
@@ -159,6 +160,10 @@ class SimConfig:
     policy_kwargs: dict[str, PolicyArgument] = field(default_factory=dict)
     """Knobs of every policy compared (``policies.policy_config``; a knob a policy does not take is left out
     for it, one no policy takes is an error)."""
+    tenants: str = ""
+    """Tenants, priorities and latency targets over the workload (workloads/tenants.py): a preset ("overload") or
+    NAME:SHARE[:PRIORITY[:TTFT_S[:ITL_S]]],...; the report then gives goodput per tenant and priority. "": one
+    anonymous tenant without targets."""
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
@@ -196,6 +201,7 @@ class SimConfig:
         if self.load_poll_s < 0:
             raise ValueError(f"load_poll_s must be >= 0 (0 = no polling), got {self.load_poll_s}")
         check_policy_kwargs(self.policy_kwargs)
+        parse_tenant_mix(self.tenants)
         if self.vocab_size < 4:
             raise ValueError(f"vocab_size must be >= 4, got {self.vocab_size}")
 

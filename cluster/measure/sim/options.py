@@ -104,7 +104,7 @@ class SimCommandConfig:
         object.__setattr__(self, "sim", replace(self.sim, engine=self.engine, router=self.router))
 
 
-SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs")
+SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs", "scheduling_policy")
 """What a simulated replica reads of its engine section."""
 SIM_ROUTER_FIELDS = ("predict_ttl_s", "sessions", "transfers")
 """What the simulated router reads of its section (besides the policy, compared, and the engine's block size):
