@@ -164,6 +164,9 @@ class SimConfig:
     """Tenants, priorities and latency targets over the workload (workloads/tenants.py): a preset ("overload") or
     NAME:SHARE[:PRIORITY[:TTFT_S[:ITL_S]]],...; the report then gives goodput per tenant and priority. "": one
     anonymous tenant without targets."""
+    admission: bool = False
+    """Requests pass the router's admission (router/admission/, its ``router.admission`` section) before they are
+    routed, in simulated time (sim/admission.py): they wait in the router or are shed (429) with a reason."""
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:

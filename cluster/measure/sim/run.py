@@ -60,8 +60,8 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
 
     classes = assign_tenants(records, mix, config.seed) if (mix := parse_tenant_mix(config.tenants)) else None
 
-    def fresh():
-        requests = requests_from_mooncake(records, config.time_scale, config.engine.block_size)
+    def fresh(time_scale: float = config.time_scale):  # a variant may change the rate
+        requests = requests_from_mooncake(records, time_scale, config.engine.block_size)
         if classes is not None:
             label_requests(requests, classes)
         return requests
@@ -99,7 +99,7 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
     for label, name, cfg in runs:
         with tqdm(total=len(records), desc=f"sim {label}", unit="req", disable=not show_progress,
                   leave=False) as bar:
-            run = run_policy(name, fresh(), cfg, per_replica, tokens, progress=bar.update)
+            run = run_policy(name, fresh(cfg.time_scale), cfg, per_replica, tokens, progress=bar.update)
         summary = summarize(run, pool_hits)
         ceiling = report["ceilings"].get("single_pool_hit_rate")
         if ceiling:
