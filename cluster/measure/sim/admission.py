@@ -115,6 +115,6 @@ class SimAdmission:
 
 
 def make_admission(config: SimConfig, host: AdmissionHost) -> SimAdmission | None:
-    """The simulation's admission with the router section's ``admission`` settings; None when ``admission`` is off
-    (every request is routed on arrival, as before issue 38)."""
-    return SimAdmission(config.router.admission, host) if config.admission else None
+    """The simulation's admission (the section's defaults: each request's TTFT target is its deadline); None when
+    ``admission`` is off (every request is routed on arrival, as before issue 38)."""
+    return SimAdmission(AdmissionConfig(), host) if config.admission else None

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.admission import make_admission
+from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.router import SimRouter
 from kvmesh.cluster.measure.sim.transfer import plan_peer_pull, plan_split_handoff
