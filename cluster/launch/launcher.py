@@ -138,7 +138,7 @@ class ServeCluster:
                                                       cfg.engine.max_num_batched_tokens),
                        tokenizer=cfg.engine.tokenizer, served_model_name=st.served_model_name,
                        max_model_len=cfg.engine.max_model_len, block_size=cfg.engine.block_size,
-                       replica_api_key=None, internal_key=self._internal_key, admin_key=admin_key,
+                       upstream=replace(cfg.router.upstream, replica_api_key=None), internal_key=self._internal_key, admin_key=admin_key,
                        frontend=cfg.frontend, cache_salt_secret=cache_salt_secret(self._hash_seed))
         return self._curve.router(router) if self._curve else router
 

@@ -212,8 +212,8 @@ class RouterRuntime:
             self.record_failure(replica_id, why, kind, sick)
 
     def headers(self) -> dict[str, str]:
-        """Credentials of every call to a replica: the cluster's internal key, else ``replica_api_key``."""
-        key = self.config.internal_key or self.config.replica_api_key
+        """Credentials of every call to a replica: the cluster's internal key, else ``upstream.replica_api_key``."""
+        key = self.config.internal_key or self.config.upstream.replica_api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     # ---------------------------------------------------------------- events
