@@ -17,6 +17,7 @@ from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.cluster.measure.workloads.registry import get_workload
 from kvmesh.cluster.measure.workloads.settings import WorkloadSettings
 from kvmesh.cluster.measure.workloads.tenants import assign_tenants, parse_tenant_mix
+from kvmesh.router.admission.config import AdmissionConfig
 from kvmesh.router.admission.decisions import SHED_REASONS
 
 
@@ -62,3 +63,14 @@ def test_run_overload_reports_each_level_off_and_on(workload):
     assert row["load"] == 2.0 and row["offered_rps"] == pytest.approx(2 * result["capacity_rps"])
     assert row["off"]["goodput"]["shed"] == 0 and row["on"]["goodput"]["requests"] == 120
     assert set(result["runs"]) == {"cache_aware/2x/off", "cache_aware/2x/on"}
+
+
+def test_a_tenant_over_its_token_rate_is_shed_and_the_light_ones_are_not(workload):
+    records, config = workload
+    config = replace(config, router=replace(config.router, admission=AdmissionConfig(tokens_per_s=2000.0)))
+    scale = arrival_rps(records) / capacity_rps(records, config, "cache_aware")  # 1x: no deadline pressure
+    reasons: dict[str, set] = {}
+    for r in run(records, config, scale, True):
+        reasons.setdefault(r.tenant, set()).add(r.shed_reason)
+    assert "tenant_over_limit" in reasons["flood"]  # ~5,000 tokens/s against 2,000
+    assert "tenant_over_limit" not in reasons["light-a"] | reasons["light-b"]  # ~600 tokens/s each

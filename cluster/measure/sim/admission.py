@@ -49,6 +49,7 @@ class SimAdmission:
         self.host = host
         self.core = Admission(config, LocalLedger(config.fair_share_half_life_s, config.max_tenants))
         self.slots = SlotCapacity()
+        self.limit = config.default_limit()
         self.waiters: dict[str, Waiter] = {}  # request id -> its waiter, from arrival to its answer's end
         self.queued: dict[Waiter, SimRequest] = {}  # waiter -> its request, while it waits in the router
 
@@ -57,7 +58,8 @@ class SimAdmission:
         return len(self.queued)
 
     def arrive(self, req: SimRequest, now: float) -> None:
-        tenant = Tenant(req.tenant or DEFAULT_TENANT)  # a ``user`` tenant: it may ask any priority
+        # a ``user`` tenant (no keys file): it may ask any priority; the section's token-rate limit applies to all
+        tenant = Tenant(req.tenant or DEFAULT_TENANT, limit=self.limit)
         priority = self.core.priority_of(tenant, req.priority)
         deadline = self.core.deadline_of(priority, req.ttft_target_s, now)
         result = self.core.arrive(SIMULATED_MODEL, tenant, priority, req.num_prompt_tokens, deadline, now)
@@ -115,6 +117,6 @@ class SimAdmission:
 
 
 def make_admission(config: SimConfig, host: AdmissionHost) -> SimAdmission | None:
-    """The simulation's admission (the section's defaults: each request's TTFT target is its deadline); None when
-    ``admission`` is off (every request is routed on arrival, as before issue 38)."""
-    return SimAdmission(AdmissionConfig(), host) if config.admission else None
+    """The simulation's admission with the router section's ``admission`` settings; None when ``admission`` is off
+    (every request is routed on arrival, as before issue 38)."""
+    return SimAdmission(config.router.admission, host) if config.admission else None
