@@ -101,9 +101,10 @@ def test_fcfs_refuses_a_nonzero_priority():
         EngineConfig(model="fake", scheduling_policy="lifo")
 
 
-def test_greedy_tokens_do_not_depend_on_the_priority_mix(stories_path):
+@pytest.mark.parametrize("seed", [1, 2])
+def test_greedy_tokens_do_not_depend_on_the_priority_mix(stories_path, seed):
     """Mixed priorities on a KV cache small enough to preempt give each request the tokens of a roomy fcfs run."""
-    rng = random.Random(1)
+    rng = random.Random(seed)
     requests = {f"r{i}": ([rng.randrange(3, 512) for _ in range(rng.randrange(5, 30))], rng.randrange(8, 24),
                           rng.choice([-1, 0, 0, 2])) for i in range(6)}
 
