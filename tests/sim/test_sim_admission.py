@@ -37,8 +37,10 @@ def run(records, config, time_scale: float, admission: bool):
     return run_policy("cache_aware", requests, config, blocks_per_replica(config, records), tokens).requests
 
 
-def test_overloaded_admission_sheds_early_and_keeps_deadlines(workload):
+@pytest.mark.parametrize("pricing", ["queue", "slots"])
+def test_overloaded_admission_sheds_early_and_keeps_deadlines(workload, pricing):
     records, config = workload
+    config = replace(config, admission_pricing=pricing)
     scale = arrival_rps(records) / (4 * capacity_rps(records, config, "cache_aware"))  # 4x the capacity
     on, off = run(records, config, scale, True), run(records, config, scale, False)
     assert not any(r.shed_reason for r in off) and all(r.finished_s > 0 for r in off)

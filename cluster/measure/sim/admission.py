@@ -14,6 +14,7 @@ their ledger and queue bound). A shed request is never served: ``SimRequest.shed
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 from kvmesh.cluster.measure.sim.config import SIMULATED_MODEL, SimConfig
@@ -44,9 +45,11 @@ class AdmissionHost(Protocol):
 class SimAdmission:
     """One simulation's admission (module doc)."""
 
-    def __init__(self, config: AdmissionConfig, host: AdmissionHost) -> None:
+    def __init__(self, config: AdmissionConfig, host: AdmissionHost, prefill_s_per_token: float | None = None) -> None:
         self.config = config
         self.host = host
+        self.prefill_s_per_token = prefill_s_per_token
+        """The replicas' reported prefill rate (its inverse) to price a head with; None: not priced (free slots)."""
         self.core = Admission(config, LocalLedger(config.fair_share_half_life_s, config.max_tenants))
         self.slots = SlotCapacity()
         self.limit = config.default_limit()
@@ -80,14 +83,15 @@ class SimAdmission:
             for waiter in core.expired(SIMULATED_MODEL, now):
                 self._shed(waiter, DEADLINE)
         while (head := core.head(SIMULATED_MODEL, now)) is not None:
-            decision = core.gate(head, None, self._room(), now)
+            req = self.queued[head]
+            decision = core.gate(head, self._predicted_ttft_s(req), self._room(), now)
             if decision == WAIT:
                 break
             if isinstance(decision, Shed):
                 self._shed(head, decision.reason)
                 continue
             assert decision == GO
-            req = self._take(head)
+            self._take(head)
             self.host.dispatch(req, now)
             core.went(head, req.num_prompt_tokens - req.predicted_hit_tokens, now)
 
@@ -98,11 +102,22 @@ class SimAdmission:
             if waiter is not None:
                 self.core.finished(waiter, req.num_output_tokens, now)
 
+    def _predicted_ttft_s(self, req: SimRequest) -> float | None:
+        """Stand-in for the routing policy's ``RouteDecision.predicted_ttft_s`` (helper ``cost``'s, not yet in the
+        simulated router): on the replica with the least, the prompt tokens queued there ahead of it (of its
+        priority or better: replicas schedule by priority) plus this prompt, at the replicas' prefill rate; cache
+        hits and decode stalls are not priced. None without a rate."""
+        if self.prefill_s_per_token is None:
+            return None
+        queued = min(sum(r.remaining_prefill for r in (*rep.running, *rep.waiting) if r.priority <= req.priority)
+                     for rep in self.host.replicas if rep.role != "prefill")
+        return (queued + req.num_prompt_tokens) * self.prefill_s_per_token
+
     def _room(self) -> bool:
         """Some replica can start a request soon (room.SlotCapacity over every replica's state)."""
         room = False
         for rep in self.host.replicas:
-            state = ReplicaRoom(rep.replica_id, rep.num_in_flight, len(rep.running), len(rep.waiting))
+            state = ReplicaRoom(rep.replica_id, rep.num_in_flight, len(rep.running), reported_waiting(rep))
             room = self.slots.has_room(state) or room  # every replica observed: slots are learned from all
         return room
 
@@ -116,7 +131,17 @@ class SimAdmission:
         req.shed_reason = reason
 
 
+def reported_waiting(rep: SimReplica) -> int:
+    """The waiting requests a replica's ``/load`` would report: those its last step could not admit. The engine
+    takes new requests in between steps (AsyncLLM's commands), so one sent during a step is not yet waiting."""
+    started = rep.step.start_s if rep.step is not None else math.inf
+    return sum(1 for r in rep.waiting if r.routed_s < started)
+
+
 def make_admission(config: SimConfig, host: AdmissionHost) -> SimAdmission | None:
     """The simulation's admission with the router section's ``admission`` settings; None when ``admission`` is off
     (every request is routed on arrival, as before issue 38)."""
-    return SimAdmission(config.router.admission, host) if config.admission else None
+    if not config.admission:
+        return None
+    rate = config.cost.prefill_s_per_token if config.admission_pricing == "queue" else None
+    return SimAdmission(config.router.admission, host, rate)

@@ -167,6 +167,10 @@ class SimConfig:
     admission: bool = False
     """Requests pass the router's admission (router/admission/, its ``router.admission`` section) before they are
     routed, in simulated time (sim/admission.py): they wait in the router or are shed (429) with a reason."""
+    admission_pricing: str = "queue"
+    """How admission prices the head of its queue: "queue" = a predicted TTFT from the prompt tokens queued on the
+    least-queued replica at its prefill rate (a stand-in for the routing policy's predicted_ttft_s), "slots" =
+    not priced (it goes on when a replica has a free slot)."""
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
@@ -205,6 +209,8 @@ class SimConfig:
             raise ValueError(f"load_poll_s must be >= 0 (0 = no polling), got {self.load_poll_s}")
         check_policy_kwargs(self.policy_kwargs)
         parse_tenant_mix(self.tenants)
+        if self.admission_pricing not in ("queue", "slots"):
+            raise ValueError(f"admission_pricing must be queue or slots, got {self.admission_pricing!r}")
         if self.vocab_size < 4:
             raise ValueError(f"vocab_size must be >= 4, got {self.vocab_size}")
 

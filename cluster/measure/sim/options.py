@@ -121,7 +121,6 @@ def _unread_sections() -> dict[str, str]:
                                                                 "(--kv-transfer-bytes-per-s)",
               "router.admission.enabled": "--admission (off by default in the simulator, to compare with before)",
               "router.admission.keys_file": "tenants, priorities and targets come from --tenants",
-              "router.admission.admit_ttft_s": "the simulated admission gates on free slots (no predicted TTFT yet)",
               "router.admission.recheck_interval_s": "the simulator re-checks at every arrival, step end and deadline",
               } | ROUTER_FIXED
     hidden |= {f"engine.{f.name}": "a simulated replica runs no model (its step time is the cost model)"
