@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="cache_aware", help="routing policy (default: %(default)s)")
     ap.add_argument("--levels", type=_levels, default=LEVELS, help="load factors (default: 1,2,4)")
     ap.add_argument("--miniature", type=int, default=8, help="token counts / this, same model time (default: 8)")
+    ap.add_argument("--admission-pricing", choices=("slots", "queue"), default="slots",
+                    help="how admission prices its head (SimConfig.admission_pricing; default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/sim_overload.json", help="JSON path (a PNG beside it)")
     ap.add_argument("--no-plot", action="store_true")
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         records = get_workload(args.workload).make(settings)
         engine = replace(sim_engine(), max_num_seqs=args.max_num_seqs)
         config = miniature(SimConfig(num_replicas=args.num_replicas, engine=engine, tenants=args.tenants,
-                                     seed=args.seed), args.miniature)
+                                     admission_pricing=args.admission_pricing, seed=args.seed), args.miniature)
         result = run_overload(records, config, args.policy, args.levels)
     except ValueError as e:
         print(f"overload: {e}", file=sys.stderr)
