@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvmesh.router.admission.rate_limit import TokenRate
+from kvmesh.router.admission.tenants import Tenants, load_keys_file
 
 
 @dataclass(slots=True)
@@ -52,6 +53,17 @@ class AdmissionConfig:
             if not isinstance(priority, int) or not seconds > 0:
                 raise ValueError(f"admission ttft_deadline_s maps a priority (int) to positive seconds; got "
                                  f"{priority!r}: {seconds!r}")
+
+    def tenants(self, admin_key: str | None = None) -> Tenants:
+        """The tenants: the keys file's (read now; a ValueError names what is wrong) or none but ``user`` names.
+        A key of the file that is ``admin_key`` is refused (tenants never hold the admin key)."""
+        limit = self.default_limit()
+        if self.keys_file is None:
+            return Tenants((), limit, self.burst_s)
+        tenants = load_keys_file(self.keys_file, limit, self.burst_s)
+        if tenants.for_key(admin_key) is not None:
+            raise ValueError(f"admission keys file {self.keys_file} lists the admin key: tenants never hold it")
+        return tenants
 
     def default_limit(self) -> TokenRate | None:
         """The limit of tenants without their own."""

@@ -6,8 +6,10 @@ cost model's predicted TTFT in seconds when the policy gives one (``RouteDecisio
 within ``admit_ttft_s``); without a prediction, a replica has room while the requests this host's router
 processes have in flight there are fewer than it runs at once -- its *slots*, learned from its ``/load``:
 when it reports requests waiting, the ones it runs are all it can (its ``max_num_seqs`` or its KV cache's
-limit); until it first reports waiting requests, it has room as long as it reports none. A replica
-with nothing in flight from this host always has room (so the queue always moves).
+limit), learned again each time it reports waiting requests; until it first does, it has room as long as it
+reports none. A replica with nothing in flight from this host always has room (so the queue always moves).
+A running count seen without waiting requests never raises the slots: a finishing request is still counted
+by the replica while the router already sent the next one.
 """
 
 from __future__ import annotations
@@ -40,8 +42,6 @@ class SlotCapacity:
         """Learn from a report: waiting requests mean the running ones fill every slot."""
         if room.num_waiting > 0 and room.num_running > 0:
             self.slots[room.replica_id] = room.num_running
-        elif room.num_running > self.slots.get(room.replica_id, math.inf):
-            self.slots[room.replica_id] = room.num_running  # it ran more than we thought it could
 
     def has_room(self, room: ReplicaRoom) -> bool:
         self.observe(room)

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.http.admission_gate import AdmissionGate
     from kvmesh.router.http.metrics import RouterMetrics
     from kvmesh.router.http.patience import Patience
     from kvmesh.router.http.receipt_metrics import ReceiptMetrics
@@ -74,6 +75,7 @@ class Replicas(Protocol):
     upstream_kinds: dict[str, UpstreamKind]
     pool: UpstreamPool | None
     outliers: OutlierDetector
+    admission: AdmissionGate | None
 
     def check_model(self, model: str | None) -> None: ...
     def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...,
@@ -97,13 +99,8 @@ class Forwarder:
     async def parse(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[int]]:
         """Validate the body and render its prompts exactly as the replica will (ProtocolError on bad input);
         the token ids to route by (a batch of prompts goes to one replica, by its first prompt)."""
-        req, prompts = await self.parse_prompts(raw, chat)
-        return req, prompts[0] if prompts else []
-
-    async def parse_prompts(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]]]:
-        """``parse``, with the token ids of every prompt of the request (none without a tokenizer)."""
         req, prompts, _ = await self._validate(raw, chat)
-        return req, prompts
+        return req, prompts[0] if prompts else []
 
     async def _validate(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]], SamplingParams | None]:
         """The body, the token ids of its prompts and the first prompt's sampling parameters, each prompt
@@ -141,12 +138,25 @@ class Forwarder:
 
     # ---------------------------------------------------------------- proxy
     async def handle(self, http: Request, path: str, chat: bool) -> Response:
-        """Answer one request (the door's ``Request``, router/http/door.py). A client that disconnects
-        cancels this coroutine (the door does), which closes the upstream connection."""
+        """Answer one request (the door's ``Request``): read, admit (admission_gate.py), forward. A client that leaves
+        cancels this coroutine (the door does): out of the router's queue, or its upstream connection closed."""
         request = await self.read(http, path, chat)
+        gate = self.runtime.admission
+        admitted = None if gate is None else await gate.admit(http, request)
+        if isinstance(admitted, Response):  # 429
+            return admitted
+        if admitted is None:
+            return await self.forward(request)
+        with gate.charged(admitted) as charge:
+            return charge(await self.forward(request, admitted.decision), request)
+
+    async def forward(self, request: ProxyRequest, first: RouteDecision | None = None) -> Response:
+        """Dispatch ``request`` (``first``: the route admission let it go by) and answer it, on another replica
+        when one sends a broken answer."""
         tried: list[str] = []
         while True:
-            opened = await self.dispatch(request, tried)
+            opened = await self.dispatch(request, tried, first)
+            first = None
             try:
                 response = await self._answer(request, opened)
                 break
@@ -164,15 +174,16 @@ class Forwarder:
             response.headers.update(opened.decision.receipt.headers())
         return response
 
-    async def dispatch(self, request: ProxyRequest, tried: list[str]) -> Opened:
-        """Open ``request`` on the best replica not ``tried``, moving on when one fails before its first byte;
-        the last attempt's 5xx if all failed so. Each replica gets the body in the form it takes."""
+    async def dispatch(self, request: ProxyRequest, tried: list[str], first: RouteDecision | None = None) -> Opened:
+        """Open ``request`` on the best replica not ``tried`` (``first``: its first route, made by admission), moving
+        on when one fails before its first byte; the last attempt's 5xx if all failed so. Each replica gets the
+        body in the form it takes."""
         svc, router = self.runtime, self.runtime.router
         headers = {"content-type": "application/json", **svc.headers()}
         ids = request.route_ids
         for attempt in range(svc.config.upstream.max_attempts):
             try:
-                decision = router.route(ids, request.salt, exclude=tried, session_id=request.session_id)
+                decision = first if attempt == 0 and first is not None else request.route(router, tried)
             except NoReplicaError as e:
                 raise ProtocolError(str(e), 503) from None
             if attempt == 0 and request.tokenize_ns is not None:

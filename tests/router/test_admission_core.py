@@ -145,12 +145,13 @@ def test_leaving_charges_the_computed_prompt_and_finishing_twice_the_output():
     assert adm.ledger.try_take("t", 700, limit, now=0.0) == pytest.approx(0.5)  # 1000 - 300 - 50 = 650 left
 
 
-def test_a_key_priority_is_its_default_and_the_best_its_holder_may_ask_for():
+def test_a_key_priority_is_its_default_and_min_priority_the_best_its_holder_may_ask_for():
     adm = _admission()
-    key_tenant, user_tenant = Tenant("batch", priority=10), Tenant("u")
-    assert adm.priority_of(key_tenant, None) == 10
-    assert adm.priority_of(key_tenant, 0) == 10 and adm.priority_of(key_tenant, 20) == 20
-    assert adm.priority_of(user_tenant, None) == 0 and adm.priority_of(user_tenant, -5) == -5
+    batch, gateway, user = Tenant("batch", 10, None, 10), Tenant("gw", 0, None, -5), Tenant("u")
+    assert adm.priority_of(batch, None) == 10
+    assert adm.priority_of(batch, 0) == 10 and adm.priority_of(batch, 20) == 20
+    assert adm.priority_of(gateway, None) == 0 and adm.priority_of(gateway, -9) == -5
+    assert adm.priority_of(user, None) == 0 and adm.priority_of(user, -5) == -5
 
 
 def test_deadlines_per_priority_class_and_the_header_overrides():
@@ -167,9 +168,10 @@ def test_tenants_from_keys_or_user():
     tenants = Tenants([KeyEntry("sk-aaaaaaaa", "team-a", 3, tokens_per_s=10.0),
                        KeyEntry("sk-bbbbbbbb", "team-a")], default_limit=TokenRate(5, 50), burst_s=2.0)
     a = tenants.resolve("sk-aaaaaaaa", "whoever")
-    assert (a.name, a.priority, a.limit) == ("team-a", 3, TokenRate(10.0, 20.0))
+    assert (a.name, a.priority, a.limit, a.min_priority) == ("team-a", 3, TokenRate(10.0, 20.0), 3)
     assert tenants.resolve("sk-bbbbbbbb", None).limit == TokenRate(5, 50)
     assert tenants.resolve("not-a-key", "alice") == Tenant("alice", None, TokenRate(5, 50))
+    assert tenants.holds_header(b"Bearer sk-bbbbbbbb") and not tenants.holds_header(b"Bearer sk-cccccccc")
     assert tenants.resolve(None, None).name == DEFAULT_TENANT
 
 
