@@ -198,7 +198,7 @@ class AdmissionGate:
                 gauge.dec()
                 if waiting.timer is not None:
                     waiting.timer.cancel()
-                m.queue_seconds.labels(labels[1]).observe(time.perf_counter() - waiting.start)
+        self.metrics.queue_seconds.labels(labels[1]).observe(time.perf_counter() - waiting.start)
         result = waiting.future.result()
         return result if isinstance(result, Shed) else Ticket(waiter, result, waiting.start)
 

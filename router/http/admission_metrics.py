@@ -5,7 +5,7 @@
     admission_admitted{tenant,priority}         requests sent on to a replica
     admission_shed{tenant,priority,reason}      429s: queue_full, tenant_over_limit, deadline_unreachable
     admission_ttft_seconds{tenant,priority}     streamed requests: arrival at the router -> first bytes, queue included
-    admission_queue_seconds{priority}           time spent waiting in the router
+    admission_queue_seconds{priority}           time spent waiting in the router (0 for those let go at once)
     admission_tokens{tenant,kind}               prompt (as sent), computed (prompt not found cached), output
 
 Label values are bounded: past ``max_labels`` tenants (or priorities), the rest count under ``OTHER`` (a ``user``
@@ -16,6 +16,7 @@ other router metric.
 from __future__ import annotations
 
 from kvmesh.replica.serving.metric_buckets import TTFT_BUCKETS
+from kvmesh.router.admission.decisions import SHED_REASONS
 from kvmesh.router.http.loop_histogram import LoopHistogram
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -45,6 +46,7 @@ class AdmissionMetrics:
     def __init__(self, registry: CollectorRegistry, max_labels: int = 1024, max_priorities: int = 64) -> None:
         r = registry
         self.tenant, self.priority = _Bounded(max_labels), _Bounded(max_priorities)
+        self._seen: set[tuple[str, str]] = set()
         tp = ["tenant", "priority"]
         self.queued = Counter("kvmesh_router_admission_queued", "Requests that waited in the router's queue", tp,
                               registry=r)
@@ -64,4 +66,13 @@ class AdmissionMetrics:
                                            _QUEUE_BUCKETS, r)
 
     def labels(self, tenant: str, priority: int) -> tuple[str, str]:
-        return self.tenant(tenant), self.priority(str(priority))
+        """The (bounded) labels of a request of ``tenant`` and ``priority``; a pair's counters are made at 0 when
+        it is first seen (so rates and dashboards see a series before its first queue or 429)."""
+        labels = self.tenant(tenant), self.priority(str(priority))
+        if labels not in self._seen:
+            self._seen.add(labels)
+            for metric in (self.queued, self.waiting, self.admitted):
+                metric.labels(*labels)
+            for reason in SHED_REASONS:
+                self.shed.labels(*labels, reason)
+        return labels
