@@ -87,7 +87,7 @@ class AdmissionGate:
         self.tenants = tenants
         self.router = router
         self.admission = Admission(config, LocalLedger(config.fair_share_half_life_s, config.max_tenants))
-        self.slots = SlotCapacity()
+        self.slots = SlotCapacity(config.slots_ttl_s)
         self.metrics = AdmissionMetrics(registry, config.max_tenants)
         self._tickers: dict[str, asyncio.Task] = {}
         self.granted = 0
@@ -237,7 +237,7 @@ class AdmissionGate:
                 decision = waiting.request.route(self.router, [])
             except NoReplicaError:  # nothing to wait for: dispatch answers 503
                 decision = None
-            verdict = GO if decision is None else adm.gate(waiter, decision.predicted_ttft_s, self._room(), now)
+            verdict = GO if decision is None else adm.gate(waiter, decision.predicted_ttft_s, self._room(now), now)
             if verdict == WAIT:
                 return
             if isinstance(verdict, Shed):
@@ -250,12 +250,12 @@ class AdmissionGate:
             waiting.future.set_result(decision)  # its task runs to its dispatch, then the next pump
             asyncio.get_running_loop().call_soon(self.pump, model)
 
-    def _room(self) -> bool:
+    def _room(self, now: float) -> bool:
         """Whether some decode candidate has a free slot (router/admission/room.py)."""
         router = self.router
         for rid, load in router.loads.loads.items():
             if rid in router.healthy and rid not in router.prefill_only and self.slots.has_room(
-                    ReplicaRoom(rid, load.total_in_flight, load.num_running, load.num_waiting)):
+                    ReplicaRoom(rid, load.total_in_flight, load.num_running, load.num_waiting), now):
                 return True
         return False
 

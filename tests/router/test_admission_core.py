@@ -125,13 +125,15 @@ def test_without_a_prediction_the_gate_follows_room():
     assert adm.gate(w, None, room=False, now=0.0) == WAIT
 
 
-def test_slots_are_learned_when_a_replica_reports_waiting_requests():
-    slots = SlotCapacity()
-    assert slots.has_room(ReplicaRoom("r", in_flight=3, num_running=3, num_waiting=0))  # no sign it queues
-    assert not slots.has_room(ReplicaRoom("r", in_flight=4, num_running=4, num_waiting=2))  # 4 slots, all used
-    assert slots.slots["r"] == 4
-    assert slots.has_room(ReplicaRoom("r", in_flight=3, num_running=4, num_waiting=0))
-    assert slots.has_room(ReplicaRoom("r", in_flight=0, num_running=9, num_waiting=9))  # nothing of ours: go
+def test_slots_are_learned_when_a_replica_reports_waiting_requests_and_relearned_after_their_ttl():
+    slots = SlotCapacity(ttl_s=30.0)
+    assert slots.has_room(ReplicaRoom("r", in_flight=3, num_running=3, num_waiting=0), now=0.0)  # no sign it queues
+    assert not slots.has_room(ReplicaRoom("r", in_flight=4, num_running=4, num_waiting=2), now=1.0)  # 4 slots, used
+    assert slots.slots["r"] == (4, 1.0)
+    assert slots.has_room(ReplicaRoom("r", in_flight=3, num_running=4, num_waiting=0), now=2.0)
+    assert not slots.has_room(ReplicaRoom("r", in_flight=5, num_running=5, num_waiting=0), now=2.0)  # a finishing one
+    assert slots.has_room(ReplicaRoom("r", in_flight=0, num_running=9, num_waiting=9), now=2.0)  # nothing of ours: go
+    assert slots.has_room(ReplicaRoom("r", in_flight=6, num_running=6, num_waiting=0), now=40.0)  # 4 is forgotten
 
 
 def test_leaving_charges_the_computed_prompt_and_finishing_twice_the_output():

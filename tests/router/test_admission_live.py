@@ -29,7 +29,7 @@ def admitting(fakes, start_router, tmp_path):
     a.configure(delay=DELAY_S)
     router = start_router([a.spec], admission=AdmissionConfig(keys_file=str(keys)))
     wait_for(lambda: router.runtime.router.healthy, what="the replica healthy")
-    router.runtime.admission.slots.slots["a"] = 1
+    router.runtime.admission.slots.slots["a"] = (1, time.monotonic())
     return router
 
 
