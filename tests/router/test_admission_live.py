@@ -85,6 +85,13 @@ def test_429s_carry_retry_after_and_name_their_reason(admitting):
     r = _post(admitting, "light", "in a hurry", done, headers={"x-kvmesh-ttft-deadline-ms": "100"})
     assert r.status_code == 429 and time.monotonic() - t0 < 1.0  # shed by its deadline, not left waiting
     assert r.json()["error"]["type"] == "deadline_unreachable" and int(r.headers["retry-after"]) >= 1
+    queue = admitting.runtime.admission.admission.queues[""]
+    with pytest.raises(httpx.ReadTimeout):  # a client that gives up while its request waits ...
+        httpx.post(admitting.url + "/v1/completions", headers={"Authorization": f"Bearer {KEYS['light']}"},
+                   json={"prompt": "impatient", "max_tokens": 2}, timeout=httpx.Timeout(5, read=0.1))
+    wait_for(lambda: not any(w.tenant == "light" for w in queue), timeout=2, what="it left the queue")  # ... leaves
+    text = httpx.get(admitting.url + "/metrics").text  # unserved: it left, it was not let go
+    assert 'kvmesh_router_admission_admitted_total{priority="0",tenant="light"} 0.0' in text
     bad = _post(admitting, "light", "x", [], headers={"x-kvmesh-priority": "high"})
     assert bad.status_code == 400 and "x-kvmesh-priority" in bad.json()["error"]["message"]
     assert httpx.post(admitting.url + "/v1/completions", json={"prompt": "x"}).status_code == 401  # keys required
