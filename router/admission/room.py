@@ -41,17 +41,18 @@ class SlotCapacity:
         self.slots: dict[Hashable, tuple[int, float]] = {}
         """Replica id -> (slots, when last seen)."""
 
-    def observe(self, room: ReplicaRoom, now: float) -> None:
-        """Learn from a report: waiting requests mean the running ones fill every slot."""
+    def observe(self, room: ReplicaRoom, now: float | None = None) -> None:
+        """Learn from a report: waiting requests mean the running ones fill every slot (``now``: the caller's
+        clock; None: what is learned never expires)."""
         if room.num_waiting > 0 and room.num_running > 0:
-            self.slots[room.replica_id] = (room.num_running, now)
+            self.slots[room.replica_id] = (room.num_running, math.inf if now is None else now)
 
-    def has_room(self, room: ReplicaRoom, now: float) -> bool:
+    def has_room(self, room: ReplicaRoom, now: float | None = None) -> bool:
         self.observe(room, now)
         if room.in_flight == 0:
             return True
         learned = self.slots.get(room.replica_id)
-        if learned is None or now - learned[1] > self.ttl_s:
+        if learned is None or (now is not None and now - learned[1] > self.ttl_s):
             return room.num_waiting == 0
         return room.in_flight < learned[0]
 
