@@ -99,8 +99,13 @@ class Forwarder:
     async def parse(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[int]]:
         """Validate the body and render its prompts exactly as the replica will (ProtocolError on bad input);
         the token ids to route by (a batch of prompts goes to one replica, by its first prompt)."""
-        req, prompts, _ = await self._validate(raw, chat)
+        req, prompts = await self.parse_prompts(raw, chat)
         return req, prompts[0] if prompts else []
+
+    async def parse_prompts(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]]]:
+        """``parse``, with the token ids of every prompt of the request (none without a tokenizer)."""
+        req, prompts, _ = await self._validate(raw, chat)
+        return req, prompts
 
     async def _validate(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]], SamplingParams | None]:
         """The body, the token ids of its prompts and the first prompt's sampling parameters, each prompt
@@ -140,23 +145,20 @@ class Forwarder:
     async def handle(self, http: Request, path: str, chat: bool) -> Response:
         """Answer one request (the door's ``Request``): read, admit (admission_gate.py), forward. A client that leaves
         cancels this coroutine (the door does): out of the router's queue, or its upstream connection closed."""
-        request = await self.read(http, path, chat)
-        gate = self.runtime.admission
-        admitted = None if gate is None else await gate.admit(http, request)
+        request, gate = await self.read(http, path, chat), self.runtime.admission
+        if gate is None:
+            return await self.forward(request)
+        admitted = await gate.admit(http, request)
         if isinstance(admitted, Response):  # 429
             return admitted
-        if admitted is None:
-            return await self.forward(request)
         with gate.charged(admitted) as charge:
             return charge(await self.forward(request, admitted.decision), request)
 
     async def forward(self, request: ProxyRequest, first: RouteDecision | None = None) -> Response:
-        """Dispatch ``request`` (``first``: the route admission let it go by) and answer it, on another replica
-        when one sends a broken answer."""
+        """Dispatch and answer ``request`` (``first``: admission's route), on another replica after a broken answer."""
         tried: list[str] = []
         while True:
-            opened = await self.dispatch(request, tried, first)
-            first = None
+            opened = await self.dispatch(request, tried, None if tried else first)
             try:
                 response = await self._answer(request, opened)
                 break
@@ -175,9 +177,8 @@ class Forwarder:
         return response
 
     async def dispatch(self, request: ProxyRequest, tried: list[str], first: RouteDecision | None = None) -> Opened:
-        """Open ``request`` on the best replica not ``tried`` (``first``: its first route, made by admission), moving
-        on when one fails before its first byte; the last attempt's 5xx if all failed so. Each replica gets the
-        body in the form it takes."""
+        """Open ``request`` on the best replica not ``tried`` (first on ``first``, admission's route), moving on when
+        one fails before its first byte; the last attempt's 5xx if all failed so. Each replica gets its body's form."""
         svc, router = self.runtime, self.runtime.router
         headers = {"content-type": "application/json", **svc.headers()}
         ids = request.route_ids
