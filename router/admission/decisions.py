@@ -107,9 +107,11 @@ class Admission:
             return None
         return queue.head(functools.partial(self.ledger.usage, now=now))  # queue -> ledger, never back here
 
-    def gate(self, waiter: Waiter, predicted_ttft_s: float | None, room: bool, now: float) -> str | Shed:
+    def gate(self, waiter: Waiter, predicted_ttft_s: float | None, room: bool, now: float,
+             idle: bool = False) -> str | Shed:
         """GO, WAIT or Shed for the head ``waiter``: ``predicted_ttft_s`` on its best replica (None: not priced),
-        ``room``: some candidate has a free slot (used when not priced)."""
+        ``room``: some candidate has a free slot (used when not priced); ``idle``: that best replica has nothing
+        in flight or waiting, so its prediction is the request's own prefill (a long prompt goes on however long)."""
         if waiter.deadline is not None:
             late = now >= waiter.deadline
             if late or (predicted_ttft_s is not None and now + predicted_ttft_s > waiter.deadline):
@@ -122,7 +124,7 @@ class Admission:
                             "retry later or allow a longer deadline")
         if self.ledger.better_elsewhere(waiter.model, waiter.priority):
             return WAIT  # another router process holds a more urgent request: the room is its
-        ok = predicted_ttft_s <= self.config.admit_ttft_s if predicted_ttft_s is not None else room
+        ok = room if predicted_ttft_s is None else idle or predicted_ttft_s <= self.config.admit_ttft_s
         return GO if ok else WAIT
 
     def expired(self, model: str, now: float) -> list[Waiter]:

@@ -237,7 +237,8 @@ class AdmissionGate:
                 decision = waiting.request.route(self.router, [])
             except NoReplicaError:  # nothing to wait for: dispatch answers 503
                 decision = None
-            verdict = GO if decision is None else adm.gate(waiter, decision.predicted_ttft_s, self._room(now), now)
+            verdict = GO if decision is None else adm.gate(waiter, decision.predicted_ttft_s, self._room(now), now,
+                                                           idle=self._idle(decision.replica_id))
             if verdict == WAIT:
                 return
             if isinstance(verdict, Shed):
@@ -258,6 +259,11 @@ class AdmissionGate:
                     ReplicaRoom(rid, load.total_in_flight, load.num_running, load.num_waiting), now):
                 return True
         return False
+
+    def _idle(self, replica_id: object) -> bool:
+        """Whether the replica has nothing in flight from this host and reports nothing waiting."""
+        load = self.router.loads.loads.get(replica_id)
+        return load is not None and load.total_in_flight == 0 and load.num_waiting == 0
 
     def _tick(self, model: str) -> None:
         """Pump ``model`` every ``recheck_interval_s`` while its queue is not empty."""

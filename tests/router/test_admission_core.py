@@ -111,6 +111,7 @@ def test_the_gate_goes_within_admit_ttft_waits_beyond_and_sheds_what_misses_its_
     w = adm.arrive("m", Tenant("t"), 0, 1, deadline=2.0, now=0.0)
     assert adm.gate(w, 0.4, room=False, now=0.0) == GO
     assert adm.gate(w, 1.5, room=True, now=0.0) == WAIT  # a prediction outranks the slot count
+    assert adm.gate(w, 1.5, room=False, now=0.0, idle=True) == GO  # on an idle replica: its own prefill
     shed = adm.gate(w, 2.5, room=True, now=0.0)
     assert isinstance(shed, Shed) and shed.reason == DEADLINE and "predicted TTFT is 2.5 s" in shed.message
     late = adm.gate(w, None, room=True, now=2.0)
