@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvmesh.router.admission.rate_limit import TokenRate
+from kvmesh.router.admission.tenants import Tenants, load_keys_file
 
 
 @dataclass(slots=True)
@@ -33,6 +34,9 @@ class AdmissionConfig:
     """Half-life of a tenant's token usage in fair share (tokens used this long ago count half)."""
     max_tenants: int = 1024
     """Tenants tracked for fair share, limits and metrics; past it, the newest share one slot and one label."""
+    slots_ttl_s: float = 30.0
+    """Without a predicted TTFT, a replica's slots are what it ran while it reported waiting requests; trusted this
+    long, then learned again (its /load's waiting requests)."""
     recheck_interval_s: float = 0.02
     """Seconds between looks at the replicas' room while requests wait (also woken by each request's end)."""
 
@@ -41,7 +45,7 @@ class AdmissionConfig:
             raise ValueError(f"admission max_queued must be >= 0 (0: never wait), got {self.max_queued}")
         for name, value in (("admit_ttft_s", self.admit_ttft_s), ("burst_s", self.burst_s),
                             ("fair_share_half_life_s", self.fair_share_half_life_s),
-                            ("recheck_interval_s", self.recheck_interval_s)):
+                            ("recheck_interval_s", self.recheck_interval_s), ("slots_ttl_s", self.slots_ttl_s)):
             if not value > 0:
                 raise ValueError(f"admission {name} must be positive seconds, got {value}")
         if self.tokens_per_s is not None and not self.tokens_per_s > 0:
@@ -52,6 +56,17 @@ class AdmissionConfig:
             if not isinstance(priority, int) or not seconds > 0:
                 raise ValueError(f"admission ttft_deadline_s maps a priority (int) to positive seconds; got "
                                  f"{priority!r}: {seconds!r}")
+
+    def tenants(self, admin_key: str | None = None) -> Tenants:
+        """The tenants: the keys file's (read now; a ValueError names what is wrong) or none but ``user`` names.
+        A key of the file that is ``admin_key`` is refused (tenants never hold the admin key)."""
+        limit = self.default_limit()
+        if self.keys_file is None:
+            return Tenants((), limit, self.burst_s)
+        tenants = load_keys_file(self.keys_file, limit, self.burst_s)
+        if tenants.for_key(admin_key) is not None:
+            raise ValueError(f"admission keys file {self.keys_file} lists the admin key: tenants never hold it")
+        return tenants
 
     def default_limit(self) -> TokenRate | None:
         """The limit of tenants without their own."""

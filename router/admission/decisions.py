@@ -16,6 +16,7 @@ changed (a request ended, a timer). Only the head is tried, so the order here is
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -61,10 +62,10 @@ class Admission:
     # ---------------------------------------------------------------- arrival
     def priority_of(self, tenant: Tenant, asked: int | None) -> int:
         """The request's priority: what it asked (header or body), else its tenant's default; never better than
-        the tenant's (a key's priority is the best its holder may ask for)."""
+        the tenant's ``min_priority`` (the keys file's; by default its default priority)."""
         if asked is None:
             return tenant.priority if tenant.priority is not None else 0
-        return asked if tenant.priority is None else max(asked, tenant.priority)
+        return asked if tenant.min_priority is None else max(asked, tenant.min_priority)
 
     def deadline_of(self, priority: int, header_s: float | None, now: float) -> float | None:
         """When its first token is due: the header's deadline, else its priority class's (None: none)."""
@@ -104,12 +105,13 @@ class Admission:
         queue = self.queues.get(model)
         if queue is None:
             return None
-        ledger = self.ledger
-        return queue.head(lambda tenant: ledger.usage(tenant, now))
+        return queue.head(functools.partial(self.ledger.usage, now=now))  # queue -> ledger, never back here
 
-    def gate(self, waiter: Waiter, predicted_ttft_s: float | None, room: bool, now: float) -> str | Shed:
+    def gate(self, waiter: Waiter, predicted_ttft_s: float | None, room: bool, now: float,
+             idle: bool = False) -> str | Shed:
         """GO, WAIT or Shed for the head ``waiter``: ``predicted_ttft_s`` on its best replica (None: not priced),
-        ``room``: some candidate has a free slot (used when not priced)."""
+        ``room``: some candidate has a free slot (used when not priced); ``idle``: that best replica has nothing
+        in flight or waiting, so its prediction is the request's own prefill (a long prompt goes on however long)."""
         if waiter.deadline is not None:
             late = now >= waiter.deadline
             if late or (predicted_ttft_s is not None and now + predicted_ttft_s > waiter.deadline):
@@ -122,7 +124,7 @@ class Admission:
                             "retry later or allow a longer deadline")
         if self.ledger.better_elsewhere(waiter.model, waiter.priority):
             return WAIT  # another router process holds a more urgent request: the room is its
-        ok = predicted_ttft_s <= self.config.admit_ttft_s if predicted_ttft_s is not None else room
+        ok = room if predicted_ttft_s is None else idle or predicted_ttft_s <= self.config.admit_ttft_s
         return GO if ok else WAIT
 
     def expired(self, model: str, now: float) -> list[Waiter]:

@@ -6,8 +6,10 @@ cost model's predicted TTFT in seconds when the policy gives one (``RouteDecisio
 within ``admit_ttft_s``); without a prediction, a replica has room while the requests this host's router
 processes have in flight there are fewer than it runs at once -- its *slots*, learned from its ``/load``:
 when it reports requests waiting, the ones it runs are all it can (its ``max_num_seqs`` or its KV cache's
-limit); until it first reports waiting requests, it has room as long as it reports none. A replica
-with nothing in flight from this host always has room (so the queue always moves).
+limit), learned again each time it reports waiting requests and trusted ``slots_ttl_s``; until it first does
+(or after that), it has room as long as it reports none. A replica with nothing in flight from this host always has room (so the queue always moves).
+A running count seen without waiting requests never raises the slots: a finishing request is still counted
+by the replica while the router already sent the next one.
 """
 
 from __future__ import annotations
@@ -31,26 +33,28 @@ class ReplicaRoom:
 
 
 class SlotCapacity:
-    """Slots per replica, learned from reports (module doc)."""
+    """Slots per replica, learned from reports (module doc); a count is trusted for ``ttl_s`` after it was last
+    seen, then learned again (a replica that ran few long prompts may run many short ones later)."""
 
-    def __init__(self) -> None:
-        self.slots: dict[Hashable, int] = {}
+    def __init__(self, ttl_s: float = 30.0) -> None:
+        self.ttl_s = ttl_s
+        self.slots: dict[Hashable, tuple[int, float]] = {}
+        """Replica id -> (slots, when last seen)."""
 
-    def observe(self, room: ReplicaRoom) -> None:
-        """Learn from a report: waiting requests mean the running ones fill every slot."""
+    def observe(self, room: ReplicaRoom, now: float | None = None) -> None:
+        """Learn from a report: waiting requests mean the running ones fill every slot (``now``: the caller's
+        clock; None: what is learned never expires)."""
         if room.num_waiting > 0 and room.num_running > 0:
-            self.slots[room.replica_id] = room.num_running
-        elif room.num_running > self.slots.get(room.replica_id, math.inf):
-            self.slots[room.replica_id] = room.num_running  # it ran more than we thought it could
+            self.slots[room.replica_id] = (room.num_running, math.inf if now is None else now)
 
-    def has_room(self, room: ReplicaRoom) -> bool:
-        self.observe(room)
+    def has_room(self, room: ReplicaRoom, now: float | None = None) -> bool:
+        self.observe(room, now)
         if room.in_flight == 0:
             return True
-        slots = self.slots.get(room.replica_id)
-        if slots is None:
+        learned = self.slots.get(room.replica_id)
+        if learned is None or (now is not None and now - learned[1] > self.ttl_s):
             return room.num_waiting == 0
-        return room.in_flight < slots
+        return room.in_flight < learned[0]
 
     def forget(self, replica_id: Hashable) -> None:
         self.slots.pop(replica_id, None)

@@ -96,6 +96,8 @@ class SharedLedger:
         if slot is None:
             slot = _find_or_claim(self._tenant_names, self.max_tenants, _name(tenant))
             slot = 0 if slot is None else slot
+            if len(self._tenant_slots) >= 4 * self.max_tenants:  # many ``user`` names: the cache stays bounded
+                self._tenant_slots.clear()
             self._tenant_slots[tenant] = slot
         return slot
 
@@ -168,13 +170,14 @@ def _claim(names, slot: int, name: bytes) -> None:
 
 def _find_or_claim(names, num_slots: int, name: bytes) -> int | None:
     """The slot holding ``name``, else the first free one, claimed (call under the lock); None: full."""
-    free = None
+    free, table = None, bytes(names)  # one copy: slicing bytes is cheaper than slicing the shared array
     for i in range(num_slots):
-        held = names[i * NAME_BYTES:(i + 1) * NAME_BYTES].rstrip(b"\0")
+        held = table[i * NAME_BYTES:(i + 1) * NAME_BYTES].rstrip(b"\0")
         if held == name:
             return i
-        if not held and free is None:
+        if not held:
             free = i
+            break  # slots are claimed in order and never freed: past the first free one, none is held
     if free is not None:
         _claim(names, free, name)
     return free

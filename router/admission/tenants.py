@@ -6,7 +6,8 @@ its tenant's name, default priority and token-rate limit (several keys may name 
     keys:                           # YAML or JSON
       - key: sk-team-a-0123456789   # a bearer token (>= 8 characters), unique in the file
         tenant: team-a
-        priority: 0                 # the tenant's default, and the best it may ask for (lower = sooner)
+        priority: 0                 # the default priority of its requests (lower = sooner)
+        min_priority: -10           # the best a request may ask for (header or body); absent: the default
         tokens_per_s: 2000          # prompt + output tokens per second (absent: the section's default)
         burst_tokens: 20000         # the bucket (absent: tokens_per_s x burst_s)
 
@@ -35,6 +36,7 @@ class KeyEntry(msgspec.Struct, forbid_unknown_fields=True):
     key: str
     tenant: str
     priority: int = 0
+    min_priority: int | None = None
     tokens_per_s: float | None = None
     burst_tokens: float | None = None
 
@@ -52,13 +54,15 @@ class Tenant:
     name: str
     """Its name (metrics, fair share, limits)."""
     priority: int | None = None
-    """Its default priority and the best (lowest) one it may ask for; None: any (a ``user`` tenant)."""
+    """Its requests' default priority (None: 0, a ``user`` tenant)."""
     limit: TokenRate | None = None
     """Its token-rate limit (None: none)."""
+    min_priority: int | None = None
+    """The best (lowest) priority its requests may ask for; None: any (a ``user`` tenant)."""
 
 
 def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
+    return hashlib.sha256(key.encode("latin-1", "replace")).digest()
 
 
 class Tenants:
@@ -83,11 +87,20 @@ class Tenants:
                 limit = TokenRate(entry.tokens_per_s, entry.burst_tokens or entry.tokens_per_s * burst_s)
             elif entry.burst_tokens is not None:
                 raise ValueError(f"{where}: burst_tokens without tokens_per_s")
-            self._by_key[digest] = Tenant(entry.tenant, entry.priority, limit)
+            floor = entry.priority if entry.min_priority is None else entry.min_priority
+            if floor > entry.priority:
+                raise ValueError(f"{where}: min_priority {floor} is worse than its default priority {entry.priority}")
+            self._by_key[digest] = Tenant(entry.tenant, entry.priority, limit, floor)
 
     @property
     def has_keys(self) -> bool:
         return bool(self._by_key)
+
+    def holds_header(self, header: bytes) -> bool:
+        """Whether an ``Authorization`` header value (``Bearer <key>``) carries one of the file's keys."""
+        if not self._by_key or header[:7].lower() != b"bearer ":
+            return False
+        return _digest(header[7:].decode("latin-1")) in self._by_key
 
     def for_key(self, key: str | None) -> Tenant | None:
         """The tenant of API key ``key`` (None: not a tenant's key)."""
@@ -98,7 +111,7 @@ class Tenants:
         tenant = self.for_key(key)
         if tenant is not None:
             return tenant
-        return Tenant(user or DEFAULT_TENANT, None, self.default_limit)
+        return Tenant(user or DEFAULT_TENANT, None, self.default_limit, None)
 
 
 def load_keys_file(path: str | Path, default_limit: TokenRate | None = None, burst_s: float = 10.0) -> Tenants:

@@ -30,6 +30,7 @@ from kvmesh.router.control.kv_peers import KVPeerRegistry
 from kvmesh.router.control.passive_health import PassiveHealth
 from kvmesh.router.control.probes import ReplicaProbes
 from kvmesh.router.control.stream_watch import StreamWatch
+from kvmesh.router.http.admission_gate import AdmissionGate
 from kvmesh.router.http.metrics import RouterMetrics
 from kvmesh.router.http.receipt_metrics import ReceiptMetrics
 from kvmesh.router.http.upstream import UpstreamPool
@@ -88,6 +89,11 @@ class RouterRuntime:
         self.renderer = PromptRenderer(tokenizer, config.frontend)
         """Renders requests to token ids off the event loop, as the replicas do."""
         self.metrics = RouterMetrics(self.metrics_state)
+        self.tenants = config.admission.tenants(config.admin_key)
+        """API key or ``user`` -> tenant (router/admission/tenants.py): admission's, and the keys auth takes."""
+        self.admission = AdmissionGate(config.admission, self.tenants, self.router, self.metrics.registry) \
+            if config.admission.enabled else None
+        """The router's queue, limits and 429s (router/http/admission_gate.py); None: every request goes on."""
         self.receipt_metrics = ReceiptMetrics(self.metrics.registry, self.router.receipts)
         """Captured / available reuse and stale-index predictions, from the route receipts."""
         self.specs: dict[str, ReplicaSpec] = {}

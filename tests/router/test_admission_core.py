@@ -111,6 +111,7 @@ def test_the_gate_goes_within_admit_ttft_waits_beyond_and_sheds_what_misses_its_
     w = adm.arrive("m", Tenant("t"), 0, 1, deadline=2.0, now=0.0)
     assert adm.gate(w, 0.4, room=False, now=0.0) == GO
     assert adm.gate(w, 1.5, room=True, now=0.0) == WAIT  # a prediction outranks the slot count
+    assert adm.gate(w, 1.5, room=False, now=0.0, idle=True) == GO  # on an idle replica: its own prefill
     shed = adm.gate(w, 2.5, room=True, now=0.0)
     assert isinstance(shed, Shed) and shed.reason == DEADLINE and "predicted TTFT is 2.5 s" in shed.message
     late = adm.gate(w, None, room=True, now=2.0)
@@ -125,13 +126,15 @@ def test_without_a_prediction_the_gate_follows_room():
     assert adm.gate(w, None, room=False, now=0.0) == WAIT
 
 
-def test_slots_are_learned_when_a_replica_reports_waiting_requests():
-    slots = SlotCapacity()
-    assert slots.has_room(ReplicaRoom("r", in_flight=3, num_running=3, num_waiting=0))  # no sign it queues
-    assert not slots.has_room(ReplicaRoom("r", in_flight=4, num_running=4, num_waiting=2))  # 4 slots, all used
-    assert slots.slots["r"] == 4
-    assert slots.has_room(ReplicaRoom("r", in_flight=3, num_running=4, num_waiting=0))
-    assert slots.has_room(ReplicaRoom("r", in_flight=0, num_running=9, num_waiting=9))  # nothing of ours: go
+def test_slots_are_learned_when_a_replica_reports_waiting_requests_and_relearned_after_their_ttl():
+    slots = SlotCapacity(ttl_s=30.0)
+    assert slots.has_room(ReplicaRoom("r", in_flight=3, num_running=3, num_waiting=0), now=0.0)  # no sign it queues
+    assert not slots.has_room(ReplicaRoom("r", in_flight=4, num_running=4, num_waiting=2), now=1.0)  # 4 slots, used
+    assert slots.slots["r"] == (4, 1.0)
+    assert slots.has_room(ReplicaRoom("r", in_flight=3, num_running=4, num_waiting=0), now=2.0)
+    assert not slots.has_room(ReplicaRoom("r", in_flight=5, num_running=5, num_waiting=0), now=2.0)  # a finishing one
+    assert slots.has_room(ReplicaRoom("r", in_flight=0, num_running=9, num_waiting=9), now=2.0)  # nothing of ours: go
+    assert slots.has_room(ReplicaRoom("r", in_flight=6, num_running=6, num_waiting=0), now=40.0)  # 4 is forgotten
 
 
 def test_leaving_charges_the_computed_prompt_and_finishing_twice_the_output():
@@ -145,12 +148,13 @@ def test_leaving_charges_the_computed_prompt_and_finishing_twice_the_output():
     assert adm.ledger.try_take("t", 700, limit, now=0.0) == pytest.approx(0.5)  # 1000 - 300 - 50 = 650 left
 
 
-def test_a_key_priority_is_its_default_and_the_best_its_holder_may_ask_for():
+def test_a_key_priority_is_its_default_and_min_priority_the_best_its_holder_may_ask_for():
     adm = _admission()
-    key_tenant, user_tenant = Tenant("batch", priority=10), Tenant("u")
-    assert adm.priority_of(key_tenant, None) == 10
-    assert adm.priority_of(key_tenant, 0) == 10 and adm.priority_of(key_tenant, 20) == 20
-    assert adm.priority_of(user_tenant, None) == 0 and adm.priority_of(user_tenant, -5) == -5
+    batch, gateway, user = Tenant("batch", 10, None, 10), Tenant("gw", 0, None, -5), Tenant("u")
+    assert adm.priority_of(batch, None) == 10
+    assert adm.priority_of(batch, 0) == 10 and adm.priority_of(batch, 20) == 20
+    assert adm.priority_of(gateway, None) == 0 and adm.priority_of(gateway, -9) == -5
+    assert adm.priority_of(user, None) == 0 and adm.priority_of(user, -5) == -5
 
 
 def test_deadlines_per_priority_class_and_the_header_overrides():
@@ -167,9 +171,10 @@ def test_tenants_from_keys_or_user():
     tenants = Tenants([KeyEntry("sk-aaaaaaaa", "team-a", 3, tokens_per_s=10.0),
                        KeyEntry("sk-bbbbbbbb", "team-a")], default_limit=TokenRate(5, 50), burst_s=2.0)
     a = tenants.resolve("sk-aaaaaaaa", "whoever")
-    assert (a.name, a.priority, a.limit) == ("team-a", 3, TokenRate(10.0, 20.0))
+    assert (a.name, a.priority, a.limit, a.min_priority) == ("team-a", 3, TokenRate(10.0, 20.0), 3)
     assert tenants.resolve("sk-bbbbbbbb", None).limit == TokenRate(5, 50)
     assert tenants.resolve("not-a-key", "alice") == Tenant("alice", None, TokenRate(5, 50))
+    assert tenants.holds_header(b"Bearer sk-bbbbbbbb") and not tenants.holds_header(b"Bearer sk-cccccccc")
     assert tenants.resolve(None, None).name == DEFAULT_TENANT
 
 

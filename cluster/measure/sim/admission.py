@@ -83,15 +83,15 @@ class SimAdmission:
             for waiter in core.expired(SIMULATED_MODEL, now):
                 self._shed(waiter, DEADLINE)
         while (head := core.head(SIMULATED_MODEL, now)) is not None:
-            req = self.queued[head]
-            decision = core.gate(head, self._predicted_ttft_s(req), self._room(), now)
+            predicted, idle = self._predicted_ttft_s(self.queued[head])
+            decision = core.gate(head, predicted, self._room(now), now, idle=idle)
             if decision == WAIT:
                 break
             if isinstance(decision, Shed):
                 self._shed(head, decision.reason)
                 continue
             assert decision == GO
-            self._take(head)
+            req = self._take(head)
             self.host.dispatch(req, now)
             core.went(head, req.num_prompt_tokens - req.predicted_hit_tokens, now)
 
@@ -102,23 +102,25 @@ class SimAdmission:
             if waiter is not None:
                 self.core.finished(waiter, req.num_output_tokens, now)
 
-    def _predicted_ttft_s(self, req: SimRequest) -> float | None:
+    def _predicted_ttft_s(self, req: SimRequest) -> tuple[float | None, bool]:
         """Stand-in for the routing policy's ``RouteDecision.predicted_ttft_s`` (helper ``cost``'s, not yet in the
         simulated router): on the replica with the least, the prompt tokens queued there ahead of it (of its
         priority or better: replicas schedule by priority) plus this prompt, at the replicas' prefill rate; cache
-        hits and decode stalls are not priced. None without a rate."""
+        hits and decode stalls are not priced. None without a rate. Second: that replica is idle (nothing in flight:
+        the gate sends a long prompt there however long its own prefill)."""
         if self.prefill_s_per_token is None:
-            return None
-        queued = min(sum(r.remaining_prefill for r in (*rep.running, *rep.waiting) if r.priority <= req.priority)
-                     for rep in self.host.replicas if rep.role != "prefill")
-        return (queued + req.num_prompt_tokens) * self.prefill_s_per_token
+            return None, False
+        candidates = [(sum(r.remaining_prefill for r in (*rep.running, *rep.waiting) if r.priority <= req.priority),
+                       rep.num_in_flight == 0) for rep in self.host.replicas if rep.role != "prefill"]
+        queued, idle = min(candidates, key=lambda c: (c[0], not c[1]))  # the least queued, an idle one first
+        return (queued + req.num_prompt_tokens) * self.prefill_s_per_token, idle
 
-    def _room(self) -> bool:
+    def _room(self, now: float) -> bool:
         """Some replica can start a request soon (room.SlotCapacity over every replica's state)."""
         room = False
         for rep in self.host.replicas:
             state = ReplicaRoom(rep.replica_id, rep.num_in_flight, len(rep.running), reported_waiting(rep))
-            room = self.slots.has_room(state) or room  # every replica observed: slots are learned from all
+            room = self.slots.has_room(state, now) or room  # every replica observed: slots are learned from all
         return room
 
     def _take(self, waiter: Waiter) -> SimRequest:
