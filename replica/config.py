@@ -10,6 +10,7 @@ from kvmesh.replica.serving.json_types import JSONObject
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DEVICES = (None, "cpu", "cuda")
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # bytes of KV cache on CPU when kv_cache_memory is None (CUDA: profiled)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -84,6 +85,10 @@ class EngineConfig:
     """LoRA adapters kept loaded in host memory (least recently used dropped first); None: max_loras."""
     lora_modules: dict[str, str] = field(default_factory=dict)
     """LoRA adapters registered at start, name -> PEFT directory (vLLM's --lora-modules name=path ...)."""
+    scheduling_policy: str = "fcfs"
+    """Which waiting request runs first (vLLM's --scheduling-policy): "fcfs" in arrival order (a request's non-zero
+    ``priority`` is refused), "priority" by the request's ``priority`` (lower first) then arrival, preempting the
+    largest (priority, arrival) first."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory, "kv_cache_memory"))
@@ -115,6 +120,8 @@ class EngineConfig:
         if self.kv_offload_memory is not None and self.tensor_parallel_size > 1:
             raise ValueError("kv_offload_memory (a host tier) works with tensor_parallel_size 1 only for now; "
                              "unset it or use one rank")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
         if self.async_scheduling not in (None, True, False):
             raise ValueError(f"async_scheduling must be true, false or null (auto), got {self.async_scheduling!r}")
         _check_lora(self)

@@ -55,10 +55,14 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False,
-                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
-        """``lora_request``: the LoRA adapter of every prompt, or one per prompt (None: the base model)."""
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """``lora_request``: the LoRA adapter of every prompt, or one per prompt (None: the base model).
+        ``priority``: one per prompt (vLLM's), lower first; needs ``scheduling_policy="priority"``."""
         prompts = _as_prompt_list(prompts)
         loras = _per_prompt(lora_request, len(prompts))
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts; pass one per prompt")
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompts)
         else:
@@ -69,10 +73,11 @@ class LLM:
         engine = self.llm_engine
         request_ids: list[str] = []
         try:
-            for prompt, params, lora in zip(prompts, params_list, loras, strict=True):
+            for i, (prompt, params, lora) in enumerate(zip(prompts, params_list, loras, strict=True)):
                 token_ids, salt = self._tokenize(prompt)
                 request_ids.append(str(next(self._ids)))
-                engine.add_request(request_ids[-1], token_ids, params, cache_salt=salt, lora_request=lora)
+                engine.add_request(request_ids[-1], token_ids, params, cache_salt=salt, lora_request=lora,
+                                   priority=0 if priority is None else priority[i])
         except Exception:
             engine.abort_request(request_ids)
             engine.step()  # collect the abort outputs

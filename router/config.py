@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig, check_api_key, check_internal_key
+from kvmesh.router.admission.config import AdmissionConfig
 from kvmesh.router.routing.kv_placement import KVPlacementRules
 from kvmesh.router.routing.outlier import OutlierConfig
 from kvmesh.router.routing.policies import DEFAULT_POLICY, PolicyConfig, PolicyOptions, policy_config
@@ -63,7 +64,7 @@ class ReplicaSpec:
 
 @dataclass(slots=True)
 class UpstreamConfig:
-    """How the router talks to its replicas: polls, deadlines, attempts (``RouterConfig.upstream``; flags and
+    """How the router talks to its replicas: polls, deadlines, attempts, its key (``RouterConfig.upstream``; flags and
     variables keep their flat names: ``--connect-timeout-s``, ``KVMESH_ROUTER_MAX_ATTEMPTS``)."""
 
     poll_interval_s: float = 0.5
@@ -92,6 +93,8 @@ class UpstreamConfig:
     only replicas that have it serve it."""
     adapter_load_timeout_s: float = 30.0
     """Seconds one adapter load on a replica may take before the request tries another replica."""
+    replica_api_key: str | None = field(default=None, repr=False, metadata={"cli": True})
+    """Bearer token sent to replicas, if they require one (and no internal_key is set)."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -106,6 +109,8 @@ class UpstreamConfig:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
         if not self.adapter_load_timeout_s > 0:
             raise ValueError(f"adapter_load_timeout_s must be positive seconds, got {self.adapter_load_timeout_s}")
+        if self.replica_api_key is not None and not self.replica_api_key:
+            raise ValueError("replica_api_key is empty; give the replicas' key or leave it unset")
 
 
 @dataclass(slots=True)
@@ -161,10 +166,8 @@ class RouterConfig:
     admin_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_ADMIN_KEY"})
     """Bearer token for changing the replica set (POST/DELETE /replicas); None disables those endpoints (403).
     Must differ from api_key: tenants never hold it. ``kvmesh serve`` generates one for its own processes."""
-    replica_api_key: str | None = field(default=None, repr=False, metadata={"cli": True})
-    """Bearer token sent to replicas, if they require one (and no internal_key is set)."""
     internal_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_INTERNAL_KEY", "cli": True})
-    """The cluster's internal key, sent to replicas on every call instead of replica_api_key: only it opens their KV
+    """The cluster's internal key, sent to replicas on every call instead of upstream.replica_api_key: only it opens their KV
     plane (kv_transfer_params, /kv/*); must differ from api_key and admin_key. ``kvmesh serve`` generates one."""
     cache_salt_secret: bytes | None = field(default=None, repr=False)
     """SECRET: key of the replicas' cache-salt digests (``kvcache.hashing.cache_salt_secret(seed)``,
@@ -176,7 +179,8 @@ class RouterConfig:
     send, recovery timeouts and back-off, the lag before a replica is routed by load only. Its flags and variables
     keep their flat names (--events-max-payload-bytes, KVMESH_ROUTER_EVENTS_MAX_PAYLOAD_BYTES)."""
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig, metadata={"prefix": ""})
-    """Polls of the replicas, deadlines, attempts and stream migration (--connect-timeout-s, --max-attempts ...)."""
+    """Polls of the replicas, deadlines, attempts, stream migration and the replicas' key (--connect-timeout-s,
+    --max-attempts, --replica-api-key ...)."""
     outliers: OutlierConfig = field(default_factory=OutlierConfig, metadata={"prefix": "outlier"})
     """Passive health: the failures that eject a replica and for how long (--outlier-consecutive-failures ...)."""
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
@@ -194,6 +198,9 @@ class RouterConfig:
     transfers: KVPlacementRules = field(default_factory=KVPlacementRules, metadata={"prefix": ""})
     """KV that moves between replicas: the prefill/decode split and peer pulls (--pd-min-uncached-tokens,
     --peer-pulls ...; router/routing/kv_placement.py)."""
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    """Overload: the router's queue per model by priority and fair share, tenants (a keys file or the request's
+    user), token-rate limits, TTFT deadlines, 429 with a reason (router/admission; --admission-keys-file ...)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -205,8 +212,6 @@ class RouterConfig:
             raise ValueError(f"workers must be >= 1, or 0 for auto; got {self.workers}")
         check_api_key(self.api_key, "api_key")
         check_api_key(self.admin_key, "admin_key")
-        if self.replica_api_key is not None and not self.replica_api_key:
-            raise ValueError("replica_api_key is empty; give the replicas' key or leave it unset")
         if self.admin_key is not None and self.admin_key == self.api_key:
             raise ValueError("admin_key equals api_key: every tenant would hold the admin key; use another secret")
         check_internal_key(self.internal_key, "internal_key", {"api_key": self.api_key, "admin_key": self.admin_key})

@@ -29,9 +29,9 @@ def pair(stories_path):
     events = replica.endpoints()
     spec = ReplicaSpec(replica.http.url, events["events_endpoint"], events["replay_endpoint"], replica_id="r0")
     tokenizer = load_tokenizer(stories_path, chat_template=CHAT_TEMPLATE)
-    router = RouterServer(RouterConfig(port=0, api_key=KEY, replica_api_key=KEY, admin_key="admin-key",
+    router = RouterServer(RouterConfig(port=0, api_key=KEY, admin_key="admin-key",
                                        served_model_name="stories", frontend=FRONTEND,
-                                       upstream=UpstreamConfig(poll_interval_s=0.2)),
+                                       upstream=UpstreamConfig(poll_interval_s=0.2, replica_api_key=KEY)),
                           [spec], tokenizer=tokenizer).start()
     try:
         yield replica.http.url, router.url

@@ -13,6 +13,7 @@
 
 The router's rooms (ARCHITECTURE.md, "The router"), one way down: control -> http -> routing.
 
+    router/admission admission's policy core (queue, tenants, fair share, limits, deadlines): itself only, no I/O
     router/routing   routing itself, the compiled fast path, kvcache hashing and reuse, the event schema, the serving
                      core -- no HTTP library, never the data plane or control (pure decisions, no I/O)
     router/http      the data plane: never control (it reaches the running router through the
@@ -49,7 +50,9 @@ _HTTP_LIBS = ("fastapi", "starlette", "uvicorn", "aiohttp", "httptools", "httpx"
 ROOMS = {
     "router/routing": (("kvmesh.router.routing", "kvmesh.router._fastpath", "kvmesh.kvcache.hashing",
                         "kvmesh.kvcache.reuse", "kvmesh.events.schema", "kvmesh.replica.serving"), _HTTP_LIBS),
-    "router/http": (("kvmesh.router.http", "kvmesh.router.routing", "kvmesh.router.config", "kvmesh.replica.serving",
+    "router/admission": (("kvmesh.router.admission",), _HTTP_LIBS),
+    "router/http": (("kvmesh.router.http", "kvmesh.router.routing", "kvmesh.router.admission", "kvmesh.router.config",
+                     "kvmesh.replica.serving",
                      "kvmesh.replica.openai"), ("fastapi", "starlette", "uvicorn", "aiohttp")),
     "router/control": (("kvmesh.router", "kvmesh.events", "kvmesh.replica.serving", "kvmesh.replica.openai"),
                        ("aiohttp", "httpx")),

@@ -94,6 +94,7 @@ INVALID = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
     ("/v1/chat/completions/render", {"messages": HI, "tools": [{"type": "function"}]}),
     ("/v1/nothing", {}),
+    ("/v1/completions", {"prompt": "hi", "priority": 3}),  # the replica's fcfs: the router forwards it as sent
 ]
 
 
@@ -110,6 +111,7 @@ MISTYPED = [  # vLLM answers 400; lax parsing would take "2" for 2 and "yes" for
     ("/v1/completions", {"prompt": "hi", "n": "2"}, "n"),
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, "stream"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": "4"}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "priority": "1"}, "priority"),
     ("/v1/chat/completions", {"messages": HI, "stream": 1}, "stream"),
     ("/v1/chat/completions", {"messages": [{"role": "alien", "content": "hi"}]}, "messages.0.role"),
 ]

@@ -2,7 +2,9 @@
 
 ROLE is prefill, decode or both; PULLS are the KV pulls a replica made from a peer (a prefill replica's hand-over,
 or a peer's prefix), with failed ones in brackets; MOVED the KV bytes it pulled; "-" where the replica has no
-KV transfer counters (a server of another kind, or its /metrics did not answer)."""
+KV transfer counters (a server of another kind, or its /metrics did not answer). Below, when the router admits
+(router.admission), a row per tenant and priority: requests waiting in the router's queue now, that waited,
+admitted, answered 429 by reason, their time to first token (streams, queue included) and the tenant's tokens."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     import aiohttp
     from kvmesh.cluster.router_client import RouterClient
+    from kvmesh.cluster.tenant_status import format_tenants, tenant_rows
 
     try:
         args.url, admin_key = _locate(args.url, args.admin_key_file)
@@ -43,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     client = RouterClient(args.url, api_key=_api_key(args), admin_key=admin_key)
     try:
         rows = client.status()
+        tenants = tenant_rows(client.metrics_text())
         health = client.health()
         fleet = _fleet(client)
     except aiohttp.ClientResponseError as e:
@@ -66,9 +70,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"router": args.url, "health": health, "fleet": fleet,
                           "replicas": [{**_row_dict(r), "hit_rate": r.hit_rate, "host_hit_rate": r.host_hit_rate}
-                                       for r in rows]}, indent=2))
+                                       for r in rows],
+                          "tenants": [_row_dict(t) for t in tenants]}, indent=2))
         return 0
     print(format_table(rows, args.url, health))
+    if tenants:
+        print(format_tenants(tenants))
     if fleet:
         print(format_fleet(fleet))
     return 0

@@ -275,7 +275,7 @@ SERVE_SCHEMA = Schema(ServeConfig, hidden=ROUTER_FIXED | {
     "router.model": "the router uses engine.model", "router.tokenizer": "the router uses engine.tokenizer",
     "router.max_model_len": "the router uses engine.max_model_len",
     "router.block_size": "the router uses engine.block_size",
-    "router.replica_api_key": "the replicas require router.api_key", "router.frontend": _FRONTEND,
+    "router.upstream.replica_api_key": "the replicas require router.api_key", "router.frontend": _FRONTEND,
     "router.admin_key": "serve generates the admin key for its own processes",
     "router.internal_key": "serve generates the internal key for the router and its replicas",
     "events.endpoint": _EVENTS_DERIVED, "events.replay_endpoint": _EVENTS_DERIVED,

@@ -147,7 +147,8 @@ class ServeCluster:
                                                       engine.max_num_batched_tokens),
                        tokenizer=engine.tokenizer, served_model_name=st.served_model_name,
                        max_model_len=engine.max_model_len, block_size=engine.block_size,
-                       replica_api_key=None, internal_key=self._internal_key, admin_key=admin_key,
+                       upstream=replace(cfg.router.upstream, replica_api_key=None), internal_key=self._internal_key,
+                       admin_key=admin_key,
                        frontend=cfg.frontend, cache_salt_secret=cache_salt_secret(self._hash_seed))
         return self._curve.router(router) if self._curve else router
 

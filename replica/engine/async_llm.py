@@ -113,9 +113,9 @@ class AsyncLLM(AsyncKVCommands):
 
     async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, cache_salt: str | None = None,
-                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
+                       lora_request: LoRARequest | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Stream the request's outputs until its final one (``lora_request``: its adapter). Raises ValueError
-        for invalid input."""
+        for invalid input (a non-zero ``priority`` under the "fcfs" scheduling policy among it)."""
         if not self.is_running:
             raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
         request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
@@ -124,7 +124,8 @@ class AsyncLLM(AsyncKVCommands):
         out_queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), out_queue)
         accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._submit(AddRequest(request_id, prompt_token_ids, sampling_params, cache_salt, accepted, lora_request))
+        self._submit(AddRequest(request_id, prompt_token_ids, sampling_params, cache_salt, accepted, lora_request,
+                                priority))
         try:
             await asyncio.wrap_future(accepted)
         except BaseException:
@@ -256,7 +257,8 @@ class AsyncLLM(AsyncKVCommands):
             if isinstance(command, AddRequest):
                 try:
                     self.engine.add_request(command.request_id, command.prompt_token_ids, command.sampling_params,
-                                            cache_salt=command.cache_salt, lora_request=command.lora_request)
+                                            cache_salt=command.cache_salt, lora_request=command.lora_request,
+                                            priority=command.priority)
                 except BaseException as e:
                     self.kv_transfers.request_refused(command.request_id)
                     command.accepted.set_exception(e)

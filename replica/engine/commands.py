@@ -34,6 +34,8 @@ class AddRequest:
     """Set to None when the request is queued, or to the ValueError that refused it."""
     lora_request: LoRARequest | None = None
     """The LoRA adapter it runs with (None: the base model)."""
+    priority: int = 0
+    """Lower runs first under the "priority" scheduling policy (vLLM's request ``priority``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from kvmesh.replica.engine.loras import EngineLoRAs
 from kvmesh.replica.engine.offload_connector import OffloadConnector
 from kvmesh.replica.engine.output_processor import OutputProcessor
 from kvmesh.replica.engine.prefill_rate import PrefillRate
-from kvmesh.replica.engine.request import Request, RequestStatus, validate_request_input
+from kvmesh.replica.engine.request import Request, RequestStatus, check_priority, validate_request_input
 from kvmesh.replica.engine.scheduler import Scheduler
 from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publisher, make_kv_cache_manager
 from kvmesh.replica.engine.stats import EngineStats
@@ -101,9 +101,10 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
                     cache_salt: str | None = None, arrival_time: float | None = None,
-                    lora_request: LoRARequest | None = None) -> None:
-        """Queue a request (``lora_request``: the adapter it runs with, registered on first use). Raises ValueError
-        (and queues nothing) when the input is invalid."""
+                    lora_request: LoRARequest | None = None, priority: int = 0) -> None:
+        """Queue a request (``lora_request``: the adapter it runs with, registered on first use; ``priority``: lower
+        runs first under ``scheduling_policy="priority"``, non-zero refused under "fcfs" as vLLM). Raises
+        ValueError (and queues nothing) when the input is invalid."""
         params = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
@@ -111,12 +112,14 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use; use a unique id per request")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt must be a string or None, got {type(cache_salt).__name__}")
+        check_priority(priority, self.config.scheduling_policy)
         validate_request_input(
             prompt_token_ids, params, max_model_len=self.max_model_len, vocab_size=self.vocab_size,
             block_size=self.config.block_size, num_usable_blocks=self.num_kv_blocks - 1,
             has_tokenizer=self.tokenizer is not None)
         request = Request(request_id, prompt_token_ids, params, self.eos_token_ids, cache_salt,
-                          arrival_time=arrival_time, lora_request=self.loras.resolve(lora_request))
+                          arrival_time=arrival_time, lora_request=self.loras.resolve(lora_request),
+                          priority=priority)
         self.output_processor.add_request(request, params)
         self._stats.num_prompt_tokens += request.num_prompt_tokens
         self.scheduler.add_request(request)

@@ -30,9 +30,10 @@ class EngineClient(Protocol):
 
     def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
                  request_id: str | None = None, cache_salt: str | None = None,
-                 lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
+                 lora_request: LoRARequest | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Streams the request's ``RequestOutput``s (``lora_request``: the LoRA adapter it runs with); the first
-        ``__anext__`` raises ValueError for bad input."""
+        ``__anext__`` raises ValueError for bad input (a non-zero ``priority`` under the "fcfs" scheduling policy
+        among it)."""
         ...
 
     async def add_lora(self, lora_request: LoRARequest) -> bool:

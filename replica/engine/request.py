@@ -51,7 +51,7 @@ class Request:
         "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens", "num_host_cached_tokens", "status",
         "stop_reason", "error", "num_preemptions", "arrival_time", "first_scheduled_time",
         "first_token_time", "last_token_time", "finished_time", "decoding_in_runner", "skip_reading_prefix_cache",
-        "logprobs", "prompt_logprobs", "num_output_placeholders",
+        "logprobs", "prompt_logprobs", "num_output_placeholders", "priority",
     )
 
     def __init__(
@@ -64,6 +64,7 @@ class Request:
         lora_name: str | None = None,
         arrival_time: float | None = None,
         lora_request: LoRARequest | None = None,
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -84,6 +85,7 @@ class Request:
         self.error: str | None = None
         self.num_preemptions = 0
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.priority = priority  # lower runs first under the "priority" scheduling policy (vLLM's)
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
@@ -169,3 +171,14 @@ def validate_request_input(
             raise ValueError(f"logit_bias has token id {token_id}, outside the vocabulary [0, {vocab_size})")
     if params.stop and not has_tokenizer:
         raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
+
+
+def check_priority(priority: object, scheduling_policy: str) -> None:
+    """Raise ValueError for a priority this engine cannot honour (vLLM's rule: non-zero needs the "priority"
+    scheduling policy)."""
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError(f"priority must be an integer, got {priority!r}")
+    if priority != 0 and scheduling_policy != "priority":
+        raise ValueError(f"got priority {priority} but priority scheduling is not enabled on this replica "
+                         f"(scheduling_policy={scheduling_policy!r}); send priority 0, or start the replica with "
+                         "--scheduling-policy priority")

@@ -6,9 +6,12 @@ One queue, no prefill/decode phases. Each step has a token budget (``max_num_bat
        prefill: the next chunk). When the KV cache has no room, the newest running request is preempted:
        its blocks are freed and it goes back to the front of the waiting queue, to be recomputed later
        (mostly from the prefix cache, since freed blocks stay cached until recycled).
+       Under the "priority" policy (vLLM's) "oldest" and "newest" read as the smallest and the largest
+       ``(priority, arrival_time)``: the running list is kept in that order, so the victim is the lowest
+       priority's newest request, and a preempted request waits at its place in that order.
        A decode whose token the runner itself sampled last step is sent as its id alone (see
        scheduler_output.py, persistent batch).
-    2. then, if nothing was preempted, waiting requests in arrival order (FCFS): a prefix-cache lookup
+    2. then, if nothing was preempted, waiting requests in the policy's order (request_queue.py): a prefix-cache lookup
        advances ``num_computed_tokens`` past the cached blocks, and the rest is scheduled as one chunk.
 
 ``num_computed_tokens`` is advanced when a chunk is scheduled (the runner computes it in the same step).
@@ -16,12 +19,13 @@ One queue, no prefill/decode phases. Each step has a token budget (``max_num_bat
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections import deque
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.request import Request, RequestStatus
+from kvmesh.replica.engine.request_queue import create_request_queue, priority_key
 from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -38,7 +42,8 @@ class Scheduler:
         self.block_size = config.block_size
         self.max_loras = config.max_loras if config.enable_lora else 0  # distinct adapters per step (0: no LoRA)
         self.kv_cache_manager = kv_cache_manager
-        self.waiting: deque[Request] = deque()
+        self.policy = config.scheduling_policy
+        self.waiting = create_request_queue(self.policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_request_ids: set[str] = set()
@@ -48,7 +53,7 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.add_request(request)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
         """End a request (finished, aborted or failed): drop it from its queue and free its blocks."""
@@ -59,7 +64,7 @@ class Scheduler:
             self.running.remove(request)
             self.kv_cache_manager.free(request)
         else:  # waiting or preempted: holds no blocks
-            self.waiting.remove(request)
+            self.waiting.remove_request(request)
         request.status = status
         request.finished_time = time.monotonic()
         self.finished_request_ids.add(request_id)
@@ -76,7 +81,7 @@ class Scheduler:
         now = time.monotonic()
         for request in finished:
             if running - len(self.running) < len(finished) and request in self.waiting:
-                self.waiting.remove(request)  # preempted: holds no blocks
+                self.waiting.remove_request(request)  # preempted: holds no blocks
             else:
                 self.kv_cache_manager.free(request)
             del self.requests[request.request_id]
@@ -174,28 +179,31 @@ class Scheduler:
         request.decoding_in_runner = False  # the runner's row is stale: resend the request in full
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self.waiting.prepend_request(request)
 
     def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
-        """Admit waiting requests in arrival order while budget, sequence slots and blocks last."""
+        """Admit waiting requests in the policy's order while budget, sequence slots and blocks last."""
         kv = self.kv_cache_manager
         # vLLM's max_loras check: the running requests' adapters plus the admitted ones stay within the slots;
         # a request of one more adapter waits (in its place) while later ones go ahead
         loras = {r.lora_name for r in self.running if r.lora_name is not None} if self.max_loras else None
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting.peek_request()
             if loras is not None and request.lora_name is not None and request.lora_name not in loras:
                 if len(loras) >= self.max_loras:
-                    skipped.append(self.waiting.popleft())
+                    skipped.append(self.waiting.pop_request())
                     continue
                 loras.add(request.lora_name)
             blocks, num_cached = kv.get_computed_blocks(request) if self.enable_caching else ([], 0)
             num_new = min(request.num_tokens - num_cached, budget)
             if kv.allocate_slots(request, num_new, num_cached, blocks) is None:
                 break
-            self.waiting.popleft()
-            self.running.append(request)
+            self.waiting.pop_request()
+            if self.policy == "priority":  # running stays in (priority, arrival) order: the victim is last
+                bisect.insort(self.running, request, key=priority_key)
+            else:
+                self.running.append(request)
             request.block_ids = kv.get_block_ids(request.request_id)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_cached
@@ -206,7 +214,8 @@ class Scheduler:
                 request.first_scheduled_time = time.monotonic()
             scheduled.append(self._schedule_chunk(request, num_new))
             budget -= num_new
-        self.waiting.extendleft(reversed(skipped))
+        for request in reversed(skipped):  # back in their places, ahead of what was not reached
+            self.waiting.prepend_request(request)
         return budget
 
     def _schedule_chunk(self, request: Request, num_new: int) -> ScheduledRequest:

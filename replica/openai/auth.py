@@ -52,7 +52,8 @@ class AuthMiddleware:
     def __init__(self, app: ASGIApp, api_key: str | None, admin_key: str | None = None,
                  is_admin: Callable[[str, str], bool] = never_admin,
                  on_refused: Callable[[ProtocolError], None] | None = None,
-                 internal_key: str | None = None, is_kv_plane: Callable[[str], bool] = never_kv_plane):
+                 internal_key: str | None = None, is_kv_plane: Callable[[str], bool] = never_kv_plane,
+                 tenant_key: Callable[[bytes], bool] | None = None):
         self.app = app
         self.api = _bearer(api_key)
         self.admin = _bearer(admin_key)
@@ -61,6 +62,9 @@ class AuthMiddleware:
         self.is_kv_plane = is_kv_plane
         self.on_refused = on_refused
         """Sees every refusal first (the router counts them in its request metric)."""
+        self.tenant_key = tenant_key
+        """Whether an Authorization value carries one of the tenants' own keys (the router's admission keys file),
+        taken like the API key; None: only the API key."""
 
     def internal_caller(self, header: bytes) -> bool:
         """Whether ``header`` (the Authorization value) is the internal key."""
@@ -84,7 +88,10 @@ class AuthMiddleware:
                 return ProtocolError(f"{method} {path} needs the admin key ('Authorization: Bearer <admin key>'); "
                                      "the tenants' API key is not enough", 403)
             return None
-        if self.api is not None and not hmac.compare_digest(header, self.api):
+        if self.api is None and self.tenant_key is None:
+            return None
+        if not ((self.api is not None and hmac.compare_digest(header, self.api))
+                or (self.tenant_key is not None and self.tenant_key(header))):
             return ProtocolError("missing or wrong API key; send 'Authorization: Bearer <key>'", 401)
         return None
 

@@ -108,7 +108,8 @@ class OpenAIHandlers:
         kv_headers = await kv_handoff.before(self.state, req, prompts, http)  # a pull first: its blocks are hit
         armed = kv_handoff.arm(self.state, req, candidates[0].request_id, http)  # a lease taken as it finishes
         try:  # queues the requests now, so bad input is a 400 before any byte is sent
-            streams = await ps.start_all(client, candidates, req.cache_salt, self.state.loras.request_for(req.model))
+            streams = await ps.start_all(client, candidates, req.cache_salt, self.state.loras.request_for(req.model),
+                                         req.priority)
             if isinstance(req, p.CompletionRequest) and req.prompt_only:
                 streams = [ps.without_output(stream) for stream in streams]
         except ValueError as e:

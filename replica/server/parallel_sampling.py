@@ -92,15 +92,16 @@ def prompt_logprobs_of(candidates: list[Candidate], finals: list[RequestOutput])
 
 
 async def start_all(client: EngineClient, candidates: list[Candidate], cache_salt: str | None,
-                    lora_request: LoRARequest | None = None) -> list[Outputs]:
+                    lora_request: LoRARequest | None = None, priority: int = 0) -> list[Outputs]:
     """Queue every candidate (in order) and wait for each one's first output; if one is refused, abort
     the others and raise its error (a ValueError is a 400 before any byte is sent). A lone candidate is
     started in this task (no gather), so its engine call runs under the request's own stack."""
     if len(candidates) == 1:
         c = candidates[0]
-        return [await start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt, lora_request)]
+        return [await start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt, lora_request,
+                                       priority)]
     results = await asyncio.gather(
-        *(start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt, lora_request)
+        *(start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt, lora_request, priority)
           for c in candidates),
         return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
@@ -113,7 +114,8 @@ async def start_all(client: EngineClient, candidates: list[Candidate], cache_sal
 
 
 async def start_generation(client: EngineClient, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                           cache_salt: str | None, lora_request: LoRARequest | None = None) -> Outputs:
+                           cache_salt: str | None, lora_request: LoRARequest | None = None,
+                           priority: int = 0) -> Outputs:
     """Queues the request and waits for its first output; returns the stream of all its outputs.
 
     So bad input raises ValueError (a 400) before any byte is sent, and a draining or broken
@@ -122,7 +124,8 @@ async def start_generation(client: EngineClient, request_id: str, prompt_ids: li
     reason = client.dead_reason()
     if reason is not None:
         raise RuntimeError(f"replica cannot take requests: {reason}")
-    agen = client.generate(prompt_ids, params, request_id=request_id, cache_salt=cache_salt, lora_request=lora_request)
+    agen = client.generate(prompt_ids, params, request_id=request_id, cache_salt=cache_salt,
+                           lora_request=lora_request, priority=priority)
     try:
         first = await agen.__anext__()
     except BaseException:

@@ -24,6 +24,7 @@ from kvmesh.replica.openai.errors import install_error_handlers
 from kvmesh.replica.openai.metrics_exposition import metrics_response
 from kvmesh.replica.openai.routes import install_shared_routes
 from kvmesh.replica.serving.errors import ProtocolError, error_body
+from kvmesh.router.admission.tenants import Tenants
 from kvmesh.router.config import RouterConfig
 from kvmesh.router.control.admin_routes import install_replica_routes, is_admin_request
 from kvmesh.router.control.runtime import RouterRuntime
@@ -43,9 +44,11 @@ def error_counter(runtime: RouterRuntime) -> Callable[[ProtocolError], None]:
     return count_error
 
 
-def auth_rule(cfg: RouterConfig) -> AuthMiddleware:
-    """The one auth rule: the API key for tenants, the admin key for the admin plane."""
-    return AuthMiddleware(None, api_key=cfg.api_key, admin_key=cfg.admin_key, is_admin=is_admin_request)
+def auth_rule(cfg: RouterConfig, tenants: Tenants | None = None) -> AuthMiddleware:
+    """The one auth rule: the API key (or a key of the admission keys file) for tenants, the admin key for the
+    admin plane."""
+    return AuthMiddleware(None, api_key=cfg.api_key, admin_key=cfg.admin_key, is_admin=is_admin_request,
+                          tenant_key=tenants.holds_header if tenants is not None and tenants.has_keys else None)
 
 
 def build_app(runtime: RouterRuntime) -> FastAPI:
@@ -61,8 +64,9 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
     app = FastAPI(title="kvmesh router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     cfg = runtime.config
     count_error = error_counter(runtime)
+    rule = auth_rule(cfg, runtime.tenants)
     app.add_middleware(AuthMiddleware, api_key=cfg.api_key, admin_key=cfg.admin_key, is_admin=is_admin_request,
-                       on_refused=count_error)
+                       on_refused=count_error, tenant_key=rule.tenant_key)
     install_error_handlers(app, "router", on_error=count_error)
     model_name = served_model(cfg)
     install_shared_routes(app, runtime.renderer, runtime.check_model, lambda: model_name,

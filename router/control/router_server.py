@@ -46,7 +46,7 @@ class RouterServer:
         self.config = config
         self.runtime = RouterRuntime(config, replicas, tokenizer)
         self.app = build_app(self.runtime)
-        routes = proxied_routes(Forwarder(self.runtime), auth_rule(config), served_model(config))
+        routes = proxied_routes(Forwarder(self.runtime), auth_rule(config, self.runtime.tenants), served_model(config))
         self.door = Door(routes, self.app, config.frontend, extra_headers)
         """Where every request enters (router/http/door.py)."""
         self.door.on_error = error_counter(self.runtime)

@@ -32,6 +32,7 @@ from kvmesh.router.control.models import RouterModels, build_tokenizer
 from kvmesh.router.control.passive_health import PassiveHealth
 from kvmesh.router.control.probes import ReplicaProbes
 from kvmesh.router.control.stream_watch import StreamWatch
+from kvmesh.router.http.admission_gate import AdmissionGate
 from kvmesh.router.http.metrics import RouterMetrics
 from kvmesh.router.http.receipt_metrics import ReceiptMetrics
 from kvmesh.router.http.upstream import UpstreamPool
@@ -92,6 +93,11 @@ class RouterRuntime:
         self.adapters = AdapterLoads(self, self.models)
         """LoRA adapters loaded on replicas that lack them, and the admin's load calls (adapter_loads.py)."""
         self.metrics = RouterMetrics(self.metrics_state)
+        self.tenants = config.admission.tenants(config.admin_key)
+        """API key or ``user`` -> tenant (router/admission/tenants.py): admission's, and the keys auth takes."""
+        self.admission = AdmissionGate(config.admission, self.tenants, self.router, self.metrics.registry) \
+            if config.admission.enabled else None
+        """The router's queue, limits and 429s (router/http/admission_gate.py); None: every request goes on."""
         self.receipt_metrics = ReceiptMetrics(self.metrics.registry, self.router.receipts)
         """Captured / available reuse and stale-index predictions, from the route receipts."""
         self.specs: dict[str, ReplicaSpec] = {}
@@ -234,8 +240,8 @@ class RouterRuntime:
             self.record_failure(replica_id, why, kind, sick)
 
     def headers(self) -> dict[str, str]:
-        """Credentials of every call to a replica: the cluster's internal key, else ``replica_api_key``."""
-        key = self.config.internal_key or self.config.replica_api_key
+        """Credentials of every call to a replica: the cluster's internal key, else ``upstream.replica_api_key``."""
+        key = self.config.internal_key or self.config.upstream.replica_api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     # ---------------------------------------------------------------- events

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING
 
+from kvmesh.router.admission.shared_ledger import SharedLedger
 from kvmesh.router.routing.shared_loads import SharedLoadTable
 
 if TYPE_CHECKING:
@@ -214,10 +215,20 @@ def router_workers(config: RouterConfig, replicas: list[ReplicaSpec] | None, num
     sharing their in-flight counts (router/routing/shared_loads.py); ``control_url``: they follow serve's
     control router for their replica set (router/control/follow.py)."""
     table = SharedLoadTable(num_workers)
-    serve = functools.partial(serve_router, config, replicas, setup=WorkerSetup(table, control_url))
-    workers = RouterWorkers(serve, num_workers, config.host, config.port, on_exit=table.clear_row)
+    adm = config.admission  # one ledger: fair share, token buckets and the queue bound are the host's
+    ledger = SharedLedger(num_workers, adm.fair_share_half_life_s, adm.max_tenants) if adm.enabled else None
+    serve = functools.partial(serve_router, config, replicas, setup=WorkerSetup(table, control_url, ledger))
+    workers = RouterWorkers(serve, num_workers, config.host, config.port,
+                            on_exit=functools.partial(_clear_rows, table, ledger))
     workers.table = table
     return workers
+
+
+def _clear_rows(table: SharedLoadTable, ledger: SharedLedger | None, row: int) -> None:
+    """A worker exited: its in-flight counts and its queue lengths are gone with it."""
+    table.clear_row(row)
+    if ledger is not None:
+        ledger.clear_row(row)
 
 
 # ---------------------------------------------------------------- one worker
@@ -252,9 +263,13 @@ class WorkerSetup:
     """The host's shared in-flight counts (one row per worker)."""
     control_url: str | None = None
     """serve's control router, owner of the replica set; None: the worker's set is its own (``kvmesh router``)."""
+    ledger: SharedLedger | None = None
+    """The host's admission ledger (router/admission/shared_ledger.py); None: admission is off."""
 
     def __call__(self, server: RouterServer, worker_index: int) -> None:
         server.runtime.router.loads.share(self.table, worker_index)
+        if self.ledger is not None and server.runtime.admission is not None:
+            server.runtime.admission.share(self.ledger.for_row(worker_index))
         if self.control_url is not None:
             from kvmesh.router.control.follow import ControlFollower
 

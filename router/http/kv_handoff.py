@@ -118,6 +118,8 @@ class KVHandoff:
             body["model"] = request.req.model
         if request.salt is not None:
             body["cache_salt"] = request.salt
+        if request.req is not None and request.req.priority:  # the prefill replica schedules it by it too
+            body["priority"] = request.req.priority
         headers = {"content-type": "application/json", **svc.headers()}
         loads, uncached = svc.router.loads, decision.uncached_tokens
         loads.on_dispatch(prefill_id, uncached)

@@ -20,7 +20,7 @@ def proxied_routes(forwarder: Forwarder, auth: AuthMiddleware, model_name: str) 
 
     def route(path: str, chat: bool) -> Handler:
         async def handle(request: Request) -> Response:
-            if auth.api is not None or auth.admin is not None:
+            if auth.api is not None or auth.admin is not None or auth.tenant_key is not None:
                 header = next((v for k, v in request.raw_headers if k == b"authorization"), b"")
                 refused = auth.refusal("POST", path, header)
                 if refused is not None:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.http.admission_gate import AdmissionGate
     from kvmesh.router.http.metrics import RouterMetrics
     from kvmesh.router.http.patience import Patience
     from kvmesh.router.http.receipt_metrics import ReceiptMetrics
@@ -76,6 +77,7 @@ class Replicas(Protocol):
     upstream_kinds: dict[str, UpstreamKind]
     pool: UpstreamPool | None
     outliers: OutlierDetector
+    admission: AdmissionGate | None
 
     def pool_for(self, model: str | None) -> ModelPool | None: ...
     def frontend_for(self, pool: ModelPool | None) -> tuple[Tokenizer | None, PromptRenderer]: ...
@@ -148,12 +150,22 @@ class Forwarder:
 
     # ---------------------------------------------------------------- proxy
     async def handle(self, http: Request, path: str, chat: bool) -> Response:
-        """Answer one request (the door's ``Request``, router/http/door.py). A client that disconnects
-        cancels this coroutine (the door does), which closes the upstream connection."""
-        request = await self.read(http, path, chat)
+        """Answer one request (the door's ``Request``): read, admit (admission_gate.py), forward. A client that leaves
+        cancels this coroutine (the door does): out of the router's queue, or its upstream connection closed."""
+        request, gate = await self.read(http, path, chat), self.runtime.admission
+        if gate is None:
+            return await self.forward(request)
+        admitted = await gate.admit(http, request)
+        if isinstance(admitted, Response):  # 429
+            return admitted
+        with gate.charged(admitted) as charge:
+            return charge(await self.forward(request, admitted.decision), request)
+
+    async def forward(self, request: ProxyRequest, first: RouteDecision | None = None) -> Response:
+        """Dispatch and answer ``request`` (``first``: admission's route), on another replica after a broken answer."""
         tried: list[str] = []
         while True:
-            opened = await self.dispatch(request, tried)
+            opened = await self.dispatch(request, tried, None if tried else first)
             try:
                 response = await self._answer(request, opened)
                 break
@@ -171,17 +183,15 @@ class Forwarder:
             response.headers.update(opened.decision.receipt.headers())
         return response
 
-    async def dispatch(self, request: ProxyRequest, tried: list[str]) -> Opened:
-        """Open ``request`` on the best replica not ``tried``, moving on when one fails before its first byte;
-        the last attempt's 5xx if all failed so. Each replica gets the body in the form it takes."""
+    async def dispatch(self, request: ProxyRequest, tried: list[str], first: RouteDecision | None = None) -> Opened:
+        """Open ``request`` on the best replica not ``tried`` (first on ``first``, admission's route), moving on when
+        one fails before its first byte; the last attempt's 5xx if all failed so. Each replica gets its body's form."""
         svc, router = self.runtime, self.runtime.router
         headers = {"content-type": "application/json", **svc.headers()}
-        ids, pool = request.route_ids, request.model_pool
-        lora, replicas = (pool.lora_name, pool.replicas) if pool is not None else (None, None)
+        lora = request.model_pool.lora_name if request.model_pool is not None else None
         for attempt in range(svc.config.upstream.max_attempts):
             try:
-                decision = router.route(ids, request.salt, lora, exclude=tried, session_id=request.session_id,
-                                        pool=replicas)
+                decision = first if attempt == 0 and first is not None else request.route(router, tried)
             except NoReplicaError as e:
                 raise ProtocolError(str(e), 503) from None
             if attempt == 0 and request.tokenize_ns is not None:
@@ -225,7 +235,7 @@ class Forwarder:
             router.loads.on_first_output(rid, decision.uncached_tokens)
             if request.failed_over:
                 decision.receipt.failed_over = tuple(request.failed_over)
-            self._count_decision(decision, len(ids))
+            self._count_decision(decision, len(request.route_ids))
             return opened
         raise ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
                             "retry later", 503)

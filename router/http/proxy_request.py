@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.router.http.migration import MigratingStream
     from kvmesh.router.routing.model_pools import ModelPool
+    from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
 
     OpenAIRequest = CompletionRequest | ChatCompletionRequest
 
@@ -85,6 +86,15 @@ class ProxyRequest:
         request = cls(msgspec.json.encode(body), model_pool=model_pool)
         request.route_ids, request.salt = route_ids, salt
         return request
+
+    def route(self, router: KVRouter, tried: list[str]) -> RouteDecision:
+        """Where it goes, avoiding ``tried`` (NoReplicaError: nowhere): dispatch's call, and admission's for the
+        head of its queue (router/http/admission_gate.py)."""
+        pool = self.model_pool
+        if pool is None:
+            return router.route(self.route_ids, self.salt, exclude=tried, session_id=self.session_id)
+        return router.route(self.route_ids, self.salt, pool.lora_name, exclude=tried, session_id=self.session_id,
+                            pool=pool.replicas)
 
     def ask_for_token_ids(self) -> None:
         """Streams: ask every upstream for the token ids behind the text (a stream migrates by them,

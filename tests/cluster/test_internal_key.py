@@ -28,7 +28,7 @@ def test_router_and_every_replica_get_the_same_internal_key_fresh_per_run(monkey
     messages: list[str] = []
     cluster = _cluster(messages)
     router = cluster.router_config("admin-key-0123")
-    assert router.internal_key and router.replica_api_key is None  # the router sends replicas the internal key
+    assert router.internal_key and router.upstream.replica_api_key is None  # the router sends replicas the internal key
     cluster.start_replica(ReplicaPlacement(0, None, None), BOTH)  # at start
     cluster.start_replica(ReplicaPlacement(1, None, None), PREFILL)  # a replica the fleet adds later
     cluster._spawn["replica-0"]()  # the supervisor replacing a dead replica-0

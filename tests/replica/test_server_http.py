@@ -155,6 +155,9 @@ def test_info_endpoints_for_routers(client, replica):
         ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
          400, "logprobs: true"),
         ("/v1/completions", json.dumps({"prompt": [1, 99999]}), 400, "token"),
+        ("/v1/completions", json.dumps({"prompt": "hi", "priority": 2}), 400, "priority scheduling is not enabled"),
+        ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}], "priority": -1}),
+         400, "priority scheduling is not enabled"),
         ("/v1/nothing", "{}", 404, ""),
     ],
 )

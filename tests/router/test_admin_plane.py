@@ -20,7 +20,8 @@ def _register(router, spec, name, headers):
 
 def test_hijack_by_registering_a_fake_replica_fails(fakes, start_router):
     legit, hijacker = fakes  # "b" plays the attacker's server: it records every request it receives
-    router = start_router([legit.spec], api_key="tenant-key", replica_api_key="replica-secret", admin_key=None)
+    router = start_router([legit.spec], api_key="tenant-key", upstream={"replica_api_key": "replica-secret"},
+                          admin_key=None)
     for headers in ({}, TENANT, {"Authorization": "Bearer replica-secret"}):
         r = _register(router, hijacker.spec, "evil", headers)
         assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
@@ -109,7 +110,7 @@ def test_router_client_drives_the_admin_plane_and_says_who_refused(fakes, start_
 
 def test_the_router_calls_replicas_with_the_internal_key_not_the_tenants(fakes, start_router):
     legit, _ = fakes
-    router = start_router([legit.spec], api_key="tenant-key", replica_api_key="replica-secret",
+    router = start_router([legit.spec], api_key="tenant-key", upstream={"replica_api_key": "replica-secret"},
                           internal_key="cluster-internal-key")
     for i in range(4):
         r = httpx.post(router.url + "/v1/completions", json={"prompt": prompt(90 + i), "max_tokens": 2},

@@ -41,8 +41,8 @@ def test_a_long_prompt_is_prefilled_on_one_replica_and_decoded_on_the_other(repl
     prefill, decode, alone = replicas
     specs = [ReplicaSpec(prefill.http.url, replica_id="p", role="prefill"),
              ReplicaSpec(decode.http.url, replica_id="d", role="decode")]
-    router = RouterServer(RouterConfig(port=0, replica_api_key=KEY,
-                                       upstream=UpstreamConfig(poll_interval_s=0.1)), specs,
+    router = RouterServer(RouterConfig(port=0,
+                                       upstream=UpstreamConfig(poll_interval_s=0.1, replica_api_key=KEY)), specs,
                           tokenizer=tokenizer).start()
     try:
         wait_for(lambda: len(router.runtime.router.healthy) == 2, timeout=30, what="both replicas healthy")
@@ -86,8 +86,9 @@ def test_a_request_sent_away_from_the_holder_pulls_its_prefix_with_the_same_text
             specs.append(ReplicaSpec(runtime.http.url, ends["events_endpoint"], ends["replay_endpoint"], replica_id=name))
         # the 10 ms default per-pull overhead is about what a pull costs here (BENCHMARKS 3.14); the tiny model's
         # prefill rate on this machine may be high enough to price 416 tokens under it: 1 ms keeps the test on the pull
-        router = RouterServer(RouterConfig(port=0, replica_api_key=KEY,
-                                           upstream=UpstreamConfig(poll_interval_s=0.1), policy="round_robin",
+        router = RouterServer(RouterConfig(port=0,
+                                           upstream=UpstreamConfig(poll_interval_s=0.1, replica_api_key=KEY),
+                                           policy="round_robin",
                                            transfers=KVPlacementRules(peer_pull_overhead_s=0.001)), specs,
                               tokenizer=tokenizer).start()
         try:

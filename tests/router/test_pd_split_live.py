@@ -265,8 +265,9 @@ def test_access_log_names_the_prefill_replica_and_the_tokens_moved(trio, start_r
 
 
 @pytest.mark.parametrize(("keys", "sent"), [
-    ({"replica_api_key": "replica-key-1234"}, "replica-key-1234"),
-    ({"replica_api_key": "replica-key-1234", "internal_key": "cluster-internal-key"}, "cluster-internal-key"),
+    ({"upstream": {"replica_api_key": "replica-key-1234"}}, "replica-key-1234"),
+    ({"upstream": {"replica_api_key": "replica-key-1234"}, "internal_key": "cluster-internal-key"},
+     "cluster-internal-key"),
 ])
 def test_the_prefill_call_carries_the_replicas_key(trio, start_router, keys, sent):
     p, d, _ = trio

@@ -127,7 +127,7 @@ async def compare(args: argparse.Namespace) -> dict:
                 raise ValueError(f"--endpoint {item!r}: expected NAME=URL")
             runs[name] = await _run_workloads(args, config, name, url, workloads, nonce)
         return runs
-    from kvmesh.router.config import RouterConfig
+    from kvmesh.router.config import RouterConfig, UpstreamConfig
     from kvmesh.router.control.router_server import RouterServer
     from kvmesh.router.routing.kv_placement import KVPlacementRules
 
@@ -136,7 +136,8 @@ async def compare(args: argparse.Namespace) -> dict:
     for policy in policies:
         # these routers hold no internal key: the replicas' KV plane is closed to them (no peer pulls)
         config = RouterConfig(host="127.0.0.1", port=0, model=model, policy=policy, block_size=args.block_size,
-                              replica_api_key=api_key, transfers=KVPlacementRules(peer_pulls=False))
+                              upstream=UpstreamConfig(replica_api_key=api_key),
+                              transfers=KVPlacementRules(peer_pulls=False))
         server = RouterServer(config, [copy.copy(s) for s in specs]).start()
         try:
             await _wait_healthy(server.url)

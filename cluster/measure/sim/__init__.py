@@ -16,6 +16,8 @@ Package import is light: nothing here imports torch.
     report.py     per-policy summary, gap attribution, hit-rate ceilings, the table and JSON
     transfer_report.py  what the transfers did: splits, pulls, tokens moved, TTFT, inter-token latency
     stats.py      percentiles (plain and weighted) and max/mean balance
+    priority.py   a replica's waiting queue under the engine's scheduling policy (fcfs, priority)
+    goodput.py    requests meeting their TTFT and inter-token targets per second, per tenant and priority
     plots.py      the report's PNG (matplotlib, imported on use)
     scaling.py    replicas joining and leaving under the autoscaler (``python -m kvmesh.cluster.measure.sim.scaling``)
 """

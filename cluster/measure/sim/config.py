@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvmesh.cluster.measure.sim.lora_config import SimLoRAConfig
+from kvmesh.cluster.measure.workloads.tenants import parse_tenant_mix
 from kvmesh.replica.config import EngineConfig
 from kvmesh.router.config import RouterConfig
 
@@ -162,6 +163,18 @@ class SimConfig:
     for it, one no policy takes is an error)."""
     lora: SimLoRAConfig = field(default_factory=SimLoRAConfig, metadata={"prefix": ""})
     """LoRA adapters: the replicas' slots (max_loras), an adapter's size and load rate, adapter affinity (sim/lora.py)."""
+    tenants: str = ""
+    """Tenants, priorities and latency targets over the workload (workloads/tenants.py): a preset ("overload") or
+    NAME:SHARE[:PRIORITY[:TTFT_S[:ITL_S]]],...; the report then gives goodput per tenant and priority. "": one
+    anonymous tenant without targets."""
+    admission: bool = False
+    """Requests pass the router's admission (router/admission/, its ``router.admission`` section) before they are
+    routed, in simulated time (sim/admission.py): they wait in the router or are shed (429) with a reason."""
+    admission_pricing: str = "slots"
+    """How admission prices the head of its queue: "slots" = not priced (it goes on when a replica has a free slot,
+    as the HTTP router's gate does until the policy predicts a TTFT); "queue" = a predicted TTFT from the prompt
+    tokens queued on the least-queued replica at its prefill rate (a crude stand-in for the routing policy's
+    predicted_ttft_s: no cache hits; BENCHMARKS §1.13)."""
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
@@ -199,6 +212,9 @@ class SimConfig:
         if self.load_poll_s < 0:
             raise ValueError(f"load_poll_s must be >= 0 (0 = no polling), got {self.load_poll_s}")
         check_policy_kwargs(self.policy_kwargs)
+        parse_tenant_mix(self.tenants)
+        if self.admission_pricing not in ("queue", "slots"):
+            raise ValueError(f"admission_pricing must be queue or slots, got {self.admission_pricing!r}")
         if self.vocab_size < 4:
             raise ValueError(f"vocab_size must be >= 4, got {self.vocab_size}")
 

@@ -13,6 +13,8 @@ Events are ordered by (time, insertion order) so runs are deterministic:
   ticks and replica joins, ``scaling.AutoscaledFleet``);
 - moved: a request whose KV transfer ended joins its replica's queue (a peer pull at arrival, or a split's
   hand-off when its prefill leg finished on the prefill replica; sim/transfer.py).
+- admit (``admission``): a waiter's deadline came due in the router's admission queue (sim/admission.py),
+  which is also pumped at every arrival and step end; a request it sheds is never served.
 
 The run ends when every request has arrived and no event but a recurring timer is left; a request
 still unfinished then is an error.
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kvmesh.cluster.measure.sim.admission import make_admission
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.lora import ModelPools
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
@@ -35,7 +38,7 @@ from kvmesh.cluster.measure.sim.transfer import plan_peer_pull, plan_split_hando
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.events.schema import KVEvent
 
-STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT, MOVED = range(6)
+STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT, MOVED, ADMIT = range(7)
 _RECURRING = (POLL, FLEET_TIMER)
 
 Payload = tuple[SimReplica, int] | tuple[int, list[KVEvent]] | tuple[SimReplica, SimRequest] | int | None
@@ -131,6 +134,7 @@ class Simulation:
         self._next_arrival = 0
         self._moving = 0  # requests in a KV transfer
         self.route_s = 0.0
+        self.admission = make_admission(config, self)
 
     def push(self, at: float, kind: int, payload: Payload) -> None:
         if kind not in _RECURRING:
@@ -160,19 +164,33 @@ class Simulation:
 
     def busy(self) -> bool:
         return self._next_arrival < len(self.requests) or self._moving > 0 or any(
-            rep.step is not None or rep.waiting for rep in self.replicas)
+            rep.step is not None or rep.waiting for rep in self.replicas) or (
+            self.admission is not None and self.admission.num_waiting > 0)
 
     def arrive(self, req: SimRequest) -> None:
         req.all_token_ids = self.tokens.prompt(req.hash_ids, req.num_prompt_tokens)
+        if self.admission is None:
+            self.dispatch(req, req.arrival_s)
+        else:
+            self.admission.arrive(req, req.arrival_s)  # it dispatches now, later, or sheds
+            if req.shed_reason is not None:
+                req.all_token_ids = []
+
+    def wake_at(self, at: float) -> None:
+        self.push(at, ADMIT, None)
+
+    def dispatch(self, req: SimRequest, now: float) -> None:
+        """Route ``req`` at ``now`` (its arrival, or when admission let it go) and queue it."""
+        req.routed_s = now
         t0 = time.perf_counter()
         rep = self.replicas[self.router.route(req)]
         self.route_s += time.perf_counter() - t0
         if req.prefill_leg is not None:  # split: the prompt first goes to the prefill replica
-            self.enqueue(self.replicas[req.prefill_leg.replica_id], req.prefill_leg, req.arrival_s)
+            self.enqueue(self.replicas[req.prefill_leg.replica_id], req.prefill_leg, now)
         elif req.pull_from >= 0:
-            self.move(rep, req, req.arrival_s + plan_peer_pull(req, self.replicas[req.pull_from], rep))
+            self.move(rep, req, now + plan_peer_pull(req, self.replicas[req.pull_from], rep))
         else:
-            self.enqueue(rep, req, req.arrival_s)
+            self.enqueue(rep, req, now)
 
     def enqueue(self, rep: SimReplica, req: SimRequest, now: float) -> None:
         rep.add(req)
@@ -207,6 +225,9 @@ class Simulation:
         self.flush(rep, now)
         self.start(rep, now)
         self.fleet.after_step(self, rep, now)
+        if self.admission is not None:
+            self.admission.finished(finished, now)
+            self.admission.pump(now)
 
     def _schedule_polls(self) -> None:
         poll, n = self.config.load_poll_s, self.config.num_routers
@@ -238,13 +259,15 @@ class Simulation:
             elif kind == MOVED:
                 self._moving -= 1
                 self.enqueue(*payload, now)
+            elif kind == ADMIT:
+                self.admission.pump(now, expire=True)
             elif kind == POLL:
                 self.router.poll(payload, self.replicas)
                 if self.busy():
                     self.push(now + self.config.load_poll_s, POLL, payload)
             else:
                 self.fleet.on_event(self, now, kind, payload)
-        unfinished = [r.request_id for r in requests if r.finished_s < 0]
+        unfinished = [r.request_id for r in requests if r.finished_s < 0 and r.shed_reason is None]
         if unfinished:
             raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[:3]}")
 

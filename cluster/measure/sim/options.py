@@ -112,9 +112,9 @@ class SimCommandConfig:
         object.__setattr__(self, "sim", replace(self.sim, engine=self.engine, router=self.router))
 
 
-SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs")
+SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs", "scheduling_policy")
 """What a simulated replica reads of its engine section."""
-SIM_ROUTER_FIELDS = ("predict_ttl_s", "sessions", "transfers")
+SIM_ROUTER_FIELDS = ("predict_ttl_s", "sessions", "transfers", "admission")
 """What the simulated router reads of its section (besides the policy, compared, and the engine's block size):
 of ``sessions`` its ``ttl_s``, of ``transfers`` all but what ``_unread_sections`` hides."""
 
@@ -126,7 +126,11 @@ def _unread_sections() -> dict[str, str]:
               "router.policy_kwargs": "--policy-kwargs tunes every policy compared",
               "router.transfers.peer_pulls": "--peer-pulls (the simulated replicas' KV transfer on or off)",
               "router.transfers.peer_pull_assumed_bytes_per_s": "the simulated replicas report their pull rate "
-                                                                "(--kv-transfer-bytes-per-s)"} | ROUTER_FIXED
+                                                                "(--kv-transfer-bytes-per-s)",
+              "router.admission.enabled": "--admission (off by default in the simulator, to compare with before)",
+              "router.admission.keys_file": "tenants, priorities and targets come from --tenants",
+              "router.admission.recheck_interval_s": "the simulator re-checks at every arrival, step end and deadline",
+              } | ROUTER_FIXED
     hidden |= {f"engine.{f.name}": "a simulated replica runs no model (its step time is the cost model)"
                for f in fields(EngineConfig) if f.name not in SIM_ENGINE_FIELDS}
     return {f"router.{f.name}": "the simulated router has no HTTP side and no event sockets"

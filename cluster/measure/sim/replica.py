@@ -4,8 +4,9 @@ comes from the cost model; it serves simulated requests (request.py). Its role (
 
 Scheduling mirrors the engine (DESIGN.md, "Scheduler"): one queue, a token budget per step,
 running requests first (one token per decoding sequence, then prefill chunks), then waiting
-requests in arrival order. A request's blocks are allocated in full on admission (prompt +
-output), so it never needs preemption; it waits while they do not fit. Blocks are freed on
+requests in arrival order (by priority, then arrival, under ``scheduling_policy="priority"``:
+priority.py). A request's blocks are allocated in full on admission (prompt + output), so it never
+needs preemption; it waits while they do not fit. Blocks are freed on
 completion and stay findable (lazy LRU) until recycled.
 
 A step that only decodes is simulated as a *stretch* of ``k`` identical steps that ends at the
@@ -17,11 +18,11 @@ start (a sub-percent error: outputs are short next to prompts).
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.lora import LoRASlots
+from kvmesh.cluster.measure.sim.priority import waiting_queue
 from kvmesh.cluster.measure.sim.request import SimRequest, cut_trace, requests_from_mooncake
 
 __all__ = ["SimReplica", "SimRequest", "Step", "cut_trace", "requests_from_mooncake"]
@@ -57,7 +58,7 @@ class SimReplica:
         num_host_blocks = config.offload_blocks_per_replica + 1 if config.offload_blocks_per_replica else 0
         self.kv = KVCacheManager(num_blocks + 1, config.engine.block_size, hash_seed,
                                  event_sink=self.pending_events.append, num_host_blocks=num_host_blocks)
-        self.waiting: deque[SimRequest] = deque()
+        self.waiting = waiting_queue(config.engine)  # the engine's scheduling policy (sim/priority.py)
         self.running: list[SimRequest] = []
         self.step: Step | None = None
         self.lora = LoRASlots(config.lora)

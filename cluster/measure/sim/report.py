@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from kvmesh.cluster.measure.sim.goodput import format_goodput_table, goodput_summary, has_targets
 from kvmesh.cluster.measure.sim.replica import SimRequest
 from kvmesh.cluster.measure.sim.stats import imbalance, percentiles
 from kvmesh.cluster.measure.sim.transfer_report import format_transfer_table, transfer_summary
@@ -56,7 +57,13 @@ if TYPE_CHECKING:
 
 
 def summarize(run: SimRun, pool_hits: list[int] | None = None) -> dict:
-    """The run's numbers; with the single pool's per-request hits, the attribution of the gap."""
+    """The run's numbers; with the single pool's per-request hits, the attribution of the gap. Requests the
+    router's admission shed are left out of every number but the goodput's (goodput.py)."""
+    offered = run.requests
+    if any(r.shed_reason is not None for r in offered):
+        if pool_hits is not None:
+            pool_hits = [h for h, r in zip(pool_hits, offered, strict=True) if r.shed_reason is None]
+        run = dataclasses.replace(run, requests=[r for r in offered if r.shed_reason is None])
     reqs = run.requests
     prompt = sum(r.num_prompt_tokens for r in reqs)
     cached = sum(r.num_cached_tokens for r in reqs)
@@ -101,6 +108,8 @@ def summarize(run: SimRun, pool_hits: list[int] | None = None) -> dict:
                      "available_tokens": receipts.available_tokens, "reasons": dict(receipts.reasons)},
     }
     out["transfers"] = transfer_summary(run)
+    if has_targets(offered):
+        out["goodput"] = goodput_summary(offered)
     if pool_hits is not None:
         out["gap_to_single_pool"] = attribute_gap(reqs, pool_hits)
     return out
@@ -227,6 +236,8 @@ def format_table(report: dict) -> str:
     if any(s["transfers"]["num_prefill_replicas"] or s["transfers"]["peer_pulls_enabled"]
            for s in report["policies"].values() if "transfers" in s):
         lines.append(format_transfer_table(report))
+    if goodput := format_goodput_table(report):
+        lines.append(goodput)
     return "\n".join(lines)
 
 

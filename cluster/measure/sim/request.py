@@ -50,6 +50,13 @@ class SimRequest:
     admitted_s: float = -1.0
     first_token_s: float = -1.0
     finished_s: float = -1.0
+    # -- tenants, priority, targets (workloads/tenants.py, sim/goodput.py) and the router's admission --
+    tenant: str | None = None  # its tenant (None: one anonymous tenant)
+    priority: int = 0  # vLLM's request priority: lower is served first
+    ttft_target_s: float | None = None  # its targets (None: any); good = both met (goodput)
+    itl_target_s: float | None = None  # mean inter-token time (TPOT)
+    routed_s: float = -1.0  # when it was routed: its arrival, or later when it waited in the router's admission
+    shed_reason: str | None = None  # refused by the router's admission (a 429 with this reason): never served
 
     @property
     def num_tokens(self) -> int:

@@ -99,31 +99,32 @@ class SimRouter:
         return (self._next - 1) % n
 
     def route(self, req: SimRequest) -> int:
+        now = req.routed_s if req.routed_s >= 0 else req.arrival_s  # later than its arrival: it waited in admission
         k = req.router_index = self._pick_router()
         router = self.routers[k]
         session = req.session_id if self.config.use_sessions else None
         lora_name = req.lora_name if self.config.lora.adapter_aware else None  # adapter-blind: hidden (sim/lora.py)
         decision = router.route(req.all_token_ids, req.cache_salt, lora_name, exclude=self.pools.exclude(req.model),
-                                now=req.arrival_s, session_id=session)
+                                now=now, session_id=session)
         rid = req.replica_id = decision.replica_id
         req.predicted_hit_tokens = decision.predicted_hit_tokens
         req.receipt = decision.receipt
         # the split is decided before the decode replica counts the request, as the HTTP router does (kv_handoff)
-        pid, skipped = router.choose_prefill(decision, now=req.arrival_s)  # router/routing/kv_placement.py
+        pid, skipped = router.choose_prefill(decision, now=now)  # router/routing/kv_placement.py
         if pid is not None and self.config.pd_prefill_pick == "policy":
             pid = self._policy_prefill(router, decision.keys, req)
             skipped = None if pid is not None else SPLIT_NO_ROOM
         if pid is not None:
             self._split(req, k, decision.keys, pid)
         for tracker in self._trackers(k):
-            tracker.on_dispatch(rid, self._uncached(req), now=req.arrival_s)
+            tracker.on_dispatch(rid, self._uncached(req), now=now)
         if session is not None and self.config.share_sessions:
             for other in self.routers:
-                other.sessions.pin(session, rid, req.arrival_s)
+                other.sessions.pin(session, rid, now)
         if self.config.share_predictions:
             for other in self.routers:
                 if other is not router:
-                    other.index.predict(rid, decision.keys, now=req.arrival_s)
+                    other.index.predict(rid, decision.keys, now=now)
         if pid is None and decision.pull is not None:  # kept whole (short, no room, slower): the router's pull
             req.pull_from = decision.pull.holder_id
         if skipped == SPLIT_NO_ROOM:

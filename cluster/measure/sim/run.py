@@ -8,11 +8,13 @@ import time
 from dataclasses import asdict, fields, replace
 
 from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.goodput import label_requests
 from kvmesh.cluster.measure.sim.loop import SimRun, run_policy
 from kvmesh.cluster.measure.sim.lora import lora_summary, with_adapters
 from kvmesh.cluster.measure.sim.replica import requests_from_mooncake
 from kvmesh.cluster.measure.sim.report import infinite_hit_rate, single_pool_hits, summarize
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
+from kvmesh.cluster.measure.workloads.tenants import assign_tenants, parse_tenant_mix
 from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
 
 __all__ = ["SimRun", "blocks_per_replica", "compare_policies", "kv_transfer_variants", "run_policy",
@@ -57,8 +59,13 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
     per_replica = blocks_per_replica(config, records)
     total_blocks = per_replica * config.total_replicas
 
-    def fresh():
-        return with_adapters(requests_from_mooncake(records, config.time_scale, config.engine.block_size), records)
+    classes = assign_tenants(records, mix, config.seed) if (mix := parse_tenant_mix(config.tenants)) else None
+
+    def fresh(time_scale: float = config.time_scale):  # a variant may change the rate
+        requests = with_adapters(requests_from_mooncake(records, time_scale, config.engine.block_size), records)
+        if classes is not None:
+            label_requests(requests, classes)
+        return requests
 
     largest = max(math.ceil((r.num_prompt_tokens + r.max_output_tokens) / config.engine.block_size) for r in fresh())
     if largest > per_replica:
@@ -93,7 +100,7 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
     for label, name, cfg in runs:
         with tqdm(total=len(records), desc=f"sim {label}", unit="req", disable=not show_progress,
                   leave=False) as bar:
-            run = run_policy(name, fresh(), cfg, per_replica, tokens, progress=bar.update)
+            run = run_policy(name, fresh(cfg.time_scale), cfg, per_replica, tokens, progress=bar.update)
         summary = summarize(run, pool_hits) | lora_summary(run.requests, [rep.lora for rep in run.replicas])
         ceiling = report["ceilings"].get("single_pool_hit_rate")
         if ceiling:

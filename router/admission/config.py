@@ -1,0 +1,81 @@
+"""``AdmissionConfig``: the router's ``admission`` section (``router.admission.*``, ``--admission-*`` flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvmesh.router.admission.rate_limit import TokenRate
+from kvmesh.router.admission.tenants import Tenants, load_keys_file
+
+
+@dataclass(slots=True)
+class AdmissionConfig:
+    """Admission in the router (router/admission): a bounded queue per model by priority then fair share,
+    tenants' token-rate limits, TTFT deadlines, 429s with a reason."""
+
+    enabled: bool = True
+    """Queue, limit and shed in the router; False: every request goes straight to a replica (as before issue 38)."""
+    keys_file: str | None = None
+    """YAML/JSON file of API keys, each with its tenant, default priority and token-rate limit (README "Overload");
+    its keys are accepted besides api_key. None: the tenant is the request's ``user``."""
+    max_queued: int = 1024
+    """Requests one model's queue holds (all router processes of the host together); past it, 429 queue full."""
+    admit_ttft_s: float = 0.5
+    """A request leaves the router's queue for a replica whose predicted TTFT is within this many seconds
+    (without a prediction: a replica with a free slot); keeps replicas' own queues short."""
+    ttft_deadline_s: dict[int, float] = field(default_factory=dict)
+    """TTFT deadline in seconds per priority class, e.g. {0: 1.0, 10: 30.0}: a priority's class is the largest
+    key at or below it; a request that cannot meet its deadline gets 429. Empty: no deadline but the header's."""
+    tokens_per_s: float | None = None
+    """Token-rate limit (prompt + output tokens per second) of each tenant the keys file gives none; None: no limit."""
+    burst_s: float = 10.0
+    """A token bucket holds this many seconds of its rate unless the keys file says burst_tokens."""
+    fair_share_half_life_s: float = 60.0
+    """Half-life of a tenant's token usage in fair share (tokens used this long ago count half)."""
+    max_tenants: int = 1024
+    """Tenants tracked for fair share, limits and metrics; past it, the newest share one slot and one label."""
+    slots_ttl_s: float = 30.0
+    """Without a predicted TTFT, a replica's slots are what it ran while it reported waiting requests; trusted this
+    long, then learned again (its /load's waiting requests)."""
+    recheck_interval_s: float = 0.02
+    """Seconds between looks at the replicas' room while requests wait (also woken by each request's end)."""
+
+    def __post_init__(self) -> None:
+        if self.max_queued < 0:
+            raise ValueError(f"admission max_queued must be >= 0 (0: never wait), got {self.max_queued}")
+        for name, value in (("admit_ttft_s", self.admit_ttft_s), ("burst_s", self.burst_s),
+                            ("fair_share_half_life_s", self.fair_share_half_life_s),
+                            ("recheck_interval_s", self.recheck_interval_s), ("slots_ttl_s", self.slots_ttl_s)):
+            if not value > 0:
+                raise ValueError(f"admission {name} must be positive seconds, got {value}")
+        if self.tokens_per_s is not None and not self.tokens_per_s > 0:
+            raise ValueError(f"admission tokens_per_s must be positive (None: no limit), got {self.tokens_per_s}")
+        if self.max_tenants < 2:
+            raise ValueError(f"admission max_tenants must be >= 2, got {self.max_tenants}")
+        for priority, seconds in self.ttft_deadline_s.items():
+            if not isinstance(priority, int) or not seconds > 0:
+                raise ValueError(f"admission ttft_deadline_s maps a priority (int) to positive seconds; got "
+                                 f"{priority!r}: {seconds!r}")
+
+    def tenants(self, admin_key: str | None = None) -> Tenants:
+        """The tenants: the keys file's (read now; a ValueError names what is wrong) or none but ``user`` names.
+        A key of the file that is ``admin_key`` is refused (tenants never hold the admin key)."""
+        limit = self.default_limit()
+        if self.keys_file is None:
+            return Tenants((), limit, self.burst_s)
+        tenants = load_keys_file(self.keys_file, limit, self.burst_s)
+        if tenants.for_key(admin_key) is not None:
+            raise ValueError(f"admission keys file {self.keys_file} lists the admin key: tenants never hold it")
+        return tenants
+
+    def default_limit(self) -> TokenRate | None:
+        """The limit of tenants without their own."""
+        return None if self.tokens_per_s is None else TokenRate(self.tokens_per_s, self.tokens_per_s * self.burst_s)
+
+    def class_deadline_s(self, priority: int) -> float | None:
+        """The TTFT deadline of ``priority``'s class (None: none)."""
+        classes = self.ttft_deadline_s
+        if not classes:
+            return None
+        at_or_below = [p for p in classes if p <= priority]
+        return classes[max(at_or_below) if at_or_below else min(classes)]

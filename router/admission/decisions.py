@@ -1,0 +1,163 @@
+"""``Admission``: what happens to a request that arrives, waits and ends -- the decisions, no I/O, no clock.
+
+    arrive(model, tenant, asked priority, prompt tokens, deadline header, now)
+        -> Shed (429 at once: queue full, tenant over limit, deadline unreachable)   | Waiter (queued)
+    head(model, now)                  the waiter to try next (priority, then fair share, then arrival)
+    gate(waiter, predicted ttft, room, now)
+        -> GO (send it: a replica can start it soon) | WAIT | Shed (deadline unreachable, or passed)
+    went(waiter, computed prompt tokens, now)     it left the queue for a replica: fair share charged
+    leave(waiter)                                 shed or its client left: out of the queue at once
+    finished(waiter, output tokens, now)          output charged (x2 in fair share, and to its bucket)
+
+The caller (router/http/admission_gate.py; the simulator) owns the waiting: it asks ``head``, prices
+the head (``predicted_ttft_s``, or ``room.SlotCapacity``), and calls ``gate`` whenever room may have
+changed (a request ended, a timer). Only the head is tried, so the order here is the order served.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from kvmesh.router.admission.config import AdmissionConfig
+from kvmesh.router.admission.fair_share import OUTPUT_WEIGHT, PROMPT_WEIGHT
+from kvmesh.router.admission.ledger import NO_PRIORITY, TenantLedger
+from kvmesh.router.admission.queue import AdmissionQueue, Waiter
+from kvmesh.router.admission.room import DrainRate
+from kvmesh.router.admission.tenants import Tenant
+
+QUEUE_FULL, OVER_LIMIT, DEADLINE = "queue_full", "tenant_over_limit", "deadline_unreachable"
+SHED_REASONS = (QUEUE_FULL, OVER_LIMIT, DEADLINE)
+"""Why a request is answered 429 (the ``reason`` label of the shed metric)."""
+GO, WAIT = "go", "wait"
+
+
+@dataclass(slots=True, frozen=True)
+class Shed:
+    """A request refused now: 429 with ``Retry-After`` and a message naming the reason."""
+
+    reason: str
+    """One of ``SHED_REASONS``."""
+    retry_after_s: float
+    """When trying again may succeed (the predicted drain time, or the bucket's refill)."""
+    message: str
+    """For people: what was exceeded and what to do."""
+
+    @property
+    def retry_after_header(self) -> str:
+        """``Retry-After`` in whole seconds, at least 1."""
+        return str(max(1, math.ceil(self.retry_after_s)))
+
+
+class Admission:
+    """The admission decisions of one router process (module doc); ``ledger`` is shared when processes are."""
+
+    def __init__(self, config: AdmissionConfig, ledger: TenantLedger) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.queues: dict[str, AdmissionQueue] = {}
+        self.drains: dict[str, DrainRate] = {}
+
+    # ---------------------------------------------------------------- arrival
+    def priority_of(self, tenant: Tenant, asked: int | None) -> int:
+        """The request's priority: what it asked (header or body), else its tenant's default; never better than
+        the tenant's ``min_priority`` (the keys file's; by default its default priority)."""
+        if asked is None:
+            return tenant.priority if tenant.priority is not None else 0
+        return asked if tenant.min_priority is None else max(asked, tenant.min_priority)
+
+    def deadline_of(self, priority: int, header_s: float | None, now: float) -> float | None:
+        """When its first token is due: the header's deadline, else its priority class's (None: none)."""
+        seconds = header_s if header_s is not None else self.config.class_deadline_s(priority)
+        return None if seconds is None else now + seconds
+
+    def arrive(self, model: str, tenant: Tenant, priority: int, prompt_tokens: int, deadline: float | None,
+               now: float) -> Waiter | Shed:
+        """Queue the request, or shed it at once (queue bound, then deadline, then the tenant's bucket: a shed
+        request takes no tokens)."""
+        queue = self.queues.setdefault(model, AdmissionQueue())
+        drain = self.drains.setdefault(model, DrainRate())
+        ahead = queue.ahead_of(priority)
+        wait_s = drain.wait_s(ahead, now)
+        if self.ledger.queued(model) >= self.config.max_queued:
+            return Shed(QUEUE_FULL, wait_s or 1.0,
+                        f"the router's queue for model {model!r} is full ({self.config.max_queued} requests wait); "
+                        "retry after Retry-After seconds")
+        if deadline is not None and wait_s is not None and now + wait_s > deadline:
+            return Shed(DEADLINE, wait_s, f"deadline unreachable: the TTFT deadline of {deadline - now:.3g} s "
+                        f"cannot be met ({ahead} requests of priority <= {priority} wait, about {wait_s:.3g} s); "
+                        "retry later or allow a longer deadline")
+        if tenant.limit is not None:
+            refill_s = self.ledger.try_take(tenant.name, prompt_tokens, tenant.limit, now)
+            if refill_s > 0:
+                return Shed(OVER_LIMIT, refill_s,
+                            f"tenant {tenant.name!r} over limit: {tenant.limit.tokens_per_s:g} tokens/s "
+                            f"(burst {tenant.limit.burst_tokens:g}); this request's {prompt_tokens} prompt tokens "
+                            f"fit in {refill_s:.3g} s")
+        waiter = Waiter(model, tenant.name, priority, now, deadline, prompt_tokens, tenant.limit)
+        queue.push(waiter)
+        self._publish(model)
+        return waiter
+
+    # ---------------------------------------------------------------- waiting
+    def head(self, model: str, now: float) -> Waiter | None:
+        queue = self.queues.get(model)
+        if queue is None:
+            return None
+        return queue.head(functools.partial(self.ledger.usage, now=now))  # queue -> ledger, never back here
+
+    def gate(self, waiter: Waiter, predicted_ttft_s: float | None, room: bool, now: float,
+             idle: bool = False) -> str | Shed:
+        """GO, WAIT or Shed for the head ``waiter``: ``predicted_ttft_s`` on its best replica (None: not priced),
+        ``room``: some candidate has a free slot (used when not priced); ``idle``: that best replica has nothing
+        in flight or waiting, so its prediction is the request's own prefill (a long prompt goes on however long)."""
+        if waiter.deadline is not None:
+            late = now >= waiter.deadline
+            if late or (predicted_ttft_s is not None and now + predicted_ttft_s > waiter.deadline):
+                waited = now - waiter.arrival
+                why = (f"waited {waited:.3g} s, its deadline passed" if late else
+                       f"the fastest replica's predicted TTFT is {predicted_ttft_s:.3g} s, "
+                       f"{waiter.deadline - now:.3g} s are left")
+                return Shed(DEADLINE, self.retry_after(waiter.model, waiter.priority, now),
+                            f"deadline unreachable: {why} (TTFT deadline {waiter.deadline - waiter.arrival:.3g} s); "
+                            "retry later or allow a longer deadline")
+        if self.ledger.better_elsewhere(waiter.model, waiter.priority):
+            return WAIT  # another router process holds a more urgent request: the room is its
+        ok = room if predicted_ttft_s is None else idle or predicted_ttft_s <= self.config.admit_ttft_s
+        return GO if ok else WAIT
+
+    def expired(self, model: str, now: float) -> list[Waiter]:
+        """Waiters whose deadline has passed (the caller sheds each: nothing waits past its deadline)."""
+        queue = self.queues.get(model)
+        return [] if queue is None else [w for w in queue if w.deadline is not None and w.deadline <= now]
+
+    def retry_after(self, model: str, priority: int, now: float) -> float:
+        """Seconds until the waiters now ahead of a new ``priority`` request have gone on (1 when unknown)."""
+        queue, drain = self.queues.get(model), self.drains.get(model)
+        if queue is None or drain is None:
+            return 1.0
+        return drain.wait_s(queue.ahead_of(priority) + 1, now) or 1.0
+
+    # ---------------------------------------------------------------- leaving
+    def went(self, waiter: Waiter, computed_prompt_tokens: int, now: float) -> None:
+        """``waiter`` left the queue for a replica, where it computes ``computed_prompt_tokens`` (x1 in its usage;
+        its bucket took the prompt at arrival)."""
+        self.leave(waiter)
+        self.drains[waiter.model].record(now)
+        self.ledger.charge(waiter.tenant, PROMPT_WEIGHT * computed_prompt_tokens, 0, None, now)
+
+    def leave(self, waiter: Waiter) -> None:
+        """Out of the queue (shed, its client left, or gone on); a no-op when it is not in."""
+        queue = self.queues.get(waiter.model)
+        if queue is not None and queue.remove(waiter):
+            self._publish(waiter.model)
+
+    def finished(self, waiter: Waiter, output_tokens: int, now: float) -> None:
+        """Its answer ended after ``output_tokens``: x2 in its usage, and taken from its bucket."""
+        self.ledger.charge(waiter.tenant, OUTPUT_WEIGHT * output_tokens, output_tokens, waiter.limit, now)
+
+    def _publish(self, model: str) -> None:
+        queue = self.queues[model]
+        best = queue.best_priority
+        self.ledger.publish_queue(model, len(queue), NO_PRIORITY if best is None else best)

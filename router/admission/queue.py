@@ -1,0 +1,99 @@
+"""The bounded queue of one model: priority first (lower first, as vLLM), then fair share, then arrival.
+
+    bands:  priority -> tenant -> [waiters, oldest first]
+
+``head`` is the waiter to serve next: the best (lowest) priority band; in it, the tenant whose usage
+(fair_share.py, read through the caller's ``usage``) is least, ties to the oldest; that tenant's oldest
+waiter. Usage is read when the head is asked for, so a tenant's share is judged on what it used until
+then, not when its requests arrived. A waiter leaves by ``remove`` (served, shed, its client gone) in
+O(its tenant's waiters).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from kvmesh.router.admission.rate_limit import TokenRate
+
+
+@dataclass(slots=True, eq=False)
+class Waiter:
+    """One request waiting in the router (``Admission.arrive`` makes it)."""
+
+    model: str
+    """The queue it waits in (the request's ``model``, a plain string: one queue per model)."""
+    tenant: str
+    """Whose share and limits it counts against (tenants.py)."""
+    priority: int
+    """Lower is served first (vLLM's ``priority``)."""
+    arrival: float
+    """When it arrived (the caller's clock)."""
+    deadline: float | None
+    """When its first token must come by, on the same clock (None: no deadline)."""
+    prompt_tokens: int
+    """Prompt tokens it brings (the rate limit took them at arrival)."""
+    limit: TokenRate | None = None
+    """Its tenant's token-rate limit (its output is taken from the bucket when it ends)."""
+    seq: int = 0
+    """Arrival order within the router process (ties)."""
+    payload: object = field(default=None, repr=False)
+    """What the caller keeps with it (the HTTP router: the event it waits on)."""
+
+
+class AdmissionQueue:
+    """Waiters of one model, ordered for ``head`` (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.bands: dict[int, dict[str, deque[Waiter]]] = {}
+        self._len = 0
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Waiter]:
+        for band in self.bands.values():
+            for waiters in band.values():
+                yield from waiters
+
+    def push(self, waiter: Waiter) -> None:
+        self._seq += 1
+        waiter.seq = self._seq
+        self.bands.setdefault(waiter.priority, {}).setdefault(waiter.tenant, deque()).append(waiter)
+        self._len += 1
+
+    def remove(self, waiter: Waiter) -> bool:
+        """Take ``waiter`` out (False when it was not in)."""
+        band = self.bands.get(waiter.priority)
+        waiters = band.get(waiter.tenant) if band is not None else None
+        if not waiters:
+            return False
+        try:
+            waiters.remove(waiter)
+        except ValueError:
+            return False
+        self._len -= 1
+        if not waiters:
+            del band[waiter.tenant]
+            if not band:
+                del self.bands[waiter.priority]
+        return True
+
+    @property
+    def best_priority(self) -> int | None:
+        """The lowest priority waiting (None: empty)."""
+        return min(self.bands) if self.bands else None
+
+    def head(self, usage: Callable[[str], float]) -> Waiter | None:
+        """The waiter to serve next (None: empty); ``usage(tenant)``: its fair-share usage now."""
+        if not self.bands:
+            return None
+        band = self.bands[min(self.bands)]
+        tenant = min(band, key=lambda name: (usage(name), band[name][0].seq))
+        return band[tenant][0]
+
+    def ahead_of(self, priority: int) -> int:
+        """Waiters served before a new arrival of ``priority`` at the latest (its band and the better ones)."""
+        return sum(len(waiters) for p, band in self.bands.items() if p <= priority for waiters in band.values())

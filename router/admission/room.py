@@ -1,0 +1,96 @@
+"""Whether a replica can start a request soon, and how fast a queue drains.
+
+A request goes on from the router's queue when some replica can start it soon, so the replicas' own
+queues stay short and the order decided here (priority, fair share) is the order served. "Soon" is the
+cost model's predicted TTFT in seconds when the policy gives one (``RouteDecision.predicted_ttft_s``,
+within ``admit_ttft_s``); without a prediction, a replica has room while the requests this host's router
+processes have in flight there are fewer than it runs at once -- its *slots*, learned from its ``/load``:
+when it reports requests waiting, the ones it runs are all it can (its ``max_num_seqs`` or its KV cache's
+limit), learned again each time it reports waiting requests and trusted ``slots_ttl_s``; until it first does
+(or after that), it has room as long as it reports none. A replica with nothing in flight from this host always has room (so the queue always moves).
+A running count seen without waiting requests never raises the slots: a finishing request is still counted
+by the replica while the router already sent the next one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class ReplicaRoom:
+    """What room is judged from, for one candidate replica."""
+
+    replica_id: Hashable
+    in_flight: int
+    """Requests this host's router processes have in flight there."""
+    num_running: int
+    """Running requests, as it last reported."""
+    num_waiting: int
+    """Waiting requests, as it last reported."""
+
+
+class SlotCapacity:
+    """Slots per replica, learned from reports (module doc); a count is trusted for ``ttl_s`` after it was last
+    seen, then learned again (a replica that ran few long prompts may run many short ones later)."""
+
+    def __init__(self, ttl_s: float = 30.0) -> None:
+        self.ttl_s = ttl_s
+        self.slots: dict[Hashable, tuple[int, float]] = {}
+        """Replica id -> (slots, when last seen)."""
+
+    def observe(self, room: ReplicaRoom, now: float | None = None) -> None:
+        """Learn from a report: waiting requests mean the running ones fill every slot (``now``: the caller's
+        clock; None: what is learned never expires)."""
+        if room.num_waiting > 0 and room.num_running > 0:
+            self.slots[room.replica_id] = (room.num_running, math.inf if now is None else now)
+
+    def has_room(self, room: ReplicaRoom, now: float | None = None) -> bool:
+        self.observe(room, now)
+        if room.in_flight == 0:
+            return True
+        learned = self.slots.get(room.replica_id)
+        if learned is None or (now is not None and now - learned[1] > self.ttl_s):
+            return room.num_waiting == 0
+        return room.in_flight < learned[0]
+
+    def forget(self, replica_id: Hashable) -> None:
+        self.slots.pop(replica_id, None)
+
+
+class DrainRate:
+    """Requests per second leaving a queue for a replica: an exponentially weighted rate (time constant
+    ``tau_s``) -- what ``Retry-After`` and an arrival's expected wait are computed from."""
+
+    def __init__(self, tau_s: float = 5.0) -> None:
+        self.tau_s = tau_s
+        self._sum = 0.0  # departures, each weighing exp(-age / tau) / tau
+        self._at: float | None = None
+        self._first: float | None = None
+
+    def record(self, now: float) -> None:
+        """One request went on at ``now``."""
+        self._sum = self._decayed(now) + 1.0 / self.tau_s
+        self._at = now
+        if self._first is None:
+            self._first = now
+
+    def _decayed(self, now: float) -> float:
+        return 0.0 if self._at is None else self._sum * math.exp(-max(0.0, now - self._at) / self.tau_s)
+
+    def rate(self, now: float) -> float:
+        """Departures per second lately; over a history shorter than ``tau_s``, its weight is made up for
+        (a fresh queue's rate is not read as low)."""
+        if self._first is None:
+            return 0.0
+        seen = 1.0 - math.exp(-max(now - self._first, self.tau_s / 10) / self.tau_s)
+        return self._decayed(now) / seen
+
+    def wait_s(self, ahead: int, now: float) -> float | None:
+        """Seconds until ``ahead`` waiters have gone on at the current rate (None: no rate measured yet)."""
+        rate = self.rate(now)
+        if ahead <= 0:
+            return 0.0
+        return None if rate <= 0 else ahead / rate

@@ -1,0 +1,294 @@
+"""Admission on the data plane: a request waits in the router, not in a replica's queue, until a replica can
+start it soon; it is shed at once (429) when it cannot be served in time or its tenant is over its limit.
+
+    Forwarder.handle: read (validate, tokenize) -> AdmissionGate.admit -> Forwarder.forward -> AdmissionGate.answered
+    admit:  tenant (the API key in the keys file, else the body's ``user``), priority (``x-kvmesh-priority``
+            header, else the body's ``priority``, else the key's default; never better than the key's),
+            deadline (``x-kvmesh-ttft-deadline-ms``, else its priority class's) -> Admission.arrive
+            (router/admission/decisions.py) -> wait until ``pump`` lets it go -> its ``Ticket``: the proxy
+            forwards it with the route that let it go (counted in the replica's load from that moment)
+    answered: its output charged when it ends
+
+``pump(model)`` runs whenever room may have changed (an arrival, a request's end, every
+``recheck_interval_s`` while requests wait): it routes the queue's head (``ProxyRequest.route``: dispatch's
+call) and asks ``Admission.gate`` with the route's ``predicted_ttft_s``, or, unpriced, whether some
+candidate replica has a free slot (router/admission/room.py); it goes on with the next head until one must
+wait. A client that leaves while waiting leaves the queue at once (its coroutine is cancelled); one whose
+deadline passes while waiting gets its 429 then. With no replica to route to, a request goes on (and gets
+dispatch's 503, as without admission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+from kvmesh.replica.serving.errors import ProtocolError, error_body
+from kvmesh.router.admission.decisions import DEADLINE, GO, WAIT, Admission, Shed
+from kvmesh.router.admission.ledger import LocalLedger, TenantLedger
+from kvmesh.router.admission.room import ReplicaRoom, SlotCapacity
+from kvmesh.router.http.admission_metrics import AdmissionMetrics
+from kvmesh.router.http.messages import Request, Response
+from kvmesh.router.routing.policies import NoReplicaError
+
+if TYPE_CHECKING:
+    from kvmesh.router.admission.config import AdmissionConfig
+    from kvmesh.router.admission.queue import Waiter
+    from kvmesh.router.admission.tenants import Tenants
+    from kvmesh.router.http.proxy_request import ProxyRequest
+    from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
+    from prometheus_client import CollectorRegistry
+
+PRIORITY_HEADER = b"x-kvmesh-priority"
+"""A gateway's priority for the request (an integer, lower first; overrides the body's ``priority``)."""
+DEADLINE_HEADER = b"x-kvmesh-ttft-deadline-ms"
+"""The request's own TTFT deadline in milliseconds (overrides its priority class's)."""
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """An admitted request: its place in the books and the route that let it go."""
+
+    waiter: Waiter
+    decision: RouteDecision | None
+    """The route that let it go (None: no replica; dispatch answers 503)."""
+    start: float
+    """``time.perf_counter()`` at arrival."""
+
+
+@dataclass(slots=True, eq=False)
+class _Waiting:
+    """What a waiter carries here (``Waiter.payload``)."""
+
+    future: asyncio.Future
+    """Resolved with the route that lets it go, or a ``Shed``."""
+    request: ProxyRequest
+    start: float
+    timer: asyncio.TimerHandle | None = None
+    """Sheds it when its deadline passes while it waits."""
+    granted: bool = False
+    """Let go, its task not yet run to its dispatch (``AdmissionGate.granted``)."""
+
+
+class AdmissionGate:
+    """The router's admission (module doc); ``share`` puts its ledger in shared memory (``router.workers`` > 1)."""
+
+    def __init__(self, config: AdmissionConfig, tenants: Tenants, router: KVRouter,
+                 registry: CollectorRegistry) -> None:
+        self.config = config
+        self.tenants = tenants
+        self.router = router
+        self.admission = Admission(config, LocalLedger(config.fair_share_half_life_s, config.max_tenants))
+        self.slots = SlotCapacity(config.slots_ttl_s)
+        self.metrics = AdmissionMetrics(registry, config.max_tenants)
+        self._tickers: dict[str, asyncio.Task] = {}
+        self.granted = 0
+        """Requests let go whose tasks have not yet run to their dispatch (into their replica's load): no other is
+        let go meanwhile, since the room they take is not counted yet."""
+
+    def share(self, ledger: TenantLedger) -> None:
+        """Keep usage, buckets and queue lengths in ``ledger`` (router/admission/shared_ledger.py)."""
+        self.admission.ledger = ledger
+
+    # ---------------------------------------------------------------- one request
+    async def admit(self, http: Request, request: ProxyRequest) -> Ticket | Response:
+        """Wait until ``request`` may go (its ticket: forward it with ``ticket.decision`` inside ``charged``), or
+        its 429 (module doc)."""
+        labels, got = self._arrive(http, request)
+        if isinstance(got, Shed):
+            return self._refuse(got, labels)
+        ticket = await self._wait(got, labels)
+        if isinstance(ticket, Shed):
+            return self._refuse(ticket, labels)
+        m = self.metrics
+        m.admitted.labels(*labels).inc()
+        m.tokens.labels(labels[0], "prompt").inc(got.prompt_tokens)
+        if ticket.decision is not None:
+            m.tokens.labels(labels[0], "computed").inc(ticket.decision.uncached_tokens)
+        return ticket
+
+    @contextlib.contextmanager
+    def charged(self, ticket: Ticket) -> Iterator[Callable[[Response, ProxyRequest], Response]]:
+        """Around forwarding ``ticket``'s request: the answer goes through the yielded function, which charges its
+        output when it ends (a stream's when it is over); a failure charges nothing but gives its room on."""
+        try:
+            yield functools.partial(self._answered, ticket)
+        except BaseException:
+            self.finished(ticket, 0)
+            raise
+
+    def _answered(self, ticket: Ticket, response: Response, request: ProxyRequest) -> Response:
+        if response.stream is None:
+            found = _COMPLETION_TOKENS.findall(response.body) if response.status == 200 else []
+            self.finished(ticket, int(found[-1]) if found else 0)
+            return response
+        labels = self.metrics.labels(ticket.waiter.tenant, ticket.waiter.priority)
+        self.metrics.ttft.labels(*labels).observe(time.perf_counter() - ticket.start)
+        response.stream = self._watch(ticket, response.stream, request)
+        return response
+
+    def finished(self, ticket: Ticket, output_tokens: int) -> None:
+        """``ticket``'s request ended after ``output_tokens`` (0: failed): charged, and its room given on."""
+        waiter = ticket.waiter
+        self.admission.finished(waiter, output_tokens, time.monotonic())
+        self.metrics.tokens.labels(self.metrics.tenant(waiter.tenant), "output").inc(output_tokens)
+        self.pump(waiter.model)
+
+    async def _watch(self, ticket: Ticket, body: AsyncIterator[bytes], request: ProxyRequest) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:
+            self.finished(ticket, request.stream.num_output if request.stream is not None else 0)
+            await body.aclose()
+
+    def _arrive(self, http: Request, request: ProxyRequest) -> tuple[tuple[str, str], Waiter | Shed]:
+        """The request's metric labels (tenant, priority) and its place in the queue, or why it is shed."""
+        req = request.req
+        auth = http.header(b"authorization") or ""
+        key = auth[7:] if auth[:7].lower() == "bearer " else None
+        tenant = self.tenants.resolve(key, req.user)
+        asked = _int_header(http, PRIORITY_HEADER, "an integer (lower is served first)")
+        if asked is None and "priority" in req.model_fields_set:
+            asked = req.priority
+        deadline_ms = _int_header(http, DEADLINE_HEADER, "a positive integer of milliseconds", positive=True)
+        now = time.monotonic()
+        adm = self.admission
+        priority = adm.priority_of(tenant, asked)
+        deadline = adm.deadline_of(priority, None if deadline_ms is None else deadline_ms / 1000, now)
+        got = adm.arrive(req.model or "", tenant, priority, sum(map(len, request.prompts)), deadline, now)
+        if not isinstance(got, Shed):
+            got.payload = _Waiting(asyncio.get_running_loop().create_future(), request, time.perf_counter())
+        return self.metrics.labels(tenant.name, priority), got
+
+    async def _wait(self, waiter: Waiter, labels: tuple[str, str]) -> Ticket | Shed:
+        waiting: _Waiting = waiter.payload
+        self.pump(waiter.model)
+        try:
+            return await self._await_turn(waiter, waiting, labels)
+        finally:
+            if waiting.granted:  # it runs to its dispatch now, without yielding to the loop (a split's prefill aside)
+                waiting.granted = False
+                self.granted -= 1
+
+    async def _await_turn(self, waiter: Waiter, waiting: _Waiting, labels: tuple[str, str]) -> Ticket | Shed:
+        if not waiting.future.done():
+            m = self.metrics
+            m.queued.labels(*labels).inc()
+            gauge = m.waiting.labels(*labels)
+            gauge.inc()
+            loop = asyncio.get_running_loop()
+            if waiter.deadline is not None:
+                waiting.timer = loop.call_at(loop.time() + waiter.deadline - time.monotonic(), self._expire, waiter)
+            self._tick(waiter.model)
+            try:
+                await waiting.future
+            except asyncio.CancelledError:  # the client left: out of the queue at once
+                self.admission.leave(waiter)
+                raise
+            finally:
+                gauge.dec()
+                if waiting.timer is not None:
+                    waiting.timer.cancel()
+        self.metrics.queue_seconds.labels(labels[1]).observe(time.perf_counter() - waiting.start)
+        result = waiting.future.result()
+        return result if isinstance(result, Shed) else Ticket(waiter, result, waiting.start)
+
+    def _expire(self, waiter: Waiter) -> None:
+        """Its deadline passed while it waited: shed (nothing waits past its deadline)."""
+        future = waiter.payload.future
+        if future.done():
+            return
+        self.admission.leave(waiter)
+        now = time.monotonic()
+        future.set_result(Shed(DEADLINE, self.admission.retry_after(waiter.model, waiter.priority, now),
+                               f"deadline unreachable: waited {now - waiter.arrival:.3g} s in the router's queue, "
+                               f"its TTFT deadline of {waiter.deadline - waiter.arrival:.3g} s passed; retry later"))
+
+    def _refuse(self, shed: Shed, labels: tuple[str, str]) -> Response:
+        self.metrics.shed.labels(*labels, shed.reason).inc()
+        body = error_body(shed.message, 429)
+        body["error"]["type"] = shed.reason
+        return Response(msgspec.json.encode(body), 429, headers={"retry-after": shed.retry_after_header})
+
+    # ---------------------------------------------------------------- the queue
+    def pump(self, model: str) -> None:
+        """Let the head of ``model``'s queue go if the gate says so (module doc). One at a time: the next goes
+        once the one let go has run to its dispatch (it is in its replica's load by then)."""
+        adm = self.admission
+        while not self.granted:
+            now = time.monotonic()
+            waiter = adm.head(model, now)
+            if waiter is None:
+                return
+            waiting: _Waiting = waiter.payload
+            if waiting.future.done():  # answered meanwhile (cancelled)
+                adm.leave(waiter)
+                continue
+            try:
+                decision = waiting.request.route(self.router, [])
+            except NoReplicaError:  # nothing to wait for: dispatch answers 503
+                decision = None
+            verdict = GO if decision is None else adm.gate(waiter, decision.predicted_ttft_s, self._room(now), now,
+                                                           idle=self._idle(decision.replica_id))
+            if verdict == WAIT:
+                return
+            if isinstance(verdict, Shed):
+                adm.leave(waiter)
+                waiting.future.set_result(verdict)
+                continue
+            adm.went(waiter, 0 if decision is None else decision.uncached_tokens, now)
+            waiting.granted = True
+            self.granted += 1
+            waiting.future.set_result(decision)  # its task runs to its dispatch, then the next pump
+            asyncio.get_running_loop().call_soon(self.pump, model)
+
+    def _room(self, now: float) -> bool:
+        """Whether some decode candidate has a free slot (router/admission/room.py)."""
+        router = self.router
+        for rid, load in router.loads.loads.items():
+            if rid in router.healthy and rid not in router.prefill_only and self.slots.has_room(
+                    ReplicaRoom(rid, load.total_in_flight, load.num_running, load.num_waiting), now):
+                return True
+        return False
+
+    def _idle(self, replica_id: object) -> bool:
+        """Whether the replica has nothing in flight from this host and reports nothing waiting."""
+        load = self.router.loads.loads.get(replica_id)
+        return load is not None and load.total_in_flight == 0 and load.num_waiting == 0
+
+    def _tick(self, model: str) -> None:
+        """Pump ``model`` every ``recheck_interval_s`` while its queue is not empty."""
+        if model in self._tickers:
+            return
+
+        async def tick() -> None:
+            try:
+                while self.admission.queues.get(model):
+                    await asyncio.sleep(self.config.recheck_interval_s)
+                    self.pump(model)
+            finally:
+                self._tickers.pop(model, None)
+
+        self._tickers[model] = asyncio.get_running_loop().create_task(tick())
+
+
+def _int_header(http: Request, name: bytes, what: str, positive: bool = False) -> int | None:
+    value = http.header(name)
+    if value is None:
+        return None
+    try:
+        number = int(value.strip())
+    except ValueError:
+        number = None
+    if number is None or (positive and number <= 0):
+        raise ProtocolError(f"header {name.decode()} must be {what}, got {value[:40]!r}", 400)
+    return number
