@@ -147,8 +147,10 @@ class AdmissionGate:
             async for chunk in body:
                 yield chunk
         finally:
-            self.finished(ticket, request.stream.num_output if request.stream is not None else 0)
-            await body.aclose()
+            try:
+                await body.aclose()  # the relay lets go of its replica (its load) first: then the room is free
+            finally:
+                self.finished(ticket, request.stream.num_output if request.stream is not None else 0)
 
     def _arrive(self, http: Request, request: ProxyRequest) -> tuple[tuple[str, str], Waiter | Shed]:
         """The request's metric labels (tenant, priority) and its place in the queue, or why it is shed."""

@@ -95,6 +95,9 @@ def test_429s_carry_retry_after_and_name_their_reason(admitting):
     bad = _post(admitting, "light", "x", [], headers={"x-kvmesh-priority": "high"})
     assert bad.status_code == 400 and "x-kvmesh-priority" in bad.json()["error"]["message"]
     assert httpx.post(admitting.url + "/v1/completions", json={"prompt": "x"}).status_code == 401  # keys required
+    tokenize = httpx.post(admitting.url + "/tokenize", json={"prompt": "x"},
+                          headers={"Authorization": f"Bearer {KEYS['light']}"})
+    assert tokenize.status_code == 200  # a tenant's key opens the app's paths too
     for t in busy:
         t.join(30)
     text = httpx.get(admitting.url + "/metrics").text
