@@ -34,6 +34,7 @@ from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.load_fields import event_stream_report, read_racily
 from kvmesh.replica.engine.stats import EngineStats
+from kvmesh.replica.engine.step_time import decode_step_load
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.load_report import LoadReport
@@ -167,6 +168,7 @@ class AsyncLLM(AsyncKVCommands):
             kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
             prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, **self.engine.kv_load_fields(),
+            decode_step=decode_step_load(self.engine.decode_step_time, read_racily(lambda: list(sched.running))),
             **event_stream_report(publisher))
 
     def dead_reason(self) -> str | None:

@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.measured import sim_load_rates
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.transfer import pick_prefill_replica, prefill_leg
 from kvmesh.kvcache.reuse import reusable_tokens
@@ -37,7 +38,7 @@ from kvmesh.router.routing.policies import Policy
 from kvmesh.router.routing.tier_matches import TierMatches
 
 if TYPE_CHECKING:
-    from kvmesh.router.routing.kv_router import KVRouter
+    from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
 
 
 def available_policies() -> list[str]:
@@ -87,6 +88,8 @@ class SimRouter:
         """Requests long enough to split that stayed whole: no prefill replica had room."""
         self.splits_skipped_slower = 0
         """Requests long enough to split that stayed whole: the split was priced slower than the slack allows."""
+        self.decisions: dict[str, RouteDecision] = {}
+        """Routed requests without a first token yet -> their decision (its predicted TTFT, learned from)."""
 
     def _pick_router(self) -> int:
         n = len(self.routers)
@@ -112,7 +115,8 @@ class SimRouter:
         if pid is not None:
             self._split(req, k, decision.keys, pid)
         for tracker in self._trackers(k):
-            tracker.on_dispatch(rid, self._uncached(req), now=req.arrival_s)
+            tracker.on_dispatch(rid, self._uncached(req), now=req.arrival_s, prompt_tokens=req.num_prompt_tokens)
+        self.decisions[req.request_id] = decision
         if session is not None and self.config.share_sessions:
             for other in self.routers:
                 other.sessions.pin(session, rid, req.arrival_s)
@@ -145,7 +149,7 @@ class SimRouter:
         leg.predicted_hit_tokens = reusable_tokens(matched, req.num_prompt_tokens, bs)  # as KVRouter counts
         router.index.predict(pid, keys, now=req.arrival_s, start=matched)
         for tracker in self._trackers(k):
-            tracker.on_dispatch(pid, self._uncached(leg), now=req.arrival_s)
+            tracker.on_dispatch(pid, self._uncached(leg), now=req.arrival_s, prompt_tokens=leg.num_prompt_tokens)
 
     def _trackers(self, k: int) -> list[LoadTracker]:
         """The load trackers that count router ``k``'s requests: its own, or all with ``share_loads``."""
@@ -164,17 +168,20 @@ class SimRouter:
             for tracker in self._trackers(r.router_index):
                 tracker.on_first_output(rid, self._uncached(r))
             self.receipts.record_actual(r.receipt, r.own_cached_tokens)  # the prediction was of its own pool
+            decision = self.decisions.pop(r.request_id, None)
+            if decision is not None:  # the router learns its correction from the TTFT it observes
+                self.routers[r.router_index].observe_ttft(decision, r.first_token_s - r.arrival_s)
 
     def on_prefill_done(self, pid: int, leg: SimRequest) -> None:
         """A prefill leg answered (its one token): the prefill replica's load drops."""
         for tracker in self._trackers(leg.router_index):
             tracker.on_first_output(pid, self._uncached(leg))
-            tracker.on_finish(pid, self._uncached(leg), had_output=True)
+            tracker.on_finish(pid, self._uncached(leg), had_output=True, prompt_tokens=leg.num_prompt_tokens)
 
     def on_finished(self, rid: int, reqs: list[SimRequest]) -> None:
         for r in reqs:
             for tracker in self._trackers(r.router_index):
-                tracker.on_finish(rid, self._uncached(r), had_output=True)
+                tracker.on_finish(rid, self._uncached(r), had_output=True, prompt_tokens=r.num_prompt_tokens)
 
     def apply(self, rid: int, events: list) -> None:
         t0 = time.perf_counter()
@@ -191,21 +198,14 @@ class SimRouter:
                 loads[rep.replica_id].update_report(rep.load_report())
 
     def add_replica(self, rid: int, role: str = "both") -> None:
-        """A replica of ``role`` joins every router: healthy, with an empty tree (a cold cache), and the rates a
-        real replica measures and reports in ``/load`` taken from the cost model (block bytes counted as one
-        per token: only the ratios matter, so the pull rate is in tokens per second too). Its KV transfer is
-        on with ``peer_pulls`` (the router plans pulls only between replicas that report it on)."""
-        config, cost = self.config, self.config.cost
+        """A replica of ``role`` joins every router: healthy, with an empty tree (a cold cache), and what a real
+        replica measures and reports in ``/load`` taken from the cost model (``sim_load_rates``). Its KV transfer
+        is on with ``peer_pulls`` (the router plans pulls only between replicas that report it on)."""
         if role == "prefill":
             self.prefill_ids.append(rid)
         for router in self.routers:
             router.add_replica(rid, role=role)
-            load = router.loads.loads[rid]
-            load.prefill_tokens_per_s = 1 / cost.prefill_s_per_token if cost.prefill_s_per_token else None
-            load.kv_block_bytes = config.engine.block_size
-            load.h2d_bytes_per_s = 1 / cost.load_s_per_token if cost.load_s_per_token else None
-            load.kv_transfer_enabled = config.peer_pulls
-            load.pull_bytes_per_s = config.kv_transfer_bytes_per_s / config.kv_bytes_per_token
+            sim_load_rates(router.loads.loads[rid], self.config)
 
     def remove_replica(self, rid: int) -> None:
         for router in self.routers:
