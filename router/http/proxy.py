@@ -171,6 +171,7 @@ class Forwarder:
         headers = {"content-type": "application/json", **svc.headers()}
         ids = request.route_ids
         for attempt in range(svc.config.upstream.max_attempts):
+            routed_at = time.perf_counter()
             try:
                 decision = router.route(ids, request.salt, exclude=tried, session_id=request.session_id)
             except NoReplicaError as e:
@@ -184,7 +185,7 @@ class Forwarder:
                 continue
             if attempt == 0 and not tried and request.req is not None:  # a retry or a continuation goes as sent
                 await self.handoff.prepare(request, decision)
-            router.loads.on_dispatch(rid, decision.uncached_tokens)
+            router.loads.on_dispatch(rid, decision.uncached_tokens, prompt_tokens=len(ids))
             try:
                 opened = await self._open(spec.url, request, svc.upstream_kinds.get(rid, TEXT), headers, decision,
                                           svc.patience(rid))
@@ -212,6 +213,9 @@ class Forwarder:
             svc.outliers.on_success(rid)
             self.handoff.opened(decision, opened.upstream)
             router.loads.on_first_output(rid, decision.uncached_tokens)
+            if request.stream is not None:  # a stream's first bytes: its TTFT, against the prediction
+                router.observe_ttft(decision, time.perf_counter() - routed_at)
+                svc.receipt_metrics.on_ttft(decision.receipt)
             if request.failed_over:
                 decision.receipt.failed_over = tuple(request.failed_over)
             self._count_decision(decision, len(ids))

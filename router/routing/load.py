@@ -67,10 +67,14 @@ class ReplicaLoad:
     """Seconds a pull costs besides its bytes, as measured (``kv_transfer.pull_fixed_s``; None: not yet)."""
     lora: LoRALoad | None = None
     """Its adapters: sizes, which are resident, its load rate (``/load``'s ``lora``; None: not reported)."""
-    in_flight_tokens: int = 0
-    """Prompt tokens of this router's requests in flight here (their context, when the replica reports none)."""
     ttft_correction: float = 1.0
     """Observed over predicted TTFT here, learned online (router/routing/cost/correction.py)."""
+    recent_prompt: float = 0.0
+    """Prompt tokens this router sent here, decayed as ``recent_prefill`` (same units): ``1 - recent_prefill /
+    recent_prompt`` is the replica's recent hit fraction."""
+    recent_requests: float = 0.0
+    """Requests this router sent here, decayed as ``recent_prefill`` (``recent_prompt / recent_requests``: their
+    mean prompt, a running request's context when the replica reports none)."""
     arrival_rate: float = 0.0
     """Requests per second this router sends here, exponentially decayed over ``ARRIVAL_TAU_S`` (as of the last)."""
     last_dispatch: float | None = None
@@ -231,13 +235,14 @@ class LoadTracker:
         load = self.loads.get(replica_id)
         if load is not None:
             load.in_flight += 1
-            load.in_flight_tokens += prompt_tokens
             load.pending_prefill_tokens += uncached_tokens
             if self.shared is not None:
                 self._publish(replica_id, load)
             now = time.monotonic() if now is None else now
             scale = self._churn_scale(now)  # may rebase recent_prefill
             load.recent_prefill += uncached_tokens * scale
+            load.recent_prompt += max(prompt_tokens, uncached_tokens) * scale
+            load.recent_requests += scale
             gap = 0.0 if load.last_dispatch is None else max(0.0, now - load.last_dispatch)
             load.arrival_rate = load.arrival_rate * math.exp(-gap / ARRIVAL_TAU_S) + 1 / ARRIVAL_TAU_S
             load.last_dispatch = now
@@ -252,6 +257,8 @@ class LoadTracker:
             shrink = math.exp(-exponent)  # may underflow to 0: that history is long forgotten anyway
             for load in self.loads.values():
                 load.recent_prefill *= shrink
+                load.recent_prompt *= shrink
+                load.recent_requests *= shrink
             self._churn_t0, exponent = now, 0.0
         return math.exp(exponent)
 
@@ -263,12 +270,11 @@ class LoadTracker:
             if self.shared is not None:
                 self._publish(replica_id, load)
 
-    def on_finish(self, replica_id: Hashable, uncached_tokens: int, had_output: bool, prompt_tokens: int = 0) -> None:
+    def on_finish(self, replica_id: Hashable, uncached_tokens: int, had_output: bool) -> None:
         """The request finished (or failed); ``had_output`` says whether on_first_output ran."""
         load = self.loads.get(replica_id)
         if load is not None:
             load.in_flight = max(0, load.in_flight - 1)
-            load.in_flight_tokens = max(0, load.in_flight_tokens - prompt_tokens)
             if not had_output:
                 load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)
             if self.shared is not None:

@@ -47,12 +47,18 @@ def run_cell(workload: str, time_scale: float, pull: float | None, replicas: int
     return {"policies": policies, "wall_s": wall, "requests": report["trace"]["requests"]}
 
 
-def verdict(policies: dict, best: str = "cache_aware") -> dict:
-    """Where ``best`` falls short of another policy: {metric: (other policy, its value, best's value)}."""
+BEFORE = "cache_aware_tokens"
+"""The token cost cache_aware had before issue 38 (registered for comparison): apart from the fixed policies."""
+
+
+def verdict(policies: dict, best: str = "cache_aware", against: tuple[str, ...] | None = None) -> dict:
+    """Where ``best`` falls short of another policy (``against``; default: every policy but itself and the token
+    cost of before): {metric: (other policy, its value, best's value)}."""
     mine, short = policies[best], {}
+    others = against or tuple(n for n in policies if n not in (best, BEFORE))
     for metric, worse_if_higher in (("ttft_p50", True), ("ttft_p99", True), ("hit_rate", False)):
         for name, p in policies.items():
-            if name == best:
+            if name not in others:
                 continue
             if (mine[metric] > p[metric] * (1 + 1e-9)) if worse_if_higher else (mine[metric] < p[metric] - 1e-9):
                 prev = short.get(metric)
@@ -85,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 cell = run_cell(w, RATES[rate], PULLS[pull], args.replicas, args.miniature)
                 cell["short"] = verdict(cell["policies"])
+                if BEFORE in cell["policies"]:
+                    cell["short_of_before"] = verdict(cell["policies"], against=(BEFORE,))
                 cells[key] = cell
                 ca = cell["policies"]["cache_aware"]
                 print(f"{key}: cache_aware p50 {ca['ttft_p50']:.3f} p99 {ca['ttft_p99']:.3f} hit {ca['hit_rate']:.3f}"
@@ -109,7 +117,7 @@ def plot(paths: list[str]) -> None:
             ratios = []
             for k in keys:
                 pol = data["cells"][k]["policies"]
-                others = [p[metric] for n, p in pol.items() if n != "cache_aware"]
+                others = [p[metric] for n, p in pol.items() if n not in ("cache_aware", BEFORE)]
                 best = min(others) if lower else max(others)
                 ratios.append(pol["cache_aware"][metric] / best if best else 1.0)
             ax.bar([x + i * width for x in range(len(keys))], ratios, width, label=data["label"])

@@ -176,12 +176,12 @@ class SimRouter:
         """A prefill leg answered (its one token): the prefill replica's load drops."""
         for tracker in self._trackers(leg.router_index):
             tracker.on_first_output(pid, self._uncached(leg))
-            tracker.on_finish(pid, self._uncached(leg), had_output=True, prompt_tokens=leg.num_prompt_tokens)
+            tracker.on_finish(pid, self._uncached(leg), had_output=True)
 
     def on_finished(self, rid: int, reqs: list[SimRequest]) -> None:
         for r in reqs:
             for tracker in self._trackers(r.router_index):
-                tracker.on_finish(rid, self._uncached(r), had_output=True, prompt_tokens=r.num_prompt_tokens)
+                tracker.on_finish(rid, self._uncached(r), had_output=True)
 
     def apply(self, rid: int, events: list) -> None:
         t0 = time.perf_counter()

@@ -20,9 +20,10 @@ from kvmesh.router.routing.load import ReplicaLoad
 
 def price_all(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, int], host: Mapping[Hashable, int],
               prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None = None,
-              lora_name: str | None = None, fleet: FleetRates | None = None) -> dict[Hashable, TTFTEstimate]:
-    """``TTFTEstimate`` of every replica in ``loads`` for a prompt of ``prompt_tokens`` (``device``/``host``:
-    leading prompt blocks each holds per tier)."""
+              lora_name: str | None = None, fleet: FleetRates | None = None,
+              only: Hashable | None = None) -> dict[Hashable, TTFTEstimate]:
+    """``TTFTEstimate`` of every replica in ``loads`` (``only``: of that one) for a prompt of ``prompt_tokens``
+    (``device``/``host``: leading prompt blocks each holds per tier)."""
     fleet = FleetRates.of(loads.values()) if fleet is None else fleet
     usable = reusable_blocks(prompt_tokens, block_size)  # an engine computes at least the last token
     holder, best = None, 0
@@ -32,7 +33,7 @@ def price_all(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, i
                 holder, best = rid, m
         best = min(best, usable)
     out = {}
-    for rid, load in loads.items():
+    for rid, load in loads.items() if only is None else ((only, loads[only]),):
         d = min(device.get(rid, 0), usable)
         extra = max(0, min(host.get(rid, 0), usable) - d)
         own = d + extra

@@ -43,6 +43,9 @@ class TTFTEstimate:
     """Seconds its prefill delays the decodes running there, summed over them (not part of ``ttft_s``)."""
     pace_s: float
     """Predicted seconds per output token once it decodes there."""
+    evict_s: float = 0.0
+    """Prefill seconds its stored tokens take from later requests: they evict as many cached tokens there, each
+    reused at the replica's recent hit fraction (not part of ``ttft_s``)."""
     delay_s: float = 0.0
     """Seconds its prefill delays the requests expected to arrive there before its first token (their arrival
     rate there times its TTFT, each delayed by its prefill; not part of ``ttft_s``)."""
@@ -136,7 +139,8 @@ def estimate(load: ReplicaLoad, fleet: FleetRates, prompt_tokens: int, own_token
         spt = 1.0
     backlog, batch = load.prefill_backlog, load.decode_load
     step = load.decode_step
-    context = max(load.in_flight_tokens, step.context_tokens if step is not None else 0)
+    context = step.context_tokens if step is not None and step.context_tokens else \
+        batch * load.recent_prompt / load.recent_requests if load.recent_requests > 0 else 0
     steps = -(-(backlog + own_tokens) // step_tokens) if step_tokens > 0 else 1
     step_s = decode_step_s(load, fleet, batch, context, spt)
     prefill = own_tokens * spt
@@ -146,4 +150,5 @@ def estimate(load: ReplicaLoad, fleet: FleetRates, prompt_tokens: int, own_token
         adapter_s=adapter_s(load, fleet, lora_name), stall_s=batch * prefill,
         pace_s=decode_step_s(load, fleet, batch + 1, context + prompt_tokens, spt),
         correction=load.ttft_correction, priced=priced, own_tokens=own_tokens, pulled_blocks=pulled_blocks)
-    return replace(parts, delay_s=load.arrival_rate * parts.ttft_s * prefill)
+    hit = 1.0 - load.recent_prefill / load.recent_prompt if load.recent_prompt > 0 else 0.0
+    return replace(parts, delay_s=load.arrival_rate * parts.ttft_s * prefill, evict_s=hit * prefill)

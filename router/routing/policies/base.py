@@ -100,8 +100,11 @@ class Policy:
                  num_prompt_tokens: int | None = None, lora_name: str | None = None) -> TTFTEstimate | None:
         """The request's estimate on ``replica_id``: the one ``choose`` made, or priced now (a baseline policy)."""
         found = self.estimates.get(replica_id)
-        return found if found is not None else self.price(request_keys, tiers, loads, num_prompt_tokens,
-                                                          lora_name).get(replica_id)
+        if found is not None or replica_id not in loads:
+            return found
+        prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
+        return price_all(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,
+                         lora_name, only=replica_id)[replica_id]
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:

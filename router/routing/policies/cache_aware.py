@@ -82,7 +82,7 @@ class CacheAwarePolicy(Policy):
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         self._check(loads)
         self.estimates = estimates = self.price(request_keys, tiers, loads, num_prompt_tokens, lora_name)
-        costs = {rid: e.ttft_s + e.stall_s + e.delay_s for rid, e in estimates.items()}
+        costs = {rid: e.ttft_s + e.stall_s + e.delay_s + e.evict_s for rid, e in estimates.items()}
         best = min(costs.values())
         t = self.config.temperature
         if t > 0:
