@@ -214,7 +214,8 @@ class Forwarder:
             self.handoff.opened(decision, opened.upstream)
             router.loads.on_first_output(rid, decision.uncached_tokens)
             if request.stream is not None:  # a stream's first bytes: its TTFT, against the prediction
-                router.observe_ttft(decision, time.perf_counter() - routed_at)
+                tokenized_s = (request.tokenize_ns or 0) * 1e-9 if not tried else 0.0
+                router.observe_ttft(decision, time.perf_counter() - routed_at + tokenized_s)
                 svc.receipt_metrics.on_ttft(decision.receipt)
             if request.failed_over:
                 decision.receipt.failed_over = tuple(request.failed_over)

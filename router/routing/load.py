@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRALoad
@@ -68,7 +68,11 @@ class ReplicaLoad:
     lora: LoRALoad | None = None
     """Its adapters: sizes, which are resident, its load rate (``/load``'s ``lora``; None: not reported)."""
     ttft_correction: float = 1.0
-    """Observed over predicted TTFT here, learned online (router/routing/cost/correction.py)."""
+    """The scale of observed over predicted TTFT here, learned online (router/routing/cost/correction.py)."""
+    ttft_offset_s: float = 0.0
+    """Seconds observed TTFTs here take beyond the scaled prediction (the same fit's offset)."""
+    ttft_sums: list[float] = field(default_factory=list)
+    """That fit's decayed sums (weight, x, y, xx, xy); empty before the first observation."""
     recent_prompt: float = 0.0
     """Prompt tokens this router sent here, decayed as ``recent_prefill`` (same units): ``1 - recent_prefill /
     recent_prompt`` is the replica's recent hit fraction."""

@@ -91,16 +91,23 @@ def test_price_all_pulls_only_where_the_pull_beats_computing():
     assert price_all(loads, {"h": 60}, {}, 1024, BS, 8192, PullPriors(True, None, 0.0))["i"].pulled_blocks == 0
 
 
-def test_the_correction_learns_observed_over_predicted_and_stays_bounded():
-    load = ReplicaLoad()
+def test_the_correction_learns_an_offset_and_a_scale_and_stays_bounded():
+    load, rng = ReplicaLoad(), random.Random(1)
     for _ in range(200):
-        observe_ttft(load, 0.1, 0.2)
-    assert load.ttft_correction == pytest.approx(2.0, rel=1e-3)
+        raw = rng.uniform(0.01, 0.2)
+        observe_ttft(load, raw, 0.004 + 1.5 * raw)  # a fixed overhead the estimate misses, a rate 1.5x off
+    assert load.ttft_offset_s == pytest.approx(0.004, rel=1e-3) and load.ttft_correction == pytest.approx(1.5)
+    load.prefill_tokens_per_s = 1000.0
+    assert estimate(load, FleetRates(), 100, 100, 0, BS, 8192).ttft_s == pytest.approx(0.004 + 1.5 * 0.1)
+    same = ReplicaLoad()
+    for _ in range(100):
+        observe_ttft(same, 0.1, 0.2)  # one prediction only: offset and scale cannot be told apart -> the ratio
+    assert same.ttft_offset_s == 0.0 and same.ttft_correction == pytest.approx(2.0)
     for _ in range(200):
-        observe_ttft(load, 0.1, 100.0)  # an outlier streak cannot make it unusable
-    assert load.ttft_correction == pytest.approx(BOUNDS[1])
-    observe_ttft(load, 0.0, 1.0)  # nothing priced: nothing learned
-    assert load.ttft_correction == pytest.approx(BOUNDS[1])
+        observe_ttft(same, 0.1, 100.0)  # an outlier streak cannot make it unusable
+    assert same.ttft_correction == pytest.approx(BOUNDS[1])
+    observe_ttft(same, 0.0, 1.0)  # nothing priced: nothing learned
+    assert same.ttft_correction == pytest.approx(BOUNDS[1])
 
 
 def test_cache_aware_chooses_the_smallest_predicted_time():

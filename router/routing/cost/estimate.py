@@ -11,7 +11,7 @@ not measured yet, the slowest the other candidates measured (fleet.py)::
     load_back_s  = host blocks * block bytes * h2d s/byte      its host tier's part of the prefix, copied back
     pull_s       = pulled blocks * block bytes * pull s/byte + pull_fixed_s    (pull.py decides whether to pull)
     adapter_s    = adapter bytes * load s/byte                 the request's LoRA adapter, when not resident there
-    ttft_s       = correction * (sum of the above)             correction: observed / predicted (correction.py)
+    ttft_s       = offset + scale * (sum of the above)        the replica's observed/predicted fit (correction.py)
     stall_s      = decoding requests * prefill_s               the delay its prefill puts on the decodes there
     pace_s       = decode_step_s(batch + 1, context + prompt)  seconds per output token once it decodes
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kvmesh.router.routing.cost.correction import corrected
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.load import ReplicaLoad
 
@@ -49,8 +50,8 @@ class TTFTEstimate:
     delay_s: float = 0.0
     """Seconds its prefill delays the requests expected to arrive there before its first token (their arrival
     rate there times its TTFT, each delayed by its prefill; not part of ``ttft_s``)."""
-    correction: float = 1.0
-    """The replica's learned observed/predicted factor (correction.py)."""
+    corrected_s: float | None = None
+    """The sum of the parts through the replica's learned observed/predicted fit (correction.py); None: the raw sum."""
     priced: bool = True
     """Every rate was known (measured here or by another candidate); False: unit rates, compare only."""
     own_tokens: int = 0
@@ -67,7 +68,7 @@ class TTFTEstimate:
     @property
     def ttft_s(self) -> float:
         """The predicted time to first token."""
-        return self.correction * self.raw_s
+        return self.raw_s if self.corrected_s is None else self.corrected_s
 
 
 def prefill_s_per_token(load: ReplicaLoad, fleet: FleetRates) -> float | None:
@@ -149,6 +150,7 @@ def estimate(load: ReplicaLoad, fleet: FleetRates, prompt_tokens: int, own_token
         load_back_s=load_back_s(load, fleet, host_blocks, block_size, spt), pull_s=pull_s,
         adapter_s=adapter_s(load, fleet, lora_name), stall_s=batch * prefill,
         pace_s=decode_step_s(load, fleet, batch + 1, context + prompt_tokens, spt),
-        correction=load.ttft_correction, priced=priced, own_tokens=own_tokens, pulled_blocks=pulled_blocks)
+        priced=priced, own_tokens=own_tokens, pulled_blocks=pulled_blocks)
+    parts = replace(parts, corrected_s=corrected(load, parts.raw_s))
     hit = 1.0 - load.recent_prefill / load.recent_prompt if load.recent_prompt > 0 else 0.0
     return replace(parts, delay_s=load.arrival_rate * parts.ttft_s * prefill, evict_s=hit * prefill)
