@@ -138,7 +138,7 @@ class RouterConfig:
     policy: str = DEFAULT_POLICY
     """Routing policy: cache_aware, round_robin, least_loaded, random or prefix_hash (router/policies)."""
     policy_kwargs: PolicyOptions = field(default_factory=dict)
-    """Options of the policy, e.g. decode_weight=8 or temperature=0 for cache_aware."""
+    """Options of the policy, e.g. temperature=0.05 (seconds) for cache_aware."""
     block_size: int = 16
     """Tokens per KV block; must equal the replicas' block size."""
     api_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_API_KEY", "cli": True})

@@ -70,6 +70,12 @@ class TTFTEstimate:
         """The predicted time to first token."""
         return self.raw_s if self.corrected_s is None else self.corrected_s
 
+    @property
+    def choice_s(self) -> float:
+        """What ``cache_aware`` minimizes: its TTFT and the seconds its prefill takes from the other requests there
+        (the decodes it stalls, the arrivals it delays, the cached tokens it evicts)."""
+        return self.ttft_s + self.stall_s + self.delay_s + self.evict_s
+
 
 def prefill_s_per_token(load: ReplicaLoad, fleet: FleetRates) -> float | None:
     """Seconds per prompt token on this replica: its measured rate, else the fleet's slowest (None: unknown)."""
@@ -153,4 +159,5 @@ def estimate(load: ReplicaLoad, fleet: FleetRates, prompt_tokens: int, own_token
         priced=priced, own_tokens=own_tokens, pulled_blocks=pulled_blocks)
     parts = replace(parts, corrected_s=corrected(load, parts.raw_s))
     hit = 1.0 - load.recent_prefill / load.recent_prompt if load.recent_prompt > 0 else 0.0
-    return replace(parts, delay_s=load.arrival_rate * parts.ttft_s * prefill, evict_s=hit * prefill)
+    delay = load.arrival_rate * parts.ttft_s * prefill if priced else 0.0  # unpriced: no time scale for the rate
+    return replace(parts, delay_s=delay, evict_s=hit * prefill)

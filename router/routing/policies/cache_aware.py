@@ -49,9 +49,9 @@ class CacheAwareConfig(PolicyConfig):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode_step_tokens", float(self.decode_step_tokens))
-        for name in ("temperature", "session_slack_s"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
+        for name, value in (("temperature", self.temperature), ("session_slack_s", self.session_slack_s)):
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0 seconds, got {value}")
         if not self.decode_step_tokens > 0:
             raise ValueError(f"decode_step_tokens must be > 0, got {self.decode_step_tokens}")
 
@@ -82,7 +82,7 @@ class CacheAwarePolicy(Policy):
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         self._check(loads)
         self.estimates = estimates = self.price(request_keys, tiers, loads, num_prompt_tokens, lora_name)
-        costs = {rid: e.ttft_s + e.stall_s + e.delay_s + e.evict_s for rid, e in estimates.items()}
+        costs = {rid: e.choice_s for rid, e in estimates.items()}
         best = min(costs.values())
         t = self.config.temperature
         if t > 0:
@@ -100,4 +100,4 @@ class CacheAwarePolicy(Policy):
         if pinned not in estimates or chosen not in estimates:
             estimates = self.price(request_keys, TierMatches(matches), {pinned: loads[pinned], chosen: loads[chosen]},
                                    num_prompt_tokens)
-        return estimates[pinned].ttft_s <= estimates[chosen].ttft_s + self.config.session_slack_s
+        return estimates[pinned].choice_s <= estimates[chosen].choice_s + self.config.session_slack_s
