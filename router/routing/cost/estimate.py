@@ -29,6 +29,9 @@ from kvmesh.router.routing.cost.correction import corrected
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.load import ReplicaLoad
 
+MAX_HIT_FRACTION = 0.95
+"""A replica's hit fraction counts up to this in the value of its cached tokens (``h / (1 - h)``, finite)."""
+
 
 @dataclass(frozen=True, slots=True)
 class TTFTEstimate:
@@ -45,8 +48,9 @@ class TTFTEstimate:
     pace_s: float
     """Predicted seconds per output token once it decodes there."""
     evict_s: float = 0.0
-    """Prefill seconds its stored tokens take from later requests: they evict as many cached tokens there, each
-    reused at the replica's recent hit fraction (not part of ``ttft_s``)."""
+    """Prefill seconds its stored tokens take from later requests: they evict as many cached tokens there, and a
+    token cached there brings ``h / (1 - h)`` hit tokens over its life (the replica's recent hit tokens per token
+    it computed, ``h`` its hit fraction; not part of ``ttft_s``)."""
     delay_s: float = 0.0
     """Seconds its prefill delays the requests expected to arrive there before its first token (their arrival
     rate there times its TTFT, each delayed by its prefill; not part of ``ttft_s``)."""
@@ -160,4 +164,5 @@ def estimate(load: ReplicaLoad, fleet: FleetRates, prompt_tokens: int, own_token
     parts = replace(parts, corrected_s=corrected(load, parts.raw_s))
     hit = 1.0 - load.recent_prefill / load.recent_prompt if load.recent_prompt > 0 else 0.0
     delay = load.arrival_rate * parts.ttft_s * prefill if priced else 0.0  # unpriced: no time scale for the rate
-    return replace(parts, delay_s=delay, evict_s=hit * prefill)
+    hit = min(hit, MAX_HIT_FRACTION)
+    return replace(parts, delay_s=delay, evict_s=hit / (1 - hit) * prefill)
