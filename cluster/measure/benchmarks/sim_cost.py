@@ -77,9 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replicas", type=int, default=16)
     ap.add_argument("--miniature", type=int, default=8)
     ap.add_argument("--plot", nargs="+", default=None, help="plot these results files (before, after) and exit")
+    ap.add_argument("--table", nargs=2, default=None, help="print the markdown table of BEFORE AFTER and exit")
     args = ap.parse_args(argv)
     if args.plot:
         plot(args.plot)
+        return
+    if args.table:
+        print(table(*args.table))
         return
     out = Path(args.out or f"results/sim_cost_{args.label}.json")
     cells = json.loads(out.read_text())["cells"] if out.exists() else {}
@@ -99,6 +103,26 @@ def main(argv: list[str] | None = None) -> None:
                       f" short {cell['short']} ({cell['wall_s']:.0f} s)", flush=True)
                 out.write_text(json.dumps({"label": args.label, "replicas": args.replicas,
                                            "miniature": args.miniature, "cells": cells}, indent=1))
+
+
+def table(before_path: str, after_path: str) -> str:
+    """cache_aware before and after per cell, against the best fixed policy of the cell, as markdown."""
+    before = json.loads(Path(before_path).read_text())["cells"]
+    after = json.loads(Path(after_path).read_text())["cells"]
+    rows = ["| cell | before p50 / p99 / hit | after p50 / p99 / hit | best other p50 / p99 / hit | after short of |",
+            "|---|---|---|---|---|"]
+    for key, cell in after.items():
+        pol = cell["policies"]
+        others = {n: p for n, p in pol.items() if n not in ("cache_aware", BEFORE)}
+        best = (min(p["ttft_p50"] for p in others.values()), min(p["ttft_p99"] for p in others.values()),
+                max(p["hit_rate"] for p in others.values()))
+        b = before.get(key, {}).get("policies", {}).get("cache_aware")
+        a = pol["cache_aware"]
+        fmt = lambda p50, p99, hit: f"{p50:.3f} / {p99:.3f} / {100 * hit:.1f}%"  # noqa: E731
+        short = "; ".join(f"{m} {n} {100 * (mine / theirs - 1):+.1f}%" for m, (n, theirs, mine) in cell["short"].items())
+        rows.append(f"| {key} | {fmt(b['ttft_p50'], b['ttft_p99'], b['hit_rate']) if b else '-'} | "
+                    f"{fmt(a['ttft_p50'], a['ttft_p99'], a['hit_rate'])} | {fmt(*best)} | {short or 'none'} |")
+    return "\n".join(rows)
 
 
 def plot(paths: list[str]) -> None:
