@@ -44,14 +44,18 @@ def test_shared_prefix_goes_to_its_holder_and_cached_tokens_match_prediction(fak
     assert predicted == counter(router, "reported_cached_tokens", holder) - reported0 == 4 * len(base)
 
 
-def test_burst_sharing_a_new_prefix_stays_on_one_replica(fakes, start_router):
+def test_burst_sharing_a_new_prefix_computes_it_once_per_replica_at_most(fakes, start_router):
+    """cache_aware in seconds: a request behind its prefix's first computation waits for it where that is no
+    later than computing the prefix elsewhere; the prefix is never computed twice on one replica."""
     router = start_router([f.spec for f in fakes])
     base = prompt(2, 200)
     import concurrent.futures as cf
 
     with cf.ThreadPoolExecutor(6) as pool:
         outs = list(pool.map(lambda i: complete(router, base + [i + 3] * 5), range(6)))
-    assert len({o["choices"][0]["text"] for o in outs}) == 1
+    misses = [o["choices"][0]["text"] for o in outs if o["usage"]["prompt_tokens_details"]["cached_tokens"] == 0]
+    assert len(misses) == len(set(misses)) <= len(fakes)
+    assert len(misses) < len(outs)
 
 
 def test_streaming_is_passed_through_with_usage(fakes, start_router):

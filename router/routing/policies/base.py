@@ -78,16 +78,14 @@ class Policy:
         self.pulls: PullPriors | None = None
         """Whether and how a candidate may pull a prefix from a peer, for the price (``KVRouter`` sets it from its
         transfers section; None: no pull priced)."""
+        self.step_tokens = DEFAULT_DECODE_STEP_TOKENS
+        """Prompt tokens one engine step of the replicas computes (their step budget), for the price."""
         self.estimates: dict[ReplicaId, TTFTEstimate] = {}
         """The last request's estimate on every candidate, when ``choose`` priced them (``cache_aware``)."""
 
     def use_pulls(self, pulls: PullPriors | None) -> None:
         self.pulls = pulls
 
-    @property
-    def step_tokens(self) -> float:
-        """Prompt tokens one engine step of the replicas computes (their step budget), for the price."""
-        return DEFAULT_DECODE_STEP_TOKENS
 
     def price(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> dict[ReplicaId, TTFTEstimate]:

@@ -73,10 +73,7 @@ class CacheAwarePolicy(Policy):
                  seed: int | None = None) -> None:
         super().__init__(config, block_size, seed)
         self._tie = 0
-
-    @property
-    def step_tokens(self) -> float:
-        return self.config.decode_step_tokens
+        self.step_tokens = self.config.decode_step_tokens
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
@@ -88,7 +85,10 @@ class CacheAwarePolicy(Policy):
         if t > 0:
             weights = [math.exp((best - cost) / t) for cost in costs.values()]
             return self.rng.choices(list(costs), weights)[0]
-        ties = [rid for rid, cost in costs.items() if cost == best]
+        ties = [rid for rid, cost in costs.items() if cost <= best * (1 + 1e-9)]
+        if len(ties) > 1:  # as soon, then the least work: a burst sharing a new prefix waits for its holder
+            least = min(estimates[rid].own_tokens for rid in ties)
+            ties = [rid for rid in ties if estimates[rid].own_tokens == least]
         if len(ties) == 1:
             return ties[0]
         self._tie += 1
