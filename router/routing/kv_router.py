@@ -246,7 +246,8 @@ class KVRouter:
             reason = "cache" if matched and matched == best else "load"
         predicted = estimate.ttft_s if estimate is not None and estimate.priced else None
         receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id, host_hit,
-                               predicted_ttft_s=predicted)
+                               predicted_ttft_s=predicted,
+                               predicted_pace_s=estimate.pace_s if predicted is not None else None)
         return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, host_hit, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, predicted,
                              estimate if predicted is not None else None)

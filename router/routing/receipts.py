@@ -89,6 +89,8 @@ class RouteReceipt:
     """Prompt tokens the replica reported pulling (``x-kvmesh-kv-pulled-tokens``); None: it said nothing."""
     predicted_ttft_s: float | None = None
     """The router's predicted time to first token on the chosen replica (router/routing/cost/); None: unpriced."""
+    predicted_pace_s: float | None = None
+    """The predicted decode pace there, seconds per output token once it decodes (None: unpriced)."""
     actual_ttft_s: float | None = None
     """Seconds from routing to the replica's first output bytes of a streamed answer; None: not observed."""
 
@@ -148,6 +150,7 @@ class RouteReceipt:
             "kv_pulled_from": None if self.pulled_from is None else str(self.pulled_from),
             "kv_pulled_tokens": self.kv_pulled_tokens,
             "predicted_ttft_s": self.predicted_ttft_s,
+            "predicted_pace_s": self.predicted_pace_s,
             "ttft_s": self.actual_ttft_s,
         }
 

@@ -143,6 +143,7 @@ def test_the_router_reports_the_prediction_and_learns_from_the_observed_ttft():
     decision = router.route(list(range(1024)))
     assert decision.predicted_ttft_s == pytest.approx(decision.estimate.ttft_s) and decision.predicted_ttft_s > 0
     assert decision.receipt.predicted_ttft_s == decision.predicted_ttft_s
+    assert decision.receipt.log_fields()["predicted_pace_s"] == pytest.approx(0.008 + 5e-5 + 1024 * 4e-8)
     router.observe_ttft(decision, 2 * decision.predicted_ttft_s)
     assert router.loads.loads[decision.replica_id].ttft_correction > 1.0
     assert decision.receipt.log_fields()["ttft_s"] == pytest.approx(2 * decision.predicted_ttft_s)
