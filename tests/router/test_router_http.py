@@ -7,6 +7,7 @@ import json
 import random
 
 import httpx
+import pytest
 from kvmesh.router.http.proxy import Forwarder
 
 from .conftest import BLOCK_SIZE, fake_stats, wait_for
@@ -140,3 +141,28 @@ def test_a_batch_of_prompts_is_routed_by_its_first_prompt(fakes, start_router):
     raw = json.dumps({"prompt": [first, second], "max_tokens": 2}).encode()
     req, ids = asyncio.run(Forwarder(router.runtime).parse(raw, chat=False))
     assert ids == first and req.prompts() == [first, second]
+
+
+def test_a_streamed_answer_carries_the_predicted_ttft_and_the_metric_compares_it_with_the_observed(fakes,
+                                                                                                   start_router):
+    for f in fakes:
+        f.configure(prefill_tokens_per_s=10_000.0)  # measured rates reported in /load: the router prices in seconds
+    try:
+        router = start_router([f.spec for f in fakes])
+        loads = router.runtime.router.loads.loads
+        wait_for(lambda: all(load.prefill_tokens_per_s for load in loads.values()), what="/load polls")
+        body = {"prompt": prompt(7, 200), "max_tokens": 2, "stream": True}
+        with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=20,
+                          headers={"x-kvmesh-receipt": "1"}) as r:
+            assert r.status_code == 200
+            predicted = float(r.headers["x-kvmesh-predicted-ttft-s"])
+            "".join(r.iter_text())
+        replica = r.headers["x-kvmesh-replica"]
+        assert predicted == pytest.approx(200 / 10_000.0, rel=0.5)  # its prefill at the reported rate, and steps
+        count = router.runtime.metrics.registry.get_sample_value("kvmesh_router_ttft_actual_over_predicted_count",
+                                                                 {"replica": replica})
+        assert count == 1
+        assert loads[replica].ttft_sums  # the router learned from it
+    finally:
+        for f in fakes:
+            f.configure(prefill_tokens_per_s=0.0)
