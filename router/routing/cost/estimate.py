@@ -48,9 +48,9 @@ class TTFTEstimate:
     pace_s: float
     """Predicted seconds per output token once it decodes there."""
     evict_s: float = 0.0
-    """Prefill seconds its stored tokens take from later requests: they evict as many cached tokens there, and a
-    token cached there brings ``h / (1 - h)`` hit tokens over its life (the replica's recent hit tokens per token
-    it computed, ``h`` its hit fraction; not part of ``ttft_s``)."""
+    """Prefill seconds its stored tokens (computed, pulled or loaded back) take from later requests: they evict as
+    many cached tokens there, and a token cached there brings ``h / (1 - h)`` hit tokens over its life (the
+    replica's recent hit tokens per token it computed, ``h`` its hit fraction; not part of ``ttft_s``)."""
     delay_s: float = 0.0
     """Seconds its prefill delays the requests expected to arrive there before its first token (their arrival
     rate there times its TTFT, each delayed by its prefill; not part of ``ttft_s``)."""
@@ -165,4 +165,5 @@ def estimate(load: ReplicaLoad, fleet: FleetRates, prompt_tokens: int, own_token
     hit = 1.0 - load.recent_prefill / load.recent_prompt if load.recent_prompt > 0 else 0.0
     delay = load.arrival_rate * parts.ttft_s * prefill if priced else 0.0  # unpriced: no time scale for the rate
     hit = min(hit, MAX_HIT_FRACTION)
-    return replace(parts, delay_s=delay, evict_s=hit / (1 - hit) * prefill)
+    stored = own_tokens + (pulled_blocks + host_blocks) * block_size  # computed, pulled, loaded back: all evict
+    return replace(parts, delay_s=delay, evict_s=hit / (1 - hit) * stored * spt)
