@@ -43,7 +43,7 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("replica", "metrics.py", "*"): (1, REFLECTION),
     ("replica", "outputs.py", "*"): (3, REFLECTION),
     ("replica", "sampling_params.py", "*"): (1, REFLECTION),
-    ("router", "cache_aware.py", "*"): (2, REFLECTION),
+    ("router", "cache_aware_tokens.py", "*"): (2, REFLECTION),
     ("router", "config.py", "*"): (1, REFLECTION),
     ("router", "metrics.py", "*"): (1, REFLECTION),
     ("router", "migration.py", "*"): (2, REFLECTION),

@@ -7,7 +7,7 @@ A YAML file (--config), KVMESH_<SECTION>_<FIELD> variables and the flags below c
 
 examples:
   kvmesh serve --model /models/Qwen2.5-0.5B-Instruct --num-replicas 4 --device cuda
-  kvmesh serve --policy cache_aware --policy-kwargs decode_weight=4 --policy-kwargs temperature=0.1
+  kvmesh serve --policy cache_aware --policy-kwargs session_slack_s=0.5 --policy-kwargs temperature=0.1
   kvmesh serve --config deploy/serve.example.yaml --port 9000 --event-port 0
   kvmesh serve --print-config > my-serve.yaml     # every setting with its doc line
   kvmesh serve --num-replicas 2 --num-prefill-replicas 1   # 2 decode + 1 prefill replica (KV handed over)

@@ -30,6 +30,7 @@ from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.load_fields import event_stream_report, lora_report, read_racily
 from kvmesh.replica.engine.stats import EngineStats
+from kvmesh.replica.engine.step_time import decode_step_load
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.load_report import LoadReport
@@ -182,7 +183,9 @@ class AsyncLLM(AsyncKVCommands):
             kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
             prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, lora=lora_report(self.engine.loras, sched.running),
-            **self.engine.kv_load_fields(), **event_stream_report(publisher))
+            **self.engine.kv_load_fields(),
+            decode_step=decode_step_load(self.engine.decode_step_time, read_racily(lambda: list(sched.running))),
+            **event_stream_report(publisher))
 
     def dead_reason(self) -> str | None:
         """None while the replica can serve; otherwise why not."""

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.replica.engine.commands import LeaseAtFinish, LeaseBlocks, PullPrefix, ReleaseLease
 from kvmesh.replica.engine.request import Request, RequestStatus
+from kvmesh.replica.engine.step_time import LinearFit
 from kvmesh.replica.kv_transfer.agent import block_bytes
 from kvmesh.replica.kv_transfer.leases import Lease, LeaseCaps, LeaseRefused, LeaseTable
 from kvmesh.replica.kv_transfer.prefix_pull import PendingPull, block_hasher, start_pull
@@ -67,6 +68,8 @@ class EngineKVTransfers:
         """Failed pulls whose read the transport has not yet confirmed over: their blocks stay held."""
         self.pull_bytes_per_s: float | None = None
         """Bytes per second of this replica's finished pulls (EWMA; None before the first one)."""
+        self.pull_time = LinearFit(1)
+        """Its pulls' seconds fitted as ``fixed + bytes * s_per_byte`` (step_time.py): the fixed part of a pull."""
         self.at_finish: dict[str, LeaseAtFinish] = {}
         """Requests whose finish takes a lease on their prompt's blocks (request id -> the command)."""
         self._load: Callable[[], KVTransferLoad] | None = None
@@ -170,6 +173,7 @@ class EngineKVTransfers:
 
     def _measure(self, num_bytes: int, seconds: float) -> None:
         rate = num_bytes / max(seconds, 1e-6)
+        self.pull_time.record(seconds, float(num_bytes))
         old = self.pull_bytes_per_s
         self.pull_bytes_per_s = rate if old is None else (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * rate
 
@@ -194,6 +198,12 @@ class EngineKVTransfers:
         ``load`` gives ``/load``'s ``kv_transfer`` object (its transfer service's, server/kv_transfer.py)."""
         self.leases.caps = caps
         self._load = load
+
+    @property
+    def pull_fixed_s(self) -> float | None:
+        """Seconds a pull costs besides its bytes (the fit's intercept); None until pulls of two sizes told it."""
+        coef = self.pull_time.coefficients()
+        return coef[0] if coef is not None and coef[1] > 0 else None
 
     def load_fields(self) -> dict:
         """``/load``'s ``kv_transfer`` object once KV transfer is on (read off the engine thread)."""

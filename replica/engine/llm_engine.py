@@ -27,6 +27,7 @@ from kvmesh.replica.engine.request import Request, RequestStatus, check_priority
 from kvmesh.replica.engine.scheduler import Scheduler
 from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publisher, make_kv_cache_manager
 from kvmesh.replica.engine.stats import EngineStats
+from kvmesh.replica.engine.step_time import DecodeStepTime
 from kvmesh.replica.interfaces import AsyncModelRunner, EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.lora_request import LoRARequest
@@ -79,6 +80,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self._stats, type(model_runner).__name__)
         self.prefill_rate = PrefillRate()
         """Prompt tokens per second this engine computes, from its own steps (reported in ``/load``)."""
+        self.decode_step_time = DecodeStepTime()
+        """Its decode steps' seconds by batch and context, fitted on its own decode-only steps (``/load``)."""
         context = KVConnectorContext(config, self.kv_cache_manager, model_runner)
         factories = [OffloadConnector] if self.kv_cache_manager.offload is not None else []
         factories += default_kv_connectors() if kv_connectors is None else kv_connectors
@@ -195,6 +198,9 @@ class LLMEngine:
             sampled = step.sampled(self.scheduler.requests)
             if step.sched.scheduled:  # prompt tokens ran in it: launch to tokens read is its time
                 self.prefill_rate.record(step.sched.num_batched_tokens, time.monotonic() - step.launched_at)
+            elif step.sched.decode_request_ids:  # decode only: the step-time model's sample (no device sync)
+                self.decode_step_time.record_step(self.scheduler.requests, step.sched.decode_request_ids,
+                                                  time.monotonic() - step.launched_at)
             return sampled
         except Exception as e:
             outputs += self._fail_step(step.sched, e)

@@ -87,7 +87,9 @@ class KVTransferService:
         return self._handshake
 
     def load(self) -> KVTransferLoad:
-        return KVTransferLoad(enabled=True, pull_bytes_per_s=self.engine.kv_transfers.pull_bytes_per_s,
+        transfers = self.engine.kv_transfers
+        return KVTransferLoad(enabled=True, pull_bytes_per_s=transfers.pull_bytes_per_s,
+                              pull_fixed_s=transfers.pull_fixed_s,
                               bytes_per_token=self.bytes_per_block // self.block_size,
                               registered_peers=self.registry.num_registered)
 

@@ -19,6 +19,26 @@ class KVTransferLoad(msgspec.Struct, kw_only=True):
     registered_peers: int | None = None
     """Peers a router registered here (``POST /kv/peers``; 0 after a restart: the router registers them again);
     None when disabled."""
+    pull_fixed_s: float | None = None
+    """Seconds one pull costs besides its bytes (lease, handshake, the read's start: the intercept of its pulls'
+    seconds fitted against their bytes, measured); None until pulls of different sizes told it."""
+
+
+class DecodeStepLoad(msgspec.Struct, kw_only=True):
+    """``/load``'s ``decode_step``: the replica's decode step time as measured on its own recent decode steps,
+    ``step_s = step_s + s_per_seq * batch + s_per_context_token * context_tokens`` (replica/engine/step_time.py),
+    and the batch it decodes now, so a router prices the steps a request waits through and its decode pace."""
+
+    step_s: float | None = None
+    """Seconds of a decode step besides its sequences (weights read, launches, sampling); None: not measured yet."""
+    s_per_seq: float | None = None
+    """Seconds each decoding sequence adds to a step."""
+    s_per_context_token: float | None = None
+    """Seconds each context token of a decoding sequence adds to a step (the KV it reads)."""
+    num_steps: int = 0
+    """Decode steps measured so far."""
+    context_tokens: int = 0
+    """Context tokens (prompt + output so far) of the requests running now, summed."""
 
 
 class LoRALoad(msgspec.Struct, kw_only=True):
@@ -72,6 +92,8 @@ class LoadReport(msgspec.Struct, kw_only=True):
     """KV transfer between replicas (issue 32): enabled, measured pull rate, bytes per token."""
     lora: LoRALoad = msgspec.field(default_factory=LoRALoad)
     """LoRA adapters (issue 39): which the replica knows, which are resident, what a load costs."""
+    decode_step: DecodeStepLoad = msgspec.field(default_factory=DecodeStepLoad)
+    """The measured decode step time (issue 38): the router's price of a request's queue and decode pace."""
 
     def to_dict(self) -> dict:
         """The JSON object ``/load`` answers with."""

@@ -190,6 +190,7 @@ class Forwarder:
         headers = {"content-type": "application/json", **svc.headers()}
         lora = request.model_pool.lora_name if request.model_pool is not None else None
         for attempt in range(svc.config.upstream.max_attempts):
+            routed_at = time.perf_counter()
             try:
                 decision = first if attempt == 0 and first is not None else request.route(router, tried)
             except NoReplicaError as e:
@@ -205,7 +206,7 @@ class Forwarder:
                 continue
             if attempt == 0 and not tried and request.req is not None:  # a retry or a continuation goes as sent
                 await self.handoff.prepare(request, decision)
-            router.loads.on_dispatch(rid, decision.uncached_tokens)
+            router.loads.on_dispatch(rid, decision.uncached_tokens, prompt_tokens=len(ids))
             try:
                 opened = await self._open(spec.url, request, svc.upstream_kinds.get(rid, TEXT), headers, decision,
                                           svc.patience(rid))
@@ -233,6 +234,10 @@ class Forwarder:
             svc.outliers.on_success(rid)
             self.handoff.opened(decision, opened.upstream)
             router.loads.on_first_output(rid, decision.uncached_tokens)
+            if request.stream is not None:  # a stream's first bytes: its TTFT, against the prediction
+                tokenized_s = (request.tokenize_ns or 0) * 1e-9 if not tried else 0.0
+                router.observe_ttft(decision, time.perf_counter() - routed_at + tokenized_s)
+                svc.receipt_metrics.on_ttft(decision.receipt)
             if request.failed_over:
                 decision.receipt.failed_over = tuple(request.failed_over)
             self._count_decision(decision, len(request.route_ids))

@@ -5,6 +5,7 @@ Wiring (router/http/metrics.py + proxy.py)::
     rm = ReceiptMetrics(metrics.registry, router.receipts)
     rm.on_route(decision.receipt)                          # once per request, after routing
     rm.on_actual(router.receipts.record_actual(decision.receipt, cached_tokens))   # when usage arrives
+    rm.on_ttft(decision.receipt)                           # a stream's first bytes (KVRouter.observe_ttft)
 
 Counters are per chosen replica; the two ratios users ask for are gauges read at scrape time
 from ``Receipts`` (cluster-wide and per replica):
@@ -16,13 +17,17 @@ from ``Receipts`` (cluster-wide and per replica):
     kvmesh_router_receipt_mispredicted_total{replica}           reported cached tokens != predicted
     kvmesh_router_captured_reuse_ratio{replica}                 captured / available ("" = cluster)
     kvmesh_router_mispredicted_ratio{replica}                   mispredicted / completed ("" = cluster)
+    kvmesh_router_ttft_actual_over_predicted{replica}           histogram: observed / predicted TTFT
 """
 
 from __future__ import annotations
 
 from kvmesh.router.routing.receipts import Receipts, RouteReceipt
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
+
+TTFT_RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.11, 1.25, 1.5, 2.0, 4.0)
+"""Actual / predicted TTFT: 1 is a perfect prediction; the buckets are symmetric in log around it."""
 
 
 class ReceiptMetrics:
@@ -43,6 +48,10 @@ class ReceiptMetrics:
         self.mispredicted = Counter("kvmesh_router_receipt_mispredicted",
                                     "Requests whose reported cached tokens differed from the router's prediction",
                                     ["replica"], registry=registry)
+        self.ttft_ratio = Histogram("kvmesh_router_ttft_actual_over_predicted",
+                                    "Observed time to first token (routing to the first streamed bytes) / the "
+                                    "router's prediction for it (router/routing/cost/), per chosen replica",
+                                    ["replica"], buckets=TTFT_RATIO_BUCKETS, registry=registry)
         registry.register(_RatioCollector(receipts))
         self._children: dict[tuple, object] = {}
 
@@ -60,6 +69,12 @@ class ReceiptMetrics:
         self._child(self.available, rid).inc(receipt.best_hit_tokens)
         if receipt.predicted_host_tokens:
             self._child(self.predicted_host, rid).inc(receipt.predicted_host_tokens)
+
+    def on_ttft(self, receipt: RouteReceipt) -> None:
+        """A streamed request's first bytes came: its observed TTFT against the prediction (when priced)."""
+        if receipt.predicted_ttft_s and receipt.actual_ttft_s is not None:
+            ratio = receipt.actual_ttft_s / receipt.predicted_ttft_s
+            self._child(self.ttft_ratio, str(receipt.replica_id)).observe(ratio)
 
     def on_actual(self, receipt: RouteReceipt) -> None:
         if receipt.actual_host_cached_tokens:

@@ -41,7 +41,18 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 from kvmesh.kvcache.reuse import reusable_blocks
+from kvmesh.router.routing.cost import (
+    FleetRates,
+    PullPriors,
+    can_pull,
+    estimate,
+    prefill_s_per_token,
+    pull_seconds,
+)
 from kvmesh.router.routing.load import ReplicaLoad
+
+DEFAULT_STEP_TOKENS = 8192.0
+"""A step budget for the split's price (the decode replica's steps interleaved with the suffix's prefill)."""
 
 SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM, SPLIT_SLOWER = "ok", "prefill_failed", "skipped_no_room", "skipped_slower"
 SPLIT_OUTCOMES = (SPLIT_OK, SPLIT_PREFILL_FAILED, SPLIT_NO_ROOM, SPLIT_SLOWER)
@@ -151,18 +162,21 @@ def _with_room(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, healthy:
 
 
 def price_split(decode: ReplicaLoad, prefill: ReplicaLoad, local_uncached: int, prefill_uncached: int,
-                move_blocks: int, block_size: int, rules: KVPlacementRules) -> SplitPrice | None:
+                move_blocks: int, block_size: int, rules: KVPlacementRules,
+                fleet: FleetRates | None = None) -> SplitPrice | None:
     """The split via ``prefill`` (computing ``prefill_uncached`` tokens, the decode replica pulling
-    ``move_blocks``) against ``decode`` computing ``local_uncached``; None when either replica has no measured
-    prefill rate or the move cannot be priced."""
-    rate_d, rate_p = decode.prefill_tokens_per_s, prefill.prefill_tokens_per_s
-    move_s = decode.pull_s(move_blocks, block_size, rules.peer_pull_overhead_s,
-                           rules.peer_pull_assumed_bytes_per_s or None)
-    if not rate_d or not rate_p or move_s is None:
+    ``move_blocks``) against ``decode`` computing ``local_uncached``, both priced by the router's cost model
+    (router/routing/cost/); None when either replica has no measured prefill rate or the move cannot be priced."""
+    fleet = FleetRates.of((decode, prefill)) if fleet is None else fleet
+    if decode.prefill_tokens_per_s is None or prefill.prefill_tokens_per_s is None:
         return None
-    split_s = (prefill.prefill_backlog + prefill_uncached) / rate_p + move_s
-    local_s = (decode.prefill_backlog + local_uncached) / rate_d
-    return SplitPrice(split_s, local_s, decode.decode_load * local_uncached / rate_d)
+    move_s = pull_seconds(decode, fleet, move_blocks, block_size, pull_priors(rules))
+    if move_s is None:
+        return None
+    step = DEFAULT_STEP_TOKENS
+    there = estimate(prefill, fleet, prefill_uncached, prefill_uncached, 0, block_size, step)
+    here = estimate(decode, fleet, local_uncached, local_uncached, 0, block_size, step)
+    return SplitPrice(there.ttft_s + move_s, here.ttft_s, here.stall_s)
 
 
 def choose_split(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, healthy: set, decode_id: Hashable,
@@ -198,18 +212,23 @@ def tokens_left_after_split(num_prompt_tokens: int, block_size: int) -> int:
     return num_prompt_tokens - reusable_blocks(num_prompt_tokens, block_size) * block_size
 
 
+def pull_priors(rules: KVPlacementRules) -> PullPriors:
+    """The cost model's pull priors from this section (a fleet that measured no pull yet)."""
+    return PullPriors(rules.peer_pulls, rules.peer_pull_assumed_bytes_per_s or None, rules.peer_pull_overhead_s)
+
+
 def price_pull(chosen: ReplicaLoad, holder: ReplicaLoad, extra_blocks: int, block_size: int,
-               mean_prefill_rate: float | None, rules: KVPlacementRules) -> tuple[float, float] | None:
-    """(pull_s, recompute_s) of moving ``extra_blocks`` from ``holder`` to ``chosen``; None when no pull is
-    possible (transfer off on either end, peer pulls off) or it cannot be priced."""
-    if not (rules.peer_pulls and extra_blocks > 0 and chosen.kv_transfer_enabled and holder.kv_transfer_enabled):
+               fleet: FleetRates, rules: KVPlacementRules) -> tuple[float, float] | None:
+    """(pull_s, recompute_s) of moving ``extra_blocks`` from ``holder`` to ``chosen`` (router/routing/cost/pull.py);
+    None when no pull is possible (transfer off on either end, peer pulls off) or it cannot be priced."""
+    priors = pull_priors(rules)
+    if extra_blocks <= 0 or not can_pull(chosen, holder, priors):
         return None
-    rate = chosen.prefill_tokens_per_s or mean_prefill_rate
-    pull_s = chosen.pull_s(extra_blocks, block_size, rules.peer_pull_overhead_s,
-                           rules.peer_pull_assumed_bytes_per_s or None)
-    if not rate or pull_s is None:
+    spt = prefill_s_per_token(chosen, fleet)
+    pull_s = pull_seconds(chosen, fleet, extra_blocks, block_size, priors)
+    if spt is None or pull_s is None:
         return None
-    return pull_s, extra_blocks * block_size / rate
+    return pull_s, extra_blocks * block_size * spt
 
 
 def plan_pull(chosen_id: Hashable, chosen_blocks: int, device_matches: Mapping[Hashable, int],
@@ -224,9 +243,8 @@ def plan_pull(chosen_id: Hashable, chosen_blocks: int, device_matches: Mapping[H
             holder_id, held = rid, m
     if holder_id is None:
         return None
-    rates = [load.prefill_tokens_per_s for load in loads.values() if load.prefill_tokens_per_s]
     priced = price_pull(loads[chosen_id], loads[holder_id], held - chosen_blocks, block_size,
-                        sum(rates) / len(rates) if rates else None, rules)
+                        FleetRates.of(loads.values()), rules)
     if priced is None or not priced[0] < priced[1]:
         return None
     return PlannedPull(holder_id, (held - chosen_blocks) * block_size, *priced)

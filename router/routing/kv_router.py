@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from kvmesh.events.schema import EventBatch
 from kvmesh.kvcache.reuse import reusable_blocks, reusable_tokens
+from kvmesh.router.routing.cost import TTFTEstimate, observe_ttft
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.routing.kv_placement import (
@@ -23,6 +24,7 @@ from kvmesh.router.routing.kv_placement import (
     SplitChoice,
     choose_split,
     plan_pull,
+    pull_priors,
 )
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
@@ -69,6 +71,9 @@ class RouteDecision:
     pool: frozenset | None = None
     """The replicas the request could go to (those serving its model, router/routing/model_pools.py); None: all.
     A P/D split and a peer pull stay inside it."""
+    estimate: TTFTEstimate | None = None
+    """The chosen replica's estimate by part (router/routing/cost/; None: not priced); ``KVRouter.observe_ttft``
+    learns from it."""
 
 
 class KVRouter:
@@ -94,6 +99,7 @@ class KVRouter:
         """Replicas of role prefill: they prefill for others (``choose_prefill``), never decode a request."""
         self.transfers = transfers or KVPlacementRules()
         """When prompts are split and prefixes pulled (router/routing/kv_placement.py)."""
+        policy.use_pulls(pull_priors(self.transfers))
         self.degraded: dict[Hashable, str] = {}
         """Replica id -> why its cache information is not trusted (its causes' reasons joined); such
         replicas are routed by load only."""
@@ -219,7 +225,7 @@ class KVRouter:
                                      "are down, of role prefill or already failed this request); retry later")
             tiers = tiers.without(self.degraded)
             matches, policy = tiers.device, self.policy
-            replica_id = policy.choose(keys, tiers, loads, len(token_ids))
+            replica_id = policy.choose(keys, tiers, loads, len(token_ids), lora_name)
             by_session = False
             if session_id is not None:
                 pinned = self.sessions.get(session_id, now)
@@ -229,6 +235,7 @@ class KVRouter:
                 self.sessions.pin(session_id, replica_id, now)
             self.index.predict(replica_id, keys, now=now, start=matches.get(replica_id, 0))
             pull = self._plan_pull(replica_id, tiers, len(token_ids), excluded, pool)
+            estimate = policy.estimate(replica_id, keys, tiers, loads, len(token_ids), lora_name)
         t3 = _ns()
         either = tiers.either()  # a host-tier block past the device prefix is a hit too, loaded back
         matched = either.get(replica_id, 0)
@@ -244,9 +251,26 @@ class KVRouter:
             reason = "session"
         else:
             reason = "cache" if matched and matched == best else "load"
-        receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id, host_hit)
+        predicted = estimate.ttft_s if estimate is not None and estimate.priced else None
+        receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id, host_hit,
+                               predicted_ttft_s=predicted,
+                               predicted_pace_s=estimate.pace_s if predicted is not None else None)
         return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, host_hit, receipt,
-                             {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, pool=pool)
+                             {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, predicted,
+                             pool=pool, estimate=estimate if predicted is not None else None)
+
+    def observe_ttft(self, decision: RouteDecision, actual_s: float) -> None:
+        """The routed request's first token came ``actual_s`` after routing: learn the replica's correction
+        (router/routing/cost/correction.py) and complete the receipt."""
+        receipt, estimate = decision.receipt, decision.estimate
+        if receipt is not None:
+            receipt.actual_ttft_s = actual_s
+        if estimate is None:
+            return
+        with self.lock:
+            load = self.loads.loads.get(decision.replica_id)
+            if load is not None:
+                observe_ttft(load, estimate.raw_s, actual_s)
 
     def _plan_pull(self, chosen: Hashable, tiers: TierMatches, num_prompt_tokens: int,
                    excluded: set, pool: frozenset | None = None) -> PlannedPull | None:

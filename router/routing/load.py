@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
-from kvmesh.replica.serving.load_report import LoadReport
+from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRALoad
 
 ForeignLoad = dict[str, object]
 """Another server's ``/load`` JSON (not kvmesh's ``LoadReport``): the same numbers under other names."""
@@ -61,6 +61,29 @@ class ReplicaLoad:
     kv_bytes_per_token: int | None = None
     """KV bytes one token moves in a pull (``kv_transfer.bytes_per_token``; None: not reported)."""
 
+    decode_step: DecodeStepLoad | None = None
+    """The replica's measured decode step time and running context (``/load``'s ``decode_step``; None: none)."""
+    pull_fixed_s: float | None = None
+    """Seconds a pull costs besides its bytes, as measured (``kv_transfer.pull_fixed_s``; None: not yet)."""
+    lora: LoRALoad | None = None
+    """Its adapters: sizes, which are resident, its load rate (``/load``'s ``lora``; None: not reported)."""
+    ttft_correction: float = 1.0
+    """The scale of observed over predicted TTFT here, learned online (router/routing/cost/correction.py)."""
+    ttft_offset_s: float = 0.0
+    """Seconds observed TTFTs here take beyond the scaled prediction (the same fit's offset)."""
+    ttft_sums: list[float] = field(default_factory=list)
+    """That fit's decayed sums (weight, x, y, xx, xy); empty before the first observation."""
+    recent_prompt: float = 0.0
+    """Prompt tokens this router sent here, decayed as ``recent_prefill`` (same units): ``1 - recent_prefill /
+    recent_prompt`` is the replica's recent hit fraction."""
+    recent_requests: float = 0.0
+    """Requests this router sent here, decayed as ``recent_prefill`` (``recent_prompt / recent_requests``: their
+    mean prompt, a running request's context when the replica reports none)."""
+    arrival_rate: float = 0.0
+    """Requests per second this router sends here, exponentially decayed over ``ARRIVAL_TAU_S`` (as of the last)."""
+    last_dispatch: float | None = None
+    """The clock of the last request sent here (``LoadTracker.on_dispatch``'s ``now``)."""
+
     peer_in_flight: int = 0
     """Requests the other router processes of this host sent here and have not finished (shared
     table, as of ``LoadTracker.refresh``; 0 for a router alone)."""
@@ -97,8 +120,9 @@ class ReplicaLoad:
             msgspec.structs.asdict(kv_transfer)
         get = fields.get
         self.kv_transfer_enabled = kv_transfer is not None and get("enabled") is True
-        rate, per_token = get("pull_bytes_per_s"), get("bytes_per_token")
+        rate, per_token, fixed = get("pull_bytes_per_s"), get("bytes_per_token"), get("pull_fixed_s")
         self.pull_bytes_per_s = float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+        self.pull_fixed_s = float(fixed) if isinstance(fixed, (int, float)) and fixed >= 0 else None
         self.kv_bytes_per_token = per_token if isinstance(per_token, int) and per_token > 0 else None
 
     @property
@@ -114,7 +138,7 @@ class ReplicaLoad:
             self.kv_usage, self.queued_prefill_tokens = report.kv_cache_usage, report.num_waiting_prefill_tokens
             self.prefill_tokens_per_s, self.kv_block_bytes = report.prefill_tokens_per_s, report.kv_block_bytes
             self.h2d_bytes_per_s, self.num_host_kv_blocks = report.h2d_bytes_per_s, report.num_host_kv_blocks
-            self.host_kv_usage = report.host_kv_cache_usage
+            self.host_kv_usage, self.decode_step, self.lora = report.host_kv_cache_usage, report.decode_step, report.lora
             self.reported_at = time.monotonic()
             return
         self.num_running = int(_first(report, _RUNNING_KEYS, self.num_running))
@@ -134,6 +158,8 @@ def copy_seconds(num_blocks: int, block_bytes: int | None, bytes_per_s: float | 
     return num_blocks * block_bytes / bytes_per_s
 
 
+ARRIVAL_TAU_S = 30.0
+"""Time constant of ``ReplicaLoad.arrival_rate``: the window over which a replica's request rate is counted."""
 _RUNNING_KEYS = ("num_requests_running", "num_running", "running")
 _WAITING_KEYS = ("num_requests_waiting", "num_waiting", "waiting")
 _KV_USAGE_KEYS = ("kv_cache_usage", "kv_usage")
@@ -206,17 +232,24 @@ class LoadTracker:
         if load is not None and self.shared is not None:
             self._publish(replica_id, ReplicaLoad())  # its requests no longer count here
 
-    def on_dispatch(self, replica_id: Hashable, uncached_tokens: int, now: float | None = None) -> None:
-        """A request was sent; it will prefill ``uncached_tokens`` tokens there (``now``: the clock
-        the churn decays by, ``time.monotonic()`` when None)."""
+    def on_dispatch(self, replica_id: Hashable, uncached_tokens: int, now: float | None = None,
+                    prompt_tokens: int = 0) -> None:
+        """A request of ``prompt_tokens`` was sent; it will prefill ``uncached_tokens`` tokens there (``now``: the
+        clock the churn decays by, ``time.monotonic()`` when None)."""
         load = self.loads.get(replica_id)
         if load is not None:
             load.in_flight += 1
             load.pending_prefill_tokens += uncached_tokens
             if self.shared is not None:
                 self._publish(replica_id, load)
-            scale = self._churn_scale(time.monotonic() if now is None else now)  # may rebase recent_prefill
+            now = time.monotonic() if now is None else now
+            scale = self._churn_scale(now)  # may rebase recent_prefill
             load.recent_prefill += uncached_tokens * scale
+            load.recent_prompt += max(prompt_tokens, uncached_tokens) * scale
+            load.recent_requests += scale
+            gap = 0.0 if load.last_dispatch is None else max(0.0, now - load.last_dispatch)
+            load.arrival_rate = load.arrival_rate * math.exp(-gap / ARRIVAL_TAU_S) + 1 / ARRIVAL_TAU_S
+            load.last_dispatch = now
 
     def _churn_scale(self, now: float) -> float:
         # Decay without touching every replica: a dispatch at `now` weighs exp((now - t0) / tau);
@@ -228,6 +261,8 @@ class LoadTracker:
             shrink = math.exp(-exponent)  # may underflow to 0: that history is long forgotten anyway
             for load in self.loads.values():
                 load.recent_prefill *= shrink
+                load.recent_prompt *= shrink
+                load.recent_requests *= shrink
             self._churn_t0, exponent = now, 0.0
         return math.exp(exponent)
 

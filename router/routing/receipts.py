@@ -47,6 +47,8 @@ HEADER_PULLED_FROM = HEADER_PREFIX + "kv-pulled-from"
 """Sent only when the router asked the replica to pull the prefix from a peer: the peer's id."""
 HEADER_PULLED_TOKENS = HEADER_PREFIX + "kv-pulled-tokens"
 """Prompt tokens whose KV the replica pulled from another replica (its own answer's header of that name)."""
+HEADER_PREDICTED_TTFT = HEADER_PREFIX + "predicted-ttft-s"
+"""The predicted time to first token on the chosen replica, seconds (sent when priced)."""
 HEADER_OPT_IN = HEADER_PREFIX + "receipt"
 """Request header a client sets (to any value) to get the receipt headers back."""
 
@@ -85,6 +87,12 @@ class RouteReceipt:
     """The peer the router asked the replica to pull the prefix from (peer pull); None: no pull asked."""
     kv_pulled_tokens: int | None = None
     """Prompt tokens the replica reported pulling (``x-kvmesh-kv-pulled-tokens``); None: it said nothing."""
+    predicted_ttft_s: float | None = None
+    """The router's predicted time to first token on the chosen replica (router/routing/cost/); None: unpriced."""
+    predicted_pace_s: float | None = None
+    """The predicted decode pace there, seconds per output token once it decodes (None: unpriced)."""
+    actual_ttft_s: float | None = None
+    """Seconds from routing to the replica's first output bytes of a streamed answer; None: not observed."""
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:
@@ -112,7 +120,7 @@ class RouteReceipt:
             HEADER_BEST: str(self.best_hit_tokens),
             HEADER_PROMPT: str(self.num_prompt_tokens),
             HEADER_PREDICTED_HOST: str(self.predicted_host_tokens),
-        } | ({HEADER_FAILED_OVER: "; ".join(self.failed_over)} if self.failed_over else {}) | self._transfer_headers()
+        } | ({HEADER_PREDICTED_TTFT: f"{self.predicted_ttft_s:.6f}"} if self.predicted_ttft_s is not None else {}) | ({HEADER_FAILED_OVER: "; ".join(self.failed_over)} if self.failed_over else {}) | self._transfer_headers()
 
     def _transfer_headers(self) -> dict[str, str]:
         out = {}
@@ -141,6 +149,9 @@ class RouteReceipt:
             "prefill_replica": None if self.prefill_replica_id is None else str(self.prefill_replica_id),
             "kv_pulled_from": None if self.pulled_from is None else str(self.pulled_from),
             "kv_pulled_tokens": self.kv_pulled_tokens,
+            "predicted_ttft_s": self.predicted_ttft_s,
+            "predicted_pace_s": self.predicted_pace_s,
+            "ttft_s": self.actual_ttft_s,
         }
 
 

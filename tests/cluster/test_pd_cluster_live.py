@@ -226,10 +226,10 @@ def _samples(text: str, name: str) -> list:
 def peers(ray_session, stories_path, tmp_path_factory, nixl, pd):
     pd.stop()  # one cluster at a time on this machine
     # stories260K computes a 320-token prefix in milliseconds, less than a pull's default fixed overhead (10 ms,
-    # sized for real models): priced as on a real model, the pull pays; and 16 running requests on the holder
-    # outweigh its 320 cached tokens (decode_weight 64; the default 8 would need 40 of them on this 2-core box)
+    # sized for real models): priced as on a real model, the pull pays; and the running requests on the holder
+    # outweigh its 320 cached tokens in the seconds cache_aware predicts (router/routing/cost/)
     serve = start_cluster(stories_path, tmp_path_factory, "peers", replicas={"num_replicas": 2, "kv_transfer": "on"},
-                          router={"peer_pull_overhead_s": 0.0, "policy_kwargs": {"decode_weight": 64}})
+                          router={"peer_pull_overhead_s": 0.0})
     yield serve
     serve.stop()
 

@@ -58,24 +58,24 @@ def test_stable_event_ports_follow_the_base_port():
 
 def test_yaml_values_are_loaded(tmp_path):
     path = _write(tmp_path, "engine: {model: /models/x, dtype: bfloat16, kv_cache_memory: 256MiB}\n"
-                            "replicas: {num_replicas: 4}\nrouter: {policy_kwargs: {decode_weight: 0.5}}\n")
+                            "replicas: {num_replicas: 4}\nrouter: {policy_kwargs: {temperature: 0.5}}\n")
     config = load_config(path, env={})
     assert config.engine.model == "/models/x" and config.engine.dtype == "bfloat16"
     assert config.engine.kv_cache_memory == 256 * 2**20
     assert config.replicas.num_replicas == 4
-    assert config.router.policy_kwargs == {"decode_weight": 0.5}
+    assert config.router.policy_kwargs == {"temperature": 0.5}
 
 
 def test_flags_beat_env_beat_yaml(tmp_path):
     path = _write(tmp_path, "replicas: {num_replicas: 4}\nrouter: {port: 9000, max_attempts: 5}\n")
     env = {"KVMESH_ROUTER_PORT": "9100", "KVMESH_ENGINE_BLOCK_SIZE": "32"}
     config = _from_argv(["--config", str(path), "--num-replicas", "3", "--model", "m",
-                         "--policy-kwargs", "decode_weight=2"], env)
+                         "--policy-kwargs", "temperature=2"], env)
     assert config.replicas.num_replicas == 3  # flag beats file
     assert config.router.port == 9100  # env beats file
     assert config.router.upstream.max_attempts == 5  # file beats default
     assert config.engine.model == "m" and config.engine.block_size == 32
-    assert config.router.policy_kwargs == {"decode_weight": 2}
+    assert config.router.policy_kwargs == {"temperature": 2}
 
 
 def test_router_settings_missing_from_the_old_serve_cli_are_flags_now():
@@ -120,11 +120,11 @@ def test_a_field_derived_from_another_section_says_where_to_set_it():
     ({"engine": {"kv_cache_memory": "lots"}}, r"kv_cache_memory='lots' is not a size"),
     ({"engine": {"dtype": "fp8"}}, r"dtype must be one of"),
     ({"router": {"port": 70000}}, r"port=70000 is not a TCP port"),
-    ({"router": {"policy_kwargs": {"decode_weight": "high"}}}, r"decode_weight"),
+    ({"router": {"policy_kwargs": {"temperature": "high"}}}, r"temperature"),
     ({"engine": {"enable_prefix_caching": "maybe"}}, r"engine\.enable_prefix_caching .*expected `bool`"),
     ({"replicas": 3}, r"replicas must be a mapping"),
     ({"router": {"policy": "cache_awre"}}, r"unknown policy 'cache_awre' \(did you mean 'cache_aware'\?\)"),
-    ({"router": {"policy_kwargs": {"decode_weigth": 1}}}, r"'decode_weigth' is not an option of policy 'cache_aware' \(did you mean 'decode_weight'\?\)"),
+    ({"router": {"policy_kwargs": {"temprature": 1}}}, r"'temprature' is not an option of policy 'cache_aware' \(did you mean 'temperature'\?\)"),
     ({"engine": {"load_format": "safetensors"}}, r"cannot load the embedded model"),
     ({"router": {"port": 8100}}, r"router\.port and replicas\.http_port both use port 8100"),
     ({"router": {"api_key": "short"}}, r"api_key has 5 characters; use a secret of at least 8"),
@@ -147,7 +147,7 @@ def test_every_help_example_is_accepted(monkeypatch):
 
     configs = [config_from_args(build_parser().parse_args(["serve", *argv]), SERVE_SCHEMA, env={})
                for argv in examples]
-    assert configs[1].router.policy_kwargs == {"decode_weight": 4, "temperature": 0.1}
+    assert configs[1].router.policy_kwargs == {"session_slack_s": 0.5, "temperature": 0.1}
     assert configs[0].replicas.num_replicas == 4 and configs[2].replicas.event_port == 0
     assert (configs[4].replicas.num_replicas, configs[4].replicas.num_prefill_replicas) == (2, 1)
 

@@ -216,7 +216,8 @@ def test_a_replica_with_transfer_off_says_so_and_computes(stories_path, pair):
     with kv_replica(stories_path, enabled=False) as off, client(off) as c:
         assert c.get("/kv/handshake").status_code == 503
         assert c.get("/load").json()["kv_transfer"] == {"enabled": False, "pull_bytes_per_s": None,
-                                                       "bytes_per_token": None, "registered_peers": None}
+                                                       "bytes_per_token": None, "registered_peers": None,
+                                                       "pull_fixed_s": None}
         r = complete(c, max_tokens=2, kv_transfer_params={"do_remote_prefill": True, "remote_url": a.http.url})
         assert r.headers["x-kvmesh-kv-pull"] == "skipped"
         handle = complete(c, max_tokens=1, kv_transfer_params={"do_remote_decode": True}).json()["kv_transfer_params"]

@@ -126,8 +126,12 @@ def test_info_endpoints_for_routers(client, replica):
     assert tokens["tokens"] == [1, 403, 407, 261, 378] and tokens["count"] == 5
     chat_tokens = client.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
     assert chat_tokens["tokens"] == replica.state.tokenizer.render_chat([{"role": "user", "content": "hi"}])
+    client.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 8, "ignore_eos": True})
     load = client.get("/load").json()
     assert {"num_requests_running", "num_requests_waiting", "kv_cache_usage", "num_waiting_prefill_tokens"} <= set(load)
+    # the engine's own measure of its decode steps (replica/engine/step_time.py), for the router's price
+    assert load["decode_step"]["num_steps"] > 0 and load["decode_step"]["step_s"] > 0
+    assert load["prefill_tokens_per_s"] > 0 and "pull_fixed_s" in load["kv_transfer"]
     for path in ("/server_info", "/get_server_info"):
         assert client.get(path).json()["block_size"] == 16
     for path in ("/model_info", "/get_model_info"):

@@ -35,7 +35,7 @@ def test_bad_replica_spec_says_what_to_write(text, fragment):
     ({"upstream": {"max_attempts": 0}}, "max_attempts"),
     ({"api_key": ""}, "api_key"),
     ({"api_key": "1234567"}, "at least 8"),
-    ({"policy_kwargs": {"decode_wieght": 1}}, "did you mean 'decode_weight'"),
+    ({"policy_kwargs": {"temprature": 1}}, "did you mean 'temperature'"),
 ])
 def test_router_config_rejects_bad_values(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):

@@ -7,6 +7,7 @@ import pytest
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
 from kvmesh.router.control.probes import decode_transfer
+from kvmesh.router.routing.cost import FleetRates
 from kvmesh.router.routing.kv_placement import (
     SPLIT_NO_ROOM,
     SPLIT_SLOWER,
@@ -178,14 +179,19 @@ def test_price_pull_compares_seconds_of_copy_and_of_recompute():
     chosen, holder = ReplicaLoad(prefill_tokens_per_s=10_000.0), ReplicaLoad()
     chosen.update_transfer(TRANSFER)
     holder.update_transfer(TRANSFER)
-    pull_s, recompute_s = price_pull(chosen, holder, 32, BS, None, KVPlacementRules(peer_pull_overhead_s=0.01))
+    none = FleetRates()
+    pull_s, recompute_s = price_pull(chosen, holder, 32, BS, none, KVPlacementRules(peer_pull_overhead_s=0.01))
     assert pull_s == pytest.approx(32 * (1 << 20) / 10e9 + 0.01) and recompute_s == pytest.approx(32 * BS / 10_000)
+    chosen.pull_fixed_s = 0.002  # measured: the prior is left
+    assert price_pull(chosen, holder, 32, BS, none, KVPlacementRules(peer_pull_overhead_s=0.01))[0] == pytest.approx(
+        32 * (1 << 20) / 10e9 + 0.002)
     holder.update_transfer({"enabled": False})
-    assert price_pull(chosen, holder, 32, BS, None, KVPlacementRules()) is None  # both ends must be enabled
+    assert price_pull(chosen, holder, 32, BS, none, KVPlacementRules()) is None  # both ends must be enabled
     holder.update_transfer(TRANSFER)
-    chosen.prefill_tokens_per_s = None
-    assert price_pull(chosen, holder, 32, BS, 5_000.0, KVPlacementRules())[1] == pytest.approx(32 * BS / 5_000)
-    assert price_pull(chosen, holder, 32, BS, None, KVPlacementRules()) is None  # no rate anywhere
+    chosen.prefill_tokens_per_s = None  # the slowest rate another candidate measured
+    slow = FleetRates(prefill_s_per_token=1 / 5_000)
+    assert price_pull(chosen, holder, 32, BS, slow, KVPlacementRules())[1] == pytest.approx(32 * BS / 5_000)
+    assert price_pull(chosen, holder, 32, BS, none, KVPlacementRules()) is None  # no rate anywhere
 
 
 def busy_holder_router(transfer=TRANSFER, **rules) -> KVRouter:

@@ -1,4 +1,5 @@
-"""Routing policies with fake loads: the cache/load trade-off and the baselines."""
+"""Routing policies with fake loads: the cache/load trade-off and the baselines (``cache_aware_tokens``: the
+token cost before issue 38, kept for comparison; ``cache_aware`` in seconds: tests/router/test_cost.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from kvmesh.router.routing.load import LoadTracker, ReplicaLoad
 from kvmesh.router.routing.policies import POLICIES, NoReplicaError, get_policy
 from kvmesh.router.routing.policies.cache_aware import CacheAwareConfig
+from kvmesh.router.routing.policies.cache_aware_tokens import CacheAwareTokensConfig
 from kvmesh.router.routing.policies.prefix_hash import PrefixHashConfig
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -29,15 +31,15 @@ def test_cache_aware_prefers_replica_holding_the_prefix():
     assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(3)) == "r1"
 
 
-def test_cache_aware_leaves_prefix_when_backlog_outweighs_saved_prefill():
-    policy = get_policy("cache_aware", CacheAwareConfig(decode_weight=0, backlog_weight=1.0), block_size=BS)
+def test_cache_aware_tokens_leaves_prefix_when_backlog_outweighs_saved_prefill():
+    policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(decode_weight=0, backlog_weight=1.0), block_size=BS)
     saved = 40 * BS
     assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(2, r1={"queued_prefill_tokens": saved - 1})) == "r1"
     assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(2, r1={"queued_prefill_tokens": saved + 1})) == "r0"
 
 
-def test_cache_aware_trade_off_is_continuous_in_decode_load():
-    policy = get_policy("cache_aware", CacheAwareConfig(decode_weight=32), block_size=BS)
+def test_cache_aware_tokens_trade_off_is_continuous_in_decode_load():
+    policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(decode_weight=32), block_size=BS)
     saved = 40 * BS  # = 20 running requests' worth
     assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(2, r1={"in_flight": 19})) == "r1"
     assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(2, r1={"in_flight": 21})) == "r0"
@@ -45,15 +47,15 @@ def test_cache_aware_trade_off_is_continuous_in_decode_load():
     assert saved == 20 * 32
 
 
-def test_cache_aware_backlog_weight_scales_queued_prefill():
-    policy = get_policy("cache_aware", CacheAwareConfig(decode_weight=0, backlog_weight=0.5), block_size=BS)
+def test_cache_aware_tokens_backlog_weight_scales_queued_prefill():
+    policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(decode_weight=0, backlog_weight=0.5), block_size=BS)
     saved = 40 * BS
     assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(2, r1={"queued_prefill_tokens": 2 * saved - 2})) == "r1"
     assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(2, r1={"queued_prefill_tokens": 2 * saved + 2})) == "r0"
 
 
-def test_cache_aware_router_pending_prefill_counts_as_backlog():
-    policy = get_policy("cache_aware", CacheAwareConfig(decode_weight=0), block_size=BS)
+def test_cache_aware_tokens_router_pending_prefill_counts_as_backlog():
+    policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(decode_weight=0), block_size=BS)
     busy = loads(2, r1={"pending_prefill_tokens": 10_000})
     assert policy.choose(KEYS, TierMatches({"r1": 64}), busy) == "r0"
 
@@ -116,17 +118,17 @@ def test_unknown_policy_names_the_choices():
         get_policy("nope")
 
 
-def test_cache_aware_sends_new_work_to_the_replica_whose_cache_turns_over_slowest():
-    policy = get_policy("cache_aware", CacheAwareConfig(churn_weight=1.0), block_size=BS)
+def test_cache_aware_tokens_sends_new_work_to_the_replica_whose_cache_turns_over_slowest():
+    policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(churn_weight=1.0), block_size=BS)
     churned = loads(3, r0={"recent_prefill": 3000.0}, r1={"recent_prefill": 1000.0}, r2={"recent_prefill": 2000.0})
     assert policy.choose(KEYS, TierMatches({}), churned) == "r1"
     assert {policy.choose(KEYS, TierMatches({}), churned) for _ in range(3)} == {"r1"}
-    blind = get_policy("cache_aware", CacheAwareConfig(churn_weight=0.0), block_size=BS)
+    blind = get_policy("cache_aware_tokens", CacheAwareTokensConfig(churn_weight=0.0), block_size=BS)
     assert {blind.choose(KEYS, TierMatches({}), churned) for _ in range(3)} == {"r0", "r1", "r2"}  # ties rotate
 
 
-def test_cache_aware_churn_does_not_move_a_request_off_its_cached_prefix():
-    policy = get_policy("cache_aware", CacheAwareConfig(churn_weight=1.0), block_size=BS)
+def test_cache_aware_tokens_churn_does_not_move_a_request_off_its_cached_prefix():
+    policy = get_policy("cache_aware_tokens", CacheAwareTokensConfig(churn_weight=1.0), block_size=BS)
     churned = loads(2, r0={"recent_prefill": 9000.0}, r1={"recent_prefill": 1000.0})
     assert policy.choose(KEYS, TierMatches({"r0": 60}), churned) == "r0"
 
@@ -143,20 +145,20 @@ def test_load_tracker_recent_prefill_decays_with_its_time_constant():
     assert tracker.loads["a"].recent_prefill == pytest.approx(1000.0) and tracker.loads["b"].recent_prefill < 1e-50
 
 
-def test_cache_aware_backlog_release_point_makes_a_hot_replica_shed_requests():
-    kept_config = CacheAwareConfig(decode_weight=0, backlog_weight=0.1, churn_weight=0)
-    kept = get_policy("cache_aware", kept_config, block_size=BS)
-    shed = get_policy("cache_aware", replace(kept_config, backlog_release_tokens=1000), block_size=BS)
+def test_cache_aware_tokens_backlog_release_point_makes_a_hot_replica_shed_requests():
+    kept_config = CacheAwareTokensConfig(decode_weight=0, backlog_weight=0.1, churn_weight=0)
+    kept = get_policy("cache_aware_tokens", kept_config, block_size=BS)
+    shed = get_policy("cache_aware_tokens", replace(kept_config, backlog_release_tokens=1000), block_size=BS)
     hot = loads(2, r1={"queued_prefill_tokens": 3000})  # saved 640 tokens vs 300 (kept) or 300 + 1800 (shed)
     assert kept.choose(KEYS, TierMatches({"r1": 40}), hot) == "r1"
     assert shed.choose(KEYS, TierMatches({"r1": 40}), hot) == "r0"
     assert shed.costs(KEYS, {"r1": 40}, hot)["r1"] == pytest.approx(384 + 300 + 0.9 * 2000)
 
 
-def test_cache_aware_running_requests_weigh_once_per_step_until_our_prefill_is_done():
-    no_backlog = CacheAwareConfig(backlog_weight=0, churn_weight=0)
-    policy = get_policy("cache_aware", replace(no_backlog, decode_step_tokens=256), block_size=BS)
-    one_step = get_policy("cache_aware", replace(no_backlog, decode_step_tokens=math.inf), block_size=BS)
+def test_cache_aware_tokens_running_requests_weigh_once_per_step_until_our_prefill_is_done():
+    no_backlog = CacheAwareTokensConfig(backlog_weight=0, churn_weight=0)
+    policy = get_policy("cache_aware_tokens", replace(no_backlog, decode_step_tokens=256), block_size=BS)
+    one_step = get_policy("cache_aware_tokens", replace(no_backlog, decode_step_tokens=math.inf), block_size=BS)
     short = loads(2, r1={"in_flight": 3})  # r1 holds 60 of 64 blocks: 64 tokens left, under one step
     assert policy.costs(KEYS, {"r1": 60}, short)["r1"] == 64 + 3 * 8
     queued = loads(2, r1={"in_flight": 40, "queued_prefill_tokens": 1984})  # (1984 + 64) / 256 = 8 steps
@@ -165,12 +167,12 @@ def test_cache_aware_running_requests_weigh_once_per_step_until_our_prefill_is_d
     assert one_step.choose(KEYS, TierMatches({"r1": 60}), queued) == "r1"
 
 
-def test_cache_aware_choice_is_the_minimum_of_its_reported_costs():
+def test_cache_aware_tokens_choice_is_the_minimum_of_its_reported_costs():
     import random
 
     rng = random.Random(5)
-    for policy in (get_policy("cache_aware", CacheAwareConfig(backlog_release_tokens=2000), block_size=BS),
-                   get_policy("cache_aware", CacheAwareConfig(decode_step_tokens=1000), block_size=BS)):
+    for policy in (get_policy("cache_aware_tokens", CacheAwareTokensConfig(backlog_release_tokens=2000), block_size=BS),
+                   get_policy("cache_aware_tokens", CacheAwareTokensConfig(decode_step_tokens=1000), block_size=BS)):
         _check_choice_is_min_cost(policy, rng)
 
 

@@ -9,24 +9,28 @@ import pytest
 from kvmesh.router.config import RouterConfig
 from kvmesh.router.routing.policies import get_policy, policy_config
 from kvmesh.router.routing.policies.cache_aware import CacheAwareConfig
+from kvmesh.router.routing.policies.cache_aware_tokens import CacheAwareTokensConfig
 from kvmesh.router.routing.policies.least_loaded import LeastLoadedConfig
 from kvmesh.router.routing.policies.prefix_hash import PrefixHashConfig
 
 
 def test_options_become_the_policys_typed_section():
-    assert policy_config("cache_aware", {"decode_weight": 4, "decode_step_tokens": "inf"}) == CacheAwareConfig(
-        decode_weight=4.0, decode_step_tokens=math.inf)
+    assert policy_config("cache_aware", {"temperature": 0.5, "decode_step_tokens": "inf"}) == CacheAwareConfig(
+        temperature=0.5, decode_step_tokens=math.inf)
+    assert policy_config("cache_aware_tokens", {"decode_weight": 4}) == CacheAwareTokensConfig(decode_weight=4.0)
     assert policy_config("prefix_hash", {"prefix_blocks": 2}) == PrefixHashConfig(prefix_blocks=2)
     assert get_policy("least_loaded", {"decode_weight": 2}).config == LeastLoadedConfig(decode_weight=2.0)
 
 
 @pytest.mark.parametrize("policy, options, fragment", [
-    ("cache_aware", {"decode_wieght": 1}, r"'decode_wieght' is not an option of policy 'cache_aware' "
-                                          r"\(did you mean 'decode_weight'\?\)"),
+    ("cache_aware_tokens", {"decode_wieght": 1}, r"'decode_wieght' is not an option of policy 'cache_aware_tokens' "
+                                                 r"\(did you mean 'decode_weight'\?\)"),
+    ("cache_aware", {"decode_weight": 1}, r"'decode_weight' is not an option of policy 'cache_aware'"),
+    ("cache_aware", {"temperature": -1}, "temperature must be >= 0 seconds, got -1"),
     ("round_robin", {"decode_weight": 1}, "'decode_weight' is not an option of policy 'round_robin'.*options: none"),
-    ("cache_aware", {"decode_weight": "heavy"}, "decode_weight='heavy': expected `float`, got `str`"),
+    ("cache_aware_tokens", {"decode_weight": "heavy"}, "decode_weight='heavy': expected `float`, got `str`"),
     ("prefix_hash", {"prefix_blocks": 1.5}, "prefix_blocks=1.5: expected `int`"),
-    ("cache_aware", {"churn_clamp": 0.5}, "churn_clamp must be >= 1, got 0.5"),
+    ("cache_aware_tokens", {"churn_clamp": 0.5}, "churn_clamp must be >= 1, got 0.5"),
     ("least_loaded", {"decode_weight": -1}, "decode_weight must be >= 0, got -1"),
 ])
 def test_a_bad_knob_is_an_error_that_names_it(policy, options, fragment):
@@ -36,7 +40,7 @@ def test_a_bad_knob_is_an_error_that_names_it(policy, options, fragment):
 
 def test_router_config_checks_its_policy_options_when_built():
     with pytest.raises(ValueError, match="backlog_weight must be >= 0"):
-        RouterConfig(policy_kwargs={"backlog_weight": -0.5})
+        RouterConfig(policy="cache_aware_tokens", policy_kwargs={"backlog_weight": -0.5})
     assert RouterConfig(policy="prefix_hash", policy_kwargs={"virtual_nodes": 8}).policy_config() == PrefixHashConfig(
         virtual_nodes=8)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 
 import httpx
 import pytest
@@ -121,17 +120,25 @@ def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill
     reported = sample("kvmesh_router_reported_cached_tokens_total") - rep0
     assert predicted == reported > 0
 
-    # The holder gets busy: as many running requests as it takes for its cost to outweigh the other
-    # replica's by four more. The count comes from the policy's own costs, not from ``saved`` alone:
-    # the other's cost also carries its turnover factor and any request still running there.
+    # The holder gets busy: as many running requests as it takes for its predicted seconds to outweigh the other
+    # replica's, and four more. The count comes from the policy's own prices (router/routing/cost/).
     saved = 16 * len(base_keys)
     busy = core.loads.loads[holder]
     keys = router_keys(live, "/v1/completions", {"prompt": base + " played chess."})
-    with core.lock:
-        costs = core.policy.costs(keys, core.index.match(keys),
-                                  {r: core.loads.loads[r] for r in (holder, other)})
-    extra = math.ceil(max(0.0, costs[other] - costs[holder]) / core.policy.config.decode_weight) + 4
-    assert costs[holder] < costs[other]  # idle, the holder's cached prefix made it the cheaper
+
+    def costs() -> dict:
+        with core.lock:
+            priced = core.policy.price(keys, core.index.match_tiers(keys),
+                                       {r: core.loads.loads[r] for r in (holder, other)})
+        return {r: e.choice_s for r, e in priced.items()}
+
+    assert costs()[holder] < costs()[other]  # idle, the holder's cached prefix made it the cheaper
+    extra = 0
+    while costs()[holder] <= costs()[other] and extra < 100_000:
+        busy.in_flight += 1
+        extra += 1
+    busy.in_flight += 4
+    extra += 4
     busy.in_flight += extra
     decisions = lambda: metrics.registry.get_sample_value(  # noqa: E731
         "kvmesh_router_decisions_total", {"replica": other, "policy": "cache_aware"}) or 0

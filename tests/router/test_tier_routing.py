@@ -90,10 +90,9 @@ def _decisions(router: KVRouter, rng: random.Random) -> list:
     return out
 
 
-def test_without_a_tier_anywhere_routing_decisions_are_unchanged():
+def test_a_replica_that_reports_no_rate_is_priced_at_the_rate_the_others_measured():
     measured = make_router("a", "b", "c")  # rates reported, no tier
-    plain = KVRouter(block_size=BS, predict_ttl_s=0.0)
-    for rid in "abc":
-        plain.add_replica(rid)
-    assert _decisions(measured, random.Random(7)) == _decisions(plain, random.Random(7))
+    one_silent = make_router("a", "b", "c")
+    one_silent.loads.loads["c"].prefill_tokens_per_s = None  # not measured yet: the fleet's (slowest) rate
+    assert _decisions(measured, random.Random(7)) == _decisions(one_silent, random.Random(7))
     assert measured.index.host is None

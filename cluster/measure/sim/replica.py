@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.lora import LoRASlots
+from kvmesh.cluster.measure.sim.measured import SimMeasures, sim_load_report
 from kvmesh.cluster.measure.sim.priority import waiting_queue
 from kvmesh.cluster.measure.sim.request import SimRequest, cut_trace, requests_from_mooncake
+
+if TYPE_CHECKING:
+    from kvmesh.replica.serving.load_report import LoadReport
 
 __all__ = ["SimReplica", "SimRequest", "Step", "cut_trace", "requests_from_mooncake"]
 
@@ -37,6 +42,7 @@ class Step:
     num_steps: int
     prefill_chunks: list[tuple[SimRequest, int]]  # (request, tokens computed this step)
     decodes: list[SimRequest]
+    context_tokens: int = 0  # the decodes' summed context at the step's start
 
     @property
     def end_s(self) -> float:
@@ -70,6 +76,8 @@ class SimReplica:
         self.prefill_tokens = 0
         self.loaded_tokens = 0  # loaded back from the host tier
         self.num_requests = 0
+        self.measures = SimMeasures()
+        """Its prefill rate and decode step time, measured on its own steps as a real replica does."""
         self.inter_token_s: dict[float, int] = {}
         """Inter-token latency histogram: a decode step's seconds (to 10 us) -> tokens it gave its sequences."""
 
@@ -78,12 +86,11 @@ class SimReplica:
     def num_in_flight(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def load_report(self) -> dict:
-        """What the replica's ``/load`` would answer now (``protocol.LoadReport`` fields)."""
+    def load_report(self) -> LoadReport:
+        """What the replica's ``/load`` would answer now, its measured rates included (sim/measured.py)."""
         reqs = [*self.waiting, *self.running]
-        return {"num_requests_running": len(self.running), "num_requests_waiting": len(self.waiting),
-                "kv_cache_usage": self.kv.usage,
-                "num_waiting_prefill_tokens": sum(r.remaining_prefill for r in reqs)}
+        return sim_load_report(self.measures, self.config, len(self.running), len(self.waiting), self.kv.usage,
+                               sum(r.remaining_prefill for r in reqs), sum(r.context_len for r in self.running))
 
     def blocks_needed(self, req: SimRequest) -> int:
         return math.ceil((req.num_prompt_tokens + req.max_output_tokens) / self.config.engine.block_size)
@@ -148,10 +155,11 @@ class SimReplica:
         if copies is not None:
             self.kv.complete_offload_stores([copies.job_id])
             self.loaded_tokens += num_loaded
-        step_s = cfg.cost.step_time(num_prefill, len(decodes), sum(r.context_len for r in decodes), num_loaded)
+        context = sum(r.context_len for r in decodes)
+        step_s = cfg.cost.step_time(num_prefill, len(decodes), context, num_loaded)
         step_s += lora_load_s  # the step waits for its adapters' loads into their slots
         num_steps = min(r.remaining_output for r in decodes) if not chunks else 1
-        self.step = Step(now, step_s, num_steps, chunks, decodes)
+        self.step = Step(now, step_s, num_steps, chunks, decodes, context)
         return self.step
 
     def interrupt(self, now: float) -> float | None:
@@ -175,6 +183,8 @@ class SimReplica:
         self.step = None
         self.busy_s += step.step_s * step.num_steps
         self.num_steps += step.num_steps
+        self.measures.record(sum(n for _, n in step.prefill_chunks), len(step.decodes), step.context_tokens,
+                             step.step_s, step.num_steps)
         first, finished = [], []
         for r in step.decodes:
             r.num_output_tokens += step.num_steps

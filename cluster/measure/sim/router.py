@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.lora import ModelPools, report_lora
+from kvmesh.cluster.measure.sim.measured import sim_load_rates
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.transfer import pick_prefill_replica, prefill_leg
 from kvmesh.kvcache.reuse import reusable_tokens
@@ -38,7 +39,7 @@ from kvmesh.router.routing.policies import Policy
 from kvmesh.router.routing.tier_matches import TierMatches
 
 if TYPE_CHECKING:
-    from kvmesh.router.routing.kv_router import KVRouter
+    from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
 
 
 def available_policies() -> list[str]:
@@ -90,6 +91,8 @@ class SimRouter:
         """Requests long enough to split that stayed whole: no prefill replica had room."""
         self.splits_skipped_slower = 0
         """Requests long enough to split that stayed whole: the split was priced slower than the slack allows."""
+        self.decisions: dict[str, RouteDecision] = {}
+        """Routed requests without a first token yet -> their decision (its predicted TTFT, learned from)."""
 
     def _pick_router(self) -> int:
         n = len(self.routers)
@@ -117,7 +120,8 @@ class SimRouter:
         if pid is not None:
             self._split(req, k, decision.keys, pid)
         for tracker in self._trackers(k):
-            tracker.on_dispatch(rid, self._uncached(req), now=now)
+            tracker.on_dispatch(rid, self._uncached(req), now=now, prompt_tokens=req.num_prompt_tokens)
+        self.decisions[req.request_id] = decision
         if session is not None and self.config.share_sessions:
             for other in self.routers:
                 other.sessions.pin(session, rid, now)
@@ -150,7 +154,7 @@ class SimRouter:
         leg.predicted_hit_tokens = reusable_tokens(matched, req.num_prompt_tokens, bs)  # as KVRouter counts
         router.index.predict(pid, keys, now=req.arrival_s, start=matched)
         for tracker in self._trackers(k):
-            tracker.on_dispatch(pid, self._uncached(leg), now=req.arrival_s)
+            tracker.on_dispatch(pid, self._uncached(leg), now=req.arrival_s, prompt_tokens=leg.num_prompt_tokens)
 
     def _trackers(self, k: int) -> list[LoadTracker]:
         """The load trackers that count router ``k``'s requests: its own, or all with ``share_loads``."""
@@ -169,6 +173,9 @@ class SimRouter:
             for tracker in self._trackers(r.router_index):
                 tracker.on_first_output(rid, self._uncached(r))
             self.receipts.record_actual(r.receipt, r.own_cached_tokens)  # the prediction was of its own pool
+            decision = self.decisions.pop(r.request_id, None)
+            if decision is not None:  # the router learns its correction from the TTFT it observes
+                self.routers[r.router_index].observe_ttft(decision, r.first_token_s - r.arrival_s)
 
     def on_prefill_done(self, pid: int, leg: SimRequest) -> None:
         """A prefill leg answered (its one token): the prefill replica's load drops."""
@@ -198,21 +205,14 @@ class SimRouter:
                 report_lora(loads[rep.replica_id], rep.lora.section(rep.running) if aware else None)
 
     def add_replica(self, rid: int, role: str = "both") -> None:
-        """A replica of ``role`` joins every router: healthy, with an empty tree (a cold cache), and the rates a
-        real replica measures and reports in ``/load`` taken from the cost model (block bytes counted as one
-        per token: only the ratios matter, so the pull rate is in tokens per second too). Its KV transfer is
-        on with ``peer_pulls`` (the router plans pulls only between replicas that report it on)."""
-        config, cost = self.config, self.config.cost
+        """A replica of ``role`` joins every router: healthy, with an empty tree (a cold cache), and what a real
+        replica measures and reports in ``/load`` taken from the cost model (``sim_load_rates``). Its KV transfer
+        is on with ``peer_pulls`` (the router plans pulls only between replicas that report it on)."""
         if role == "prefill":
             self.prefill_ids.append(rid)
         for router in self.routers:
             router.add_replica(rid, role=role)
-            load = router.loads.loads[rid]
-            load.prefill_tokens_per_s = 1 / cost.prefill_s_per_token if cost.prefill_s_per_token else None
-            load.kv_block_bytes = config.engine.block_size
-            load.h2d_bytes_per_s = 1 / cost.load_s_per_token if cost.load_s_per_token else None
-            load.kv_transfer_enabled = config.peer_pulls
-            load.pull_bytes_per_s = config.kv_transfer_bytes_per_s / config.kv_bytes_per_token
+            sim_load_rates(router.loads.loads[rid], self.config)
 
     def remove_replica(self, rid: int) -> None:
         for router in self.routers:

@@ -9,6 +9,7 @@ import re
 import msgspec
 from kvmesh.router.routing.policies.base import NoReplicaError, Policy, PolicyConfig, PolicyOptions
 from kvmesh.router.routing.policies.cache_aware import CacheAwarePolicy, with_step_budget
+from kvmesh.router.routing.policies.cache_aware_tokens import CacheAwareTokensPolicy
 from kvmesh.router.routing.policies.least_loaded import LeastLoadedPolicy
 from kvmesh.router.routing.policies.prefix_hash import PrefixHashPolicy
 from kvmesh.router.routing.policies.random_policy import RandomPolicy
@@ -20,6 +21,7 @@ POLICIES: dict[str, type[Policy]] = {
     "least_loaded": LeastLoadedPolicy,
     "random": RandomPolicy,
     "prefix_hash": PrefixHashPolicy,
+    "cache_aware_tokens": CacheAwareTokensPolicy,
 }
 DEFAULT_POLICY = "cache_aware"
 

@@ -9,6 +9,7 @@
   are ignored. Policies that do not price tiers read ``tiers.device`` alone (or nothing).
 - ``loads``: the *candidate* replicas (healthy ones), id -> ``ReplicaLoad`` (router/routing/load.py).
 - ``num_prompt_tokens``: the prompt length; defaults to ``len(request_keys) * block_size``.
+- ``lora_name``: the LoRA adapter the request names (None: the base model); ``cache_aware`` prices its load.
 
 ``keeps_session(pinned, chosen, keys, matches, ...)`` decides whether a session's pin overrides the choice
 (``matches``: the device tier's).
@@ -25,6 +26,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvmesh.router.routing.cost import PullPriors, TTFTEstimate, price_all
 from kvmesh.router.routing.load import ReplicaLoad
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -37,6 +39,10 @@ Loads = Mapping[ReplicaId, ReplicaLoad]
 PolicyOptions = dict[str, int | float | str | bool]
 """A policy's knobs as a user writes them (``router.policy_kwargs``, ``--policy-kwargs K=V``), before
 ``policies.policy_config`` checks and converts them to its ``PolicyConfig``."""
+
+
+DEFAULT_DECODE_STEP_TOKENS = 8192.0
+"""vLLM's ``max_num_batched_tokens`` for online serving on 80 GB GPUs: a step budget when the replicas' is unknown."""
 
 
 class NoReplicaError(RuntimeError):
@@ -69,9 +75,37 @@ class Policy:
         """Tokens per block (to turn matched blocks into tokens)."""
         self.rng = random.Random(seed)
         """Random source of sampling policies; seeded for reproducible simulations."""
+        self.pulls: PullPriors | None = None
+        """Whether and how a candidate may pull a prefix from a peer, for the price (``KVRouter`` sets it from its
+        transfers section; None: no pull priced)."""
+        self.step_tokens = DEFAULT_DECODE_STEP_TOKENS
+        """Prompt tokens one engine step of the replicas computes (their step budget), for the price."""
+        self.estimates: dict[ReplicaId, TTFTEstimate] = {}
+        """The last request's estimate on every candidate, when ``choose`` priced them (``cache_aware``)."""
+
+    def use_pulls(self, pulls: PullPriors | None) -> None:
+        self.pulls = pulls
+
+
+    def price(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+              num_prompt_tokens: int | None = None, lora_name: str | None = None) -> dict[ReplicaId, TTFTEstimate]:
+        """Every candidate's predicted time for the request, in seconds (router/routing/cost/: the one price)."""
+        prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
+        return price_all(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,
+                         lora_name)
+
+    def estimate(self, replica_id: ReplicaId, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+                 num_prompt_tokens: int | None = None, lora_name: str | None = None) -> TTFTEstimate | None:
+        """The request's estimate on ``replica_id``: the one ``choose`` made, or priced now (a baseline policy)."""
+        found = self.estimates.get(replica_id)
+        if found is not None or replica_id not in loads:
+            return found
+        prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
+        return price_all(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,
+                         lora_name, only=replica_id)[replica_id]
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None) -> ReplicaId:
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         raise NotImplementedError
 
     def keeps_session(self, pinned: ReplicaId, chosen: ReplicaId, request_keys: Sequence[int],

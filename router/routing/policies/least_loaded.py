@@ -27,7 +27,7 @@ class LeastLoadedPolicy(Policy):
     config: LeastLoadedConfig
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None) -> ReplicaId:
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         self._check(loads)
         w = self.config.decode_weight
         return min(loads, key=lambda r: loads[r].prefill_backlog + w * loads[r].decode_load)

@@ -52,7 +52,7 @@ class PrefixHashPolicy(Policy):
         self._ring_ids = ids
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None) -> ReplicaId:
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         self._check(loads)
         ids = frozenset(loads)
         if ids != self._ring_ids:

@@ -12,7 +12,7 @@ class RandomPolicy(Policy):
     name = "random"
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None) -> ReplicaId:
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         self._check(loads)
         ids = list(loads)
         return ids[self.rng.randrange(len(ids))]

@@ -16,7 +16,7 @@ class RoundRobinPolicy(Policy):
         self._next = 0
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-               num_prompt_tokens: int | None = None) -> ReplicaId:
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         self._check(loads)
         ids = list(loads)
         replica_id = ids[self._next % len(ids)]

@@ -1,0 +1,220 @@
+"""``cache_aware_tokens``: kvmesh's ``cache_aware`` before issue 38, kept for comparison: the replica where the
+request would finish its prefill soonest in prefill-token units with hand-set weights, counting what its new blocks
+will evict. Today's ``cache_aware`` prices the same in seconds without weights (policies/cache_aware.py).
+
+For each candidate replica ``r``, in prefill-token units::
+
+    cost(r) = uncached(r) * turnover(r)            prompt tokens it would still compute (prompt - cached prefix)
+            + backlog_weight * prefill_backlog(r)  prompt tokens queued before ours
+            + decode_weight * steps(r) * decode_load(r)   running requests slowing every step
+
+    steps(r) = max(1, (prefill_backlog(r) + uncached(r)) / decode_step_tokens)   steps until our first token
+
+    turnover(r) = 1 + churn_weight * (x - 1),   x = recent_prefill(r) / mean recent_prefill,
+                                                  clamped to [1 / churn_clamp, churn_clamp]
+
+The trade-off is continuous, not a threshold: a cached prefix keeps attracting requests until the
+replica's backlog outweighs the prefill it saves. ``backlog_weight`` < 1 leans towards reuse:
+queued prefill only delays this request, while prefill saved by a hit is compute every later
+request gets back (and a burst sharing a new prefix stays on the replica that is computing it).
+``turnover`` makes the choice eviction-aware: every uncached token stored on a replica evicts one
+from the tail of its LRU, and a replica that takes in new tokens faster than the others has a
+younger, likelier-reused tail. Steering new work towards slow-turnover replicas makes the
+partitioned caches behave more like one LRU pool (the simulator's attribution: fewer prefixes
+evicted from every replica). ``steps`` puts the decode term in time: ``decode_weight`` (8) is about
+what one running request with a 15k-token context adds to one step (50 us + 39 ns per context
+token ~ 8 prefill tokens at 12k tokens/s, ``cluster/measure/sim/config.py``), and a request behind a long
+backlog or with a long uncached prompt waits through several steps; a short prompt still weighs a
+running request as 8 tokens. Defaults (0.15, 1.0, 8192) come from ``kvmesh sim`` (BENCHMARKS.md §1.7).
+**Tiers, in seconds.** When some replica has a host-memory tier (``tiers.host``), each candidate is
+priced as estimated time to first token, from what the replica measured of itself and reports in
+``/load``: the cost above (host-tier blocks past its device prefix counted as cached) over its
+prefill rate, plus their load-back, ``blocks * block bytes / host-to-device bandwidth``. A device hit
+costs nothing, a host hit its copy, a miss its prefill, the queue its prefill. A replica that reports
+no prefill rate gets the mean of those that do; with no rate anywhere the costs stay in tokens and a
+host hit counts as a device hit (its load-back cannot be priced).
+With ``temperature > 0`` the choice is sampled
+with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
+replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+
+from kvmesh.kvcache.reuse import reusable_blocks
+from kvmesh.router.routing.policies.base import (
+    DEFAULT_DECODE_STEP_TOKENS,
+    Loads,
+    Matches,
+    Policy,
+    PolicyConfig,
+    ReplicaId,
+)
+from kvmesh.router.routing.tier_matches import TierMatches
+
+_RECENT_PREFILL = attrgetter("recent_prefill")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAwareTokensConfig(PolicyConfig):
+    """The knobs of ``cache_aware_tokens`` (in prefill-token units)."""
+
+    decode_weight: float = 8.0
+    """Prefill tokens one running request on a replica is worth."""
+    backlog_weight: float = 0.15
+    """Weight of the prompt tokens queued on a replica against the ones a cache hit saves."""
+    temperature: float = 0.0
+    """Softness of the choice in prefill tokens; 0 picks the cheapest replica."""
+    session_slack_tokens: float = 0.0
+    """How much more (in cost units, prefill tokens) a session's replica may cost than the cheapest one before the
+    session is released to the cheapest. 0: the pin holds while its replica is among the cheapest; the index already
+    keeps a conversation where its history is cached, and in the simulator every slack above 0 cost hit rate and
+    balance (it overrides the load and turnover terms: BENCHMARKS.md §1.8)."""
+    churn_weight: float = 1.0
+    """Eviction awareness: uncached tokens placed on a replica whose cache turns over faster than the mean
+    (``recent_prefill``) evict younger, likelier-reused blocks; they cost ``1 + churn_weight * (churn / mean churn
+    - 1)`` each instead of 1."""
+    churn_clamp: float = 2.0
+    """Bound of the churn ratio (a replica idle so far must not look free: ratio >= 1/clamp)."""
+    backlog_release_tokens: float = math.inf
+    """Queued prefill tokens beyond which the backlog counts in full (weight 1, not ``backlog_weight``): past this
+    release point a hot replica sheds requests as a plain least-loaded router would, so its prefixes get replicated
+    elsewhere. inf = never."""
+    decode_step_tokens: float = DEFAULT_DECODE_STEP_TOKENS
+    """Prefill tokens one engine step computes (the replicas' ``max_num_batched_tokens``: ``with_step_budget``).
+    A running request slows every step, so it costs ``decode_weight`` per step until the new request's prefill is
+    done: (queued + uncached prompt tokens) / this, at least 1. inf: always one step (the cost before it)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decode_step_tokens", float(self.decode_step_tokens))
+        for name in ("decode_weight", "backlog_weight", "temperature", "session_slack_tokens", "churn_weight",
+                     "backlog_release_tokens"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.decode_step_tokens > 0:
+            raise ValueError(f"decode_step_tokens must be > 0, got {self.decode_step_tokens}")
+        if not self.churn_clamp >= 1:
+            raise ValueError(f"churn_clamp must be >= 1, got {self.churn_clamp}")
+
+
+class CacheAwareTokensPolicy(Policy):
+    name = "cache_aware_tokens"
+    config_type = CacheAwareTokensConfig
+    config: CacheAwareTokensConfig
+
+    def __init__(self, config: CacheAwareTokensConfig | None = None, block_size: int = 16,
+                 seed: int | None = None) -> None:
+        super().__init__(config, block_size, seed)
+        self._tie = 0
+
+    def costs(self, request_keys: Sequence[int], matches: Matches, loads: Loads,
+              num_prompt_tokens: int | None = None) -> dict[ReplicaId, float]:
+        """Cost of every candidate replica (for metrics and tests)."""
+        prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
+        bs, w, get = self.block_size, self.config.decode_weight, matches.get
+        churn = self._churn_factor(loads)
+        out = {}
+        for rid, load in loads.items():
+            uncached = prompt - bs * get(rid, 0)
+            uncached = uncached if uncached > 0 else 0
+            backlog = load.prefill_backlog
+            steps = self._steps(backlog + uncached)
+            if churn:
+                uncached *= self._turnover(churn * load.recent_prefill)
+            out[rid] = uncached + self._backlog_cost(backlog) + w * steps * load.decode_load
+        return out
+
+    def _steps(self, prefill_tokens: float) -> float:
+        """Engine steps until ``prefill_tokens`` (queued + this request's uncached) are computed, >= 1."""
+        steps = prefill_tokens / self.config.decode_step_tokens
+        return steps if steps > 1 else 1.0
+
+    def _backlog_cost(self, backlog: float) -> float:
+        wb, release = self.config.backlog_weight, self.config.backlog_release_tokens
+        return wb * backlog + ((1 - wb) * (backlog - release) if backlog > release else 0.0)
+
+    def _churn_factor(self, loads: Loads) -> float:
+        """``1 / mean recent_prefill`` over the candidates (0: no churn term)."""
+        if not self.config.churn_weight:
+            return 0.0
+        total = sum(map(_RECENT_PREFILL, loads.values()))
+        return len(loads) / total if total > 0 else 0.0
+
+    def _turnover(self, ratio: float) -> float:
+        clamp = self.config.churn_clamp
+        ratio = clamp if ratio > clamp else 1 / clamp if ratio * clamp < 1 else ratio
+        return 1 + self.config.churn_weight * (ratio - 1)
+
+    def keeps_session(self, pinned: ReplicaId, chosen: ReplicaId, request_keys: Sequence[int], matches: Matches,
+                      loads: Loads, num_prompt_tokens: int | None = None) -> bool:
+        costs = self.costs(request_keys, matches, {pinned: loads[pinned], chosen: loads[chosen]},
+                           num_prompt_tokens)
+        return costs[pinned] <= costs[chosen] + self.config.session_slack_tokens
+
+    def ttft_s(self, request_keys: Sequence[int], matches: Matches, host_matches: Matches, loads: Loads,
+               num_prompt_tokens: int | None = None) -> dict[ReplicaId, float]:
+        """Estimated seconds to first token on every candidate (see "Tiers, in seconds" above)."""
+        prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
+        usable = reusable_blocks(prompt, self.block_size)  # an engine computes at least the last token
+        device, host = matches.get, host_matches.get
+        extra = {rid: max(0, min(host(rid, 0), usable) - device(rid, 0)) for rid in loads}
+        either = {rid: device(rid, 0) + extra[rid] for rid in loads}
+        costs = self.costs(request_keys, either, loads, prompt)
+        rates = [load.prefill_tokens_per_s for load in loads.values() if load.prefill_tokens_per_s]
+        mean_rate = sum(rates) / len(rates) if rates else None
+        if mean_rate is None:
+            return costs
+        return {rid: costs[rid] / (load.prefill_tokens_per_s or mean_rate) + load.load_back_s(extra[rid])
+                for rid, load in loads.items()}
+
+    def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
+        self._check(loads)
+        c, matches, host_matches = self.config, tiers.device, tiers.host
+        if host_matches or c.temperature > 0:
+            costs = (self.ttft_s(request_keys, matches, host_matches, loads, num_prompt_tokens) if host_matches
+                     else self.costs(request_keys, matches, loads, num_prompt_tokens))
+            best = min(costs.values())
+            if c.temperature <= 0:
+                ties = [rid for rid, cost in costs.items() if cost == best]
+                if len(ties) == 1:
+                    return ties[0]
+                self._tie += 1
+                return ties[self._tie % len(ties)]
+            t = c.temperature
+            weights = [math.exp((best - cost) / t) for cost in costs.values()]
+            return self.rng.choices(list(costs), weights)[0]
+        # One pass, fields read directly (this runs once per request over every candidate).
+        prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
+        bs, w, wb, get = self.block_size, c.decode_weight, c.backlog_weight, matches.get
+        churn, release = self._churn_factor(loads), c.backlog_release_tokens
+        cw, hi = c.churn_weight, c.churn_clamp
+        lo, step = 1 / hi, c.decode_step_tokens
+        best_cost, ties = math.inf, []
+        for rid, load in loads.items():
+            cached = get(rid)
+            cost = prompt - bs * cached if cached else prompt
+            if cost < 0:
+                cost = 0
+            pending, queued = load.pending_prefill_tokens, load.queued_prefill_tokens
+            backlog = pending if pending > queued else queued
+            steps = (backlog + cost) / step
+            if cost and churn:  # turnover(), inlined: this loop runs over every candidate per request
+                x = churn * load.recent_prefill
+                cost *= 1 + cw * ((hi if x > hi else lo if x < lo else x) - 1)
+            in_flight, reported = load.in_flight, load.num_running + load.num_waiting
+            cost += wb * backlog + w * (steps if steps > 1 else 1) * (in_flight if in_flight > reported else reported)
+            if backlog > release:
+                cost += (1 - wb) * (backlog - release)
+            if cost < best_cost:
+                best_cost, ties = cost, [rid]
+            elif cost == best_cost:
+                ties.append(rid)
+        if len(ties) == 1:
+            return ties[0]
+        self._tie += 1
+        return ties[self._tie % len(ties)]
