@@ -206,7 +206,7 @@ class Forwarder:
                 continue
             if attempt == 0 and not tried and request.req is not None:  # a retry or a continuation goes as sent
                 await self.handoff.prepare(request, decision)
-            router.loads.on_dispatch(rid, decision.uncached_tokens, prompt_tokens=len(ids))
+            router.loads.on_dispatch(rid, decision.uncached_tokens, prompt_tokens=len(request.route_ids))
             try:
                 opened = await self._open(spec.url, request, svc.upstream_kinds.get(rid, TEXT), headers, decision,
                                           svc.patience(rid))

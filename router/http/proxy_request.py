@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.router.http.migration import MigratingStream
-    from kvmesh.router.routing.model_pools import ModelPool
     from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
+    from kvmesh.router.routing.model_pools import ModelPool
 
     OpenAIRequest = CompletionRequest | ChatCompletionRequest
 

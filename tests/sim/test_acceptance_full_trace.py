@@ -4,7 +4,7 @@ single pool's hit rate with the load balanced, and has the lowest TTFT p50 and p
 
 Issue 38 made cache_aware's cost seconds without hand weights (router/routing/cost/): 92.4% of the single pool
 (the token cost it replaced, ``cache_aware_tokens``, with its weights tuned on this trace: 97.2%), max/mean load
-1.10 (1.04), TTFT p50 0.080 s (0.078 s), p99 4.81 s (4.73 s); BENCHMARKS.md §1.13."""
+1.10 (1.04), TTFT p50 0.080 s (0.078 s), p99 4.81 s (4.73 s); BENCHMARKS.md §1.14."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def test_round_robin_queues_at_this_load(report):
 
 
 def test_cache_aware_reaches_85_percent_of_the_single_pool_hit_rate(report):
-    """88.6% since issue 38's cost in seconds (the hand-tuned token cost it replaced: >= 90%; BENCHMARKS.md §1.13)."""
+    """88.6% since issue 38's cost in seconds (the hand-tuned token cost it replaced: >= 90%; BENCHMARKS.md §1.14)."""
     ceiling = report["ceilings"]["single_pool_hit_rate"]
     ca = report["policies"]["cache_aware"]
     assert ca["hit_rate"] >= 0.85 * ceiling
