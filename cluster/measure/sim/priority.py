@@ -9,14 +9,14 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from kvmesh.cluster.measure.sim.request import SimRequest
 from kvmesh.replica.config import EngineConfig
 
 
 class PriorityWaiting:
-    """The deque operations a simulated replica uses (append, [0], popleft, len, iteration), in priority order."""
+    """The deque operations a simulated replica uses (append, [0], popleft, extendleft, len, iteration), in priority order."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, float, int, SimRequest]] = []
@@ -32,6 +32,11 @@ class PriorityWaiting:
 
     def popleft(self) -> SimRequest:
         return heapq.heappop(self._heap)[3]
+
+    def extendleft(self, reqs: Iterable[SimRequest]) -> None:
+        """Put requests taken off the head back (their places come from their priority and arrival)."""
+        for req in reqs:
+            self.append(req)
 
     def __len__(self) -> int:
         return len(self._heap)
