@@ -183,7 +183,7 @@ class AsyncLLM(AsyncKVCommands):
             kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
             prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, lora=lora_report(self.engine.loras, sched.running),
-            **self.engine.kv_load_fields(),
+            **self.engine.kv_connectors.load_fields(),
             decode_step=decode_step_load(self.engine.decode_step_time, read_racily(lambda: list(sched.running))),
             **event_stream_report(publisher))
 
@@ -219,7 +219,7 @@ class AsyncLLM(AsyncKVCommands):
         self._thread.join(timeout=30)
         try:
             if not self._thread.is_alive():
-                self.engine.shutdown_connectors()  # pulls in flight answered 0, leased blocks let go
+                self.engine.kv_connectors.shutdown()  # pulls in flight answered 0, leased blocks let go
             self.engine.close()
         finally:
             self.runner.shutdown()
@@ -237,9 +237,9 @@ class AsyncLLM(AsyncKVCommands):
             while not self._closed:
                 self._wake.clear()
                 self._drain_commands()
-                engine.between_steps()
+                engine.kv_connectors.between_steps()
                 if not engine.has_unfinished_requests():
-                    self._wake.wait(engine.idle_timeout())
+                    self._wake.wait(engine.kv_connectors.idle_timeout())
                     continue
                 for out in engine.step():
                     self._deliver(out)

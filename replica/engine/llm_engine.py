@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, TypeVar
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_scheduling import LaunchedStep, add_placeholders, use_async_scheduling
 from kvmesh.replica.engine.connector_defaults import default_kv_connectors
-from kvmesh.replica.engine.kv_connector import KVConnector, KVConnectorContext, KVConnectorFactory
+from kvmesh.replica.engine.kv_connector import KVConnectorContext, KVConnectorFactory
+from kvmesh.replica.engine.kv_connectors import KVConnectors
 from kvmesh.replica.engine.loras import EngineLoRAs
 from kvmesh.replica.engine.offload_connector import OffloadConnector
 from kvmesh.replica.engine.output_processor import OutputProcessor
@@ -69,7 +70,7 @@ class LLMEngine:
         self.kv_cache_manager = make_kv_cache_manager(
             config, self.num_kv_blocks, model_runner.num_host_blocks,
             self._step_events.append if event_publisher is not None or events is not None else None,
-            held_elsewhere=self._held_elsewhere)
+            held_elsewhere=lambda: self.kv_connectors.held_blocks())
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
@@ -85,8 +86,9 @@ class LLMEngine:
         context = KVConnectorContext(config, self.kv_cache_manager, model_runner)
         factories = [OffloadConnector] if self.kv_cache_manager.offload is not None else []
         factories += default_kv_connectors() if kv_connectors is None else kv_connectors
-        self.kv_connectors: list[KVConnector] = [make(context) for make in factories]
-        """Called in this order at every point of the seam (kv_connector.py)."""
+        self.kv_connectors = KVConnectors([make(context) for make in factories])
+        """Called in this order at every point of the seam (kv_connector.py): the engine thread's loop (AsyncLLM) polls
+        them between steps and reads their ``/load`` fields."""
         self.loras = EngineLoRAs(config, model_runner)  # adapters known here; config.lora_modules registered now
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
@@ -139,8 +141,7 @@ class LLMEngine:
     def _finish_with(self, request_id: str, status: RequestStatus, error: str | None = None) -> None:
         request = self.scheduler.finish_request(request_id, status)
         if request is not None:
-            for connector in self.kv_connectors:
-                connector.request_finished(request)  # aborted or failed: nothing to lease
+            self.kv_connectors.request_finished(request)  # aborted or failed: nothing to lease
             request.error = error
             self._pending.append(self.output_processor.make_output(request, []))
             self.output_processor.on_finished(request)
@@ -157,8 +158,7 @@ class LLMEngine:
         """Schedule, run the model once, and return the outputs of every request that progressed or ended
         (with async scheduling: launch this step, then return the outputs of the previous one)."""
         outputs, self._pending = self._pending, []
-        for connector in self.kv_connectors:
-            connector.update_connector_output()
+        self.kv_connectors.update_connector_output()
         sched = self.scheduler.schedule()
         launched = None
         if sched.is_empty:
@@ -228,9 +228,8 @@ class LLMEngine:
         """The step's outputs (output_processor.py), its finished requests freed, then the aborts it caused."""
         outputs, finished = self.output_processor.process_outputs(sampled, self.scheduler.requests,
                                                                   self.fail_request)
-        for connector in self.kv_connectors:
-            for request in finished:  # before the blocks are freed: a lease taken here holds them
-                connector.request_finished(request)
+        for request in finished:  # before the blocks are freed: a lease taken here holds them
+            self.kv_connectors.request_finished(request)
         self.scheduler.finish_running(finished)
         for request in finished:
             self.output_processor.on_finished(request)
@@ -238,35 +237,9 @@ class LLMEngine:
         self._pending = []
         return outputs
 
-    # -- the connectors' seam, for the engine thread's loop (AsyncLLM) and /load ---------------------
-
     def connector(self, kind: type[C]) -> C | None:
-        """This engine's connector of class ``kind`` (None without one)."""
-        return next((c for c in self.kv_connectors if isinstance(c, kind)), None)
-
-    def _held_elsewhere(self) -> list:
-        held = []
-        for connector in self.kv_connectors:
-            held += connector.held_blocks()
-        return held
-
-    def between_steps(self) -> None:
-        for connector in self.kv_connectors:
-            connector.between_steps()
-
-    def idle_timeout(self) -> float | None:
-        waits = [w for c in self.kv_connectors if (w := c.idle_timeout()) is not None]
-        return min(waits) if waits else None
-
-    def kv_load_fields(self) -> dict:
-        fields: dict = {}
-        for connector in self.kv_connectors:
-            fields.update(connector.load_fields())
-        return fields
-
-    def shutdown_connectors(self) -> None:
-        for connector in self.kv_connectors:
-            connector.shutdown()
+        """This engine's connector of class ``kind`` (None without one; kv_connectors.py)."""
+        return self.kv_connectors.get(kind)
 
     # -- events, stats, lifecycle ------------------------------------------------------------------
 

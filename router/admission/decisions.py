@@ -78,7 +78,7 @@ class Admission:
         request takes no tokens)."""
         queue = self.queues.setdefault(model, AdmissionQueue())
         drain = self.drains.setdefault(model, DrainRate())
-        ahead = queue.ahead_of(priority)
+        ahead = queue.ahead_of(priority, tenant.name, functools.partial(self.ledger.usage, now=now))
         wait_s = drain.wait_s(ahead, now)
         if self.ledger.queued(model) >= self.config.max_queued:
             return Shed(QUEUE_FULL, wait_s or 1.0,
@@ -86,7 +86,7 @@ class Admission:
                         "retry after Retry-After seconds")
         if deadline is not None and wait_s is not None and now + wait_s > deadline:
             return Shed(DEADLINE, wait_s, f"deadline unreachable: the TTFT deadline of {deadline - now:.3g} s "
-                        f"cannot be met ({ahead} requests of priority <= {priority} wait, about {wait_s:.3g} s); "
+                        f"cannot be met ({ahead} requests go on before it, about {wait_s:.3g} s); "
                         "retry later or allow a longer deadline")
         if tenant.limit is not None:
             refill_s = self.ledger.try_take(tenant.name, prompt_tokens, tenant.limit, now)
@@ -108,10 +108,13 @@ class Admission:
         return queue.head(functools.partial(self.ledger.usage, now=now))  # queue -> ledger, never back here
 
     def gate(self, waiter: Waiter, predicted_ttft_s: float | None, room: bool, now: float,
-             idle: bool = False) -> str | Shed:
+             idle: bool = False, predicted_wait_s: float | None = None) -> str | Shed:
         """GO, WAIT or Shed for the head ``waiter``: ``predicted_ttft_s`` on its best replica (None: not priced),
         ``room``: some candidate has a free slot (used when not priced); ``idle``: that best replica has nothing
-        in flight or waiting, so its prediction is the request's own prefill (a long prompt goes on however long)."""
+        in flight or waiting, so its prediction is the request's own prefill (a long prompt goes on however long);
+        ``predicted_wait_s``: the part of the prediction spent behind the work already there (``TTFTEstimate.wait_s``)
+        -- what is held to ``admit_ttft_s`` when given (its own prefill is no reason to wait), the whole prediction
+        when not. The deadline is judged on the whole prediction."""
         if waiter.deadline is not None:
             late = now >= waiter.deadline
             if late or (predicted_ttft_s is not None and now + predicted_ttft_s > waiter.deadline):
@@ -119,12 +122,13 @@ class Admission:
                 why = (f"waited {waited:.3g} s, its deadline passed" if late else
                        f"the fastest replica's predicted TTFT is {predicted_ttft_s:.3g} s, "
                        f"{waiter.deadline - now:.3g} s are left")
-                return Shed(DEADLINE, self.retry_after(waiter.model, waiter.priority, now),
+                return Shed(DEADLINE, self.retry_after(waiter.model, waiter.priority, now, waiter.tenant),
                             f"deadline unreachable: {why} (TTFT deadline {waiter.deadline - waiter.arrival:.3g} s); "
                             "retry later or allow a longer deadline")
         if self.ledger.better_elsewhere(waiter.model, waiter.priority):
             return WAIT  # another router process holds a more urgent request: the room is its
-        ok = room if predicted_ttft_s is None else idle or predicted_ttft_s <= self.config.admit_ttft_s
+        soon = predicted_ttft_s if predicted_wait_s is None else predicted_wait_s
+        ok = room if predicted_ttft_s is None else idle or soon <= self.config.admit_ttft_s
         return GO if ok else WAIT
 
     def expired(self, model: str, now: float) -> list[Waiter]:
@@ -132,12 +136,14 @@ class Admission:
         queue = self.queues.get(model)
         return [] if queue is None else [w for w in queue if w.deadline is not None and w.deadline <= now]
 
-    def retry_after(self, model: str, priority: int, now: float) -> float:
-        """Seconds until the waiters now ahead of a new ``priority`` request have gone on (1 when unknown)."""
+    def retry_after(self, model: str, priority: int, now: float, tenant: str = "") -> float:
+        """Seconds until the waiters now ahead of a new ``priority`` request of ``tenant`` have gone on (1 when
+        unknown)."""
         queue, drain = self.queues.get(model), self.drains.get(model)
         if queue is None or drain is None:
             return 1.0
-        return drain.wait_s(queue.ahead_of(priority) + 1, now) or 1.0
+        ahead = queue.ahead_of(priority, tenant, functools.partial(self.ledger.usage, now=now))
+        return drain.wait_s(ahead + 1, now) or 1.0
 
     # ---------------------------------------------------------------- leaving
     def went(self, waiter: Waiter, computed_prompt_tokens: int, now: float) -> None:

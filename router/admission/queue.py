@@ -94,6 +94,18 @@ class AdmissionQueue:
         tenant = min(band, key=lambda name: (usage(name), band[name][0].seq))
         return band[tenant][0]
 
-    def ahead_of(self, priority: int) -> int:
-        """Waiters served before a new arrival of ``priority`` at the latest (its band and the better ones)."""
-        return sum(len(waiters) for p, band in self.bands.items() if p <= priority for waiters in band.values())
+    def ahead_of(self, priority: int, tenant: str, usage: Callable[[str], float]) -> int:
+        """About how many waiters go on before a new arrival of ``tenant`` at ``priority``: every waiter of a better
+        band; in its own band its tenant's own waiters, and of each tenant that has used no more than it
+        (``usage``) as many as fair share serves before it (each at most its own waiters + 1, served in turn); a
+        tenant that has used more goes after it. The flood's queue is not a light tenant's wait."""
+        ahead = 0
+        for p, band in self.bands.items():
+            if p < priority:
+                ahead += sum(len(waiters) for waiters in band.values())
+            elif p == priority:
+                own = len(band.get(tenant, ()))
+                mine = usage(tenant)
+                ahead += own + sum(min(len(waiters), own + 1) for name, waiters in band.items()
+                                   if name != tenant and usage(name) <= mine)
+        return ahead

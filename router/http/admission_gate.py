@@ -211,7 +211,7 @@ class AdmissionGate:
             return
         self.admission.leave(waiter)
         now = time.monotonic()
-        future.set_result(Shed(DEADLINE, self.admission.retry_after(waiter.model, waiter.priority, now),
+        future.set_result(Shed(DEADLINE, self.admission.retry_after(waiter.model, waiter.priority, now, waiter.tenant),
                                f"deadline unreachable: waited {now - waiter.arrival:.3g} s in the router's queue, "
                                f"its TTFT deadline of {waiter.deadline - waiter.arrival:.3g} s passed; retry later"))
 
@@ -236,17 +236,20 @@ class AdmissionGate:
                 adm.leave(waiter)
                 continue
             try:
-                decision = waiting.request.route(self.router, [])
+                decision = waiting.request.route(self.router, [], commit=False)  # a price: it may not go yet
             except NoReplicaError:  # nothing to wait for: dispatch answers 503
                 decision = None
-            verdict = GO if decision is None else adm.gate(waiter, decision.predicted_ttft_s, self._room(now), now,
-                                                           idle=self._idle(decision.replica_id))
+            verdict = GO if decision is None else adm.gate(
+                waiter, decision.predicted_ttft_s, self._room(now), now, idle=self._idle(decision.replica_id),
+                predicted_wait_s=None if decision.estimate is None else decision.estimate.wait_s)
             if verdict == WAIT:
                 return
             if isinstance(verdict, Shed):
                 adm.leave(waiter)
                 waiting.future.set_result(verdict)
                 continue
+            if decision is not None:
+                self.router.commit(decision, waiting.request.session_id)
             adm.went(waiter, 0 if decision is None else decision.uncached_tokens, now)
             waiting.granted = True
             self.granted += 1

@@ -16,9 +16,7 @@ asks for ``"return_token_ids": true``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 import time
 from typing import TYPE_CHECKING, Protocol
 
@@ -33,6 +31,7 @@ from kvmesh.router.http.messages import Request, Response
 from kvmesh.router.http.migration import MigratingStream
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.relay import UPSTREAM_ERRORS, Opened, StreamRelay, let_go
+from kvmesh.router.http.route_accounting import count_decision, report_cached
 from kvmesh.router.http.router_only import refuse_router_only
 from kvmesh.router.http.token_forwarding import TEXT, UpstreamKind
 from kvmesh.router.http.upstream import UpstreamPool
@@ -53,15 +52,11 @@ if TYPE_CHECKING:
     from kvmesh.router.routing.outlier import OutlierDetector
 
 logger = logging.getLogger(__name__)
-access_log = logging.getLogger("kvmesh.router.access")
-"""One JSON line per request with its route receipt (``router.access_log``)."""
 OpenAIRequest = p.CompletionRequest | p.ChatCompletionRequest
 """A validated body of one of the two proxied paths."""
 SESSION_HEADER = b"x-session-id"
 """Request header naming a conversation/agent session (else the body's ``user``): soft affinity."""
 HEADER_OPT_IN_BYTES = HEADER_OPT_IN.encode()
-_CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
-_HOST_CACHED = re.compile(rb'"host_cached_tokens"\s*:\s*(\d+)')  # kvmesh replicas with a host tier
 
 
 class Replicas(Protocol):
@@ -240,7 +235,7 @@ class Forwarder:
                 svc.receipt_metrics.on_ttft(decision.receipt)
             if request.failed_over:
                 decision.receipt.failed_over = tuple(request.failed_over)
-            self._count_decision(decision, len(request.route_ids))
+            count_decision(self.runtime, decision, len(request.route_ids))
             return opened
         raise ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
                             "retry later", 503)
@@ -264,26 +259,9 @@ class Forwarder:
             raise
         return Opened(upstream, first, upstream, decision)
 
-    def _count_decision(self, decision: RouteDecision, prompt_tokens: int) -> None:
-        m, rid = self.runtime.metrics, str(decision.replica_id)
-        m.child(m.decisions, rid, self.runtime.router.policy_name).inc()
-        m.child(m.predicted_hit_tokens, rid).inc(decision.predicted_hit_tokens)
-        m.child(m.prompt_tokens, rid).inc(prompt_tokens)
-        self.runtime.receipt_metrics.on_route(decision.receipt)
-
     def report_cached(self, decision: RouteDecision, chunk: bytes) -> None:
-        """Count the cached tokens a replica reported in ``chunk`` (usage), against the route's receipt."""
-        if b"cached_tokens" in chunk:
-            found = _CACHED.findall(chunk)
-            if found:
-                svc, cached = self.runtime, int(found[-1])
-                svc.metrics.child(svc.metrics.reported_cached_tokens, str(decision.replica_id)).inc(cached)
-                host = _HOST_CACHED.findall(chunk) if b"host_cached_tokens" in chunk else None
-                receipt = svc.router.receipts.record_actual(decision.receipt, cached,
-                                                            int(host[-1]) if host else None)
-                svc.receipt_metrics.on_actual(receipt)
-                if svc.config.access_log:
-                    access_log.info("%s", json.dumps(receipt.log_fields()))
+        """Count the cached tokens a replica reported in ``chunk`` against the route (route_accounting.py)."""
+        report_cached(self.runtime, decision, chunk)
 
     async def _answer(self, request: ProxyRequest, opened: Opened) -> Response:
         """The client's answer: a stream relayed (and migrated if need be), or the whole body."""

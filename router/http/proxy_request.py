@@ -87,14 +87,14 @@ class ProxyRequest:
         request.route_ids, request.salt = route_ids, salt
         return request
 
-    def route(self, router: KVRouter, tried: list[str]) -> RouteDecision:
+    def route(self, router: KVRouter, tried: list[str], commit: bool = True) -> RouteDecision:
         """Where it goes, avoiding ``tried`` (NoReplicaError: nowhere): dispatch's call, and admission's for the
-        head of its queue (router/http/admission_gate.py)."""
+        head of its queue (router/http/admission_gate.py: ``commit=False`` until it goes, ``KVRouter.route``)."""
         pool = self.model_pool
         if pool is None:
-            return router.route(self.route_ids, self.salt, exclude=tried, session_id=self.session_id)
+            return router.route(self.route_ids, self.salt, exclude=tried, session_id=self.session_id, commit=commit)
         return router.route(self.route_ids, self.salt, pool.lora_name, exclude=tried, session_id=self.session_id,
-                            pool=pool.replicas)
+                            pool=pool.replicas, commit=commit)
 
     def ask_for_token_ids(self) -> None:
         """Streams: ask every upstream for the token ids behind the text (a stream migrates by them,

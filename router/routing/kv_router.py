@@ -11,11 +11,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
 
 from kvmesh.events.schema import EventBatch
 from kvmesh.kvcache.reuse import reusable_blocks, reusable_tokens
-from kvmesh.router.routing.cost import TTFTEstimate, observe_ttft
+from kvmesh.router.routing.cost import observe_ttft
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.routing.kv_placement import (
@@ -30,6 +29,7 @@ from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, RouteReceipt
 from kvmesh.router.routing.roles import BOTH, PREFILL, check_role
+from kvmesh.router.routing.route_decision import RouteDecision
 from kvmesh.router.routing.session import SessionConfig, SessionTable
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -41,39 +41,6 @@ DEGRADED_CAUSES = (INCOMPATIBLE, BAD_FRAMES, STALLED, LAGGING, LOST_EVENTS)
 """Why a replica may be degraded: its blocks cannot match the router's keys (block size, tokenizer);
 its stream sends bad frames; it stopped (published batches not applied); it lags (batches applied
 long after they happened); it lost batches that neither replay nor a snapshot restored."""
-
-
-@dataclass(slots=True)
-class RouteDecision:
-    """One routing decision and what it cost."""
-
-    replica_id: Hashable
-    """The chosen replica."""
-    keys: list[int]
-    """The request's router keys (one per full prompt block)."""
-    matched_blocks: int
-    """Leading prompt blocks the chosen replica holds (real or predicted)."""
-    predicted_hit_tokens: int
-    """Prompt tokens the replica should report as cached (matched blocks, capped at prompt - 1)."""
-    uncached_tokens: int
-    """Prompt tokens the replica will still compute."""
-    host_hit_tokens: int = 0
-    """The part of ``predicted_hit_tokens`` the replica loads back from its host tier."""
-    receipt: RouteReceipt | None = None
-    """What was decided and why (router/routing/receipts.py); complete it with ``KVRouter.receipts.record_actual``."""
-    timings_ns: dict[str, int] = field(default_factory=dict)
-    """Nanoseconds spent per stage: hash, match, score."""
-    pull: PlannedPull | None = None
-    """A peer pull worth making: the chosen replica gets the holder's extra blocks (router/routing/kv_placement.py)."""
-    predicted_ttft_s: float | None = None
-    """The request's predicted time to first token on the chosen replica, in seconds (issue 38's cost model);
-    None when the policy does not price in seconds. Router admission compares it with the request's deadline."""
-    pool: frozenset | None = None
-    """The replicas the request could go to (those serving its model, router/routing/model_pools.py); None: all.
-    A P/D split and a peer pull stay inside it."""
-    estimate: TTFTEstimate | None = None
-    """The chosen replica's estimate by part (router/routing/cost/; None: not priced); ``KVRouter.observe_ttft``
-    learns from it."""
 
 
 class KVRouter:
@@ -193,7 +160,7 @@ class KVRouter:
     # ---------------------------------------------------------------- decisions
     def route(self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None,
               exclude: Iterable[Hashable] = (), now: float | None = None,
-              session_id: str | None = None, pool: frozenset | None = None) -> RouteDecision:
+              session_id: str | None = None, pool: frozenset | None = None, commit: bool = True) -> RouteDecision:
         """Choose a healthy replica (not in ``exclude``; in ``pool`` when given: the replicas serving the request's
         model or adapter) for a prompt; credits it with the prompt's blocks. ``lora_name`` keys the prompt's blocks
         with its adapter, as the engine keys them.
@@ -201,7 +168,9 @@ class KVRouter:
         ``now`` is the clock that predictions and session pins expire by (``time.monotonic()`` when
         None; the simulator passes simulated time). ``session_id`` (a header or the request's
         ``user`` field) keeps a conversation on its replica while the policy's cost allows.
-        Raises NoReplicaError when no candidate is left.
+        Raises NoReplicaError when no candidate is left. ``commit=False`` decides without crediting the replica or
+        pinning the session (a price for a request that may not go yet: router admission's queue head); ``commit``
+        does it once the request goes.
         """
         t0 = _ns()
         keys = self.hasher.keys(token_ids, cache_salt, lora_name)
@@ -232,8 +201,10 @@ class KVRouter:
                 if (pinned is not None and pinned != replica_id and pinned in loads
                         and policy.keeps_session(pinned, replica_id, keys, matches, loads, len(token_ids))):
                     replica_id, by_session = pinned, True
-                self.sessions.pin(session_id, replica_id, now)
-            self.index.predict(replica_id, keys, now=now, start=matches.get(replica_id, 0))
+                if commit:
+                    self.sessions.pin(session_id, replica_id, now)
+            if commit:
+                self.index.predict(replica_id, keys, now=now, start=matches.get(replica_id, 0))
             pull = self._plan_pull(replica_id, tiers, len(token_ids), excluded, pool)
             estimate = policy.estimate(replica_id, keys, tiers, loads, len(token_ids), lora_name)
         t3 = _ns()
@@ -258,6 +229,18 @@ class KVRouter:
         return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, host_hit, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, predicted,
                              pool=pool, estimate=estimate if predicted is not None else None)
+
+    def commit(self, decision: RouteDecision, session_id: str | None = None, now: float | None = None) -> None:
+        """Credit ``decision``'s replica with its prompt's blocks and pin its session, as ``route`` does unless told
+        ``commit=False``."""
+        if now is None and session_id is not None:
+            now = time.monotonic()
+        with self.lock:
+            rid = decision.replica_id
+            if session_id is not None:
+                self.sessions.pin(session_id, rid, now)
+            start = self.index.match_tiers(decision.keys, now=now).device.get(rid, 0)
+            self.index.predict(rid, decision.keys, now=now, start=start)
 
     def observe_ttft(self, decision: RouteDecision, actual_s: float) -> None:
         """The routed request's first token came ``actual_s`` after routing: learn the replica's correction

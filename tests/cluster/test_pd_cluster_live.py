@@ -208,7 +208,10 @@ def test_killing_the_prefill_replica_under_load_fails_no_request(pd, tokenizer, 
     assert len(results) == clients * per_client
     failed = [r for r in results if r[0] != 200]
     assert not failed, failed[:3]
-    assert any("prefill-1 is dead" in m for m in pd.messages), pd.messages[-10:]
+    deadline = time.monotonic() + 30  # the supervisor sees the death on its next poll (every second)
+    while not any("prefill-1 is dead" in m for m in pd.messages):
+        assert time.monotonic() < deadline, pd.messages[-10:]
+        time.sleep(0.2)
     splits = {s.labels["outcome"]: int(s.value) for s in _samples(httpx.get(pd.url + "/metrics", timeout=10).text,
                                                                      "kvmesh_router_pd_splits_total")}
     with capsys.disabled():

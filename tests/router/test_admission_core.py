@@ -106,12 +106,32 @@ def test_an_arrival_whose_deadline_the_queue_cannot_meet_is_shed_at_once():
     assert isinstance(adm.arrive("m", t, -1, 1, deadline=1.5, now=1.0), Waiter)  # a better priority jumps them
 
 
+def test_a_light_tenants_arrival_is_not_judged_by_the_floods_queue():
+    adm = _admission()
+    flood, light = Tenant("flood"), Tenant("light")
+    for i in range(10):  # 10 requests/s went on, all the flood's: it has used the fleet, light has not
+        w = adm.arrive("m", flood, 0, 100, None, now=i * 0.1)
+        adm.went(w, 100, now=i * 0.1)
+    for _ in range(40):  # 4 s of the flood's requests wait
+        adm.arrive("m", flood, 0, 100, None, now=1.0)
+    assert isinstance(adm.arrive("m", light, 0, 10, deadline=1.5, now=1.0), Waiter)  # fair share serves it next
+    shed = adm.arrive("m", flood, 0, 100, deadline=1.5, now=1.0)
+    assert isinstance(shed, Shed) and shed.reason == DEADLINE and "41 requests go on before it" in shed.message
+    queue = adm.queues["m"]
+    usage = {"flood": 1000.0, "light": 0.0, "mid": 10.0}.get
+    assert queue.ahead_of(0, "light", usage) == 1  # its own waiter; the heavier flood goes after it
+    assert queue.ahead_of(0, "mid", usage) == 1  # light (used less) goes first: its one waiter
+    assert queue.ahead_of(1, "light", usage) == 41  # a worse band waits for the whole better one
+
+
 def test_the_gate_goes_within_admit_ttft_waits_beyond_and_sheds_what_misses_its_deadline():
     adm = _admission(admit_ttft_s=0.5)
     w = adm.arrive("m", Tenant("t"), 0, 1, deadline=2.0, now=0.0)
     assert adm.gate(w, 0.4, room=False, now=0.0) == GO
     assert adm.gate(w, 1.5, room=True, now=0.0) == WAIT  # a prediction outranks the slot count
     assert adm.gate(w, 1.5, room=False, now=0.0, idle=True) == GO  # on an idle replica: its own prefill
+    assert adm.gate(w, 1.5, room=False, now=0.0, predicted_wait_s=0.3) == GO  # a long prompt, a short wait
+    assert adm.gate(w, 1.5, room=False, now=0.0, predicted_wait_s=0.7) == WAIT  # the wait is what is held back
     shed = adm.gate(w, 2.5, room=True, now=0.0)
     assert isinstance(shed, Shed) and shed.reason == DEADLINE and "predicted TTFT is 2.5 s" in shed.message
     late = adm.gate(w, None, room=True, now=2.0)

@@ -4,6 +4,7 @@ it; the replica's decode step-time fit (replica/engine/step_time.py) and its /lo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -189,3 +190,13 @@ def test_load_reports_the_decode_step_fit_and_the_pull_fixed_cost():
     load.update_report(msgspec.json.decode(msgspec.json.encode(report), type=LoadReport))
     load.update_transfer({"enabled": True, "pull_bytes_per_s": 1e9, "pull_fixed_s": 0.004})
     assert load.decode_step.step_s == pytest.approx(0.01) and load.pull_fixed_s == 0.004
+
+
+def test_the_wait_part_of_a_prediction_leaves_out_the_requests_own_work_and_follows_the_correction():
+    from kvmesh.router.routing.cost import TTFTEstimate
+
+    e = TTFTEstimate(queue_s=0.2, interleave_s=0.1, prefill_s=1.5, load_back_s=0.1, pull_s=0.05, adapter_s=0.05,
+                     stall_s=0.0, pace_s=0.01)
+    assert e.ttft_s == pytest.approx(2.0) and e.wait_s == pytest.approx(0.3)  # a long prompt behind a short queue
+    slower = dataclasses.replace(e, corrected_s=3.0)  # the replica runs 1.5x slower than predicted: its wait too
+    assert slower.wait_s == pytest.approx(0.45)

@@ -75,6 +75,15 @@ class TTFTEstimate:
         return self.raw_s if self.corrected_s is None else self.corrected_s
 
     @property
+    def wait_s(self) -> float:
+        """The part of ``ttft_s`` spent waiting for the work already there (queue and interleaved decodes), not on
+        its own (prefill, load-back, pull, adapter load); corrected in proportion. Router admission gates on it: a
+        long prompt's own prefill is no reason to hold it back."""
+        raw = self.raw_s
+        waiting = self.queue_s + self.interleave_s
+        return waiting if raw <= 0 or self.corrected_s is None else waiting * self.corrected_s / raw
+
+    @property
     def choice_s(self) -> float:
         """What ``cache_aware`` minimizes: its TTFT and the seconds its prefill takes from the other requests there
         (the decodes it stalls, the arrivals it delays, the cached tokens it evicts)."""

@@ -1,0 +1,57 @@
+"""A routed request counted: its decision when made, the cached tokens its replica reported when it answered.
+
+Both feed the router's metrics and the route receipt (router/routing/receipts.py); with ``router.access_log`` the
+completed receipt is one JSON line on the ``kvmesh.router.access`` logger.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from kvmesh.router.config import RouterConfig
+    from kvmesh.router.http.metrics import RouterMetrics
+    from kvmesh.router.http.receipt_metrics import ReceiptMetrics
+    from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
+
+access_log = logging.getLogger("kvmesh.router.access")
+"""One JSON line per request with its route receipt (``router.access_log``)."""
+_CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+_HOST_CACHED = re.compile(rb'"host_cached_tokens"\s*:\s*(\d+)')  # kvmesh replicas with a host tier
+
+
+class Counted(Protocol):
+    """What the accounting reads of the running router (``RouterRuntime``; a part of proxy.py's ``Replicas``)."""
+
+    config: RouterConfig
+    router: KVRouter
+    metrics: RouterMetrics
+    receipt_metrics: ReceiptMetrics
+
+
+def count_decision(runtime: Counted, decision: RouteDecision, prompt_tokens: int) -> None:
+    """A request was sent to ``decision.replica_id``: its decision, predicted hit and prompt counted."""
+    m, rid = runtime.metrics, str(decision.replica_id)
+    m.child(m.decisions, rid, runtime.router.policy_name).inc()
+    m.child(m.predicted_hit_tokens, rid).inc(decision.predicted_hit_tokens)
+    m.child(m.prompt_tokens, rid).inc(prompt_tokens)
+    runtime.receipt_metrics.on_route(decision.receipt)
+
+
+def report_cached(runtime: Counted, decision: RouteDecision, chunk: bytes) -> None:
+    """Count the cached tokens a replica reported in ``chunk`` (its usage), against the route's receipt."""
+    if b"cached_tokens" not in chunk:
+        return
+    found = _CACHED.findall(chunk)
+    if not found:
+        return
+    cached = int(found[-1])
+    runtime.metrics.child(runtime.metrics.reported_cached_tokens, str(decision.replica_id)).inc(cached)
+    host = _HOST_CACHED.findall(chunk) if b"host_cached_tokens" in chunk else None
+    receipt = runtime.router.receipts.record_actual(decision.receipt, cached, int(host[-1]) if host else None)
+    runtime.receipt_metrics.on_actual(receipt)
+    if runtime.config.access_log:
+        access_log.info("%s", json.dumps(receipt.log_fields()))

@@ -1,0 +1,43 @@
+"""What one routing decision chose, what it predicted and what it cost (``KVRouter.route`` returns it)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from kvmesh.router.routing.cost import TTFTEstimate
+from kvmesh.router.routing.kv_placement import PlannedPull
+from kvmesh.router.routing.receipts import RouteReceipt
+
+
+@dataclass(slots=True)
+class RouteDecision:
+    """One routing decision and what it cost."""
+
+    replica_id: Hashable
+    """The chosen replica."""
+    keys: list[int]
+    """The request's router keys (one per full prompt block)."""
+    matched_blocks: int
+    """Leading prompt blocks the chosen replica holds (real or predicted)."""
+    predicted_hit_tokens: int
+    """Prompt tokens the replica should report as cached (matched blocks, capped at prompt - 1)."""
+    uncached_tokens: int
+    """Prompt tokens the replica will still compute."""
+    host_hit_tokens: int = 0
+    """The part of ``predicted_hit_tokens`` the replica loads back from its host tier."""
+    receipt: RouteReceipt | None = None
+    """What was decided and why (router/routing/receipts.py); complete it with ``KVRouter.receipts.record_actual``."""
+    timings_ns: dict[str, int] = field(default_factory=dict)
+    """Nanoseconds spent per stage: hash, match, score."""
+    pull: PlannedPull | None = None
+    """A peer pull worth making: the chosen replica gets the holder's extra blocks (router/routing/kv_placement.py)."""
+    predicted_ttft_s: float | None = None
+    """The request's predicted time to first token on the chosen replica, in seconds (issue 38's cost model);
+    None when the policy does not price in seconds. Router admission compares it with the request's deadline."""
+    pool: frozenset | None = None
+    """The replicas the request could go to (those serving its model, router/routing/model_pools.py); None: all.
+    A P/D split and a peer pull stay inside it."""
+    estimate: TTFTEstimate | None = None
+    """The chosen replica's estimate by part (router/routing/cost/; None: not priced); ``KVRouter.observe_ttft``
+    learns from it."""

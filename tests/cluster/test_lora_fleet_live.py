@@ -1,0 +1,73 @@
+"""Issue 39 through ``kvmesh serve``: one deployment of stories260K on 2 replicas serving PEFT adapters from the start.
+
+Under concurrent load the follow-ups of an adapter's conversation come back cached (the router keys adapter prompts
+as the engine hashes them and sends them where they are cached); an adapter added at runtime through the router
+(``kvmesh lora load``'s call) serves at once, with its own weights. The measured run with 8 adapters is ``kvmesh
+bench lora-fleet`` (BENCHMARKS); this is the same driver, smaller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from .live_cluster import admin_headers, start_cluster
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def adapters(stories_path, tmp_path_factory):
+    from kvmesh.cluster.measure.benchmarks.support.peft_writer import write_lora_adapter
+
+    root = tmp_path_factory.mktemp("adapters")
+    return {name: str(write_lora_adapter(stories_path, root / name, seed=i))
+            for i, name in enumerate(["lora-0", "lora-1", "lora-2", "late-0"])}
+
+
+@pytest.fixture(scope="module")
+def fleet(ray_session, stories_path, tmp_path_factory, adapters):
+    served = {k: v for k, v in adapters.items() if k.startswith("lora-")}
+    deployment = {"model": str(stories_path), "served_model_name": "stories", "num_replicas": 2,
+                  "adapters": served, "engine": {"max_loras": 2}}
+    serve = start_cluster(stories_path, tmp_path_factory, "lora", engine={
+        "model": str(stories_path), "kv_cache_memory": "16MiB", "max_num_batched_tokens": 512, "max_lora_rank": 8},
+        deployments={"models": [deployment]})
+    yield serve
+    serve.stop()
+
+
+def test_the_router_lists_the_deployment_and_its_adapters(fleet):
+    cards = httpx.get(fleet.url + "/v1/models", timeout=10).json()["data"]
+    assert {c["id"]: c.get("parent") for c in cards} == {"stories": None, "lora-0": "stories", "lora-1": "stories",
+                                                         "lora-2": "stories"}
+
+
+def test_follow_ups_come_back_cached_and_a_runtime_adapter_serves_at_once(fleet, adapters):
+    from kvmesh.cluster.measure.benchmarks import lora_fleet as lf
+
+    args = argparse.Namespace(conversations=18, clients=4, zipf=1.1, prompt_tokens=96, question_tokens=8,
+                              max_tokens=8, seed=1, timeout_s=120.0)
+    fleet.admin_key = json.loads(fleet.admin_key_file.read_text())["admin_key"]
+    assert admin_headers(fleet)["Authorization"] == f"Bearer {fleet.admin_key}"
+
+    async def run():
+        loads = asyncio.create_task(lf.runtime_loads(args, fleet, {"late-0": adapters["late-0"]}, start_after_s=1.0))
+        convs = await lf.conversations(args, fleet.url, ["lora-0", "lora-1", "lora-2"], lf.BLOCK_SIZE)
+        return convs, await loads
+
+    convs, loads = asyncio.run(run())
+    s = lf.summarize(convs, loads, 1.0, 0.0)
+    assert s["answered"] == 18, [c for c in convs if c["follow_up"]["status"] != 200][:2]
+    assert s["cached_share"] >= lf.CACHED_SHARE_TARGET, [(c["adapter"], c["follow_up"]["cached_tokens"])
+                                                         for c in convs if not c["cached"]]
+    (late,) = loads
+    assert late["load_status"] == 200, late["load_answer"]
+    assert late["request"]["status"] == 200 and late["differs_from_base"], late
+    assert late["first_token_after_call_s"] < 5.0, late  # the bench measures the 1 s target on a quiet machine
+    cards = httpx.get(fleet.url + "/v1/models", timeout=10).json()["data"]
+    assert {"id": "late-0", "parent": "stories"}.items() <= next(c for c in cards if c["id"] == "late-0").items()
