@@ -71,6 +71,9 @@ class LoadReport(msgspec.Struct, kw_only=True):
     """Prompt tokens not yet computed, summed over waiting and running requests."""
     num_kv_blocks: int = 0
     block_size: int = 0
+    max_num_seqs: int | None = None
+    """Most requests the replica runs at once (its scheduler's ``max_num_seqs``; KV may allow fewer); None: not said.
+    Router admission sends no more than this at once (router/admission/room.py)."""
     timestamp: float = msgspec.field(default_factory=time.time)
     """The replica's clock (``time.time()``) when it answered: routers estimate the clock offset from it."""
     kv_events_seq: int | None = None

@@ -110,7 +110,10 @@ class Admission:
     def gate(self, waiter: Waiter, predicted_ttft_s: float | None, room: bool, now: float,
              idle: bool = False, predicted_wait_s: float | None = None) -> str | Shed:
         """GO, WAIT or Shed for the head ``waiter``: ``predicted_ttft_s`` on its best replica (None: not priced),
-        ``room``: some candidate has a free slot (used when not priced); ``idle``: that best replica has nothing
+        ``room``: the replica it would go to has a free slot (room.py; unpriced: some candidate has) -- a priced
+        request goes on only where it starts at once, so the order decided here is the order served and a
+        prediction that is short of the truth cannot pile requests up in a replica's queue; ``idle``: that best
+        replica has nothing
         in flight or waiting, so its prediction is the request's own prefill (a long prompt goes on however long);
         ``predicted_wait_s``: the part of the prediction spent behind the work already there (``TTFTEstimate.wait_s``)
         -- what is held to ``admit_ttft_s`` when given (its own prefill is no reason to wait), the whole prediction
@@ -128,7 +131,7 @@ class Admission:
         if self.ledger.better_elsewhere(waiter.model, waiter.priority):
             return WAIT  # another router process holds a more urgent request: the room is its
         soon = predicted_ttft_s if predicted_wait_s is None else predicted_wait_s
-        ok = room if predicted_ttft_s is None else idle or soon <= self.config.admit_ttft_s
+        ok = room if predicted_ttft_s is None else idle or (room and soon <= self.config.admit_ttft_s)
         return GO if ok else WAIT
 
     def expired(self, model: str, now: float) -> list[Waiter]:

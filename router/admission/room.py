@@ -1,15 +1,17 @@
 """Whether a replica can start a request soon, and how fast a queue drains.
 
-A request goes on from the router's queue when some replica can start it soon, so the replicas' own
+A request goes on from the router's queue when a replica can start it at once and soon, so the replicas' own
 queues stay short and the order decided here (priority, fair share) is the order served. "Soon" is the
-cost model's predicted TTFT in seconds when the policy gives one (``RouteDecision.predicted_ttft_s``,
-within ``admit_ttft_s``); without a prediction, a replica has room while the requests this host's router
-processes have in flight there are fewer than it runs at once -- its *slots*, learned from its ``/load``:
-when it reports requests waiting, the ones it runs are all it can (its ``max_num_seqs`` or its KV cache's
-limit), learned again each time it reports waiting requests and trusted ``slots_ttl_s``; until it first does
-(or after that), it has room as long as it reports none. A replica with nothing in flight from this host always has room (so the queue always moves).
-A running count seen without waiting requests never raises the slots: a finishing request is still counted
-by the replica while the router already sent the next one.
+cost model's predicted wait in seconds when the policy gives one (``RouteDecision.predicted_ttft_s``,
+within ``admit_ttft_s``); "at once": the requests this host's router processes have in flight there are fewer
+than it runs at once -- its *slots*. A kvmesh replica says its ``max_num_seqs`` in ``/load``; the slots are also
+learned from its reports (its KV cache may run fewer): when it reports requests waiting, the ones it runs are all
+it can, learned again each time it reports waiting requests and trusted ``slots_ttl_s``. A learned count past
+its time is probed one above (one more request: if that one waits, the count is learned again, fresh; if the
+replica runs it without waiting, the count rises to what runs and the probing goes on above it). Neither said nor learned, it has room as long as
+it reports no waiting requests. A replica with nothing in flight from this host always has room (so the queue
+always moves). A fresh running count seen without waiting requests never raises the slots: a finishing request is
+still counted by the replica while the router already sent the next one.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class ReplicaRoom:
     """Running requests, as it last reported."""
     num_waiting: int
     """Waiting requests, as it last reported."""
+    max_num_seqs: int | None = None
+    """Most requests it runs at once, as it says (None: not said)."""
 
 
 class SlotCapacity:
@@ -42,19 +46,29 @@ class SlotCapacity:
         """Replica id -> (slots, when last seen)."""
 
     def observe(self, room: ReplicaRoom, now: float | None = None) -> None:
-        """Learn from a report: waiting requests mean the running ones fill every slot (``now``: the caller's
-        clock; None: what is learned never expires)."""
+        """Learn from a report: waiting requests mean the running ones fill every slot; a stale count that runs more
+        without waiting rises to it (``now``: the caller's clock; None: what is learned never expires)."""
+        at = math.inf if now is None else now
         if room.num_waiting > 0 and room.num_running > 0:
-            self.slots[room.replica_id] = (room.num_running, math.inf if now is None else now)
+            self.slots[room.replica_id] = (room.num_running, at)
+        elif room.num_waiting == 0:
+            learned = self.slots.get(room.replica_id)
+            if learned is not None and self._stale(learned, now) and room.num_running > learned[0]:
+                self.slots[room.replica_id] = (room.num_running, learned[1])  # still stale: probe on above it
 
     def has_room(self, room: ReplicaRoom, now: float | None = None) -> bool:
         self.observe(room, now)
         if room.in_flight == 0:
             return True
+        cap = room.max_num_seqs
         learned = self.slots.get(room.replica_id)
-        if learned is None or (now is not None and now - learned[1] > self.ttl_s):
-            return room.num_waiting == 0
-        return room.in_flight < learned[0]
+        if learned is None:
+            return room.in_flight < cap if cap else room.num_waiting == 0
+        slots = learned[0] + 1 if self._stale(learned, now) else learned[0]  # stale: probe one above
+        return room.in_flight < (min(slots, cap) if cap else slots)
+
+    def _stale(self, learned: tuple[int, float], now: float | None) -> bool:
+        return now is not None and now - learned[1] > self.ttl_s
 
     def forget(self, replica_id: Hashable) -> None:
         self.slots.pop(replica_id, None)

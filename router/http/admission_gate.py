@@ -11,9 +11,10 @@ start it soon; it is shed at once (429) when it cannot be served in time or its 
 
 ``pump(model)`` runs whenever room may have changed (an arrival, a request's end, every
 ``recheck_interval_s`` while requests wait): it routes the queue's head (``ProxyRequest.route``: dispatch's
-call) and asks ``Admission.gate`` with the route's ``predicted_ttft_s``, or, unpriced, whether some
-candidate replica has a free slot (router/admission/room.py); it goes on with the next head until one must
-wait. A client that leaves while waiting leaves the queue at once (its coroutine is cancelled); one whose
+call, without crediting the replica until it goes) and asks ``Admission.gate`` with the route's
+``predicted_ttft_s`` (the part spent waiting held to ``admit_ttft_s``) and whether the chosen replica has a free
+slot, or, unpriced, whether some candidate replica has one (router/admission/room.py); it goes on with the next
+head until one must wait. A client that leaves while waiting leaves the queue at once (its coroutine is cancelled); one whose
 deadline passes while waiting gets its 429 then. With no replica to route to, a request goes on (and gets
 dispatch's 503, as without admission).
 """
@@ -239,8 +240,10 @@ class AdmissionGate:
                 decision = waiting.request.route(self.router, [], commit=False)  # a price: it may not go yet
             except NoReplicaError:  # nothing to wait for: dispatch answers 503
                 decision = None
+            priced = decision is not None and decision.predicted_ttft_s is not None
+            room = self._room(now, decision.replica_id if priced else None)
             verdict = GO if decision is None else adm.gate(
-                waiter, decision.predicted_ttft_s, self._room(now), now, idle=self._idle(decision.replica_id),
+                waiter, decision.predicted_ttft_s, room, now, idle=self._idle(decision.replica_id),
                 predicted_wait_s=None if decision.estimate is None else decision.estimate.wait_s)
             if verdict == WAIT:
                 return
@@ -256,12 +259,15 @@ class AdmissionGate:
             waiting.future.set_result(decision)  # its task runs to its dispatch, then the next pump
             asyncio.get_running_loop().call_soon(self.pump, model)
 
-    def _room(self, now: float) -> bool:
-        """Whether some decode candidate has a free slot (router/admission/room.py)."""
+    def _room(self, now: float, replica_id: object = None) -> bool:
+        """Whether ``replica_id`` (None: some decode candidate) has a free slot (router/admission/room.py)."""
         router = self.router
         for rid, load in router.loads.loads.items():
+            if replica_id is not None and rid != replica_id:
+                continue
             if rid in router.healthy and rid not in router.prefill_only and self.slots.has_room(
-                    ReplicaRoom(rid, load.total_in_flight, load.num_running, load.num_waiting), now):
+                    ReplicaRoom(rid, load.total_in_flight, load.num_running, load.num_waiting,
+                                     load.max_num_seqs), now):
                 return True
         return False
 

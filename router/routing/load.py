@@ -67,6 +67,8 @@ class ReplicaLoad:
     """Seconds a pull costs besides its bytes, as measured (``kv_transfer.pull_fixed_s``; None: not yet)."""
     lora: LoRALoad | None = None
     """Its adapters: sizes, which are resident, its load rate (``/load``'s ``lora``; None: not reported)."""
+    max_num_seqs: int | None = None
+    """Most requests it runs at once, as it reports (``/load``'s ``max_num_seqs``; None: not reported)."""
     ttft_correction: float = 1.0
     """The scale of observed over predicted TTFT here, learned online (router/routing/cost/correction.py)."""
     ttft_offset_s: float = 0.0
@@ -139,6 +141,7 @@ class ReplicaLoad:
             self.prefill_tokens_per_s, self.kv_block_bytes = report.prefill_tokens_per_s, report.kv_block_bytes
             self.h2d_bytes_per_s, self.num_host_kv_blocks = report.h2d_bytes_per_s, report.num_host_kv_blocks
             self.host_kv_usage, self.decode_step, self.lora = report.host_kv_cache_usage, report.decode_step, report.lora
+            self.max_num_seqs = report.max_num_seqs
             self.reported_at = time.monotonic()
             return
         self.num_running = int(_first(report, _RUNNING_KEYS, self.num_running))

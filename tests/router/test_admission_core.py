@@ -127,11 +127,12 @@ def test_a_light_tenants_arrival_is_not_judged_by_the_floods_queue():
 def test_the_gate_goes_within_admit_ttft_waits_beyond_and_sheds_what_misses_its_deadline():
     adm = _admission(admit_ttft_s=0.5)
     w = adm.arrive("m", Tenant("t"), 0, 1, deadline=2.0, now=0.0)
-    assert adm.gate(w, 0.4, room=False, now=0.0) == GO
-    assert adm.gate(w, 1.5, room=True, now=0.0) == WAIT  # a prediction outranks the slot count
+    assert adm.gate(w, 0.4, room=True, now=0.0) == GO
+    assert adm.gate(w, 0.4, room=False, now=0.0) == WAIT  # soon, but its replica has no free slot: not queued there
+    assert adm.gate(w, 1.5, room=True, now=0.0) == WAIT  # a free slot, but a long wait predicted
     assert adm.gate(w, 1.5, room=False, now=0.0, idle=True) == GO  # on an idle replica: its own prefill
-    assert adm.gate(w, 1.5, room=False, now=0.0, predicted_wait_s=0.3) == GO  # a long prompt, a short wait
-    assert adm.gate(w, 1.5, room=False, now=0.0, predicted_wait_s=0.7) == WAIT  # the wait is what is held back
+    assert adm.gate(w, 1.5, room=True, now=0.0, predicted_wait_s=0.3) == GO  # a long prompt, a short wait
+    assert adm.gate(w, 1.5, room=True, now=0.0, predicted_wait_s=0.7) == WAIT  # the wait is what is held back
     shed = adm.gate(w, 2.5, room=True, now=0.0)
     assert isinstance(shed, Shed) and shed.reason == DEADLINE and "predicted TTFT is 2.5 s" in shed.message
     late = adm.gate(w, None, room=True, now=2.0)
@@ -154,7 +155,24 @@ def test_slots_are_learned_when_a_replica_reports_waiting_requests_and_relearned
     assert slots.has_room(ReplicaRoom("r", in_flight=3, num_running=4, num_waiting=0), now=2.0)
     assert not slots.has_room(ReplicaRoom("r", in_flight=5, num_running=5, num_waiting=0), now=2.0)  # a finishing one
     assert slots.has_room(ReplicaRoom("r", in_flight=0, num_running=9, num_waiting=9), now=2.0)  # nothing of ours: go
-    assert slots.has_room(ReplicaRoom("r", in_flight=6, num_running=6, num_waiting=0), now=40.0)  # 4 is forgotten
+    assert slots.slots["r"] == (9, 2.0)  # what it runs with a queue is its slots now
+    assert not slots.has_room(ReplicaRoom("s", in_flight=4, num_running=4, num_waiting=2), now=1.0)  # s: 4 slots
+    assert slots.has_room(ReplicaRoom("s", in_flight=4, num_running=4, num_waiting=0), now=40.0)  # stale: probe a 5th
+    assert not slots.has_room(ReplicaRoom("s", in_flight=5, num_running=4, num_waiting=0), now=40.0)  # one at a time
+    assert slots.has_room(ReplicaRoom("s", in_flight=6, num_running=6, num_waiting=0), now=41.0)  # it ran 6: a 7th
+    assert slots.slots["s"] == (6, 1.0)  # risen, still stale: probed on until the replica shows a queue
+    assert not slots.has_room(ReplicaRoom("s", in_flight=6, num_running=5, num_waiting=1), now=42.0)  # 5: fresh
+    assert slots.slots["s"] == (5, 42.0)
+
+
+def test_a_replica_that_says_its_max_num_seqs_gets_no_more_at_once():
+    slots = SlotCapacity(ttl_s=30.0)
+    said = dict(num_running=3, num_waiting=0, max_num_seqs=4)
+    assert slots.has_room(ReplicaRoom("r", in_flight=3, **said), now=0.0)
+    assert not slots.has_room(ReplicaRoom("r", in_flight=4, **said), now=0.0)  # a stale report shows no queue: held
+    assert not slots.has_room(ReplicaRoom("r", in_flight=3, num_running=3, num_waiting=1, max_num_seqs=4), now=1.0)
+    assert slots.has_room(ReplicaRoom("r", in_flight=3, **said), now=40.0)  # its KV ran 3: learned, then probed to 4
+    assert not slots.has_room(ReplicaRoom("r", in_flight=4, **said), now=40.0)  # never past what it says
 
 
 def test_leaving_charges_the_computed_prompt_and_finishing_twice_the_output():

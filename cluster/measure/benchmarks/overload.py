@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-num-seqs", type=int, default=4)
     c.add_argument("--kvmesh-cmd", default=f"{sys.executable} -m kvmesh.cluster.cli",
                    help="the command that starts replicas and the router (another build's, to compare)")
+    c.add_argument("--scheduling-policy", choices=["priority", "fcfs", "none"], default="priority",
+                   help="the replicas' --scheduling-policy (priority: the bench's priorities reach their schedulers; "
+                        "a replica under fcfs answers a non-zero priority 400, as vLLM; none: the flag is not passed, "
+                        "for builds without it)")
     c.add_argument("--replica-arg", action="append", default=[], metavar="ARG",
                    help="extra flag for every replica (repeatable; e.g. --replica-arg=--scheduling-policy=priority)")
     c.add_argument("--router-arg", action="append", default=[], metavar="ARG",
@@ -225,9 +229,10 @@ def _terminated(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    policy = [] if args.scheduling_policy == "none" else ["--scheduling-policy", args.scheduling_policy]
     shape = ClusterShape(model=args.model, replicas=args.replicas, workers=args.workers, pd=args.pd,
-                         max_num_seqs=args.max_num_seqs, replica_args=args.replica_arg, router_args=args.router_arg,
-                         cli=shlex.split(args.kvmesh_cmd))
+                         max_num_seqs=args.max_num_seqs, replica_args=policy + args.replica_arg,
+                         router_args=args.router_arg, cli=shlex.split(args.kvmesh_cmd))
     if not args.url and not Path(args.model).is_dir():
         print(f"kvmesh bench overload: model directory {args.model} not found (../shared beside the checkout, "
               "or $KVMESH_SHARED_DIR, or --model)", file=sys.stderr)

@@ -119,7 +119,8 @@ class SimAdmission:
         """Some replica can start a request soon (room.SlotCapacity over every replica's state)."""
         room = False
         for rep in self.host.replicas:
-            state = ReplicaRoom(rep.replica_id, rep.num_in_flight, len(rep.running), reported_waiting(rep))
+            state = ReplicaRoom(rep.replica_id, rep.num_in_flight, len(rep.running), reported_waiting(rep),
+                                rep.config.engine.max_num_seqs)
             room = self.slots.has_room(state, now) or room  # every replica observed: slots are learned from all
         return room
 
