@@ -2,61 +2,44 @@
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 from kvmesh.cluster.admin_key import write_private
 from kvmesh.cluster.cli import main
 from kvmesh.cluster.commands.status import of_deployment
 from kvmesh.cluster.replica_status import ReplicaStatus
 
+from .fake_json_server import JSONHandler, serving
+
 FLEET = {"replicas": ["replica-0", "replica-1"], "roles": {}, "target": 2, "prefill_target": 0, "busy": None,
          "queued": 0, "decisions": [], "operations": [],
          "deployments": {"replica-0": "llama", "replica-1": "tiny"}}
 
 
-class _FakeAdmin(BaseHTTPRequestHandler):
+class _FakeAdmin(JSONHandler):
     posts: list[tuple[str, dict]] = []
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        self._answer(200, FLEET)
+        self.answer(200, FLEET)
 
     def do_POST(self) -> None:  # noqa: N802
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length)) if length else {}
+        body = self.read_json()
         self.posts.append((self.path, body))
         if self.path == "/admin/scale":
-            return self._answer(200, {"accepted": True, "operation": f"scale {body.get('deployment')}",
+            return self.answer(200, {"accepted": True, "operation": f"scale {body.get('deployment')}",
                                       "replicas": ["replica-1"], "role": "both", "deployment": body.get("deployment")})
         if self.path == "/admin/rollout":
-            return self._answer(200, {"accepted": True, "replicas": ["replica-0"], "engine_changes": []})
-        return self._answer(200, {"id": self.path.split("/")[2], "draining": True, "in_flight": 0,
+            return self.answer(200, {"accepted": True, "replicas": ["replica-0"], "engine_changes": []})
+        return self.answer(200, {"id": self.path.split("/")[2], "draining": True, "in_flight": 0,
                                   "will_be_removed": True, "target": 1})
-
-    def _answer(self, status: int, body: dict) -> None:
-        raw = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 @pytest.fixture
 def admin_args(tmp_path, monkeypatch):
     monkeypatch.delenv("KVMESH_ADMIN_KEY", raising=False)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeAdmin)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     _FakeAdmin.posts = []
     key = write_private(tmp_path / "admin_key", "admin-key")
-    yield ["--url", f"http://127.0.0.1:{server.server_address[1]}", "--admin-key-file", str(key), "--wait", "0"]
-    server.shutdown()
-    server.server_close()
+    with serving(_FakeAdmin) as url:
+        yield ["--url", url, "--admin-key-file", str(key), "--wait", "0"]
 
 
 def test_scale_and_rollout_send_the_deployment_and_drain_checks_it(admin_args, capsys):

@@ -2,52 +2,35 @@
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 from kvmesh.cluster.admin_key import write_private
 from kvmesh.cluster.cli import main
 
+from .fake_json_server import JSONHandler, serving
 
-class _FakeRouter(BaseHTTPRequestHandler):
+
+class _FakeRouter(JSONHandler):
     calls: list[tuple[str, dict, str | None]] = []
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.read_json()
         self.calls.append((self.path, body, self.headers.get("Authorization")))
         if self.headers.get("Authorization") != "Bearer admin-key":
-            return self._answer(403, {"error": {"message": "admin key required", "type": "forbidden"}})
+            return self.answer(403, {"error": {"message": "admin key required", "type": "forbidden"}})
         if body.get("base_model_name") == "nope":
-            return self._answer(404, {"error": {"message": "The model `nope` does not exist", "type": "NotFound"}})
+            return self.answer(404, {"error": {"message": "The model `nope` does not exist", "type": "NotFound"}})
         if self.path == "/v1/load_lora_adapter":
-            return self._answer(200, {"lora_name": body["lora_name"], "lora_path": body["lora_path"],
+            return self.answer(200, {"lora_name": body["lora_name"], "lora_path": body["lora_path"],
                                       "base_model_name": body.get("base_model_name", "base"),
                                       "loaded_on": ["r0", "r1"], "failed": {"r2": "no such directory"}})
-        return self._answer(200, {"lora_name": body["lora_name"], "unloaded_from": ["r0"], "failed": {}})
-
-    def _answer(self, status: int, body: dict) -> None:
-        raw = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, *args) -> None:
-        pass
+        return self.answer(200, {"lora_name": body["lora_name"], "unloaded_from": ["r0"], "failed": {}})
 
 
 @pytest.fixture
 def router_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeRouter)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
     _FakeRouter.calls = []
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(_FakeRouter) as url:
+        yield url
 
 
 def test_lora_load_and_unload_call_the_routers_admin_endpoints(router_url, tmp_path, monkeypatch, capsys):
