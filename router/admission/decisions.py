@@ -153,7 +153,8 @@ class Admission:
         """``waiter`` left the queue for a replica, where it computes ``computed_prompt_tokens`` (x1 in its usage;
         its bucket took the prompt at arrival)."""
         self.leave(waiter)
-        self.drains[waiter.model].record(now)
+        queue = self.queues.get(waiter.model)
+        self.drains[waiter.model].record(now, still_waiting=bool(queue))
         self.ledger.charge(waiter.tenant, PROMPT_WEIGHT * computed_prompt_tokens, 0, None, now)
 
     def leave(self, waiter: Waiter) -> None:

@@ -75,32 +75,31 @@ class SlotCapacity:
 
 
 class DrainRate:
-    """Requests per second leaving a queue for a replica: an exponentially weighted rate (time constant
-    ``tau_s``) -- what ``Retry-After`` and an arrival's expected wait are computed from."""
+    """Requests per second a queue sends on while it is backlogged -- what ``Retry-After`` and an arrival's
+    expected wait are computed from. Only the time between departures with requests still waiting counts: a queue
+    that empties measures its arrivals, not how fast it can drain, so a quiet spell neither lowers the rate nor
+    makes the first burst after it look unservable. Departures and backlogged seconds are both decayed with time
+    constant ``tau_s`` (of backlogged time); before any backlogged interval the rate is unknown (0)."""
 
     def __init__(self, tau_s: float = 5.0) -> None:
         self.tau_s = tau_s
-        self._sum = 0.0  # departures, each weighing exp(-age / tau) / tau
-        self._at: float | None = None
-        self._first: float | None = None
+        self._departures = 0.0  # decayed count over the backlogged intervals
+        self._seconds = 0.0  # decayed backlogged seconds
+        self._at: float | None = None  # the last departure
+        self._backlogged = False  # requests still waited after it
 
-    def record(self, now: float) -> None:
-        """One request went on at ``now``."""
-        self._sum = self._decayed(now) + 1.0 / self.tau_s
-        self._at = now
-        if self._first is None:
-            self._first = now
-
-    def _decayed(self, now: float) -> float:
-        return 0.0 if self._at is None else self._sum * math.exp(-max(0.0, now - self._at) / self.tau_s)
+    def record(self, now: float, still_waiting: bool) -> None:
+        """One request went on at ``now``; ``still_waiting``: others remain in the queue after it."""
+        if self._at is not None and self._backlogged:
+            dt = max(0.0, now - self._at)
+            keep = math.exp(-dt / self.tau_s)
+            self._departures = self._departures * keep + 1.0
+            self._seconds = self._seconds * keep + dt
+        self._at, self._backlogged = now, still_waiting
 
     def rate(self, now: float) -> float:
-        """Departures per second lately; over a history shorter than ``tau_s``, its weight is made up for
-        (a fresh queue's rate is not read as low)."""
-        if self._first is None:
-            return 0.0
-        seen = 1.0 - math.exp(-max(now - self._first, self.tau_s / 10) / self.tau_s)
-        return self._decayed(now) / seen
+        """Departures per second while backlogged, lately (0: not measured yet)."""
+        return self._departures / self._seconds if self._seconds > 0 else 0.0
 
     def wait_s(self, ahead: int, now: float) -> float | None:
         """Seconds until ``ahead`` waiters have gone on at the current rate (None: no rate measured yet)."""

@@ -200,7 +200,11 @@ class Forwarder:
             if lora is not None and not await adapter_ready(svc, rid, request, tried):
                 continue
             if attempt == 0 and not tried and request.req is not None:  # a retry or a continuation goes as sent
-                await self.handoff.prepare(request, decision)
+                router.loads.reserve(rid, True)  # its slot is taken while a split's prefill call runs
+                try:
+                    await self.handoff.prepare(request, decision)
+                finally:
+                    router.loads.reserve(rid, False)
             router.loads.on_dispatch(rid, decision.uncached_tokens, prompt_tokens=len(request.route_ids))
             try:
                 opened = await self._open(spec.url, request, svc.upstream_kinds.get(rid, TEXT), headers, decision,

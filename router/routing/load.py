@@ -269,6 +269,15 @@ class LoadTracker:
             self._churn_t0, exponent = now, 0.0
         return math.exp(exponent)
 
+    def reserve(self, replica_id: Hashable, held: bool) -> None:
+        """Count (``held``) or stop counting a request bound for the replica that is not sent yet (a P/D split's
+        decode replica while the prefill replica computes the prompt), so admission sees the slot taken."""
+        load = self.loads.get(replica_id)
+        if load is not None:
+            load.in_flight = load.in_flight + 1 if held else max(0, load.in_flight - 1)
+            if self.shared is not None:
+                self._publish(replica_id, load)
+
     def on_first_output(self, replica_id: Hashable, uncached_tokens: int) -> None:
         """The request produced its first byte: its prefill is done."""
         load = self.loads.get(replica_id)

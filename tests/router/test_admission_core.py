@@ -96,8 +96,8 @@ def test_the_queue_bound_sheds_with_queue_full():
 def test_an_arrival_whose_deadline_the_queue_cannot_meet_is_shed_at_once():
     adm = _admission()
     t = Tenant("t")
-    for i in range(10):  # 10 requests went on in 1 s: the drain rate is measured
-        w = adm.arrive("m", t, 0, 1, None, now=i * 0.1)
+    waiting = [adm.arrive("m", t, 0, 1, None, now=0.0) for _ in range(11)]
+    for i, w in enumerate(waiting[:10]):  # 10 requests went on in 1 s with a queue behind: the drain rate is measured
         adm.went(w, 1, now=i * 0.1)
     for _ in range(20):
         adm.arrive("m", t, 0, 1, None, now=1.0)
@@ -109,10 +109,10 @@ def test_an_arrival_whose_deadline_the_queue_cannot_meet_is_shed_at_once():
 def test_a_light_tenants_arrival_is_not_judged_by_the_floods_queue():
     adm = _admission()
     flood, light = Tenant("flood"), Tenant("light")
-    for i in range(10):  # 10 requests/s went on, all the flood's: it has used the fleet, light has not
-        w = adm.arrive("m", flood, 0, 100, None, now=i * 0.1)
+    waiting = [adm.arrive("m", flood, 0, 100, None, now=0.0) for _ in range(11)]
+    for i, w in enumerate(waiting[:10]):  # 10 requests/s went on, all the flood's: it has used the fleet, light not
         adm.went(w, 100, now=i * 0.1)
-    for _ in range(40):  # 4 s of the flood's requests wait
+    for _ in range(39):  # 4 s of the flood's requests wait
         adm.arrive("m", flood, 0, 100, None, now=1.0)
     assert isinstance(adm.arrive("m", light, 0, 10, deadline=1.5, now=1.0), Waiter)  # fair share serves it next
     shed = adm.arrive("m", flood, 0, 100, deadline=1.5, now=1.0)
@@ -237,8 +237,15 @@ def test_drain_rate_turns_departures_into_a_wait():
     drain = DrainRate(tau_s=5.0)
     assert drain.wait_s(3, 0.0) is None and drain.wait_s(0, 0.0) == 0.0
     for i in range(50):
-        drain.record(i * 0.1)  # 10 per second
-    assert drain.wait_s(10, 5.0) == pytest.approx(1.0, rel=0.5)
+        drain.record(i * 0.1, still_waiting=True)  # 10 per second with a queue behind them
+    assert drain.wait_s(10, 5.0) == pytest.approx(1.0, rel=1e-6)
+    drain.record(5.0, still_waiting=False)  # the queue empties; the next departure comes after a quiet minute
+    drain.record(65.0, still_waiting=True)
+    assert drain.wait_s(10, 65.0) == pytest.approx(1.0, rel=1e-6)  # the quiet minute said nothing of its speed
+    fresh = DrainRate()
+    for i in range(5):
+        fresh.record(i * 2.0, still_waiting=False)  # one light request every 2 s, nobody waiting behind it
+    assert fresh.wait_s(48, 10.0) is None  # a burst after it is not judged at 0.5 per second
 
 
 def test_config_rejects_bad_values():
