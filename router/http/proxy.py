@@ -190,6 +190,8 @@ class Forwarder:
                 decision = first if attempt == 0 and first is not None else request.route(router, tried)
             except NoReplicaError as e:
                 raise ProtocolError(str(e), 503) from None
+            if decision is first:  # admission's route, made when it let the request go: its TTFT counts from then
+                routed_at = min(routed_at, decision.decided_at_ns * 1e-9)
             if attempt == 0 and request.tokenize_ns is not None:
                 svc.metrics.observe_stages(request.tokenize_ns, decision.timings_ns)
             rid = decision.replica_id

@@ -228,7 +228,7 @@ class KVRouter:
                                predicted_pace_s=estimate.pace_s if predicted is not None else None)
         return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, host_hit, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, predicted,
-                             pool=pool, estimate=estimate if predicted is not None else None)
+                             pool=pool, decided_at_ns=t0, estimate=estimate if predicted is not None else None)
 
     def commit(self, decision: RouteDecision, session_id: str | None = None, now: float | None = None) -> None:
         """Credit ``decision``'s replica with its prompt's blocks and pin its session, as ``route`` does unless told

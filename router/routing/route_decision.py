@@ -38,6 +38,10 @@ class RouteDecision:
     pool: frozenset | None = None
     """The replicas the request could go to (those serving its model, router/routing/model_pools.py); None: all.
     A P/D split and a peer pull stay inside it."""
+    decided_at_ns: int = 0
+    """``time.perf_counter_ns()`` when the route began: a request's observed TTFT is counted from here, so the time
+    between a decision and its dispatch (router admission's grant, the event loop's turn) is in it, as its client
+    sees it."""
     estimate: TTFTEstimate | None = None
     """The chosen replica's estimate by part (router/routing/cost/; None: not priced); ``KVRouter.observe_ttft``
     learns from it."""
