@@ -77,7 +77,7 @@ class Workload:
         return {(DEVICE_MEDIUM, external_hash(h)) for h in self.kv.block_pool.cached_block_hash_to_block}
 
 
-@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))  # ~10 s each
 @given(seed=st.integers(0, 2**32 - 1), num_blocks=st.integers(12, 48), drop_every=st.integers(3, 9))
 def test_late_dropped_and_restarted_followers_end_with_the_pools_cached_set(seed, num_blocks, drop_every):
     rng = random.Random(seed)

@@ -73,7 +73,7 @@ def cached_prefix_prompts(block_size: int, seed: int = 0) -> tuple[list[list[int
 @needs_triton
 def test_short_prefills_on_the_triton_backend_give_the_eager_and_torch_backends_tokens(stories_path):
     prompts, cases = cached_prefix_prompts(16)
-    greedy = dict(temperature=0.0, max_tokens=3)
+    greedy = dict(temperature=0.0, max_tokens=2)  # a prefill step and one decode step each (the interpreter is slow)
     torch_tokens = one_by_one(engine("torch", 16, False, model=str(stories_path))[0], prompts, greedy)
     eager_tokens = one_by_one(engine("triton", 16, False, model=str(stories_path))[0], prompts, greedy)
     eng, decodes, prefills = engine("triton", 16, True, model=str(stories_path))
@@ -87,7 +87,7 @@ def test_short_prefills_on_the_triton_backend_give_the_eager_and_torch_backends_
     steps = [q for blocks in PREFIX_BLOCKS for q in fillers[blocks] + [s for b, s in cases if b == blocks]]
     assert prefills == [size[q] for q in steps if q > 1 and size[q]]
     assert set(prefills) == set(PREFILL_SIZES)
-    assert len(decodes) == 2 * len(prompts) + steps.count(1)  # two decode steps a prompt, and the 1-token steps
+    assert len(decodes) == len(prompts) + steps.count(1)  # one decode step a prompt, and the 1-token steps
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
@@ -116,7 +116,7 @@ def test_captured_prefill_graphs_give_the_eager_tokens_and_replay(stories_path, 
     if backend == "flash_attn":
         pytest.importorskip("flash_attn")
     prompts, _ = cached_prefix_prompts(block_size, seed=2)
-    greedy = dict(temperature=0.0, max_tokens=3)
+    greedy = dict(temperature=0.0, max_tokens=2)  # a prefill step and one decode step each (the interpreter is slow)
     outs, replays = {}, []
     for graphs in (False, True):
         config = EngineConfig(model=str(stories_path), dtype="bfloat16", device="cuda", attention_backend=backend,
