@@ -6,7 +6,8 @@
 A program owns (one request's segment of at most BLOCK_M tokens, BLOCK_N output columns): the request's slot is
 one scalar load, so its tokens share one weight tile and the dot is a real matrix product; requests of the base
 model (slot -1) do nothing (their loads and stores are masked off). Grid sizes come from host facts (requests,
-longest query) -- no sync. Both dots accumulate in fp32 with IEEE precision (no TF32).
+longest query) -- no sync. Both dots accumulate in fp32 with IEEE precision (no TF32); the expand reads the fp32
+buffer in B's dtype (a bf16 model's update goes through the tensor cores; an fp32 model's stays fp32).
 """
 
 from __future__ import annotations
@@ -47,9 +48,8 @@ def _lora_segment_gemm(x_ptr, w_ptr, out_ptr, qsl_ptr, slots_ptr, N, K,
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
         w = tl.load(w_base + cols[None, :] * stride_wn + ks[:, None] * stride_wk,
                     mask=col_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N]
-        if x.dtype != w.dtype:  # expand: the fp32 buffer against B's dtype
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
+        if x.dtype != w.dtype:  # expand: the fp32 buffer cast to B's dtype (as vLLM's expand), so a bf16 B runs
+            x = x.to(w.dtype)   # on the tensor cores (mma) with fp32 accumulation, not on fp32 FMAs
         acc = tl.dot(x, w, acc, out_dtype=tl.float32, input_precision="ieee")
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :] * stride_on
     mask = row_ok[:, None] & col_ok[None, :]

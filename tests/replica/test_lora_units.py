@@ -47,13 +47,17 @@ def test_triton_segment_gemm_equals_the_torch_path(dtype):
     x = rand(sum(query_lens), d_in, dtype=dtype)
     y0 = rand(sum(query_lens), d_out, dtype=dtype)
     want = y0.float().clone()
-    lora_update_torch(want, x.float(), a.float(), b.float(), groups(req_slots, query_lens))
+    for slot, tokens in groups(req_slots, query_lens):  # fp32 math; the shrink's output read in B's dtype, as vLLM
+        buf = (x.float()[tokens] @ a.float()[slot].T).to(dtype).float()
+        want.index_add_(0, tokens, buf @ b.float()[slot].T)
     got = y0.clone()
     qsl = torch.tensor(np.concatenate([[0], np.cumsum(query_lens)]), dtype=torch.int32)
     lora_update_triton(got, x, a, b, qsl, torch.tensor(req_slots, dtype=torch.int32), len(req_slots),
                        max(query_lens))
-    tol = 1e-4 if dtype == torch.float32 else 0.1
-    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+    # bf16: y is stored in bf16 and the shrink's output is read in bf16 (the GPU rounds it, Triton's interpreter
+    # truncates), so near-zero outputs differ by a few tenths; a wrong slot or segment differs by tens
+    atol, rtol = (1e-4, 1e-4) if dtype == torch.float32 else (0.5, 0.1)
+    torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol)
     assert torch.equal(got[1:4], y0[1:4])  # the base request's rows are untouched
 
 
