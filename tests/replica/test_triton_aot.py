@@ -23,8 +23,9 @@ pytestmark = pytest.mark.skipif(missing_tools() is not None, reason=f"cannot com
 
 SCRIPT = Path(__file__).with_name("triton_aot.py")
 DECODE = ("decode B=1", "decode B=64", "decode B=256")
+LORA = ("LoRA decode B=64", "LoRA prefill 512-token chunk")
 H100_CASES = (*DECODE, "prefill 512-token chunk", "16-token suffix over 2k cached", "layers T=1", "layers T=256",
-              "layers T=512")
+              "layers T=512", *LORA)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_every_case_compiles_every_kernel_it_launches(report):
     assert {r["case"] for r in rows(report)} == set(H100_CASES)
     assert {r["kernel"] for r in report} == {"_unified_attention_kernel", "_rotary_and_cache_kernel",
                                              "_reshape_and_cache_kernel", "_rms_norm_kernel", "_rotary_kernel",
-                                             "_silu_and_mul_kernel"}
+                                             "_silu_and_mul_kernel", "_lora_segment_gemm"}
 
 
 def test_a_decode_step_is_one_attention_launch_per_layer_split_or_not(report):
@@ -68,6 +69,14 @@ def test_attention_dots_are_bf16_tensor_core_mmas_with_fp32_accumulators(report)
     assert all(mma.startswith("wgmma") for mma in prefill["mma"]), prefill  # Hopper's warpgroup MMA
     fp16 = rows(report, "_unified_attention_kernel", target="sm_80")[0]
     assert all(".f16.f16" in mma for mma in fp16["mma"]), fp16
+
+
+def test_both_lora_passes_are_bf16_tensor_core_mmas(report):
+    """The shrink (x @ A.T into an fp32 buffer) and the expand (the buffer read in bf16 @ B.T, added to y)."""
+    lora = rows(report, "_lora_segment_gemm")
+    assert [r["case"] for r in lora] == [LORA[0], LORA[0], LORA[1], LORA[1]]  # shrink, expand per case
+    for row in lora:
+        assert row["mma"] and all(".bf16.bf16" in mma and ".f32" in mma for mma in row["mma"]), row
 
 
 def test_nothing_runs_in_tf32(report):

@@ -121,6 +121,23 @@ def layers_case(tokens: int, dtype: torch.dtype = torch.bfloat16) -> Callable[[]
     return run
 
 
+def lora_case(tokens: int, query_len: int, rank: int = 16, slots: int = 4,
+              dtype: torch.dtype = torch.bfloat16) -> Callable[[], None]:
+    """The gathered LoRA update of the qkv projection (shrink, then expand) for ``tokens`` tokens in requests of
+    ``query_len``, every request on an adapter slot."""
+    from kvmesh.replica.lora.triton_lora import lora_update_triton
+
+    def run() -> None:
+        out = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+        reqs = tokens // query_len
+        x, y = torch.zeros(tokens, HIDDEN, dtype=dtype), torch.zeros(tokens, out, dtype=dtype)
+        a, b = torch.zeros(slots, rank, HIDDEN, dtype=dtype), torch.zeros(slots, out, rank, dtype=dtype)
+        qsl = torch.arange(0, tokens + 1, query_len, dtype=torch.int32)
+        lora_update_triton(y, x, a, b, qsl, torch.zeros(reqs, dtype=torch.int32), reqs, query_len)
+
+    return run
+
+
 def cases() -> list[tuple[str, int, Callable[[], None]]]:
     """(label, compute capability, what to launch)."""
     bf16 = dict(dtype=torch.bfloat16, hq=HEADS, hk=KV_HEADS, dh=HEAD_DIM, block_size=BLOCK)
@@ -133,6 +150,8 @@ def cases() -> list[tuple[str, int, Callable[[], None]]]:
         ("layers T=1", 90, layers_case(1)),
         ("layers T=256", 90, layers_case(256)),
         ("layers T=512", 90, layers_case(512)),
+        ("LoRA decode B=64", 90, lora_case(64, 1)),
+        ("LoRA prefill 512-token chunk", 90, lora_case(512, 512)),
         ("A100 fp16 G=3 Dh=24 decode", 80, attention_case(torch.float16, 6, 2, 24, 32, [1, 1, 1], 100, False)),
         ("A100 fp32 G=1 Dh=64 prefill", 80, attention_case(torch.float32, 2, 2, 64, 16, [100, 7], 30, False)),
     ]
