@@ -83,8 +83,8 @@ class SimAdmission:
             for waiter in core.expired(SIMULATED_MODEL, now):
                 self._shed(waiter, DEADLINE)
         while (head := core.head(SIMULATED_MODEL, now)) is not None:
-            predicted, idle = self._predicted_ttft_s(self.queued[head])
-            decision = core.gate(head, predicted, self._room(now), now, idle=idle)
+            predicted, wait, idle = self._predicted_ttft_s(self.queued[head])
+            decision = core.gate(head, predicted, self._room(now), now, idle=idle, predicted_wait_s=wait)
             if decision == WAIT:
                 break
             if isinstance(decision, Shed):
@@ -102,18 +102,20 @@ class SimAdmission:
             if waiter is not None:
                 self.core.finished(waiter, req.num_output_tokens, now)
 
-    def _predicted_ttft_s(self, req: SimRequest) -> tuple[float | None, bool]:
-        """Stand-in for the routing policy's ``RouteDecision.predicted_ttft_s`` (helper ``cost``'s, not yet in the
-        simulated router): on the replica with the least, the prompt tokens queued there ahead of it (of its
-        priority or better: replicas schedule by priority) plus this prompt, at the replicas' prefill rate; cache
-        hits and decode stalls are not priced. None without a rate. Second: that replica is idle (nothing in flight:
-        the gate sends a long prompt there however long its own prefill)."""
+    def _predicted_ttft_s(self, req: SimRequest) -> tuple[float | None, float | None, bool]:
+        """Stand-in for the routing policy's ``RouteDecision.predicted_ttft_s`` and its wait part
+        (``TTFTEstimate.wait_s``), which the HTTP gate uses; the simulated router does not price a head without
+        committing it yet: on the replica with the least, the prompt tokens queued there ahead of it (of its
+        priority or better: replicas schedule by priority) -- the wait -- plus this prompt, at the replicas' prefill
+        rate; cache hits and decode stalls are not priced. None without a rate. Third: that replica is idle
+        (nothing in flight: the gate sends a long prompt there however long its own prefill)."""
         if self.prefill_s_per_token is None:
-            return None, False
+            return None, None, False
         candidates = [(sum(r.remaining_prefill for r in (*rep.running, *rep.waiting) if r.priority <= req.priority),
                        rep.num_in_flight == 0) for rep in self.host.replicas if rep.role != "prefill"]
         queued, idle = min(candidates, key=lambda c: (c[0], not c[1]))  # the least queued, an idle one first
-        return (queued + req.num_prompt_tokens) * self.prefill_s_per_token, idle
+        rate = self.prefill_s_per_token
+        return (queued + req.num_prompt_tokens) * rate, queued * rate, idle
 
     def _room(self, now: float) -> bool:
         """Some replica can start a request soon (room.SlotCapacity over every replica's state)."""

@@ -170,11 +170,12 @@ class SimConfig:
     admission: bool = False
     """Requests pass the router's admission (router/admission/, its ``router.admission`` section) before they are
     routed, in simulated time (sim/admission.py): they wait in the router or are shed (429) with a reason."""
-    admission_pricing: str = "slots"
-    """How admission prices the head of its queue: "slots" = not priced (it goes on when a replica has a free slot,
-    as the HTTP router's gate does until the policy predicts a TTFT); "queue" = a predicted TTFT from the prompt
-    tokens queued on the least-queued replica at its prefill rate (a crude stand-in for the routing policy's
-    predicted_ttft_s: no cache hits; BENCHMARKS §1.13)."""
+    admission_pricing: str = "queue"
+    """How admission prices the head of its queue: "queue" = a predicted TTFT from the prompt tokens queued on the
+    least-queued replica at its prefill rate (a stand-in for cache_aware's ``predicted_ttft_s``, which the HTTP
+    router's gate uses: no cache hits), so a head that can no longer meet its deadline is shed instead of sent to
+    miss it; "slots" = not priced (it goes on when a replica has a free slot, as the HTTP gate does under a
+    policy that does not price; such a head is shed only when its deadline passes). BENCHMARKS §1.13."""
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:

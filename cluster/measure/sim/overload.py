@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="cache_aware", help="routing policy (default: %(default)s)")
     ap.add_argument("--levels", type=_levels, default=LEVELS, help="load factors (default: 1,2,4)")
     ap.add_argument("--miniature", type=int, default=8, help="token counts / this, same model time (default: 8)")
-    ap.add_argument("--admission-pricing", choices=("slots", "queue"), default="slots",
+    ap.add_argument("--admission-pricing", choices=("queue", "slots"), default="queue",
                     help="how admission prices its head (SimConfig.admission_pricing; default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/sim_overload.json", help="JSON path (a PNG beside it)")
