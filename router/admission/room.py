@@ -1,15 +1,17 @@
 """Whether a replica can start a request soon, and how fast a queue drains.
 
 A request goes on from the router's queue when a replica can start it at once and soon, so the replicas' own
-queues stay short and the order decided here (priority, fair share) is the order served. "Soon" is the
-cost model's predicted wait in seconds when the policy gives one (``RouteDecision.predicted_ttft_s``,
-within ``admit_ttft_s``); "at once": the requests this host's router processes have in flight there are fewer
-than it runs at once -- its *slots*. A kvmesh replica says its ``max_num_seqs`` in ``/load``; the slots are also
-learned from its reports (its KV cache may run fewer): when it reports requests waiting, the ones it runs are all
-it can, learned again each time it reports waiting requests and trusted ``slots_ttl_s``. A learned count past
-its time is probed one above (one more request: if that one waits, the count is learned again, fresh; if the
-replica runs it without waiting, the count rises to what runs and the probing goes on above it). Neither said nor learned, it has room as long as
-it reports no waiting requests. A replica with nothing in flight from this host always has room (so the queue
+queues stay short and the order decided here (priority, fair share) is the order served. "Soon" is the cost
+model's predicted wait in seconds when the policy gives one (``RouteDecision.predicted_ttft_s``, within
+``admit_ttft_s``); "at once": the requests this host's router processes have in flight there are fewer than it
+runs at once -- its *slots*.
+
+A kvmesh replica says its ``max_num_seqs`` in ``/load``; the slots are also learned from its reports (its KV
+cache may run fewer): when it reports requests waiting, the ones it runs are all it can, learned again each time
+it reports waiting requests and trusted ``slots_ttl_s``. A learned count past its time is probed one above (one
+more request: if that one waits, the count is learned again, fresh; if the replica runs it without waiting, the
+count rises to what runs and the probing goes on above it). Neither said nor learned, a replica has room as long
+as it reports no waiting requests. A replica with nothing in flight from this host always has room (so the queue
 always moves). A fresh running count seen without waiting requests never raises the slots: a finishing request is
 still counted by the replica while the router already sent the next one.
 """

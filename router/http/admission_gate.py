@@ -14,8 +14,8 @@ start it soon; it is shed at once (429) when it cannot be served in time or its 
 call, without crediting the replica until it goes) and asks ``Admission.gate`` with the route's
 ``predicted_ttft_s`` (the part spent waiting held to ``admit_ttft_s``) and whether the chosen replica has a free
 slot, or, unpriced, whether some candidate replica has one (router/admission/room.py); it goes on with the next
-head until one must wait. A client that leaves while waiting leaves the queue at once (its coroutine is cancelled); one whose
-deadline passes while waiting gets its 429 then. With no replica to route to, a request goes on (and gets
+head until one must wait. A client that leaves while waiting leaves the queue at once (its coroutine is
+cancelled); one whose deadline passes while waiting gets its 429 then. With no replica to route to, a request goes on (and gets
 dispatch's 503, as without admission).
 """
 
