@@ -38,7 +38,7 @@ the mean of those reported (none anywhere: no pull, it cannot be priced).
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.router.routing.cost import (
@@ -174,10 +174,7 @@ def price_split(decode: ReplicaLoad, prefill: ReplicaLoad, local_uncached: int, 
     if move_s is None:
         return None
     step = DEFAULT_STEP_TOKENS
-    # a prefill replica never observes a client's TTFT (the decode replica answers): its leg is priced raw, not
-    # with the decode replicas' learned overhead (FleetRates.ttft_correction), which the split's decode side pays
-    there = estimate(prefill, replace(fleet, ttft_correction=None), prefill_uncached, prefill_uncached, 0,
-                     block_size, step)
+    there = estimate(prefill, fleet, prefill_uncached, prefill_uncached, 0, block_size, step)
     here = estimate(decode, fleet, local_uncached, local_uncached, 0, block_size, step)
     return SplitPrice(there.ttft_s + move_s, here.ttft_s, here.stall_s)
 

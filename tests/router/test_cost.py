@@ -111,18 +111,6 @@ def test_the_correction_learns_an_offset_and_a_scale_and_stays_bounded():
     assert same.ttft_correction == pytest.approx(BOUNDS[1])
 
 
-def test_a_replica_that_observed_no_ttft_takes_the_largest_correction_another_learned():
-    served, busier, idle = (ReplicaLoad(prefill_tokens_per_s=1000.0) for _ in range(3))
-    for raw in (0.01, 0.05, 0.1, 0.2):
-        observe_ttft(served, raw, 0.004 + 1.2 * raw)
-        observe_ttft(busier, raw, 0.002 + 1.5 * raw)
-    fleet = FleetRates.of([served, busier, idle])
-    assert fleet.ttft_correction == (pytest.approx(0.004), pytest.approx(1.5))
-    assert estimate(idle, fleet, 100, 100, 0, BS, 8192).ttft_s == pytest.approx(0.004 + 1.5 * 0.1)
-    assert estimate(served, fleet, 100, 100, 0, BS, 8192).ttft_s == pytest.approx(0.004 + 1.2 * 0.1)  # its own
-    assert FleetRates.of([idle]).ttft_correction is None  # nobody observed: the raw estimate
-
-
 def test_cache_aware_chooses_the_smallest_predicted_time():
     policy = get_policy("cache_aware", block_size=BS)
     rng = random.Random(3)

@@ -46,11 +46,6 @@ def observe_ttft(load: ReplicaLoad, raw_predicted_s: float, actual_s: float) -> 
     load.ttft_correction, load.ttft_offset_s = scale, offset
 
 
-def corrected(load: ReplicaLoad, raw_s: float, fallback: tuple[float, float] | None = None) -> float:
-    """The replica's corrected prediction for a raw estimate of ``raw_s`` seconds; a replica that has observed no
-    TTFT yet takes ``fallback`` (offset_s, scale: ``FleetRates.ttft_correction``) when given -- an idle replica is
-    not cheaper for never having shown its overhead."""
-    if not load.ttft_sums and fallback is not None:
-        offset, scale = fallback
-        return offset + scale * raw_s
+def corrected(load: ReplicaLoad, raw_s: float) -> float:
+    """The replica's corrected prediction for a raw estimate of ``raw_s`` seconds."""
     return load.ttft_offset_s + load.ttft_correction * raw_s

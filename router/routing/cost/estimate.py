@@ -170,7 +170,7 @@ def estimate(load: ReplicaLoad, fleet: FleetRates, prompt_tokens: int, own_token
         adapter_s=adapter_s(load, fleet, lora_name), stall_s=batch * prefill,
         pace_s=decode_step_s(load, fleet, batch + 1, context + prompt_tokens, spt),
         priced=priced, own_tokens=own_tokens, pulled_blocks=pulled_blocks)
-    parts = replace(parts, corrected_s=corrected(load, parts.raw_s, fleet.ttft_correction))
+    parts = replace(parts, corrected_s=corrected(load, parts.raw_s))
     hit = 1.0 - load.recent_prefill / load.recent_prompt if load.recent_prompt > 0 else 0.0
     delay = load.arrival_rate * parts.ttft_s * prefill if priced else 0.0  # unpriced: no time scale for the rate
     hit = min(hit, MAX_HIT_FRACTION)

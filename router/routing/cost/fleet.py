@@ -1,5 +1,4 @@
-"""What a replica that has not measured a rate yet is priced with: the slowest rate the other candidates measured
-(and, until it observed a TTFT, the largest correction another learned).
+"""What a replica that has not measured a rate yet is priced with: the slowest rate the other candidates measured.
 
 A replica reports its rates in ``/load`` once it measured them (its prefill rate after its first prefill step, its
 decode step time after its first decode steps, its pull rate after its first pull...). Until then the router
@@ -35,18 +34,11 @@ class FleetRates:
     """Seconds per byte of an adapter loaded into a slot."""
     kv_block_bytes: int | None = None
     """Bytes of one KV block (the largest reported)."""
-    ttft_correction: tuple[float, float] | None = None
-    """(offset_s, scale) of the TTFT correction (correction.py) for a replica that has observed none yet: the
-    largest of each that a replica learned (the overhead a busy replica showed is not taken for an idle one's 0)."""
 
     @classmethod
     def of(cls, loads: Iterable[ReplicaLoad]) -> FleetRates:
-        prefill = decode = h2d = pull = fixed = lora = block = correction = None
+        prefill = decode = h2d = pull = fixed = lora = block = None
         for load in loads:
-            if load.ttft_sums:  # it observed TTFTs: its correction is learned
-                learned = (load.ttft_offset_s, load.ttft_correction)
-                correction = learned if correction is None else (max(correction[0], learned[0]),
-                                                                 max(correction[1], learned[1]))
             prefill = _slowest(prefill, load.prefill_tokens_per_s)
             h2d = _slowest(h2d, load.h2d_bytes_per_s)
             pull = _slowest(pull, load.pull_bytes_per_s)
@@ -60,7 +52,7 @@ class FleetRates:
             if step is not None and step.step_s is not None:
                 coef = (step.step_s, step.s_per_seq or 0.0, step.s_per_context_token or 0.0)
                 decode = coef if decode is None else tuple(max(a, b) for a, b in zip(decode, coef, strict=True))
-        return cls(prefill, decode, h2d, pull, fixed, lora, block, correction)
+        return cls(prefill, decode, h2d, pull, fixed, lora, block)
 
 
 def _slowest(s_per_unit: float | None, rate: float | None) -> float | None:
