@@ -69,3 +69,42 @@ def test_a_mixed_step_runs_end_to_end_on_the_meta_device(name):
         logits = model.compute_logits(hidden[inputs.logits_indices])
     assert hidden.shape == (13, spec.hidden_size) and hidden.device == META
     assert logits.shape == (3, spec.vocab_size) and logits.device == META
+
+
+def test_a_step_mixing_the_base_and_an_adapter_runs_on_the_meta_device(tmp_path):
+    """LoRA (replica/lora/): the wrapped projections' slots, an adapter written into one, the step's mapping from the
+    runner's input batch and the gathered update in every layer -- every tensor on meta (the torch path)."""
+    import json
+
+    from kvmesh.cluster.measure.benchmarks.support.peft_writer import write_lora_adapter
+    from kvmesh.replica.lora.manager import LoRAManager
+    from kvmesh.replica.serving.lora_request import LoRARequest
+    from kvmesh.replica.step.scheduler_output import SchedulerOutput
+    from kvmesh.replica.worker.input_batch import InputBatch
+
+    spec, block_size = SPECS["LlamaForCausalLM"], 16
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, "architectures": [spec.architecture]}))
+    adapter = LoRARequest("tiny", 1, str(write_lora_adapter(tmp_path, tmp_path / "tiny", seed=0, r=4)))
+    model = build_on(META, spec)
+    lora = LoRAManager(model, spec, model.packed_modules_mapping, 2, 8, 2, META, torch.float32)
+    lora.add_lora(adapter)
+    backend = get_attn_backend("torch", META, torch.float32)
+    kv = torch.zeros(spec.num_hidden_layers, *backend.kv_cache_shape(8, block_size, 2, 8), device=META)
+    for i, attn in enumerate(model.attention_layers()):
+        attn.backend, attn.kv_cache = backend, kv[i]
+    batch = InputBatch(4, 8, block_size, META)
+    batch.lora = lora
+    greedy = SamplingParams(temperature=0.0)
+    inputs = batch.prepare(SchedulerOutput([
+        ScheduledRequest("base", list(range(1, 10)), 0, [5], True, greedy),
+        ScheduledRequest("adapter", [7, 8, 9], 0, [1], True, greedy, lora_request=adapter),
+    ], 12))
+    mapping = inputs.lora_mapping
+    assert mapping is not None and mapping.num_reqs == 2
+    assert [t.device for t in (mapping.req_slots, mapping.query_start_loc, *[g for _, g in mapping.token_groups])] \
+        == [META] * (2 + len(mapping.token_groups))
+    assert all(t.device == META for layer in lora.state.layers.values() for t in (layer.lora_a, layer.lora_b))
+    lora.state.mapping = mapping
+    with torch.inference_mode():
+        hidden = model(inputs.input_ids, inputs.positions, backend.build(inputs.common))
+    assert hidden.shape == (12, spec.hidden_size) and hidden.device == META
