@@ -77,26 +77,38 @@ def _gpu_instances(gpus: float) -> list[int]:
     return [_units(1.0)] * whole + ([rest] if rest > 0 else [])
 
 
+class NodeRoom:
+    """A node's resources left, in Ray's steps; replicas are taken out of it one at a time."""
+
+    def __init__(self, node: NodeResources) -> None:
+        self.node = node
+        self.free = {key: _units(value) for key, value in node.resources.items() if key != "GPU"}
+        self.cards = _gpu_instances(node.gpus)
+
+    def take(self, bundles: list[dict[str, float]]) -> bool:
+        """Reserve one replica's bundles here when they all fit (nothing is taken otherwise)."""
+        free, cards = dict(self.free), list(self.cards)
+        for bundle in bundles:
+            for key, amount in bundle.items():
+                if key == "GPU":
+                    if not _take_gpu(cards, _units(amount)):
+                        return False
+                    continue
+                free[key] = free.get(key, 0) - _units(amount)
+                if free[key] < 0:
+                    return False
+        self.free, self.cards = free, cards
+        return True
+
+
 def replicas_on_node(node: NodeResources, bundles: list[dict[str, float]]) -> int:
     """How many replicas of ``bundles`` (all on this node, STRICT_PACK) the node holds."""
     if not any(_units(amount) for bundle in bundles for amount in bundle.values()):
         return UNBOUNDED  # a replica that needs nothing
-    free = {key: _units(value) for key, value in node.resources.items()}
-    cards = _gpu_instances(node.gpus)
-    count = 0
-    while True:
-        taken_free, taken_cards = dict(free), list(cards)
-        for bundle in bundles:
-            for key, amount in bundle.items():
-                if key == "GPU":
-                    if not _take_gpu(taken_cards, _units(amount)):
-                        return count
-                    continue
-                taken_free[key] = taken_free.get(key, 0) - _units(amount)
-                if taken_free[key] < 0:
-                    return count
-        free, cards = taken_free, taken_cards
+    room, count = NodeRoom(node), 0
+    while room.take(bundles):
         count += 1
+    return count
 
 
 def _take_gpu(cards: list[int], need: int) -> bool:

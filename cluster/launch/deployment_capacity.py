@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from kvmesh.cluster.launch.capacity import (
     CapacityError,
     NodeResources,
+    NodeRoom,
     ReplicaShape,
     _count,
-    _gpu_instances,
-    _take_gpu,
-    _units,
 )
 
 
@@ -35,33 +33,9 @@ class DeploymentDemand:
     """Its replicas."""
 
 
-class _Node:
-    """A node's resources left, in Ray's steps."""
-
-    def __init__(self, node: NodeResources) -> None:
-        self.node = node
-        self.free = {key: _units(value) for key, value in node.resources.items() if key != "GPU"}
-        self.cards = _gpu_instances(node.gpus)
-
-    def take(self, bundles: list[dict[str, float]]) -> bool:
-        """Reserve one replica's bundles here when they all fit (nothing is taken otherwise)."""
-        free, cards = dict(self.free), list(self.cards)
-        for bundle in bundles:
-            for key, amount in bundle.items():
-                if key == "GPU":
-                    if not _take_gpu(cards, _units(amount)):
-                        return False
-                    continue
-                free[key] = free.get(key, 0) - _units(amount)
-                if free[key] < 0:
-                    return False
-        self.free, self.cards = free, cards
-        return True
-
-
 def plan_deployments(nodes: list[NodeResources], demands: list[DeploymentDemand]) -> dict[str, list[str]]:
     """Deployment name -> the node id of each replica that found room (fewer than asked: it does not fit)."""
-    left = [_Node(n) for n in nodes]
+    left = [NodeRoom(n) for n in nodes]
     placed: dict[str, list[str]] = {d.name: [] for d in demands}
     for d in sorted(demands, key=lambda d: (-d.shape.gpus, -d.shape.cpus)):  # the largest replicas first
         for _ in range(d.num_replicas):
