@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from kvmesh.replica.config import SCHEDULING_POLICIES
@@ -67,14 +67,16 @@ class FCFSRequestQueue(deque):
 
 
 class PriorityRequestQueue:
-    """A heap on ``(priority, arrival_time)``; ties keep insertion order."""
+    """A heap on ``key(request)`` (``(priority, arrival_time)``); ties keep insertion order. The simulator's replicas
+    queue their requests in it too, by their own key (cluster/measure/sim/priority.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[Request], tuple[int, float]] = priority_key) -> None:
         self._heap: list[tuple[int, float, int, Request]] = []
         self._seq = itertools.count()
+        self._key = key
 
     def add_request(self, request: Request) -> None:
-        heapq.heappush(self._heap, (*priority_key(request), next(self._seq), request))
+        heapq.heappush(self._heap, (*self._key(request), next(self._seq), request))
 
     def prepend_request(self, request: Request) -> None:
         self.add_request(request)  # its own (priority, arrival) places it: preempted requests arrived earlier

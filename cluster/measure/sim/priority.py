@@ -6,46 +6,36 @@ has nothing to act on here."""
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from kvmesh.cluster.measure.sim.request import SimRequest
 from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.request_queue import PriorityRequestQueue
 
 
-class PriorityWaiting:
-    """The deque operations a simulated replica uses (append, [0], popleft, extendleft, len, iteration), in priority order."""
+class PriorityWaiting(PriorityRequestQueue):
+    """The engine's priority heap (replica/engine/request_queue.py) keyed by ``(priority, arrival_s)``, with the deque
+    operations a simulated replica uses (append, [0], popleft, extendleft)."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, float, int, SimRequest]] = []
-        self._seq = itertools.count()
+        super().__init__(key=lambda req: (req.priority, req.arrival_s))
 
     def append(self, req: SimRequest) -> None:
-        heapq.heappush(self._heap, (req.priority, req.arrival_s, next(self._seq), req))
+        self.add_request(req)
 
     def __getitem__(self, index: int) -> SimRequest:
         if index != 0:
             raise IndexError("a priority queue shows only its head")
-        return self._heap[0][3]
+        return self.peek_request()
 
     def popleft(self) -> SimRequest:
-        return heapq.heappop(self._heap)[3]
+        return self.pop_request()
 
     def extendleft(self, reqs: Iterable[SimRequest]) -> None:
         """Put requests taken off the head back (their places come from their priority and arrival)."""
         for req in reqs:
-            self.append(req)
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __bool__(self) -> bool:
-        return bool(self._heap)
-
-    def __iter__(self) -> Iterator[SimRequest]:
-        return (entry[3] for entry in sorted(self._heap, key=lambda e: e[:3]))
+            self.add_request(req)
 
 
 def waiting_queue(engine: EngineConfig) -> deque[SimRequest] | PriorityWaiting:
