@@ -103,10 +103,37 @@ def test_salted_request_never_matches_unsalted_prefix(live):
     assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
-def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill(live):
+PINNED_PREFILL_TOKENS_PER_S = 2_000.0
+"""The prefill rate both replicas are priced with in the decision test (a slow GPU's, so a cached block is worth
+milliseconds): what each replica measured of itself on this machine is left out, so the test asserts the decision
+the cost makes from its inputs, whatever the machine's speed."""
+
+
+@pytest.fixture
+def pinned_rates(live, monkeypatch):
+    """Both replicas priced with the same injected rates: their reports keep everything but the measured rates
+    (prefill rate pinned, decode step unmeasured), and no observed TTFT corrects a prediction."""
+    from kvmesh.router.routing import kv_router
+    from kvmesh.router.routing.load import ReplicaLoad
+
+    report = ReplicaLoad.update_report
+
+    def pinned(self, r):
+        report(self, r)
+        self.prefill_tokens_per_s, self.decode_step = PINNED_PREFILL_TOKENS_PER_S, None
+
+    monkeypatch.setattr(ReplicaLoad, "update_report", pinned)
+    monkeypatch.setattr(kv_router, "observe_ttft", lambda load, raw_s, actual_s: None)
+    core = live.runtime.router
+    with core.lock:
+        for load in core.loads.loads.values():
+            load.prefill_tokens_per_s, load.decode_step = PINNED_PREFILL_TOKENS_PER_S, None
+            load.ttft_correction, load.ttft_offset_s = 1.0, 0.0
+            load.ttft_sums.clear()
+
+
+def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill(live, pinned_rates):
     core, metrics = live.runtime.router, live.runtime.metrics
-    # a long shared prefix (~20 blocks): its saved prefill outweighs the noise in the replicas' measured rates on a
-    # busy machine (stories260K computes a block in well under a millisecond)
     base = " ".join([STORY] * 4) + " Then Lily went home and"
     post(live, "/v1/completions", {"prompt": base})
     base_keys = router_keys(live, "/v1/completions", {"prompt": base})
