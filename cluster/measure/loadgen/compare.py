@@ -135,10 +135,10 @@ async def compare(args: argparse.Namespace) -> dict:
     model = args.router_model or await _model_id(specs[0].url, api_key)
     for policy in policies:
         # these routers hold no internal key: the replicas' KV plane is closed to them (no peer pulls)
-        config = RouterConfig(host="127.0.0.1", port=0, model=model, policy=policy, block_size=args.block_size,
-                              upstream=UpstreamConfig(replica_api_key=api_key),
-                              transfers=KVPlacementRules(peer_pulls=False))
-        server = RouterServer(config, [copy.copy(s) for s in specs]).start()
+        router_config = RouterConfig(host="127.0.0.1", port=0, model=model, policy=policy,
+                                     block_size=args.block_size, upstream=UpstreamConfig(replica_api_key=api_key),
+                                     transfers=KVPlacementRules(peer_pulls=False))
+        server = RouterServer(router_config, [copy.copy(s) for s in specs]).start()
         try:
             await _wait_healthy(server.url)
             await asyncio.sleep(args.settle)
