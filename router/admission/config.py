@@ -33,7 +33,11 @@ class AdmissionConfig:
     fair_share_half_life_s: float = 60.0
     """Half-life of a tenant's token usage in fair share (tokens used this long ago count half)."""
     max_tenants: int = 1024
-    """Tenants tracked for fair share, limits and metrics; past it, the newest share one slot and one label."""
+    """Tenants tracked for fair share, limits and metrics; past it, the newest share one slot (and, in metrics,
+    the least busy half is folded into ``*other*``)."""
+    metric_tenants: int = 32
+    """Tenants /metrics names: the ones with the most tokens keep their names, the rest are summed under
+    ``*other*`` (so /metrics stays small however many tenants try)."""
     slots_ttl_s: float = 30.0
     """Without a predicted TTFT, a replica's slots are what it ran while it reported waiting requests; trusted this
     long, then learned again (its /load's waiting requests)."""
@@ -50,6 +54,9 @@ class AdmissionConfig:
                 raise ValueError(f"admission {name} must be positive seconds, got {value}")
         if self.tokens_per_s is not None and not self.tokens_per_s > 0:
             raise ValueError(f"admission tokens_per_s must be positive (None: no limit), got {self.tokens_per_s}")
+        if self.metric_tenants < 0:
+            raise ValueError(f"admission metric_tenants must be >= 0 (0: every tenant under *other*), got "
+                             f"{self.metric_tenants}")
         if self.max_tenants < 2:
             raise ValueError(f"admission max_tenants must be >= 2, got {self.max_tenants}")
         for priority, seconds in self.ttft_deadline_s.items():

@@ -89,7 +89,7 @@ class AdmissionGate:
         self.router = router
         self.admission = Admission(config, LocalLedger(config.fair_share_half_life_s, config.max_tenants))
         self.slots = SlotCapacity(config.slots_ttl_s)
-        self.metrics = AdmissionMetrics(registry, config.max_tenants)
+        self.metrics = AdmissionMetrics(registry, config)
         self._tickers: dict[str, asyncio.Task] = {}
         self.granted = 0
         """Requests let go whose tasks have not yet run to their dispatch (into their replica's load): no other is

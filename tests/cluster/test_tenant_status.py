@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvmesh.cluster.tenant_status import format_tenants, tenant_rows
+from kvmesh.router.admission.config import AdmissionConfig
 from kvmesh.router.http.admission_metrics import OTHER, AdmissionMetrics
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -13,7 +14,7 @@ def _text(metrics: AdmissionMetrics, registry: CollectorRegistry) -> str:
 
 def test_rows_per_tenant_and_priority_with_shed_reasons_ttft_and_tokens():
     registry = CollectorRegistry()
-    m = AdmissionMetrics(registry)
+    m = AdmissionMetrics(registry, AdmissionConfig())
     m.admitted.labels("flood", "0").inc(40)
     m.queued.labels("flood", "0").inc(30)
     m.waiting.labels("flood", "0").inc(3)
@@ -36,5 +37,9 @@ def test_rows_per_tenant_and_priority_with_shed_reasons_ttft_and_tokens():
 
 
 def test_tenant_labels_are_bounded():
-    m = AdmissionMetrics(CollectorRegistry(), max_labels=2)
-    assert [m.labels(t, 0)[0] for t in ("a", "b", "c", "a")] == ["a", "b", OTHER, "a"]
+    registry = CollectorRegistry()
+    m = AdmissionMetrics(registry, AdmissionConfig(metric_tenants=2))
+    for tokens, tenant in enumerate("abc"):
+        m.admitted.labels(*m.labels(tenant, 0)).inc()
+        m.tokens.labels(tenant, "prompt").inc(tokens)
+    assert sorted(r.tenant for r in tenant_rows(_text(m, registry))) == [OTHER, "b", "c"]  # the two busiest

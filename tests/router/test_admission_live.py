@@ -64,9 +64,9 @@ def test_the_queue_serves_priority_first_then_the_light_tenant_before_a_flooder(
     assert order[1] == ("flood", "-1"), timeline  # priority first: it came last and went right after the one running
     assert order[2] == ("light", None)  # then the tenant that used least, before 4 older flood requests
     text = httpx.get(admitting.url + "/metrics").text
-    assert 'kvmesh_router_admission_queued_total{priority="0",tenant="light"} 1.0' in text
-    assert 'kvmesh_router_admission_admitted_total{priority="0",tenant="flood"} 5.0' in text
-    assert 'kvmesh_router_admission_ttft_seconds_count{priority="0",tenant="light"} 1.0' in text
+    assert 'kvmesh_router_admission_queued_total{priority="all",tenant="light"} 1.0' in text
+    assert 'kvmesh_router_admission_admitted_total{priority="all",tenant="flood"} 6.0' in text
+    assert 'kvmesh_router_admission_ttft_seconds_count{priority="all",tenant="light"} 1.0' in text
 
 
 def test_429s_carry_retry_after_and_name_their_reason(admitting):
@@ -91,7 +91,7 @@ def test_429s_carry_retry_after_and_name_their_reason(admitting):
                    json={"prompt": "impatient", "max_tokens": 2}, timeout=httpx.Timeout(5, read=0.1))
     wait_for(lambda: not any(w.tenant == "light" for w in queue), timeout=2, what="it left the queue")  # ... leaves
     text = httpx.get(admitting.url + "/metrics").text  # unserved: it left, it was not let go
-    assert 'kvmesh_router_admission_admitted_total{priority="0",tenant="light"} 0.0' in text
+    assert 'kvmesh_router_admission_admitted_total{priority="all",tenant="light"} 0.0' in text
     bad = _post(admitting, "light", "x", [], headers={"x-kvmesh-priority": "high"})
     assert bad.status_code == 400 and "x-kvmesh-priority" in bad.json()["error"]["message"]
     assert httpx.post(admitting.url + "/v1/completions", json={"prompt": "x"}).status_code == 401  # keys required
@@ -101,5 +101,5 @@ def test_429s_carry_retry_after_and_name_their_reason(admitting):
     for t in busy:
         t.join(30)
     text = httpx.get(admitting.url + "/metrics").text
-    assert 'kvmesh_router_admission_shed_total{priority="0",reason="tenant_over_limit",tenant="capped"} 1.0' in text
-    assert 'kvmesh_router_admission_shed_total{priority="0",reason="deadline_unreachable",tenant="light"} 1.0' in text
+    assert 'kvmesh_router_admission_shed_total{priority="all",reason="tenant_over_limit",tenant="capped"} 1.0' in text
+    assert 'kvmesh_router_admission_shed_total{priority="all",reason="deadline_unreachable",tenant="light"} 1.0' in text
