@@ -85,11 +85,20 @@ def salt_key(cache_salt: str, salt_secret: bytes | None = None) -> str:
     return hmac.new(salt_secret, message, hashlib.sha256).hexdigest()[:32]
 
 
+def lora_extra_keys(lora_name: str | None, lora_identity: str | None = None) -> tuple:
+    """An adapter's part of every block's extra keys: its name (vLLM's), then the identity of its weights (a digest
+    the engine takes when it reads them), so a name loaded again from other weights never matches the old blocks."""
+    if lora_name is None:
+        return ()
+    return (lora_name,) if lora_identity is None else (lora_name, lora_identity)
+
+
 def block_extra_keys(block_index: int, cache_salt: str | None, lora_name: str | None,
-                     salt_secret: bytes | None = None) -> tuple | None:
-    """Extra hash keys of block ``block_index`` in vLLM's order: the LoRA name on every block, then the salt key
-    on block 0 (vLLM's ``lora_extra_keys + mm_extra_keys + cache_salt_keys``; kvmesh has no multimodal keys)."""
-    keys: tuple = () if lora_name is None else (lora_name,)
+                     salt_secret: bytes | None = None, lora_identity: str | None = None) -> tuple | None:
+    """Extra hash keys of block ``block_index`` in vLLM's order: the LoRA adapter's keys on every block
+    (``lora_extra_keys``), then the salt key on block 0 (vLLM's ``lora_extra_keys + mm_extra_keys +
+    cache_salt_keys``; kvmesh has no multimodal keys)."""
+    keys = lora_extra_keys(lora_name, lora_identity)
     if block_index == 0 and cache_salt is not None:
         keys += (salt_key(cache_salt, salt_secret),)
     return keys or None
@@ -151,7 +160,7 @@ class RequestBlockHasher:
                  "_first_keys")
 
     def __init__(self, block_size: int, none_hash: BlockHash, cache_salt: str | None = None,
-                 lora_name: str | None = None):
+                 lora_name: str | None = None, lora_identity: str | None = None):
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
@@ -159,8 +168,8 @@ class RequestBlockHasher:
         self.block_hashes: list[BlockHash] = []
         """Hashes of the request's full blocks so far, in order."""
         secret = salt_secret_from_none_hash(none_hash) if cache_salt is not None else None
-        self._first_keys = block_extra_keys(0, cache_salt, lora_name, secret)
-        self._rest_keys = block_extra_keys(1, cache_salt, lora_name)
+        self._first_keys = block_extra_keys(0, cache_salt, lora_name, secret, lora_identity)
+        self._rest_keys = block_extra_keys(1, cache_salt, lora_name, None, lora_identity)
         self._first_extra = encode_extra_keys(self._first_keys)
         self._rest_extra = encode_extra_keys(self._rest_keys)
 

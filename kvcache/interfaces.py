@@ -27,6 +27,8 @@ class CacheRequest(Protocol):
     """Tenant isolation: enters block 0's extra keys, so different salts share no block."""
     lora_name: str | None
     """The LoRA adapter, part of every block's hash; None without LoRA."""
+    lora_identity: str | None
+    """The identity of the adapter's weights (a digest), part of every block's hash after its name; None: none."""
     skip_reading_prefix_cache: bool
     """Read no cached prefix (a request asking prompt logprobs needs every prompt position's logits)."""
 
@@ -45,6 +47,7 @@ class TokenRequest:
     num_computed_tokens: int = 0
     cache_salt: str | None = None
     lora_name: str | None = None
+    lora_identity: str | None = None
     skip_reading_prefix_cache: bool = False
 
     @property

@@ -87,7 +87,7 @@ class KVCacheManager:
         hasher = self.req_to_hasher.get(request.request_id)
         if hasher is None:
             hasher = RequestBlockHasher(self.block_size, self.none_hash,
-                                        request.cache_salt, request.lora_name)
+                                        request.cache_salt, request.lora_name, request.lora_identity)
             self.req_to_hasher[request.request_id] = hasher
             self._recently_freed.pop(request.request_id, None)
         hasher.extend(request.all_token_ids)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import torch
     from kvmesh.events.schema import KVEvent
     from kvmesh.replica.kv_layout import KVBlockLayout
-    from kvmesh.replica.serving.lora_request import LoRARequest
+    from kvmesh.replica.serving.lora_request import LoadedLoRA, LoRARequest
     from kvmesh.replica.step.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
     from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
@@ -82,9 +82,10 @@ class ModelRunnerInterface(Protocol):
         """Probes the runner (pings the TP ranks); returns ``dead_reason``."""
         ...
 
-    def add_lora(self, lora: LoRARequest) -> int:
-        """Reads and checks a LoRA adapter into host memory (every rank); returns its bytes. Raises ValueError
-        saying why one cannot be served (LoRA off, bad directory, rank above max_lora_rank, unknown targets)."""
+    def add_lora(self, lora: LoRARequest) -> LoadedLoRA:
+        """Reads and checks a LoRA adapter into host memory (every rank); returns its bytes and the identity of
+        its weights. Raises ValueError saying why one cannot be served (LoRA off, bad directory, rank above
+        max_lora_rank, unknown targets, non-finite weights or scale)."""
         ...
 
     def remove_lora(self, lora_name: str) -> bool:

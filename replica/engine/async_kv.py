@@ -42,28 +42,32 @@ class AsyncKVCommands:
 
     async def pull_prefix(self, agent: KVTransferAgent, peer: str, prompt_token_ids: list[int],
                           remote_block_ids: list[int], cache_salt: str | None = None,
-                          remote_block_media: list[str] | None = None, lora_name: str | None = None) -> int:
+                          remote_block_media: list[str] | None = None, lora_name: str | None = None,
+                          lora_identity: str | None = None) -> int:
         """Pull the prompt's cached prefix from ``peer`` (its ``remote_block_ids``) into this engine's prefix cache;
         the tokens pulled. A request added afterwards hits them (``num_cached_tokens``). The read is started
         between two steps and polled between the next ones: other requests keep stepping while it is in flight."""
         pulled: concurrent.futures.Future[int] = concurrent.futures.Future()
         return await self._ask(PullPrefix(agent, peer, prompt_token_ids, remote_block_ids, cache_salt, pulled,
-                                          remote_block_media, lora_name), pulled)
+                                          remote_block_media, lora_name, lora_identity), pulled)
 
     async def lease_blocks(self, prompt_token_ids: list[int], cache_salt: str | None, ttl_s: float,
-                           peer: str = "local", lease_id: str | None = None, lora_name: str | None = None) -> Lease:
+                           peer: str = "local", lease_id: str | None = None, lora_name: str | None = None,
+                           lora_identity: str | None = None) -> Lease:
         """Hold the prompt's cached leading blocks for ``peer`` to read, or (``lease_id``) show that lease when it
         holds this prompt's chain (kv_transfer/leases.py; ``LeaseRefused`` otherwise or past a cap). The prompt is
         hashed on a worker thread: the engine thread only looks the hashes up."""
-        hashes = await asyncio.to_thread(self.block_hashes, prompt_token_ids, cache_salt, lora_name)
+        hashes = await asyncio.to_thread(self.block_hashes, prompt_token_ids, cache_salt, lora_name, lora_identity)
         granted: concurrent.futures.Future[Lease] = concurrent.futures.Future()
         return await self._ask(LeaseBlocks(hashes, ttl_s, peer, granted, lease_id), granted)
 
     def block_hashes(self, prompt_token_ids: list[int], cache_salt: str | None,
-                     lora_name: str | None = None) -> list[bytes]:
+                     lora_name: str | None = None, lora_identity: str | None = None) -> list[bytes]:
         """The hashes of the prompt's full blocks as this replica's prefix cache keys them (any thread: it reads
-        only the cache's fixed block size and seed); ``lora_name``: the adapter it runs with."""
-        return block_hasher(self.engine.kv_cache_manager, prompt_token_ids, cache_salt, lora_name).block_hashes
+        only the cache's fixed block size and seed); ``lora_name``: the adapter it runs with, ``lora_identity``
+        the identity of its weights (the asker's: blocks of other weights under that name never match)."""
+        return block_hasher(self.engine.kv_cache_manager, prompt_token_ids, cache_salt, lora_name,
+                            lora_identity).block_hashes
 
     def lease_at_finish(self, request_id: str, ttl_s: float, peer: str = "local") -> concurrent.futures.Future[Lease]:
         """Arm a lease on the prompt blocks of ``request_id`` (call before generating it), taken on the engine

@@ -67,6 +67,8 @@ class PullPrefix:
     """The holder's tier of each block (``"GPU"``/``"CPU"``: its host tier); None: every block on its device."""
     lora_name: str | None = None
     """The LoRA adapter the prompt runs with (it keys the block hashes, as the holder's); None: the base model."""
+    lora_identity: str | None = None
+    """The identity of that adapter's weights here (it keys the hashes after the name)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,7 +103,8 @@ class EngineKVTransfers:
         manager = self.kv_cache_manager
         hasher = manager.req_to_hasher.get(request.request_id)
         if hasher is None:  # caching off, or a request the cache never saw
-            hasher = block_hasher(manager, request.prompt_token_ids, request.cache_salt, request.lora_name)
+            hasher = block_hasher(manager, request.prompt_token_ids, request.cache_salt, request.lora_name,
+                                  request.lora_identity)
         hashes = hasher.block_hashes[: request.num_prompt_tokens // manager.block_size]
         try:
             command.granted.set_result(self.leases.grant(manager, hashes, command.ttl_s, command.peer))
@@ -136,7 +137,7 @@ class EngineKVTransfers:
             pending = start_pull(self.kv_cache_manager, command.agent, command.peer,
                                  command.prompt_token_ids, command.remote_block_ids, command.cache_salt,
                                  command.lora_name, remote_block_media=command.remote_block_media,
-                                 on_progress=self.wake)
+                                 on_progress=self.wake, lora_identity=command.lora_identity)
         except BaseException as e:  # bad arguments (media not matching the ids)
             command.pulled.set_exception(e)
             return

@@ -4,10 +4,15 @@ engine thread's registry, torch-free.
 
     EngineConfig.lora_modules ──at start──▶ add()  ◀── LLMEngine.add_lora / AsyncLLM.add_lora (/v1/load_lora_adapter)
     add_request(lora_request=...) ──resolve()──▶ Request.lora_request (keys its blocks, rides to the runner)
+
+The runner's read gives the adapter's identity (a digest of its weights and scale); the registered ``LoRARequest``
+carries it, and every request of the adapter runs with the registered one, so its blocks are keyed by name and
+identity: unloaded and loaded again from other weights, the name never meets the old weights' blocks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from kvmesh.replica.config import EngineConfig
@@ -49,8 +54,9 @@ class EngineLoRAs:
         if clash is not None:
             raise ValueError(f"LoRA adapter {lora.lora_name!r}: lora_int_id {lora.lora_int_id} is adapter "
                              f"{clash.lora_name!r}'s; give each adapter its own id")
-        self.nbytes[lora.lora_name] = self.runner.add_lora(lora)
-        self.registered[lora.lora_name] = lora
+        loaded = self.runner.add_lora(lora)
+        self.nbytes[lora.lora_name] = loaded.nbytes
+        self.registered[lora.lora_name] = dataclasses.replace(lora, identity=loaded.identity)
         return True
 
     def remove(self, name: str) -> bool:
@@ -62,17 +68,17 @@ class EngineLoRAs:
         return True
 
     def resolve(self, lora: LoRARequest | None) -> LoRARequest | None:
-        """The adapter a new request runs with: registered on first use (vLLM's), refused when it differs from
-        the registered adapter of that name."""
+        """The adapter a new request runs with (the registered one: with its identity): registered on first use
+        (vLLM's), refused when it differs from the registered adapter of that name or names other weights."""
         if lora is None:
             return None
         known = self.registered.get(lora.lora_name)
         if known is None:
             self.add(lora)
-        elif known != lora:
-            raise ValueError(f"LoRA adapter {lora.lora_name!r} is registered as {known}; a request named it as "
-                             f"{lora}")
-        return lora
+        elif known != lora or lora.identity not in (None, known.identity):
+            raise ValueError(f"LoRA adapter {lora.lora_name!r} is registered as {known} (weights {known.identity}); "
+                             f"a request named it as {lora} (weights {lora.identity})")
+        return self.registered[lora.lora_name]
 
     def load(self, running_names: Iterable[str | None]) -> LoRALoad:
         """``/load``'s ``lora`` section (read off the engine thread: copies, never iterated live)."""
@@ -81,4 +87,6 @@ class EngineLoRAs:
         resident, rate = self.runner.lora_residency()
         return LoRALoad(enabled=True, max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
                         adapters=dict(self.nbytes), resident=list(resident),
+                        identities={name: lora.identity for name, lora in list(self.registered.items())
+                                    if lora.identity is not None},
                         active=sorted({n for n in running_names if n is not None}), load_bytes_per_s=rate)

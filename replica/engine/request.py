@@ -46,7 +46,7 @@ class Request:
     """
 
     __slots__ = (
-        "request_id", "prompt_token_ids", "sampling_params", "cache_salt", "lora_name", "lora_request", "eos_token_ids",
+        "request_id", "prompt_token_ids", "sampling_params", "cache_salt", "lora_name", "lora_identity", "lora_request", "eos_token_ids",
         "stop_token_ids",
         "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens", "num_host_cached_tokens", "status",
         "stop_reason", "error", "num_preemptions", "arrival_time", "first_scheduled_time",
@@ -72,6 +72,7 @@ class Request:
         self.cache_salt = cache_salt
         self.lora_request = lora_request  # the adapter it runs with (None: the base model)
         self.lora_name = lora_request.lora_name if lora_request is not None else lora_name  # keys its blocks
+        self.lora_identity = lora_request.identity if lora_request is not None else None  # ... with its weights'
         self.eos_token_ids = frozenset() if sampling_params.ignore_eos else eos_token_ids
         self.stop_token_ids = self.eos_token_ids | frozenset(sampling_params.stop_token_ids)  # any ends it
         self.all_token_ids: list[int] = list(prompt_token_ids)

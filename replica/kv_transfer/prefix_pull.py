@@ -40,8 +40,9 @@ logger = logging.getLogger(__name__)
 
 
 def block_hasher(manager: KVCacheManager, token_ids: list[int], cache_salt: str | None,
-            lora_name: str | None) -> RequestBlockHasher:
-    hasher = RequestBlockHasher(manager.block_size, manager.none_hash, cache_salt, lora_name)
+            lora_name: str | None, lora_identity: str | None = None) -> RequestBlockHasher:
+    """The prompt's hashes as ``manager`` keys them (``lora_identity``: the adapter's weights, after its name)."""
+    hasher = RequestBlockHasher(manager.block_size, manager.none_hash, cache_salt, lora_name, lora_identity)
     hasher.extend(token_ids)
     return hasher
 
@@ -58,9 +59,9 @@ def cached_prefix(manager: KVCacheManager, hashes) -> list[KVCacheBlock]:
 
 
 def cached_prefix_block_ids(manager: KVCacheManager, token_ids: list[int], cache_salt: str | None = None,
-                            lora_name: str | None = None) -> list[int]:
+                            lora_name: str | None = None, lora_identity: str | None = None) -> list[int]:
     """Block ids of the leading full blocks of ``token_ids`` that this replica holds (the holder's answer)."""
-    hasher = block_hasher(manager, token_ids, cache_salt, lora_name)
+    hasher = block_hasher(manager, token_ids, cache_salt, lora_name, lora_identity)
     return [block.block_id for block in cached_prefix(manager, hasher.block_hashes)]
 
 
@@ -121,7 +122,7 @@ class PendingPull:
 def start_pull(manager: KVCacheManager, agent: KVTransferAgent, peer: str, token_ids: list[int],
                remote_block_ids: list[int], cache_salt: str | None = None, lora_name: str | None = None,
                timeout_s: float | None = None, remote_block_media: list[str] | None = None,
-               on_progress: Callable[[], None] | None = None) -> PendingPull | int:
+               on_progress: Callable[[], None] | None = None, lora_identity: str | None = None) -> PendingPull | int:
     """Allocate the blocks of ``token_ids``'s prefix that ``peer`` holds (``remote_block_ids``, its leading full
     blocks in order; ``remote_block_media`` the tier of each, ``"GPU"`` when None) and this replica lacks, and
     hand their read to the agent's transfer worker (``on_progress`` is called from there when it moves on); the
@@ -130,7 +131,7 @@ def start_pull(manager: KVCacheManager, agent: KVTransferAgent, peer: str, token
     media = remote_block_media or [DEVICE_MEDIUM] * len(remote_block_ids)
     if len(media) != len(remote_block_ids):
         raise ValueError(f"{len(media)} block media for {len(remote_block_ids)} remote block ids; give one per id")
-    hasher = block_hasher(manager, token_ids, cache_salt, lora_name)
+    hasher = block_hasher(manager, token_ids, cache_salt, lora_name, lora_identity)
     hashes = hasher.block_hashes[: len(remote_block_ids)]
     local = cached_prefix(manager, hashes)
     wanted = len(hashes) - len(local)
@@ -153,13 +154,14 @@ def start_pull(manager: KVCacheManager, agent: KVTransferAgent, peer: str, token
 
 def pull_prefix(manager: KVCacheManager, agent: KVTransferAgent, peer: str, token_ids: list[int],
                 remote_block_ids: list[int], cache_salt: str | None = None, lora_name: str | None = None,
-                timeout_s: float | None = None, remote_block_media: list[str] | None = None) -> int:
+                timeout_s: float | None = None, remote_block_media: list[str] | None = None,
+                lora_identity: str | None = None) -> int:
     """``start_pull`` and wait for it here (tools and tests; a serving engine polls between steps instead);
     the tokens pulled (0 when nothing was missing, the pool had no room, or the read failed). A failed read's
     blocks are freed once the transport confirms it is over, waited for up to the timeout again; past that
     they stay held (leaked: never reused while the transport may still write them)."""
     pending = start_pull(manager, agent, peer, token_ids, remote_block_ids, cache_salt, lora_name, timeout_s,
-                         remote_block_media)
+                         remote_block_media, lora_identity=lora_identity)
     try:
         while not isinstance(pending, int):
             if (done := pending.poll()) is not None:

@@ -7,11 +7,16 @@ PEFT names a projection's factors after the Hugging Face module::
 
 kvmesh fuses q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``: each sub-projection's factors become one
 slice of the fused layer (``LoRATarget.shard_id``, the base layer's own weight-loader shard). The scale is folded
-into B here, once, so a step computes ``(x @ A.T) @ B.T``.
+into B here, once, so a step computes ``(x @ A.T) @ B.T``. A factor with a NaN or an infinity is refused by name.
+
+The adapter's identity (``LoadedLoRA.identity``) is a SHA-256 over its tensors as the file holds them (sorted by
+name: name, dtype, shape, bytes) and its scale: it keys the adapter's blocks, so the same files agree on every
+replica and other weights under the same name never meet the old KV.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 
@@ -46,6 +51,8 @@ class LoRAAdapter:
     weights: dict[str, dict[ShardId, tuple[torch.Tensor, torch.Tensor]]]
     nbytes: int
     """Bytes of its factors (what a load into a device slot moves, summed over ranks under TP)."""
+    identity: str
+    """A digest of its tensors and scale (module doc): what keys its blocks after its name."""
 
 
 def load_adapter(lora: LoRARequest, targets: dict[str, LoRATarget], max_lora_rank: int,
@@ -62,6 +69,8 @@ def load_adapter(lora: LoRARequest, targets: dict[str, LoRATarget], max_lora_ran
     factors: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in tensors.items():
         module, kind = _split_name(lora, name)
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise LoRAError(f"LoRA adapter {lora.lora_path!r}: tensor {name!r} holds NaN or infinite values")
         factors.setdefault(module, {})[kind] = tensor
     if not factors:
         raise LoRAError(f"LoRA adapter {lora.lora_path!r} holds no LoRA factors")
@@ -86,7 +95,17 @@ def load_adapter(lora: LoRARequest, targets: dict[str, LoRATarget], max_lora_ran
             a, b = a.pin_memory(), b.pin_memory()
         weights.setdefault(target.layer, {})[target.shard_id] = (a, b)
         nbytes += a.numel() * a.element_size() + b.numel() * b.element_size()
-    return LoRAAdapter(lora, config.r, weights, nbytes)
+    return LoRAAdapter(lora, config.r, weights, nbytes, adapter_identity(tensors, config.scale))
+
+
+def adapter_identity(tensors: dict[str, torch.Tensor], scale: float) -> str:
+    """SHA-256 (hex, 32 digits) of the tensors as read (by name: name, dtype, shape, bytes) and the scale."""
+    digest = hashlib.sha256(b"kvmesh/lora-identity/v1\x00" + repr(float(scale)).encode())
+    for name in sorted(tensors):
+        tensor = tensors[name].contiguous()
+        digest.update(f"\x00{name}\x00{tensor.dtype}\x00{tuple(tensor.shape)}\x00".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()[:32]
 
 
 def _split_name(lora: LoRARequest, name: str) -> tuple[str, str]:

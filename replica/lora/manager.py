@@ -22,7 +22,7 @@ from kvmesh.replica.lora.adapter import LoRAAdapter, ShardId, load_adapter
 from kvmesh.replica.lora.layers import LoRAStepState, wrap_model
 from kvmesh.replica.lora.ops import LoRAMapping
 from kvmesh.replica.model_config import ModelSpec
-from kvmesh.replica.serving.lora_request import LoRARequest
+from kvmesh.replica.serving.lora_request import LoadedLoRA, LoRARequest
 from kvmesh.replica.triton_utils import triton_problem
 from torch import nn
 
@@ -47,10 +47,11 @@ class LoRAManager:
 
     # -- adapters in host memory -----------------------------------------------------------------------
 
-    def add_lora(self, lora: LoRARequest) -> int:
-        """Read and check ``lora`` into the host cache (replacing another version of the name); returns its bytes.
-        Raises ``LoRAError`` when it cannot be served."""
-        return self._host_adapter(lora, reload=True).nbytes
+    def add_lora(self, lora: LoRARequest) -> LoadedLoRA:
+        """Read and check ``lora`` into the host cache (replacing another version of the name); its bytes and
+        identity. Raises ``LoRAError`` when it cannot be served."""
+        adapter = self._host_adapter(lora, reload=True)
+        return LoadedLoRA(adapter.nbytes, adapter.identity)
 
     def remove_lora(self, name: str) -> bool:
         """Forget ``name`` in host memory and its slot; False when it was in neither."""

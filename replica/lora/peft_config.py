@@ -2,7 +2,8 @@
 
 kvmesh serves plain LoRA (``peft_type: LORA``) on the decoder's linear projections; scale ``lora_alpha / r``
 (``lora_alpha / sqrt(r)`` with ``use_rslora``). Refused with a clear error: DoRA, LoRA biases, per-module
-rank/alpha patterns, ``modules_to_save``, targets other than the projections, rank above ``max_lora_rank``.
+rank/alpha patterns, ``modules_to_save``, targets other than the projections, rank above ``max_lora_rank``, a
+``lora_alpha`` that is not a finite positive number (JSON's ``Infinity`` and ``NaN`` parse as floats).
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def read_peft_config(path: str, max_lora_rank: int) -> PEFTConfig:
         raise LoRAError(f"LoRA adapter {path!r} has rank {r}, above max_lora_rank={max_lora_rank}; "
                         f"raise max_lora_rank to at least {r}")
     alpha = raw.get("lora_alpha", 8)
-    if not isinstance(alpha, int | float) or isinstance(alpha, bool):
-        raise LoRAError(f"LoRA adapter {path!r}: lora_alpha must be a number, got {alpha!r}")
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha) or alpha <= 0:
+        raise LoRAError(f"LoRA adapter {path!r}: lora_alpha must be a finite positive number, got {alpha!r}")
     targets = raw.get("target_modules") or ()
     if isinstance(targets, list):
         unknown = sorted(set(targets) - set(SUPPORTED_TARGETS))

@@ -43,7 +43,7 @@ async def before(state: ServerState, req: CompletionRequest | ChatCompletionRequ
     key = state.server.internal_key
     auth = f"Bearer {key}" if key else http.headers.get("authorization")
     lora = state.loras.request_for(req.model)  # the adapter keys the hashes on both sides
-    result = await state.kv_transfer.pull(params, prompts[0], req.cache_salt, auth, lora and lora.lora_name)
+    result = await state.kv_transfer.pull(params, prompts[0], req.cache_salt, auth, lora)
     return result.headers()
 
 

@@ -2,7 +2,7 @@
 
     GET  /kv/handshake   msgpack KVHandshake (application/msgpack): agent name, transport metadata, layout
     POST /kv/lease       {"prompt_token_ids": [...], "cache_salt": str|null, "ttl_s": float?, "lease_id": str?,
-                          "lora_name": str?}
+                          "lora_name": str?, "lora_identity": str?}
                          -> {"lease_id", "remote_block_ids", "remote_block_media" ("GPU"|"CPU" per block:
                              blocks past the device's prefix may live only in the host tier), "num_tokens",
                              "remote_engine_id", "expires_in_s"}
@@ -53,6 +53,9 @@ class LeaseRequest(OpenAIBaseModel):
     lease_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     lora_name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     """The LoRA adapter the prompt runs with (it keys the hashes); None: the base model."""
+    lora_identity: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    """The identity of the asker's weights of that adapter (it keys the hashes after the name): blocks of other
+    weights under the same name are never leased."""
 
 
 class ReleaseRequest(OpenAIBaseModel):
@@ -100,7 +103,7 @@ def install_kv_routes(app: FastAPI, state: ServerState) -> None:
         try:
             granted = await state.engine_client.lease_blocks(req.prompt_token_ids, req.cache_salt,
                                                              kv.lease_ttl_s(req.ttl_s), peer_of(http), req.lease_id,
-                                                             req.lora_name)
+                                                             req.lora_name, req.lora_identity)
         except LeaseRefused as e:
             raise ProtocolError(e.message, e.status, param="lease_id" if e.status in (404, 409) else None) from None
         return JSONResponse({"lease_id": granted.lease_id, "remote_block_ids": granted.remote_block_ids,

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import aiohttp
     from kvmesh.replica.engine.async_llm import AsyncLLM
     from kvmesh.replica.kv_transfer.leases import Lease
+    from kvmesh.replica.serving.lora_request import LoRARequest
 
 logger = logging.getLogger(__name__)
 
@@ -111,9 +112,10 @@ class KVTransferService:
 
     # ------------------------------------------------------------ puller side
     async def pull(self, params: KVTransferParams, prompt: list[int], cache_salt: str | None,
-                   authorization: str | None, lora_name: str | None = None) -> PullResult:
-        """Pull what this replica lacks of ``prompt``'s prefix (run with adapter ``lora_name``, None: the base model)
-        from ``params.remote_url``; never raises."""
+                   authorization: str | None, lora: LoRARequest | None = None) -> PullResult:
+        """Pull what this replica lacks of ``prompt``'s prefix (run with adapter ``lora``, None: the base model; the
+        holder hashes with this replica's identity of its weights) from ``params.remote_url``; never raises."""
+        lora_name, identity = (lora.lora_name, lora.identity) if lora is not None else (None, None)
         t0 = time.monotonic()
         url = self.registry.resolve(params.remote_url or "")
         if url is None:
@@ -124,14 +126,16 @@ class KVTransferService:
         lease_id = params.remote_lease_id or None  # a P/D handle's: shown only for this prompt's chain
         try:
             ask = {"prompt_token_ids": prompt, "cache_salt": cache_salt, **({"lease_id": lease_id} if lease_id else {}),
-                   **({"lora_name": lora_name} if lora_name else {})}
+                   **({"lora_name": lora_name} if lora_name else {}),
+                   **({"lora_identity": identity} if identity else {})}
             lease = await self._call("POST", f"{url}/kv/lease", headers, ask)
             block_ids, lease_id = list(lease["remote_block_ids"]), lease["lease_id"] or lease_id
             media = lease.get("remote_block_media")  # absent from a holder without tiers: all on its device
             if not block_ids:
                 return self._count(PullResult("skipped"), t0)
             peer = await self._peer(url, headers)
-            tokens = await self.engine.pull_prefix(self.agent, peer, prompt, block_ids, cache_salt, media, lora_name)
+            tokens = await self.engine.pull_prefix(self.agent, peer, prompt, block_ids, cache_salt, media, lora_name,
+                                                   identity)
         except Exception as e:  # noqa: BLE001 - any failure: the prompt is computed here
             if not (isinstance(e, PeerError) and e.status in REFUSALS):  # a refusal: the peer itself is fine
                 await self._forget(url)

@@ -10,7 +10,8 @@ Names are unique and never shadow the base model's names (its served name and pa
 engine's handle) is handed out once per load and never reused, so a request cannot run with an adapter that
 was unloaded and loaded again under another path. Errors (all OpenAI-shaped, none a traceback):
 
-    400  LoRA not enabled (--enable-lora), a path that is no PEFT directory, a rank above --max-lora-rank, ...
+    400  LoRA not enabled (--enable-lora), a path that is no PEFT directory, a rank above --max-lora-rank, NaN or
+         infinite weights (naming the tensor), a lora_alpha that is not a finite positive number, ...
     404  unload of a name that is not loaded
     409  load of a name already loaded (or the base model's name)
 """
@@ -88,6 +89,8 @@ class ServedLoRAs:
                 raise ProtocolError(str(e), 400, param="lora_path") from None
             if added is False:
                 raise ProtocolError(f"the engine refused LoRA adapter '{name}' from {path}", 400, param="lora_path")
+            # the engine's registered copy carries the identity of the weights it read (it keys the blocks)
+            lora = next((o for o in self.engine_client.list_loras() if o == lora), lora)
             self._by_name[name] = lora
         logger.info("LoRA adapter %s loaded from %s (id %d)", name, path, lora.lora_int_id)
         return lora

@@ -52,6 +52,9 @@ class LoRALoad(msgspec.Struct, kw_only=True):
     """Largest adapter rank the replica accepts."""
     adapters: dict[str, int] = msgspec.field(default_factory=dict)
     """Every adapter the replica knows (``--lora-modules`` or ``/v1/load_lora_adapter``) -> its weights' bytes."""
+    identities: dict[str, str] = msgspec.field(default_factory=dict)
+    """Every adapter it knows -> the identity of the weights it read (``LoRARequest.identity``): a router keys an
+    adapter's requests with it, as the replica keys the adapter's blocks."""
     resident: list[str] = msgspec.field(default_factory=list)
     """Adapters in a device slot now: a request for one needs no load."""
     active: list[str] = msgspec.field(default_factory=list)

@@ -7,9 +7,10 @@ prefix-cache hits or a mis-positioned chunk change the tokens, exactly as they w
 
 from __future__ import annotations
 
+import hashlib
 import time
 
-from kvmesh.replica.serving.lora_request import LoRARequest
+from kvmesh.replica.serving.lora_request import LoadedLoRA, LoRARequest
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
 
@@ -86,10 +87,11 @@ class FakeModelRunner:
     def bind_thread(self) -> None:
         """No device, no graphs: any thread may step."""
 
-    def add_lora(self, lora: LoRARequest) -> int:
-        """Adapters are names here (no weights): every one is accepted and weighs 0 bytes."""
+    def add_lora(self, lora: LoRARequest) -> LoadedLoRA:
+        """Adapters are names here (no weights): every one is accepted, weighs 0 bytes, and is identified by its
+        path (another path: other weights)."""
         self.loras[lora.lora_name] = lora
-        return 0
+        return LoadedLoRA(0, hashlib.sha256(lora.lora_path.encode()).hexdigest()[:32])
 
     def remove_lora(self, lora_name: str) -> bool:
         return self.loras.pop(lora_name, None) is not None

@@ -25,7 +25,7 @@ from kvmesh.replica.models import get_model_class
 from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host
 from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
-from kvmesh.replica.serving.lora_request import LoRARequest
+from kvmesh.replica.serving.lora_request import LoadedLoRA, LoRARequest
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
 from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
@@ -269,8 +269,9 @@ class ModelRunner:
         return self.prompt_logprobs.compute(asking, first_rows, hidden, self.model.compute_logits)
 
     # -- LoRA adapters (replica/lora/): ModelRunnerInterface's part ----------------------------------------------
-    def add_lora(self, lora: LoRARequest) -> int:
-        """Read and check an adapter into host memory; its bytes. Raises LoRAError (a ValueError) when refused."""
+    def add_lora(self, lora: LoRARequest) -> LoadedLoRA:
+        """Read and check an adapter into host memory; its bytes and identity. Raises LoRAError (a ValueError)
+        when refused."""
         if self.lora is None:
             raise ValueError("LoRA adapters need enable_lora")
         return self.lora.add_lora(lora)

@@ -27,7 +27,7 @@ from kvmesh.replica.distributed.utils import DEFAULT_COLLECTIVE_TIMEOUT_S, Distr
 if TYPE_CHECKING:
     from kvmesh.replica.kv_layout import KVBlockLayout
     from kvmesh.replica.kv_transfer.agent import KVHandshake, KVTransferConfig
-    from kvmesh.replica.serving.lora_request import LoRARequest
+    from kvmesh.replica.serving.lora_request import LoadedLoRA, LoRARequest
     from kvmesh.replica.step.scheduler_output import SchedulerOutput
     from kvmesh.replica.worker.model_runner import ModelRunner
     from ray.util.placement_group import PlacementGroup
@@ -94,7 +94,7 @@ class TPWorker:
     def ping(self) -> int:
         return self.rank
 
-    def add_lora(self, lora: LoRARequest) -> int: return self.runner.add_lora(lora)  # noqa: E704
+    def add_lora(self, lora: LoRARequest) -> LoadedLoRA: return self.runner.add_lora(lora)  # noqa: E704
 
     def remove_lora(self, lora_name: str) -> bool: return self.runner.remove_lora(lora_name)  # noqa: E704
 
@@ -249,8 +249,9 @@ class RayTPExecutor:
     def bind_thread(self) -> None:
         """Each rank steps on its own worker actor's thread, bound there; the driver's thread holds no device."""
 
-    def add_lora(self, lora: LoRARequest) -> int:
-        """Every rank reads the adapter (each keeps its shard in its slots); rank 0's bytes."""
+    def add_lora(self, lora: LoRARequest) -> LoadedLoRA:
+        """Every rank reads the adapter (each keeps its shard in its slots); rank 0's bytes and identity (every
+        rank reads the same whole files)."""
         import ray
         return ray.get([w.add_lora.remote(lora) for w in self.workers], timeout=self.step_timeout_s)[0]
 

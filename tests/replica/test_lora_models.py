@@ -29,6 +29,9 @@ class RecordingEngine:
         self.removed.append(lora_name)
         return True
 
+    def list_loras(self) -> list:
+        return list(self.added)
+
 
 def served(enabled: bool = True) -> tuple[ServedLoRAs, RecordingEngine]:
     engine = RecordingEngine()

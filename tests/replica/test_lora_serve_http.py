@@ -3,6 +3,8 @@ unload (the admin plane), /load's lora section and the adapter's name in the KV 
 
 from __future__ import annotations
 
+import json
+import random
 import shutil
 import time
 
@@ -14,6 +16,7 @@ from kvmesh.events.schema import BlockStored
 from kvmesh.events.wire import END_SEQ, pack_seq
 
 from .lora_fixtures import greedy, make_adapter
+from .test_lora_identity import poisoned
 
 pytest.importorskip("peft")
 
@@ -105,7 +108,48 @@ def test_the_adapters_blocks_carry_its_name_in_the_events(client, replica):
     stored = [e for batch in replay(replica.endpoints()["replay_endpoint"]) for e in batch.events
               if isinstance(e, BlockStored) and e.token_ids[:16] == ids[:16]]
     assert stored and all(e.lora_name == "tiny" for e in stored)
-    assert all(keys == ["tiny"] for e in stored for keys in e.extra_keys)  # vLLM's per-block extra keys
+    identity = client.get("/load").json()["lora"]["identities"]["tiny"]  # the digest of the weights it read
+    assert all(keys == ["tiny", identity] for e in stored for keys in e.extra_keys)  # vLLM's per-block extra keys
+
+
+def test_an_adapter_unloaded_and_loaded_from_other_weights_answers_as_those_weights(client, replica, adapters):
+    root, _ = adapters
+    ids = [random.Random(44).randrange(3, 500) for _ in range(121)]  # 7 full blocks of 16
+
+    def load(name: str, path) -> None:
+        r = client.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, headers=bearer(ADMIN))
+        assert r.status_code == 200, r.text
+
+    def unload(name: str) -> None:
+        assert client.post("/v1/unload_lora_adapter", json={"lora_name": name}, headers=bearer(ADMIN)).status_code == 200
+
+    load("re", root / "tiny")
+    old = complete(client, "re", ids)
+    unload("re")
+    load("re", root / "late")
+    again = complete(client, "re", ids)
+    load("fresh", root / "late")
+    fresh = complete(client, "fresh", ids)
+    identities = client.get("/load").json()["lora"]["identities"]
+    unload("re")
+    unload("fresh")
+    assert identities["re"] == identities["fresh"] != identities["tiny"]
+    assert old["choices"][0]["text"] != fresh["choices"][0]["text"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["choices"][0]["text"] == fresh["choices"][0]["text"]
+
+
+def test_weights_or_a_scale_that_are_not_finite_are_a_400_naming_them(client, replica, adapters, tmp_path):
+    root, _ = adapters
+    tensor = poisoned(root / "tiny", tmp_path / "nan", float("nan"))
+    shutil.copytree(root / "tiny", tmp_path / "inf-alpha")
+    config = json.loads((tmp_path / "inf-alpha" / "adapter_config.json").read_text())
+    (tmp_path / "inf-alpha" / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": float("inf")}))
+    for path, words in ((tmp_path / "nan", tensor), (tmp_path / "inf-alpha", "lora_alpha")):
+        r = client.post("/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(path)},
+                        headers=bearer(ADMIN))
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+    assert "bad" not in replica.state.loras.names()
 
 
 def test_an_adapter_loaded_at_runtime_serves_at_once_and_unloads(client, replica, adapters):

@@ -25,6 +25,7 @@ class SimRequest:
     num_computed_tokens: int = 0
     cache_salt: str | None = None
     lora_name: str | None = None
+    lora_identity: str | None = None  # the simulator's adapters have no weights: keyed by name alone
     skip_reading_prefix_cache: bool = False
     session_id: str | None = None
     """The conversation this request belongs to (generated multi-turn workloads), if any."""
