@@ -182,7 +182,8 @@ class AsyncLLM(AsyncKVCommands):
             num_requests_running=len(sched.running), num_requests_waiting=len(sched.waiting),
             kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
-            max_num_seqs=self.engine.config.max_num_seqs, prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, lora=lora_report(self.engine.loras, sched.running),
+            max_num_seqs=self.engine.config.max_num_seqs, scheduling_policy=self.engine.config.scheduling_policy,
+            prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, lora=lora_report(self.engine.loras, sched.running),
             **self.engine.kv_connectors.load_fields(),
             decode_step=decode_step_load(self.engine.decode_step_time, read_racily(lambda: list(sched.running))),
             **event_stream_report(publisher))

@@ -28,6 +28,10 @@ Count = Annotated[int, Field(strict=True)]
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 """The chat roles OpenAI's API defines; any other is a 400 naming ``messages.N.role``."""
 
+PRIORITY_LIMIT = 2**31 - 1
+"""A request's ``priority`` is in [-PRIORITY_LIMIT, PRIORITY_LIMIT] (a 400 naming the field otherwise); vLLM takes any
+int, this bound keeps a priority a small number everywhere it goes (the router's queue, metrics, the engine)."""
+Priority = Annotated[int, Field(strict=True, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)]
 MAX_CHOICES = 128
 """Most choices (n, best_of) and prompts one request may ask for (OpenAI's limit on n)."""
 
@@ -66,9 +70,9 @@ class SamplingFields(OpenAIBaseModel):
     """Token id (as a string key, as OpenAI sends it) -> bias in [-100, 100] added to its logit."""
     kv_transfer_params: KVTransferParams | None = None
     """(vLLM's NixlConnector) Move the prompt's KV between replicas (openai/kv_transfer_params.py)."""
-    priority: Count = 0
-    """(vLLM) Scheduling priority: lower is served first (``--scheduling-policy priority``); the router's
-    admission orders its queue by it too."""
+    priority: Priority = 0
+    """(vLLM) Scheduling priority: lower is served first (``--scheduling-policy priority``), within
+    +-PRIORITY_LIMIT. Through a router, the priority its admission granted replaces it (README "Overload")."""
 
     def _max_tokens(self) -> int | None:
         raise NotImplementedError

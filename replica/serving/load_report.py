@@ -77,6 +77,9 @@ class LoadReport(msgspec.Struct, kw_only=True):
     max_num_seqs: int | None = None
     """Most requests the replica runs at once (its scheduler's ``max_num_seqs``; KV may allow fewer); None: not said.
     Router admission sends no more than this at once (router/admission/room.py)."""
+    scheduling_policy: str | None = None
+    """The engine's scheduling policy, ``fcfs`` or ``priority`` (``--scheduling-policy``); None: not said. A router
+    writes the priority it granted into requests only to a replica under ``priority`` (vLLM refuses one under fcfs)."""
     timestamp: float = msgspec.field(default_factory=time.time)
     """The replica's clock (``time.time()``) when it answered: routers estimate the clock offset from it."""
     kv_events_seq: int | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvmesh.router.admission.rate_limit import TokenRate
-from kvmesh.router.admission.tenants import Tenants, load_keys_file
+from kvmesh.router.admission.tenants import DEFAULT_TENANT, PRIORITY_LIMIT, Tenant, Tenants, load_keys_file
 
 
 @dataclass(slots=True)
@@ -17,7 +17,19 @@ class AdmissionConfig:
     """Queue, limit and shed in the router; False: every request goes straight to a replica (as before issue 38)."""
     keys_file: str | None = None
     """YAML/JSON file of API keys, each with its tenant, default priority and token-rate limit (README "Overload");
-    its keys are accepted besides api_key. None: the tenant is the request's ``user``."""
+    its keys are accepted besides api_key. Each key is its tenant; the router's own api_key is ``shared_tenant``."""
+    shared_tenant: str = DEFAULT_TENANT
+    """The tenant of every request with the router's own api_key (or, on a router without one, no key): one
+    tenant, whatever the body's ``user`` says."""
+    shared_priority: int = 0
+    """The default priority of the shared tenant's requests (lower is served first)."""
+    shared_min_priority: int = 0
+    """The best (lowest) priority a shared-key request may ask for (header or body); a better one is raised to it."""
+    user_tenants: bool = False
+    """A request's ``user`` names a sub-tenant of its key's tenant, ``<tenant>/<user>``: its own fair share and token
+    bucket, the key's priorities and limit. False: ``user`` names no tenant (the key alone says who it is)."""
+    max_users_per_key: int = 16
+    """With user_tenants, the sub-tenants one key's tenant may have; further ``user`` names share ``<tenant>/other``."""
     max_queued: int = 1024
     """Requests one model's queue holds (all router processes of the host together); past it, 429 queue full."""
     admit_ttft_s: float = 0.5
@@ -59,18 +71,34 @@ class AdmissionConfig:
                              f"{self.metric_tenants}")
         if self.max_tenants < 2:
             raise ValueError(f"admission max_tenants must be >= 2, got {self.max_tenants}")
+        self._check_shared()
         for priority, seconds in self.ttft_deadline_s.items():
             if not isinstance(priority, int) or not seconds > 0:
                 raise ValueError(f"admission ttft_deadline_s maps a priority (int) to positive seconds; got "
                                  f"{priority!r}: {seconds!r}")
 
+    def _check_shared(self) -> None:
+        if not self.shared_tenant or "/" in self.shared_tenant:
+            raise ValueError(f"admission shared_tenant must be a name without '/', got {self.shared_tenant!r}")
+        for name in ("shared_priority", "shared_min_priority"):
+            if abs(getattr(self, name)) > PRIORITY_LIMIT:
+                raise ValueError(f"admission {name} must be in [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}], "
+                                 f"got {getattr(self, name)}")
+        if self.shared_min_priority > self.shared_priority:
+            raise ValueError(f"admission shared_min_priority {self.shared_min_priority} is worse (higher) than "
+                             f"shared_priority {self.shared_priority}; lower it or raise shared_priority")
+        if self.max_users_per_key < 1:
+            raise ValueError(f"admission max_users_per_key must be >= 1, got {self.max_users_per_key}")
+
     def tenants(self, admin_key: str | None = None) -> Tenants:
-        """The tenants: the keys file's (read now; a ValueError names what is wrong) or none but ``user`` names.
+        """The tenants: the keys file's (read now; a ValueError names what is wrong) and the shared one.
         A key of the file that is ``admin_key`` is refused (tenants never hold the admin key)."""
         limit = self.default_limit()
+        shared = Tenant(self.shared_tenant, self.shared_priority, limit, self.shared_min_priority)
+        users = self.max_users_per_key if self.user_tenants else 0
         if self.keys_file is None:
-            return Tenants((), limit, self.burst_s)
-        tenants = load_keys_file(self.keys_file, limit, self.burst_s)
+            return Tenants((), limit, self.burst_s, shared, users)
+        tenants = load_keys_file(self.keys_file, limit, self.burst_s, shared, users)
         if tenants.for_key(admin_key) is not None:
             raise ValueError(f"admission keys file {self.keys_file} lists the admin key: tenants never hold it")
         return tenants

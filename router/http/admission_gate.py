@@ -2,8 +2,7 @@
 start it soon; it is shed at once (429) when it cannot be served in time or its tenant is over its limit.
 
     Forwarder.handle: read (validate, tokenize) -> AdmissionGate.admit -> Forwarder.forward -> AdmissionGate.answered
-    admit:  tenant (the API key in the keys file, else the body's ``user``), priority (``x-kvmesh-priority``
-            header, else the body's ``priority``, else the key's default; never better than the key's),
+    admit:  tenant and priority (the proxy's, from the credentials: router/http/caller.py),
             deadline (``x-kvmesh-ttft-deadline-ms``, else its priority class's) -> Admission.arrive
             (router/admission/decisions.py) -> wait until ``pump`` lets it go -> its ``Ticket``: the proxy
             forwards it with the route that let it go (counted in the replica's load from that moment)
@@ -36,6 +35,7 @@ from kvmesh.router.admission.decisions import DEADLINE, GO, WAIT, Admission, She
 from kvmesh.router.admission.ledger import LocalLedger, TenantLedger
 from kvmesh.router.admission.room import ReplicaRoom, SlotCapacity
 from kvmesh.router.http.admission_metrics import AdmissionMetrics
+from kvmesh.router.http.caller import int_header
 from kvmesh.router.http.messages import Request, Response
 from kvmesh.router.routing.policies import NoReplicaError
 
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
     from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
     from prometheus_client import CollectorRegistry
 
-PRIORITY_HEADER = b"x-kvmesh-priority"
-"""A gateway's priority for the request (an integer, lower first; overrides the body's ``priority``)."""
 DEADLINE_HEADER = b"x-kvmesh-ttft-deadline-ms"
 """The request's own TTFT deadline in milliseconds (overrides its priority class's)."""
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
@@ -155,19 +153,12 @@ class AdmissionGate:
 
     def _arrive(self, http: Request, request: ProxyRequest) -> tuple[tuple[str, str], Waiter | Shed]:
         """The request's metric labels (tenant, priority) and its place in the queue, or why it is shed."""
-        req = request.req
-        auth = http.header(b"authorization") or ""
-        key = auth[7:] if auth[:7].lower() == "bearer " else None
-        tenant = self.tenants.resolve(key, req.user)
-        asked = _int_header(http, PRIORITY_HEADER, "an integer (lower is served first)")
-        if asked is None and "priority" in req.model_fields_set:
-            asked = req.priority
-        deadline_ms = _int_header(http, DEADLINE_HEADER, "a positive integer of milliseconds", positive=True)
+        tenant, priority = request.tenant, request.priority
+        deadline_ms = int_header(http, DEADLINE_HEADER, "a positive integer of milliseconds", positive=True)
         now = time.monotonic()
         adm = self.admission
-        priority = adm.priority_of(tenant, asked)
         deadline = adm.deadline_of(priority, None if deadline_ms is None else deadline_ms / 1000, now)
-        got = adm.arrive(req.model or "", tenant, priority, sum(map(len, request.prompts)), deadline, now)
+        got = adm.arrive(request.req.model or "", tenant, priority, sum(map(len, request.prompts)), deadline, now)
         if not isinstance(got, Shed):
             got.payload = _Waiting(asyncio.get_running_loop().create_future(), request, time.perf_counter())
         return self.metrics.labels(tenant.name, priority), got
@@ -291,15 +282,3 @@ class AdmissionGate:
 
         self._tickers[model] = asyncio.get_running_loop().create_task(tick())
 
-
-def _int_header(http: Request, name: bytes, what: str, positive: bool = False) -> int | None:
-    value = http.header(name)
-    if value is None:
-        return None
-    try:
-        number = int(value.strip())
-    except ValueError:
-        number = None
-    if number is None or (positive and number <= 0):
-        raise ProtocolError(f"header {name.decode()} must be {what}, got {value[:40]!r}", 400)
-    return number

@@ -26,6 +26,7 @@ import logging
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
+from kvmesh.router.http.caller import schedules_by_priority
 from kvmesh.router.http.failures import InvalidAnswer, count_failure
 from kvmesh.router.http.relay import UPSTREAM_ERRORS
 from kvmesh.router.routing.kv_placement import SPLIT_OK, SPLIT_PREFILL_FAILED, tokens_left_after_split
@@ -118,8 +119,8 @@ class KVHandoff:
             body["model"] = request.req.model
         if request.salt is not None:
             body["cache_salt"] = request.salt
-        if request.req is not None and request.req.priority:  # the prefill replica schedules it by it too
-            body["priority"] = request.req.priority
+        if schedules_by_priority(svc.router, prefill_id):  # the prefill replica schedules it by the granted one too
+            body["priority"] = request.priority or 0
         headers = {"content-type": "application/json", **svc.headers()}
         loads, uncached = svc.router.loads, decision.uncached_tokens
         loads.on_dispatch(prefill_id, uncached)

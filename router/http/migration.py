@@ -91,6 +91,8 @@ class MigratingStream:
         self.cached_tokens = 0
         self.model_pool: ModelPool | None = None
         """The replicas its model may go to (router/routing/model_pools.py): a continuation stays in them."""
+        self.priority: int | None = None
+        """The priority the router granted the stream: its continuations carry it too (router/http/caller.py)."""
         self._detok: IncrementalDetokenizer | None = None
 
     @property

@@ -25,6 +25,7 @@ from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.adapter_ready import adapter_ready
+from kvmesh.router.http.caller import identify, schedules_by_priority
 from kvmesh.router.http.failures import BrokenAnswer, InvalidAnswer, count_failure
 from kvmesh.router.http.kv_handoff import KVHandoff
 from kvmesh.router.http.messages import Request, Response
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.openai.renderer import PromptRenderer
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.serving.tokenizer import Tokenizer
+    from kvmesh.router.admission.tenants import Tenants
     from kvmesh.router.config import ReplicaSpec, RouterConfig
     from kvmesh.router.http.admission_gate import AdmissionGate
     from kvmesh.router.http.metrics import RouterMetrics
@@ -73,6 +75,7 @@ class Replicas(Protocol):
     pool: UpstreamPool | None
     outliers: OutlierDetector
     admission: AdmissionGate | None
+    tenants: Tenants
 
     def pool_for(self, model: str | None) -> ModelPool | None: ...
     def frontend_for(self, pool: ModelPool | None) -> tuple[Tokenizer | None, PromptRenderer]: ...
@@ -126,7 +129,8 @@ class Forwarder:
         return req, prompts, params[0] if params else None, pool
 
     async def read(self, http: Request, path: str, chat: bool) -> ProxyRequest:
-        """The client's request, validated and tokenized (a stream with its migration state)."""
+        """The client's request, validated and tokenized, with its tenant and granted priority (caller.py; a stream
+        with its migration state)."""
         svc = self.runtime
         raw = await http.body()
         t0 = time.perf_counter_ns()
@@ -135,10 +139,11 @@ class Forwarder:
                                session_id=http.header(SESSION_HEADER) or req.user,
                                wants_receipt=http.header(HEADER_OPT_IN_BYTES) is not None,
                                tokenize_ns=time.perf_counter_ns() - t0, sampling_params=params, model_pool=pool)
+        request.tenant, request.priority = identify(http, req, svc.tenants)
         if req.stream:
             request.stream = MigratingStream(req, chat, request.route_ids, svc.frontend_for(pool)[0],
                                              svc.config.upstream.migration_limit, params=params)
-            request.stream.model_pool = pool
+            request.stream.model_pool, request.stream.priority = pool, request.priority
             if svc.config.upstream.migration_limit and not req.return_token_ids:
                 request.ask_for_token_ids()
         return request
@@ -250,7 +255,8 @@ class Forwarder:
                     decision: RouteDecision, patience: Patience | None) -> Opened | Exception:
         """Send the request and wait for the first body bytes (or the error that came instead)."""
         try:
-            upstream = await self.runtime.pool.post(url, request.path, request.for_kind(kind), headers, patience)
+            body = request.for_kind(kind, schedules_by_priority(self.runtime.router, decision.replica_id))
+            upstream = await self.runtime.pool.post(url, request.path, body, headers, patience)
         except UPSTREAM_ERRORS as e:
             return e
         try:

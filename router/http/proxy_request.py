@@ -9,7 +9,8 @@ a continuation on another replica is a ``ProxyRequest`` of its own (``continuati
 Rewriting is exact: a replica range-checks token ids and uses them as they are, and the router computed
 them with the replica's own rules (replica/serving/tokenizer.py). ``echo`` is excluded because the echoed
 text must be the client's own; a batch of prompts is rewritten only as a whole. Everything else in the body
-(``cache_salt``, sampling parameters, ``stream``, ``return_token_ids``) is kept as sent.
+(``cache_salt``, sampling parameters, ``stream``, ``return_token_ids``) is kept as sent, but ``priority``: a
+replica that schedules by priority gets the one the router granted (router/http/caller.py), any other none.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kvmesh.router.http.token_forwarding import KVMESH, QUOTED_VLLM_TOKENIZING_K
 if TYPE_CHECKING:
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.router.admission.tenants import Tenant
     from kvmesh.router.http.migration import MigratingStream
     from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
     from kvmesh.router.routing.model_pools import ModelPool
@@ -61,6 +63,11 @@ class ProxyRequest:
     model_pool: ModelPool | None = None
     """The replicas its ``"model"`` may go to and the adapter it selects (router/routing/model_pools.py); None:
     every replica, no adapter."""
+    tenant: Tenant | None = None
+    """Whose it is, by its credentials (router/http/caller.py; None: a continuation, admitted as its stream)."""
+    priority: int | None = None
+    """The priority the router granted it: what every leg to a replica that schedules by priority carries
+    (None: none granted, such a replica gets 0)."""
     kv_transfer_params: dict | None = field(init=False, default=None)
     """What the router adds for the replica it goes to (router/http/kv_handoff.py: a prefill replica's handle, a
     peer to pull from); None: the body goes without."""
@@ -80,10 +87,10 @@ class ProxyRequest:
 
     @classmethod
     def continuation(cls, body: dict[str, object], route_ids: list[int], salt: str | None,
-                     model_pool: ModelPool | None = None) -> ProxyRequest:
+                     model_pool: ModelPool | None = None, priority: int | None = None) -> ProxyRequest:
         """A stream's continuation on another replica (of its model's pool): a token-in completion the router
-        wrote itself."""
-        request = cls(msgspec.json.encode(body), model_pool=model_pool)
+        wrote itself, at the stream's granted ``priority``."""
+        request = cls(msgspec.json.encode(body), model_pool=model_pool, priority=priority)
         request.route_ids, request.salt = route_ids, salt
         return request
 
@@ -117,8 +124,9 @@ class ProxyRequest:
             return not self._names_vllm_tokenizing_key()
         return True
 
-    def for_kind(self, kind: UpstreamKind) -> bytes:
-        """The bytes to send to an upstream of ``kind`` (with ``kv_transfer_params`` when the router set them)."""
+    def for_kind(self, kind: UpstreamKind, by_priority: bool = False) -> bytes:
+        """The bytes to send to an upstream of ``kind`` (with ``kv_transfer_params`` when the router set them):
+        ``by_priority`` (it schedules by priority), with the granted priority; else with no priority at all."""
         if not self.forwards_ids(kind):
             body = self.raw
         else:
@@ -126,6 +134,12 @@ class ProxyRequest:
             if key not in self._built:
                 self._built[key] = self._chat_body() if self.chat else self._completion_body()
             body = self._built[key]
+        if by_priority:  # the last key: it wins over the client's (JSON's rule, vLLM's and kvmesh's parsers)
+            body = body.rstrip()[:-1] + b',"priority":' + str(self.priority or 0).encode() + b"}"
+        elif b'"priority"' in body:  # a key, or a string value: then nothing is popped
+            decoded = msgspec.json.decode(body)
+            decoded.pop("priority", None)
+            body = msgspec.json.encode(decoded)
         if self.kv_transfer_params is not None:  # the last key: it wins over a duplicate (JSON's rule)
             body = body.rstrip()[:-1] + b',"kv_transfer_params":' + msgspec.json.encode(self.kv_transfer_params) + b"}"
         return body

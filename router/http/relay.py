@@ -154,7 +154,8 @@ class StreamRelay:
         logger.warning("%s; continuing the stream on another replica (migration %d)", why, stream.migrations + 1)
         try:
             opened = await self.dispatch(ProxyRequest.continuation(
-                body, stream.prompt_ids + stream.output_ids, stream.req.cache_salt, stream.model_pool), [rid])
+                body, stream.prompt_ids + stream.output_ids, stream.req.cache_salt, stream.model_pool, stream.priority),
+                [rid])
         except ProtocolError:
             return None
         if opened.upstream.status != 200:

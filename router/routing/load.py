@@ -69,6 +69,9 @@ class ReplicaLoad:
     """Its adapters: sizes, which are resident, its load rate (``/load``'s ``lora``; None: not reported)."""
     max_num_seqs: int | None = None
     """Most requests it runs at once, as it reports (``/load``'s ``max_num_seqs``; None: not reported)."""
+    scheduling_policy: str | None = None
+    """Its engine's scheduling policy, as it reports (``/load``'s ``scheduling_policy``; None: not said, e.g. vLLM):
+    only under ``priority`` do requests to it carry the priority the router granted (router/http/caller.py)."""
     ttft_correction: float = 1.0
     """The scale of observed over predicted TTFT here, learned online (router/routing/cost/correction.py)."""
     ttft_offset_s: float = 0.0
@@ -141,7 +144,7 @@ class ReplicaLoad:
             self.prefill_tokens_per_s, self.kv_block_bytes = report.prefill_tokens_per_s, report.kv_block_bytes
             self.h2d_bytes_per_s, self.num_host_kv_blocks = report.h2d_bytes_per_s, report.num_host_kv_blocks
             self.host_kv_usage, self.decode_step, self.lora = report.host_kv_cache_usage, report.decode_step, report.lora
-            self.max_num_seqs = report.max_num_seqs
+            self.max_num_seqs, self.scheduling_policy = report.max_num_seqs, report.scheduling_policy
             self.reported_at = time.monotonic()
             return
         self.num_running = int(_first(report, _RUNNING_KEYS, self.num_running))

@@ -192,7 +192,7 @@ def test_a_key_priority_is_its_default_and_min_priority_the_best_its_holder_may_
     assert adm.priority_of(batch, None) == 10
     assert adm.priority_of(batch, 0) == 10 and adm.priority_of(batch, 20) == 20
     assert adm.priority_of(gateway, None) == 0 and adm.priority_of(gateway, -9) == -5
-    assert adm.priority_of(user, None) == 0 and adm.priority_of(user, -5) == -5
+    assert adm.priority_of(user, None) == 0 and adm.priority_of(user, -5) == 0  # no better than 0 by default
 
 
 def test_deadlines_per_priority_class_and_the_header_overrides():
@@ -205,13 +205,13 @@ def test_deadlines_per_priority_class_and_the_header_overrides():
     assert _admission().deadline_of(0, None, 0.0) is None
 
 
-def test_tenants_from_keys_or_user():
+def test_tenants_from_keys_every_other_caller_shares_one():
     tenants = Tenants([KeyEntry("sk-aaaaaaaa", "team-a", 3, tokens_per_s=10.0),
                        KeyEntry("sk-bbbbbbbb", "team-a")], default_limit=TokenRate(5, 50), burst_s=2.0)
     a = tenants.resolve("sk-aaaaaaaa", "whoever")
     assert (a.name, a.priority, a.limit, a.min_priority) == ("team-a", 3, TokenRate(10.0, 20.0), 3)
     assert tenants.resolve("sk-bbbbbbbb", None).limit == TokenRate(5, 50)
-    assert tenants.resolve("not-a-key", "alice") == Tenant("alice", None, TokenRate(5, 50))
+    assert tenants.resolve("not-a-key", "alice") == Tenant(DEFAULT_TENANT, 0, TokenRate(5, 50), 0)  # not "alice"
     assert tenants.holds_header(b"Bearer sk-bbbbbbbb") and not tenants.holds_header(b"Bearer sk-cccccccc")
     assert tenants.resolve(None, None).name == DEFAULT_TENANT
 

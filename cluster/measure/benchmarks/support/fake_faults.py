@@ -33,6 +33,8 @@ class Faults:
     work); without it nothing there moves (a sick replica)."""
     prefill_tokens_per_s: float = 0.0
     """The prefill rate ``/load`` reports (0: none reported)."""
+    scheduling_policy: str = ""
+    """The scheduling policy ``/load`` reports, ``fcfs`` or ``priority`` ("": none, as vLLM's server)."""
 
 
 async def client_left(reader: asyncio.StreamReader, seconds: float) -> bool:

@@ -11,8 +11,9 @@ plays the P/D and peer-pull contract (``kv_transfer_params``, ``/kv/lease``, ``/
 
 ``POST /fake/config`` changes the ``Faults`` (a first-byte delay, with or without progress in ``/load``, a
 forced status, streams cut after their first chunk or stalled after a few, answers that are not JSON, a
-clock skew or event lag, the publisher stopped or restarted); ``GET /fake/stats`` counts requests whose
-client left during the delay and the Authorization headers seen. Without a cache a response costs ~20 µs
+clock skew or event lag, the publisher stopped or restarted, the scheduling policy ``/load`` says);
+``GET /fake/stats`` counts requests whose client left during the delay, the Authorization headers and the
+completions' ``priority`` seen (None: the body had none). Without a cache a response costs ~20 µs
 of CPU, so a router in front of it is measured almost alone::
 
     python -m kvmesh.cluster.measure.benchmarks.support.fake_replica --port 0 [--delay-ms 0] [--event-port 0 ...]
@@ -71,6 +72,8 @@ class FakeReplica:
         self.cancelled = 0
         self.auth_seen: deque[str] = deque(maxlen=10_000)
         """Authorization headers of the last completions."""
+        self.priorities_seen: deque[int | None] = deque(maxlen=10_000)
+        """The ``priority`` of the last completions (None: none in the body)."""
         self.kv = FakeKVTransfer(name, cache)
         """Leases, prefill handles and pulls (fake_kv_transfer.py)."""
         self.lora = FakeAdapters()
@@ -119,6 +122,7 @@ class FakeReplica:
             reply = {"count": len(self.token_ids(body))}
         elif path == b"/fake/stats":
             reply = {"cancelled": self.cancelled, "running": self.running, "auth_seen": list(self.auth_seen),
+                     "priorities_seen": list(self.priorities_seen),
                      "adapter_calls": self.lora.calls, **self.kv.stats()}
         elif method == b"POST" and path in (b"/kv/lease", b"/kv/release", b"/kv/peers"):
             status, reply = {b"/kv/lease": self.kv.lease, b"/kv/release": self.kv.release,
@@ -149,6 +153,7 @@ class FakeReplica:
         if body.get("reset_stats"):
             self.cancelled = 0
             self.auth_seen.clear()
+            self.priorities_seen.clear()
             self.kv.reset()
         return {"ok": True}
 
@@ -161,6 +166,8 @@ class FakeReplica:
             report.update(self.cache.load_fields())
         if f.prefill_tokens_per_s:
             report["prefill_tokens_per_s"] = f.prefill_tokens_per_s
+        if f.scheduling_policy:
+            report["scheduling_policy"] = f.scheduling_policy
         return {**report, "kv_transfer": self.kv.load_field()}
 
     def token_ids(self, body: JSONBody) -> list[int]:
@@ -180,6 +187,7 @@ class FakeReplica:
         if self.keep_bodies:
             self.requests.append(body)
         self.auth_seen.append(auth)
+        self.priorities_seen.append(body.get("priority"))
         f = self.faults
         self.running += 1
         try:

@@ -1,0 +1,62 @@
+"""Who sent a request and at what priority, from its credentials alone (router/admission/tenants.py).
+
+    Authorization: Bearer <key>  ->  Tenants.resolve(key, user)  ->  the tenant (a keys file's, else the shared one)
+    x-kvmesh-priority, else the body's ``priority``  ->  Tenant.grant  ->  the priority it is queued and served at
+
+Every request through the proxy gets one, with admission on or off: the granted priority is what the router's queue
+orders by and what every leg to a replica that schedules by priority carries (``ProxyRequest.priority``), whatever
+the body or a header asked. A priority outside +-PRIORITY_LIMIT is a 400 naming where it came from.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvmesh.replica.openai.protocol import PRIORITY_LIMIT
+from kvmesh.replica.serving.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from kvmesh.router.admission.tenants import Tenant, Tenants
+    from kvmesh.router.http.messages import Request
+    from kvmesh.router.routing.kv_router import KVRouter
+
+PRIORITY_HEADER = b"x-kvmesh-priority"
+"""A gateway's priority for the request (an integer, lower first; overrides the body's ``priority``; clamped as it)."""
+
+
+def bearer_key(http: Request) -> str | None:
+    """The key of ``Authorization: Bearer <key>`` (None: none)."""
+    auth = http.header(b"authorization") or ""
+    return auth[7:] if auth[:7].lower() == "bearer " else None
+
+
+def identify(http: Request, req: CompletionRequest | ChatCompletionRequest, tenants: Tenants) -> tuple[Tenant, int]:
+    """The request's tenant and granted priority (module doc); ProtocolError 400 for a bad priority header."""
+    tenant = tenants.resolve(bearer_key(http), req.user)
+    asked = int_header(http, PRIORITY_HEADER, f"an integer within +-{PRIORITY_LIMIT} (lower is served first)",
+                       bound=PRIORITY_LIMIT)
+    if asked is None and "priority" in req.model_fields_set:
+        asked = req.priority
+    return tenant, tenant.grant(asked)
+
+
+def schedules_by_priority(router: KVRouter, replica_id: object) -> bool:
+    """Whether the replica said it schedules by priority (``/load``'s ``scheduling_policy``): only then does a leg
+    to it carry a priority (a vLLM replica under fcfs refuses a non-zero one; one that says nothing gets none)."""
+    load = router.loads.loads.get(replica_id)
+    return load is not None and load.scheduling_policy == "priority"
+
+
+def int_header(http: Request, name: bytes, what: str, positive: bool = False, bound: int | None = None) -> int | None:
+    """Header ``name`` as an integer (None: absent); a 400 saying it must be ``what`` otherwise."""
+    value = http.header(name)
+    if value is None:
+        return None
+    try:
+        number = int(value.strip()) if len(value) <= 40 else None
+    except ValueError:
+        number = None
+    if number is None or (positive and number <= 0) or (bound is not None and abs(number) > bound):
+        raise ProtocolError(f"header {name.decode()} must be {what}, got {value[:40]!r}", 400)
+    return number
