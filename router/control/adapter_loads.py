@@ -93,7 +93,8 @@ class AdapterLoads:
         except (UpstreamError, OSError) as e:
             raise AdapterLoadError(f"replica {replica_id} could not be reached for {path}: {e}") from None
         if status != 200:
-            raise AdapterLoadError(f"replica {replica_id} answered {path} with HTTP {status}: {_message(raw)}")
+            raise AdapterLoadError(f"replica {replica_id} answered {path} with HTTP {status}: {_message(raw)}",
+                                   status)
         logger.info("replica %s: %s %s", replica_id, path, body["lora_name"])
 
     # ---------------------------------------------------------------- the admin endpoints
@@ -111,6 +112,11 @@ class AdapterLoads:
         if name in bases:
             raise ProtocolError(f"`{name}` is a base model's name; give the adapter another", 400, param="lora_name")
         base = base or (bases[0] if bases else None)
+        holding = catalog.base_holding(name)
+        if holding is not None and base is not None and holding != base:
+            raise ProtocolError(f"adapter `{name}` belongs to base model `{holding}` on this router (one adapter name, "
+                                f"one base model); unload it first or load this one under another name", 409,
+                                param="lora_name")
         catalog.learn_adapter(name, path, base)
         healthy = self.runtime.router.healthy
         targets = sorted(rid for rid in (catalog.replicas_of(base) if base is not None else ()) if rid in healthy)
@@ -118,8 +124,10 @@ class AdapterLoads:
         failed = {rid: str(r) for rid, r in zip(targets, results, strict=True) if isinstance(r, BaseException)}
         if targets and len(failed) == len(targets):
             catalog.forget_adapter(name)
-            raise ProtocolError(f"adapter `{name}` did not load on any replica: "
-                                + "; ".join(failed.values()), 502)
+            refused = [r.status for r in results if isinstance(r, AdapterLoadError) and r.status in (400, 404, 409)]
+            status = refused[0] if len(refused) == len(targets) else 502  # every replica refused it: its reason, as is
+            raise ProtocolError(f"adapter `{name}` did not load on any replica: " + "; ".join(failed.values()),
+                                status, param="lora_path" if status == 400 else None)
         return {"lora_name": name, "lora_path": path, "base_model_name": base,
                 "loaded_on": [rid for rid in targets if rid not in failed], "failed": failed}
 

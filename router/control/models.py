@@ -170,7 +170,8 @@ class RouterModels:
     def on_load(self, spec: ReplicaSpec, report: LoadReport) -> None:
         """A ``/load`` report: the adapters the replica has now (its ``lora`` section, when LoRA is on); one
         whose path the router does not know yet is read from its ``/v1/models`` (e.g. another router loaded it)."""
-        if not report.lora.enabled or not self.catalog.set_adapters(spec.replica_id, report.lora.adapters):
+        if not report.lora.enabled or not self.catalog.set_adapters(spec.replica_id, report.lora.adapters,
+                                                                      report.lora.identities):
             return
         names = frozenset(report.lora.adapters)
         if self._asked.get(spec.replica_id) != names:  # once per set of adapters, not every poll

@@ -101,7 +101,7 @@ class ProxyRequest:
         if pool is None:
             return router.route(self.route_ids, self.salt, exclude=tried, session_id=self.session_id, commit=commit)
         return router.route(self.route_ids, self.salt, pool.lora_name, exclude=tried, session_id=self.session_id,
-                            pool=pool.replicas, commit=commit)
+                            pool=pool.replicas, commit=commit, lora_identity=pool.lora_identity)
 
     def ask_for_token_ids(self) -> None:
         """Streams: ask every upstream for the token ids behind the text (a stream migrates by them,

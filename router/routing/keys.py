@@ -9,7 +9,7 @@ prompt, so the two sides agree whenever the tokens (and extra keys) agree::
 
 Tokens are packed as little-endian uint32 (4 bytes each), so a block's token bytes have a fixed
 length and any extra-key bytes appended after them are unambiguous. Extra keys (cache salt digest,
-LoRA name) come from ``kvmesh.kvcache.hashing.block_extra_keys`` for requests and from the event's
+LoRA name and the identity of its weights) come from ``kvmesh.kvcache.hashing.block_extra_keys`` for requests and from the event's
 ``extra_keys`` for stored blocks; both are msgpack-encoded, so a tuple and the list it becomes on
 the wire give the same bytes.
 
@@ -138,14 +138,16 @@ class RouterKeyHasher:
         token_ids: Sequence[int],
         cache_salt: str | None = None,
         lora_name: str | None = None,
+        lora_identity: str | None = None,
     ) -> list[int]:
-        """Router keys of the full blocks of ``token_ids`` (a trailing partial block has none)."""
+        """Router keys of the full blocks of ``token_ids`` (a trailing partial block has none); ``lora_identity``:
+        the identity of the adapter's weights the replicas report (``/load``'s ``lora.identities``)."""
         num_blocks = len(token_ids) // self.block_size
         if num_blocks == 0:
             return []
         extra = None
         if cache_salt is not None or lora_name is not None:
-            extra = request_extra_keys(num_blocks, cache_salt, lora_name, self.salt_secret)
+            extra = request_extra_keys(num_blocks, cache_salt, lora_name, self.salt_secret, lora_identity)
         if self.native:
             ids = token_ids if type(token_ids) is list else list(token_ids)
             return chain_keys_native(ids, num_blocks, self.block_size, self.seed, extra)
@@ -163,10 +165,10 @@ class RouterKeyHasher:
 
 
 def request_extra_keys(num_blocks: int, cache_salt: str | None, lora_name: str | None,
-                       salt_secret: bytes | None = None) -> list:
+                       salt_secret: bytes | None = None, lora_identity: str | None = None) -> list:
     """Per-block extra keys of a request, exactly as the replicas' hasher derives them."""
     from kvmesh.kvcache.hashing import block_extra_keys
 
-    first = block_extra_keys(0, cache_salt, lora_name, salt_secret)
-    rest = block_extra_keys(1, cache_salt, lora_name) if num_blocks > 1 else None
+    first = block_extra_keys(0, cache_salt, lora_name, salt_secret, lora_identity)
+    rest = block_extra_keys(1, cache_salt, lora_name, None, lora_identity) if num_blocks > 1 else None
     return [first] + [rest] * (num_blocks - 1)

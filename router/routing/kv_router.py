@@ -160,10 +160,12 @@ class KVRouter:
     # ---------------------------------------------------------------- decisions
     def route(self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None,
               exclude: Iterable[Hashable] = (), now: float | None = None,
-              session_id: str | None = None, pool: frozenset | None = None, commit: bool = True) -> RouteDecision:
+              session_id: str | None = None, pool: frozenset | None = None, commit: bool = True,
+              lora_identity: str | None = None) -> RouteDecision:
         """Choose a healthy replica (not in ``exclude``; in ``pool`` when given: the replicas serving the request's
-        model or adapter) for a prompt; credits it with the prompt's blocks. ``lora_name`` keys the prompt's blocks
-        with its adapter, as the engine keys them.
+        model or adapter) for a prompt; credits it with the prompt's blocks. ``lora_name`` and ``lora_identity`` (the
+        identity of its weights the replicas report) key the prompt's blocks with its adapter, as the engine keys
+        them.
 
         ``now`` is the clock that predictions and session pins expire by (``time.monotonic()`` when
         None; the simulator passes simulated time). ``session_id`` (a header or the request's
@@ -173,7 +175,7 @@ class KVRouter:
         does it once the request goes.
         """
         t0 = _ns()
-        keys = self.hasher.keys(token_ids, cache_salt, lora_name)
+        keys = self.hasher.keys(token_ids, cache_salt, lora_name, lora_identity)
         t1 = _ns()
         if now is None and session_id is not None:
             now = time.monotonic()

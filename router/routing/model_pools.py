@@ -16,12 +16,15 @@ answers, for a request's ``"model"``, its ``ModelPool``: the replicas that may s
 While one base model is served the pool of a base-model request is None (every replica, whatever it
 reported): a single-model router routes exactly as before. Names of a base given as a path follow the one naming
 rule (replica/serving/model_names.py): the path as given, its absolute and its resolved form. The pool's
-``model`` is the name as the request gave it: admission queues per model by it.
+``model`` is the name as the request gave it: admission queues per model by it. An adapter's ``lora_identity`` is
+the identity of its weights its holders report (``/load``'s ``lora.identities``; the most reported while a reload
+is under way): the router keys the adapter's requests with it, as the replicas key its blocks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kvmesh.replica.serving.errors import ProtocolError
@@ -30,6 +33,11 @@ from kvmesh.replica.serving.model_names import find_model, model_aliases
 
 class AdapterLoadError(Exception):
     """A replica did not load a LoRA adapter the router asked it to (its reason in the message)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        """The replica's HTTP status when it answered with a refusal (e.g. 400 for weights it cannot serve)."""
 
 
 @dataclass(slots=True)
@@ -42,6 +50,8 @@ class ServedModels:
     """The path or hub id it loaded the base from (vLLM's ``root``); a path adds aliases."""
     adapters: dict[str, str | None] = field(default_factory=dict)
     """LoRA adapters it has: name -> the path it loaded it from (None: not reported)."""
+    identities: dict[str, str] = field(default_factory=dict)
+    """Adapter -> the identity of the weights it read (``/load``'s ``lora.identities``; absent: not reported)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +70,8 @@ class ModelPool:
     """Replicas that have the adapter now (a request routed elsewhere loads it there first)."""
     lora_path: str | None = None
     """Where the adapter loads from (None: only its holders can serve it)."""
+    lora_identity: str | None = None
+    """The identity of the adapter's weights its holders report (it keys the request's blocks after the name)."""
 
 
 class ModelCatalog:
@@ -89,13 +101,15 @@ class ModelCatalog:
             if path is not None:
                 self.adapter_paths[name] = (path, served.base)
 
-    def set_adapters(self, replica_id: Hashable, names: Iterable[str]) -> bool:
-        """The adapters ``replica_id`` has now (``/load``'s ``lora.adapters``): paths already known are kept.
-        True when one of them has no known path (its ``/v1/models`` says it)."""
+    def set_adapters(self, replica_id: Hashable, names: Iterable[str],
+                     identities: Mapping[str, str] | None = None) -> bool:
+        """The adapters ``replica_id`` has now (``/load``'s ``lora.adapters``, and the identities of their weights):
+        paths already known are kept. True when one of them has no known path (its ``/v1/models`` says it)."""
         served = self.served.get(replica_id)
         if served is None:
             return False
         names = list(names)
+        served.identities = {name: ident for name, ident in (identities or {}).items() if name in names}
         if set(names) != set(served.adapters):
             served.adapters = {name: served.adapters.get(name) or self.path_of(name) for name in names}
         return any(path is None for path in served.adapters.values())
@@ -115,11 +129,21 @@ class ModelCatalog:
         self.adapter_paths.pop(name, None)
         for served in self.served.values():
             served.adapters.pop(name, None)
+            served.identities.pop(name, None)
 
     def forget(self, replica_id: Hashable) -> None:
         self.served.pop(replica_id, None)
 
     # ---------------------------------------------------------------- reading
+    def identity_of(self, adapter: str, holders: Iterable[Hashable]) -> str | None:
+        """The identity of ``adapter``'s weights most of ``holders`` report (None: none reported)."""
+        counts = Counter(ident for rid in holders if (ident := self.served[rid].identities.get(adapter)))
+        return max(sorted(counts), key=counts.__getitem__) if counts else None
+
+    def base_holding(self, adapter: str) -> str | None:
+        """The base model adapter name ``adapter`` belongs to here (None: no such adapter, or its base unknown)."""
+        return self.adapters().get(adapter, (None, None))[0]
+
     def path_of(self, adapter: str) -> str | None:
         known = self.adapter_paths.get(adapter)
         return known[0] if known is not None else None
@@ -185,7 +209,8 @@ class ModelCatalog:
             loadable = self.replicas_of(base) if base is not None and path and self.load_missing_adapters \
                 else frozenset()
             if holders or loadable:
-                return ModelPool(model, base, holders | loadable, model, holders, path)
+                return ModelPool(model, base, holders | loadable, model, holders, path,
+                                 self.identity_of(model, holders))
         if len(bases) > 1:
             raise ProtocolError(f"The model `{model}` does not exist; this router serves {', '.join(bases)} and "
                                 "their adapters (see /v1/models).", 404, param="model")
