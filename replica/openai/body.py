@@ -18,7 +18,7 @@ import msgspec
 from fastapi import Request
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.openai.errors import parse_request
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, echo
 from pydantic import BaseModel, JsonValue
 from starlette.requests import ClientDisconnect
 
@@ -36,7 +36,7 @@ async def read_body(http: Request, config: FrontendConfig, limit: int | None = N
     declared = http.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
-            raise ProtocolError(f"Content-Length {declared[:40]!r} is not a byte count")
+            raise ProtocolError(f"Content-Length {echo(repr(declared), 40)} is not a byte count")
         if int(declared) > limit:
             raise ProtocolError(f"request body has {declared} bytes; the limit is {limit}", 413)
     loop = asyncio.get_running_loop()
@@ -66,7 +66,7 @@ def decode_json(raw: bytes) -> JsonValue:
     except RecursionError:
         raise ProtocolError("request body is nested too deeply") from None
     except (msgspec.DecodeError, UnicodeDecodeError) as e:
-        raise ProtocolError(f"request body is not valid JSON: {e}") from None
+        raise ProtocolError(f"request body is not valid JSON: {echo(str(e))}") from None
 
 
 def parse_body(raw: bytes, model_cls: type[M]) -> M:

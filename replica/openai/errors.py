@@ -13,7 +13,7 @@ import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from kvmesh.replica.openai.responses import OpenAIBaseModel
-from kvmesh.replica.serving.errors import ProtocolError, internal_error
+from kvmesh.replica.serving.errors import ProtocolError, echo, internal_error
 from pydantic import JsonValue, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -26,7 +26,7 @@ def validation_error_message(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+        parts.append(f"{echo(loc)}: {echo(err.get('msg', 'invalid'))}")
     return "invalid request: " + "; ".join(parts)
 
 

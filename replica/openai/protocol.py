@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.openai.responses import OpenAIBaseModel
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.json_types import JSONObject
 from kvmesh.replica.serving.sampling_params import (
     MAX_LOGPROBS,
@@ -105,7 +105,7 @@ class SamplingFields(OpenAIBaseModel):
             try:
                 bias[int(key)] = value
             except ValueError:
-                raise ProtocolError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+                raise ProtocolError(f"logit_bias keys must be token ids, got {echo(repr(key))}", param="logit_bias") from None
         return bias
 
     @property
@@ -150,9 +150,9 @@ class SamplingFields(OpenAIBaseModel):
                 logit_bias=self._logit_bias(),
             )
         except SamplingParamsError as e:
-            raise ProtocolError(f"bad sampling parameters: {e}", param=e.param) from None
+            raise ProtocolError(f"bad sampling parameters: {echo(str(e))}", param=e.param) from None
         except (ValueError, TypeError) as e:
-            raise ProtocolError(f"bad sampling parameters: {e}") from None
+            raise ProtocolError(f"bad sampling parameters: {echo(str(e))}") from None
 
 
 Prompt = str | list[int] | list[str] | list[list[int]]

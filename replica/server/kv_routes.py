@@ -31,7 +31,7 @@ from kvmesh.replica.kv_transfer.leases import LeaseRefused
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.server.kv_peers import peer_of
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, echo
 from pydantic import Field
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def install_kv_routes(app: FastAPI, state: ServerState) -> None:
         req = await read_request(http, ReleaseRequest, state.frontend, state.renderer.run, BODY_SLACK_BYTES)
         released = await state.engine_client.release_lease(req.lease_id)
         if released is None:
-            raise ProtocolError(f"lease {req.lease_id!r} is unknown, already released or expired", 404,
+            raise ProtocolError(f"lease {echo(repr(req.lease_id))} is unknown, already released or expired", 404,
                                 param="lease_id")
         return JSONResponse({"released_blocks": released})
 

@@ -33,7 +33,7 @@ from kvmesh.replica.openai.lora_adapters import (
     LoadLoRAAdapterRequest,
     UnloadLoRAAdapterRequest,
 )
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.lora_request import LoRARequest
 
 if TYPE_CHECKING:
@@ -75,10 +75,10 @@ class ServedLoRAs:
         self._check_enabled()
         async with self._lock:
             if name in self.base_names:
-                raise ProtocolError(f"The lora adapter name '{name}' is the base model's name; choose another",
+                raise ProtocolError(f"The lora adapter name '{echo(name)}' is the base model's name; choose another",
                                     409, param="lora_name")
             if name in self._by_name:
-                raise ProtocolError(f"The lora adapter '{name}' has already been loaded (from "
+                raise ProtocolError(f"The lora adapter '{echo(name)}' has already been loaded (from "
                                     f"{self._by_name[name].lora_path}); unload it first to load another path",
                                     409, param="lora_name")
             lora = LoRARequest(lora_name=name, lora_int_id=self._next_id, lora_path=path)
@@ -88,7 +88,7 @@ class ServedLoRAs:
             except ValueError as e:  # the engine's LoRAError: bad path, not PEFT, rank too large, ... (says which)
                 raise ProtocolError(str(e), 400, param="lora_path") from None
             if added is False:
-                raise ProtocolError(f"the engine refused LoRA adapter '{name}' from {path}", 400, param="lora_path")
+                raise ProtocolError(f"the engine refused LoRA adapter '{echo(name)}' from {echo(path)}", 400, param="lora_path")
             # the engine's registered copy carries the identity of the weights it read (it keys the blocks)
             lora = next((o for o in self.engine_client.list_loras() if o == lora), lora)
             self._by_name[name] = lora
@@ -102,7 +102,7 @@ class ServedLoRAs:
             lora = self._by_name.pop(name, None)
             if lora is None:
                 loaded = ", ".join(sorted(self._by_name)) or "none"
-                raise ProtocolError(f"The lora adapter '{name}' cannot be found (loaded: {loaded})", 404,
+                raise ProtocolError(f"The lora adapter '{echo(name)}' cannot be found (loaded: {echo(loaded)})", 404,
                                     param="lora_name")
             await self.engine_client.remove_lora(name)
         logger.info("LoRA adapter %s unloaded", name)

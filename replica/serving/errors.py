@@ -1,4 +1,5 @@
-"""ProtocolError: a request that cannot be served, and the OpenAI-shaped error body it answers with.
+"""ProtocolError: a request that cannot be served, the OpenAI-shaped error body it answers with, and ``echo``, the
+one way an error repeats a client's string (cut to ``ECHO_CHARS``).
 
     error body (every 4xx/5xx):  {"error": {"message": str, "type": str, "param": str|None, "code": int}}
 """
@@ -54,6 +55,19 @@ class ProtocolError(Exception):
 
     def to_dict(self) -> ErrorBody:
         return error_body(self.message, self.status_code, self.param)
+
+
+ECHO_CHARS = 200
+"""Most characters of a client's string (a model or adapter name, a field) that an error message repeats."""
+
+
+def echo(text: object, limit: int = ECHO_CHARS) -> str:
+    """``text`` (a ``str``, else its ``repr``) as an error message repeats a client's string: cut to ``limit``
+    characters with an ellipsis and its length, so an error never sends a long name back whole."""
+    text = text if isinstance(text, str) else repr(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
 
 
 def error_body(message: str, status_code: int = 400, param: str | None = None) -> ErrorBody:

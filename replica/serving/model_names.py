@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection
 
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, echo
 
 
 def looks_like_path(name: str) -> bool:
@@ -68,5 +68,6 @@ def check_model(model: str | None, served: str, aliases: Collection[str] = ()) -
     """A 404 (vLLM's) for a request naming a model other than ``served`` or one of its ``aliases`` (e.g.
     ``model_aliases(served, path)``; a path also by its resolved form: ``names_model``)."""
     if model is not None and model != served and not names_model(model, aliases):
-        raise ProtocolError(f"The model `{model}` does not exist; this server serves `{served}` (see /v1/models).",
+        raise ProtocolError(f"The model `{echo(model)}` does not exist; this server serves `{served}` (see "
+                            "/v1/models).",
                             404, param="model")

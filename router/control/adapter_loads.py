@@ -25,7 +25,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import msgspec
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.router.http.upstream import UpstreamError
 from kvmesh.router.routing.model_pools import AdapterLoadError
 
@@ -107,10 +107,10 @@ class AdapterLoads:
             raise ProtocolError(f"this router serves several base models ({', '.join(bases)}): name the adapter's "
                                 "in `base_model_name`", 400, param="base_model_name")
         if base is not None and bases and base not in bases:
-            raise ProtocolError(f"The model `{base}` does not exist; this router serves {', '.join(bases)}",
+            raise ProtocolError(f"The model `{echo(base)}` does not exist; this router serves {', '.join(bases)}",
                                 404, param="base_model_name")
         if name in bases:
-            raise ProtocolError(f"`{name}` is a base model's name; give the adapter another", 400, param="lora_name")
+            raise ProtocolError(f"`{echo(name)}` is a base model's name; give the adapter another", 400, param="lora_name")
         base = base or (bases[0] if bases else None)
         holding = catalog.base_holding(name)
         if holding is not None and base is not None and holding != base:
@@ -126,7 +126,7 @@ class AdapterLoads:
             catalog.forget_adapter(name)
             refused = [r.status for r in results if isinstance(r, AdapterLoadError) and r.status in (400, 404, 409)]
             status = refused[0] if len(refused) == len(targets) else 502  # every replica refused it: its reason, as is
-            raise ProtocolError(f"adapter `{name}` did not load on any replica: " + "; ".join(failed.values()),
+            raise ProtocolError(f"adapter `{echo(name)}` did not load on any replica: " + "; ".join(failed.values()),
                                 status, param="lora_path" if status == 400 else None)
         return {"lora_name": name, "lora_path": path, "base_model_name": base,
                 "loaded_on": [rid for rid in targets if rid not in failed], "failed": failed}
@@ -135,7 +135,7 @@ class AdapterLoads:
         """``POST /v1/unload_lora_adapter`` on the router: unload it from every replica that has it, forget it."""
         catalog = self.models.catalog
         if name not in catalog.adapters():
-            raise ProtocolError(f"The model `{name}` does not exist (no adapter of that name is loaded)", 404,
+            raise ProtocolError(f"The model `{echo(name)}` does not exist (no adapter of that name is loaded)", 404,
                                 param="lora_name")
         holders = sorted(rid for rid, s in catalog.served.items() if name in s.adapters)
         results = await asyncio.gather(*(self._call(rid, UNLOAD_PATH, {"lora_name": name}) for rid in holders),

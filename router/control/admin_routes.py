@@ -25,7 +25,7 @@ from fastapi import FastAPI, Response
 from fastapi import Request as AppRequest
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.responses import OpenAIBaseModel
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.router.config import ReplicaSpec
 from kvmesh.router.control.rows import ReplicaList, ReplicaRow
 from kvmesh.router.control.runtime import Json, RouterRuntime
@@ -126,7 +126,7 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
     @app.post("/replicas/{replica_id}/drain")
     async def drain_replica(replica_id: str):
         if replica_id not in runtime.specs:
-            raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
+            raise ProtocolError(f"no replica {echo(replica_id)!r}; GET /replicas lists them", 404)
         try:  # the fleet may refuse (its last replica) before anything changes
             removing = runtime.fleet is not None and runtime.fleet.request_remove(replica_id)
         except ValueError as e:
@@ -174,7 +174,7 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
             spec = ReplicaSpec(url=body.url, events=body.events, replay=body.replay, replica_id=body.id or "",
                                role=body.role)
         except ValueError as e:
-            raise ProtocolError(f"bad replica registration: {e}; send "
+            raise ProtocolError(f"bad replica registration: {echo(str(e))}; send "
                                 '{"url": "http://HOST:PORT", "events": "tcp://...", "replay": "tcp://...", '
                                 f'"id": "name", "role": "{"|".join(ROLES)}"}}') from None
         runtime.add_replica(spec)
@@ -193,5 +193,5 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
     @app.delete("/replicas/{replica_id:path}")
     async def delete_replica(replica_id: str):
         if not runtime.remove_replica(replica_id):
-            raise ProtocolError(f"no replica {replica_id!r}; GET /replicas lists them", 404)
+            raise ProtocolError(f"no replica {echo(replica_id)!r}; GET /replicas lists them", 404)
         return {"id": replica_id, "removed": True}

@@ -23,7 +23,7 @@ import secrets
 from typing import TYPE_CHECKING, Protocol
 
 from kvmesh.replica.openai.renderer import PromptRenderer
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
 from kvmesh.router.control.adapter_loads import AdapterLoads
 from kvmesh.router.control.event_feed import EventFeed
@@ -155,7 +155,7 @@ class RouterRuntime:
         pool = self.models.pool_for(model)
         if pool is not None and self.models.frontend(pool)[1] is not self.renderer:
             raise ProtocolError(f"the router tokenizes and renders here for its own model only; send this request "
-                                f"for `{model}` to one of its replicas", 400, param="model")
+                                f"for `{echo(model)}` to one of its replicas", 400, param="model")
 
     def pool_for(self, model: str | None) -> ModelPool | None:
         """The replicas a request's ``"model"`` may go to (None: all); 400/404 (models.py)."""

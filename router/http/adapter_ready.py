@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.router.routing.model_pools import AdapterLoadError
 
 if TYPE_CHECKING:
@@ -37,6 +37,6 @@ async def adapter_ready(runtime: AdapterLoader, rid: str, request: ProxyRequest,
         tried.append(rid)
         request.failed_over.append(f"{rid}: {e}")
         if len(tried) >= runtime.config.upstream.max_attempts or not pool.replicas - set(tried):
-            raise ProtocolError(f"adapter `{pool.lora_name}` could not be loaded on a replica: "
+            raise ProtocolError(f"adapter `{echo(pool.lora_name)}` could not be loaded on a replica: "
                                 + "; ".join(request.failed_over), 502) from None
         return False

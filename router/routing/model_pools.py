@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.model_names import find_model, model_aliases
 
 
@@ -212,6 +212,6 @@ class ModelCatalog:
                 return ModelPool(model, base, holders | loadable, model, holders, path,
                                  self.identity_of(model, holders))
         if len(bases) > 1:
-            raise ProtocolError(f"The model `{model}` does not exist; this router serves {', '.join(bases)} and "
+            raise ProtocolError(f"The model `{echo(model)}` does not exist; this router serves {', '.join(bases)} and "
                                 "their adapters (see /v1/models).", 404, param="model")
         return None
