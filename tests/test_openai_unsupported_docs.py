@@ -37,6 +37,11 @@ def refused_rows() -> list[tuple[str, dict, str]]:
     return rows
 
 
+IGNORED_VALUES = {"user": "someone", "metadata": {"k": "v"}, "session_id": "session-1",
+                  "spaces_between_special_tokens": False, "return_token_offsets": True, "return_mm_kwargs": False}
+"""A value each ignored parameter is sent with (1 for the others)."""
+
+
 def ignored_params() -> list[str]:
     return re.findall(r"`(\w+)`", section("ignored-openai-params"))
 
@@ -67,8 +72,7 @@ def test_each_listed_request_is_refused_naming_its_field(pair, endpoint, fields,
 @pytest.mark.parametrize("name", ignored_params())
 def test_each_listed_ignored_parameter_is_accepted(pair, name):
     path, base = BASE["completions"]
-    value = 1 if name != "user" else "someone"
-    value = {"k": "v"} if name == "metadata" else value
+    value = IGNORED_VALUES.get(name, 1)
     for url in pair:
         r = httpx.post(url + path, json={**base, name: value}, headers=AUTH, timeout=60)
         assert r.status_code == 200, (url, name, r.text)

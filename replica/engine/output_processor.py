@@ -109,7 +109,8 @@ class OutputProcessor:
         request.num_output_placeholders = max(0, request.num_output_placeholders - 1)  # async: it arrived
         if self.detokenizers:
             detok = self.detokenizers.get(request.request_id)
-            if detok is not None and (stop_str := detok.update(token)) is not None:
+            silent = request.newest_is_stop_token() and not request.sampling_params.include_stop_str_in_output
+            if detok is not None and not silent and (stop_str := detok.update(token)) is not None:
                 request.status = RequestStatus.FINISHED_STOPPED
                 request.stop_reason = stop_str
                 return True

@@ -114,6 +114,12 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
+    def newest_is_stop_token(self) -> bool:
+        """Whether the newest output token is EOS or a stop token that may end the request (``min_tokens`` are
+        out): its text is then not output unless ``include_stop_str_in_output`` (vLLM's rule)."""
+        return (self.output_token_ids[-1] in self.stop_token_ids
+                and len(self.output_token_ids) >= self.sampling_params.min_tokens)
+
     def check_stop(self) -> bool:
         """The stop rule on token ids, written once: set a final status when the newest token ends the request
         (EOS or a stop token once ``min_tokens`` are out, else ``max_tokens`` reached); True when it did.
@@ -121,7 +127,7 @@ class Request:
         token_id = self.output_token_ids[-1]
         num_output_tokens = len(self.output_token_ids)
         params = self.sampling_params
-        if token_id in self.stop_token_ids and num_output_tokens >= params.min_tokens:
+        if self.newest_is_stop_token():
             self.status = RequestStatus.FINISHED_STOPPED
             if token_id not in self.eos_token_ids:
                 self.stop_reason = token_id

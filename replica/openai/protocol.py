@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError, echo
@@ -70,6 +71,10 @@ class SamplingFields(OpenAIBaseModel):
     """Token id (as a string key, as OpenAI sends it) -> bias in [-100, 100] added to its logit."""
     kv_transfer_params: KVTransferParams | None = None
     """(vLLM's NixlConnector) Move the prompt's KV between replicas (openai/kv_transfer_params.py)."""
+    include_stop_str_in_output: Flag = False
+    """(vLLM) Keep the stop string, or the stop token's text, at the end of the output."""
+    skip_special_tokens: Flag = True
+    """(vLLM) Leave special tokens (``</s>``, ...) out of the output text."""
     priority: Priority = 0
     """(vLLM) Scheduling priority: lower is served first (``--scheduling-policy priority``), within
     +-PRIORITY_LIMIT. Through a router, the priority its admission granted replaces it (README "Overload")."""
@@ -148,6 +153,8 @@ class SamplingFields(OpenAIBaseModel):
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 logit_bias=self._logit_bias(),
+                skip_special_tokens=self.skip_special_tokens,
+                include_stop_str_in_output=self.include_stop_str_in_output,
             )
         except SamplingParamsError as e:
             raise ProtocolError(f"bad sampling parameters: {echo(str(e))}", param=e.param) from None
@@ -158,7 +165,7 @@ class SamplingFields(OpenAIBaseModel):
 Prompt = str | list[int] | list[str] | list[list[int]]
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, rf.RefusedCompletionFields):
     __token_id_fields__ = ("prompt",)  # validated in C when token ids (errors.parse_request)
     prompt: Prompt
     max_tokens: Count | None = 16
@@ -170,6 +177,8 @@ class CompletionRequest(SamplingFields):
     best_of: Count | None = None
     """Sample this many choices and return the ``n`` with the highest cumulative logprob (not streamable)."""
     suffix: str | None = None
+    add_special_tokens: Flag = True
+    """(vLLM) Encode a text prompt with the tokenizer's special tokens (BOS)."""
 
     def _max_tokens(self) -> int | None:
         return 1 if self.prompt_only else self.max_tokens  # the engine samples one token; it is not returned
@@ -194,6 +203,7 @@ class CompletionRequest(SamplingFields):
                 raise ProtocolError("best_of > n cannot be streamed; send stream=false", param="best_of")
         if self.suffix:
             raise ProtocolError("suffix is not supported by this server; leave it unset", param="suffix")
+        rf.refuse_unimplemented(self, rf.BOTH | rf.COMPLETION_ONLY)
 
     def prompts(self) -> list[str | list[int]]:
         """Every prompt of the request: a text, a list of token ids, or a list of either (choices are
@@ -239,7 +249,7 @@ class ChatMessage(OpenAIBaseModel):
         return d
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, rf.RefusedChatFields):
     __token_id_fields__ = ("prompt_token_ids",)  # validated in C when token ids (errors.parse_request)
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Count | None = None
@@ -250,6 +260,8 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Count | None = None
     """And of this many most likely tokens per position (needs ``logprobs: true``)."""
     add_generation_prompt: Flag = True
+    add_special_tokens: Flag = False
+    """(vLLM) Encode the rendered chat with the tokenizer's special tokens too (the template usually has them)."""
     chat_template: str | None = None
     tools: list[JSONObject] | None = None
     response_format: JSONObject | None = None
@@ -279,6 +291,7 @@ class ChatCompletionRequest(SamplingFields):
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise ProtocolError("only response_format {'type': 'text'} is supported (no JSON mode)",
                                 param="response_format")
+        rf.refuse_unimplemented(self, rf.BOTH | rf.CHAT_ONLY)
 
     def template_messages(self) -> list[JSONObject]:
         return [m.to_template_dict() for m in self.messages]

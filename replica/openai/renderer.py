@@ -82,13 +82,15 @@ class PromptRenderer:
                                 "templates (start it with trust_request_chat_template to allow them)",
                                 param="chat_template")
 
-    async def completion(self, prompt: str | list[int]) -> list[int]:
-        """Token ids of a completion prompt (text encoded with BOS, ids range-checked)."""
+    async def completion(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a completion prompt (text encoded with BOS unless ``add_special_tokens`` is False, ids
+        range-checked)."""
         tok = self.require_tokenizer()
         if isinstance(prompt, str):
             self._check_chars(len(prompt), "prompt")
-            ids = tok.encode_within(prompt, True, _INLINE_CHARS) if len(prompt) <= _INLINE_MAX_CHARS else None
-            return ids if ids is not None else await self.run(tok.render_completion, prompt)
+            special = add_special_tokens
+            ids = tok.encode_within(prompt, special, _INLINE_CHARS) if len(prompt) <= _INLINE_MAX_CHARS else None
+            return ids if ids is not None else await self.run(tok.render_completion, prompt, special)
         if len(prompt) <= _INLINE_IDS:
             return tok.render_completion(prompt)
         return await self.run(tok.render_completion, prompt)
@@ -136,8 +138,9 @@ class PromptRenderer:
                     raise ProtocolError("prompt_token_ids is empty; send at least one token",
                                         param="prompt_token_ids")
                 return await self.completion(req.prompt_token_ids)
-            return await self.chat(req.template_messages(), req.add_generation_prompt, req.chat_template)
-        return await self.completion(req.single_prompt())
+            return await self.chat(req.template_messages(), req.add_generation_prompt, req.chat_template,
+                                   req.add_special_tokens)
+        return await self.completion(req.single_prompt(), req.add_special_tokens)
 
     async def tokenize(self, req: p.TokenizeRequest) -> list[int]:
         """``POST /tokenize``: exactly one of ``prompt`` / ``messages``; ``add_special_tokens`` defaults to

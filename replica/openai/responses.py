@@ -22,6 +22,12 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def answer_id(random: str, client_request_id: str | None) -> str:
+    """The answer's id: ``random`` (``prefix-hex``), or with a client's ``request_id`` ``prefix-request_id``
+    (vLLM's ``cmpl-{request_id}``)."""
+    return f"{random.split('-', 1)[0]}-{client_request_id}" if client_request_id else random
+
+
 class TokenizeResponse(OpenAIBaseModel):
     count: int
     max_model_len: int

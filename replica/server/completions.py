@@ -81,7 +81,7 @@ class OpenAIHandlers:
     # ------------------------------------------------------------ entry points
     async def completions(self, http: Request) -> Response:
         req = await self._read(http, p.CompletionRequest)
-        prompts = [await self.state.renderer.completion(prompt) for prompt in req.prompts()]
+        prompts = [await self.state.renderer.completion(prompt, req.add_special_tokens) for prompt in req.prompts()]
         return await self._serve(http, req, prompts)
 
     async def chat(self, http: Request) -> Response:
@@ -119,6 +119,7 @@ class OpenAIHandlers:
             raise ProtocolError(f"this replica cannot take requests now (draining, or its engine stopped; request id "
                                 f"{request_id}); retry on another one", 503) from None
         model = req.model or self.state.model_name
+        request_id = r.answer_id(request_id, req.request_id)  # the engine's ids stay unique
         if req.stream:
             return StreamingResponse(
                 self._guard_stream(self._stream(request_id, model, candidates, streams, req), candidates),

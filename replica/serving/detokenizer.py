@@ -9,7 +9,9 @@ tokens), so the text is re-decoded over a short sliding window (vLLM's offsets m
 
 A delta ending in U+FFFD (an incomplete UTF-8 sequence) is held back until the next token completes it.
 With stop strings, the last ``max(len(stop)) - 1`` characters are held back too, so a stop string that
-arrives split over several tokens is never streamed out; a matched stop string is cut off the text.
+arrives split over several tokens is never streamed out; a matched stop string is cut off the text, or kept
+as its end with ``include_stop_str_in_output`` (then nothing is held back: vLLM's rule). Special tokens are
+decoded as text only with ``skip_special_tokens=False``.
 """
 
 from __future__ import annotations
@@ -26,17 +28,19 @@ class IncrementalDetokenizer:
     """Turns one request's output tokens into text, step by step, and finds stop strings."""
 
     __slots__ = ("_decode", "_ids", "_prefix_offset", "_read_offset", "_text", "_emitted", "_stop",
-                 "_hold", "_min_tokens", "_num_tokens")
+                 "_hold", "_min_tokens", "_num_tokens", "_keep_stop", "_reach")
 
     def __init__(self, tokenizer: HFTokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        self._decode = _fast_decoder(tokenizer)
+        self._decode = _fast_decoder(tokenizer, params.skip_special_tokens)
         self._ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._text = ""  # decoded output text (stop string cut off once matched)
         self._emitted = 0  # characters of _text already returned as deltas
         self._stop = list(params.stop)
-        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self._keep_stop = params.include_stop_str_in_output
+        self._reach = max((len(s) for s in self._stop), default=1) - 1  # a stop string may start this far back
+        self._hold = 0 if self._keep_stop else self._reach  # characters not streamed yet
         self._min_tokens = params.min_tokens
         self._num_tokens = 0
 
@@ -61,7 +65,7 @@ class IncrementalDetokenizer:
             del ids[:cut]
             self._prefix_offset -= cut
             self._read_offset -= cut
-        start = max(0, len(self._text) - self._hold)
+        start = max(0, len(self._text) - self._reach)
         self._text += delta
         if self._stop and self._num_tokens >= self._min_tokens:
             return self._match_stop(start)
@@ -71,7 +75,7 @@ class IncrementalDetokenizer:
         for stop in self._stop:
             idx = self._text.find(stop, start)
             if idx != -1:
-                self._text = self._text[:idx]
+                self._text = self._text[:idx + len(stop) if self._keep_stop else idx]
                 return stop
         return None
 
@@ -87,9 +91,9 @@ class IncrementalDetokenizer:
         return self._text[:self._emitted] if not finished else self._text
 
 
-def _fast_decoder(tokenizer: HFTokenizer) -> Callable[[list[int]], str]:
-    """``ids -> str`` skipping special tokens; uses the Rust tokenizer directly when there is one."""
+def _fast_decoder(tokenizer: HFTokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """``ids -> str`` (special tokens skipped or not); uses the Rust tokenizer directly when there is one."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if backend is not None and hasattr(backend, "decode"):
-        return lambda ids: backend.decode(ids, skip_special_tokens=True)
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+        return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -70,6 +70,10 @@ class SamplingParams:
     (every prompt position needs its logits), as in vLLM; it still fills the cache for others."""
     logit_bias: dict[int, float] | None = None
     """Token id -> value added to that token's logit before sampling (each in [-100, 100], as OpenAI)."""
+    skip_special_tokens: bool = True
+    """Leave the tokenizer's special tokens (``</s>``, ...) out of the output text (vLLM's default)."""
+    include_stop_str_in_output: bool = False
+    """Keep the stop string that ended the text at its end (by default it is cut off)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

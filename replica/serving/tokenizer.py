@@ -144,10 +144,11 @@ class Tokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def render_completion(self, prompt: str | list[int]) -> list[int]:
-        """Token ids of a completion prompt: text is encoded with special tokens (BOS), ids pass through."""
+    def render_completion(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a completion prompt: text is encoded with special tokens (BOS) unless told not to, ids
+        pass through."""
         if isinstance(prompt, str):
-            return self.encode(prompt, add_special_tokens=True)
+            return self.encode(prompt, add_special_tokens=add_special_tokens)
         ids = list(prompt)
         try:  # in C: ints (not bools) in [0, vocab); anything else is looked at one by one below
             msgspec.convert(ids, self._token_ids_type, strict=True)

@@ -173,7 +173,8 @@ class MigratingStream:
             "max_tokens": None if max_tokens is None else max_tokens - n,
             "min_tokens": max(0, req.min_tokens - n), "ignore_eos": req.ignore_eos,
         }
-        for name in ("model", "temperature", "top_p", "top_k", "stop_token_ids", "cache_salt"):
+        for name in ("model", "temperature", "top_p", "top_k", "stop_token_ids", "cache_salt", "skip_special_tokens",
+                     "include_stop_str_in_output"):
             if getattr(req, name) is not None:
                 body[name] = getattr(req, name)
         if req.seed is not None:
@@ -235,7 +236,9 @@ class MigratingStream:
         return out
 
     def _detokenize(self, ids: list[int], reason: str | None) -> tuple[list[int], str, str | None]:
-        for i, token in enumerate(ids):
+        # the replica got no stop strings, so its "stop" is a stop token: its text is not output (vLLM's rule)
+        silent = reason == "stop" and not self.req.include_stop_str_in_output
+        for i, token in enumerate(ids[:-1] if silent else ids):
             if self._detok.update(token) is not None:
                 return ids[:i + 1], self._detok.take_delta(True), "stop"
         return ids, self._detok.take_delta(reason is not None), reason

@@ -139,3 +139,24 @@ def test_prompt_ids_in_the_choice_as_vllm_sends_them_for_completions():
     sent = msgspec.json.decode(s.relay(event).strip()[6:])
     assert s.prompt_ids == [4, 5] and s.output_ids == [6]
     assert sent["choices"][0] == {"index": 0, "text": "a", "finish_reason": None}
+
+
+def test_continuation_keeps_the_output_text_rules():
+    body = MigratingStream(completion(skip_special_tokens=False, include_stop_str_in_output=True), chat=False,
+                           prompt_ids=[1, 2, 3], tokenizer=None, limit=3).continuation()
+    assert body["skip_special_tokens"] is False and body["include_stop_str_in_output"] is True
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_continuations_stop_token_text_is_output_only_when_asked(stories_path, keep):
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(stories_path)
+    prompt, (a, b) = tokenizer.encode("Once upon a time"), tokenizer.encode("there was", add_special_tokens=False)[:2]
+    s = MigratingStream(completion(include_stop_str_in_output=keep), chat=False, prompt_ids=prompt,
+                        tokenizer=tokenizer, limit=3)
+    s.begin_continuation()
+    out = s.splice(chunk("ignored", [a, b], finish="stop"))
+    texts = [msgspec.json.decode(e.strip()[6:])["choices"][0]["text"] for e in out if e.strip() != b"data: [DONE]"]
+    shown = [a, b] if keep else [a]
+    assert "".join(texts) == tokenizer.decode(prompt + shown)[len(tokenizer.decode(prompt)):]

@@ -1,0 +1,89 @@
+"""vLLM request fields kvmesh does not implement: each is a 400 naming it when set to anything but vLLM's default.
+
+vLLM's completion and chat request models carry fields for features kvmesh lacks (beam search, prompt
+embeddings, reasoning parsers, ...). A client that sets one on purpose and gets a silent 200 is worse off than
+one told no, so every such field is declared here (any JSON value, so the answer is always this 400, never a
+type error) and ``refuse_unimplemented`` answers the first one set. Sending vLLM's default (``false``, ``1.0``,
+``null``, an empty object) is accepted: clients and SDKs send defaults. tests/data/vllm_request_fields.json
+lists every field of vLLM's models with what kvmesh does with it; tests/test_vllm_request_fields.py walks it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvmesh.replica.openai.responses import OpenAIBaseModel
+from kvmesh.replica.serving.errors import ProtocolError
+from pydantic import JsonValue, create_model
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why one field is refused, and which of its values mean "unset"."""
+
+    why: str
+    """What kvmesh lacks, for the error message."""
+    unset: tuple[JsonValue, ...] = (None,)
+    """Values accepted as leaving it unset (vLLM's default, and null)."""
+
+    def allows(self, value: JsonValue) -> bool:
+        return any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in self.unset)
+
+
+_EMPTY = (None, {}, [])
+BOTH: dict[str, Refusal] = {
+    "use_beam_search": Refusal("beam search is not implemented", (None, False)),
+    "length_penalty": Refusal("it scores beam search, which is not implemented", (None, 1.0)),
+    "watermarking": Refusal("output watermarking is not implemented", (None, False)),
+    "truncate_prompt_tokens": Refusal("prompts are not truncated; shorten the prompt"),
+    "truncation_side": Refusal("prompts are not truncated; shorten the prompt"),
+    "prompt_logprobs": Refusal("prompt logprobs come only with echo and logprobs (completions)"),
+    "logprob_token_ids": Refusal("logprobs of chosen token ids are not implemented; use logprobs", _EMPTY),
+    "allowed_token_ids": Refusal("allowed_token_ids is not implemented; use logit_bias", _EMPTY),
+    "bad_words": Refusal("bad_words is not implemented; use logit_bias for single tokens", _EMPTY),
+    "return_tokens_as_token_ids": Refusal("logprobs' tokens are always text", (None, False)),
+    "ec_transfer_params": Refusal("there is no encoder cache to transfer (text-only models)", _EMPTY),
+    "vllm_xargs": Refusal("this server has no extensions that read vllm_xargs", _EMPTY),
+    "repetition_detection": Refusal("repetition detection is not implemented; use max_tokens"),
+    "thinking_token_budget": Refusal("there is no reasoning parser to count thinking tokens", (None, -1)),
+    "stream_interval": Refusal("every step with new text is streamed; per-request batching is not implemented",
+                               (None, 1)),
+    "logits_processors": Refusal("custom logits processors are not loaded by this server", _EMPTY),
+}
+"""Refused on both endpoints."""
+COMPLETION_ONLY: dict[str, Refusal] = {
+    "prompt_embeds": Refusal("prompt embeddings are not accepted; send text or token ids"),
+}
+CHAT_ONLY: dict[str, Refusal] = {
+    "echo": Refusal("chat echo (the last message before the answer) is not implemented", (None, False)),
+    "best_of": Refusal("best_of is for completions; use n", (None, 1)),
+    "continue_final_message": Refusal("the chat template is always applied with its generation prompt rules",
+                                      (None, False)),
+    "documents": Refusal("documents are not passed to the chat template", _EMPTY),
+    "chat_template_kwargs": Refusal("extra chat template arguments are not passed to the template", _EMPTY),
+    "reasoning_effort": Refusal("reasoning effort is not passed to the chat template"),
+    "include_reasoning": Refusal("there is no reasoning parser; reasoning stays in the content", (None, True)),
+    "return_prompt_text": Refusal("the rendered prompt is not returned; use /v1/chat/completions/render",
+                                  (None, False)),
+    "media_io_kwargs": Refusal("media inputs are not supported (text-only models)", _EMPTY),
+    "mm_processor_kwargs": Refusal("multimodal inputs are not supported (text-only models)", _EMPTY),
+}
+
+
+def _fields(table: dict[str, Refusal]) -> dict[str, tuple[type, None]]:
+    return {name: (JsonValue, None) for name in table}
+
+
+RefusedCompletionFields = create_model("RefusedCompletionFields", __base__=OpenAIBaseModel,
+                                       **_fields(BOTH | COMPLETION_ONLY))
+"""The refused fields a completion request declares (any JSON value; ``refuse_unimplemented`` checks them)."""
+RefusedChatFields = create_model("RefusedChatFields", __base__=OpenAIBaseModel, **_fields(BOTH | CHAT_ONLY))
+"""The same for a chat completion request."""
+
+
+def refuse_unimplemented(request: OpenAIBaseModel, table: dict[str, Refusal]) -> None:
+    """A 400 naming the first field of ``table`` that ``request`` sets to something other than unset."""
+    for name, refusal in table.items():
+        if not refusal.allows(getattr(request, name)):
+            raise ProtocolError(f"{name} is not supported by this server ({refusal.why}); leave it unset",
+                                param=name)

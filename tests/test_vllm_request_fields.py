@@ -1,0 +1,127 @@
+"""Every field of vLLM's completion and chat request models is implemented, refused or listed as ignored.
+
+tests/data/vllm_request_fields.json lists the fields (read from vLLM's source; it says which version) with
+kvmesh's answer to each. This walk sends each field to a replica and through the router and checks that
+answer: an implemented field shows its effect (tests/vllm_field_probes.py), a refused one set to anything but
+vLLM's default is a 400 naming it while the default is served, an ignored one is served and README says why.
+Fields another part of kvmesh implements ("penalties", "structured_outputs") must show an effect or be a 400
+naming them: never a silent 200.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from kvmesh.replica.openai import refused_fields as rf
+
+from . import openai_pair, vllm_field_probes
+from .openai_pair import AUTH, HI
+from .test_openai_unsupported_docs import IGNORED_VALUES, ignored_params
+from .vllm_field_probes import ok, refused, text
+
+pair = openai_pair.pair  # the fixture
+DATA = json.loads((Path(__file__).parent / "data" / "vllm_request_fields.json").read_text())
+BASE = {"completions": ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}),
+        "chat": ("/v1/chat/completions", {"messages": HI, "max_tokens": 8, "temperature": 0})}
+PROBES = {"completions": vllm_field_probes.COMPLETIONS, "chat": vllm_field_probes.CHAT}
+REFUSED = {"completions": rf.BOTH | rf.COMPLETION_ONLY | {"suffix": rf.Refusal("", (None, ""))},
+           "chat": rf.BOTH | rf.CHAT_ONLY}
+SET = {  # a value each refused field means something with
+    "use_beam_search": True, "length_penalty": 2.0, "watermarking": True, "truncate_prompt_tokens": 4,
+    "truncation_side": "left", "prompt_logprobs": 1, "logprob_token_ids": [5], "allowed_token_ids": [5, 6],
+    "bad_words": ["cat"], "return_tokens_as_token_ids": True, "ec_transfer_params": {"k": 1},
+    "vllm_xargs": {"k": 1}, "repetition_detection": {"max_pattern_size": 4}, "thinking_token_budget": 16,
+    "stream_interval": 4, "logits_processors": ["module.Processor"], "prompt_embeds": "AAAA", "suffix": "The end.",
+    "echo": True, "best_of": 2, "continue_final_message": True, "documents": [{"title": "a", "text": "b"}],
+    "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low", "include_reasoning": False,
+    "return_prompt_text": True, "media_io_kwargs": {"image": {"k": 1}}, "mm_processor_kwargs": {"k": 1},
+}
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+ANOTHERS = {  # (the request without the field, the field's value): a 400 naming it, or an answer that differs
+    "frequency_penalty": ({"max_tokens": 32}, 2.0),
+    "presence_penalty": ({"max_tokens": 32}, 2.0),
+    "repetition_penalty": ({"max_tokens": 32}, 2.0),
+    "min_p": ({"temperature": 1.5, "seed": 3, "max_tokens": 16}, 0.9),
+    "response_format": ({}, {"type": "json_object"}),
+    "structured_outputs": ({}, {"choice": ["yes", "no"]}),
+    "guided_json": ({}, SCHEMA),
+    "guided_regex": ({}, "(yes|no)"),
+    "guided_choice": ({}, ["yes", "no"]),
+    "guided_grammar": ({}, 'root ::= "yes" | "no"'),
+    "guided_decoding_backend": ({"guided_choice": ["yes", "no"]}, "no-such-backend"),
+    "guided_whitespace_pattern": ({"guided_json": SCHEMA}, "("),
+    "structural_tag": ({}, json.dumps({"type": "structural_tag", "structures": [], "triggers": []})),
+    "tools": ({}, [TOOL]),
+    "tool_choice": ({}, "required"),
+    "parallel_tool_calls": ({"tools": [TOOL], "tool_choice": "required"}, False),
+}
+
+
+def walk(answer: str) -> list[tuple[str, str]]:
+    return [(endpoint, name) for endpoint in ("completions", "chat") for name, a in DATA[endpoint].items()
+            if a == answer]
+
+
+def asker(url: str, endpoint: str):
+    path, base = BASE[endpoint]
+    return lambda fields: httpx.post(url + path, json={**base, **fields}, headers=AUTH, timeout=60)
+
+
+def test_the_list_says_where_it_came_from_and_covers_both_models():
+    assert all(source["repository"] == "vllm-project/vllm" and len(source["commit"]) == 40
+               for source in DATA["sources"])
+    assert len(DATA["completions"]) >= 50 and len(DATA["chat"]) >= 60
+    assert set(DATA["completions"].values()) | set(DATA["chat"].values()) <= {
+        "implemented", "refused", "ignored", "penalties", "structured_outputs"}
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_the_servers_refuse_exactly_the_listed_fields(endpoint):
+    listed = {name for name, answer in DATA[endpoint].items() if answer == "refused"}
+    assert listed == set(REFUSED[endpoint])
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_every_implemented_field_has_a_probe(endpoint):
+    listed = {name for name, answer in DATA[endpoint].items() if answer == "implemented"}
+    assert listed == set(PROBES[endpoint])
+
+
+@pytest.mark.parametrize("endpoint, name", walk("implemented"))
+def test_an_implemented_field_shows_its_effect(pair, endpoint, name):
+    for url in pair:
+        PROBES[endpoint][name](asker(url, endpoint))
+
+
+@pytest.mark.parametrize("endpoint, name", walk("refused"))
+def test_a_refused_field_is_a_400_naming_it_and_its_default_is_served(pair, endpoint, name):
+    for url in pair:
+        ask = asker(url, endpoint)
+        assert refused(ask({name: SET[name]}), name), (url, name)
+        ok(ask({name: REFUSED[endpoint][name].unset[-1]}))
+
+
+@pytest.mark.parametrize("endpoint, name", walk("ignored"))
+def test_an_ignored_field_is_served_and_the_readme_says_why(pair, endpoint, name):
+    assert name in ignored_params()
+    for url in pair:
+        ok(asker(url, endpoint)({name: IGNORED_VALUES.get(name, 1)}))
+
+
+@pytest.mark.parametrize("endpoint, name", walk("penalties") + walk("structured_outputs"))
+def test_a_field_implemented_elsewhere_is_never_silently_ignored(pair, endpoint, name):
+    base, value = ANOTHERS[name]
+    for url in pair:
+        ask = asker(url, endpoint)
+        r = ask({**base, name: value})
+        if refused(r, name):
+            continue
+        without = ask(base)
+        assert r.status_code == 200 and without.status_code == 200, (url, name, r.text, without.text)
+        assert r.json()["choices"] != without.json()["choices"] or text(r.json()) != text(without.json()), (
+            url, name, "answered as if it were not set")

@@ -1,0 +1,216 @@
+"""What each implemented request field visibly does, one probe a field (tests/test_vllm_request_fields.py walks them).
+
+A probe gets ``ask(fields) -> httpx.Response`` (the endpoint's base request, greedy and short, with ``fields``
+merged in, sent to one server) and asserts the field's effect against the same request without it. Fields whose
+effect one request cannot show (priority, cache_salt) are shown read: a value of the wrong kind is a 400 naming
+them, where an ignored field would be a 200.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+
+Ask = Callable[[dict], httpx.Response]
+EOS = "2"  # stories260K's </s>; a +100 logit_bias makes the model end at once
+FORCE_EOS = {"logit_bias": {EOS: 100}}
+
+
+def ok(r: httpx.Response) -> dict:
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def text(body: dict) -> str:
+    choice = body["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
+def events(r: httpx.Response) -> list[dict]:
+    assert r.status_code == 200, r.text
+    lines = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]", r.text[-200:]
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def refused(r: httpx.Response, name: str) -> bool:
+    if r.status_code not in (400, 403, 404):
+        return False
+    error = r.json()["error"]
+    return error.get("param") == name or name in error["message"]
+
+
+def read_as(name: str, wrong: object) -> Callable[[Ask], None]:
+    """The field is read: a value of the wrong kind is a 400 naming it."""
+    def probe(ask: Ask) -> None:
+        assert refused(ask({name: wrong}), name)
+    return probe
+
+
+def changes_text(name: str, value: object, base: dict | None = None) -> Callable[[Ask], None]:
+    def probe(ask: Ask) -> None:
+        assert text(ok(ask({**(base or {}), name: value}))) != text(ok(ask(base or {})))
+    return probe
+
+
+def changes_prompt_tokens(name: str, value: object) -> Callable[[Ask], None]:
+    def probe(ask: Ask) -> None:
+        assert ok(ask({name: value}))["usage"]["prompt_tokens"] != ok(ask({}))["usage"]["prompt_tokens"]
+    return probe
+
+
+def limits_tokens(name: str) -> Callable[[Ask], None]:
+    def probe(ask: Ask) -> None:
+        assert ok(ask({name: 2, "ignore_eos": True}))["usage"]["completion_tokens"] == 2
+    return probe
+
+
+def _ignore_eos(ask: Ask) -> None:
+    assert ok(ask(FORCE_EOS))["usage"]["completion_tokens"] == 1
+    body = ok(ask({**FORCE_EOS, "ignore_eos": True, "max_tokens": 4, "max_completion_tokens": 4}))
+    assert body["usage"]["completion_tokens"] == 4 and body["choices"][0]["finish_reason"] == "length"
+
+
+def _min_tokens(ask: Ask) -> None:
+    assert ok(ask({**FORCE_EOS, "min_tokens": 3}))["usage"]["completion_tokens"] >= 3
+
+
+def _skip_special_tokens(ask: Ask) -> None:
+    base = {**FORCE_EOS, "ignore_eos": True}
+    assert "</s>" not in text(ok(ask(base)))
+    assert "</s>" in text(ok(ask({**base, "skip_special_tokens": False})))
+
+
+def _a_word(ask: Ask) -> str:
+    """A word of the greedy answer past its start (the stop string the stop probes use)."""
+    words = text(ok(ask({}))).split()
+    assert len(words) >= 3, words
+    return words[2]
+
+
+def _stop(ask: Ask) -> None:
+    word = _a_word(ask)
+    body = ok(ask({"stop": [word]}))
+    assert word not in text(body) and body["choices"][0]["finish_reason"] == "stop"
+
+
+def _include_stop_str_in_output(ask: Ask) -> None:
+    word = _a_word(ask)
+    assert text(ok(ask({"stop": [word], "include_stop_str_in_output": True}))).endswith(word)
+    assert not text(ok(ask({"stop": [word]}))).endswith(word)
+
+
+def _stop_token_ids(ask: Ask) -> None:
+    ids = _token_ids(ask, {})
+    body = ok(ask({"stop_token_ids": [ids[3]]}))
+    assert body["choices"][0]["finish_reason"] == "stop" and body["usage"]["completion_tokens"] <= 4
+
+
+def _token_ids(ask: Ask, fields: dict) -> list[int]:
+    chunks = events(ask({**fields, "stream": True, "return_token_ids": True}))
+    return [t for chunk in chunks for c in chunk["choices"] for t in c.get("token_ids") or []]
+
+
+def _return_token_ids(ask: Ask) -> None:
+    assert len(_token_ids(ask, {})) == ok(ask({}))["usage"]["completion_tokens"]
+    assert not any("token_ids" in c for chunk in events(ask({"stream": True})) for c in chunk["choices"])
+
+
+def _stream(ask: Ask) -> None:
+    assert "".join(c.get("text", c.get("delta", {}).get("content", "")) for chunk in events(ask({"stream": True}))
+                   for c in chunk["choices"]) == text(ok(ask({})))
+
+
+def _stream_options(ask: Ask) -> None:
+    chunks = events(ask({"stream": True, "stream_options": {"include_usage": True}}))
+    assert chunks[-1]["usage"]["completion_tokens"] > 0 and not chunks[-1]["choices"]
+    assert all(chunk.get("usage") is None for chunk in events(ask({"stream": True})))
+
+
+def _seed(ask: Ask) -> None:
+    sampled = {"temperature": 1.0, "max_tokens": 16}
+    one = text(ok(ask({**sampled, "seed": 1})))
+    assert one == text(ok(ask({**sampled, "seed": 1}))) != text(ok(ask({**sampled, "seed": 2})))
+
+
+def _truncated_to_greedy(name: str, value: object) -> Callable[[Ask], None]:
+    def probe(ask: Ask) -> None:
+        sampled = {"temperature": 1.0, "seed": 3, "max_tokens": 16}
+        assert text(ok(ask({**sampled, name: value}))) == text(ok(ask({"max_tokens": 16})))
+        assert text(ok(ask(sampled))) != text(ok(ask({"max_tokens": 16})))
+    return probe
+
+
+def _n(ask: Ask) -> None:
+    assert len(ok(ask({"n": 2}))["choices"]) == 2
+
+
+def _request_id(ask: Ask) -> None:
+    assert ok(ask({"request_id": "walk-1"}))["id"].endswith("-walk-1")
+
+
+def _echo(ask: Ask) -> None:
+    assert text(ok(ask({"echo": True}))).startswith("Once upon a time")
+
+
+def _completion_logprobs(ask: Ask) -> None:
+    assert ok(ask({"logprobs": 1}))["choices"][0]["logprobs"]["top_logprobs"]
+
+
+def _chat_logprobs(ask: Ask) -> None:
+    assert ok(ask({"logprobs": True}))["choices"][0]["logprobs"]["content"]
+
+
+def _top_logprobs(ask: Ask) -> None:
+    content = ok(ask({"logprobs": True, "top_logprobs": 2}))["choices"][0]["logprobs"]["content"]
+    assert all(len(position["top_logprobs"]) == 2 for position in content)
+
+
+def _best_of(ask: Ask) -> None:
+    sampled = {"temperature": 1.0, "seed": 5, "max_tokens": 16}
+    assert ok(ask({**sampled, "best_of": 3}))["usage"]["completion_tokens"] > ok(ask(sampled))["usage"][
+        "completion_tokens"]
+
+
+COMMON: dict[str, Callable[[Ask], None]] = {
+    "model": read_as("model", "no-such-model"),
+    "logit_bias": changes_text("logit_bias", {EOS: 100}),
+    "max_tokens": limits_tokens("max_tokens"),
+    "n": _n,
+    "seed": _seed,
+    "stop": _stop,
+    "stream": _stream,
+    "stream_options": _stream_options,
+    "temperature": changes_text("temperature", 1.0, {"seed": 3, "max_tokens": 16}),
+    "top_p": _truncated_to_greedy("top_p", 1e-6),
+    "top_k": _truncated_to_greedy("top_k", 1),
+    "stop_token_ids": _stop_token_ids,
+    "include_stop_str_in_output": _include_stop_str_in_output,
+    "ignore_eos": _ignore_eos,
+    "min_tokens": _min_tokens,
+    "skip_special_tokens": _skip_special_tokens,
+    "priority": read_as("priority", "high"),
+    "request_id": _request_id,
+    "return_token_ids": _return_token_ids,
+    "cache_salt": read_as("cache_salt", ""),
+    "kv_transfer_params": read_as("kv_transfer_params", {"do_remote_decode": "yes"}),
+}
+"""Probes of the fields both endpoints implement."""
+COMPLETIONS = COMMON | {
+    "prompt": changes_prompt_tokens("prompt", "Once upon a time there was a cat"),
+    "echo": _echo,
+    "logprobs": _completion_logprobs,
+    "best_of": _best_of,
+    "add_special_tokens": changes_prompt_tokens("add_special_tokens", False),
+}
+CHAT = COMMON | {
+    "messages": changes_prompt_tokens("messages", [{"role": "user", "content": "tell me a story"}]),
+    "logprobs": _chat_logprobs,
+    "top_logprobs": _top_logprobs,
+    "max_completion_tokens": limits_tokens("max_completion_tokens"),
+    "add_generation_prompt": changes_prompt_tokens("add_generation_prompt", False),
+    "add_special_tokens": changes_prompt_tokens("add_special_tokens", True),
+    "chat_template": read_as("chat_template", "{{ messages }}"),
+}
