@@ -9,11 +9,14 @@ a check:
                                                               none -> 401, the API or admin key -> 403
     admin requests (``is_admin(method, path)``)               the admin key, never the API key;
                                                               no admin key configured -> 403 for all
+    ADMIN_READABLE (GET /v1/models)                           the API key or the admin key (the admin sees
+                                                              host paths there)
     everything else                                           the API key, when one is configured
 
 A request that presented the internal key has ``scope["state"]["kvmesh_internal"]`` True (False for every
-other), so a handler can tell the cluster's own calls (``kv_transfer_params``: replica/server/kv_plane.py).
-Keys are compared in constant time.
+other), so a handler can tell the cluster's own calls (``kv_transfer_params``: replica/server/kv_plane.py); one
+that presented the internal or the admin key has ``scope["state"]["kvmesh_operator"]`` True (``is_operator``: who
+may see host paths, e.g. ``/v1/models``' ``root``). Keys are compared in constant time.
 """
 
 from __future__ import annotations
@@ -29,12 +32,21 @@ PUBLIC_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/load", "
 """Paths that reveal nothing a tenant could use and must answer probes without a key."""
 INTERNAL_SCOPE_KEY = "kvmesh_internal"
 """``scope["state"][INTERNAL_SCOPE_KEY]``: the request presented the cluster's internal key."""
+OPERATOR_SCOPE_KEY = "kvmesh_operator"
+"""``scope["state"][OPERATOR_SCOPE_KEY]``: the request presented the internal key or the admin key."""
+ADMIN_READABLE = frozenset({("GET", "/v1/models")})
+"""Tenants' paths the admin key may read too: what they answer the operator shows more (host paths)."""
 KV_PLANE_REFUSED = ("the KV plane is the cluster's own: only the router and the replicas (the internal key) may "
                     "use it; tenants' and admin keys are refused")
 
 
 def _bearer(key: str | None) -> bytes | None:
     return None if key is None else f"Bearer {key}".encode()
+
+
+def is_operator(scope: Scope) -> bool:
+    """Whether the request of ``scope`` presented the internal or the admin key (``AuthMiddleware`` says so)."""
+    return bool(scope.get("state", {}).get(OPERATOR_SCOPE_KEY))
 
 
 def never_admin(method: str, path: str) -> bool:
@@ -90,6 +102,8 @@ class AuthMiddleware:
             return None
         if self.api is None and self.tenant_key is None:
             return None
+        if (method, path) in ADMIN_READABLE and self.admin is not None and hmac.compare_digest(header, self.admin):
+            return None
         if not ((self.api is not None and hmac.compare_digest(header, self.api))
                 or (self.tenant_key is not None and self.tenant_key(header))):
             return ProtocolError("missing or wrong API key; send 'Authorization: Bearer <key>'", 401)
@@ -104,5 +118,7 @@ class AuthMiddleware:
                     self.on_refused(err)
                 return await error_response(err)(scope, receive, send)
             # a fresh dict per request: a server may hand every request the same lifespan state
-            scope["state"] = {**scope.get("state", {}), INTERNAL_SCOPE_KEY: self.internal_caller(header)}
+            internal = self.internal_caller(header)
+            operator = internal or (self.admin is not None and hmac.compare_digest(header, self.admin))
+            scope["state"] = {**scope.get("state", {}), INTERNAL_SCOPE_KEY: internal, OPERATOR_SCOPE_KEY: operator}
         await self.app(scope, receive, send)

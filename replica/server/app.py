@@ -28,7 +28,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from kvmesh.replica.openai import responses as r
-from kvmesh.replica.openai.auth import AuthMiddleware, never_admin
+from kvmesh.replica.openai.auth import AuthMiddleware, is_operator, never_admin
 from kvmesh.replica.openai.errors import error_response, install_error_handlers
 from kvmesh.replica.openai.lora_adapters import LORA_ADMIN_PATHS
 from kvmesh.replica.openai.routes import install_shared_routes
@@ -73,11 +73,15 @@ def build_app(state: ServerState) -> FastAPI:
     install_kv_routes(app, state)
     install_lora_routes(app, state.loras, state.frontend, state.renderer.run)
 
+    open_server = server.api_key is None and server.admin_key is None and server.internal_key is None
+
     @app.get("/v1/models")
-    async def models():
+    async def models(http: Request):  # host paths (root) for the router and the operator only
         max_model_len = state.engine_client.max_model_len
-        card = r.ModelCard(id=state.model_name, root=state.model_path, max_model_len=max_model_len)
-        return r.ModelList(data=[card, *state.loras.cards(max_model_len)]).model_dump()
+        paths = open_server or is_operator(http.scope)
+        card = r.ModelCard(id=state.model_name, root=state.model_path if paths else state.model_name,
+                           max_model_len=max_model_len)
+        return r.ModelList(data=[card, *state.loras.cards(max_model_len, paths)]).model_dump()
 
     async def health():
         reason = state.engine_client.dead_reason()

@@ -65,10 +65,11 @@ class ServedLoRAs:
         """The adapter ``model`` names, or None (the base model; the model check has 404'd any other name)."""
         return None if model is None else self._by_name.get(model)
 
-    def cards(self, max_model_len: int) -> list[r.ModelCard]:
-        """One card per adapter, vLLM's shape: ``root`` its path, ``parent`` the base model's served name."""
-        return [r.ModelCard(id=name, root=lora.lora_path, parent=self.base_names[0], max_model_len=max_model_len)
-                for name, lora in self._by_name.items()]
+    def cards(self, max_model_len: int, paths: bool = True) -> list[r.ModelCard]:
+        """One card per adapter, vLLM's shape: ``root`` its path (its name unless ``paths``: a tenant sees no host
+        path), ``parent`` the base model's served name."""
+        return [r.ModelCard(id=name, root=lora.lora_path if paths else name, parent=self.base_names[0],
+                            max_model_len=max_model_len) for name, lora in self._by_name.items()]
 
     async def load(self, name: str, path: str) -> LoRARequest:
         """Load adapter ``name`` from PEFT directory ``path``; it serves once this returns."""

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI
 from fastapi import Request as AppRequest
 from fastapi.responses import JSONResponse
-from kvmesh.replica.openai.auth import AuthMiddleware
+from kvmesh.replica.openai.auth import AuthMiddleware, is_operator
 from kvmesh.replica.openai.errors import install_error_handlers
 from kvmesh.replica.openai.metrics_exposition import metrics_response
 from kvmesh.replica.openai.routes import install_shared_routes
@@ -73,8 +73,8 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
                           lambda http, req: refuse_router_only(req))
 
     @app.get("/v1/models")
-    async def models():  # every base model the replicas serve, then every adapter (its parent: its base)
-        return {"object": "list", "data": runtime.models.cards()}
+    async def models(http: AppRequest):  # every base model, then every adapter (its parent: its base); host paths
+        return {"object": "list", "data": runtime.models.cards(paths=is_operator(http.scope))}  # for the admin only
 
     async def health():
         healthy = sorted(map(str, runtime.router.healthy))

@@ -136,8 +136,9 @@ class RouterModels:
         return self.runtime.tokenizer if base is None else self.frontends.get(
             base, (self.runtime.tokenizer, None))[0]
 
-    def cards(self) -> list[dict]:
-        """``/v1/models``'s entries: every base model served, then every adapter (``parent``: its base)."""
+    def cards(self, paths: bool = False) -> list[dict]:
+        """``/v1/models``'s entries: every base model served, then every adapter (``parent``: its base); ``root`` is
+        the host path or hub id it was loaded from only with ``paths`` (the admin), else its served name."""
         rt, bases = self.runtime, self.catalog.bases()
         cfg = rt.config
         own = cfg.served_model_name or cfg.model or cfg.tokenizer
@@ -150,6 +151,9 @@ class RouterModels:
         adapters = [{"id": name, "object": "model", "owned_by": "kvmesh", "root": path,
                      "parent": parent_of_one if len(bases) <= 1 else base}
                     for name, (base, path) in sorted(self.catalog.adapters().items())]
+        if not paths:
+            for card in base_cards + adapters:
+                card["root"] = card["id"]
         return base_cards + adapters
 
     # ---------------------------------------------------------------- reports
