@@ -3,8 +3,8 @@
     ServeConfig ──▶ engine   EngineConfig          the model path and device serve resolved, the cluster's
                                                    hash seed, a GPU share's memory, the embedded model's sizes
                 ──▶ server   ReplicaServerConfig   replica i's ports (replicas.http_port + i, event_port + 2i),
-                                                   the tenants' API key, the cluster's internal key
-                                                   (the router's; the KV plane's), the served name
+                                                   the cluster's internal key (the router's; the only
+                                                   key it takes: router_only), the served name
                 ──▶ events   PublisherConfig       the events section, plus the CURVE keys of private streams
                 ──▶ frontend FrontendConfig        as configured
                 ──▶ kv_transfer KVTransferConfig   serve's section, on as replicas.kv_transfer says
@@ -54,15 +54,16 @@ def replica_events(cfg: ServeConfig, curve: CurveKeys | None) -> PublisherConfig
 
 def replica_server(cfg: ServeConfig, index: int, served_model_name: str, local: bool,
                    internal_key: str | None) -> ReplicaServerConfig:
-    """Replica ``index``'s server section: its ports, the tenants' API key (a tenant may call a replica directly),
-    the cluster's internal key (the router's, and the only key to the KV plane), the served name.
+    """Replica ``index``'s server section: its ports, the cluster's internal key (the router's, the only key it takes:
+    ``router_only``, so tenants reach it only through the router's admission; the tenants' API key is handed over
+    only so a tenant calling it directly is told why it gets 403), the served name.
 
     On a local Ray instance it listens on loopback; otherwise the actor takes its node's address."""
     rc = cfg.replicas
     http_port, (event_port, replay_port) = rc.http_ports(index + 1)[index], rc.event_ports(index + 1)[index]
     return ReplicaServerConfig(host=LOCAL_HOST if local else AUTO_HOST, port=http_port, event_port=event_port,
-                               replay_port=replay_port, api_key=cfg.router.api_key,
-                               internal_key=internal_key, served_model_name=served_model_name)
+                               replay_port=replay_port, api_key=cfg.router.api_key, internal_key=internal_key,
+                               router_only=internal_key is not None, served_model_name=served_model_name)
 
 
 def replica_kv_transfer(cfg: ServeConfig) -> KVTransferConfig:

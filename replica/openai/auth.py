@@ -11,6 +11,8 @@ a check:
                                                               no admin key configured -> 403 for all
     ADMIN_READABLE (GET /v1/models)                           the API key or the admin key (the admin sees
                                                               host paths there)
+    everything else, ``router_only`` (a ``kvmesh serve``      the internal key only: tenants go through the
+      replica)                                                router's admission; the API key -> 403
     everything else                                           the API key, when one is configured
 
 A request that presented the internal key has ``scope["state"]["kvmesh_internal"]`` True (False for every
@@ -65,7 +67,7 @@ class AuthMiddleware:
                  is_admin: Callable[[str, str], bool] = never_admin,
                  on_refused: Callable[[ProtocolError], None] | None = None,
                  internal_key: str | None = None, is_kv_plane: Callable[[str], bool] = never_kv_plane,
-                 tenant_key: Callable[[bytes], bool] | None = None):
+                 tenant_key: Callable[[bytes], bool] | None = None, router_only: bool = False):
         self.app = app
         self.api = _bearer(api_key)
         self.admin = _bearer(admin_key)
@@ -77,6 +79,8 @@ class AuthMiddleware:
         self.tenant_key = tenant_key
         """Whether an Authorization value carries one of the tenants' own keys (the router's admission keys file),
         taken like the API key; None: only the API key."""
+        self.router_only = router_only
+        """Only the internal key passes (a replica behind its router): the API key is known only to say why not."""
 
     def internal_caller(self, header: bytes) -> bool:
         """Whether ``header`` (the Authorization value) is the internal key."""
@@ -100,6 +104,10 @@ class AuthMiddleware:
                 return ProtocolError(f"{method} {path} needs the admin key ('Authorization: Bearer <admin key>'); "
                                      "the tenants' API key is not enough", 403)
             return None
+        if self.router_only:
+            tenant = self.api is not None and hmac.compare_digest(header, self.api)
+            return ProtocolError(f"{method} {path}: this replica takes requests only from its router (the cluster's "
+                                 "internal key); send them to the router", 403 if tenant else 401)
         if self.api is None and self.tenant_key is None:
             return None
         if (method, path) in ADMIN_READABLE and self.admin is not None and hmac.compare_digest(header, self.admin):

@@ -15,7 +15,8 @@
 
 With ``api_key`` set, every path except health, ping, version, load and metrics needs
 ``Authorization: Bearer <key>`` (replica/openai/auth.py). With ``internal_key`` set, that key passes every
-path and alone opens the KV plane: /kv/* and a body's ``kv_transfer_params`` (kv_plane.py). The LoRA admin
+path and alone opens the KV plane: /kv/* and a body's ``kv_transfer_params`` (kv_plane.py); with ``router_only``
+(``kvmesh serve``'s replicas) it alone opens every path but the public ones. The LoRA admin
 paths take the admin key (``admin_key``) or the internal key, never the API key; with no key set at all they are
 open (vLLM's). Errors are OpenAI-shaped JSON.
 """
@@ -62,7 +63,8 @@ def build_app(state: ServerState) -> FastAPI:
     handlers = OpenAIHandlers(state)
     server = state.server
     app.add_middleware(AuthMiddleware, api_key=server.api_key, internal_key=server.internal_key,
-                       is_kv_plane=kv_plane.is_kv_plane, admin_key=server.admin_key, is_admin=admin_rule(server))
+                       is_kv_plane=kv_plane.is_kv_plane, admin_key=server.admin_key, is_admin=admin_rule(server),
+                       router_only=server.router_only)
     app.add_middleware(CountMiddleware, metrics=state.metrics)  # outermost: refusals are counted too
 
     install_error_handlers(app, "replica")

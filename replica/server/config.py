@@ -32,6 +32,10 @@ class ReplicaServerConfig:
     internal_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_INTERNAL_KEY", "cli": True})
     """The cluster's internal key (the router's and peer replicas'): passes every path, and alone opens the KV plane
     (kv_transfer_params, /kv/*); needed with kv_transfer on a non-loopback host. ``kvmesh serve`` generates one."""
+    router_only: bool = False
+    """Tenants reach this replica only through its router (its admission, the priority it grants): every path but
+    the public ones takes the internal key alone, the API key gets a 403 saying so. ``kvmesh serve`` sets it; a
+    standalone replica keeps the API key's rule. Needs internal_key."""
     served_model_name: str | None = None
     """Name clients put in "model"; None -> the model value."""
     default_max_tokens: int | None = None
@@ -52,6 +56,8 @@ class ReplicaServerConfig:
                              "use another secret")
         check_internal_key(self.internal_key, "server.internal_key",
                            {"server.api_key": self.api_key, "server.admin_key": self.admin_key})
+        if self.router_only and self.internal_key is None:
+            raise ValueError("server.router_only needs server.internal_key (the router's key to this replica)")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"server.default_max_tokens={self.default_max_tokens} must be at least 1 (or unset)")
         try:

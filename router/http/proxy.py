@@ -129,8 +129,7 @@ class Forwarder:
         return req, prompts, params[0] if params else None, pool
 
     async def read(self, http: Request, path: str, chat: bool) -> ProxyRequest:
-        """The client's request, validated and tokenized, with its tenant and granted priority (caller.py; a stream
-        with its migration state)."""
+        """The client's request: validated, tokenized, its tenant and priority (caller.py), a stream's migration state."""
         svc = self.runtime
         raw = await http.body()
         t0 = time.perf_counter_ns()

@@ -141,7 +141,9 @@ def test_restarted_replica_gets_an_empty_tree_rebuilt_from_its_new_event_stream(
     # The new incarnation's event stream feeds the router's tree again: fill its cache directly.
     victim = cluster.state.replicas[0]
     body = {"model": cluster.state.served_model_name, "prompt": STORY, "max_tokens": 2}
-    assert httpx.post(victim.endpoints["http_url"] + "/v1/completions", json=body, timeout=60).status_code == 200
+    internal = {"Authorization": f"Bearer {cluster.router_config().internal_key}"}  # a replica takes only the router's
+    assert httpx.post(victim.endpoints["http_url"] + "/v1/completions", json=body, headers=internal,
+                      timeout=60).status_code == 200
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and {r.replica_id: r for r in client.status()}["replica-0"].index_blocks == 0:
         time.sleep(0.2)

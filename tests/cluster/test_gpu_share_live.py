@@ -36,7 +36,8 @@ def test_two_half_gpu_replicas_share_a_card_and_both_answer(ray_session, stories
         assert ray.available_resources().get("GPU", 0.0) == pytest.approx(gpus - 1.0)  # 2 x 0.5 reserved
         for handle in cluster.state.replicas:
             body = {"model": cluster.state.served_model_name, "prompt": "Once upon a time", "max_tokens": 8}
-            response = httpx.post(handle.endpoints["http_url"] + "/v1/completions", json=body, timeout=60)
+            response = httpx.post(handle.endpoints["http_url"] + "/v1/completions", json=body, timeout=60,
+                                  headers={"Authorization": f"Bearer {cluster.router_config().internal_key}"})
             assert response.status_code == 200, response.text
     finally:
         cluster.stop()

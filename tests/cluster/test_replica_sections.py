@@ -9,11 +9,11 @@ from kvmesh.cluster.launch.event_keys import curve_keys
 from kvmesh.cluster.launch.replica_sections import replica_events, replica_server
 
 
-def test_replica_i_listens_on_the_base_ports_plus_i_and_2i_with_the_tenants_and_the_internal_key():
+def test_replica_i_listens_on_the_base_ports_plus_i_and_2i_and_takes_only_the_internal_key():
     cfg = from_dict({"replicas": {"http_port": 9000, "event_port": 6000}, "router": {"api_key": "tenant-secret-key"}})
     server = replica_server(cfg, 2, "tiny", local=True, internal_key="cluster-internal-key")
     assert (server.host, server.port, server.event_port, server.replay_port) == ("127.0.0.1", 9002, 6004, 6005)
-    assert server.api_key == "tenant-secret-key" and server.served_model_name == "tiny"
+    assert server.router_only and server.served_model_name == "tiny"  # tenants only through the router
     assert server.internal_key == "cluster-internal-key" and "cluster-internal-key" not in repr(server)
     assert replica_server(cfg, 0, "tiny", local=False, internal_key=None).host == "auto"  # the node's address
 

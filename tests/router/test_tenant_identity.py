@@ -86,3 +86,16 @@ def test_priority_outside_the_range_is_a_400_naming_the_field():
             parse_body(msgspec.json.encode({"prompt": "x", "priority": value}), p.CompletionRequest)
         assert e.value.status_code == 400
     assert p.CompletionRequest(prompt="x", priority=-PRIORITY_LIMIT).priority == -PRIORITY_LIMIT
+
+
+def test_a_router_only_replica_takes_the_internal_key_alone():
+    from kvmesh.replica.openai.auth import AuthMiddleware
+
+    auth = AuthMiddleware(None, api_key="tenant-key-1", internal_key="internal-key-1", router_only=True)
+    assert auth.refusal("POST", "/v1/completions", b"Bearer internal-key-1") is None
+    assert auth.refusal("GET", "/load", b"") is None  # the public paths stay open
+    tenant = auth.refusal("POST", "/v1/completions", b"Bearer tenant-key-1")
+    assert tenant.status_code == 403 and "router" in tenant.message
+    assert auth.refusal("POST", "/v1/chat/completions", b"").status_code == 401
+    standalone = AuthMiddleware(None, api_key="tenant-key-1", internal_key="internal-key-1")
+    assert standalone.refusal("POST", "/v1/completions", b"Bearer tenant-key-1") is None  # its own key's rule

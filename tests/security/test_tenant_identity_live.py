@@ -182,3 +182,16 @@ def test_a_prefill_leg_carries_the_granted_priority(fakes, start_router):
     r = _post(router, KEYS["batch"], {"prompt": prompt(7100), "priority": -1000}, {"x-kvmesh-receipt": "1"})
     assert r.status_code == 200 and r.headers["x-kvmesh-prefill-replica"] == "a", r.headers
     assert _seen(a) == [10] and _seen(b) == [10]  # the prefill call and the decode replica's request
+
+
+def test_a_serve_replica_takes_tenants_only_through_the_router(kv_cluster):
+    # A replica that took the tenants' key (or none) would serve them past the router's admission: its
+    # limits, its clamped priority. Only the cluster's internal key, the router's, opens it.
+    from .harness import DECODE
+
+    c = kv_cluster
+    body = c.completion_body([1, 2, 3, 4, 5], max_tokens=2)
+    for who, headers in {"no key": {}, "tenant key": c.tenant(), "wrong key": {"Authorization": "Bearer nope"}}.items():
+        r = httpx.post(c.replica_url(DECODE) + "/v1/completions", json=body, headers=headers, timeout=30)
+        assert 400 <= r.status_code < 500 and "router" in r.json()["error"]["message"], (who, r.status_code, r.text)
+    assert c.direct(DECODE, body).status_code == 200  # the router's own calls pass

@@ -15,7 +15,7 @@ Starts its own cluster (``kvmesh replica`` processes of stories260K on CPU with 
              flooding tenant (``--low-priority``; at most ``--max-in-flight`` of them in flight) -> the high class's
              TTFT p90 against ``--high-target-s``
 
-Tenants are named by the request's ``user`` (and by an API key when ``--tenant-key``/``--keys-file`` gives one).
+Tenants are named by an API key (``--tenant-key``/``--keys-file``), else by ``user`` (its own router's user tenants).
 Requests still waiting ``--drain-s`` after their phase ends are cancelled (counted); between phases the driver
 waits until the router has nothing in flight. Prints progress, a table and the acceptance verdict; writes every
 request and summary to ``--out`` with a plot beside it (.png). Ctrl-C stops the cluster and writes what it has.
@@ -226,13 +226,19 @@ def _terminated(signum, frame) -> None:
     raise Terminated
 
 
+def _user_tenants(args) -> list[str]:
+    """Its own router's flags: tenants by ``user`` under its one shared key, allowed the bench's priorities."""
+    return ["--admission-user-tenants", "--admission-shared-min-priority", str(min(0, args.high_priority,
+                                                                                   args.low_priority))]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     policy = [] if args.scheduling_policy == "none" else ["--scheduling-policy", args.scheduling_policy]
     shape = ClusterShape(model=args.model, replicas=args.replicas, workers=args.workers, pd=args.pd,
                          max_num_seqs=args.max_num_seqs, replica_args=policy + args.replica_arg,
-                         router_args=args.router_arg, cli=shlex.split(args.kvmesh_cmd))
+                         router_args=_user_tenants(args) + args.router_arg, cli=shlex.split(args.kvmesh_cmd))
     if not args.url and not Path(args.model).is_dir():
         print(f"kvmesh bench overload: model directory {args.model} not found (../shared beside the checkout, "
               "or $KVMESH_SHARED_DIR, or --model)", file=sys.stderr)

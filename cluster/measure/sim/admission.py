@@ -25,7 +25,7 @@ from kvmesh.router.admission.decisions import DEADLINE, GO, WAIT, Admission, She
 from kvmesh.router.admission.ledger import LocalLedger
 from kvmesh.router.admission.queue import Waiter
 from kvmesh.router.admission.room import ReplicaRoom, SlotCapacity
-from kvmesh.router.admission.tenants import DEFAULT_TENANT, Tenant
+from kvmesh.router.admission.tenants import DEFAULT_TENANT, PRIORITY_LIMIT, Tenant
 
 
 class AdmissionHost(Protocol):
@@ -61,8 +61,8 @@ class SimAdmission:
         return len(self.queued)
 
     def arrive(self, req: SimRequest, now: float) -> None:
-        # a ``user`` tenant (no keys file): it may ask any priority; the section's token-rate limit applies to all
-        tenant = Tenant(req.tenant or DEFAULT_TENANT, limit=self.limit)
+        # a tenant of the workload's mix, as a key of its own would be: any priority it asks; the section's limit
+        tenant = Tenant(req.tenant or DEFAULT_TENANT, limit=self.limit, min_priority=-PRIORITY_LIMIT)
         priority = self.core.priority_of(tenant, req.priority)
         deadline = self.core.deadline_of(priority, req.ttft_target_s, now)
         result = self.core.arrive(SIMULATED_MODEL, tenant, priority, req.num_prompt_tokens, deadline, now)

@@ -11,10 +11,9 @@ plays the P/D and peer-pull contract (``kv_transfer_params``, ``/kv/lease``, ``/
 
 ``POST /fake/config`` changes the ``Faults`` (a first-byte delay, with or without progress in ``/load``, a
 forced status, streams cut after their first chunk or stalled after a few, answers that are not JSON, a
-clock skew or event lag, the publisher stopped or restarted, the scheduling policy ``/load`` says);
-``GET /fake/stats`` counts requests whose client left during the delay, the Authorization headers and the
-completions' ``priority`` seen (None: the body had none). Without a cache a response costs ~20 µs
-of CPU, so a router in front of it is measured almost alone::
+clock skew or event lag, the publisher stopped or restarted, the scheduling policy ``/load`` says); ``GET
+/fake/stats`` counts clients that left during the delay, the Authorization headers and ``priority`` fields seen.
+Without a cache a response costs ~20 µs of CPU, so a router in front of it is measured almost alone::
 
     python -m kvmesh.cluster.measure.benchmarks.support.fake_replica --port 0 [--delay-ms 0] [--event-port 0 ...]
     # prints {"port": P, "url": ..., "events": ..., "replay": ...}
@@ -72,8 +71,7 @@ class FakeReplica:
         self.cancelled = 0
         self.auth_seen: deque[str] = deque(maxlen=10_000)
         """Authorization headers of the last completions."""
-        self.priorities_seen: deque[int | None] = deque(maxlen=10_000)
-        """The ``priority`` of the last completions (None: none in the body)."""
+        self.priorities_seen: deque[int | None] = deque(maxlen=10_000)  # their bodies' priority (None: none)
         self.kv = FakeKVTransfer(name, cache)
         """Leases, prefill handles and pulls (fake_kv_transfer.py)."""
         self.lora = FakeAdapters()
@@ -122,8 +120,7 @@ class FakeReplica:
             reply = {"count": len(self.token_ids(body))}
         elif path == b"/fake/stats":
             reply = {"cancelled": self.cancelled, "running": self.running, "auth_seen": list(self.auth_seen),
-                     "priorities_seen": list(self.priorities_seen),
-                     "adapter_calls": self.lora.calls, **self.kv.stats()}
+                     "priorities_seen": list(self.priorities_seen), "adapter_calls": self.lora.calls, **self.kv.stats()}
         elif method == b"POST" and path in (b"/kv/lease", b"/kv/release", b"/kv/peers"):
             status, reply = {b"/kv/lease": self.kv.lease, b"/kv/release": self.kv.release,
                              b"/kv/peers": self.kv.register}[path](body)
@@ -152,8 +149,7 @@ class FakeReplica:
         self.kv.configure(body.get("kv_transfer"))
         if body.get("reset_stats"):
             self.cancelled = 0
-            self.auth_seen.clear()
-            self.priorities_seen.clear()
+            self.auth_seen.clear(), self.priorities_seen.clear()
             self.kv.reset()
         return {"ok": True}
 
@@ -166,9 +162,7 @@ class FakeReplica:
             report.update(self.cache.load_fields())
         if f.prefill_tokens_per_s:
             report["prefill_tokens_per_s"] = f.prefill_tokens_per_s
-        if f.scheduling_policy:
-            report["scheduling_policy"] = f.scheduling_policy
-        return {**report, "kv_transfer": self.kv.load_field()}
+        return {**report, "kv_transfer": self.kv.load_field(), "scheduling_policy": f.scheduling_policy or None}
 
     def token_ids(self, body: JSONBody) -> list[int]:
         """The prompt as token ids: a list of ids as sent; else a text prompt's (a chat's JSON) UTF-8 bytes,
