@@ -34,7 +34,7 @@ def test_every_request_kind_is_a_cache_request(request_):
 def test_an_object_without_cache_salt_is_not_a_cache_request():
     class NoSalt:
         request_id, all_token_ids, num_computed_tokens, lora_name, num_tokens = "x", [], 0, None, 0
-        skip_reading_prefix_cache = False
+        lora_identity, skip_reading_prefix_cache = None, False
 
     assert not isinstance(NoSalt(), CacheRequest)
 

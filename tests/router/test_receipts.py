@@ -30,6 +30,7 @@ class Req:
     num_computed_tokens: int = 0
     cache_salt: str | None = None
     lora_name: str | None = None
+    lora_identity: str | None = None
     skip_reading_prefix_cache: bool = False
     extra: dict = field(default_factory=dict)
 
