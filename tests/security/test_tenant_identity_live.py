@@ -195,3 +195,51 @@ def test_a_serve_replica_takes_tenants_only_through_the_router(kv_cluster):
         r = httpx.post(c.replica_url(DECODE) + "/v1/completions", json=body, headers=headers, timeout=30)
         assert 400 <= r.status_code < 500 and "router" in r.json()["error"]["message"], (who, r.status_code, r.text)
     assert c.direct(DECODE, body).status_code == 200  # the router's own calls pass
+
+
+@pytest.fixture(scope="module")
+def engines(stories_path):
+    """Two real stories260K replicas, under ``priority`` and ``fcfs``, each recording the priority its engine
+    queues every request at (LLMEngine.add_request)."""
+    from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.runtime import ReplicaRuntime
+    from kvmesh.replica.server.config import ReplicaServerConfig
+
+    runtimes, seen = {}, {}
+    try:
+        for policy in ("priority", "fcfs"):
+            config = EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, scheduling_policy=policy)
+            rt = runtimes[policy] = ReplicaRuntime.start(config, ReplicaServerConfig(port=0, event_port=None))
+            engine, seen[policy] = rt.llm.engine, []
+            add = engine.add_request
+
+            def record(*args, _add=add, _seen=seen[policy], **kw):
+                _seen.append(kw.get("priority", 0))
+                return _add(*args, **kw)
+
+            engine.add_request = record
+        yield runtimes, seen
+    finally:
+        for rt in runtimes.values():
+            rt.shutdown(graceful_s=0.5)
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_the_engine_queues_a_request_at_the_priority_the_router_granted(engines, tokenizer, tmp_path, policy):
+    from kvmesh.router.config import ReplicaSpec
+
+    runtimes, seen = engines
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS_FILE)
+    cfg = RouterConfig(port=0, block_size=16, api_key=SHARED, upstream=UpstreamConfig(poll_interval_s=0.05),
+                       admission=AdmissionConfig(keys_file=str(keys)))
+    router = RouterServer(cfg, [ReplicaSpec(runtimes[policy].http.url, replica_id="r")], tokenizer=tokenizer).start()
+    try:
+        wait_for(lambda: router.runtime.router.loads.loads["r"].scheduling_policy == policy, what="/load's policy")
+        seen[policy].clear()
+        for key, asked in ((KEYS["batch"], -1000), (KEYS["batch"], None), (SHARED, -5)):
+            r = _post(router, key, {"prompt": "Once upon a time", **({} if asked is None else {"priority": asked})})
+            assert r.status_code == 200, r.text  # under fcfs a forwarded -1000 would be the replica's 400
+        assert seen[policy] == ([10, 10, 0] if policy == "priority" else [0, 0, 0])
+    finally:
+        router.stop()
