@@ -124,3 +124,13 @@ def test_after_a_reload_from_other_weights_every_replica_answers_as_the_new_weig
     text = fresh.json()["choices"][0]["text"]
     assert first.json()["choices"][0]["text"] != text  # the old and new weights do differ on this prompt
     assert away.json()["choices"][0]["text"] == text and back.json()["choices"][0]["text"] == text
+
+
+def test_an_adapter_with_weights_that_are_not_finite_is_a_400_through_the_router(cluster, weights, tmp_path):
+    from ..replica.test_lora_identity import poisoned
+
+    tensor = poisoned(weights / "old", tmp_path / "nan", float("inf"))
+    r = httpx.post(cluster.url + "/v1/load_lora_adapter", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60,
+                   json={"lora_name": "bad", "lora_path": str(tmp_path / "nan")})
+    assert r.status_code == 400 and tensor in r.json()["error"]["message"], r.text
+    assert "bad" not in cluster.runtime.models.catalog.adapters()
