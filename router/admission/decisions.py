@@ -62,10 +62,8 @@ class Admission:
     # ---------------------------------------------------------------- arrival
     def priority_of(self, tenant: Tenant, asked: int | None) -> int:
         """The request's priority: what it asked (header or body), else its tenant's default; never better than
-        the tenant's ``min_priority`` (the keys file's; by default its default priority)."""
-        if asked is None:
-            return tenant.priority if tenant.priority is not None else 0
-        return asked if tenant.min_priority is None else max(asked, tenant.min_priority)
+        the tenant's ``min_priority`` (``Tenant.grant``, as the router's proxy grants it)."""
+        return tenant.grant(asked)
 
     def deadline_of(self, priority: int, header_s: float | None, now: float) -> float | None:
         """When its first token is due: the header's deadline, else its priority class's (None: none)."""
