@@ -93,6 +93,9 @@ class UpstreamConfig:
     only replicas that have it serve it."""
     adapter_load_timeout_s: float = 30.0
     """Seconds one adapter load on a replica may take before the request tries another replica."""
+    kv_peers_renew_s: float = 10.0
+    """Seconds between the router's registrations of its replica set on the replicas with KV transfer on (POST
+    /kv/peers, router/control/kv_peers.py); a replica drops the set of a router that missed three."""
     replica_api_key: str | None = field(default=None, repr=False, metadata={"cli": True})
     """Bearer token sent to replicas, if they require one (and no internal_key is set)."""
 
@@ -107,6 +110,8 @@ class UpstreamConfig:
                 raise ValueError(f"{name} must be positive seconds (or None for no deadline), got {value}")
         if self.poll_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("poll_interval_s and connect_timeout_s must be positive")
+        if not 0 < self.kv_peers_renew_s <= 1200:  # 3 renewals: a replica keeps a registration an hour at most
+            raise ValueError(f"kv_peers_renew_s must be in (0, 1200] seconds, got {self.kv_peers_renew_s}")
         if not self.adapter_load_timeout_s > 0:
             raise ValueError(f"adapter_load_timeout_s must be positive seconds, got {self.adapter_load_timeout_s}")
         if self.replica_api_key is not None and not self.replica_api_key:

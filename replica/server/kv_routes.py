@@ -14,8 +14,10 @@
                          leased blocks). 413 for a body over 12 bytes per token of max_model_len + 4 KiB, 400
                          for more than max_model_len token ids (checked before anything is hashed).
     POST /kv/release     {"lease_id": str} -> {"released_blocks": int}; 404 for an unknown or expired lease
-    POST /kv/peers       {"peers": [{"replica_id": str, "url": str}, ...]} -> {"peers": int}: the router's
-                         replica set, replacing the last one (kv_peers.py: whom this replica may pull from)
+    POST /kv/peers       {"router_id": str?, "ttl_s": float?, "peers": [{"replica_id": str, "url": str}, ...]}
+                         -> {"peers": int, "routers": int}: a router's replica set, replacing that router's last
+                         one and lapsing after ttl_s unless renewed; the peers are every router's, merged
+                         (kv_peers.py: whom this replica may pull from)
 
 503 when the replica has KV transfer off. The prompt is hashed on a worker thread; leasing and releasing run on
 the engine thread (its command queue), which only looks the hashes up.
@@ -44,6 +46,8 @@ BODY_SLACK_BYTES = 4096
 """Room for the rest of a /kv/lease body (salt, lease id, ttl)."""
 MAX_PEERS = 4096
 """Most replicas one /kv/peers body may register."""
+MAX_REGISTRATION_TTL_S = 3600.0
+"""The longest a /kv/peers registration may live without being renewed."""
 
 
 class LeaseRequest(OpenAIBaseModel):
@@ -69,6 +73,10 @@ class Peer(OpenAIBaseModel):
 
 class PeersRequest(OpenAIBaseModel):
     peers: Annotated[list[Peer], Field(max_length=MAX_PEERS)]
+    router_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """The registering router (its set replaces only its own); None: one anonymous router's."""
+    ttl_s: Annotated[float, Field(gt=0, le=MAX_REGISTRATION_TTL_S)] | None = None
+    """Seconds the set lives unless the router registers again; None: until replaced."""
 
 
 def lease_body_limit(max_model_len: int) -> int:
@@ -126,7 +134,8 @@ def install_kv_routes(app: FastAPI, state: ServerState) -> None:
         kv = service()
         req = await read_request(http, PeersRequest, state.frontend, state.renderer.run)
         try:
-            registered = kv.registry.replace([(p.replica_id, p.url) for p in req.peers])
+            registered = kv.registry.replace([(p.replica_id, p.url) for p in req.peers], req.router_id or "",
+                                             req.ttl_s)
         except ValueError as e:
             raise ProtocolError(str(e), param="peers") from None
-        return JSONResponse({"peers": registered})
+        return JSONResponse({"peers": registered, "routers": kv.registry.num_routers})

@@ -1,20 +1,25 @@
 """Registering the replica set on the replicas with KV transfer on: ``POST /kv/peers`` (the internal key).
 
 A replica pulls only from a registered peer's ``remote_url`` (replica/server/kv_peers.py), so the router tells
-each one the set it routes to, ``{"peers": [{"replica_id", "url"}, ...]}``, replacing the last one:
+each one the set it routes to, ``{"router_id", "ttl_s", "peers": [{"replica_id", "url"}, ...]}``. The replica
+keeps one set per router (``router_id``: this router's, made at start) and merges them, so routers in front of the
+same replicas never replace each other's; this router's set replaces its own last one:
 
     a replica added, re-registered or removed     -> every healthy replica with transfer on (in the background)
     a replica turning healthy (a probe, or its     -> awaited before it is routed to: that replica and every
     probe request after an ejection)                 healthy one, so a restarted replica gets the set again
+    every upstream.kv_peers_renew_s               -> every healthy replica with transfer on (the renewal)
 
-A push that fails is logged and retried at the next transition; until then that replica computes its prompts
-instead of pulling them.
+A registration lapses ``RENEWALS_TO_LAPSE`` renewals after it was made (``ttl_s``), so a router that stopped
+leaves no peers behind. A push that fails is logged and retried at the next renewal; until then that replica
+computes its prompts instead of pulling them (or pulls by another router's set).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
@@ -25,6 +30,8 @@ if TYPE_CHECKING:
     from kvmesh.router.routing.kv_router import KVRouter
 
 logger = logging.getLogger(__name__)
+RENEWALS_TO_LAPSE = 3
+"""A registration's ttl_s, in renewals: a replica keeps this router's set until it missed this many."""
 
 
 class PeersRuntime(Protocol):
@@ -45,15 +52,32 @@ class KVPeerRegistry:
         self.runtime = runtime
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.router_id = f"router-{secrets.token_hex(8)}"
+        """Who registers (a replica keeps one set per router); new at each start of the router."""
         self.pushes = 0
         """``POST /kv/peers`` answered 200 (tests read it)."""
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On ``loop``, inside it: renew the registrations every ``upstream.kv_peers_renew_s`` from now on."""
         self._loop = loop
+        task = loop.create_task(self._renew())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self.runtime.config.upstream.kv_peers_renew_s)
+            try:
+                await self.push(self._healthy_targets())
+            except Exception:  # noqa: BLE001 - the next renewal tries again; a dead loop would let every set lapse
+                logger.exception("renewing the KV peer registrations failed; retrying in %.3g s",
+                                 self.runtime.config.upstream.kv_peers_renew_s)
 
     def body(self) -> bytes:
         specs = self.runtime.specs.values()
-        return msgspec.json.encode({"peers": [{"replica_id": s.replica_id, "url": s.url} for s in specs]})
+        ttl_s = RENEWALS_TO_LAPSE * self.runtime.config.upstream.kv_peers_renew_s
+        return msgspec.json.encode({"router_id": self.router_id, "ttl_s": ttl_s,
+                                    "peers": [{"replica_id": s.replica_id, "url": s.url} for s in specs]})
 
     def _transfer_on(self, replica_id: str) -> bool:
         load = self.runtime.router.loads.loads.get(replica_id)

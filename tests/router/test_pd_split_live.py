@@ -304,7 +304,7 @@ def test_a_replica_told_no_peers_computes_instead_of_calling_remote_url(trio, st
     wait_for(lambda: len(fake_stats(d)["kv_peers"]) == 2, what="d's peers")
     # d knows only itself, not p. Not an empty set: a /load saying 0 peers makes the router register them again
     # (as after a restart), which could land before the request below.
-    only_d = {"peers": [{"replica_id": "d", "url": d.info["url"]}]}
+    only_d = {"router_id": router.runtime.kv_peers.router_id, "peers": [{"replica_id": "d", "url": d.info["url"]}]}
     httpx.post(d.info["url"] + "/kv/peers", json=only_d, timeout=5).raise_for_status()
     r = post(router, prompt(8200))
     assert answer(r) == ("d", 0)  # p prefilled and leased, d did not call it: computed

@@ -2,8 +2,8 @@
 
 What a router sees is the contract's: ``POST /kv/lease`` (the prompt's leading full blocks this replica's prefix
 cache holds, held under a lease id; with ``lease_id``, that lease for the prompt it holds, else a 409),
-``POST /kv/release`` (404 for an unknown lease), ``POST /kv/peers`` (the router's replica set: the only URLs this
-replica pulls from), ``GET /kv/handshake`` (503 while transfer is off), ``/load``'s ``kv_transfer`` object, and
+``POST /kv/release`` (404 for an unknown lease), ``POST /kv/peers`` (each router's replica set, kept per router as a
+real replica keeps them: the only URLs this replica pulls from), ``GET /kv/handshake`` (503 while transfer is off), ``/load``'s ``kv_transfer`` object, and
 ``kv_transfer_params`` on completions:
 
 - ``{"do_remote_decode": true}`` (prefill side): the prompt goes through the cache, then its blocks are leased and
@@ -28,7 +28,7 @@ import json
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from kvmesh.replica.server.kv_peers import normalize_url
+from kvmesh.replica.server.kv_peers import PeerRegistry, normalize_url
 
 if TYPE_CHECKING:
     from kvmesh.cluster.measure.benchmarks.support.prefix_cache import PrefixCache
@@ -74,8 +74,10 @@ class FakeKVTransfer:
         self.bytes_per_token = 64
         self.leases: dict[str, tuple[int, list[int], str | None]] = {}
         """Lease id -> (blocks held, the prompt's token ids they hold, its salt)."""
-        self.peers: list[str] = []
-        """The registered peers' URLs, normalized (``POST /kv/peers``)."""
+        self.registry = PeerRegistry()
+        """The registered peers, per router, as a real replica keeps them (``POST /kv/peers``)."""
+        self.registrations: list[JSONBody] = []
+        """Every ``POST /kv/peers`` body's ``router_id`` and ``ttl_s``, in order."""
         self.released = 0
         self.received: list[JSONBody] = []
         """Every ``kv_transfer_params`` received on a completion, in order."""
@@ -91,17 +93,19 @@ class FakeKVTransfer:
         self.received.clear()
         self.leases.clear()
         self.released = 0
-        self.peers = []
+        self.registry = PeerRegistry()
+        self.registrations.clear()
 
     def load_field(self) -> JSONBody:
         """``/load``'s ``kv_transfer`` object."""
         return {"enabled": self.enabled, "pull_bytes_per_s": self.pull_bytes_per_s,
                 "bytes_per_token": self.bytes_per_token if self.enabled else None,
-                "registered_peers": len(self.peers) if self.enabled else None}
+                "registered_peers": self.registry.num_registered if self.enabled else None}
 
     def stats(self) -> JSONBody:
         return {"kv_transfer_params": list(self.received), "leases_active": len(self.leases),
-                "leases_released": self.released, "kv_peers": list(self.peers)}
+                "leases_released": self.released, "kv_peers": sorted(self.registry.urls()),
+                "kv_peer_registrations": list(self.registrations)}
 
     @staticmethod
     def params_of(body: JSONBody) -> JSONBody | None:
@@ -138,12 +142,17 @@ class FakeKVTransfer:
                 "remote_engine_id": self.name, "expires_in_s": 30.0}
 
     def register(self, body: JSONBody) -> tuple[int, JSONBody]:
-        """``POST /kv/peers``: the router's replica set replaces the registered peers."""
+        """``POST /kv/peers``: a router's replica set replaces that router's last one (replica/server/kv_peers.py)."""
         peers = body.get("peers")
         if not isinstance(peers, list) or not all(isinstance(p, dict) and isinstance(p.get("url"), str) for p in peers):
             return 400, _error("peers must be a list of {replica_id, url}", 400)
-        self.peers = [u for u in (normalize_url(p["url"]) for p in peers) if u is not None]
-        return 200, {"peers": len(self.peers)}
+        self.registrations.append({"router_id": body.get("router_id"), "ttl_s": body.get("ttl_s")})
+        try:
+            registered = self.registry.replace([(str(p.get("replica_id")), p["url"]) for p in peers],
+                                               str(body.get("router_id") or ""), body.get("ttl_s"))
+        except ValueError as e:
+            return 400, _error(str(e), 400)
+        return 200, {"peers": registered, "routers": self.registry.num_routers}
 
     def release(self, body: JSONBody) -> tuple[int, JSONBody]:
         """``POST /kv/release``: 200 with the blocks let go, 404 for an unknown lease."""
@@ -166,7 +175,7 @@ class FakeKVTransfer:
         url = params.get("remote_url")
         if not isinstance(url, str):
             raise BadTransferParams("kv_transfer_params.remote_url must be the holder's http://HOST:PORT")
-        if normalize_url(url) not in self.peers:
+        if self.registry.resolve(url) is None:
             return 0, "skipped"  # not a registered peer: no call at all
         own = self.cache.held_tokens(ids, salt) if self.cache is not None else 0
         lease_id = params.get("remote_lease_id") or None
