@@ -168,6 +168,28 @@ def _top_logprobs(ask: Ask) -> None:
     assert all(len(position["top_logprobs"]) == 2 for position in content)
 
 
+def tokens_as_ids(logprobs: dict) -> Callable[[Ask], None]:
+    """``return_tokens_as_token_ids``: logprobs name tokens ``token_id:{id}``, not by their text."""
+    def probe(ask: Ask) -> None:
+        def tokens(fields: dict) -> list[str]:
+            choice = ok(ask({**logprobs, **fields}))["choices"][0]["logprobs"]
+            return [c["token"] for c in choice["content"]] if "content" in choice else choice["tokens"]
+        assert not any(t.startswith("token_id:") for t in tokens({}))
+        as_ids = tokens({"return_tokens_as_token_ids": True})
+        assert as_ids and all(t.startswith("token_id:") and t[len("token_id:"):].isdigit() for t in as_ids)
+    return probe
+
+
+def _truncate_prompt_tokens(ask: Ask) -> None:
+    assert ok(ask({}))["usage"]["prompt_tokens"] > 2
+    assert ok(ask({"truncate_prompt_tokens": 2}))["usage"]["prompt_tokens"] == 2
+
+
+def _truncation_side(ask: Ask) -> None:
+    left, right = (ok(ask({"truncate_prompt_tokens": 2, "truncation_side": side})) for side in ("left", "right"))
+    assert left["usage"]["prompt_tokens"] == right["usage"]["prompt_tokens"] == 2 and text(left) != text(right)
+
+
 def _best_of(ask: Ask) -> None:
     sampled = {"temperature": 1.0, "seed": 5, "max_tokens": 16}
     assert ok(ask({**sampled, "best_of": 3}))["usage"]["completion_tokens"] > ok(ask(sampled))["usage"][
@@ -196,6 +218,8 @@ COMMON: dict[str, Callable[[Ask], None]] = {
     "return_token_ids": _return_token_ids,
     "cache_salt": read_as("cache_salt", ""),
     "kv_transfer_params": read_as("kv_transfer_params", {"do_remote_decode": "yes"}),
+    "truncate_prompt_tokens": _truncate_prompt_tokens,
+    "truncation_side": _truncation_side,
 }
 """Probes of the fields both endpoints implement."""
 COMPLETIONS = COMMON | {
@@ -204,6 +228,7 @@ COMPLETIONS = COMMON | {
     "logprobs": _completion_logprobs,
     "best_of": _best_of,
     "add_special_tokens": changes_prompt_tokens("add_special_tokens", False),
+    "return_tokens_as_token_ids": tokens_as_ids({"logprobs": 1}),
 }
 CHAT = COMMON | {
     "messages": changes_prompt_tokens("messages", [{"role": "user", "content": "tell me a story"}]),
@@ -213,4 +238,5 @@ CHAT = COMMON | {
     "add_generation_prompt": changes_prompt_tokens("add_generation_prompt", False),
     "add_special_tokens": changes_prompt_tokens("add_special_tokens", True),
     "chat_template": read_as("chat_template", "{{ messages }}"),
+    "return_tokens_as_token_ids": tokens_as_ids({"logprobs": True, "top_logprobs": 1}),
 }

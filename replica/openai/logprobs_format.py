@@ -78,6 +78,12 @@ def token_decoder(hf_tokenizer: HFTokenizerLike) -> TokenDecoder:
     return decode
 
 
+def token_id_text(token_id: int) -> str:
+    """A token as ``"token_id:{id}"`` (vLLM's ``return_tokens_as_token_ids``: tokens whose text is not valid
+    UTF-8 alone stay identifiable)."""
+    return f"token_id:{token_id}"
+
+
 def _clamp(logprob: float) -> float:
     return max(logprob, MIN_LOGPROB)
 

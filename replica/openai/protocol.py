@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.openai.responses import OpenAIBaseModel
+from kvmesh.replica.openai.vllm_extras import VLLMExtraFields
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.json_types import JSONObject
 from kvmesh.replica.serving.sampling_params import (
@@ -44,8 +45,8 @@ class StreamOptions(OpenAIBaseModel):
     """Attach the running usage to every chunk."""
 
 
-class SamplingFields(OpenAIBaseModel):
-    """Fields shared by completions and chat completions."""
+class SamplingFields(VLLMExtraFields):
+    """Fields shared by completions and chat completions (vLLM's extras: vllm_extras.py)."""
 
     model: str | None = None
     temperature: float | None = None
@@ -71,10 +72,6 @@ class SamplingFields(OpenAIBaseModel):
     """Token id (as a string key, as OpenAI sends it) -> bias in [-100, 100] added to its logit."""
     kv_transfer_params: KVTransferParams | None = None
     """(vLLM's NixlConnector) Move the prompt's KV between replicas (openai/kv_transfer_params.py)."""
-    include_stop_str_in_output: Flag = False
-    """(vLLM) Keep the stop string, or the stop token's text, at the end of the output."""
-    skip_special_tokens: Flag = True
-    """(vLLM) Leave special tokens (``</s>``, ...) out of the output text."""
     priority: Priority = 0
     """(vLLM) Scheduling priority: lower is served first (``--scheduling-policy priority``), within
     +-PRIORITY_LIMIT. Through a router, the priority its admission granted replaces it (README "Overload")."""
@@ -90,6 +87,7 @@ class SamplingFields(OpenAIBaseModel):
             raise ProtocolError(f"seed must fit in 64 bits, got {self.seed}", param="seed")
         if self.cache_salt is not None and not self.cache_salt:
             raise ProtocolError("cache_salt must be a non-empty string when given", param="cache_salt")
+        rf.refuse_unimplemented(self)
 
     def continuation_seed(self, num_generated: int) -> int | None:
         """The seed under which this request, re-started after ``num_generated`` tokens (a migrated stream),
@@ -153,8 +151,7 @@ class SamplingFields(OpenAIBaseModel):
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 logit_bias=self._logit_bias(),
-                skip_special_tokens=self.skip_special_tokens,
-                include_stop_str_in_output=self.include_stop_str_in_output,
+                skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
             )
         except SamplingParamsError as e:
             raise ProtocolError(f"bad sampling parameters: {echo(str(e))}", param=e.param) from None
@@ -177,8 +174,6 @@ class CompletionRequest(SamplingFields, rf.RefusedCompletionFields):
     best_of: Count | None = None
     """Sample this many choices and return the ``n`` with the highest cumulative logprob (not streamable)."""
     suffix: str | None = None
-    add_special_tokens: Flag = True
-    """(vLLM) Encode a text prompt with the tokenizer's special tokens (BOS)."""
 
     def _max_tokens(self) -> int | None:
         return 1 if self.prompt_only else self.max_tokens  # the engine samples one token; it is not returned
@@ -203,7 +198,6 @@ class CompletionRequest(SamplingFields, rf.RefusedCompletionFields):
                 raise ProtocolError("best_of > n cannot be streamed; send stream=false", param="best_of")
         if self.suffix:
             raise ProtocolError("suffix is not supported by this server; leave it unset", param="suffix")
-        rf.refuse_unimplemented(self, rf.BOTH | rf.COMPLETION_ONLY)
 
     def prompts(self) -> list[str | list[int]]:
         """Every prompt of the request: a text, a list of token ids, or a list of either (choices are
@@ -260,8 +254,6 @@ class ChatCompletionRequest(SamplingFields, rf.RefusedChatFields):
     top_logprobs: Count | None = None
     """And of this many most likely tokens per position (needs ``logprobs: true``)."""
     add_generation_prompt: Flag = True
-    add_special_tokens: Flag = False
-    """(vLLM) Encode the rendered chat with the tokenizer's special tokens too (the template usually has them)."""
     chat_template: str | None = None
     tools: list[JSONObject] | None = None
     response_format: JSONObject | None = None
@@ -291,7 +283,6 @@ class ChatCompletionRequest(SamplingFields, rf.RefusedChatFields):
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise ProtocolError("only response_format {'type': 'text'} is supported (no JSON mode)",
                                 param="response_format")
-        rf.refuse_unimplemented(self, rf.BOTH | rf.CHAT_ONLY)
 
     def template_messages(self) -> list[JSONObject]:
         return [m.to_template_dict() for m in self.messages]

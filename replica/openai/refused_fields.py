@@ -35,13 +35,10 @@ BOTH: dict[str, Refusal] = {
     "use_beam_search": Refusal("beam search is not implemented", (None, False)),
     "length_penalty": Refusal("it scores beam search, which is not implemented", (None, 1.0)),
     "watermarking": Refusal("output watermarking is not implemented", (None, False)),
-    "truncate_prompt_tokens": Refusal("prompts are not truncated; shorten the prompt"),
-    "truncation_side": Refusal("prompts are not truncated; shorten the prompt"),
     "prompt_logprobs": Refusal("prompt logprobs come only with echo and logprobs (completions)"),
     "logprob_token_ids": Refusal("logprobs of chosen token ids are not implemented; use logprobs", _EMPTY),
     "allowed_token_ids": Refusal("allowed_token_ids is not implemented; use logit_bias", _EMPTY),
     "bad_words": Refusal("bad_words is not implemented; use logit_bias for single tokens", _EMPTY),
-    "return_tokens_as_token_ids": Refusal("logprobs' tokens are always text", (None, False)),
     "ec_transfer_params": Refusal("there is no encoder cache to transfer (text-only models)", _EMPTY),
     "vllm_xargs": Refusal("this server has no extensions that read vllm_xargs", _EMPTY),
     "repetition_detection": Refusal("repetition detection is not implemented; use max_tokens"),
@@ -81,9 +78,14 @@ RefusedChatFields = create_model("RefusedChatFields", __base__=OpenAIBaseModel, 
 """The same for a chat completion request."""
 
 
-def refuse_unimplemented(request: OpenAIBaseModel, table: dict[str, Refusal]) -> None:
-    """A 400 naming the first field of ``table`` that ``request`` sets to something other than unset."""
-    for name, refusal in table.items():
+def refused(request: OpenAIBaseModel) -> dict[str, Refusal]:
+    """The refused fields of ``request``'s endpoint."""
+    return BOTH | (CHAT_ONLY if isinstance(request, RefusedChatFields) else COMPLETION_ONLY)
+
+
+def refuse_unimplemented(request: OpenAIBaseModel) -> None:
+    """A 400 naming the first refused field that ``request`` sets to something other than unset."""
+    for name, refusal in refused(request).items():
         if not refusal.allows(getattr(request, name)):
             raise ProtocolError(f"{name} is not supported by this server ({refusal.why}); leave it unset",
                                 param=name)

@@ -137,10 +137,18 @@ class PromptRenderer:
                 if not req.prompt_token_ids:
                     raise ProtocolError("prompt_token_ids is empty; send at least one token",
                                         param="prompt_token_ids")
-                return await self.completion(req.prompt_token_ids)
-            return await self.chat(req.template_messages(), req.add_generation_prompt, req.chat_template,
-                                   req.add_special_tokens)
-        return await self.completion(req.single_prompt(), req.add_special_tokens)
+                ids = await self.completion(req.prompt_token_ids)
+            else:
+                ids = await self.chat(req.template_messages(), req.add_generation_prompt, req.chat_template,
+                                      bool(req.add_special_tokens))
+            return req.truncated(ids, self.require_tokenizer().max_model_len)
+        return (await self.prompts(req, first_only=True))[0]
+
+    async def prompts(self, req: p.CompletionRequest, first_only: bool = False) -> list[list[int]]:
+        """Token ids of every prompt of a completion request (or of its first), as the replica computes them."""
+        limit, special = self.require_tokenizer().max_model_len, req.add_special_tokens is not False
+        prompts = [req.single_prompt()] if first_only else req.prompts()
+        return [req.truncated(await self.completion(prompt, special), limit) for prompt in prompts]
 
     async def tokenize(self, req: p.TokenizeRequest) -> list[int]:
         """``POST /tokenize``: exactly one of ``prompt`` / ``messages``; ``add_special_tokens`` defaults to

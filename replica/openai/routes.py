@@ -70,8 +70,7 @@ def install_shared_routes(app: FastAPI, renderer: PromptRenderer, check_model: C
     async def render_completion(http: Request):
         req = await read(http, p.CompletionRequest)
         check_body(http, req)
-        return [rendered(req, await renderer.completion(prompt, req.add_special_tokens), "cmpl")
-                for prompt in req.prompts()]
+        return [rendered(req, ids, "cmpl") for ids in await renderer.prompts(req)]
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(http: Request):

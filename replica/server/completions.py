@@ -81,8 +81,7 @@ class OpenAIHandlers:
     # ------------------------------------------------------------ entry points
     async def completions(self, http: Request) -> Response:
         req = await self._read(http, p.CompletionRequest)
-        prompts = [await self.state.renderer.completion(prompt, req.add_special_tokens) for prompt in req.prompts()]
-        return await self._serve(http, req, prompts)
+        return await self._serve(http, req, await self.state.renderer.prompts(req))
 
     async def chat(self, http: Request) -> Response:
         req = await self._read(http, p.ChatCompletionRequest)
@@ -149,30 +148,30 @@ class OpenAIHandlers:
         return JSONResponse(payload, headers={"X-Request-Id": request_id, **kv_headers})
 
     # ------------------------------------------------------------ logprobs (openai/logprobs_format.py)
-    def _decode_token(self) -> lf.TokenDecoder:
-        """One token alone -> its text (built on first use; caches what it decoded)."""
+    def _decode_token(self, req: OpenAIRequest) -> lf.TokenDecoder:
+        """One token alone -> its text (built on first use; caches what it decoded), or its id as text."""
         if self._token_decoder is None:
             self._token_decoder = lf.token_decoder(self.state.tokenizer.hf)
-        return self._token_decoder
+        return lf.token_id_text if req.return_tokens_as_token_ids else self._token_decoder
 
     def _echo_text(self, req: p.CompletionRequest, out: RequestOutput, prompt_index: int) -> str:
-        """The echoed prompt: as sent when it was text, else its tokens decoded."""
-        prompt = req.prompts()[prompt_index]
-        return prompt if isinstance(prompt, str) else self.state.tokenizer.decode(out.prompt_token_ids)
+        """The echoed prompt: as sent when it was text (and not truncated), else the tokens it ran decoded."""
+        prompt, cut = req.prompts()[prompt_index], req.truncate_prompt_tokens is not None
+        return prompt if isinstance(prompt, str) and not cut else self.state.tokenizer.decode(out.prompt_token_ids)
 
     def _completion_choice(self, req: p.CompletionRequest, index: int, final: RequestOutput, candidate: ps.Candidate,
                            prompt_logprobs: PromptLogprobs | None) -> r.CompletionChoice:
         text = self._echo_text(req, final, candidate.prompt_index) + final.text if req.echo else final.text
         logprobs = None if req.logprobs is None else lf.choice_logprobs(
             final.prompt_token_ids, prompt_logprobs, final.output_token_ids, final.logprobs, req.logprobs,
-            self._decode_token(), req.echo)
+            self._decode_token(req), req.echo)
         return r.CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=final.finish_reason)
 
     def _chat_logprobs(self, req: p.ChatCompletionRequest, token_ids: list[int],
                        entries: list[TokenLogprobs] | None) -> dict | None:
         if not req.logprobs or entries is None:
             return None
-        return lf.chat_logprobs(token_ids, entries, req.top_logprobs or 0, self._decode_token())
+        return lf.chat_logprobs(token_ids, entries, req.top_logprobs or 0, self._decode_token(req))
 
     async def _collect_or_abort(self, http: Request, candidates: list[ps.Candidate],
                                 stream_list: list[Outputs]) -> list[RequestOutput]:
@@ -256,7 +255,7 @@ class OpenAIHandlers:
             if req.logprobs is not None:
                 logprobs = lf.choice_logprobs(
                     out.prompt_token_ids, out.prompt_logprobs, out.new_token_ids,
-                    out.new_logprobs or [None] * len(out.new_token_ids), req.logprobs, self._decode_token(), echo,
+                    out.new_logprobs or [None] * len(out.new_token_ids), req.logprobs, self._decode_token(req), echo,
                     text_offsets[i])
                 text_offsets[i] += sum(map(len, logprobs["tokens"]))
             chunk = r.CompletionChunk(

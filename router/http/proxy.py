@@ -124,7 +124,7 @@ class Forwarder:
         if chat:
             prompts = [await renderer.request(req)]
         else:  # a batch of prompts is routed by its first; every prompt is checked, as the replica does
-            prompts = [await renderer.completion(prompt, req.add_special_tokens) for prompt in req.prompts()]
+            prompts = await renderer.prompts(req)
         params: list[SamplingParams] = [req.to_sampling_params(len(ids), tokenizer.max_model_len) for ids in prompts]
         return req, prompts, params[0] if params else None, pool
 

@@ -1,0 +1,41 @@
+"""vLLM's request fields beyond OpenAI's that kvmesh implements on both endpoints: the output text's rules, logprobs'
+token names, and prompt truncation (the fields kvmesh refuses are in refused_fields.py).
+
+Truncation keeps ``truncate_prompt_tokens`` tokens of the rendered prompt (-1: the model's context) from its end
+(``truncation_side`` "left", the default) or its start ("right"), as vLLM's renderer does; the router and the
+replica truncate alike (openai/renderer.py), so the router routes and prices the prompt the replica runs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from kvmesh.replica.openai.responses import OpenAIBaseModel
+from pydantic import Field
+
+_Flag = Annotated[bool, Field(strict=True)]
+
+
+class VLLMExtraFields(OpenAIBaseModel):
+    """The fields (a mixin of ``SamplingFields``)."""
+
+    include_stop_str_in_output: _Flag = False
+    """Keep the stop string, or the stop token's text, at the end of the output."""
+    skip_special_tokens: _Flag = True
+    """Leave special tokens (``</s>``, ...) out of the output text."""
+    return_tokens_as_token_ids: _Flag | None = None
+    """Logprobs name their tokens ``"token_id:{id}"`` instead of their text."""
+    truncate_prompt_tokens: Annotated[int, Field(strict=True, ge=-1)] | None = None
+    """Keep at most this many prompt tokens (-1: the model's context); None: the prompt as it is."""
+    truncation_side: Literal["left", "right"] | None = None
+    """Where truncation cuts: "left" (the default) keeps the prompt's last tokens, "right" its first."""
+    add_special_tokens: _Flag | None = None
+    """Encode the prompt with the tokenizer's special tokens (BOS); None: the endpoint's rule, as vLLM's defaults
+    (a completion's text yes, a rendered chat no: its template has them)."""
+
+    def truncated(self, ids: list[int], max_model_len: int) -> list[int]:
+        """``ids`` cut to ``truncate_prompt_tokens`` (the same list when it fits or truncation is off)."""
+        keep = max_model_len if self.truncate_prompt_tokens == -1 else self.truncate_prompt_tokens
+        if keep is None or len(ids) <= keep:
+            return ids
+        return ids[:keep] if self.truncation_side == "right" else ids[len(ids) - keep:]
