@@ -27,7 +27,7 @@ import hmac
 from collections.abc import Callable
 
 from kvmesh.replica.openai.errors import error_response
-from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.errors import ProtocolError, echo
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 PUBLIC_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/load", "/get_load"})
@@ -92,21 +92,21 @@ class AuthMiddleware:
             return None
         if self.internal is not None and self.is_kv_plane(path):
             if any(key is not None and hmac.compare_digest(header, key) for key in (self.api, self.admin)):
-                return ProtocolError(f"{method} {path}: {KV_PLANE_REFUSED}", 403)
-            return ProtocolError(f"{method} {path} needs the cluster's internal key; send "
+                return ProtocolError(f"{method} {echo(path)}: {KV_PLANE_REFUSED}", 403)
+            return ProtocolError(f"{method} {echo(path)} needs the cluster's internal key; send "
                                  "'Authorization: Bearer <internal key>'", 401)
         if self.is_admin(method, path):
             if self.admin is None:
-                return ProtocolError(f"{method} {path} is the admin plane (the replica set, adapters) and the admin "
+                return ProtocolError(f"{method} {echo(path)} is the admin plane (the replica set, adapters) and the admin "
                                      "API is disabled: give this server an admin key (admin_key, KVMESH_ADMIN_KEY) "
                                      "to enable it", 403)
             if not hmac.compare_digest(header, self.admin):
-                return ProtocolError(f"{method} {path} needs the admin key ('Authorization: Bearer <admin key>'); "
+                return ProtocolError(f"{method} {echo(path)} needs the admin key ('Authorization: Bearer <admin key>'); "
                                      "the tenants' API key is not enough", 403)
             return None
         if self.router_only:
             tenant = self.api is not None and hmac.compare_digest(header, self.api)
-            return ProtocolError(f"{method} {path}: this replica takes requests only from its router (the cluster's "
+            return ProtocolError(f"{method} {echo(path)}: this replica takes requests only from its router (the cluster's "
                                  "internal key); send them to the router", 403 if tenant else 401)
         if self.api is None and self.tenant_key is None:
             return None

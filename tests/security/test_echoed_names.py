@@ -86,3 +86,15 @@ def test_a_long_field_is_cut_in_the_validation_error(body):
         parse_request(CompletionRequest, {"model": "stories", "prompt": "hi", **body}).to_sampling_params(8, 64)
     assert refused.value.status_code == 400
     assert_cut(refused.value.message)
+
+
+def test_a_long_path_is_cut_in_an_auth_refusal():
+    from kvmesh.replica.openai.auth import AuthMiddleware
+
+    auth = AuthMiddleware(None, api_key="tenant-key-1", admin_key="admin-key-1", internal_key="internal-key-1",
+                          is_kv_plane=lambda path: path.startswith("/kv/"),
+                          is_admin=lambda method, path: path.startswith("/admin/"))
+    for path in ("/kv/" + LONG, "/admin/" + LONG):
+        refused = auth.refusal("POST", path, b"Bearer tenant-key-1")
+        assert refused is not None and 400 <= refused.status_code < 500
+        assert_cut(refused.message)
