@@ -114,7 +114,7 @@ class AdapterLoads:
         base = base or (bases[0] if bases else None)
         holding = catalog.base_holding(name)
         if holding is not None and base is not None and holding != base:
-            raise ProtocolError(f"adapter `{name}` belongs to base model `{holding}` on this router (one adapter name, "
+            raise ProtocolError(f"adapter `{echo(name)}` belongs to base model `{holding}` on this router (one adapter name, "
                                 f"one base model); unload it first or load this one under another name", 409,
                                 param="lora_name")
         catalog.learn_adapter(name, path, base)
