@@ -38,7 +38,8 @@ def refused_rows() -> list[tuple[str, dict, str]]:
 
 
 IGNORED_VALUES = {"user": "someone", "metadata": {"k": "v"}, "session_id": "session-1",
-                  "spaces_between_special_tokens": False, "return_token_offsets": True, "return_mm_kwargs": False}
+                  "spaces_between_special_tokens": False, "return_token_offsets": True, "return_mm_kwargs": False,
+                  "service_tier": "flex", "store": True}
 """A value each ignored parameter is sent with (1 for the others)."""
 
 

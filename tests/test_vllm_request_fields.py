@@ -37,6 +37,9 @@ SET = {  # a value each refused field means something with
     "echo": True, "best_of": 2, "continue_final_message": True, "documents": [{"title": "a", "text": "b"}],
     "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low", "include_reasoning": False,
     "return_prompt_text": True, "media_io_kwargs": {"image": {"k": 1}}, "mm_processor_kwargs": {"k": 1},
+    "functions": [{"name": "f", "parameters": {}}], "function_call": "auto", "audio": {"voice": "alloy"},
+    "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
+    "web_search_options": {},
 }
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -72,7 +75,7 @@ def asker(url: str, endpoint: str):
 
 
 def test_the_list_says_where_it_came_from_and_covers_both_models():
-    assert all(source["repository"] == "vllm-project/vllm" and len(source["commit"]) == 40
+    assert all(source["repository"] in ("vllm-project/vllm", "openai/openai-python") and len(source["commit"]) == 40
                for source in DATA["sources"])
     assert len(DATA["completions"]) >= 50 and len(DATA["chat"]) >= 60
     assert set(DATA["completions"].values()) | set(DATA["chat"].values()) <= {

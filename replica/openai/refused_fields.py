@@ -64,6 +64,14 @@ CHAT_ONLY: dict[str, Refusal] = {
                                   (None, False)),
     "media_io_kwargs": Refusal("media inputs are not supported (text-only models)", _EMPTY),
     "mm_processor_kwargs": Refusal("multimodal inputs are not supported (text-only models)", _EMPTY),
+    # OpenAI's own fields that vLLM's chat model lacks (vLLM ignores them; kvmesh says no)
+    "functions": Refusal("functions is OpenAI's deprecated spelling of tools; send tools", _EMPTY),
+    "function_call": Refusal("function_call is OpenAI's deprecated spelling of tool_choice; send tool_choice",
+                             (None, "none")),
+    "audio": Refusal("audio output is not supported (text-only models)"),
+    "modalities": Refusal("only text output is supported", (None, ["text"])),
+    "prediction": Refusal("predicted outputs are not implemented"),
+    "web_search_options": Refusal("there is no web search"),
 }
 
 
