@@ -94,7 +94,6 @@ INVALID = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
     ("/v1/chat/completions/render", {"messages": HI, "tools": [{"type": "function"}]}),
     ("/v1/nothing", {}),
-    ("/v1/completions", {"prompt": "hi", "priority": 3}),  # the replica's fcfs: the router forwards it as sent
 ]
 
 
@@ -105,6 +104,14 @@ def test_same_status_and_error_shape_for_invalid_bodies(pair, path, body):
     assert 400 <= replica.status_code < 500, replica.text
     assert error_shape(replica) == error_shape(router), (replica.text, router.text)
     assert replica.json() == router.json()  # the same words too: one implementation answers
+
+
+def test_the_routers_priority_is_its_own_and_an_fcfs_replica_gets_none(pair):
+    # A replica under fcfs refuses a non-zero priority (vLLM's rule); through the router the priority is the one
+    # admission granted (README "Overload"), sent only to a replica that schedules by it.
+    replica, router = both(pair, "/v1/completions", json.dumps({"prompt": "hi", "priority": 3, "max_tokens": 1}))
+    assert replica.status_code == 400 and "priority" in replica.json()["error"]["message"], replica.text
+    assert router.status_code == 200, router.text
 
 
 MISTYPED = [  # vLLM answers 400; lax parsing would take "2" for 2 and "yes" for true
