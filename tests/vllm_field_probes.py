@@ -14,6 +14,7 @@ from collections.abc import Callable
 import httpx
 
 Ask = Callable[[dict], httpx.Response]
+HI_ONLY = [{"role": "user", "content": "hi"}]
 EOS = "2"  # stories260K's </s>; a +100 logit_bias makes the model end at once
 FORCE_EOS = {"logit_bias": {EOS: 100}}
 
@@ -155,6 +156,16 @@ def _echo(ask: Ask) -> None:
     assert text(ok(ask({"echo": True}))).startswith("Once upon a time")
 
 
+def _chat_echo(ask: Ask) -> None:
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon a time"}]
+    for fields in ({"messages": turn}, {"messages": HI_ONLY, "add_generation_prompt": False}):
+        echoed, plain = ok(ask({**fields, "echo": True})), ok(ask(fields))
+        assert text(echoed) == fields["messages"][-1]["content"] + text(plain)
+    streamed = events(ask({"messages": turn, "echo": True, "stream": True}))
+    assert streamed[0]["choices"][0]["delta"]["content"] == "Once upon a time"
+    assert not text(ok(ask({"echo": True}))).startswith("hi")  # the last message is the user's, not the answer's
+
+
 def _completion_logprobs(ask: Ask) -> None:
     assert ok(ask({"logprobs": 1}))["choices"][0]["logprobs"]["top_logprobs"]
 
@@ -239,4 +250,5 @@ CHAT = COMMON | {
     "add_special_tokens": changes_prompt_tokens("add_special_tokens", True),
     "chat_template": read_as("chat_template", "{{ messages }}"),
     "return_tokens_as_token_ids": tokens_as_ids({"logprobs": True, "top_logprobs": 1}),
+    "echo": _chat_echo,
 }

@@ -52,7 +52,6 @@ COMPLETION_ONLY: dict[str, Refusal] = {
     "prompt_embeds": Refusal("prompt embeddings are not accepted; send text or token ids"),
 }
 CHAT_ONLY: dict[str, Refusal] = {
-    "echo": Refusal("chat echo (the last message before the answer) is not implemented", (None, False)),
     "best_of": Refusal("best_of is for completions; use n", (None, 1)),
     "continue_final_message": Refusal("the chat template is always applied with its generation prompt rules",
                                       (None, False)),

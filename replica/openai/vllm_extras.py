@@ -39,3 +39,18 @@ class VLLMExtraFields(OpenAIBaseModel):
         if keep is None or len(ids) <= keep:
             return ids
         return ids[:keep] if self.truncation_side == "right" else ids[len(ids) - keep:]
+
+
+class ChatEcho(OpenAIBaseModel):
+    """vLLM's chat ``echo`` (a mixin of ``ChatCompletionRequest``, whose ``messages`` it reads)."""
+
+    echo: _Flag = False
+    """Start the answer with the last message's text when that message is of the answer's role: the assistant's,
+    or with ``add_generation_prompt: false`` the last message's own (vLLM's rule), e.g. to continue a reply."""
+
+    def echo_text(self) -> str:
+        """What the answer starts with ("" unless ``echo`` applies)."""
+        if not self.echo or not self.messages:
+            return ""
+        last = self.messages[-1]
+        return last.text() if last.role == "assistant" or not self.add_generation_prompt else ""

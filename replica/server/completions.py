@@ -132,8 +132,9 @@ class OpenAIHandlers:
         choices = ps.select_choices(candidates, finals, req.n)
         body: r.ChatCompletionResponse | r.CompletionResponse
         if isinstance(req, p.ChatCompletionRequest):
+            echo = req.echo_text()
             body = r.ChatCompletionResponse(id=request_id, model=model, usage=usage, choices=[
-                r.ChatCompletionChoice(index=index, message=r.ChatMessageOut(content=final.text),
+                r.ChatCompletionChoice(index=index, message=r.ChatMessageOut(content=echo + final.text),
                                        logprobs=self._chat_logprobs(req, final.output_token_ids, final.logprobs),
                                        finish_reason=final.finish_reason)
                 for index, _, final in choices])
@@ -285,7 +286,7 @@ class OpenAIHandlers:
                                             token_ids=token_ids if ids else None)]))
 
         for c in candidates:
-            yield chunk(ps.choice_index(c, req.n), r.DeltaMessage(role="assistant", content=""), token_ids=[],
+            yield chunk(ps.choice_index(c, req.n), r.DeltaMessage(role="assistant", content=req.echo_text()), token_ids=[],
                         first_ids=c.prompt_token_ids if ids else None)
         async for i, out in ps.merge_streams(stream_list):
             _check_failed(out)

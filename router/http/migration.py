@@ -262,7 +262,7 @@ class MigratingStream:
         token_ids = ids if self.client_ids else None
         choice: r.ChatStreamChoice | r.CompletionChoice
         if self.chat:
-            delta = r.DeltaMessage(role="assistant", content="") if role else r.DeltaMessage(content=text)
+            delta = r.DeltaMessage(role="assistant", content=self.req.echo_text()) if role else r.DeltaMessage(content=text)
             choice = r.ChatStreamChoice(delta=delta, finish_reason=reason, token_ids=token_ids)
         else:
             choice = r.CompletionChoice(text=text, finish_reason=reason, token_ids=token_ids)

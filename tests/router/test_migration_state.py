@@ -160,3 +160,11 @@ def test_a_continuations_stop_token_text_is_output_only_when_asked(stories_path,
     texts = [msgspec.json.decode(e.strip()[6:])["choices"][0]["text"] for e in out if e.strip() != b"data: [DONE]"]
     shown = [a, b] if keep else [a]
     assert "".join(texts) == tokenizer.decode(prompt + shown)[len(tokenizer.decode(prompt)):]
+
+
+def test_a_chat_stream_begun_on_the_continuation_starts_with_its_echo():
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once"}]
+    req = p.ChatCompletionRequest(messages=turn, stream=True, echo=True)
+    s = MigratingStream(req, chat=True, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
+    first = msgspec.json.decode(s.begin_continuation()[0].strip()[6:])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "Once"}
