@@ -48,7 +48,9 @@ MOONCAKE_TRACE = SHARED_DIR / "traces" / "mooncake_synthetic_trace.jsonl"
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
+    "{% for document in documents or [] %}document: {{ document['text'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% if reasoning_effort %} ({{ reasoning_effort }} effort){% endif %}"
+    "{% if enable_thinking is defined and not enable_thinking %} /no_think{% endif %}{% endif %}"
 )
 """A chat template for stories260K, which ships none (servers refuse chat without one, as vLLM does)."""
 

@@ -166,6 +166,11 @@ def _chat_echo(ask: Ask) -> None:
     assert not text(ok(ask({"echo": True}))).startswith("hi")  # the last message is the user's, not the answer's
 
 
+def _chat_template_kwargs(ask: Ask) -> None:
+    changes_prompt_tokens("chat_template_kwargs", {"enable_thinking": False})(ask)
+    assert refused(ask({"chat_template_kwargs": {"messages": []}}), "chat_template_kwargs")
+
+
 def _completion_logprobs(ask: Ask) -> None:
     assert ok(ask({"logprobs": 1}))["choices"][0]["logprobs"]["top_logprobs"]
 
@@ -251,4 +256,7 @@ CHAT = COMMON | {
     "chat_template": read_as("chat_template", "{{ messages }}"),
     "return_tokens_as_token_ids": tokens_as_ids({"logprobs": True, "top_logprobs": 1}),
     "echo": _chat_echo,
+    "chat_template_kwargs": _chat_template_kwargs,
+    "documents": changes_prompt_tokens("documents", [{"title": "pets", "text": "a dog and a cat"}]),
+    "reasoning_effort": changes_prompt_tokens("reasoning_effort", "low"),
 }

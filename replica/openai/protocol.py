@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.openai.responses import OpenAIBaseModel
-from kvmesh.replica.openai.vllm_extras import ChatEcho, VLLMExtraFields
+from kvmesh.replica.openai.vllm_extras import ChatEcho, ChatTemplateArgs, VLLMExtraFields
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.json_types import JSONObject
 from kvmesh.replica.serving.sampling_params import (
@@ -243,7 +243,7 @@ class ChatMessage(OpenAIBaseModel):
         return d
 
 
-class ChatCompletionRequest(SamplingFields, ChatEcho, rf.RefusedChatFields):
+class ChatCompletionRequest(SamplingFields, ChatEcho, ChatTemplateArgs, rf.RefusedChatFields):
     __token_id_fields__ = ("prompt_token_ids",)  # validated in C when token ids (errors.parse_request)
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Count | None = None

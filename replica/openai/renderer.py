@@ -96,19 +96,22 @@ class PromptRenderer:
         return await self.run(tok.render_completion, prompt)
 
     async def chat(self, messages: list[dict[str, JsonValue]], add_generation_prompt: bool = True,
-                   chat_template: str | None = None, add_special_tokens: bool = False) -> list[int]:
+                   chat_template: str | None = None, add_special_tokens: bool = False,
+                   template_kwargs: dict[str, JsonValue] | None = None) -> list[int]:
         """Token ids of a chat: the template output encoded without special tokens (vLLM's rule), or with
         them when a /tokenize caller asks for ``add_special_tokens``. The server's template renders on the loop
         for chats up to ``_INLINE_MAX_CHARS`` / ``_INLINE_MESSAGES``, and its text is encoded there when at
-        most ``_INLINE_CHARS`` of it are new to the tokenizer's cache; other work goes to the pool."""
+        most ``_INLINE_CHARS`` of it are new to the tokenizer's cache; other work goes to the pool.
+        ``template_kwargs`` are more template variables (``ChatTemplateArgs.template_kwargs``)."""
         tok = self.require_tokenizer()
         self._check_template(chat_template)
         chars = sum(len(str(m.get("content") or "")) for m in messages)
+        chars += sum(len(str(value)) for value in (template_kwargs or {}).values())
         self._check_chars(chars, "messages")
 
         def text() -> str:
             try:
-                return tok.apply_chat_template(messages, add_generation_prompt, chat_template)
+                return tok.apply_chat_template(messages, add_generation_prompt, chat_template, template_kwargs)
             except ProtocolError:
                 raise
             except Exception as e:  # a template error is the request's fault (bad roles, ...)
@@ -140,7 +143,7 @@ class PromptRenderer:
                 ids = await self.completion(req.prompt_token_ids)
             else:
                 ids = await self.chat(req.template_messages(), req.add_generation_prompt, req.chat_template,
-                                      bool(req.add_special_tokens))
+                                      bool(req.add_special_tokens), req.template_kwargs())
             return req.truncated(ids, self.require_tokenizer().max_model_len)
         return (await self.prompts(req, first_only=True))[0]
 

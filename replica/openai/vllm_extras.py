@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from kvmesh.replica.openai.responses import OpenAIBaseModel
-from pydantic import Field
+from kvmesh.replica.serving.errors import ProtocolError
+from pydantic import Field, JsonValue
 
 _Flag = Annotated[bool, Field(strict=True)]
 
@@ -39,6 +40,37 @@ class VLLMExtraFields(OpenAIBaseModel):
         if keep is None or len(ids) <= keep:
             return ids
         return ids[:keep] if self.truncation_side == "right" else ids[len(ids) - keep:]
+
+
+RESERVED_TEMPLATE_NAMES = frozenset({"messages", "add_generation_prompt", "continue_final_message", "tools",
+                                     "documents", "chat_template", "tokenize"})
+"""Template variables the request's other fields set; ``chat_template_kwargs`` may not set them."""
+
+
+class ChatTemplateArgs(OpenAIBaseModel):
+    """vLLM's chat fields that become chat template variables (a mixin of ``ChatCompletionRequest``). A template
+    that does not use one renders as without it, as with vLLM."""
+
+    chat_template_kwargs: dict[str, JsonValue] | None = None
+    """More template variables (e.g. ``{"enable_thinking": false}``)."""
+    documents: list[dict[str, str]] | None = None
+    """The template's ``documents`` (retrieval-augmented generation; ``title`` and ``text`` each, by convention)."""
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    """The template's ``reasoning_effort``; it also sets ``enable_thinking`` (false for "none") unless
+    ``chat_template_kwargs`` does."""
+
+    def template_kwargs(self) -> dict[str, JsonValue]:
+        """The template variables besides the chat (a 400 naming ``chat_template_kwargs`` for a reserved one)."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if reserved := sorted(RESERVED_TEMPLATE_NAMES & kwargs.keys()):
+            raise ProtocolError(f"chat_template_kwargs may not set {', '.join(reserved)}: the request's own fields "
+                                "do", param="chat_template_kwargs")
+        if self.documents is not None:
+            kwargs["documents"] = self.documents
+        if self.reasoning_effort is not None:
+            kwargs["reasoning_effort"] = self.reasoning_effort
+            kwargs.setdefault("enable_thinking", self.reasoning_effort != "none")
+        return kwargs
 
 
 class ChatEcho(OpenAIBaseModel):

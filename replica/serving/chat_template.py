@@ -133,13 +133,13 @@ def plain(messages: list[JSONObject]) -> bool:
 
 
 def render(source: str, messages: list[dict[str, str]], add_generation_prompt: bool,
-           special_tokens: dict[str, str | list[str]]) -> str:
+           special_tokens: dict[str, str | list[str]], template_kwargs: dict | None = None) -> str:
     """The chat as transformers' ``apply_chat_template(messages, chat_template=source, tokenize=False,
-    add_generation_prompt=...)`` renders it, for ``plain`` messages; ``special_tokens`` is the tokenizer's
-    ``special_tokens_map``. Raises what the template raises (jinja2 errors)."""
+    add_generation_prompt=..., **template_kwargs)`` renders it, for ``plain`` messages; ``special_tokens`` is the
+    tokenizer's ``special_tokens_map``. Raises what the template raises (jinja2 errors)."""
     template = compile_template(source)
     variables = {**template.plain_globals, **special_tokens, "messages": messages, "tools": None, "documents": None,
-                 "add_generation_prompt": add_generation_prompt}
+                 "add_generation_prompt": add_generation_prompt, **(template_kwargs or {})}
     try:  # Template.render, without re-merging the globals (a ChainMap) into every call's context
         return template.environment.concat(template.root_render_func(template.new_context(variables, shared=True)))
     except Exception:

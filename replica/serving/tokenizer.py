@@ -161,9 +161,11 @@ class Tokenizer:
         return ids
 
     def apply_chat_template(
-        self, messages: list[ChatMessageLike], add_generation_prompt: bool = True, chat_template: str | None = None
+        self, messages: list[ChatMessageLike], add_generation_prompt: bool = True, chat_template: str | None = None,
+        template_kwargs: JSONObject | None = None,
     ) -> str:
-        """The chat rendered to text by the (given or the model's) template."""
+        """The chat rendered to text by the (given or the model's) template, with ``template_kwargs`` as more
+        template variables."""
         if chat_template is None and self.chat_template is None:
             raise ProtocolError(NO_CHAT_TEMPLATE, param="messages")
         source = chat_template or self.chat_template
@@ -172,12 +174,13 @@ class Tokenizer:
 
             plain = [m if m.__class__ is dict else _as_dict(m) for m in messages]
             if ct.plain(plain):  # transformers' output, without its per-call rebuilding of the inputs
-                return ct.render(source, plain, add_generation_prompt, self.special_tokens)
+                return ct.render(source, plain, add_generation_prompt, self.special_tokens, template_kwargs)
         return self.hf.apply_chat_template(
             [_as_dict(m) for m in messages],
             chat_template=source,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
+            **(template_kwargs or {}),
         )
 
     @property

@@ -136,3 +136,19 @@ def test_messages_transformers_rewrites_are_left_to_it(stories):  # noqa: F811
     theirs = stories.apply_chat_template(messages, chat_template=template, tokenize=False)
     assert theirs in ("hmm|hi", "|hi")
     assert tok.apply_chat_template(messages, False, template) == theirs
+
+
+@pytest.mark.parametrize("template", [CHAT_TEMPLATE, CHATML_TEMPLATE])
+def test_template_variables_render_as_transformers_passes_them(stories, template):  # noqa: F811
+    kwargs = {"documents": [{"title": "pets", "text": "a dog"}], "reasoning_effort": "low", "enable_thinking": False}
+    messages = [{"role": "user", "content": "hi"}]
+    want = stories.apply_chat_template(messages, chat_template=template, add_generation_prompt=True, tokenize=False,
+                                       **kwargs)
+    assert _wrap(stories).apply_chat_template(messages, True, template, kwargs) == want
+
+
+def test_the_test_template_shows_its_variables(stories):  # noqa: F811
+    tok, messages = _wrap(stories), [{"role": "user", "content": "hi"}]
+    kwargs = {"documents": [{"title": "pets", "text": "a dog"}], "reasoning_effort": "low", "enable_thinking": False}
+    assert tok.apply_chat_template(messages, True, CHAT_TEMPLATE, kwargs) == (
+        "<s>user: hi\ndocument: a dog\nassistant: (low effort) /no_think")
