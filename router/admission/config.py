@@ -80,10 +80,10 @@ class AdmissionConfig:
     def _check_shared(self) -> None:
         if not self.shared_tenant or "/" in self.shared_tenant:
             raise ValueError(f"admission shared_tenant must be a name without '/', got {self.shared_tenant!r}")
-        for name in ("shared_priority", "shared_min_priority"):
-            if abs(getattr(self, name)) > PRIORITY_LIMIT:
-                raise ValueError(f"admission {name} must be in [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}], "
-                                 f"got {getattr(self, name)}")
+        for name, value in (("shared_priority", self.shared_priority),
+                            ("shared_min_priority", self.shared_min_priority)):
+            if abs(value) > PRIORITY_LIMIT:
+                raise ValueError(f"admission {name} must be in [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}], got {value}")
         if self.shared_min_priority > self.shared_priority:
             raise ValueError(f"admission shared_min_priority {self.shared_min_priority} is worse (higher) than "
                              f"shared_priority {self.shared_priority}; lower it or raise shared_priority")
