@@ -171,6 +171,14 @@ def _chat_template_kwargs(ask: Ask) -> None:
     assert refused(ask({"chat_template_kwargs": {"messages": []}}), "chat_template_kwargs")
 
 
+def _continue_final_message(ask: Ask) -> None:
+    turn = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}],
+            "add_generation_prompt": False}
+    assert ok(ask({**turn, "continue_final_message": True}))["usage"]["prompt_tokens"] < ok(ask(turn))["usage"][
+        "prompt_tokens"]  # the template's "\n" after the final message is cut
+    assert refused(ask({"continue_final_message": True}), "continue_final_message")  # with add_generation_prompt
+
+
 def _completion_logprobs(ask: Ask) -> None:
     assert ok(ask({"logprobs": 1}))["choices"][0]["logprobs"]["top_logprobs"]
 
@@ -259,4 +267,5 @@ CHAT = COMMON | {
     "chat_template_kwargs": _chat_template_kwargs,
     "documents": changes_prompt_tokens("documents", [{"title": "pets", "text": "a dog and a cat"}]),
     "reasoning_effort": changes_prompt_tokens("reasoning_effort", "low"),
+    "continue_final_message": _continue_final_message,
 }

@@ -53,8 +53,6 @@ COMPLETION_ONLY: dict[str, Refusal] = {
 }
 CHAT_ONLY: dict[str, Refusal] = {
     "best_of": Refusal("best_of is for completions; use n", (None, 1)),
-    "continue_final_message": Refusal("the chat template is always applied with its generation prompt rules",
-                                      (None, False)),
     "include_reasoning": Refusal("there is no reasoning parser; reasoning stays in the content", (None, True)),
     "return_prompt_text": Refusal("the rendered prompt is not returned; use /v1/chat/completions/render",
                                   (None, False)),

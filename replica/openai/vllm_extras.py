@@ -58,13 +58,22 @@ class ChatTemplateArgs(OpenAIBaseModel):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     """The template's ``reasoning_effort``; it also sets ``enable_thinking`` (false for "none") unless
     ``chat_template_kwargs`` does."""
+    continue_final_message: _Flag = False
+    """Render the chat so that the model continues its final message (transformers' rule: the text is cut after
+    that message's content); needs ``add_generation_prompt: false``."""
 
     def template_kwargs(self) -> dict[str, JsonValue]:
-        """The template variables besides the chat (a 400 naming ``chat_template_kwargs`` for a reserved one)."""
+        """The template variables besides the chat, and ``continue_final_message`` (a 400 naming
+        ``chat_template_kwargs`` for a reserved one)."""
         kwargs = dict(self.chat_template_kwargs or {})
         if reserved := sorted(RESERVED_TEMPLATE_NAMES & kwargs.keys()):
             raise ProtocolError(f"chat_template_kwargs may not set {', '.join(reserved)}: the request's own fields "
                                 "do", param="chat_template_kwargs")
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise ProtocolError("continue_final_message needs add_generation_prompt: false (the answer continues "
+                                    "the final message instead of starting a new one)", param="continue_final_message")
+            kwargs["continue_final_message"] = True
         if self.documents is not None:
             kwargs["documents"] = self.documents
         if self.reasoning_effort is not None:

@@ -169,7 +169,9 @@ class Tokenizer:
         if chat_template is None and self.chat_template is None:
             raise ProtocolError(NO_CHAT_TEMPLATE, param="messages")
         source = chat_template or self.chat_template
-        if isinstance(source, str) and messages and not isinstance(getattr(self.hf, "chat_template", None), dict):
+        continues = bool((template_kwargs or {}).get("continue_final_message"))  # transformers cuts the text
+        if isinstance(source, str) and messages and not continues and not isinstance(
+                getattr(self.hf, "chat_template", None), dict):
             from kvmesh.replica.serving import chat_template as ct
 
             plain = [m if m.__class__ is dict else _as_dict(m) for m in messages]

@@ -152,3 +152,12 @@ def test_the_test_template_shows_its_variables(stories):  # noqa: F811
     kwargs = {"documents": [{"title": "pets", "text": "a dog"}], "reasoning_effort": "low", "enable_thinking": False}
     assert tok.apply_chat_template(messages, True, CHAT_TEMPLATE, kwargs) == (
         "<s>user: hi\ndocument: a dog\nassistant: (low effort) /no_think")
+
+
+@pytest.mark.parametrize("template", [CHAT_TEMPLATE, CHATML_TEMPLATE])
+def test_a_continued_final_message_renders_as_transformers_cuts_it(stories, template):  # noqa: F811
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]
+    want = stories.apply_chat_template(messages, chat_template=template, add_generation_prompt=False, tokenize=False,
+                                       continue_final_message=True)
+    assert want.endswith("Once upon")
+    assert _wrap(stories).apply_chat_template(messages, False, template, {"continue_final_message": True}) == want
