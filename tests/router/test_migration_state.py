@@ -141,10 +141,11 @@ def test_prompt_ids_in_the_choice_as_vllm_sends_them_for_completions():
     assert sent["choices"][0] == {"index": 0, "text": "a", "finish_reason": None}
 
 
-def test_continuation_keeps_the_output_text_rules():
-    body = MigratingStream(completion(skip_special_tokens=False, include_stop_str_in_output=True), chat=False,
-                           prompt_ids=[1, 2, 3], tokenizer=None, limit=3).continuation()
+def test_continuation_keeps_the_output_text_rules_and_the_logit_bias():
+    req = completion(skip_special_tokens=False, include_stop_str_in_output=True, logit_bias={"7": -100})
+    body = MigratingStream(req, chat=False, prompt_ids=[1, 2, 3], tokenizer=None, limit=3).continuation()
     assert body["skip_special_tokens"] is False and body["include_stop_str_in_output"] is True
+    assert body["logit_bias"] == {"7": -100}
 
 
 @pytest.mark.parametrize("keep", [False, True])
