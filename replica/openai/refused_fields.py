@@ -80,14 +80,19 @@ RefusedChatFields = create_model("RefusedChatFields", __base__=OpenAIBaseModel, 
 """The same for a chat completion request."""
 
 
+_CHAT, _COMPLETION = BOTH | CHAT_ONLY, BOTH | COMPLETION_ONLY
+
+
 def refused(request: OpenAIBaseModel) -> dict[str, Refusal]:
     """The refused fields of ``request``'s endpoint."""
-    return BOTH | (CHAT_ONLY if isinstance(request, RefusedChatFields) else COMPLETION_ONLY)
+    return _CHAT if isinstance(request, RefusedChatFields) else _COMPLETION
 
 
 def refuse_unimplemented(request: OpenAIBaseModel) -> None:
-    """A 400 naming the first refused field that ``request`` sets to something other than unset."""
-    for name, refusal in refused(request).items():
+    """A 400 naming the first refused field (by name) that ``request`` sets to something other than unset."""
+    table = refused(request)
+    for name in sorted(request.model_fields_set & table.keys()):  # only what the client sent
+        refusal = table[name]
         if not refusal.allows(getattr(request, name)):
             raise ProtocolError(f"{name} is not supported by this server ({refusal.why}); leave it unset",
                                 param=name)
