@@ -126,3 +126,13 @@ def test_a_field_implemented_elsewhere_is_never_silently_ignored(pair, endpoint,
         assert r.status_code == 200 and without.status_code == 200, (url, name, r.text, without.text)
         assert r.json()["choices"] != without.json()["choices"] or text(r.json()) != text(without.json()), (
             url, name, "answered as if it were not set")
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions/render", {"prompt": "Once upon a time"}),
+                                        ("/v1/chat/completions/render", {"messages": HI})])
+def test_the_render_routes_refuse_token_offsets_they_do_not_return(pair, path, body):
+    for url in pair:
+        r = httpx.post(url + path, json={**body, "return_token_offsets": True}, headers=AUTH, timeout=60)
+        assert refused(r, "return_token_offsets"), (url, r.text)
+        assert httpx.post(url + path, json={**body, "return_token_offsets": False}, headers=AUTH,
+                          timeout=60).status_code == 200

@@ -69,14 +69,21 @@ CHAT_ONLY: dict[str, Refusal] = {
 }
 
 
+RENDER_ONLY: dict[str, Refusal] = {
+    "return_token_offsets": Refusal("the render routes return no token offsets", (None, False)),
+}
+"""Fields vLLM reads only on its render routes: refused there, ignored on completions and chat (as vLLM does)."""
+
+
 def _fields(table: dict[str, Refusal]) -> dict[str, tuple[type, None]]:
     return {name: (JsonValue, None) for name in table}
 
 
 RefusedCompletionFields = create_model("RefusedCompletionFields", __base__=OpenAIBaseModel,
-                                       **_fields(BOTH | COMPLETION_ONLY))
+                                       **_fields(BOTH | COMPLETION_ONLY | RENDER_ONLY))
 """The refused fields a completion request declares (any JSON value; ``refuse_unimplemented`` checks them)."""
-RefusedChatFields = create_model("RefusedChatFields", __base__=OpenAIBaseModel, **_fields(BOTH | CHAT_ONLY))
+RefusedChatFields = create_model("RefusedChatFields", __base__=OpenAIBaseModel,
+                                 **_fields(BOTH | CHAT_ONLY | RENDER_ONLY))
 """The same for a chat completion request."""
 
 
@@ -88,9 +95,10 @@ def refused(request: OpenAIBaseModel) -> dict[str, Refusal]:
     return _CHAT if isinstance(request, RefusedChatFields) else _COMPLETION
 
 
-def refuse_unimplemented(request: OpenAIBaseModel) -> None:
-    """A 400 naming the first refused field (by name) that ``request`` sets to something other than unset."""
-    table = refused(request)
+def refuse_unimplemented(request: OpenAIBaseModel, table: dict[str, Refusal] | None = None) -> None:
+    """A 400 naming the first refused field (by name) that ``request`` sets to something other than unset (of
+    ``table``; its endpoint's by default: ``RENDER_ONLY`` for the render routes)."""
+    table = refused(request) if table is None else table
     for name in sorted(request.model_fields_set & table.keys()):  # only what the client sent
         refusal = table[name]
         if not refusal.allows(getattr(request, name)):

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from kvmesh.replica.openai import protocol as p
+from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.renderer import PromptRenderer
@@ -54,6 +55,7 @@ def install_shared_routes(app: FastAPI, renderer: PromptRenderer, check_model: C
         return req
 
     def rendered(req: p.CompletionRequest | p.ChatCompletionRequest, ids: list[int], prefix: str) -> dict[str, JsonValue]:
+        rf.refuse_unimplemented(req, rf.RENDER_ONLY)
         params = req.to_sampling_params(len(ids), max_model_len())
         return r.RenderedRequest(
             request_id=req.request_id or r.random_id(prefix), token_ids=ids, model=req.model or model_name(),
