@@ -179,6 +179,18 @@ def _continue_final_message(ask: Ask) -> None:
     assert refused(ask({"continue_final_message": True}), "continue_final_message")  # with add_generation_prompt
 
 
+def _prompt_logprobs(ask: Ask) -> None:
+    body = ok(ask({"prompt_logprobs": 2}))
+    shaped = body.get("prompt_logprobs") or body["choices"][0]["prompt_logprobs"]
+    assert len(shaped) == body["usage"]["prompt_tokens"] and shaped[0] is None
+    for position in shaped[1:]:
+        first = next(iter(position.values()))  # the prompt's own token, then the 2 most likely
+        assert 1 <= len(position) <= 3 and first["rank"] >= 1 and first["logprob"] <= 0 and "decoded_token" in first
+    plain = ok(ask({}))
+    assert "prompt_logprobs" not in plain and "prompt_logprobs" not in plain["choices"][0]
+    assert refused(ask({"prompt_logprobs": 1, "stream": True}), "prompt_logprobs")
+
+
 def _completion_logprobs(ask: Ask) -> None:
     assert ok(ask({"logprobs": 1}))["choices"][0]["logprobs"]["top_logprobs"]
 
@@ -242,6 +254,7 @@ COMMON: dict[str, Callable[[Ask], None]] = {
     "return_token_ids": _return_token_ids,
     "cache_salt": read_as("cache_salt", ""),
     "kv_transfer_params": read_as("kv_transfer_params", {"do_remote_decode": "yes"}),
+    "prompt_logprobs": _prompt_logprobs,
     "truncate_prompt_tokens": _truncate_prompt_tokens,
     "truncation_side": _truncation_side,
 }

@@ -28,6 +28,7 @@ class TokenLogprobsLike(Protocol):
 
     token_ids: list[int]
     logprobs: list[float]
+    rank: int
 
 
 class HFTokenizerLike(Protocol):
@@ -124,6 +125,40 @@ def completion_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprob
         top_logprobs.append({decode(t): _clamp(lp) for t, lp in distinct_candidates(entry, num_logprobs + 1)})
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": text_offset}
+
+
+def prompt_logprobs(entries: Sequence[TokenLogprobsLike | None], num: int, decode: TokenDecoder) -> list[dict | None]:
+    """vLLM's ``prompt_logprobs``: per prompt position (the first None), the prompt's token then the ``num`` most
+    likely, each ``{"logprob", "rank", "decoded_token"}`` keyed by its token id."""
+    out: list[dict | None] = []
+    for entry in entries:
+        if entry is None:
+            out.append(None)
+            continue
+        chosen = entry.token_ids[0]
+        position = {str(chosen): {"logprob": _clamp(entry.logprobs[0]), "rank": entry.rank,
+                                  "decoded_token": decode(chosen)}}
+        top = zip(entry.token_ids[1:num + 1], entry.logprobs[1:num + 1], strict=True)
+        for rank, (token_id, logprob) in enumerate(top, 1):
+            position.setdefault(str(token_id), {"logprob": _clamp(logprob), "rank": rank,
+                                                "decoded_token": decode(token_id)})
+        out.append(position)
+    return out
+
+
+def attach_prompt_logprobs(payload: dict, num: int | None, by_prompt: dict[int, Sequence],
+                           prompt_of_choice: Sequence[int], decode: TokenDecoder) -> None:
+    """Add ``prompt_logprobs`` (when ``num`` is asked) to an answer: to each completion choice (the entries of its
+    prompt, ``by_prompt[prompt_of_choice[i]]``), or once to a chat answer."""
+    if num is None:
+        return
+    shaped = [None if (entries := by_prompt.get(i)) is None else prompt_logprobs(entries, num, decode)
+              for i in prompt_of_choice]
+    if payload["object"] == "chat.completion":
+        payload["prompt_logprobs"] = shaped[0] if shaped else None
+    else:
+        for choice, one in zip(payload["choices"], shaped, strict=True):
+            choice["prompt_logprobs"] = one
 
 
 def _chat_token(token: str, logprob: float) -> ChatLogprob:

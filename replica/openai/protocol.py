@@ -87,7 +87,7 @@ class SamplingFields(VLLMExtraFields):
             raise ProtocolError(f"seed must fit in 64 bits, got {self.seed}", param="seed")
         if self.cache_salt is not None and not self.cache_salt:
             raise ProtocolError("cache_salt must be a non-empty string when given", param="cache_salt")
-        rf.refuse_unimplemented(self)
+        self.check_extras()
 
     def continuation_seed(self, num_generated: int) -> int | None:
         """The seed under which this request, re-started after ``num_generated`` tokens (a migrated stream),
@@ -184,7 +184,8 @@ class CompletionRequest(SamplingFields, rf.RefusedCompletionFields):
         return self.echo and self.max_tokens == 0
 
     def _logprobs(self) -> tuple[int | None, int | None]:
-        return self.logprobs, self.logprobs if self.echo else None  # vLLM: echo + logprobs -> prompt logprobs
+        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return self.logprobs, max(asked, default=None)  # vLLM: echo + logprobs -> prompt logprobs
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -267,7 +268,7 @@ class ChatCompletionRequest(SamplingFields, ChatEcho, ChatTemplateArgs, rf.Refus
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def _logprobs(self) -> tuple[int | None, int | None]:
-        return (self.top_logprobs or 0) if self.logprobs else None, None
+        return (self.top_logprobs or 0) if self.logprobs else None, self.prompt_logprobs
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -35,7 +35,6 @@ BOTH: dict[str, Refusal] = {
     "use_beam_search": Refusal("beam search is not implemented", (None, False)),
     "length_penalty": Refusal("it scores beam search, which is not implemented", (None, 1.0)),
     "watermarking": Refusal("output watermarking is not implemented", (None, False)),
-    "prompt_logprobs": Refusal("prompt logprobs come only with echo and logprobs (completions)"),
     "logprob_token_ids": Refusal("logprobs of chosen token ids are not implemented; use logprobs", _EMPTY),
     "allowed_token_ids": Refusal("allowed_token_ids is not implemented; use logit_bias", _EMPTY),
     "bad_words": Refusal("bad_words is not implemented; use logit_bias for single tokens", _EMPTY),

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
 from pydantic import Field, JsonValue
 
 _Flag = Annotated[bool, Field(strict=True)]
@@ -26,6 +28,10 @@ class VLLMExtraFields(OpenAIBaseModel):
     """Leave special tokens (``</s>``, ...) out of the output text."""
     return_tokens_as_token_ids: _Flag | None = None
     """Logprobs name their tokens ``"token_id:{id}"`` instead of their text."""
+    prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    """Return the logprobs of every prompt token (the first has none) and of this many most likely tokens at each
+    position, in vLLM's ``prompt_logprobs`` (per completion choice, per chat answer); not streamable. Such a
+    request computes its whole prompt rather than reading the prefix cache, as in vLLM."""
     truncate_prompt_tokens: Annotated[int, Field(strict=True, ge=-1)] | None = None
     """Keep at most this many prompt tokens (-1: the model's context); None: the prompt as it is."""
     truncation_side: Literal["left", "right"] | None = None
@@ -33,6 +39,13 @@ class VLLMExtraFields(OpenAIBaseModel):
     add_special_tokens: _Flag | None = None
     """Encode the prompt with the tokenizer's special tokens (BOS); None: the endpoint's rule, as vLLM's defaults
     (a completion's text yes, a rendered chat no: its template has them)."""
+
+    def check_extras(self) -> None:
+        """The rules of vLLM's fields: the ones kvmesh refuses (refused_fields.py), prompt logprobs not streamed."""
+        rf.refuse_unimplemented(self)
+        if self.prompt_logprobs is not None and getattr(self, "stream", False):
+            raise ProtocolError("prompt_logprobs are not available when streaming; send stream=false",
+                                param="prompt_logprobs")
 
     def truncated(self, ids: list[int], max_model_len: int) -> list[int]:
         """``ids`` cut to ``truncate_prompt_tokens`` (the same list when it fits or truncation is off)."""

@@ -132,9 +132,8 @@ class OpenAIHandlers:
         choices = ps.select_choices(candidates, finals, req.n)
         body: r.ChatCompletionResponse | r.CompletionResponse
         if isinstance(req, p.ChatCompletionRequest):
-            echo = req.echo_text()
             body = r.ChatCompletionResponse(id=request_id, model=model, usage=usage, choices=[
-                r.ChatCompletionChoice(index=index, message=r.ChatMessageOut(content=echo + final.text),
+                r.ChatCompletionChoice(index=index, message=r.ChatMessageOut(content=req.echo_text() + final.text),
                                        logprobs=self._chat_logprobs(req, final.output_token_ids, final.logprobs),
                                        finish_reason=final.finish_reason)
                 for index, _, final in choices])
@@ -144,6 +143,8 @@ class OpenAIHandlers:
                 self._completion_choice(req, index, final, candidate, prompt_logprobs.get(candidate.prompt_index))
                 for index, candidate, final in choices])
         payload = body.model_dump()
+        lf.attach_prompt_logprobs(payload, req.prompt_logprobs, ps.prompt_logprobs_of(candidates, finals),
+                                  [c.prompt_index for _, c, _ in choices], self._decode_token(req))
         if (handle := await kv_handoff.after(self.state, req, armed)) is not None:
             payload["kv_transfer_params"] = handle
         return JSONResponse(payload, headers={"X-Request-Id": request_id, **kv_headers})

@@ -9,6 +9,7 @@ from kvmesh.replica.openai.logprobs_format import (
     choice_logprobs,
     completion_logprobs,
     distinct_candidates,
+    prompt_logprobs,
     token_decoder,
 )
 from kvmesh.replica.step.outputs import TokenLogprobs
@@ -82,3 +83,13 @@ def test_token_decoder_restores_sentencepiece_leading_spaces(stories_path):
     pieces = [decode_one(t) for t in ids]
     assert "".join(pieces).strip() == "Once upon a time"
     assert all(p.startswith(" ") for p in pieces[1:])  # "▁upon" -> " upon" (decode alone drops the space)
+
+
+def test_prompt_logprobs_key_the_prompt_token_then_the_top_k_by_id_with_ranks():
+    entries = [None, TokenLogprobs([6, 8, 6, 5], [-0.5, -0.2, -0.5, -3.0], rank=2), TokenLogprobs([7], [-math.inf], 9)]
+    assert prompt_logprobs(entries, 2, decode) == [
+        None,
+        {"6": {"logprob": -0.5, "rank": 2, "decoded_token": " upon"},  # the prompt's, kept where it is in the top-k
+         "8": {"logprob": -0.2, "rank": 1, "decoded_token": " a"}},
+        {"7": {"logprob": -9999.0, "rank": 9, "decoded_token": "re"}},
+    ]
