@@ -114,6 +114,14 @@ def _token_ids(ask: Ask, fields: dict) -> list[int]:
     return [t for chunk in chunks for c in chunk["choices"] for t in c.get("token_ids") or []]
 
 
+def _allowed_token_ids(ask: Ask) -> None:
+    allowed = [261, 378, 383]  # stories260K's " a", " time", " there"
+    for sampled in ({}, {"temperature": 1.0, "seed": 4}):
+        ids = _token_ids(ask, {**sampled, "allowed_token_ids": allowed, "ignore_eos": True})
+        assert len(ids) == 8 and set(ids) <= set(allowed)
+    assert refused(ask({"allowed_token_ids": [10**6]}), "allowed_token_ids")  # outside the vocabulary
+
+
 def _return_token_ids(ask: Ask) -> None:
     assert len(_token_ids(ask, {})) == ok(ask({}))["usage"]["completion_tokens"]
     assert not any("token_ids" in c for chunk in events(ask({"stream": True})) for c in chunk["choices"])
@@ -255,6 +263,7 @@ COMMON: dict[str, Callable[[Ask], None]] = {
     "cache_salt": read_as("cache_salt", ""),
     "kv_transfer_params": read_as("kv_transfer_params", {"do_remote_decode": "yes"}),
     "prompt_logprobs": _prompt_logprobs,
+    "allowed_token_ids": _allowed_token_ids,
     "truncate_prompt_tokens": _truncate_prompt_tokens,
     "truncation_side": _truncation_side,
 }

@@ -173,9 +173,9 @@ def validate_request_input(
     if num_blocks > num_usable_blocks:
         raise ValueError(f"request needs {num_blocks} KV blocks ({needed} tokens) but the KV cache holds only "
                          f"{num_usable_blocks}; shorten it or give the replica more KV cache memory")
-    for token_id in params.logit_bias or {}:
-        if token_id >= vocab_size:
-            raise ValueError(f"logit_bias has token id {token_id}, outside the vocabulary [0, {vocab_size})")
+    for name, token_ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or [])):
+        if (bad := next((t for t in token_ids if t >= vocab_size), None)) is not None:
+            raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab_size})")
     if params.stop and not has_tokenizer:
         raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
 

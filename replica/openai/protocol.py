@@ -151,7 +151,7 @@ class SamplingFields(VLLMExtraFields):
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 logit_bias=self._logit_bias(),
-                skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
+                **self.sampling_extras(),
             )
         except SamplingParamsError as e:
             raise ProtocolError(f"bad sampling parameters: {echo(str(e))}", param=e.param) from None

@@ -36,7 +36,6 @@ BOTH: dict[str, Refusal] = {
     "length_penalty": Refusal("it scores beam search, which is not implemented", (None, 1.0)),
     "watermarking": Refusal("output watermarking is not implemented", (None, False)),
     "logprob_token_ids": Refusal("logprobs of chosen token ids are not implemented; use logprobs", _EMPTY),
-    "allowed_token_ids": Refusal("allowed_token_ids is not implemented; use logit_bias", _EMPTY),
     "bad_words": Refusal("bad_words is not implemented; use logit_bias for single tokens", _EMPTY),
     "ec_transfer_params": Refusal("there is no encoder cache to transfer (text-only models)", _EMPTY),
     "vllm_xargs": Refusal("this server has no extensions that read vllm_xargs", _EMPTY),

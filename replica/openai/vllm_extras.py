@@ -26,6 +26,8 @@ class VLLMExtraFields(OpenAIBaseModel):
     """Keep the stop string, or the stop token's text, at the end of the output."""
     skip_special_tokens: _Flag = True
     """Leave special tokens (``</s>``, ...) out of the output text."""
+    allowed_token_ids: list[Annotated[int, Field(strict=True, ge=0)]] | None = None
+    """Sample only among these token ids."""
     return_tokens_as_token_ids: _Flag | None = None
     """Logprobs name their tokens ``"token_id:{id}"`` instead of their text."""
     prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
@@ -39,6 +41,11 @@ class VLLMExtraFields(OpenAIBaseModel):
     add_special_tokens: _Flag | None = None
     """Encode the prompt with the tokenizer's special tokens (BOS); None: the endpoint's rule, as vLLM's defaults
     (a completion's text yes, a rendered chat no: its template has them)."""
+
+    def sampling_extras(self) -> dict[str, object]:
+        """What these fields set in the engine's ``SamplingParams``."""
+        return {"skip_special_tokens": self.skip_special_tokens, "allowed_token_ids": self.allowed_token_ids,
+                "include_stop_str_in_output": self.include_stop_str_in_output}
 
     def check_extras(self) -> None:
         """The rules of vLLM's fields: the ones kvmesh refuses (refused_fields.py), prompt logprobs not streamed."""

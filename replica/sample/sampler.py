@@ -65,6 +65,9 @@ class SamplingMetadata:
     """Some truncated row has top-p and no top-k (its shortlist is a guess: TOP_P_CANDIDATES)."""
     logprobs_index: torch.Tensor | None = None
     """[M] int64 ``logprobs_rows`` on the device (None with them)."""
+    allowed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    """(rows [R] int64 that allow only some tokens, then (rows [A], token ids [A]) int64 of the allowed ones):
+    every other token of those rows is -inf (vLLM's ``allowed_token_ids``)."""
 
     @property
     def all_greedy(self) -> bool:
@@ -74,7 +77,7 @@ class SamplingMetadata:
     def plain_greedy(self) -> bool:
         """Every row takes the argmax of its logits as they are (no bias, bans or logprobs)."""
         return self.temperature is None and self.banned is None and self.logit_bias is None \
-            and self.max_num_logprobs is None
+            and self.allowed is None and self.max_num_logprobs is None
 
 
 def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,
@@ -103,6 +106,10 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
             bias_values += [float(v) for v in sp.logit_bias.values()]
     if bias_ids:
         arrays["bias_at"], arrays["bias"] = (np.array([bias_rows, bias_ids]), i64), (np.array(bias_values), f32)
+    allowing = [row for row, sp in enumerate(params) if sp.allowed_token_ids]
+    if allowing:
+        at = [(row, t) for row in allowing for t in params[row].allowed_token_ids]
+        arrays["allowing"], arrays["allowed_at"] = (allowing, i64), (np.array(at).T, i64)  # [R], [2, A]
     asked = [row for row, sp in enumerate(params) if sp.logprobs is not None]
     max_num_logprobs = max(params[row].logprobs for row in asked) if asked else None
     logprobs_rows = asked if 0 < len(asked) < len(params) else None
@@ -128,15 +135,17 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
     t = dict(zip(arrays, packer.upload(list(arrays.values())), strict=True)) if arrays else {}
     banned = (t["banned"][0], t["banned"][1]) if "banned" in t else None
     bias = (t["bias_at"][0], t["bias_at"][1], t["bias"]) if "bias" in t else None
+    allowed = (t["allowing"], t["allowed_at"][0], t["allowed_at"][1]) if "allowing" in t else None
     if greedy:
         return SamplingMetadata(None, None, None, None, None, banned, bias, max_num_logprobs, logprobs_rows,
-                                logprobs_index=t.get("logprobs_index"))
+                                logprobs_index=t.get("logprobs_index"), allowed=allowed)
     return SamplingMetadata(
         t["temperature"], t["greedy_rows"], t.get("top_k"), t.get("top_p"), t["keys"], banned, bias,
         max_num_logprobs, logprobs_rows, any_greedy=any(sp.greedy for sp in params),
         plain_rows=t.get("plain_rows"), truncated_rows=t.get("truncated_rows"),
         max_top_k=max((top_ks[row] for row in trunc if top_ks[row] < vocab_size), default=0),
-        nucleus_only=any(top_ks[row] >= vocab_size for row in trunc), logprobs_index=t.get("logprobs_index"))
+        nucleus_only=any(top_ks[row] >= vocab_size for row in trunc), logprobs_index=t.get("logprobs_index"),
+        allowed=allowed)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
@@ -193,10 +202,15 @@ class Sampler:
         self.logprobs_copies = logprobs_copies  # where packed logprobs come back without blocking (None: blocking)
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        logits = logits.to(torch.float32, copy=md.banned is not None or md.logit_bias is not None)
+        logits = logits.to(torch.float32, copy=not (md.banned is None and md.logit_bias is None and md.allowed is None))
         if md.logit_bias is not None:
             rows, token_ids, biases = md.logit_bias
             logits.index_put_((rows, token_ids), biases, accumulate=True)
+        if md.allowed is not None:
+            allowing, rows, token_ids = md.allowed
+            kept = logits[rows, token_ids]  # [A]
+            logits[allowing] = float("-inf")
+            logits.index_put_((rows, token_ids), kept)
         if md.banned is not None:
             logits.index_put_(md.banned, logits.new_full((), float("-inf")))
         if md.all_greedy:

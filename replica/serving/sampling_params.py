@@ -74,6 +74,8 @@ class SamplingParams:
     """Leave the tokenizer's special tokens (``</s>``, ...) out of the output text (vLLM's default)."""
     include_stop_str_in_output: bool = False
     """Keep the stop string that ended the text at its end (by default it is cut off)."""
+    allowed_token_ids: list[int] | None = None
+    """Sample only among these token ids (vLLM's; None: any)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -106,6 +108,10 @@ class SamplingParams:
                                       or not 0 <= value <= MAX_LOGPROBS):
                 raise SamplingParamsError(
                     name, f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
+        if self.allowed_token_ids is not None and (not self.allowed_token_ids or any(
+                not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.allowed_token_ids)):
+            raise SamplingParamsError("allowed_token_ids", "allowed_token_ids must be a non-empty list of "
+                                      f"non-negative token ids, got {self.allowed_token_ids!r}")
         for token_id, bias in (self.logit_bias or {}).items():
             if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
                 raise SamplingParamsError(

@@ -94,7 +94,7 @@ class InputBatch:
             sp = sr.sampling_params
             self.req_ids[row], self.params[row], self.num_output[row] = sr.request_id, sp, len(sr.output_token_ids)
             self.plain_greedy[row] = (sp.greedy and not sp.min_tokens and not sp.logit_bias
-                                      and sp.logprobs is None)
+                                      and not sp.allowed_token_ids and sp.logprobs is None)
             self.num_computed[row] = sr.num_computed_tokens
             self.prev_sample[row] = 0  # its input ids come with it
             lora = sr.lora_request

@@ -29,6 +29,7 @@ SAMPLING = {
     "top_k_top_p": dict(temperature=1.2, top_k=40, top_p=0.9, seed=4, max_tokens=6),
     "logit_bias": dict(temperature=0.0, logit_bias={300: 5.0, 301: -100.0}, max_tokens=6),
     "min_tokens": dict(temperature=0.7, min_tokens=4, seed=5, max_tokens=6),
+    "allowed_token_ids": dict(temperature=0.9, allowed_token_ids=[300, 301, 302], seed=6, max_tokens=6),
 }
 
 

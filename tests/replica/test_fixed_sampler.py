@@ -111,6 +111,7 @@ def test_unseeded_draws_of_the_graphs_sampler_follow_the_distribution(params, ke
 def test_rows_the_graph_cannot_sample_are_left_to_the_eager_sampler():
     draws = RandomDraws(0)
     for params in (SamplingParams(temperature=0.9, logit_bias={5: 2.0}),
+                   SamplingParams(temperature=0.9, allowed_token_ids=[5, 6]),
                    SamplingParams(temperature=0.9, min_tokens=3, max_tokens=5)):
         assert fixed_settings([SamplingParams(temperature=0.5), params], [0, 0], draws) is None
     assert draws.count == 0  # no draw was taken for a step the eager sampler will draw

@@ -155,3 +155,14 @@ def test_seeded_uniforms_are_splitmix64_computed_on_the_device_in_wrapping_int64
     got = seeded_uniforms(torch.tensor(keys)).tolist()
     assert got == [(splitmix64(k) >> 40) / (1 << 24) for k in keys]
     assert 0.4 < sum(got) / len(got) < 0.6 and min(got) >= 0.0 and max(got) < 1.0
+
+
+def test_allowed_token_ids_confine_their_rows_and_leave_the_others():
+    logits = torch.randn(6, V, generator=torch.Generator().manual_seed(7))
+    allowed = [3, 17, 41]
+    params = [SamplingParams(temperature=0.0, allowed_token_ids=allowed), SamplingParams(temperature=0.0),
+              *[SamplingParams(temperature=2.0, allowed_token_ids=allowed)] * 3, SamplingParams(temperature=2.0, seed=1)]
+    got = sample(logits, params, seed=3)
+    assert got[0] == allowed[int(logits[0, allowed].argmax())] and got[1] == int(logits[1].argmax())
+    assert all(t in allowed for t in got[2:5])
+    assert got[5] == sample(logits[5:], params[5:], seed=3)[0]  # a row without them samples as alone
