@@ -1,5 +1,6 @@
-"""vLLM's request fields beyond OpenAI's that kvmesh implements on both endpoints: the output text's rules, logprobs'
-token names, and prompt truncation (the fields kvmesh refuses are in refused_fields.py).
+"""vLLM's request fields beyond OpenAI's that kvmesh implements (the ones it refuses are in refused_fields.py):
+on both endpoints the output text's rules, ``allowed_token_ids``, logprobs' token names, prompt logprobs, special
+tokens and truncation of the prompt; on chat the template's variables and ``echo``.
 
 Truncation keeps ``truncate_prompt_tokens`` tokens of the rendered prompt (-1: the model's context) from its end
 (``truncation_side`` "left", the default) or its start ("right"), as vLLM's renderer does; the router and the
