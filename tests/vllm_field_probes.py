@@ -132,6 +132,18 @@ def _stream(ask: Ask) -> None:
                    for c in chunk["choices"]) == text(ok(ask({})))
 
 
+def _stream_interval(ask: Ask) -> None:
+    fields = {"stream": True, "return_token_ids": True, "ignore_eos": True}
+    for interval, sizes_ok in ((None, lambda sizes: sizes == [1] * 8),
+                               (3, lambda sizes: sizes[0] == 1 and min(sizes[1:-1]) >= 3 and sum(sizes) == 8)):
+        chunks = events(ask({**fields, "stream_interval": interval}))
+        sizes = [len(c["token_ids"]) for chunk in chunks for c in chunk["choices"] if c.get("token_ids")]
+        assert sizes_ok(sizes), (interval, sizes)
+        streamed = "".join(c.get("text", c.get("delta", {}).get("content", "")) for chunk in chunks
+                           for c in chunk["choices"])
+        assert streamed == text(ok(ask({"ignore_eos": True})))
+
+
 def _stream_options(ask: Ask) -> None:
     chunks = events(ask({"stream": True, "stream_options": {"include_usage": True}}))
     assert chunks[-1]["usage"]["completion_tokens"] > 0 and not chunks[-1]["choices"]
@@ -249,6 +261,7 @@ COMMON: dict[str, Callable[[Ask], None]] = {
     "stop": _stop,
     "stream": _stream,
     "stream_options": _stream_options,
+    "stream_interval": _stream_interval,
     "temperature": changes_text("temperature", 1.0, {"seed": 3, "max_tokens": 16}),
     "top_p": _truncated_to_greedy("top_p", 1e-6),
     "top_k": _truncated_to_greedy("top_k", 1),

@@ -41,8 +41,6 @@ BOTH: dict[str, Refusal] = {
     "vllm_xargs": Refusal("this server has no extensions that read vllm_xargs", _EMPTY),
     "repetition_detection": Refusal("repetition detection is not implemented; use max_tokens"),
     "thinking_token_budget": Refusal("there is no reasoning parser to count thinking tokens", (None, -1)),
-    "stream_interval": Refusal("every step with new text is streamed; per-request batching is not implemented",
-                               (None, 1)),
     "logits_processors": Refusal("custom logits processors are not loaded by this server", _EMPTY),
 }
 """Refused on both endpoints."""

@@ -35,6 +35,8 @@ class VLLMExtraFields(OpenAIBaseModel):
     """Return the logprobs of every prompt token (the first has none) and of this many most likely tokens at each
     position, in vLLM's ``prompt_logprobs`` (per completion choice, per chat answer); not streamable. Such a
     request computes its whole prompt rather than reading the prefix cache, as in vLLM."""
+    stream_interval: Annotated[int, Field(strict=True, ge=1)] | None = None
+    """Stream this many new tokens a chunk (the first and the last chunk go at once); ignored without streaming."""
     truncate_prompt_tokens: Annotated[int, Field(strict=True, ge=-1)] | None = None
     """Keep at most this many prompt tokens (-1: the model's context); None: the prompt as it is."""
     truncation_side: Literal["left", "right"] | None = None

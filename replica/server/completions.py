@@ -223,6 +223,7 @@ class OpenAIHandlers:
                       req: OpenAIRequest) -> AsyncIterator[str]:
         """Every choice's chunks as they come, then (``include_usage``) one usage chunk, then ``[DONE]``."""
         created = int(time.time())
+        stream_list = [ps.in_batches(s, req.stream_interval) for s in stream_list] if req.stream_interval else stream_list
         finals: list[RequestOutput | None] = [None] * len(candidates)  # filled in by the chunk generators
         usage_chunk: type[r.ChatCompletionChunk] | type[r.CompletionChunk]
         if isinstance(req, p.ChatCompletionRequest):

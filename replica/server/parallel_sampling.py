@@ -205,3 +205,30 @@ async def without_output(stream: Outputs) -> Outputs:
                 num_host_cached_tokens=out.num_host_cached_tokens)
     finally:
         await stream.aclose()  # closing early aborts the request
+
+
+async def in_batches(stream: Outputs, interval: int) -> Outputs:
+    """A request's outputs ``interval`` new tokens at a time (vLLM's ``stream_interval``): the first and the last
+    output go at once, the others are merged (their tokens, text and logprobs in order) until enough are held."""
+    pending: RequestOutput | None = None
+    first = True
+    try:
+        async for out in stream:
+            pending = out if pending is None else _merged(pending, out)
+            if first or out.finished or len(pending.new_token_ids) >= interval:
+                yield pending
+                pending, first = None, False
+        if pending is not None:
+            yield pending
+    finally:
+        await stream.aclose()  # closing early aborts the request
+
+
+def _merged(held: RequestOutput, out: RequestOutput) -> RequestOutput:
+    """``out`` carrying ``held``'s new tokens, text and logprobs before its own."""
+    out.new_token_ids = held.new_token_ids + out.new_token_ids
+    out.delta_text = held.delta_text + out.delta_text
+    if held.new_logprobs is not None or out.new_logprobs is not None:
+        out.new_logprobs = (held.new_logprobs or []) + (out.new_logprobs or [])
+    out.prompt_logprobs = out.prompt_logprobs if out.prompt_logprobs is not None else held.prompt_logprobs
+    return out

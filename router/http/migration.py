@@ -174,7 +174,7 @@ class MigratingStream:
             "min_tokens": max(0, req.min_tokens - n), "ignore_eos": req.ignore_eos,
         }
         for name in ("model", "temperature", "top_p", "top_k", "stop_token_ids", "cache_salt", "skip_special_tokens",
-                     "include_stop_str_in_output", "logit_bias", "allowed_token_ids"):
+                     "include_stop_str_in_output", "logit_bias", "allowed_token_ids", "stream_interval"):
             if getattr(req, name) is not None:
                 body[name] = getattr(req, name)
         if req.seed is not None:
