@@ -223,7 +223,6 @@ class OpenAIHandlers:
                       req: OpenAIRequest) -> AsyncIterator[str]:
         """Every choice's chunks as they come, then (``include_usage``) one usage chunk, then ``[DONE]``."""
         created = int(time.time())
-        stream_list = [ps.in_batches(s, req.stream_interval) for s in stream_list] if req.stream_interval else stream_list
         finals: list[RequestOutput | None] = [None] * len(candidates)  # filled in by the chunk generators
         usage_chunk: type[r.ChatCompletionChunk] | type[r.CompletionChunk]
         if isinstance(req, p.ChatCompletionRequest):
@@ -248,7 +247,7 @@ class OpenAIHandlers:
         first_ids = [ids] * len(candidates)  # prompt ids go once, on each choice's first chunk
         text_offsets = [0] * len(candidates)  # characters of each choice's logprobs tokens sent so far
         echoed = [not req.echo] * len(candidates)
-        async for i, out in ps.merge_streams(stream_list):
+        async for i, out in ps.merge_streams(stream_list, req.stream_interval):
             _check_failed(out)
             if not (out.delta_text or out.finished or out.new_logprobs or not echoed[i] or (ids and out.new_token_ids)):
                 continue
@@ -290,7 +289,7 @@ class OpenAIHandlers:
         for c in candidates:
             yield chunk(ps.choice_index(c, req.n), r.DeltaMessage(role="assistant", content=req.echo_text()), token_ids=[],
                         first_ids=c.prompt_token_ids if ids else None)
-        async for i, out in ps.merge_streams(stream_list):
+        async for i, out in ps.merge_streams(stream_list, req.stream_interval):
             _check_failed(out)
             if not out.delta_text and not out.finished and not out.new_logprobs and not (ids and out.new_token_ids):
                 continue

@@ -157,8 +157,10 @@ async def collect_all(streams: list[Outputs]) -> list[RequestOutput | None]:
     return list(await asyncio.gather(*(last(s) for s in streams)))
 
 
-async def merge_streams(streams: list[Outputs]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """(stream index, output) from all streams as they come; closing it closes them all."""
+async def merge_streams(streams: list[Outputs], interval: int | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(stream index, output) from all streams as they come (``interval`` new tokens at a time: ``in_batches``);
+    closing it closes them all."""
+    streams = [in_batches(stream, interval) for stream in streams] if interval else streams
     if len(streams) == 1:
         async for out in streams[0]:
             yield 0, out
