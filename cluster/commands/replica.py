@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config.flags import add_config_arguments
+from kvmesh.cluster.config.vllm_forms import add_model_argument
 from kvmesh.cluster.config.trees import REPLICA_SCHEMA, ReplicaCommandConfig
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "replica", help="serve one model replica (OpenAI HTTP + KV events) without the cluster",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_argument(p)
     add_config_arguments(p, REPLICA_SCHEMA)
     p.set_defaults(func=run)
 

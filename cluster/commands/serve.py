@@ -20,6 +20,7 @@ import sys
 import time
 
 from kvmesh.cluster.config.flags import add_config_arguments
+from kvmesh.cluster.config.vllm_forms import add_model_argument
 from kvmesh.cluster.config.trees import SERVE_SCHEMA
 from kvmesh.cluster.interrupts import Interrupts, Terminated
 
@@ -37,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--print-config", action="store_true",
                         help="print the effective config as commented YAML (secrets redacted) and exit")
     parser.add_argument("--verbose", "-v", action="store_true", help="show the replicas' logs")
+    add_model_argument(parser)
     add_config_arguments(parser, SERVE_SCHEMA)
     parser.set_defaults(func=run)
 

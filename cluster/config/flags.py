@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
+from kvmesh.cluster.config import vllm_forms
 from kvmesh.cluster.config.loader import ConfigError, load
 from kvmesh.cluster.config.schema import (
     Option,
@@ -59,9 +60,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, schema: Schema[Root], 
             common = {"dest": _dest(opt), "default": argparse.SUPPRESS}
             if opt.is_bool:
                 group.add_argument(opt.flag, **common, help=help_text, action=argparse.BooleanOptionalAction)
-            elif opt.is_mapping:
-                group.add_argument(opt.flag, **common, help=help_text + " (repeatable)", action="append",
-                                   metavar="NAME=VALUE")
+            elif opt.is_mapping:  # several after one flag (vLLM's --lora-modules a=p b=q), and repeatable
+                group.add_argument(opt.flag, **common, help=help_text + " (several, repeatable)", action="extend",
+                                   nargs="+", metavar="NAME=VALUE")
             elif opt.is_sequence:
                 group.add_argument(opt.flag, **common, help=help_text + " (repeatable)", action="append",
                                    metavar="VALUE")
@@ -79,14 +80,19 @@ def overrides_from_args(args: argparse.Namespace, schema: Schema[Root]) -> dict[
         if opt.is_bool:
             overrides[opt.dotted] = raw
         elif opt.is_mapping:
+            items = vllm_forms.lora_items(raw) if opt.dotted == "engine.lora_modules" else raw
             try:
-                overrides[opt.dotted] = assignments(raw, opt.flag)
+                overrides[opt.dotted] = assignments(items, opt.flag)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         elif opt.is_sequence:  # a list of sections (deployments.models) takes one YAML mapping per flag
             overrides[opt.dotted] = [value_from_text(v, None) for v in raw] if _of_sections(opt) else list(raw)
         else:
             overrides[opt.dotted] = value_from_text(raw, opt.type)
+    if hasattr(args, vllm_forms.MODEL_DEST):
+        model = vllm_forms.model_from_args(args, overrides.get("engine.model"))
+        if model is not None:
+            overrides["engine.model"] = model
     return overrides
 
 
