@@ -300,3 +300,10 @@ class TokenizeRequest(OpenAIBaseModel):
     """A template for ``messages`` instead of the model's (refused unless the server trusts request templates)."""
     add_special_tokens: bool | None = None
     """None: the endpoint's rule (True for a prompt, False for messages, as vLLM)."""
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    """``POST /detokenize`` (vLLM's): token ids back to text."""
+
+    model: str | None = None
+    tokens: list[int]

@@ -153,6 +153,16 @@ class PromptRenderer:
         prompts = [req.single_prompt()] if first_only else req.prompts()
         return [req.truncated(await self.completion(prompt, special), limit) for prompt in prompts]
 
+    async def detokenize(self, req: p.DetokenizeRequest) -> str:
+        """``POST /detokenize``: the ids' text (special tokens kept, as vLLM); ids outside the vocabulary are a 400."""
+        tok = self.require_tokenizer()
+        vocab = tok.vocab_size
+        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ProtocolError(f"tokens: token id {bad} is out of range; token ids are integers in [0, {vocab})",
+                                param="tokens")
+        return await self.run(tok.decode, req.tokens, False)
+
     async def tokenize(self, req: p.TokenizeRequest) -> list[int]:
         """``POST /tokenize``: exactly one of ``prompt`` / ``messages``; ``add_special_tokens`` defaults to
         True for a prompt and False for messages (vLLM)."""

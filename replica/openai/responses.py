@@ -34,6 +34,10 @@ class TokenizeResponse(OpenAIBaseModel):
     tokens: list[int]
 
 
+class DetokenizeResponse(OpenAIBaseModel):
+    prompt: str
+
+
 class PromptTokensDetails(OpenAIBaseModel):
     cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache."""

@@ -1,6 +1,7 @@
 """Endpoints the router and the replica serve the same way, from one implementation.
 
     POST /tokenize                      token ids exactly as a request would get them
+    POST /detokenize                    {"tokens": [...]} -> {"prompt": text} (vLLM's)
     POST /v1/completions/render         [GenerateRequest] per prompt (vLLM's render API; vllm-router calls it)
     POST /v1/chat/completions/render    one GenerateRequest
     GET  /version                       {"version": "<kvmesh version>"}
@@ -23,7 +24,7 @@ from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.renderer import PromptRenderer
 from pydantic import JsonValue
 
-Routed = TypeVar("Routed", p.TokenizeRequest, p.CompletionRequest, p.ChatCompletionRequest)
+Routed = TypeVar("Routed", p.TokenizeRequest, p.DetokenizeRequest, p.CompletionRequest, p.ChatCompletionRequest)
 BodyCheck = Callable[[Request, p.SamplingFields], None]
 """Refuses (raises ProtocolError) a decoded completion or chat body the server will not take from this caller:
 the router's router-only fields (router/http/router_only.py), a replica's KV plane (replica/server/kv_plane.py)."""
@@ -67,6 +68,11 @@ def install_shared_routes(app: FastAPI, renderer: PromptRenderer, check_model: C
         req = await read(http, p.TokenizeRequest)
         ids = await renderer.tokenize(req)
         return r.TokenizeResponse(count=len(ids), max_model_len=max_model_len(), tokens=ids).model_dump()
+
+    @app.post("/detokenize")
+    async def detokenize(http: Request):
+        req = await read(http, p.DetokenizeRequest)
+        return r.DetokenizeResponse(prompt=await renderer.detokenize(req)).model_dump()
 
     @app.post("/v1/completions/render")
     async def render_completion(http: Request):

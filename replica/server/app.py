@@ -1,7 +1,7 @@
 """The replica's HTTP server (FastAPI): OpenAI endpoints, health, metrics, load and info for routers.
 
     POST /v1/completions, /v1/chat/completions   (completions.py; SSE with stream=true)
-    POST /tokenize, /v1/completions/render, /v1/chat/completions/render, GET /version
+    POST /tokenize, /detokenize, /v1/completions/render, /v1/chat/completions/render, GET /version
                                                  shared with the router (replica/openai/routes.py)
     GET  /v1/models                              the served model, then its LoRA adapters (``parent``: the model)
     POST /v1/load_lora_adapter, /v1/unload_lora_adapter   LoRA adapters at runtime (lora_models.py; admin plane)

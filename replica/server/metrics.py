@@ -181,7 +181,7 @@ class ReplicaMetrics:
 
 
 KNOWN_PATHS = frozenset({
-    "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/health", "/ping", "/version",
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/ping", "/version",
     "/metrics", "/load", "/get_load", "/server_info", "/get_server_info", "/model_info", "/get_model_info",
     "/v1/completions/render", "/v1/chat/completions/render", "/kv/handshake", "/kv/lease", "/kv/release",
 })
