@@ -17,8 +17,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config.flags import add_config_arguments
-from kvmesh.cluster.config.vllm_forms import add_model_argument
 from kvmesh.cluster.config.trees import REPLICA_SCHEMA, ReplicaCommandConfig
+from kvmesh.cluster.config.vllm_forms import add_model_argument
 
 if TYPE_CHECKING:
     from kvmesh.replica.interfaces import ModelRunnerInterface

@@ -20,8 +20,8 @@ import sys
 import time
 
 from kvmesh.cluster.config.flags import add_config_arguments
-from kvmesh.cluster.config.vllm_forms import add_model_argument
 from kvmesh.cluster.config.trees import SERVE_SCHEMA
+from kvmesh.cluster.config.vllm_forms import add_model_argument
 from kvmesh.cluster.interrupts import Interrupts, Terminated
 
 EXAMPLE_HEADER = """\

@@ -1,9 +1,6 @@
 """vLLM's command-line habits: `serve MODEL` / `replica MODEL` and --lora-modules in vLLM's three forms."""
 
-import argparse
-
 import pytest
-
 from kvmesh.cluster.cli import build_parser
 from kvmesh.cluster.config.flags import ConfigError, config_from_args
 from kvmesh.cluster.config.trees import REPLICA_SCHEMA, SERVE_SCHEMA
