@@ -224,7 +224,8 @@ class Scheduler:
         all_token_ids = request.all_token_ids
         request.decoding_in_runner = end == len(all_token_ids)  # the runner samples its next token
         # positional for speed: request_id, token_ids, num_computed_tokens, block_ids (the live block table,
-        # extended as blocks are allocated), sample, sampling_params, output_token_ids, lora_request
+        # extended as blocks are allocated), sample, sampling_params, output_token_ids, lora_request, prompt_token_ids
+        sp = request.sampling_params
         return ScheduledRequest(request.request_id, all_token_ids[start:end], start, request.block_ids,
-                                end == len(all_token_ids), request.sampling_params, request.output_token_ids,
-                                request.lora_request)
+                                end == len(all_token_ids), sp, request.output_token_ids, request.lora_request,
+                                request.prompt_token_ids if sp.penalized else None)

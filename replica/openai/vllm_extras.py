@@ -41,6 +41,14 @@ class VLLMExtraFields(OpenAIBaseModel):
     """Keep at most this many prompt tokens (-1: the model's context); None: the prompt as it is."""
     truncation_side: Literal["left", "right"] | None = None
     """Where truncation cuts: "left" (the default) keeps the prompt's last tokens, "right" its first."""
+    presence_penalty: float | None = None
+    """Subtracted from the logit of every token the output holds, in [-2, 2] (also OpenAI's)."""
+    frequency_penalty: float | None = None
+    """Times each token's count in the output, subtracted from its logit, in [-2, 2] (also OpenAI's)."""
+    repetition_penalty: float | None = None
+    """Logits of prompt and output tokens divided by it where positive, multiplied where not (> 0; 1: none)."""
+    min_p: float | None = None
+    """Drop tokens less likely than min_p x the most likely one, after temperature (in [0, 1])."""
     add_special_tokens: _Flag | None = None
     """Encode the prompt with the tokenizer's special tokens (BOS); None: the endpoint's rule, as vLLM's defaults
     (a completion's text yes, a rendered chat no: its template has them)."""
@@ -48,7 +56,10 @@ class VLLMExtraFields(OpenAIBaseModel):
     def sampling_extras(self) -> dict[str, object]:
         """What these fields set in the engine's ``SamplingParams``."""
         return {"skip_special_tokens": self.skip_special_tokens, "allowed_token_ids": self.allowed_token_ids,
-                "include_stop_str_in_output": self.include_stop_str_in_output}
+                "include_stop_str_in_output": self.include_stop_str_in_output,
+                "presence_penalty": self.presence_penalty or 0.0, "frequency_penalty": self.frequency_penalty or 0.0,
+                "repetition_penalty": 1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                "min_p": self.min_p or 0.0}
 
     def check_extras(self) -> None:
         """The rules of vLLM's fields: the ones kvmesh refuses (refused_fields.py), prompt logprobs not streamed."""

@@ -1,5 +1,5 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens, logit_bias, and the
-logprobs rows ask for (of the raw distribution, gathered by logprobs.py).
+"""Batched sampling: greedy, temperature, top-k, top-p, min_p, penalties (penalties.py), per-request seeds,
+min_tokens, logit_bias, and the logprobs rows ask for (of the raw distribution, gathered by logprobs.py).
 
 All rows are processed together on [N, vocab] tensors. A random row draws by inverse CDF with one
 uniform number per row from its key (draws.py: splitmix64 of (seed, position), or of the runner's
@@ -24,6 +24,7 @@ import torch
 from kvmesh.replica.sample.draws import RandomDraws, seeded_uniforms
 from kvmesh.replica.sample.fixed_sampler import draw_in_order, truncated_weights
 from kvmesh.replica.sample.logprobs import LogprobsTensors, gather_logprobs
+from kvmesh.replica.sample.penalties import Penalties, apply_min_p, apply_penalties
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies, PackedUpload
 
@@ -68,6 +69,10 @@ class SamplingMetadata:
     allowed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     """(rows [R] int64 that allow only some tokens, then (rows [A], token ids [A]) int64 of the allowed ones):
     every other token of those rows is -inf (vLLM's ``allowed_token_ids``)."""
+    penalties: Penalties | None = None
+    """The penalized rows with their device counts and prompt masks (penalties.py); None: no row is penalized."""
+    min_p: torch.Tensor | None = None
+    """[N] float32 (0: none); None when no random row uses min_p."""
 
     @property
     def all_greedy(self) -> bool:
@@ -77,7 +82,7 @@ class SamplingMetadata:
     def plain_greedy(self) -> bool:
         """Every row takes the argmax of its logits as they are (no bias, bans or logprobs)."""
         return self.temperature is None and self.banned is None and self.logit_bias is None \
-            and self.allowed is None and self.max_num_logprobs is None
+            and self.allowed is None and self.max_num_logprobs is None and self.penalties is None
 
 
 def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,
@@ -126,6 +131,8 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
             arrays["top_k"] = (top_ks, i64)
             arrays["top_p"] = ([sp.top_p for sp in params], f32)
         arrays["keys"] = ((draws or RandomDraws()).keys(params, num_generated), i64)
+        if any(sp.min_p > 0.0 and not sp.greedy for sp in params):
+            arrays["min_p"] = ([sp.min_p for sp in params], f32)
         plain = [row for row, sp in enumerate(params) if not sp.greedy and not truncated[row]]
         if plain:
             arrays["plain_rows"] = (plain, i64)
@@ -145,7 +152,7 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
         plain_rows=t.get("plain_rows"), truncated_rows=t.get("truncated_rows"),
         max_top_k=max((top_ks[row] for row in trunc if top_ks[row] < vocab_size), default=0),
         nucleus_only=any(top_ks[row] >= vocab_size for row in trunc), logprobs_index=t.get("logprobs_index"),
-        allowed=allowed)
+        allowed=allowed, min_p=t.get("min_p"))
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
@@ -202,7 +209,8 @@ class Sampler:
         self.logprobs_copies = logprobs_copies  # where packed logprobs come back without blocking (None: blocking)
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        logits = logits.to(torch.float32, copy=not (md.banned is None and md.logit_bias is None and md.allowed is None))
+        logits = logits.to(torch.float32, copy=not (md.banned is None and md.logit_bias is None and md.allowed is None
+                                                    and md.penalties is None))
         if md.logit_bias is not None:
             rows, token_ids, biases = md.logit_bias
             logits.index_put_((rows, token_ids), biases, accumulate=True)
@@ -213,10 +221,14 @@ class Sampler:
             logits.index_put_((rows, token_ids), kept)
         if md.banned is not None:
             logits.index_put_(md.banned, logits.new_full((), float("-inf")))
+        if md.penalties is not None:
+            apply_penalties(logits, md.penalties)
         if md.all_greedy:
             return argmax(logits)
         greedy = argmax(logits) if md.any_greedy else None
         logits = logits / md.temperature.unsqueeze(1)
+        if md.min_p is not None:
+            logits = apply_min_p(logits, md.min_p)
         u = seeded_uniforms(md.keys)  # [N]
         # each row's draw depends on its own logits, settings and key (fixed_sampler.py): the same token as the
         # decode graph's sampler, whichever rows share the batch

@@ -76,6 +76,14 @@ class SamplingParams:
     """Keep the stop string that ended the text at its end (by default it is cut off)."""
     allowed_token_ids: list[int] | None = None
     """Sample only among these token ids (vLLM's; None: any)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token the output holds (vLLM's; in [-2, 2])."""
+    frequency_penalty: float = 0.0
+    """Times each token's count in the output, subtracted from its logit (vLLM's; in [-2, 2])."""
+    repetition_penalty: float = 1.0
+    """Logits of tokens in the prompt or output are divided by it where positive, multiplied where not (> 0)."""
+    min_p: float = 0.0
+    """Drop tokens whose probability (after temperature) is below min_p x the most likely one's (in [0, 1])."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -112,6 +120,7 @@ class SamplingParams:
                 not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.allowed_token_ids)):
             raise SamplingParamsError("allowed_token_ids", "allowed_token_ids must be a non-empty list of "
                                       f"non-negative token ids, got {self.allowed_token_ids!r}")
+        self._validate_penalties()
         for token_id, bias in (self.logit_bias or {}).items():
             if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
                 raise SamplingParamsError(
@@ -119,6 +128,22 @@ class SamplingParams:
             if not isinstance(bias, int | float) or not -100.0 <= bias <= 100.0:
                 raise SamplingParamsError(
                     "logit_bias", f"logit_bias[{token_id}] must be a number in [-100, 100], got {bias!r}")
+
+    def _validate_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not -2.0 <= value <= 2.0:
+                raise SamplingParamsError(name, f"{name} must be in [-2, 2], got {value!r}")
+        rep = self.repetition_penalty
+        if not isinstance(rep, int | float) or isinstance(rep, bool) or not rep > 0.0:
+            raise SamplingParamsError("repetition_penalty", f"repetition_penalty must be > 0, got {rep!r}")
+        if not isinstance(self.min_p, int | float) or isinstance(self.min_p, bool) or not 0.0 <= self.min_p <= 1.0:
+            raise SamplingParamsError("min_p", f"min_p must be in [0, 1], got {self.min_p!r}")
+
+    @property
+    def penalized(self) -> bool:
+        """Some penalty applies: the runner keeps the request's token counts on the device."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
     def greedy(self) -> bool:

@@ -46,6 +46,8 @@ class ScheduledRequest:
     """Tokens generated so far (seeded sampling derives its generator state from their count)."""
     lora_request: LoRARequest | None = None
     """The LoRA adapter the request runs with (None: the base model); the runner keeps it with the row."""
+    prompt_token_ids: list[int] | None = None
+    """The whole prompt, sent for requests with penalties only (the runner marks its tokens; None: not sent)."""
 
 
 @dataclass(slots=True)

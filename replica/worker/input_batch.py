@@ -35,6 +35,7 @@ from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.lora.manager import LoRAManager
 from kvmesh.replica.sample.draws import RandomDraws
 from kvmesh.replica.sample.fixed_sampler import fixed_settings
+from kvmesh.replica.sample.penalties import PenaltyState
 from kvmesh.replica.sample.sampler import SamplingMetadata, build_sampling_metadata
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -66,6 +67,8 @@ class InputBatch:
         self.dispatcher = CudagraphDispatcher()  # each step's path; the runner hands it its graphs (graphs/)
         self._prev_rows = np.zeros(0, np.int64)
         self.plain_greedy = np.zeros(0, bool)  # greedy, no min_tokens/logit_bias/logprobs: no sampling metadata
+        self.penalized = np.zeros(0, bool)  # rows whose output counts and prompt mask ``penalties`` keeps
+        self.penalties = PenaltyState(device)
         self.req_ids = np.zeros(0, object)
         self.params: list = []
         self.lora: LoRAManager | None = None  # the runner's LoRA state (None: LoRA off)
@@ -76,7 +79,8 @@ class InputBatch:
     def _fit_rows(self) -> None:
         n, old = self.block_tables.num_rows, len(self.params)
         if n > old:
-            for name in ("num_computed", "last_token", "num_output", "prev_sample", "plain_greedy", "req_ids", "lora_ids"):
+            for name in ("num_computed", "last_token", "num_output", "prev_sample", "plain_greedy", "penalized", "req_ids",
+                         "lora_ids"):
                 a = getattr(self, name)
                 setattr(self, name, np.concatenate([a, np.zeros(n - old, a.dtype)]))
             self.params += [None] * (n - old)
@@ -94,7 +98,10 @@ class InputBatch:
             sp = sr.sampling_params
             self.req_ids[row], self.params[row], self.num_output[row] = sr.request_id, sp, len(sr.output_token_ids)
             self.plain_greedy[row] = (sp.greedy and not sp.min_tokens and not sp.logit_bias
-                                      and not sp.allowed_token_ids and sp.logprobs is None)
+                                      and not sp.allowed_token_ids and sp.logprobs is None and not sp.penalized)
+            self.penalized[row] = sp.penalized
+            if sp.penalized:  # counted from the request's tokens: new, resumed, or a later chunk alike
+                self.penalties.reset(row, sr.prompt_token_ids or [], sr.output_token_ids)
             self.num_computed[row] = sr.num_computed_tokens
             self.prev_sample[row] = 0  # its input ids come with it
             lora = sr.lora_request
@@ -251,8 +258,10 @@ class InputBatch:
         if self.plain_greedy[rows].all():
             return _ALL_GREEDY
         params = [self.params[r] for r in rows.tolist()]
-        return build_sampling_metadata(params, self.num_output[rows].tolist(), vocab_size, eos_token_ids, self.device,
-                                       self.sampling_upload, self.draws)
+        md = build_sampling_metadata(params, self.num_output[rows].tolist(), vocab_size, eos_token_ids, self.device,
+                                     self.sampling_upload, self.draws)
+        md.penalties = self.penalties.gather(rows, self.penalized[rows], params, vocab_size)
+        return md
 
     def first_token_index(self, inputs: ModelInputs, request_ids: list[str]) -> dict[str, int]:
         """Where each request's tokens start among the step's tokens (its first row of the hidden states)."""
@@ -275,6 +284,7 @@ class InputBatch:
         """A launched step sampled ``tokens`` [N] (on the device) for ``rows``: they are the rows' next inputs
         until the host records them; the rows' output counts move on now (seeds, min_tokens of the next step)."""
         self.num_output[rows] += 1
+        self.penalties.count(rows, self.penalized[rows], tokens)  # on the device: the next step needs no host copy
         self.prev_sample[self._prev_rows] = 0
         self.prev_sample[rows] = np.arange(1, len(rows) + 1)
         self.prev_sampled, self._prev_rows = tokens, rows
