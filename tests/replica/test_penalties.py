@@ -148,3 +148,18 @@ def test_greedy_repetition_penalty_matches_transformers(stories_path):
                           repetition_penalty=1.3, pad_token_id=0, eos_token_id=None)[0, ids.shape[1]:].tolist()
         assert out.output_token_ids == ref
     assert plain.output_token_ids != outs[0].output_token_ids  # the penalty changed the story
+
+
+def test_penalties_survive_preemption_and_async_scheduling(stories_path):
+    """Rows refilled on resume count the request's tokens: a cache small enough to preempt, sync and async, gives
+    the tokens of a roomy run."""
+    from .test_engine_async_scheduling import PROMPTS, both, engine, generate
+
+    params = {rid: SamplingParams(temperature=0.0 if rid in "ac" else 0.8, seed=2, max_tokens=28, ignore_eos=True,
+                                  repetition_penalty=1.3, frequency_penalty=0.4 if rid in "ab" else 0.0,
+                                  presence_penalty=-0.5 if rid == "c" else 0.0)
+              for rid in PROMPTS}
+    roomy = generate(engine(stories_path, False), params)
+    sync, async_, eng = both(stories_path, params, engine_kw={"num_kv_blocks": 24})
+    assert async_ == sync == roomy
+    assert eng.get_stats().num_preemptions > 0
