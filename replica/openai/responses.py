@@ -7,6 +7,7 @@ import time
 import uuid
 from typing import ClassVar, Literal
 
+from kvmesh.replica.serving.errors import ProtocolError
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, SerializerFunctionWrapHandler, model_serializer
 
 
@@ -161,6 +162,23 @@ class CompletionChunk(OpenAIBaseModel):
     """The prompt's token ids, on the first chunk of a stream with ``return_token_ids``."""
 
 
+class ModelPermission(OpenAIBaseModel):
+    """vLLM's (OpenAI's old) permission entry: clients built against vLLM read it, kvmesh grants what it serves."""
+
+    id: str = Field(default_factory=lambda: random_id("modelperm"))
+    object: Literal["model_permission"] = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
 class ModelCard(OpenAIBaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -170,11 +188,22 @@ class ModelCard(OpenAIBaseModel):
     max_model_len: int | None = None
     parent: str | None = None
     """The base model's name for a LoRA adapter (vLLM's); None for a base model."""
+    permission: list[ModelPermission] = Field(default_factory=lambda: [ModelPermission()])
 
 
 class ModelList(OpenAIBaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+def card_named(cards: list[JsonValue], model_id: str) -> JsonValue:
+    """``GET /v1/models/{id}``: the card of ``model_id`` among ``cards``; a 404 naming what is served."""
+    card = next((c for c in cards if isinstance(c, dict) and c.get("id") == model_id), None)
+    if card is None:
+        served = ", ".join(f"`{c['id']}`" for c in cards if isinstance(c, dict))
+        raise ProtocolError(f"The model `{model_id[:200]}` does not exist; this server serves {served} (see "
+                            "/v1/models).", 404, param="model")
+    return card
 
 
 SSE_DONE = "data: [DONE]\n\n"

@@ -4,6 +4,7 @@
     POST /tokenize, /detokenize, /v1/completions/render, /v1/chat/completions/render, GET /version
                                                  shared with the router (replica/openai/routes.py)
     GET  /v1/models                              the served model, then its LoRA adapters (``parent``: the model)
+    GET  /v1/models/{id}                         one of them (vLLM's card); a 404 naming what is served
     POST /v1/load_lora_adapter, /v1/unload_lora_adapter   LoRA adapters at runtime (lora_models.py; admin plane)
     GET  /health, /ping                          200 while the engine runs, 503 otherwise
     GET  /metrics                                Prometheus (vLLM names, metrics.py)
@@ -77,13 +78,20 @@ def build_app(state: ServerState) -> FastAPI:
 
     open_server = server.api_key is None and server.admin_key is None and server.internal_key is None
 
-    @app.get("/v1/models")
-    async def models(http: Request):  # host paths (root) for the router and the operator only
+    def cards(http: Request) -> list:  # host paths (root) for the router and the operator only
         max_model_len = state.engine_client.max_model_len
         paths = open_server or is_operator(http.scope)
         card = r.ModelCard(id=state.model_name, root=state.model_path if paths else state.model_name,
                            max_model_len=max_model_len)
-        return r.ModelList(data=[card, *state.loras.cards(max_model_len, paths)]).model_dump()
+        return r.ModelList(data=[card, *state.loras.cards(max_model_len, paths)]).model_dump()["data"]
+
+    @app.get("/v1/models")
+    async def models(http: Request):
+        return {"object": "list", "data": cards(http)}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, http: Request):
+        return r.card_named(cards(http), model_id)
 
     async def health():
         reason = state.engine_client.dead_reason()

@@ -2,7 +2,8 @@
 
     POST /tokenize, /v1/completions/render, /v1/chat/completions/render, GET /version
                                      shared with the replica (replica/openai/routes.py)
-    GET  /v1/models                  every base model and adapter served (router/control/models.py)
+    GET  /v1/models                  every base model and adapter served, vLLM's card (router/control/models.py)
+    GET  /v1/models/{id}             one of them; a 404 naming what is served
     GET  /health, /ping              200 when >= 1 replica is healthy, else 503
     GET  /get_load                   the router's in-flight requests (SGLang's shape)
     GET  /metrics                    Prometheus (router/http/metrics.py)
@@ -22,6 +23,7 @@ from fastapi.responses import JSONResponse
 from kvmesh.replica.openai.auth import AuthMiddleware, is_operator
 from kvmesh.replica.openai.errors import install_error_handlers
 from kvmesh.replica.openai.metrics_exposition import metrics_response
+from kvmesh.replica.openai.responses import card_named
 from kvmesh.replica.openai.routes import install_shared_routes
 from kvmesh.replica.serving.errors import ProtocolError, error_body
 from kvmesh.router.admission.tenants import Tenants
@@ -75,6 +77,10 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
     @app.get("/v1/models")
     async def models(http: AppRequest):  # every base model, then every adapter (its parent: its base); host paths
         return {"object": "list", "data": runtime.models.cards(paths=is_operator(http.scope))}  # for the admin only
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, http: AppRequest):
+        return card_named(runtime.models.cards(paths=is_operator(http.scope)), model_id)
 
     async def health():
         healthy = sorted(map(str, runtime.router.healthy))

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from kvmesh.replica.openai.renderer import PromptRenderer
+from kvmesh.replica.openai.responses import ModelCard
 from kvmesh.replica.serving.model_names import check_model, model_aliases, names_model
 from kvmesh.router.http.upstream import UpstreamError
 from kvmesh.router.routing.model_pools import ModelCatalog, ModelPool, ServedModels
@@ -137,24 +138,28 @@ class RouterModels:
             base, (self.runtime.tokenizer, None))[0]
 
     def cards(self, paths: bool = False) -> list[dict]:
-        """``/v1/models``'s entries: every base model served, then every adapter (``parent``: its base); ``root`` is
-        the host path or hub id it was loaded from only with ``paths`` (the admin), else its served name."""
+        """``/v1/models``'s entries in vLLM's shape: every base model served, then every adapter (``parent``: its
+        base); ``root`` is the host path or hub id it was loaded from only with ``paths`` (the admin), else its
+        served name; ``max_model_len`` is its tokenizer's context (None before the router knows it)."""
         rt, bases = self.runtime, self.catalog.bases()
         cfg = rt.config
         own = cfg.served_model_name or cfg.model or cfg.tokenizer
         if len(bases) <= 1 and (own is not None or not bases):  # one model: as before, under the router's name
-            base_cards = [{"id": own or "kvmesh", "object": "model", "owned_by": "kvmesh", "root": cfg.model}]
+            base_cards = [(own or "kvmesh", cfg.model, None, self._context(None))]
         else:
-            base_cards = [{"id": base, "object": "model", "owned_by": "kvmesh", "root": self.catalog.root_of(base)}
-                          for base in bases]
-        parent_of_one = base_cards[0]["id"] if len(base_cards) == 1 else None
-        adapters = [{"id": name, "object": "model", "owned_by": "kvmesh", "root": path,
-                     "parent": parent_of_one if len(bases) <= 1 else base}
+            base_cards = [(base, self.catalog.root_of(base), None, self._context(base)) for base in bases]
+        parent_of_one = base_cards[0][0] if len(base_cards) == 1 else None
+        adapters = [(name, path, parent_of_one if len(bases) <= 1 else base,
+                     self._context(None if len(bases) <= 1 else base))
                     for name, (base, path) in sorted(self.catalog.adapters().items())]
-        if not paths:
-            for card in base_cards + adapters:
-                card["root"] = card["id"]
-        return base_cards + adapters
+        return [ModelCard(id=name, root=root if paths else name, parent=parent, max_model_len=context).model_dump()
+                for name, root, parent, context in base_cards + adapters]
+
+    def _context(self, base: str | None) -> int | None:
+        """The context length of ``base`` (None: the router's own model), from its tokenizer."""
+        tokenizer = self.runtime.tokenizer if base is None else self.frontends.get(
+            base, (self.runtime.tokenizer, None))[0]
+        return tokenizer.max_model_len if tokenizer is not None else None
 
     # ---------------------------------------------------------------- reports
     async def learn(self, spec: ReplicaSpec, info: ServerInfo | None) -> None:

@@ -59,7 +59,7 @@ def test_each_model_from_its_own_pool_adapters_loaded_where_missing(two_model_fa
     assert not httpx.get(b1.info["url"] + "/fake/stats", timeout=5).json()["adapter_calls"]
     cards = {c["id"]: c for c in httpx.get(router.url + "/v1/models", timeout=5).json()["data"]}
     assert set(cards) == {"llama", "qwen", "tiny"} and cards["tiny"]["parent"] == "llama"
-    assert "parent" not in cards["llama"] and cards["tiny"]["root"] == "tiny"  # a tenant sees no host path
+    assert cards["llama"]["parent"] is None and cards["tiny"]["root"] == "tiny"  # a tenant sees no host path
     admin_cards = {c["id"]: c for c in httpx.get(router.url + "/v1/models", headers=ADMIN).json()["data"]}
     assert admin_cards["tiny"]["root"] == str(adapter_dir)
     assert {answered_by(complete(router, "tiny")) for _ in range(6)} <= {"a1", "a2"}
