@@ -50,7 +50,9 @@ def test_admin_key_registers_and_removes_while_the_api_key_cannot(fakes, start_r
     assert _register(router, fakes[0].spec, "a", TENANT).status_code == 403
     r = _register(router, fakes[0].spec, "a", ADMIN)
     assert r.status_code == 200 and r.json() == {"id": "a", "healthy": True}
-    assert httpx.get(router.url + "/v1/models", headers=ADMIN).status_code == 401  # the admin key is not a tenant's
+    assert httpx.get(router.url + "/v1/models", headers=ADMIN).status_code == 200  # the admin reads the cards (roots)
+    assert httpx.post(router.url + "/v1/completions", headers=ADMIN,  # but the admin key is not a tenant's
+                      json={"model": "kvmesh", "prompt": "hi"}).status_code == 401
     assert httpx.get(router.url + "/replicas", headers=TENANT).status_code == 403  # the tenants' key sees no URLs
     assert httpx.get(router.url + "/replicas", headers=ADMIN).json()["replicas"][0]["id"] == "a"
     assert httpx.delete(router.url + "/replicas/a", headers=ADMIN).json() == {"id": "a", "removed": True}
