@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_kv import KV_COMMANDS, AsyncKVCommands
-from kvmesh.replica.engine.commands import AbortRequests, AddLoRA, AddRequest, EngineCommand, RemoveLoRA
+from kvmesh.replica.engine.commands import (AbortRequests, AddLoRA, AddRequest, EngineCommand, RemoveLoRA, answer,
+                                            refuse)
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.load_fields import event_stream_report, lora_report, read_racily
@@ -131,6 +132,8 @@ class AsyncLLM(AsyncKVCommands):
             await asyncio.wrap_future(accepted)
         except BaseException:
             self._streams.pop(request_id, None)
+            if not _refused(accepted):  # cancelled: it may have been accepted just before, never left running
+                self._submit(AbortRequests([request_id]))
             raise
         finished = False
         try:
@@ -265,9 +268,10 @@ class AsyncLLM(AsyncKVCommands):
                                             priority=command.priority)
                 except BaseException as e:
                     self.kv_transfers.request_refused(command.request_id)
-                    command.accepted.set_exception(e)
+                    refuse(command.accepted, e)
                 else:
-                    command.accepted.set_result(None)
+                    if not answer(command.accepted, None):  # its caller gave up before it was accepted
+                        self.engine.abort_request(command.request_id)
             elif isinstance(command, AddLoRA | RemoveLoRA):
                 self._lora_command(command)
             elif isinstance(command, KV_COMMANDS):
@@ -277,16 +281,18 @@ class AsyncLLM(AsyncKVCommands):
 
     def _lora_command(self, command: AddLoRA | RemoveLoRA) -> None:
         try:
-            answer = (self.engine.add_lora(command.lora_request) if isinstance(command, AddLoRA)
-                      else self.engine.remove_lora(command.lora_name))
+            done = (self.engine.add_lora(command.lora_request) if isinstance(command, AddLoRA)
+                    else self.engine.remove_lora(command.lora_name))
         except Exception as e:  # noqa: BLE001 - the caller gets it (a refused adapter is a ValueError)
-            command.done.set_exception(e)
+            refuse(command.done, e)
         else:
-            command.done.set_result(answer)
+            answer(command.done, done)  # a caller gone leaves it done: loading twice is a no-op
 
     def _deliver(self, out: RequestOutput) -> None:
         stream = self._streams.get(out.request_id)
-        if stream is None:
+        if stream is None:  # its caller is gone (cancelled, or its stream closed): nobody reads it, end it
+            if not out.finished:
+                self.engine.abort_request(out.request_id)
             return
         loop, out_queue = stream
         try:
@@ -294,3 +300,8 @@ class AsyncLLM(AsyncKVCommands):
         except RuntimeError:  # the caller's event loop is gone: nobody will read this request
             self._streams.pop(out.request_id, None)
             self.engine.abort_request(out.request_id)
+
+
+def _refused(accepted: concurrent.futures.Future) -> bool:
+    """The engine refused the request (an id of its own may still run under that name: not to be aborted)."""
+    return accepted.done() and not accepted.cancelled() and accepted.exception() is not None

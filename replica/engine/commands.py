@@ -2,13 +2,19 @@
 
 Frozen slotted dataclasses, not msgspec Structs: a command never leaves the process (it crosses one thread,
 through a ``queue.SimpleQueue``), and ``AddRequest`` carries a ``concurrent.futures.Future``, which has no wire form.
+
+A caller may stop waiting at any await point (its client went away, ``asyncio.wait_for``, a server shutting down):
+cancelling the awaited ``asyncio.wrap_future`` cancels the command's future too, and setting a cancelled future
+raises. The engine thread therefore settles every answer through ``answer`` / ``refuse``, which never raise on a
+settled future and tell it whether the caller will read the answer (so it can undo what nobody will use: abort the
+request, release the lease).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -16,6 +22,27 @@ from kvmesh.replica.serving.sampling_params import SamplingParams
 if TYPE_CHECKING:  # named for type checkers only: the engine loads no transfer code until a pull is asked
     from kvmesh.replica.kv_transfer.agent import KVTransferAgent
     from kvmesh.replica.kv_transfer.leases import Lease
+
+T = TypeVar("T")
+
+
+def answer(future: concurrent.futures.Future[T], value: T) -> bool:
+    """Hand ``value`` to the caller waiting on ``future``; False (and nothing raised) when the caller gave up on it
+    first (cancelled): nobody will read ``value``."""
+    try:
+        future.set_result(value)
+    except concurrent.futures.InvalidStateError:
+        return False
+    return True
+
+
+def refuse(future: concurrent.futures.Future, error: BaseException) -> bool:
+    """Hand ``error`` to the caller waiting on ``future``; False when the caller gave up on it first."""
+    try:
+        future.set_exception(error)
+    except concurrent.futures.InvalidStateError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)

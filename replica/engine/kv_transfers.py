@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvmesh.replica.engine.commands import LeaseAtFinish, LeaseBlocks, PullPrefix, ReleaseLease
+from kvmesh.replica.engine.commands import LeaseAtFinish, LeaseBlocks, PullPrefix, ReleaseLease, answer, refuse
 from kvmesh.replica.engine.request import Request, RequestStatus
 from kvmesh.replica.engine.step_time import LinearFit
 from kvmesh.replica.kv_transfer.agent import block_bytes
@@ -79,11 +79,15 @@ class EngineKVTransfers:
     def handle(self, command: PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease) -> None:
         manager = self.kv_cache_manager
         if isinstance(command, LeaseAtFinish):
-            self.at_finish[command.request_id] = command
+            if not command.granted.cancelled():  # its caller gone already: nobody would read the lease
+                self.at_finish[command.request_id] = command
+        elif isinstance(command, LeaseBlocks) and command.lease_id is None:
+            lease = _settle(command.granted, lambda: self.leases.grant(manager, command.block_hashes, command.ttl_s,
+                                                                       command.peer))
+            if lease is not None and lease.lease_id:  # its caller gave up: nobody will release it
+                self.leases.release(manager, lease.lease_id)
         elif isinstance(command, LeaseBlocks):
-            _settle(command.granted, lambda: self.leases.grant(manager, command.block_hashes, command.ttl_s,
-                                                               command.peer) if command.lease_id is None
-                    else self.leases.lookup(manager, command.lease_id, command.block_hashes))
+            _settle(command.granted, lambda: self.leases.lookup(manager, command.lease_id, command.block_hashes))
         elif isinstance(command, ReleaseLease):
             _settle(command.released, lambda: self.leases.release(manager, command.lease_id))
         else:
@@ -98,7 +102,7 @@ class EngineKVTransfers:
             return
         empty = Lease("", [], 0, command.ttl_s)
         if request.status not in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH):
-            command.granted.set_result(empty)
+            answer(command.granted, empty)
             return
         manager = self.kv_cache_manager
         hasher = manager.req_to_hasher.get(request.request_id)
@@ -107,10 +111,13 @@ class EngineKVTransfers:
                                   request.lora_identity)
         hashes = hasher.block_hashes[: request.num_prompt_tokens // manager.block_size]
         try:
-            command.granted.set_result(self.leases.grant(manager, hashes, command.ttl_s, command.peer))
+            lease = self.leases.grant(manager, hashes, command.ttl_s, command.peer)
         except LeaseRefused as e:  # the decode side computes the prompt
             logger.warning("prefill handle of %s holds no blocks: %s", request.request_id, e.message)
-            command.granted.set_result(empty)
+            answer(command.granted, empty)
+            return
+        if not answer(command.granted, lease) and lease.lease_id:  # its caller gave up: nobody will release it
+            self.leases.release(manager, lease.lease_id)
 
     def held_blocks(self) -> list:
         """Device blocks the leases and the pulls in flight hold (the pool's integrity check counts them)."""
@@ -130,7 +137,7 @@ class EngineKVTransfers:
         """The request never ran (``add_request`` refused it): an armed lease ends empty."""
         command = self.at_finish.pop(request_id, None)
         if command is not None:
-            command.granted.set_result(Lease("", [], 0, command.ttl_s))
+            answer(command.granted, Lease("", [], 0, command.ttl_s))
 
     def _start_pull(self, command: PullPrefix) -> None:
         try:
@@ -139,10 +146,10 @@ class EngineKVTransfers:
                                  command.lora_name, remote_block_media=command.remote_block_media,
                                  on_progress=self.wake, lora_identity=command.lora_identity)
         except BaseException as e:  # bad arguments (media not matching the ids)
-            command.pulled.set_exception(e)
+            refuse(command.pulled, e)
             return
         if isinstance(pending, int):
-            command.pulled.set_result(pending)  # nothing missing, or no room: the prompt is computed
+            answer(command.pulled, pending)  # nothing missing, or no room: the prompt is computed
         else:
             self.pulls.append(_InFlight(pending, command, time.monotonic(), block_bytes(command.agent)))
 
@@ -158,17 +165,19 @@ class EngineKVTransfers:
                 except BaseException as e:  # KVTransferError (or bad block ids): the blocks are quarantined
                     if not pull.pending.settle():
                         self.quarantine.append(pull.pending)
-                    pull.command.pulled.set_exception(e)
+                    refuse(pull.command.pulled, e)
                     continue
                 if tokens is None:
                     still.append(pull)
                     continue
                 if tokens:
                     self._measure(tokens // self.block_size * pull.bytes_per_block, now - pull.started)
-                pull.command.pulled.set_result(tokens)
+                answer(pull.command.pulled, tokens)  # a caller gone leaves the blocks cached, as any pull
             self.pulls = still
         if self.quarantine:
             self.quarantine = [pending for pending in self.quarantine if not pending.settle()]
+        if self.at_finish:  # an arm whose caller gave up (maybe before its request came) takes no lease
+            self.at_finish = {rid: arm for rid, arm in self.at_finish.items() if not arm.granted.cancelled()}
         if self.leases.active:
             self.leases.expire(self.kv_cache_manager)
 
@@ -219,7 +228,7 @@ class EngineKVTransfers:
         goes with the engine (the agent keeps the cache registered, so a late write still lands in its memory)."""
         for pull in self.pulls:
             pull.pending.read.give_up(RuntimeError("the engine stopped while a KV pull was in flight"))
-            pull.command.pulled.set_exception(RuntimeError("the engine stopped while a KV pull was in flight"))
+            refuse(pull.command.pulled, RuntimeError("the engine stopped while a KV pull was in flight"))
             self.quarantine.append(pull.pending)
         self.pulls = []
         self.quarantine = [pending for pending in self.quarantine if not pending.settle()]
@@ -231,8 +240,12 @@ class EngineKVTransfers:
         self.leases.expire(self.kv_cache_manager, now=float("inf"))
 
 
-def _settle(future, compute) -> None:
+def _settle(future, compute):
+    """Answer ``future`` with ``compute()`` (or refuse it with what that raised); the value when nobody reads it
+    (the caller gave up: the engine undoes it), else None."""
     try:
-        future.set_result(compute())
+        value = compute()
     except BaseException as e:  # noqa: BLE001 - handed to the caller
-        future.set_exception(e)
+        refuse(future, e)
+        return None
+    return None if answer(future, value) else value

@@ -1,0 +1,115 @@
+"""A caller may give up on any ``AsyncLLM`` call at any await point, and the engine keeps serving.
+
+The engine thread drains commands between steps, so with a slow step a command waits there: a caller cancelled
+in that window (a client gone, ``asyncio.wait_for``, a server shutting down) has cancelled the command's future
+before the engine thread answers it. Each call kind is cancelled there, once and then in a loop with random
+timeouts (a race), and afterwards the engine still serves and holds no request nobody waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.engine.async_llm import AsyncLLM
+from kvmesh.replica.engine.llm_engine import LLMEngine
+from kvmesh.replica.serving.sampling_params import SamplingParams
+from kvmesh.replica.worker.fake_runner import FakeModelRunner
+
+LONG = SamplingParams(temperature=0.0, max_tokens=800, ignore_eos=True)
+"""A request that runs until it is aborted."""
+
+
+@pytest.fixture
+def llm():
+    runner = FakeModelRunner(num_kv_blocks=512, block_size=4)
+    engine = LLMEngine(EngineConfig(model="fake", block_size=4, hash_seed=b"s"),
+                       model_runner=runner, skip_tokenizer_init=True)
+    runner.step_delay = 0.004  # commands wait up to a step: the window a cancel lands in
+    llm = AsyncLLM(engine=engine)
+    yield llm
+    llm.shutdown()
+
+
+async def first_output(llm, request_id, prompt=(1, 2, 3)):
+    stream = llm.generate(list(prompt), LONG, request_id=request_id)
+    await stream.__anext__()
+    return stream
+
+
+async def generate_one(llm, n: int):
+    async for out in llm.generate([7, 8, 9], SamplingParams(temperature=0.0, max_tokens=4),
+                                  request_id=f"gen-{n}"):
+        if out.finished:
+            return out
+
+
+CALLS = {
+    "generate": generate_one,
+    "lease_blocks": lambda llm, n: llm.lease_blocks([1, 2, 3, 4, 5, 6, 7, 8, 9], None, 30.0, peer=f"p{n % 4}"),
+    "release_lease": lambda llm, n: llm.release_lease(f"no-such-lease-{n}"),
+    "remove_lora": lambda llm, n: llm.remove_lora(f"no-such-adapter-{n}"),
+    "lease_at_finish": lambda llm, n: asyncio.wrap_future(llm.lease_at_finish(f"gen-{n}", 30.0)),
+}
+
+
+async def settle(llm, keep: set[str]) -> None:
+    """Wait until the engine ran the commands sent so far and holds no request (nor arm) but ``keep``."""
+    for _ in range(500):
+        if set(llm.engine.scheduler.requests) <= keep and set(llm.kv_transfers.at_finish) <= keep:
+            return
+        await asyncio.sleep(0.01)
+
+
+def assert_serving(llm, keep: set[str]) -> None:
+    assert llm.errored is None, f"the engine loop died: {llm.errored!r}"
+    assert llm.is_running
+    assert set(llm.engine.scheduler.requests) <= keep, "a cancelled call left its request running"
+    assert not llm.kv_transfers.leases.active, "a cancelled lease still holds blocks"
+    assert not llm.kv_transfers.at_finish, "a cancelled lease_at_finish is still armed"
+
+
+@pytest.mark.parametrize("kind", sorted(CALLS))
+async def test_a_call_cancelled_before_the_engine_answers_leaves_it_serving(llm, kind):
+    busy = await first_output(llm, "busy")  # the engine steps: commands wait for the step's end
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(CALLS[kind](llm, 0), timeout=0.0005)
+    await settle(llm, {"busy"})
+    assert_serving(llm, {"busy"})
+    out = await generate_one(llm, 10_000)  # it still serves a new request, start to finish
+    assert out.finish_reason == "length" and len(out.output_token_ids) == 4
+    await busy.aclose()
+
+
+@pytest.mark.parametrize("kind", sorted(CALLS))
+async def test_hundreds_of_calls_cancelled_at_random_points_never_kill_the_engine(llm, kind):
+    busy = await first_output(llm, "busy")
+    rng = random.Random(kind)
+    cancelled = 0
+    for n in range(200):
+        try:
+            await asyncio.wait_for(CALLS[kind](llm, n), timeout=rng.uniform(0.0, 0.006))
+        except asyncio.TimeoutError:
+            cancelled += 1
+        except Exception:  # noqa: BLE001 - an answer (e.g. "no such adapter") is fine; a dead engine is not
+            pass
+        assert llm.errored is None, f"the engine loop died after {n + 1} calls: {llm.errored!r}"
+    await busy.aclose()
+    await settle(llm, set())
+    assert cancelled > 20, f"only {cancelled} of 200 calls were cancelled: the race did not happen"
+    assert_serving(llm, set())
+    out = await generate_one(llm, 10_000)
+    assert out.finish_reason == "length"
+
+
+async def test_outputs_nobody_waits_for_abort_their_request(llm):
+    """A request whose stream is gone (its reader dropped it without closing) is aborted at its next output,
+    not run to max_tokens."""
+    stream = await first_output(llm, "orphan")
+    llm._streams.pop("orphan")  # what a reader that vanished between two outputs leaves behind
+    await settle(llm, set())
+    assert "orphan" not in llm.engine.scheduler.requests
+    assert llm.get_stats().num_finished.get("abort") == 1
+    del stream
