@@ -87,7 +87,7 @@ class SamplingFields(VLLMExtraFields):
             raise ProtocolError(f"seed must fit in 64 bits, got {self.seed}", param="seed")
         if self.cache_salt is not None and not self.cache_salt:
             raise ProtocolError("cache_salt must be a non-empty string when given", param="cache_salt")
-        self.check_extras()
+        self.check_extras(streaming=bool(self.stream))
 
     def continuation_seed(self, num_generated: int) -> int | None:
         """The seed under which this request, re-started after ``num_generated`` tokens (a migrated stream),

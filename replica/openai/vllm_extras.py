@@ -61,10 +61,11 @@ class VLLMExtraFields(OpenAIBaseModel):
                 "repetition_penalty": 1.0 if self.repetition_penalty is None else self.repetition_penalty,
                 "min_p": self.min_p or 0.0}
 
-    def check_extras(self) -> None:
-        """The rules of vLLM's fields: the ones kvmesh refuses (refused_fields.py), prompt logprobs not streamed."""
+    def check_extras(self, streaming: bool) -> None:
+        """The rules of vLLM's fields: the ones kvmesh refuses (refused_fields.py), prompt logprobs not streamed
+        (``streaming``: the request's ``stream``)."""
         rf.refuse_unimplemented(self)
-        if self.prompt_logprobs is not None and getattr(self, "stream", False):
+        if self.prompt_logprobs is not None and streaming:
             raise ProtocolError("prompt_logprobs are not available when streaming; send stream=false",
                                 param="prompt_logprobs")
 
