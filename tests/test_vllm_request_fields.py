@@ -4,7 +4,7 @@ tests/data/vllm_request_fields.json lists the fields (read from vLLM's source; i
 kvmesh's answer to each. This walk sends each field to a replica and through the router and checks that
 answer: an implemented field shows its effect (tests/vllm_field_probes.py), a refused one set to anything but
 vLLM's default is a 400 naming it while the default is served, an ignored one is served and README says why.
-Fields another part of kvmesh implements ("penalties", "structured_outputs") must show an effect or be a 400
+Fields another part of kvmesh implements ("structured_outputs") must show an effect or be a 400
 naming them: never a silent 200 (once one is implemented, list it as such and give it a probe of its effect).
 """
 
@@ -44,10 +44,6 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 ANOTHERS = {  # (the request without the field, the field's value): a 400 naming it, or an answer that differs
     # from the one without it (which may be a 400 of its own)
-    "frequency_penalty": ({"max_tokens": 32}, 2.0),
-    "presence_penalty": ({"max_tokens": 32}, 2.0),
-    "repetition_penalty": ({"max_tokens": 32}, 2.0),
-    "min_p": ({"temperature": 1.5, "seed": 3, "max_tokens": 16}, 0.9),
     "response_format": ({}, {"type": "json_object"}),
     "structured_outputs": ({}, {"choice": ["yes", "no"]}),
     "guided_json": ({}, SCHEMA),
@@ -78,7 +74,7 @@ def test_the_list_says_where_it_came_from_and_covers_both_models():
                for source in DATA["sources"])
     assert len(DATA["completions"]) >= 50 and len(DATA["chat"]) >= 60
     assert set(DATA["completions"].values()) | set(DATA["chat"].values()) <= {
-        "implemented", "refused", "ignored", "penalties", "structured_outputs"}
+        "implemented", "refused", "ignored", "structured_outputs"}
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
@@ -114,7 +110,7 @@ def test_an_ignored_field_is_served_and_the_readme_says_why(pair, endpoint, name
         ok(asker(url, endpoint)({name: IGNORED_VALUES.get(name, 1)}))
 
 
-@pytest.mark.parametrize("endpoint, name", walk("penalties") + walk("structured_outputs"))
+@pytest.mark.parametrize("endpoint, name", walk("structured_outputs"))
 def test_a_field_implemented_elsewhere_is_never_silently_ignored(pair, endpoint, name):
     base, value = ANOTHERS[name]
     for url in pair:

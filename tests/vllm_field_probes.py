@@ -277,6 +277,10 @@ COMMON: dict[str, Callable[[Ask], None]] = {
     "kv_transfer_params": read_as("kv_transfer_params", {"do_remote_decode": "yes"}),
     "prompt_logprobs": _prompt_logprobs,
     "allowed_token_ids": _allowed_token_ids,
+    "frequency_penalty": changes_text("frequency_penalty", 2.0, {"max_tokens": 32}),
+    "presence_penalty": changes_text("presence_penalty", 2.0, {"max_tokens": 32}),
+    "repetition_penalty": changes_text("repetition_penalty", 2.0, {"max_tokens": 32}),
+    "min_p": changes_text("min_p", 0.9, {"temperature": 1.5, "seed": 3, "max_tokens": 16}),
     "truncate_prompt_tokens": _truncate_prompt_tokens,
     "truncation_side": _truncation_side,
 }

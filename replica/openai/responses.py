@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, SerializerFunction
 
 
 class OpenAIBaseModel(BaseModel):
-    # Clients send fields we do not use (frequency_penalty=0, ...): accept and ignore them.
+    # Clients send fields this server does not know (OpenAI adds some each release): accept and ignore them.
     model_config = ConfigDict(extra="ignore")
     __token_id_fields__: ClassVar[tuple[str, ...]] = ()
     """Fields validated in C when they hold token ids (errors.parse_request); none by default."""
