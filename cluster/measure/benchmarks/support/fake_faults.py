@@ -35,6 +35,8 @@ class Faults:
     """The prefill rate ``/load`` reports (0: none reported)."""
     scheduling_policy: str = ""
     """The scheduling policy ``/load`` reports, ``fcfs`` or ``priority`` ("": none, as vLLM's server)."""
+    max_num_seqs: int = 0
+    """The ``max_num_seqs`` ``/load`` reports (the router's admission sends no more at once; 0: none reported)."""
 
 
 async def client_left(reader: asyncio.StreamReader, seconds: float) -> bool:

@@ -162,6 +162,8 @@ class FakeReplica:
             report.update(self.cache.load_fields())
         if f.prefill_tokens_per_s:
             report["prefill_tokens_per_s"] = f.prefill_tokens_per_s
+        if f.max_num_seqs:
+            report["max_num_seqs"] = f.max_num_seqs
         return {**report, "kv_transfer": self.kv.load_field(), "scheduling_policy": f.scheduling_policy or None}
 
     def token_ids(self, body: JSONBody) -> list[int]:
