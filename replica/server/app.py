@@ -117,8 +117,14 @@ def build_app(state: ServerState) -> FastAPI:
         return [{"dp_rank": 0, "num_reqs": report.num_requests_running + report.num_requests_waiting,
                  "num_waiting_reqs": report.num_requests_waiting, "num_tokens": report.num_waiting_prefill_tokens}]
 
+    async def server_info(http: Request):  # host paths for the router and the operator only, as /v1/models
+        return state.server_info(paths=open_server or is_operator(http.scope))
+
+    async def model_info(http: Request):
+        return state.model_info(paths=open_server or is_operator(http.scope))
+
     for path in ("/server_info", "/get_server_info"):
-        app.add_api_route(path, state.server_info, methods=["GET"], response_model=None)
+        app.add_api_route(path, server_info, methods=["GET"], response_model=None)
     for path in ("/model_info", "/get_model_info"):
-        app.add_api_route(path, state.model_info, methods=["GET"], response_model=None)
+        app.add_api_route(path, model_info, methods=["GET"], response_model=None)
     return app

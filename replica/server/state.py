@@ -53,16 +53,22 @@ class ServerState:
         adapter."""
         check_model(model, self.model_name, aliases=(*self.model_aliases, *self.loras.names()))
 
-    def server_info(self) -> Info:
+    def server_info(self, paths: bool) -> Info:
+        """Engine settings; ``model_path`` is the host path only with ``paths`` (the operator), else the served
+        name."""
         e = self.engine_client
-        return {"model": self.model_name, "model_path": self.model_path, "max_model_len": e.max_model_len,
+        return {"model": self.model_name, "model_path": self.model_path if paths else self.model_name,
+                "max_model_len": e.max_model_len,
                 "block_size": e.block_size, "num_kv_blocks": e.num_kv_blocks,
                 "tensor_parallel_size": e.tensor_parallel_size, "version": "kvmesh",
                 "tokenizer_fingerprint": self.tokenizer.fingerprint if self.tokenizer is not None else None,
                 **self.extra_info}
 
-    def model_info(self) -> Info:
-        return {"model_path": self.model_path, "tokenizer_path": self.tokenizer.name if self.tokenizer is not None else self.model_path,
+    def model_info(self, paths: bool) -> Info:
+        """The model's and tokenizer's paths (host paths only with ``paths``, the operator; else the served name)."""
+        tokenizer_path = self.tokenizer.name if self.tokenizer is not None else self.model_path
+        return {"model_path": self.model_path if paths else self.model_name,
+                "tokenizer_path": tokenizer_path if paths else self.model_name,
                 "served_model_name": self.model_name, "is_generation": True}
 
 

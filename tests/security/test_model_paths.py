@@ -81,3 +81,13 @@ def test_a_replica_adapter_card_shows_its_path_only_when_asked():
     (operator,) = loras.cards(512, paths=True)
     assert (tenant.root, tenant.parent) == ("sql", "stories")
     assert (operator.root, operator.parent) == (ADAPTER_DIR, "stories")
+
+
+@pytest.mark.parametrize("path", ["/server_info", "/get_server_info", "/model_info", "/get_model_info"])
+def test_a_replicas_info_routes_show_the_path_to_the_router_and_the_admin_only(keyed_replica, stories_path, path):
+    with httpx.Client(base_url=keyed_replica.http.url, timeout=10) as client:
+        tenant = client.get(path, headers=bearer(API))
+        assert tenant.status_code == 200, tenant.text
+        assert str(stories_path) not in tenant.text and tenant.json()["model_path"] == "stories"
+        internal = client.get(path, headers=bearer(INTERNAL))  # the router's key (the admin's is refused here)
+        assert internal.json()["model_path"] == str(stories_path), internal.text
