@@ -70,7 +70,8 @@ def test_never_answering_replica_costs_one_deadline_then_is_out_of_rotation(fake
     monkeypatch.setenv("KVMESH_ADMIN_KEY", ADMIN_KEY)  # status reads the replica list with it
     assert main(["status", "--url", router.url]) == 0
     shown = capsys.readouterr().out
-    assert "EJECTED" in shown and "a: ejected after failures in a row -- missed a deadline" in shown
+    assert "EJECTED" in shown and "a: ejected after failures in a row -- " in shown  # the last: a missed deadline,
+    assert ("missed a deadline" in shown or "its probe request failed" in shown)   # or, on a slow machine, a probe
 
 
 def test_ejected_replica_comes_back_when_its_probe_request_is_answered(fakes, start_router):
