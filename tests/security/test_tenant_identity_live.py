@@ -26,8 +26,9 @@ from ..router.conftest import ADMIN_KEY, BLOCK_SIZE, fake_stats, launched_fakes,
 from ..router.test_router_http import prompt
 
 SHARED = "sk-the-routers-own-key-0123"
-KEYS = {"light": "sk-light-0123456789", "batch": "sk-batch-0123456789"}
+KEYS = {"light": "sk-light-0123456789", "light-2": "sk-light-second-0123", "batch": "sk-batch-0123456789"}
 KEYS_FILE = (f"keys:\n  - {{key: {KEYS['light']}, tenant: light, tokens_per_s: 0.5, burst_tokens: 120}}\n"
+             f"  - {{key: {KEYS['light-2']}, tenant: light, tokens_per_s: 0.5, burst_tokens: 120}}\n"
              f"  - {{key: {KEYS['batch']}, tenant: batch, priority: 10, min_priority: 10}}\n")
 TRANSFER = {"enabled": True, "pull_bytes_per_s": 1e9, "bytes_per_token": 64}
 
@@ -127,6 +128,16 @@ def test_no_tenant_drains_another_tenants_bucket(fakes, start_router):
     assert _post(router, KEYS["light"], long).status_code == 200  # light's own bucket (120 tokens) is whole
     over = _post(router, KEYS["light"], long)  # ... and it is light's alone: now it is spent
     assert over.status_code == 429 and over.json()["error"]["type"] == "tenant_over_limit"
+
+
+def test_a_tenant_with_many_keys_has_one_bucket(fakes, start_router):
+    a, _ = fakes
+    router = start_router([a.spec])
+    long = {"prompt": "Once upon a time there was a little girl " * 6, "max_tokens": 4}  # ~70 tokens
+    assert _post(router, KEYS["light"], long).status_code == 200  # light's bucket (120 tokens) now mostly spent
+    over = _post(router, KEYS["light-2"], long)  # its second key is the same tenant: no second bucket
+    assert over.status_code == 429 and over.json()["error"]["type"] == "tenant_over_limit", over.text
+    assert "light" in over.json()["error"]["message"]
 
 
 def test_a_priority_out_of_range_is_a_400_naming_the_field(fakes, start_router):
