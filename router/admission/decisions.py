@@ -2,6 +2,9 @@
 
     arrive(model, tenant, asked priority, prompt tokens, deadline header, now)
         -> Shed (429 at once: queue full, tenant over limit, deadline unreachable)   | Waiter (queued)
+           a full queue refuses a tenant at or over its share of the places; one under it takes the place of
+           the newest waiter of the tenant most over its share (queue_share.py)
+    displaced(model, now)             waiters that lost their place since last asked: each answered 429 now
     head(model, now)                  the waiter to try next (priority, then fair share, then arrival)
     gate(waiter, predicted ttft, room, now)
         -> GO (send it: a replica can start it soon) | WAIT | Shed (deadline unreachable, or passed)
@@ -24,6 +27,7 @@ from kvmesh.router.admission.config import AdmissionConfig
 from kvmesh.router.admission.fair_share import OUTPUT_WEIGHT, PROMPT_WEIGHT
 from kvmesh.router.admission.ledger import NO_PRIORITY, TenantLedger
 from kvmesh.router.admission.queue import AdmissionQueue, Waiter
+from kvmesh.router.admission.queue_share import place_in_full_queue, share_of
 from kvmesh.router.admission.room import DrainRate
 from kvmesh.router.admission.tenants import Tenant
 
@@ -58,6 +62,7 @@ class Admission:
         self.ledger = ledger
         self.queues: dict[str, AdmissionQueue] = {}
         self.drains: dict[str, DrainRate] = {}
+        self._displaced: list[tuple[Waiter, Shed]] = []
 
     # ---------------------------------------------------------------- arrival
     def priority_of(self, tenant: Tenant, asked: int | None) -> int:
@@ -72,16 +77,22 @@ class Admission:
 
     def arrive(self, model: str, tenant: Tenant, priority: int, prompt_tokens: int, deadline: float | None,
                now: float) -> Waiter | Shed:
-        """Queue the request, or shed it at once (queue bound, then deadline, then the tenant's bucket: a shed
-        request takes no tokens)."""
+        """Queue the request, or shed it at once (queue bound and the tenant's share of it, then deadline, then the
+        tenant's bucket: a shed request takes no tokens and no one's place)."""
         queue = self.queues.setdefault(model, AdmissionQueue())
         drain = self.drains.setdefault(model, DrainRate())
-        ahead = queue.ahead_of(priority, tenant.name, functools.partial(self.ledger.usage, now=now))
+        usage = functools.partial(self.ledger.usage, now=now)
+        ahead = queue.ahead_of(priority, tenant.name, usage)
         wait_s = drain.wait_s(ahead, now)
+        place = None
         if self.ledger.queued(model) >= self.config.max_queued:
-            return Shed(QUEUE_FULL, wait_s or 1.0,
-                        f"the router's queue for model {model!r} is full ({self.config.max_queued} requests wait); "
-                        "retry after Retry-After seconds")
+            place = place_in_full_queue(self.ledger.waiting_by_tenant(model), self.ledger.counted_as(tenant.name),
+                                        self.config.max_queued, usage)
+            if place.displace is None:
+                return Shed(QUEUE_FULL, wait_s or 1.0,
+                            f"the router's queue for model {model!r} is full ({self.config.max_queued} places) and "
+                            f"tenant {tenant.name!r} has {place.waiting} requests waiting in it, at or over its share "
+                            f"of {place.share:.3g} places; retry after Retry-After seconds")
         if deadline is not None and wait_s is not None and now + wait_s > deadline:
             return Shed(DEADLINE, wait_s, f"deadline unreachable: the TTFT deadline of {deadline - now:.3g} s "
                         f"cannot be met ({ahead} requests go on before it, about {wait_s:.3g} s); "
@@ -95,8 +106,48 @@ class Admission:
                             f"fit in {refill_s:.3g} s")
         waiter = Waiter(model, tenant.name, priority, now, deadline, prompt_tokens, tenant.limit)
         queue.push(waiter)
+        self.ledger.waiting_changed(model, tenant.name, 1)
+        if place is not None:
+            self._displace(model, place.displace, now)
         self._publish(model)
         return waiter
+
+    def _displace(self, model: str, tenant: str, now: float) -> None:
+        """An arrival takes a place of ``tenant``'s: its newest waiter here goes, or, with none here, the place is
+        owed (another router process displaces one of its waiters: ``displaced``)."""
+        waiter = self.queues[model].newest_of(tenant)
+        if waiter is None:
+            self.ledger.owe(model, tenant)
+        else:
+            self._lose_place(waiter, now)
+
+    def displaced(self, model: str, now: float) -> list[tuple[Waiter, Shed]]:
+        """Waiters of ``model`` that lost their place since last asked, each with its 429 (the caller answers them):
+        displaced by an arrival here, or here for a place their tenant owes an arrival in another process."""
+        queue = self.queues.get(model)
+        debts = self.ledger.debts(model) if queue else {}
+        for tenant, owed in debts.items():
+            for _ in range(owed):
+                waiter = queue.newest_of(tenant)
+                if waiter is None or not self.ledger.pay_debt(model, tenant):
+                    break
+                self._lose_place(waiter, now)
+        mine = [d for d in self._displaced if d[0].model == model]
+        self._displaced = [d for d in self._displaced if d[0].model != model]
+        return mine
+
+    def _lose_place(self, waiter: Waiter, now: float) -> None:
+        model, tenant = waiter.model, waiter.tenant
+        self.queues[model].remove(waiter)
+        self.ledger.waiting_changed(model, tenant, -1, pay=False)
+        self._publish(model)
+        waiting = self.ledger.waiting_by_tenant(model)
+        self._displaced.append((waiter, Shed(
+            QUEUE_FULL, self.retry_after(model, waiter.priority, now, tenant),
+            f"the router's queue for model {model!r} is full ({self.config.max_queued} places) and tenant {tenant!r} "
+            f"had {waiting.get(tenant, 0) + 1} requests waiting in it, over its share of "
+            f"{share_of(waiting, tenant, self.config.max_queued):.3g} places: a tenant under its share took this "
+            "one's place; retry after Retry-After seconds")))
 
     # ---------------------------------------------------------------- waiting
     def head(self, model: str, now: float) -> Waiter | None:
@@ -159,6 +210,7 @@ class Admission:
         """Out of the queue (shed, its client left, or gone on); a no-op when it is not in."""
         queue = self.queues.get(waiter.model)
         if queue is not None and queue.remove(waiter):
+            self.ledger.waiting_changed(waiter.model, waiter.tenant, -1)
             self._publish(waiter.model)
 
     def finished(self, waiter: Waiter, output_tokens: int, now: float) -> None:

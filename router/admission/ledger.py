@@ -45,6 +45,33 @@ class TenantLedger(Protocol):
         """Whether another router process holds a request for ``model`` of a better (lower) priority."""
         ...
 
+    def waiting_changed(self, model: str, tenant: str, delta: int, pay: bool = True) -> None:
+        """``tenant`` has ``delta`` more requests waiting for ``model`` in this process; a request leaving
+        (``delta`` < 0) with ``pay`` pays one place its tenant owes (``owe``), if it owes any."""
+        ...
+
+    def waiting_by_tenant(self, model: str) -> dict[str, int]:
+        """Each tenant's requests waiting for ``model`` in every router process (tenants with none left out)."""
+        ...
+
+    def counted_as(self, tenant: str) -> str:
+        """The name ``tenant``'s waiting requests are counted under in ``waiting_by_tenant`` (itself, unless the
+        ledger folds tenants past its table into one)."""
+        ...
+
+    def owe(self, model: str, tenant: str) -> None:
+        """An arrival in this process took a place of ``tenant``'s whose waiters are all in other processes: it
+        owes one (the process holding its newest waiter displaces it, or its next request to leave pays it)."""
+        ...
+
+    def debts(self, model: str) -> dict[str, int]:
+        """The places tenants owe in ``model``'s queue (empty: none)."""
+        ...
+
+    def pay_debt(self, model: str, tenant: str) -> bool:
+        """Take one of the places ``tenant`` owes, to displace a waiter of its here (False: none is owed now)."""
+        ...
+
 
 @dataclass(slots=True)
 class TenantState:
@@ -65,6 +92,10 @@ class LocalLedger:
         self.max_tenants = max_tenants
         self.tenants: dict[str, TenantState] = {}
         self.queues: dict[str, tuple[int, int]] = {}
+        self.waiting: dict[str, dict[str, int]] = {}
+        """Model -> tenant -> its requests waiting."""
+        self.owed: dict[str, dict[str, int]] = {}
+        """Model -> tenant -> places it owes (one process: never any, every waiter is here to displace)."""
 
     def _state(self, tenant: str, now: float) -> TenantState:
         state = self.tenants.get(tenant)
@@ -112,3 +143,35 @@ class LocalLedger:
 
     def better_elsewhere(self, model: str, priority: int) -> bool:
         return False  # one process: there is no elsewhere
+
+    def waiting_changed(self, model: str, tenant: str, delta: int, pay: bool = True) -> None:
+        waiting = self.waiting.setdefault(model, {})
+        n = waiting.get(tenant, 0) + delta
+        if n > 0:
+            waiting[tenant] = n
+        else:
+            waiting.pop(tenant, None)
+        if delta < 0 and pay:
+            self.pay_debt(model, tenant)
+
+    def waiting_by_tenant(self, model: str) -> dict[str, int]:
+        return dict(self.waiting.get(model, {}))
+
+    def counted_as(self, tenant: str) -> str:
+        return tenant
+
+    def owe(self, model: str, tenant: str) -> None:
+        owed = self.owed.setdefault(model, {})
+        owed[tenant] = owed.get(tenant, 0) + 1
+
+    def debts(self, model: str) -> dict[str, int]:
+        return dict(self.owed.get(model, {}))
+
+    def pay_debt(self, model: str, tenant: str) -> bool:
+        owed = self.owed.get(model, {})
+        if not owed.get(tenant):
+            return False
+        owed[tenant] -= 1
+        if not owed[tenant]:
+            del owed[tenant]
+        return True

@@ -94,6 +94,11 @@ class AdmissionQueue:
         tenant = min(band, key=lambda name: (usage(name), band[name][0].seq))
         return band[tenant][0]
 
+    def newest_of(self, tenant: str) -> Waiter | None:
+        """``tenant``'s waiter to give up its place (queue_share.py): the newest of its least urgent (None: none)."""
+        held = [p for p, band in self.bands.items() if tenant in band]
+        return self.bands[max(held)][tenant][-1] if held else None
+
     def ahead_of(self, priority: int, tenant: str, usage: Callable[[str], float]) -> int:
         """About how many waiters go on before a new arrival of ``tenant`` at ``priority``: every waiter of a better
         band; in its own band its tenant's own waiters, and of each tenant that has used no more than it

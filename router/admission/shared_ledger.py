@@ -8,6 +8,8 @@ every worker, as it hands them the ``SharedLoadTable`` of router/routing/shared_
               (a few microseconds per request: exact fair share and buckets across workers)
     queues    row (worker) x model slot -> [queued, best waiting priority]   one writer per cell, no lock;
               readers sum the rows (the bound may be passed by at most workers - 1 requests at once)
+    waiting   model slot x tenant slot -> [waiting, owed places]   under the lock (shared_waiting.py): a queue's
+              shares are the host's, and a place taken from a tenant waiting in another worker is owed there
 
 Names map to slots through name tables in the same memory, assigned once under the lock and never
 reassigned (as shared_loads.py). Tenant slot 0 is ``OVERFLOW``: tenants past ``max_tenants`` share it (they
@@ -23,6 +25,7 @@ import multiprocessing as mp
 from kvmesh.router.admission.fair_share import decayed
 from kvmesh.router.admission.ledger import NO_PRIORITY
 from kvmesh.router.admission.rate_limit import TokenRate, refilled, wait_for
+from kvmesh.router.admission.shared_waiting import SharedWaiting
 
 NAME_BYTES = 64
 """Bytes of a slot's name (longer names are stored as their digest)."""
@@ -48,6 +51,7 @@ class SharedLedger:
         self._queues = ctx.RawArray("q", num_rows * max_models * _Q)
         self._model_names = ctx.RawArray("c", max_models * NAME_BYTES)
         self._lock = ctx.Lock()
+        self._waiting = SharedWaiting(ctx, num_rows, max_models, max_tenants)
         self.row: int | None = None
         self._attach()
         with self._lock:
@@ -59,12 +63,14 @@ class SharedLedger:
         self._t = memoryview(self._tenants).cast("B").cast("d")
         self._q = memoryview(self._queues).cast("B").cast("q")
         self._tenant_slots: dict[str, int] = {}
+        self._slot_names: dict[int, str] = {}
         self._model_slots: dict[str, int | None] = {}
 
     def __getstate__(self) -> dict:
         return {"num_rows": self.num_rows, "half_life_s": self.half_life_s, "max_tenants": self.max_tenants,
                 "max_models": self.max_models, "_tenants": self._tenants, "_tenant_names": self._tenant_names,
-                "_queues": self._queues, "_model_names": self._model_names, "_lock": self._lock, "row": self.row}
+                "_queues": self._queues, "_model_names": self._model_names, "_lock": self._lock, "_waiting": self._waiting,
+                "row": self.row}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -89,6 +95,8 @@ class SharedLedger:
         for i in range(self.max_models):
             self._q[base + i * _Q] = 0
             self._q[base + i * _Q + 1] = NO_PRIORITY
+        with self._lock:
+            self._waiting.clear_row(row)
 
     # ---------------------------------------------------------------- tenants (under the lock)
     def _tenant_slot(self, tenant: str) -> int:
@@ -98,7 +106,9 @@ class SharedLedger:
             slot = 0 if slot is None else slot
             if len(self._tenant_slots) >= 4 * self.max_tenants:  # many ``user`` names: the cache stays bounded
                 self._tenant_slots.clear()
+                self._slot_names.clear()
             self._tenant_slots[tenant] = slot
+            self._slot_names[slot] = tenant
         return slot
 
     def usage(self, tenant: str, now: float) -> float:
@@ -155,6 +165,51 @@ class SharedLedger:
         stride = self.max_models * _Q
         return any(self._q[row * stride + slot * _Q + 1] < priority
                    for row in range(self.num_rows) if row != self.row)
+
+    # ---------------------------------------------------------------- each tenant's waiting (shared_waiting.py)
+    def waiting_changed(self, model: str, tenant: str, delta: int, pay: bool = True) -> None:
+        slot = self._model_slot(model)
+        if slot is not None:
+            with self._lock:
+                self._waiting.change(self.row, slot, self._tenant_slot(tenant), delta, pay)
+
+    def waiting_by_tenant(self, model: str) -> dict[str, int]:
+        slot = self._model_slot(model)
+        if slot is None:
+            return {}
+        with self._lock:
+            return {self._tenant_name(t): n for t, n in self._waiting.by_tenant(slot).items()}
+
+    def counted_as(self, tenant: str) -> str:
+        with self._lock:
+            return OVERFLOW if self._tenant_slot(tenant) == 0 else tenant
+
+    def owe(self, model: str, tenant: str) -> None:
+        slot = self._model_slot(model)
+        if slot is not None:
+            with self._lock:
+                self._waiting.owe(slot, self._tenant_slot(tenant))
+
+    def debts(self, model: str) -> dict[str, int]:
+        slot = self._model_slot(model)
+        if slot is None or not self._waiting.any_owed(slot):
+            return {}
+        with self._lock:
+            return {self._tenant_name(t): n for t, n in self._waiting.owed(slot).items()}
+
+    def pay_debt(self, model: str, tenant: str) -> bool:
+        slot = self._model_slot(model)
+        if slot is None:
+            return False
+        with self._lock:
+            return self._waiting.pay(slot, self._tenant_slot(tenant))
+
+    def _tenant_name(self, slot: int) -> str:
+        """The name of tenant ``slot``: as this process saw it, else as stored (a long name: its digest)."""
+        name = OVERFLOW if slot == 0 else self._slot_names.get(slot)
+        if name is None:
+            name = bytes(self._tenant_names[slot * NAME_BYTES:(slot + 1) * NAME_BYTES]).rstrip(b"\0").decode()
+        return name
 
 
 def _name(text: str) -> bytes:

@@ -14,7 +14,8 @@ call, without crediting the replica until it goes) and asks ``Admission.gate`` w
 ``predicted_ttft_s`` (the part spent waiting held to ``admit_ttft_s``) and whether the chosen replica has a free
 slot, or, unpriced, whether some candidate replica has one (router/admission/room.py); it goes on with the next
 head until one must wait. A client that leaves while waiting leaves the queue at once (its coroutine is
-cancelled); one whose deadline passes while waiting gets its 429 then. With no replica to route to, a request goes on (and gets
+cancelled); one whose deadline passes while waiting gets its 429 then, as does one whose place a tenant under its
+share of the full queue took (router/admission/queue_share.py). With no replica to route to, a request goes on (and gets
 dispatch's 503, as without admission).
 """
 
@@ -161,6 +162,7 @@ class AdmissionGate:
         got = adm.arrive(request.req.model or "", tenant, priority, sum(map(len, request.prompts)), deadline, now)
         if not isinstance(got, Shed):
             got.payload = _Waiting(asyncio.get_running_loop().create_future(), request, time.perf_counter())
+            self._answer_displaced(got.model, now)
         return self.metrics.labels(tenant.name, priority), got
 
     async def _wait(self, waiter: Waiter, labels: tuple[str, str]) -> Ticket | Shed:
@@ -218,6 +220,7 @@ class AdmissionGate:
         """Let the head of ``model``'s queue go if the gate says so (module doc). One at a time: the next goes
         once the one let go has run to its dispatch (it is in its replica's load by then)."""
         adm = self.admission
+        self._answer_displaced(model, time.monotonic())
         while not self.granted:
             now = time.monotonic()
             waiter = adm.head(model, now)
@@ -249,6 +252,12 @@ class AdmissionGate:
             self.granted += 1
             waiting.future.set_result(decision)  # its task runs to its dispatch, then the next pump
             asyncio.get_running_loop().call_soon(self.pump, model)
+
+    def _answer_displaced(self, model: str, now: float) -> None:
+        """Waiters that lost their place to a tenant under its share get their 429 (router/admission/queue_share.py)."""
+        for waiter, shed in self.admission.displaced(model, now):
+            if not waiter.payload.future.done():
+                waiter.payload.future.set_result(shed)
 
     def _room(self, now: float, replica_id: object = None) -> bool:
         """Whether ``replica_id`` (None: some decode candidate) has a free slot (router/admission/room.py)."""

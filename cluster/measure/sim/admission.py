@@ -71,6 +71,8 @@ class SimAdmission:
             return
         self.waiters[req.request_id] = result
         self.queued[result] = req
+        for waiter, shed in self.core.displaced(SIMULATED_MODEL, now):  # its place went to a tenant under its share
+            self._shed(waiter, shed.reason)
         if deadline is not None:
             self.host.wake_at(deadline)  # nothing waits past its deadline silently
         self.pump(now)

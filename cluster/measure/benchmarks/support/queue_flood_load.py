@@ -115,8 +115,9 @@ def summarize(records: list[dict], light_tokens: int) -> dict:
     """Per tenant what it sent and got; the flooding tenant's share of the replicas' work against its fair share.
 
     Work is what fair share counts (prompt tokens x1, output x2, of the requests served). The fair share is
-    max-min's: the light tenant is owed all it asked for (each request it sent: a prompt as long as the served
-    ones' and ``light_tokens`` out) up to half the work done, the flooding tenant the rest."""
+    max-min's: the light tenant is owed all it asked for (each request it sent as much as one of its served ones;
+    none served: a prompt as long as the flood's and ``light_tokens`` out) up to half the work done, the flooding
+    tenant the rest."""
     out: dict = {}
     for cls in ("flood", "light"):
         mine = [r for r in records if r["cls"] == cls]
@@ -133,8 +134,11 @@ def summarize(records: list[dict], light_tokens: int) -> dict:
                     "work": sum(map(_work, served))}
     flood, light = out["flood"], out["light"]
     total = flood["work"] + light["work"]
-    prompts = [r["prompt_tokens"] for r in records if r["status"] == 200]
-    light_asked = light["sent"] * weighted_tokens(sum(prompts) / len(prompts) if prompts else 0, light_tokens)
+    if light["served"]:
+        light_asked = light["sent"] * light["work"] / light["served"]
+    else:  # none served: a light request's prompt is as long as the flood's (support/overload_load.py's story)
+        prompts = [r["prompt_tokens"] for r in records if r["status"] == 200]
+        light_asked = light["sent"] * weighted_tokens(sum(prompts) / len(prompts) if prompts else 0, light_tokens)
     out["flood_share"] = flood["work"] / total if total else None
     out["flood_fair_share"] = 1.0 - min(light_asked / total, 0.5) if total else None
     return out
