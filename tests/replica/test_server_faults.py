@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import socket
 import time
 
@@ -75,6 +76,27 @@ def test_disconnect_while_waiting_for_full_response_aborts(replica):
             time.sleep(0.01)
     wait_idle(replica)
     assert aborted(replica) == before + 1
+
+
+def test_clients_gone_at_random_points_leave_the_engine_serving(replica, monkeypatch):
+    """Clients that close their connection anywhere between sending and the answer (before the engine took the
+    request, while it runs, streaming or not) leave no request running and the engine loop alive. Steps are slowed
+    so that a request waits for the engine thread a while: the window a disconnect lands in before acceptance."""
+    engine, rng = replica.llm.engine, random.Random(7)
+    step = engine.step
+    monkeypatch.setattr(engine, "step", lambda: (time.sleep(0.01), step())[1])
+    host, port = replica.http.host, replica.http.port
+    for n in range(40):
+        body = json.dumps({"prompt": "Once upon a time", "stream": n % 2 == 0, **LONG}).encode()
+        with socket.create_connection((host, port)) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            time.sleep(rng.uniform(0.0, 0.02))
+    wait_idle(replica)
+    assert replica.llm.errored is None and replica.llm.is_running
+    assert httpx.get(replica.http.url + "/health", timeout=10).status_code == 200
+    r = httpx.post(replica.http.url + "/v1/completions", json={"prompt": "Once", "max_tokens": 4}, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 
 
 async def test_exception_inside_one_request_fails_only_that_request(replica, caplog):
