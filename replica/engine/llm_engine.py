@@ -29,6 +29,7 @@ from kvmesh.replica.engine.scheduler import Scheduler
 from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publisher, make_kv_cache_manager
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.engine.step_time import DecodeStepTime
+from kvmesh.replica.engine.structured_output import StructuredOutputManager
 from kvmesh.replica.interfaces import AsyncModelRunner, EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.lora_request import LoRARequest
@@ -90,6 +91,8 @@ class LLMEngine:
         """Called in this order at every point of the seam (kv_connector.py): the engine thread's loop (AsyncLLM) polls
         them between steps and reads their ``/load`` fields."""
         self.loras = EngineLoRAs(config, model_runner)  # adapters known here; config.lora_modules registered now
+        self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        """Grammars of the requests with structured outputs (structured_output.py)."""
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Register an adapter (read and checked now); False when it was registered already. Raises ValueError."""
@@ -122,11 +125,15 @@ class LLMEngine:
             prompt_token_ids, params, max_model_len=self.max_model_len, vocab_size=self.vocab_size,
             block_size=self.config.block_size, num_usable_blocks=self.num_kv_blocks - 1,
             has_tokenizer=self.tokenizer is not None)
+        if params.structured_outputs is not None:
+            self.structured_output.check(params.structured_outputs)  # a SamplingParamsError names the field
         request = Request(request_id, prompt_token_ids, params, self.eos_token_ids, cache_salt,
                           arrival_time=arrival_time, lora_request=self.loras.resolve(lora_request),
                           priority=priority)
         self.output_processor.add_request(request, params)
         self._stats.num_prompt_tokens += request.num_prompt_tokens
+        if params.structured_outputs is not None:
+            self.structured_output.add_request(request, params.structured_outputs)
         self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str | list[str]) -> None:
@@ -140,6 +147,7 @@ class LLMEngine:
 
     def _finish_with(self, request_id: str, status: RequestStatus, error: str | None = None) -> None:
         request = self.scheduler.finish_request(request_id, status)
+        self.structured_output.finish(request_id)
         if request is not None:
             self.kv_connectors.request_finished(request)  # aborted or failed: nothing to lease
             request.error = error
@@ -159,11 +167,16 @@ class LLMEngine:
         (with async scheduling: launch this step, then return the outputs of the previous one)."""
         outputs, self._pending = self._pending, []
         self.kv_connectors.update_connector_output()
+        if self.structured_output.live:
+            for request_id, error in self.structured_output.failed_compiles():
+                self.fail_request(request_id, error)
+            outputs, self._pending = outputs + self._pending, []
         sched = self.scheduler.schedule()
         launched = None
         if sched.is_empty:
             self.scheduler.finished_request_ids |= sched.finished_request_ids  # tell the runner next time
         else:
+            sched.grammar_bitmask = self.structured_output.grammar_bitmask(sched)
             launched = self._launch(sched, outputs)
         ready = launched
         if self.async_scheduling:
@@ -226,10 +239,15 @@ class LLMEngine:
 
     def _process_sampled(self, sampled: dict[str, int]) -> list[RequestOutput]:
         """The step's outputs (output_processor.py), its finished requests freed, then the aborts it caused."""
+        if self.structured_output.live:  # the matchers move first: a complete grammar stops its request
+            for request_id, error in self.structured_output.accept(sampled):
+                self.fail_request(request_id, error)
+                del sampled[request_id]
         outputs, finished = self.output_processor.process_outputs(sampled, self.scheduler.requests,
                                                                   self.fail_request)
         for request in finished:  # before the blocks are freed: a lease taken here holds them
             self.kv_connectors.request_finished(request)
+            self.structured_output.finish(request.request_id)
         self.scheduler.finish_running(finished)
         for request in finished:
             self.output_processor.on_finished(request)
@@ -276,6 +294,7 @@ class LLMEngine:
         return self.kv_cache_manager.reset_prefix_cache()
 
     def close(self) -> None:
+        self.structured_output.close()
         if self.event_publisher is not None:
             self.event_publisher.close()
             self.event_publisher = None

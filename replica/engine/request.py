@@ -51,7 +51,7 @@ class Request:
         "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens", "num_host_cached_tokens", "status",
         "stop_reason", "error", "num_preemptions", "arrival_time", "first_scheduled_time",
         "first_token_time", "last_token_time", "finished_time", "decoding_in_runner", "skip_reading_prefix_cache",
-        "logprobs", "prompt_logprobs", "num_output_placeholders", "priority",
+        "logprobs", "prompt_logprobs", "num_output_placeholders", "priority", "structured_output",
     )
 
     def __init__(
@@ -94,6 +94,7 @@ class Request:
         self.decoding_in_runner = False  # the runner sampled its newest token and holds its row (decode by id)
         # async scheduling: tokens sampled by launched steps that the host has not seen yet (not in all_token_ids)
         self.num_output_placeholders = 0
+        self.structured_output = None  # its grammar and matcher (engine/structured_output.py); None: unconstrained
         # A request asking prompt logprobs needs the logits of every prompt position: it computes its whole
         # prompt instead of reading the prefix cache (vLLM's rule); it still writes the cache for others.
         self.skip_reading_prefix_cache = sampling_params.prompt_logprobs is not None
@@ -131,6 +132,9 @@ class Request:
             self.status = RequestStatus.FINISHED_STOPPED
             if token_id not in self.eos_token_ids:
                 self.stop_reason = token_id
+            return True
+        if self.structured_output is not None and self.structured_output.is_terminated:
+            self.status = RequestStatus.FINISHED_STOPPED  # its grammar is complete: nothing may follow
             return True
         if num_output_tokens >= params.max_tokens:
             self.status = RequestStatus.FINISHED_LENGTH

@@ -112,6 +112,8 @@ class Scheduler:
             if budget <= 0:
                 break
             computed = request.num_computed_tokens
+            if request.num_output_placeholders and request.structured_output is not None:
+                continue  # async: its next mask needs the token in flight (engine/structured_output.py)
             # async scheduling: a token still on the device counts (the runner feeds it to this step itself)
             num_tokens = len(request.all_token_ids) + request.num_output_placeholders
             if num_tokens == computed:
@@ -190,6 +192,10 @@ class Scheduler:
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting.peek_request()
+            grammar = request.structured_output
+            if grammar is not None and (not grammar.ready or request.num_output_placeholders):
+                skipped.append(self.waiting.pop_request())  # its grammar compiles (or its token is in flight)
+                continue
             if loras is not None and request.lora_name is not None and request.lora_name not in loras:
                 if len(loras) >= self.max_loras:
                     skipped.append(self.waiting.pop_request())

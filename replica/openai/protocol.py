@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.openai.responses import OpenAIBaseModel
+from kvmesh.replica.openai.structured_fields import StructuredOutputFields
 from kvmesh.replica.openai.vllm_extras import ChatEcho, ChatTemplateArgs, VLLMExtraFields
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.json_types import JSONObject
@@ -45,8 +46,9 @@ class StreamOptions(OpenAIBaseModel):
     """Attach the running usage to every chunk."""
 
 
-class SamplingFields(VLLMExtraFields):
-    """Fields shared by completions and chat completions (vLLM's extras: vllm_extras.py)."""
+class SamplingFields(StructuredOutputFields, VLLMExtraFields):
+    """Fields shared by completions and chat completions (vLLM's extras: vllm_extras.py; the output's constraint:
+    structured_fields.py)."""
 
     model: str | None = None
     temperature: float | None = None
@@ -151,6 +153,7 @@ class SamplingFields(VLLMExtraFields):
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 logit_bias=self._logit_bias(),
+                structured_outputs=self.structured_outputs_params(),
                 **self.sampling_extras(),
             )
         except SamplingParamsError as e:
@@ -257,7 +260,6 @@ class ChatCompletionRequest(SamplingFields, ChatEcho, ChatTemplateArgs, rf.Refus
     add_generation_prompt: Flag = True
     chat_template: str | None = None
     tools: list[JSONObject] | None = None
-    response_format: JSONObject | None = None
     prompt_token_ids: list[int] | None = None
     """(kvmesh) The chat already rendered to token ids: used instead of rendering ``messages`` (still required),
     after a range check and the usual context / max_tokens checks. A kvmesh router sets it so the replica
@@ -281,9 +283,6 @@ class ChatCompletionRequest(SamplingFields, ChatEcho, ChatTemplateArgs, rf.Refus
         if self.tools:
             raise ProtocolError("tools (function calling) are not supported by this server; leave them unset",
                                 param="tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ProtocolError("only response_format {'type': 'text'} is supported (no JSON mode)",
-                                param="response_format")
 
     def template_messages(self) -> list[JSONObject]:
         return [m.to_template_dict() for m in self.messages]

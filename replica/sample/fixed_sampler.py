@@ -99,8 +99,9 @@ def fixed_settings(params: Sequence[SamplingParams], num_generated: Sequence[int
                    ) -> tuple[str, tuple[np.ndarray, ...]] | None:
     """The variant and the rows' (temperature, top_k, top_p, draw keys) for ``sample_and_pack``, or None when a
     row needs the eager sampler: logit_bias, allowed_token_ids, min_tokens still banning stop tokens (then no draw is
-    counted); penalties and min_p, for now."""
+    counted), structured outputs (their mask is the step's); penalties and min_p, for now."""
     if any(sp.logit_bias or sp.allowed_token_ids or n < sp.min_tokens or sp.penalized or sp.min_p > 0.0
+           or sp.structured_outputs is not None
            for sp, n in zip(params, num_generated, strict=True)):
         return None
     truncates = any(not sp.greedy and (sp.top_k > 0 or sp.top_p < 1.0) for sp in params)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from kvmesh.replica.sample.draws import RandomDraws, seeded_uniforms
 from kvmesh.replica.sample.fixed_sampler import draw_in_order, truncated_weights
+from kvmesh.replica.sample.grammar_mask import apply_grammar_bitmask
 from kvmesh.replica.sample.logprobs import LogprobsTensors, gather_logprobs
 from kvmesh.replica.sample.penalties import Penalties, apply_min_p, apply_penalties
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -73,6 +74,9 @@ class SamplingMetadata:
     """The penalized rows with their device counts and prompt masks (penalties.py); None: no row is penalized."""
     min_p: torch.Tensor | None = None
     """[N] float32 (0: none); None when no random row uses min_p."""
+    grammar: tuple[torch.Tensor, torch.Tensor] | None = None
+    """(rows [G] int64, bitmask [G, ceil(V / 32)] int32) of structured-output rows: tokens their grammar does not
+    allow next are -inf before anything else (grammar_mask.py); None: no such row."""
 
     @property
     def all_greedy(self) -> bool:
@@ -82,7 +86,8 @@ class SamplingMetadata:
     def plain_greedy(self) -> bool:
         """Every row takes the argmax of its logits as they are (no bias, bans or logprobs)."""
         return self.temperature is None and self.banned is None and self.logit_bias is None \
-            and self.allowed is None and self.max_num_logprobs is None and self.penalties is None
+            and self.allowed is None and self.max_num_logprobs is None and self.penalties is None \
+            and self.grammar is None
 
 
 def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,
@@ -210,7 +215,9 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         logits = logits.to(torch.float32, copy=not (md.banned is None and md.logit_bias is None and md.allowed is None
-                                                    and md.penalties is None))
+                                                    and md.penalties is None and md.grammar is None))
+        if md.grammar is not None:
+            apply_grammar_bitmask(logits, *md.grammar)
         if md.logit_bias is not None:
             rows, token_ids, biases = md.logit_bias
             logits.index_put_((rows, token_ids), biases, accumulate=True)

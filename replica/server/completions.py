@@ -27,6 +27,7 @@ from kvmesh.replica.server import kv_handoff, kv_plane
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure, new_request_id
+from kvmesh.replica.serving.sampling_params import SamplingParamsError
 from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput, TokenLogprobs
 
 if TYPE_CHECKING:
@@ -111,8 +112,8 @@ class OpenAIHandlers:
                                          req.priority)
             if isinstance(req, p.CompletionRequest) and req.prompt_only:
                 streams = [ps.without_output(stream) for stream in streams]
-        except ValueError as e:
-            raise ProtocolError(str(e)) from None
+        except ValueError as e:  # a SamplingParamsError names the field
+            raise ProtocolError(str(e), param=e.param if isinstance(e, SamplingParamsError) else None) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere
             request_id = log_failure(e, logger, "a request was refused")
             raise ProtocolError(f"this replica cannot take requests now (draining, or its engine stopped; request id "

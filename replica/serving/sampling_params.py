@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kvmesh.replica.serving.sampling_params_error import SamplingParamsError
+
+if TYPE_CHECKING:
+    from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
+
+__all__ = ["MAX_LOGPROBS", "SEED_MIX", "SamplingParams", "SamplingParamsError", "context_overflow", "continuation_seed"]
 
 SEED_MIX = (6364136223846793005, 1442695040888963407, (1 << 63) - 1)
 """(A, B, MASK): a seeded request draws its n-th token from the key ``(seed*A + n*B + 1) & MASK``
@@ -19,14 +27,6 @@ def continuation_seed(seed: int, num_generated: int) -> int:
 
 MAX_LOGPROBS = 20
 """Most top logprobs per token a request may ask for (vLLM's default ``max_logprobs``; OpenAI allows 20)."""
-
-
-class SamplingParamsError(ValueError):
-    """An invalid sampling parameter; ``param`` names the field (the HTTP layer's 400 says which)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def context_overflow(prompt_len: int, max_tokens: int, max_model_len: int) -> str | None:
@@ -84,6 +84,8 @@ class SamplingParams:
     """Logits of tokens in the prompt or output are divided by it where positive, multiplied where not (> 0)."""
     min_p: float = 0.0
     """Drop tokens whose probability (after temperature) is below min_p x the most likely one's (in [0, 1])."""
+    structured_outputs: StructuredOutputsParams | None = None
+    """What the output must match (a JSON schema, a regex, a choice, a grammar; structured_outputs.py); None: free."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -20,10 +20,14 @@ with what changed, not with how many requests run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvmesh.kvcache.offload_copies import OffloadCopies
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(slots=True)
@@ -51,6 +55,16 @@ class ScheduledRequest:
 
 
 @dataclass(slots=True)
+class GrammarBitmask:
+    """The tokens the constrained rows of a step may sample (engine/structured_output.py fills it)."""
+
+    request_ids: list[str]
+    """The step's constrained requests that sample, one bitmask row each."""
+    bitmask: np.ndarray
+    """[len(request_ids), ceil(vocab_size / 32)] int32: bit t % 32 of word t // 32 set = token t allowed."""
+
+
+@dataclass(slots=True)
 class SchedulerOutput:
     """Everything one engine step computes. Requests are in the order the runner should batch them."""
 
@@ -66,6 +80,8 @@ class SchedulerOutput:
     """Blocks appended this step to the block tables of requests in ``decode_request_ids``."""
     offload_copies: OffloadCopies | None = None
     """Copies between the device cache and the host tier around this step's forward (None: none)."""
+    grammar_bitmask: GrammarBitmask | None = None
+    """What the step's structured-output rows may sample, applied to their logits before sampling (None: none)."""
 
     @property
     def is_empty(self) -> bool:

@@ -98,7 +98,8 @@ class InputBatch:
             sp = sr.sampling_params
             self.req_ids[row], self.params[row], self.num_output[row] = sr.request_id, sp, len(sr.output_token_ids)
             self.plain_greedy[row] = (sp.greedy and not sp.min_tokens and not sp.logit_bias
-                                      and not sp.allowed_token_ids and sp.logprobs is None and not sp.penalized)
+                                      and not sp.allowed_token_ids and sp.logprobs is None and not sp.penalized
+                                      and sp.structured_outputs is None)
             self.penalized[row] = sp.penalized
             if sp.penalized:  # counted from the request's tokens: new, resumed, or a later chunk alike
                 self.penalties.reset(row, sr.prompt_token_ids or [], sr.output_token_ids)

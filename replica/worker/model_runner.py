@@ -22,12 +22,13 @@ from kvmesh.replica.kv_layout import block_layout, symbolic_layout
 from kvmesh.replica.lora.manager import LoRAManager
 from kvmesh.replica.model_config import eos_token_ids, load_hf_config, resolve_dtype, spec_from_hf_config
 from kvmesh.replica.models import get_model_class
+from kvmesh.replica.sample.grammar_mask import grammar_rows
 from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host
 from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobsProcessor
 from kvmesh.replica.sample.sampler import Sampler
 from kvmesh.replica.serving.lora_request import LoadedLoRA, LoRARequest
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
-from kvmesh.replica.step.scheduler_output import SchedulerOutput
+from kvmesh.replica.step.scheduler_output import GrammarBitmask, SchedulerOutput
 from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
 from kvmesh.replica.worker.device import pick_device, set_current_device, set_num_threads
@@ -244,16 +245,21 @@ class ModelRunner:
                 hidden = hidden[inputs.logits_indices]
             logits = self.model.compute_logits(hidden)  # [N, V]
         # the graph's argmax or draw is the answer (nothing launches after it), else the eager sampler's
-        tokens, logprobs = (graph_tokens, None) if inputs.graph_answers else self._sample(logits, inputs)
+        tokens, logprobs = (graph_tokens, None) if inputs.graph_answers else \
+            self._sample(logits, inputs, out.grammar_bitmask)
         if graph_logprobs is not None:  # the tokens ride in its column 0: one copy back for both
             logprobs = to_host(graph_logprobs, None, self.sampler.logprobs_copies)
         self.input_batch.count_samples(inputs.sample_rows, tokens)
         return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
                                       self.token_copies, logprobs, prompt_logprobs, graph_logprobs is not None)
 
-    def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> tuple[torch.Tensor, LogprobsTensors | None]:
-        """The eager sampler on ``logits`` [N, V]: tokens [N] and the logprobs rows asked for (or None)."""
+    def _sample(self, logits: torch.Tensor, inputs: ModelInputs, grammar: GrammarBitmask | None = None
+                ) -> tuple[torch.Tensor, LogprobsTensors | None]:
+        """The eager sampler on ``logits`` [N, V]: tokens [N] and the logprobs rows asked for (or None); the rows of
+        ``grammar`` (structured outputs) sample only what their bitmask allows."""
         sampling = self.input_batch.sampling_metadata(inputs.sample_rows, self.vocab_size, self.eos_token_ids)
+        if grammar is not None:  # such rows are never plain greedy: ``sampling`` is this step's own
+            sampling.grammar = grammar_rows(grammar, inputs.sample_request_ids, logits.device)
         if sampling.max_num_logprobs is None:  # the common case: no row asks for logprobs
             return self.sampler(logits, sampling), None
         return self.sampler.sample_with_logprobs(logits, sampling)

@@ -85,7 +85,7 @@ def test_prompt_longer_than_context_is_400():
 
 
 @pytest.mark.parametrize("kw", [{"top_logprobs": 21, "logprobs": True}, {"tools": [{"type": "function"}]},
-                                {"response_format": {"type": "json_object"}}])
+                                {"response_format": {"type": "xml"}}])
 def test_chat_features_we_lack_are_refused(kw):
     with pytest.raises(ProtocolError) as e:
         chat(**kw).to_sampling_params(3, 512)

@@ -1,0 +1,163 @@
+"""Structured outputs in the engine (vLLM v1's ``StructuredOutputManager``): grammars compile off the engine
+thread, each step's constrained rows get a token bitmask, and each accepted token advances its matcher.
+
+    add_request ─ check (a 400 naming the field) ─ compile in the pool (cached by the spec) ──┐
+    scheduler: a constrained request waits until its grammar is ready                          ▼
+    step: schedule ─ grammar_bitmask(rows that sample) ─ runner masks the logits ─ sample ─ accept(tokens)
+
+The matcher moves only on tokens the host has accepted, so preemption and recomputation leave it as it is
+(the recomputed tokens are not sampled again), and chunked prefill only meets it at the chunk that samples.
+Async scheduling launches step N+1 before step N's token is known, and step N+1's mask depends on it: a
+constrained request with a token in flight sits out one step (scheduler.py), so its mask is always exact.
+KV blocks, their hashes and events do not see any of this.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvmesh.replica.engine import xgrammar_backend as xb
+from kvmesh.replica.step.scheduler_output import GrammarBitmask
+
+if TYPE_CHECKING:
+    from kvmesh.replica.engine.request import Request
+    from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
+    from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
+    from kvmesh.replica.step.scheduler_output import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsConfig:
+    """How the engine compiles and caches grammars."""
+
+    compile_threads: int = 2
+    """Threads that compile grammars while their requests wait in the scheduler (the engine thread never does)."""
+    cache_size: int = 256
+    """Compiled grammars kept by their spec; the oldest is dropped past this many."""
+    any_whitespace: bool = False
+    """JSON grammars let the model put whitespace between tokens; off, a small model closes its object instead of
+    padding it (a request's ``disable_any_whitespace`` decides for itself)."""
+
+    def __post_init__(self) -> None:
+        if self.compile_threads < 1 or self.cache_size < 1:
+            raise ValueError("structured outputs need compile_threads >= 1 and cache_size >= 1")
+
+
+class StructuredOutputRequest:
+    """One request's grammar: compiling (``future``), then its matcher."""
+
+    __slots__ = ("params", "future", "matcher")
+
+    def __init__(self, params: StructuredOutputsParams, future: Future) -> None:
+        self.params, self.future, self.matcher = params, future, None
+
+    @property
+    def ready(self) -> bool:
+        """The grammar compiled and the matcher is built (the scheduler admits the request then)."""
+        if self.matcher is None and self.future.done() and self.future.exception() is None:
+            self.matcher = xb.GrammarMatcher(self.future.result())
+        return self.matcher is not None
+
+    @property
+    def is_terminated(self) -> bool:
+        return self.matcher is not None and self.matcher.is_terminated
+
+
+class StructuredOutputManager:
+    """The engine's grammars: checks, the compile pool and its cache, the bitmask, token acceptance."""
+
+    def __init__(self, tokenizer: HFTokenizer | None, vocab_size: int, eos_token_ids: frozenset[int],
+                 config: StructuredOutputsConfig | None = None) -> None:
+        self.config = config or StructuredOutputsConfig()
+        self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, sorted(eos_token_ids)
+        self.live: dict[str, StructuredOutputRequest] = {}  # request id -> its grammar, while it runs
+        self._compiling: set[str] = set()  # live ids whose grammar is not compiled yet
+        self._cache: dict[tuple, Future] = {}  # spec key -> its compilation (insertion order: oldest first)
+        self._pool: ThreadPoolExecutor | None = None
+        self._compiler: xb.XgrammarCompiler | None = None
+        self._lock = threading.Lock()
+
+    def check(self, params: StructuredOutputsParams) -> None:
+        """``SamplingParamsError`` naming the request's field when the constraint cannot be compiled."""
+        if self.tokenizer is None:
+            raise xb.SamplingParamsError(params.field, "structured outputs need the model's tokenizer, and this "
+                                         "engine runs without one")
+        future = self._cache.get(params.key)
+        if future is None or (future.done() and future.exception() is not None):
+            xb.check(params, self.config.any_whitespace)
+
+    def add_request(self, request: Request, params: StructuredOutputsParams) -> None:
+        """Start compiling ``request``'s grammar (or take it from the cache); the scheduler waits for it."""
+        key = params.key
+        future = self._cache.pop(key, None)
+        if future is None or (future.done() and future.exception() is not None):
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.config.compile_threads, thread_name_prefix="kvmesh-grammar")
+            future = self._pool.submit(self._compile, params)
+        self._cache[key] = future  # newest last
+        while len(self._cache) > self.config.cache_size:
+            del self._cache[next(iter(self._cache))]
+        request.structured_output = self.live[request.request_id] = StructuredOutputRequest(params, future)
+        self._compiling.add(request.request_id)
+
+    def _compile(self, params: StructuredOutputsParams):
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = xb.XgrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids,
+                                                     self.config.any_whitespace)
+        return self._compiler.compile(params)
+
+    def failed_compiles(self) -> list[tuple[str, str]]:
+        """(request id, error) of live requests whose grammar failed to compile since the last call."""
+        failed = []
+        for request_id in [rid for rid in self._compiling if self.live[rid].future.done()]:
+            self._compiling.discard(request_id)
+            if (error := self.live[request_id].future.exception()) is not None:
+                failed.append((request_id, f"{self.live[request_id].params.field}: the grammar failed to compile: "
+                                           f"{xb._message(error)}"))
+        return failed
+
+    def finish(self, request_id: str) -> None:
+        self.live.pop(request_id, None)
+        self._compiling.discard(request_id)
+
+    def grammar_bitmask(self, sched: SchedulerOutput) -> GrammarBitmask | None:
+        """The allowed next tokens of this step's constrained rows that sample (None: no such row)."""
+        if not self.live:
+            return None
+        live = self.live
+        ids = [sr.request_id for sr in sched.scheduled if sr.sample and sr.request_id in live]
+        decodes = sched.decode_request_ids
+        if len(live) < len(decodes):
+            in_step = set(decodes)
+            ids += [rid for rid in live if rid in in_step]
+        else:
+            ids += [rid for rid in decodes if rid in live]
+        if not ids:
+            return None
+        bitmask = xb.allocate_bitmask(len(ids), self.vocab_size)  # [G, ceil(V / 32)] int32, all allowed
+        for row, request_id in enumerate(ids):
+            live[request_id].matcher.fill_bitmask(bitmask, row)
+        return GrammarBitmask(ids, xb.as_numpy(bitmask))
+
+    def accept(self, sampled: dict[str, int]) -> list[tuple[str, str]]:
+        """Advance the matchers of the constrained requests among ``sampled``; (request id, error) of tokens the
+        grammar refused (a runner that ignored the mask)."""
+        live, refused = self.live, []
+        for request_id in [rid for rid in sampled if rid in live] if len(sampled) < len(live) else \
+                [rid for rid in live if rid in sampled]:
+            if not live[request_id].matcher.accept(sampled[request_id]):
+                refused.append((request_id, f"token {sampled[request_id]} is not allowed by the request's "
+                                            f"{live[request_id].params.field}"))
+        return refused
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,122 @@
+"""The xgrammar side of structured outputs (vLLM v1's ``backend_xgrammar.py``): check a constraint, compile it
+against this model's tokenizer, and the per-request matcher that fills a token bitmask and advances on each
+accepted token.
+
+A bitmask row is ``ceil(vocab_size / 32)`` int32 words; bit ``t % 32`` of word ``t // 32`` set = token ``t``
+may come next (xgrammar's layout, which sample/grammar_mask.py unpacks on the device).
+xgrammar is imported lazily: it is in the ``engine`` extra, and only a constrained request needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+from kvmesh.replica.serving.sampling_params import SamplingParamsError
+
+if TYPE_CHECKING:
+    from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
+    from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
+
+_LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # "[01:42:53] /project/cpp/x.cc:83: " before xgrammar's message
+
+
+def _xgrammar():
+    try:
+        import xgrammar
+    except ImportError:
+        raise SamplingParamsError("structured_outputs", "structured outputs need xgrammar on the replica; "
+                                  "install kvmesh[engine] (or pip install xgrammar)") from None
+    return xgrammar
+
+
+def _message(error: Exception) -> str:
+    return _LOCATION.sub("", str(error).strip()).strip()
+
+
+def choice_grammar(choices: tuple[str, ...]) -> str:
+    """EBNF of "exactly one of these strings" (each a JSON string literal, which EBNF reads the same way)."""
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+
+
+def any_whitespace(params: StructuredOutputsParams, default: bool) -> bool:
+    return default if params.disable_any_whitespace is None else not params.disable_any_whitespace
+
+
+def check(params: StructuredOutputsParams, whitespace_default: bool) -> None:
+    """Raise ``SamplingParamsError`` naming the request's field when xgrammar cannot express the constraint
+    (a schema it does not take, a regex or grammar that does not parse); needs no tokenizer."""
+    xgr = _xgrammar()
+    kind = params.kind
+    try:
+        if kind == "json":
+            xgr.Grammar.from_json_schema(params.json, any_whitespace=any_whitespace(params, whitespace_default))
+        elif kind == "regex":
+            xgr.Grammar.from_regex(params.regex)
+        elif kind == "grammar":
+            xgr.Grammar.from_ebnf(params.grammar)
+        elif kind == "choice":
+            xgr.Grammar.from_ebnf(choice_grammar(params.choice))
+    except Exception as e:  # xgrammar raises RuntimeError / InvalidJSONError with the parser's message
+        what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar", "choice": "choice"}[kind]
+        raise SamplingParamsError(params.field, f"{params.field}: the {what} cannot be compiled: {_message(e)}") from None
+
+
+class XgrammarCompiler:
+    """Compiles constraints for one tokenizer (thread-safe: the compile pool calls it from its threads)."""
+
+    def __init__(self, tokenizer: HFTokenizer, vocab_size: int, stop_token_ids: list[int],
+                 whitespace_default: bool) -> None:
+        xgr = _xgrammar()
+        self.vocab_size = vocab_size
+        self.whitespace_default = whitespace_default
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+
+    def compile(self, params: StructuredOutputsParams):
+        """The compiled grammar (xgrammar's ``CompiledGrammar``)."""
+        c, kind = self._compiler, params.kind
+        if kind == "json":
+            return c.compile_json_schema(params.json, any_whitespace=any_whitespace(params, self.whitespace_default))
+        if kind == "json_object":
+            return c.compile_json_schema('{"type": "object"}',
+                                         any_whitespace=any_whitespace(params, self.whitespace_default))
+        if kind == "regex":
+            return c.compile_regex(params.regex)
+        return c.compile_grammar(choice_grammar(params.choice) if kind == "choice" else params.grammar)
+
+
+class GrammarMatcher:
+    """One request's place in its grammar: which tokens may come next, advanced by each accepted token."""
+
+    __slots__ = ("_matcher",)
+
+    def __init__(self, compiled) -> None:
+        self._matcher = _xgrammar().GrammarMatcher(compiled)
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one token; False when the grammar does not allow it (the matcher stays where it was)."""
+        return self._matcher.accept_token(token_id)
+
+    def fill_bitmask(self, bitmask, row: int) -> None:
+        """Write the allowed next tokens into row ``row`` of ``bitmask`` (a [R, W] int32 torch tensor)."""
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    @property
+    def is_terminated(self) -> bool:
+        """The grammar is complete and ended by a stop token: nothing may follow."""
+        return self._matcher.is_terminated()
+
+    def reset(self) -> None:
+        self._matcher.reset()
+
+
+def allocate_bitmask(num_rows: int, vocab_size: int):
+    """A [num_rows, ceil(vocab_size / 32)] int32 host tensor (xgrammar fills it in place; all ones: no limit)."""
+    return _xgrammar().allocate_token_bitmask(num_rows, vocab_size)
+
+
+def as_numpy(bitmask) -> np.ndarray:
+    return bitmask.numpy()

@@ -1,0 +1,79 @@
+"""What a request's output must match (vLLM's ``StructuredOutputsParams``): a JSON schema, any JSON object, a
+regex, one of some strings, or an EBNF grammar. Torch-free: the OpenAI layer builds it (router and replica
+alike), the engine compiles it (engine/structured_output.py, with xgrammar) and masks the logits by it.
+
+Exactly one of ``json``, ``json_object``, ``regex``, ``choice``, ``grammar`` is set. ``field`` remembers which
+request field it came from, so an error about it names what the client sent (``response_format``,
+``guided_json``, ``structured_outputs``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from kvmesh.replica.serving.json_types import JSONObject
+from kvmesh.replica.serving.sampling_params_error import SamplingParamsError
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+"""The kinds of constraint, as vLLM's ``structured_outputs`` keys spell them."""
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """One request's output constraint (exactly one kind set; hashable: ``key`` names compiled grammars)."""
+
+    json: str | None = None
+    """A JSON schema, as canonical JSON text (``from_schema`` writes it): the output is a JSON value matching it."""
+    json_object: bool = False
+    """The output is any JSON object (OpenAI's ``response_format: {"type": "json_object"}``)."""
+    regex: str | None = None
+    """The output matches this regular expression (xgrammar's syntax, ECMAScript-like)."""
+    choice: tuple[str, ...] | None = None
+    """The output is exactly one of these strings."""
+    grammar: str | None = None
+    """The output is a sentence of this EBNF grammar (xgrammar's / GBNF syntax, rule ``root`` first)."""
+    disable_any_whitespace: bool | None = None
+    """JSON kinds: True writes JSON without whitespace between tokens, False lets the model put any; None: the
+    engine's default (no whitespace, so a small model closes its object instead of padding it with blanks)."""
+    field: str = "structured_outputs"
+    """The request field it came from (errors name it)."""
+
+    def _kinds(self) -> dict[str, object]:
+        return {"json": self.json, "json_object": self.json_object, "regex": self.regex, "choice": self.choice,
+                "grammar": self.grammar}
+
+    def __post_init__(self) -> None:
+        kinds = [k for k, v in self._kinds().items() if v not in (None, False)]
+        if len(kinds) != 1:
+            raise SamplingParamsError(self.field, f"{self.field} must set exactly one of {', '.join(KINDS)}"
+                                      f"{'; got ' + ', '.join(kinds) if kinds else ''}")
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise SamplingParamsError(self.field, f"{self.field}: choice must be a non-empty list of non-empty strings")
+        for name, value in (("regex", self.regex), ("grammar", self.grammar)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise SamplingParamsError(self.field, f"{self.field}: {name} must be a non-empty string")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k, v in self._kinds().items() if v not in (None, False))
+
+    @property
+    def key(self) -> tuple[str, str, bool | None]:
+        """What a compiled grammar is cached by: the same key, the same grammar."""
+        kind = self.kind
+        value = self._kinds()[kind]
+        return kind, json.dumps(value) if not isinstance(value, str) else value, self.disable_any_whitespace
+
+    @classmethod
+    def from_schema(cls, schema: JSONObject | bool | str, field: str, **kwargs) -> StructuredOutputsParams:
+        """A JSON-schema constraint from a schema (an object, true/false, or JSON text of one)."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:
+                raise SamplingParamsError(field, f"{field}: the JSON schema is not valid JSON ({e})") from None
+        if not isinstance(schema, dict | bool):
+            raise SamplingParamsError(field, f"{field}: a JSON schema must be an object or a boolean, "
+                                      f"got {type(schema).__name__}")
+        return cls(json=json.dumps(schema, sort_keys=True, separators=(",", ":")), field=field, **kwargs)

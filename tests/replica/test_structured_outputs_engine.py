@@ -1,0 +1,172 @@
+"""Structured outputs in the engine (engine/structured_output.py): every answer matches its constraint, on every
+path (sync, async scheduling, preemption, chunked prefill), with the mask applied where the sampler runs."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+from kvmesh.replica.serving.sampling_params import SamplingParams, SamplingParamsError
+from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams as SO
+
+from .test_engine_async_scheduling import PROMPTS, both, engine, generate
+
+xgr = pytest.importorskip("xgrammar", reason="structured outputs need xgrammar (the engine extra)")
+
+SCHEMA = {"type": "object", "properties": {"mood": {"enum": ["happy", "sad", "angry"]}, "ok": {"type": "boolean"}},
+          "required": ["mood", "ok"], "additionalProperties": False}
+
+
+def matches_schema(text: str) -> bool:
+    value = json.loads(text)
+    return set(value) == {"mood", "ok"} and value["mood"] in ("happy", "sad", "angry") and isinstance(value["ok"], bool)
+
+
+def constrained(max_tokens: int = 64) -> dict[str, SamplingParams]:
+    """A JSON schema, a choice, a regex and an unconstrained request, seeded where random."""
+    return {"a": SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=SO.from_schema(SCHEMA, "x")),
+            "b": SamplingParams(temperature=1.0, seed=3, max_tokens=max_tokens, structured_outputs=SO(choice=("yes", "no"))),
+            "c": SamplingParams(temperature=1.0, seed=5, max_tokens=max_tokens,
+                                structured_outputs=SO(regex=r"[a-z]+ [0-9]{3}")),
+            "d": SamplingParams(temperature=0.8, seed=2, max_tokens=28, ignore_eos=True)}
+
+
+def check_answers(results: dict[str, tuple]) -> None:
+    assert matches_schema(results["a"][2]) and results["a"][1] == "stop"
+    assert results["b"][2] in ("yes", "no") and results["b"][1] == "stop"
+    assert results["c"][1] == "stop"
+    word, number = results["c"][2].split(" ")
+    assert word.isalpha() and word.islower() and number.isdigit() and len(number) == 3
+    assert len(results["d"][0]) == 28
+
+
+def test_grammar_mask_matches_xgrammars_own_kernel():
+    """The torch bitmask unpacking (sample/grammar_mask.py) against xgrammar's own, on a vocabulary that is not a
+    multiple of 32 and a subset of rows."""
+    from kvmesh.replica.sample.grammar_mask import apply_grammar_bitmask
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 100, generator=gen)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 4), generator=gen, dtype=torch.int64).to(torch.int32)
+    ours, theirs = logits.clone(), logits.clone()
+    apply_grammar_bitmask(ours, torch.tensor([4, 0, 2]), bitmask)
+    full = torch.full((5, 4), -1, dtype=torch.int32)
+    full[[4, 0, 2]] = bitmask
+    xgr.apply_token_bitmask_inplace(theirs, full, vocab_size=100, backend="torch_native")
+    assert torch.equal(ours, theirs)
+    assert torch.isinf(ours).any() and torch.equal(ours[[1, 3]], logits[[1, 3]])
+
+
+def test_every_answer_matches_its_constraint_sync_and_async(stories_path):
+    sync, async_, _ = both(stories_path, constrained())
+    check_answers(sync)
+    assert async_ == sync  # the in-flight token is waited for: the same tokens
+
+
+def test_preemption_and_chunked_prefill_keep_the_matcher_in_step(stories_path):
+    """Preempted requests are recomputed from their tokens (the matcher stays where it was); long prompts arrive in
+    8-token chunks, only the last of which samples: the answers are those of a roomy run."""
+    roomy = generate(engine(stories_path, False), constrained(40))
+    sync, async_, eng = both(stories_path, constrained(40), engine_kw={"num_kv_blocks": 17, "max_num_batched_tokens": 8})
+    assert sync == async_ == roomy
+    assert eng.get_stats().num_preemptions > 0
+    check_answers(roomy)
+
+
+def test_json_at_temperature_one_parses_for_every_seed(stories_path):
+    params = {rid: SamplingParams(temperature=1.0, seed=seed, max_tokens=64,
+                                  structured_outputs=SO.from_schema(SCHEMA, "x"))
+              for rid, seed in zip("abcd", range(4), strict=True)}
+    for _, reason, text in generate(engine(stories_path, False), params).values():
+        assert reason == "stop" and matches_schema(text), text
+
+
+def test_max_tokens_inside_the_grammar_ends_with_length(stories_path):
+    params = {"a": SamplingParams(temperature=0.0, max_tokens=3, structured_outputs=SO.from_schema(SCHEMA, "x"))}
+    tokens, reason, text = generate(engine(stories_path, False), params)["a"]
+    assert reason == "length" and len(tokens) == 3 and text.startswith("{")
+
+
+def test_a_complete_grammar_stops_even_with_ignore_eos(stories_path):
+    params = {"b": SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True,
+                                  structured_outputs=SO(choice=("yes", "no")))}
+    _, reason, text = generate(engine(stories_path, False), params)["b"]
+    assert reason == "stop" and text in ("yes", "no")
+
+
+@pytest.mark.parametrize("so, field", [
+    (SO(regex="(ab", field="guided_regex"), "guided_regex"),
+    (SO(grammar='root ::= "a" |', field="structured_outputs"), "structured_outputs"),
+    (SO(json='{"type": 5}', field="response_format.json_schema.schema"), "response_format.json_schema.schema"),
+])
+def test_a_constraint_that_does_not_compile_is_refused_naming_its_field(stories_path, so, field):
+    eng = engine(stories_path, False)
+    with pytest.raises(SamplingParamsError) as err:
+        eng.add_request("x", PROMPTS["a"], SamplingParams(max_tokens=4, structured_outputs=so))
+    assert err.value.param == field and field in str(err.value)
+    assert not eng.has_unfinished_requests()
+
+
+def test_grammars_compile_off_the_engine_thread_and_the_others_run_meanwhile(stories_path, monkeypatch):
+    """A slow compile holds only its own request back (it waits in the scheduler); a second request with the same
+    spec shares the compilation."""
+    eng = engine(stories_path, False)
+    manager, release, threads = eng.structured_output, threading.Event(), set()
+    compile_ = manager._compile
+
+    def slow(params):
+        threads.add(threading.get_ident())
+        assert release.wait(30)
+        return compile_(params)
+
+    monkeypatch.setattr(manager, "_compile", slow)
+    so = SO(choice=("yes", "no"))
+    eng.add_request("c1", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=so))
+    eng.add_request("c2", PROMPTS["b"], SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=so))
+    eng.add_request("free", PROMPTS["d"], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    done = {}
+    while "free" not in done:
+        done |= {o.request_id: o for o in eng.step() if o.finished}
+    assert eng.scheduler.requests["c1"].num_computed_tokens == 0  # still waiting for its grammar
+    assert len(manager._cache) == 1 and threading.get_ident() not in threads
+    release.set()
+    while eng.has_unfinished_requests():
+        done |= {o.request_id: o for o in eng.step() if o.finished}
+    assert {done[r].finish_reason for r in ("c1", "c2")} == {"stop"}
+
+
+def test_a_token_the_grammar_refuses_fails_only_its_request(stories_path, monkeypatch):
+    """Hostile: a sampler that ignores the mask. The matcher refuses the token; that request ends with an error,
+    the unconstrained one is served."""
+    import kvmesh.replica.sample.sampler as sampler
+
+    monkeypatch.setattr(sampler, "apply_grammar_bitmask", lambda logits, rows, bitmask: None)
+    params = {"b": SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=SO(choice=("zzzz", "qqqq"))),
+              "d": SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)}
+    results = generate(engine(stories_path, False), params)
+    assert results["b"][1] == "error" and len(results["d"][0]) == 6
+
+
+def test_the_masked_sampler_runs_on_the_meta_device():
+    """The runner's part of a constrained step (its rows leave the fixed sampler, the bitmask goes to the logits'
+    device and masks them) makes every tensor on the device of the logits."""
+    from kvmesh.replica.sample.grammar_mask import grammar_rows
+    from kvmesh.replica.sample.sampler import Sampler
+    from kvmesh.replica.step.scheduler_output import GrammarBitmask, ScheduledRequest, SchedulerOutput
+    from kvmesh.replica.worker.input_batch import InputBatch
+
+    meta = torch.device("meta")
+    batch = InputBatch(4, 8, 16, meta)
+    so = SamplingParams(temperature=0.0, structured_outputs=SO(choice=("a", "b")))
+    free = SamplingParams(temperature=0.0)
+    inputs = batch.prepare(SchedulerOutput([ScheduledRequest("free", [1, 2, 3], 0, [1], True, free),
+                                            ScheduledRequest("so", [4, 5], 0, [2], True, so)], 5))
+    assert batch._graph_sampling(inputs.sample_rows)[1] is False  # the graph's sampler does not answer
+    md = batch.sampling_metadata(inputs.sample_rows, 64, [2])
+    bitmask = GrammarBitmask(["so"], torch.full((1, 2), 5, dtype=torch.int32).numpy())
+    md.grammar = grammar_rows(bitmask, inputs.sample_request_ids, meta)
+    assert all(t.device == meta for t in md.grammar)
+    tokens = Sampler()(torch.zeros(2, 64, device=meta), md)
+    assert tokens.device == meta and tokens.shape == (2,)
