@@ -1,4 +1,4 @@
-"""The README's lists of OpenAI parameters are what the servers do: every request in its refused table
+"""The lists of OpenAI parameters in docs/openai-api.md are what the servers do: every request in its refused table
 gets a 400 naming the field from the router and from a replica, every parameter it lists as
 accepted-and-ignored is accepted, and every request in its supported table is served as asked."""
 
@@ -15,20 +15,20 @@ from . import openai_pair
 from .openai_pair import AUTH, HI
 
 pair = openai_pair.pair  # the fixture
-README = Path(__file__).resolve().parent.parent / "README.md"
+API_DOC = Path(__file__).resolve().parent.parent / "docs" / "openai-api.md"
 BASE = {"completions": ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 2}),
         "chat": ("/v1/chat/completions", {"messages": HI, "max_tokens": 2})}
 
 
 def section(name: str) -> str:
-    text = README.read_text()
+    text = API_DOC.read_text()
     match = re.search(f"<!-- {name} -->\n(.*?)<!-- /{name} -->", text, re.S)
-    assert match, f"README.md has no <!-- {name} --> section"
+    assert match, f"docs/openai-api.md has no <!-- {name} --> section"
     return match.group(1)
 
 
 def refused_rows() -> list[tuple[str, dict, str]]:
-    """(endpoint, request fields, param named in the 400) of each row of the README's table."""
+    """(endpoint, request fields, param named in the 400) of each row of the doc's refused table."""
     rows = []
     for line in section("unsupported-openai-params").splitlines()[2:]:
         endpoint, fields, answer = (cell.strip() for cell in line.strip("|").split("|"))
@@ -48,7 +48,7 @@ def ignored_params() -> list[str]:
 
 
 def supported_rows() -> list[tuple[str, dict]]:
-    """(endpoint, request fields) of each row of the README's supported table."""
+    """(endpoint, request fields) of each row of the doc's supported table."""
     rows = []
     for line in section("supported-openai-params").splitlines()[2:]:
         endpoint, fields = (cell.strip() for cell in line.strip("|").split("|"))
@@ -56,7 +56,7 @@ def supported_rows() -> list[tuple[str, dict]]:
     return rows
 
 
-def test_the_readme_lists_refused_ignored_and_supported_parameters():
+def test_the_doc_lists_refused_ignored_and_supported_parameters():
     assert len(refused_rows()) >= 4 and len(ignored_params()) >= 4 and len(supported_rows()) >= 9
 
 

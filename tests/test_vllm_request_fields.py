@@ -3,7 +3,7 @@
 tests/data/vllm_request_fields.json lists the fields (read from vLLM's source; it says which version) with
 kvmesh's answer to each. This walk sends each field to a replica and through the router and checks that
 answer: an implemented field shows its effect (tests/vllm_field_probes.py), a refused one set to anything but
-vLLM's default is a 400 naming it while the default is served, an ignored one is served and README says why.
+vLLM's default is a 400 naming it while the default is served, an ignored one is served and docs/openai-api.md says why.
 Fields another part of kvmesh implements ("structured_outputs") must show an effect or be a 400
 naming them: never a silent 200 (once one is implemented, list it as such and give it a probe of its effect).
 """

@@ -1,6 +1,6 @@
 """The serve side of deploy/: the serve configs load, the cloud one fits the GPU workers its cluster
 configs keep up (by the same capacity check serve runs before placing), and every `kvmesh serve`
-command the deploy docs and the README show parses with the real CLI."""
+command the deploy docs, the README and the guides in docs/ show parses with the real CLI."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from kvmesh.cluster.launch.placement import replica_bundles
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SERVE_CONFIGS = sorted(DEPLOY.glob("serve*.yaml"))
 AUTOSCALING_CLUSTERS = [DEPLOY / "aws.yaml", DEPLOY / "gcp.yaml"]
-DOCS = [*sorted(DEPLOY.glob("*.yaml")), DEPLOY / "README.md", DEPLOY.parent / "README.md"]
+REFERENCES = {"cli.md", "configuration.md"}
+"""Generated references: their flags are listed, not commands (tests/cluster/test_c*_docs.py check them)."""
+DOCS = [*sorted(DEPLOY.glob("*.yaml")), DEPLOY / "README.md", DEPLOY.parent / "README.md",
+        *sorted(p for p in (DEPLOY.parent / "docs").glob("*.md") if p.name not in REFERENCES)]
 SERVE_COMMAND = re.compile(r"kvmesh serve((?:\s+--?[a-z][^\s\"`]*(?:\s+[^-\s\"`][^\s\"`]*)?)*)")
 """`kvmesh serve` and the flags after it (each with at most one value), up to a quote or backtick."""
 

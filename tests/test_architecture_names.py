@@ -1,0 +1,54 @@
+"""ARCHITECTURE.md names only rooms and files that exist: every path it mentions (a folder ending in ``/``, or
+a file with an extension) is a folder or file of the repository, given whole from the root or as the tail of
+one (``engine/async_llm.py`` inside the replica's section), and the map stays within its size."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ARCHITECTURE = REPO / "ARCHITECTURE.md"
+SKIPPED_DIRS = {".venv", ".git", "build", "dist", "__pycache__"}
+MAX_BYTES = 40 * 1024
+PATH = re.compile(r"(?<![\w/.~-])((?:[A-Za-z_][\w.-]*/)*[A-Za-z_][\w-]*\.(?:py|c|h|md|yaml|json)\b|"
+                  r"(?:[A-Za-z_][\w.-]*/)+(?![\w.-]))")
+"""A file with an extension (after any folders), or a folder path ending in ``/`` (``I/O`` is no path)."""
+
+
+def repo_paths(root: Path = REPO) -> set[str]:
+    """Every file and folder under ``root``, as posix paths relative to it (folders with a trailing ``/``)."""
+    paths = set()
+    for path in root.rglob("*"):
+        parts = path.relative_to(root).parts
+        if any(part in SKIPPED_DIRS or part.endswith(".egg-info") for part in parts):
+            continue
+        paths.add("/".join(parts) + ("/" if path.is_dir() else ""))
+    return paths
+
+
+def named_paths(text: str) -> set[str]:
+    return {m for m in PATH.findall(text) if "*" not in m}
+
+
+def missing(text: str, paths: set[str]) -> list[str]:
+    """The named paths that are neither a path of the repository nor the tail of one."""
+    return sorted(name for name in named_paths(text)
+                  if name not in paths and not any(p.endswith("/" + name) for p in paths))
+
+
+def test_architecture_names_only_existing_rooms_and_files():
+    text = ARCHITECTURE.read_text()
+    assert len(named_paths(text)) > 100  # the map names the code it describes
+    assert missing(text, repo_paths()) == []
+
+
+def test_architecture_stays_a_map():
+    assert len(ARCHITECTURE.read_bytes()) <= MAX_BYTES
+
+
+def test_a_room_or_file_that_is_gone_is_reported(tmp_path):
+    (tmp_path / "router" / "routing").mkdir(parents=True)
+    (tmp_path / "router" / "routing" / "index.py").write_text("")
+    text = "`router/routing/` holds `index.py` and `router/routing/trie.py`; `router/gone/` and `gone.py` left."
+    assert missing(text, repo_paths(tmp_path)) == ["gone.py", "router/gone/", "router/routing/trie.py"]
