@@ -37,21 +37,12 @@ SET = {  # a value each refused field means something with
     "return_prompt_text": True, "media_io_kwargs": {"image": {"k": 1}}, "mm_processor_kwargs": {"k": 1},
     "functions": [{"name": "f", "parameters": {}}], "function_call": "auto", "audio": {"voice": "alloy"},
     "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
-    "web_search_options": {},
+    "web_search_options": {}, "guided_whitespace_pattern": "[ ]?",
 }
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 ANOTHERS = {  # (the request without the field, the field's value): a 400 naming it, or an answer that differs
     # from the one without it (which may be a 400 of its own)
-    "response_format": ({}, {"type": "json_object"}),
-    "structured_outputs": ({}, {"choice": ["yes", "no"]}),
-    "guided_json": ({}, SCHEMA),
-    "guided_regex": ({}, "(yes|no)"),
-    "guided_choice": ({}, ["yes", "no"]),
-    "guided_grammar": ({}, 'root ::= "yes" | "no"'),
-    "guided_decoding_backend": ({"guided_choice": ["yes", "no"]}, "no-such-backend"),
-    "guided_whitespace_pattern": ({"guided_json": SCHEMA}, "("),
     "structural_tag": ({}, json.dumps({"type": "structural_tag", "structures": [], "triggers": []})),
     "tools": ({"tool_choice": "required"}, [TOOL]),
     "tool_choice": ({}, "required"),

@@ -252,6 +252,53 @@ def _best_of(ask: Ask) -> None:
         "completion_tokens"]
 
 
+MOOD = {"type": "object", "properties": {"mood": {"enum": ["happy", "sad"]}, "ok": {"type": "boolean"}},
+        "required": ["mood", "ok"], "additionalProperties": False}
+YES_NO = ("yes", "no")
+
+
+def _a_mood(body: dict) -> bool:
+    try:
+        value = json.loads(text(body))
+    except ValueError:
+        return False
+    return isinstance(value, dict) and set(value) == {"mood", "ok"} and value["mood"] in ("happy", "sad") and isinstance(value["ok"], bool)
+
+
+def constrains(name: str, value: object, holds: Callable[[dict], bool], bad: object) -> Callable[[Ask], None]:
+    """A structured-output field: the answer obeys it (and did not without it); a value that does not compile is
+    a 400 naming the field."""
+    def probe(ask: Ask) -> None:
+        body = ok(ask({name: value, "max_tokens": 64}))
+        assert holds(body) and body["choices"][0]["finish_reason"] == "stop", text(body)
+        assert not holds(ok(ask({"max_tokens": 64})))
+        assert refused(ask({name: bad}), name)
+    return probe
+
+
+def _in_yes_no(body: dict) -> bool:
+    return text(body) in YES_NO
+
+
+def _guided_decoding_backend(ask: Ask) -> None:
+    assert text(ok(ask({"guided_choice": list(YES_NO), "guided_decoding_backend": "xgrammar"}))) in YES_NO
+    assert refused(ask({"guided_choice": list(YES_NO), "guided_decoding_backend": "outlines"}), "guided_decoding_backend")
+
+
+STRUCTURED_OUTPUTS: dict[str, Callable[[Ask], None]] = {
+    "response_format": constrains("response_format", {"type": "json_schema", "json_schema": {
+        "name": "mood", "schema": MOOD, "strict": True}}, _a_mood, {"type": "json_schema", "json_schema": {
+            "name": "bad", "schema": {"type": "object", "properties": {"a": {"type": 7}}}}}),
+    "structured_outputs": constrains("structured_outputs", {"choice": list(YES_NO)}, _in_yes_no, {"regex": "(yes"}),
+    "guided_json": constrains("guided_json", MOOD, _a_mood, {"type": "nothing-real"}),
+    "guided_regex": constrains("guided_regex", "(yes|no)", _in_yes_no, "(yes"),
+    "guided_choice": constrains("guided_choice", list(YES_NO), _in_yes_no, []),
+    "guided_grammar": constrains("guided_grammar", 'root ::= "yes" | "no"', _in_yes_no, 'root ::= "yes" |'),
+    "guided_decoding_backend": _guided_decoding_backend,
+}
+"""Probes of the structured-output fields (the walk's; tests/test_structured_outputs_http.py goes further)."""
+
+
 COMMON: dict[str, Callable[[Ask], None]] = {
     "model": read_as("model", "no-such-model"),
     "logit_bias": changes_text("logit_bias", {EOS: 100}),
@@ -283,6 +330,7 @@ COMMON: dict[str, Callable[[Ask], None]] = {
     "min_p": changes_text("min_p", 0.9, {"temperature": 1.5, "seed": 3, "max_tokens": 16}),
     "truncate_prompt_tokens": _truncate_prompt_tokens,
     "truncation_side": _truncation_side,
+    **STRUCTURED_OUTPUTS,
 }
 """Probes of the fields both endpoints implement."""
 COMPLETIONS = COMMON | {

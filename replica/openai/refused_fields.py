@@ -42,6 +42,8 @@ BOTH: dict[str, Refusal] = {
     "repetition_detection": Refusal("repetition detection is not implemented; use max_tokens"),
     "thinking_token_budget": Refusal("there is no reasoning parser to count thinking tokens", (None, -1)),
     "logits_processors": Refusal("custom logits processors are not loaded by this server", _EMPTY),
+    "guided_whitespace_pattern": Refusal("xgrammar takes no whitespace pattern; use structured_outputs' "
+                                         "disable_any_whitespace", (None, "")),
 }
 """Refused on both endpoints."""
 COMPLETION_ONLY: dict[str, Refusal] = {
