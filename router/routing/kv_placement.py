@@ -233,9 +233,10 @@ def price_pull(chosen: ReplicaLoad, holder: ReplicaLoad, extra_blocks: int, bloc
 
 def plan_pull(chosen_id: Hashable, chosen_blocks: int, device_matches: Mapping[Hashable, int],
               loads: Mapping[Hashable, ReplicaLoad], candidates: set, usable_blocks: int, block_size: int,
-              rules: KVPlacementRules) -> PlannedPull | None:
+              rules: KVPlacementRules, fleet: FleetRates | None = None) -> PlannedPull | None:
     """A pull for a request routed to ``chosen_id`` (holding ``chosen_blocks`` of it, device or host) when a
-    holder among ``candidates`` (healthy, trusted replicas of any role) has more and pulling is cheaper."""
+    holder among ``candidates`` (healthy, trusted replicas of any role) has more and pulling is cheaper
+    (``fleet``: ``FleetRates.of`` every load, when the caller keeps it)."""
     holder_id, held = None, chosen_blocks
     for rid, m in device_matches.items():
         m = min(m, usable_blocks)
@@ -243,8 +244,11 @@ def plan_pull(chosen_id: Hashable, chosen_blocks: int, device_matches: Mapping[H
             holder_id, held = rid, m
     if holder_id is None:
         return None
-    priced = price_pull(loads[chosen_id], loads[holder_id], held - chosen_blocks, block_size,
-                        FleetRates.of(loads.values()), rules)
+    chosen, holder = loads[chosen_id], loads[holder_id]
+    if not can_pull(chosen, holder, pull_priors(rules)):
+        return None
+    priced = price_pull(chosen, holder, held - chosen_blocks, block_size,
+                        FleetRates.of(loads.values()) if fleet is None else fleet, rules)
     if priced is None or not priced[0] < priced[1]:
         return None
     return PlannedPull(holder_id, (held - chosen_blocks) * block_size, *priced)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Hashable, Iterable, Sequence
 
+import numpy as np
 from kvmesh.events.schema import EventBatch
 from kvmesh.kvcache.reuse import reusable_blocks, reusable_tokens
 from kvmesh.router.routing.cost import observe_ttft
@@ -26,6 +27,7 @@ from kvmesh.router.routing.kv_placement import (
     pull_priors,
 )
 from kvmesh.router.routing.load import LoadTracker
+from kvmesh.router.routing.load_columns import CandidateLoads, LoadColumns
 from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, RouteReceipt
 from kvmesh.router.routing.roles import BOTH, PREFILL, check_role
@@ -56,6 +58,11 @@ class KVRouter:
         self.hasher = RouterKeyHasher(block_size, seed, salt_secret)
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
         self.loads = LoadTracker()
+        self.columns = LoadColumns(self.loads)
+        """The loads as arrays, kept current (router/routing/load_columns.py): a decision prices every candidate
+        in one vectorised pass."""
+        self._routable: tuple[object, np.ndarray] | None = None
+        self._routable_version = 0
         if policy is None:
             policy = get_policy(block_size=block_size)
         self.policy = policy
@@ -97,6 +104,7 @@ class KVRouter:
                 self.prefill_only.discard(replica_id)
             if healthy:
                 self.healthy.add(replica_id)
+            self._routable_version += 1
 
     def remove_replica(self, replica_id: Hashable) -> None:
         with self.lock:
@@ -104,6 +112,7 @@ class KVRouter:
             self.loads.remove_replica(replica_id)
             self.healthy.discard(replica_id)
             self.prefill_only.discard(replica_id)
+            self._routable_version += 1
             self.degraded.pop(replica_id, None)
             self.degraded_causes.pop(replica_id, None)
             self.sessions.forget_replica(replica_id)
@@ -117,6 +126,7 @@ class KVRouter:
                 self.healthy.add(replica_id)
             else:
                 self.healthy.discard(replica_id)
+            self._routable_version += 1
             if clear_cache:
                 self.index.clear_replica(replica_id)
                 self.sessions.forget_replica(replica_id)
@@ -183,12 +193,8 @@ class KVRouter:
             tiers = self.index.match_tiers(keys, now=now)
             t2 = _ns()
             self.loads.refresh()  # other router processes' in-flight counts, when shared
-            all_loads = self.loads.loads
             excluded = set(exclude)
-            healthy = self.healthy
-            prefill_only = self.prefill_only
-            loads = {r: load for r, load in all_loads.items()
-                     if r in healthy and r not in excluded and r not in prefill_only and (pool is None or r in pool)}
+            loads = self.candidate_loads(excluded, pool)
             if not loads:
                 raise NoReplicaError("no healthy replica to route to (all are down, of role prefill or already "
                                      "failed this request); retry later or register a decode replica"
@@ -268,7 +274,29 @@ class KVRouter:
         candidates = self.healthy - excluded if excluded else self.healthy
         if pool is not None:  # another model's replica holds other KV, whatever its keys say
             candidates = candidates & pool
-        return plan_pull(chosen, own, matches, self.loads.loads, candidates, usable, bs, rules)
+        columns = self.columns  # synced by route
+        fleet = columns.fleet(np.ones(len(columns.ids), dtype=bool), ("all", columns.version))
+        return plan_pull(chosen, own, matches, self.loads.loads, candidates, usable, bs, rules, fleet)
+
+    def candidate_loads(self, excluded: set, pool: frozenset | None = None) -> CandidateLoads:
+        """The healthy replicas that decode, less ``excluded``, within ``pool``, as the policy gets them (call under
+        the lock)."""
+        columns = self.columns
+        columns.sync()
+        key = (columns.version, self._routable_version)
+        if self._routable is None or self._routable[0] != key:
+            healthy, prefill_only = self.healthy, self.prefill_only
+            self._routable = key, np.array([r in healthy and r not in prefill_only for r in columns.ids], dtype=bool)
+        mask = self._routable[1]
+        if not excluded and pool is None:
+            return CandidateLoads(columns, mask, key)
+        mask, rows = mask.copy(), columns.rows
+        for rid in excluded:
+            if rid in rows:
+                mask[rows[rid]] = False
+        if pool is not None:
+            mask &= np.isin(np.arange(len(mask)), [rows[r] for r in pool if r in rows])
+        return CandidateLoads(columns, mask)
 
     def choose_prefill(self, decision: RouteDecision, now: float | None = None) -> tuple[Hashable | None, str | None]:
         """Where to prefill ``decision``'s prompt before its decode replica gets it: (prefill replica, None);

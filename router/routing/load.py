@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -94,6 +94,18 @@ class ReplicaLoad:
     table, as of ``LoadTracker.refresh``; 0 for a router alone)."""
     peer_pending_prefill_tokens: int = 0
     """Their uncached prompt tokens that have produced no output yet (idem)."""
+    watcher: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    """Called after any field is set (the tracker's columns re-read this replica before the next decision,
+    router/routing/load_columns.py); None: nothing watches it."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        try:
+            watcher = self.watcher
+        except AttributeError:  # still in __init__: nothing watches it yet
+            return
+        if watcher is not None:
+            watcher()
 
     @property
     def prefill_backlog(self) -> int:
@@ -198,6 +210,8 @@ class LoadTracker:
         """This process's row in ``shared`` (None: it only reads, e.g. serve's control router)."""
         self._slotted: list | None = None
         self._num_slots = 0
+        self.members_version = 0
+        """Rises whenever a replica is added or removed (router/routing/load_columns.py lays its rows out again)."""
 
     def share(self, table, row: int | None) -> None:
         """Publish this router's counts in ``table``'s ``row`` (cleared first) and read the others'."""
@@ -218,9 +232,11 @@ class LoadTracker:
             slotted = self._slotted = [(load, 2 * slot) for load, slot in pairs if slot is not None]
             self._num_slots = max((i // 2 + 1 for _, i in slotted), default=0)
         sums = table.peers(self.row, self._num_slots)
-        for load, i in slotted:
-            load.peer_in_flight = sums[i]
-            load.peer_pending_prefill_tokens = sums[i + 1]
+        for load, i in slotted:  # set only what changed: a set field makes its replica's row stale
+            if load.peer_in_flight != sums[i]:
+                load.peer_in_flight = sums[i]
+            if load.peer_pending_prefill_tokens != sums[i + 1]:
+                load.peer_pending_prefill_tokens = sums[i + 1]
 
     def _publish(self, replica_id: Hashable, load: ReplicaLoad) -> None:
         if self.row is not None:
@@ -230,10 +246,12 @@ class LoadTracker:
 
     def add_replica(self, replica_id: Hashable) -> ReplicaLoad:
         self._slotted = None
+        self.members_version += 1
         return self.loads.setdefault(replica_id, ReplicaLoad())
 
     def remove_replica(self, replica_id: Hashable) -> None:
         self._slotted = None
+        self.members_version += 1
         load = self.loads.pop(replica_id, None)
         if load is not None and self.shared is not None:
             self._publish(replica_id, ReplicaLoad())  # its requests no longer count here

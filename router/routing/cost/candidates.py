@@ -9,22 +9,43 @@ when the pull costs fewer seconds than computing those tokens at its rate.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
+import numpy as np
 from kvmesh.kvcache.reuse import reusable_blocks
+from kvmesh.router.routing.cost.columns_price import choice_columns
 from kvmesh.router.routing.cost.estimate import TTFTEstimate, estimate, prefill_s_per_token
 from kvmesh.router.routing.cost.fleet import FleetRates
+from kvmesh.router.routing.cost.prices import Prices
 from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_seconds
 from kvmesh.router.routing.load import ReplicaLoad
+from kvmesh.router.routing.load_columns import CandidateLoads
 
 
 def price_all(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, int], host: Mapping[Hashable, int],
               prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None = None,
               lora_name: str | None = None, fleet: FleetRates | None = None,
-              only: Hashable | None = None) -> dict[Hashable, TTFTEstimate]:
+              only: Hashable | None = None) -> Mapping[Hashable, TTFTEstimate]:
     """``TTFTEstimate`` of every replica in ``loads`` (``only``: of that one) for a prompt of ``prompt_tokens``
-    (``device``/``host``: leading prompt blocks each holds per tier)."""
-    fleet = FleetRates.of(loads.values()) if fleet is None else fleet
+    (``device``/``host``: leading prompt blocks each holds per tier). ``loads`` as ``CandidateLoads`` (the
+    router's columns) are priced in one vectorised pass (``price_columns``); a plain mapping one by one."""
+    columns = isinstance(loads, CandidateLoads)
+    if fleet is None:
+        fleet = loads.fleet() if columns else FleetRates.of(loads.values())
+    price_one, holder, best = _pricer(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name,
+                                      fleet)
+    if only is not None:
+        return {only: price_one(only)}
+    if columns:
+        return price_columns(loads, device, host, prompt_tokens, block_size, step_tokens, lora_name, fleet,
+                             price_one, holder, best)
+    return Prices.of({rid: price_one(rid) for rid in loads})
+
+
+def _pricer(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, int], host: Mapping[Hashable, int],
+            prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None,
+            lora_name: str | None, fleet: FleetRates) -> tuple[Callable[[Hashable], TTFTEstimate], Hashable, int]:
+    """(the estimate of one candidate, the replica others may pull from, the blocks it holds)."""
     usable = reusable_blocks(prompt_tokens, block_size)  # an engine computes at least the last token
     holder, best = None, 0
     if pulls is not None and pulls.enabled:
@@ -32,8 +53,9 @@ def price_all(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, i
             if m > best and rid in loads and loads[rid].kv_transfer_enabled:
                 holder, best = rid, m
         best = min(best, usable)
-    out = {}
-    for rid, load in loads.items() if only is None else ((only, loads[only]),):
+
+    def price_one(rid: Hashable) -> TTFTEstimate:
+        load = loads[rid]
         d = min(device.get(rid, 0), usable)
         extra = max(0, min(host.get(rid, 0), usable) - d)
         own = d + extra
@@ -44,6 +66,42 @@ def price_all(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, i
             if seconds is not None and spt is not None and seconds < (best - own) * block_size * spt:
                 pulled, pull_s = best - own, seconds
         computed = max(prompt_tokens - (own + pulled) * block_size, 1) if prompt_tokens else 0
-        out[rid] = estimate(load, fleet, prompt_tokens, computed, extra, block_size, step_tokens, pull_s, pulled,
-                            lora_name)
-    return out
+        return estimate(load, fleet, prompt_tokens, computed, extra, block_size, step_tokens, pull_s, pulled,
+                        lora_name)
+
+    return price_one, holder, best
+
+
+def price_columns(loads: CandidateLoads, device: Mapping[Hashable, int], host: Mapping[Hashable, int],
+                  prompt_tokens: int, block_size: int, step_tokens: float, lora_name: str | None,
+                  fleet: FleetRates, price_one: Callable[[Hashable], TTFTEstimate], holder: Hashable,
+                  best: int) -> Prices:
+    """Every candidate's ``choice_s`` in one pass over the columns (columns_price.py); the candidates that may pull
+    from ``holder`` or load ``lora_name`` are priced one by one (``price_one``), as every estimate asked for."""
+    cols = loads.columns
+    rows, n = cols.rows, len(cols.ids)
+    usable = reusable_blocks(prompt_tokens, block_size)
+    d, h = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    for matches, out in ((device, d), (host, h)):
+        for rid, m in matches.items():
+            row = rows.get(rid)
+            if row is not None:
+                out[row] = min(m, usable)
+    extra = np.maximum(h - d, 0)
+    own = d + extra
+    computed = np.maximum(prompt_tokens - own * block_size, 1) if prompt_tokens else np.zeros(n, dtype=np.int64)
+    choice = choice_columns(cols, fleet, computed, extra, block_size, step_tokens)
+    one_by_one = np.zeros(n, dtype=bool)
+    if holder is not None:  # those that may pull: price_one decides
+        one_by_one |= cols.kv_transfer & (own < best)
+        one_by_one[rows[holder]] = False
+    if lora_name is not None:
+        one_by_one |= cols.has_lora
+    one_by_one &= loads.mask
+    exact = {}
+    for row in np.flatnonzero(one_by_one).tolist():
+        rid = cols.ids[row]
+        found = exact[rid] = price_one(rid)
+        choice[row], computed[row] = found.choice_s, found.own_tokens
+    choice[~loads.mask] = np.inf
+    return Prices(cols.ids, rows, loads.mask, choice, computed, exact, price_one)

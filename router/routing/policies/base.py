@@ -26,7 +26,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvmesh.router.routing.cost import PullPriors, TTFTEstimate, price_all
+from kvmesh.router.routing.cost import Prices, PullPriors, TTFTEstimate, price_all
 from kvmesh.router.routing.load import ReplicaLoad
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -80,15 +80,16 @@ class Policy:
         transfers section; None: no pull priced)."""
         self.step_tokens = DEFAULT_DECODE_STEP_TOKENS
         """Prompt tokens one engine step of the replicas computes (their step budget), for the price."""
-        self.estimates: dict[ReplicaId, TTFTEstimate] = {}
-        """The last request's estimate on every candidate, when ``choose`` priced them (``cache_aware``)."""
+        self.estimates: Mapping[ReplicaId, TTFTEstimate] = {}
+        """The last request's estimate on every candidate, when ``choose`` priced them (``cache_aware``: its
+        ``Prices``, router/routing/cost/prices.py)."""
 
     def use_pulls(self, pulls: PullPriors | None) -> None:
         self.pulls = pulls
 
 
     def price(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
-              num_prompt_tokens: int | None = None, lora_name: str | None = None) -> dict[ReplicaId, TTFTEstimate]:
+              num_prompt_tokens: int | None = None, lora_name: str | None = None) -> Prices:
         """Every candidate's predicted time for the request, in seconds (router/routing/cost/: the one price)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         return price_all(loads, tiers.device, tiers.host, prompt, self.block_size, self.step_tokens, self.pulls,

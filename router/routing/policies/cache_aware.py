@@ -22,6 +22,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvmesh.router.routing.policies.base import (
     DEFAULT_DECODE_STEP_TOKENS,
     Loads,
@@ -78,21 +80,22 @@ class CacheAwarePolicy(Policy):
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         self._check(loads)
-        self.estimates = estimates = self.price(request_keys, tiers, loads, num_prompt_tokens, lora_name)
-        costs = {rid: e.choice_s for rid, e in estimates.items()}
-        best = min(costs.values())
+        self.estimates = prices = self.price(request_keys, tiers, loads, num_prompt_tokens, lora_name)
+        choice, ids = prices.choice, prices.ids  # per row, candidates in order (cost/prices.py)
+        best = float(choice.min())
         t = self.config.temperature
         if t > 0:
-            weights = [math.exp((best - cost) / t) for cost in costs.values()]
-            return self.rng.choices(list(costs), weights)[0]
-        ties = [rid for rid, cost in costs.items() if cost <= best * (1 + 1e-9)]
+            rows = prices.rows
+            weights = [math.exp((best - cost) / t) for cost in choice[rows].tolist()]
+            return self.rng.choices([ids[row] for row in rows.tolist()], weights)[0]
+        ties = np.flatnonzero(choice <= best * (1 + 1e-9))
         if len(ties) > 1:  # as soon, then the least work: a burst sharing a new prefix waits for its holder
-            least = min(estimates[rid].own_tokens for rid in ties)
-            ties = [rid for rid in ties if estimates[rid].own_tokens == least]
+            own = prices.own_tokens[ties]
+            ties = ties[own == own.min()]
         if len(ties) == 1:
-            return ties[0]
+            return ids[ties[0]]
         self._tie += 1
-        return ties[self._tie % len(ties)]
+        return ids[ties[self._tie % len(ties)]]
 
     def keeps_session(self, pinned: ReplicaId, chosen: ReplicaId, request_keys: Sequence[int], matches: Matches,
                       loads: Loads, num_prompt_tokens: int | None = None) -> bool:

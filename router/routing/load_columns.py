@@ -1,0 +1,184 @@
+"""The replicas' loads as columns: one numpy array per field the cost reads, one row per replica, kept current.
+
+Pricing a request on every candidate in Python costs interpreter time per replica; over a thousand replicas it is
+most of a decision. The cost's vectorised pass (router/routing/cost/columns_price.py) reads these columns instead.
+A ``ReplicaLoad`` calls its ``watcher`` whenever a field is set, which marks its row stale; ``sync`` re-reads the
+stale rows only (a dispatch, a first token, a report touch one replica each), so what a decision pays does not grow
+with the replicas that did not change. The fleet's slowest rates (cost/fleet.py) are reduced from the columns,
+once per change of a rate or of the candidate set.
+
+Rows follow the tracker's order (``LoadTracker.loads``, insertion order), so a scan of the rows visits replicas in
+the order a scan of the dict does: ties break the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Mapping
+
+import numpy as np
+from kvmesh.router.routing.cost.fleet import FleetRates
+from kvmesh.router.routing.load import LoadTracker, ReplicaLoad
+
+_NAN = float("nan")
+_MAX_FLEETS_KEPT = 8
+"""Candidate sets whose ``FleetRates`` are kept (the routable replicas, all of them, a few pools)."""
+
+def _inv(rate: float | None) -> float:
+    """Seconds per unit of a measured ``rate`` (NaN: not measured, as ``FleetRates._slowest`` skips it)."""
+    return 1.0 / rate if rate and rate > 0 else _NAN
+
+
+class LoadColumns:
+    """The loads of a ``LoadTracker`` as arrays (``sync`` before reading)."""
+
+    def __init__(self, tracker: LoadTracker) -> None:
+        self.tracker = tracker
+        self.ids: list[Hashable] = []
+        """Row -> replica id."""
+        self.rows: dict[Hashable, int] = {}
+        """Replica id -> row."""
+        self.loads: list[ReplicaLoad] = []
+        """Row -> its load."""
+        self.version: object = None
+        """The tracker's ``members_version`` the rows were laid out for."""
+        self._stale: set[Hashable] = set()
+        self._rates: list[tuple] = []
+        self._rates_version = 0
+        self._fleets: dict[object, tuple[int, FleetRates]] = {}
+        self._reshape()
+
+    def sync(self) -> None:
+        """Re-read the rows that changed since the last call (every row after the replica set changed)."""
+        if self.version != self.tracker.members_version:
+            self._reshape()
+        elif self._stale:
+            rows, loads = self.rows, self.loads
+            for rid in self._stale:
+                row = rows.get(rid)
+                if row is not None:
+                    self._read(row, loads[row])
+            self._stale.clear()
+
+    def _reshape(self) -> None:
+        loads = self.tracker.loads
+        self.version = self.tracker.members_version
+        n = len(loads)
+        self.ids, self.loads = list(loads), list(loads.values())
+        self.rows = {rid: i for i, rid in enumerate(self.ids)}
+        self._rates = [()] * n
+        self._rates_version += 1
+        f8 = np.float64
+        self.spt, self.h2d_spb, self.pull_spb, self.pull_fixed, self.lora_spb = (np.zeros(n, f8) for _ in range(5))
+        """Seconds per prompt token / per byte loaded back / per byte pulled, a pull's fixed seconds, seconds per
+        adapter byte (NaN: not measured)."""
+        self.block_bytes, self.bytes_per_token = np.zeros(n, f8), np.zeros(n, f8)
+        """Reported ``kv_block_bytes`` and ``kv_bytes_per_token`` (0: not reported)."""
+        self.coef_valid = np.zeros(n, bool)
+        """The replica measured its decode step (``coef0..2``: step_s, s_per_seq, s_per_context_token)."""
+        self.coef0, self.coef1, self.coef2 = np.zeros(n, f8), np.zeros(n, f8), np.zeros(n, f8)
+        self.backlog, self.batch, self.context = np.zeros(n, f8), np.zeros(n, f8), np.zeros(n, f8)
+        """``prefill_backlog``, ``decode_load``, the running context it reported (0: none)."""
+        self.recent_prompt, self.recent_prefill, self.recent_requests = (np.zeros(n, f8) for _ in range(3))
+        self.offset, self.scale, self.arrival = np.zeros(n, f8), np.zeros(n, f8), np.zeros(n, f8)
+        """The TTFT correction's offset and scale, the arrival rate."""
+        self.kv_transfer, self.has_lora = np.zeros(n, bool), np.zeros(n, bool)
+        self._stale.clear()
+        stale = self._stale
+        for row, (rid, load) in enumerate(loads.items()):
+            load.watcher = _marker(stale, rid)
+            self._read(row, load)
+
+    def _read(self, row: int, load: ReplicaLoad) -> None:
+        """Copy ``load``'s fields into ``row`` (as the cost reads them: estimate.py, fleet.py)."""
+        step, lora = load.decode_step, load.lora
+        coef = step is not None and step.step_s is not None
+        rates = (_inv(load.prefill_tokens_per_s), _inv(load.h2d_bytes_per_s), _inv(load.pull_bytes_per_s),
+                 _NAN if load.pull_fixed_s is None else load.pull_fixed_s,
+                 _NAN if lora is None else _inv(lora.load_bytes_per_s), load.kv_block_bytes or 0, coef,
+                 step.step_s if coef else 0.0, (step.s_per_seq or 0.0) if coef else 0.0,
+                 (step.s_per_context_token or 0.0) if coef else 0.0)
+        if rates != self._rates[row]:
+            self._rates[row] = rates
+            self._rates_version += 1
+            (self.spt[row], self.h2d_spb[row], self.pull_spb[row], self.pull_fixed[row], self.lora_spb[row],
+             self.block_bytes[row], self.coef_valid[row], self.coef0[row], self.coef1[row], self.coef2[row]) = rates
+        self.backlog[row] = load.prefill_backlog
+        self.batch[row] = load.decode_load
+        self.context[row] = step.context_tokens if step is not None and step.context_tokens else 0
+        self.recent_prompt[row], self.recent_prefill[row] = load.recent_prompt, load.recent_prefill
+        self.recent_requests[row], self.arrival[row] = load.recent_requests, load.arrival_rate
+        self.offset[row], self.scale[row] = load.ttft_offset_s, load.ttft_correction
+        self.bytes_per_token[row] = load.kv_bytes_per_token or 0
+        self.kv_transfer[row], self.has_lora[row] = load.kv_transfer_enabled, lora is not None
+
+    def fleet(self, mask: np.ndarray, key: object = None) -> FleetRates:
+        """``FleetRates.of`` the rows in ``mask``; ``key`` names the mask (the same key, the same rows) so the
+        answer is kept until a rate changes (None: not kept)."""
+        cached = self._fleets.get(key) if key is not None else None
+        if cached is not None and cached[0] == self._rates_version:
+            return cached[1]
+        coef = mask & self.coef_valid
+        decode = (tuple(float(c[coef].max()) for c in (self.coef0, self.coef1, self.coef2))
+                  if coef.any() else None)
+        block = self.block_bytes[mask]
+        block = block[block != 0]
+        fleet = FleetRates(_slowest(self.spt, mask), decode, _slowest(self.h2d_spb, mask),
+                           _slowest(self.pull_spb, mask), _slowest(self.pull_fixed, mask),
+                           _slowest(self.lora_spb, mask), int(block.max()) if block.size else None)
+        if key is not None:
+            if len(self._fleets) >= _MAX_FLEETS_KEPT:
+                self._fleets.clear()
+            self._fleets[key] = (self._rates_version, fleet)
+        return fleet
+
+
+def _marker(stale: set, replica_id: Hashable):
+    """A load's watcher: its row is stale."""
+    return lambda: stale.add(replica_id)
+
+
+def _slowest(column: np.ndarray, mask: np.ndarray) -> float | None:
+    """The largest measured (not NaN) value of ``column`` over ``mask`` (None: none measured)."""
+    values = column[mask]
+    values = values[~np.isnan(values)]
+    return float(values.max()) if values.size else None
+
+
+class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
+    """The candidate replicas of one decision: a mapping of id -> load, as policies take it, that also carries the
+    columns (``mask``: the candidates' rows) so the cost prices them all in one vectorised pass."""
+
+    def __init__(self, columns: LoadColumns, mask: np.ndarray, fleet_key: object = None) -> None:
+        self.columns = columns
+        self.mask = mask
+        """Bool per row: the replica is a candidate."""
+        self.fleet_key = fleet_key
+        """Names ``mask`` for ``LoadColumns.fleet``'s cache (None: a one-off set, e.g. with exclusions)."""
+        self._rows: np.ndarray | None = None
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The candidates' rows, in order."""
+        if self._rows is None:
+            self._rows = np.flatnonzero(self.mask)
+        return self._rows
+
+    def fleet(self) -> FleetRates:
+        return self.columns.fleet(self.mask, self.fleet_key)
+
+    def __getitem__(self, replica_id: Hashable) -> ReplicaLoad:
+        row = self.columns.rows.get(replica_id)
+        if row is None or not self.mask[row]:
+            raise KeyError(replica_id)
+        return self.columns.loads[row]
+
+    def __contains__(self, replica_id: object) -> bool:
+        row = self.columns.rows.get(replica_id)
+        return row is not None and bool(self.mask[row])
+
+    def __iter__(self) -> Iterator[Hashable]:
+        ids = self.columns.ids
+        return (ids[row] for row in self.rows.tolist())
+
+    def __len__(self) -> int:
+        return len(self.rows)
