@@ -126,7 +126,7 @@ class LLMEngine:
             block_size=self.config.block_size, num_usable_blocks=self.num_kv_blocks - 1,
             has_tokenizer=self.tokenizer is not None)
         if params.structured_outputs is not None:
-            self.structured_output.check(params.structured_outputs)  # a SamplingParamsError names the field
+            self.structured_output.check(params.structured_outputs, len(prompt_token_ids))  # errors name the field
         request = Request(request_id, prompt_token_ids, params, self.eos_token_ids, cache_salt,
                           arrival_time=arrival_time, lora_request=self.loras.resolve(lora_request),
                           priority=priority)
@@ -168,7 +168,7 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         self.kv_connectors.update_connector_output()
         if self.structured_output.live:
-            for request_id, error in self.structured_output.failed_compiles():
+            for request_id, error in self.structured_output.poll():
                 self.fail_request(request_id, error)
             outputs, self._pending = outputs + self._pending, []
         sched = self.scheduler.schedule()
@@ -291,7 +291,18 @@ class LLMEngine:
         return self.get_stats()
 
     def reset_prefix_cache(self) -> bool:
-        return self.kv_cache_manager.reset_prefix_cache()
+        """Forget the whole cache (AllBlocksCleared, sent now); False (nothing done) while a request holds blocks.
+        Between steps only (the engine thread)."""
+        done = self.kv_cache_manager.reset_prefix_cache()
+        self._publish_events()
+        return done
+
+    def reset_unreferenced(self) -> int:
+        """``POST /reset_prefix_cache``: every cached block no request holds stops being cached, its events sent
+        now (kvcache ``reset_unreferenced``); how many. Between steps only (the engine thread)."""
+        num_freed = self.kv_cache_manager.reset_unreferenced()
+        self._publish_events()
+        return num_freed
 
     def close(self) -> None:
         self.structured_output.close()

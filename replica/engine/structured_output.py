@@ -50,19 +50,30 @@ class StructuredOutputsConfig:
 
 
 class StructuredOutputRequest:
-    """One request's grammar: compiling (``future``), then its matcher."""
+    """One request's grammar: compiling (``future``), then its matcher (built by ``StructuredOutputManager.poll``)."""
 
-    __slots__ = ("params", "future", "matcher")
+    __slots__ = ("params", "future", "matcher", "resumed")
 
-    def __init__(self, params: StructuredOutputsParams, future: Future) -> None:
+    def __init__(self, params: StructuredOutputsParams, future: Future, resumed: list[int]) -> None:
         self.params, self.future, self.matcher = params, future, None
+        self.resumed = resumed  # output the constraint matched before (a continuation): fed to the new matcher
 
     @property
     def ready(self) -> bool:
         """The grammar compiled and the matcher is built (the scheduler admits the request then)."""
-        if self.matcher is None and self.future.done() and self.future.exception() is None:
-            self.matcher = xb.GrammarMatcher(self.future.result())
         return self.matcher is not None
+
+    def start(self) -> str | None:
+        """Build the matcher of the compiled grammar and feed it the resumed tokens; an error, or None."""
+        if (error := self.future.exception()) is not None:
+            return f"{self.params.field}: the grammar failed to compile: {xb._message(error)}"
+        matcher = xb.GrammarMatcher(self.future.result())
+        for i, token in enumerate(self.resumed):
+            if not matcher.accept(token):
+                return (f"{self.params.field}.num_resumed_tokens: resumed token {i} ({token}) does not match the "
+                        "constraint")
+        self.matcher = matcher
+        return None
 
     @property
     def is_terminated(self) -> bool:
@@ -83,8 +94,12 @@ class StructuredOutputManager:
         self._compiler: xb.XgrammarCompiler | None = None
         self._lock = threading.Lock()
 
-    def check(self, params: StructuredOutputsParams) -> None:
+    def check(self, params: StructuredOutputsParams, num_prompt_tokens: int) -> None:
         """``SamplingParamsError`` naming the request's field when the constraint cannot be compiled."""
+        if params.num_resumed_tokens >= num_prompt_tokens:
+            raise xb.SamplingParamsError(f"{params.field}.num_resumed_tokens", f"{params.field}.num_resumed_tokens="
+                                         f"{params.num_resumed_tokens} must be below the prompt's {num_prompt_tokens} "
+                                         "tokens")
         if self.tokenizer is None:
             raise xb.SamplingParamsError(params.field, "structured outputs need the model's tokenizer, and this "
                                          "engine runs without one")
@@ -103,7 +118,9 @@ class StructuredOutputManager:
         self._cache[key] = future  # newest last
         while len(self._cache) > self.config.cache_size:
             del self._cache[next(iter(self._cache))]
-        request.structured_output = self.live[request.request_id] = StructuredOutputRequest(params, future)
+        resumed = request.prompt_token_ids[len(request.prompt_token_ids) - params.num_resumed_tokens:] \
+            if params.num_resumed_tokens else []
+        request.structured_output = self.live[request.request_id] = StructuredOutputRequest(params, future, resumed)
         self._compiling.add(request.request_id)
 
     def _compile(self, params: StructuredOutputsParams):
@@ -113,14 +130,14 @@ class StructuredOutputManager:
                                                      self.config.any_whitespace)
         return self._compiler.compile(params)
 
-    def failed_compiles(self) -> list[tuple[str, str]]:
-        """(request id, error) of live requests whose grammar failed to compile since the last call."""
+    def poll(self) -> list[tuple[str, str]]:
+        """Start the matchers of the grammars compiled since the last call (the engine thread, before it
+        schedules); (request id, error) of those that failed to compile or to resume."""
         failed = []
         for request_id in [rid for rid in self._compiling if self.live[rid].future.done()]:
             self._compiling.discard(request_id)
-            if (error := self.live[request_id].future.exception()) is not None:
-                failed.append((request_id, f"{self.live[request_id].params.field}: the grammar failed to compile: "
-                                           f"{xb._message(error)}"))
+            if (error := self.live[request_id].start()) is not None:
+                failed.append((request_id, error))
         return failed
 
     def finish(self, request_id: str) -> None:

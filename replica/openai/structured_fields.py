@@ -5,7 +5,9 @@ vLLM's ``structured_outputs`` and its older ``guided_*`` spellings, all read int
     response_format   {"type": "text"} | {"type": "json_object"} |
                       {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}
     structured_outputs {"json": schema} | {"json_object": true} | {"regex": r} | {"choice": [..]} | {"grammar": ebnf}
-                      (+ "disable_any_whitespace"); the seam other request fields use too: tool calls that must
+                      (+ "disable_any_whitespace", and kvmesh's "num_resumed_tokens": the prompt's last N tokens
+                      already matched it, as a migrated stream's continuation says); the seam other request
+                      fields use too: tool calls that must
                       be made write their arguments' schema here as {"json": schema}
     guided_json / guided_regex / guided_choice / guided_grammar   the same, one field each
 
@@ -27,9 +29,9 @@ from pydantic import Field
 _Text = Annotated[str, Field(strict=True)]
 BACKENDS = (None, "auto", "xgrammar")
 """``guided_decoding_backend`` values served (xgrammar is the one backend)."""
-_OPTIONS = {"disable_any_whitespace", "disable_fallback"}
+_OPTIONS = {"disable_any_whitespace", "disable_fallback", "num_resumed_tokens"}
 """``structured_outputs`` keys besides the kinds that are read (``disable_fallback``: there is one backend, so no
-fallback to disable)."""
+fallback to disable; ``num_resumed_tokens``: kvmesh's, serving/structured_outputs.py)."""
 _UNSUPPORTED = {"whitespace_pattern": "xgrammar takes no whitespace pattern; use disable_any_whitespace",
                 "structural_tag": "structural tags are not supported",
                 "disable_additional_properties": "it is read by the guidance backend only; xgrammar already "
@@ -79,14 +81,14 @@ class StructuredOutputFields(OpenAIBaseModel):
             if key not in KINDS and key not in _OPTIONS and key not in _UNSUPPORTED:
                 raise SamplingParamsError(f"structured_outputs.{key}", f"structured_outputs has no field "
                                           f"{echo(repr(key))}; use one of {', '.join(KINDS)}")
-        whitespace = _flag(so, "disable_any_whitespace")
+        options = {"disable_any_whitespace": _flag(so, "disable_any_whitespace"),
+                   "num_resumed_tokens": so.get("num_resumed_tokens") or 0}
         _flag(so, "json_object")
         if so.get("json") is not None:
             if sum(so.get(k) not in (None, False) for k in KINDS) > 1:
                 raise SamplingParamsError("structured_outputs", "structured_outputs must set exactly one of "
                                           f"{', '.join(KINDS)}")
-            return StructuredOutputsParams.from_schema(so["json"], "structured_outputs.json",
-                                                       disable_any_whitespace=whitespace)
+            return StructuredOutputsParams.from_schema(so["json"], "structured_outputs.json", **options)
         choice = so.get("choice")
         if choice is not None and not isinstance(choice, list):
             raise SamplingParamsError("structured_outputs.choice", "structured_outputs.choice must be a list of strings")
@@ -95,7 +97,7 @@ class StructuredOutputFields(OpenAIBaseModel):
                 raise SamplingParamsError(f"structured_outputs.{name}", f"structured_outputs.{name} must be a string")
         return StructuredOutputsParams(json_object=bool(so.get("json_object")), regex=so.get("regex"),
                                        choice=None if choice is None else tuple(choice), grammar=so.get("grammar"),
-                                       disable_any_whitespace=whitespace, field="structured_outputs")
+                                       field="structured_outputs", **options)
 
     def _from_response_format(self) -> StructuredOutputsParams | None:
         rf = self.response_format

@@ -38,6 +38,9 @@ class StructuredOutputsParams:
     engine's default (no whitespace, so a small model closes its object instead of padding it with blanks)."""
     field: str = "structured_outputs"
     """The request field it came from (errors name it)."""
+    num_resumed_tokens: int = 0
+    """(kvmesh) The prompt's last this many tokens are output the constraint already matched: the answer goes on
+    from there (a migrated stream's continuation, router/http/migration.py). Not part of ``key``."""
 
     def _kinds(self) -> dict[str, object]:
         return {"json": self.json, "json_object": self.json_object, "regex": self.regex, "choice": self.choice,
@@ -50,6 +53,10 @@ class StructuredOutputsParams:
                                       f"{'; got ' + ', '.join(kinds) if kinds else ''}")
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
             raise SamplingParamsError(self.field, f"{self.field}: choice must be a non-empty list of non-empty strings")
+        if not isinstance(self.num_resumed_tokens, int) or isinstance(self.num_resumed_tokens, bool) \
+                or self.num_resumed_tokens < 0:
+            raise SamplingParamsError(f"{self.field}.num_resumed_tokens", f"{self.field}.num_resumed_tokens must be "
+                                      f"an integer >= 0, got {self.num_resumed_tokens!r}")
         for name, value in (("regex", self.regex), ("grammar", self.grammar)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise SamplingParamsError(self.field, f"{self.field}: {name} must be a non-empty string")
@@ -64,6 +71,18 @@ class StructuredOutputsParams:
         kind = self.kind
         value = self._kinds()[kind]
         return kind, json.dumps(value) if not isinstance(value, str) else value, self.disable_any_whitespace
+
+    def to_request(self) -> JSONObject:
+        """This constraint as a request's ``structured_outputs`` object (what a continuation sends)."""
+        kind = self.kind
+        value = {"json": lambda: json.loads(self.json), "json_object": lambda: True, "regex": lambda: self.regex,
+                 "choice": lambda: list(self.choice), "grammar": lambda: self.grammar}[kind]()
+        body: JSONObject = {kind: value}
+        if self.disable_any_whitespace is not None:
+            body["disable_any_whitespace"] = self.disable_any_whitespace
+        if self.num_resumed_tokens:
+            body["num_resumed_tokens"] = self.num_resumed_tokens
+        return body
 
     @classmethod
     def from_schema(cls, schema: JSONObject | bool | str, field: str, **kwargs) -> StructuredOutputsParams:

@@ -6,7 +6,8 @@ far. It asks replicas for them with vLLM's request field ``return_token_ids`` an
 chunks again unless the client asked too. When the upstream breaks before the end (reset, truncated, an
 ``abort`` finish, an error event), the router sends a continuation to another healthy replica: a token-in
 ``/v1/completions`` request whose prompt is prompt + output so far (mostly a prefix-cache hit), with
-``max_tokens``/``min_tokens`` reduced by the tokens already sent, the same sampling parameters and the
+``max_tokens``/``min_tokens`` reduced by the tokens already sent, the same sampling parameters (a structured-output
+constraint resumed after the tokens already sent: ``structured_outputs.num_resumed_tokens``) and the
 seed moved on so kvmesh's seeded sampler draws what it would have drawn (``SamplingFields.continuation_seed``):
 
     client ◀── one stream (one id) ◀── router ◀── replica A: prompt → o1 o2 o3 ✗
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -179,6 +181,9 @@ class MigratingStream:
                 body[name] = getattr(req, name)
         if req.seed is not None:
             body["seed"] = req.continuation_seed(n)
+        if (constraint := req.structured_outputs_params()) is not None:  # the output so far matched it: go on
+            body["structured_outputs"] = replace(constraint, num_resumed_tokens=constraint.num_resumed_tokens + n
+                                                 ).to_request()
         if self.tokenizer is None and req.stop:  # else the router finds stop strings itself
             body["stop"] = req.stop
         return body

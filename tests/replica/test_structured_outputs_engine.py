@@ -170,3 +170,28 @@ def test_the_masked_sampler_runs_on_the_meta_device():
     assert all(t.device == meta for t in md.grammar)
     tokens = Sampler()(torch.zeros(2, 64, device=meta), md)
     assert tokens.device == meta and tokens.shape == (2,)
+
+
+def test_a_continuation_resumes_the_constraint_after_the_tokens_already_sent(stories_path):
+    """A migrated stream's continuation (router/http/migration.py): prompt + output so far, the constraint resumed
+    after them, gives the rest of the uninterrupted answer; resumed tokens the constraint refuses fail the request."""
+    from dataclasses import replace
+
+    so = SO.from_schema(SCHEMA, "x")
+    whole = generate(engine(stories_path, False), {"a": SamplingParams(temperature=0.0, max_tokens=64,
+                                                                     structured_outputs=so)})["a"][0]
+    eng, sent = engine(stories_path, False), 7
+    eng.add_request("a", PROMPTS["a"] + whole[:sent], SamplingParams(
+        temperature=0.0, max_tokens=64 - sent, structured_outputs=replace(so, num_resumed_tokens=sent)))
+    done = {}
+    while eng.has_unfinished_requests():
+        done |= {o.request_id: o for o in eng.step() if o.finished}
+    assert done["a"].output_token_ids == whole[sent:] and done["a"].finish_reason == "stop"
+    eng.add_request("b", PROMPTS["a"] + whole[1:sent], SamplingParams(  # the '{' left out: refused
+        temperature=0.0, max_tokens=8, structured_outputs=replace(so, num_resumed_tokens=sent - 1)))
+    while eng.has_unfinished_requests():
+        done |= {o.request_id: o for o in eng.step() if o.finished}
+    assert done["b"].finish_reason == "error" and "num_resumed_tokens" in done["b"].error
+    with pytest.raises(SamplingParamsError) as err:
+        eng.add_request("c", PROMPTS["d"], SamplingParams(structured_outputs=replace(so, num_resumed_tokens=4)))
+    assert err.value.param == "x.num_resumed_tokens"

@@ -169,3 +169,14 @@ def test_a_chat_stream_begun_on_the_continuation_starts_with_its_echo():
     s = MigratingStream(req, chat=True, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
     first = msgspec.json.decode(s.begin_continuation()[0].strip()[6:])
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "Once"}
+
+
+def test_a_continuation_resumes_the_structured_output_after_the_tokens_sent():
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    req = completion(max_tokens=10, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    s = MigratingStream(req, chat=False, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
+    s.relay(chunk("{", [7, 8]))
+    body = s.continuation()
+    assert body["structured_outputs"] == {"json": schema, "num_resumed_tokens": 2}
+    resumed = p.CompletionRequest(**body).to_sampling_params(5, 100).structured_outputs
+    assert resumed.num_resumed_tokens == 2 and resumed.key == req.structured_outputs_params().key

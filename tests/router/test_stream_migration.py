@@ -110,7 +110,9 @@ def reference(replicas, path: str, body: dict) -> list:
     ("/v1/completions", {"prompt": STORY, "max_tokens": 48, "temperature": 0}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": STORY}], "max_tokens": 48, "temperature": 0}),
     ("/v1/completions", {"prompt": STORY, "max_tokens": 48, "temperature": 1.0, "seed": 1234}),
-], ids=["completion-greedy", "chat-greedy", "completion-seeded"])
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": STORY}], "max_tokens": 48, "temperature": 0,
+                              "structured_outputs": {"regex": "( [a-z]+){48,}"}}),
+], ids=["completion-greedy", "chat-greedy", "completion-seeded", "chat-structured"])
 def test_stream_continues_on_another_replica_with_the_same_text(cluster, replicas, path, body):
     router, proxies, fuse = cluster
     chat = "chat" in path
