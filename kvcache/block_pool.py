@@ -142,6 +142,26 @@ class BlockPool:
             self.event_sink(AllBlocksCleared())
         return True
 
+    def evict_unreferenced(self) -> int:
+        """Evicts every cached block no request holds (one BlockRemoved); the blocks in use stay cached. A held
+        block's whole prefix chain is held too, so what stays cached is still a set of unbroken chains. Returns
+        how many blocks were evicted."""
+        policy, cached = self.eviction_policy, self.cached_block_hash_to_block
+        victims = [block for block in cached.values() if block.ref_cnt == 0]
+        if not victims:
+            return 0
+        for block in victims:
+            policy.remove(block)
+            del cached[block.block_hash]
+        removed = [external_hash(block.block_hash) for block in victims]
+        for block in victims:
+            block.block_hash = block.token_ids = None
+            block.hit_count = 0
+        policy.append_n(victims)  # free again, now holding nothing
+        if self.event_sink is not None:
+            self.event_sink(BlockRemoved(block_hashes=removed, medium=self.medium))
+        return len(victims)
+
     def get_num_free_blocks(self) -> int:
         """Blocks that can be handed out (free, cached or not)."""
         return self.eviction_policy.num_free_blocks

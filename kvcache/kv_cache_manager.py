@@ -219,6 +219,17 @@ class KVCacheManager:
             self.offload.host.pool.reset_prefix_cache()
         return True
 
+    def reset_unreferenced(self) -> int:
+        """``POST /reset_prefix_cache``: the whole cache when nothing holds a block (``reset_prefix_cache``:
+        AllBlocksCleared, as vLLM), else every cached block no request holds (BlockRemoved), on the host tier
+        too unless a copy to it is in flight. Returns how many device blocks stopped being cached."""
+        num_cached = len(self.block_pool.cached_block_hash_to_block)
+        if self.reset_prefix_cache():
+            return num_cached
+        if self.offload is not None and not self.offload.pending:
+            self.offload.host.pool.evict_unreferenced()
+        return self.block_pool.evict_unreferenced()
+
     def cancel_offload_copies(self, job_ids: list[int]) -> None:
         """These steps' copies will never run (the runner failed them): release what they hold."""
         if self.offload is not None:

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_kv import KV_COMMANDS, AsyncKVCommands
-from kvmesh.replica.engine.commands import (AbortRequests, AddLoRA, AddRequest, EngineCommand, RemoveLoRA, answer,
-                                            refuse)
+from kvmesh.replica.engine.commands import (AbortRequests, AddLoRA, AddRequest, EngineCommand, RemoveLoRA,
+                                            ResetPrefixCache, answer, refuse)
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.load_fields import event_stream_report, lora_report, read_racily
@@ -163,6 +163,12 @@ class AsyncLLM(AsyncKVCommands):
         done: concurrent.futures.Future[bool] = concurrent.futures.Future()
         return await self._ask(RemoveLoRA(lora_name, done), done)
 
+    async def reset_prefix_cache(self) -> int:
+        """Stop caching every block no request holds, between two steps (vLLM's; its events are sent at once):
+        the whole cache (AllBlocksCleared) when none is held. How many blocks stopped being cached."""
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+        return await self._ask(ResetPrefixCache(done), done)
+
     def list_loras(self) -> list[LoRARequest]:
         """The registered adapters (a racy copy of the engine thread's registry)."""
         return read_racily(self.engine.list_loras)
@@ -274,6 +280,8 @@ class AsyncLLM(AsyncKVCommands):
                         self.engine.abort_request(command.request_id)
             elif isinstance(command, AddLoRA | RemoveLoRA):
                 self._lora_command(command)
+            elif isinstance(command, ResetPrefixCache):
+                answer(command.done, self.engine.reset_unreferenced())
             elif isinstance(command, KV_COMMANDS):
                 self.kv_transfers.handle(command)
             else:

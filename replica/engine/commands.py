@@ -162,5 +162,14 @@ class RemoveLoRA:
     """Set to ``remove_lora``'s answer (False: unknown)."""
 
 
-EngineCommand = AddRequest | AbortRequests | PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease | AddLoRA | RemoveLoRA
+@dataclass(frozen=True, slots=True)
+class ResetPrefixCache:
+    """Stop caching every block no request holds (``LLMEngine.reset_unreferenced``)."""
+
+    done: concurrent.futures.Future[int]
+    """Set to how many blocks stopped being cached."""
+
+
+EngineCommand = (AddRequest | AbortRequests | PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease | AddLoRA
+                 | RemoveLoRA | ResetPrefixCache)
 """Every command the engine thread takes."""

@@ -45,6 +45,11 @@ class EngineClient(Protocol):
         """Forgets a LoRA adapter; False when unknown."""
         ...
 
+    async def reset_prefix_cache(self) -> int:
+        """Stops caching every block no request holds (the whole cache, AllBlocksCleared, when none is held);
+        how many blocks."""
+        ...
+
     def list_loras(self) -> list[LoRARequest]:
         """The registered LoRA adapters."""
         ...

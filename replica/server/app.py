@@ -6,6 +6,7 @@
     GET  /v1/models                              the served model, then its LoRA adapters (``parent``: the model)
     GET  /v1/models/{id}                         one of them (vLLM's card); a 404 naming what is served
     POST /v1/load_lora_adapter, /v1/unload_lora_adapter   LoRA adapters at runtime (lora_models.py; admin plane)
+    POST /reset_prefix_cache                     every cached block no request holds is freed (vLLM's; admin plane)
     GET  /health, /ping                          200 while the engine runs, 503 otherwise
     GET  /metrics                                Prometheus (vLLM names, metrics.py)
     GET  /load                                   JSON LoadReport for routers (cheap, polled often)
@@ -17,8 +18,8 @@
 With ``api_key`` set, every path except health, ping, version, load and metrics needs
 ``Authorization: Bearer <key>`` (replica/openai/auth.py). With ``internal_key`` set, that key passes every
 path and alone opens the KV plane: /kv/* and a body's ``kv_transfer_params`` (kv_plane.py); with ``router_only``
-(``kvmesh serve``'s replicas) it alone opens every path but the public ones. The LoRA admin
-paths take the admin key (``admin_key``) or the internal key, never the API key; with no key set at all they are
+(``kvmesh serve``'s replicas) it alone opens every path but the public ones. The admin
+paths (LoRA adapters, the prefix cache reset) take the admin key (``admin_key``) or the internal key, never the API key; with no key set at all they are
 open (vLLM's). Errors are OpenAI-shaped JSON.
 """
 
@@ -33,6 +34,7 @@ from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.auth import AuthMiddleware, is_operator, never_admin
 from kvmesh.replica.openai.errors import error_response, install_error_handlers
 from kvmesh.replica.openai.lora_adapters import LORA_ADMIN_PATHS
+from kvmesh.replica.openai.prefix_cache_reset import RESET_PREFIX_CACHE_PATH
 from kvmesh.replica.openai.routes import install_shared_routes
 from kvmesh.replica.server import kv_plane
 from kvmesh.replica.server.completions import OpenAIHandlers
@@ -46,15 +48,16 @@ from kvmesh.replica.serving.errors import ProtocolError
 logger = logging.getLogger(__name__)
 
 
-def is_lora_admin(method: str, path: str) -> bool:
-    """The replica's admin plane: loading and unloading LoRA adapters (the admin or the internal key)."""
-    return path in LORA_ADMIN_PATHS
+def is_replica_admin(method: str, path: str) -> bool:
+    """The replica's admin plane: loading and unloading LoRA adapters, resetting the prefix cache (the admin or
+    the internal key)."""
+    return path in LORA_ADMIN_PATHS or path == RESET_PREFIX_CACHE_PATH
 
 
 def admin_rule(server: ReplicaServerConfig) -> Callable[[str, str], bool]:
     """The admin plane's paths when any key is set; none with no key at all (open, as a plain vLLM server)."""
     keyed = any(key is not None for key in (server.api_key, server.admin_key, server.internal_key))
-    return is_lora_admin if keyed else never_admin
+    return is_replica_admin if keyed else never_admin
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -106,6 +109,12 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/metrics")
     async def metrics(request: Request):
         return state.metrics.response(request.headers.get("accept"))
+
+    @app.post(RESET_PREFIX_CACHE_PATH)
+    async def reset_prefix_cache():
+        freed = await state.engine_client.reset_prefix_cache()
+        logger.info("prefix cache reset: %d blocks freed", freed)
+        return {"freed_blocks": freed}
 
     @app.get("/load")
     async def load():

@@ -89,6 +89,50 @@ def test_reset_prefix_cache_is_refused_while_blocks_are_in_use(manager, make_req
     manager.check_integrity()
 
 
+def test_reset_unreferenced_clears_everything_when_no_request_holds_a_block(manager, make_request, run_step,
+                                                                           event_log):
+    req = make_request("r", list(range(10)))
+    run_step(manager, req)
+    manager.free(req)
+    assert manager.reset_unreferenced() == 2
+    assert isinstance(event_log.events[-1], AllBlocksCleared)
+    assert manager.block_pool.cached_block_hash_to_block == {} and event_log.cached == set()
+    manager.check_integrity()
+
+
+def test_reset_unreferenced_keeps_the_blocks_a_running_request_holds(manager, make_request, run_step, event_log):
+    shared = list(range(8))  # two full blocks both prompts start with
+    running = make_request("running", [*shared, 100, 101, 102, 103, 104])
+    done = make_request("done", [*shared, 200, 201, 202, 203, 204])
+    run_step(manager, running)
+    run_step(manager, done)
+    manager.free(done)
+    held = {b.block_hash for b in manager.req_to_blocks["running"] if b.block_hash is not None}
+    assert manager.reset_unreferenced() == 1  # only "done"'s own third block: the shared two are held
+    assert isinstance(event_log.events[-1], BlockRemoved)
+    assert set(manager.block_pool.cached_block_hash_to_block) == held
+    assert len(event_log.cached) == len(held) == 3  # the events say exactly what stays cached
+    assert manager.get_computed_blocks(make_request("again", done.all_token_ids))[1] == 8
+    manager.check_integrity()
+    manager.free(running)
+    assert manager.reset_unreferenced() == 3 and isinstance(event_log.events[-1], AllBlocksCleared)
+    manager.check_integrity()
+
+
+def test_reset_unreferenced_evicted_blocks_are_handed_out_again(manager, make_request, run_step):
+    held = make_request("held", list(range(12)))
+    run_step(manager, held)
+    for i in range(2):
+        req = make_request(f"gone{i}", list(range(100 * (i + 1), 100 * (i + 1) + 8)))
+        run_step(manager, req)
+        manager.free(req)
+    manager.reset_unreferenced()
+    big = make_request("big", list(range(1000, 1000 + 5 * BS)))  # every free block, none still cached
+    assert run_step(manager, big)[1] is not None
+    assert manager.block_pool.get_num_free_blocks() == 0
+    manager.check_integrity()
+
+
 def test_disabled_caching_neither_hits_nor_emits(make_request, run_step, event_log):
     manager = KVCacheManager(9, BS, b"seed", enable_caching=False, event_sink=event_log)
     for rid in ("a", "b"):

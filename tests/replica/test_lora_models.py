@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 from kvmesh.replica.openai.auth import AuthMiddleware
-from kvmesh.replica.server.app import admin_rule, is_lora_admin
+from kvmesh.replica.server.app import admin_rule, is_replica_admin
 from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.replica.server.lora_models import ServedLoRAs
 from kvmesh.replica.serving.errors import ProtocolError
@@ -106,7 +106,7 @@ def test_adapters_the_engine_registered_at_start_are_served_and_keep_their_ids()
 ])
 def test_the_lora_admin_plane_takes_the_admin_or_internal_key_only(header, status):
     auth = AuthMiddleware(None, api_key="tenant-key-0001", admin_key="admin-key-00002", internal_key="internal-key-003",
-                          is_admin=is_lora_admin)
+                          is_admin=is_replica_admin)
     for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
         refusal = auth.refusal("POST", path, header)
         assert (refusal and refusal.status_code) == status
