@@ -2,7 +2,7 @@
 
 A decode costs what the payload makes it cost: 4 MB of arrays nested where events belong build 2M
 Python lists (~1.4 s, ~300 MB), 200,000 positional events ~0.6 s -- before any limit on the decoded
-batch could say no (issue 28). A batch is ``[ts, events, dp_rank]``, each event a map (or, older vLLM, an
+batch could say no. A batch is ``[ts, events, dp_rank]``, each event a map (or, older vLLM, an
 array ``[type, ...]``) of scalars and lists of scalars; only ``extra_keys`` nests one level deeper (one
 entry per block, each a short tuple). ``peek_batch`` reads the headers and refuses, with ``DecodeError``:
 

@@ -2,7 +2,7 @@
 
 The publisher's replay/snapshot socket spends three of them per request (requests, snapshots,
 answer bytes), so a peer that floods it with requests it never reads costs a bounded amount of
-memory and I/O-thread time instead of the engine's latency (issue 12).
+memory and I/O-thread time instead of the engine's latency.
 """
 
 from __future__ import annotations

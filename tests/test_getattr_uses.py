@@ -1,4 +1,4 @@
-"""No ``getattr`` on kvmesh's own types (issue 37): kvmesh reads its own objects through their declared attributes
+"""No ``getattr`` on kvmesh's own types: kvmesh reads its own objects through their declared attributes
 and interfaces, never "whatever this object may have". What remains, listed here with its reason, is reflection
 (a name taken from a declared field list or a registry), third-party objects (HF configs and tokenizers, torch,
 Ray, argparse, triton, libc, exceptions) and the attention backends' module registry. A new ``getattr`` anywhere

@@ -1,4 +1,4 @@
-"""One word per concept (issue 37): "transfer" is KV moved between replicas only. The host tier's copies are named
+"""One word per concept: "transfer" is KV moved between replicas only. The host tier's copies are named
 after the tier (offload copies, loads and stores, as vLLM's offloading connector names them), so no identifier on
 the host tier's path says "transfer": not a name, an attribute, a function, a class, an argument or an import.
 

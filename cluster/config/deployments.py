@@ -1,4 +1,4 @@
-"""Several models from one ``kvmesh serve`` config file: the ``deployments`` section (issue 39).
+"""Several models from one ``kvmesh serve`` config file: the ``deployments`` section.
 
     deployments:
       models:

@@ -1,4 +1,4 @@
-"""Replica roles in a ``kvmesh serve`` cluster (issue 32): who prefills, who decodes, and their names.
+"""Replica roles in a ``kvmesh serve`` cluster: who prefills, who decodes, and their names.
 
     --num-prefill-replicas 0:   replica-0 … replica-{n-1}               role both (each serves requests whole)
     --num-prefill-replicas N:   replica-0 … replica-{n-1}               role decode (the router's decode targets)

@@ -1,4 +1,4 @@
-"""The fleet of a cluster of several deployments (``deployments.models``, issue 39): scale and roll out one
+"""The fleet of a cluster of several deployments (``deployments.models``): scale and roll out one
 deployment's replicas by its name.
 
     kvmesh scale 3 --deployment llama      that deployment's replicas to 3 (placement checked for every

@@ -1,4 +1,4 @@
-"""Can the cluster hold every deployment's replicas at once? Planned for all before any starts (issue 39).
+"""Can the cluster hold every deployment's replicas at once? Planned for all before any starts.
 
 Replicas of different deployments ask for different bundles, so a node's room is not a count per deployment:
 the plan places them one by one on the nodes' resources (Ray's model, as capacity.py: GPUs as unit instances,

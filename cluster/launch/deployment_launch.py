@@ -1,4 +1,4 @@
-"""Starting several deployments (``deployments.models``) behind the one router of ``kvmesh serve`` (issue 39).
+"""Starting several deployments (``deployments.models``) behind the one router of ``kvmesh serve``.
 
     preflight:  every deployment's model resolves; the router's and all replicas' fixed ports are free; on an
                 embedded Ray, its one node holds every deployment's replicas together

@@ -2,7 +2,7 @@
 
 ZeroMQ hands a message over only once its last frame arrived, and counts its high-water mark in
 whole messages, so a peer that speaks raw ZMTP and keeps sending frames flagged MORE makes the
-receiving process hold every frame (+570 MB/s on a SUB with RCVHWM 8, issue 23). Nothing in the
+receiving process hold every frame (+570 MB/s on a SUB with RCVHWM 8). Nothing in the
 socket API shows such a half-received message -- but the kernel counts every byte a TCP connection
 received (``TCP_INFO``'s ``tcpi_bytes_received``) and ZeroMQ's monitor names each connection's file
 descriptor. ``ConnectionBytes`` reads that count: what arrived since the connection last delivered a
@@ -11,7 +11,7 @@ the count starts afresh at each check; a connection that has received more than
 ``SubscriberConfig.max_connection_bytes`` without delivering is cut off (``Feed.detach``): ZeroMQ frees
 the message, and ``release_freed_memory`` gives the pages back to the system once it has.
 
-This replaces watching the process's RSS (issue 28): memory the process spends for any other reason --
+This replaces watching the process's RSS: memory the process spends for any other reason --
 HTTP bodies, the index, the allocator keeping freed pages -- is never charged to an event source, and
 the source that is charged is the one whose connection holds the bytes. Counted: the connections we
 make over TCP on Linux, to a publisher's PUB (feed_loop.py) and to its replay socket (replay_requests.py:

@@ -2,7 +2,7 @@
 
 A source keeps sending while its replay or snapshot is under way; what it sends waits here, decoded.
 Without a byte bound a source sending huge (valid) batches during a slow recovery could make the
-subscriber hold gigabytes (issue 23), so both the number of batches and their payload bytes are
+subscriber hold gigabytes, so both the number of batches and their payload bytes are
 capped: past either cap the oldest batches are dropped (counted by the caller) -- they are then
 missing like any lost batch, and the recovery that follows replays or snapshots them.
 """

@@ -10,7 +10,7 @@ TRANSPORTS = ("nixl", "local")
 
 @dataclass(frozen=True, slots=True)
 class KVTransferConfig:
-    """How a replica moves KV blocks to and from its peers (issue 32: P/D splits and peer pulls)."""
+    """How a replica moves KV blocks to and from its peers (P/D splits and peer pulls)."""
 
     enabled: bool = field(default=False, metadata={"flag": "--kv-transfer"})
     """Create a transfer agent at start-up and serve /kv/handshake, /kv/lease, /kv/release and kv_transfer_params."""

@@ -53,7 +53,7 @@ def _descriptor_ids(layout: KVBlockLayout, block_ids: list[int]) -> np.ndarray:
 def _start_agent(name: str, progress_delay_us: int):
     """A ``nixl_agent`` on the UCX backend whose progress thread sleeps ``progress_delay_us`` in poll() between
     wake-ups (it still wakes at once on its workers' event fds: large reads got faster on 2 cores, a one-block read
-    ~0.05 ms slower; BENCHMARKS 3.14).
+    ~0.05 ms slower; BENCHMARKS.md, "KV transfer between replicas").
 
     nixl's Python wrapper builds its native config itself and fixes ``pthrDelay`` at 0, which has the thread
     busy-poll a core per agent, idle or not; the config class it builds is swapped, for this constructor only,

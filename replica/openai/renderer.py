@@ -1,4 +1,4 @@
-"""Requests -> token ids, off the event loop and within limits (issue 12: the loop does only I/O).
+"""Requests -> token ids, off the event loop and within limits (the loop does only I/O).
 
 Tokenizing a 16 MB prompt or rendering a hostile chat template takes seconds of CPU; done on
 the event loop it stalls every other request. ``PromptRenderer`` runs that work (and JSON

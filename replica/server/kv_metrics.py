@@ -1,4 +1,4 @@
-"""The replica's KV transfer metrics (issue 32), on its private Prometheus registry.
+"""The replica's KV transfer metrics, on its private Prometheus registry.
 
     kvmesh_kv_transfer_pulls_total{outcome="ok|failed|skipped"}   counter, pulls this replica tried
     kvmesh_kv_transfer_pulled_tokens_total, _pulled_bytes_total    counters, what the ok pulls moved

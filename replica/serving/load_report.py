@@ -98,11 +98,11 @@ class LoadReport(msgspec.Struct, kw_only=True):
     host_kv_cache_usage: float = 0.0
     """Fraction of the host tier's blocks holding content, 0..1."""
     kv_transfer: KVTransferLoad = msgspec.field(default_factory=KVTransferLoad)
-    """KV transfer between replicas (issue 32): enabled, measured pull rate, bytes per token."""
+    """KV transfer between replicas: enabled, measured pull rate, bytes per token."""
     lora: LoRALoad = msgspec.field(default_factory=LoRALoad)
-    """LoRA adapters (issue 39): which the replica knows, which are resident, what a load costs."""
+    """LoRA adapters: which the replica knows, which are resident, what a load costs."""
     decode_step: DecodeStepLoad = msgspec.field(default_factory=DecodeStepLoad)
-    """The measured decode step time (issue 38): the router's price of a request's queue and decode pace."""
+    """The measured decode step time: the router's price of a request's queue and decode pace."""
 
     def to_dict(self) -> dict:
         """The JSON object ``/load`` answers with."""

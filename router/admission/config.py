@@ -14,7 +14,7 @@ class AdmissionConfig:
     tenants' token-rate limits, TTFT deadlines, 429s with a reason."""
 
     enabled: bool = True
-    """Queue, limit and shed in the router; False: every request goes straight to a replica (as before issue 38)."""
+    """Queue, limit and shed in the router; False: every request goes straight to a replica."""
     keys_file: str | None = None
     """YAML/JSON file of API keys, each with its tenant, default priority and token-rate limit (README "Overload");
     its keys are accepted besides api_key. Each key is its tenant; the router's own api_key is ``shared_tenant``."""

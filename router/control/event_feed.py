@@ -9,7 +9,7 @@ is not used -- and it need not be held either: its tree is dropped at once and i
 applied until one starts afresh (``AllBlocksCleared`` first: the snapshot resync the subscriber
 asks for, or a restart) or the subscriber trusts it again (a source without snapshots relearns from
 an empty tree). So a broken or hostile stream costs no index memory while degraded, however much it
-sends (issue 23); the subscriber bounds what decoding it costs (``degraded_source_bytes_per_s``).
+sends; the subscriber bounds what decoding it costs (``degraded_source_bytes_per_s``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""When KV moves between replicas (issue 32): the prefill/decode split and peer pulls, decided without I/O.
+"""When KV moves between replicas: the prefill/decode split and peer pulls, decided without I/O.
 
 **Split.** The decode replica is chosen first (the policy, as for any request). A prompt whose uncached suffix on
 it is under ``pd_min_uncached_tokens`` stays whole. A longer one is priced in seconds (``price_split``) on every
@@ -17,8 +17,8 @@ is within what it may::
 
 else it stays whole (``skipped_slower``). A split trades the prompt's first token for the decode batch's next
 ones: it is worth a fixed allowance (a round trip and a move, so an idle decode replica still hands long prompts
-off) plus the stall it takes off the batch, never a prefill queue that costs more than that (BENCHMARKS §1.12:
-on a prefill-bound trace the token rules sent prompts to such queues; a slack *factor* on ``local_s``, tried
+off) plus the stall it takes off the batch, never a prefill queue that costs more than that (on a prefill-bound
+trace the token rules sent prompts to such queues; a slack *factor* on ``local_s``, tried
 there, refused the cheap splits of short local prefills). A replica without a measured prefill rate (or a pull
 that cannot be priced), or ``pd_ttft_slack_s`` None, leaves the token rules: the least loaded prefill replica
 with room.

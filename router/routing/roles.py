@@ -1,4 +1,4 @@
-"""Replica roles (issue 32): who may decode a request, who may prefill one for another replica.
+"""Replica roles: who may decode a request, who may prefill one for another replica.
 
     prefill  computes prompts for other replicas (the router's P/D split); never decodes a client's request
     decode   decodes; long uncached prompts may be prefilled elsewhere first

@@ -33,7 +33,7 @@ class RouteDecision:
     pull: PlannedPull | None = None
     """A peer pull worth making: the chosen replica gets the holder's extra blocks (router/routing/kv_placement.py)."""
     predicted_ttft_s: float | None = None
-    """The request's predicted time to first token on the chosen replica, in seconds (issue 38's cost model);
+    """The request's predicted time to first token on the chosen replica, in seconds (router/routing/cost/);
     None when the policy does not price in seconds. Router admission compares it with the request's deadline."""
     pool: frozenset | None = None
     """The replicas the request could go to (those serving its model, router/routing/model_pools.py); None: all.

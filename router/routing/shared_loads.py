@@ -2,7 +2,7 @@
 
 Each worker process routes by its own ``LoadTracker``; without sharing, each sees only the
 requests it sent itself (a quarter of them with 4 workers) and bursts pile onto one replica
-between two ``/load`` polls (BENCHMARKS.md §1.9). The table is shared memory, one row per
+between two ``/load`` polls (BENCHMARKS.md, "Several routers"). The table is shared memory, one row per
 worker, one column (slot) per replica, two counters per cell::
 
                 slot 0 (replica-0)   slot 1 (replica-1)   ...

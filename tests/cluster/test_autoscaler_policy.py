@@ -1,4 +1,4 @@
-"""The autoscaling policy (issue 16) on a clock of its own: delays, bounds, and which replica it drains."""
+"""The autoscaling policy on a clock of its own: delays, bounds, and which replica it drains."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A live cluster of stories260K replicas changed under traffic (issue 16), one Ray for the session.
+"""A live cluster of stories260K replicas changed under traffic, one Ray for the session.
 
 Module order: scale up by the admin API, drain a replica with streams in flight, a rolling restart
 under constant load; then a second cluster whose autoscaler follows a load that rises and stops.

@@ -1,4 +1,4 @@
-"""Prefill and decode replicas in `kvmesh serve` (issue 32): the settings and their errors, which replicas get
+"""Prefill and decode replicas in `kvmesh serve`: the settings and their errors, which replicas get
 which role and name, when the KV transfer is on, and what the fleet allows per role -- checked on the real
 config loader, CLI and ``Fleet`` without Ray (the fleet's cluster is a stand-in holding what it reads)."""
 

@@ -1,4 +1,4 @@
-"""Ctrl-C at any point of `kvmesh serve`'s start-up leaves no process of that run behind (issue 23).
+"""Ctrl-C at any point of `kvmesh serve`'s start-up leaves no process of that run behind.
 
 Each run is marked by a variable in its environment, which every process it starts inherits (Ray's
 GCS, raylet, agents and workers included), so the check finds exactly that run's processes, wherever

@@ -1,6 +1,6 @@
 """The supervisor keeps the configured replica count: a replica whose actor dies for good is
 replaced under the same id, restarts count in a sliding window, crash loops back off
-(issue 12, item 5: the 4th crash used to remove a replica for good)."""
+(the 4th crash used to remove a replica for good)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A bad frame costs one frame: it is counted and dropped, and every other source goes on.
 
-Each case here is a finding of issue 12 (item 2); before the subscriber guarded its frames, each
-one killed the I/O thread and froze the index of every replica.
+Each case here is a frame that, unguarded, would kill the I/O thread and freeze the index of every
+replica.
 """
 
 import random

@@ -1,5 +1,5 @@
 """Private event streams: with CURVE keys, a peer without them receives nothing; with them it
-converges (issue 12, item 3: every tenant's prompt was readable from the PUB and replay sockets)."""
+converges (every tenant's prompt was readable from the PUB and replay sockets)."""
 
 import logging
 import time

@@ -1,5 +1,5 @@
-"""What a publisher can make a subscriber hold is bounded in bytes, not only in messages (issue 23:
-RCVHWM 100,000 x MAXMSGSIZE 128 MiB on the SUB and an unbounded replay DEALER let one plain stream
+"""What a publisher can make a subscriber hold is bounded in bytes, not only in messages
+(RCVHWM 100,000 x MAXMSGSIZE 128 MiB on the SUB and an unbounded replay DEALER let one plain stream
 grow a router to 23 GB)."""
 
 import time
@@ -191,7 +191,7 @@ def test_a_replay_socket_answering_a_message_that_never_ends_is_cut_off_before_i
 
 
 def test_memory_the_process_spends_elsewhere_is_not_charged_to_an_idle_source():
-    """Issue 28: 48 rejected 10 MB request bodies grew the router by ~500 MB, and the old RSS watch cut the
+    """48 rejected 10 MB request bodies grew the router by ~500 MB, and the old RSS watch cut the
     healthy replicas' streams ("a message that never ends?"). Bytes are counted per connection now."""
     pub = make_publisher()
     config = SubscriberConfig(max_payload_bytes=1 << 20, max_source_queue_bytes=4 << 20, idle_probe_interval=None)

@@ -1,4 +1,4 @@
-"""One source cannot take the subscriber from the others (issue 28): frames that are expensive to decode
+"""One source cannot take the subscriber from the others: frames that are expensive to decode
 are refused by their msgpack headers before any decoding, every source's decode and apply work is
 charged to it and bounded, sockets take turns, and the flooding source is the one degraded."""
 

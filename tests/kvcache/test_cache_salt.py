@@ -76,7 +76,7 @@ def test_a_router_given_the_salt_secret_keys_salted_prompts_as_the_replica(make_
 @pytest.mark.parametrize("without_extra_keys", [False, True])
 def test_the_router_keys_an_adapters_prompt_as_the_engine_hashes_it(make_request, run_step, event_log, salt,
                                                                     without_extra_keys):
-    """Issue 39: the router's key of an adapter's prompt equals the engine's block hash, through the BlockStored
+    """The router's key of an adapter's prompt equals the engine's block hash, through the BlockStored
     events (their lora_name and extra_keys), salted and unsalted; vLLM before 0.33 sends lora_name without
     extra_keys (an unsalted prompt's extra keys are the adapter alone). Another adapter and the base match nothing."""
     from kvmesh.router.routing.kv_router import KVRouter

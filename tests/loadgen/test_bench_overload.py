@@ -1,4 +1,4 @@
-"""kvmesh bench overload (issue 38's live acceptance): the verdict and percentile logic on hand-made request
+"""kvmesh bench overload: the verdict and percentile logic on hand-made request
 records, and one short run of the driver against a tiny in-test server that sheds the flooding tenant with 429 +
 Retry-After (the result file's shape, the request bodies: tenants by ``user``, priorities in the body)."""
 

@@ -1,4 +1,4 @@
-"""LoRA adapters on a real stories260K engine against transformers + peft (issue 39.1's acceptance, offline).
+"""LoRA adapters on a real stories260K engine against transformers + peft (offline).
 
 Three PEFT adapters made here (random A and B, r=8, every projection): each request of a batch mixing the base
 model and the adapters gives transformers + peft's greedy tokens and logprobs for its adapter (the base model's

@@ -1,4 +1,4 @@
-"""What the renderer does on the event loop and what it sends to its threads (issue 12, cheap work inline).
+"""What the renderer does on the event loop and what it sends to its threads (cheap work inline).
 
 Cheap work stays on the loop (a thread hop costs more than it); big or unknown work never runs there:
 text whose pieces the tokenizer has cached is tokenized inline however long, text with more than

@@ -60,7 +60,7 @@ def test_a_router_and_a_replica_given_the_same_relative_model_agree_on_its_name(
     """`kvmesh replica --model M` and `kvmesh router --model M` with a relative M: the name the router
     advertises is one the replica serves (vLLM's rule: the --model as given; its absolute and resolved paths
     aliases). Both run in a directory reached through a symbolic link (as ../shared is on some machines): the
-    path through the link, the resolved one and the relative one all name the model (issue 39)."""
+    path through the link, the resolved one and the relative one all name the model."""
     import httpx
     from kvmesh.cluster.commands.replica import start
     from kvmesh.cluster.config.flags import config_from_args

@@ -1,4 +1,4 @@
-"""The replica set is changed only with the admin key: tenants cannot register a replica (issue 12, finding 1)."""
+"""The replica set is changed only with the admin key: tenants cannot register a replica."""
 
 from __future__ import annotations
 

@@ -119,7 +119,7 @@ def test_the_runtime_hands_the_events_section_to_its_subscriber_whole():
 
 
 def test_router_config_keeps_its_settings_in_sections():
-    """Issue 37: at most 24 top-level fields; what a component uses is a section handed to it whole."""
+    """At most 24 top-level fields; what a component uses is a section handed to it whole."""
     import dataclasses
 
     from kvmesh.events.config import SubscriberConfig

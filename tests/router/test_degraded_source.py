@@ -1,5 +1,5 @@
 """A replica whose event stream cannot be trusted is routed to by load only; the others keep
-their prefix matches (issue 12, item 2: one bad source must not cost every replica)."""
+their prefix matches (one bad source must not cost every replica)."""
 
 import asyncio
 import time

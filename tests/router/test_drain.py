@@ -1,4 +1,4 @@
-"""Draining a replica (issue 16): no new requests reach it, the running ones (streams too) finish,
+"""Draining a replica: no new requests reach it, the running ones (streams too) finish,
 ``GET /replicas`` reports them in flight, and removing it afterwards drops its index."""
 
 from __future__ import annotations

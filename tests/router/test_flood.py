@@ -1,11 +1,11 @@
-"""Nothing a peer sends on a plain event stream can exhaust the router's memory (issue 23).
+"""Nothing a peer sends on a plain event stream can exhaust the router's memory.
 
 Before the bounds, a publisher sending garbage and oversize frames grew a router's RSS by ~1.7 GB
 every 6 s until the kernel killed it, while /health said 200 "ok". This runs ``kvmesh bench flood``
 for a few seconds (the benchmark's 60 s run is in BENCHMARKS.md): a real ``kvmesh router`` process in
 front of a healthy replica with a real prefix cache and a hostile one whose plain ZeroMQ stream sends
 garbage, bad frames, payloads over every limit and valid-but-huge batches as fast as the router reads.
-``--mix hostile`` (issue 28) sends frames that are costly to decode instead, and answers replay and
+``--mix hostile`` sends frames that are costly to decode instead, and answers replay and
 snapshot requests with frames that cannot be decoded: the honest replica's stream must stay exact.
 """
 
@@ -56,7 +56,7 @@ def costly(stories_path):
 
 
 def test_frames_costly_to_decode_do_not_stop_the_honest_stream(costly):
-    """Issue 28: nested arrays, 200,000-event batches and undecodable snapshot frames from one source
+    """Nested arrays, 200,000-event batches and undecodable snapshot frames from one source
     stalled the honest replica's stream (degraded, every request routed by load)."""
     assert costly["router_alive"] and costly["router_log_tracebacks"] == 0
     assert costly["hostile_counters"]["shape_refusals"] > 0, "the flood never reached the router"

@@ -23,7 +23,7 @@ BS = 4
 PREFIXES = [[7] * 12, [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 8, 8, 7, 7]]
 SALTS = [None, "tenant-a"]
 LORAS = [None, "tiny", "sql"]
-"""Adapters (issue 39): the engine keys every block of an adapter's prompt with its name; the router must too."""
+"""Adapters: the engine keys every block of an adapter's prompt with its name; the router must too."""
 
 
 class Replica:

@@ -1,4 +1,4 @@
-"""A router started after its replicas, in front of event streams it cannot replay (issue 36).
+"""A router started after its replicas, in front of event streams it cannot replay.
 
 vLLM publishes its KV events without a replay endpoint by default, so a router that starts (or restarts)
 after its replicas joins their streams under way: what they published before is never sent again. That is

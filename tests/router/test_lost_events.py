@@ -1,4 +1,4 @@
-"""Lost events (issue 15): a gap that neither replay nor a snapshot could fill degrades the replica,
+"""Lost events: a gap that neither replay nor a snapshot could fill degrades the replica,
 drops what the router believed it holds (the lost batch may have removed it), and asks for a
 snapshot; once one is applied the replica is exact again. Real ZeroMQ, in-process publisher."""
 

@@ -111,7 +111,7 @@ def test_served_models_reads_vllms_model_list():
 
 
 def test_a_model_path_answers_to_its_given_absolute_and_resolved_forms(tmp_path, monkeypatch):
-    """Issue 39: a path through a symbolic link got 404 (tests/replica/test_server_cli.py on a machine where
+    """A path through a symbolic link used to get 404 (tests/replica/test_server_cli.py on a machine where
     ../shared is a link). One rule: the path as given, its absolute and its resolved form."""
     real = tmp_path / "real" / "models" / "tiny"
     real.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""One router in front of fake replicas of two base models (issue 39): each model is answered from its own pool,
+"""One router in front of fake replicas of two base models: each model is answered from its own pool,
 an unknown one gets 404, /v1/models lists both and their adapters, and an adapter's request goes to a replica
 that lacks it only after the router loaded it there, with the cluster's internal key."""
 

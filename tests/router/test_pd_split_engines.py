@@ -84,7 +84,7 @@ def test_a_request_sent_away_from_the_holder_pulls_its_prefix_with_the_same_text
         for name, runtime in (("a", a), ("b", b)):
             ends = runtime.endpoints()
             specs.append(ReplicaSpec(runtime.http.url, ends["events_endpoint"], ends["replay_endpoint"], replica_id=name))
-        # the 10 ms default per-pull overhead is about what a pull costs here (BENCHMARKS 3.14); the tiny model's
+        # the 10 ms default per-pull overhead is about what a pull costs here (BENCHMARKS.md, "KV transfer between replicas"); the tiny model's
         # prefill rate on this machine may be high enough to price 416 tokens under it: 1 ms keeps the test on the pull
         router = RouterServer(RouterConfig(port=0,
                                            upstream=UpstreamConfig(poll_interval_s=0.1, replica_api_key=KEY),

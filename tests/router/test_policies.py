@@ -1,5 +1,5 @@
 """Routing policies with fake loads: the cache/load trade-off and the baselines (``cache_aware_tokens``: the
-token cost before issue 38, kept for comparison; ``cache_aware`` in seconds: tests/router/test_cost.py)."""
+token cost with hand-tuned weights, kept for comparison; ``cache_aware`` in seconds: tests/router/test_cost.py)."""
 
 from __future__ import annotations
 

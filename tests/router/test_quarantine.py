@@ -1,5 +1,5 @@
 """A replica degraded for bad frames holds nothing in the router's index until it starts afresh
-(issue 23): its matches are ignored while degraded anyway, and a hostile stream must not make the
+: its matches are ignored while degraded anyway, and a hostile stream must not make the
 router keep (or grow) a tree for it."""
 
 import time

@@ -188,7 +188,7 @@ def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill
 
 
 def test_route_receipts_predict_what_the_engine_reports_and_hold_sessions(live):
-    """Issue 15's receipts, live: with ``x-kvmesh-receipt`` every response says where it went and why, and
+    """Route receipts, live: with ``x-kvmesh-receipt`` every response says where it went and why, and
     what the router predicted is the engine's ``cached_tokens`` on (almost) every request."""
     stems = [STORY, STORY.replace("Lily", "Tom"), "One day a little dog found a big red ball in the garden and"]
     agree = total = 0

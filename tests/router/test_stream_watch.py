@@ -1,5 +1,5 @@
 """StreamWatch: a replica whose event stream stalled, lags or lost batches is degraded (routed by load
-only) and exact again once the stream caught up (issue 15). Times are given, never waited for."""
+only) and exact again once the stream caught up. Times are given, never waited for."""
 
 import pytest
 from kvmesh.router.control.stream_watch import StreamWatch

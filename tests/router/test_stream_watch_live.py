@@ -1,4 +1,4 @@
-"""Exact or explicitly degraded (issue 15), end to end: fake replica processes with real ZeroMQ
+"""Exact or explicitly degraded, end to end: fake replica processes with real ZeroMQ
 publishers behind a real router. A replica whose publisher stops while its HTTP keeps serving, or
 whose events arrive late, is degraded -- visibly (/replicas, /metrics, /health, `kvmesh status`) --
 and routed by load only; it is exact again once its stream is back. An idle replica never is."""
@@ -152,7 +152,7 @@ def test_a_real_replica_reports_its_stream_and_is_degraded_when_its_publisher_di
 
 
 def test_request_bodies_are_never_charged_to_the_replicas_event_streams(pair, start_router):
-    """Issue 28: 48 rejected 10 MB request bodies in 0.7 s grew the router by ~500 MB, and its watch of the
+    """48 rejected 10 MB request bodies in 0.7 s grew the router by ~500 MB, and its watch of the
     process's RSS cut both healthy replicas' event streams ("a message that never ends?"). What ZeroMQ
     holds is counted per connection now: the streams never notice the bodies."""
     import threading

@@ -1,4 +1,4 @@
-"""Issue 39's acceptance: one router in front of two base models -- stories260K and the embedded model -- each on
+"""One router in front of two base models -- stories260K and the embedded model -- each on
 its own replica. Each model's answers through the router equal its replica's own (greedy), the router tokenizes
 each model's requests with that model's tokenizer (loaded from the path the embedded replica reports) and
 forwards the token ids, and an unknown model gets 404."""

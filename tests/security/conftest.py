@@ -1,4 +1,4 @@
-"""Fixtures of the security suite (issue 36): the live clusters an attacker faces, the listener, the reference.
+"""Fixtures of the security suite: the live clusters an attacker faces, the listener, the reference.
 
 ``kv_cluster`` is one ``kvmesh serve`` of stories260K on the session's Ray: a prefill and a decode replica, KV
 transfer on both (splits, and the same /kv routes and ``kv_transfer_params`` a peer pull uses), with a small

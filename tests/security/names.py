@@ -1,4 +1,4 @@
-"""The names and numbers the security tests assume of the fixed code (issue 36), in one place.
+"""The names and numbers the security tests assume of the fixed code, in one place.
 
 The fixes land on other branches; where a test depends on a detail they choose (a status code, a metric
 name, where ``kvmesh serve`` keeps the internal key), it reads it from here, so aligning the suite after
@@ -38,7 +38,7 @@ LONGEST_LEASE_S = 300.0
 """A granted lease must expire within this many seconds (asked: 3,600 s, the old cap; kv_transfer.max_lease_ttl_s
 clamps it to 60 s)."""
 OVERSIZED_LEASE_TOKENS = 2_000_000
-"""Token ids in an oversized /kv/lease body (about 14 MiB of JSON; answered 200 before issue 36)."""
+"""Token ids in an oversized /kv/lease body (about 14 MiB of JSON; a replica must refuse it before decoding)."""
 NORMAL_WAIT_S = 5.0
 """A tenant's short request answered within this many seconds counts as not kept waiting (0.02 s normally)."""
 STREAM_GAP_S = 0.3

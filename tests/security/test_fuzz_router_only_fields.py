@@ -1,4 +1,4 @@
-"""Issue 36: the router decides on the DECODED body; no spelling of a router-only field gets past it.
+"""The router decides on the DECODED body; no spelling of a router-only field gets past it.
 
 ``kv_transfer_params`` (and a chat's ``prompt_token_ids``) mean what the JSON decodes to, whatever the bytes:
 unicode escapes of any of its characters (either hex case), whitespace, duplicate keys in either order with a

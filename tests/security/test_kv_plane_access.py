@@ -1,4 +1,4 @@
-"""Issue 36: the replicas' KV plane (/kv/handshake, /kv/lease, /kv/release) and the router's replica list are
+"""The replicas' KV plane (/kv/handshake, /kv/lease, /kv/release) and the router's replica list are
 the cluster's own, not the tenants'.
 
 Before the fix the /kv routes answered anyone on a cluster without ``api_key`` and took the tenants' key on one

@@ -1,4 +1,4 @@
-"""Issue 36: leases are bounded, even for a caller holding the internal key (a buggy or compromised peer).
+"""Leases are bounded, even for a caller holding the internal key (a buggy or compromised peer).
 
 Before the fix a /kv/lease pinned its blocks for up to 3,600 s with no cap on how many leases a peer held, and
 took token lists of any length (2 M tokens: 200); eight 14 MiB lease bodies stalled another tenant's stream.

@@ -1,4 +1,4 @@
-"""Issue 36's attacks through the router with ``kv_transfer_params`` spelled with a JSON escape.
+"""Attacks through the router with ``kv_transfer_params`` spelled with a JSON escape.
 
 The router once refused the field by a byte search for ``"kv_transfer_params"``; ``"kv_transfer\\u005fparams"``
 decodes to the same key, so the body passed and the replica acted on it. Each test replays one attack

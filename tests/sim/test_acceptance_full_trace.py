@@ -1,10 +1,10 @@
-"""Issue 15's acceptance on the whole Mooncake trace at 2x its rate, as a 1/8 miniature (same model
-time, 8x less hashing; BENCHMARKS.md §1.7 has the full-size run): cache_aware keeps >= 92% of the
+"""The whole Mooncake trace at 2x its rate, as a 1/8 miniature (same model
+time, 8x less hashing; BENCHMARKS.md, "Mooncake trace, 16 replicas", has the full-size run): cache_aware keeps >= 92% of the
 single pool's hit rate with the load balanced, and has the lowest TTFT p50 and p99 of the policies side by side.
 
-Issue 38 made cache_aware's cost seconds without hand weights (router/routing/cost/): 92.4% of the single pool
+cache_aware's cost is in seconds, without hand weights (router/routing/cost/): 92.4% of the single pool
 (the token cost it replaced, ``cache_aware_tokens``, with its weights tuned on this trace: 97.2%), max/mean load
-1.10 (1.04), TTFT p50 0.080 s (0.078 s), p99 4.81 s (4.73 s); BENCHMARKS.md §1.14."""
+1.10 (1.04), TTFT p50 0.080 s (0.078 s), p99 4.81 s (4.73 s)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replicas joining and leaving in the simulator (issue 16): the live autoscaler's policy on the Mooncake
+"""Replicas joining and leaving in the simulator: the live autoscaler's policy on the Mooncake
 trace at a rate that varies, against a fixed fleet sized for the peak."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A hostile plain-ZeroMQ event stream at full speed against a router that also routes to a healthy replica
-(issue 23: the router's RSS grew ~1.7 GB per 6 s until the kernel killed it).
+(the router's RSS grew ~1.7 GB per 6 s until the kernel killed it).
 
     kvmesh bench flood [--duration 60] [--baseline 5] [--out results/flood.json]
 
@@ -13,7 +13,7 @@ The flooder cycles, as fast as the router reads, through garbage payloads, wrong
 frames, payloads over ``max_payload_bytes``, valid batches of 65,536 blocks (~6 MB) and of more blocks
 than a batch may name, valid batches claiming the client's prefixes, and every 5 s one message over
 ZeroMQ's MAXMSGSIZE. ``--mix`` picks another attack (support/flooder.py): ``valid`` (only huge valid
-batches), ``endless`` (one multipart message that never ends), ``hostile`` (issue 28: frames costly to
+batches), ``endless`` (one multipart message that never ends), ``hostile`` (frames costly to
 decode -- nested arrays, 200,000-event batches -- and a replay socket answering undecodable snapshot
 frames). Reported: the router's RSS (start of the flood, peak, growth; sampled every 0.25 s), its CPU,
 per phase the client's latency p50/p99, hit rate (cached / prompt tokens) and routes (route reason and

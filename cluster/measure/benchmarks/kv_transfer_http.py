@@ -1,4 +1,4 @@
-"""Per-request overhead of a KV pull over HTTP between two replica processes (issue 32, nixl over UCX).
+"""Per-request overhead of a KV pull over HTTP between two replica processes (nixl over UCX).
 
     kvmesh bench kv-transfer --http [--model DIR] [--requests 20] [--prompt-tokens 428]
                                     [--out results/kv_transfer_http.json]

@@ -1,4 +1,4 @@
-"""Issue 39's live acceptance: LoRA adapters through ``kvmesh serve``: follow-ups cached, adapters loaded at runtime.
+"""A live check of LoRA adapters through ``kvmesh serve``: follow-ups cached, adapters loaded at runtime.
 
     kvmesh bench lora-fleet [--replicas 2] [--adapters 8] [--clients 8] [--conversations 96] [--runtime-loads 3]
                             [--out results/bench_lora_fleet.json]

@@ -1,4 +1,4 @@
-"""Issue 38's live acceptance: a light tenant, a flooding tenant and a high-priority class against a live cluster.
+"""A light tenant, a flooding tenant and a high-priority class against a live cluster, and a verdict.
 
     kvmesh bench overload [--replicas 2 | --pd] [--workers 2] [--url URL] [--out results/bench_overload.json]
 

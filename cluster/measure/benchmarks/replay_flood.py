@@ -1,5 +1,5 @@
 """Flood a replica's replay/snapshot socket and measure what it costs the replica, with and without
-the socket's limits (issue 12: a peer that asks for snapshots and never reads them).
+the socket's limits (a peer that asks for snapshots and never reads them).
 
     python -m kvmesh.cluster.measure.benchmarks.replay_flood [--blocks 5000] [--duration 5] [--rate 200]
                                                      [--rounds 2] [--out results/replay_flood.json]

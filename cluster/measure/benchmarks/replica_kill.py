@@ -11,8 +11,8 @@ process, as an operator runs them. Each trial keeps ``--concurrency`` streaming 
 flight (the one decoding most streams; with ``--roles``, a prefill replica is never the one); then restarts it on the same ports and waits until the router
 has it back. Counted per trial and in all: HTTP status codes, streams that ended with ``[DONE]`` and no
 error, error events, broken streams, and answers whose text names a Python exception (internals leaking);
-with the router's retries and stream migrations (what it did so that clients saw nothing). Acceptance
-(issue 36): no 5xx, every stream served. Results go to a JSON file; every wait is bounded.
+with the router's retries and stream migrations (what it did so that clients saw nothing). The
+criterion: no 5xx, every stream served. Results go to a JSON file; every wait is bounded.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Issue 38's simulator acceptance: ``kvmesh sim`` on every shared trace at 1x and 2x its rate, 16 replicas,
+"""The routing cost across traces and pull bandwidths: ``kvmesh sim`` on every shared trace at 1x and 2x
+its rate, 16 replicas,
 without and with peer pulls (1.8e9 and 25e9 B/s), every policy; does ``cache_aware`` have TTFT p50 and p99 at
 most every other policy's and a hit rate at least every other's?
 
@@ -48,7 +49,8 @@ def run_cell(workload: str, time_scale: float, pull: float | None, replicas: int
 
 
 BEFORE = "cache_aware_tokens"
-"""The token cost cache_aware had before issue 38 (registered for comparison): apart from the fixed policies."""
+"""The token cost with hand-tuned weights (``cache_aware_tokens``, for comparison), apart from the fixed
+policies."""
 
 
 def verdict(policies: dict, best: str = "cache_aware", against: tuple[str, ...] | None = None) -> dict:

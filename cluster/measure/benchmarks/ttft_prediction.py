@@ -1,4 +1,4 @@
-"""The router's predicted time to first token against the one clients see, on a live 2-replica cluster (issue 38).
+"""The router's predicted time to first token against the one clients see, on a live 2-replica cluster.
 
     python -m kvmesh.cluster.measure.benchmarks.ttft_prediction [--model ../shared/models/stories260K/hf]
         [--requests 300] [--warmup 40] [--concurrency 4] [--out results/ttft_prediction.json]

@@ -147,7 +147,7 @@ def reported_waiting(rep: SimReplica) -> int:
 
 def make_admission(config: SimConfig, host: AdmissionHost) -> SimAdmission | None:
     """The simulation's admission with the router section's ``admission`` settings; None when ``admission`` is off
-    (every request is routed on arrival, as before issue 38)."""
+    (every request is routed on arrival)."""
     if not config.admission:
         return None
     rate = config.cost.prefill_s_per_token if config.admission_pricing == "queue" else None

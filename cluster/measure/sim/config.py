@@ -103,10 +103,12 @@ class SimConfig:
     """A replica the router sends away from the prefix holder pulls the holder's extra blocks when that costs
     fewer seconds than computing them (the router's pricing rule, sim/transfer.py)."""
     kv_transfer_bytes_per_s: float = 1.8e9
-    """Bandwidth of a KV transfer between replicas. Default: BENCHMARKS §3.14, nixl over UCX between two
-    processes on this machine's host memory, 256 scattered blocks (a GPU fleet with RDMA is 10x+ faster)."""
+    """Bandwidth of a KV transfer between replicas. Default: BENCHMARKS.md, "KV transfer between
+    replicas": nixl over UCX between two processes on this machine's host memory, 256 scattered blocks (a GPU
+    fleet with RDMA is 10x+ faster)."""
     kv_transfer_latency_s: float = 0.00018
-    """Fixed seconds per transfer (BENCHMARKS §3.14: a one-block read, 0.16-0.18 ms)."""
+    """Fixed seconds per transfer (BENCHMARKS.md, "KV transfer between replicas": a one-block read,
+    0.16-0.20 ms)."""
     kv_bytes_per_token: int = 131_072
     """KV bytes one token moves: 128 KiB for the cost model's 8B Llama-3 (32 layers x 8 KV heads x 128 x K,V x bf16)."""
     engine: EngineConfig = field(default_factory=sim_engine)
@@ -175,7 +177,8 @@ class SimConfig:
     least-queued replica at its prefill rate (a stand-in for cache_aware's ``predicted_ttft_s``, which the HTTP
     router's gate uses: no cache hits), so a head that can no longer meet its deadline is shed instead of sent to
     miss it; "slots" = not priced (it goes on when a replica has a free slot, as the HTTP gate does under a
-    policy that does not price; such a head is shed only when its deadline passes). BENCHMARKS §1.13."""
+    policy that does not price; such a head is shed only when its deadline passes).
+    BENCHMARKS.md, "Overload in the simulator"."""
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:

@@ -1,4 +1,4 @@
-"""Goodput: requests that met their latency targets, per second of offered traffic (issue 38; DistServe's
+"""Goodput: requests that met their latency targets, per second of offered traffic (DistServe's
 measure). A request is *good* when it was served (not shed by the router's admission), its time to first token
 is at most its ``ttft_target_s`` and its mean inter-token time (TPOT: seconds from first to last token over the
 tokens after the first) at most its ``itl_target_s``; a missing target is met. Reported for the whole run, per

@@ -1,4 +1,4 @@
-"""LoRA adapters and several base models in the simulator (issue 39).
+"""LoRA adapters and several base models in the simulator.
 
 A simulated replica holds ``max_loras`` device slots of adapter weights (``LoRASlots``), as vLLM's engine:
 one step batches requests of the base model and of at most ``max_loras`` distinct adapters; a waiting request
@@ -16,7 +16,7 @@ Adapter affinity on or off (``SimLoRAConfig.adapter_aware``):
   ``/load`` carries the ``lora`` section.
 - *blind*: a router that knows nothing of adapters, as one in front of an engine it does not understand: it
   routes with ``lora_name`` hidden (its keys are the base model's, so the replicas' adapter blocks, keyed by
-  the adapter, never match an adapter prompt: the key mismatch issue 39 names) and the replicas' ``/load``
+  the adapter, never match an adapter prompt) and the replicas' ``/load``
   has no ``lora`` section (nothing about residency). Base-model prompts match as before.
 
 Several base models (``ModelPools``): each replica serves one base model (the workload's models split the
@@ -95,7 +95,8 @@ class LoRASlots:
 
 
 ROUTER_READS_LORA = "lora" in {f.name for f in fields(ReplicaLoad)}
-"""Whether the router's ``ReplicaLoad`` holds the ``lora`` section (helper ``cost``'s field, issue 39's cost)."""
+"""Whether the router's ``ReplicaLoad`` holds the ``lora`` section (helper ``cost``'s
+field, the adapter load's price)."""
 
 
 def report_lora(load: ReplicaLoad, section: LoRALoad | None) -> None:

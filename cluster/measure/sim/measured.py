@@ -1,4 +1,4 @@
-"""What a simulated replica measures of itself and reports in ``/load``, as a real one does (issue 38): its prefill
+"""What a simulated replica measures of itself and reports in ``/load``, as a real one does: its prefill
 rate (replica/engine/prefill_rate.py) and decode step time by batch and context (replica/engine/step_time.py),
 fitted on its own simulated steps, plus what its transfers and host tier would report. The router's cost model
 (router/routing/cost/) prices a simulated replica from exactly these fields, so ``kvmesh sim`` runs the same cost

@@ -1,5 +1,6 @@
-"""Admission on and off at 1x, 2x and 4x the fleet's capacity, in the simulator (issue 38's acceptance:
-at 4x, goodput with admission >= 2x goodput without). ``python -m kvmesh.cluster.measure.sim.overload``.
+"""Admission on and off at 1x, 2x and 4x the fleet's capacity, in the simulator (the
+criterion: at 4x, goodput with admission >= 2x goodput without).
+``python -m kvmesh.cluster.measure.sim.overload``.
 
 1. Capacity: the workload's requests all at once on the fleet (admission off): the fleet's throughput in
    requests per second when it is never idle (``capacity_rps``).

@@ -1,6 +1,6 @@
 """KV that moves between simulated replicas: the prefill/decode split and peer prefix pulls.
 
-Both halves of the P/D and peer-pull contract (issue 32; the router decides as router/routing/kv_placement.py
+Both halves of the P/D and peer-pull contract (the router decides as router/routing/kv_placement.py
 does), in simulated time:
 
 - **split**: the router picks the decode replica first (cache-aware; prefill replicas are no candidates).

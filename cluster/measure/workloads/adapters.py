@@ -1,4 +1,4 @@
-"""Generated requests for LoRA adapters and several base models (issue 39), in the ``hash_ids`` format.
+"""Generated requests for LoRA adapters and several base models, in the ``hash_ids`` format.
 
 ``AdapterShape`` (a nested section of ``WorkloadShape``: ``--num-adapters``, ``--adapter-zipf``,
 ``--adapter-prefixes``, ``--num-models``, ``--base-share``) says how requests spread over adapters and models;

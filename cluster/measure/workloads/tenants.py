@@ -1,4 +1,4 @@
-"""Tenants, priorities and latency targets layered on any workload (issue 38: a fleet under overload).
+"""Tenants, priorities and latency targets layered on any workload (a fleet under overload).
 
 A *tenant mix* names classes of traffic, each with its share of the requests, its priority (vLLM's
 ``priority``: lower is served first) and its targets: a time to first token and a mean inter-token time

@@ -1,4 +1,4 @@
-"""The router's cost in seconds (issue 38): one predicted time per candidate replica, from what each measures.
+"""The router's cost in seconds: one predicted time per candidate replica, from what each measures.
 
 One concept per file: ``fleet.py`` (priors from the other replicas for a rate not measured yet), ``estimate.py``
 (the TTFT and decode pace of one request on one replica), ``pull.py`` (a peer pull's seconds),

@@ -1,4 +1,4 @@
-"""``cache_aware_tokens``: kvmesh's ``cache_aware`` before issue 38, kept for comparison: the replica where the
+"""``cache_aware_tokens``: a token cost with hand-tuned weights, kept for comparison with ``cache_aware``'s seconds: the replica where the
 request would finish its prefill soonest in prefill-token units with hand-set weights, counting what its new blocks
 will evict. Today's ``cache_aware`` prices the same in seconds without weights (policies/cache_aware.py).
 
@@ -25,7 +25,7 @@ evicted from every replica). ``steps`` puts the decode term in time: ``decode_we
 what one running request with a 15k-token context adds to one step (50 us + 39 ns per context
 token ~ 8 prefill tokens at 12k tokens/s, ``cluster/measure/sim/config.py``), and a request behind a long
 backlog or with a long uncached prompt waits through several steps; a short prompt still weighs a
-running request as 8 tokens. Defaults (0.15, 1.0, 8192) come from ``kvmesh sim`` (BENCHMARKS.md §1.7).
+running request as 8 tokens. Defaults (0.15, 1.0, 8192) were tuned with ``kvmesh sim`` on the Mooncake trace.
 **Tiers, in seconds.** When some replica has a host-memory tier (``tiers.host``), each candidate is
 priced as estimated time to first token, from what the replica measured of itself and reports in
 ``/load``: the cost above (host-tier blocks past its device prefix counted as cached) over its
@@ -73,7 +73,7 @@ class CacheAwareTokensConfig(PolicyConfig):
     """How much more (in cost units, prefill tokens) a session's replica may cost than the cheapest one before the
     session is released to the cheapest. 0: the pin holds while its replica is among the cheapest; the index already
     keeps a conversation where its history is cached, and in the simulator every slack above 0 cost hit rate and
-    balance (it overrides the load and turnover terms: BENCHMARKS.md §1.8)."""
+    balance (it overrides the load and turnover terms)."""
     churn_weight: float = 1.0
     """Eviction awareness: uncached tokens placed on a replica whose cache turns over faster than the mean
     (``recent_prefill``) evict younger, likelier-reused blocks; they cost ``1 + churn_weight * (churn / mean churn

@@ -1,4 +1,4 @@
-"""``kvmesh bench engine-speed``: the engine's speed on one device, per engine configuration (issue 21).
+"""``kvmesh bench engine-speed``: the engine's speed on one device, per engine configuration.
 
 Files, one concept each: ``presets`` (model shapes, workload sizes), ``variants`` (the
 ``backend:block_size[:graphs]`` configurations), ``options`` + ``cli`` (flags), ``model_files``

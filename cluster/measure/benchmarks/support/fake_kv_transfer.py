@@ -1,4 +1,4 @@
-"""The fake replica's side of the P/D and peer-pull contract (issue 32), over real HTTP, without moving bytes.
+"""The fake replica's side of the P/D and peer-pull contract, over real HTTP, without moving bytes.
 
 What a router sees is the contract's: ``POST /kv/lease`` (the prompt's leading full blocks this replica's prefix
 cache holds, held under a lease id; with ``lease_id``, that lease for the prompt it holds, else a 409),

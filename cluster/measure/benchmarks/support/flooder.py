@@ -7,7 +7,7 @@ may, and valid batches claiming the benchmark client's prefixes ("route them to 
 message over ZeroMQ's MAXMSGSIZE (the subscriber's ZeroMQ drops the connection, which comes back).
 ``mix="valid"`` sends only valid batches of ``max_batch_blocks`` blocks, in seq order; ``mix="endless"``
 is no ZeroMQ socket at all but raw ZMTP, one multipart message that never ends. ``mix="hostile"`` sends
-the frames that are expensive to decode (issue 28): arrays nested where events belong, batches of 200,000
+the frames that are expensive to decode: arrays nested where events belong, batches of 200,000
 events (map and positional forms), valid batches of ``max_batch_blocks`` blocks, and has a replay socket
 that answers every replay or snapshot request with snapshot frames that cannot be decoded.
 """
@@ -63,7 +63,7 @@ def _frames(claims: list[list[int]], mix: str) -> tuple[list[list[bytes]], list[
 
 
 HOSTILE_EVENTS = 200_000
-"""Events in each of ``mix="hostile"``'s big batches (issue 28's "batches of 200,000 events")."""
+"""Events in each of ``mix="hostile"``'s big batches (batches of 200,000 events)."""
 
 
 def hostile_cycle(huge_batch: bytes) -> list[list[bytes]]:

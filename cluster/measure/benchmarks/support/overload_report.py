@@ -1,4 +1,4 @@
-"""The pure half of ``kvmesh bench overload``: percentiles, per-phase summaries, the acceptance verdict (issue 38).
+"""The pure half of ``kvmesh bench overload``: percentiles, per-phase summaries, the acceptance verdict.
 
 A request record (one dict per request sent, from support/overload_load.py) holds ``phase`` (alone, flood,
 overload_2x, ...), ``cls`` (light, flood, high, bulk), ``t`` (send time, seconds since the run began),
@@ -20,9 +20,9 @@ answer (refused, reset); stream_error: 200 but an error event or a broken stream
 its phase ended (the driver gave up on it); not_sent: the driver's in-flight cap was full at its arrival.
 (``pending``, a request still under way, is only ever seen in progress lines and an interrupted run.)"""
 FAST_429_S = 2.0
-"""Issue 38: a shed request hears so within this many seconds."""
+"""A shed request hears so within this many seconds."""
 LIGHT_FLOOR_S = 0.5
-"""Issue 38: the light tenant's TTFT p90 under the flood may be max(3 x its p50 alone, this)."""
+"""The light tenant's TTFT p90 under the flood may be max(3 x its p50 alone, this)."""
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -79,7 +79,7 @@ def _criterion(name: str, passed: bool, value, limit, detail: str) -> dict:
 
 
 def verdict(records: list[dict], levels: list[float], high_target_s: float) -> dict:
-    """Issue 38's live acceptance, one criterion per line, from the request records alone."""
+    """The verdict, one criterion per line, from the request records alone."""
     pick = lambda phase, cls: [r for r in records if r["phase"] == phase and r["cls"] == cls]  # noqa: E731
     criteria = []
     alone_p50 = percentile(ttfts(pick("alone", "light")), 0.5)
@@ -129,7 +129,7 @@ def _s(x: float | None) -> str:
 
 def format_verdict(v: dict) -> str:
     lines = [f"  {'PASS' if c['pass'] else 'FAIL'}  {c['name']}: {c['detail']}" for c in v["criteria"]]
-    return "\n".join([f"acceptance (issue 38): {'PASS' if v['pass'] else 'FAIL'}", *lines])
+    return "\n".join([f"acceptance: {'PASS' if v['pass'] else 'FAIL'}", *lines])
 
 
 def format_table(phases: dict[str, dict[str, dict]]) -> str:
