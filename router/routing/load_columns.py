@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator, Mapping
 
 import numpy as np
+from kvmesh.router.routing.cost.estimate import MAX_HIT_FRACTION
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.load import LoadTracker, ReplicaLoad
 
@@ -77,19 +78,21 @@ class LoadColumns:
         """The replica measured its decode step (``coef0..2``: step_s, s_per_seq, s_per_context_token)."""
         self.coef0, self.coef1, self.coef2 = np.zeros(n, f8), np.zeros(n, f8), np.zeros(n, f8)
         self.backlog, self.batch, self.context = np.zeros(n, f8), np.zeros(n, f8), np.zeros(n, f8)
-        """``prefill_backlog``, ``decode_load``, the running context it reported (0: none)."""
-        self.recent_prompt, self.recent_prefill, self.recent_requests = (np.zeros(n, f8) for _ in range(3))
+        """``prefill_backlog``, ``decode_load``, its running requests' context (reported, else estimated)."""
+        self.hit_worth = np.zeros(n, f8)
+        """``h / (1 - h)``: hit tokens a token cached there brings (``h`` its recent hit fraction, capped)."""
         self.offset, self.scale, self.arrival = np.zeros(n, f8), np.zeros(n, f8), np.zeros(n, f8)
         """The TTFT correction's offset and scale, the arrival rate."""
         self.kv_transfer, self.has_lora = np.zeros(n, bool), np.zeros(n, bool)
-        self._stale.clear()
         stale = self._stale
         for row, (rid, load) in enumerate(loads.items()):
             load.watcher = _marker(stale, rid)
             self._read(row, load)
+        stale.clear()  # every row was just read (setting a watcher calls it)
 
     def _read(self, row: int, load: ReplicaLoad) -> None:
-        """Copy ``load``'s fields into ``row`` (as the cost reads them: estimate.py, fleet.py)."""
+        """Copy ``load``'s fields into ``row`` (as the cost reads them: estimate.py, fleet.py; what does not depend on
+        the request, its running context and the worth of its cached tokens, computed as estimate.py does)."""
         step, lora = load.decode_step, load.lora
         coef = step is not None and step.step_s is not None
         rates = (_inv(load.prefill_tokens_per_s), _inv(load.h2d_bytes_per_s), _inv(load.pull_bytes_per_s),
@@ -103,10 +106,13 @@ class LoadColumns:
             (self.spt[row], self.h2d_spb[row], self.pull_spb[row], self.pull_fixed[row], self.lora_spb[row],
              self.block_bytes[row], self.coef_valid[row], self.coef0[row], self.coef1[row], self.coef2[row]) = rates
         self.backlog[row] = load.prefill_backlog
-        self.batch[row] = load.decode_load
-        self.context[row] = step.context_tokens if step is not None and step.context_tokens else 0
-        self.recent_prompt[row], self.recent_prefill[row] = load.recent_prompt, load.recent_prefill
-        self.recent_requests[row], self.arrival[row] = load.recent_requests, load.arrival_rate
+        self.batch[row] = batch = load.decode_load
+        self.context[row] = step.context_tokens if step is not None and step.context_tokens else \
+            batch * load.recent_prompt / load.recent_requests if load.recent_requests > 0 else 0
+        hit = 1.0 - load.recent_prefill / load.recent_prompt if load.recent_prompt > 0 else 0.0
+        hit = min(hit, MAX_HIT_FRACTION)
+        self.hit_worth[row] = hit / (1 - hit)
+        self.arrival[row] = load.arrival_rate
         self.offset[row], self.scale[row] = load.ttft_offset_s, load.ttft_correction
         self.bytes_per_token[row] = load.kv_bytes_per_token or 0
         self.kv_transfer[row], self.has_lora[row] = load.kv_transfer_enabled, lora is not None

@@ -13,8 +13,8 @@ from collections.abc import Callable, Hashable, Mapping
 
 import numpy as np
 from kvmesh.kvcache.reuse import reusable_blocks
-from kvmesh.router.routing.cost.columns_price import choice_columns
-from kvmesh.router.routing.cost.estimate import TTFTEstimate, estimate, prefill_s_per_token
+from kvmesh.router.routing.cost.columns_price import choice_columns, prefill_columns, pull_columns
+from kvmesh.router.routing.cost.estimate import TTFTEstimate, adapter_s, estimate, prefill_s_per_token
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.cost.prices import Prices
 from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_seconds
@@ -37,7 +37,7 @@ def price_all(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, i
     if only is not None:
         return {only: price_one(only)}
     if columns:
-        return price_columns(loads, device, host, prompt_tokens, block_size, step_tokens, lora_name, fleet,
+        return price_columns(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet,
                              price_one, holder, best)
     return Prices.of({rid: price_one(rid) for rid in loads})
 
@@ -73,12 +73,12 @@ def _pricer(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, int
 
 
 def price_columns(loads: CandidateLoads, device: Mapping[Hashable, int], host: Mapping[Hashable, int],
-                  prompt_tokens: int, block_size: int, step_tokens: float, lora_name: str | None,
-                  fleet: FleetRates, price_one: Callable[[Hashable], TTFTEstimate], holder: Hashable,
-                  best: int) -> Prices:
-    """Every candidate's ``choice_s`` in one pass over the columns (columns_price.py); the candidates that may pull
-    from ``holder`` or load ``lora_name`` are priced one by one (``price_one``), as every estimate asked for."""
-    cols = loads.columns
+                  prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None,
+                  lora_name: str | None, fleet: FleetRates, price_one: Callable[[Hashable], TTFTEstimate],
+                  holder: Hashable, best: int) -> Prices:
+    """Every candidate's ``choice_s`` in one pass over the columns (columns_price.py), pulls from ``holder`` (which
+    holds ``best`` blocks) included; ``price_one`` makes a candidate's full estimate when asked for."""
+    cols, mask = loads.columns, loads.mask
     rows, n = cols.rows, len(cols.ids)
     usable = reusable_blocks(prompt_tokens, block_size)
     d, h = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
@@ -89,19 +89,21 @@ def price_columns(loads: CandidateLoads, device: Mapping[Hashable, int], host: M
                 out[row] = min(m, usable)
     extra = np.maximum(h - d, 0)
     own = d + extra
-    computed = np.maximum(prompt_tokens - own * block_size, 1) if prompt_tokens else np.zeros(n, dtype=np.int64)
-    choice = choice_columns(cols, fleet, computed, extra, block_size, step_tokens)
-    one_by_one = np.zeros(n, dtype=bool)
-    if holder is not None:  # those that may pull: price_one decides
-        one_by_one |= cols.kv_transfer & (own < best)
-        one_by_one[rows[holder]] = False
-    if lora_name is not None:
-        one_by_one |= cols.has_lora
-    one_by_one &= loads.mask
-    exact = {}
-    for row in np.flatnonzero(one_by_one).tolist():
-        rid = cols.ids[row]
-        found = exact[rid] = price_one(rid)
-        choice[row], computed[row] = found.choice_s, found.own_tokens
-    choice[~loads.mask] = np.inf
-    return Prices(cols.ids, rows, loads.mask, choice, computed, exact, price_one)
+    spt, all_priced = prefill_columns(cols, fleet)
+    if holder is None:
+        pulled, pull_s = np.zeros(n, dtype=np.int64), np.zeros(n)
+    else:
+        may_pull = cols.kv_transfer & mask
+        may_pull[rows[holder]] = False
+        pulled, pull_s = pull_columns(cols, fleet, pulls, may_pull, best - own, block_size, spt, all_priced)
+    computed = (np.maximum(prompt_tokens - (own + pulled) * block_size, 1) if prompt_tokens
+                else np.zeros(n, dtype=np.int64))
+    adapter = None
+    if lora_name is not None and cols.has_lora.any():
+        adapter, loads_by_row = np.zeros(n), cols.loads
+        for row in np.flatnonzero(cols.has_lora & mask).tolist():
+            adapter[row] = adapter_s(loads_by_row[row], fleet, lora_name)
+    choice = choice_columns(cols, fleet, spt, all_priced, computed, extra, pulled, pull_s, adapter, block_size,
+                            step_tokens)
+    choice[~mask] = np.inf
+    return Prices(cols.ids, rows, mask, choice, computed, {}, price_one)

@@ -1,10 +1,9 @@
-"""``estimate``'s ``choice_s`` for every replica at once, from the loads as columns (router/routing/load_columns.py).
+"""candidates.py's price for every replica at once, from the loads as columns (router/routing/load_columns.py).
 
-The same arithmetic as estimate.py, term by term and in the same order, on numpy arrays: the results are the
-same floats (tests/router/test_pruned_routing.py compares them on randomized fleets), so a decision made from
-these equals one made from the per-replica estimates. It covers the candidates that neither pull (a pull's
-price is per holder) nor load an adapter; candidates.py prices those few with ``estimate`` itself. A change to
-the cost's terms in estimate.py is mirrored here.
+The same arithmetic as estimate.py, pull.py and candidates.py, term by term and in the same order, on numpy arrays:
+the results are the same floats (tests/router/test_pruned_routing.py compares them on randomized fleets), so a
+decision made from these equals one made from the per-replica estimates. A change to the cost's terms there is
+mirrored here.
 """
 
 from __future__ import annotations
@@ -12,36 +11,59 @@ from __future__ import annotations
 import numpy as np
 from kvmesh.router.routing.cost.estimate import MAX_HIT_FRACTION
 from kvmesh.router.routing.cost.fleet import FleetRates
+from kvmesh.router.routing.cost.pull import PullPriors
 from kvmesh.router.routing.load_columns import LoadColumns
 
 
-def choice_columns(cols: LoadColumns, fleet: FleetRates, own_tokens: np.ndarray, host_blocks: np.ndarray,
+def prefill_columns(cols: LoadColumns, fleet: FleetRates) -> tuple[np.ndarray, bool]:
+    """estimate.prefill_s_per_token per row, unknown ones as 1.0; and whether every row's rate is known (the fleet
+    has one for those that measured none; else the rows that measured none are unpriced, ``cols.spt`` NaN)."""
+    prior = fleet.prefill_s_per_token
+    return np.where(np.isnan(cols.spt), 1.0 if prior is None else prior, cols.spt), prior is not None
+
+
+def pull_columns(cols: LoadColumns, fleet: FleetRates, priors: PullPriors, may_pull: np.ndarray,
+                 missing: np.ndarray, block_size: int, spt: np.ndarray, all_priced: bool
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(blocks pulled, pull seconds) per row: ``missing`` blocks where the row ``may_pull`` and pulling them costs
+    fewer seconds than computing them (candidates.py, pull.pull_seconds); 0 elsewhere."""
+    nbytes = _block_bytes(cols, fleet, block_size)
+    prior = fleet.pull_s_per_byte or (1.0 / priors.bytes_per_s if priors.bytes_per_s else None)
+    s_per_byte = np.where(np.isnan(cols.pull_spb), np.nan if prior is None else prior, cols.pull_spb)
+    fixed_prior = priors.overhead_s if fleet.pull_fixed_s is None else fleet.pull_fixed_s
+    fixed = np.where(np.isnan(cols.pull_fixed), fixed_prior, cols.pull_fixed)
+    seconds = missing * nbytes * s_per_byte + fixed
+    known = ~np.isnan(seconds) if all_priced else ~np.isnan(seconds) & ~np.isnan(cols.spt)
+    pull = may_pull & (missing > 0) & known & (seconds < missing * block_size * spt)
+    return np.where(pull, missing, 0), np.where(pull, seconds, 0.0)
+
+
+def choice_columns(cols: LoadColumns, fleet: FleetRates, spt: np.ndarray, all_priced: bool, own_tokens: np.ndarray,
+                   host_blocks: np.ndarray, pulled: np.ndarray, pull_s: np.ndarray, adapter_s: np.ndarray | None,
                    block_size: int, step_tokens: float) -> np.ndarray:
-    """``choice_s`` per row for a request computing ``own_tokens`` there and loading ``host_blocks`` back
-    (no pull, no adapter load; int arrays over rows)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        measured = ~np.isnan(cols.spt)
-        prior = fleet.prefill_s_per_token
-        spt = np.where(measured, cols.spt, 1.0 if prior is None else prior)  # prefill_s_per_token
-        priced = measured if prior is None else np.ones_like(measured)
-        backlog, batch = cols.backlog, cols.batch
-        context = np.where(cols.context != 0, cols.context,
-                           np.where(cols.recent_requests > 0, batch * cols.recent_prompt / cols.recent_requests, 0.0))
-        steps = -np.floor_divide(-(backlog + own_tokens), step_tokens) if step_tokens > 0 else np.ones_like(spt)
-        step_s = _decode_step_s(cols, fleet, batch, context, spt)
-        prefill = own_tokens * spt
-        queue = backlog * spt
-        interleave = np.where(batch != 0, np.maximum(steps, 1) * step_s, 0.0)
-        raw = queue + interleave + prefill
-        if host_blocks.any():
-            raw = raw + _load_back_s(cols, fleet, host_blocks, block_size, spt)
-        ttft = cols.offset + cols.scale * raw  # correction.corrected
-        stall = batch * prefill
-        hit = np.where(cols.recent_prompt > 0, 1.0 - cols.recent_prefill / cols.recent_prompt, 0.0)
-        delay = np.where(priced, cols.arrival * ttft * prefill, 0.0)
-        hit = np.minimum(hit, MAX_HIT_FRACTION)
-        stored = own_tokens + host_blocks * block_size
-        return ttft + stall + delay + hit / (1 - hit) * stored * spt
+    """``TTFTEstimate.choice_s`` per row for a request computing ``own_tokens`` there, loading ``host_blocks`` back,
+    pulling ``pulled`` blocks in ``pull_s`` and loading its adapter in ``adapter_s`` (None: none)."""
+    backlog, batch = cols.backlog, cols.batch
+    context = cols.context
+    steps = -np.floor_divide(-(backlog + own_tokens), step_tokens) if step_tokens > 0 else np.ones_like(spt)
+    step_s = _decode_step_s(cols, fleet, batch, context, spt)
+    prefill = own_tokens * spt
+    queue = backlog * spt
+    interleave = np.where(batch != 0, np.maximum(steps, 1) * step_s, 0.0)
+    raw = queue + interleave + prefill  # TTFTEstimate.raw_s; a term of 0.0 adds nothing
+    if host_blocks.any():
+        raw = raw + _load_back_s(cols, fleet, host_blocks, block_size, spt)
+    if pulled.any():
+        raw = raw + pull_s
+    if adapter_s is not None:
+        raw = raw + adapter_s
+    ttft = cols.offset + cols.scale * raw  # correction.corrected
+    stall = batch * prefill
+    delay = cols.arrival * ttft * prefill
+    if not all_priced:  # unpriced: no time scale for the rate
+        delay = np.where(np.isnan(cols.spt), 0.0, delay)
+    stored = own_tokens + (pulled + host_blocks) * block_size
+    return ttft + stall + delay + cols.hit_worth * stored * spt
 
 
 def _decode_step_s(cols: LoadColumns, fleet: FleetRates, batch: np.ndarray, context: np.ndarray,
@@ -59,14 +81,19 @@ def _decode_step_s(cols: LoadColumns, fleet: FleetRates, batch: np.ndarray, cont
     return np.where(batch <= 0, 0.0, seconds)
 
 
+def _block_bytes(cols: LoadColumns, fleet: FleetRates, block_size: int) -> np.ndarray:
+    """estimate.block_bytes per row (NaN: unknown)."""
+    prior = np.nan if fleet.kv_block_bytes is None else fleet.kv_block_bytes
+    return np.where(cols.block_bytes != 0, cols.block_bytes,
+                    np.where(cols.bytes_per_token != 0, cols.bytes_per_token * block_size, prior))
+
+
 def _load_back_s(cols: LoadColumns, fleet: FleetRates, host_blocks: np.ndarray, block_size: int,
                  spt: np.ndarray) -> np.ndarray:
     """estimate.load_back_s per row."""
-    prior_bytes = np.nan if fleet.kv_block_bytes is None else fleet.kv_block_bytes
-    nbytes = np.where(cols.block_bytes != 0, cols.block_bytes,
-                      np.where(cols.bytes_per_token != 0, cols.bytes_per_token * block_size, prior_bytes))
-    prior_rate = np.nan if fleet.h2d_s_per_byte is None else fleet.h2d_s_per_byte
-    s_per_byte = np.where(np.isnan(cols.h2d_spb), prior_rate, cols.h2d_spb)
+    nbytes = _block_bytes(cols, fleet, block_size)
+    prior = np.nan if fleet.h2d_s_per_byte is None else fleet.h2d_s_per_byte
+    s_per_byte = np.where(np.isnan(cols.h2d_spb), prior, cols.h2d_spb)
     unknown = np.isnan(nbytes) | np.isnan(s_per_byte)
     seconds = np.where(unknown, host_blocks * block_size * spt, host_blocks * nbytes * s_per_byte)
     return np.where(host_blocks == 0, 0.0, seconds)
