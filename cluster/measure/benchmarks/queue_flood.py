@@ -23,10 +23,12 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.overload_cluster import Cluster, ClusterShape
 from kvmesh.cluster.measure.benchmarks.support.overload_load import Tenant
+from kvmesh.cluster.measure.benchmarks.support.peer_load import tree_cpu_seconds
 from kvmesh.cluster.measure.benchmarks.support.queue_flood_load import FloodPlan, FloodRun, summarize
 from kvmesh.cluster.measure.shared_dir import stories_model
 
@@ -45,8 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-queued", type=int, default=8, help="the router's --admission-max-queued")
     ap.add_argument("--kvmesh-cmd", default=f"{sys.executable} -m kvmesh.cluster.cli",
                     help="the command that starts replicas and the router (another build's, to compare)")
+    ap.add_argument("--router-arg", action="append", default=[], metavar="ARG",
+                    help="extra flag for the router (repeatable; e.g. --router-arg=--admission-admit-ttft-s=1)")
     ap.add_argument("--clients", type=int, default=24, help="the flooding tenant's clients")
     ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--alone-s", type=float, default=5.0, help="the light tenant alone first, this long")
     ap.add_argument("--period-s", type=float, default=0.3, help="the light tenant sends one request this often")
     ap.add_argument("--light-tokens", type=int, default=8)
     ap.add_argument("--flood-tokens", type=int, default=64)
@@ -70,18 +75,30 @@ def verdict(summary: dict) -> dict:
 
 def table(paths: list[str]) -> str:
     """One row per result file: the command, what the light tenant got, the flood's 429s, the shares."""
-    rows = ["| run | light served | light p50 / p90 | flood served / 429 | flood share of work / fair share | verdict |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| run | light alone p50 / p90 | light served | light p50 / p90 | flood served / 429 | "
+            "flood share of work / fair share | CPU s: replicas / router | verdict |", "|---|---|---|---|---|---|---|---|"]
     for path in paths:
         doc = json.loads(Path(path).read_text())
         s, light, flood = doc["summary"], doc["summary"]["light"], doc["summary"]["flood"]
+        alone, cpu = s.get("light_alone") or {}, doc.get("cpu_seconds") or {}
         fmt = lambda v: "-" if v is None else f"{v:.3f} s"  # noqa: E731
-        rows.append(f"| `{doc['command']}` ({doc['label']}) | {light['served']} of {light['sent']} "
+        rows.append(f"| `{doc['command']}` ({doc['label']}) | {fmt(alone.get('latency_p50_s'))} / "
+                    f"{fmt(alone.get('latency_p90_s'))} | {light['served']} of {light['sent']} "
                     f"({light['served_fraction']:.0%}) | {fmt(light['latency_p50_s'])} / "
                     f"{fmt(light['latency_p90_s'])} | {flood['served']} / {sum(flood['refused'].values())} | "
                     f"{s['flood_share']:.1%} / {s['flood_fair_share']:.1%} | "
+                    f"{cpu.get('replicas', '-')} / {cpu.get('router', '-')} | "
                     f"{'PASS' if doc['verdict']['pass'] else 'FAIL'} |")
     return "\n".join(rows)
+
+
+def _cpu_seconds(cluster: Cluster | None) -> dict[str, float]:
+    """CPU seconds so far of the router (its workers included), the replicas (a cluster of ours) and this driver."""
+    out = {"driver": time.process_time()}
+    if cluster is not None:
+        *replicas, router = cluster.procs
+        out |= {"router": tree_cpu_seconds(router.pid), "replicas": sum(tree_cpu_seconds(p.pid) for p in replicas)}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,15 +112,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     shape = ClusterShape(model=args.model, replicas=args.replicas, workers=args.workers,
                          max_num_seqs=args.max_num_seqs, cli=shlex.split(args.kvmesh_cmd),
-                         router_args=["--admission-max-queued", str(args.max_queued), "--admission-user-tenants"])
+                         router_args=["--admission-max-queued", str(args.max_queued), "--admission-user-tenants",
+                                      *args.router_arg])
     plan = FloodPlan(Tenant("flood", args.flood_key), Tenant("light", args.light_key), args.clients, args.seconds,
-                     args.period_s, args.light_tokens, args.flood_tokens)
+                     args.period_s, args.light_tokens, args.flood_tokens, alone_s=args.alone_s)
     cluster = None if args.url else Cluster(shape)
     try:
         url = args.url.rstrip("/") if args.url else cluster.start()
         print(f"flood: {args.clients} clients retrying at once, light: one request every {args.period_s} s, "
               f"{args.seconds} s ...", flush=True)
+        cpu0 = _cpu_seconds(cluster)
         records = asyncio.run(FloodRun(url, plan).run())
+        cpu = {k: round(v - cpu0[k], 2) for k, v in _cpu_seconds(cluster).items()}
     finally:
         if cluster:
             cluster.stop()
@@ -112,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
               "label": "url" if args.url else f"{args.replicas} replicas, workers {args.workers}",
               "config": {k: v for k, v in vars(args).items() if k not in ("out", "table", "flood_key", "light_key")},
               "machine": {"cpus": os.cpu_count(), "loadavg_end": list(os.getloadavg())},
-              "summary": summary, "verdict": verdict(summary), "requests": records}
+              "cpu_seconds": cpu, "summary": summary, "verdict": verdict(summary), "requests": records}
     out = Path(args.out or f"results/bench_queue_flood{'_url' if args.url else shape.label}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(json.dumps(summary, indent=1))
+    print(json.dumps({**summary, "cpu_seconds": cpu}, indent=1))
     print(f"verdict: {result['verdict']}\nwrote {out}")
     return 0 if result["verdict"]["pass"] else 1
 

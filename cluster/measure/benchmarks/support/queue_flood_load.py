@@ -7,7 +7,9 @@ asks little, and what each got.
 
 Requests are plain completions (not streamed) with ``ignore_eos``, a fresh prompt each (a unique number first, so
 nothing is cached), named by the tenant's Bearer key or, without one, by ``user`` (a router with user tenants).
-Every loop is bounded by the phase's deadline and every request by ``client_timeout_s``.
+Every loop is bounded by the phase's deadline and every request by ``client_timeout_s``. First a warm-up
+(``warmup`` requests at once, answered before the rest; class ``warmup``, left out of the summary), then the light
+tenant alone for ``alone_s`` (class ``light_alone``: its latency on this machine without the flood).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class FloodPlan:
     """``max_tokens`` of a flood request."""
     client_timeout_s: float = 30.0
     model: str | None = None
+    alone_s: float = 5.0
+    """The light tenant alone first, this long (its latency without the flood: the machine's own)."""
+    warmup: int = 16
+    """Requests sent together (tenant ``warmup``) and answered before the phase: the replicas' first steps are slow."""
 
 
 @dataclass(slots=True)
@@ -79,24 +85,30 @@ class FloodRun:
         return rec
 
     async def run(self) -> list[dict]:
+        """Warm up, the light tenant alone for ``alone_s``, then the flood and the light tenant for ``seconds``."""
         p = self.plan
-        self.t0 = time.monotonic()
-        until = self.t0 + p.seconds
         async with open_session() as session:
+            self.t0 = time.monotonic()
+            warm = Tenant("warmup", p.light.api_key)  # a keys file names no warm-up tenant: the light key's then
+            await asyncio.gather(*(self.one(session, "warmup", warm, p.flood_tokens) for _ in range(p.warmup)))
+            await self._light(session, "light_alone", time.monotonic() + p.alone_s)
+            self.t0 = time.monotonic()
+            until = self.t0 + p.seconds
+
             async def flood_client() -> None:
                 while time.monotonic() < until:
                     await self.one(session, "flood", p.flood, p.flood_tokens)  # a 429: again at once
 
-            async def light() -> None:
-                tasks, next_at = [], time.monotonic()
-                while next_at < until:
-                    tasks.append(asyncio.ensure_future(self.one(session, "light", p.light, p.light_tokens)))
-                    next_at += p.period_s
-                    await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-                await asyncio.gather(*tasks)
-
-            await asyncio.gather(light(), *(flood_client() for _ in range(p.clients)))
+            await asyncio.gather(self._light(session, "light", until), *(flood_client() for _ in range(p.clients)))
         return self.records
+
+    async def _light(self, session: aiohttp.ClientSession, cls: str, until: float) -> None:
+        p, tasks, next_at = self.plan, [], time.monotonic()
+        while next_at < until:
+            tasks.append(asyncio.ensure_future(self.one(session, cls, p.light, p.light_tokens)))
+            next_at += p.period_s
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        await asyncio.gather(*tasks)
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -119,7 +131,7 @@ def summarize(records: list[dict], light_tokens: int) -> dict:
     none served: a prompt as long as the flood's and ``light_tokens`` out) up to half the work done, the flooding
     tenant the rest."""
     out: dict = {}
-    for cls in ("flood", "light"):
+    for cls in ("flood", "light", "light_alone"):
         mine = [r for r in records if r["cls"] == cls]
         served = [r for r in mine if r["status"] == 200]
         refused: dict[str, int] = {}
