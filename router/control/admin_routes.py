@@ -8,6 +8,7 @@
                                          finish (inside ``kvmesh serve``: then its process is removed)
     POST   /v1/load_lora_adapter         learn a LoRA adapter, load it on its base's replicas } (adapter_loads.py)
     POST   /v1/unload_lora_adapter       unload it everywhere                                }
+    POST   /reset_prefix_cache           every replica resets its prefix cache (prefix_cache_reset.py)
     GET    /admin/fleet, POST /admin/scale, /admin/rollout
                                          the process set, when the router runs inside ``kvmesh serve``
 
@@ -24,9 +25,11 @@ from collections.abc import Callable
 from fastapi import FastAPI, Response
 from fastapi import Request as AppRequest
 from kvmesh.replica.openai.body import read_request
+from kvmesh.replica.openai.prefix_cache_reset import RESET_PREFIX_CACHE_PATH
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.router.config import ReplicaSpec
+from kvmesh.router.control.prefix_cache_reset import reset_every_replica
 from kvmesh.router.control.rows import ReplicaList, ReplicaRow
 from kvmesh.router.control.runtime import Json, RouterRuntime
 from kvmesh.router.routing.retention import exclusive_blocks
@@ -89,8 +92,9 @@ ADAPTER_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
 def is_admin_request(method: str, path: str) -> bool:
     """The admin plane: the replica set (reading it too: it names the replicas' URLs), everything under /admin/,
-    loading and unloading LoRA adapters."""
-    return path.startswith("/admin/") or path == "/replicas" or path.startswith("/replicas/") or path in ADAPTER_PATHS
+    loading and unloading LoRA adapters, resetting the replicas' prefix caches."""
+    return (path.startswith("/admin/") or path == "/replicas" or path.startswith("/replicas/") or path in ADAPTER_PATHS
+            or path == RESET_PREFIX_CACHE_PATH)
 
 
 def answered_by_owner(method: str, path: str) -> bool:
@@ -189,6 +193,10 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
     async def unload_lora_adapter(request: AppRequest):
         body = await read_request(request, AdapterUnloadRequest, cfg.frontend, runtime.renderer.run)
         return await runtime.adapters.admin_unload(body.lora_name)
+
+    @app.post(RESET_PREFIX_CACHE_PATH)
+    async def reset_prefix_cache():
+        return {"replicas": await reset_every_replica(runtime, runtime.probes.pool)}
 
     @app.delete("/replicas/{replica_id:path}")
     async def delete_replica(replica_id: str):

@@ -1,8 +1,8 @@
 """The one fake replica of tests and benchmarks: stdlib asyncio HTTP/1.1, no model.
 
 Answers ``POST /v1/completions`` and ``/v1/chat/completions`` (SSE when the body asks for
-``"stream": true``), ``GET /load``, ``POST /tokenize``, and any other GET with a 200 JSON that
-satisfies the health and model probes of kvmesh's, sglang's and vLLM's routers. A stream is the
+``"stream": true``), ``GET /load``, ``POST /tokenize``, ``POST /reset_prefix_cache`` and any other GET with a 200
+JSON that satisfies the health and model probes of kvmesh's, sglang's and vLLM's routers. A stream is the
 replica's name then ``!``, or with ``answer_max_tokens`` the body's ``max_tokens`` words ``" w0"``, ``" w1"``
 ...; a non-streamed answer is the name (tests read which replica answered). With a prefix cache
 (``PrefixCache``: a real ``KVCacheManager``, its events on a real ``ZmqEventPublisher`` with replay and
@@ -126,6 +126,9 @@ class FakeReplica:
                              b"/kv/peers": self.kv.register}[path](body)
         elif path == b"/load":
             reply = self.load()
+        elif method == b"POST" and path == b"/reset_prefix_cache":
+            self.auth_seen.append(headers.get(b"authorization", b"").decode())
+            reply = {"freed_blocks": self.cache.reset() if self.cache is not None else 0}
         elif method == b"POST" and path in (b"/v1/load_lora_adapter", b"/v1/unload_lora_adapter"):
             status, reply = self.lora.call(path == b"/v1/load_lora_adapter", body,
                                            headers.get(b"authorization", b"").decode())

@@ -53,6 +53,16 @@ class PrefixCache:
             self.publisher.publish(KVEventBatch(ts=time.time() + clock_offset, events=events))
         return n
 
+    def reset(self) -> int:
+        """``POST /reset_prefix_cache``: every cached block freed (the fake holds none between requests), the
+        events published; how many blocks."""
+        with self.lock:
+            freed = self.manager.reset_unreferenced()
+            events, self.pending[:] = list(self.pending), []
+        if events and self.publisher is not None:
+            self.publisher.publish(KVEventBatch(ts=time.time(), events=events))
+        return freed
+
     def held_tokens(self, ids: list[int], salt: str | None) -> int:
         """Tokens of the prompt's leading full blocks cached here (at most all but its last token), untouched."""
         with self.lock:
