@@ -11,7 +11,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 # engine: torch, Ray, transformers, plots (what `kvmesh serve` needs); dev: the test tools.
-# `pip install kvmesh` without extras is the torch-free router / events / simulator install.
+# `pip install .` without extras is the torch-free router / events / simulator install.
 EXTRAS ?= engine,dev
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvmesh-installed

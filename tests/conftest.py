@@ -59,7 +59,7 @@ TEST_KV_CACHE_MEMORY = 4 << 20
 TEST_DEVICES = ("auto", "cpu", "cuda")
 """Values of KVMESH_TEST_DEVICE; auto (the default) is cuda when torch sees a GPU."""
 
-RAY_MISSING = "needs Ray, which is not installed (pip install 'kvmesh[engine]')"
+RAY_MISSING = "needs Ray, which is not installed (the engine extra: pip install '.[engine]')"
 
 # Logical CPUs for the session's Ray instance: more than the machine's cores is fine,
 # actors here are mostly idle; it must fit 2 replicas x TP 2 plus the router.

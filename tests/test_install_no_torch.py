@@ -1,4 +1,4 @@
-"""`pip install kvmesh` (no extras) in a fresh venv gives a working router without torch, Ray or transformers.
+"""kvmesh's wheel installed without extras in a fresh venv gives a working router without torch, Ray or transformers.
 
 The wheel is built from this checkout; its dependencies come from the configured package index
 (pip's cache and find-links make that quick). The router then serves a real request in front of a

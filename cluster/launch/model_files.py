@@ -59,7 +59,7 @@ def check_model(model: str, timeout_s: float = 10.0) -> str:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:
         raise ValueError(f"model {model!r} is not a local directory and huggingface_hub is not installed "
-                         "(pip install 'kvmesh[engine]')") from None
+                         "(the engine extra: pip install '.[engine]')") from None
     if isinstance(try_to_load_from_cache(model, "config.json"), str):
         return model
     if _offline():

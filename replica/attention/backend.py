@@ -75,7 +75,7 @@ def flash_attn_problem(device: torch.device, dtype: torch.dtype) -> str | None:
     reference in ``flash_attn_reference``) may declare ``SUPPORTED_DEVICES``/``SUPPORTED_DTYPES``."""
     module = _flash_attn_module()
     if module is None:
-        return "the flash-attn package is not installed (pip install 'kvmesh[gpu]')"
+        return "the flash-attn package is not installed (the gpu extra: pip install '.[gpu]' in kvmesh's source tree)"
     devices = getattr(module, "SUPPORTED_DEVICES", ("cuda",))
     if device.type not in devices:
         return f"flash-attn runs on {'/'.join(devices)} devices, not {device.type}"

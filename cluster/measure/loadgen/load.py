@@ -122,7 +122,7 @@ def run_and_write(args) -> int:
     print(format_summary(run["label"], run["summary"]))
     written = [str(out)]
     if not args.no_plot and not _have_matplotlib():
-        print("no plot: matplotlib is not installed (pip install 'kvmesh[plots]')", file=sys.stderr)
+        print("no plot: matplotlib is not installed (the plots extra: pip install '.[plots]')", file=sys.stderr)
     elif not args.no_plot:
         written.append(str(plot_run(run["requests"], f"kvmesh bench load: {run['label']} @ {run['config']['url']}",
                                     Path(args.out).with_suffix(".png"), params=run_parameters(run["config"]),
