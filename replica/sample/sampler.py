@@ -74,8 +74,8 @@ class SamplingMetadata:
     """The penalized rows with their device counts and prompt masks (penalties.py); None: no row is penalized."""
     min_p: torch.Tensor | None = None
     """[N] float32 (0: none); None when no random row uses min_p."""
-    grammar: tuple[torch.Tensor, torch.Tensor] | None = None
-    """(rows [G] int64, bitmask [G, ceil(V / 32)] int32) of structured-output rows: tokens their grammar does not
+    grammar: tuple[list[int], torch.Tensor] | None = None
+    """(rows, bitmask [N, ceil(V / 32)] int32) of structured-output rows: tokens their grammar does not
     allow next are -inf before anything else (grammar_mask.py); None: no such row."""
 
     @property

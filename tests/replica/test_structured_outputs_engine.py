@@ -42,21 +42,25 @@ def check_answers(results: dict[str, tuple]) -> None:
     assert len(results["d"][0]) == 28
 
 
-def test_grammar_mask_matches_xgrammars_own_kernel():
-    """The torch bitmask unpacking (sample/grammar_mask.py) against xgrammar's own, on a vocabulary that is not a
-    multiple of 32 and a subset of rows."""
-    from kvmesh.replica.sample.grammar_mask import apply_grammar_bitmask
+@pytest.mark.parametrize("ours", ["apply_grammar_bitmask", "apply_grammar_bitmask_torch"])
+def test_grammar_mask_matches_xgrammars_reference(ours):
+    """The mask as the sampler applies it (xgrammar's CPU kernel on the constrained rows) and the plain torch
+    unpacking (other devices) against xgrammar's torch reference on every row, on a vocabulary that is not a multiple
+    of 32 and a subset of rows."""
+    from kvmesh.replica.sample import grammar_mask
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 100, generator=gen)
     bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 4), generator=gen, dtype=torch.int64).to(torch.int32)
-    ours, theirs = logits.clone(), logits.clone()
-    apply_grammar_bitmask(ours, torch.tensor([4, 0, 2]), bitmask)
+    masked, theirs = logits.clone(), logits.clone()
     full = torch.full((5, 4), -1, dtype=torch.int32)
     full[[4, 0, 2]] = bitmask
+    full[1] = 0  # an unconstrained row's bitmask row is never read
+    getattr(grammar_mask, ours)(masked, [4, 0, 2], full)
+    full[1] = -1
     xgr.apply_token_bitmask_inplace(theirs, full, vocab_size=100, backend="torch_native")
-    assert torch.equal(ours, theirs)
-    assert torch.isinf(ours).any() and torch.equal(ours[[1, 3]], logits[[1, 3]])
+    assert torch.equal(masked, theirs)
+    assert torch.isinf(masked).any() and torch.equal(masked[[1, 3]], logits[[1, 3]])
 
 
 def test_every_answer_matches_its_constraint_sync_and_async(stories_path):
@@ -165,9 +169,9 @@ def test_the_masked_sampler_runs_on_the_meta_device():
                                             ScheduledRequest("so", [4, 5], 0, [2], True, so)], 5))
     assert batch._graph_sampling(inputs.sample_rows)[1] is False  # the graph's sampler does not answer
     md = batch.sampling_metadata(inputs.sample_rows, 64, [2])
-    bitmask = GrammarBitmask(["so"], torch.full((1, 2), 5, dtype=torch.int32).numpy())
+    bitmask = GrammarBitmask(["so"], torch.full((1, 2), 5, dtype=torch.int32).numpy())  # tokens 0, 2, 32, 34
     md.grammar = grammar_rows(bitmask, inputs.sample_request_ids, meta)
-    assert all(t.device == meta for t in md.grammar)
+    assert md.grammar[1].device == meta
     tokens = Sampler()(torch.zeros(2, 64, device=meta), md)
     assert tokens.device == meta and tokens.shape == (2,)
 
