@@ -275,7 +275,7 @@ class KVRouter:
         if pool is not None:  # another model's replica holds other KV, whatever its keys say
             candidates = candidates & pool
         columns = self.columns  # synced by route
-        fleet = columns.fleet(np.ones(len(columns.ids), dtype=bool), ("all", columns.version))
+        fleet = columns.fleet(columns.everyone, ("all", columns.version))
         return plan_pull(chosen, own, matches, self.loads.loads, candidates, usable, bs, rules, fleet)
 
     def candidate_loads(self, excluded: set, pool: frozenset | None = None) -> CandidateLoads:

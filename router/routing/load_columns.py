@@ -44,7 +44,10 @@ class LoadColumns:
         """The tracker's ``members_version`` the rows were laid out for."""
         self._stale: set[Hashable] = set()
         self._rates: list[tuple] = []
-        self._rates_version = 0
+        self.rates_version = 0
+        """Rises whenever a row's rates change (what is derived from the rates alone is kept until then)."""
+        self.derived: tuple[object, tuple] | None = None
+        """(key, arrays) the cost derived from the rates and the fleet's priors (cost/columns_price.py)."""
         self._fleets: dict[object, tuple[int, FleetRates]] = {}
         self._reshape()
 
@@ -67,7 +70,7 @@ class LoadColumns:
         self.ids, self.loads = list(loads), list(loads.values())
         self.rows = {rid: i for i, rid in enumerate(self.ids)}
         self._rates = [()] * n
-        self._rates_version += 1
+        self.rates_version += 1
         f8 = np.float64
         self.spt, self.h2d_spb, self.pull_spb, self.pull_fixed, self.lora_spb = (np.zeros(n, f8) for _ in range(5))
         """Seconds per prompt token / per byte loaded back / per byte pulled, a pull's fixed seconds, seconds per
@@ -84,6 +87,8 @@ class LoadColumns:
         self.offset, self.scale, self.arrival = np.zeros(n, f8), np.zeros(n, f8), np.zeros(n, f8)
         """The TTFT correction's offset and scale, the arrival rate."""
         self.kv_transfer, self.has_lora = np.zeros(n, bool), np.zeros(n, bool)
+        self.everyone = np.ones(n, bool)
+        """Every row (the mask of ``fleet`` over all replicas)."""
         stale = self._stale
         for row, (rid, load) in enumerate(loads.items()):
             load.watcher = _marker(stale, rid)
@@ -102,7 +107,7 @@ class LoadColumns:
                  (step.s_per_context_token or 0.0) if coef else 0.0)
         if rates != self._rates[row]:
             self._rates[row] = rates
-            self._rates_version += 1
+            self.rates_version += 1
             (self.spt[row], self.h2d_spb[row], self.pull_spb[row], self.pull_fixed[row], self.lora_spb[row],
              self.block_bytes[row], self.coef_valid[row], self.coef0[row], self.coef1[row], self.coef2[row]) = rates
         self.backlog[row] = load.prefill_backlog
@@ -121,7 +126,7 @@ class LoadColumns:
         """``FleetRates.of`` the rows in ``mask``; ``key`` names the mask (the same key, the same rows) so the
         answer is kept until a rate changes (None: not kept)."""
         cached = self._fleets.get(key) if key is not None else None
-        if cached is not None and cached[0] == self._rates_version:
+        if cached is not None and cached[0] == self.rates_version:
             return cached[1]
         coef = mask & self.coef_valid
         decode = (tuple(float(c[coef].max()) for c in (self.coef0, self.coef1, self.coef2))
@@ -134,7 +139,7 @@ class LoadColumns:
         if key is not None:
             if len(self._fleets) >= _MAX_FLEETS_KEPT:
                 self._fleets.clear()
-            self._fleets[key] = (self._rates_version, fleet)
+            self._fleets[key] = (self.rates_version, fleet)
         return fleet
 
 
@@ -161,6 +166,7 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
         self.fleet_key = fleet_key
         """Names ``mask`` for ``LoadColumns.fleet``'s cache (None: a one-off set, e.g. with exclusions)."""
         self._rows: np.ndarray | None = None
+        self._outside: np.ndarray | None = None
 
     @property
     def rows(self) -> np.ndarray:
@@ -168,6 +174,13 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
         if self._rows is None:
             self._rows = np.flatnonzero(self.mask)
         return self._rows
+
+    @property
+    def outside(self) -> np.ndarray:
+        """Bool per row: not a candidate."""
+        if self._outside is None:
+            self._outside = ~self.mask
+        return self._outside
 
     def fleet(self) -> FleetRates:
         return self.columns.fleet(self.mask, self.fleet_key)

@@ -81,23 +81,21 @@ def price_columns(loads: CandidateLoads, device: Mapping[Hashable, int], host: M
     cols, mask = loads.columns, loads.mask
     rows, n = cols.rows, len(cols.ids)
     usable = reusable_blocks(prompt_tokens, block_size)
-    d, h = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-    for matches, out in ((device, d), (host, h)):
-        for rid, m in matches.items():
-            row = rows.get(rid)
-            if row is not None:
-                out[row] = min(m, usable)
-    extra = np.maximum(h - d, 0)
-    own = d + extra
+    own = _scatter(device, rows, n, usable)
+    extra = None
+    if host:
+        extra = np.maximum(_scatter(host, rows, n, usable) - own, 0)
+        own = own + extra
     spt, all_priced = prefill_columns(cols, fleet)
-    if holder is None:
-        pulled, pull_s = np.zeros(n, dtype=np.int64), np.zeros(n)
-    else:
+    pulled = pull_s = None
+    if holder is not None:
         may_pull = cols.kv_transfer & mask
         may_pull[rows[holder]] = False
         pulled, pull_s = pull_columns(cols, fleet, pulls, may_pull, best - own, block_size, spt, all_priced)
-    computed = (np.maximum(prompt_tokens - (own + pulled) * block_size, 1) if prompt_tokens
-                else np.zeros(n, dtype=np.int64))
+    if not prompt_tokens:
+        computed = np.zeros(n, dtype=np.int64)
+    else:
+        computed = np.maximum(prompt_tokens - (own if pulled is None else own + pulled) * block_size, 1)
     adapter = None
     if lora_name is not None and cols.has_lora.any():
         adapter, loads_by_row = np.zeros(n), cols.loads
@@ -105,5 +103,15 @@ def price_columns(loads: CandidateLoads, device: Mapping[Hashable, int], host: M
             adapter[row] = adapter_s(loads_by_row[row], fleet, lora_name)
     choice = choice_columns(cols, fleet, spt, all_priced, computed, extra, pulled, pull_s, adapter, block_size,
                             step_tokens)
-    choice[~mask] = np.inf
+    choice[loads.outside] = np.inf
     return Prices(cols.ids, rows, mask, choice, computed, {}, price_one)
+
+
+def _scatter(matches: Mapping[Hashable, int], rows: Mapping[Hashable, int], n: int, usable: int) -> np.ndarray:
+    """Leading blocks per row (at most ``usable``), 0 where ``matches`` has none."""
+    out = np.zeros(n, dtype=np.int64)
+    for rid, m in matches.items():
+        row = rows.get(rid)
+        if row is not None:
+            out[row] = min(m, usable)
+    return out

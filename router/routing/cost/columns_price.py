@@ -18,8 +18,24 @@ from kvmesh.router.routing.load_columns import LoadColumns
 def prefill_columns(cols: LoadColumns, fleet: FleetRates) -> tuple[np.ndarray, bool]:
     """estimate.prefill_s_per_token per row, unknown ones as 1.0; and whether every row's rate is known (the fleet
     has one for those that measured none; else the rows that measured none are unpriced, ``cols.spt`` NaN)."""
+    return _rates(cols, fleet)[:2]
+
+
+def _rates(cols: LoadColumns, fleet: FleetRates) -> tuple:
+    """What depends on the rows' rates and the fleet's priors alone, kept until either changes: (seconds per prompt
+    token, all priced, the decode step's coefficients with the fleet's where a row measured none (None: none
+    anywhere))."""
+    key = (cols.rates_version, fleet)
+    if cols.derived is not None and cols.derived[0] == key:
+        return cols.derived[1]
     prior = fleet.prefill_s_per_token
-    return np.where(np.isnan(cols.spt), 1.0 if prior is None else prior, cols.spt), prior is not None
+    spt = np.where(np.isnan(cols.spt), 1.0 if prior is None else prior, cols.spt)
+    valid, coef = cols.coef_valid, fleet.decode_step
+    coefs = None if coef is None else tuple(np.where(valid, own, c) for own, c in
+                                            zip((cols.coef0, cols.coef1, cols.coef2), coef, strict=True))
+    derived = (spt, prior is not None, coefs)
+    cols.derived = (key, derived)
+    return derived
 
 
 def pull_columns(cols: LoadColumns, fleet: FleetRates, priors: PullPriors, may_pull: np.ndarray,
@@ -39,21 +55,22 @@ def pull_columns(cols: LoadColumns, fleet: FleetRates, priors: PullPriors, may_p
 
 
 def choice_columns(cols: LoadColumns, fleet: FleetRates, spt: np.ndarray, all_priced: bool, own_tokens: np.ndarray,
-                   host_blocks: np.ndarray, pulled: np.ndarray, pull_s: np.ndarray, adapter_s: np.ndarray | None,
+                   host_blocks: np.ndarray | None, pulled: np.ndarray | None, pull_s: np.ndarray | None,
+                   adapter_s: np.ndarray | None,
                    block_size: int, step_tokens: float) -> np.ndarray:
     """``TTFTEstimate.choice_s`` per row for a request computing ``own_tokens`` there, loading ``host_blocks`` back,
-    pulling ``pulled`` blocks in ``pull_s`` and loading its adapter in ``adapter_s`` (None: none)."""
+    pulling ``pulled`` blocks in ``pull_s`` and loading its adapter in ``adapter_s`` (each None: none anywhere)."""
     backlog, batch = cols.backlog, cols.batch
-    context = cols.context
     steps = -np.floor_divide(-(backlog + own_tokens), step_tokens) if step_tokens > 0 else np.ones_like(spt)
-    step_s = _decode_step_s(cols, fleet, batch, context, spt)
+    step_s = _decode_step_s(cols, fleet, batch, cols.context, spt)
     prefill = own_tokens * spt
     queue = backlog * spt
-    interleave = np.where(batch != 0, np.maximum(steps, 1) * step_s, 0.0)
+    # estimate: max(steps, 1) * decode_step_s if batch else 0.0, and decode_step_s is 0.0 for batch <= 0
+    interleave = np.where(batch > 0, np.maximum(steps, 1) * step_s, 0.0)
     raw = queue + interleave + prefill  # TTFTEstimate.raw_s; a term of 0.0 adds nothing
-    if host_blocks.any():
+    if host_blocks is not None:
         raw = raw + _load_back_s(cols, fleet, host_blocks, block_size, spt)
-    if pulled.any():
+    if pulled is not None:
         raw = raw + pull_s
     if adapter_s is not None:
         raw = raw + adapter_s
@@ -62,23 +79,20 @@ def choice_columns(cols: LoadColumns, fleet: FleetRates, spt: np.ndarray, all_pr
     delay = cols.arrival * ttft * prefill
     if not all_priced:  # unpriced: no time scale for the rate
         delay = np.where(np.isnan(cols.spt), 0.0, delay)
-    stored = own_tokens + (pulled + host_blocks) * block_size
+    stored = own_tokens
+    if pulled is not None or host_blocks is not None:
+        stored = stored + ((0 if pulled is None else pulled) + (0 if host_blocks is None else host_blocks)) * block_size
     return ttft + stall + delay + cols.hit_worth * stored * spt
 
 
 def _decode_step_s(cols: LoadColumns, fleet: FleetRates, batch: np.ndarray, context: np.ndarray,
                    spt: np.ndarray) -> np.ndarray:
-    """estimate.decode_step_s per row."""
-    valid, prior = cols.coef_valid, fleet.decode_step
-    if prior is None:
+    """estimate.decode_step_s per row with a batch (> 0; the caller zeroes the others)."""
+    coefs = _rates(cols, fleet)[2]
+    if coefs is None:
         own = cols.coef0 + cols.coef1 * batch + cols.coef2 * context
-        seconds = np.where(valid, own, batch * spt)  # no step measured anywhere: a decode row costs a prompt token
-    else:
-        c0 = np.where(valid, cols.coef0, prior[0])
-        c1 = np.where(valid, cols.coef1, prior[1])
-        c2 = np.where(valid, cols.coef2, prior[2])
-        seconds = c0 + c1 * batch + c2 * context
-    return np.where(batch <= 0, 0.0, seconds)
+        return np.where(cols.coef_valid, own, batch * spt)  # no step measured anywhere: a row costs a prompt token
+    return coefs[0] + coefs[1] * batch + coefs[2] * context
 
 
 def _block_bytes(cols: LoadColumns, fleet: FleetRates, block_size: int) -> np.ndarray:
