@@ -199,3 +199,22 @@ def test_a_continuation_resumes_the_constraint_after_the_tokens_already_sent(sto
     with pytest.raises(SamplingParamsError) as err:
         eng.add_request("c", PROMPTS["d"], SamplingParams(structured_outputs=replace(so, num_resumed_tokens=4)))
     assert err.value.param == "x.num_resumed_tokens"
+
+
+@pytest.mark.gpu
+def test_constraints_hold_on_cuda_with_graphs_and_async_scheduling(stories_path):
+    """On CUDA (decode graphs captured, async scheduling the default): constrained rows leave the graphs' sampler for
+    the eager one, xgrammar's CUDA kernel masks them, and async gives the tokens of sync."""
+    from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.engine.llm_engine import LLMEngine
+
+    def run(async_scheduling):
+        eng = LLMEngine(EngineConfig(model=str(stories_path), dtype="float32", device="cuda", block_size=16,
+                                     gpu_memory_utilization=0.05, async_scheduling=async_scheduling))
+        return eng, generate(eng, constrained())
+
+    eng, async_ = run(None)
+    assert eng.async_scheduling and eng.model_runner.static_decode is not None
+    _, sync = run(False)
+    check_answers(sync)
+    assert async_ == sync
