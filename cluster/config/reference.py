@@ -1,6 +1,7 @@
 """The config's reference documents, generated from the schema (schema.py): the commented YAML of
-``kvmesh serve --print-config`` (deploy/serve.example.yaml) and the README's Markdown table of every
-option. Tests compare both with the shipped files (tests/cluster/test_config_docs.py).
+``kvmesh serve --print-config`` (deploy/serve.example.yaml) and the Markdown table of every option in
+docs/configuration.md (``python -m kvmesh.cluster.config.reference`` prints it, to paste between the markers).
+Tests compare both with the shipped files (tests/cluster/test_config_docs.py).
 """
 
 from __future__ import annotations
@@ -41,3 +42,9 @@ def markdown_table(schema: Schema) -> str:
         doc = opt.doc.replace("|", "\\|")
         rows.append(f"| `{opt.dotted}` | {flag} | `{default}` | {doc} |")
     return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    from kvmesh.cluster.config.trees import SERVE_SCHEMA
+
+    print(markdown_table(SERVE_SCHEMA), end="")

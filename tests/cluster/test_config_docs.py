@@ -32,4 +32,5 @@ def test_configuration_reference_is_the_generated_table():
     text = (ROOT / "docs" / "configuration.md").read_text()
     start = text.index("<!-- config-reference")
     block = text[text.index("\n", start) + 1:text.index("<!-- /config-reference -->")]
-    assert block == markdown_table(SERVE_SCHEMA), "regenerate with kvmesh.cluster.config.reference.markdown_table"
+    assert block == markdown_table(SERVE_SCHEMA), (
+        "regenerate: paste the output of .venv/bin/python -m kvmesh.cluster.config.reference between the markers")
