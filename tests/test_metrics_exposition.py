@@ -76,6 +76,22 @@ def test_the_request_phases_add_up_to_the_inference_time(scraped):
     assert value(replica, "vllm:iteration_tokens_total_count") > 0
 
 
+def test_the_routers_metrics_carry_every_vllm_series_of_its_replicas_labelled_by_replica(scraped):
+    replica, router = scraped
+    replica_names = {name for name in samples(replica) if name.startswith("vllm:")}
+    router_names = {name for name in samples(router) if name.startswith("vllm:")}
+    assert replica_names and router_names == replica_names  # the same names: a vLLM dashboard finds them
+    def series(text: str, name: str) -> set:
+        return {tuple(sorted(s.labels.items())) for s in samples(text)[name]}
+
+    for name in router_names:  # the replica's own series, each with replica="r0" added
+        assert series(router, name) == {tuple(sorted({**dict(labels), "replica": "r0"}.items()))
+                                        for labels in series(replica, name)}, name
+    for name in ("vllm:prompt_tokens_total", "vllm:request_success_total", "vllm:e2e_request_latency_seconds_count"):
+        assert value(router, name) == value(replica, name) > 0, name
+    assert value(router, "kvmesh_router_fleet_scrape_up", replica="r0") == 1
+
+
 def test_cache_config_info_describes_the_kv_cache(scraped):
     (info,) = samples(scraped[0])["vllm:cache_config_info"]
     assert info.value == 1 and info.labels["block_size"] == "16" and int(info.labels["num_gpu_blocks"]) > 0
@@ -121,8 +137,7 @@ def test_openmetrics_is_served_to_prometheus_with_vllms_names_intact(scraped, pa
         assert r.text.endswith("# EOF\n")
         names = {s.name for family in parse_openmetrics(r.text) for s in family.samples}
         assert "process_cpu_seconds_total" in names
-        if url == pair[0]:  # the replica: the colon survives (no escaping of vLLM's names)
-            assert set(VLLM_DASHBOARD_SERIES) <= names
+        assert set(VLLM_DASHBOARD_SERIES) <= names  # the colon survives (no escaping of vLLM's names)
 
 
 @pytest.mark.parametrize("accept", [None, "text/plain", "application/openmetrics-text;q=0"])
@@ -143,10 +158,9 @@ def promtool_problems(text: str) -> list[str]:
 @pytest.mark.skipif(shutil.which("promtool") is None,
                     reason="promtool not on PATH (Debian: apt-get install prometheus)")
 def test_promtool_check_metrics_passes_on_kvmesh_names(scraped):
-    replica, router = scraped
-    assert promtool_problems(router) == []
-    for problem in promtool_problems(replica):  # vLLM's own names, kept verbatim for its dashboards
-        assert problem.startswith("vllm:"), problem
+    for text in scraped:  # vLLM's own names (the router passes its replicas' on), kept verbatim for its dashboards
+        for problem in promtool_problems(text):
+            assert problem.startswith("vllm:"), problem
 
 
 def test_the_grafana_dashboard_queries_only_exposed_series(scraped):

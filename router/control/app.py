@@ -6,7 +6,7 @@
     GET  /v1/models/{id}             one of them; a 404 naming what is served
     GET  /health, /ping              200 when >= 1 replica is healthy, else 503
     GET  /get_load                   the router's in-flight requests (SGLang's shape)
-    GET  /metrics                    Prometheus (router/http/metrics.py)
+    GET  /metrics                    Prometheus (router/http/metrics.py; the replicas' vllm:* series: fleet_metrics.py)
     /replicas..., /admin/...         the replica set and the admin plane (admin_routes.py)
 
 Auth is one rule (replica/openai/auth.py): the app's middleware and the door's proxied routes both apply it.
@@ -107,6 +107,7 @@ def build_app(runtime: RouterRuntime) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics(request: AppRequest):
+        await runtime.refresh_fleet_metrics()  # the replicas' vllm:* series, labelled by replica
         return metrics_response(runtime.metrics.registry, request.headers.get("accept"))  # OpenMetrics if accepted
 
     install_replica_routes(app, runtime)

@@ -33,6 +33,7 @@ from kvmesh.router.control.passive_health import PassiveHealth
 from kvmesh.router.control.probes import ReplicaProbes
 from kvmesh.router.control.stream_watch import StreamWatch
 from kvmesh.router.http.admission_gate import AdmissionGate
+from kvmesh.router.http.fleet_metrics import FleetMetrics
 from kvmesh.router.http.metrics import RouterMetrics
 from kvmesh.router.http.receipt_metrics import ReceiptMetrics
 from kvmesh.router.http.upstream import UpstreamPool
@@ -93,6 +94,9 @@ class RouterRuntime:
         self.adapters = AdapterLoads(self, self.models)
         """LoRA adapters loaded on replicas that lack them, and the admin's load calls (adapter_loads.py)."""
         self.metrics = RouterMetrics(self.metrics_state)
+        self.fleet_metrics = FleetMetrics()
+        """The replicas' vllm:* series on /metrics, read when /metrics is (router/http/fleet_metrics.py)."""
+        self.metrics.registry.register(self.fleet_metrics)
         self.tenants = config.admission.tenants(config.admin_key)
         """API key or ``user`` -> tenant (router/admission/tenants.py): admission's, and the keys auth takes."""
         self.admission = AdmissionGate(config.admission, self.tenants, self.router, self.metrics.registry) \
@@ -243,6 +247,20 @@ class RouterRuntime:
         """Credentials of every call to a replica: the cluster's internal key, else ``upstream.replica_api_key``."""
         key = self.config.internal_key or self.config.upstream.replica_api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def refresh_fleet_metrics(self) -> None:
+        """Read every replica's vllm:* series for this /metrics scrape, each within the connect timeout."""
+        pool = self.probes.pool
+        if pool is None:  # not started
+            return
+        timeout_s = self.config.upstream.connect_timeout_s
+        headers = {**self.headers(), "accept": "text/plain"}
+
+        async def fetch(url: str) -> tuple[int, bytes]:
+            status, _, body = await pool.fetch("GET", url, "/metrics", timeout_s, b"", headers)
+            return status, body
+
+        await self.fleet_metrics.refresh({rid: spec.url for rid, spec in list(self.specs.items())}, fetch)
 
     # ---------------------------------------------------------------- events
     def feed_state(self) -> Json:
