@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -43,20 +44,24 @@ class StructuredOutputsConfig:
     any_whitespace: bool = False
     """JSON grammars let the model put whitespace between tokens; off, a small model closes its object instead of
     padding it (a request's ``disable_any_whitespace`` decides for itself)."""
+    compile_timeout_s: float = 30.0
+    """A request whose grammar is not compiled after this many seconds fails (a regex like ``(a{1000}){1000}``
+    compiles for minutes); its compile is left to finish on threads of its own, new ones get a fresh pool."""
 
     def __post_init__(self) -> None:
-        if self.compile_threads < 1 or self.cache_size < 1:
-            raise ValueError("structured outputs need compile_threads >= 1 and cache_size >= 1")
+        if self.compile_threads < 1 or self.cache_size < 1 or not self.compile_timeout_s > 0:
+            raise ValueError("structured outputs need compile_threads >= 1, cache_size >= 1 and compile_timeout_s > 0")
 
 
 class StructuredOutputRequest:
     """One request's grammar: compiling (``future``), then its matcher (built by ``StructuredOutputManager.poll``)."""
 
-    __slots__ = ("params", "future", "matcher", "resumed")
+    __slots__ = ("params", "future", "matcher", "resumed", "since")
 
     def __init__(self, params: StructuredOutputsParams, future: Future, resumed: list[int]) -> None:
         self.params, self.future, self.matcher = params, future, None
         self.resumed = resumed  # output the constraint matched before (a continuation): fed to the new matcher
+        self.since = time.monotonic()  # when it started waiting for its grammar
 
     @property
     def ready(self) -> bool:
@@ -133,12 +138,29 @@ class StructuredOutputManager:
     def poll(self) -> list[tuple[str, str]]:
         """Start the matchers of the grammars compiled since the last call (the engine thread, before it
         schedules); (request id, error) of those that failed to compile or to resume."""
-        failed = []
-        for request_id in [rid for rid in self._compiling if self.live[rid].future.done()]:
-            self._compiling.discard(request_id)
-            if (error := self.live[request_id].start()) is not None:
-                failed.append((request_id, error))
+        failed, now, timeout = [], time.monotonic(), self.config.compile_timeout_s
+        for request_id in list(self._compiling):
+            grammar = self.live[request_id]
+            if grammar.future.done():
+                self._compiling.discard(request_id)
+                if (error := grammar.start()) is not None:
+                    failed.append((request_id, error))
+            elif now - grammar.since > timeout:
+                self._compiling.discard(request_id)
+                failed.append((request_id, f"{grammar.params.field}: the grammar did not compile within "
+                                           f"{timeout:g} s; send a simpler one"))
+                self._abandon(grammar)
         return failed
+
+    def _abandon(self, grammar: StructuredOutputRequest) -> None:
+        """A compile that overran: forget it (its thread finishes on its own) and start new ones on a fresh pool."""
+        if self._cache.get(grammar.params.key) is grammar.future:
+            del self._cache[grammar.params.key]
+        if self._pool is not None:
+            logger.warning("a grammar compile overran %g s (%s); later compiles use new threads",
+                           self.config.compile_timeout_s, grammar.params.field)
+            self._pool.shutdown(wait=False, cancel_futures=False)
+            self._pool = None
 
     def finish(self, request_id: str) -> None:
         self.live.pop(request_id, None)

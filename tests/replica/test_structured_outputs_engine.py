@@ -218,3 +218,28 @@ def test_constraints_hold_on_cuda_with_graphs_and_async_scheduling(stories_path)
     _, sync = run(False)
     check_answers(sync)
     assert async_ == sync
+
+
+def test_a_compile_that_overruns_fails_its_request_and_later_ones_compile(stories_path, monkeypatch):
+    """Hostile: a grammar whose compile never ends (a huge repetition). Its request fails after compile_timeout_s
+    with an error naming the field; the stuck thread is left behind and a later request compiles on new threads."""
+    from kvmesh.replica.engine.structured_output import StructuredOutputsConfig
+
+    eng = engine(stories_path, False)
+    manager, release = eng.structured_output, threading.Event()
+    manager.config = StructuredOutputsConfig(compile_threads=1, compile_timeout_s=0.5)  # the one thread sticks
+    compile_ = manager._compile
+    monkeypatch.setattr(manager, "_compile", lambda params: release.wait(30) if params.regex == "a+" else
+                        compile_(params))
+    eng.add_request("stuck", PROMPTS["a"], SamplingParams(max_tokens=8, structured_outputs=SO(regex="a+",
+                                                                                              field="guided_regex")))
+    done = {}
+    while eng.has_unfinished_requests():
+        done |= {o.request_id: o for o in eng.step() if o.finished}
+    assert done["stuck"].finish_reason == "error" and "guided_regex" in done["stuck"].error
+    eng.add_request("next", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=8,
+                                                         structured_outputs=SO(choice=("yes", "no"))))
+    while eng.has_unfinished_requests():
+        done |= {o.request_id: o for o in eng.step() if o.finished}
+    release.set()
+    assert done["next"].finish_reason == "stop"
