@@ -61,7 +61,7 @@ class KVRouter:
         self.columns = LoadColumns(self.loads)
         """The loads as arrays, kept current (router/routing/load_columns.py): a decision prices every candidate
         in one vectorised pass."""
-        self._routable: tuple[object, np.ndarray] | None = None
+        self._routable: tuple[object, CandidateLoads] | None = None
         self._routable_version = 0
         if policy is None:
             policy = get_policy(block_size=block_size)
@@ -284,13 +284,14 @@ class KVRouter:
         columns = self.columns
         columns.sync()
         key = (columns.version, self._routable_version)
-        if self._routable is None or self._routable[0] != key:
+        if self._routable is None or self._routable[0] != key:  # kept while the replica set and health stand
             healthy, prefill_only = self.healthy, self.prefill_only
-            self._routable = key, np.array([r in healthy and r not in prefill_only for r in columns.ids], dtype=bool)
-        mask = self._routable[1]
+            mask = np.array([r in healthy and r not in prefill_only for r in columns.ids], dtype=bool)
+            self._routable = key, CandidateLoads(columns, mask, key)
+        routable = self._routable[1]
         if not excluded and pool is None:
-            return CandidateLoads(columns, mask, key)
-        mask, rows = mask.copy(), columns.rows
+            return routable
+        mask, rows = routable.mask.copy(), columns.rows
         for rid in excluded:
             if rid in rows:
                 mask[rows[rid]] = False

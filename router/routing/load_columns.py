@@ -157,7 +157,8 @@ def _slowest(column: np.ndarray, mask: np.ndarray) -> float | None:
 
 class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
     """The candidate replicas of one decision: a mapping of id -> load, as policies take it, that also carries the
-    columns (``mask``: the candidates' rows) so the cost prices them all in one vectorised pass."""
+    columns (``mask``: the candidates' rows) so the cost prices them all in one vectorised pass. A policy that walks
+    the candidates walks a plain dict of them, made once (the router keeps one per candidate set)."""
 
     def __init__(self, columns: LoadColumns, mask: np.ndarray, fleet_key: object = None) -> None:
         self.columns = columns
@@ -167,6 +168,7 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
         """Names ``mask`` for ``LoadColumns.fleet``'s cache (None: a one-off set, e.g. with exclusions)."""
         self._rows: np.ndarray | None = None
         self._outside: np.ndarray | None = None
+        self._plain: dict[Hashable, ReplicaLoad] | None = None
 
     @property
     def rows(self) -> np.ndarray:
@@ -182,10 +184,19 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
             self._outside = ~self.mask
         return self._outside
 
+    def plain(self) -> dict[Hashable, ReplicaLoad]:
+        """The candidates as a dict, in order."""
+        if self._plain is None:
+            ids, loads = self.columns.ids, self.columns.loads
+            self._plain = {ids[row]: loads[row] for row in self.rows.tolist()}
+        return self._plain
+
     def fleet(self) -> FleetRates:
         return self.columns.fleet(self.mask, self.fleet_key)
 
     def __getitem__(self, replica_id: Hashable) -> ReplicaLoad:
+        if self._plain is not None:
+            return self._plain[replica_id]
         row = self.columns.rows.get(replica_id)
         if row is None or not self.mask[row]:
             raise KeyError(replica_id)
@@ -196,8 +207,16 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
         return row is not None and bool(self.mask[row])
 
     def __iter__(self) -> Iterator[Hashable]:
-        ids = self.columns.ids
-        return (ids[row] for row in self.rows.tolist())
+        return iter(self.plain())
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def keys(self):
+        return self.plain().keys()
+
+    def items(self):
+        return self.plain().items()
+
+    def values(self):
+        return self.plain().values()

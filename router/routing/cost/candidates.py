@@ -13,7 +13,7 @@ from collections.abc import Callable, Hashable, Mapping
 
 import numpy as np
 from kvmesh.kvcache.reuse import reusable_blocks
-from kvmesh.router.routing.cost.columns_price import choice_columns, prefill_columns, pull_columns
+from kvmesh.router.routing.cost.columns_price import choice_columns, prefill_columns, pull_columns, row_estimate
 from kvmesh.router.routing.cost.estimate import TTFTEstimate, adapter_s, estimate, prefill_s_per_token
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.cost.prices import Prices
@@ -38,7 +38,7 @@ def price_all(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, i
         return {only: price_one(only)}
     if columns:
         return price_columns(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet,
-                             price_one, holder, best)
+                             holder, best)
     return Prices.of({rid: price_one(rid) for rid in loads})
 
 
@@ -74,10 +74,9 @@ def _pricer(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, int
 
 def price_columns(loads: CandidateLoads, device: Mapping[Hashable, int], host: Mapping[Hashable, int],
                   prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None,
-                  lora_name: str | None, fleet: FleetRates, price_one: Callable[[Hashable], TTFTEstimate],
-                  holder: Hashable, best: int) -> Prices:
+                  lora_name: str | None, fleet: FleetRates, holder: Hashable, best: int) -> Prices:
     """Every candidate's ``choice_s`` in one pass over the columns (columns_price.py), pulls from ``holder`` (which
-    holds ``best`` blocks) included; ``price_one`` makes a candidate's full estimate when asked for."""
+    holds ``best`` blocks) included; a candidate's full estimate is read from the same pass when asked for."""
     cols, mask = loads.columns, loads.mask
     rows, n = cols.rows, len(cols.ids)
     usable = reusable_blocks(prompt_tokens, block_size)
@@ -101,10 +100,15 @@ def price_columns(loads: CandidateLoads, device: Mapping[Hashable, int], host: M
         adapter, loads_by_row = np.zeros(n), cols.loads
         for row in np.flatnonzero(cols.has_lora & mask).tolist():
             adapter[row] = adapter_s(loads_by_row[row], fleet, lora_name)
-    choice = choice_columns(cols, fleet, spt, all_priced, computed, extra, pulled, pull_s, adapter, block_size,
-                            step_tokens)
+    parts = choice_columns(cols, fleet, spt, all_priced, computed, extra, pulled, pull_s, adapter, block_size,
+                           step_tokens)
+    choice = parts.choice_s
     choice[loads.outside] = np.inf
-    return Prices(cols.ids, rows, mask, choice, computed, {}, price_one)
+
+    def estimate_of(rid: Hashable) -> TTFTEstimate:
+        return row_estimate(parts, cols, fleet, rows[rid], prompt_tokens, spt, all_priced, computed, pulled)
+
+    return Prices(cols.ids, rows, mask, choice, computed, {}, estimate_of)
 
 
 def _scatter(matches: Mapping[Hashable, int], rows: Mapping[Hashable, int], n: int, usable: int) -> np.ndarray:

@@ -8,8 +8,10 @@ mirrored here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
-from kvmesh.router.routing.cost.estimate import MAX_HIT_FRACTION
+from kvmesh.router.routing.cost.estimate import TTFTEstimate, decode_step_s
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.cost.pull import PullPriors
 from kvmesh.router.routing.load_columns import LoadColumns
@@ -54,12 +56,31 @@ def pull_columns(cols: LoadColumns, fleet: FleetRates, priors: PullPriors, may_p
     return np.where(pull, missing, 0), np.where(pull, seconds, 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class ColumnParts:
+    """One request's ``TTFTEstimate`` on every row, by part (arrays over rows; None: 0.0 on every row)."""
+
+    queue_s: np.ndarray
+    interleave_s: np.ndarray
+    prefill_s: np.ndarray
+    load_back_s: np.ndarray | None
+    pull_s: np.ndarray | None
+    adapter_s: np.ndarray | None
+    stall_s: np.ndarray
+    delay_s: np.ndarray
+    evict_s: np.ndarray
+    ttft_s: np.ndarray
+    """Corrected (correction.corrected)."""
+    choice_s: np.ndarray
+
+
 def choice_columns(cols: LoadColumns, fleet: FleetRates, spt: np.ndarray, all_priced: bool, own_tokens: np.ndarray,
                    host_blocks: np.ndarray | None, pulled: np.ndarray | None, pull_s: np.ndarray | None,
                    adapter_s: np.ndarray | None,
-                   block_size: int, step_tokens: float) -> np.ndarray:
-    """``TTFTEstimate.choice_s`` per row for a request computing ``own_tokens`` there, loading ``host_blocks`` back,
-    pulling ``pulled`` blocks in ``pull_s`` and loading its adapter in ``adapter_s`` (each None: none anywhere)."""
+                   block_size: int, step_tokens: float) -> ColumnParts:
+    """``TTFTEstimate`` per row, by part, for a request computing ``own_tokens`` there, loading ``host_blocks``
+    back, pulling ``pulled`` blocks in ``pull_s`` and loading its adapter in ``adapter_s`` (each None: none
+    anywhere)."""
     backlog, batch = cols.backlog, cols.batch
     steps = -np.floor_divide(-(backlog + own_tokens), step_tokens) if step_tokens > 0 else np.ones_like(spt)
     step_s = _decode_step_s(cols, fleet, batch, cols.context, spt)
@@ -68,8 +89,10 @@ def choice_columns(cols: LoadColumns, fleet: FleetRates, spt: np.ndarray, all_pr
     # estimate: max(steps, 1) * decode_step_s if batch else 0.0, and decode_step_s is 0.0 for batch <= 0
     interleave = np.where(batch > 0, np.maximum(steps, 1) * step_s, 0.0)
     raw = queue + interleave + prefill  # TTFTEstimate.raw_s; a term of 0.0 adds nothing
+    load_back = None
     if host_blocks is not None:
-        raw = raw + _load_back_s(cols, fleet, host_blocks, block_size, spt)
+        load_back = _load_back_s(cols, fleet, host_blocks, block_size, spt)
+        raw = raw + load_back
     if pulled is not None:
         raw = raw + pull_s
     if adapter_s is not None:
@@ -82,7 +105,25 @@ def choice_columns(cols: LoadColumns, fleet: FleetRates, spt: np.ndarray, all_pr
     stored = own_tokens
     if pulled is not None or host_blocks is not None:
         stored = stored + ((0 if pulled is None else pulled) + (0 if host_blocks is None else host_blocks)) * block_size
-    return ttft + stall + delay + cols.hit_worth * stored * spt
+    evict = cols.hit_worth * stored * spt
+    return ColumnParts(queue, interleave, prefill, load_back, pull_s, adapter_s, stall, delay, evict, ttft,
+                       ttft + stall + delay + evict)
+
+
+def row_estimate(parts: ColumnParts, cols: LoadColumns, fleet: FleetRates, row: int, prompt_tokens: int,
+                 spt: np.ndarray, all_priced: bool, own_tokens: np.ndarray, pulled: np.ndarray | None
+                 ) -> TTFTEstimate:
+    """Row ``row``'s ``TTFTEstimate`` from ``parts`` (its pace priced now, as estimate.py does)."""
+    def at(part: np.ndarray | None) -> float:
+        return 0.0 if part is None else float(part[row])
+
+    s_per_token, load = float(spt[row]), cols.loads[row]
+    pace = decode_step_s(load, fleet, load.decode_load + 1, float(cols.context[row]) + prompt_tokens, s_per_token)
+    return TTFTEstimate(queue_s=at(parts.queue_s), interleave_s=at(parts.interleave_s), prefill_s=at(parts.prefill_s),
+                        load_back_s=at(parts.load_back_s), pull_s=at(parts.pull_s), adapter_s=at(parts.adapter_s),
+                        stall_s=at(parts.stall_s), pace_s=pace, evict_s=at(parts.evict_s), delay_s=at(parts.delay_s),
+                        corrected_s=at(parts.ttft_s), priced=all_priced or not np.isnan(cols.spt[row]),
+                        own_tokens=int(own_tokens[row]), pulled_blocks=0 if pulled is None else int(pulled[row]))
 
 
 def _decode_step_s(cols: LoadColumns, fleet: FleetRates, batch: np.ndarray, context: np.ndarray,
