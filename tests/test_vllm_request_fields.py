@@ -38,12 +38,12 @@ SET = {  # a value each refused field means something with
     "functions": [{"name": "f", "parameters": {}}], "function_call": "auto", "audio": {"voice": "alloy"},
     "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
     "web_search_options": {}, "guided_whitespace_pattern": "[ ]?",
+    "structural_tag": json.dumps({"type": "structural_tag", "structures": [], "triggers": []}),
 }
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 ANOTHERS = {  # (the request without the field, the field's value): a 400 naming it, or an answer that differs
     # from the one without it (which may be a 400 of its own)
-    "structural_tag": ({}, json.dumps({"type": "structural_tag", "structures": [], "triggers": []})),
     "tools": ({"tool_choice": "required"}, [TOOL]),
     "tool_choice": ({}, "required"),
     "parallel_tool_calls": ({"tools": [TOOL], "tool_choice": "required"}, False),

@@ -64,6 +64,8 @@ CHAT_ONLY: dict[str, Refusal] = {
     "modalities": Refusal("only text output is supported", (None, ["text"])),
     "prediction": Refusal("predicted outputs are not implemented"),
     "web_search_options": Refusal("there is no web search"),
+    "structural_tag": Refusal("structural tags are not supported; constrain the output with structured_outputs or "
+                              "response_format", (None, "")),
 }
 
 
