@@ -1,4 +1,4 @@
-"""``cache_aware`` (default): the replica where the request gets its first token soonest, in seconds.
+"""``cache_aware``: the replica where the request gets its first token soonest, in seconds.
 
 Every candidate is priced by the router's one cost model (router/routing/cost/): the request's predicted time to
 first token there -- the prefill queued ahead at the replica's measured prefill rate, the running batch's decode

@@ -1,6 +1,6 @@
-"""``cache_aware_tokens``: a token cost with hand-tuned weights, kept for comparison with ``cache_aware``'s seconds: the replica where the
-request would finish its prefill soonest in prefill-token units with hand-set weights, counting what its new blocks
-will evict. Today's ``cache_aware`` prices the same in seconds without weights (policies/cache_aware.py).
+"""``cache_aware_tokens`` (default): the replica where the request would finish its prefill soonest in prefill-token
+units with weights tuned in the simulator, counting what its new blocks will evict. ``cache_aware`` prices the choice
+in seconds without weights (policies/cache_aware.py); on the Mooncake trace it keeps fewer hits (BENCHMARKS.md).
 
 For each candidate replica ``r``, in prefill-token units::
 
@@ -32,7 +32,9 @@ priced as estimated time to first token, from what the replica measured of itsel
 prefill rate, plus their load-back, ``blocks * block bytes / host-to-device bandwidth``. A device hit
 costs nothing, a host hit its copy, a miss its prefill, the queue its prefill. A replica that reports
 no prefill rate gets the mean of those that do; with no rate anywhere the costs stay in tokens and a
-host hit counts as a device hit (its load-back cannot be priced).
+host hit counts as a device hit (its load-back cannot be priced). A request naming a LoRA adapter that a
+candidate reports is priced the same way in seconds, plus the adapter's load where it is not resident (its size
+over the measured load rate, as ``cache_aware`` prices it: router/routing/cost/estimate.py).
 With ``temperature > 0`` the choice is sampled
 with probability ``exp(-(cost - min_cost) / temperature)``, spreading load over near-equal
 replicas; exact ties at temperature 0 rotate so an idle cluster is filled evenly.
@@ -46,6 +48,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from kvmesh.kvcache.reuse import reusable_blocks
+from kvmesh.router.routing.cost import FleetRates
+from kvmesh.router.routing.cost.estimate import adapter_s
 from kvmesh.router.routing.policies.base import (
     DEFAULT_DECODE_STEP_TOKENS,
     Loads,
@@ -137,6 +141,13 @@ class CacheAwareTokensPolicy(Policy):
         wb, release = self.config.backlog_weight, self.config.backlog_release_tokens
         return wb * backlog + ((1 - wb) * (backlog - release) if backlog > release else 0.0)
 
+    @staticmethod
+    def _prices_adapter(lora_name: str | None, loads: Loads) -> bool:
+        """The request names an adapter some candidate reports (its load then counts, in seconds)."""
+        if lora_name is None:
+            return False
+        return any(load.lora is not None and lora_name in load.lora.adapters for load in loads.values())
+
     def _churn_factor(self, loads: Loads) -> float:
         """``1 / mean recent_prefill`` over the candidates (0: no churn term)."""
         if not self.config.churn_weight:
@@ -156,8 +167,9 @@ class CacheAwareTokensPolicy(Policy):
         return costs[pinned] <= costs[chosen] + self.config.session_slack_tokens
 
     def ttft_s(self, request_keys: Sequence[int], matches: Matches, host_matches: Matches, loads: Loads,
-               num_prompt_tokens: int | None = None) -> dict[ReplicaId, float]:
-        """Estimated seconds to first token on every candidate (see "Tiers, in seconds" above)."""
+               num_prompt_tokens: int | None = None, lora_name: str | None = None) -> dict[ReplicaId, float]:
+        """Estimated seconds to first token on every candidate (see "Tiers, in seconds" above), with the load of
+        ``lora_name`` where it is not resident (``cost.estimate.adapter_s``)."""
         prompt = num_prompt_tokens if num_prompt_tokens is not None else len(request_keys) * self.block_size
         usable = reusable_blocks(prompt, self.block_size)  # an engine computes at least the last token
         device, host = matches.get, host_matches.get
@@ -168,15 +180,18 @@ class CacheAwareTokensPolicy(Policy):
         mean_rate = sum(rates) / len(rates) if rates else None
         if mean_rate is None:
             return costs
+        fleet = FleetRates.of(loads.values()) if lora_name is not None else None
         return {rid: costs[rid] / (load.prefill_tokens_per_s or mean_rate) + load.load_back_s(extra[rid])
+                + (adapter_s(load, fleet, lora_name) if fleet is not None else 0.0)
                 for rid, load in loads.items()}
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         self._check(loads)
         c, matches, host_matches = self.config, tiers.device, tiers.host
-        if host_matches or c.temperature > 0:
-            costs = (self.ttft_s(request_keys, matches, host_matches, loads, num_prompt_tokens) if host_matches
+        if host_matches or c.temperature > 0 or self._prices_adapter(lora_name, loads):
+            costs = (self.ttft_s(request_keys, matches, host_matches, loads, num_prompt_tokens, lora_name)
+                     if host_matches or lora_name is not None
                      else self.costs(request_keys, matches, loads, num_prompt_tokens))
             best = min(costs.values())
             if c.temperature <= 0:
