@@ -3,8 +3,10 @@
 Every running cluster has its own record, ``~/.cache/kvmesh/clusters/<host>_<port>.json``
 (``$XDG_CACHE_HOME`` respected; ``KVMESH_CLUSTERS_DIR`` overrides the folder): the router's URL, the
 serve process's pid and host name, the admin key and the tenants' API key when the router checks one,
-readable by its user only (mode 0600, in a 0700 folder). A cluster's record is written once its router listens, is never replaced while the
-process that wrote it lives, and is removed when that cluster stops.
+readable by its user only (mode 0600, in a 0700 folder), and what another router needs to stand in front of its
+replicas (``RouterSecrets``: the internal key, the event streams' CURVE keys; ``kvmesh bench compare-policies``).
+A cluster's record is written once its router listens, is never replaced while the process that wrote it lives,
+and is removed when that cluster stops.
 
 ``kvmesh scale/drain/rollout`` find the key: ``KVMESH_ADMIN_KEY``, else ``--admin-key-file`` (a
 record, or a file holding just the key), else the record of the cluster at ``--url``, else -- with no
@@ -18,12 +20,52 @@ from __future__ import annotations
 import json
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from kvmesh.router.config import RouterConfig
 
 LOOPBACK_NAMES = frozenset({"localhost", "::1", "ip6-localhost"})
 """Host names of this machine's loopback interface besides 127.0.0.0/8 (the router binds 127.0.0.1)."""
+
+
+@dataclass(frozen=True)
+class RouterSecrets:
+    """What a second router needs to stand in front of a running cluster's replicas besides its own config (a
+    ``kvmesh bench compare-policies`` router): the replicas take tenants' calls only from their router and publish
+    their events to it only. Kept in the cluster's record, which only its user can read (as the admin key). SECRET."""
+
+    internal_key: str | None = field(default=None, repr=False)
+    """The cluster's internal key (the replicas' only key)."""
+    cache_salt_secret: str | None = field(default=None, repr=False)
+    """Hex of the key of the replicas' cache-salt digests (so a salted request matches their blocks)."""
+    curve_server_key: str | None = None
+    """The replicas' CURVE public key (private event streams); None: their events are plain."""
+    curve_public_key: str | None = None
+    """The router's CURVE public key, the one subscriber the replicas admit."""
+    curve_secret_key: str | None = field(default=None, repr=False)
+    """Its secret key."""
+    block_size: int | None = None
+    """The replicas' KV block size."""
+
+    @classmethod
+    def of(cls, router: RouterConfig) -> RouterSecrets:
+        """The secrets of the cluster's own router ``router``."""
+        ev = router.events
+        salt = router.cache_salt_secret
+        return cls(router.internal_key, salt.hex() if salt is not None else None, ev.curve_server_key,
+                   ev.curve_public_key, ev.curve_secret_key, router.block_size)
+
+    def apply(self, router: RouterConfig) -> RouterConfig:
+        """``router`` able to reach the cluster's replicas and read their event streams."""
+        events = replace(router.events, curve_server_key=self.curve_server_key,
+                         curve_public_key=self.curve_public_key, curve_secret_key=self.curve_secret_key)
+        salt = bytes.fromhex(self.cache_salt_secret) if self.cache_salt_secret is not None else None
+        return replace(router, internal_key=self.internal_key, cache_salt_secret=salt, events=events,
+                       block_size=self.block_size or router.block_size)
 
 
 @dataclass(frozen=True)
@@ -39,6 +81,8 @@ class ClusterRecord:
     """The tenants' key the router checks (``kvmesh status`` reads ``/replicas`` with it); None: none."""
     started: str | None = None
     """The serve process's start time (/proc), so a reused pid is not taken for it."""
+    router_secrets: RouterSecrets | None = field(default=None, repr=False)
+    """What another router needs to stand in front of its replicas; None: not recorded."""
 
     def alive(self) -> bool:
         """The serve process that wrote the record still runs (on this machine)."""
@@ -70,9 +114,10 @@ def same_router(url: str) -> str:
     return f"{parts.scheme or 'http'}://{host}:{port}{parts.path.rstrip('/')}"
 
 
-def publish(url: str, key: str, folder: str | os.PathLike | None = None, api_key: str | None = None) -> Path:
+def publish(url: str, key: str, folder: str | os.PathLike | None = None, api_key: str | None = None,
+            router_secrets: RouterSecrets | None = None) -> Path:
     """Write this process's record for the router at ``url`` (with the tenants' ``api_key``, if the router
-    checks one); refuses to replace a live cluster's."""
+    checks one, and the ``router_secrets`` another router needs); refuses to replace a live cluster's."""
     path = record_path(url, folder)
     current = _load(path)
     if current is not None and current.alive() and current.pid != os.getpid():
@@ -80,7 +125,8 @@ def publish(url: str, key: str, folder: str | os.PathLike | None = None, api_key
                            "stop it first, or serve this cluster on another --port")
     body = json.dumps({"url": url.rstrip("/"), "pid": os.getpid(), "host": socket.gethostname(),
                        "started": _started(os.getpid()), "admin_key": key,
-                       **({"api_key": api_key} if api_key else {})})
+                       **({"api_key": api_key} if api_key else {}),
+                       **({"router_secrets": asdict(router_secrets)} if router_secrets is not None else {})})
     return write_private(path, body)
 
 
@@ -174,7 +220,9 @@ def _load(path: Path, strict: bool = False) -> ClusterRecord | None:
         data = json.loads(text)
         return ClusterRecord(url=str(data["url"]), pid=int(data["pid"]), host=str(data["host"]),
                              admin_key=str(data["admin_key"]), path=path,
-                             started=data.get("started"), api_key=data.get("api_key"))
+                             started=data.get("started"), api_key=data.get("api_key"),
+                             router_secrets=RouterSecrets(**data["router_secrets"]) if "router_secrets" in data
+                             else None)
     except (ValueError, KeyError, TypeError):
         if strict and text and "\n" not in text and not text.startswith("{"):
             return ClusterRecord(url="", pid=0, host="", admin_key=text, path=path)  # a file holding just the key

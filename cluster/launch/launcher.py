@@ -127,10 +127,12 @@ class ServeCluster:
         cfg, st = self.config, self.state
         admin_key = st.admin_key = secrets.token_urlsafe(32)  # the replica set is changed only by the operator
         workers = num_router_workers(cfg)
-        st.router = start_router(self.router_config(admin_key), workers)
+        router_config = self.router_config(admin_key)
+        st.router = start_router(router_config, workers)
         if self.admin_keys_dir is not None:  # once the router listens: its URL names the record
-            self.admin_key_file = admin_key_store.publish(self.url, admin_key, self.admin_keys_dir or None,
-                                                          api_key=self.config.router.api_key)
+            self.admin_key_file = admin_key_store.publish(
+                self.url, admin_key, self.admin_keys_dir or None, api_key=self.config.router.api_key,
+                router_secrets=admin_key_store.RouterSecrets.of(router_config))
         if workers > 1:
             self.report(f"router: {workers} processes on {self.url}, replica set owned by the control router "
                         f"at {st.router.control_url}")

@@ -46,7 +46,7 @@ def _free_port_run(n: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_session, stories_path):
+def cluster(ray_session, stories_path, tmp_path_factory):
     config = from_dict({
         "engine": {"model": str(stories_path), "kv_cache_memory": "16MiB", "max_num_batched_tokens": 512},
         "replicas": {"num_replicas": 2, "max_restarts": 2, "http_port": 0, "event_port": _free_port_run(4)},
@@ -54,7 +54,9 @@ def cluster(ray_session, stories_path):
         "ray": {"namespace": f"kvmesh-test-{os.getpid()}", "ready_timeout_s": 240},
     })
     messages: list[str] = []
-    serve = ServeCluster(config, report=messages.append, supervise_interval_s=0.5, fleet=Fleet)
+    records = str(tmp_path_factory.mktemp("cluster-records"))  # its record, as `kvmesh serve` writes one
+    serve = ServeCluster(config, report=messages.append, supervise_interval_s=0.5, fleet=Fleet,
+                         admin_keys_dir=records)
     try:
         try:
             serve.start()
@@ -158,6 +160,33 @@ def test_status_command_shows_every_replica(cluster, capsys, monkeypatch):
     assert main(["status", "--url", cluster.url]) == 0
     out = capsys.readouterr().out
     assert "2/2 replicas healthy" in out and "replica-0" in out and "replica-1" in out
+
+
+def test_compare_policies_runs_against_the_cluster_and_reads_its_private_events(cluster, tmp_path, monkeypatch):
+    """``kvmesh bench compare-policies --url`` against a serve cluster: its routers reach the replicas (which take
+    their own router's key only) and subscribe to their CURVE event streams with the credentials of the record."""
+    from kvmesh.cluster.measure.loadgen.compare import main
+    from kvmesh.router.control.router_server import RouterServer
+
+    assert cluster.config.replicas.private_events  # serve's default: the streams a stranger cannot read
+    monkeypatch.setenv("KVMESH_CLUSTERS_DIR", cluster.admin_keys_dir)
+    learned: dict[str, int] = {}
+    stop = RouterServer.stop
+
+    def stop_and_count(server):  # each policy's router: the blocks its index learned from the events
+        learned[server.runtime.config.policy] = server.runtime.router.index.num_blocks()
+        return stop(server)
+
+    monkeypatch.setattr(RouterServer, "stop", stop_and_count)
+    out = tmp_path / "compare.json"
+    assert main(["--url", cluster.url, "--policies", "cache_aware,round_robin", "--workloads", "chatbot",
+                 "--num-requests", "8", "--max-tokens", "4", "--settle", "0.5", "--out", str(out), "--no-plot",
+                 "--no-progress"]) == 0
+    summaries = json.loads(out.read_text())["summaries"]
+    for policy in ("cache_aware", "round_robin"):
+        run = summaries[policy]["chatbot"]
+        assert run["ok"] == run["requests"] > 0 and run["errors"] == 0, run["error_samples"]
+        assert learned[policy] > 0, f"the {policy} router learned no block from the replicas' events"
 
 
 def test_event_ports_are_the_base_plus_2i_even_after_a_restart(cluster):

@@ -4,7 +4,9 @@ For each policy a router is started in this process (``RouterServer``, ephemeral
 of the *same* replicas, and each workload is sent through it; every (policy, workload) run uses
 its own ``cache_salt``, so no run reuses cache entries an earlier run left behind. Replicas come
 from ``--replica`` (``URL[,events=tcp://H:P][,replay=tcp://H:P][,name=ID]``) or are discovered
-from a running router's ``GET /replicas`` (``--url``, e.g. the one ``kvmesh serve`` started).
+from a running router's ``GET /replicas`` (``--url``, e.g. the one ``kvmesh serve`` started). Against a
+``kvmesh serve`` running here, the routers take its router's credentials from the cluster's record (its replicas
+answer their own router only, and publish their events to it alone): the internal key, the CURVE keys.
 With ``--endpoint NAME=URL`` nothing is started: already-running endpoints are compared.
 
 Writes one JSON with every run and a side-by-side plot per workload.
@@ -19,11 +21,15 @@ import secrets
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config.flags import config_from_args
 from kvmesh.cluster.measure.loadgen.load import add_load_arguments, results_dir, run_parameters
 from kvmesh.cluster.measure.loadgen.options import BENCH_LOAD_SCHEMA, BenchLoadConfig
 from kvmesh.router.config import ReplicaSpec
+
+if TYPE_CHECKING:
+    from kvmesh.cluster.admin_key import RouterSecrets
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare running endpoints instead of starting routers (repeatable)")
     c.add_argument("--router-model", default=None,
                    help="tokenizer/model path for the started routers (default: the replicas' model id)")
-    c.add_argument("--block-size", type=int, default=16, help="the replicas' KV block size (default: 16)")
+    c.add_argument("--block-size", type=int, default=None,
+                   help="the replicas' KV block size (default: the --url cluster's record's, else 16)")
     c.add_argument("--settle", type=float, default=1.0, help="seconds to let a new router sync events")
     p.set_defaults(out=str(results_dir() / "bench_compare.json"))
     return p
@@ -74,13 +81,22 @@ async def _discover(args: argparse.Namespace, url: str) -> list[ReplicaSpec]:
     return specs
 
 
+def _cluster_secrets(url: str) -> RouterSecrets | None:
+    """The router credentials in the record of the ``kvmesh serve`` running here at ``url``; None: none."""
+    from kvmesh.cluster.admin_key import running_record
+
+    record = running_record(url)
+    return record.router_secrets if record is not None else None
+
+
 async def _model_id(url: str, api_key: str | None) -> str | None:
     from kvmesh.cluster.measure.loadgen.client import HTTP_ERRORS, get_json, open_session
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with open_session(url, headers, total_s=5.0) as client:
-            return (await get_json(client, "/v1/models"))[1]["data"][0]["id"]
+            card = (await get_json(client, "/v1/models"))[1]["data"][0]
+            return card.get("root") or card["id"]  # the path it loads from (shown to the cluster's key), else its name
     except (*HTTP_ERRORS, TypeError, KeyError, IndexError):
         return None
 
@@ -132,12 +148,18 @@ async def compare(args: argparse.Namespace) -> dict:
     from kvmesh.router.routing.kv_placement import KVPlacementRules
 
     specs = await _discover(args, config.endpoint.url)
-    model = args.router_model or await _model_id(specs[0].url, api_key)
+    cluster = _cluster_secrets(config.endpoint.url)
+    replica_key = cluster.internal_key if cluster is not None and cluster.internal_key else api_key
+    model = args.router_model or await _model_id(specs[0].url, replica_key)
     for policy in policies:
-        # these routers hold no internal key: the replicas' KV plane is closed to them (no peer pulls)
         router_config = RouterConfig(host="127.0.0.1", port=0, model=model, policy=policy,
-                                     block_size=args.block_size, upstream=UpstreamConfig(replica_api_key=api_key),
-                                     transfers=KVPlacementRules(peer_pulls=False))
+                                     block_size=args.block_size or 16,
+                                     upstream=UpstreamConfig(replica_api_key=api_key),
+                                     transfers=KVPlacementRules(peer_pulls=False))  # policies alone are compared
+        if cluster is not None:  # a `kvmesh serve` cluster: its replicas take its router's credentials only
+            router_config = cluster.apply(router_config)
+            if args.block_size:
+                router_config = replace(router_config, block_size=args.block_size)
         server = RouterServer(router_config, [copy.copy(s) for s in specs]).start()
         try:
             await _wait_healthy(server.url)
