@@ -53,6 +53,14 @@ class StructuredOutputsConfig:
             raise ValueError("structured outputs need compile_threads >= 1, cache_size >= 1 and compile_timeout_s > 0")
 
 
+def check_constraints(constraints: list[StructuredOutputsParams]) -> None:
+    """``SamplingParamsError`` naming the field of the first constraint xgrammar cannot express (the replica's HTTP
+    layer calls it on a worker thread, so a large schema is parsed neither on the event loop nor on the engine
+    thread, which then finds it checked)."""
+    for params in constraints:
+        xb.check(params, StructuredOutputsConfig().any_whitespace)
+
+
 class StructuredOutputRequest:
     """One request's grammar: compiling (``future``), then its matcher (built by ``StructuredOutputManager.poll``)."""
 

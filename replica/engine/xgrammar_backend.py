@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,6 +23,10 @@ if TYPE_CHECKING:
     from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
 
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # "[01:42:53] /project/cpp/x.cc:83: " before xgrammar's message
+CHECKED_SIZE = 1024
+"""Constraints remembered as checked (a request checked by the HTTP layer is not parsed again by the engine)."""
+_checked: OrderedDict[tuple, None] = OrderedDict()
+_checked_lock = threading.Lock()
 
 
 def _xgrammar():
@@ -48,6 +54,10 @@ def any_whitespace(params: StructuredOutputsParams, default: bool) -> bool:
 def check(params: StructuredOutputsParams, whitespace_default: bool) -> None:
     """Raise ``SamplingParamsError`` naming the request's field when xgrammar cannot express the constraint
     (a schema it does not take, a regex or grammar that does not parse); needs no tokenizer."""
+    memo = (params.key, whitespace_default)
+    with _checked_lock:
+        if memo in _checked:
+            return
     xgr = _xgrammar()
     kind = params.kind
     try:
@@ -62,6 +72,10 @@ def check(params: StructuredOutputsParams, whitespace_default: bool) -> None:
     except Exception as e:  # xgrammar raises RuntimeError / InvalidJSONError with the parser's message
         what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar", "choice": "choice"}[kind]
         raise SamplingParamsError(params.field, f"{params.field}: the {what} cannot be compiled: {_message(e)}") from None
+    with _checked_lock:
+        _checked[memo] = None
+        while len(_checked) > CHECKED_SIZE:
+            _checked.popitem(last=False)
 
 
 class XgrammarCompiler:

@@ -23,6 +23,7 @@ from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
+from kvmesh.replica.engine.structured_output import check_constraints
 from kvmesh.replica.server import kv_handoff, kv_plane
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.parallel_sampling import Outputs
@@ -101,6 +102,11 @@ class OpenAIHandlers:
         client = self.state.engine_client
         params = [req.to_sampling_params(len(ids), client.max_model_len, self.state.default_max_tokens)
                   for ids in prompts]
+        if constraints := [sp.structured_outputs for sp in params if sp.structured_outputs is not None]:
+            try:  # off the event loop and the engine thread
+                await asyncio.to_thread(check_constraints, constraints)
+            except SamplingParamsError as e:
+                raise ProtocolError(str(e), param=e.param) from None
         request_id = r.random_id("chatcmpl" if isinstance(req, p.ChatCompletionRequest) else "cmpl")
         best_of = req.best_of if isinstance(req, p.CompletionRequest) else None
         candidates = ps.plan_candidates(request_id, prompts, params, req.n, best_of,

@@ -243,3 +243,19 @@ def test_a_compile_that_overruns_fails_its_request_and_later_ones_compile(storie
         done |= {o.request_id: o for o in eng.step() if o.finished}
     release.set()
     assert done["next"].finish_reason == "stop"
+
+
+def test_a_constraint_checked_once_is_not_parsed_again(monkeypatch):
+    """The replica's HTTP layer checks constraints on a worker thread (engine/structured_output.py:
+    check_constraints); the engine thread then finds them checked instead of parsing a large schema again."""
+    from kvmesh.replica.engine.structured_output import check_constraints
+
+    parsed = []
+    from_regex = xgr.Grammar.from_regex
+    monkeypatch.setattr(xgr.Grammar, "from_regex", lambda regex, *a, **k: parsed.append(regex) or from_regex(regex))
+    so = SO(regex="[0-9]{4}-checked-once")
+    check_constraints([so])
+    check_constraints([so, SO(regex="[0-9]{4}-checked-once", field="guided_regex")])
+    assert parsed == ["[0-9]{4}-checked-once"]
+    with pytest.raises(SamplingParamsError):
+        check_constraints([SO(regex="([0-9]", field="guided_regex")])
