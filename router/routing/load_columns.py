@@ -56,12 +56,13 @@ class LoadColumns:
         if self.version != self.tracker.members_version:
             self._reshape()
         elif self._stale:
+            stale = list(self._stale)  # taken before the reads: a load set meanwhile (another thread) stays marked
+            self._stale.difference_update(stale)
             rows, loads = self.rows, self.loads
-            for rid in self._stale:
+            for rid in stale:
                 row = rows.get(rid)
                 if row is not None:
                     self._read(row, loads[row])
-            self._stale.clear()
 
     def _reshape(self) -> None:
         loads = self.tracker.loads
