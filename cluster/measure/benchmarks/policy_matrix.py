@@ -1,0 +1,111 @@
+"""Every routing policy over the matrix of workloads, rates and KV movement: is the default policy's hit rate at least
+every other policy's and its TTFT p50 and p99 at most theirs?
+
+    kvmesh bench policy_matrix --out results/policy_matrix.json          # every cell not in the file yet
+    kvmesh bench policy_matrix --workloads mooncake --rates 2x --kv none  # a slice
+
+A cell is one ``kvmesh sim`` process (``nice -n 10``, 16 replicas, ``--miniature 8``, no ceilings) over every
+registered policy: a workload (the shared traces whole, and generated ones), a rate (``--time-scale`` 1, 1/2, 1/3),
+and how KV moves (none; peer pulls at 1.8e9 or 25e9 B/s; a host tier holding a quarter of the working set).
+Cells are written to the results file as they finish, so a bounded run can be resumed; ``dominance`` is the one
+verdict the benchmark, its table (``kvmesh bench report``) and the guard test (tests/sim/test_default_dominates.py)
+apply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kvmesh.router.routing.policies import DEFAULT_POLICY
+
+WORKLOADS = ("mooncake", "azure_conv", "azure_code", "multi_turn", "chatbot", "tool_agent")
+"""The shared traces (Mooncake's hash_ids; the Azure traces with generated prefixes) and generated workloads."""
+RATES = {"1x": 1.0, "2x": 0.5, "3x": 1 / 3}
+"""Label -> ``--time-scale``."""
+KV = {"none": [], "pull1.8G": ["--peer-pulls", "--kv-transfer-bytes-per-s", "1.8e9"],
+      "pull25G": ["--peer-pulls", "--kv-transfer-bytes-per-s", "25e9"], "host": ["--offload-capacity-fraction", "0.25"]}
+"""Label -> the ``kvmesh sim`` flags of how KV moves."""
+HIT_SLACK = 0.002
+"""Hit rate (a fraction) the default may fall short of another policy's and still count as at least as good."""
+TTFT_SLACK = 0.01
+"""Relative TTFT the default may exceed another policy's by and still count as at most as high."""
+
+
+def dominance(policies: dict[str, dict], best: str = DEFAULT_POLICY) -> dict[str, tuple[str, float, float]]:
+    """Where ``best`` falls short of another policy beyond the slack: {metric: (policy, its value, best's value)},
+    the worst such policy per metric ({}: it dominates). ``policies``: name -> {"hit_rate", "ttft_p50", "ttft_p99"}."""
+    mine, short = policies[best], {}
+    for name, p in policies.items():
+        if name == best:
+            continue
+        if mine["hit_rate"] < p["hit_rate"] - HIT_SLACK and p["hit_rate"] > short.get("hit_rate", ("", 0.0))[1]:
+            short["hit_rate"] = (name, p["hit_rate"], mine["hit_rate"])
+        for metric in ("ttft_p50", "ttft_p99"):
+            if mine[metric] > p[metric] * (1 + TTFT_SLACK) and p[metric] < short.get(metric, ("", float("inf")))[1]:
+                short[metric] = (name, p[metric], mine[metric])
+    return short
+
+
+def summary(report: dict) -> dict[str, dict]:
+    """A ``kvmesh sim`` report's per-policy figures the verdict reads (with a host tier: the runs with the tier)."""
+    return {name.removesuffix("/host-tier"): {"hit_rate": p["hit_rate"], "ttft_p50": p["ttft_s"]["p50"],
+                                               "ttft_p99": p["ttft_s"]["p99"], "load_imbalance": p["load_imbalance"]}
+            for name, p in report["policies"].items() if not name.endswith("/no-tier")}
+
+
+def run_cell(workload: str, time_scale: float, kv_flags: list[str], replicas: int, miniature: int) -> dict:
+    """One ``kvmesh sim`` run over every policy; its per-policy figures and its wall seconds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "sim.json"
+        cmd = ["nice", "-n", "10", sys.executable, "-m", "kvmesh.cluster.cli", "sim", "--workload", workload,
+               "--num-replicas", str(replicas), "--time-scale", str(time_scale), "--miniature", str(miniature),
+               "--no-ceilings", "--no-plot", "--no-progress", "--out", str(out), *kv_flags]
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
+        wall = time.perf_counter() - t0
+        report = json.loads(out.read_text())
+    return {"policies": summary(report), "wall_s": round(wall, 1), "requests": report["trace"]["requests"],
+            "command": " ".join(["kvmesh", *cmd[cmd.index("sim"):cmd.index("--out")], *kv_flags])}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/policy_matrix.json", help="results JSON (resumed when it exists)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--rates", default=",".join(RATES))
+    ap.add_argument("--kv", default=",".join(KV), help=f"comma-separated of {', '.join(KV)}")
+    ap.add_argument("--replicas", type=int, default=16)
+    ap.add_argument("--miniature", type=int, default=8)
+    ap.add_argument("--budget-s", type=float, default=None, help="start no cell after this many seconds")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    data = json.loads(out.read_text()) if out.exists() else {}
+    cells = data.get("cells", {})
+    t0 = time.perf_counter()
+    for rate in args.rates.split(","):
+        for kv in args.kv.split(","):
+            for w in args.workloads.split(","):
+                key = f"{w}/{rate}/{kv}"
+                if key in cells:
+                    continue
+                if args.budget_s is not None and time.perf_counter() - t0 > args.budget_s:
+                    print(f"budget spent: {key} and the cells after it not run", flush=True)
+                    return
+                cell = run_cell(w, RATES[rate], KV[kv], args.replicas, args.miniature)
+                cell["short"] = dominance(cell["policies"])
+                cells[key] = cell
+                print(f"{key}: {DEFAULT_POLICY} short of {cell['short'] or 'none'} ({cell['wall_s']:.0f} s)",
+                      flush=True)
+                out.write_text(json.dumps({"default": DEFAULT_POLICY, "replicas": args.replicas,
+                                           "miniature": args.miniature, "cells": cells}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
