@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.engine import xgrammar_backend as xb
+from kvmesh.replica.serving.sampling_params import SamplingParamsError
 from kvmesh.replica.step.scheduler_output import GrammarBitmask
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class StructuredOutputRequest:
     def start(self) -> str | None:
         """Build the matcher of the compiled grammar and feed it the resumed tokens; an error, or None."""
         if (error := self.future.exception()) is not None:
-            return f"{self.params.field}: the grammar failed to compile: {xb._message(error)}"
+            return f"{self.params.field}: the grammar failed to compile: {xb.error_message(error)}"
         matcher = xb.GrammarMatcher(self.future.result())
         for i, token in enumerate(self.resumed):
             if not matcher.accept(token):
@@ -110,11 +111,11 @@ class StructuredOutputManager:
     def check(self, params: StructuredOutputsParams, num_prompt_tokens: int) -> None:
         """``SamplingParamsError`` naming the request's field when the constraint cannot be compiled."""
         if params.num_resumed_tokens >= num_prompt_tokens:
-            raise xb.SamplingParamsError(f"{params.field}.num_resumed_tokens", f"{params.field}.num_resumed_tokens="
+            raise SamplingParamsError(f"{params.field}.num_resumed_tokens", f"{params.field}.num_resumed_tokens="
                                          f"{params.num_resumed_tokens} must be below the prompt's {num_prompt_tokens} "
                                          "tokens")
         if self.tokenizer is None:
-            raise xb.SamplingParamsError(params.field, "structured outputs need the model's tokenizer, and this "
+            raise SamplingParamsError(params.field, "structured outputs need the model's tokenizer, and this "
                                          "engine runs without one")
         future = self._cache.get(params.key)
         if future is None or (future.done() and future.exception() is not None):

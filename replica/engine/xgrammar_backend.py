@@ -38,7 +38,8 @@ def _xgrammar():
     return xgrammar
 
 
-def _message(error: Exception) -> str:
+def error_message(error: Exception) -> str:
+    """xgrammar's message of ``error``, without the C++ source location it starts with."""
     return _LOCATION.sub("", str(error).strip()).strip()
 
 
@@ -71,7 +72,7 @@ def check(params: StructuredOutputsParams, whitespace_default: bool) -> None:
             xgr.Grammar.from_ebnf(choice_grammar(params.choice))
     except Exception as e:  # xgrammar raises RuntimeError / InvalidJSONError with the parser's message
         what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar", "choice": "choice"}[kind]
-        raise SamplingParamsError(params.field, f"{params.field}: the {what} cannot be compiled: {_message(e)}") from None
+        raise SamplingParamsError(params.field, f"{params.field}: the {what} cannot be compiled: {error_message(e)}") from None
     with _checked_lock:
         _checked[memo] = None
         while len(_checked) > CHECKED_SIZE:

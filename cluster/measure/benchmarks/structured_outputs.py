@@ -63,12 +63,11 @@ def synthetic_compiler(vocab: int):
 
 def mask_step_ms(num_rows: int, compiler, args, device) -> dict[str, float]:
     import torch
+    import xgrammar as xgr
     from kvmesh.replica.engine import xgrammar_backend as xb
     from kvmesh.replica.sample.grammar_mask import grammar_rows
     from kvmesh.replica.sample.sampler import Sampler, SamplingMetadata
     from kvmesh.replica.step.scheduler_output import GrammarBitmask
-
-    import xgrammar as xgr
 
     compiled = compiler.compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
     matchers = [xgr.GrammarMatcher(compiled) for _ in range(num_rows)]
