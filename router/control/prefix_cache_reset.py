@@ -40,7 +40,7 @@ async def reset_every_replica(runtime: ResetRuntime, pool: UpstreamPool) -> dict
     headers = runtime.headers()
     specs = list(runtime.specs.values())
     answers = await asyncio.gather(*(_reset_one(spec, pool, headers, timeout_s) for spec in specs))
-    return {spec.replica_id: answer for spec, answer in zip(specs, answers)}
+    return {spec.replica_id: answer for spec, answer in zip(specs, answers, strict=True)}
 
 
 async def _reset_one(spec: ReplicaSpec, pool: UpstreamPool, headers: dict[str, str],

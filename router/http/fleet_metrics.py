@@ -64,8 +64,8 @@ class FleetMetrics:
         """Read each replica's /metrics (``replicas``: id -> URL); replicas no longer listed are forgotten."""
         ids = list(replicas)
         read = await asyncio.gather(*(self._read(rid, replicas[rid], fetch) for rid in ids))
-        self._families = {rid: families for rid, families in zip(ids, read) if families is not None}
-        self._up = {rid: families is not None for rid, families in zip(ids, read)}
+        self._families = {rid: families for rid, families in zip(ids, read, strict=True) if families is not None}
+        self._up = {rid: families is not None for rid, families in zip(ids, read, strict=True)}
 
     @staticmethod
     async def _read(replica_id: str, url: str, fetch: Fetch) -> list[Metric] | None:

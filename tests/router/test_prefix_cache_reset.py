@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from .conftest import ADMIN, BLOCK_SIZE, fake_stats, wait_for
+from .conftest import ADMIN, fake_stats, wait_for
 from .test_router_http import prompt
 
 TENANT = {"Authorization": "Bearer tenant-key"}
