@@ -4,7 +4,7 @@ every other policy's and its TTFT p50 and p99 at most theirs?
     kvmesh bench policy_matrix --out results/policy_matrix.json          # every cell not in the file yet
     kvmesh bench policy_matrix --workloads mooncake --rates 2x --kv none  # a slice
 
-A cell is one ``kvmesh sim`` process (``nice -n 10``, 16 replicas, ``--miniature 8``, no ceilings) over every
+A cell is one ``kvmesh sim`` process (``nice -n 10`` unless ``--nice``, 16 replicas, ``--miniature 8``, no ceilings) over every
 registered policy: a workload (the shared traces whole, and generated ones), a rate (``--time-scale`` 1, 1/2, 1/3),
 and how KV moves (none; peer pulls at 1.8e9 or 25e9 B/s; a host tier holding a quarter of the working set).
 Cells are written to the results file as they finish, so a bounded run can be resumed; ``dominance`` is the one
@@ -60,11 +60,12 @@ def summary(report: dict) -> dict[str, dict]:
             for name, p in report["policies"].items() if not name.endswith("/no-tier")}
 
 
-def run_cell(workload: str, time_scale: float, kv_flags: list[str], replicas: int, miniature: int) -> dict:
-    """One ``kvmesh sim`` run over every policy; its per-policy figures and its wall seconds."""
+def run_cell(workload: str, time_scale: float, kv_flags: list[str], replicas: int, miniature: int,
+             niceness: int = 10) -> dict:
+    """One ``kvmesh sim`` run over every policy (at ``niceness``); its per-policy figures and its wall seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "sim.json"
-        cmd = ["nice", "-n", "10", sys.executable, "-m", "kvmesh.cluster.cli", "sim", "--workload", workload,
+        cmd = ["nice", "-n", str(niceness), sys.executable, "-m", "kvmesh.cluster.cli", "sim", "--workload", workload,
                "--num-replicas", str(replicas), "--time-scale", str(time_scale), "--miniature", str(miniature),
                "--no-ceilings", "--no-plot", "--no-progress", "--out", str(out), *kv_flags]
         t0 = time.perf_counter()
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replicas", type=int, default=16)
     ap.add_argument("--miniature", type=int, default=8)
     ap.add_argument("--budget-s", type=float, default=None, help="start no cell after this many seconds")
+    ap.add_argument("--nice", type=int, default=10, help="niceness of each cell's process")
     args = ap.parse_args(argv)
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.exists() else {}
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                 if args.budget_s is not None and time.perf_counter() - t0 > args.budget_s:
                     print(f"budget spent: {key} and the cells after it not run", flush=True)
                     return
-                cell = run_cell(w, RATES[rate], KV[kv], args.replicas, args.miniature)
+                cell = run_cell(w, RATES[rate], KV[kv], args.replicas, args.miniature, args.nice)
                 cell["short"] = dominance(cell["policies"])
                 cells[key] = cell
                 print(f"{key}: {DEFAULT_POLICY} short of {cell['short'] or 'none'} ({cell['wall_s']:.0f} s)",
