@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import REPLICA_SCHEMA, ReplicaCommandConfig
-from kvmesh.cluster.config.vllm_forms import add_model_argument
+from kvmesh.cluster.config.vllm_forms import add_model_argument, refuse_vllm_only_flags
 
 if TYPE_CHECKING:
     from kvmesh.replica.interfaces import ModelRunnerInterface
@@ -31,6 +31,7 @@ def add_parser(subparsers) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_argument(p)
     add_config_arguments(p, REPLICA_SCHEMA)
+    refuse_vllm_only_flags(p)
     p.set_defaults(func=run)
 
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import ROUTER_SCHEMA
+from kvmesh.cluster.config.vllm_forms import refuse_vllm_only_flags
 
 
 def add_parser(subparsers) -> None:
@@ -27,6 +28,7 @@ def add_parser(subparsers) -> None:
                    help="a replica to route to (repeat; more can be added at runtime with POST /replicas)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_config_arguments(p, ROUTER_SCHEMA)
+    refuse_vllm_only_flags(p)
     p.set_defaults(func=run)
 
 

@@ -21,7 +21,7 @@ import time
 
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import SERVE_SCHEMA
-from kvmesh.cluster.config.vllm_forms import add_model_argument
+from kvmesh.cluster.config.vllm_forms import add_model_argument, refuse_vllm_only_flags
 from kvmesh.cluster.interrupts import Interrupts, Terminated
 
 EXAMPLE_HEADER = """\
@@ -40,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--verbose", "-v", action="store_true", help="show the replicas' logs")
     add_model_argument(parser)
     add_config_arguments(parser, SERVE_SCHEMA)
+    refuse_vllm_only_flags(parser)
     parser.set_defaults(func=run)
 
 

@@ -51,3 +51,36 @@ def test_bad_json_lora_modules_name_what_is_wrong(bad, message):
 def test_mapping_flags_still_repeat():
     config = _config("serve", ["--policy-kwargs", "temperature=0.1", "--policy-kwargs", "session_slack_s=0.5"])
     assert config.router.policy_kwargs == {"temperature": 0.1, "session_slack_s": 0.5}
+
+
+@pytest.mark.parametrize("command", ["serve", "replica", "router"])
+@pytest.mark.parametrize(("argv", "names"), [
+    (["--data-parallel-size", "4"], "--num-replicas"), (["-dp", "2"], "--num-replicas"),
+    (["--enforce-eager"], "--no-cuda-graphs"), (["--kv-events-config={}"], "--event-port"),
+    (["--swap-space", "4"], "--kv-offload-memory"), (["--pipeline-parallel-size", "2"], "--tensor-parallel-size"),
+])
+def test_a_vllm_flag_kvmesh_does_not_take_names_the_kvmesh_way(command, argv, names, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([command, *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{argv[0].split('=')[0]} is a vLLM flag kvmesh does not take" in err and names in err
+    assert "unrecognized arguments" not in err
+
+
+def test_vllm_flags_that_kvmesh_takes_are_not_refused():
+    config = _config("serve", ["/m", "--tensor-parallel-size", "2", "--max-num-batched-tokens", "512",
+                               "--enable-prefix-caching"])
+    assert config.engine.tensor_parallel_size == 2 and config.engine.max_num_batched_tokens == 512
+
+
+def test_every_refused_vllm_flag_is_one_kvmesh_does_not_define():
+    from kvmesh.cluster.config.vllm_forms import VLLM_ONLY_FLAGS
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # noqa: SLF001
+    for command in ("serve", "replica", "router"):
+        refused = {flag for action in commands[command]._actions for flag in action.option_strings  # noqa: SLF001
+                   if type(action).__name__ == "_VLLMOnlyFlag"}
+        defined = {flag for action in commands[command]._actions for flag in action.option_strings} - refused  # noqa: SLF001
+        assert refused and not set(VLLM_ONLY_FLAGS) & defined, command
