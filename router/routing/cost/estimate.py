@@ -23,7 +23,7 @@ No weights: every term is seconds. A prefill rate nobody measured yet leaves the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kvmesh.router.routing.cost.correction import corrected
 from kvmesh.router.routing.cost.fleet import FleetRates
@@ -164,15 +164,16 @@ def estimate(load: ReplicaLoad, fleet: FleetRates, prompt_tokens: int, own_token
     steps = -(-(backlog + own_tokens) // step_tokens) if step_tokens > 0 else 1
     step_s = decode_step_s(load, fleet, batch, context, spt)
     prefill = own_tokens * spt
-    parts = TTFTEstimate(
-        queue_s=backlog * spt, interleave_s=max(steps, 1) * step_s if batch else 0.0, prefill_s=prefill,
-        load_back_s=load_back_s(load, fleet, host_blocks, block_size, spt), pull_s=pull_s,
-        adapter_s=adapter_s(load, fleet, lora_name), stall_s=batch * prefill,
-        pace_s=decode_step_s(load, fleet, batch + 1, context + prompt_tokens, spt),
-        priced=priced, own_tokens=own_tokens, pulled_blocks=pulled_blocks)
-    parts = replace(parts, corrected_s=corrected(load, parts.raw_s))
+    queue, interleave = backlog * spt, max(steps, 1) * step_s if batch else 0.0
+    load_back, adapter = load_back_s(load, fleet, host_blocks, block_size, spt), adapter_s(load, fleet, lora_name)
+    ttft = corrected(load, queue + interleave + prefill + load_back + pull_s + adapter)  # TTFTEstimate.raw_s
     hit = 1.0 - load.recent_prefill / load.recent_prompt if load.recent_prompt > 0 else 0.0
-    delay = load.arrival_rate * parts.ttft_s * prefill if priced else 0.0  # unpriced: no time scale for the rate
+    delay = load.arrival_rate * ttft * prefill if priced else 0.0  # unpriced: no time scale for the rate
     hit = min(hit, MAX_HIT_FRACTION)
     stored = own_tokens + (pulled_blocks + host_blocks) * block_size  # computed, pulled, loaded back: all evict
-    return replace(parts, delay_s=delay, evict_s=hit / (1 - hit) * stored * spt)
+    return TTFTEstimate(  # built once (dataclasses.replace costs more than the arithmetic)
+        queue_s=queue, interleave_s=interleave, prefill_s=prefill, load_back_s=load_back, pull_s=pull_s,
+        adapter_s=adapter, stall_s=batch * prefill,
+        pace_s=decode_step_s(load, fleet, batch + 1, context + prompt_tokens, spt),
+        evict_s=hit / (1 - hit) * stored * spt, delay_s=delay, corrected_s=ttft,
+        priced=priced, own_tokens=own_tokens, pulled_blocks=pulled_blocks)
