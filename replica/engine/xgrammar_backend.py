@@ -128,6 +128,18 @@ class GrammarMatcher:
         self._matcher.reset()
 
 
+class BitmaskFiller:
+    """Fills the bitmask rows of many matchers in one call into xgrammar (``threads`` C++ threads, the GIL released),
+    instead of one Python call per row."""
+
+    def __init__(self, threads: int) -> None:
+        self._batch = _xgrammar().BatchGrammarMatcher(threads)
+
+    def fill(self, matchers: list[GrammarMatcher], bitmask) -> None:
+        """Row i of ``bitmask`` [len(matchers), W] = what ``matchers[i]`` allows next."""
+        self._batch.batch_fill_next_token_bitmask([m._matcher for m in matchers], bitmask)
+
+
 def allocate_bitmask(num_rows: int, vocab_size: int):
     """A [num_rows, ceil(vocab_size / 32)] int32 host tensor (xgrammar fills it in place; all ones: no limit)."""
     return _xgrammar().allocate_token_bitmask(num_rows, vocab_size)

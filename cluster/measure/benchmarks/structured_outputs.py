@@ -24,6 +24,8 @@ from pathlib import Path
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "mood": {"enum": ["happy", "sad"]}, "ok": {"type": "boolean"}},
           "required": ["name", "age", "mood", "ok"], "additionalProperties": False}
+FIRST_CHAR = 32
+"""The synthetic vocabulary's token i < 95 is the character chr(FIRST_CHAR + i)."""
 WORDS = r"( [a-z]+){512,}"  # at least 512 words: never complete within a benchmark's max_tokens
 
 
@@ -44,13 +46,13 @@ def parse_args(argv):
 
 
 def synthetic_compiler(vocab: int):
-    """An xgrammar compiler over ``vocab`` tokens: the 256 bytes, then lowercase pieces of 2-6 letters."""
+    """An xgrammar compiler over ``vocab`` tokens: the printable ASCII characters, then pieces of 2-6 of them."""
     import random
 
     import xgrammar as xgr
 
     rng = random.Random(0)
-    pieces = [chr(b) for b in range(32, 127)] + ["<s>", "</s>"]
+    pieces = [chr(b) for b in range(FIRST_CHAR, 127)] + ["<s>", "</s>"]
     seen = set(pieces)
     while len(pieces) < vocab:
         piece = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz {}\":,0123456789") for _ in range(rng.randint(2, 6)))
@@ -63,16 +65,16 @@ def synthetic_compiler(vocab: int):
 
 def mask_step_ms(num_rows: int, compiler, args, device) -> dict[str, float]:
     import torch
-    import xgrammar as xgr
     from kvmesh.replica.engine import xgrammar_backend as xb
     from kvmesh.replica.sample.grammar_mask import grammar_rows
     from kvmesh.replica.sample.sampler import Sampler, SamplingMetadata
     from kvmesh.replica.step.scheduler_output import GrammarBitmask
 
     compiled = compiler.compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
-    matchers = [xgr.GrammarMatcher(compiled) for _ in range(num_rows)]
+    matchers = [xb.GrammarMatcher(compiled) for _ in range(num_rows)]
     for m in matchers:  # inside the first string value, where most tokens are allowed
-        assert m.accept_string('{"name": "')
+        assert all(m.accept(ord(ch) - FIRST_CHAR) for ch in '{"name": "')  # one token per character
+    filler = xb.BitmaskFiller(1)  # the engine's default (StructuredOutputsConfig.fill_threads)
     ids = [f"r{i}" for i in range(num_rows)]
     logits = torch.randn(num_rows, args.vocab, device=device)
     sampler, plain = Sampler(), SamplingMetadata(None, None, None, None, None)
@@ -80,8 +82,7 @@ def mask_step_ms(num_rows: int, compiler, args, device) -> dict[str, float]:
 
     def fill() -> GrammarBitmask:
         bitmask = xb.allocate_bitmask(num_rows, args.vocab)
-        for row, m in enumerate(matchers):
-            m.fill_next_token_bitmask(bitmask, row)
+        filler.fill(matchers, bitmask)
         return GrammarBitmask(ids, xb.as_numpy(bitmask))
 
     def masked(grammar: GrammarBitmask) -> torch.Tensor:
