@@ -4,8 +4,6 @@ tests/data/vllm_request_fields.json lists the fields (read from vLLM's source; i
 kvmesh's answer to each. This walk sends each field to a replica and through the router and checks that
 answer: an implemented field shows its effect (tests/vllm_field_probes.py), a refused one set to anything but
 vLLM's default is a 400 naming it while the default is served, an ignored one is served and docs/openai-api.md says why.
-Fields another part of kvmesh implements ("structured_outputs") must show an effect or be a 400
-naming them: never a silent 200 (once one is implemented, list it as such and give it a probe of its effect).
 """
 
 from __future__ import annotations
@@ -40,16 +38,6 @@ SET = {  # a value each refused field means something with
     "web_search_options": {}, "guided_whitespace_pattern": "[ ]?",
     "structural_tag": json.dumps({"type": "structural_tag", "structures": [], "triggers": []}),
 }
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-ANOTHERS = {  # (the request without the field, the field's value): a 400 naming it, or an answer that differs
-    # from the one without it (which may be a 400 of its own)
-    "tools": ({"tool_choice": "required"}, [TOOL]),
-    "tool_choice": ({}, "required"),
-    "parallel_tool_calls": ({"tools": [TOOL], "tool_choice": "required"}, False),
-}
-
-
 def walk(answer: str) -> list[tuple[str, str]]:
     return [(endpoint, name) for endpoint in ("completions", "chat") for name, a in DATA[endpoint].items()
             if a == answer]
@@ -65,7 +53,7 @@ def test_the_list_says_where_it_came_from_and_covers_both_models():
                for source in DATA["sources"])
     assert len(DATA["completions"]) >= 50 and len(DATA["chat"]) >= 60
     assert set(DATA["completions"].values()) | set(DATA["chat"].values()) <= {
-        "implemented", "refused", "ignored", "structured_outputs"}
+        "implemented", "refused", "ignored"}
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
@@ -99,20 +87,6 @@ def test_an_ignored_field_is_served_and_the_readme_says_why(pair, endpoint, name
     assert name in ignored_params()
     for url in pair:
         ok(asker(url, endpoint)({name: IGNORED_VALUES.get(name, 1)}))
-
-
-@pytest.mark.parametrize("endpoint, name", walk("structured_outputs"))
-def test_a_field_implemented_elsewhere_is_never_silently_ignored(pair, endpoint, name):
-    base, value = ANOTHERS[name]
-    for url in pair:
-        ask = asker(url, endpoint)
-        r = ask({**base, name: value})
-        if refused(r, name):
-            continue
-        without = ask(base)
-        assert r.status_code == 200, (url, name, r.text)
-        assert without.status_code != 200 or r.json()["choices"] != without.json()["choices"], (
-            url, name, "answered as if it were not set")
 
 
 @pytest.mark.parametrize("path, body", [("/v1/completions/render", {"prompt": "Once upon a time"}),

@@ -341,7 +341,35 @@ COMPLETIONS = COMMON | {
     "add_special_tokens": changes_prompt_tokens("add_special_tokens", False),
     "return_tokens_as_token_ids": tokens_as_ids({"logprobs": 1}),
 }
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["paris", "rome"]}}, "required": ["city"]}}}
+ONE_CALL = {"tools": [TOOL], "parallel_tool_calls": False, "max_tokens": 64}
+
+
+def called(body: dict) -> list[tuple[str, dict]]:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in body["choices"][0]["message"].get("tool_calls") or []]
+
+
+def _tools(ask: Ask) -> None:
+    assert refused(ask({"tool_choice": "required"}), "tool_choice")  # no tools to call
+    [(name, arguments)] = called(ok(ask({**ONE_CALL, "tool_choice": "required"})))
+    assert name == "get_weather" and arguments["city"] in ("paris", "rome")
+
+
+def _tool_choice(ask: Ask) -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    [(name, arguments)] = called(ok(ask({**ONE_CALL, "tool_choice": named})))
+    assert name == "get_weather" and arguments["city"] in ("paris", "rome")
+    assert called(ok(ask({**ONE_CALL, "tool_choice": "none"}))) == []
+    auto = ask({**ONE_CALL, "tool_choice": "auto"})  # this server is started without a tool-call parser
+    assert refused(auto, "tool_choice") and "--enable-auto-tool-choice" in auto.json()["error"]["message"]
+
+
 CHAT = COMMON | {
+    "tools": _tools,
+    "tool_choice": _tool_choice,
+    "parallel_tool_calls": read_as("parallel_tool_calls", "no"),
     "messages": changes_prompt_tokens("messages", [{"role": "user", "content": "tell me a story"}]),
     "logprobs": _chat_logprobs,
     "top_logprobs": _top_logprobs,

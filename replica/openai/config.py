@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvmesh.replica.openai.tool_parsers import TOOL_PARSERS
+
 MIN_API_KEY_CHARS = 8
 
 
@@ -29,11 +31,21 @@ class FrontendConfig:
     """Seconds an idle keep-alive connection stays open."""
     render_threads: int = 4
     """Threads that tokenize, render templates and parse large bodies off the event loop."""
+    enable_auto_tool_choice: bool = False
+    """Serve ``tool_choice: "auto"`` (the default when a chat sends tools): calls read from the text by
+    tool_call_parser (vLLM's --enable-auto-tool-choice). Off: such requests are a 400 naming the flags."""
+    tool_call_parser: str | None = None
+    """How tool calls are written in the model's text: "hermes" or "llama3_json" (vLLM's --tool-call-parser)."""
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_prompt_chars", "render_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(f"tool_call_parser {self.tool_call_parser!r} is not known; use one of "
+                             f"{', '.join(TOOL_PARSERS)}")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser (how the model writes its calls)")
         for name in ("render_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

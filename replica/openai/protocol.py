@@ -7,12 +7,14 @@ that says what was wrong and what to do. Responses are in responses.py.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.openai.structured_fields import StructuredOutputFields
+from kvmesh.replica.openai.tool_fields import ToolFields
 from kvmesh.replica.openai.vllm_extras import ChatEcho, ChatTemplateArgs, VLLMExtraFields
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.json_types import JSONObject
@@ -22,6 +24,7 @@ from kvmesh.replica.serving.sampling_params import (
     SamplingParamsError,
     context_overflow,
 )
+from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
 from pydantic import Field
 
 Flag = Annotated[bool, Field(strict=True)]
@@ -225,6 +228,10 @@ class ChatMessage(OpenAIBaseModel):
     role: Role
     content: str | list[JSONObject] | None = None
     name: str | None = None
+    tool_calls: list[JSONObject] | None = None
+    """An assistant message's calls (OpenAI's shape; rendered with their arguments as objects, as vLLM does)."""
+    tool_call_id: str | None = None
+    """A ``tool`` message's answer to this call."""
 
     def text(self) -> str:
         """The message's text (content parts of type "text" are joined; other kinds are refused)."""
@@ -244,10 +251,14 @@ class ChatMessage(OpenAIBaseModel):
         d: JSONObject = {"role": self.role, "content": self.text()}
         if self.name:
             d["name"] = self.name
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            d["tool_calls"] = [template_tool_call(call, i) for i, call in enumerate(self.tool_calls)]
         return d
 
 
-class ChatCompletionRequest(SamplingFields, ChatEcho, ChatTemplateArgs, rf.RefusedChatFields):
+class ChatCompletionRequest(ToolFields, SamplingFields, ChatEcho, ChatTemplateArgs, rf.RefusedChatFields):
     __token_id_fields__ = ("prompt_token_ids",)  # validated in C when token ids (errors.parse_request)
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Count | None = None
@@ -259,7 +270,6 @@ class ChatCompletionRequest(SamplingFields, ChatEcho, ChatTemplateArgs, rf.Refus
     """And of this many most likely tokens per position (needs ``logprobs: true``)."""
     add_generation_prompt: Flag = True
     chat_template: str | None = None
-    tools: list[JSONObject] | None = None
     prompt_token_ids: list[int] | None = None
     """(kvmesh) The chat already rendered to token ids: used instead of rendering ``messages`` (still required),
     after a range check and the usual context / max_tokens checks. A kvmesh router sets it so the replica
@@ -280,12 +290,55 @@ class ChatCompletionRequest(SamplingFields, ChatEcho, ChatTemplateArgs, rf.Refus
                                     param="top_logprobs")
             if self.top_logprobs and not self.logprobs:
                 raise ProtocolError("top_logprobs needs logprobs: true", param="top_logprobs")
-        if self.tools:
-            raise ProtocolError("tools (function calling) are not supported by this server; leave them unset",
-                                param="tools")
+        self.check_tools()
 
     def template_messages(self) -> list[JSONObject]:
         return [m.to_template_dict() for m in self.messages]
+
+    def template_kwargs(self) -> dict:
+        """``ChatTemplateArgs``' variables and the template's ``tools``."""
+        kwargs = super().template_kwargs()
+        if self.tools:
+            kwargs["tools"] = self.tools
+        return kwargs
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The output's constraint; with ``tool_choice`` "required" or a named function, the tools' schema, written
+        into ``structured_outputs`` as ``{"json": schema}`` (vLLM's rule) where the engine reads it."""
+        self.check_tools()
+        schema = self.tool_schema()
+        if schema is not None and self.structured_outputs != {"json": schema}:
+            if other := self._constraint_fields():
+                raise SamplingParamsError("tool_choice", f"tool_choice {echo(repr(self.tool_choice))} constrains "
+                                          f"the output to the tools' JSON; {other[0]} cannot constrain it too")
+            self.structured_outputs = {"json": schema}
+        return super().structured_outputs_params()
+
+    def _constraint_fields(self) -> list[str]:
+        """The fields besides the tools that constrain the output."""
+        fmt = self.response_format
+        given = {"structured_outputs": bool(self.structured_outputs),
+                 "response_format": bool(fmt) and fmt.get("type") != "text",
+                 "guided_json": self.guided_json is not None, "guided_regex": self.guided_regex is not None,
+                 "guided_choice": self.guided_choice is not None, "guided_grammar": self.guided_grammar is not None}
+        return [name for name, is_set in given.items() if is_set]
+
+
+def template_tool_call(call: JSONObject, i: int) -> JSONObject:
+    """An assistant message's tool call for the chat template: its ``function.arguments`` JSON string parsed to an
+    object (templates write them with ``tojson``; vLLM parses them the same way); a 400 naming it when it is not
+    JSON."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ProtocolError("a tool call needs function.name", param=f"messages.tool_calls.{i}.function")
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments else {}
+        except ValueError:
+            raise ProtocolError(f"tool call {echo(function['name'])}'s function.arguments is not JSON",
+                                param=f"messages.tool_calls.{i}.function.arguments") from None
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 class TokenizeRequest(OpenAIBaseModel):

@@ -72,7 +72,7 @@ class UsageInfo(OpenAIBaseModel):
         )
 
 
-FinishReason = Literal["stop", "length", "abort", "error"] | None
+FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"] | None
 
 
 _ONLY_IF_SET = {"default": None, "exclude_if": lambda v: v is None}  # absent from the JSON unless asked for
@@ -100,6 +100,8 @@ class CompletionResponse(OpenAIBaseModel):
 class ChatMessageOut(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[dict[str, JsonValue]] | None = Field(**_ONLY_IF_SET)
+    """The calls the answer makes (``{"id", "type": "function", "function": {"name", "arguments"}}``)."""
 
 
 class ChatCompletionChoice(OpenAIBaseModel):
@@ -125,6 +127,9 @@ class DeltaMessage(OpenAIBaseModel):
 
     role: str | None = Field(**_ONLY_IF_SET)
     content: str | None = Field(**_ONLY_IF_SET)
+    tool_calls: list[dict[str, JsonValue]] | None = Field(**_ONLY_IF_SET)
+    """Tool-call deltas: ``{"index", "id", "type", "function": {"name", "arguments": ""}}`` when a call starts,
+    then ``{"index", "function": {"arguments": chunk}}``."""
 
 
 class ChatStreamChoice(OpenAIBaseModel):

@@ -24,7 +24,7 @@ from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.engine.structured_output import check_constraints
-from kvmesh.replica.server import kv_handoff, kv_plane
+from kvmesh.replica.server import chat_tools, kv_handoff, kv_plane
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure, new_request_id
@@ -139,11 +139,13 @@ class OpenAIHandlers:
         choices = ps.select_choices(candidates, finals, req.n)
         body: r.ChatCompletionResponse | r.CompletionResponse
         if isinstance(req, p.ChatCompletionRequest):
+            parser = self.state.frontend.tool_call_parser
+            answers = [chat_tools.message(req, parser, req.echo_text(), final.text, final.finish_reason)
+                       for _, _, final in choices]
             body = r.ChatCompletionResponse(id=request_id, model=model, usage=usage, choices=[
-                r.ChatCompletionChoice(index=index, message=r.ChatMessageOut(content=req.echo_text() + final.text),
-                                       logprobs=self._chat_logprobs(req, final.output_token_ids, final.logprobs),
-                                       finish_reason=final.finish_reason)
-                for index, _, final in choices])
+                r.ChatCompletionChoice(index=index, message=message, finish_reason=reason,
+                                       logprobs=self._chat_logprobs(req, final.output_token_ids, final.logprobs))
+                for (index, _, final), (message, reason) in zip(choices, answers)])
         else:
             prompt_logprobs = ps.prompt_logprobs_of(candidates, finals)
             body = r.CompletionResponse(id=request_id, model=model, usage=usage, choices=[
@@ -296,13 +298,17 @@ class OpenAIHandlers:
         for c in candidates:
             yield chunk(ps.choice_index(c, req.n), r.DeltaMessage(role="assistant", content=req.echo_text()), token_ids=[],
                         first_ids=c.prompt_token_ids if ids else None)
+        tools = chat_tools.streams(req, self.state.frontend.tool_call_parser, len(candidates))
         async for i, out in ps.merge_streams(stream_list, req.stream_interval):
             _check_failed(out)
             if not out.delta_text and not out.finished and not out.new_logprobs and not (ids and out.new_token_ids):
                 continue
+            delta, reason = chat_tools.delta(req, tools[i], out.delta_text, out.finish_reason)
+            if delta is None and not out.new_logprobs and not (ids and out.new_token_ids):
+                continue  # text a tool-call reader holds back
             usage = _usage(out) if continuous else None
             logprobs = self._chat_logprobs(req, out.new_token_ids, out.new_logprobs)
-            yield chunk(ps.choice_index(candidates[i], req.n), r.DeltaMessage(content=out.delta_text),
-                        out.finish_reason, usage, logprobs, out.new_token_ids)
+            yield chunk(ps.choice_index(candidates[i], req.n), delta or r.DeltaMessage(content=""),
+                        reason, usage, logprobs, out.new_token_ids)
             if out.finished:
                 finals[i] = out

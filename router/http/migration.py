@@ -102,7 +102,10 @@ class MigratingStream:
         return [t for step in self.steps for t in step]
 
     def can_migrate(self) -> bool:
-        return self.migrations < self.limit and bool(self.prompt_ids) and self.ids_known
+        """Whether a failed upstream's stream may go on elsewhere: within the limit, its ids known, and not a chat
+        whose text its replica reads into tool calls (a continuation here would go on as plain text)."""
+        reads_tools = self.chat and self.req.effective_tool_choice != "none"
+        return self.migrations < self.limit and bool(self.prompt_ids) and self.ids_known and not reads_tools
 
     # ---------------------------------------------------------------- the first replica: passed through
     def relay(self, event: bytes) -> bytes | None:

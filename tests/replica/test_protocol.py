@@ -84,12 +84,59 @@ def test_prompt_longer_than_context_is_400():
     assert "600" in e.value.message and "512" in e.value.message
 
 
-@pytest.mark.parametrize("kw", [{"top_logprobs": 21, "logprobs": True}, {"tools": [{"type": "function"}]},
-                                {"response_format": {"type": "xml"}}])
+@pytest.mark.parametrize("kw", [{"top_logprobs": 21, "logprobs": True}, {"response_format": {"type": "xml"}}])
 def test_chat_features_we_lack_are_refused(kw):
     with pytest.raises(ProtocolError) as e:
         chat(**kw).to_sampling_params(3, 512)
     assert e.value.param == next(iter(kw))
+
+
+def test_a_tool_without_its_function_is_refused_naming_it():
+    with pytest.raises(ProtocolError) as e:
+        chat(tools=[{"type": "function"}], tool_choice="none").to_sampling_params(3, 512)
+    assert e.value.param == "tools.0.function"
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "at": {"$ref": "#/$defs/when"}},
+    "$defs": {"when": {"type": "string"}}}}}
+TIME_TOOL = {"type": "function", "function": {"name": "get_time"}}
+
+
+def test_required_writes_vllms_schema_into_structured_outputs():
+    req = chat(tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required")
+    assert req.to_sampling_params(3, 512).structured_outputs is not None
+    assert req.structured_outputs == {"json": {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
+        {"properties": {"name": {"type": "string", "enum": ["get_weather"]}, "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}, "at": {"$ref": "#/$defs/when"}}}},
+         "required": ["name", "parameters"]},
+        {"properties": {"name": {"type": "string", "enum": ["get_time"]}, "parameters": {
+            "type": "object", "properties": {}}}, "required": ["name", "parameters"]}]},
+        "$defs": {"when": {"type": "string"}}}}
+
+
+def test_a_named_function_writes_its_parameters_as_the_schema():
+    req = chat(tools=[WEATHER_TOOL, TIME_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    req.to_sampling_params(3, 512)
+    assert req.structured_outputs == {"json": WEATHER_TOOL["function"]["parameters"]}
+
+
+def test_tools_may_not_define_one_def_twice_differently():
+    other = {"type": "function", "function": {"name": "other", "parameters": {"$defs": {"when": {"type": "integer"}}}}}
+    with pytest.raises(ProtocolError) as e:
+        chat(tools=[WEATHER_TOOL, other], tool_choice="required").to_sampling_params(3, 512)
+    assert e.value.param == "tools.1.function.parameters"
+
+
+def test_an_assistant_tool_call_renders_with_its_arguments_as_an_object():
+    req = chat(messages=[{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}])
+    assert req.template_messages()[0]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    bad = chat(messages=[{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}])
+    with pytest.raises(ProtocolError) as e:
+        bad.template_messages()
+    assert e.value.param == "messages.tool_calls.0.function.arguments"
 
 
 def test_prompts_keeps_a_batch_and_single_prompt_is_its_first():

@@ -180,3 +180,10 @@ def test_a_continuation_resumes_the_structured_output_after_the_tokens_sent():
     assert body["structured_outputs"] == {"json": schema, "num_resumed_tokens": 2}
     resumed = p.CompletionRequest(**body).to_sampling_params(5, 100).structured_outputs
     assert resumed.num_resumed_tokens == 2 and resumed.key == req.structured_outputs_params().key
+
+
+def test_a_chat_whose_text_becomes_tool_calls_is_not_continued_as_text():
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    for choice, migrates in (("required", False), ("none", True)):
+        req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=tools, tool_choice=choice)
+        assert MigratingStream(req, chat=True, prompt_ids=[1, 2], tokenizer=None, limit=3).can_migrate() is migrates
