@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.events.config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig, check_api_key, check_internal_key
+from kvmesh.replica.serving.model_names import split_served_names
 from kvmesh.router.admission.config import AdmissionConfig
 from kvmesh.router.routing.kv_placement import KVPlacementRules
 from kvmesh.router.routing.outlier import OutlierConfig
@@ -154,7 +155,7 @@ class RouterConfig:
     """Model path or hub id whose tokenizer the replicas use (needed for cache-aware routing)."""
     tokenizer: str | None = None
     """Tokenizer path if different from ``model``."""
-    served_model_name: str | None = None
+    served_model_name: str | list[str] | None = None
     """Name clients send in "model" (another name gets 404, no "model" is fine); None: serve uses --model as given
     (vLLM's rule; kvmesh-embedded for the embedded model), a standalone router accepts any name."""
     max_model_len: int | None = None
@@ -209,7 +210,18 @@ class RouterConfig:
     """Overload: the router's queue per model by priority and fair share, tenants (a keys file or the request's
     user), token-rate limits, TTFT deadlines, 429 with a reason (router/admission; --admission-keys-file ...)."""
 
+    @property
+    def served_name(self) -> str | None:
+        """The served name answers report: ``served_model_name``, the first of several (vLLM's rule)."""
+        return split_served_names(self.served_model_name, (), "router.served_model_name")[0]
+
+    def served_names(self) -> tuple[str, ...]:
+        """Every name ``served_model_name`` gives (``--served-model-name a b``): each is accepted as the model."""
+        first, others = split_served_names(self.served_model_name, (), "router.served_model_name")
+        return (first, *others) if first is not None else ()
+
     def __post_init__(self) -> None:
+        split_served_names(self.served_model_name, (), "router.served_model_name")  # a bad list raises here
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} is not a TCP port; use 0..65535 (0 = ephemeral)")
         self.policy_config()

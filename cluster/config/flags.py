@@ -66,6 +66,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, schema: Schema[Root], 
             elif opt.is_sequence:
                 group.add_argument(opt.flag, **common, help=help_text + " (repeatable)", action="append",
                                    metavar="VALUE")
+            elif opt.name == vllm_forms.SERVED_NAME_FIELD:  # vLLM's several names after one flag
+                group.add_argument(opt.flag, **common, nargs="+", metavar="NAME",
+                                   help=help_text + " Several names: each is accepted as the model, the first is "
+                                   "the one answers report.")
             else:
                 group.add_argument(opt.flag, **common, help=help_text, metavar=_metavar(opt))
 
@@ -85,6 +89,8 @@ def overrides_from_args(args: argparse.Namespace, schema: Schema[Root]) -> dict[
                 overrides[opt.dotted] = assignments(items, opt.flag)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+        elif opt.name == vllm_forms.SERVED_NAME_FIELD:
+            overrides[opt.dotted] = raw[0] if len(raw) == 1 else list(raw)
         elif opt.is_sequence:  # a list of sections (deployments.models) takes one YAML mapping per flag
             overrides[opt.dotted] = [value_from_text(v, None) for v in raw] if _of_sections(opt) else list(raw)
         else:

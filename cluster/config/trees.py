@@ -261,6 +261,7 @@ class RouterCommandConfig:
     """The OpenAI front: body/prompt limits, chat template, read timeouts."""
 
 
+_ALIASES = "give several names to served_model_name (--served-model-name a b): the first is the one reported"
 ROUTER_FIXED = {"router.sessions.max_sessions": "the session table holds at most 100,000 pins (a setting of "
                                                 "router/routing/session.py, not of the command line)"}
 """Fields of the router's sections that no command sets (they had no key before the sections were cut)."""
@@ -284,5 +285,6 @@ SERVE_SCHEMA = Schema(ServeConfig, hidden=ROUTER_FIXED | {
 })
 REPLICA_SCHEMA = Schema(ReplicaCommandConfig, hidden={
     "events.endpoint": _SERVER_EVENTS, "events.replay_endpoint": "set server.replay_port",
+    "server.served_model_aliases": _ALIASES,
 })
 ROUTER_SCHEMA = Schema(RouterCommandConfig, hidden=ROUTER_FIXED | {"router.frontend": _FRONTEND})

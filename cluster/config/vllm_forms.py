@@ -15,6 +15,8 @@ import json
 from kvmesh.cluster.config.loader import ConfigError
 
 MODEL_DEST = "model_positional"
+SERVED_NAME_FIELD = "served_model_name"
+"""Its flag takes several names, as vLLM's ``--served-model-name a b`` does (the config's list form)."""
 _LORA_JSON_KEYS = {"name", "path", "base_model_name"}
 
 

@@ -108,7 +108,7 @@ class ServeCluster:
             st.model_path, st.served_model_name = self.units[0].model_path, self.units[0].served_model_name
         else:
             st.model_path = resolve_model_path(cfg, st.ray, self.report)
-            st.served_model_name = cfg.router.served_model_name or (SERVED_NAME if cfg.is_embedded_model
+            st.served_model_name = cfg.router.served_name or (SERVED_NAME if cfg.is_embedded_model
                                                                      else cfg.engine.model)
         self._start_replicas()  # they load the model while the router starts
         self._start_router()

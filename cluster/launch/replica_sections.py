@@ -56,14 +56,17 @@ def replica_server(cfg: ServeConfig, index: int, served_model_name: str, local: 
                    internal_key: str | None) -> ReplicaServerConfig:
     """Replica ``index``'s server section: its ports, the cluster's internal key (the router's, the only key it takes:
     ``router_only``, so tenants reach it only through the router's admission; the tenants' API key is handed over
-    only so a tenant calling it directly is told why it gets 403), the served name.
+    only so a tenant calling it directly is told why it gets 403), the served name (and the router's other names for
+it: requests go on with the name the client gave).
 
     On a local Ray instance it listens on loopback; otherwise the actor takes its node's address."""
     rc = cfg.replicas
     http_port, (event_port, replay_port) = rc.http_ports(index + 1)[index], rc.event_ports(index + 1)[index]
     return ReplicaServerConfig(host=LOCAL_HOST if local else AUTO_HOST, port=http_port, event_port=event_port,
                                replay_port=replay_port, api_key=cfg.router.api_key, internal_key=internal_key,
-                               router_only=internal_key is not None, served_model_name=served_model_name)
+                               router_only=internal_key is not None, served_model_name=served_model_name,
+                               served_model_aliases=cfg.router.served_names()[1:]
+                               if served_model_name == cfg.router.served_name else ())
 
 
 def replica_kv_transfer(cfg: ServeConfig) -> KVTransferConfig:

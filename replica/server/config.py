@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.openai.config import check_api_key, check_internal_key
+from kvmesh.replica.serving.model_names import split_served_names
 
 AUTO_HOST = "auto"
 """``host`` value a Ray actor resolves on its node (actor.py: 127.0.0.1 on one node, else the node's IP)."""
@@ -36,8 +37,11 @@ class ReplicaServerConfig:
     """Tenants reach this replica only through its router (its admission, the priority it grants): every path but
     the public ones takes the internal key alone, the API key gets a 403 saying so. ``kvmesh serve`` sets it; a
     standalone replica keeps the API key's rule. Needs internal_key."""
-    served_model_name: str | None = None
+    served_model_name: str | list[str] | None = None
     """Name clients put in "model"; None -> the model value."""
+    served_model_aliases: tuple[str, ...] = ()
+    """The other names of ``served_model_name: [a, b]`` (``--served-model-name a b``, vLLM's several names): each is
+    accepted as the model, answers report the first (``served_model_name`` holds it once the config is built)."""
     default_max_tokens: int | None = None
     """max_tokens for chat requests that set none; None fills the context (vLLM's behaviour)."""
     admin_key: str | None = field(default=None, repr=False, metadata={"env": "KVMESH_ADMIN_KEY"})
@@ -45,6 +49,10 @@ class ReplicaServerConfig:
     the internal key opens it too, the API key never. Unset with any key set: only the internal key opens it."""
 
     def __post_init__(self) -> None:
+        served, aliases = split_served_names(self.served_model_name, self.served_model_aliases,
+                                             "server.served_model_name")
+        object.__setattr__(self, "served_model_name", served)  # frozen: normalized once, here
+        object.__setattr__(self, "served_model_aliases", aliases)
         ports = {"port": self.port, "replay_port": self.replay_port, "event_port": self.event_port}
         for name, port in ports.items():
             if port is not None and not 0 <= port <= 65535:

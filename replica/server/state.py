@@ -34,7 +34,7 @@ class ServerState:
         self.frontend = frontend
         self.model_path = model_path
         self.model_name = server.served_model_name or model_path
-        self.model_aliases = model_aliases(self.model_name, model_path)
+        self.model_aliases = model_aliases(self.model_name, *server.served_model_aliases, model_path)
         """Every name the model answers to: the served name, the path, their absolute and resolved forms."""
         self.default_max_tokens = server.default_max_tokens
         self.extra_info = dict(extra_info or {})

@@ -47,6 +47,18 @@ def model_aliases(*names: str | None) -> tuple[str, ...]:
     return tuple(found)
 
 
+def split_served_names(value: str | list[str] | tuple[str, ...] | None, aliases: tuple[str, ...],
+                       field: str) -> tuple[str | None, tuple[str, ...]]:
+    """``served_model_name`` as a config holds it -> (the served name, the model's other names). vLLM takes several
+    names (``--served-model-name a b``): the first is the one answers report, every one is accepted as the model."""
+    if not isinstance(value, (list, tuple)):
+        return value, tuple(aliases)
+    if not value or not all(isinstance(name, str) and name for name in value):
+        raise ValueError(f"{field}: expected one or more non-empty names, got {value!r}")
+    first, *others = value
+    return first, tuple(name for name in dict.fromkeys([*others, *aliases]) if name != first)
+
+
 def find_model(requested: str, names: Collection[str]) -> str | None:
     """The one of ``names`` (e.g. a model's ``model_aliases``) that ``requested`` names: itself, or the absolute
     or resolved form of the path it gives (another route to the same directory); None when it names none."""

@@ -35,7 +35,7 @@ from kvmesh.router.http.router_only import refuse_router_only
 
 def served_model(cfg: RouterConfig) -> str:
     """The model name the router answers with (``served_model_name``, else the model or tokenizer path)."""
-    return cfg.served_model_name or cfg.model or cfg.tokenizer or "kvmesh"
+    return cfg.served_name or cfg.model or cfg.tokenizer or "kvmesh"
 
 
 def error_counter(runtime: RouterRuntime) -> Callable[[ProtocolError], None]:

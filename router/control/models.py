@@ -103,7 +103,7 @@ class RouterModels:
         cfg = runtime.config
         self.catalog = ModelCatalog(cfg.upstream.load_missing_adapters)
         """What each replica serves (router/routing/model_pools.py)."""
-        self.own_names = model_aliases(cfg.served_model_name, cfg.model, cfg.tokenizer)
+        self.own_names = model_aliases(*cfg.served_names(), cfg.model, cfg.tokenizer)
         """Every name of the router's own model (its path forms too)."""
         self.frontends: dict[str, Frontend] = {}
         """Base model -> its tokenizer and renderer (the router's own for its own model)."""
@@ -115,7 +115,7 @@ class RouterModels:
     def check_own(self, model: str | None) -> None:
         """Today's rule of a one-model router: a 404 for a name other than ``served_model_name`` (or a path form
         of ``model``); no ``served_model_name``: any name (the replica checks it)."""
-        served = self.runtime.config.served_model_name
+        served = self.runtime.config.served_name
         if served is not None:
             check_model(model, served, aliases=self.own_names)
 
@@ -143,7 +143,7 @@ class RouterModels:
         served name; ``max_model_len`` is its tokenizer's context (None before the router knows it)."""
         rt, bases = self.runtime, self.catalog.bases()
         cfg = rt.config
-        own = cfg.served_model_name or cfg.model or cfg.tokenizer
+        own = cfg.served_name or cfg.model or cfg.tokenizer
         if len(bases) <= 1 and (own is not None or not bases):  # one model: as before, under the router's name
             base_cards = [(own or "kvmesh", cfg.model, None, self._context(None))]
         else:

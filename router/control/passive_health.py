@@ -139,8 +139,8 @@ class PassiveHealth:
         ``first_byte_timeout_s`` re-admits it; anything else ejects it again, for longer."""
         rt, rid = self.runtime, spec.replica_id
         body: dict[str, object] = {"prompt": "Hello", "max_tokens": 1, "stream": False}
-        if rt.config.served_model_name is not None:
-            body["model"] = rt.config.served_model_name
+        if rt.config.served_name is not None:
+            body["model"] = rt.config.served_name
         timeout_s = rt.config.upstream.first_byte_timeout_s or rt.config.upstream.request_timeout_s or 60.0
         try:
             status, _, raw = await rt.pool.fetch("POST", spec.url, "/v1/completions", timeout_s,

@@ -84,3 +84,59 @@ def test_every_refused_vllm_flag_is_one_kvmesh_does_not_define():
                    if type(action).__name__ == "_VLLMOnlyFlag"}
         defined = {flag for action in commands[command]._actions for flag in action.option_strings} - refused  # noqa: SLF001
         assert refused and not set(VLLM_ONLY_FLAGS) & defined, command
+
+
+def test_served_model_name_takes_several_names_the_first_reported():
+    server = _config("replica", ["/m", "--served-model-name", "first", "second", "third"]).server
+    assert server.served_model_name == "first" and server.served_model_aliases == ("second", "third")
+    router = _config("serve", ["/m", "--served-model-name", "first", "second", "third"]).router
+    assert router.served_name == "first" and router.served_names() == ("first", "second", "third")
+    one = _config("serve", ["/m", "--served-model-name", "only"]).router
+    assert one.served_model_name == one.served_name == "only" and one.served_names() == ("only",)
+
+
+def test_the_router_command_takes_several_served_names():
+    from kvmesh.cluster.config.trees import ROUTER_SCHEMA
+
+    args = build_parser().parse_args(["router", "--served-model-name", "a", "b"])
+    router = config_from_args(args, ROUTER_SCHEMA, env={}).router
+    assert (router.served_name, router.served_names()) == ("a", ("a", "b"))
+
+
+def test_serve_hands_the_routers_names_to_its_replicas():
+    from kvmesh.cluster.launch.replica_sections import replica_server
+
+    cfg = _config("serve", ["/m", "--served-model-name", "a", "b"])
+    server = replica_server(cfg, 0, "a", local=True, internal_key=None)
+    assert (server.served_model_name, server.served_model_aliases) == ("a", ("b",))
+
+
+def test_the_replicas_other_names_are_not_a_setting_of_their_own(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("server:\n  served_model_aliases: [x]\n")
+    with pytest.raises(ConfigError, match="served_model_aliases"):
+        _config("replica", ["/m", "--config", str(config)])
+
+
+@pytest.mark.parametrize("bad", [[], ["a", ""], ["a", 3]])
+def test_an_empty_or_non_string_name_list_is_refused(bad):
+    from kvmesh.replica.server.config import ReplicaServerConfig
+    from kvmesh.router.config import RouterConfig
+
+    with pytest.raises(ValueError, match="served_model_name: expected one or more non-empty names"):
+        ReplicaServerConfig(served_model_name=bad)
+    with pytest.raises(ValueError, match="served_model_name: expected one or more non-empty names"):
+        RouterConfig(block_size=16, served_model_name=bad)
+
+
+def test_every_served_name_is_accepted_as_the_model_and_the_first_is_reported():
+    from kvmesh.replica.serving.errors import ProtocolError
+    from kvmesh.replica.serving.model_names import check_model, model_aliases
+    from kvmesh.router.config import RouterConfig
+
+    router = RouterConfig(block_size=16, served_model_name=["first", "second"], model="/models/m")
+    names = model_aliases(*router.served_names(), router.model)
+    for model in ("first", "second", "/models/m"):
+        check_model(model, router.served_name, aliases=names)
+    with pytest.raises(ProtocolError, match="serves `first`"):
+        check_model("third", router.served_name, aliases=names)
