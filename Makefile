@@ -1,6 +1,7 @@
 # Two commands a fresh machine needs (README, "Quick start"):
 #   make serve   # a local kvmesh cluster on an embedded default model
 #   make test    # the whole test suite
+#   make test-quick   # the inner loop's tier: no Ray, no live server, nothing slow (tests/tiers.py)
 # Each creates .venv and installs the project into it on first use.
 
 PYTHON ?= python3
@@ -16,13 +17,16 @@ EXTRAS ?= engine,dev
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvmesh-installed
 
-.PHONY: serve test lint install clean
+.PHONY: serve test test-quick lint install clean
 
 serve: $(STAMP)
 	$(BIN)/kvmesh serve $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -m "not ray and not live and not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -10,12 +10,15 @@ small KV cache (``TEST_KV_CACHE_MEMORY``), not 90% of the card.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
+
+from .tiers import mark_tiers, tier_guard  # noqa: F401 (tier_guard: an autouse fixture, registered by its import)
 
 
 def hide_gpus_when_asked() -> None:
@@ -119,6 +122,27 @@ def pytest_configure(config):
     hide_gpus_when_asked()
 
 
+def pytest_unconfigure(config):
+    """Once the summary is out: a session that imported triton exits without libtriton's leak report.
+
+    libtriton's bindings are nanobind's, and nanobind's own exit handler (run after Python's ``atexit``
+    callbacks, from ``Py_AtExit``) prints ~30 lines of "nanobind: leaked N instances / types / functions"
+    when an ``ir.context`` is still alive then -- one that an exception's traceback kept (triton 3.9 keeps a
+    failed compile's in its JIT cache). Nothing is wrong by then, but it reads like a crash at the end of the
+    suite. nanobind's switch (``set_leak_warnings``) is C++ only and triton does not expose it, so do what
+    triton does for its own compile workers (``triton/_compile_warmup_pool.py``): point stderr at /dev/null
+    from an ``atexit`` callback. Registered last, it runs first: the interpreter's teardown is all that
+    follows, the suite's own output is complete."""
+    if "triton" in sys.modules:
+        atexit.register(_stderr_to_devnull)
+
+
+def _stderr_to_devnull() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
 def _cuda_available() -> bool:
     """Whether torch sees a GPU; False without importing torch when nothing imported it (torch-free sessions)."""
     torch = sys.modules.get("torch")
@@ -134,6 +158,7 @@ def exact_float32(torch) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
+    mark_tiers(items)  # ray / live, so that `make test-quick` leaves them out (tests/tiers.py)
     if importlib.util.find_spec("ray") is None:  # e.g. a GPU box with torch but no Ray: actor and TP tests skip
         for item in items:
             if "ray" in item.keywords:

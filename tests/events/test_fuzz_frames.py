@@ -8,6 +8,7 @@ good publisher keeps publishing, and checks that the good source's state stays e
 import time
 
 import msgspec
+import pytest
 from events_testkit import Follower, make_publisher, raw_publisher, stored, wait_for, wait_subscribed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -15,6 +16,8 @@ from kvmesh.events.codec import DecodeError, check_batch, decode_batch_counted, 
 from kvmesh.events.config import PublisherSource, SubscriberConfig
 from kvmesh.events.schema import AllBlocksCleared, BlockRemoved, KVEventBatch
 from kvmesh.events.wire import SNAPSHOT_TAG
+
+pytestmark = pytest.mark.slow  # hypothesis drives a live subscriber through thousands of frames (a minute on 2 cores)
 
 GOOD = encode_batch(KVEventBatch(ts=1.0, events=[
     stored(7, None), stored(8, 7), BlockRemoved(block_hashes=[7], medium="CPU"), AllBlocksCleared(),

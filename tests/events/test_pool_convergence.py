@@ -13,6 +13,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+import pytest
 from events_testkit import DroppingSocket, Follower, make_publisher, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,8 @@ from kvmesh.events.schema import DEVICE_MEDIUM
 from kvmesh.kvcache.hashing import external_hash
 from kvmesh.kvcache.interfaces import TokenRequest
 from kvmesh.kvcache.kv_cache_manager import KVCacheManager
+
+pytestmark = pytest.mark.slow  # hypothesis drives a live subscriber through many pools (tens of seconds)
 
 BLOCK_SIZE = 4
 CONFIG = SubscriberConfig(replay_timeout=1.0, snapshot_timeout=1.0, idle_probe_interval=0.2)

@@ -8,6 +8,8 @@ import pytest
 from kvmesh.cluster.cli import main
 from kvmesh.replica.kv_transfer.nixl_agent import nixl_missing
 
+pytestmark = pytest.mark.slow  # each runs a benchmark end to end
+
 FLASH_LAYOUT = "L,2,blocks,B,H,D"
 
 

@@ -20,6 +20,8 @@ from kvmesh.cluster.measure.workloads.tenants import assign_tenants, parse_tenan
 from kvmesh.router.admission.config import AdmissionConfig
 from kvmesh.router.admission.decisions import SHED_REASONS
 
+pytestmark = pytest.mark.slow  # each simulates a trace under overload
+
 
 @pytest.fixture(scope="module")
 def workload():

@@ -1,0 +1,118 @@
+"""The tiers of the suite (tests/tiers.py): tests that start Ray or a live server are marked so that `make
+test-quick` leaves them out, and one that is not marked but starts either fails, naming the marker it needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+TIERS = Path(__file__).resolve().parent / "tiers.py"
+CONFTEST = f'''
+import importlib.util
+spec = importlib.util.spec_from_file_location("tiers_under_test", {str(TIERS)!r})
+tiers = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tiers)
+tier_guard = tiers.tier_guard
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "live: starts a server")
+    config.addinivalue_line("markers", "ray: uses Ray")
+
+def pytest_collection_modifyitems(config, items):
+    tiers.mark_tiers(items)
+'''
+
+
+@pytest.fixture
+def suite(pytester):
+    pytester.makeconftest(CONFTEST)
+    return pytester
+
+
+def test_an_unmarked_test_that_listens_on_a_port_fails_naming_live(suite):
+    suite.makepyfile(test_a="""
+        import socket
+
+        def test_serves():
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            getattr(s, "listen")()  # a server on a port, in a form reading the source does not see
+            s.close()
+    """)
+    result = suite.runpytest("-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*listens on*mark it live*"])
+
+
+def test_an_unmarked_test_that_starts_a_kvmesh_server_process_fails_naming_live(suite):
+    suite.makepyfile(test_b="""
+        import subprocess, sys
+
+        def test_starts_serve():
+            start = subprocess.Popen  # a process started in a form reading the source does not see
+            proc = start([sys.executable, "-m", "kvmesh.cluster.cli", "serve", "--help"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc.wait(120)
+    """)
+    result = suite.runpytest("-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*kvmesh.cluster.cli serve*a server process: mark it live*"])
+
+
+def test_an_unmarked_test_that_starts_ray_fails_naming_ray(suite):
+    suite.makepyfile(test_c="""
+        import sys, types
+
+        def test_starts_ray():
+            ray = types.ModuleType("ray")
+            state = {"up": False}
+            ray.is_initialized = lambda: state["up"]
+            sys.modules["ray"] = ray
+            state["up"] = True  # what ray.init() leaves behind
+    """)
+    result = suite.runpytest("-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*starts Ray (mark it ray*"])
+
+
+def test_tests_whose_fixtures_start_servers_are_marked_live_and_left_out_of_the_quick_tier(suite):
+    suite.makeconftest(CONFTEST + """
+import pytest
+
+@pytest.fixture
+def router():
+    from somewhere import RouterServer
+    return RouterServer(...)  # never run: the quick tier deselects the tests using it
+""")
+    suite.makepyfile(test_d="""
+        import pytest
+
+        def test_through_a_router(router):
+            pass
+
+        def test_pure():
+            pass
+
+        @pytest.mark.live
+        def test_marked_by_hand_may_listen():
+            import socket
+            s = socket.socket(); s.bind(("127.0.0.1", 0)); getattr(s, "listen")(); s.close()
+    """)
+    quick = suite.runpytest("-p", "no:cacheprovider", "-m", "not ray and not live and not slow")
+    quick.assert_outcomes(passed=1, deselected=2)
+    everything = suite.runpytest("-p", "no:cacheprovider", "-k", "pure or by_hand")
+    everything.assert_outcomes(passed=2, deselected=1)
+
+
+def test_a_module_that_starts_servers_is_live_as_a_whole(suite):
+    suite.makepyfile(test_e="""
+        def start():
+            return launched_fakes("a")  # a helper the tests call: reading the module finds it
+
+        def test_helper_user():
+            pass
+    """)
+    suite.runpytest("-p", "no:cacheprovider", "-m", "not live").assert_outcomes(deselected=1)
