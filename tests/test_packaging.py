@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds and installs the package
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("kvcache", "events", "replica", "router", "cluster")
 

@@ -11,6 +11,8 @@ from kvmesh.cluster.measure.benchmarks.engine_speed.model_files import ensure_mo
 from kvmesh.cluster.measure.benchmarks.engine_speed.presets import PRESETS
 from kvmesh.replica.attention.backend import flash_attn_problem
 
+pytestmark = pytest.mark.slow  # runs the engine benchmark
+
 PREFIX = 64  # a multiple of both block sizes below, so the cached run can reuse all of it
 BATCHES = (1, 4)
 CONFIGS = "torch:16,torch:32,flash_attn:16,torch:16:graphs,torch:32768"  # the last: one block > the 16 MiB KV cache

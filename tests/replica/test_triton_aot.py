@@ -19,7 +19,8 @@ import pytest
 
 from .triton_aot import missing_tools
 
-pytestmark = pytest.mark.skipif(missing_tools() is not None, reason=f"cannot compile for sm_90 here: {missing_tools()}")
+pytestmark = [pytest.mark.skipif(missing_tools() is not None, reason=f"cannot compile for sm_90 here: {missing_tools()}"),
+              pytest.mark.slow]  # compiles the kernels in child processes
 
 SCRIPT = Path(__file__).with_name("triton_aot.py")
 DECODE = ("decode B=1", "decode B=64", "decode B=256")

@@ -21,6 +21,8 @@ from kvmesh.cluster.measure.workloads.settings import WorkloadSettings
 from kvmesh.cluster.measure.workloads.traces import default_trace
 from kvmesh.router.routing.policies import DEFAULT_POLICY, POLICIES
 
+pytestmark = pytest.mark.slow  # simulates the policies on whole workloads
+
 CUTS = {"mooncake": ("mooncake_synthetic_trace.jsonl", 2000, None),
         "azure_conv": ("AzureLLMInferenceTrace_conv.csv", 0, 3000)}
 """Workload -> (its shared trace, first record, records; None: to the end)."""
