@@ -45,6 +45,12 @@ its stream sends bad frames; it stopped (published batches not applied); it lags
 long after they happened); it lost batches that neither replay nor a snapshot restored."""
 
 
+COLUMNS_FROM = 6
+"""Fleets of at least this many replicas are priced from the load columns in one vectorised pass, smaller ones one
+replica at a time (numpy's fixed cost per array pass outweighs a few estimates in Python); the decisions are the
+same either way."""
+
+
 class KVRouter:
     """Index + loads + health + policy: decides where each request goes."""
 
@@ -274,21 +280,26 @@ class KVRouter:
         candidates = self.healthy - excluded if excluded else self.healthy
         if pool is not None:  # another model's replica holds other KV, whatever its keys say
             candidates = candidates & pool
-        columns = self.columns  # synced by route
-        fleet = columns.fleet(columns.everyone, ("all", columns.version))
+        columns = self.columns  # synced by route, but for a small fleet
+        fleet = None if len(columns.ids) < COLUMNS_FROM else columns.fleet(columns.everyone, ("all", columns.version))
         return plan_pull(chosen, own, matches, self.loads.loads, candidates, usable, bs, rules, fleet)
 
-    def candidate_loads(self, excluded: set, pool: frozenset | None = None) -> CandidateLoads:
+    def candidate_loads(self, excluded: set, pool: frozenset | None = None) -> CandidateLoads | dict:
         """The healthy replicas that decode, less ``excluded``, within ``pool``, as the policy gets them (call under
-        the lock)."""
+        the lock): ``CandidateLoads`` (priced from the columns), a plain dict under ``COLUMNS_FROM`` replicas."""
         columns = self.columns
-        columns.sync()
+        small = len(self.loads.loads) < COLUMNS_FROM
+        columns.sync(rows=not small)
         key = (columns.version, self._routable_version)
         if self._routable is None or self._routable[0] != key:  # kept while the replica set and health stand
             healthy, prefill_only = self.healthy, self.prefill_only
             mask = np.array([r in healthy and r not in prefill_only for r in columns.ids], dtype=bool)
             self._routable = key, CandidateLoads(columns, mask, key)
         routable = self._routable[1]
+        if small:
+            plain = routable.plain()
+            return plain if not excluded and pool is None else {
+                r: load for r, load in plain.items() if r not in excluded and (pool is None or r in pool)}
         if not excluded and pool is None:
             return routable
         mask, rows = routable.mask.copy(), columns.rows

@@ -51,11 +51,12 @@ class LoadColumns:
         self._fleets: dict[object, tuple[int, FleetRates]] = {}
         self._reshape()
 
-    def sync(self) -> None:
-        """Re-read the rows that changed since the last call (every row after the replica set changed)."""
+    def sync(self, rows: bool = True) -> None:
+        """Re-read the rows that changed since the last call (every row after the replica set changed; ``rows``
+        False: only that, the changed rows wait for a later call)."""
         if self.version != self.tracker.members_version:
             self._reshape()
-        elif self._stale:
+        elif rows and self._stale:
             stale = list(self._stale)  # taken before the reads: a load set meanwhile (another thread) stays marked
             self._stale.difference_update(stale)
             rows, loads = self.rows, self.loads

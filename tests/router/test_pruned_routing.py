@@ -11,13 +11,21 @@ import random
 import numpy as np
 import pytest
 from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRALoad
+from kvmesh.router.routing import kv_router
 from kvmesh.router.routing.cost import FleetRates, PullPriors, price_all
 from kvmesh.router.routing.kv_router import KVRouter
+from kvmesh.router.routing.load_columns import CandidateLoads
 from kvmesh.router.routing.load import ReplicaLoad
 from kvmesh.router.routing.policies.cache_aware import CacheAwareConfig, CacheAwarePolicy
 from kvmesh.router.routing.tier_matches import TierMatches
 
 BS = 4
+
+
+@pytest.fixture(autouse=True)
+def columns_at_any_size(monkeypatch):
+    """Every fleet here is priced from the columns, however small (``KVRouter`` prices small ones one by one)."""
+    monkeypatch.setattr(kv_router, "COLUMNS_FROM", 1)
 
 
 def _maybe(rng: random.Random, value, p: float = 0.5):
@@ -203,3 +211,32 @@ def test_candidates_keep_the_trackers_order_after_a_replica_rejoins():
         assert list(router.candidate_loads({"c"})) == ["a"]
         assert list(router.candidate_loads(set(), frozenset({"b", "c"}))) == ["c"]
     assert np.count_nonzero(loads.mask) == 2
+
+
+def test_a_fleet_growing_past_the_columns_threshold_decides_as_the_full_scan(monkeypatch):
+    """Under ``COLUMNS_FROM`` replicas the policy gets a plain dict (the columns only follow the replica set); a
+    fleet that grows past it is priced from columns that saw every change made meanwhile."""
+    monkeypatch.setattr(kv_router, "COLUMNS_FROM", 6)
+    fast = KVRouter(block_size=BS, policy=CacheAwarePolicy(CacheAwareConfig(), BS, 1))
+    full = KVRouter(block_size=BS, policy=CacheAwarePolicy(CacheAwareConfig(), BS, 1))
+    monkeypatch.setattr(full, "candidate_loads", lambda excluded, pool=None: dict(
+        KVRouter.candidate_loads(full, excluded, pool)))
+    rng = random.Random(3)
+    kinds = []
+    for step in range(120):
+        if step % 15 == 0:
+            for router in (fast, full):
+                router.add_replica(step // 15)
+                randomize(router.loads.loads[step // 15], random.Random(step))
+        tokens = [rng.randrange(20) for _ in range(rng.choice((8, 30)))]
+        decisions = [r.route(tokens, now=float(step)) for r in (fast, full)]
+        assert decisions[0].replica_id == decisions[1].replica_id, step
+        assert decisions[0].predicted_ttft_s == decisions[1].predicted_ttft_s, step
+        with fast.lock:
+            kinds.append(isinstance(fast.candidate_loads(set()), CandidateLoads))
+        queued = rng.randrange(2000)
+        for router in (fast, full):
+            router.loads.on_dispatch(decisions[0].replica_id, decisions[0].uncached_tokens, now=float(step),
+                                     prompt_tokens=len(tokens))
+            router.loads.loads[decisions[0].replica_id].queued_prefill_tokens = queued
+    assert not kinds[0] and kinds[-1]
