@@ -123,7 +123,8 @@ def splits(text, seed):
 
 @pytest.mark.parametrize("parser, text", [(HERMES, QWEN_TWO_CALLS), (LLAMA3, LLAMA_TAGGED), (LLAMA3, LLAMA_TWO),
                                           (RequiredToolCalls(), '[{"name": "f", "parameters": {"a": [1, {"b": "]"}]}}]'),
-                                          (NamedToolCall("f"), '{"a": "x\\"y", "n": 12}')])
+                                          (NamedToolCall("f"), '{"a": "x\\"y", "n": 12}'),
+                                          (NamedToolCall("f"), json.dumps({"path": "C:\\", "q": '\\"}'}))])
 def test_streamed_deltas_split_anywhere_join_to_the_whole_answer(parser, text):
     content, calls = answer(parser, text)
     for pieces in splits(text, seed=len(text)):
@@ -151,3 +152,13 @@ def test_streamed_text_that_turns_unreadable_becomes_content():
     s = ToolCallStream(LLAMA3)
     assert s.feed("{") == ("", [])
     assert s.feed(" oops", final=True) == ("{ oops", [])
+
+
+def test_the_server_flags_name_a_known_parser_and_auto_needs_one():
+    from kvmesh.replica.openai.config import FrontendConfig
+
+    with pytest.raises(ValueError, match="hermes, llama3_json"):
+        FrontendConfig(tool_call_parser="mistral-ish")
+    with pytest.raises(ValueError, match="tool_call_parser"):
+        FrontendConfig(enable_auto_tool_choice=True)
+    assert FrontendConfig(enable_auto_tool_choice=True, tool_call_parser="llama3_json").tool_call_parser == "llama3_json"
