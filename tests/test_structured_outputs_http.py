@@ -20,6 +20,9 @@ pair = openai_pair.pair  # the fixture
 SCHEMA = {"type": "object", "properties": {"mood": {"enum": ["happy", "sad", "angry"]}, "ok": {"type": "boolean"}},
           "required": ["mood", "ok"], "additionalProperties": False}
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "mood", "schema": SCHEMA, "strict": True}}
+DEEP = {"type": "string"}
+for _ in range(70):
+    DEEP = {"type": "object", "properties": {"a": DEEP}}
 PROMPTS = ["hi", "tell me a story", "how are you today?", "what is the weather like"]
 
 
@@ -112,6 +115,7 @@ def test_whitespace_is_left_out_unless_asked_for(pair):
     ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ({"structured_outputs": {"whitespace_pattern": " *", "json_object": True}}, "structured_outputs"),
+    ({"guided_json": DEEP}, "guided_json"),  # xgrammar would read it for seconds
 ])
 def test_a_constraint_that_cannot_be_compiled_is_a_400_naming_it(pair, fields, param):
     for url in pair:

@@ -17,6 +17,21 @@ from kvmesh.replica.serving.sampling_params_error import SamplingParamsError
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 """The kinds of constraint, as vLLM's ``structured_outputs`` keys spell them."""
+MAX_SCHEMA_DEPTH = 128
+"""Most JSON levels a schema document may nest (about 64 levels of objects in objects): xgrammar's time to read a
+schema grows steeply with its depth (0.2 s at 75 levels of objects, seconds at 100)."""
+
+
+def json_depth(value: object) -> int:
+    """How many levels of objects and arrays ``value`` nests (a scalar: 0), without recursion."""
+    depth, level = 0, [(value, 1)]
+    while level:
+        item, d = level.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            depth = max(depth, d)
+            level.extend((child, d + 1) for child in children)
+    return depth
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,4 +110,7 @@ class StructuredOutputsParams:
         if not isinstance(schema, dict | bool):
             raise SamplingParamsError(field, f"{field}: a JSON schema must be an object or a boolean, "
                                       f"got {type(schema).__name__}")
+        if (depth := json_depth(schema)) > MAX_SCHEMA_DEPTH:
+            raise SamplingParamsError(field, f"{field}: the JSON schema nests {depth} levels deep; send one of at "
+                                      f"most {MAX_SCHEMA_DEPTH}")
         return cls(json=json.dumps(schema, sort_keys=True, separators=(",", ":")), field=field, **kwargs)
