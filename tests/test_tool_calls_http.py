@@ -159,6 +159,12 @@ def test_the_template_gets_the_tools_and_renders_tool_turns_alike_on_router_and_
         assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "paris", "days": 1}}\n</tool_call>' in text
         assert "<tool_response>\nsunny\n</tool_response>" in text
     assert rendered[0] == rendered[1]
+    for url in servers:  # /tokenize renders the tools as the chat does
+        tokenized = httpx.post(url + "/tokenize", json={"messages": turns, "tools": TOOLS}, headers=AUTH, timeout=60)
+        assert tokenized.json()["tokens"] == rendered[0], tokenized.text
+        bad = httpx.post(url + "/tokenize", json={"messages": turns, "tools": [{"function": {}}]}, headers=AUTH,
+                         timeout=60)
+        assert refused(bad, "tools.0.function.name"), bad.text
 
 
 @pytest.mark.parametrize("tools, param", [

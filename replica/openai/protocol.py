@@ -14,7 +14,7 @@ from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.openai.structured_fields import StructuredOutputFields
-from kvmesh.replica.openai.tool_fields import ToolFields
+from kvmesh.replica.openai.tool_fields import ToolFields, tool_names
 from kvmesh.replica.openai.vllm_extras import ChatEcho, ChatTemplateArgs, VLLMExtraFields
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.json_types import JSONObject
@@ -25,7 +25,7 @@ from kvmesh.replica.serving.sampling_params import (
     context_overflow,
 )
 from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
-from pydantic import Field
+from pydantic import Field, JsonValue
 
 Flag = Annotated[bool, Field(strict=True)]
 """A JSON boolean: ``"yes"``, ``"true"`` or ``1`` are a 400 naming the field (vLLM's), not a silent True."""
@@ -352,6 +352,12 @@ class TokenizeRequest(OpenAIBaseModel):
     """A template for ``messages`` instead of the model's (refused unless the server trusts request templates)."""
     add_special_tokens: bool | None = None
     """None: the endpoint's rule (True for a prompt, False for messages, as vLLM)."""
+    tools: list[JsonValue] | None = None
+    """The chat's tools, rendered into the template as a chat completion renders them (vLLM's)."""
+
+    def template_kwargs(self) -> dict:
+        """The template's ``tools`` (checked: a 400 naming the part of a tool that is wrong)."""
+        return {"tools": self.tools} if tool_names(self.tools) else {}
 
 
 class DetokenizeRequest(OpenAIBaseModel):

@@ -178,4 +178,5 @@ class PromptRenderer:
                 ids = tok.encode_within(req.prompt, special, _INLINE_CHARS)
             return ids if ids is not None else await self.run(tok.encode, req.prompt, special)
         messages = [m.to_template_dict() for m in req.messages]
-        return await self.chat(messages, req.add_generation_prompt, req.chat_template, bool(req.add_special_tokens))
+        return await self.chat(messages, req.add_generation_prompt, req.chat_template, bool(req.add_special_tokens),
+                               req.template_kwargs())

@@ -43,7 +43,7 @@ class ToolFields(OpenAIBaseModel):
 
     def check_tools(self) -> None:
         """The tools and tool_choice as a 400 naming the part that is wrong."""
-        names = [_function_name(tool, i) for i, tool in enumerate(self.tools or [])]
+        names = tool_names(self.tools)
         choice = self.tool_choice
         if choice is None or choice in CHOICES:
             if choice not in (None, "none") and not self.tools:
@@ -125,6 +125,11 @@ class ToolFields(OpenAIBaseModel):
                                         param=f"tools.{i}.function.parameters")
                 defs[name] = schema
         return defs
+
+
+def tool_names(tools: list[JsonValue] | None) -> list[str]:
+    """The tools' function names after checking each tool's shape (a 400 naming the part that is wrong)."""
+    return [_function_name(tool, i) for i, tool in enumerate(tools or [])]
 
 
 def _function(tool: JsonValue) -> JSONObject:
