@@ -24,6 +24,7 @@ _NAN = float("nan")
 _MAX_FLEETS_KEPT = 8
 """Candidate sets whose ``FleetRates`` are kept (the routable replicas, all of them, a few pools)."""
 
+
 def _inv(rate: float | None) -> float:
     """Seconds per unit of a measured ``rate`` (NaN: not measured, as ``FleetRates._slowest`` skips it)."""
     return 1.0 / rate if rate and rate > 0 else _NAN

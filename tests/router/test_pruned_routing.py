@@ -14,8 +14,8 @@ from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRAL
 from kvmesh.router.routing import kv_router
 from kvmesh.router.routing.cost import FleetRates, PullPriors, price_all
 from kvmesh.router.routing.kv_router import KVRouter
-from kvmesh.router.routing.load_columns import CandidateLoads
 from kvmesh.router.routing.load import ReplicaLoad
+from kvmesh.router.routing.load_columns import CandidateLoads
 from kvmesh.router.routing.policies.cache_aware import CacheAwareConfig, CacheAwarePolicy
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -148,7 +148,7 @@ def test_route_through_the_router_equals_the_full_scan(monkeypatch):
     leaving and joining, health): the same decisions as a router handing the policy a plain dict."""
     rng = random.Random(7)
     routers = []
-    for k in range(2):
+    for _ in range(2):
         router = KVRouter(block_size=BS, policy=CacheAwarePolicy(CacheAwareConfig(), BS, 1))
         for rid in range(30):
             router.add_replica(rid)

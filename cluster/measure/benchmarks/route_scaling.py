@@ -104,7 +104,7 @@ def differences(a, b, path: str = "") -> list[str]:
                 out += differences(a[key], b[key], f"{path}/{key}")
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return []
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]

@@ -13,7 +13,12 @@ from collections.abc import Callable, Hashable, Mapping
 
 import numpy as np
 from kvmesh.kvcache.reuse import reusable_blocks
-from kvmesh.router.routing.cost.columns_price import choice_columns, prefill_columns, pull_columns, row_estimate
+from kvmesh.router.routing.cost.columns_price import (
+    choice_columns,
+    prefill_columns,
+    pull_columns,
+    row_estimate,
+)
 from kvmesh.router.routing.cost.estimate import TTFTEstimate, adapter_s, estimate, prefill_s_per_token
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.cost.prices import Prices

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 from kvmesh.router.routing.policies.base import (
     DEFAULT_DECODE_STEP_TOKENS,
     Loads,
