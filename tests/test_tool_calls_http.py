@@ -208,3 +208,28 @@ def test_the_openai_client_reads_the_tool_calls(servers):
         assert call.type == "function" and call.function.name in PARAMETERS
         jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
         assert answer.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.fixture(scope="module")
+def llama3_replica(stories_path):
+    """A replica reading calls with ``--tool-call-parser llama3_json``."""
+    frontend = FrontendConfig(chat_template=CHATML_TOOLS_TEMPLATE, enable_auto_tool_choice=True,
+                              tool_call_parser="llama3_json")
+    replica = ReplicaRuntime.start(EngineConfig(model=str(stories_path), kv_cache_memory=4 << 20, max_num_seqs=4),
+                                   ReplicaServerConfig(port=0, event_port=None, api_key=KEY,
+                                                       served_model_name="stories"), frontend=frontend)
+    try:
+        yield replica.http.url
+    finally:
+        replica.shutdown(graceful_s=1)
+
+
+def test_auto_reads_llama3_json_calls_out_of_the_text(llama3_replica):
+    call = '{"name": "get_time", "parameters": {"zone": "utc"}}'
+    forced = {"regex": call.replace("{", r"\{").replace("}", r"\}")}
+    choice = answered(chat(llama3_replica, structured_outputs=forced))
+    assert choice["finish_reason"] == "tool_calls"
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice["message"]["tool_calls"]
+            ] == [("get_time", {"zone": "utc"})]
+    calls, finish = streamed_calls(chat(llama3_replica, structured_outputs=forced, stream=True))
+    assert finish == "tool_calls" and calls[0][0] == "get_time" and json.loads(calls[0][1]) == {"zone": "utc"}
