@@ -87,3 +87,23 @@ def test_events_reach_a_zmq_subscriber():
         sub.close(linger=0)
         ctx.term()
         engine.close()
+
+
+def test_a_reset_while_a_request_runs_frees_only_unheld_blocks_and_publishes_at_once():
+    from kvmesh.events.schema import AllBlocksCleared
+
+    pub = RecordingPublisher()
+    engine = make_engine(pub, num_blocks=32)
+    run(engine, "done", list(range(200, 212)), n=1)  # 3 cached blocks nobody holds
+    engine.add_request("running", list(range(1, 13)), SamplingParams(temperature=0.0, max_tokens=8))
+    engine.step()  # prefilled: its 3 blocks are cached and held
+    published = len(pub.batches)
+    assert engine.reset_unreferenced() == 3
+    assert len(pub.batches) == published + 1  # sent now, not with the next step
+    (removed,) = pub.batches[-1]
+    assert isinstance(removed, BlockRemoved) and len(removed.block_hashes) == 3
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.reset_unreferenced() >= 3 and pub.batches[-1] == [AllBlocksCleared()]
+    engine.kv_cache_manager.check_integrity()
+    engine.close()
