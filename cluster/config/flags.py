@@ -69,7 +69,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, schema: Schema[Root], 
             elif opt.name == vllm_forms.SERVED_NAME_FIELD:  # vLLM's several names after one flag
                 group.add_argument(opt.flag, **common, nargs="+", metavar="NAME",
                                    help=help_text + " Several names: each is accepted as the model, the first is "
-                                   "the one answers report.")
+                                   "the one /v1/models reports.")
             else:
                 group.add_argument(opt.flag, **common, help=help_text, metavar=_metavar(opt))
 
