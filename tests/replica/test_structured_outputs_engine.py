@@ -259,3 +259,10 @@ def test_a_constraint_checked_once_is_not_parsed_again(monkeypatch):
     assert parsed == ["[0-9]{4}-checked-once"]
     with pytest.raises(SamplingParamsError):
         check_constraints([SO(regex="([0-9]", field="guided_regex")])
+
+
+def test_aborted_and_finished_requests_leave_no_grammar_behind(stories_path):
+    eng = engine(stories_path, True)
+    results = generate(eng, constrained(), abort_after={"a": 3})
+    assert results["a"][1] == "abort" and results["b"][1] == "stop"
+    assert eng.structured_output.live == {} and not eng.structured_output._compiling
