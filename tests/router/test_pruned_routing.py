@@ -91,7 +91,7 @@ def test_columns_price_every_candidate_as_estimate_does():
         tiers = random_tiers(rng, ids, prompt // BS)
         pulls = rng.choice((None, PullPriors(True, None, 0.0), PullPriors(True, 1e9, 0.002), PullPriors(False)))
         lora = rng.choice((None, "a", "b"))
-        step_tokens = rng.choice((8192.0, 64.0, 5.0))
+        step_tokens = rng.choice((8192.0, 64.0, 5.0, 7.5, 0.3))
         with router.lock:
             loads = router.candidate_loads(set(rng.sample(ids, rng.randint(0, min(2, len(ids))))))
         if not loads:

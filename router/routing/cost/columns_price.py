@@ -82,7 +82,11 @@ def choice_columns(cols: LoadColumns, fleet: FleetRates, spt: np.ndarray, all_pr
     back, pulling ``pulled`` blocks in ``pull_s`` and loading its adapter in ``adapter_s`` (each None: none
     anywhere)."""
     backlog, batch = cols.backlog, cols.batch
-    steps = -np.floor_divide(-(backlog + own_tokens), step_tokens) if step_tokens > 0 else np.ones_like(spt)
+    if step_tokens > 0 and float(step_tokens).is_integer():
+        # estimate's -(-x // t) is the exact ceiling; x / t rounded cannot cross an integer for whole x, t < 2**53
+        steps = np.ceil((backlog + own_tokens) / step_tokens)
+    else:
+        steps = -np.floor_divide(-(backlog + own_tokens), step_tokens) if step_tokens > 0 else np.ones_like(spt)
     step_s = _decode_step_s(cols, fleet, batch, cols.context, spt)
     prefill = own_tokens * spt
     queue = backlog * spt
