@@ -1,0 +1,106 @@
+"""The routing tables of README.md and BENCHMARKS.md, generated from the results files of the commands printed above
+them: every block between
+
+    <!-- table: KIND results/FILE.json -->
+    ...
+    <!-- /table -->
+
+is rewritten from that file by KIND's renderer (``sim``: one ``kvmesh sim`` report, a row per policy;
+``matrix``: ``kvmesh bench policy_matrix``'s cells and the default policy's verdict in each).
+
+    kvmesh bench report            # rewrite every table from its file
+    kvmesh bench report --check    # exit 1 naming every table that differs from its file (tests/test_doc_tables.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from kvmesh.cluster.measure.benchmarks.policy_matrix import dominance
+
+DOCS = ("README.md", "BENCHMARKS.md")
+"""The documents whose tables are generated."""
+BLOCK = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
+
+
+def sim_table(report: dict) -> str:
+    """A ``kvmesh sim`` report as a table: the default policy first (bold), then by hit rate."""
+    from kvmesh.router.routing.policies import DEFAULT_POLICY
+
+    pool = (report.get("ceilings") or {}).get("single_pool_hit_rate")
+    rows = sorted(report["policies"].items(), key=lambda kv: (kv[0] != DEFAULT_POLICY, -kv[1]["hit_rate"]))
+    out = ["| policy | prefix hit rate (tokens) | of the single-pool ceiling | TTFT p50 | TTFT p99 | max/mean load |",
+           "|---|---|---|---|---|---|"]
+    for name, p in rows:
+        label = f"**{name}** (the default)" if name == DEFAULT_POLICY else name
+        of_pool = f"{100 * p['hit_rate'] / pool:.1f}%" if pool else "-"
+        out.append(f"| {label} | {100 * p['hit_rate']:.1f}% | {of_pool} | {p['ttft_s']['p50']:.3f} s | "
+                   f"{p['ttft_s']['p99']:.2f} s | {p['load_imbalance']:.2f} |")
+    return "\n".join(out)
+
+
+def matrix_table(data: dict) -> str:
+    """``kvmesh bench policy_matrix``'s cells: the default's figures, the best other policy's, and where it falls
+    short beyond the slack (the verdict recomputed from the figures)."""
+    default = data["default"]
+    out = [f"| cell | {default} hit / p50 / p99 | best other hit / p50 / p99 | {default} short of |",
+           "|---|---|---|---|"]
+    for key, cell in data["cells"].items():
+        pol = cell["policies"]
+        others = [p for name, p in pol.items() if name != default]
+        mine = pol[default]
+        best = (max(p["hit_rate"] for p in others), min(p["ttft_p50"] for p in others),
+                min(p["ttft_p99"] for p in others))
+        short = "; ".join(f"{metric} {name} {theirs:.4g} vs {ours:.4g}"
+                          for metric, (name, theirs, ours) in dominance(pol, default).items())
+        out.append(f"| {key} | {100 * mine['hit_rate']:.1f}% / {mine['ttft_p50']:.3f} / {mine['ttft_p99']:.3f} | "
+                   f"{100 * best[0]:.1f}% / {best[1]:.3f} / {best[2]:.3f} | {short or 'none'} |")
+    return "\n".join(out)
+
+
+RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matrix_table}
+
+
+def render(text: str, root: Path) -> tuple[str, list[str]]:
+    """``text`` with every table block regenerated from its file under ``root``, and the blocks that changed."""
+    changed: list[str] = []
+
+    def one(m: re.Match) -> str:
+        head, kind, rel, body, tail = m.groups()
+        if kind not in RENDERERS:
+            raise ValueError(f"table kind {kind!r} unknown; known: {', '.join(RENDERERS)}")
+        path = root / rel
+        if not path.exists():
+            raise FileNotFoundError(f"{rel}: the results file of a generated table is missing (run its command)")
+        table = RENDERERS[kind](json.loads(path.read_text())) + "\n"
+        if table != body:
+            changed.append(f"{kind} {rel}")
+        return head + table + tail
+
+    return BLOCK.sub(one, text), changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 when a table differs from its file")
+    ap.add_argument("--root", type=Path, default=Path.cwd(), help="the checkout (default: here)")
+    args = ap.parse_args(argv)
+    stale = []
+    for name in DOCS:
+        path = args.root / name
+        text, changed = render(path.read_text(), args.root)
+        stale += [f"{name}: {c}" for c in changed]
+        if changed and not args.check:
+            path.write_text(text)
+    for line in stale:
+        print(("differs: " if args.check else "rewrote: ") + line)
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
