@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from kvmesh.replica.engine.structured_output import check_constraints
 from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
-from kvmesh.replica.engine.structured_output import check_constraints
 from kvmesh.replica.server import chat_tools, kv_handoff, kv_plane
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.parallel_sampling import Outputs
