@@ -3,6 +3,7 @@
 
     python -m kvmesh.cluster.measure.benchmarks.route_scaling --checkout one-by-one=../older --checkout columns= \\
         --out results/route_scaling.json
+    python -m kvmesh.cluster.measure.benchmarks.route_scaling --table results/route_scaling.json
 
 Each cell is one ``kvmesh sim --synthetic 4000 --blocks-per-replica 4000 --num-replicas N --policies cache_aware``
 process. ``--checkout LABEL=PATH`` measures the kvmesh of the repository checked out at PATH (its folders are
@@ -39,6 +40,7 @@ def parse_args(argv):
     p.add_argument("--blocks-per-replica", type=int, default=4000)
     p.add_argument("--policies", default="cache_aware")
     p.add_argument("--out", default="results/route_scaling.json")
+    p.add_argument("--table", metavar="FILE", help="print the markdown table of a results file and exit")
     return p.parse_args(argv)
 
 
@@ -112,6 +114,9 @@ def differences(a, b, path: str = "") -> list[str]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return
     checkouts = dict(c.split("=", 1) for c in args.checkout) or {"installed": ""}
     sizes = [int(n) for n in args.replicas.split(",")]
     cells: dict[str, dict[str, dict]] = {label: {} for label in checkouts}
@@ -143,22 +148,20 @@ def main(argv=None) -> None:
 
 
 def table(result: dict) -> str:
-    """The markdown table of a results file, one row per fleet size: per label the sim's ``route_ms_per_request``
-    (wall) and ``KVRouter.route``'s CPU ms per call; the hit rate and TTFT (the last label's) and whether every
-    label's outputs were the same."""
+    """The markdown table of a results file, one row per fleet size: per label ``KVRouter.route``'s CPU ms per call
+    (the sim's wall ``route_ms_per_request`` in brackets), the first policy's hit rate and TTFT (the last label's),
+    and whether every label's outputs were the same."""
     labels = list(result["cells"])
     sizes = list(next(iter(result["cells"].values())))
     policy = result["policies"][0]
-    lines = ["| replicas | " + " | ".join(f"{label}: route_ms_per_request (wall) | {label}: KVRouter.route CPU ms"
-                                          for label in labels)
-             + f" | {policy} hit rate | TTFT p50 | TTFT p99 | same outputs |",
-             "|---" * (2 * len(labels) + 5) + "|"]
+    lines = ["| replicas | " + " | ".join(f"{label} ms" for label in labels) + " | hit | TTFT p50 / p99 | same |",
+             "|---" * (len(labels) + 4) + "|"]
     for n in sizes:
         cells = [result["cells"][label][n] for label in labels]
         last = cells[-1]["policies"][policy]
         lines.append(f"| {int(n):,} | " + " | ".join(
-            f"{c['policies'][policy]['route_ms_per_request']:.3f} | {c['route_cpu_ms']:.3f}" for c in cells)
-            + f" | {last['hit_rate']:.2%} | {last['ttft_p50_s']:.3f} s | {last['ttft_p99_s']:.3f} s | "
+            f"{c['route_cpu_ms']:.2f} ({c['policies'][policy]['route_ms_per_request']:.2f})" for c in cells)
+            + f" | {last['hit_rate']:.1%} | {last['ttft_p50_s']:.3f} / {last['ttft_p99_s']:.3f} s | "
             + ("yes" if result["same_outputs"][n] else "no") + " |")
     return "\n".join(lines)
 
