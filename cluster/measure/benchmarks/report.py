@@ -45,22 +45,35 @@ def sim_table(report: dict) -> str:
 
 
 def matrix_table(data: dict) -> str:
-    """``kvmesh bench policy_matrix``'s cells: the default's figures, the best other policy's, and where it falls
-    short beyond the slack (the verdict recomputed from the figures)."""
-    default = data["default"]
-    out = [f"| cell | {default} hit / p50 / p99 | best other hit / p50 / p99 | {default} short of |",
-           "|---|---|---|---|"]
-    for key, cell in data["cells"].items():
-        pol = cell["policies"]
-        others = [p for name, p in pol.items() if name != default]
-        mine = pol[default]
-        best = (max(p["hit_rate"] for p in others), min(p["ttft_p50"] for p in others),
-                min(p["ttft_p99"] for p in others))
-        short = "; ".join(f"{metric} {name} {theirs:.4g} vs {ours:.4g}"
-                          for metric, (name, theirs, ours) in dominance(pol, default).items())
-        out.append(f"| {key} | {100 * mine['hit_rate']:.1f}% / {mine['ttft_p50']:.3f} / {mine['ttft_p99']:.3f} | "
-                   f"{100 * best[0]:.1f}% / {best[1]:.3f} / {best[2]:.3f} | {short or 'none'} |")
+    """``kvmesh bench policy_matrix``'s cells, a row per workload and rate, a column per KV movement: the default's
+    hit rate and where it falls short beyond the slack (the verdict recomputed from the figures; - : not run)."""
+    default, cells = data["default"], data["cells"]
+    kvs = list(dict.fromkeys(key.split("/")[2] for key in cells))
+    rows = list(dict.fromkeys("/".join(key.split("/")[:2]) for key in cells))
+    out = [f"| workload/rate | {' | '.join(kvs)} |", "|---" * (len(kvs) + 1) + "|"]
+    for row in rows:
+        marks = []
+        for kv in kvs:
+            cell = cells.get(f"{row}/{kv}")
+            if cell is None:
+                marks.append("-")
+                continue
+            pol = cell["policies"]
+            short = ", ".join(f"{_SHORT[metric]} {name} {_gap(metric, theirs, ours)}"
+                              for metric, (name, theirs, ours) in dominance(pol, default).items())
+            marks.append(f"{100 * pol[default]['hit_rate']:.1f}% {short or 'ok'}")
+        out.append(f"| {row} | {' | '.join(marks)} |")
     return "\n".join(out)
+
+
+_SHORT = {"hit_rate": "hit", "ttft_p50": "p50", "ttft_p99": "p99"}
+
+
+def _gap(metric: str, theirs: float, ours: float) -> str:
+    """How far the default is from the better policy: points of hit rate, percent of TTFT."""
+    if metric == "hit_rate":
+        return f"{100 * (ours - theirs):+.1f} pt"
+    return f"{100 * (ours / theirs - 1):+.0f}%"
 
 
 RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matrix_table}
