@@ -45,8 +45,8 @@ def sim_table(report: dict) -> str:
 
 
 def matrix_table(data: dict) -> str:
-    """``kvmesh bench policy_matrix``'s cells, a row per workload and rate, a column per KV movement: the default's
-    hit rate and where it falls short beyond the slack (the verdict recomputed from the figures; - : not run)."""
+    """``kvmesh bench policy_matrix``'s cells, a row per workload and rate, a column per KV movement: where the
+    default falls short beyond the slack, or ok (the verdict recomputed from the figures; - : not run)."""
     default, cells = data["default"], data["cells"]
     kvs = list(dict.fromkeys(key.split("/")[2] for key in cells))
     rows = list(dict.fromkeys("/".join(key.split("/")[:2]) for key in cells))
@@ -61,7 +61,7 @@ def matrix_table(data: dict) -> str:
             pol = cell["policies"]
             short = ", ".join(f"{_SHORT[metric]} {name} {_gap(metric, theirs, ours)}"
                               for metric, (name, theirs, ours) in dominance(pol, default).items())
-            marks.append(f"{100 * pol[default]['hit_rate']:.1f}% {short or 'ok'}")
+            marks.append(short or "ok")
         out.append(f"| {row} | {' | '.join(marks)} |")
     return "\n".join(out)
 
