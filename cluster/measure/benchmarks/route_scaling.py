@@ -154,7 +154,7 @@ def table(result: dict) -> str:
     labels = list(result["cells"])
     sizes = list(next(iter(result["cells"].values())))
     policy = result["policies"][0]
-    lines = ["| replicas | " + " | ".join(f"{label} ms" for label in labels) + " | hit | TTFT p50 / p99 | same |",
+    lines = ["| replicas | " + " | ".join(labels) + " | hit | TTFT p50 / p99 | same |",
              "|---" * (len(labels) + 4) + "|"]
     for n in sizes:
         cells = [result["cells"][label][n] for label in labels]
