@@ -24,7 +24,7 @@ may see host paths, e.g. ``/v1/models``' ``root``). Keys are compared in constan
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from kvmesh.replica.openai.errors import error_response
 from kvmesh.replica.serving.errors import ProtocolError, echo
@@ -58,6 +58,16 @@ def never_admin(method: str, path: str) -> bool:
 def never_kv_plane(path: str) -> bool:
     return False
 
+
+
+def authorization(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The request's one ``Authorization`` value (b"" when absent). Several are a 400: what checks a key and what
+    books its tenant must read the same one (a first key checked and a last one booked let a tenant pose as
+    another, or as the shared key)."""
+    found = [value for name, value in headers if name == b"authorization"]
+    if len(found) > 1:
+        raise ProtocolError(f"{len(found)} Authorization headers; send one Authorization header", 400)
+    return found[0] if found else b""
 
 class AuthMiddleware:
     """The API key on every non-public path, the admin key on admin requests, the internal key on the KV
@@ -119,7 +129,10 @@ class AuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            try:
+                header = authorization(scope["headers"])
+            except ProtocolError as e:
+                return await error_response(e)(scope, receive, send)
             err = self.refusal(scope["method"], scope["path"], header)
             if err is not None:
                 if self.on_refused is not None:

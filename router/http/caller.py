@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvmesh.replica.openai.auth import authorization
 from kvmesh.replica.openai.protocol import PRIORITY_LIMIT
 from kvmesh.replica.serving.errors import ProtocolError
 
@@ -26,8 +27,9 @@ PRIORITY_HEADER = b"x-kvmesh-priority"
 
 
 def bearer_key(http: Request) -> str | None:
-    """The key of ``Authorization: Bearer <key>`` (None: none)."""
-    auth = http.header(b"authorization") or ""
+    """The key of ``Authorization: Bearer <key>`` (None: none): the one the auth rule checked (several headers are a
+    400, ``authorization``)."""
+    auth = authorization(http.raw_headers).decode("latin-1")
     return auth[7:] if auth[:7].lower() == "bearer " else None
 
 

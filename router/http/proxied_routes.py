@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from kvmesh.replica.openai.auth import authorization
+
 if TYPE_CHECKING:
     from kvmesh.replica.openai.auth import AuthMiddleware
     from kvmesh.router.http.door import Handler
@@ -21,8 +23,7 @@ def proxied_routes(forwarder: Forwarder, auth: AuthMiddleware, model_name: str) 
     def route(path: str, chat: bool) -> Handler:
         async def handle(request: Request) -> Response:
             if auth.api is not None or auth.admin is not None or auth.tenant_key is not None:
-                header = next((v for k, v in request.raw_headers if k == b"authorization"), b"")
-                refused = auth.refusal("POST", path, header)
+                refused = auth.refusal("POST", path, authorization(request.raw_headers))
                 if refused is not None:
                     raise refused
             start = time.perf_counter()

@@ -140,6 +140,19 @@ def test_a_tenant_with_many_keys_has_one_bucket(fakes, start_router):
     assert "light" in over.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("second", [KEYS["light"], "bogus-key-0123456789", SHARED])
+def test_two_authorization_headers_are_refused_whatever_the_second(fakes, start_router, second):
+    """The check and the booking read the same credentials: a request with two keys is refused, never checked by
+    one and booked to the other (which escaped its own bucket and priority onto the shared tenant or another)."""
+    a, _ = fakes
+    router = start_router([a.spec])
+    headers = [("Authorization", f"Bearer {KEYS['batch']}"), ("Authorization", f"Bearer {second}")]
+    for body in ({"prompt": "Once upon a time"}, {"prompt": "Once upon a time", "stream": True}):
+        r = httpx.post(router.url + "/v1/completions", json={"max_tokens": 2, **body}, headers=headers, timeout=30)
+        assert r.status_code == 400 and "one Authorization header" in r.json()["error"]["message"], r.text
+    assert _seen(a) == []
+
+
 def test_a_priority_out_of_range_is_a_400_naming_the_field(fakes, start_router):
     a, _ = fakes
     router = start_router([a.spec])
