@@ -98,6 +98,11 @@ class ReplicaLoad:
     """Called after any field is set (the tracker's columns re-read this replica before the next decision,
     router/routing/load_columns.py); None: nothing watches it."""
 
+    def watch(self, watcher: Callable[[], None] | None) -> None:
+        """Call ``watcher`` after any field is set from now on (setting it calls nothing: the watcher's owner, which
+        reads the fields next, is not called back)."""
+        object.__setattr__(self, "watcher", watcher)
+
     def __setattr__(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)
         try:

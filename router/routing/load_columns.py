@@ -93,10 +93,10 @@ class LoadColumns:
         self.everyone = np.ones(n, bool)
         """Every row (the mask of ``fleet`` over all replicas)."""
         stale = self._stale
+        stale.clear()  # every row is read now
         for row, (rid, load) in enumerate(loads.items()):
-            load.watcher = _marker(stale, rid)
+            load.watch(_marker(stale, rid))
             self._read(row, load)
-        stale.clear()  # every row was just read (setting a watcher calls it)
 
     def _read(self, row: int, load: ReplicaLoad) -> None:
         """Copy ``load``'s fields into ``row`` (as the cost reads them: estimate.py, fleet.py; what does not depend on

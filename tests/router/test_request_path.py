@@ -87,4 +87,4 @@ def test_no_file_is_entered_twice_from_the_socket_to_the_upstream_call(fakes, st
     assert reentered(send) == [], names
     assert len(traced["calls"]) > 10  # the walk was seen call by call
     bad = [[p.rsplit("/", 2)[-2] + "/" + p.rsplit("/", 1)[-1] for p in c] for c in traced["calls"] if reentered(c)]
-    assert bad == []
+    assert bad == [], "\n".join(" -> ".join(c) for c in bad)
