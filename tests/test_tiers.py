@@ -73,7 +73,7 @@ def test_an_unmarked_test_that_starts_ray_fails_naming_ray(suite):
             sys.modules["ray"] = ray
             state["up"] = True  # what ray.init() leaves behind
     """)
-    result = suite.runpytest("-p", "no:cacheprovider")
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider")  # this session's own Ray may be up already
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*starts Ray (mark it ray*"])
 

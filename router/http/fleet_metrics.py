@@ -33,7 +33,7 @@ MAX_BODY_BYTES = 4 << 20
 REPLICA_LABEL = "replica"
 
 Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]
-"""GET a replica's /metrics by its URL: (status, body); raises OSError / TimeoutError when it cannot."""
+"""GET a replica's /metrics by its URL: (status, body); whatever it raises counts as "not read" for that replica."""
 
 
 def vllm_families(text: str, max_series: int = MAX_SERIES_PER_REPLICA) -> list[Metric]:
@@ -76,7 +76,7 @@ class FleetMetrics:
             if len(body) > MAX_BODY_BYTES:
                 raise ValueError(f"a body of {len(body)} bytes (at most {MAX_BODY_BYTES} are read)")
             return vllm_families(body.decode("utf-8", "replace"))
-        except (OSError, asyncio.TimeoutError, ValueError, TypeError, IndexError) as e:  # the parser's errors too
+        except Exception as e:  # noqa: BLE001 -- a replica gone, refusing or answering garbage: not read this time
             logger.debug("replica %s: /metrics not read: %r", replica_id, e)
             return None
 

@@ -132,7 +132,8 @@ def test_a_long_unseen_prompt_is_prefilled_on_one_replica_and_decoded_on_the_oth
 
 
 def test_the_replicas_kv_plane_is_closed_to_all_but_the_cluster(pd):
-    """serve's replicas hold the internal key the router sends: without it, no /kv/* and no kv_transfer_params."""
+    """serve's replicas take the internal key the router sends and nothing else: without it, no /kv/*, no
+    kv_transfer_params, no request at all."""
     assert httpx.get(pd.url + "/replicas", timeout=10).status_code == 403  # the replicas' URLs: admin only
     rows = httpx.get(pd.url + "/replicas", headers=admin_headers(pd), timeout=10).json()["replicas"]
     urls = {r["id"]: r["url"] for r in rows}
@@ -141,9 +142,9 @@ def test_the_replicas_kv_plane_is_closed_to_all_but_the_cluster(pd):
     r = httpx.post(urls["replica-0"] + "/v1/completions", timeout=30, json={
         "prompt": [5, 6, 7], "max_tokens": 1, "kv_transfer_params": {"do_remote_prefill": True,
                                                                       "remote_url": urls["prefill-1"]}})
-    assert r.status_code == 403 and "KV plane is the cluster's own" in r.json()["error"]["message"]
-    assert httpx.post(urls["replica-0"] + "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 1},
-                      timeout=30).status_code == 200  # a tenant may still call a replica directly
+    assert r.status_code == 401 and "takes requests only from its router" in r.json()["error"]["message"], r.text
+    r = httpx.post(urls["replica-0"] + "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 1}, timeout=30)
+    assert r.status_code == 401, r.text  # nor may a tenant skip the router's admission by calling a replica
 
 
 def test_scale_the_prefill_role_by_the_cli(pd, monkeypatch, capsys):
@@ -244,10 +245,12 @@ def test_a_replica_pulls_a_busy_holders_prefix_instead_of_computing_it(peers, to
     holder_url = next(h.endpoints["http_url"] for h in peers.state.replicas if h.replica_id == holder)
     stop, busy = threading.Event(), []
 
+    internal = {"Authorization": f"Bearer {peers.router_config().internal_key}"}  # a replica takes only the router's
+
     def keep_busy() -> None:  # bounded: at most 90 s, straight to the holder, so the router sees its load
         body = {"model": peers.state.served_model_name, "prompt": STORY, "max_tokens": 64, "ignore_eos": True}
         end = time.monotonic() + 90
-        with httpx.Client(timeout=120) as http:
+        with httpx.Client(timeout=120, headers=internal) as http:
             while not stop.is_set() and time.monotonic() < end:
                 busy.append(http.post(holder_url + "/v1/completions", json=body).status_code)
 

@@ -49,8 +49,8 @@ def test_bad_json_lora_modules_name_what_is_wrong(bad, message):
 
 
 def test_mapping_flags_still_repeat():
-    config = _config("serve", ["--policy-kwargs", "temperature=0.1", "--policy-kwargs", "session_slack_s=0.5"])
-    assert config.router.policy_kwargs == {"temperature": 0.1, "session_slack_s": 0.5}
+    config = _config("serve", ["--policy-kwargs", "temperature=0.1", "--policy-kwargs", "session_slack_tokens=512"])
+    assert config.router.policy_kwargs == {"temperature": 0.1, "session_slack_tokens": 512}
 
 
 @pytest.mark.parametrize("command", ["serve", "replica", "router"])

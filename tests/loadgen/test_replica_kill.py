@@ -10,7 +10,7 @@ import json
 import pytest
 from kvmesh.cluster.measure.benchmarks.replica_kill import LEAK, main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.live]  # main() starts replicas and a router, each a process
 
 
 def test_a_replica_killed_under_streaming_load_costs_clients_nothing(stories_path, tmp_path):

@@ -7,6 +7,7 @@ import asyncio
 
 import httpx
 from kvmesh.router.http.fleet_metrics import MAX_BODY_BYTES, FleetMetrics, vllm_families
+from kvmesh.router.http.upstream_connection import UpstreamConnectError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -60,11 +61,12 @@ def test_only_vllms_families_are_kept_each_sample_labelled_with_its_replica():
 def test_a_replica_that_cannot_be_read_gives_no_series_and_is_named():
     found = scrape(FleetMetrics(), {"ok": (200, REPLICA_TEXT.encode()), "json": (200, b'{"status": "ok"} {'),
                                     "down": ConnectionRefusedError("refused"), "slow": asyncio.TimeoutError(),
+                                    "gone": UpstreamConnectError("the connection closed before the request was sent"),
                                     "err": (500, REPLICA_TEXT.encode()),
                                     "huge": (200, REPLICA_TEXT.encode() * (MAX_BODY_BYTES // len(REPLICA_TEXT) + 1))})
     assert {s.labels["replica"] for s in found["vllm:num_requests_running"]} == {"ok"}
     up = {s.labels["replica"]: s.value for s in found["kvmesh_router_fleet_scrape_up"]}
-    assert up == {"ok": 1.0, "json": 0.0, "down": 0.0, "slow": 0.0, "err": 0.0, "huge": 0.0}
+    assert up == {"ok": 1.0, "json": 0.0, "down": 0.0, "slow": 0.0, "gone": 0.0, "err": 0.0, "huge": 0.0}
 
 
 def test_a_replica_flooding_series_is_cut_at_the_bound():

@@ -89,7 +89,9 @@ def test_metrics_show_decisions_stages_and_events(fakes, start_router):
                  "kvmesh_router_event_lag_seconds", "kvmesh_router_replica_in_flight",
                  "kvmesh_router_replica_queued_prefill_tokens"):
         assert name in text, name
-    assert 'policy="cache_aware"' in text
+    from kvmesh.router.config import RouterConfig
+
+    assert f'policy="{RouterConfig().policy}"' in text  # the default's name
 
 
 def test_replicas_can_be_added_and_removed_at_runtime(fakes, start_router):

@@ -149,7 +149,7 @@ def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill
     reported = sample("kvmesh_router_reported_cached_tokens_total") - rep0
     assert predicted == reported > 0
 
-    # The holder gets busy: as many running requests as it takes for its predicted seconds to outweigh the other
+    # The holder gets busy: as many running requests as it takes for its price to outweigh the other
     # replica's, and four more. The count comes from the policy's own prices (router/routing/cost/).
     saved = 16 * len(base_keys)
     busy = core.loads.loads[holder]
@@ -170,7 +170,7 @@ def test_shared_prefix_goes_to_holder_until_its_load_outweighs_the_saved_prefill
     extra += 4
     busy.in_flight += extra
     decisions = lambda: metrics.registry.get_sample_value(  # noqa: E731
-        "kvmesh_router_decisions_total", {"replica": other, "policy": "cache_aware"}) or 0
+        "kvmesh_router_decisions_total", {"replica": other, "policy": core.policy.name}) or 0
     other_sample = lambda name: metrics.registry.get_sample_value(name, {"replica": other}) or 0  # noqa: E731
     before = decisions()
     pred0 = other_sample("kvmesh_router_predicted_hit_tokens_total")
