@@ -30,7 +30,7 @@ QUICK_EXPRESSION = "not ray and not live and not slow"
 
 LIVE_STARTERS = re.compile(
     r"ReplicaRuntime\.start|RouterServer\(|RouterWorkers|stories_replica\(|kv_replica\(|launched_fakes\(|FakeProc\(|"
-    r"stub_replica\(|serve_in_thread|HTTPServer\(|\.listen\(|start_server\(|\bstart_router\b|openai_pair|"
+    r"stub_replica\(|serve_in_thread|_command\.start\(|HTTPServer\(|\.listen\(|start_server\(|\bstart_router\b|openai_pair|"
     r"fake_server\b|fake_json_server|EndlessMessagePeer|\bListener\(|TCPSite\(|Popen\(|"
     r"[\"']kvmesh[\"'],\s*[\"'](?:serve|replica|router)[\"']")
 """Source text that starts a server (helpers of this suite and of cluster/measure/benchmarks/support/)."""

@@ -231,9 +231,10 @@ def peers(ray_session, stories_path, tmp_path_factory, nixl, pd):
     pd.stop()  # one cluster at a time on this machine
     # stories260K computes a 320-token prefix in milliseconds, less than a pull's default fixed overhead (10 ms,
     # sized for real models): priced as on a real model, the pull pays; and the running requests on the holder
-    # outweigh its 320 cached tokens in the seconds cache_aware predicts (router/routing/cost/)
+    # outweigh its 320 cached tokens in the seconds cache_aware predicts (router/routing/cost/); the default
+    # cache_aware_tokens does not price a pull, and keeps the holder until its queue outweighs the prefill saved
     serve = start_cluster(stories_path, tmp_path_factory, "peers", replicas={"num_replicas": 2, "kv_transfer": "on"},
-                          router={"peer_pull_overhead_s": 0.0})
+                          router={"peer_pull_overhead_s": 0.0, "policy": "cache_aware"})
     yield serve
     serve.stop()
 

@@ -124,7 +124,7 @@ def test_a_field_derived_from_another_section_says_where_to_set_it():
     ({"engine": {"enable_prefix_caching": "maybe"}}, r"engine\.enable_prefix_caching .*expected `bool`"),
     ({"replicas": 3}, r"replicas must be a mapping"),
     ({"router": {"policy": "cache_awre"}}, r"unknown policy 'cache_awre' \(did you mean 'cache_aware'\?\)"),
-    ({"router": {"policy_kwargs": {"temprature": 1}}}, r"'temprature' is not an option of policy 'cache_aware' \(did you mean 'temperature'\?\)"),
+    ({"router": {"policy_kwargs": {"temprature": 1}}}, r"'temprature' is not an option of policy 'cache_aware_tokens' \(did you mean 'temperature'\?\)"),
     ({"engine": {"load_format": "safetensors"}}, r"cannot load the embedded model"),
     ({"router": {"port": 8100}}, r"router\.port and replicas\.http_port both use port 8100"),
     ({"router": {"api_key": "short"}}, r"api_key has 5 characters; use a secret of at least 8"),
