@@ -57,3 +57,25 @@ def test_a_missing_results_file_is_an_error_naming_it(tmp_path):
 def test_an_unknown_kind_is_an_error_naming_it(tmp_path):
     with pytest.raises(ValueError, match="'plot'"):
         render("<!-- table: plot results/x.json -->\n| x |\n<!-- /table -->", tmp_path)
+
+
+def test_a_pattern_with_no_results_file_is_an_error_naming_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"results/gone\*\.json"):
+        render("<!-- table: queue_flood results/gone*.json -->\n| x |\n<!-- /table -->", tmp_path)
+
+
+def test_a_pattern_gives_a_row_per_file_in_name_order(tmp_path):
+    """Each matching run is a row; a typed row differs from its file."""
+    (tmp_path / "results").mkdir()
+    for name, served in (("b", 9), ("a", 50)):
+        light = {"sent": 50, "served": served, "served_fraction": served / 50, "latency_p50_s": 0.1,
+                 "latency_p90_s": 0.2}
+        doc = {"command": f"run {name}", "label": name, "verdict": {"pass": served == 50}, "cpu_seconds": {},
+               "summary": {"light": light, "flood": {"served": 1, "refused": {"queue_full": 5}},
+                           "flood_share": 0.5, "flood_fair_share": 0.5}}
+        (tmp_path / "results" / f"q_{name}.json").write_text(json.dumps(doc))
+    text, changed = render("<!-- table: queue_flood results/q_*.json -->\n<!-- /table -->", tmp_path)
+    rows = [line for line in text.splitlines() if line.startswith("| `run")]
+    assert changed and [r.split("`")[1] for r in rows] == ["run a", "run b"]
+    assert "50 of 50 (100%)" in rows[0] and rows[0].endswith("PASS |") and rows[1].endswith("FAIL |")
+    assert render(text, tmp_path) == (text, [])

@@ -75,10 +75,14 @@ def verdict(summary: dict) -> dict:
 
 def table(paths: list[str]) -> str:
     """One row per result file: the command, what the light tenant got, the flood's 429s, the shares."""
+    return table_of([json.loads(Path(path).read_text()) for path in paths])
+
+
+def table_of(docs: list[dict]) -> str:
+    """``table`` of result files already read (``kvmesh bench report``'s ``queue_flood`` tables)."""
     rows = ["| run | light alone p50 / p90 | light served | light p50 / p90 | flood served / 429 | "
             "flood share of work / fair share | CPU s: replicas / router | verdict |", "|---|---|---|---|---|---|---|---|"]
-    for path in paths:
-        doc = json.loads(Path(path).read_text())
+    for doc in docs:
         s, light, flood = doc["summary"], doc["summary"]["light"], doc["summary"]["flood"]
         alone, cpu = s.get("light_alone") or {}, doc.get("cpu_seconds") or {}
         fmt = lambda v: "-" if v is None else f"{v:.3f} s"  # noqa: E731

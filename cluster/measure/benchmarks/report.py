@@ -6,7 +6,9 @@ them: every block between
     <!-- /table -->
 
 is rewritten from that file by KIND's renderer (``sim``: one ``kvmesh sim`` report, a row per policy;
-``matrix``: ``kvmesh bench policy_matrix``'s cells and the default policy's verdict in each).
+``matrix``: ``kvmesh bench policy_matrix``'s cells and the default policy's verdict in each; ``queue_flood``:
+``kvmesh bench queue-flood`` runs, a row per file). A FILE with ``*`` names every file it matches, in name order
+(for the kinds that take several).
 
     kvmesh bench report            # rewrite every table from its file
     kvmesh bench report --check    # exit 1 naming every table that differs from its file (tests/test_doc_tables.py)
@@ -76,7 +78,15 @@ def _gap(metric: str, theirs: float, ours: float) -> str:
     return f"{100 * (ours / theirs - 1):+.0f}%"
 
 
+def queue_flood_table(docs: list[dict]) -> str:
+    from kvmesh.cluster.measure.benchmarks.queue_flood import table_of
+
+    return table_of(docs)
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matrix_table}
+MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table}
+"""Kinds whose table has a row per results file (FILE may be a pattern)."""
 
 
 def render(text: str, root: Path) -> tuple[str, list[str]]:
@@ -85,12 +95,18 @@ def render(text: str, root: Path) -> tuple[str, list[str]]:
 
     def one(m: re.Match) -> str:
         head, kind, rel, body, tail = m.groups()
-        if kind not in RENDERERS:
-            raise ValueError(f"table kind {kind!r} unknown; known: {', '.join(RENDERERS)}")
-        path = root / rel
-        if not path.exists():
-            raise FileNotFoundError(f"{rel}: the results file of a generated table is missing (run its command)")
-        table = RENDERERS[kind](json.loads(path.read_text())) + "\n"
+        if kind in MANY_RENDERERS:
+            paths = sorted(root.glob(rel))
+            if not paths:
+                raise FileNotFoundError(f"{rel}: no results file of a generated table matches (run its command)")
+            table = MANY_RENDERERS[kind]([json.loads(p.read_text()) for p in paths]) + "\n"
+        elif kind in RENDERERS:
+            path = root / rel
+            if not path.exists():
+                raise FileNotFoundError(f"{rel}: the results file of a generated table is missing (run its command)")
+            table = RENDERERS[kind](json.loads(path.read_text())) + "\n"
+        else:
+            raise ValueError(f"table kind {kind!r} unknown; known: {', '.join([*RENDERERS, *MANY_RENDERERS])}")
         if table != body:
             changed.append(f"{kind} {rel}")
         return head + table + tail
