@@ -48,6 +48,23 @@ def choice_grammar(choices: tuple[str, ...]) -> str:
     return "root ::= " + " | ".join(json.dumps(c) for c in choices)
 
 
+_STRING_CHARACTER = r'[^\"\\\r\n]'
+"""The character class xgrammar (0.2) writes for a JSON string with ``minLength``/``maxLength``: unlike its plain
+strings' class it lets control characters through, which JSON forbids unescaped (``json.loads`` refuses the text)."""
+_JSON_STRING_CHARACTER = r'[^\0-\x1f\"\\\r\n]'
+"""The class of its plain strings: no control character, no quote, no backslash."""
+
+
+def json_schema_grammar(xgr, schema: str, any_whitespace: bool):
+    """xgrammar's grammar of ``schema`` whose every string is valid JSON: length-limited strings get the plain
+    strings' character class (a no-op where xgrammar already writes it)."""
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=any_whitespace)
+    ebnf = str(grammar)
+    if _STRING_CHARACTER not in ebnf:
+        return grammar
+    return xgr.Grammar.from_ebnf(ebnf.replace(_STRING_CHARACTER, _JSON_STRING_CHARACTER))
+
+
 def any_whitespace(params: StructuredOutputsParams, default: bool) -> bool:
     return default if params.disable_any_whitespace is None else not params.disable_any_whitespace
 
@@ -94,7 +111,9 @@ class XgrammarCompiler:
         """The compiled grammar (xgrammar's ``CompiledGrammar``)."""
         c, kind = self._compiler, params.kind
         if kind == "json":
-            return c.compile_json_schema(params.json, any_whitespace=any_whitespace(params, self.whitespace_default))
+            xgr = _xgrammar()
+            return c.compile_grammar(json_schema_grammar(xgr, params.json,
+                                                         any_whitespace(params, self.whitespace_default)))
         if kind == "json_object":
             return c.compile_json_schema('{"type": "object"}',
                                          any_whitespace=any_whitespace(params, self.whitespace_default))

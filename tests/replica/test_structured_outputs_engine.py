@@ -87,6 +87,35 @@ def test_json_at_temperature_one_parses_for_every_seed(stories_path):
         assert reason == "stop" and matches_schema(text), text
 
 
+LIMITED = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                          "tags": {"type": "array", "items": {"type": "string", "minLength": 2}}},
+           "required": ["city", "tags"], "additionalProperties": False}
+"""Strings with a length bound: xgrammar writes another character class for them."""
+
+
+@pytest.mark.parametrize("character", ["\x0c", "\x1f", "\x00", "\t"])
+def test_a_length_limited_string_takes_no_control_character(character):
+    """JSON forbids control characters in a string unescaped; xgrammar 0.2 lets them into a length-limited one (the
+    random-weights model wrote a form feed into a tool call's city, and the answer did not parse)."""
+    from kvmesh.replica.engine.xgrammar_backend import json_schema_grammar
+
+    accepts = xgr.testing._is_grammar_accept_string
+    grammar = json_schema_grammar(xgr, json.dumps(LIMITED), any_whitespace=False)
+    assert accepts(grammar, '{"city": "Paris", "tags": ["ab", "c\u00e9d"]}')
+    assert not accepts(grammar, f'{{"city": "Pa{character}ris", "tags": []}}')
+    assert not accepts(grammar, f'{{"city": "Paris", "tags": ["a{character}b"]}}')
+
+
+def test_length_limited_strings_parse_for_every_seed(stories_path):
+    for seeds in (range(4), range(4, 8)):
+        params = {rid: SamplingParams(temperature=1.5, seed=seed, max_tokens=96,
+                                      structured_outputs=SO.from_schema(LIMITED, "x"))
+                  for rid, seed in zip("abcd", seeds, strict=True)}
+        for _, reason, text in generate(engine(stories_path, False), params).values():
+            if reason == "stop":
+                assert set(json.loads(text)) == {"city", "tags"}, text
+
+
 def test_max_tokens_inside_the_grammar_ends_with_length(stories_path):
     params = {"a": SamplingParams(temperature=0.0, max_tokens=3, structured_outputs=SO.from_schema(SCHEMA, "x"))}
     tokens, reason, text = generate(engine(stories_path, False), params)["a"]
