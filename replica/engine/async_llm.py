@@ -25,8 +25,16 @@ from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_kv import KV_COMMANDS, AsyncKVCommands
-from kvmesh.replica.engine.commands import (AbortRequests, AddLoRA, AddRequest, EngineCommand, RemoveLoRA,
-                                            ResetPrefixCache, answer, refuse)
+from kvmesh.replica.engine.commands import (
+    AbortRequests,
+    AddLoRA,
+    AddRequest,
+    EngineCommand,
+    RemoveLoRA,
+    ResetPrefixCache,
+    answer,
+    refuse,
+)
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.load_fields import event_stream_report, lora_report, read_racily

@@ -27,7 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvmesh.replica.engine.commands import LeaseAtFinish, LeaseBlocks, PullPrefix, ReleaseLease, answer, refuse
+from kvmesh.replica.engine.commands import (
+    LeaseAtFinish,
+    LeaseBlocks,
+    PullPrefix,
+    ReleaseLease,
+    answer,
+    refuse,
+)
 from kvmesh.replica.engine.request import Request, RequestStatus
 from kvmesh.replica.engine.step_time import LinearFit
 from kvmesh.replica.kv_transfer.agent import block_bytes

@@ -145,7 +145,7 @@ class OpenAIHandlers:
             body = r.ChatCompletionResponse(id=request_id, model=model, usage=usage, choices=[
                 r.ChatCompletionChoice(index=index, message=message, finish_reason=reason,
                                        logprobs=self._chat_logprobs(req, final.output_token_ids, final.logprobs))
-                for (index, _, final), (message, reason) in zip(choices, answers)])
+                for (index, _, final), (message, reason) in zip(choices, answers, strict=True)])
         else:
             prompt_logprobs = ps.prompt_logprobs_of(candidates, finals)
             body = r.CompletionResponse(id=request_id, model=model, usage=usage, choices=[

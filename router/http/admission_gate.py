@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
-from kvmesh.replica.serving.errors import ProtocolError, error_body
+from kvmesh.replica.serving.errors import error_body
 from kvmesh.router.admission.decisions import DEADLINE, GO, WAIT, Admission, Shed
 from kvmesh.router.admission.ledger import LocalLedger, TenantLedger
 from kvmesh.router.admission.room import ReplicaRoom, SlotCapacity

@@ -4,8 +4,8 @@ capped per key; every caller's priority is clamped; priorities stay inside one d
 
 from __future__ import annotations
 
-import pytest
 import msgspec
+import pytest
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_body
 from kvmesh.replica.serving.errors import ProtocolError

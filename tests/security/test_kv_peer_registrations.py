@@ -8,7 +8,6 @@ registration, and lets it lapse when the router stops renewing it within its ``t
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from kvmesh.replica.server.kv_peers import PeerRegistry, normalize_url
 from kvmesh.replica.serving.tokenizer import load_tokenizer

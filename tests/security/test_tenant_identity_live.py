@@ -169,7 +169,7 @@ def test_a_replica_that_does_not_schedule_by_priority_gets_no_priority(fakes, st
     router = start_router([a.spec])
     for policy in ("fcfs", ""):  # fcfs, or a replica that does not say (vLLM): a non-zero one would be refused
         a.configure(scheduling_policy=policy)
-        wait_for(lambda: router.runtime.router.loads.loads["a"].scheduling_policy == (policy or None),
+        wait_for(lambda policy=policy: router.runtime.router.loads.loads["a"].scheduling_policy == (policy or None),
                  what="the new policy learned")
         for headers in ({}, {"x-kvmesh-priority": "20"}):
             assert _post(router, KEYS["batch"], {"prompt": "x", "priority": 30}, headers).status_code == 200

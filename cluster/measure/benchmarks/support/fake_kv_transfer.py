@@ -28,7 +28,7 @@ import json
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from kvmesh.replica.server.kv_peers import PeerRegistry, normalize_url
+from kvmesh.replica.server.kv_peers import PeerRegistry
 
 if TYPE_CHECKING:
     from kvmesh.cluster.measure.benchmarks.support.prefix_cache import PrefixCache
