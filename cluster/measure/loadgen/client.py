@@ -95,6 +95,11 @@ def _is_token_chunk(chunk: dict, text: str) -> bool:
     return any("text" in c and c.get("finish_reason") is None for c in choices)
 
 
+def _finishes(chunk: dict) -> bool:
+    """Whether a chunk carries a choice's ``finish_reason``."""
+    return any(c.get("finish_reason") is not None for c in chunk.get("choices") or ())
+
+
 async def send_streaming(client: aiohttp.ClientSession, path: str, body: dict, result: RequestResult,
                          t0: float) -> RequestResult:
     """POST ``body`` to ``path`` with ``stream: true`` and fill ``result`` (never raises for HTTP errors)."""
@@ -124,8 +129,8 @@ async def send_streaming(client: aiohttp.ClientSession, path: str, body: dict, r
                 if chunk.get("usage"):
                     usage = chunk["usage"]
                 text = _chunk_text(chunk)
-                if not _is_token_chunk(chunk, text):
-                    continue
+                if not _is_token_chunk(chunk, text) and not (last is None and _finishes(chunk)):
+                    continue  # a finish is the first output when no text came before (an EOS, held-back bytes)
                 now = time.perf_counter()
                 if last is None:
                     result.ttft_s = now - start
