@@ -96,6 +96,20 @@ def table_of(docs: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def kept_records(records: list[dict]) -> list[dict]:
+    """The requests the results file lists: every one but the flood's refusals (tens of thousands; the summary
+    counts them by reason), of which the first of each status stays as an example."""
+    refusals_seen: set[int] = set()
+    kept = []
+    for r in records:
+        if r["cls"] == "flood" and r["status"] != 200:
+            if r["status"] in refusals_seen:
+                continue
+            refusals_seen.add(r["status"])
+        kept.append(r)
+    return kept
+
+
 def _cpu_seconds(cluster: Cluster | None) -> dict[str, float]:
     """CPU seconds so far of the router (its workers included), the replicas (a cluster of ours) and this driver."""
     out = {"driver": time.process_time()}
@@ -136,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
               "label": "url" if args.url else f"{args.replicas} replicas, workers {args.workers}",
               "config": {k: v for k, v in vars(args).items() if k not in ("out", "table", "flood_key", "light_key")},
               "machine": {"cpus": os.cpu_count(), "loadavg_end": list(os.getloadavg())},
-              "cpu_seconds": cpu, "summary": summary, "verdict": verdict(summary), "requests": records}
+              "cpu_seconds": cpu, "summary": summary, "verdict": verdict(summary), "requests": kept_records(records)}
     out = Path(args.out or f"results/bench_queue_flood{'_url' if args.url else shape.label}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
