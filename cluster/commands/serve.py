@@ -18,11 +18,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config.flags import add_config_arguments
-from kvmesh.cluster.config.trees import SERVE_SCHEMA
+from kvmesh.cluster.config.trees import SERVE_SCHEMA, ServeConfig
 from kvmesh.cluster.config.vllm_forms import add_model_argument, refuse_vllm_only_flags
 from kvmesh.cluster.interrupts import Interrupts, Terminated
+
+if TYPE_CHECKING:
+    from kvmesh.cluster.launch.launcher import ServeCluster
 
 EXAMPLE_HEADER = """\
 # kvmesh serve config: every setting with its default (`kvmesh serve --print-config` writes this).
@@ -77,19 +81,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cluster.start()
         interrupts.install()  # after ray.init, which installs its own SIGTERM handler
-        rc = config.replicas
-        split = f" decode + {rc.num_prefill_replicas} prefill" if rc.num_prefill_replicas else ""
-        models = ", ".join(f"{u.served_model_name} x{u.deployment.num_replicas}" for u in cluster.units)
-        print(f"\nkvmesh is ready in {cluster.elapsed_s:.1f}s: {cluster.url}  "
-              + (f"(deployments {models}, policy {config.router.policy})\n" if models else
-                 f"({rc.num_replicas}{split} replicas, policy {config.router.policy}, model "
-                 f"{cluster.state.served_model_name})\n") +
-              f"Try it{' (export KVMESH_API_KEY first)' if config.router.api_key else ''}:\n"
-              f"  {cluster.curl_line()}\n"
-              f"Status: kvmesh status --url {cluster.url}\n"
-              f"Change: kvmesh scale N | drain REPLICA | rollout --url {cluster.url}  (admin key in "
-              f"{cluster.admin_key_file}, "
-              "mode 0600, removed on exit)\nStop:   Ctrl-C\n", flush=True)
+        _print_ready(config, cluster)
         while True:
             time.sleep(3600)
     except (KeyboardInterrupt, Terminated):
@@ -111,6 +103,23 @@ def run(args: argparse.Namespace) -> int:
         ray_cluster.end_descendants()
         report("stopped")
     return code
+
+
+def _print_ready(config: ServeConfig, cluster: ServeCluster) -> None:
+    """The cluster is up: where, what it serves, and the commands to try, watch, change and stop it."""
+    rc = config.replicas
+    split = f" decode + {rc.num_prefill_replicas} prefill" if rc.num_prefill_replicas else ""
+    models = ", ".join(f"{u.served_model_name} x{u.deployment.num_replicas}" for u in cluster.units)
+    print(f"\nkvmesh is ready in {cluster.elapsed_s:.1f}s: {cluster.url}  "
+          + (f"(deployments {models}, policy {config.router.policy})\n" if models else
+             f"({rc.num_replicas}{split} replicas, policy {config.router.policy}, model "
+             f"{cluster.state.served_model_name})\n") +
+          f"Try it{' (export KVMESH_API_KEY first)' if config.router.api_key else ''}:\n"
+          f"  {cluster.curl_line()}\n"
+          f"Status: kvmesh status --url {cluster.url}\n"
+          f"Change: kvmesh scale N | drain REPLICA | rollout --url {cluster.url}  (admin key in "
+          f"{cluster.admin_key_file}, "
+          "mode 0600, removed on exit)\nStop:   Ctrl-C\n", flush=True)
 
 
 def _stop_ray() -> None:

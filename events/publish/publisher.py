@@ -66,49 +66,11 @@ class ZmqEventPublisher:
         self._own_ctx = zmq.Context() if config.curve_client_keys else None
         ctx = self._own_ctx or zmq.Context.instance()
         self._auth = curve.start_authenticator(ctx, config.curve_client_keys) if self._own_ctx else None
-        # An XPUB is a PUB that also tells us who subscribes (the same to SUB peers on the wire):
-        # ``subscribers`` counts them, so "has anyone joined yet" is a condition, not a guess.
-        pub = ctx.socket(zmq.XPUB)
-        pub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe, not only the first/last
-        pub.setsockopt(zmq.SNDHWM, config.hwm)
-        pub.setsockopt(zmq.LINGER, int(config.shutdown_timeout * 1000))
-        if config.curve_secret_key is not None:
-            curve.make_server(pub, config.curve_secret_key)
-        pub_ep = parse_pub_endpoint(offset_port(config.endpoint, data_parallel_rank))
-        self.endpoint = attach(pub, pub_ep)
+        pub, self.endpoint = _bind_pub(ctx, config, data_parallel_rank)
         """The PUB address, port resolved (for a connect: the address connected to)."""
-        if config.curve_secret_key is None and pub_ep.bind:
-            curve.warn_if_plain_beyond_loopback(self.endpoint, "PUB socket")
-        replay = None
-        self.replay_endpoint: str | None = None
+        replay, self.replay_endpoint = _bind_replay(ctx, config, data_parallel_rank, pub)
         """The bound replay/snapshot ROUTER address, port resolved; None when disabled."""
-        if config.replay_endpoint is not None:
-            replay = ctx.socket(zmq.ROUTER)
-            if config.curve_secret_key is not None:
-                curve.make_server(replay, config.curve_secret_key)
-            # Room for a whole replay (and a snapshot's chunks), whatever the PUB's hwm: a ROUTER
-            # drops what exceeds its hwm, which would punch holes into answers.
-            replay.setsockopt(zmq.SNDHWM, 2 * config.buffer_steps + 1024)
-            # Requests are a few bytes: a peer sending big frames is dropped before they are held,
-            # so a request flood can queue at most RCVHWM (1000) small messages per peer.
-            replay.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
-            replay.setsockopt(zmq.LINGER, 0)
-            ep = parse_listen_endpoint(offset_port(config.replay_endpoint, data_parallel_rank))
-            try:
-                self.replay_endpoint = attach(replay, ep)
-            except zmq.ZMQError:
-                pub.close(linger=0)
-                replay.close(linger=0)
-                raise
-            if config.curve_secret_key is None:
-                curve.warn_if_plain_beyond_loopback(self.replay_endpoint, "replay/snapshot socket")
-        wake_addr = f"inproc://kvmesh-publisher-wake-{id(self)}-{time.monotonic_ns()}"
-        wake_recv = ctx.socket(zmq.PULL)
-        wake_recv.bind(wake_addr)
-        self._wake = ctx.socket(zmq.PUSH)
-        self._wake.setsockopt(zmq.SNDHWM, 1)
-        self._wake.setsockopt(zmq.LINGER, 0)
-        self._wake.connect(wake_addr)
+        wake_recv, self._wake = _wake_pair(ctx, f"inproc://kvmesh-publisher-wake-{id(self)}-{time.monotonic_ns()}")
         self._wake_lock = threading.Lock()
         self._queue: deque[KVEventBatch] = deque()
         self._space = threading.Condition()
@@ -231,3 +193,58 @@ class ZmqEventPublisher:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+def _bind_pub(ctx: zmq.Context, config: PublisherConfig, rank: int) -> tuple[zmq.Socket, str]:
+    """The socket the batches go out on, and its address (port resolved)."""
+    # An XPUB is a PUB that also tells us who subscribes (the same to SUB peers on the wire):
+    # ``subscribers`` counts them, so "has anyone joined yet" is a condition, not a guess.
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe, not only the first/last
+    pub.setsockopt(zmq.SNDHWM, config.hwm)
+    pub.setsockopt(zmq.LINGER, int(config.shutdown_timeout * 1000))
+    if config.curve_secret_key is not None:
+        curve.make_server(pub, config.curve_secret_key)
+    pub_ep = parse_pub_endpoint(offset_port(config.endpoint, rank))
+    endpoint = attach(pub, pub_ep)
+    if config.curve_secret_key is None and pub_ep.bind:
+        curve.warn_if_plain_beyond_loopback(endpoint, "PUB socket")
+    return pub, endpoint
+
+
+def _bind_replay(ctx: zmq.Context, config: PublisherConfig, rank: int,
+                 pub: zmq.Socket) -> tuple[zmq.Socket | None, str | None]:
+    """The ROUTER answering replay and snapshot requests, and its address; (None, None) when disabled. A failed
+    bind closes it and ``pub``."""
+    if config.replay_endpoint is None:
+        return None, None
+    replay = ctx.socket(zmq.ROUTER)
+    if config.curve_secret_key is not None:
+        curve.make_server(replay, config.curve_secret_key)
+    # Room for a whole replay (and a snapshot's chunks), whatever the PUB's hwm: a ROUTER
+    # drops what exceeds its hwm, which would punch holes into answers.
+    replay.setsockopt(zmq.SNDHWM, 2 * config.buffer_steps + 1024)
+    # Requests are a few bytes: a peer sending big frames is dropped before they are held,
+    # so a request flood can queue at most RCVHWM (1000) small messages per peer.
+    replay.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+    replay.setsockopt(zmq.LINGER, 0)
+    ep = parse_listen_endpoint(offset_port(config.replay_endpoint, rank))
+    try:
+        endpoint = attach(replay, ep)
+    except zmq.ZMQError:
+        pub.close(linger=0)
+        replay.close(linger=0)
+        raise
+    if config.curve_secret_key is None:
+        curve.warn_if_plain_beyond_loopback(endpoint, "replay/snapshot socket")
+    return replay, endpoint
+
+
+def _wake_pair(ctx: zmq.Context, addr: str) -> tuple[zmq.Socket, zmq.Socket]:
+    """An inproc PULL the I/O thread polls and the PUSH that wakes it (at most one wake-up queued)."""
+    wake_recv = ctx.socket(zmq.PULL)
+    wake_recv.bind(addr)
+    wake = ctx.socket(zmq.PUSH)
+    wake.setsockopt(zmq.SNDHWM, 1)
+    wake.setsockopt(zmq.LINGER, 0)
+    wake.connect(addr)
+    return wake_recv, wake

@@ -179,14 +179,37 @@ def _with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_s
         raise AssertionError("v_cache must have contiguous last dimension")
     if isinstance(cache_seqlens, int):  # the Python wrapper's conversion
         cache_seqlens = torch.full((k_cache.shape[0],), cache_seqlens, dtype=torch.int32, device=k_cache.device)
+    page, seqlen_k = _check_kvcache_shapes(q, k_cache, v_cache, k, v, cache_seqlens, block_table, allow_float32)
+    batch, seqlen_q, _, d = q.shape
+    paged = block_table is not None
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
+    lens = cache_seqlens.tolist() if cache_seqlens is not None else [seqlen_k] * batch
+    out = torch.empty_like(q)
+    for b in range(batch):
+        lk = lens[b]
+        if k is not None:  # append the new keys at cache_seqlens, in place
+            lk = _append_to_cache(b, lk, k, v, k_cache, v_cache, block_table, page, seqlen_k)
+        if not 0 <= lk <= seqlen_k:
+            raise ValueError(f"sequence {b} has cache_seqlens {lk}, outside the cache's [0, {seqlen_k}] positions")
+        if paged:
+            kb, vb = _paged_keys(k_cache, block_table[b], lk), _paged_keys(v_cache, block_table[b], lk)
+        else:
+            kb, vb = k_cache[b, :lk], v_cache[b, :lk]
+        out[b] = _attend(q[b], kb, vb, scale, causal and seqlen_q > 1)
+    return out
+
+
+def _check_kvcache_shapes(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                          allow_float32) -> tuple[int | None, int]:
+    """flash-attn's checks of ``flash_attn_with_kvcache``'s tensors, with its messages; the page size (None: the
+    cache is not paged) and the positions each sequence's cache holds."""
     _check_common(q, k_cache, v_cache, allow_float32, {"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v,
                                                        "cache_seqlens": cache_seqlens, "block_table": block_table})
     batch, seqlen_q, h, d = q.shape
     _check(batch > 0, "batch size must be positive")
-    paged = block_table is not None
-    hk = k_cache.shape[2]
+    hk, page = k_cache.shape[2], None
     _check(h % hk == 0, "Number of heads in key/value must divide number of heads in query")
-    if paged:
+    if block_table is not None:
         page = _check_block_table(block_table, k_cache)
         _check_shape("kcache", k_cache, (k_cache.shape[0], page, hk, d),
                      "num_blocks, page_block_size, num_heads_k, head_size_og")
@@ -207,31 +230,23 @@ def _with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_s
         _check(cache_seqlens.dtype == torch.int32, "seqlens_k must have dtype int32")
         _check(cache_seqlens.is_contiguous(), "seqlens_k must be contiguous")
         _check_shape("seqlens_k", cache_seqlens, (batch,), "batch_size")
-    scale = d**-0.5 if softmax_scale is None else softmax_scale
-    lens = cache_seqlens.tolist() if cache_seqlens is not None else [seqlen_k] * batch
-    out = torch.empty_like(q)
-    for b in range(batch):
-        lk = lens[b]
-        if k is not None:  # append the new keys at cache_seqlens, in place
-            new = k.shape[1]
-            if lk + new > seqlen_k:
-                raise ValueError(f"sequence {b}: {lk} cached + {new} new keys exceed the cache's {seqlen_k} positions")
-            for src, cache in ((k, k_cache), (v, v_cache)):
-                for i in range(new):
-                    pos = lk + i
-                    if paged:
-                        cache[int(block_table[b, pos // page]), pos % page] = src[b, i]
-                    else:
-                        cache[b, pos] = src[b, i]
-            lk += new
-        if not 0 <= lk <= seqlen_k:
-            raise ValueError(f"sequence {b} has cache_seqlens {lk}, outside the cache's [0, {seqlen_k}] positions")
-        if paged:
-            kb, vb = _paged_keys(k_cache, block_table[b], lk), _paged_keys(v_cache, block_table[b], lk)
-        else:
-            kb, vb = k_cache[b, :lk], v_cache[b, :lk]
-        out[b] = _attend(q[b], kb, vb, scale, causal and seqlen_q > 1)
-    return out
+    return page, seqlen_k
+
+
+def _append_to_cache(b: int, cached: int, k, v, k_cache, v_cache, block_table, page: int | None, seqlen_k: int) -> int:
+    """Write sequence ``b``'s new keys and values into its cache after its ``cached`` positions (through its block
+    table when paged), as the kernel does in place; its cached length after them."""
+    new = k.shape[1]
+    if cached + new > seqlen_k:
+        raise ValueError(f"sequence {b}: {cached} cached + {new} new keys exceed the cache's {seqlen_k} positions")
+    for src, cache in ((k, k_cache), (v, v_cache)):
+        for i in range(new):
+            pos = cached + i
+            if block_table is not None:
+                cache[int(block_table[b, pos // page]), pos % page] = src[b, i]
+            else:
+                cache[b, pos] = src[b, i]
+    return cached + new
 
 
 def flash_attn_varlen_func(*args, **kwargs):

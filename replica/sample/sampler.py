@@ -98,8 +98,43 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
     non-blocking upload of them all (through ``packer``, the runner's staging buffer; a fresh one
     without); ``num_generated[i]`` = tokens row i has generated so far (min_tokens, seeded rows);
     ``draws``: the runner's count of unseeded draws (a fresh one without)."""
-    i64, f32 = np.int64, np.float32
+    i64 = np.int64
     arrays: dict[str, tuple] = {}  # name -> (host array, dtype), uploaded together
+    _add_logits_processors(arrays, params, num_generated, eos_token_ids)
+    asked = [row for row, sp in enumerate(params) if sp.logprobs is not None]
+    max_num_logprobs = max(params[row].logprobs for row in asked) if asked else None
+    logprobs_rows = asked if 0 < len(asked) < len(params) else None
+    if logprobs_rows is not None:
+        arrays["logprobs_index"] = (logprobs_rows, i64)
+    greedy = all(sp.greedy for sp in params)
+    top_ks = [sp.top_k if 0 < sp.top_k < vocab_size else vocab_size for sp in params]
+    truncated = [not sp.greedy and (k < vocab_size or sp.top_p < 1.0) for k, sp in zip(top_ks, params, strict=True)]
+    trunc = [row for row, t in enumerate(truncated) if t]
+    if not greedy:
+        _add_random_sampling(arrays, params, num_generated, top_ks, truncated, trunc, draws)
+    packer = packer or PackedUpload(0, device)
+    t = dict(zip(arrays, packer.upload(list(arrays.values())), strict=True)) if arrays else {}
+    banned = (t["banned"][0], t["banned"][1]) if "banned" in t else None
+    bias = (t["bias_at"][0], t["bias_at"][1], t["bias"]) if "bias" in t else None
+    allowed = (t["allowing"], t["allowed_at"][0], t["allowed_at"][1]) if "allowing" in t else None
+    if greedy:
+        return SamplingMetadata(None, None, None, None, None, banned, bias, max_num_logprobs, logprobs_rows,
+                                logprobs_index=t.get("logprobs_index"), allowed=allowed)
+    return SamplingMetadata(
+        t["temperature"], t["greedy_rows"], t.get("top_k"), t.get("top_p"), t["keys"], banned, bias,
+        max_num_logprobs, logprobs_rows, any_greedy=any(sp.greedy for sp in params),
+        plain_rows=t.get("plain_rows"), truncated_rows=t.get("truncated_rows"),
+        max_top_k=max((top_ks[row] for row in trunc if top_ks[row] < vocab_size), default=0),
+        nucleus_only=any(top_ks[row] >= vocab_size for row in trunc), logprobs_index=t.get("logprobs_index"),
+        allowed=allowed, min_p=t.get("min_p"))
+
+
+def _add_logits_processors(arrays: dict[str, tuple], params: Sequence[SamplingParams], num_generated: Sequence[int],
+                           eos_token_ids: Sequence[int]) -> None:
+    """The arrays of what vLLM's min-tokens and logit-bias logits processors and its allowed-token mask apply, for the
+    rows that ask: the tokens banned until a row's ``min_tokens`` (its stop ids and, unless it ignores EOS, the EOS
+    ids), its ``logit_bias``, its ``allowed_token_ids``."""
+    i64, f32 = np.int64, np.float32
     banned_rows, banned_ids = [], []
     for row, (n, sp) in enumerate(zip(num_generated, params, strict=True)):
         if sp.min_tokens and n < sp.min_tokens:
@@ -120,44 +155,27 @@ def build_sampling_metadata(params: Sequence[SamplingParams], num_generated: Seq
     if allowing:
         at = [(row, t) for row in allowing for t in params[row].allowed_token_ids]
         arrays["allowing"], arrays["allowed_at"] = (allowing, i64), (np.array(at).T, i64)  # [R], [2, A]
-    asked = [row for row, sp in enumerate(params) if sp.logprobs is not None]
-    max_num_logprobs = max(params[row].logprobs for row in asked) if asked else None
-    logprobs_rows = asked if 0 < len(asked) < len(params) else None
-    if logprobs_rows is not None:
-        arrays["logprobs_index"] = (logprobs_rows, i64)
-    greedy = all(sp.greedy for sp in params)
-    top_ks = [sp.top_k if 0 < sp.top_k < vocab_size else vocab_size for sp in params]
-    truncated = [not sp.greedy and (k < vocab_size or sp.top_p < 1.0) for k, sp in zip(top_ks, params, strict=True)]
-    trunc = [row for row, t in enumerate(truncated) if t]
-    if not greedy:
-        arrays["temperature"] = ([1.0 if sp.greedy else sp.temperature for sp in params], f32)
-        arrays["greedy_rows"] = ([sp.greedy for sp in params], np.bool_)
-        if trunc:
-            arrays["top_k"] = (top_ks, i64)
-            arrays["top_p"] = ([sp.top_p for sp in params], f32)
-        arrays["keys"] = ((draws or RandomDraws()).keys(params, num_generated), i64)
-        if any(sp.min_p > 0.0 and not sp.greedy for sp in params):
-            arrays["min_p"] = ([sp.min_p for sp in params], f32)
-        plain = [row for row, sp in enumerate(params) if not sp.greedy and not truncated[row]]
-        if plain:
-            arrays["plain_rows"] = (plain, i64)
-        if trunc:
-            arrays["truncated_rows"] = (trunc, i64)
-    packer = packer or PackedUpload(0, device)
-    t = dict(zip(arrays, packer.upload(list(arrays.values())), strict=True)) if arrays else {}
-    banned = (t["banned"][0], t["banned"][1]) if "banned" in t else None
-    bias = (t["bias_at"][0], t["bias_at"][1], t["bias"]) if "bias" in t else None
-    allowed = (t["allowing"], t["allowed_at"][0], t["allowed_at"][1]) if "allowing" in t else None
-    if greedy:
-        return SamplingMetadata(None, None, None, None, None, banned, bias, max_num_logprobs, logprobs_rows,
-                                logprobs_index=t.get("logprobs_index"), allowed=allowed)
-    return SamplingMetadata(
-        t["temperature"], t["greedy_rows"], t.get("top_k"), t.get("top_p"), t["keys"], banned, bias,
-        max_num_logprobs, logprobs_rows, any_greedy=any(sp.greedy for sp in params),
-        plain_rows=t.get("plain_rows"), truncated_rows=t.get("truncated_rows"),
-        max_top_k=max((top_ks[row] for row in trunc if top_ks[row] < vocab_size), default=0),
-        nucleus_only=any(top_ks[row] >= vocab_size for row in trunc), logprobs_index=t.get("logprobs_index"),
-        allowed=allowed, min_p=t.get("min_p"))
+
+
+def _add_random_sampling(arrays: dict[str, tuple], params: Sequence[SamplingParams], num_generated: Sequence[int],
+                         top_ks: list[int], truncated: list[bool], trunc: list[int],
+                         draws: RandomDraws | None) -> None:
+    """The arrays of a batch that draws: temperatures, which rows are greedy, the draws' keys, top-k / top-p
+    for the ``truncated`` rows, min-p when a row sets it, and the rows that draw from the whole distribution."""
+    i64, f32 = np.int64, np.float32
+    arrays["temperature"] = ([1.0 if sp.greedy else sp.temperature for sp in params], f32)
+    arrays["greedy_rows"] = ([sp.greedy for sp in params], np.bool_)
+    if trunc:
+        arrays["top_k"] = (top_ks, i64)
+        arrays["top_p"] = ([sp.top_p for sp in params], f32)
+    arrays["keys"] = ((draws or RandomDraws()).keys(params, num_generated), i64)
+    if any(sp.min_p > 0.0 and not sp.greedy for sp in params):
+        arrays["min_p"] = ([sp.min_p for sp in params], f32)
+    plain = [row for row, sp in enumerate(params) if not sp.greedy and not truncated[row]]
+    if plain:
+        arrays["plain_rows"] = (plain, i64)
+    if trunc:
+        arrays["truncated_rows"] = (trunc, i64)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:

@@ -80,6 +80,14 @@ def build_app(state: ServerState) -> FastAPI:
     install_lora_routes(app, state.loras, state.frontend, state.renderer.run)
 
     open_server = server.api_key is None and server.admin_key is None and server.internal_key is None
+    _install_model_cards(app, state, open_server)
+    _install_engine_routes(app, state)
+    _install_server_info(app, state, open_server)
+    return app
+
+
+def _install_model_cards(app: FastAPI, state: ServerState, open_server: bool) -> None:
+    """GET /v1/models and /v1/models/{id}: the base model and its loaded adapters."""
 
     def cards(http: Request) -> list:  # host paths (root) for the router and the operator only
         max_model_len = state.engine_client.max_model_len
@@ -95,6 +103,10 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str, http: Request):
         return r.card_named(cards(http), model_id)
+
+
+def _install_engine_routes(app: FastAPI, state: ServerState) -> None:
+    """The engine's health, metrics, load and prefix cache reset (vLLM's paths, and kvmesh's /load)."""
 
     async def health():
         reason = state.engine_client.dead_reason()
@@ -126,6 +138,10 @@ def build_app(state: ServerState) -> FastAPI:
         return [{"dp_rank": 0, "num_reqs": report.num_requests_running + report.num_requests_waiting,
                  "num_waiting_reqs": report.num_requests_waiting, "num_tokens": report.num_waiting_prefill_tokens}]
 
+
+def _install_server_info(app: FastAPI, state: ServerState, open_server: bool) -> None:
+    """/server_info and /model_info (and vLLM's /get_ aliases): host paths for the router and the operator only."""
+
     async def server_info(http: Request):  # host paths for the router and the operator only, as /v1/models
         return state.server_info(paths=open_server or is_operator(http.scope))
 
@@ -136,4 +152,3 @@ def build_app(state: ServerState) -> FastAPI:
         app.add_api_route(path, server_info, methods=["GET"], response_model=None)
     for path in ("/model_info", "/get_model_info"):
         app.add_api_route(path, model_info, methods=["GET"], response_model=None)
-    return app

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from itertools import chain
 from operator import attrgetter
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvmesh.replica.utils.cpu_gpu_buffer import PackedUpload
 from kvmesh.replica.worker.block_table import BlockTables
-from kvmesh.replica.worker.graphs.dispatcher import BatchDescriptor, CudagraphDispatcher
+from kvmesh.replica.worker.graphs.dispatcher import BatchDescriptor, CudagraphDispatcher, StepPath
 from kvmesh.replica.worker.model_inputs import ModelInputs, step_upload
 
 __all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
@@ -49,6 +50,39 @@ __all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
 _token_ids = attrgetter("token_ids")
 _sample = attrgetter("sample")
 _ALL_GREEDY = SamplingMetadata(None, None, None, None, None)
+
+
+class StepArrays(NamedTuple):
+    """A step's inputs on the host ([T] per token, [n] per request, [N] per sampling request)."""
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    logits_indices: np.ndarray
+    """[N] the last token of each request that samples."""
+    query_start_loc: np.ndarray
+    """[n + 1]."""
+    seq_lens: np.ndarray
+    block_tables: np.ndarray
+    """[n, width] the rows' block ids, 0-padded."""
+    sample_rows: np.ndarray
+    num_tokens: int
+
+
+class StepTensors(NamedTuple):
+    """The same inputs as the step reads them on its device (None: a graph does not read it)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    logits_indices: torch.Tensor | None
+    query_start_loc: torch.Tensor | None
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    gathered: tuple | None = ()
+    """The previous step's sampled ids to gather into ``input_ids``: (index, dst) views, when there are."""
+    lora_slots: torch.Tensor | None = None
+    """The requests' adapter slots (the last array of an eager upload that has them)."""
 
 
 class InputBatch:
@@ -154,6 +188,40 @@ class InputBatch:
 
     def _tensors(self, rows: np.ndarray, query_lens: np.ndarray, sample_mask: np.ndarray, num_decodes: int,
                  prefills: list[ScheduledRequest], static: bool) -> ModelInputs:
+        host = self._step_arrays(rows, query_lens, sample_mask, num_decodes, prefills)
+        n, num_tokens, sample_rows = len(rows), host.num_tokens, host.sample_rows
+        gather = self._prev_sampled_gather(rows[:num_decodes])
+        req_slots = self._lora_slots(rows)  # [n] int32 slot per request, None: no adapter in the step
+        static = static and req_slots is None  # steps with an adapter run eagerly (no graph holds the update)
+        path = self.dispatcher.dispatch(BatchDescriptor(n, num_tokens, len(sample_rows)), static)
+        graph_sampling, graph_answers = None, False
+        if path.prefill_size is not None or path.decode_size is not None:
+            graph_sampling, graph_answers, settings = self._graph_sampling(sample_rows)
+            dev = self._stage_for_graph(path, host, n, gather, settings)
+        else:  # eager: the step's one upload
+            dev = self._upload(host, gather, req_slots)
+        seq_lens, block_tables = host.seq_lens, host.block_tables
+        common = CommonAttentionMetadata(
+            num_reqs=n, num_decodes=num_decodes, num_actual_tokens=num_tokens,
+            max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()), block_size=self.block_size,
+            query_start_loc=dev.query_start_loc, seq_lens=dev.seq_lens, block_tables=dev.block_tables,
+            slot_mapping=dev.slot_mapping, query_start_loc_cpu=host.query_start_loc.tolist(),
+            seq_lens_cpu=seq_lens.tolist(), block_tables_cpu=block_tables,
+        )
+        if gather:  # decode rows sampled by the previous step, not yet on the host: a device gather
+            index, dst = dev.gathered
+            dev.input_ids.index_copy_(0, dst, self.prev_sampled[index])
+        lora_mapping = None if req_slots is None else self.lora.mapping(req_slots, query_lens, dev.lora_slots,
+                                                                        dev.query_start_loc)
+        return ModelInputs(dev.input_ids, dev.positions, common, dev.logits_indices, sample_rows,
+                           self.req_ids[sample_rows].tolist(), rows, static_size=path.decode_size,
+                           graph_sampling=graph_sampling, prefill_size=path.prefill_size,
+                           graph_answers=graph_answers, lora_mapping=lora_mapping)
+
+    def _step_arrays(self, rows: np.ndarray, query_lens: np.ndarray, sample_mask: np.ndarray, num_decodes: int,
+                     prefills: list[ScheduledRequest]) -> StepArrays:
+        """The step's inputs on the host, by the module doc's arithmetic over whole arrays (vLLM's
+        ``_prepare_inputs``); a row whose block table is short of its tokens is the scheduler's error."""
         n, bs = len(rows), self.block_size
         num_computed = self.num_computed[rows]
         if num_decodes == n:
@@ -188,50 +256,36 @@ class InputBatch:
         else:
             logits_indices = query_start_loc[1:][sample_mask] - 1
             sample_rows = rows[sample_mask]
+        return StepArrays(input_ids, positions, slot_mapping, logits_indices, query_start_loc, seq_lens, block_tables,
+                          sample_rows, num_tokens)
 
-        gather = self._prev_sampled_gather(rows[:num_decodes])
-        req_slots = self._lora_slots(rows)  # [n] int32 slot per request, None: no adapter in the step
-        static = static and req_slots is None  # steps with an adapter run eagerly (no graph holds the update)
-        path = self.dispatcher.dispatch(BatchDescriptor(n, num_tokens, len(sample_rows)), static)
-        graph_sampling, graph_answers = None, False
-        if path.prefill_size is not None:  # one request, a short query: straight into the prefill graphs' inputs
+    def _stage_for_graph(self, path: StepPath, host: StepArrays, n: int, gather: list, settings: tuple | None) -> StepTensors:
+        """Write the step straight into the inputs of the graphs ``path`` replays: a one-request prefill graph's
+        (prefill_graph.py) or the decode graphs' (static_inputs.py); the views the step reads."""
+        num_tokens = host.num_tokens
+        if path.prefill_size is not None:  # one request, a short query
             into = self.dispatcher.static.prefill.inputs
-            graph_sampling, graph_answers, settings = self._graph_sampling(sample_rows)
-            into.stage(path.prefill_size, input_ids, positions, slot_mapping, int(seq_lens[0]), block_tables[0],
-                       settings)
-            ids, positions_d, slots = into.input_ids[:num_tokens], into.positions[:num_tokens], \
-                into.slot_mapping[:num_tokens]
-            seq_lens_d, tables, logits_d, qsl, gathered = into.seq_lens[:1], into.block_table[:1], None, None, ()
-        elif path.decode_size is not None:  # straight into the decode graphs' inputs (static_inputs.py)
-            into = self.dispatcher.static.inputs
-            graph_sampling, graph_answers, settings = self._graph_sampling(sample_rows)
-            gathered = into.stage(path.decode_size, input_ids, positions, slot_mapping, seq_lens, block_tables,
-                                  gather, settings)
-            ids, positions_d, slots, seq_lens_d = into.input_ids[:n], into.positions[:n], into.slot_mapping[:n], \
-                into.seq_lens[:n]
-            tables, logits_d, qsl = into.block_table[:n], None, None  # the graph reads neither
-        else:  # eager: the step's one upload
-            i64, i32 = np.int64, np.int32
-            staged = self.buffers.upload([(input_ids, i64), (positions, i64), (slot_mapping, i64),
-                                          (logits_indices, i64), (query_start_loc, i32), (seq_lens, i32),
-                                          (block_tables, i32), *gather,
-                                          *(() if req_slots is None else [(req_slots, i32)])])
-            ids, positions_d, slots, logits_d, qsl, seq_lens_d, tables = staged[:7]
-            gathered = staged[7:7 + len(gather)]
-        common = CommonAttentionMetadata(
-            num_reqs=n, num_decodes=num_decodes, num_actual_tokens=num_tokens,
-            max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()), block_size=bs,
-            query_start_loc=qsl, seq_lens=seq_lens_d, block_tables=tables, slot_mapping=slots,
-            query_start_loc_cpu=query_start_loc.tolist(), seq_lens_cpu=seq_lens.tolist(),
-            block_tables_cpu=block_tables,
-        )
-        if gather:  # decode rows sampled by the previous step, not yet on the host: a device gather
-            index, dst = gathered
-            ids.index_copy_(0, dst, self.prev_sampled[index])
-        lora_mapping = None if req_slots is None else self.lora.mapping(req_slots, query_lens, staged[-1], qsl)
-        return ModelInputs(ids, positions_d, common, logits_d, sample_rows, self.req_ids[sample_rows].tolist(), rows,
-                           static_size=path.decode_size, graph_sampling=graph_sampling, prefill_size=path.prefill_size,
-                           graph_answers=graph_answers, lora_mapping=lora_mapping)
+            into.stage(path.prefill_size, host.input_ids, host.positions, host.slot_mapping, int(host.seq_lens[0]),
+                       host.block_tables[0], settings)
+            return StepTensors(into.input_ids[:num_tokens], into.positions[:num_tokens],
+                               into.slot_mapping[:num_tokens], None, None, into.seq_lens[:1], into.block_table[:1])
+        into = self.dispatcher.static.inputs
+        gathered = into.stage(path.decode_size, host.input_ids, host.positions, host.slot_mapping, host.seq_lens,
+                              host.block_tables, gather, settings)
+        # the decode graph reads neither logits indices nor query_start_loc
+        return StepTensors(into.input_ids[:n], into.positions[:n], into.slot_mapping[:n], None, None,
+                           into.seq_lens[:n], into.block_table[:n], gathered)
+
+    def _upload(self, host: StepArrays, gather: list, req_slots: np.ndarray | None) -> StepTensors:
+        """The eager step's arrays in the step's one upload (``step_upload``)."""
+        i64, i32 = np.int64, np.int32
+        staged = self.buffers.upload([(host.input_ids, i64), (host.positions, i64), (host.slot_mapping, i64),
+                                      (host.logits_indices, i64), (host.query_start_loc, i32), (host.seq_lens, i32),
+                                      (host.block_tables, i32), *gather,
+                                      *(() if req_slots is None else [(req_slots, i32)])])
+        ids, positions, slots, logits, qsl, seq_lens, tables = staged[:7]
+        return StepTensors(ids, positions, slots, logits, qsl, seq_lens, tables, staged[7:7 + len(gather)],
+                           None if req_slots is None else staged[-1])
 
     def _lora_slots(self, rows: np.ndarray) -> np.ndarray | None:
         """Each request's adapter slot [n] int32 (-1: base), its adapters put into slots first; None when no request

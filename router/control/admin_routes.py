@@ -104,23 +104,34 @@ def answered_by_owner(method: str, path: str) -> bool:
 
 def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
     """Add the routes of the module doc to the router's app."""
-    cfg = runtime.config
+    _install_replica_set(app, runtime)
+    _install_fleet(app, runtime)
+    _install_adapters_and_cache(app, runtime)
+
+
+def _replica_rows(runtime: RouterRuntime) -> list[ReplicaRow]:
+    """One row per registered replica: where it listens, its role, health, load and models."""
+    loads, outliers, router = runtime.router.loads.loads, runtime.outliers, runtime.router
+    return [ReplicaRow(id=s.replica_id, url=s.url, role=s.role, events=s.events, replay=s.replay,
+                       healthy=s.replica_id in router.healthy, draining=s.replica_id in runtime.draining,
+                       degraded=router.degraded.get(s.replica_id),
+                       in_flight=runtime.in_flight(s.replica_id),
+                       prefill_backlog=loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0,
+                       ejected=outliers.is_ejected(s.replica_id),
+                       ejected_for_s=round(outliers.ejected_for_s(s.replica_id), 1),
+                       ejections=outliers.health(s.replica_id).ejections,
+                       last_failure=outliers.health(s.replica_id).last_failure,
+                       model=runtime.models.catalog.base_of(s.replica_id),
+                       adapters=sorted(runtime.models.catalog.adapters_of(s.replica_id)))
+            for s in list(runtime.specs.values())]
+
+
+def _install_replica_set(app: FastAPI, runtime: RouterRuntime) -> None:
+    """GET/POST /replicas, POST /replicas/{id}/drain, DELETE /replicas/{id}."""
 
     @app.get("/replicas")
     async def list_replicas(drain_cost: bool = False) -> Response:
-        loads, outliers = runtime.router.loads.loads, runtime.outliers
-        rows = [ReplicaRow(id=s.replica_id, url=s.url, role=s.role, events=s.events, replay=s.replay,
-                           healthy=s.replica_id in runtime.router.healthy, draining=s.replica_id in runtime.draining,
-                           degraded=runtime.router.degraded.get(s.replica_id),
-                           in_flight=runtime.in_flight(s.replica_id),
-                           prefill_backlog=loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0,
-                           ejected=outliers.is_ejected(s.replica_id),
-                           ejected_for_s=round(outliers.ejected_for_s(s.replica_id), 1),
-                           ejections=outliers.health(s.replica_id).ejections,
-                           last_failure=outliers.health(s.replica_id).last_failure,
-                           model=runtime.models.catalog.base_of(s.replica_id),
-                           adapters=sorted(runtime.models.catalog.adapters_of(s.replica_id)))
-                for s in list(runtime.specs.values())]
+        rows = _replica_rows(runtime)
         if drain_cost:  # blocks only this replica holds: what draining it would cost (a walk over the index)
             exclusive = await asyncio.to_thread(exclusive_blocks, runtime.router)
             for row in rows:
@@ -141,6 +152,30 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
         if removing:  # serve's replica count drops by one for good (until a scale or the autoscaler)
             answer["target"] = runtime.fleet.target
         return answer
+
+    @app.post("/replicas")
+    async def add_replica(request: AppRequest):
+        body = await read_request(request, ReplicaRegistration, runtime.config.frontend, runtime.renderer.run)
+        try:
+            spec = ReplicaSpec(url=body.url, events=body.events, replay=body.replay, replica_id=body.id or "",
+                               role=body.role)
+        except ValueError as e:
+            raise ProtocolError(f"bad replica registration: {echo(str(e))}; send "
+                                '{"url": "http://HOST:PORT", "events": "tcp://...", "replay": "tcp://...", '
+                                f'"id": "name", "role": "{"|".join(ROLES)}"}}') from None
+        runtime.add_replica(spec)
+        return {"id": spec.replica_id, "healthy": await runtime.probes.probe(spec)}
+
+    @app.delete("/replicas/{replica_id:path}")
+    async def delete_replica(replica_id: str):
+        if not runtime.remove_replica(replica_id):
+            raise ProtocolError(f"no replica {echo(replica_id)!r}; GET /replicas lists them", 404)
+        return {"id": replica_id, "removed": True}
+
+
+def _install_fleet(app: FastAPI, runtime: RouterRuntime) -> None:
+    """GET /admin/fleet, POST /admin/scale and /admin/rollout: serve's process set."""
+    cfg = runtime.config
 
     def fleet():
         if runtime.fleet is None:
@@ -171,18 +206,10 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
         body = await read_request(request, RolloutRequest, cfg.frontend, runtime.renderer.run)
         return ask_fleet(lambda: fleet().request_rollout(body.engine, body.deployment))
 
-    @app.post("/replicas")
-    async def add_replica(request: AppRequest):
-        body = await read_request(request, ReplicaRegistration, cfg.frontend, runtime.renderer.run)
-        try:
-            spec = ReplicaSpec(url=body.url, events=body.events, replay=body.replay, replica_id=body.id or "",
-                               role=body.role)
-        except ValueError as e:
-            raise ProtocolError(f"bad replica registration: {echo(str(e))}; send "
-                                '{"url": "http://HOST:PORT", "events": "tcp://...", "replay": "tcp://...", '
-                                f'"id": "name", "role": "{"|".join(ROLES)}"}}') from None
-        runtime.add_replica(spec)
-        return {"id": spec.replica_id, "healthy": await runtime.probes.probe(spec)}
+
+def _install_adapters_and_cache(app: FastAPI, runtime: RouterRuntime) -> None:
+    """vLLM's LoRA adapter endpoints and /reset_prefix_cache, answered across the replicas."""
+    cfg = runtime.config
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: AppRequest):
@@ -197,9 +224,3 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
     @app.post(RESET_PREFIX_CACHE_PATH)
     async def reset_prefix_cache():
         return {"replicas": await reset_every_replica(runtime, runtime.probes.pool)}
-
-    @app.delete("/replicas/{replica_id:path}")
-    async def delete_replica(replica_id: str):
-        if not runtime.remove_replica(replica_id):
-            raise ProtocolError(f"no replica {echo(replica_id)!r}; GET /replicas lists them", 404)
-        return {"id": replica_id, "removed": True}

@@ -33,9 +33,11 @@ AsgiApp = Callable[[AsgiMessage, Receive, Send], Awaitable[None]]
 
 
 @dataclass
-class _Reply:
-    """What the app sent so far for one request."""
+class _Exchange:
+    """One request's run through the app: its ``receive`` and ``send``, and what the app sent so far."""
 
+    conn: HttpConnection
+    request: Request
     status: int = 0
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     chunked: bool = False
@@ -46,6 +48,71 @@ class _Reply:
     """The app has received the whole request body."""
     done: bool = False
     """The last body part went out."""
+
+    async def receive(self) -> dict:
+        """The body as it arrives, then ``http.disconnect`` once the client leaves."""
+        conn, request = self.conn, self.request
+        if not self.body_read:
+            try:
+                chunk = await request.next_chunk()  # body.py applies the deadline and the size limit
+            except ProtocolError:  # the client left
+                return {"type": "http.disconnect"}
+            more = chunk is not None and not (request.complete and not request.chunks)
+            self.body_read = not more
+            return {"type": "http.request", "body": chunk or b"", "more_body": more}
+        while not conn.lost:  # the body was read: only the client leaving comes now
+            request.waiter = asyncio.get_running_loop().create_future()
+            await request.waiter
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict) -> None:
+        """Keep the response's start; write each body part as it comes, the head before the first."""
+        conn, request = self.conn, self.request
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status, self.headers = message["status"], list(message.get("headers", ()))
+            return
+        if kind != "http.response.body" or self.done:
+            return
+        body, more = message.get("body", b""), message.get("more_body", False)
+        if not request.started:
+            self._write_head(body, more)
+        if body and request.method != b"HEAD":
+            conn.write(b"%x\r\n%b\r\n" % (len(body), body) if self.chunked else body)
+            await conn.drain()
+        if not more:
+            if self.chunked:
+                conn.write(b"0\r\n\r\n")
+            self.done = True
+
+    def _write_head(self, body: bytes, more: bool) -> None:
+        """The status line and headers: the app's content-length, else the first part's length when it is the
+        only one, else chunked (HTTP/1.0: the connection's close ends the body)."""
+        conn, request, headers = self.conn, self.request, self.headers
+        declared = any(k.lower() == b"content-length" for k, _ in headers)
+        length = None if declared else (len(body) if not more else None)
+        self.chunked = not declared and more and request.http_version != "1.0"
+        if request.http_version == "1.0" and not declared and more:
+            self.keep = False
+        keep = self.keep = self.keep and conn.keeps_alive(
+            request, any(k.lower() == b"connection" and v.lower() == b"close" for k, v in headers))
+        headers = [(k, v) for k, v in headers if k.lower() != b"connection"]
+        conn.write(conn.head(request, self.status, headers, length, keep, self.chunked))
+
+
+def _scope(conn: HttpConnection, request: Request) -> AsgiMessage:
+    """The request's ASGI http scope."""
+    path, _, query = request.target.partition(b"?")
+    sock = conn.transport.get_extra_info("sockname")
+    peer = conn.transport.get_extra_info("peername")
+    return {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": request.http_version, "method": request.method.decode("latin-1"), "scheme": "http",
+        "path": unquote(path.decode("latin-1")), "raw_path": path, "query_string": query, "root_path": "",
+        "headers": request.raw_headers,
+        "client": tuple(peer[:2]) if isinstance(peer, tuple) else None,
+        "server": tuple(sock[:2]) if isinstance(sock, tuple) else None,
+    }
 
 
 class AsgiBridge:
@@ -91,62 +158,9 @@ class AsgiBridge:
 
     async def answer(self, conn: HttpConnection, request: Request) -> bool:
         """Run ``request`` through the app; whether the connection stays open."""
-        path, _, query = request.target.partition(b"?")
-        sock = conn.transport.get_extra_info("sockname")
-        peer = conn.transport.get_extra_info("peername")
-        scope = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": request.http_version, "method": request.method.decode("latin-1"), "scheme": "http",
-            "path": unquote(path.decode("latin-1")), "raw_path": path, "query_string": query, "root_path": "",
-            "headers": request.raw_headers,
-            "client": tuple(peer[:2]) if isinstance(peer, tuple) else None,
-            "server": tuple(sock[:2]) if isinstance(sock, tuple) else None,
-        }
-        state = _Reply()
-
-        async def receive() -> dict:
-            if not state.body_read:
-                try:
-                    chunk = await request.next_chunk()  # body.py applies the deadline and the size limit
-                except ProtocolError:  # the client left
-                    return {"type": "http.disconnect"}
-                more = chunk is not None and not (request.complete and not request.chunks)
-                state.body_read = not more
-                return {"type": "http.request", "body": chunk or b"", "more_body": more}
-            while not conn.lost:  # the body was read: only the client leaving comes now
-                request.waiter = asyncio.get_running_loop().create_future()
-                await request.waiter
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict) -> None:
-            kind = message["type"]
-            if kind == "http.response.start":
-                state.status, state.headers = message["status"], list(message.get("headers", ()))
-                return
-            if kind != "http.response.body" or state.done:
-                return
-            body, more = message.get("body", b""), message.get("more_body", False)
-            if not request.started:
-                headers = state.headers
-                declared = any(k.lower() == b"content-length" for k, _ in headers)
-                length = None if declared else (len(body) if not more else None)
-                state.chunked = not declared and more and request.http_version != "1.0"
-                if request.http_version == "1.0" and not declared and more:
-                    state.keep = False
-                keep = state.keep = state.keep and conn.keeps_alive(
-                    request, any(k.lower() == b"connection" and v.lower() == b"close" for k, v in headers))
-                headers = [(k, v) for k, v in headers if k.lower() != b"connection"]
-                conn.write(conn.head(request, state.status, headers, length, keep, state.chunked))
-            if body and request.method != b"HEAD":
-                conn.write(b"%x\r\n%b\r\n" % (len(body), body) if state.chunked else body)
-                await conn.drain()
-            if not more:
-                if state.chunked:
-                    conn.write(b"0\r\n\r\n")
-                state.done = True
-
+        scope, state = _scope(conn, request), _Exchange(conn, request)
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, state.receive, state.send)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - the app's error handlers answer everything; this is a last resort

@@ -15,7 +15,6 @@ asks for ``"return_token_ids": true``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Protocol
@@ -27,6 +26,7 @@ from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.adapter_ready import adapter_ready
 from kvmesh.router.http.caller import identify, schedules_by_priority
 from kvmesh.router.http.failures import BrokenAnswer, InvalidAnswer, count_failure
+from kvmesh.router.http.in_flight import InFlight, reserved
 from kvmesh.router.http.kv_handoff import KVHandoff
 from kvmesh.router.http.messages import Request, Response
 from kvmesh.router.http.migration import MigratingStream
@@ -184,71 +184,93 @@ class Forwarder:
 
     async def dispatch(self, request: ProxyRequest, tried: list[str], first: RouteDecision | None = None) -> Opened:
         """Open ``request`` on the best replica not ``tried`` (first on ``first``, admission's route), moving on when
-        one fails before its first byte; the last attempt's 5xx if all failed so. Each replica gets its body's form."""
-        svc, router = self.runtime, self.runtime.router
+        one fails before its first byte; the last attempt's 5xx if all failed so. Each replica gets its body's form;
+        its load counts the attempt while it runs (in_flight.py)."""
+        svc, attempts = self.runtime, self.runtime.config.upstream.max_attempts
         headers = {"content-type": "application/json", **svc.headers()}
-        lora = request.model_pool.lora_name if request.model_pool is not None else None
-        for attempt in range(svc.config.upstream.max_attempts):
-            routed_at = time.perf_counter()
-            try:
-                decision = first if attempt == 0 and first is not None else request.route(router, tried)
-            except NoReplicaError as e:
-                raise ProtocolError(str(e), 503) from None
-            if decision is first:  # admission's route, made when it let the request go: its TTFT counts from then
-                routed_at = min(routed_at, decision.decided_at_ns * 1e-9)
-            if attempt == 0 and request.tokenize_ns is not None:
-                svc.metrics.observe_stages(request.tokenize_ns, decision.timings_ns)
+        for attempt in range(attempts):
+            decision, routed_at = self._route(request, tried, first if attempt == 0 else None, attempt)
             rid = decision.replica_id
-            spec = svc.specs.get(rid)
-            if spec is None:  # removed meanwhile
-                tried.append(rid)
-                continue
-            if lora is not None and not await adapter_ready(svc, rid, request, tried):
+            spec = await self._replica_spec(request, rid, tried)
+            if spec is None:
                 continue
             if attempt == 0 and not tried and request.req is not None:  # a retry or a continuation goes as sent
-                router.loads.reserve(rid, True)  # its slot is taken while a split's prefill call runs
-                try:
+                with reserved(svc.router.loads, rid):  # its slot is taken while a split's prefill call runs
                     await self.handoff.prepare(request, decision)
-                finally:
-                    router.loads.reserve(rid, False)
-            router.loads.on_dispatch(rid, decision.uncached_tokens, prompt_tokens=len(request.route_ids))
-            try:
+            with InFlight(svc.router.loads, decision, len(request.route_ids)) as flight:
                 opened = await self._open(spec.url, request, svc.upstream_kinds.get(rid, TEXT), headers, decision,
                                           svc.patience(rid))
-            except asyncio.CancelledError:  # the client left: nothing reached it
-                router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
-                raise
-            failed = isinstance(opened, Exception)
-            if failed or opened.upstream.status >= 500:
-                if not failed:
-                    svc.record_failure(rid, f"answered HTTP {opened.upstream.status}", "http_5xx")
-                if not failed and attempt + 1 == svc.config.upstream.max_attempts:  # pass the last error through
-                    router.loads.on_first_output(rid, decision.uncached_tokens)
+                status = None if isinstance(opened, Exception) else opened.upstream.status
+                if status is not None and status >= 500:
+                    svc.record_failure(rid, f"answered HTTP {status}", "http_5xx")
+                    if attempt + 1 == attempts:  # pass the last error through
+                        flight.answered()
+                        return opened
+                elif status is not None:
+                    self._opened(request, opened, flight, routed_at, tried)
                     return opened
-                router.loads.on_finish(rid, decision.uncached_tokens, had_output=False)
-                self.handoff.abandon(request)
-                if failed:
-                    why = count_failure(svc, rid, opened)
-                else:
-                    why = f"HTTP {opened.upstream.status}"
-                    opened.upstream.close()
-                svc.metrics.child(svc.metrics.retries, str(rid)).inc()
-                request.failed_over.append(f"{rid}: {why}")
-                tried.append(rid)
-                continue
-            svc.outliers.on_success(rid)
-            self.handoff.opened(decision, opened.upstream)
-            router.loads.on_first_output(rid, decision.uncached_tokens)
-            if request.stream is not None:  # a stream's first bytes: its TTFT, against the prediction
-                tokenized_s = (request.tokenize_ns or 0) * 1e-9 if not tried else 0.0
-                router.observe_ttft(decision, time.perf_counter() - routed_at + tokenized_s)
-                svc.receipt_metrics.on_ttft(decision.receipt)
-            if request.failed_over:
-                decision.receipt.failed_over = tuple(request.failed_over)
-            count_decision(self.runtime, decision, len(request.route_ids))
-            return opened
+            self._fail_over(request, opened, rid, tried)
         raise ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
                             "retry later", 503)
+
+    def _route(self, request: ProxyRequest, tried: list[str], first: RouteDecision | None,
+               attempt: int) -> tuple[RouteDecision, float]:
+        """The attempt's route (``first`` when given) and the clock its TTFT counts from; 503 for no replica left."""
+        svc = self.runtime
+        routed_at = time.perf_counter()
+        try:
+            decision = first if first is not None else request.route(svc.router, tried)
+        except NoReplicaError as e:
+            raise ProtocolError(str(e), 503) from None
+        if decision is first:  # admission's route, made when it let the request go: its TTFT counts from then
+            routed_at = min(routed_at, decision.decided_at_ns * 1e-9)
+        if attempt == 0 and request.tokenize_ns is not None:
+            svc.metrics.observe_stages(request.tokenize_ns, decision.timings_ns)
+        return decision, routed_at
+
+    async def _replica_spec(self, request: ProxyRequest, rid: str, tried: list[str]) -> ReplicaSpec | None:
+        """Where to send ``request`` on ``rid``; None (``rid`` tried) when it was removed meanwhile or did not load
+        the request's adapter (adapter_ready.py)."""
+        svc = self.runtime
+        spec = svc.specs.get(rid)
+        if spec is None:  # removed meanwhile
+            tried.append(rid)
+            return None
+        pool = request.model_pool
+        if pool is not None and pool.lora_name is not None and not await adapter_ready(svc, rid, request, tried):
+            return None
+        return spec
+
+    def _opened(self, request: ProxyRequest, opened: Opened, flight: InFlight, routed_at: float,
+                tried: list[str]) -> None:
+        """The replica sent its first bytes: a success for its health, a split's lease settled, its prefill done,
+        a stream's TTFT learnt against the prediction, the route counted."""
+        svc, decision = self.runtime, opened.decision
+        rid = decision.replica_id
+        svc.outliers.on_success(rid)
+        self.handoff.opened(decision, opened.upstream)
+        flight.answered()
+        if request.stream is not None:  # a stream's first bytes: its TTFT, against the prediction
+            tokenized_s = (request.tokenize_ns or 0) * 1e-9 if not tried else 0.0
+            svc.router.observe_ttft(decision, time.perf_counter() - routed_at + tokenized_s)
+            svc.receipt_metrics.on_ttft(decision.receipt)
+        if request.failed_over:
+            decision.receipt.failed_over = tuple(request.failed_over)
+        count_decision(svc, decision, len(request.route_ids))
+
+    def _fail_over(self, request: ProxyRequest, opened: Opened | Exception, rid: str, tried: list[str]) -> None:
+        """``rid`` failed before its first byte (an error, or a 5xx not passed through): its split's lease released,
+        the failure counted against it, the request moves on to the next replica."""
+        svc = self.runtime
+        self.handoff.abandon(request)
+        if isinstance(opened, Exception):
+            why = count_failure(svc, rid, opened)
+        else:
+            why = f"HTTP {opened.upstream.status}"
+            opened.upstream.close()
+        svc.metrics.child(svc.metrics.retries, str(rid)).inc()
+        request.failed_over.append(f"{rid}: {why}")
+        tried.append(rid)
 
     async def _open(self, url: str, request: ProxyRequest, kind: UpstreamKind, headers: dict[str, str],
                     decision: RouteDecision, patience: Patience | None) -> Opened | Exception:

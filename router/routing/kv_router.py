@@ -195,54 +195,71 @@ class KVRouter:
         t1 = _ns()
         if now is None and session_id is not None:
             now = time.monotonic()
+        num_tokens, excluded, policy = len(token_ids), set(exclude), self.policy
         with self.lock:
             tiers = self.index.match_tiers(keys, now=now)
             t2 = _ns()
-            self.loads.refresh()  # other router processes' in-flight counts, when shared
-            excluded = set(exclude)
-            loads = self.candidate_loads(excluded, pool)
-            if not loads:
-                raise NoReplicaError("no healthy replica to route to (all are down, of role prefill or already "
-                                     "failed this request); retry later or register a decode replica"
-                                     if pool is None else "no healthy replica serves this model now (its replicas "
-                                     "are down, of role prefill or already failed this request); retry later")
+            loads = self._routable_loads(excluded, pool)
             tiers = tiers.without(self.degraded)
-            matches, policy = tiers.device, self.policy
-            replica_id = policy.choose(keys, tiers, loads, len(token_ids), lora_name)
-            by_session = False
-            if session_id is not None:
-                pinned = self.sessions.get(session_id, now)
-                if (pinned is not None and pinned != replica_id and pinned in loads
-                        and policy.keeps_session(pinned, replica_id, keys, matches, loads, len(token_ids))):
-                    replica_id, by_session = pinned, True
-                if commit:
-                    self.sessions.pin(session_id, replica_id, now)
+            chosen = policy.choose(keys, tiers, loads, num_tokens, lora_name)
+            replica_id, by_session = self._follow_session(session_id, now, chosen, keys, tiers, loads, num_tokens, commit)
             if commit:
-                self.index.predict(replica_id, keys, now=now, start=matches.get(replica_id, 0))
-            pull = self._plan_pull(replica_id, tiers, len(token_ids), excluded, pool)
-            estimate = policy.estimate(replica_id, keys, tiers, loads, len(token_ids), lora_name)
+                self.index.predict(replica_id, keys, now=now, start=tiers.device.get(replica_id, 0))
+            pull = self._plan_pull(replica_id, tiers, num_tokens, excluded, pool)
+            estimate = policy.estimate(replica_id, keys, tiers, loads, num_tokens, lora_name)
         t3 = _ns()
-        either = tiers.either()  # a host-tier block past the device prefix is a hit too, loaded back
+        why = "fallback" if excluded or replica_id in self.degraded else "session" if by_session else None
+        receipt = self._receipt(replica_id, tiers, loads, num_tokens, session_id, why, estimate)
+        return RouteDecision(replica_id, keys, tiers.either().get(replica_id, 0), receipt.predicted_hit_tokens,
+                             num_tokens - receipt.predicted_hit_tokens, receipt.predicted_host_tokens, receipt,
+                             {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, receipt.predicted_ttft_s,
+                             pool=pool, decided_at_ns=t0, estimate=estimate if receipt.predicted_ttft_s is not None else None)
+
+    def _routable_loads(self, excluded: set, pool: frozenset | None) -> CandidateLoads | dict:
+        """``candidate_loads`` with the other router processes' counts taken in (call under the lock);
+        NoReplicaError when none is left."""
+        self.loads.refresh()  # other router processes' in-flight counts, when shared
+        loads = self.candidate_loads(excluded, pool)
+        if not loads:
+            raise NoReplicaError("no healthy replica to route to (all are down, of role prefill or already "
+                                 "failed this request); retry later or register a decode replica"
+                                 if pool is None else "no healthy replica serves this model now (its replicas "
+                                 "are down, of role prefill or already failed this request); retry later")
+        return loads
+
+    def _follow_session(self, session_id: str | None, now: float | None, chosen: Hashable, keys: list[int],
+                        tiers: TierMatches, loads, num_tokens: int, commit: bool) -> tuple[Hashable, bool]:
+        """The session's replica instead of the policy's ``chosen`` while the policy keeps it there (soft affinity,
+        router/routing/session.py), and whether it was kept; ``commit`` pins the session to the answer. Under the
+        lock."""
+        if session_id is None:
+            return chosen, False
+        pinned = self.sessions.get(session_id, now)
+        kept = (pinned is not None and pinned != chosen and pinned in loads
+                and self.policy.keeps_session(pinned, chosen, keys, tiers.device, loads, num_tokens))
+        replica_id = pinned if kept else chosen
+        if commit:
+            self.sessions.pin(session_id, replica_id, now)
+        return replica_id, kept
+
+    def _receipt(self, replica_id: Hashable, tiers: TierMatches, loads, num_tokens: int, session_id: str | None,
+                 why: str | None, estimate) -> RouteReceipt:
+        """The decision in a user's words: its hit against the best candidate's (a host-tier block past the device
+        prefix is a hit too, loaded back), why it was chosen (``why``, else by cache or by load), its predicted TTFT
+        when the policy prices in seconds."""
+        either = tiers.either()
         matched = either.get(replica_id, 0)
         best_id, best = None, 0
         for rid, m in either.items():
             if m > best and rid in loads:
                 best_id, best = rid, m
-        hit, best_hit = self._hit_tokens(matched, len(token_ids)), self._hit_tokens(best, len(token_ids))
-        host_hit = hit - self._hit_tokens(matches.get(replica_id, 0), len(token_ids))
-        if excluded or replica_id in self.degraded:
-            reason = "fallback"
-        elif by_session:
-            reason = "session"
-        else:
-            reason = "cache" if matched and matched == best else "load"
+        hit, best_hit = self._hit_tokens(matched, num_tokens), self._hit_tokens(best, num_tokens)
+        host_hit = hit - self._hit_tokens(tiers.device.get(replica_id, 0), num_tokens)
+        reason = why or ("cache" if matched and matched == best else "load")
         predicted = estimate.ttft_s if estimate is not None and estimate.priced else None
-        receipt = RouteReceipt(replica_id, reason, hit, best_hit, best_id, len(token_ids), session_id, host_hit,
-                               predicted_ttft_s=predicted,
-                               predicted_pace_s=estimate.pace_s if predicted is not None else None)
-        return RouteDecision(replica_id, keys, matched, hit, len(token_ids) - hit, host_hit, receipt,
-                             {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, predicted,
-                             pool=pool, decided_at_ns=t0, estimate=estimate if predicted is not None else None)
+        return RouteReceipt(replica_id, reason, hit, best_hit, best_id, num_tokens, session_id, host_hit,
+                            predicted_ttft_s=predicted,
+                            predicted_pace_s=estimate.pace_s if predicted is not None else None)
 
     def commit(self, decision: RouteDecision, session_id: str | None = None, now: float | None = None) -> None:
         """Credit ``decision``'s replica with its prompt's blocks and pin its session, as ``route`` does unless told

@@ -1,0 +1,63 @@
+"""A dispatched request's place in its replica's load (router/routing/load.py), counted in one place.
+
+    with InFlight(loads, decision, prompt_tokens) as flight:   # on_dispatch
+        opened = ...                                            # the attempt
+        flight.answered()                                       # on_first_output; the answer finishes it
+    # left without ``answered`` (a failure, a retry elsewhere) or by an exception (a cancellation too): on_finish
+
+A block left normally once ``answered`` hands the request to its answer (``Forwarder._answer``, relay.py), which
+finishes it when its body ends; any other way out finishes it here, so no path leaves a replica counting a request
+that is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+
+    from kvmesh.router.routing.load import LoadTracker
+    from kvmesh.router.routing.route_decision import RouteDecision
+
+
+class InFlight:
+    """One attempt of a request on ``decision``'s replica, from its dispatch until its answer takes it over."""
+
+    def __init__(self, loads: LoadTracker, decision: RouteDecision, prompt_tokens: int) -> None:
+        self.loads = loads
+        self.decision = decision
+        """Its replica and ``uncached_tokens``, read at each count as the answer's finish reads them."""
+        self.prompt_tokens = prompt_tokens
+        self.had_output = False
+        """``on_first_output`` ran: the replica answered."""
+
+    def __enter__(self) -> InFlight:
+        d = self.decision
+        self.loads.on_dispatch(d.replica_id, d.uncached_tokens, prompt_tokens=self.prompt_tokens)
+        return self
+
+    def answered(self) -> None:
+        """The replica answered (its first bytes, or the last attempt's error passed through): its prefill is done,
+        and the answer finishes the request when its body ends."""
+        d = self.decision
+        self.loads.on_first_output(d.replica_id, d.uncached_tokens)
+        self.had_output = True
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None or not self.had_output:  # else its answer finishes it
+            d = self.decision
+            self.loads.on_finish(d.replica_id, d.uncached_tokens, had_output=self.had_output)
+
+
+@contextmanager
+def reserved(loads: LoadTracker, replica_id: Hashable) -> Iterator[None]:
+    """Count a request bound for ``replica_id`` before it is sent (a split's prefill call runs meanwhile), so
+    admission sees the slot taken; released however the block ends."""
+    loads.reserve(replica_id, True)
+    try:
+        yield
+    finally:
+        loads.reserve(replica_id, False)

@@ -1,0 +1,168 @@
+"""A dispatched request's load accounting (router/http/in_flight.py): every way out of an attempt either finishes
+it or hands it to the answer, so a replica's in-flight count and pending prefill come back to zero."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from unittest.mock import MagicMock
+
+import pytest
+from kvmesh.replica.serving.errors import ProtocolError
+from kvmesh.router.http.in_flight import InFlight, reserved
+from kvmesh.router.http.proxy import Forwarder
+from kvmesh.router.http.proxy_request import ProxyRequest
+from kvmesh.router.http.relay import Opened
+from kvmesh.router.routing.kv_router import KVRouter
+from kvmesh.router.routing.load import LoadTracker
+
+PROMPT = list(range(64))
+
+
+def _tracker() -> LoadTracker:
+    loads = LoadTracker()
+    loads.add_replica("a")
+    return loads
+
+
+def _decision(uncached: int = 48) -> SimpleNamespace:
+    return SimpleNamespace(replica_id="a", uncached_tokens=uncached)
+
+
+def _counts(loads: LoadTracker, rid: str = "a") -> tuple[int, int]:
+    load = loads.loads[rid]
+    return load.in_flight, load.pending_prefill_tokens
+
+
+def test_an_attempt_left_without_an_answer_is_finished():
+    loads = _tracker()
+    with InFlight(loads, _decision(), len(PROMPT)):
+        assert _counts(loads) == (1, 48)
+    assert _counts(loads) == (0, 0)
+
+
+def test_an_answered_attempt_is_handed_to_its_answer():
+    loads = _tracker()
+    with InFlight(loads, _decision(), len(PROMPT)) as flight:
+        flight.answered()
+    assert _counts(loads) == (1, 0)  # the answer's finish (had_output=True) ends it
+    loads.on_finish("a", 48, had_output=True)
+    assert _counts(loads) == (0, 0)
+
+
+@pytest.mark.parametrize("answered", [False, True])
+def test_an_exception_finishes_the_attempt_answered_or_not(answered):
+    loads = _tracker()
+    with pytest.raises(RuntimeError), InFlight(loads, _decision(), len(PROMPT)) as flight:
+        if answered:
+            flight.answered()
+        raise RuntimeError("after dispatch, before the answer took it")
+    assert _counts(loads) == (0, 0)  # pending prefill is not taken off twice either
+
+
+def test_a_cancelled_attempt_is_finished():
+    loads = _tracker()
+
+    async def attempt() -> None:
+        with InFlight(loads, _decision(), len(PROMPT)):
+            await asyncio.sleep(10)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(attempt())
+        await asyncio.sleep(0)
+        assert _counts(loads) == (1, 48)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert _counts(loads) == (0, 0)
+
+
+def test_a_reservation_is_released_however_its_block_ends():
+    loads = _tracker()
+    with pytest.raises(RuntimeError), reserved(loads, "a"):
+        assert _counts(loads) == (1, 0)
+        raise RuntimeError("the prefill call failed")
+    assert _counts(loads) == (0, 0)
+
+
+# ---------------------------------------------------------------- through Forwarder.dispatch
+class _Upstream:
+    def __init__(self, status: int) -> None:
+        self.status, self.closed, self.headers = status, False, {}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _forwarder(open_on) -> tuple[Forwarder, KVRouter]:
+    """A Forwarder over replicas a and b whose ``_open`` is ``open_on(replica id)``."""
+    router = KVRouter(block_size=16)
+    for rid in ("a", "b"):
+        router.add_replica(rid)
+    runtime = SimpleNamespace(
+        router=router, config=SimpleNamespace(upstream=SimpleNamespace(max_attempts=3)), headers=dict,
+        specs={"a": SimpleNamespace(url="http://a"), "b": SimpleNamespace(url="http://b")}, upstream_kinds={},
+        patience=lambda rid: None, metrics=MagicMock(), receipt_metrics=MagicMock(), outliers=MagicMock(),
+        record_failure=MagicMock(), mark_failed=MagicMock())
+    forwarder = Forwarder(runtime)
+
+    async def fake_open(url, request, kind, headers, decision, patience):
+        return open_on(decision.replica_id, decision)
+
+    forwarder._open = fake_open
+    return forwarder, router
+
+
+def _dispatch(forwarder: Forwarder) -> tuple[Opened, list[str]]:
+    tried: list[str] = []
+    request = ProxyRequest.continuation({"prompt": PROMPT}, PROMPT, None)
+    return asyncio.run(forwarder.dispatch(request, tried)), tried
+
+
+def _all_counts(router: KVRouter) -> dict[str, tuple[int, int]]:
+    return {rid: _counts(router.loads, rid) for rid in ("a", "b")}
+
+
+@pytest.mark.parametrize("hostile", [asyncio.CancelledError, RuntimeError])
+def test_dispatch_finishes_an_attempt_its_open_raised_out_of(hostile):
+    def open_on(rid, decision):
+        raise hostile()
+
+    forwarder, router = _forwarder(open_on)
+    with pytest.raises(hostile):
+        _dispatch(forwarder)
+    assert _all_counts(router) == {"a": (0, 0), "b": (0, 0)}
+
+
+def test_dispatch_finishes_a_failed_replica_and_hands_the_retry_to_its_answer():
+    chosen: list[str] = []
+
+    def open_on(rid, decision):  # the first replica answers 503, the next one 200
+        chosen.append(rid)
+        return Opened(_Upstream(503 if len(chosen) == 1 else 200), b"{", None, decision)
+
+    forwarder, router = _forwarder(open_on)
+    opened, tried = _dispatch(forwarder)
+    assert tried == chosen[:1] and opened.decision.replica_id == chosen[1]
+    counts = _all_counts(router)
+    assert counts[chosen[0]] == (0, 0)  # finished when it failed
+    assert counts[chosen[1]] == (1, 0)  # answered: its answer finishes it
+
+
+def test_dispatch_hands_the_last_error_to_its_answer_when_every_replica_failed():
+    forwarder, router = _forwarder(lambda rid, decision: Opened(_Upstream(503), b"{}", None, decision))
+    forwarder.runtime.config.upstream.max_attempts = 2
+    opened, tried = _dispatch(forwarder)
+    assert opened.upstream.status == 503 and len(tried) == 1
+    assert _all_counts(router)[opened.decision.replica_id] == (1, 0)
+    assert _all_counts(router)[tried[0]] == (0, 0)
+
+
+def test_dispatch_answers_503_when_no_replica_is_left():
+    forwarder, router = _forwarder(lambda rid, decision: ConnectionResetError("reset"))
+    with pytest.raises(ProtocolError) as e:
+        _dispatch(forwarder)
+    assert e.value.status_code == 503
+    assert _all_counts(router) == {"a": (0, 0), "b": (0, 0)}
