@@ -6,7 +6,8 @@ them: every block between
     <!-- /table -->
 
 is rewritten from that file by KIND's renderer (``sim``: one ``kvmesh sim`` report, a row per policy;
-``matrix``: ``kvmesh bench policy_matrix``'s cells and the default policy's verdict in each; ``queue_flood``:
+``matrix``: ``kvmesh bench policy_matrix``'s cells and the default policy's verdict in each; ``route_scaling``:
+``kvmesh bench route_scaling``'s CPU per decision by fleet size; ``queue_flood``:
 ``kvmesh bench queue-flood`` runs, a row per file). A FILE with ``*`` names every file it matches, in name order
 (for the kinds that take several).
 
@@ -78,13 +79,20 @@ def _gap(metric: str, theirs: float, ours: float) -> str:
     return f"{100 * (ours / theirs - 1):+.0f}%"
 
 
+def route_scaling_table(result: dict) -> str:
+    from kvmesh.cluster.measure.benchmarks.route_scaling import table
+
+    return table(result)
+
+
 def queue_flood_table(docs: list[dict]) -> str:
     from kvmesh.cluster.measure.benchmarks.queue_flood import table_of
 
     return table_of(docs)
 
 
-RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matrix_table}
+RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matrix_table,
+                                               "route_scaling": route_scaling_table}
 MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 

@@ -1,0 +1,80 @@
+"""``cache_aware_tokens`` (the default) prices its candidates in one numpy pass over the load columns when the
+router hands it ``CandidateLoads``: its choices equal the one-by-one loop's over a plain dict, on randomized fleets
+(queued and pending prefill, other router workers' in-flight requests, churn, backlogs past the release point,
+identical replicas that tie, idle replicas), and its costs are ``costs()``'s."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from kvmesh.router.routing import kv_router
+from kvmesh.router.routing.load_columns import CandidateLoads
+from kvmesh.router.routing.policies import cache_aware_tokens
+from kvmesh.router.routing.policies.cache_aware_tokens import CacheAwareTokensConfig, CacheAwareTokensPolicy
+from kvmesh.router.routing.tier_matches import TierMatches
+
+from .test_pruned_routing import BS, random_router
+
+
+@pytest.fixture(autouse=True)
+def columns_at_any_size(monkeypatch):
+    monkeypatch.setattr(kv_router, "COLUMNS_FROM", 1)
+    monkeypatch.setattr(cache_aware_tokens, "COLUMNS_FROM_CANDIDATES", 1)
+
+
+def _config(rng: random.Random) -> CacheAwareTokensConfig:
+    return CacheAwareTokensConfig(churn_weight=rng.choice((0.0, 1.0, 0.3)), churn_clamp=rng.choice((1.0, 2.0, 4.0)),
+                                  backlog_release_tokens=rng.choice((math.inf, 100.0, 0.0)),
+                                  decode_step_tokens=rng.choice((8192, 48, 7.5)))
+
+
+def _idle(router, rng: random.Random) -> None:
+    """Some replicas with nothing at all: no backlog, no requests, no churn (ties among them)."""
+    for load in rng.sample(list(router.loads.loads.values()), len(router.loads.loads) // 4):
+        load.in_flight = load.num_running = load.num_waiting = load.peer_in_flight = 0
+        load.pending_prefill_tokens = load.queued_prefill_tokens = 0
+        load.recent_prefill = 0.0
+
+
+def test_the_columns_choose_what_the_loop_chooses_on_random_fleets():
+    compared = 0
+    for seed in range(300):
+        rng = random.Random(seed)
+        router, ids = random_router(rng)
+        _idle(router, rng)
+        config = _config(rng)
+        fast, full = CacheAwareTokensPolicy(config, BS, seed), CacheAwareTokensPolicy(config, BS, seed)
+        for _ in range(6):
+            prompt = rng.choice((0, 5, 64, 600))
+            device = {rid: rng.randint(0, prompt // BS + 2) for rid in rng.sample(ids, rng.randint(0, len(ids)))}
+            with router.lock:
+                loads = router.candidate_loads(set())
+            if not loads:
+                break
+            assert isinstance(loads, CandidateLoads)
+            keys = list(range(prompt // BS))
+            chosen = fast.choose(keys, TierMatches(device), loads, prompt)
+            assert chosen == full.choose(keys, TierMatches(device), dict(loads), prompt), seed
+            compared += 1
+            load = router.loads.loads[chosen]  # the chosen replica gets busier, as a dispatch makes it
+            load.in_flight += 1
+            load.pending_prefill_tokens += prompt
+    assert compared > 1000
+
+
+def test_the_chosen_replica_is_the_cheapest_by_costs():
+    for seed in range(100):
+        rng = random.Random(seed)
+        router, ids = random_router(rng)
+        policy = CacheAwareTokensPolicy(_config(rng), BS, seed)
+        prompt = rng.choice((5, 64, 600))
+        device = {rid: rng.randint(0, prompt // BS) for rid in rng.sample(ids, rng.randint(0, len(ids)))}
+        with router.lock:
+            loads = router.candidate_loads(set())
+        if not loads:
+            continue
+        costs = policy.costs(list(range(prompt // BS)), device, dict(loads), prompt)
+        chosen = policy.choose(list(range(prompt // BS)), TierMatches(device), loads, prompt)
+        assert costs[chosen] == min(costs.values()), seed
