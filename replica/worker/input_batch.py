@@ -26,9 +26,7 @@ same memory.
 
 from __future__ import annotations
 
-from itertools import chain
 from operator import attrgetter
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -44,45 +42,12 @@ from kvmesh.replica.utils.cpu_gpu_buffer import PackedUpload
 from kvmesh.replica.worker.block_table import BlockTables
 from kvmesh.replica.worker.graphs.dispatcher import BatchDescriptor, CudagraphDispatcher, StepPath
 from kvmesh.replica.worker.model_inputs import ModelInputs, step_upload
+from kvmesh.replica.worker.step_arrays import StepArrays, StepTensors, step_arrays, token_ids_of
 
 __all__ = ["BlockTables", "InputBatch", "ModelInputs", "prepare_inputs"]
 
-_token_ids = attrgetter("token_ids")
 _sample = attrgetter("sample")
 _ALL_GREEDY = SamplingMetadata(None, None, None, None, None)
-
-
-class StepArrays(NamedTuple):
-    """A step's inputs on the host ([T] per token, [n] per request, [N] per sampling request)."""
-
-    input_ids: np.ndarray
-    positions: np.ndarray
-    slot_mapping: np.ndarray
-    logits_indices: np.ndarray
-    """[N] the last token of each request that samples."""
-    query_start_loc: np.ndarray
-    """[n + 1]."""
-    seq_lens: np.ndarray
-    block_tables: np.ndarray
-    """[n, width] the rows' block ids, 0-padded."""
-    sample_rows: np.ndarray
-    num_tokens: int
-
-
-class StepTensors(NamedTuple):
-    """The same inputs as the step reads them on its device (None: a graph does not read it)."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    slot_mapping: torch.Tensor
-    logits_indices: torch.Tensor | None
-    query_start_loc: torch.Tensor | None
-    seq_lens: torch.Tensor
-    block_tables: torch.Tensor
-    gathered: tuple | None = ()
-    """The previous step's sampled ids to gather into ``input_ids``: (index, dst) views, when there are."""
-    lora_slots: torch.Tensor | None = None
-    """The requests' adapter slots (the last array of an eager upload that has them)."""
 
 
 class InputBatch:
@@ -168,7 +133,7 @@ class InputBatch:
             return inputs
         sr_rows = self._admit(srs)
         n_sr = len(srs)
-        sr_qlens = np.fromiter(map(len, map(_token_ids, srs)), np.int64, n_sr)
+        sr_qlens = np.fromiter(map(len, map(token_ids_of, srs)), np.int64, n_sr)
         sr_sample = np.fromiter(map(_sample, srs), bool, n_sr)
         is_dec = sr_qlens == 1
         # decodes first (by-id rows and one-token full requests), longest context first; prefills in order
@@ -188,7 +153,7 @@ class InputBatch:
 
     def _tensors(self, rows: np.ndarray, query_lens: np.ndarray, sample_mask: np.ndarray, num_decodes: int,
                  prefills: list[ScheduledRequest], static: bool) -> ModelInputs:
-        host = self._step_arrays(rows, query_lens, sample_mask, num_decodes, prefills)
+        host = step_arrays(self, rows, query_lens, sample_mask, num_decodes, prefills)
         n, num_tokens, sample_rows = len(rows), host.num_tokens, host.sample_rows
         gather = self._prev_sampled_gather(rows[:num_decodes])
         req_slots = self._lora_slots(rows)  # [n] int32 slot per request, None: no adapter in the step
@@ -217,47 +182,6 @@ class InputBatch:
                            self.req_ids[sample_rows].tolist(), rows, static_size=path.decode_size,
                            graph_sampling=graph_sampling, prefill_size=path.prefill_size,
                            graph_answers=graph_answers, lora_mapping=lora_mapping)
-
-    def _step_arrays(self, rows: np.ndarray, query_lens: np.ndarray, sample_mask: np.ndarray, num_decodes: int,
-                     prefills: list[ScheduledRequest]) -> StepArrays:
-        """The step's inputs on the host, by the module doc's arithmetic over whole arrays (vLLM's
-        ``_prepare_inputs``); a row whose block table is short of its tokens is the scheduler's error."""
-        n, bs = len(rows), self.block_size
-        num_computed = self.num_computed[rows]
-        if num_decodes == n:
-            query_start_loc = np.arange(n + 1)
-        else:
-            query_start_loc = np.zeros(n + 1, np.int64)
-            np.cumsum(query_lens, out=query_start_loc[1:])
-        num_tokens = int(query_start_loc[-1])
-        seq_lens = num_computed + query_lens
-        num_blocks = self.block_tables.num_blocks[rows]
-        if (seq_lens > num_blocks * bs).any():
-            bad = int(np.argmax(seq_lens > num_blocks * bs))
-            raise ValueError(f"request {self.req_ids[rows[bad]]} needs {seq_lens[bad]} token slots but its block "
-                             f"table has {num_blocks[bad]} blocks of {bs}; the scheduler must allocate them first")
-        if prefills:
-            input_ids = np.empty(num_tokens, np.int64)
-            input_ids[:num_decodes] = self.last_token[rows[:num_decodes]]
-            input_ids[num_decodes:] = np.fromiter(chain.from_iterable(map(_token_ids, prefills)), np.int64,
-                                                  num_tokens - num_decodes)
-        else:
-            input_ids = self.last_token[rows]
-        if num_tokens == n:  # decode-only step: one token per request
-            req_of_token, positions = np.arange(n), num_computed
-        else:
-            req_of_token = np.repeat(np.arange(n), query_lens)
-            positions = np.arange(num_tokens) - np.repeat(query_start_loc[:-1] - num_computed, query_lens)
-        block_tables = self.block_tables.table[rows, : int(num_blocks.max())]  # [n, width], 0-padded
-        slot_mapping = block_tables[req_of_token, positions // bs].astype(np.int64) * bs
-        slot_mapping += positions % bs
-        if num_decodes == n and sample_mask.all():
-            logits_indices, sample_rows = np.arange(n), rows
-        else:
-            logits_indices = query_start_loc[1:][sample_mask] - 1
-            sample_rows = rows[sample_mask]
-        return StepArrays(input_ids, positions, slot_mapping, logits_indices, query_start_loc, seq_lens, block_tables,
-                          sample_rows, num_tokens)
 
     def _stage_for_graph(self, path: StepPath, host: StepArrays, n: int, gather: list, settings: tuple | None) -> StepTensors:
         """Write the step straight into the inputs of the graphs ``path`` replays: a one-request prefill graph's
