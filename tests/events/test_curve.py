@@ -1,6 +1,7 @@
 """Private event streams: with CURVE keys, a peer without them receives nothing; with them it
 converges (every tenant's prompt was readable from the PUB and replay sockets)."""
 
+import contextlib
 import logging
 import time
 
