@@ -81,3 +81,34 @@ def test_the_check_sees_a_pair_through_a_function_and_a_type_checking_import(tmp
     assert two_way_pairs("replica", tmp_path) == [
         "engine <-> worker  (kvmesh.replica.engine.llm_engine -> kvmesh.replica.worker.model_runner; "
         "kvmesh.replica.worker.model_runner -> kvmesh.replica.engine.llm_engine)"]
+
+
+MEASURE_DOORS = {("benchmarks", "loadgen"), ("benchmarks", "workloads"), ("benchmarks", "shared_dir"),
+                 ("loadgen", "workloads"), ("sim", "workloads"), ("workloads", "shared_dir")}
+"""``cluster/measure/``'s rooms as ARCHITECTURE.md draws them: benchmarks -> loadgen -> workloads <- sim."""
+
+
+def measure_doors(root: Path = ROOT) -> set[tuple[str, str]]:
+    """(from room, to room) of the imports between ``cluster/measure/``'s rooms."""
+    prefix = "kvmesh.cluster.measure."
+    found = set()
+    for module, path in kvmesh_modules(root).items():
+        if not module.startswith(prefix):
+            continue
+        here = module[len(prefix):].split(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            for name in _imported(module, path, node):
+                if name.startswith(prefix) and (there := name[len(prefix):].split(".")[0]) != here:
+                    found.add((here, there))
+    return found
+
+
+def test_measures_rooms_import_one_way_down():
+    assert measure_doors() - MEASURE_DOORS == set()
+
+
+def test_the_measure_check_sees_a_door_back_up(tmp_path):
+    (tmp_path / "cluster" / "measure" / "workloads").mkdir(parents=True)
+    (tmp_path / "cluster" / "measure" / "workloads" / "sessions.py").write_text(
+        "from kvmesh.cluster.measure.loadgen.prompts import PromptMaker\n")
+    assert measure_doors(tmp_path) - MEASURE_DOORS == {("workloads", "loadgen")}

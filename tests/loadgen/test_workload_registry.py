@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from kvmesh.cluster.measure.loadgen.load import build_parser, build_sessions, main, run_async
 from kvmesh.cluster.measure.loadgen.options import BenchLoadConfig, WorkloadOptions
-from kvmesh.cluster.measure.loadgen.prompts import PromptMaker, join
 from kvmesh.cluster.measure.sim.options import default_trace
+from kvmesh.cluster.measure.workloads.prompts import PromptMaker, join
 from kvmesh.cluster.measure.workloads.registry import WORKLOADS, get_workload, workload_names
 from kvmesh.cluster.measure.workloads.settings import WorkloadShape
 

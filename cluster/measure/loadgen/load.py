@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kvmesh.cluster.config.flags import add_config_arguments, config_from_args
 from kvmesh.cluster.measure.loadgen.options import BENCH_LOAD_SCHEMA, BenchLoadConfig
-from kvmesh.cluster.measure.loadgen.prompts import PromptMaker
+from kvmesh.cluster.measure.workloads.prompts import PromptMaker
 from kvmesh.cluster.measure.workloads.sessions import Session
 
 
@@ -65,10 +65,10 @@ async def run_bench(config: BenchLoadConfig, label: str | None = None, progress:
                     cache_salt: str | None = None) -> dict:
     """Run one load test; returns {"label", "summary", "requests", "config"}. Raises on bad input."""
     from kvmesh.cluster.measure.loadgen.client import measure_tokens_per_word, open_session, preflight
-    from kvmesh.cluster.measure.loadgen.prompts import sample_text
     from kvmesh.cluster.measure.loadgen.report import summarize
     from kvmesh.cluster.measure.loadgen.runner import run_load
     from kvmesh.cluster.measure.loadgen.session import RequestOptions
+    from kvmesh.cluster.measure.workloads.prompts import sample_text
     from tqdm import tqdm
 
     endpoint, w, lo = config.endpoint, config.workload, config.load

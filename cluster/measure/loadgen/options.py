@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from kvmesh.cluster.config.schema import Schema
-from kvmesh.cluster.measure.loadgen.prompts import PromptMaker
+from kvmesh.cluster.measure.workloads.prompts import PromptMaker
 from kvmesh.cluster.measure.workloads.registry import Workload, get_workload
 from kvmesh.cluster.measure.workloads.sessions import Rendering
 from kvmesh.cluster.measure.workloads.settings import WorkloadSettings, WorkloadShape

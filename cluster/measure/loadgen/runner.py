@@ -15,8 +15,8 @@ from collections.abc import Callable
 import aiohttp
 from kvmesh.cluster.measure.loadgen.client import RequestResult, send_streaming
 from kvmesh.cluster.measure.loadgen.options import LoadOptions, WorkloadOptions
-from kvmesh.cluster.measure.loadgen.prompts import PromptMaker
 from kvmesh.cluster.measure.loadgen.session import RequestOptions, SessionState
+from kvmesh.cluster.measure.workloads.prompts import PromptMaker
 from kvmesh.cluster.measure.workloads.sessions import Session
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmesh.cluster.measure.loadgen.prompts import PromptMaker
+from kvmesh.cluster.measure.workloads.prompts import PromptMaker
 from kvmesh.cluster.measure.workloads.sessions import Session, Turn
 
 

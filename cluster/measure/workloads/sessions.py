@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kvmesh.cluster.measure.loadgen.prompts import PromptMaker, join
 from kvmesh.cluster.measure.workloads.adapters import AdapterRecord
 from kvmesh.cluster.measure.workloads.generated import SessionRecord
+from kvmesh.cluster.measure.workloads.prompts import PromptMaker, join
 from kvmesh.cluster.measure.workloads.traces import MOONCAKE_BLOCK_TOKENS, MooncakeRecord
 
 
