@@ -16,6 +16,7 @@ import numpy as np
 from kvmesh.events.schema import EventBatch
 from kvmesh.kvcache.reuse import reusable_blocks, reusable_tokens
 from kvmesh.router.routing.cost import observe_ttft
+from kvmesh.router.routing.cost.load_columns import CandidateLoads, LoadColumns
 from kvmesh.router.routing.index import PrefixIndex
 from kvmesh.router.routing.keys import DEFAULT_ROUTER_SEED, RouterKeyHasher
 from kvmesh.router.routing.kv_placement import (
@@ -27,7 +28,6 @@ from kvmesh.router.routing.kv_placement import (
     pull_priors,
 )
 from kvmesh.router.routing.load import LoadTracker
-from kvmesh.router.routing.load_columns import CandidateLoads, LoadColumns
 from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, RouteReceipt
 from kvmesh.router.routing.roles import BOTH, PREFILL, check_role
@@ -65,7 +65,7 @@ class KVRouter:
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
         self.loads = LoadTracker()
         self.columns = LoadColumns(self.loads)
-        """The loads as arrays, kept current (router/routing/load_columns.py): a decision prices every candidate
+        """The loads as arrays, kept current (router/routing/cost/load_columns.py): a decision prices every candidate
         in one vectorised pass."""
         self._routable: tuple[object, CandidateLoads] | None = None
         self._routable_version = 0

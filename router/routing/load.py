@@ -96,7 +96,7 @@ class ReplicaLoad:
     """Their uncached prompt tokens that have produced no output yet (idem)."""
     watcher: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     """Called after any field is set (the tracker's columns re-read this replica before the next decision,
-    router/routing/load_columns.py); None: nothing watches it."""
+    router/routing/cost/load_columns.py); None: nothing watches it."""
 
     def watch(self, watcher: Callable[[], None] | None) -> None:
         """Call ``watcher`` after any field is set from now on (setting it calls nothing: the watcher's owner, which
@@ -216,7 +216,7 @@ class LoadTracker:
         self._slotted: list | None = None
         self._num_slots = 0
         self.members_version = 0
-        """Rises whenever a replica is added or removed (router/routing/load_columns.py lays its rows out again)."""
+        """Rises whenever a replica is added or removed (router/routing/cost/load_columns.py lays its rows out again)."""
 
     def share(self, table, row: int | None) -> None:
         """Publish this router's counts in ``table``'s ``row`` (cleared first) and read the others'."""

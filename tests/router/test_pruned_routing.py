@@ -1,5 +1,5 @@
 """The router prices every candidate in one vectorised pass over its loads kept as columns
-(router/routing/load_columns.py, router/routing/cost/columns_price.py): its decisions equal those of pricing every
+(router/routing/cost/load_columns.py, router/routing/cost/columns_price.py): its decisions equal those of pricing every
 candidate one by one (a plain dict of loads, ``estimate`` per replica), on randomized fleets (rates measured or
 not, decode fits, corrections, arrivals, host tiers, pulls, adapters, identical replicas that tie), and the columns
 follow every change of a load, however it is made."""
@@ -13,9 +13,9 @@ import pytest
 from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRALoad
 from kvmesh.router.routing import kv_router
 from kvmesh.router.routing.cost import FleetRates, PullPriors, price_all
+from kvmesh.router.routing.cost.load_columns import CandidateLoads
 from kvmesh.router.routing.kv_router import KVRouter
 from kvmesh.router.routing.load import ReplicaLoad
-from kvmesh.router.routing.load_columns import CandidateLoads
 from kvmesh.router.routing.policies.cache_aware import CacheAwareConfig, CacheAwarePolicy
 from kvmesh.router.routing.tier_matches import TierMatches
 

@@ -10,7 +10,7 @@ import random
 
 import pytest
 from kvmesh.router.routing import kv_router
-from kvmesh.router.routing.load_columns import CandidateLoads
+from kvmesh.router.routing.cost.load_columns import CandidateLoads
 from kvmesh.router.routing.policies import cache_aware_tokens
 from kvmesh.router.routing.policies.cache_aware_tokens import CacheAwareTokensConfig, CacheAwareTokensPolicy
 from kvmesh.router.routing.tier_matches import TierMatches

@@ -21,10 +21,10 @@ from kvmesh.router.routing.cost.columns_price import (
 )
 from kvmesh.router.routing.cost.estimate import TTFTEstimate, adapter_s, estimate, prefill_s_per_token
 from kvmesh.router.routing.cost.fleet import FleetRates
+from kvmesh.router.routing.cost.load_columns import CandidateLoads
 from kvmesh.router.routing.cost.prices import Prices
 from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_seconds
 from kvmesh.router.routing.load import ReplicaLoad
-from kvmesh.router.routing.load_columns import CandidateLoads
 
 
 def price_all(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, int], host: Mapping[Hashable, int],

@@ -1,4 +1,4 @@
-"""candidates.py's price for every replica at once, from the loads as columns (router/routing/load_columns.py).
+"""candidates.py's price for every replica at once, from the loads as columns (router/routing/cost/load_columns.py).
 
 The same arithmetic as estimate.py, pull.py and candidates.py, term by term and in the same order, on numpy arrays:
 the results are the same floats (tests/router/test_pruned_routing.py compares them on randomized fleets), so a
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from kvmesh.router.routing.cost.estimate import TTFTEstimate, decode_step_s
 from kvmesh.router.routing.cost.fleet import FleetRates
+from kvmesh.router.routing.cost.load_columns import LoadColumns
 from kvmesh.router.routing.cost.pull import PullPriors
-from kvmesh.router.routing.load_columns import LoadColumns
 
 
 def prefill_columns(cols: LoadColumns, fleet: FleetRates) -> tuple[np.ndarray, bool]:

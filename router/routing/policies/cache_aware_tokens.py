@@ -51,7 +51,7 @@ import numpy as np
 from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.router.routing.cost import FleetRates
 from kvmesh.router.routing.cost.estimate import adapter_s
-from kvmesh.router.routing.load_columns import CandidateLoads
+from kvmesh.router.routing.cost.load_columns import CandidateLoads
 from kvmesh.router.routing.policies.base import (
     DEFAULT_DECODE_STEP_TOKENS,
     Loads,
