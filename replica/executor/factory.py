@@ -1,6 +1,6 @@
 """The model runner the engine drives: a ``ModelRunner`` in this process, a ``RayTPExecutor`` over TP ranks.
 
-    LLMEngine / AsyncLLM.from_config ──make_model_runner──▶ worker/model_runner.py | worker/tp_worker.py
+    LLMEngine / AsyncLLM.from_config ──make_model_runner──▶ worker/model_runner.py | worker/tp_executor.py
 """
 
 from __future__ import annotations
@@ -38,6 +38,6 @@ def make_model_runner(config: EngineConfig, placement_group: PlacementGroup | No
     """A ModelRunner in this process for TP=1, a RayTPExecutor for TP>1."""
     if config.tensor_parallel_size == 1:
         return local_model_runner(config)
-    from kvmesh.replica.worker.tp_worker import RayTPExecutor
+    from kvmesh.replica.worker.tp_executor import RayTPExecutor
 
     return RayTPExecutor(config, placement_group=placement_group, **executor_kwargs)

@@ -28,7 +28,7 @@ from kvmesh.replica.kv_transfer.errors import KVLayoutMismatch, KVTransferError
 
 
 class TPRanks(Protocol):
-    """What the agent needs of a TP replica's runner (worker/tp_worker.py's ``RayTPExecutor`` has it)."""
+    """What the agent needs of a TP replica's runner (worker/tp_executor.py's ``RayTPExecutor`` has it)."""
 
     world_size: int
     """Ranks in the group."""

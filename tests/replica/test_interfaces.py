@@ -19,7 +19,8 @@ from kvmesh.replica.interfaces import ModelRunnerInterface
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.fake_runner import FakeModelRunner
 from kvmesh.replica.worker.model_runner import ModelRunner
-from kvmesh.replica.worker.tp_worker import RayTPExecutor, RunnerFacts
+from kvmesh.replica.worker.tp_executor import RayTPExecutor
+from kvmesh.replica.worker.tp_worker import RunnerFacts
 
 
 @pytest.mark.parametrize("request_", [

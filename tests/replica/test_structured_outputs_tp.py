@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from kvmesh.replica.engine.llm_engine import LLMEngine
-from kvmesh.replica.worker.tp_worker import RayTPExecutor
+from kvmesh.replica.worker.tp_executor import RayTPExecutor
 
 from .test_engine_async_scheduling import generate
 from .test_structured_outputs_engine import check_answers, constrained

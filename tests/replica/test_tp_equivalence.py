@@ -9,7 +9,7 @@ from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.model_runner import ModelRunner
-from kvmesh.replica.worker.tp_worker import RayTPExecutor
+from kvmesh.replica.worker.tp_executor import RayTPExecutor
 
 pytestmark = pytest.mark.ray
 
