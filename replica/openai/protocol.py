@@ -7,14 +7,14 @@ that says what was wrong and what to do. Responses are in responses.py.
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Literal
+from typing import Annotated
 
 from kvmesh.replica.openai import refused_fields as rf
+from kvmesh.replica.openai.chat_message import ChatMessage
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.openai.structured_fields import StructuredOutputFields
-from kvmesh.replica.openai.tool_fields import ToolFields, tool_names
+from kvmesh.replica.openai.tool_fields import ToolFields
 from kvmesh.replica.openai.vllm_extras import ChatEcho, ChatTemplateArgs, VLLMExtraFields
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.json_types import JSONObject
@@ -25,14 +25,12 @@ from kvmesh.replica.serving.sampling_params import (
     context_overflow,
 )
 from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
-from pydantic import Field, JsonValue
+from pydantic import Field
 
 Flag = Annotated[bool, Field(strict=True)]
 """A JSON boolean: ``"yes"``, ``"true"`` or ``1`` are a 400 naming the field (vLLM's), not a silent True."""
 Count = Annotated[int, Field(strict=True)]
 """A JSON integer: ``"2"``, ``2.5`` or ``true`` are a 400 naming the field."""
-Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
-"""The chat roles OpenAI's API defines; any other is a 400 naming ``messages.N.role``."""
 
 PRIORITY_LIMIT = 2**31 - 1
 """A request's ``priority`` is in [-PRIORITY_LIMIT, PRIORITY_LIMIT] (a 400 naming the field otherwise); vLLM takes any
@@ -224,40 +222,6 @@ class CompletionRequest(SamplingFields, rf.RefusedCompletionFields):
         return self.prompts()[0]
 
 
-class ChatMessage(OpenAIBaseModel):
-    role: Role
-    content: str | list[JSONObject] | None = None
-    name: str | None = None
-    tool_calls: list[JSONObject] | None = None
-    """An assistant message's calls (OpenAI's shape; rendered with their arguments as objects, as vLLM does)."""
-    tool_call_id: str | None = None
-    """A ``tool`` message's answer to this call."""
-
-    def text(self) -> str:
-        """The message's text (content parts of type "text" are joined; other kinds are refused)."""
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        texts = []
-        for part in self.content:
-            if part.get("type") != "text":
-                raise ProtocolError(
-                    f"content part of type {part.get('type')!r} is not supported; send text only",
-                    param="messages",
-                )
-            texts.append(str(part.get("text", "")))
-        return "\n".join(texts)
-
-    def to_template_dict(self) -> JSONObject:
-        d: JSONObject = {"role": self.role, "content": self.text()}
-        if self.name:
-            d["name"] = self.name
-        if self.tool_call_id is not None:
-            d["tool_call_id"] = self.tool_call_id
-        if self.tool_calls:
-            d["tool_calls"] = [template_tool_call(call, i) for i, call in enumerate(self.tool_calls)]
-        return d
-
-
 class ChatCompletionRequest(ToolFields, SamplingFields, ChatEcho, ChatTemplateArgs, rf.RefusedChatFields):
     __token_id_fields__ = ("prompt_token_ids",)  # validated in C when token ids (errors.parse_request)
     messages: list[ChatMessage] = Field(min_length=1)
@@ -322,46 +286,3 @@ class ChatCompletionRequest(ToolFields, SamplingFields, ChatEcho, ChatTemplateAr
                  "guided_json": self.guided_json is not None, "guided_regex": self.guided_regex is not None,
                  "guided_choice": self.guided_choice is not None, "guided_grammar": self.guided_grammar is not None}
         return [name for name, is_set in given.items() if is_set]
-
-
-def template_tool_call(call: JSONObject, i: int) -> JSONObject:
-    """An assistant message's tool call for the chat template: its ``function.arguments`` JSON string parsed to an
-    object (templates write them with ``tojson``; vLLM parses them the same way); a 400 naming it when it is not
-    JSON."""
-    function = call.get("function")
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise ProtocolError("a tool call needs function.name", param=f"messages.tool_calls.{i}.function")
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments else {}
-        except ValueError:
-            raise ProtocolError(f"tool call {echo(function['name'])}'s function.arguments is not JSON",
-                                param=f"messages.tool_calls.{i}.function.arguments") from None
-    return {**call, "function": {**function, "arguments": arguments}}
-
-
-class TokenizeRequest(OpenAIBaseModel):
-    """``POST /tokenize``: either ``prompt`` (completion rules) or ``messages`` (chat rules)."""
-
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    add_generation_prompt: Flag = True
-    chat_template: str | None = None
-    """A template for ``messages`` instead of the model's (refused unless the server trusts request templates)."""
-    add_special_tokens: bool | None = None
-    """None: the endpoint's rule (True for a prompt, False for messages, as vLLM)."""
-    tools: list[JsonValue] | None = None
-    """The chat's tools, rendered into the template as a chat completion renders them (vLLM's)."""
-
-    def template_kwargs(self) -> dict:
-        """The template's ``tools`` (checked: a 400 naming the part of a tool that is wrong)."""
-        return {"tools": self.tools} if tool_names(self.tools) else {}
-
-
-class DetokenizeRequest(OpenAIBaseModel):
-    """``POST /detokenize`` (vLLM's): token ids back to text."""
-
-    model: str | None = None
-    tokens: list[int]

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from kvmesh.replica.openai import protocol as p
+from kvmesh.replica.openai import tokenize_requests as tk
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.errors import ProtocolError
 from pydantic import JsonValue
@@ -154,7 +155,7 @@ class PromptRenderer:
         prompts = [req.single_prompt()] if first_only else req.prompts()
         return [req.truncated(await self.completion(prompt, special), limit) for prompt in prompts]
 
-    async def detokenize(self, req: p.DetokenizeRequest) -> str:
+    async def detokenize(self, req: tk.DetokenizeRequest) -> str:
         """``POST /detokenize``: the ids' text (special tokens kept, as vLLM); ids outside the vocabulary are a 400."""
         tok = self.require_tokenizer()
         vocab = tok.vocab_size
@@ -164,7 +165,7 @@ class PromptRenderer:
                                 param="tokens")
         return await self.run(tok.decode, req.tokens, False)
 
-    async def tokenize(self, req: p.TokenizeRequest) -> list[int]:
+    async def tokenize(self, req: tk.TokenizeRequest) -> list[int]:
         """``POST /tokenize``: exactly one of ``prompt`` / ``messages``; ``add_special_tokens`` defaults to
         True for a prompt and False for messages (vLLM)."""
         if (req.prompt is None) == (req.messages is None):

@@ -20,11 +20,12 @@ from fastapi import FastAPI, Request
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai import responses as r
+from kvmesh.replica.openai import tokenize_requests as tk
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.renderer import PromptRenderer
 from pydantic import JsonValue
 
-Routed = TypeVar("Routed", p.TokenizeRequest, p.DetokenizeRequest, p.CompletionRequest, p.ChatCompletionRequest)
+Routed = TypeVar("Routed", tk.TokenizeRequest, tk.DetokenizeRequest, p.CompletionRequest, p.ChatCompletionRequest)
 BodyCheck = Callable[[Request, p.SamplingFields], None]
 """Refuses (raises ProtocolError) a decoded completion or chat body the server will not take from this caller:
 the router's router-only fields (router/http/router_only.py), a replica's KV plane (replica/server/kv_plane.py)."""
@@ -65,13 +66,13 @@ def install_shared_routes(app: FastAPI, renderer: PromptRenderer, check_model: C
 
     @app.post("/tokenize")
     async def tokenize(http: Request):
-        req = await read(http, p.TokenizeRequest)
+        req = await read(http, tk.TokenizeRequest)
         ids = await renderer.tokenize(req)
         return r.TokenizeResponse(count=len(ids), max_model_len=max_model_len(), tokens=ids).model_dump()
 
     @app.post("/detokenize")
     async def detokenize(http: Request):
-        req = await read(http, p.DetokenizeRequest)
+        req = await read(http, tk.DetokenizeRequest)
         return r.DetokenizeResponse(prompt=await renderer.detokenize(req)).model_dump()
 
     @app.post("/v1/completions/render")

@@ -4,7 +4,7 @@
 sandbox and then, per call, rebuilds every input out of plain JSON types, drops ``None`` message fields,
 aliases reasoning fields, and renders with ``messages``, ``tools``, ``documents``, ``add_generation_prompt``
 and the tokenizer's ``special_tokens_map`` (``bos_token``, ``eos_token``, ...) plus any extra kwargs. The
-requests' messages are already plain dicts of strings (protocol.ChatMessage.to_template_dict), so this
+requests' messages are already plain dicts of strings (chat_message.ChatMessage.to_template_dict), so this
 module skips the rebuilding and renders a template compiled in an environment set up like transformers'
 (transformers 4.4x-5.x, utils/chat_template_utils.py): ``ImmutableSandboxedEnvironment`` with
 ``trim_blocks``/``lstrip_blocks`` and the ``loopcontrols`` extension, ``{% generation %}`` blocks rendered

@@ -68,7 +68,7 @@ def model_max_len(model: str, revision: str | None = None) -> int | None:
 
 
 class TemplateMessage(Protocol):
-    """A chat message that gives its template form (``protocol.ChatMessage``)."""
+    """A chat message that gives its template form (``chat_message.ChatMessage``)."""
 
     def to_template_dict(self) -> JSONObject: ...
 
@@ -204,7 +204,7 @@ class Tokenizer:
 
 
 def _as_dict(message: ChatMessageLike) -> JSONObject:
-    """A template-ready message from a dict or a ``protocol.ChatMessage``."""
+    """A template-ready message from a dict or a ``chat_message.ChatMessage``."""
     if isinstance(message, dict):
         return message
     return message.to_template_dict()
