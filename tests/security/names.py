@@ -41,9 +41,10 @@ OVERSIZED_LEASE_TOKENS = 2_000_000
 """Token ids in an oversized /kv/lease body (about 14 MiB of JSON; a replica must refuse it before decoding)."""
 NORMAL_WAIT_S = 5.0
 """A tenant's short request answered within this many seconds counts as not kept waiting (0.02 s normally)."""
-STREAM_GAP_S = 0.3
-"""The longest pause between a stream's chunks that counts as not stalled (0.01 s alone on the 2-core test box;
-3.5 s seen under the old bodies, 0.55 to 1 s here)."""
+STREAM_GAP_S = 0.45
+"""The longest pause between a stream's chunks, beyond the longest the same stream shows alone, that counts as not
+stalled (alone: 0.01 s on the idle 2-core test box; one pause of 0.31 s seen under four other test processes;
+under the old bodies, which a replica decoded before refusing: 0.55 to 3.5 s)."""
 
 
 def internal_key(cluster) -> str:

@@ -110,4 +110,7 @@ def test_an_oversized_lease_body_is_refused_without_stalling_others(kv_cluster, 
     assert isinstance(first, httpx.Response) and 400 <= first.status_code < 500, \
         f"a {len(body) >> 20} MiB lease body answered {getattr(first, 'status_code', first)} (want 413 or 400)"
     assert all(isinstance(s, int) and 400 <= s < 500 for s in statuses), statuses
-    assert max(gaps[3:], default=0.0) < names.STREAM_GAP_S, f"another tenant's stream stalled {max(gaps[3:]):.1f}s"
+    # the machine's own noise, measured on the same stream alone just before, is allowed on top of the bound
+    longest, alone = max(gaps[3:], default=0.0), max(baseline[3:], default=0.0)
+    assert longest < names.STREAM_GAP_S + alone, \
+        f"another tenant's stream stalled {longest:.2f}s (alone its longest gap was {alone:.2f}s)"
