@@ -235,6 +235,18 @@ def repo_paths_missing(command: str) -> list[str]:
     return missing
 
 
+def scratch_layout(root: Path, shared: Path) -> Path:
+    """A folder ``root/kvmesh`` laid out as the checkout (its entries linked, ``results/`` empty, so that a
+    command's output leaves the real one alone) with ``root/shared`` linked to ``shared`` beside it."""
+    checkout = root / "kvmesh"
+    checkout.mkdir()
+    for entry in REPO.iterdir():
+        if entry.name not in ("results", ".git"):
+            (checkout / entry.name).symlink_to(entry)
+    (checkout / "results").mkdir()
+    (root / "shared").symlink_to(shared.resolve())
+    return checkout
+
 
 def run_command(command: str, where: str, cwd: Path, env: dict, timeout_s: float, private_tmp: bool = False) -> str:
     """Run a guide's shell command with bash in ``cwd``; its output, or an AssertionError that says what failed.
