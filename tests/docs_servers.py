@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from .docs_commands import run_command, words
+from .docs_commands import curl_checked, run_command, words
 
 PORT_FAMILIES = {8000: 4, 8100: 16, 5557: 32}
 """A guide's first port of each kind (router, replica HTTP, replica events) and how many follow it."""
@@ -33,12 +33,16 @@ STOP_TIMEOUT_S = 60
 EVENT_TIMEOUT_S = 60
 """How long a reader may take to print an event while requests go through."""
 READY_LINE = "kvmesh is ready"
+EPHEMERAL_BELOW = (10000, 32000)
+"""Where a block's ports are picked: below Linux's ephemeral ports (32768 on), so no client socket takes one
+between the pick and the server's bind."""
 
 
 def free_run(count: int, tries: int = 200) -> int:
-    """The first of ``count`` consecutive ports of 127.0.0.1 that are free now (from a random base)."""
+    """The first of ``count`` consecutive ports of 127.0.0.1 that are free now (from a random base below the
+    ephemeral range, where outgoing connections would take them meanwhile)."""
     for _ in range(tries):
-        base = random.randrange(20000, 60000 - count)
+        base = random.randrange(*EPHEMERAL_BELOW)
         sockets = []
         try:
             for port in range(base, base + count):
@@ -122,24 +126,27 @@ class Background:
     def running(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self) -> None:
-        """SIGINT to its process group (Ctrl-C), then SIGKILL after ``STOP_TIMEOUT_S``; waits for it."""
+    def stop(self) -> bool:
+        """SIGINT to its process group (Ctrl-C), then SIGKILL to the group after ``STOP_TIMEOUT_S`` or to what
+        it left there; whether Ctrl-C stopped the command."""
+        interrupted = True
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGINT)
             try:
                 self.proc.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                pass
+                interrupted = False
         try:  # what it left in its group (a Ray worker, a replica process)
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=STOP_TIMEOUT_S)
+        return interrupted
 
 
 def start(command: str, cwd: Path, env: dict, log: Path) -> Background:
     with log.open("w") as out:
-        proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=cwd, env=env, stdout=out,
+        proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     return Background(command, log, proc)
 
@@ -162,11 +169,6 @@ def wait_ready(server: Background, verb: str, where: str) -> None:
         assert time.monotonic() < deadline, (f"{where}: `{server.command}` not ready in {READY_TIMEOUT_S}s:\n"
                                              + server.output()[-3000:])
         time.sleep(0.5)
-
-
-def curl_checked(command: str) -> str:
-    """curl as the guides write it, failing on an HTTP error (-f) and saying why (-sS)."""
-    return re.sub(r"^curl\b", "curl -sS -f", command)
 
 
 def run_one(command: str, where: str, cwd: Path, env: dict) -> str:
@@ -207,8 +209,8 @@ class Session:
         ``kvmesh serve`` of a block is another way to start the cluster: the first is stopped for it."""
         if verb == "serve":
             for earlier in [s for s in self.started if serving_verb(s.command) == "serve"]:
-                earlier.stop()
                 self.started.remove(earlier)
+                assert earlier.stop(), f"{where}: Ctrl-C did not stop `{earlier.command}` in {STOP_TIMEOUT_S}s"
         server = start(command, self.cwd, self.env, self.logs / f"{len(self.started) + len(self.readers)}.log")
         if verb == "tail":
             self.readers.append(server)
@@ -255,7 +257,7 @@ class Session:
             assert answer.status_code == 200, f"{where}: a request through the router: {answer.text[:500]}"
             time.sleep(0.5)
 
-    def close(self) -> None:
-        """Stop every reader and server, the last started first."""
-        for proc in reversed(self.started + self.readers):
-            proc.stop()
+    def close(self) -> list[str]:
+        """Stop every reader and server, the last started first; the commands Ctrl-C did not stop in
+        ``STOP_TIMEOUT_S`` (killed)."""
+        return [proc.command for proc in reversed(self.started + self.readers) if not proc.stop()]

@@ -1,7 +1,7 @@
 """Every command of the user guides works: every block is marked, the blocks marked ``run`` (and ``slow``) run
 here, and every ``kvmesh`` command line of any block is parsed by the real argument parser
 (tests/docs_commands.py has the markers and what each kind gets; test_docs_commands_live.py runs the ``live``
-blocks against a ``kvmesh serve``)."""
+blocks against a ``kvmesh serve``, test_docs_commands_server.py the ``server`` blocks with their servers)."""
 
 from __future__ import annotations
 

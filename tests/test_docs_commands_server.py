@@ -20,7 +20,7 @@ import pytest
 
 from .conftest import SHARED_DIR, STORIES_HF
 from .docs_commands import REPO, blocks, command_environment, scratch_layout
-from .docs_servers import Ports, Session, serving_verb
+from .docs_servers import STOP_TIMEOUT_S, Ports, Session, serving_verb
 
 pytestmark = pytest.mark.live  # kvmesh serve, replica and router on ports of 127.0.0.1
 
@@ -45,22 +45,22 @@ class Recipe:
     it)."""
     after: dict | None = None
     """A completion sent through the router once the block ran; it must answer 200."""
+    joins_previous: bool = False
+    """The block runs with the guide's server block before it, which starts what it needs."""
 
 
-def _replica(model: str, index: int, extra: str = "") -> str:
+def _replica(model: str, index: int) -> str:
     return (f"kvmesh replica --model {model} --port {8100 + index} --event-port {5557 + 2 * index} "
-            f"--replay-port {5558 + 2 * index}{extra}")
+            f"--replay-port {5558 + 2 * index}")
 
 
-KEYED = 'KVMESH_ADMIN_KEY="$ADMIN" KVMESH_INTERNAL_KEY="$INTERNAL" '
 RECIPES = (
     Recipe('sub.connect("tcp://127.0.0.1:5557")', before=("kvmesh serve --no-private-events",)),
     Recipe("kvmesh events tail --endpoint tcp://127.0.0.1:5557", before=("kvmesh serve --no-private-events",)),
     Recipe("role=prefill", before=(_replica(STORIES, 0), _replica(STORIES, 1)),
            after={"prompt": "Once upon a time", "max_tokens": 8}),
-    Recipe('KVMESH_INTERNAL_KEY="$INTERNAL" kvmesh router',
-           before=(KEYED + _replica(STORIES, 0, " --enable-lora"), KEYED + _replica("embedded", 1, " --enable-lora")),
-           variables=("ADMIN", "INTERNAL"), adapters="embedded"),
+    Recipe('KVMESH_INTERNAL_KEY="$INTERNAL" kvmesh router', joins_previous=True, variables=("ADMIN", "INTERNAL"),
+           adapters="embedded"),
     Recipe("--lora-modules tiny=/adapters/tiny", variables=("KVMESH_ADMIN_KEY",), adapters="stories"),
     Recipe("kvmesh serve --config fleet.yaml", adapters="stories", files={"fleet.yaml": "yaml"}),
 )
@@ -77,9 +77,23 @@ def groups() -> list[list]:
     """The server blocks, those of one guide with the same servers started beforehand together."""
     grouped: dict = {}
     for block in SERVER_BLOCKS:
-        before = recipe(block).before
-        grouped.setdefault((block.path, before) if before else block.where, []).append(block)
+        r = recipe(block)
+        if r.joins_previous:
+            last = list(grouped.values())[-1]
+            assert last[-1].path == block.path, f"{block.where}: no server block before it in its guide"
+            last.append(block)
+            continue
+        grouped.setdefault((block.path, r.before) if r.before else block.where, []).append(block)
     return list(grouped.values())
+
+
+def merged(group: list) -> Recipe:
+    """What the group's blocks need together (the servers started beforehand: its first's)."""
+    rs = [recipe(block) for block in group]
+    return Recipe(rs[0].match, before=rs[0].before, variables=tuple(v for r in rs for v in r.variables),
+                  adapters=next((r.adapters for r in rs if r.adapters), ""),
+                  files={k: v for r in rs for k, v in r.files.items()},
+                  after=next((r.after for r in rs if r.after is not None), None))
 
 
 def yaml_before(block) -> str:
@@ -98,7 +112,8 @@ def test_every_recipe_picks_one_server_block():
 def test_every_server_block_runs_a_server_or_has_one_started():
     for block in SERVER_BLOCKS:
         serving = "while True" in block.text or any(serving_verb(c) for c in block.commands())
-        assert serving or recipe(block).before, f"{block.where}: no server started for it: mark it run or live"
+        assert serving or recipe(block).before or recipe(block).joins_previous, \
+            f"{block.where}: no server started for it: mark it run or live, or give it a recipe"
 
 
 def test_guide_ports_move_with_their_family():
@@ -121,7 +136,7 @@ def workspace(tmp_path_factory) -> Path:
     return scratch_layout(tmp_path_factory.mktemp("docs-servers"), SHARED_DIR)
 
 
-def _adapters(group: list, r: Recipe, root: Path, cache: Path, texts: list[str]) -> None:
+def _adapters(r: Recipe, root: Path, cache: Path, texts: list[str]) -> None:
     """Write a PEFT adapter of the recipe's base at ``root/NAME`` for every ``/adapters/NAME`` of ``texts``."""
     from kvmesh.cluster.launch.embedded_model import embedded_model_files, materialize
     from kvmesh.cluster.measure.benchmarks.support.peft_writer import write_lora_adapter
@@ -132,7 +147,7 @@ def _adapters(group: list, r: Recipe, root: Path, cache: Path, texts: list[str])
 
 
 def _session(group: list, workspace: Path, tmp: Path) -> Session:
-    r = recipe(group[0])
+    r = merged(group)
     env = command_environment(BIN, KVMESH_CLUSTERS_DIR=str(tmp / "clusters"),
                               KVMESH_CACHE_DIR=str(workspace.parent / "cache"),
                               KVMESH_RESULTS_DIR=str(tmp / "results"),
@@ -142,7 +157,7 @@ def _session(group: list, workspace: Path, tmp: Path) -> Session:
     session = Session(workspace, env, tmp / "logs")
     texts = [b.text for b in group] + [yaml_before(group[0]) for what in r.files.values() if what == "yaml"]
     if r.adapters:
-        _adapters(group, r, tmp / "adapters", workspace.parent / "cache", texts)
+        _adapters(r, tmp / "adapters", workspace.parent / "cache", texts)
         session.replace["/adapters/"] = f"{tmp}/adapters/"
     for name, what in r.files.items():
         (tmp / name).write_text(session.substitute(yaml_before(group[0]) if what == "yaml" else what))
@@ -154,7 +169,7 @@ def _session(group: list, workspace: Path, tmp: Path) -> Session:
 def test_server_blocks(group, workspace, tmp_path):
     """The blocks' servers start and become ready, their other commands exit 0 (curl: a 2xx), their readers
     print a stored block once requests go through, and everything stops."""
-    r = recipe(group[0])
+    r = merged(group)
     session = _session(group, workspace, tmp_path)
     try:
         for command in r.before:
@@ -167,4 +182,5 @@ def test_server_blocks(group, workspace, tmp_path):
             answer = session.complete(r.after)
             assert answer.status_code == 200, f"{group[0].where}: a request through the router: {answer.text[:500]}"
     finally:
-        session.close()
+        killed = session.close()
+    assert not killed, f"{group[0].where}: Ctrl-C did not stop {killed} in {STOP_TIMEOUT_S}s (killed)"
