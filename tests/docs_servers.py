@@ -240,6 +240,9 @@ class Session:
     def complete(self, body: dict) -> httpx.Response:
         return httpx.post(f"http://127.0.0.1:{self.ports[8000]}/v1/completions", json=body, timeout=60)
 
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.ports[8000]}/metrics", timeout=30).text
+
     def await_events(self, where: str) -> None:
         """Requests through the router (a new prompt each, bounded) until every reader printed a stored block."""
         deadline = time.monotonic() + EVENT_TIMEOUT_S

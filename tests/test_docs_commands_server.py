@@ -22,11 +22,7 @@ from .conftest import SHARED_DIR, STORIES_HF
 from .docs_commands import REPO, blocks, command_environment, scratch_layout
 from .docs_servers import STOP_TIMEOUT_S, Ports, Session, serving_verb
 
-pytestmark = pytest.mark.live  # kvmesh serve, replica and router on ports of 127.0.0.1
-
 BIN = Path(sys.executable).parent
-STORIES = "../shared/models/stories260K/hf"
-"""stories260K as the guides name it, from the checkout (the tests' cwd is laid out as one)."""
 ADAPTERS = re.compile(r"/adapters/([\w-]+)")
 
 
@@ -47,18 +43,16 @@ class Recipe:
     """A completion sent through the router once the block ran; it must answer 200."""
     joins_previous: bool = False
     """The block runs with the guide's server block before it, which starts what it needs."""
-
-
-def _replica(model: str, index: int) -> str:
-    return (f"kvmesh replica --model {model} --port {8100 + index} --event-port {5557 + 2 * index} "
-            f"--replay-port {5558 + 2 * index}")
+    metric: str = ""
+    """A line the router's ``/metrics`` has once ``after`` went through."""
 
 
 RECIPES = (
     Recipe('sub.connect("tcp://127.0.0.1:5557")', before=("kvmesh serve --no-private-events",)),
     Recipe("kvmesh events tail --endpoint tcp://127.0.0.1:5557", before=("kvmesh serve --no-private-events",)),
-    Recipe("role=prefill", before=(_replica(STORIES, 0), _replica(STORIES, 1)),
-           after={"prompt": "Once upon a time", "max_tokens": 8}),
+    Recipe("role=prefill", joins_previous=True, after={"prompt": " ".join(["Once upon a time there was a dog"] * 40),
+                                                       "max_tokens": 4},
+           metric='kvmesh_router_pd_splits_total{outcome="ok"} 1.0'),
     Recipe('KVMESH_INTERNAL_KEY="$INTERNAL" kvmesh router', joins_previous=True, variables=("ADMIN", "INTERNAL"),
            adapters="embedded"),
     Recipe("--lora-modules tiny=/adapters/tiny", variables=("KVMESH_ADMIN_KEY",), adapters="stories"),
@@ -93,7 +87,8 @@ def merged(group: list) -> Recipe:
     return Recipe(rs[0].match, before=rs[0].before, variables=tuple(v for r in rs for v in r.variables),
                   adapters=next((r.adapters for r in rs if r.adapters), ""),
                   files={k: v for r in rs for k, v in r.files.items()},
-                  after=next((r.after for r in rs if r.after is not None), None))
+                  after=next((r.after for r in rs if r.after is not None), None),
+                  metric=next((r.metric for r in rs if r.metric), ""))
 
 
 def yaml_before(block) -> str:
@@ -165,6 +160,7 @@ def _session(group: list, workspace: Path, tmp: Path) -> Session:
     return session
 
 
+@pytest.mark.live  # kvmesh serve, replica and router on ports of 127.0.0.1 (tests/tiers.py)
 @pytest.mark.parametrize("group", groups(), ids=lambda g: "+".join(b.where for b in g))
 def test_server_blocks(group, workspace, tmp_path):
     """The blocks' servers start and become ready, their other commands exit 0 (curl: a 2xx), their readers
@@ -181,6 +177,8 @@ def test_server_blocks(group, workspace, tmp_path):
         if r.after is not None:
             answer = session.complete(r.after)
             assert answer.status_code == 200, f"{group[0].where}: a request through the router: {answer.text[:500]}"
+        if r.metric:
+            assert r.metric in session.metrics(), f"{group[0].where}: the router's /metrics lacks {r.metric}"
     finally:
         killed = session.close()
     assert not killed, f"{group[0].where}: Ctrl-C did not stop {killed} in {STOP_TIMEOUT_S}s (killed)"
