@@ -5,9 +5,11 @@ Every fenced block a reader may paste into a shell or Python (language ``bash``,
 shown when the Markdown is rendered)::
 
     <!-- docs-test: KIND -->              run, slow and live
-    <!-- docs-test: KIND (reason) -->     the others: why the test cannot run it
+    <!-- docs-test: KIND (reason) -->     the others: which servers it needs, or why the test cannot run it
 
-``KINDS`` says what each kind gets. A block without a marker fails the test, naming its file and line. A block
+``KINDS`` says what each kind gets: every command of a guide runs (``run``, ``slow``, ``live``, ``server``) unless
+it needs a GPU, a cluster of machines, a tool kvmesh does not install or the network (``gpu``, ``cluster``,
+``external``), or installs something (``install``). A block without a marker fails the test, naming its file and line. A block
 of text that is not commands (a diagram, a printout) takes the language ``text``.
 """
 
@@ -28,14 +30,16 @@ KINDS = {
     "run": "runs in a subprocess in the quick tier (each command well under a minute)",
     "slow": "runs in a subprocess, in the slow tier (a minute or more)",
     "live": "runs against the test's own `kvmesh serve` (the embedded model on 127.0.0.1)",
-    "server": "starts a server that runs until stopped, or needs servers of its own: arguments parsed",
+    "server": "starts servers that run until stopped, or needs some running: runs with its servers started by the "
+              "test in the background (tests/test_docs_commands_server.py)",
     "install": "installs something (pip, make): extras and make targets checked",
     "gpu": "needs a CUDA GPU: arguments parsed",
     "cluster": "needs a Ray cluster of cloud or on-prem machines: arguments and repository paths checked",
     "external": "needs a tool kvmesh does not install: syntax checked",
 }
 RUN_KINDS = ("run", "slow", "live")
-"""Kinds whose commands run; every other kind needs a reason in its marker."""
+"""Kinds whose commands run without servers of their own; every other kind needs a reason in its marker (a
+``server`` block's says which servers it runs or needs)."""
 
 SHELL_LANGUAGES = {"bash", "sh", "shell", "console", ""}
 CHECKED_LANGUAGES = SHELL_LANGUAGES | {"python"}
@@ -235,6 +239,18 @@ def repo_paths_missing(command: str) -> list[str]:
     return missing
 
 
+def scratch_layout(root: Path, shared: Path) -> Path:
+    """A folder ``root/kvmesh`` laid out as the checkout (its entries linked, ``results/`` empty, so that a
+    command's output leaves the real one alone) with ``root/shared`` linked to ``shared`` beside it."""
+    checkout = root / "kvmesh"
+    checkout.mkdir()
+    for entry in REPO.iterdir():
+        if entry.name not in ("results", ".git"):
+            (checkout / entry.name).symlink_to(entry)
+    (checkout / "results").mkdir()
+    (root / "shared").symlink_to(shared.resolve())
+    return checkout
+
 
 def run_command(command: str, where: str, cwd: Path, env: dict, timeout_s: float, private_tmp: bool = False) -> str:
     """Run a guide's shell command with bash in ``cwd``; its output, or an AssertionError that says what failed.
@@ -252,6 +268,11 @@ def run_command(command: str, where: str, cwd: Path, env: dict, timeout_s: float
     assert result.returncode == 0, (f"{where}: `{command}` exited {result.returncode}\n"
                                     f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
     return result.stdout
+
+
+def curl_checked(command: str) -> str:
+    """curl as the guides write it, failing on an HTTP error (-f) and saying why (-sS)."""
+    return re.sub(r"^curl\b", "curl -sS -f", command)
 
 
 def command_environment(bin_dir: Path, **variables: str) -> dict:

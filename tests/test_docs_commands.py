@@ -1,7 +1,7 @@
 """Every command of the user guides works: every block is marked, the blocks marked ``run`` (and ``slow``) run
 here, and every ``kvmesh`` command line of any block is parsed by the real argument parser
 (tests/docs_commands.py has the markers and what each kind gets; test_docs_commands_live.py runs the ``live``
-blocks against a ``kvmesh serve``)."""
+blocks against a ``kvmesh serve``, test_docs_commands_server.py the ``server`` blocks with their servers)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 from .conftest import SHARED_DIR
 from .docs_commands import (
     KINDS,
-    REPO,
     blocks,
     command_environment,
     install_problem,
@@ -22,6 +21,7 @@ from .docs_commands import (
     python_imports_resolve,
     repo_paths_missing,
     run_command,
+    scratch_layout,
     shell_commands,
     words,
 )
@@ -107,15 +107,7 @@ def scratch_checkout(tmp_path_factory) -> Path:
     leaves the real one alone) with ``../shared`` beside it; skips without ../shared."""
     if not SHARED_DIR.is_dir():
         pytest.skip(f"the guides' commands read ../shared, not found at {SHARED_DIR}")
-    root = tmp_path_factory.mktemp("docs")
-    checkout = root / "kvmesh"
-    checkout.mkdir()
-    for entry in REPO.iterdir():
-        if entry.name not in ("results", ".git"):
-            (checkout / entry.name).symlink_to(entry)
-    (checkout / "results").mkdir()
-    (root / "shared").symlink_to(SHARED_DIR.resolve())
-    return checkout
+    return scratch_layout(tmp_path_factory.mktemp("docs"), SHARED_DIR)
 
 
 def _run_in(scratch: Path, block, command: str, timeout_s: float) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .docs_commands import blocks, command_environment, run_command, words
+from .docs_commands import blocks, command_environment, curl_checked, run_command, words
 
 BIN = Path(sys.executable).parent
 COMMAND_TIMEOUT_S = 60
@@ -35,11 +35,6 @@ def _free_port() -> int:
 
 def on_port(text: str, port: int) -> str:
     return re.sub(rf"\b(127\.0\.0\.1|localhost):{GUIDE_PORT}\b", rf"\g<1>:{port}", text)
-
-
-def curl_checked(command: str) -> str:
-    """curl as the guides write it, failing on an HTTP error (-f) and saying why (-sS)."""
-    return re.sub(r"^curl\b", "curl -sS -f", command)
 
 
 def test_commands_are_pointed_at_the_tests_port():

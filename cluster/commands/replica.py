@@ -4,6 +4,8 @@ TP=1 runs in this process without Ray; TP>1 starts a local Ray instance for the 
 Ports default to DESIGN.md's (HTTP 8100, events 5557, replay 5558); 0 picks free ones, and the
 actual addresses are printed as one JSON line on stdout once the replica serves. The engine:
 and events: settings are the same as in ``kvmesh serve``'s config (same YAML keys and flags).
+``--model embedded`` serves the embedded tiny model with random weights as ``kvmesh serve`` does
+(named kvmesh-embedded).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def load(args: argparse.Namespace) -> ReplicaCommandConfig:
     from kvmesh.cluster.launch.model_files import check_model
     from kvmesh.cluster.launch.preflight import check_port_free
 
-    config = config_from_args(args, REPLICA_SCHEMA)
+    config = embedded(config_from_args(args, REPLICA_SCHEMA))
     server, engine = config.server, config.engine
     if engine.load_format != "dummy" or engine.hf_config is None:
         # clients name the model as it was given (vLLM's rule, and what `kvmesh router --model` with the same
@@ -53,6 +55,22 @@ def load(args: argparse.Namespace) -> ReplicaCommandConfig:
         check_port_free(server.host, server.event_port, "server.event_port")
         check_port_free(server.host, server.replay_port, "server.replay_port")
     return config
+
+
+def embedded(config: ReplicaCommandConfig) -> ReplicaCommandConfig:
+    """The config with ``--model embedded`` made the embedded model's files, random weights, its KV cache size and
+    its served name, as ``kvmesh serve`` gives them to its replicas; any other model as it is."""
+    from kvmesh.cluster.config.trees import EMBEDDED_MODEL
+    from kvmesh.cluster.launch.embedded_model import SERVED_NAME, embedded_model_files, materialize
+    from kvmesh.cluster.launch.replica_sections import EMBEDDED_KV_CACHE_MEMORY
+
+    engine = config.engine
+    if engine.model != EMBEDDED_MODEL:
+        return config
+    engine = replace(engine, model=materialize(embedded_model_files()), load_format="dummy",
+                     kv_cache_memory=engine.kv_cache_memory or EMBEDDED_KV_CACHE_MEMORY)
+    server = replace(config.server, served_model_name=config.server.served_model_name or SERVED_NAME)
+    return replace(config, engine=engine, server=server)
 
 
 def start(config: ReplicaCommandConfig, model_runner: ModelRunnerInterface | None = None) -> ReplicaRuntime:

@@ -26,6 +26,21 @@ def test_defaults_follow_design_ports_and_loopback():
     assert server.api_key is None
 
 
+def test_the_embedded_model_is_served_as_kvmesh_serve_serves_it(tmp_path, monkeypatch):
+    from kvmesh.cluster.launch.replica_sections import EMBEDDED_KV_CACHE_MEMORY
+
+    monkeypatch.setenv("KVMESH_CACHE_DIR", str(tmp_path))
+    config = load(build_parser().parse_args(["replica", "--model", "embedded", "--port", "0", "--event-port", "0",
+                                             "--replay-port", "0"]))
+    engine = config.engine
+    assert engine.load_format == "dummy" and engine.model.startswith(str(tmp_path))
+    assert engine.kv_cache_memory == EMBEDDED_KV_CACHE_MEMORY
+    assert config.server.served_model_name == "kvmesh-embedded"
+    named = load(build_parser().parse_args(["replica", "--model", "embedded", "--served-model-name", "tiny",
+                                            "--port", "0", "--event-port", "0", "--replay-port", "0"]))
+    assert named.server.served_model_name == "tiny"
+
+
 def test_flags_reach_the_engine_config(stories_path):
     model = str(stories_path)
     args = build_parser().parse_args([
