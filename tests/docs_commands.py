@@ -4,10 +4,10 @@ Every fenced block a reader may paste into a shell or Python (language ``bash``,
 ``console``, ``python`` or none) carries a marker, an HTML comment on the line right before its fence (not
 shown when the Markdown is rendered)::
 
-    <!-- docs-test: KIND -->              run, slow and live
+    <!-- docs-test: KIND -->              run and live
     <!-- docs-test: KIND (reason) -->     the others: which servers it needs, or why the test cannot run it
 
-``KINDS`` says what each kind gets: every command of a guide runs (``run``, ``slow``, ``live``, ``server``) unless
+``KINDS`` says what each kind gets: every command of a guide runs (``run``, ``live``, ``server``) unless
 it needs a GPU, a cluster of machines, a tool kvmesh does not install or the network (``gpu``, ``cluster``,
 ``external``), or installs something (``install``). A block without a marker fails the test, naming its file and line. A block
 of text that is not commands (a diagram, a printout) takes the language ``text``.
@@ -28,7 +28,6 @@ GUIDES = ("README.md", "docs/*.md", "deploy/README.md")
 
 KINDS = {
     "run": "runs in a subprocess in the quick tier (each command well under a minute)",
-    "slow": "runs in a subprocess, in the slow tier (a minute or more)",
     "live": "runs against the test's own `kvmesh serve` (the embedded model on 127.0.0.1)",
     "server": "starts servers that run until stopped, or needs some running: runs with its servers started by the "
               "test in the background (tests/test_docs_commands_server.py)",
@@ -37,7 +36,7 @@ KINDS = {
     "cluster": "needs a Ray cluster of cloud or on-prem machines: arguments and repository paths checked",
     "external": "needs a tool kvmesh does not install: syntax checked",
 }
-RUN_KINDS = ("run", "slow", "live")
+RUN_KINDS = ("run", "live")
 """Kinds whose commands run without servers of their own; every other kind needs a reason in its marker (a
 ``server`` block's says which servers it runs or needs)."""
 

@@ -1,4 +1,4 @@
-"""Every command of the user guides works: every block is marked, the blocks marked ``run`` (and ``slow``) run
+"""Every command of the user guides works: every block is marked, the blocks marked ``run`` run
 here, and every ``kvmesh`` command line of any block is parsed by the real argument parser
 (tests/docs_commands.py has the markers and what each kind gets; test_docs_commands_live.py runs the ``live``
 blocks against a ``kvmesh serve``, test_docs_commands_server.py the ``server`` blocks with their servers)."""
@@ -28,7 +28,6 @@ from .docs_commands import (
 
 BIN = Path(sys.executable).parent
 RUN_TIMEOUT_S = 90
-SLOW_TIMEOUT_S = 600
 
 BLOCKS = blocks()
 
@@ -99,7 +98,7 @@ def test_python_blocks_compile_and_their_kvmesh_imports_exist(block):
     assert not python_imports_resolve(block.text), block.where
 
 
-# -- run and slow: in a subprocess, from a scratch copy of the checkout's layout ------------------------------------
+# -- run: in a subprocess, from a scratch copy of the checkout's layout ------------------------------------
 
 @pytest.fixture(scope="module")
 def scratch_checkout(tmp_path_factory) -> Path:
@@ -120,8 +119,3 @@ def _run_in(scratch: Path, block, command: str, timeout_s: float) -> None:
 def test_run_commands(block, command, scratch_checkout):
     _run_in(scratch_checkout, block, command, RUN_TIMEOUT_S)
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize("block, command", _commands("slow"))
-def test_slow_commands(block, command, scratch_checkout):
-    _run_in(scratch_checkout, block, command, SLOW_TIMEOUT_S)
