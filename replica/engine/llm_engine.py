@@ -111,8 +111,7 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
                     cache_salt: str | None = None, arrival_time: float | None = None,
-                    lora_request: LoRARequest | None = None, priority: int = 0,
-                    remote_kv: RemoteKV | None = None) -> None:
+                    lora_request: LoRARequest | None = None, priority: int = 0, remote_kv: RemoteKV | None = None) -> None:
         """Queue a request (``lora_request``: the adapter it runs with, registered on first use; ``priority``: lower
         runs first under ``scheduling_policy="priority"``, non-zero refused under "fcfs" as vLLM; ``remote_kv``: its
         ``kv_transfer_params``, a pull before it runs, a lease at its finish). Raises ValueError (and queues nothing)
@@ -284,19 +283,8 @@ class LLMEngine:
 
     def get_stats(self) -> EngineStats:
         """The live stats object, its gauges refreshed (counters and histograms are cumulative)."""
-        stats = self._stats
-        stats.num_running = self.scheduler.num_running
-        stats.num_waiting = self.scheduler.num_waiting
-        stats.kv_cache_usage = self.kv_cache_manager.usage
-        cache_stats = self.kv_cache_manager.prefix_cache_stats
-        stats.prefix_cache_queries = cache_stats.queries
-        stats.prefix_cache_hits = cache_stats.hits
-        stats.num_preemptions = self.scheduler.num_preemptions
-        stats.prefill_tokens_per_s = self.prefill_rate.tokens_per_s or 0.0
-        offload, copier = self.kv_cache_manager.offload, self.model_runner.kv_offload
-        if offload is not None and copier is not None:
-            stats.record_host_tier(offload, copier, self.config.block_size)
-        return stats
+        return self._stats.refresh(self.scheduler, self.kv_cache_manager, self.prefill_rate.tokens_per_s,
+                                   self.model_runner.kv_offload, self.config.block_size)
 
     @property
     def stats(self) -> EngineStats:
