@@ -14,12 +14,15 @@ pull) and, when a pull was tried, ``x-kvmesh-kv-pull: ok|failed|skipped``.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING
 
 from fastapi import Request
 from kvmesh.replica.engine.remote_kv import NO_PULL, PullResult, RemoteKV
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.kv_peers import peer_of
+from kvmesh.replica.serving.errors import ProtocolError
 
 if TYPE_CHECKING:
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -48,6 +51,24 @@ def engine_params(state: ServerState, req: CompletionRequest | ChatCompletionReq
     auth = f"Bearer {key}" if key else http.headers.get("authorization")
     lora = state.loras.request_for(req.model)  # the adapter keys the hashes on both sides
     return state.kv_transfer.request_params(params, prompts[0], req.cache_salt, auth, lora, peer_of(http))
+
+
+async def start_or_leave(start: Coroutine, gone: Coroutine | None) -> list[Outputs]:
+    """``start`` (queue the candidates, read their first outputs); with ``gone`` (the client's disconnect, watched
+    while the engine waits for a pull's blocks) a client that leaves first cancels it: the request is aborted, its
+    read given up and the holder's lease let go, and the answer is a 499."""
+    if gone is None:
+        return await start
+    started, left = asyncio.ensure_future(start), asyncio.ensure_future(gone)
+    try:
+        await asyncio.wait({started, left}, return_when=asyncio.FIRST_COMPLETED)
+        if started.done():
+            return started.result()
+        started.cancel()  # closing its generate aborts the engine request
+        await asyncio.wait({started})
+        raise ProtocolError("client disconnected", 499)
+    finally:
+        left.cancel()
 
 
 async def pull_headers(req: CompletionRequest | ChatCompletionRequest, kv: RemoteKV | None,

@@ -5,19 +5,25 @@ Over HTTP each side of a split makes one engine call and sends the engine thread
 the decode side's pull and the prefill side's lease are the scheduler's and its connector's work (the holder's
 ``/kv/lease`` and ``/kv/release`` the decode side calls are the holder's own commands). And a request
 cancelled while it waits for its blocks lets them go (its read given up, the blocks quarantined until the
-transport confirms the read over, then freed) while the engine keeps serving the others.
+transport confirms the read over, then freed) while the engine keeps serving the others; over HTTP a client that
+leaves while its request waits for the peer's answer aborts it, and the lease the peer then grants is let go.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import http.server
+import json
+import threading
 
+import httpx
+import pytest
 from kvmesh.replica.engine.remote_kv import PullResult, RemoteBlocks, RemoteKV
 from kvmesh.replica.engine.request import RequestStatus
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
-from .kv_replicas import client, kv_replica, register
+from .kv_replicas import client, kv_replica, register, wait_for
 from .test_kv_pull_overlap import GREEDY, PROMPT, STALLED_S, _agents, _engine, _final, _until
 from .test_kv_transfer_http import FULL_BLOCK_TOKENS, complete, fresh_prompt
 
@@ -122,3 +128,49 @@ async def test_a_request_cancelled_while_its_blocks_are_read_frees_them_and_the_
 
 async def _collect(stream) -> list:
     return [out async for out in stream]
+
+
+class _SlowHolder(http.server.BaseHTTPRequestHandler):
+    """A peer that answers ``/kv/lease`` (a lease on two blocks) only once ``answer`` is set, and has no handshake
+    (the pull then fails); records the paths it was asked."""
+
+    answer = threading.Event()
+    seen: list[str] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["content-length"]))
+        _SlowHolder.seen.append(self.path)
+        if self.path == "/kv/lease":
+            _SlowHolder.answer.wait(30)
+        data = json.dumps({"lease_id": "held", "remote_block_ids": [1, 2], "num_tokens": 32, "expires_in_s": 30.0}
+                          if self.path == "/kv/lease" else {"released_blocks": 2}).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_client_that_leaves_while_its_request_waits_for_the_peer_aborts_it_and_the_lease_is_let_go(stories_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowHolder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with kv_replica(stories_path, replica_id="b") as b, client(b) as cb:
+            cb.post("/kv/peers", json={"peers": [{"replica_id": "slow", "url": url}]}).raise_for_status()
+            llm = b.state.engine_client
+            with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+                cb.post("/v1/completions", timeout=1.0, json={
+                    "prompt": fresh_prompt(62), "max_tokens": 4,
+                    "kv_transfer_params": {"do_remote_prefill": True, "remote_url": url}})
+            assert _SlowHolder.seen == ["/kv/lease"]  # the request still waits for the peer's answer
+            wait_for(lambda: not llm.engine.scheduler.requests, "the waiting request's abort")
+            assert complete(cb, fresh_prompt(63), max_tokens=4).status_code == 200  # it serves on
+            _SlowHolder.answer.set()  # the peer grants a lease now: nobody will read it
+            wait_for(lambda: "/kv/release" in _SlowHolder.seen, "the lease's release")
+            assert llm.errored is None and not llm.kv_transfers.remote.loads
+    finally:
+        server.shutdown()
+        server.server_close()
