@@ -69,6 +69,8 @@ async def start_or_leave(start: Coroutine, gone: Coroutine | None) -> list[Outpu
         raise ProtocolError("client disconnected", 499)
     finally:
         left.cancel()
+        if not started.done():  # this handler itself was cancelled: so is what it started
+            started.cancel()
 
 
 async def pull_headers(req: CompletionRequest | ChatCompletionRequest, kv: RemoteKV | None,
