@@ -79,7 +79,7 @@ class ReplicaRuntime:
         llm = AsyncLLM.from_config(engine, tokenizer.hf, model_runner=model_runner, events=events,
                                    placement_group=placement_group, **(executor or {}))
         tokenizer.max_model_len = llm.max_model_len
-        publisher = llm.event_publisher
+        publisher = llm.engine.event_publisher
         if publisher is not None:
             from kvmesh.events.schema import AllBlocksCleared
 

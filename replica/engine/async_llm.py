@@ -4,43 +4,46 @@
             ▲                                              │
             └── per-request asyncio.Queue ◀─ call_soon_threadsafe ┘
 
-The engine itself is single-threaded; only the engine thread touches it. A generate() that is
-cancelled or closed early aborts its request. A request that fails gets a final output with
-finish_reason "error"; the others keep running. Besides streaming, it answers what the HTTP
-server and routers ask (``load_report``, ``dead_reason``) and owns the engine's model runner
-(``shutdown`` stops both).
+The engine itself is single-threaded; only the engine thread touches it. A generate() that is cancelled or closed
+early aborts its request (a lease its final output carried, unread, is let go). A request that fails gets a final
+output with finish_reason "error"; the others keep running. Besides streaming, it answers what the HTTP server and
+routers ask (``load_report``, ``dead_reason``) and owns the engine's model runner (``shutdown`` stops both).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import gc
 import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine.async_kv import KV_COMMANDS, AsyncKVCommands
+from kvmesh.replica.engine.build import build_engine
 from kvmesh.replica.engine.commands import (
+    KV_COMMANDS,
     AbortRequests,
     AddLoRA,
     AddRequest,
     EngineCommand,
+    LeaseBlocks,
+    PullPrefix,
+    ReleaseLease,
     RemoveLoRA,
     ResetPrefixCache,
     answer,
     refuse,
+    refused,
 )
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
-from kvmesh.replica.engine.load_fields import event_stream_report, lora_report, read_racily
+from kvmesh.replica.engine.load_fields import load_report, read_racily
 from kvmesh.replica.engine.stats import EngineStats
-from kvmesh.replica.engine.step_time import decode_step_load
-from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
+from kvmesh.replica.interfaces import ModelRunnerInterface
+from kvmesh.replica.kv_transfer.prefix_pull import block_hasher
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.replica.serving.lora_request import LoRARequest
@@ -51,13 +54,16 @@ if TYPE_CHECKING:
     from typing import Unpack  # 3.11+; only read by type checkers
 
     from kvmesh.events.config import PublisherConfig
+    from kvmesh.replica.engine.remote_kv import RemoteKV
     from kvmesh.replica.executor.factory import ExecutorOptions
+    from kvmesh.replica.kv_transfer.agent import KVTransferAgent
+    from kvmesh.replica.kv_transfer.leases import Lease
     from ray.util.placement_group import PlacementGroup
 
 logger = logging.getLogger(__name__)
 
 
-class AsyncLLM(AsyncKVCommands):
+class AsyncLLM:
     """Thread-safe, asyncio-friendly front of one ``LLMEngine``; an ``EngineClient``.
 
     ``AsyncLLM(engine)`` fronts a ready engine; ``AsyncLLM.from_config(config)`` builds one.
@@ -89,31 +95,9 @@ class AsyncLLM(AsyncKVCommands):
     @classmethod
     def from_config(cls, config: EngineConfig, hf_tokenizer: HFTokenizer | None = None,
                     model_runner: ModelRunnerInterface | None = None, events: PublisherConfig | None = None,
-                    placement_group: PlacementGroup | None = None,
-                    **executor_kwargs: Unpack[ExecutorOptions]) -> AsyncLLM:
-        """Model runner (a TP executor for tensor_parallel_size > 1), engine and its thread.
-
-        ``hf_tokenizer`` detokenizes; pass the one the server renders prompts with.
-        """
-        if model_runner is None:
-            from kvmesh.replica.executor.factory import make_model_runner
-
-            model_runner = make_model_runner(config, placement_group, **executor_kwargs)
-        try:
-            engine = LLMEngine(config, model_runner=model_runner, tokenizer=hf_tokenizer, events=events)
-        except BaseException:
-            model_runner.shutdown()
-            raise
-        # Everything built so far (model, every KV block object, tokenizer) lives as long as the server:
-        # move it out of the garbage collector's generations so full collections do not rescan it.
-        gc.collect()
-        gc.freeze()
-        return cls(engine=engine)
-
-    @property
-    def event_publisher(self) -> EventPublisher | None:
-        """The engine's KV event publisher (None without events)."""
-        return self.engine.event_publisher
+                    placement_group: PlacementGroup | None = None, **executor_kwargs: Unpack[ExecutorOptions]) -> AsyncLLM:
+        """Model runner, engine (build.py) and its thread; ``hf_tokenizer``: the server's, to detokenize."""
+        return cls(engine=build_engine(config, hf_tokenizer, model_runner, events, placement_group, **executor_kwargs))
 
     @property
     def is_running(self) -> bool:
@@ -123,9 +107,10 @@ class AsyncLLM(AsyncKVCommands):
 
     async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, cache_salt: str | None = None,
-                       lora_request: LoRARequest | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Stream the request's outputs until its final one (``lora_request``: its adapter). Raises ValueError
-        for invalid input (a non-zero ``priority`` under the "fcfs" scheduling policy among it)."""
+                       lora_request: LoRARequest | None = None, priority: int = 0,
+                       remote_kv: RemoteKV | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs until its final one (``lora_request``: its adapter; ``remote_kv``: its
+        ``kv_transfer_params``). Raises ValueError for invalid input (a non-zero ``priority`` under "fcfs" among it)."""
         if not self.is_running:
             raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
         request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
@@ -135,12 +120,12 @@ class AsyncLLM(AsyncKVCommands):
         self._streams[request_id] = (asyncio.get_running_loop(), out_queue)
         accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._submit(AddRequest(request_id, prompt_token_ids, sampling_params, cache_salt, accepted, lora_request,
-                                priority))
+                                priority, remote_kv))
         try:
             await asyncio.wrap_future(accepted)
         except BaseException:
             self._streams.pop(request_id, None)
-            if not _refused(accepted):  # cancelled: it may have been accepted just before, never left running
+            if not refused(accepted):  # cancelled: it may have been accepted just before, never left running
                 self._submit(AbortRequests([request_id]))
             raise
         finished = False
@@ -153,29 +138,51 @@ class AsyncLLM(AsyncKVCommands):
             self._streams.pop(request_id, None)
             if not finished:
                 self._submit(AbortRequests([request_id]))
+                while not out_queue.empty():  # outputs it will never read
+                    self._unread(out_queue.get_nowait())
 
-    async def _ask(self, command: EngineCommand, answer: concurrent.futures.Future):
+    async def _ask(self, command: Callable[[concurrent.futures.Future], EngineCommand]):
         if not self.is_running:
             raise RuntimeError(f"the engine is not running ({self.errored!r}); restart the replica")
-        self._submit(command)
+        answer: concurrent.futures.Future = concurrent.futures.Future()
+        self._submit(command(answer))
         return await asyncio.wrap_future(answer)
 
     async def add_lora(self, lora_request: LoRARequest) -> bool:
         """Register an adapter on the engine thread (read and checked there); False when registered already.
         Raises ValueError saying why one cannot be served."""
-        done: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        return await self._ask(AddLoRA(lora_request, done), done)
+        return await self._ask(lambda done: AddLoRA(lora_request, done))
 
     async def remove_lora(self, lora_name: str) -> bool:
         """Forget an adapter; False when unknown."""
-        done: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        return await self._ask(RemoveLoRA(lora_name, done), done)
+        return await self._ask(lambda done: RemoveLoRA(lora_name, done))
 
     async def reset_prefix_cache(self) -> int:
         """Stop caching every block no request holds, between two steps (vLLM's; its events are sent at once):
         the whole cache (AllBlocksCleared) when none is held. How many blocks stopped being cached."""
-        done: concurrent.futures.Future[int] = concurrent.futures.Future()
-        return await self._ask(ResetPrefixCache(done), done)
+        return await self._ask(ResetPrefixCache)
+
+    async def pull_prefix(self, agent: KVTransferAgent, peer: str, prompt_token_ids: list[int],
+                          remote_block_ids: list[int], cache_salt: str | None = None,
+                          remote_block_media: list[str] | None = None, lora_name: str | None = None,
+                          lora_identity: str | None = None) -> int:
+        """Pull the prompt's cached prefix from ``peer`` into the prefix cache ahead of any request (tools and
+        benchmarks); the tokens pulled. Read between steps: other requests keep stepping meanwhile."""
+        return await self._ask(lambda pulled: PullPrefix(agent, peer, prompt_token_ids, remote_block_ids, cache_salt,
+                                                         pulled, remote_block_media, lora_name, lora_identity))
+
+    async def lease_blocks(self, prompt_token_ids: list[int], cache_salt: str | None, ttl_s: float,
+                           peer: str = "local", lease_id: str | None = None, lora_name: str | None = None,
+                           lora_identity: str | None = None) -> Lease:
+        """Hold the prompt's cached leading blocks for ``peer`` (``/kv/lease``), or show lease ``lease_id`` when it
+        holds this prompt's chain (leases.py; ``LeaseRefused`` otherwise or past a cap). Hashed off the engine thread."""
+        hasher = await asyncio.to_thread(block_hasher, self.engine.kv_cache_manager, prompt_token_ids, cache_salt,
+                                         lora_name, lora_identity)
+        return await self._ask(lambda granted: LeaseBlocks(hasher.block_hashes, ttl_s, peer, granted, lease_id))
+
+    async def release_lease(self, lease_id: str) -> int | None:
+        """Let a lease's blocks go; the blocks it held, or None when no such lease is live."""
+        return await self._ask(lambda released: ReleaseLease(lease_id, released))
 
     def list_loras(self) -> list[LoRARequest]:
         """The registered adapters (a racy copy of the engine thread's registry)."""
@@ -191,19 +198,7 @@ class AsyncLLM(AsyncKVCommands):
 
     def load_report(self) -> LoadReport:
         """Queue depth, KV usage and uncomputed prompt tokens (read racily from the engine thread's state)."""
-        sched = self.engine.scheduler
-        requests = read_racily(lambda: list(sched.requests.values()))
-        waiting_tokens = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in requests)
-        publisher = self.engine.event_publisher
-        return LoadReport(
-            num_requests_running=len(sched.running), num_requests_waiting=len(sched.waiting),
-            kv_cache_usage=float(self.engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
-            num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
-            max_num_seqs=self.engine.config.max_num_seqs, scheduling_policy=self.engine.config.scheduling_policy,
-            prefill_tokens_per_s=self.engine.prefill_rate.tokens_per_s, lora=lora_report(self.engine.loras, sched.running),
-            **self.engine.kv_connectors.load_fields(),
-            decode_step=decode_step_load(self.engine.decode_step_time, read_racily(lambda: list(sched.running))),
-            **event_stream_report(publisher))
+        return load_report(self.engine)
 
     def dead_reason(self) -> str | None:
         """None while the replica can serve; otherwise why not."""
@@ -256,11 +251,10 @@ class AsyncLLM(AsyncKVCommands):
                 self._wake.clear()
                 self._drain_commands()
                 engine.kv_connectors.between_steps()
-                if not engine.has_unfinished_requests():
-                    self._wake.wait(engine.kv_connectors.idle_timeout())
-                    continue
-                for out in engine.step():
+                for out in engine.step() if engine.has_unfinished_requests() else ():
                     self._deliver(out)
+                if not engine.has_unfinished_requests() or engine.waits_only_for_remote_kvs:  # idle, or until a
+                    self._wake.wait(engine.kv_connectors.idle_timeout())  # remote KV lookup or read wakes it
         except BaseException as e:  # a bug in the engine loop: fail every open stream, say why
             logger.exception("engine loop died")
             self.errored = e
@@ -279,9 +273,8 @@ class AsyncLLM(AsyncKVCommands):
                 try:
                     self.engine.add_request(command.request_id, command.prompt_token_ids, command.sampling_params,
                                             cache_salt=command.cache_salt, lora_request=command.lora_request,
-                                            priority=command.priority)
+                                            priority=command.priority, remote_kv=command.remote_kv)
                 except BaseException as e:
-                    self.kv_transfers.request_refused(command.request_id)
                     refuse(command.accepted, e)
                 else:
                     if not answer(command.accepted, None):  # its caller gave up before it was accepted
@@ -306,18 +299,23 @@ class AsyncLLM(AsyncKVCommands):
 
     def _deliver(self, out: RequestOutput) -> None:
         stream = self._streams.get(out.request_id)
-        if stream is None:  # its caller is gone (cancelled, or its stream closed): nobody reads it, end it
-            if not out.finished:
-                self.engine.abort_request(out.request_id)
-            return
-        loop, out_queue = stream
         try:
-            loop.call_soon_threadsafe(out_queue.put_nowait, out)
+            if stream is not None:
+                stream[0].call_soon_threadsafe(self._put, stream[1], out)
+                return
         except RuntimeError:  # the caller's event loop is gone: nobody will read this request
             self._streams.pop(out.request_id, None)
+        if not out.finished:  # its caller is gone (cancelled, or its stream closed): nobody reads it, end it
             self.engine.abort_request(out.request_id)
+        self._unread(out)
 
+    def _put(self, out_queue: asyncio.Queue[RequestOutput], out: RequestOutput) -> None:
+        """On the caller's loop: hand ``out`` to its stream, unless the caller left since it was sent."""
+        stream = self._streams.get(out.request_id)
+        out_queue.put_nowait(out) if stream is not None and stream[1] is out_queue else self._unread(out)
 
-def _refused(accepted: concurrent.futures.Future) -> bool:
-    """The engine refused the request (an id of its own may still run under that name: not to be aborted)."""
-    return accepted.done() and not accepted.cancelled() and accepted.exception() is not None
+    def _unread(self, out: RequestOutput) -> None:
+        """An output nobody will read: a lease its request took at finish is let go (any thread)."""
+        if out.kv_lease and (lease_id := out.kv_lease.get("remote_lease_id")):
+            self._submit(ReleaseLease(lease_id, concurrent.futures.Future()))
+

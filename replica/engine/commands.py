@@ -20,6 +20,7 @@ from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # named for type checkers only: the engine loads no transfer code until a pull is asked
+    from kvmesh.replica.engine.remote_kv import RemoteKV
     from kvmesh.replica.kv_transfer.agent import KVTransferAgent
     from kvmesh.replica.kv_transfer.leases import Lease
 
@@ -45,6 +46,11 @@ def refuse(future: concurrent.futures.Future, error: BaseException) -> bool:
     return True
 
 
+def refused(future: concurrent.futures.Future) -> bool:
+    """The engine refused what ``future`` waited for (set to an error, not cancelled)."""
+    return future.done() and not future.cancelled() and future.exception() is not None
+
+
 @dataclass(frozen=True, slots=True)
 class AddRequest:
     """Queue a request (``LLMEngine.add_request``); ``accepted`` resolves once it is queued or refused."""
@@ -63,6 +69,8 @@ class AddRequest:
     """The LoRA adapter it runs with (None: the base model)."""
     priority: int = 0
     """Lower runs first under the "priority" scheduling policy (vLLM's request ``priority``)."""
+    remote_kv: RemoteKV | None = None
+    """A pull before it runs, a lease at its finish (engine/remote_kv.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +83,8 @@ class AbortRequests:
 
 @dataclass(frozen=True, slots=True)
 class PullPrefix:
-    """Read a prompt's cached prefix from a peer replica into the prefix cache (kv_transfer/prefix_pull.py)."""
+    """Read a prompt's cached prefix from a peer replica into the prefix cache ahead of any request (tools and
+    benchmarks; a request's own pull rides its ``kv_transfer_params``; kv_transfer/prefix_pull.py)."""
 
     agent: KVTransferAgent
     """This replica's transfer agent, with ``peer`` added."""
@@ -117,22 +126,6 @@ class LeaseBlocks:
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseAtFinish:
-    """Lease a request's prompt blocks when it finishes, before they are freed (the prefill side of a P/D
-    split; vLLM's NixlConnector delays freeing the same way). Sent before the request's ``AddRequest``."""
-
-    request_id: str
-    """The request whose finish takes the lease."""
-    ttl_s: float
-    """Seconds until the lease ends on its own."""
-    peer: str
-    """Who asked for the handle (the router's address): the lease counts against that peer's cap."""
-    granted: concurrent.futures.Future[Lease]
-    """Set when the request ends: to its lease, or to an empty lease (lease_id "") when it was aborted,
-    failed or refused, or a cap was reached."""
-
-
-@dataclass(frozen=True, slots=True)
 class ReleaseLease:
     """Let a lease's blocks go (the peer read them, or gave up)."""
 
@@ -170,6 +163,8 @@ class ResetPrefixCache:
     """Set to how many blocks stopped being cached."""
 
 
-EngineCommand = (AddRequest | AbortRequests | PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease | AddLoRA
-                 | RemoveLoRA | ResetPrefixCache)
+EngineCommand = (AddRequest | AbortRequests | PullPrefix | LeaseBlocks | ReleaseLease | AddLoRA | RemoveLoRA
+                 | ResetPrefixCache)
 """Every command the engine thread takes."""
+KV_COMMANDS = (PullPrefix, LeaseBlocks, ReleaseLease)
+"""The commands the KV transfer connector carries out (``EngineKVTransfers.handle``, kv_transfers.py)."""

@@ -3,7 +3,13 @@ its scheduler side).
 
     LLMEngine(config, runner, kv_connectors=[factory, ...])      each factory(KVConnectorContext) -> KVConnector
         step():            connector.update_connector_output()   what the runner finished (host tier: stores landed)
-        a request ends:    connector.request_finished(request)   before its blocks are freed (a lease takes them)
+        schedule():        connector.get_finished()              requests whose remote KV load ended
+        a waiting request: connector.get_num_new_matched_tokens(request, num_computed_tokens)
+                           -> (tokens, load_async): tokens another replica holds past the local prefix (None: not
+                           known yet, ask again next step); load_async: the request waits while they are read,
+                           after connector.update_state_after_alloc(request, local_blocks, tokens)
+        a request ends:    connector.request_finished(request)   before its blocks are freed (a lease takes
+                           them); the handle its final output carries (``kv_lease``), or None
         integrity check:   connector.held_blocks()                device blocks held outside any block table
         engine thread:     connector.between_steps(), idle_timeout()   work polled between steps, idle or not
         /load:             connector.load_fields()                the report's fields this connector owns
@@ -13,10 +19,11 @@ Two connectors plug in here: the host tier's (``OffloadConnector``, offload_conn
 ``OffloadingConnector``), built by the engine when its cache manager has a host tier, and the KV transfers between
 replicas (``EngineKVTransfers``, kv_transfers.py; vLLM's ``NixlConnector``), built by ``default_kv_connectors``
 (connector_defaults.py).
-The engine calls them in that order. vLLM's ``get_num_new_matched_tokens`` / ``update_state_after_alloc`` /
-``build_connector_meta`` have no method here: the host tier's lookup, load planning and the step's copies are
-decided inside the KV cache manager's own prefix walk (kvcache/offload.py), and a pull fills the prefix cache
-before its request is added (kv_transfer/prefix_pull.py).
+The engine calls them in that order. vLLM's ``build_connector_meta`` has no method here: the host tier's lookup,
+load planning and the step's copies are decided inside the KV cache manager's own prefix walk (kvcache/offload.py).
+Unlike vLLM's scheduler, kvmesh's allocates nothing for a remote load: the connector allocates and holds the read's
+blocks itself (a failed read's stay quarantined outside any block table) and caches them as the read lands, so the
+request then hits them in the prefix cache.
 """
 
 from __future__ import annotations
@@ -41,8 +48,22 @@ class KVConnector(Protocol):
         """Start of a step, before scheduling: take what the runner finished since the last step (never waits)."""
         ...
 
-    def request_finished(self, request: Request) -> None:
-        """``request`` ended (finished, aborted or failed); its blocks are freed right after this returns."""
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """A waiting request's tokens this connector can load past its ``num_computed_tokens`` local ones, and
+        whether asynchronously; (None, False): not known yet (the request keeps its place; asked again later)."""
+        ...
+
+    def update_state_after_alloc(self, request: Request, blocks: list[KVCacheBlock], num_external_tokens: int) -> None:
+        """Start loading the ``num_external_tokens`` it promised (``blocks``: the request's local prefix)."""
+        ...
+
+    def get_finished(self) -> set[str]:
+        """The requests whose asynchronous load ended (read or failed) since the last call: they may run now."""
+        ...
+
+    def request_finished(self, request: Request) -> dict | None:
+        """``request`` ended (finished, aborted or failed); its blocks are freed right after this returns. The
+        handle for its final output (``kv_lease``: the response's ``kv_transfer_params``; None: none)."""
         ...
 
     def held_blocks(self) -> list[KVCacheBlock]:

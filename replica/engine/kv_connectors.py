@@ -30,10 +30,32 @@ class KVConnectors:
         for connector in self.connectors:
             connector.update_connector_output()
 
-    def request_finished(self, request: Request) -> None:
-        """Before ``request``'s blocks are freed (a lease taken here holds them)."""
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """The first connector's answer that loads anything (or is not known yet); (0, False) when none does."""
         for connector in self.connectors:
-            connector.request_finished(request)
+            tokens, load_async = connector.get_num_new_matched_tokens(request, num_computed_tokens)
+            if tokens != 0:
+                return tokens, load_async
+        return 0, False
+
+    def update_state_after_alloc(self, request: Request, blocks: list[KVCacheBlock], num_external_tokens: int) -> None:
+        for connector in self.connectors:
+            connector.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def get_finished(self) -> set[str]:
+        finished: set[str] = set()
+        for connector in self.connectors:
+            finished |= connector.get_finished()
+        return finished
+
+    def request_finished(self, request: Request) -> dict | None:
+        """Before ``request``'s blocks are freed (a lease taken here holds them); the handle of its
+        final output (the first connector's that gives any)."""
+        params = None
+        for connector in self.connectors:
+            given = connector.request_finished(request)
+            params = given if params is None else params
+        return params
 
     def held_blocks(self) -> list[KVCacheBlock]:
         held: list[KVCacheBlock] = []

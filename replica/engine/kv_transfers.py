@@ -1,6 +1,6 @@
 """The engine thread's side of KV transfer: pulls in flight and leases, checked between steps.
 
-    AsyncLLM engine thread:  drain commands (PullPrefix starts a read, LeaseBlocks / LeaseAtFinish / ReleaseLease)
+    AsyncLLM engine thread:  drain commands (PullPrefix starts a read, LeaseBlocks / ReleaseLease)
                              kv.between_steps()      pulls polled without waiting, leases past their TTL ended
                              step() ...              other requests keep stepping while a read is in flight
 
@@ -13,10 +13,11 @@ counted in ``quarantined_blocks`` and the pool's integrity check) until the tran
 over, then freed uncached: a read that lands late lands in blocks nobody else holds. Each finished pull's
 bytes and seconds feed ``pull_bytes_per_s`` (an EWMA).
 
-The prefill side of a P/D split leases at the request's finish, not after its answer: ``LeaseAtFinish``
-arms the request id, and ``request_finished`` (the engine calls its connectors, kv_connector.py, before the request's blocks go
-back to the evictable pool, as vLLM's connector's ``request_finished`` delays freeing) takes the lease,
-so no step in between can evict them.
+A request's own pull rides its ``kv_transfer_params`` into the scheduler (remote_loads.py: the request waits in
+WAITING_FOR_REMOTE_KVS while its read is polled here). The prefill side of a P/D split leases at the request's
+finish: ``request_finished`` (called before its blocks go back to the evictable pool, as vLLM's connector's
+delays freeing) takes the lease, so no step in between can evict them, and returns the handle its final output
+carries.
 """
 
 from __future__ import annotations
@@ -27,14 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvmesh.replica.engine.commands import (
-    LeaseAtFinish,
-    LeaseBlocks,
-    PullPrefix,
-    ReleaseLease,
-    answer,
-    refuse,
-)
+from kvmesh.replica.engine.commands import LeaseBlocks, PullPrefix, ReleaseLease, answer, refuse
+from kvmesh.replica.engine.remote_loads import RemoteLoads
 from kvmesh.replica.engine.request import Request, RequestStatus
 from kvmesh.replica.engine.step_time import LinearFit
 from kvmesh.replica.kv_transfer.agent import block_bytes
@@ -42,6 +37,7 @@ from kvmesh.replica.kv_transfer.leases import Lease, LeaseCaps, LeaseRefused, Le
 from kvmesh.replica.kv_transfer.prefix_pull import PendingPull, block_hasher, start_pull
 
 if TYPE_CHECKING:
+    from kvmesh.kvcache.block import KVCacheBlock
     from kvmesh.kvcache.kv_cache_manager import KVCacheManager
     from kvmesh.replica.engine.kv_connector import KVConnectorContext
     from kvmesh.replica.serving.load_report import KVTransferLoad
@@ -57,9 +53,10 @@ POLL_INTERVAL_S = 0.0005
 @dataclass(slots=True)
 class _InFlight:
     pending: PendingPull
-    command: PullPrefix
     started: float
     bytes_per_block: int
+    end: Callable[[int | BaseException], None]
+    """Told the tokens pulled, or the error the read failed with."""
 
 
 class EngineKVTransfers:
@@ -77,18 +74,19 @@ class EngineKVTransfers:
         """Bytes per second of this replica's finished pulls (EWMA; None before the first one)."""
         self.pull_time = LinearFit(1)
         """Its pulls' seconds fitted as ``fixed + bytes * s_per_byte`` (step_time.py): the fixed part of a pull."""
-        self.at_finish: dict[str, LeaseAtFinish] = {}
-        """Requests whose finish takes a lease on their prompt's blocks (request id -> the command)."""
         self._load: Callable[[], KVTransferLoad] | None = None
         self.wake: Callable[[], None] | None = None
         """Wakes the idle engine thread (AsyncLLM sets it); the transfer workers call it when a read moves on."""
+        self.remote = RemoteLoads(self.kv_cache_manager, self.block_size, self._track, self._wake_up)
+        """The requests' own pulls (their ``kv_transfer_params``), waiting in the scheduler."""
 
-    def handle(self, command: PullPrefix | LeaseBlocks | LeaseAtFinish | ReleaseLease) -> None:
+    def _wake_up(self) -> None:
+        if self.wake is not None:
+            self.wake()
+
+    def handle(self, command: PullPrefix | LeaseBlocks | ReleaseLease) -> None:
         manager = self.kv_cache_manager
-        if isinstance(command, LeaseAtFinish):
-            if not command.granted.cancelled():  # its caller gone already: nobody would read the lease
-                self.at_finish[command.request_id] = command
-        elif isinstance(command, LeaseBlocks) and command.lease_id is None:
+        if isinstance(command, LeaseBlocks) and command.lease_id is None:
             lease = _settle(command.granted, lambda: self.leases.grant(manager, command.block_hashes, command.ttl_s,
                                                                        command.peer))
             if lease is not None and lease.lease_id:  # its caller gave up: nobody will release it
@@ -100,17 +98,38 @@ class EngineKVTransfers:
         else:
             self._start_pull(command)
 
-    def request_finished(self, request: Request) -> None:
-        """A request ended, before its blocks are freed: an armed request that finished
-        (stop or length) leases its prompt's cached full blocks (by the hashes the cache manager already holds);
-        an aborted or failed one, or one past a lease cap, gets an empty lease."""
-        command = self.at_finish.pop(request.request_id, None) if self.at_finish else None
-        if command is None:
-            return
-        empty = Lease("", [], 0, command.ttl_s)
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """A request asking a pull: None until the holder said what it has, then the tokens read asynchronously."""
+        if request.remote_kv is None:
+            return 0, False
+        return self.remote.matched(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: list[KVCacheBlock], num_external_tokens: int) -> None:
+        """Start the read ``get_num_new_matched_tokens`` promised (into blocks this connector holds)."""
+        self.remote.start(request)
+
+    def get_finished(self) -> set[str]:
+        """Requests whose pull ended (read, failed or refused) since the last call."""
+        return self.remote.take_finished() if self.remote.finished else set()
+
+    def request_finished(self, request: Request) -> dict | None:
+        """A request ended, before its blocks are freed: a pull it still waited for is let go; a request asking a
+        lease that finished (stop or length) leases its prompt's cached full blocks (by the hashes the cache
+        manager already holds) and returns the handle; an aborted or failed one, or one past a lease cap, an
+        empty handle."""
+        params = request.remote_kv
+        if params is None:
+            return None
+        if self.remote.loads:
+            self.remote.abort(request.request_id)
+        if params.lease_ttl_s is None:
+            return None
+        return params.handle(self._lease_at_finish(request, params.lease_ttl_s, params.peer))
+
+    def _lease_at_finish(self, request: Request, ttl_s: float, peer: str) -> Lease:
+        empty = Lease("", [], 0, ttl_s)
         if request.status not in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH):
-            answer(command.granted, empty)
-            return
+            return empty
         manager = self.kv_cache_manager
         hasher = manager.req_to_hasher.get(request.request_id)
         if hasher is None:  # caching off, or a request the cache never saw
@@ -118,13 +137,10 @@ class EngineKVTransfers:
                                   request.lora_identity)
         hashes = hasher.block_hashes[: request.num_prompt_tokens // manager.block_size]
         try:
-            lease = self.leases.grant(manager, hashes, command.ttl_s, command.peer)
+            return self.leases.grant(manager, hashes, ttl_s, peer)
         except LeaseRefused as e:  # the decode side computes the prompt
             logger.warning("prefill handle of %s holds no blocks: %s", request.request_id, e.message)
-            answer(command.granted, empty)
-            return
-        if not answer(command.granted, lease) and lease.lease_id:  # its caller gave up: nobody will release it
-            self.leases.release(manager, lease.lease_id)
+            return empty
 
     def held_blocks(self) -> list:
         """Device blocks the leases and the pulls in flight hold (the pool's integrity check counts them)."""
@@ -140,12 +156,6 @@ class EngineKVTransfers:
         """Blocks of failed pulls held until the transport confirms their read is over (read racily by metrics)."""
         return sum(len(pending.new) for pending in list(self.quarantine))
 
-    def request_refused(self, request_id: str) -> None:
-        """The request never ran (``add_request`` refused it): an armed lease ends empty."""
-        command = self.at_finish.pop(request_id, None)
-        if command is not None:
-            answer(command.granted, Lease("", [], 0, command.ttl_s))
-
     def _start_pull(self, command: PullPrefix) -> None:
         try:
             pending = start_pull(self.kv_cache_manager, command.agent, command.peer,
@@ -157,8 +167,13 @@ class EngineKVTransfers:
             return
         if isinstance(pending, int):
             answer(command.pulled, pending)  # nothing missing, or no room: the prompt is computed
-        else:
-            self.pulls.append(_InFlight(pending, command, time.monotonic(), block_bytes(command.agent)))
+        else:  # a caller gone leaves the blocks cached, as any pull
+            self._track(pending, block_bytes(command.agent),
+                        lambda end: refuse(command.pulled, end) if isinstance(end, BaseException)
+                        else answer(command.pulled, end))
+
+    def _track(self, pending: PendingPull, bytes_per_block: int, end: Callable[[int | BaseException], None]) -> None:
+        self.pulls.append(_InFlight(pending, time.monotonic(), bytes_per_block, end))
 
     def between_steps(self) -> None:
         """Finish the pulls whose read ended, free the quarantined blocks whose read is over, end the leases past
@@ -172,19 +187,17 @@ class EngineKVTransfers:
                 except BaseException as e:  # KVTransferError (or bad block ids): the blocks are quarantined
                     if not pull.pending.settle():
                         self.quarantine.append(pull.pending)
-                    refuse(pull.command.pulled, e)
+                    pull.end(e)
                     continue
                 if tokens is None:
                     still.append(pull)
                     continue
                 if tokens:
                     self._measure(tokens // self.block_size * pull.bytes_per_block, now - pull.started)
-                answer(pull.command.pulled, tokens)  # a caller gone leaves the blocks cached, as any pull
+                pull.end(tokens)
             self.pulls = still
         if self.quarantine:
             self.quarantine = [pending for pending in self.quarantine if not pending.settle()]
-        if self.at_finish:  # an arm whose caller gave up (maybe before its request came) takes no lease
-            self.at_finish = {rid: arm for rid, arm in self.at_finish.items() if not arm.granted.cancelled()}
         if self.leases.active:
             self.leases.expire(self.kv_cache_manager)
 
@@ -233,17 +246,18 @@ class EngineKVTransfers:
         """Engine stopping (its thread gone): answer the pulls in flight, ask their reads to abort, let the leases
         go. Blocks whose read the transport has not confirmed over are NOT freed: they stay held in the pool that
         goes with the engine (the agent keeps the cache registered, so a late write still lands in its memory)."""
+        stopped = RuntimeError("the engine stopped while a KV pull was in flight")
+        for request_id in list(self.remote.loads):
+            self.remote.abort(request_id)
         for pull in self.pulls:
-            pull.pending.read.give_up(RuntimeError("the engine stopped while a KV pull was in flight"))
-            refuse(pull.command.pulled, RuntimeError("the engine stopped while a KV pull was in flight"))
+            pull.pending.read.give_up(stopped)
+            pull.end(stopped)
             self.quarantine.append(pull.pending)
         self.pulls = []
         self.quarantine = [pending for pending in self.quarantine if not pending.settle()]
         if self.quarantine:
             logger.warning("engine stopped with %d KV blocks still quarantined (reads the transport has not "
                            "confirmed over); they stay held", self.quarantined_blocks)
-        for request_id in list(self.at_finish):
-            self.request_refused(request_id)
         self.leases.expire(self.kv_cache_manager, now=float("inf"))
 
 

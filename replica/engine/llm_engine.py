@@ -39,6 +39,7 @@ from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
     from kvmesh.events.config import PublisherConfig
+    from kvmesh.replica.engine.remote_kv import RemoteKV
 
 logger = logging.getLogger(__name__)
 C = TypeVar("C")
@@ -89,7 +90,8 @@ class LLMEngine:
         factories += default_kv_connectors() if kv_connectors is None else kv_connectors
         self.kv_connectors = KVConnectors([make(context) for make in factories])
         """Called in this order at every point of the seam (kv_connector.py): the engine thread's loop (AsyncLLM) polls
-        them between steps and reads their ``/load`` fields."""
+        them between steps and reads their ``/load`` fields; the scheduler asks them for remote KV."""
+        self.scheduler.connector = self.kv_connectors
         self.loras = EngineLoRAs(config, model_runner)  # adapters known here; config.lora_modules registered now
         self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids)
         """Grammars of the requests with structured outputs (structured_output.py)."""
@@ -109,10 +111,11 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
                     cache_salt: str | None = None, arrival_time: float | None = None,
-                    lora_request: LoRARequest | None = None, priority: int = 0) -> None:
+                    lora_request: LoRARequest | None = None, priority: int = 0, remote_kv: RemoteKV | None = None) -> None:
         """Queue a request (``lora_request``: the adapter it runs with, registered on first use; ``priority``: lower
-        runs first under ``scheduling_policy="priority"``, non-zero refused under "fcfs" as vLLM). Raises
-        ValueError (and queues nothing) when the input is invalid."""
+        runs first under ``scheduling_policy="priority"``, non-zero refused under "fcfs" as vLLM; ``remote_kv``: its
+        ``kv_transfer_params``, a pull before it runs, a lease at its finish). Raises ValueError (and queues nothing)
+        when the input is invalid."""
         params = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
@@ -129,7 +132,7 @@ class LLMEngine:
             self.structured_output.check(params.structured_outputs, len(prompt_token_ids))  # errors name the field
         request = Request(request_id, prompt_token_ids, params, self.eos_token_ids, cache_salt,
                           arrival_time=arrival_time, lora_request=self.loras.resolve(lora_request),
-                          priority=priority)
+                          priority=priority, remote_kv=remote_kv)
         self.output_processor.add_request(request, params)
         self._stats.num_prompt_tokens += request.num_prompt_tokens
         if params.structured_outputs is not None:
@@ -149,13 +152,20 @@ class LLMEngine:
         request = self.scheduler.finish_request(request_id, status)
         self.structured_output.finish(request_id)
         if request is not None:
-            self.kv_connectors.request_finished(request)  # aborted or failed: nothing to lease
+            params = self.kv_connectors.request_finished(request)  # aborted or failed: an empty lease, if asked
             request.error = error
-            self._pending.append(self.output_processor.make_output(request, []))
+            self._pending.append(out := self.output_processor.make_output(request, []))
+            out.kv_lease = params
             self.output_processor.on_finished(request)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._pending) or self._in_flight is not None
+
+    @property
+    def waits_only_for_remote_kvs(self) -> bool:
+        """The last step ran nothing: every unfinished request waits for KV from another replica (the engine
+        thread may sleep until a connector wakes it)."""
+        return self.scheduler.waits_only_for_remote and not self._pending and self._in_flight is None
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.scheduler.requests)
@@ -246,7 +256,8 @@ class LLMEngine:
         outputs, finished = self.output_processor.process_outputs(sampled, self.scheduler.requests,
                                                                   self.fail_request)
         for request in finished:  # before the blocks are freed: a lease taken here holds them
-            self.kv_connectors.request_finished(request)
+            if (params := self.kv_connectors.request_finished(request)) is not None:
+                next(o for o in outputs if o.request_id == request.request_id and o.finished).kv_lease = params
             self.structured_output.finish(request.request_id)
         self.scheduler.finish_running(finished)
         for request in finished:
@@ -272,19 +283,8 @@ class LLMEngine:
 
     def get_stats(self) -> EngineStats:
         """The live stats object, its gauges refreshed (counters and histograms are cumulative)."""
-        stats = self._stats
-        stats.num_running = self.scheduler.num_running
-        stats.num_waiting = self.scheduler.num_waiting
-        stats.kv_cache_usage = self.kv_cache_manager.usage
-        cache_stats = self.kv_cache_manager.prefix_cache_stats
-        stats.prefix_cache_queries = cache_stats.queries
-        stats.prefix_cache_hits = cache_stats.hits
-        stats.num_preemptions = self.scheduler.num_preemptions
-        stats.prefill_tokens_per_s = self.prefill_rate.tokens_per_s or 0.0
-        offload, copier = self.kv_cache_manager.offload, self.model_runner.kv_offload
-        if offload is not None and copier is not None:
-            stats.record_host_tier(offload, copier, self.config.block_size)
-        return stats
+        return self._stats.refresh(self.scheduler, self.kv_cache_manager, self.prefill_rate.tokens_per_s,
+                                   self.model_runner.kv_offload, self.config.block_size)
 
     @property
     def stats(self) -> EngineStats:

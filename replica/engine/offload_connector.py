@@ -30,7 +30,16 @@ class OffloadConnector:
         """Copies to the host tier that landed become findable there (never waits for one)."""
         self.kv_cache_manager.complete_offload_stores(self.model_runner.finished_offload_stores())
 
-    def request_finished(self, request: Request) -> None:
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return 0, False  # its hits are found in the cache manager's own prefix walk
+
+    def update_state_after_alloc(self, request: Request, blocks: list[KVCacheBlock], num_external_tokens: int) -> None:
+        return None
+
+    def get_finished(self) -> set[str]:
+        return set()
+
+    def request_finished(self, request: Request) -> dict | None:
         return None
 
     def held_blocks(self) -> list[KVCacheBlock]:

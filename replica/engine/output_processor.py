@@ -150,6 +150,7 @@ def request_output(request: Request, new_token_ids: list[int], detok: Incrementa
         logprobs=list(logprobs) if finished and logprobs is not None else None,
         # complete once a token was sampled (a preempted request keeps the first computation's)
         prompt_logprobs=request.prompt_logprobs if request.output_token_ids else None,
+        kv_pull=request.kv_pull,
     )
 
 

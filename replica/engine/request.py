@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams, context_overflow
+
+if TYPE_CHECKING:
+    from kvmesh.replica.engine.remote_kv import PullResult, RemoteKV
 
 
 class RequestStatus(enum.IntEnum):
     """Where a request is in its life. Every status from FINISHED_STOPPED on is final."""
 
     WAITING = 0
-    RUNNING = 1
-    PREEMPTED = 2
-    FINISHED_STOPPED = 3
-    FINISHED_LENGTH = 4
-    FINISHED_ABORTED = 5
-    FINISHED_ERROR = 6
+    WAITING_FOR_REMOTE_KVS = 1  # its prompt's blocks read from another replica (scheduler.py)
+    RUNNING = 2
+    PREEMPTED = 3
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH = 5
+    FINISHED_ABORTED = 6
+    FINISHED_ERROR = 7
 
     @property
     def is_finished(self) -> bool:
@@ -52,6 +57,7 @@ class Request:
         "stop_reason", "error", "num_preemptions", "arrival_time", "first_scheduled_time",
         "first_token_time", "last_token_time", "finished_time", "decoding_in_runner", "skip_reading_prefix_cache",
         "logprobs", "prompt_logprobs", "num_output_placeholders", "priority", "structured_output",
+        "remote_kv", "kv_pull",
     )
 
     def __init__(
@@ -65,6 +71,7 @@ class Request:
         arrival_time: float | None = None,
         lora_request: LoRARequest | None = None,
         priority: int = 0,
+        remote_kv: RemoteKV | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -95,6 +102,8 @@ class Request:
         # async scheduling: tokens sampled by launched steps that the host has not seen yet (not in all_token_ids)
         self.num_output_placeholders = 0
         self.structured_output = None  # its grammar and matcher (engine/structured_output.py); None: unconstrained
+        self.remote_kv = remote_kv  # its kv_transfer_params: a pull before it runs, a lease at its finish (None: neither)
+        self.kv_pull: PullResult | None = None  # how its pull went, once it ended (kv_transfers.py)
         # A request asking prompt logprobs needs the logits of every prompt position: it computes its whole
         # prompt instead of reading the prefix cache (vLLM's rule); it still writes the cache for others.
         self.skip_reading_prefix_cache = sampling_params.prompt_logprobs is not None

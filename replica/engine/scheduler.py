@@ -12,7 +12,11 @@ One queue, no prefill/decode phases. Each step has a token budget (``max_num_bat
        A decode whose token the runner itself sampled last step is sent as its id alone (see
        scheduler_output.py, persistent batch).
     2. then, if nothing was preempted, waiting requests in the policy's order (request_queue.py): a prefix-cache lookup
-       advances ``num_computed_tokens`` past the cached blocks, and the rest is scheduled as one chunk.
+       advances ``num_computed_tokens`` past the cached blocks, and the rest is scheduled as one chunk. A request
+       whose ``kv_transfer_params`` ask a pull first asks the KV connectors (kv_connector.py) what another replica
+       holds past that prefix, keeping its place while they find out; then waits in WAITING_FOR_REMOTE_KVS while
+       the blocks are read (the other requests keep stepping) and, once ``get_finished`` names it, runs hitting
+       them in the prefix cache. A failed or refused pull ends the wait too: the prompt is computed.
 
 ``num_computed_tokens`` is advanced when a chunk is scheduled (the runner computes it in the same step).
 """
@@ -29,7 +33,9 @@ from kvmesh.replica.engine.request_queue import create_request_queue, priority_k
 from kvmesh.replica.step.scheduler_output import ScheduledRequest, SchedulerOutput
 
 if TYPE_CHECKING:
+    from kvmesh.kvcache.block import KVCacheBlock
     from kvmesh.kvcache.kv_cache_manager import KVCacheManager
+    from kvmesh.replica.engine.kv_connectors import KVConnectors
 
 
 class Scheduler:
@@ -48,6 +54,12 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.finished_request_ids: set[str] = set()
         self.num_preemptions = 0  # cumulative
+        self.connector: KVConnectors | None = None
+        """The engine's KV connectors (set by the engine): loads of KV held by other replicas."""
+        self.finished_recving: set[str] = set()
+        """Requests in WAITING_FOR_REMOTE_KVS whose load ended (``get_finished``): they run at their turn."""
+        self.waits_only_for_remote = False
+        """The last ``schedule`` found nothing to run but requests waiting for KV from other replicas."""
 
     # -- queue management -------------------------------------------------------------------------
 
@@ -68,6 +80,7 @@ class Scheduler:
         request.status = status
         request.finished_time = time.monotonic()
         self.finished_request_ids.add(request_id)
+        self.finished_recving.discard(request_id)
         return request
 
     def finish_running(self, finished: list[Request]) -> None:
@@ -102,6 +115,9 @@ class Scheduler:
     # -- one step ----------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
+        self.waits_only_for_remote = False
+        if self.connector is not None:
+            self.finished_recving |= self.connector.get_finished()
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         decode_ids: list[str] = []  # decodes of the runner's last samples: sent as ids (persistent batch)
@@ -186,6 +202,7 @@ class Scheduler:
     def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
         """Admit waiting requests in the policy's order while budget, sequence slots and blocks last."""
         kv = self.kv_cache_manager
+        num_remote = 0  # requests waiting for KV from other replicas
         # vLLM's max_loras check: the running requests' adapters plus the admitted ones stay within the slots;
         # a request of one more adapter waits (in its place) while later ones go ahead
         loras = {r.lora_name for r in self.running if r.lora_name is not None} if self.max_loras else None
@@ -196,12 +213,21 @@ class Scheduler:
             if grammar is not None and (not grammar.ready or request.num_output_placeholders):
                 skipped.append(self.waiting.pop_request())  # its grammar compiles (or its token is in flight)
                 continue
-            if loras is not None and request.lora_name is not None and request.lora_name not in loras:
-                if len(loras) >= self.max_loras:
-                    skipped.append(self.waiting.pop_request())
-                    continue
-                loras.add(request.lora_name)
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and not self._remote_kvs_ready(request):
+                skipped.append(self.waiting.pop_request())
+                num_remote += 1
+                continue
+            new_lora = loras is not None and request.lora_name is not None and request.lora_name not in loras
+            if new_lora and len(loras) >= self.max_loras:
+                skipped.append(self.waiting.pop_request())
+                continue
             blocks, num_cached = kv.get_computed_blocks(request) if self.enable_caching else ([], 0)
+            if request.remote_kv is not None and self._waits_for_remote(request, blocks, num_cached):
+                skipped.append(self.waiting.pop_request())  # its adapter takes no slot while it waits
+                num_remote += 1
+                continue
+            if new_lora:
+                loras.add(request.lora_name)
             num_new = min(request.num_tokens - num_cached, budget)
             if kv.allocate_slots(request, num_new, num_cached, blocks) is None:
                 break
@@ -222,7 +248,30 @@ class Scheduler:
             budget -= num_new
         for request in reversed(skipped):  # back in their places, ahead of what was not reached
             self.waiting.prepend_request(request)
+        self.waits_only_for_remote = bool(num_remote) and num_remote == len(self.requests)
         return budget
+
+    def _waits_for_remote(self, request: Request, blocks: list[KVCacheBlock], num_cached: int) -> bool:
+        """Whether ``request`` must wait for KV another replica holds past its ``num_cached`` local tokens: the
+        connector does not know yet what there is, or now reads it (WAITING_FOR_REMOTE_KVS)."""
+        if self.connector is None:
+            return False
+        num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_cached)
+        if num_external is None:
+            return True
+        if not load_async or not num_external:
+            return False
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        self.connector.update_state_after_alloc(request, blocks, num_external)
+        return True
+
+    def _remote_kvs_ready(self, request: Request) -> bool:
+        """A request in WAITING_FOR_REMOTE_KVS whose load ended goes back to WAITING (True): it runs now."""
+        if request.request_id not in self.finished_recving:
+            return False
+        self.finished_recving.discard(request.request_id)
+        request.status = RequestStatus.WAITING
+        return True
 
     def _schedule_chunk(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens

@@ -22,8 +22,10 @@ from kvmesh.replica.serving.metric_buckets import (
 )
 
 if TYPE_CHECKING:
+    from kvmesh.kvcache.kv_cache_manager import KVCacheManager
     from kvmesh.kvcache.offload import OffloadingManager
     from kvmesh.replica.engine.request import Request
+    from kvmesh.replica.engine.scheduler import Scheduler
     from kvmesh.replica.interfaces import KVOffloadCounters
 
 DEFAULT_MAX_MODEL_LEN = 4096  # token-count buckets of an ``EngineStats()`` built without a model
@@ -139,6 +141,19 @@ class EngineStats:
     def record_step(self, num_batched_tokens: int) -> None:
         """One engine step that ran the model on ``num_batched_tokens`` tokens."""
         self.iteration_tokens.observe(num_batched_tokens)
+
+    def refresh(self, scheduler: Scheduler, manager: KVCacheManager, prefill_tokens_per_s: float | None,
+                copier: KVOffloadCounters | None, block_size: int) -> EngineStats:
+        """Its gauges read from the engine's parts (``LLMEngine.get_stats``); itself."""
+        self.num_running, self.num_waiting = scheduler.num_running, scheduler.num_waiting
+        self.kv_cache_usage = manager.usage
+        self.prefix_cache_queries = manager.prefix_cache_stats.queries
+        self.prefix_cache_hits = manager.prefix_cache_stats.hits
+        self.num_preemptions = scheduler.num_preemptions
+        self.prefill_tokens_per_s = prefill_tokens_per_s or 0.0
+        if manager.offload is not None and copier is not None:
+            self.record_host_tier(manager.offload, copier, block_size)
+        return self
 
     def record_host_tier(self, offload: OffloadingManager, copier: KVOffloadCounters, block_size: int) -> None:
         """The host tier's gauges and counters, read from its policy half and its copies."""

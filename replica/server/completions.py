@@ -24,7 +24,7 @@ from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
-from kvmesh.replica.server import chat_tools, kv_handoff, kv_plane
+from kvmesh.replica.server import chat_tools, kv_plane, kv_request
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure, new_request_id
@@ -91,7 +91,7 @@ class OpenAIHandlers:
 
     async def _read(self, http: Request, model_cls: type[R]) -> R:
         """The body validated into ``model_cls`` (limits applied while reading), for the served model;
-        ``kv_transfer_params`` only from the cluster itself (kv_plane.py), before kv_handoff.py acts on them."""
+        ``kv_transfer_params`` only from the cluster itself (kv_plane.py), before kv_request.py acts on them."""
         req = await read_request(http, model_cls, self.state.frontend, self.state.renderer.run)
         self.state.check_model(req.model)
         kv_plane.check_transfer_params(self.state.server, http, req)
@@ -111,11 +111,12 @@ class OpenAIHandlers:
         best_of = req.best_of if isinstance(req, p.CompletionRequest) else None
         candidates = ps.plan_candidates(request_id, prompts, params, req.n, best_of,
                                         params[0].logprobs is not None, req.stream)
-        kv_headers = await kv_handoff.before(self.state, req, prompts, http)  # a pull first: its blocks are hit
-        armed = kv_handoff.arm(self.state, req, candidates[0].request_id, http)  # a lease taken as it finishes
+        kv = kv_request.engine_params(self.state, req, prompts, http)  # a pull before it runs, a lease at its end
         try:  # queues the requests now, so bad input is a 400 before any byte is sent
-            streams = await ps.start_all(client, candidates, req.cache_salt, self.state.loras.request_for(req.model),
-                                         req.priority)
+            streams = await kv_request.start_or_leave(
+                ps.start_all(client, candidates, req.cache_salt, self.state.loras.request_for(req.model), req.priority,
+                             kv), _wait_disconnect(http) if kv is not None and kv.remote is not None else None)
+            kv_headers = await kv_request.pull_headers(req, kv, streams)
             if isinstance(req, p.CompletionRequest) and req.prompt_only:
                 streams = [ps.without_output(stream) for stream in streams]
         except ValueError as e:  # a SamplingParamsError names the field
@@ -154,7 +155,7 @@ class OpenAIHandlers:
         payload = body.model_dump()
         lf.attach_prompt_logprobs(payload, req.prompt_logprobs, ps.prompt_logprobs_of(candidates, finals),
                                   [c.prompt_index for _, c, _ in choices], self._decode_token(req))
-        if (handle := await kv_handoff.after(self.state, req, armed)) is not None:
+        if (handle := kv_request.handle(req, finals[0])) is not None:
             payload["kv_transfer_params"] = handle
         return JSONResponse(payload, headers={"X-Request-Id": request_id, **kv_headers})
 

@@ -3,7 +3,7 @@
     /kv/*                                  the auth middleware (replica/openai/auth.py, ``is_kv_plane``):
                                            the internal key only
     a body with ``kv_transfer_params``     ``check_transfer_params``, on the decoded request, before
-                                           kv_handoff.py acts on it: 403 unless the caller presented the
+                                           kv_request.py acts on it: 403 unless the caller presented the
                                            internal key (``scope["state"]["kvmesh_internal"]``)
 
 Why: the field names a URL this replica calls carrying the cluster's key, and a lease or a pull moves

@@ -1,19 +1,20 @@
 """The replica's KV transfer front: its agent, its registered peers, pulls over HTTP, stats.
 
-    decode side (kv_transfer_params.do_remote_prefill):
+    decode side (kv_transfer_params.do_remote_prefill): a ``PeerLoad`` rides with the request into the engine's
+    scheduler (engine/remote_kv.py, engine/remote_loads.py), which asks it, on this server's loop:
         remote_url a registered peer's?    (kv_peers.py) else skipped: no HTTP call at all, the prompt computed
         POST {remote_url}/kv/lease         {"prompt_token_ids", "cache_salt", "lease_id"?: remote_lease_id}: the
                                            block ids read come only from this answer, for this prompt's chain
         GET  {remote_url}/kv/handshake     once per peer (cached; fetched again after a failure)
-        engine.pull_prefix(...)            the blocks this replica lacks, read between engine steps
+      the engine reads the blocks this replica lacks between its steps (the request waits), then tells it the end:
         POST {remote_url}/kv/release       always when a lease is known, success or failure
-    prefill side (do_remote_decode): engine.lease_at_finish(request id) armed before the request runs; the
-                                     engine thread leases the prompt's blocks as it finishes -> the handle.
+    prefill side (do_remote_decode): the engine's connector leases the prompt's blocks as the request finishes,
+                                     for the caller's peer identity; its final output carries the handle.
 
 Every /kv/* call carries ``x-kvmesh-replica-id`` (the holder's lease caps count per peer). ``remote_block_ids``
 and ``remote_block_media`` in ``kv_transfer_params`` are informational (vLLM sends them): never read.
 Any failure (peer dead, an HTTP error or refusal, a timeout, a layout mismatch, no room) ends as
-``PullResult("failed")`` and the caller computes the prompt: a request never fails because of a transfer.
+``PullResult("failed")`` and the request computes the prompt: it never fails because of a transfer.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvmesh.replica.engine.remote_kv import PullResult, RemoteBlocks, RemoteKV
 from kvmesh.replica.kv_transfer.agent import KVTransferAgent, block_bytes, decode_handshake, encode_handshake
 from kvmesh.replica.kv_transfer.config import KVTransferConfig
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
@@ -35,24 +36,9 @@ from kvmesh.replica.serving.load_report import KVTransferLoad
 if TYPE_CHECKING:
     import aiohttp
     from kvmesh.replica.engine.async_llm import AsyncLLM
-    from kvmesh.replica.kv_transfer.leases import Lease
     from kvmesh.replica.serving.lora_request import LoRARequest
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class PullResult:
-    """How a pull went: ``ok`` (tokens moved), ``skipped`` (nothing to move) or ``failed`` (computed instead)."""
-
-    outcome: str
-    tokens: int = 0
-    bytes: int = 0
-
-    def headers(self) -> dict[str, str]:
-        """The response headers of the contract (``x-kvmesh-kv-pull`` only when a pull was tried)."""
-        return {"x-kvmesh-kv-pulled-tokens": str(self.tokens), "x-kvmesh-kv-pulled-bytes": str(self.bytes),
-                "x-kvmesh-kv-pull": self.outcome}
 
 
 class PeerError(RuntimeError):
@@ -94,60 +80,59 @@ class KVTransferService:
                               bytes_per_token=self.bytes_per_block // self.block_size,
                               registered_peers=self.registry.num_registered)
 
-    def lease_at_finish(self, request_id: str, peer: str) -> concurrent.futures.Future[Lease]:
-        """Arm the prefill side's lease, counted against ``peer``: taken on the engine thread when ``request_id``
-        finishes."""
-        return self.engine.lease_at_finish(request_id, self.config.lease_ttl_s, peer)
-
     def lease_ttl_s(self, asked: float | None) -> float:
         """The TTL of a lease asked with ``ttl_s`` ``asked``: the default, clamped to ``max_lease_ttl_s``."""
         return min(self.config.lease_ttl_s if asked is None else asked, self.config.max_lease_ttl_s)
 
-    async def handle(self, armed: concurrent.futures.Future[Lease]) -> dict:
-        """The prefill side's answer: the lease its request took at finish, as ``kv_transfer_params``."""
-        lease = await asyncio.wrap_future(armed)
-        return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": lease.remote_block_ids,
-                "remote_block_media": lease.remote_block_media, "remote_lease_id": lease.lease_id,
-                "remote_engine_id": self.agent.name, "num_tokens": lease.num_tokens}
+    # ------------------------------------------------------------ a request's transfer
+    def request_params(self, params: KVTransferParams, prompt: list[int], cache_salt: str | None,
+                       authorization: str | None, lora: LoRARequest | None, peer: str) -> RemoteKV | None:
+        """What the engine takes of a checked request's ``kv_transfer_params``: the decode side's pull (a
+        ``PeerLoad`` of ``prompt``, asked with ``authorization``, run with adapter ``lora``: the holder hashes with
+        this replica's identity of its weights), the prefill side's lease for ``peer`` (its cap); None: neither."""
+        if params.do_remote_prefill:
+            return RemoteKV(remote=PeerLoad(self, asyncio.get_running_loop(), params, prompt, cache_salt,
+                                                     authorization, lora))
+        if params.do_remote_decode:
+            return RemoteKV(lease_ttl_s=self.config.lease_ttl_s, peer=peer, engine_id=self.agent.name)
+        return None
 
     # ------------------------------------------------------------ puller side
-    async def pull(self, params: KVTransferParams, prompt: list[int], cache_salt: str | None,
-                   authorization: str | None, lora: LoRARequest | None = None) -> PullResult:
-        """Pull what this replica lacks of ``prompt``'s prefix (run with adapter ``lora``, None: the base model; the
-        holder hashes with this replica's identity of its weights) from ``params.remote_url``; never raises."""
-        lora_name, identity = (lora.lora_name, lora.identity) if lora is not None else (None, None)
-        t0 = time.monotonic()
-        url = self.registry.resolve(params.remote_url or "")
+    async def lookup(self, load: PeerLoad) -> RemoteBlocks | PullResult:
+        """Ask the holder at ``remote_url`` for the prompt's blocks (its /kv/lease, with the handle's lease when
+        there is one) and shake hands with it: the blocks to read, or the outcome without a read; never raises."""
+        url = load.url = self.registry.resolve(load.params.remote_url or "")
         if url is None:
             logger.warning("KV pull skipped: %r is not a registered peer (POST /kv/peers, --kv-peer); computing "
-                           "the prompt", params.remote_url)
-            return self._count(PullResult("skipped"), t0)
-        headers = {REPLICA_ID_HEADER: self.replica_id, **({"Authorization": authorization} if authorization else {})}
-        lease_id = params.remote_lease_id or None  # a P/D handle's: shown only for this prompt's chain
+                           "the prompt", load.params.remote_url)
+            return PullResult("skipped")
+        lease_id = load.lease_id = load.params.remote_lease_id or None  # a P/D handle's: shown for this chain only
         try:
-            ask = {"prompt_token_ids": prompt, "cache_salt": cache_salt, **({"lease_id": lease_id} if lease_id else {}),
-                   **({"lora_name": lora_name} if lora_name else {}),
-                   **({"lora_identity": identity} if identity else {})}
-            lease = await self._call("POST", f"{url}/kv/lease", headers, ask)
-            block_ids, lease_id = list(lease["remote_block_ids"]), lease["lease_id"] or lease_id
-            media = lease.get("remote_block_media")  # absent from a holder without tiers: all on its device
+            ask = {"prompt_token_ids": load.prompt, "cache_salt": load.cache_salt,
+                   **({"lease_id": lease_id} if lease_id else {}), **load.lora_fields()}
+            lease = await self._call("POST", f"{url}/kv/lease", load.headers, ask)
+            block_ids, load.lease_id = list(lease["remote_block_ids"]), lease["lease_id"] or lease_id
             if not block_ids:
-                return self._count(PullResult("skipped"), t0)
-            peer = await self._peer(url, headers)
-            tokens = await self.engine.pull_prefix(self.agent, peer, prompt, block_ids, cache_salt, media, lora_name,
-                                                   identity)
+                return PullResult("skipped")
+            peer = await self._peer(url, load.headers)
         except Exception as e:  # noqa: BLE001 - any failure: the prompt is computed here
-            if not (isinstance(e, PeerError) and e.status in REFUSALS):  # a refusal: the peer itself is fine
-                await self._forget(url)
-            logger.warning("KV pull from %s failed (%s: %s); computing the prompt", url, type(e).__name__, e)
-            result = PullResult("failed")
-        else:
-            result = PullResult("ok", tokens, tokens // self.block_size * self.bytes_per_block) if tokens \
-                else PullResult("skipped")
-        finally:
-            if lease_id:
-                await self._release(url, headers, lease_id)
-        return self._count(result, t0)
+            await self._failed(url, e)
+            return PullResult("failed")
+        # remote_block_media is absent from a holder without tiers: all on its device
+        return RemoteBlocks(self.agent, peer, block_ids, lease.get("remote_block_media"))
+
+    async def finish(self, load: PeerLoad, result: PullResult, error: BaseException | None) -> None:
+        """A pull ended: the holder's lease let go (success or failure), the pull counted."""
+        if error is not None and load.url is not None:
+            await self._failed(load.url, error)
+        if load.lease_id and load.url is not None:
+            await self._release(load.url, load.headers, load.lease_id)
+        self._count(result, load.t0)
+
+    async def _failed(self, url: str, e: BaseException) -> None:
+        if not (isinstance(e, PeerError) and e.status in REFUSALS):  # a refusal: the peer itself is fine
+            await self._forget(url)
+        logger.warning("KV pull from %s failed (%s: %s); computing the prompt", url, type(e).__name__, e)
 
     def _count(self, result: PullResult, t0: float) -> PullResult:
         self.metrics.record_pull(result.outcome, result.tokens, result.bytes, time.monotonic() - t0)
@@ -192,3 +177,48 @@ class KVTransferService:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+class PeerLoad:
+    """One request's pull from a peer (a ``RemoteSource``, engine/remote_kv.py): the engine thread
+    starts its lookup and reports its end; both run on the server's loop."""
+
+    def __init__(self, service: KVTransferService, loop: asyncio.AbstractEventLoop, params: KVTransferParams,
+                 prompt: list[int], cache_salt: str | None, authorization: str | None,
+                 lora: LoRARequest | None) -> None:
+        self.service, self.loop, self.params, self.prompt, self.cache_salt = service, loop, params, prompt, cache_salt
+        self.lora = lora
+        self.headers = {REPLICA_ID_HEADER: service.replica_id,
+                        **({"Authorization": authorization} if authorization else {})}
+        self.url: str | None = None
+        self.lease_id: str | None = None
+        self.t0 = time.monotonic()
+        self._lookup: concurrent.futures.Future | None = None
+        self._finished: concurrent.futures.Future | None = None
+
+    def lora_fields(self) -> dict:
+        if self.lora is None:
+            return {}
+        return {"lora_name": self.lora.lora_name, **({"lora_identity": self.lora.identity} if self.lora.identity else {})}
+
+    def lookup(self) -> concurrent.futures.Future[RemoteBlocks | PullResult]:
+        self.t0 = time.monotonic()
+        self._lookup = asyncio.run_coroutine_threadsafe(self.service.lookup(self), self.loop)
+        return self._lookup
+
+    def done(self, result: PullResult, error: BaseException | None = None) -> None:
+        coro = self._finish(result, error)
+        try:
+            self._finished = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError:  # the server's loop is gone (shutting down): the holder's lease expires there
+            coro.close()
+
+    async def ended(self) -> None:
+        """Wait until the end the engine reported is done (the holder's lease let go): the answer follows it."""
+        if self._finished is not None:
+            await asyncio.wait([asyncio.wrap_future(self._finished)])
+
+    async def _finish(self, result: PullResult, error: BaseException | None) -> None:
+        if self._lookup is not None:  # an aborted request's lookup may still be asking: its lease is known after
+            await asyncio.wait([asyncio.wrap_future(self._lookup)])
+        await self.service.finish(self, result, error)

@@ -15,11 +15,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.engine.protocol import EngineClient
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput
+
+if TYPE_CHECKING:
+    from kvmesh.replica.engine.remote_kv import RemoteKV
 
 Outputs = AsyncIterator[RequestOutput]
 """One engine request's outputs, its final one last."""
@@ -92,17 +96,20 @@ def prompt_logprobs_of(candidates: list[Candidate], finals: list[RequestOutput])
 
 
 async def start_all(client: EngineClient, candidates: list[Candidate], cache_salt: str | None,
-                    lora_request: LoRARequest | None = None, priority: int = 0) -> list[Outputs]:
-    """Queue every candidate (in order) and wait for each one's first output; if one is refused, abort
-    the others and raise its error (a ValueError is a 400 before any byte is sent). A lone candidate is
-    started in this task (no gather), so its engine call runs under the request's own stack."""
+                    lora_request: LoRARequest | None = None, priority: int = 0,
+                    remote_kv: RemoteKV | None = None) -> list[Outputs]:
+    """Queue every candidate (in order; ``remote_kv``, its ``kv_transfer_params``, go with the first) and wait for each one's first
+    output; if one is refused, abort the others and raise its error (a ValueError is a 400 before any byte is
+    sent). A lone candidate is started in this task (no gather), so its engine call runs under the request's own
+    stack."""
     if len(candidates) == 1:
         c = candidates[0]
         return [await start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt, lora_request,
-                                       priority)]
+                                       priority, remote_kv)]
     results = await asyncio.gather(
-        *(start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt, lora_request, priority)
-          for c in candidates),
+        *(start_generation(client, c.request_id, c.prompt_token_ids, c.params, cache_salt, lora_request, priority,
+                           remote_kv if i == 0 else None)
+          for i, c in enumerate(candidates)),
         return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
@@ -115,7 +122,7 @@ async def start_all(client: EngineClient, candidates: list[Candidate], cache_sal
 
 async def start_generation(client: EngineClient, request_id: str, prompt_ids: list[int], params: SamplingParams,
                            cache_salt: str | None, lora_request: LoRARequest | None = None,
-                           priority: int = 0) -> Outputs:
+                           priority: int = 0, remote_kv: RemoteKV | None = None) -> Outputs:
     """Queues the request and waits for its first output; returns the stream of all its outputs.
 
     So bad input raises ValueError (a 400) before any byte is sent, and a draining or broken
@@ -125,16 +132,18 @@ async def start_generation(client: EngineClient, request_id: str, prompt_ids: li
     if reason is not None:
         raise RuntimeError(f"replica cannot take requests: {reason}")
     agen = client.generate(prompt_ids, params, request_id=request_id, cache_salt=cache_salt,
-                           lora_request=lora_request, priority=priority)
+                           lora_request=lora_request, priority=priority,
+                           **({"remote_kv": remote_kv} if remote_kv is not None else {}))
     try:
         first = await agen.__anext__()
     except BaseException:
         await agen.aclose()
         raise
-    return _chain(first, agen)
+    return chain(first, agen)
 
 
-async def _chain(first: RequestOutput, rest: Outputs) -> Outputs:
+async def chain(first: RequestOutput, rest: Outputs) -> Outputs:
+    """``first``, then what ``rest`` yields (closing it closes ``rest``)."""
     try:
         yield first
         if first.finished:

@@ -79,18 +79,23 @@ class RequestOutput:
         logprobs            logprobs of every output token, on the final output only (when asked)
         prompt_logprobs     logprobs of the prompt tokens (when asked), from the first output that carries a
                             token on
+        kv_pull             how the request's pull from a peer went (a ``PullResult``; its first and final
+                            outputs), None without one
+        kv_lease            the prefill side's lease on its prompt's blocks, as the response's
+                            ``kv_transfer_params`` handle (the final output of a request that asked one)
     """
 
     __slots__ = ("request_id", "prompt_token_ids", "new_token_ids", "_output_ids", "_num_output", "delta_text",
                  "text", "finished", "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics",
-                 "new_logprobs", "logprobs", "prompt_logprobs", "num_host_cached_tokens")
+                 "new_logprobs", "logprobs", "prompt_logprobs", "num_host_cached_tokens", "kv_pull", "kv_lease")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], new_token_ids: list[int],
                  output_token_ids: list[int], delta_text: str = "", text: str = "", finished: bool = False,
                  finish_reason: str | None = None, stop_reason: int | str | None = None, num_cached_tokens: int = 0,
                  error: str | None = None, metrics: RequestMetrics | None = None,
                  new_logprobs: list[TokenLogprobs] | None = None, logprobs: list[TokenLogprobs] | None = None,
-                 prompt_logprobs: PromptLogprobs | None = None, num_host_cached_tokens: int | None = None) -> None:
+                 prompt_logprobs: PromptLogprobs | None = None, num_host_cached_tokens: int | None = None,
+                 kv_pull=None, kv_lease: dict | None = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.new_token_ids = new_token_ids
@@ -107,6 +112,8 @@ class RequestOutput:
         self.new_logprobs = new_logprobs
         self.logprobs = logprobs
         self.prompt_logprobs = prompt_logprobs
+        self.kv_pull = kv_pull
+        self.kv_lease = kv_lease
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -139,7 +146,7 @@ class RequestOutput:
 
 _COMPARED = ("request_id", "prompt_token_ids", "new_token_ids", "output_token_ids", "delta_text", "text", "finished",
              "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics", "new_logprobs", "logprobs",
-             "prompt_logprobs", "num_host_cached_tokens")
+             "prompt_logprobs", "num_host_cached_tokens", "kv_pull", "kv_lease")
 
 
 class ModelRunnerOutput(dict):

@@ -15,6 +15,7 @@ import pytest
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.async_llm import AsyncLLM
 from kvmesh.replica.engine.llm_engine import LLMEngine
+from kvmesh.replica.engine.remote_kv import RemoteKV
 from kvmesh.replica.serving.sampling_params import SamplingParams
 from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
@@ -39,11 +40,18 @@ async def first_output(llm, request_id, prompt=(1, 2, 3)):
     return stream
 
 
-async def generate_one(llm, n: int):
-    async for out in llm.generate([7, 8, 9], SamplingParams(temperature=0.0, max_tokens=4),
-                                  request_id=f"gen-{n}"):
+async def generate_one(llm, n: int, prompt=(7, 8, 9), remote_kv=None):
+    async for out in llm.generate(list(prompt), SamplingParams(temperature=0.0, max_tokens=4),
+                                  request_id=f"gen-{n}", remote_kv=remote_kv):
         if out.finished:
             return out
+
+
+async def generate_leased(llm, n: int):
+    """A P/D prefill: its final output carries a lease on its prompt's blocks, released as a decode side would."""
+    out = await generate_one(llm, n, (1, 2, 3, 4, 5, 6, 7, 8, 9), RemoteKV(lease_ttl_s=30.0, peer=f"p{n % 4}"))
+    if out.kv_lease["remote_lease_id"]:
+        await llm.release_lease(out.kv_lease["remote_lease_id"])
 
 
 CALLS = {
@@ -51,14 +59,14 @@ CALLS = {
     "lease_blocks": lambda llm, n: llm.lease_blocks([1, 2, 3, 4, 5, 6, 7, 8, 9], None, 30.0, peer=f"p{n % 4}"),
     "release_lease": lambda llm, n: llm.release_lease(f"no-such-lease-{n}"),
     "remove_lora": lambda llm, n: llm.remove_lora(f"no-such-adapter-{n}"),
-    "lease_at_finish": lambda llm, n: asyncio.wrap_future(llm.lease_at_finish(f"gen-{n}", 30.0)),
+    "generate_leased": generate_leased,
 }
 
 
 async def settle(llm, keep: set[str]) -> None:
-    """Wait until the engine ran the commands sent so far and holds no request (nor arm) but ``keep``."""
+    """Wait until the engine ran the commands sent so far and holds no request (nor lease) but ``keep``."""
     for _ in range(500):
-        if set(llm.engine.scheduler.requests) <= keep and set(llm.kv_transfers.at_finish) <= keep:
+        if set(llm.engine.scheduler.requests) <= keep and not llm.kv_transfers.leases.active:
             return
         await asyncio.sleep(0.01)
 
@@ -68,7 +76,6 @@ def assert_serving(llm, keep: set[str]) -> None:
     assert llm.is_running
     assert set(llm.engine.scheduler.requests) <= keep, "a cancelled call left its request running"
     assert not llm.kv_transfers.leases.active, "a cancelled lease still holds blocks"
-    assert not llm.kv_transfers.at_finish, "a cancelled lease_at_finish is still armed"
 
 
 @pytest.mark.parametrize("kind", sorted(CALLS))

@@ -8,8 +8,8 @@ import concurrent.futures
 import random
 
 import pytest
-from kvmesh.replica.engine.commands import LeaseAtFinish
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
+from kvmesh.replica.engine.remote_kv import RemoteKV
 from kvmesh.replica.kv_transfer.agent import KVTransferConfig, agent_for_runner
 from kvmesh.replica.kv_transfer.leases import LeaseCaps
 from kvmesh.replica.kv_transfer.prefix_pull import pull_prefix
@@ -28,9 +28,15 @@ def _llm(stories_path, num_kv_blocks: int = NUM_KV_BLOCKS) -> LLM:
                debug_check_integrity=True)  # the pool checked after every step, leases and pulls included
 
 
-def _run_until(engine, request_id: str) -> None:
-    while not any(o.finished and o.request_id == request_id for o in engine.step()):
+LEASED = RemoteKV(lease_ttl_s=30.0, peer="router", engine_id="holder")
+"""A prefill side's request: its prompt's blocks leased as it finishes."""
+
+
+def _run_until(engine, request_id: str):
+    """Step until ``request_id`` finishes; its final output."""
+    while not (final := [o for o in engine.step() if o.finished and o.request_id == request_id]):
         pass
+    return final[0]
 
 
 @pytest.fixture
@@ -45,13 +51,11 @@ def holder(stories_path):
 
 def test_a_request_finishing_under_eviction_pressure_keeps_every_prompt_block_for_its_puller(holder, stories_path):
     engine, kv, holder_agent = holder
-    granted: concurrent.futures.Future = concurrent.futures.Future()
-    kv.handle(LeaseAtFinish("prefill", 30.0, "router", granted))
-    engine.add_request("prefill", PROMPT, SamplingParams(max_tokens=1, temperature=0.0))
+    engine.add_request("prefill", PROMPT, SamplingParams(max_tokens=1, temperature=0.0), remote_kv=LEASED)
     engine.add_request("filler", FILLER, SamplingParams(max_tokens=4, temperature=0.0))  # waits for room
-    _run_until(engine, "prefill")
-    lease = granted.result(timeout=0)
-    assert len(lease.remote_block_ids) == 26 and lease.num_tokens == 416 and lease.lease_id
+    handle = _run_until(engine, "prefill").kv_lease  # the lease rides out on the final output
+    assert len(handle["remote_block_ids"]) == 26 and handle["num_tokens"] == 416 and handle["remote_lease_id"]
+    assert handle["remote_engine_id"] == "holder" and handle["do_remote_prefill"]
     for _ in range(5):  # the filler's steps: it cannot take the leased blocks
         engine.step()
 
@@ -60,7 +64,7 @@ def test_a_request_finishing_under_eviction_pressure_keeps_every_prompt_block_fo
     try:
         peer = agent.add_peer(holder_agent.handshake())
         manager = puller.llm_engine.kv_cache_manager
-        assert pull_prefix(manager, agent, peer, PROMPT, lease.remote_block_ids) == 416
+        assert pull_prefix(manager, agent, peer, PROMPT, handle["remote_block_ids"]) == 416
         (pulled,) = puller.generate([PROMPT], GREEDY)
     finally:
         agent.close()
@@ -68,20 +72,19 @@ def test_a_request_finishing_under_eviction_pressure_keeps_every_prompt_block_fo
     assert pulled.num_cached_tokens == 416
     assert pulled.output_token_ids == computed.output_token_ids
 
-    assert kv.leases.release(engine.kv_cache_manager, lease.lease_id) == 26
+    assert kv.leases.release(engine.kv_cache_manager, handle["remote_lease_id"]) == 26
     _run_until(engine, "filler")  # the lease let go: the filler gets its room
     engine.kv_cache_manager.check_integrity()
 
 
-def test_an_aborted_request_ends_its_armed_lease_empty_and_holds_nothing(holder):
+def test_an_aborted_request_ends_with_an_empty_handle_and_holds_nothing(holder):
     engine, kv, _ = holder
-    granted: concurrent.futures.Future = concurrent.futures.Future()
-    kv.handle(LeaseAtFinish("prefill", 30.0, "router", granted))
-    engine.add_request("prefill", PROMPT, SamplingParams(max_tokens=8, temperature=0.0))
+    engine.add_request("prefill", PROMPT, SamplingParams(max_tokens=8, temperature=0.0), remote_kv=LEASED)
     engine.step()
     engine.abort_request("prefill")
-    lease = granted.result(timeout=0)
-    assert lease.lease_id == "" and lease.remote_block_ids == []
+    (final,) = [o for o in engine.step() if o.request_id == "prefill"]
+    assert final.finish_reason == "abort"
+    assert final.kv_lease["remote_lease_id"] == "" and final.kv_lease["remote_block_ids"] == []
     assert kv.leases.active == 0
     engine.kv_cache_manager.check_integrity()
 
