@@ -36,7 +36,9 @@ def test_progress_delays_are_compared_interleaved_with_the_holders_cpu(tmp_path)
     assert [(r["round"], r["progress_delay_us"]) for r in runs] == [(0, 1000), (0, 0), (1, 1000), (1, 0)]
     sleeping, spinning = (max(r["holder_idle_cpu_s_per_s"] for r in runs if r["progress_delay_us"] == d)
                           for d in (1000, 0))
-    assert sleeping < 0.25 < spinning, (sleeping, spinning)  # delay 0: the holder's progress thread spins idle
+    # delay 0: the holder's progress thread spins idle (a whole core on a quiet machine, 0.24 of one seen with the
+    # machine busy with other test processes); with a delay it sleeps
+    assert sleeping < 0.25 and spinning > 4 * sleeping, (sleeping, spinning)
 
 
 def test_an_unknown_layout_is_refused_naming_the_known_ones(capsys):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 
 import pytest
 from kvmesh.replica.config import EngineConfig
@@ -23,9 +24,39 @@ LONG = SamplingParams(temperature=0.0, max_tokens=800, ignore_eos=True)
 """A request that runs until it is aborted."""
 
 
+class StepGate:
+    """Holds the engine thread inside its next step until opened: commands sent meanwhile cannot be answered."""
+
+    def __init__(self, runner: FakeModelRunner):
+        self.opened, self.held = threading.Event(), threading.Event()
+        self.opened.set()
+        step = runner.execute_model
+
+        def gated(out):
+            if not self.opened.is_set():
+                self.held.set()
+                self.opened.wait(30)
+            return step(out)
+
+        runner.execute_model = gated
+
+    async def close(self) -> None:
+        """Returns once the engine thread is held inside a step."""
+        self.held.clear()
+        self.opened.clear()
+        assert await asyncio.to_thread(self.held.wait, 30), "the engine never stepped"
+
+    def open(self) -> None:
+        self.opened.set()
+
+
 @pytest.fixture
-def llm():
-    runner = FakeModelRunner(num_kv_blocks=512, block_size=4)
+def runner():
+    return FakeModelRunner(num_kv_blocks=512, block_size=4)
+
+
+@pytest.fixture
+def llm(runner):
     engine = LLMEngine(EngineConfig(model="fake", block_size=4, hash_seed=b"s"),
                        model_runner=runner, skip_tokenizer_init=True)
     runner.step_delay = 0.004  # commands wait up to a step: the window a cancel lands in
@@ -79,10 +110,15 @@ def assert_serving(llm, keep: set[str]) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(CALLS))
-async def test_a_call_cancelled_before_the_engine_answers_leaves_it_serving(llm, kind):
+async def test_a_call_cancelled_before_the_engine_answers_leaves_it_serving(llm, runner, kind):
+    gate = StepGate(runner)
     busy = await first_output(llm, "busy")  # the engine steps: commands wait for the step's end
-    with pytest.raises(asyncio.TimeoutError):
-        await asyncio.wait_for(CALLS[kind](llm, 0), timeout=0.0005)
+    await gate.close()  # held inside a step: the call below cannot be answered before it is cancelled
+    try:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(CALLS[kind](llm, 0), timeout=0.05)
+    finally:
+        gate.open()
     await settle(llm, {"busy"})
     assert_serving(llm, {"busy"})
     out = await generate_one(llm, 10_000)  # it still serves a new request, start to finish
