@@ -57,7 +57,6 @@ class ModelsRuntime(Protocol):
     router: KVRouter
     tokenizer: Tokenizer | None
     renderer: PromptRenderer
-    specs: dict[str, ReplicaSpec]
     probes: HasClient
 
     def headers(self) -> dict[str, str]: ...
@@ -101,15 +100,14 @@ class RouterModels:
     def __init__(self, runtime: ModelsRuntime) -> None:
         self.runtime = runtime
         cfg = runtime.config
-        self.catalog = ModelCatalog(cfg.upstream.load_missing_adapters)
+        self.replicas = runtime.router.replicas
+        self.catalog = ModelCatalog(cfg.upstream.load_missing_adapters, self.replicas)
         """What each replica serves (router/routing/model_pools.py)."""
         self.own_names = model_aliases(*cfg.served_names(), cfg.model, cfg.tokenizer)
         """Every name of the router's own model (its path forms too)."""
         self.frontends: dict[str, Frontend] = {}
         """Base model -> its tokenizer and renderer (the router's own for its own model)."""
         self._loading: dict[str, asyncio.Task] = {}
-        self._asked: dict[str, frozenset] = {}
-        """Replica -> the adapter names its /v1/models was last read for (an adapter's path)."""
 
     # ---------------------------------------------------------------- requests
     def check_own(self, model: str | None) -> None:
@@ -171,7 +169,8 @@ class RouterModels:
         except (UpstreamError, OSError, asyncio.TimeoutError):
             return
         served = served_models(raw) if status == 200 else None
-        if served is None or rt.specs.get(spec.replica_id) is not spec:
+        replica = self.replicas.get(spec.replica_id)
+        if served is None or replica is None or replica.spec is not spec:
             return
         self.catalog.set_served(spec.replica_id, served)
         await self._frontend_ready(served, info)
@@ -182,14 +181,10 @@ class RouterModels:
         if not report.lora.enabled or not self.catalog.set_adapters(spec.replica_id, report.lora.adapters,
                                                                       report.lora.identities):
             return
-        names = frozenset(report.lora.adapters)
-        if self._asked.get(spec.replica_id) != names:  # once per set of adapters, not every poll
-            self._asked[spec.replica_id] = names
+        names, replica = frozenset(report.lora.adapters), self.replicas.get(spec.replica_id)
+        if replica is not None and replica.adapters_asked != names:  # once per set of adapters, not every poll
+            replica.adapters_asked = names
             asyncio.ensure_future(self.learn(spec, None))
-
-    def forget(self, replica_id: str) -> None:
-        self.catalog.forget(replica_id)
-        self._asked.pop(replica_id, None)
 
     async def _frontend_ready(self, served: ServedModels, info: ServerInfo | None) -> None:
         base = served.base

@@ -42,8 +42,6 @@ class HealthRuntime(Protocol):
     config: RouterConfig
     router: KVRouter
     metrics: RouterMetrics
-    specs: dict[str, ReplicaSpec]
-    draining: set[str]
     subscriber: EventSubscriber | None
     pool: UpstreamPool | None
     kv_peers: KVPeerRegistry
@@ -56,31 +54,25 @@ class PassiveHealth:
 
     def __init__(self, runtime: HealthRuntime) -> None:
         self.runtime = runtime
-        self.outliers = OutlierDetector(runtime.config.outliers)
-        self._patience: dict[str, Patience] = {}
-        self._marks: dict[str, tuple[int, int, int, float]] = {}
-        """Replica id -> (its /load's KV event seq, its prefill queue, the router's last applied seq, when) at the
-        last poll."""
-        self._trials: dict[str, asyncio.Task] = {}
-        """Probe requests in flight, per ejected replica."""
+        self.replicas = runtime.router.replicas
+        """The router's replicas: each record holds its health, patience, last poll's marks and probe request."""
+        self.outliers = OutlierDetector(runtime.config.outliers, replicas=self.replicas)
 
     def patience(self, replica_id: str) -> Patience | None:
         """The deadlines of the replica's answers (router/http/patience.py); None: none configured."""
-        found = self._patience.get(replica_id)
+        replica = self.replicas.get(replica_id)
         cfg = self.runtime.config.upstream
-        if found is None and (cfg.first_byte_timeout_s is not None or cfg.stream_idle_timeout_s is not None):
-            found = self._patience[replica_id] = Patience(
-                cfg.first_byte_timeout_s, cfg.stream_idle_timeout_s,
-                lambda since: self.outliers.progressed_since(replica_id, since))
-        return found
-
-    def forget(self, replica_id: str) -> None:
-        self.outliers.forget(replica_id)
-        self._patience.pop(replica_id, None)
-        self._marks.pop(replica_id, None)
+        if cfg.first_byte_timeout_s is None and cfg.stream_idle_timeout_s is None:
+            return None
+        if replica is None:  # removed meanwhile: the deadlines stand, kept nowhere
+            return Patience(cfg.first_byte_timeout_s, cfg.stream_idle_timeout_s, lambda since: False)
+        if replica.patience is None:
+            replica.patience = Patience(cfg.first_byte_timeout_s, cfg.stream_idle_timeout_s,
+                                        lambda since: self.outliers.progressed_since(replica_id, since))
+        return replica.patience
 
     async def stop(self) -> None:
-        tasks = list(self._trials.values())
+        tasks = [r.probe_trial for r in self.replicas if r.probe_trial is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -90,11 +82,10 @@ class PassiveHealth:
         """Count a failure of the replica (``kind`` labels the metric); a ``sick`` one (its /health cannot vouch
         for it) or enough in a row eject it, unless no other replica would be left in rotation."""
         rt = self.runtime
-        if replica_id not in rt.specs:
+        if replica_id not in self.replicas:
             return
         rt.metrics.child(rt.metrics.replica_failures, replica_id, kind).inc()
-        others = any(rid != replica_id and rid in rt.specs and not self.outliers.is_ejected(rid)
-                     for rid in rt.router.healthy)
+        others = any(r.id != replica_id and r.healthy and r.health.ejected_until is None for r in self.replicas)
         seconds = self.outliers.on_failure(replica_id, why, can_eject=others, sick=sick)
         if seconds is not None:
             self.eject(replica_id, seconds)
@@ -116,8 +107,10 @@ class PassiveHealth:
         stats = rt.subscriber.stats.get(spec.replica_id) if rt.subscriber is not None and spec.events else None
         mark = (-1 if seq is None else seq, queued_prefill, stats.last_seq if stats is not None else -1,
                 time.monotonic())
-        last = self._marks.get(spec.replica_id)
-        self._marks[spec.replica_id] = mark
+        replica = self.replicas.get(spec.replica_id)
+        if replica is None:
+            return
+        last, replica.progress_mark = replica.progress_mark, mark
         if last is not None and (mark[0] > last[0] or mark[1] < last[1] or mark[2] > last[2]):
             self.outliers.on_progress(spec.replica_id, at=last[3])  # it moved after the last poll
 
@@ -130,8 +123,9 @@ class PassiveHealth:
             return False
         if not self.outliers.is_ejected(rid):
             return False
-        if self.outliers.probe_due(rid) and rid not in self._trials:
-            self._trials[rid] = asyncio.create_task(self.try_ejected(spec))
+        replica = self.replicas.get(rid)
+        if self.outliers.probe_due(rid) and replica is not None and replica.probe_trial is None:
+            replica.probe_trial = asyncio.create_task(self.try_ejected(spec))
         return True
 
     async def try_ejected(self, spec: ReplicaSpec) -> None:
@@ -151,14 +145,16 @@ class PassiveHealth:
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
             answered, why = False, f"its probe request failed: {e!r}"
         finally:
-            self._trials.pop(rid, None)
-        if rt.specs.get(rid) is not spec:
+            replica = self.replicas.get(rid)
+            if replica is not None and replica.spec is spec:
+                replica.probe_trial = None
+        if replica is None or replica.spec is not spec:
             return
         seconds = self.outliers.on_probe(rid, answered, why)
         if seconds is not None:
             rt.metrics.child(rt.metrics.replica_failures, rid, "probe").inc()
             self.eject(rid, seconds)
-        elif rid not in rt.draining:
+        elif not replica.draining:
             logger.info("replica %s answered its probe request: back in rotation", rid)
             await rt.kv_peers.before_healthy(spec)  # it may have restarted meanwhile: its pull peers again
             rt.router.set_healthy(rid, True)

@@ -109,7 +109,7 @@ class ReplicaProbes:
         was = spec.replica_id in rt.router.healthy
         if rt.health.after_probe(spec, ok):
             pass  # ejected: only its probe request re-admits it (passive_health.py)
-        elif ok and not was and spec.replica_id not in rt.draining:
+        elif ok and not was and not rt.replicas.get(spec.replica_id).draining:
             logger.info("replica %s is healthy", spec.replica_id)
             await self.check_compatible(spec)
             await rt.kv_peers.before_healthy(spec)  # its pull peers (and it among the others') first
@@ -148,7 +148,9 @@ class ReplicaProbes:
         info = info if isinstance(info, dict) else None
         await rt.models.learn(spec, info)  # what it serves (its /v1/models), its model's tokenizer ready
         tokenizer = rt.models.tokenizer_of(spec.replica_id)
-        rt.upstream_kinds[spec.replica_id] = upstream_kind(info, tokenizer)
+        replica = rt.replicas.get(spec.replica_id)
+        if replica is not None and replica.spec is spec:
+            replica.accepts = upstream_kind(info, tokenizer)
         reason = incompatibility(info, rt.config.block_size, tokenizer)
         if reason is not None:
             logger.warning("replica %s is routed by load only: %s", spec.replica_id, reason)

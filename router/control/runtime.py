@@ -37,12 +37,13 @@ from kvmesh.router.http.fleet_metrics import FleetMetrics
 from kvmesh.router.http.metrics import RouterMetrics
 from kvmesh.router.http.receipt_metrics import ReceiptMetrics
 from kvmesh.router.http.upstream import UpstreamPool
+from kvmesh.router.replicas.replica import DRAINING, Replica
+from kvmesh.router.replicas.views import FieldView
 
 if TYPE_CHECKING:
     from kvmesh.events.config import SubscriberConfig
     from kvmesh.events.subscribe.subscriber import EventSubscriber
     from kvmesh.replica.serving.tokenizer import Tokenizer
-    from kvmesh.router.http.token_forwarding import UpstreamKind
     from kvmesh.router.routing.kv_router import KVRouter
     from kvmesh.router.routing.model_pools import ModelPool
 
@@ -65,6 +66,19 @@ class Fleet(Protocol):
     def request_rollout(self, engine: Json, deployment: str | None = None) -> Json: ...
 
 
+def _router_tokenizer(config: RouterConfig, tokenizer: Tokenizer | None) -> Tokenizer | None:
+    """The router's own tokenizer: ``tokenizer``, else the configured one (None: none configured), with its
+    tokenize cache when configured."""
+    if tokenizer is None and (config.tokenizer or config.model):
+        return build_tokenizer(config.tokenizer or config.model, config, config.max_model_len)
+    if tokenizer is not None and config.tokenize.tokenize_cache_tokens and hasattr(tokenizer, "hf"):
+        from kvmesh.router.routing.tokenize_cache import CachedTokenizer
+
+        # Same ids, pieces between added tokens seen before come from a cache (router/routing/tokenize_cache.py).
+        tokenizer.cache = CachedTokenizer(tokenizer.hf, config.tokenize.tokenize_cache_tokens)
+    return tokenizer
+
+
 class RouterRuntime:
     """See the module doc. ``start``/``stop`` run inside the server's event loop."""
 
@@ -78,14 +92,7 @@ class RouterRuntime:
             self.health.outliers, self.health.record_failure, self.health.patience)
         self.stream_watch = StreamWatch(config.events.max_lag_s, self.router.set_degraded)
         """Degrades replicas whose event stream stalled, lags or lost batches (router/control/stream_watch.py)."""
-        if tokenizer is None and (config.tokenizer or config.model):
-            tokenizer = build_tokenizer(config.tokenizer or config.model, config, config.max_model_len)
-        elif tokenizer is not None and config.tokenize.tokenize_cache_tokens and hasattr(tokenizer, "hf"):
-            from kvmesh.router.routing.tokenize_cache import CachedTokenizer
-
-            # Same ids, pieces between added tokens seen before come from a cache (router/routing/tokenize_cache.py).
-            tokenizer.cache = CachedTokenizer(tokenizer.hf, config.tokenize.tokenize_cache_tokens)
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer = _router_tokenizer(config, tokenizer)
         """The replicas' tokenizer (replica/serving/tokenizer.py); None = route without cache awareness."""
         self.renderer = PromptRenderer(tokenizer, config.frontend)
         """Renders requests to token ids off the event loop, as the replicas do."""
@@ -104,7 +111,13 @@ class RouterRuntime:
         """The router's queue, limits and 429s (router/http/admission_gate.py); None: every request goes on."""
         self.receipt_metrics = ReceiptMetrics(self.metrics.registry, self.router.receipts)
         """Captured / available reuse and stale-index predictions, from the route receipts."""
-        self.specs: dict[str, ReplicaSpec] = {}
+        self.replicas = self.router.replicas
+        """One record per replica (router/replicas/): its spec, state, health, load, models, ..."""
+        self.specs = FieldView(self.replicas, lambda r: r.spec)
+        """Replica id -> its ``ReplicaSpec`` (a view of the records)."""
+        self.upstream_kinds = FieldView(self.replicas, lambda r: r.accepts)
+        """Replica id -> what it accepts instead of text (router/http/token_forwarding.py), once its ``/server_info``
+        said (a view of the records)."""
         self._initial = list(replicas or [])
         self.probes = ReplicaProbes(self)
         """Probes every replica's /health and /load, and /server_info when it becomes healthy (probes.py)."""
@@ -112,10 +125,6 @@ class RouterRuntime:
         """Registers the replica set on the replicas with KV transfer on (their pull peers, kv_peers.py)."""
         self.pool: UpstreamPool | None = None
         """Keep-alive connections to the replicas carrying the proxied requests (router/http/upstream.py)."""
-        self.draining: set[str] = set()
-        """Replicas that get no new requests (``drain``) until removed or re-registered."""
-        self.upstream_kinds: dict[str, UpstreamKind] = {}
-        """Replica id -> what it accepts instead of text (router/http/token_forwarding.py), from ``/server_info``."""
         self.fleet: Fleet | None = None
         """Whoever can add and remove replica processes (``kvmesh serve``'s launcher); None = fixed set."""
         self.subscriber: EventSubscriber | None = None
@@ -125,6 +134,8 @@ class RouterRuntime:
         self.feed = EventFeed(self)
         """Applies the subscriber's batches and statuses (router/control/event_feed.py)."""
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.replicas.on_added(self._added)
+        self.replicas.on_removed(self._removed)
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -175,16 +186,29 @@ class RouterRuntime:
             await self.adapters.ensure(replica_id, pool)
 
     # ---------------------------------------------------------------- replica set
+    @property
+    def draining(self) -> frozenset[str]:
+        """Replicas that get no new requests (``drain``) until removed or re-registered."""
+        return frozenset(r.id for r in self.replicas if r.draining)
+
     def add_replica(self, spec: ReplicaSpec) -> None:
         """Register a replica, or re-register it with new endpoints (its tree is dropped then)."""
-        old = self.specs.get(spec.replica_id)
-        if old == spec:
+        old = self.replicas.get(spec.replica_id)
+        if old is not None and old.spec == spec:
             return
         if old is not None:
             self.remove_replica(spec.replica_id)
-        self.specs[spec.replica_id] = spec
-        self.draining.discard(spec.replica_id)
-        self.router.add_replica(spec.replica_id, healthy=False, role=spec.role)
+        self.router.add_replica(spec.replica_id, healthy=False, role=spec.role, spec=spec)
+        logger.info("replica %s (%s) registered at %s (events %s)", spec.replica_id, spec.role, spec.url, spec.events)
+
+    def remove_replica(self, replica_id: str) -> bool:
+        return self.router.remove_replica(replica_id) is not None
+
+    def _added(self, replica: Replica) -> None:
+        """The set's listener: follow its events, probe it now, tell the KV peers."""
+        spec = replica.spec
+        if spec is None:  # registered on the router alone (tests): nothing to follow or probe
+            return
         if spec.events and self.subscriber is not None:
             from kvmesh.events.config import PublisherSource
 
@@ -192,52 +216,44 @@ class RouterRuntime:
         if self._loop is not None:  # probe now rather than at the next poll
             self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.probes.probe(spec)))
         self.kv_peers.changed()
-        logger.info("replica %s (%s) registered at %s (events %s)", spec.replica_id, spec.role, spec.url, spec.events)
 
-    def remove_replica(self, replica_id: str) -> bool:
-        spec = self.specs.pop(replica_id, None)
-        self.draining.discard(replica_id)
-        self.upstream_kinds.pop(replica_id, None)
-        if spec is None:
-            return False
-        if spec.events and self.subscriber is not None:
-            self.subscriber.remove_source(replica_id)
-        self.router.remove_replica(replica_id)
-        self.health.forget(replica_id)
-        self.stream_watch.forget(replica_id)
-        self.feed.forget(replica_id)
-        self.models.forget(replica_id)
-        self.metrics.last_event_lag.pop(replica_id, None)
+    def _removed(self, replica: Replica) -> None:
+        """The set's listener: stop following its events, drop what the stream checks and metrics keep."""
+        if replica.spec is not None and replica.spec.events and self.subscriber is not None:
+            self.subscriber.remove_source(replica.id)
+        self.stream_watch.forget(replica.id)
+        self.feed.forget(replica.id)
+        self.metrics.last_event_lag.pop(replica.id, None)
         self.kv_peers.changed()
-        return True
 
     def drain(self, replica_id: str) -> bool:
         """Stop routing new requests to a replica; running ones finish. False: no such replica."""
-        if replica_id not in self.specs:
+        replica = self.replicas.get(replica_id)
+        if replica is None:
             return False
-        if replica_id not in self.draining:
+        if not replica.draining:
             logger.info("replica %s draining: no new requests, %d in flight", replica_id,
                         self.in_flight(replica_id))
-        self.draining.add(replica_id)
+        replica.state = DRAINING
         self.router.set_healthy(replica_id, False)
         return True
 
     def in_flight(self, replica_id: str) -> int:
         """Requests this router (all its processes, when they share counts) sent to the replica that
         have not finished (streams until their last byte)."""
-        loads = self.router.loads
-        load = loads.loads.get(replica_id)
-        if load is None:
+        replica = self.replicas.get(replica_id)
+        if replica is None:
             return 0
-        loads.refresh()
-        return load.total_in_flight
+        self.router.loads.refresh()
+        return replica.load.total_in_flight
 
     def mark_failed(self, replica_id: str, connect_error: bool, why: str = "failed", kind: str | None = "connect",
                     sick: bool = False) -> None:
         """A request to the replica failed (or, ``kind`` None, its /health probe, which is not counted): stop
         routing to it until a probe succeeds, and count the failure (``record_failure``). A refused connection
         means the process is gone and its cache with it: drop its tree."""
-        if replica_id in self.router.healthy and not sick:
+        replica = self.replicas.get(replica_id)
+        if replica is not None and replica.healthy and not sick:
             logger.warning("replica %s %s; routing around it until it answers /health", replica_id, why)
         self.router.set_healthy(replica_id, False, clear_cache=connect_error)
         if kind is not None:
@@ -260,7 +276,7 @@ class RouterRuntime:
             status, _, body = await pool.fetch("GET", url, "/metrics", timeout_s, b"", headers)
             return status, body
 
-        await self.fleet_metrics.refresh({rid: spec.url for rid, spec in list(self.specs.items())}, fetch)
+        await self.fleet_metrics.refresh({r.id: r.spec.url for r in self.replicas}, fetch)
 
     # ---------------------------------------------------------------- events
     def feed_state(self) -> Json:
@@ -276,14 +292,14 @@ class RouterRuntime:
         r = self.router
         with r.lock:
             index_blocks = {str(rid): r.index.num_blocks(rid) for rid in r.index.replica_ids}
-            loads = {str(rid): load for rid, load in r.loads.loads.items()}
+            records = list(r.replicas.records())
             stats = r.index.stats
             out = {
                 "index_blocks": index_blocks, "index_keys": r.index.num_keys,
                 "events_applied": r.events_applied,
                 "index": {"orphan_blocks": stats.orphan_blocks, "unknown_removals": stats.unknown_removals},
-                "healthy": {rid: rid in r.healthy for rid in loads}, "loads": loads,
-                "degraded": {str(rid): dict(r.degraded_causes.get(rid, {})) for rid in r.loads.loads},
+                "healthy": {rep.id: rep.healthy for rep in records}, "loads": {rep.id: rep.load for rep in records},
+                "degraded": {rep.id: dict(rep.degraded) for rep in records},
             }
         sub = self.subscriber.stats if self.subscriber is not None else {}
         out["subscriber"] = {name: st.as_dict() for name, st in sub.items()}

@@ -84,7 +84,7 @@ def test_load_reports_keep_known_adapter_paths_and_say_when_one_is_unknown():
 
 def test_a_replica_that_leaves_takes_its_model_with_it():
     catalog = two_models()
-    catalog.forget("b1")
+    catalog.replicas.remove("b1")
     assert catalog.bases() == ["llama"]
     assert catalog.pool("qwen") is None  # one base model again: today's rule
 
@@ -148,9 +148,10 @@ class _Runtime:
 
     def __init__(self, **tokenize):
         from kvmesh.router.config import RouterConfig, TokenizeConfig
+        from kvmesh.router.routing.kv_router import KVRouter
 
         self.config = RouterConfig(model="/models/llama", served_model_name="llama", tokenize=TokenizeConfig(**tokenize))
-        self.tokenizer, self.renderer, self.specs = _Tok(), object(), {}
+        self.tokenizer, self.renderer, self.router = _Tok(), object(), KVRouter()
 
 
 def test_each_base_model_gets_its_tokenizer_from_the_first_rule_that_names_one(tmp_path):
