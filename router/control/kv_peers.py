@@ -85,7 +85,7 @@ class KVPeerRegistry:
 
     def _healthy_targets(self) -> list[ReplicaSpec]:
         rt = self.runtime
-        return [s for rid, s in rt.specs.items() if rid in rt.router.healthy and self._transfer_on(rid)]
+        return [r.spec for r in rt.router.replicas if r.healthy and self._transfer_on(r.id)]
 
     def changed(self) -> None:
         """The replica set changed (any thread): push it to every healthy replica with transfer on, soon."""

@@ -106,7 +106,7 @@ class ReplicaProbes:
             return ok  # removed or re-registered meanwhile
         rt.stream_watch.tick(spec.replica_id, rt.subscriber.disconnected_s(spec.replica_id)
                              if spec.events and rt.subscriber is not None else None)
-        was = spec.replica_id in rt.router.healthy
+        was = rt.replicas.get(spec.replica_id).healthy
         if rt.health.after_probe(spec, ok):
             pass  # ejected: only its probe request re-admits it (passive_health.py)
         elif ok and not was and not rt.replicas.get(spec.replica_id).draining:

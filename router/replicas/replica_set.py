@@ -117,6 +117,6 @@ class ReplicaSet:
         """Replicas that may receive requests (any role)."""
         return frozenset(rid for rid, r in self._by_id.items() if r.healthy)
 
-    def prefill_ids(self) -> frozenset[ReplicaId]:
-        """Replicas of role prefill."""
-        return frozenset(rid for rid, r in self._by_id.items() if r.prefill_only)
+    def prefill_ids(self, pool: Collection[ReplicaId] | None = None) -> list[ReplicaId]:
+        """Replicas of role prefill (in ``pool`` when given), in the order they were added."""
+        return [rid for rid, r in self._by_id.items() if r.prefill_only and (pool is None or rid in pool)]

@@ -104,7 +104,7 @@ class KVRouter:
         return self.replicas.healthy_ids()
 
     @property
-    def prefill_only(self) -> frozenset[ReplicaId]:
+    def prefill_only(self) -> list[ReplicaId]:
         """Replicas of role prefill: they prefill for others (``choose_prefill``), never decode a request."""
         return self.replicas.prefill_ids()
 
@@ -343,7 +343,7 @@ class KVRouter:
         with self.lock:
             self.loads.refresh()
             matches = self.index.match(decision.keys, now=now)
-            prefill = self.prefill_only if decision.pool is None else self.prefill_only & decision.pool
+            prefill = self.replicas.prefill_ids(decision.pool)
             return choose_split(self.loads.loads, prefill, self.healthy, decision.replica_id,
                                 decision.uncached_tokens, matches, num_tokens, self.hasher.block_size,
                                 self.transfers)
