@@ -213,4 +213,5 @@ def _install_adapters_and_cache(app: FastAPI, runtime: RouterRuntime) -> None:
 
     @app.post(RESET_PREFIX_CACHE_PATH)
     async def reset_prefix_cache():
-        return {"replicas": await reset_every_replica(runtime, runtime.probes.pool)}
+        specs = [r.spec for r in runtime.replicas if r.spec is not None]
+        return {"replicas": await reset_every_replica(specs, runtime.calls)}

@@ -9,15 +9,21 @@ from typing import Any
 from kvmesh.router.replicas.replica import Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 
+FIELDS: dict[str, Callable[[Replica], Any]] = {
+    "load": lambda r: r.load,
+    "spec": lambda r: r.spec,
+    "accepts": lambda r: r.accepts,
+}
+"""The fields a view may show, each read by a function of this module (a request's path stays in one file)."""
+
 
 class FieldView(Mapping):
-    """Replica id -> ``read(record)``, for the replicas where that is not None (``read``: one of its fields, e.g.
-    ``lambda r: r.spec``)."""
+    """Replica id -> its record's ``field`` (one of ``FIELDS``), for the replicas where that is not None."""
 
     __slots__ = ("_read", "_replicas")
 
-    def __init__(self, replicas: ReplicaSet, read: Callable[[Replica], Any]) -> None:
-        self._replicas, self._read = replicas, read
+    def __init__(self, replicas: ReplicaSet, field: str) -> None:
+        self._replicas, self._read = replicas, FIELDS[field]
 
     def __getitem__(self, replica_id: ReplicaId) -> Any:
         value = self.get(replica_id)

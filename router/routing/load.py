@@ -31,7 +31,7 @@ class LoadTracker:
         if not churn_tau_s > 0:
             raise ValueError(f"churn_tau_s must be > 0 seconds, got {churn_tau_s}")
         self.replicas = ReplicaSet() if replicas is None else replicas
-        self.loads = FieldView(self.replicas, lambda r: r.load)
+        self.loads = FieldView(self.replicas, "load")
         """replica id -> its load (the mapping policies receive, filtered to healthy replicas)."""
         self.churn_tau_s = churn_tau_s
         """Time constant of ``ReplicaLoad.recent_prefill`` (about a cache's turnover time)."""
