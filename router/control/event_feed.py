@@ -39,22 +39,24 @@ class EventFeed:
         self.router, self.metrics, self.stream_watch, self.config = router, metrics, stream_watch, config
         self.subscriber: EventSubscriber | None = None
         """The KV event feed's subscriber (made by ``start``)."""
-        self.quarantined: set[str] = set()
-        """Replicas degraded for bad frames whose batches are dropped until one starts afresh."""
-        self.dropped_batches: dict[str, int] = {}
-        """Replica id -> batches dropped while it was quarantined."""
+        self.replicas = router.replicas
+        """The router's replicas: each record's ``stream`` says whether it is quarantined (``StreamState``)."""
 
     def on_batch(self, source: str, seq: int, batch) -> None:
         """Apply one batch (subscriber thread). Raising drops it: the subscriber counts it as a
         bad frame of ``source`` and degrades the source if that keeps happening."""
-        if source in self.quarantined:
+        replica = self.replicas.get(source)
+        if replica is None:
+            return  # removed meanwhile
+        stream = replica.stream
+        if stream.quarantined:
             if not batch.events or batch.events[0].__class__ is not AllBlocksCleared:
-                self.dropped_batches[source] = self.dropped_batches.get(source, 0) + 1
+                stream.dropped_batches += 1
                 return
-            self.quarantined.discard(source)  # a fresh start: what follows describes its cache again
+            stream.quarantined = False  # a fresh start: what follows describes its cache again
         self._check_blocks_held(source, batch.events)
         self.router.apply_events(source, batch)
-        self.metrics.observe_batch(source, batch.ts)
+        stream.lag_s = self.metrics.observe_batch(source, batch.ts)
         self.stream_watch.on_batch(source, batch.ts)
 
     def _check_blocks_held(self, source: str, events: list) -> None:
@@ -78,11 +80,11 @@ class EventFeed:
             logger.warning("replica %s: event stream degraded (%s); routing to it by load only and "
                            "ignoring its events until it is resynced", source, detail)
             self.router.set_degraded(source, detail, BAD_FRAMES)
-            self.quarantined.add(source)
+            self._quarantine(source, True)
             self.router.clear_cache(source)
         elif status == RECOVERED:
             logger.info("replica %s: event stream trusted again (%s)", source, detail)
-            self.quarantined.discard(source)
+            self._quarantine(source, False)
             self.router.set_degraded(source, None, BAD_FRAMES)
         elif status == UNRECOVERED:
             self.router.clear_cache(source)  # what it said may be wrong: forget it, relearn it
@@ -99,7 +101,7 @@ class EventFeed:
 
         self.subscriber = EventSubscriber(on_batch=self.on_batch, config=self.config, on_status=self.on_status).start()
 
-    def forget(self, source: str) -> None:
-        """Drop what is known about a removed (or re-registered) replica."""
-        self.quarantined.discard(source)
-        self.dropped_batches.pop(source, None)
+    def _quarantine(self, source: str, on: bool) -> None:
+        replica = self.replicas.get(source)
+        if replica is not None:
+            replica.stream.quarantined = on

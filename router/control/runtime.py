@@ -112,7 +112,7 @@ class RouterRuntime:
     def _control_parts(self) -> None:
         """The parts that watch and call the replicas, each given what it uses."""
         config, router, calls = self.config, self.router, self.calls
-        self.stream_watch = StreamWatch(config.events.max_lag_s, router.set_degraded)
+        self.stream_watch = StreamWatch(config.events.max_lag_s, router)
         """Degrades replicas whose event stream stalled, lags or lost batches (router/control/stream_watch.py)."""
         self.subscriber_config: SubscriberConfig = config.events
         """Limits of the event feed (bad-frame threshold, blocks per source, back-off): the router's events section."""
@@ -220,12 +220,9 @@ class RouterRuntime:
         self.kv_peers.changed()
 
     def _removed(self, replica: Replica) -> None:
-        """The set's listener: stop following its events, drop what the stream checks and metrics keep."""
+        """The set's listener: stop following its events, tell the KV peers."""
         if replica.spec is not None and replica.spec.events and self.subscriber is not None:
             self.subscriber.remove_source(replica.id)
-        self.stream_watch.forget(replica.id)
-        self.feed.forget(replica.id)
-        self.metrics.last_event_lag.pop(replica.id, None)
         self.kv_peers.changed()
 
     def drain(self, replica_id: str) -> bool:
@@ -288,6 +285,6 @@ class RouterRuntime:
             }
         sub = self.subscriber.stats if self.subscriber is not None else {}
         out["subscriber"] = {name: st.as_dict() for name, st in sub.items()}
-        out["event_lag"] = dict(self.metrics.last_event_lag)
+        out["event_lag"] = {rep.id: rep.stream.lag_s for rep in self.replicas if rep.stream.lag_s is not None}
         out["feed"] = self.feed_state()
         return out

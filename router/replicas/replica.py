@@ -12,6 +12,7 @@ record (router/replicas/replica_set.py):
     served                  the base model and adapters it serves (its /v1/models and /load)
     accepts                 what it takes instead of text (token ids; its /server_info)
     reuse                   reuse totals of the requests routed to it (its route receipts)
+    stream                  its event stream as the router watches and feeds it
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kvmesh.router.replicas.health import ReplicaHealth
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.reuse import ReuseTotals
+from kvmesh.router.replicas.stream import StreamState
 
 if TYPE_CHECKING:
     from kvmesh.router.replicas.served import ServedModels
@@ -68,6 +70,7 @@ class Replica:
     """What it takes instead of text (router/http/token_forwarding.py's ``UpstreamKind``), from ``/server_info``;
     None: not said yet (text)."""
     reuse: ReuseTotals = field(default_factory=ReuseTotals)
+    stream: StreamState = field(default_factory=StreamState)
 
     @property
     def prefill_only(self) -> bool:

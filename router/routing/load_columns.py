@@ -43,7 +43,8 @@ class LoadColumns:
         """Row -> its load."""
         self.version: object = None
         """The tracker's ``members_version`` the rows were laid out for."""
-        self._stale: set[Hashable] = set()
+        self._stale: set[int] = set()
+        """Rows whose load changed since they were read."""
         self._rates: list[tuple] = []
         self.rates_version = 0
         """Rises whenever a row's rates change (what is derived from the rates alone is kept until then)."""
@@ -60,10 +61,9 @@ class LoadColumns:
         elif rows and self._stale:
             stale = list(self._stale)  # taken before the reads: a load set meanwhile (another thread) stays marked
             self._stale.difference_update(stale)
-            rows, loads = self.rows, self.loads
-            for rid in stale:
-                row = rows.get(rid)
-                if row is not None:
+            loads = self.loads
+            for row in stale:
+                if row < len(loads):  # a removed replica's load may still mark its old row: a harmless re-read
                     self._read(row, loads[row])
 
     def _reshape(self) -> None:
@@ -96,8 +96,8 @@ class LoadColumns:
         """Every row (the mask of ``fleet`` over all replicas)."""
         stale = self._stale
         stale.clear()  # every row is read now
-        for row, (rid, load) in enumerate(loads.items()):
-            load.watch(_marker(stale, rid))
+        for row, load in enumerate(self.loads):
+            load.watch(_marker(stale, row))
             self._read(row, load)
 
     def _read(self, row: int, load: ReplicaLoad) -> None:
@@ -149,9 +149,9 @@ class LoadColumns:
         return fleet
 
 
-def _marker(stale: set, replica_id: Hashable):
+def _marker(stale: set, row: int):
     """A load's watcher: its row is stale."""
-    return lambda: stale.add(replica_id)
+    return lambda: stale.add(row)
 
 
 def _slowest(column: np.ndarray, mask: np.ndarray) -> float | None:

@@ -24,11 +24,8 @@ ALLOWED = {
     "router/routing/shared_loads.py:SharedLoadTable._slots": "this process's cache of the shared-memory name table "
     "(id -> slot), which every router process of the host shares: a slot outlives the record, so a replica "
     "re-registered under its id keeps its column",
-    "router/routing/load_columns.py:LoadColumns.rows": "the load columns' layout (id -> row), rebuilt from the set",
-    "router/routing/load_columns.py:LoadColumns._stale": "rows to re-read before the next decision",
-    "router/control/stream_watch.py:StreamWatch._streams": "each replica's stream checks (not yet on the record)",
-    "router/control/event_feed.py:EventFeed.quarantined": "replicas whose batches are dropped (not yet on the record)",
-    "router/control/event_feed.py:EventFeed.dropped_batches": "their dropped batches (not yet on the record)",
+    "router/routing/load_columns.py:LoadColumns.rows": "the load columns' layout (id -> row, rebuilt from the set "
+    "when it changes): where a replica sits in the arrays, as the index's slots are",
     "router/admission/room.py:SlotCapacity.slots": "admission's core imports only itself (the simulator runs it "
     "over its own replicas): the slots it learned per replica",
     "router/routing/policies/prefix_hash.py:PrefixHashPolicy._ring_ids": "the replicas its hash ring was built for",

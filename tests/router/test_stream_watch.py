@@ -23,7 +23,7 @@ def router():
 
 @pytest.fixture
 def watch(router):
-    return StreamWatch(LAG, router.set_degraded)
+    return StreamWatch(LAG, router)
 
 
 def report(seq, **kw):
