@@ -13,9 +13,10 @@ the order a scan of the dict does: ties break the same way.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
+from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost.estimate import MAX_HIT_FRACTION
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.load import LoadTracker, ReplicaLoad
@@ -35,9 +36,9 @@ class LoadColumns:
 
     def __init__(self, tracker: LoadTracker) -> None:
         self.tracker = tracker
-        self.ids: list[Hashable] = []
+        self.ids: list[ReplicaId] = []
         """Row -> replica id."""
-        self.rows: dict[Hashable, int] = {}
+        self.rows: dict[ReplicaId, int] = {}
         """Replica id -> row."""
         self.loads: list[ReplicaLoad] = []
         """Row -> its load."""
@@ -161,7 +162,7 @@ def _slowest(column: np.ndarray, mask: np.ndarray) -> float | None:
     return float(values.max()) if values.size else None
 
 
-class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
+class CandidateLoads(Mapping[ReplicaId, ReplicaLoad]):
     """The candidate replicas of one decision: a mapping of id -> load, as policies take it, that also carries the
     columns (``mask``: the candidates' rows) so the cost prices them all in one vectorised pass. A policy that walks
     the candidates walks a plain dict of them, made once (the router keeps one per candidate set)."""
@@ -174,7 +175,7 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
         """Names ``mask`` for ``LoadColumns.fleet``'s cache (None: a one-off set, e.g. with exclusions)."""
         self._rows: np.ndarray | None = None
         self._outside: np.ndarray | None = None
-        self._plain: dict[Hashable, ReplicaLoad] | None = None
+        self._plain: dict[ReplicaId, ReplicaLoad] | None = None
 
     @property
     def rows(self) -> np.ndarray:
@@ -190,7 +191,7 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
             self._outside = ~self.mask
         return self._outside
 
-    def plain(self) -> dict[Hashable, ReplicaLoad]:
+    def plain(self) -> dict[ReplicaId, ReplicaLoad]:
         """The candidates as a dict, in order."""
         if self._plain is None:
             ids, loads = self.columns.ids, self.columns.loads
@@ -200,7 +201,7 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
     def fleet(self) -> FleetRates:
         return self.columns.fleet(self.mask, self.fleet_key)
 
-    def __getitem__(self, replica_id: Hashable) -> ReplicaLoad:
+    def __getitem__(self, replica_id: ReplicaId) -> ReplicaLoad:
         if self._plain is not None:
             return self._plain[replica_id]
         row = self.columns.rows.get(replica_id)
@@ -212,7 +213,7 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
         row = self.columns.rows.get(replica_id)
         return row is not None and bool(self.mask[row])
 
-    def __iter__(self) -> Iterator[Hashable]:
+    def __iter__(self) -> Iterator[ReplicaId]:
         return iter(self.plain())
 
     def __len__(self) -> int:

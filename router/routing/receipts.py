@@ -26,10 +26,9 @@ and logs ``RouteReceipt.log_fields()`` in its access log. Nothing here does I/O 
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
 from dataclasses import dataclass
 
-from kvmesh.router.replicas.replica import READY, Replica
+from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.reuse import REASONS, ReuseTotals
 
@@ -60,7 +59,7 @@ HEADER_OPT_IN = HEADER_PREFIX + "receipt"
 class RouteReceipt:
     """One routing decision, in the words a user debugging a miss needs."""
 
-    replica_id: Hashable
+    replica_id: ReplicaId
     """The chosen replica."""
     reason: str
     """Why it was chosen: one of ``REASONS``."""
@@ -68,7 +67,7 @@ class RouteReceipt:
     """Prompt tokens the router expected the chosen replica to find cached."""
     best_hit_tokens: int
     """The largest hit (tokens) any candidate replica offered (>= ``predicted_hit_tokens``)."""
-    best_replica_id: Hashable | None
+    best_replica_id: ReplicaId | None
     """A candidate offering ``best_hit_tokens`` (None when no candidate held any block)."""
     num_prompt_tokens: int
     """Prompt length in tokens."""
@@ -84,9 +83,9 @@ class RouteReceipt:
     kvmesh replica with a tier); None otherwise."""
     failed_over: tuple[str, ...] = ()
     """Replicas the request left before this one, each ``"id: why"`` (a failure or a missed deadline)."""
-    prefill_replica_id: Hashable | None = None
+    prefill_replica_id: ReplicaId | None = None
     """The prefill replica that computed the prompt for this one (P/D split); None: no split."""
-    pulled_from: Hashable | None = None
+    pulled_from: ReplicaId | None = None
     """The peer the router asked the replica to pull the prefix from (peer pull); None: no pull asked."""
     kv_pulled_tokens: int | None = None
     """Prompt tokens the replica reported pulling (``x-kvmesh-kv-pulled-tokens``); None: it said nothing."""
