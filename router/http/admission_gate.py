@@ -261,11 +261,9 @@ class AdmissionGate:
 
     def _room(self, now: float, replica_id: object = None) -> bool:
         """Whether ``replica_id`` (None: some decode candidate) has a free slot (router/admission/room.py)."""
-        for replica in self.router.replicas:
-            if replica_id is not None and replica.id != replica_id:
-                continue
+        for replica in self.router.replicas.candidates(None if replica_id is None else (replica_id,)):
             load = replica.load
-            if replica.routable and self.slots.has_room(
+            if self.slots.has_room(
                     ReplicaRoom(replica.id, load.total_in_flight, load.num_running, load.num_waiting,
                                 load.max_num_seqs), now):
                 return True

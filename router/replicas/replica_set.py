@@ -100,9 +100,6 @@ class ReplicaSet:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def ids(self) -> list[ReplicaId]:
-        return list(self._by_id)
-
     def records(self):
         """The records, live (no copy: call under ``lock`` or on the thread that changes the set)."""
         return self._by_id.values()
