@@ -11,8 +11,9 @@
       the engine core  (engine/, worker/, sample/, attention/, layers/, models/) never the OpenAI layer
     cluster   everything
 
-The router's rooms (ARCHITECTURE.md, "The router"), one way down: control -> http -> routing.
+The router's rooms (ARCHITECTURE.md, "The router"), one way down: control -> http -> routing -> replicas.
 
+    router/replicas  the replica record and the set of them: itself and the serving core only
     router/admission admission's policy core (queue, tenants, fair share, limits, deadlines): itself only, no I/O
     router/routing   routing itself, the compiled fast path, kvcache hashing and reuse, the event schema, the serving
                      core -- no HTTP library, never the data plane or control (pure decisions, no I/O)
@@ -48,10 +49,11 @@ RULES = {
 # Per room of the router: the kvmesh modules it may import (prefixes) and the third-party modules it may not.
 _HTTP_LIBS = ("fastapi", "starlette", "uvicorn", "aiohttp", "httptools", "httpx")
 ROOMS = {
-    "router/routing": (("kvmesh.router.routing", "kvmesh.router._fastpath", "kvmesh.kvcache.hashing",
+    "router/replicas": (("kvmesh.router.replicas", "kvmesh.replica.serving"), _HTTP_LIBS),
+    "router/routing": (("kvmesh.router.routing", "kvmesh.router.replicas", "kvmesh.router._fastpath", "kvmesh.kvcache.hashing",
                         "kvmesh.kvcache.reuse", "kvmesh.events.schema", "kvmesh.replica.serving"), _HTTP_LIBS),
     "router/admission": (("kvmesh.router.admission",), _HTTP_LIBS),
-    "router/http": (("kvmesh.router.http", "kvmesh.router.routing", "kvmesh.router.admission", "kvmesh.router.config",
+    "router/http": (("kvmesh.router.http", "kvmesh.router.replicas", "kvmesh.router.routing", "kvmesh.router.admission", "kvmesh.router.config",
                      "kvmesh.replica.serving",
                      "kvmesh.replica.openai"), ("fastapi", "starlette", "uvicorn", "aiohttp")),
     "router/control": (("kvmesh.router", "kvmesh.events", "kvmesh.replica.serving", "kvmesh.replica.openai"),

@@ -30,7 +30,9 @@ from kvmesh.router.http.upstream import UpstreamError
 from kvmesh.router.routing.model_pools import AdapterLoadError
 
 if TYPE_CHECKING:
-    from kvmesh.router.control.models import ModelsRuntime, RouterModels
+    from kvmesh.router.control.models import RouterModels
+    from kvmesh.router.control.replica_calls import ReplicaCalls
+    from kvmesh.router.replicas.replica_set import ReplicaSet
     from kvmesh.router.routing.model_pools import ModelPool
 
 logger = logging.getLogger(__name__)
@@ -42,8 +44,9 @@ UNLOAD_PATH = "/v1/unload_lora_adapter"
 class AdapterLoads:
     """Loads (and unloads) adapters on replicas; see the module doc."""
 
-    def __init__(self, runtime: ModelsRuntime, models: RouterModels) -> None:
-        self.runtime = runtime
+    def __init__(self, replicas: ReplicaSet, calls: ReplicaCalls, models: RouterModels) -> None:
+        """``replicas``: the router's set; ``calls``: its client of control calls; ``models``: what each serves."""
+        self.replicas, self.calls = replicas, calls
         self.models = models
         self._loading: dict[tuple[str, str], asyncio.Task] = {}
         self.loads = 0
@@ -76,16 +79,16 @@ class AdapterLoads:
         self.models.catalog.add_adapter(replica_id, name, path)
 
     async def _call(self, replica_id: str, path: str, body: dict[str, str]) -> None:
-        rt = self.runtime
-        spec = rt.specs.get(replica_id)
+        replica = self.replicas.get(replica_id)
+        spec = replica.spec if replica is not None else None
         if spec is None:
             raise AdapterLoadError(f"replica {replica_id} is no longer registered")
-        timeout_s = rt.config.upstream.adapter_load_timeout_s
-        headers = {"content-type": "application/json", **rt.headers()}
+        timeout_s = self.calls.upstream.adapter_load_timeout_s
+        headers = {"content-type": "application/json", **self.calls.headers()}
         if path == LOAD_PATH:
             self.loads += 1
         try:
-            status, _, raw = await rt.probes.pool.fetch("POST", spec.url, path, timeout_s,
+            status, _, raw = await self.calls.control.fetch("POST", spec.url, path, timeout_s,
                                                         msgspec.json.encode(body), headers)
         except asyncio.TimeoutError:
             raise AdapterLoadError(f"replica {replica_id} did not answer {path} within {timeout_s:g} s "
@@ -118,7 +121,7 @@ class AdapterLoads:
                                 f"one base model); unload it first or load this one under another name", 409,
                                 param="lora_name")
         catalog.learn_adapter(name, path, base)
-        healthy = self.runtime.router.healthy
+        healthy = self.replicas.healthy_ids()
         targets = sorted(rid for rid in (catalog.replicas_of(base) if base is not None else ()) if rid in healthy)
         results = await asyncio.gather(*(self.load(rid, name, path) for rid in targets), return_exceptions=True)
         failed = {rid: str(r) for rid, r in zip(targets, results, strict=True) if isinstance(r, BaseException)}

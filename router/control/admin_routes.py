@@ -30,7 +30,7 @@ from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.router.config import ReplicaSpec
 from kvmesh.router.control.prefix_cache_reset import reset_every_replica
-from kvmesh.router.control.rows import ReplicaList, ReplicaRow
+from kvmesh.router.control.rows import ReplicaList, ReplicaRow, replica_row
 from kvmesh.router.control.runtime import Json, RouterRuntime
 from kvmesh.router.routing.retention import exclusive_blocks
 from kvmesh.router.routing.roles import BOTH, ROLES
@@ -110,20 +110,10 @@ def install_replica_routes(app: FastAPI, runtime: RouterRuntime) -> None:
 
 
 def _replica_rows(runtime: RouterRuntime) -> list[ReplicaRow]:
-    """One row per registered replica: where it listens, its role, health, load and models."""
-    loads, outliers, router = runtime.router.loads.loads, runtime.outliers, runtime.router
-    return [ReplicaRow(id=s.replica_id, url=s.url, role=s.role, events=s.events, replay=s.replay,
-                       healthy=s.replica_id in router.healthy, draining=s.replica_id in runtime.draining,
-                       degraded=router.degraded.get(s.replica_id),
-                       in_flight=runtime.in_flight(s.replica_id),
-                       prefill_backlog=loads[s.replica_id].prefill_backlog if s.replica_id in loads else 0,
-                       ejected=outliers.is_ejected(s.replica_id),
-                       ejected_for_s=round(outliers.ejected_for_s(s.replica_id), 1),
-                       ejections=outliers.health(s.replica_id).ejections,
-                       last_failure=outliers.health(s.replica_id).last_failure,
-                       model=runtime.models.catalog.base_of(s.replica_id),
-                       adapters=sorted(runtime.models.catalog.adapters_of(s.replica_id)))
-            for s in list(runtime.specs.values())]
+    """One row per registered replica, each from its record: where it listens, its role, health, load and models."""
+    runtime.router.loads.refresh()  # the other router processes' in-flight counts
+    now = runtime.outliers.clock()
+    return [replica_row(replica, now) for replica in runtime.replicas]
 
 
 def _install_replica_set(app: FastAPI, runtime: RouterRuntime) -> None:
@@ -140,7 +130,7 @@ def _install_replica_set(app: FastAPI, runtime: RouterRuntime) -> None:
 
     @app.post("/replicas/{replica_id}/drain")
     async def drain_replica(replica_id: str):
-        if replica_id not in runtime.specs:
+        if replica_id not in runtime.replicas:
             raise ProtocolError(f"no replica {echo(replica_id)!r}; GET /replicas lists them", 404)
         try:  # the fleet may refuse (its last replica) before anything changes
             removing = runtime.fleet is not None and runtime.fleet.request_remove(replica_id)
@@ -223,4 +213,5 @@ def _install_adapters_and_cache(app: FastAPI, runtime: RouterRuntime) -> None:
 
     @app.post(RESET_PREFIX_CACHE_PATH)
     async def reset_prefix_cache():
-        return {"replicas": await reset_every_replica(runtime, runtime.probes.pool)}
+        specs = [r.spec for r in runtime.replicas if r.spec is not None]
+        return {"replicas": await reset_every_replica(specs, runtime.calls)}

@@ -1,6 +1,6 @@
 """The router's end of the KV event feed: batches into the index, the subscriber's word into degraded causes.
 
-``RouterRuntime`` hands ``on_batch`` and ``on_status`` to its ``EventSubscriber``; both run on the
+``EventFeed.start`` makes the ``EventSubscriber`` and hands it ``on_batch`` and ``on_status``; both run on the
 subscriber's thread. A batch that would take a replica past ``max_source_blocks`` raises, which the
 subscriber counts as a bad frame of that replica (and degrades it if that keeps happening).
 
@@ -15,7 +15,7 @@ sends; the subscriber bounds what decoding it costs (``degraded_source_bytes_per
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from kvmesh.events.schema import AllBlocksCleared, BlockStored
 from kvmesh.events.subscribe.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED
@@ -30,39 +30,34 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class FeedRuntime(Protocol):
-    """What the event feed reads of the running router (``RouterRuntime``, runtime.py)."""
-
-    router: KVRouter
-    metrics: RouterMetrics
-    stream_watch: StreamWatch
-    subscriber: EventSubscriber | None
-    subscriber_config: SubscriberConfig
-
-
 class EventFeed:
-    """Applies one router's events (see the module doc); ``runtime`` is its ``RouterRuntime``."""
+    """Applies one router's events (see the module doc): into ``router``, observed by ``metrics`` and checked by
+    ``stream_watch``; ``config`` bounds the subscriber."""
 
-    def __init__(self, runtime: FeedRuntime) -> None:
-        self._rt = runtime
-        self.quarantined: set[str] = set()
-        """Replicas degraded for bad frames whose batches are dropped until one starts afresh."""
-        self.dropped_batches: dict[str, int] = {}
-        """Replica id -> batches dropped while it was quarantined."""
+    def __init__(self, router: KVRouter, metrics: RouterMetrics, stream_watch: StreamWatch,
+                 config: SubscriberConfig) -> None:
+        self.router, self.metrics, self.stream_watch, self.config = router, metrics, stream_watch, config
+        self.subscriber: EventSubscriber | None = None
+        """The KV event feed's subscriber (made by ``start``)."""
+        self.replicas = router.replicas
+        """The router's replicas: each record's ``stream`` says whether it is quarantined (``StreamState``)."""
 
     def on_batch(self, source: str, seq: int, batch) -> None:
         """Apply one batch (subscriber thread). Raising drops it: the subscriber counts it as a
         bad frame of ``source`` and degrades the source if that keeps happening."""
-        if source in self.quarantined:
+        replica = self.replicas.get(source)
+        if replica is None:
+            return  # removed meanwhile
+        stream = replica.stream
+        if stream.quarantined:
             if not batch.events or batch.events[0].__class__ is not AllBlocksCleared:
-                self.dropped_batches[source] = self.dropped_batches.get(source, 0) + 1
+                stream.dropped_batches += 1
                 return
-            self.quarantined.discard(source)  # a fresh start: what follows describes its cache again
-        rt = self._rt
+            stream.quarantined = False  # a fresh start: what follows describes its cache again
         self._check_blocks_held(source, batch.events)
-        rt.router.apply_events(source, batch)
-        rt.metrics.observe_batch(source, batch.ts)
-        rt.stream_watch.on_batch(source, batch.ts)
+        self.router.apply_events(source, batch)
+        stream.lag_s = self.metrics.observe_batch(source, batch.ts)
+        self.stream_watch.on_batch(source, batch.ts)
 
     def _check_blocks_held(self, source: str, events: list) -> None:
         held, stored = None, 0
@@ -72,8 +67,8 @@ class EventFeed:
             elif event.__class__ is BlockStored:
                 stored += len(event.block_hashes)
         if held is None:
-            held = self._rt.router.index.num_blocks(source)
-        limit = self._rt.subscriber_config.max_source_blocks
+            held = self.router.index.num_blocks(source)
+        limit = self.config.max_source_blocks
         if held + stored > limit:
             raise ValueError(f"replica {source} would hold {held + stored} blocks; the limit is {limit} "
                              "(SubscriberConfig.max_source_blocks)")
@@ -81,27 +76,32 @@ class EventFeed:
     def on_status(self, source: str, status: str, detail: str) -> None:
         """The subscriber's word on a source (its thread): bad frames (quarantine, above), a loss it
         could not repair (the tree is dropped and a snapshot asked for), a snapshot applied."""
-        rt = self._rt
         if status == DEGRADED:
             logger.warning("replica %s: event stream degraded (%s); routing to it by load only and "
                            "ignoring its events until it is resynced", source, detail)
-            rt.router.set_degraded(source, detail, BAD_FRAMES)
-            self.quarantined.add(source)
-            rt.router.clear_cache(source)
+            self.router.set_degraded(source, detail, BAD_FRAMES)
+            self._quarantine(source, True)
+            self.router.clear_cache(source)
         elif status == RECOVERED:
             logger.info("replica %s: event stream trusted again (%s)", source, detail)
-            self.quarantined.discard(source)
-            rt.router.set_degraded(source, None, BAD_FRAMES)
+            self._quarantine(source, False)
+            self.router.set_degraded(source, None, BAD_FRAMES)
         elif status == UNRECOVERED:
-            rt.router.clear_cache(source)  # what it said may be wrong: forget it, relearn it
-            snapshots = rt.subscriber.snapshots_supported(source) is not False
-            rt.stream_watch.on_lost(source, detail, snapshots)
+            self.router.clear_cache(source)  # what it said may be wrong: forget it, relearn it
+            snapshots = self.subscriber.snapshots_supported(source) is not False
+            self.stream_watch.on_lost(source, detail, snapshots)
             if snapshots:
-                rt.subscriber.resync(source)
+                self.subscriber.resync(source)
         elif status == SNAPSHOT_APPLIED:
-            rt.stream_watch.on_snapshot(source)
+            self.stream_watch.on_snapshot(source)
 
-    def forget(self, source: str) -> None:
-        """Drop what is known about a removed (or re-registered) replica."""
-        self.quarantined.discard(source)
-        self.dropped_batches.pop(source, None)
+    def start(self) -> None:
+        """Start the subscriber (in the router's event loop)."""
+        from kvmesh.events.subscribe.subscriber import EventSubscriber
+
+        self.subscriber = EventSubscriber(on_batch=self.on_batch, config=self.config, on_status=self.on_status).start()
+
+    def _quarantine(self, source: str, on: bool) -> None:
+        replica = self.replicas.get(source)
+        if replica is not None:
+            replica.stream.quarantined = on

@@ -20,36 +20,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import msgspec
-from kvmesh.router.http.upstream import UpstreamError, UpstreamPool
+from kvmesh.router.http.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from kvmesh.router.config import ReplicaSpec, RouterConfig
-    from kvmesh.router.routing.kv_router import KVRouter
+    from kvmesh.router.config import ReplicaSpec
+    from kvmesh.router.control.replica_calls import ReplicaCalls
+    from kvmesh.router.replicas.replica_set import ReplicaSet
 
 logger = logging.getLogger(__name__)
 RENEWALS_TO_LAPSE = 3
 """A registration's ttl_s, in renewals: a replica keeps this router's set until it missed this many."""
 
 
-class PeersRuntime(Protocol):
-    """What the pushes read of the running router (``RouterRuntime``)."""
-
-    config: RouterConfig
-    router: KVRouter
-    specs: dict[str, ReplicaSpec]
-    pool: UpstreamPool | None
-
-    def headers(self) -> dict[str, str]: ...
-
-
 class KVPeerRegistry:
     """See the module doc; one per ``RouterRuntime``."""
 
-    def __init__(self, runtime: PeersRuntime) -> None:
-        self.runtime = runtime
+    def __init__(self, replicas: ReplicaSet, calls: ReplicaCalls) -> None:
+        """``replicas``: the router's set (registered on the replicas with transfer on); ``calls``: its client."""
+        self.replicas, self.calls = replicas, calls
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
         self.router_id = f"router-{secrets.token_hex(8)}"
@@ -66,26 +57,25 @@ class KVPeerRegistry:
 
     async def _renew(self) -> None:
         while True:
-            await asyncio.sleep(self.runtime.config.upstream.kv_peers_renew_s)
+            await asyncio.sleep(self.calls.upstream.kv_peers_renew_s)
             try:
                 await self.push(self._healthy_targets())
             except Exception:  # noqa: BLE001 - the next renewal tries again; a dead loop would let every set lapse
                 logger.exception("renewing the KV peer registrations failed; retrying in %.3g s",
-                                 self.runtime.config.upstream.kv_peers_renew_s)
+                                 self.calls.upstream.kv_peers_renew_s)
 
     def body(self) -> bytes:
-        specs = self.runtime.specs.values()
-        ttl_s = RENEWALS_TO_LAPSE * self.runtime.config.upstream.kv_peers_renew_s
+        specs = [r.spec for r in self.replicas if r.spec is not None]
+        ttl_s = RENEWALS_TO_LAPSE * self.calls.upstream.kv_peers_renew_s
         return msgspec.json.encode({"router_id": self.router_id, "ttl_s": ttl_s,
                                     "peers": [{"replica_id": s.replica_id, "url": s.url} for s in specs]})
 
     def _transfer_on(self, replica_id: str) -> bool:
-        load = self.runtime.router.loads.loads.get(replica_id)
-        return load is not None and load.kv_transfer_enabled
+        replica = self.replicas.get(replica_id)
+        return replica is not None and replica.load.kv_transfer_enabled
 
     def _healthy_targets(self) -> list[ReplicaSpec]:
-        rt = self.runtime
-        return [s for rid, s in rt.specs.items() if rid in rt.router.healthy and self._transfer_on(rid)]
+        return [r.spec for r in self.replicas if r.healthy and r.spec is not None and r.load.kv_transfer_enabled]
 
     def changed(self) -> None:
         """The replica set changed (any thread): push it to every healthy replica with transfer on, soon."""
@@ -111,13 +101,13 @@ class KVPeerRegistry:
             await asyncio.gather(*(self._post(spec, body) for spec in targets))
 
     async def _post(self, spec: ReplicaSpec, body: bytes) -> None:
-        rt = self.runtime
-        headers = {"content-type": "application/json", **rt.headers()}
-        if rt.pool is None:
-            return  # stopping
+        headers = {"content-type": "application/json", **self.calls.headers()}
+        pool = self.calls.requests
+        if pool is None:
+            return  # not started
         try:
-            status, _, raw = await rt.pool.fetch("POST", spec.url, "/kv/peers", rt.config.upstream.connect_timeout_s,
-                                                        body, headers)
+            status, _, raw = await pool.fetch("POST", spec.url, "/kv/peers", self.calls.upstream.connect_timeout_s,
+                                              body, headers)
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
             logger.info("registering peers on replica %s failed (%r); it computes prompts until the next push",
                         spec.replica_id, e)

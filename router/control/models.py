@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.openai.renderer import PromptRenderer
@@ -35,32 +35,14 @@ if TYPE_CHECKING:
     from kvmesh.replica.serving.load_report import LoadReport
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.control.replica_calls import ReplicaCalls
     from kvmesh.router.http.token_forwarding import ServerInfo
-    from kvmesh.router.http.upstream import UpstreamPool
-    from kvmesh.router.routing.kv_router import KVRouter
+    from kvmesh.router.replicas.replica_set import ReplicaSet
 
 logger = logging.getLogger(__name__)
 
 Frontend = tuple["Tokenizer | None", PromptRenderer]
 """A base model's tokenizer (None: its requests are routed untokenized) and the renderer over it."""
-
-
-class HasClient(Protocol):
-    pool: UpstreamPool | None
-    """The router's HTTP client of control calls (the probes')."""
-
-
-class ModelsRuntime(Protocol):
-    """What the models (and the adapter loads) read of the running router (``RouterRuntime``, runtime.py)."""
-
-    config: RouterConfig
-    router: KVRouter
-    tokenizer: Tokenizer | None
-    renderer: PromptRenderer
-    specs: dict[str, ReplicaSpec]
-    probes: HasClient
-
-    def headers(self) -> dict[str, str]: ...
 
 
 def build_tokenizer(path: str, config: RouterConfig, max_model_len: int | None) -> Tokenizer:
@@ -73,6 +55,18 @@ def build_tokenizer(path: str, config: RouterConfig, max_model_len: int | None) 
 
         # Same ids, pieces between added tokens seen before come from a cache (router/routing/tokenize_cache.py).
         tokenizer.cache = CachedTokenizer(tokenizer.hf, config.tokenize.tokenize_cache_tokens)
+    return tokenizer
+
+
+def router_tokenizer(config: RouterConfig, tokenizer: Tokenizer | None) -> Tokenizer | None:
+    """The router's own tokenizer: ``tokenizer``, else the configured one (None: none configured), with its
+    tokenize cache when configured."""
+    if tokenizer is None and (config.tokenizer or config.model):
+        return build_tokenizer(config.tokenizer or config.model, config, config.max_model_len)
+    if tokenizer is not None and config.tokenize.tokenize_cache_tokens and hasattr(tokenizer, "hf"):
+        from kvmesh.router.routing.tokenize_cache import CachedTokenizer
+
+        tokenizer.cache = CachedTokenizer(tokenizer.hf, config.tokenize.tokenize_cache_tokens)  # as build_tokenizer
     return tokenizer
 
 
@@ -96,26 +90,28 @@ def served_models(raw: bytes) -> ServedModels | None:
 
 
 class RouterModels:
-    """See the module doc; ``runtime`` is the running router (its config, probes' HTTP client, tokenizer)."""
+    """See the module doc."""
 
-    def __init__(self, runtime: ModelsRuntime) -> None:
-        self.runtime = runtime
-        cfg = runtime.config
-        self.catalog = ModelCatalog(cfg.upstream.load_missing_adapters)
+    def __init__(self, config: RouterConfig, replicas: ReplicaSet, tokenizer: Tokenizer | None,
+                 renderer: PromptRenderer, calls: ReplicaCalls) -> None:
+        """``replicas``: the router's set (each record holds what it serves); ``tokenizer`` and ``renderer``: the
+        router's own; ``calls``: its client of control calls."""
+        self.config, self.tokenizer, self.renderer, self.calls = config, tokenizer, renderer, calls
+        cfg = config
+        self.replicas = replicas
+        self.catalog = ModelCatalog(cfg.upstream.load_missing_adapters, self.replicas)
         """What each replica serves (router/routing/model_pools.py)."""
         self.own_names = model_aliases(*cfg.served_names(), cfg.model, cfg.tokenizer)
         """Every name of the router's own model (its path forms too)."""
         self.frontends: dict[str, Frontend] = {}
         """Base model -> its tokenizer and renderer (the router's own for its own model)."""
         self._loading: dict[str, asyncio.Task] = {}
-        self._asked: dict[str, frozenset] = {}
-        """Replica -> the adapter names its /v1/models was last read for (an adapter's path)."""
 
     # ---------------------------------------------------------------- requests
     def check_own(self, model: str | None) -> None:
         """Today's rule of a one-model router: a 404 for a name other than ``served_model_name`` (or a path form
         of ``model``); no ``served_model_name``: any name (the replica checks it)."""
-        served = self.runtime.config.served_name
+        served = self.config.served_name
         if served is not None:
             check_model(model, served, aliases=self.own_names)
 
@@ -128,21 +124,20 @@ class RouterModels:
 
     def frontend(self, pool: ModelPool | None) -> Frontend:
         """The tokenizer and renderer of the pool's base model (the router's own without a pool)."""
-        own = (self.runtime.tokenizer, self.runtime.renderer)
+        own = (self.tokenizer, self.renderer)
         return own if pool is None else self.frontends.get(pool.base, own)
 
     def tokenizer_of(self, replica_id: str) -> Tokenizer | None:
         """The tokenizer of the model ``replica_id`` serves (its upstream kind and fingerprint check use it)."""
         base = self.catalog.base_of(replica_id)
-        return self.runtime.tokenizer if base is None else self.frontends.get(
-            base, (self.runtime.tokenizer, None))[0]
+        return self.tokenizer if base is None else self.frontends.get(
+            base, (self.tokenizer, None))[0]
 
     def cards(self, paths: bool = False) -> list[dict]:
         """``/v1/models``'s entries in vLLM's shape: every base model served, then every adapter (``parent``: its
         base); ``root`` is the host path or hub id it was loaded from only with ``paths`` (the admin), else its
         served name; ``max_model_len`` is its tokenizer's context (None before the router knows it)."""
-        rt, bases = self.runtime, self.catalog.bases()
-        cfg = rt.config
+        bases, cfg = self.catalog.bases(), self.config
         own = cfg.served_name or cfg.model or cfg.tokenizer
         if len(bases) <= 1 and (own is not None or not bases):  # one model: as before, under the router's name
             base_cards = [(own or "kvmesh", cfg.model, None, self._context(None))]
@@ -157,21 +152,21 @@ class RouterModels:
 
     def _context(self, base: str | None) -> int | None:
         """The context length of ``base`` (None: the router's own model), from its tokenizer."""
-        tokenizer = self.runtime.tokenizer if base is None else self.frontends.get(
-            base, (self.runtime.tokenizer, None))[0]
+        tokenizer = self.tokenizer if base is None else self.frontends.get(
+            base, (self.tokenizer, None))[0]
         return tokenizer.max_model_len if tokenizer is not None else None
 
     # ---------------------------------------------------------------- reports
     async def learn(self, spec: ReplicaSpec, info: ServerInfo | None) -> None:
         """Read what ``spec`` serves (its ``/v1/models``) and make its base model's tokenizer ready."""
-        rt = self.runtime
         try:
-            status, _, raw = await rt.probes.pool.fetch("GET", spec.url, "/v1/models",
-                                                        rt.config.upstream.connect_timeout_s, headers=rt.headers())
+            status, _, raw = await self.calls.control.fetch("GET", spec.url, "/v1/models",
+                                                        self.config.upstream.connect_timeout_s, headers=self.calls.headers())
         except (UpstreamError, OSError, asyncio.TimeoutError):
             return
         served = served_models(raw) if status == 200 else None
-        if served is None or rt.specs.get(spec.replica_id) is not spec:
+        replica = self.replicas.get(spec.replica_id)
+        if served is None or replica is None or replica.spec is not spec:
             return
         self.catalog.set_served(spec.replica_id, served)
         await self._frontend_ready(served, info)
@@ -182,14 +177,10 @@ class RouterModels:
         if not report.lora.enabled or not self.catalog.set_adapters(spec.replica_id, report.lora.adapters,
                                                                       report.lora.identities):
             return
-        names = frozenset(report.lora.adapters)
-        if self._asked.get(spec.replica_id) != names:  # once per set of adapters, not every poll
-            self._asked[spec.replica_id] = names
+        names, replica = frozenset(report.lora.adapters), self.replicas.get(spec.replica_id)
+        if replica is not None and replica.adapters_asked != names:  # once per set of adapters, not every poll
+            replica.adapters_asked = names
             asyncio.ensure_future(self.learn(spec, None))
-
-    def forget(self, replica_id: str) -> None:
-        self.catalog.forget(replica_id)
-        self._asked.pop(replica_id, None)
 
     async def _frontend_ready(self, served: ServedModels, info: ServerInfo | None) -> None:
         base = served.base
@@ -204,36 +195,35 @@ class RouterModels:
             self._loading.pop(base, None)
 
     async def _make_frontend(self, served: ServedModels, info: ServerInfo | None) -> Frontend:
-        rt = self.runtime
-        own = (rt.tokenizer, rt.renderer)
+        own = (self.tokenizer, self.renderer)
         path = self.tokenizer_path(served, info)
         if path is None:
             return own
         try:
-            tokenizer = await asyncio.to_thread(build_tokenizer, path, rt.config, None)
+            tokenizer = await asyncio.to_thread(build_tokenizer, path, self.config, None)
         except Exception as e:  # noqa: BLE001 - any loader failure: that model's requests go untokenized
             logger.warning("model %s: its tokenizer %s did not load (%s); its requests are routed by load only",
                            served.base, path, e)
             tokenizer = None
         logger.info("model %s: tokenizer %s", served.base, path)
-        return tokenizer, PromptRenderer(tokenizer, rt.config.frontend)
+        return tokenizer, PromptRenderer(tokenizer, self.config.frontend)
 
     def tokenizer_path(self, served: ServedModels, info: ServerInfo | None) -> str | None:
         """Where a base model's tokenizer loads from (module doc's table); None: the router's own."""
-        rt, cfg = self.runtime, self.runtime.config.tokenize
+        cfg = self.config.tokenize
         if names_model(served.base, self.own_names) or (served.root and names_model(served.root, self.own_names)):
             return None
         if served.base in cfg.tokenizers:
             return cfg.tokenizers[served.base]
         fingerprint = info.get("tokenizer_fingerprint") if isinstance(info, dict) else None
-        if rt.tokenizer is not None and fingerprint == rt.tokenizer.fingerprint:
+        if self.tokenizer is not None and fingerprint == self.tokenizer.fingerprint:
             return None
         if cfg.load_reported_tokenizers and served.root and os.path.isdir(served.root):
             return served.root
         return None
 
     def close(self) -> None:
-        own = self.runtime.renderer
+        own = self.renderer
         for _, renderer in self.frontends.values():
             if renderer is not own:
                 renderer.close()

@@ -11,34 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.openai.prefix_cache_reset import RESET_PREFIX_CACHE_PATH
 from kvmesh.router.http.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.config import ReplicaSpec
+    from kvmesh.router.control.replica_calls import ReplicaCalls
     from kvmesh.router.http.upstream import UpstreamPool
 
 logger = logging.getLogger(__name__)
 
 
-class ResetRuntime(Protocol):
-    """What the reset uses of the router's runtime."""
-
-    config: RouterConfig
-    specs: dict[str, ReplicaSpec]
-
-    def headers(self) -> dict[str, str]: ...
-
-
-async def reset_every_replica(runtime: ResetRuntime, pool: UpstreamPool) -> dict[str, dict[str, object]]:
-    """Ask every registered replica to reset its prefix cache; each one's answer (or error) by replica id."""
-    upstream = runtime.config.upstream
+async def reset_every_replica(specs: list[ReplicaSpec], calls: ReplicaCalls) -> dict[str, dict[str, object]]:
+    """Ask every replica of ``specs`` to reset its prefix cache (through ``calls``' control client); each one's
+    answer (or error) by replica id."""
+    upstream, pool = calls.upstream, calls.control
     timeout_s = upstream.first_byte_timeout_s or upstream.request_timeout_s
-    headers = runtime.headers()
-    specs = list(runtime.specs.values())
+    headers = calls.headers()
     answers = await asyncio.gather(*(_reset_one(spec, pool, headers, timeout_s) for spec in specs))
     return {spec.replica_id: answer for spec, answer in zip(specs, answers, strict=True)}
 

@@ -14,58 +14,42 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.config import ReplicaSpec, RouterConfig
-from kvmesh.router.http.token_forwarding import ServerInfo, UpstreamKind, upstream_kind
+from kvmesh.router.http.token_forwarding import ServerInfo, upstream_kind
 from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
 from kvmesh.router.routing.kv_router import INCOMPATIBLE, KVRouter
 from kvmesh.router.routing.load import ForeignLoad
 
 if TYPE_CHECKING:
-    from kvmesh.events.subscribe.subscriber import EventSubscriber
     from kvmesh.replica.serving.tokenizer import Tokenizer
+    from kvmesh.router.control.event_feed import EventFeed
     from kvmesh.router.control.kv_peers import KVPeerRegistry
     from kvmesh.router.control.models import RouterModels
     from kvmesh.router.control.passive_health import PassiveHealth
-    from kvmesh.router.control.stream_watch import StreamWatch
+    from kvmesh.router.control.replica_calls import ReplicaCalls
 
 logger = logging.getLogger(__name__)
-
-
-class ProbedRuntime(Protocol):
-    """What the probes read of the running router (``RouterRuntime``, runtime.py)."""
-
-    config: RouterConfig
-    router: KVRouter
-    tokenizer: Tokenizer | None
-    specs: dict[str, ReplicaSpec]
-    draining: set[str]
-    upstream_kinds: dict[str, UpstreamKind]
-    stream_watch: StreamWatch
-    subscriber: EventSubscriber | None
-    health: PassiveHealth
-    kv_peers: KVPeerRegistry
-    models: RouterModels
-
-    def headers(self) -> dict[str, str]: ...
-    def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...) -> None: ...
 
 
 class ReplicaProbes:
     """The runtime's probes and the task that polls every replica each ``poll_interval_s``."""
 
-    def __init__(self, runtime: ProbedRuntime) -> None:
-        self.runtime = runtime
-        self.pool: UpstreamPool | None = None
-        """The probes' own keep-alive connections (the router's one HTTP client, router/http/upstream.py)."""
+    def __init__(self, config: RouterConfig, router: KVRouter, calls: ReplicaCalls, feed: EventFeed,
+                 health: PassiveHealth, kv_peers: KVPeerRegistry, models: RouterModels) -> None:
+        """What a probe's answers go to: the router's set and loads, the event feed's stream checks, passive
+        health, the KV peers and the models; ``calls``: the router's client (its control pool)."""
+        self.config, self.router, self.calls, self.feed = config, router, calls, feed
+        self.health, self.kv_peers, self.models = health, kv_peers, models
         self._poller: asyncio.Task | None = None
 
-    async def start(self) -> None:
-        cfg = self.runtime.config
-        self.pool = UpstreamPool(cfg.upstream.connect_timeout_s, cfg.upstream.connect_timeout_s)
+    @property
+    def pool(self) -> UpstreamPool | None:
+        """The control calls' keep-alive connections (router/control/replica_calls.py)."""
+        return self.calls.control
 
     def start_polling(self) -> None:
         self._poller = asyncio.create_task(self._poll_loop())
@@ -74,92 +58,94 @@ class ReplicaProbes:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
-        if self.pool is not None:
-            self.pool.close()
 
     async def probe(self, spec: ReplicaSpec) -> bool:
         """GET /health (and /load when it has one); marks the replica healthy or not."""
-        rt = self.runtime
-        timeout_s = rt.config.upstream.connect_timeout_s
+        timeout_s = self.config.upstream.connect_timeout_s
         turned_on = False  # KV transfer on in this /load, off (or unknown) in the last; or no peers registered
         try:
-            status, _, _ = await self.pool.fetch("GET", spec.url, "/health", timeout_s, headers=rt.headers())
+            status, _, _ = await self.pool.fetch("GET", spec.url, "/health", timeout_s, headers=self.calls.headers())
             ok = status == 200
             if ok:
                 sent_at = time.time()
-                status, _, raw = await self.pool.fetch("GET", spec.url, "/load", timeout_s, headers=rt.headers())
+                status, _, raw = await self.pool.fetch("GET", spec.url, "/load", timeout_s, headers=self.calls.headers())
                 report = decode_load(raw) if status == 200 else None
-                load = rt.router.loads.loads.get(spec.replica_id)
+                load = self.router.loads.loads.get(spec.replica_id)
                 if report is not None and load is not None:
                     load.update_report(report)
                     if isinstance(report, LoadReport):
-                        rt.models.on_load(spec, report)  # the adapters it has now
+                        self.models.on_load(spec, report)  # the adapters it has now
                     was_on, transfer = load.kv_transfer_enabled, decode_transfer(raw)
                     load.update_transfer(transfer)
                     turned_on = load.kv_transfer_enabled and (not was_on or transfer.get("registered_peers") == 0)
                     self.check_stream(spec, report, sent_at, time.time())
-                    rt.health.check_progress(spec, report, load.queued_prefill_tokens)
+                    self.health.check_progress(spec, report, load.queued_prefill_tokens)
             connect_error = False
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError) as e:
             ok, connect_error = False, isinstance(e, UpstreamConnectError)
-        if rt.specs.get(spec.replica_id) is not spec:
+        if self._current(spec) is None:
             return ok  # removed or re-registered meanwhile
-        rt.stream_watch.tick(spec.replica_id, rt.subscriber.disconnected_s(spec.replica_id)
-                             if spec.events and rt.subscriber is not None else None)
-        was = spec.replica_id in rt.router.healthy
-        if rt.health.after_probe(spec, ok):
+        self.feed.stream_watch.tick(spec.replica_id, self.feed.subscriber.disconnected_s(spec.replica_id)
+                             if spec.events and self.feed.subscriber is not None else None)
+        was = self.router.replicas.get(spec.replica_id).healthy
+        if self.health.after_probe(spec, ok):
             pass  # ejected: only its probe request re-admits it (passive_health.py)
-        elif ok and not was and spec.replica_id not in rt.draining:
+        elif ok and not was and not self.router.replicas.get(spec.replica_id).draining:
             logger.info("replica %s is healthy", spec.replica_id)
             await self.check_compatible(spec)
-            await rt.kv_peers.before_healthy(spec)  # its pull peers (and it among the others') first
-            rt.router.set_healthy(spec.replica_id, True)
+            await self.kv_peers.before_healthy(spec)  # its pull peers (and it among the others') first
+            self.router.set_healthy(spec.replica_id, True)
         elif turned_on and was:
-            await rt.kv_peers.push([spec])  # healthy already, transfer only now on (or restarted): its pull peers
+            await self.kv_peers.push([spec])  # healthy already, transfer only now on (or restarted): its pull peers
         if not ok and was:
-            rt.mark_failed(spec.replica_id, connect_error, "does not answer /health", kind=None)
+            self.health.mark_failed(spec.replica_id, connect_error, "does not answer /health", kind=None)
         elif not ok and connect_error:
-            rt.router.set_healthy(spec.replica_id, False, clear_cache=True)
+            self.router.set_healthy(spec.replica_id, False, clear_cache=True)
         return ok
+
+    def _current(self, spec: ReplicaSpec):
+        """``spec``'s replica while it is registered with ``spec`` (None: removed or re-registered)."""
+        replica = self.router.replicas.get(spec.replica_id)
+        return replica if replica is not None and replica.spec is spec else None
 
     def check_stream(self, spec: ReplicaSpec, report: LoadReport | ForeignLoad, sent_at: float,
                      received_at: float) -> None:
         """Hold a ``/load`` report (asked for at ``sent_at``, answered at ``received_at``) against the
         last batch of the replica the router applied: a stalled stream degrades it (StreamWatch)."""
-        rt = self.runtime
-        if not spec.events or rt.subscriber is None:
+        if not spec.events or self.feed.subscriber is None:
             return  # no stream to fall behind
-        stats = rt.subscriber.stats.get(spec.replica_id)
+        stats = self.feed.subscriber.stats.get(spec.replica_id)
         applied = stats.last_seq if stats is not None else -1
-        rt.stream_watch.on_report(spec.replica_id, report, applied, sent_at, received_at)
+        self.feed.stream_watch.on_report(spec.replica_id, report, applied, sent_at, received_at)
 
     async def check_compatible(self, spec: ReplicaSpec) -> None:
         """Degrade (load-only routing) a replica whose cache the router's keys cannot describe: another
         block size, tokenizer or chat template (its ``/server_info``, against the tokenizer of the model it
         serves: its ``/v1/models``, router/control/models.py). Replicas that do not say (vLLM) are trusted. Also notes whether it is a kvmesh replica (``"version": "kvmesh"``), which takes
         the router's token ids for chat too (router/http/token_forwarding.py)."""
-        rt = self.runtime
         try:
             status, _, raw = await self.pool.fetch("GET", spec.url, "/server_info",
-                                                   rt.config.upstream.connect_timeout_s, headers=rt.headers())
+                                                   self.config.upstream.connect_timeout_s, headers=self.calls.headers())
             info = msgspec.json.decode(raw) if status == 200 else None
         except (UpstreamError, OSError, asyncio.TimeoutError, ValueError):
             info = None
         info = info if isinstance(info, dict) else None
-        await rt.models.learn(spec, info)  # what it serves (its /v1/models), its model's tokenizer ready
-        tokenizer = rt.models.tokenizer_of(spec.replica_id)
-        rt.upstream_kinds[spec.replica_id] = upstream_kind(info, tokenizer)
-        reason = incompatibility(info, rt.config.block_size, tokenizer)
+        await self.models.learn(spec, info)  # what it serves (its /v1/models), its model's tokenizer ready
+        tokenizer = self.models.tokenizer_of(spec.replica_id)
+        replica = self.router.replicas.get(spec.replica_id)
+        if replica is not None and replica.spec is spec:
+            replica.accepts = upstream_kind(info, tokenizer)
+        reason = incompatibility(info, self.config.block_size, tokenizer)
         if reason is not None:
             logger.warning("replica %s is routed by load only: %s", spec.replica_id, reason)
-            rt.router.set_degraded(spec.replica_id, reason, INCOMPATIBLE)
+            self.router.set_degraded(spec.replica_id, reason, INCOMPATIBLE)
 
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe(s) for s in list(self.runtime.specs.values())), return_exceptions=True)
+        await asyncio.gather(*(self.probe(s) for s in [r.spec for r in self.router.replicas if r.spec is not None]), return_exceptions=True)
 
     async def _poll_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.runtime.config.upstream.poll_interval_s)
+            await asyncio.sleep(self.config.upstream.poll_interval_s)
             try:
                 await self.probe_all()
             except Exception:  # never let the poller die

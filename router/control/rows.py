@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
+
+if TYPE_CHECKING:
+    from kvmesh.router.replicas.replica import Replica
 
 
 class ReplicaRow(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -58,3 +63,17 @@ class ReplicaList(msgspec.Struct):
     def decode(raw: bytes) -> ReplicaList:
         """Raises ``msgspec.ValidationError`` (a ``ValueError``) for a body that is not a replica list."""
         return msgspec.json.decode(raw, type=ReplicaList)
+
+
+def replica_row(replica: Replica, now: float) -> ReplicaRow:
+    """``replica``'s row, all of it from its record (``now``: the monotonic clock its ejection is timed by)."""
+    spec, health, load, served = replica.spec, replica.health, replica.load, replica.served
+    ejected_until = health.ejected_until
+    return ReplicaRow(id=replica.id, url=spec.url, role=spec.role, events=spec.events, replay=spec.replay,
+                      healthy=replica.healthy, draining=replica.draining, degraded=replica.degraded_reason,
+                      in_flight=load.total_in_flight, prefill_backlog=load.prefill_backlog,
+                      ejected=ejected_until is not None,
+                      ejected_for_s=round(max(0.0, ejected_until - now) if ejected_until is not None else 0.0, 1),
+                      ejections=health.ejections, last_failure=health.last_failure,
+                      model=served.base if served is not None else None,
+                      adapters=sorted(served.adapters) if served is not None else [])

@@ -1,8 +1,11 @@
 """The running router: the replica set, and what lives as long as the door.
 
-``RouterRuntime`` assembles the ``KVRouter`` (router/routing/), the tokenizer and renderer, the
-``EventSubscriber`` feeding the index (event_feed.py), the probes of every replica (probes.py) and the
-replica connection pool (router/http/upstream.py); itself it keeps the replica set. Replicas can be added, re-registered with new endpoints, drained and removed at runtime: a
+``RouterRuntime`` assembles the ``KVRouter`` (router/routing/, which owns the replica set: router/replicas/), the
+tokenizer and renderer, the event feed (event_feed.py), the probes of every replica (probes.py), passive health,
+the models and the KV peers, each given what it uses, and the router's clients to its replicas
+(replica_calls.py); it listens to the set for what a replica's coming and going means outside the router's
+decision (its event source, its first probe, metrics, the KV peers). Replicas can be added, re-registered with
+new endpoints, drained and removed at runtime: a
 draining replica gets no new requests (the health probe never puts it back) while the ones it
 runs, streams included, finish; whoever drains it removes it once ``in_flight`` is 0.
 
@@ -28,21 +31,23 @@ from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
 from kvmesh.router.control.adapter_loads import AdapterLoads
 from kvmesh.router.control.event_feed import EventFeed
 from kvmesh.router.control.kv_peers import KVPeerRegistry
-from kvmesh.router.control.models import RouterModels, build_tokenizer
+from kvmesh.router.control.models import RouterModels, router_tokenizer
 from kvmesh.router.control.passive_health import PassiveHealth
 from kvmesh.router.control.probes import ReplicaProbes
+from kvmesh.router.control.replica_calls import ReplicaCalls
 from kvmesh.router.control.stream_watch import StreamWatch
 from kvmesh.router.http.admission_gate import AdmissionGate
 from kvmesh.router.http.fleet_metrics import FleetMetrics
 from kvmesh.router.http.metrics import RouterMetrics
 from kvmesh.router.http.receipt_metrics import ReceiptMetrics
-from kvmesh.router.http.upstream import UpstreamPool
+from kvmesh.router.replicas.replica import DRAINING, Replica
+from kvmesh.router.replicas.views import FieldView
 
 if TYPE_CHECKING:
     from kvmesh.events.config import SubscriberConfig
     from kvmesh.events.subscribe.subscriber import EventSubscriber
     from kvmesh.replica.serving.tokenizer import Tokenizer
-    from kvmesh.router.http.token_forwarding import UpstreamKind
+    from kvmesh.router.http.upstream import UpstreamPool
     from kvmesh.router.routing.kv_router import KVRouter
     from kvmesh.router.routing.model_pools import ModelPool
 
@@ -72,27 +77,19 @@ class RouterRuntime:
                  tokenizer: Tokenizer | None = None) -> None:
         self.config = config
         self.router: KVRouter = build_router(config, seed=secrets.randbits(64))
-        self.health = PassiveHealth(self)
-        """Deadlines and ejections from what the replicas' answers say (passive_health.py)."""
-        self.outliers, self.record_failure, self.patience = (  # what the proxy reads (its Replicas protocol)
-            self.health.outliers, self.health.record_failure, self.health.patience)
-        self.stream_watch = StreamWatch(config.events.max_lag_s, self.router.set_degraded)
-        """Degrades replicas whose event stream stalled, lags or lost batches (router/control/stream_watch.py)."""
-        if tokenizer is None and (config.tokenizer or config.model):
-            tokenizer = build_tokenizer(config.tokenizer or config.model, config, config.max_model_len)
-        elif tokenizer is not None and config.tokenize.tokenize_cache_tokens and hasattr(tokenizer, "hf"):
-            from kvmesh.router.routing.tokenize_cache import CachedTokenizer
-
-            # Same ids, pieces between added tokens seen before come from a cache (router/routing/tokenize_cache.py).
-            tokenizer.cache = CachedTokenizer(tokenizer.hf, config.tokenize.tokenize_cache_tokens)
-        self.tokenizer = tokenizer
+        self.replicas = self.router.replicas
+        """One record per replica (router/replicas/): its spec, state, health, load, models, ..."""
+        self.specs = FieldView(self.replicas, "spec")
+        """Replica id -> its ``ReplicaSpec`` (a view of the records)."""
+        self.upstream_kinds = FieldView(self.replicas, "accepts")
+        """Replica id -> what it accepts instead of text (router/http/token_forwarding.py), once its ``/server_info``
+        said (a view of the records)."""
+        self.calls = ReplicaCalls(config)
+        """The router's HTTP clients to its replicas and their credentials (replica_calls.py)."""
+        self.tokenizer = tokenizer = router_tokenizer(config, tokenizer)
         """The replicas' tokenizer (replica/serving/tokenizer.py); None = route without cache awareness."""
         self.renderer = PromptRenderer(tokenizer, config.frontend)
         """Renders requests to token ids off the event loop, as the replicas do."""
-        self.models = RouterModels(self)
-        """What each replica serves, the pool a request's "model" picks, a tokenizer per base model (models.py)."""
-        self.adapters = AdapterLoads(self, self.models)
-        """LoRA adapters loaded on replicas that lack them, and the admin's load calls (adapter_loads.py)."""
         self.metrics = RouterMetrics(self.metrics_state)
         self.fleet_metrics = FleetMetrics()
         """The replicas' vllm:* series on /metrics, read when /metrics is (router/http/fleet_metrics.py)."""
@@ -104,39 +101,56 @@ class RouterRuntime:
         """The router's queue, limits and 429s (router/http/admission_gate.py); None: every request goes on."""
         self.receipt_metrics = ReceiptMetrics(self.metrics.registry, self.router.receipts)
         """Captured / available reuse and stale-index predictions, from the route receipts."""
-        self.specs: dict[str, ReplicaSpec] = {}
-        self._initial = list(replicas or [])
-        self.probes = ReplicaProbes(self)
-        """Probes every replica's /health and /load, and /server_info when it becomes healthy (probes.py)."""
-        self.kv_peers = KVPeerRegistry(self)
-        """Registers the replica set on the replicas with KV transfer on (their pull peers, kv_peers.py)."""
-        self.pool: UpstreamPool | None = None
-        """Keep-alive connections to the replicas carrying the proxied requests (router/http/upstream.py)."""
-        self.draining: set[str] = set()
-        """Replicas that get no new requests (``drain``) until removed or re-registered."""
-        self.upstream_kinds: dict[str, UpstreamKind] = {}
-        """Replica id -> what it accepts instead of text (router/http/token_forwarding.py), from ``/server_info``."""
+        self._control_parts()
         self.fleet: Fleet | None = None
         """Whoever can add and remove replica processes (``kvmesh serve``'s launcher); None = fixed set."""
-        self.subscriber: EventSubscriber | None = None
-        """The KV event feed's subscriber (started with the runtime)."""
+        self._initial = list(replicas or [])
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.replicas.on_added(self._added)
+        self.replicas.on_removed(self._removed)
+
+    def _control_parts(self) -> None:
+        """The parts that watch and call the replicas, each given what it uses."""
+        config, router, calls = self.config, self.router, self.calls
+        self.stream_watch = StreamWatch(config.events.max_lag_s, router)
+        """Degrades replicas whose event stream stalled, lags or lost batches (router/control/stream_watch.py)."""
         self.subscriber_config: SubscriberConfig = config.events
         """Limits of the event feed (bad-frame threshold, blocks per source, back-off): the router's events section."""
-        self.feed = EventFeed(self)
-        """Applies the subscriber's batches and statuses (router/control/event_feed.py)."""
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.feed = EventFeed(router, self.metrics, self.stream_watch, self.subscriber_config)
+        """The subscriber and what its batches and statuses do (router/control/event_feed.py)."""
+        self.kv_peers = KVPeerRegistry(self.replicas, calls)
+        """Registers the replica set on the replicas with KV transfer on (their pull peers, kv_peers.py)."""
+        self.health = PassiveHealth(config, router, self.metrics, calls, self.feed, self.kv_peers)
+        """Deadlines and ejections from what the replicas' answers say (passive_health.py)."""
+        self.outliers, self.record_failure, self.patience, self.mark_failed = (  # the proxy's Replicas protocol
+            self.health.outliers, self.health.record_failure, self.health.patience, self.health.mark_failed)
+        self.models = RouterModels(config, self.replicas, self.tokenizer, self.renderer, calls)
+        """What each replica serves, the pool a request's "model" picks, a tokenizer per base model (models.py)."""
+        self.adapters = AdapterLoads(self.replicas, calls, self.models)
+        """LoRA adapters loaded on replicas that lack them, and the admin's load calls (adapter_loads.py)."""
+        self.probes = ReplicaProbes(config, router, calls, self.feed, self.health, self.kv_peers, self.models)
+        """Probes every replica's /health and /load, and /server_info when it becomes healthy (probes.py)."""
+
+    @property
+    def subscriber(self) -> EventSubscriber | None:
+        """The KV event feed's subscriber (started with the runtime)."""
+        return self.feed.subscriber
+
+    @property
+    def pool(self) -> UpstreamPool | None:
+        """Keep-alive connections to the replicas carrying the proxied requests (router/http/upstream.py)."""
+        return self.calls.requests
+
+    def headers(self) -> dict[str, str]:
+        """Credentials of every call to a replica: the cluster's internal key, else ``upstream.replica_api_key``."""
+        return self.calls.headers()
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        from kvmesh.events.subscribe.subscriber import EventSubscriber
-
         self._loop = asyncio.get_running_loop()
-        cfg = self.config
-        await self.probes.start()
+        self.calls.start()
         self.kv_peers.start(self._loop)
-        self.pool = UpstreamPool(cfg.upstream.connect_timeout_s, cfg.upstream.request_timeout_s)
-        self.subscriber = EventSubscriber(on_batch=self.feed.on_batch, config=self.subscriber_config,
-                                          on_status=self.feed.on_status).start()
+        self.feed.start()
         for spec in self._initial:
             self.add_replica(spec)
         await self.probes.probe_all()
@@ -148,8 +162,7 @@ class RouterRuntime:
         await self.health.stop()
         if self.subscriber is not None:
             await asyncio.to_thread(self.subscriber.close)
-        if self.pool is not None:
-            self.pool.close()
+        self.calls.close()
         self.renderer.close()
         self.models.close()
 
@@ -175,16 +188,29 @@ class RouterRuntime:
             await self.adapters.ensure(replica_id, pool)
 
     # ---------------------------------------------------------------- replica set
+    @property
+    def draining(self) -> frozenset[str]:
+        """Replicas that get no new requests (``drain``) until removed or re-registered."""
+        return frozenset(r.id for r in self.replicas if r.draining)
+
     def add_replica(self, spec: ReplicaSpec) -> None:
         """Register a replica, or re-register it with new endpoints (its tree is dropped then)."""
-        old = self.specs.get(spec.replica_id)
-        if old == spec:
+        old = self.replicas.get(spec.replica_id)
+        if old is not None and old.spec == spec:
             return
         if old is not None:
             self.remove_replica(spec.replica_id)
-        self.specs[spec.replica_id] = spec
-        self.draining.discard(spec.replica_id)
-        self.router.add_replica(spec.replica_id, healthy=False, role=spec.role)
+        self.router.add_replica(spec.replica_id, healthy=False, role=spec.role, spec=spec)
+        logger.info("replica %s (%s) registered at %s (events %s)", spec.replica_id, spec.role, spec.url, spec.events)
+
+    def remove_replica(self, replica_id: str) -> bool:
+        return self.router.remove_replica(replica_id) is not None
+
+    def _added(self, replica: Replica) -> None:
+        """The set's listener: follow its events, probe it now, tell the KV peers."""
+        spec = replica.spec
+        if spec is None:  # registered on the router alone (tests): nothing to follow or probe
+            return
         if spec.events and self.subscriber is not None:
             from kvmesh.events.config import PublisherSource
 
@@ -192,65 +218,37 @@ class RouterRuntime:
         if self._loop is not None:  # probe now rather than at the next poll
             self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.probes.probe(spec)))
         self.kv_peers.changed()
-        logger.info("replica %s (%s) registered at %s (events %s)", spec.replica_id, spec.role, spec.url, spec.events)
 
-    def remove_replica(self, replica_id: str) -> bool:
-        spec = self.specs.pop(replica_id, None)
-        self.draining.discard(replica_id)
-        self.upstream_kinds.pop(replica_id, None)
-        if spec is None:
-            return False
-        if spec.events and self.subscriber is not None:
-            self.subscriber.remove_source(replica_id)
-        self.router.remove_replica(replica_id)
-        self.health.forget(replica_id)
-        self.stream_watch.forget(replica_id)
-        self.feed.forget(replica_id)
-        self.models.forget(replica_id)
-        self.metrics.last_event_lag.pop(replica_id, None)
+    def _removed(self, replica: Replica) -> None:
+        """The set's listener: stop following its events, tell the KV peers."""
+        if replica.spec is not None and replica.spec.events and self.subscriber is not None:
+            self.subscriber.remove_source(replica.id)
         self.kv_peers.changed()
-        return True
 
     def drain(self, replica_id: str) -> bool:
         """Stop routing new requests to a replica; running ones finish. False: no such replica."""
-        if replica_id not in self.specs:
+        replica = self.replicas.get(replica_id)
+        if replica is None:
             return False
-        if replica_id not in self.draining:
+        if not replica.draining:
             logger.info("replica %s draining: no new requests, %d in flight", replica_id,
                         self.in_flight(replica_id))
-        self.draining.add(replica_id)
+        replica.state = DRAINING
         self.router.set_healthy(replica_id, False)
         return True
 
     def in_flight(self, replica_id: str) -> int:
         """Requests this router (all its processes, when they share counts) sent to the replica that
         have not finished (streams until their last byte)."""
-        loads = self.router.loads
-        load = loads.loads.get(replica_id)
-        if load is None:
+        replica = self.replicas.get(replica_id)
+        if replica is None:
             return 0
-        loads.refresh()
-        return load.total_in_flight
-
-    def mark_failed(self, replica_id: str, connect_error: bool, why: str = "failed", kind: str | None = "connect",
-                    sick: bool = False) -> None:
-        """A request to the replica failed (or, ``kind`` None, its /health probe, which is not counted): stop
-        routing to it until a probe succeeds, and count the failure (``record_failure``). A refused connection
-        means the process is gone and its cache with it: drop its tree."""
-        if replica_id in self.router.healthy and not sick:
-            logger.warning("replica %s %s; routing around it until it answers /health", replica_id, why)
-        self.router.set_healthy(replica_id, False, clear_cache=connect_error)
-        if kind is not None:
-            self.record_failure(replica_id, why, kind, sick)
-
-    def headers(self) -> dict[str, str]:
-        """Credentials of every call to a replica: the cluster's internal key, else ``upstream.replica_api_key``."""
-        key = self.config.internal_key or self.config.upstream.replica_api_key
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        self.router.loads.refresh()
+        return replica.load.total_in_flight
 
     async def refresh_fleet_metrics(self) -> None:
         """Read every replica's vllm:* series for this /metrics scrape, each within the connect timeout."""
-        pool = self.probes.pool
+        pool = self.calls.control
         if pool is None:  # not started
             return
         timeout_s = self.config.upstream.connect_timeout_s
@@ -260,7 +258,7 @@ class RouterRuntime:
             status, _, body = await pool.fetch("GET", url, "/metrics", timeout_s, b"", headers)
             return status, body
 
-        await self.fleet_metrics.refresh({rid: spec.url for rid, spec in list(self.specs.items())}, fetch)
+        await self.fleet_metrics.refresh({r.id: r.spec.url for r in self.replicas}, fetch)
 
     # ---------------------------------------------------------------- events
     def feed_state(self) -> Json:
@@ -276,17 +274,17 @@ class RouterRuntime:
         r = self.router
         with r.lock:
             index_blocks = {str(rid): r.index.num_blocks(rid) for rid in r.index.replica_ids}
-            loads = {str(rid): load for rid, load in r.loads.loads.items()}
+            records = list(r.replicas.records())
             stats = r.index.stats
             out = {
                 "index_blocks": index_blocks, "index_keys": r.index.num_keys,
                 "events_applied": r.events_applied,
                 "index": {"orphan_blocks": stats.orphan_blocks, "unknown_removals": stats.unknown_removals},
-                "healthy": {rid: rid in r.healthy for rid in loads}, "loads": loads,
-                "degraded": {str(rid): dict(r.degraded_causes.get(rid, {})) for rid in r.loads.loads},
+                "healthy": {rep.id: rep.healthy for rep in records}, "loads": {rep.id: rep.load for rep in records},
+                "degraded": {rep.id: dict(rep.degraded) for rep in records},
             }
         sub = self.subscriber.stats if self.subscriber is not None else {}
         out["subscriber"] = {name: st.as_dict() for name, st in sub.items()}
-        out["event_lag"] = dict(self.metrics.last_event_lag)
+        out["event_lag"] = {rep.id: rep.stream.lag_s for rep in self.replicas if rep.stream.lag_s is not None}
         out["feed"] = self.feed_state()
         return out

@@ -28,62 +28,34 @@ its connection, lag (clocks assumed in sync) and loss only.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Hashable
 
 from kvmesh.replica.serving.load_report import LoadReport
-from kvmesh.router.routing.kv_router import LAGGING, LOST_EVENTS, STALLED
+from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.replicas.stream import StreamState
+from kvmesh.router.routing.kv_router import LAGGING, LOST_EVENTS, STALLED, KVRouter
 from kvmesh.router.routing.load import ForeignLoad
 
 logger = logging.getLogger(__name__)
-
-
-class _Stream:
-    __slots__ = ("behind", "clock_offset", "joined_after", "lagged_at", "lagging", "lost_at", "lost_until_snapshot",
-                 "stalled", "stalled_by")
-
-    def __init__(self) -> None:
-        self.behind: tuple[int, float] | None = None
-        """(reported seq, when first seen) of the oldest report the router has not caught up with."""
-        self.clock_offset = 0.0
-        """The replica's clock minus the router's (seconds), from its last ``/load``."""
-        self.stalled = self.lagging = False
-        self.lagged_at = 0.0
-        """When (router's ``time.time()``) the last late batch was applied."""
-        self.stalled_by: dict[str, str] = {}
-        """What shows the stall ("report": ``/load``, "link": the connection) -> its reason."""
-        self.lost_at: float | None = None
-        self.lost_until_snapshot = False
-        self.joined_after: int | None = None
-        """The seq the replica reported before the router applied any batch of it: batches up to it
-        were published before the router listened (it joined late) and are not owed."""
 
 
 class StreamWatch:
     """Per-replica stream checks (see the module doc). ``on_batch``, ``on_lost`` and ``on_snapshot``
     run on the subscriber's thread, ``on_report`` and ``tick`` on the poller's."""
 
-    def __init__(self, max_lag_s: float, set_degraded: Callable[[Hashable, str | None, str], None]) -> None:
+    def __init__(self, max_lag_s: float, router: KVRouter) -> None:
+        """``router``: whose replicas' records hold their streams' state, and who degrades them."""
         self.max_lag_s = max_lag_s
-        self._set = set_degraded
-        self._streams: dict[Hashable, _Stream] = {}
-        self._lock = threading.Lock()
+        self._set = router.set_degraded
+        self.replicas = router.replicas
 
-    def _stream(self, replica_id: Hashable) -> _Stream:
-        st = self._streams.get(replica_id)
-        if st is None:
-            with self._lock:
-                st = self._streams.setdefault(replica_id, _Stream())
-        return st
-
-    def forget(self, replica_id: Hashable) -> None:
-        """A removed (or re-registered) replica starts over."""
-        with self._lock:
-            self._streams.pop(replica_id, None)
+    def _stream(self, replica_id: ReplicaId) -> StreamState:
+        """The replica's stream (a replica not registered: a throwaway one; a re-registered one starts over)."""
+        replica = self.replicas.get(replica_id)
+        return replica.stream if replica is not None else StreamState()
 
     # ---------------------------------------------------------------- subscriber thread
-    def on_batch(self, replica_id: Hashable, batch_ts: float, now: float | None = None) -> None:
+    def on_batch(self, replica_id: ReplicaId, batch_ts: float, now: float | None = None) -> None:
         """A batch was applied (``now``: the router's ``time.time()``)."""
         st = self._stream(replica_id)
         now = time.time() if now is None else now
@@ -97,7 +69,7 @@ class StreamWatch:
             st.lagging = False
             self._clear(replica_id, LAGGING, "a batch applied in time")
 
-    def on_lost(self, replica_id: Hashable, detail: str, has_snapshots: bool, now: float | None = None) -> None:
+    def on_lost(self, replica_id: ReplicaId, detail: str, has_snapshots: bool, now: float | None = None) -> None:
         """The subscriber gave a gap of this replica up."""
         st = self._stream(replica_id)
         first = st.lost_at is None
@@ -107,15 +79,15 @@ class StreamWatch:
                 f"its cached blocks were forgotten and are relearned from new events for {self.max_lag_s:g}s")
         self._mark(replica_id, first, LOST_EVENTS, f"lost events ({detail}); {then}")
 
-    def on_snapshot(self, replica_id: Hashable) -> None:
+    def on_snapshot(self, replica_id: ReplicaId) -> None:
         """A snapshot replaced everything the router knew of this replica."""
-        st = self._streams.get(replica_id)
-        if st is not None and st.lost_at is not None:
+        st = self._stream(replica_id)
+        if st.lost_at is not None:
             st.lost_at = None
             self._clear(replica_id, LOST_EVENTS, "resynced from a snapshot")
 
     # ---------------------------------------------------------------- poller
-    def on_report(self, replica_id: Hashable, report: LoadReport | ForeignLoad, applied_seq: int, sent_at: float,
+    def on_report(self, replica_id: ReplicaId, report: LoadReport | ForeignLoad, applied_seq: int, sent_at: float,
                   received_at: float, now: float | None = None) -> None:
         """A ``/load`` report, asked for at ``sent_at`` and answered at ``received_at`` (router's
         ``time.time()``); ``applied_seq``: the last seq of this replica the router applied, read
@@ -155,7 +127,7 @@ class StreamWatch:
             why = f"event stream stalled: the replica's publisher has not sent its batches of the last {unsent_s:.0f}s"
         self._stall(replica_id, st, "report", why)
 
-    def tick(self, replica_id: Hashable, disconnected_s: float | None = None, now: float | None = None) -> None:
+    def tick(self, replica_id: ReplicaId, disconnected_s: float | None = None, now: float | None = None) -> None:
         """Once per poll: ``disconnected_s``, how long the connection to the replica's publisher has
         been down (None: up, or not ours to tell); and a loss on a source without snapshots may
         have been outlived."""
@@ -163,9 +135,7 @@ class StreamWatch:
         if disconnected_s is not None and disconnected_s > self.max_lag_s:
             self._stall(replica_id, self._stream(replica_id), "link",
                         f"event stream stalled: no connection to its publisher for {disconnected_s:.0f}s")
-        st = self._streams.get(replica_id)
-        if st is None:
-            return
+        st = self._stream(replica_id)
         if disconnected_s is None or disconnected_s <= self.max_lag_s:
             self._stall(replica_id, st, "link", None)
         if st.lost_at is not None and not st.lost_until_snapshot and now - st.lost_at > self.max_lag_s:
@@ -173,7 +143,7 @@ class StreamWatch:
             self._clear(replica_id, LOST_EVENTS, f"no further loss for {self.max_lag_s:g}s")
 
     # ---------------------------------------------------------------- helpers
-    def _stall(self, replica_id: Hashable, st: _Stream, by: str, why: str | None) -> None:
+    def _stall(self, replica_id: ReplicaId, st: StreamState, by: str, why: str | None) -> None:
         """What ``by`` shows of a stall: ``why``, or None (nothing); stalled while either shows one."""
         if why is None:
             if st.stalled_by.pop(by, None) is None or st.stalled_by:
@@ -185,11 +155,11 @@ class StreamWatch:
         first, st.stalled = not st.stalled, True
         self._mark(replica_id, first, STALLED, "; ".join(st.stalled_by.values()))
 
-    def _mark(self, replica_id: Hashable, first: bool, cause: str, reason: str) -> None:
+    def _mark(self, replica_id: ReplicaId, first: bool, cause: str, reason: str) -> None:
         if first:  # the reason is updated at every check, logged once
             logger.warning("replica %s: %s; routing to it by load only", replica_id, reason)
         self._set(replica_id, reason, cause)
 
-    def _clear(self, replica_id: Hashable, cause: str, why: str) -> None:
+    def _clear(self, replica_id: ReplicaId, cause: str, why: str) -> None:
         logger.info("replica %s: event stream exact again (%s)", replica_id, why)
         self._set(replica_id, None, cause)

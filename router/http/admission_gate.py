@@ -261,13 +261,11 @@ class AdmissionGate:
 
     def _room(self, now: float, replica_id: object = None) -> bool:
         """Whether ``replica_id`` (None: some decode candidate) has a free slot (router/admission/room.py)."""
-        router = self.router
-        for rid, load in router.loads.loads.items():
-            if replica_id is not None and rid != replica_id:
-                continue
-            if rid in router.healthy and rid not in router.prefill_only and self.slots.has_room(
-                    ReplicaRoom(rid, load.total_in_flight, load.num_running, load.num_waiting,
-                                     load.max_num_seqs), now):
+        for replica in self.router.replicas.candidates(None if replica_id is None else (replica_id,)):
+            load = replica.load
+            if self.slots.has_room(
+                    ReplicaRoom(replica.id, load.total_in_flight, load.num_running, load.num_waiting,
+                                load.max_num_seqs), now):
                 return True
         return False
 

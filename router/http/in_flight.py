@@ -16,8 +16,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from kvmesh.router.replicas.replica import ReplicaId
+
 if TYPE_CHECKING:
-    from collections.abc import Hashable
+    from collections.abc import ReplicaId
 
     from kvmesh.router.routing.load import LoadTracker
     from kvmesh.router.routing.route_decision import RouteDecision
@@ -53,7 +55,7 @@ class InFlight:
 
 
 @contextmanager
-def reserved(loads: LoadTracker, replica_id: Hashable) -> Iterator[None]:
+def reserved(loads: LoadTracker, replica_id: ReplicaId) -> Iterator[None]:
     """Count a request bound for ``replica_id`` before it is sent (a split's prefill call runs meanwhile), so
     admission sees the slot taken; released however the block ends."""
     loads.reserve(replica_id, True)

@@ -57,7 +57,6 @@ class HandoffRuntime(Protocol):
     config: RouterConfig
     router: KVRouter
     metrics: RouterMetrics
-    specs: dict[str, ReplicaSpec]
     pool: UpstreamPool | None
     outliers: OutlierDetector
 
@@ -95,17 +94,22 @@ class KVHandoff:
                     len(request.route_ids), svc.router.block_size))
             return
         pull = decision.pull
-        holder = svc.specs.get(pull.holder_id) if pull is not None else None
+        holder = self._spec(pull.holder_id) if pull is not None else None
         if holder is not None:
             request.kv_transfer_params = {"do_remote_prefill": True, "remote_url": holder.url}
             decision.receipt.pulled_from = pull.holder_id
             svc.metrics.peer_pulls.inc()
 
+    def _spec(self, replica_id: str) -> ReplicaSpec | None:
+        """Where ``replica_id`` listens (None: not registered)."""
+        replica = self.runtime.router.replicas.get(replica_id)
+        return replica.spec if replica is not None else None
+
     async def _prefill(self, request: ProxyRequest, decision: RouteDecision, prefill_id: str) -> dict | None:
         """The prefill call; the handle for the decode replica, or None (counted against the prefill replica
         when it failed as a replica fails)."""
         svc = self.runtime
-        spec = svc.specs.get(prefill_id)
+        spec = self._spec(prefill_id)
         if spec is None:
             return None
         try:  # an adapter's prompt is prefilled with the adapter: the prefill replica loads it first

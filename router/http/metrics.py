@@ -75,7 +75,6 @@ class RouterMetrics:
         self.event_lag = Histogram("kvmesh_router_event_lag_seconds",
                                    "Delay from a replica publishing an event batch to the router applying it",
                                    buckets=_LAG_BUCKETS, registry=r)
-        self.last_event_lag: dict[str, float] = {}
         self._children: dict[tuple, object] = {}
         if state_source is not None:
             r.register(_StateCollector(state_source))
@@ -94,10 +93,11 @@ class RouterMetrics:
         for stage, ns in timings_ns.items():
             self.child(self.stage_seconds, stage).observe(ns * 1e-9)
 
-    def observe_batch(self, replica_id: str, batch_ts: float) -> None:
+    def observe_batch(self, replica_id: str, batch_ts: float) -> float:
+        """A batch of ``replica_id`` applied: its lag observed and returned (seconds since it was published)."""
         lag = max(0.0, time.time() - batch_ts)
-        self.last_event_lag[replica_id] = lag
         self.event_lag.observe(lag)
+        return lag
 
     def observe_response(self, response, start: float, model_name: str):
         """Time a proxied request that started at ``start`` (``time.perf_counter()``): a streamed answer's

@@ -45,11 +45,12 @@ if TYPE_CHECKING:
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.admission.tenants import Tenants
-    from kvmesh.router.config import ReplicaSpec, RouterConfig
+    from kvmesh.router.config import RouterConfig
     from kvmesh.router.http.admission_gate import AdmissionGate
     from kvmesh.router.http.metrics import RouterMetrics
     from kvmesh.router.http.patience import Patience
     from kvmesh.router.http.receipt_metrics import ReceiptMetrics
+    from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.routing.model_pools import ModelPool
     from kvmesh.router.routing.outlier import OutlierDetector
 
@@ -70,8 +71,6 @@ class Replicas(Protocol):
     renderer: PromptRenderer
     metrics: RouterMetrics
     receipt_metrics: ReceiptMetrics
-    specs: dict[str, ReplicaSpec]
-    upstream_kinds: dict[str, UpstreamKind]
     pool: UpstreamPool | None
     outliers: OutlierDetector
     admission: AdmissionGate | None
@@ -191,14 +190,14 @@ class Forwarder:
         for attempt in range(attempts):
             decision, routed_at = self._route(request, tried, first if attempt == 0 else None, attempt)
             rid = decision.replica_id
-            spec = await self._replica_spec(request, rid, tried)
-            if spec is None:
+            replica = await self._replica(request, rid, tried)
+            if replica is None:
                 continue
             if attempt == 0 and not tried and request.req is not None:  # a retry or a continuation goes as sent
                 with reserved(svc.router.loads, rid):  # its slot is taken while a split's prefill call runs
                     await self.handoff.prepare(request, decision)
             with InFlight(svc.router.loads, decision, len(request.route_ids)) as flight:
-                opened = await self._open(spec.url, request, svc.upstream_kinds.get(rid, TEXT), headers, decision,
+                opened = await self._open(replica.spec.url, request, replica.accepts or TEXT, headers, decision,
                                           svc.patience(rid))
                 status = None if isinstance(opened, Exception) else opened.upstream.status
                 if status is not None and status >= 500:
@@ -228,18 +227,18 @@ class Forwarder:
             svc.metrics.observe_stages(request.tokenize_ns, decision.timings_ns)
         return decision, routed_at
 
-    async def _replica_spec(self, request: ProxyRequest, rid: str, tried: list[str]) -> ReplicaSpec | None:
-        """Where to send ``request`` on ``rid``; None (``rid`` tried) when it was removed meanwhile or did not load
-        the request's adapter (adapter_ready.py)."""
+    async def _replica(self, request: ProxyRequest, rid: str, tried: list[str]) -> Replica | None:
+        """``rid``'s record (where to send ``request``, what it accepts); None (``rid`` tried) when it was removed
+        meanwhile or did not load the request's adapter (adapter_ready.py)."""
         svc = self.runtime
-        spec = svc.specs.get(rid)
-        if spec is None:  # removed meanwhile
+        replica = svc.router.replicas.get(rid)
+        if replica is None or replica.spec is None:  # removed meanwhile
             tried.append(rid)
             return None
         pool = request.model_pool
         if pool is not None and pool.lora_name is not None and not await adapter_ready(svc, rid, request, tried):
             return None
-        return spec
+        return replica
 
     def _opened(self, request: ProxyRequest, opened: Opened, flight: InFlight, routed_at: float,
                 tried: list[str]) -> None:

@@ -26,19 +26,18 @@ None) is the engine's own cache. ``AllBlocksCleared`` clears both.
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import repeat
 from operator import and_, or_
 
 from kvmesh.events.schema import HOST_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.index_stats import IndexStats, ReplicaBlocks
 from kvmesh.router.routing.keys import FASTPATH, RouterKeyHasher, pack_tokens
 from kvmesh.router.routing.orphans import adopt_orphans, drop_orphan, park_orphans
 from kvmesh.router.routing.predictions import Predictions
 from kvmesh.router.routing.prefix_match import match_masks
 from kvmesh.router.routing.tier_matches import TierMatches
-
-ReplicaId = Hashable
 
 
 class PrefixIndex:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass, field
+
+from kvmesh.router.replicas.replica import ReplicaId
 
 
 @dataclass(slots=True)
 class ReplicaBlocks:
     """What the index knows about one replica's cache."""
 
-    replica_id: Hashable
+    replica_id: ReplicaId
     """The replica's id, as the caller names it."""
     slot: int
     """Bit position of this replica in the index's masks."""

@@ -37,10 +37,11 @@ the mean of those reported (none anywhere: no pull, it cannot be priced).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvmesh.kvcache.reuse import reusable_blocks
+from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost import (
     FleetRates,
     PullPriors,
@@ -103,7 +104,7 @@ class KVPlacementRules:
 class PlannedPull:
     """A peer pull the router asks the chosen replica to make (``kv_transfer_params.remote_url`` = the holder's)."""
 
-    holder_id: Hashable
+    holder_id: ReplicaId
     """The replica holding the prefix."""
     num_tokens: int
     """Prompt tokens the pull should move (the holder's extra full blocks)."""
@@ -117,7 +118,7 @@ class PlannedPull:
 class SplitChoice:
     """Where a long prompt is prefilled (``choose_split``)."""
 
-    prefill_id: Hashable | None
+    prefill_id: ReplicaId | None
     """The prefill replica; None: the prompt stays whole on its decode replica."""
     skipped: str | None = None
     """Why a wanted split was not made (``SPLIT_NO_ROOM``, ``SPLIT_SLOWER``); None when made or not wanted."""
@@ -141,8 +142,8 @@ class SplitPrice:
         return self.split_s - self.local_s <= rules.pd_ttft_slack_s + rules.pd_stall_weight * self.stall_s
 
 
-def choose_prefill(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, healthy: set,
-                   rules: KVPlacementRules) -> Hashable | None:
+def choose_prefill(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: set, healthy: set,
+                   rules: KVPlacementRules) -> ReplicaId | None:
     """The token rule: the least loaded healthy prefill replica with room (backlog, then requests in flight);
     None: none has room."""
     best, best_key = None, None
@@ -154,8 +155,8 @@ def choose_prefill(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, heal
     return best
 
 
-def _with_room(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, healthy: set,
-               rules: KVPlacementRules) -> list[Hashable]:
+def _with_room(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: set, healthy: set,
+               rules: KVPlacementRules) -> list[ReplicaId]:
     """Healthy prefill replicas whose backlog is under the hard bound ``pd_max_prefill_backlog_tokens``."""
     return [rid for rid in prefill_ids if rid in healthy and rid in loads
             and loads[rid].prefill_backlog < rules.pd_max_prefill_backlog_tokens]
@@ -179,8 +180,8 @@ def price_split(decode: ReplicaLoad, prefill: ReplicaLoad, local_uncached: int, 
     return SplitPrice(there.ttft_s + move_s, here.ttft_s, here.stall_s)
 
 
-def choose_split(loads: Mapping[Hashable, ReplicaLoad], prefill_ids: set, healthy: set, decode_id: Hashable,
-                 local_uncached: int, prefill_matched: Mapping[Hashable, int], num_prompt_tokens: int,
+def choose_split(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: set, healthy: set, decode_id: ReplicaId,
+                 local_uncached: int, prefill_matched: Mapping[ReplicaId, int], num_prompt_tokens: int,
                  block_size: int, rules: KVPlacementRules) -> SplitChoice:
     """The split decision for a prompt whose uncached suffix on ``decode_id`` is ``local_uncached`` tokens
     (``prefill_matched``: leading prompt blocks each prefill replica holds). See the module doc."""
@@ -231,8 +232,8 @@ def price_pull(chosen: ReplicaLoad, holder: ReplicaLoad, extra_blocks: int, bloc
     return pull_s, extra_blocks * block_size * spt
 
 
-def plan_pull(chosen_id: Hashable, chosen_blocks: int, device_matches: Mapping[Hashable, int],
-              loads: Mapping[Hashable, ReplicaLoad], candidates: set, usable_blocks: int, block_size: int,
+def plan_pull(chosen_id: ReplicaId, chosen_blocks: int, device_matches: Mapping[ReplicaId, int],
+              loads: Mapping[ReplicaId, ReplicaLoad], candidates: set, usable_blocks: int, block_size: int,
               rules: KVPlacementRules, fleet: FleetRates | None = None) -> PlannedPull | None:
     """A pull for a request routed to ``chosen_id`` (holding ``chosen_blocks`` of it, device or host) when a
     holder among ``candidates`` (healthy, trusted replicas of any role) has more and pulling is cheaper

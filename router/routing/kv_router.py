@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from kvmesh.events.schema import EventBatch
 from kvmesh.kvcache.reuse import reusable_blocks, reusable_tokens
+from kvmesh.router.replicas.replica import JOINING, READY, Replica, ReplicaId
+from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.routing.cost import observe_ttft
 from kvmesh.router.routing.cost.load_columns import CandidateLoads, LoadColumns
 from kvmesh.router.routing.index import PrefixIndex
@@ -30,7 +33,7 @@ from kvmesh.router.routing.kv_placement import (
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, RouteReceipt
-from kvmesh.router.routing.roles import BOTH, PREFILL, check_role
+from kvmesh.router.routing.roles import BOTH, check_role
 from kvmesh.router.routing.route_decision import RouteDecision
 from kvmesh.router.routing.session import SessionConfig, SessionTable
 from kvmesh.router.routing.tier_matches import TierMatches
@@ -61,88 +64,88 @@ class KVRouter:
         ``salt_secret``: the replicas' cache-salt key (``RouterKeyHasher.salt_secret``); ``transfers``: when KV
         may move between replicas (None: the defaults of ``KVPlacementRules``).
         ``router.config.build_router`` builds one from a ``RouterConfig``."""
+        self.lock = threading.Lock()
+        self.replicas = ReplicaSet(self.lock)
+        """One record per replica (router/replicas/): its role, health, degraded causes, load, ..."""
         self.hasher = RouterKeyHasher(block_size, seed, salt_secret)
         self.index = PrefixIndex(hasher=self.hasher, predict_ttl_s=predict_ttl_s)
-        self.loads = LoadTracker()
+        self.loads = LoadTracker(self.replicas)
         self.columns = LoadColumns(self.loads)
         """The loads as arrays, kept current (router/routing/cost/load_columns.py): a decision prices every candidate
         in one vectorised pass."""
         self._routable: tuple[object, CandidateLoads] | None = None
-        self._routable_version = 0
         if policy is None:
             policy = get_policy(block_size=block_size)
         self.policy = policy
         self.policy_name = policy.name
-        self.healthy: set[Hashable] = set()
-        """Replicas that may receive requests."""
-        self.prefill_only: set[Hashable] = set()
-        """Replicas of role prefill: they prefill for others (``choose_prefill``), never decode a request."""
         self.transfers = transfers or KVPlacementRules()
         """When prompts are split and prefixes pulled (router/routing/kv_placement.py)."""
         policy.use_pulls(pull_priors(self.transfers))
-        self.degraded: dict[Hashable, str] = {}
-        """Replica id -> why its cache information is not trusted (its causes' reasons joined); such
-        replicas are routed by load only."""
-        self.degraded_causes: dict[Hashable, dict[str, str]] = {}
-        """Replica id -> cause (one of ``DEGRADED_CAUSES``) -> reason, for each cause that holds now."""
         self.sessions = SessionTable(sessions)
         """Session id -> the replica of its last request (soft affinity, router/routing/session.py)."""
-        self.receipts = Receipts()
+        self.receipts = Receipts(self.replicas)
         """Completed route receipts: captured / available reuse, predicted != actual (router/routing/receipts.py)."""
-        self.lock = threading.Lock()
         self.events_applied = 0
         """Events applied from all replicas."""
+        self.replicas.on_added(lambda replica: self.index.add_replica(replica.id), locked=True)
+        self.replicas.on_removed(self._removed, locked=True)
+
+    def _removed(self, replica: Replica) -> None:
+        self.index.remove_replica(replica.id)
+        self.sessions.forget_replica(replica.id)
 
     @property
     def block_size(self) -> int:
         return self.hasher.block_size
 
+    @property
+    def healthy(self) -> frozenset[ReplicaId]:
+        """Replicas that may receive requests (read from the records)."""
+        return self.replicas.healthy_ids()
+
+    @property
+    def prefill_only(self) -> list[ReplicaId]:
+        """Replicas of role prefill: they prefill for others (``choose_prefill``), never decode a request."""
+        return self.replicas.prefill_ids()
+
+    @property
+    def degraded(self) -> dict[ReplicaId, str]:
+        """Replica id -> why its cache information is not trusted (its causes' reasons joined); such replicas are
+        routed by load only (read from the records)."""
+        return {r.id: r.degraded_reason for r in self.replicas.records() if r.degraded}
+
     # ---------------------------------------------------------------- replica set
-    def add_replica(self, replica_id: Hashable, healthy: bool = True, role: str = BOTH) -> None:
-        """Register a replica of ``role`` (router/routing/roles.py: prefill, decode or both)."""
+    def add_replica(self, replica_id: ReplicaId, healthy: bool = True, role: str = BOTH, spec: Any = None) -> Replica:
+        """Register a replica of ``role`` (router/routing/roles.py: prefill, decode or both) listening where ``spec``
+        (its ``ReplicaSpec``, router/config.py) says; one already registered keeps its record (its role updated,
+        made healthy when ``healthy``)."""
         check_role(role)
-        with self.lock:
-            self.index.add_replica(replica_id)
-            self.loads.add_replica(replica_id)
-            if role == PREFILL:
-                self.prefill_only.add(replica_id)
-            else:
-                self.prefill_only.discard(replica_id)
-            if healthy:
-                self.healthy.add(replica_id)
-            self._routable_version += 1
+        return self.replicas.add(Replica(replica_id, role, spec, READY if healthy else JOINING, healthy))
 
-    def remove_replica(self, replica_id: Hashable) -> None:
-        with self.lock:
-            self.index.remove_replica(replica_id)
-            self.loads.remove_replica(replica_id)
-            self.healthy.discard(replica_id)
-            self.prefill_only.discard(replica_id)
-            self._routable_version += 1
-            self.degraded.pop(replica_id, None)
-            self.degraded_causes.pop(replica_id, None)
-            self.sessions.forget_replica(replica_id)
+    def remove_replica(self, replica_id: ReplicaId) -> Replica | None:
+        """Forget a replica: its record goes, and the set's listeners drop what they keep of it."""
+        return self.replicas.remove(replica_id)
 
-    def set_healthy(self, replica_id: Hashable, healthy: bool, clear_cache: bool = False) -> None:
+    def set_healthy(self, replica_id: ReplicaId, healthy: bool, clear_cache: bool = False) -> None:
         """Mark a replica (un)healthy; ``clear_cache`` drops its tree (it died and lost its cache)."""
         with self.lock:
-            if replica_id not in self.loads.loads:
+            replica = self.replicas.get(replica_id)
+            if replica is None:
                 return
-            if healthy:
-                self.healthy.add(replica_id)
-            else:
-                self.healthy.discard(replica_id)
-            self._routable_version += 1
+            replica.healthy = healthy
+            if healthy and replica.state == JOINING:
+                replica.state = READY
+            self.replicas.changed()
             if clear_cache:
                 self.index.clear_replica(replica_id)
                 self.sessions.forget_replica(replica_id)
 
-    def clear_cache(self, replica_id: Hashable) -> None:
+    def clear_cache(self, replica_id: ReplicaId) -> None:
         """Forget which blocks a replica holds (its tree, real and predicted); it keeps its sessions."""
         with self.lock:
             self.index.clear_replica(replica_id)
 
-    def set_degraded(self, replica_id: Hashable, reason: str | None, cause: str = INCOMPATIBLE) -> None:
+    def set_degraded(self, replica_id: ReplicaId, reason: str | None, cause: str = INCOMPATIBLE) -> None:
         """Mark a replica degraded for ``cause`` (``reason``: why its cache information is not trusted,
         e.g. a block size mismatch, a stalled event stream) or clear that cause (None). The replica is
         degraded while any cause holds: it still receives requests, chosen by load only (its index
@@ -150,32 +153,25 @@ class KVRouter:
         if cause not in DEGRADED_CAUSES:
             raise ValueError(f"unknown degraded cause {cause!r}; one of {', '.join(DEGRADED_CAUSES)}")
         with self.lock:
-            causes = self.degraded_causes.get(replica_id)
-            if reason is None:
-                if causes is None or causes.pop(cause, None) is None:
-                    return
-            elif replica_id in self.loads.loads:
-                causes = self.degraded_causes.setdefault(replica_id, {})
-                causes[cause] = reason
-            else:
+            replica = self.replicas.get(replica_id)
+            if replica is None:
                 return
-            if causes:
-                self.degraded[replica_id] = "; ".join(causes.values())
+            if reason is None:
+                replica.degraded.pop(cause, None)
             else:
-                self.degraded.pop(replica_id, None)
-                self.degraded_causes.pop(replica_id, None)
+                replica.degraded[cause] = reason
 
-    def apply_events(self, replica_id: Hashable, batch_or_events) -> None:
+    def apply_events(self, replica_id: ReplicaId, batch_or_events) -> None:
         """Apply a replica's event batch (called from the subscriber's thread)."""
         events = batch_or_events.events if isinstance(batch_or_events, EventBatch) else batch_or_events
         with self.lock:
-            if replica_id in self.loads.loads:
+            if replica_id in self.replicas:
                 self.index.apply(replica_id, events)
                 self.events_applied += len(events)
 
     # ---------------------------------------------------------------- decisions
     def route(self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None,
-              exclude: Iterable[Hashable] = (), now: float | None = None,
+              exclude: Iterable[ReplicaId] = (), now: float | None = None,
               session_id: str | None = None, pool: frozenset | None = None, commit: bool = True,
               lora_identity: str | None = None) -> RouteDecision:
         """Choose a healthy replica (not in ``exclude``; in ``pool`` when given: the replicas serving the request's
@@ -200,7 +196,7 @@ class KVRouter:
             tiers = self.index.match_tiers(keys, now=now)
             t2 = _ns()
             loads = self._routable_loads(excluded, pool)
-            tiers = tiers.without(self.degraded)
+            tiers = tiers.without(self._untrusted(tiers))
             chosen = policy.choose(keys, tiers, loads, num_tokens, lora_name)
             replica_id, by_session = self._follow_session(session_id, now, chosen, keys, tiers, loads, num_tokens, commit)
             if commit:
@@ -208,7 +204,7 @@ class KVRouter:
             pull = self._plan_pull(replica_id, tiers, num_tokens, excluded, pool)
             estimate = policy.estimate(replica_id, keys, tiers, loads, num_tokens, lora_name)
         t3 = _ns()
-        why = "fallback" if excluded or replica_id in self.degraded else "session" if by_session else None
+        why = "fallback" if excluded or self.replicas.get(replica_id).degraded else "session" if by_session else None
         receipt = self._receipt(replica_id, tiers, loads, num_tokens, session_id, why, estimate)
         return RouteDecision(replica_id, keys, tiers.either().get(replica_id, 0), receipt.predicted_hit_tokens,
                              num_tokens - receipt.predicted_hit_tokens, receipt.predicted_host_tokens, receipt,
@@ -227,8 +223,13 @@ class KVRouter:
                                  "are down, of role prefill or already failed this request); retry later")
         return loads
 
-    def _follow_session(self, session_id: str | None, now: float | None, chosen: Hashable, keys: list[int],
-                        tiers: TierMatches, loads, num_tokens: int, commit: bool) -> tuple[Hashable, bool]:
+    def _untrusted(self, tiers: TierMatches) -> list[ReplicaId]:
+        """The degraded replicas among those holding any of the prompt (their matches are not trusted)."""
+        get = self.replicas.get
+        return [r for tier in (tiers.device, tiers.host) for r in tier if (rec := get(r)) is not None and rec.degraded]
+
+    def _follow_session(self, session_id: str | None, now: float | None, chosen: ReplicaId, keys: list[int],
+                        tiers: TierMatches, loads, num_tokens: int, commit: bool) -> tuple[ReplicaId, bool]:
         """The session's replica instead of the policy's ``chosen`` while the policy keeps it there (soft affinity,
         router/routing/session.py), and whether it was kept; ``commit`` pins the session to the answer. Under the
         lock."""
@@ -242,7 +243,7 @@ class KVRouter:
             self.sessions.pin(session_id, replica_id, now)
         return replica_id, kept
 
-    def _receipt(self, replica_id: Hashable, tiers: TierMatches, loads, num_tokens: int, session_id: str | None,
+    def _receipt(self, replica_id: ReplicaId, tiers: TierMatches, loads, num_tokens: int, session_id: str | None,
                  why: str | None, estimate) -> RouteReceipt:
         """The decision in a user's words: its hit against the best candidate's (a host-tier block past the device
         prefix is a hit too, loaded back), why it was chosen (``why``, else by cache or by load), its predicted TTFT
@@ -286,7 +287,7 @@ class KVRouter:
             if load is not None:
                 observe_ttft(load, estimate.raw_s, actual_s)
 
-    def _plan_pull(self, chosen: Hashable, tiers: TierMatches, num_prompt_tokens: int,
+    def _plan_pull(self, chosen: ReplicaId, tiers: TierMatches, num_prompt_tokens: int,
                    excluded: set, pool: frozenset | None = None) -> PlannedPull | None:
         """A peer pull for the chosen replica (under the lock; router/routing/kv_placement.py)."""
         rules, bs, matches = self.transfers, self.hasher.block_size, tiers.device
@@ -294,9 +295,9 @@ class KVRouter:
         own = min(max(matches.get(chosen, 0), tiers.host.get(chosen, 0)), usable)
         if not rules.peer_pulls or not matches or own >= usable:
             return None
-        candidates = self.healthy - excluded if excluded else self.healthy
-        if pool is not None:  # another model's replica holds other KV, whatever its keys say
-            candidates = candidates & pool
+        # a pull's source: healthy, of any role, within the pool (another model's replica holds other KV)
+        candidates = {r.id for r in self.replicas.records()
+                      if r.healthy and r.id not in excluded and (pool is None or r.id in pool)}
         columns = self.columns  # synced by route, but for a small fleet
         fleet = None if len(columns.ids) < COLUMNS_FROM else columns.fleet(columns.everyone, ("all", columns.version))
         return plan_pull(chosen, own, matches, self.loads.loads, candidates, usable, bs, rules, fleet)
@@ -305,12 +306,12 @@ class KVRouter:
         """The healthy replicas that decode, less ``excluded``, within ``pool``, as the policy gets them (call under
         the lock): ``CandidateLoads`` (priced from the columns), a plain dict under ``COLUMNS_FROM`` replicas."""
         columns = self.columns
-        small = len(self.loads.loads) < COLUMNS_FROM
+        small = len(self.replicas) < COLUMNS_FROM
         columns.sync(rows=not small)
-        key = (columns.version, self._routable_version)
+        key = (columns.version, self.replicas.version)
         if self._routable is None or self._routable[0] != key:  # kept while the replica set and health stand
-            healthy, prefill_only = self.healthy, self.prefill_only
-            mask = np.array([r in healthy and r not in prefill_only for r in columns.ids], dtype=bool)
+            get = self.replicas.get
+            mask = np.array([get(r).routable for r in columns.ids], dtype=bool)
             self._routable = key, CandidateLoads(columns, mask, key)
         routable = self._routable[1]
         if small:
@@ -327,7 +328,7 @@ class KVRouter:
             mask &= np.isin(np.arange(len(mask)), [rows[r] for r in pool if r in rows])
         return CandidateLoads(columns, mask)
 
-    def choose_prefill(self, decision: RouteDecision, now: float | None = None) -> tuple[Hashable | None, str | None]:
+    def choose_prefill(self, decision: RouteDecision, now: float | None = None) -> tuple[ReplicaId | None, str | None]:
         """Where to prefill ``decision``'s prompt before its decode replica gets it: (prefill replica, None);
         (None, why) when a split is wanted but not made (``SPLIT_NO_ROOM``, ``SPLIT_SLOWER``); (None, None) when
         the prompt stays whole (no prefill replica, or its uncached suffix is under ``pd_min_uncached_tokens``)."""
@@ -336,13 +337,13 @@ class KVRouter:
 
     def choose_split(self, decision: RouteDecision, now: float | None = None) -> SplitChoice:
         """``choose_prefill`` with the split's price in seconds (router/routing/kv_placement.py); ``now`` as ``route``'s."""
-        if not self.prefill_only or decision.uncached_tokens < self.transfers.pd_min_uncached_tokens:
+        if not self.replicas.num_prefill or decision.uncached_tokens < self.transfers.pd_min_uncached_tokens:
             return SplitChoice(None)
         num_tokens = decision.uncached_tokens + decision.predicted_hit_tokens
         with self.lock:
             self.loads.refresh()
             matches = self.index.match(decision.keys, now=now)
-            prefill = self.prefill_only if decision.pool is None else self.prefill_only & decision.pool
+            prefill = self.replicas.prefill_ids(decision.pool)
             return choose_split(self.loads.loads, prefill, self.healthy, decision.replica_id,
                                 decision.uncached_tokens, matches, num_tokens, self.hasher.block_size,
                                 self.transfers)

@@ -24,11 +24,14 @@ is under way): the router keys the adapter's requests with it, as the replicas k
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.model_names import find_model, model_aliases
+from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
+from kvmesh.router.replicas.replica_set import ReplicaSet
+from kvmesh.router.replicas.served import ServedModels
 
 
 class AdapterLoadError(Exception):
@@ -38,20 +41,6 @@ class AdapterLoadError(Exception):
         super().__init__(message)
         self.status = status
         """The replica's HTTP status when it answered with a refusal (e.g. 400 for weights it cannot serve)."""
-
-
-@dataclass(slots=True)
-class ServedModels:
-    """What one replica serves (its ``/v1/models``; adapters also from ``/load``)."""
-
-    base: str
-    """The served name of its base model (the ``/v1/models`` entry without a ``parent``)."""
-    root: str | None = None
-    """The path or hub id it loaded the base from (vLLM's ``root``); a path adds aliases."""
-    adapters: dict[str, str | None] = field(default_factory=dict)
-    """LoRA adapters it has: name -> the path it loaded it from (None: not reported)."""
-    identities: dict[str, str] = field(default_factory=dict)
-    """Adapter -> the identity of the weights it read (``/load``'s ``lora.identities``; absent: not reported)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +66,13 @@ class ModelPool:
 class ModelCatalog:
     """The replicas' reports and the adapters the router learned (see the module doc). No I/O."""
 
-    def __init__(self, load_missing_adapters: bool = True) -> None:
+    def __init__(self, load_missing_adapters: bool = True, replicas: ReplicaSet | None = None) -> None:
+        """``replicas``: the router's set, whose records hold what each replica serves (``Replica.served``); None: a
+        set of its own, where a replica is registered when it first reports."""
         self.load_missing_adapters = load_missing_adapters
         """Adapter pools include the base's replicas that lack the adapter (the router loads it there first)."""
-        self.served: dict[Hashable, ServedModels] = {}
-        """Replica id -> what it reported."""
+        self._adds = replicas is None
+        self.replicas = ReplicaSet() if replicas is None else replicas
         self.adapter_paths: dict[str, tuple[str, str | None]] = {}
         """Adapter -> (path, base) learned from reports and ``POST /v1/load_lora_adapter`` (base None: any)."""
         self._aliases: dict[str, str] = {}
@@ -90,9 +81,14 @@ class ModelCatalog:
         """Base served name -> its root as first reported."""
 
     # ---------------------------------------------------------------- reports
-    def set_served(self, replica_id: Hashable, served: ServedModels) -> None:
+    def set_served(self, replica_id: ReplicaId, served: ServedModels) -> None:
         """What ``replica_id`` serves now (its ``/v1/models``)."""
-        self.served[replica_id] = served
+        replica = self.replicas.get(replica_id)
+        if replica is None:
+            if not self._adds:
+                return
+            replica = self.replicas.add(Replica(replica_id, healthy=True, state=READY))
+        replica.served = served
         if served.base not in self._roots:
             self._roots[served.base] = served.root
             for alias in model_aliases(served.base, served.root):
@@ -101,11 +97,11 @@ class ModelCatalog:
             if path is not None:
                 self.adapter_paths[name] = (path, served.base)
 
-    def set_adapters(self, replica_id: Hashable, names: Iterable[str],
+    def set_adapters(self, replica_id: ReplicaId, names: Iterable[str],
                      identities: Mapping[str, str] | None = None) -> bool:
         """The adapters ``replica_id`` has now (``/load``'s ``lora.adapters``, and the identities of their weights):
         paths already known are kept. True when one of them has no known path (its ``/v1/models`` says it)."""
-        served = self.served.get(replica_id)
+        served = self._served(replica_id)
         if served is None:
             return False
         names = list(names)
@@ -114,9 +110,9 @@ class ModelCatalog:
             served.adapters = {name: served.adapters.get(name) or self.path_of(name) for name in names}
         return any(path is None for path in served.adapters.values())
 
-    def add_adapter(self, replica_id: Hashable, name: str, path: str | None) -> None:
+    def add_adapter(self, replica_id: ReplicaId, name: str, path: str | None) -> None:
         """``replica_id`` loaded ``name`` (the router's load call succeeded)."""
-        served = self.served.get(replica_id)
+        served = self._served(replica_id)
         if served is not None:
             served.adapters[name] = path
 
@@ -131,11 +127,17 @@ class ModelCatalog:
             served.adapters.pop(name, None)
             served.identities.pop(name, None)
 
-    def forget(self, replica_id: Hashable) -> None:
-        self.served.pop(replica_id, None)
+    @property
+    def served(self) -> dict[ReplicaId, ServedModels]:
+        """Replica id -> what it reported (read from the records)."""
+        return {r.id: r.served for r in self.replicas if r.served is not None}
+
+    def _served(self, replica_id: ReplicaId) -> ServedModels | None:
+        replica = self.replicas.get(replica_id)
+        return None if replica is None else replica.served
 
     # ---------------------------------------------------------------- reading
-    def identity_of(self, adapter: str, holders: Iterable[Hashable]) -> str | None:
+    def identity_of(self, adapter: str, holders: Iterable[ReplicaId]) -> str | None:
         """The identity of ``adapter``'s weights most of ``holders`` report (None: none reported)."""
         counts = Counter(ident for rid in holders if (ident := self.served[rid].identities.get(adapter)))
         return max(sorted(counts), key=counts.__getitem__) if counts else None
@@ -153,12 +155,12 @@ class ModelCatalog:
         live = {s.base for s in self.served.values()}
         return [base for base in self._roots if base in live]
 
-    def base_of(self, replica_id: Hashable) -> str | None:
-        served = self.served.get(replica_id)
+    def base_of(self, replica_id: ReplicaId) -> str | None:
+        served = self._served(replica_id)
         return served.base if served is not None else None
 
-    def adapters_of(self, replica_id: Hashable) -> list[str]:
-        served = self.served.get(replica_id)
+    def adapters_of(self, replica_id: ReplicaId) -> list[str]:
+        served = self._served(replica_id)
         return list(served.adapters) if served is not None else []
 
     def root_of(self, base: str) -> str | None:

@@ -22,28 +22,14 @@ bookkeeping on the router's event loop: no I/O, no locks.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvmesh.router.replicas.health import ReplicaHealth
+from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
+from kvmesh.router.replicas.replica_set import ReplicaSet
 
-@dataclass(slots=True)
-class ReplicaHealth:
-    """What passive health knows about one replica."""
-
-    consecutive_failures: int = 0
-    """Failures since its last answer that arrived."""
-    last_failure: str | None = None
-    """What its last failure was, for people (``/replicas``, logs)."""
-    ejections: int = 0
-    """Times it was ejected (a total, for ``/replicas`` and metrics)."""
-    level: int = 0
-    """Ejections that count towards the next one's length (``base * 2^level``)."""
-    ejected_until: float | None = None
-    """Monotonic time its current ejection ends; None: in rotation. Past it, it waits for its probe request."""
-    readmitted_at: float = 0.0
-    """Monotonic time it last came back into rotation."""
-    last_progress: float = 0.0
-    """Monotonic time of its last sign of progress (bytes of an answer, its /load or KV events moving)."""
+__all__ = ["OutlierConfig", "OutlierDetector", "ReplicaHealth"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,36 +59,44 @@ class OutlierConfig:
 class OutlierDetector:
     """Per-replica failure counts and ejections (see the module doc)."""
 
-    def __init__(self, config: OutlierConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: OutlierConfig, clock: Callable[[], float] = time.monotonic,
+                 replicas: ReplicaSet | None = None) -> None:
+        """``replicas``: the router's set, whose records hold each replica's ``health`` (None: a set of its own,
+        where a replica is registered when first named)."""
         self.threshold = config.consecutive_failures
         """Consecutive failures that eject a replica; 0: never eject."""
         self.base_ejection_s = config.base_ejection_s
         self.max_ejection_s = config.max_ejection_s
         self.clock = clock
-        self.replicas: dict[Hashable, ReplicaHealth] = {}
+        self._adds = replicas is None
+        self.replicas = ReplicaSet() if replicas is None else replicas
 
-    def health(self, replica_id: Hashable) -> ReplicaHealth:
+    def health(self, replica_id: ReplicaId) -> ReplicaHealth:
+        """The replica's record's health (a replica not in the router's set: a throwaway one)."""
         found = self.replicas.get(replica_id)
         if found is None:
-            found = self.replicas[replica_id] = ReplicaHealth()
-        return found
+            if not self._adds:
+                return ReplicaHealth()
+            found = self.replicas.add(Replica(replica_id, healthy=True, state=READY))
+        return found.health
 
-    def forget(self, replica_id: Hashable) -> None:
-        self.replicas.pop(replica_id, None)
+    def _found(self, replica_id: ReplicaId) -> ReplicaHealth | None:
+        found = self.replicas.get(replica_id)
+        return None if found is None else found.health
 
     # ---------------------------------------------------------------- what requests and probes saw
-    def on_progress(self, replica_id: Hashable, at: float | None = None) -> None:
+    def on_progress(self, replica_id: ReplicaId, at: float | None = None) -> None:
         """The replica made progress at monotonic time ``at`` (now if None); a poll that sees a change since the
         last one passes the last one's time: all it knows is that the change came after it."""
         h = self.health(replica_id)
         h.last_progress = max(h.last_progress, self.clock() if at is None else at)
 
-    def progressed_since(self, replica_id: Hashable, since: float) -> bool:
+    def progressed_since(self, replica_id: ReplicaId, since: float) -> bool:
         """Whether the replica showed progress after monotonic time ``since``."""
-        found = self.replicas.get(replica_id)
+        found = self._found(replica_id)
         return found is not None and found.last_progress > since
 
-    def on_success(self, replica_id: Hashable) -> None:
+    def on_success(self, replica_id: ReplicaId) -> None:
         """An answer from the replica arrived."""
         h = self.health(replica_id)
         h.consecutive_failures = 0
@@ -110,7 +104,7 @@ class OutlierDetector:
         if h.level and h.ejected_until is None and now - h.readmitted_at > self.max_ejection_s:
             h.level = 0
 
-    def on_failure(self, replica_id: Hashable, why: str, can_eject: bool, sick: bool = False) -> float | None:
+    def on_failure(self, replica_id: ReplicaId, why: str, can_eject: bool, sick: bool = False) -> float | None:
         """Count a failure; the seconds of the ejection it caused (0: until a probe request is answered), or
         None (``can_eject``: another replica stays in rotation; ``sick``: an answer that ``/health`` cannot
         vouch for, which ejects at once)."""
@@ -134,33 +128,33 @@ class OutlierDetector:
         h.level += 1
         return seconds
 
-    def on_down(self, replica_id: Hashable) -> None:
+    def on_down(self, replica_id: ReplicaId) -> None:
         """Its ``/health`` failed: the process is down (killed, restarting), which explains its failures, and a
         restarted one is vouched for by ``/health`` again -- no ejection to wait out, the count starts over."""
-        h = self.replicas.get(replica_id)
+        h = self._found(replica_id)
         if h is not None:
             h.consecutive_failures = 0
             h.ejected_until = None
 
     # ---------------------------------------------------------------- ejections
-    def is_ejected(self, replica_id: Hashable) -> bool:
+    def is_ejected(self, replica_id: ReplicaId) -> bool:
         """Out of rotation: ejected, and not yet re-admitted by a probe request."""
-        found = self.replicas.get(replica_id)
+        found = self._found(replica_id)
         return found is not None and found.ejected_until is not None
 
-    def ejected_for_s(self, replica_id: Hashable) -> float:
+    def ejected_for_s(self, replica_id: ReplicaId) -> float:
         """Seconds left of its ejection (0: in rotation, or over and waiting for its probe request)."""
-        found = self.replicas.get(replica_id)
+        found = self._found(replica_id)
         if found is None or found.ejected_until is None:
             return 0.0
         return max(0.0, found.ejected_until - self.clock())
 
-    def probe_due(self, replica_id: Hashable) -> bool:
+    def probe_due(self, replica_id: ReplicaId) -> bool:
         """Ejected, and its ejection is over: a probe request decides whether it comes back."""
-        found = self.replicas.get(replica_id)
+        found = self._found(replica_id)
         return found is not None and found.ejected_until is not None and found.ejected_until <= self.clock()
 
-    def on_probe(self, replica_id: Hashable, answered: bool, why: str = "") -> float | None:
+    def on_probe(self, replica_id: ReplicaId, answered: bool, why: str = "") -> float | None:
         """The probe request's outcome: re-admitted (None), or ejected again for the seconds returned."""
         h = self.health(replica_id)
         if answered:

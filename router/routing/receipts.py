@@ -26,11 +26,13 @@ and logs ``RouteReceipt.log_fields()`` in its access log. Nothing here does I/O 
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-REASONS = ("cache", "load", "session", "fallback")
-"""Every value ``RouteReceipt.reason`` takes."""
+from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
+from kvmesh.router.replicas.replica_set import ReplicaSet
+from kvmesh.router.replicas.reuse import REASONS, ReuseTotals
+
+__all__ = ["REASONS", "Receipts", "ReuseTotals", "RouteReceipt"]
 
 HEADER_PREFIX = "x-kvmesh-"
 HEADER_REPLICA = HEADER_PREFIX + "replica"
@@ -57,7 +59,7 @@ HEADER_OPT_IN = HEADER_PREFIX + "receipt"
 class RouteReceipt:
     """One routing decision, in the words a user debugging a miss needs."""
 
-    replica_id: Hashable
+    replica_id: ReplicaId
     """The chosen replica."""
     reason: str
     """Why it was chosen: one of ``REASONS``."""
@@ -65,7 +67,7 @@ class RouteReceipt:
     """Prompt tokens the router expected the chosen replica to find cached."""
     best_hit_tokens: int
     """The largest hit (tokens) any candidate replica offered (>= ``predicted_hit_tokens``)."""
-    best_replica_id: Hashable | None
+    best_replica_id: ReplicaId | None
     """A candidate offering ``best_hit_tokens`` (None when no candidate held any block)."""
     num_prompt_tokens: int
     """Prompt length in tokens."""
@@ -81,9 +83,9 @@ class RouteReceipt:
     kvmesh replica with a tier); None otherwise."""
     failed_over: tuple[str, ...] = ()
     """Replicas the request left before this one, each ``"id: why"`` (a failure or a missed deadline)."""
-    prefill_replica_id: Hashable | None = None
+    prefill_replica_id: ReplicaId | None = None
     """The prefill replica that computed the prompt for this one (P/D split); None: no split."""
-    pulled_from: Hashable | None = None
+    pulled_from: ReplicaId | None = None
     """The peer the router asked the replica to pull the prefix from (peer pull); None: no pull asked."""
     kv_pulled_tokens: int | None = None
     """Prompt tokens the replica reported pulling (``x-kvmesh-kv-pulled-tokens``); None: it said nothing."""
@@ -155,68 +157,16 @@ class RouteReceipt:
         }
 
 
-@dataclass(slots=True)
-class ReuseTotals:
-    """Running sums over completed receipts (cluster-wide or of one replica)."""
-
-    requests: int = 0
-    """Receipts completed with the engine's report."""
-    prompt_tokens: int = 0
-    """Prompt tokens of those requests."""
-    available_tokens: int = 0
-    """Sum of ``best_hit_tokens``: the reuse the cluster offered at routing time."""
-    predicted_tokens: int = 0
-    """Sum of ``predicted_hit_tokens`` on the chosen replicas."""
-    predicted_host_tokens: int = 0
-    """The part of ``predicted_tokens`` predicted from host tiers."""
-    captured_tokens: int = 0
-    """Sum of the cached tokens the replicas reported."""
-    captured_host_tokens: int = 0
-    """The part of ``captured_tokens`` the replicas reported loading back from their host tiers."""
-    mispredicted: int = 0
-    """Requests whose reported hit differed from the prediction."""
-    reasons: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
-    """Requests per route reason."""
-
-    def add(self, receipt: RouteReceipt, cached_tokens: int) -> None:
-        self.requests += 1
-        self.prompt_tokens += receipt.num_prompt_tokens
-        self.available_tokens += receipt.best_hit_tokens
-        self.predicted_tokens += receipt.predicted_hit_tokens
-        self.predicted_host_tokens += receipt.predicted_host_tokens
-        self.captured_tokens += cached_tokens
-        self.captured_host_tokens += receipt.actual_host_cached_tokens or 0
-        self.mispredicted += bool(receipt.mispredicted)
-        self.reasons[receipt.reason] += 1
-
-    @property
-    def captured_ratio(self) -> float:
-        """Captured ÷ available reuse (1.0 when nothing was available)."""
-        return self.captured_tokens / self.available_tokens if self.available_tokens else 1.0
-
-    @property
-    def mispredicted_rate(self) -> float:
-        """Fraction of requests whose reported hit differed from the prediction."""
-        return self.mispredicted / self.requests if self.requests else 0.0
-
-    def as_dict(self) -> dict:
-        return {"requests": self.requests, "prompt_tokens": self.prompt_tokens,
-                "available_tokens": self.available_tokens, "predicted_tokens": self.predicted_tokens,
-                "predicted_host_tokens": self.predicted_host_tokens,
-                "captured_tokens": self.captured_tokens,
-                "captured_host_tokens": self.captured_host_tokens, "captured_ratio": self.captured_ratio,
-                "mispredicted": self.mispredicted, "mispredicted_rate": self.mispredicted_rate,
-                "reasons": dict(self.reasons)}
-
-
 class Receipts:
     """Aggregates completed receipts, cluster-wide and per replica (thread-safe)."""
 
-    def __init__(self) -> None:
+    def __init__(self, replicas: ReplicaSet | None = None) -> None:
+        """``replicas``: the router's set, whose records hold each replica's totals (``Replica.reuse``; a replica
+        removed takes its totals with it); None: a set of its own, where a replica is registered when first named."""
         self.total = ReuseTotals()
         """Over every completed receipt."""
-        self.per_replica: dict[Hashable, ReuseTotals] = {}
-        """Chosen replica id -> its totals."""
+        self._adds = replicas is None
+        self.replicas = ReplicaSet() if replicas is None else replicas
         self._lock = threading.Lock()
 
     def record_actual(self, receipt: RouteReceipt, cached_tokens: int,
@@ -229,14 +179,15 @@ class Receipts:
         receipt.actual_host_cached_tokens = host_cached_tokens
         with self._lock:
             self.total.add(receipt, cached_tokens)
-            per = self.per_replica.get(receipt.replica_id)
-            if per is None:
-                per = self.per_replica[receipt.replica_id] = ReuseTotals()
-            per.add(receipt, cached_tokens)
+            replica = self.replicas.get(receipt.replica_id)
+            if replica is None and self._adds:
+                replica = self.replicas.add(Replica(receipt.replica_id, healthy=True, state=READY))
+            if replica is not None:
+                replica.reuse.add(receipt, cached_tokens)
         return receipt
 
     def summary(self) -> dict:
         """JSON-ready totals: ``{"cluster": {...}, "replicas": {id: {...}}}``."""
         with self._lock:
             return {"cluster": self.total.as_dict(),
-                    "replicas": {str(r): t.as_dict() for r, t in self.per_replica.items()}}
+                    "replicas": {r.id: r.reuse.as_dict() for r in self.replicas if r.reuse.requests}}

@@ -8,17 +8,16 @@ events) are left out on both sides. Reads the index's masks under the router's l
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
+from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.kv_router import KVRouter
 
 
-def exclusive_blocks(router: KVRouter) -> dict[Hashable, int]:
+def exclusive_blocks(router: KVRouter) -> dict[ReplicaId, int]:
     """Per replica: blocks it holds (per its events) that no other replica holds."""
     with router.lock:
         index = router.index
         blocks, predicted = index._blocks, index.predictions.predicted
-        out: dict[Hashable, int] = {}
+        out: dict[ReplicaId, int] = {}
         for replica_id in index.replica_ids:
             tree = index._replicas[replica_id]
             bit = tree.bit

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost import TTFTEstimate
 from kvmesh.router.routing.kv_placement import PlannedPull
 from kvmesh.router.routing.receipts import RouteReceipt
@@ -14,7 +14,7 @@ from kvmesh.router.routing.receipts import RouteReceipt
 class RouteDecision:
     """One routing decision and what it cost."""
 
-    replica_id: Hashable
+    replica_id: ReplicaId
     """The chosen replica."""
     keys: list[int]
     """The request's router keys (one per full prompt block)."""

@@ -12,8 +12,9 @@ is routed as if it had no id and re-pinned wherever it goes.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
 from dataclasses import dataclass
+
+from kvmesh.router.replicas.replica import ReplicaId
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +40,12 @@ class SessionTable:
 
     def __init__(self, config: SessionConfig | None = None) -> None:
         self.config = config or SessionConfig()
-        self._pins: OrderedDict[str, tuple[Hashable, float]] = OrderedDict()
+        self._pins: OrderedDict[str, tuple[ReplicaId, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._pins)
 
-    def get(self, session_id: str, now: float) -> Hashable | None:
+    def get(self, session_id: str, now: float) -> ReplicaId | None:
         """The session's replica, or None when it has no live pin."""
         pin = self._pins.get(session_id)
         if pin is None:
@@ -54,7 +55,7 @@ class SessionTable:
             return None
         return pin[0]
 
-    def pin(self, session_id: str, replica_id: Hashable, now: float) -> None:
+    def pin(self, session_id: str, replica_id: ReplicaId, now: float) -> None:
         """Record that the session's latest request went to ``replica_id`` (refreshes the TTL)."""
         pins = self._pins
         pins[session_id] = (replica_id, now + self.config.ttl_s)
@@ -63,7 +64,7 @@ class SessionTable:
             pins.popitem(last=False)
         self._expire_oldest(now)
 
-    def forget_replica(self, replica_id: Hashable) -> int:
+    def forget_replica(self, replica_id: ReplicaId) -> int:
         """Drop every pin to ``replica_id`` (it was removed or lost its cache); returns how many."""
         gone = [s for s, (r, _) in self._pins.items() if r == replica_id]
         for s in gone:

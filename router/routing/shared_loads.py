@@ -27,7 +27,8 @@ import hashlib
 import logging
 import multiprocessing as mp
 import operator
-from collections.abc import Hashable
+
+from kvmesh.router.replicas.replica import ReplicaId
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class SharedLoadTable:
         self._lock = ctx.Lock()  # only for assigning a slot to a new replica id
         self.healthy_seen = ctx.RawArray("q", num_rows)
         """Per row: how many healthy replicas that worker routes to (serve waits until all see them)."""
-        self._slots: dict[Hashable, int | None] = {}  # this process's cache of the name table
+        self._slots: dict[ReplicaId, int | None] = {}  # this process's cache of the name table
         self._view = memoryview(self._counts).cast("B").cast("q")  # fast reads and writes (C, no ctypes objects)
 
     def __getstate__(self) -> dict:
@@ -63,7 +64,7 @@ class SharedLoadTable:
         self._view = memoryview(self._counts).cast("B").cast("q")
 
     # ---------------------------------------------------------------- slots
-    def slot(self, replica_id: Hashable) -> int | None:
+    def slot(self, replica_id: ReplicaId) -> int | None:
         """The replica's column (assigned on first sight); None when the table is full."""
         slot = self._slots.get(replica_id, -1)
         if slot != -1:
@@ -115,7 +116,7 @@ class SharedLoadTable:
         self.healthy_seen[row] = 0
 
 
-def _name(replica_id: Hashable) -> bytes:
+def _name(replica_id: ReplicaId) -> bytes:
     name = str(replica_id).encode()
     if len(name) > NAME_BYTES or not name:
         name = b"#" + hashlib.blake2b(name, digest_size=(NAME_BYTES - 2) // 2).hexdigest().encode()

@@ -8,10 +8,12 @@ the device matches alone.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-Matches = Mapping[Hashable, int]
+from kvmesh.router.replicas.replica import ReplicaId
+
+Matches = Mapping[ReplicaId, int]
 """Replica id -> leading blocks of the prompt it holds (replicas holding nothing may be absent)."""
 
 
@@ -24,14 +26,14 @@ class TierMatches:
     host: Matches = field(default_factory=dict)
     """Replica id -> leading blocks of the prompt in its host-memory tier; empty without tiers."""
 
-    def without(self, replica_ids: Collection[Hashable]) -> TierMatches:
+    def without(self, replica_ids: Collection[ReplicaId]) -> TierMatches:
         """The same matches less those of ``replica_ids`` (degraded replicas: routed by load only)."""
         if not replica_ids:
             return self
         return TierMatches({r: m for r, m in self.device.items() if r not in replica_ids},
                            {r: m for r, m in self.host.items() if r not in replica_ids})
 
-    def either(self) -> dict[Hashable, int]:
+    def either(self) -> dict[ReplicaId, int]:
         """Per replica, the leading blocks it holds in either tier (a host-tier block past the device prefix is a
         hit too, loaded back)."""
         if not self.host:

@@ -91,7 +91,7 @@ def test_exclusive_blocks_counts_what_only_that_replica_holds(fakes, start_route
     assert before >= 10
     # the same prompt on b too: those blocks are no longer a's alone
     httpx.post(router.url + "/replicas/a/drain", headers=ADMIN, timeout=10)
-    router.runtime.draining.discard("b")
+    router.runtime.replicas.get("b").state = "ready"  # b back in rotation
     router.runtime.router.set_healthy("b", True)
     assert httpx.post(router.url + "/v1/completions", json={"prompt": ids, "max_tokens": 2},
                       headers=TENANT, timeout=20).json()["choices"][0]["text"] == "b"

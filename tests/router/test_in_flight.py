@@ -100,10 +100,9 @@ def _forwarder(open_on) -> tuple[Forwarder, KVRouter]:
     """A Forwarder over replicas a and b whose ``_open`` is ``open_on(replica id)``."""
     router = KVRouter(block_size=16)
     for rid in ("a", "b"):
-        router.add_replica(rid)
+        router.add_replica(rid, spec=SimpleNamespace(url=f"http://{rid}"))
     runtime = SimpleNamespace(
         router=router, config=SimpleNamespace(upstream=SimpleNamespace(max_attempts=3)), headers=dict,
-        specs={"a": SimpleNamespace(url="http://a"), "b": SimpleNamespace(url="http://b")}, upstream_kinds={},
         patience=lambda rid: None, metrics=MagicMock(), receipt_metrics=MagicMock(), outliers=MagicMock(),
         record_failure=MagicMock(), mark_failed=MagicMock())
     forwarder = Forwarder(runtime)

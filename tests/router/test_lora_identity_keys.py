@@ -99,10 +99,10 @@ def test_the_identity_most_holders_report_keys_the_pool():
 
 
 class FakeRuntime:
-    """What AdapterLoads reads: a catalog of two bases and replicas that answer loads as ``answer`` says."""
+    """What AdapterLoads reads: a catalog of two bases (its replicas healthy) and replicas that answer loads as
+    ``answer`` says."""
 
     def __init__(self, answer) -> None:
-        self.router = SimpleNamespace(healthy={"s0", "t0"})
         self.models = SimpleNamespace(catalog=ModelCatalog())
         self.models.catalog.set_served("s0", ServedModels("stories", None, {"a1": "/a1"}))
         self.models.catalog.set_served("t0", ServedModels("tiny", None, {}))
@@ -110,7 +110,7 @@ class FakeRuntime:
 
 
 def admin_load(runtime: FakeRuntime, name: str, path: str, base: str | None):
-    loads = AdapterLoads(runtime, runtime.models)
+    loads = AdapterLoads(runtime.models.catalog.replicas, None, runtime.models)
 
     async def load(rid, n, p):
         return runtime.answer(rid)

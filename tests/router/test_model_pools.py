@@ -84,7 +84,7 @@ def test_load_reports_keep_known_adapter_paths_and_say_when_one_is_unknown():
 
 def test_a_replica_that_leaves_takes_its_model_with_it():
     catalog = two_models()
-    catalog.forget("b1")
+    catalog.replicas.remove("b1")
     assert catalog.bases() == ["llama"]
     assert catalog.pool("qwen") is None  # one base model again: today's rule
 
@@ -143,20 +143,18 @@ class _Tok:
     fingerprint = "ours"
 
 
-class _Runtime:
-    """The little of the running router ``RouterModels`` reads to pick a tokenizer."""
+def _models(**tokenize):
+    """A router's ``RouterModels`` whose own model is llama (its tokenizer ``_Tok``)."""
+    from kvmesh.router.config import RouterConfig, TokenizeConfig
+    from kvmesh.router.control.models import RouterModels
+    from kvmesh.router.replicas.replica_set import ReplicaSet
 
-    def __init__(self, **tokenize):
-        from kvmesh.router.config import RouterConfig, TokenizeConfig
-
-        self.config = RouterConfig(model="/models/llama", served_model_name="llama", tokenize=TokenizeConfig(**tokenize))
-        self.tokenizer, self.renderer, self.specs = _Tok(), object(), {}
+    config = RouterConfig(model="/models/llama", served_model_name="llama", tokenize=TokenizeConfig(**tokenize))
+    return RouterModels(config, ReplicaSet(), _Tok(), object(), None)
 
 
 def test_each_base_model_gets_its_tokenizer_from_the_first_rule_that_names_one(tmp_path):
-    from kvmesh.router.control.models import RouterModels
-
-    models = RouterModels(_Runtime(tokenizers={"qwen": "Qwen/Qwen2.5-0.5B"}))
+    models = _models(tokenizers={"qwen": "Qwen/Qwen2.5-0.5B"})
     path = models.tokenizer_path
     assert path(ServedModels("llama", "/elsewhere"), None) is None  # the router's own model: its own tokenizer
     assert path(ServedModels("other", "/models/llama"), None) is None  # ... by any name of its path
@@ -164,5 +162,5 @@ def test_each_base_model_gets_its_tokenizer_from_the_first_rule_that_names_one(t
     assert path(ServedModels("same", str(tmp_path)), {"tokenizer_fingerprint": "ours"}) is None  # same tokenizer
     assert path(ServedModels("mistral", str(tmp_path)), {"tokenizer_fingerprint": "theirs"}) == str(tmp_path)
     assert path(ServedModels("remote", "/not/on/this/host"), None) is None  # nothing to load: the router's own
-    assert RouterModels(_Runtime(load_reported_tokenizers=False)).tokenizer_path(
+    assert _models(load_reported_tokenizers=False).tokenizer_path(
         ServedModels("mistral", str(tmp_path)), None) is None

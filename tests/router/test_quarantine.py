@@ -34,7 +34,7 @@ def test_a_degraded_replica_is_dropped_from_the_index_and_its_batches_ignored():
     assert rt.router.index.num_blocks("bad") == 0
     assert "bad" in rt.router.degraded
     rt.feed.on_batch("bad", 1, batch(stored(PROMPT, BS)))
-    assert rt.router.index.num_blocks("bad") == 0 and rt.feed.dropped_batches["bad"] == 1
+    assert rt.router.index.num_blocks("bad") == 0 and rt.replicas.get("bad").stream.dropped_batches == 1
     assert rt.router.index.num_blocks("good") == 4  # the other replica is untouched
 
 

@@ -23,7 +23,7 @@ def router():
 
 @pytest.fixture
 def watch(router):
-    return StreamWatch(LAG, router.set_degraded)
+    return StreamWatch(LAG, router)
 
 
 def report(seq, **kw):
@@ -154,11 +154,11 @@ def test_causes_are_independent(router, watch):
     poll(watch, 9, 1, now=0.0)
     poll(watch, 9, 1, now=LAG + 1)
     assert router.degraded["r"].startswith("its block size is 32 tokens; event stream stalled")
-    assert set(router.degraded_causes["r"]) == {"incompatible", "stalled"}
+    assert set(router.replicas.get("r").degraded) == {"incompatible", "stalled"}
     poll(watch, 9, 9, now=LAG + 2)
     assert router.degraded == {"r": "its block size is 32 tokens"}
     router.set_degraded("r", None, INCOMPATIBLE)
-    assert router.degraded == {} and router.degraded_causes == {}
+    assert router.degraded == {} and router.replicas.get("r").degraded == {}
 
 
 def test_an_unknown_cause_is_refused(router):

@@ -93,8 +93,8 @@ def test_late_events_degrade_with_a_reason_and_a_skewed_clock_is_not_lateness(pa
     rt = router.runtime
     wait_for(lambda: rt.router.healthy == {"s1", "s2"}, what="replicas healthy")
     b.configure(clock_skew=-30.0)  # its clock is 30 s behind: its batches look 30 s old, they are not
-    streams = rt.stream_watch._streams
-    wait_for(lambda: "s2" in streams and streams["s2"].clock_offset < -29,
+    s2 = rt.replicas.get("s2").stream
+    wait_for(lambda: s2.clock_offset < -29,
              what="the router to learn s2's clock offset from its /load")
     direct(b, PROMPT)
     wait_for(lambda: rt.router.index.num_blocks("s2") == 8, what="s2's blocks in the index")

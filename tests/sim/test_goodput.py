@@ -77,7 +77,7 @@ COST = CostModel(step_overhead_s=0.001, prefill_s_per_token=0.001, decode_s_per_
 @pytest.mark.parametrize("policy, order", [("fcfs", ["low", "mid", "high"]), ("priority", ["high", "mid", "low"])])
 def test_a_simulated_replica_admits_by_the_engines_scheduling_policy(policy, order):
     engine = replace(sim_engine(block_size=16, max_num_batched_tokens=64, max_num_seqs=1), scheduling_policy=policy)
-    rep = SimReplica(0, 32, SimConfig(engine=engine, cost=COST), b"s" * 32)
+    rep = SimReplica("0", 32, SimConfig(engine=engine, cost=COST), b"s" * 32)
     tokens = BlockTokenCache(16, 256)
     for i, (rid, priority) in enumerate([("low", 2), ("mid", 0), ("high", -1)]):
         r = SimRequest(rid, 0.001 * i, (10 * i,), 16, 2, priority=priority)

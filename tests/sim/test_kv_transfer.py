@@ -82,9 +82,9 @@ def test_short_prompts_are_not_split():
     short = [r for r in split.requests if r.num_prompt_tokens < KVPlacementRules().pd_min_uncached_tokens]
     long = [r for r in split.requests if r.num_prompt_tokens > BS]
     assert short and all(r.prefill_leg is None and r.num_transferred_tokens == 0 for r in short)
-    assert long and all(r.prefill_replica_id in (3, -1) for r in long)  # -1: no room, served whole
-    assert sum(r.prefill_replica_id == 3 for r in long) > 0.8 * len(long)
-    assert all(r.replica_id in (0, 1, 2) for r in split.requests)  # a prefill replica never decodes
+    assert long and all(r.prefill_replica_id in ("3", None) for r in long)  # None: no room, served whole
+    assert sum(r.prefill_replica_id == "3" for r in long) > 0.8 * len(long)
+    assert all(r.replica_id in ("0", "1", "2") for r in split.requests)  # a prefill replica never decodes
 
 
 def test_ttft_of_a_split_request_includes_the_transfer():
@@ -96,7 +96,7 @@ def test_ttft_of_a_split_request_includes_the_transfer():
     record = MooncakeRecord(0.0, prompt, 4, (1, 2, 3))
     (req,) = _run([record], replace(config, engine=sim_engine(block_size=BS, max_num_batched_tokens=4096))).requests
     moved = prompt - 1  # the decode replica computes the last prompt token again
-    assert req.prefill_replica_id == 1 and req.replica_id == 0
+    assert req.prefill_replica_id == "1" and req.replica_id == "0"
     assert req.num_transferred_tokens == moved and req.num_cached_tokens == moved
     expected = (cost.step_time(prompt, 0, 0)  # the prefill leg on the prefill replica
                 + 0.002 + moved * config.kv_bytes_per_token / 1e9  # the move
@@ -130,7 +130,7 @@ def test_peer_pull_brings_the_holders_prefix_and_counts_it_as_pulled():
     # round_robin sends the second request away from the replica holding its prefix
     run = _run(_shared_prefix(), _config(num_replicas=2, peer_pulls=True), policy="round_robin")
     first, second = run.requests
-    assert (first.replica_id, second.replica_id) == (0, 1) and second.pull_from == 0
+    assert (first.replica_id, second.replica_id) == ("0", "1") and second.pull_from == "0"
     assert second.num_transferred_tokens == 6 * BS and second.num_cached_tokens == 6 * BS
     from kvmesh.cluster.measure.sim.transfer_report import transfer_summary
 
@@ -139,7 +139,7 @@ def test_peer_pull_brings_the_holders_prefix_and_counts_it_as_pulled():
     assert summary["kv_bytes_moved"] == 6 * BS * run.router.config.kv_bytes_per_token
     # the pulled blocks are now the puller's too: its events reached the router's index
     keys = run.router.router.hasher.keys(_tokens(second), None, None)
-    assert run.router.index.match(keys).get(1, 0) >= 6
+    assert run.router.index.match(keys).get("1", 0) >= 6
 
 
 def _tokens(req) -> list[int]:
@@ -150,7 +150,7 @@ def test_peer_pull_happens_only_when_cheaper_than_recomputing():
     slow = _config(num_replicas=2, peer_pulls=True, kv_transfer_bytes_per_s=1e6)  # 131 ms per token moved
     run = _run(_shared_prefix(), slow, policy="round_robin")
     second = run.requests[1]
-    assert second.pull_from == -1 and second.num_transferred_tokens == 0 and second.num_cached_tokens == 0
+    assert second.pull_from is None and second.num_transferred_tokens == 0 and second.num_cached_tokens == 0
     # the router's price: bytes / the measured pull rate + the pull's measured fixed cost (the replicas report
     # kv_transfer_latency_s) against tokens / prefill rate
     one_block = [MooncakeRecord(0.0, 2 * BS, 4, (1, 2)), MooncakeRecord(10_000.0, 2 * BS, 4, (1, 3))]
@@ -160,7 +160,7 @@ def test_peer_pull_happens_only_when_cheaper_than_recomputing():
         config = run.router.config  # one block: 0.037 s to move + the fixed cost against 0.043 s to compute
         move_s = BS * config.kv_bytes_per_token / config.kv_transfer_bytes_per_s + latency_s
         assert (move_s < BS * config.cost.prefill_s_per_token) == pulled
-        assert (run.requests[1].pull_from == 0) == pulled and (run.requests[1].num_cached_tokens > 0) == pulled
+        assert (run.requests[1].pull_from == "0") == pulled and (run.requests[1].num_cached_tokens > 0) == pulled
 
 
 def test_a_prompt_the_split_skips_for_want_of_room_can_still_pull_its_prefix():
@@ -173,14 +173,14 @@ def test_a_prompt_the_split_skips_for_want_of_room_can_still_pull_its_prefix():
     run = _run(records, _config(num_replicas=2, num_prefill_replicas=1, peer_pulls=True, router=token_rules),
                policy="round_robin")
     a, x, _, b = run.requests
-    assert a.prefill_leg is not None and x.prefill_leg is not None and a.replica_id == 0 and b.replica_id == 1
+    assert a.prefill_leg is not None and x.prefill_leg is not None and a.replica_id == "0" and b.replica_id == "1"
     assert b.prefill_leg is None and run.router.splits_skipped_no_room == 1
-    assert b.pull_from in (0, 2) and b.num_transferred_tokens == 7 * BS
+    assert b.pull_from in ("0", "2") and b.num_transferred_tokens == 7 * BS
 
 
 def test_without_peer_pulls_the_second_request_recomputes_its_prefix():
     run = _run(_shared_prefix(), _config(num_replicas=2), policy="round_robin")
-    assert run.requests[1].num_cached_tokens == 0 and run.requests[1].pull_from == -1
+    assert run.requests[1].num_cached_tokens == 0 and run.requests[1].pull_from is None
 
 
 def test_pd_comparison_report_sets_the_four_runs_side_by_side():

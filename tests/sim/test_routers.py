@@ -65,8 +65,8 @@ def test_shared_predictions_credit_the_replica_in_the_other_routers():
 
 
 class _Rep:
-    def __init__(self, rid: int) -> None:
-        self.replica_id = rid
+    def __init__(self, index: int) -> None:
+        self.replica_id = str(index)
         self.role = "both"
 
 

@@ -35,7 +35,7 @@ def _req(i: int, lora: str | None, out: int = 3, tokens=BlockTokenCache(BS, 256)
 
 def _replica(lora: SimLoRAConfig = LORA) -> SimReplica:
     config = SimConfig(engine=sim_engine(block_size=BS, max_num_batched_tokens=256), cost=COST, lora=lora)
-    return SimReplica(0, 64, config, b"s" * 32)
+    return SimReplica("0", 64, config, b"s" * 32)
 
 
 def _run(rep: SimReplica, now: float = 0.0) -> float:

@@ -32,7 +32,7 @@ def _run(rep: SimReplica, now: float = 0.0) -> float:
 
 
 def test_shared_prefix_is_found_in_the_pool_after_the_first_request_finishes():
-    rep = SimReplica(0, 32, _config(), b"s" * 32)
+    rep = SimReplica("0", 32, _config(), b"s" * 32)
     first = _req(0, [1, 2, 3], 48)
     rep.add(first)
     _run(rep)
@@ -44,7 +44,7 @@ def test_shared_prefix_is_found_in_the_pool_after_the_first_request_finishes():
 
 
 def test_long_prompt_is_chunked_by_the_token_budget():
-    rep = SimReplica(0, 32, _config(budget=32), b"s" * 32)
+    rep = SimReplica("0", 32, _config(budget=32), b"s" * 32)
     req = _req(0, [1, 2, 3, 4, 5], 80)
     rep.add(req)
     end = _run(rep)
@@ -54,7 +54,7 @@ def test_long_prompt_is_chunked_by_the_token_budget():
 
 
 def test_decode_runs_as_one_stretch_until_the_next_completion():
-    rep = SimReplica(0, 32, _config(), b"s" * 32)
+    rep = SimReplica("0", 32, _config(), b"s" * 32)
     req = _req(0, [1], 16, out=11)
     rep.add(req)
     step = rep.schedule(0.0)
@@ -66,7 +66,7 @@ def test_decode_runs_as_one_stretch_until_the_next_completion():
 
 
 def test_an_arrival_cuts_a_decode_stretch_after_the_running_step():
-    rep = SimReplica(0, 32, _config(), b"s" * 32)
+    rep = SimReplica("0", 32, _config(), b"s" * 32)
     req = _req(0, [1], 16, out=11)
     rep.add(req)
     rep.complete_step(rep.schedule(0.0).end_s)
@@ -79,7 +79,7 @@ def test_an_arrival_cuts_a_decode_stretch_after_the_running_step():
 
 
 def test_waiting_request_is_admitted_when_blocks_free_up():
-    rep = SimReplica(0, 4, _config(), b"s" * 32)
+    rep = SimReplica("0", 4, _config(), b"s" * 32)
     a, b = _req(0, [1, 2, 3], 40, out=8), _req(1, [7, 8, 9], 40, out=8)  # 3 blocks each, pool of 4
     rep.add(a)
     rep.add(b)
@@ -88,7 +88,7 @@ def test_waiting_request_is_admitted_when_blocks_free_up():
 
 
 def test_request_larger_than_a_replica_is_refused_clearly():
-    rep = SimReplica(0, 2, _config(), b"s" * 32)
+    rep = SimReplica("0", 2, _config(), b"s" * 32)
     with pytest.raises(ValueError, match="needs 3 blocks.*holds 2"):
         rep.add(_req(0, [1, 2, 3], 40))
 
@@ -96,7 +96,7 @@ def test_request_larger_than_a_replica_is_refused_clearly():
 def test_prefix_evicted_from_the_pool_comes_back_from_the_host_tier_for_its_load_time():
     cost = CostModel(step_overhead_s=0.001, prefill_s_per_token=0.001, decode_s_per_step=0.01,
                      decode_s_per_seq=0.0, decode_s_per_context_token=0.0, load_s_per_token=0.0001)
-    rep = SimReplica(0, 4, _config(offload_blocks_per_replica=16, cost=cost), b"s" * 32)
+    rep = SimReplica("0", 4, _config(offload_blocks_per_replica=16, cost=cost), b"s" * 32)
     first = _req(0, [1, 2, 3], 48)
     rep.add(first)
     _run(rep)

@@ -50,10 +50,10 @@ def bench_ingest(quick: bool) -> dict:
     total = chains * blocks
     w0, c0 = time.perf_counter(), time.thread_time()
     for r, (stored, _) in enumerate(per_replica):
-        index.apply(r, stored)
+        index.apply(str(r), stored)
     w1, c1 = time.perf_counter(), time.thread_time()
     for r, (_, removed) in enumerate(per_replica):
-        index.apply(r, removed)
+        index.apply(str(r), removed)
     w2, c2 = time.perf_counter(), time.thread_time()
     assert index.num_blocks() == 0
     return {"blocks": total, "events": 2 * chains, "blocks_per_event": blocks, "replicas": num_replicas,
@@ -77,11 +77,11 @@ def _populated(num_replicas: int, prompt_blocks: int, rng: random.Random, typica
     for r in range(num_replicas):
         depth = (prompt_blocks if r < 2 else 32) if typical else rng.randrange(prompt_blocks + 1)
         if depth:
-            index.apply(r, [BlockStored(block_hashes=[rng.getrandbits(64) for _ in range(depth)],
+            index.apply(str(r), [BlockStored(block_hashes=[rng.getrandbits(64) for _ in range(depth)],
                                         parent_block_hash=None, token_ids=prompt[:depth * BS], block_size=BS,
                                         lora_id=None, medium="GPU", lora_name=None)])
         noise, _ = _chain_events(rng, 20, 16)
-        index.apply(r, noise)
+        index.apply(str(r), noise)
     return index, hasher, prompt
 
 
@@ -124,7 +124,7 @@ def bench_decide(quick: bool) -> dict:
     rng = random.Random(2)
     router = KVRouter(BS)  # predictions on, as in the HTTP router
     for r in range(64):
-        router.add_replica(r)
+        router.add_replica(str(r))
     _, _, prompt = _populated(64, 256, rng, index=router.index)
     n = 1000 if quick else 10000
     stages = {"hash": [], "match": [], "score": [], "total": []}

@@ -41,7 +41,7 @@ from kvmesh.events.schema import KVEvent
 STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT, MOVED, ADMIT = range(7)
 _RECURRING = (POLL, FLEET_TIMER)
 
-Payload = tuple[SimReplica, int] | tuple[int, list[KVEvent]] | tuple[SimReplica, SimRequest] | int | None
+Payload = tuple[SimReplica, int] | tuple[str, list[KVEvent]] | tuple[SimReplica, SimRequest] | str | None
 """What an event carries: (replica, version) of a step end, (replica id, events) of a delivery, a
 router's index (poll), (replica, request) of a move, or a fleet's own (``AutoscaledFleet``: a joining
 replica's id, None for a tick)."""
@@ -123,8 +123,10 @@ class Simulation:
         self.fleet = fleet
         self.blocks_per_replica = blocks_per_replica
         self.seed = config.seed.to_bytes(8, "big") * 4  # fixed per run: replicas are independent caches
-        self.replicas = [SimReplica(i, blocks_per_replica, config, self.seed, role_of(i, config))
+        self.replicas = [SimReplica(str(i), blocks_per_replica, config, self.seed, role_of(i, config))
                          for i in range(fleet.initial_replicas(config))]
+        self.by_id = {rep.replica_id: rep for rep in self.replicas}
+        """Replica id (``str`` of its index, as the router knows it) -> the replica."""
         self.router = SimRouter(policy, config, self.replicas)
         self.router.pools = ModelPools.of(requests, [r.replica_id for r in self.replicas if r.role != "prefill"])
         self.policy = policy
@@ -143,8 +145,9 @@ class Simulation:
 
     def new_replica(self) -> SimReplica:
         """A replica appended to the fleet (not yet known to the router)."""
-        rep = SimReplica(len(self.replicas), self.blocks_per_replica, self.config, self.seed)
+        rep = SimReplica(str(len(self.replicas)), self.blocks_per_replica, self.config, self.seed)
         self.replicas.append(rep)
+        self.by_id[rep.replica_id] = rep
         return rep
 
     def flush(self, rep: SimReplica, now: float) -> None:
@@ -183,12 +186,12 @@ class Simulation:
         """Route ``req`` at ``now`` (its arrival, or when admission let it go) and queue it."""
         req.routed_s = now
         t0 = time.perf_counter()
-        rep = self.replicas[self.router.route(req)]
+        rep = self.by_id[self.router.route(req)]
         self.route_s += time.perf_counter() - t0
         if req.prefill_leg is not None:  # split: the prompt first goes to the prefill replica
-            self.enqueue(self.replicas[req.prefill_leg.replica_id], req.prefill_leg, now)
-        elif req.pull_from >= 0:
-            self.move(rep, req, now + plan_peer_pull(req, self.replicas[req.pull_from], rep))
+            self.enqueue(self.by_id[req.prefill_leg.replica_id], req.prefill_leg, now)
+        elif req.pull_from is not None:
+            self.move(rep, req, now + plan_peer_pull(req, self.by_id[req.pull_from], rep))
         else:
             self.enqueue(rep, req, now)
 
@@ -220,7 +223,7 @@ class Simulation:
             self.router.on_prefill_done(rep.replica_id, leg)
             req = leg.parent
             req.prefill_computed_tokens = leg.num_prompt_tokens - leg.num_cached_tokens
-            decode = self.replicas[req.replica_id]
+            decode = self.by_id[req.replica_id]
             self.move(decode, req, now + plan_split_handoff(req, decode))
         self.flush(rep, now)
         self.start(rep, now)
@@ -272,9 +275,9 @@ class Simulation:
             raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[:3]}")
 
 
-def role_of(replica_id: int, config: SimConfig) -> str:
+def role_of(index: int, config: SimConfig) -> str:
     """Replicas ``0 .. num_replicas - 1`` decode (role both without prefill replicas), the rest prefill."""
-    if replica_id >= config.num_replicas:
+    if index >= config.num_replicas:
         return "prefill"
     return "decode" if config.num_prefill_replicas else "both"
 

@@ -118,7 +118,7 @@ def with_adapters(requests: list[SimRequest], records: Sequence[MooncakeRecord])
 class ModelPools:
     """Which base model each replica serves: the requests' models split the replicas in contiguous shares."""
 
-    def __init__(self, models: Sequence[str], replica_ids: Sequence[int]) -> None:
+    def __init__(self, models: Sequence[str], replica_ids: Sequence[str]) -> None:
         if len(models) > len(replica_ids):
             raise ValueError(f"{len(models)} base models need at least as many replicas; there are {len(replica_ids)}")
         n, m = len(replica_ids), max(1, len(models))
@@ -126,7 +126,7 @@ class ModelPools:
         self._exclude: dict[str, frozenset[int]] = {}
 
     @classmethod
-    def of(cls, requests: Iterable[SimRequest], replica_ids: Sequence[int]) -> ModelPools:
+    def of(cls, requests: Iterable[SimRequest], replica_ids: Sequence[str]) -> ModelPools:
         """Pools for the base models ``requests`` name (none when they name at most one)."""
         models = sorted({r.model for r in requests if r.model is not None})
         return cls(models if len(models) > 1 else [], replica_ids)

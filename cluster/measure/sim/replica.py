@@ -50,7 +50,7 @@ class Step:
 
 
 class SimReplica:
-    def __init__(self, replica_id: int, num_blocks: int, config: SimConfig, hash_seed: bytes, role: str = "both"):
+    def __init__(self, replica_id: str, num_blocks: int, config: SimConfig, hash_seed: bytes, role: str = "both"):
         from kvmesh.kvcache.kv_cache_manager import KVCacheManager
 
         self.replica_id = replica_id

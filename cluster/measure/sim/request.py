@@ -34,15 +34,15 @@ class SimRequest:
     # -- measured --
     router_index: int = 0  # which of the simulated routers routed it
     receipt: RouteReceipt | None = None  # router/routing/receipts.py
-    replica_id: int = -1
+    replica_id: str = ""  # its replica ("": not routed yet)
     predicted_hit_tokens: int = 0  # the router's match for the chosen replica, in tokens
     num_cached_tokens: int = 0  # prefix hit on admission: its pool's, or what a transfer brought (usage.cached_tokens)
     num_host_cached_tokens: int = 0  # the part of it loaded back from the host tier
     # -- KV moved to its replica (sim/transfer.py) --
     parent: SimRequest | None = None  # set on a prefill leg: the request whose prompt it computes
     prefill_leg: SimRequest | None = None  # set on a split request: the leg its prefill replica runs
-    prefill_replica_id: int = -1  # the prefill replica of a split request (-1: not split)
-    pull_from: int = -1  # the holder the router asked its replica to pull the prefix from (-1: none)
+    prefill_replica_id: str | None = None  # the prefill replica of a split request (None: not split)
+    pull_from: str | None = None  # the holder the router asked its replica to pull the prefix from (None: none)
     pull_extent_tokens: int = 0  # leading prompt tokens its replica holds after the transfer
     num_transferred_tokens: int = 0  # the part of them moved from another replica (counted as cached)
     transfer_s: float = 0.0  # seconds the move took before the request joined its replica's queue

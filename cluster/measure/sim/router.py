@@ -70,7 +70,7 @@ class SimRouter:
         section = replace(config.router, policy=policy, policy_kwargs={})
         self.routers = [build_router(section, DEFAULT_ROUTER_SEED, build_policy(policy, config, config.seed + k))
                         for k in range(config.num_routers)]
-        self.prefill_ids: list[int] = []
+        self.prefill_ids: list[str] = []
         """Replicas of role prefill (in the routers, never a decode candidate)."""
         for rep in replicas:
             self.add_replica(rep.replica_id, rep.role)
@@ -101,7 +101,7 @@ class SimRouter:
         self._next += 1
         return (self._next - 1) % n
 
-    def route(self, req: SimRequest) -> int:
+    def route(self, req: SimRequest) -> str:
         now = req.routed_s if req.routed_s >= 0 else req.arrival_s  # later than its arrival: it waited in admission
         k = req.router_index = self._pick_router()
         router = self.routers[k]
@@ -137,7 +137,7 @@ class SimRouter:
             self.splits_skipped_slower += 1
         return rid
 
-    def _policy_prefill(self, router: KVRouter, keys: list[int], req: SimRequest) -> int | None:
+    def _policy_prefill(self, router: KVRouter, keys: list[int], req: SimRequest) -> str | None:
         """``pd_prefill_pick=policy``: the routing policy's choice among the prefill replicas, if it has room."""
         loads = {r: router.loads.loads[r] for r in self.prefill_ids}
         matches = router.index.match(keys, now=req.arrival_s)
@@ -145,7 +145,7 @@ class SimRouter:
         chosen = router.policy.choose(keys, TierMatches(device), loads, req.num_prompt_tokens)
         return pick_prefill_replica(loads, self.prefill_ids, router.transfers.pd_max_prefill_backlog_tokens, chosen)
 
-    def _split(self, req: SimRequest, k: int, keys: list[int], pid: int) -> None:
+    def _split(self, req: SimRequest, k: int, keys: list[int], pid: str) -> None:
         """Send ``req``'s prompt to prefill replica ``pid`` first (a leg the loop runs there)."""
         router = self.routers[k]
         leg = prefill_leg(req, pid)
@@ -168,7 +168,7 @@ class SimRouter:
             return min(uncached, tokens_left_after_split(req.num_prompt_tokens, self.block_size))
         return uncached
 
-    def on_first_tokens(self, rid: int, reqs: list[SimRequest]) -> None:
+    def on_first_tokens(self, rid: str, reqs: list[SimRequest]) -> None:
         for r in reqs:
             for tracker in self._trackers(r.router_index):
                 tracker.on_first_output(rid, self._uncached(r))
@@ -177,18 +177,18 @@ class SimRouter:
             if decision is not None:  # the router learns its correction from the TTFT it observes
                 self.routers[r.router_index].observe_ttft(decision, r.first_token_s - r.arrival_s)
 
-    def on_prefill_done(self, pid: int, leg: SimRequest) -> None:
+    def on_prefill_done(self, pid: str, leg: SimRequest) -> None:
         """A prefill leg answered (its one token): the prefill replica's load drops."""
         for tracker in self._trackers(leg.router_index):
             tracker.on_first_output(pid, self._uncached(leg))
             tracker.on_finish(pid, self._uncached(leg), had_output=True)
 
-    def on_finished(self, rid: int, reqs: list[SimRequest]) -> None:
+    def on_finished(self, rid: str, reqs: list[SimRequest]) -> None:
         for r in reqs:
             for tracker in self._trackers(r.router_index):
                 tracker.on_finish(rid, self._uncached(r), had_output=True)
 
-    def apply(self, rid: int, events: list) -> None:
+    def apply(self, rid: str, events: list) -> None:
         t0 = time.perf_counter()
         for router in self.routers:
             router.apply_events(rid, events)
@@ -204,7 +204,7 @@ class SimRouter:
                 loads[rep.replica_id].update_report(rep.load_report())
                 report_lora(loads[rep.replica_id], rep.lora.section(rep.running) if aware else None)
 
-    def add_replica(self, rid: int, role: str = "both") -> None:
+    def add_replica(self, rid: str, role: str = "both") -> None:
         """A replica of ``role`` joins every router: healthy, with an empty tree (a cold cache), and what a real
         replica measures and reports in ``/load`` taken from the cost model (``sim_load_rates``). Its KV transfer
         is on with ``peer_pulls`` (the router plans pulls only between replicas that report it on)."""
@@ -214,10 +214,10 @@ class SimRouter:
             router.add_replica(rid, role=role)
             sim_load_rates(router.loads.loads[rid], self.config)
 
-    def remove_replica(self, rid: int) -> None:
+    def remove_replica(self, rid: str) -> None:
         for router in self.routers:
             router.remove_replica(rid)
 
-    def set_healthy(self, rid: int, healthy: bool) -> None:
+    def set_healthy(self, rid: str, healthy: bool) -> None:
         for router in self.routers:
             router.set_healthy(rid, healthy)

@@ -52,10 +52,10 @@ class AutoscaledFleet:
         self.autoscale = autoscale
         self.startup_s = startup_s
         self.scaler = Autoscaler(autoscale)
-        self.born: dict[int, float] = {}   # replica -> when it was asked for
-        self.gone: dict[int, float] = {}   # replica -> when it left
-        self.starting: set[int] = set()
-        self.draining: set[int] = set()
+        self.born: dict[str, float] = {}   # replica -> when it was asked for
+        self.gone: dict[str, float] = {}   # replica -> when it left
+        self.starting: set[str] = set()
+        self.draining: set[str] = set()
         self.timeline: list[tuple[float, int]] = []
         self.decisions: list[dict] = []
 
@@ -67,12 +67,12 @@ class AutoscaledFleet:
         self.timeline.append((0.0, len(sim.replicas)))
         sim.push(self.autoscale.decision_interval_s, FLEET_TIMER, None)
 
-    def live(self) -> list[int]:
+    def live(self) -> list[str]:
         return [rid for rid in self.born if rid not in self.gone]
 
     def on_event(self, sim: Simulation, now: float, kind: int, payload: Payload) -> None:
         if kind == FLEET_EVENT:  # a started replica joins: healthy, with an empty tree (a cold cache)
-            assert isinstance(payload, int)
+            assert isinstance(payload, str)
             self.starting.discard(payload)
             sim.router.add_replica(payload)
             return
@@ -82,8 +82,8 @@ class AutoscaledFleet:
     def after_step(self, sim: Simulation, rep: SimReplica, now: float) -> None:
         self.leave_if_drained(sim, rep.replica_id, now)
 
-    def leave_if_drained(self, sim: Simulation, rid: int, now: float) -> None:
-        if rid in self.draining and sim.replicas[rid].num_in_flight == 0:
+    def leave_if_drained(self, sim: Simulation, rid: str, now: float) -> None:
+        if rid in self.draining and sim.by_id[rid].num_in_flight == 0:
             self.draining.discard(rid)
             sim.router.remove_replica(rid)
             self.gone[rid] = now

@@ -26,7 +26,7 @@ used for that remainder.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
@@ -40,8 +40,8 @@ def transfer_s(config: SimConfig, num_tokens: int) -> float:
     return config.kv_transfer_latency_s + num_tokens * config.kv_bytes_per_token / config.kv_transfer_bytes_per_s
 
 
-def pick_prefill_replica(loads: dict[Hashable, ReplicaLoad], prefill_ids: Iterable[Hashable],
-                         max_backlog_tokens: int, chosen: Hashable) -> Hashable | None:
+def pick_prefill_replica(loads: dict[str, ReplicaLoad], prefill_ids: Iterable[str],
+                         max_backlog_tokens: int, chosen: str) -> str | None:
     """``pd_prefill_pick=policy``: the policy's ``chosen`` prefill replica if it has room as the router counts
     it (its backlog under ``pd_max_prefill_backlog_tokens``), else the least loaded one with room (the router's
     ``choose_prefill``: smallest backlog, then fewest in flight); None when none has room."""
@@ -68,7 +68,7 @@ def held_prefix_tokens(replica: SimReplica, req: SimRequest) -> int:
     return n * bs
 
 
-def prefill_leg(req: SimRequest, prefill_id: int) -> SimRequest:
+def prefill_leg(req: SimRequest, prefill_id: str) -> SimRequest:
     """The request prefill replica ``prefill_id`` runs for a split ``req``: its prompt, one output token
     (linked both ways: ``req.prefill_leg``, ``leg.parent``)."""
     leg = SimRequest(f"{req.request_id}/prefill", req.arrival_s, req.hash_ids, req.num_prompt_tokens, 1,

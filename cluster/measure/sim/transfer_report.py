@@ -23,7 +23,7 @@ def transfer_summary(run: SimRun) -> dict:
     reqs, config = run.requests, run.router.config
     prompt = sum(r.num_prompt_tokens for r in reqs) or 1
     split = [r for r in reqs if r.prefill_leg is not None]
-    pulls = [r for r in reqs if r.pull_from >= 0]
+    pulls = [r for r in reqs if r.pull_from is not None]
     moved = [r for r in reqs if r.num_transferred_tokens]
     split_tokens = sum(r.num_transferred_tokens for r in split)
     pulled_tokens = sum(r.num_transferred_tokens for r in pulls)

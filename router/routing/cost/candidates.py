@@ -9,10 +9,11 @@ when the pull costs fewer seconds than computing those tokens at its rate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 from kvmesh.kvcache.reuse import reusable_blocks
+from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost.columns_price import (
     choice_columns,
     prefill_columns,
@@ -27,10 +28,10 @@ from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_seconds
 from kvmesh.router.routing.load import ReplicaLoad
 
 
-def price_all(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, int], host: Mapping[Hashable, int],
+def price_all(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
               prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None = None,
               lora_name: str | None = None, fleet: FleetRates | None = None,
-              only: Hashable | None = None) -> Mapping[Hashable, TTFTEstimate]:
+              only: ReplicaId | None = None) -> Mapping[ReplicaId, TTFTEstimate]:
     """``TTFTEstimate`` of every replica in ``loads`` (``only``: of that one) for a prompt of ``prompt_tokens``
     (``device``/``host``: leading prompt blocks each holds per tier). ``loads`` as ``CandidateLoads`` (the
     router's columns) are priced in one vectorised pass (``price_columns``); a plain mapping one by one."""
@@ -47,9 +48,9 @@ def price_all(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, i
     return Prices.of({rid: price_one(rid) for rid in loads})
 
 
-def _pricer(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, int], host: Mapping[Hashable, int],
+def _pricer(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
             prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None,
-            lora_name: str | None, fleet: FleetRates) -> tuple[Callable[[Hashable], TTFTEstimate], Hashable, int]:
+            lora_name: str | None, fleet: FleetRates) -> tuple[Callable[[ReplicaId], TTFTEstimate], ReplicaId, int]:
     """(the estimate of one candidate, the replica others may pull from, the blocks it holds)."""
     usable = reusable_blocks(prompt_tokens, block_size)  # an engine computes at least the last token
     holder, best = None, 0
@@ -59,7 +60,7 @@ def _pricer(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, int
                 holder, best = rid, m
         best = min(best, usable)
 
-    def price_one(rid: Hashable) -> TTFTEstimate:
+    def price_one(rid: ReplicaId) -> TTFTEstimate:
         load = loads[rid]
         d = min(device.get(rid, 0), usable)
         extra = max(0, min(host.get(rid, 0), usable) - d)
@@ -77,9 +78,9 @@ def _pricer(loads: Mapping[Hashable, ReplicaLoad], device: Mapping[Hashable, int
     return price_one, holder, best
 
 
-def price_columns(loads: CandidateLoads, device: Mapping[Hashable, int], host: Mapping[Hashable, int],
+def price_columns(loads: CandidateLoads, device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
                   prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None,
-                  lora_name: str | None, fleet: FleetRates, holder: Hashable, best: int) -> Prices:
+                  lora_name: str | None, fleet: FleetRates, holder: ReplicaId, best: int) -> Prices:
     """Every candidate's ``choice_s`` in one pass over the columns (columns_price.py), pulls from ``holder`` (which
     holds ``best`` blocks) included; a candidate's full estimate is read from the same pass when asked for."""
     cols, mask = loads.columns, loads.mask
@@ -110,13 +111,13 @@ def price_columns(loads: CandidateLoads, device: Mapping[Hashable, int], host: M
     choice = parts.choice_s
     choice[loads.outside] = np.inf
 
-    def estimate_of(rid: Hashable) -> TTFTEstimate:
+    def estimate_of(rid: ReplicaId) -> TTFTEstimate:
         return row_estimate(parts, cols, fleet, rows[rid], prompt_tokens, spt, all_priced, computed, pulled)
 
     return Prices(cols.ids, rows, mask, choice, computed, {}, estimate_of)
 
 
-def _scatter(matches: Mapping[Hashable, int], rows: Mapping[Hashable, int], n: int, usable: int) -> np.ndarray:
+def _scatter(matches: Mapping[ReplicaId, int], rows: Mapping[ReplicaId, int], n: int, usable: int) -> np.ndarray:
     """Leading blocks per row (at most ``usable``), 0 where ``matches`` has none."""
     out = np.zeros(n, dtype=np.int64)
     for rid, m in matches.items():

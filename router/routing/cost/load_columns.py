@@ -13,9 +13,10 @@ the order a scan of the dict does: ties break the same way.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
+from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost.estimate import MAX_HIT_FRACTION
 from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.load import LoadTracker, ReplicaLoad
@@ -35,15 +36,16 @@ class LoadColumns:
 
     def __init__(self, tracker: LoadTracker) -> None:
         self.tracker = tracker
-        self.ids: list[Hashable] = []
+        self.ids: list[ReplicaId] = []
         """Row -> replica id."""
-        self.rows: dict[Hashable, int] = {}
+        self.rows: dict[ReplicaId, int] = {}
         """Replica id -> row."""
         self.loads: list[ReplicaLoad] = []
         """Row -> its load."""
         self.version: object = None
         """The tracker's ``members_version`` the rows were laid out for."""
-        self._stale: set[Hashable] = set()
+        self._stale: set[int] = set()
+        """Rows whose load changed since they were read."""
         self._rates: list[tuple] = []
         self.rates_version = 0
         """Rises whenever a row's rates change (what is derived from the rates alone is kept until then)."""
@@ -60,10 +62,9 @@ class LoadColumns:
         elif rows and self._stale:
             stale = list(self._stale)  # taken before the reads: a load set meanwhile (another thread) stays marked
             self._stale.difference_update(stale)
-            rows, loads = self.rows, self.loads
-            for rid in stale:
-                row = rows.get(rid)
-                if row is not None:
+            loads = self.loads
+            for row in stale:
+                if row < len(loads):  # a removed replica's load may still mark its old row: a harmless re-read
                     self._read(row, loads[row])
 
     def _reshape(self) -> None:
@@ -96,8 +97,8 @@ class LoadColumns:
         """Every row (the mask of ``fleet`` over all replicas)."""
         stale = self._stale
         stale.clear()  # every row is read now
-        for row, (rid, load) in enumerate(loads.items()):
-            load.watch(_marker(stale, rid))
+        for row, load in enumerate(self.loads):
+            load.watch(_marker(stale, row))
             self._read(row, load)
 
     def _read(self, row: int, load: ReplicaLoad) -> None:
@@ -149,9 +150,9 @@ class LoadColumns:
         return fleet
 
 
-def _marker(stale: set, replica_id: Hashable):
+def _marker(stale: set, row: int):
     """A load's watcher: its row is stale."""
-    return lambda: stale.add(replica_id)
+    return lambda: stale.add(row)
 
 
 def _slowest(column: np.ndarray, mask: np.ndarray) -> float | None:
@@ -161,7 +162,7 @@ def _slowest(column: np.ndarray, mask: np.ndarray) -> float | None:
     return float(values.max()) if values.size else None
 
 
-class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
+class CandidateLoads(Mapping[ReplicaId, ReplicaLoad]):
     """The candidate replicas of one decision: a mapping of id -> load, as policies take it, that also carries the
     columns (``mask``: the candidates' rows) so the cost prices them all in one vectorised pass. A policy that walks
     the candidates walks a plain dict of them, made once (the router keeps one per candidate set)."""
@@ -174,7 +175,7 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
         """Names ``mask`` for ``LoadColumns.fleet``'s cache (None: a one-off set, e.g. with exclusions)."""
         self._rows: np.ndarray | None = None
         self._outside: np.ndarray | None = None
-        self._plain: dict[Hashable, ReplicaLoad] | None = None
+        self._plain: dict[ReplicaId, ReplicaLoad] | None = None
 
     @property
     def rows(self) -> np.ndarray:
@@ -190,7 +191,7 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
             self._outside = ~self.mask
         return self._outside
 
-    def plain(self) -> dict[Hashable, ReplicaLoad]:
+    def plain(self) -> dict[ReplicaId, ReplicaLoad]:
         """The candidates as a dict, in order."""
         if self._plain is None:
             ids, loads = self.columns.ids, self.columns.loads
@@ -200,7 +201,7 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
     def fleet(self) -> FleetRates:
         return self.columns.fleet(self.mask, self.fleet_key)
 
-    def __getitem__(self, replica_id: Hashable) -> ReplicaLoad:
+    def __getitem__(self, replica_id: ReplicaId) -> ReplicaLoad:
         if self._plain is not None:
             return self._plain[replica_id]
         row = self.columns.rows.get(replica_id)
@@ -212,7 +213,7 @@ class CandidateLoads(Mapping[Hashable, ReplicaLoad]):
         row = self.columns.rows.get(replica_id)
         return row is not None and bool(self.mask[row])
 
-    def __iter__(self) -> Iterator[Hashable]:
+    def __iter__(self) -> Iterator[ReplicaId]:
         return iter(self.plain())
 
     def __len__(self) -> int:

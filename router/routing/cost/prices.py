@@ -9,18 +9,19 @@ priced up front (candidates.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
+from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost.estimate import TTFTEstimate
 
 
-class Prices(Mapping[Hashable, TTFTEstimate]):
+class Prices(Mapping[ReplicaId, TTFTEstimate]):
     """Replica id -> its ``TTFTEstimate`` for one request, over the candidates (a mapping), plus the arrays."""
 
-    def __init__(self, ids: Sequence[Hashable], rows: Mapping[Hashable, int], mask: np.ndarray,
-                 choice: np.ndarray, own_tokens: np.ndarray, exact: dict[Hashable, TTFTEstimate],
-                 price_one: Callable[[Hashable], TTFTEstimate] | None = None) -> None:
+    def __init__(self, ids: Sequence[ReplicaId], rows: Mapping[ReplicaId, int], mask: np.ndarray,
+                 choice: np.ndarray, own_tokens: np.ndarray, exact: dict[ReplicaId, TTFTEstimate],
+                 price_one: Callable[[ReplicaId], TTFTEstimate] | None = None) -> None:
         self.ids = ids
         """Row -> replica id."""
         self.row_of = rows
@@ -35,7 +36,7 @@ class Prices(Mapping[Hashable, TTFTEstimate]):
         self._price_one = price_one
 
     @classmethod
-    def of(cls, estimates: dict[Hashable, TTFTEstimate]) -> Prices:
+    def of(cls, estimates: dict[ReplicaId, TTFTEstimate]) -> Prices:
         """Prices of estimates already made, one per candidate (in the candidates' order)."""
         ids = list(estimates)
         values = estimates.values()
@@ -48,7 +49,7 @@ class Prices(Mapping[Hashable, TTFTEstimate]):
         """The candidates' rows, in order."""
         return np.flatnonzero(self.mask)
 
-    def __getitem__(self, replica_id: Hashable) -> TTFTEstimate:
+    def __getitem__(self, replica_id: ReplicaId) -> TTFTEstimate:
         found = self._exact.get(replica_id)
         if found is not None:
             return found
@@ -61,7 +62,7 @@ class Prices(Mapping[Hashable, TTFTEstimate]):
         row = self.row_of.get(replica_id)
         return row is not None and bool(self.mask[row])
 
-    def __iter__(self) -> Iterator[Hashable]:
+    def __iter__(self) -> Iterator[ReplicaId]:
         ids = self.ids
         return (ids[row] for row in self.rows.tolist())
 

@@ -22,15 +22,15 @@ wrote (``router.policy_kwargs``) with an error that names a bad knob.
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost import Prices, PullPriors, TTFTEstimate, price_all
 from kvmesh.router.routing.load import ReplicaLoad
 from kvmesh.router.routing.tier_matches import TierMatches
 
-ReplicaId = Hashable
 """How the router names a replica (its spec's id over HTTP, an int in the simulator)."""
 Matches = Mapping[ReplicaId, int]
 """Replica id -> leading blocks of the prompt it holds (one tier's; ``TierMatches`` holds both)."""

@@ -1,0 +1,191 @@
+"""One replica's load as the router sees it (``ReplicaLoad``): its own in-flight requests plus the replica's ``/load``.
+
+The record lives on the replica (router/replicas/replica.py); ``LoadTracker`` (router/routing/load.py) keeps its
+counters exact and shares them between router processes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRALoad
+
+ForeignLoad = dict[str, object]
+"""Another server's ``/load`` JSON (not kvmesh's ``LoadReport``): the same numbers under other names."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ReplicaLoad:
+    """Load of one replica. Policies read ``prefill_backlog`` and ``decode_load``; ``kvmesh status``
+    shows it (``ReplicaStatus``, cluster/router_client.py, read back from the router's metrics)."""
+
+    in_flight: int = 0
+    """Requests this router sent to the replica that have not finished."""
+    pending_prefill_tokens: int = 0
+    """Uncached prompt tokens of this router's requests that have produced no output yet."""
+    num_running: int = 0
+    """Running requests, as the replica last reported."""
+    num_waiting: int = 0
+    """Waiting (queued) requests, as the replica last reported."""
+    kv_usage: float = 0.0
+    """Fraction of the replica's KV cache blocks in use, as last reported."""
+    queued_prefill_tokens: int = 0
+    """Prompt tokens the replica still has to prefill, as last reported."""
+    reported_at: float | None = None
+    """``time.monotonic()`` of the last report; None before the first one."""
+    recent_prefill: float = 0.0
+    """Uncached prompt tokens this router sent here, exponentially decayed (``LoadTracker.churn_tau_s``):
+    how fast the replica's cache turns over. In the tracker's scaled units: compare replicas only."""
+
+    prefill_tokens_per_s: float | None = None
+    """Prompt tokens per second the replica measured itself computing (None: not reported)."""
+    kv_block_bytes: int | None = None
+    """Bytes one KV block moves on a load-back, as reported (None: not reported)."""
+    h2d_bytes_per_s: float | None = None
+    """Host-to-device bandwidth the replica measured for its host tier (None: no tier or not reported)."""
+    num_host_kv_blocks: int = 0
+    """Blocks of the replica's host-memory tier, as reported (0: none)."""
+    host_kv_usage: float = 0.0
+    """Fraction of the host tier holding content, as reported."""
+    kv_transfer_enabled: bool = False
+    """The replica reported KV transfer on (``/load``'s ``kv_transfer.enabled``): it can pull and be pulled from."""
+    pull_bytes_per_s: float | None = None
+    """Bytes per second its pulls from peers measured (``kv_transfer.pull_bytes_per_s``, an EWMA; None: none yet)."""
+    kv_bytes_per_token: int | None = None
+    """KV bytes one token moves in a pull (``kv_transfer.bytes_per_token``; None: not reported)."""
+
+    decode_step: DecodeStepLoad | None = None
+    """The replica's measured decode step time and running context (``/load``'s ``decode_step``; None: none)."""
+    pull_fixed_s: float | None = None
+    """Seconds a pull costs besides its bytes, as measured (``kv_transfer.pull_fixed_s``; None: not yet)."""
+    lora: LoRALoad | None = None
+    """Its adapters: sizes, which are resident, its load rate (``/load``'s ``lora``; None: not reported)."""
+    max_num_seqs: int | None = None
+    """Most requests it runs at once, as it reports (``/load``'s ``max_num_seqs``; None: not reported)."""
+    scheduling_policy: str | None = None
+    """Its engine's scheduling policy, as it reports (``/load``'s ``scheduling_policy``; None: not said, e.g. vLLM):
+    only under ``priority`` do requests to it carry the priority the router granted (router/http/caller.py)."""
+    ttft_correction: float = 1.0
+    """The scale of observed over predicted TTFT here, learned online (router/routing/cost/correction.py)."""
+    ttft_offset_s: float = 0.0
+    """Seconds observed TTFTs here take beyond the scaled prediction (the same fit's offset)."""
+    ttft_sums: list[float] = field(default_factory=list)
+    """That fit's decayed sums (weight, x, y, xx, xy); empty before the first observation."""
+    recent_prompt: float = 0.0
+    """Prompt tokens this router sent here, decayed as ``recent_prefill`` (same units): ``1 - recent_prefill /
+    recent_prompt`` is the replica's recent hit fraction."""
+    recent_requests: float = 0.0
+    """Requests this router sent here, decayed as ``recent_prefill`` (``recent_prompt / recent_requests``: their
+    mean prompt, a running request's context when the replica reports none)."""
+    arrival_rate: float = 0.0
+    """Requests per second this router sends here, exponentially decayed over ``ARRIVAL_TAU_S`` (as of the last)."""
+    last_dispatch: float | None = None
+    """The clock of the last request sent here (``LoadTracker.on_dispatch``'s ``now``)."""
+
+    peer_in_flight: int = 0
+    """Requests the other router processes of this host sent here and have not finished (shared
+    table, as of ``LoadTracker.refresh``; 0 for a router alone)."""
+    peer_pending_prefill_tokens: int = 0
+    """Their uncached prompt tokens that have produced no output yet (idem)."""
+    watcher: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    """Called after any field is set (the tracker's columns re-read this replica before the next decision,
+    router/routing/cost/load_columns.py); None: nothing watches it."""
+
+    def watch(self, watcher: Callable[[], None] | None) -> None:
+        """Call ``watcher`` after any field is set from now on (setting it calls nothing: the watcher's owner, which
+        reads the fields next, is not called back)."""
+        object.__setattr__(self, "watcher", watcher)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        try:
+            watcher = self.watcher
+        except AttributeError:  # still in __init__: nothing watches it yet
+            return
+        if watcher is not None:
+            watcher()
+
+    @property
+    def prefill_backlog(self) -> int:
+        """Prompt tokens the replica must prefill before a new request's own prefill starts."""
+        return max(self.pending_prefill_tokens + self.peer_pending_prefill_tokens, self.queued_prefill_tokens)
+
+    @property
+    def decode_load(self) -> int:
+        """Requests sharing the replica's decode steps."""
+        return max(self.in_flight + self.peer_in_flight, self.num_running + self.num_waiting)
+
+    def load_back_s(self, num_blocks: int) -> float:
+        """Seconds to load ``num_blocks`` back from the host tier (0 when the replica reported no bandwidth)."""
+        return copy_seconds(num_blocks, self.kv_block_bytes, self.h2d_bytes_per_s) or 0.0
+
+    def pull_s(self, num_blocks: int, block_size: int, overhead_s: float,
+               assumed_bytes_per_s: float | None = None) -> float | None:
+        """Seconds for this replica to pull ``num_blocks`` from a peer: the copy at its measured pull rate
+        (``assumed_bytes_per_s`` until it measured one) plus ``overhead_s`` per pull (lease, handshake,
+        release); None when it cannot be priced (no block size in bytes, no rate)."""
+        block_bytes = self.kv_block_bytes or (self.kv_bytes_per_token * block_size if self.kv_bytes_per_token else None)
+        seconds = copy_seconds(num_blocks, block_bytes, self.pull_bytes_per_s or assumed_bytes_per_s)
+        return None if seconds is None else seconds + overhead_s
+
+    def update_transfer(self, kv_transfer: object) -> None:
+        """Take ``/load``'s ``kv_transfer`` object (a dict, or a Struct with the same fields); None/absent:
+        transfer off."""
+        fields = kv_transfer if isinstance(kv_transfer, dict) else {} if kv_transfer is None else \
+            msgspec.structs.asdict(kv_transfer)
+        get = fields.get
+        self.kv_transfer_enabled = kv_transfer is not None and get("enabled") is True
+        rate, per_token, fixed = get("pull_bytes_per_s"), get("bytes_per_token"), get("pull_fixed_s")
+        self.pull_bytes_per_s = float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+        self.pull_fixed_s = float(fixed) if isinstance(fixed, (int, float)) and fixed >= 0 else None
+        self.kv_bytes_per_token = per_token if isinstance(per_token, int) and per_token > 0 else None
+
+    @property
+    def total_in_flight(self) -> int:
+        """Requests all router processes of this host sent here that have not finished."""
+        return self.in_flight + self.peer_in_flight
+
+    def update_report(self, report: LoadReport | ForeignLoad) -> None:
+        """Take a replica's ``/load``: kvmesh's ``LoadReport``, or another server's JSON in a few other
+        spellings (unknown keys are ignored; missing ones keep their value)."""
+        if isinstance(report, LoadReport):
+            self.num_running, self.num_waiting = report.num_requests_running, report.num_requests_waiting
+            self.kv_usage, self.queued_prefill_tokens = report.kv_cache_usage, report.num_waiting_prefill_tokens
+            self.prefill_tokens_per_s, self.kv_block_bytes = report.prefill_tokens_per_s, report.kv_block_bytes
+            self.h2d_bytes_per_s, self.num_host_kv_blocks = report.h2d_bytes_per_s, report.num_host_kv_blocks
+            self.host_kv_usage, self.decode_step, self.lora = report.host_kv_cache_usage, report.decode_step, report.lora
+            self.max_num_seqs, self.scheduling_policy = report.max_num_seqs, report.scheduling_policy
+            self.reported_at = time.monotonic()
+            return
+        self.num_running = int(_first(report, _RUNNING_KEYS, self.num_running))
+        self.num_waiting = int(_first(report, _WAITING_KEYS, self.num_waiting))
+        self.kv_usage = float(_first(report, _KV_USAGE_KEYS, self.kv_usage))
+        self.queued_prefill_tokens = int(_first(report, _PREFILL_KEYS, self.queued_prefill_tokens))
+        self.reported_at = time.monotonic()
+
+
+def copy_seconds(num_blocks: int, block_bytes: int | None, bytes_per_s: float | None) -> float | None:
+    """Seconds to move ``num_blocks`` KV blocks of ``block_bytes`` at ``bytes_per_s``: the one cost form of a
+    host-tier load-back and a peer pull (0 for no blocks; None when a size or the rate is unknown)."""
+    if not num_blocks:
+        return 0.0
+    if not block_bytes or not bytes_per_s:
+        return None
+    return num_blocks * block_bytes / bytes_per_s
+
+
+_RUNNING_KEYS = ("num_requests_running", "num_running", "running")
+_WAITING_KEYS = ("num_requests_waiting", "num_waiting", "waiting")
+_KV_USAGE_KEYS = ("kv_cache_usage", "kv_usage")
+_PREFILL_KEYS = ("num_waiting_prefill_tokens", "queued_prefill_tokens")
+
+
+def _first(report: ForeignLoad, keys: tuple[str, ...], default: int | float) -> object:
+    for key in keys:
+        value = report.get(key)
+        if value is not None:
+            return value
+    return default
