@@ -2,7 +2,8 @@
 
 ``requests`` carries the proxied requests and what goes with them (probe requests, KV handoffs, pull-peer
 registrations); ``control`` the probes and the control calls (``/v1/models``, adapter loads, ``/metrics``,
-prefix-cache resets), each within the connect timeout. Both are made by ``start`` in the router's event loop.
+prefix-cache resets), each within its own deadline (``UpstreamPool.fetch``: the connect timeout, an adapter load
+``upstream.adapter_load_timeout_s``). Both are made by ``start`` in the router's event loop.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ class ReplicaCalls:
 
     def start(self) -> None:
         cfg = self.upstream
-        self.control = UpstreamPool(cfg.connect_timeout_s, cfg.connect_timeout_s)
+        # no read timeout of the pool's own: every control call is a fetch with its deadline, which would otherwise
+        # be cut to the connect timeout (an adapter load of several seconds failed as "sent nothing")
+        self.control = UpstreamPool(cfg.connect_timeout_s, None)
         self.requests = UpstreamPool(cfg.connect_timeout_s, cfg.request_timeout_s)
 
     def close(self) -> None:

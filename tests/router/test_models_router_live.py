@@ -86,3 +86,21 @@ def test_each_model_from_its_own_pool_adapters_loaded_where_missing(two_model_fa
     r = httpx.post(router.url + "/v1/unload_lora_adapter", json={"lora_name": "tiny"}, headers=ADMIN, timeout=10)
     assert r.status_code == 200 and sorted(r.json()["unloaded_from"]) == ["a1", "a2"]
     assert complete(router, "tiny").status_code == 404
+
+
+def test_an_adapter_load_slower_than_the_connect_timeout_is_waited_for(two_model_fakes, start_router, tmp_path):
+    """An adapter load gets ``upstream.adapter_load_timeout_s`` (30 s), not the connect timeout the router's other
+    control calls get (1 s here): a large adapter or a slow disk is no failure."""
+    a1, a2, b1 = two_model_fakes
+    router = start_router([a1.spec, a2.spec, b1.spec], internal_key=INTERNAL_KEY)
+    wait_for(lambda: len(router.runtime.router.healthy) == 3, what="three healthy replicas")
+    for fake in (a1, a2):
+        fake.configure(adapter_load_delay=2.5)
+    try:
+        body = {"lora_name": "large", "lora_path": str(tmp_path), "base_model_name": "llama"}
+        r = httpx.post(router.url + "/v1/load_lora_adapter", json=body, headers=ADMIN, timeout=60)
+        assert r.status_code == 200, r.text
+        assert sorted(r.json()["loaded_on"]) == ["a1", "a2"]
+    finally:
+        for fake in (a1, a2):
+            fake.configure(adapter_load_delay=0.0)

@@ -130,6 +130,8 @@ class FakeReplica:
             self.auth_seen.append(headers.get(b"authorization", b"").decode())
             reply = {"freed_blocks": self.cache.reset() if self.cache is not None else 0}
         elif method == b"POST" and path in (b"/v1/load_lora_adapter", b"/v1/unload_lora_adapter"):
+            if path == b"/v1/load_lora_adapter" and self.faults.adapter_load_delay:
+                await asyncio.sleep(self.faults.adapter_load_delay)
             status, reply = self.lora.call(path == b"/v1/load_lora_adapter", body,
                                            headers.get(b"authorization", b"").decode())
         elif method == b"GET":
