@@ -95,6 +95,7 @@ def ray_session():
             break
         try:
             ray.init(
+                address="local",  # the session's own, not one a test (or another session) started with `ray start`
                 num_cpus=RAY_NUM_CPUS,
                 include_dashboard=False,
                 log_to_driver=False,

@@ -79,8 +79,8 @@ def start(config: ReplicaCommandConfig, model_runner: ModelRunnerInterface | Non
         import ray
 
         if not ray.is_initialized():
-            ray.init(num_cpus=max(config.engine.tensor_parallel_size + 1, 2), include_dashboard=False,
-                     configure_logging=False)
+            ray.init(address="local", num_cpus=max(config.engine.tensor_parallel_size + 1, 2),
+                     include_dashboard=False, configure_logging=False)  # the ranks' own instance, not another's
     from kvmesh.replica.runtime import ReplicaRuntime
 
     return ReplicaRuntime.start(config.engine, config.server, config.events, config.frontend,

@@ -166,6 +166,7 @@ def _start_embedded(config: ServeConfig, log_to_driver: bool, attempts: int = 2)
         try:
             with without_secrets_in_env(), loopback_only(), in_own_session():
                 ray.init(
+                    address="local",  # embedded: never a RAY_ADDRESS or `ray start` cluster (--address joins one)
                     num_cpus=embedded_num_cpus(config),
                     namespace=config.ray.namespace,
                     include_dashboard=False,
