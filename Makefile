@@ -22,11 +22,16 @@ STAMP := $(VENV)/.kvmesh-installed
 serve: $(STAMP)
 	$(BIN)/kvmesh serve $(ARGS)
 
+# Test processes (pytest-xdist; each test file runs whole in one, with its own Ray where it needs one).
+# TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -m "not ray and not live and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not ray and not live and not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
