@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvmesh.router.routing.load import ReplicaLoad
+from kvmesh.router.replicas.load import ReplicaLoad
 
 
 @dataclass(slots=True)

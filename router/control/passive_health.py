@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from kvmesh.router.control.kv_peers import KVPeerRegistry
     from kvmesh.router.control.replica_calls import ReplicaCalls
     from kvmesh.router.http.metrics import RouterMetrics
+    from kvmesh.router.replicas.load import ForeignLoad
     from kvmesh.router.routing.kv_router import KVRouter
-    from kvmesh.router.routing.load import ForeignLoad
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.http.token_forwarding import ServerInfo, upstream_kind
 from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
+from kvmesh.router.replicas.load import ForeignLoad
 from kvmesh.router.routing.kv_router import INCOMPATIBLE, KVRouter
-from kvmesh.router.routing.load import ForeignLoad
 
 if TYPE_CHECKING:
     from kvmesh.replica.serving.tokenizer import Tokenizer

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvmesh.kvcache.reuse import reusable_blocks
+from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost import (
     FleetRates,
@@ -50,7 +51,6 @@ from kvmesh.router.routing.cost import (
     prefill_s_per_token,
     pull_seconds,
 )
-from kvmesh.router.routing.load import ReplicaLoad
 
 DEFAULT_STEP_TOKENS = 8192.0
 """A step budget for the split's price (the decode replica's steps interleaved with the suffix's prefill)."""

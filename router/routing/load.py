@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 import time
 
-from kvmesh.router.replicas.load import ForeignLoad, ReplicaLoad, copy_seconds
+from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.views import FieldView
 
-__all__ = ["ARRIVAL_TAU_S", "ForeignLoad", "LoadTracker", "ReplicaLoad", "copy_seconds"]
+__all__ = ["ARRIVAL_TAU_S", "LoadTracker"]
 
 ARRIVAL_TAU_S = 30.0
 """Time constant of ``ReplicaLoad.arrival_rate``: the window over which a replica's request rate is counted."""

@@ -29,7 +29,7 @@ from kvmesh.router.replicas.health import ReplicaHealth
 from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 
-__all__ = ["OutlierConfig", "OutlierDetector", "ReplicaHealth"]
+__all__ = ["OutlierConfig", "OutlierDetector"]
 
 
 @dataclass(frozen=True, slots=True)

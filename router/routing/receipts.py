@@ -32,7 +32,7 @@ from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.reuse import REASONS, ReuseTotals
 
-__all__ = ["REASONS", "Receipts", "ReuseTotals", "RouteReceipt"]
+__all__ = ["Receipts", "RouteReceipt"]
 
 HEADER_PREFIX = "x-kvmesh-"
 HEADER_REPLICA = HEADER_PREFIX + "replica"

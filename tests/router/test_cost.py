@@ -12,10 +12,10 @@ import msgspec
 import pytest
 from kvmesh.replica.engine.step_time import DecodeStepTime, LinearFit, decode_step_load
 from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRALoad
+from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.routing.cost import FleetRates, PullPriors, estimate, observe_ttft, price_all, pull_seconds
 from kvmesh.router.routing.cost.correction import BOUNDS
 from kvmesh.router.routing.kv_router import KVRouter
-from kvmesh.router.routing.load import ReplicaLoad
 from kvmesh.router.routing.policies import get_policy
 from kvmesh.router.routing.tier_matches import TierMatches
 

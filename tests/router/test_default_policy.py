@@ -4,7 +4,7 @@ and an adapter already resident on a replica counts (its load time, as ``cache_a
 from __future__ import annotations
 
 from kvmesh.replica.serving.load_report import LoRALoad
-from kvmesh.router.routing.load import ReplicaLoad
+from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.routing.policies import DEFAULT_POLICY, get_policy
 from kvmesh.router.routing.tier_matches import TierMatches
 

@@ -7,6 +7,7 @@ import pytest
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.config import ReplicaSpec, RouterConfig, build_router
 from kvmesh.router.control.probes import decode_transfer
+from kvmesh.router.replicas.load import ReplicaLoad, copy_seconds
 from kvmesh.router.routing.cost import FleetRates
 from kvmesh.router.routing.kv_placement import (
     SPLIT_NO_ROOM,
@@ -16,7 +17,6 @@ from kvmesh.router.routing.kv_placement import (
     price_split,
 )
 from kvmesh.router.routing.kv_router import KVRouter
-from kvmesh.router.routing.load import ReplicaLoad, copy_seconds
 from kvmesh.router.routing.policies import NoReplicaError
 
 from .helpers import stored

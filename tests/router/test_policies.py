@@ -7,7 +7,8 @@ import math
 from dataclasses import replace
 
 import pytest
-from kvmesh.router.routing.load import LoadTracker, ReplicaLoad
+from kvmesh.router.replicas.load import ReplicaLoad
+from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import POLICIES, NoReplicaError, get_policy
 from kvmesh.router.routing.policies.cache_aware import CacheAwareConfig
 from kvmesh.router.routing.policies.cache_aware_tokens import CacheAwareTokensConfig

@@ -11,11 +11,11 @@ import random
 import numpy as np
 import pytest
 from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRALoad
+from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.routing import kv_router
 from kvmesh.router.routing.cost import FleetRates, PullPriors, price_all
 from kvmesh.router.routing.cost.load_columns import CandidateLoads
 from kvmesh.router.routing.kv_router import KVRouter
-from kvmesh.router.routing.load import ReplicaLoad
 from kvmesh.router.routing.policies.cache_aware import CacheAwareConfig, CacheAwarePolicy
 from kvmesh.router.routing.tier_matches import TierMatches
 

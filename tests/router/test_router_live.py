@@ -113,8 +113,8 @@ the cost makes from its inputs, whatever the machine's speed."""
 def pinned_rates(live, monkeypatch):
     """Both replicas priced with the same injected rates: their reports keep everything but the measured rates
     (prefill rate pinned, decode step unmeasured), and no observed TTFT corrects a prediction."""
+    from kvmesh.router.replicas.load import ReplicaLoad
     from kvmesh.router.routing import kv_router
-    from kvmesh.router.routing.load import ReplicaLoad
 
     report = ReplicaLoad.update_report
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.cluster.measure.sim.lora_config import SimLoRAConfig
 from kvmesh.replica.serving.load_report import LoRALoad
-from kvmesh.router.routing.load import ReplicaLoad
+from kvmesh.router.replicas.load import ReplicaLoad
 
 if TYPE_CHECKING:
     from kvmesh.cluster.measure.sim.request import SimRequest

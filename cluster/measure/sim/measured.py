@@ -17,7 +17,7 @@ from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.replica.engine.prefill_rate import PrefillRate
 from kvmesh.replica.engine.step_time import DecodeStepTime
 from kvmesh.replica.serving.load_report import DecodeStepLoad, KVTransferLoad, LoadReport
-from kvmesh.router.routing.load import ReplicaLoad
+from kvmesh.router.replicas.load import ReplicaLoad
 
 
 class SimMeasures:

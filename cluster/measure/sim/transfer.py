@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.kvcache.reuse import reusable_blocks
-from kvmesh.router.routing.load import ReplicaLoad
+from kvmesh.router.replicas.load import ReplicaLoad
 
 
 def transfer_s(config: SimConfig, num_tokens: int) -> float:

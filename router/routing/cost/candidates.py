@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 from kvmesh.kvcache.reuse import reusable_blocks
+from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost.columns_price import (
     choice_columns,
@@ -25,7 +26,6 @@ from kvmesh.router.routing.cost.fleet import FleetRates
 from kvmesh.router.routing.cost.load_columns import CandidateLoads
 from kvmesh.router.routing.cost.prices import Prices
 from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_seconds
-from kvmesh.router.routing.load import ReplicaLoad
 
 
 def price_all(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],

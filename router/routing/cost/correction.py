@@ -12,7 +12,7 @@ request stuck behind a preemption) cannot make a replica look free or unusable.
 
 from __future__ import annotations
 
-from kvmesh.router.routing.load import ReplicaLoad
+from kvmesh.router.replicas.load import ReplicaLoad
 
 DECAY = 0.9
 """Weight left to the older observations at each new one (about the last 10 requests of the replica count)."""

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.routing.cost.correction import corrected
 from kvmesh.router.routing.cost.fleet import FleetRates
-from kvmesh.router.routing.load import ReplicaLoad
 
 MAX_HIT_FRACTION = 0.95
 """A replica's hit fraction counts up to this in the value of its cached tokens (``h / (1 - h)``, finite)."""

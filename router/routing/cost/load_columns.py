@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 import numpy as np
+from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost.estimate import MAX_HIT_FRACTION
 from kvmesh.router.routing.cost.fleet import FleetRates
-from kvmesh.router.routing.load import LoadTracker, ReplicaLoad
+from kvmesh.router.routing.load import LoadTracker
 
 _NAN = float("nan")
 _MAX_FLEETS_KEPT = 8

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.routing.cost.estimate import block_bytes
 from kvmesh.router.routing.cost.fleet import FleetRates
-from kvmesh.router.routing.load import ReplicaLoad
 
 
 @dataclass(frozen=True, slots=True)

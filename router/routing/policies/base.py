@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.cost import Prices, PullPriors, TTFTEstimate, price_all
-from kvmesh.router.routing.load import ReplicaLoad
 from kvmesh.router.routing.tier_matches import TierMatches
 
 """How the router names a replica (its spec's id over HTTP, an int in the simulator)."""
