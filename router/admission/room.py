@@ -19,15 +19,26 @@ still counted by the replica while the router already sent the next one.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
 from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class LearnedSlots:
+    """What admission learned of one replica's slots (module doc), kept by whoever keeps the replica (the router's
+    replica record, a simulated replica), so that it goes with it."""
+
+    slots: int | None = None
+    """Requests it was seen running at once with others waiting (None: not learned yet)."""
+    seen_at: float = math.inf
+    """When that was last seen (inf: it never expires)."""
 
 
 @dataclass(slots=True, frozen=True)
 class ReplicaRoom:
     """What room is judged from, for one candidate replica."""
 
-    replica_id: Hashable
+    learned: LearnedSlots
+    """Its slots as learned so far (``SlotCapacity`` updates it)."""
     in_flight: int
     """Requests this host's router processes have in flight there."""
     num_running: int
@@ -39,41 +50,35 @@ class ReplicaRoom:
 
 
 class SlotCapacity:
-    """Slots per replica, learned from reports (module doc); a count is trusted for ``ttl_s`` after it was last
-    seen, then learned again (a replica that ran few long prompts may run many short ones later)."""
+    """Slots per replica, learned from reports (module doc) into each replica's ``LearnedSlots``; a count is trusted
+    for ``ttl_s`` after it was last seen, then learned again (a replica that ran few long prompts may run many short
+    ones later)."""
 
     def __init__(self, ttl_s: float = 30.0) -> None:
         self.ttl_s = ttl_s
-        self.slots: dict[Hashable, tuple[int, float]] = {}
-        """Replica id -> (slots, when last seen)."""
 
     def observe(self, room: ReplicaRoom, now: float | None = None) -> None:
         """Learn from a report: waiting requests mean the running ones fill every slot; a stale count that runs more
         without waiting rises to it (``now``: the caller's clock; None: what is learned never expires)."""
-        at = math.inf if now is None else now
+        learned = room.learned
         if room.num_waiting > 0 and room.num_running > 0:
-            self.slots[room.replica_id] = (room.num_running, at)
-        elif room.num_waiting == 0:
-            learned = self.slots.get(room.replica_id)
-            if learned is not None and self._stale(learned, now) and room.num_running > learned[0]:
-                self.slots[room.replica_id] = (room.num_running, learned[1])  # still stale: probe on above it
+            learned.slots, learned.seen_at = room.num_running, math.inf if now is None else now
+        elif (room.num_waiting == 0 and learned.slots is not None and self._stale(learned, now)
+              and room.num_running > learned.slots):
+            learned.slots = room.num_running  # still stale: probe on above it
 
     def has_room(self, room: ReplicaRoom, now: float | None = None) -> bool:
         self.observe(room, now)
         if room.in_flight == 0:
             return True
-        cap = room.max_num_seqs
-        learned = self.slots.get(room.replica_id)
-        if learned is None:
+        cap, learned = room.max_num_seqs, room.learned
+        if learned.slots is None:
             return room.in_flight < cap if cap else room.num_waiting == 0
-        slots = learned[0] + 1 if self._stale(learned, now) else learned[0]  # stale: probe one above
+        slots = learned.slots + 1 if self._stale(learned, now) else learned.slots  # stale: probe one above
         return room.in_flight < (min(slots, cap) if cap else slots)
 
-    def _stale(self, learned: tuple[int, float], now: float | None) -> bool:
-        return now is not None and now - learned[1] > self.ttl_s
-
-    def forget(self, replica_id: Hashable) -> None:
-        self.slots.pop(replica_id, None)
+    def _stale(self, learned: LearnedSlots, now: float | None) -> bool:
+        return now is not None and now - learned.seen_at > self.ttl_s
 
 
 class DrainRate:

@@ -34,7 +34,7 @@ import msgspec
 from kvmesh.replica.serving.errors import error_body
 from kvmesh.router.admission.decisions import DEADLINE, GO, WAIT, Admission, Shed
 from kvmesh.router.admission.ledger import LocalLedger, TenantLedger
-from kvmesh.router.admission.room import ReplicaRoom, SlotCapacity
+from kvmesh.router.admission.room import LearnedSlots, ReplicaRoom, SlotCapacity
 from kvmesh.router.http.admission_metrics import AdmissionMetrics
 from kvmesh.router.http.caller import int_header
 from kvmesh.router.http.messages import Request, Response
@@ -263,8 +263,10 @@ class AdmissionGate:
         """Whether ``replica_id`` (None: some decode candidate) has a free slot (router/admission/room.py)."""
         for replica in self.router.replicas.candidates(None if replica_id is None else (replica_id,)):
             load = replica.load
+            if replica.learned_slots is None:
+                replica.learned_slots = LearnedSlots()
             if self.slots.has_room(
-                    ReplicaRoom(replica.id, load.total_in_flight, load.num_running, load.num_waiting,
+                    ReplicaRoom(replica.learned_slots, load.total_in_flight, load.num_running, load.num_waiting,
                                 load.max_num_seqs), now):
                 return True
         return False

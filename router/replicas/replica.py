@@ -1,8 +1,8 @@
 """One replica as the router knows it: a single record (``Replica``) that every part of the router reads and writes.
 
-What the router knows of a replica used to be spread over maps keyed by its id in the classes that use it; each
-of those classes keeps its logic and reads or writes these fields instead, so forgetting a replica is dropping its
-record (router/replicas/replica_set.py):
+The classes that act on a replica (load tracking, passive health, outliers, models, receipts, the event intake,
+admission) keep their logic and read or write these fields, not maps keyed by its id, so forgetting a replica is
+dropping its record (router/replicas/replica_set.py):
 
     spec, role, state       where it listens, what it does (prefill, decode, both), joining / ready / draining
     healthy                 in rotation now (answers /health, not ejected, not draining)
@@ -13,6 +13,7 @@ record (router/replicas/replica_set.py):
     accepts                 what it takes instead of text (token ids; its /server_info)
     reuse                   reuse totals of the requests routed to it (its route receipts)
     stream                  its event stream as the router watches and feeds it
+    learned_slots           what admission learned of the requests it runs at once
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class Replica:
     None: not said yet (text)."""
     reuse: ReuseTotals = field(default_factory=ReuseTotals)
     stream: StreamState = field(default_factory=StreamState)
+    learned_slots: Any = None
+    """What admission learned of its slots (router/admission/room.py's ``LearnedSlots``, which this room may not
+    import; the admission gate sets it); None: nothing yet."""
 
     @property
     def prefill_only(self) -> bool:

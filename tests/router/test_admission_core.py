@@ -9,7 +9,7 @@ from kvmesh.router.admission.fair_share import weighted_tokens
 from kvmesh.router.admission.ledger import LocalLedger
 from kvmesh.router.admission.queue import AdmissionQueue, Waiter
 from kvmesh.router.admission.rate_limit import TokenRate
-from kvmesh.router.admission.room import DrainRate, ReplicaRoom, SlotCapacity
+from kvmesh.router.admission.room import DrainRate, LearnedSlots, ReplicaRoom, SlotCapacity
 from kvmesh.router.admission.tenants import DEFAULT_TENANT, KeyEntry, Tenant, Tenants, load_keys_file
 
 
@@ -149,30 +149,32 @@ def test_without_a_prediction_the_gate_follows_room():
 
 def test_slots_are_learned_when_a_replica_reports_waiting_requests_and_relearned_after_their_ttl():
     slots = SlotCapacity(ttl_s=30.0)
-    assert slots.has_room(ReplicaRoom("r", in_flight=3, num_running=3, num_waiting=0), now=0.0)  # no sign it queues
-    assert not slots.has_room(ReplicaRoom("r", in_flight=4, num_running=4, num_waiting=2), now=1.0)  # 4 slots, used
-    assert slots.slots["r"] == (4, 1.0)
-    assert slots.has_room(ReplicaRoom("r", in_flight=3, num_running=4, num_waiting=0), now=2.0)
-    assert not slots.has_room(ReplicaRoom("r", in_flight=5, num_running=5, num_waiting=0), now=2.0)  # a finishing one
-    assert slots.has_room(ReplicaRoom("r", in_flight=0, num_running=9, num_waiting=9), now=2.0)  # nothing of ours: go
-    assert slots.slots["r"] == (9, 2.0)  # what it runs with a queue is its slots now
-    assert not slots.has_room(ReplicaRoom("s", in_flight=4, num_running=4, num_waiting=2), now=1.0)  # s: 4 slots
-    assert slots.has_room(ReplicaRoom("s", in_flight=4, num_running=4, num_waiting=0), now=40.0)  # stale: probe a 5th
-    assert not slots.has_room(ReplicaRoom("s", in_flight=5, num_running=4, num_waiting=0), now=40.0)  # one at a time
-    assert slots.has_room(ReplicaRoom("s", in_flight=6, num_running=6, num_waiting=0), now=41.0)  # it ran 6: a 7th
-    assert slots.slots["s"] == (6, 1.0)  # risen, still stale: probed on until the replica shows a queue
-    assert not slots.has_room(ReplicaRoom("s", in_flight=6, num_running=5, num_waiting=1), now=42.0)  # 5: fresh
-    assert slots.slots["s"] == (5, 42.0)
+    learned = {"r": LearnedSlots(), "s": LearnedSlots()}  # what each replica's keeper holds
+    assert slots.has_room(ReplicaRoom(learned["r"], in_flight=3, num_running=3, num_waiting=0), now=0.0)  # no sign it queues
+    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=4, num_running=4, num_waiting=2), now=1.0)  # 4 slots, used
+    assert (learned["r"].slots, learned["r"].seen_at) == (4, 1.0)
+    assert slots.has_room(ReplicaRoom(learned["r"], in_flight=3, num_running=4, num_waiting=0), now=2.0)
+    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=5, num_running=5, num_waiting=0), now=2.0)  # a finishing one
+    assert slots.has_room(ReplicaRoom(learned["r"], in_flight=0, num_running=9, num_waiting=9), now=2.0)  # nothing of ours: go
+    assert (learned["r"].slots, learned["r"].seen_at) == (9, 2.0)  # what it runs with a queue is its slots now
+    assert not slots.has_room(ReplicaRoom(learned["s"], in_flight=4, num_running=4, num_waiting=2), now=1.0)  # s: 4 slots
+    assert slots.has_room(ReplicaRoom(learned["s"], in_flight=4, num_running=4, num_waiting=0), now=40.0)  # stale: probe a 5th
+    assert not slots.has_room(ReplicaRoom(learned["s"], in_flight=5, num_running=4, num_waiting=0), now=40.0)  # one at a time
+    assert slots.has_room(ReplicaRoom(learned["s"], in_flight=6, num_running=6, num_waiting=0), now=41.0)  # it ran 6: a 7th
+    assert (learned["s"].slots, learned["s"].seen_at) == (6, 1.0)  # risen, still stale: probed on until the replica shows a queue
+    assert not slots.has_room(ReplicaRoom(learned["s"], in_flight=6, num_running=5, num_waiting=1), now=42.0)  # 5: fresh
+    assert (learned["s"].slots, learned["s"].seen_at) == (5, 42.0)
 
 
 def test_a_replica_that_says_its_max_num_seqs_gets_no_more_at_once():
     slots = SlotCapacity(ttl_s=30.0)
     said = dict(num_running=3, num_waiting=0, max_num_seqs=4)
-    assert slots.has_room(ReplicaRoom("r", in_flight=3, **said), now=0.0)
-    assert not slots.has_room(ReplicaRoom("r", in_flight=4, **said), now=0.0)  # a stale report shows no queue: held
-    assert not slots.has_room(ReplicaRoom("r", in_flight=3, num_running=3, num_waiting=1, max_num_seqs=4), now=1.0)
-    assert slots.has_room(ReplicaRoom("r", in_flight=3, **said), now=40.0)  # its KV ran 3: learned, then probed to 4
-    assert not slots.has_room(ReplicaRoom("r", in_flight=4, **said), now=40.0)  # never past what it says
+    learned = {"r": LearnedSlots()}
+    assert slots.has_room(ReplicaRoom(learned["r"], in_flight=3, **said), now=0.0)
+    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=4, **said), now=0.0)  # a stale report shows no queue: held
+    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=3, num_running=3, num_waiting=1, max_num_seqs=4), now=1.0)
+    assert slots.has_room(ReplicaRoom(learned["r"], in_flight=3, **said), now=40.0)  # its KV ran 3: learned, then probed to 4
+    assert not slots.has_room(ReplicaRoom(learned["r"], in_flight=4, **said), now=40.0)  # never past what it says
 
 
 def test_leaving_charges_the_computed_prompt_and_finishing_twice_the_output():

@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 from kvmesh.router.admission.config import AdmissionConfig
+from kvmesh.router.admission.room import LearnedSlots
 
 from .conftest import wait_for
 
@@ -29,7 +30,7 @@ def admitting(fakes, start_router, tmp_path):
     a.configure(delay=DELAY_S)
     router = start_router([a.spec], admission=AdmissionConfig(keys_file=str(keys)))
     wait_for(lambda: router.runtime.router.healthy, what="the replica healthy")
-    router.runtime.admission.slots.slots["a"] = (1, time.monotonic())
+    router.runtime.router.replicas.get("a").learned_slots = LearnedSlots(1, time.monotonic())  # one slot, learned
     return router
 
 

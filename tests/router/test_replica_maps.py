@@ -26,8 +26,6 @@ ALLOWED = {
     "re-registered under its id keeps its column",
     "router/routing/cost/load_columns.py:LoadColumns.rows": "the load columns' layout (id -> row, rebuilt from the set "
     "when it changes): where a replica sits in the arrays, as the index's slots are",
-    "router/admission/room.py:SlotCapacity.slots": "admission's core imports only itself (the simulator runs it "
-    "over its own replicas): the slots it learned per replica",
     "router/routing/policies/prefix_hash.py:PrefixHashPolicy._ring_ids": "the replicas its hash ring was built for",
 }
 

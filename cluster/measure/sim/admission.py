@@ -24,7 +24,7 @@ from kvmesh.router.admission.config import AdmissionConfig
 from kvmesh.router.admission.decisions import DEADLINE, GO, WAIT, Admission, Shed
 from kvmesh.router.admission.ledger import LocalLedger
 from kvmesh.router.admission.queue import Waiter
-from kvmesh.router.admission.room import ReplicaRoom, SlotCapacity
+from kvmesh.router.admission.room import LearnedSlots, ReplicaRoom, SlotCapacity
 from kvmesh.router.admission.tenants import DEFAULT_TENANT, PRIORITY_LIMIT, Tenant
 
 
@@ -52,6 +52,8 @@ class SimAdmission:
         """The replicas' reported prefill rate (its inverse) to price a head with; None: not priced (free slots)."""
         self.core = Admission(config, LocalLedger(config.fair_share_half_life_s, config.max_tenants))
         self.slots = SlotCapacity()
+        self.learned: dict[str, LearnedSlots] = {}
+        """Simulated replica id -> what admission learned of its slots (the router keeps it on its replica record)."""
         self.limit = config.default_limit()
         self.waiters: dict[str, Waiter] = {}  # request id -> its waiter, from arrival to its answer's end
         self.queued: dict[Waiter, SimRequest] = {}  # waiter -> its request, while it waits in the router
@@ -123,7 +125,8 @@ class SimAdmission:
         """Some replica can start a request soon (room.SlotCapacity over every replica's state)."""
         room = False
         for rep in self.host.replicas:
-            state = ReplicaRoom(rep.replica_id, rep.num_in_flight, len(rep.running), reported_waiting(rep),
+            state = ReplicaRoom(self.learned.setdefault(rep.replica_id, LearnedSlots()), rep.num_in_flight,
+                                len(rep.running), reported_waiting(rep),
                                 rep.config.engine.max_num_seqs)
             room = self.slots.has_room(state, now) or room  # every replica observed: slots are learned from all
         return room
