@@ -154,14 +154,18 @@ def plan_nodes(nodes: list[RayNode], bundles: list[dict[str, float]], num_replic
 
 def create_placement_groups(num_replicas: int, bundles: list[dict[str, float]], placement: str,
                             name_prefix: str = "kvmesh-replica") -> list[ReplicaPlacement]:
-    """Ask Ray for one STRICT_PACK group per replica (returns at once; see ``wait_ready``)."""
+    """Ask Ray for one STRICT_PACK group per replica (returns at once; see ``wait_ready``), named
+    ``{name_prefix}-{index}-{this call's token}``: Ray refuses a second group of a name, and another cluster (a
+    second serve joining the same Ray, an in-process test cluster) may have placed ``{name_prefix}-0`` already."""
+    import secrets
+
     import ray
     from ray.util.placement_group import placement_group
 
     targets = plan_nodes(ray.nodes(), bundles, num_replicas, placement)
-    groups = []
+    groups, token = [], secrets.token_hex(3)
     for index, target in enumerate(targets):
-        pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{name_prefix}-{index}",
+        pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{name_prefix}-{index}-{token}",
                              _soft_target_node_id=target)
         groups.append(ReplicaPlacement(replica_index=index, placement_group=pg, target_node_id=target))
     return groups

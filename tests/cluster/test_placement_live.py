@@ -78,3 +78,18 @@ def test_waiting_for_placement_reports_progress(ray_session):
     assert len(notes) == 1  # the first note comes early, the next only after note_every_s
     assert re.match(r"waiting for Ray to place 1 of 1 replica\(s\) \[[12]s of 2.5s\]; free now: \S", notes[0]), notes
     assert not _live(groups)
+
+
+def test_two_clusters_on_one_ray_place_their_replicas_side_by_side(ray_session):
+    """Ray refuses a second placement group of a name: a second cluster on the same Ray (a serve joining it, an
+    in-process test cluster) must not reuse the first one's names."""
+    first = pl.create_placement_groups(1, [{"CPU": 0.5}], "spread")
+    try:
+        second = pl.create_placement_groups(1, [{"CPU": 0.5}], "spread")
+        try:
+            pl.wait_ready(first + second, timeout_s=60)
+            assert len(_live(first + second)) == 2
+        finally:
+            pl.remove_placement_groups(second)
+    finally:
+        pl.remove_placement_groups(first)
