@@ -93,11 +93,17 @@ class ReplicaLoad:
     watcher: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     """Called after any field is set (the tracker's columns re-read this replica before the next decision,
     router/routing/cost/load_columns.py); None: nothing watches it."""
+    row: int | None = field(default=None, repr=False, compare=False)
+    """Where the watcher keeps this load: its row in the load columns (None: in none yet)."""
+    shared_slot: int | None = field(default=None, repr=False, compare=False)
+    """Its column in the host's shared load table (router/routing/shared_loads.py; None: not shared, or the table
+    is full)."""
 
-    def watch(self, watcher: Callable[[], None] | None) -> None:
+    def watch(self, watcher: Callable[[], None] | None, row: int | None = None) -> None:
         """Call ``watcher`` after any field is set from now on (setting it calls nothing: the watcher's owner, which
-        reads the fields next, is not called back)."""
+        reads the fields next, is not called back); ``row``: where the watcher keeps this load."""
         object.__setattr__(self, "watcher", watcher)
+        object.__setattr__(self, "row", row)
 
     def __setattr__(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)

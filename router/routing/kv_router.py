@@ -320,12 +320,12 @@ class KVRouter:
                 r: load for r, load in plain.items() if r not in excluded and (pool is None or r in pool)}
         if not excluded and pool is None:
             return routable
-        mask, rows = routable.mask.copy(), columns.rows
+        mask, row = routable.mask.copy(), columns.row
         for rid in excluded:
-            if rid in rows:
-                mask[rows[rid]] = False
+            if (i := row(rid)) is not None:
+                mask[i] = False
         if pool is not None:
-            mask &= np.isin(np.arange(len(mask)), [rows[r] for r in pool if r in rows])
+            mask &= np.isin(np.arange(len(mask)), [i for r in pool if (i := row(r)) is not None])
         return CandidateLoads(columns, mask)
 
     def choose_prefill(self, decision: RouteDecision, now: float | None = None) -> tuple[ReplicaId | None, str | None]:

@@ -57,7 +57,8 @@ class LoadTracker:
         if row is not None:
             table.clear_row(row)
         for replica_id, load in self.loads.items():
-            self._publish(replica_id, load)
+            load.shared_slot = table.slot(replica_id)
+            self._publish(load)
 
     def refresh(self) -> None:
         """Take the other router processes' counts into ``peer_*`` (a no-op for a router alone)."""
@@ -66,8 +67,8 @@ class LoadTracker:
             return
         slotted = self._slotted
         if slotted is None:  # (load, slot) of every replica with a slot; rebuilt when the set changes
-            pairs = ((load, table.slot(rid)) for rid, load in self.loads.items())
-            slotted = self._slotted = [(load, 2 * slot) for load, slot in pairs if slot is not None]
+            slotted = self._slotted = [(load, 2 * load.shared_slot) for load in self.loads.values()
+                                       if load.shared_slot is not None]
             self._num_slots = max((i // 2 + 1 for _, i in slotted), default=0)
         sums = table.peers(self.row, self._num_slots)
         for load, i in slotted:  # set only what changed: a set field makes its replica's row stale
@@ -76,11 +77,9 @@ class LoadTracker:
             if load.peer_pending_prefill_tokens != sums[i + 1]:
                 load.peer_pending_prefill_tokens = sums[i + 1]
 
-    def _publish(self, replica_id: ReplicaId, load: ReplicaLoad) -> None:
-        if self.row is not None:
-            slot = self.shared.slot(replica_id)
-            if slot is not None:
-                self.shared.write(self.row, slot, load.in_flight, load.pending_prefill_tokens)
+    def _publish(self, load: ReplicaLoad) -> None:
+        if self.row is not None and load.shared_slot is not None:
+            self.shared.write(self.row, load.shared_slot, load.in_flight, load.pending_prefill_tokens)
 
     def add_replica(self, replica_id: ReplicaId) -> ReplicaLoad:
         """Register a replica in the tracker's set (a tracker of its own; the router adds through its set)."""
@@ -91,11 +90,14 @@ class LoadTracker:
 
     def _added(self, replica: Replica) -> None:
         self._slotted = None
+        if self.shared is not None:
+            replica.load.shared_slot = self.shared.slot(replica.id)  # an id seen before gets its old column
 
     def _removed(self, replica: Replica) -> None:
         self._slotted = None
-        if self.shared is not None:
-            self._publish(replica.id, ReplicaLoad())  # its requests no longer count here
+        slot = replica.load.shared_slot
+        if self.row is not None and slot is not None:
+            self.shared.write(self.row, slot, 0, 0)  # its requests no longer count here
 
     def on_dispatch(self, replica_id: ReplicaId, uncached_tokens: int, now: float | None = None,
                     prompt_tokens: int = 0) -> None:
@@ -106,7 +108,7 @@ class LoadTracker:
             load.in_flight += 1
             load.pending_prefill_tokens += uncached_tokens
             if self.shared is not None:
-                self._publish(replica_id, load)
+                self._publish(load)
             now = time.monotonic() if now is None else now
             scale = self._churn_scale(now)  # may rebase recent_prefill
             load.recent_prefill += uncached_tokens * scale
@@ -138,7 +140,7 @@ class LoadTracker:
         if load is not None:
             load.in_flight = load.in_flight + 1 if held else max(0, load.in_flight - 1)
             if self.shared is not None:
-                self._publish(replica_id, load)
+                self._publish(load)
 
     def on_first_output(self, replica_id: ReplicaId, uncached_tokens: int) -> None:
         """The request produced its first byte: its prefill is done."""
@@ -146,7 +148,7 @@ class LoadTracker:
         if load is not None:
             load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)
             if self.shared is not None:
-                self._publish(replica_id, load)
+                self._publish(load)
 
     def on_finish(self, replica_id: ReplicaId, uncached_tokens: int, had_output: bool) -> None:
         """The request finished (or failed); ``had_output`` says whether on_first_output ran."""
@@ -156,4 +158,4 @@ class LoadTracker:
             if not had_output:
                 load.pending_prefill_tokens = max(0, load.pending_prefill_tokens - uncached_tokens)
             if self.shared is not None:
-                self._publish(replica_id, load)
+                self._publish(load)

@@ -51,7 +51,6 @@ class SharedLoadTable:
         self._lock = ctx.Lock()  # only for assigning a slot to a new replica id
         self.healthy_seen = ctx.RawArray("q", num_rows)
         """Per row: how many healthy replicas that worker routes to (serve waits until all see them)."""
-        self._slots: dict[ReplicaId, int | None] = {}  # this process's cache of the name table
         self._view = memoryview(self._counts).cast("B").cast("q")  # fast reads and writes (C, no ctypes objects)
 
     def __getstate__(self) -> dict:
@@ -60,15 +59,12 @@ class SharedLoadTable:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._slots = {}
         self._view = memoryview(self._counts).cast("B").cast("q")
 
     # ---------------------------------------------------------------- slots
     def slot(self, replica_id: ReplicaId) -> int | None:
-        """The replica's column (assigned on first sight); None when the table is full."""
-        slot = self._slots.get(replica_id, -1)
-        if slot != -1:
-            return slot
+        """The replica's column (assigned on first sight); None when the table is full. A scan of the name table under
+        its lock: the caller keeps the answer (``ReplicaLoad.shared_slot``)."""
         name = _name(replica_id)
         with self._lock:
             names, free = self._names, None
@@ -86,7 +82,6 @@ class SharedLoadTable:
         if slot is None:
             logger.warning("shared load table full (%d replica ids); %s is counted by each router process alone",
                            self.max_replicas, replica_id)
-        self._slots[replica_id] = slot
         return slot
 
     # ---------------------------------------------------------------- counts

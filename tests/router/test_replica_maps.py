@@ -21,11 +21,6 @@ _ID_TYPES = {"ReplicaId", "Hashable"}
 ALLOWED = {
     "router/replicas/replica_set.py:ReplicaSet._by_id": "the set itself: id -> record",
     "router/routing/index.py:PrefixIndex._replicas": "the index's slots: each replica's bit in the block masks",
-    "router/routing/shared_loads.py:SharedLoadTable._slots": "this process's cache of the shared-memory name table "
-    "(id -> slot), which every router process of the host shares: a slot outlives the record, so a replica "
-    "re-registered under its id keeps its column",
-    "router/routing/cost/load_columns.py:LoadColumns.rows": "the load columns' layout (id -> row, rebuilt from the set "
-    "when it changes): where a replica sits in the arrays, as the index's slots are",
     "router/routing/policies/prefix_hash.py:PrefixHashPolicy._ring_ids": "the replicas its hash ring was built for",
 }
 

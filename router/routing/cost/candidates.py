@@ -84,18 +84,19 @@ def price_columns(loads: CandidateLoads, device: Mapping[ReplicaId, int], host: 
     """Every candidate's ``choice_s`` in one pass over the columns (columns_price.py), pulls from ``holder`` (which
     holds ``best`` blocks) included; a candidate's full estimate is read from the same pass when asked for."""
     cols, mask = loads.columns, loads.mask
-    rows, n = cols.rows, len(cols.ids)
+    row_of, n = cols.row, len(cols.ids)
     usable = reusable_blocks(prompt_tokens, block_size)
-    own = _scatter(device, rows, n, usable)
+    own = _scatter(device, row_of, n, usable)
     extra = None
     if host:
-        extra = np.maximum(_scatter(host, rows, n, usable) - own, 0)
+        extra = np.maximum(_scatter(host, row_of, n, usable) - own, 0)
         own = own + extra
     spt, all_priced = prefill_columns(cols, fleet)
     pulled = pull_s = None
     if holder is not None:
         may_pull = cols.kv_transfer & mask
-        may_pull[rows[holder]] = False
+        if (row := row_of(holder)) is not None:
+            may_pull[row] = False
         pulled, pull_s = pull_columns(cols, fleet, pulls, may_pull, best - own, block_size, spt, all_priced)
     if not prompt_tokens:
         computed = np.zeros(n, dtype=np.int64)
@@ -112,16 +113,17 @@ def price_columns(loads: CandidateLoads, device: Mapping[ReplicaId, int], host: 
     choice[loads.outside] = np.inf
 
     def estimate_of(rid: ReplicaId) -> TTFTEstimate:
-        return row_estimate(parts, cols, fleet, rows[rid], prompt_tokens, spt, all_priced, computed, pulled)
+        return row_estimate(parts, cols, fleet, row_of(rid), prompt_tokens, spt, all_priced, computed, pulled)
 
-    return Prices(cols.ids, rows, mask, choice, computed, {}, estimate_of)
+    return Prices(cols.ids, row_of, mask, choice, computed, {}, estimate_of)
 
 
-def _scatter(matches: Mapping[ReplicaId, int], rows: Mapping[ReplicaId, int], n: int, usable: int) -> np.ndarray:
-    """Leading blocks per row (at most ``usable``), 0 where ``matches`` has none."""
+def _scatter(matches: Mapping[ReplicaId, int], row_of: Callable[[ReplicaId], int | None], n: int,
+             usable: int) -> np.ndarray:
+    """Leading blocks per row (at most ``usable``), 0 where ``matches`` has none (``row_of``: a replica's row)."""
     out = np.zeros(n, dtype=np.int64)
     for rid, m in matches.items():
-        row = rows.get(rid)
+        row = row_of(rid)
         if row is not None:
             out[row] = min(m, usable)
     return out

@@ -38,9 +38,7 @@ class LoadColumns:
     def __init__(self, tracker: LoadTracker) -> None:
         self.tracker = tracker
         self.ids: list[ReplicaId] = []
-        """Row -> replica id."""
-        self.rows: dict[ReplicaId, int] = {}
-        """Replica id -> row."""
+        """Row -> replica id (a replica's own row is on its load: ``ReplicaLoad.row``)."""
         self.loads: list[ReplicaLoad] = []
         """Row -> its load."""
         self.version: object = None
@@ -73,7 +71,6 @@ class LoadColumns:
         self.version = self.tracker.members_version
         n = len(loads)
         self.ids, self.loads = list(loads), list(loads.values())
-        self.rows = {rid: i for i, rid in enumerate(self.ids)}
         self._rates = [()] * n
         self.rates_version += 1
         f8 = np.float64
@@ -99,8 +96,14 @@ class LoadColumns:
         stale = self._stale
         stale.clear()  # every row is read now
         for row, load in enumerate(self.loads):
-            load.watch(_marker(stale, row))
+            load.watch(_marker(stale, row), row)
             self._read(row, load)
+
+    def row(self, replica_id: ReplicaId) -> int | None:
+        """The replica's row in the current layout (None: not laid out, e.g. added since the last ``sync``)."""
+        load = self.tracker.loads.get(replica_id)
+        row = None if load is None else load.row
+        return row if row is not None and row < len(self.ids) and self.ids[row] == replica_id else None
 
     def _read(self, row: int, load: ReplicaLoad) -> None:
         """Copy ``load``'s fields into ``row`` (as the cost reads them: estimate.py, fleet.py; what does not depend on
@@ -205,13 +208,13 @@ class CandidateLoads(Mapping[ReplicaId, ReplicaLoad]):
     def __getitem__(self, replica_id: ReplicaId) -> ReplicaLoad:
         if self._plain is not None:
             return self._plain[replica_id]
-        row = self.columns.rows.get(replica_id)
+        row = self.columns.row(replica_id)
         if row is None or not self.mask[row]:
             raise KeyError(replica_id)
         return self.columns.loads[row]
 
     def __contains__(self, replica_id: object) -> bool:
-        row = self.columns.rows.get(replica_id)
+        row = self.columns.row(replica_id)
         return row is not None and bool(self.mask[row])
 
     def __iter__(self) -> Iterator[ReplicaId]:

@@ -19,13 +19,13 @@ from kvmesh.router.routing.cost.estimate import TTFTEstimate
 class Prices(Mapping[ReplicaId, TTFTEstimate]):
     """Replica id -> its ``TTFTEstimate`` for one request, over the candidates (a mapping), plus the arrays."""
 
-    def __init__(self, ids: Sequence[ReplicaId], rows: Mapping[ReplicaId, int], mask: np.ndarray,
+    def __init__(self, ids: Sequence[ReplicaId], row_of: Callable[[ReplicaId], int | None], mask: np.ndarray,
                  choice: np.ndarray, own_tokens: np.ndarray, exact: dict[ReplicaId, TTFTEstimate],
                  price_one: Callable[[ReplicaId], TTFTEstimate] | None = None) -> None:
         self.ids = ids
         """Row -> replica id."""
-        self.row_of = rows
-        """Replica id -> row."""
+        self.row_of = row_of
+        """A replica's row (None: not laid out)."""
         self.mask = mask
         """Bool per row: a candidate."""
         self.choice = choice
@@ -40,7 +40,7 @@ class Prices(Mapping[ReplicaId, TTFTEstimate]):
         """Prices of estimates already made, one per candidate (in the candidates' order)."""
         ids = list(estimates)
         values = estimates.values()
-        return cls(ids, {rid: i for i, rid in enumerate(ids)}, np.ones(len(ids), dtype=bool),
+        return cls(ids, {rid: i for i, rid in enumerate(ids)}.get, np.ones(len(ids), dtype=bool),
                    np.array([e.choice_s for e in values], dtype=np.float64),
                    np.array([e.own_tokens for e in values], dtype=np.int64), estimates)
 
@@ -59,7 +59,7 @@ class Prices(Mapping[ReplicaId, TTFTEstimate]):
         return found
 
     def __contains__(self, replica_id: object) -> bool:
-        row = self.row_of.get(replica_id)
+        row = self.row_of(replica_id)
         return row is not None and bool(self.mask[row])
 
     def __iter__(self) -> Iterator[ReplicaId]:

@@ -245,9 +245,9 @@ class CacheAwareTokensPolicy(Policy):
         the same order, so the same floats and the same choice (tests/router/test_tokens_policy_columns.py)."""
         c, cols, rows = self.config, loads.columns, loads.rows
         cached = np.zeros(len(cols.ids), dtype=np.int64)
-        row_of = cols.rows
+        row_of = cols.row
         for rid, blocks in matches.items():
-            row = row_of.get(rid)
+            row = row_of(rid)
             if row is not None:
                 cached[row] = blocks
         cost = np.maximum(prompt - self.block_size * cached[rows], 0).astype(np.float64)  # [k] uncached tokens
