@@ -21,8 +21,8 @@ import asyncio
 import collections
 import logging
 import socket
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import httptools
 import msgspec
@@ -37,24 +37,30 @@ _MAX_PIPELINED = 32
 """Queued pipelined requests at which the connection stops reading until they are answered."""
 
 
-class Server(Protocol):
-    """What a connection reads of the server that accepted it (``Door``, door.py)."""
+@dataclass(eq=False, slots=True)
+class ServerState:
+    """What a door shares with every connection it accepted (as uvicorn's ``ServerState``)."""
 
     config: FrontendConfig
-    connections: set[HttpConnection]
-    draining: bool
-    extra_head: bytes
-    on_error: Callable[[ProtocolError], None] | None
-
-    async def answer(self, conn: HttpConnection, request: Request) -> bool: ...
+    """The front end's limits and timeouts."""
+    answer: Callable[[HttpConnection, Request], Awaitable[bool]]
+    """Answers one request on a connection; whether the connection stays open (``Door.answer``)."""
+    extra_head: bytes = b""
+    """Header lines every response carries (a worker's index)."""
+    connections: set[HttpConnection] = field(default_factory=set)
+    """The open connections."""
+    draining: bool = False
+    """Shutting down: every answer closes its connection."""
+    on_error: Callable[[ProtocolError], None] | None = None
+    """Sees errors answered by the server itself (400, 413, 500) (the router counts them)."""
 
 
 class HttpConnection(asyncio.Protocol):
     """One client connection (see the module doc)."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerState) -> None:
         self.server = server
-        """The door that accepted the connection: its handlers, limits and draining state."""
+        """What the door that accepted the connection shares: its answerer, limits and draining state."""
         self.config = server.config
         self.loop = asyncio.get_event_loop()
         self.parser = httptools.HttpRequestParser(self)
@@ -133,7 +139,8 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._deadline.disarm()
-        request = self.reading = Request(self, self.parser.get_method(), self._url)
+        request = self.reading = Request(self.parser.get_method(), self._url, self.config, self.write,
+                                            self._client_lost)
         request.raw_headers = self._head
         request.keep_alive = self.parser.should_keep_alive()
         request.http_version = self.parser.get_http_version()
@@ -238,6 +245,9 @@ class HttpConnection(asyncio.Protocol):
             self.write(b"0\r\n\r\n")
         return keep
 
+    def _client_lost(self) -> bool:
+        return self.lost
+
     def write(self, data: bytes) -> None:
         if not self.lost:
             self.transport.write(data)
@@ -267,7 +277,7 @@ class HttpConnection(asyncio.Protocol):
             if self.server.on_error is not None:
                 self.server.on_error(e)
             body = msgspec.json.encode(e.to_dict())
-            request = Request(self, b"GET", b"/")
+            request = Request(b"GET", b"/", self.config, self.write, self._client_lost)
             self.write(self.head(request, e.status_code, [(b"content-type", b"application/json")], len(body),
                                  keep=False) + body)
             self.transport.close()
@@ -288,5 +298,5 @@ class HttpConnection(asyncio.Protocol):
         self.transport.close()
 
 
-_CLOSE = Request(None, b"", b"")
+_CLOSE = Request(b"", b"")
 """Queued after the last request a connection could parse: closes it once those are answered."""

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.errors import ProtocolError, internal_error
 from kvmesh.router.http.asgi import AsgiApp, AsgiBridge
-from kvmesh.router.http.connection import HttpConnection
+from kvmesh.router.http.connection import HttpConnection, ServerState
 from kvmesh.router.http.messages import Request, Response, error_response
 
 logger = logging.getLogger(__name__)
@@ -49,14 +49,19 @@ class Door:
         """The app answering everything else."""
         self.config = frontend
         self.name = name
-        self.extra_head = b"".join(k + b": " + v + b"\r\n" for k, v in (extra_headers or []))
-        """Header lines every response carries (a worker's index)."""
-        self.connections: set[HttpConnection] = set()
-        self.draining = False
-        """Shutting down: every answer closes its connection."""
-        self.on_error: Callable[[ProtocolError], None] | None = None
-        """Sees errors answered by the server itself (400, 413, 500) (the router counts them)."""
+        self.state = ServerState(frontend, self.answer,
+                                 b"".join(k + b": " + v + b"\r\n" for k, v in (extra_headers or [])))
+        """What every accepted connection shares: the open connections, the draining flag, the error counter."""
         self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def on_error(self) -> Callable[[ProtocolError], None] | None:
+        """Sees errors answered by the server itself (400, 413, 500) (the router counts them)."""
+        return self.state.on_error
+
+    @on_error.setter
+    def on_error(self, on_error: Callable[[ProtocolError], None] | None) -> None:
+        self.state.on_error = on_error
 
     def add_rule(self, rule: Rule, handler: Handler) -> None:
         """Answer every request ``rule`` takes with ``handler`` (before the app)."""
@@ -91,15 +96,15 @@ class Door:
         """Start accepting (on ``sock`` when given, e.g. inherited by a worker); the bound port."""
         loop = asyncio.get_running_loop()
         if sock is not None:
-            self._server = await loop.create_server(lambda: HttpConnection(self), sock=sock, backlog=2048)
+            self._server = await loop.create_server(lambda: HttpConnection(self.state), sock=sock, backlog=2048)
         else:
-            self._server = await loop.create_server(lambda: HttpConnection(self), host, port, backlog=2048,
+            self._server = await loop.create_server(lambda: HttpConnection(self.state), host, port, backlog=2048,
                                                     reuse_address=True)
         return self._server.sockets[0].getsockname()[1]
 
     def stop_accepting(self) -> None:
         """Close the listening socket; every later answer closes its connection."""
-        self.draining = True
+        self.state.draining = True
         if self._server is not None:
             self._server.close()
 
@@ -109,13 +114,13 @@ class Door:
         self.stop_accepting()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_s
-        while self.connections and loop.time() < deadline:
+        while self.state.connections and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        for conn in list(self.connections):
+        for conn in list(self.state.connections):
             conn.close_if_idle()
         deadline = loop.time() + graceful_s
-        while self.connections and loop.time() < deadline:
+        while self.state.connections and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        for conn in list(self.connections):
+        for conn in list(self.state.connections):
             conn.abort()
         await asyncio.sleep(0)

@@ -10,9 +10,8 @@ status line and headers that go before it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
-from typing import Protocol
 
 import msgspec
 from kvmesh.replica.openai.config import FrontendConfig
@@ -21,26 +20,22 @@ from kvmesh.replica.serving.errors import ProtocolError
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
-class Connection(Protocol):
-    """What a request reads of its connection (``HttpConnection``, connection.py)."""
-
-    config: FrontendConfig
-    """The front end's limits (``max_body_bytes``, ``body_timeout_s``)."""
-    lost: bool
-    """The client left."""
-
-    def write(self, data: bytes) -> None: ...
-
-
 class Request:
     """One request on a connection (see the module doc)."""
 
     __slots__ = ("method", "target", "raw_headers", "keep_alive", "http_version", "chunks", "size",
-                 "complete", "too_large", "expect_continue", "conn", "waiter", "_headers", "started", "error")
+                 "complete", "too_large", "expect_continue", "config", "write_client", "client_lost", "waiter",
+                 "_headers", "started", "error")
 
-    def __init__(self, conn: Connection | None, method: bytes, target: bytes) -> None:
-        self.conn = conn
-        """The connection's protocol (http/connection.py): writes, the body limits, the disconnect."""
+    def __init__(self, method: bytes, target: bytes, config: FrontendConfig | None = None,
+                 write_client: Callable[[bytes], None] | None = None,
+                 client_lost: Callable[[], bool] | None = None) -> None:
+        self.config = config
+        """The front end's limits (``max_body_bytes``, ``body_timeout_s``)."""
+        self.write_client = write_client
+        """Writes to the client ahead of the answer (``100 Continue``; http/connection.py)."""
+        self.client_lost = client_lost
+        """Whether the client left."""
         self.method = method
         self.target = target
         """The request target as sent: path and query."""
@@ -90,18 +85,17 @@ class Request:
     async def next_chunk(self, deadline: float | None = None) -> bytes | None:
         """The body bytes that arrived since the last call, None at its end; sends ``100 Continue`` first
         when asked. ProtocolError 408 after ``deadline`` (loop time), 499 when the client left."""
-        conn = self.conn
         if self.expect_continue:
             self.expect_continue = False
             if not self.complete and not self.chunks:
-                conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self.write_client(b"HTTP/1.1 100 Continue\r\n\r\n")
         loop = asyncio.get_running_loop()
         while not self.chunks:
             if self.error is not None:
                 raise self.error
             if self.complete:
                 return None
-            if conn.lost:
+            if self.client_lost():
                 raise ProtocolError("client disconnected while sending the body", 499)
             self.waiter = loop.create_future()
             timer = None if deadline is None else loop.call_at(deadline, self._wake)
@@ -112,14 +106,14 @@ class Request:
                 if timer is not None:
                     timer.cancel()
             if deadline is not None and not self.chunks and not self.complete and loop.time() >= deadline:
-                raise ProtocolError(f"request body did not arrive within {conn.config.body_timeout_s}s", 408)
+                raise ProtocolError(f"request body did not arrive within {self.config.body_timeout_s}s", 408)
         data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
         self.chunks.clear()
         return data
 
     async def body(self) -> bytes:
         """The whole body, within the front end's limits (see the module doc)."""
-        config = self.conn.config
+        config = self.config
         if self.too_large:
             raise ProtocolError(f"request body has more than {config.max_body_bytes} bytes; the limit is "
                                 f"{config.max_body_bytes}", 413)

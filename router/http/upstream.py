@@ -152,7 +152,7 @@ class UpstreamPool:
             self._ssl = ssl.create_default_context()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamConnection(self, key), host, port,
+                loop.create_connection(lambda: UpstreamConnection(key, self.put, self.forget), host, port,
                                        ssl=self._ssl if https else None), self.connect_timeout_s)
         except asyncio.TimeoutError:
             raise UpstreamConnectError(f"no connection to {host}:{port} within {self.connect_timeout_s}s") from None

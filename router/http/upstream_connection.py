@@ -11,7 +11,8 @@ import asyncio
 import collections
 import socket
 import time
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import httptools
 from kvmesh.router.http.deadline import Deadline
@@ -49,21 +50,17 @@ _HIGH_WATER = 64
 """Unread body chunks at which reading from the replica pauses (the client reads slower than it writes)."""
 
 
-class ConnectionPool(Protocol):
-    """Where a connection goes once its answer ends (``UpstreamPool``, upstream.py)."""
-
-    def put(self, conn: UpstreamConnection) -> None:
-        """Keep ``conn`` for the next request to its replica."""
-
-    def forget(self, conn: UpstreamConnection) -> None:
-        """Drop ``conn`` (it closed) if it is kept."""
-
-
 class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection; carries one request at a time."""
 
-    def __init__(self, pool: ConnectionPool, key: tuple) -> None:
-        self.pool, self.key = pool, key
+    def __init__(self, key: tuple, keep: Callable[[UpstreamConnection], None],
+                 forget: Callable[[UpstreamConnection], None]) -> None:
+        self.key = key
+        """(host, port, https, replica id): the pool's key for it."""
+        self.keep = keep
+        """Keeps the connection for the next request to its replica (its answer was read to the end)."""
+        self.forget = forget
+        """Drops it from the kept ones (it closed)."""
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.response: UpstreamResponse | None = None
@@ -95,7 +92,7 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.read_deadline.cancel()
-        self.pool.forget(self)
+        self.forget(self)
         r = self.response
         if r is not None and r.lingering is not None:
             r.lingering.cancel()
@@ -274,7 +271,7 @@ class UpstreamResponse:
             return
         conn.response = None
         if self.complete and self.keep_alive and self.error is None and not conn.closed:
-            self.conn.pool.put(conn)
+            conn.keep(conn)
         else:
             conn.transport.close()
 

@@ -5,10 +5,6 @@ functions in it included), a call that constructs a class defined in router/ (th
 last part of an ``Attribute``, is the name of a ``class`` statement under router/) must not pass the bare name
 ``self`` as an argument, positional or keyword. Classes of other libraries are out of scope (httptools' parsers
 call back the object that owns them by design).
-
-``CALLBACKS`` lists the exceptions: per-connection objects of the data plane that call back their owner, each
-through a small Protocol of exactly what it calls (a connection's ``Server``, a request's ``Connection``, an
-upstream connection's ``ConnectionPool``) -- the asyncio protocol pattern, not a part reaching into a whole.
 """
 
 from __future__ import annotations
@@ -17,13 +13,6 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-
-CALLBACKS = {
-    ("router/http/door.py", "HttpConnection"): "a client connection calls back its door (connection.py's Server)",
-    ("router/http/connection.py", "Request"): "a request writes through its connection (messages.py's Connection)",
-    ("router/http/upstream.py", "UpstreamConnection"): "an upstream connection returns itself to its pool "
-    "(upstream_connection.py's ConnectionPool)",
-}
 
 
 def _class_names(trees: dict[Path, ast.Module]) -> set[str]:
@@ -61,8 +50,7 @@ def constructors_given_self(root: Path = ROOT) -> list[str]:
 
 
 def test_no_router_class_is_constructed_with_self():
-    found = [f for f in constructors_given_self()
-             if (f.split(":")[0], f.split(" ")[1].removesuffix("(...)")) not in CALLBACKS]
+    found = constructors_given_self()
     assert not found, f"constructors given `self` (pass what the part uses instead): {found}"
 
 
