@@ -77,6 +77,21 @@ def test_removing_a_replica_or_clearing_a_dead_process_row_drops_its_counts():
     assert b.loads["r0"].total_in_flight == 0
 
 
+def test_a_replica_added_after_sharing_or_re_registered_keeps_one_column_for_all():
+    table = SharedLoadTable(2)
+    a, b = _trackers(table, "r0", "r1")
+    a.remove_replica("r0")
+    a.add_replica("r2")  # a newcomer takes the next free column, not the one r0 left
+    a.add_replica("r0")  # back under its id: its old column
+    b.add_replica("r2")
+    a.on_dispatch("r0", 5)
+    a.on_dispatch("r2", 3)
+    a.on_dispatch("r2", 3)
+    b.refresh()
+    assert [b.loads[r].total_in_flight for r in ("r0", "r1", "r2")] == [1, 0, 2]
+    assert [b.loads[r].prefill_backlog for r in ("r0", "r1", "r2")] == [5, 0, 6]
+
+
 def test_processes_agree_on_slots_whatever_order_they_see_replicas_in():
     table = SharedLoadTable(2)
     a, b = LoadTracker(), LoadTracker()
