@@ -161,6 +161,7 @@ def _session(group: list, workspace: Path, tmp: Path) -> Session:
 
 
 @pytest.mark.live  # kvmesh serve, replica and router on ports of 127.0.0.1 (tests/tiers.py)
+@pytest.mark.timeout(600)  # a group runs several commands (a fleet's scale and rolling restart), each bounded alone
 @pytest.mark.parametrize("group", groups(), ids=lambda g: "+".join(b.where for b in g))
 def test_server_blocks(group, workspace, tmp_path):
     """The blocks' servers start and become ready, their other commands exit 0 (curl: a 2xx), their readers

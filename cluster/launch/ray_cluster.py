@@ -156,10 +156,10 @@ def in_own_session():
         services.ConsolePopen = popen
 
 
-def _start_embedded(config: ServeConfig, log_to_driver: bool, attempts: int = 2) -> None:
-    """``ray.init`` a local instance (without the secrets in its environment); retried once, because Ray
-    gives its raylet a fixed 30 s to register and a busy machine (a laptop compiling, a loaded CI box)
-    can miss that once."""
+def _start_embedded(config: ServeConfig, log_to_driver: bool, attempts: int = 3) -> None:
+    """``ray.init`` a local instance (without the secrets in its environment); up to ``attempts`` times, because
+    Ray gives its raylet a fixed 30 s to register and a busy machine (a laptop compiling, a loaded CI box) can
+    miss that more than once."""
     import ray
 
     for attempt in range(1, attempts + 1):
@@ -178,7 +178,7 @@ def _start_embedded(config: ServeConfig, log_to_driver: bool, attempts: int = 2)
         except Exception as e:
             if attempt == attempts or "timed out during startup" not in str(e):
                 raise
-            logger.warning("Ray was slow to start (%s); trying once more", e)
+            logger.warning("Ray was slow to start (%s); trying again (attempt %d of %d)", e, attempt + 1, attempts)
             ray.shutdown()
             _kill_own_ray_processes()  # what the failed attempt started (ray.shutdown never knew them)
 
