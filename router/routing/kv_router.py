@@ -81,6 +81,7 @@ class KVRouter:
         self.transfers = transfers or KVPlacementRules()
         """When prompts are split and prefixes pulled (router/routing/kv_placement.py)."""
         policy.use_pulls(pull_priors(self.transfers))
+        policy.use_replicas(self.replicas)
         self.sessions = SessionTable(sessions)
         """Session id -> the replica of its last request (soft affinity, router/routing/session.py)."""
         self.receipts = Receipts(self.replicas)

@@ -102,6 +102,39 @@ def test_prefix_hash_keeps_a_prefix_together_and_moves_little_on_removal():
     assert moved == sum(v == "r3" for v in first.values())
 
 
+def test_prefix_hash_in_a_router_sends_each_prompt_where_a_ring_of_the_candidates_alone_would():
+    """The router's policy rings every replica of its set and walks to the first candidate: the same choice as a
+    ring of this call's candidates, whoever is unhealthy, excluded, out of the pool or of role prefill; a replica
+    that joins or leaves changes the ring."""
+    import random
+
+    from kvmesh.router.routing.kv_router import KVRouter
+
+    router = KVRouter(block_size=BS, policy=get_policy("prefix_hash", PrefixHashConfig(prefix_blocks=2)))
+    for i in range(8):
+        router.add_replica(f"r{i}", role="prefill" if i == 7 else "both")
+    alone = get_policy("prefix_hash", PrefixHashConfig(prefix_blocks=2))  # no router: rings its candidates
+    rng = random.Random(5)
+    prompts = [[rng.getrandbits(63) for _ in range(3)] for _ in range(60)]
+    for trial in range(30):
+        if trial == 10:
+            router.add_replica("r8")
+        if trial == 20:
+            router.remove_replica("r2")
+        down = rng.sample([r.id for r in router.replicas], 2)
+        for rid in down:
+            router.set_healthy(rid, False)
+        exclude = set(rng.sample([r.id for r in router.replicas], 1))
+        with router.lock:
+            candidates = router.candidate_loads(exclude)
+            expected = [alone.choose(p, TierMatches(), dict(candidates)) for p in prompts]
+            chosen = [router.policy.choose(p, TierMatches(), candidates) for p in prompts]
+        assert chosen == expected, trial
+        assert "r7" not in chosen and not set(chosen) & set(down) and not set(chosen) & exclude
+        for rid in down:
+            router.set_healthy(rid, True)
+
+
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_every_policy_raises_without_candidates(name):
     with pytest.raises(NoReplicaError):

@@ -21,7 +21,6 @@ _ID_TYPES = {"ReplicaId", "Hashable"}
 ALLOWED = {
     "router/replicas/replica_set.py:ReplicaSet._by_id": "the set itself: id -> record",
     "router/routing/index.py:PrefixIndex._replicas": "the index's slots: each replica's bit in the block masks",
-    "router/routing/policies/prefix_hash.py:PrefixHashPolicy._ring_ids": "the replicas its hash ring was built for",
 }
 
 

@@ -28,6 +28,7 @@ from typing import ClassVar
 
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.routing.cost import Prices, PullPriors, TTFTEstimate, price_all
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -86,6 +87,10 @@ class Policy:
 
     def use_pulls(self, pulls: PullPriors | None) -> None:
         self.pulls = pulls
+
+    def use_replicas(self, replicas: ReplicaSet) -> None:
+        """The router's replica set (a policy that keeps a structure over every replica follows its changes;
+        ``choose`` still gets the candidates). A policy used without a router is never given one."""
 
 
     def price(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,

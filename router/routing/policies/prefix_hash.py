@@ -6,11 +6,13 @@ a replica moves only the prompts that hashed to it (a hash ring with virtual nod
 
 from __future__ import annotations
 
+import random
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import xxhash
+from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
 from kvmesh.router.routing.tier_matches import TierMatches
 
@@ -31,6 +33,10 @@ class PrefixHashConfig(PolicyConfig):
 
 
 class PrefixHashPolicy(Policy):
+    """The ring holds every replica of the router's set (rebuilt when a replica joins or leaves); a prompt goes to
+    the first candidate clockwise from its point, which is where a ring of the candidates alone would send it. A
+    policy used without a router rings the candidates of each call."""
+
     name = "prefix_hash"
     config_type = PrefixHashConfig
     config: PrefixHashConfig
@@ -38,28 +44,53 @@ class PrefixHashPolicy(Policy):
     def __init__(self, config: PrefixHashConfig | None = None, block_size: int = 16,
                  seed: int | None = None) -> None:
         super().__init__(config, block_size, seed)
-        self._ring_ids: frozenset[ReplicaId] = frozenset()
+        self._replicas: ReplicaSet | None = None
+        self._ring_version: int | None = None
+        """The set's ``members_version`` the ring was built for."""
         self._ring_points: list[int] = []
         self._ring_owners: list[ReplicaId] = []
 
-    def _build(self, ids: frozenset[ReplicaId]) -> None:
+    def use_replicas(self, replicas: ReplicaSet) -> None:
+        self._replicas, self._ring_version = replicas, None
+
+    def _ring(self, ids: Iterable[ReplicaId]) -> tuple[list[int], list[ReplicaId]]:
         points = sorted(
             (xxhash.xxh3_64_intdigest(f"{rid}#{v}".encode()), rid)
             for rid in ids for v in range(self.config.virtual_nodes)
         )
-        self._ring_points = [p for p, _ in points]
-        self._ring_owners = [rid for _, rid in points]
-        self._ring_ids = ids
+        return [p for p, _ in points], [rid for _, rid in points]
+
+    def _current_ring(self, loads: Loads) -> tuple[list[int], list[ReplicaId]]:
+        replicas = self._replicas
+        if replicas is None:
+            return self._ring(loads)
+        if self._ring_version != replicas.members_version:
+            self._ring_points, self._ring_owners = self._ring(r.id for r in replicas.records())
+            self._ring_version = replicas.members_version
+        return self._ring_points, self._ring_owners
 
     def choose(self, request_keys: Sequence[int], tiers: TierMatches, loads: Loads,
                num_prompt_tokens: int | None = None, lora_name: str | None = None) -> ReplicaId:
         self._check(loads)
-        ids = frozenset(loads)
-        if ids != self._ring_ids:
-            self._build(ids)
-        if not request_keys:  # shorter than a block: no prefix to keep together
-            return self._ring_owners[self.rng.randrange(len(self._ring_owners))]
-        # Router keys are chained, so the last leading key already covers all the ones before it.
-        point = request_keys[min(self.config.prefix_blocks, len(request_keys)) - 1]
-        i = bisect_right(self._ring_points, point) % len(self._ring_points)
-        return self._ring_owners[i]
+        points, owners = self._current_ring(loads)
+        chosen = _first_candidate(points, owners, request_keys, self.config.prefix_blocks, loads, self.rng)
+        if chosen is None:  # candidates outside the router's set: a ring of their own
+            chosen = _first_candidate(*self._ring(loads), request_keys, self.config.prefix_blocks, loads, self.rng)
+        return chosen
+
+
+def _first_candidate(points: list[int], owners: list[ReplicaId], request_keys: Sequence[int], prefix_blocks: int,
+                     loads: Loads, rng: random.Random) -> ReplicaId | None:
+    """The first owner in ``loads`` clockwise from the prompt's point (None: no owner is a candidate)."""
+    n = len(owners)
+    if not n:
+        return None
+    if request_keys:  # router keys are chained, so the last leading key already covers all the ones before it
+        start = bisect_right(points, request_keys[min(prefix_blocks, len(request_keys)) - 1]) % n
+    else:  # shorter than a block: no prefix to keep together
+        start = rng.randrange(n)
+    for i in range(start, start + n):
+        owner = owners[i % n]
+        if owner in loads:
+            return owner
+    return None
