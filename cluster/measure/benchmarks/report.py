@@ -7,7 +7,8 @@ them: every block between
 
 is rewritten from that file by KIND's renderer (``sim``: one ``kvmesh sim`` report, a row per policy;
 ``matrix``: ``kvmesh bench policy_matrix``'s cells and the default policy's verdict in each; ``route_scaling``:
-``kvmesh bench route_scaling``'s CPU per decision by fleet size; ``queue_flood``:
+``kvmesh bench route_scaling``'s CPU per decision by fleet size; ``lora``: a ``kvmesh sim --workload lora`` report,
+a row per run that served adapters; ``queue_flood``:
 ``kvmesh bench queue-flood`` runs, a row per file). A FILE with ``*`` names every file it matches, in name order
 (for the kinds that take several).
 
@@ -85,6 +86,12 @@ def route_scaling_table(result: dict) -> str:
     return table(result)
 
 
+def lora_table(report: dict) -> str:
+    from kvmesh.cluster.measure.sim.lora_report import lora_markdown_table
+
+    return lora_markdown_table(report)
+
+
 def queue_flood_table(docs: list[dict]) -> str:
     from kvmesh.cluster.measure.benchmarks.queue_flood import table_of
 
@@ -92,7 +99,7 @@ def queue_flood_table(docs: list[dict]) -> str:
 
 
 RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matrix_table,
-                                               "route_scaling": route_scaling_table}
+                                               "route_scaling": route_scaling_table, "lora": lora_table}
 MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 
