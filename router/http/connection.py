@@ -29,7 +29,7 @@ import msgspec
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.deadline import Deadline
-from kvmesh.router.http.messages import Request, Response, error_response, response_head
+from kvmesh.router.http.messages import Client, Request, Response, error_response, response_head
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,8 @@ class HttpConnection(asyncio.Protocol):
         self.loop = asyncio.get_event_loop()
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
-        self.lost = False
+        self.client = Client()
+        """The client side its requests see: the transport, and whether the client left."""
         self.reading: Request | None = None
         """The request whose head/body the parser is in."""
         self.queue: collections.deque[Request] = collections.deque()
@@ -87,7 +88,7 @@ class HttpConnection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport) -> None:
-        self.transport = transport
+        self.transport = self.client.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -106,7 +107,7 @@ class HttpConnection(asyncio.Protocol):
             self._refuse(ProtocolError(f"malformed HTTP request: {e}", 400))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
+        self.client.lost = True
         self._deadline.cancel()
         self.server.connections.discard(self)
         for request in self.queue:
@@ -139,8 +140,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._deadline.disarm()
-        request = self.reading = Request(self.parser.get_method(), self._url, self.config, self.write,
-                                            self._client_lost)
+        request = self.reading = Request(self.parser.get_method(), self._url, self.config, self.client)
         request.raw_headers = self._head
         request.keep_alive = self.parser.should_keep_alive()
         request.http_version = self.parser.get_http_version()
@@ -245,12 +245,13 @@ class HttpConnection(asyncio.Protocol):
             self.write(b"0\r\n\r\n")
         return keep
 
-    def _client_lost(self) -> bool:
-        return self.lost
+    @property
+    def lost(self) -> bool:
+        """The client left."""
+        return self.client.lost
 
     def write(self, data: bytes) -> None:
-        if not self.lost:
-            self.transport.write(data)
+        self.client.write(data)
 
     async def drain(self) -> None:
         """Wait until the client took what was written (a slow reader holds the stream back)."""
@@ -277,7 +278,7 @@ class HttpConnection(asyncio.Protocol):
             if self.server.on_error is not None:
                 self.server.on_error(e)
             body = msgspec.json.encode(e.to_dict())
-            request = Request(b"GET", b"/", self.config, self.write, self._client_lost)
+            request = Request(b"GET", b"/", self.config, self.client)
             self.write(self.head(request, e.status_code, [(b"content-type", b"application/json")], len(body),
                                  keep=False) + body)
             self.transport.close()

@@ -10,7 +10,7 @@ status line and headers that go before it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from http import HTTPStatus
 
 import msgspec
@@ -20,22 +20,35 @@ from kvmesh.replica.serving.errors import ProtocolError
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
+class Client:
+    """The client side of a connection as its requests see it: where to write ahead of the answer (``100
+    Continue``) and whether the client left (set by the connection, http/connection.py)."""
+
+    __slots__ = ("transport", "lost")
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        """The client left."""
+
+    def write(self, data: bytes) -> None:
+        if not self.lost:
+            self.transport.write(data)
+
+
 class Request:
     """One request on a connection (see the module doc)."""
 
     __slots__ = ("method", "target", "raw_headers", "keep_alive", "http_version", "chunks", "size",
-                 "complete", "too_large", "expect_continue", "config", "write_client", "client_lost", "waiter",
-                 "_headers", "started", "error")
+                 "complete", "too_large", "expect_continue", "config", "client", "waiter", "_headers", "started",
+                 "error")
 
     def __init__(self, method: bytes, target: bytes, config: FrontendConfig | None = None,
-                 write_client: Callable[[bytes], None] | None = None,
-                 client_lost: Callable[[], bool] | None = None) -> None:
+                 client: Client | None = None) -> None:
         self.config = config
         """The front end's limits (``max_body_bytes``, ``body_timeout_s``)."""
-        self.write_client = write_client
-        """Writes to the client ahead of the answer (``100 Continue``; http/connection.py)."""
-        self.client_lost = client_lost
-        """Whether the client left."""
+        self.client = client
+        """Its connection's client side: the ``100 Continue`` is written there, and it says whether the client left."""
         self.method = method
         self.target = target
         """The request target as sent: path and query."""
@@ -88,14 +101,14 @@ class Request:
         if self.expect_continue:
             self.expect_continue = False
             if not self.complete and not self.chunks:
-                self.write_client(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self.client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         loop = asyncio.get_running_loop()
         while not self.chunks:
             if self.error is not None:
                 raise self.error
             if self.complete:
                 return None
-            if self.client_lost():
+            if self.client.lost:
                 raise ProtocolError("client disconnected while sending the body", 499)
             self.waiter = loop.create_future()
             timer = None if deadline is None else loop.call_at(deadline, self._wake)

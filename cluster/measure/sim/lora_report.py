@@ -28,19 +28,6 @@ def format_lora_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def lora_markdown_table(report: dict) -> str:
-    """BENCHMARKS' table of the runs that served adapter requests (``kvmesh bench report``'s ``lora`` kind)."""
-    lines = ["| run | hit rate | TTFT p50 | TTFT p99 | adapter loads (per adapter request) | passed over for a slot "
-             "| adapters per replica |", "|---|---|---|---|---|---|---|"]
-    for name, s in report["policies"].items():
-        if "lora" in s:
-            lo, ttft = s["lora"], s["ttft_s"]
-            lines.append(f"| {name.replace('/', ', ')} | {s['hit_rate']:.1%} | {ttft['p50']:.3f} s | {ttft['p99']:.2f} s "
-                         f"| {lo['adapter_loads']:,} ({lo['adapter_loads_per_request']:.2f}) | "
-                         f"{lo['slot_wait_share']:.1%} | {lo['adapters_per_replica_mean']:.1f} |")
-    return "\n".join(lines)
-
-
 def plot_lora(report: dict, path: str | Path) -> Path:
     """Hit rate, TTFT p50/p99 and adapter loads per request of every run with adapters, side by side."""
     import matplotlib
