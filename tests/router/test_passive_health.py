@@ -123,6 +123,7 @@ def test_stream_that_stalls_ends_with_an_error_event_after_the_idle_deadline(fak
     a.configure(stall_after=1)  # one chunk, then nothing on an open connection
     events = stream_events(router, ids)
     assert events[-1] == "[DONE]"
+    assert "error" in json.loads(events[-2]), events  # the stream's last event before [DONE]
     error = json.loads(events[-2])["error"]
     assert "not within 1s" in error["message"] and error["code"] == 502, error
     assert json.loads(events[0])["choices"][0]["text"] == "a"  # what went out before the stall stays
