@@ -37,6 +37,8 @@ class LoadColumns:
 
     def __init__(self, tracker: LoadTracker) -> None:
         self.tracker = tracker
+        self._record = tracker.replicas.get
+        """A replica's record (its load carries its row)."""
         self.ids: list[ReplicaId] = []
         """Row -> replica id (a replica's own row is on its load: ``ReplicaLoad.row``)."""
         self.loads: list[ReplicaLoad] = []
@@ -101,9 +103,11 @@ class LoadColumns:
 
     def row(self, replica_id: ReplicaId) -> int | None:
         """The replica's row in the current layout (None: not laid out, e.g. added since the last ``sync``)."""
-        load = self.tracker.loads.get(replica_id)
-        row = None if load is None else load.row
-        return row if row is not None and row < len(self.ids) and self.ids[row] == replica_id else None
+        replica = self._record(replica_id)
+        if replica is None:
+            return None
+        row, ids = replica.load.row, self.ids
+        return row if row is not None and row < len(ids) and ids[row] == replica_id else None
 
     def _read(self, row: int, load: ReplicaLoad) -> None:
         """Copy ``load``'s fields into ``row`` (as the cost reads them: estimate.py, fleet.py; what does not depend on
