@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from kvmesh.events.schema import AllBlocksCleared, BlockStored
 from kvmesh.events.subscribe.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED
-from kvmesh.router.routing.kv_router import BAD_FRAMES, KVRouter
+from kvmesh.router.replicas.replica import BAD_FRAMES
+from kvmesh.router.routing.kv_router import KVRouter
 
 if TYPE_CHECKING:
     from kvmesh.events.config import SubscriberConfig

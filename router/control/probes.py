@@ -22,7 +22,8 @@ from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.http.token_forwarding import ServerInfo, upstream_kind
 from kvmesh.router.http.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
 from kvmesh.router.replicas.load import ForeignLoad
-from kvmesh.router.routing.kv_router import INCOMPATIBLE, KVRouter
+from kvmesh.router.replicas.replica import INCOMPATIBLE
+from kvmesh.router.routing.kv_router import KVRouter
 
 if TYPE_CHECKING:
     from kvmesh.replica.serving.tokenizer import Tokenizer

@@ -32,9 +32,9 @@ import time
 
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.replicas.load import ForeignLoad
-from kvmesh.router.replicas.replica import ReplicaId
+from kvmesh.router.replicas.replica import LAGGING, LOST_EVENTS, STALLED, ReplicaId
 from kvmesh.router.replicas.stream import StreamState
-from kvmesh.router.routing.kv_router import LAGGING, LOST_EVENTS, STALLED, KVRouter
+from kvmesh.router.routing.kv_router import KVRouter
 
 logger = logging.getLogger(__name__)
 

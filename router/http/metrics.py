@@ -12,7 +12,7 @@ from collections.abc import Callable
 from kvmesh.replica.openai.metrics_exposition import add_process_collectors
 from kvmesh.replica.serving.metric_buckets import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from kvmesh.router.http.loop_histogram import LoopHistogram
-from kvmesh.router.routing.kv_router import DEGRADED_CAUSES
+from kvmesh.router.replicas.replica import DEGRADED_CAUSES
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 

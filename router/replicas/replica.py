@@ -34,6 +34,12 @@ ReplicaId = str
 
 JOINING, READY, DRAINING = "joining", "ready", "draining"
 """A replica's lifecycle: registered but not yet healthy once; healthy at least once; getting no new requests."""
+INCOMPATIBLE, BAD_FRAMES, STALLED, LAGGING, LOST_EVENTS = (
+    "incompatible", "bad_frames", "stalled", "lagging", "lost_events")
+DEGRADED_CAUSES = (INCOMPATIBLE, BAD_FRAMES, STALLED, LAGGING, LOST_EVENTS)
+"""Why a replica may be degraded: its blocks cannot match the router's keys (block size, tokenizer);
+its stream sends bad frames; it stopped (published batches not applied); it lags (batches applied
+long after they happened); it lost batches that neither replay nor a snapshot restored."""
 
 PREFILL = "prefill"
 """The role of a replica that prefills for others and never decodes (router/routing/roles.py)."""
@@ -54,7 +60,7 @@ class Replica:
     healthy: bool = False
     """It may receive requests now."""
     degraded: dict[str, str] = field(default_factory=dict)
-    """Cause (one of router/routing/kv_router.py's ``DEGRADED_CAUSES``) -> reason, for each cause that holds."""
+    """Cause (one of ``DEGRADED_CAUSES``) -> reason, for each cause that holds."""
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
     patience: Any = None

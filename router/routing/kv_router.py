@@ -13,11 +13,11 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
 from kvmesh.events.schema import EventBatch
-from kvmesh.kvcache.reuse import reusable_blocks, reusable_tokens
-from kvmesh.router.replicas.replica import JOINING, READY, Replica, ReplicaId
+from kvmesh.kvcache.reuse import reusable_blocks
+from kvmesh.router.replicas.replica import DEGRADED_CAUSES, INCOMPATIBLE, JOINING, READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
+from kvmesh.router.routing import routable
 from kvmesh.router.routing.cost import observe_ttft
 from kvmesh.router.routing.cost.load_columns import CandidateLoads, LoadColumns
 from kvmesh.router.routing.index import PrefixIndex
@@ -32,26 +32,15 @@ from kvmesh.router.routing.kv_placement import (
 )
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
-from kvmesh.router.routing.receipts import Receipts, RouteReceipt
+from kvmesh.router.routing.receipts import Receipts, route_receipt
 from kvmesh.router.routing.roles import BOTH, check_role
+from kvmesh.router.routing.routable import RoutableLoads
 from kvmesh.router.routing.route_decision import RouteDecision
 from kvmesh.router.routing.session import SessionConfig, SessionTable
 from kvmesh.router.routing.tier_matches import TierMatches
 
 _ns = time.perf_counter_ns
 
-INCOMPATIBLE, BAD_FRAMES, STALLED, LAGGING, LOST_EVENTS = (
-    "incompatible", "bad_frames", "stalled", "lagging", "lost_events")
-DEGRADED_CAUSES = (INCOMPATIBLE, BAD_FRAMES, STALLED, LAGGING, LOST_EVENTS)
-"""Why a replica may be degraded: its blocks cannot match the router's keys (block size, tokenizer);
-its stream sends bad frames; it stopped (published batches not applied); it lags (batches applied
-long after they happened); it lost batches that neither replay nor a snapshot restored."""
-
-
-COLUMNS_FROM = 6
-"""Fleets of at least this many replicas are priced from the load columns in one vectorised pass, smaller ones one
-replica at a time (numpy's fixed cost per array pass outweighs a few estimates in Python); the decisions are the
-same either way."""
 
 
 class KVRouter:
@@ -73,7 +62,8 @@ class KVRouter:
         self.columns = LoadColumns(self.loads)
         """The loads as arrays, kept current (router/routing/cost/load_columns.py): a decision prices every candidate
         in one vectorised pass."""
-        self._routable: tuple[object, CandidateLoads] | None = None
+        self.routable = RoutableLoads(self.replicas, self.columns)
+        """The loads of the replicas a request may go to, as the policy gets them (router/routing/routable.py)."""
         if policy is None:
             policy = get_policy(block_size=block_size)
         self.policy = policy
@@ -206,7 +196,7 @@ class KVRouter:
             estimate = policy.estimate(replica_id, keys, tiers, loads, num_tokens, lora_name)
         t3 = _ns()
         why = "fallback" if excluded or self.replicas.get(replica_id).degraded else "session" if by_session else None
-        receipt = self._receipt(replica_id, tiers, loads, num_tokens, session_id, why, estimate)
+        receipt = route_receipt(replica_id, tiers, loads, num_tokens, session_id, why, estimate, self.block_size)
         return RouteDecision(replica_id, keys, tiers.either().get(replica_id, 0), receipt.predicted_hit_tokens,
                              num_tokens - receipt.predicted_hit_tokens, receipt.predicted_host_tokens, receipt,
                              {"hash": t1 - t0, "match": t2 - t1, "score": t3 - t2}, pull, receipt.predicted_ttft_s,
@@ -243,25 +233,6 @@ class KVRouter:
         if commit:
             self.sessions.pin(session_id, replica_id, now)
         return replica_id, kept
-
-    def _receipt(self, replica_id: ReplicaId, tiers: TierMatches, loads, num_tokens: int, session_id: str | None,
-                 why: str | None, estimate) -> RouteReceipt:
-        """The decision in a user's words: its hit against the best candidate's (a host-tier block past the device
-        prefix is a hit too, loaded back), why it was chosen (``why``, else by cache or by load), its predicted TTFT
-        when the policy prices in seconds."""
-        either = tiers.either()
-        matched = either.get(replica_id, 0)
-        best_id, best = None, 0
-        for rid, m in either.items():
-            if m > best and rid in loads:
-                best_id, best = rid, m
-        hit, best_hit = self._hit_tokens(matched, num_tokens), self._hit_tokens(best, num_tokens)
-        host_hit = hit - self._hit_tokens(tiers.device.get(replica_id, 0), num_tokens)
-        reason = why or ("cache" if matched and matched == best else "load")
-        predicted = estimate.ttft_s if estimate is not None and estimate.priced else None
-        return RouteReceipt(replica_id, reason, hit, best_hit, best_id, num_tokens, session_id, host_hit,
-                            predicted_ttft_s=predicted,
-                            predicted_pace_s=estimate.pace_s if predicted is not None else None)
 
     def commit(self, decision: RouteDecision, session_id: str | None = None, now: float | None = None) -> None:
         """Credit ``decision``'s replica with its prompt's blocks and pin its session, as ``route`` does unless told
@@ -300,34 +271,13 @@ class KVRouter:
         candidates = {r.id for r in self.replicas.records()
                       if r.healthy and r.id not in excluded and (pool is None or r.id in pool)}
         columns = self.columns  # synced by route, but for a small fleet
-        fleet = None if len(columns.ids) < COLUMNS_FROM else columns.fleet(columns.everyone, ("all", columns.version))
+        fleet = None if len(columns.ids) < routable.COLUMNS_FROM else columns.fleet(columns.everyone, ("all", columns.version))
         return plan_pull(chosen, own, matches, self.loads.loads, candidates, usable, bs, rules, fleet)
 
     def candidate_loads(self, excluded: set, pool: frozenset | None = None) -> CandidateLoads | dict:
         """The healthy replicas that decode, less ``excluded``, within ``pool``, as the policy gets them (call under
-        the lock): ``CandidateLoads`` (priced from the columns), a plain dict under ``COLUMNS_FROM`` replicas."""
-        columns = self.columns
-        small = len(self.replicas) < COLUMNS_FROM
-        columns.sync(rows=not small)
-        key = (columns.version, self.replicas.version)
-        if self._routable is None or self._routable[0] != key:  # kept while the replica set and health stand
-            get = self.replicas.get
-            mask = np.array([get(r).routable for r in columns.ids], dtype=bool)
-            self._routable = key, CandidateLoads(columns, mask, key)
-        routable = self._routable[1]
-        if small:
-            plain = routable.plain()
-            return plain if not excluded and pool is None else {
-                r: load for r, load in plain.items() if r not in excluded and (pool is None or r in pool)}
-        if not excluded and pool is None:
-            return routable
-        mask, row = routable.mask.copy(), columns.row
-        for rid in excluded:
-            if (i := row(rid)) is not None:
-                mask[i] = False
-        if pool is not None:
-            mask &= np.isin(np.arange(len(mask)), [i for r in pool if (i := row(r)) is not None])
-        return CandidateLoads(columns, mask)
+        the lock; router/routing/routable.py)."""
+        return self.routable.loads(excluded, pool)
 
     def choose_prefill(self, decision: RouteDecision, now: float | None = None) -> tuple[ReplicaId | None, str | None]:
         """Where to prefill ``decision``'s prompt before its decode replica gets it: (prefill replica, None);
@@ -348,7 +298,3 @@ class KVRouter:
             return choose_split(self.loads.loads, prefill, self.healthy, decision.replica_id,
                                 decision.uncached_tokens, matches, num_tokens, self.hasher.block_size,
                                 self.transfers)
-
-    def _hit_tokens(self, matched_blocks: int, num_prompt_tokens: int) -> int:
-        """Tokens an engine reuses for ``matched_blocks`` leading blocks (it computes at least one token)."""
-        return reusable_tokens(matched_blocks, num_prompt_tokens, self.hasher.block_size)

@@ -26,11 +26,14 @@ and logs ``RouteReceipt.log_fields()`` in its access log. Nothing here does I/O 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvmesh.kvcache.reuse import reusable_tokens
 from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.reuse import REASONS, ReuseTotals
+from kvmesh.router.routing.tier_matches import TierMatches
 
 __all__ = ["Receipts", "RouteReceipt"]
 
@@ -191,3 +194,22 @@ class Receipts:
         with self._lock:
             return {"cluster": self.total.as_dict(),
                     "replicas": {r.id: r.reuse.as_dict() for r in self.replicas if r.reuse.requests}}
+
+
+def route_receipt(replica_id: ReplicaId, tiers: TierMatches, loads: Mapping, num_tokens: int, session_id: str | None,
+                  why: str | None, estimate, block_size: int) -> RouteReceipt:
+    """A decision in a user's words: its hit against the best candidate's (a host-tier block past the device prefix
+    is a hit too, loaded back), why it was chosen (``why``, else by cache or by load), its predicted TTFT when the
+    policy prices in seconds (``estimate``)."""
+    either = tiers.either()
+    matched = either.get(replica_id, 0)
+    best_id, best = None, 0
+    for rid, m in either.items():
+        if m > best and rid in loads:
+            best_id, best = rid, m
+    hit, best_hit = (reusable_tokens(m, num_tokens, block_size) for m in (matched, best))
+    host_hit = hit - reusable_tokens(tiers.device.get(replica_id, 0), num_tokens, block_size)
+    reason = why or ("cache" if matched and matched == best else "load")
+    predicted = estimate.ttft_s if estimate is not None and estimate.priced else None
+    return RouteReceipt(replica_id, reason, hit, best_hit, best_id, num_tokens, session_id, host_hit,
+                        predicted_ttft_s=predicted, predicted_pace_s=estimate.pace_s if predicted is not None else None)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRALoad
 from kvmesh.router.replicas.load import ReplicaLoad
-from kvmesh.router.routing import kv_router
+from kvmesh.router.routing import routable
 from kvmesh.router.routing.cost import FleetRates, PullPriors, price_all
 from kvmesh.router.routing.cost.load_columns import CandidateLoads
 from kvmesh.router.routing.kv_router import KVRouter
@@ -25,7 +25,7 @@ BS = 4
 @pytest.fixture(autouse=True)
 def columns_at_any_size(monkeypatch):
     """Every fleet here is priced from the columns, however small (``KVRouter`` prices small ones one by one)."""
-    monkeypatch.setattr(kv_router, "COLUMNS_FROM", 1)
+    monkeypatch.setattr(routable, "COLUMNS_FROM", 1)
 
 
 def _maybe(rng: random.Random, value, p: float = 0.5):
@@ -216,7 +216,7 @@ def test_candidates_keep_the_trackers_order_after_a_replica_rejoins():
 def test_a_fleet_growing_past_the_columns_threshold_decides_as_the_full_scan(monkeypatch):
     """Under ``COLUMNS_FROM`` replicas the policy gets a plain dict (the columns only follow the replica set); a
     fleet that grows past it is priced from columns that saw every change made meanwhile."""
-    monkeypatch.setattr(kv_router, "COLUMNS_FROM", 6)
+    monkeypatch.setattr(routable, "COLUMNS_FROM", 6)
     fast = KVRouter(block_size=BS, policy=CacheAwarePolicy(CacheAwareConfig(), BS, 1))
     full = KVRouter(block_size=BS, policy=CacheAwarePolicy(CacheAwareConfig(), BS, 1))
     monkeypatch.setattr(full, "candidate_loads", lambda excluded, pool=None: dict(

@@ -3,7 +3,8 @@ only) and exact again once the stream caught up. Times are given, never waited f
 
 import pytest
 from kvmesh.router.control.stream_watch import StreamWatch
-from kvmesh.router.routing.kv_router import INCOMPATIBLE, KVRouter
+from kvmesh.router.replicas.replica import INCOMPATIBLE
+from kvmesh.router.routing.kv_router import KVRouter
 
 from .helpers import stored
 

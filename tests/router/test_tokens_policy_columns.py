@@ -9,7 +9,7 @@ import math
 import random
 
 import pytest
-from kvmesh.router.routing import kv_router
+from kvmesh.router.routing import routable
 from kvmesh.router.routing.cost.load_columns import CandidateLoads
 from kvmesh.router.routing.policies import cache_aware_tokens
 from kvmesh.router.routing.policies.cache_aware_tokens import CacheAwareTokensConfig, CacheAwareTokensPolicy
@@ -20,7 +20,7 @@ from .test_pruned_routing import BS, random_router
 
 @pytest.fixture(autouse=True)
 def columns_at_any_size(monkeypatch):
-    monkeypatch.setattr(kv_router, "COLUMNS_FROM", 1)
+    monkeypatch.setattr(routable, "COLUMNS_FROM", 1)
     monkeypatch.setattr(cache_aware_tokens, "COLUMNS_FROM_CANDIDATES", 1)
 
 

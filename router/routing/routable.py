@@ -1,0 +1,53 @@
+"""The loads of the replicas a request may go to, as a policy gets them: the routable records (healthy, ready,
+not of role prefill) less the excluded, within the request's model pool.
+
+The routable set is kept while the replica set and its health stand (``ReplicaSet.version``, the columns' layout);
+a request with exclusions or a pool gets a mask over it. Fleets of at least ``COLUMNS_FROM`` replicas get
+``CandidateLoads`` (priced from the load columns in one vectorised pass), smaller ones a plain dict.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from kvmesh.router.replicas.replica_set import ReplicaSet
+from kvmesh.router.routing.cost.load_columns import CandidateLoads, LoadColumns
+
+COLUMNS_FROM = 6
+"""Fleets of at least this many replicas are priced from the load columns in one vectorised pass, smaller ones one
+replica at a time (numpy's fixed cost per array pass outweighs a few estimates in Python); the decisions are the
+same either way."""
+
+
+class RoutableLoads:
+    """The routable replicas' loads of one router (call under its lock)."""
+
+    def __init__(self, replicas: ReplicaSet, columns: LoadColumns) -> None:
+        self.replicas = replicas
+        self.columns = columns
+        self._routable: tuple[object, CandidateLoads] | None = None
+        """(the set's and columns' versions, the routable replicas' loads) as last made."""
+
+    def loads(self, excluded: set, pool: frozenset | None = None) -> CandidateLoads | dict:
+        """The routable replicas less ``excluded``, within ``pool`` (None: any)."""
+        columns = self.columns
+        small = len(self.replicas) < COLUMNS_FROM
+        columns.sync(rows=not small)
+        key = (columns.version, self.replicas.version)
+        if self._routable is None or self._routable[0] != key:  # kept while the replica set and health stand
+            get = self.replicas.get
+            mask = np.array([get(r).routable for r in columns.ids], dtype=bool)
+            self._routable = key, CandidateLoads(columns, mask, key)
+        routable = self._routable[1]
+        if small:
+            plain = routable.plain()
+            return plain if not excluded and pool is None else {
+                r: load for r, load in plain.items() if r not in excluded and (pool is None or r in pool)}
+        if not excluded and pool is None:
+            return routable
+        mask, row = routable.mask.copy(), columns.row
+        for rid in excluded:
+            if (i := row(rid)) is not None:
+                mask[i] = False
+        if pool is not None:
+            mask &= np.isin(np.arange(len(mask)), [i for r in pool if (i := row(r)) is not None])
+        return CandidateLoads(columns, mask)
