@@ -20,32 +20,24 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
-from kvmesh.replica.openai import protocol as p
-from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.adapter_ready import adapter_ready
-from kvmesh.router.http.caller import identify, schedules_by_priority
+from kvmesh.router.http.caller import schedules_by_priority
 from kvmesh.router.http.failures import BrokenAnswer, InvalidAnswer, count_failure
 from kvmesh.router.http.in_flight import InFlight, reserved
 from kvmesh.router.http.kv_handoff import KVHandoff
 from kvmesh.router.http.messages import Request, Response
-from kvmesh.router.http.migration import MigratingStream
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.relay import UPSTREAM_ERRORS, Opened, StreamRelay, let_go
+from kvmesh.router.http.request_reader import Frontends, RequestReader
 from kvmesh.router.http.route_accounting import count_decision, report_cached
-from kvmesh.router.http.router_only import refuse_router_only
 from kvmesh.router.http.token_forwarding import TEXT, UpstreamKind
 from kvmesh.router.http.upstream import UpstreamPool
 from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
 from kvmesh.router.routing.policies import NoReplicaError
-from kvmesh.router.routing.receipts import HEADER_OPT_IN
 
 if TYPE_CHECKING:
-    from kvmesh.replica.openai.renderer import PromptRenderer
-    from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.serving.tokenizer import Tokenizer
-    from kvmesh.router.admission.tenants import Tenants
-    from kvmesh.router.config import RouterConfig
     from kvmesh.router.http.admission_gate import AdmissionGate
     from kvmesh.router.http.metrics import RouterMetrics
     from kvmesh.router.http.patience import Patience
@@ -55,29 +47,20 @@ if TYPE_CHECKING:
     from kvmesh.router.routing.outlier import OutlierDetector
 
 logger = logging.getLogger(__name__)
-OpenAIRequest = p.CompletionRequest | p.ChatCompletionRequest
-"""A validated body of one of the two proxied paths."""
-SESSION_HEADER = b"x-session-id"
-"""Request header naming a conversation/agent session (else the body's ``user``): soft affinity."""
-HEADER_OPT_IN_BYTES = HEADER_OPT_IN.encode()
 
 
-class Replicas(Protocol):
-    """What the proxy needs of the running router (``RouterRuntime``, router/control/runtime.py)."""
+class Replicas(Frontends, Protocol):
+    """What the proxy needs of the running router (``RouterRuntime``, router/control/runtime.py): what reading a
+    request needs, and the replicas to send it to."""
 
-    config: RouterConfig
     router: KVRouter
     tokenizer: Tokenizer | None
-    renderer: PromptRenderer
     metrics: RouterMetrics
     receipt_metrics: ReceiptMetrics
     pool: UpstreamPool | None
     outliers: OutlierDetector
     admission: AdmissionGate | None
-    tenants: Tenants
 
-    def pool_for(self, model: str | None) -> ModelPool | None: ...
-    def frontend_for(self, pool: ModelPool | None) -> tuple[Tokenizer | None, PromptRenderer]: ...
     async def ensure_adapter(self, replica_id: str, pool: ModelPool | None) -> None: ...
     def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...,
                     sick: bool = ...) -> None: ...
@@ -91,66 +74,18 @@ class Forwarder:
 
     def __init__(self, runtime: Replicas) -> None:
         self.runtime = runtime
+        self.reader = RequestReader(runtime)
+        """Reads a client's request: validated, tokenized, its tenant and priority (request_reader.py)."""
         self.relay = StreamRelay(runtime, self.dispatch, self.report_cached)
         """Relays streams and migrates them when their replica fails mid-way (relay.py)."""
         self.handoff = KVHandoff(runtime)
         """The P/D split's prefill call and peer pulls: what the decode replica gets in kv_transfer_params."""
 
-    # ---------------------------------------------------------------- request -> token ids
-    async def parse(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[int]]:
-        """Validate the body and render its prompts exactly as the replica will (ProtocolError on bad input);
-        the token ids to route by (a batch of prompts goes to one replica, by its first prompt)."""
-        req, prompts = await self.parse_prompts(raw, chat)
-        return req, prompts[0] if prompts else []
-
-    async def parse_prompts(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]]]:
-        """``parse``, with the token ids of every prompt of the request (none without a tokenizer)."""
-        req, prompts, _, _ = await self._validate(raw, chat)
-        return req, prompts
-
-    async def _validate(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]], SamplingParams | None,
-                                                                ModelPool | None]:
-        """The body, the token ids of its prompts (by its model's tokenizer), the first prompt's sampling
-        parameters, each prompt checked against the context as the replica checks it, and the pool its
-        ``"model"`` picks (router/routing/model_pools.py; 400/404 for none)."""
-        svc = self.runtime
-        req = await parse_off_loop(raw, p.ChatCompletionRequest if chat else p.CompletionRequest, svc.renderer.run)
-        refuse_router_only(req)  # on the decoded body, as the replica decodes it (router_only.py)
-        pool = svc.pool_for(req.model)
-        tokenizer, renderer = svc.frontend_for(pool)
-        if tokenizer is None:  # no tokenizer for its model: load-only routing, the replica validates
-            return req, [], None, pool
-        if chat:
-            prompts = [await renderer.request(req)]
-        else:  # a batch of prompts is routed by its first; every prompt is checked, as the replica does
-            prompts = await renderer.prompts(req)
-        params: list[SamplingParams] = [req.to_sampling_params(len(ids), tokenizer.max_model_len) for ids in prompts]
-        return req, prompts, params[0] if params else None, pool
-
-    async def read(self, http: Request, path: str, chat: bool) -> ProxyRequest:
-        """The client's request: validated, tokenized, its tenant and priority (caller.py), a stream's migration state."""
-        svc = self.runtime
-        raw = await http.body()
-        t0 = time.perf_counter_ns()
-        req, prompts, params, pool = await self._validate(raw, chat)
-        request = ProxyRequest(raw, req, prompts, chat, svc.config.tokenize.forward_token_ids, path=path,
-                               session_id=http.header(SESSION_HEADER) or req.user,
-                               wants_receipt=http.header(HEADER_OPT_IN_BYTES) is not None,
-                               tokenize_ns=time.perf_counter_ns() - t0, sampling_params=params, model_pool=pool)
-        request.tenant, request.priority = identify(http, req, svc.tenants)
-        if req.stream:
-            request.stream = MigratingStream(req, chat, request.route_ids, svc.frontend_for(pool)[0],
-                                             svc.config.upstream.migration_limit, params=params)
-            request.stream.model_pool, request.stream.priority = pool, request.priority
-            if svc.config.upstream.migration_limit and not req.return_token_ids:
-                request.ask_for_token_ids()
-        return request
-
     # ---------------------------------------------------------------- proxy
     async def handle(self, http: Request, path: str, chat: bool) -> Response:
         """Answer one request (the door's ``Request``): read, admit (admission_gate.py), forward. A client that leaves
         cancels this coroutine (the door does): out of the router's queue, or its upstream connection closed."""
-        request, gate = await self.read(http, path, chat), self.runtime.admission
+        request, gate = await self.reader.read(http, path, chat), self.runtime.admission
         if gate is None:
             return await self.forward(request)
         admitted = await gate.admit(http, request)

@@ -21,7 +21,8 @@ def kvmesh_chain(frame) -> list[str]:
     files = []
     while frame is not None:
         if frame.f_globals.get("__name__", "").startswith("kvmesh."):
-            files.append(frame.f_code.co_filename)
+            code_file = frame.f_code.co_filename  # generated code (a dataclass's __init__) is its module's
+            files.append(frame.f_globals.get("__file__", code_file) if code_file.startswith("<") else code_file)
         frame = frame.f_back
     files = merged(files[::-1])
     door = next((i for i, f in enumerate(files) if f.endswith("/http/connection.py")), None)

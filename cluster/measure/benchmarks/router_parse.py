@@ -4,7 +4,7 @@
         [--tree main=/path/to/other/checkout ...] [--profile workload]
 
 CPU microseconds per request (process CPU, render-pool threads included) of what the router does between
-receiving a request's body and having its upstream body and replica: ``Forwarder.parse_prompts`` +
+receiving a request's body and having its upstream body and replica: ``RequestReader.parse_prompts`` +
 ``KVRouter.route`` + ``ProxyRequest.for_kind`` (a kvmesh upstream), on the three workloads of
 ``kvmesh bench router-peers`` (``workloads``): 1,000-token text completions, the same prompts as token
 ids, and 8-turn chats resending their history (Llama-2 template). Per workload two numbers:
@@ -55,7 +55,8 @@ async def _one(fwd, raw: bytes, chat: bool):
     from kvmesh.router.http.proxy_request import ProxyRequest
     from kvmesh.router.http.token_forwarding import KVMESH
 
-    req, prompts = await fwd.parse_prompts(raw, chat)
+    reader = getattr(fwd, "reader", fwd)  # a --tree checkout may parse on the Forwarder itself
+    req, prompts = await reader.parse_prompts(raw, chat)
     ids = prompts[0] if prompts else []
     decision = fwd.runtime.router.route(ids, req.cache_salt, exclude=[], session_id=req.user)
     body = ProxyRequest(raw, req, prompts, chat, fwd.runtime.config.tokenize.forward_token_ids).for_kind(KVMESH)

@@ -1,0 +1,97 @@
+"""A proxied request read: its body validated and its prompts rendered and tokenized exactly as the replica will,
+its ``"model"``'s pool, its tenant and priority (caller.py), a stream's migration state (migration.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from kvmesh.replica.openai import protocol as p
+from kvmesh.replica.openai.body import parse_off_loop
+from kvmesh.router.http.caller import identify
+from kvmesh.router.http.messages import Request
+from kvmesh.router.http.migration import MigratingStream
+from kvmesh.router.http.proxy_request import ProxyRequest
+from kvmesh.router.http.router_only import refuse_router_only
+from kvmesh.router.routing.receipts import HEADER_OPT_IN
+
+if TYPE_CHECKING:
+    from kvmesh.replica.openai.renderer import PromptRenderer
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.serving.tokenizer import Tokenizer
+    from kvmesh.router.admission.tenants import Tenants
+    from kvmesh.router.config import RouterConfig
+    from kvmesh.router.routing.model_pools import ModelPool
+
+OpenAIRequest = p.CompletionRequest | p.ChatCompletionRequest
+"""A validated body of one of the two proxied paths."""
+SESSION_HEADER = b"x-session-id"
+"""Request header naming a conversation/agent session (else the body's ``user``): soft affinity."""
+HEADER_OPT_IN_BYTES = HEADER_OPT_IN.encode()
+
+
+class Frontends(Protocol):
+    """What reading a request needs of the running router (``RouterRuntime``, router/control/runtime.py)."""
+
+    config: RouterConfig
+    renderer: PromptRenderer
+    tenants: Tenants
+
+    def pool_for(self, model: str | None) -> ModelPool | None: ...
+    def frontend_for(self, pool: ModelPool | None) -> tuple[Tokenizer | None, PromptRenderer]: ...
+
+
+class RequestReader:
+    """Turns a client's request into a ``ProxyRequest`` (and, for benchmarks and tests, a body into token ids)."""
+
+    def __init__(self, runtime: Frontends) -> None:
+        self.runtime = runtime
+
+    async def parse(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[int]]:
+        """Validate the body and render its prompts exactly as the replica will (ProtocolError on bad input);
+        the token ids to route by (a batch of prompts goes to one replica, by its first prompt)."""
+        req, prompts = await self.parse_prompts(raw, chat)
+        return req, prompts[0] if prompts else []
+
+    async def parse_prompts(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]]]:
+        """``parse``, with the token ids of every prompt of the request (none without a tokenizer)."""
+        req, prompts, _, _ = await self._validate(raw, chat)
+        return req, prompts
+
+    async def _validate(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]], SamplingParams | None,
+                                                                ModelPool | None]:
+        """The body, the token ids of its prompts (by its model's tokenizer), the first prompt's sampling
+        parameters, each prompt checked against the context as the replica checks it, and the pool its
+        ``"model"`` picks (router/routing/model_pools.py; 400/404 for none)."""
+        svc = self.runtime
+        req = await parse_off_loop(raw, p.ChatCompletionRequest if chat else p.CompletionRequest, svc.renderer.run)
+        refuse_router_only(req)  # on the decoded body, as the replica decodes it (router_only.py)
+        pool = svc.pool_for(req.model)
+        tokenizer, renderer = svc.frontend_for(pool)
+        if tokenizer is None:  # no tokenizer for its model: load-only routing, the replica validates
+            return req, [], None, pool
+        if chat:
+            prompts = [await renderer.request(req)]
+        else:  # a batch of prompts is routed by its first; every prompt is checked, as the replica does
+            prompts = await renderer.prompts(req)
+        params: list[SamplingParams] = [req.to_sampling_params(len(ids), tokenizer.max_model_len) for ids in prompts]
+        return req, prompts, params[0] if params else None, pool
+
+    async def read(self, http: Request, path: str, chat: bool) -> ProxyRequest:
+        """The client's request: validated, tokenized, its tenant and priority (caller.py), a stream's migration state."""
+        svc = self.runtime
+        raw = await http.body()
+        t0 = time.perf_counter_ns()
+        req, prompts, params, pool = await self._validate(raw, chat)
+        request = ProxyRequest(raw, req, prompts, chat, svc.config.tokenize.forward_token_ids, path=path,
+                               session_id=http.header(SESSION_HEADER) or req.user,
+                               wants_receipt=http.header(HEADER_OPT_IN_BYTES) is not None,
+                               tokenize_ns=time.perf_counter_ns() - t0, sampling_params=params, model_pool=pool)
+        request.tenant, request.priority = identify(http, req, svc.tenants)
+        if req.stream:
+            request.stream = MigratingStream(req, chat, request.route_ids, svc.frontend_for(pool)[0],
+                                             svc.config.upstream.migration_limit, params=params)
+            request.stream.model_pool, request.stream.priority = pool, request.priority
+            if svc.config.upstream.migration_limit and not req.return_token_ids:
+                request.ask_for_token_ids()
+        return request
