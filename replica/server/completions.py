@@ -26,8 +26,9 @@ from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.server import chat_tools, kv_plane, kv_request
 from kvmesh.replica.server import parallel_sampling as ps
+from kvmesh.replica.server.output_usage import check_failed, total_usage, usage_of
 from kvmesh.replica.server.parallel_sampling import Outputs
-from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure, new_request_id
+from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure
 from kvmesh.replica.serving.sampling_params import SamplingParamsError
 from kvmesh.replica.step.outputs import PromptLogprobs, RequestOutput, TokenLogprobs
 
@@ -38,31 +39,6 @@ logger = logging.getLogger(__name__)
 
 OpenAIRequest = p.CompletionRequest | p.ChatCompletionRequest
 R = TypeVar("R", p.CompletionRequest, p.ChatCompletionRequest)
-
-
-def _usage(out: RequestOutput) -> r.UsageInfo:
-    return r.UsageInfo.of(len(out.prompt_token_ids), len(out.output_token_ids), out.num_cached_tokens,
-                          out.num_host_cached_tokens)
-
-
-def _total_usage(candidates: list[ps.Candidate], finals: list[RequestOutput]) -> r.UsageInfo:
-    """Each prompt counted once, every candidate's tokens (vLLM's usage for n / best_of / batches)."""
-    prompts = {c.prompt_index: f for c, f in zip(candidates, finals, strict=True) if c.sample_index == 0}
-    return r.UsageInfo.of(sum(len(f.prompt_token_ids) for f in prompts.values()),
-                          sum(len(f.output_token_ids) for f in finals),
-                          sum(f.num_cached_tokens for f in prompts.values()),
-                          None if any(f.num_host_cached_tokens is None for f in prompts.values())
-                          else sum(f.num_host_cached_tokens for f in prompts.values()))
-
-
-def _check_failed(out: RequestOutput) -> None:
-    """A request the engine failed is a 500 naming a request id; what failed (an exception's text) is logged."""
-    if out.finish_reason == "error":
-        request_id = new_request_id()
-        logger.error("request %s failed inside the engine (request id %s): %s", out.request_id, request_id,
-                     out.error or "unknown error")
-        raise ProtocolError(f"request failed inside the engine (request id {request_id}); the replica's log has "
-                            "the details", 500)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -135,8 +111,8 @@ class OpenAIHandlers:
             )
         finals = await self._collect_or_abort(http, candidates, streams)
         for final in finals:
-            _check_failed(final)
-        usage = _total_usage(candidates, finals)
+            check_failed(final)
+        usage = total_usage(candidates, finals)
         choices = ps.select_choices(candidates, finals, req.n)
         body: r.ChatCompletionResponse | r.CompletionResponse
         if isinstance(req, p.ChatCompletionRequest):
@@ -246,7 +222,7 @@ class OpenAIHandlers:
         done = [f for f in finals if f is not None]
         if req.include_usage and len(done) == len(finals):
             yield r.sse(usage_chunk(id=request_id, created=created, model=model, choices=[],
-                                    usage=_total_usage(candidates, done)))
+                                    usage=total_usage(candidates, done)))
         yield r.SSE_DONE
 
     async def _completion_chunks(self, request_id: str, created: int, model: str, candidates: list[ps.Candidate],
@@ -258,7 +234,7 @@ class OpenAIHandlers:
         text_offsets = [0] * len(candidates)  # characters of each choice's logprobs tokens sent so far
         echoed = [not req.echo] * len(candidates)
         async for i, out in ps.merge_streams(stream_list, req.stream_interval):
-            _check_failed(out)
+            check_failed(out)
             if not (out.delta_text or out.finished or out.new_logprobs or not echoed[i] or (ids and out.new_token_ids)):
                 continue
             text, logprobs, echo = out.delta_text, None, not echoed[i]
@@ -276,7 +252,7 @@ class OpenAIHandlers:
                 choices=[r.CompletionChoice(index=ps.choice_index(candidates[i], req.n), text=text,
                                             logprobs=logprobs, finish_reason=out.finish_reason,
                                             token_ids=out.new_token_ids if ids else None)],
-                usage=_usage(out) if continuous else None)
+                usage=usage_of(out) if continuous else None)
             first_ids[i] = False
             yield r.sse(chunk)
             if out.finished:
@@ -301,13 +277,13 @@ class OpenAIHandlers:
                         first_ids=c.prompt_token_ids if ids else None)
         tools = chat_tools.streams(req, self.state.frontend.tool_call_parser, len(candidates))
         async for i, out in ps.merge_streams(stream_list, req.stream_interval):
-            _check_failed(out)
+            check_failed(out)
             if not out.delta_text and not out.finished and not out.new_logprobs and not (ids and out.new_token_ids):
                 continue
             delta, reason = chat_tools.delta(req, tools[i], out.delta_text, out.finish_reason)
             if delta is None and not out.new_logprobs and not (ids and out.new_token_ids):
                 continue  # text a tool-call reader holds back
-            usage = _usage(out) if continuous else None
+            usage = usage_of(out) if continuous else None
             logprobs = self._chat_logprobs(req, out.new_token_ids, out.new_logprobs)
             yield chunk(ps.choice_index(candidates[i], req.n), delta or r.DeltaMessage(content=""),
                         reason, usage, logprobs, out.new_token_ids)
