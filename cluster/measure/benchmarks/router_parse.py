@@ -55,8 +55,7 @@ async def _one(fwd, raw: bytes, chat: bool):
     from kvmesh.router.http.proxy_request import ProxyRequest
     from kvmesh.router.http.token_forwarding import KVMESH
 
-    reader = getattr(fwd, "reader", fwd)  # a --tree checkout may parse on the Forwarder itself
-    req, prompts = await reader.parse_prompts(raw, chat)
+    req, prompts = await fwd.reader.parse_prompts(raw, chat)
     ids = prompts[0] if prompts else []
     decision = fwd.runtime.router.route(ids, req.cache_salt, exclude=[], session_id=req.user)
     body = ProxyRequest(raw, req, prompts, chat, fwd.runtime.config.tokenize.forward_token_ids).for_kind(KVMESH)
