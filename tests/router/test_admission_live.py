@@ -70,27 +70,28 @@ def test_the_queue_serves_priority_first_then_the_light_tenant_before_a_flooder(
     assert 'kvmesh_router_admission_ttft_seconds_count{priority="all",tenant="light"} 1.0' in text
 
 
-def test_429s_carry_retry_after_and_name_their_reason(admitting):
+def test_429s_carry_retry_after_and_name_their_reason(admitting, fakes):
     assert _post(admitting, "capped", "a prompt longer than its bucket", []).status_code == 200  # a full bucket
     r = _post(admitting, "capped", "a prompt longer than five tokens for sure", [])
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
     error = r.json()["error"]
     assert error["type"] == "tenant_over_limit" and "tenant 'capped' over limit" in error["message"]
 
+    fakes[0].configure(delay=2.0)  # the replica held long enough that nothing is let go while the light tenant waits
     done: list = []
     busy = [threading.Thread(target=_post, args=(admitting, "flood", f"busy {i} " * 4, done)) for i in range(3)]
     for t in busy:
         t.start()
-    time.sleep(0.05)
+    queue = admitting.runtime.admission.admission.queues
+    wait_for(lambda: len(queue.get("") or ()) == 2, timeout=5, what="one flood request on the replica, two waiting")
     t0 = time.monotonic()
     r = _post(admitting, "light", "in a hurry", done, headers={"x-kvmesh-ttft-deadline-ms": "100"})
     assert r.status_code == 429 and time.monotonic() - t0 < 1.0  # shed by its deadline, not left waiting
     assert r.json()["error"]["type"] == "deadline_unreachable" and int(r.headers["retry-after"]) >= 1
-    queue = admitting.runtime.admission.admission.queues[""]
     with pytest.raises(httpx.ReadTimeout):  # a client that gives up while its request waits ...
         httpx.post(admitting.url + "/v1/completions", headers={"Authorization": f"Bearer {KEYS['light']}"},
                    json={"prompt": "impatient", "max_tokens": 2}, timeout=httpx.Timeout(5, read=0.1))
-    wait_for(lambda: not any(w.tenant == "light" for w in queue), timeout=2, what="it left the queue")  # ... leaves
+    wait_for(lambda: not any(w.tenant == "light" for w in queue[""]), timeout=2, what="it left the queue")  # ... leaves
     text = httpx.get(admitting.url + "/metrics").text  # unserved: it left, it was not let go
     assert 'kvmesh_router_admission_admitted_total{priority="all",tenant="light"} 0.0' in text
     bad = _post(admitting, "light", "x", [], headers={"x-kvmesh-priority": "high"})
