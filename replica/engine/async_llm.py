@@ -1,6 +1,6 @@
 """``AsyncLLM``: the engine on a background thread behind the ``EngineClient`` interface.
 
-    caller coroutines ──commands (SimpleQueue)──▶ engine thread: drain commands, step(), repeat
+    caller coroutines ──commands──▶ EngineThread (engine_thread.py): drain commands, step(), repeat
             ▲                                              │
             └── per-request asyncio.Queue ◀─ call_soon_threadsafe ┘
 
@@ -15,16 +15,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
-import logging
-import queue
-import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.build import build_engine
 from kvmesh.replica.engine.commands import (
-    KV_COMMANDS,
     AbortRequests,
     AddLoRA,
     AddRequest,
@@ -34,10 +30,9 @@ from kvmesh.replica.engine.commands import (
     ReleaseLease,
     RemoveLoRA,
     ResetPrefixCache,
-    answer,
-    refuse,
     refused,
 )
+from kvmesh.replica.engine.engine_thread import EngineThread
 from kvmesh.replica.engine.kv_transfers import EngineKVTransfers
 from kvmesh.replica.engine.llm_engine import LLMEngine
 from kvmesh.replica.engine.load_fields import load_report, read_racily
@@ -60,8 +55,6 @@ if TYPE_CHECKING:
     from kvmesh.replica.kv_transfer.leases import Lease
     from ray.util.placement_group import PlacementGroup
 
-logger = logging.getLogger(__name__)
-
 
 class AsyncLLM:
     """Thread-safe, asyncio-friendly front of one ``LLMEngine``; an ``EngineClient``.
@@ -78,19 +71,13 @@ class AsyncLLM:
         self.num_kv_blocks = engine.num_kv_blocks
         self.tensor_parallel_size = engine.config.tensor_parallel_size
         self.draining = False  # set by graceful shutdown: new requests get 503
-        self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
         self._ids = itertools.count()
-        self._closed = False
-        self.errored: BaseException | None = None  # set if the engine loop itself died
         kv_transfers = engine.connector(EngineKVTransfers)
         if kv_transfers is None:
             raise ValueError("AsyncLLM needs an engine with the KV transfer connector (default_kv_connectors)")
         self.kv_transfers: EngineKVTransfers = kv_transfers  # pulls in flight and leases (engine thread only)
-        self.kv_transfers.wake = self._wake.set  # a transfer worker thread saw a read move on
-        self._thread = threading.Thread(target=self._run, name="kvmesh-engine", daemon=True)
-        self._thread.start()
+        self.thread = EngineThread(engine, kv_transfers)
+        self._streams = self.thread.streams
 
     @classmethod
     def from_config(cls, config: EngineConfig, hf_tokenizer: HFTokenizer | None = None,
@@ -101,7 +88,12 @@ class AsyncLLM:
 
     @property
     def is_running(self) -> bool:
-        return self._thread.is_alive() and not self._closed
+        return self.thread.is_running
+
+    @property
+    def errored(self) -> BaseException | None:
+        """Why the engine loop itself died (None while it runs or after a clean shutdown)."""
+        return self.thread.errored
 
     # -- caller side (any thread / event loop) -----------------------------------------------------
 
@@ -227,95 +219,16 @@ class AsyncLLM:
 
     def shutdown(self) -> None:
         """Stop the engine thread, close the engine (and its publisher), then the model runner."""
-        self._closed = True
-        self._wake.set()
-        self._thread.join(timeout=30)
+        stopped = self.thread.stop(timeout_s=30)
         try:
-            if not self._thread.is_alive():
+            if stopped:
                 self.engine.kv_connectors.shutdown()  # pulls in flight answered 0, leased blocks let go
             self.engine.close()
         finally:
             self.runner.shutdown()
 
     def _submit(self, command: EngineCommand) -> None:
-        self._commands.put(command)
-        self._wake.set()
-
-    # -- engine thread -----------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        engine = self.engine
-        try:
-            self.runner.bind_thread()  # its CUDA device, its graphs captured here
-            while not self._closed:
-                self._wake.clear()
-                self._drain_commands()
-                engine.kv_connectors.between_steps()
-                for out in engine.step() if engine.has_unfinished_requests() else ():
-                    self._deliver(out)
-                if not engine.has_unfinished_requests() or engine.waits_only_for_remote_kvs:  # idle, or until a
-                    self._wake.wait(engine.kv_connectors.idle_timeout())  # remote KV lookup or read wakes it
-        except BaseException as e:  # a bug in the engine loop: fail every open stream, say why
-            logger.exception("engine loop died")
-            self.errored = e
-            self._closed = True
-            for request_id in list(self._streams):
-                self._deliver(RequestOutput(request_id, [], [], [], finished=True, finish_reason="error",
-                                            error=f"engine loop died: {e!r}"))
-
-    def _drain_commands(self) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(command, AddRequest):
-                try:
-                    self.engine.add_request(command.request_id, command.prompt_token_ids, command.sampling_params,
-                                            cache_salt=command.cache_salt, lora_request=command.lora_request,
-                                            priority=command.priority, remote_kv=command.remote_kv)
-                except BaseException as e:
-                    refuse(command.accepted, e)
-                else:
-                    if not answer(command.accepted, None):  # its caller gave up before it was accepted
-                        self.engine.abort_request(command.request_id)
-            elif isinstance(command, AddLoRA | RemoveLoRA):
-                self._lora_command(command)
-            elif isinstance(command, ResetPrefixCache):
-                answer(command.done, self.engine.reset_unreferenced())
-            elif isinstance(command, KV_COMMANDS):
-                self.kv_transfers.handle(command)
-            else:
-                self.engine.abort_request(command.request_ids)
-
-    def _lora_command(self, command: AddLoRA | RemoveLoRA) -> None:
-        try:
-            done = (self.engine.add_lora(command.lora_request) if isinstance(command, AddLoRA)
-                    else self.engine.remove_lora(command.lora_name))
-        except Exception as e:  # noqa: BLE001 - the caller gets it (a refused adapter is a ValueError)
-            refuse(command.done, e)
-        else:
-            answer(command.done, done)  # a caller gone leaves it done: loading twice is a no-op
-
-    def _deliver(self, out: RequestOutput) -> None:
-        stream = self._streams.get(out.request_id)
-        try:
-            if stream is not None:
-                stream[0].call_soon_threadsafe(self._put, stream[1], out)
-                return
-        except RuntimeError:  # the caller's event loop is gone: nobody will read this request
-            self._streams.pop(out.request_id, None)
-        if not out.finished:  # its caller is gone (cancelled, or its stream closed): nobody reads it, end it
-            self.engine.abort_request(out.request_id)
-        self._unread(out)
-
-    def _put(self, out_queue: asyncio.Queue[RequestOutput], out: RequestOutput) -> None:
-        """On the caller's loop: hand ``out`` to its stream, unless the caller left since it was sent."""
-        stream = self._streams.get(out.request_id)
-        out_queue.put_nowait(out) if stream is not None and stream[1] is out_queue else self._unread(out)
+        self.thread.submit(command)
 
     def _unread(self, out: RequestOutput) -> None:
-        """An output nobody will read: a lease its request took at finish is let go (any thread)."""
-        if out.kv_lease and (lease_id := out.kv_lease.get("remote_lease_id")):
-            self._submit(ReleaseLease(lease_id, concurrent.futures.Future()))
-
+        self.thread.unread(out)
