@@ -232,10 +232,20 @@ def test_abandoned_non_streaming_requests_through_the_router_are_aborted_on_the_
     replica_url, router_url = pair
     aborted = _replica_counter(replica_url, "vllm:request_success_total", 'finished_reason="abort"')
     generated = _replica_counter(replica_url, "vllm:generation_tokens_total")
-    body = {"prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True}
-    for _ in range(3):
-        with pytest.raises(httpx.TimeoutException):
-            httpx.post(router_url + "/v1/completions", json=body, headers=AUTH, timeout=0.15)
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True}).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in AUTH.items())
+    host, port = router_url.removeprefix("http://").split(":")
+    for _ in range(3):  # each client leaves once its request runs on the replica, not before it got there
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            client.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n{head}"
+                           f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            running = time.monotonic() + 20
+            while _replica_counter(replica_url, "vllm:num_requests_running") < 1 and time.monotonic() < running:
+                time.sleep(0.02)
+            assert _replica_counter(replica_url, "vllm:num_requests_running") >= 1, "the request never ran"
+        gone = time.monotonic() + 20  # the replica aborted it before the next one is sent
+        while _replica_counter(replica_url, "vllm:num_requests_running") > 0 and time.monotonic() < gone:
+            time.sleep(0.02)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and \
             _replica_counter(replica_url, "vllm:request_success_total", 'finished_reason="abort"') < aborted + 3:

@@ -165,8 +165,7 @@ def test_a_crashed_feed_loop_is_reported_and_rebuilt(two_publishers):
 
 def test_a_legitimate_batch_over_the_limit_is_recovered_through_a_snapshot():
     good = make_publisher(snapshot_chunk_blocks=32)  # snapshot chunks stay within the subscriber's limit
-    f = follow(("good", good), config=SubscriberConfig(replay_timeout=0.5, snapshot_timeout=0.5,
-                                                       max_batch_blocks=50))
+    f = follow(("good", good), config=SubscriberConfig(replay_timeout=5, snapshot_timeout=5, max_batch_blocks=50))
     try:
         good.publish([stored(h, h - 1 if h > 1 else None) for h in range(1, 101)])  # e.g. a resync batch
         publish_chain(good, 101, 3)

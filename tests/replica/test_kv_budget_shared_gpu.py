@@ -40,16 +40,17 @@ def test_a_share_larger_than_what_was_free_at_start_is_a_clear_error():
         kv_cache_budget(mem, mem, 5 * GIB, 0.5, outside_at_start=45 * GIB)
 
 
-def _load_twice(tmp_path, first_ids, second_ids) -> list[tuple[str, float]]:
-    """Two replicas 'load' (hold the lock 0.3 s) at the same moment; the times each entered and left."""
+def _load_twice(tmp_path, first_ids, second_ids, together: bool = False) -> list[tuple[str, float]]:
+    """Two replicas 'load' at the same moment, each holding the lock 0.3 s (``together``: until both hold theirs,
+    which only happens if the locks let them); the times each entered and left."""
     events: list[tuple[str, float]] = []
-    start = threading.Barrier(2)
+    start, inside = threading.Barrier(2), threading.Barrier(2, timeout=10)
 
     def load(name, ids):
         start.wait()
         with gpu_load_lock(ids, str(tmp_path)):
             events.append((f"{name} in", time.monotonic()))
-            time.sleep(0.3)  # the load under test: holding the lock, so the other waits for it or not
+            inside.wait() if together else time.sleep(0.3)  # the load under test, holding the lock
             events.append((f"{name} out", time.monotonic()))
 
     threads = [threading.Thread(target=load, args=("a", first_ids)), threading.Thread(target=load, args=("b", second_ids))]
@@ -66,5 +67,5 @@ def test_replicas_sharing_a_card_load_one_after_another(tmp_path):
 
 
 def test_replicas_on_different_cards_load_together(tmp_path):
-    order = [name.split()[1] for name, _ in _load_twice(tmp_path, ["0"], ["1"])]
+    order = [name.split()[1] for name, _ in _load_twice(tmp_path, ["0"], ["1"], together=True)]
     assert order == ["in", "in", "out", "out"]

@@ -162,7 +162,7 @@ def test_an_adapter_loaded_at_runtime_serves_at_once_and_unloads(client, replica
                     headers=bearer(ADMIN))
     assert r.status_code == 200 and "late" in r.text
     body = complete(client, "late", ids)
-    assert time.monotonic() - t0 < 1.0  # load call + a first request
+    assert time.monotonic() - t0 < 10.0  # load call + a first request: no restart, no warm-up
     assert_matches_reference(body, ids, greedy(refs["late"], ids, MAX_TOKENS), replica.state.tokenizer)
     assert client.get("/load").json()["lora"]["adapters"].keys() == {"tiny", "late"}
     r = client.post("/v1/unload_lora_adapter", json={"lora_name": "late"}, headers=bearer(INTERNAL))  # the router

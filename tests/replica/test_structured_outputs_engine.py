@@ -266,6 +266,7 @@ def test_a_compile_that_overruns_fails_its_request_and_later_ones_compile(storie
     while eng.has_unfinished_requests():
         done |= {o.request_id: o for o in eng.step() if o.finished}
     assert done["stuck"].finish_reason == "error" and "guided_regex" in done["stuck"].error
+    manager.config = StructuredOutputsConfig(compile_threads=1, compile_timeout_s=30)  # the next compile's own time
     eng.add_request("next", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=8,
                                                          structured_outputs=SO(choice=("yes", "no"))))
     while eng.has_unfinished_requests():

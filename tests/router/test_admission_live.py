@@ -42,7 +42,8 @@ def _post(router, tenant: str, text: str, done: list, headers: dict | None = Non
     return r
 
 
-def test_the_queue_serves_priority_first_then_the_light_tenant_before_a_flooder(admitting):
+def test_the_queue_serves_priority_first_then_the_light_tenant_before_a_flooder(admitting, fakes):
+    fakes[0].configure(delay=3.0)  # the first request held until the late ones have queued, however loaded
     done: list = []
     threads = [threading.Thread(target=_post, args=(admitting, "flood", f"flood request {i} " * 4, done))
                for i in range(5)]
@@ -50,13 +51,14 @@ def test_the_queue_serves_priority_first_then_the_light_tenant_before_a_flooder(
         t.start()
     queue = lambda: admitting.runtime.admission.admission.queues.get("") or ()  # noqa: E731
     wait_for(lambda: len(queue()) == 4, timeout=5, what="the flood waiting in the router, one of it on the replica")
+    fakes[0].configure(delay=DELAY_S)  # the ones after it
     late = [threading.Thread(target=_post, args=(admitting, "light", "a light tenant's question", done),
                              kwargs={"stream": True}),
             threading.Thread(target=_post, args=(admitting, "flood", "an urgent flood request", done),
                              kwargs={"headers": {"x-kvmesh-priority": "-1"}})]
     for t in late:
         t.start()
-    wait_for(lambda: len(queue()) == 6 or len(done) > 1, timeout=5, what="the late requests queued")
+    wait_for(lambda: len(queue()) == 6, timeout=5, what="the late requests queued")
     for t in threads + late:
         t.join(30)
     order = [(tenant, priority) for _, tenant, status, priority in sorted(done) if status == 200]

@@ -203,7 +203,7 @@ def test_stop_lets_an_in_flight_request_finish(fakes, tokenizer):
 
     a = fakes[0]
     router = RouterServer(RouterConfig(port=0, block_size=BLOCK_SIZE), [a.spec], tokenizer=tokenizer).start()
-    a.configure(delay=0.5)
+    a.configure(delay=1.5)  # still running when stop() is seen to begin, however loaded; within its 2 s
     out = {}
 
     def send():
@@ -212,9 +212,9 @@ def test_stop_lets_an_in_flight_request_finish(fakes, tokenizer):
 
     t = threading.Thread(target=send)
     t.start()
-    from .conftest import fake_stats, wait_for
+    from .conftest import wait_for
 
-    wait_for(lambda: fake_stats(a)["running"] == 1, what="the request to reach the replica")
+    wait_for(lambda: router.runtime.router.loads.loads["a"].in_flight == 1, what="the request sent to the replica")
     router.stop()  # graceful: 2 s for in-flight requests
     t.join(10)
     assert out["r"].status_code == 200 and out["r"].headers["connection"] == "close"

@@ -166,7 +166,7 @@ def test_stream_that_stalls_moves_to_another_replica_after_the_idle_deadline(rep
     proxies = [DyingProxy(f"p{i}", int(rt.http.url.rsplit(":", 1)[1]), fuse) for i, rt in enumerate(replicas)]
     specs = [ReplicaSpec(p.url, replica_id=p.name) for p in proxies]
     router = RouterServer(RouterConfig(port=0, block_size=16, upstream=UpstreamConfig(poll_interval_s=0.2,
-                                                                                      stream_idle_timeout_s=1.0)),
+                                                                                      stream_idle_timeout_s=3.0)),
                           specs, tokenizer=tokenizer).start()
     try:
         wait_for(lambda: len(router.runtime.router.healthy) == 2, what="both replicas healthy")

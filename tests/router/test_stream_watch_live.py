@@ -5,6 +5,7 @@ and routed by load only; it is exact again once its stream is back. An idle repl
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -104,7 +105,8 @@ def test_late_events_degrade_with_a_reason_and_a_skewed_clock_is_not_lateness(pa
     b.configure(event_lag=3 * MAX_LAG_S)  # its events now reach the router 4.5 s after they happened
     direct(b, AFTER_STOP[0])
     wait_for(lambda: "s2" in rt.router.degraded, what="s2 degraded")
-    assert "event stream lagging: a batch applied 4." in rt.router.degraded["s2"]
+    lagging = re.search(r"event stream lagging: a batch applied (\d+\.\d)", rt.router.degraded["s2"])
+    assert lagging and float(lagging[1]) >= 3 * MAX_LAG_S - 0.5, rt.router.degraded["s2"]  # late, however loaded
     assert matched(rt, "s1", PROMPT) == 0
     assert "s1" not in rt.router.degraded
 
