@@ -22,10 +22,11 @@ STAMP := $(VENV)/.kvmesh-installed
 serve: $(STAMP)
 	$(BIN)/kvmesh serve $(ARGS)
 
-# Test processes (pytest-xdist; each test file runs whole in one, with its own Ray where it needs one).
+# Test processes (pytest-xdist; each test file runs whole in one, with its own Ray where it needs one; the
+# longest files are handed out first: tests/file_order.py).
 # TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from .file_order import load_seconds, longest_first
 from .tiers import mark_tiers, tier_guard  # noqa: F401 (tier_guard: an autouse fixture, registered by its import)
 
 
@@ -160,6 +161,7 @@ def exact_float32(torch) -> None:
 
 def pytest_collection_modifyitems(config, items):
     mark_tiers(items)  # ray / live, so that `make test-quick` leaves them out (tests/tiers.py)
+    items[:] = longest_first(items, load_seconds())  # the test processes end together (tests/file_order.py)
     if importlib.util.find_spec("ray") is None:  # e.g. a GPU box with torch but no Ray: actor and TP tests skip
         for item in items:
             if "ray" in item.keywords:
