@@ -11,26 +11,23 @@ With ``EngineConfig.async_scheduling`` step() launches step N+1 before it reads 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from kvmesh.replica.config import EngineConfig
-from kvmesh.replica.engine.async_scheduling import LaunchedStep, add_placeholders, use_async_scheduling
 from kvmesh.replica.engine.connector_defaults import default_kv_connectors
 from kvmesh.replica.engine.kv_connector import KVConnectorContext, KVConnectorFactory
 from kvmesh.replica.engine.kv_connectors import KVConnectors
 from kvmesh.replica.engine.loras import EngineLoRAs
 from kvmesh.replica.engine.offload_connector import OffloadConnector
 from kvmesh.replica.engine.output_processor import OutputProcessor
-from kvmesh.replica.engine.prefill_rate import PrefillRate
 from kvmesh.replica.engine.request import Request, RequestStatus, check_priority, validate_request_input
 from kvmesh.replica.engine.scheduler import Scheduler
 from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publisher, make_kv_cache_manager
 from kvmesh.replica.engine.stats import EngineStats
-from kvmesh.replica.engine.step_time import DecodeStepTime
+from kvmesh.replica.engine.step_launcher import StepLauncher
 from kvmesh.replica.engine.structured_output import StructuredOutputManager
-from kvmesh.replica.interfaces import AsyncModelRunner, EventPublisher, ModelRunnerInterface
+from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -39,6 +36,7 @@ from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
     from kvmesh.events.config import PublisherConfig
+    from kvmesh.replica.engine.async_scheduling import LaunchedStep
     from kvmesh.replica.engine.remote_kv import RemoteKV
 
 logger = logging.getLogger(__name__)
@@ -77,14 +75,10 @@ class LLMEngine:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
-        self.async_scheduling = use_async_scheduling(config, model_runner)
-        self._in_flight: LaunchedStep | None = None  # async scheduling: step N, launched, tokens not read yet
         self._stats = EngineStats.for_model(self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer, self._stats, type(model_runner).__name__)
-        self.prefill_rate = PrefillRate()
-        """Prompt tokens per second this engine computes, from its own steps (reported in ``/load``)."""
-        self.decode_step_time = DecodeStepTime()
-        """Its decode steps' seconds by batch and context, fitted on its own decode-only steps (``/load``)."""
+        self.steps = StepLauncher(config, model_runner, self._stats)  # runs steps, learns their times
+        self.prefill_rate, self.decode_step_time = self.steps.prefill_rate, self.steps.decode_step_time
         context = KVConnectorContext(config, self.kv_cache_manager, model_runner)
         factories = [OffloadConnector] if self.kv_cache_manager.offload is not None else []
         factories += default_kv_connectors() if kv_connectors is None else kv_connectors
@@ -159,13 +153,18 @@ class LLMEngine:
             self.output_processor.on_finished(request)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._pending) or self._in_flight is not None
+        return self.scheduler.has_unfinished_requests() or bool(self._pending) or self.steps.in_flight is not None
 
     @property
     def waits_only_for_remote_kvs(self) -> bool:
         """The last step ran nothing: every unfinished request waits for KV from another replica (the engine
         thread may sleep until a connector wakes it)."""
-        return self.scheduler.waits_only_for_remote and not self._pending and self._in_flight is None
+        return self.scheduler.waits_only_for_remote and not self._pending and self.steps.in_flight is None
+
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether step() launches a step before it reads the last one's tokens (async_scheduling.py)."""
+        return self.steps.async_scheduling
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.scheduler.requests)
@@ -188,29 +187,16 @@ class LLMEngine:
         else:
             sched.grammar_bitmask = self.structured_output.grammar_bitmask(sched)
             launched = self._launch(sched, outputs)
-        ready = launched
-        if self.async_scheduling:
-            ready, self._in_flight = self._in_flight, launched
-        if ready is not None:
+        if (ready := self.steps.ready(launched)) is not None:
             outputs += self._process_sampled(self._read(ready, outputs))
         self._end_step()
         return outputs
 
     def _launch(self, sched: SchedulerOutput, outputs: list[RequestOutput]) -> LaunchedStep | None:
-        """Run the step (async scheduling: launch it; its tokens are read one step later). A runner failure
-        fails the step's requests into ``outputs`` and the engine keeps serving the others."""
+        """Run the step (step_launcher.py). A runner failure fails the step's requests into ``outputs`` and the
+        engine keeps serving the others."""
         try:
-            start = time.monotonic()
-            if self.async_scheduling:
-                requests = self.scheduler.requests
-                runner: AsyncModelRunner = self.model_runner  # use_async_scheduling saw it launch steps
-                launched = LaunchedStep(sched, runner.execute_model_async(sched),
-                                        {rid: requests[rid] for rid in sched.request_ids()}, start)
-                add_placeholders(requests, sched)
-            else:
-                launched = LaunchedStep(sched, self.model_runner.execute_model(sched), None, start)
-            self._stats.record_step(sched.num_batched_tokens)
-            return launched
+            return self.steps.launch(sched, self.scheduler.requests)
         except Exception as e:
             outputs += self._fail_step(sched, e)
             return None
@@ -218,13 +204,7 @@ class LLMEngine:
     def _read(self, step: LaunchedStep, outputs: list[RequestOutput]) -> dict[str, int]:
         """The step's sampled tokens ({} if the runner failed it: its requests fail into ``outputs``)."""
         try:
-            sampled = step.sampled(self.scheduler.requests)
-            if step.sched.scheduled:  # prompt tokens ran in it: launch to tokens read is its time
-                self.prefill_rate.record(step.sched.num_batched_tokens, time.monotonic() - step.launched_at)
-            elif step.sched.decode_request_ids:  # decode only: the step-time model's sample (no device sync)
-                self.decode_step_time.record_step(self.scheduler.requests, step.sched.decode_request_ids,
-                                                  time.monotonic() - step.launched_at)
-            return sampled
+            return self.steps.read(step, self.scheduler.requests)
         except Exception as e:
             outputs += self._fail_step(step.sched, e)
             return {}

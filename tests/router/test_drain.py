@@ -49,8 +49,8 @@ def test_drain_lets_streams_finish_and_routes_new_requests_elsewhere(fakes, star
         assert httpx.post(router.url + "/v1/completions", json={"prompt": prompt(seed), "max_tokens": 2},
                           headers=TENANT, timeout=20).status_code == 200
     wait_for(lambda: router.runtime.router.index.num_blocks("a") > 0, what="a's events")
-    a.configure(delay=1.5)
-    b.configure(delay=1.5)
+    a.configure(delay=3.0)  # in flight long enough for the drain to find it so, however loaded
+    b.configure(delay=3.0)
     with ThreadPoolExecutor(8) as pool:
         running = [pool.submit(_stream, router, prompt(100 + i)) for i in range(8)]
         wait_for(lambda: _rows(router)["a"]["in_flight"] > 0, what="a request in flight on a")
