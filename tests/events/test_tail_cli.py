@@ -61,7 +61,7 @@ def test_tail_of_a_private_stream_blames_the_key_first_and_counts_no_bad_frame(c
     with make_publisher(curve_secret_key=secret) as pub:
         pub.publish([stored(5, 4)])
         assert main(["events", "tail", "--endpoint", pub.endpoint, "--replay-endpoint", pub.replay_endpoint,
-                     "--duration", "1.5"]) == 0  # a refused handshake is retried every 0.3 s meanwhile
+                     "--duration", "5"]) == 0  # a refused handshake is retried every 0.3 s meanwhile
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("#")]
     assert "refused our handshake: its stream is private (CURVE)" in lines[0], lines
     assert "--no-private-events" in lines[0], lines
