@@ -21,38 +21,18 @@ import asyncio
 import collections
 import logging
 import socket
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import httptools
 import msgspec
-from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.deadline import Deadline
 from kvmesh.router.http.messages import Client, Request, Response, error_response, response_head
+from kvmesh.router.http.server_state import ServerState
 
 logger = logging.getLogger(__name__)
 
 _MAX_PIPELINED = 32
 """Queued pipelined requests at which the connection stops reading until they are answered."""
-
-
-@dataclass(eq=False, slots=True)
-class ServerState:
-    """What a door shares with every connection it accepted (as uvicorn's ``ServerState``)."""
-
-    config: FrontendConfig
-    """The front end's limits and timeouts."""
-    answer: Callable[[HttpConnection, Request], Awaitable[bool]]
-    """Answers one request on a connection; whether the connection stays open (``Door.answer``)."""
-    extra_head: bytes = b""
-    """Header lines every response carries (a worker's index)."""
-    connections: set[HttpConnection] = field(default_factory=set)
-    """The open connections."""
-    draining: bool = False
-    """Shutting down: every answer closes its connection."""
-    on_error: Callable[[ProtocolError], None] | None = None
-    """Sees errors answered by the server itself (400, 413, 500) (the router counts them)."""
 
 
 class HttpConnection(asyncio.Protocol):

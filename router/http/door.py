@@ -25,8 +25,9 @@ from collections.abc import Awaitable, Callable
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.errors import ProtocolError, internal_error
 from kvmesh.router.http.asgi import AsgiApp, AsgiBridge
-from kvmesh.router.http.connection import HttpConnection, ServerState
+from kvmesh.router.http.connection import HttpConnection
 from kvmesh.router.http.messages import Request, Response, error_response
+from kvmesh.router.http.server_state import ServerState
 
 logger = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ from kvmesh.cluster.measure.benchmarks.support.fake_answers import (
     json_answer,
 )
 from kvmesh.cluster.measure.benchmarks.support.fake_faults import Faults, client_left
+from kvmesh.cluster.measure.benchmarks.support.fake_http import read_request
 from kvmesh.cluster.measure.benchmarks.support.fake_kv_transfer import (
     BadTransferParams,
     FakeKVTransfer,
@@ -80,12 +81,8 @@ class FakeReplica:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                method, path, _ = head.split(b"\r\n", 1)[0].split(b" ", 2)
-                headers = {k.strip().lower(): v.strip() for k, _, v in
-                           (line.partition(b":") for line in head.split(b"\r\n")[1:] if line)}
-                body = await self._body(reader, headers)
-                if not await self._answer(reader, writer, method, path.split(b"?")[0], body, headers):
+                method, path, headers, body = await read_request(reader)
+                if not await self._answer(reader, writer, method, path, body, headers):
                     break
                 if headers.get(b"connection", b"").lower() == b"close":
                     break
@@ -93,18 +90,6 @@ class FakeReplica:
             pass
         finally:
             writer.close()
-
-    @staticmethod
-    async def _body(reader: asyncio.StreamReader, headers: dict[bytes, bytes]) -> bytes:
-        if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-            parts = []
-            while True:
-                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                parts.append(await reader.readexactly(size + 2))
-                if not size:
-                    return b"".join(p[:-2] for p in parts)
-        length = int(headers.get(b"content-length", b"0"))
-        return await reader.readexactly(length) if length else b""
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, method: bytes,
                       path: bytes, raw: bytes, headers: dict[bytes, bytes]) -> bool:
