@@ -17,6 +17,7 @@ from kvmesh.router.config import RouterConfig
 from kvmesh.router.control.router_server import RouterServer
 
 from . import openai_pair
+from .leaving_client import post_unread
 from .openai_pair import AUTH, HI
 
 pair = openai_pair.pair  # the fixture
@@ -232,13 +233,9 @@ def test_abandoned_non_streaming_requests_through_the_router_are_aborted_on_the_
     replica_url, router_url = pair
     aborted = _replica_counter(replica_url, "vllm:request_success_total", 'finished_reason="abort"')
     generated = _replica_counter(replica_url, "vllm:generation_tokens_total")
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True}).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in AUTH.items())
-    host, port = router_url.removeprefix("http://").split(":")
+    body = {"prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True}
     for _ in range(3):  # each client leaves once its request runs on the replica, not before it got there
-        with socket.create_connection((host, int(port)), timeout=10) as client:
-            client.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n{head}"
-                           f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        with post_unread(router_url, "/v1/completions", body, AUTH):
             running = time.monotonic() + 20
             while _replica_counter(replica_url, "vllm:num_requests_running") < 1 and time.monotonic() < running:
                 time.sleep(0.02)

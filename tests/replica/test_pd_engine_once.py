@@ -15,13 +15,13 @@ import asyncio
 import concurrent.futures
 import http.server
 import json
-import socket
 import threading
 
 from kvmesh.replica.engine.remote_kv import PullResult, RemoteBlocks, RemoteKV
 from kvmesh.replica.engine.request import RequestStatus
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
+from ..leaving_client import post_unread
 from .kv_replicas import client, kv_replica, register, wait_for
 from .test_kv_pull_overlap import GREEDY, PROMPT, STALLED_S, _agents, _engine, _final, _until
 from .test_kv_transfer_http import FULL_BLOCK_TOKENS, complete, fresh_prompt
@@ -160,13 +160,9 @@ def test_a_client_that_leaves_while_its_request_waits_for_the_peer_aborts_it_and
         with kv_replica(stories_path, replica_id="b") as b, client(b) as cb:
             cb.post("/kv/peers", json={"peers": [{"replica_id": "slow", "url": url}]}).raise_for_status()
             llm = b.state.engine_client
-            body = json.dumps({"prompt": fresh_prompt(62), "max_tokens": 4,
-                               "kv_transfer_params": {"do_remote_prefill": True, "remote_url": url}}).encode()
-            host, port = b.http.url.removeprefix("http://").split(":")
-            with socket.create_connection((host, int(port)), timeout=10) as leaving:
-                leaving.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                                f"Authorization: {cb.headers['authorization']}\r\n"
-                                f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            body = {"prompt": fresh_prompt(62), "max_tokens": 4,
+                    "kv_transfer_params": {"do_remote_prefill": True, "remote_url": url}}
+            with post_unread(b.http.url, "/v1/completions", body, {"Authorization": cb.headers["authorization"]}):
                 wait_for(lambda: "/kv/lease" in _SlowHolder.seen, "the request asking the peer for a lease")
             # the client gave up and closed its connection while the request waits for the peer's answer
             assert _SlowHolder.seen == ["/kv/lease"]

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 
+from ..leaving_client import post_unread
 from .conftest import fake_stats, wait_for
 from .test_router_http import prompt
 
@@ -21,12 +21,8 @@ def test_non_streaming_client_disconnect_cancels_the_upstream_request(fakes, sta
     router = start_router([a.spec])
     a.configure(delay=20)  # the replica would work for 20 s on each request
 
-    body = [json.dumps({"prompt": prompt(50 + i), "max_tokens": 64}).encode() for i in range(5)]
-    host, port = router.url.removeprefix("http://").split(":")
-    clients = [socket.create_connection((host, int(port)), timeout=10) for _ in body]
-    for client, b in zip(clients, body, strict=True):
-        client.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                       f"Content-Length: {len(b)}\r\n\r\n".encode() + b)
+    clients = [post_unread(router.url, "/v1/completions", {"prompt": prompt(50 + i), "max_tokens": 64})
+               for i in range(5)]
     wait_for(lambda: fake_stats(a)["running"] == 5, what="the 5 requests on the replica")
     for client in clients:  # each client gives up while its request runs
         client.close()
