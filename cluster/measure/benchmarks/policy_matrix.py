@@ -3,11 +3,15 @@ every other policy's and its TTFT p50 and p99 at most theirs?
 
     kvmesh bench policy_matrix --out results/policy_matrix.json          # every cell not in the file yet
     kvmesh bench policy_matrix --workloads mooncake --rates 2x --kv none  # a slice
+    kvmesh bench policy_matrix --jitter 1e-4 --out results/policy_matrix_jitter_up.json   # every arrival 0.01% later
 
 A cell is one ``kvmesh sim`` process (``nice -n 10`` unless ``--nice``, 16 replicas, ``--miniature 8``, no ceilings) over every
 registered policy: a workload (the shared traces whole, and generated ones), a rate (``--time-scale`` 1, 1/2, 1/3),
 and how KV moves (none; peer pulls at 1.8e9 or 25e9 B/s; a host tier holding a quarter of the working set).
-Cells are written to the results file as they finish, so a bounded run can be resumed; ``dominance`` is the one
+``--jitter`` moves every cell's time scale by that fraction: the same workloads, arrivals shifted by 0.01% for 1e-4,
+which no one would call another workload; the verdicts of such runs, side by side, show which cells the simulator's
+own sensitivity decides (``kvmesh bench report``'s ``matrix_noise`` table). Cells are written to the results file as
+they finish, so a bounded run can be resumed; ``dominance`` is the one
 verdict the benchmark, its table (``kvmesh bench report``) and the guard test (tests/sim/test_default_dominates.py)
 apply.
 """
@@ -53,6 +57,12 @@ def dominance(policies: dict[str, dict], best: str = DEFAULT_POLICY) -> dict[str
     return short
 
 
+def verdicts(data: dict) -> dict[str, dict[str, tuple[str, float, float]]]:
+    """A results file's cells -> where its default falls short in each ({}: it meets the verdict there), recomputed
+    from the figures with today's slack."""
+    return {key: dominance(cell["policies"], data["default"]) for key, cell in data["cells"].items()}
+
+
 def summary(report: dict) -> dict[str, dict]:
     """A ``kvmesh sim`` report's per-policy figures the verdict reads (with a host tier: the runs with the tier)."""
     return {name.removesuffix("/host-tier"): {"hit_rate": p["hit_rate"], "ttft_p50": p["ttft_s"]["p50"],
@@ -86,9 +96,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--miniature", type=int, default=8)
     ap.add_argument("--budget-s", type=float, default=None, help="start no cell after this many seconds")
     ap.add_argument("--nice", type=int, default=10, help="niceness of each cell's process")
+    ap.add_argument("--jitter", type=float, default=0.0,
+                    help="relative change of every cell's time scale (1e-4: every arrival time 0.01%% later)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.exists() else {}
+    if data and data.get("jitter", 0.0) != args.jitter:
+        raise SystemExit(f"{out} holds cells run with --jitter {data.get('jitter', 0.0)}, not {args.jitter}: "
+                         "name another --out")
     cells = data.get("cells", {})
     t0 = time.perf_counter()
     for rate in args.rates.split(","):
@@ -100,13 +115,14 @@ def main(argv: list[str] | None = None) -> None:
                 if args.budget_s is not None and time.perf_counter() - t0 > args.budget_s:
                     print(f"budget spent: {key} and the cells after it not run", flush=True)
                     return
-                cell = run_cell(w, RATES[rate], KV[kv], args.replicas, args.miniature, args.nice)
+                cell = run_cell(w, RATES[rate] * (1 + args.jitter), KV[kv], args.replicas, args.miniature, args.nice)
                 cell["short"] = dominance(cell["policies"])
                 cells[key] = cell
                 print(f"{key}: {DEFAULT_POLICY} short of {cell['short'] or 'none'} ({cell['wall_s']:.0f} s)",
                       flush=True)
                 out.write_text(json.dumps({"default": DEFAULT_POLICY, "replicas": args.replicas,
-                                           "miniature": args.miniature, "cells": cells}, indent=1) + "\n")
+                                           "miniature": args.miniature, "jitter": args.jitter, "cells": cells},
+                                          indent=1) + "\n")
 
 
 if __name__ == "__main__":
