@@ -22,11 +22,10 @@ dispatch's 503, as without admission).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -78,6 +77,22 @@ class _Waiting:
     """Let go, its task not yet run to its dispatch (``AdmissionGate.granted``)."""
 
 
+@dataclass(slots=True, eq=False)
+class _Charged:
+    """``AdmissionGate.charged``'s context (a class: a ``contextlib.contextmanager`` costs more per request)."""
+
+    answered: Callable[[Ticket, Response, ProxyRequest], Response]
+    finished: Callable[[Ticket, int], None]
+    ticket: Ticket
+
+    def __enter__(self) -> Callable[[Response, ProxyRequest], Response]:
+        return functools.partial(self.answered, self.ticket)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:  # any failure, a cancellation included: nothing charged, the room given on
+            self.finished(self.ticket, 0)
+
+
 class AdmissionGate:
     """The router's admission (module doc); ``share`` puts its ledger in shared memory (``router.workers`` > 1)."""
 
@@ -115,15 +130,11 @@ class AdmissionGate:
             m.tokens.labels(labels[0], "computed").inc(ticket.decision.uncached_tokens)
         return ticket
 
-    @contextlib.contextmanager
-    def charged(self, ticket: Ticket) -> Iterator[Callable[[Response, ProxyRequest], Response]]:
-        """Around forwarding ``ticket``'s request: the answer goes through the yielded function, which charges its
-        output when it ends (a stream's when it is over); a failure charges nothing but gives its room on."""
-        try:
-            yield functools.partial(self._answered, ticket)
-        except BaseException:
-            self.finished(ticket, 0)
-            raise
+    def charged(self, ticket: Ticket) -> _Charged:
+        """Around forwarding ``ticket``'s request (``with``): the answer goes through the function it gives, which
+        charges its output when it ends (a stream's when it is over); a failure charges nothing but gives its room
+        on."""
+        return _Charged(self._answered, self.finished, ticket)
 
     def _answered(self, ticket: Ticket, response: Response, request: ProxyRequest) -> Response:
         if response.stream is None:
