@@ -22,10 +22,9 @@ dispatch's 503, as without admission).
 from __future__ import annotations
 
 import asyncio
-import functools
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -77,22 +76,6 @@ class _Waiting:
     """Let go, its task not yet run to its dispatch (``AdmissionGate.granted``)."""
 
 
-@dataclass(slots=True, eq=False)
-class _Charged:
-    """``AdmissionGate.charged``'s context (a class: a ``contextlib.contextmanager`` costs more per request)."""
-
-    answered: Callable[[Ticket, Response, ProxyRequest], Response]
-    finished: Callable[[Ticket, int], None]
-    ticket: Ticket
-
-    def __enter__(self) -> Callable[[Response, ProxyRequest], Response]:
-        return functools.partial(self.answered, self.ticket)
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:  # any failure, a cancellation included: nothing charged, the room given on
-            self.finished(self.ticket, 0)
-
-
 class AdmissionGate:
     """The router's admission (module doc); ``share`` puts its ledger in shared memory (``router.workers`` > 1)."""
 
@@ -130,13 +113,9 @@ class AdmissionGate:
             m.tokens.labels(labels[0], "computed").inc(ticket.decision.uncached_tokens)
         return ticket
 
-    def charged(self, ticket: Ticket) -> _Charged:
-        """Around forwarding ``ticket``'s request (``with``): the answer goes through the function it gives, which
-        charges its output when it ends (a stream's when it is over); a failure charges nothing but gives its room
-        on."""
-        return _Charged(self._answered, self.finished, ticket)
-
-    def _answered(self, ticket: Ticket, response: Response, request: ProxyRequest) -> Response:
+    def answered(self, ticket: Ticket, response: Response, request: ProxyRequest) -> Response:
+        """``ticket``'s answer, charged with its output when it ends (a stream's when it is over). A forward that
+        fails instead (or is cancelled) calls ``finished(ticket, 0)``: nothing charged, its room given on."""
         if response.stream is None:
             found = _COMPLETION_TOKENS.findall(response.body) if response.status == 200 else []
             self.finished(ticket, int(found[-1]) if found else 0)
