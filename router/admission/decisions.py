@@ -132,6 +132,8 @@ class Admission:
                 if waiter is None or not self.ledger.pay_debt(model, tenant):
                     break
                 self._lose_place(waiter, now)
+        if not self._displaced:  # the usual case: asked on every arrival and pump
+            return []
         mine = [d for d in self._displaced if d[0].model == model]
         self._displaced = [d for d in self._displaced if d[0].model != model]
         return mine
@@ -152,7 +154,7 @@ class Admission:
     # ---------------------------------------------------------------- waiting
     def head(self, model: str, now: float) -> Waiter | None:
         queue = self.queues.get(model)
-        if queue is None:
+        if not queue:  # none, or empty: no usage to look up
             return None
         return queue.head(functools.partial(self.ledger.usage, now=now))  # queue -> ledger, never back here
 

@@ -22,11 +22,9 @@ dispatch's 503, as without admission).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -115,17 +113,9 @@ class AdmissionGate:
             m.tokens.labels(labels[0], "computed").inc(ticket.decision.uncached_tokens)
         return ticket
 
-    @contextlib.contextmanager
-    def charged(self, ticket: Ticket) -> Iterator[Callable[[Response, ProxyRequest], Response]]:
-        """Around forwarding ``ticket``'s request: the answer goes through the yielded function, which charges its
-        output when it ends (a stream's when it is over); a failure charges nothing but gives its room on."""
-        try:
-            yield functools.partial(self._answered, ticket)
-        except BaseException:
-            self.finished(ticket, 0)
-            raise
-
-    def _answered(self, ticket: Ticket, response: Response, request: ProxyRequest) -> Response:
+    def answered(self, ticket: Ticket, response: Response, request: ProxyRequest) -> Response:
+        """``ticket``'s answer, charged with its output when it ends (a stream's when it is over). A forward that
+        fails instead (or is cancelled) calls ``finished(ticket, 0)``: nothing charged, its room given on."""
         if response.stream is None:
             found = _COMPLETION_TOKENS.findall(response.body) if response.status == 200 else []
             self.finished(ticket, int(found[-1]) if found else 0)

@@ -12,8 +12,6 @@ that is gone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from kvmesh.router.replicas.replica import ReplicaId
@@ -54,12 +52,22 @@ class InFlight:
             self.loads.on_finish(d.replica_id, d.uncached_tokens, had_output=self.had_output)
 
 
-@contextmanager
-def reserved(loads: LoadTracker, replica_id: ReplicaId) -> Iterator[None]:
+def reserved(loads: LoadTracker, replica_id: ReplicaId) -> Reservation:
     """Count a request bound for ``replica_id`` before it is sent (a split's prefill call runs meanwhile), so
-    admission sees the slot taken; released however the block ends."""
-    loads.reserve(replica_id, True)
-    try:
-        yield
-    finally:
-        loads.reserve(replica_id, False)
+    admission sees the slot taken; released however the ``with`` block ends."""
+    return Reservation(loads, replica_id)
+
+
+class Reservation:
+    """``reserved``'s context (a class: a ``contextlib.contextmanager`` costs more on every request)."""
+
+    __slots__ = ("loads", "replica_id")
+
+    def __init__(self, loads: LoadTracker, replica_id: ReplicaId) -> None:
+        self.loads, self.replica_id = loads, replica_id
+
+    def __enter__(self) -> None:
+        self.loads.reserve(self.replica_id, True)
+
+    def __exit__(self, *exc: object) -> None:
+        self.loads.reserve(self.replica_id, False)

@@ -91,8 +91,11 @@ class Forwarder:
         admitted = await gate.admit(http, request)
         if isinstance(admitted, Response):  # 429
             return admitted
-        with gate.charged(admitted) as charge:
-            return charge(await self.forward(request, admitted.decision), request)
+        try:
+            return gate.answered(admitted, await self.forward(request, admitted.decision), request)
+        except BaseException:  # a failure or a cancellation: nothing charged, its room given on
+            gate.finished(admitted, 0)
+            raise
 
     async def forward(self, request: ProxyRequest, first: RouteDecision | None = None) -> Response:
         """Dispatch and answer ``request`` (``first``: admission's route), on another replica after a broken answer."""
