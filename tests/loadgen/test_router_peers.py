@@ -69,4 +69,20 @@ def test_missing_peers_are_skipped_with_a_reason_and_installed_ones_found(tmp_pa
     found, skipped = router_peers.router_commands(args, ["http://127.0.0.1:1"], "t.jinja")
     assert found["sglang-router"][:2] == [str(exe), "launch"]
     assert "vllm-router" in skipped and str(tmp_path) in skipped["vllm-router"]
-    assert set(found) == {"kvmesh", "kvmesh-no-tokenize-cache", "sglang-router"}
+    assert set(found) == {"kvmesh", "kvmesh-no-tokenize-cache", "kvmesh-no-admission", "sglang-router"}
+    assert found["kvmesh-no-admission"] == [*found["kvmesh"], "--no-admission-enabled"]
+
+
+def test_the_table_has_a_row_per_router_run_and_names_a_refused_workload():
+    """BENCHMARKS' table is generated from the results file (kvmesh bench report's router_peers kind)."""
+    fig = {"cpu_ms_per_request": 0.2314, "requests_per_s": 4314.2, "added_p50_ms": 0.391, "added_p99_ms": 0.524,
+           "failed_requests": 0}
+    summary = {"kvmesh": {"text": fig, "token_ids": fig}, "kvmesh-no-admission": {"text": fig, "token_ids": fig},
+               "kvmesh-2-workers": {"text": fig, "token_ids": fig},
+               "sglang-router": {"text": fig, "token_ids": {"unsupported": "9 of 9 requests failed"}}}
+    lines = router_peers.table({"summary": summary, "workloads": {"text": [], "token_ids": []}}).splitlines()
+    assert lines[2] == "| **kvmesh** | **0.231** (4,314/s; +0.39 / 0.52 ms) | **0.231** (4,314/s; +0.39 / 0.52 ms) |"
+    assert lines[3] == ("| kvmesh, admission off (`--no-admission-enabled`) | 0.231 (4,314/s; +0.39 ms) "
+                        "| 0.231 (4,314/s; +0.39 ms) |")
+    assert lines[4].startswith("| kvmesh `--workers 2` (both on core 0) | 0.231 (4,314/s; +0.39 ms) |")
+    assert lines[5] == "| sglang-router | 0.231 (4,314/s; +0.39 / 0.52 ms) | rejects token-id prompts (400) |"

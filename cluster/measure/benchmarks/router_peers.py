@@ -81,7 +81,8 @@ def router_commands(args, replicas: list[str], template_file: str) -> tuple[dict
     kvmesh = [sys.executable, "-m", "kvmesh.cluster.cli", "router", "--model", str(args.model), "--max-model-len",
               "8192", "--chat-template", template_file, "--log-level", "warning", "--host", "127.0.0.1"]
     kvmesh += [x for url in replicas for x in ("--replica", url)]
-    found = {"kvmesh": kvmesh, "kvmesh-no-tokenize-cache": [*kvmesh, "--tokenize-cache-tokens", "0"]}
+    found = {"kvmesh": kvmesh, "kvmesh-no-tokenize-cache": [*kvmesh, "--tokenize-cache-tokens", "0"],
+             "kvmesh-no-admission": [*kvmesh, "--no-admission-enabled"]}
     if args.workers > 1:
         found[f"kvmesh-{args.workers}-workers"] = [*kvmesh, "--workers", str(args.workers)]
     skipped = {}
@@ -134,6 +135,37 @@ def summarize(rows: list[dict]) -> dict:
         return {**{k: statistics.median(x[k] for x in xs) for k in keys}, "failed_requests": failed}
 
     return {r: {w: one(xs) for w, xs in ws.items()} for r, ws in out.items()}
+
+
+ROW_LABELS = {"kvmesh": "**kvmesh**", "kvmesh-no-tokenize-cache": "kvmesh, tokenize cache off",
+              "kvmesh-no-admission": "kvmesh, admission off (`--no-admission-enabled`)"}
+"""How the table names a router run (the rest: ``kvmesh-N-workers`` and the peers, below)."""
+COLUMNS = {"text": "text, 995 tokens", "token_ids": "the same prompts as token ids", "chat": "chat, growing history"}
+"""How the table names a workload."""
+
+
+def table(result: dict) -> str:
+    """The results file as BENCHMARKS' table: a row per router run, a column per workload; CPU ms per request
+    (requests/s at saturation; added latency p50, and p99 for kvmesh and the peers)."""
+    summary = result["summary"]
+    work = list(result["workloads"])
+    heads = " | ".join(COLUMNS.get(w, w) for w in work)
+    lines = [f"| router CPU ms / request (req/s at saturation; added p50 / p99, one client) | {heads} |",
+             "|---" * (len(work) + 1) + "|"]
+    for name, by_workload in summary.items():
+        label = ROW_LABELS.get(name) or (f"kvmesh `--workers {name.split('-')[1]}` (both on core 0)"
+                                         if name.startswith("kvmesh-") else name)
+        full = not name.startswith("kvmesh-")  # the variants show p50 alone
+        lines.append(f"| {label} | " + " | ".join(_cell(by_workload[w], name == "kvmesh", full) for w in work) + " |")
+    return "\n".join(lines)
+
+
+def _cell(s: dict, bold: bool, full: bool) -> str:
+    if "unsupported" in s:
+        return "rejects token-id prompts (400)"
+    cpu = f"{s['cpu_ms_per_request']:.3f}"
+    lat = f"+{s['added_p50_ms']:.2f} / {s['added_p99_ms']:.2f} ms" if full else f"+{s['added_p50_ms']:.2f} ms"
+    return f"{f'**{cpu}**' if bold else cpu} ({s['requests_per_s']:,.0f}/s; {lat})"
 
 
 def plot(summary: dict, path: Path) -> None:
