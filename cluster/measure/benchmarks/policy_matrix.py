@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,52 @@ def verdicts(data: dict) -> dict[str, dict[str, tuple[str, float, float]]]:
     """A results file's cells -> where its default falls short in each ({}: it meets the verdict there), recomputed
     from the figures with today's slack."""
     return {key: dominance(cell["policies"], data["default"]) for key, cell in data["cells"].items()}
+
+
+def count_line(data: dict) -> str:
+    """How many cells the default meets, by workload and by rate, and whom its shortfalls are to."""
+    short = verdicts(data)
+    met = [key for key, s in short.items() if not s]
+
+    def tally(part: int) -> str:
+        groups = list(dict.fromkeys(key.split("/")[part] for key in short))
+        groups = sorted(groups) if part == 1 else groups  # rates: 1x, 2x, 3x
+        return ", ".join(f"{g} {sum(k.split('/')[part] == g for k in met)}/{sum(k.split('/')[part] == g for k in short)}"
+                         for g in groups)
+
+    misses = [name for s in short.values() for name, _, _ in s.values()]
+    rivals = ", ".join(f"{n} to `{name}`" for name, n in sorted(
+        {name: misses.count(name) for name in misses}.items(), key=lambda kv: -kv[1]))
+    return (f"The default meets the verdict in {len(met)} of {len(short)} cells ({tally(0)}; {tally(1)}). "
+            f"Its {len(misses)} shortfalls (a metric in a cell): {rivals or 'none'}.")
+
+
+def noise_table(docs: list[dict]) -> str:
+    """Runs of the same matrix with every time scale moved a little (``--jitter``): the cells each meets, which cells'
+    verdicts hold in every run, and how far each policy's TTFT moved between runs (the simulator's own sensitivity)."""
+    docs = sorted(docs, key=lambda d: d.get("jitter", 0.0))
+    short = [verdicts(d) for d in docs]
+    keys = [k for k in short[0] if all(k in s for s in short)]
+    lines = ["| time scales | cells met |", "|---|---|"]
+    for d, s in zip(docs, short, strict=True):
+        jitter = d.get("jitter", 0.0)
+        label = "as listed" if not jitter else f"x {1 + jitter:.4f} (`--jitter={jitter:g}`)"
+        lines.append(f"| {label} | {sum(not s[k] for k in keys)} of {len(keys)} |")
+    every = sum(all(not s[k] for s in short) for k in keys)
+    none = sum(all(s[k] for s in short) for k in keys)
+    lines.append(f"| met in every run / in none / in some only | {every} / {none} / {len(keys) - every - none} |")
+    lines += ["", "| policy | TTFT p50 moved, median / max over cells | TTFT p99 moved, median / max |", "|---|---|---|"]
+    for name in docs[0]["cells"][keys[0]]["policies"]:
+        moved = {m: sorted(_moved([d["cells"][k]["policies"][name][m] for d in docs]) for k in keys)
+                 for m in ("ttft_p50", "ttft_p99")}
+        lines.append(f"| {name} | " + " | ".join(f"{100 * statistics.median(v):.1f}% / {100 * v[-1]:.0f}%"
+                                                for v in moved.values()) + " |")
+    return "\n".join(lines)
+
+
+def _moved(values: list[float]) -> float:
+    """The spread of one figure over the runs, relative to its smallest."""
+    return (max(values) - min(values)) / min(values) if min(values) > 0 else 0.0
 
 
 def summary(report: dict) -> dict[str, dict]:
