@@ -117,9 +117,8 @@ class RouterModels:
 
     def pool_for(self, model: str | None) -> ModelPool | None:
         """The pool ``model`` picks (None: every replica); ProtocolError 400/404 as ``ModelCatalog.pool``."""
-        bases = self.catalog.bases()  # once: the request's path reads it twice
-        pool = self.catalog.pool(model, bases)
-        if pool is None and model is not None and not self.catalog.names_base(model, bases):
+        pool = self.catalog.pool(model)
+        if pool is None and model is not None and not self.catalog.names_base(model):
             self.check_own(model)  # one base model (else pool() refused an unknown name): today's rule
         return pool
 

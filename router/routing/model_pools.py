@@ -182,18 +182,16 @@ class ModelCatalog:
         return {name: (base if base is not None or len(bases) != 1 else bases[0], path)
                 for name, (base, path) in out.items()}
 
-    def names_base(self, model: str, bases: list[str] | None = None) -> bool:
-        """Whether ``model`` names a base model served now (its served name or a form of its root); ``bases``: the
-        caller's ``bases()`` of the moment, when it has them."""
+    def names_base(self, model: str) -> bool:
+        """Whether ``model`` names a base model served now (its served name or a form of its root)."""
         alias = find_model(model, self._aliases)
-        return alias is not None and self._aliases[alias] in (self.bases() if bases is None else bases)
+        return alias is not None and self._aliases[alias] in self.bases()
 
-    def pool(self, model: str | None, bases: list[str] | None = None) -> ModelPool | None:
+    def pool(self, model: str | None) -> ModelPool | None:
         """The pool ``model`` picks (module doc); None: every replica (one base model served, or a name the
         catalog does not know while one is: the caller applies the router's own rule). Raises ProtocolError:
-        400 without ``model`` while several base models are served, 404 for an unknown one then. ``bases``: the
-        caller's ``bases()`` of the moment, when it has them."""
-        bases = self.bases() if bases is None else bases
+        400 without ``model`` while several base models are served, 404 for an unknown one then."""
+        bases = self.bases()
         if model is None:
             if len(bases) > 1:
                 raise ProtocolError(f"this router serves several models ({', '.join(bases)}): name one in `model` "
