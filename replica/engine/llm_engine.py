@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.engine.connector_defaults import default_kv_connectors
+from kvmesh.replica.engine.grammar_refusals import constraint_field, explain_refusal
 from kvmesh.replica.engine.kv_connector import KVConnectorContext, KVConnectorFactory
 from kvmesh.replica.engine.kv_connectors import KVConnectors
 from kvmesh.replica.engine.loras import EngineLoRAs
@@ -138,16 +139,18 @@ class LLMEngine:
         for rid in [request_id] if isinstance(request_id, str) else request_id:
             self._finish_with(rid, RequestStatus.FINISHED_ABORTED)
 
-    def fail_request(self, request_id: str, error: str) -> None:
-        """End one request with finish_reason "error" (the engine keeps serving the others)."""
-        self._finish_with(request_id, RequestStatus.FINISHED_ERROR, error)
+    def fail_request(self, request_id: str, error: str, param: str | None = None) -> None:
+        """End one request with finish_reason "error" (the engine keeps serving the others); ``param``: the request
+        field that caused it (None: the engine's own failure; grammar_refusals.py)."""
+        self._finish_with(request_id, RequestStatus.FINISHED_ERROR, error, param)
 
-    def _finish_with(self, request_id: str, status: RequestStatus, error: str | None = None) -> None:
+    def _finish_with(self, request_id: str, status: RequestStatus, error: str | None = None,
+                     param: str | None = None) -> None:
         request = self.scheduler.finish_request(request_id, status)
         self.structured_output.finish(request_id)
         if request is not None:
             params = self.kv_connectors.request_finished(request)  # aborted or failed: an empty lease, if asked
-            request.error = error
+            request.error, request.error_param = error, param
             self._pending.append(out := self.output_processor.make_output(request, []))
             out.kv_lease = params
             self.output_processor.on_finished(request)
@@ -177,8 +180,8 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         self.kv_connectors.update_connector_output()
         if self.structured_output.live:
-            for request_id, error in self.structured_output.poll():
-                self.fail_request(request_id, error)
+            for request_id, error in self.structured_output.poll():  # compile failures: the request's constraint
+                self.fail_request(request_id, error, constraint_field(self.structured_output, request_id))
             outputs, self._pending = outputs + self._pending, []
         sched = self.scheduler.schedule()
         launched = None
@@ -231,7 +234,8 @@ class LLMEngine:
         """The step's outputs (output_processor.py), its finished requests freed, then the aborts it caused."""
         if self.structured_output.live:  # the matchers move first: a complete grammar stops its request
             for request_id, error in self.structured_output.accept(sampled):
-                self.fail_request(request_id, error)
+                self.fail_request(request_id, *explain_refusal(self.structured_output,
+                                                               self.scheduler.requests[request_id], error))
                 del sampled[request_id]
         outputs, finished = self.output_processor.process_outputs(sampled, self.scheduler.requests,
                                                                   self.fail_request)

@@ -145,6 +145,7 @@ def request_output(request: Request, new_token_ids: list[int], detok: Incrementa
         num_cached_tokens=max(request.num_cached_tokens, 0),
         num_host_cached_tokens=request.num_host_cached_tokens,
         error=request.error,
+        error_param=request.error_param,
         metrics=_metrics(request) if finished else None,
         new_logprobs=new_logprobs,
         logprobs=list(logprobs) if finished and logprobs is not None else None,

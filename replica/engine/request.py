@@ -54,7 +54,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "cache_salt", "lora_name", "lora_identity", "lora_request", "eos_token_ids",
         "stop_token_ids",
         "all_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "num_cached_tokens", "num_host_cached_tokens", "status",
-        "stop_reason", "error", "num_preemptions", "arrival_time", "first_scheduled_time",
+        "stop_reason", "error", "error_param", "num_preemptions", "arrival_time", "first_scheduled_time",
         "first_token_time", "last_token_time", "finished_time", "decoding_in_runner", "skip_reading_prefix_cache",
         "logprobs", "prompt_logprobs", "num_output_placeholders", "priority", "structured_output",
         "remote_kv", "kv_pull",
@@ -91,6 +91,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         self.error: str | None = None
+        self.error_param: str | None = None  # the request field that made the engine fail it (None: the engine's fault)
         self.num_preemptions = 0
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority  # lower runs first under the "priority" scheduling policy (vLLM's)

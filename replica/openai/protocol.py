@@ -7,6 +7,7 @@ that says what was wrong and what to do. Responses are in responses.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated
 
 from kvmesh.replica.openai import refused_fields as rf
@@ -276,7 +277,8 @@ class ChatCompletionRequest(ToolFields, SamplingFields, ChatEcho, ChatTemplateAr
                 raise SamplingParamsError("tool_choice", f"tool_choice {echo(repr(self.tool_choice))} constrains "
                                           f"the output to the tools' JSON; {other[0]} cannot constrain it too")
             self.structured_outputs = {"json": schema}
-        return super().structured_outputs_params()
+        params = super().structured_outputs_params()
+        return replace(params, field="tools") if schema is not None and params is not None else params
 
     def _constraint_fields(self) -> list[str]:
         """The fields besides the tools that constrain the output."""

@@ -234,7 +234,7 @@ class OpenAIHandlers:
         text_offsets = [0] * len(candidates)  # characters of each choice's logprobs tokens sent so far
         echoed = [not req.echo] * len(candidates)
         async for i, out in ps.merge_streams(stream_list, req.stream_interval):
-            check_failed(out)
+            check_failed(out, stream=True)
             if not (out.delta_text or out.finished or out.new_logprobs or not echoed[i] or (ids and out.new_token_ids)):
                 continue
             text, logprobs, echo = out.delta_text, None, not echoed[i]
@@ -277,7 +277,7 @@ class OpenAIHandlers:
                         first_ids=c.prompt_token_ids if ids else None)
         tools = chat_tools.streams(req, self.state.frontend.tool_call_parser, len(candidates))
         async for i, out in ps.merge_streams(stream_list, req.stream_interval):
-            check_failed(out)
+            check_failed(out, stream=True)
             if not out.delta_text and not out.finished and not out.new_logprobs and not (ids and out.new_token_ids):
                 continue
             delta, reason = chat_tools.delta(req, tools[i], out.delta_text, out.finish_reason)

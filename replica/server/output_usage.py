@@ -1,5 +1,7 @@
 """What a request's engine outputs put in its answer: the usage (vLLM's counting for n / best_of / batches of
-prompts) and, for a request the engine failed, a 500 naming a request id."""
+prompts) and, for a request the engine failed, its error: a 400 naming the field when the request caused it (a
+constraint the engine could not go on with: replica/engine/grammar_refusals.py; a stream's choice ends with
+``finish_reason: "error"`` instead), a 500 naming a request id when the engine did."""
 
 from __future__ import annotations
 
@@ -29,11 +31,19 @@ def total_usage(candidates: list[ps.Candidate], finals: list[RequestOutput]) -> 
                           else sum(f.num_host_cached_tokens for f in prompts.values()))
 
 
-def check_failed(out: RequestOutput) -> None:
-    """A request the engine failed is a 500 naming a request id; what failed (an exception's text) is logged."""
-    if out.finish_reason == "error":
-        request_id = new_request_id()
-        logger.error("request %s failed inside the engine (request id %s): %s", out.request_id, request_id,
-                     out.error or "unknown error")
-        raise ProtocolError(f"request failed inside the engine (request id {request_id}); the replica's log has "
-                            "the details", 500)
+def check_failed(out: RequestOutput, stream: bool = False) -> None:
+    """A request the engine failed because of a field of its own is a 400 naming it (``stream``: nothing raised,
+    its chunk carries ``finish_reason: "error"``); one the engine failed by itself is a 500 naming a request id,
+    what failed (an exception's text) logged."""
+    if out.finish_reason != "error":
+        return
+    if out.error_param is not None:
+        logger.info("request %s ended with its own error (%s): %s", out.request_id, out.error_param, out.error)
+        if stream:
+            return
+        raise ProtocolError(out.error or f"{out.error_param} cannot be served", 400, out.error_param)
+    request_id = new_request_id()
+    logger.error("request %s failed inside the engine (request id %s): %s", out.request_id, request_id,
+                 out.error or "unknown error")
+    raise ProtocolError(f"request failed inside the engine (request id {request_id}); the replica's log has "
+                        "the details", 500)

@@ -213,7 +213,7 @@ async def without_output(stream: Outputs) -> Outputs:
                 out.num_cached_tokens, out.error, out.metrics,
                 new_logprobs=None if out.new_logprobs is None else [],
                 logprobs=None if out.logprobs is None else [], prompt_logprobs=out.prompt_logprobs,
-                num_host_cached_tokens=out.num_host_cached_tokens)
+                num_host_cached_tokens=out.num_host_cached_tokens, error_param=out.error_param)
     finally:
         await stream.aclose()  # closing early aborts the request
 

@@ -74,6 +74,9 @@ class RequestOutput:
         num_cached_tokens   prompt tokens served from the prefix cache when the request was first scheduled
         num_host_cached_tokens  of those, loaded back from the host tier (None: the replica has none)
         error               what went wrong, when finish_reason == "error"
+        error_param         the request field that made the engine fail it (a constraint it cannot go on
+                            with: the request's error, answered as a 4xx / finish_reason "error"); None when
+                            the engine itself failed it (the replica's error, a 500)
         metrics             timing of the request (on the final output)
         new_logprobs        logprobs of ``new_token_ids`` (when the request asked for ``logprobs``)
         logprobs            logprobs of every output token, on the final output only (when asked)
@@ -87,7 +90,7 @@ class RequestOutput:
 
     __slots__ = ("request_id", "prompt_token_ids", "new_token_ids", "_output_ids", "_num_output", "delta_text",
                  "text", "finished", "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics",
-                 "new_logprobs", "logprobs", "prompt_logprobs", "num_host_cached_tokens", "kv_pull", "kv_lease")
+                 "new_logprobs", "logprobs", "prompt_logprobs", "num_host_cached_tokens", "kv_pull", "kv_lease", "error_param")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], new_token_ids: list[int],
                  output_token_ids: list[int], delta_text: str = "", text: str = "", finished: bool = False,
@@ -95,7 +98,7 @@ class RequestOutput:
                  error: str | None = None, metrics: RequestMetrics | None = None,
                  new_logprobs: list[TokenLogprobs] | None = None, logprobs: list[TokenLogprobs] | None = None,
                  prompt_logprobs: PromptLogprobs | None = None, num_host_cached_tokens: int | None = None,
-                 kv_pull=None, kv_lease: dict | None = None) -> None:
+                 kv_pull=None, kv_lease: dict | None = None, error_param: str | None = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.new_token_ids = new_token_ids
@@ -114,6 +117,7 @@ class RequestOutput:
         self.prompt_logprobs = prompt_logprobs
         self.kv_pull = kv_pull
         self.kv_lease = kv_lease
+        self.error_param = error_param
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -146,7 +150,7 @@ class RequestOutput:
 
 _COMPARED = ("request_id", "prompt_token_ids", "new_token_ids", "output_token_ids", "delta_text", "text", "finished",
              "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics", "new_logprobs", "logprobs",
-             "prompt_logprobs", "num_host_cached_tokens", "kv_pull", "kv_lease")
+             "prompt_logprobs", "num_host_cached_tokens", "kv_pull", "kv_lease", "error_param")
 
 
 class ModelRunnerOutput(dict):
