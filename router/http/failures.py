@@ -6,13 +6,33 @@ are *sick* answers: a replica that answers ``/health`` can still give them, so t
 request is answered (router/routing/outlier.py). A deadline missed while the replica was working moves the
 request without counting: the replica is slow, not sick. Each failure is a sample of
 ``kvmesh_router_replica_failures_total{kind}``, and the route receipt names it (``failed_over``).
+
+What the request caused is never the replica's failure: a 4xx answer, and a stream's error event whose ``code`` is a
+4xx (``request_error_event``: a replica that found the request's fault after the stream began), go to the client as
+they are, without a retry, a migration or a count; so does a stream whose choice ends with ``finish_reason:
+"error"`` (a constraint the replica could not go on with). A 5xx is the replica's.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Protocol
 
 from kvmesh.router.http.upstream import DeadlineMissed, UpstreamConnectError
+
+_ERROR_CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
+
+
+def caused_by_request(status: int) -> bool:
+    """Whether an answer with HTTP ``status`` (or an error event with that ``code``) is the request's fault, not the
+    replica's: a 4xx."""
+    return 400 <= status < 500
+
+
+def request_error_event(event: bytes) -> bool:
+    """Whether an SSE error event (``data: {"error": {..., "code": 400}}``) names a 4xx: the request's fault."""
+    found = _ERROR_CODE.search(event)
+    return found is not None and caused_by_request(int(found.group(1)))
 
 
 class FailedReplicas(Protocol):

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
+from kvmesh.router.http.failures import request_error_event
 
 if TYPE_CHECKING:
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -120,6 +121,9 @@ class MigratingStream:
         if not (event.startswith(b"data: {") and event.endswith(b"}")):  # cheap: JSON objects only
             return self._invalid(event)
         if event.startswith(b'data: {"error"'):
+            if request_error_event(event):  # the request's fault: the client reads it, nothing moves or counts
+                self.finish_reason = "error"
+                return event + b"\n\n"
             self.broken = f"sent an error: {event[len(DATA):][:300].decode(errors='replace')}"
             return None
         finish = _FINISH.search(event)
