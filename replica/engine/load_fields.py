@@ -56,7 +56,8 @@ def load_report(engine: LLMEngine) -> LoadReport:
         kv_cache_usage=float(engine.kv_cache_manager.usage), num_waiting_prefill_tokens=waiting_tokens,
         num_kv_blocks=engine.num_kv_blocks, block_size=engine.config.block_size,
         max_num_seqs=engine.config.max_num_seqs, scheduling_policy=engine.config.scheduling_policy,
-        prefill_tokens_per_s=engine.prefill_rate.tokens_per_s, lora=lora_report(engine.loras, sched.running),
+        prefill_tokens_per_s=engine.prefill_rate.tokens_per_s,
+        num_grammar_compiles=len(read_racily(engine.structured_output.compiling)), lora=lora_report(engine.loras, sched.running),
         **engine.kv_connectors.load_fields(),
         decode_step=decode_step_load(engine.decode_step_time, read_racily(lambda: list(sched.running))),
         **event_stream_report(engine.event_publisher))

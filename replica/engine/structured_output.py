@@ -176,6 +176,12 @@ class StructuredOutputManager:
             self._pool.shutdown(wait=False, cancel_futures=False)
             self._pool = None
 
+    def compiling(self) -> list[str]:
+        """Requests whose grammar is compiling and within its timeout (``/load``'s ``num_grammar_compiles``; another
+        thread's call may meet a set changing size: ``RuntimeError``, to retry)."""
+        live, since = self.live, time.monotonic() - self.config.compile_timeout_s
+        return [rid for rid in self._compiling if (g := live.get(rid)) is not None and g.since >= since]
+
     def finish(self, request_id: str) -> None:
         self.live.pop(request_id, None)
         self._compiling.discard(request_id)

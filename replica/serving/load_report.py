@@ -85,6 +85,9 @@ class LoadReport(msgspec.Struct, kw_only=True):
     kv_events_seq: int | None = None
     """Seq of the last KV event batch the replica's publisher sent (-1: none yet); None without events.
     A router that has not applied it soon after is not following the stream (router/control/stream_watch.py)."""
+    num_grammar_compiles: int = 0
+    """Requests whose structured-output grammar is compiling now: work no other field shows, which a router counts
+    as the replica's progress (a slow compile is the request's, router/control/passive_health.py)."""
     kv_events_unsent_s: float | None = None
     """Seconds the oldest KV event batch has waited in the publisher unsent (0: none); None without events."""
     prefill_tokens_per_s: float | None = None

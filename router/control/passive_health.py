@@ -102,7 +102,10 @@ class PassiveHealth:
     # ---------------------------------------------------------------- polls
     def check_progress(self, spec: ReplicaSpec, report: LoadReport | ForeignLoad, queued_prefill: int) -> None:
         """Note progress when the replica's prefill queue shrank or its KV events moved since the last poll
-        (a replica stuck before its first byte shows neither)."""
+        (a replica stuck before its first byte shows neither), or a grammar is compiling on it (a request's own
+        work, bounded by the replica's compile timeout: a slow compile is not the replica's failure)."""
+        if isinstance(report, LoadReport) and report.num_grammar_compiles > 0:
+            self.outliers.on_progress(spec.replica_id)
         seq = report.kv_events_seq if isinstance(report, LoadReport) else None
         subscriber = self.feed.subscriber
         stats = subscriber.stats.get(spec.replica_id) if subscriber is not None and spec.events else None

@@ -93,7 +93,8 @@ def fakes(_fake_pair):
     for p in _fake_pair:
         if p.proc.poll() is not None:
             p.launch().wait_ready()
-        p.configure(delay=0, status=200, cut=False, stall_after=0, garbage=False, progress=False, reset_stats=True)
+        p.configure(delay=0, status=200, cut=False, stall_after=0, garbage=False, progress=False, compiling=False,
+                    reset_stats=True)
 
 
 @pytest.fixture

@@ -101,6 +101,20 @@ def test_slow_replica_that_shows_progress_is_waited_for_and_not_ejected(fakes, s
     assert sample(router, "replica_failures", replica="a", kind="first_byte_deadline") == 0
 
 
+def test_a_replica_compiling_a_requests_grammar_is_waited_for_and_not_ejected(fakes, start_router):
+    """A grammar that compiles past the first-byte deadline is the request's work: ``/load``'s
+    ``num_grammar_compiles`` is progress, so the replica is neither failed over nor ejected."""
+    a, b = fakes
+    a.configure(delay=2.5, compiling=True)
+    router = start_router([a.spec, b.spec], **FAST)
+    both_healthy(router)
+    out = wave(router, 6450, n=4)
+    assert sorted(r.json()["choices"][0]["text"] for r in out) == ["a", "a", "b", "b"]
+    assert not [r for r in out if HEADER_FAILED_OVER in r.headers]
+    assert not row(router, "a").get("ejected") and "a" in router.runtime.router.healthy
+    assert sample(router, "replica_failures", replica="a", kind="first_byte_deadline") == 0
+
+
 def stream_events(router, ids) -> list[str]:
     with httpx.stream("POST", router.url + "/v1/completions", json={"prompt": ids, "max_tokens": 2, "stream": True},
                       timeout=30) as r:

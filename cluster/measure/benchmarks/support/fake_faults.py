@@ -31,6 +31,9 @@ class Faults:
     progress: bool = False
     """While completions wait out ``delay``, ``/load`` shows a prefill queue that shrinks (a slow replica at
     work); without it nothing there moves (a sick replica)."""
+    compiling: bool = False
+    """While completions wait out ``delay``, ``/load`` says their grammars are compiling (``num_grammar_compiles``)
+    and nothing else moves: a replica at a request's own work."""
     prefill_tokens_per_s: float = 0.0
     """The prefill rate ``/load`` reports (0: none reported)."""
     scheduling_policy: str = ""

@@ -150,6 +150,8 @@ class FakeReplica:
                             "num_waiting_prefill_tokens": prefill, "timestamp": time.time() + f.clock_skew}
         if self.cache is not None:
             report.update(self.cache.load_fields())
+        if f.compiling:
+            report["num_grammar_compiles"] = len(self.delaying)
         if f.prefill_tokens_per_s:
             report["prefill_tokens_per_s"] = f.prefill_tokens_per_s
         if f.max_num_seqs:
