@@ -10,16 +10,19 @@ request without counting: the replica is slow, not sick. Each failure is a sampl
 What the request caused is never the replica's failure: a 4xx answer, and a stream's error event whose ``code`` is a
 4xx (``request_error_event``: a replica that found the request's fault after the stream began), go to the client as
 they are, without a retry, a migration or a count; so does a stream whose choice ends with ``finish_reason:
-"error"`` (a constraint the replica could not go on with). A 5xx is the replica's.
+"error"`` (a constraint the replica could not go on with). A 5xx is the replica's, unless every replica a
+request went to answered it so (``settle_5xx``): a request that fails everywhere is the fault.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Protocol
 
 from kvmesh.router.http.upstream import DeadlineMissed, UpstreamConnectError
 
+logger = logging.getLogger(__name__)
 _ERROR_CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
 
 
@@ -36,10 +39,26 @@ def request_error_event(event: bytes) -> bool:
 
 
 class FailedReplicas(Protocol):
-    """What counting a failure needs of the running router (``RouterRuntime.mark_failed``)."""
+    """What counting a failure needs of the running router (``RouterRuntime.mark_failed``, ``record_failure``)."""
 
     def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...,
                     sick: bool = ...) -> None: ...
+    def record_failure(self, replica_id: str, why: str, kind: str, sick: bool = ...) -> None: ...
+
+
+def settle_5xx(runtime: FailedReplicas, held: list[tuple[str, int]], answered_elsewhere: bool) -> None:
+    """Count the 5xx answers one request got before its first byte (``held``: replica, status; emptied), now that
+    its attempts are over or another replica answered it: each counts against its replica, unless two replicas
+    or more answered it 5xx and none otherwise -- then the request is what fails (a poison request), logged,
+    not counted."""
+    replicas = {rid for rid, _ in held}
+    if not answered_elsewhere and len(replicas) >= 2:
+        logger.warning("replicas %s all answered one request with a 5xx: the request's fault, not counted against "
+                       "them", ", ".join(sorted(map(str, replicas))))
+    else:
+        for rid, status in held:
+            runtime.record_failure(rid, f"answered HTTP {status}", "http_5xx")
+    held.clear()
 
 
 class InvalidAnswer(Exception):

@@ -6,7 +6,8 @@ A replica that fails before sending its first byte (refused connection, reset, 5
 within ``first_byte_timeout_s`` while it showed no progress: router/http/patience.py) is excluded and the
 request goes to the next choice, up to ``max_attempts`` replicas; so does a non-streamed 200 whose body
 is not JSON (nothing reached the client yet). Each failure counts towards ejecting the replica
-(router/http/failures.py, router/routing/outlier.py). Once bytes flow they go to the client (relay.py),
+(router/http/failures.py, router/routing/outlier.py), a 5xx once the request's attempts are over unless every
+replica it went to answered it so; a 4xx is the request's own and goes back as it is. Once bytes flow they go to the client (relay.py),
 and a stream that breaks or stalls then goes on from another replica (migration.py). A client that disconnects before its
 answer cancels the upstream request (the replica sees the connection close and aborts it). Each
 replica gets the body in the form it takes (``ProxyRequest.for_kind``: tokenize once); a stream's
@@ -23,7 +24,7 @@ import msgspec
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.adapter_ready import adapter_ready
 from kvmesh.router.http.caller import schedules_by_priority
-from kvmesh.router.http.failures import BrokenAnswer, InvalidAnswer, count_failure
+from kvmesh.router.http.failures import BrokenAnswer, InvalidAnswer, count_failure, settle_5xx
 from kvmesh.router.http.in_flight import InFlight, reserved
 from kvmesh.router.http.kv_handoff import KVHandoff
 from kvmesh.router.http.messages import Request, Response
@@ -125,28 +126,35 @@ class Forwarder:
         its load counts the attempt while it runs (in_flight.py)."""
         svc, attempts = self.runtime, self.runtime.config.upstream.max_attempts
         headers = {"content-type": "application/json", **svc.headers()}
-        for attempt in range(attempts):
-            decision, routed_at = self._route(request, tried, first if attempt == 0 else None, attempt)
-            rid = decision.replica_id
-            replica = await self._replica(request, rid, tried)
-            if replica is None:
-                continue
-            if attempt == 0 and not tried and request.req is not None:  # a retry or a continuation goes as sent
-                with reserved(svc.router.loads, rid):  # its slot is taken while a split's prefill call runs
-                    await self.handoff.prepare(request, decision)
-            with InFlight(svc.router.loads, decision, len(request.route_ids)) as flight:
-                opened = await self._open(replica.spec.url, request, replica.accepts or TEXT, headers, decision,
-                                          svc.patience(rid))
-                status = None if isinstance(opened, Exception) else opened.upstream.status
-                if status is not None and status >= 500:
-                    svc.record_failure(rid, f"answered HTTP {status}", "http_5xx")
-                    if attempt + 1 == attempts:  # pass the last error through
-                        flight.answered()
+        held: list[tuple[str, int]] = []  # 5xx answers, counted once the attempts are over (failures.py)
+        try:
+            for attempt in range(attempts):
+                decision, routed_at = self._route(request, tried, first if attempt == 0 else None, attempt)
+                rid = decision.replica_id
+                replica = await self._replica(request, rid, tried)
+                if replica is None:
+                    continue
+                if attempt == 0 and not tried and request.req is not None:  # a retry or continuation goes as sent
+                    with reserved(svc.router.loads, rid):  # its slot is taken while a split's prefill call runs
+                        await self.handoff.prepare(request, decision)
+                with InFlight(svc.router.loads, decision, len(request.route_ids)) as flight:
+                    opened = await self._open(replica.spec.url, request, replica.accepts or TEXT, headers, decision,
+                                              svc.patience(rid))
+                    status = None if isinstance(opened, Exception) else opened.upstream.status
+                    if status is not None and status >= 500:
+                        held.append((rid, status))
+                        if attempt + 1 == attempts:  # pass the last error through
+                            flight.answered()
+                            return opened
+                    elif status is not None:
+                        settle_5xx(svc, held, answered_elsewhere=True)
+                        self._opened(request, opened, flight, routed_at, tried)
                         return opened
-                elif status is not None:
-                    self._opened(request, opened, flight, routed_at, tried)
-                    return opened
-            self._fail_over(request, opened, rid, tried)
+                    else:  # a failed connection or deadline: the 5xx before it count
+                        settle_5xx(svc, held, answered_elsewhere=True)
+                self._fail_over(request, opened, rid, tried)
+        finally:
+            settle_5xx(svc, held, answered_elsewhere=False)
         raise ProtocolError(f"no replica answered after {len(tried)} attempts ({', '.join(map(str, tried))}); "
                             "retry later", 503)
 

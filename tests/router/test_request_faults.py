@@ -1,6 +1,6 @@
 """Whose fault a failed answer is (router/http/failures.py): a 4xx, or a stream's error event with a 4xx ``code``, is
 the request's -- passed to the client, never retried, migrated or counted towards the replica's ejection; a 5xx is
-the replica's."""
+the replica's -- unless every replica the request went to answered it so (a poison request)."""
 
 from __future__ import annotations
 
@@ -68,3 +68,20 @@ def test_a_replicas_500_is_retried_and_counted(fakes, start_router):
     assert all(r.status_code == 200 and r.json()["choices"][0]["text"] == "b" for r in outs)
     assert router.runtime.metrics.registry.get_sample_value("kvmesh_router_replica_failures_total",
                                                             {"replica": "a", "kind": "http_5xx"})
+
+
+def test_a_request_every_replica_answers_5xx_is_the_requests_fault(fakes, start_router):
+    """Two replicas that both answer a request with a 5xx say the request is what fails: nothing counted, nobody
+    ejected however often it is sent; the client gets the last replica's error."""
+    a, b = fakes
+    router = start_router([a.spec, b.spec], upstream={"max_attempts": 2})
+    a.configure(status=500)
+    b.configure(status=500)
+    for i in range(6):
+        r = httpx.post(router.url + "/v1/completions", json={"prompt": prompt(900 + i)}, timeout=20)
+        assert r.status_code == 500 and "error" in r.json()
+    metrics = router.runtime.metrics.registry
+    assert not any(metrics.get_sample_value("kvmesh_router_replica_failures_total", {"replica": f.name,
+                                                                                     "kind": "http_5xx"})
+                   for f in fakes)
+    assert all(r.healthy and r.health.ejected_until is None for r in router.runtime.router.replicas)
