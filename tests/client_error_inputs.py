@@ -34,6 +34,8 @@ CLIENT_ERRORS: list[tuple[str, str, dict, str]] = [
     ("schema_minimum_above_maximum", "completions",
      {"guided_json": {"type": "integer", "minimum": 5, "maximum": 1}}, "guided_json"),
     ("schema_unresolvable_ref", "completions", {"guided_json": {"$ref": "#/nope"}}, "guided_json"),
+    ("stop_token_id_outside_the_vocabulary_with_min_tokens", "completions",
+     {"stop_token_ids": [10 ** 9], "min_tokens": 1}, "stop_token_ids"),
     ("choice_n_with_min_tokens", "completions",
      {"guided_choice": ["a"], "n": 3, "min_tokens": 4}, "min_tokens"),
 ]

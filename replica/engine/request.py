@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams, context_overflow
+from kvmesh.replica.serving.sampling_params_error import SamplingParamsError
 
 if TYPE_CHECKING:
     from kvmesh.replica.engine.remote_kv import PullResult, RemoteKV
@@ -187,9 +188,10 @@ def validate_request_input(
     if num_blocks > num_usable_blocks:
         raise ValueError(f"request needs {num_blocks} KV blocks ({needed} tokens) but the KV cache holds only "
                          f"{num_usable_blocks}; shorten it or give the replica more KV cache memory")
-    for name, token_ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or [])):
+    for name, token_ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or []),
+                            ("stop_token_ids", params.stop_token_ids or [])):  # min_tokens bans stop ids: in range
         if (bad := next((t for t in token_ids if t >= vocab_size), None)) is not None:
-            raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab_size})")
+            raise SamplingParamsError(name, f"{name} has token id {bad}, outside the vocabulary [0, {vocab_size})")
     if params.stop and not has_tokenizer:
         raise ValueError("stop strings need a tokenizer, and this engine has none; use stop_token_ids")
 

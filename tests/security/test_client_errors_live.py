@@ -27,7 +27,8 @@ pytest.importorskip("xgrammar", reason="structured outputs need xgrammar (the en
 
 ADMIN_KEY = "admin-key-client-errors"
 ONCE_A_500 = ("schema_self_ref", "grammar_root_is_root", "choice_with_min_tokens", "regex_outside_allowed_token_ids",
-              "named_tool_self_ref", "grammar_only_eos_with_min_tokens")
+              "named_tool_self_ref", "grammar_only_eos_with_min_tokens",
+              "stop_token_id_outside_the_vocabulary_with_min_tokens")
 """The inputs each replica answered with a 500 (which the router counted and retried) before they were the
 request's errors."""
 TIMES = 100
