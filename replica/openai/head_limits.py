@@ -15,17 +15,22 @@ soon as the limit is passed, not when (if ever) the header ends.
     on_url / on_header:   limits.url(len(url)) / limits.header()
     on_headers_complete:  limits.head_done()          the body is not counted
     on_message_complete:  limits.message_done()       the next head counts from here
-    refusal(error)        the whole answer (OpenAI-shaped, ``connection: close``) to write before closing
+    refusal(error)        the whole answer (OpenAI-shaped, ``connection: close``), then ``linger(transport)``
 """
 
 from __future__ import annotations
 
+import asyncio
 from http import HTTPStatus
 from typing import Protocol
 
+import httptools
 import msgspec
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.errors import ProtocolError
+
+LINGER_S = 1.0
+"""Seconds a refused connection stays open, reading nothing, after its answer (``linger``)."""
 
 
 class Parser(Protocol):
@@ -35,7 +40,7 @@ class Parser(Protocol):
 class HeadLimits:
     """One connection's count of the head being read (see the module doc)."""
 
-    __slots__ = ("config", "room", "heads", "headers", "url_bytes", "error")
+    __slots__ = ("config", "room", "heads", "headers", "url_bytes", "error", "refused")
 
     def __init__(self, config: FrontendConfig) -> None:
         self.config = config
@@ -46,11 +51,16 @@ class HeadLimits:
         self.headers = 0
         self.url_bytes = 0
         self.error: ProtocolError | None = None
-        """Why the head was refused (raised from a parser callback: httptools wraps it)."""
+        """Why the head is refused, on its way out of a parser callback (httptools wraps what they raise)."""
+        self.refused = False
+        """A head was refused (or the input was malformed): nothing more is parsed."""
 
     def feed(self, parser: Parser, data: bytes) -> None:
         """Feed ``data`` to ``parser``, no more of a head than its room; raises the head's ``ProtocolError`` when
-        it is past a limit (the caller answers it and closes), else what the parser raises."""
+        it is past a limit (the caller answers it and closes), else what the parser raises. Once a head was refused,
+        nothing more is parsed (what still arrives before the connection closes is dropped)."""
+        if self.refused:
+            return
         while data:
             room = self.room
             if room is None or len(data) <= room:
@@ -61,16 +71,19 @@ class HeadLimits:
             heads = self.heads
             self._feed(parser, data[:room])
             if self.heads == heads:  # the head did not end within its room
-                raise self._refuse(ProtocolError(
-                    f"request headers exceed {self.config.max_header_bytes} bytes (the server's max_header_bytes)", 431))
+                self.refused = True
+                raise ProtocolError(f"request headers exceed {self.config.max_header_bytes} bytes (the server's "
+                                    "max_header_bytes)", 431)
             data = data[room:]
 
     def _feed(self, parser: Parser, data: bytes) -> None:
         try:
             parser.feed_data(data)
-        except Exception:
+        except httptools.HttpParserError:
+            self.refused = True  # a head past a limit, or malformed
             if self.error is not None:
-                raise self.error from None
+                error, self.error = self.error, None  # held by nobody once answered (its frames hold the input)
+                raise error from None
             raise
 
     def url(self, size: int) -> None:
@@ -107,3 +120,14 @@ def refusal(error: ProtocolError) -> bytes:
     status = HTTPStatus(error.status_code)
     return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
             % (status.value, status.phrase.encode(), len(body))) + body
+
+
+def linger(transport: asyncio.Transport) -> None:
+    """Close ``transport`` once its client could read the refusal just written: reading stops (what the client still
+    sends costs nothing), the write side ends now, and the connection closes after ``LINGER_S`` or when the client
+    closes it. Closing at once, with the client's bytes unread, resets the connection, and a client that was still
+    sending could lose the answer."""
+    transport.pause_reading()
+    if transport.can_write_eof():
+        transport.write_eof()
+    asyncio.get_running_loop().call_later(LINGER_S, transport.close)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 from kvmesh.replica.openai.config import FrontendConfig
-from kvmesh.replica.openai.head_limits import HeadLimits, refusal
+from kvmesh.replica.openai.head_limits import HeadLimits, linger, refusal
 from kvmesh.replica.serving.errors import ProtocolError
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -54,8 +54,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self.limits.feed(self.parser, data)
         except ProtocolError as e:
             logger.info("refusing a request head: %s", e.message)
+            self.parser, self.url, self.headers = httptools.HttpRequestParser(self), b"", []  # drop the head read
             self.transport.write(refusal(e))
-            self.transport.close()
+            linger(self.transport)
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()

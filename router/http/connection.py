@@ -26,7 +26,7 @@ import socket
 
 import httptools
 import msgspec
-from kvmesh.replica.openai.head_limits import HeadLimits
+from kvmesh.replica.openai.head_limits import HeadLimits, linger
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.deadline import Deadline
 from kvmesh.router.http.messages import Client, Request, Response, error_response, response_head
@@ -263,8 +263,11 @@ class HttpConnection(asyncio.Protocol):
             self.transport.close()
 
     def _refuse(self, e: ProtocolError) -> None:
-        """Malformed input: a 400 unless an answer is under way, then close."""
+        """Malformed input or a head past its limits: its answer unless one is under way, then close. Nothing
+        more is parsed, and the parser's buffered head is dropped now."""
         self.transport.pause_reading()
+        self.limits.refused = True
+        self.parser, self._url, self._head = httptools.HttpRequestParser(self), b"", []
         if not self.queue:
             if self.server.on_error is not None:
                 self.server.on_error(e)
@@ -272,7 +275,7 @@ class HttpConnection(asyncio.Protocol):
             request = Request(b"GET", b"/", self.config, self.client)
             self.write(self.head(request, e.status_code, [(b"content-type", b"application/json")], len(body),
                                  keep=False) + body)
-            self.transport.close()
+            linger(self.transport)
         else:  # answer the requests that parsed; the task closes the connection when they are done
             if self.reading is not None and self.reading in self.queue:  # its body was malformed
                 self.reading.error = e
