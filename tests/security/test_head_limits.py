@@ -139,6 +139,23 @@ def test_heads_within_the_limits_are_served_on_one_keep_alive_connection(port, p
     sock.close()
 
 
+def test_pipelined_heads_each_within_the_limit_are_served_though_together_they_pass_it(port, path):
+    sock = connect(port)
+    head = (b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\nX-Fill: "
+            + b"f" * (12 << 10) + b"\r\n\r\n")
+    sock.sendall(head * 3)  # 36 KiB in one write: each head 12 KiB of the 16
+    data, statuses = b"", []
+    while len(statuses) < 3:
+        while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _length(data):
+            chunk = sock.recv(65536)
+            assert chunk, (statuses, data[:300])
+            data += chunk
+        statuses.append(int(data.split(b" ", 2)[1]))
+        data = data.split(b"\r\n\r\n", 1)[1][_length(data):]
+    sock.close()
+    assert statuses == [200, 200, 200]
+
+
 def test_a_limit_passed_on_a_keep_alive_connection_is_refused_there(port, path):
     sock = connect(port)
     sock.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n\r\n")
