@@ -55,6 +55,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         except ProtocolError as e:
             logger.info("refusing a request head: %s", e.message)
             self.parser, self.url, self.headers = httptools.HttpRequestParser(self), b"", []  # drop the head read
+            if self.cycle is not None and not self.cycle.response_complete:  # an answer is under way: it ends,
+                self.cycle.keep_alive = False  # then the connection closes
+                self.transport.pause_reading()
+                return
             self.transport.write(refusal(e))
             linger(self.transport)
         except httptools.HttpParserUpgrade:

@@ -47,8 +47,7 @@ class HttpConnection(asyncio.Protocol):
         self.config = server.config
         self.loop = asyncio.get_event_loop()
         self.parser = httptools.HttpRequestParser(self)
-        self.limits = HeadLimits(server.config)
-        """The bounds of the head being read, counted before the parser sees its bytes."""
+        self.limits = HeadLimits(server.config)  # the head's bounds, counted before the parser sees its bytes
         self.transport: asyncio.Transport | None = None
         self.client = Client()
         """The client side its requests see: the transport, and whether the client left."""

@@ -6,13 +6,14 @@ served, on fresh and keep-alive connections alike."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
 
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.openai.runner import HTTPServer
 from kvmesh.router.config import RouterConfig
@@ -39,6 +40,14 @@ def uvicorn_server():
     @app.get("/ping")
     async def ping():
         return PlainTextResponse("pong")
+
+    @app.get("/slow")
+    async def slow():
+        async def chunks():
+            for i in range(5):
+                await asyncio.sleep(0.1)
+                yield b"chunk %d;" % i
+        return StreamingResponse(chunks())
 
     server = HTTPServer(app, frontend=FRONTEND)
     server.start_in_thread()
@@ -177,3 +186,13 @@ def read_answer(sock: socket.socket) -> bytes:
 def test_the_limits_are_checked(field):
     with pytest.raises(ValueError, match=field):
         FrontendConfig(**{field: 0})
+
+
+def test_a_head_refused_while_an_answer_streams_lets_that_answer_end_then_closes(uvicorn_server):
+    sock = connect(uvicorn_server)
+    sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nX-Big: " + b"b" * (64 << 10))
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 200") and b"chunk 4;" in data and data.count(b"HTTP/1.1") == 1, data
