@@ -88,8 +88,9 @@ class ModelRunnerInterface(Protocol):
         max_lora_rank, unknown targets, non-finite weights or scale)."""
         ...
 
-    def remove_lora(self, lora_name: str) -> bool:
-        """Forgets an adapter (host memory and device slot); False when the runner held none of that name."""
+    def remove_lora(self, lora: LoRARequest) -> bool:
+        """Forgets one version of an adapter (``lora``: the registered copy, with its identity): its host memory
+        and device slot; False when the runner held neither. The engine calls it once no request runs with it."""
         ...
 
     def lora_residency(self) -> tuple[list[str], float | None]:

@@ -96,8 +96,8 @@ class LLMEngine:
         return self.loras.add(lora_request)
 
     def remove_lora(self, lora_name: str) -> bool:
-        """Forget an adapter (running requests finish with it); False when unknown."""
-        return self.loras.remove(lora_name)
+        """Forget an adapter (running requests finish with its weights); False when unknown."""
+        return self.loras.remove(lora_name, self.scheduler.requests.values())
 
     def list_loras(self) -> list[LoRARequest]:
         return list(self.loras.registered.values())  # a copy: the HTTP side reads it off the engine thread
@@ -226,6 +226,8 @@ class LLMEngine:
         return failed
 
     def _end_step(self) -> None:
+        if self.loras.retired:  # an adapter's old weights, kept while requests ran with them
+            self.loras.drop_retired(self.scheduler.requests.values())
         self._publish_events()
         if self.config.debug_check_integrity:
             self.kv_cache_manager.check_integrity()

@@ -8,17 +8,25 @@ engine thread's registry, torch-free.
 The runner's read gives the adapter's identity (a digest of its weights and scale); the registered ``LoRARequest``
 carries it, and every request of the adapter runs with the registered one, so its blocks are keyed by name and
 identity: unloaded and loaded again from other weights, the name never meets the old weights' blocks.
+
+A request keeps the version it started with: ``remove`` unregisters the name at once (new requests cannot name
+it), but the runner keeps the version's weights (its host copy and device slot) while requests run with it;
+``drop_retired``, after each step, lets the runner forget the versions whose last request ended.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from kvmesh.replica.config import EngineConfig
 from kvmesh.replica.interfaces import ModelRunnerInterface
 from kvmesh.replica.serving.load_report import LoRALoad
 from kvmesh.replica.serving.lora_request import LoRARequest
+
+if TYPE_CHECKING:
+    from kvmesh.replica.engine.request import Request
 
 
 class EngineLoRAs:
@@ -29,6 +37,8 @@ class EngineLoRAs:
         self.runner = runner
         self.registered: dict[str, LoRARequest] = {}
         self.nbytes: dict[str, int] = {}
+        self.retired: list[LoRARequest] = []
+        """Versions removed while requests ran with them: the runner keeps their weights until those end."""
         for name, path in (config.lora_modules or {}).items():
             self.add(LoRARequest(name, self.next_id(), path))
 
@@ -59,13 +69,30 @@ class EngineLoRAs:
         self.registered[lora.lora_name] = dataclasses.replace(lora, identity=loaded.identity)
         return True
 
-    def remove(self, name: str) -> bool:
-        """Forget adapter ``name`` (requests already running with it finish); False when unknown."""
-        if self.registered.pop(name, None) is None:
+    def remove(self, name: str, requests: Iterable[Request]) -> bool:
+        """Forget adapter ``name``: new requests cannot name it, ``requests`` (the engine's unfinished ones)
+        finish with its weights; False when unknown."""
+        lora = self.registered.pop(name, None)
+        if lora is None:
             return False
         self.nbytes.pop(name, None)
-        self.runner.remove_lora(name)
+        self.retired.append(lora)
+        self.drop_retired(requests)
         return True
+
+    def drop_retired(self, requests: Iterable[Request]) -> None:
+        """Let the runner forget each retired version no request of ``requests`` (the unfinished ones) runs with."""
+        running = {r.lora_request.version for r in requests if r.lora_request is not None}
+        current = {lora.version for lora in self.registered.values()}
+        kept = []
+        for lora in self.retired:
+            if lora.version in current:  # loaded again from the same files: the registered version now
+                continue
+            if lora.version in running:
+                kept.append(lora)
+            else:
+                self.runner.remove_lora(lora)
+        self.retired = kept
 
     def resolve(self, lora: LoRARequest | None) -> LoRARequest | None:
         """The adapter a new request runs with (the registered one: with its identity): registered on first use

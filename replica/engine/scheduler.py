@@ -205,7 +205,8 @@ class Scheduler:
         num_remote = 0  # requests waiting for KV from other replicas
         # vLLM's max_loras check: the running requests' adapters plus the admitted ones stay within the slots;
         # a request of one more adapter waits (in its place) while later ones go ahead
-        loras = {r.lora_name for r in self.running if r.lora_name is not None} if self.max_loras else None
+        loras = ({r.lora_request.version for r in self.running if r.lora_request is not None} if self.max_loras
+                 else None)
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting.peek_request()
@@ -217,7 +218,8 @@ class Scheduler:
                 skipped.append(self.waiting.pop_request())
                 num_remote += 1
                 continue
-            new_lora = loras is not None and request.lora_name is not None and request.lora_name not in loras
+            lora = request.lora_request  # per version: two weights of one name are two slots
+            new_lora = loras is not None and lora is not None and lora.version not in loras
             if new_lora and len(loras) >= self.max_loras:
                 skipped.append(self.waiting.pop_request())
                 continue
@@ -227,7 +229,7 @@ class Scheduler:
                 num_remote += 1
                 continue
             if new_lora:
-                loras.add(request.lora_name)
+                loras.add(lora.version)
             num_new = min(request.num_tokens - num_cached, budget)
             if kv.allocate_slots(request, num_new, num_cached, blocks) is None:
                 break

@@ -6,6 +6,12 @@
                                     from disk again) before the step's forward, on the compute stream
     InputBatch ──req_slots in the step's one upload──▶ LoRAMapping ──▶ every LoRA layer of the forward
 
+Host copies and slots are per *version* (``LoRARequest.version``: name and identity of the weights), not per name:
+an adapter loaded again under its name while requests of the old weights run gets a copy and a slot of its own,
+and the old version stays until the engine removes it, when its last request ended (engine/loras.py). The LRU
+limit of the host cache (``max_cpu_loras``) gives up only current versions (read again from disk when needed; a
+file that changed meanwhile is refused, never served as the version a request started with).
+
 Steps with an adapter run eagerly (no CUDA graph replays them); base-only steps keep their graphs. Activating
 an adapter copies its factors (a synchronous host-to-device copy, once per load, not per step).
 """
@@ -21,12 +27,16 @@ import torch
 from kvmesh.replica.lora.adapter import LoRAAdapter, ShardId, load_adapter
 from kvmesh.replica.lora.layers import LoRAStepState, wrap_model
 from kvmesh.replica.lora.ops import LoRAMapping
+from kvmesh.replica.lora.peft_config import LoRAError
 from kvmesh.replica.model_config import ModelSpec
 from kvmesh.replica.serving.lora_request import LoadedLoRA, LoRARequest
 from kvmesh.replica.triton_utils import triton_problem
 from torch import nn
 
 logger = logging.getLogger(__name__)
+
+Version = tuple[str, str]
+"""An adapter's name and the identity of its weights (``LoRARequest.version``)."""
 
 
 class LoRAManager:
@@ -38,9 +48,9 @@ class LoRAManager:
         self.device, self.dtype = device, dtype
         self.state = LoRAStepState(use_triton=device.type == "cuda" and triton_problem(device) is None)
         self.targets = wrap_model(model, spec, packed, max_loras, max_lora_rank, self.state)
-        self.host: OrderedDict[str, LoRAAdapter] = OrderedDict()  # least recently used first
+        self.host: OrderedDict[Version, LoRAAdapter] = OrderedDict()  # least recently used first
+        self.current: dict[str, Version] = {}  # each name's newest version (older ones wait for their requests)
         self.slots = LoRASlots(max_loras)
-        self._in_slot: dict[str, LoRARequest] = {}  # which version of an adapter each slot holds
         self.bytes_loaded = 0
         self.load_seconds = 0.0
         self.warm_up()
@@ -48,35 +58,54 @@ class LoRAManager:
     # -- adapters in host memory -----------------------------------------------------------------------
 
     def add_lora(self, lora: LoRARequest) -> LoadedLoRA:
-        """Read and check ``lora`` into the host cache (replacing another version of the name); its bytes and
-        identity. Raises ``LoRAError`` when it cannot be served."""
-        adapter = self._host_adapter(lora, reload=True)
+        """Read and check ``lora`` into the host cache, as its name's current version (an older version stays for
+        the requests that run with it); its bytes and identity. Raises ``LoRAError`` when it cannot be served."""
+        adapter = load_adapter(lora, self.targets, self.max_lora_rank, self.dtype, pin=self.device.type == "cuda")
+        version = (lora.lora_name, adapter.identity)
+        self.current[lora.lora_name] = version
+        self._keep(version, adapter)
         return LoadedLoRA(adapter.nbytes, adapter.identity)
 
-    def remove_lora(self, name: str) -> bool:
-        """Forget ``name`` in host memory and its slot; False when it was in neither."""
-        in_host = self.host.pop(name, None) is not None
-        self._in_slot.pop(name, None)
-        return self.slots.release(name) is not None or in_host
+    def remove_lora(self, lora: LoRARequest) -> bool:
+        """Forget version ``lora`` (the engine's registered copy, with its identity): its host copy and slot; False
+        when it held neither."""
+        version = lora.version
+        if self.current.get(lora.lora_name) == version:
+            del self.current[lora.lora_name]
+        in_host = self.host.pop(version, None) is not None
+        return self.slots.release(version) is not None or in_host
 
-    def _host_adapter(self, lora: LoRARequest, reload: bool = False) -> LoRAAdapter:
-        adapter = self.host.get(lora.lora_name)
-        if adapter is not None and adapter.lora == lora and not reload:
-            self.host.move_to_end(lora.lora_name)
+    def _host_adapter(self, lora: LoRARequest) -> LoRAAdapter:
+        version = self._version(lora)
+        adapter = self.host.get(version)
+        if adapter is not None:
+            self.host.move_to_end(version)
             return adapter
         adapter = load_adapter(lora, self.targets, self.max_lora_rank, self.dtype, pin=self.device.type == "cuda")
-        if self.host.pop(lora.lora_name, None) is not None and lora.lora_name in self._in_slot:
-            self._in_slot.pop(lora.lora_name)
-            self.slots.release(lora.lora_name)  # a new version: its slot is stale
-        self.host[lora.lora_name] = adapter
-        while len(self.host) > self.max_cpu_loras:
-            self.host.popitem(last=False)
+        if version[1] != adapter.identity and lora.identity is not None:
+            raise LoRAError(f"LoRA adapter {lora.lora_name!r}: the files at {lora.lora_path} changed since it was "
+                            f"loaded (weights {lora.identity}, now {adapter.identity}); load it again to serve them")
+        self._keep(version, adapter)
         return adapter
+
+    def _version(self, lora: LoRARequest) -> Version:
+        """``lora.version``; a request that names an adapter without its identity runs with its name's current one."""
+        if lora.identity is None and lora.lora_name in self.current:
+            return self.current[lora.lora_name]
+        return lora.version
+
+    def _keep(self, version: Version, adapter: LoRAAdapter) -> None:
+        self.host[version] = adapter
+        self.host.move_to_end(version)
+        over = len(self.host) - self.max_cpu_loras
+        if over > 0:  # least recently used current versions first; older versions wait for their requests
+            for old in [v for v in self.host if v != version and self.current.get(v[0]) == v][:over]:
+                del self.host[old]
 
     @property
     def resident(self) -> list[str]:
-        """Adapters in a device slot."""
-        return self.slots.resident
+        """Adapters in a device slot (by name)."""
+        return list(dict.fromkeys(name for name, _ in self.slots.resident))
 
     @property
     def load_bytes_per_s(self) -> float | None:
@@ -85,25 +114,21 @@ class LoRAManager:
 
     # -- a step ----------------------------------------------------------------------------------------
 
-    def activate(self, loras: list[LoRARequest]) -> dict[int, int]:
-        """Put the step's distinct adapters into slots (loading those not resident); lora_int_id -> slot."""
-        for lora in loras:
-            held = self._in_slot.get(lora.lora_name)
-            if held is not None and held != lora:  # re-registered under another path or id: reload
-                self._in_slot.pop(lora.lora_name)
-                self.slots.release(lora.lora_name)
-        slot_of, to_load = self.slots.assign([lora.lora_name for lora in loras])
-        by_name = {lora.lora_name: lora for lora in loras}
-        for name, slot in to_load:
+    def activate(self, loras: list[LoRARequest]) -> list[int]:
+        """Put the step's distinct adapter versions into slots (loading those not resident); each one's slot."""
+        versions = [self._version(lora) for lora in loras]
+        slot_of, to_load = self.slots.assign(versions)
+        by_version = dict(zip(versions, loras, strict=True))
+        for version, slot in to_load:
             start = time.perf_counter()
-            adapter = self._host_adapter(by_name[name])
+            adapter = self._host_adapter(by_version[version])
             for path, layer in self.state.layers.items():
                 layer.set_slot(slot, self._on_device(adapter.weights.get(path)))
-            self._in_slot[name] = by_name[name]
             self.bytes_loaded += adapter.nbytes
             self.load_seconds += time.perf_counter() - start
-            logger.info("LoRA adapter %r loaded into slot %d (%d bytes)", name, slot, adapter.nbytes)
-        return {lora.lora_int_id: slot_of[lora.lora_name] for lora in loras}
+            logger.info("LoRA adapter %r (weights %s) loaded into slot %d (%d bytes)", version[0], version[1], slot,
+                        adapter.nbytes)
+        return [slot_of[v] for v in versions]
 
     def _on_device(self, weights: dict[ShardId, tuple[torch.Tensor, torch.Tensor]] | None
                    ) -> dict[ShardId, tuple[torch.Tensor, torch.Tensor]] | None:

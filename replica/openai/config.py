@@ -23,6 +23,13 @@ class FrontendConfig:
     """Jinja chat template (or a path to one) for models that ship none; None refuses chat for them (vLLM)."""
     trust_request_chat_template: bool = False
     """Accept a ``chat_template`` sent in a request (vLLM's ``--trust-request-chat-template``); off: 400."""
+    max_header_bytes: int = 64 << 10
+    """Most bytes of one request head (request line and headers) read; past it a 431 at once, before any key is
+    checked (h11, vLLM's other uvicorn parser, stops at 16 KiB; nginx at 4 x 8 KiB)."""
+    max_headers: int = 100
+    """Most header lines in one request; past it a 431 at once (Apache's LimitRequestFields, gunicorn's)."""
+    max_request_line_bytes: int = 8 << 10
+    """Longest request target (path and query); past it a 414 at once (Apache's LimitRequestLine, nginx's 8 KiB)."""
     header_timeout_s: float = 10.0
     """Seconds a connection may take to send a request's headers before it is closed (slowloris)."""
     body_timeout_s: float = 30.0
@@ -38,7 +45,8 @@ class FrontendConfig:
     """How tool calls are written in the model's text: "hermes" or "llama3_json" (vLLM's --tool-call-parser)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_prompt_chars", "render_threads"):
+        for name in ("max_body_bytes", "max_prompt_chars", "render_threads", "max_header_bytes", "max_headers",
+                     "max_request_line_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:

@@ -7,7 +7,8 @@ the foreground -- the one runner of the router and the replica.
 Slow clients cannot hold connections: a connection that has not sent a complete request head
 within ``header_timeout_s`` (from its opening, or from the first byte of its next request) is
 closed (slowloris); bodies have their own deadline (body.py); idle keep-alive connections close
-after ``keep_alive_s``.
+after ``keep_alive_s``. A head past ``max_header_bytes``, ``max_headers`` or ``max_request_line_bytes`` is
+answered 431/414 as soon as the limit is passed (head_limits.py), before the app sees the request.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+import httptools
 from kvmesh.replica.openai.config import FrontendConfig
+from kvmesh.replica.openai.head_limits import HeadLimits, linger, refusal
+from kvmesh.replica.serving.errors import ProtocolError
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -28,15 +32,55 @@ logger = logging.getLogger(__name__)
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol plus a deadline on each request head."""
+    """uvicorn's httptools protocol plus a deadline and bounds on each request head."""
 
-    header_timeout_s = 10.0  # replaced per server by a subclass (see ``protocol_class``)
+    frontend = FrontendConfig()  # replaced per server by a subclass (see ``protocol_class``)
     _head_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def header_timeout_s(self) -> float:
+        return self.frontend.header_timeout_s
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
+        self.limits = HeadLimits(self.frontend)
         self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, with each head fed no further than its bounds (a 431/414 closes the connection)."""
+        self._unset_keepalive_if_required()
+        try:
+            self.limits.feed(self.parser, data)
+        except ProtocolError as e:
+            logger.info("refusing a request head: %s", e.message)
+            self.parser, self.url, self.headers = httptools.HttpRequestParser(self), b"", []  # drop the head read
+            if self.cycle is not None and not self.cycle.response_complete:  # an answer is under way: it ends,
+                self.cycle.keep_alive = False  # then the connection closes
+                self.transport.pause_reading()
+                return
+            self.transport.write(refusal(e))
+            linger(self.transport)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError:
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+
+    def on_url(self, url: bytes) -> None:
+        self.limits.url(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.limits.header()
+        super().on_header(name, value)
+
+    def on_message_complete(self) -> None:
+        self.limits.message_done()
+        super().on_message_complete()
 
     def _arm_head_timer(self) -> None:
         self._disarm_head_timer()
@@ -60,6 +104,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self._arm_head_timer()
 
     def on_headers_complete(self) -> None:
+        self.limits.head_done()
         self._disarm_head_timer()
         super().on_headers_complete()
 
@@ -68,20 +113,20 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
 
-def protocol_class(header_timeout_s: float) -> type[HeaderTimeoutProtocol]:
-    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout_s": header_timeout_s})
+def protocol_class(frontend: FrontendConfig) -> type[HeaderTimeoutProtocol]:
+    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"frontend": frontend})
 
 
 def uvicorn_config(app: ASGIApp, frontend: FrontendConfig, graceful_s: float, host: str, port: int,
                    lifespan: str = "off", log_level: str = "warning") -> uvicorn.Config:
-    """The one uvicorn configuration of kvmesh's HTTP fronts: httptools with the header timeout,
+    """The one uvicorn configuration of kvmesh's HTTP fronts: httptools with the head's timeout and bounds,
     the keep-alive limit and graceful shutdown of ``frontend``, listening on ``host:port``."""
     import uvicorn
 
     return uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=False, lifespan=lifespan,
         timeout_graceful_shutdown=graceful_s, timeout_keep_alive=frontend.keep_alive_s, limit_concurrency=None,
-        backlog=2048, http=protocol_class(frontend.header_timeout_s))
+        backlog=2048, http=protocol_class(frontend))
 
 
 class HTTPServer:

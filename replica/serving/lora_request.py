@@ -27,6 +27,13 @@ class LoRARequest:
     """A digest of the weights and scale the engine read (``LoadedLoRA.identity``); None until registered. Not
     compared: a request naming the adapter by name, id and path names the registered one."""
 
+    @property
+    def version(self) -> tuple[str, str]:
+        """Which weights of the adapter: its name and identity (its id and path until it is registered). A request
+        keeps the version it started with to its end, whatever is loaded under its name meanwhile: the runner's
+        host copies and device slots, and the scheduler's ``max_loras`` count, are per version."""
+        return self.lora_name, self.identity if self.identity is not None else f"{self.lora_int_id}:{self.lora_path}"
+
     def __post_init__(self) -> None:
         if not self.lora_name:
             raise ValueError("lora_name must be a non-empty string")

@@ -93,8 +93,10 @@ class FakeModelRunner:
         self.loras[lora.lora_name] = lora
         return LoadedLoRA(0, hashlib.sha256(lora.lora_path.encode()).hexdigest()[:32])
 
-    def remove_lora(self, lora_name: str) -> bool:
-        return self.loras.pop(lora_name, None) is not None
+    def remove_lora(self, lora: LoRARequest) -> bool:
+        if self.loras.get(lora.lora_name) != lora:
+            return False  # another version of the name is current, or none
+        return self.loras.pop(lora.lora_name) is not None
 
     def lora_residency(self) -> tuple[list[str], float | None]:
         return [], None

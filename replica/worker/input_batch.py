@@ -71,8 +71,9 @@ class InputBatch:
         self.req_ids = np.zeros(0, object)
         self.params: list = []
         self.lora: LoRAManager | None = None  # the runner's LoRA state (None: LoRA off)
-        self.lora_ids = np.zeros(0, np.int64)  # each row's adapter, lora_int_id (0: the base model)
-        self.lora_requests: dict[int, LoRARequest] = {}  # lora_int_id -> the adapter, as rows last brought it
+        self.lora_ids = np.zeros(0, np.int64)  # each row's adapter version: its index here (0: the base model)
+        self.lora_index: dict[tuple[str, str], int] = {}  # LoRARequest.version -> its index (> 0), once per version
+        self.lora_requests: dict[int, LoRARequest] = {}  # index -> the adapter version
         self._fit_rows()
 
     def _fit_rows(self) -> None:
@@ -105,9 +106,7 @@ class InputBatch:
             self.num_computed[row] = sr.num_computed_tokens
             self.prev_sample[row] = 0  # its input ids come with it
             lora = sr.lora_request
-            self.lora_ids[row] = 0 if lora is None else lora.lora_int_id
-            if lora is not None:
-                self.lora_requests[lora.lora_int_id] = lora
+            self.lora_ids[row] = 0 if lora is None else self._lora_version(lora)
             if len(sr.token_ids) == 1:
                 self.last_token[row] = sr.token_ids[0]
         return np.array(rows, np.int64)
@@ -220,10 +219,17 @@ class InputBatch:
         if not ids.any():
             return None
         uniq = np.unique(ids[ids > 0]).tolist()
-        slot_of = self.lora.activate([self.lora_requests[i] for i in uniq])
         table = np.full(int(ids.max()) + 1, -1, np.int32)
-        table[uniq] = [slot_of[i] for i in uniq]
+        table[uniq] = self.lora.activate([self.lora_requests[i] for i in uniq])
         return table[ids]
+
+    def _lora_version(self, lora: LoRARequest) -> int:
+        """The index of ``lora``'s version (two versions of one name are two adapters to a step)."""
+        index = self.lora_index.get(lora.version)
+        if index is None:
+            index = self.lora_index[lora.version] = len(self.lora_index) + 1
+            self.lora_requests[index] = lora
+        return index
 
     def _graph_sampling(self, rows: np.ndarray) -> tuple[str | None, bool, tuple | None]:
         """A staged step's ``ModelInputs.graph_sampling`` and ``graph_answers``, with the settings to stage."""

@@ -282,8 +282,8 @@ class ModelRunner:
             raise ValueError("LoRA adapters need enable_lora")
         return self.lora.add_lora(lora)
 
-    def remove_lora(self, lora_name: str) -> bool:
-        return self.lora is not None and self.lora.remove_lora(lora_name)
+    def remove_lora(self, lora: LoRARequest) -> bool:
+        return self.lora is not None and self.lora.remove_lora(lora)
 
     def lora_residency(self) -> tuple[list[str], float | None]:
         """Adapters in a device slot, and the measured bytes per second of loads into one (None before any)."""

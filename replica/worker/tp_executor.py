@@ -138,9 +138,9 @@ class RayTPExecutor:
         import ray
         return ray.get([w.add_lora.remote(lora) for w in self.workers], timeout=self.step_timeout_s)[0]
 
-    def remove_lora(self, lora_name: str) -> bool:
+    def remove_lora(self, lora: LoRARequest) -> bool:
         import ray
-        return ray.get([w.remove_lora.remote(lora_name) for w in self.workers], timeout=self.step_timeout_s)[0]
+        return ray.get([w.remove_lora.remote(lora) for w in self.workers], timeout=self.step_timeout_s)[0]
 
     def lora_residency(self) -> tuple[list[str], float | None]:
         import ray  # rank 0's: every rank runs the same slot policy on the same steps

@@ -81,7 +81,7 @@ class TPWorker:
 
     def add_lora(self, lora: LoRARequest) -> LoadedLoRA: return self.runner.add_lora(lora)  # noqa: E704
 
-    def remove_lora(self, lora_name: str) -> bool: return self.runner.remove_lora(lora_name)  # noqa: E704
+    def remove_lora(self, lora: LoRARequest) -> bool: return self.runner.remove_lora(lora)  # noqa: E704
 
     def lora_residency(self) -> tuple[list[str], float | None]: return self.runner.lora_residency()  # noqa: E704
 

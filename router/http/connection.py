@@ -7,6 +7,8 @@ What it guarantees, as the uvicorn stack did:
 - a request head must arrive within ``header_timeout_s`` of the connection opening or of its first
   byte (slowloris), a body within ``body_timeout_s`` (408); idle keep-alive connections close after
   ``keep_alive_s``; more than ``max_body_bytes`` of body is a 413 (announced: before reading it);
+- a head past ``max_header_bytes`` or ``max_headers`` is a 431, a request target past ``max_request_line_bytes``
+  a 414, answered as soon as the limit is passed (head_limits.py: the parser never holds more);
 - malformed HTTP gets a 400 (OpenAI-shaped) and the connection closes; a handler's bug is a 500;
 - a client that disconnects cancels the handler of its current request (so the replica request is
   closed) and of a stream being sent.
@@ -24,6 +26,7 @@ import socket
 
 import httptools
 import msgspec
+from kvmesh.replica.openai.head_limits import HeadLimits, linger
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.deadline import Deadline
 from kvmesh.router.http.messages import Client, Request, Response, error_response, response_head
@@ -44,6 +47,7 @@ class HttpConnection(asyncio.Protocol):
         self.config = server.config
         self.loop = asyncio.get_event_loop()
         self.parser = httptools.HttpRequestParser(self)
+        self.limits = HeadLimits(server.config)  # the head's bounds, counted before the parser sees its bytes
         self.transport: asyncio.Transport | None = None
         self.client = Client()
         """The client side its requests see: the transport, and whether the client left."""
@@ -80,7 +84,9 @@ class HttpConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            self.parser.feed_data(data)
+            self.limits.feed(self.parser, data)
+        except ProtocolError as e:  # a head past its limits (431, 414)
+            self._refuse(e)
         except httptools.HttpParserUpgrade:
             self._refuse(ProtocolError("protocol upgrades are not supported", 400))
         except httptools.HttpParserError as e:
@@ -113,12 +119,15 @@ class HttpConnection(asyncio.Protocol):
         self._head = []
 
     def on_url(self, url: bytes) -> None:
+        self.limits.url(len(url))
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.limits.header()
         self._head.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        self.limits.head_done()
         self._deadline.disarm()
         request = self.reading = Request(self.parser.get_method(), self._url, self.config, self.client)
         request.raw_headers = self._head
@@ -151,6 +160,7 @@ class HttpConnection(asyncio.Protocol):
         request._wake()
 
     def on_message_complete(self) -> None:
+        self.limits.message_done()
         request, self.reading = self.reading, None
         request.complete = True
         request._wake()
@@ -252,8 +262,11 @@ class HttpConnection(asyncio.Protocol):
             self.transport.close()
 
     def _refuse(self, e: ProtocolError) -> None:
-        """Malformed input: a 400 unless an answer is under way, then close."""
+        """Malformed input or a head past its limits: its answer unless one is under way, then close. Nothing
+        more is parsed, and the parser's buffered head is dropped now."""
         self.transport.pause_reading()
+        self.limits.refused = True
+        self.parser, self._url, self._head = httptools.HttpRequestParser(self), b"", []
         if not self.queue:
             if self.server.on_error is not None:
                 self.server.on_error(e)
@@ -261,7 +274,7 @@ class HttpConnection(asyncio.Protocol):
             request = Request(b"GET", b"/", self.config, self.client)
             self.write(self.head(request, e.status_code, [(b"content-type", b"application/json")], len(body),
                                  keep=False) + body)
-            self.transport.close()
+            linger(self.transport)
         else:  # answer the requests that parsed; the task closes the connection when they are done
             if self.reading is not None and self.reading in self.queue:  # its body was malformed
                 self.reading.error = e
