@@ -61,4 +61,7 @@ def template_tool_call(call: JSONObject, i: int) -> JSONObject:
         except ValueError:
             raise ProtocolError(f"tool call {echo(function['name'])}'s function.arguments is not JSON",
                                 param=f"messages.tool_calls.{i}.function.arguments") from None
+        except RecursionError:
+            raise ProtocolError(f"tool call {echo(function['name'])}'s function.arguments is nested too deeply",
+                                param=f"messages.tool_calls.{i}.function.arguments") from None
     return {**call, "function": {**function, "arguments": arguments}}

@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 from typing import ClassVar, Literal
+from urllib.parse import quote
 
 from kvmesh.replica.serving.errors import ProtocolError
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, SerializerFunctionWrapHandler, model_serializer
@@ -27,6 +28,16 @@ def answer_id(random: str, client_request_id: str | None) -> str:
     """The answer's id: ``random`` (``prefix-hex``), or with a client's ``request_id`` ``prefix-request_id``
     (vLLM's ``cmpl-{request_id}``)."""
     return f"{random.split('-', 1)[0]}-{client_request_id}" if client_request_id else random
+
+
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+"""Printable ASCII but space and ``%``: what an id header carries as it is."""
+
+
+def id_header(answer_id: str) -> str:
+    """``answer_id`` as an ``X-Request-Id`` header value: as it is when it is printable ASCII, else percent-encoded
+    (a client's ``request_id`` may hold any character; a header cannot)."""
+    return quote(answer_id, safe=_HEADER_SAFE)
 
 
 class TokenizeResponse(OpenAIBaseModel):

@@ -107,7 +107,7 @@ class OpenAIHandlers:
             return StreamingResponse(
                 self._guard_stream(self._stream(request_id, model, candidates, streams, req), candidates),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Request-Id": request_id, **kv_headers},
+                headers={"Cache-Control": "no-cache", "X-Request-Id": r.id_header(request_id), **kv_headers},
             )
         finals = await self._collect_or_abort(http, candidates, streams)
         for final in finals:
@@ -133,7 +133,7 @@ class OpenAIHandlers:
                                   [c.prompt_index for _, c, _ in choices], self._decode_token(req))
         if (handle := kv_request.handle(req, finals[0])) is not None:
             payload["kv_transfer_params"] = handle
-        return JSONResponse(payload, headers={"X-Request-Id": request_id, **kv_headers})
+        return JSONResponse(payload, headers={"X-Request-Id": r.id_header(request_id), **kv_headers})
 
     # ------------------------------------------------------------ logprobs (openai/logprobs_format.py)
     def _decode_token(self, req: OpenAIRequest) -> lf.TokenDecoder:

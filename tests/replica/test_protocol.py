@@ -206,3 +206,12 @@ def test_token_id_shortcut_keeps_other_fields_errors():
     with pytest.raises(ProtocolError) as e:
         parse_request(CompletionRequest, {"prompt": [1, 2, 3], "n": "many", "temperature": "hot"})
     assert "n:" in e.value.message and "temperature:" in e.value.message and "prompt" not in e.value.message
+
+
+def test_tool_call_arguments_nested_past_the_parser_are_a_400_naming_them():
+    deep = "[" * 10_000 + "]" * 10_000
+    req = chat(messages=[{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": deep}}]}])
+    with pytest.raises(ProtocolError, match="nested too deeply") as e:
+        req.template_messages()
+    assert e.value.param == "messages.tool_calls.0.function.arguments"

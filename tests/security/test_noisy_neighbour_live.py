@@ -1,0 +1,153 @@
+"""The standing noisy-neighbour suite: every field of the OpenAI request models, sent hostile values by one tenant,
+must not hurt another tenant or the fleet.
+
+A ``kvmesh router`` with two tenants' keys in front of two ``kvmesh replica`` processes of stories260K
+(noisy_fleet.py). The noisy tenant sends every case of hostile_fields.py (each field of each request model, read
+from the models: null, 10,000-deep nesting, wrong types, NaN, huge and pathological values, and the attacks the
+field's meaning allows) from its own process, a few at a time (noisy_attacker.py); meanwhile the light tenant's plain
+completions are timed one after another and the fleet is read every half second (noisy_watch.py). Then:
+
+- each hostile request got a 4xx with an OpenAI-shaped error, or an answer, within ``HANG_S``; never a 5xx;
+- the light tenant's p90, over every ``WINDOW`` of its requests during the attack and after it, stayed within
+  ``SLOWDOWN`` x its p90 before the attack;
+- the router never held a replica down or ejected it, and each replica's ``/health`` answered 200;
+- ``SETTLE_S`` after the attack, each process's threads are back to what they were before it and its memory within
+  ``MEMORY_MB``.
+
+A failure names the fields (and values) in flight when it happened.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ..conftest import CHAT_TEMPLATE
+from .noisy_fleet import KEYS, NoisyFleet, Reading, start_fleet
+from .noisy_watch import LightTenant, Timing, Watch, p90
+
+HANG_S = 20.0
+"""Longest a hostile request may take to be answered."""
+SLOWDOWN = 3.0
+"""The light tenant's p90 may grow to this many times its p90 before the attack."""
+WINDOW = 20
+"""Light requests per p90 window."""
+SETTLE_S = 5.0
+MEMORY_MB = 100.0
+"""Resident memory a process may keep after the attack."""
+BEFORE_S = 6.0
+"""The light tenant alone, before the attack: its p90 is the bound's base."""
+ATTACK_S = 420
+"""The attacker process's bound (it sends ~2,400 requests)."""
+WARM_UP = [("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4}),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+           ("/v1/completions", {"prompt": "A", "max_tokens": 4, "structured_outputs": {"regex": "[a-z]+"}}),
+           ("/v1/completions", {"prompt": "A", "max_tokens": 4, "response_format": {
+               "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}),
+           ("/v1/completions", {"prompt": "A " * 50_000, "max_tokens": 4})]
+"""Requests that start what a replica starts lazily (render threads, the grammar compiler) before the baseline."""
+
+
+@dataclass
+class Attack:
+    results: list[dict]
+    light: LightTenant
+    readings: list[Reading]
+    before: Reading
+    start: float
+    end: float
+
+    def in_flight(self, t0: float, t1: float) -> list[str]:
+        """The hostile cases in flight between ``t0`` and ``t1``."""
+        return [r["name"] for r in self.results if r["t0"] < t1 and r["t1"] > t0]
+
+
+@pytest.fixture(scope="module")
+def fleet(stories_path, tmp_path_factory):
+    fleet = start_fleet(stories_path, tmp_path_factory.mktemp("noisy"), CHAT_TEMPLATE)
+    yield fleet
+    fleet.stop()
+
+
+def _warm_up(fleet: NoisyFleet) -> None:
+    import httpx
+
+    for _ in range(2):  # each replica
+        for path, body in WARM_UP:
+            r = httpx.post(fleet.url + path, json=body, timeout=60, headers={"Authorization": f"Bearer {KEYS['light']}"})
+            assert r.status_code < 500, r.text  # the long prompt is a 400 (read off the loop first)
+
+
+@pytest.fixture(scope="module")
+def attack(fleet, tmp_path_factory):
+    _warm_up(fleet)
+    time.sleep(1.0)
+    before = fleet.read()
+    light, watch = LightTenant(fleet.url).start(), Watch(fleet).start()
+    out = tmp_path_factory.mktemp("attack") / "results.jsonl"
+    try:
+        time.sleep(BEFORE_S)
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, str(Path(__file__).with_name("noisy_attacker.py")), fleet.url,
+                               KEYS["noisy"], str(out)], capture_output=True, text=True, timeout=ATTACK_S)
+        end = time.monotonic()
+        assert done.returncode == 0, done.stderr[-3000:]
+        time.sleep(SETTLE_S)
+    finally:
+        light.stop()
+        watch.stop()
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    return Attack(results, light, watch.readings, before, start, end)
+
+
+def _windows(timings: list[Timing]) -> list[list[Timing]]:
+    return [timings[i:i + WINDOW] for i in range(0, len(timings) - WINDOW // 2, WINDOW)]
+
+
+def test_every_hostile_value_gets_a_4xx_or_an_answer_in_bounded_time(attack):
+    from .hostile_fields import cases
+
+    assert len(attack.results) == len(cases())
+    bad = [f"{r['name']}: {r['status']} in {r['t1'] - r['t0']:.1f}s {r['head'][:160]!r}" for r in attack.results
+           if not (isinstance(r["status"], int) and (r["status"] < 300 or (r["status"] < 500 and r["openai_error"])))
+           or r["t1"] - r["t0"] > HANG_S]
+    assert not bad, f"{len(bad)} hostile values were not refused or answered within {HANG_S}s:\n" + "\n".join(bad)
+
+
+def test_the_light_tenant_keeps_its_latency_during_and_after_the_attack(attack):
+    light = attack.light
+    base = p90(light.between(0, attack.start))
+    failed = [t for t in light.timings if t.status != 200]
+    assert not failed, f"the light tenant's requests failed: {failed[:10]}"
+    slow = []
+    for window in _windows(light.between(attack.start, float("inf"))):
+        if (seen := p90(window)) > SLOWDOWN * base:
+            fields = sorted({name.split(" = ")[0] for name in attack.in_flight(window[0].t0, window[-1].t1)})
+            slow.append(f"p90 {seen * 1e3:.0f} ms over {window[0].t0 - attack.start:.1f}-"
+                        f"{window[-1].t1 - attack.start:.1f}s of the attack, attacking {', '.join(fields) or 'nothing'}")
+    assert not slow, (f"the light tenant's p90 exceeded {SLOWDOWN}x its p90 alone ({base * 1e3:.0f} ms):\n"
+                      + "\n".join(slow))
+
+
+def test_the_router_holds_every_replica_healthy_and_ejects_none(attack):
+    sick = [f"{r.t - attack.start:.1f}s: {'; '.join(r.unhealthy)} (in flight: {attack.in_flight(r.t - 1, r.t)[:8]})"
+            for r in attack.readings if r.unhealthy]
+    assert not sick, "\n".join(sick)
+    assert attack.readings[-1].ejections == attack.before.ejections
+
+
+def test_threads_and_memory_come_back_after_the_attack(attack):
+    after = attack.readings[-1]
+    assert after.t - attack.end >= SETTLE_S - 1
+    for name, threads in attack.before.threads.items():
+        peak = max(r.threads.get(name, 0) for r in attack.readings)
+        assert after.threads[name] <= threads, f"{name}: {threads} threads before, {after.threads[name]} after " \
+                                               f"(peak {peak})"
+        assert after.rss_mb[name] <= attack.before.rss_mb[name] + MEMORY_MB, \
+            f"{name}: {attack.before.rss_mb[name]:.0f} MB before, {after.rss_mb[name]:.0f} MB after"
