@@ -233,11 +233,19 @@ def rows(dump: str | None = None) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dump", help="also write each kernel's TTGIR, PTX and cubin here")
+    parser.add_argument("--out", help="also write the rows as one JSON document (results/triton_aot.json: BENCHMARKS' "
+                                      "FP8 table)")
     if (problem := missing_tools()) is not None:
         print(problem, file=sys.stderr)
         return 2
-    for row in rows(parser.parse_args().dump):
+    args = parser.parse_args()
+    report = rows(args.dump)
+    for row in report:
         print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"triton": triton.__version__, "rows": report}, f, indent=1)
+            f.write("\n")
     return 0
 
 

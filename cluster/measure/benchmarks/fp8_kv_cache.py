@@ -155,6 +155,21 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def aot_table(result: dict) -> str:
+    """BENCHMARKS.md's table of the attention kernels compiled for sm_90 with and without an FP8 cache
+    (``python tests/replica/triton_aot.py --out results/triton_aot.json``; ``kvmesh bench report``'s ``fp8_aot``)."""
+    lines = ["| case | kernel | registers | spills | shared B | occupancy | FP8 conversions |", "|---|---|---|---|---|---|---|"]
+    twins = ("decode B=1", "decode B=64", "prefill 512-token chunk")
+    for row in result["rows"]:
+        case_shown = row["case"].startswith("FP8") or row["case"] in twins
+        if row["target"] == "sm_90" and case_shown and row["kernel"] in ("_unified_attention_kernel",
+                                                                          "_rotary_and_cache_kernel"):
+            cvt = ", ".join(f"`{c}`" for c in row["fp8_cvt"]) or "-"
+            lines.append(f"| {row['case']} | {row['kernel'].strip('_')} | {row['registers']} | {row['spill_bytes']} | "
+                         f"{row['shared']:,} | {row['occupancy']:.0%} | {cvt} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
