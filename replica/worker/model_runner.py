@@ -69,12 +69,10 @@ class ModelRunner:
         self.kv_cache_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype)  # FP8: attention/kv_quant.py
         self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
         self.vocab_size = self.spec.vocab_size
-        self.eos_token_ids = eos_token_ids(config.model, self.spec.eos_token_ids)
-        self.block_size = config.block_size
+        self.block_size, self.eos_token_ids = config.block_size, eos_token_ids(config.model, self.spec.eos_token_ids)
         if self.spec.sliding_window and self.spec.sliding_window < self.max_model_len:
             logger.warning("model declares sliding_window=%d; attention here is full (exact up to the window)",
                            self.spec.sliding_window)
-
         self.outside_memory_at_start = outside_memory_in_use(self.device)  # replicas sharing the card hold it
         self.model = self._build_model()
         self.lora = None if not config.enable_lora else LoRAManager(  # wraps the projections: before any capture
