@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from kvmesh.replica.serving.json_types import JSONObject
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv-cache-dtype ("fp8" is fp8_e4m3)
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DEVICES = (None, "cpu", "cuda")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
@@ -39,6 +40,9 @@ class EngineConfig:
     kv_cache_memory: int | str | None = None
     """KV cache per replica, bytes or a size such as "512MiB": on CPU the size (None: 1 GiB), on CUDA a cap on what
     gpu_memory_utilization leaves (None: all of it)."""
+    kv_cache_dtype: str = "auto"
+    """KV cache element type (vLLM's --kv-cache-dtype): "auto" (the model's dtype), "fp8" or "fp8_e4m3", "fp8_e5m2"
+    (one byte per value with per-layer k/v scales from the checkpoint, else 1.0: about twice the blocks)."""
     kv_offload_memory: int | str | None = None
     """Host-memory KV tier per replica below the device cache, bytes or a size such as "64MiB" (vLLM's
     --kv-offloading-size): pinned on CUDA; cached blocks are copied down and loaded back for later hits. None: no tier."""
@@ -99,6 +103,8 @@ class EngineConfig:
             raise ValueError("model must be a Hugging Face directory or hub id, got an empty string")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.device not in DEVICES:

@@ -63,3 +63,34 @@ def widen_bf16_dots_when_interpreting() -> None:
 
     create_dot.widens_bf16 = True
     InterpreterBuilder.create_dot = create_dot
+
+
+def round_fp8_casts_when_interpreting() -> None:
+    """Make the interpreter's casts to FP8 round to nearest even, as the GPU's ``cvt.rn`` does.
+
+    Triton's interpreter narrows floats bit by bit and adds the rounding bit to the mantissa without carrying
+    into the exponent (31.8 -> 16 in E4M3, not 32) nor rounding ties to even (triton 3.9). Casts into
+    ``float8e4nv``/``float8e5`` (the FP8 KV cache's types) go through torch's conversion instead, which rounds
+    as the hardware does. Called where a kernel module that writes FP8 is imported; a no-op when kernels are
+    compiled, and once per process."""
+    if not interpreting():
+        return
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    original = InterpreterBuilder.create_fp_to_fp
+    if getattr(original, "rounds_fp8", False):
+        return
+    narrow = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        target = narrow.get(dst_type.scalar)
+        if target is None:
+            return original(self, src, dst_type, rounding_mode)
+        wide = src if src.dtype.scalar == tl.float32 else self.cast_impl(src, tl.float32)
+        data = torch.from_numpy(np.ascontiguousarray(wide.data, dtype=np.float32)).to(target)
+        return TensorHandle(data.view(torch.uint8).numpy().reshape(np.shape(wide.data)), dst_type.scalar)
+
+    create_fp_to_fp.rounds_fp8 = True
+    InterpreterBuilder.create_fp_to_fp = create_fp_to_fp

@@ -41,6 +41,7 @@ def test_a_typed_figure_differs_and_the_check_names_its_table(tmp_path):
     typed = table.replace("44.4%", "45.0%")
     assert typed != table
     for name in DOCS:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)  # docs/ for a guide's tables
         (tmp_path / name).write_text(f"before\n<!-- table: sim results/sim.json -->\n{typed}\n<!-- /table -->\nafter\n")
     assert main(["--check", "--root", str(tmp_path)]) == 1
     assert "45.0%" in (tmp_path / "README.md").read_text()  # --check changes nothing

@@ -76,6 +76,7 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("router", "connection.py", "aclose"): (1, THIRD_PARTY + " (an upstream byte stream)"),
     ("replica", "tp_agent.py", "cause"): (1, THIRD_PARTY + " (Ray's RayTaskError)"),
     ("replica", "triton_utils.py", "widens_bf16"): (1, THIRD_PARTY + " (triton's interpreter, patched once)"),
+    ("replica", "triton_utils.py", "rounds_fp8"): (1, THIRD_PARTY + " (triton's interpreter, patched once)"),
     ("replica", "weights.py", "weight_loader"): (1, THIRD_PARTY + " (a torch Parameter's loader, vLLM's pattern)"),
     **{("replica", "model_config.py", name): (1, THIRD_PARTY + " (HF config)") for name in (
         "architectures", "attention_bias", "dtype", "eos_token_id", "head_dim", "max_position_embeddings",

@@ -36,7 +36,6 @@ VLLM_ONLY_FLAGS: dict[str, str] = {
     "--uvicorn-log-level": "use --verbose (serve) or --log-level (router)",
     "--distributed-executor-backend": "replicas and their tensor-parallel workers always run on Ray",
     "--prefix-caching-hash-algo": "blocks are hashed with xxh3_128 under the cluster's secret seed (KVMESH_HASH_SEED)",
-    "--kv-cache-dtype": "not supported: the KV cache has the model's --dtype",
     "--quantization": "not supported: weights load in --dtype",
     "-q": "not supported: weights load in --dtype",
     "--trust-remote-code": "not needed: kvmesh runs Llama-family models with its own code",

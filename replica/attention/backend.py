@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 from kvmesh.replica.attention.flash_attn_backend import PAGED_BLOCK_MULTIPLE
+from kvmesh.replica.attention.kv_quant import is_fp8
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.triton_utils import triton_problem
 
@@ -86,26 +87,34 @@ def flash_attn_problem(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def default_backend(device: torch.device, dtype: torch.dtype, block_size: int | None) -> str:
+def default_backend(device: torch.device, dtype: torch.dtype, block_size: int | None, fp8_cache: bool = False) -> str:
     """What ``attention_backend=None`` picks: on CUDA flash_attn where its paged path runs (block_size a
-    multiple of 256, flash-attn installed), else triton (any block size, CUDA graphs); torch elsewhere."""
+    multiple of 256, flash-attn installed, no FP8 cache), else triton (any block size, CUDA graphs); torch
+    elsewhere."""
     if device.type != "cuda":
         return "torch"
-    paged = block_size is not None and block_size % PAGED_BLOCK_MULTIPLE == 0
+    paged = block_size is not None and block_size % PAGED_BLOCK_MULTIPLE == 0 and not fp8_cache
     if paged and flash_attn_problem(device, dtype) is None:
         return "flash_attn"
     if triton_problem(device) is None:
         return "triton"
-    return "flash_attn" if flash_attn_problem(device, dtype) is None else "torch"
+    return "flash_attn" if not fp8_cache and flash_attn_problem(device, dtype) is None else "torch"
 
 
 def get_attn_backend(name: str | None, device: torch.device, dtype: torch.dtype,
-                     block_size: int | None = None) -> AttentionBackend:
-    """The backend ``name``, or for None the best one for the device and block size (``default_backend``)."""
+                     block_size: int | None = None, kv_cache_dtype: torch.dtype | None = None) -> AttentionBackend:
+    """The backend ``name``, or for None the best one for the device, block size and KV cache element type
+    (``default_backend``; ``kv_cache_dtype`` None: the model's ``dtype``)."""
+    fp8_cache = kv_cache_dtype is not None and is_fp8(kv_cache_dtype)
     if name is None:
-        name = default_backend(device, dtype, block_size)
+        name = default_backend(device, dtype, block_size, fp8_cache)
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {available_backends()}")
+    if name == "flash_attn" and fp8_cache:
+        raise ValueError(f"attention_backend='flash_attn' cannot read an FP8 KV cache "
+                         f"(kv_cache_dtype {str(kv_cache_dtype).removeprefix('torch.')}): flash-attn's paged path "
+                         "takes fp16/bf16 blocks only; use attention_backend='triton' (CUDA) or 'torch', or "
+                         "kv_cache_dtype='auto'")
     if name == "flash_attn" and (problem := flash_attn_problem(device, dtype)) is not None:
         raise ValueError(f"attention_backend='flash_attn' cannot run here: {problem}; "
                          "or use attention_backend='torch'")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from kvmesh.replica.attention.kv_quant import dequantize, is_fp8, quantize
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.utils.cpu_gpu_buffer import to_device
 
@@ -124,17 +125,26 @@ class TorchAttentionBackend:
         return TorchAttentionMetadata(common.slot_mapping, d, groups, prefills)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
-                md: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+                md: TorchAttentionMetadata, scale: float,
+                kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``kv_scales`` (k_scale, v_scale): the cache is FP8 (kv_quant.py); k/v are quantized as they are written
+        and every read dequantizes, a fresh prefill's own k/v included (what a later read of them would see)."""
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        kv_scales = kv_scales if kv_cache is not None else None  # profiling: no cache, nothing quantized
+        if kv_scales is not None:
+            k, v = (quantize(x, s, kv_cache.dtype) for x, s in zip((k, v), kv_scales, strict=True))
         if kv_cache is not None:
             k_slots = kv_cache[0].view(num_kv_heads, -1, head_dim)  # [Hk, num_slots, Dh]
             v_slots = kv_cache[1].view(num_kv_heads, -1, head_dim)
-            k_slots.index_copy_(1, md.slot_mapping, k.transpose(0, 1))
-            v_slots.index_copy_(1, md.slot_mapping, v.transpose(0, 1))
+            _bytes(k_slots).index_copy_(1, md.slot_mapping, _bytes(k.transpose(0, 1)))
+            _bytes(v_slots).index_copy_(1, md.slot_mapping, _bytes(v.transpose(0, 1)))
             num_slots = k_slots.shape[1]
+        if kv_scales is not None:
+            k, v = (dequantize(x, s, q.dtype) for x, s in zip((k, v), kv_scales, strict=True))
+        k_scale, v_scale = kv_scales or (None, None)
         out = torch.empty_like(q)
         for g in md.decode_groups:
-            out[g.start:g.end] = self._decode(q[g.start:g.end], kv_cache, g, scale)
+            out[g.start:g.end] = self._decode(q[g.start:g.end], kv_cache, g, scale, kv_scales)
         gqa = q.shape[1] // num_kv_heads
         for chunk in md.prefills:
             qc = q[chunk.q_start:chunk.q_end].transpose(0, 1)  # [Hq, Lq, Dh]
@@ -143,8 +153,8 @@ class TorchAttentionBackend:
                 vc = v[chunk.q_start:chunk.q_end].transpose(0, 1)
             else:
                 rows = _head_offsets(num_kv_heads, num_slots, chunk.key_slots)  # rows of [Hk * num_slots, Dh]
-                kc = k_slots.view(-1, head_dim).index_select(0, rows).view(num_kv_heads, -1, head_dim)
-                vc = v_slots.view(-1, head_dim).index_select(0, rows).view(num_kv_heads, -1, head_dim)
+                kc = _gather(k_slots.view(-1, head_dim), rows, k_scale, q.dtype).view(num_kv_heads, -1, head_dim)
+                vc = _gather(v_slots.view(-1, head_dim), rows, v_scale, q.dtype).view(num_kv_heads, -1, head_dim)
             if gqa > 1:  # SDPA's fused CPU kernels take neither enable_gqa nor 3-d inputs (4x slower)
                 kc, vc = kc.repeat_interleave(gqa, dim=0), vc.repeat_interleave(gqa, dim=0)
             o = F.scaled_dot_product_attention(qc[None], kc[None], vc[None], attn_mask=chunk.mask,
@@ -153,19 +163,25 @@ class TorchAttentionBackend:
         return out
 
     @staticmethod
-    def _decode(q: torch.Tensor, kv_cache: torch.Tensor, dg: DecodeGroup, scale: float) -> torch.Tensor:
+    def _decode(q: torch.Tensor, kv_cache: torch.Tensor, dg: DecodeGroup, scale: float,
+                kv_scales: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         d, num_heads, head_dim = q.shape
         num_kv_heads = kv_cache.shape[1]
         gqa = num_heads // num_kv_heads
         # rows of the [Hk * num_blocks, bs * Dh] view -> [Hk * D, L, Dh]: row (h, d) = request d's keys of head h
         rows = _head_offsets(num_kv_heads, kv_cache.shape[2], dg.block_ids)
         block_dim = kv_cache.shape[3] * head_dim
-        keys = kv_cache[0].view(-1, block_dim).index_select(0, rows).view(num_kv_heads * d, -1, head_dim)
+        k_scale, v_scale = kv_scales or (None, None)
+        keys = _gather(kv_cache[0].view(-1, block_dim), rows, k_scale, q.dtype).view(num_kv_heads * d, -1, head_dim)
         # query heads of one K/V head side by side: [D, Hk, G, Dh] -> [Hk * D, G, Dh]
         qg = (q * scale).view(d, num_kv_heads, gqa, head_dim).transpose(0, 1).reshape(-1, gqa, head_dim)
         scores = torch.bmm(qg, keys.transpose(1, 2))  # [Hk * D, G, L]
         scores.view(num_kv_heads, d, gqa, -1).add_(dg.bias)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        if v_scale is not None:  # FP8 values: gathered and dequantized like the keys (no embedding_bag over FP8)
+            values = _gather(kv_cache[1].view(-1, block_dim), rows, v_scale, q.dtype).view(num_kv_heads * d, -1, head_dim)
+            out = torch.bmm(probs, values)  # [Hk * D, G, Dh]
+            return out.view(num_kv_heads, d, gqa, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
         # probs @ V without gathering V: each query head's output is a weighted sum of value rows
         if dg.pv_rows is None:
             block_size, length = kv_cache.shape[3], scores.shape[-1]
@@ -176,6 +192,18 @@ class TorchAttentionBackend:
         out = F.embedding_bag(dg.pv_rows, kv_cache[1].view(-1, head_dim), dg.pv_offsets, mode="sum",
                               per_sample_weights=probs.view(-1))  # [Hk * D * G, Dh]
         return out.view(num_kv_heads, d, gqa, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
+
+
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    """An FP8 tensor as uint8 (the same bytes: index_copy_/index_select take no FP8 on every device); else x."""
+    return x.view(torch.uint8) if is_fp8(x.dtype) else x
+
+
+def _gather(rows_of: torch.Tensor, ids: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``ids`` of the 2-d cache view ``rows_of``, dequantized to ``dtype`` when ``scale`` is given (FP8)."""
+    if scale is None:
+        return rows_of.index_select(0, ids)
+    return dequantize(_bytes(rows_of).index_select(0, ids).view(rows_of.dtype), scale, dtype)
 
 
 def _head_offsets(num_kv_heads: int, per_head: int, ids: torch.Tensor) -> torch.Tensor:

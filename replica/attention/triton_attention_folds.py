@@ -24,6 +24,9 @@ folded path writes the cache bit for bit as ``rotary_and_cache`` does. A NeoX "r
 
 import triton
 import triton.language as tl
+from kvmesh.replica.triton_utils import round_fp8_casts_when_interpreting
+
+round_fp8_casts_when_interpreting()  # the interpreter's own FP8 casts round wrongly (see there)
 
 
 @triton.jit
@@ -45,18 +48,39 @@ def rotate_rows(x_row, position, cos_sin_ptr, stride_cos_sin, offs_d, mask, HALF
 
 
 @triton.jit
+def to_cache(x, scale_ptr, cache_ptr, KV_QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
+    """x as the cache stores it: an FP8 cache (KV_QUANT) takes x / scale clamped to +-FP8_MAX (kv_quant.py)."""
+    if KV_QUANT:
+        x = x.to(tl.float32) / tl.load(scale_ptr)
+        x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
+    return x.to(cache_ptr.dtype.element_ty)
+
+
+@triton.jit
+def from_cache(x, scale_ptr, dtype: tl.constexpr, KV_QUANT: tl.constexpr):
+    """x as loaded from the cache, in the model's ``dtype``: an FP8 cache's x times its scale."""
+    if KV_QUANT:
+        x = (x.to(tl.float32) * tl.load(scale_ptr)).to(dtype)
+    return x
+
+
+@triton.jit
 def write_new_kv(token, kv_head, new_k_ptr, new_v_ptr, positions_ptr, slot_mapping_ptr, cos_sin_ptr,
                  k_cache_ptr, v_cache_ptr, stride_nk_tok, stride_nk_head, stride_nv_tok, stride_nv_head,
                  stride_cos_sin, stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot,
-                 stride_v_head, offs_d, d_ok, BLOCK_SIZE: tl.constexpr, HALF: tl.constexpr):
-    """Rotate ``token``'s k of ``kv_head`` and write it and its v into the cache at the token's slot."""
+                 stride_v_head, offs_d, d_ok, k_scale_ptr, v_scale_ptr, BLOCK_SIZE: tl.constexpr,
+                 HALF: tl.constexpr, KV_QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
+    """Rotate ``token``'s k of ``kv_head`` and write it and its v into the cache at the token's slot (an FP8
+    cache: through k_scale/v_scale)."""
     token = token.to(tl.int64)
     position = tl.load(positions_ptr + token)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
     k = rotate_rows(new_k_ptr + token * stride_nk_tok + kv_head * stride_nk_head, position, cos_sin_ptr,
-                    stride_cos_sin, offs_d, d_ok, HALF, k_cache_ptr.dtype.element_ty)  # [HEAD_DIM_PADDED]
+                    stride_cos_sin, offs_d, d_ok, HALF, new_k_ptr.dtype.element_ty)  # [HEAD_DIM_PADDED]
     v = tl.load(new_v_ptr + token * stride_nv_tok + kv_head * stride_nv_head + offs_d, mask=d_ok)
+    k = to_cache(k, k_scale_ptr, k_cache_ptr, KV_QUANT, FP8_MAX)
+    v = to_cache(v, v_scale_ptr, v_cache_ptr, KV_QUANT, FP8_MAX)
     tl.store(k_cache_ptr + block * stride_k_block + offset * stride_k_slot + kv_head * stride_k_head + offs_d, k,
              mask=d_ok)
     tl.store(v_cache_ptr + block * stride_v_block + offset * stride_v_slot + kv_head * stride_v_head + offs_d, v,

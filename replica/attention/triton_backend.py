@@ -109,9 +109,11 @@ class TritonAttentionBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
                 md: TritonAttentionMetadata, scale: float,
-                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+                kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``rotary`` (positions [T], cos_sin_cache [max_position, Dh]): q and k are not rotated yet; q is
-        rotated in place and k as it is written into the cache, in the cache write's one launch."""
+        rotated in place and k as it is written into the cache, in the cache write's one launch. ``kv_scales``
+        (k_scale, v_scale): an FP8 cache, quantized as written and dequantized as read (kv_quant.py)."""
         out = torch.empty_like(q)  # [T, Hq, Dh]
         if kv_cache is None and rotary is not None:  # profiling: no cache to write into
             rotary_embedding(rotary[0], q, k, rotary[1])
@@ -127,9 +129,9 @@ class TritonAttentionBackend:
         if rotary is not None and md.max_query_len == 1:
             new_kv = NewTokenKV(k, v, rotary[0], md.slot_mapping, rotary[1])
         elif rotary is None:
-            reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
+            reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping, kv_scales)
         else:
-            rotary_and_cache(rotary[0], q, k, v, k_cache, v_cache, md.slot_mapping, rotary[1])
+            rotary_and_cache(rotary[0], q, k, v, k_cache, v_cache, md.slot_mapping, rotary[1], kv_scales)
         if md.num_splits is None:
             md.num_splits = self.num_splits(md, q.shape[1] // k.shape[1], k.shape[1], q.device)
         counters = None
@@ -137,7 +139,7 @@ class TritonAttentionBackend:
             block_q, _ = tile_shape(q.shape[1] // k.shape[1], md.max_query_len)
             counters = self._split_counters(q.device, (q.shape[0] // block_q + md.seq_lens.shape[0]) * k.shape[1])
         return unified_attention(q, k_cache, v_cache, out, md.query_start_loc, md.seq_lens, md.block_table, scale,
-                                 md.max_query_len, md.num_splits, new_kv, counters)
+                                 md.max_query_len, md.num_splits, new_kv, counters, kv_scales)
 
     def _split_counters(self, device: torch.device, needed: int) -> torch.Tensor:
         """The split launches' arrival counters (>= ``needed``), zeroed once and left zero by every launch.

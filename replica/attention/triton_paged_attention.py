@@ -39,7 +39,13 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from kvmesh.replica.attention.triton_attention_folds import merge_splits, rotate_rows, write_new_kv
+from kvmesh.replica.attention.kv_quant import kernel_scales
+from kvmesh.replica.attention.triton_attention_folds import (
+    from_cache,
+    merge_splits,
+    rotate_rows,
+    write_new_kv,
+)
 from kvmesh.replica.triton_utils import widen_bf16_dots_when_interpreting
 
 widen_bf16_dots_when_interpreting()  # the interpreter's own tl.dot misreads bf16 (see there)
@@ -67,11 +73,11 @@ def _unified_attention_kernel(
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head,
         stride_bt,
         new_k_ptr, new_v_ptr, positions_ptr, slot_mapping_ptr, cos_sin_ptr,
-        stride_nk_tok, stride_nk_head, stride_nv_tok, stride_nv_head, stride_cos_sin,
+        stride_nk_tok, stride_nk_head, stride_nv_tok, stride_nv_head, stride_cos_sin, k_scale_ptr, v_scale_ptr,
         BLOCK_SIZE: tl.constexpr, NUM_QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
         HEAD_DIM_PADDED: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
         NUM_SPLITS: tl.constexpr, SPLITS_PADDED: tl.constexpr, MERGE_ROWS: tl.constexpr, DECODE_WRITE: tl.constexpr,
-        HALF: tl.constexpr):
+        HALF: tl.constexpr, KV_QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -106,10 +112,10 @@ def _unified_attention_kernel(
     if DECODE_WRITE:  # a decode-only step: q rotated here (triton_attention_folds.py)
         rope_pos = tl.load(positions_ptr + q_start + q_idx, mask=row_ok, other=0)  # [BLOCK_M]
         q = rotate_rows((q_ptr + q_rows)[:, None], rope_pos[:, None], cos_sin_ptr, stride_cos_sin, offs_d[None, :],
-                        row_ok[:, None] & d_ok[None, :], HALF, k_cache_ptr.dtype.element_ty)
+                        row_ok[:, None] & d_ok[None, :], HALF, q_ptr.dtype.element_ty)
     else:
         q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
-                    other=0.0)  # [BLOCK_M, HEAD_DIM_PADDED], the cache's dtype
+                    other=0.0)  # [BLOCK_M, HEAD_DIM_PADDED], the model's dtype
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scaled scores
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)  # running sum of exp(score - m_i)
@@ -124,7 +130,8 @@ def _unified_attention_kernel(
             write_new_kv(q_start, kv_head, new_k_ptr, new_v_ptr, positions_ptr, slot_mapping_ptr, cos_sin_ptr,
                          k_cache_ptr, v_cache_ptr, stride_nk_tok, stride_nk_head, stride_nv_tok, stride_nv_head,
                          stride_cos_sin, stride_k_block, stride_k_slot, stride_k_head, stride_v_block,
-                         stride_v_slot, stride_v_head, offs_d, d_ok, BLOCK_SIZE, HALF)
+                         stride_v_slot, stride_v_head, offs_d, d_ok, k_scale_ptr, v_scale_ptr, BLOCK_SIZE, HALF,
+                         KV_QUANT, FP8_MAX)
             tl.debug_barrier()  # written before any thread of the program reads it back below
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
     for start in range(kv_lo, kv_hi, TILE):
@@ -135,6 +142,7 @@ def _unified_attention_kernel(
         k_off = block * stride_k_block + slot * stride_k_slot + kv_head * stride_k_head  # [TILE]
         k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=d_ok[:, None] & n_ok[None, :],
                     other=0.0)  # [HEAD_DIM_PADDED, TILE]
+        k = from_cache(k, k_scale_ptr, q.dtype, KV_QUANT)  # an FP8 cache: dequantized to q's dtype
         s = tl.dot(q, k, out_dtype=tl.float32, input_precision="ieee") * qk_scale  # [BLOCK_M, TILE] fp32
         s = tl.where((pos[None, :] <= q_pos[:, None]) & n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -145,6 +153,7 @@ def _unified_attention_kernel(
         v_off = block * stride_v_block + slot * stride_v_slot + kv_head * stride_v_head
         v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :],
                     other=0.0)  # [TILE, HEAD_DIM_PADDED]
+        v = from_cache(v, v_scale_ptr, q.dtype, KV_QUANT)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], out_dtype=tl.float32, input_precision="ieee")
         m_i = m_new
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -235,7 +244,8 @@ def split_counters(num_tokens: int, num_reqs: int, num_kv_heads: int, block_q: i
 def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                       query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                       scale: float, max_query_len: int, num_splits: int = 1, new_kv: NewTokenKV | None = None,
-                      counters: torch.Tensor | None = None) -> torch.Tensor:
+                      counters: torch.Tensor | None = None,
+                      kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Attend q [T, Hq, Dh] over the paged cache k_cache/v_cache [num_blocks, block_size, Hk, Dh] into
     out [T, Hq, Dh]. query_start_loc [R + 1] int32, seq_lens [R] int32 (context + query), block_table
     [R, max_blocks] int32; max_query_len (host) picks the tile. The step's own K/V must already be in
@@ -245,7 +255,8 @@ def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     With ``num_splits`` > 1 each context is cut into that many parts attended by separate programs, the
     last of which merges them (split-KV: for steps too small to fill the GPU); ``counters`` (int32, at
     least ``split_counters``'s size, zero, left zero) count the parts done -- allocated here when None.
-    Launch shapes come from q's shape, R and num_splits only, so nothing is read back from the device."""
+    Launch shapes come from q's shape, R and num_splits only, so nothing is read back from the device. An FP8
+    cache (``kv_scales`` = (k_scale, v_scale), one-element float32 tensors) is dequantized as it is loaded."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and q.stride(-1) == 1 and out.stride(-1) == 1
@@ -267,14 +278,16 @@ def unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         assert max_query_len == 1 and head_dim % 2 == 0, "new_kv is for decode-only steps with an even head_dim"
         k, v, positions, slots, cos_sin = new_kv
         assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin.stride(-1) == 1
+    k_scale, v_scale, kv_quant, fp8_max = kernel_scales(kv_scales, k_cache, out)
     grid = (num_tokens // block_q + num_reqs, num_kv_heads, num_splits)
     _unified_attention_kernel[grid](
         q, k_cache, v_cache, out, partial, lse, counters, block_table, seq_lens, query_start_loc, scale, num_reqs,
         num_heads, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), block_table.stride(0), k, v, positions, slots, cos_sin,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0), k_scale, v_scale,
         BLOCK_SIZE=block_size, NUM_QUERIES_PER_KV=queries_per_kv, HEAD_DIM=head_dim,
         HEAD_DIM_PADDED=head_dim_padded, BLOCK_Q=block_q, BLOCK_M=block_m, TILE=TILE_N, NUM_SPLITS=num_splits,
-        SPLITS_PADDED=triton.next_power_of_2(num_splits), MERGE_ROWS=MIN_BLOCK_M, DECODE_WRITE=new_kv is not None, HALF=head_dim // 2)
+        SPLITS_PADDED=triton.next_power_of_2(num_splits), MERGE_ROWS=MIN_BLOCK_M, DECODE_WRITE=new_kv is not None, HALF=head_dim // 2,
+        KV_QUANT=kv_quant, FP8_MAX=fp8_max)
     return out

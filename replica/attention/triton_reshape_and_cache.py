@@ -15,6 +15,8 @@ rotated k and v written by slot): a decoder layer then launches one kernel for w
 import torch
 import triton
 import triton.language as tl
+from kvmesh.replica.attention.kv_quant import kernel_scales
+from kvmesh.replica.attention.triton_attention_folds import to_cache
 from kvmesh.replica.layers.triton_rotary import _cos_sin, _rotate_heads, _rotated
 
 BLOCK_T = 16  # tokens per program
@@ -25,8 +27,9 @@ def _reshape_and_cache_kernel(
         k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, num_tokens,
         stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,
         stride_kc_block, stride_kc_slot, stride_kc_head, stride_vc_block, stride_vc_slot, stride_vc_head,
+        k_scale_ptr, v_scale_ptr,
         BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS_X_DIM: tl.constexpr, HD_PADDED: tl.constexpr,
-        TOKENS: tl.constexpr):
+        TOKENS: tl.constexpr, KV_QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
     tok = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)  # [TOKENS]
     offs = tl.arange(0, HD_PADDED)  # [HD_PADDED] = (head, dim) flattened
     head = offs // HEAD_DIM
@@ -41,23 +44,26 @@ def _reshape_and_cache_kernel(
     v = tl.load(v_ptr + tok64[:, None] * stride_v_tok + (head * stride_v_head + dim)[None, :], mask=mask)
     k_dst = (block * stride_kc_block + offset * stride_kc_slot)[:, None] + (head * stride_kc_head + dim)[None, :]
     v_dst = (block * stride_vc_block + offset * stride_vc_slot)[:, None] + (head * stride_vc_head + dim)[None, :]
-    tl.store(k_cache_ptr + k_dst, k, mask=mask)
-    tl.store(v_cache_ptr + v_dst, v, mask=mask)
+    tl.store(k_cache_ptr + k_dst, to_cache(k, k_scale_ptr, k_cache_ptr, KV_QUANT, FP8_MAX), mask=mask)
+    tl.store(v_cache_ptr + v_dst, to_cache(v, v_scale_ptr, v_cache_ptr, KV_QUANT, FP8_MAX), mask=mask)
 
 
 def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor) -> None:
-    """k/v [T, Hk, Dh] -> k_cache/v_cache [num_blocks, block_size, Hk, Dh] at slot_mapping [T] (int64)."""
+                      slot_mapping: torch.Tensor, kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """k/v [T, Hk, Dh] -> k_cache/v_cache [num_blocks, block_size, Hk, Dh] at slot_mapping [T] (int64); an FP8
+    cache is written through ``kv_scales`` (k_scale, v_scale: attention/kv_quant.py)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    k_scale, v_scale, kv_quant, fp8_max = kernel_scales(kv_scales, k_cache, slot_mapping)
     grid = (triton.cdiv(num_tokens, BLOCK_T),)
     _reshape_and_cache_kernel[grid](
         k, v, k_cache, v_cache, slot_mapping, num_tokens, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-        v_cache.stride(2), BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, HEADS_X_DIM=num_kv_heads * head_dim,
-        HD_PADDED=triton.next_power_of_2(num_kv_heads * head_dim), TOKENS=BLOCK_T)
+        v_cache.stride(2), k_scale, v_scale, BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
+        HEADS_X_DIM=num_kv_heads * head_dim, HD_PADDED=triton.next_power_of_2(num_kv_heads * head_dim),
+        TOKENS=BLOCK_T, KV_QUANT=kv_quant, FP8_MAX=fp8_max)
 
 
 @triton.jit(do_not_specialize=("positions_ptr", "slot_mapping_ptr"))  # per step: see STEP_VARYING
@@ -65,9 +71,9 @@ def _rotary_and_cache_kernel(
         positions_ptr, q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, cos_sin_ptr,
         stride_q_tok, stride_q_head, stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,
         stride_kc_block, stride_kc_slot, stride_kc_head, stride_vc_block, stride_vc_slot, stride_vc_head,
-        cos_sin_stride, num_q_heads, num_kv_heads,
+        cos_sin_stride, num_q_heads, num_kv_heads, k_scale_ptr, v_scale_ptr,
         BLOCK_SIZE: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HQ: tl.constexpr,
-        BLOCK_HK: tl.constexpr):
+        BLOCK_HK: tl.constexpr, KV_QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
     """One token: rotate its q heads in place, write its rotated k and its v into the cache at its slot."""
     token = tl.program_id(0).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
@@ -83,20 +89,21 @@ def _rotary_and_cache_kernel(
     k1, k2 = _rotated(tl.load(k, mask=mask, other=0.0).to(tl.float32),
                       tl.load(k + HALF, mask=mask, other=0.0).to(tl.float32), cos, sin, dtype)
     kc = k_cache_ptr + block * stride_kc_block + offset * stride_kc_slot + offs_h[:, None] * stride_kc_head + offs_d[None, :]
-    tl.store(kc, k1, mask=mask)
-    tl.store(kc + HALF, k2, mask=mask)
+    tl.store(kc, to_cache(k1, k_scale_ptr, k_cache_ptr, KV_QUANT, FP8_MAX), mask=mask)
+    tl.store(kc + HALF, to_cache(k2, k_scale_ptr, k_cache_ptr, KV_QUANT, FP8_MAX), mask=mask)
     v = v_ptr + token * stride_v_tok + offs_h[:, None] * stride_v_head + offs_d[None, :]
     vc = v_cache_ptr + block * stride_vc_block + offset * stride_vc_slot + offs_h[:, None] * stride_vc_head + offs_d[None, :]
-    tl.store(vc, tl.load(v, mask=mask), mask=mask)
-    tl.store(vc + HALF, tl.load(v + HALF, mask=mask), mask=mask)
+    tl.store(vc, to_cache(tl.load(v, mask=mask), v_scale_ptr, v_cache_ptr, KV_QUANT, FP8_MAX), mask=mask)
+    tl.store(vc + HALF, to_cache(tl.load(v + HALF, mask=mask), v_scale_ptr, v_cache_ptr, KV_QUANT, FP8_MAX), mask=mask)
 
 
 def rotary_and_cache(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                     cos_sin_cache: torch.Tensor) -> None:
+                     cos_sin_cache: torch.Tensor, kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """The rotary embedding and the cache write in one launch: q [T, Hq, D] rotated in place by positions [T];
     k [T, Hk, D] rotated and v written into k_cache/v_cache [num_blocks, block_size, Hk, D] at slot_mapping
-    [T] (k itself is left as it was). Equals ``RotaryEmbedding`` then ``reshape_and_cache``, bit for bit."""
+    [T] (k itself is left as it was). Equals ``RotaryEmbedding`` then ``reshape_and_cache``, bit for bit (an
+    FP8 cache: through ``kv_scales``)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if num_tokens == 0:
@@ -104,9 +111,11 @@ def rotary_and_cache(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     assert all(t.stride(-1) == 1 for t in (q, k, v, k_cache, v_cache, cos_sin_cache)), "head_dim must be contiguous"
     assert head_dim % 2 == 0 and cos_sin_cache.shape[-1] == head_dim, "cos_sin_cache must be [max_position, D]"
     half = head_dim // 2
+    k_scale, v_scale, kv_quant, fp8_max = kernel_scales(kv_scales, k_cache, slot_mapping)
     _rotary_and_cache_kernel[(num_tokens,)](
         positions, q, k, v, k_cache, v_cache, slot_mapping, cos_sin_cache, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), cos_sin_cache.stride(0), num_q_heads, num_kv_heads,
-        BLOCK_SIZE=k_cache.shape[1], HALF=half, BLOCK_D=triton.next_power_of_2(half),
-        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HK=triton.next_power_of_2(num_kv_heads), num_warps=4)
+        k_scale, v_scale, BLOCK_SIZE=k_cache.shape[1], HALF=half, BLOCK_D=triton.next_power_of_2(half),
+        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HK=triton.next_power_of_2(num_kv_heads), KV_QUANT=kv_quant,
+        FP8_MAX=fp8_max, num_warps=4)

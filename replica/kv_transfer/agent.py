@@ -166,6 +166,9 @@ def check_layouts(mine: KVBlockLayout, handshake: KVHandshake, my_name: str, tp_
     differences = mine.mismatch(handshake.layout)
     if handshake.tp_size != tp_size:
         differences.insert(0, f"tp (tensor_parallel_size): {tp_size} vs {handshake.tp_size}")
+    if mine.dtype != handshake.layout.dtype:  # the one a user sets per replica (kv_cache_dtype): said first
+        differences.insert(0, f"KV cache dtype {mine.dtype} on {my_name!r} vs {handshake.layout.dtype} on "
+                              f"{handshake.agent_name!r} (set the same kv_cache_dtype on both)")
     if differences:
         raise KVLayoutMismatch(f"peer {handshake.agent_name!r} has a different KV block layout than "
                                f"{my_name!r} ({'; '.join(differences)}); replicas that exchange KV must run "

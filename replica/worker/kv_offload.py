@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING
 
 import torch
+from kvmesh.replica.attention.kv_quant import is_fp8
 
 if TYPE_CHECKING:
     from kvmesh.replica.kv_layout import KVBlockLayout
@@ -56,6 +57,8 @@ class KVOffloader:
         # [num_host_blocks, *block_shape]; row 0 mirrors the device's null block and is never used
         self.host = torch.zeros((num_host_blocks, *self.block_shape), dtype=kv_cache.dtype,
                                 pin_memory=self.cuda)
+        # what the copies index: an FP8 cache as its bytes (index_copy_/index_select take no FP8 on CPU)
+        self._device_view, self._host_view = (t.view(torch.uint8) if is_fp8(t.dtype) else t for t in (kv_cache, self.host))
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._pending: list[tuple[int, torch.cuda.Event | None]] = []
         self.bytes_loaded = 0
@@ -88,11 +91,11 @@ class KVOffloader:
         start = time.perf_counter()
         with self._on_side_stream():
             # [n, *block_shape]
-            staging = torch.empty((len(pairs), *self.block_shape), dtype=self.kv_cache.dtype, device=self.device)
+            staging = torch.empty((len(pairs), *self.block_shape), dtype=self._device_view.dtype, device=self.device)
             for i, h0, _, n in _runs(pairs):
-                staging[i:i + n].copy_(self.host[h0:h0 + n], non_blocking=True)
+                staging[i:i + n].copy_(self._host_view[h0:h0 + n], non_blocking=True)
             dev_ids = self._ids([d for _, d in pairs])
-            self.kv_cache.index_copy_(self.block_dim, dev_ids, staging.movedim(0, self.block_dim))
+            self._device_view.index_copy_(self.block_dim, dev_ids, staging.movedim(0, self.block_dim))
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)  # the prefill reads its prefix
         nbytes = len(pairs) * self.block_bytes
@@ -106,9 +109,9 @@ class KVOffloader:
         with self._on_side_stream():
             dev_ids = self._ids([d for d, _ in pairs])
             # [n, *block_shape]
-            staging = self.kv_cache.index_select(self.block_dim, dev_ids).movedim(self.block_dim, 0).contiguous()
+            staging = self._device_view.index_select(self.block_dim, dev_ids).movedim(self.block_dim, 0).contiguous()
             for i, _, h0, n in _runs(pairs):
-                self.host[h0:h0 + n].copy_(staging[i:i + n], non_blocking=True)
+                self._host_view[h0:h0 + n].copy_(staging[i:i + n], non_blocking=True)
             event = None
             if self.stream is not None:
                 event = torch.cuda.Event()

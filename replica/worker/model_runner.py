@@ -12,11 +12,11 @@ With ``cuda_graphs``, decode-only steps replay captured graphs (cuda_graph.py). 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
+from kvmesh.replica.attention.kv_quant import kv_cache_torch_dtype
 from kvmesh.replica.distributed.parallel_state import ParallelState
 from kvmesh.replica.kv_layout import block_layout, symbolic_layout
 from kvmesh.replica.lora.manager import LoRAManager
@@ -47,8 +47,9 @@ from kvmesh.replica.worker.kv_cache import (
     read_cuda_memory,
 )
 from kvmesh.replica.worker.kv_offload import make_kv_offload
+from kvmesh.replica.worker.kv_scales import attach_kv_scales
 from kvmesh.replica.worker.profile_run import profile_forward
-from kvmesh.replica.worker.weights import load_model_weights
+from kvmesh.replica.worker.weights import checkpoint_dir, load_model_weights
 
 logger = logging.getLogger(__name__)
 
@@ -65,22 +66,23 @@ class ModelRunner:
         self.spec = spec_from_hf_config(self.hf_config)
         set_num_threads(self.device, world_size, self.spec.hidden_size)
         self.dtype = resolve_dtype(config.dtype, self.spec, self.device)
+        self.kv_cache_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype)  # FP8: attention/kv_quant.py
         self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
         self.vocab_size = self.spec.vocab_size
-        self.eos_token_ids = eos_token_ids(config.model, self.spec.eos_token_ids)
-        self.block_size = config.block_size
+        self.block_size, self.eos_token_ids = config.block_size, eos_token_ids(config.model, self.spec.eos_token_ids)
         if self.spec.sliding_window and self.spec.sliding_window < self.max_model_len:
             logger.warning("model declares sliding_window=%d; attention here is full (exact up to the window)",
                            self.spec.sliding_window)
-
         self.outside_memory_at_start = outside_memory_in_use(self.device)  # replicas sharing the card hold it
         self.model = self._build_model()
         self.lora = None if not config.enable_lora else LoRAManager(  # wraps the projections: before any capture
             self.model, self.spec, self.model.packed_modules_mapping, config.max_loras, config.max_lora_rank,
             config.resolved_max_cpu_loras, self.device, self.dtype)
-        self.attn_backend = get_attn_backend(config.attention_backend, self.device, self.dtype, self.block_size)
+        self.attn_backend = get_attn_backend(config.attention_backend, self.device, self.dtype, self.block_size,
+                                             self.kv_cache_dtype)
         for attn in self.model.attention_layers():
             attn.backend = self.attn_backend
+        attach_kv_scales(self.model.attention_layers(), self.kv_cache_dtype, checkpoint_dir(config), self.device)
         self.input_batch = InputBatch(config.max_num_seqs, -(-self.max_model_len // self.block_size) + 1,
                                       self.block_size, self.device, config.max_num_batched_tokens, config.seed)
         self.input_batch.lora = self.lora
@@ -97,7 +99,7 @@ class ModelRunner:
         attn0 = self.model.attention_layers()[0]
         # [num_layers, *layer_shape], e.g. torch: [num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]
         self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, self._layer_shape(self.num_kv_blocks),
-                                          self.dtype, self.device)
+                                          self.kv_cache_dtype, self.device)
         for i, attn in enumerate(self.model.attention_layers()):
             attn.kv_cache = self.kv_cache[i]
         # where each block lies, computed once here: the host tier, the KV transfer agent and /load read it
@@ -127,18 +129,14 @@ class ModelRunner:
         finally:
             torch.set_default_dtype(default_dtype)
         model.to(self.device).eval()
-        load_format = self.config.load_format
-        if load_format == "auto":
-            has_weights = os.path.isdir(self.config.model) and any(
-                f.endswith(".safetensors") for f in os.listdir(self.config.model))
-            load_format = "safetensors" if has_weights or self.config.hf_config is None else "dummy"
+        load_format = "safetensors" if checkpoint_dir(self.config) is not None else "dummy"
         load_model_weights(model, self.config.model, load_format, self.config.seed, self.device)
         return model
 
     def _size_kv_cache(self) -> int:
         attn0 = self.model.attention_layers()[0]
         block_bytes = bytes_per_block(self.spec.num_hidden_layers, self.block_size, attn0.num_kv_heads,
-                                      attn0.head_dim, self.dtype)
+                                      attn0.head_dim, self.kv_cache_dtype)
         if self.device.type == "cuda":  # kv_cache_memory, when set, caps the profiled budget
             cap = None if self.config.kv_cache_memory is None else self.config.kv_cache_memory // self.parallel.tp_size
             budget = self.profiled_kv_budget(cap)
@@ -192,7 +190,7 @@ class ModelRunner:
         self.profile_run()
         after = self.read_device_memory(self.device)
         graphs = 0 if not self.capture_graphs else self.static_decode.measure_capture(
-            self.model.attention_layers(), self._layer_shape(1), self.dtype, self.read_device_memory)
+            self.model.attention_layers(), self._layer_shape(1), self.kv_cache_dtype, self.read_device_memory)
         return kv_cache_budget(before, after, module_bytes(self.model), self.config.gpu_memory_utilization, cap,
                                self.outside_memory_at_start, graphs)
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from kvmesh.replica.layers.linear import LoadedWeight, default_weight_loader
 from kvmesh.replica.model_config import ModelSpec
+from kvmesh.replica.worker.kv_scales import KV_SCALE_NAME
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ def safetensors_weights(model_dir: str) -> Iterator[tuple[str, LoadedWeight]]:
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, LoadedWeight]]) -> int:
     """Feed checkpoint tensors to the model's parameter loaders; returns how many were loaded.
 
-    Raises if a parameter received nothing (a truncated or mismatched checkpoint).
+    Raises if a parameter received nothing (a truncated or mismatched checkpoint). KV cache scales are read
+    by kv_scales.py, not here.
     """
     packed = model.packed_modules_mapping
     tied = model.spec.tie_word_embeddings
@@ -51,7 +53,7 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, LoadedWeight]]) 
     loaded: set[str] = set()
     count = 0
     for name, tensor in weights:
-        if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
+        if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight") or KV_SCALE_NAME.fullmatch(name):
             continue
         for ckpt_name, (target, shard_id) in packed.items():
             if f".{ckpt_name}." in name:
@@ -108,6 +110,16 @@ def dummy_weights(spec: ModelSpec, seed: int = 0, std: float = 0.02,
             continue
         gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         yield name, torch.randn(shape, generator=gen, device=device) * std
+
+
+def checkpoint_dir(config) -> str | None:
+    """The directory an ``EngineConfig``'s weights (and an FP8 cache's k/v scales) are read from; None: dummy
+    weights ("auto": safetensors when the model directory has them or no ``hf_config`` stands in for it)."""
+    load_format = config.load_format
+    if load_format == "auto":
+        has_weights = os.path.isdir(config.model) and any(f.endswith(".safetensors") for f in os.listdir(config.model))
+        load_format = "safetensors" if has_weights or config.hf_config is None else "dummy"
+    return config.model if load_format == "safetensors" else None
 
 
 def load_model_weights(model: nn.Module, model_dir: str, load_format: str, seed: int,

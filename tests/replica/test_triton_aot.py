@@ -25,8 +25,10 @@ pytestmark = [pytest.mark.skipif(missing_tools() is not None, reason=f"cannot co
 SCRIPT = Path(__file__).with_name("triton_aot.py")
 DECODE = ("decode B=1", "decode B=64", "decode B=256")
 LORA = ("LoRA decode B=64", "LoRA prefill 512-token chunk")
+FP8_DECODE = ("FP8 decode B=1", "FP8 decode B=64", "FP8 E5M2 decode B=64")
+FP8 = (*FP8_DECODE, "FP8 prefill 512-token chunk")
 H100_CASES = (*DECODE, "prefill 512-token chunk", "16-token suffix over 2k cached", "layers T=1", "layers T=256",
-              "layers T=512", *LORA)
+              "layers T=512", *LORA, *FP8)
 
 
 @pytest.fixture(scope="module")
@@ -54,20 +56,21 @@ def test_a_decode_step_is_one_attention_launch_per_layer_split_or_not(report):
     launched = {}
     for r in rows(report):
         launched.setdefault(r["case"], []).append(r["kernel"])
-    for case in DECODE:
+    for case in (*DECODE, *FP8_DECODE):
         assert launched[case] == ["_unified_attention_kernel"], case
-    for case in ("prefill 512-token chunk", "16-token suffix over 2k cached"):
+    for case in ("prefill 512-token chunk", "16-token suffix over 2k cached", "FP8 prefill 512-token chunk"):
         assert launched[case] == ["_rotary_and_cache_kernel", "_unified_attention_kernel"], case
 
 
 def test_attention_dots_are_bf16_tensor_core_mmas_with_fp32_accumulators(report):
     attention = rows(report, "_unified_attention_kernel")
-    assert len(attention) == 5
+    assert len(attention) == 5 + len(FP8)  # an FP8 cache's blocks are dequantized to bf16 before the dots
     for row in attention:
         assert row["mma"], row  # tensor cores, not FMA loops
         assert all(".bf16.bf16" in mma and ".f32" in mma for mma in row["mma"]), row
-    prefill = next(r for r in attention if r["case"] == "prefill 512-token chunk")
-    assert all(mma.startswith("wgmma") for mma in prefill["mma"]), prefill  # Hopper's warpgroup MMA
+    for case in ("prefill 512-token chunk", "FP8 prefill 512-token chunk"):
+        prefill = next(r for r in attention if r["case"] == case)
+        assert all(mma.startswith("wgmma") for mma in prefill["mma"]), prefill  # Hopper's warpgroup MMA
     fp16 = rows(report, "_unified_attention_kernel", target="sm_80")[0]
     assert all(".f16.f16" in mma for mma in fp16["mma"]), fp16
 
@@ -104,4 +107,19 @@ def test_split_kv_fills_the_h100_where_the_step_alone_would_not(report):
     # a 16-token suffix over 2k: 2 query blocks x 4 KV heads, split 16 ways (128 keys or more per part)
     assert attention["16-token suffix over 2k cached"]["grid"][2] == 16
     assert attention["prefill 512-token chunk"]["grid"][2] == 1
-    assert {case for case, r in attention.items() if r["grid"][2] > 1} == {"decode B=1", "16-token suffix over 2k cached"}
+    assert {case for case, r in attention.items() if r["grid"][2] > 1} == {"decode B=1", "16-token suffix over 2k cached",
+                                                                          "FP8 decode B=1"}
+
+
+def test_fp8_kernels_load_fp8_pairs_and_store_them_saturated(report):
+    """An FP8 cache's loads unpack two values per ``cvt`` (to f16x2, then scaled), and its writes (the cache write
+    of a prefill chunk, the decode step's new token inside attention) round to nearest and saturate; a model-dtype
+    cache has none of these."""
+    for row in rows(report):
+        e5m2 = "E5M2" in row["case"]
+        if row["case"] not in FP8:
+            assert row["fp8_cvt"] == [], row
+        elif row["kernel"] == "_unified_attention_kernel":
+            assert f"cvt.rn.f16x2.{'e5m2' if e5m2 else 'e4m3'}x2" in row["fp8_cvt"], row
+        if row["case"] in FP8_DECODE or row["kernel"] == "_rotary_and_cache_kernel" and row["case"] in FP8:
+            assert f"cvt.rn.satfinite.{'e5m2' if e5m2 else 'e4m3'}x2.f32" in row["fp8_cvt"], row

@@ -11,7 +11,8 @@ memory, the occupancy an H100 SM gives it and what limits it, and the MMA instru
 (``mma.sync ... bf16`` / ``wgmma ... bf16`` vs ``... tf32``). Cases: the 1.1B TinyLlama shape
 (hidden 2048, 32 query heads, 4 KV heads, head dim 64, block 16, bf16) at decode batch 1/64/256, a
 512-token prefill chunk, a 16-token suffix over a 2,048-token cached prefix and the fused layers at
-1/256/512 tokens; then odd shapes on an A100 (fp16 with 3 query heads per KV head and head dim 24,
+1/256/512 tokens, and an FP8 KV cache (E4M3 at decode batch 1/64 and the prefill chunk, E5M2 at batch 64: the
+``cvt`` instructions that pack and unpack FP8 listed per kernel); then odd shapes on an A100 (fp16 with 3 query heads per KV head and head dim 24,
 fp32). tests/replica/test_triton_aot.py checks the rows; BENCHMARKS.md has the table.
 """
 
@@ -73,10 +74,11 @@ def compile_instead_of_running() -> None:
 
 
 def attention_case(dtype: torch.dtype, hq: int, hk: int, dh: int, block_size: int, query_lens: list[int],
-                   context: int, rotary: bool = True) -> Callable[[], None]:
+                   context: int, rotary: bool = True, kv_dtype: torch.dtype | None = None) -> Callable[[], None]:
     """A step of requests with ``query_lens`` new tokens over ``context`` cached ones, through the
     backend's own build (its split-KV decision at the stand-in's SM count) and forward; ``rotary``: the
-    rotary embedding folded into the cache write (the model's path), else the plain write."""
+    rotary embedding folded into the cache write (the model's path), else the plain write; ``kv_dtype``: an
+    FP8 cache of that type, written and read through per-layer scales."""
     from kvmesh.replica.attention.metadata import CommonAttentionMetadata
     from kvmesh.replica.attention.triton_backend import TritonAttentionBackend
 
@@ -96,10 +98,11 @@ def attention_case(dtype: torch.dtype, hq: int, hk: int, dh: int, block_size: in
             block_tables=torch.zeros(r, width, dtype=torch.int32), slot_mapping=torch.zeros(t, dtype=torch.int64),
             query_start_loc_cpu=cu, seq_lens_cpu=lens)
         backend = TritonAttentionBackend()
-        cache = torch.zeros(backend.kv_cache_shape(64, block_size, hk, dh), dtype=dtype, device="cpu")
+        cache = torch.zeros(backend.kv_cache_shape(64, block_size, hk, dh), dtype=kv_dtype or dtype, device="cpu")
         rope = (torch.zeros(t, dtype=torch.int64), torch.zeros(4096, dh, dtype=dtype)) if rotary else None
+        scales = {} if kv_dtype is None else {"kv_scales": (torch.ones(1), torch.ones(1))}
         backend.forward(q.view(t, hq, dh), k.view(t, hk, dh), v.view(t, hk, dh), cache, backend.build(common),
-                        dh ** -0.5, rope)
+                        dh ** -0.5, rope, **scales)
 
     return run
 
@@ -141,6 +144,7 @@ def lora_case(tokens: int, query_len: int, rank: int = 16, slots: int = 4,
 def cases() -> list[tuple[str, int, Callable[[], None]]]:
     """(label, compute capability, what to launch)."""
     bf16 = dict(dtype=torch.bfloat16, hq=HEADS, hk=KV_HEADS, dh=HEAD_DIM, block_size=BLOCK)
+    fp8 = dict(bf16, kv_dtype=torch.float8_e4m3fn)
     return [
         ("decode B=1", 90, attention_case(**bf16, query_lens=[1], context=1023)),
         ("decode B=64", 90, attention_case(**bf16, query_lens=[1] * 64, context=1023)),
@@ -152,6 +156,11 @@ def cases() -> list[tuple[str, int, Callable[[], None]]]:
         ("layers T=512", 90, layers_case(512)),
         ("LoRA decode B=64", 90, lora_case(64, 1)),
         ("LoRA prefill 512-token chunk", 90, lora_case(512, 512)),
+        ("FP8 decode B=1", 90, attention_case(**fp8, query_lens=[1], context=1023)),
+        ("FP8 decode B=64", 90, attention_case(**fp8, query_lens=[1] * 64, context=1023)),
+        ("FP8 prefill 512-token chunk", 90, attention_case(**fp8, query_lens=[512], context=512)),
+        ("FP8 E5M2 decode B=64", 90, attention_case(**dict(bf16, kv_dtype=torch.float8_e5m2), query_lens=[1] * 64,
+                                                    context=1023)),
         ("A100 fp16 G=3 Dh=24 decode", 80, attention_case(torch.float16, 6, 2, 24, 32, [1, 1, 1], 100, False)),
         ("A100 fp32 G=1 Dh=64 prefill", 80, attention_case(torch.float32, 2, 2, 64, 16, [100, 7], 30, False)),
     ]
@@ -210,7 +219,8 @@ def rows(dump: str | None = None) -> list[dict]:
             out.append(dict(case=label, kernel=name, target=f"sm_{capability}", grid=list(grid), warps=md.num_warps,
                             stages=md.num_stages, **used, shared=md.shared,
                             occupancy=round(occupancy, 3), limiter=limiter,
-                            mma=sorted(set(re.findall(r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)", kernel.asm["ptx"])))))
+                            mma=sorted(set(re.findall(r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)", kernel.asm["ptx"]))),
+                            fp8_cvt=sorted(set(re.findall(r"\bcvt[\w.]*e[45]m[23]x2[\w.]*", kernel.asm["ptx"])))))
             if dump:
                 os.makedirs(dump, exist_ok=True)
                 tag = re.sub(r"\W+", "_", f"{label}_{name}")
@@ -223,11 +233,19 @@ def rows(dump: str | None = None) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dump", help="also write each kernel's TTGIR, PTX and cubin here")
+    parser.add_argument("--out", help="also write the rows as one JSON document (results/triton_aot.json: BENCHMARKS' "
+                                      "FP8 table)")
     if (problem := missing_tools()) is not None:
         print(problem, file=sys.stderr)
         return 2
-    for row in rows(parser.parse_args().dump):
+    args = parser.parse_args()
+    report = rows(args.dump)
+    for row in report:
         print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"triton": triton.__version__, "rows": report}, f, indent=1)
+            f.write("\n")
     return 0
 
 

@@ -8,7 +8,9 @@ them: every block between
 is rewritten from that file by KIND's renderer (``sim``: one ``kvmesh sim`` report, a row per policy;
 ``matrix``: ``kvmesh bench policy_matrix``'s cells and the default policy's verdict in each; ``route_scaling``:
 ``kvmesh bench route_scaling``'s CPU per decision by fleet size; ``router_peers``: ``kvmesh bench router-peers``'
-CPU per request, a row per router run; ``lora``: a ``kvmesh sim --workload lora`` report,
+CPU per request, a row per router run; ``fp8_kv_cache``: ``kvmesh bench fp8-kv-cache``'s blocks per GiB, agreement
+and simulated hit rate per KV cache dtype; ``fp8_aot``: ``tests/replica/triton_aot.py --out``'s attention
+kernels for sm_90 with and without an FP8 cache; ``lora``: a ``kvmesh sim --workload lora`` report,
 a row per run that served adapters; ``queue_flood``:
 ``kvmesh bench queue-flood`` runs, a row per file; ``matrix_noise``: runs of the policy matrix with every time scale
 moved a little, the cells each meets and how far each policy's TTFT moved). A FILE with ``*`` names every file it matches, in name order
@@ -29,8 +31,8 @@ from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.policy_matrix import count_line, dominance
 
-DOCS = ("README.md", "BENCHMARKS.md")
-"""The documents whose tables are generated."""
+DOCS = ("README.md", "BENCHMARKS.md", "docs/gpu-cluster.md")
+"""The documents whose tables are generated (a guide holds the ones BENCHMARKS.md points to)."""
 BLOCK = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
 
@@ -100,6 +102,18 @@ def router_peers_table(result: dict) -> str:
     return table(result)
 
 
+def fp8_kv_cache_table(result: dict) -> str:
+    from kvmesh.cluster.measure.benchmarks.fp8_kv_cache import table
+
+    return table(result)
+
+
+def fp8_aot_table(result: dict) -> str:
+    from kvmesh.cluster.measure.benchmarks.fp8_kv_cache import aot_table
+
+    return aot_table(result)
+
+
 def lora_table(report: dict) -> str:
     """A ``kvmesh sim --workload lora`` report's runs that served adapter requests, a row each."""
     lines = ["| run | hit rate | TTFT p50 | TTFT p99 | adapter loads (per adapter request) | passed over for a slot "
@@ -121,7 +135,8 @@ def queue_flood_table(docs: list[dict]) -> str:
 
 RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matrix_table,
                                                "route_scaling": route_scaling_table, "lora": lora_table,
-                                               "router_peers": router_peers_table}
+                                               "router_peers": router_peers_table, "fp8_kv_cache": fp8_kv_cache_table,
+                                               "fp8_aot": fp8_aot_table}
 MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table,
                                                           "matrix_noise": matrix_noise_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""

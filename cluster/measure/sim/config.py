@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from kvmesh.cluster.measure.sim.lora_config import SimLoRAConfig
 from kvmesh.cluster.measure.workloads.tenants import parse_tenant_mix
-from kvmesh.replica.config import EngineConfig
+from kvmesh.replica.config import EngineConfig, parse_size
 from kvmesh.router.config import RouterConfig
 
 
@@ -110,7 +110,11 @@ class SimConfig:
     """Fixed seconds per transfer (BENCHMARKS.md, "KV transfer between replicas": a one-block read,
     0.16-0.20 ms)."""
     kv_bytes_per_token: int = 131_072
-    """KV bytes one token moves: 128 KiB for the cost model's 8B Llama-3 (32 layers x 8 KV heads x 128 x K,V x bf16)."""
+    """KV bytes of one token in the model's dtype: 128 KiB for the cost model's 8B Llama-3 (32 layers x 8 KV heads x
+    128 x K,V x bf16); an FP8 cache (engine.kv_cache_dtype) holds and moves half (``cache_bytes_per_token``)."""
+    kv_cache_memory_per_replica: int | str | None = None
+    """KV cache per replica, bytes or a size such as "40GiB": ``blocks_per_replica`` becomes what it holds at
+    ``cache_bytes_per_token`` (so an FP8 cache holds twice the blocks); None: ``blocks_per_replica``."""
     engine: EngineConfig = field(default_factory=sim_engine)
     """The replicas' engine section; a simulated replica reads its block_size, max_num_batched_tokens and
     max_num_seqs (``sim_engine``)."""
@@ -192,6 +196,10 @@ class SimConfig:
             raise ValueError(f"kv_transfer_bytes_per_s must be > 0 bytes per second, got {self.kv_transfer_bytes_per_s}")
         if not self.kv_transfer_latency_s >= 0:
             raise ValueError(f"kv_transfer_latency_s must be >= 0 seconds, got {self.kv_transfer_latency_s}")
+        object.__setattr__(self, "kv_cache_memory_per_replica",
+                           parse_size(self.kv_cache_memory_per_replica, "kv_cache_memory_per_replica"))
+        if self.kv_cache_memory_per_replica is not None and self.blocks_per_replica is not None:
+            raise ValueError("set kv_cache_memory_per_replica or blocks_per_replica, not both")
         if self.kv_bytes_per_token < 1:
             raise ValueError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
         if self.router.block_size != self.engine.block_size:  # the router hashes the replicas' blocks
@@ -237,6 +245,18 @@ def check_policy_kwargs(options: dict[str, PolicyArgument]) -> None:
         if key not in known:
             raise ValueError(f"policy_kwargs: {key!r} is an option of no routing policy; "
                              f"the options: {', '.join(known)}")
+
+
+FP8_KV_CACHE_RATIO = 2
+"""Bytes of the cost model's bf16 KV per byte of an FP8 cache of it."""
+
+
+def cache_bytes_per_token(config: SimConfig) -> int:
+    """KV bytes one token takes in the simulated replicas' cache, and moves: ``kv_bytes_per_token`` (the model's
+    dtype, bf16), halved by an FP8 cache (``engine.kv_cache_dtype``)."""
+    if config.engine.kv_cache_dtype == "auto":
+        return config.kv_bytes_per_token
+    return max(1, config.kv_bytes_per_token // FP8_KV_CACHE_RATIO)
 
 
 def miniature(config: SimConfig, factor: int) -> SimConfig:

@@ -13,7 +13,7 @@ model's own constants (``sim_load_rates``): what its fit converges to.
 
 from __future__ import annotations
 
-from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.config import SimConfig, cache_bytes_per_token
 from kvmesh.replica.engine.prefill_rate import PrefillRate
 from kvmesh.replica.engine.step_time import DecodeStepTime
 from kvmesh.replica.serving.load_report import DecodeStepLoad, KVTransferLoad, LoadReport
@@ -53,7 +53,7 @@ def sim_load_rates(load: ReplicaLoad, config: SimConfig) -> None:
     load.kv_block_bytes = config.engine.block_size
     load.h2d_bytes_per_s = _rate(cost.load_s_per_token)
     load.kv_transfer_enabled = config.peer_pulls
-    load.pull_bytes_per_s = config.kv_transfer_bytes_per_s / config.kv_bytes_per_token
+    load.pull_bytes_per_s = config.kv_transfer_bytes_per_s / cache_bytes_per_token(config)
     load.pull_fixed_s = config.kv_transfer_latency_s
     load.decode_step = decode_step_of(config)
 
@@ -66,7 +66,7 @@ def sim_load_report(measures: SimMeasures, config: SimConfig, num_running: int, 
         step_s=coef[0], s_per_seq=coef[1], s_per_context_token=coef[2],
         num_steps=measures.decode_step_time.num_steps, context_tokens=context_tokens)
     transfer = KVTransferLoad(enabled=config.peer_pulls,
-                              pull_bytes_per_s=config.kv_transfer_bytes_per_s / config.kv_bytes_per_token,
+                              pull_bytes_per_s=config.kv_transfer_bytes_per_s / cache_bytes_per_token(config),
                               pull_fixed_s=config.kv_transfer_latency_s, bytes_per_token=1)
     return LoadReport(num_requests_running=num_running, num_requests_waiting=num_waiting, kv_cache_usage=kv_usage,
                       num_waiting_prefill_tokens=waiting_prefill_tokens, block_size=config.engine.block_size,

@@ -112,7 +112,7 @@ class SimCommandConfig:
         object.__setattr__(self, "sim", replace(self.sim, engine=self.engine, router=self.router))
 
 
-SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs", "scheduling_policy")
+SIM_ENGINE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs", "scheduling_policy", "kv_cache_dtype")
 """What a simulated replica reads of its engine section."""
 SIM_ROUTER_FIELDS = ("predict_ttl_s", "sessions", "transfers", "admission")
 """What the simulated router reads of its section (besides the policy, compared, and the engine's block size):

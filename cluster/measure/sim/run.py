@@ -7,7 +7,7 @@ import math
 import time
 from dataclasses import asdict, fields, replace
 
-from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.config import SimConfig, cache_bytes_per_token
 from kvmesh.cluster.measure.sim.goodput import label_requests
 from kvmesh.cluster.measure.sim.loop import SimRun, run_policy
 from kvmesh.cluster.measure.sim.lora import lora_summary, with_adapters
@@ -30,8 +30,13 @@ def working_set_blocks(records: list[MooncakeRecord]) -> int:
 
 
 def blocks_per_replica(config: SimConfig, records: list[MooncakeRecord]) -> int:
+    """Blocks each replica's cache holds: set, or what ``kv_cache_memory_per_replica`` holds at the cache's bytes
+    per token, or ``capacity_fraction`` of the trace's working set split evenly."""
     if config.blocks_per_replica is not None:
         return config.blocks_per_replica
+    if config.kv_cache_memory_per_replica is not None:
+        block_bytes = cache_bytes_per_token(config) * config.engine.block_size
+        return max(1, config.kv_cache_memory_per_replica // block_bytes)
     return max(1, math.ceil(config.capacity_fraction * working_set_blocks(records) / config.total_replicas))
 
 

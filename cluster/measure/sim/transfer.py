@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvmesh.cluster.measure.sim.config import SimConfig
+from kvmesh.cluster.measure.sim.config import SimConfig, cache_bytes_per_token
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.kvcache.reuse import reusable_blocks
 from kvmesh.router.replicas.load import ReplicaLoad
@@ -37,7 +37,7 @@ from kvmesh.router.replicas.load import ReplicaLoad
 def transfer_s(config: SimConfig, num_tokens: int) -> float:
     """Seconds to move the KV of ``num_tokens`` tokens between two replicas (the per-transfer latency alone
     for 0 tokens: the lease was asked for and released)."""
-    return config.kv_transfer_latency_s + num_tokens * config.kv_bytes_per_token / config.kv_transfer_bytes_per_s
+    return config.kv_transfer_latency_s + num_tokens * cache_bytes_per_token(config) / config.kv_transfer_bytes_per_s
 
 
 def pick_prefill_replica(loads: dict[str, ReplicaLoad], prefill_ids: Iterable[str],

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+from kvmesh.cluster.measure.sim.config import cache_bytes_per_token
 from kvmesh.cluster.measure.sim.stats import imbalance, percentiles, weighted_percentiles
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def transfer_summary(run: SimRun) -> dict:
         "peer_pulls_nothing_to_move": sum(1 for r in pulls if not r.num_transferred_tokens),
         "pulled_tokens": pulled_tokens,
         "pulled_hit_rate": pulled_tokens / prompt,
-        "kv_bytes_moved": (split_tokens + pulled_tokens) * config.kv_bytes_per_token,
+        "kv_bytes_moved": (split_tokens + pulled_tokens) * cache_bytes_per_token(config),
         "transfer_s": percentiles([r.transfer_s for r in moved]),
         "ttft_split_s": percentiles([r.first_token_s - r.arrival_s for r in split]),
         "ttft_whole_s": percentiles([r.first_token_s - r.arrival_s for r in reqs if r.prefill_leg is None]),
