@@ -131,9 +131,15 @@ class ResponsesRequest(RefusedResponsesFields):
             body["tools"] = [chat_tool(tool, i) for i, tool in enumerate(self.tools)]
         if self.tool_choice is not None:
             body["tool_choice"] = chat_tool_choice(self.tool_choice)
-        if (fmt := response_format(self.text)) is not None:
+        fmt = response_format(self.text)
+        if fmt is not None and not (self.tools and self.forces_a_call()):  # a forced call has no text to shape
             body["response_format"] = fmt
         return body
+
+    def forces_a_call(self) -> bool:
+        """``tool_choice`` "required" or a named function: the answer is a call, never text (so ``text.format``,
+        which shapes text, has nothing to shape; OpenAI's rule)."""
+        return self.tool_choice == "required" or isinstance(self.tool_choice, dict)
 
 
 def chat_tool(tool: JSONObject, i: int) -> JSONObject:
