@@ -39,7 +39,11 @@ def test_a_two_tool_agent_runs_to_completion(cluster):
     run = subprocess.run([python, str(HERE / "agents_two_tools.py"), router.url + "/v1", TENANT_KEYS["ann"]],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result["called"] and set(result["called"]) <= {"get_weather", "get_time"}
-    assert "tool_call_item" in result["items"] and "tool_call_output_item" in result["items"]
-    assert result["items"][-1] == "message_output_item" and isinstance(result["final_output"]["sunny"], bool)
+    results = [json.loads(line) for line in run.stdout.strip().splitlines()[-2:]]
+    assert [result["chained"] for result in results] == [False, True]
+    for result in results:
+        assert result["called"] and set(result["called"]) <= {"get_weather", "get_time"}
+        assert "tool_call_item" in result["items"] and "tool_call_output_item" in result["items"]
+        assert result["items"][-1] == "message_output_item" and isinstance(result["final_output"]["sunny"], bool)
+    chained = router.responses.store.get("ann", results[1]["previous_response_id"])  # the chained run's last turn
+    assert chained is not None and chained.response["previous_response_id"] is not None
