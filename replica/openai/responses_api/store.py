@@ -165,7 +165,7 @@ class ResponseStore:
     def _evict(self, where: str, args: tuple, excess: int) -> None:
         """Delete the least recently used rows ``where`` says until ``excess`` bytes are gone."""
         while excess > 0:
-            rows = self._db.execute(f"SELECT id, size FROM responses WHERE {where} ORDER BY used LIMIT 64",
+            rows = self._db.execute(f"SELECT id, size FROM responses WHERE {where} ORDER BY used, rowid LIMIT 64",
                                     args).fetchall()
             if not rows:
                 return
