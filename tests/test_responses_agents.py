@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from .responses_cluster import TENANT_KEYS, cluster  # noqa: F401 - the fixture
+from . import responses_cluster
+from .responses_cluster import TENANT_KEYS
 
+cluster = responses_cluster.cluster  # the fixture
 HERE = Path(__file__).resolve().parent
 AGENTS_PYTHON = os.environ.get("KVMESH_AGENTS_PYTHON") or str(HERE.parent.parent / "peers" / "agents-venv" / "bin"
                                                              / "python")

@@ -9,8 +9,10 @@ import json
 import jsonschema
 import pytest
 
-from .responses_cluster import BLOCK_SIZE, TENANT_KEYS, cluster  # noqa: F401 - the fixture
+from . import responses_cluster
+from .responses_cluster import BLOCK_SIZE, TENANT_KEYS
 
+cluster = responses_cluster.cluster  # the fixture
 openai = pytest.importorskip("openai", reason="the OpenAI Python client is a dev dependency (pip install -e .[dev])")
 
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["paris", "rome"]}, "days": {"type": "integer",
@@ -111,7 +113,7 @@ def test_three_turns_by_previous_response_id_reuse_the_cached_conversation(clust
         assert r.status in ("completed", "incomplete") and r.output_text
         turns.append((r, raw.headers))
         previous = r.id
-    for (before, _), (after, headers) in zip(turns, turns[1:]):
+    for (before, _), (after, headers) in zip(turns, turns[1:], strict=False):
         covered = full_blocks(before.usage.input_tokens)
         assert after.usage.input_tokens > before.usage.input_tokens + before.usage.output_tokens
         assert after.usage.input_tokens_details.cached_tokens >= covered

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kvmesh.replica.serving.errors import ProtocolError, echo
@@ -135,9 +135,8 @@ class ResponsesService:
             events.response = await self._keep(req, tenant, events.response, conversation)
             yield events.completed()
         finally:
-            close = getattr(chunks, "aclose", None)
-            if close is not None:
-                await close()  # a client that left: the chat stream (and its upstream request) ends too
+            if isinstance(chunks, AsyncGenerator):
+                await chunks.aclose()  # a client that left: the chat stream (and its upstream request) ends too
 
 
 def chat_error(answer: Answer) -> ProtocolError:
