@@ -3,7 +3,8 @@ two tenants: the fixture ``cluster`` of the Responses API's live tests."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import pytest
 from kvmesh.replica.config import EngineConfig
@@ -25,23 +26,30 @@ FRONTEND = FrontendConfig(chat_template=CHATML_TOOLS_TEMPLATE, enable_auto_tool_
 BLOCK_SIZE = 16
 
 
-def start_router(specs: list[ReplicaSpec], stories_path, keys_file: str, seed: bytes,
-                 frontend: FrontendConfig = FRONTEND) -> RouterServer:
+def router_config(keys_file: str, seed: bytes, frontend: FrontendConfig = FRONTEND, **fields) -> RouterConfig:
     from kvmesh.kvcache.hashing import cache_salt_secret
 
-    config = RouterConfig(port=0, api_key=KEY, admin_key="admin-key-0123456789", served_model_name="stories",
-                          block_size=BLOCK_SIZE, frontend=frontend, cache_salt_secret=cache_salt_secret(seed),
-                          admission=AdmissionConfig(keys_file=keys_file),
-                          upstream=UpstreamConfig(poll_interval_s=0.2, replica_api_key=KEY))
-    router = RouterServer(config, specs, tokenizer=load_tokenizer(stories_path, chat_template=CHATML_TOOLS_TEMPLATE))
-    router.start()
-    wait_for(lambda: len(router.runtime.router.healthy) == len(specs), what="the replicas healthy")
-    return router
+    return RouterConfig(port=0, api_key=KEY, admin_key="admin-key-0123456789", served_model_name="stories",
+                        block_size=BLOCK_SIZE, frontend=frontend, cache_salt_secret=cache_salt_secret(seed),
+                        admission=AdmissionConfig(keys_file=keys_file),
+                        upstream=UpstreamConfig(poll_interval_s=0.2, replica_api_key=KEY), **fields)
+
+
+@dataclass
+class Cluster:
+    router: RouterServer
+    """A router before both replicas."""
+    replica_urls: list[str]
+    specs: list[ReplicaSpec]
+    start: Callable[..., RouterServer]
+    """``start(**frontend)``: another router before them, with these frontend settings."""
+    config: Callable[..., RouterConfig]
+    """``config(**fields)``: a router's config for them (the keys file, the cluster's salt secret)."""
 
 
 @pytest.fixture(scope="module")
 def cluster(stories_path, tmp_path_factory):
-    """(router, specs, start): a router before two replicas; ``start(frontend)`` starts another router before them."""
+    """A router before two replicas, and how to start others (``Cluster``)."""
     from kvmesh.kvcache.hashing import generate_seed
 
     seed = generate_seed()
@@ -57,10 +65,14 @@ def cluster(stories_path, tmp_path_factory):
                              replica_id=f"r{i}") for i, rt in enumerate(replicas)]
 
         def start(**frontend) -> RouterServer:
-            routers.append(start_router(specs, stories_path, str(keys), seed, replace(FRONTEND, **frontend)))
+            config = router_config(str(keys), seed, replace(FRONTEND, **frontend))
+            tokenizer = load_tokenizer(stories_path, chat_template=CHATML_TOOLS_TEMPLATE)
+            routers.append(RouterServer(config, specs, tokenizer=tokenizer).start())
+            wait_for(lambda: len(routers[-1].runtime.router.healthy) == len(specs), what="the replicas healthy")
             return routers[-1]
 
-        yield start(), [rt.http.url for rt in replicas], start
+        yield Cluster(start(), [rt.http.url for rt in replicas], specs, start,
+                      lambda **fields: router_config(str(keys), seed, **fields))
     finally:
         for router in routers:
             router.stop()

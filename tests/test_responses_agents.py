@@ -37,7 +37,7 @@ def agents_python() -> str:
 
 def test_a_two_tool_agent_runs_to_completion(cluster):
     python = agents_python()
-    router = cluster[0]
+    router = cluster.router
     run = subprocess.run([python, str(HERE / "agents_two_tools.py"), router.url + "/v1", TENANT_KEYS["ann"]],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -33,7 +33,7 @@ def full_blocks(tokens: int) -> int:
 
 
 def test_a_plain_response_answers_with_a_message_and_usage(cluster):
-    router = cluster[0]
+    router = cluster.router
     r = client(router).responses.create(model="stories", input=STORY, max_output_tokens=12, temperature=0)
     assert r.id.startswith("resp_") and r.object == "response" and r.model == "stories"
     assert r.status in ("completed", "incomplete")
@@ -45,7 +45,7 @@ def test_a_plain_response_answers_with_a_message_and_usage(cluster):
 
 
 def test_a_streamed_response_sends_the_events_in_order(cluster):
-    router = cluster[0]
+    router = cluster.router
     events = list(client(router).responses.create(model="stories", input=STORY, max_output_tokens=12,
                                                   temperature=0, stream=True))
     kinds = [e.type for e in events]
@@ -63,7 +63,7 @@ def test_a_streamed_response_sends_the_events_in_order(cluster):
 
 
 def test_function_tools_then_a_tool_output_turn(cluster):
-    router = cluster[0]
+    router = cluster.router
     ann = client(router)
     first = ann.responses.create(model="stories", input="weather in paris?", tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
                                  max_output_tokens=96, temperature=0)
@@ -80,7 +80,7 @@ def test_function_tools_then_a_tool_output_turn(cluster):
 
 
 def test_streamed_function_calls_send_their_arguments(cluster):
-    router = cluster[0]
+    router = cluster.router
     events = list(client(router).responses.create(model="stories", input="what time is it?", tools=TOOLS,
                                                   tool_choice={"type": "function", "name": "get_time"},
                                                   max_output_tokens=64, temperature=0, stream=True))
@@ -93,7 +93,7 @@ def test_streamed_function_calls_send_their_arguments(cluster):
 
 
 def test_a_json_schema_constrains_the_text(cluster):
-    router = cluster[0]
+    router = cluster.router
     r = client(router).responses.create(model="stories", input="the weather as JSON", max_output_tokens=96,
                                         temperature=0, text={"format": {"type": "json_schema", "name": "weather",
                                                                         "schema": WEATHER, "strict": True}})
@@ -103,7 +103,7 @@ def test_a_json_schema_constrains_the_text(cluster):
 
 
 def test_three_turns_by_previous_response_id_reuse_the_cached_conversation(cluster):
-    router = cluster[0]
+    router = cluster.router
     ann, previous, turns = client(router), None, []
     for text in (STORY, "What did Lily do next?", "And what did Max do?"):
         raw = ann.responses.with_raw_response.create(model="stories", input=text, previous_response_id=previous,
@@ -122,7 +122,7 @@ def test_three_turns_by_previous_response_id_reuse_the_cached_conversation(clust
 
 
 def test_a_stored_response_is_its_tenants_only(cluster):
-    router = cluster[0]
+    router = cluster.router
     ann, bob = client(router, "ann"), client(router, "bob")
     r = ann.responses.create(model="stories", input="hello", max_output_tokens=4)
     for attempt in (lambda: bob.responses.retrieve(r.id), lambda: bob.responses.delete(r.id),
@@ -140,7 +140,7 @@ def test_a_stored_response_is_its_tenants_only(cluster):
 
 
 def test_store_false_keeps_nothing(cluster):
-    router = cluster[0]
+    router = cluster.router
     r = client(router).responses.create(model="stories", input="hello", max_output_tokens=4, store=False)
     assert r.store is False
     with pytest.raises(openai.NotFoundError):
@@ -149,7 +149,7 @@ def test_store_false_keeps_nothing(cluster):
 
 def test_a_flood_of_stored_responses_stays_within_the_tenants_bound(cluster):
     bound = 12_000
-    router = cluster[2](responses_max_bytes_per_tenant=bound)
+    router = cluster.start(responses_max_bytes_per_tenant=bound)
     ann, bob = client(router, "ann"), client(router, "bob")
     kept = bob.responses.create(model="stories", input="hello", max_output_tokens=2)
     ids = [ann.responses.create(model="stories", input=STORY, max_output_tokens=2).id for _ in range(30)]
@@ -164,7 +164,7 @@ def test_a_flood_of_stored_responses_stays_within_the_tenants_bound(cluster):
 def test_the_replica_serves_the_responses_api_too(cluster):
     from .responses_cluster import KEY
 
-    replica_url = cluster[1][0]
+    replica_url = cluster.replica_urls[0]
     direct = openai.OpenAI(base_url=replica_url + "/v1", api_key=KEY, max_retries=0, timeout=120)
     first = direct.responses.create(model="stories", input=STORY, max_output_tokens=8, temperature=0)
     second = direct.responses.create(model="stories", input="Then?", previous_response_id=first.id,
