@@ -27,6 +27,7 @@ def test_text_input_is_one_user_message_after_the_instructions_and_the_history()
     body = chat(history, input="c", instructions="be brief", max_output_tokens=5, temperature=0.5, model="m")
     assert body["messages"] == [{"role": "system", "content": "be brief"}, *history, {"role": "user", "content": "c"}]
     assert body["max_completion_tokens"] == 5 and body["temperature"] == 0.5 and body["model"] == "m"
+    assert chat(input="x", reasoning={"effort": "low"})["reasoning_effort"] == "low"
     assert "stream_options" not in body and "response_format" not in body
 
 
@@ -78,6 +79,7 @@ def test_tools_tool_choice_and_the_text_format_take_the_chats_shapes():
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema"),
     ({"input": "x", "text": {"verbosity": "high"}}, "text.verbosity"),
     ({"input": "x", "reasoning": {"summary": "auto"}}, "reasoning.summary"),
+    ({"input": "x", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
     ({"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ({"input": "x", "metadata": {"k": "v" * 513}}, "metadata"),
     ({}, "input"),
@@ -97,7 +99,8 @@ def test_every_field_not_served_is_a_400_naming_it_and_its_unset_value_passes(na
 @pytest.mark.parametrize(("field", "value"), [
     ("store", "yes"), ("stream", 1), ("max_output_tokens", "5"), ("max_output_tokens", 2.5), ("temperature", "hot"),
     ("input", {"role": "user"}), ("previous_response_id", "r" * 129), ("user", "u" * 513), ("metadata", {"k": 1}),
-    ("tools", "f"), ("instructions", ["x"]), ("parallel_tool_calls", "no"),
+    ("tools", "f"), ("instructions", ["x"]), ("parallel_tool_calls", "no"), ("max_output_tokens", 0),
+    ("prompt_cache_key", "k" * 513), ("reasoning", "high"), ("text", "json"),
 ])
 def test_a_value_of_the_wrong_type_or_size_is_a_400_naming_the_field(field, value):
     with pytest.raises(ProtocolError) as e:

@@ -11,17 +11,17 @@ json_object: the chat's ``response_format``, so structured outputs constrain it)
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, get_args
 
 from kvmesh.replica.openai.refused_fields import Refusal, refuse_unimplemented
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.openai.responses_api.items import chat_messages
+from kvmesh.replica.openai.vllm_extras import ChatTemplateArgs
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.json_types import JSONObject
 from pydantic import Field, JsonValue, create_model
 
 Flag = Annotated[bool, Field(strict=True)]
-Count = Annotated[int, Field(strict=True)]
 ID_CHARS = 128
 """Longest response id a request may name (kvmesh's are 37 characters)."""
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
@@ -55,6 +55,8 @@ REFUSED: dict[str, Refusal] = {
 RefusedResponsesFields = create_model("RefusedResponsesFields", __base__=OpenAIBaseModel,
                                       **{name: (JsonValue, None) for name in REFUSED})
 TOOL_CHOICES = ("none", "auto", "required")
+EFFORTS: tuple[str, ...] = get_args(get_args(ChatTemplateArgs.model_fields["reasoning_effort"].annotation)[0])
+"""The reasoning efforts the chat template's ``reasoning_effort`` takes."""
 
 
 class ResponsesRequest(RefusedResponsesFields):
@@ -77,7 +79,7 @@ class ResponsesRequest(RefusedResponsesFields):
     text: JSONObject | None = None
     """``{"format": {"type": "text"} | {"type": "json_schema", "name", "schema", "strict"?} | {"type":
     "json_object"}}``."""
-    max_output_tokens: Count | None = None
+    max_output_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
     temperature: float | None = None
     top_p: float | None = None
     reasoning: JSONObject | None = None
@@ -106,6 +108,9 @@ class ResponsesRequest(RefusedResponsesFields):
         if (self.text or {}).get("verbosity") not in (None, "medium"):
             raise ProtocolError("text.verbosity is not served (the model writes as it writes); leave it unset",
                                 param="text.verbosity")
+        if (self.reasoning or {}).get("effort") not in (None, *EFFORTS):
+            raise ProtocolError(f"reasoning.effort must be one of {', '.join(EFFORTS)}, got "
+                                f"{echo(repr(self.reasoning['effort']))}", param="reasoning.effort")
         if self.reasoning and self.reasoning.get("summary", self.reasoning.get("generate_summary")) is not None:
             raise ProtocolError("reasoning summaries are not produced; leave reasoning.summary unset",
                                 param="reasoning.summary")
