@@ -101,11 +101,14 @@ def test_a_stream_that_errs_sends_error_then_response_failed_and_stores_nothing(
     assert service.store.get("ann", events[-1]["response"]["id"]) is None
 
 
-def test_a_chat_error_names_the_responses_field():
+def test_a_chat_error_names_the_responses_field_and_keeps_its_status_and_headers():
     error = {"error": {"message": "max_tokens is too large", "param": "max_tokens", "code": 400}}
-    with pytest.raises(ProtocolError) as e:
-        run({"input": "x"}, Answer(400, json.dumps(error).encode()))
-    assert e.value.status_code == 400 and e.value.param == "max_output_tokens"
+    got, _ = run({"input": "x"}, Answer(400, json.dumps(error).encode()))
+    assert got.status == 400 and json.loads(got.body)["error"]["param"] == "max_output_tokens"
+    shed = {"error": {"message": "queue full", "type": "rate_limit", "code": 429}}
+    got, _ = run({"input": "x"}, Answer(429, json.dumps(shed).encode(), headers={"retry-after": "2"}))
+    assert got.status == 429 and got.headers == {"retry-after": "2"}
+    assert json.loads(got.body) == shed  # admission's type naming the reason, as it was
 
 
 def test_a_continuation_renders_the_stored_conversation_first():

@@ -97,8 +97,8 @@ class ResponsesService:
             answer = await chat(body)
         except ProtocolError as e:
             raise ProtocolError(e.message, e.status_code, responses_param(e.param)) from None
-        if answer.status != 200:
-            raise chat_error(answer)
+        if answer.status != 200:  # its headers kept (a 429's Retry-After)
+            return Answer(answer.status, renamed_error(answer.body), headers=answer.headers)
         response = o.response_object(req, o.new_id("resp"), model)
         if answer.stream is not None:
             return Answer(200, stream=self._events(req, tenant, response, conversation, answer.stream),
@@ -139,11 +139,16 @@ class ResponsesService:
                 await chunks.aclose()  # a client that left: the chat stream (and its upstream request) ends too
 
 
-def chat_error(answer: Answer) -> ProtocolError:
-    """A non-200 chat answer as the ProtocolError to answer with (its message, status and renamed ``param``)."""
+def renamed_error(body: bytes) -> bytes:
+    """A chat error answer's body with its ``param`` named as the Responses field (anything else as it was: the
+    message, the type, a body that is not an OpenAI error)."""
     try:
-        error = json.loads(answer.body)["error"]
-        message, param = str(error.get("message", "")), error.get("param")
+        decoded = json.loads(body)
+        error = decoded["error"]
+        param = error.get("param")
     except (ValueError, KeyError, TypeError, AttributeError):
-        message, param = f"the chat path answered HTTP {answer.status}", None
-    return ProtocolError(message, answer.status, responses_param(param if isinstance(param, str) else None))
+        return body
+    if not isinstance(param, str):
+        return body
+    error["param"] = responses_param(param)
+    return json.dumps(decoded).encode()
