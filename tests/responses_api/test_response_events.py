@@ -127,3 +127,31 @@ def test_a_continuation_renders_the_stored_conversation_first():
     with pytest.raises(ProtocolError) as e:
         asyncio.run(service.create(req, "bob", call))
     assert e.value.status_code == 404 and e.value.param == "previous_response_id"
+
+
+def test_the_shapes_validate_as_openais_own_types():
+    types = pytest.importorskip("openai.types.responses", reason="the OpenAI client is a dev dependency")
+    from pydantic import TypeAdapter
+
+    events = TypeAdapter(types.ResponseStreamEvent)
+    parts = [chunk({"reasoning_content": "hm"}), chunk({"content": "Hi"}),
+             chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{}"}}]}, "stop"),
+             chunk(usage=USAGE)]
+    got, _ = run({"input": "x", "stream": True, "tools": [{"type": "function", "name": "f"}],
+                  "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}},
+                  "metadata": {"k": "v"}}, Answer(stream=chat_stream(parts)))
+    failed, _ = run({"input": "x", "stream": True}, Answer(stream=chat_stream(
+        [chunk({"content": "a"}), b'data: {"error": {"message": "no", "code": 500}}\n\n'])))
+    for event in events_of(got.body) + events_of(failed.body):  # every required field, every literal
+        assert events.validate_python(event).type == event["type"]
+    types.Response.model_validate(events_of(got.body)[-1]["response"])
+    whole, _ = run({"input": "x"}, Answer(body=json.dumps(
+        {"choices": [{"message": {"content": "a"}, "finish_reason": "length"}], "usage": USAGE}).encode()))
+    assert types.Response.model_validate_json(whole.body).incomplete_details.reason == "max_output_tokens"
+
+
+def test_a_stream_that_breaks_fails_the_response_with_events_not_a_traceback():
+    got, _ = run({"input": "x", "stream": True}, Answer(stream=chat_stream([chunk({"content": "a"}), b"data: {nope\n\n"])))
+    events = events_of(got.body)
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    assert events[-1]["response"]["error"]["code"] == "server_error"

@@ -163,9 +163,14 @@ class ResponseEvents:
         return self._event(kind, response=self.response)
 
     def fail(self, error: JSONObject) -> list[bytes]:
-        """An ``error`` event with the chat's error (``{"message", "code", "param"?}``), then ``response.failed``."""
+        """An ``error`` event with the chat's error (``{"message", "code", "param"?}``), then ``response.failed``
+        (its ``error.code`` one of OpenAI's: ``rate_limit_exceeded`` for a 429, ``invalid_prompt`` for another 4xx,
+        else ``server_error``)."""
+        code, message = error.get("code"), str(error.get("message", ""))
+        status = code if isinstance(code, int) else 500
+        kind = "rate_limit_exceeded" if status == 429 else "invalid_prompt" if 400 <= status < 500 else "server_error"
         self.response = {**self.response, "status": "failed", "output": self.output,
-                         "error": {"code": str(error.get("code") or "server_error"), "message": error.get("message", "")}}
-        return [self._event("error", code=str(error.get("code")), message=error.get("message", ""),
+                         "error": {"code": kind, "message": message}}
+        return [self._event("error", code=None if code is None else str(code), message=message,
                             param=error.get("param")),
                 self._event("response.failed", response=self.response)]

@@ -123,13 +123,22 @@ class ResponsesService:
         try:
             for event in events.start():
                 yield event
-            async for data in sse_data(chunks):
-                if isinstance(data.get("error"), dict):
-                    for event in events.fail(data["error"]):
+            try:
+                async for data in sse_data(chunks):
+                    if isinstance(data.get("error"), dict):
+                        for event in events.fail(data["error"]):
+                            yield event
+                        return
+                    for event in events.chunk(data):
                         yield event
-                    return
-                for event in events.chunk(data):
+            except ProtocolError as e:
+                for event in events.fail(e.to_dict()["error"]):
                     yield event
+                return
+            except ValueError:  # a chunk that is not JSON: the chat path's failure, told as one
+                for event in events.fail({"message": "the answer's stream broke; retry", "code": 502}):
+                    yield event
+                return
             for event in events.finish():
                 yield event
             events.response = await self._keep(req, tenant, events.response, conversation)
