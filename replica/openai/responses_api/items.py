@@ -76,6 +76,8 @@ def chat_messages(items: str | list[JsonValue], where: str = "input") -> list[JS
             _assistant(messages).setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             output = item.get("output")
+            if not isinstance(output, str | list):
+                raise ProtocolError(f"{at}.output must be a string or a list of text parts", param=f"{at}.output")
             text = output if isinstance(output, str) else text_of(output, at)
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", at), "content": text})
         elif kind != "reasoning":
