@@ -155,3 +155,13 @@ def test_a_stream_that_breaks_fails_the_response_with_events_not_a_traceback():
     events = events_of(got.body)
     assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
     assert events[-1]["response"]["error"]["code"] == "server_error"
+
+
+def test_an_answer_that_failed_on_the_replica_is_a_failed_response_and_not_stored():
+    failed = {"choices": [{"message": {"content": ""}, "finish_reason": "error"}], "usage": USAGE}
+    got, service = run({"input": "x"}, Answer(body=json.dumps(failed).encode()))
+    body = json.loads(got.body)
+    assert body["status"] == "failed" and body["error"]["code"] == "server_error"
+    assert service.store.get("ann", body["id"]) is None
+    streamed, _ = run({"input": "x", "stream": True}, Answer(stream=chat_stream([chunk({"content": ""}, "error")])))
+    assert events_of(streamed.body)[-1]["type"] == "response.failed"

@@ -159,7 +159,8 @@ class ResponseEvents:
 
     def completed(self) -> bytes:
         """The last event: ``response.completed`` (or ``response.incomplete`` at max_output_tokens) with ``response``."""
-        kind = "response.completed" if self.response["status"] == "completed" else "response.incomplete"
+        kind = {"completed": "response.completed", "failed": "response.failed"}.get(self.response["status"],
+                                                                                  "response.incomplete")
         return self._event(kind, response=self.response)
 
     def fail(self, error: JSONObject) -> list[bytes]:

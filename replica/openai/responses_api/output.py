@@ -6,7 +6,8 @@
         function_call   one per tool call: {"type": "function_call", "call_id", "name", "arguments"}
     chat usage {prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens}
         ->  {input_tokens, input_tokens_details.cached_tokens, output_tokens, output_tokens_details, total_tokens}
-    finish_reason "length"  ->  status "incomplete", incomplete_details.reason "max_output_tokens"
+    finish_reason "length"  ->  status "incomplete", incomplete_details.reason "max_output_tokens"; "abort" ->
+    "cancelled"; "error" -> "failed" (with ``error``)
 """
 
 from __future__ import annotations
@@ -86,11 +87,16 @@ def usage(chat_usage: JSONObject | None) -> JSONObject | None:
             "total_tokens": prompt + completion}
 
 
+FAILED_ANSWER = {"code": "server_error", "message": "the answer failed on the replica (finish_reason \"error\", e.g. a "
+                 "grammar that did not compile in time); retry"}
+
+
 def status_of(finish_reason: str | None) -> tuple[str, JSONObject | None]:
-    """The Response's status and incomplete details for the chat's ``finish_reason``."""
+    """The Response's status and incomplete details for the chat's ``finish_reason`` (``abort``: cancelled,
+    ``error``: failed)."""
     if finish_reason == "length":
         return "incomplete", {"reason": "max_output_tokens"}
-    return "completed", None
+    return {"abort": "cancelled", "error": "failed"}.get(finish_reason or "", "completed"), None
 
 
 def response_object(req: ResponsesRequest, response_id: str, model: str, created_at: float | None = None,
@@ -113,7 +119,8 @@ def finished(response: JSONObject, output: list[JSONObject], finish_reason: str 
     """``response`` with its output, usage and final status."""
     status, incomplete = status_of(finish_reason)
     return {**response, "status": status, "incomplete_details": incomplete, "output": output,
-            "usage": usage(chat_usage), "completed_at": int(time.time()) if status == "completed" else None}
+            "error": FAILED_ANSWER if status == "failed" else None, "usage": usage(chat_usage),
+            "completed_at": int(time.time()) if status == "completed" else None}
 
 
 def from_chat(response: JSONObject, chat: JSONObject) -> JSONObject:
