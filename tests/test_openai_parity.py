@@ -94,6 +94,15 @@ INVALID = [
     ("/v1/chat/completions", {"messages": HI, "chat_template": "{{ messages }}"}),  # untrusted
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
     ("/v1/chat/completions/render", {"messages": HI, "tools": [{"type": "function"}]}),
+    ("/v1/responses", {"input": "hi", "background": True}),
+    ("/v1/responses", {"input": [{"type": "web_search_call", "id": "w"}]}),
+    ("/v1/responses", {"input": "hi", "tools": [{"type": "file_search"}]}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 100000}),  # over the context: the chat's 400, renamed
+    ("/v1/responses", {"input": "hi", "model": "gpt-9"}),
+    ("/v1/responses", {"input": "hi", "previous_response_id": "resp_never_stored"}),
+    ("/v1/responses", {"input": "x" * 5000}),  # over max_prompt_chars
+    ("/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": "n", "schema": {
+        "type": "object", "properties": {"a": {"type": "nonsense"}}}}}}),
     ("/v1/nothing", {}),
 ]
 
@@ -122,6 +131,8 @@ MISTYPED = [  # vLLM answers 400; lax parsing would take "2" for 2 and "yes" for
     ("/v1/completions", {"prompt": "hi", "priority": "1"}, "priority"),
     ("/v1/chat/completions", {"messages": HI, "stream": 1}, "stream"),
     ("/v1/chat/completions", {"messages": [{"role": "alien", "content": "hi"}]}, "messages.0.role"),
+    ("/v1/responses", {"input": "hi", "store": "yes"}, "store"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": "4"}, "max_output_tokens"),
 ]
 
 
@@ -135,7 +146,7 @@ def test_a_mistyped_field_is_a_400_naming_it_on_both(pair, path, body, field):
 
 def test_both_refuse_missing_or_wrong_keys_the_same_way(pair):
     for headers in ({}, {"Authorization": "Bearer nope"}):
-        for path in ("/v1/completions", "/tokenize", "/v1/chat/completions/render"):
+        for path in ("/v1/completions", "/tokenize", "/v1/chat/completions/render", "/v1/responses"):
             replica, router = both(pair, path, json.dumps({"prompt": "hi"}), headers=headers)
             assert error_shape(replica) == error_shape(router) == (401, "authentication_error", 401, None)
 
@@ -249,3 +260,11 @@ def test_abandoned_non_streaming_requests_through_the_router_are_aborted_on_the_
         time.sleep(0.1)
     assert _replica_counter(replica_url, "vllm:request_success_total", 'finished_reason="abort"') == aborted + 3
     assert _replica_counter(replica_url, "vllm:generation_tokens_total") - generated < 3 * 500
+
+
+def test_a_responses_error_names_the_responses_field_on_both(pair):
+    for body, param in (({"input": "hi", "max_output_tokens": 100000}, "max_output_tokens"),
+                        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input.0.content.0"),
+                        ({"input": "hi", "previous_response_id": "resp_x"}, "previous_response_id")):
+        replica, router = both(pair, "/v1/responses", json.dumps(body))
+        assert replica.json() == router.json() and replica.json()["error"]["param"] == param, replica.text

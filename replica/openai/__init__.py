@@ -14,6 +14,7 @@ tests/router/test_no_torch.py enforce it): everything both HTTP fronts do the sa
     auth.py       the API key (tenants) and the admin key (replica set) on every path that needs them
     routes.py     /tokenize, /v1/*/render, /ping, /version: one implementation for both servers
     head_limits.py  a request head's bounds (bytes, header lines, target), counted before the parser sees it
+    responses_api/  /v1/responses: Responses rendered to chat requests, their answers to Responses, the store
     runner.py     HTTPServer: uvicorn with header/body read timeouts and head bounds, in a loop or on its own thread
     metrics_exposition.py  GET /metrics: OpenMetrics / text negotiation, the process collectors
 """

@@ -43,10 +43,16 @@ class FrontendConfig:
     tool_call_parser (vLLM's --enable-auto-tool-choice). Off: such requests are a 400 naming the flags."""
     tool_call_parser: str | None = None
     """How tool calls are written in the model's text: "hermes" or "llama3_json" (vLLM's --tool-call-parser)."""
+    responses_max_bytes_per_tenant: int = 64 << 20
+    """Bytes of stored responses (with their conversations) one tenant may hold; its least recently used go first."""
+    responses_max_bytes: int = 512 << 20
+    """Bytes of stored responses of all tenants together; the least recently used of any tenant go first."""
+    responses_max_age_s: float = 24 * 3600.0
+    """Seconds a stored response stays unused (not stored, read or continued) before it is dropped."""
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_prompt_chars", "render_threads", "max_header_bytes", "max_headers",
-                     "max_request_line_bytes"):
+                     "max_request_line_bytes", "responses_max_bytes_per_tenant", "responses_max_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
@@ -54,7 +60,7 @@ class FrontendConfig:
                              f"{', '.join(TOOL_PARSERS)}")
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("enable_auto_tool_choice needs tool_call_parser (how the model writes its calls)")
-        for name in ("render_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s"):
+        for name in ("render_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s", "responses_max_age_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 

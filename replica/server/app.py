@@ -1,6 +1,7 @@
 """The replica's HTTP server (FastAPI): OpenAI endpoints, health, metrics, load and info for routers.
 
     POST /v1/completions, /v1/chat/completions   (completions.py; SSE with stream=true)
+    POST /v1/responses, GET/DELETE /v1/responses/{id}   OpenAI's Responses API on the chat path (responses_routes.py)
     POST /tokenize, /detokenize, /v1/completions/render, /v1/chat/completions/render, GET /version
                                                  shared with the router (replica/openai/routes.py)
     GET  /v1/models                              the served model, then its LoRA adapters (``parent``: the model)
@@ -42,6 +43,7 @@ from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.replica.server.kv_routes import install_kv_routes
 from kvmesh.replica.server.lora_models import install_lora_routes
 from kvmesh.replica.server.metrics import CountMiddleware
+from kvmesh.replica.server.responses_routes import install_responses_routes
 from kvmesh.replica.server.state import ServerState
 from kvmesh.replica.serving.errors import ProtocolError
 
@@ -76,6 +78,7 @@ def build_app(state: ServerState) -> FastAPI:
                           lambda http, req: kv_plane.check_transfer_params(state.server, http, req))
     app.add_api_route("/v1/completions", handlers.completions, methods=["POST"], response_model=None)
     app.add_api_route("/v1/chat/completions", handlers.chat, methods=["POST"], response_model=None)
+    install_responses_routes(app, state, handlers)
     install_kv_routes(app, state)
     install_lora_routes(app, state.loras, state.frontend, state.renderer.run)
 

@@ -62,7 +62,10 @@ class OpenAIHandlers:
         return await self._serve(http, req, await self.state.renderer.prompts(req))
 
     async def chat(self, http: Request) -> Response:
-        req = await self._read(http, p.ChatCompletionRequest)
+        return await self.serve_chat(http, await self._read(http, p.ChatCompletionRequest))
+
+    async def serve_chat(self, http: Request, req: p.ChatCompletionRequest) -> Response:
+        """Answer a validated chat request (``/v1/chat/completions``, and ``/v1/responses``' chat: responses_routes.py)."""
         return await self._serve(http, req, [await self.state.renderer.request(req)])
 
     async def _read(self, http: Request, model_cls: type[R]) -> R:

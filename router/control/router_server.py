@@ -1,7 +1,7 @@
 """The assembled router: the runtime (replica set, routing, event intake), its app and the one door.
 
-``RouterServer`` wires the door (router/http/door.py) to the proxied routes (router/http/proxy.py) and
-the app (app.py) on one port, and runs it in a background thread (tests, embedding) or in the
+``RouterServer`` wires the door (router/http/door.py) to the proxied routes (router/http/proxy.py), the Responses
+API's (router/http/responses_routes.py) and the app (app.py) on one port, and runs it in a background thread (tests, embedding) or in the
 foreground (the CLI, a worker on an inherited socket). ``companions`` start after the runtime and
 stop before it (a serve worker's ``ControlFollower``, router/control/follow.py).
 """
@@ -18,12 +18,15 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from kvmesh.replica.openai.responses_api.service import ResponsesService
+from kvmesh.replica.openai.responses_api.store import ResponseStore
 from kvmesh.router.config import ReplicaSpec, RouterConfig
 from kvmesh.router.control.app import auth_rule, build_app, error_counter, served_model
 from kvmesh.router.control.runtime import RouterRuntime
 from kvmesh.router.http.door import Door
 from kvmesh.router.http.proxied_routes import proxied_routes
 from kvmesh.router.http.proxy import Forwarder
+from kvmesh.router.http.responses_routes import ResponsesRoutes
 
 if TYPE_CHECKING:
     from kvmesh.replica.serving.tokenizer import Tokenizer
@@ -47,9 +50,12 @@ class RouterServer:
         self.config = config
         self.runtime = RouterRuntime(config, replicas, tokenizer)
         self.app = build_app(self.runtime)
-        routes = proxied_routes(Forwarder(self.runtime), auth_rule(config, self.runtime.tenants), served_model(config))
-        self.door = Door(routes, self.app, config.frontend, extra_headers)
+        forwarder, auth = Forwarder(self.runtime), auth_rule(config, self.runtime.tenants)
+        self.door = Door(proxied_routes(forwarder, auth, served_model(config)), self.app, config.frontend, extra_headers)
         """Where every request enters (router/http/door.py)."""
+        self.responses = ResponsesService(ResponseStore(config.frontend), lambda: served_model(config))
+        """``/v1/responses`` (router/http/responses_routes.py); its store is this process's until ``share_responses``."""
+        ResponsesRoutes(forwarder, auth, self.responses, self.runtime.tenants, served_model(config)).install(self.door)
         self.door.on_error = error_counter(self.runtime)
         self.companions: list[Companion] = []
         """Run beside the router (started after the runtime, stopped before it)."""
@@ -57,6 +63,12 @@ class RouterServer:
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+
+    def share_responses(self, path: str) -> None:
+        """Keep stored responses in the SQLite file at ``path``, which the other router processes of this host open
+        too (router/control/workers.py): a continuation finds its conversation whichever process it reaches."""
+        self.responses.store.close()
+        self.responses.store = ResponseStore(self.config.frontend, path)
 
     @property
     def url(self) -> str:

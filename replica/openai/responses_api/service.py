@@ -1,0 +1,163 @@
+"""``/v1/responses`` over a server's own chat path: the one implementation of the router and the replica.
+
+    create    the stored conversation of ``previous_response_id`` (the caller's tenant's, else 404) + ``instructions``
+              + the input -> a chat request -> the server's chat call (``ChatCall``: the router routes it by its
+              rendered prefix like any chat; the replica runs it) -> the Response, whole or as events; stored when
+              ``store`` (store.py)
+    retrieve  ``GET /v1/responses/{id}``: the tenant's stored Response, else 404
+    delete    ``DELETE /v1/responses/{id}``: the same, then gone
+
+A chat error is answered as the Responses API names its fields (``messages`` -> ``input``, ``max_tokens`` ->
+``max_output_tokens``, ``response_format`` -> ``text.format``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from kvmesh.replica.serving.errors import ProtocolError, echo
+from kvmesh.replica.serving.json_types import JSONObject
+from pydantic import JsonValue
+
+from . import output as o
+from .events import ResponseEvents, sse_data
+from .request import ResponsesRequest
+from .store import ResponseStore
+
+PREFIX = "/v1/responses/"
+"""``GET`` and ``DELETE`` take the id after it."""
+CHAT_PARAMS = {"messages": "input", "prompt": "input", "max_tokens": "max_output_tokens",
+               "max_completion_tokens": "max_output_tokens", "response_format": "text.format",
+               "structured_outputs": "text.format"}
+"""A chat error's ``param`` -> the Responses field it came from."""
+
+
+@dataclass
+class Answer:
+    """An HTTP answer: ``body``, or ``stream`` (server-sent events)."""
+
+    status: int = 200
+    body: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+ChatCall = Callable[[JSONObject], Awaitable[Answer]]
+"""The server's chat completion path: a chat request body -> its answer (an error as a ProtocolError or a non-200)."""
+
+
+def responses_param(param: str | None) -> str | None:
+    """A chat error's ``param`` as the Responses field it came from."""
+    if param is None:
+        return None
+    head = param.split(".", 1)[0]
+    return CHAT_PARAMS.get(head, param)
+
+
+def not_found(response_id: str, param: str | None = None) -> ProtocolError:
+    """Never a hint that another tenant holds it: the same 404 as for an id never stored."""
+    return ProtocolError(f"Response with id '{echo(response_id, 64)}' not found.", 404, param=param)
+
+
+class ResponsesService:
+    """Create, retrieve and delete responses (module doc) over ``store``."""
+
+    def __init__(self, store: ResponseStore, model_name: Callable[[], str]) -> None:
+        self.store = store
+        """Where stored responses live (shared between a router's workers: router/control/workers.py)."""
+        self.model_name = model_name
+
+    async def retrieve(self, tenant: str, response_id: str) -> JSONObject:
+        stored = await asyncio.to_thread(self.store.get, tenant, response_id)
+        if stored is None:
+            raise not_found(response_id)
+        return stored.response
+
+    async def delete(self, tenant: str, response_id: str) -> JSONObject:
+        if not await asyncio.to_thread(self.store.delete, tenant, response_id):
+            raise not_found(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    async def create(self, req: ResponsesRequest, tenant: str, chat: ChatCall) -> Answer:
+        """Answer ``req`` for ``tenant`` through ``chat`` (module doc)."""
+        req.check_supported()
+        history: list[JsonValue] = []
+        if req.previous_response_id is not None:
+            stored = await asyncio.to_thread(self.store.get, tenant, req.previous_response_id)
+            if stored is None:
+                raise not_found(req.previous_response_id, "previous_response_id")
+            history = stored.conversation
+        model = req.model or self.model_name()
+        body = req.chat_body(history)
+        conversation = [*history, *req.input_messages()]
+        try:
+            answer = await chat(body)
+        except ProtocolError as e:
+            raise ProtocolError(e.message, e.status_code, responses_param(e.param)) from None
+        if answer.status != 200:  # its headers kept (a 429's Retry-After)
+            return Answer(answer.status, renamed_error(answer.body), headers=answer.headers)
+        response = o.response_object(req, o.new_id("resp"), model)
+        if answer.stream is not None:
+            return Answer(200, stream=self._events(req, tenant, response, conversation, answer.stream),
+                          headers={**answer.headers, "content-type": "text/event-stream", "cache-control": "no-cache"})
+        done = await self._keep(req, tenant, o.from_chat(response, json.loads(answer.body)), conversation)
+        return Answer(200, json.dumps(done, ensure_ascii=False).encode(), headers=answer.headers)
+
+    async def _keep(self, req: ResponsesRequest, tenant: str, response: JSONObject,
+                    conversation: list[JsonValue]) -> JSONObject:
+        """Store ``response`` with its conversation when asked; ``"store": false`` when it exceeds a bound alone."""
+        if not req.store or response["status"] == "failed":
+            return response
+        whole = [*conversation, o.assistant_message(response["output"])]
+        if not await asyncio.to_thread(self.store.put, tenant, response, whole):
+            return {**response, "store": False}
+        return response
+
+    async def _events(self, req: ResponsesRequest, tenant: str, response: JSONObject, conversation: list[JsonValue],
+                      chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The ``response.*`` events of a chat stream (events.py), the finished Response stored before the last."""
+        events = ResponseEvents(response)
+        try:
+            for event in events.start():
+                yield event
+            try:
+                async for data in sse_data(chunks):
+                    if isinstance(data.get("error"), dict):
+                        for event in events.fail(data["error"]):
+                            yield event
+                        return
+                    for event in events.chunk(data):
+                        yield event
+            except ProtocolError as e:
+                for event in events.fail(e.to_dict()["error"]):
+                    yield event
+                return
+            except ValueError:  # a chunk that is not JSON: the chat path's failure, told as one
+                for event in events.fail({"message": "the answer's stream broke; retry", "code": 502}):
+                    yield event
+                return
+            for event in events.finish():
+                yield event
+            events.response = await self._keep(req, tenant, events.response, conversation)
+            yield events.completed()
+        finally:
+            if isinstance(chunks, AsyncGenerator):
+                await chunks.aclose()  # a client that left: the chat stream (and its upstream request) ends too
+
+
+def renamed_error(body: bytes) -> bytes:
+    """A chat error answer's body with its ``param`` named as the Responses field (anything else as it was: the
+    message, the type, a body that is not an OpenAI error)."""
+    try:
+        decoded = json.loads(body)
+        error = decoded["error"]
+        param = error.get("param")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return body
+    if not isinstance(param, str):
+        return body
+    error["param"] = responses_param(param)
+    return json.dumps(decoded).encode()

@@ -1,0 +1,110 @@
+"""Stored responses (replica/openai/responses_api/store.py): a tenant's only, bounded per tenant, in all and in idle
+age, least recently used evicted first, one file shared by several processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from kvmesh.replica.openai.config import FrontendConfig
+from kvmesh.replica.openai.responses_api.store import ResponseStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def response(response_id: str, text: str = "x" * 100) -> dict:
+    return {"id": response_id, "object": "response", "output": [{"type": "message", "content": [{"text": text}]}]}
+
+
+def store(clock: Clock | None = None, **bounds) -> ResponseStore:
+    return ResponseStore(FrontendConfig(**bounds), clock=clock or Clock())
+
+
+def test_a_response_is_read_back_by_its_tenant_only():
+    s = store()
+    assert s.put("ann", response("resp_1"), [{"role": "user", "content": "hi"}])
+    got = s.get("ann", "resp_1")
+    assert got.response["id"] == "resp_1" and got.conversation == [{"role": "user", "content": "hi"}]
+    assert s.get("bob", "resp_1") is None
+    assert not s.delete("bob", "resp_1") and s.get("ann", "resp_1") is not None
+    assert s.delete("ann", "resp_1") and s.get("ann", "resp_1") is None
+    assert s.tenant_bytes("ann") == 0 and s.total_bytes() == 0
+
+
+def test_a_tenant_over_its_bound_loses_its_least_recently_used_first():
+    s = store(responses_max_bytes_per_tenant=800)
+    for i in range(4):
+        assert s.put("ann", response(f"resp_{i}"), [])
+    size = s.tenant_bytes("ann") // 4
+    assert size * 4 <= 800 < size * 5
+    s.clock.now += 1
+    s.get("ann", "resp_0")  # read: now the most recently used
+    s.put("bob", response("resp_b"), [])
+    s.put("ann", response("resp_4"), [])
+    assert [s.get("ann", f"resp_{i}") is not None for i in range(5)] == [True, False, True, True, True]
+    assert s.tenant_bytes("ann") <= 800 and s.get("bob", "resp_b") is not None
+
+
+def test_the_bound_over_all_tenants_evicts_the_least_recently_used_of_any():
+    clock = Clock()
+    s = store(clock, responses_max_bytes=800)
+    for i, tenant in enumerate(["ann", "bob", "ann", "bob"]):
+        clock.now += 1
+        s.put(tenant, response(f"resp_{i}"), [])
+    clock.now += 1
+    s.put("cat", response("resp_c"), [])
+    assert s.get("ann", "resp_0") is None and s.get("bob", "resp_1") is not None
+    assert s.total_bytes() <= 800
+
+
+def test_a_response_larger_than_a_bound_alone_is_not_stored():
+    s = store(responses_max_bytes_per_tenant=300)
+    assert not s.put("ann", response("resp_big", "y" * 400), [])
+    assert s.get("ann", "resp_big") is None and s.tenant_bytes("ann") == 0
+
+
+def test_a_response_unused_for_the_max_age_is_gone_and_use_keeps_it():
+    clock = Clock()
+    s = store(clock, responses_max_age_s=60)
+    s.put("ann", response("resp_o"), [])
+    s.put("ann", response("resp_u"), [])
+    clock.now += 50
+    assert s.get("ann", "resp_u") is not None
+    clock.now += 20
+    assert s.get("ann", "resp_o") is None and s.get("ann", "resp_u") is not None
+    one = s.tenant_bytes("ann") // 2
+    s.put("ann", response("resp_n"), [])  # a store drops what aged out
+    assert s.tenant_bytes("ann") == 2 * one
+    clock.now += 61
+    s.put("bob", response("resp_b"), [])
+    assert s.tenant_bytes("ann") == 0
+
+
+def test_a_flood_keeps_every_tenant_within_its_bound():
+    s = store(responses_max_bytes_per_tenant=5000, responses_max_bytes=8000)
+    for i in range(500):
+        s.put(f"t{i % 3}", response(f"resp_{i}", "z" * (i % 200)), [{"role": "user", "content": "w" * (i % 50)}])
+        assert all(s.tenant_bytes(f"t{t}") <= 5000 for t in range(3)) and s.total_bytes() <= 8000
+    assert s.get("t1", "resp_499") is not None  # the newest stays
+
+
+def test_processes_sharing_the_file_see_each_others_responses(tmp_path):
+    path = tmp_path / "responses.sqlite3"
+    s = ResponseStore(FrontendConfig(), str(path))
+    s.put("ann", response("resp_parent"), [{"role": "user", "content": "hi"}])
+    other = textwrap.dedent(f"""
+        from kvmesh.replica.openai.config import FrontendConfig
+        from kvmesh.replica.openai.responses_api.store import ResponseStore
+        s = ResponseStore(FrontendConfig(), {str(path)!r})
+        assert s.get("ann", "resp_parent") is not None and s.get("bob", "resp_parent") is None
+        s.put("ann", {{"id": "resp_child", "output": []}}, [])
+    """)
+    subprocess.run([sys.executable, "-c", other], check=True, timeout=60)
+    assert s.get("ann", "resp_child") is not None
