@@ -40,6 +40,9 @@ class FrontendConfig:
     reasoning_parser: str | None = None
     """How the model writes its reasoning: "deepseek_r1" or "qwen3" (vLLM's --reasoning-parser); chat answers carry
     it as reasoning_content, their content, tool calls and structured outputs being the answer after it."""
+    enable_in_reasoning: bool = False
+    """Structured outputs constrain the reasoning too, not only the answer after it (vLLM's
+    structured_outputs_config.enable_in_reasoning)."""
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_prompt_chars", "render_threads"):
