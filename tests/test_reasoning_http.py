@@ -160,3 +160,24 @@ def test_a_forced_tool_call_is_the_answer_after_the_reasoning(qwen3_replica):
     thinking = chat(qwen3_replica, tools=tools, tool_choice="required", max_tokens=12).json()["choices"][0]
     assert thinking["finish_reason"] == "length" and "tool_calls" not in thinking["message"]
     assert thinking["message"]["reasoning_content"] and thinking["message"]["content"] is None
+
+
+@pytest.mark.parametrize(("turn", "thinking"), [
+    ({"reasoning_content": "I was asked."}, "I was asked."), ({"reasoning": "I was asked."}, "I was asked."),
+    ({"reasoning": "newer", "reasoning_content": "older"}, "newer")])
+def test_an_earlier_turns_reasoning_sent_back_reaches_the_template(servers, turn, thinking):
+    turns = [*ASK, {"role": "assistant", "content": "A story.", **turn}, {"role": "user", "content": "Another."}]
+    for url in servers:
+        r = httpx.post(url + "/v1/chat/completions/render", json={"messages": turns}, headers=AUTH, timeout=60)
+        assert r.status_code == 200, r.text
+        text = httpx.post(url + "/detokenize", json={"tokens": r.json()["token_ids"]}, headers=AUTH,
+                          timeout=60).json()["prompt"]
+        assert f"<|im_start|>assistant\n<think>{thinking}</think>A story.<|im_end|>" in text
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_an_earlier_turns_reasoning_of_the_wrong_type_is_a_400_naming_it(servers, field):
+    turns = [*ASK, {"role": "assistant", "content": "A story.", field: 5}, {"role": "user", "content": "Another."}]
+    for url in servers:
+        r = chat(url, messages=turns)
+        assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
