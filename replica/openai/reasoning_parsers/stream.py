@@ -20,40 +20,32 @@ class ReasoningStream:
 
     def __init__(self, parser: ReasoningParser) -> None:
         self.parser = parser
-        self.text = ""
-        self.at = 0  # text[:at] has been given out
+        self.held = ""  # text not given out yet: a possible tag (what is given out is not kept)
         self.in_reasoning = parser.thinking
         self._start_open = parser.thinking  # the start tag may still come (dropped once, before the end)
 
     def feed(self, delta: str, final: bool = False) -> tuple[str, str]:
         """(reasoning delta, content delta) after ``delta`` (``final``: the last piece)."""
-        self.text += delta
         if not self.in_reasoning:
-            return "", self._rest()
-        parser, text, reasoning = self.parser, self.text, ""
+            return "", delta
+        parser, text, at, reasoning = self.parser, self.held + delta, 0, ""
         if self._start_open:
-            start = text.find(parser.start_tag, self.at)
-            end = parser.find_end(text, self.at, final)
+            start = text.find(parser.start_tag)
+            end = parser.find_end(text, 0, final)
             if start >= 0 and (not isinstance(end, ReasoningEnd) or start < end.reasoning_stop):
-                reasoning, self.at = text[self.at:start], start + len(parser.start_tag)
+                reasoning, at = text[:start], start + len(parser.start_tag)
                 self._start_open = False
             elif isinstance(end, ReasoningEnd):
                 self._start_open = False
-        end = parser.find_end(text, self.at, final)
+        end = parser.find_end(text, at, final)
         if isinstance(end, ReasoningEnd):
-            reasoning += text[self.at:end.reasoning_stop]
-            self.at, self.in_reasoning = end.content_start, False
-            return reasoning, self._rest()
+            self.held, self.in_reasoning = "", False
+            return reasoning + text[at:end.reasoning_stop], text[end.content_start:]
         if self._start_open and not final:
             end = min(end, len(text) - held_back(text, parser.start_tag))
-        end = max(end, self.at)
-        reasoning += text[self.at:end]
-        self.at = end
-        return reasoning, ""
-
-    def _rest(self) -> str:
-        content, self.at = self.text[self.at:], len(self.text)
-        return content
+        end = max(end, at)
+        self.held = text[end:]
+        return reasoning + text[at:end], ""
 
 
 def split(parser: ReasoningParser, text: str) -> tuple[str | None, str | None]:
