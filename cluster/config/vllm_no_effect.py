@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 NOTES_DEST = "vllm_no_effect_notes"
-"""Where the parser collects the notes of the flags given (``no_effect_notes`` reads them)."""
+"""Where the parser collects the notes of the flags given (``no_effect_notes`` reads them; the commands that
+accept these flags default it to none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +70,14 @@ class _NoEffectFlag(argparse.Action):
         allowed = self.no_effect.values
         if allowed is not None and values not in allowed:
             parser.error(f"{option_string} {values}: {self.no_effect.otherwise}")
-        notes = getattr(namespace, NOTES_DEST, None) or []
-        setattr(namespace, NOTES_DEST, [*notes, f"{option_string} has no effect in kvmesh: {self.no_effect.why}"])
+        namespace.vllm_no_effect_notes = [*namespace.vllm_no_effect_notes,
+                                          f"{option_string} has no effect in kvmesh: {self.no_effect.why}"]
 
 
 def accept_no_effect_flags(parser: argparse.ArgumentParser) -> None:
     """Make each of ``VLLM_NO_EFFECT_FLAGS`` the parser does not define a flag that only leaves a note."""
     taken = set(parser._option_string_actions)  # noqa: SLF001 (argparse keeps no public list of its flags)
+    parser.set_defaults(vllm_no_effect_notes=())
     for flag in VLLM_NO_EFFECT_FLAGS:
         if flag not in taken:
             parser.add_argument(flag, action=_NoEffectFlag)
@@ -83,7 +85,7 @@ def accept_no_effect_flags(parser: argparse.ArgumentParser) -> None:
 
 def no_effect_notes(args: argparse.Namespace) -> Sequence[str]:
     """One line per vLLM flag given that changes nothing, for the command to print at start-up."""
-    return getattr(args, NOTES_DEST, None) or ()
+    return args.vllm_no_effect_notes
 
 
 def print_no_effect_notes(args: argparse.Namespace, command: str) -> None:
