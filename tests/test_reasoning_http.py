@@ -181,3 +181,11 @@ def test_an_earlier_turns_reasoning_of_the_wrong_type_is_a_400_naming_it(servers
     for url in servers:
         r = chat(url, messages=turns)
         assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+
+
+def test_an_earlier_turns_reasoning_counts_toward_the_prompts_characters(servers):
+    turns = [*ASK, {"role": "assistant", "content": "A story.", "reasoning": "x" * (1 << 20)},
+             {"role": "user", "content": "Another."}]
+    for url in servers:
+        r = chat(url, messages=turns)
+        assert refused(r, "messages") and "characters" in r.json()["error"]["message"], r.text[:300]
