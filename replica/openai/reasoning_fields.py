@@ -37,9 +37,14 @@ class ReasoningFields(OpenAIBaseModel):
 
     def constrain_after_reasoning(self, name: str | None, params: list[SamplingParams]) -> None:
         """Make the constraints of ``params`` wait for the end of the reasoning when the model thinks."""
-        parser = self.reasoning_parser(name)
-        if parser is None or not parser.thinking:
-            return
-        for sp in params:
-            if sp.structured_outputs is not None:
-                sp.structured_outputs = replace(sp.structured_outputs, reasoning_end=parser.end_tag)
+        wait_for_reasoning(self.reasoning_parser(name), params)
+
+
+def wait_for_reasoning(parser: ReasoningParser | None, params: list[SamplingParams]) -> None:
+    """Make the constraints of ``params`` wait for the end of the reasoning when the model thinks (``parser``: the
+    answer's; None: the server has no reasoning parser, so they apply from the first token)."""
+    if parser is None or not parser.thinking:
+        return
+    for sp in params:
+        if sp.structured_outputs is not None:
+            sp.structured_outputs = replace(sp.structured_outputs, reasoning_end=parser.end_tag)
