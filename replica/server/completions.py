@@ -262,8 +262,8 @@ class OpenAIHandlers:
                            stream_list: list[Outputs], req: p.ChatCompletionRequest,
                            finals: list[RequestOutput | None]) -> AsyncIterator[str]:
         continuous = req.stream_options and req.stream_options.continuous_usage_stats
-        # then every step with new tokens is a chunk, even with no text yet (none when they would spell hidden reasoning)
-        ids = req.return_token_ids and not req.hides_reasoning(self.state.frontend.reasoning_parser)
+        hidden = req.hides_reasoning(self.state.frontend.reasoning_parser)  # no token ids or logprobs then
+        ids = req.return_token_ids and not hidden  # then every step with new tokens is a chunk, even with no text yet
 
         def chunk(index: int, delta: r.DeltaMessage, finish_reason: str | None = None, usage: r.UsageInfo | None = None,
                   logprobs: dict | None = None, token_ids: list[int] | None = None,
@@ -282,10 +282,10 @@ class OpenAIHandlers:
             if not out.delta_text and not out.finished and not out.new_logprobs and not (ids and out.new_token_ids):
                 continue
             delta, reason = chat_answer.delta(req, readers[i], out.delta_text, out.finish_reason)
-            logprobs = self._chat_logprobs(req, out.new_token_ids, out.new_logprobs)
-            if delta is None and logprobs is None and not (ids and out.new_token_ids):
+            if delta is None and (hidden or not out.new_logprobs) and not (ids and out.new_token_ids):
                 continue  # text a reader holds back
             usage = usage_of(out) if continuous else None
+            logprobs = self._chat_logprobs(req, out.new_token_ids, out.new_logprobs)
             yield chunk(ps.choice_index(candidates[i], req.n), delta or r.DeltaMessage(content=""),
                         reason, usage, logprobs, out.new_token_ids)
             if out.finished:
