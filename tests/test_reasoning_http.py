@@ -38,8 +38,10 @@ def replica(stories_path, frontend: FrontendConfig, **server) -> ReplicaRuntime:
 
 @pytest.fixture(scope="module")
 def servers(stories_path):
-    """(replica URL, router URL), both with ``--reasoning-parser deepseek_r1`` and constraints in the reasoning."""
-    frontend = FrontendConfig(chat_template=THINKING_TEMPLATE, reasoning_parser="deepseek_r1", enable_in_reasoning=True)
+    """(replica URL, router URL), both with ``--reasoning-parser deepseek_r1``, constraints in the reasoning and
+    ``--tool-call-parser hermes``."""
+    frontend = FrontendConfig(chat_template=THINKING_TEMPLATE, reasoning_parser="deepseek_r1", enable_in_reasoning=True,
+                              enable_auto_tool_choice=True, tool_call_parser="hermes")
     one = replica(stories_path, frontend, event_port=0, replay_port=0)
     at = one.endpoints()
     router = RouterServer(RouterConfig(port=0, api_key=KEY, admin_key="admin-key", served_model_name="stories",
@@ -189,3 +191,23 @@ def test_an_earlier_turns_reasoning_counts_toward_the_prompts_characters(servers
     for url in servers:
         r = chat(url, messages=turns)
         assert refused(r, "messages") and "characters" in r.json()["error"]["message"], r.text[:300]
+
+
+def test_tool_calls_are_read_from_the_answer_after_the_reasoning_whole_and_streamed(servers):
+    tools = [{"type": "function", "function": {"name": "set_mood", "parameters": SCHEMA}}]
+    text = 'I will call.</think><tool_call>\n{"name": "set_mood", "arguments": {"mood": "happy"}}\n</tool_call>'
+    forced = {"regex": "".join("\\" + c if c in "{}." else c for c in text)}
+    for url in servers:
+        choice = chat(url, tools=tools, structured_outputs=forced, max_tokens=160).json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        message = choice["message"]
+        assert message["reasoning_content"] == "I will call." and message["content"] is None
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+            ("set_mood", {"mood": "happy"})]
+        chunks = events(chat(url, tools=tools, structured_outputs=forced, max_tokens=160, stream=True))
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        assert "".join(d.get("reasoning_content") or "" for d in deltas) == "I will call."
+        calls = [call for d in deltas for call in d.get("tool_calls") or []]
+        assert calls[0]["function"]["name"] == "set_mood"
+        assert json.loads("".join(c["function"]["arguments"] for c in calls)) == {"mood": "happy"}
+        assert not "".join(d.get("content") or "" for d in deltas).strip()
