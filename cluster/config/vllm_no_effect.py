@@ -44,8 +44,10 @@ VLLM_NO_EFFECT_FLAGS: dict[str, NoEffect] = {
                                               "shape)"),
     "--disable-uvicorn-access-log": NoEffect("kvmesh's HTTP servers write no access log (the router's --access-log "
                                              "turns one on)"),
-    "--uvicorn-log-level": NoEffect("kvmesh sets its own logging: --verbose (serve), --log-level (router)",
-                                    takes_value=True),
+    "--uvicorn-log-level": NoEffect(
+        "kvmesh sets its own logging: --verbose (serve), --log-level (router)", takes_value=True,
+        values=("critical", "error", "warning", "info", "debug", "trace"),
+        otherwise="not one of vLLM's levels (critical, error, warning, info, debug, trace)"),
     "--disable-fastapi-docs": NoEffect("kvmesh serves no /docs, /redoc or /openapi.json"),
     "--disable-frontend-multiprocessing": NoEffect("a replica's HTTP server runs in its engine's process"),
     "--guided-decoding-backend": NoEffect(

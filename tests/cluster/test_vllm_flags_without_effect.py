@@ -20,7 +20,7 @@ def argv_of(flag: str) -> list[str]:
     no_effect = VLLM_NO_EFFECT_FLAGS[flag]
     if not no_effect.takes_value:
         return [flag]
-    return [flag, no_effect.values[0] if no_effect.values else "debug" if "level" in flag else "100"]
+    return [flag, no_effect.values[-1] if no_effect.values else "100"]
 
 
 def error_of(argv: list[str], capsys) -> str:
@@ -59,6 +59,7 @@ def test_no_flag_means_no_note():
     (["--guided-decoding-backend=guidance"], "xgrammar only"),
     (["--generation-config", "auto"], "no default sampling parameters from a generation config"),
     (["--generation-config", "/models/m"], "give vllm"),
+    (["--uvicorn-log-level", "loud"], "not one of vLLM's levels"),
 ])
 def test_a_value_asking_for_what_kvmesh_lacks_is_an_error_naming_its_way(command, argv, names, capsys):
     err = error_of([command, *argv], capsys)
