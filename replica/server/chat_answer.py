@@ -4,7 +4,7 @@
     text      <think>The user wants a city.</think>{"name": "get_weather", ...}
     message   {"reasoning_content": "The user wants a city.", "content": null, "tool_calls": [...]}
 
-Without a reasoning parser the whole text is the answer, as before any of this.
+Without a reasoning parser the whole text is the answer.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def test_flags_that_would_log_what_kvmesh_never_logs_stay_errors(flag, capsys):
     assert f"{flag} is a vLLM flag kvmesh does not take" in err and "--access-log" in err
 
 
-def test_generation_config_is_no_longer_mistaken_for_print_config(capsys):
+def test_generation_config_is_taken_not_mistaken_for_print_config(capsys):
     args = build_parser().parse_args(["serve", "--generation-config", "vllm"])
     assert no_effect_notes(args) and not capsys.readouterr().err
 
