@@ -90,8 +90,25 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
     return {}
 
 
+def _vllm_flags() -> list[str]:
+    """The ``vllm serve`` flags kvmesh accepts with no effect, and those it refuses (cluster/config/vllm_*.py)."""
+    from kvmesh.cluster.config.vllm_forms import VLLM_ONLY_FLAGS
+    from kvmesh.cluster.config.vllm_no_effect import VLLM_NO_EFFECT_FLAGS
+
+    lines = ["## vLLM's flags", "", "`kvmesh serve`, `kvmesh replica` and `kvmesh router` take these `vllm serve` "
+             "flags and change nothing for them, printing one line at start-up that says so:", "",
+             "| flag | why it changes nothing |", "|---|---|"]
+    for flag, no_effect in VLLM_NO_EFFECT_FLAGS.items():
+        values = "" if no_effect.values is None else " " + " or ".join(f"`{v}`" for v in no_effect.values)
+        other = "" if no_effect.values is None else f"; another value is an error ({no_effect.otherwise})"
+        lines.append(f"| `{flag}`{values} | {_cell(no_effect.why + other)} |")
+    lines += ["", "They refuse these, with what kvmesh does instead:", "", "| flag | kvmesh's way |", "|---|---|"]
+    lines += [f"| `{flag}` | {_cell(way)} |" for flag, way in VLLM_ONLY_FLAGS.items()]
+    return lines + [""]
+
+
 def markdown() -> str:
-    """docs/cli.md: every command of ``kvmesh`` in the order ``kvmesh --help`` lists them."""
+    """docs/cli.md: every command of ``kvmesh`` in the order ``kvmesh --help`` lists them, then vLLM's flags."""
     serve_keys, lines = _serve_keys(), [HEADER]
     for name, parser in _subcommands(build_parser()).items():
         lines += _command(name, parser, serve_keys)
@@ -100,6 +117,7 @@ def markdown() -> str:
         for nested, module in NESTED.items():
             if nested.split(" ")[0] == name:
                 lines += _command(nested, importlib.import_module(module).build_parser(), serve_keys)
+    lines += _vllm_flags()
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

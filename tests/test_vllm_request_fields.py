@@ -31,7 +31,7 @@ SET = {  # a value each refused field means something with
     "use_beam_search": True, "length_penalty": 2.0, "watermarking": True,
     "logprob_token_ids": [5], "bad_words": ["cat"], "ec_transfer_params": {"k": 1},
     "vllm_xargs": {"k": 1}, "repetition_detection": {"max_pattern_size": 4}, "thinking_token_budget": 16, "logits_processors": ["module.Processor"], "prompt_embeds": "AAAA", "suffix": "The end.",
-    "best_of": 2, "include_reasoning": False,
+    "best_of": 2,
     "return_prompt_text": True, "media_io_kwargs": {"image": {"k": 1}}, "mm_processor_kwargs": {"k": 1},
     "functions": [{"name": "f", "parameters": {}}], "function_call": "auto", "audio": {"voice": "alloy"},
     "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},

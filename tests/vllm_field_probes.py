@@ -370,6 +370,7 @@ CHAT = COMMON | {
     "tools": _tools,
     "tool_choice": _tool_choice,
     "parallel_tool_calls": read_as("parallel_tool_calls", "no"),
+    "include_reasoning": read_as("include_reasoning", "no"),  # its effect: tests/test_reasoning_http.py
     "messages": changes_prompt_tokens("messages", [{"role": "user", "content": "tell me a story"}]),
     "logprobs": _chat_logprobs,
     "top_logprobs": _top_logprobs,

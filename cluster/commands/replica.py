@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import REPLICA_SCHEMA, ReplicaCommandConfig
 from kvmesh.cluster.config.vllm_forms import add_model_argument, refuse_vllm_only_flags
+from kvmesh.cluster.config.vllm_no_effect import accept_no_effect_flags, print_no_effect_notes
 
 if TYPE_CHECKING:
     from kvmesh.replica.interfaces import ModelRunnerInterface
@@ -34,6 +35,7 @@ def add_parser(subparsers) -> None:
     add_model_argument(p)
     add_config_arguments(p, REPLICA_SCHEMA)
     refuse_vllm_only_flags(p)
+    accept_no_effect_flags(p)
     p.set_defaults(func=run)
 
 
@@ -96,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"kvmesh replica: {e}", file=sys.stderr)
         return 2
+    print_no_effect_notes(args, "replica")
     try:
         runtime = start(config)
     except (ValueError, OSError) as e:  # a model the engine cannot serve, an address taken meanwhile

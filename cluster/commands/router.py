@@ -19,6 +19,7 @@ from dataclasses import replace
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import ROUTER_SCHEMA
 from kvmesh.cluster.config.vllm_forms import refuse_vllm_only_flags
+from kvmesh.cluster.config.vllm_no_effect import accept_no_effect_flags, print_no_effect_notes
 
 
 def add_parser(subparsers) -> None:
@@ -29,6 +30,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_config_arguments(p, ROUTER_SCHEMA)
     refuse_vllm_only_flags(p)
+    accept_no_effect_flags(p)
     p.set_defaults(func=run)
 
 
@@ -60,6 +62,7 @@ def run(args) -> int:
     except (ConfigError, ValueError, TypeError, OSError) as e:
         print(f"kvmesh router: {e}", file=sys.stderr)
         return 2
+    print_no_effect_notes(args, "router")
     if config.model is None and config.tokenizer is None:
         logging.warning("no --model/--tokenizer: routing by load only (no prefix cache awareness)")
     logging.info("router on http://%s:%d, %d replicas, policy %s, %d worker(s)", config.host, config.port,

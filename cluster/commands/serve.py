@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from kvmesh.cluster.config.flags import add_config_arguments
 from kvmesh.cluster.config.trees import SERVE_SCHEMA, ServeConfig
 from kvmesh.cluster.config.vllm_forms import add_model_argument, refuse_vllm_only_flags
+from kvmesh.cluster.config.vllm_no_effect import accept_no_effect_flags, print_no_effect_notes
 from kvmesh.cluster.interrupts import Interrupts, Terminated
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_model_argument(parser)
     add_config_arguments(parser, SERVE_SCHEMA)
     refuse_vllm_only_flags(parser)
+    accept_no_effect_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -66,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, PreflightError) as e:
         print(f"kvmesh serve: {e}", file=sys.stderr)
         return 2
+    print_no_effect_notes(args, "serve")
 
     from kvmesh.cluster.fleet.deployment_fleet import DeploymentFleet
     from kvmesh.cluster.fleet.operations import Fleet

@@ -4,7 +4,8 @@
 ``kvmesh replica MODEL`` do too (a ``--model`` that differs is an error, never a silent choice).
 ``--lora-modules`` takes several adapters after one flag, each ``NAME=PATH`` or vLLM's JSON object
 ``{"name": ..., "path": ..., "base_model_name": ...}``. A ``vllm serve`` flag kvmesh does not take is an error that
-names what kvmesh does instead (``VLLM_ONLY_FLAGS``), not argparse's bare "unrecognized arguments".
+names what kvmesh does instead (``VLLM_ONLY_FLAGS``), not argparse's bare "unrecognized arguments"; one that means
+nothing for kvmesh is accepted with a note (vllm_no_effect.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ VLLM_ONLY_FLAGS: dict[str, str] = {
     "--num-gpu-blocks-override": "use --num-kv-blocks",
     "--swap-space": "use --kv-offload-memory (a host-memory tier of the prefix cache)",
     "--api-server-count": "use --workers (router processes serving the port)",
-    "--uvicorn-log-level": "use --verbose (serve) or --log-level (router)",
+    "--enable-log-requests": "kvmesh logs no request's prompt or parameters; the router's --access-log writes a line "
+                             "per request",
+    "--enable-log-outputs": "kvmesh logs no outputs; the router's --access-log writes a line per request",
     "--distributed-executor-backend": "replicas and their tensor-parallel workers always run on Ray",
     "--prefix-caching-hash-algo": "blocks are hashed with xxh3_128 under the cluster's secret seed (KVMESH_HASH_SEED)",
     "--quantization": "not supported: weights load in --dtype",

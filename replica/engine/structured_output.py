@@ -9,7 +9,9 @@ The matcher moves only on tokens the host has accepted, so preemption and recomp
 (the recomputed tokens are not sampled again), and chunked prefill only meets it at the chunk that samples.
 Async scheduling launches step N+1 before step N's token is known, and step N+1's mask depends on it: a
 constrained request with a token in flight sits out one step (scheduler.py), so its mask is always exact.
-KV blocks, their hashes and events do not see any of this.
+A constraint with ``reasoning_end`` (the chat's reasoning parser's end tag) waits for it: until the output writes
+that text the request is not masked and its matcher does not move, so the reasoning is free and the answer after it
+is constrained (vLLM's ``reasoning_ended``). KV blocks, their hashes and events do not see any of this.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -69,12 +72,25 @@ def check_constraints(constraints: list[StructuredOutputsParams]) -> None:
 class StructuredOutputRequest:
     """One request's grammar: compiling (``future``), then its matcher (built by ``StructuredOutputManager.poll``)."""
 
-    __slots__ = ("params", "future", "matcher", "resumed", "since")
+    __slots__ = ("params", "future", "matcher", "resumed", "since", "reasoning_ids")
 
     def __init__(self, params: StructuredOutputsParams, future: Future, resumed: list[int]) -> None:
         self.params, self.future, self.matcher = params, future, None
         self.resumed = resumed  # output the constraint matched before (a continuation): fed to the new matcher
         self.since = time.monotonic()  # when it started waiting for its grammar
+        self.reasoning_ids: list[int] | None = [] if params.reasoning_end else None
+        """The output's last tokens while the reasoning runs (None: the constraint applies)."""
+
+    def reason(self, token: int, decode: Callable[[list[int]], str]) -> None:
+        """One more token of the reasoning: the constraint applies from the next token once the output has written
+        ``reasoning_end``. The last few tokens are decoded together (a token decoded alone may lose its leading
+        space), enough of them to hold the end text: every token writes at least one character."""
+        end = self.params.reasoning_end
+        ids = self.reasoning_ids
+        ids.append(token)
+        del ids[:-len(end) - 1]
+        if end in decode(ids):
+            self.reasoning_ids = None
 
     @property
     def ready(self) -> bool:
@@ -107,6 +123,7 @@ class StructuredOutputManager:
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, sorted(eos_token_ids)
         self.live: dict[str, StructuredOutputRequest] = {}  # request id -> its grammar, while it runs
         self._compiling: set[str] = set()  # live ids whose grammar is not compiled yet
+        self._reasoning: set[str] = set()  # live ids whose output is still reasoning (not masked yet)
         self._cache: dict[tuple, Future] = {}  # spec key -> its compilation (insertion order: oldest first)
         self._pool: ThreadPoolExecutor | None = None
         self._compiler: xb.XgrammarCompiler | None = None
@@ -139,8 +156,11 @@ class StructuredOutputManager:
             del self._cache[next(iter(self._cache))]
         resumed = request.prompt_token_ids[len(request.prompt_token_ids) - params.num_resumed_tokens:] \
             if params.num_resumed_tokens else []
-        request.structured_output = self.live[request.request_id] = StructuredOutputRequest(params, future, resumed)
+        grammar = request.structured_output = self.live[request.request_id] = StructuredOutputRequest(params, future,
+                                                                                                       resumed)
         self._compiling.add(request.request_id)
+        if grammar.reasoning_ids is not None:
+            self._reasoning.add(request.request_id)
 
     def _compile(self, params: StructuredOutputsParams):
         with self._lock:
@@ -185,12 +205,14 @@ class StructuredOutputManager:
     def finish(self, request_id: str) -> None:
         self.live.pop(request_id, None)
         self._compiling.discard(request_id)
+        self._reasoning.discard(request_id)
 
     def grammar_bitmask(self, sched: SchedulerOutput) -> GrammarBitmask | None:
         """The allowed next tokens of this step's constrained rows that sample (None: no such row)."""
-        if not self.live:
+        if len(self.live) == len(self._reasoning):
             return None
-        live = self.live
+        live = self.live if not self._reasoning else {rid: g for rid, g in self.live.items()
+                                                      if rid not in self._reasoning}
         ids = [sr.request_id for sr in sched.scheduled if sr.sample and sr.request_id in live]
         decodes = sched.decode_request_ids
         if len(live) < len(decodes):
@@ -212,10 +234,17 @@ class StructuredOutputManager:
         live, refused = self.live, []
         for request_id in [rid for rid in sampled if rid in live] if len(sampled) < len(live) else \
                 [rid for rid in live if rid in sampled]:
-            if not live[request_id].matcher.accept(sampled[request_id]):
+            if request_id in self._reasoning:
+                self._reason(live[request_id], request_id, sampled[request_id])
+            elif not live[request_id].matcher.accept(sampled[request_id]):
                 refused.append((request_id, f"token {sampled[request_id]} is not allowed by the request's "
                                             f"{live[request_id].params.field}"))
         return refused
+
+    def _reason(self, grammar: StructuredOutputRequest, request_id: str, token: int) -> None:
+        grammar.reason(token, self.tokenizer.decode)
+        if grammar.reasoning_ids is None:
+            self._reasoning.discard(request_id)
 
     def close(self) -> None:
         if self._pool is not None:

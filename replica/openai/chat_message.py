@@ -21,6 +21,11 @@ class ChatMessage(OpenAIBaseModel):
     """An assistant message's calls (OpenAI's shape; rendered with their arguments as objects, as vLLM does)."""
     tool_call_id: str | None = None
     """A ``tool`` message's answer to this call."""
+    reasoning: str | None = None
+    """An assistant message's reasoning sent back (a reasoning model's earlier turn, vLLM's name): the template
+    gets it as ``reasoning`` and ``reasoning_content`` (templates that keep the thinking of earlier turns read it)."""
+    reasoning_content: str | None = None
+    """The same under DeepSeek's name; ``reasoning`` wins when both are sent."""
 
     def text(self) -> str:
         """The message's text (content parts of type "text" are joined; other kinds are refused)."""
@@ -44,6 +49,9 @@ class ChatMessage(OpenAIBaseModel):
             d["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
             d["tool_calls"] = [template_tool_call(call, i) for i, call in enumerate(self.tool_calls)]
+        thinking = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if thinking is not None and self.role == "assistant":
+            d["reasoning"] = d["reasoning_content"] = thinking
         return d
 
 

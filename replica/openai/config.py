@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvmesh.replica.openai.reasoning_parsers import REASONING_PARSERS
 from kvmesh.replica.openai.tool_parsers import TOOL_PARSERS
 
 MIN_API_KEY_CHARS = 8
@@ -49,6 +50,12 @@ class FrontendConfig:
     """Bytes of stored responses of all tenants together; the least recently used of any tenant go first."""
     responses_max_age_s: float = 24 * 3600.0
     """Seconds a stored response stays unused (not stored, read or continued) before it is dropped."""
+    reasoning_parser: str | None = None
+    """How the model writes its reasoning: "deepseek_r1" or "qwen3" (vLLM's --reasoning-parser); chat answers carry
+    it as reasoning_content, their content, tool calls and structured outputs being the answer after it."""
+    enable_in_reasoning: bool = False
+    """Structured outputs constrain the reasoning too, not only the answer after it (vLLM's
+    structured_outputs_config.enable_in_reasoning)."""
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_prompt_chars", "render_threads", "max_header_bytes", "max_headers",
@@ -58,6 +65,9 @@ class FrontendConfig:
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
             raise ValueError(f"tool_call_parser {self.tool_call_parser!r} is not known; use one of "
                              f"{', '.join(TOOL_PARSERS)}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser {self.reasoning_parser!r} is not known; use one of "
+                             f"{', '.join(REASONING_PARSERS)}")
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("enable_auto_tool_choice needs tool_call_parser (how the model writes its calls)")
         for name in ("render_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s", "responses_max_age_s"):

@@ -13,6 +13,7 @@ from typing import Annotated
 from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai.chat_message import ChatMessage
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
+from kvmesh.replica.openai.reasoning_fields import ReasoningFields
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.openai.structured_fields import StructuredOutputFields
 from kvmesh.replica.openai.tool_fields import ToolFields
@@ -223,7 +224,8 @@ class CompletionRequest(SamplingFields, rf.RefusedCompletionFields):
         return self.prompts()[0]
 
 
-class ChatCompletionRequest(ToolFields, SamplingFields, ChatEcho, ChatTemplateArgs, rf.RefusedChatFields):
+class ChatCompletionRequest(ToolFields, ReasoningFields, SamplingFields, ChatEcho, ChatTemplateArgs,
+                            rf.RefusedChatFields):
     __token_id_fields__ = ("prompt_token_ids",)  # validated in C when token ids (errors.parse_request)
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Count | None = None

@@ -1,7 +1,7 @@
 """vLLM request fields kvmesh does not implement: each is a 400 naming it when set to anything but vLLM's default.
 
 vLLM's completion and chat request models carry fields for features kvmesh lacks (beam search, prompt
-embeddings, reasoning parsers, ...). A client that sets one on purpose and gets a silent 200 is worse off than
+embeddings, thinking token budgets, ...). A client that sets one on purpose and gets a silent 200 is worse off than
 one told no, so every such field is declared here (any JSON value, so the answer is always this 400, never a
 type error) and ``refuse_unimplemented`` answers the first one set. Sending vLLM's default (``false``, ``1.0``,
 ``null``, an empty object) is accepted: clients and SDKs send defaults. tests/data/vllm_request_fields.json
@@ -40,7 +40,7 @@ BOTH: dict[str, Refusal] = {
     "ec_transfer_params": Refusal("there is no encoder cache to transfer (text-only models)", _EMPTY),
     "vllm_xargs": Refusal("this server has no extensions that read vllm_xargs", _EMPTY),
     "repetition_detection": Refusal("repetition detection is not implemented; use max_tokens"),
-    "thinking_token_budget": Refusal("there is no reasoning parser to count thinking tokens", (None, -1)),
+    "thinking_token_budget": Refusal("thinking token budgets are not implemented; use max_tokens", (None, -1)),
     "logits_processors": Refusal("custom logits processors are not loaded by this server", _EMPTY),
     "guided_whitespace_pattern": Refusal("xgrammar takes no whitespace pattern; use structured_outputs' "
                                          "disable_any_whitespace", (None, "")),
@@ -51,7 +51,6 @@ COMPLETION_ONLY: dict[str, Refusal] = {
 }
 CHAT_ONLY: dict[str, Refusal] = {
     "best_of": Refusal("best_of is for completions; use n", (None, 1)),
-    "include_reasoning": Refusal("there is no reasoning parser; reasoning stays in the content", (None, True)),
     "return_prompt_text": Refusal("the rendered prompt is not returned; use /v1/chat/completions/render",
                                   (None, False)),
     "media_io_kwargs": Refusal("media inputs are not supported (text-only models)", _EMPTY),

@@ -106,7 +106,7 @@ class PromptRenderer:
         ``template_kwargs`` are more template variables (``ChatTemplateArgs.template_kwargs``)."""
         tok = self.require_tokenizer()
         self._check_template(chat_template)
-        chars = sum(len(str(m.get("content") or "")) for m in messages)
+        chars = sum(len(str(m.get("content") or "")) + len(str(m.get("reasoning") or "")) for m in messages)
         chars += sum(len(str(value)) for value in (template_kwargs or {}).values())
         self._check_chars(chars, "messages")
 

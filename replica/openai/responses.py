@@ -108,7 +108,19 @@ class CompletionResponse(OpenAIBaseModel):
     usage: UsageInfo | None = None
 
 
-class ChatMessageOut(OpenAIBaseModel):
+class ReasoningOut(OpenAIBaseModel):
+    """A chat answer's reasoning (the server's reasoning parser's), under both names clients read:
+    ``reasoning_content`` (DeepSeek's API, which vLLM followed first) and ``reasoning`` (vLLM's current name).
+    Absent without a reasoning parser or with ``include_reasoning: false``."""
+
+    reasoning_content: str | None = Field(**_ONLY_IF_SET)
+    reasoning: str | None = Field(**_ONLY_IF_SET)
+
+    def with_reasoning(self, text: str | None) -> None:
+        self.reasoning_content = self.reasoning = text
+
+
+class ChatMessageOut(ReasoningOut):
     role: str = "assistant"
     content: str | None = None
     tool_calls: list[dict[str, JsonValue]] | None = Field(**_ONLY_IF_SET)
@@ -132,7 +144,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     usage: UsageInfo | None = None
 
 
-class DeltaMessage(OpenAIBaseModel):
+class DeltaMessage(ReasoningOut):
     """A streamed chat chunk's delta: ``{"role": "assistant", "content": ""}`` first, then ``{"content": ...}``
     (vLLM's shape: no null fields)."""
 

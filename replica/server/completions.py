@@ -24,7 +24,7 @@ from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
-from kvmesh.replica.server import chat_tools, kv_plane, kv_request
+from kvmesh.replica.server import chat_answer, kv_plane, kv_request
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.output_usage import check_failed, total_usage, usage_of
 from kvmesh.replica.server.parallel_sampling import Outputs
@@ -81,6 +81,7 @@ class OpenAIHandlers:
         client = self.state.engine_client
         params = [req.to_sampling_params(len(ids), client.max_model_len, self.state.default_max_tokens)
                   for ids in prompts]
+        chat_answer.constrain_after_reasoning(req, self.state.frontend, params)
         if constraints := [sp.structured_outputs for sp in params if sp.structured_outputs is not None]:
             try:  # off the event loop and the engine thread
                 await asyncio.to_thread(check_constraints, constraints)
@@ -119,8 +120,7 @@ class OpenAIHandlers:
         choices = ps.select_choices(candidates, finals, req.n)
         body: r.ChatCompletionResponse | r.CompletionResponse
         if isinstance(req, p.ChatCompletionRequest):
-            parser = self.state.frontend.tool_call_parser
-            answers = [chat_tools.message(req, parser, req.echo_text(), final.text, final.finish_reason)
+            answers = [chat_answer.message(req, self.state.frontend, final.text, final.finish_reason)
                        for _, _, final in choices]
             body = r.ChatCompletionResponse(id=request_id, model=model, usage=usage, choices=[
                 r.ChatCompletionChoice(index=index, message=message, finish_reason=reason,
@@ -160,7 +160,7 @@ class OpenAIHandlers:
 
     def _chat_logprobs(self, req: p.ChatCompletionRequest, token_ids: list[int],
                        entries: list[TokenLogprobs] | None) -> dict | None:
-        if not req.logprobs or entries is None:
+        if not req.logprobs or entries is None or req.hides_reasoning(self.state.frontend.reasoning_parser):
             return None
         return lf.chat_logprobs(token_ids, entries, req.top_logprobs or 0, self._decode_token(req))
 
@@ -265,7 +265,8 @@ class OpenAIHandlers:
                            stream_list: list[Outputs], req: p.ChatCompletionRequest,
                            finals: list[RequestOutput | None]) -> AsyncIterator[str]:
         continuous = req.stream_options and req.stream_options.continuous_usage_stats
-        ids = req.return_token_ids  # then every step with new tokens is a chunk, even with no text yet
+        hidden = req.hides_reasoning(self.state.frontend.reasoning_parser)  # no token ids or logprobs then
+        ids = req.return_token_ids and not hidden  # then every step with new tokens is a chunk, even with no text yet
 
         def chunk(index: int, delta: r.DeltaMessage, finish_reason: str | None = None, usage: r.UsageInfo | None = None,
                   logprobs: dict | None = None, token_ids: list[int] | None = None,
@@ -278,14 +279,14 @@ class OpenAIHandlers:
         for c in candidates:
             yield chunk(ps.choice_index(c, req.n), r.DeltaMessage(role="assistant", content=req.echo_text()), token_ids=[],
                         first_ids=c.prompt_token_ids if ids else None)
-        tools = chat_tools.streams(req, self.state.frontend.tool_call_parser, len(candidates))
+        readers = chat_answer.streams(req, self.state.frontend, len(candidates))
         async for i, out in ps.merge_streams(stream_list, req.stream_interval):
             check_failed(out, stream=True)
             if not out.delta_text and not out.finished and not out.new_logprobs and not (ids and out.new_token_ids):
                 continue
-            delta, reason = chat_tools.delta(req, tools[i], out.delta_text, out.finish_reason)
-            if delta is None and not out.new_logprobs and not (ids and out.new_token_ids):
-                continue  # text a tool-call reader holds back
+            delta, reason = chat_answer.delta(req, readers[i], out.delta_text, out.finish_reason)
+            if delta is None and (hidden or not out.new_logprobs) and not (ids and out.new_token_ids):
+                continue  # text a reader holds back
             usage = usage_of(out) if continuous else None
             logprobs = self._chat_logprobs(req, out.new_token_ids, out.new_logprobs)
             yield chunk(ps.choice_index(candidates[i], req.n), delta or r.DeltaMessage(content=""),

@@ -56,6 +56,10 @@ class StructuredOutputsParams:
     num_resumed_tokens: int = 0
     """(kvmesh) The prompt's last this many tokens are output the constraint already matched: the answer goes on
     from there (a migrated stream's continuation, router/http/migration.py). Not part of ``key``."""
+    reasoning_end: str | None = None
+    """(kvmesh) The constraint starts after the output writes this text: the end tag of the server's reasoning
+    parser, so the answer after the reasoning is constrained and the reasoning is not (vLLM's ``reasoning_ended``).
+    None: from the first token. Set by the server, never read from a request; not part of ``key``."""
 
     def _kinds(self) -> dict[str, object]:
         return {"json": self.json, "json_object": self.json_object, "regex": self.regex, "choice": self.choice,
@@ -72,7 +76,7 @@ class StructuredOutputsParams:
                 or self.num_resumed_tokens < 0:
             raise SamplingParamsError(f"{self.field}.num_resumed_tokens", f"{self.field}.num_resumed_tokens must be "
                                       f"an integer >= 0, got {self.num_resumed_tokens!r}")
-        for name, value in (("regex", self.regex), ("grammar", self.grammar)):
+        for name, value in (("regex", self.regex), ("grammar", self.grammar), ("reasoning_end", self.reasoning_end)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise SamplingParamsError(self.field, f"{self.field}: {name} must be a non-empty string")
 

@@ -68,8 +68,12 @@ class MigratingStream:
     """One client stream: what went out, and how to continue it elsewhere when its replica fails."""
 
     def __init__(self, req: CompletionRequest | ChatCompletionRequest, chat: bool, prompt_ids: list[int],
-                 tokenizer: Tokenizer | None, limit: int, params: SamplingParams | None = None) -> None:
+                 tokenizer: Tokenizer | None, limit: int, params: SamplingParams | None = None,
+                 reads_reasoning: bool = False) -> None:
         self.req, self.chat, self.tokenizer, self.limit = req, chat, tokenizer, limit
+        self.reads_reasoning = chat and reads_reasoning
+        """Its replica reads the answer's reasoning out of the text (``--reasoning-parser``): a continuation, plain
+        text, would not."""
         self.params = params
         """The request's sampling parameters, validated when it came in (None: taken from ``req`` when needed)."""
         self.client_ids = bool(req.return_token_ids)
@@ -104,9 +108,10 @@ class MigratingStream:
 
     def can_migrate(self) -> bool:
         """Whether a failed upstream's stream may go on elsewhere: within the limit, its ids known, and not a chat
-        whose text its replica reads into tool calls (a continuation here would go on as plain text)."""
+        whose text its replica reads into tool calls or reasoning (a continuation here would go on as plain text)."""
         reads_tools = self.chat and self.req.effective_tool_choice != "none"
-        return self.migrations < self.limit and bool(self.prompt_ids) and self.ids_known and not reads_tools
+        return (self.migrations < self.limit and bool(self.prompt_ids) and self.ids_known and not reads_tools
+                and not self.reads_reasoning)
 
     # ---------------------------------------------------------------- the first replica: passed through
     def relay(self, event: bytes) -> bytes | None:

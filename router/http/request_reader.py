@@ -89,8 +89,10 @@ class RequestReader:
                                tokenize_ns=time.perf_counter_ns() - t0, sampling_params=params, model_pool=pool)
         request.tenant, request.priority = identify(http, req, svc.tenants)
         if req.stream:
-            request.stream = MigratingStream(req, chat, request.route_ids, svc.frontend_for(pool)[0],
-                                             svc.config.upstream.migration_limit, params=params)
+            tokenizer, renderer = svc.frontend_for(pool)
+            request.stream = MigratingStream(req, chat, request.route_ids, tokenizer,
+                                             svc.config.upstream.migration_limit, params=params,
+                                             reads_reasoning=renderer.config.reasoning_parser is not None)
             request.stream.model_pool, request.stream.priority = pool, request.priority
             if svc.config.upstream.migration_limit and not req.return_token_ids:
                 request.ask_for_token_ids()

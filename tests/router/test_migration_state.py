@@ -68,6 +68,16 @@ def test_an_upstream_without_token_ids_cannot_migrate():
     assert not s.can_migrate()
 
 
+def test_a_chat_whose_replica_reads_its_reasoning_cannot_migrate():
+    req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert MigratingStream(req, chat=True, prompt_ids=[1, 2, 3], tokenizer=None, limit=3).can_migrate()
+    assert not MigratingStream(req, chat=True, prompt_ids=[1, 2, 3], tokenizer=None, limit=3,
+                               reads_reasoning=True).can_migrate()
+    # a completion's text is never read for reasoning
+    assert MigratingStream(completion(), chat=False, prompt_ids=[1, 2, 3], tokenizer=None, limit=3,
+                           reads_reasoning=True).can_migrate()
+
+
 def test_no_prompt_ids_are_learned_from_the_first_chunk():
     s = MigratingStream(completion(), chat=False, prompt_ids=[], tokenizer=None, limit=3)
     s.relay(chunk("a", [9], prompt_ids=[1, 2, 3]))
