@@ -203,3 +203,27 @@ def test_a_tokenizer_whose_tool_call_tags_are_special_still_yields_hermes_calls(
     answered, reason = message(req, "hermes", "", detok.take_delta(True), "stop")
     assert reason == "tool_calls" and answered.content is None
     assert names_and_arguments(answered.tool_calls) == [("get_weather", {"city": "Rome"})]
+
+
+def test_a_streamed_call_that_turns_unreadable_is_not_sent_again_as_content():
+    """vLLM's streaming parsers skip what they cannot read once a call is out: the client keeps the call it got
+    (so ``finish_reason`` "tool_calls" matches it) and never sees the call's text again as content."""
+    from kvmesh.replica.server.chat_tools import delta
+
+    req = _tools_request()
+    stream = ToolCallStream(HERMES)
+    pieces = ["Sure.", '<tool_call>\n{"name": "get_weather", ', '"arguments": {"a": 1', "]] oops", " more", ""]
+    deltas = [delta(req, stream, piece, "stop" if i == len(pieces) - 1 else None) for i, piece in enumerate(pieces)]
+    content = "".join(d.content or "" for d, _ in deltas if d is not None)
+    assert content == "Sure."
+    calls = [c for d, _ in deltas if d is not None for c in d.tool_calls or []]
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"a": 1'
+    assert deltas[-1][1] == "tool_calls"
+
+
+def test_text_that_is_unreadable_before_any_call_is_announced_stays_content():
+    stream = ToolCallStream(HERMES)
+    assert stream.feed("Sure. <tool_call>\n{\"name\": 5") == ("Sure. ", [])
+    assert stream.feed(", oops}", final=True) == ('<tool_call>\n{"name": 5, oops}', [])
+    assert not stream.called
