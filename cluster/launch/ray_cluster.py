@@ -65,7 +65,6 @@ def connect(config: ServeConfig, log_to_driver: bool = False) -> RayHandle:
     """Start or join Ray as the config says (the caller's signal handlers kept); return what serve needs to know
     about it."""
     import ray
-
     from kvmesh.cluster.interrupts import kept_from_ray
 
     with kept_from_ray():
