@@ -67,7 +67,6 @@ class Interrupts:
                 signal.pthread_kill(self._main, pending)  # swallowed: raise it again
 
 
-
 @contextlib.contextmanager
 def kept_from_ray() -> Iterator[None]:
     """Keep this process's SIGINT and SIGTERM handlers while Ray starts or joins a cluster. ``ray.init`` installs
