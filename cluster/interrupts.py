@@ -8,9 +8,11 @@ thread delivers it again every ``redeliver_s`` until the main thread says it act
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 
 class Terminated(Exception):
@@ -63,3 +65,36 @@ class Interrupts:
             if pending is not None and time.monotonic() - self._since >= self.redeliver_s:
                 self._since = time.monotonic()
                 signal.pthread_kill(self._main, pending)  # swallowed: raise it again
+
+
+@contextlib.contextmanager
+def kept_from_ray() -> Iterator[None]:
+    """Keep this process's SIGINT and SIGTERM handlers while Ray starts or joins a cluster. ``ray.init`` installs
+    SIGTERM handlers of its own (the driver's ``sys.exit``, the head node's) through
+    ``ray._private.utils.set_sigterm_handler``: meanwhile a no-op, so a SIGTERM during start-up is serve's
+    ``Terminated`` (its shutdown, exit 143) and, swallowed somewhere, delivered again; a handler replaced any other
+    way is put back after. A no-op off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from ray._private import utils as ray_utils
+
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        setter = ray_utils.set_sigterm_handler
+    except AttributeError:  # another Ray: its handlers are undone after the block only
+        setter = None
+    if setter is not None:
+        ray_utils.set_sigterm_handler = _ray_may_not_set
+    try:
+        yield
+    finally:
+        if setter is not None:
+            ray_utils.set_sigterm_handler = setter
+        for signum, handler in saved.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
+def _ray_may_not_set(sigterm_handler) -> None:
+    """``set_sigterm_handler`` while serve keeps its own (``kept_from_ray``)."""

@@ -47,7 +47,7 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("router", "cache_aware_tokens.py", "*"): (2, REFLECTION),
     ("router", "config.py", "*"): (1, REFLECTION),
     ("router", "metrics.py", "*"): (1, REFLECTION),
-    ("router", "migration.py", "*"): (2, REFLECTION),
+    ("router", "continuation.py", "*"): (2, REFLECTION),
     # registries
     ("replica", "agent.py", "*"): (1, REGISTRY + " (KV transfer transports)"),
     ("replica", "backend.py", "*"): (1, REGISTRY + " (attention backends)"),

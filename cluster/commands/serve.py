@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     code = 0
     try:
         cluster.start()
-        interrupts.install()  # after ray.init, which installs its own SIGTERM handler
+        interrupts.install()  # again: a library may have replaced the handlers (connect keeps them past ray.init)
         _print_ready(config, cluster)
         while True:
             time.sleep(3600)

@@ -147,12 +147,18 @@ class ServeCluster:
         router = replace(cfg.router, host=ray_cluster.router_host(cfg, st.ray), model=st.model_path,
                        policy_kwargs=with_step_budget(cfg.router.policy, cfg.router.policy_kwargs,
                                                       engine.max_num_batched_tokens),
-                       tokenizer=engine.tokenizer, served_model_name=st.served_model_name,
+                       tokenizer=engine.tokenizer, served_model_name=self._router_served_names(),
                        max_model_len=engine.max_model_len, block_size=engine.block_size,
                        upstream=replace(cfg.router.upstream, replica_api_key=None), internal_key=self._internal_key,
                        admin_key=admin_key,
                        frontend=cfg.frontend, cache_salt_secret=cache_salt_secret(self._hash_seed))
         return self._curve.router(router) if self._curve else router
+
+    def _router_served_names(self) -> str | list[str]:
+        """The names the router accepts for its own model: every ``--served-model-name`` (vLLM's aliases), the
+        first reported; a deployments cluster's first deployment's name."""
+        names = self.config.router.served_names()
+        return list(names) if not self.units and len(names) > 1 else self.state.served_model_name
 
     def _start_replicas(self) -> None:
         cfg, st = self.config, self.state

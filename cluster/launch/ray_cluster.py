@@ -62,18 +62,21 @@ def embedded_num_cpus(config: ServeConfig) -> int:
 
 
 def connect(config: ServeConfig, log_to_driver: bool = False) -> RayHandle:
-    """Start or join Ray as the config says; return what serve needs to know about it."""
+    """Start or join Ray as the config says (the caller's signal handlers kept); return what serve needs to know
+    about it."""
     import ray
+    from kvmesh.cluster.interrupts import kept_from_ray
 
-    if ray.is_initialized():
-        owned = False
-    elif config.ray.address is None:
-        _start_embedded(config, log_to_driver)
-        owned = True
-    else:
-        ray.init(address=config.ray.address, namespace=config.ray.namespace,
-                 log_to_driver=log_to_driver, configure_logging=False)
-        owned = False
+    with kept_from_ray():
+        if ray.is_initialized():
+            owned = False
+        elif config.ray.address is None:
+            _start_embedded(config, log_to_driver)
+            owned = True
+        else:
+            ray.init(address=config.ray.address, namespace=config.ray.namespace,
+                     log_to_driver=log_to_driver, configure_logging=False)
+            owned = False
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     node_ip = ray.util.get_node_ip_address()
     local = owned or all(n["NodeManagerAddress"] in (node_ip, LOCAL_HOST) for n in nodes)

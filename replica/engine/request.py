@@ -182,7 +182,7 @@ def validate_request_input(
             raise ValueError(f"prompt token {tok!r} at position {pos} is outside the vocabulary "
                              f"[0, {vocab_size}); send token ids of this model's tokenizer")
     if (overflow := context_overflow(n, params.max_tokens, max_model_len)) is not None:
-        raise ValueError(f"{overflow}; shorten the {'prompt' if n >= max_model_len else 'prompt + max_tokens'}")
+        raise ValueError(f"{overflow} Shorten the {'prompt' if n >= max_model_len else 'prompt or max_tokens'}.")
     needed = n + params.max_tokens
     num_blocks = -(-needed // block_size)
     if num_blocks > num_usable_blocks:

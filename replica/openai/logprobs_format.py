@@ -161,7 +161,8 @@ def attach_prompt_logprobs(payload: dict, num: int | None, by_prompt: dict[int, 
             choice["prompt_logprobs"] = one
 
 
-def _chat_token(token: str, logprob: float) -> ChatLogprob:
+def chat_token(token: str, logprob: float) -> ChatLogprob:
+    """One token of a chat answer's logprobs: its text, logprob and UTF-8 bytes."""
     return {"token": token, "logprob": _clamp(logprob), "bytes": list(token.encode("utf-8", errors="replace"))}
 
 
@@ -170,8 +171,8 @@ def chat_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprobsLike]
     """The ``logprobs`` object of a chat choice (or of one streamed delta's tokens)."""
     content = []
     for token_id, entry in zip(token_ids, entries, strict=True):
-        item = _chat_token(decode(token_id), entry.logprobs[0])
-        item["top_logprobs"] = [_chat_token(decode(t), lp) for t, lp in distinct_candidates(entry, top_logprobs)]
+        item = chat_token(decode(token_id), entry.logprobs[0])
+        item["top_logprobs"] = [chat_token(decode(t), lp) for t, lp in distinct_candidates(entry, top_logprobs)]
         content.append(item)
     return {"content": content}
 

@@ -129,16 +129,13 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
             raise ProtocolError("prompt is empty; send at least one token", param="prompt")
         room = max_model_len - prompt_len
         if room < 1:
-            raise ProtocolError(
-                f"prompt has {prompt_len} tokens; model context is {max_model_len} tokens "
-                f"(no room left to generate). Shorten the prompt.",
-                param="prompt",
-            )
+            raise ProtocolError(f"{context_overflow(prompt_len, 0, max_model_len)} The prompt alone fills the "
+                                "context, leaving no room to generate: shorten it.", param="prompt")
         max_tokens = self._max_tokens()
         if max_tokens is None:
             max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
         if (overflow := context_overflow(prompt_len, max_tokens, max_model_len)) is not None:
-            raise ProtocolError(f"{overflow}. Lower max_tokens to at most {room} or shorten the prompt.",
+            raise ProtocolError(f"{overflow} Lower max_tokens to at most {room} or shorten the prompt.",
                                 param="max_tokens")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         logprobs, prompt_logprobs = self._logprobs()

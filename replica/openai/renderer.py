@@ -137,6 +137,7 @@ class PromptRenderer:
         if isinstance(req, p.ChatCompletionRequest):
             req.check_supported()  # an unsupported field is the answer, before any template question
             req.check_tool_choice_served(self.config.enable_auto_tool_choice, self.config.tool_call_parser)
+            req.adjust_for_tool_parser(self.config.tool_call_parser)
             if req.prompt_token_ids is not None:
                 self._check_template(req.chat_template)  # the same answer whether or not ids came along
                 if not req.prompt_token_ids:

@@ -96,6 +96,14 @@ class ToolFields(OpenAIBaseModel):
             schema["$defs"] = defs
         return schema
 
+    def adjust_for_tool_parser(self, tool_call_parser: str | None) -> None:
+        """vLLM's ``ToolParser.adjust_request``: with tools and a tool choice other than "none", a server parser whose
+        markers may be special tokens (hermes' ``<tool_call>``) gets the text with special tokens kept; skipped, the
+        markers would be gone before it reads the calls."""
+        if (self.tools and self.effective_tool_choice != "none" and tool_call_parser
+                and TOOL_PARSERS[tool_call_parser].reads_special_tokens):
+            self.skip_special_tokens = False
+
     def tool_parser(self, tool_call_parser: str | None) -> ToolParser | None:
         """What reads this request's calls out of its output (None: the output is plain text)."""
         kind = self.effective_tool_choice

@@ -31,12 +31,14 @@ MAX_LOGPROBS = 20
 
 def context_overflow(prompt_len: int, max_tokens: int, max_model_len: int) -> str | None:
     """What is wrong when a prompt of ``prompt_len`` tokens plus ``max_tokens`` to generate do not fit a context
-    of ``max_model_len`` tokens, or None when they fit: the rule, written once (the HTTP layer and the engine
-    each add what to do)."""
+    of ``max_model_len`` tokens, or None when they fit: the rule, written once in vLLM's words (clients recognise a
+    context overflow by them; the HTTP layer and the engine each add what to do)."""
     needed = prompt_len + max_tokens
     if prompt_len < max_model_len and needed <= max_model_len:
         return None
-    return f"prompt has {prompt_len} tokens; model context is {max_model_len} (max_tokens={max_tokens} needs {needed})"
+    return (f"This model's maximum context length is {max_model_len} tokens. However, you requested {max_tokens} "
+            f"output tokens and your prompt contains at least {prompt_len} input tokens, for a total of at least "
+            f"{needed} tokens. Please reduce the length of the input prompt or the number of requested output tokens.")
 
 
 @dataclass(slots=True)

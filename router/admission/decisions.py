@@ -98,13 +98,13 @@ class Admission:
                         f"cannot be met ({ahead} requests go on before it, about {wait_s:.3g} s); "
                         "retry later or allow a longer deadline")
         if tenant.limit is not None:
-            refill_s = self.ledger.try_take(tenant.name, prompt_tokens, tenant.limit, now)
+            refill_s = self.ledger.try_take(tenant.bucket, prompt_tokens, tenant.limit, now)
             if refill_s > 0:
                 return Shed(OVER_LIMIT, refill_s,
-                            f"tenant {tenant.name!r} over limit: {tenant.limit.tokens_per_s:g} tokens/s "
+                            f"tenant {tenant.bucket!r} over limit: {tenant.limit.tokens_per_s:g} tokens/s "
                             f"(burst {tenant.limit.burst_tokens:g}); this request's {prompt_tokens} prompt tokens "
                             f"fit in {refill_s:.3g} s")
-        waiter = Waiter(model, tenant.name, priority, now, deadline, prompt_tokens, tenant.limit)
+        waiter = Waiter(model, tenant.name, priority, now, deadline, prompt_tokens, tenant.limit, tenant.parent)
         queue.push(waiter)
         self.ledger.waiting_changed(model, tenant.name, 1)
         if place is not None:
@@ -216,8 +216,12 @@ class Admission:
             self._publish(waiter.model)
 
     def finished(self, waiter: Waiter, output_tokens: int, now: float) -> None:
-        """Its answer ended after ``output_tokens``: x2 in its usage, and taken from its bucket."""
-        self.ledger.charge(waiter.tenant, OUTPUT_WEIGHT * output_tokens, output_tokens, waiter.limit, now)
+        """Its answer ended after ``output_tokens``: x2 in its usage, and taken from its bucket (its key's)."""
+        if waiter.bucket is None:
+            self.ledger.charge(waiter.tenant, OUTPUT_WEIGHT * output_tokens, output_tokens, waiter.limit, now)
+            return
+        self.ledger.charge(waiter.tenant, OUTPUT_WEIGHT * output_tokens, 0, None, now)
+        self.ledger.charge(waiter.bucket, 0.0, output_tokens, waiter.limit, now)
 
     def _publish(self, model: str) -> None:
         queue = self.queues[model]

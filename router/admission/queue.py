@@ -36,6 +36,8 @@ class Waiter:
     """Prompt tokens it brings (the rate limit took them at arrival)."""
     limit: TokenRate | None = None
     """Its tenant's token-rate limit (its output is taken from the bucket when it ends)."""
+    bucket: str | None = None
+    """The tenant whose bucket ``limit`` is (a ``user`` sub-tenant's key's: tenants.py); None: ``tenant``'s."""
     seq: int = 0
     """Arrival order within the router process (ties)."""
     payload: object = field(default=None, repr=False)

@@ -14,7 +14,7 @@ its tenant's name, default priority and token-rate limit (several keys may name 
 The router's own ``--api-key`` (and, on a router without one, no key at all) is one tenant of its own,
 ``shared_tenant`` (default ``default``), with its own default priority and ``min_priority`` (AdmissionConfig).
 A request's ``user`` never names a tenant: with ``user_tenants`` on it names a sub-tenant of its key's,
-``<tenant>/<user>`` (the key's priorities and limit, its own fair share and bucket), at most
+``<tenant>/<user>`` (the key's priorities, its own fair share; its tokens come out of the key's bucket), at most
 ``max_users_per_key`` of them per key; the rest share ``<tenant>/other``. Every caller's priority is clamped
 (``Tenant.grant``). Keys are looked up by digest, so the lookup's time says nothing about a key's bytes.
 """
@@ -68,6 +68,14 @@ class Tenant:
     """Its token-rate limit (None: none)."""
     min_priority: int = 0
     """The best (lowest) priority its requests may ask for (header or body)."""
+    parent: str | None = None
+    """The key's tenant of a ``user`` sub-tenant, whose bucket its ``limit`` draws from (a key's limit bounds the whole
+    key, whatever ``user`` says); None: the tenant draws from its own."""
+
+    @property
+    def bucket(self) -> str:
+        """The tenant whose token bucket its requests take from: its parent's, else its own."""
+        return self.parent or self.name
 
     def grant(self, asked: int | None) -> int:
         """The priority its request gets: what it asked (None: its default), never better than ``min_priority``."""
@@ -146,7 +154,8 @@ class Tenants:
             if len(users) >= self.users_per_key or len(user) > MAX_USER_CHARS or user == OTHER_USERS:
                 user = OTHER_USERS
             if user not in users:
-                users[user] = Tenant(f"{tenant.name}/{user}", tenant.priority, tenant.limit, tenant.min_priority)
+                users[user] = Tenant(f"{tenant.name}/{user}", tenant.priority, tenant.limit, tenant.min_priority,
+                                     parent=tenant.name)
         return users[user]
 
 

@@ -6,9 +6,10 @@ far. It asks replicas for them with vLLM's request field ``return_token_ids`` an
 chunks again unless the client asked too. When the upstream breaks before the end (reset, truncated, an
 ``abort`` finish, an error event), the router sends a continuation to another healthy replica: a token-in
 ``/v1/completions`` request whose prompt is prompt + output so far (mostly a prefix-cache hit), with
-``max_tokens``/``min_tokens`` reduced by the tokens already sent, the same sampling parameters (a structured-output
-constraint resumed after the tokens already sent: ``structured_outputs.num_resumed_tokens``) and the
-seed moved on so kvmesh's seeded sampler draws what it would have drawn (``SamplingFields.continuation_seed``):
+``max_tokens``/``min_tokens`` reduced by the tokens already sent, every sampling parameter of the stream (a
+structured-output constraint resumed after the tokens already sent: ``structured_outputs.num_resumed_tokens``;
+router/http/continuation.py) and the seed moved on so kvmesh's seeded sampler draws what it would have drawn
+(``SamplingFields.continuation_seed``):
 
     client ◀── one stream (one id) ◀── router ◀── replica A: prompt → o1 o2 o3 ✗
                                                ◀── replica B: prompt o1 o2 o3 → o4 o5 … [DONE]
@@ -24,12 +25,12 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
+from kvmesh.router.http.continuation import SplicedLogprobs, continuation_body
 from kvmesh.router.http.failures import request_error_event
 
 if TYPE_CHECKING:
@@ -101,6 +102,8 @@ class MigratingStream:
         self.priority: int | None = None
         """The priority the router granted the stream: its continuations carry it too (router/http/caller.py)."""
         self._detok: IncrementalDetokenizer | None = None
+        self.logprobs = SplicedLogprobs(req, chat) if SplicedLogprobs.asked(req) else None
+        """The stream's logprobs across its replicas (None: not asked)."""
 
     @property
     def output_ids(self) -> list[int]:
@@ -152,6 +155,8 @@ class MigratingStream:
             event = _PROMPT_IDS.sub(b"", event, count=1)
         if finish is not None:
             self.finish_reason = finish.group(1).decode()
+        if self.logprobs is not None:
+            self._relayed_logprobs(event)
         self.sent = True
         if finish is None and not self.client_ids and _NO_TEXT.search(event) and b'"logprobs":null' in event:
             return None  # only its token ids made it a chunk, and the client asked for none (vLLM sends none)
@@ -161,6 +166,13 @@ class MigratingStream:
         self.broken = f"sent an event that is not SSE JSON: {event[:80]!r}"
         self.invalid = True
         return None
+
+    def _relayed_logprobs(self, event: bytes) -> None:
+        try:
+            choices = msgspec.json.decode(event[len(DATA):]).get("choices") or [{}]
+        except msgspec.DecodeError:
+            return
+        self.logprobs.relayed(choices[0].get("logprobs"))
 
     def _first_chunk(self, event: bytes) -> None:
         try:
@@ -177,28 +189,8 @@ class MigratingStream:
     # ---------------------------------------------------------------- continuing on another replica
     def continuation(self) -> dict[str, object] | None:
         """The body of the next continuation request, or None when no token is left to generate."""
-        req, n = self.req, self.num_output
-        max_tokens = req._max_tokens()
-        if max_tokens is not None and max_tokens - n < 1:
-            return None
-        body: dict[str, object] = {
-            "prompt": self.prompt_ids + self.output_ids, "stream": True, "return_token_ids": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-            "max_tokens": None if max_tokens is None else max_tokens - n,
-            "min_tokens": max(0, req.min_tokens - n), "ignore_eos": req.ignore_eos,
-        }
-        for name in ("model", "temperature", "top_p", "top_k", "stop_token_ids", "cache_salt", "skip_special_tokens",
-                     "include_stop_str_in_output", "logit_bias", "allowed_token_ids", "stream_interval"):
-            if getattr(req, name) is not None:
-                body[name] = getattr(req, name)
-        if req.seed is not None:
-            body["seed"] = req.continuation_seed(n)
-        if (constraint := req.structured_outputs_params()) is not None:  # the output so far matched it: go on
-            body["structured_outputs"] = replace(constraint, num_resumed_tokens=constraint.num_resumed_tokens + n
-                                                 ).to_request()
-        if self.tokenizer is None and req.stop:  # else the router finds stop strings itself
-            body["stop"] = req.stop
-        return body
+        return continuation_body(self.req, self.chat, self.prompt_ids + self.output_ids, self.num_output,
+                                 router_finds_stops=self.tokenizer is not None)
 
     def begin_continuation(self) -> list[bytes]:
         """Start splicing: rebuild the text state of what was sent; a chat stream not begun gets its role."""
@@ -247,7 +239,9 @@ class MigratingStream:
             ids, text, reason = self._detokenize(ids, reason)
         self.steps.append(ids)
         self.num_output += len(ids)
-        out = [self._chunk(text, reason, ids)] if text or reason or (self.client_ids and ids) else []
+        logprobs = None if self.logprobs is None else self.logprobs.spliced(choice.get("logprobs"), len(ids))
+        out = [self._chunk(text, reason, ids, logprobs)] if text or reason or (self.client_ids and ids) or logprobs \
+            else []
         if reason is not None:
             out += self.finish(reason, text_sent=True)
         return out
@@ -275,14 +269,15 @@ class MigratingStream:
     def _usage(self) -> r.UsageInfo:
         return r.UsageInfo.of(len(self.prompt_ids), self.num_output, self.cached_tokens)
 
-    def _chunk(self, text: str, reason: str | None, ids: list[int], role: bool = False) -> bytes:
+    def _chunk(self, text: str, reason: str | None, ids: list[int], logprobs: dict | None = None,
+               role: bool = False) -> bytes:
         token_ids = ids if self.client_ids else None
         choice: r.ChatStreamChoice | r.CompletionChoice
         if self.chat:
             delta = r.DeltaMessage(role="assistant", content=self.req.echo_text()) if role else r.DeltaMessage(content=text)
-            choice = r.ChatStreamChoice(delta=delta, finish_reason=reason, token_ids=token_ids)
+            choice = r.ChatStreamChoice(delta=delta, finish_reason=reason, token_ids=token_ids, logprobs=logprobs)
         else:
-            choice = r.CompletionChoice(text=text, finish_reason=reason, token_ids=token_ids)
+            choice = r.CompletionChoice(text=text, finish_reason=reason, token_ids=token_ids, logprobs=logprobs)
         so = self.req.stream_options
         return self._encode(self._shape([choice], self._usage() if so and so.continuous_usage_stats else None))
 

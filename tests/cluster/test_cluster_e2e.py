@@ -50,7 +50,7 @@ def cluster(ray_session, stories_path, tmp_path_factory):
     config = from_dict({
         "engine": {"model": str(stories_path), "kv_cache_memory": "16MiB", "max_num_batched_tokens": 512},
         "replicas": {"num_replicas": 2, "max_restarts": 2, "http_port": 0, "event_port": _free_port_run(4)},
-        "router": {"port": 0},
+        "router": {"port": 0, "served_model_name": ["stories", "tiny-stories"]},  # --served-model-name a b
         "ray": {"namespace": f"kvmesh-test-{os.getpid()}", "ready_timeout_s": 240},
     })
     messages: list[str] = []
@@ -95,6 +95,16 @@ def test_requests_sharing_a_prefix_land_on_the_replica_holding_it(cluster):
     assert cached[0] == 0 and all(c >= full_blocks >= 96 for c in cached[1:]), (cached, shared)
     hits = after[holder]["prefix_cache_hits"] - before[holder]["prefix_cache_hits"]
     assert hits == sum(cached)  # the replica's own metrics agree with what clients were told
+
+
+def test_every_served_name_is_the_model_through_the_router_and_the_first_is_listed(cluster):
+    for model in ("stories", "tiny-stories"):  # vLLM's several names: each is accepted
+        r = httpx.post(cluster.url + "/v1/completions", json={"model": model, "prompt": STORY, "max_tokens": 2},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == model, r.text
+    other = httpx.post(cluster.url + "/v1/completions", json={"model": "other", "prompt": STORY}, timeout=60)
+    assert other.status_code == 404 and "stories" in other.json()["error"]["message"]
+    assert [card["id"] for card in httpx.get(cluster.url + "/v1/models", timeout=30).json()["data"]] == ["stories"]
 
 
 def test_streaming_returns_sse_chunks_then_done(cluster):

@@ -74,6 +74,36 @@ def test_ctrl_c_during_start_up_leaves_no_process(after_s, stories_path, tmp_pat
             proc.wait()
 
 
+@pytest.mark.parametrize("after_s", [0.5, 4])
+def test_sigterm_to_serve_alone_during_start_up_stops_it_cleanly(after_s, stories_path, tmp_path):
+    """``kill PID`` (SIGTERM to serve alone: what a supervisor or a user's ``kill`` sends) ``after_s`` after Ray
+    began to start -- Ray starting, or the replica loading -- stops serve as Ctrl-C does: its shutdown message, exit
+    143, within the time bound, nothing left behind (Ray's own SIGTERM handler does not take over)."""
+    run, proc = _start_serve(stories_path, tmp_path)
+    try:
+        lines = []
+        for line in proc.stdout:  # until Ray begins to start (or serve ends)
+            lines.append(line)
+            if "starting a local Ray instance" in line:
+                break
+        time.sleep(after_s)
+        proc.send_signal(signal.SIGTERM)
+        out = "".join(lines) + proc.communicate(timeout=45)[0]
+        deadline = time.monotonic() + 10  # what was killed last may take a moment to be reaped
+        while (left := _processes_of(run)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, (f"SIGTERM {after_s}s into Ray's start left: "
+                          + "; ".join(f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in left) + "\n" + out[-2000:])
+        assert proc.returncode == 143 and "shutting down..." in out and out.rstrip().endswith("kvmesh: stopped"), \
+            (proc.returncode, out[-3000:])
+    finally:
+        for leftover in _processes_of(run):
+            leftover.kill()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.parametrize("signum, code, whom", [(signal.SIGTERM, 143, "group"), (signal.SIGINT, 130, "group"),
                                                 (signal.SIGTERM, 143, "every process")])
 def test_a_signal_to_the_process_group_of_a_ready_serve_stops_it_cleanly(signum, code, whom, stories_path, tmp_path):

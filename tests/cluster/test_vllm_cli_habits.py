@@ -140,3 +140,17 @@ def test_every_served_name_is_accepted_as_the_model_and_the_first_is_reported():
         check_model(model, router.served_name, aliases=names)
     with pytest.raises(ProtocolError, match="serves `first`"):
         check_model("third", router.served_name, aliases=names)
+
+
+def test_serve_hands_every_served_name_to_its_router():
+    from kvmesh.cluster.launch.launcher import ServeCluster
+    from kvmesh.cluster.launch.ray_cluster import RayHandle
+    from kvmesh.replica.serving.model_names import check_model, model_aliases
+
+    cluster = ServeCluster(_config("serve", ["/m", "--served-model-name", "a", "b"]), report=lambda _: None)
+    cluster.state.ray = RayHandle(owned=False, local=True, node_ip="127.0.0.1", num_gpus=0)
+    cluster.state.model_path, cluster.state.served_model_name = "/m", "a"
+    router = cluster.router_config()
+    assert (router.served_name, router.served_names()) == ("a", ("a", "b"))
+    for model in ("a", "b"):  # the router's own check (router/control/models.py) takes each name
+        check_model(model, router.served_name, aliases=model_aliases(*router.served_names(), router.model))

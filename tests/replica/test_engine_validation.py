@@ -36,12 +36,14 @@ def assert_rejected(engine: LLMEngine, match: str, **kw) -> None:
 
 
 def test_prompt_longer_than_context(engine):
-    assert_rejected(engine, r"^prompt has 5000 tokens; model context is 4096 \(max_tokens=16 needs 5016\)",
+    assert_rejected(engine, r"^This model's maximum context length is 4096 tokens. However, you requested 16 output "
+                    r"tokens and your prompt contains at least 5000 input tokens, for a total of at least 5016 tokens.",
                     prompt_token_ids=[5] * 5000, sampling_params=SamplingParams(max_tokens=16))
 
 
 def test_max_tokens_beyond_context(engine):
-    assert_rejected(engine, r"prompt has 100 tokens; model context is 4096 \(max_tokens=4000 needs 4100\)",
+    assert_rejected(engine, r"you requested 4000 output tokens and your prompt contains at least 100 input tokens, "
+                    r"for a total of at least 4100 tokens",
                     prompt_token_ids=[5] * 100, sampling_params=SamplingParams(max_tokens=4000))
 
 

@@ -17,6 +17,7 @@ from kvmesh.replica.server.config import ReplicaServerConfig
 from kvmesh.replica.worker.fake_runner import FakeModelRunner
 
 POISON = 511  # a prompt ending in this token makes the engine fail that request (injected below)
+POISON_LATE = 510  # ... fail it after its third token (mid-stream)
 LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
 
 
@@ -28,7 +29,8 @@ def replica(stories_path):
     real_append = engine.output_processor.append_token
 
     def append_or_fail(request, token, now):  # runs on the engine thread
-        if request.prompt_token_ids[-1] == POISON:
+        last = request.prompt_token_ids[-1]
+        if last == POISON or (last == POISON_LATE and request.num_output_tokens >= 3):
             raise RuntimeError("injected failure")
         return real_append(request, token, now)
 
@@ -97,6 +99,19 @@ def test_clients_gone_at_random_points_leave_the_engine_serving(replica, monkeyp
     assert httpx.get(replica.http.url + "/health", timeout=10).status_code == 200
     r = httpx.post(replica.http.url + "/v1/completions", json={"prompt": "Once", "max_tokens": 4}, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_stream_that_breaks_mid_way_ends_with_an_error_event_then_done(replica):
+    """vLLM's shape: ``data: {"error": {...}}`` then ``data: [DONE]`` after the chunks already sent, so a client
+    (the OpenAI SDK raises on it) sees the stream failed rather than a short answer."""
+    body = {"prompt": [1, 9, POISON_LATE], "max_tokens": 20, "stream": True, "ignore_eos": True}
+    r = httpx.post(replica.http.url + "/v1/completions", json=body, timeout=60)
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert r.status_code == 200 and events[-1] == "[DONE]", events
+    chunks, error = [json.loads(e) for e in events[:-2]], json.loads(events[-2])["error"]
+    assert chunks and all(c["choices"][0]["finish_reason"] is None for c in chunks)  # text went out first
+    assert error["code"] == 500 and error["type"] and "request id" in error["message"]
+    wait_idle(replica)
 
 
 async def test_exception_inside_one_request_fails_only_that_request(replica, caplog):

@@ -162,3 +162,68 @@ def test_the_server_flags_name_a_known_parser_and_auto_needs_one():
     with pytest.raises(ValueError, match="tool_call_parser"):
         FrontendConfig(enable_auto_tool_choice=True)
     assert FrontendConfig(enable_auto_tool_choice=True, tool_call_parser="llama3_json").tool_call_parser == "llama3_json"
+
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def _tools_request():
+    from kvmesh.replica.openai import protocol as p
+
+    return p.ChatCompletionRequest(messages=[{"role": "user", "content": "weather?"}], tools=TOOLS)
+
+
+@pytest.mark.parametrize("tool_call_parser, skips", [("hermes", False), ("llama3_json", True), (None, True)])
+def test_hermes_reads_special_tokens_and_other_parsers_leave_the_request_alone(tool_call_parser, skips):
+    """vLLM's hermes ``adjust_request``: with tools and a tool choice other than "none", special tokens are kept."""
+    req = _tools_request()
+    req.adjust_for_tool_parser(tool_call_parser)
+    assert req.to_sampling_params(4, 512).skip_special_tokens is skips
+    plain = _tools_request().model_copy(update={"tool_choice": "none"})
+    plain.adjust_for_tool_parser(tool_call_parser)
+    assert plain.to_sampling_params(4, 512).skip_special_tokens is True
+
+
+def test_a_tokenizer_whose_tool_call_tags_are_special_still_yields_hermes_calls(stories_path):
+    """Qwen's and Hermes' tokenizers mark ``<tool_call>`` special: were the tags stripped before the parser saw
+    them, the call would come back as text."""
+    from kvmesh.replica.server.chat_tools import message
+    from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
+    from kvmesh.replica.serving.tokenizer import load_tokenizer
+
+    hf = load_tokenizer(stories_path).hf
+    hf.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    req = _tools_request()
+    req.adjust_for_tool_parser("hermes")
+    detok = IncrementalDetokenizer(hf, [1, 2, 3, 4], req.to_sampling_params(4, 512))
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    for token in hf.encode(call, add_special_tokens=False):
+        detok.update(token)
+    answered, reason = message(req, "hermes", "", detok.take_delta(True), "stop")
+    assert reason == "tool_calls" and answered.content is None
+    assert names_and_arguments(answered.tool_calls) == [("get_weather", {"city": "Rome"})]
+
+
+def test_a_streamed_call_that_turns_unreadable_is_not_sent_again_as_content():
+    """vLLM's streaming parsers skip what they cannot read once a call is out: the client keeps the call it got
+    (so ``finish_reason`` "tool_calls" matches it) and never sees the call's text again as content."""
+    from kvmesh.replica.server.chat_tools import delta
+
+    req = _tools_request()
+    stream = ToolCallStream(HERMES)
+    pieces = ["Sure.", '<tool_call>\n{"name": "get_weather", ', '"arguments": {"a": 1', "]] oops", " more", ""]
+    deltas = [delta(req, stream, piece, "stop" if i == len(pieces) - 1 else None) for i, piece in enumerate(pieces)]
+    content = "".join(d.content or "" for d, _ in deltas if d is not None)
+    assert content == "Sure."
+    calls = [c for d, _ in deltas if d is not None for c in d.tool_calls or []]
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"a": 1'
+    assert deltas[-1][1] == "tool_calls"
+
+
+def test_text_that_is_unreadable_before_any_call_is_announced_stays_content():
+    stream = ToolCallStream(HERMES)
+    assert stream.feed("Sure. <tool_call>\n{\"name\": 5") == ("Sure. ", [])
+    assert stream.feed(", oops}", final=True) == ('<tool_call>\n{"name": 5, oops}', [])
+    assert not stream.called

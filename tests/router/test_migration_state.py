@@ -197,3 +197,67 @@ def test_a_chat_whose_text_becomes_tool_calls_is_not_continued_as_text():
     for choice, migrates in (("required", False), ("none", True)):
         req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=tools, tool_choice=choice)
         assert MigratingStream(req, chat=True, prompt_ids=[1, 2], tokenizer=None, limit=3).can_migrate() is migrates
+
+
+CHANGED_ON_PURPOSE = {"max_tokens", "min_tokens", "seed", "structured_outputs", "stop", "prompt_logprobs"}
+"""What a continuation sets anew: the budget left, the seed moved on, the constraint resumed, stop strings (the
+router finds them), prompt logprobs (of the user's prompt only: not streamable, so never migrated)."""
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_continuation_samples_with_every_sampling_parameter_of_the_stream(chat):
+    """Each field of the engine's SamplingParams is the stream's own in its continuation (a new field fails this
+    test until migration carries it)."""
+    from dataclasses import fields
+
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+
+    common = dict(stream=True, max_tokens=20, temperature=0.5, top_p=0.8, top_k=7, seed=3, stop_token_ids=[2],
+                  ignore_eos=True, skip_special_tokens=False, include_stop_str_in_output=True,
+                  allowed_token_ids=[5, 6, 7, 8, 9], logit_bias={"5": 1.5}, presence_penalty=0.5,
+                  frequency_penalty=0.25, repetition_penalty=1.2, min_p=0.05, return_tokens_as_token_ids=True)
+    if chat:
+        req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=3,
+                                      **common)
+    else:
+        req = p.CompletionRequest(prompt=[1, 2, 3], logprobs=3, **common)
+    s = MigratingStream(req, chat=chat, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
+    s.relay(chunk("a", [7, 8]))
+    body = s.continuation()
+    assert body["return_tokens_as_token_ids"] is True
+    original = req.to_sampling_params(3, 100)
+    resumed = p.CompletionRequest(**body).to_sampling_params(5, 100)
+    for name in {f.name for f in fields(SamplingParams)} - CHANGED_ON_PURPOSE:
+        assert getattr(resumed, name) == getattr(original, name), name
+
+
+def _with_logprobs(event: bytes, logprobs: dict) -> bytes:
+    body = json.loads(event[6:])
+    body["choices"][0]["logprobs"] = logprobs
+    return b"data: " + json.dumps(body).encode()
+
+
+def test_a_continuations_logprobs_go_on_in_a_completion_streams_shape():
+    s = MigratingStream(completion(logprobs=1), chat=False, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
+    s.relay(_with_logprobs(chunk("ab", [7, 8]), {"tokens": ["a", "b"], "token_logprobs": [-0.1, -0.2],
+                                                  "top_logprobs": [{"a": -0.1}, {"b": -0.2}], "text_offset": [0, 1]}))
+    s.begin_continuation()
+    out = s.splice(_with_logprobs(chunk("cd", [9, 10]), {
+        "tokens": ["c", "d"], "token_logprobs": [-0.5, -0.7], "top_logprobs": [{"c": -0.5, "x": -1.0}, {"d": -0.7}],
+        "text_offset": [0, 1]}))
+    logprobs = msgspec.json.decode(out[0].strip()[6:])["choices"][0]["logprobs"]
+    assert logprobs == {"tokens": ["c", "d"], "token_logprobs": [-0.5, -0.7],
+                        "top_logprobs": [{"c": -0.5, "x": -1.0}, {"d": -0.7}], "text_offset": [2, 3]}
+
+
+def test_a_continuations_logprobs_become_a_chat_streams_content_with_its_top_logprobs():
+    req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True, logprobs=True,
+                                  top_logprobs=1)
+    s = MigratingStream(req, chat=True, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
+    assert s.continuation()["logprobs"] == 1
+    s.begin_continuation()
+    out = s.splice(_with_logprobs(chunk("é", [9]), {"tokens": ["é"], "token_logprobs": [-0.5],
+                                                    "top_logprobs": [{"é": -0.5, "e": -1.5}], "text_offset": [0]}))
+    logprobs = msgspec.json.decode(out[-1].strip()[6:])["choices"][0]["logprobs"]
+    assert logprobs == {"content": [{"token": "é", "logprob": -0.5, "bytes": [195, 169],
+                                     "top_logprobs": [{"token": "é", "logprob": -0.5, "bytes": [195, 169]}]}]}

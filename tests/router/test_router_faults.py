@@ -162,3 +162,18 @@ def test_a_whole_answer_cut_mid_body_is_tried_on_another_replica(fakes, start_ro
     failures = router.runtime.metrics.registry.get_sample_value("kvmesh_router_replica_failures_total",
                                                                  {"replica": "a", "kind": "reset"})
     assert failures, "the cut replica was never tried"
+
+
+@pytest.mark.parametrize("body, completion", [
+    ({"prompt": "hi", "max_tokens": 100000}, 100000),
+    ({"prompt": [5] * 601}, 0),                                        # the prompt alone overflows
+])
+def test_a_context_overflow_is_worded_as_vllm_words_it(keyed_router, tokenizer, body, completion):
+    """Clients (lm-eval, agent frameworks) recognise vLLM's sentence; kvmesh's advice follows it."""
+    r = httpx.post(keyed_router.url + "/v1/completions", json=body, headers=AUTH)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    context = tokenizer.max_model_len
+    assert message.startswith(f"This model's maximum context length is {context} tokens. However, you requested "
+                              f"{completion} output tokens and your prompt contains at least "), message
+    assert "Please reduce the length of the input prompt or the number of requested output tokens." in message

@@ -129,6 +129,45 @@ def test_stream_continues_on_another_replica_with_the_same_text(cluster, replica
     assert migrations(router) == 1
 
 
+def logprob_tokens(events: list, chat: bool) -> list[tuple[str, float, int]]:
+    """(token, logprob, top_logprobs count) of every token the stream's logprobs name, in order."""
+    out = []
+    for e in events:
+        if isinstance(e, dict) and e.get("choices") and (lp := e["choices"][0].get("logprobs")):
+            if chat:
+                out += [(t["token"], t["logprob"], len(t["top_logprobs"])) for t in lp["content"]]
+            else:
+                out += list(zip(lp["tokens"], lp["token_logprobs"], map(len, lp["top_logprobs"]), strict=True))
+    return out
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": STORY, "logprobs": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": STORY}], "logprobs": True, "top_logprobs": 2}),
+], ids=["completion", "chat"])
+def test_a_migrated_stream_keeps_its_penalties_min_p_and_logprobs(cluster, replicas, path, body):
+    router, proxies, fuse = cluster
+    chat = "chat" in path
+    body = {**body, "max_tokens": 40, "temperature": 0, "ignore_eos": True, "repetition_penalty": 1.3,
+            "min_p": 0.05}
+    expected = reference(replicas, path, body)
+    fuse.after_events = fuse.events + 12
+    events = stream(router.url, path, body)
+    assert fuse.blown_by is not None and migrations(router) == 1
+    check_one_stream(events, chat)
+    assert text_of(events, chat) == text_of(expected, chat)  # the penalty shaped the continuation as it did alone
+    got, want = logprob_tokens(events, chat), logprob_tokens(expected, chat)
+    assert [(t, n) for t, _, n in got] == [(t, n) for t, _, n in want] and len(got) == 40
+    assert [lp for _, lp, _ in got] == pytest.approx([lp for _, lp, _ in want], abs=1e-3)
+    if not chat:
+        assert text_offsets(events) == text_offsets(expected)
+
+
+def text_offsets(events: list) -> list[int]:
+    return [o for e in events[:-1] if e.get("choices") and (lp := e["choices"][0].get("logprobs"))
+            for o in lp["text_offset"]]
+
+
 def test_stop_string_across_the_splice_is_found(cluster, replicas):
     router, proxies, fuse = cluster
     body = {"prompt": STORY, "max_tokens": 48, "temperature": 0, "ignore_eos": True}

@@ -99,3 +99,23 @@ def test_a_router_only_replica_takes_the_internal_key_alone():
     assert auth.refusal("POST", "/v1/chat/completions", b"").status_code == 401
     standalone = AuthMiddleware(None, api_key="tenant-key-1", internal_key="internal-key-1")
     assert standalone.refusal("POST", "/v1/completions", b"Bearer tenant-key-1") is None  # its own key's rule
+
+
+def test_a_keys_rate_limit_bounds_the_whole_key_whatever_user_each_request_names():
+    """17 ``user`` names under one key get the key's bucket once between them, not 17 times (each keeps its fair
+    share of the queue: ``user`` splits the share, never the limit)."""
+    from kvmesh.router.admission.decisions import OVER_LIMIT, Admission, Shed
+    from kvmesh.router.admission.ledger import LocalLedger
+    from kvmesh.router.admission.queue import Waiter
+
+    tenants = Tenants([KeyEntry(LIGHT, "light", tokens_per_s=10.0, burst_tokens=100.0)], users_per_key=16)
+    config = AdmissionConfig(max_queued=1000)
+    adm = Admission(config, LocalLedger(config.fair_share_half_life_s))
+    answers = [adm.arrive("m", tenants.resolve(LIGHT, f"user-{i}"), 0, 60, None, now=0.0) for i in range(17)]
+    assert isinstance(answers[0], Waiter) and answers[0].tenant == "light/user-0"
+    shed = [a for a in answers[1:] if isinstance(a, Shed)]
+    assert len(shed) == 16 and {a.reason for a in shed} == {OVER_LIMIT}, answers
+    assert "'light' over limit" in shed[0].message  # the key's tenant is what is over
+    adm.finished(answers[0], 40, now=0.0)  # its output comes out of the key's bucket too: 100 - 60 - 40 = 0
+    assert adm.ledger.try_take("light", 10, tenants.resolve(LIGHT, None).limit, now=0.0) == pytest.approx(1.0)
+    assert adm.ledger.usage("light/user-0", 0.0) > 0  # the fair share stays the sub-tenant's own

@@ -41,6 +41,9 @@ class ToolParser(Protocol):
 
     name: ClassVar[str]
     """The ``--tool-call-parser`` value that selects it (vLLM's name for the same format)."""
+    reads_special_tokens: ClassVar[bool]
+    """Its markers are special tokens in some models' tokenizers, so it reads the text with special tokens kept
+    (vLLM's ``adjust_request`` turns ``skip_special_tokens`` off for such a parser)."""
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
         """Content and calls of ``text``; ``ValueError`` where the text cannot be the format (then it is content)."""

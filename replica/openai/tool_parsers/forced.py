@@ -20,6 +20,7 @@ class NamedToolCall:
 
     function: str
     name: ClassVar[str] = "named"
+    reads_special_tokens: ClassVar[bool] = False
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
         start = skip_whitespace(text, 0)
@@ -32,6 +33,7 @@ class RequiredToolCalls:
     """The output is an array of ``{"name", "parameters"}`` objects (at least one)."""
 
     name: ClassVar[str] = "required"
+    reads_special_tokens: ClassVar[bool] = False
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
         parsed = ParsedOutput(0)

@@ -21,6 +21,7 @@ TOOL_CALL_END = "</tool_call>"
 
 class HermesToolParser:
     name: ClassVar[str] = "hermes"
+    reads_special_tokens: ClassVar[bool] = True  # Qwen's and Hermes' tokenizers mark <tool_call> special
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
         first = text.find(TOOL_CALL_START)

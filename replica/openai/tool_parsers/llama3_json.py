@@ -18,6 +18,7 @@ BOT_TOKEN = "<|python_tag|>"
 
 class Llama3JsonToolParser:
     name: ClassVar[str] = "llama3_json"
+    reads_special_tokens: ClassVar[bool] = False
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
         at = skip_whitespace(text, 0)

@@ -6,7 +6,10 @@
 
 A call is announced once its name is whole (calls in order: a later one waits for the earlier's name); its
 arguments follow as the text grows, so their chunks joined are the arguments of the whole answer. Text the parser
-cannot read (``ValueError``) is content from there on, as vLLM answers a malformed call with plain text.
+cannot read (``ValueError``) before any call was announced is content from there on, as vLLM answers a malformed
+call with plain text; once a call is out, what cannot be read is dropped, as vLLM's streaming parsers skip it: the
+client keeps the calls it got (and the answer ends with ``finish_reason: "tool_calls"``), never their text again
+as content. A whole (not streamed) answer with a call that cannot be read is all content (``answer``).
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class ToolCallStream:
             except ValueError:
                 self.unreadable = True
         if self.unreadable:
-            return self._content(len(self.text)), []
+            return ("" if self.called else self._content(len(self.text))), []
         calls = parsed.calls if self.parallel else parsed.calls[:1]
         deltas: list[JSONObject] = []
         for index, call in enumerate(calls):
