@@ -24,6 +24,7 @@ from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
+from kvmesh.replica.openai.grammar_limits import check_grammar_limits
 from kvmesh.replica.server import chat_tools, kv_plane, kv_request
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.output_usage import check_failed, total_usage, usage_of
@@ -70,6 +71,7 @@ class OpenAIHandlers:
         ``kv_transfer_params`` only from the cluster itself (kv_plane.py), before kv_request.py acts on them."""
         req = await read_request(http, model_cls, self.state.frontend, self.state.renderer.run)
         self.state.check_model(req.model)
+        check_grammar_limits(req, self.state.frontend)
         kv_plane.check_transfer_params(self.state.server, http, req)
         return req
 
