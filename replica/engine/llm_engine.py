@@ -87,7 +87,8 @@ class LLMEngine:
         them between steps and reads their ``/load`` fields; the scheduler asks them for remote KV."""
         self.scheduler.connector = self.kv_connectors
         self.loras = EngineLoRAs(config, model_runner)  # adapters known here; config.lora_modules registered now
-        self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,
+                                                         config.structured_outputs)
         """Grammars of the requests with structured outputs (structured_output.py)."""
 
     def add_lora(self, lora_request: LoRARequest) -> bool:

@@ -96,16 +96,27 @@ def check(params: StructuredOutputsParams, whitespace_default: bool) -> None:
             _checked.popitem(last=False)
 
 
-class XgrammarCompiler:
-    """Compiles constraints for one tokenizer (thread-safe: the compile pool calls it from its threads)."""
+def tokenizer_info(tokenizer: HFTokenizer, vocab_size: int, stop_token_ids: list[int]):
+    """xgrammar's ``TokenizerInfo`` of this model's tokenizer (what compiled grammars are built against)."""
+    return _xgrammar().TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                      stop_token_ids=stop_token_ids or None)
 
-    def __init__(self, tokenizer: HFTokenizer, vocab_size: int, stop_token_ids: list[int],
-                 whitespace_default: bool) -> None:
-        xgr = _xgrammar()
-        self.vocab_size = vocab_size
+
+def tokenizer_info_from_json(text: str):
+    return _xgrammar().TokenizerInfo.deserialize_json(text)
+
+
+def compiled_from_json(text: str, info):
+    """A ``CompiledGrammar`` a compile process sent (``serialize_json``), for ``info``'s tokenizer."""
+    return _xgrammar().CompiledGrammar.deserialize_json(text, info)
+
+
+class XgrammarCompiler:
+    """Compiles constraints for one tokenizer (one per compile process, engine/grammar_worker.py)."""
+
+    def __init__(self, info, whitespace_default: bool, cache_limit_bytes: int) -> None:
         self.whitespace_default = whitespace_default
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._compiler = _xgrammar().GrammarCompiler(info, max_threads=1, cache_limit_bytes=cache_limit_bytes)
 
     def compile(self, params: StructuredOutputsParams):
         """The compiled grammar (xgrammar's ``CompiledGrammar``)."""

@@ -56,6 +56,9 @@ class StructuredOutputsParams:
     num_resumed_tokens: int = 0
     """(kvmesh) The prompt's last this many tokens are output the constraint already matched: the answer goes on
     from there (a migrated stream's continuation, router/http/migration.py). Not part of ``key``."""
+    tenant: str = ""
+    """(kvmesh) Whose compile this is: the request's ``user`` (all a replica knows of its sender); waiting compiles
+    take turns by it (engine/grammar_pool.py). Not part of ``key``."""
 
     def _kinds(self) -> dict[str, object]:
         return {"json": self.json, "json_object": self.json_object, "regex": self.regex, "choice": self.choice,
