@@ -26,7 +26,6 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING
 
-from kvmesh.replica.engine import grammar_worker
 from kvmesh.replica.engine import xgrammar_backend as xb
 
 if TYPE_CHECKING:
@@ -185,6 +184,8 @@ class GrammarPool:
         return alive + [self._start_worker() for _ in range(self.config.compile_processes - len(alive))]
 
     def _start_worker(self) -> _Worker:
+        from kvmesh.replica.engine import grammar_worker  # imports xgrammar (the engine extra): on first use
+
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload([grammar_worker.__name__])
         ours, theirs = ctx.Pipe()

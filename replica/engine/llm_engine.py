@@ -264,8 +264,10 @@ class LLMEngine:
 
     def get_stats(self) -> EngineStats:
         """The live stats object, its gauges refreshed (counters and histograms are cumulative)."""
-        return self._stats.refresh(self.scheduler, self.kv_cache_manager, self.prefill_rate.tokens_per_s,
-                                   self.model_runner.kv_offload, self.config.block_size)
+        stats = self._stats.refresh(self.scheduler, self.kv_cache_manager, self.prefill_rate.tokens_per_s,
+                                    self.model_runner.kv_offload, self.config.block_size)
+        stats.grammar_compiles = self.structured_output.compile_stats()
+        return stats
 
     @property
     def stats(self) -> EngineStats:

@@ -189,6 +189,14 @@ class StructuredOutputManager:
                                             f"{live[request_id].params.field}"))
         return refused
 
+    def compiling_ids(self) -> list[str]:
+        """The live requests still waiting for their grammar."""
+        return list(self._compiling)
+
+    def compile_stats(self) -> dict[str, float]:
+        """The compile pool's counters (engine/grammar_pool.py), empty before the first compile."""
+        return dict(self.pool.stats) if self.pool is not None else {}
+
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
