@@ -5,15 +5,13 @@ model's tokenizer once, then compiles one constraint at a time as the pool sends
     worker -> pool   ("ready",) once; then per job (job id, the CompiledGrammar as JSON | None, error | None, seconds)
 
 Its module is preloaded by the fork server (xgrammar and torch imported once), so a new worker starts in
-milliseconds. It runs at a lower CPU priority than the engine, and dies with its parent (Linux's parent-death
-signal), so a replica killed mid-compile leaves no compile behind; the pool kills it when a compile overruns or
+milliseconds. It dies with its parent (Linux's parent-death signal), so a replica killed mid-compile leaves no compile behind; the pool kills it when a compile overruns or
 every request waiting for it is gone.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
 import time
 from typing import TYPE_CHECKING
@@ -37,7 +35,6 @@ def _die_with_parent() -> None:
 def serve(conn: Connection, tokenizer_info: str, whitespace_default: bool, cache_limit_bytes: int) -> None:
     """The worker's loop (module doc) until its pipe closes."""
     _die_with_parent()
-    os.nice(10)  # the engine's steps (every tenant's tokens) come before a compile when CPUs are short
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the replica's to handle; it ends the pool
     compiler = xb.XgrammarCompiler(xb.tokenizer_info_from_json(tokenizer_info), whitespace_default, cache_limit_bytes)
     conn.send(("ready",))

@@ -90,10 +90,10 @@ class OpenAIHandlers:
         candidates = ps.plan_candidates(request_id, prompts, params, req.n, best_of,
                                         params[0].logprobs is not None, req.stream)
         kv = kv_request.engine_params(self.state, req, prompts, http)  # a pull before it runs, a lease at its end
-        try:  # queues the requests now, so bad input is a 400 before any byte is sent
-            streams = await kv_request.start_or_leave(
-                ps.start_all(client, candidates, req.cache_salt, self.state.loras.request_for(req.model), req.priority,
-                             kv), _wait_disconnect(http) if kv is not None and kv.remote is not None else None)
+        try:  # queues the requests now (a 400 before any byte is sent); a client leaving during a pull or a compile
+            streams = await kv_request.start_or_leave(ps.start_all(  # aborts them
+                client, candidates, req.cache_salt, self.state.loras.request_for(req.model), req.priority, kv),
+                _wait_disconnect(http) if constraints or (kv is not None and kv.remote is not None) else None)
             kv_headers = await kv_request.pull_headers(req, kv, streams)
             if isinstance(req, p.CompletionRequest) and req.prompt_only:
                 streams = [ps.without_output(stream) for stream in streams]
