@@ -163,6 +163,13 @@ class LLMEngine:
         return self.scheduler.waits_only_for_remote and not self._pending and self.steps.in_flight is None
 
     @property
+    def waits_only_for_grammars(self) -> bool:
+        """Every unfinished request waits for its grammar to compile: a step would do nothing (the engine thread
+        may sleep until a compile ends, ``StructuredOutputManager.on_compiled``)."""
+        waiting = self.structured_output.num_compiling
+        return 0 < waiting == len(self.scheduler.requests) and not self._pending and self.steps.in_flight is None
+
+    @property
     def async_scheduling(self) -> bool:
         """Whether step() launches a step before it reads the last one's tokens (async_scheduling.py)."""
         return self.steps.async_scheduling

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -90,6 +91,8 @@ class StructuredOutputManager:
         self._compiling: set[str] = set()  # live ids whose grammar is not compiled yet
         self._cache: dict[tuple, Future] = {}  # spec key -> its compilation (insertion order: oldest first)
         self.pool: GrammarPool | None = None
+        self.on_compiled: Callable[[], None] | None = None
+        """Called (on the pool's thread) when a compile ends: the engine thread waiting only for grammars wakes."""
         self._filler: xb.BitmaskFiller | None = None
 
     def check(self, params: StructuredOutputsParams, num_prompt_tokens: int) -> None:
@@ -111,12 +114,22 @@ class StructuredOutputManager:
         future = self._cache.pop(key, None)
         if future is None or _failed(future) or not future.done():
             future = self._compile_pool().submit(key, params, params.tenant, request.request_id)
+        future.add_done_callback(self._compiled)
         self._cache[key] = future  # newest last
         self._trim_cache()
         resumed = request.prompt_token_ids[len(request.prompt_token_ids) - params.num_resumed_tokens:] \
             if params.num_resumed_tokens else []
         request.structured_output = self.live[request.request_id] = StructuredOutputRequest(params, future, resumed)
         self._compiling.add(request.request_id)
+
+    def _compiled(self, _: Future) -> None:
+        if self.on_compiled is not None:
+            self.on_compiled()
+
+    @property
+    def num_compiling(self) -> int:
+        """Live requests waiting for their grammar."""
+        return len(self._compiling)
 
     def _compile_pool(self) -> GrammarPool:
         if self.pool is None:

@@ -92,13 +92,21 @@ def metric(url: str, name: str, label: str = "") -> float:
                if line.startswith((name + "{", name + " ")) and label in line)
 
 
-def slow_compiles(url: str, stop: threading.Event, seed: int) -> int:
-    """Unique slow choice lists, one after another until ``stop``; how many were sent."""
-    rng, sent = random.Random(seed), 0
-    with httpx.Client(base_url=url, headers=AUTH, timeout=30) as client:
-        while not stop.is_set():
-            client.post("/v1/completions", json={"prompt": "Once", "max_tokens": 4, "user": "attacker",
-                                                 "structured_outputs": {"choice": choice_list(rng)}})
+def slow_bodies(seed: int, n: int = 20) -> list[bytes]:
+    """Requests of unique slow choice lists, made before the clock runs (the attacker's own CPU is not the test's)."""
+    rng = random.Random(seed)
+    return [json.dumps({"prompt": "Once", "max_tokens": 4, "user": "attacker",
+                        "structured_outputs": {"choice": choice_list(rng)}}).encode() for _ in range(n)]
+
+
+def slow_compiles(url: str, stop: threading.Event, bodies: list[bytes]) -> int:
+    """``bodies`` one after another until ``stop`` (or the last); how many were sent."""
+    sent = 0
+    with httpx.Client(base_url=url, headers={**AUTH, "content-type": "application/json"}, timeout=30) as client:
+        for body in bodies:
+            if stop.is_set():
+                break
+            client.post("/v1/completions", content=body)
             sent += 1
     return sent
 
@@ -128,9 +136,9 @@ def test_a_grammar_flood_leaves_the_light_tenant_and_the_replica_as_they_were(st
         unloaded = max(p90(timed_plain(url, 30)), BASELINE_FLOOR_S)
         rss, threads = tree_rss(proc), proc.num_threads()
 
-        stop = threading.Event()
+        stop, bodies = threading.Event(), [slow_bodies(seed) for seed in range(2)]
         with ThreadPoolExecutor(2 + 60) as attackers:
-            slow = [attackers.submit(slow_compiles, url, stop, seed) for seed in range(2)]
+            slow = [attackers.submit(slow_compiles, url, stop, mine) for mine in bodies]
             time.sleep(1.0)
             list(attackers.map(abandon, [url] * 60, range(60)))
             start = time.perf_counter()
@@ -161,7 +169,7 @@ def test_sigterm_ends_a_replica_with_compiles_running(stories_path):
         stop = threading.Event()
         with ThreadPoolExecutor(4) as attackers:
             for seed in range(4):
-                attackers.submit(slow_compiles, url, stop, 100 + seed)
+                attackers.submit(slow_compiles, url, stop, slow_bodies(100 + seed, n=5))
             assert wait_for(lambda: metric(url, "kvmesh_grammar_compiles_running") == COMPILE_PROCESSES, 60)
             workers = compile_workers(proc)
             assert len(workers) == COMPILE_PROCESSES
