@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from kvmesh.replica.engine import xgrammar_backend as xb
 
 if TYPE_CHECKING:
-    from kvmesh.replica.engine.grammar_config import StructuredOutputsConfig
+    from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
     from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)

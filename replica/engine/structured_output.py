@@ -23,8 +23,8 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.engine import xgrammar_backend as xb
-from kvmesh.replica.engine.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.engine.grammar_pool import CompileTimeout, GrammarPool
+from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.serving.sampling_params import SamplingParamsError
 from kvmesh.replica.step.scheduler_output import GrammarBitmask
 

@@ -4,8 +4,8 @@ more is dequeued or its process killed, and the pool's processes end with it."""
 from __future__ import annotations
 
 import pytest
-from kvmesh.replica.engine.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.engine.grammar_pool import GrammarPool
+from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams as SO
 
 from ..grammar_processes import compile_workers, wait_for

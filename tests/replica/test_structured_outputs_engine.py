@@ -254,7 +254,7 @@ def test_a_compile_that_overruns_fails_its_request_and_later_ones_compile(storie
     """Hostile: a grammar whose compile outlasts compile_timeout_s. Its request fails with an error naming the
     field, its compile process is killed and replaced (the pool keeps compile_processes of them), and a later
     request compiles."""
-    from kvmesh.replica.engine.grammar_config import StructuredOutputsConfig
+    from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 
     eng = engine(stories_path, False, structured_outputs=StructuredOutputsConfig(compile_processes=1,
                                                                                  compile_timeout_s=0.2))
