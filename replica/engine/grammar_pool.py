@@ -77,6 +77,7 @@ class GrammarPool:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
+        self._wake_pending = False
         self._closed = False
         self._thread: threading.Thread | None = None
         self.worker_pids: tuple[int, ...] = ()  # the compile processes now (the dispatcher's, read by anyone)
@@ -91,7 +92,7 @@ class GrammarPool:
                 self._queues.setdefault(tenant, deque()).append(job)
                 self.stats["waiting"] += 1
             job.waiters.add(request_id)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # the first compile, or after a failure
                 self._thread = threading.Thread(target=self._run, name="kvmesh-grammar", daemon=True)
                 self._thread.start()
         self._wake()
@@ -126,6 +127,10 @@ class GrammarPool:
 
     # ------------------------------------------------------------ the dispatcher thread
     def _wake(self) -> None:
+        """Get the dispatcher round once more (one message in the pipe at most: it never fills)."""
+        if self._wake_pending:
+            return
+        self._wake_pending = True
         try:
             self._wake_w.send_bytes(b"")
         except OSError:  # closed
@@ -160,11 +165,14 @@ class GrammarPool:
                 self._assign(workers)
                 ready = wait([self._wake_r] + [w.conn for w in workers], self._until_next_deadline(workers))
                 if self._wake_r in ready:
+                    self._wake_pending = False  # before reading: a later wake sends again
                     while self._wake_r.poll():
                         self._wake_r.recv_bytes()
                 for w in workers:
                     if w.conn in ready:
                         self._receive(w)
+        except Exception:  # no compile process could start: the waiting requests fail, the next submit retries
+            logger.exception("the grammar compile pool stopped")
         finally:
             for w in workers:
                 w.kill()

@@ -62,7 +62,7 @@ class StructuredOutputRequest:
     def start(self) -> str | None:
         """Build the matcher of the compiled grammar and feed it the resumed tokens; an error, or None."""
         if self.future.cancelled():
-            return f"{self.params.field}: the engine closed before the grammar compiled"
+            return f"{self.params.field}: the grammar compile was stopped (the engine is closing)"
         if isinstance(error := self.future.exception(), CompileTimeout):
             return f"{self.params.field}: the grammar {error}"
         if error is not None:
