@@ -9,6 +9,7 @@ xgrammar is imported lazily: it is in the ``engine`` extra, and only a constrain
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # "[01:42:53] /project/cpp/x.cc:83: " before xgrammar's message
 CHECKED_SIZE = 1024
 """Constraints remembered as checked (a request checked by the HTTP layer is not parsed again by the engine)."""
-_checked: OrderedDict[tuple, None] = OrderedDict()
+_checked: OrderedDict[bytes, None] = OrderedDict()  # digests of (key, whitespace default): 1,024 x 32 bytes
 _checked_lock = threading.Lock()
 
 
@@ -72,7 +73,7 @@ def any_whitespace(params: StructuredOutputsParams, default: bool) -> bool:
 def check(params: StructuredOutputsParams, whitespace_default: bool) -> None:
     """Raise ``SamplingParamsError`` naming the request's field when xgrammar cannot express the constraint
     (a schema it does not take, a regex or grammar that does not parse); needs no tokenizer."""
-    memo = (params.key, whitespace_default)
+    memo = hashlib.sha256(repr((params.key, whitespace_default)).encode()).digest()
     with _checked_lock:
         if memo in _checked:
             return
