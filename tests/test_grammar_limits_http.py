@@ -80,3 +80,19 @@ def test_constraints_at_their_limits_are_served(pair):
         r = post(url, "/v1/completions", {"prompt": "Once", "structured_outputs": {"choice": words}})
         assert r.status_code == 200, r.text[:300]
         assert r.json()["choices"][0]["text"] in words
+
+
+def completions_seen(replica_url: str) -> float:
+    """Completion requests the replica has answered, whatever their status (its /metrics)."""
+    text = httpx.get(replica_url + "/metrics", headers=AUTH, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("kvmesh_http_requests_total{") and "completions" in line)
+
+
+def test_the_router_refuses_before_the_replica_sees_it(pair):
+    replica, router = pair
+    before = completions_seen(replica)
+    refused(post(router, "/v1/completions", {"prompt": "hi", "guided_choice": WORDS}), "guided_choice", "max_choices")
+    assert completions_seen(replica) == before
+    refused(post(replica, "/v1/completions", {"prompt": "hi", "guided_choice": WORDS}), "guided_choice", "max_choices")
+    assert completions_seen(replica) == before + 1  # the count can move
