@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.serving.json_types import JSONObject
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -89,6 +90,8 @@ class EngineConfig:
     """LoRA adapters kept loaded in host memory (least recently used dropped first); None: max_loras."""
     lora_modules: dict[str, str] = field(default_factory=dict)
     """LoRA adapters registered at start, name -> PEFT directory (vLLM's --lora-modules name=path ...)."""
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
+    """How grammars compile and are cached (serving/grammar_config.py)."""
     scheduling_policy: str = "fcfs"
     """Which waiting request runs first (vLLM's --scheduling-policy): "fcfs" in arrival order (a request's non-zero
     ``priority`` is refused), "priority" by the request's ``priority`` (lower first) then arrival, preempting the

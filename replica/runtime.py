@@ -7,8 +7,8 @@ server's addresses), the HTTP server its ``ReplicaServerConfig`` and the OpenAI 
 ``[AllBlocksCleared()]`` at seq 0, "this replica's cache is empty" -- is queued, so a subscriber can
 always tell a fresh incarnation.
 
-Graceful shutdown: stop accepting (/health -> 503, new requests -> 503), let in-flight requests
-finish for ``graceful_s``, abort the rest, stop HTTP, stop the engine and close the publisher
+Graceful shutdown: stop accepting (/health -> 503, new requests -> 503), abort the requests still waiting
+for their grammar to compile, let the other in-flight requests finish for ``graceful_s``, abort the rest, stop HTTP, stop the engine and close the publisher
 (nothing is published after the engine stops, so nothing stale reaches the stream).
 """
 
@@ -138,6 +138,7 @@ class ReplicaRuntime:
             return True
         llm = self.llm
         llm.draining = True
+        llm.abort_compiling()
         deadline = time.monotonic() + graceful_s
         while llm.num_unfinished() and time.monotonic() < deadline:
             time.sleep(0.02)

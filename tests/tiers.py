@@ -92,7 +92,8 @@ class TierGuard:
         guard = self
 
         def listen(sock, *args):
-            guard.seen.append(f"listens on {sock.getsockname()} (a server on a port: mark it live)")
+            if sock.family in (socket.AF_INET, socket.AF_INET6):  # a Unix socket (a fork server's) is no port
+                guard.seen.append(f"listens on {sock.getsockname()} (a server on a port: mark it live)")
             return original(sock, *args)
 
         return listen

@@ -217,6 +217,14 @@ class AsyncLLM:
             self._submit(AbortRequests(ids))
         return len(ids)
 
+    def abort_compiling(self) -> int:
+        """Abort the requests still waiting for their grammar to compile (graceful shutdown's first step: they have
+        nothing to finish, and a compile may run for compile_timeout_s); returns how many."""
+        ids = read_racily(self.engine.structured_output.compiling_ids)
+        if ids:
+            self._submit(AbortRequests(ids))
+        return len(ids)
+
     def shutdown(self) -> None:
         """Stop the engine thread, close the engine (and its publisher), then the model runner."""
         stopped = self.thread.stop(timeout_s=30)

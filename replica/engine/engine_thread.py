@@ -50,6 +50,7 @@ class EngineThread:
         self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
         self._wake = threading.Event()
         kv_transfers.wake = self._wake.set  # a transfer worker thread saw a read move on
+        engine.structured_output.on_compiled = self._wake.set  # a grammar compile ended
         self._thread = threading.Thread(target=self._run, name="kvmesh-engine", daemon=True)
         self._thread.start()
 
@@ -86,8 +87,9 @@ class EngineThread:
                 engine.kv_connectors.between_steps()
                 for out in engine.step() if engine.has_unfinished_requests() else ():
                     self._deliver(out)
-                if not engine.has_unfinished_requests() or engine.waits_only_for_remote_kvs:  # idle, or until a
-                    self._wake.wait(engine.kv_connectors.idle_timeout())  # remote KV lookup or read wakes it
+                if not engine.has_unfinished_requests() or engine.waits_only_for_remote_kvs \
+                        or engine.waits_only_for_grammars:  # idle, or until a remote KV lookup or read, or a
+                    self._wake.wait(engine.kv_connectors.idle_timeout())  # compile, wakes it
         except BaseException as e:  # a bug in the engine loop: fail every open stream, say why
             logger.exception("engine loop died")
             self.errored = e

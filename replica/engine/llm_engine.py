@@ -88,7 +88,8 @@ class LLMEngine:
         them between steps and reads their ``/load`` fields; the scheduler asks them for remote KV."""
         self.scheduler.connector = self.kv_connectors
         self.loras = EngineLoRAs(config, model_runner)  # adapters known here; config.lora_modules registered now
-        self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,
+                                                         config.structured_outputs)
         """Grammars of the requests with structured outputs (structured_output.py)."""
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
@@ -163,6 +164,13 @@ class LLMEngine:
         """The last step ran nothing: every unfinished request waits for KV from another replica (the engine
         thread may sleep until a connector wakes it)."""
         return self.scheduler.waits_only_for_remote and not self._pending and self.steps.in_flight is None
+
+    @property
+    def waits_only_for_grammars(self) -> bool:
+        """Every unfinished request waits for its grammar to compile: a step would do nothing (the engine thread
+        may sleep until a compile ends, ``StructuredOutputManager.on_compiled``)."""
+        waiting = self.structured_output.num_compiling
+        return 0 < waiting == len(self.scheduler.requests) and not self._pending and self.steps.in_flight is None
 
     @property
     def async_scheduling(self) -> bool:
@@ -269,8 +277,10 @@ class LLMEngine:
 
     def get_stats(self) -> EngineStats:
         """The live stats object, its gauges refreshed (counters and histograms are cumulative)."""
-        return self._stats.refresh(self.scheduler, self.kv_cache_manager, self.prefill_rate.tokens_per_s,
-                                   self.model_runner.kv_offload, self.config.block_size)
+        stats = self._stats.refresh(self.scheduler, self.kv_cache_manager, self.prefill_rate.tokens_per_s,
+                                    self.model_runner.kv_offload, self.config.block_size)
+        stats.grammar_compiles = self.structured_output.compile_stats()
+        return stats
 
     @property
     def stats(self) -> EngineStats:

@@ -98,6 +98,8 @@ class EngineStats:
     """Bytes loaded back from the host tier (cumulative)."""
     kv_offload_load_seconds: float = 0.0
     """Time spent loading back (cumulative; on CUDA bytes over the measured bandwidth)."""
+    grammar_compiles: dict[str, float] = field(default_factory=dict)
+    """The grammar compile pool's counters (engine/grammar_pool.py ``stats``; empty before its first compile)."""
     prefill_tokens_per_s: float = 0.0
     """Prompt tokens per second this engine measured on its recent steps (0: not yet)."""
     num_prompt_tokens: int = 0

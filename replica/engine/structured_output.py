@@ -3,6 +3,8 @@ thread, each step's constrained rows get a token bitmask, and each accepted toke
 
     add_request ─ check (a 400 naming the field) ─ compile in the pool (cached by the spec) ──┐
     scheduler: a constrained request waits until its grammar is ready                          ▼
+    (engine/grammar_pool.py: compile processes, taken in turns by tenant, killed at the timeout or when every
+    request waiting for the compile is gone)
     step: schedule ─ grammar_bitmask(rows that sample) ─ runner masks the logits ─ sample ─ accept(tokens)
 
 The matcher moves only on tokens the host has accepted, so preemption and recomputation leave it as it is
@@ -17,14 +19,15 @@ is constrained (vLLM's ``reasoning_ended``). KV blocks, their hashes and events 
 from __future__ import annotations
 
 import logging
-import threading
 import time
+import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.engine import xgrammar_backend as xb
+from kvmesh.replica.engine.grammar_pool import CompileTimeout, GrammarPool
+from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.serving.sampling_params import SamplingParamsError
 from kvmesh.replica.step.scheduler_output import GrammarBitmask
 
@@ -35,30 +38,6 @@ if TYPE_CHECKING:
     from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class StructuredOutputsConfig:
-    """How the engine compiles and caches grammars."""
-
-    compile_threads: int = 2
-    """Threads that compile grammars while their requests wait in the scheduler (the engine thread never does)."""
-    cache_size: int = 256
-    """Compiled grammars kept by their spec; the oldest is dropped past this many."""
-    any_whitespace: bool = False
-    """JSON grammars let the model put whitespace between tokens; off, a small model closes its object instead of
-    padding it (a request's ``disable_any_whitespace`` decides for itself)."""
-    fill_threads: int = 1
-    """Threads that fill a step's bitmask rows (in xgrammar, the GIL released); more pays off at large batches on
-    a machine with cores to spare."""
-    compile_timeout_s: float = 30.0
-    """A request whose grammar is not compiled after this many seconds fails (a regex like ``(a{1000}){1000}``
-    compiles for minutes); its compile is left to finish on threads of its own, new ones get a fresh pool."""
-
-    def __post_init__(self) -> None:
-        if min(self.compile_threads, self.cache_size, self.fill_threads) < 1 or not self.compile_timeout_s > 0:
-            raise ValueError("structured outputs need compile_threads, cache_size and fill_threads >= 1 and "
-                             "compile_timeout_s > 0")
 
 
 def check_constraints(constraints: list[StructuredOutputsParams]) -> None:
@@ -99,7 +78,11 @@ class StructuredOutputRequest:
 
     def start(self) -> str | None:
         """Build the matcher of the compiled grammar and feed it the resumed tokens; an error, or None."""
-        if (error := self.future.exception()) is not None:
+        if self.future.cancelled():
+            return f"{self.params.field}: the grammar compile was stopped (the engine is closing)"
+        if isinstance(error := self.future.exception(), CompileTimeout):
+            return f"{self.params.field}: the grammar {error}"
+        if error is not None:
             return f"{self.params.field}: the grammar failed to compile: {xb.error_message(error)}"
         matcher = xb.GrammarMatcher(self.future.result())
         for i, token in enumerate(self.resumed):
@@ -125,10 +108,10 @@ class StructuredOutputManager:
         self._compiling: set[str] = set()  # live ids whose grammar is not compiled yet
         self._reasoning: set[str] = set()  # live ids whose output is still reasoning (not masked yet)
         self._cache: dict[tuple, Future] = {}  # spec key -> its compilation (insertion order: oldest first)
-        self._pool: ThreadPoolExecutor | None = None
-        self._compiler: xb.XgrammarCompiler | None = None
+        self.pool: GrammarPool | None = None
+        self.on_compiled: Callable[[], None] | None = None
+        """Called (on the pool's thread) when a compile ends: the engine thread waiting only for grammars wakes."""
         self._filler: xb.BitmaskFiller | None = None
-        self._lock = threading.Lock()
 
     def check(self, params: StructuredOutputsParams, num_prompt_tokens: int) -> None:
         """``SamplingParamsError`` naming the request's field when the constraint cannot be compiled."""
@@ -140,20 +123,18 @@ class StructuredOutputManager:
             raise SamplingParamsError(params.field, "structured outputs need the model's tokenizer, and this "
                                          "engine runs without one")
         future = self._cache.get(params.key)
-        if future is None or (future.done() and future.exception() is not None):
+        if future is None or _failed(future):
             xb.check(params, self.config.any_whitespace)
 
     def add_request(self, request: Request, params: StructuredOutputsParams) -> None:
         """Start compiling ``request``'s grammar (or take it from the cache); the scheduler waits for it."""
         key = params.key
         future = self._cache.pop(key, None)
-        if future is None or (future.done() and future.exception() is not None):
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.config.compile_threads, thread_name_prefix="kvmesh-grammar")
-            future = self._pool.submit(self._compile, params)
+        if future is None or _failed(future) or not future.done():
+            future = self._compile_pool().submit(key, params, params.tenant, request.request_id)
+        future.add_done_callback(self._compiled)
         self._cache[key] = future  # newest last
-        while len(self._cache) > self.config.cache_size:
-            del self._cache[next(iter(self._cache))]
+        self._trim_cache()
         resumed = request.prompt_token_ids[len(request.prompt_token_ids) - params.num_resumed_tokens:] \
             if params.num_resumed_tokens else []
         grammar = request.structured_output = self.live[request.request_id] = StructuredOutputRequest(params, future,
@@ -162,39 +143,47 @@ class StructuredOutputManager:
         if grammar.reasoning_ids is not None:
             self._reasoning.add(request.request_id)
 
-    def _compile(self, params: StructuredOutputsParams):
-        with self._lock:
-            if self._compiler is None:
-                self._compiler = xb.XgrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids,
-                                                     self.config.any_whitespace)
-        return self._compiler.compile(params)
+    def _compiled(self, _: Future) -> None:
+        if self.on_compiled is not None:
+            self.on_compiled()
+
+    @property
+    def num_compiling(self) -> int:
+        """Live requests waiting for their grammar."""
+        return len(self._compiling)
+
+    def _compile_pool(self) -> GrammarPool:
+        if self.pool is None:
+            info = xb.tokenizer_info(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            self.pool = GrammarPool(info.serialize_json(), info, self.config)
+            weakref.finalize(self, self.pool.close, 0)  # an engine dropped without close() ends its compiles too
+        return self.pool
+
+    def _trim_cache(self) -> None:
+        """Drop the oldest grammars past cache_size of them or cache_memory bytes of the compiled ones."""
+        cache = self._cache
+        while len(cache) > self.config.cache_size:
+            del cache[next(iter(cache))]
+        sizes = {key: f.result().memory_size_bytes for key, f in cache.items() if f.done() and not _failed(f)}
+        total = sum(sizes.values())
+        for key in list(cache):
+            if total <= self.config.cache_memory:
+                break
+            total -= sizes.get(key, 0)
+            del cache[key]
 
     def poll(self) -> list[tuple[str, str]]:
         """Start the matchers of the grammars compiled since the last call (the engine thread, before it
-        schedules); (request id, error) of those that failed to compile or to resume."""
-        failed, now, timeout = [], time.monotonic(), self.config.compile_timeout_s
+        schedules); (request id, error) of those that failed to compile (or overran compile_timeout_s) or to
+        resume."""
+        failed = []
         for request_id in list(self._compiling):
             grammar = self.live[request_id]
             if grammar.future.done():
                 self._compiling.discard(request_id)
                 if (error := grammar.start()) is not None:
                     failed.append((request_id, error))
-            elif now - grammar.since > timeout:
-                self._compiling.discard(request_id)
-                failed.append((request_id, f"{grammar.params.field}: the grammar did not compile within "
-                                           f"{timeout:g} s; send a simpler one"))
-                self._abandon(grammar)
         return failed
-
-    def _abandon(self, grammar: StructuredOutputRequest) -> None:
-        """A compile that overran: forget it (its thread finishes on its own) and start new ones on a fresh pool."""
-        if self._cache.get(grammar.params.key) is grammar.future:
-            del self._cache[grammar.params.key]
-        if self._pool is not None:
-            logger.warning("a grammar compile overran %g s (%s); later compiles use new threads",
-                           self.config.compile_timeout_s, grammar.params.field)
-            self._pool.shutdown(wait=False, cancel_futures=False)
-            self._pool = None
 
     def compiling(self) -> list[str]:
         """Requests whose grammar is compiling and within its timeout (``/load``'s ``num_grammar_compiles``; another
@@ -203,8 +192,11 @@ class StructuredOutputManager:
         return [rid for rid in self._compiling if (g := live.get(rid)) is not None and g.since >= since]
 
     def finish(self, request_id: str) -> None:
-        self.live.pop(request_id, None)
-        self._compiling.discard(request_id)
+        grammar = self.live.pop(request_id, None)
+        if request_id in self._compiling:  # its compile goes on only for the other requests waiting for it
+            self._compiling.discard(request_id)
+            if self.pool is not None:
+                self.pool.release(grammar.params.key, request_id)
         self._reasoning.discard(request_id)
 
     def grammar_bitmask(self, sched: SchedulerOutput) -> GrammarBitmask | None:
@@ -246,7 +238,20 @@ class StructuredOutputManager:
         if grammar.reasoning_ids is None:
             self._reasoning.discard(request_id)
 
+    def compiling_ids(self) -> list[str]:
+        """The live requests still waiting for their grammar."""
+        return list(self._compiling)
+
+    def compile_stats(self) -> dict[str, float]:
+        """The compile pool's counters (engine/grammar_pool.py), empty before the first compile."""
+        return dict(self.pool.stats) if self.pool is not None else {}
+
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+
+def _failed(future: Future) -> bool:
+    """A finished compile without a grammar (an error, a timeout, cancelled)."""
+    return future.done() and (future.cancelled() or future.exception() is not None)

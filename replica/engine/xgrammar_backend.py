@@ -9,6 +9,7 @@ xgrammar is imported lazily: it is in the ``engine`` extra, and only a constrain
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # "[01:42:53] /project/cpp/x.cc:83: " before xgrammar's message
 CHECKED_SIZE = 1024
 """Constraints remembered as checked (a request checked by the HTTP layer is not parsed again by the engine)."""
-_checked: OrderedDict[tuple, None] = OrderedDict()
+_checked: OrderedDict[bytes, None] = OrderedDict()  # digests of (key, whitespace default): 1,024 x 32 bytes
 _checked_lock = threading.Lock()
 
 
@@ -72,7 +73,7 @@ def any_whitespace(params: StructuredOutputsParams, default: bool) -> bool:
 def check(params: StructuredOutputsParams, whitespace_default: bool) -> None:
     """Raise ``SamplingParamsError`` naming the request's field when xgrammar cannot express the constraint
     (a schema it does not take, a regex or grammar that does not parse); needs no tokenizer."""
-    memo = (params.key, whitespace_default)
+    memo = hashlib.sha256(repr((params.key, whitespace_default)).encode()).digest()
     with _checked_lock:
         if memo in _checked:
             return
@@ -96,16 +97,27 @@ def check(params: StructuredOutputsParams, whitespace_default: bool) -> None:
             _checked.popitem(last=False)
 
 
-class XgrammarCompiler:
-    """Compiles constraints for one tokenizer (thread-safe: the compile pool calls it from its threads)."""
+def tokenizer_info(tokenizer: HFTokenizer, vocab_size: int, stop_token_ids: list[int]):
+    """xgrammar's ``TokenizerInfo`` of this model's tokenizer (what compiled grammars are built against)."""
+    return _xgrammar().TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                      stop_token_ids=stop_token_ids or None)
 
-    def __init__(self, tokenizer: HFTokenizer, vocab_size: int, stop_token_ids: list[int],
-                 whitespace_default: bool) -> None:
-        xgr = _xgrammar()
-        self.vocab_size = vocab_size
+
+def tokenizer_info_from_json(text: str):
+    return _xgrammar().TokenizerInfo.deserialize_json(text)
+
+
+def compiled_from_json(text: str, info):
+    """A ``CompiledGrammar`` a compile process sent (``serialize_json``), for ``info``'s tokenizer."""
+    return _xgrammar().CompiledGrammar.deserialize_json(text, info)
+
+
+class XgrammarCompiler:
+    """Compiles constraints for one tokenizer (one per compile process, engine/grammar_worker.py)."""
+
+    def __init__(self, info, whitespace_default: bool, cache_limit_bytes: int) -> None:
         self.whitespace_default = whitespace_default
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._compiler = _xgrammar().GrammarCompiler(info, max_threads=1, cache_limit_bytes=cache_limit_bytes)
 
     def compile(self, params: StructuredOutputsParams):
         """The compiled grammar (xgrammar's ``CompiledGrammar``)."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from kvmesh.replica.openai.reasoning_parsers import REASONING_PARSERS
 from kvmesh.replica.openai.tool_parsers import TOOL_PARSERS
+from kvmesh.replica.serving.structured_outputs import MAX_SCHEMA_DEPTH
 
 MIN_API_KEY_CHARS = 8
 
@@ -18,6 +19,15 @@ class FrontendConfig:
     """Largest request body accepted: a larger Content-Length, or more bytes while reading, is a 413."""
     max_prompt_chars: int = 1 << 20
     """Most characters of prompt text (all messages together) tokenized per request (400 above)."""
+    max_grammar_chars: int = 64 << 10
+    """Most characters of one request's regex, grammar, JSON schema (as compact JSON), ``choice`` strings (together)
+    or tools' parameters (together): what the replica compiles into a grammar (400 above)."""
+    max_choices: int = 1000
+    """Most strings in a request's ``choice`` list (400 above; OpenAI's limit on a schema's enum values)."""
+    max_schema_depth: int = MAX_SCHEMA_DEPTH
+    """Most levels of objects and arrays a request's JSON schema (or a tool's parameters) may nest (400 above)."""
+    max_tools: int = 128
+    """Most tools one chat request may send (400 above; OpenAI's limit)."""
     render_timeout_s: float = 5.0
     """Seconds tokenizing and chat-template rendering of one request may take before it is refused (400)."""
     chat_template: str | None = None
@@ -59,7 +69,8 @@ class FrontendConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_prompt_chars", "render_threads", "max_header_bytes", "max_headers",
-                     "max_request_line_bytes", "responses_max_bytes_per_tenant", "responses_max_bytes"):
+                     "max_request_line_bytes", "responses_max_bytes_per_tenant", "responses_max_bytes",
+                     "max_grammar_chars", "max_choices", "max_schema_depth", "max_tools"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:

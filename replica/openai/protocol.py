@@ -116,6 +116,11 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
                 raise ProtocolError(f"logit_bias keys must be token ids, got {echo(repr(key))}", param="logit_bias") from None
         return bias
 
+    def _constraint(self) -> StructuredOutputsParams | None:
+        """The output's constraint, its compile charged to the request's ``user`` (engine/grammar_pool.py)."""
+        constraint = self.structured_outputs_params()
+        return constraint if constraint is None or not self.user else replace(constraint, tenant=self.user)
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -153,7 +158,7 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 logit_bias=self._logit_bias(),
-                structured_outputs=self.structured_outputs_params(),
+                structured_outputs=self._constraint(),
                 **self.sampling_extras(),
             )
         except SamplingParamsError as e:

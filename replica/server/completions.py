@@ -24,6 +24,7 @@ from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
+from kvmesh.replica.openai.grammar_limits import check_grammar_limits
 from kvmesh.replica.server import chat_answer, kv_plane, kv_request
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.output_usage import check_failed, total_usage, usage_of
@@ -73,6 +74,7 @@ class OpenAIHandlers:
         ``kv_transfer_params`` only from the cluster itself (kv_plane.py), before kv_request.py acts on them."""
         req = await read_request(http, model_cls, self.state.frontend, self.state.renderer.run)
         self.state.check_model(req.model)
+        check_grammar_limits(req, self.state.frontend)
         kv_plane.check_transfer_params(self.state.server, http, req)
         return req
 
@@ -92,10 +94,10 @@ class OpenAIHandlers:
         candidates = ps.plan_candidates(request_id, prompts, params, req.n, best_of,
                                         params[0].logprobs is not None, req.stream)
         kv = kv_request.engine_params(self.state, req, prompts, http)  # a pull before it runs, a lease at its end
-        try:  # queues the requests now, so bad input is a 400 before any byte is sent
-            streams = await kv_request.start_or_leave(
-                ps.start_all(client, candidates, req.cache_salt, self.state.loras.request_for(req.model), req.priority,
-                             kv), _wait_disconnect(http) if kv is not None and kv.remote is not None else None)
+        try:  # queues the requests now (a 400 before any byte is sent); a client leaving during a pull or a compile
+            streams = await kv_request.start_or_leave(ps.start_all(  # aborts them
+                client, candidates, req.cache_salt, self.state.loras.request_for(req.model), req.priority, kv),
+                _wait_disconnect(http) if constraints or (kv is not None and kv.remote is not None) else None)
             kv_headers = await kv_request.pull_headers(req, kv, streams)
             if isinstance(req, p.CompletionRequest) and req.prompt_only:
                 streams = [ps.without_output(stream) for stream in streams]

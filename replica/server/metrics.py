@@ -21,6 +21,8 @@ replicas in one process never clash). Every ``vllm:*`` family carries vLLM v1's 
     the host tier (``kv_offload_memory``; zeros without one): kvmesh_host_kv_cache_usage (gauge, 0..1),
     kvmesh_host_prefix_cache_hits (counter, tokens loaded back), kvmesh_kv_offload_bytes{direction}
     and kvmesh_kv_offload_load_seconds (counters)
+    kvmesh_grammar_compile_seconds (counter), kvmesh_grammar_compiles{outcome} (counter: compiled, failed,
+    timed_out, cancelled), kvmesh_grammar_compiles_running / _waiting (gauges): the grammar compile pool
     process_*, python_*                                   the standard process collectors
 
 kvmesh's own names never contain ``:`` (reserved for recording rules; promtool flags it), only
@@ -32,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
+from kvmesh.replica.engine.grammar_pool import OUTCOMES
 from kvmesh.replica.openai.metrics_exposition import add_process_collectors, metrics_response
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -111,6 +114,20 @@ class EngineStatsCollector(Collector):
         yield self._counter("kvmesh_kv_offload_load_seconds", "Seconds spent loading blocks back from the host tier.",
                             s.kv_offload_load_seconds)
 
+    def _grammar(self, s: EngineStats) -> Iterator[Metric]:
+        """The grammar compile pool's work (zeros before its first compile)."""
+        g = s.grammar_compiles
+        yield self._counter("kvmesh_grammar_compile_seconds", "Seconds grammar compile processes spent compiling.",
+                            g.get("compile_seconds", 0.0))
+        ended = CounterMetricFamily("kvmesh_grammar_compiles", "Grammar compiles ended, by outcome.",
+                                    labels=["model_name", "engine", "outcome"])
+        for outcome in OUTCOMES:
+            ended.add_metric([*self.labels, outcome], g.get(outcome, 0))
+        yield ended
+        yield self._gauge("kvmesh_grammar_compiles_running", "Grammar compiles running now.", g.get("running", 0))
+        yield self._gauge("kvmesh_grammar_compiles_waiting", "Grammar compiles waiting for a compile process.",
+                          g.get("waiting", 0))
+
     def collect(self) -> Iterator[Metric]:
         s = self.stats_fn()
         if s is None:
@@ -138,6 +155,7 @@ class EngineStatsCollector(Collector):
                           "Prompt tokens per second the engine measured on its recent steps (0: not yet).",
                           s.prefill_tokens_per_s)
         yield from self._host_tier(s)  # zeros without a tier: dashboards query one set of series
+        yield from self._grammar(s)
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
                             s.num_preemptions)
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.num_prompt_tokens)

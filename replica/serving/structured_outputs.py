@@ -60,6 +60,9 @@ class StructuredOutputsParams:
     """(kvmesh) The constraint starts after the output writes this text: the end tag of the server's reasoning
     parser, so the answer after the reasoning is constrained and the reasoning is not (vLLM's ``reasoning_ended``).
     None: from the first token. Set by the server, never read from a request; not part of ``key``."""
+    tenant: str = ""
+    """(kvmesh) Whose compile this is: the request's ``user`` (all a replica knows of its sender); waiting compiles
+    take turns by it (engine/grammar_pool.py). Not part of ``key``."""
 
     def _kinds(self) -> dict[str, object]:
         return {"json": self.json, "json_object": self.json_object, "regex": self.regex, "choice": self.choice,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop
+from kvmesh.replica.openai.grammar_limits import check_grammar_limits
 from kvmesh.router.http.caller import identify
 from kvmesh.router.http.messages import Request
 from kvmesh.router.http.migration import MigratingStream
@@ -66,6 +67,7 @@ class RequestReader:
         svc = self.runtime
         req = await parse_off_loop(raw, p.ChatCompletionRequest if chat else p.CompletionRequest, svc.renderer.run)
         refuse_router_only(req)  # on the decoded body, as the replica decodes it (router_only.py)
+        check_grammar_limits(req, svc.renderer.config)  # before any replica is asked (grammar_limits.py)
         pool = svc.pool_for(req.model)
         tokenizer, renderer = svc.frontend_for(pool)
         if tokenizer is None:  # no tokenizer for its model: load-only routing, the replica validates

@@ -4,13 +4,15 @@ path (sync, async scheduling, preemption, chunked prefill), with the mask applie
 from __future__ import annotations
 
 import json
-import threading
+import random
+import string
 
 import pytest
 import torch
 from kvmesh.replica.serving.sampling_params import SamplingParams, SamplingParamsError
 from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams as SO
 
+from ..grammar_processes import compile_workers, wait_for
 from .test_engine_async_scheduling import PROMPTS, both, engine, generate
 
 xgr = pytest.importorskip("xgrammar", reason="structured outputs need xgrammar (the engine extra)")
@@ -142,32 +144,31 @@ def test_a_constraint_that_does_not_compile_is_refused_naming_its_field(stories_
     assert not eng.has_unfinished_requests()
 
 
-def test_grammars_compile_off_the_engine_thread_and_the_others_run_meanwhile(stories_path, monkeypatch):
-    """A slow compile holds only its own request back (it waits in the scheduler); a second request with the same
-    spec shares the compilation."""
+def slow_choice(seed: int, words: int = 1000) -> SO:
+    """A choice list (unique per ``seed``); 1,000 words take about a second to compile on stories260K's tokenizer."""
+    rng = random.Random(seed)
+    return SO(choice=tuple("".join(rng.choice(string.ascii_lowercase) for _ in range(60)) for _ in range(words)),
+              field="guided_choice")
+
+
+def test_grammars_compile_off_the_engine_thread_and_the_others_run_meanwhile(stories_path):
+    """A slow compile holds only its own request back (it waits in the scheduler, compiled in another process); a
+    second request with the same spec shares the compilation."""
     eng = engine(stories_path, False)
-    manager, release, threads = eng.structured_output, threading.Event(), set()
-    compile_ = manager._compile
-
-    def slow(params):
-        threads.add(threading.get_ident())
-        assert release.wait(30)
-        return compile_(params)
-
-    monkeypatch.setattr(manager, "_compile", slow)
-    so = SO(choice=("yes", "no"))
-    eng.add_request("c1", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=so))
-    eng.add_request("c2", PROMPTS["b"], SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=so))
+    manager, so = eng.structured_output, slow_choice(0, words=100)
+    eng.add_request("c1", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=so))
+    eng.add_request("c2", PROMPTS["b"], SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=so))
     eng.add_request("free", PROMPTS["d"], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
     done = {}
     while "free" not in done:
         done |= {o.request_id: o for o in eng.step() if o.finished}
     assert eng.scheduler.requests["c1"].num_computed_tokens == 0  # still waiting for its grammar
-    assert len(manager._cache) == 1 and threading.get_ident() not in threads
-    release.set()
+    assert len(manager._cache) == 1
     while eng.has_unfinished_requests():
         done |= {o.request_id: o for o in eng.step() if o.finished}
-    assert {done[r].finish_reason for r in ("c1", "c2")} == {"stop"}
+    assert {done[r].finish_reason for r in ("c1", "c2")} == {"stop"}, done["c1"].error
+    assert done["c1"].text in so.choice and manager.pool.stats["compiled"] == 1  # one compile for both
+    eng.close()
 
 
 def test_a_token_the_grammar_refuses_fails_only_its_request(stories_path, monkeypatch):
@@ -249,30 +250,31 @@ def test_constraints_hold_on_cuda_with_graphs_and_async_scheduling(stories_path)
     assert async_ == sync
 
 
-def test_a_compile_that_overruns_fails_its_request_and_later_ones_compile(stories_path, monkeypatch):
-    """Hostile: a grammar whose compile never ends (a huge repetition). Its request fails after compile_timeout_s
-    with an error naming the field; the stuck thread is left behind and a later request compiles on new threads."""
-    from kvmesh.replica.engine.structured_output import StructuredOutputsConfig
+def test_a_compile_that_overruns_fails_its_request_and_later_ones_compile(stories_path):
+    """Hostile: a grammar whose compile outlasts compile_timeout_s. Its request fails with an error naming the
+    field, its compile process is killed and replaced (the pool keeps compile_processes of them), and a later
+    request compiles."""
+    from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 
-    eng = engine(stories_path, False)
-    manager, release = eng.structured_output, threading.Event()
-    manager.config = StructuredOutputsConfig(compile_threads=1, compile_timeout_s=0.5)  # the one thread sticks
-    compile_ = manager._compile
-    monkeypatch.setattr(manager, "_compile", lambda params: release.wait(30) if params.regex == "a+" else
-                        compile_(params))
-    eng.add_request("stuck", PROMPTS["a"], SamplingParams(max_tokens=8, structured_outputs=SO(regex="a+",
-                                                                                              field="guided_regex")))
+    eng = engine(stories_path, False, structured_outputs=StructuredOutputsConfig(compile_processes=1,
+                                                                                 compile_timeout_s=0.2))
+    eng.add_request("stuck", PROMPTS["a"], SamplingParams(max_tokens=8, structured_outputs=slow_choice(1)))
     done = {}
     while eng.has_unfinished_requests():
         done |= {o.request_id: o for o in eng.step() if o.finished}
-    assert done["stuck"].finish_reason == "error" and "guided_regex" in done["stuck"].error
-    manager.config = StructuredOutputsConfig(compile_threads=1, compile_timeout_s=30)  # the next compile's own time
+    assert done["stuck"].finish_reason == "error" and "guided_choice" in done["stuck"].error
+    assert "did not compile within 0.2 s" in done["stuck"].error
     eng.add_request("next", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=8,
                                                          structured_outputs=SO(choice=("yes", "no"))))
     while eng.has_unfinished_requests():
         done |= {o.request_id: o for o in eng.step() if o.finished}
-    release.set()
     assert done["next"].finish_reason == "stop"
+    stats = eng.structured_output.pool.stats
+    assert (stats["timed_out"], stats["compiled"], stats["running"], stats["waiting"]) == (1, 1, 0, 0)
+    pids = eng.structured_output.pool.worker_pids
+    assert len(pids) == 1 and {w.pid for w in compile_workers()} >= set(pids)
+    eng.close()
+    assert wait_for(lambda: not {w.pid for w in compile_workers()} & set(pids), 5)
 
 
 def test_a_constraint_checked_once_is_not_parsed_again(monkeypatch):

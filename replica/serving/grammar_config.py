@@ -1,0 +1,34 @@
+"""How the engine compiles and caches grammars (``EngineConfig.structured_outputs``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsConfig:
+    """How the engine compiles and caches grammars (engine/structured_output.py, engine/grammar_pool.py)."""
+
+    compile_processes: int = 2
+    """Processes that compile grammars, the most compiles at once (the engine thread never compiles); waiting
+    compiles take turns by the requests' ``user``."""
+    compile_timeout_s: float = 10.0
+    """A compile still running after this many seconds is stopped (its process killed and replaced) and its
+    requests fail naming their field (a regex like ``(a{1000}){1000}`` compiles for minutes)."""
+    cache_size: int = 256
+    """Compiled grammars kept by their spec; the oldest is dropped past this many."""
+    cache_memory: int = 64 << 20
+    """Bytes of compiled grammars kept by the engine, and the bound of each compile process's own xgrammar cache;
+    the oldest is dropped past it."""
+    any_whitespace: bool = False
+    """JSON grammars let the model put whitespace between tokens; off, a small model closes its object instead of
+    padding it (a request's ``disable_any_whitespace`` decides for itself)."""
+    fill_threads: int = 1
+    """Threads that fill a step's bitmask rows (in xgrammar, the GIL released); more pays off at large batches on
+    a machine with cores to spare."""
+
+    def __post_init__(self) -> None:
+        if min(self.compile_processes, self.cache_size, self.cache_memory, self.fill_threads) < 1 \
+                or not self.compile_timeout_s > 0:
+            raise ValueError("structured outputs need compile_processes, cache_size, cache_memory and fill_threads "
+                             ">= 1 and compile_timeout_s > 0")
