@@ -46,7 +46,9 @@ def test_an_fp8_cache_holds_twice_the_blocks_of_a_bf16_one_in_the_same_memory(st
 def test_a_prompt_pushed_out_to_the_host_tier_comes_back_with_the_fp8_replicas_text(stories_path):
     tiered = engine(stories_path, kv_cache_dtype="fp8", kv_cache_memory="256KiB", kv_offload_memory="16MiB")
     assert 40 <= tiered.num_kv_blocks <= 70
-    assert tiered.model_runner.host_kv_cache.dtype == torch.float8_e4m3fn
+    runner = tiered.model_runner
+    assert runner.host_kv_cache.dtype == torch.float8_e4m3fn  # a host block is an FP8 block: half the bytes
+    assert runner.num_host_blocks == (16 << 20) // runner.kv_layout.bytes_per_block
     long_prompt = prompts(1, 428, seed=0)[0]
     first = generate(tiered, "long", long_prompt)
     for i, other in enumerate(prompts(8, 300, seed=1)):  # each pushes most of the device pool out
