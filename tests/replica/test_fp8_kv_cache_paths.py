@@ -124,3 +124,18 @@ def test_checkpoint_kv_scales_become_the_layers_scales_and_their_absence_is_logg
     assert all(attn.kv_scales is None for attn in plain.model_runner.model.attention_layers())
     prompt = prompts(1, 40, seed=3)[0]
     assert generate(scaled, "s", prompt).output_token_ids  # the scaled cache decodes
+
+
+def test_block_hashes_and_events_are_those_of_the_model_dtype_cache(stories_path):
+    """The tokens say what a block holds; the dtype is the replica's: the same prompt stores the same blocks (its
+    prompt's: the generated text may differ with the rounding)."""
+    from kvmesh.events.schema import BlockStored
+
+    def stored(kv_cache_dtype: str) -> list:
+        eng = engine(stories_path, kv_cache_dtype=kv_cache_dtype, kv_cache_memory="1MiB", hash_seed="one-cluster")
+        generate(eng, "p", prompts(1, 100, seed=4)[0], max_tokens=1)
+        return [(e.block_hashes, e.parent_block_hash, e.token_ids, e.block_size, e.medium)
+                for e in eng.event_publisher.events if type(e) is BlockStored]
+
+    fp8 = stored("fp8")
+    assert sum(len(hashes) for hashes, *_ in fp8) == 100 // 16 and fp8 == stored("auto")
