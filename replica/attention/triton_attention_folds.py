@@ -57,10 +57,18 @@ def to_cache(x, scale_ptr, cache_ptr, KV_QUANT: tl.constexpr, FP8_MAX: tl.conste
 
 
 @triton.jit
-def from_cache(x, scale_ptr, dtype: tl.constexpr, KV_QUANT: tl.constexpr):
-    """x as loaded from the cache, in the model's ``dtype``: an FP8 cache's x times its scale."""
+def cache_scale(scale_ptr, KV_QUANT: tl.constexpr):
+    """An FP8 cache's scale (one float32, read once per program); 1.0 for a cache in the model's dtype."""
     if KV_QUANT:
-        x = (x.to(tl.float32) * tl.load(scale_ptr)).to(dtype)
+        return tl.load(scale_ptr)
+    return 1.0
+
+
+@triton.jit
+def from_cache(x, scale, dtype: tl.constexpr, KV_QUANT: tl.constexpr):
+    """x as loaded from the cache, in the model's ``dtype``: an FP8 cache's x times its ``scale``."""
+    if KV_QUANT:
+        x = (x.to(tl.float32) * scale).to(dtype)
     return x
 
 

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 from kvmesh.replica.attention.kv_quant import kernel_scales
 from kvmesh.replica.attention.triton_attention_folds import (
+    cache_scale,
     from_cache,
     merge_splits,
     rotate_rows,
@@ -134,6 +135,7 @@ def _unified_attention_kernel(
                          KV_QUANT, FP8_MAX)
             tl.debug_barrier()  # written before any thread of the program reads it back below
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
+    k_scale, v_scale = cache_scale(k_scale_ptr, KV_QUANT), cache_scale(v_scale_ptr, KV_QUANT)
     for start in range(kv_lo, kv_hi, TILE):
         pos = start + offs_n  # [TILE] key positions
         n_ok = pos < kv_hi
@@ -142,7 +144,7 @@ def _unified_attention_kernel(
         k_off = block * stride_k_block + slot * stride_k_slot + kv_head * stride_k_head  # [TILE]
         k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=d_ok[:, None] & n_ok[None, :],
                     other=0.0)  # [HEAD_DIM_PADDED, TILE]
-        k = from_cache(k, k_scale_ptr, q.dtype, KV_QUANT)  # an FP8 cache: dequantized to q's dtype
+        k = from_cache(k, k_scale, q.dtype, KV_QUANT)  # an FP8 cache: dequantized to q's dtype
         s = tl.dot(q, k, out_dtype=tl.float32, input_precision="ieee") * qk_scale  # [BLOCK_M, TILE] fp32
         s = tl.where((pos[None, :] <= q_pos[:, None]) & n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -153,7 +155,7 @@ def _unified_attention_kernel(
         v_off = block * stride_v_block + slot * stride_v_slot + kv_head * stride_v_head
         v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :],
                     other=0.0)  # [TILE, HEAD_DIM_PADDED]
-        v = from_cache(v, v_scale_ptr, q.dtype, KV_QUANT)
+        v = from_cache(v, v_scale, q.dtype, KV_QUANT)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], out_dtype=tl.float32, input_precision="ieee")
         m_i = m_new
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

@@ -46,7 +46,9 @@ def test_an_fp8_cache_holds_twice_the_blocks_of_a_bf16_one_in_the_same_memory(st
 def test_a_prompt_pushed_out_to_the_host_tier_comes_back_with_the_fp8_replicas_text(stories_path):
     tiered = engine(stories_path, kv_cache_dtype="fp8", kv_cache_memory="256KiB", kv_offload_memory="16MiB")
     assert 40 <= tiered.num_kv_blocks <= 70
-    assert tiered.model_runner.host_kv_cache.dtype == torch.float8_e4m3fn
+    runner = tiered.model_runner
+    assert runner.host_kv_cache.dtype == torch.float8_e4m3fn  # a host block is an FP8 block: half the bytes
+    assert runner.num_host_blocks == (16 << 20) // runner.kv_layout.bytes_per_block
     long_prompt = prompts(1, 428, seed=0)[0]
     first = generate(tiered, "long", long_prompt)
     for i, other in enumerate(prompts(8, 300, seed=1)):  # each pushes most of the device pool out
@@ -122,3 +124,18 @@ def test_checkpoint_kv_scales_become_the_layers_scales_and_their_absence_is_logg
     assert all(attn.kv_scales is None for attn in plain.model_runner.model.attention_layers())
     prompt = prompts(1, 40, seed=3)[0]
     assert generate(scaled, "s", prompt).output_token_ids  # the scaled cache decodes
+
+
+def test_block_hashes_and_events_are_those_of_the_model_dtype_cache(stories_path):
+    """The tokens say what a block holds; the dtype is the replica's: the same prompt stores the same blocks (its
+    prompt's: the generated text may differ with the rounding)."""
+    from kvmesh.events.schema import BlockStored
+
+    def stored(kv_cache_dtype: str) -> list:
+        eng = engine(stories_path, kv_cache_dtype=kv_cache_dtype, kv_cache_memory="1MiB", hash_seed="one-cluster")
+        generate(eng, "p", prompts(1, 100, seed=4)[0], max_tokens=1)
+        return [(e.block_hashes, e.parent_block_hash, e.token_ids, e.block_size, e.medium)
+                for e in eng.event_publisher.events if type(e) is BlockStored]
+
+    fp8 = stored("fp8")
+    assert sum(len(hashes) for hashes, *_ in fp8) == 100 // 16 and fp8 == stored("auto")

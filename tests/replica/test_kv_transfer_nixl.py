@@ -136,3 +136,34 @@ def test_an_idle_agent_leaves_the_cpu_alone(reader):
     time.sleep(1.0)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     assert cpu < 0.25 * wall, f"{cpu:.2f} CPU-s in {wall:.2f} s with an idle agent"
+
+
+def test_fp8_blocks_read_from_another_process_are_byte_identical_and_a_bf16_peer_is_refused():
+    """An FP8 cache moves as its bytes (half a bf16 block's); a reader of another KV dtype is refused naming both."""
+    spec = HolderSpec("fp8-holder", num_kv_blocks=8, num_layers=2, num_kv_heads=2, head_dim=16, dtype="float8_e4m3fn")
+    conn, process = start_holder(spec)
+    try:
+        ready = receive_holder(conn)
+        handshake = decode_handshake(ready.handshake)
+        agents, caches = [], []
+        for name, dtype in (("fp8-reader", torch.float8_e4m3fn), ("bf16-reader", torch.bfloat16)):
+            cache = torch.zeros(spec.synthetic_shape(), dtype=dtype)
+            caches.append(cache)
+            agents.append(make_kv_transfer_agent(KVTransferConfig(timeout_s=5.0), name, cache, block_layout(
+                cache, spec.kv_layout, spec.block_size, spec.num_kv_heads, spec.head_dim)))
+        fp8, bf16 = agents
+        try:
+            assert handshake.layout.dtype == "float8_e4m3fn" and fp8.layout.bytes_per_block * 2 == \
+                bf16.layout.bytes_per_block
+            read_blocks(fp8, fp8.add_peer(handshake), [1, 5, 6], [2, 3, 7])
+            assert torch.equal(_blocks(caches[0], fp8.layout, [2, 3, 7]),
+                               _blocks(ready.cache, handshake.layout, [1, 5, 6]))
+            with pytest.raises(KVLayoutMismatch, match="KV cache dtype bfloat16 on 'bf16-reader' vs float8_e4m3fn"):
+                bf16.add_peer(handshake)
+        finally:
+            for agent in agents:
+                agent.close()
+    finally:
+        if process.is_alive():
+            conn.send("exit")
+        process.join(timeout=30)

@@ -42,12 +42,12 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def _engine(model: str, kv_cache_dtype: str, memory: str = "64MiB"):
+def _engine(model: str, kv_cache_dtype: str, memory: str = "64MiB", dtype: str = "auto"):
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.engine.llm_engine import LLMEngine
 
     return LLMEngine(EngineConfig(model=model, device="cpu", kv_cache_dtype=kv_cache_dtype, kv_cache_memory=memory,
-                                  max_model_len=1024))
+                                  max_model_len=1024, dtype=dtype))
 
 
 def capacity(model: str) -> dict:
@@ -56,8 +56,8 @@ def capacity(model: str) -> dict:
     from kvmesh.replica.worker.kv_cache import bytes_per_block
 
     measured = {}
-    for dtype in DTYPES:
-        runner = _engine(model, dtype).model_runner
+    for dtype in (*DTYPES, "bfloat16"):  # the last: a model-dtype cache of the model run in bf16
+        runner = (_engine(model, "auto", dtype="bfloat16") if dtype == "bfloat16" else _engine(model, dtype)).model_runner
         measured[dtype] = {"kv_cache_dtype": str(runner.kv_cache.dtype).removeprefix("torch."),
                            "bytes_per_block": runner.kv_layout.bytes_per_block,
                            "blocks_per_gib": runner.num_kv_blocks * GIB // (64 << 20)}
@@ -136,12 +136,13 @@ def hit_rates(trace: str, memory: str) -> dict:
 def table(result: dict) -> str:
     """BENCHMARKS.md's FP8 table (``kvmesh bench report``'s ``fp8_kv_cache`` kind)."""
     cap, agree, sim = result["capacity"], result["agreement"], result["hit_rate"]["runs"]
-    names = {"auto": "model dtype (float32 here)", "fp8_e4m3": "fp8 (E4M3)", "fp8_e5m2": "fp8_e5m2"}
+    names = {"auto": "model dtype (float32 on the CPU)", "fp8_e4m3": "fp8 (E4M3)", "fp8_e5m2": "fp8_e5m2",
+             "bfloat16": "model dtype, the model in bf16"}
     lines = ["| KV cache | blocks per GiB (stories260K) | top-1 agreement | mean \\|logprob diff\\| | p99 |",
              "|---|---|---|---|---|"]
-    for dtype in DTYPES:
+    for dtype in ("auto", "bfloat16", *DTYPES[1:]):
         row = agree.get(dtype)
-        figures = ["1 (reference)", "0", "0"] if row is None else [
+        figures = ["(reference)" if dtype == "auto" else "-", "-", "-"] if row is None else [
             f"{row['top1_agreement']:.2%}", f"{row['mean_abs_logprob_diff']:.4f}", f"{row['p99_abs_logprob_diff']:.4f}"]
         lines.append(f"| {names[dtype]} | {cap['model'][dtype]['blocks_per_gib']:,} | " + " | ".join(figures) + " |")
     llama = cap["llama3_8b_blocks_per_gib"]
