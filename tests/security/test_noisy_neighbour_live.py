@@ -50,7 +50,7 @@ CONTROL_S = 10.0
 """The control: the noisy tenant's plain requests, before the attack (the light tenant's p90 then is the base)."""
 ATTACK_S = 240.0
 """No hostile request is sent after this (the ~2,400 take about a minute when every one is answered at once)."""
-pytestmark = pytest.mark.timeout(ATTACK_S + 180)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(ATTACK_S + 180)]  # noisy_fleet.py starts the processes
 
 WARM_UP = [("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4}),
            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
@@ -85,7 +85,8 @@ def fleet(stories_path, tmp_path_factory):
 
 
 def _warm_up(fleet: NoisyFleet) -> None:
-    """``WARM_UP`` on both replicas, 8 at a time (thread pools grow to their size before the baseline)."""
+    """Each of ``WARM_UP`` 8 at a time, twice over (thread pools grow to their size before the baseline: a request
+    body over 64 KiB is read on a render thread, a grammar compiled by the grammar pool)."""
     import httpx
 
     def send(item: tuple[str, dict]) -> None:
@@ -93,7 +94,8 @@ def _warm_up(fleet: NoisyFleet) -> None:
         assert r.status_code < 500, r.text  # the long prompt is a 400 (read off the loop first)
 
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(send, WARM_UP * 4))
+        for item in WARM_UP * 2:
+            list(pool.map(send, [item] * 8))
 
 
 @pytest.fixture(scope="module")
