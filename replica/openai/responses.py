@@ -9,7 +9,31 @@ from typing import ClassVar, Literal
 from urllib.parse import quote
 
 from kvmesh.replica.serving.errors import ProtocolError
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
+from pydantic_core import CoreSchema
+
+_COLLECTIONS = frozenset({"list", "dict", "set", "frozenset", "tuple"})
+
+
+def _fail_fast(schema: object) -> object:
+    """``schema`` (a pydantic-core schema) with ``fail_fast`` on every collection in it."""
+    if isinstance(schema, dict):
+        if schema.get("type") in _COLLECTIONS:
+            schema["fail_fast"] = True
+        for value in schema.values():
+            _fail_fast(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _fail_fast(value)
+    return schema
 
 
 class OpenAIBaseModel(BaseModel):
@@ -18,6 +42,11 @@ class OpenAIBaseModel(BaseModel):
     __token_id_fields__: ClassVar[tuple[str, ...]] = ()
     """Fields validated in C when they hold token ids (errors.parse_request); none by default."""
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: type[BaseModel], handler: GetCoreSchemaHandler) -> CoreSchema:
+        """The model's schema with every list and object validated fail-fast: a 100,000-item list of wrong items is
+        one error, not 100,000 (~1 s and ~100 MB to build, for a message that shows the first few)."""
+        return _fail_fast(handler(source))
 
 
 def random_id(prefix: str) -> str:

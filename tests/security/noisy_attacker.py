@@ -3,11 +3,14 @@ own process (so building and sending megabytes takes nothing from the process th
 
     python tests/security/noisy_attacker.py URL KEY OUT.jsonl [--concurrency 4] [--timeout-s 25] [--deadline-s 300]
                                              [--match REGEX]     # only the cases whose name matches (a replay)
+    python tests/security/noisy_attacker.py URL KEY OUT.jsonl --plain-s 8   # the control: plain requests only
 
 Cases go in their order (a field's cases follow each other, so the ones in flight at any moment are of one or two
 fields); each answer is one JSON line of ``OUT``: the case, its status (or ``timeout`` / the client's error), when it
 was sent and answered (``time.monotonic``, the clock the light tenant's timings use too), whether a 4xx was
 OpenAI-shaped, and the answer's first bytes. Cases not sent by ``--deadline-s`` are lines too, status ``not sent``.
+``--plain-s`` sends, as many at a time, the endpoints' plain requests for that long instead: the same volume with
+nothing hostile in it, what the light tenant's latency under attack is compared with.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the suite's own modules
 
-from tests.security.hostile_fields import Case, cases  # noqa: E402
+from tests.security.hostile_fields import ENDPOINTS, Case, cases  # noqa: E402
+from tests.security.hostile_values import raw  # noqa: E402
 
 HEAD_CHARS = 300
 """Characters of an answer kept in the results."""
@@ -82,6 +86,22 @@ def attack(url: str, key: str, out: Path, concurrency: int, timeout_s: float, de
             pass
 
 
+def plain(url: str, key: str, concurrency: int, seconds: float) -> None:
+    """The endpoints' plain requests (``request_id`` null: nothing hostile), ``concurrency`` at a time for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    plain_cases = [Case(endpoint, "request_id", raw("null", "null")) for endpoint in ENDPOINTS]
+
+    def loop(i: int) -> None:
+        with httpx.Client(base_url=url) as client:
+            while time.monotonic() < deadline:
+                result = send(client, plain_cases[i % len(plain_cases)], key, seconds)
+                assert result["status"] == 200, result
+                i += 1
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(loop, range(concurrency)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("url")
@@ -91,7 +111,11 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=25.0, help="a request's bound")
     parser.add_argument("--deadline-s", type=float, default=300.0, help="no case is sent after this")
     parser.add_argument("--match", help="only the cases whose name (path field = value) matches this regex")
+    parser.add_argument("--plain-s", type=float, help="send plain requests for this long instead (the control)")
     args = parser.parse_args()
+    if args.plain_s:
+        plain(args.url, args.key, args.concurrency, args.plain_s)
+        return
     attack(args.url, args.key, args.out, args.concurrency, args.timeout_s, args.deadline_s, args.match)
 
 

@@ -160,15 +160,18 @@ def start_fleet(model: Path, workdir: Path, template_text: str) -> NoisyFleet:
 
 def _wait_serving(fleet: NoisyFleet) -> None:
     """Until the router answers a tenant and holds both replicas healthy."""
-    deadline = time.monotonic() + START_S
+    deadline, last = time.monotonic() + START_S, "nothing yet"
     while time.monotonic() < deadline:
         assert fleet.router.popen.poll() is None, f"kvmesh router exited with {fleet.router.popen.returncode}"
         try:
             r = httpx.post(fleet.url + "/v1/completions", json={"prompt": "Once", "max_tokens": 1}, timeout=10,
                            headers={"Authorization": f"Bearer {KEYS['light']}"})
-            if r.status_code == 200 and not fleet.read().unhealthy:
-                return
-        except httpx.HTTPError:
-            pass
+            last = f"{r.status_code} {r.text[:200]}"
+            if r.status_code == 200:
+                last = "; ".join(fleet.read().unhealthy)
+                if not last:
+                    return
+        except httpx.HTTPError as e:
+            last = f"{type(e).__name__}: {e}"
         time.sleep(0.2)
-    raise AssertionError(f"the noisy fleet did not serve within {START_S}s")
+    raise AssertionError(f"the noisy fleet did not serve within {START_S}s: {last}")

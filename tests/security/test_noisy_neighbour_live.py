@@ -9,12 +9,14 @@ completions are timed one after another and the fleet is read every half second 
 
 - each hostile request got a 4xx with an OpenAI-shaped error, or an answer, within ``HANG_S``; never a 5xx;
 - the light tenant's p90, over every ``WINDOW`` of its requests during the attack and after it, stayed within
-  ``SLOWDOWN`` x its p90 before the attack;
+  ``SLOWDOWN`` x its p90 while the noisy tenant sent plain requests as many at a time (the control: on a small
+  machine the volume alone slows everyone; the bound is on what the values add);
 - the router never held a replica down or ejected it, and each replica's ``/health`` answered 200;
 - ``SETTLE_S`` after the attack, each process's threads are back to what they were before it and its memory within
   ``MEMORY_MB``.
 
-A failure names the fields (and values) in flight when it happened.
+A failure names the fields (and values) in flight when it happened. ``python tests/security/noisy_attacker.py``
+replays chosen cases (``--match``) against any router.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +35,8 @@ from ..conftest import CHAT_TEMPLATE
 from .noisy_fleet import KEYS, NoisyFleet, Reading, start_fleet
 from .noisy_watch import LightTenant, Timing, Watch, p90
 
-HANG_S = 20.0
-"""Longest a hostile request may take to be answered."""
+HANG_S = 30.0
+"""Longest a hostile request may take to be answered (``max_tokens: null`` generates the model's whole context)."""
 SLOWDOWN = 3.0
 """The light tenant's p90 may grow to this many times its p90 before the attack."""
 WINDOW = 20
@@ -41,10 +44,14 @@ WINDOW = 20
 SETTLE_S = 5.0
 MEMORY_MB = 100.0
 """Resident memory a process may keep after the attack."""
-BEFORE_S = 6.0
-"""The light tenant alone, before the attack: its p90 is the bound's base."""
-ATTACK_S = 420
-"""The attacker process's bound (it sends ~2,400 requests)."""
+ALONE_S = 4.0
+"""The light tenant alone, first (its p90 then is reported beside the base)."""
+CONTROL_S = 10.0
+"""The control: the noisy tenant's plain requests, before the attack (the light tenant's p90 then is the base)."""
+ATTACK_S = 240.0
+"""No hostile request is sent after this (the ~2,400 take about a minute when every one is answered at once)."""
+pytestmark = [pytest.mark.live, pytest.mark.timeout(ATTACK_S + 180)]  # noisy_fleet.py starts the processes
+
 WARM_UP = [("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4}),
            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
            ("/v1/completions", {"prompt": "A", "max_tokens": 4, "structured_outputs": {"regex": "[a-z]+"}}),
@@ -60,6 +67,8 @@ class Attack:
     light: LightTenant
     readings: list[Reading]
     before: Reading
+    control: float
+    """When the control began (it ends at ``start``)."""
     start: float
     end: float
 
@@ -76,26 +85,37 @@ def fleet(stories_path, tmp_path_factory):
 
 
 def _warm_up(fleet: NoisyFleet) -> None:
+    """Each of ``WARM_UP`` 8 at a time, twice over (thread pools grow to their size before the baseline: a request
+    body over 64 KiB is read on a render thread, a grammar compiled by the grammar pool)."""
     import httpx
 
-    for _ in range(2):  # each replica
-        for path, body in WARM_UP:
-            r = httpx.post(fleet.url + path, json=body, timeout=60, headers={"Authorization": f"Bearer {KEYS['light']}"})
-            assert r.status_code < 500, r.text  # the long prompt is a 400 (read off the loop first)
+    def send(item: tuple[str, dict]) -> None:
+        r = httpx.post(fleet.url + item[0], json=item[1], timeout=60, headers={"Authorization": f"Bearer {KEYS['light']}"})
+        assert r.status_code < 500, r.text  # the long prompt is a 400 (read off the loop first)
+
+    distinct = [("/v1/completions", {"prompt": "A", "max_tokens": 4, "structured_outputs": {"regex": f"[a-z]{{{i}}}"}})
+                for i in range(1, 17)]  # compiles that miss the cache: every grammar worker starts
+    with ThreadPoolExecutor(8) as pool:
+        for item in WARM_UP * 2:
+            list(pool.map(send, [item] * 8))
+        list(pool.map(send, distinct))
 
 
 @pytest.fixture(scope="module")
 def attack(fleet, tmp_path_factory):
     _warm_up(fleet)
-    time.sleep(1.0)
-    before = fleet.read()
     light, watch = LightTenant(fleet.url).start(), Watch(fleet).start()
     out = tmp_path_factory.mktemp("attack") / "results.jsonl"
+    attacker = [sys.executable, str(Path(__file__).with_name("noisy_attacker.py")), fleet.url, KEYS["noisy"], str(out)]
     try:
-        time.sleep(BEFORE_S)
-        start = time.monotonic()
-        done = subprocess.run([sys.executable, str(Path(__file__).with_name("noisy_attacker.py")), fleet.url,
-                               KEYS["noisy"], str(out)], capture_output=True, text=True, timeout=ATTACK_S)
+        time.sleep(ALONE_S)
+        control = time.monotonic()
+        done = subprocess.run([*attacker, "--plain-s", str(CONTROL_S)], capture_output=True, text=True,
+                              timeout=CONTROL_S + 60)
+        assert done.returncode == 0, done.stderr[-3000:]
+        before, start = fleet.read(), time.monotonic()
+        done = subprocess.run([*attacker, "--timeout-s", str(HANG_S + 5), "--deadline-s", str(ATTACK_S)],
+                              capture_output=True, text=True, timeout=ATTACK_S + 2 * (HANG_S + 5))
         end = time.monotonic()
         assert done.returncode == 0, done.stderr[-3000:]
         time.sleep(SETTLE_S)
@@ -103,7 +123,7 @@ def attack(fleet, tmp_path_factory):
         light.stop()
         watch.stop()
     results = [json.loads(line) for line in out.read_text().splitlines()]
-    return Attack(results, light, watch.readings, before, start, end)
+    return Attack(results, light, watch.readings, before, control, start, end)
 
 
 def _windows(timings: list[Timing]) -> list[list[Timing]]:
@@ -122,7 +142,7 @@ def test_every_hostile_value_gets_a_4xx_or_an_answer_in_bounded_time(attack):
 
 def test_the_light_tenant_keeps_its_latency_during_and_after_the_attack(attack):
     light = attack.light
-    base = p90(light.between(0, attack.start))
+    base = p90(light.between(attack.control + 1, attack.start))
     failed = [t for t in light.timings if t.status != 200]
     assert not failed, f"the light tenant's requests failed: {failed[:10]}"
     slow = []
@@ -131,7 +151,8 @@ def test_the_light_tenant_keeps_its_latency_during_and_after_the_attack(attack):
             fields = sorted({name.split(" = ")[0] for name in attack.in_flight(window[0].t0, window[-1].t1)})
             slow.append(f"p90 {seen * 1e3:.0f} ms over {window[0].t0 - attack.start:.1f}-"
                         f"{window[-1].t1 - attack.start:.1f}s of the attack, attacking {', '.join(fields) or 'nothing'}")
-    assert not slow, (f"the light tenant's p90 exceeded {SLOWDOWN}x its p90 alone ({base * 1e3:.0f} ms):\n"
+    assert not slow, (f"the light tenant's p90 exceeded {SLOWDOWN}x its p90 under the control ({base * 1e3:.0f} ms;"
+                      f" alone {p90(light.between(0, attack.control)) * 1e3:.0f} ms):\n"
                       + "\n".join(slow))
 
 
@@ -145,9 +166,14 @@ def test_the_router_holds_every_replica_healthy_and_ejects_none(attack):
 def test_threads_and_memory_come_back_after_the_attack(attack):
     after = attack.readings[-1]
     assert after.t - attack.end >= SETTLE_S - 1
+    kept = []
     for name, threads in attack.before.threads.items():
         peak = max(r.threads.get(name, 0) for r in attack.readings)
-        assert after.threads[name] <= threads, f"{name}: {threads} threads before, {after.threads[name]} after " \
-                                               f"(peak {peak})"
-        assert after.rss_mb[name] <= attack.before.rss_mb[name] + MEMORY_MB, \
-            f"{name}: {attack.before.rss_mb[name]:.0f} MB before, {after.rss_mb[name]:.0f} MB after"
+        if after.threads[name] > threads:
+            kept.append(f"{name}: {threads} threads before, {after.threads[name]} after (peak {peak})")
+        if after.rss_mb[name] > attack.before.rss_mb[name] + MEMORY_MB:
+            grew = max((b.rss_mb.get(name, 0) - a.rss_mb.get(name, 0), a.t) for a, b in
+                       zip(attack.readings, attack.readings[1:], strict=False))
+            kept.append(f"{name}: {attack.before.rss_mb[name]:.0f} MB before, {after.rss_mb[name]:.0f} MB after (most "
+                        f"growth, {grew[0]:.0f} MB, attacking {attack.in_flight(grew[1], grew[1] + 1)[:6]})")
+    assert not kept, "\n".join(kept)
