@@ -8,7 +8,7 @@ spell). The plain request these go into asks for 4 tokens of stories260K.
 
 from __future__ import annotations
 
-from .hostile_values import DEPTH, HUGE_ITEMS, Hostile, lazy, value
+from .hostile_values import DEPTH, HUGE_CHARS, HUGE_ITEMS, Hostile, lazy, value
 
 WORDS = 40_000
 """Choices in a huge choice list, alternatives in a huge regex or grammar, items in a huge enum."""
@@ -146,5 +146,22 @@ SPECIFIC: dict[str, tuple[Hostile, ...]] = {
                              lazy(f"{HUGE_ITEMS:,} names", lambda: {f"k{i}": i for i in range(HUGE_ITEMS)})),
     "documents": (lazy(f"{HUGE_ITEMS:,} documents", lambda: [{"text": "a"}] * HUGE_ITEMS),),
     "kv_transfer_params.remote_url": (value("the metadata service", "http://169.254.169.254/latest/"),),
+    # The Responses API (/v1/responses)
+    "input": (lazy(f"{HUGE_ITEMS:,} items", lambda: [{"role": "user", "content": "hi"}] * HUGE_ITEMS),
+              lazy("a tool output 10,000 deep", lambda: [{"type": "function_call_output", "call_id": "c",
+                                                          "output": "[" * DEPTH + "]" * DEPTH}]),
+              value("an item of an unknown type", [{"type": "web_search_call"}]),
+              value("a built-in tool's call", [{"type": "computer_call", "call_id": "c"}])),
+    "max_output_tokens": (value("10**9", 10**9), value("0", 0)),
+    "metadata": (lazy("17 pairs", lambda: {f"k{i}": "v" for i in range(17)}),
+                 lazy("a huge value", lambda: {"k": "v" * HUGE_CHARS})),
+    "previous_response_id": (value("an id never stored", "resp_0123456789abcdef"), value("a path", "../../etc/passwd"),
+                             value("a SQL quote", "resp_' OR '1'='1")),
+    "text": tuple(value(f"text.format with {h.label}", {"format": {"type": "json_schema", "name": "n", "schema": s}})
+                  for h, s in ((SCHEMAS[0], SELF_REF), (SCHEMAS[4], {"type": "string", "pattern": "^(a+)+$"}))) + (
+                  lazy(f"text.format with an enum of {WORDS:,}", lambda: {"format": {
+                      "type": "json_schema", "name": "n", "schema": {"enum": _words()}}}),
+                  value("an unknown format", {"format": {"type": "xml"}})),
+    "reasoning": (value("an unknown effort", {"effort": "maximal"}), value("a summary", {"summary": "auto"})),
 }
 """Field name -> its attacks beyond its type's values (the module doc)."""

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kvmesh.replica.openai.responses_api.request import REFUSED as RESPONSES_REFUSED
+from kvmesh.replica.openai.responses_api.request import ResponsesRequest
 from pydantic import BaseModel
 
 from .field_attacks import SPECIFIC
@@ -40,10 +42,11 @@ ENDPOINTS = (
     Endpoint("/v1/completions", CompletionRequest, {"prompt": "Once upon a time", "max_tokens": 4}),
     Endpoint("/v1/chat/completions", ChatCompletionRequest,
              {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 4}),
+    Endpoint("/v1/responses", ResponsesRequest, {"input": "Tell me a story", "max_output_tokens": 4}),
 )
-"""The request models under attack (a new model, e.g. the Responses API's, is one line here)."""
+"""The request models under attack (a new model is one line here)."""
 
-_REFUSED = frozenset(rf.BOTH | rf.COMPLETION_ONLY | rf.CHAT_ONLY | rf.RENDER_ONLY)
+_REFUSED = frozenset(rf.BOTH | rf.COMPLETION_ONLY | rf.CHAT_ONLY | rf.RENDER_ONLY | RESPONSES_REFUSED.keys())
 TYPE_VALUES_ONLY = _REFUSED | {
     "model", "top_k", "ignore_eos", "stream", "stream_options", "stream_options.include_usage",
     "stream_options.continuous_usage_stats", "user", "cache_salt", "return_token_ids", "include_stop_str_in_output",
@@ -53,7 +56,8 @@ TYPE_VALUES_ONLY = _REFUSED | {
     "kv_transfer_params.do_remote_prefill", "kv_transfer_params.remote_block_ids",
     "kv_transfer_params.remote_block_media", "kv_transfer_params.remote_lease_id",
     "kv_transfer_params.remote_engine_id", "kv_transfer_params.num_tokens", "messages.name", "messages.tool_call_id",
-    "max_completion_tokens", "prompt_token_ids",
+    "max_completion_tokens", "prompt_token_ids", "include_reasoning", "messages.reasoning", "messages.reasoning_content",
+    "instructions", "store", "prompt_cache_key", "safety_identifier",
 }
 """Fields whose type's values are all they get (the refused fields answer 400 to any value but their default)."""
 
