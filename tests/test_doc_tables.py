@@ -1,4 +1,4 @@
-"""The routing tables of README.md and BENCHMARKS.md are what ``kvmesh bench report`` generates from the results
+"""The tables of README.md, BENCHMARKS.md and docs/benchmarks-and-simulator.md are what ``kvmesh bench report`` generates from the results
 files named above them (cluster/measure/benchmarks/report.py): a figure typed by hand, or a results file re-run
 without regenerating its table, fails here."""
 
@@ -41,6 +41,7 @@ def test_a_typed_figure_differs_and_the_check_names_its_table(tmp_path):
     typed = table.replace("44.4%", "45.0%")
     assert typed != table
     for name in DOCS:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(f"before\n<!-- table: sim results/sim.json -->\n{typed}\n<!-- /table -->\nafter\n")
     assert main(["--check", "--root", str(tmp_path)]) == 1
     assert "45.0%" in (tmp_path / "README.md").read_text()  # --check changes nothing

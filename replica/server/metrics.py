@@ -17,7 +17,8 @@ replicas in one process never clash). Every ``vllm:*`` family carries vLLM v1's 
     vllm:request_prompt_tokens / _generation_tokens / _max_num_generation_tokens,
     vllm:request_params_max_tokens, vllm:iteration_tokens_total      histograms
     vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens,
-    vllm:spec_decode_num_accepted_tokens_per_pos{position}  counters (only with speculative_config)
+    vllm:spec_decode_num_accepted_tokens_per_pos{position}, kvmesh_spec_decode_ineligible_requests
+                                                          counters (only with speculative_config)
     kvmesh_http_requests{endpoint,status}                 counter (this server, ``CountMiddleware``)
     kvmesh_prefill_tokens_per_second                      gauge, measured on the engine's own steps
     the host tier (``kv_offload_memory``; zeros without one): kvmesh_host_kv_cache_usage (gauge, 0..1),
@@ -125,6 +126,9 @@ class EngineStatsCollector(Collector):
         for pos, n in enumerate(sd.accepted_per_pos):
             per_pos.add_metric([*self.labels, str(pos)], n)
         yield per_pos
+        yield self._counter("kvmesh_spec_decode_ineligible_requests",
+                            "Requests decoded one token per step: their sampling settings are not verified.",
+                            sd.num_ineligible)
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats_fn()

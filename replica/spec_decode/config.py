@@ -37,7 +37,7 @@ def parse_speculative_config(value: object) -> SpeculativeConfig | None:
     unknown = sorted(set(value) - set(_KEYS))
     if unknown:
         raise ValueError(f"speculative_config has unsupported key(s) {unknown}; supported: {list(_KEYS)} "
-                         "(draft models are not served yet)")
+                         "(draft models are not served)")
     method = value.get("method", "ngram")
     if method not in METHODS:
         raise ValueError(f"speculative_config.method must be one of {METHODS}, got {method!r}")

@@ -18,14 +18,24 @@ grammar decodes one token per step (``SpecDecodeStats.num_ineligible`` counts th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvmesh.replica.spec_decode.config import SpeculativeConfig
 from kvmesh.replica.spec_decode.ngram_proposer import NgramProposer
 
 if TYPE_CHECKING:
-    from kvmesh.replica.engine.request import Request
+    from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.step.outputs import ModelRunnerOutput
+
+
+class Request(Protocol):
+    """What drafting reads and moves of the engine's ``Request``."""
+
+    sampling_params: SamplingParams
+    all_token_ids: list[int]
+    output_token_ids: list[int]
+    num_computed_tokens: int
+    spec_token_ids: list[int] | None
 
 
 @dataclass(slots=True)

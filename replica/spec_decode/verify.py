@@ -9,17 +9,16 @@ predicts the token after input j, so indices 0..K-1 give the targets that d0..d(
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from kvmesh.replica.spec_decode.rejection import rejection_targets
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
-if TYPE_CHECKING:
-    from kvmesh.replica.worker.input_batch import InputBatch, ModelInputs
+FirstIndex = Callable[[list[str]], dict[str, int]]
+"""Request ids -> the index of each one's first token among the step's (the runner's input batch knows)."""
 
 
-def draft_targets(out: SchedulerOutput, inputs: ModelInputs, input_batch: InputBatch, hidden: torch.Tensor,
+def draft_targets(out: SchedulerOutput, first_index: FirstIndex, hidden: torch.Tensor,
                   compute_logits: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator
                   ) -> dict[str, list[int]] | None:
     """request_id -> the target's token at each of its draft positions (``hidden`` [T, H], the step's): the
@@ -28,7 +27,7 @@ def draft_targets(out: SchedulerOutput, inputs: ModelInputs, input_batch: InputB
     srs = [sr for sr in out.scheduled if sr.spec_token_ids]
     if not srs:
         return None
-    starts = input_batch.first_token_index(inputs, [sr.request_id for sr in srs])
+    starts = first_index([sr.request_id for sr in srs])
     index = [starts[sr.request_id] + j for sr in srs for j in range(len(sr.spec_token_ids))]
     logits = compute_logits(hidden[torch.tensor(index, device=hidden.device)])  # [sum K, V]
     ids = logits.argmax(dim=-1).tolist()
@@ -48,8 +47,8 @@ class SpecVerifier:
         self.seed = seed
         self.generator: torch.Generator | None = None
 
-    def __call__(self, out: SchedulerOutput, inputs: ModelInputs, input_batch: InputBatch, hidden: torch.Tensor,
+    def __call__(self, out: SchedulerOutput, first_index: FirstIndex, hidden: torch.Tensor,
                  compute_logits: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, list[int]] | None:
         if self.generator is None:
             self.generator = torch.Generator(hidden.device).manual_seed(self.seed)
-        return draft_targets(out, inputs, input_batch, hidden, compute_logits, self.generator)
+        return draft_targets(out, first_index, hidden, compute_logits, self.generator)

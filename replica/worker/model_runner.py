@@ -238,7 +238,8 @@ class ModelRunner:
         if copies is not None:
             self.kv_offload.store(copies.job_id, copies.stores)  # the blocks this step completed
         prompt_logprobs = self._prompt_logprobs(out, inputs, hidden) if asks_prompt_logprobs else None
-        targets = self.verify(out, inputs, self.input_batch, hidden, self.model.compute_logits) if drafted else None
+        targets = self.verify(out, lambda ids: self.input_batch.first_token_index(inputs, ids), hidden,
+                              self.model.compute_logits) if drafted else None
         if not inputs.sample_request_ids:  # nothing sampled; prompt logprobs are read when the output is
             return AsyncModelRunnerOutput.prompt_logprobs_only(prompt_logprobs) if prompt_logprobs else \
                 AsyncModelRunnerOutput.ready({})

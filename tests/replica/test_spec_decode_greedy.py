@@ -120,3 +120,26 @@ def test_no_block_of_a_rejected_draft_is_stored_or_published(stories_path):
 
     assert stored(spec_events.events) == stored(plain_events.events)
     assert stored(spec_events.events)
+
+
+def test_lora_requests_give_the_same_tokens(stories_path, tmp_path):
+    pytest.importorskip("peft")
+    from kvmesh.replica.serving.lora_request import LoRARequest
+
+    from .lora_fixtures import make_adapter
+
+    make_adapter(stories_path, tmp_path / "a1", seed=1)
+    lora = LoRARequest("a1", 1, str(tmp_path / "a1"))
+    results = []
+    for spec in (False, True):
+        eng = engine(stories_path, spec, enable_lora=True, max_lora_rank=8)
+        for rid in PROMPTS:
+            eng.add_request(rid, PROMPTS[rid], greedy(40), lora_request=lora if rid in "ab" else None)
+        done = {}
+        for _ in range(2000):
+            if not eng.has_unfinished_requests():
+                break
+            done.update({o.request_id: list(o.output_token_ids) for o in eng.step() if o.finished})
+        results.append(done)
+    assert results[0] == results[1] and len(results[1]) == len(PROMPTS)
+    assert eng.scheduler.drafter.stats.num_accepted_tokens > 0

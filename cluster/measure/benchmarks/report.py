@@ -1,5 +1,5 @@
-"""The routing tables of README.md and BENCHMARKS.md, generated from the results files of the commands printed above
-them: every block between
+"""The tables of README.md, BENCHMARKS.md and docs/benchmarks-and-simulator.md, generated from the results files
+of the commands printed above them: every block between
 
     <!-- table: KIND results/FILE.json -->
     ...
@@ -8,7 +8,8 @@ them: every block between
 is rewritten from that file by KIND's renderer (``sim``: one ``kvmesh sim`` report, a row per policy;
 ``matrix``: ``kvmesh bench policy_matrix``'s cells and the default policy's verdict in each; ``route_scaling``:
 ``kvmesh bench route_scaling``'s CPU per decision by fleet size; ``router_peers``: ``kvmesh bench router-peers``'
-CPU per request, a row per router run; ``lora``: a ``kvmesh sim --workload lora`` report,
+CPU per request, a row per router run; ``spec_decode``: ``kvmesh bench spec-decode``'s tokens per second
+and acceptance, a row per workload; ``lora``: a ``kvmesh sim --workload lora`` report,
 a row per run that served adapters; ``queue_flood``:
 ``kvmesh bench queue-flood`` runs, a row per file; ``matrix_noise``: runs of the policy matrix with every time scale
 moved a little, the cells each meets and how far each policy's TTFT moved). A FILE with ``*`` names every file it matches, in name order
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.policy_matrix import count_line, dominance
 
-DOCS = ("README.md", "BENCHMARKS.md")
+DOCS = ("README.md", "BENCHMARKS.md", "docs/benchmarks-and-simulator.md")
 """The documents whose tables are generated."""
 BLOCK = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
@@ -100,6 +101,12 @@ def router_peers_table(result: dict) -> str:
     return table(result)
 
 
+def spec_decode_table(result: dict) -> str:
+    from kvmesh.cluster.measure.benchmarks.spec_decode import table
+
+    return table(result)
+
+
 def lora_table(report: dict) -> str:
     """A ``kvmesh sim --workload lora`` report's runs that served adapter requests, a row each."""
     lines = ["| run | hit rate | TTFT p50 | TTFT p99 | adapter loads (per adapter request) | passed over for a slot "
@@ -121,7 +128,7 @@ def queue_flood_table(docs: list[dict]) -> str:
 
 RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matrix_table,
                                                "route_scaling": route_scaling_table, "lora": lora_table,
-                                               "router_peers": router_peers_table}
+                                               "router_peers": router_peers_table, "spec_decode": spec_decode_table}
 MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table,
                                                           "matrix_noise": matrix_noise_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
