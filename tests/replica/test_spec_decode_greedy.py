@@ -143,3 +143,19 @@ def test_lora_requests_give_the_same_tokens(stories_path, tmp_path):
         results.append(done)
     assert results[0] == results[1] and len(results[1]) == len(PROMPTS)
     assert eng.scheduler.drafter.stats.num_accepted_tokens > 0
+
+
+async def test_streamed_tokens_and_text_add_up_to_the_final_output(stories_path):
+    from kvmesh.replica.engine.async_llm import AsyncLLM
+
+    llm = AsyncLLM.from_config(EngineConfig(model=str(stories_path), dtype="float32", device="cpu",
+                                            speculative_config=SPEC))
+    try:
+        tokens, text, last = [], "", None
+        async for out in llm.generate(PROMPTS["b"], greedy(60)):
+            tokens, text, last = tokens + out.new_token_ids, text + out.delta_text, out
+        assert tokens == last.output_token_ids and len(tokens) == 60
+        assert text == last.text
+        assert llm.engine.scheduler.drafter.stats.num_accepted_tokens > 0
+    finally:
+        llm.shutdown()
