@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.serving.json_types import JSONObject
+from kvmesh.replica.spec_decode.config import SpeculativeConfig, parse_speculative_config
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv-cache-dtype ("fp8" is fp8_e4m3)
@@ -97,6 +98,10 @@ class EngineConfig:
     ``priority`` is refused), "priority" by the request's ``priority`` (lower first) then arrival, preempting the
     largest (priority, arrival) first."""
 
+    speculative_config: JSONObject | None = None
+    """Speculative decoding in vLLM's JSON form, ``{"method": "ngram", "num_speculative_tokens": 4,
+    "prompt_lookup_min": 2, "prompt_lookup_max": 5}``; turns async scheduling off. None: off."""
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory, "kv_cache_memory"))
         object.__setattr__(self, "kv_offload_memory", parse_size(self.kv_offload_memory, "kv_offload_memory"))
@@ -134,8 +139,17 @@ class EngineConfig:
         if self.async_scheduling not in (None, True, False):
             raise ValueError(f"async_scheduling must be true, false or null (auto), got {self.async_scheduling!r}")
         _check_lora(self)
+        parse_speculative_config(self.speculative_config)
+        if self.speculative_config is not None and self.async_scheduling:
+            raise ValueError("speculative_config needs async_scheduling off (it verifies drafts on the host "
+                             "between steps); set async_scheduling to false or null")
         if self.hash_seed is not None and not isinstance(self.hash_seed, bytes | str):
             raise ValueError("hash_seed must be bytes or str (or None to generate one)")
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """``speculative_config`` read (None: speculative decoding off)."""
+        return parse_speculative_config(self.speculative_config)
 
     @property
     def tokenizer_path(self) -> str:

@@ -1,4 +1,4 @@
-"""The routing tables of README.md and BENCHMARKS.md are what ``kvmesh bench report`` generates from the results
+"""The tables of README.md, BENCHMARKS.md and docs/gpu-cluster.md are what ``kvmesh bench report`` generates from the results
 files named above them (cluster/measure/benchmarks/report.py): a figure typed by hand, or a results file re-run
 without regenerating its table, fails here."""
 

@@ -2,7 +2,8 @@
 
 Every visible field gets one flag named after it (``engine.block_size`` -> ``--block-size``) with
 its doc line and default as help; booleans get ``--x/--no-x``; mappings take ``NAME=VALUE``
-(repeatable). Flags left out change nothing, so YAML < environment < flags holds field by field.
+(repeatable) or one JSON object, as vLLM spells ``--speculative-config '{...}'``. Flags left out change
+nothing, so YAML < environment < flags holds field by field.
 Secrets without a flag (the hash seed) are refused with a message that says where they go.
 """
 
@@ -83,6 +84,8 @@ def overrides_from_args(args: argparse.Namespace, schema: Schema[Root]) -> dict[
         raw = getattr(args, _dest(opt))
         if opt.is_bool:
             overrides[opt.dotted] = raw
+        elif opt.is_mapping and len(raw) == 1 and raw[0].lstrip().startswith("{"):  # vLLM's JSON form
+            overrides[opt.dotted] = _json_object(raw[0], opt.flag)
         elif opt.is_mapping:
             items = vllm_forms.lora_items(raw) if opt.dotted == "engine.lora_modules" else raw
             try:
@@ -105,6 +108,19 @@ def overrides_from_args(args: argparse.Namespace, schema: Schema[Root]) -> dict[
 def config_from_args(args: argparse.Namespace, schema: Schema[Root], env: Mapping[str, str] | None = None) -> Root:
     """YAML (``--config``) + environment + flags -> the root config; raises ``ConfigError``."""
     return load(schema, getattr(args, "config", None), overrides_from_args(args, schema), env)
+
+
+def _json_object(text: str, flag: str) -> dict:
+    """``--speculative-config '{"method": "ngram", ...}'``: one JSON object (vLLM's spelling of such flags)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{flag}: {text!r} is not a JSON object ({e})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag}: expected a JSON object {{...}} or NAME=VALUE pairs, got {text!r}")
+    return value
 
 
 def _metavar(opt: Option) -> str:

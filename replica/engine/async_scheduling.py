@@ -60,8 +60,8 @@ def use_async_scheduling(config: EngineConfig, model_runner: ModelRunnerInterfac
     if config.async_scheduling and not can:
         raise ValueError(f"async_scheduling=True needs a model runner that launches steps without waiting; "
                          f"{type(model_runner).__name__} cannot (tensor_parallel_size > 1?): drop async_scheduling")
-    if config.async_scheduling is None:
-        return can and str(model_runner.device).startswith("cuda")
+    if config.async_scheduling is None:  # speculative decoding verifies drafts between steps: synchronous
+        return can and str(model_runner.device).startswith("cuda") and config.speculative_config is None
     return config.async_scheduling
 
 

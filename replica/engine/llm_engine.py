@@ -32,7 +32,8 @@ from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
-from kvmesh.replica.step.outputs import RequestOutput
+from kvmesh.replica.spec_decode.drafting import Drafter, accept_drafts
+from kvmesh.replica.step.outputs import ModelRunnerOutput, RequestOutput
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ class LLMEngine:
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
+        if (spec := config.speculative) is not None:  # n-gram drafts verified in one forward (spec_decode/)
+            self.scheduler.drafter = Drafter(spec, self.max_model_len)
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
         self._stats = EngineStats.for_model(self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer, self._stats, type(model_runner).__name__)
@@ -199,7 +202,7 @@ class LLMEngine:
             sched.grammar_bitmask = self.structured_output.grammar_bitmask(sched)
             launched = self._launch(sched, outputs)
         if (ready := self.steps.ready(launched)) is not None:
-            outputs += self._process_sampled(self._read(ready, outputs))
+            outputs += self._process_step(self._read(ready, outputs))
         self._end_step()
         return outputs
 
@@ -239,6 +242,16 @@ class LLMEngine:
         self._publish_events()
         if self.config.debug_check_integrity:
             self.kv_cache_manager.check_integrity()
+
+    def _process_step(self, sampled: dict[str, int]) -> list[RequestOutput]:
+        """The step's outputs; a request whose drafts were accepted appends its tokens one at a time."""
+        if not (isinstance(sampled, ModelRunnerOutput) and sampled.draft_targets):
+            return self._process_sampled(sampled)
+        later = accept_drafts(self.scheduler.drafter, sampled, self.scheduler.requests)
+        outputs = self._process_sampled(sampled)
+        for tokens in later:  # requests that ended on an earlier token drop the rest
+            outputs += self._process_sampled({r: t for r, t in tokens.items() if r in self.scheduler.requests})
+        return outputs
 
     def _process_sampled(self, sampled: dict[str, int]) -> list[RequestOutput]:
         """The step's outputs (output_processor.py), its finished requests freed, then the aborts it caused."""

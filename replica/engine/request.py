@@ -58,7 +58,7 @@ class Request:
         "stop_reason", "error", "error_param", "num_preemptions", "arrival_time", "first_scheduled_time",
         "first_token_time", "last_token_time", "finished_time", "decoding_in_runner", "skip_reading_prefix_cache",
         "logprobs", "prompt_logprobs", "num_output_placeholders", "priority", "structured_output",
-        "remote_kv", "kv_pull",
+        "remote_kv", "kv_pull", "spec_token_ids",
     )
 
     def __init__(
@@ -103,6 +103,7 @@ class Request:
         self.decoding_in_runner = False  # the runner sampled its newest token and holds its row (decode by id)
         # async scheduling: tokens sampled by launched steps that the host has not seen yet (not in all_token_ids)
         self.num_output_placeholders = 0
+        self.spec_token_ids: list[int] | None = None  # drafts scheduled this step (spec_decode/); None: never looked
         self.structured_output = None  # its grammar and matcher (engine/structured_output.py); None: unconstrained
         self.remote_kv = remote_kv  # its kv_transfer_params: a pull before it runs, a lease at its finish (None: neither)
         self.kv_pull: PullResult | None = None  # how its pull went, once it ended (kv_transfers.py)

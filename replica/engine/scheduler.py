@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from kvmesh.kvcache.block import KVCacheBlock
     from kvmesh.kvcache.kv_cache_manager import KVCacheManager
     from kvmesh.replica.engine.kv_connectors import KVConnectors
+    from kvmesh.replica.spec_decode.drafting import Drafter
 
 
 class Scheduler:
@@ -60,6 +61,8 @@ class Scheduler:
         """Requests in WAITING_FOR_REMOTE_KVS whose load ended (``get_finished``): they run at their turn."""
         self.waits_only_for_remote = False
         """The last ``schedule`` found nothing to run but requests waiting for KV from other replicas."""
+        self.drafter: Drafter | None = None
+        """Speculative decoding's drafts (set by the engine with ``speculative_config``; None: one token per step)."""
 
     # -- queue management -------------------------------------------------------------------------
 
@@ -134,6 +137,13 @@ class Scheduler:
             num_tokens = len(request.all_token_ids) + request.num_output_placeholders
             if num_tokens == computed:
                 continue  # async scheduling: its last token is in flight and ends it (max_tokens)
+            if self.drafter is not None and num_tokens == computed + 1 and (
+                    drafts := self.drafter.drafts_for(request, budget)):  # its last token and drafts (spec_decode/)
+                if not self._allocate_or_preempt(request, 1 + len(drafts)):
+                    break  # the request itself was preempted (it was the newest)
+                budget -= 1 + len(drafts)
+                scheduled.append(self._schedule_chunk(request, 1, drafts))
+                continue
             if request.decoding_in_runner and num_tokens == computed + 1:
                 budget -= 1
                 if computed % block_size and num_tokens % block_size:
@@ -275,14 +285,18 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         return True
 
-    def _schedule_chunk(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _schedule_chunk(self, request: Request, num_new: int, drafts: list[int] | None = None) -> ScheduledRequest:
         start = request.num_computed_tokens
-        end = request.num_computed_tokens = start + num_new
+        end = start + num_new
+        request.num_computed_tokens = end + len(drafts or ())  # rejected drafts are given back (spec_decode/)
         all_token_ids = request.all_token_ids
-        request.decoding_in_runner = end == len(all_token_ids)  # the runner samples its next token
+        request.decoding_in_runner = end == len(all_token_ids) and not drafts  # the runner samples its next token
         # positional for speed: request_id, token_ids, num_computed_tokens, block_ids (the live block table,
         # extended as blocks are allocated), sample, sampling_params, output_token_ids, lora_request, prompt_token_ids
         sp = request.sampling_params
-        return ScheduledRequest(request.request_id, all_token_ids[start:end], start, request.block_ids,
-                                end == len(all_token_ids), sp, request.output_token_ids, request.lora_request,
-                                request.prompt_token_ids if sp.penalized else None)
+        if drafts:
+            request.spec_token_ids = drafts
+        return ScheduledRequest(request.request_id, all_token_ids[start:end] + drafts if drafts else
+                                all_token_ids[start:end], start, request.block_ids, end == len(all_token_ids), sp,
+                                request.output_token_ids, request.lora_request,
+                                request.prompt_token_ids if sp.penalized else None, drafts or [])

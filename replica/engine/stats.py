@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.engine.request import Request
     from kvmesh.replica.engine.scheduler import Scheduler
     from kvmesh.replica.interfaces import KVOffloadCounters
+    from kvmesh.replica.spec_decode.drafting import SpecDecodeStats
 
 DEFAULT_MAX_MODEL_LEN = 4096  # token-count buckets of an ``EngineStats()`` built without a model
 
@@ -100,6 +101,8 @@ class EngineStats:
     """Time spent loading back (cumulative; on CUDA bytes over the measured bandwidth)."""
     grammar_compiles: dict[str, float] = field(default_factory=dict)
     """The grammar compile pool's counters (engine/grammar_pool.py ``stats``; empty before its first compile)."""
+    spec_decode: SpecDecodeStats | None = None
+    """Speculative decoding's drafts and accepted tokens (cumulative; None: speculative decoding off)."""
     prefill_tokens_per_s: float = 0.0
     """Prompt tokens per second this engine measured on its recent steps (0: not yet)."""
     num_prompt_tokens: int = 0
@@ -152,6 +155,7 @@ class EngineStats:
         self.prefix_cache_queries = manager.prefix_cache_stats.queries
         self.prefix_cache_hits = manager.prefix_cache_stats.hits
         self.num_preemptions = scheduler.num_preemptions
+        self.spec_decode = None if scheduler.drafter is None else scheduler.drafter.stats
         self.prefill_tokens_per_s = prefill_tokens_per_s or 0.0
         if manager.offload is not None and copier is not None:
             self.record_host_tier(manager.offload, copier, block_size)

@@ -16,6 +16,9 @@ replicas in one process never clash). Every ``vllm:*`` family carries vLLM v1's 
     vllm:e2e_request_latency_seconds, vllm:request_{queue,prefill,decode,inference}_time_seconds,
     vllm:request_prompt_tokens / _generation_tokens / _max_num_generation_tokens,
     vllm:request_params_max_tokens, vllm:iteration_tokens_total      histograms
+    vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens,
+    vllm:spec_decode_num_accepted_tokens_per_pos{position}, kvmesh_spec_decode_ineligible_requests
+                                                          counters (only with speculative_config)
     kvmesh_http_requests{endpoint,status}                 counter (this server, ``CountMiddleware``)
     kvmesh_prefill_tokens_per_second                      gauge, measured on the engine's own steps
     the host tier (``kv_offload_memory``; zeros without one): kvmesh_host_kv_cache_usage (gauge, 0..1),
@@ -44,6 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from kvmesh.replica.engine.stats import EngineStats, Histogram
+    from kvmesh.replica.spec_decode.drafting import SpecDecodeStats
 
 StatsSource = Callable[[], "EngineStats | None"]
 """Returns a snapshot of the engine's stats (``AsyncLLM.get_stats``); None: nothing to export yet."""
@@ -128,6 +132,21 @@ class EngineStatsCollector(Collector):
         yield self._gauge("kvmesh_grammar_compiles_waiting", "Grammar compiles waiting for a compile process.",
                           g.get("waiting", 0))
 
+    def _spec_decode(self, sd: SpecDecodeStats) -> Iterator[Metric]:
+        """vLLM's speculative decoding counters (only with ``speculative_config``)."""
+        yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", sd.num_drafts)
+        yield self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", sd.num_draft_tokens)
+        yield self._counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                            sd.num_accepted_tokens)
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted tokens per draft position.", labels=["model_name", "engine", "position"])
+        for pos, n in enumerate(sd.accepted_per_pos):
+            per_pos.add_metric([*self.labels, str(pos)], n)
+        yield per_pos
+        yield self._counter("kvmesh_spec_decode_ineligible_requests",
+                            "Requests decoded one token per step: their sampling settings are not verified.",
+                            sd.num_ineligible)
+
     def collect(self) -> Iterator[Metric]:
         s = self.stats_fn()
         if s is None:
@@ -166,6 +185,8 @@ class EngineStatsCollector(Collector):
         for reason, n in sorted(s.num_finished.items()):
             success.add_metric([*self.labels, reason], n)
         yield success
+        if s.spec_decode is not None:
+            yield from self._spec_decode(s.spec_decode)
         for name, doc, attr in _HISTOGRAMS:
             yield self._histogram(name, doc, getattr(s, attr))
 

@@ -162,16 +162,19 @@ class ModelRunnerOutput(dict):
     this step (requests with ``prompt_logprobs`` set, one entry per prompt position of the chunk).
     """
 
-    __slots__ = ("logprobs", "prompt_logprobs")
+    __slots__ = ("logprobs", "prompt_logprobs", "draft_targets")
 
     def __init__(self, sampled: dict[str, int], logprobs: dict[str, TokenLogprobs] | None = None,
-                 prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] | None = None) -> None:
+                 prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] | None = None,
+                 draft_targets: dict[str, list[int]] | None = None) -> None:
         super().__init__(sampled)
         self.logprobs = logprobs or {}
         self.prompt_logprobs = prompt_logprobs or {}
+        self.draft_targets = draft_targets or {}
+        """request_id -> the target's argmax at each of its draft positions (requests with drafts)."""
 
     def __reduce__(self):  # pickled across Ray (tensor-parallel rank 0 -> the engine)
-        return ModelRunnerOutput, (dict(self), self.logprobs, self.prompt_logprobs)
+        return ModelRunnerOutput, (dict(self), self.logprobs, self.prompt_logprobs, self.draft_targets)
 
 
 class AsyncModelRunnerOutput(Protocol):

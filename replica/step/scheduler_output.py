@@ -52,6 +52,9 @@ class ScheduledRequest:
     """The LoRA adapter the request runs with (None: the base model); the runner keeps it with the row."""
     prompt_token_ids: list[int] | None = None
     """The whole prompt, sent for requests with penalties only (the runner marks its tokens; None: not sent)."""
+    spec_token_ids: list[int] = field(default_factory=list)
+    """Draft tokens, the last ``len(spec_token_ids)`` of ``token_ids``: the runner returns the target's argmax at
+    each of them (``ModelRunnerOutput.draft_targets``) besides the token sampled after the last (spec_decode/)."""
 
 
 @dataclass(slots=True)

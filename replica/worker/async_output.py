@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 class AsyncModelRunnerOutput:
     def __init__(self, input_batch: InputBatch, request_ids: list[str], rows: np.ndarray, tokens: torch.Tensor,
                  copies: HostCopies, logprobs: LogprobsTensors | None = None,
-                 prompt_logprobs: PendingPromptLogprobs | None = None, tokens_in_logprobs: bool = False) -> None:
+                 prompt_logprobs: PendingPromptLogprobs | None = None, tokens_in_logprobs: bool = False,
+                 draft_targets: dict[str, list[int]] | None = None) -> None:
         self.input_batch, self.request_ids, self.rows, self.tokens = input_batch, request_ids, rows, tokens
+        self.draft_targets = draft_targets  # the target's argmax at draft positions (spec_decode/verify.py)
         self.logprobs, self.prompt_logprobs = logprobs, prompt_logprobs
         # [N] the step's one device-to-host transfer; or the ids are column 0 of the logprobs' (a decode graph's)
         self.host, self.event = (None, None) if tokens_in_logprobs else copies.start(tokens)
@@ -58,12 +60,12 @@ class AsyncModelRunnerOutput:
         self.input_batch.record_samples(self.rows, host.numpy(), self.tokens)
         sampled = dict(zip(self.request_ids, host.tolist(), strict=True))
         self._value = sampled
-        if self.logprobs is None and self.prompt_logprobs is None:
+        if self.logprobs is None and self.prompt_logprobs is None and self.draft_targets is None:
             return sampled
         token_logprobs = None
         if self.logprobs is not None:  # row i of the logits is the step's i-th sampling request
             token_logprobs = {rid: self.logprobs.row(i, sp.logprobs) for i, (rid, sp) in
                               enumerate(zip(self.request_ids, self.params, strict=True)) if sp.logprobs is not None}
         prompt_logprobs = None if self.prompt_logprobs is None else self.prompt_logprobs.resolve()
-        self._value = ModelRunnerOutput(sampled, token_logprobs, prompt_logprobs)
+        self._value = ModelRunnerOutput(sampled, token_logprobs, prompt_logprobs, self.draft_targets)
         return self._value

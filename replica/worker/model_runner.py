@@ -1,12 +1,11 @@
 """The model runner: owns the model, the paged KV cache and the sampler of one rank.
 
-``execute_model(SchedulerOutput)`` turns the scheduler's decision into tensors, runs the
-forward pass (writing the step's K/V into the cache), computes logits only for the rows that
-sample and returns ``{request_id: token}`` (a ``ModelRunnerOutput`` that carries logprobs too
-when a request asked for them; prompt_logprobs.py computes prompt logprobs). Per-request state lives in the persistent batch
-(input_batch.py): decodes arrive as request ids and continue from the row's own last sample.
-With ``cuda_graphs``, decode-only steps replay captured graphs (cuda_graph.py). Device facts
-(memory for KV sizing, the CUDA device of a rank) come through small seams tested on CPU.
+``execute_model(SchedulerOutput)`` turns the scheduler's decision into tensors, runs the forward pass
+(writing the step's K/V into the cache), computes logits only for the rows that sample and returns
+``{request_id: token}`` (a ``ModelRunnerOutput`` with logprobs, prompt logprobs (prompt_logprobs.py) or the
+target's tokens at draft positions (spec_decode/verify.py) when a step has them). Per-request state lives in
+the persistent batch (input_batch.py). With ``cuda_graphs``, decode-only steps replay captured graphs
+(cuda_graph.py). Device facts (memory for KV sizing, a rank's CUDA device) come through seams tested on CPU.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptL
 from kvmesh.replica.sample.sampler import Sampler
 from kvmesh.replica.serving.lora_request import LoadedLoRA, LoRARequest
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
+from kvmesh.replica.spec_decode.verify import SpecVerifier
 from kvmesh.replica.step.scheduler_output import GrammarBitmask, SchedulerOutput
 from kvmesh.replica.utils.cpu_gpu_buffer import HostCopies
 from kvmesh.replica.worker.async_output import AsyncModelRunnerOutput
@@ -52,7 +52,6 @@ from kvmesh.replica.worker.profile_run import profile_forward
 from kvmesh.replica.worker.weights import checkpoint_dir, load_model_weights
 
 logger = logging.getLogger(__name__)
-
 class ModelRunner:
     # the device facts of KV sizing, behind two seams (CPU tests inject their own)
     read_device_memory = staticmethod(read_cuda_memory)
@@ -114,6 +113,7 @@ class ModelRunner:
         # packed logprobs of a step: [N, 2 (1 + MAX_LOGPROBS) + 1] float64, back without blocking
         logprobs_copies = HostCopies(config.max_num_seqs * (2 * MAX_LOGPROBS + 3), torch.float64, self.device)
         self.sampler = Sampler(logprobs_copies=logprobs_copies)  # random rows draw from keys (sample/draws.py)
+        self.verify = SpecVerifier(config.seed)  # drafts checked against this step's logits (spec_decode/)
         self.token_copies = HostCopies(config.max_num_seqs, torch.int64, self.device)  # sampled ids come back here
         # rows waiting between a prompt's prefill chunks; a step's entries come back in one copy
         self.prompt_logprobs = PromptLogprobsProcessor(config.max_num_batched_tokens + config.max_num_seqs,
@@ -219,7 +219,8 @@ class ModelRunner:
         if copies is not None:
             self.kv_offload.load(copies.loads)  # the prefixes this step's prefills read
         asks_prompt_logprobs = any(sr.sampling_params.prompt_logprobs is not None for sr in out.scheduled)
-        inputs = self.input_batch.prepare(out, static=not asks_prompt_logprobs)  # prompt logprobs need hidden
+        drafted = any(sr.spec_token_ids for sr in out.scheduled)  # drafts and prompt logprobs read the eager hidden
+        inputs = self.input_batch.prepare(out, static=not asks_prompt_logprobs and not drafted)
         graph_tokens = graph_logprobs = None  # [N] the graph's argmax or draw, [N, W] its packed logprobs (or None)
         if inputs.static_size is not None:  # its inputs (and sampling settings) are already the graph's
             logits, graph_tokens, graph_logprobs = self.static_decode.run(inputs.common.num_reqs, inputs.graph_sampling)
@@ -235,6 +236,8 @@ class ModelRunner:
         if copies is not None:
             self.kv_offload.store(copies.job_id, copies.stores)  # the blocks this step completed
         prompt_logprobs = self._prompt_logprobs(out, inputs, hidden) if asks_prompt_logprobs else None
+        targets = self.verify(out, lambda ids: self.input_batch.first_token_index(inputs, ids), hidden,
+                              self.model.compute_logits) if drafted else None
         if not inputs.sample_request_ids:  # nothing sampled; prompt logprobs are read when the output is
             return AsyncModelRunnerOutput.prompt_logprobs_only(prompt_logprobs) if prompt_logprobs else \
                 AsyncModelRunnerOutput.ready({})
@@ -249,7 +252,8 @@ class ModelRunner:
             logprobs = to_host(graph_logprobs, None, self.sampler.logprobs_copies)
         self.input_batch.count_samples(inputs.sample_rows, tokens)
         return AsyncModelRunnerOutput(self.input_batch, inputs.sample_request_ids, inputs.sample_rows, tokens,
-                                      self.token_copies, logprobs, prompt_logprobs, graph_logprobs is not None)
+                                      self.token_copies, logprobs, prompt_logprobs, graph_logprobs is not None,
+                                      targets)
 
     def _sample(self, logits: torch.Tensor, inputs: ModelInputs, grammar: GrammarBitmask | None = None
                 ) -> tuple[torch.Tensor, LogprobsTensors | None]:

@@ -1,5 +1,5 @@
-"""The routing tables of README.md and BENCHMARKS.md, generated from the results files of the commands printed above
-them: every block between
+"""The tables of README.md, BENCHMARKS.md and docs/gpu-cluster.md, generated from the results files
+of the commands printed above them: every block between
 
     <!-- table: KIND results/FILE.json -->
     ...
@@ -9,7 +9,8 @@ is rewritten from that file by KIND's renderer (``sim``: one ``kvmesh sim`` repo
 ``matrix``: ``kvmesh bench policy_matrix``'s cells and the default policy's verdict in each; ``route_scaling``:
 ``kvmesh bench route_scaling``'s CPU per decision by fleet size; ``router_peers``: ``kvmesh bench router-peers``'
 CPU per request, a row per router run; ``fp8_kv_cache``: ``kvmesh bench fp8-kv-cache``'s blocks per GiB, agreement
-and simulated hit rate per KV cache dtype; ``fp8_aot``: ``tests/replica/triton_aot.py --out``'s attention
+and simulated hit rate per KV cache dtype; ``spec_decode``: ``kvmesh bench spec-decode``'s tokens per
+second and acceptance, a row per workload; ``fp8_aot``: ``tests/replica/triton_aot.py --out``'s attention
 kernels for sm_90 with and without an FP8 cache; ``lora``: a ``kvmesh sim --workload lora`` report,
 a row per run that served adapters; ``queue_flood``:
 ``kvmesh bench queue-flood`` runs, a row per file; ``matrix_noise``: runs of the policy matrix with every time scale
@@ -108,6 +109,12 @@ def fp8_kv_cache_table(result: dict) -> str:
     return table(result)
 
 
+def spec_decode_table(result: dict) -> str:
+    from kvmesh.cluster.measure.benchmarks.spec_decode import table
+
+    return table(result)
+
+
 def fp8_aot_table(result: dict) -> str:
     from kvmesh.cluster.measure.benchmarks.fp8_kv_cache import aot_table
 
@@ -136,7 +143,7 @@ def queue_flood_table(docs: list[dict]) -> str:
 RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matrix_table,
                                                "route_scaling": route_scaling_table, "lora": lora_table,
                                                "router_peers": router_peers_table, "fp8_kv_cache": fp8_kv_cache_table,
-                                               "fp8_aot": fp8_aot_table}
+                                               "fp8_aot": fp8_aot_table, "spec_decode": spec_decode_table}
 MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table,
                                                           "matrix_noise": matrix_noise_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""

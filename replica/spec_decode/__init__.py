@@ -1,0 +1,1 @@
+"""Speculative decoding: n-gram drafts verified in one target forward."""

@@ -1,0 +1,161 @@
+"""N-gram speculative decoding gives the tokens plain decoding gives (greedy), on stories260K.
+
+Each test runs the same requests on an engine without and with ``speculative_config`` and compares tokens and
+finish reasons request by request; each also checks that drafts were accepted, so the speculative path ran.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from kvmesh.events.schema import BlockStored  # noqa: E402
+from kvmesh.replica.config import EngineConfig  # noqa: E402
+from kvmesh.replica.engine.llm_engine import LLMEngine  # noqa: E402
+from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+PROMPTS = {
+    "a": [1, 403, 407, 261, 378],
+    "b": [1, 403, 407, 261, 378, 445, 263, 265, 281, 398, 284, 425],
+    "c": [1, 445, 263, 265, 281, 398, 284, 425, 264, 383, 270, 449, 262, 312, 289, 300, 301, 302, 303, 304],
+    "d": [1, 264, 383, 270],
+}
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.events: list = []
+
+    def publish(self, events) -> None:
+        self.events += events
+
+    def close(self) -> None:
+        pass
+
+
+def engine(path, spec: bool, publisher=None, **kw) -> LLMEngine:
+    config = EngineConfig(model=str(path), dtype="float32", device="cpu", block_size=4, kv_cache_memory=1 << 22,
+                          debug_check_integrity=True, hash_seed="spec", speculative_config=SPEC if spec else None, **kw)
+    return LLMEngine(config, event_publisher=publisher)
+
+
+def generate(eng: LLMEngine, params: dict[str, SamplingParams], one_by_one: bool = False) -> dict[str, tuple]:
+    """Run to completion (``one_by_one``: each request after the previous one ended); {id: (tokens, reason)}."""
+    result: dict[str, tuple] = {}
+    order = list(params)
+    for batch in ([[rid] for rid in order] if one_by_one else [order]):
+        for rid in batch:
+            eng.add_request(rid, PROMPTS[rid[0]], params[rid])
+        for _ in range(2000):
+            if not eng.has_unfinished_requests():
+                break
+            for out in eng.step():
+                if out.finished:
+                    result[out.request_id] = (list(out.output_token_ids), out.finish_reason)
+    return result
+
+
+def compare(path, params, engine_kw: dict | None = None, one_by_one: bool = False) -> LLMEngine:
+    """Assert equal results without and with drafts; returns the speculative engine."""
+    spec_engine = engine(path, True, **(engine_kw or {}))
+    plain = generate(engine(path, False, **(engine_kw or {})), params, one_by_one)
+    spec = generate(spec_engine, params, one_by_one)
+    assert spec == plain
+    assert len(spec) == len(params)
+    assert spec_engine.scheduler.drafter.stats.num_accepted_tokens > 0
+    return spec_engine
+
+
+def greedy(n: int = 40, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **kw)
+
+
+def test_plain_greedy_batch_gives_the_same_tokens(stories_path):
+    eng = compare(stories_path, {rid: greedy(48) for rid in PROMPTS})
+    stats = eng.scheduler.drafter.stats
+    assert stats.num_draft_tokens >= stats.num_accepted_tokens > 0
+    assert sum(stats.accepted_per_pos) == stats.num_accepted_tokens
+
+
+def test_max_tokens_eos_and_stop_tokens_end_at_the_same_token(stories_path):
+    params = {"a": greedy(7), "b": SamplingParams(temperature=0.0, max_tokens=60),
+              "c": greedy(30, stop_token_ids=[300]), "d": greedy(1)}
+    compare(stories_path, params)
+
+
+def test_prefix_cached_requests_give_the_same_tokens(stories_path):
+    params = {"a1": greedy(), "b1": greedy(), "a2": greedy(), "b2": greedy()}  # *2 hit the cache of *1
+    compare(stories_path, params, one_by_one=True)
+
+
+def test_chunked_prefill_gives_the_same_tokens(stories_path):
+    compare(stories_path, {rid: greedy(40) for rid in PROMPTS}, {"max_num_batched_tokens": 8})
+
+
+def test_preemption_gives_the_same_tokens(stories_path):
+    eng = compare(stories_path, {rid: greedy(48) for rid in PROMPTS}, {"num_kv_blocks": 24})
+    assert eng.scheduler.num_preemptions > 0
+
+
+def test_requests_with_penalties_or_logprobs_decode_one_token_per_step(stories_path):
+    params = {"a": greedy(30, repetition_penalty=1.3), "b": greedy(30, logprobs=2), "c": greedy(30)}
+    eng = compare(stories_path, params)
+    assert eng.scheduler.drafter.stats.num_ineligible == 2
+
+
+def test_no_block_of_a_rejected_draft_is_stored_or_published(stories_path):
+    params = {rid: greedy(48) for rid in PROMPTS}
+    plain_events, spec_events = RecordingPublisher(), RecordingPublisher()
+    generate(engine(stories_path, False, plain_events), params)
+    eng = engine(stories_path, True, spec_events)
+    generate(eng, params)
+    stats = eng.scheduler.drafter.stats
+    assert stats.num_draft_tokens > stats.num_accepted_tokens > 0  # some drafts were rejected
+
+    def stored(events) -> list[tuple]:
+        return sorted((h, tuple(e.token_ids[i * e.block_size:(i + 1) * e.block_size]))
+                      for e in events if isinstance(e, BlockStored) for i, h in enumerate(e.block_hashes))
+
+    assert stored(spec_events.events) == stored(plain_events.events)
+    assert stored(spec_events.events)
+
+
+def test_lora_requests_give_the_same_tokens(stories_path, tmp_path):
+    pytest.importorskip("peft")
+    from kvmesh.replica.serving.lora_request import LoRARequest
+
+    from .lora_fixtures import make_adapter
+
+    make_adapter(stories_path, tmp_path / "a1", seed=1)
+    lora = LoRARequest("a1", 1, str(tmp_path / "a1"))
+    results = []
+    for spec in (False, True):
+        eng = engine(stories_path, spec, enable_lora=True, max_lora_rank=8)
+        for rid in PROMPTS:
+            eng.add_request(rid, PROMPTS[rid], greedy(40), lora_request=lora if rid in "ab" else None)
+        done = {}
+        for _ in range(2000):
+            if not eng.has_unfinished_requests():
+                break
+            done.update({o.request_id: list(o.output_token_ids) for o in eng.step() if o.finished})
+        results.append(done)
+    assert results[0] == results[1] and len(results[1]) == len(PROMPTS)
+    assert eng.scheduler.drafter.stats.num_accepted_tokens > 0
+
+
+async def test_streamed_tokens_and_text_add_up_to_the_final_output(stories_path):
+    from kvmesh.replica.engine.async_llm import AsyncLLM
+
+    llm = AsyncLLM.from_config(EngineConfig(model=str(stories_path), dtype="float32", device="cpu",
+                                            speculative_config=SPEC))
+    try:
+        tokens, text, last = [], "", None
+        async for out in llm.generate(PROMPTS["b"], greedy(60)):
+            tokens, text, last = tokens + out.new_token_ids, text + out.delta_text, out
+        assert tokens == last.output_token_ids and len(tokens) == 60
+        assert text == last.text
+        assert llm.engine.scheduler.drafter.stats.num_accepted_tokens > 0
+    finally:
+        llm.shutdown()
