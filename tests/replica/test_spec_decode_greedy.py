@@ -6,6 +6,8 @@ finish reasons request by request; each also checks that drafts were accepted, s
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest.importorskip("torch")
@@ -103,6 +105,42 @@ def test_requests_with_penalties_or_logprobs_decode_one_token_per_step(stories_p
     params = {"a": greedy(30, repetition_penalty=1.3), "b": greedy(30, logprobs=2), "c": greedy(30)}
     eng = compare(stories_path, params)
     assert eng.scheduler.drafter.stats.num_ineligible == 2
+
+
+def test_structured_output_requests_decode_one_token_per_step(stories_path):
+    from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
+
+    def run(spec: bool) -> tuple[LLMEngine, dict]:
+        eng, done = engine(stories_path, spec), {}
+        eng.add_request("a", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=(
+            StructuredOutputsParams(regex="[a-z ]{8,40}"))))
+        eng.add_request("c", PROMPTS["c"], greedy(30))
+        deadline = time.monotonic() + 60  # the grammar compiles in another process meanwhile
+        while eng.has_unfinished_requests() and time.monotonic() < deadline:
+            done |= {o.request_id: (list(o.output_token_ids), o.finish_reason) for o in eng.step() if o.finished}
+        eng.close()
+        return eng, done
+
+    (_, plain), (eng, spec) = run(False), run(True)
+    assert spec == plain and set(spec) == {"a", "c"}
+    assert eng.scheduler.drafter.stats.num_ineligible == 1
+    assert eng.scheduler.drafter.stats.num_accepted_tokens > 0  # the free request drafted
+
+
+def test_a_migrated_streams_continuation_gives_the_same_tokens(stories_path):
+    """What the router sends another replica when a stream's replica dies: the prompt and the output so far as token
+    ids; the continuation with drafts must go on exactly as one uninterrupted plain run."""
+    whole = generate(engine(stories_path, False), {"b": greedy(40)})["b"][0]
+    cut = 15
+    eng = engine(stories_path, True)
+    eng.add_request("b-continued", PROMPTS["b"] + whole[:cut], greedy(40 - cut))
+    rest = []
+    for _ in range(2000):
+        if not eng.has_unfinished_requests():
+            break
+        rest += [t for out in eng.step() if out.finished for t in out.output_token_ids]
+    assert rest == whole[cut:]
+    assert eng.scheduler.drafter.stats.num_accepted_tokens > 0
 
 
 def test_no_block_of_a_rejected_draft_is_stored_or_published(stories_path):
