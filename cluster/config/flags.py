@@ -84,7 +84,8 @@ def overrides_from_args(args: argparse.Namespace, schema: Schema[Root]) -> dict[
         raw = getattr(args, _dest(opt))
         if opt.is_bool:
             overrides[opt.dotted] = raw
-        elif opt.is_mapping and len(raw) == 1 and raw[0].lstrip().startswith("{"):  # vLLM's JSON form
+        elif opt.is_mapping and opt.dotted != "engine.lora_modules" and len(raw) == 1 \
+                and raw[0].lstrip().startswith("{"):  # vLLM's JSON form (--lora-modules has its own, vllm_forms)
             overrides[opt.dotted] = _json_object(raw[0], opt.flag)
         elif opt.is_mapping:
             items = vllm_forms.lora_items(raw) if opt.dotted == "engine.lora_modules" else raw

@@ -94,18 +94,7 @@ class ModelRunner:
                                               self.input_batch.block_tables.table.shape[1], self.block_size,
                                               self.device, self.max_model_len)
         self._bound_thread: int | None = None  # the thread that steps (bind_thread)
-        self.num_kv_blocks = self._size_kv_cache()
-        attn0 = self.model.attention_layers()[0]
-        # [num_layers, *layer_shape], e.g. torch: [num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]
-        self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, self._layer_shape(self.num_kv_blocks),
-                                          self.kv_cache_dtype, self.device)
-        for i, attn in enumerate(self.model.attention_layers()):
-            attn.kv_cache = self.kv_cache[i]
-        # where each block lies, computed once here: the host tier, the KV transfer agent and /load read it
-        self.kv_layout = block_layout(self.kv_cache, symbolic_layout(self.attn_backend.kv_cache_shape),
-                                      self.block_size, attn0.num_kv_heads, attn0.head_dim)
-        self.kv_offload = make_kv_offload(config.kv_offload_memory, self.kv_cache, self.kv_layout)  # None: no tier
-        self.num_host_blocks = 0 if self.kv_offload is None else self.kv_offload.num_host_blocks
+        self._allocate_kv_cache()
         logger.info("attention backend %s, block_size %d, %s", self.attn_backend.name, self.block_size,
                     f"CUDA graphs for decode batch sizes {self.static_decode.sizes}" if self.static_decode
                     else "no CUDA graphs")
@@ -118,6 +107,21 @@ class ModelRunner:
         # rows waiting between a prompt's prefill chunks; a step's entries come back in one copy
         self.prompt_logprobs = PromptLogprobsProcessor(config.max_num_batched_tokens + config.max_num_seqs,
                                                        self.device)
+
+    def _allocate_kv_cache(self) -> None:
+        """The KV cache sized from the memory budget, bound to each attention layer, its layout and the host tier."""
+        self.num_kv_blocks = self._size_kv_cache()
+        attn0 = self.model.attention_layers()[0]
+        # [num_layers, *layer_shape], e.g. torch: [num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]
+        self.kv_cache = allocate_kv_cache(self.spec.num_hidden_layers, self._layer_shape(self.num_kv_blocks),
+                                          self.kv_cache_dtype, self.device)
+        for i, attn in enumerate(self.model.attention_layers()):
+            attn.kv_cache = self.kv_cache[i]
+        # where each block lies, computed once here: the host tier, the KV transfer agent and /load read it
+        self.kv_layout = block_layout(self.kv_cache, symbolic_layout(self.attn_backend.kv_cache_shape),
+                                      self.block_size, attn0.num_kv_heads, attn0.head_dim)
+        self.kv_offload = make_kv_offload(self.config.kv_offload_memory, self.kv_cache, self.kv_layout)  # None: none
+        self.num_host_blocks = 0 if self.kv_offload is None else self.kv_offload.num_host_blocks
 
     def _build_model(self) -> torch.nn.Module:
         cls = get_model_class(self.spec.architecture)

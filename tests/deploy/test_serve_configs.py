@@ -22,8 +22,9 @@ REFERENCES = {"cli.md", "configuration.md"}
 """Generated references: their flags are listed, not commands (tests/cluster/test_c*_docs.py check them)."""
 DOCS = [*sorted(DEPLOY.glob("*.yaml")), DEPLOY / "README.md", DEPLOY.parent / "README.md",
         *sorted(p for p in (DEPLOY.parent / "docs").glob("*.md") if p.name not in REFERENCES)]
-SERVE_COMMAND = re.compile(r"kvmesh serve((?:\s+--?[a-z][^\s\"`]*(?:\s+[^-\s\"`][^\s\"`]*)?)*)")
-"""`kvmesh serve` and the flags after it (each with at most one value), up to a quote or backtick."""
+SERVE_COMMAND = re.compile(r"kvmesh serve((?:\s+--?[a-z][^\s\"`]*(?:\s+(?:'[^']*'|[^-\s\"'`][^\s\"'`]*))?)*)")
+"""`kvmesh serve` and the flags after it (each with at most one value, a single-quoted one whole: vLLM's JSON
+flags), up to a double quote or backtick."""
 
 
 @pytest.mark.parametrize("path", SERVE_CONFIGS, ids=lambda p: p.name)
