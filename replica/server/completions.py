@@ -24,6 +24,7 @@ from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
+from kvmesh.replica.openai.compile_tenant import compile_tenant
 from kvmesh.replica.openai.grammar_limits import check_grammar_limits
 from kvmesh.replica.server import chat_answer, kv_plane, kv_request
 from kvmesh.replica.server import parallel_sampling as ps
@@ -76,6 +77,7 @@ class OpenAIHandlers:
         self.state.check_model(req.model)
         check_grammar_limits(req, self.state.frontend)
         kv_plane.check_transfer_params(self.state.server, http, req)
+        req._compile_tenant = compile_tenant(http, self.state.server.internal_key)
         return req
 
     # ------------------------------------------------------------ shared path

@@ -125,7 +125,7 @@ class Forwarder:
         one fails before its first byte; the last attempt's 5xx if all failed so. Each replica gets its body's form;
         its load counts the attempt while it runs (in_flight.py)."""
         svc, attempts = self.runtime, self.runtime.config.upstream.max_attempts
-        headers = {"content-type": "application/json", **svc.headers()}
+        headers = {"content-type": "application/json", **svc.headers(), **request.headers()}
         held: list[tuple[str, int]] = []  # 5xx answers, counted once the attempts are over (failures.py)
         try:
             for attempt in range(attempts):
