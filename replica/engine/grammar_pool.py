@@ -41,6 +41,13 @@ class CompileTimeout(Exception):
     """A compile ran past compile_timeout_s and was stopped."""
 
 
+class CompileFuture(Future):
+    """A compile's future, with the seconds its process spent on it once it ended (what its requests are charged:
+    engine/structured_output.py)."""
+
+    compile_s: float = 0.0
+
+
 class CompileJob:
     """One spec's compile and the requests waiting for it."""
 
@@ -48,7 +55,7 @@ class CompileJob:
 
     def __init__(self, job_id: int, key: tuple, params: StructuredOutputsParams, tenant: str) -> None:
         self.id, self.key, self.params, self.tenant = job_id, key, params, tenant
-        self.future: Future = Future()
+        self.future = CompileFuture()
         self.waiters: set[str] = set()
         self.started: float | None = None  # when a worker took it
 
@@ -228,6 +235,7 @@ class GrammarPool:
                 overran = bool(job.waiters)
                 self._end(job, "timed_out" if overran else "cancelled")
                 self.stats["compile_seconds"] += now - job.started
+            job.future.compile_s = now - job.started
             if overran:
                 logger.warning("a grammar compile overran %g s (%s); its process was replaced", timeout,
                                job.params.field)
@@ -261,6 +269,7 @@ class GrammarPool:
         with self._lock:
             self._end(job, "compiled" if compiled is not None else "failed")
             self.stats["compile_seconds"] += seconds
+        job.future.compile_s = seconds
         if compiled is not None:
             job.future.set_result(compiled)
         else:

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.engine import xgrammar_backend as xb
-from kvmesh.replica.engine.grammar_pool import CompileTimeout, GrammarPool
+from kvmesh.replica.engine.grammar_pool import CompileFuture, CompileTimeout, GrammarPool
 from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.serving.sampling_params import SamplingParamsError
 from kvmesh.replica.step.scheduler_output import GrammarBitmask
@@ -51,10 +51,11 @@ def check_constraints(constraints: list[StructuredOutputsParams]) -> None:
 class StructuredOutputRequest:
     """One request's grammar: compiling (``future``), then its matcher (built by ``StructuredOutputManager.poll``)."""
 
-    __slots__ = ("params", "future", "matcher", "resumed", "since", "reasoning_ids")
+    __slots__ = ("params", "future", "matcher", "resumed", "since", "reasoning_ids", "waited")
 
     def __init__(self, params: StructuredOutputsParams, future: Future, resumed: list[int]) -> None:
         self.params, self.future, self.matcher = params, future, None
+        self.waited = not future.done()  # it waited for a compile (else the cache had its grammar: nothing to charge)
         self.resumed = resumed  # output the constraint matched before (a continuation): fed to the new matcher
         self.since = time.monotonic()  # when it started waiting for its grammar
         self.reasoning_ids: list[int] | None = [] if params.reasoning_end else None
@@ -91,6 +92,12 @@ class StructuredOutputRequest:
                         "constraint")
         self.matcher = matcher
         return None
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds a compile process spent on the grammar it waited for (0.0: taken from the cache, or not ended)."""
+        future = self.future
+        return future.compile_s if self.waited and future.done() and isinstance(future, CompileFuture) else 0.0
 
     @property
     def is_terminated(self) -> bool:

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 TENANT_HEADER = "x-kvmesh-tenant"
 """The router's header naming the tenant a request's compiles are charged to."""
+COMPILE_SECONDS_HEADER = "x-kvmesh-grammar-compile-s"
+"""A replica's response header: the seconds its compile processes worked for the request (replica/server/
+compile_seconds.py), which its router charges to the tenant's fair share (router/http/compile_charge.py)."""
 MAX_TENANT_CHARS = 256
 """A longer header value is refused (a tenant's name is a metric label, far shorter)."""
 

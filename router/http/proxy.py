@@ -24,6 +24,7 @@ import msgspec
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.adapter_ready import adapter_ready
 from kvmesh.router.http.caller import schedules_by_priority
+from kvmesh.router.http.compile_charge import compile_tokens
 from kvmesh.router.http.failures import BrokenAnswer, InvalidAnswer, count_failure, settle_5xx
 from kvmesh.router.http.in_flight import InFlight, reserved
 from kvmesh.router.http.kv_handoff import KVHandoff
@@ -245,6 +246,7 @@ class Forwarder:
         """The client's answer: a stream relayed (and migrated if need be), or the whole body."""
         upstream, decision = opened.upstream, opened.decision
         rid, loads = decision.replica_id, self.runtime.router.loads
+        request.compile_tokens += compile_tokens(upstream.headers, rid, loads.loads)
         media = upstream.headers.get("content-type", "application/json")
         status = upstream.status
         if request.stream is not None and status == 200:

@@ -72,6 +72,8 @@ class ProxyRequest:
     kv_transfer_params: dict | None = field(init=False, default=None)
     """What the router adds for the replica it goes to (router/http/kv_handoff.py: a prefill replica's handle, a
     peer to pull from); None: the body goes without."""
+    compile_tokens: float = field(init=False, default=0.0)
+    """Its replicas' grammar compile seconds as prompt tokens (router/http/compile_charge.py): its tenant's share."""
     failed_over: list[str] = field(init=False, default_factory=list)
     """Replicas it left before the one answering, each with why: the route receipt's ``failed_over``."""
     salt: str | None = field(init=False)
