@@ -1,13 +1,15 @@
 """The engine's grammar compiles, in processes that can be stopped (xgrammar has no way to interrupt a compile):
 
     submit(key, params, tenant, request id) ─ one job per spec; a second request for it waits on the same job
-      │ waiting jobs: one queue per tenant (the requests' ``user``), taken in turns, oldest first within each
+      │ waiting jobs: one queue per tenant (the one the router named, else ``user``: openai/compile_tenant.py),
+      │ taken in turns, oldest first within each
       ▼
     compile_processes workers (engine/grammar_worker.py), forked from a fork server that preloaded xgrammar
       │ a job past compile_timeout_s: its worker is killed and replaced, its requests fail
       │ a job whose requests all left (aborted, finished): dequeued, or its worker killed and replaced
       ▼
-    the job's future: the CompiledGrammar (read back here, for this engine's tokenizer), or the error
+    the job's future: the CompiledGrammar (read back here, for this engine's tokenizer), or the error, with the
+    seconds its process worked (``compile_s``: what its requests are charged)
 
 One dispatcher thread ("kvmesh-grammar") owns the workers; the engine thread only submits and releases. The pool
 starts on the first compile and ``close`` ends its thread and processes. Its counters (``stats``) are the
