@@ -4,6 +4,9 @@ one."""
 
 from __future__ import annotations
 
+import time
+
+import httpx
 import pytest
 from kvmesh.router.admission.config import AdmissionConfig
 from kvmesh.router.admission.decisions import Admission
@@ -11,6 +14,8 @@ from kvmesh.router.admission.ledger import LocalLedger
 from kvmesh.router.admission.queue import AdmissionQueue, Waiter
 from kvmesh.router.http.compile_charge import MAX_COMPILE_S, compile_tokens
 from kvmesh.router.replicas.load import ReplicaLoad
+
+from .conftest import wait_for
 
 HEADER = "x-kvmesh-grammar-compile-s"
 
@@ -49,3 +54,28 @@ def test_a_tenant_whose_requests_cost_compiles_goes_after_a_light_one():
     queue.push(next_heavy)  # first to arrive
     queue.push(next_light)
     assert queue.head(lambda tenant: adm.ledger.usage(tenant, 2.0)) is next_light
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_through_the_router_the_reported_seconds_land_in_the_tenants_usage(fakes, start_router, tmp_path, stream):
+    """A replica reporting 0.5 s of compile at 1,000 prompt tokens/s: the structured request's tenant ends 500
+    weighted tokens above a tenant sending the same request without a grammar."""
+    keys = {"heavy": "sk-heavy-0123456789", "light": "sk-light-0123456789"}
+    path = tmp_path / "keys.yaml"
+    path.write_text("keys:\n" + "".join(f"  - {{key: {key}, tenant: {name}}}\n" for name, key in keys.items()))
+    fake = fakes[0]
+    fake.configure(grammar_compile_s=0.5, prefill_tokens_per_s=1000.0)
+    try:
+        router = start_router([fake.spec], admission=AdmissionConfig(keys_file=str(path)))
+        wait_for(lambda: router.runtime.router.loads.loads.get("a") is not None
+                 and router.runtime.router.loads.loads["a"].prefill_tokens_per_s, what="the replica's prefill rate")
+        body = {"prompt": "Once upon a time", "max_tokens": 2, "stream": stream}
+        for tenant, extra in (("heavy", {"structured_outputs": {"choice": ["yes", "no"]}}), ("light", {})):
+            r = httpx.post(router.url + "/v1/completions", json={**body, **extra}, timeout=30,
+                           headers={"Authorization": f"Bearer {keys[tenant]}"})
+            assert r.status_code == 200, r.text
+        ledger, now = router.runtime.admission.admission.ledger, time.monotonic()
+        heavy, light = ledger.usage("heavy", now), ledger.usage("light", now)
+        assert heavy - light == pytest.approx(500.0, rel=0.01), (heavy, light)
+    finally:
+        fake.configure(grammar_compile_s=0.0, prefill_tokens_per_s=0.0)

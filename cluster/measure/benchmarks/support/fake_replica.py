@@ -223,6 +223,8 @@ class FakeReplica:
                 head = json_answer(200, {**answer, "kv_transfer_params": self.kv.handle(ids, salt)})
             head = with_headers(head, {"x-kvmesh-kv-pulled-tokens": pulled, "x-kvmesh-kv-pulled-bytes":
                                        pulled * self.kv.bytes_per_token, **({"x-kvmesh-kv-pull": outcome} if outcome else {})})
+        if f.grammar_compile_s and body.get("structured_outputs") is not None:
+            head = with_headers(head, {"x-kvmesh-grammar-compile-s": f.grammar_compile_s})
         if f.garbage:
             writer.write(garbage_answer(bool(body.get("stream"))))
             await writer.drain()
