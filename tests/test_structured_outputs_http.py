@@ -136,3 +136,17 @@ def test_the_openai_client_gets_json(pair):
         answer = client.completions.create(model="stories", prompt="Once", max_tokens=8,
                                            extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
         assert answer.choices[0].text in ("yes", "no")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_replica_reports_the_compile_seconds_its_request_waited_for(pair, stream):
+    """A new grammar's answer carries ``x-kvmesh-grammar-compile-s`` (a stream's headers too: they follow the
+    compile); the same grammar again comes from the cache and costs nothing; a plain request has none."""
+    replica, _ = pair
+    words = [f"w{stream}{i}" for i in range(300)]  # a spec no other test compiles
+    first = complete(replica, max_tokens=4, stream=stream, structured_outputs={"choice": words})
+    assert first.status_code == 200, first.text
+    assert float(first.headers["x-kvmesh-grammar-compile-s"]) > 0
+    again = complete(replica, max_tokens=4, stream=stream, structured_outputs={"choice": words})
+    assert again.status_code == 200 and "x-kvmesh-grammar-compile-s" not in again.headers
+    assert "x-kvmesh-grammar-compile-s" not in complete(replica, max_tokens=4).headers

@@ -1,13 +1,15 @@
 """The engine's grammar compiles, in processes that can be stopped (xgrammar has no way to interrupt a compile):
 
     submit(key, params, tenant, request id) ─ one job per spec; a second request for it waits on the same job
-      │ waiting jobs: one queue per tenant (the requests' ``user``), taken in turns, oldest first within each
+      │ waiting jobs: one queue per tenant (the one the router named, else ``user``: openai/compile_tenant.py),
+      │ taken in turns, oldest first within each
       ▼
     compile_processes workers (engine/grammar_worker.py), forked from a fork server that preloaded xgrammar
       │ a job past compile_timeout_s: its worker is killed and replaced, its requests fail
       │ a job whose requests all left (aborted, finished): dequeued, or its worker killed and replaced
       ▼
-    the job's future: the CompiledGrammar (read back here, for this engine's tokenizer), or the error
+    the job's future: the CompiledGrammar (read back here, for this engine's tokenizer), or the error, with the
+    seconds its process worked (``compile_s``: what its requests are charged)
 
 One dispatcher thread ("kvmesh-grammar") owns the workers; the engine thread only submits and releases. The pool
 starts on the first compile and ``close`` ends its thread and processes. Its counters (``stats``) are the
@@ -41,6 +43,13 @@ class CompileTimeout(Exception):
     """A compile ran past compile_timeout_s and was stopped."""
 
 
+class CompileFuture(Future):
+    """A compile's future, with the seconds its process spent on it once it ended (what its requests are charged:
+    engine/structured_output.py)."""
+
+    compile_s: float = 0.0
+
+
 class CompileJob:
     """One spec's compile and the requests waiting for it."""
 
@@ -48,7 +57,7 @@ class CompileJob:
 
     def __init__(self, job_id: int, key: tuple, params: StructuredOutputsParams, tenant: str) -> None:
         self.id, self.key, self.params, self.tenant = job_id, key, params, tenant
-        self.future: Future = Future()
+        self.future = CompileFuture()
         self.waiters: set[str] = set()
         self.started: float | None = None  # when a worker took it
 
@@ -228,6 +237,7 @@ class GrammarPool:
                 overran = bool(job.waiters)
                 self._end(job, "timed_out" if overran else "cancelled")
                 self.stats["compile_seconds"] += now - job.started
+            job.future.compile_s = now - job.started
             if overran:
                 logger.warning("a grammar compile overran %g s (%s); its process was replaced", timeout,
                                job.params.field)
@@ -261,6 +271,7 @@ class GrammarPool:
         with self._lock:
             self._end(job, "compiled" if compiled is not None else "failed")
             self.stats["compile_seconds"] += seconds
+        job.future.compile_s = seconds
         if compiled is not None:
             job.future.set_result(compiled)
         else:

@@ -152,6 +152,7 @@ def request_output(request: Request, new_token_ids: list[int], detok: Incrementa
         # complete once a token was sampled (a preempted request keeps the first computation's)
         prompt_logprobs=request.prompt_logprobs if request.output_token_ids else None,
         kv_pull=request.kv_pull,
+        grammar_compile_s=request.structured_output.compile_s if request.structured_output is not None else 0.0,
     )
 
 

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.engine import xgrammar_backend as xb
-from kvmesh.replica.engine.grammar_pool import CompileTimeout, GrammarPool
+from kvmesh.replica.engine.grammar_pool import CompileFuture, CompileTimeout, GrammarPool
 from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.serving.sampling_params import SamplingParamsError
 from kvmesh.replica.step.scheduler_output import GrammarBitmask
@@ -51,10 +51,11 @@ def check_constraints(constraints: list[StructuredOutputsParams]) -> None:
 class StructuredOutputRequest:
     """One request's grammar: compiling (``future``), then its matcher (built by ``StructuredOutputManager.poll``)."""
 
-    __slots__ = ("params", "future", "matcher", "resumed", "since", "reasoning_ids")
+    __slots__ = ("params", "future", "matcher", "resumed", "since", "reasoning_ids", "waited")
 
-    def __init__(self, params: StructuredOutputsParams, future: Future, resumed: list[int]) -> None:
+    def __init__(self, params: StructuredOutputsParams, future: Future, resumed: list[int], waited: bool = True) -> None:
         self.params, self.future, self.matcher = params, future, None
+        self.waited = waited  # it waited for a compile (else the cache had its grammar: nothing to charge)
         self.resumed = resumed  # output the constraint matched before (a continuation): fed to the new matcher
         self.since = time.monotonic()  # when it started waiting for its grammar
         self.reasoning_ids: list[int] | None = [] if params.reasoning_end else None
@@ -91,6 +92,12 @@ class StructuredOutputRequest:
                         "constraint")
         self.matcher = matcher
         return None
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds a compile process spent on the grammar it waited for (0.0: taken from the cache, or not ended)."""
+        future = self.future
+        return future.compile_s if self.waited and future.done() and isinstance(future, CompileFuture) else 0.0
 
     @property
     def is_terminated(self) -> bool:
@@ -130,7 +137,8 @@ class StructuredOutputManager:
         """Start compiling ``request``'s grammar (or take it from the cache); the scheduler waits for it."""
         key = params.key
         future = self._cache.pop(key, None)
-        if future is None or _failed(future) or not future.done():
+        waited = future is None or _failed(future) or not future.done()  # decided now: a compile may end at once
+        if waited:
             future = self._compile_pool().submit(key, params, params.tenant, request.request_id)
         future.add_done_callback(self._compiled)
         self._cache[key] = future  # newest last
@@ -138,7 +146,7 @@ class StructuredOutputManager:
         resumed = request.prompt_token_ids[len(request.prompt_token_ids) - params.num_resumed_tokens:] \
             if params.num_resumed_tokens else []
         grammar = request.structured_output = self.live[request.request_id] = StructuredOutputRequest(params, future,
-                                                                                                       resumed)
+                                                                                                       resumed, waited)
         self._compiling.add(request.request_id)
         if grammar.reasoning_ids is not None:
             self._reasoning.add(request.request_id)

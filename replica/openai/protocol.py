@@ -27,7 +27,7 @@ from kvmesh.replica.serving.sampling_params import (
     context_overflow,
 )
 from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 Flag = Annotated[bool, Field(strict=True)]
 """A JSON boolean: ``"yes"``, ``"true"`` or ``1`` are a 400 naming the field (vLLM's), not a silent True."""
@@ -80,6 +80,8 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
     priority: Priority = 0
     """(vLLM) Scheduling priority: lower is served first (``--scheduling-policy priority``), within
     +-PRIORITY_LIMIT. Through a router, the priority its admission granted replaces it (README "Overload")."""
+    _compile_tenant: str | None = PrivateAttr(None)
+    """Whom its grammar compiles are charged to, when its router said (openai/compile_tenant.py)."""
 
     def _max_tokens(self) -> int | None:
         raise NotImplementedError
@@ -117,9 +119,10 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
         return bias
 
     def _constraint(self) -> StructuredOutputsParams | None:
-        """The output's constraint, its compile charged to the request's ``user`` (engine/grammar_pool.py)."""
-        constraint = self.structured_outputs_params()
-        return constraint if constraint is None or not self.user else replace(constraint, tenant=self.user)
+        """The output's constraint, its compile charged to the tenant the router named, else to ``user``
+        (openai/compile_tenant.py, engine/grammar_pool.py)."""
+        constraint, tenant = self.structured_outputs_params(), self._compile_tenant or self.user
+        return constraint if constraint is None or not tenant else replace(constraint, tenant=tenant)
 
     @property
     def include_usage(self) -> bool:

@@ -24,8 +24,9 @@ from kvmesh.replica.openai import logprobs_format as lf
 from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
+from kvmesh.replica.openai.compile_tenant import compile_tenant
 from kvmesh.replica.openai.grammar_limits import check_grammar_limits
-from kvmesh.replica.server import chat_answer, kv_plane, kv_request
+from kvmesh.replica.server import chat_answer, compile_seconds, kv_plane, kv_request
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.output_usage import check_failed, total_usage, usage_of
 from kvmesh.replica.server.parallel_sampling import Outputs
@@ -76,6 +77,7 @@ class OpenAIHandlers:
         self.state.check_model(req.model)
         check_grammar_limits(req, self.state.frontend)
         kv_plane.check_transfer_params(self.state.server, http, req)
+        req._compile_tenant = compile_tenant(http, self.state.server.internal_key)
         return req
 
     # ------------------------------------------------------------ shared path
@@ -98,7 +100,7 @@ class OpenAIHandlers:
             streams = await kv_request.start_or_leave(ps.start_all(  # aborts them
                 client, candidates, req.cache_salt, self.state.loras.request_for(req.model), req.priority, kv),
                 _wait_disconnect(http) if constraints or (kv is not None and kv.remote is not None) else None)
-            kv_headers = await kv_request.pull_headers(req, kv, streams)
+            kv_headers = {**await kv_request.pull_headers(req, kv, streams),  **await compile_seconds.compile_headers(streams, bool(constraints))}
             if isinstance(req, p.CompletionRequest) and req.prompt_only:
                 streams = [ps.without_output(stream) for stream in streams]
         except ValueError as e:  # a SamplingParamsError names the field

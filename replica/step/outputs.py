@@ -84,13 +84,15 @@ class RequestOutput:
                             token on
         kv_pull             how the request's pull from a peer went (a ``PullResult``; its first and final
                             outputs), None without one
+        grammar_compile_s   seconds a compile process spent on the grammar the request waited for (0.0: none)
         kv_lease            the prefill side's lease on its prompt's blocks, as the response's
                             ``kv_transfer_params`` handle (the final output of a request that asked one)
     """
 
     __slots__ = ("request_id", "prompt_token_ids", "new_token_ids", "_output_ids", "_num_output", "delta_text",
                  "text", "finished", "finish_reason", "stop_reason", "num_cached_tokens", "error", "metrics",
-                 "new_logprobs", "logprobs", "prompt_logprobs", "num_host_cached_tokens", "kv_pull", "kv_lease", "error_param")
+                 "new_logprobs", "logprobs", "prompt_logprobs", "num_host_cached_tokens", "kv_pull", "kv_lease", "error_param",
+                 "grammar_compile_s")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], new_token_ids: list[int],
                  output_token_ids: list[int], delta_text: str = "", text: str = "", finished: bool = False,
@@ -98,7 +100,8 @@ class RequestOutput:
                  error: str | None = None, metrics: RequestMetrics | None = None,
                  new_logprobs: list[TokenLogprobs] | None = None, logprobs: list[TokenLogprobs] | None = None,
                  prompt_logprobs: PromptLogprobs | None = None, num_host_cached_tokens: int | None = None,
-                 kv_pull=None, kv_lease: dict | None = None, error_param: str | None = None) -> None:
+                 kv_pull=None, kv_lease: dict | None = None, error_param: str | None = None,
+                 grammar_compile_s: float = 0.0) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.new_token_ids = new_token_ids
@@ -117,6 +120,7 @@ class RequestOutput:
         self.prompt_logprobs = prompt_logprobs
         self.kv_pull = kv_pull
         self.kv_lease = kv_lease
+        self.grammar_compile_s = grammar_compile_s
         self.error_param = error_param
 
     @property

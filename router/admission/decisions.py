@@ -215,6 +215,11 @@ class Admission:
             self.ledger.waiting_changed(waiter.model, waiter.tenant, -1)
             self._publish(waiter.model)
 
+    def charge_compile(self, waiter: Waiter, compile_tokens: float, now: float) -> None:
+        """Its grammar compiles, as the prompt tokens their seconds are worth (router/http/compile_charge.py): x1
+        in its usage, never from its bucket (a rate limit counts the tokens a tenant sends and gets)."""
+        self.ledger.charge(waiter.tenant, PROMPT_WEIGHT * compile_tokens, 0, None, now)
+
     def finished(self, waiter: Waiter, output_tokens: int, now: float) -> None:
         """Its answer ended after ``output_tokens``: x2 in its usage, and taken from its bucket (its key's)."""
         if waiter.bucket is None:

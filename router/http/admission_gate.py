@@ -115,7 +115,10 @@ class AdmissionGate:
 
     def answered(self, ticket: Ticket, response: Response, request: ProxyRequest) -> Response:
         """``ticket``'s answer, charged with its output when it ends (a stream's when it is over). A forward that
-        fails instead (or is cancelled) calls ``finished(ticket, 0)``: nothing charged, its room given on."""
+        fails instead (or is cancelled) calls ``finished(ticket, 0)``: nothing charged, its room given on. Its
+        grammar compiles are charged now (compile_charge.py)."""
+        if request.compile_tokens:
+            self.admission.charge_compile(ticket.waiter, request.compile_tokens, time.monotonic())
         if response.stream is None:
             found = _COMPLETION_TOKENS.findall(response.body) if response.status == 200 else []
             self.finished(ticket, int(found[-1]) if found else 0)

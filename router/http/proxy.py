@@ -24,6 +24,7 @@ import msgspec
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.adapter_ready import adapter_ready
 from kvmesh.router.http.caller import schedules_by_priority
+from kvmesh.router.http.compile_charge import compile_tokens
 from kvmesh.router.http.failures import BrokenAnswer, InvalidAnswer, count_failure, settle_5xx
 from kvmesh.router.http.in_flight import InFlight, reserved
 from kvmesh.router.http.kv_handoff import KVHandoff
@@ -125,7 +126,7 @@ class Forwarder:
         one fails before its first byte; the last attempt's 5xx if all failed so. Each replica gets its body's form;
         its load counts the attempt while it runs (in_flight.py)."""
         svc, attempts = self.runtime, self.runtime.config.upstream.max_attempts
-        headers = {"content-type": "application/json", **svc.headers()}
+        headers = {"content-type": "application/json", **svc.headers(), **request.headers()}
         held: list[tuple[str, int]] = []  # 5xx answers, counted once the attempts are over (failures.py)
         try:
             for attempt in range(attempts):
@@ -245,6 +246,7 @@ class Forwarder:
         """The client's answer: a stream relayed (and migrated if need be), or the whole body."""
         upstream, decision = opened.upstream, opened.decision
         rid, loads = decision.replica_id, self.runtime.router.loads
+        request.compile_tokens += compile_tokens(upstream.headers, rid, loads.loads)
         media = upstream.headers.get("content-type", "application/json")
         status = upstream.status
         if request.stream is not None and status == 200:

@@ -19,6 +19,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
+from kvmesh.replica.openai.compile_tenant import tenant_header
 from kvmesh.router.http.token_forwarding import KVMESH, QUOTED_VLLM_TOKENIZING_KEYS, TEXT, VLLM, UpstreamKind
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class ProxyRequest:
     kv_transfer_params: dict | None = field(init=False, default=None)
     """What the router adds for the replica it goes to (router/http/kv_handoff.py: a prefill replica's handle, a
     peer to pull from); None: the body goes without."""
+    compile_tokens: float = field(init=False, default=0.0)
+    """Its replicas' grammar compile seconds as prompt tokens (router/http/compile_charge.py): its tenant's share."""
     failed_over: list[str] = field(init=False, default_factory=list)
     """Replicas it left before the one answering, each with why: the route receipt's ``failed_over``."""
     salt: str | None = field(init=False)
@@ -102,6 +105,11 @@ class ProxyRequest:
             return router.route(self.route_ids, self.salt, exclude=tried, session_id=self.session_id, commit=commit)
         return router.route(self.route_ids, self.salt, pool.lora_name, exclude=tried, session_id=self.session_id,
                             pool=pool.replicas, commit=commit, lora_identity=pool.lora_identity)
+
+    def headers(self) -> dict[str, str]:
+        """Its own headers to a replica: the tenant its grammar compiles are charged to, its key's (never a ``user``
+        sub-tenant: replica/openai/compile_tenant.py); none for a continuation (its replica goes by ``user``)."""
+        return {} if self.tenant is None else tenant_header(self.tenant.bucket)
 
     def ask_for_token_ids(self) -> None:
         """Streams: ask every upstream for the token ids behind the text (a stream migrates by them,

@@ -13,7 +13,7 @@ from kvmesh.router.http.caller import identify
 from kvmesh.router.http.messages import Request
 from kvmesh.router.http.migration import MigratingStream
 from kvmesh.router.http.proxy_request import ProxyRequest
-from kvmesh.router.http.router_only import refuse_router_only
+from kvmesh.router.http.router_only import refuse_router_only, refuse_router_only_headers
 from kvmesh.router.routing.receipts import HEADER_OPT_IN
 
 if TYPE_CHECKING:
@@ -82,6 +82,7 @@ class RequestReader:
     async def read(self, http: Request, path: str, chat: bool) -> ProxyRequest:
         """The client's request: validated, tokenized, its tenant and priority (caller.py), a stream's migration state."""
         svc = self.runtime
+        refuse_router_only_headers(http)
         raw = await http.body()
         t0 = time.perf_counter_ns()
         req, prompts, params, pool = await self._validate(raw, chat)

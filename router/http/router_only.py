@@ -5,6 +5,10 @@
     prompt_token_ids     chat         the messages as the router tokenized them (token_forwarding.py): a kvmesh
                                       replica takes them instead of rendering the messages
 
+    x-kvmesh-tenant      a header     the tenant the router's key check found, for the replica's grammar compile
+                                      turns (replica/openai/compile_tenant.py): a client naming its own would pick
+                                      whose turns its compiles take
+
 The test is on the DECODED body, the same decode the replica makes (msgspec, then the pydantic model:
 escapes resolved, the last duplicate key wins), never on its bytes: ``"kv_transfer\\u005fparams"`` is the
 same key. Any presence is refused, ``null`` included, to be simple. A key nested in another object is
@@ -15,10 +19,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvmesh.replica.openai.compile_tenant import TENANT_HEADER
 from kvmesh.replica.serving.errors import ProtocolError
 
 if TYPE_CHECKING:
     from kvmesh.replica.openai.protocol import SamplingFields
+    from kvmesh.router.http.messages import Request
 
 ROUTER_ONLY = {
     "kv_transfer_params": "the router sets it (prefill/decode split, peer pulls) and the KV plane is the cluster's "
@@ -35,3 +41,17 @@ def refuse_router_only(req: SamplingFields) -> None:
     for name, why in ROUTER_ONLY.items():
         if name in req.model_fields_set:
             raise ProtocolError(f"{name} may not be sent to the router: {why}", param=name)
+
+
+ROUTER_ONLY_HEADERS = {
+    TENANT_HEADER: "the router sets it (the tenant your API key names, whose turn a grammar compile takes); remove "
+                   "it from the request",
+}
+"""Header -> why a client may not send it."""
+
+
+def refuse_router_only_headers(http: Request) -> None:
+    """A 400 naming a router-only header the request has."""
+    for name, why in ROUTER_ONLY_HEADERS.items():
+        if http.header(name.encode()) is not None:
+            raise ProtocolError(f"header {name} may not be sent to the router: {why}", param=name)

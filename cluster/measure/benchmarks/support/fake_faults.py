@@ -36,6 +36,8 @@ class Faults:
     and nothing else moves: a replica at a request's own work."""
     prefill_tokens_per_s: float = 0.0
     """The prefill rate ``/load`` reports (0: none reported)."""
+    grammar_compile_s: float = 0.0
+    """Seconds a completion with ``structured_outputs`` reports its compile took (``x-kvmesh-grammar-compile-s``)."""
     scheduling_policy: str = ""
     """The scheduling policy ``/load`` reports, ``fcfs`` or ``priority`` ("": none, as vLLM's server)."""
     max_num_seqs: int = 0

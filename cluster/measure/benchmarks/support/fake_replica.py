@@ -73,6 +73,7 @@ class FakeReplica:
         self.auth_seen: deque[str] = deque(maxlen=10_000)
         """Authorization headers of the last completions."""
         self.priorities_seen: deque[int | None] = deque(maxlen=10_000)  # their bodies' priority (None: none)
+        self.tenants_seen: deque[str | None] = deque(maxlen=10_000)  # their x-kvmesh-tenant (None: none)
         self.kv = FakeKVTransfer(name, cache)
         """Leases, prefill handles and pulls (fake_kv_transfer.py)."""
         self.lora = FakeAdapters()
@@ -96,6 +97,7 @@ class FakeReplica:
         """Write the answer; False when the connection must close."""
         body: JSONBody = json.loads(raw) if raw.strip() else {}
         if method == b"POST" and path in (b"/v1/completions", b"/v1/chat/completions"):
+            self.tenants_seen.append(headers[b"x-kvmesh-tenant"].decode() if b"x-kvmesh-tenant" in headers else None)
             return await self._complete(reader, writer, body, path == b"/v1/chat/completions",
                                         headers.get(b"authorization", b"").decode())
         status = 200
@@ -105,7 +107,8 @@ class FakeReplica:
             reply = {"count": len(self.token_ids(body))}
         elif path == b"/fake/stats":
             reply = {"cancelled": self.cancelled, "running": self.running, "auth_seen": list(self.auth_seen),
-                     "priorities_seen": list(self.priorities_seen), "adapter_calls": self.lora.calls, **self.kv.stats()}
+                     "priorities_seen": list(self.priorities_seen), "tenants_seen": list(self.tenants_seen),
+                     "adapter_calls": self.lora.calls, **self.kv.stats()}
         elif method == b"POST" and path in (b"/kv/lease", b"/kv/release", b"/kv/peers"):
             status, reply = {b"/kv/lease": self.kv.lease, b"/kv/release": self.kv.release,
                              b"/kv/peers": self.kv.register}[path](body)
@@ -139,7 +142,7 @@ class FakeReplica:
         self.kv.configure(body.get("kv_transfer"))
         if body.get("reset_stats"):
             self.cancelled = 0
-            self.auth_seen.clear(), self.priorities_seen.clear()
+            self.auth_seen.clear(), self.priorities_seen.clear(), self.tenants_seen.clear()
             self.kv.reset()
         return {"ok": True}
 
@@ -220,6 +223,8 @@ class FakeReplica:
                 head = json_answer(200, {**answer, "kv_transfer_params": self.kv.handle(ids, salt)})
             head = with_headers(head, {"x-kvmesh-kv-pulled-tokens": pulled, "x-kvmesh-kv-pulled-bytes":
                                        pulled * self.kv.bytes_per_token, **({"x-kvmesh-kv-pull": outcome} if outcome else {})})
+        if f.grammar_compile_s and body.get("structured_outputs") is not None:
+            head = with_headers(head, {"x-kvmesh-grammar-compile-s": f.grammar_compile_s})
         if f.garbage:
             writer.write(garbage_answer(bool(body.get("stream"))))
             await writer.drain()

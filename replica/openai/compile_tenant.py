@@ -1,0 +1,50 @@
+"""Whose a request's grammar compile is: the router says, by the tenant its API key names; a tenant cannot.
+
+    router    every request it forwards carries ``x-kvmesh-tenant: <tenant>`` (percent-encoded): the key's tenant
+              (router/admission/tenants.py; a ``user`` sub-tenant's key's tenant, so ``user`` names change
+              nothing); a client that sends the header itself gets a 400 naming it (router/http/router_only.py)
+    replica   the compile turns (engine/grammar_pool.py) go by it. A caller without the internal key that sends it
+              gets a 403, as a body's ``kv_transfer_params`` does (a replica with no internal key trusts its callers,
+              as for the KV plane: replica/server/kv_plane.py). Without the header, the turns go by the request's
+              ``user``: a replica serving clients directly knows no more of who sent it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from urllib.parse import quote, unquote
+
+from kvmesh.replica.openai.auth import INTERNAL_SCOPE_KEY
+from kvmesh.replica.serving.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+TENANT_HEADER = "x-kvmesh-tenant"
+"""The router's header naming the tenant a request's compiles are charged to."""
+COMPILE_SECONDS_HEADER = "x-kvmesh-grammar-compile-s"
+"""A replica's response header: the seconds its compile processes worked for the request (replica/server/
+compile_seconds.py), which its router charges to the tenant's fair share (router/http/compile_charge.py)."""
+MAX_TENANT_CHARS = 256
+"""A longer header value is refused (a tenant's name is a metric label, far shorter)."""
+
+
+def tenant_header(tenant: str) -> dict[str, str]:
+    """The header the router sends for ``tenant`` (percent-encoded: any name is one header-safe value)."""
+    return {TENANT_HEADER: quote(tenant, safe="")}
+
+
+def compile_tenant(http: Request, internal_key: str | None) -> str | None:
+    """The tenant the router named for this request (None: no header, the turns go by ``user``); a 403 when a
+    caller other than the cluster sends it to a replica that has an internal key."""
+    value = http.headers.get(TENANT_HEADER)
+    if value is None:
+        return None
+    if internal_key is not None and not http.scope.get("state", {}).get(INTERNAL_SCOPE_KEY, False):
+        raise ProtocolError(f"header {TENANT_HEADER} may be sent only by the router (the cluster's internal key): it "
+                            "names the tenant the router's key check found; remove it from the request", 403,
+                            param=TENANT_HEADER)
+    if not value or len(value) > MAX_TENANT_CHARS:
+        raise ProtocolError(f"header {TENANT_HEADER} must name a tenant in 1 to {MAX_TENANT_CHARS} characters",
+                            param=TENANT_HEADER)
+    return unquote(value)
