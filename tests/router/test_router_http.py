@@ -133,7 +133,7 @@ def test_every_prompt_of_a_batch_is_checked_against_the_context_by_the_router(fa
     r = httpx.post(router.url + "/v1/completions", json={"prompt": [prompt(8), too_long], "max_tokens": 2},
                    timeout=20)
     assert r.status_code == 400, r.text
-    assert f"prompt has {len(too_long)} tokens" in r.json()["error"]["message"]
+    assert f"your prompt contains at least {len(too_long)} input tokens" in r.json()["error"]["message"]
     assert all(fake_stats(f)["auth_seen"] == [] for f in fakes)  # answered before any replica was asked
 
 
