@@ -46,9 +46,12 @@ class DynamoConfig(PolicyConfig):
     """Blocks of prefill one cached host-tier block saves."""
 
     def __post_init__(self) -> None:
-        for name in ("prefill_load_scale", "overlap_score_credit", "host_cache_hit_weight"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        checked = (("prefill_load_scale", self.prefill_load_scale),
+                   ("overlap_score_credit", self.overlap_score_credit),
+                   ("host_cache_hit_weight", self.host_cache_hit_weight))
+        for name, value in checked:
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
 
 
 class ActiveBlocks:

@@ -46,9 +46,12 @@ class LlmdConfig(PolicyConfig):
     """Prompt tokens of its routing history kept per server (31,250 blocks of 16)."""
 
     def __post_init__(self) -> None:
-        for name in ("prefix_weight", "queue_weight", "kv_cache_weight"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        checked = (("prefix_weight", self.prefix_weight),
+                   ("queue_weight", self.queue_weight),
+                   ("kv_cache_weight", self.kv_cache_weight))
+        for name, value in checked:
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
         if self.max_prefix_tokens <= 0 or self.lru_capacity_tokens <= 0:
             raise ValueError("max_prefix_tokens and lru_capacity_tokens must be positive")
 

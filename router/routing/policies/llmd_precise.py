@@ -42,10 +42,14 @@ class LlmdPreciseConfig(PolicyConfig):
     """A matched block in a host-memory tier."""
 
     def __post_init__(self) -> None:
-        for name in ("prefix_weight", "queue_weight", "kv_cache_weight", "device_block_weight",
-                     "host_block_weight"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        checked = (("prefix_weight", self.prefix_weight),
+                   ("queue_weight", self.queue_weight),
+                   ("kv_cache_weight", self.kv_cache_weight),
+                   ("device_block_weight", self.device_block_weight),
+                   ("host_block_weight", self.host_block_weight))
+        for name, value in checked:
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
 
 
 def precise_prefix_scores(tiers: TierMatches, loads: Loads, device_weight: float,
