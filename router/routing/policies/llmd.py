@@ -11,7 +11,8 @@ the weights of its default profile: 3 x prefix + 2 x queue + 2 x KV. The highest
   server, over the prompt's blocks (at most that many): its own routing history, an LRU of 31,250 x 16 tokens per
   server, no KV events;
 - queue score: ``(max - waiting) / (max - min)`` over the candidates' scraped waiting counts, 1 for all when equal
-  (``ReplicaLoad.num_waiting``: what the router last polled; in ``kvmesh sim`` only with ``--load-poll-s``);
+  (``ReplicaLoad.num_waiting``: what the router last polled; ``kvmesh sim`` polls every 50 ms for it, its
+  metrics refresh interval, unless ``--load-poll-s`` says otherwise);
 - KV-cache score: ``1 - kv_usage`` as scraped (``ReplicaLoad.kv_usage``, idem).
 
 The prefix tree's blocks here are the router's keys at the engine's block size (a key chains its whole prefix, as
@@ -28,6 +29,9 @@ from dataclasses import dataclass
 
 from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
 from kvmesh.router.routing.tier_matches import TierMatches
+
+SCRAPE_INTERVAL_S = 0.05
+"""How often the scheduler refreshes every server's metrics (``--refresh-metrics-interval``, 50 ms)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +109,7 @@ class RoutedPrefixes:
 
 
 class LlmdPolicy(Policy):
+    scrape_interval_s = SCRAPE_INTERVAL_S
     name = "llmd"
     config_type = LlmdConfig
     config: LlmdConfig

@@ -9,7 +9,7 @@ the worst matching one 0, all matching ones 1 when equal, a server matching noth
 differs from a share of the request's blocks, as a summary of it may say: the source normalises across servers.
 
 Total: 2 x that prefix score + 1 x queue score + 1 x KV-cache score (the queue and KV scorers of ``llmd``, on
-scraped ``num_waiting`` and ``kv_usage``); the highest wins, ties at random.
+scraped ``num_waiting`` and ``kv_usage``, every 50 ms in ``kvmesh sim``); the highest wins, ties at random.
 
 The index here is the router's (``tiers``), fed by the replicas' events; llm-d's speculative entries are off by
 default, so the router's own short-lived predictions (``router.predict_ttl_s``) are the one thing it sees that
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvmesh.router.routing.policies.base import Loads, Policy, PolicyConfig, ReplicaId
-from kvmesh.router.routing.policies.llmd import kv_cache_scores, pick_highest, queue_scores
+from kvmesh.router.routing.policies.llmd import SCRAPE_INTERVAL_S, kv_cache_scores, pick_highest, queue_scores
 from kvmesh.router.routing.tier_matches import TierMatches
 
 
@@ -69,6 +69,7 @@ def precise_prefix_scores(tiers: TierMatches, loads: Loads, device_weight: float
 
 
 class LlmdPrecisePolicy(Policy):
+    scrape_interval_s = SCRAPE_INTERVAL_S
     name = "llmd_precise"
     config_type = LlmdPreciseConfig
     config: LlmdPreciseConfig
