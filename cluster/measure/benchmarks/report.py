@@ -10,7 +10,8 @@ is rewritten from that file by KIND's renderer (``sim``: one ``kvmesh sim`` repo
 ``kvmesh bench route_scaling``'s CPU per decision by fleet size; ``router_peers``: ``kvmesh bench router-peers``'
 CPU per request, a row per router run; ``lora``: a ``kvmesh sim --workload lora`` report,
 a row per run that served adapters; ``queue_flood``:
-``kvmesh bench queue-flood`` runs, a row per file; ``matrix_noise``: runs of the policy matrix with every time scale
+``kvmesh bench queue-flood`` runs, a row per file; ``replications``: ``kvmesh sim --arrival-seed K`` reports of
+one comparison, a row per policy with its mean and 95% interval over the seeds; ``matrix_noise``: runs of the policy matrix with every time scale
 moved a little, the cells each meets and how far each policy's TTFT moved). A FILE with ``*`` names every file it matches, in name order
 (for the kinds that take several).
 
@@ -113,6 +114,12 @@ def lora_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def replications_table(docs: list[dict]) -> str:
+    from kvmesh.cluster.measure.benchmarks.replications import table
+
+    return table(docs)
+
+
 def queue_flood_table(docs: list[dict]) -> str:
     from kvmesh.cluster.measure.benchmarks.queue_flood import table_of
 
@@ -123,7 +130,8 @@ RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matri
                                                "route_scaling": route_scaling_table, "lora": lora_table,
                                                "router_peers": router_peers_table}
 MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table,
-                                                          "matrix_noise": matrix_noise_table}
+                                                          "matrix_noise": matrix_noise_table,
+                                                          "replications": replications_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 
 
