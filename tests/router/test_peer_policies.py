@@ -117,4 +117,15 @@ def test_sglang_cache_threshold_and_smallest_tree():
     below = KEYS[:19] + list(range(2000, 2045))  # 19 / 64 = 0.297
     assert policy.choose(above, TierMatches({"r1": 64}), loads(2)) == "r0"
     assert policy.choose(below, TierMatches(), loads(2)) == "r1"  # r1's tree is empty: the smallest
-    assert policy.tree.sizes == {"r0": 64 + 44, "r1": 64}
+    assert (policy.tree.size("r0"), policy.tree.size("r1")) == (64 + 44, 64)
+
+
+def test_sglang_tree_evicts_the_least_recently_routed_past_its_size():
+    from kvmesh.router.routing.policies.sglang import SglangConfig
+
+    policy = get_policy("sglang", SglangConfig(max_tree_size_tokens=80 * BS), block_size=BS, seed=0)
+    policy.tree.insert(KEYS, "r0")
+    policy.tree.insert(list(range(500, 532)), "r0")  # 96 keys > 80: the 16 oldest go
+    assert policy.tree.size("r0") == 80
+    assert policy.tree.prefix_match(KEYS) == (0, None)
+    assert policy.tree.prefix_match(KEYS[16:]) == (48, "r0")

@@ -14,12 +14,14 @@ Read from sgl-project/sglang ``sgl-router/src/policies/cache_aware.rs`` (commit 
 
 Here the tree holds the router's block keys (a key chains its whole prefix), not characters, so lengths are in
 blocks; of the workers holding the deepest matched block the one routed there most recently is taken, and ties
-of the smallest tree are broken at random. The trees' periodic LRU eviction (``max_tree_size`` characters per
-worker) is not modelled.
+of the smallest tree are broken at random. Each worker's tree keeps ``max_tree_size`` characters (as tokens at
+4 characters each), the least recently routed evicted as soon as it is over (sglang evicts every 120 s).
 """
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,21 +39,32 @@ class SglangConfig(PolicyConfig):
     """In-flight requests between the busiest and idlest worker beyond which the load is imbalanced ..."""
     balance_rel_threshold: float = 1.5
     """... if also the busiest has more than this times the idlest's."""
+    max_tree_size_tokens: int = 2**26 // 4
+    """Prompt tokens kept per worker's tree, the least recently routed evicted first (``max_tree_size``, 2**26
+    characters, at 4 characters a token)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.cache_threshold <= 1:
             raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
         if self.balance_abs_threshold < 0 or not self.balance_rel_threshold >= 0:
             raise ValueError("balance_abs_threshold and balance_rel_threshold must be >= 0")
+        if self.max_tree_size_tokens <= 0:
+            raise ValueError(f"max_tree_size_tokens must be positive, got {self.max_tree_size_tokens}")
 
 
 class ApproximateTree:
-    """The request prefixes routed to each worker: key -> {worker: when last routed there}, and each tree's size."""
+    """The request prefixes routed to each worker: key -> {worker: when last routed there}; per worker its keys in
+    the order last routed, the least recent evicted past ``capacity`` keys."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
         self.nodes: dict[int, dict[ReplicaId, int]] = {}
-        self.sizes: dict[ReplicaId, int] = {}
+        self.lru: dict[ReplicaId, OrderedDict[int, None]] = {}
         self.clock = 0
+
+    def size(self, worker: ReplicaId) -> int:
+        held = self.lru.get(worker)
+        return len(held) if held else 0
 
     def prefix_match(self, keys: Sequence[int]) -> tuple[int, ReplicaId | None]:
         """Leading ``keys`` some worker was sent, and the worker of the deepest one last sent it."""
@@ -67,13 +80,17 @@ class ApproximateTree:
 
     def insert(self, keys: Sequence[int], worker: ReplicaId) -> None:
         self.clock += 1
-        added = 0
+        held = self.lru.setdefault(worker, OrderedDict())
         for key in keys:
-            holders = self.nodes.setdefault(key, {})
-            if worker not in holders:
-                added += 1
-            holders[worker] = self.clock
-        self.sizes[worker] = self.sizes.get(worker, 0) + added
+            self.nodes.setdefault(key, {})[worker] = self.clock
+            held[key] = None
+            held.move_to_end(key)
+        while len(held) > self.capacity:
+            key, _ = held.popitem(last=False)
+            holders = self.nodes[key]
+            del holders[worker]
+            if not holders:
+                del self.nodes[key]
 
 
 class SglangPolicy(Policy):
@@ -83,7 +100,7 @@ class SglangPolicy(Policy):
 
     def __init__(self, config: SglangConfig | None = None, block_size: int = 16, seed: int | None = None) -> None:
         super().__init__(config, block_size, seed)
-        self.tree = ApproximateTree()
+        self.tree = ApproximateTree(max(1, math.ceil(self.config.max_tree_size_tokens / block_size)))
         """Its approximate tree."""
 
     def imbalanced(self, loads: Loads) -> bool:
@@ -100,7 +117,7 @@ class SglangPolicy(Policy):
         rate = matched / len(request_keys) if request_keys else 0.0
         if rate > self.config.cache_threshold and holder in loads:
             return holder
-        sizes = {rid: self.tree.sizes.get(rid, 0) for rid in loads}
+        sizes = {rid: self.tree.size(rid) for rid in loads}
         smallest = min(sizes.values())
         return self.rng.choice([rid for rid, size in sizes.items() if size == smallest])
 
