@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from kvmesh.cluster.measure.benchmarks.replications import interval, table
+from kvmesh.cluster.measure.benchmarks.headline import interval, table
 
 
 def report(seed: int, figures: dict[str, float]) -> dict:
@@ -36,3 +36,17 @@ def test_table_refuses_reports_that_are_not_replications():
         table([report(1, {"random": 0.1}), report(1, {"random": 0.2})])
     with pytest.raises(ValueError, match="same policies"):
         table([report(1, {"random": 0.1}), report(2, {"dynamo": 0.2})])
+
+
+def test_headline_runs_each_missing_seed_once(tmp_path, monkeypatch):
+    from kvmesh.cluster.measure.benchmarks import headline
+
+    (tmp_path / "sim_mooncake_2x_seed1.json").write_text("{}")
+    ran = []
+    monkeypatch.setattr(headline.subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+    assert headline.main(["--seeds", "3", "--out-dir", str(tmp_path)]) == 0
+    assert [cmd[cmd.index("--arrival-seed") + 1] for cmd in ran] == ["0", "2"]
+    sim = ran[0][ran[0].index("sim"):]
+    assert sim[1:5] == ["--num-replicas", "16", "--time-scale", "0.5"]
+    assert sim[sim.index("--policies") + 1].split(",")[:5] == ["cache_aware_tokens", "dynamo", "llmd", "llmd_precise",
+                                                                "sglang"]

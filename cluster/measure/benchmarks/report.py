@@ -115,7 +115,7 @@ def lora_table(report: dict) -> str:
 
 
 def replications_table(docs: list[dict]) -> str:
-    from kvmesh.cluster.measure.benchmarks.replications import table
+    from kvmesh.cluster.measure.benchmarks.headline import table
 
     return table(docs)
 
