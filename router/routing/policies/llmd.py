@@ -1,11 +1,11 @@
 """``llmd``: llm-d's inference scheduler, default profile, at its shipped defaults, with only what it knows.
 
-Scorers read from llm-d/llm-d-inference-scheduler and the gateway-api-inference-extension it builds on: the
-approximate prefix scorer (``approx-prefix-cache``: ``DefaultBlockSizeTokens`` 16, ``DefaultMaxPrefixBlocks`` 256,
-``DefaultLRUCapacityPerServer`` 31,250 blocks; pkg/plugins/scorer/approximate_indexer.go at commit a93c476a),
+Scorers read from llm-d/llm-d-inference-scheduler and the gateway-api-inference-extension it builds on (searched
+source; the excerpts carried no commit, so no version is pinned here): the approximate prefix scorer's defaults
+(``DefaultBlockSizeTokens`` 16, ``DefaultMaxPrefixBlocks`` 256, ``DefaultLRUCapacityPerServer`` 31,250 blocks),
 the queue scorer and the KV-cache utilization scorer (min-max normalised waiting count; ``1 - KV usage``), and
-the weights of its default profile: 3 x prefix + 2 x queue + 2 x KV. The highest total wins, ties at random
-(its max-score picker shuffles the tied).
+its default ``EndpointPickerConfig`` profile: queue-scorer 2, kv-cache-utilization-scorer 2, prefix-cache-scorer
+3. The highest total wins, ties at random (its max-score picker shuffles the tied).
 
 - prefix score: the leading blocks of the prompt (at most 256 x 16 tokens) that this scheduler itself sent to the
   server, over the prompt's blocks (at most that many): its own routing history, an LRU of 31,250 x 16 tokens per

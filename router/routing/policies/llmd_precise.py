@@ -1,15 +1,16 @@
 """``llmd_precise``: llm-d's inference scheduler with its precise prefix-cache scorer (KV events), at its defaults.
 
 Read from llm-d/llm-d-inference-scheduler ``pkg/plugins/scorer/precise_prefix_cache.go`` (commit 17abea8a) and
-``pkg/plugins/scorer/utils.go`` (commit 2202f3ca), with the kv-cache indexer's tier weights (GPU 1.0, CPU 0.8):
-per server, the longest run of the prompt's leading blocks it holds in the index its engines' KV events feed, each
+``pkg/plugins/scorer/utils.go`` (commit 2202f3ca), with the kv-cache indexer's tier weights (GPU 1.0, CPU 0.8:
+its documented defaults, not read in its source here): per server, the longest run of the prompt's leading blocks it holds in the index its engines' KV events feed, each
 block weighted by its tier (a device block 1.0, a host-tier block past the device prefix 0.8). The raw scores are
 then min-max normalised over the servers that match at all (``indexedScoresToNormalizedScoredPods``: the best 1,
 the worst matching one 0, all matching ones 1 when equal, a server matching nothing 0). That is where this
 differs from a share of the request's blocks, as a summary of it may say: the source normalises across servers.
 
-Total: 2 x that prefix score + 1 x queue score + 1 x KV-cache score (the queue and KV scorers of ``llmd``, on
-scraped ``num_waiting`` and ``kv_usage``, every 50 ms in ``kvmesh sim``); the highest wins, ties at random.
+Total (its precise-prefix guide's profile: prefix 2, queue 1, KV cache 1): 2 x that prefix score + 1 x queue score
++ 1 x KV-cache score (the queue and KV scorers of ``llmd``, on scraped ``num_waiting`` and ``kv_usage``, every 50 ms
+in ``kvmesh sim``); the highest wins, ties at random.
 
 The index here is the router's (``tiers``), fed by the replicas' events; llm-d's speculative entries are off by
 default, so the router's own short-lived predictions (``router.predict_ttl_s``) are the one thing it sees that
