@@ -129,3 +129,18 @@ def test_sglang_tree_evicts_the_least_recently_routed_past_its_size():
     assert policy.tree.size("r0") == 80
     assert policy.tree.prefix_match(KEYS) == (0, None)
     assert policy.tree.prefix_match(KEYS[16:]) == (48, "r0")
+
+
+@pytest.mark.parametrize("name", ["dynamo", "llmd", "llmd_precise", "sglang"])
+def test_a_peer_policy_is_selectable_in_the_router(name):
+    from kvmesh.router.config import RouterConfig
+    from kvmesh.router.routing.kv_router import KVRouter
+
+    config = RouterConfig(policy=name)
+    r = KVRouter(block_size=BS, policy=get_policy(name, config.policy_config(), block_size=BS, seed=0), predict_ttl_s=0)
+    for rid in ("r0", "r1", "r2"):
+        r.add_replica(rid)
+    tokens = [3 + i % 250 for i in range(8 * BS)] + [1]
+    first = r.route(tokens, now=0.0)
+    assert first.replica_id in {"r0", "r1", "r2"}
+    assert r.route(tokens, now=1.0).replica_id in {"r0", "r1", "r2"}
