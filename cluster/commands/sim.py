@@ -109,12 +109,32 @@ def load_workload(workload: SimWorkloadOptions, shape: WorkloadShape, seed: int)
     return records
 
 
+def load_replication(workload: SimWorkloadOptions, shape: WorkloadShape,
+                     seed: int) -> tuple[list[MooncakeRecord], str | None]:
+    """The records to simulate, windowed (``cut_trace``), and with ``--arrival-seed`` the replication's arrivals
+    and the line saying how they were drawn (None without it: the records as they are)."""
+    from kvmesh.cluster.measure.sim.replica import cut_trace
+    from kvmesh.cluster.measure.workloads.arrivals import redraw_seed, spread_arrivals
+    from kvmesh.cluster.measure.workloads.registry import get_workload
+
+    def window(records: list[MooncakeRecord]) -> list[MooncakeRecord]:
+        return cut_trace(records, workload.start, workload.limit, workload.max_prompt_blocks)
+
+    k = workload.arrival_seed
+    if k is None:
+        return window(load_workload(workload, shape, seed)), None
+    if workload.synthetic or get_workload(workload.workload).trace_file is None:
+        redrawn = redraw_seed(seed, k)
+        return (window(load_workload(workload, shape, redrawn)),
+                f"arrival seed {k}: the generated workload redrawn (its seed {redrawn})")
+    return spread_arrivals(window(load_workload(workload, shape, seed)), k)
+
+
 def run(args: argparse.Namespace) -> int:
     from kvmesh.cluster.config.flags import config_from_args, overrides_from_args
     from kvmesh.cluster.measure.sim.lora_report import format_lora_table, has_lora, plot_lora
     from kvmesh.cluster.measure.sim.options import SIM_SCHEMA
     from kvmesh.cluster.measure.sim.plots import plot_kv_transfer, plot_report
-    from kvmesh.cluster.measure.sim.replica import cut_trace
     from kvmesh.cluster.measure.sim.report import format_table, write_json
     from kvmesh.cluster.measure.sim.router import available_policies
     from kvmesh.cluster.measure.sim.run import compare_policies, kv_transfer_variants
@@ -124,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         command: SimCommandConfig = config_from_args(args, SIM_SCHEMA)
         w, compare = command.workload, command.compare
         config = build_config(command, args.routers, "sim.load_poll_s" in overrides_from_args(args, SIM_SCHEMA))
-        records = cut_trace(load_workload(w, command.shape, config.seed), w.start, w.limit, w.max_prompt_blocks)
+        records, arrivals = load_replication(w, command.shape, config.seed)
         registered = available_policies()
         policies = [p.strip() for p in compare.policies.split(",") if p.strip()] if compare.policies else registered
         unknown = [p for p in policies if p not in registered]
@@ -137,12 +157,16 @@ def run(args: argparse.Namespace) -> int:
     except (TraceError, ValueError) as e:
         print(f"kvmesh sim: {e}", file=sys.stderr)
         return 2
+    if arrivals is not None:
+        report["trace"]["arrivals"] = arrivals
     written = [str(write_json(report, args.out))]
     if not args.no_plot:
         png = Path(args.plot or Path(args.out).with_suffix(".png"))
         written.append(str(plot_report(report, png)))
         if config.num_prefill_replicas or config.peer_pulls or compare.pd_compare:
             written.append(str(plot_kv_transfer(report, png.with_name(png.stem + "_kv_transfer.png"))))
+    if arrivals is not None:
+        print(arrivals)
     print(format_table(report))
     if has_lora(report):
         print(format_lora_table(report))

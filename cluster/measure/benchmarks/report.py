@@ -13,7 +13,8 @@ and simulated hit rate per KV cache dtype; ``spec_decode``: ``kvmesh bench spec-
 second and acceptance, a row per workload; ``fp8_aot``: ``tests/replica/triton_aot.py --out``'s attention
 kernels for sm_90 with and without an FP8 cache; ``lora``: a ``kvmesh sim --workload lora`` report,
 a row per run that served adapters; ``queue_flood``:
-``kvmesh bench queue-flood`` runs, a row per file; ``matrix_noise``: runs of the policy matrix with every time scale
+``kvmesh bench queue-flood`` runs, a row per file; ``replications``: ``kvmesh sim --arrival-seed K`` reports of
+one comparison, a row per policy with its mean and 95% interval over the seeds; ``matrix_noise``: runs of the policy matrix with every time scale
 moved a little, the cells each meets and how far each policy's TTFT moved). A FILE with ``*`` names every file it matches, in name order
 (for the kinds that take several).
 
@@ -134,6 +135,12 @@ def lora_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def replications_table(docs: list[dict]) -> str:
+    from kvmesh.cluster.measure.benchmarks.headline import table
+
+    return table(docs)
+
+
 def queue_flood_table(docs: list[dict]) -> str:
     from kvmesh.cluster.measure.benchmarks.queue_flood import table_of
 
@@ -145,7 +152,8 @@ RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matri
                                                "router_peers": router_peers_table, "fp8_kv_cache": fp8_kv_cache_table,
                                                "fp8_aot": fp8_aot_table, "spec_decode": spec_decode_table}
 MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table,
-                                                          "matrix_noise": matrix_noise_table}
+                                                          "matrix_noise": matrix_noise_table,
+                                                          "replications": replications_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 
 

@@ -50,6 +50,9 @@ class SimWorkloadOptions:
     """Use only N requests (from --start)."""
     max_prompt_blocks: int | None = None
     """Truncate prompts to this many hash ids (keeps prefixes; for quick cuts)."""
+    arrival_seed: int | None = None
+    """A replication: each trace request arrives at a time drawn inside its timestamp's tick, a generated workload
+    is redrawn; every policy sees the same arrivals (None: the trace's timestamps as they are)."""
 
     def __post_init__(self) -> None:
         get_workload(self.workload)

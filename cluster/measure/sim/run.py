@@ -99,7 +99,7 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
     report["offload_blocks_per_replica"] = host_blocks
     tiers = {"": {}} if not host_blocks else {
         "/no-tier": {"offload_blocks_per_replica": 0}, "/host-tier": {"offload_blocks_per_replica": host_blocks}}
-    runs = [(name + suffix + tier, name, replace(config, **changes, **tier_changes))
+    runs = [(name + suffix + tier, name, _scraping(name, replace(config, **changes, **tier_changes)))
             for name in policies for suffix, changes in (variants or {"": {}}).items()
             for tier, tier_changes in tiers.items()]
     for label, name, cfg in runs:
@@ -107,11 +107,22 @@ def compare_policies(records: list[MooncakeRecord], config: SimConfig, policies:
                   leave=False) as bar:
             run = run_policy(name, fresh(cfg.time_scale), cfg, per_replica, tokens, progress=bar.update)
         summary = summarize(run, pool_hits) | lora_summary(run.requests, [rep.lora for rep in run.replicas])
+        if cfg.load_poll_s != config.load_poll_s:
+            summary["load_poll_s"] = cfg.load_poll_s
         ceiling = report["ceilings"].get("single_pool_hit_rate")
         if ceiling:
             summary["hit_rate_vs_single_pool"] = summary["hit_rate"] / ceiling
         report["policies"][label] = summary
     return report
+
+
+def _scraping(policy: str, config: SimConfig) -> SimConfig:
+    """``config`` for ``policy``: polling every replica's ``/load`` as often as the system it models scrapes its
+    metrics (``Policy.scrape_interval_s``), unless a poll is set."""
+    from kvmesh.router.routing.policies import policy_class
+
+    every = policy_class(policy).scrape_interval_s
+    return replace(config, load_poll_s=every) if every and not config.load_poll_s else config
 
 
 def kv_transfer_variants(config: SimConfig) -> dict[str, dict]:

@@ -10,10 +10,14 @@ import msgspec
 from kvmesh.router.routing.policies.base import NoReplicaError, Policy, PolicyConfig, PolicyOptions
 from kvmesh.router.routing.policies.cache_aware import CacheAwarePolicy, with_step_budget
 from kvmesh.router.routing.policies.cache_aware_tokens import CacheAwareTokensPolicy
+from kvmesh.router.routing.policies.dynamo import DynamoPolicy
 from kvmesh.router.routing.policies.least_loaded import LeastLoadedPolicy
+from kvmesh.router.routing.policies.llmd import LlmdPolicy
+from kvmesh.router.routing.policies.llmd_precise import LlmdPrecisePolicy
 from kvmesh.router.routing.policies.prefix_hash import PrefixHashPolicy
 from kvmesh.router.routing.policies.random_policy import RandomPolicy
 from kvmesh.router.routing.policies.round_robin import RoundRobinPolicy
+from kvmesh.router.routing.policies.sglang import SglangPolicy
 
 POLICIES: dict[str, type[Policy]] = {
     "cache_aware": CacheAwarePolicy,
@@ -22,6 +26,10 @@ POLICIES: dict[str, type[Policy]] = {
     "random": RandomPolicy,
     "prefix_hash": PrefixHashPolicy,
     "cache_aware_tokens": CacheAwareTokensPolicy,
+    "dynamo": DynamoPolicy,
+    "llmd": LlmdPolicy,
+    "llmd_precise": LlmdPrecisePolicy,
+    "sglang": SglangPolicy,
 }
 DEFAULT_POLICY = "cache_aware_tokens"
 """The token cost: on the Mooncake trace it keeps 98.6% of the single pool's hit rate with the lowest TTFT p50 and p99

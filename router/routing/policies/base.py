@@ -62,6 +62,9 @@ class Policy:
     """The policy's registry name (router.policy)."""
     config_type: ClassVar[type[PolicyConfig]] = PolicyConfig
     """The dataclass of its knobs."""
+    scrape_interval_s: ClassVar[float] = 0.0
+    """Seconds between the scrapes of every replica's metrics the system it models makes (0: it reads none but
+    its own counts); ``kvmesh sim`` polls ``/load`` that often for it unless ``--load-poll-s`` is set."""
 
     def __init__(self, config: PolicyConfig | None = None, block_size: int = 16, seed: int | None = None) -> None:
         if block_size <= 0:

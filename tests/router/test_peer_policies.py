@@ -1,0 +1,146 @@
+"""The peers' routing formulas (``dynamo``, ``llmd``, ``llmd_precise``, ``sglang``) pinned on hand-computed cases."""
+
+from __future__ import annotations
+
+import pytest
+from kvmesh.router.replicas.load import ReplicaLoad
+from kvmesh.router.routing.policies import get_policy
+from kvmesh.router.routing.policies.llmd import LlmdConfig
+from kvmesh.router.routing.tier_matches import TierMatches
+
+BS = 16
+KEYS = list(range(64))  # a 1,024-token prompt: 64 blocks
+
+
+def loads(n=2, **per_replica):
+    out = {f"r{i}": ReplicaLoad() for i in range(n)}
+    for rid, kw in per_replica.items():
+        for k, v in kw.items():
+            setattr(out[rid], k, v)
+    return out
+
+
+# -- dynamo: prefill blocks left (queued + prompt - cached) + active blocks with this request's, lowest wins --
+
+def test_dynamo_cost_is_prefill_blocks_left_plus_active_blocks():
+    policy = get_policy("dynamo", block_size=BS, seed=0)
+    costs = policy.costs(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 39}))
+    assert costs == {"r0": 64 + 64, "r1": (39 + 64 - 40) + 64}
+    assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 39})) == "r1"
+    fresh = get_policy("dynamo", block_size=BS, seed=0)
+    assert fresh.choose(KEYS, TierMatches({"r1": 40}), loads(2, r1={"pending_prefill_tokens": 16 * 41})) == "r0"
+
+
+def test_dynamo_host_blocks_save_three_quarters_of_a_block():
+    policy = get_policy("dynamo", block_size=BS, seed=0)
+    costs = policy.costs(KEYS, TierMatches({"r0": 16}, {"r0": 48}), loads(2))
+    assert costs["r0"] == (64 - 16 - 0.75 * 32) + 64
+
+
+def test_dynamo_counts_active_blocks_until_the_request_finishes():
+    policy = get_policy("dynamo", block_size=BS, seed=0)
+    assert policy.choose(KEYS, TierMatches({"r1": 40}), loads(2)) == "r1"
+    other = list(range(100, 164))
+    busy = loads(2, r1={"in_flight": 1})
+    assert policy.costs(other, TierMatches(), busy) == {"r0": 128, "r1": 64 + 128}
+    same = policy.costs(KEYS, TierMatches(), busy)  # its blocks are active there already: counted once
+    assert same == {"r0": 128, "r1": 64 + 64}
+    assert policy.costs(other, TierMatches(), loads(2)) == {"r0": 128, "r1": 128}  # finished: released
+
+
+def test_dynamo_breaks_ties_at_random():
+    policy = get_policy("dynamo", block_size=BS, seed=1)
+    chosen = {policy.choose([k], TierMatches(), loads(4)) for k in range(200, 240)}
+    assert len(chosen) > 1
+
+
+# -- llmd: 3 x own-history prefix share + 2 x min-max queue + 2 x (1 - KV usage), highest wins --
+
+def test_llmd_default_profile_weights():
+    policy = get_policy("llmd", block_size=BS, seed=0)
+    policy.history.add("r1", KEYS[:32])
+    scraped = loads(3, r0={"num_waiting": 0, "kv_usage": 0.4}, r1={"num_waiting": 4, "kv_usage": 0.25},
+                    r2={"num_waiting": 2, "kv_usage": 0.1})
+    assert policy.scores(KEYS, scraped) == pytest.approx(
+        {"r0": 3 * 0 + 2 * 1.0 + 2 * 0.6, "r1": 3 * 0.5 + 2 * 0.0 + 2 * 0.75, "r2": 3 * 0 + 2 * 0.5 + 2 * 0.9})
+    assert policy.choose(KEYS, TierMatches(), scraped) == "r0"
+
+
+def test_llmd_prefix_is_its_own_routing_history_not_the_index():
+    policy = get_policy("llmd", block_size=BS, seed=0)
+    first = policy.choose(KEYS, TierMatches({"r1": 64}), loads(2))
+    assert policy.scores(KEYS, loads(2))[first] == 3 + 2 + 2
+    assert policy.choose(KEYS, TierMatches({"r1": 64}), loads(2)) == first
+
+
+def test_llmd_history_is_a_bounded_lru_over_leading_blocks():
+    policy = get_policy("llmd", LlmdConfig(lru_capacity_tokens=10 * BS, max_prefix_tokens=32 * BS), block_size=BS)
+    policy.history.add("r0", KEYS[:32])
+    assert policy.history.match("r0", KEYS) == 0  # the leading blocks were evicted
+    assert policy.max_blocks == 32
+
+
+# -- llmd_precise: 2 x tier-weighted longest prefix (min-max over matching servers) + 1 x queue + 1 x KV --
+
+def test_llmd_precise_normalises_across_matching_servers():
+    policy = get_policy("llmd_precise", block_size=BS, seed=0)
+    tiers = TierMatches({"r0": 10, "r1": 20}, {"r2": 30})  # r2: 30 host blocks = 24 weighted
+    scores = policy.scores(tiers, loads(4))
+    assert scores == pytest.approx({"r0": 2 * 0.0 + 2, "r1": 2 * 10 / 14 + 2, "r2": 2 * 1.0 + 2, "r3": 2 * 0.0 + 2})
+    assert policy.choose(KEYS, tiers, loads(4)) == "r2"
+
+
+def test_llmd_precise_one_matching_server_scores_one():
+    policy = get_policy("llmd_precise", block_size=BS, seed=0)
+    scraped = loads(2, r0={"num_waiting": 3, "kv_usage": 0.9})
+    assert policy.scores(TierMatches({"r0": 1}), scraped) == pytest.approx({"r0": 2 + 0 + 0.1, "r1": 0 + 1 + 1})
+    assert policy.choose(KEYS, TierMatches({"r0": 1}), scraped) == "r0"  # one block outweighs its queue and KV
+    fuller = loads(2, r0={"num_waiting": 3, "kv_usage": 1.0})
+    assert policy.scores(TierMatches({"r0": 1}), fuller) == pytest.approx({"r0": 2.0, "r1": 2.0})
+
+
+# -- sglang: shortest queue when imbalanced, else the tree's match above 0.3, else the smallest tree --
+
+def test_sglang_imbalance_needs_both_thresholds():
+    policy = get_policy("sglang", block_size=BS, seed=0)
+    assert policy.imbalanced(loads(2, r0={"in_flight": 100}, r1={"in_flight": 30}))  # 70 > 64, 100 > 45
+    assert not policy.imbalanced(loads(2, r0={"in_flight": 100}, r1={"in_flight": 40}))  # 60 <= 64
+    assert not policy.imbalanced(loads(2, r0={"in_flight": 200}, r1={"in_flight": 135}))  # 200 <= 202.5
+    policy.tree.insert(KEYS, "r0")
+    assert policy.choose(KEYS, TierMatches(), loads(2, r0={"in_flight": 100}, r1={"in_flight": 30})) == "r1"
+
+
+def test_sglang_cache_threshold_and_smallest_tree():
+    policy = get_policy("sglang", block_size=BS, seed=0)
+    policy.tree.insert(KEYS, "r0")
+    above = KEYS[:20] + list(range(1000, 1044))  # 20 / 64 = 0.3125 > 0.3
+    below = KEYS[:19] + list(range(2000, 2045))  # 19 / 64 = 0.297
+    assert policy.choose(above, TierMatches({"r1": 64}), loads(2)) == "r0"
+    assert policy.choose(below, TierMatches(), loads(2)) == "r1"  # r1's tree is empty: the smallest
+    assert (policy.tree.size("r0"), policy.tree.size("r1")) == (64 + 44, 64)
+
+
+def test_sglang_tree_evicts_the_least_recently_routed_past_its_size():
+    from kvmesh.router.routing.policies.sglang import SglangConfig
+
+    policy = get_policy("sglang", SglangConfig(max_tree_size_tokens=80 * BS), block_size=BS, seed=0)
+    policy.tree.insert(KEYS, "r0")
+    policy.tree.insert(list(range(500, 532)), "r0")  # 96 keys > 80: the 16 oldest go
+    assert policy.tree.size("r0") == 80
+    assert policy.tree.prefix_match(KEYS) == (0, None)
+    assert policy.tree.prefix_match(KEYS[16:]) == (48, "r0")
+
+
+@pytest.mark.parametrize("name", ["dynamo", "llmd", "llmd_precise", "sglang"])
+def test_a_peer_policy_is_selectable_in_the_router(name):
+    from kvmesh.router.config import RouterConfig
+    from kvmesh.router.routing.kv_router import KVRouter
+
+    config = RouterConfig(policy=name)
+    r = KVRouter(block_size=BS, policy=get_policy(name, config.policy_config(), block_size=BS, seed=0), predict_ttl_s=0)
+    for rid in ("r0", "r1", "r2"):
+        r.add_replica(rid)
+    tokens = [3 + i % 250 for i in range(8 * BS)] + [1]
+    first = r.route(tokens, now=0.0)
+    assert first.replica_id in {"r0", "r1", "r2"}
+    assert r.route(tokens, now=1.0).replica_id in {"r0", "r1", "r2"}

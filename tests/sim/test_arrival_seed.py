@@ -1,0 +1,91 @@
+"""``kvmesh sim --arrival-seed``: arrivals drawn inside their tick, the same for every policy, another per seed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kvmesh.cluster.measure.workloads.arrivals import detect, spread_arrivals
+from kvmesh.cluster.measure.workloads.traces import MooncakeRecord
+
+
+def coarse_trace(ticks=20, per_tick=10, tick_ms=3000):
+    return [MooncakeRecord(t * tick_ms, 600, 4, (t * 100 + i,)) for t in range(ticks) for i in range(per_tick)]
+
+
+def test_coarse_clock_arrivals_stay_inside_their_tick():
+    records = coarse_trace()
+    res = detect(records)
+    assert res.coarse and res.tick_ms == 3000 and res.per_stamp == 10
+    moved, line = spread_arrivals(records, 7)
+    assert "3000 ms clock" in line and "arrival seed 7" in line
+    by_id = {r.hash_ids: r.timestamp_ms for r in records}
+    for r in moved:
+        assert by_id[r.hash_ids] <= r.timestamp_ms < by_id[r.hash_ids] + 3000
+    assert [r.timestamp_ms for r in moved] == sorted(r.timestamp_ms for r in moved)
+    assert len({r.timestamp_ms for r in moved}) == len(records)  # no tick's requests at one instant any more
+
+
+def test_distinct_stamps_jitter_within_half_the_mean_gap():
+    records = [MooncakeRecord(t * 250.0 + (t % 3), 600, 4, (t,)) for t in range(100)]
+    res = detect(records)
+    assert not res.coarse
+    moved, line = spread_arrivals(records, 1)
+    assert "distinct timestamps" in line
+    by_id = {r.hash_ids: r.timestamp_ms for r in records}
+    for r in moved:
+        assert by_id[r.hash_ids] <= r.timestamp_ms < by_id[r.hash_ids] + res.tick_ms
+    assert res.tick_ms == pytest.approx(0.5 * (records[-1].timestamp_ms - records[0].timestamp_ms) / 99)
+
+
+def test_same_seed_same_arrivals_other_seed_other_arrivals():
+    records = coarse_trace()
+    first, _ = spread_arrivals(records, 3)
+    assert spread_arrivals(records, 3)[0] == first
+    assert [r.timestamp_ms for r in spread_arrivals(records, 4)[0]] != [r.timestamp_ms for r in first]
+
+
+def _run_sim(tmp_path, monkeypatch, *flags):
+    """``kvmesh sim`` on a window of the Mooncake trace; returns its report and each policy's arrival times."""
+    from kvmesh.cluster import cli
+    from kvmesh.cluster.measure.sim import run as sim_run
+    from kvmesh.cluster.measure.sim.loop import run_policy as real
+
+    seen: dict[str, list[float]] = {}
+
+    def recording(name, requests, *args, **kwargs):
+        seen[name] = [r.arrival_s for r in requests]
+        return real(name, requests, *args, **kwargs)
+
+    monkeypatch.setattr(sim_run, "run_policy", recording)
+    out = tmp_path / "sim.json"
+    rc = cli.main(["sim", "--limit", "60", "--num-replicas", "2", "--max-prompt-blocks", "16", "--policies", "round_robin,dynamo,sglang",
+                   "--out", str(out), "--no-plot", "--no-progress", "--no-ceilings", *flags])
+    assert rc == 0
+    return json.loads(out.read_text()), seen
+
+
+def test_every_policy_sees_the_same_arrivals(tmp_path, monkeypatch):
+    plain, plain_seen = _run_sim(tmp_path, monkeypatch)
+    assert "arrivals" not in plain["trace"]
+    seeded, seen = _run_sim(tmp_path, monkeypatch, "--arrival-seed", "2")
+    assert seen["round_robin"] == seen["dynamo"] == seen["sglang"]
+    assert seen["dynamo"] != plain_seen["dynamo"]
+    assert seeded["trace"]["arrivals"].startswith("arrival seed 2: distinct timestamps")
+    other, other_seen = _run_sim(tmp_path, monkeypatch, "--arrival-seed", "3")
+    assert other_seen["dynamo"] != seen["dynamo"]
+
+
+def test_generated_workload_is_redrawn(tmp_path):
+    from kvmesh.cluster.commands.sim import load_replication
+    from kvmesh.cluster.measure.sim.options import SimWorkloadOptions
+    from kvmesh.cluster.measure.workloads.settings import WorkloadShape
+
+    w = SimWorkloadOptions(workload="chatbot", num_requests=40)
+    plain, line = load_replication(w, WorkloadShape(), 0)
+    assert line is None
+    a, line_a = load_replication(SimWorkloadOptions(workload="chatbot", num_requests=40, arrival_seed=1),
+                                 WorkloadShape(), 0)
+    b, _ = load_replication(SimWorkloadOptions(workload="chatbot", num_requests=40, arrival_seed=1), WorkloadShape(), 0)
+    c, _ = load_replication(SimWorkloadOptions(workload="chatbot", num_requests=40, arrival_seed=2), WorkloadShape(), 0)
+    assert "redrawn" in line_a and a == b and a != c and a != plain
