@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from kvmesh.cluster.measure.sim.options import SIM_SCHEMA
     from kvmesh.cluster.measure.sim.plots import plot_kv_transfer, plot_report
     from kvmesh.cluster.measure.sim.report import format_table, write_json
-    from kvmesh.cluster.measure.sim.router import available_policies
+    from kvmesh.cluster.measure.sim.router import available_policies, default_policies
     from kvmesh.cluster.measure.sim.run import compare_policies, kv_transfer_variants
     from kvmesh.cluster.measure.workloads.traces import TraceError
 
@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         config = build_config(command, args.routers, "sim.load_poll_s" in overrides_from_args(args, SIM_SCHEMA))
         records, arrivals = load_replication(w, command.shape, config.seed)
         registered = available_policies()
-        policies = [p.strip() for p in compare.policies.split(",") if p.strip()] if compare.policies else registered
+        policies = [p.strip() for p in compare.policies.split(",") if p.strip()] if compare.policies else \
+            default_policies()
         unknown = [p for p in policies if p not in registered]
         if unknown:
             raise ValueError(f"unknown policies {unknown}; registered: {registered}")

@@ -48,6 +48,13 @@ def available_policies() -> list[str]:
     return list(POLICIES)
 
 
+def default_policies() -> list[str]:
+    """What ``kvmesh sim`` runs without ``--policies``: every registered policy but the peers' formulas."""
+    from kvmesh.router.routing.policies import PEER_POLICIES, POLICIES
+
+    return [name for name in POLICIES if name not in PEER_POLICIES]
+
+
 def build_policy(name: str, config: SimConfig, seed: int) -> Policy:
     """Policy ``name`` with the knobs of ``config.policy_kwargs`` it takes and the replicas' step budget."""
     from kvmesh.router.routing.policies import get_policy, policy_config, with_step_budget

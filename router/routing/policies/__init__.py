@@ -31,6 +31,9 @@ POLICIES: dict[str, type[Policy]] = {
     "llmd_precise": LlmdPrecisePolicy,
     "sglang": SglangPolicy,
 }
+PEER_POLICIES = frozenset({"dynamo", "llmd", "llmd_precise", "sglang"})
+"""The routing formulas of the systems users would run instead (Dynamo, llm-d, sglang-router / vllm-router), kept
+as rivals: selectable, but run by ``kvmesh sim`` only when ``--policies`` names them."""
 DEFAULT_POLICY = "cache_aware_tokens"
 """The token cost: on the Mooncake trace it keeps 98.6% of the single pool's hit rate with the lowest TTFT p50 and p99
 of every policy (BENCHMARKS.md, the policy matrix); ``cache_aware``'s cost in seconds keeps 90%."""
@@ -93,6 +96,6 @@ def _did_you_mean(key: str, candidates: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-__all__ = ["DEFAULT_POLICY", "POLICIES", "NoReplicaError", "Policy", "PolicyConfig", "PolicyOptions", "get_policy",
+__all__ = ["DEFAULT_POLICY", "PEER_POLICIES", "POLICIES", "NoReplicaError", "Policy", "PolicyConfig", "PolicyOptions", "get_policy",
            "policy_class", "policy_config", "policy_options",
            "with_step_budget"]
