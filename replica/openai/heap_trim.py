@@ -30,12 +30,10 @@ _pending = False
 def malloc_trim() -> Callable[[int], int] | None:
     """The C library's ``malloc_trim``, or None where it has none."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
         return None
-    trim = getattr(libc, "malloc_trim", None)
-    if trim is not None:
-        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return trim
 
 
