@@ -43,7 +43,8 @@ WINDOW = 20
 """Light requests per p90 window."""
 SETTLE_S = 5.0
 MEMORY_MB = 100.0
-"""Resident memory a process may keep after the attack."""
+"""Resident memory a process may keep after the attack: its bounded caches filling (compiled grammars up to
+``structured_outputs.cache_memory``, 64 MiB); the heap large bodies leave is handed back (heap_trim.py)."""
 ALONE_S = 4.0
 """The light tenant alone, first (its p90 then is reported beside the base)."""
 CONTROL_S = 10.0
