@@ -4,8 +4,8 @@ glibc's malloc keeps what a thread frees in that thread's arena, and after a lar
 threshold (up to 32 MiB), so the next bodies of that size come from the heap too: the megabytes a large body was read
 and decoded into stay resident after its request ends. A tenant sending 30 MB bodies, decoded on the render threads,
 left a replica 80-150 MB larger for good. ``after_large_body`` asks for one ``malloc_trim(0)`` (every arena) a
-moment after a body of ``TRIM_AFTER_BYTES`` or more, at most one waiting at a time, off the event loop; it does
-nothing where the C library has no ``malloc_trim`` (musl, macOS).
+moment after a body of ``TRIM_AFTER_BYTES`` or more (one for the bodies that arrive while it waits), off the event
+loop; it does nothing where the C library has no ``malloc_trim`` (musl, macOS).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import ctypes
 import ctypes.util
 import functools
 import threading
+import time
 from collections.abc import Callable
 
 TRIM_AFTER_BYTES = 1 << 20
@@ -23,7 +24,8 @@ TRIM_DELAY_S = 2.0
 """Seconds after such a body before the trim (its request has usually ended and freed what it decoded)."""
 
 _lock = threading.Lock()
-_pending = False
+_next_trim = 0.0
+"""When the trim asked for last runs (``time.monotonic``): a body before then is covered by it."""
 
 
 @functools.cache
@@ -39,19 +41,12 @@ def malloc_trim() -> Callable[[int], int] | None:
 
 def after_large_body(size: int) -> None:
     """A body of ``size`` bytes was read on the running loop: trim the heap soon if it was large (module doc)."""
-    global _pending
+    global _next_trim
     if size < TRIM_AFTER_BYTES or malloc_trim() is None:
         return
     with _lock:
-        if _pending:
+        if time.monotonic() < _next_trim:
             return
-        _pending = True
+        _next_trim = time.monotonic() + TRIM_DELAY_S
     loop = asyncio.get_running_loop()
-    loop.call_later(TRIM_DELAY_S, lambda: loop.run_in_executor(None, _trim))
-
-
-def _trim() -> None:
-    global _pending
-    with _lock:
-        _pending = False
-    malloc_trim()(0)
+    loop.call_later(TRIM_DELAY_S, lambda: loop.run_in_executor(None, malloc_trim(), 0))

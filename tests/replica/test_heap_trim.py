@@ -19,6 +19,7 @@ def test_a_large_body_asks_for_one_trim_soon_and_a_small_one_for_none(monkeypatc
     calls = []
     monkeypatch.setattr(heap_trim, "malloc_trim", lambda: calls.append)
     monkeypatch.setattr(heap_trim, "TRIM_DELAY_S", 0.05)
+    monkeypatch.setattr(heap_trim, "_next_trim", 0.0)
 
     async def main() -> None:
         heap_trim.after_large_body(heap_trim.TRIM_AFTER_BYTES - 1)
