@@ -86,5 +86,5 @@ async def parse_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M]) ->
     """``parse_body``, on the loop for small bodies and through ``offload`` for large ones."""
     if len(raw) <= _INLINE_BYTES:
         return parse_body(raw, model_cls)
-    after_large_body(len(raw))  # what it is decoded into is handed back soon after (heap_trim.py)
+    after_large_body(len(raw), offload)  # what it is decoded into is handed back soon after (heap_trim.py)
     return await offload(parse_body, raw, model_cls)

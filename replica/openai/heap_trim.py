@@ -4,19 +4,22 @@ glibc's malloc keeps what a thread frees in that thread's arena, and after a lar
 threshold (up to 32 MiB), so the next bodies of that size come from the heap too: the megabytes a large body was read
 and decoded into stay resident after its request ends. A tenant sending 30 MB bodies, decoded on the render threads,
 left a replica 80-150 MB larger for good. ``after_large_body`` asks for one ``malloc_trim(0)`` (every arena) a
-moment after a body of ``TRIM_AFTER_BYTES`` or more (one for the bodies that arrive while it waits), off the event
-loop; it does nothing where the C library has no ``malloc_trim`` (musl, macOS).
+moment after a body of ``TRIM_AFTER_BYTES`` or more (one for the bodies that arrive while it waits) on the render
+threads; it does nothing where the C library has no ``malloc_trim`` (musl, macOS).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+
+from kvmesh.replica.serving.errors import ProtocolError
 
 TRIM_AFTER_BYTES = 1 << 20
 """Bodies this large (or larger) ask for a trim; smaller ones come from memory that is reused at once."""
@@ -26,6 +29,7 @@ TRIM_DELAY_S = 2.0
 _lock = threading.Lock()
 _next_trim = 0.0
 """When the trim asked for last runs (``time.monotonic``): a body before then is covered by it."""
+_running: set[asyncio.Task] = set()
 
 
 @functools.cache
@@ -39,8 +43,9 @@ def malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
-def after_large_body(size: int) -> None:
-    """A body of ``size`` bytes was read on the running loop: trim the heap soon if it was large (module doc)."""
+def after_large_body(size: int, offload: Callable[..., Awaitable[object]]) -> None:
+    """A body of ``size`` bytes was read on the running loop: if it was large, trim the heap soon through ``offload``
+    (``PromptRenderer.run``: the render threads, which the large body started anyway; module doc)."""
     global _next_trim
     if size < TRIM_AFTER_BYTES or malloc_trim() is None:
         return
@@ -49,4 +54,15 @@ def after_large_body(size: int) -> None:
             return
         _next_trim = time.monotonic() + TRIM_DELAY_S
     loop = asyncio.get_running_loop()
-    loop.call_later(TRIM_DELAY_S, lambda: loop.run_in_executor(None, malloc_trim(), 0))
+    loop.call_later(TRIM_DELAY_S, _start, loop, offload)
+
+
+def _start(loop: asyncio.AbstractEventLoop, offload: Callable[..., Awaitable[object]]) -> None:
+    task = loop.create_task(_trim(offload))
+    _running.add(task)  # held until it ends (the loop keeps only a weak reference)
+    task.add_done_callback(_running.discard)
+
+
+async def _trim(offload: Callable[..., Awaitable[object]]) -> None:
+    with contextlib.suppress(ProtocolError):  # the pool busier than render_timeout_s: the next large body trims
+        await offload(malloc_trim(), 0)
