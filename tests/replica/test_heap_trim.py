@@ -20,6 +20,7 @@ def test_a_large_body_asks_for_one_trim_soon_and_a_small_one_for_none(monkeypatc
     monkeypatch.setattr(heap_trim, "malloc_trim", lambda: calls.append)
     monkeypatch.setattr(heap_trim, "TRIM_DELAY_S", 0.05)
     monkeypatch.setattr(heap_trim, "_next_trim", 0.0)
+    monkeypatch.setattr(heap_trim, "_last_large", 0.0)
 
     async def offload(fn, *args):  # what PromptRenderer.run does: fn(*args) on a render thread
         return await asyncio.to_thread(fn, *args)
@@ -28,8 +29,10 @@ def test_a_large_body_asks_for_one_trim_soon_and_a_small_one_for_none(monkeypatc
         heap_trim.after_large_body(heap_trim.TRIM_AFTER_BYTES - 1, offload)
         await asyncio.sleep(0.3)
         assert calls == []
-        for _ in range(5):  # bodies arriving together: one trim for them all
+        for _ in range(5):  # bodies arriving one after another: one trim once they stop
             heap_trim.after_large_body(heap_trim.TRIM_AFTER_BYTES, offload)
+            await asyncio.sleep(0.03)
+        assert calls == []
         await asyncio.sleep(0.3)
         assert calls == [0]
         heap_trim.after_large_body(32 << 20, offload)  # a later one: its own trim
