@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-from pathlib import Path
+import subprocess
+import sys
 
 import pytest
 from kvmesh.replica.openai import heap_trim
-
-
-def _rss_mb() -> float:
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
 
 
 def test_a_large_body_asks_for_one_trim_soon_and_a_small_one_for_none(monkeypatch):
@@ -42,22 +37,36 @@ def test_a_large_body_asks_for_one_trim_soon_and_a_small_one_for_none(monkeypatc
     asyncio.run(main())
 
 
+_CHURN = """
+import threading
+from pathlib import Path
+from kvmesh.replica.openai import heap_trim
+
+def rss_mb():
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+kept = []
+def churn():
+    big = []
+    for _ in range(1200):  # 1,200 x 100 KB: under the mmap threshold, from the thread's arena
+        big.append(b"x" * 100_000)
+        kept.append(b"y" * 600)  # the small blocks between them pin the arena
+    big.clear()
+
+worker = threading.Thread(target=churn)
+worker.start()
+worker.join()
+held = rss_mb()
+heap_trim.malloc_trim()(0)
+print(held, rss_mb())
+"""
+
+
 @pytest.mark.skipif(heap_trim.malloc_trim() is None, reason="this C library has no malloc_trim (not glibc)")
 def test_the_trim_hands_back_what_a_thread_freed_and_malloc_kept():
-    """Blocks freed on a worker thread stay in its arena (the small ones kept between them pin it); the trim gives
-    their pages back."""
-    kept = []
-
-    def churn() -> None:
-        big = []
-        for _ in range(1200):  # 1,200 x 100 KB: under the mmap threshold, from the thread's arena
-            big.append(b"x" * 100_000)
-            kept.append(b"y" * 600)
-        big.clear()
-
-    worker = threading.Thread(target=churn)
-    worker.start()
-    worker.join()
-    held = _rss_mb()
-    heap_trim.malloc_trim()(0)
-    assert _rss_mb() < held - 60, f"RSS {held:.0f} MB before the trim, {_rss_mb():.0f} MB after"
+    """Blocks freed on a worker thread stay in its arena; the trim gives their pages back (in a fresh process: this
+    one's arenas hold whatever earlier tests left)."""
+    out = subprocess.run([sys.executable, "-c", _CHURN], capture_output=True, text=True, timeout=60, check=True)
+    held, after = map(float, out.stdout.split())
+    assert after < held - 60, f"RSS {held:.0f} MB before the trim, {after:.0f} MB after"
