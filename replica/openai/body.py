@@ -5,7 +5,7 @@ bytes are counted as they stream in (chunked bodies, lying lengths), and the who
 arrive within ``body_timeout_s`` (slow senders get a 408). JSON is decoded with msgspec, which
 refuses what Python's ``json`` accepts and nothing downstream can handle: NaN/Infinity, lone UTF-16
 surrogates (``"\\ud800"``), invalid UTF-8, nesting beyond the recursion limit. Bodies above
-``_INLINE_BYTES`` are decoded and validated off the event loop.
+``_INLINE_BYTES`` are decoded and validated off the event loop, and the heap they leave is trimmed (heap_trim.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import msgspec
 from fastapi import Request
 from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.openai.errors import parse_request
+from kvmesh.replica.openai.heap_trim import after_large_body
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from pydantic import BaseModel, JsonValue
 from starlette.requests import ClientDisconnect
@@ -85,4 +86,5 @@ async def parse_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M]) ->
     """``parse_body``, on the loop for small bodies and through ``offload`` for large ones."""
     if len(raw) <= _INLINE_BYTES:
         return parse_body(raw, model_cls)
+    after_large_body(len(raw), offload)  # what it is decoded into is handed back soon after (heap_trim.py)
     return await offload(parse_body, raw, model_cls)

@@ -22,6 +22,8 @@ import httpx
 KEYS = {"noisy": "sk-noisy-" + secrets.token_hex(8), "light": "sk-light-" + secrets.token_hex(8)}
 """The two tenants' keys (the keys file's)."""
 ADMIN_KEY = "admin-" + secrets.token_hex(12)
+INTERNAL_KEY = "int-" + secrets.token_hex(12)
+"""The key the router reaches the replicas with (the suite's warm-up too)."""
 KVMESH = str(Path(sys.executable).parent / "kvmesh")
 START_S = 120.0
 """How long a process may take to serve (two models loading on a busy machine)."""
@@ -131,7 +133,7 @@ def start_fleet(model: Path, workdir: Path, template_text: str) -> NoisyFleet:
     keys = workdir / "keys.yaml"
     keys.write_text("keys:\n" + "".join(f"  - {{key: {key}, tenant: {name}}}\n" for name, key in KEYS.items()))
     base = {k: v for k, v in os.environ.items() if not k.startswith("KVMESH_")}
-    base |= {"KVMESH_HASH_SEED": secrets.token_hex(16), "KVMESH_INTERNAL_KEY": "int-" + secrets.token_hex(12)}
+    base |= {"KVMESH_HASH_SEED": secrets.token_hex(16), "KVMESH_INTERNAL_KEY": INTERNAL_KEY}
     started: list[Process] = []
     try:
         specs = []

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import CHAT_TEMPLATE
-from .noisy_fleet import KEYS, NoisyFleet, Reading, start_fleet
+from .noisy_fleet import INTERNAL_KEY, KEYS, NoisyFleet, Reading, start_fleet
 from .noisy_watch import LightTenant, Timing, Watch, p90
 
 HANG_S = 30.0
@@ -43,7 +43,8 @@ WINDOW = 20
 """Light requests per p90 window."""
 SETTLE_S = 5.0
 MEMORY_MB = 100.0
-"""Resident memory a process may keep after the attack."""
+"""Resident memory a process may keep after the attack: its bounded caches filling (compiled grammars up to
+``structured_outputs.cache_memory``, 64 MiB); the heap large bodies leave is handed back (heap_trim.py)."""
 ALONE_S = 4.0
 """The light tenant alone, first (its p90 then is reported beside the base)."""
 CONTROL_S = 10.0
@@ -59,6 +60,9 @@ WARM_UP = [("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4}),
                "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}),
            ("/v1/completions", {"prompt": "A " * 50_000, "max_tokens": 4})]
 """Requests that start what a replica starts lazily (render threads, the grammar compiler) before the baseline."""
+REPLICA_WARM_UP = ("/v1/completions", {"prompt": ["A " * 20_000, "B " * 20_000], "max_tokens": 4})
+"""Sent to each replica itself (the router refuses it: longer than the context): a body over 64 KiB is read on a
+render thread, and two prompts are tokenized as a batch, which starts the tokenizer's own (rayon) threads."""
 
 
 @dataclass
@@ -85,12 +89,13 @@ def fleet(stories_path, tmp_path_factory):
 
 
 def _warm_up(fleet: NoisyFleet) -> None:
-    """Each of ``WARM_UP`` 8 at a time, twice over (thread pools grow to their size before the baseline: a request
-    body over 64 KiB is read on a render thread, a grammar compiled by the grammar pool)."""
+    """Each of ``WARM_UP`` 8 at a time, twice over, then ``REPLICA_WARM_UP`` to each replica 8 at a time (thread
+    pools grow to their size before the baseline: a request body over 64 KiB is read on a render thread, a grammar
+    compiled by the grammar pool, a batch of prompts tokenized by the tokenizer's threads)."""
     import httpx
 
-    def send(item: tuple[str, dict]) -> None:
-        r = httpx.post(fleet.url + item[0], json=item[1], timeout=60, headers={"Authorization": f"Bearer {KEYS['light']}"})
+    def send(item: tuple[str, dict], url: str = fleet.url, key: str = KEYS["light"]) -> None:
+        r = httpx.post(url + item[0], json=item[1], timeout=60, headers={"Authorization": f"Bearer {key}"})
         assert r.status_code < 500, r.text  # the long prompt is a 400 (read off the loop first)
 
     distinct = [("/v1/completions", {"prompt": "A", "max_tokens": 4, "structured_outputs": {"regex": f"[a-z]{{{i}}}"}})
@@ -99,6 +104,9 @@ def _warm_up(fleet: NoisyFleet) -> None:
         for item in WARM_UP * 2:
             list(pool.map(send, [item] * 8))
         list(pool.map(send, distinct))
+        for replica in fleet.replicas:  # all at once: each render thread starts only when the others are busy
+            for _ in range(2):
+                list(pool.map(lambda item, url=replica.url: send(item, url, INTERNAL_KEY), [REPLICA_WARM_UP] * 8))
 
 
 @pytest.fixture(scope="module")
