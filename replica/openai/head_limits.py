@@ -11,7 +11,8 @@ fed to the parser no further than its room: a 64 MB header costs ``max_header_by
 soon as the limit is passed, not when (if ever) the header ends.
 
     limits = HeadLimits(frontend)
-    data_received:        limits.feed(parser, data)   raises ProtocolError (431/414) or httptools' errors
+    data_received:        for piece in limits.pieces(data):   raises ProtocolError (431/414)
+                              with limits: parser.feed_data(piece)   or httptools' errors
     on_url / on_header:   limits.url(len(url)) / limits.header()
     on_headers_complete:  limits.head_done()          the body is not counted
     on_message_complete:  limits.message_done()       the next head counts from here
@@ -21,8 +22,8 @@ soon as the limit is passed, not when (if ever) the header ends.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from http import HTTPStatus
-from typing import Protocol
 
 import httptools
 import msgspec
@@ -31,10 +32,6 @@ from kvmesh.replica.serving.errors import ProtocolError
 
 LINGER_S = 1.0
 """Seconds a refused connection stays open, reading nothing, after its answer (``linger``)."""
-
-
-class Parser(Protocol):
-    def feed_data(self, data: bytes) -> None: ...
 
 
 class HeadLimits:
@@ -55,10 +52,11 @@ class HeadLimits:
         self.refused = False
         """A head was refused (or the input was malformed): nothing more is parsed."""
 
-    def feed(self, parser: Parser, data: bytes) -> None:
-        """Feed ``data`` to ``parser``, no more of a head than its room; raises the head's ``ProtocolError`` when
-        it is past a limit (the caller answers it and closes), else what the parser raises. Once a head was refused,
-        nothing more is parsed (what still arrives before the connection closes is dropped)."""
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        """``data`` cut where a head would pass its room. The caller feeds each piece to its parser itself, inside
+        ``with limits:`` (so the parser's callbacks come back to the caller's file, never through this one); raises
+        the head's ``ProtocolError`` (431) when it did not end within its room. Once a head was refused, nothing more
+        is given (what still arrives before the connection closes is dropped)."""
         if self.refused:
             return
         while data:
@@ -66,25 +64,27 @@ class HeadLimits:
             if room is None or len(data) <= room:
                 if room is not None:
                     self.room = room - len(data)
-                self._feed(parser, data)
+                yield data
                 return
             heads = self.heads
-            self._feed(parser, data[:room])
+            yield data[:room]
             if self.heads == heads:  # the head did not end within its room
                 self.refused = True
                 raise ProtocolError(f"request headers exceed {self.config.max_header_bytes} bytes (the server's "
                                     "max_header_bytes)", 431)
             data = data[room:]
 
-    def _feed(self, parser: Parser, data: bytes) -> None:
-        try:
-            parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.refused = True  # a head past a limit, or malformed
+    def __enter__(self) -> HeadLimits:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        """A parser error on a piece: the head past a limit (the ``ProtocolError`` a callback raised, which httptools
+        wraps) or malformed input; nothing more is parsed either way."""
+        if kind is not None and issubclass(kind, httptools.HttpParserError):
+            self.refused = True
             if self.error is not None:
-                error, self.error = self.error, None  # held by nobody once answered (its frames hold the input)
-                raise error from None
-            raise
+                held, self.error = self.error, None  # held by nobody once answered (its frames hold the input)
+                raise held from None
 
     def url(self, size: int) -> None:
         """A piece of the request target arrived (``size`` bytes)."""

@@ -51,7 +51,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         """uvicorn's, with each head fed no further than its bounds (a 431/414 closes the connection)."""
         self._unset_keepalive_if_required()
         try:
-            self.limits.feed(self.parser, data)
+            for piece in self.limits.pieces(data):
+                with self.limits:
+                    self.parser.feed_data(piece)
         except ProtocolError as e:
             logger.info("refusing a request head: %s", e.message)
             self.parser, self.url, self.headers = httptools.HttpRequestParser(self), b"", []  # drop the head read

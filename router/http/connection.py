@@ -84,7 +84,9 @@ class HttpConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            self.limits.feed(self.parser, data)
+            for piece in self.limits.pieces(data):
+                with self.limits:
+                    self.parser.feed_data(piece)
         except ProtocolError as e:  # a head past its limits (431, 414)
             self._refuse(e)
         except httptools.HttpParserUpgrade:
