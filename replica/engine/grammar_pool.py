@@ -174,9 +174,10 @@ class GrammarPool:
                 self._assign(workers)
                 ready = wait([self._wake_r] + [w.conn for w in workers], self._until_next_deadline(workers))
                 if self._wake_r in ready:
-                    self._wake_pending = False  # before reading: a later wake sends again
-                    while self._wake_r.poll():
-                        self._wake_r.recv_bytes()
+                    # Clear, then read one message. A wake sent meanwhile leaves its own message for the next round;
+                    # draining them all here could eat it while the flag stays set, and no wake would be sent again.
+                    self._wake_pending = False
+                    self._wake_r.recv_bytes()
                 for w in workers:
                     if w.conn in ready:
                         self._receive(w)

@@ -80,3 +80,24 @@ def test_closing_the_pool_ends_its_processes_and_its_compiles(pool):
     p.close()
     assert all(f.done() for f in futures) and not p._thread.is_alive()
     assert wait_for(lambda: not pids & {w.pid for w in compile_workers()}, 5)
+
+
+def test_compiles_submitted_from_many_threads_at_once_all_end(pool):
+    """Hostile timing: eight threads submit 25 compiles each, one after another, while the dispatcher takes wakes.
+    Every compile ends; none waits forever for a wake the dispatcher read and lost."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    p = pool(compile_processes=2)
+
+    def submit_all(thread: int) -> list:
+        futures = []
+        for i in range(25):
+            so = choice(f"t{thread}", i)
+            futures.append(p.submit(so.key, so, so.tenant, f"{thread}-{i}"))
+        return futures
+
+    with ThreadPoolExecutor(8) as threads:
+        futures = [f for batch in threads.map(submit_all, range(8)) for f in batch]
+    for future in futures:
+        assert future.exception(timeout=120) is None
+    assert p.stats["compiled"] == 200 and p.stats["running"] == p.stats["waiting"] == 0
