@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,8 @@ class Reading:
     t: float
     rss_mb: dict[str, float]
     threads: dict[str, int]
+    thread_names: dict[str, Counter] = field(default_factory=dict)
+    """Each process's threads by name (/proc/<pid>/task/*/comm)."""
     unhealthy: list[str] = field(default_factory=list)
     """What was wrong: a replica the router holds unhealthy or ejected, one whose /health failed."""
     ejections: int = 0
@@ -77,7 +80,8 @@ class NoisyFleet:
     def read(self) -> Reading:
         """The fleet now (the module doc)."""
         reading = Reading(time.monotonic(), {p.name: _status(p.pid, "VmRSS") / 1024 for p in self.processes()},
-                          {p.name: int(_status(p.pid, "Threads")) for p in self.processes()})
+                          {p.name: int(_status(p.pid, "Threads")) for p in self.processes()},
+                          {p.name: _thread_names(p.pid) for p in self.processes()})
         rows = httpx.get(self.url + "/replicas", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
         for row in rows.json()["replicas"]:
             reading.ejections += row.get("ejections", 0)
@@ -96,6 +100,16 @@ class NoisyFleet:
     def stop(self) -> None:
         for p in self.processes():
             p.stop()
+
+
+def _thread_names(pid: int) -> Counter:
+    names: Counter = Counter()
+    for comm in Path(f"/proc/{pid}/task").glob("*/comm"):
+        try:
+            names[comm.read_text().strip()] += 1
+        except OSError:  # the thread ended meanwhile
+            pass
+    return names
 
 
 def _status(pid: int, key: str) -> float:

@@ -191,7 +191,8 @@ def test_threads_and_memory_come_back_after_the_attack(attack):
     for name, threads in attack.before.threads.items():
         peak = max(r.threads.get(name, 0) for r in attack.readings)
         if after.threads[name] > threads:
-            kept.append(f"{name}: {threads} threads before, {after.threads[name]} after (peak {peak})")
+            new = after.thread_names[name] - attack.before.thread_names[name]
+            kept.append(f"{name}: {threads} threads before, {after.threads[name]} after (peak {peak}): {dict(new)}")
         if after.rss_mb[name] > attack.before.rss_mb[name] + MEMORY_MB:
             grew = max((b.rss_mb.get(name, 0) - a.rss_mb.get(name, 0), a.t) for a, b in
                        zip(attack.readings, attack.readings[1:], strict=False))
