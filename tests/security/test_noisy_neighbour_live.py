@@ -12,8 +12,8 @@ completions are timed one after another and the fleet is read every half second 
   tenant sent plain requests as many at a time (the control: on a small machine the volume alone slows everyone;
   the bound is on what the values add);
 - the router never held a replica down or ejected it, and each replica's ``/health`` answered 200;
-- ``SETTLE_S`` after the attack, each process's threads are back to what they were before it and its memory within
-  ``MEMORY_MB``.
+- ``SETTLE_S`` after the attack, each process's threads are back to what they were before it (within
+  ``THREAD_SLACK``) and its memory within ``MEMORY_MB``.
 
 A failure names the fields (and values) in flight when it happened. ``python tests/security/noisy_attacker.py``
 replays chosen cases (``--match``) against any router.
@@ -42,6 +42,10 @@ SLOWDOWN = 3.0
 WINDOW = 20
 """Light requests per p90 window."""
 SETTLE_S = 5.0
+THREAD_SLACK = 2
+"""Threads a process may have gained after the attack: idle threads of its bounded pools that grow on demand (the
+event loop's default executor, the tokenizer's own threads) and that the warm-up did not happen to grow. A thread left
+per hostile request, or a compile left running, is far past it (the attack sends thousands)."""
 MEMORY_MB = 100.0
 """Resident memory a process may keep after the attack: its bounded caches filling (compiled grammars up to
 ``structured_outputs.cache_memory``, 64 MiB); the heap large bodies leave is handed back (heap_trim.py)."""
@@ -58,8 +62,10 @@ WARM_UP = [("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4}),
            ("/v1/completions", {"prompt": "A", "max_tokens": 4, "structured_outputs": {"regex": "[a-z]+"}}),
            ("/v1/completions", {"prompt": "A", "max_tokens": 4, "response_format": {
                "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}),
-           ("/v1/completions", {"prompt": "A " * 50_000, "max_tokens": 4})]
-"""Requests that start what a replica starts lazily (render threads, the grammar compiler) before the baseline."""
+           ("/v1/completions", {"prompt": "A " * 50_000, "max_tokens": 4}),
+           ("/v1/responses", {"input": "Hi", "max_output_tokens": 4, "previous_response_id": "resp_warm_up"})]
+"""Requests that start what a replica starts lazily (render threads, the grammar compiler, the responses store's
+thread) before the baseline."""
 REPLICA_WARM_UP = ("/v1/completions", {"prompt": ["A " * 20_000, "B " * 20_000], "max_tokens": 4})
 """Sent to each replica itself (the router refuses it: longer than the context): a body over 64 KiB is read on a
 render thread, and two prompts are tokenized as a batch, which starts the tokenizer's own (rayon) threads."""
@@ -190,7 +196,7 @@ def test_threads_and_memory_come_back_after_the_attack(attack):
     kept = []
     for name, threads in attack.before.threads.items():
         peak = max(r.threads.get(name, 0) for r in attack.readings)
-        if after.threads[name] > threads:
+        if after.threads[name] > threads + THREAD_SLACK:
             new = after.thread_names[name] - attack.before.thread_names[name]
             kept.append(f"{name}: {threads} threads before, {after.threads[name]} after (peak {peak}): {dict(new)}")
         if after.rss_mb[name] > attack.before.rss_mb[name] + MEMORY_MB:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvmesh.replica.serving.errors import ProtocolError, echo
@@ -69,15 +70,21 @@ class ResponsesService:
         self.store = store
         """Where stored responses live (shared between a router's workers: router/control/workers.py)."""
         self.model_name = model_name
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="kvmesh-responses")
+        """The store's one thread (SQLite serializes its writes anyway): a flood of requests costs no threads."""
+
+    async def _stored(self, call: Callable, *args: object):
+        """``call(*args)`` on the store's thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._io, call, *args)
 
     async def retrieve(self, tenant: str, response_id: str) -> JSONObject:
-        stored = await asyncio.to_thread(self.store.get, tenant, response_id)
+        stored = await self._stored(self.store.get, tenant, response_id)
         if stored is None:
             raise not_found(response_id)
         return stored.response
 
     async def delete(self, tenant: str, response_id: str) -> JSONObject:
-        if not await asyncio.to_thread(self.store.delete, tenant, response_id):
+        if not await self._stored(self.store.delete, tenant, response_id):
             raise not_found(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
@@ -86,7 +93,7 @@ class ResponsesService:
         req.check_supported()
         history: list[JsonValue] = []
         if req.previous_response_id is not None:
-            stored = await asyncio.to_thread(self.store.get, tenant, req.previous_response_id)
+            stored = await self._stored(self.store.get, tenant, req.previous_response_id)
             if stored is None:
                 raise not_found(req.previous_response_id, "previous_response_id")
             history = stored.conversation
@@ -112,7 +119,7 @@ class ResponsesService:
         if not req.store or response["status"] == "failed":
             return response
         whole = [*conversation, o.assistant_message(response["output"])]
-        if not await asyncio.to_thread(self.store.put, tenant, response, whole):
+        if not await self._stored(self.store.put, tenant, response, whole):
             return {**response, "store": False}
         return response
 
