@@ -21,6 +21,11 @@ _ID_TYPES = {"ReplicaId", "Hashable"}
 ALLOWED = {
     "router/replicas/replica_set.py:ReplicaSet._by_id": "the set itself: id -> record",
     "router/routing/index.py:PrefixIndex._replicas": "the index's slots: each replica's bit in the block masks",
+    # A peer's formula keeps the state that router keeps, in that router's shape (its own trackers by worker):
+    "router/routing/policies/dynamo.py:ActiveBlocks.blocks": "Dynamo's router-local active blocks per worker",
+    "router/routing/policies/dynamo.py:ActiveBlocks.requests": "Dynamo's router-local requests per worker",
+    "router/routing/policies/llmd.py:RoutedPrefixes.servers": "llm-d's approximate prefix index of its own routing",
+    "router/routing/policies/sglang.py:ApproximateTree.lru": "sglang-router's tree of the requests it routed",
 }
 
 
