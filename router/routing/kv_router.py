@@ -49,9 +49,10 @@ class KVRouter:
     def __init__(self, block_size: int = 16, policy: Policy | None = None, seed: int = DEFAULT_ROUTER_SEED,
                  predict_ttl_s: float = 2.0, sessions: SessionConfig | None = None,
                  salt_secret: bytes | None = None, transfers: KVPlacementRules | None = None) -> None:
-        """``policy``: None = ``cache_aware`` with its defaults; ``seed``: root of the router keys;
-        ``salt_secret``: the replicas' cache-salt key (``RouterKeyHasher.salt_secret``); ``transfers``: when KV
-        may move between replicas (None: the defaults of ``KVPlacementRules``).
+        """``policy``: None = the default policy (``DEFAULT_POLICY``: ``cache_aware_tokens``) with its defaults;
+        ``seed``: root of the router keys; ``salt_secret``: the replicas' cache-salt key
+        (``RouterKeyHasher.salt_secret``); ``transfers``: when KV may move between replicas (None: the defaults of
+        ``KVPlacementRules``).
         ``router.config.build_router`` builds one from a ``RouterConfig``."""
         self.lock = threading.Lock()
         self.replicas = ReplicaSet(self.lock)
