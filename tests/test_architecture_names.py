@@ -1,14 +1,18 @@
-"""ARCHITECTURE.md names only rooms and files that exist: every path it mentions (a folder ending in ``/``, or
-a file with an extension) is a folder or file of the repository, given whole from the root or as the tail of
-one (``engine/async_llm.py`` inside the replica's section)."""
+"""ARCHITECTURE.md and the internals pages it links (docs/internals/) name only rooms and files that exist: every
+path they mention (a folder ending in ``/``, or a file with an extension) is a folder or file of the repository,
+given whole from the root or as the tail of one (``engine/async_llm.py`` inside the replica's section)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 ARCHITECTURE = REPO / "ARCHITECTURE.md"
+INTERNALS = sorted((REPO / "docs" / "internals").glob("*.md"))
+"""The map's long parts, each a page of its own."""
 SKIPPED_DIRS = {".venv", ".git", "build", "dist", "__pycache__"}
 PATH = re.compile(r"(?<![\w/.~-])((?:[A-Za-z_][\w.-]*/)*[A-Za-z_][\w-]*\.(?:py|c|h|md|yaml|json)\b|"
                   r"(?:[A-Za-z_][\w.-]*/)+(?![\w.-]))")
@@ -39,6 +43,13 @@ def missing(text: str, paths: set[str]) -> list[str]:
 def test_architecture_names_only_existing_rooms_and_files():
     text = ARCHITECTURE.read_text()
     assert len(named_paths(text)) > 100  # the map names the code it describes
+    assert missing(text, repo_paths()) == []
+
+
+@pytest.mark.parametrize("page", INTERNALS, ids=lambda p: p.name)
+def test_internals_pages_name_only_existing_rooms_and_files(page):
+    text = page.read_text()
+    assert len(named_paths(text)) > 10
     assert missing(text, repo_paths()) == []
 
 
