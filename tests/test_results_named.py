@@ -1,5 +1,5 @@
 """``results/`` holds only what the docs name: every file there is named by README, ARCHITECTURE, BENCHMARKS, a
-guide in docs/ or deploy/README (or a results note the docs name), as ``results/NAME.ext``, as another file of
+guide or page in docs/ (docs/benchmarks/ too) or deploy/README (or a results note the docs name), as ``results/NAME.ext``, as another file of
 the same stem (``results/flood.json, .png``), or by a pattern (``results/sim_pd_*_kv_transfer.png``,
 ``results/flood_endless_{1,2,3}.json``). A file no doc names is a figure no reader can find."""
 
@@ -17,7 +17,7 @@ NAMED = re.compile(r"results/([\w.*{},/-]+)")
 
 def docs(root: Path = REPO) -> list[Path]:
     return [root / "README.md", root / "ARCHITECTURE.md", root / "BENCHMARKS.md", root / "deploy" / "README.md",
-            *sorted((root / "docs").glob("*.md")), *sorted((root / "results").glob("*.md"))]
+            *sorted((root / "docs").rglob("*.md")), *sorted((root / "results").glob("*.md"))]
 
 
 def expand(pattern: str) -> list[str]:
