@@ -1,7 +1,8 @@
 """``results/`` holds only what the docs name: every file there is named by README, ARCHITECTURE, BENCHMARKS, a
 guide or page in docs/ (docs/benchmarks/ too) or deploy/README (or a results note the docs name), as
 ``results/NAME.ext``, as another file of the same stem (``results/flood.json, .png``), or by a pattern
-(``results/sim_pd_*_kv_transfer.png``, ``results/flood_endless_{1,2,3}.json``). A file no doc names is a figure no reader can find."""
+(``results/sim_pd_*_kv_transfer.png``, ``results/flood_endless_{1,2,3}.json``). A file no doc names is a figure no
+reader can find."""
 
 from __future__ import annotations
 
