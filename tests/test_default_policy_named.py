@@ -22,10 +22,10 @@ CODE_ROOTS = ("router", "cluster", "replica", "kvcache", "events")
 
 def _claims_pattern(names: list[str]) -> re.Pattern[str]:
     name = r"(?:`{1,2}|\*\*)(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) + r")(?:`{1,2}|\*\*)"
-    return re.compile(
-        name + r",? \(?(?:is |as )?(?:the )?default\b(?! \w+ of)"  # `x` (the default), `x` by default below
-        + r"|" + name + r" by default"
-        + r"|\bdefault(?: policy)?(?: is|:|,| =)? (?:the )?" + name
+    return re.compile(  # `x` (the default); `x` by default; the default, `x` (not "by default, `y`"); None = `x`
+        name + r",?\s\(?(?:is\s|as\s)?(?:the\s)?default\b(?!\s\w+\sof)"
+        + r"|" + name + r"\sby\sdefault"
+        + r"|(?<!by\s)\bdefault(?:\spolicy)?(?:\sis|:|,|\s=)?\s(?:the\s)?" + name
         + r"|\bNone\s*[=:]\s*" + name)
 
 
@@ -83,6 +83,7 @@ def test_a_wrong_or_stale_claim_is_found():
             "the default, `cache_aware_tokens`, prices tokens\n"
             "| **round_robin** (the default) | 4.1% |\n"
             "`cache_aware` by default; `round_robin` at their CLI defaults\n"
-            "(default: cache_aware,round_robin)\n")
+            "(default: cache_aware,round_robin)\n"
+            "a policy (`cache_aware_tokens`\nby default, `cache_aware`, `round_robin`)\n")
     assert default_claims(text, names) == [(1, "cache_aware"), (2, "cache_aware_tokens"), (3, "round_robin"),
-                                           (4, "cache_aware")]
+                                           (4, "cache_aware"), (6, "cache_aware_tokens")]
