@@ -1,1 +1,2 @@
-"""Control: the replica set, its probes and event intake, the admin plane, worker processes, and the assembled router."""
+"""Control: the running router (runtime.py: replicas added, drained and removed from the set router/replicas/
+holds), its probes and event intake, the admin plane, worker processes, and the assembled router."""
