@@ -32,7 +32,7 @@ from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
-from kvmesh.replica.spec_decode.drafting import Drafter, accept_drafts
+from kvmesh.replica.spec_decode.drafting import accept_drafts, make_drafter
 from kvmesh.replica.step.outputs import ModelRunnerOutput, RequestOutput
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
@@ -76,8 +76,7 @@ class LLMEngine:
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
-        if (spec := config.speculative) is not None:  # n-gram drafts verified in one forward (spec_decode/)
-            self.scheduler.drafter = Drafter(spec, self.max_model_len)
+        self.scheduler.drafter = make_drafter(config, self.max_model_len, self.vocab_size, self.num_kv_blocks)
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
         self._stats = EngineStats.for_model(self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer, self._stats, type(model_runner).__name__)

@@ -1,6 +1,7 @@
 """The scheduler's and the engine's side of speculative decoding (vLLM v1's spec-token flow).
 
-    schedule:  a decoding request whose next input is its last token gets drafts (ngram_proposer.py) and is
+    schedule:  a decoding request whose next input is its last token gets drafts (ngram_proposer.py, or
+               draft_proposer.py for a draft model, whose q rows ride with the drafts) and is
                scheduled for 1 + K tokens: its last token and the drafts, slots for all of them; the runner
                computes the target's argmax at every position in one forward (``ScheduledRequest.spec_token_ids``)
     accept:    the longest prefix of drafts equal to the target's tokens is kept, plus one token of the target's
@@ -24,8 +25,12 @@ from kvmesh.replica.spec_decode.config import SpeculativeConfig
 from kvmesh.replica.spec_decode.ngram_proposer import NgramProposer
 
 if TYPE_CHECKING:
+    import torch
+    from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.spec_decode.draft_proposer import DraftModelProposer
     from kvmesh.replica.step.outputs import ModelRunnerOutput
+    from kvmesh.replica.step.scheduler_output import ScheduledRequest
 
 
 class Request(Protocol):
@@ -75,8 +80,12 @@ def can_speculate(request: Request) -> bool:
 class Drafter:
     """Proposes drafts at scheduling time and accepts them when the step's tokens are read."""
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int,
+                 draft_model: DraftModelProposer | None = None) -> None:
+        """``draft_model``: drafts of a draft model (method "draft_model"); None: n-gram drafts."""
         self.proposer = NgramProposer(config)
+        self.draft_model = draft_model
+        self.draft_probs: dict[str, torch.Tensor] = {}  # q rows of the drafts just proposed (sampled requests)
         self.max_model_len = max_model_len
         self.stats = SpecDecodeStats()
 
@@ -86,13 +95,26 @@ class Drafter:
             request.spec_token_ids = []
             if not can_speculate(request):
                 self.stats.num_ineligible += 1
+        self.draft_probs.pop(request.request_id, None)
         if not can_speculate(request):
             return []
         num_tokens = len(request.all_token_ids)
         # the drafts and the token sampled after them stay within the budget, max_tokens and max_model_len
         room = min(budget - 1, request.sampling_params.max_tokens - len(request.output_token_ids) - 1,
                    self.max_model_len - num_tokens)
-        return self.proposer.propose(request.all_token_ids, room) if room > 0 else []
+        if room <= 0:
+            return []
+        if self.draft_model is None:
+            return self.proposer.propose(request.all_token_ids, room)
+        drafts, probs = self.draft_model.propose(request.request_id, request.all_token_ids, room, request.sampling_params)
+        if probs is not None:
+            self.draft_probs[request.request_id] = probs
+        return drafts
+
+    def attach(self, sr: ScheduledRequest) -> ScheduledRequest:
+        """``sr`` (scheduled with the drafts just proposed) with their q rows, when a draft model sampled them."""
+        sr.draft_probs = self.draft_probs.pop(sr.request_id, None)
+        return sr
 
     def accept(self, request: Request, targets: list[int], bonus: int) -> list[int]:
         """The tokens the step produced for ``request``: the accepted drafts then the target's own token;
@@ -123,3 +145,17 @@ def accept_drafts(drafter: Drafter, sampled: ModelRunnerOutput, requests: dict[s
                 rounds.append({})
             rounds[i][request_id] = token
     return rounds
+
+
+def make_drafter(config: EngineConfig, max_model_len: int, vocab_size: int, num_kv_blocks: int) -> Drafter | None:
+    """The engine's drafter for ``config.speculative_config`` (None: speculative decoding off); a draft model is
+    loaded now (raises ValueError when its vocabulary is not the target's)."""
+    spec = config.speculative
+    if spec is None:
+        return None
+    draft_model = None
+    if spec.method == "draft_model":
+        from kvmesh.replica.spec_decode.draft_proposer import DraftModelProposer
+
+        draft_model = DraftModelProposer(spec, config, vocab_size, max_model_len, num_kv_blocks)
+    return Drafter(spec, max_model_len, draft_model)

@@ -1,0 +1,107 @@
+"""Drafts of a draft model (``method: "draft_model"``): K tokens decoded by the draft model after the request's
+tokens, each sampled from the draft's distribution q (its argmax for a greedy request).
+
+    the draft cache of request r holds K/V of ``state.token_ids`` (its tokens and the drafts fed last time)
+    propose:  roll back to the longest prefix shared with r's tokens now (rejected drafts fall off), feed the
+              rest in one forward, then each draft but the last one token at a time: K forwards in all
+
+Each request keeps blocks of the draft's own cache (draft_model.py); when they run out, the request used
+least recently gives its blocks back and its draft cache is recomputed when it drafts again. The q rows of a
+sampled request go to the runner with its drafts (``ScheduledRequest.draft_probs``): rejection.py accepts a
+draft with probability min(1, p/q) and resamples from max(0, p - q).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from kvmesh.replica.spec_decode.draft_model import DraftModel, DraftRow
+from kvmesh.replica.spec_decode.rejection import target_probs
+
+if TYPE_CHECKING:
+    from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.spec_decode.config import SpeculativeConfig
+
+
+@dataclass(slots=True)
+class DraftState:
+    """One request's part of the draft cache."""
+
+    block_ids: list[int] = field(default_factory=list)
+    """Its blocks of the draft cache."""
+    token_ids: list[int] = field(default_factory=list)
+    """The tokens whose K/V the blocks hold, in order."""
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (list slices compared: C speed)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:  # a[:lo] == b[:lo] and a[:hi + 1] != b[:hi + 1]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class DraftModelProposer:
+    def __init__(self, config: SpeculativeConfig, engine_config: EngineConfig, vocab_size: int,
+                 max_model_len: int, num_kv_blocks: int) -> None:
+        """The draft cache holds as many blocks as the target's (at most ``max_num_seqs`` whole contexts)."""
+        bs = engine_config.block_size
+        num_blocks = min(num_kv_blocks, engine_config.max_num_seqs * (-(-max_model_len // bs) + 1)) + 1
+        self.model = DraftModel(config.model, engine_config, vocab_size, max_model_len, num_blocks)
+        self.k, self.block_size = config.num_speculative_tokens, bs
+        self.free = list(range(num_blocks - 1, 0, -1))
+        self.states: OrderedDict[str, DraftState] = OrderedDict()  # least recently drafted first
+        self.generator = torch.Generator(self.model.device).manual_seed(engine_config.seed)
+
+    def propose(self, request_id: str, token_ids: list[int], max_drafts: int, sp: SamplingParams
+                ) -> tuple[list[int], torch.Tensor | None]:
+        """Up to ``min(K, max_drafts)`` drafts continuing ``token_ids``, and their q rows [num_drafts, V]
+        (None for a greedy request); ([], None) when the draft cache has no room for them."""
+        k = min(self.k, max_drafts)
+        state = self._rolled_back(request_id, token_ids)
+        if k <= 0 or not self._reserve(request_id, state, len(token_ids) + k - 1):
+            return [], None
+        row = DraftRow(state.block_ids, len(state.token_ids), token_ids[len(state.token_ids):])
+        drafts, rows = [], []
+        for j in range(k):
+            logits = self.model.forward([row])[0]
+            state.token_ids += row.token_ids
+            if sp.greedy:
+                drafts.append(int(logits.argmax()))
+            else:
+                q = target_probs(logits[None], sp)[0]
+                rows.append(q)
+                drafts.append(int(torch.multinomial(q, 1, generator=self.generator)))
+            if j + 1 < k:
+                row = DraftRow(state.block_ids, len(state.token_ids), [drafts[-1]])
+        return drafts, torch.stack(rows) if rows else None
+
+    def _rolled_back(self, request_id: str, token_ids: list[int]) -> DraftState:
+        """The request's state, keeping only the K/V of tokens it still has (at least its last one is fed)."""
+        state = self.states.get(request_id)
+        if state is None:
+            state = self.states[request_id] = DraftState()
+        self.states.move_to_end(request_id)
+        del state.token_ids[min(common_prefix(state.token_ids, token_ids), len(token_ids) - 1):]
+        return state
+
+    def _reserve(self, request_id: str, state: DraftState, num_tokens: int) -> bool:
+        """Blocks for ``num_tokens`` positions, taken from the least recently drafted requests if need be."""
+        need = -(-num_tokens // self.block_size) - len(state.block_ids)
+        while need > len(self.free) and len(self.states) > 1:
+            self.free += self.states.popitem(last=False)[1].block_ids
+        if need > len(self.free):
+            return False
+        for _ in range(max(need, 0)):
+            state.block_ids.append(self.free.pop())
+        return True
