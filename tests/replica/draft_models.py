@@ -1,12 +1,11 @@
 """Draft models for speculative decoding tests: stories260K itself (it drafts what it then verifies: nearly every
-draft is accepted) and a copy whose weights carry seeded noise (many drafts rejected)."""
+draft is accepted) and a copy whose weights carry seeded noise (many drafts rejected; conftest.py's ``perturbed_draft``)."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -26,11 +25,6 @@ def perturbed_copy(src: Path, dst: Path, noise: float = NOISE, seed: int = 0) ->
         save_file({k: (v + noise * v.float().std() * torch.randn(v.shape, generator=gen)).to(v.dtype)
                    for k, v in tensors.items()}, str(dst / f.name))
     return dst
-
-
-@pytest.fixture(scope="session")
-def perturbed_draft(stories_path, tmp_path_factory) -> Path:
-    return perturbed_copy(stories_path, tmp_path_factory.mktemp("draft") / "perturbed")
 
 
 def draft_spec(path: Path, k: int = 4) -> dict:

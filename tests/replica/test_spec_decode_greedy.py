@@ -18,7 +18,7 @@ from kvmesh.replica.config import EngineConfig  # noqa: E402
 from kvmesh.replica.engine.llm_engine import LLMEngine  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
-from .draft_models import draft_spec, perturbed_draft  # noqa: E402, F401
+from .draft_models import draft_spec  # noqa: E402
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 PROMPTS = {
