@@ -76,7 +76,7 @@ class LLMEngine:
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
-        self.scheduler.drafter = make_drafter(config, self.max_model_len, self.vocab_size, self.num_kv_blocks)
+        self.scheduler.drafter = make_drafter(self)  # speculative decoding's proposer (spec_decode/)
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
         self._stats = EngineStats.for_model(self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer, self._stats, type(model_runner).__name__)

@@ -3,7 +3,8 @@ tokens, each sampled from the draft's distribution q (its argmax for a greedy re
 
     the draft cache of request r holds K/V of ``state.token_ids`` (its tokens and the drafts fed last time)
     propose:  roll back to the longest prefix shared with r's tokens now (rejected drafts fall off), feed the
-              rest in one forward, then each draft but the last one token at a time: K forwards in all
+              rest in one forward, then each draft but the last one token at a time: K forwards in all, each
+              one batch of every request that drafts this step (drafting.py proposes for all of them at once)
 
 Each request keeps blocks of the draft's own cache (draft_model.py); when they run out, the request used
 least recently gives its blocks back and its draft cache is recomputed when it drafts again. The q rows of a
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.spec_decode.config import SpeculativeConfig
+
+
+DraftRequest = tuple[str, list[int], int, "SamplingParams"]
+"""(request_id, its tokens, the most drafts it has room for, its sampling params)."""
 
 
 @dataclass(slots=True)
@@ -63,28 +68,39 @@ class DraftModelProposer:
         self.states: OrderedDict[str, DraftState] = OrderedDict()  # least recently drafted first
         self.generator = torch.Generator(self.model.device).manual_seed(engine_config.seed)
 
-    def propose(self, request_id: str, token_ids: list[int], max_drafts: int, sp: SamplingParams
-                ) -> tuple[list[int], torch.Tensor | None]:
-        """Up to ``min(K, max_drafts)`` drafts continuing ``token_ids``, and their q rows [num_drafts, V]
-        (None for a greedy request); ([], None) when the draft cache has no room for them."""
-        k = min(self.k, max_drafts)
-        state = self._rolled_back(request_id, token_ids)
-        if k <= 0 or not self._reserve(request_id, state, len(token_ids) + k - 1):
-            return [], None
-        row = DraftRow(state.block_ids, len(state.token_ids), token_ids[len(state.token_ids):])
-        drafts, rows = [], []
-        for j in range(k):
-            logits = self.model.forward([row])[0]
-            state.token_ids += row.token_ids
-            if sp.greedy:
-                drafts.append(int(logits.argmax()))
-            else:
-                q = target_probs(logits[None], sp)[0]
-                rows.append(q)
-                drafts.append(int(torch.multinomial(q, 1, generator=self.generator)))
-            if j + 1 < k:
-                row = DraftRow(state.block_ids, len(state.token_ids), [drafts[-1]])
-        return drafts, torch.stack(rows) if rows else None
+    def propose(self, items: list[DraftRequest]) -> dict[str, tuple[list[int], torch.Tensor | None]]:
+        """request_id -> up to ``min(K, max_drafts)`` drafts continuing its tokens, and their q rows
+        [num_drafts, V] (None for a greedy request); a request the draft cache has no room for gets none."""
+        live: dict[str, tuple[DraftState, int, SamplingParams]] = {}
+        rows: dict[str, DraftRow] = {}
+        for request_id, token_ids, max_drafts, sp in items:
+            k = min(self.k, max_drafts)
+            state = self._rolled_back(request_id, token_ids)
+            if k > 0 and self._reserve(state, len(token_ids) + k - 1, live):
+                live[request_id] = (state, k, sp)
+                rows[request_id] = DraftRow(state.block_ids, len(state.token_ids), token_ids[len(state.token_ids):])
+        drafts: dict[str, list[int]] = {rid: [] for rid in live}
+        probs: dict[str, list[torch.Tensor]] = {rid: [] for rid in live}
+        for j in range(self.k):
+            # each request's next row: decode rows (one token) first, as the backends order a batch
+            order = sorted((rid for rid, (_, k, _) in live.items() if j < k), key=lambda r: len(rows[r].token_ids) > 1)
+            if not order:
+                break
+            logits = self.model.forward([rows[rid] for rid in order])
+            for i, rid in enumerate(order):
+                state, _, sp = live[rid]
+                state.token_ids += rows[rid].token_ids
+                drafts[rid].append(self._sample(logits[i], sp, probs[rid]))
+                rows[rid] = DraftRow(state.block_ids, len(state.token_ids), [drafts[rid][-1]])
+        return {rid: (drafts[rid], torch.stack(probs[rid]) if probs[rid] else None) for rid in live}
+
+    def _sample(self, logits: torch.Tensor, sp: SamplingParams, probs: list[torch.Tensor]) -> int:
+        """The draft at one position: the argmax for a greedy request, else drawn from q (appended to ``probs``)."""
+        if sp.greedy:
+            return int(logits.argmax())
+        q = target_probs(logits[None], sp)[0]
+        probs.append(q)
+        return int(torch.multinomial(q, 1, generator=self.generator))
 
     def _rolled_back(self, request_id: str, token_ids: list[int]) -> DraftState:
         """The request's state, keeping only the K/V of tokens it still has (at least its last one is fed)."""
@@ -95,11 +111,12 @@ class DraftModelProposer:
         del state.token_ids[min(common_prefix(state.token_ids, token_ids), len(token_ids) - 1):]
         return state
 
-    def _reserve(self, request_id: str, state: DraftState, num_tokens: int) -> bool:
-        """Blocks for ``num_tokens`` positions, taken from the least recently drafted requests if need be."""
+    def _reserve(self, state: DraftState, num_tokens: int, keep: dict[str, object]) -> bool:
+        """Blocks for ``num_tokens`` positions, taken from the least recently drafted requests if need be (never
+        from ``keep``'s, the batch's, nor from the request itself: the most recent)."""
         need = -(-num_tokens // self.block_size) - len(state.block_ids)
-        while need > len(self.free) and len(self.states) > 1:
-            self.free += self.states.popitem(last=False)[1].block_ids
+        while need > len(self.free) and len(self.states) > 1 and (victim := next(iter(self.states))) not in keep:
+            self.free += self.states.pop(victim).block_ids
         if need > len(self.free):
             return False
         for _ in range(max(need, 0)):

@@ -25,8 +25,10 @@ from kvmesh.replica.spec_decode.config import SpeculativeConfig
 from kvmesh.replica.spec_decode.ngram_proposer import NgramProposer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     import torch
-    from kvmesh.replica.config import EngineConfig
+    from kvmesh.replica.engine.llm_engine import LLMEngine
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.spec_decode.draft_proposer import DraftModelProposer
     from kvmesh.replica.step.outputs import ModelRunnerOutput
@@ -81,10 +83,13 @@ class Drafter:
     """Proposes drafts at scheduling time and accepts them when the step's tokens are read."""
 
     def __init__(self, config: SpeculativeConfig, max_model_len: int,
-                 draft_model: DraftModelProposer | None = None) -> None:
-        """``draft_model``: drafts of a draft model (method "draft_model"); None: n-gram drafts."""
+                 draft_model: DraftModelProposer | None = None,
+                 running: Callable[[], Iterable[Request]] = tuple) -> None:
+        """``draft_model``: drafts of a draft model (method "draft_model"; ``running``: the scheduler's running
+        requests, proposed for in one batch); None: n-gram drafts."""
         self.proposer = NgramProposer(config)
-        self.draft_model = draft_model
+        self.draft_model, self.running = draft_model, running
+        self.proposed: dict[str, tuple] = {}  # request_id -> (request, its length, drafts, q rows) of the batch
         self.draft_probs: dict[str, torch.Tensor] = {}  # q rows of the drafts just proposed (sampled requests)
         self.max_model_len = max_model_len
         self.stats = SpecDecodeStats()
@@ -98,18 +103,35 @@ class Drafter:
         self.draft_probs.pop(request.request_id, None)
         if not can_speculate(request):
             return []
-        num_tokens = len(request.all_token_ids)
-        # the drafts and the token sampled after them stay within the budget, max_tokens and max_model_len
-        room = min(budget - 1, request.sampling_params.max_tokens - len(request.output_token_ids) - 1,
-                   self.max_model_len - num_tokens)
+        room = min(budget - 1, self._room(request))  # the drafts and the token after them fit the budget too
         if room <= 0:
             return []
         if self.draft_model is None:
             return self.proposer.propose(request.all_token_ids, room)
-        drafts, probs = self.draft_model.propose(request.request_id, request.all_token_ids, room, request.sampling_params)
+        entry = self.proposed.pop(request.request_id, None)
+        if entry is None or entry[0] is not request or entry[1] != len(request.all_token_ids):
+            self._propose_running(request)
+            entry = self.proposed.pop(request.request_id, (None, 0, [], None))
+        drafts, probs = entry[2][:room], entry[3]
         if probs is not None:
-            self.draft_probs[request.request_id] = probs
+            self.draft_probs[request.request_id] = probs[:len(drafts)]
         return drafts
+
+    def _room(self, request: Request) -> int:
+        """Most drafts within max_tokens and max_model_len (the token sampled after them included)."""
+        num_tokens = len(request.all_token_ids)
+        return min(request.sampling_params.max_tokens - len(request.output_token_ids) - 1,
+                   self.max_model_len - num_tokens)
+
+    def _propose_running(self, request: Request) -> None:
+        """The draft model's drafts for ``request`` and every running request whose next input is its last token,
+        in one batch of forwards (draft_proposer.py)."""
+        batch = [request] + [r for r in self.running() if r is not request and r.spec_token_ids is not None
+                             and len(r.all_token_ids) == r.num_computed_tokens + 1 and can_speculate(r)]
+        items = [(r.request_id, r.all_token_ids, self._room(r), r.sampling_params) for r in batch]
+        proposals = self.draft_model.propose([item for item in items if item[2] > 0])
+        self.proposed = {r.request_id: (r, len(r.all_token_ids)) + proposals[r.request_id]
+                         for r in batch if r.request_id in proposals}
 
     def attach(self, sr: ScheduledRequest) -> ScheduledRequest:
         """``sr`` (scheduled with the drafts just proposed) with their q rows, when a draft model sampled them."""
@@ -147,15 +169,16 @@ def accept_drafts(drafter: Drafter, sampled: ModelRunnerOutput, requests: dict[s
     return rounds
 
 
-def make_drafter(config: EngineConfig, max_model_len: int, vocab_size: int, num_kv_blocks: int) -> Drafter | None:
-    """The engine's drafter for ``config.speculative_config`` (None: speculative decoding off); a draft model is
+def make_drafter(engine: LLMEngine) -> Drafter | None:
+    """The engine's drafter for its ``speculative_config`` (None: speculative decoding off); a draft model is
     loaded now (raises ValueError when its vocabulary is not the target's)."""
+    config = engine.config
     spec = config.speculative
     if spec is None:
         return None
-    draft_model = None
-    if spec.method == "draft_model":
-        from kvmesh.replica.spec_decode.draft_proposer import DraftModelProposer
+    if spec.method != "draft_model":
+        return Drafter(spec, engine.max_model_len)
+    from kvmesh.replica.spec_decode.draft_proposer import DraftModelProposer
 
-        draft_model = DraftModelProposer(spec, config, vocab_size, max_model_len, num_kv_blocks)
-    return Drafter(spec, max_model_len, draft_model)
+    draft_model = DraftModelProposer(spec, config, engine.vocab_size, engine.max_model_len, engine.num_kv_blocks)
+    return Drafter(spec, engine.max_model_len, draft_model, lambda: engine.scheduler.running)

@@ -82,10 +82,20 @@ def test_common_prefix():
     assert common_prefix([], [1, 2]) == 0
 
 
-def proposer(stories_path, draft, num_kv_blocks: int) -> DraftModelProposer:
-    config = EngineConfig(model=str(stories_path), dtype="float32", device="cpu", block_size=4,
-                          speculative_config=draft_spec(draft, 4))
-    return DraftModelProposer(config.speculative, config, 512, 256, num_kv_blocks)
+class Proposer:
+    """One request at a time through the batch API."""
+
+    def __init__(self, stories_path, draft, num_kv_blocks: int) -> None:
+        config = EngineConfig(model=str(stories_path), dtype="float32", device="cpu", block_size=4,
+                              speculative_config=draft_spec(draft, 4))
+        self.batch = DraftModelProposer(config.speculative, config, 512, 256, num_kv_blocks)
+        self.states = self.batch.states
+
+    def propose(self, request_id, tokens, max_drafts, sp):
+        return self.batch.propose([(request_id, tokens, max_drafts, sp)]).get(request_id, ([], None))
+
+
+proposer = Proposer
 
 
 def test_drafts_after_a_rollback_or_an_eviction_are_a_fresh_caches(stories_path, perturbed_draft):
@@ -124,3 +134,23 @@ def test_rejection_against_q_emits_the_targets_distribution():
                    for _ in range(n))
     stat = sum((seen[t] - n * float(p[t])) ** 2 / (n * float(p[t])) for t in range(5))
     assert stat < chi2_quantile_999(4), seen
+
+
+def test_a_batch_drafts_what_each_request_drafts_alone(stories_path, perturbed_draft):
+    a, b, c = [1, 403, 407, 261, 378, 445, 263], [1, 264, 383, 270, 449, 262], [1, 445, 263]
+    batch = proposer(stories_path, perturbed_draft, 64)
+    batch.propose("b", b, 4, GREEDY)  # b's cache ahead: one decode row and two prefill rows in the next batch
+    b2 = b + batch.states["b"].token_ids[len(b):len(b) + 1] + [9]
+    got = batch.batch.propose([("a", a, 4, GREEDY), ("b", b2, 2, GREEDY), ("c", c, 3, GREEDY)])
+    for rid, tokens, k in (("a", a, 4), ("b", b2, 2), ("c", c, 3)):
+        assert got[rid][0] == proposer(stories_path, perturbed_draft, 64).propose(rid, tokens, k, GREEDY)[0]
+        assert len(got[rid][0]) == k
+
+
+def test_a_batch_never_takes_blocks_from_its_own_requests(stories_path, perturbed_draft):
+    """4 blocks of 4: a fits (3 blocks), b does not fit beside it and gets no drafts; a's blocks stay a's."""
+    batch = proposer(stories_path, perturbed_draft, 4)
+    a, b = [1, 403, 407, 261, 378, 445, 263], [1, 264, 383, 270, 449, 262]
+    got = batch.batch.propose([("a", a, 4, GREEDY), ("b", b, 4, GREEDY)])
+    assert "b" not in got and len(got["a"][0]) == 4
+    assert got["a"][0] == proposer(stories_path, perturbed_draft, 64).propose("a", a, 4, GREEDY)[0]
