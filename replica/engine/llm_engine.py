@@ -28,6 +28,7 @@ from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publis
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.engine.step_launcher import StepLauncher
 from kvmesh.replica.engine.structured_output import StructuredOutputManager
+from kvmesh.replica.executor.factory import local_draft_model
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.lora_request import LoRARequest
@@ -76,7 +77,7 @@ class LLMEngine:
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
-        self.scheduler.drafter = make_drafter(self)  # speculative decoding's proposer (spec_decode/)
+        self.scheduler.drafter = make_drafter(self, local_draft_model)  # speculative decoding (spec_decode/)
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
         self._stats = EngineStats.for_model(self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer, self._stats, type(model_runner).__name__)

@@ -6,7 +6,7 @@ tokens, each sampled from the draft's distribution q (its argmax for a greedy re
               rest in one forward, then each draft but the last one token at a time: K forwards in all, each
               one batch of every request that drafts this step (drafting.py proposes for all of them at once)
 
-Each request keeps blocks of the draft's own cache (draft_model.py); when they run out, the request used
+Each request keeps blocks of the draft's own cache (worker/draft_model.py, built by the executor's factory); when they run out, the request used
 least recently gives its blocks back and its draft cache is recomputed when it drafts again. The q rows of a
 sampled request go to the runner with its drafts (``ScheduledRequest.draft_probs``): rejection.py accepts a
 draft with probability min(1, p/q) and resamples from max(0, p - q).
@@ -16,16 +16,38 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
-from kvmesh.replica.spec_decode.draft_model import DraftModel, DraftRow
 from kvmesh.replica.spec_decode.rejection import target_probs
 
 if TYPE_CHECKING:
-    from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.replica.spec_decode.config import SpeculativeConfig
+
+
+@dataclass(slots=True)
+class DraftRow:
+    """One request's tokens in a draft forward."""
+
+    block_ids: list[int]
+    """Its draft block table (covers ``start + len(token_ids)`` positions)."""
+    start: int
+    """Position of ``token_ids[0]``: the draft cache holds K/V of every earlier position."""
+    token_ids: list[int]
+    """Tokens fed this forward."""
+
+
+class DraftModel(Protocol):
+    """The draft model and its KV cache (worker/draft_model.py)."""
+
+    device: torch.device
+    num_blocks: int
+    """Blocks of its cache (block 0 is the null block)."""
+    block_size: int
+
+    def forward(self, rows: list[DraftRow]) -> torch.Tensor:
+        """The rows' K/V written; logits [len(rows), V] after each row's last token (one-token rows first)."""
 
 
 DraftRequest = tuple[str, list[int], int, "SamplingParams"]
@@ -57,16 +79,11 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class DraftModelProposer:
-    def __init__(self, config: SpeculativeConfig, engine_config: EngineConfig, vocab_size: int,
-                 max_model_len: int, num_kv_blocks: int) -> None:
-        """The draft cache holds as many blocks as the target's (at most ``max_num_seqs`` whole contexts)."""
-        bs = engine_config.block_size
-        num_blocks = min(num_kv_blocks, engine_config.max_num_seqs * (-(-max_model_len // bs) + 1)) + 1
-        self.model = DraftModel(config.model, engine_config, vocab_size, max_model_len, num_blocks)
-        self.k, self.block_size = config.num_speculative_tokens, bs
-        self.free = list(range(num_blocks - 1, 0, -1))
+    def __init__(self, config: SpeculativeConfig, model: DraftModel, seed: int) -> None:
+        self.model, self.k, self.block_size = model, config.num_speculative_tokens, model.block_size
+        self.free = list(range(model.num_blocks - 1, 0, -1))
         self.states: OrderedDict[str, DraftState] = OrderedDict()  # least recently drafted first
-        self.generator = torch.Generator(self.model.device).manual_seed(engine_config.seed)
+        self.generator = torch.Generator(model.device).manual_seed(seed)
 
     def propose(self, items: list[DraftRequest]) -> dict[str, tuple[list[int], torch.Tensor | None]]:
         """request_id -> up to ``min(K, max_drafts)`` drafts continuing its tokens, and their q rows

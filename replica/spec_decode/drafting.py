@@ -18,6 +18,7 @@ grammar decodes one token per step (``SpecDecodeStats.num_ineligible`` counts th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -25,14 +26,37 @@ from kvmesh.replica.spec_decode.config import SpeculativeConfig
 from kvmesh.replica.spec_decode.ngram_proposer import NgramProposer
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
-
     import torch
-    from kvmesh.replica.engine.llm_engine import LLMEngine
     from kvmesh.replica.serving.sampling_params import SamplingParams
-    from kvmesh.replica.spec_decode.draft_proposer import DraftModelProposer
+    from kvmesh.replica.spec_decode.draft_proposer import DraftModel, DraftModelProposer
     from kvmesh.replica.step.outputs import ModelRunnerOutput
     from kvmesh.replica.step.scheduler_output import ScheduledRequest
+
+
+class EngineSettings(Protocol):
+    """What drafting reads of the engine's ``EngineConfig``."""
+
+    speculative: SpeculativeConfig | None
+    seed: int
+
+
+class DraftingEngine(Protocol):
+    """What ``make_drafter`` reads of the engine."""
+
+    config: EngineSettings
+    max_model_len: int
+    vocab_size: int
+    num_kv_blocks: int
+    scheduler: Scheduling
+
+
+class Scheduling(Protocol):
+    running: list[Request]
+
+
+LoadDraftModel = Callable[[EngineSettings, int, int, int], "DraftModel"]
+"""(engine config, target vocabulary size, max_model_len, target's KV blocks) -> the draft model (the executor's
+``local_draft_model``)."""
 
 
 class Request(Protocol):
@@ -169,16 +193,16 @@ def accept_drafts(drafter: Drafter, sampled: ModelRunnerOutput, requests: dict[s
     return rounds
 
 
-def make_drafter(engine: LLMEngine) -> Drafter | None:
+def make_drafter(engine: DraftingEngine, load_draft_model: LoadDraftModel) -> Drafter | None:
     """The engine's drafter for its ``speculative_config`` (None: speculative decoding off); a draft model is
-    loaded now (raises ValueError when its vocabulary is not the target's)."""
-    config = engine.config
-    spec = config.speculative
+    loaded now by ``load_draft_model`` (raises ValueError when its vocabulary is not the target's)."""
+    spec = engine.config.speculative
     if spec is None:
         return None
     if spec.method != "draft_model":
         return Drafter(spec, engine.max_model_len)
     from kvmesh.replica.spec_decode.draft_proposer import DraftModelProposer
 
-    draft_model = DraftModelProposer(spec, config, engine.vocab_size, engine.max_model_len, engine.num_kv_blocks)
-    return Drafter(spec, engine.max_model_len, draft_model, lambda: engine.scheduler.running)
+    model = load_draft_model(engine.config, engine.vocab_size, engine.max_model_len, engine.num_kv_blocks)
+    return Drafter(spec, engine.max_model_len, DraftModelProposer(spec, model, engine.config.seed),
+                   lambda: engine.scheduler.running)

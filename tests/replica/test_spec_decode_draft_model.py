@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from kvmesh.replica.config import EngineConfig  # noqa: E402
 from kvmesh.replica.engine.llm_engine import LLMEngine  # noqa: E402
+from kvmesh.replica.executor.factory import local_draft_model  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 from kvmesh.replica.spec_decode.config import SpeculativeConfig, parse_speculative_config  # noqa: E402
 from kvmesh.replica.spec_decode.draft_proposer import DraftModelProposer, common_prefix  # noqa: E402
@@ -88,7 +89,8 @@ class Proposer:
     def __init__(self, stories_path, draft, num_kv_blocks: int) -> None:
         config = EngineConfig(model=str(stories_path), dtype="float32", device="cpu", block_size=4,
                               speculative_config=draft_spec(draft, 4))
-        self.batch = DraftModelProposer(config.speculative, config, 512, 256, num_kv_blocks)
+        model = local_draft_model(config, 512, 256, num_kv_blocks)
+        self.batch = DraftModelProposer(config.speculative, model, config.seed)
         self.states = self.batch.states
 
     def propose(self, request_id, tokens, max_drafts, sp):

@@ -1,8 +1,8 @@
-"""The draft model of ``method: "draft_model"``: a smaller model with the target's tokenizer, run by the same
-engine (vLLM's ``DraftModelProposer``), over a paged KV cache of its own.
+"""The draft model of speculative decoding's ``method: "draft_model"``: a smaller model with the target's
+tokenizer, run by the same engine (vLLM's ``DraftModelProposer``), over a paged KV cache of its own.
 
-    draft cache:  its own blocks and block table per request (draft_proposer.py keeps them), never hashed,
-                  cached or published: only the target's blocks are the replica's prefix cache
+    draft cache:  its own blocks and block table per request (spec_decode/draft_proposer.py keeps them), never
+                  hashed, cached or published: only the target's blocks are the replica's prefix cache
     forward:      the rows of one call (each a request's next tokens from a position) in one batch; the logits
                   at each row's last token come back
 
@@ -15,27 +15,19 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from kvmesh.replica.attention.backend import get_attn_backend
 from kvmesh.replica.attention.metadata import CommonAttentionMetadata
 from kvmesh.replica.model_config import load_hf_config, resolve_dtype, spec_from_hf_config
+from kvmesh.replica.spec_decode.draft_proposer import DraftRow
 from kvmesh.replica.worker.device import pick_device
 from kvmesh.replica.worker.kv_cache import allocate_kv_cache
 from kvmesh.replica.worker.weights import build_model
 
-
-@dataclass(slots=True)
-class DraftRow:
-    """One request's tokens in a draft forward."""
-
-    block_ids: list[int]
-    """Its draft block table (covers ``start + len(token_ids)`` positions)."""
-    start: int
-    """Position of ``token_ids[0]``: the draft cache holds K/V of every earlier position."""
-    token_ids: list[int]
-    """Tokens fed this forward."""
+if TYPE_CHECKING:
+    from kvmesh.replica.config import EngineConfig
 
 
 def check_same_vocabulary(target_dir: str, target_vocab: int, draft_dir: str, draft_vocab: int) -> None:
@@ -64,9 +56,8 @@ def _tokenizer_vocab(model_dir: str) -> dict | None:
 class DraftModel:
     """The draft model and its KV cache of ``num_blocks`` blocks (block 0 is the null block)."""
 
-    def __init__(self, model_dir: str, engine_config, target_vocab: int, max_model_len: int,
+    def __init__(self, model_dir: str, config: EngineConfig, target_vocab: int, max_model_len: int,
                  num_blocks: int) -> None:
-        config = engine_config
         spec = spec_from_hf_config(load_hf_config(model_dir))
         check_same_vocabulary(config.tokenizer_path, target_vocab, model_dir, spec.vocab_size)
         if not os.path.isdir(model_dir) or not any(f.endswith(".safetensors") for f in os.listdir(model_dir)):
