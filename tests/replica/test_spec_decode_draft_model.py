@@ -156,3 +156,23 @@ def test_a_batch_never_takes_blocks_from_its_own_requests(stories_path, perturbe
     got = batch.batch.propose([("a", a, 4, GREEDY), ("b", b, 4, GREEDY)])
     assert "b" not in got and len(got["a"][0]) == 4
     assert got["a"][0] == proposer(stories_path, perturbed_draft, 64).propose("a", a, 4, GREEDY)[0]
+
+
+def test_a_draft_forward_runs_on_the_meta_device():
+    """Decode and prefill rows of a draft forward, every tensor on meta (test_meta_device_model.py's check: no
+    tensor made on the CPU meets the model's device)."""
+    from kvmesh.replica.attention.backend import get_attn_backend
+    from kvmesh.replica.spec_decode.draft_proposer import DraftRow
+    from kvmesh.replica.worker.draft_model import DraftModel
+
+    from .test_meta_device_model import META, SPECS, build_on
+
+    spec = SPECS["LlamaForCausalLM"]
+    draft = DraftModel.__new__(DraftModel)
+    draft.device, draft.block_size, draft.num_blocks = META, 4, 8
+    draft.model, draft.backend = build_on(META, spec), get_attn_backend("torch", META, torch.float32)
+    draft.kv_cache = torch.zeros(spec.num_hidden_layers, *draft.backend.kv_cache_shape(8, 4, 2, 8), device=META)
+    for i, attn in enumerate(draft.model.attention_layers()):
+        attn.backend, attn.kv_cache = draft.backend, draft.kv_cache[i]
+    logits = draft.forward([DraftRow([1], 2, [5]), DraftRow([2, 3], 3, [1, 2, 3, 4])])
+    assert logits.device == META and tuple(logits.shape) == (2, spec.vocab_size)
