@@ -100,7 +100,8 @@ class EngineConfig:
 
     speculative_config: JSONObject | None = None
     """Speculative decoding in vLLM's JSON form, ``{"method": "ngram", "num_speculative_tokens": 4,
-    "prompt_lookup_min": 2, "prompt_lookup_max": 5}``; turns async scheduling off. None: off."""
+    "prompt_lookup_min": 2, "prompt_lookup_max": 5}`` or a draft model's ``{"model": "/path", "num_speculative_tokens":
+    4}``; turns async scheduling off. None: off."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory, "kv_cache_memory"))
