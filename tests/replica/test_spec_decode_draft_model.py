@@ -45,6 +45,11 @@ def test_bad_draft_model_configs_are_refused_naming_the_key(value, names):
         parse_speculative_config(value)
 
 
+def test_a_draft_model_with_tensor_parallelism_is_refused():
+    with pytest.raises(ValueError, match="tensor_parallel_size 1"):
+        EngineConfig(model="m", tensor_parallel_size=2, speculative_config={"model": "/d", "num_speculative_tokens": 2})
+
+
 def engine(path, draft) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(path), dtype="float32", device="cpu", block_size=4,
                                   kv_cache_memory=1 << 22, speculative_config=draft_spec(draft)))

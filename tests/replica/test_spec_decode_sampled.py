@@ -92,8 +92,9 @@ def test_sampled_token_frequencies_match_plain_decoding(stories_path, method, re
     assert total < chi2_quantile_999(df), (total, df)
 
 
-def test_spec_decode_counters_are_on_metrics(stories_path):
-    eng = engine(stories_path, True)
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_spec_decode_counters_are_on_metrics(stories_path, method, request):
+    eng = engine(stories_path, True if method == "ngram" else draft_spec(request.getfixturevalue("perturbed_draft")))
     prompt = quoting_prompt(stories_path)
     run(eng, {"q": prompt}, {"q": SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)})
     stats = eng.scheduler.drafter.stats
