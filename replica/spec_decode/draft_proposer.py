@@ -119,6 +119,11 @@ class DraftModelProposer:
         probs.append(q)
         return int(torch.multinomial(q, 1, generator=self.generator))
 
+    def release_others(self, request_ids: set[str]) -> None:
+        """Give back the blocks of every request not in ``request_ids`` (ended, preempted or waiting)."""
+        for request_id in [r for r in self.states if r not in request_ids]:
+            self.free += self.states.pop(request_id).block_ids
+
     def _rolled_back(self, request_id: str, token_ids: list[int]) -> DraftState:
         """The request's state, keeping only the K/V of tokens it still has (at least its last one is fed)."""
         state = self.states.get(request_id)

@@ -102,6 +102,15 @@ def test_a_draft_model_with_noisy_weights_has_most_drafts_rejected(stories_path,
     assert 0 < stats.num_accepted_tokens < 0.5 * stats.num_draft_tokens
 
 
+def test_the_draft_cache_of_ended_requests_is_given_back(stories_path):
+    eng = engine(stories_path, draft_spec(stories_path))
+    generate(eng, {"a": greedy(12), "b": greedy(40)})  # b drafts on after a ended
+    proposer = eng.scheduler.drafter.draft_model
+    assert set(proposer.states) == {"b"}
+    held = sum(len(s.block_ids) for s in proposer.states.values())
+    assert len(proposer.free) + held == proposer.model.num_blocks - 1
+
+
 def test_max_tokens_eos_and_stop_tokens_end_at_the_same_token(stories_path, spec):
     params = {"a": greedy(7), "b": SamplingParams(temperature=0.0, max_tokens=60),
               "c": greedy(30, stop_token_ids=[300]), "d": greedy(1)}
