@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kvmesh.replica.spec_decode.config import SpeculativeConfig
 from kvmesh.replica.spec_decode.ngram_proposer import NgramProposer
@@ -62,11 +62,22 @@ LoadDraftModel = Callable[[EngineSettings, int, int, int], "DraftModel"]
 class Request(Protocol):
     """What drafting reads and moves of the engine's ``Request``."""
 
+    request_id: str
     sampling_params: SamplingParams
     all_token_ids: list[int]
     output_token_ids: list[int]
     num_computed_tokens: int
     spec_token_ids: list[int] | None
+
+
+class Proposal(NamedTuple):
+    """A draft model's drafts for a request, valid while it is the same request with as many tokens."""
+
+    request: Request
+    num_tokens: int
+    drafts: list[int]
+    probs: torch.Tensor | None
+    """The drafts' q rows (a sampled request; None: greedy)."""
 
 
 @dataclass(slots=True)
@@ -113,7 +124,7 @@ class Drafter:
         requests, proposed for in one batch); None: n-gram drafts."""
         self.proposer = NgramProposer(config)
         self.draft_model, self.running = draft_model, running
-        self.proposed: dict[str, tuple] = {}  # request_id -> (request, its length, drafts, q rows) of the batch
+        self.proposed: dict[str, Proposal] = {}  # the last batch's drafts not scheduled yet
         self.draft_probs: dict[str, torch.Tensor] = {}  # q rows of the drafts just proposed (sampled requests)
         self.max_model_len = max_model_len
         self.stats = SpecDecodeStats()
@@ -132,13 +143,13 @@ class Drafter:
             return []
         if self.draft_model is None:
             return self.proposer.propose(request.all_token_ids, room)
-        entry = self.proposed.pop(request.request_id, None)
-        if entry is None or entry[0] is not request or entry[1] != len(request.all_token_ids):
+        proposal = self.proposed.pop(request.request_id, None)
+        if proposal is None or proposal.request is not request or proposal.num_tokens != len(request.all_token_ids):
             self._propose_running(request)
-            entry = self.proposed.pop(request.request_id, (None, 0, [], None))
-        drafts, probs = entry[2][:room], entry[3]
-        if probs is not None:
-            self.draft_probs[request.request_id] = probs[:len(drafts)]
+            proposal = self.proposed.pop(request.request_id, Proposal(request, 0, [], None))
+        drafts = proposal.drafts[:room]
+        if proposal.probs is not None:
+            self.draft_probs[request.request_id] = proposal.probs[:len(drafts)]
         return drafts
 
     def _room(self, request: Request) -> int:
@@ -156,7 +167,7 @@ class Drafter:
                              and len(r.all_token_ids) == r.num_computed_tokens + 1 and can_speculate(r)]
         items = [(r.request_id, r.all_token_ids, self._room(r), r.sampling_params) for r in batch]
         proposals = self.draft_model.propose([item for item in items if item[2] > 0])
-        self.proposed = {r.request_id: (r, len(r.all_token_ids)) + proposals[r.request_id]
+        self.proposed = {r.request_id: Proposal(r, len(r.all_token_ids), *proposals[r.request_id])
                          for r in batch if r.request_id in proposals}
 
     def attach(self, sr: ScheduledRequest) -> ScheduledRequest:
