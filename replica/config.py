@@ -100,7 +100,8 @@ class EngineConfig:
 
     speculative_config: JSONObject | None = None
     """Speculative decoding in vLLM's JSON form, ``{"method": "ngram", "num_speculative_tokens": 4,
-    "prompt_lookup_min": 2, "prompt_lookup_max": 5}``; turns async scheduling off. None: off."""
+    "prompt_lookup_min": 2, "prompt_lookup_max": 5}`` or a draft model's ``{"model": "/path", "num_speculative_tokens":
+    4}``; turns async scheduling off. None: off."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory, "kv_cache_memory"))
@@ -139,7 +140,10 @@ class EngineConfig:
         if self.async_scheduling not in (None, True, False):
             raise ValueError(f"async_scheduling must be true, false or null (auto), got {self.async_scheduling!r}")
         _check_lora(self)
-        parse_speculative_config(self.speculative_config)
+        spec = parse_speculative_config(self.speculative_config)
+        if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size > 1:
+            raise ValueError("speculative_config.model (a draft model) runs in the engine's process: it works with "
+                             "tensor_parallel_size 1 only for now; use one rank or method 'ngram'")
         if self.speculative_config is not None and self.async_scheduling:
             raise ValueError("speculative_config needs async_scheduling off (it verifies drafts on the host "
                              "between steps); set async_scheduling to false or null")

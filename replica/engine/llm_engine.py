@@ -28,11 +28,12 @@ from kvmesh.replica.engine.setup import load_engine_tokenizer, make_event_publis
 from kvmesh.replica.engine.stats import EngineStats
 from kvmesh.replica.engine.step_launcher import StepLauncher
 from kvmesh.replica.engine.structured_output import StructuredOutputManager
+from kvmesh.replica.executor.factory import local_draft_model
 from kvmesh.replica.interfaces import EventPublisher, ModelRunnerInterface
 from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 from kvmesh.replica.serving.lora_request import LoRARequest
 from kvmesh.replica.serving.sampling_params import SamplingParams
-from kvmesh.replica.spec_decode.drafting import Drafter, accept_drafts
+from kvmesh.replica.spec_decode.drafting import accept_drafts, make_drafter
 from kvmesh.replica.step.outputs import ModelRunnerOutput, RequestOutput
 from kvmesh.replica.step.scheduler_output import SchedulerOutput
 
@@ -76,8 +77,7 @@ class LLMEngine:
         if event_publisher is None and events is not None:
             self.event_publisher = make_event_publisher(events, self.kv_cache_manager.snapshot_events)
         self.scheduler = Scheduler(config, self.kv_cache_manager)
-        if (spec := config.speculative) is not None:  # n-gram drafts verified in one forward (spec_decode/)
-            self.scheduler.drafter = Drafter(spec, self.max_model_len)
+        self.scheduler.drafter = make_drafter(self, local_draft_model)  # speculative decoding (spec_decode/)
         self._pending: list[RequestOutput] = []  # outputs of aborts between steps
         self._stats = EngineStats.for_model(self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer, self._stats, type(model_runner).__name__)

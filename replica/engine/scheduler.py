@@ -142,7 +142,7 @@ class Scheduler:
                 if not self._allocate_or_preempt(request, 1 + len(drafts)):
                     break  # the request itself was preempted (it was the newest)
                 budget -= 1 + len(drafts)
-                scheduled.append(self._schedule_chunk(request, 1, drafts))
+                scheduled.append(self.drafter.attach(self._schedule_chunk(request, 1, drafts)))
                 continue
             if request.decoding_in_runner and num_tokens == computed + 1:
                 budget -= 1

@@ -1,1 +1,1 @@
-"""Speculative decoding: n-gram drafts verified in one target forward."""
+"""Speculative decoding: drafts (n-gram prompt lookup or a draft model) verified in one target forward."""

@@ -1,6 +1,7 @@
 """The scheduler's and the engine's side of speculative decoding (vLLM v1's spec-token flow).
 
-    schedule:  a decoding request whose next input is its last token gets drafts (ngram_proposer.py) and is
+    schedule:  a decoding request whose next input is its last token gets drafts (ngram_proposer.py, or
+               draft_proposer.py for a draft model, whose q rows ride with the drafts) and is
                scheduled for 1 + K tokens: its last token and the drafts, slots for all of them; the runner
                computes the target's argmax at every position in one forward (``ScheduledRequest.spec_token_ids``)
     accept:    the longest prefix of drafts equal to the target's tokens is kept, plus one token of the target's
@@ -17,25 +18,66 @@ grammar decodes one token per step (``SpecDecodeStats.num_ineligible`` counts th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kvmesh.replica.spec_decode.config import SpeculativeConfig
 from kvmesh.replica.spec_decode.ngram_proposer import NgramProposer
 
 if TYPE_CHECKING:
+    import torch
     from kvmesh.replica.serving.sampling_params import SamplingParams
+    from kvmesh.replica.spec_decode.draft_proposer import DraftModel, DraftModelProposer
     from kvmesh.replica.step.outputs import ModelRunnerOutput
+    from kvmesh.replica.step.scheduler_output import ScheduledRequest
+
+
+class EngineSettings(Protocol):
+    """What drafting reads of the engine's ``EngineConfig``."""
+
+    speculative: SpeculativeConfig | None
+    seed: int
+
+
+class DraftingEngine(Protocol):
+    """What ``make_drafter`` reads of the engine."""
+
+    config: EngineSettings
+    max_model_len: int
+    vocab_size: int
+    num_kv_blocks: int
+    scheduler: Scheduling
+
+
+class Scheduling(Protocol):
+    running: list[Request]
+
+
+LoadDraftModel = Callable[[EngineSettings, int, int, int], "DraftModel"]
+"""(engine config, target vocabulary size, max_model_len, target's KV blocks) -> the draft model (the executor's
+``local_draft_model``)."""
 
 
 class Request(Protocol):
     """What drafting reads and moves of the engine's ``Request``."""
 
+    request_id: str
     sampling_params: SamplingParams
     all_token_ids: list[int]
     output_token_ids: list[int]
     num_computed_tokens: int
     spec_token_ids: list[int] | None
+
+
+class Proposal(NamedTuple):
+    """A draft model's drafts for a request, valid while it is the same request with as many tokens."""
+
+    request: Request
+    num_tokens: int
+    drafts: list[int]
+    probs: torch.Tensor | None
+    """The drafts' q rows (a sampled request; None: greedy)."""
 
 
 @dataclass(slots=True)
@@ -75,8 +117,15 @@ def can_speculate(request: Request) -> bool:
 class Drafter:
     """Proposes drafts at scheduling time and accepts them when the step's tokens are read."""
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int,
+                 draft_model: DraftModelProposer | None = None,
+                 running: Callable[[], Iterable[Request]] = tuple) -> None:
+        """``draft_model``: drafts of a draft model (method "draft_model"; ``running``: the scheduler's running
+        requests, proposed for in one batch); None: n-gram drafts."""
         self.proposer = NgramProposer(config)
+        self.draft_model, self.running = draft_model, running
+        self.proposed: dict[str, Proposal] = {}  # the last batch's drafts not scheduled yet
+        self.draft_probs: dict[str, torch.Tensor] = {}  # q rows of the drafts just proposed (sampled requests)
         self.max_model_len = max_model_len
         self.stats = SpecDecodeStats()
 
@@ -86,13 +135,45 @@ class Drafter:
             request.spec_token_ids = []
             if not can_speculate(request):
                 self.stats.num_ineligible += 1
+        self.draft_probs.pop(request.request_id, None)
         if not can_speculate(request):
             return []
+        room = min(budget - 1, self._room(request))  # the drafts and the token after them fit the budget too
+        if room <= 0:
+            return []
+        if self.draft_model is None:
+            return self.proposer.propose(request.all_token_ids, room)
+        proposal = self.proposed.pop(request.request_id, None)
+        if proposal is None or proposal.request is not request or proposal.num_tokens != len(request.all_token_ids):
+            self._propose_running(request)
+            proposal = self.proposed.pop(request.request_id, Proposal(request, 0, [], None))
+        drafts = proposal.drafts[:room]
+        if proposal.probs is not None:
+            self.draft_probs[request.request_id] = proposal.probs[:len(drafts)]
+        return drafts
+
+    def _room(self, request: Request) -> int:
+        """Most drafts within max_tokens and max_model_len (the token sampled after them included)."""
         num_tokens = len(request.all_token_ids)
-        # the drafts and the token sampled after them stay within the budget, max_tokens and max_model_len
-        room = min(budget - 1, request.sampling_params.max_tokens - len(request.output_token_ids) - 1,
+        return min(request.sampling_params.max_tokens - len(request.output_token_ids) - 1,
                    self.max_model_len - num_tokens)
-        return self.proposer.propose(request.all_token_ids, room) if room > 0 else []
+
+    def _propose_running(self, request: Request) -> None:
+        """The draft model's drafts for ``request`` and every running request whose next input is its last token,
+        in one batch of forwards (draft_proposer.py); the draft cache of requests no longer running is freed."""
+        running = list(self.running())
+        self.draft_model.release_others({r.request_id for r in running} | {request.request_id})
+        batch = [request] + [r for r in running if r is not request and r.spec_token_ids is not None
+                             and len(r.all_token_ids) == r.num_computed_tokens + 1 and can_speculate(r)]
+        items = [(r.request_id, r.all_token_ids, self._room(r), r.sampling_params) for r in batch]
+        proposals = self.draft_model.propose([item for item in items if item[2] > 0])
+        self.proposed = {r.request_id: Proposal(r, len(r.all_token_ids), *proposals[r.request_id])
+                         for r in batch if r.request_id in proposals}
+
+    def attach(self, sr: ScheduledRequest) -> ScheduledRequest:
+        """``sr`` (scheduled with the drafts just proposed) with their q rows, when a draft model sampled them."""
+        sr.draft_probs = self.draft_probs.pop(sr.request_id, None)
+        return sr
 
     def accept(self, request: Request, targets: list[int], bonus: int) -> list[int]:
         """The tokens the step produced for ``request``: the accepted drafts then the target's own token;
@@ -123,3 +204,18 @@ def accept_drafts(drafter: Drafter, sampled: ModelRunnerOutput, requests: dict[s
                 rounds.append({})
             rounds[i][request_id] = token
     return rounds
+
+
+def make_drafter(engine: DraftingEngine, load_draft_model: LoadDraftModel) -> Drafter | None:
+    """The engine's drafter for its ``speculative_config`` (None: speculative decoding off); a draft model is
+    loaded now by ``load_draft_model`` (raises ValueError when its vocabulary is not the target's)."""
+    spec = engine.config.speculative
+    if spec is None:
+        return None
+    if spec.method != "draft_model":
+        return Drafter(spec, engine.max_model_len)
+    from kvmesh.replica.spec_decode.draft_proposer import DraftModelProposer
+
+    model = load_draft_model(engine.config, engine.vocab_size, engine.max_model_len, engine.num_kv_blocks)
+    return Drafter(spec, engine.max_model_len, DraftModelProposer(spec, model, engine.config.seed),
+                   lambda: engine.scheduler.running)

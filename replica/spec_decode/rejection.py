@@ -1,10 +1,11 @@
-"""Rejection sampling of n-gram drafts that keeps the target's distribution exactly (vLLM's rejection sampler,
-for a proposer whose draft distribution is a point mass on the proposed token).
+"""Rejection sampling of drafts that keeps the target's distribution exactly (vLLM's rejection sampler).
 
-For draft d at a position whose target distribution is p (after temperature, min_p, top-k and top-p, as the
-sampler applies them): accept d with probability p(d); else draw from p with d removed, renormalized
-(``max(p - q, 0)`` for q the point mass at d). Every emitted token then has distribution p. After the last
-accepted draft the step's own sample at the next position (the sampler's, from p there) is the bonus token.
+For draft d drawn from the draft distribution q at a position whose target distribution is p (after
+temperature, min_p, top-k and top-p, as the sampler applies them): accept d with probability min(1, p(d)/q(d));
+else draw from ``max(p - q, 0)`` renormalized. Every emitted token then has distribution p. An n-gram draft's
+q is the point mass at d (accept with p(d), else draw from p with d removed); a draft model's q is its own
+distribution (draft_proposer.py). After the last accepted draft the step's own sample at the next position
+(the sampler's, from p there) is the bonus token.
 """
 
 from __future__ import annotations
@@ -27,17 +28,22 @@ def target_probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
 
 
 def rejection_targets(logits: torch.Tensor, drafts: list[int], sp: SamplingParams,
-                      generator: torch.Generator) -> list[int]:
+                      generator: torch.Generator, draft_probs: torch.Tensor | None = None) -> list[int]:
     """Per draft position: the draft itself where it is accepted, else a token drawn from the residual
-    distribution (never the draft); positions after the first rejection are not read."""
+    distribution; positions after the first rejection are not read. ``draft_probs`` [K, V]: q of a draft
+    model (None: the point mass at each draft)."""
     probs = target_probs(logits, sp)  # [K, V]
     draft = torch.tensor(drafts, device=probs.device)
     rows = torch.arange(len(drafts), device=probs.device)
+    if draft_probs is None:
+        q = torch.zeros_like(probs)
+        q[rows, draft] = 1.0
+    else:
+        q = draft_probs.to(probs.device, torch.float32)
     u = torch.rand(len(drafts), generator=generator, device=probs.device)
-    accepted = (u < probs[rows, draft]).tolist()
-    residual = probs.clone()
-    residual[rows, draft] = 0.0
-    empty = residual.sum(dim=-1) <= 0  # p was the point mass at d itself: d is always accepted there
-    residual[empty] = 1.0
+    accepted = (u * q[rows, draft] < probs[rows, draft]).tolist()  # u < p(d) / q(d)
+    residual = (probs - q).clamp_(min=0.0)
+    empty = residual.sum(dim=-1) <= 0  # p <= q everywhere, so p == q: d is always accepted there
+    residual[empty] = probs[empty]
     resampled = torch.multinomial(residual, 1, generator=generator).squeeze(1).tolist()
     return [d if ok else r for d, ok, r in zip(drafts, accepted, resampled, strict=True)]

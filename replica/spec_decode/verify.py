@@ -22,8 +22,8 @@ def draft_targets(out: SchedulerOutput, first_index: FirstIndex, hidden: torch.T
                   compute_logits: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator
                   ) -> dict[str, list[int]] | None:
     """request_id -> the target's token at each of its draft positions (``hidden`` [T, H], the step's): the
-    argmax for a greedy request, else the draft where rejection sampling accepts it (rejection.py); None when
-    the step has no drafts."""
+    argmax for a greedy request, else the draft where rejection sampling accepts it (rejection.py, against the
+    draft model's q rows when it sent them); None when the step has no drafts."""
     srs = [sr for sr in out.scheduled if sr.spec_token_ids]
     if not srs:
         return None
@@ -35,7 +35,7 @@ def draft_targets(out: SchedulerOutput, first_index: FirstIndex, hidden: torch.T
     for sr in srs:
         num, sp = len(sr.spec_token_ids), sr.sampling_params
         targets[sr.request_id] = ids[at:at + num] if sp.greedy else \
-            rejection_targets(logits[at:at + num], sr.spec_token_ids, sp, generator)
+            rejection_targets(logits[at:at + num], sr.spec_token_ids, sp, generator, sr.draft_probs)
         at += num
     return targets
 

@@ -28,6 +28,7 @@ from kvmesh.replica.serving.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
 
 
 @dataclass(slots=True)
@@ -55,6 +56,9 @@ class ScheduledRequest:
     spec_token_ids: list[int] = field(default_factory=list)
     """Draft tokens, the last ``len(spec_token_ids)`` of ``token_ids``: the runner returns the target's argmax at
     each of them (``ModelRunnerOutput.draft_targets``) besides the token sampled after the last (spec_decode/)."""
+    draft_probs: torch.Tensor | None = None
+    """[len(spec_token_ids), V] the draft model's distribution each draft was sampled from (a sampled request
+    with a draft model; None: greedy or n-gram drafts, spec_decode/rejection.py)."""
 
 
 @dataclass(slots=True)

@@ -20,7 +20,6 @@ from kvmesh.replica.distributed.parallel_state import ParallelState
 from kvmesh.replica.kv_layout import block_layout, symbolic_layout
 from kvmesh.replica.lora.manager import LoRAManager
 from kvmesh.replica.model_config import eos_token_ids, load_hf_config, resolve_dtype, spec_from_hf_config
-from kvmesh.replica.models import get_model_class
 from kvmesh.replica.sample.grammar_mask import grammar_rows
 from kvmesh.replica.sample.logprobs import LogprobsTensors, to_host
 from kvmesh.replica.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobsProcessor
@@ -49,7 +48,7 @@ from kvmesh.replica.worker.kv_cache import (
 from kvmesh.replica.worker.kv_offload import make_kv_offload
 from kvmesh.replica.worker.kv_scales import attach_kv_scales
 from kvmesh.replica.worker.profile_run import profile_forward
-from kvmesh.replica.worker.weights import checkpoint_dir, load_model_weights
+from kvmesh.replica.worker.weights import build_model, checkpoint_dir
 
 logger = logging.getLogger(__name__)
 class ModelRunner:
@@ -124,18 +123,9 @@ class ModelRunner:
         self.num_host_blocks = 0 if self.kv_offload is None else self.kv_offload.num_host_blocks
 
     def _build_model(self) -> torch.nn.Module:
-        cls = get_model_class(self.spec.architecture)
-        default_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-        try:
-            with torch.device(self.device):
-                model = cls(self.spec, self.max_model_len, self.parallel)
-        finally:
-            torch.set_default_dtype(default_dtype)
-        model.to(self.device).eval()
         load_format = "safetensors" if checkpoint_dir(self.config) is not None else "dummy"
-        load_model_weights(model, self.config.model, load_format, self.config.seed, self.device)
-        return model
+        return build_model(self.spec, self.max_model_len, self.dtype, self.device, self.config.model, load_format,
+                           self.config.seed, self.parallel)
 
     def _size_kv_cache(self) -> int:
         attn0 = self.model.attention_layers()[0]

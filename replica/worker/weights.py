@@ -18,8 +18,10 @@ import zlib
 from collections.abc import Iterable, Iterator
 
 import torch
+from kvmesh.replica.distributed.parallel_state import SINGLE, ParallelState
 from kvmesh.replica.layers.linear import LoadedWeight, default_weight_loader
 from kvmesh.replica.model_config import ModelSpec
+from kvmesh.replica.models import get_model_class
 from kvmesh.replica.worker.kv_scales import KV_SCALE_NAME
 from torch import nn
 
@@ -120,6 +122,23 @@ def checkpoint_dir(config) -> str | None:
         has_weights = os.path.isdir(config.model) and any(f.endswith(".safetensors") for f in os.listdir(config.model))
         load_format = "safetensors" if has_weights or config.hf_config is None else "dummy"
     return config.model if load_format == "safetensors" else None
+
+
+def build_model(spec: ModelSpec, max_position: int, dtype: torch.dtype, device: torch.device, model_dir: str,
+                load_format: str, seed: int, parallel: ParallelState = SINGLE) -> nn.Module:
+    """The model of ``spec`` built on ``device`` in ``dtype``, in eval mode, its weights loaded
+    (``load_model_weights``): the target's (model_runner.py) and a draft model's (spec_decode/draft_model.py)."""
+    cls = get_model_class(spec.architecture)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = cls(spec, max_position, parallel)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    model.to(device).eval()
+    load_model_weights(model, model_dir, load_format, seed, device)
+    return model
 
 
 def load_model_weights(model: nn.Module, model_dir: str, load_format: str, seed: int,

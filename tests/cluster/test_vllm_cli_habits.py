@@ -154,3 +154,15 @@ def test_serve_hands_every_served_name_to_its_router():
     assert (router.served_name, router.served_names()) == ("a", ("a", "b"))
     for model in ("a", "b"):  # the router's own check (router/control/models.py) takes each name
         check_model(model, router.served_name, aliases=model_aliases(*router.served_names(), router.model))
+
+
+@pytest.mark.parametrize("command", ["serve", "replica"])
+def test_a_draft_models_speculative_config_is_read_in_vllms_json_form(command):
+    config = _config(command, ["/m", "--speculative-config", '{"model": "/models/draft", "num_speculative_tokens": 3}'])
+    spec = config.engine.speculative
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "/models/draft", 3)
+
+
+def test_a_draft_model_without_its_path_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="speculative_config.model"):
+        _config("serve", ["/m", "--speculative-config", '{"method": "draft_model", "num_speculative_tokens": 3}'])

@@ -21,3 +21,11 @@ def triton_device() -> torch.device:
     if not has_triton():
         pytest.skip("triton is not installed (pip install -e '.[dev]'); the Triton kernels cannot run")
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(scope="session")
+def perturbed_draft(stories_path, tmp_path_factory):
+    """stories260K with noise on its weights: a draft model whose drafts are mostly rejected (draft_models.py)."""
+    from .draft_models import perturbed_copy
+
+    return perturbed_copy(stories_path, tmp_path_factory.mktemp("draft") / "perturbed")

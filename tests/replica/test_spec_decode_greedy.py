@@ -1,4 +1,5 @@
-"""N-gram speculative decoding gives the tokens plain decoding gives (greedy), on stories260K.
+"""Speculative decoding gives the tokens plain decoding gives (greedy), on stories260K, with n-gram drafts and
+with a draft model (stories260K with noise on its weights: some drafts accepted, most rejected).
 
 Each test runs the same requests on an engine without and with ``speculative_config`` and compares tokens and
 finish reasons request by request; each also checks that drafts were accepted, so the speculative path ran.
@@ -17,7 +18,9 @@ from kvmesh.replica.config import EngineConfig  # noqa: E402
 from kvmesh.replica.engine.llm_engine import LLMEngine  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
-SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+from .draft_models import draft_spec  # noqa: E402
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 PROMPTS = {
     "a": [1, 403, 407, 261, 378],
     "b": [1, 403, 407, 261, 378, 445, 263, 265, 281, 398, 284, 425],
@@ -37,9 +40,15 @@ class RecordingPublisher:
         pass
 
 
-def engine(path, spec: bool, publisher=None, **kw) -> LLMEngine:
+@pytest.fixture(params=["ngram", "draft_model"])
+def spec(request) -> dict:
+    """``speculative_config`` of each method."""
+    return NGRAM if request.param == "ngram" else draft_spec(request.getfixturevalue("perturbed_draft"))
+
+
+def engine(path, spec: dict | None, publisher=None, **kw) -> LLMEngine:
     config = EngineConfig(model=str(path), dtype="float32", device="cpu", block_size=4, kv_cache_memory=1 << 22,
-                          debug_check_integrity=True, hash_seed="spec", speculative_config=SPEC if spec else None, **kw)
+                          debug_check_integrity=True, hash_seed="spec", speculative_config=spec, **kw)
     return LLMEngine(config, event_publisher=publisher)
 
 
@@ -59,10 +68,10 @@ def generate(eng: LLMEngine, params: dict[str, SamplingParams], one_by_one: bool
     return result
 
 
-def compare(path, params, engine_kw: dict | None = None, one_by_one: bool = False) -> LLMEngine:
+def compare(path, spec, params, engine_kw: dict | None = None, one_by_one: bool = False) -> LLMEngine:
     """Assert equal results without and with drafts; returns the speculative engine."""
-    spec_engine = engine(path, True, **(engine_kw or {}))
-    plain = generate(engine(path, False, **(engine_kw or {})), params, one_by_one)
+    spec_engine = engine(path, spec, **(engine_kw or {}))
+    plain = generate(engine(path, None, **(engine_kw or {})), params, one_by_one)
     spec = generate(spec_engine, params, one_by_one)
     assert spec == plain
     assert len(spec) == len(params)
@@ -74,44 +83,65 @@ def greedy(n: int = 40, **kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **kw)
 
 
-def test_plain_greedy_batch_gives_the_same_tokens(stories_path):
-    eng = compare(stories_path, {rid: greedy(48) for rid in PROMPTS})
+def test_plain_greedy_batch_gives_the_same_tokens(stories_path, spec):
+    eng = compare(stories_path, spec, {rid: greedy(48) for rid in PROMPTS})
     stats = eng.scheduler.drafter.stats
     assert stats.num_draft_tokens >= stats.num_accepted_tokens > 0
     assert sum(stats.accepted_per_pos) == stats.num_accepted_tokens
 
 
-def test_max_tokens_eos_and_stop_tokens_end_at_the_same_token(stories_path):
+def test_the_target_as_its_own_draft_model_has_almost_every_draft_accepted(stories_path):
+    eng = compare(stories_path, draft_spec(stories_path), {rid: greedy(48) for rid in PROMPTS})
+    stats = eng.scheduler.drafter.stats
+    assert stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens > 0
+
+
+def test_a_draft_model_with_noisy_weights_has_most_drafts_rejected(stories_path, perturbed_draft):
+    eng = compare(stories_path, draft_spec(perturbed_draft), {rid: greedy(48) for rid in PROMPTS})
+    stats = eng.scheduler.drafter.stats
+    assert 0 < stats.num_accepted_tokens < 0.5 * stats.num_draft_tokens
+
+
+def test_the_draft_cache_of_ended_requests_is_given_back(stories_path):
+    eng = engine(stories_path, draft_spec(stories_path))
+    generate(eng, {"a": greedy(12), "b": greedy(40)})  # b drafts on after a ended
+    proposer = eng.scheduler.drafter.draft_model
+    assert set(proposer.states) == {"b"}
+    held = sum(len(s.block_ids) for s in proposer.states.values())
+    assert len(proposer.free) + held == proposer.model.num_blocks - 1
+
+
+def test_max_tokens_eos_and_stop_tokens_end_at_the_same_token(stories_path, spec):
     params = {"a": greedy(7), "b": SamplingParams(temperature=0.0, max_tokens=60),
               "c": greedy(30, stop_token_ids=[300]), "d": greedy(1)}
-    compare(stories_path, params)
+    compare(stories_path, spec, params)
 
 
-def test_prefix_cached_requests_give_the_same_tokens(stories_path):
+def test_prefix_cached_requests_give_the_same_tokens(stories_path, spec):
     params = {"a1": greedy(), "b1": greedy(), "a2": greedy(), "b2": greedy()}  # *2 hit the cache of *1
-    compare(stories_path, params, one_by_one=True)
+    compare(stories_path, spec, params, one_by_one=True)
 
 
-def test_chunked_prefill_gives_the_same_tokens(stories_path):
-    compare(stories_path, {rid: greedy(40) for rid in PROMPTS}, {"max_num_batched_tokens": 8})
+def test_chunked_prefill_gives_the_same_tokens(stories_path, spec):
+    compare(stories_path, spec, {rid: greedy(40) for rid in PROMPTS}, {"max_num_batched_tokens": 8})
 
 
-def test_preemption_gives_the_same_tokens(stories_path):
-    eng = compare(stories_path, {rid: greedy(48) for rid in PROMPTS}, {"num_kv_blocks": 24})
+def test_preemption_gives_the_same_tokens(stories_path, spec):
+    eng = compare(stories_path, spec, {rid: greedy(48) for rid in PROMPTS}, {"num_kv_blocks": 24})
     assert eng.scheduler.num_preemptions > 0
 
 
-def test_requests_with_penalties_or_logprobs_decode_one_token_per_step(stories_path):
+def test_requests_with_penalties_or_logprobs_decode_one_token_per_step(stories_path, spec):
     params = {"a": greedy(30, repetition_penalty=1.3), "b": greedy(30, logprobs=2), "c": greedy(30)}
-    eng = compare(stories_path, params)
+    eng = compare(stories_path, spec, params)
     assert eng.scheduler.drafter.stats.num_ineligible == 2
 
 
-def test_structured_output_requests_decode_one_token_per_step(stories_path):
+def test_structured_output_requests_decode_one_token_per_step(stories_path, spec):
     from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
 
-    def run(spec: bool) -> tuple[LLMEngine, dict]:
-        eng, done = engine(stories_path, spec), {}
+    def run(config: dict | None) -> tuple[LLMEngine, dict]:
+        eng, done = engine(stories_path, config), {}
         eng.add_request("a", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=(
             StructuredOutputsParams(regex="[a-z ]{8,40}"))))
         eng.add_request("c", PROMPTS["c"], greedy(30))
@@ -121,18 +151,18 @@ def test_structured_output_requests_decode_one_token_per_step(stories_path):
         eng.close()
         return eng, done
 
-    (_, plain), (eng, spec) = run(False), run(True)
-    assert spec == plain and set(spec) == {"a", "c"}
+    (_, plain), (eng, spec_done) = run(None), run(spec)
+    assert spec_done == plain and set(spec_done) == {"a", "c"}
     assert eng.scheduler.drafter.stats.num_ineligible == 1
     assert eng.scheduler.drafter.stats.num_accepted_tokens > 0  # the free request drafted
 
 
-def test_a_migrated_streams_continuation_gives_the_same_tokens(stories_path):
+def test_a_migrated_streams_continuation_gives_the_same_tokens(stories_path, spec):
     """What the router sends another replica when a stream's replica dies: the prompt and the output so far as token
     ids; the continuation with drafts must go on exactly as one uninterrupted plain run."""
-    whole = generate(engine(stories_path, False), {"b": greedy(40)})["b"][0]
+    whole = generate(engine(stories_path, None), {"b": greedy(40)})["b"][0]
     cut = 15
-    eng = engine(stories_path, True)
+    eng = engine(stories_path, spec)
     eng.add_request("b-continued", PROMPTS["b"] + whole[:cut], greedy(40 - cut))
     rest = []
     for _ in range(2000):
@@ -143,11 +173,11 @@ def test_a_migrated_streams_continuation_gives_the_same_tokens(stories_path):
     assert eng.scheduler.drafter.stats.num_accepted_tokens > 0
 
 
-def test_no_block_of_a_rejected_draft_is_stored_or_published(stories_path):
+def test_no_block_of_a_rejected_draft_is_stored_or_published(stories_path, spec):
     params = {rid: greedy(48) for rid in PROMPTS}
     plain_events, spec_events = RecordingPublisher(), RecordingPublisher()
-    generate(engine(stories_path, False, plain_events), params)
-    eng = engine(stories_path, True, spec_events)
+    generate(engine(stories_path, None, plain_events), params)
+    eng = engine(stories_path, spec, spec_events)
     generate(eng, params)
     stats = eng.scheduler.drafter.stats
     assert stats.num_draft_tokens > stats.num_accepted_tokens > 0  # some drafts were rejected
@@ -160,7 +190,7 @@ def test_no_block_of_a_rejected_draft_is_stored_or_published(stories_path):
     assert stored(spec_events.events)
 
 
-def test_lora_requests_give_the_same_tokens(stories_path, tmp_path):
+def test_lora_requests_give_the_same_tokens(stories_path, spec, tmp_path):
     pytest.importorskip("peft")
     from kvmesh.replica.serving.lora_request import LoRARequest
 
@@ -169,8 +199,8 @@ def test_lora_requests_give_the_same_tokens(stories_path, tmp_path):
     make_adapter(stories_path, tmp_path / "a1", seed=1)
     lora = LoRARequest("a1", 1, str(tmp_path / "a1"))
     results = []
-    for spec in (False, True):
-        eng = engine(stories_path, spec, enable_lora=True, max_lora_rank=8)
+    for config in (None, spec):
+        eng = engine(stories_path, config, enable_lora=True, max_lora_rank=8)
         for rid in PROMPTS:
             eng.add_request(rid, PROMPTS[rid], greedy(40), lora_request=lora if rid in "ab" else None)
         done = {}
@@ -183,11 +213,11 @@ def test_lora_requests_give_the_same_tokens(stories_path, tmp_path):
     assert eng.scheduler.drafter.stats.num_accepted_tokens > 0
 
 
-async def test_streamed_tokens_and_text_add_up_to_the_final_output(stories_path):
+async def test_streamed_tokens_and_text_add_up_to_the_final_output(stories_path, spec):
     from kvmesh.replica.engine.async_llm import AsyncLLM
 
     llm = AsyncLLM.from_config(EngineConfig(model=str(stories_path), dtype="float32", device="cpu",
-                                            speculative_config=SPEC))
+                                            speculative_config=spec))
     try:
         tokens, text, last = [], "", None
         async for out in llm.generate(PROMPTS["b"], greedy(60)):

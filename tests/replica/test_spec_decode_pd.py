@@ -1,6 +1,7 @@
 """A request whose prompt's KV was pulled from another replica (the decode side of a P/D split) decodes with
-n-gram drafts and gives the holder's plain greedy tokens (real stories260K, ``local`` transport). The prompt
-quotes a greedy continuation of its start and then the start again, so drafts recur."""
+n-gram drafts, or a draft model's (stories260K with noisy weights: the draft's cache is its own, computed on
+this side), and gives the holder's plain greedy tokens (real stories260K, ``local`` transport). The prompt
+quotes a greedy continuation of its start and then the start again, so n-gram drafts recur."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ pytest.importorskip("torch")
 
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
+from .draft_models import draft_spec  # noqa: E402
 from .test_kv_pull_overlap import PROMPT, _agents, _engine, _final  # noqa: E402
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 GREEDY = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
 
 
-async def test_a_pulled_prompt_decodes_with_drafts_to_the_holders_tokens(stories_path):
-    holder, puller = _engine(stories_path), _engine(stories_path, speculative_config=SPEC)
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+async def test_a_pulled_prompt_decodes_with_drafts_to_the_holders_tokens(stories_path, method, request):
+    spec = SPEC if method == "ngram" else draft_spec(request.getfixturevalue("perturbed_draft"))
+    holder, puller = _engine(stories_path), _engine(stories_path, speculative_config=spec)
     holder_agent = agent = None
     try:
         start = PROMPT[:40]

@@ -1,9 +1,10 @@
-"""Sampled requests with n-gram drafts keep plain decoding's distribution (rejection sampling), and the
-speculative decoding counters reach ``/metrics`` with vLLM's names.
+"""Sampled requests with n-gram drafts or a draft model's keep plain decoding's distribution (rejection
+sampling), and the speculative decoding counters reach ``/metrics`` with vLLM's names.
 
 The prompt quotes a greedy continuation of its own start and then that start again, so the n-gram proposer
 drafts the quoted text: at temperature 0.8 over the top 3 tokens most drafts are accepted and some are
-rejected and replaced by residual draws. Token frequencies at each output position, over fixed seeds, are
+rejected and replaced by residual draws. The draft model (stories260K with noisy weights) samples its drafts
+from its own distribution q, accepted with min(1, p/q). Token frequencies at each output position, over fixed seeds, are
 compared between plain and speculative decoding with a chi-square test of homogeneity (threshold at 0.999).
 """
 
@@ -21,14 +22,17 @@ from kvmesh.replica.engine.llm_engine import LLMEngine  # noqa: E402
 from kvmesh.replica.server.metrics import ReplicaMetrics  # noqa: E402
 from kvmesh.replica.serving.sampling_params import SamplingParams  # noqa: E402
 
+from .draft_models import draft_spec  # noqa: E402
+
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 START = [1, 403, 407, 261, 378]
 NUM_REQUESTS, NUM_TOKENS = 600, 6
 
 
-def engine(path, spec: bool) -> LLMEngine:
+def engine(path, spec: dict | bool | None) -> LLMEngine:
+    """``spec``: a ``speculative_config``, True for the n-gram one, None or False for none."""
     return LLMEngine(EngineConfig(model=str(path), dtype="float32", device="cpu", kv_cache_memory=1 << 24,
-                                  speculative_config=SPEC if spec else None))
+                                  speculative_config=SPEC if spec is True else spec or None))
 
 
 def run(eng: LLMEngine, prompts: dict[str, list[int]], params: dict[str, SamplingParams]) -> dict[str, list[int]]:
@@ -68,13 +72,15 @@ def chi2_quantile_999(df: int) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
-def test_sampled_token_frequencies_match_plain_decoding(stories_path):
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_sampled_token_frequencies_match_plain_decoding(stories_path, method, request):
+    spec = True if method == "ngram" else draft_spec(request.getfixturevalue("perturbed_draft"), 3)
     prompt = quoting_prompt(stories_path)
     prompts = {str(i): prompt for i in range(NUM_REQUESTS)}
     params = {str(i): SamplingParams(temperature=0.8, top_k=3, max_tokens=NUM_TOKENS, ignore_eos=True, seed=i)
               for i in range(NUM_REQUESTS)}
     plain = run(engine(stories_path, False), prompts, params)
-    eng = engine(stories_path, True)
+    eng = engine(stories_path, spec)
     spec = run(eng, prompts, params)
     stats = eng.scheduler.drafter.stats
     assert stats.num_draft_tokens > stats.num_accepted_tokens > 0  # drafts were both accepted and rejected
@@ -86,8 +92,9 @@ def test_sampled_token_frequencies_match_plain_decoding(stories_path):
     assert total < chi2_quantile_999(df), (total, df)
 
 
-def test_spec_decode_counters_are_on_metrics(stories_path):
-    eng = engine(stories_path, True)
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_spec_decode_counters_are_on_metrics(stories_path, method, request):
+    eng = engine(stories_path, True if method == "ngram" else draft_spec(request.getfixturevalue("perturbed_draft")))
     prompt = quoting_prompt(stories_path)
     run(eng, {"q": prompt}, {"q": SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)})
     stats = eng.scheduler.drafter.stats

@@ -1,7 +1,11 @@
-"""N-gram speculative decoding against plain decoding: ``kvmesh bench spec-decode`` (results/spec_decode_cpu.json).
+"""Speculative decoding (n-gram, draft model) against plain decoding: ``kvmesh bench spec-decode``
+(results/spec_decode_cpu.json).
 
 One engine per variant (stories260K unless ``--model``; prefix caching off, so each round computes the same
-work), greedy requests, rounds interleaved (plain, speculative, plain, ...) so drift hits both alike. Two
+work): plain decoding, n-gram drafts, and a draft model's drafts (``--draft-model``, the target itself unless
+given: every draft it proposes is the target's own greedy token, so acceptance is its ceiling and each draft
+token costs a target forward). Greedy requests, rounds interleaved (plain, n-gram, draft model, plain, ...) so
+drift hits all alike. Two
 workloads of ``--requests`` concurrent requests of ``--max-tokens`` tokens each:
 
     recurring   each prompt quotes a text and starts it again (a greedy continuation of a short start, then
@@ -9,7 +13,7 @@ workloads of ``--requests`` concurrent requests of ``--max-tokens`` tokens each:
     novel       prompts of random tokens: nothing to look up but what the output itself repeats
 
 Reported per workload and variant: median output tokens per second over the rounds, engine steps, and for
-the speculative one the acceptance rate (accepted / drafted tokens) and the mean accepted drafts per draft.
+the speculative ones the acceptance rate (accepted / drafted tokens) and the mean accepted drafts per draft.
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ import statistics
 import time
 from pathlib import Path
 
-SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+SPECULATIVE = ("ngram", "draft_model")
+NAMES = {"ngram": "n-gram", "draft_model": "draft model"}
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench spec-decode", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="results/spec_decode_cpu.json")
     p.add_argument("--model", default="../shared/models/stories260K/hf", help="HF model directory")
+    p.add_argument("--draft-model", default=None, help="the draft model's HF directory (default: --model itself)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=48, help="output tokens per request (and the quoted text's length)")
@@ -36,12 +43,18 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def make_engine(args, spec: bool):
+def speculative_configs(args) -> dict[str, dict | None]:
+    """variant -> its ``speculative_config`` (None: plain decoding)."""
+    draft = {"model": args.draft_model or args.model, "num_speculative_tokens": NGRAM["num_speculative_tokens"]}
+    return {"plain": None, "ngram": NGRAM, "draft_model": draft}
+
+
+def make_engine(args, spec: dict | None):
     from kvmesh.replica.config import EngineConfig
     from kvmesh.replica.engine.llm_engine import LLMEngine
 
     return LLMEngine(EngineConfig(model=args.model, dtype="float32", device=args.device, enable_prefix_caching=False,
-                                  speculative_config=SPEC if spec else None))
+                                  speculative_config=spec))
 
 
 def generate(engine, prompts: list[list[int]], max_tokens: int, tag: str) -> tuple[float, int, int]:
@@ -85,11 +98,12 @@ def main(argv=None) -> int:
 
 
 def run(args) -> dict:
-    engines = {"plain": make_engine(args, False), "ngram": make_engine(args, True)}
-    results = {"args": vars(args), "device": args.device, "speculative_config": SPEC, "workloads": {}}
+    configs = speculative_configs(args)
+    engines = {variant: make_engine(args, spec) for variant, spec in configs.items()}
+    results = {"args": vars(args), "device": args.device, "speculative_config": configs, "workloads": {}}
     for name, prompts in workloads(args, engines["plain"]).items():
         raw = {v: [] for v in engines}
-        before = _counts(engines["ngram"])
+        before = {v: _counts(engines[v]) for v in SPECULATIVE}
         steps = {v: 0 for v in engines}
         for r in range(args.rounds):
             for variant, engine in engines.items():
@@ -97,13 +111,12 @@ def run(args) -> dict:
                 raw[variant].append(tokens / seconds)
                 steps[variant] += n
                 print(f"{name} round {r} {variant}: {tokens / seconds:.0f} tok/s, {n} steps", flush=True)
-        after = _counts(engines["ngram"])
-        drafts, drafted, accepted = (a - b for a, b in zip(after, before, strict=True))
+        counts = {v: [a - b for a, b in zip(_counts(engines[v]), before[v], strict=True)] for v in SPECULATIVE}
         results["workloads"][name] = {
             "output_tokens_per_s": {v: statistics.median(x) for v, x in raw.items()},
             "steps_per_round": {v: steps[v] / args.rounds for v in engines},
-            "acceptance_rate": accepted / drafted if drafted else 0.0,
-            "accepted_per_draft": accepted / drafts if drafts else 0.0,
+            "acceptance_rate": {v: c[2] / c[1] if c[1] else 0.0 for v, c in counts.items()},
+            "accepted_per_draft": {v: c[2] / c[0] if c[0] else 0.0 for v, c in counts.items()},
             "raw_tokens_per_s": raw}
     results["load_avg_end"] = os.getloadavg()
     out = Path(args.out)
@@ -121,13 +134,14 @@ def _counts(engine) -> tuple[int, int, int]:
 def table(results: dict) -> str:
     """BENCHMARKS' speculative decoding table (``kvmesh bench report``'s spec_decode kind)."""
     device = results["device"].upper()
-    lines = [f"| workload ({device}) | plain tok/s | n-gram tok/s | speed-up | acceptance rate | accepted per draft "
-             "| steps plain / n-gram |", "|---|---|---|---|---|---|---|"]
+    lines = [f"| workload ({device}) | method | plain tok/s | speculative tok/s | speed-up | acceptance rate "
+             "| accepted per draft | steps plain / speculative |", "|---|---|---|---|---|---|---|---|"]
     for name, w in results["workloads"].items():
         tps, steps = w["output_tokens_per_s"], w["steps_per_round"]
-        lines.append(f"| {name} | {tps['plain']:.0f} | {tps['ngram']:.0f} | {tps['ngram'] / tps['plain']:.2f}x "
-                     f"| {w['acceptance_rate']:.1%} | {w['accepted_per_draft']:.2f} "
-                     f"| {steps['plain']:.0f} / {steps['ngram']:.0f} |")
+        for v in SPECULATIVE:
+            lines.append(f"| {name} | {NAMES[v]} | {tps['plain']:.0f} | {tps[v]:.0f} | {tps[v] / tps['plain']:.2f}x "
+                         f"| {w['acceptance_rate'][v]:.1%} | {w['accepted_per_draft'][v]:.2f} "
+                         f"| {steps['plain']:.0f} / {steps[v]:.0f} |")
     return "\n".join(lines)
 
 
