@@ -1,0 +1,135 @@
+"""Routers on several Ray nodes, one of them killed mid-run: hit rate against one router, failures, rejoin.
+
+    kvmesh bench multi-router [--nodes 2] [--routers 3] [--replicas 2] [--requests 300] [--concurrency 6]
+                              [--model ../shared/models/stories260K/hf] [--out results/multi_router.json]
+
+Ray nodes on this machine stand in for hosts (support/ray_nodes.py: a head and worker raylets, each with its own
+CPUs and a router resource); ``kvmesh serve --address`` joins them with ``--num-routers`` routers placed on the
+nodes (no shared memory, no shared file) and stories260K replicas on CPU. The Mooncake trace's first
+``--requests`` records, rendered as token ids, are replayed three times on the same replicas, each under its own
+``cache_salt`` so no run reuses another's blocks:
+
+- ``one``: every request through router 0;
+- ``spread``: request i through router i mod N;
+- ``kill``: spread again; when a third of the requests are out, router 1's process is SIGKILLed. A client whose
+  router refuses or drops its connection sends the request to the next router. Ray restarts the router on its node;
+  the run measures when it answers a completion again, and, once the requests are done, that every router's view
+  of every replica is back to no request in flight and no prefill queued (the dead router's bookings expired).
+
+Written to ``--out``: hit rates, failures per router, the fail-fast times, the rejoin time and the settle time.
+Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from kvmesh.cluster.measure.benchmarks.support.ray_nodes import NAMESPACE, LocalNodes, PlacedServe
+from kvmesh.cluster.measure.benchmarks.support.spread_client import Request, hit_rate, replay
+from kvmesh.cluster.measure.benchmarks.support.spread_views import RouterViews, summary
+from kvmesh.cluster.measure.shared_dir import stories_model
+
+KILLED = 1
+"""The router the ``kill`` run kills."""
+MAX_TOKENS = 4
+"""Tokens each request generates (the runs measure routing, not decoding)."""
+
+
+def trace_requests(num: int, num_routers: int) -> list[tuple[list[int], int]]:
+    """The Mooncake trace's first ``num`` records as token-id prompts (stories260K's vocabulary), with the
+    router each goes to in a spread run."""
+    from kvmesh.cluster.measure.loadgen.load import build_sessions
+    from kvmesh.cluster.measure.loadgen.options import BenchLoadConfig, WorkloadOptions
+    from kvmesh.cluster.measure.workloads.prompts import PromptMaker
+
+    config = BenchLoadConfig(workload=WorkloadOptions(workload="mooncake", num_requests=num))
+    sessions = build_sessions(config, PromptMaker())
+    return [(list(s.turns[0].user), i % num_routers) for i, s in enumerate(sessions)]
+
+
+async def _run(serve: PlacedServe, views: RouterViews, prompts: list[tuple[list[int], int]], concurrency: int,
+               model: str) -> dict:
+    one = [Request(p, MAX_TOKENS, 0) for p, _ in prompts]
+    spread = [Request(p, MAX_TOKENS, r) for p, r in prompts]
+    results: dict = {}
+    outcomes = await replay(views.urls, one, "one", model, concurrency)
+    results["one"] = summary(outcomes)
+    outcomes = await replay(views.urls, spread, "spread", model, concurrency)
+    results["spread"] = summary(outcomes)
+
+    killed_at: list[float] = []
+
+    def kill_when_due(i: int) -> None:
+        if not killed_at and i >= len(spread) // 3:
+            os.kill(views.pid(KILLED), signal.SIGKILL)
+            killed_at.append(time.monotonic())
+
+    rejoin = asyncio.create_task(views.wait_rejoined(KILLED, killed_at, model))
+    outcomes = await replay(views.urls, spread, "kill", model, concurrency, on_sent=kill_when_due)
+    results["kill"] = summary(outcomes, killed=KILLED)
+    results["kill"]["rejoined_s"] = await rejoin
+    results["kill"]["settled_s"] = await views.wait_settled()
+    results["hit_rate_gap_points"] = round(100 * (hit_rate(outcomes) - results["one"]["hit_rate"]), 2)
+    return results
+
+
+def run(args: argparse.Namespace) -> dict:
+    import ray
+
+    model = args.model or stories_model()
+    if model is None:
+        raise SystemExit("no stories260K model found (pass --model DIR)")
+    prompts = trace_requests(args.requests, args.routers)
+    nodes = LocalNodes(args.nodes, args.cpus_per_node, routers_per_node=args.routers)
+    serve = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvmesh-multi-router-") as work:
+            serve = PlacedServe(nodes.address, model, args.replicas, args.routers, Path(work))
+            serve.wait_ready(args.ready_timeout_s)
+            ray.init(address=nodes.address, namespace=NAMESPACE, log_to_driver=False)
+            views = RouterViews(serve, args.replicas)
+            views.refresh()
+            started = time.monotonic()
+            results = asyncio.run(_run(serve, views, prompts, args.concurrency, "stories260K"))
+            results["wall_s"] = round(time.monotonic() - started, 1)
+            serve.stop()
+    finally:
+        if serve is not None:
+            serve.stop()
+        if ray.is_initialized():
+            ray.shutdown()
+        nodes.shutdown()
+    results["setup"] = {"nodes": args.nodes, "routers": args.routers, "replicas": args.replicas,
+                        "requests": len(prompts), "concurrency": args.concurrency, "max_tokens": MAX_TOKENS,
+                        "model": "stories260K", "trace": "mooncake (first records)", "killed_router": KILLED}
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="kvmesh bench multi-router", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=2, help="Ray nodes on this machine (default: %(default)s)")
+    ap.add_argument("--cpus-per-node", type=int, default=2, help="logical CPUs of each node (default: %(default)s)")
+    ap.add_argument("--routers", type=int, default=3, help="routers placed on the nodes (default: %(default)s)")
+    ap.add_argument("--replicas", type=int, default=2, help="stories260K replicas (default: %(default)s)")
+    ap.add_argument("--requests", type=int, default=300, help="trace records replayed per run (default: %(default)s)")
+    ap.add_argument("--concurrency", type=int, default=6, help="requests in flight (default: %(default)s)")
+    ap.add_argument("--model", default=None, help="model directory (default: the shared stories260K)")
+    ap.add_argument("--ready-timeout-s", type=float, default=300.0, help="longest wait for serve (default: %(default)s)")
+    ap.add_argument("--out", default="results/multi_router.json")
+    args = ap.parse_args(argv)
+    if args.nodes < 2 or args.routers < 2 or not 1 <= args.requests <= 5000 or args.concurrency < 1:
+        ap.error("--nodes and --routers must be at least 2, --requests 1..5000, --concurrency at least 1")
+    results = run(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps({k: results[k] for k in ("one", "spread", "kill", "hit_rate_gap_points")}, indent=2))
+    print(f"wrote {args.out}")
+    return 0
