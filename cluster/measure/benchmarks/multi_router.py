@@ -1,16 +1,19 @@
 """Routers on several Ray nodes, one of them killed mid-run: hit rate against one router, failures, rejoin.
 
-    kvmesh bench multi-router [--nodes 2] [--routers 3] [--replicas 2] [--requests 300] [--concurrency 6]
+    kvmesh bench multi-router [--nodes 2] [--routers 3] [--replicas 2] [--workload azure_code] [--requests 300]
+                              [--concurrency 6]
                               [--model ../shared/models/stories260K/hf] [--out results/multi_router.json]
 
 Ray nodes on this machine stand in for hosts (support/ray_nodes.py: a head and worker raylets, each with its own
 CPUs and a router resource); ``kvmesh serve --address`` joins them with ``--num-routers`` routers placed on the
-nodes (no shared memory, no shared file) and stories260K replicas on CPU. The Mooncake trace's first
-``--requests`` records, rendered as token ids, are replayed three times on the same replicas, each under its own
+nodes (no shared memory, no shared file) and stories260K replicas on CPU. A shared trace's first ``--requests``
+records (``--workload``), rendered as token ids, are replayed three times on the same replicas, each under its own
 ``cache_salt`` so no run reuses another's blocks:
 
 - ``one``: every request through router 0;
 - ``spread``: request i through router i mod N;
+- ``sessions``: conversations whose next turn reaches another router than the first (did it find the replica
+  that holds the first turn?);
 - ``kill``: spread again; when a third of the requests are out, router 1's process is SIGKILLed. A client whose
   router refuses or drops its connection sends the request to the next router. Ray restarts the router on its node;
   the run measures when it answers a completion again, and, once the requests are done, that every router's view
@@ -31,8 +34,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks.support.ray_nodes import NAMESPACE, LocalNodes, PlacedServe
-from kvmesh.cluster.measure.benchmarks.support.spread_client import Request, hit_rate, replay
+import aiohttp
+from kvmesh.cluster.measure.benchmarks.support.ray_nodes import (
+    NAMESPACE,
+    SERVED_NAME,
+    LocalNodes,
+    PlacedServe,
+)
+from kvmesh.cluster.measure.benchmarks.support.spread_client import (
+    REQUEST_TIMEOUT_S,
+    Request,
+    hit_rate,
+    replay,
+    send,
+)
 from kvmesh.cluster.measure.benchmarks.support.spread_views import RouterViews, summary
 from kvmesh.cluster.measure.shared_dir import stories_model
 
@@ -40,18 +55,43 @@ KILLED = 1
 """The router the ``kill`` run kills."""
 MAX_TOKENS = 4
 """Tokens each request generates (the runs measure routing, not decoding)."""
+SESSION_FIRST_TOKENS = 64
+"""A conversation's first prompt (4 blocks of 16 tokens); its next turn adds half as many."""
+BLOCK_SIZE = 16
 
 
-def trace_requests(num: int, num_routers: int) -> list[tuple[list[int], int]]:
-    """The Mooncake trace's first ``num`` records as token-id prompts (stories260K's vocabulary), with the
-    router each goes to in a spread run."""
+TRACES = ("azure_code", "azure_conv", "mooncake")
+"""Workloads read from the shared traces (cluster/measure/workloads/registry.py)."""
+
+
+def trace_requests(workload: str, num: int, num_routers: int) -> list[tuple[list[int], int]]:
+    """A shared trace's first ``num`` records as token-id prompts (stories260K's vocabulary, 16 tokens per trace
+    block), with the router each goes to in a spread run."""
     from kvmesh.cluster.measure.loadgen.load import build_sessions
     from kvmesh.cluster.measure.loadgen.options import BenchLoadConfig, WorkloadOptions
     from kvmesh.cluster.measure.workloads.prompts import PromptMaker
 
-    config = BenchLoadConfig(workload=WorkloadOptions(workload="mooncake", num_requests=num))
+    config = BenchLoadConfig(workload=WorkloadOptions(workload=workload, num_requests=num))
     sessions = build_sessions(config, PromptMaker())
     return [(list(s.turns[0].user), i % num_routers) for i, s in enumerate(sessions)]
+
+
+async def next_turns(urls, model: str, num_routers: int, count: int = 12) -> dict:
+    """Conversations whose second turn goes to another router than the first: how many found the replica that
+    holds the first turn's prompt (its full blocks cached), by the prefix index every router builds from the
+    replicas' events."""
+    import random
+
+    rng = random.Random(0)
+    found = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as http:
+        for i in range(count):
+            first = [rng.randrange(3, 512) for _ in range(SESSION_FIRST_TOKENS)]
+            then = first + [rng.randrange(3, 512) for _ in range(SESSION_FIRST_TOKENS // 2)]
+            await send(http, urls, Request(first, 1, i % num_routers), "sessions", model)
+            answer = await send(http, urls, Request(then, 1, (i + 1) % num_routers), "sessions", model)
+            found += answer.cached_tokens >= SESSION_FIRST_TOKENS - BLOCK_SIZE
+    return {"conversations": count, "next_turn_found_its_replica": found}
 
 
 async def _run(serve: PlacedServe, views: RouterViews, prompts: list[tuple[list[int], int]], concurrency: int,
@@ -64,6 +104,7 @@ async def _run(serve: PlacedServe, views: RouterViews, prompts: list[tuple[list[
     outcomes = await replay(views.urls, spread, "spread", model, concurrency)
     results["spread"] = summary(outcomes)
 
+    results["sessions"] = await next_turns(views.urls, model, len(views.urls()))
     killed_at: list[float] = []
 
     def kill_when_due(i: int) -> None:
@@ -83,10 +124,10 @@ async def _run(serve: PlacedServe, views: RouterViews, prompts: list[tuple[list[
 def run(args: argparse.Namespace) -> dict:
     import ray
 
-    model = args.model or stories_model()
-    if model is None:
+    model = str(args.model or stories_model() or "")
+    if not model:
         raise SystemExit("no stories260K model found (pass --model DIR)")
-    prompts = trace_requests(args.requests, args.routers)
+    prompts = trace_requests(args.workload, args.requests, args.routers)
     nodes = LocalNodes(args.nodes, args.cpus_per_node, routers_per_node=args.routers)
     serve = None
     try:
@@ -97,7 +138,7 @@ def run(args: argparse.Namespace) -> dict:
             views = RouterViews(serve, args.replicas)
             views.refresh()
             started = time.monotonic()
-            results = asyncio.run(_run(serve, views, prompts, args.concurrency, "stories260K"))
+            results = asyncio.run(_run(serve, views, prompts, args.concurrency, SERVED_NAME))
             results["wall_s"] = round(time.monotonic() - started, 1)
             serve.stop()
     finally:
@@ -108,7 +149,7 @@ def run(args: argparse.Namespace) -> dict:
         nodes.shutdown()
     results["setup"] = {"nodes": args.nodes, "routers": args.routers, "replicas": args.replicas,
                         "requests": len(prompts), "concurrency": args.concurrency, "max_tokens": MAX_TOKENS,
-                        "model": "stories260K", "trace": "mooncake (first records)", "killed_router": KILLED}
+                        "model": "stories260K", "trace": f"{args.workload} (first records)", "killed_router": KILLED}
     return results
 
 
@@ -119,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpus-per-node", type=int, default=2, help="logical CPUs of each node (default: %(default)s)")
     ap.add_argument("--routers", type=int, default=3, help="routers placed on the nodes (default: %(default)s)")
     ap.add_argument("--replicas", type=int, default=2, help="stories260K replicas (default: %(default)s)")
+    ap.add_argument("--workload", choices=TRACES, default="azure_code",
+                    help="shared trace replayed (default: %(default)s)")
     ap.add_argument("--requests", type=int, default=300, help="trace records replayed per run (default: %(default)s)")
     ap.add_argument("--concurrency", type=int, default=6, help="requests in flight (default: %(default)s)")
     ap.add_argument("--model", default=None, help="model directory (default: the shared stories260K)")
@@ -130,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps({k: results[k] for k in ("one", "spread", "kill", "hit_rate_gap_points")}, indent=2))
+    print(json.dumps({k: results[k] for k in ("one", "spread", "sessions", "kill", "hit_rate_gap_points")},
+                     indent=2))
     print(f"wrote {args.out}")
     return 0

@@ -16,6 +16,8 @@ from pathlib import Path
 
 ROUTER_RESOURCE = "kvmesh_router"
 """The custom resource every stand-in node offers routers."""
+SERVED_NAME = "stories260K"
+"""The model name clients send."""
 NAMESPACE = "kvmesh-multi-router"
 """The Ray namespace of serve's named actors in this benchmark."""
 
@@ -50,7 +52,7 @@ class PlacedServe:
                   "engine": {"model": model, "device": "cpu", "max_model_len": 512},
                   "replicas": {"num_replicas": num_replicas, "num_cpus_per_worker": 1, "http_port": 0,
                                "event_port": 0},
-                  "router": {"host": "127.0.0.1", "port": 0},
+                  "router": {"host": "127.0.0.1", "port": 0, "served_model_name": SERVED_NAME},
                   "routers": {"num_routers": num_routers, "router_resource": ROUTER_RESOURCE, "router_cpus": 0}}
         (work / "serve.json").write_text(json.dumps(config))  # YAML is a superset of JSON
         self.log_path = work / "serve.log"

@@ -1,0 +1,136 @@
+"""Routers placed on Ray nodes (cluster/launch/node_routers.py): which nodes take them, the ``routers`` section and its
+flags, and a placed router following the replica set board (cluster/launch/node_router.py) without Ray."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Future
+
+import pytest
+from kvmesh.cluster.config.flags import ConfigError, config_from_args
+from kvmesh.cluster.config.router_nodes import RouterNodesConfig
+from kvmesh.cluster.config.trees import SERVE_SCHEMA, ServeConfig
+from kvmesh.cluster.launch.node_router import BoardFollower
+from kvmesh.cluster.launch.node_routers import router_nodes
+from kvmesh.router.config import RouterConfig
+from kvmesh.router.control.rows import ReplicaList, ReplicaRow
+from kvmesh.router.control.runtime import RouterRuntime
+
+
+def _node(node_id: str, cpus: float = 4.0, alive: bool = True, **resources: float) -> dict:
+    return {"NodeID": node_id, "Alive": alive, "Resources": {"CPU": cpus, **resources}}
+
+
+NODES = [_node("head", kvmesh_router=1), _node("a", kvmesh_router=1), _node("b"), _node("dead", alive=False)]
+
+
+def test_every_node_gets_one_router_when_num_routers_is_minus_one():
+    assert router_nodes(NODES, RouterNodesConfig(num_routers=-1), port=8000) == ["head", "a", "b"]
+
+
+def test_a_router_resource_limits_the_nodes_that_take_routers():
+    routers = RouterNodesConfig(num_routers=-1, router_resource="kvmesh_router")
+    assert router_nodes(NODES, routers, port=8000) == ["head", "a"]
+
+
+def test_routers_spread_one_per_node_in_order():
+    assert router_nodes(NODES, RouterNodesConfig(num_routers=2), port=8000) == ["head", "a"]
+
+
+def test_a_fixed_port_refuses_more_routers_than_nodes():
+    with pytest.raises(ValueError, match="num_routers=4 but 3 node"):
+        router_nodes(NODES, RouterNodesConfig(num_routers=4), port=8000)
+
+
+def test_an_ephemeral_port_lets_routers_share_nodes():
+    assert router_nodes(NODES, RouterNodesConfig(num_routers=4), port=0) == ["head", "a", "b", "head"]
+
+
+def test_no_node_with_the_resource_is_a_clear_error():
+    with pytest.raises(ValueError, match="no Ray node offers resource 'gpu_router'"):
+        router_nodes(NODES, RouterNodesConfig(num_routers=1, router_resource="gpu_router"), port=8000)
+
+
+def test_nodes_without_the_routers_cpus_are_passed_over():
+    assert router_nodes([_node("small", cpus=0.5), _node("big")], RouterNodesConfig(num_routers=-1), 80) == ["big"]
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"num_routers": -2}, "routers.num_routers=-2"),
+    ({"router_resource": "no spaces"}, "not a Ray resource name"),
+    ({"router_cpus": -1.0}, "router_cpus=-1.0"),
+    ({"router_restarts": -3}, "router_restarts=-3"),
+    ({"router_ready_timeout_s": 0.0}, "router_ready_timeout_s=0.0"),
+])
+def test_bad_routers_settings_name_the_field(fields, message):
+    with pytest.raises(ValueError, match=message):
+        RouterNodesConfig(**fields)
+
+
+def test_placed_routers_are_one_process_each():
+    with pytest.raises(ValueError, match="a placed router is one process"):
+        ServeConfig(router=RouterConfig(host="auto", workers=2), routers=RouterNodesConfig(num_routers=2))
+
+
+def test_the_routers_flags_are_derived_from_the_section():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    from kvmesh.cluster.config.flags import add_config_arguments
+
+    add_config_arguments(parser, SERVE_SCHEMA)
+    args = parser.parse_args(["--num-routers", "-1", "--router-resource", "kvmesh_router", "--router-cpus", "0.5"])
+    routers = config_from_args(args, SERVE_SCHEMA).routers
+    assert routers == RouterNodesConfig(num_routers=-1, router_resource="kvmesh_router", router_cpus=0.5)
+    with pytest.raises(ConfigError, match="num_routers"):
+        config_from_args(parser.parse_args(["--num-routers", "-5"]), SERVE_SCHEMA)
+
+
+class _Board:
+    """The board actor's ``read`` as a Ray handle offers it (``read.remote().future()``)."""
+
+    def __init__(self, rows: list[ReplicaRow] | None, error: Exception | None = None) -> None:
+        self.raw = ReplicaList(rows).encode() if rows is not None else None
+        self.error = error
+        self.read = self
+
+    def remote(self) -> _Board:
+        return self
+
+    def future(self) -> Future:
+        done: Future = Future()
+        if self.error is not None:
+            done.set_exception(self.error)
+        else:
+            done.set_result(self.raw)
+        return done
+
+
+class _Server:
+    def __init__(self, runtime: RouterRuntime) -> None:
+        self.runtime = runtime
+
+
+def _row(replica_id: str, draining: bool = False) -> ReplicaRow:
+    return ReplicaRow(id=replica_id, url=f"http://127.0.0.1:9/{replica_id}", role="both", events=None, replay=None,
+                      healthy=True, draining=draining, degraded=None, in_flight=0, prefill_backlog=0)
+
+
+def _follow(runtime: RouterRuntime, board: _Board) -> None:
+    asyncio.run(BoardFollower(_Server(runtime), board).follow_once())
+
+
+def test_a_placed_router_makes_its_replica_set_the_boards():
+    runtime = RouterRuntime(RouterConfig())
+    _follow(runtime, _Board([_row("replica-0"), _row("replica-1", draining=True)]))
+    assert set(runtime.specs) == {"replica-0", "replica-1"} and runtime.draining == {"replica-1"}
+    _follow(runtime, _Board([_row("replica-1")]))
+    assert set(runtime.specs) == {"replica-1"} and not runtime.draining
+
+
+def test_a_board_that_restarted_or_cannot_be_reached_leaves_the_set_as_it_is():
+    runtime = RouterRuntime(RouterConfig())
+    _follow(runtime, _Board([_row("replica-0")]))
+    _follow(runtime, _Board(None))  # restarted, nothing published yet
+    _follow(runtime, _Board([], error=ConnectionError("actor restarting")))
+    assert set(runtime.specs) == {"replica-0"}
