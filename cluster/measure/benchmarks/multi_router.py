@@ -44,7 +44,6 @@ from kvmesh.cluster.measure.benchmarks.support.ray_nodes import (
 from kvmesh.cluster.measure.benchmarks.support.spread_client import (
     REQUEST_TIMEOUT_S,
     Request,
-    hit_rate,
     replay,
     send,
 )
@@ -117,8 +116,30 @@ async def _run(serve: PlacedServe, views: RouterViews, prompts: list[tuple[list[
     results["kill"] = summary(outcomes, killed=KILLED)
     results["kill"]["rejoined_s"] = await rejoin
     results["kill"]["settled_s"] = await views.wait_settled()
-    results["hit_rate_gap_points"] = round(100 * (hit_rate(outcomes) - results["one"]["hit_rate"]), 2)
+    for name in ("spread", "kill"):  # hit rate points against one router on the same replicas and trace
+        results[name]["gap_points"] = round(100 * (results[name]["hit_rate"] - results["one"]["hit_rate"]), 2)
     return results
+
+
+def table(result: dict) -> str:
+    """The runs as a Markdown table (``kvmesh bench report``'s ``multi_router`` kind), then the kill's outcome."""
+    s, kill = result["setup"], result["kill"]
+    rows = ["| run | requests | answered | failed | moved to another router | hit rate | vs one router |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, what in (("one", "all through router 0"), ("spread", f"spread over {s['routers']}"),
+                       ("kill", f"spread, router {s['killed_router']} killed")):
+        r = result[name]
+        gap = f"{r['gap_points']:+.2f} pt" if "gap_points" in r else "—"
+        rows.append(f"| {what} | {r['requests']} | {r['ok']} | {r['failed']} | "
+                    f"{r['moved']} | {100 * r['hit_rate']:.2f}% | {gap} |")
+    back = f"{kill['rejoined_s']:.1f} s" if kill["rejoined_s"] is not None else "not within the wait"
+    fast = f"{1000 * kill['failed_fast_max_s']:.0f} ms" if kill["failed_fast_max_s"] is not None else "—"
+    turns = result["sessions"]
+    return "\n".join(rows) + (
+        f"\n\n{s['routers']} routers on {s['nodes']} Ray nodes, {s['replicas']} {s['model']} replicas on CPU, "
+        f"{s['trace']}, {s['concurrency']} in flight. The killed router answered again {back} after the kill; its "
+        f"clients' failed attempts took at most {fast}; {turns['next_turn_found_its_replica']} of "
+        f"{turns['conversations']} conversations' next turns, sent to another router, found their replica. Requests "
+        f"that failed through the routers not killed: {kill['failed_through_others']}.")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -173,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps({k: results[k] for k in ("one", "spread", "sessions", "kill", "hit_rate_gap_points")},
-                     indent=2))
+    print(table(results))
     print(f"wrote {args.out}")
     return 0
