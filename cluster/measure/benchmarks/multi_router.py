@@ -57,6 +57,9 @@ MAX_TOKENS = 4
 SESSION_FIRST_TOKENS = 64
 """A conversation's first prompt (4 blocks of 16 tokens); its next turn adds half as many."""
 BLOCK_SIZE = 16
+NEXT_TURN_AFTER_S = 0.2
+"""Seconds between an answer and the conversation's next turn (a person or an agent reads it first); the answer's
+blocks reach every router's index on the replica's event stream meanwhile."""
 
 
 TRACES = ("azure_code", "azure_conv", "mooncake")
@@ -88,6 +91,7 @@ async def next_turns(urls, model: str, num_routers: int, count: int = 12) -> dic
             first = [rng.randrange(3, 512) for _ in range(SESSION_FIRST_TOKENS)]
             then = first + [rng.randrange(3, 512) for _ in range(SESSION_FIRST_TOKENS // 2)]
             await send(http, urls, Request(first, 1, i % num_routers), "sessions", model)
+            await asyncio.sleep(NEXT_TURN_AFTER_S)
             answer = await send(http, urls, Request(then, 1, (i + 1) % num_routers), "sessions", model)
             found += answer.cached_tokens >= SESSION_FIRST_TOKENS - BLOCK_SIZE
     return {"conversations": count, "next_turn_found_its_replica": found}
