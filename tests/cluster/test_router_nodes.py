@@ -134,3 +134,38 @@ def test_a_board_that_restarted_or_cannot_be_reached_leaves_the_set_as_it_is():
     _follow(runtime, _Board(None))  # restarted, nothing published yet
     _follow(runtime, _Board([], error=ConnectionError("actor restarting")))
     assert set(runtime.specs) == {"replica-0"}
+
+
+class _Owner:
+    """The owner's ``GET /replicas`` for one draining replica: this host's in-flight count and the replica's own."""
+
+    def __init__(self, in_flight: list[int], running: list[int]) -> None:
+        self.rows = [{"id": "replica-0", "in_flight": f, **({"running": r} if r else {})}
+                     for f, r in zip(in_flight, running, strict=True)]
+
+    def replicas(self) -> list[dict]:
+        return [self.rows.pop(0) if len(self.rows) > 1 else self.rows[0]]
+
+
+def test_a_drain_without_placed_routers_waits_for_this_hosts_requests_only():
+    from kvmesh.cluster.fleet.replica_remove import wait_drained
+
+    assert wait_drained(_Owner([1, 0], [3, 3]), "replica-0", timeout_s=5.0) == 0
+
+
+def test_a_drain_with_placed_routers_waits_for_the_replicas_own_running_requests():
+    from kvmesh.cluster.fleet.replica_remove import wait_drained
+
+    owner = _Owner([0, 0, 0], [2, 1, 0])
+    assert wait_drained(owner, "replica-0", timeout_s=5.0, settle_s=0.01) == 0
+    assert wait_drained(_Owner([0], [2]), "replica-0", timeout_s=0.3, settle_s=0.01) == 2
+
+
+def test_a_replicas_row_carries_its_own_count_of_running_requests():
+    from kvmesh.router.control.rows import replica_row
+
+    runtime = RouterRuntime(RouterConfig())
+    _follow(runtime, _Board([_row("replica-0")]))
+    replica = runtime.router.replicas.get("replica-0")
+    replica.load.num_running, replica.load.num_waiting = 3, 2
+    assert replica_row(replica, 0.0).running == 5
