@@ -131,7 +131,8 @@ class ServeCluster:
         if cfg.routers.placed:  # routers on Ray nodes; the replica set stays this process's
             from kvmesh.cluster.launch.node_routers import NodeRouters
 
-            st.router = NodeRouters(router_config, cfg.routers, cfg.ray.namespace).start()
+            node_host = "auto" if cfg.router.host == "auto" and not st.ray.local else router_config.host
+            st.router = NodeRouters(replace(router_config, host=node_host), cfg.routers, cfg.ray.namespace).start()
         else:
             st.router = start_router(router_config, workers)
         if self.admin_keys_dir is not None:  # once the router listens: the URL of the set's owner names the record

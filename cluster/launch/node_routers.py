@@ -26,12 +26,15 @@ from kvmesh.cluster.launch.serve_router import RouterProcesses
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.router.config import RouterConfig
 
+NODE_HOSTS = ("auto", "127.0.0.1", "::1", "localhost", "0.0.0.0", "::")
+"""router.host values every node can bind (auto: each node's own address)."""
 ROUTER_NAME = "kvmesh-router-{index}"
 """A placed router's actor name in the cluster's Ray namespace."""
 
 
-def router_nodes(nodes: list[dict], routers: RouterNodesConfig, port: int) -> list[str]:
-    """The node id each placed router goes to, from ``ray.nodes()`` (ValueError when none can hold one)."""
+def router_nodes(nodes: list[dict], routers: RouterNodesConfig, port: int, host: str = "auto") -> list[str]:
+    """The node id each placed router goes to, from ``ray.nodes()`` (ValueError when none can hold one, or when
+    ``host`` is an address only one of them has)."""
     fit = [n["NodeID"] for n in nodes if n.get("Alive")
            and n.get("Resources", {}).get("CPU", 0.0) >= routers.router_cpus
            and (routers.router_resource is None or n.get("Resources", {}).get(routers.router_resource, 0.0) >= 1)]
@@ -40,6 +43,9 @@ def router_nodes(nodes: list[dict], routers: RouterNodesConfig, port: int) -> li
         raise ValueError(f"no Ray node offers {what}{routers.router_cpus} CPU for a router "
                          "(routers.router_resource, routers.router_cpus)")
     count = len(fit) if routers.num_routers == EVERY_NODE else routers.num_routers
+    if host not in NODE_HOSTS and len(set(fit[:count])) > 1:
+        raise ValueError(f"router.host={host} is one machine's address, and routers go to {min(count, len(fit))} "
+                         "nodes; use auto (each node's own address), 127.0.0.1 or a wildcard")
     if port and count > len(fit):
         raise ValueError(f"routers.num_routers={count} but {len(fit)} node(s) can hold a router, and router.port="
                          f"{port} holds one router per node; add nodes, lower the count, or use router.port 0")
@@ -79,7 +85,7 @@ class NodeRouters(RouterProcesses):
             self.publisher = BoardPublisher(self.board, owner).start()
             cfg = self.routers
             resources = {cfg.router_resource: 1.0} if cfg.router_resource else {}
-            for index, node_id in enumerate(router_nodes(ray.nodes(), cfg, self.config.port)):
+            for index, node_id in enumerate(router_nodes(ray.nodes(), cfg, self.config.port, self.config.host)):
                 name = ROUTER_NAME.format(index=index)
                 self.actors.append(ray.remote(NodeRouter).options(
                     name=name, namespace=self.namespace, num_cpus=cfg.router_cpus, resources=resources,

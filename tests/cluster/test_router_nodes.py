@@ -169,3 +169,10 @@ def test_a_replicas_row_carries_its_own_count_of_running_requests():
     replica = runtime.router.replicas.get("replica-0")
     replica.load.num_running, replica.load.num_waiting = 3, 2
     assert replica_row(replica, 0.0).running == 5
+
+
+def test_one_machines_address_is_refused_for_routers_on_several_nodes():
+    with pytest.raises(ValueError, match=r"router.host=10.0.0.5 is one machine's address"):
+        router_nodes(NODES, RouterNodesConfig(num_routers=2), port=8000, host="10.0.0.5")
+    assert router_nodes(NODES, RouterNodesConfig(num_routers=1), port=8000, host="10.0.0.5") == ["head"]
+    assert router_nodes(NODES, RouterNodesConfig(num_routers=2), port=8000, host="127.0.0.1") == ["head", "a"]

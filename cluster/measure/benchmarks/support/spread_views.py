@@ -54,8 +54,8 @@ class RouterViews:
         return None
 
     async def wait_settled(self) -> float | None:
-        """Seconds until every router's ``/replicas`` shows every replica with nothing in flight and no prefill
-        queued (its own bookings and the replica's ``/load``); None: not within ``SETTLE_TIMEOUT_S``."""
+        """Seconds until every router's ``/replicas`` shows every replica with nothing in flight, nothing running and
+        no prefill queued (its own bookings and the replica's ``/load``); None: not within ``SETTLE_TIMEOUT_S``."""
         started = time.monotonic()
         headers = {"Authorization": f"Bearer {self.serve.admin_key}"}
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10), headers=headers) as http:
@@ -72,7 +72,7 @@ class RouterViews:
                     rows = (await response.json(content_type=None))["replicas"]
             except Exception:  # noqa: BLE001 - a router not answering is not idle
                 return False
-            if len(rows) < self.num_replicas or any(r["in_flight"] or r["prefill_backlog"] for r in rows):
+            if len(rows) < self.num_replicas or any(r["in_flight"] or r["prefill_backlog"] or r.get("running") for r in rows):
                 return False
         return True
 
