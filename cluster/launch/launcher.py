@@ -3,7 +3,8 @@
     start():  connect Ray ─▶ model on every node ─▶ the nodes hold the replicas? (capacity.py) ─▶ one
               placement group per replica ─▶ replica actors (loading; their config sections:
               replica_sections.py) ─▶ router (this process, or a control router + router.workers:
-              cluster/launch/serve_router.py) ─▶ wait for ready, register endpoints with the router (readiness.py)
+              cluster/launch/serve_router.py; or routers on Ray nodes: node_routers.py) ─▶ wait for ready, register
+              endpoints with the router (readiness.py)
               ─▶ supervisor thread (restarts -> re-registration, supervisor.py) ─▶ the fleet built on the started
               cluster, when given one (``fleet``: ``kvmesh serve`` passes cluster/fleet/operations.py's ``Fleet``:
               replicas added/drained/removed at runtime, autoscaler, rolling restart); launch never names fleet/
