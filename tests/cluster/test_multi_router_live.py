@@ -71,3 +71,7 @@ def test_the_killed_router_is_back_and_routing_within_30_s(run):
 
 def test_every_router_sees_every_replica_idle_after_the_run(run):
     assert run["kill"]["settled_s"] is not None, run["kill"]
+
+
+def test_a_placed_router_sends_replica_set_changes_to_their_owner(run):
+    assert run["owner_request_status"] == 421

@@ -14,6 +14,7 @@ records (``--workload``), rendered as token ids, are replayed three times on the
 - ``spread``: request i through router i mod N;
 - ``sessions``: conversations whose next turn reaches another router than the first (did it find the replica
   that holds the first turn?);
+- a drain sent to a placed router (answered by serve, the owner of the replica set: a 421 naming it);
 - ``kill``: spread again; when a third of the requests are out, router 1's process is SIGKILLed. A client whose
   router refuses or drops its connection sends the request to the next router. Ray restarts the router on its node;
   the run measures when it answers a completion again, and, once the requests are done, that every router's view
@@ -108,6 +109,7 @@ async def _run(serve: PlacedServe, views: RouterViews, prompts: list[tuple[list[
     results["spread"] = summary(outcomes)
 
     results["sessions"] = await next_turns(views.urls, model, len(views.urls()))
+    results["owner_request_status"] = await views.owner_request_status()
     killed_at: list[float] = []
 
     def kill_when_due(i: int) -> None:

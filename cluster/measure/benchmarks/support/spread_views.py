@@ -65,6 +65,13 @@ class RouterViews:
                 await asyncio.sleep(POLL_S)
         return None
 
+    async def owner_request_status(self) -> int:
+        """What a placed router answers a request that changes the replica set (a drain, with the admin key)."""
+        headers = {"Authorization": f"Bearer {self.serve.admin_key}"}
+        async with (aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10), headers=headers) as http,
+                    http.post(self._urls[0] + "/replicas/replica-0/drain") as response):
+            return response.status
+
     async def _all_idle(self, http: aiohttp.ClientSession) -> bool:
         for url in self._urls:
             try:
