@@ -176,3 +176,12 @@ def test_one_machines_address_is_refused_for_routers_on_several_nodes():
         router_nodes(NODES, RouterNodesConfig(num_routers=2), port=8000, host="10.0.0.5")
     assert router_nodes(NODES, RouterNodesConfig(num_routers=1), port=8000, host="10.0.0.5") == ["head"]
     assert router_nodes(NODES, RouterNodesConfig(num_routers=2), port=8000, host="127.0.0.1") == ["head", "a"]
+
+
+def test_the_autoscaler_counts_what_routers_on_other_hosts_sent_a_replica():
+    from kvmesh.cluster.config.autoscale import AutoscaleConfig
+    from kvmesh.cluster.fleet.autoscaler import desired_replicas
+
+    config = AutoscaleConfig(scale_with_load=True, min_replicas=1, max_replicas=8, target_in_flight=4)
+    rows = [{"id": "replica-0", "in_flight": 0, "running": 12}, {"id": "replica-1", "in_flight": 2}]
+    assert desired_replicas(config, rows)[0] == 4  # (12 + 2) / 4, rounded up

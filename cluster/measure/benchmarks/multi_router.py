@@ -1,7 +1,7 @@
 """Routers on several Ray nodes, one of them killed mid-run: hit rate against one router, failures, rejoin.
 
     kvmesh bench multi-router [--nodes 2] [--routers 3] [--replicas 2] [--workload azure_code] [--requests 300]
-                              [--concurrency 6]
+                              [--trials 3] [--concurrency 6]
                               [--model ../shared/models/stories260K/hf] [--out results/multi_router.json]
 
 Ray nodes on this machine stand in for hosts (support/ray_nodes.py: a head and worker raylets, each with its own
@@ -11,7 +11,8 @@ records (``--workload``), rendered as token ids, are replayed three times on the
 ``cache_salt`` so no run reuses another's blocks:
 
 - ``one``: every request through router 0;
-- ``spread``: request i through router i mod N;
+- ``spread``: request i through router i mod N (``one`` and ``spread`` repeated ``--trials`` times, interleaved;
+  their hit rates are the trials' mean);
 - ``sessions``: conversations whose next turn reaches another router than the first (did it find the replica
   that holds the first turn?);
 - a drain sent to a placed router (answered by serve, the owner of the replica set: a 421 naming it);
@@ -48,7 +49,7 @@ from kvmesh.cluster.measure.benchmarks.support.spread_client import (
     replay,
     send,
 )
-from kvmesh.cluster.measure.benchmarks.support.spread_views import RouterViews, summary
+from kvmesh.cluster.measure.benchmarks.support.spread_views import RouterViews, merged, summary
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 KILLED = 1
@@ -98,15 +99,15 @@ async def next_turns(urls, model: str, num_routers: int, count: int = 12) -> dic
     return {"conversations": count, "next_turn_found_its_replica": found}
 
 
-async def _run(serve: PlacedServe, views: RouterViews, prompts: list[tuple[list[int], int]], concurrency: int,
-               model: str) -> dict:
+async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurrency: int, model: str,
+               trials: int) -> dict:
     one = [Request(p, MAX_TOKENS, 0) for p, _ in prompts]
     spread = [Request(p, MAX_TOKENS, r) for p, r in prompts]
-    results: dict = {}
-    outcomes = await replay(views.urls, one, "one", model, concurrency)
-    results["one"] = summary(outcomes)
-    outcomes = await replay(views.urls, spread, "spread", model, concurrency)
-    results["spread"] = summary(outcomes)
+    runs: dict[str, list[dict]] = {"one": [], "spread": []}
+    for trial in range(trials):  # interleaved, each under its own salt: the same replicas, cold for each run
+        for name, requests in (("one", one), ("spread", spread)):
+            runs[name].append(summary(await replay(views.urls, requests, f"{name}-{trial}", model, concurrency)))
+    results: dict = {name: merged(found) for name, found in runs.items()}
 
     results["sessions"] = await next_turns(views.urls, model, len(views.urls()))
     results["owner_request_status"] = await views.owner_request_status()
@@ -130,13 +131,14 @@ async def _run(serve: PlacedServe, views: RouterViews, prompts: list[tuple[list[
 def table(result: dict) -> str:
     """The runs as a Markdown table (``kvmesh bench report``'s ``multi_router`` kind), then the kill's outcome."""
     s, kill = result["setup"], result["kill"]
-    rows = ["| run | requests | answered | failed | moved to another router | hit rate | vs one router |", "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| run | requests | answered | failed | moved to another router | hit rate (per trial) | vs one router |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, what in (("one", "all through router 0"), ("spread", f"spread over {s['routers']}"),
                        ("kill", f"spread, router {s['killed_router']} killed")):
         r = result[name]
         gap = f"{r['gap_points']:+.2f} pt" if "gap_points" in r else "—"
+        each = ", ".join(f"{100 * h:.2f}" for h in r.get("hit_rates", ()))
         rows.append(f"| {what} | {r['requests']} | {r['ok']} | {r['failed']} | "
-                    f"{r['moved']} | {100 * r['hit_rate']:.2f}% | {gap} |")
+                    f"{r['moved']} | {100 * r['hit_rate']:.2f}%{f' ({each})' if each else ''} | {gap} |")
     back = f"{kill['rejoined_s']:.1f} s" if kill["rejoined_s"] is not None else "not within the wait"
     fast = f"{1000 * kill['failed_fast_max_s']:.0f} ms" if kill["failed_fast_max_s"] is not None else "—"
     turns = result["sessions"]
@@ -165,7 +167,7 @@ def run(args: argparse.Namespace) -> dict:
             views = RouterViews(serve, args.replicas)
             views.refresh()
             started = time.monotonic()
-            results = asyncio.run(_run(serve, views, prompts, args.concurrency, SERVED_NAME))
+            results = asyncio.run(_run(views, prompts, args.concurrency, SERVED_NAME, args.trials))
             results["wall_s"] = round(time.monotonic() - started, 1)
             serve.stop()
     finally:
@@ -175,7 +177,7 @@ def run(args: argparse.Namespace) -> dict:
             ray.shutdown()
         nodes.shutdown()
     results["setup"] = {"nodes": args.nodes, "routers": args.routers, "replicas": args.replicas,
-                        "requests": len(prompts), "concurrency": args.concurrency, "max_tokens": MAX_TOKENS,
+                        "requests": len(prompts), "trials": args.trials, "concurrency": args.concurrency, "max_tokens": MAX_TOKENS,
                         "model": "stories260K", "trace": f"{args.workload} (first records)", "killed_router": KILLED}
     return results
 
@@ -190,13 +192,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", choices=TRACES, default="azure_code",
                     help="shared trace replayed (default: %(default)s)")
     ap.add_argument("--requests", type=int, default=300, help="trace records replayed per run (default: %(default)s)")
+    ap.add_argument("--trials", type=int, default=3,
+                    help="times the one-router and spread runs are repeated, each under its own salt (default: "
+                         "%(default)s)")
     ap.add_argument("--concurrency", type=int, default=6, help="requests in flight (default: %(default)s)")
     ap.add_argument("--model", default=None, help="model directory (default: the shared stories260K)")
     ap.add_argument("--ready-timeout-s", type=float, default=300.0, help="longest wait for serve (default: %(default)s)")
     ap.add_argument("--out", default="results/multi_router.json")
     args = ap.parse_args(argv)
-    if args.nodes < 2 or args.routers < 2 or not 1 <= args.requests <= 5000 or args.concurrency < 1:
-        ap.error("--nodes and --routers must be at least 2, --requests 1..5000, --concurrency at least 1")
+    if args.nodes < 2 or args.routers < 2 or not 1 <= args.requests <= 5000 or args.concurrency < 1 \
+            or not 1 <= args.trials <= 10:
+        ap.error("--nodes and --routers must be at least 2, --requests 1..5000, --concurrency at least 1, "
+                 "--trials 1..10")
     results = run(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

@@ -99,3 +99,16 @@ def summary(outcomes: list[Outcome], killed: int | None = None) -> dict:
         out["failed_through_others"] = sum(not o.ok for o in others)
         out["moved_off_killed"] = sum(killed in (o.moved_from or ()) for o in outcomes)
     return out
+
+
+def merged(runs: list[dict]) -> dict:
+    """Trials of one run as one summary: counts summed, the hit rate the trials' mean, each trial's kept."""
+    out = {k: sum(r[k] for r in runs) for k in ("requests", "ok", "failed", "moved")}
+    rates = [r["hit_rate"] for r in runs]
+    out.update(hit_rate=round(sum(rates) / len(rates), 4), hit_rates=rates,
+               failed_by_router={k: sum(r["failed_by_router"].get(k, 0) for r in runs)
+                                 for k in sorted({k for r in runs for k in r["failed_by_router"]})},
+               failed_fast_max_s=max((r["failed_fast_max_s"] for r in runs if r["failed_fast_max_s"] is not None),
+                                     default=None),
+               errors=sorted({e for r in runs for e in r["errors"]})[:5])
+    return out
