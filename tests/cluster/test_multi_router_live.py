@@ -59,6 +59,11 @@ def test_a_conversations_next_turn_finds_its_replica_through_another_router(run)
     assert sessions["next_turn_found_its_replica"] == sessions["conversations"], sessions
 
 
+def test_a_restarted_router_finds_a_conversations_replica_from_replay_and_snapshot(run):
+    sessions = run["sessions"]
+    assert sessions["after_restart_found_its_replica"] == sessions["conversations"], sessions
+
+
 def test_a_router_killed_mid_run_fails_no_request_through_the_others(run):
     kill = run["kill"]
     assert kill["failed_through_others"] == 0 and kill["failed"] == 0, kill

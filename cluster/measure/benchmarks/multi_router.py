@@ -7,7 +7,7 @@
 Ray nodes on this machine stand in for hosts (support/ray_nodes.py: a head and worker raylets, each with its own
 CPUs and a router resource); ``kvmesh serve --address`` joins them with ``--num-routers`` routers placed on the
 nodes (no shared memory, no shared file) and stories260K replicas on CPU. A shared trace's first ``--requests``
-records (``--workload``), rendered as token ids, are replayed three times on the same replicas, each under its own
+records (``--workload``), rendered as token ids, are replayed on the same replicas, each run under its own
 ``cache_salt`` so no run reuses another's blocks:
 
 - ``one``: every request through router 0;
@@ -19,7 +19,10 @@ records (``--workload``), rendered as token ids, are replayed three times on the
 - ``kill``: spread again; when a third of the requests are out, router 1's process is SIGKILLed. A client whose
   router refuses or drops its connection sends the request to the next router. Ray restarts the router on its node;
   the run measures when it answers a completion again, and, once the requests are done, that every router's view
-  of every replica is back to no request in flight and no prefill queued (the dead router's bookings expired).
+  of every replica is back to nothing in flight, nothing running and no prefill queued (the dead router's
+  bookings expired);
+- then the conversations' third turns go through the restarted router (its index rebuilt from the replicas'
+  replay and snapshot: did each find its replica?).
 
 Written to ``--out``: hit rates, failures per router, the fail-fast times, the rejoin time and the settle time.
 Every wait is bounded.
@@ -80,23 +83,30 @@ def trace_requests(workload: str, num: int, num_routers: int) -> list[tuple[list
     return [(list(s.turns[0].user), i % num_routers) for i, s in enumerate(sessions)]
 
 
-async def next_turns(urls, model: str, num_routers: int, count: int = 12) -> dict:
-    """Conversations whose second turn goes to another router than the first: how many found the replica that
-    holds the first turn's prompt (its full blocks cached), by the prefix index every router builds from the
-    replicas' events."""
+def conversations(count: int = 12) -> list[list[list[int]]]:
+    """``count`` conversations of three turns as token-id prompts, each turn extending the last."""
     import random
 
     rng = random.Random(0)
+    out = []
+    for _ in range(count):
+        turns = [[rng.randrange(3, 512) for _ in range(SESSION_FIRST_TOKENS)]]
+        for _ in range(2):
+            turns.append(turns[-1] + [rng.randrange(3, 512) for _ in range(SESSION_FIRST_TOKENS // 2)])
+        out.append(turns)
+    return out
+
+
+async def send_turn(urls, model: str, talks: list[list[list[int]]], turn: int, router_of) -> int:
+    """Turn ``turn`` of every conversation, conversation i through router ``router_of(i)``; how many found the
+    replica that holds the turn before (its full blocks cached), through the prefix index every router builds from
+    the replicas' events."""
     found = 0
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as http:
-        for i in range(count):
-            first = [rng.randrange(3, 512) for _ in range(SESSION_FIRST_TOKENS)]
-            then = first + [rng.randrange(3, 512) for _ in range(SESSION_FIRST_TOKENS // 2)]
-            await send(http, urls, Request(first, 1, i % num_routers), "sessions", model)
-            await asyncio.sleep(NEXT_TURN_AFTER_S)
-            answer = await send(http, urls, Request(then, 1, (i + 1) % num_routers), "sessions", model)
-            found += answer.cached_tokens >= SESSION_FIRST_TOKENS - BLOCK_SIZE
-    return {"conversations": count, "next_turn_found_its_replica": found}
+        for i, talk in enumerate(talks):
+            answer = await send(http, urls, Request(talk[turn], 1, router_of(i)), "sessions", model)
+            found += turn > 0 and answer.cached_tokens >= len(talk[turn - 1]) - BLOCK_SIZE
+    return found
 
 
 async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurrency: int, model: str,
@@ -109,7 +119,11 @@ async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurr
             runs[name].append(summary(await replay(views.urls, requests, f"{name}-{trial}", model, concurrency)))
     results: dict = {name: merged(found) for name, found in runs.items()}
 
-    results["sessions"] = await next_turns(views.urls, model, len(views.urls()))
+    talks, routers = conversations(), len(views.urls())
+    await send_turn(views.urls, model, talks, 0, lambda i: i % routers)
+    await asyncio.sleep(NEXT_TURN_AFTER_S)
+    results["sessions"] = {"conversations": len(talks), "next_turn_found_its_replica": await send_turn(
+        views.urls, model, talks, 1, lambda i: (i + 1) % routers)}
     results["owner_request_status"] = await views.owner_request_status()
     killed_at: list[float] = []
 
@@ -123,6 +137,8 @@ async def _run(views: RouterViews, prompts: list[tuple[list[int], int]], concurr
     results["kill"] = summary(outcomes, killed=KILLED)
     results["kill"]["rejoined_s"] = await rejoin
     results["kill"]["settled_s"] = await views.wait_settled()
+    results["sessions"]["after_restart_found_its_replica"] = await send_turn(  # its index: replay and snapshot
+        views.urls, model, talks, 2, lambda i: KILLED)
     for name in ("spread", "kill"):  # hit rate points against one router on the same replicas and trace
         results[name]["gap_points"] = round(100 * (results[name]["hit_rate"] - results["one"]["hit_rate"]), 2)
     return results
@@ -146,7 +162,8 @@ def table(result: dict) -> str:
         f"\n\n{s['routers']} routers on {s['nodes']} Ray nodes, {s['replicas']} {s['model']} replicas on CPU, "
         f"{s['trace']}, {s['concurrency']} in flight. The killed router answered again {back} after the kill; its "
         f"clients' failed attempts took at most {fast}; {turns['next_turn_found_its_replica']} of "
-        f"{turns['conversations']} conversations' next turns, sent to another router, found their replica. Requests "
+        f"{turns['conversations']} conversations' next turns, sent to another router, found their replica, and "
+        f"{turns.get('after_restart_found_its_replica', '—')} of their third turns through the restarted router. Requests "
         f"that failed through the routers not killed: {kill['failed_through_others']}.")
 
 
