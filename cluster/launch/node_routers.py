@@ -92,11 +92,23 @@ class NodeRouters(RouterProcesses):
                     max_restarts=cfg.router_restarts,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 ).remote(replace(self.config, workers=1), f"router-{index}", BOARD_NAME, self.namespace))
-            ray.get([actor.url.remote() for actor in self.actors])  # each listens, or its start-up error is raised
+            self._wait_listening()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _wait_listening(self) -> None:
+        """Until every placed router listens (its start-up error raised here), at most router_ready_timeout_s."""
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        timeout_s = self.routers.router_ready_timeout_s
+        try:
+            ray.get([actor.url.remote() for actor in self.actors], timeout=timeout_s)
+        except GetTimeoutError:
+            raise TimeoutError(f"placed routers not listening after {timeout_s:g}s (routers.router_ready_timeout_s): "
+                               "a node short of routers.router_cpus or the router resource? see the Ray logs") from None
 
     def wait_workers_see(self, replicas: int, timeout_s: float = 30.0) -> None:
         """Block until every placed router routes to ``replicas`` healthy replicas (TimeoutError after the
