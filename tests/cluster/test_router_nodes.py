@@ -185,3 +185,11 @@ def test_the_autoscaler_counts_what_routers_on_other_hosts_sent_a_replica():
     config = AutoscaleConfig(scale_with_load=True, min_replicas=1, max_replicas=8, target_in_flight=4)
     rows = [{"id": "replica-0", "in_flight": 0, "running": 12}, {"id": "replica-1", "in_flight": 2}]
     assert desired_replicas(config, rows)[0] == 4  # (12 + 2) / 4, rounded up
+
+
+def test_an_embedded_ray_counts_the_placed_routers_cpus():
+    from kvmesh.cluster.launch.ray_cluster import embedded_num_cpus
+
+    alone = embedded_num_cpus(ServeConfig())
+    assert embedded_num_cpus(ServeConfig(routers=RouterNodesConfig(num_routers=-1))) == alone + 1
+    assert embedded_num_cpus(ServeConfig(routers=RouterNodesConfig(num_routers=2, router_cpus=0.5))) == alone + 1
