@@ -120,7 +120,7 @@ def _print_ready(config: ServeConfig, cluster: ServeCluster) -> None:
              f"{cluster.state.served_model_name})\n") +
           f"Try it{' (export KVMESH_API_KEY first)' if config.router.api_key else ''}:\n"
           f"  {cluster.curl_line()}\n"
-          f"Status: kvmesh status --url {cluster.url}\n"
+          f"Status: kvmesh status --url {owner}\n"
           f"Change: kvmesh scale N | drain REPLICA | rollout --url {owner}  (admin key in "
           f"{cluster.admin_key_file}, "
           "mode 0600, removed on exit)\nStop:   Ctrl-C\n", flush=True)
