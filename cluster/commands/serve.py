@@ -112,6 +112,7 @@ def _print_ready(config: ServeConfig, cluster: ServeCluster) -> None:
     """The cluster is up: where, what it serves, and the commands to try, watch, change and stop it."""
     rc = config.replicas
     split = f" decode + {rc.num_prefill_replicas} prefill" if rc.num_prefill_replicas else ""
+    owner = cluster.state.router.control_url if config.routers.placed else cluster.url  # who changes the set
     models = ", ".join(f"{u.served_model_name} x{u.deployment.num_replicas}" for u in cluster.units)
     print(f"\nkvmesh is ready in {cluster.elapsed_s:.1f}s: {cluster.url}  "
           + (f"(deployments {models}, policy {config.router.policy})\n" if models else
@@ -119,8 +120,8 @@ def _print_ready(config: ServeConfig, cluster: ServeCluster) -> None:
              f"{cluster.state.served_model_name})\n") +
           f"Try it{' (export KVMESH_API_KEY first)' if config.router.api_key else ''}:\n"
           f"  {cluster.curl_line()}\n"
-          f"Status: kvmesh status --url {cluster.url}\n"
-          f"Change: kvmesh scale N | drain REPLICA | rollout --url {cluster.url}  (admin key in "
+          f"Status: kvmesh status --url {owner}\n"
+          f"Change: kvmesh scale N | drain REPLICA | rollout --url {owner}  (admin key in "
           f"{cluster.admin_key_file}, "
           "mode 0600, removed on exit)\nStop:   Ctrl-C\n", flush=True)
 

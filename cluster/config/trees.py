@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from kvmesh.cluster.config.autoscale import AutoscaleConfig
 from kvmesh.cluster.config.deployments import DeploymentsConfig, check_deployments
 from kvmesh.cluster.config.gpu_share import check_device_share, check_gpu_share, gpus_per_worker
+from kvmesh.cluster.config.router_nodes import RouterNodesConfig, check_router_nodes
 from kvmesh.cluster.config.schema import Schema, Tree, to_dict
 from kvmesh.events.config import PublisherConfig
 from kvmesh.replica.config import EngineConfig
@@ -166,10 +167,13 @@ class ServeConfig:
     """Replicas that follow the traffic: bounds, target load per replica, delays."""
     deployments: DeploymentsConfig = field(default_factory=DeploymentsConfig)
     """Several models behind the one router (cluster/config/deployments.py); empty: the engine section's model."""
+    routers: RouterNodesConfig = field(default_factory=RouterNodesConfig)
+    """Routers on several Ray nodes, each serving router.port on its node (cluster/config/router_nodes.py)."""
 
     def __post_init__(self) -> None:
         check_hash_seed(self.engine.hash_seed)
         check_deployments(self)
+        check_router_nodes(self.routers, self.router.workers)
         check_gpu_share(self.replicas.gpus_per_replica, self.engine.tensor_parallel_size,
                         self.engine.gpu_memory_utilization)
         if self.engine.device == "cpu":

@@ -1,7 +1,9 @@
 """Autoscaling policy: how many replicas the traffic wants, and which one to lose when fewer will do.
 
     load per replica (router's GET /replicas, every decision_interval_s):
-        in flight (router's own count)  vs target_in_flight
+        in flight (router's own count;  vs target_in_flight
+          the replica's own when larger:
+          routers on other hosts)
         queued prefill tokens (/load)   vs target_queued_prefill_tokens (0 = not used)
     desired = ceil(max(sum in flight / target_in_flight, sum prefill / target_prefill)), in [min, max]
 
@@ -53,7 +55,7 @@ class Decision:
 
 def desired_replicas(config: AutoscaleConfig, rows: list[dict]) -> tuple[int, str]:
     """Replicas the load wants, and why; ``rows`` are ``GET /replicas`` rows of serving replicas."""
-    in_flight = sum(int(r.get("in_flight", 0)) for r in rows)
+    in_flight = sum(max(int(r.get("in_flight", 0)), int(r.get("running", 0))) for r in rows)
     prefill = sum(int(r.get("prefill_backlog", 0)) for r in rows)
     want = in_flight / config.target_in_flight
     reason = f"{in_flight} in flight (target {config.target_in_flight:g}/replica)"

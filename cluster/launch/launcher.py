@@ -3,7 +3,8 @@
     start():  connect Ray ─▶ model on every node ─▶ the nodes hold the replicas? (capacity.py) ─▶ one
               placement group per replica ─▶ replica actors (loading; their config sections:
               replica_sections.py) ─▶ router (this process, or a control router + router.workers:
-              cluster/launch/serve_router.py) ─▶ wait for ready, register endpoints with the router (readiness.py)
+              cluster/launch/serve_router.py; or routers on Ray nodes: node_routers.py) ─▶ wait for ready, register
+              endpoints with the router (readiness.py)
               ─▶ supervisor thread (restarts -> re-registration, supervisor.py) ─▶ the fleet built on the started
               cluster, when given one (``fleet``: ``kvmesh serve`` passes cluster/fleet/operations.py's ``Fleet``:
               replicas added/drained/removed at runtime, autoscaler, rolling restart); launch never names fleet/
@@ -126,14 +127,23 @@ class ServeCluster:
 
         cfg, st = self.config, self.state
         admin_key = st.admin_key = secrets.token_urlsafe(32)  # the replica set is changed only by the operator
-        workers = num_router_workers(cfg)
+        workers = 1 if cfg.routers.placed else num_router_workers(cfg)
         router_config = self.router_config(admin_key)
-        st.router = start_router(router_config, workers)
-        if self.admin_keys_dir is not None:  # once the router listens: its URL names the record
+        if cfg.routers.placed:  # routers on Ray nodes; the replica set stays this process's
+            from kvmesh.cluster.launch.node_routers import NodeRouters
+
+            node_host = "auto" if cfg.router.host == "auto" and not st.ray.local else router_config.host
+            st.router = NodeRouters(replace(router_config, host=node_host), cfg.routers, cfg.ray.namespace).start()
+        else:
+            st.router = start_router(router_config, workers)
+        if self.admin_keys_dir is not None:  # once the router listens: the URL of the set's owner names the record
             self.admin_key_file = admin_key_store.publish(
-                self.url, admin_key, self.admin_keys_dir or None, api_key=self.config.router.api_key,
+                st.router.control_url if cfg.routers.placed else self.url, admin_key, self.admin_keys_dir or None, api_key=self.config.router.api_key,
                 router_secrets=admin_key_store.RouterSecrets.of(router_config))
-        if workers > 1:
+        if cfg.routers.placed:
+            self.report(f"routers: {', '.join(st.router.urls)} on Ray nodes; the replica set is owned by this "
+                        f"process (control router at {st.router.control_url})")
+        elif workers > 1:
             self.report(f"router: {workers} processes on {self.url}, replica set owned by the control router "
                         f"at {st.router.control_url}")
         # the supervisor and fleet change the replica set where it is owned (cluster/launch/serve_router.py)

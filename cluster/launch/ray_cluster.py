@@ -55,10 +55,16 @@ def embedded_num_cpus(config: ServeConfig) -> int:
         need = sum(d.num_replicas * sum(b["CPU"] for b in replica_bundles(d.tensor_parallel_size,
                                                                           rc.num_cpus_per_worker, "cpu"))
                    for d in config.deployments.models)
-        return int(-(-need // 1)) + DRIVER_CPUS
+        return int(-(-need // 1)) + DRIVER_CPUS + _placed_router_cpus(config)
     bundles = replica_bundles(config.engine.tensor_parallel_size, config.replicas.num_cpus_per_worker, "cpu")
     per_replica = sum(b["CPU"] for b in bundles)
-    return int(-(-config.max_replica_slots * per_replica // 1)) + DRIVER_CPUS
+    return int(-(-config.max_replica_slots * per_replica // 1)) + DRIVER_CPUS + _placed_router_cpus(config)
+
+
+def _placed_router_cpus(config: ServeConfig) -> int:
+    """CPUs the routers placed on the one node of an embedded instance reserve (routers.num_routers -1: one)."""
+    routers = config.routers
+    return int(-(-max(routers.num_routers, 1 if routers.placed else 0) * routers.router_cpus // 1))
 
 
 def connect(config: ServeConfig, log_to_driver: bool = False) -> RayHandle:

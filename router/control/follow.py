@@ -27,6 +27,7 @@ from kvmesh.router.http.upstream import UpstreamError, UpstreamPool
 
 if TYPE_CHECKING:
     from kvmesh.router.control.router_server import RouterServer
+    from kvmesh.router.control.runtime import RouterRuntime
     from kvmesh.router.routing.shared_loads import SharedLoadTable
 
 logger = logging.getLogger(__name__)
@@ -99,19 +100,7 @@ class ControlFollower:
         self.apply(rows)
 
     def apply(self, rows: list[ReplicaRow]) -> None:
-        runtime = self.runtime
-        wanted = {row.id: row for row in rows}
-        for replica_id in list(runtime.specs):
-            if replica_id not in wanted:
-                runtime.remove_replica(replica_id)
-        for replica_id, row in wanted.items():
-            spec = ReplicaSpec(url=row.url, events=row.events, replay=row.replay, replica_id=replica_id, role=row.role)
-            if replica_id in runtime.draining and not row.draining:
-                runtime.remove_replica(replica_id)  # re-registered at the control router: start afresh
-            runtime.add_replica(spec)
-            if row.draining:
-                runtime.drain(replica_id)
-        self.table.healthy_seen[self.row] = len(runtime.router.healthy)
+        self.table.healthy_seen[self.row] = apply_rows(self.runtime, rows)
 
     # ---------------------------------------------------------------- admin plane
     async def pass_through(self, request: Request) -> Response:
@@ -127,3 +116,20 @@ class ControlFollower:
             return Response(answer, status, answer_headers.get("content-type", "application/json"))
         except (UpstreamError, OSError, asyncio.TimeoutError) as e:
             raise ProtocolError(f"serve's control router did not answer ({type(e).__name__}); retry", 503) from None
+
+
+def apply_rows(runtime: RouterRuntime, rows: list[ReplicaRow]) -> int:
+    """Make ``runtime``'s replica set equal to the owner's ``rows`` (add / re-register, drain, remove); returns how
+    many replicas it routes to. Also used by the routers serve places on Ray nodes (cluster/launch/node_router.py)."""
+    wanted = {row.id: row for row in rows}
+    for replica_id in list(runtime.specs):
+        if replica_id not in wanted:
+            runtime.remove_replica(replica_id)
+    for replica_id, row in wanted.items():
+        spec = ReplicaSpec(url=row.url, events=row.events, replay=row.replay, replica_id=replica_id, role=row.role)
+        if replica_id in runtime.draining and not row.draining:
+            runtime.remove_replica(replica_id)  # re-registered at the owner: start afresh
+        runtime.add_replica(spec)
+        if row.draining:
+            runtime.drain(replica_id)
+    return len(runtime.router.healthy)

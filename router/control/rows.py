@@ -43,6 +43,9 @@ class ReplicaRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Times it was ejected."""
     last_failure: str | None = None
     """What its last failed answer was (None: none yet)."""
+    running: int = 0
+    """Requests the replica itself reports running or waiting (its ``/load`` as of the last poll): every router's,
+    those of routers on other hosts included."""
     exclusive_blocks: int | None = None
     """Blocks of the index only this replica holds: what draining it would cost (only when asked for)."""
     model: str | None = None
@@ -72,6 +75,7 @@ def replica_row(replica: Replica, now: float) -> ReplicaRow:
     return ReplicaRow(id=replica.id, url=spec.url, role=spec.role, events=spec.events, replay=spec.replay,
                       healthy=replica.healthy, draining=replica.draining, degraded=replica.degraded_reason,
                       in_flight=load.total_in_flight, prefill_backlog=load.prefill_backlog,
+                      running=load.num_running + load.num_waiting,
                       ejected=ejected_until is not None,
                       ejected_for_s=round(max(0.0, ejected_until - now) if ejected_until is not None else 0.0, 1),
                       ejections=health.ejections, last_failure=health.last_failure,

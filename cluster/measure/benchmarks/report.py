@@ -13,7 +13,8 @@ and simulated hit rate per KV cache dtype; ``spec_decode``: ``kvmesh bench spec-
 second and acceptance, a row per workload; ``fp8_aot``: ``tests/replica/triton_aot.py --out``'s attention
 kernels for sm_90 with and without an FP8 cache; ``lora``: a ``kvmesh sim --workload lora`` report,
 a row per run that served adapters; ``queue_flood``:
-``kvmesh bench queue-flood`` runs, a row per file; ``replications``: ``kvmesh sim --arrival-seed K`` reports of
+``kvmesh bench queue-flood`` runs, a row per file; ``multi_router``: ``kvmesh bench multi-router``'s runs through
+one router, spread over several and with one killed; ``replications``: ``kvmesh sim --arrival-seed K`` reports of
 one comparison, a row per policy with its mean and 95% interval over the seeds; ``matrix_noise``: runs of the policy matrix with every time scale
 moved a little, the cells each meets and how far each policy's TTFT moved). A FILE with ``*`` names every file it matches, in name order
 (for the kinds that take several).
@@ -155,6 +156,15 @@ MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_f
                                                           "matrix_noise": matrix_noise_table,
                                                           "replications": replications_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
+
+
+def multi_router_table(result: dict) -> str:
+    from kvmesh.cluster.measure.benchmarks.multi_router import table
+
+    return table(result)
+
+
+RENDERERS["multi_router"] = multi_router_table  # kvmesh bench multi-router: routers on several Ray nodes, one killed
 
 
 def render(text: str, root: Path) -> tuple[str, list[str]]:

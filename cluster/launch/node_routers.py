@@ -1,0 +1,138 @@
+"""Routers on several Ray nodes (``routers.num_routers``): serve's control router plus placed router actors.
+
+    serve process (the replica set's owner)            Ray node A            Ray node B
+      supervisor, fleet, autoscaler                      router-0 :port        router-1 :port   ◀── clients,
+        │ register / drain / remove                        ▲                     ▲                 through an
+        ▼                                                  │ read every 0.25 s   │                 L4 balancer
+      control router (127.0.0.1:ephemeral) ─▶ board ───────┴─────────────────────┘                 or DNS
+                                 (replica_set_board.py: a named, restartable Ray actor)
+
+Each placed router (node_router.py) is a Ray actor pinned to its node (hard node affinity, so Ray restarts it
+there), listening on ``router.port`` of that node: its address with ``router.host`` auto in a Ray cluster,
+loopback on one machine, or what router.host names. Nodes are taken in Ray's order, one router each while nodes
+last (a fixed port holds one router per node; with port 0 several may share a node). A node qualifies when it is
+alive and offers ``routers.router_resource`` (when set) and ``routers.router_cpus``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from kvmesh.cluster.config.router_nodes import EVERY_NODE, RouterNodesConfig
+from kvmesh.cluster.launch.node_router import NodeRouter
+from kvmesh.cluster.launch.replica_set_board import BOARD_NAME, BoardPublisher, start_board
+from kvmesh.cluster.launch.serve_router import RouterProcesses
+from kvmesh.cluster.router_client import RouterClient
+from kvmesh.router.config import RouterConfig
+
+NODE_HOSTS = ("auto", "127.0.0.1", "::1", "localhost", "0.0.0.0", "::")
+"""router.host values every node can bind (auto: each node's own address)."""
+ROUTER_NAME = "kvmesh-router-{index}"
+"""A placed router's actor name in the cluster's Ray namespace."""
+
+
+def router_nodes(nodes: list[dict], routers: RouterNodesConfig, port: int, host: str = "auto") -> list[str]:
+    """The node id each placed router goes to, from ``ray.nodes()`` (ValueError when none can hold one, or when
+    ``host`` is an address only one of them has)."""
+    fit = [n["NodeID"] for n in nodes if n.get("Alive")
+           and n.get("Resources", {}).get("CPU", 0.0) >= routers.router_cpus
+           and (routers.router_resource is None or n.get("Resources", {}).get(routers.router_resource, 0.0) >= 1)]
+    what = f"resource {routers.router_resource!r} and " if routers.router_resource else ""
+    if not fit:
+        raise ValueError(f"no Ray node offers {what}{routers.router_cpus} CPU for a router "
+                         "(routers.router_resource, routers.router_cpus)")
+    count = len(fit) if routers.num_routers == EVERY_NODE else routers.num_routers
+    if host not in NODE_HOSTS and len(set(fit[:count])) > 1:
+        raise ValueError(f"router.host={host} is one machine's address, and routers go to {min(count, len(fit))} "
+                         "nodes; use auto (each node's own address), 127.0.0.1 or a wildcard")
+    if port and count > len(fit):
+        raise ValueError(f"routers.num_routers={count} but {len(fit)} node(s) can hold a router, and router.port="
+                         f"{port} holds one router per node; add nodes, lower the count, or use router.port 0")
+    return [fit[i % len(fit)] for i in range(count)]
+
+
+class NodeRouters(RouterProcesses):
+    """The control router in this process (owner of the replica set) and routers placed on Ray nodes."""
+
+    def __init__(self, config: RouterConfig, routers: RouterNodesConfig, namespace: str) -> None:
+        super().__init__(config, 1)
+        self.routers, self.namespace = routers, namespace
+        self.actors: list = []
+        """The placed routers' actor handles, ``router-<i>`` in order."""
+        self.board = None
+        self.publisher: BoardPublisher | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        """Each placed router's URL (asked again: a restarted router on port 0 listens elsewhere)."""
+        import ray
+
+        return ray.get([actor.url.remote() for actor in self.actors])
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
+
+    def start(self) -> NodeRouters:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.control.start()
+        try:
+            self.board = start_board(self.namespace)
+            owner = RouterClient(self.control_url, admin_key=self.config.admin_key)
+            self.publisher = BoardPublisher(self.board, owner).start()
+            cfg = self.routers
+            resources = {cfg.router_resource: 1.0} if cfg.router_resource else {}
+            for index, node_id in enumerate(router_nodes(ray.nodes(), cfg, self.config.port, self.config.host)):
+                name = ROUTER_NAME.format(index=index)
+                self.actors.append(ray.remote(NodeRouter).options(
+                    name=name, namespace=self.namespace, num_cpus=cfg.router_cpus, resources=resources,
+                    max_restarts=cfg.router_restarts,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote(replace(self.config, workers=1), f"router-{index}", BOARD_NAME, self.namespace))
+            self._wait_listening()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_listening(self) -> None:
+        """Until every placed router listens (its start-up error raised here), at most router_ready_timeout_s."""
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        timeout_s = self.routers.router_ready_timeout_s
+        try:
+            ray.get([actor.url.remote() for actor in self.actors], timeout=timeout_s)
+        except GetTimeoutError:
+            raise TimeoutError(f"placed routers not listening after {timeout_s:g}s (routers.router_ready_timeout_s): "
+                               "a node short of routers.router_cpus or the router resource? see the Ray logs") from None
+
+    def wait_workers_see(self, replicas: int, timeout_s: float = 30.0) -> None:
+        """Block until every placed router routes to ``replicas`` healthy replicas (TimeoutError after the
+        longer of ``timeout_s`` and routers.router_ready_timeout_s)."""
+        import ray
+
+        deadline = time.monotonic() + max(timeout_s, self.routers.router_ready_timeout_s)
+        while True:
+            seen = ray.get([actor.healthy_seen.remote() for actor in self.actors])
+            if min(seen) >= replicas:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"placed routers see {seen} of {replicas} replicas healthy")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self.publisher is not None:
+            self.publisher.stop()
+        if self.board is not None:
+            ray.kill(self.board, no_restart=True)
+        self.publisher, self.board = None, None
+        self.control.stop()

@@ -1,0 +1,104 @@
+"""Several Ray nodes on this machine standing in for hosts, and ``kvmesh serve`` on them with placed routers.
+
+``ray.cluster_utils.Cluster`` starts a head and worker raylets, each with its own CPUs and a custom resource
+(``ROUTER_RESOURCE``) that serve's routers are placed by; ``kvmesh serve --address`` joins it as a process of
+its own. The routers share no memory and no file: each is a Ray actor in a worker process of its node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROUTER_RESOURCE = "kvmesh_router"
+"""The custom resource every stand-in node offers routers."""
+SERVED_NAME = "stories260K"
+"""The model name clients send."""
+NAMESPACE = "kvmesh-multi-router"
+"""The Ray namespace of serve's named actors in this benchmark."""
+
+
+class LocalNodes:
+    """A head and ``num_nodes - 1`` worker raylets on this machine (``ray.cluster_utils.Cluster``)."""
+
+    def __init__(self, num_nodes: int, cpus_per_node: int, routers_per_node: int) -> None:
+        from ray.cluster_utils import Cluster
+
+        node = {"num_cpus": cpus_per_node, "resources": {ROUTER_RESOURCE: routers_per_node},
+                "include_dashboard": False}
+        self.cluster = Cluster(initialize_head=True, head_node_args=dict(node))
+        for _ in range(num_nodes - 1):
+            self.cluster.add_node(**node)
+        self.cluster.wait_for_nodes()
+        self.num_nodes = num_nodes
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+class PlacedServe:
+    """``kvmesh serve`` joined to the nodes, its routers placed on them; ``router(i)`` finds each through Ray."""
+
+    def __init__(self, address: str, model: str, num_replicas: int, num_routers: int, work: Path) -> None:
+        config = {"ray": {"address": address, "namespace": NAMESPACE},
+                  "engine": {"model": model, "device": "cpu", "max_model_len": 512},
+                  "replicas": {"num_replicas": num_replicas, "num_cpus_per_worker": 1, "http_port": 0,
+                               "event_port": 0},
+                  "router": {"host": "127.0.0.1", "port": 0, "served_model_name": SERVED_NAME},
+                  "routers": {"num_routers": num_routers, "router_resource": ROUTER_RESOURCE, "router_cpus": 0}}
+        (work / "serve.json").write_text(json.dumps(config))  # YAML is a superset of JSON
+        self.log_path = work / "serve.log"
+        self.num_routers = num_routers
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KVMESH_API_KEY", "KVMESH_ADMIN_KEY"))}
+        env["KVMESH_CLUSTERS_DIR"] = str(work / "clusters")
+        self.records = work / "clusters"
+        with self.log_path.open("w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.cli", "serve", "--config",
+                                          str(work / "serve.json")], stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while "kvmesh is ready" not in self.log_tail(50_000):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kvmesh serve exited ({self.proc.returncode}):\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"kvmesh serve was not ready within {timeout_s:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    @property
+    def admin_key(self) -> str:
+        record = next(self.records.glob("*.json"))
+        return json.loads(record.read_text())["admin_key"]
+
+    def router(self, index: int):
+        import ray
+
+        return ray.get_actor(f"kvmesh-router-{index}", namespace=NAMESPACE)
+
+    def router_urls(self, timeout_s: float = 30.0) -> list[str]:
+        import ray
+
+        return ray.get([self.router(i).url.remote() for i in range(self.num_routers)], timeout=timeout_s)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(2)  # Ctrl-C: serve stops its routers, replicas and board
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)

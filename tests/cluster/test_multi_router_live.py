@@ -1,0 +1,83 @@
+"""Three routers on two Ray nodes of this machine, no shared memory or file, one SIGKILLed mid-run.
+
+Runs ``kvmesh bench multi-router`` (cluster/measure/benchmarks/multi_router.py) with a short replay in a process of
+its own: it starts its own multi-node Ray (``ray.cluster_utils.Cluster``: a head and a worker raylet, each with
+its own CPUs and a router resource) and ``kvmesh serve --address`` on it, so the session's Ray (``ray_session``)
+is never touched. The full-size run (300 requests) is the benchmark; this one holds the same criteria on fewer
+requests, with the hit-rate bound wider for the smaller sample.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ..conftest import SHARED_DIR
+
+pytestmark = pytest.mark.slow
+REQUESTS = 60
+TRIALS = 2
+RUN_TIMEOUT_S = 540
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    model = SHARED_DIR / "models" / "stories260K" / "hf"
+    if not model.is_dir():
+        pytest.skip(f"stories260K not found at {model}")
+    out = tmp_path_factory.mktemp("multi-router") / "multi_router.json"
+    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cluster.cli", "bench", "multi-router", "--requests",
+                             str(REQUESTS), "--trials", str(TRIALS), "--concurrency", "4", "--model", str(model), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(2)  # Ctrl-C: the bench stops serve and its Ray nodes
+        output, _ = proc.communicate(timeout=120)
+        pytest.fail(f"kvmesh bench multi-router ran past {RUN_TIMEOUT_S}s:\n{output[-4000:]}")
+    assert proc.returncode == 0, output[-6000:]
+    return json.loads(out.read_text())
+
+
+def test_every_request_is_answered_through_one_router_and_spread_over_three(run):
+    assert run["setup"]["nodes"] >= 2 and run["setup"]["routers"] == 3
+    for name in ("one", "spread"):
+        assert run[name]["ok"] == REQUESTS * TRIALS, run[name]
+    assert set(run["spread"]["failed_by_router"]) == {"0", "1", "2"}
+
+
+def test_spreading_over_routers_keeps_the_hit_rate_of_one(run):
+    assert run["one"]["hit_rate"] > 0.05, "the trace's prefixes must be reused for the comparison to mean anything"
+    assert abs(run["spread"]["hit_rate"] - run["one"]["hit_rate"]) <= 0.03, (run["one"], run["spread"])
+
+
+def test_a_conversations_next_turn_finds_its_replica_through_another_router(run):
+    sessions = run["sessions"]
+    assert sessions["next_turn_found_its_replica"] == sessions["conversations"], sessions
+
+
+def test_a_restarted_router_finds_a_conversations_replica_from_replay_and_snapshot(run):
+    sessions = run["sessions"]
+    assert sessions["after_restart_found_its_replica"] == sessions["conversations"], sessions
+
+
+def test_a_router_killed_mid_run_fails_no_request_through_the_others(run):
+    kill = run["kill"]
+    assert kill["failed_through_others"] == 0 and kill["failed"] == 0, kill
+    assert kill["moved_off_killed"] > 0, "some clients of the killed router must have moved on"
+    assert kill["failed_fast_max_s"] is not None and kill["failed_fast_max_s"] < 2.0, kill
+
+
+def test_the_killed_router_is_back_and_routing_within_30_s(run):
+    assert run["kill"]["rejoined_s"] is not None and run["kill"]["rejoined_s"] <= 30.0, run["kill"]
+
+
+def test_every_router_sees_every_replica_idle_after_the_run(run):
+    assert run["kill"]["settled_s"] is not None, run["kill"]
+
+
+def test_a_placed_router_sends_replica_set_changes_to_their_owner(run):
+    assert run["owner_request_status"] == 421
