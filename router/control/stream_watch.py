@@ -94,6 +94,9 @@ class StreamWatch:
         after the answer arrived. ``now``: ``time.monotonic()``."""
         st = self._stream(replica_id)
         now = time.monotonic() if now is None else now
+        stamp: object
+        published: object
+        unsent_s: object
         if isinstance(report, LoadReport):
             stamp, published, unsent_s = report.timestamp, report.kv_events_seq, report.kv_events_unsent_s
         else:

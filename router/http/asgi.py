@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from kvmesh.replica.serving.errors import ProtocolError
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-AsgiMessage = dict
+AsgiMessage = MutableMapping[str, Any]
 """An ASGI scope or event: a JSON-like dict whose keys the ASGI spec names."""
 Receive = Callable[[], Awaitable[AsgiMessage]]
 Send = Callable[[AsgiMessage], Awaitable[None]]
@@ -65,7 +65,7 @@ class _Exchange:
             await request.waiter
         return {"type": "http.disconnect"}
 
-    async def send(self, message: dict) -> None:
+    async def send(self, message: AsgiMessage) -> None:
         """Keep the response's start; write each body part as it comes, the head before the first."""
         conn, request = self.conn, self.request
         kind = message["type"]
@@ -129,7 +129,7 @@ class AsgiBridge:
         inbox: asyncio.Queue = asyncio.Queue()
         started, stopped = loop.create_future(), loop.create_future()
 
-        async def send(message: dict) -> None:
+        async def send(message: AsgiMessage) -> None:
             kind = message["type"]
             done = started if kind.startswith("lifespan.startup") else stopped
             if done.done():

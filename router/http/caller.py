@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.router.admission.tenants import Tenant, Tenants
     from kvmesh.router.http.messages import Request
+    from kvmesh.router.replicas.replica import ReplicaId
     from kvmesh.router.routing.kv_router import KVRouter
 
 PRIORITY_HEADER = b"x-kvmesh-priority"
@@ -43,7 +44,7 @@ def identify(http: Request, req: CompletionRequest | ChatCompletionRequest, tena
     return tenant, tenant.grant(asked)
 
 
-def schedules_by_priority(router: KVRouter, replica_id: object) -> bool:
+def schedules_by_priority(router: KVRouter, replica_id: ReplicaId) -> bool:
     """Whether the replica said it schedules by priority (``/load``'s ``scheduling_policy``): only then does a leg
     to it carry a priority (a vLLM replica under fcfs refuses a non-zero one; one that says nothing gets none)."""
     load = router.loads.loads.get(replica_id)

@@ -57,8 +57,10 @@ class HandoffRuntime(Protocol):
     config: RouterConfig
     router: KVRouter
     metrics: RouterMetrics
-    pool: UpstreamPool | None
     outliers: OutlierDetector
+
+    @property
+    def pool(self) -> UpstreamPool | None: ...
 
     def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...,
                     sick: bool = ...) -> None: ...

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 from kvmesh.replica.openai import responses as r
@@ -91,7 +91,7 @@ class MigratingStream:
         self.usage_sent = False
         self.done = False
         """``[DONE]`` went out: the stream is complete."""
-        self.finish_reason: str | None = None
+        self.finish_reason: r.FinishReason = None
         self.broken: str | None = None
         """Why the current upstream cannot finish the stream (None while it is fine)."""
         self.invalid = False
@@ -154,7 +154,7 @@ class MigratingStream:
         if not self.client_ids and b"prompt_token_ids" in event:
             event = _PROMPT_IDS.sub(b"", event, count=1)
         if finish is not None:
-            self.finish_reason = finish.group(1).decode()
+            self.finish_reason = cast(r.FinishReason, finish.group(1).decode())  # pydantic checks it in a chunk
         if self.logprobs is not None:
             self._relayed_logprobs(event)
         self.sent = True
@@ -162,7 +162,8 @@ class MigratingStream:
             return None  # only its token ids made it a chunk, and the client asked for none (vLLM sends none)
         return event + b"\n\n"
 
-    def _invalid(self, event: bytes) -> None:
+    def _invalid(self, event: bytes) -> bytes | None:
+        """Marks the stream broken; what the client gets of ``event`` (None: nothing)."""
         self.broken = f"sent an event that is not SSE JSON: {event[:80]!r}"
         self.invalid = True
         return None
@@ -254,7 +255,7 @@ class MigratingStream:
                 return ids[:i + 1], self._detok.take_delta(True), "stop"
         return ids, self._detok.take_delta(reason is not None), reason
 
-    def finish(self, reason: str, text_sent: bool = False) -> list[bytes]:
+    def finish(self, reason: r.FinishReason, text_sent: bool = False) -> list[bytes]:
         """The end of the stream: the finish chunk (unless sent), the usage if asked, ``[DONE]``."""
         self.finish_reason, self.done = reason, True
         out = []
@@ -269,7 +270,7 @@ class MigratingStream:
     def _usage(self) -> r.UsageInfo:
         return r.UsageInfo.of(len(self.prompt_ids), self.num_output, self.cached_tokens)
 
-    def _chunk(self, text: str, reason: str | None, ids: list[int], logprobs: dict | None = None,
+    def _chunk(self, text: str, reason: r.FinishReason, ids: list[int], logprobs: dict | None = None,
                role: bool = False) -> bytes:
         token_ids = ids if self.client_ids else None
         choice: r.ChatStreamChoice | r.CompletionChoice

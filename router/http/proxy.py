@@ -59,7 +59,10 @@ class Replicas(Frontends, Protocol):
     tokenizer: Tokenizer | None
     metrics: RouterMetrics
     receipt_metrics: ReceiptMetrics
-    pool: UpstreamPool | None
+
+    @property
+    def pool(self) -> UpstreamPool | None: ...
+
     outliers: OutlierDetector
     admission: AdmissionGate | None
 
@@ -141,18 +144,17 @@ class Forwarder:
                 with InFlight(svc.router.loads, decision, len(request.route_ids)) as flight:
                     opened = await self._open(replica.spec.url, request, replica.accepts or TEXT, headers, decision,
                                               svc.patience(rid))
-                    status = None if isinstance(opened, Exception) else opened.upstream.status
-                    if status is not None and status >= 500:
-                        held.append((rid, status))
+                    if isinstance(opened, Exception):  # a failed connection or deadline: the 5xx before it count
+                        settle_5xx(svc, held, answered_elsewhere=True)
+                    elif opened.upstream.status >= 500:
+                        held.append((rid, opened.upstream.status))
                         if attempt + 1 == attempts:  # pass the last error through
                             flight.answered()
                             return opened
-                    elif status is not None:
+                    else:
                         settle_5xx(svc, held, answered_elsewhere=True)
                         self._opened(request, opened, flight, routed_at, tried)
                         return opened
-                    else:  # a failed connection or deadline: the 5xx before it count
-                        settle_5xx(svc, held, answered_elsewhere=True)
                 self._fail_over(request, opened, rid, tried)
         finally:
             settle_5xx(svc, held, answered_elsewhere=False)

@@ -65,14 +65,15 @@ class RequestReader:
         parameters, each prompt checked against the context as the replica checks it, and the pool its
         ``"model"`` picks (router/routing/model_pools.py; 400/404 for none)."""
         svc = self.runtime
-        req = await parse_off_loop(raw, p.ChatCompletionRequest if chat else p.CompletionRequest, svc.renderer.run)
+        model_cls: type[OpenAIRequest] = p.ChatCompletionRequest if chat else p.CompletionRequest
+        req = await parse_off_loop(raw, model_cls, svc.renderer.run)
         refuse_router_only(req)  # on the decoded body, as the replica decodes it (router_only.py)
         check_grammar_limits(req, svc.renderer.config)  # before any replica is asked (grammar_limits.py)
         pool = svc.pool_for(req.model)
         tokenizer, renderer = svc.frontend_for(pool)
         if tokenizer is None:  # no tokenizer for its model: load-only routing, the replica validates
             return req, [], None, pool
-        if chat:
+        if isinstance(req, p.ChatCompletionRequest):
             prompts = [await renderer.request(req)]
         else:  # a batch of prompts is routed by its first; every prompt is checked, as the replica does
             prompts = await renderer.prompts(req)

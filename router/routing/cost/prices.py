@@ -59,6 +59,8 @@ class Prices(Mapping[ReplicaId, TTFTEstimate]):
         return found
 
     def __contains__(self, replica_id: object) -> bool:
+        if not isinstance(replica_id, str):
+            return False
         row = self.row_of(replica_id)
         return row is not None and bool(self.mask[row])
 
