@@ -3,7 +3,7 @@
     handle: read (body -> ProxyRequest) -> dispatch (route -> open on a replica, retry) -> answer
 
 A replica that fails before sending its first byte (refused connection, reset, 5xx, no first bytes
-within ``first_byte_timeout_s`` while it showed no progress: router/http/patience.py) is excluded and the
+within ``first_byte_timeout_s`` while it showed no progress: router/replicas/patience.py) is excluded and the
 request goes to the next choice, up to ``max_attempts`` replicas; so does a non-streamed 200 whose body
 is not JSON (nothing reached the client yet). Each failure counts towards ejecting the replica
 (router/http/failures.py, router/routing/outlier.py), a 5xx once the request's attempts are over unless every
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.http.admission_gate import AdmissionGate
     from kvmesh.router.http.metrics import RouterMetrics
-    from kvmesh.router.http.patience import Patience
     from kvmesh.router.http.receipt_metrics import ReceiptMetrics
+    from kvmesh.router.replicas.patience import Patience
     from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.routing.model_pools import ModelPool
     from kvmesh.router.routing.outlier import OutlierDetector

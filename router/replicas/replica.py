@@ -64,7 +64,7 @@ class Replica:
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
     patience: Any = None
-    """The deadlines of its answers (router/http/patience.py's ``Patience``); None until first asked for."""
+    """The deadlines of its answers (router/replicas/patience.py's ``Patience``); None until first asked for."""
     progress_mark: tuple[int, int, int, float] | None = None
     """At its last ``/load`` poll: (its KV event seq, its prefill queue, the router's last applied seq, when)."""
     probe_trial: Any = None
