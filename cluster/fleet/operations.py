@@ -35,7 +35,7 @@ from kvmesh.cluster.fleet.view import Accepted, EngineChanges, FleetView, Operat
 from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch.capacity import plan_capacity
 from kvmesh.cluster.launch.supervisor import ReplicaHandle, replica_index
-from kvmesh.router.routing.roles import PREFILL, check_role
+from kvmesh.router.replicas.roles import PREFILL, check_role
 
 if TYPE_CHECKING:
     from kvmesh.cluster.launch.serve_state import RunningCluster, ServeState

@@ -50,8 +50,8 @@ from kvmesh.cluster.router_client import RouterClient
 from kvmesh.kvcache.hashing import cache_salt_secret
 from kvmesh.replica.config import EngineConfig
 from kvmesh.router.config import RouterConfig
+from kvmesh.router.replicas.roles import PREFILL
 from kvmesh.router.routing.policies import with_step_budget
-from kvmesh.router.routing.roles import PREFILL
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
