@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.openai.grammar_limits import check_grammar_limits
+from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.router.http.caller import identify
 from kvmesh.router.http.messages import Request
 from kvmesh.router.http.migration import MigratingStream
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from kvmesh.router.config import RouterConfig
     from kvmesh.router.routing.model_pools import ModelPool
 
-OpenAIRequest = p.CompletionRequest | p.ChatCompletionRequest
+OpenAIRequest = CompletionRequest | ChatCompletionRequest
 """A validated body of one of the two proxied paths."""
 SESSION_HEADER = b"x-session-id"
 """Request header naming a conversation/agent session (else the body's ``user``): soft affinity."""
@@ -65,7 +65,7 @@ class RequestReader:
         parameters, each prompt checked against the context as the replica checks it, and the pool its
         ``"model"`` picks (router/routing/model_pools.py; 400/404 for none)."""
         svc = self.runtime
-        model_cls: type[OpenAIRequest] = p.ChatCompletionRequest if chat else p.CompletionRequest
+        model_cls: type[OpenAIRequest] = ChatCompletionRequest if chat else CompletionRequest
         req = await parse_off_loop(raw, model_cls, svc.renderer.run)
         refuse_router_only(req)  # on the decoded body, as the replica decodes it (router_only.py)
         check_grammar_limits(req, svc.renderer.config)  # before any replica is asked (grammar_limits.py)
@@ -73,7 +73,7 @@ class RequestReader:
         tokenizer, renderer = svc.frontend_for(pool)
         if tokenizer is None:  # no tokenizer for its model: load-only routing, the replica validates
             return req, [], None, pool
-        if isinstance(req, p.ChatCompletionRequest):
+        if isinstance(req, ChatCompletionRequest):
             prompts = [await renderer.request(req)]
         else:  # a batch of prompts is routed by its first; every prompt is checked, as the replica does
             prompts = await renderer.prompts(req)

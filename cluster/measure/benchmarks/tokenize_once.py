@@ -58,7 +58,7 @@ def make_prompts(tok, n: int, tokens: int) -> list[str]:
 
 def bodies(tok, texts: list[str], chat: bool) -> dict[bool, list[bytes]]:
     """forwarding on/off -> the bytes a router sends a kvmesh replica for each prompt."""
-    from kvmesh.replica.openai import protocol as p
+    from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.router.http.proxy_request import ProxyRequest
     from kvmesh.router.http.token_forwarding import KVMESH
 
@@ -66,7 +66,7 @@ def bodies(tok, texts: list[str], chat: bool) -> dict[bool, list[bytes]]:
     for text in texts:
         raw = ({"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text})
         raw.update(max_tokens=1, temperature=0)
-        req = (p.ChatCompletionRequest if chat else p.CompletionRequest).model_validate(raw)
+        req = (ChatCompletionRequest if chat else CompletionRequest).model_validate(raw)
         ids = tok.render_chat(req.template_messages()) if chat else tok.render_completion(text)
         data = json.dumps(raw).encode()
         for on in (True, False):
@@ -76,12 +76,12 @@ def bodies(tok, texts: list[str], chat: bool) -> dict[bool, list[bytes]]:
 
 def rewrite_cost_us(tok, texts: list[str], chat: bool, n: int = 300) -> float:
     """Router CPU (us) to build one rewritten body (decode the client's JSON, set the ids, encode)."""
-    from kvmesh.replica.openai import protocol as p
+    from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.router.http.proxy_request import ProxyRequest
     from kvmesh.router.http.token_forwarding import KVMESH
 
     raw = {"messages": [{"role": "user", "content": texts[0]}]} if chat else {"prompt": texts[0]}
-    req = (p.ChatCompletionRequest if chat else p.CompletionRequest).model_validate(raw)
+    req = (ChatCompletionRequest if chat else CompletionRequest).model_validate(raw)
     ids, data = list(range(1, 481)), json.dumps(raw).encode()
     t0 = time.process_time()
     for _ in range(n):
