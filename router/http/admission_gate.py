@@ -35,7 +35,7 @@ from kvmesh.router.admission.ledger import LocalLedger, TenantLedger
 from kvmesh.router.admission.room import LearnedSlots, ReplicaRoom, SlotCapacity
 from kvmesh.router.http.admission_metrics import AdmissionMetrics
 from kvmesh.router.http.caller import int_header
-from kvmesh.router.http.messages import Request, Response
+from kvmesh.router.http.messages import HttpRequest, Response
 from kvmesh.router.routing.policies import NoReplicaError
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class AdmissionGate:
         self.admission.ledger = ledger
 
     # ---------------------------------------------------------------- one request
-    async def admit(self, http: Request, request: ProxyRequest) -> Ticket | Response:
+    async def admit(self, http: HttpRequest, request: ProxyRequest) -> Ticket | Response:
         """Wait until ``request`` may go (its ticket: forward it with ``ticket.decision`` inside ``charged``), or
         its 429 (module doc)."""
         labels, got = self._arrive(http, request)
@@ -152,7 +152,7 @@ class AdmissionGate:
             finally:
                 self.finished(ticket, request.stream.num_output if request.stream is not None else 0)
 
-    def _arrive(self, http: Request, request: ProxyRequest) -> tuple[tuple[str, str], Waiter | Shed]:
+    def _arrive(self, http: HttpRequest, request: ProxyRequest) -> tuple[tuple[str, str], Waiter | Shed]:
         """The request's metric labels (tenant, priority) and its place in the queue, or why it is shed."""
         tenant, priority = request.tenant, request.priority
         deadline_ms = int_header(http, DEADLINE_HEADER, "a positive integer of milliseconds", positive=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from kvmesh.replica.serving.errors import ProtocolError
-from kvmesh.router.http.messages import Request, error_response
+from kvmesh.router.http.messages import HttpRequest, error_response
 
 if TYPE_CHECKING:
     from kvmesh.router.http.connection import HttpConnection
@@ -37,7 +37,7 @@ class _Exchange:
     """One request's run through the app: its ``receive`` and ``send``, and what the app sent so far."""
 
     conn: HttpConnection
-    request: Request
+    request: HttpRequest
     status: int = 0
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     chunked: bool = False
@@ -100,7 +100,7 @@ class _Exchange:
         conn.write(conn.head(request, self.status, headers, length, keep, self.chunked))
 
 
-def _scope(conn: HttpConnection, request: Request) -> AsgiMessage:
+def _scope(conn: HttpConnection, request: HttpRequest) -> AsgiMessage:
     """The request's ASGI http scope."""
     path, _, query = request.target.partition(b"?")
     sock = conn.transport.get_extra_info("sockname")
@@ -156,7 +156,7 @@ class AsgiBridge:
                 logger.error("the router app's shutdown failed: %s", stopped.exception())
             await asyncio.gather(task, return_exceptions=True)
 
-    async def answer(self, conn: HttpConnection, request: Request) -> bool:
+    async def answer(self, conn: HttpConnection, request: HttpRequest) -> bool:
         """Run ``request`` through the app; whether the connection stays open."""
         scope, state = _scope(conn, request), _Exchange(conn, request)
         try:

@@ -28,7 +28,7 @@ from kvmesh.router.http.compile_charge import compile_tokens
 from kvmesh.router.http.failures import BrokenAnswer, InvalidAnswer, count_failure, settle_5xx
 from kvmesh.router.http.in_flight import InFlight, reserved
 from kvmesh.router.http.kv_handoff import KVHandoff
-from kvmesh.router.http.messages import Request, Response
+from kvmesh.router.http.messages import HttpRequest, Response
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.relay import UPSTREAM_ERRORS, Opened, StreamRelay, let_go
 from kvmesh.router.http.request_reader import Frontends, RequestReader
@@ -87,8 +87,8 @@ class Forwarder:
         """The P/D split's prefill call and peer pulls: what the decode replica gets in kv_transfer_params."""
 
     # ---------------------------------------------------------------- proxy
-    async def handle(self, http: Request, path: str, chat: bool) -> Response:
-        """Answer one request (the door's ``Request``): read, admit (admission_gate.py), forward. A client that leaves
+    async def handle(self, http: HttpRequest, path: str, chat: bool) -> Response:
+        """Answer one request (an ``HttpRequest``): read, admit (admission_gate.py), forward. A client that leaves
         cancels this coroutine (the door does): out of the router's queue, or its upstream connection closed."""
         request, gate = await self.reader.read(http, path, chat), self.runtime.admission
         if gate is None:

@@ -10,7 +10,7 @@ from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.openai.grammar_limits import check_grammar_limits
 from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.router.http.caller import identify
-from kvmesh.router.http.messages import Request
+from kvmesh.router.http.messages import HttpRequest
 from kvmesh.router.http.migration import MigratingStream
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.router_only import refuse_router_only, refuse_router_only_headers
@@ -80,7 +80,7 @@ class RequestReader:
         params: list[SamplingParams] = [req.to_sampling_params(len(ids), tokenizer.max_model_len) for ids in prompts]
         return req, prompts, params[0] if params else None, pool
 
-    async def read(self, http: Request, path: str, chat: bool) -> ProxyRequest:
+    async def read(self, http: HttpRequest, path: str, chat: bool) -> ProxyRequest:
         """The client's request: validated, tokenized, its tenant and priority (caller.py), a stream's migration state."""
         svc = self.runtime
         refuse_router_only_headers(http)
