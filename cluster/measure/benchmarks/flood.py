@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.flood_client import (
-    Client,
+    FloodClient,
     Watch,
     follow_ups,
     get,
@@ -95,13 +95,13 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
         procs.append(router)
         wait_http(url, proc=router)
         wait_http(url, "/v1/models", proc=router)
-        warm = Client(info["url"])  # cache every prefix on the healthy replica, directly
+        warm = FloodClient(info["url"])  # cache every prefix on the healthy replica, directly
         for _ in range(2):
             for p in warm.prefixes:
                 warm.conn.request("POST", "/v1/completions", json.dumps({"prompt": p, "max_tokens": 1}))
                 warm.conn.getresponse().read()
         time.sleep(0.3)  # the router applies their events
-        client, samples, watch = Client(url), [], Watch(url)
+        client, samples, watch = FloodClient(url), [], Watch(url)
         cpu_before = tree_cpu_seconds(router.pid)
         before = phase(client, baseline, router.pid, samples, rss_cap_mb, watch)
         rss_start, cpu_start = rss_mb(router.pid), tree_cpu_seconds(router.pid)

@@ -218,12 +218,12 @@ def result_doc(args, argv: list[str], shape: ClusterShape, driver: overload_load
     }
 
 
-class Terminated(KeyboardInterrupt):
+class RunTerminated(KeyboardInterrupt):
     """SIGTERM: the run stops as on Ctrl-C (the cluster stopped, the results written), exit code 143."""
 
 
 def _terminated(signum, frame) -> None:
-    raise Terminated
+    raise RunTerminated
 
 
 def _user_tenants(args) -> list[str]:
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             info["router"] = {m: metric_sum(after, m) - metric_sum(before, m)
                               for m in ("kvmesh_router_pd_splits_total", "kvmesh_router_retries_total")}
     except KeyboardInterrupt as e:
-        interrupted = 143 if isinstance(e, Terminated) else 130
+        interrupted = 143 if isinstance(e, RunTerminated) else 130
         print("interrupted: stopping the cluster, writing what was measured", file=sys.stderr, flush=True)
     except RuntimeError as e:
         print(f"kvmesh bench overload: {e}", file=sys.stderr)

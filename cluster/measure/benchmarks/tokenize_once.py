@@ -108,7 +108,7 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-class KeepAliveClient:
+class SequentialClient:
     """One keep-alive HTTP/1.1 connection (stdlib): all a sequential benchmark needs."""
 
     def __init__(self, url: str) -> None:
@@ -130,7 +130,7 @@ class KeepAliveClient:
         self.connection.close()
 
 
-def run_round(client: KeepAliveClient, pid: int, path: str, payloads: list[bytes], n: int) -> tuple[float, float]:
+def run_round(client: SequentialClient, pid: int, path: str, payloads: list[bytes], n: int) -> tuple[float, float]:
     """(replica CPU ms, client wall ms) per request over ``n`` requests."""
     cpu0, t0 = proc_cpu_s(pid), time.perf_counter()
     for i in range(n):
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
         url = json.loads(line)["http_url"]
         results: dict = {"prompt_tokens": len(tok.render_completion(texts[0])), "requests_per_round": args.requests,
                          "rounds": args.rounds, "workloads": {}}
-        client = KeepAliveClient(url)
+        client = SequentialClient(url)
         try:
             for name, chat in (("completions", False), ("chat", True)):
                 path = "/v1/chat/completions" if chat else "/v1/completions"
