@@ -84,8 +84,9 @@ def _normalize_hashes(fields: dict[str, Msgpack]) -> None:
     hashes = fields.get("block_hashes")
     if isinstance(hashes, (list, tuple)):
         fields["block_hashes"] = [_as_int(h) for h in hashes]
-    if isinstance(fields.get("parent_block_hash"), bytes):
-        fields["parent_block_hash"] = external_hash_from_bytes(fields["parent_block_hash"])
+    parent = fields.get("parent_block_hash")
+    if isinstance(parent, bytes):
+        fields["parent_block_hash"] = external_hash_from_bytes(parent)
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:
@@ -120,15 +121,14 @@ def check_batch(batch: KVEventBatch, max_blocks: int) -> int:
     number of blocks it stores. (On the subscriber's hot path: ~0.2 us per event.)"""
     stored = named = 0
     for event in batch.events:
-        cls = event.__class__
-        if cls is BlockStored:
+        if isinstance(event, BlockStored):
             n = len(event.block_hashes)
             if len(event.token_ids) != event.block_size * n:
                 raise DecodeError(f"BlockStored has {len(event.token_ids)} token ids for {n} blocks of "
                                   f"{event.block_size}; expected {event.block_size * n}")
             stored += n
             named += n
-        elif cls is BlockRemoved:
+        elif isinstance(event, BlockRemoved):
             named += len(event.block_hashes)
     if named > max_blocks:
         raise DecodeError(f"batch names {named} blocks; the per-batch limit is {max_blocks}")

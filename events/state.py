@@ -65,8 +65,7 @@ class CachedBlockSet:
         order = self._order
         last_medium, blocks = object(), None  # cache the medium's dict across events
         for event in events:
-            cls = event.__class__
-            if cls is BlockStored:
+            if isinstance(event, BlockStored):
                 if event.medium is not last_medium:
                     last_medium = event.medium
                     blocks = media.setdefault(last_medium, {})
@@ -82,14 +81,14 @@ class CachedBlockSet:
                     if h in blocks:
                         del blocks[h]
                     blocks[h] = (event, i, order)
-            elif cls is BlockRemoved:
+            elif isinstance(event, BlockRemoved):
                 if event.medium is not last_medium:
                     last_medium = event.medium
                     blocks = media.setdefault(last_medium, {})
                 pop = blocks.pop
                 for h in event.block_hashes:
                     pop(h, None)
-            elif cls is AllBlocksCleared:
+            elif isinstance(event, AllBlocksCleared):
                 media.clear()
                 last_medium, blocks = object(), None
         self._order = order
@@ -110,8 +109,9 @@ class CachedBlockSet:
             yield from _chains(blocks, _parent_first_runs(blocks), max_blocks_per_event)
 
 
-def _parent_first_runs(blocks: dict) -> list[tuple[BlockStored, int, int]]:
-    """The cached blocks as runs ``(event, first index, end index)``, parents before children.
+def _parent_first_runs(blocks: dict) -> list[list]:
+    """The cached blocks as runs ``[event, first index, end index]`` (lists: a run's end grows in place), parents
+    before children.
 
     Store order already puts parents first, except where a parent was evicted and stored again
     after its child; only then do we sort topologically (rare, and slower).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvmesh.kvcache.hashing import BlockHash
 
 
@@ -33,7 +35,7 @@ class KVCacheBlock:
         """Which segment of a segmented free queue holds the block (eviction policies' business)."""
         self.parent_block_hash: BlockHash | None = None
         """Hash of the previous block in the request that cached this one (None for block 0)."""
-        self.token_ids: list[int] | None = None
+        self.token_ids: Sequence[int] | None = None
         """The block's token ids while it is cached."""
         self.extra_keys: tuple | None = None
         """The block's extra hash keys (salt key, LoRA name) while it is cached."""

@@ -45,10 +45,10 @@ class FreeKVCacheBlockQueue:
         """Removes and returns the first ``n`` blocks, in order."""
         if n > self.num_free_blocks:
             raise ValueError(f"cannot pop {n} blocks: only {self.num_free_blocks} are free")
-        out = [None] * n
+        out: list[KVCacheBlock] = []
         block = self.head.next_free_block
-        for i in range(n):
-            out[i] = block
+        for _ in range(n):
+            out.append(block)
             nxt = block.next_free_block
             block.prev_free_block = block.next_free_block = None
             block = nxt

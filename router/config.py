@@ -1,4 +1,4 @@
-"""Router configuration and the ``--replica URL[,events=...,replay=...,role=...]`` spec."""
+"""Router configuration (the ``--replica`` spec it reads: router/replicas/spec.py)."""
 
 from __future__ import annotations
 
@@ -9,58 +9,17 @@ from kvmesh.events.config import SubscriberConfig
 from kvmesh.replica.openai.config import FrontendConfig, check_api_key, check_internal_key
 from kvmesh.replica.serving.model_names import split_served_names
 from kvmesh.router.admission.config import AdmissionConfig
+from kvmesh.router.replicas.spec import (
+    ReplicaSpec as ReplicaSpec,  # the --replica spec, read with the configuration
+)
 from kvmesh.router.routing.kv_placement import KVPlacementRules
 from kvmesh.router.routing.outlier import OutlierConfig
 from kvmesh.router.routing.policies import DEFAULT_POLICY, PolicyConfig, PolicyOptions, policy_config
-from kvmesh.router.routing.roles import BOTH, ROLES, check_role
 from kvmesh.router.routing.session import SessionConfig
 
 if TYPE_CHECKING:
     from kvmesh.router.routing.kv_router import KVRouter
     from kvmesh.router.routing.policies import Policy
-
-
-@dataclass(slots=True)
-class ReplicaSpec:
-    """Where one replica listens: its HTTP base URL and, optionally, its KV event endpoints."""
-
-    url: str
-    """HTTP base URL, e.g. ``http://127.0.0.1:8100`` (no trailing ``/v1``)."""
-    events: str | None = None
-    """ZeroMQ PUB endpoint of its KV events, e.g. ``tcp://127.0.0.1:5557``; None = no cache awareness."""
-    replay: str | None = None
-    """ZeroMQ replay/snapshot endpoint, e.g. ``tcp://127.0.0.1:5558``; None = no gap recovery."""
-    replica_id: str = ""
-    """Name used in metrics and the index; defaults to the URL."""
-    role: str = BOTH
-    """``prefill`` (computes prompts for decode replicas, never decodes), ``decode`` or ``both`` (the default)."""
-
-    def __post_init__(self) -> None:
-        check_role(self.role, f"replica {self.url!r} role")
-        self.url = self.url.rstrip("/")
-        if self.url.endswith("/v1"):
-            self.url = self.url[:-3]
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"replica URL {self.url!r} must start with http:// or https://")
-        for name in ("events", "replay"):
-            value = getattr(self, name)
-            if value is not None and "://" not in value:
-                raise ValueError(f"replica {name} endpoint {value!r} must look like tcp://HOST:PORT")
-        if not self.replica_id:
-            self.replica_id = self.url
-
-    @classmethod
-    def parse(cls, text: str) -> ReplicaSpec:
-        """``URL[,events=tcp://H:P][,replay=tcp://H:P][,name=ID][,role=prefill|decode|both]`` -> ReplicaSpec."""
-        url, *options = [part.strip() for part in text.split(",")]
-        kwargs: dict[str, str] = {}
-        for option in options:
-            key, sep, value = option.partition("=")
-            if not sep or key not in ("events", "replay", "name", "role"):
-                raise ValueError(f"bad replica option {option!r} in {text!r}; use URL[,events=tcp://HOST:PORT]"
-                                 f"[,replay=tcp://HOST:PORT][,name=ID][,role={'|'.join(ROLES)}]")
-            kwargs["replica_id" if key == "name" else key] = value
-        return cls(url=url, **kwargs)
 
 
 @dataclass(slots=True)

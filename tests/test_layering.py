@@ -46,10 +46,14 @@ RULES = {
     "replica/openai": (("kvmesh.replica.serving", "kvmesh.replica.openai"), ("torch", "ray")),
 }
 
+# What a room may name for its annotations only (under ``TYPE_CHECKING``, test_type_only_imports_stay_type_only):
+# the replica record holds what admission learned of its slots.
+TYPE_ONLY = {"router/replicas": ("kvmesh.router.admission.room",)}
+
 # Per room of the router: the kvmesh modules it may import (prefixes) and the third-party modules it may not.
 _HTTP_LIBS = ("fastapi", "starlette", "uvicorn", "aiohttp", "httptools", "httpx")
 ROOMS = {
-    "router/replicas": (("kvmesh.router.replicas", "kvmesh.replica.serving"), _HTTP_LIBS),
+    "router/replicas": (("kvmesh.router.replicas", "kvmesh.replica.serving") + TYPE_ONLY["router/replicas"], _HTTP_LIBS),
     "router/routing": (("kvmesh.router.routing", "kvmesh.router.replicas", "kvmesh.router._fastpath", "kvmesh.kvcache.hashing",
                         "kvmesh.kvcache.reuse", "kvmesh.events.schema", "kvmesh.replica.serving"), _HTTP_LIBS),
     "router/admission": (("kvmesh.router.admission",), _HTTP_LIBS),
@@ -129,3 +133,28 @@ def test_the_room_check_sees_the_data_plane_reaching_into_control(tmp_path):
     (tmp_path / "router" / "routing" / "bad.py").write_text("import aiohttp\nfrom kvmesh.router.http.door import Door\n")
     assert _violations("router/http", tmp_path) == {"router/http/bad.py": ["kvmesh.router.control.runtime"]}
     assert _violations("router/routing", tmp_path) == {"router/routing/bad.py": ["aiohttp", "kvmesh.router.http.door"]}
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """``_imports`` less those under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    typing_only = {id(node) for block in ast.walk(tree)
+                   if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+                   for stmt in block.body for node in ast.walk(stmt)}
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("room", sorted(TYPE_ONLY))
+def test_type_only_imports_stay_type_only(room):
+    """A room's type-only doors (``TYPE_ONLY``) are never taken at run time."""
+    offenders = {str(path.relative_to(ROOT)): sorted(n for n in _runtime_imports(path) if n.startswith(TYPE_ONLY[room]))
+                 for path in sorted((ROOT / room).rglob("*.py"))}
+    assert {k: v for k, v in offenders.items() if v} == {}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kvmesh.replica.openai import refused_fields as rf
+from kvmesh.replica.openai.refused_fields import BOTH, CHAT_ONLY, COMPLETION_ONLY, Refusal
 
 from . import openai_pair, vllm_field_probes
 from .openai_pair import AUTH, HI
@@ -25,8 +25,8 @@ DATA = json.loads((Path(__file__).parent / "data" / "vllm_request_fields.json").
 BASE = {"completions": ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}),
         "chat": ("/v1/chat/completions", {"messages": HI, "max_tokens": 8, "temperature": 0})}
 PROBES = {"completions": vllm_field_probes.COMPLETIONS, "chat": vllm_field_probes.CHAT}
-REFUSED = {"completions": rf.BOTH | rf.COMPLETION_ONLY | {"suffix": rf.Refusal("", (None, ""))},
-           "chat": rf.BOTH | rf.CHAT_ONLY}
+REFUSED = {"completions": BOTH | COMPLETION_ONLY | {"suffix": Refusal("", (None, ""))},
+           "chat": BOTH | CHAT_ONLY}
 SET = {  # a value each refused field means something with
     "use_beam_search": True, "length_penalty": 2.0, "watermarking": True,
     "logprob_token_ids": [5], "bad_words": ["cat"], "ec_transfer_params": {"k": 1},

@@ -19,7 +19,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from kvmesh.cluster.commands.admin import add_admin_arguments, run_admin
-from kvmesh.router.routing.roles import PREFILL
+from kvmesh.router.replicas.roles import PREFILL
 
 if TYPE_CHECKING:
     from kvmesh.cluster.router_client import RouterClient

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from kvmesh.cluster.commands.admin import add_admin_arguments, run_admin
-from kvmesh.router.routing.roles import PREFILL, ROLES
+from kvmesh.router.replicas.roles import PREFILL, ROLES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

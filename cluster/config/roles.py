@@ -12,10 +12,10 @@ The role is in the name (``prefill-3``) and on the replica's handle; the router 
 
 from __future__ import annotations
 
-from kvmesh.router.routing.roles import BOTH, DECODE, PREFILL
+from kvmesh.router.replicas.roles import BOTH, DECODE, PREFILL
 
 Role = str
-"""One of the router's ``ROLES`` (router/routing/roles.py: the words, and ``check_role``)."""
+"""One of the router's ``ROLES`` (router/replicas/roles.py: the words, and ``check_role``)."""
 
 
 def serving_role(num_prefill_replicas: int) -> Role:

@@ -21,7 +21,7 @@ from kvmesh.cluster.fleet.operations import Fleet
 from kvmesh.cluster.fleet.replica_add import add_replicas
 from kvmesh.cluster.fleet.view import Accepted, EngineChanges, FleetView
 from kvmesh.cluster.launch.supervisor import ReplicaHandle
-from kvmesh.router.routing.roles import PREFILL
+from kvmesh.router.replicas.roles import PREFILL
 
 if TYPE_CHECKING:
     from kvmesh.cluster.launch.deployment_launch import DeploymentUnit

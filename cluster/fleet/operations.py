@@ -32,10 +32,10 @@ from kvmesh.cluster.fleet.autoscaler import Decision, cheapest_to_lose
 from kvmesh.cluster.fleet.replica_add import add_replicas
 from kvmesh.cluster.fleet.replica_remove import remove_replica
 from kvmesh.cluster.fleet.view import Accepted, EngineChanges, FleetView, Operation
-from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch.capacity import plan_capacity
+from kvmesh.cluster.launch.placement import cluster_nodes
 from kvmesh.cluster.launch.supervisor import ReplicaHandle, replica_index
-from kvmesh.router.routing.roles import PREFILL, check_role
+from kvmesh.router.replicas.roles import PREFILL, check_role
 
 if TYPE_CHECKING:
     from kvmesh.cluster.launch.serve_state import RunningCluster, ServeState
@@ -145,7 +145,7 @@ class Fleet:
         no limit here with ray.wait_for_nodes (a pending placement group makes the Ray autoscaler add a node)."""
         if self.cluster.config.ray.wait_for_nodes:
             return 1 << 10
-        return max(1, plan_capacity(pl.cluster_nodes(), self.cluster.replica_bundles(), 1).holds)
+        return max(1, plan_capacity(cluster_nodes(), self.cluster.replica_bundles(), 1).holds)
 
     def request_rollout(self, engine: EngineChanges | None = None, deployment: str | None = None) -> Accepted:
         """Queue a rolling restart; ``engine`` = EngineConfig fields the new replicas get (checked now).

@@ -13,7 +13,12 @@ import time
 from typing import TYPE_CHECKING
 
 from kvmesh.cluster.config.roles import Role
-from kvmesh.cluster.launch import placement as pl
+from kvmesh.cluster.launch.placement import (
+    ReplicaPlacement,
+    cluster_nodes,
+    remove_placement_groups,
+    wait_ready,
+)
 from kvmesh.cluster.launch.supervisor import ReplicaHandle, register
 
 
@@ -31,7 +36,7 @@ def check_deployment_counts(cluster: RunningCluster, more: dict[str, int]) -> No
     demands = [replace(u.demand, num_replicas=have[u.deployment.name] + more.get(u.deployment.name, 0))
                for u in cluster.units]
     try:
-        check_deployments_capacity(pl.cluster_nodes(), demands, embedded=cluster.state.ray.owned)
+        check_deployments_capacity(cluster_nodes(), demands, embedded=cluster.state.ray.owned)
     except CapacityError as e:
         if not cluster.config.ray.wait_for_nodes:
             raise
@@ -59,9 +64,9 @@ def add_replicas(cluster: RunningCluster, indexes: list[int], role: Role,
     groups = []
     for i in indexes:
         pg = placement_group(bundles, strategy="STRICT_PACK", name=f"kvmesh-replica-{i}-{time.time_ns()}")
-        groups.append(pl.ReplicaPlacement(replica_index=i, placement_group=pg, target_node_id=None))
+        groups.append(ReplicaPlacement(replica_index=i, placement_group=pg, target_node_id=None))
     st.groups.extend(groups)
-    pl.wait_ready(groups, timeout_s=cfg.ray.placement_timeout_s, report=cluster.report)
+    wait_ready(groups, timeout_s=cfg.ray.placement_timeout_s, report=cluster.report)
     handles = [cluster.start_replica(g, role, unit) for g in groups]
     deadline = time.monotonic() + cfg.ray.ready_timeout_s
     try:
@@ -70,7 +75,7 @@ def add_replicas(cluster: RunningCluster, indexes: list[int], role: Role,
     except Exception:  # one did not start: none of this batch joins; free what they hold
         for handle in handles:
             ray.kill(handle.actor, no_restart=True)
-        pl.remove_placement_groups(groups)
+        remove_placement_groups(groups)
         st.groups[:] = [g for g in st.groups if g not in groups]
         raise
     for handle in handles:

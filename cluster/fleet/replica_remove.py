@@ -12,7 +12,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from kvmesh.cluster.launch import placement as pl
+from kvmesh.cluster.launch.placement import remove_placement_groups
 from kvmesh.cluster.launch.supervisor import ReplicaHandle, actor_state, replica_index
 from kvmesh.router.control.follow import FOLLOW_INTERVAL_S
 
@@ -68,7 +68,7 @@ def remove_replica(cluster: RunningCluster, handle: ReplicaHandle, drain_timeout
     while actor_state(handle.actor) not in ("DEAD", "UNKNOWN") and time.monotonic() < deadline:
         time.sleep(0.1)
     index = replica_index(replica_id)
-    pl.remove_placement_groups([g for g in st.groups if g.replica_index == index])
+    remove_placement_groups([g for g in st.groups if g.replica_index == index])
     st.groups[:] = [g for g in st.groups if g.replica_index != index]
     cluster.report(f"{replica_id} drained in {time.monotonic() - t0:.1f}s ({in_flight_at_drain} "
                    f"request(s) in flight finished) and removed ({len(st.replicas)} replicas)")

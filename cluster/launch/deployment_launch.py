@@ -20,11 +20,17 @@ from dataclasses import dataclass, replace
 
 from kvmesh.cluster.config.deployments import Deployment, deployment_config
 from kvmesh.cluster.config.trees import ServeConfig
-from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch.capacity import CapacityError, ReplicaShape
 from kvmesh.cluster.launch.deployment_capacity import DeploymentDemand, check_deployments_capacity
 from kvmesh.cluster.launch.embedded_model import SERVED_NAME
 from kvmesh.cluster.launch.model_files import check_model, hub_reachable, resolve_model_path
+from kvmesh.cluster.launch.placement import (
+    ReplicaPlacement,
+    cluster_nodes,
+    create_placement_groups,
+    replica_bundles,
+    wait_ready,
+)
 from kvmesh.cluster.launch.ray_cluster import RayHandle
 from kvmesh.cluster.launch.replica_sections import replica_engine
 from kvmesh.replica.config import EngineConfig
@@ -93,7 +99,7 @@ def plan_units(config: ServeConfig, handle: RayHandle, device: str, hash_seed: s
     for d in config.deployments.models:
         one = deployment_config(config, d)
         path = resolve_model_path(one, handle, lambda line, name=d.name: report(f"{name}: {line}"))
-        bundles = pl.replica_bundles(one.engine.tensor_parallel_size, one.replicas.num_cpus_per_worker, device,
+        bundles = replica_bundles(one.engine.tensor_parallel_size, one.replicas.num_cpus_per_worker, device,
                                      one.gpus_per_worker)
         units.append(DeploymentUnit(d, one, path, replica_engine(one, path, device, hash_seed),
                                     served_name(config, d), bundles))
@@ -101,24 +107,24 @@ def plan_units(config: ServeConfig, handle: RayHandle, device: str, hash_seed: s
 
 
 def place_units(config: ServeConfig, units: list[DeploymentUnit], embedded: bool,
-                report: Callable[[str], None]) -> list[tuple[DeploymentUnit, pl.ReplicaPlacement]]:
+                report: Callable[[str], None]) -> list[tuple[DeploymentUnit, ReplicaPlacement]]:
     """Placement for every deployment's replicas, checked together first (``CapacityError`` at once unless
     ``ray.wait_for_nodes``); then each replica's placement group, indexed across deployments."""
     try:
-        check_deployments_capacity(pl.cluster_nodes(), [u.demand for u in units], embedded=embedded)
+        check_deployments_capacity(cluster_nodes(), [u.demand for u in units], embedded=embedded)
     except CapacityError as e:
         if not config.ray.wait_for_nodes:
             raise
         report(f"the nodes cannot hold the deployments yet: {e.shortfall}; waiting up to "
                f"{config.ray.placement_timeout_s:g}s for the Ray autoscaler to add nodes")
-    placed: list[tuple[DeploymentUnit, pl.ReplicaPlacement]] = []
+    placed: list[tuple[DeploymentUnit, ReplicaPlacement]] = []
     for unit in units:
         n = unit.deployment.num_replicas
         report(f"placing {n} replica(s) of {unit.served_model_name}: {unit.config.engine.tensor_parallel_size} "
                f"worker(s) each, bundles {unit.bundles}")
-        groups = pl.create_placement_groups(n, unit.bundles, config.ray.placement,
+        groups = create_placement_groups(n, unit.bundles, config.ray.placement,
                                             name_prefix=f"kvmesh-{unit.deployment.name}".replace("/", "-"))
         offset = len(placed)
         placed += [(unit, replace(g, replica_index=offset + g.replica_index)) for g in groups]
-    pl.wait_ready([g for _, g in placed], timeout_s=config.ray.placement_timeout_s, report=report)
+    wait_ready([g for _, g in placed], timeout_s=config.ray.placement_timeout_s, report=report)
     return placed

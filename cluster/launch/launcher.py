@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING
 from kvmesh.cluster import admin_key as admin_key_store
 from kvmesh.cluster.config.roles import Role, replica_name, serving_role
 from kvmesh.cluster.config.trees import ServeConfig
-from kvmesh.cluster.launch import placement as pl
-from kvmesh.cluster.launch import preflight, ray_cluster
+from kvmesh.cluster.launch import placement, preflight, ray_cluster
 from kvmesh.cluster.launch.deployment_launch import DeploymentUnit, place_units, plan_units
 from kvmesh.cluster.launch.embedded_model import SERVED_NAME
 from kvmesh.cluster.launch.event_keys import curve_keys
@@ -51,8 +50,8 @@ from kvmesh.cluster.router_client import RouterClient
 from kvmesh.kvcache.hashing import cache_salt_secret
 from kvmesh.replica.config import EngineConfig
 from kvmesh.router.config import RouterConfig
+from kvmesh.router.replicas.roles import PREFILL
 from kvmesh.router.routing.policies import with_step_budget
-from kvmesh.router.routing.roles import PREFILL
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -184,8 +183,8 @@ class ServeCluster:
         split = f" ({rc.num_replicas} decode + {rc.num_prefill_replicas} prefill)" if rc.num_prefill_replicas else ""
         self.report(f"placing {rc.num_started} replica(s){split}: {tp} worker(s) each on "
                     f"{st.device}, bundles {bundles}, placement {cfg.ray.placement}{memory}")
-        st.groups = pl.create_placement_groups(rc.num_started, bundles, cfg.ray.placement)
-        pl.wait_ready(st.groups, timeout_s=cfg.ray.placement_timeout_s, report=self.report)
+        st.groups = placement.create_placement_groups(rc.num_started, bundles, cfg.ray.placement)
+        placement.wait_ready(st.groups, timeout_s=cfg.ray.placement_timeout_s, report=self.report)
         for group, role in zip(st.groups, roles, strict=True):
             st.replicas.append(self.start_replica(group, role))
 
@@ -200,14 +199,14 @@ class ServeCluster:
 
     def replica_bundles(self) -> list[dict[str, float]]:
         cfg = self.config
-        return pl.replica_bundles(cfg.engine.tensor_parallel_size, cfg.replicas.num_cpus_per_worker,
+        return placement.replica_bundles(cfg.engine.tensor_parallel_size, cfg.replicas.num_cpus_per_worker,
                                   self.state.device, cfg.gpus_per_worker)
 
     def check_capacity(self, num_replicas: int) -> None:
         """CapacityError unless the nodes hold ``num_replicas`` replicas (placement.check_serve_capacity)."""
-        pl.check_serve_capacity(self.config, self.replica_bundles(), num_replicas, self.state.ray.owned, self.report)
+        placement.check_serve_capacity(self.config, self.replica_bundles(), num_replicas, self.state.ray.owned, self.report)
 
-    def start_replica(self, group: pl.ReplicaPlacement, role: Role, unit: DeploymentUnit | None = None) -> ReplicaHandle:
+    def start_replica(self, group: placement.ReplicaPlacement, role: Role, unit: DeploymentUnit | None = None) -> ReplicaHandle:
         """Start replica ``group.replica_index``'s actor of ``role`` in its placement group (not yet ready);
         ``unit``: a replica of that deployment (its engine, served name, bundles), else of the one model.
 
@@ -222,7 +221,7 @@ class ServeCluster:
         rc, tp, i = cfg.replicas, own.engine.tensor_parallel_size, group.replica_index
         bundles = unit.bundles if unit is not None else self.replica_bundles()
         engine, served = (unit.engine, unit.served_model_name) if unit is not None else (st.engine, st.served_model_name)
-        actor_bundle = pl.actor_bundle_index(tp)
+        actor_bundle = placement.actor_bundle_index(tp)
         replica_id = replica_name(i, role)
         options = ReplicaOptions(
             engine=engine, server=replica_server(cfg, i, served, st.ray.local, self._internal_key),
@@ -286,7 +285,7 @@ class ServeCluster:
                     logger.debug("kill %s: %s", handle.replica_id, e)
         st.replicas = []
         if st.groups and ray_up:
-            pl.remove_placement_groups(st.groups)
+            placement.remove_placement_groups(st.groups)
         st.groups = []
         ray_cluster.disconnect(st.ray)
         st.ray = None

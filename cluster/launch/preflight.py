@@ -76,22 +76,22 @@ def check_embedded_capacity(config: ServeConfig) -> None:
     """The embedded Ray's one node (ray.num_cpus, the GPUs Ray detects here) holds the replicas; a Ray this
     process already runs (tests' session) is checked once connected (``ServeCluster.check_capacity``)."""
     import ray
-    from kvmesh.cluster.launch import placement as pl
+    from kvmesh.cluster.launch.placement import check_capacity, embedded_nodes, replica_bundles
     from kvmesh.cluster.launch.ray_cluster import embedded_num_cpus
 
     if ray.is_initialized():
         return
     try:
-        nodes = pl.embedded_nodes(embedded_num_cpus(config))
+        nodes = embedded_nodes(embedded_num_cpus(config))
     except Exception as e:  # Ray's GPU detection is private API: checked again once Ray runs
         logger.debug("GPU detection before Ray starts failed (%s); the check runs once Ray is up", e)
         return
     device = config.engine.device or ("cuda" if nodes[0].gpus >= 1 else "cpu")
     tp = config.engine.tensor_parallel_size
-    bundles = pl.replica_bundles(tp, config.replicas.num_cpus_per_worker, device, config.gpus_per_worker)
+    bundles = replica_bundles(tp, config.replicas.num_cpus_per_worker, device, config.gpus_per_worker)
     try:
         check_device_share(config.replicas.gpus_per_replica, device, "no GPU found on this machine")
-        pl.check_capacity(bundles, tp, config.gpus_per_worker, config.replicas.num_started, embedded=True,
+        check_capacity(bundles, tp, config.gpus_per_worker, config.replicas.num_started, embedded=True,
                           nodes=nodes)
     except ValueError as e:  # CapacityError is one
         raise PreflightError(str(e)) from None

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from kvmesh.cluster.config.roles import Role
 from kvmesh.cluster.config.trees import ServeConfig
-from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch import ray_cluster
+from kvmesh.cluster.launch.placement import ReplicaPlacement
 from kvmesh.cluster.launch.supervisor import ReplicaHandle, Supervisor
 from kvmesh.cluster.router_client import RouterClient
 from kvmesh.replica.config import EngineConfig
@@ -34,7 +34,7 @@ class ServeState:
     """The router: one in this process, or a control router + worker processes (serve_router.py)."""
     router_client: RouterClient | None = None
     """Admin client of the router that owns the replica set."""
-    groups: list[pl.ReplicaPlacement] = field(default_factory=list)
+    groups: list[ReplicaPlacement] = field(default_factory=list)
     """One placement group per replica."""
     replicas: list[ReplicaHandle] = field(default_factory=list)
     """The replica actors, as the supervisor sees them."""
@@ -67,7 +67,7 @@ class RunningCluster(Protocol):
 
     def replica_bundles(self) -> list[dict[str, float]]: ...
     def check_capacity(self, num_replicas: int) -> None: ...
-    def start_replica(self, group: pl.ReplicaPlacement, role: Role,
+    def start_replica(self, group: ReplicaPlacement, role: Role,
                       unit: DeploymentUnit | None = None) -> ReplicaHandle: ...
 
 

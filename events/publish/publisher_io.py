@@ -16,7 +16,7 @@ import zmq
 from kvmesh.events.codec import encode_batch
 from kvmesh.events.config import PublisherConfig
 from kvmesh.events.ratelimit import TokenBucket
-from kvmesh.events.schema import BlockStored, KVEventBatch
+from kvmesh.events.schema import KVEvent, KVEventBatch
 from kvmesh.events.state import CachedBlockSet
 from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
 
@@ -222,7 +222,7 @@ class PublisherIO:
         Returns the bytes sent."""
         next_seq = pack_seq(self.next_seq)
         send = self._replay.send_multipart
-        chunk: list[BlockStored] = []
+        chunk: list[KVEvent] = []
         size = sent = 0
         ts = time.time()
         for event in self.shadow.iter_snapshot(self._chunk_blocks):  # streamed while built
@@ -241,5 +241,5 @@ class PublisherIO:
         self.stats["snapshots"] += 1
         return sent
 
-    def _encode_chunk(self, ts: float, events: list[BlockStored]) -> bytes:
+    def _encode_chunk(self, ts: float, events: list[KVEvent]) -> bytes:
         return encode_batch(KVEventBatch(ts=ts, events=events, data_parallel_rank=self._dp_rank))

@@ -61,7 +61,7 @@ class EventSubscriber:
         self._items: deque[tuple[str, int, KVEventBatch]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Event | None = None
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._io = FeedLoop(self._ctx, self.config, self._deliver, self._status)
         for src in sources or []:
             self._io.add_source(src)

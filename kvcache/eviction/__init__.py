@@ -5,6 +5,8 @@ A new policy is one file and one line in ``EVICTION_POLICIES``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvmesh.kvcache.block import KVCacheBlock
 from kvmesh.kvcache.eviction.arc import ARCEvictionPolicy
 from kvmesh.kvcache.eviction.base import EvictionPolicy
@@ -14,7 +16,8 @@ from kvmesh.kvcache.eviction.slru import SLRUEvictionPolicy
 EvictionPolicyKwargs = dict[str, float]
 """A policy's tuning numbers by keyword (``protected_fraction=0.8``, ``ghost_fraction=1.0``, ...)."""
 
-EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
+# Each takes (blocks, num_blocks, **its own tuning numbers): a class per policy, so no one signature for all.
+EVICTION_POLICIES: dict[str, Callable[..., EvictionPolicy]] = {
     LRUEvictionPolicy.name: LRUEvictionPolicy,
     SLRUEvictionPolicy.name: SLRUEvictionPolicy,
     ARCEvictionPolicy.name: ARCEvictionPolicy,

@@ -8,6 +8,7 @@ at the moment ``popleft_n`` returns it, is the pool's job.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 from kvmesh.kvcache.block import KVCacheBlock
 
@@ -17,8 +18,10 @@ class EvictionPolicy(ABC):
 
     name: str = ""
     """Registry name (``eviction_policy=`` of the pool)."""
-    num_free_blocks: int
-    """Number of free blocks the policy holds."""
+    if TYPE_CHECKING:  # an attribute (LRU) or a property (the segmented ones)
+        @property
+        def num_free_blocks(self) -> int:
+            """Number of free blocks the policy holds."""
     wants_on_cached: bool = False
     """Whether the pool should call ``on_cached`` (off by default: it costs a call per step)."""
 

@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING
 
-from kvmesh.replica.engine import xgrammar_backend as xb
+from kvmesh.replica.engine.xgrammar_backend import compiled_from_json, error_message
 
 if TYPE_CHECKING:
     from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
@@ -266,9 +266,9 @@ class GrammarPool:
         compiled = None
         if result is not None:
             try:
-                compiled = xb.compiled_from_json(result, self._info)
+                compiled = compiled_from_json(result, self._info)
             except Exception as e:  # a version mismatch would be a bug: the request still gets an answer
-                error = f"the compiled grammar could not be read back: {xb.error_message(e)}"
+                error = f"the compiled grammar could not be read back: {error_message(e)}"
         with self._lock:
             self._end(job, "compiled" if compiled is not None else "failed")
             self.stats["compile_seconds"] += seconds

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from kvmesh.replica.engine import xgrammar_backend as xb
+from kvmesh.replica.engine.xgrammar_backend import GrammarMatcher, allocate_bitmask, as_numpy
 
 if TYPE_CHECKING:
     from kvmesh.replica.engine.request import Request
@@ -31,11 +31,11 @@ def constraint_field(manager: StructuredOutputManager, request_id: str) -> str |
     return None if grammar is None else grammar.params.field
 
 
-def allowed_tokens(matcher: xb.GrammarMatcher, vocab_size: int) -> np.ndarray:
+def allowed_tokens(matcher: GrammarMatcher, vocab_size: int) -> np.ndarray:
     """The token ids ``matcher`` allows next (its bitmask row, unpacked on the host)."""
-    bitmask = xb.allocate_bitmask(1, vocab_size)
+    bitmask = allocate_bitmask(1, vocab_size)
     matcher.fill_bitmask(bitmask, 0)
-    bits = np.unpackbits(xb.as_numpy(bitmask)[0].view(np.uint8), bitorder="little")
+    bits = np.unpackbits(as_numpy(bitmask)[0].view(np.uint8), bitorder="little")
     return np.flatnonzero(bits[:vocab_size])
 
 

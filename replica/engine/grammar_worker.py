@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 import xgrammar  # noqa: F401  (imported here so the fork server preloads it)
-from kvmesh.replica.engine import xgrammar_backend as xb
+from kvmesh.replica.engine.xgrammar_backend import XgrammarCompiler, error_message, tokenizer_info_from_json
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -36,7 +36,7 @@ def serve(conn: Connection, tokenizer_info: str, whitespace_default: bool, cache
     """The worker's loop (module doc) until its pipe closes."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the replica's to handle; it ends the pool
-    compiler = xb.XgrammarCompiler(xb.tokenizer_info_from_json(tokenizer_info), whitespace_default, cache_limit_bytes)
+    compiler = XgrammarCompiler(tokenizer_info_from_json(tokenizer_info), whitespace_default, cache_limit_bytes)
     conn.send(("ready",))
     while True:
         try:
@@ -47,5 +47,5 @@ def serve(conn: Connection, tokenizer_info: str, whitespace_default: bool, cache
         try:
             result, error = compiler.compile(params).serialize_json(), None
         except Exception as e:  # xgrammar's parser and compiler errors: the request's
-            result, error = None, xb.error_message(e)
+            result, error = None, error_message(e)
         conn.send((job_id, result, error, time.monotonic() - start))

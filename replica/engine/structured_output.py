@@ -25,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from kvmesh.replica.engine import xgrammar_backend as xb
+from kvmesh.replica.engine import xgrammar_backend
 from kvmesh.replica.engine.grammar_pool import CompileFuture, CompileTimeout, GrammarPool
 from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
 from kvmesh.replica.serving.sampling_params import SamplingParamsError
@@ -45,7 +45,7 @@ def check_constraints(constraints: list[StructuredOutputsParams]) -> None:
     layer calls it on a worker thread, so a large schema is parsed neither on the event loop nor on the engine
     thread, which then finds it checked)."""
     for params in constraints:
-        xb.check(params, StructuredOutputsConfig().any_whitespace)
+        xgrammar_backend.check(params, StructuredOutputsConfig().any_whitespace)
 
 
 class StructuredOutputRequest:
@@ -84,8 +84,8 @@ class StructuredOutputRequest:
         if isinstance(error := self.future.exception(), CompileTimeout):
             return f"{self.params.field}: the grammar {error}"
         if error is not None:
-            return f"{self.params.field}: the grammar failed to compile: {xb.error_message(error)}"
-        matcher = xb.GrammarMatcher(self.future.result())
+            return f"{self.params.field}: the grammar failed to compile: {xgrammar_backend.error_message(error)}"
+        matcher = xgrammar_backend.GrammarMatcher(self.future.result())
         for i, token in enumerate(self.resumed):
             if not matcher.accept(token):
                 return (f"{self.params.field}.num_resumed_tokens: resumed token {i} ({token}) does not match the "
@@ -118,7 +118,7 @@ class StructuredOutputManager:
         self.pool: GrammarPool | None = None
         self.on_compiled: Callable[[], None] | None = None
         """Called (on the pool's thread) when a compile ends: the engine thread waiting only for grammars wakes."""
-        self._filler: xb.BitmaskFiller | None = None
+        self._filler: xgrammar_backend.BitmaskFiller | None = None
 
     def check(self, params: StructuredOutputsParams, num_prompt_tokens: int) -> None:
         """``SamplingParamsError`` naming the request's field when the constraint cannot be compiled."""
@@ -131,7 +131,7 @@ class StructuredOutputManager:
                                          "engine runs without one")
         future = self._cache.get(params.key)
         if future is None or _failed(future):
-            xb.check(params, self.config.any_whitespace)
+            xgrammar_backend.check(params, self.config.any_whitespace)
 
     def add_request(self, request: Request, params: StructuredOutputsParams) -> None:
         """Start compiling ``request``'s grammar (or take it from the cache); the scheduler waits for it."""
@@ -162,7 +162,7 @@ class StructuredOutputManager:
 
     def _compile_pool(self) -> GrammarPool:
         if self.pool is None:
-            info = xb.tokenizer_info(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            info = xgrammar_backend.tokenizer_info(self.tokenizer, self.vocab_size, self.eos_token_ids)
             self.pool = GrammarPool(info.serialize_json(), info, self.config)
             weakref.finalize(self, self.pool.close, 0)  # an engine dropped without close() ends its compiles too
         return self.pool
@@ -222,11 +222,11 @@ class StructuredOutputManager:
             ids += [rid for rid in decodes if rid in live]
         if not ids:
             return None
-        bitmask = xb.allocate_bitmask(len(ids), self.vocab_size)  # [G, ceil(V / 32)] int32, all allowed
+        bitmask = xgrammar_backend.allocate_bitmask(len(ids), self.vocab_size)  # [G, ceil(V / 32)] int32, all allowed
         if self._filler is None:
-            self._filler = xb.BitmaskFiller(self.config.fill_threads)
+            self._filler = xgrammar_backend.BitmaskFiller(self.config.fill_threads)
         self._filler.fill([live[rid].matcher for rid in ids], bitmask)
-        return GrammarBitmask(ids, xb.as_numpy(bitmask))
+        return GrammarBitmask(ids, xgrammar_backend.as_numpy(bitmask))
 
     def accept(self, sampled: dict[str, int]) -> list[tuple[str, str]]:
         """Advance the matchers of the constrained requests among ``sampled``; (request id, error) of tokens the

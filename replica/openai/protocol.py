@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Annotated
 
-from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai.chat_message import ChatMessage
 from kvmesh.replica.openai.kv_transfer_params import KVTransferParams
 from kvmesh.replica.openai.reasoning_fields import ReasoningFields
+from kvmesh.replica.openai.refused_fields import RefusedChatFields, RefusedCompletionFields
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.openai.structured_fields import StructuredOutputFields
 from kvmesh.replica.openai.tool_fields import ToolFields
@@ -173,7 +173,7 @@ class SamplingFields(StructuredOutputFields, VLLMExtraFields):
 Prompt = str | list[int] | list[str] | list[list[int]]
 
 
-class CompletionRequest(SamplingFields, rf.RefusedCompletionFields):
+class CompletionRequest(SamplingFields, RefusedCompletionFields):
     __token_id_fields__ = ("prompt",)  # validated in C when token ids (errors.parse_request)
     prompt: Prompt
     max_tokens: Count | None = 16
@@ -230,7 +230,7 @@ class CompletionRequest(SamplingFields, rf.RefusedCompletionFields):
 
 
 class ChatCompletionRequest(ToolFields, ReasoningFields, SamplingFields, ChatEcho, ChatTemplateArgs,
-                            rf.RefusedChatFields):
+                            RefusedChatFields):
     __token_id_fields__ = ("prompt_token_ids",)  # validated in C when token ids (errors.parse_request)
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Count | None = None

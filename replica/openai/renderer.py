@@ -21,9 +21,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from kvmesh.replica.openai import protocol as p
-from kvmesh.replica.openai import tokenize_requests as tk
 from kvmesh.replica.openai.config import FrontendConfig
+from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kvmesh.replica.openai.tokenize_requests import DetokenizeRequest, TokenizeRequest
 from kvmesh.replica.serving.errors import ProtocolError
 from pydantic import JsonValue
 
@@ -131,10 +131,10 @@ class PromptRenderer:
             return await self.run(tok.encode, rendered, add_special_tokens)
         return await self.run(render)
 
-    async def request(self, req: p.CompletionRequest | p.ChatCompletionRequest) -> list[int]:
+    async def request(self, req: CompletionRequest | ChatCompletionRequest) -> list[int]:
         """Token ids of a completion or chat request, exactly as the replica computes them (a chat's
         ``prompt_token_ids``, when sent, range-checked instead of rendering its messages)."""
-        if isinstance(req, p.ChatCompletionRequest):
+        if isinstance(req, ChatCompletionRequest):
             req.check_supported()  # an unsupported field is the answer, before any template question
             req.check_tool_choice_served(self.config.enable_auto_tool_choice, self.config.tool_call_parser)
             req.adjust_for_tool_parser(self.config.tool_call_parser)
@@ -150,13 +150,13 @@ class PromptRenderer:
             return req.truncated(ids, self.require_tokenizer().max_model_len)
         return (await self.prompts(req, first_only=True))[0]
 
-    async def prompts(self, req: p.CompletionRequest, first_only: bool = False) -> list[list[int]]:
+    async def prompts(self, req: CompletionRequest, first_only: bool = False) -> list[list[int]]:
         """Token ids of every prompt of a completion request (or of its first), as the replica computes them."""
         limit, special = self.require_tokenizer().max_model_len, req.add_special_tokens is not False
         prompts = [req.single_prompt()] if first_only else req.prompts()
         return [req.truncated(await self.completion(prompt, special), limit) for prompt in prompts]
 
-    async def detokenize(self, req: tk.DetokenizeRequest) -> str:
+    async def detokenize(self, req: DetokenizeRequest) -> str:
         """``POST /detokenize``: the ids' text (special tokens kept, as vLLM); ids outside the vocabulary are a 400."""
         tok = self.require_tokenizer()
         vocab = tok.vocab_size
@@ -166,7 +166,7 @@ class PromptRenderer:
                                 param="tokens")
         return await self.run(tok.decode, req.tokens, False)
 
-    async def tokenize(self, req: tk.TokenizeRequest) -> list[int]:
+    async def tokenize(self, req: TokenizeRequest) -> list[int]:
         """``POST /tokenize``: exactly one of ``prompt`` / ``messages``; ``add_special_tokens`` defaults to
         True for a prompt and False for messages (vLLM)."""
         if (req.prompt is None) == (req.messages is None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from typing import ClassVar, Literal
 from urllib.parse import quote
 
@@ -114,7 +115,9 @@ class UsageInfo(OpenAIBaseModel):
 FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"] | None
 
 
-_ONLY_IF_SET = {"default": None, "exclude_if": lambda v: v is None}  # absent from the JSON unless asked for
+def _unset(value: object) -> bool:
+    """A field left None is absent from the JSON unless asked for (``Field(default=None, exclude_if=_unset)``)."""
+    return value is None
 
 
 class CompletionChoice(OpenAIBaseModel):
@@ -123,7 +126,7 @@ class CompletionChoice(OpenAIBaseModel):
     logprobs: dict[str, list] | None = None
     """{tokens, token_logprobs, top_logprobs, text_offset} (logprobs_format.py)."""
     finish_reason: FinishReason = None
-    token_ids: list[int] | None = Field(**_ONLY_IF_SET)
+    token_ids: list[int] | None = Field(default=None, exclude_if=_unset)
     """The new token ids behind ``text`` (streaming with ``return_token_ids`` only)."""
 
 
@@ -141,8 +144,8 @@ class ReasoningOut(OpenAIBaseModel):
     ``reasoning_content`` (DeepSeek's API, which vLLM followed first) and ``reasoning`` (vLLM's current name).
     Absent without a reasoning parser or with ``include_reasoning: false``."""
 
-    reasoning_content: str | None = Field(**_ONLY_IF_SET)
-    reasoning: str | None = Field(**_ONLY_IF_SET)
+    reasoning_content: str | None = Field(default=None, exclude_if=_unset)
+    reasoning: str | None = Field(default=None, exclude_if=_unset)
 
     def with_reasoning(self, text: str | None) -> None:
         self.reasoning_content = self.reasoning = text
@@ -151,7 +154,7 @@ class ReasoningOut(OpenAIBaseModel):
 class ChatMessageOut(ReasoningOut):
     role: str = "assistant"
     content: str | None = None
-    tool_calls: list[dict[str, JsonValue]] | None = Field(**_ONLY_IF_SET)
+    tool_calls: list[dict[str, JsonValue]] | None = Field(default=None, exclude_if=_unset)
     """The calls the answer makes (``{"id", "type": "function", "function": {"name", "arguments"}}``)."""
 
 
@@ -176,9 +179,9 @@ class DeltaMessage(ReasoningOut):
     """A streamed chat chunk's delta: ``{"role": "assistant", "content": ""}`` first, then ``{"content": ...}``
     (vLLM's shape: no null fields)."""
 
-    role: str | None = Field(**_ONLY_IF_SET)
-    content: str | None = Field(**_ONLY_IF_SET)
-    tool_calls: list[dict[str, JsonValue]] | None = Field(**_ONLY_IF_SET)
+    role: str | None = Field(default=None, exclude_if=_unset)
+    content: str | None = Field(default=None, exclude_if=_unset)
+    tool_calls: list[dict[str, JsonValue]] | None = Field(default=None, exclude_if=_unset)
     """Tool-call deltas: ``{"index", "id", "type", "function": {"name", "arguments": ""}}`` when a call starts,
     then ``{"index", "function": {"arguments": chunk}}``."""
 
@@ -188,7 +191,7 @@ class ChatStreamChoice(OpenAIBaseModel):
     delta: DeltaMessage
     logprobs: dict[str, list] | None = None
     finish_reason: FinishReason = None
-    token_ids: list[int] | None = Field(**_ONLY_IF_SET)
+    token_ids: list[int] | None = Field(default=None, exclude_if=_unset)
     """The new token ids behind ``delta`` (``return_token_ids`` only)."""
 
 
@@ -201,7 +204,7 @@ class ChatCompletionChunk(OpenAIBaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
-    prompt_token_ids: list[int] | None = Field(**_ONLY_IF_SET)
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_unset)
     """The prompt's token ids, on the first chunk of a stream with ``return_token_ids``."""
 
 
@@ -214,7 +217,7 @@ class CompletionChunk(OpenAIBaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
-    prompt_token_ids: list[int] | None = Field(**_ONLY_IF_SET)
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_unset)
     """The prompt's token ids, on the first chunk of a stream with ``return_token_ids``."""
 
 
@@ -252,7 +255,7 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard]
 
 
-def card_named(cards: list[JsonValue], model_id: str) -> JsonValue:
+def card_named(cards: Sequence[JsonValue], model_id: str) -> JsonValue:
     """``GET /v1/models/{id}``: the card of ``model_id`` among ``cards``; a 404 naming what is served."""
     card = next((c for c in cards if isinstance(c, dict) and c.get("id") == model_id), None)
     if card is None:

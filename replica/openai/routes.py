@@ -17,21 +17,21 @@ from importlib import metadata
 from typing import TypeVar
 
 from fastapi import FastAPI, Request
-from kvmesh.replica.openai import protocol as p
-from kvmesh.replica.openai import refused_fields as rf
-from kvmesh.replica.openai import responses as r
-from kvmesh.replica.openai import tokenize_requests as tk
 from kvmesh.replica.openai.body import read_request
+from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from kvmesh.replica.openai.refused_fields import RENDER_ONLY, refuse_unimplemented
 from kvmesh.replica.openai.renderer import PromptRenderer
+from kvmesh.replica.openai.responses import DetokenizeResponse, RenderedRequest, TokenizeResponse, random_id
+from kvmesh.replica.openai.tokenize_requests import DetokenizeRequest, TokenizeRequest
 from pydantic import JsonValue
 
-Routed = TypeVar("Routed", tk.TokenizeRequest, tk.DetokenizeRequest, p.CompletionRequest, p.ChatCompletionRequest)
-BodyCheck = Callable[[Request, p.SamplingFields], None]
+Routed = TypeVar("Routed", TokenizeRequest, DetokenizeRequest, CompletionRequest, ChatCompletionRequest)
+BodyCheck = Callable[[Request, SamplingFields], None]
 """Refuses (raises ProtocolError) a decoded completion or chat body the server will not take from this caller:
 the router's router-only fields (router/http/router_only.py), a replica's KV plane (replica/server/kv_plane.py)."""
 
 
-def accept_any(http: Request, req: p.SamplingFields) -> None:
+def accept_any(http: Request, req: SamplingFields) -> None:
     return None
 
 
@@ -56,34 +56,34 @@ def install_shared_routes(app: FastAPI, renderer: PromptRenderer, check_model: C
         check_model(req.model)
         return req
 
-    def rendered(req: p.CompletionRequest | p.ChatCompletionRequest, ids: list[int], prefix: str) -> dict[str, JsonValue]:
-        rf.refuse_unimplemented(req, rf.RENDER_ONLY)
+    def rendered(req: CompletionRequest | ChatCompletionRequest, ids: list[int], prefix: str) -> dict[str, JsonValue]:
+        refuse_unimplemented(req, RENDER_ONLY)
         params = req.to_sampling_params(len(ids), max_model_len())
-        return r.RenderedRequest(
-            request_id=req.request_id or r.random_id(prefix), token_ids=ids, model=req.model or model_name(),
+        return RenderedRequest(
+            request_id=req.request_id or random_id(prefix), token_ids=ids, model=req.model or model_name(),
             sampling_params=dataclasses.asdict(params), stream=req.stream, cache_salt=req.cache_salt,
             stream_options=req.stream_options.model_dump() if req.stream_options else None).model_dump()
 
     @app.post("/tokenize")
     async def tokenize(http: Request):
-        req = await read(http, tk.TokenizeRequest)
+        req = await read(http, TokenizeRequest)
         ids = await renderer.tokenize(req)
-        return r.TokenizeResponse(count=len(ids), max_model_len=max_model_len(), tokens=ids).model_dump()
+        return TokenizeResponse(count=len(ids), max_model_len=max_model_len(), tokens=ids).model_dump()
 
     @app.post("/detokenize")
     async def detokenize(http: Request):
-        req = await read(http, tk.DetokenizeRequest)
-        return r.DetokenizeResponse(prompt=await renderer.detokenize(req)).model_dump()
+        req = await read(http, DetokenizeRequest)
+        return DetokenizeResponse(prompt=await renderer.detokenize(req)).model_dump()
 
     @app.post("/v1/completions/render")
     async def render_completion(http: Request):
-        req = await read(http, p.CompletionRequest)
+        req = await read(http, CompletionRequest)
         check_body(http, req)
         return [rendered(req, ids, "cmpl") for ids in await renderer.prompts(req)]
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(http: Request):
-        req = await read(http, p.ChatCompletionRequest)
+        req = await read(http, ChatCompletionRequest)
         check_body(http, req)
         return rendered(req, await renderer.request(req), "chatcmpl")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from kvmesh.replica.openai import refused_fields as rf
+from kvmesh.replica.openai.refused_fields import refuse_unimplemented
 from kvmesh.replica.openai.responses import OpenAIBaseModel
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.replica.serving.sampling_params import MAX_LOGPROBS
@@ -64,7 +64,7 @@ class VLLMExtraFields(OpenAIBaseModel):
     def check_extras(self, streaming: bool) -> None:
         """The rules of vLLM's fields: the ones kvmesh refuses (refused_fields.py), prompt logprobs not streamed
         (``streaming``: the request's ``stream``)."""
-        rf.refuse_unimplemented(self)
+        refuse_unimplemented(self)
         if self.prompt_logprobs is not None and streaming:
             raise ProtocolError("prompt_logprobs are not available when streaming; send stream=false",
                                 param="prompt_logprobs")

@@ -31,11 +31,11 @@ from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.auth import AuthMiddleware, is_operator, never_admin
 from kvmesh.replica.openai.errors import error_response, install_error_handlers
 from kvmesh.replica.openai.lora_adapters import LORA_ADMIN_PATHS
 from kvmesh.replica.openai.prefix_cache_reset import RESET_PREFIX_CACHE_PATH
+from kvmesh.replica.openai.responses import ModelCard, ModelList, card_named
 from kvmesh.replica.openai.routes import install_shared_routes
 from kvmesh.replica.server import kv_plane
 from kvmesh.replica.server.completions import OpenAIHandlers
@@ -95,9 +95,9 @@ def _install_model_cards(app: FastAPI, state: ServerState, open_server: bool) ->
     def cards(http: Request) -> list:  # host paths (root) for the router and the operator only
         max_model_len = state.engine_client.max_model_len
         paths = open_server or is_operator(http.scope)
-        card = r.ModelCard(id=state.model_name, root=state.model_path if paths else state.model_name,
+        card = ModelCard(id=state.model_name, root=state.model_path if paths else state.model_name,
                            max_model_len=max_model_len)
-        return r.ModelList(data=[card, *state.loras.cards(max_model_len, paths)]).model_dump()["data"]
+        return ModelList(data=[card, *state.loras.cards(max_model_len, paths)]).model_dump()["data"]
 
     @app.get("/v1/models")
     async def models(http: Request):
@@ -105,7 +105,7 @@ def _install_model_cards(app: FastAPI, state: ServerState, open_server: bool) ->
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str, http: Request):
-        return r.card_named(cards(http), model_id)
+        return card_named(cards(http), model_id)
 
 
 def _install_engine_routes(app: FastAPI, state: ServerState) -> None:

@@ -11,24 +11,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvmesh.replica.openai import protocol as p
-from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.config import FrontendConfig
+from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.replica.openai.reasoning_parsers import ReasoningStream, split
+from kvmesh.replica.openai.responses import ChatMessageOut, DeltaMessage
 from kvmesh.replica.openai.tool_parsers.stream import ToolCallStream
 from kvmesh.replica.server import chat_tools
 from kvmesh.replica.serving.sampling_params import SamplingParams
 
 
-def constrain_after_reasoning(req: p.ChatCompletionRequest | p.CompletionRequest, frontend: FrontendConfig,
+def constrain_after_reasoning(req: ChatCompletionRequest | CompletionRequest, frontend: FrontendConfig,
                               params: list[SamplingParams]) -> None:
     """A chat's constraints wait for the end of its reasoning (unless ``--enable-in-reasoning``)."""
-    if isinstance(req, p.ChatCompletionRequest) and not frontend.enable_in_reasoning:
+    if isinstance(req, ChatCompletionRequest) and not frontend.enable_in_reasoning:
         req.constrain_after_reasoning(frontend.reasoning_parser, params)
 
 
-def message(req: p.ChatCompletionRequest, frontend: FrontendConfig, text: str,
-            reason: str | None) -> tuple[r.ChatMessageOut, str | None]:
+def message(req: ChatCompletionRequest, frontend: FrontendConfig, text: str,
+            reason: str | None) -> tuple[ChatMessageOut, str | None]:
     """The message of a finished choice and its finish reason."""
     echo = req.echo_text()
     parser = req.reasoning_parser(frontend.reasoning_parser)
@@ -51,23 +51,23 @@ class ChoiceStream:
     tools: ToolCallStream | None
 
 
-def streams(req: p.ChatCompletionRequest, frontend: FrontendConfig, n: int) -> list[ChoiceStream]:
+def streams(req: ChatCompletionRequest, frontend: FrontendConfig, n: int) -> list[ChoiceStream]:
     """One reader per streamed choice."""
     tools = chat_tools.streams(req, frontend.tool_call_parser, n)
     return [ChoiceStream(None if (parser := req.reasoning_parser(frontend.reasoning_parser)) is None
                          else ReasoningStream(parser), tools[i]) for i in range(n)]
 
 
-def delta(req: p.ChatCompletionRequest, stream: ChoiceStream, text: str,
-          reason: str | None) -> tuple[r.DeltaMessage | None, str | None]:
+def delta(req: ChatCompletionRequest, stream: ChoiceStream, text: str,
+          reason: str | None) -> tuple[DeltaMessage | None, str | None]:
     """A streamed choice's next delta and finish reason; None when the readers hold the text back."""
     if stream.reasoning is None:
         return chat_tools.delta(req, stream.tools, text, reason)
     reasoning, content = stream.reasoning.feed(text, final=reason is not None)
-    out: r.DeltaMessage | None = None
+    out: DeltaMessage | None = None
     if content or reason is not None:
         out, reason = chat_tools.delta(req, stream.tools, content, reason)
     if reasoning and req.include_reasoning:
-        out = out or r.DeltaMessage()
+        out = out or DeltaMessage()
         out.with_reasoning(reasoning)
     return out, reason

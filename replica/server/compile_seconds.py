@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.openai.compile_tenant import COMPILE_SECONDS_HEADER
-from kvmesh.replica.server import parallel_sampling as ps
+from kvmesh.replica.server.parallel_sampling import chain
 
 if TYPE_CHECKING:
     from kvmesh.replica.server.parallel_sampling import Outputs
@@ -28,6 +28,6 @@ async def compile_headers(streams: list[Outputs], constrained: bool) -> dict[str
             first = await anext(stream)
         except StopAsyncIteration:
             continue
-        streams[i] = ps.chain(first, stream)
+        streams[i] = chain(first, stream)
         seconds += first.grammar_compile_s
     return {COMPILE_SECONDS_HEADER: f"{seconds:.6f}"} if seconds > 0 else {}

@@ -20,14 +20,12 @@ from typing import TYPE_CHECKING, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kvmesh.replica.engine.structured_output import check_constraints
-from kvmesh.replica.openai import logprobs_format as lf
-from kvmesh.replica.openai import protocol as p
-from kvmesh.replica.openai import responses as r
+from kvmesh.replica.openai import logprobs_format, responses
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.compile_tenant import compile_tenant
 from kvmesh.replica.openai.grammar_limits import check_grammar_limits
-from kvmesh.replica.server import chat_answer, compile_seconds, kv_plane, kv_request
-from kvmesh.replica.server import parallel_sampling as ps
+from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kvmesh.replica.server import chat_answer, compile_seconds, kv_plane, kv_request, parallel_sampling
 from kvmesh.replica.server.output_usage import check_failed, total_usage, usage_of
 from kvmesh.replica.server.parallel_sampling import Outputs
 from kvmesh.replica.serving.errors import ProtocolError, internal_error, log_failure
@@ -39,8 +37,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-OpenAIRequest = p.CompletionRequest | p.ChatCompletionRequest
-R = TypeVar("R", p.CompletionRequest, p.ChatCompletionRequest)
+OpenAIRequest = CompletionRequest | ChatCompletionRequest
+R = TypeVar("R", CompletionRequest, ChatCompletionRequest)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -56,17 +54,17 @@ class OpenAIHandlers:
 
     def __init__(self, state: ServerState):
         self.state = state  # engine client, tokenizer, served names, metrics
-        self._token_decoder: lf.TokenDecoder | None = None  # for logprobs' token strings
+        self._token_decoder: logprobs_format.TokenDecoder | None = None  # for logprobs' token strings
 
     # ------------------------------------------------------------ entry points
     async def completions(self, http: Request) -> Response:
-        req = await self._read(http, p.CompletionRequest)
+        req = await self._read(http, CompletionRequest)
         return await self._serve(http, req, await self.state.renderer.prompts(req))
 
     async def chat(self, http: Request) -> Response:
-        return await self.serve_chat(http, await self._read(http, p.ChatCompletionRequest))
+        return await self.serve_chat(http, await self._read(http, ChatCompletionRequest))
 
-    async def serve_chat(self, http: Request, req: p.ChatCompletionRequest) -> Response:
+    async def serve_chat(self, http: Request, req: ChatCompletionRequest) -> Response:
         """Answer a validated chat request (``/v1/chat/completions``, and ``/v1/responses``' chat: responses_routes.py)."""
         return await self._serve(http, req, [await self.state.renderer.request(req)])
 
@@ -91,18 +89,18 @@ class OpenAIHandlers:
                 await asyncio.to_thread(check_constraints, constraints)
             except SamplingParamsError as e:
                 raise ProtocolError(str(e), param=e.param) from None
-        request_id = r.random_id("chatcmpl" if isinstance(req, p.ChatCompletionRequest) else "cmpl")
-        best_of = req.best_of if isinstance(req, p.CompletionRequest) else None
-        candidates = ps.plan_candidates(request_id, prompts, params, req.n, best_of,
+        request_id = responses.random_id("chatcmpl" if isinstance(req, ChatCompletionRequest) else "cmpl")
+        best_of = req.best_of if isinstance(req, CompletionRequest) else None
+        candidates = parallel_sampling.plan_candidates(request_id, prompts, params, req.n, best_of,
                                         params[0].logprobs is not None, req.stream)
         kv = kv_request.engine_params(self.state, req, prompts, http)  # a pull before it runs, a lease at its end
         try:  # queues the requests now (a 400 before any byte is sent); a client leaving during a pull or a compile
-            streams = await kv_request.start_or_leave(ps.start_all(  # aborts them
+            streams = await kv_request.start_or_leave(parallel_sampling.start_all(  # aborts them
                 client, candidates, req.cache_salt, self.state.loras.request_for(req.model), req.priority, kv),
                 _wait_disconnect(http) if constraints or (kv is not None and kv.remote is not None) else None)
             kv_headers = {**await kv_request.pull_headers(req, kv, streams),  **await compile_seconds.compile_headers(streams, bool(constraints))}
-            if isinstance(req, p.CompletionRequest) and req.prompt_only:
-                streams = [ps.without_output(stream) for stream in streams]
+            if isinstance(req, CompletionRequest) and req.prompt_only:
+                streams = [parallel_sampling.without_output(stream) for stream in streams]
         except ValueError as e:  # a SamplingParamsError names the field
             raise ProtocolError(str(e), param=e.param if isinstance(e, SamplingParamsError) else None) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere
@@ -110,68 +108,68 @@ class OpenAIHandlers:
             raise ProtocolError(f"this replica cannot take requests now (draining, or its engine stopped; request id "
                                 f"{request_id}); retry on another one", 503) from None
         model = req.model or self.state.model_name
-        request_id = r.answer_id(request_id, req.request_id)  # the engine's ids stay unique
+        request_id = responses.answer_id(request_id, req.request_id)  # the engine's ids stay unique
         if req.stream:
             return StreamingResponse(
                 self._guard_stream(self._stream(request_id, model, candidates, streams, req), candidates),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Request-Id": r.id_header(request_id), **kv_headers},
+                headers={"Cache-Control": "no-cache", "X-Request-Id": responses.id_header(request_id), **kv_headers},
             )
         finals = await self._collect_or_abort(http, candidates, streams)
         for final in finals:
             check_failed(final)
         usage = total_usage(candidates, finals)
-        choices = ps.select_choices(candidates, finals, req.n)
-        body: r.ChatCompletionResponse | r.CompletionResponse
-        if isinstance(req, p.ChatCompletionRequest):
+        choices = parallel_sampling.select_choices(candidates, finals, req.n)
+        body: responses.ChatCompletionResponse | responses.CompletionResponse
+        if isinstance(req, ChatCompletionRequest):
             answers = [chat_answer.message(req, self.state.frontend, final.text, final.finish_reason)
                        for _, _, final in choices]
-            body = r.ChatCompletionResponse(id=request_id, model=model, usage=usage, choices=[
-                r.ChatCompletionChoice(index=index, message=message, finish_reason=reason,
+            body = responses.ChatCompletionResponse(id=request_id, model=model, usage=usage, choices=[
+                responses.ChatCompletionChoice(index=index, message=message, finish_reason=reason,
                                        logprobs=self._chat_logprobs(req, final.output_token_ids, final.logprobs))
                 for (index, _, final), (message, reason) in zip(choices, answers, strict=True)])
         else:
-            prompt_logprobs = ps.prompt_logprobs_of(candidates, finals)
-            body = r.CompletionResponse(id=request_id, model=model, usage=usage, choices=[
+            prompt_logprobs = parallel_sampling.prompt_logprobs_of(candidates, finals)
+            body = responses.CompletionResponse(id=request_id, model=model, usage=usage, choices=[
                 self._completion_choice(req, index, final, candidate, prompt_logprobs.get(candidate.prompt_index))
                 for index, candidate, final in choices])
         payload = body.model_dump()
-        lf.attach_prompt_logprobs(payload, req.prompt_logprobs, ps.prompt_logprobs_of(candidates, finals),
+        logprobs_format.attach_prompt_logprobs(payload, req.prompt_logprobs, parallel_sampling.prompt_logprobs_of(candidates, finals),
                                   [c.prompt_index for _, c, _ in choices], self._decode_token(req))
         if (handle := kv_request.handle(req, finals[0])) is not None:
             payload["kv_transfer_params"] = handle
-        return JSONResponse(payload, headers={"X-Request-Id": r.id_header(request_id), **kv_headers})
+        return JSONResponse(payload, headers={"X-Request-Id": responses.id_header(request_id), **kv_headers})
 
     # ------------------------------------------------------------ logprobs (openai/logprobs_format.py)
-    def _decode_token(self, req: OpenAIRequest) -> lf.TokenDecoder:
+    def _decode_token(self, req: OpenAIRequest) -> logprobs_format.TokenDecoder:
         """One token alone -> its text (built on first use; caches what it decoded), or its id as text."""
         if self._token_decoder is None:
-            self._token_decoder = lf.token_decoder(self.state.tokenizer.hf)
-        return lf.token_id_text if req.return_tokens_as_token_ids else self._token_decoder
+            self._token_decoder = logprobs_format.token_decoder(self.state.tokenizer.hf)
+        return logprobs_format.token_id_text if req.return_tokens_as_token_ids else self._token_decoder
 
-    def _echo_text(self, req: p.CompletionRequest, out: RequestOutput, prompt_index: int) -> str:
+    def _echo_text(self, req: CompletionRequest, out: RequestOutput, prompt_index: int) -> str:
         """The echoed prompt: as sent when it was text (and not truncated), else the tokens it ran decoded."""
         prompt, cut = req.prompts()[prompt_index], req.truncate_prompt_tokens is not None
         return prompt if isinstance(prompt, str) and not cut else self.state.tokenizer.decode(out.prompt_token_ids)
 
-    def _completion_choice(self, req: p.CompletionRequest, index: int, final: RequestOutput, candidate: ps.Candidate,
-                           prompt_logprobs: PromptLogprobs | None) -> r.CompletionChoice:
+    def _completion_choice(self, req: CompletionRequest, index: int, final: RequestOutput, candidate: parallel_sampling.Candidate,
+                           prompt_logprobs: PromptLogprobs | None) -> responses.CompletionChoice:
         text = self._echo_text(req, final, candidate.prompt_index) + final.text if req.echo else final.text
-        logprobs = None if req.logprobs is None else lf.choice_logprobs(
+        logprobs = None if req.logprobs is None else logprobs_format.choice_logprobs(
             final.prompt_token_ids, prompt_logprobs, final.output_token_ids, final.logprobs, req.logprobs,
             self._decode_token(req), req.echo)
-        return r.CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=final.finish_reason)
+        return responses.CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=final.finish_reason)
 
-    def _chat_logprobs(self, req: p.ChatCompletionRequest, token_ids: list[int],
+    def _chat_logprobs(self, req: ChatCompletionRequest, token_ids: list[int],
                        entries: list[TokenLogprobs] | None) -> dict | None:
         if not req.logprobs or entries is None or req.hides_reasoning(self.state.frontend.reasoning_parser):
             return None
-        return lf.chat_logprobs(token_ids, entries, req.top_logprobs or 0, self._decode_token(req))
+        return logprobs_format.chat_logprobs(token_ids, entries, req.top_logprobs or 0, self._decode_token(req))
 
-    async def _collect_or_abort(self, http: Request, candidates: list[ps.Candidate],
+    async def _collect_or_abort(self, http: Request, candidates: list[parallel_sampling.Candidate],
                                 stream_list: list[Outputs]) -> list[RequestOutput]:
         """Every candidate's final output; aborts them all if the client disconnects first."""
-        collect_task = asyncio.ensure_future(ps.collect_all(stream_list))
+        collect_task = asyncio.ensure_future(parallel_sampling.collect_all(stream_list))
         disconnect_task = asyncio.ensure_future(_wait_disconnect(http))
         try:
             done, _ = await asyncio.wait({collect_task, disconnect_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -190,7 +188,7 @@ class OpenAIHandlers:
             raise ProtocolError("the engine returned no output for this request", 500)
         return [f for f in finals if f is not None]
 
-    async def _guard_stream(self, chunks: AsyncIterator[str], candidates: list[ps.Candidate]) -> AsyncIterator[str]:
+    async def _guard_stream(self, chunks: AsyncIterator[str], candidates: list[parallel_sampling.Candidate]) -> AsyncIterator[str]:
         """Abort on disconnect (Starlette cancels this generator) and turn errors into an SSE error event."""
         finished = False
         request_id = candidates[0].request_id
@@ -200,47 +198,47 @@ class OpenAIHandlers:
             finished = True
         except ProtocolError as e:
             finished = True
-            yield r.sse(e.to_dict())
-            yield r.SSE_DONE
+            yield responses.sse(e.to_dict())
+            yield responses.SSE_DONE
         except Exception as e:  # noqa: BLE001 - one request's failure must not reach the server
             finished = True
-            yield r.sse(internal_error("replica", e, logger, what=f"stream of {request_id} failed").to_dict())
-            yield r.SSE_DONE
+            yield responses.sse(internal_error("replica", e, logger, what=f"stream of {request_id} failed").to_dict())
+            yield responses.SSE_DONE
         finally:
             if not finished:
                 logger.info("stream of %s closed early; aborting", request_id)
                 for c in candidates:
                     await asyncio.shield(self.state.engine_client.abort(c.request_id))
 
-    async def _stream(self, request_id: str, model: str, candidates: list[ps.Candidate], stream_list: list[Outputs],
+    async def _stream(self, request_id: str, model: str, candidates: list[parallel_sampling.Candidate], stream_list: list[Outputs],
                       req: OpenAIRequest) -> AsyncIterator[str]:
         """Every choice's chunks as they come, then (``include_usage``) one usage chunk, then ``[DONE]``."""
         created = int(time.time())
         finals: list[RequestOutput | None] = [None] * len(candidates)  # filled in by the chunk generators
-        usage_chunk: type[r.ChatCompletionChunk] | type[r.CompletionChunk]
-        if isinstance(req, p.ChatCompletionRequest):
+        usage_chunk: type[responses.ChatCompletionChunk] | type[responses.CompletionChunk]
+        if isinstance(req, ChatCompletionRequest):
             chunks = self._chat_chunks(request_id, created, model, candidates, stream_list, req, finals)
-            usage_chunk = r.ChatCompletionChunk
+            usage_chunk = responses.ChatCompletionChunk
         else:
             chunks = self._completion_chunks(request_id, created, model, candidates, stream_list, req, finals)
-            usage_chunk = r.CompletionChunk
+            usage_chunk = responses.CompletionChunk
         async for chunk in chunks:
             yield chunk
         done = [f for f in finals if f is not None]
         if req.include_usage and len(done) == len(finals):
-            yield r.sse(usage_chunk(id=request_id, created=created, model=model, choices=[],
+            yield responses.sse(usage_chunk(id=request_id, created=created, model=model, choices=[],
                                     usage=total_usage(candidates, done)))
-        yield r.SSE_DONE
+        yield responses.SSE_DONE
 
-    async def _completion_chunks(self, request_id: str, created: int, model: str, candidates: list[ps.Candidate],
-                                 stream_list: list[Outputs], req: p.CompletionRequest,
+    async def _completion_chunks(self, request_id: str, created: int, model: str, candidates: list[parallel_sampling.Candidate],
+                                 stream_list: list[Outputs], req: CompletionRequest,
                                  finals: list[RequestOutput | None]) -> AsyncIterator[str]:
         continuous = req.stream_options and req.stream_options.continuous_usage_stats
         ids = req.return_token_ids  # then every step with new tokens is a chunk, even with no text yet
         first_ids = [ids] * len(candidates)  # prompt ids go once, on each choice's first chunk
         text_offsets = [0] * len(candidates)  # characters of each choice's logprobs tokens sent so far
         echoed = [not req.echo] * len(candidates)
-        async for i, out in ps.merge_streams(stream_list, req.stream_interval):
+        async for i, out in parallel_sampling.merge_streams(stream_list, req.stream_interval):
             check_failed(out, stream=True)
             if not (out.delta_text or out.finished or out.new_logprobs or not echoed[i] or (ids and out.new_token_ids)):
                 continue
@@ -248,43 +246,43 @@ class OpenAIHandlers:
             if echo:
                 text, echoed[i] = self._echo_text(req, out, candidates[i].prompt_index) + text, True
             if req.logprobs is not None:
-                logprobs = lf.choice_logprobs(
+                logprobs = logprobs_format.choice_logprobs(
                     out.prompt_token_ids, out.prompt_logprobs, out.new_token_ids,
                     out.new_logprobs or [None] * len(out.new_token_ids), req.logprobs, self._decode_token(req), echo,
                     text_offsets[i])
                 text_offsets[i] += sum(map(len, logprobs["tokens"]))
-            chunk = r.CompletionChunk(
+            chunk = responses.CompletionChunk(
                 id=request_id, created=created, model=model,
                 prompt_token_ids=candidates[i].prompt_token_ids if first_ids[i] else None,
-                choices=[r.CompletionChoice(index=ps.choice_index(candidates[i], req.n), text=text,
+                choices=[responses.CompletionChoice(index=parallel_sampling.choice_index(candidates[i], req.n), text=text,
                                             logprobs=logprobs, finish_reason=out.finish_reason,
                                             token_ids=out.new_token_ids if ids else None)],
                 usage=usage_of(out) if continuous else None)
             first_ids[i] = False
-            yield r.sse(chunk)
+            yield responses.sse(chunk)
             if out.finished:
                 finals[i] = out
 
-    async def _chat_chunks(self, request_id: str, created: int, model: str, candidates: list[ps.Candidate],
-                           stream_list: list[Outputs], req: p.ChatCompletionRequest,
+    async def _chat_chunks(self, request_id: str, created: int, model: str, candidates: list[parallel_sampling.Candidate],
+                           stream_list: list[Outputs], req: ChatCompletionRequest,
                            finals: list[RequestOutput | None]) -> AsyncIterator[str]:
         continuous = req.stream_options and req.stream_options.continuous_usage_stats
         hidden = req.hides_reasoning(self.state.frontend.reasoning_parser)  # no token ids or logprobs then
         ids = req.return_token_ids and not hidden  # then every step with new tokens is a chunk, even with no text yet
 
-        def chunk(index: int, delta: r.DeltaMessage, finish_reason: str | None = None, usage: r.UsageInfo | None = None,
+        def chunk(index: int, delta: responses.DeltaMessage, finish_reason: str | None = None, usage: responses.UsageInfo | None = None,
                   logprobs: dict | None = None, token_ids: list[int] | None = None,
                   first_ids: list[int] | None = None) -> str:
-            return r.sse(r.ChatCompletionChunk(
+            return responses.sse(responses.ChatCompletionChunk(
                 id=request_id, created=created, model=model, usage=usage, prompt_token_ids=first_ids,
-                choices=[r.ChatStreamChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
+                choices=[responses.ChatStreamChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
                                             token_ids=token_ids if ids else None)]))
 
         for c in candidates:
-            yield chunk(ps.choice_index(c, req.n), r.DeltaMessage(role="assistant", content=req.echo_text()), token_ids=[],
+            yield chunk(parallel_sampling.choice_index(c, req.n), responses.DeltaMessage(role="assistant", content=req.echo_text()), token_ids=[],
                         first_ids=c.prompt_token_ids if ids else None)
         readers = chat_answer.streams(req, self.state.frontend, len(candidates))
-        async for i, out in ps.merge_streams(stream_list, req.stream_interval):
+        async for i, out in parallel_sampling.merge_streams(stream_list, req.stream_interval):
             check_failed(out, stream=True)
             if not out.delta_text and not out.finished and not out.new_logprobs and not (ids and out.new_token_ids):
                 continue
@@ -293,7 +291,7 @@ class OpenAIHandlers:
                 continue  # text a reader holds back
             usage = usage_of(out) if continuous else None
             logprobs = self._chat_logprobs(req, out.new_token_ids, out.new_logprobs)
-            yield chunk(ps.choice_index(candidates[i], req.n), delta or r.DeltaMessage(content=""),
+            yield chunk(parallel_sampling.choice_index(candidates[i], req.n), delta or responses.DeltaMessage(content=""),
                         reason, usage, logprobs, out.new_token_ids)
             if out.finished:
                 finals[i] = out

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from fastapi import Request
 from kvmesh.replica.engine.remote_kv import NO_PULL, PullResult, RemoteKV
-from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.kv_peers import peer_of
+from kvmesh.replica.server.parallel_sampling import chain
 from kvmesh.replica.serving.errors import ProtocolError
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ async def pull_headers(req: CompletionRequest | ChatCompletionRequest, kv: Remot
     if kv is None or kv.remote is None:  # transfer off here: computed, said so
         return PullResult("skipped").headers()
     first = await anext(streams[0])
-    streams[0] = ps.chain(first, streams[0])
+    streams[0] = chain(first, streams[0])
     await kv.remote.ended()
     return (first.kv_pull or PullResult("failed")).headers()
 

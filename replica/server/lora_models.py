@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
-from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.lora_adapters import (
     LOAD_LORA_PATH,
@@ -33,6 +32,7 @@ from kvmesh.replica.openai.lora_adapters import (
     LoadLoRAAdapterRequest,
     UnloadLoRAAdapterRequest,
 )
+from kvmesh.replica.openai.responses import ModelCard
 from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.lora_request import LoRARequest
 
@@ -65,10 +65,10 @@ class ServedLoRAs:
         """The adapter ``model`` names, or None (the base model; the model check has 404'd any other name)."""
         return None if model is None else self._by_name.get(model)
 
-    def cards(self, max_model_len: int, paths: bool = True) -> list[r.ModelCard]:
+    def cards(self, max_model_len: int, paths: bool = True) -> list[ModelCard]:
         """One card per adapter, vLLM's shape: ``root`` its path (its name unless ``paths``: a tenant sees no host
         path), ``parent`` the base model's served name."""
-        return [r.ModelCard(id=name, root=lora.lora_path if paths else name, parent=self.base_names[0],
+        return [ModelCard(id=name, root=lora.lora_path if paths else name, parent=self.base_names[0],
                             max_model_len=max_model_len) for name, lora in self._by_name.items()]
 
     async def load(self, name: str, path: str) -> LoRARequest:

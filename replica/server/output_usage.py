@@ -7,24 +7,24 @@ from __future__ import annotations
 
 import logging
 
-from kvmesh.replica.openai import responses as r
-from kvmesh.replica.server import parallel_sampling as ps
+from kvmesh.replica.openai.responses import UsageInfo
+from kvmesh.replica.server.parallel_sampling import Candidate
 from kvmesh.replica.serving.errors import ProtocolError, new_request_id
 from kvmesh.replica.step.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
 
 
-def usage_of(out: RequestOutput) -> r.UsageInfo:
+def usage_of(out: RequestOutput) -> UsageInfo:
     """One request's usage: its prompt, its output, its cached tokens (on device and loaded back)."""
-    return r.UsageInfo.of(len(out.prompt_token_ids), len(out.output_token_ids), out.num_cached_tokens,
+    return UsageInfo.of(len(out.prompt_token_ids), len(out.output_token_ids), out.num_cached_tokens,
                           out.num_host_cached_tokens)
 
 
-def total_usage(candidates: list[ps.Candidate], finals: list[RequestOutput]) -> r.UsageInfo:
+def total_usage(candidates: list[Candidate], finals: list[RequestOutput]) -> UsageInfo:
     """Each prompt counted once, every candidate's tokens (vLLM's usage for n / best_of / batches)."""
     prompts = {c.prompt_index: f for c, f in zip(candidates, finals, strict=True) if c.sample_index == 0}
-    return r.UsageInfo.of(sum(len(f.prompt_token_ids) for f in prompts.values()),
+    return UsageInfo.of(sum(len(f.prompt_token_ids) for f in prompts.values()),
                           sum(len(f.output_token_ids) for f in finals),
                           sum(f.num_cached_tokens for f in prompts.values()),
                           None if any(f.num_host_cached_tokens is None for f in prompts.values())

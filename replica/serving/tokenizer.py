@@ -172,11 +172,11 @@ class Tokenizer:
         continues = bool((template_kwargs or {}).get("continue_final_message"))  # transformers cuts the text
         if isinstance(source, str) and messages and not continues and not isinstance(
                 getattr(self.hf, "chat_template", None), dict):
-            from kvmesh.replica.serving import chat_template as ct
+            from kvmesh.replica.serving.chat_template import plain, render
 
-            plain = [m if m.__class__ is dict else _as_dict(m) for m in messages]
-            if ct.plain(plain):  # transformers' output, without its per-call rebuilding of the inputs
-                return ct.render(source, plain, add_generation_prompt, self.special_tokens, template_kwargs)
+            dicts = [m if m.__class__ is dict else _as_dict(m) for m in messages]
+            if plain(dicts):  # transformers' output, without its per-call rebuilding of the inputs
+                return render(source, dicts, add_generation_prompt, self.special_tokens, template_kwargs)
         return self.hf.apply_chat_template(
             [_as_dict(m) for m in messages],
             chat_template=source,

@@ -107,7 +107,7 @@ class Admission:
         waiter = Waiter(model, tenant.name, priority, now, deadline, prompt_tokens, tenant.limit, tenant.parent)
         queue.push(waiter)
         self.ledger.waiting_changed(model, tenant.name, 1)
-        if place is not None:
+        if place is not None and place.displace is not None:  # None: shed above
             self._displace(model, place.displace, now)
         self._publish(model)
         return waiter
@@ -128,7 +128,7 @@ class Admission:
         debts = self.ledger.debts(model) if queue else {}
         for tenant, owed in debts.items():
             for _ in range(owed):
-                waiter = queue.newest_of(tenant)
+                waiter = queue.newest_of(tenant) if queue else None
                 if waiter is None or not self.ledger.pay_debt(model, tenant):
                     break
                 self._lose_place(waiter, now)
@@ -181,9 +181,10 @@ class Admission:
                             "retry later or allow a longer deadline")
         if self.ledger.better_elsewhere(waiter.model, waiter.priority):
             return WAIT  # another router process holds a more urgent request: the room is its
+        if predicted_ttft_s is None:
+            return GO if room else WAIT
         soon = predicted_ttft_s if predicted_wait_s is None else predicted_wait_s
-        ok = room if predicted_ttft_s is None else idle or (room and soon <= self.config.admit_ttft_s)
-        return GO if ok else WAIT
+        return GO if idle or (room and soon <= self.config.admit_ttft_s) else WAIT
 
     def expired(self, model: str, now: float) -> list[Waiter]:
         """Waiters whose deadline has passed (the caller sheds each: nothing waits past its deadline)."""

@@ -70,7 +70,7 @@ class AdmissionQueue:
         """Take ``waiter`` out (False when it was not in)."""
         band = self.bands.get(waiter.priority)
         waiters = band.get(waiter.tenant) if band is not None else None
-        if not waiters:
+        if band is None or not waiters:
             return False
         try:
             waiters.remove(waiter)

@@ -22,6 +22,7 @@ A request's ``user`` never names a tenant: with ``user_tenants`` on it names a s
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +90,7 @@ def _digest(key: str) -> bytes:
 class Tenants:
     """API key (and, with sub-tenants on, ``user``) -> ``Tenant`` (module doc)."""
 
-    def __init__(self, entries: list[KeyEntry] = (), default_limit: TokenRate | None = None,
+    def __init__(self, entries: Iterable[KeyEntry] = (), default_limit: TokenRate | None = None,
                  burst_s: float = 10.0, shared: Tenant | None = None, users_per_key: int = 0) -> None:
         self.default_limit = default_limit
         """The limit of tenants the keys file gives none (the shared tenant's too)."""

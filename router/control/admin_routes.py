@@ -32,8 +32,8 @@ from kvmesh.router.config import ReplicaSpec
 from kvmesh.router.control.prefix_cache_reset import reset_every_replica
 from kvmesh.router.control.rows import ReplicaList, ReplicaRow, replica_row
 from kvmesh.router.control.runtime import Json, RouterRuntime
+from kvmesh.router.replicas.roles import BOTH, ROLES
 from kvmesh.router.routing.retention import exclusive_blocks
-from kvmesh.router.routing.roles import BOTH, ROLES
 from pydantic import ConfigDict, Field, JsonValue
 
 

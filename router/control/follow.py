@@ -22,7 +22,7 @@ from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.config import ReplicaSpec
 from kvmesh.router.control.admin_routes import answered_by_owner
 from kvmesh.router.control.rows import ReplicaList, ReplicaRow
-from kvmesh.router.http.messages import Request, Response
+from kvmesh.router.http.messages import HttpRequest, Response
 from kvmesh.router.http.upstream import UpstreamError, UpstreamPool
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class ControlFollower:
         self.table.healthy_seen[self.row] = apply_rows(self.runtime, rows)
 
     # ---------------------------------------------------------------- admin plane
-    async def pass_through(self, request: Request) -> Response:
+    async def pass_through(self, request: HttpRequest) -> Response:
         """An admin-plane request, answered by the control router (the door's rule for ``answered_by_owner``)."""
         body = await request.body()
         if len(body) > MAX_ADMIN_BODY:

@@ -1,5 +1,5 @@
 """Passive health of the replica set: what answers say about each replica, and its ejections (Envoy's outlier
-detection; the bookkeeping is router/routing/outlier.py, the deadlines router/http/patience.py).
+detection; the bookkeeping is router/routing/outlier.py, the deadlines router/replicas/patience.py).
 
 - Every failed answer is counted here (``record_failure``, from router/http/failures.py); a sick one, or enough
   in a row, ejects the replica -- never the last one in rotation.
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 from kvmesh.replica.serving.load_report import LoadReport
-from kvmesh.router.http.patience import Patience
 from kvmesh.router.http.upstream import UpstreamError
+from kvmesh.router.replicas.patience import Patience
 from kvmesh.router.routing.outlier import OutlierDetector
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class PassiveHealth:
         self.outliers = OutlierDetector(config.outliers, replicas=self.replicas)
 
     def patience(self, replica_id: str) -> Patience | None:
-        """The deadlines of the replica's answers (router/http/patience.py); None: none configured."""
+        """The deadlines of the replica's answers (router/replicas/patience.py); None: none configured."""
         replica = self.replicas.get(replica_id)
         cfg = self.config.upstream
         if cfg.first_byte_timeout_s is None and cfg.stream_idle_timeout_s is None:

@@ -15,7 +15,7 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Protocol
 
 from kvmesh.replica.openai.responses_api.service import ResponsesService
@@ -116,16 +116,14 @@ class RouterServer:
             loop.add_signal_handler(signal.SIGTERM, self.request_stop)
             await self.serve(sock, graceful_s, drain_s, tune_gc=True)
 
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(main())
+        _run(main())
 
     def start(self, timeout: float = 30.0) -> RouterServer:
         started, error = threading.Event(), []
 
         def run() -> None:
             try:
-                with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-                    runner.run(self.serve(started=started))
+                _run(self.serve(started=started))
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 error.append(e)
                 started.set()
@@ -164,10 +162,12 @@ def _tune_gc() -> None:
     gc.set_threshold(_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when it is installed, else asyncio's."""
+def _run(main: Coroutine[object, object, None]) -> None:
+    """``main`` on a new loop until it returns: uvloop's when it is installed, else asyncio's (``asyncio.Runner``,
+    which takes a loop factory, is Python 3.11's)."""
     try:
         import uvloop
     except ImportError:
-        return None
-    return uvloop.new_event_loop
+        asyncio.run(main)
+        return
+    uvloop.run(main)

@@ -19,7 +19,7 @@ class ReplicaRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     url: str
     """Its OpenAI HTTP server."""
     role: str
-    """``prefill``, ``decode`` or ``both`` (router/routing/roles.py)."""
+    """``prefill``, ``decode`` or ``both`` (router/replicas/roles.py)."""
     events: str | None
     """Its KV event stream (ZeroMQ PUB endpoint); None: routed by load only."""
     replay: str | None

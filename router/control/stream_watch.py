@@ -32,7 +32,7 @@ import time
 
 from kvmesh.replica.serving.load_report import LoadReport
 from kvmesh.router.replicas.load import ForeignLoad
-from kvmesh.router.replicas.replica import LAGGING, LOST_EVENTS, STALLED, ReplicaId
+from kvmesh.router.replicas.replica import LAGGING, LOST_EVENTS, STALLED, DegradedCause, ReplicaId
 from kvmesh.router.replicas.stream import StreamState
 from kvmesh.router.routing.kv_router import KVRouter
 
@@ -94,6 +94,9 @@ class StreamWatch:
         after the answer arrived. ``now``: ``time.monotonic()``."""
         st = self._stream(replica_id)
         now = time.monotonic() if now is None else now
+        stamp: object
+        published: object
+        unsent_s: object
         if isinstance(report, LoadReport):
             stamp, published, unsent_s = report.timestamp, report.kv_events_seq, report.kv_events_unsent_s
         else:
@@ -155,11 +158,11 @@ class StreamWatch:
         first, st.stalled = not st.stalled, True
         self._mark(replica_id, first, STALLED, "; ".join(st.stalled_by.values()))
 
-    def _mark(self, replica_id: ReplicaId, first: bool, cause: str, reason: str) -> None:
+    def _mark(self, replica_id: ReplicaId, first: bool, cause: DegradedCause, reason: str) -> None:
         if first:  # the reason is updated at every check, logged once
             logger.warning("replica %s: %s; routing to it by load only", replica_id, reason)
         self._set(replica_id, reason, cause)
 
-    def _clear(self, replica_id: ReplicaId, cause: str, why: str) -> None:
+    def _clear(self, replica_id: ReplicaId, cause: DegradedCause, why: str) -> None:
         logger.info("replica %s: event stream exact again (%s)", replica_id, why)
         self._set(replica_id, None, cause)

@@ -116,7 +116,7 @@ class RouterWorkers:
         self.failed: str | None = None
         """Why the workers were given up on (None while they run or after a clean stop)."""
         self.sock = bind_listener(host, port)
-        self.table = None
+        self.table: SharedLoadTable | None = None
         """The workers' ``SharedLoadTable`` when ``router_workers`` made one."""
         self.on_stop: list[Callable[[], object]] = []
         """Called once every worker has stopped (e.g. to remove the stored responses' directory)."""

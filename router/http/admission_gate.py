@@ -24,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 from kvmesh.replica.serving.errors import error_body
@@ -35,7 +35,7 @@ from kvmesh.router.admission.ledger import LocalLedger, TenantLedger
 from kvmesh.router.admission.room import LearnedSlots, ReplicaRoom, SlotCapacity
 from kvmesh.router.http.admission_metrics import AdmissionMetrics
 from kvmesh.router.http.caller import int_header
-from kvmesh.router.http.messages import Request, Response
+from kvmesh.router.http.messages import HttpRequest, Response
 from kvmesh.router.routing.policies import NoReplicaError
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from kvmesh.router.admission.queue import Waiter
     from kvmesh.router.admission.tenants import Tenants
     from kvmesh.router.http.proxy_request import ProxyRequest
+    from kvmesh.router.replicas.replica import ReplicaId
     from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
     from prometheus_client import CollectorRegistry
 
@@ -76,6 +77,11 @@ class _Waiting:
     """Let go, its task not yet run to its dispatch (``AdmissionGate.granted``)."""
 
 
+def _waiting(waiter: Waiter) -> _Waiting:
+    """What the gate put in ``waiter`` (``_arrive``: every waiter it queues carries one)."""
+    return cast(_Waiting, waiter.payload)
+
+
 class AdmissionGate:
     """The router's admission (module doc); ``share`` puts its ledger in shared memory (``router.workers`` > 1)."""
 
@@ -97,7 +103,7 @@ class AdmissionGate:
         self.admission.ledger = ledger
 
     # ---------------------------------------------------------------- one request
-    async def admit(self, http: Request, request: ProxyRequest) -> Ticket | Response:
+    async def admit(self, http: HttpRequest, request: ProxyRequest) -> Ticket | Response:
         """Wait until ``request`` may go (its ticket: forward it with ``ticket.decision`` inside ``charged``), or
         its 429 (module doc)."""
         labels, got = self._arrive(http, request)
@@ -141,11 +147,12 @@ class AdmissionGate:
                 yield chunk
         finally:
             try:
-                await body.aclose()  # the relay lets go of its replica (its load) first: then the room is free
+                if isinstance(body, AsyncGenerator):  # the relay's is
+                    await body.aclose()  # the relay lets go of its replica (its load) first: then the room is free
             finally:
                 self.finished(ticket, request.stream.num_output if request.stream is not None else 0)
 
-    def _arrive(self, http: Request, request: ProxyRequest) -> tuple[tuple[str, str], Waiter | Shed]:
+    def _arrive(self, http: HttpRequest, request: ProxyRequest) -> tuple[tuple[str, str], Waiter | Shed]:
         """The request's metric labels (tenant, priority) and its place in the queue, or why it is shed."""
         tenant, priority = request.tenant, request.priority
         deadline_ms = int_header(http, DEADLINE_HEADER, "a positive integer of milliseconds", positive=True)
@@ -159,7 +166,7 @@ class AdmissionGate:
         return self.metrics.labels(tenant.name, priority), got
 
     async def _wait(self, waiter: Waiter, labels: tuple[str, str]) -> Ticket | Shed:
-        waiting: _Waiting = waiter.payload
+        waiting = _waiting(waiter)
         self.pump(waiter.model)
         try:
             return await self._await_turn(waiter, waiting, labels)
@@ -193,7 +200,7 @@ class AdmissionGate:
 
     def _expire(self, waiter: Waiter) -> None:
         """Its deadline passed while it waited: shed (nothing waits past its deadline)."""
-        future = waiter.payload.future
+        future = _waiting(waiter).future
         if future.done():
             return
         self.admission.leave(waiter)
@@ -219,7 +226,7 @@ class AdmissionGate:
             waiter = adm.head(model, now)
             if waiter is None:
                 return
-            waiting: _Waiting = waiter.payload
+            waiting = _waiting(waiter)
             if waiting.future.done():  # answered meanwhile (cancelled)
                 adm.leave(waiter)
                 continue
@@ -249,10 +256,11 @@ class AdmissionGate:
     def _answer_displaced(self, model: str, now: float) -> None:
         """Waiters that lost their place to a tenant under its share get their 429 (router/admission/queue_share.py)."""
         for waiter, shed in self.admission.displaced(model, now):
-            if not waiter.payload.future.done():
-                waiter.payload.future.set_result(shed)
+            future = _waiting(waiter).future
+            if not future.done():
+                future.set_result(shed)
 
-    def _room(self, now: float, replica_id: object = None) -> bool:
+    def _room(self, now: float, replica_id: ReplicaId | None = None) -> bool:
         """Whether ``replica_id`` (None: some decode candidate) has a free slot (router/admission/room.py)."""
         for replica in self.router.replicas.candidates(None if replica_id is None else (replica_id,)):
             load = replica.load
@@ -264,7 +272,7 @@ class AdmissionGate:
                 return True
         return False
 
-    def _idle(self, replica_id: object) -> bool:
+    def _idle(self, replica_id: ReplicaId) -> bool:
         """Whether the replica has nothing in flight from this host and reports nothing waiting."""
         load = self.router.loads.loads.get(replica_id)
         return load is not None and load.total_in_flight == 0 and load.num_waiting == 0

@@ -11,20 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from kvmesh.replica.serving.errors import ProtocolError
-from kvmesh.router.http.messages import Request, error_response
+from kvmesh.router.http.messages import HttpRequest, error_response
 
 if TYPE_CHECKING:
     from kvmesh.router.http.connection import HttpConnection
 
 logger = logging.getLogger(__name__)
 
-AsgiMessage = dict
+AsgiMessage = MutableMapping[str, Any]
 """An ASGI scope or event: a JSON-like dict whose keys the ASGI spec names."""
 Receive = Callable[[], Awaitable[AsgiMessage]]
 Send = Callable[[AsgiMessage], Awaitable[None]]
@@ -37,7 +37,7 @@ class _Exchange:
     """One request's run through the app: its ``receive`` and ``send``, and what the app sent so far."""
 
     conn: HttpConnection
-    request: Request
+    request: HttpRequest
     status: int = 0
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     chunked: bool = False
@@ -65,7 +65,7 @@ class _Exchange:
             await request.waiter
         return {"type": "http.disconnect"}
 
-    async def send(self, message: dict) -> None:
+    async def send(self, message: AsgiMessage) -> None:
         """Keep the response's start; write each body part as it comes, the head before the first."""
         conn, request = self.conn, self.request
         kind = message["type"]
@@ -100,7 +100,7 @@ class _Exchange:
         conn.write(conn.head(request, self.status, headers, length, keep, self.chunked))
 
 
-def _scope(conn: HttpConnection, request: Request) -> AsgiMessage:
+def _scope(conn: HttpConnection, request: HttpRequest) -> AsgiMessage:
     """The request's ASGI http scope."""
     path, _, query = request.target.partition(b"?")
     sock = conn.transport.get_extra_info("sockname")
@@ -129,7 +129,7 @@ class AsgiBridge:
         inbox: asyncio.Queue = asyncio.Queue()
         started, stopped = loop.create_future(), loop.create_future()
 
-        async def send(message: dict) -> None:
+        async def send(message: AsgiMessage) -> None:
             kind = message["type"]
             done = started if kind.startswith("lifespan.startup") else stopped
             if done.done():
@@ -156,7 +156,7 @@ class AsgiBridge:
                 logger.error("the router app's shutdown failed: %s", stopped.exception())
             await asyncio.gather(task, return_exceptions=True)
 
-    async def answer(self, conn: HttpConnection, request: Request) -> bool:
+    async def answer(self, conn: HttpConnection, request: HttpRequest) -> bool:
         """Run ``request`` through the app; whether the connection stays open."""
         scope, state = _scope(conn, request), _Exchange(conn, request)
         try:

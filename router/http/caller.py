@@ -19,21 +19,22 @@ from kvmesh.replica.serving.errors import ProtocolError
 if TYPE_CHECKING:
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.router.admission.tenants import Tenant, Tenants
-    from kvmesh.router.http.messages import Request
+    from kvmesh.router.http.messages import HttpRequest
+    from kvmesh.router.replicas.replica import ReplicaId
     from kvmesh.router.routing.kv_router import KVRouter
 
 PRIORITY_HEADER = b"x-kvmesh-priority"
 """A gateway's priority for the request (an integer, lower first; overrides the body's ``priority``; clamped as it)."""
 
 
-def bearer_key(http: Request) -> str | None:
+def bearer_key(http: HttpRequest) -> str | None:
     """The key of ``Authorization: Bearer <key>`` (None: none): the one the auth rule checked (several headers are a
     400, ``authorization``)."""
     auth = authorization(http.raw_headers).decode("latin-1")
     return auth[7:] if auth[:7].lower() == "bearer " else None
 
 
-def identify(http: Request, req: CompletionRequest | ChatCompletionRequest, tenants: Tenants) -> tuple[Tenant, int]:
+def identify(http: HttpRequest, req: CompletionRequest | ChatCompletionRequest, tenants: Tenants) -> tuple[Tenant, int]:
     """The request's tenant and granted priority (module doc); ProtocolError 400 for a bad priority header."""
     tenant = tenants.resolve(bearer_key(http), req.user)
     asked = int_header(http, PRIORITY_HEADER, f"an integer within +-{PRIORITY_LIMIT} (lower is served first)",
@@ -43,14 +44,15 @@ def identify(http: Request, req: CompletionRequest | ChatCompletionRequest, tena
     return tenant, tenant.grant(asked)
 
 
-def schedules_by_priority(router: KVRouter, replica_id: object) -> bool:
+def schedules_by_priority(router: KVRouter, replica_id: ReplicaId) -> bool:
     """Whether the replica said it schedules by priority (``/load``'s ``scheduling_policy``): only then does a leg
     to it carry a priority (a vLLM replica under fcfs refuses a non-zero one; one that says nothing gets none)."""
     load = router.loads.loads.get(replica_id)
     return load is not None and load.scheduling_policy == "priority"
 
 
-def int_header(http: Request, name: bytes, what: str, positive: bool = False, bound: int | None = None) -> int | None:
+def int_header(http: HttpRequest, name: bytes, what: str, positive: bool = False,
+               bound: int | None = None) -> int | None:
     """Header ``name`` as an integer (None: absent); a 400 saying it must be ``what`` otherwise."""
     value = http.header(name)
     if value is None:

@@ -11,6 +11,7 @@ computed prompt token. No replica measured yet: nothing is charged (no rate to p
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.openai.compile_tenant import COMPILE_SECONDS_HEADER
@@ -18,12 +19,13 @@ from kvmesh.router.routing.cost.fleet import FleetRates
 
 if TYPE_CHECKING:
     from kvmesh.router.replicas.load import ReplicaLoad
+    from kvmesh.router.replicas.replica import ReplicaId
 
 MAX_COMPILE_S = 3600.0
 """A larger value is read as this (a replica's compile timeout is far shorter; a bound on one answer's charge)."""
 
 
-def compile_tokens(headers: dict[str, str], replica_id: object, loads: dict[object, ReplicaLoad]) -> float:
+def compile_tokens(headers: Mapping[str, str], replica_id: ReplicaId, loads: Mapping[ReplicaId, ReplicaLoad]) -> float:
     """The prompt tokens a response's compile seconds are worth on ``replica_id`` (0.0: none reported, or no rate)."""
     value = headers.get(COMPILE_SECONDS_HEADER)
     if value is None or len(value) > 32:

@@ -29,8 +29,8 @@ import msgspec
 from kvmesh.replica.openai.head_limits import HeadLimits, linger
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.http.deadline import Deadline
-from kvmesh.router.http.messages import Client, Request, Response, error_response, response_head
-from kvmesh.router.http.server_state import ServerState
+from kvmesh.router.http.messages import Client, HttpRequest, Response, error_response, response_head
+from kvmesh.router.http.server_state import DoorState
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ _MAX_PIPELINED = 32
 class HttpConnection(asyncio.Protocol):
     """One client connection (see the module doc)."""
 
-    def __init__(self, server: ServerState) -> None:
+    def __init__(self, server: DoorState) -> None:
         self.server = server
         """What the door that accepted the connection shares: its answerer, limits and draining state."""
         self.config = server.config
@@ -51,9 +51,9 @@ class HttpConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.client = Client()
         """The client side its requests see: the transport, and whether the client left."""
-        self.reading: Request | None = None
+        self.reading: HttpRequest | None = None
         """The request whose head/body the parser is in."""
-        self.queue: collections.deque[Request] = collections.deque()
+        self.queue: collections.deque[HttpRequest] = collections.deque()
         """Requests waiting to be answered, the first being answered now."""
         self.task: asyncio.Task | None = None
         """Answers the queue, one request after the other (started by the first request)."""
@@ -131,7 +131,7 @@ class HttpConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.limits.head_done()
         self._deadline.disarm()
-        request = self.reading = Request(self.parser.get_method(), self._url, self.config, self.client)
+        request = self.reading = HttpRequest(self.parser.get_method(), self._url, self.config, self.client)
         request.raw_headers = self._head
         request.keep_alive = self.parser.should_keep_alive()
         request.http_version = self.parser.get_http_version()
@@ -191,7 +191,7 @@ class HttpConnection(asyncio.Protocol):
         except asyncio.CancelledError:
             return
 
-    async def _answer(self, request: Request) -> bool:
+    async def _answer(self, request: HttpRequest) -> bool:
         """Answer one request; whether the connection stays open."""
         if request.too_large:  # announced too large: answer before reading on
             return await self.send(request, error_response(ProtocolError(
@@ -199,16 +199,16 @@ class HttpConnection(asyncio.Protocol):
                 close=True, error=True)
         return await self.server.answer(self, request)
 
-    def keeps_alive(self, request: Request, close: bool) -> bool:
+    def keeps_alive(self, request: HttpRequest, close: bool) -> bool:
         """Whether the connection stays open after this answer (the unread rest of a body ends it)."""
         return not (close or self.server.draining or not request.keep_alive or not request.complete)
 
-    def head(self, request: Request, status: int, headers, length: int | None, keep: bool,
+    def head(self, request: HttpRequest, status: int, headers, length: int | None, keep: bool,
              chunked: bool = False) -> bytes:
         """The status line and headers (``response_head``, messages.py), with the server's extra ones."""
         return response_head(request, status, headers, length, keep, chunked, self.server.extra_head)
 
-    async def send(self, request: Request, response: Response, close: bool = False, error: bool = False) -> bool:
+    async def send(self, request: HttpRequest, response: Response, close: bool = False, error: bool = False) -> bool:
         """Write ``response``; whether the connection stays open."""
         if error and self.server.on_error is not None:
             self.server.on_error(ProtocolError("", response.status))
@@ -273,7 +273,7 @@ class HttpConnection(asyncio.Protocol):
             if self.server.on_error is not None:
                 self.server.on_error(e)
             body = msgspec.json.encode(e.to_dict())
-            request = Request(b"GET", b"/", self.config, self.client)
+            request = HttpRequest(b"GET", b"/", self.config, self.client)
             self.write(self.head(request, e.status_code, [(b"content-type", b"application/json")], len(body),
                                  keep=False) + body)
             linger(self.transport)
@@ -294,5 +294,5 @@ class HttpConnection(asyncio.Protocol):
         self.transport.close()
 
 
-_CLOSE = Request(b"", b"")
+_CLOSE = HttpRequest(b"", b"")
 """Queued after the last request a connection could parse: closes it once those are answered."""

@@ -10,7 +10,7 @@ connection). A parsed request is answered by the first of:
                                              router (router/control/follow.py)
     app      the ASGI app (asgi.py)          every other path: /health, /v1/models, /tokenize, /replicas...
 
-Handlers take a ``Request`` and return a ``Response`` (messages.py) without ASGI; a ``ProtocolError``
+Handlers take an ``HttpRequest`` and return a ``Response`` (messages.py) without ASGI; a ``ProtocolError``
 they raise is answered OpenAI-shaped. ``shutdown``: stop accepting, ``Connection: close`` on every later
 answer, idle connections closed, in-flight requests finish within ``graceful_s``, then everything closes.
 """
@@ -26,12 +26,12 @@ from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.errors import ProtocolError, internal_error
 from kvmesh.router.http.asgi import AsgiApp, AsgiBridge
 from kvmesh.router.http.connection import HttpConnection
-from kvmesh.router.http.messages import Request, Response, error_response
-from kvmesh.router.http.server_state import ServerState
+from kvmesh.router.http.messages import HttpRequest, Response, error_response
+from kvmesh.router.http.server_state import DoorState
 
 logger = logging.getLogger(__name__)
 
-Handler = Callable[[Request], Awaitable[Response]]
+Handler = Callable[[HttpRequest], Awaitable[Response]]
 """Answers one request (no ASGI)."""
 Rule = Callable[[str, str], bool]
 """Whether a request (method, path) is for a rule's handler."""
@@ -50,7 +50,7 @@ class Door:
         """The app answering everything else."""
         self.config = frontend
         self.name = name
-        self.state = ServerState(frontend, self.answer,
+        self.state = DoorState(frontend, self.answer,
                                  b"".join(k + b": " + v + b"\r\n" for k, v in (extra_headers or [])))
         """What every accepted connection shares: the open connections, the draining flag, the error counter."""
         self._server: asyncio.AbstractServer | None = None
@@ -68,7 +68,7 @@ class Door:
         """Answer every request ``rule`` takes with ``handler`` (before the app)."""
         self.rules.append((rule, handler))
 
-    def handler_for(self, request: Request) -> Handler | None:
+    def handler_for(self, request: HttpRequest) -> Handler | None:
         """The handler of ``request``; None: the app answers it."""
         handler = self.routes.get((request.method, request.path))
         if handler is None and self.rules:
@@ -76,7 +76,7 @@ class Door:
             handler = next((h for rule, h in self.rules if rule(method, path)), None)
         return handler
 
-    async def answer(self, conn: HttpConnection, request: Request) -> bool:
+    async def answer(self, conn: HttpConnection, request: HttpRequest) -> bool:
         """Answer one request on ``conn``; whether the connection stays open."""
         handler = self.handler_for(request)
         if handler is None:

@@ -1,7 +1,7 @@
 """What a failed attempt on a replica means for it: counted towards its ejection (router/routing/outlier.py), or not.
 
 A refused or reset connection counts, and marks the replica unhealthy until its next ``/health`` probe. A missed
-deadline while the replica showed no progress (router/http/patience.py) and an answer that is not JSON or SSE
+deadline while the replica showed no progress (router/replicas/patience.py) and an answer that is not JSON or SSE
 are *sick* answers: a replica that answers ``/health`` can still give them, so they eject it until a probe
 request is answered (router/routing/outlier.py). A deadline missed while the replica was working moves the
 request without counting: the replica is slow, not sick. Each failure is a sample of

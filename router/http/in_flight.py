@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING
 from kvmesh.router.replicas.replica import ReplicaId
 
 if TYPE_CHECKING:
-    from collections.abc import ReplicaId
-
     from kvmesh.router.routing.load import LoadTracker
     from kvmesh.router.routing.route_decision import RouteDecision
 

@@ -11,7 +11,7 @@
 (the handle: lease, engine, tokens; not its block ids) plus ``"remote_url"`` go to the decode replica, which asks
 the prefill replica's ``/kv/lease`` for the prompt with that lease (answered only for the chain it holds) and pulls
 what its own cache lacks. Every replica knows the others as its pull peers (router/control/kv_peers.py). The prefill call is held to the router's deadlines (``first_byte_timeout_s``,
-``stream_idle_timeout_s``: router/http/patience.py) and counts towards its replica's ejection like any
+``stream_idle_timeout_s``: router/replicas/patience.py) and counts towards its replica's ejection like any
 answer (router/http/failures.py); whatever goes wrong, the decode replica gets the request unchanged and
 computes the prompt itself, so no request fails because of a split.
 
@@ -36,9 +36,9 @@ from kvmesh.router.routing.receipts import HEADER_PULLED_TOKENS
 if TYPE_CHECKING:
     from kvmesh.router.config import ReplicaSpec, RouterConfig
     from kvmesh.router.http.metrics import RouterMetrics
-    from kvmesh.router.http.patience import Patience
     from kvmesh.router.http.proxy_request import ProxyRequest
     from kvmesh.router.http.upstream import UpstreamPool, UpstreamResponse
+    from kvmesh.router.replicas.patience import Patience
     from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
     from kvmesh.router.routing.model_pools import ModelPool
     from kvmesh.router.routing.outlier import OutlierDetector
@@ -57,8 +57,10 @@ class HandoffRuntime(Protocol):
     config: RouterConfig
     router: KVRouter
     metrics: RouterMetrics
-    pool: UpstreamPool | None
     outliers: OutlierDetector
+
+    @property
+    def pool(self) -> UpstreamPool | None: ...
 
     def mark_failed(self, replica_id: str, connect_error: bool, why: str = ..., kind: str | None = ...,
                     sick: bool = ...) -> None: ...

@@ -1,6 +1,6 @@
-"""What the router's HTTP server hands its handlers and takes back: ``Request`` and ``Response``.
+"""What the router's HTTP server hands its handlers and takes back: ``HttpRequest`` and ``Response``.
 
-A ``Request`` has its head parsed; its body arrives through ``await request.body()``, which applies the
+An ``HttpRequest`` has its head parsed; its body arrives through ``await request.body()``, which applies the
 front end's limits as it reads (413 over ``max_body_bytes``, 408 slower than ``body_timeout_s``, 499
 when the client leaves) and answers ``Expect: 100-continue`` first. A ``Response`` is a whole body or
 an async iterator of chunks (sent with chunked encoding as each arrives); ``response_head`` is the
@@ -36,7 +36,7 @@ class Client:
             self.transport.write(data)
 
 
-class Request:
+class HttpRequest:
     """One request on a connection (see the module doc)."""
 
     __slots__ = ("method", "target", "raw_headers", "keep_alive", "http_version", "chunks", "size",
@@ -164,7 +164,7 @@ def error_response(e: ProtocolError) -> Response:
     return Response(msgspec.json.encode(e.to_dict()), e.status_code)
 
 
-def response_head(request: Request, status: int, headers: list[tuple[bytes, bytes]], length: int | None,
+def response_head(request: HttpRequest, status: int, headers: list[tuple[bytes, bytes]], length: int | None,
                   keep: bool, chunked: bool = False, extra_head: bytes = b"") -> bytes:
     """The status line and headers of the answer to ``request`` (which is marked started), with
     ``content-length: length`` unless None, or chunked encoding; ``extra_head``: more header lines."""

@@ -25,10 +25,20 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
-from kvmesh.replica.openai import responses as r
+from kvmesh.replica.openai.responses import (
+    ChatCompletionChunk,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionChunk,
+    DeltaMessage,
+    FinishReason,
+    UsageInfo,
+    random_id,
+    sse,
+)
 from kvmesh.replica.serving.detokenizer import IncrementalDetokenizer
 from kvmesh.router.http.continuation import SplicedLogprobs, continuation_body
 from kvmesh.router.http.failures import request_error_event
@@ -91,7 +101,7 @@ class MigratingStream:
         self.usage_sent = False
         self.done = False
         """``[DONE]`` went out: the stream is complete."""
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason = None
         self.broken: str | None = None
         """Why the current upstream cannot finish the stream (None while it is fine)."""
         self.invalid = False
@@ -154,7 +164,7 @@ class MigratingStream:
         if not self.client_ids and b"prompt_token_ids" in event:
             event = _PROMPT_IDS.sub(b"", event, count=1)
         if finish is not None:
-            self.finish_reason = finish.group(1).decode()
+            self.finish_reason = cast(FinishReason, finish.group(1).decode())  # pydantic checks it in a chunk
         if self.logprobs is not None:
             self._relayed_logprobs(event)
         self.sent = True
@@ -162,7 +172,7 @@ class MigratingStream:
             return None  # only its token ids made it a chunk, and the client asked for none (vLLM sends none)
         return event + b"\n\n"
 
-    def _invalid(self, event: bytes) -> None:
+    def _invalid(self, event: bytes) -> bytes | None:  # marks the stream broken; None: nothing goes out
         self.broken = f"sent an event that is not SSE JSON: {event[:80]!r}"
         self.invalid = True
         return None
@@ -206,7 +216,7 @@ class MigratingStream:
         if self.sent:
             return []
         self.sent = True
-        self.id = self.id or r.random_id("chatcmpl" if self.chat else "cmpl")
+        self.id = self.id or random_id("chatcmpl" if self.chat else "cmpl")
         self.created = self.created or int(time.time())
         return [self._chunk("", None, [], role=True)] if self.chat else []
 
@@ -254,7 +264,7 @@ class MigratingStream:
                 return ids[:i + 1], self._detok.take_delta(True), "stop"
         return ids, self._detok.take_delta(reason is not None), reason
 
-    def finish(self, reason: str, text_sent: bool = False) -> list[bytes]:
+    def finish(self, reason: FinishReason, text_sent: bool = False) -> list[bytes]:
         """The end of the stream: the finish chunk (unless sent), the usage if asked, ``[DONE]``."""
         self.finish_reason, self.done = reason, True
         out = []
@@ -266,25 +276,25 @@ class MigratingStream:
         return out + [DONE + b"\n\n"]
 
     # ---------------------------------------------------------------- chunks in the original shape
-    def _usage(self) -> r.UsageInfo:
-        return r.UsageInfo.of(len(self.prompt_ids), self.num_output, self.cached_tokens)
+    def _usage(self) -> UsageInfo:
+        return UsageInfo.of(len(self.prompt_ids), self.num_output, self.cached_tokens)
 
-    def _chunk(self, text: str, reason: str | None, ids: list[int], logprobs: dict | None = None,
+    def _chunk(self, text: str, reason: FinishReason, ids: list[int], logprobs: dict | None = None,
                role: bool = False) -> bytes:
         token_ids = ids if self.client_ids else None
-        choice: r.ChatStreamChoice | r.CompletionChoice
+        choice: ChatStreamChoice | CompletionChoice
         if self.chat:
-            delta = r.DeltaMessage(role="assistant", content=self.req.echo_text()) if role else r.DeltaMessage(content=text)
-            choice = r.ChatStreamChoice(delta=delta, finish_reason=reason, token_ids=token_ids, logprobs=logprobs)
+            delta = DeltaMessage(role="assistant", content=self.req.echo_text()) if role else DeltaMessage(content=text)
+            choice = ChatStreamChoice(delta=delta, finish_reason=reason, token_ids=token_ids, logprobs=logprobs)
         else:
-            choice = r.CompletionChoice(text=text, finish_reason=reason, token_ids=token_ids, logprobs=logprobs)
+            choice = CompletionChoice(text=text, finish_reason=reason, token_ids=token_ids, logprobs=logprobs)
         so = self.req.stream_options
         return self._encode(self._shape([choice], self._usage() if so and so.continuous_usage_stats else None))
 
-    def _shape(self, choices: list, usage: r.UsageInfo | None):
-        cls = r.ChatCompletionChunk if self.chat else r.CompletionChunk
+    def _shape(self, choices: list, usage: UsageInfo | None):
+        cls = ChatCompletionChunk if self.chat else CompletionChunk
         return cls(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
 
     @staticmethod
     def _encode(chunk) -> bytes:
-        return r.sse(chunk).encode()
+        return sse(chunk).encode()

@@ -11,7 +11,7 @@ from kvmesh.replica.openai.auth import authorization
 if TYPE_CHECKING:
     from kvmesh.replica.openai.auth import AuthMiddleware
     from kvmesh.router.http.door import Handler
-    from kvmesh.router.http.messages import Request, Response
+    from kvmesh.router.http.messages import HttpRequest, Response
     from kvmesh.router.http.proxy import Forwarder
 
 
@@ -21,7 +21,7 @@ def proxied_routes(forwarder: Forwarder, auth: AuthMiddleware, model_name: str) 
     metrics = forwarder.runtime.metrics
 
     def route(path: str, chat: bool) -> Handler:
-        async def handle(request: Request) -> Response:
+        async def handle(request: HttpRequest) -> Response:
             if auth.api is not None or auth.admin is not None or auth.tenant_key is not None:
                 refused = auth.refusal("POST", path, authorization(request.raw_headers))
                 if refused is not None:

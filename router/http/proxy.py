@@ -3,7 +3,7 @@
     handle: read (body -> ProxyRequest) -> dispatch (route -> open on a replica, retry) -> answer
 
 A replica that fails before sending its first byte (refused connection, reset, 5xx, no first bytes
-within ``first_byte_timeout_s`` while it showed no progress: router/http/patience.py) is excluded and the
+within ``first_byte_timeout_s`` while it showed no progress: router/replicas/patience.py) is excluded and the
 request goes to the next choice, up to ``max_attempts`` replicas; so does a non-streamed 200 whose body
 is not JSON (nothing reached the client yet). Each failure counts towards ejecting the replica
 (router/http/failures.py, router/routing/outlier.py), a 5xx once the request's attempts are over unless every
@@ -28,7 +28,7 @@ from kvmesh.router.http.compile_charge import compile_tokens
 from kvmesh.router.http.failures import BrokenAnswer, InvalidAnswer, count_failure, settle_5xx
 from kvmesh.router.http.in_flight import InFlight, reserved
 from kvmesh.router.http.kv_handoff import KVHandoff
-from kvmesh.router.http.messages import Request, Response
+from kvmesh.router.http.messages import HttpRequest, Response
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.relay import UPSTREAM_ERRORS, Opened, StreamRelay, let_go
 from kvmesh.router.http.request_reader import Frontends, RequestReader
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from kvmesh.replica.serving.tokenizer import Tokenizer
     from kvmesh.router.http.admission_gate import AdmissionGate
     from kvmesh.router.http.metrics import RouterMetrics
-    from kvmesh.router.http.patience import Patience
     from kvmesh.router.http.receipt_metrics import ReceiptMetrics
+    from kvmesh.router.replicas.patience import Patience
     from kvmesh.router.replicas.replica import Replica
     from kvmesh.router.routing.model_pools import ModelPool
     from kvmesh.router.routing.outlier import OutlierDetector
@@ -59,7 +59,10 @@ class Replicas(Frontends, Protocol):
     tokenizer: Tokenizer | None
     metrics: RouterMetrics
     receipt_metrics: ReceiptMetrics
-    pool: UpstreamPool | None
+
+    @property
+    def pool(self) -> UpstreamPool | None: ...
+
     outliers: OutlierDetector
     admission: AdmissionGate | None
 
@@ -84,8 +87,8 @@ class Forwarder:
         """The P/D split's prefill call and peer pulls: what the decode replica gets in kv_transfer_params."""
 
     # ---------------------------------------------------------------- proxy
-    async def handle(self, http: Request, path: str, chat: bool) -> Response:
-        """Answer one request (the door's ``Request``): read, admit (admission_gate.py), forward. A client that leaves
+    async def handle(self, http: HttpRequest, path: str, chat: bool) -> Response:
+        """Answer one request (an ``HttpRequest``): read, admit (admission_gate.py), forward. A client that leaves
         cancels this coroutine (the door does): out of the router's queue, or its upstream connection closed."""
         request, gate = await self.reader.read(http, path, chat), self.runtime.admission
         if gate is None:
@@ -141,18 +144,17 @@ class Forwarder:
                 with InFlight(svc.router.loads, decision, len(request.route_ids)) as flight:
                     opened = await self._open(replica.spec.url, request, replica.accepts or TEXT, headers, decision,
                                               svc.patience(rid))
-                    status = None if isinstance(opened, Exception) else opened.upstream.status
-                    if status is not None and status >= 500:
-                        held.append((rid, status))
+                    if isinstance(opened, Exception):  # a failed connection or deadline: the 5xx before it count
+                        settle_5xx(svc, held, answered_elsewhere=True)
+                    elif opened.upstream.status >= 500:
+                        held.append((rid, opened.upstream.status))
                         if attempt + 1 == attempts:  # pass the last error through
                             flight.answered()
                             return opened
-                    elif status is not None:
+                    else:
                         settle_5xx(svc, held, answered_elsewhere=True)
                         self._opened(request, opened, flight, routed_at, tried)
                         return opened
-                    else:  # a failed connection or deadline: the 5xx before it count
-                        settle_5xx(svc, held, answered_elsewhere=True)
                 self._fail_over(request, opened, rid, tried)
         finally:
             settle_5xx(svc, held, answered_elsewhere=False)

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kvmesh.replica.serving.errors import ProtocolError, error_body, log_failure
-from kvmesh.router.http.failures import InvalidAnswer, count_failure
+from kvmesh.router.http.failures import FailedReplicas, InvalidAnswer, count_failure
 from kvmesh.router.http.migration import DONE, MigratingStream, SseSplitter
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.upstream import UpstreamError, UpstreamResponse
@@ -25,6 +25,7 @@ from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
 
 if TYPE_CHECKING:
     from kvmesh.router.http.metrics import RouterMetrics
+    from kvmesh.router.routing.outlier import OutlierDetector
 
 logger = logging.getLogger(__name__)
 UPSTREAM_ERRORS = (UpstreamError, OSError, asyncio.TimeoutError)
@@ -44,13 +45,12 @@ Dispatch = Callable[[ProxyRequest, list[str]], Awaitable[Opened]]
 """Opens a request on the best replica not tried (``Forwarder.dispatch``, router/http/proxy.py)."""
 
 
-class RelayRuntime(Protocol):
+class RelayRuntime(FailedReplicas, Protocol):
     """What the relay reads of the running router (``RouterRuntime``; a part of proxy.py's ``Replicas``)."""
 
     router: KVRouter
     metrics: RouterMetrics
-
-    def mark_failed(self, replica_id: str, connect_error: bool) -> None: ...
+    outliers: OutlierDetector
 
 
 class StreamRelay:
@@ -90,17 +90,17 @@ class StreamRelay:
                 why = f"replica {rid} {stream.broken or 'ended the stream without [DONE]'}"
                 if error is None and stream.invalid:
                     error = InvalidAnswer(stream.broken or "sent an event that is not SSE JSON", "invalid_sse")
-                opened = await self._migrate(stream, rid, why, error)
-                if opened is None:
+                continued = await self._migrate(stream, rid, why, error)
+                if continued is None:
                     outcome = "5xx"
                     yield _error_event(f"{why}; the output is incomplete")
                     return
-                if not opened:  # nothing was left to generate
+                if not continued:  # nothing was left to generate
                     for out in stream.finish("length"):
                         yield out
                     outcome = "2xx"
                     return
-                upstream, first, body, decision = opened
+                upstream, first, body, decision = continued
                 for out in stream.begin_continuation():
                     yield out
         except Exception as e:  # noqa: BLE001 - a bug here ends this stream cleanly, nothing else

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.openai.grammar_limits import check_grammar_limits
+from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.router.http.caller import identify
-from kvmesh.router.http.messages import Request
+from kvmesh.router.http.messages import HttpRequest
 from kvmesh.router.http.migration import MigratingStream
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.router_only import refuse_router_only, refuse_router_only_headers
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from kvmesh.router.config import RouterConfig
     from kvmesh.router.routing.model_pools import ModelPool
 
-OpenAIRequest = p.CompletionRequest | p.ChatCompletionRequest
+OpenAIRequest = CompletionRequest | ChatCompletionRequest
 """A validated body of one of the two proxied paths."""
 SESSION_HEADER = b"x-session-id"
 """Request header naming a conversation/agent session (else the body's ``user``): soft affinity."""
@@ -65,21 +65,22 @@ class RequestReader:
         parameters, each prompt checked against the context as the replica checks it, and the pool its
         ``"model"`` picks (router/routing/model_pools.py; 400/404 for none)."""
         svc = self.runtime
-        req = await parse_off_loop(raw, p.ChatCompletionRequest if chat else p.CompletionRequest, svc.renderer.run)
+        model_cls: type[OpenAIRequest] = ChatCompletionRequest if chat else CompletionRequest
+        req = await parse_off_loop(raw, model_cls, svc.renderer.run)
         refuse_router_only(req)  # on the decoded body, as the replica decodes it (router_only.py)
         check_grammar_limits(req, svc.renderer.config)  # before any replica is asked (grammar_limits.py)
         pool = svc.pool_for(req.model)
         tokenizer, renderer = svc.frontend_for(pool)
         if tokenizer is None:  # no tokenizer for its model: load-only routing, the replica validates
             return req, [], None, pool
-        if chat:
+        if isinstance(req, ChatCompletionRequest):
             prompts = [await renderer.request(req)]
         else:  # a batch of prompts is routed by its first; every prompt is checked, as the replica does
             prompts = await renderer.prompts(req)
         params: list[SamplingParams] = [req.to_sampling_params(len(ids), tokenizer.max_model_len) for ids in prompts]
         return req, prompts, params[0] if params else None, pool
 
-    async def read(self, http: Request, path: str, chat: bool) -> ProxyRequest:
+    async def read(self, http: HttpRequest, path: str, chat: bool) -> ProxyRequest:
         """The client's request: validated, tokenized, its tenant and priority (caller.py), a stream's migration state."""
         svc = self.runtime
         refuse_router_only_headers(http)

@@ -23,7 +23,7 @@ from kvmesh.replica.openai.body import parse_off_loop
 from kvmesh.replica.openai.responses_api.request import ResponsesRequest
 from kvmesh.replica.openai.responses_api.service import PREFIX, Answer
 from kvmesh.router.http.caller import bearer_key
-from kvmesh.router.http.messages import Request, Response
+from kvmesh.router.http.messages import HttpRequest, Response
 
 if TYPE_CHECKING:
     from kvmesh.replica.openai.auth import AuthMiddleware
@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 CHAT_PATH = "/v1/chat/completions"
 
 
-def chat_request(http: Request, body: bytes) -> Request:
+def chat_request(http: HttpRequest, body: bytes) -> HttpRequest:
     """The client's request with ``body`` for the chat path: its headers and connection kept."""
-    request = Request(http.method, CHAT_PATH.encode(), http.config, http.client)
+    request = HttpRequest(http.method, CHAT_PATH.encode(), http.config, http.client)
     request.raw_headers = http.raw_headers
     request.chunks, request.size, request.complete = [body], len(body), True
     return request
@@ -61,7 +61,7 @@ class ResponsesRoutes:
         door.routes[(b"POST", "/v1/responses")] = self.create
         door.add_rule(is_stored_response, self.stored)
 
-    def _check(self, request: Request) -> str:
+    def _check(self, request: HttpRequest) -> str:
         """The auth rule (a ProtocolError refusing it); the caller's tenant."""
         method, path = request.method.decode("latin-1"), request.path
         if self.auth.api is not None or self.auth.admin is not None or self.auth.tenant_key is not None:
@@ -70,7 +70,7 @@ class ResponsesRoutes:
                 raise refused
         return self.tenants.resolve(bearer_key(request), None).name
 
-    async def create(self, http: Request) -> Response:
+    async def create(self, http: HttpRequest) -> Response:
         tenant = self._check(http)
         start, metrics = time.perf_counter(), self.forwarder.runtime.metrics
         req = await parse_off_loop(await http.body(), ResponsesRequest, self.forwarder.runtime.renderer.run)
@@ -84,7 +84,7 @@ class ResponsesRoutes:
         response = Response(answer.body, answer.status, media, answer.headers, answer.stream)
         return metrics.observe_response(response, start, self.model_name)
 
-    async def stored(self, http: Request) -> Response:
+    async def stored(self, http: HttpRequest) -> Response:
         tenant = self._check(http)
         response_id = http.path[len(PREFIX):]
         if http.method == b"GET":

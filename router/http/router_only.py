@@ -24,7 +24,7 @@ from kvmesh.replica.serving.errors import ProtocolError
 
 if TYPE_CHECKING:
     from kvmesh.replica.openai.protocol import SamplingFields
-    from kvmesh.router.http.messages import Request
+    from kvmesh.router.http.messages import HttpRequest
 
 ROUTER_ONLY = {
     "kv_transfer_params": "the router sets it (prefill/decode split, peer pulls) and the KV plane is the cluster's "
@@ -50,7 +50,7 @@ ROUTER_ONLY_HEADERS = {
 """Header -> why a client may not send it."""
 
 
-def refuse_router_only_headers(http: Request) -> None:
+def refuse_router_only_headers(http: HttpRequest) -> None:
     """A 400 naming a router-only header the request has."""
     for name, why in ROUTER_ONLY_HEADERS.items():
         if http.header(name.encode()) is not None:

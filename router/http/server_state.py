@@ -1,4 +1,4 @@
-"""``ServerState``: what a door shares with every client connection it accepted (uvicorn's pattern): its limits,
+"""``DoorState``: what a door shares with every client connection it accepted (uvicorn's pattern): its limits,
 how a request is answered, the open connections, whether it drains."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.serving.errors import ProtocolError
 
 if TYPE_CHECKING:
-    from kvmesh.router.http.messages import Request
+    from kvmesh.router.http.messages import HttpRequest
 
 
 class OpenConnection(Protocol):
@@ -23,12 +23,12 @@ class OpenConnection(Protocol):
 
 
 @dataclass(eq=False, slots=True)
-class ServerState:
+class DoorState:
     """What a door shares with every connection it accepted (as uvicorn's ``ServerState``)."""
 
     config: FrontendConfig
     """The front end's limits and timeouts."""
-    answer: Callable[[Any, Request], Awaitable[bool]]
+    answer: Callable[[Any, HttpRequest], Awaitable[bool]]
     """Answers one request on its ``HttpConnection``; whether the connection stays open (``Door.answer``)."""
     extra_head: bytes = b""
     """Header lines every response carries (a worker's index)."""

@@ -97,11 +97,11 @@ class TenantFamily:
                     cumulative.append((floatToGoString(bound), total))
                 fam.add_metric(list(key), cumulative, values[-1])
             return fam
-        fam = (CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily)(
+        single = (CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily)(
             self.name, self.documentation, labels=self.labelnames)
         for key, values in rows.items():
-            fam.add_metric(list(key), values[0])
-        return fam
+            single.add_metric(list(key), values[0])
+        return single
 
 
 def _add(rows: dict[tuple[str, ...], list[float]], key: tuple[str, ...], values: list[float]) -> None:

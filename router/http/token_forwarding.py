@@ -13,19 +13,12 @@ The body each upstream gets is built by the request itself (``ProxyRequest.for_k
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
+
+from kvmesh.router.replicas.replica import KVMESH, TEXT, VLLM, UpstreamKind
 
 if TYPE_CHECKING:
     from kvmesh.replica.serving.tokenizer import Tokenizer
-
-UpstreamKind = Literal["kvmesh", "vllm", "text"]
-"""What an upstream accepts instead of text (one of the three below)."""
-KVMESH: UpstreamKind = "kvmesh"
-"""A kvmesh replica with the router's tokenizer and chat template: completions and chat carry token ids."""
-VLLM: UpstreamKind = "vllm"
-"""An upstream that does not say it is kvmesh (vLLM): completions carry token ids, chat goes as sent."""
-TEXT: UpstreamKind = "text"
-"""An upstream whose ids may differ from the router's (tokenizer fingerprint mismatch): bodies go as sent."""
 VLLM_TOKENIZING_KEYS = frozenset({"add_special_tokens", "truncate_prompt_tokens", "prompt_embeds"})
 """vLLM completion options that change a text prompt's ids (kvmesh ignores them): such bodies go as sent."""
 QUOTED_VLLM_TOKENIZING_KEYS = tuple(f'"{key}"'.encode() for key in sorted(VLLM_TOKENIZING_KEYS))

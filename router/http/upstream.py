@@ -37,7 +37,7 @@ from kvmesh.router.http.upstream_connection import (
 )
 
 if TYPE_CHECKING:
-    from kvmesh.router.http.patience import Patience
+    from kvmesh.router.replicas.patience import Patience
 
 __all__ = ["DeadlineMissed", "UpstreamConnectError", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
@@ -70,7 +70,7 @@ class UpstreamPool:
     async def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str],
                    patience: Patience | None = None) -> UpstreamResponse:
         """Send ``POST path`` with a JSON ``body``; the response once its status and headers arrived (within
-        ``patience``'s first-byte deadline: router/http/patience.py)."""
+        ``patience``'s first-byte deadline: router/replicas/patience.py)."""
         return await self.request("POST", base_url, path, body, headers, patience)
 
     async def fetch(self, method: str, base_url: str, path: str, timeout_s: float, body: bytes = b"",

@@ -18,7 +18,7 @@ import httptools
 from kvmesh.router.http.deadline import Deadline
 
 if TYPE_CHECKING:
-    from kvmesh.router.http.patience import Patience
+    from kvmesh.router.replicas.patience import Patience
 
 
 class UpstreamError(Exception):

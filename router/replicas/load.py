@@ -140,8 +140,8 @@ class ReplicaLoad:
     def update_transfer(self, kv_transfer: object) -> None:
         """Take ``/load``'s ``kv_transfer`` object (a dict, or a Struct with the same fields); None/absent:
         transfer off."""
-        fields = kv_transfer if isinstance(kv_transfer, dict) else {} if kv_transfer is None else \
-            msgspec.structs.asdict(kv_transfer)
+        fields = kv_transfer if isinstance(kv_transfer, dict) else msgspec.structs.asdict(kv_transfer) \
+            if isinstance(kv_transfer, msgspec.Struct) else {}
         get = fields.get
         self.kv_transfer_enabled = kv_transfer is not None and get("enabled") is True
         rate, per_token, fixed = get("pull_bytes_per_s"), get("bytes_per_token"), get("pull_fixed_s")
@@ -189,9 +189,10 @@ _KV_USAGE_KEYS = ("kv_cache_usage", "kv_usage")
 _PREFILL_KEYS = ("num_waiting_prefill_tokens", "queued_prefill_tokens")
 
 
-def _first(report: ForeignLoad, keys: tuple[str, ...], default: int | float) -> object:
+def _first(report: ForeignLoad, keys: tuple[str, ...], default: int | float) -> int | float:
+    """The first of ``keys`` whose value is a number; ``default`` when none is."""
     for key in keys:
         value = report.get(key)
-        if value is not None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             return value
     return default

@@ -19,30 +19,63 @@ dropping its record (router/replicas/replica_set.py):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
 
 from kvmesh.router.replicas.health import ReplicaHealth
 from kvmesh.router.replicas.load import ReplicaLoad
+from kvmesh.router.replicas.patience import Patience
 from kvmesh.router.replicas.reuse import ReuseTotals
+from kvmesh.router.replicas.roles import PREFILL, ReplicaRole
+from kvmesh.router.replicas.spec import ReplicaSpec
 from kvmesh.router.replicas.stream import StreamState
+from kvmesh.router.replicas.wire_enum import WireEnum
 
 if TYPE_CHECKING:
+    import asyncio
+
+    from kvmesh.router.admission.room import LearnedSlots
     from kvmesh.router.replicas.served import ServedModels
 
 ReplicaId = str
 """A replica's id: ``ReplicaSpec.replica_id`` (its URL unless named), in the simulator ``str`` of its index."""
 
-JOINING, READY, DRAINING = "joining", "ready", "draining"
-"""A replica's lifecycle: registered but not yet healthy once; healthy at least once; getting no new requests."""
-INCOMPATIBLE, BAD_FRAMES, STALLED, LAGGING, LOST_EVENTS = (
-    "incompatible", "bad_frames", "stalled", "lagging", "lost_events")
-DEGRADED_CAUSES = (INCOMPATIBLE, BAD_FRAMES, STALLED, LAGGING, LOST_EVENTS)
-"""Why a replica may be degraded: its blocks cannot match the router's keys (block size, tokenizer);
-its stream sends bad frames; it stopped (published batches not applied); it lags (batches applied
-long after they happened); it lost batches that neither replay nor a snapshot restored."""
 
-PREFILL = "prefill"
-"""The role of a replica that prefills for others and never decodes (router/routing/roles.py)."""
+class ReplicaState(WireEnum):
+    """A replica's lifecycle: registered but not yet healthy once; healthy at least once; getting no new requests."""
+
+    JOINING = "joining"
+    READY = "ready"
+    DRAINING = "draining"
+
+
+JOINING, READY, DRAINING = ReplicaState.JOINING, ReplicaState.READY, ReplicaState.DRAINING
+
+
+class DegradedCause(WireEnum):
+    """Why a replica may be degraded: its blocks cannot match the router's keys (block size, tokenizer); its
+    stream sends bad frames; it stopped (published batches not applied); it lags (batches applied long after
+    they happened); it lost batches that neither replay nor a snapshot restored."""
+
+    INCOMPATIBLE = "incompatible"
+    BAD_FRAMES = "bad_frames"
+    STALLED = "stalled"
+    LAGGING = "lagging"
+    LOST_EVENTS = "lost_events"
+
+
+INCOMPATIBLE, BAD_FRAMES, STALLED, LAGGING, LOST_EVENTS = (
+    DegradedCause.INCOMPATIBLE, DegradedCause.BAD_FRAMES, DegradedCause.STALLED, DegradedCause.LAGGING,
+    DegradedCause.LOST_EVENTS)
+DEGRADED_CAUSES = tuple(DegradedCause)
+
+UpstreamKind = Literal["kvmesh", "vllm", "text"]
+"""What a replica accepts instead of text (one of the three below; router/http/token_forwarding.py)."""
+KVMESH: UpstreamKind = "kvmesh"
+"""A kvmesh replica with the router's tokenizer and chat template: completions and chat carry token ids."""
+VLLM: UpstreamKind = "vllm"
+"""An upstream that does not say it is kvmesh (vLLM): completions carry token ids, chat goes as sent."""
+TEXT: UpstreamKind = "text"
+"""An upstream whose ids may differ from the router's (tokenizer fingerprint mismatch): bodies go as sent."""
 
 
 @dataclass(slots=True, eq=False)
@@ -50,37 +83,34 @@ class Replica:
     """See the module doc."""
 
     id: ReplicaId
-    role: str = "both"
-    """``prefill``, ``decode`` or ``both`` (router/routing/roles.py)."""
-    spec: Any = None
-    """Where it listens: its ``ReplicaSpec`` (router/config.py, which builds the router: not imported here); None: a
-    replica known by id only, e.g. the simulator's."""
-    state: str = JOINING
-    """``JOINING``, ``READY`` or ``DRAINING``."""
+    role: ReplicaRole = ReplicaRole.BOTH
+    """Prefill, decode or both (router/replicas/roles.py)."""
+    spec: ReplicaSpec | None = None
+    """Where it listens; None: a replica known by id only, e.g. the simulator's."""
+    state: ReplicaState = ReplicaState.JOINING
     healthy: bool = False
     """It may receive requests now."""
-    degraded: dict[str, str] = field(default_factory=dict)
-    """Cause (one of ``DEGRADED_CAUSES``) -> reason, for each cause that holds."""
+    degraded: dict[DegradedCause, str] = field(default_factory=dict)
+    """Cause -> reason, for each cause that holds."""
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
-    patience: Any = None
-    """The deadlines of its answers (router/http/patience.py's ``Patience``); None until first asked for."""
+    patience: Patience | None = None
+    """The deadlines of its answers; None until first asked for (router/control/passive_health.py)."""
     progress_mark: tuple[int, int, int, float] | None = None
     """At its last ``/load`` poll: (its KV event seq, its prefill queue, the router's last applied seq, when)."""
-    probe_trial: Any = None
-    """Its probe request in flight while ejected (an ``asyncio.Task``); None: none."""
+    probe_trial: asyncio.Task[None] | None = None
+    """Its probe request in flight while ejected; None: none."""
     served: ServedModels | None = None
     """What it reported serving (None: not yet)."""
-    adapters_asked: frozenset | None = None
+    adapters_asked: frozenset[str] | None = None
     """The adapter names its ``/v1/models`` was last read for."""
-    accepts: str | None = None
-    """What it takes instead of text (router/http/token_forwarding.py's ``UpstreamKind``), from ``/server_info``;
-    None: not said yet (text)."""
+    accepts: UpstreamKind | None = None
+    """What it takes instead of text, from ``/server_info``; None: not said yet (text)."""
     reuse: ReuseTotals = field(default_factory=ReuseTotals)
     stream: StreamState = field(default_factory=StreamState)
-    learned_slots: Any = None
-    """What admission learned of its slots (router/admission/room.py's ``LearnedSlots``, which this room may not
-    import; the admission gate sets it); None: nothing yet."""
+    learned_slots: LearnedSlots | None = None
+    """What admission learned of its slots (router/admission/room.py, named for its type only; the admission gate
+    sets it); None: nothing yet."""
 
     @property
     def prefill_only(self) -> bool:

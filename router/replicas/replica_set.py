@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Iterator
 
 from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
 
-Listener = Callable[[Replica], None]
+Listener = Callable[[Replica], object]
 
 
 class ReplicaSet:

@@ -37,7 +37,7 @@ class FieldView(Mapping):
         return default if value is None else value
 
     def __contains__(self, replica_id: object) -> bool:
-        return self.get(replica_id) is not None
+        return self.get(replica_id) is not None  # type: ignore[arg-type]  # a Mapping is asked with any key
 
     def __iter__(self) -> Iterator[ReplicaId]:
         return iter([rid for rid, _ in self.items()])
@@ -45,9 +45,9 @@ class FieldView(Mapping):
     def __len__(self) -> int:
         return len(self.items())
 
-    def values(self) -> list[Any]:  # type: ignore[override]
+    def values(self) -> list[Any]:  # type: ignore[override]  # a list (a snapshot), not a live view
         return [value for _, value in self.items()]
 
-    def items(self) -> list[tuple[ReplicaId, Any]]:  # type: ignore[override]
+    def items(self) -> list[tuple[ReplicaId, Any]]:  # type: ignore[override]  # a list (a snapshot), not a live view
         read = self._read
         return [(r.id, value) for r in self._replicas.records() if (value := read(r)) is not None]

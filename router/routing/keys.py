@@ -73,7 +73,7 @@ def chain_keys_py(
     ``extra_keys`` is None or one entry per block (None for a block without extra keys).
     """
     stride = 4 * block_size
-    keys = []
+    keys: list[int] = []
     append = keys.append
     key = parent_key
     if extra_keys is None:

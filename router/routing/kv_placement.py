@@ -37,7 +37,7 @@ the mean of those reported (none anywhere: no pull, it cannot be priced).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from kvmesh.kvcache.reuse import reusable_blocks
@@ -142,8 +142,8 @@ class SplitPrice:
         return self.split_s - self.local_s <= rules.pd_ttft_slack_s + rules.pd_stall_weight * self.stall_s
 
 
-def choose_prefill(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: set, healthy: set,
-                   rules: KVPlacementRules) -> ReplicaId | None:
+def choose_prefill(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: Collection[ReplicaId],
+                   healthy: Collection[ReplicaId], rules: KVPlacementRules) -> ReplicaId | None:
     """The token rule: the least loaded healthy prefill replica with room (backlog, then requests in flight);
     None: none has room."""
     best, best_key = None, None
@@ -155,8 +155,8 @@ def choose_prefill(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: set, hea
     return best
 
 
-def _with_room(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: set, healthy: set,
-               rules: KVPlacementRules) -> list[ReplicaId]:
+def _with_room(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: Collection[ReplicaId],
+               healthy: Collection[ReplicaId], rules: KVPlacementRules) -> list[ReplicaId]:
     """Healthy prefill replicas whose backlog is under the hard bound ``pd_max_prefill_backlog_tokens``."""
     return [rid for rid in prefill_ids if rid in healthy and rid in loads
             and loads[rid].prefill_backlog < rules.pd_max_prefill_backlog_tokens]
@@ -180,7 +180,8 @@ def price_split(decode: ReplicaLoad, prefill: ReplicaLoad, local_uncached: int, 
     return SplitPrice(there.ttft_s + move_s, here.ttft_s, here.stall_s)
 
 
-def choose_split(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: set, healthy: set, decode_id: ReplicaId,
+def choose_split(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: Collection[ReplicaId],
+                 healthy: Collection[ReplicaId], decode_id: ReplicaId,
                  local_uncached: int, prefill_matched: Mapping[ReplicaId, int], num_prompt_tokens: int,
                  block_size: int, rules: KVPlacementRules) -> SplitChoice:
     """The split decision for a prompt whose uncached suffix on ``decode_id`` is ``local_uncached`` tokens
@@ -192,7 +193,7 @@ def choose_split(loads: Mapping[ReplicaId, ReplicaLoad], prefill_ids: set, healt
         return SplitChoice(None, SPLIT_NO_ROOM)
     usable = reusable_blocks(num_prompt_tokens, block_size)  # full blocks a replica reuses
     lacking = max(0, usable - (num_prompt_tokens - local_uncached) // block_size)
-    prices = [] if rules.pd_ttft_slack_s is not None else None  # None: the token rules alone
+    prices: list[tuple[SplitPrice, ReplicaId]] | None = [] if rules.pd_ttft_slack_s is not None else None  # None: the token rules alone
     for rid in room if prices is not None else ():
         held = min(prefill_matched.get(rid, 0), usable) * block_size
         price = price_split(loads[decode_id], loads[rid], local_uncached, num_prompt_tokens - held, lacking,

@@ -15,8 +15,9 @@ from typing import Any
 
 from kvmesh.events.schema import EventBatch
 from kvmesh.kvcache.reuse import reusable_blocks
-from kvmesh.router.replicas.replica import DEGRADED_CAUSES, INCOMPATIBLE, JOINING, READY, Replica, ReplicaId
+from kvmesh.router.replicas.replica import DEGRADED_CAUSES, JOINING, READY, DegradedCause, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
+from kvmesh.router.replicas.roles import BOTH, check_role
 from kvmesh.router.routing import routable
 from kvmesh.router.routing.cost import observe_ttft
 from kvmesh.router.routing.cost.load_columns import CandidateLoads, LoadColumns
@@ -33,7 +34,6 @@ from kvmesh.router.routing.kv_placement import (
 from kvmesh.router.routing.load import LoadTracker
 from kvmesh.router.routing.policies import NoReplicaError, Policy, get_policy
 from kvmesh.router.routing.receipts import Receipts, route_receipt
-from kvmesh.router.routing.roles import BOTH, check_role
 from kvmesh.router.routing.routable import RoutableLoads
 from kvmesh.router.routing.route_decision import RouteDecision
 from kvmesh.router.routing.session import SessionConfig, SessionTable
@@ -108,11 +108,10 @@ class KVRouter:
 
     # ---------------------------------------------------------------- replica set
     def add_replica(self, replica_id: ReplicaId, healthy: bool = True, role: str = BOTH, spec: Any = None) -> Replica:
-        """Register a replica of ``role`` (router/routing/roles.py: prefill, decode or both) listening where ``spec``
+        """Register a replica of ``role`` (router/replicas/roles.py: prefill, decode or both) listening where ``spec``
         (its ``ReplicaSpec``, router/config.py) says; one already registered keeps its record (its role updated,
         made healthy when ``healthy``)."""
-        check_role(role)
-        return self.replicas.add(Replica(replica_id, role, spec, READY if healthy else JOINING, healthy))
+        return self.replicas.add(Replica(replica_id, check_role(role), spec, READY if healthy else JOINING, healthy))
 
     def remove_replica(self, replica_id: ReplicaId) -> Replica | None:
         """Forget a replica: its record goes, and the set's listeners drop what they keep of it."""
@@ -137,7 +136,8 @@ class KVRouter:
         with self.lock:
             self.index.clear_replica(replica_id)
 
-    def set_degraded(self, replica_id: ReplicaId, reason: str | None, cause: str = INCOMPATIBLE) -> None:
+    def set_degraded(self, replica_id: ReplicaId, reason: str | None,
+                     cause: DegradedCause = DegradedCause.INCOMPATIBLE) -> None:
         """Mark a replica degraded for ``cause`` (``reason``: why its cache information is not trusted,
         e.g. a block size mismatch, a stalled event stream) or clear that cause (None). The replica is
         degraded while any cause holds: it still receives requests, chosen by load only (its index

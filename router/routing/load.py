@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.views import FieldView
+
+if TYPE_CHECKING:
+    from kvmesh.router.routing.shared_loads import SharedLoadTable
 
 __all__ = ["ARRIVAL_TAU_S", "LoadTracker"]
 
@@ -36,7 +40,7 @@ class LoadTracker:
         self.churn_tau_s = churn_tau_s
         """Time constant of ``ReplicaLoad.recent_prefill`` (about a cache's turnover time)."""
         self._churn_t0: float | None = None
-        self.shared = None
+        self.shared: SharedLoadTable | None = None
         """The host's ``SharedLoadTable`` (router/routing/shared_loads.py) when several router processes share
         their counts; None: this router counts alone."""
         self.row: int | None = None
@@ -51,7 +55,7 @@ class LoadTracker:
         """Rises whenever a replica is added or removed (router/routing/cost/load_columns.py lays its rows out again)."""
         return self.replicas.members_version
 
-    def share(self, table, row: int | None) -> None:
+    def share(self, table: SharedLoadTable, row: int | None) -> None:
         """Publish this router's counts in ``table``'s ``row`` (cleared first) and read the others'."""
         self.shared, self.row, self._slotted = table, row, None
         if row is not None:

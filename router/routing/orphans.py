@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvmesh.router.replicas.replica import ReplicaId
 from kvmesh.router.routing.index_stats import ReplicaBlocks
 from kvmesh.router.routing.keys import RouterKeyHasher
 
 
-def park_orphans(tree: ReplicaBlocks, parent: ReplicaId, hashes: Sequence, token_bytes: bytes, extra,
+def park_orphans(tree: ReplicaBlocks, parent: int, hashes: Sequence, token_bytes: bytes, extra,
                  block_size: int) -> None:
     """Park a chain of blocks (``token_bytes`` packed, 4 bytes a token) under ``parent``, each block under
     the one before it; a hash already held counts as a duplicate."""
@@ -44,7 +43,7 @@ def adopt_orphans(tree: ReplicaBlocks, hashes: Sequence, hasher: RouterKeyHasher
             stack.append(ext)
 
 
-def drop_orphan(tree: ReplicaBlocks, ext: ReplicaId) -> None:
+def drop_orphan(tree: ReplicaBlocks, ext: int) -> None:
     """BlockRemoved for a parked block (or one of its duplicates)."""
     if tree.ext_dups.get(ext):
         tree.ext_dups[ext] -= 1

@@ -35,12 +35,13 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from kvmesh.router.routing.tokenize_cuts import space_cut_pattern
 
 if TYPE_CHECKING:
     import tokenizers
+    from kvmesh.replica.serving.hf_tokenizer import HFTokenizer
 
 
 PieceKey = tuple[str] | str
@@ -69,11 +70,11 @@ def _chars(keys) -> int:
 class CachedTokenizer:
     """``encode(text, add_special_tokens)`` with exactly the tokenizer's ids, pieces served from an LRU cache."""
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer | FastTokenizer, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
+    def __init__(self, tokenizer: tokenizers.Tokenizer | FastTokenizer | HFTokenizer, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
                  chunk_chars: int = DEFAULT_CHUNK_CHARS) -> None:
         if max_cached_tokens < 0:
             raise ValueError(f"max_cached_tokens must be >= 0, got {max_cached_tokens}")
-        self.backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        self.backend = cast("tokenizers.Tokenizer", getattr(tokenizer, "backend_tokenizer", tokenizer))
         """The ``tokenizers.Tokenizer`` (a transformers fast tokenizer is unwrapped to it)."""
         self.max_cached_tokens = max_cached_tokens
         """Most token ids held in the cache; least recently used pieces are dropped beyond it."""
@@ -155,13 +156,15 @@ class CachedTokenizer:
             return ids
         keys = self._keys(text)
         cache = self._cache
+        found: list  # per key: an added token's id (the int key itself), or its piece's cached ids (None: a miss)
+        missing: dict  # a missed piece's key -> its ids once tokenized
         with self._lock:  # held for lookups only: the tokenizer runs outside it (a thread's big miss never
-            found = [key if key.__class__ is int else cache.get(key) for key in keys]  # blocks the loop's hits)
+            found = [key if isinstance(key, int) else cache.get(key) for key in keys]  # blocks the loop's hits)
             missing = {key: None for key, got in zip(keys, found, strict=True) if got is None}
             if max_fresh_chars is not None and missing and _chars(missing) > max_fresh_chars:
                 return None
             for key, got in zip(keys, found, strict=True):
-                if got is not None and key.__class__ is not int:
+                if got is not None and not isinstance(key, int):
                     cache.move_to_end(key)
                     self.hit_tokens += len(got)
         if missing:
@@ -170,7 +173,7 @@ class CachedTokenizer:
             with self._lock:
                 for key, piece_ids in missing.items():
                     self._store(key, piece_ids)
-        ids: list[int] = list(self._frame[0]) if add_special_tokens else []
+        ids = list(self._frame[0]) if add_special_tokens else []
         for key, got in zip(keys, found, strict=True):
             if key.__class__ is int:
                 ids.append(key)
@@ -211,7 +214,7 @@ class CachedTokenizer:
 
     def _tokenize(self, key: PieceKey) -> list[int]:
         """The ids of a piece (its cache key), from the tokenizer."""
-        if key.__class__ is tuple:  # the piece at offset 0 of the text
+        if isinstance(key, tuple):  # the piece at offset 0 of the text
             ids = self.backend.encode(key[0], add_special_tokens=False).ids
         else:  # behind an added token, as in the whole text (not at offset 0)
             ids = self.backend.encode(self._lead + key, add_special_tokens=False).ids

@@ -8,7 +8,7 @@ from kvmesh.cluster.config.loader import from_dict
 from kvmesh.cluster.launch.launcher import ServeCluster
 from kvmesh.cluster.launch.placement import ReplicaPlacement
 from kvmesh.cluster.launch.ray_cluster import RayHandle
-from kvmesh.router.routing.roles import BOTH, PREFILL
+from kvmesh.router.replicas.roles import BOTH, PREFILL
 
 
 def _cluster(messages: list[str]) -> ServeCluster:

@@ -48,7 +48,13 @@ def test_the_router_lists_the_deployment_and_its_adapters(fleet):
 
 
 def test_follow_ups_come_back_cached_and_a_runtime_adapter_serves_at_once(fleet, adapters):
-    from kvmesh.cluster.measure.benchmarks import lora_fleet as lf
+    from kvmesh.cluster.measure.benchmarks.lora_fleet import (
+        BLOCK_SIZE,
+        CACHED_SHARE_TARGET,
+        conversations,
+        runtime_loads,
+        summarize,
+    )
 
     args = argparse.Namespace(conversations=18, clients=4, zipf=1.1, prompt_tokens=96, question_tokens=8,
                               max_tokens=8, seed=1, timeout_s=120.0)
@@ -56,14 +62,14 @@ def test_follow_ups_come_back_cached_and_a_runtime_adapter_serves_at_once(fleet,
     assert admin_headers(fleet)["Authorization"] == f"Bearer {fleet.admin_key}"
 
     async def run():
-        loads = asyncio.create_task(lf.runtime_loads(args, fleet, {"late-0": adapters["late-0"]}, start_after_s=1.0))
-        convs = await lf.conversations(args, fleet.url, ["lora-0", "lora-1", "lora-2"], lf.BLOCK_SIZE)
+        loads = asyncio.create_task(runtime_loads(args, fleet, {"late-0": adapters["late-0"]}, start_after_s=1.0))
+        convs = await conversations(args, fleet.url, ["lora-0", "lora-1", "lora-2"], BLOCK_SIZE)
         return convs, await loads
 
     convs, loads = asyncio.run(run())
-    s = lf.summarize(convs, loads, 1.0, 0.0)
+    s = summarize(convs, loads, 1.0, 0.0)
     assert s["answered"] == 18, [c for c in convs if c["follow_up"]["status"] != 200][:2]
-    assert s["cached_share"] >= lf.CACHED_SHARE_TARGET, [(c["adapter"], c["follow_up"]["cached_tokens"])
+    assert s["cached_share"] >= CACHED_SHARE_TARGET, [(c["adapter"], c["follow_up"]["cached_tokens"])
                                                          for c in convs if not c["cached"]]
     (late,) = loads
     assert late["load_status"] == 200, late["load_answer"]

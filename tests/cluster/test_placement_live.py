@@ -10,9 +10,9 @@ import time
 
 import pytest
 from kvmesh.cluster.config.loader import from_dict
-from kvmesh.cluster.launch import placement as pl
 from kvmesh.cluster.launch.capacity import CapacityError
 from kvmesh.cluster.launch.launcher import ServeCluster
+from kvmesh.cluster.launch.placement import create_placement_groups, remove_placement_groups, wait_ready
 
 pytestmark = pytest.mark.ray
 
@@ -68,13 +68,13 @@ def test_a_wait_for_nodes_that_never_come_ends_at_the_placement_timeout(ray_sess
 
 
 def test_waiting_for_placement_reports_progress(ray_session):
-    groups = pl.create_placement_groups(1, [{"CPU": 1.0, "GPU": 1.0}], "spread", name_prefix="kvmesh-progress")
+    groups = create_placement_groups(1, [{"CPU": 1.0, "GPU": 1.0}], "spread", name_prefix="kvmesh-progress")
     notes: list[str] = []
     try:
         with pytest.raises(TimeoutError, match="each needs"):
-            pl.wait_ready(groups, timeout_s=2.5, report=notes.append, note_every_s=10, first_note_s=0.5)
+            wait_ready(groups, timeout_s=2.5, report=notes.append, note_every_s=10, first_note_s=0.5)
     finally:
-        pl.remove_placement_groups(groups)
+        remove_placement_groups(groups)
     assert len(notes) == 1  # the first note comes early, the next only after note_every_s
     assert re.match(r"waiting for Ray to place 1 of 1 replica\(s\) \[[12]s of 2.5s\]; free now: \S", notes[0]), notes
     assert not _live(groups)
@@ -83,13 +83,13 @@ def test_waiting_for_placement_reports_progress(ray_session):
 def test_two_clusters_on_one_ray_place_their_replicas_side_by_side(ray_session):
     """Ray refuses a second placement group of a name: a second cluster on the same Ray (a serve joining it, an
     in-process test cluster) must not reuse the first one's names."""
-    first = pl.create_placement_groups(1, [{"CPU": 0.5}], "spread")
+    first = create_placement_groups(1, [{"CPU": 0.5}], "spread")
     try:
-        second = pl.create_placement_groups(1, [{"CPU": 0.5}], "spread")
+        second = create_placement_groups(1, [{"CPU": 0.5}], "spread")
         try:
-            pl.wait_ready(first + second, timeout_s=60)
+            wait_ready(first + second, timeout_s=60)
             assert len(_live(first + second)) == 2
         finally:
-            pl.remove_placement_groups(second)
+            remove_placement_groups(second)
     finally:
-        pl.remove_placement_groups(first)
+        remove_placement_groups(first)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvmesh.replica.serving import chat_template as ct
+from kvmesh.replica.serving.chat_template import plain, render
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.replica.serving.tokenizer import Tokenizer
 from kvmesh.router.routing.tokenize_cache import CachedTokenizer
@@ -107,7 +107,7 @@ def test_sandbox_refuses_what_transformers_refuses(stories):  # noqa: F811
     with pytest.raises(jinja2.exceptions.SecurityError):
         stories.apply_chat_template([{"role": "user", "content": "x"}], chat_template=escape, tokenize=False)
     with pytest.raises(jinja2.exceptions.SecurityError):
-        ct.render(escape, [{"role": "user", "content": "x"}], True, {})
+        render(escape, [{"role": "user", "content": "x"}], True, {})
 
 
 def test_namespace_attributes_with_underscores_are_refused(stories):  # noqa: F811
@@ -132,7 +132,7 @@ def test_messages_transformers_rewrites_are_left_to_it(stories):  # noqa: F811
     tok = _wrap(stories)
     template = "{% for m in messages %}{{ m['thinking'] }}|{{ m['content'] }}{% endfor %}"
     messages = [{"role": "assistant", "content": "hi", "reasoning_content": "hmm"}]
-    assert not ct.plain(messages)
+    assert not plain(messages)
     theirs = stories.apply_chat_template(messages, chat_template=template, tokenize=False)
     assert theirs in ("hmm|hi", "|hi")
     assert tok.apply_chat_template(messages, False, template) == theirs

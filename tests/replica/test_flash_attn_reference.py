@@ -10,10 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kvmesh.replica.attention import flash_attn_reference as fa
+from kvmesh.replica.attention.flash_attn_reference import (
+    PAGED_BLOCK_MULTIPLE,
+    as_module,
+    flash_attn_varlen_func,
+    flash_attn_with_kvcache,
+)
 
 HQ, HK, D = 4, 2, 8
-PAGE = fa.PAGED_BLOCK_MULTIPLE
+PAGE = PAGED_BLOCK_MULTIPLE
 
 
 def sdpa(q, k, v, causal_offset: int | None) -> torch.Tensor:
@@ -52,7 +57,7 @@ def paged(k: torch.Tensor, cu_k: torch.Tensor, num_blocks: int = 8):
 def test_varlen_matches_sdpa_with_bottom_right_causal_alignment():
     lens_q, lens_k = [5, 1, 3], [5, 9, 12]  # fresh prefill, decode, chunk after a 9-token prefix
     q, k, v, cu_q, cu_k = ragged(lens_q, lens_k, dtype=torch.float32)
-    out = fa.as_module(allow_float32=True).flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 12, causal=True)
+    out = as_module(allow_float32=True).flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 12, causal=True)
     for b in range(3):
         qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
         expected = sdpa(q[qs], k[ks], v[ks], lens_k[b] - lens_q[b])
@@ -64,8 +69,8 @@ def test_paged_varlen_reads_keys_through_the_block_table():
     q, k, v, cu_q, cu_k = ragged(lens_q, lens_k, seed=2)
     kc, table = paged(k, cu_k)
     vc, _ = paged(v, cu_k)
-    packed = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2, 700, causal=True)
-    got = fa.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 2, 700, causal=True, block_table=table)
+    packed = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2, 700, causal=True)
+    got = flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 2, 700, causal=True, block_table=table)
     torch.testing.assert_close(got, packed)
 
 
@@ -76,7 +81,7 @@ def test_kvcache_appends_new_keys_at_cache_seqlens_then_attends():
     q = torch.randn(2, 1, HQ, D, generator=gen).bfloat16()
     k_new, v_new = (torch.randn(2, 1, HK, D, generator=gen).bfloat16() for _ in range(2))
     seqlens = torch.tensor([4, 6], dtype=torch.int32)
-    out = fa.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens, causal=True)
+    out = flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens, causal=True)
     assert torch.equal(kc[0, 4], k_new[0, 0]) and torch.equal(vc[1, 6], v_new[1, 0])
     for b, n in enumerate([5, 7]):
         expected = sdpa(q[b].float(), kc[b, :n].float(), vc[b, :n].float(), None)
@@ -85,7 +90,7 @@ def test_kvcache_appends_new_keys_at_cache_seqlens_then_attends():
 
 def test_a_row_that_sees_no_key_gives_zeros_like_the_kernel():
     q, k, v, cu_q, cu_k = ragged([3], [1])  # 3 queries, 1 key: rows 0 and 1 see nothing (bottom-right)
-    out = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 3, 1, causal=True)
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 3, 1, causal=True)
     assert not out[:2].any() and out[2].abs().sum() > 0
 
 
@@ -117,7 +122,7 @@ def test_varlen_refuses_what_the_kernel_refuses(mistake, message):
     elif mistake == "key heads do not divide query heads":
         q = torch.cat([q, q[:, :1]], dim=1)
     with pytest.raises(RuntimeError, match=message):
-        fa.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 2, 700, causal=True, block_table=table)
+        flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 2, 700, causal=True, block_table=table)
 
 
 @pytest.mark.parametrize("mistake, message", [
@@ -139,15 +144,15 @@ def test_kvcache_refuses_what_the_kernel_refuses(mistake, message):
     elif mistake == "transposed cache":
         kc = kc.transpose(-1, -2).contiguous().transpose(-1, -2)
     with pytest.raises((RuntimeError, AssertionError), match=message):
-        fa.flash_attn_with_kvcache(q.view(2, 1, HQ, D), kc, kc, cache_seqlens=seqlens, block_table=table, causal=True)
+        flash_attn_with_kvcache(q.view(2, 1, HQ, D), kc, kc, cache_seqlens=seqlens, block_table=table, causal=True)
 
 
 def test_silent_kernel_garbage_is_a_loud_error_here():
     q, k, v, cu_q, cu_k = ragged([2, 1], [300, 700], seed=6)
     kc, table = paged(k, cu_k)
     with pytest.raises(ValueError, match="above max_seqlen_q"):  # the kernel would skip rows
-        fa.flash_attn_varlen_func(q, kc, kc, cu_q, cu_k, 1, 700, causal=True, block_table=table)
+        flash_attn_varlen_func(q, kc, kc, cu_q, cu_k, 1, 700, causal=True, block_table=table)
     with pytest.raises(ValueError, match="block ids outside"):
-        fa.flash_attn_varlen_func(q, kc, kc, cu_q, cu_k, 2, 700, causal=True, block_table=table + 100)
+        flash_attn_varlen_func(q, kc, kc, cu_q, cu_k, 2, 700, causal=True, block_table=table + 100)
     with pytest.raises(NotImplementedError, match="softcap"):
-        fa.flash_attn_varlen_func(q, kc, kc, cu_q, cu_k, 2, 700, softcap=30.0, block_table=table)
+        flash_attn_varlen_func(q, kc, kc, cu_q, cu_k, 2, 700, softcap=30.0, block_table=table)

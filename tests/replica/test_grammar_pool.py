@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kvmesh.replica.engine.grammar_pool import GrammarPool
 from kvmesh.replica.serving.grammar_config import StructuredOutputsConfig
-from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams as SO
+from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
 
 from ..grammar_processes import compile_workers, wait_for
 from .test_structured_outputs_engine import slow_choice
@@ -30,8 +30,8 @@ def pool(stories_path):
         p.close()
 
 
-def choice(tenant: str, i: int) -> SO:
-    return SO(choice=(f"{tenant}-{i}", "x"), tenant=tenant)
+def choice(tenant: str, i: int) -> StructuredOutputsParams:
+    return StructuredOutputsParams(choice=(f"{tenant}-{i}", "x"), tenant=tenant)
 
 
 def test_waiting_compiles_take_turns_by_tenant(pool):

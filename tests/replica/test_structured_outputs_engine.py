@@ -10,7 +10,7 @@ import string
 import pytest
 import torch
 from kvmesh.replica.serving.sampling_params import SamplingParams, SamplingParamsError
-from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams as SO
+from kvmesh.replica.serving.structured_outputs import StructuredOutputsParams
 
 from ..grammar_processes import compile_workers, wait_for
 from .test_engine_async_scheduling import PROMPTS, both, engine, generate
@@ -28,10 +28,10 @@ def matches_schema(text: str) -> bool:
 
 def constrained(max_tokens: int = 64) -> dict[str, SamplingParams]:
     """A JSON schema, a choice, a regex and an unconstrained request, seeded where random."""
-    return {"a": SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=SO.from_schema(SCHEMA, "x")),
-            "b": SamplingParams(temperature=1.0, seed=3, max_tokens=max_tokens, structured_outputs=SO(choice=("yes", "no"))),
+    return {"a": SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=StructuredOutputsParams.from_schema(SCHEMA, "x")),
+            "b": SamplingParams(temperature=1.0, seed=3, max_tokens=max_tokens, structured_outputs=StructuredOutputsParams(choice=("yes", "no"))),
             "c": SamplingParams(temperature=1.0, seed=5, max_tokens=max_tokens,
-                                structured_outputs=SO(regex=r"[a-z]+ [0-9]{3}")),
+                                structured_outputs=StructuredOutputsParams(regex=r"[a-z]+ [0-9]{3}")),
             "d": SamplingParams(temperature=0.8, seed=2, max_tokens=28, ignore_eos=True)}
 
 
@@ -83,7 +83,7 @@ def test_preemption_and_chunked_prefill_keep_the_matcher_in_step(stories_path):
 
 def test_json_at_temperature_one_parses_for_every_seed(stories_path):
     params = {rid: SamplingParams(temperature=1.0, seed=seed, max_tokens=64,
-                                  structured_outputs=SO.from_schema(SCHEMA, "x"))
+                                  structured_outputs=StructuredOutputsParams.from_schema(SCHEMA, "x"))
               for rid, seed in zip("abcd", range(4), strict=True)}
     for _, reason, text in generate(engine(stories_path, False), params).values():
         assert reason == "stop" and matches_schema(text), text
@@ -111,7 +111,7 @@ def test_a_length_limited_string_takes_no_control_character(character):
 def test_length_limited_strings_parse_for_every_seed(stories_path):
     for seeds in (range(4), range(4, 8)):
         params = {rid: SamplingParams(temperature=1.5, seed=seed, max_tokens=96,
-                                      structured_outputs=SO.from_schema(LIMITED, "x"))
+                                      structured_outputs=StructuredOutputsParams.from_schema(LIMITED, "x"))
                   for rid, seed in zip("abcd", seeds, strict=True)}
         for _, reason, text in generate(engine(stories_path, False), params).values():
             if reason == "stop":
@@ -119,22 +119,22 @@ def test_length_limited_strings_parse_for_every_seed(stories_path):
 
 
 def test_max_tokens_inside_the_grammar_ends_with_length(stories_path):
-    params = {"a": SamplingParams(temperature=0.0, max_tokens=3, structured_outputs=SO.from_schema(SCHEMA, "x"))}
+    params = {"a": SamplingParams(temperature=0.0, max_tokens=3, structured_outputs=StructuredOutputsParams.from_schema(SCHEMA, "x"))}
     tokens, reason, text = generate(engine(stories_path, False), params)["a"]
     assert reason == "length" and len(tokens) == 3 and text.startswith("{")
 
 
 def test_a_complete_grammar_stops_even_with_ignore_eos(stories_path):
     params = {"b": SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True,
-                                  structured_outputs=SO(choice=("yes", "no")))}
+                                  structured_outputs=StructuredOutputsParams(choice=("yes", "no")))}
     _, reason, text = generate(engine(stories_path, False), params)["b"]
     assert reason == "stop" and text in ("yes", "no")
 
 
 @pytest.mark.parametrize("so, field", [
-    (SO(regex="(ab", field="guided_regex"), "guided_regex"),
-    (SO(grammar='root ::= "a" |', field="structured_outputs"), "structured_outputs"),
-    (SO(json='{"type": 5}', field="response_format.json_schema.schema"), "response_format.json_schema.schema"),
+    (StructuredOutputsParams(regex="(ab", field="guided_regex"), "guided_regex"),
+    (StructuredOutputsParams(grammar='root ::= "a" |', field="structured_outputs"), "structured_outputs"),
+    (StructuredOutputsParams(json='{"type": 5}', field="response_format.json_schema.schema"), "response_format.json_schema.schema"),
 ])
 def test_a_constraint_that_does_not_compile_is_refused_naming_its_field(stories_path, so, field):
     eng = engine(stories_path, False)
@@ -144,10 +144,10 @@ def test_a_constraint_that_does_not_compile_is_refused_naming_its_field(stories_
     assert not eng.has_unfinished_requests()
 
 
-def slow_choice(seed: int, words: int = 1000) -> SO:
+def slow_choice(seed: int, words: int = 1000) -> StructuredOutputsParams:
     """A choice list (unique per ``seed``); 1,000 words take about a second to compile on stories260K's tokenizer."""
     rng = random.Random(seed)
-    return SO(choice=tuple("".join(rng.choice(string.ascii_lowercase) for _ in range(60)) for _ in range(words)),
+    return StructuredOutputsParams(choice=tuple("".join(rng.choice(string.ascii_lowercase) for _ in range(60)) for _ in range(words)),
               field="guided_choice")
 
 
@@ -177,7 +177,7 @@ def test_a_token_the_grammar_refuses_fails_only_its_request(stories_path, monkey
     import kvmesh.replica.sample.sampler as sampler
 
     monkeypatch.setattr(sampler, "apply_grammar_bitmask", lambda logits, rows, bitmask: None)
-    params = {"b": SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=SO(choice=("zzzz", "qqqq"))),
+    params = {"b": SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(choice=("zzzz", "qqqq"))),
               "d": SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)}
     results = generate(engine(stories_path, False), params)
     assert results["b"][1] == "error" and len(results["d"][0]) == 6
@@ -193,7 +193,7 @@ def test_the_masked_sampler_runs_on_the_meta_device():
 
     meta = torch.device("meta")
     batch = InputBatch(4, 8, 16, meta)
-    so = SamplingParams(temperature=0.0, structured_outputs=SO(choice=("a", "b")))
+    so = SamplingParams(temperature=0.0, structured_outputs=StructuredOutputsParams(choice=("a", "b")))
     free = SamplingParams(temperature=0.0)
     inputs = batch.prepare(SchedulerOutput([ScheduledRequest("free", [1, 2, 3], 0, [1], True, free),
                                             ScheduledRequest("so", [4, 5], 0, [2], True, so)], 5))
@@ -211,7 +211,7 @@ def test_a_continuation_resumes_the_constraint_after_the_tokens_already_sent(sto
     after them, gives the rest of the uninterrupted answer; resumed tokens the constraint refuses fail the request."""
     from dataclasses import replace
 
-    so = SO.from_schema(SCHEMA, "x")
+    so = StructuredOutputsParams.from_schema(SCHEMA, "x")
     whole = generate(engine(stories_path, False), {"a": SamplingParams(temperature=0.0, max_tokens=64,
                                                                      structured_outputs=so)})["a"][0]
     eng, sent = engine(stories_path, False), 7
@@ -265,7 +265,7 @@ def test_a_compile_that_overruns_fails_its_request_and_later_ones_compile(storie
     assert done["stuck"].finish_reason == "error" and "guided_choice" in done["stuck"].error
     assert "did not compile within 0.2 s" in done["stuck"].error
     eng.add_request("next", PROMPTS["a"], SamplingParams(temperature=0.0, max_tokens=8,
-                                                         structured_outputs=SO(choice=("yes", "no"))))
+                                                         structured_outputs=StructuredOutputsParams(choice=("yes", "no"))))
     while eng.has_unfinished_requests():
         done |= {o.request_id: o for o in eng.step() if o.finished}
     assert done["next"].finish_reason == "stop"
@@ -285,12 +285,12 @@ def test_a_constraint_checked_once_is_not_parsed_again(monkeypatch):
     parsed = []
     from_regex = xgr.Grammar.from_regex
     monkeypatch.setattr(xgr.Grammar, "from_regex", lambda regex, *a, **k: parsed.append(regex) or from_regex(regex))
-    so = SO(regex="[0-9]{4}-checked-once")
+    so = StructuredOutputsParams(regex="[0-9]{4}-checked-once")
     check_constraints([so])
-    check_constraints([so, SO(regex="[0-9]{4}-checked-once", field="guided_regex")])
+    check_constraints([so, StructuredOutputsParams(regex="[0-9]{4}-checked-once", field="guided_regex")])
     assert parsed == ["[0-9]{4}-checked-once"]
     with pytest.raises(SamplingParamsError):
-        check_constraints([SO(regex="([0-9]", field="guided_regex")])
+        check_constraints([StructuredOutputsParams(regex="([0-9]", field="guided_regex")])
 
 
 def test_aborted_and_finished_requests_leave_no_grammar_behind(stories_path):

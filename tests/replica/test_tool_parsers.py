@@ -169,9 +169,9 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 
 def _tools_request():
-    from kvmesh.replica.openai import protocol as p
+    from kvmesh.replica.openai.protocol import ChatCompletionRequest
 
-    return p.ChatCompletionRequest(messages=[{"role": "user", "content": "weather?"}], tools=TOOLS)
+    return ChatCompletionRequest(messages=[{"role": "user", "content": "weather?"}], tools=TOOLS)
 
 
 @pytest.mark.parametrize("tool_call_parser, skips", [("hermes", False), ("llama3_json", True), (None, True)])

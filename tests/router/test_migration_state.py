@@ -6,8 +6,8 @@ import json
 
 import msgspec
 import pytest
-from kvmesh.replica.openai import protocol as p
 from kvmesh.replica.openai.body import parse_body
+from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.router.http.migration import MigratingStream, SseSplitter
 from kvmesh.router.http.proxy_request import with_token_ids_asked
 
@@ -23,13 +23,13 @@ def chunk(text: str, ids: list[int] | None, finish: str | None = None, prompt_id
     return b"data: " + json.dumps(body, separators=(",", ":")).encode()
 
 
-def completion(**fields) -> p.CompletionRequest:
-    return p.CompletionRequest(prompt=[1, 2, 3], stream=True, **fields)
+def completion(**fields) -> CompletionRequest:
+    return CompletionRequest(prompt=[1, 2, 3], stream=True, **fields)
 
 
 def test_token_id_request_wins_over_the_clients_own_false():
     raw = json.dumps({"prompt": "hi", "stream": True, "return_token_ids": False}).encode()
-    req = parse_body(with_token_ids_asked(raw), p.CompletionRequest)
+    req = parse_body(with_token_ids_asked(raw), CompletionRequest)
     assert req.return_token_ids is True and req.prompt == "hi"
 
 
@@ -69,7 +69,7 @@ def test_an_upstream_without_token_ids_cannot_migrate():
 
 
 def test_a_chat_whose_replica_reads_its_reasoning_cannot_migrate():
-    req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True)
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True)
     assert MigratingStream(req, chat=True, prompt_ids=[1, 2, 3], tokenizer=None, limit=3).can_migrate()
     assert not MigratingStream(req, chat=True, prompt_ids=[1, 2, 3], tokenizer=None, limit=3,
                                reads_reasoning=True).can_migrate()
@@ -98,7 +98,7 @@ def test_continuation_is_prompt_plus_output_with_the_budget_reduced():
     assert body["stop"] == ["END"]  # no tokenizer in the router: the new replica finds stop strings
     assert body["stop_token_ids"] == [2] and body["ignore_eos"] and body["cache_salt"] == "tenant"
     assert body["stream"] and body["return_token_ids"]
-    p.CompletionRequest(**body).to_sampling_params(6, 100)  # a valid request for the replica
+    CompletionRequest(**body).to_sampling_params(6, 100)  # a valid request for the replica
 
 
 def test_nothing_left_to_generate_means_no_continuation():
@@ -111,7 +111,7 @@ def test_nothing_left_to_generate_means_no_continuation():
 
 
 def test_spliced_chunks_keep_the_streams_id_and_shape_and_end_with_one_usage():
-    req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True,
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True,
                                   stream_options={"include_usage": True})
     s = MigratingStream(req, chat=True, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
     role = b'data: {"id":"chatcmpl-9","object":"chat.completion.chunk","created":5,"model":"m",' \
@@ -175,7 +175,7 @@ def test_a_continuations_stop_token_text_is_output_only_when_asked(stories_path,
 
 def test_a_chat_stream_begun_on_the_continuation_starts_with_its_echo():
     turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once"}]
-    req = p.ChatCompletionRequest(messages=turn, stream=True, echo=True)
+    req = ChatCompletionRequest(messages=turn, stream=True, echo=True)
     s = MigratingStream(req, chat=True, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
     first = msgspec.json.decode(s.begin_continuation()[0].strip()[6:])
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "Once"}
@@ -188,14 +188,14 @@ def test_a_continuation_resumes_the_structured_output_after_the_tokens_sent():
     s.relay(chunk("{", [7, 8]))
     body = s.continuation()
     assert body["structured_outputs"] == {"json": schema, "num_resumed_tokens": 2}
-    resumed = p.CompletionRequest(**body).to_sampling_params(5, 100).structured_outputs
+    resumed = CompletionRequest(**body).to_sampling_params(5, 100).structured_outputs
     assert resumed.num_resumed_tokens == 2 and resumed.key == req.structured_outputs_params().key
 
 
 def test_a_chat_whose_text_becomes_tool_calls_is_not_continued_as_text():
     tools = [{"type": "function", "function": {"name": "f"}}]
     for choice, migrates in (("required", False), ("none", True)):
-        req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=tools, tool_choice=choice)
+        req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=tools, tool_choice=choice)
         assert MigratingStream(req, chat=True, prompt_ids=[1, 2], tokenizer=None, limit=3).can_migrate() is migrates
 
 
@@ -217,16 +217,16 @@ def test_a_continuation_samples_with_every_sampling_parameter_of_the_stream(chat
                   allowed_token_ids=[5, 6, 7, 8, 9], logit_bias={"5": 1.5}, presence_penalty=0.5,
                   frequency_penalty=0.25, repetition_penalty=1.2, min_p=0.05, return_tokens_as_token_ids=True)
     if chat:
-        req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=3,
+        req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=3,
                                       **common)
     else:
-        req = p.CompletionRequest(prompt=[1, 2, 3], logprobs=3, **common)
+        req = CompletionRequest(prompt=[1, 2, 3], logprobs=3, **common)
     s = MigratingStream(req, chat=chat, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
     s.relay(chunk("a", [7, 8]))
     body = s.continuation()
     assert body["return_tokens_as_token_ids"] is True
     original = req.to_sampling_params(3, 100)
-    resumed = p.CompletionRequest(**body).to_sampling_params(5, 100)
+    resumed = CompletionRequest(**body).to_sampling_params(5, 100)
     for name in {f.name for f in fields(SamplingParams)} - CHANGED_ON_PURPOSE:
         assert getattr(resumed, name) == getattr(original, name), name
 
@@ -251,7 +251,7 @@ def test_a_continuations_logprobs_go_on_in_a_completion_streams_shape():
 
 
 def test_a_continuations_logprobs_become_a_chat_streams_content_with_its_top_logprobs():
-    req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True, logprobs=True,
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True, logprobs=True,
                                   top_logprobs=1)
     s = MigratingStream(req, chat=True, prompt_ids=[1, 2, 3], tokenizer=None, limit=3)
     assert s.continuation()["logprobs"] == 1

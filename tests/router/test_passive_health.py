@@ -9,8 +9,8 @@ half its requests to the sick replica unless it is out of rotation.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from kvmesh.cluster.cli import main
@@ -29,7 +29,7 @@ def post(router, ids, **kw) -> httpx.Response:
 
 
 def wave(router, seed: int, n: int = 8, **kw) -> list[httpx.Response]:
-    with cf.ThreadPoolExecutor(n) as pool:
+    with ThreadPoolExecutor(n) as pool:
         return list(pool.map(lambda i: post(router, prompt(seed + i), **kw), range(n)))
 
 
@@ -175,7 +175,7 @@ def test_a_killed_replica_is_back_as_soon_as_it_answers_health_again(fakes, star
     core = router.runtime.router
     both_healthy(router)
     a.configure(delay=30)  # holds its requests
-    with cf.ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(2) as pool:
         outs = [pool.submit(post, router, prompt(6800 + i)) for i in range(2)]
         wait_for(lambda: core.loads.loads["a"].in_flight == 1, what="a request held by 'a'")
         a.kill()  # its connection resets: a failure, which ejects it (for 30 s by default)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -27,7 +27,7 @@ def test_killed_replica_is_retried_avoided_and_rejoins_empty(fakes, start_router
     wait_for(lambda: core.index.num_blocks(holder) >= len(base) // BLOCK_SIZE, what="events")
 
     by_name[holder].configure(delay=30)  # holds requests before their first byte
-    with cf.ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(2) as pool:
         in_flight = [pool.submit(complete, router, base + [7, 7, 7, i]) for i in range(2)]
         wait_for(lambda: core.loads.loads[holder].in_flight == 2, what="requests in flight on the holder")
         by_name[holder].kill()

@@ -50,9 +50,9 @@ def test_burst_sharing_a_new_prefix_computes_it_once_per_replica_at_most(fakes, 
     later than computing the prefix elsewhere; the prefix is never computed twice on one replica."""
     router = start_router([f.spec for f in fakes])
     base = prompt(2, 200)
-    import concurrent.futures as cf
+    from concurrent.futures import ThreadPoolExecutor
 
-    with cf.ThreadPoolExecutor(6) as pool:
+    with ThreadPoolExecutor(6) as pool:
         outs = list(pool.map(lambda i: complete(router, base + [i + 3] * 5), range(6)))
     misses = [o["choices"][0]["text"] for o in outs if o["usage"]["prompt_tokens_details"]["cached_tokens"] == 0]
     assert len(misses) == len(set(misses)) <= len(fakes)

@@ -7,8 +7,8 @@ The reference is the same request answered by one replica alone, without any dea
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -189,7 +189,7 @@ def test_concurrent_streams_survive_a_replica_death_under_load(cluster, replicas
               for name in ("Tom", "Sue", "Max", "Ann", "Ben", "Kim", "Sam", "Zoe")]
     expected = [text_of(reference(replicas, "/v1/completions", b), chat=False) for b in bodies]
     fuse.after_events = fuse.events + 40  # dies while several streams run
-    with cf.ThreadPoolExecutor(len(bodies)) as pool:
+    with ThreadPoolExecutor(len(bodies)) as pool:
         results = list(pool.map(lambda b: stream(router.url, "/v1/completions", b), bodies))
     assert fuse.blown_by is not None
     for events, want in zip(results, expected, strict=True):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from kvmesh.replica.openai import protocol as p
+from kvmesh.replica.openai import protocol
 from kvmesh.replica.openai.body import parse_body
 from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.admission.config import AdmissionConfig
@@ -80,12 +80,12 @@ def test_config_refuses_a_shared_floor_worse_than_its_default():
 
 
 def test_priority_outside_the_range_is_a_400_naming_the_field():
-    assert PRIORITY_LIMIT == p.PRIORITY_LIMIT  # the router's bound is the OpenAI layer's
+    assert PRIORITY_LIMIT == protocol.PRIORITY_LIMIT  # the router's bound is the OpenAI layer's
     for value in (PRIORITY_LIMIT + 1, -PRIORITY_LIMIT - 1, -10**28, 10**100):
         with pytest.raises(ProtocolError, match="priority") as e:
-            parse_body(msgspec.json.encode({"prompt": "x", "priority": value}), p.CompletionRequest)
+            parse_body(msgspec.json.encode({"prompt": "x", "priority": value}), protocol.CompletionRequest)
         assert e.value.status_code == 400
-    assert p.CompletionRequest(prompt="x", priority=-PRIORITY_LIMIT).priority == -PRIORITY_LIMIT
+    assert protocol.CompletionRequest(prompt="x", priority=-PRIORITY_LIMIT).priority == -PRIORITY_LIMIT
 
 
 def test_a_router_only_replica_takes_the_internal_key_alone():

@@ -6,7 +6,7 @@ import json
 
 import msgspec
 import pytest
-from kvmesh.replica.openai import protocol as p
+from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.router.config import TokenizeConfig
 from kvmesh.router.http.proxy_request import ProxyRequest
 from kvmesh.router.http.token_forwarding import KVMESH, TEXT, VLLM, upstream_kind
@@ -16,7 +16,7 @@ IDS = [[1, 400, 401, 402], [1, 500]]
 
 def body_for(raw: dict, kind: str, prompts=IDS, enabled=True) -> dict:
     chat = "messages" in raw
-    req = (p.ChatCompletionRequest if chat else p.CompletionRequest).model_validate(raw)
+    req = (ChatCompletionRequest if chat else CompletionRequest).model_validate(raw)
     data = json.dumps(raw).encode()
     prompts = prompts[:1] if chat else prompts[:len(req.prompts())]
     return json.loads(ProxyRequest(data, req, prompts, chat, enabled).for_kind(kind))
@@ -55,7 +55,7 @@ def test_chat_ids_go_to_kvmesh_replicas_only():
 
 def test_chat_ids_are_added_to_the_body_as_sent():
     raw = b'{"messages": [{"role": "user", "content": "hi \\u00e9}"}], "seed": 9}  \n'
-    req = p.ChatCompletionRequest.model_validate(json.loads(raw))
+    req = ChatCompletionRequest.model_validate(json.loads(raw))
     sent = ProxyRequest(raw, req, IDS[:1], True, True).for_kind(KVMESH)
     assert json.loads(sent) == {**json.loads(raw), "prompt_token_ids": IDS[0]}
     assert msgspec.json.decode(sent) == json.loads(sent)  # no duplicate keys for decoders to disagree on
@@ -65,7 +65,7 @@ def test_chat_ids_are_added_to_the_body_as_sent():
 def test_chat_ids_are_the_top_level_field_when_the_name_is_nested_in_the_body():
     # A client may not send prompt_token_ids (router_only.py); the name inside another object is not the field.
     raw = b'{"messages": [{"role": "user", "content": "hi"}], "metadata": {"prompt_token_ids": [7]}}'
-    req = p.ChatCompletionRequest.model_validate(json.loads(raw))
+    req = ChatCompletionRequest.model_validate(json.loads(raw))
     sent = msgspec.json.decode(ProxyRequest(raw, req, IDS[:1], True, True).for_kind(KVMESH))
     assert sent["prompt_token_ids"] == IDS[0] and sent["metadata"] == {"prompt_token_ids": [7]}
 
@@ -79,7 +79,7 @@ def test_nothing_is_rewritten_when_off_or_for_a_mismatched_tokenizer(raw):
 
 def test_streams_ask_for_token_ids_in_the_rewritten_body_too():
     raw = {"prompt": "Once", "stream": True}
-    req = p.CompletionRequest.model_validate(raw)
+    req = CompletionRequest.model_validate(raw)
     body = ProxyRequest(msgspec.json.encode(raw), req, IDS[:1], False, True)
     body.ask_for_token_ids()
     for kind in (KVMESH, TEXT):

@@ -19,8 +19,8 @@ import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvmesh.replica.openai import refused_fields as rf
 from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kvmesh.replica.openai.refused_fields import BOTH, CHAT_ONLY, COMPLETION_ONLY, RENDER_ONLY
 from kvmesh.replica.openai.responses_api.request import REFUSED as RESPONSES_REFUSED
 from kvmesh.replica.openai.responses_api.request import ResponsesRequest
 from pydantic import BaseModel
@@ -46,7 +46,7 @@ ENDPOINTS = (
 )
 """The request models under attack (a new model is one line here)."""
 
-_REFUSED = frozenset(rf.BOTH | rf.COMPLETION_ONLY | rf.CHAT_ONLY | rf.RENDER_ONLY | RESPONSES_REFUSED.keys())
+_REFUSED = frozenset(BOTH | COMPLETION_ONLY | CHAT_ONLY | RENDER_ONLY | RESPONSES_REFUSED.keys())
 TYPE_VALUES_ONLY = _REFUSED | {
     "model", "top_k", "ignore_eos", "stream", "stream_options", "stream_options.include_usage",
     "stream_options.continuous_usage_stats", "user", "cache_salt", "return_token_ids", "include_stop_str_in_output",

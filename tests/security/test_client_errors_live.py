@@ -7,8 +7,8 @@ with no failure counted or retried; plain requests are then served."""
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -70,7 +70,7 @@ def _send(client: httpx.Client, url: str, name: str, i: int) -> str | None:
 def test_a_hundred_of_each_bad_input_leave_every_replica_healthy(router):
     started = time.monotonic()
     jobs = [(name, i) for i in range(TIMES) for name in ONCE_A_500]
-    with httpx.Client() as client, cf.ThreadPoolExecutor(4) as pool:
+    with httpx.Client() as client, ThreadPoolExecutor(4) as pool:
         wrong = [w for w in pool.map(lambda job: _send(client, router.url, *job), jobs) if w is not None]
     took = time.monotonic() - started
     assert not wrong, f"{len(wrong)} of {len(jobs)} answers were not the request's error: {wrong[:5]}"

@@ -46,7 +46,7 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-class Clock:
+class WallCpuClock:
     """Wall and process-CPU seconds since start."""
 
     def __init__(self):
@@ -60,7 +60,7 @@ def run_engine(engine, prompts, lengths, tag="r") -> dict:
     """Add every request at once and step until all finish; returns times and token counts."""
     from kvmesh.replica.serving.sampling_params import SamplingParams
 
-    clock = Clock()
+    clock = WallCpuClock()
     for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
         engine.add_request(f"{tag}{i}", p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     steps = generated = 0
@@ -88,7 +88,7 @@ def bench_throughput(model_dir: str, args) -> dict:
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
-    clock = Clock()
+    clock = WallCpuClock()
     for s in range(0, len(prompts), args.hf_batch_size):
         batch, outs = prompts[s:s + args.hf_batch_size], lengths[s:s + args.hf_batch_size]
         width = max(map(len, batch))
@@ -111,7 +111,7 @@ def bench_throughput(model_dir: str, args) -> dict:
 def time_to_first_token(engine, rid, prompt) -> dict:
     from kvmesh.replica.serving.sampling_params import SamplingParams
 
-    clock = Clock()
+    clock = WallCpuClock()
     engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=1))
     cached = 0
     while engine.has_unfinished_requests():

@@ -37,9 +37,24 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks.support import flood_client as fc
-from kvmesh.cluster.measure.benchmarks.support import peer_load as pl
+from kvmesh.cluster.measure.benchmarks.support.flood_client import (
+    FloodClient,
+    Watch,
+    follow_ups,
+    get,
+    latency_buckets,
+    phase,
+    rss_mb,
+    summarize,
+)
 from kvmesh.cluster.measure.benchmarks.support.flooder import BLOCK_SIZE, hostile_publisher
+from kvmesh.cluster.measure.benchmarks.support.peer_load import (
+    free_port,
+    start_stub_replicas,
+    stop_processes,
+    tree_cpu_seconds,
+    wait_http,
+)
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -64,12 +79,12 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
                                     "--name", "healthy", "--event-port", "0", "--block-size", str(BLOCK_SIZE)],
                                    stdout=subprocess.PIPE, text=True)
         procs.append(healthy)
-        stub_url = pl.start_stub_replicas(procs, 1)[0]
+        stub_url = start_stub_replicas(procs, 1)[0]
         info = json.loads(healthy.stdout.readline())
         hostile_events, hostile_replay = endpoint_q.get(timeout=60)
         hostile = f"{stub_url},events={hostile_events},name=hostile" + (f",replay={hostile_replay}"
                                                                         if hostile_replay else "")
-        port = pl.free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         router = subprocess.Popen([
             sys.executable, "-m", "kvmesh.cluster.cli", "router", "--model", model, "--max-model-len", "1024",
@@ -78,34 +93,34 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
             "--replica", f"{info['url']},events={info['events']},replay={info['replay']},name=healthy",
             "--replica", hostile], stderr=log)
         procs.append(router)
-        pl.wait_http(url, proc=router)
-        pl.wait_http(url, "/v1/models", proc=router)
-        warm = fc.Client(info["url"])  # cache every prefix on the healthy replica, directly
+        wait_http(url, proc=router)
+        wait_http(url, "/v1/models", proc=router)
+        warm = FloodClient(info["url"])  # cache every prefix on the healthy replica, directly
         for _ in range(2):
             for p in warm.prefixes:
                 warm.conn.request("POST", "/v1/completions", json.dumps({"prompt": p, "max_tokens": 1}))
                 warm.conn.getresponse().read()
         time.sleep(0.3)  # the router applies their events
-        client, samples, watch = fc.Client(url), [], fc.Watch(url)
-        cpu_before = pl.tree_cpu_seconds(router.pid)
-        before = fc.phase(client, baseline, router.pid, samples, rss_cap_mb, watch)
-        rss_start, cpu_start = fc.rss_mb(router.pid), pl.tree_cpu_seconds(router.pid)
+        client, samples, watch = FloodClient(url), [], Watch(url)
+        cpu_before = tree_cpu_seconds(router.pid)
+        before = phase(client, baseline, router.pid, samples, rss_cap_mb, watch)
+        rss_start, cpu_start = rss_mb(router.pid), tree_cpu_seconds(router.pid)
         cpu_before = (cpu_start - cpu_before) / baseline
         go.set()
         t_flood = time.monotonic()
-        during = fc.phase(client, duration, router.pid, samples, rss_cap_mb, watch)
-        followed = fc.follow_ups(client, during)  # still flooding
-        samples.append((time.monotonic(), fc.rss_mb(router.pid)))
+        during = phase(client, duration, router.pid, samples, rss_cap_mb, watch)
+        followed = follow_ups(client, during)  # still flooding
+        samples.append((time.monotonic(), rss_mb(router.pid)))
         flooded = time.monotonic() - t_flood
-        cpu = pl.tree_cpu_seconds(router.pid) - cpu_start
+        cpu = tree_cpu_seconds(router.pid) - cpu_start
         stop.set()
-        health_status, health = fc.get(url, "/health")
-        _, metrics = fc.get(url, "/metrics")
+        health_status, health = get(url, "/health")
+        _, metrics = get(url, "/metrics")
         alive = router.poll() is None
     finally:
         stop.set()
         go.set()
-        pl.stop_processes(procs, 10)
+        stop_processes(procs, 10)
         try:
             counts = counts_q.get(timeout=10) if flooder.pid is not None else {}
         except queue.Empty:
@@ -125,14 +140,14 @@ def _run(duration: float, baseline: float, model: str, rss_cap_mb: float, mix: s
         "rss_mb": {"flood_start": rss_start, "peak": max(flood_rss), "end": flood_rss[-1],
                    "growth": max(flood_rss) - rss_start},
         "flooded_s": flooded, "router_cpu_s_per_s": {"baseline": cpu_before, "flood": cpu / flooded},
-        "baseline": fc.summarize(before), "flood": fc.summarize(during), "follow_ups": followed,
+        "baseline": summarize(before), "flood": summarize(during), "follow_ups": followed,
         "honest": watch.summary(t_flood),
         "health_status": health_status, "health": json.loads(health),
         "hostile_counters": hostile_counters, "flooder": counts,
         "router_log_tracebacks": router_log.count("Traceback"),
         "router_log_lines": len(router_log.splitlines()),
         "series": {"rss": [(round(t - t_flood, 3), round(mb, 1)) for t, mb in samples],
-                   "latency": fc.latency_buckets([(r["t"] - t_flood, r["ms"]) for r in before + during])},
+                   "latency": latency_buckets([(r["t"] - t_flood, r["ms"]) for r in before + during])},
         "machine": {"cpus": os.cpu_count()},
     }
 

@@ -19,7 +19,7 @@ import random
 import statistics
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks.engine import MODEL, Clock
+from kvmesh.cluster.measure.benchmarks.engine import MODEL, WallCpuClock
 from kvmesh.cluster.measure.benchmarks.support.engines import make_engine
 
 DECODE_VARIANTS = {"none": None, "logprobs=0": 0, "logprobs=5": 5, "logprobs=20": 20}
@@ -39,7 +39,7 @@ def parse_args(argv):
 
 
 def run(engine, prompts, params, tag: str) -> dict[str, float]:
-    clock = Clock()
+    clock = WallCpuClock()
     for i, prompt in enumerate(prompts):
         engine.add_request(f"{tag}-{i}", prompt, params)
     while engine.has_unfinished_requests():

@@ -30,7 +30,7 @@ from pathlib import Path
 import aiohttp
 from kvmesh.cluster.measure.benchmarks.support.peer_load import free_port
 from kvmesh.cluster.measure.benchmarks.support.peft_writer import write_lora_adapter
-from kvmesh.cluster.measure.benchmarks.support.serve_fleet import Fleet
+from kvmesh.cluster.measure.benchmarks.support.serve_fleet import ServeProcess
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 CACHED_SHARE_TARGET = 0.95
@@ -134,7 +134,7 @@ async def conversations(args, url: str, adapters: list[str], block_size: int) ->
     return out
 
 
-async def runtime_loads(args, fleet: Fleet, late: dict[str, str], start_after_s: float) -> list[dict]:
+async def runtime_loads(args, fleet: ServeProcess, late: dict[str, str], start_after_s: float) -> list[dict]:
     """Load each of ``late`` through the router mid-load, then time a request for it from the call."""
     await asyncio.sleep(start_after_s)
     headers = {"Authorization": f"Bearer {fleet.admin_key}"}
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 for i in range(args.adapters)}
     late = {f"late-{i}": str(write_lora_adapter(args.model, work / f"late-{i}", seed=1000 + i))
             for i in range(args.runtime_loads)}
-    fleet = Fleet(fleet_config(args, adapters, free_port()), work)
+    fleet = ServeProcess(fleet_config(args, adapters, free_port()), work)
     try:
         print(f"kvmesh serve: {args.replicas} replicas, {args.adapters} adapters (log {fleet.log_path})",
               file=sys.stderr)

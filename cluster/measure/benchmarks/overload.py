@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks.support import overload_load as ol
+from kvmesh.cluster.measure.benchmarks.support import overload_load
 from kvmesh.cluster.measure.benchmarks.support import overload_report as rep
 from kvmesh.cluster.measure.benchmarks.support.json_http import call
 from kvmesh.cluster.measure.benchmarks.support.overload_cluster import (
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-async def _progress(driver: ol.Driver, every_s: float, state: dict) -> None:
+async def _progress(driver: overload_load.Driver, every_s: float, state: dict) -> None:
     while every_s > 0:
         await asyncio.sleep(every_s)
         recs = [r for r in driver.records if r["phase"] == state["phase"]]
@@ -116,16 +116,16 @@ async def _progress(driver: ol.Driver, every_s: float, state: dict) -> None:
               flush=True)
 
 
-async def drive(args, driver: ol.Driver, cluster: Cluster | None, info: dict) -> None:
+async def drive(args, driver: overload_load.Driver, cluster: Cluster | None, info: dict) -> None:
     """Run the phases; what is measured besides the records goes into ``info`` as it is known."""
     keys = load_tenant_keys(args.tenant_key, args.keys_file)
-    light, flood, high = (ol.Tenant(u, keys.get(u)) for u in (args.light_user, args.flood_user, args.high_user))
+    light, flood, high = (overload_load.Tenant(u, keys.get(u)) for u in (args.light_user, args.flood_user, args.high_user))
     prio = None if args.priority_in == "none" else args.priority_in
     hi_p, lo_p = (args.high_priority, args.low_priority) if prio else (None, None)
     state = {"phase": "warmup"}
     times, cpu = info.setdefault("phase_times", {}), info.setdefault("cpu", {})
     now = time.monotonic
-    async with ol.open_session() as session:
+    async with overload_load.open_session() as session:
         progress = asyncio.ensure_future(_progress(driver, args.progress_s, state))
         try:
             for _ in range(2):  # first requests load lazily built state; not measured
@@ -147,18 +147,18 @@ async def drive(args, driver: ol.Driver, cluster: Cluster | None, info: dict) ->
                 times[name]["idle_wait_s"] = round(await asyncio.to_thread(wait_idle, cluster, 60.0, args.settle_s), 2)
 
             def lights(name: str, until: float):
-                return ol.ticker(args.light_period_s, until,
+                return overload_load.ticker(args.light_period_s, until,
                                  lambda: driver.one(session, name, "light", light, args.light_tokens))
 
             async def alone() -> None:
-                await ol.settle(await lights("alone", now() + args.alone_s), args.client_timeout_s)
+                await overload_load.settle(await lights("alone", now() + args.alone_s), args.client_timeout_s)
 
             async def flooding() -> None:
                 until = now() + args.flood_s
                 ticking = asyncio.ensure_future(lights("flood", until))
-                await ol.closed_loop(args.flood_clients, until, lambda: driver.one(
+                await overload_load.closed_loop(args.flood_clients, until, lambda: driver.one(
                     session, "flood", "flood", flood, args.flood_tokens), args.retry_after_cap_s)
-                await ol.settle(await ticking, args.client_timeout_s)
+                await overload_load.settle(await ticking, args.client_timeout_s)
 
             await phase("alone", alone)
             await phase("flood", flooding)
@@ -175,13 +175,13 @@ async def drive(args, driver: ol.Driver, cluster: Cluster | None, info: dict) ->
                     return driver.one(session, name, "bulk", flood, args.flood_tokens, lo_p)
 
                 def refuse(i: int, name=name) -> None:
-                    ol.not_sent(driver, name, "bulk")
+                    overload_load.not_sent(driver, name, "bulk")
 
                 async def overload(level=level, send=send, refuse=refuse) -> None:
-                    tasks = await ol.open_loop(level * info["capacity_rps"], now() + args.overload_s, send,
+                    tasks = await overload_load.open_loop(level * info["capacity_rps"], now() + args.overload_s, send,
                                                lambda i: i % every == 0 or driver.in_flight < args.max_in_flight,
                                                refuse)
-                    await ol.settle(tasks, args.drain_s)
+                    await overload_load.settle(tasks, args.drain_s)
 
                 await phase(name, overload)
         finally:
@@ -200,7 +200,7 @@ def _levels(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def result_doc(args, argv: list[str], shape: ClusterShape, driver: ol.Driver, info: dict, interrupted: bool) -> dict:
+def result_doc(args, argv: list[str], shape: ClusterShape, driver: overload_load.Driver, info: dict, interrupted: bool) -> dict:
     records = [{**r, "outcome": "cancelled"} if r["outcome"] == "pending" else r  # only when interrupted
                for r in driver.records if r["phase"] != "warmup"]
     return {
@@ -218,12 +218,12 @@ def result_doc(args, argv: list[str], shape: ClusterShape, driver: ol.Driver, in
     }
 
 
-class Terminated(KeyboardInterrupt):
+class RunTerminated(KeyboardInterrupt):
     """SIGTERM: the run stops as on Ctrl-C (the cluster stopped, the results written), exit code 143."""
 
 
 def _terminated(signum, frame) -> None:
-    raise Terminated
+    raise RunTerminated
 
 
 def _user_tenants(args) -> list[str]:
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     out = Path(args.out or f"results/bench_overload{'_url' if args.url else shape.label}.json")
     cluster = None if args.url else Cluster(shape)
-    driver = ol.Driver(url=args.url or "", client_timeout_s=args.client_timeout_s, priority_in=args.priority_in,
+    driver = overload_load.Driver(url=args.url or "", client_timeout_s=args.client_timeout_s, priority_in=args.priority_in,
                        priority_header=args.priority_header)
     info: dict = {"loadavg_start": list(os.getloadavg())}
     interrupted = 0  # the exit code of a run stopped by a signal
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             info["router"] = {m: metric_sum(after, m) - metric_sum(before, m)
                               for m in ("kvmesh_router_pd_splits_total", "kvmesh_router_retries_total")}
     except KeyboardInterrupt as e:
-        interrupted = 143 if isinstance(e, Terminated) else 130
+        interrupted = 143 if isinstance(e, RunTerminated) else 130
         print("interrupted: stopping the cluster, writing what was measured", file=sys.stderr, flush=True)
     except RuntimeError as e:
         print(f"kvmesh bench overload: {e}", file=sys.stderr)

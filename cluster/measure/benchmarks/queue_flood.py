@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.support.overload_cluster import Cluster, ClusterShape
-from kvmesh.cluster.measure.benchmarks.support.overload_load import Tenant
+from kvmesh.cluster.measure.benchmarks.support.overload_load import LoadTenant
 from kvmesh.cluster.measure.benchmarks.support.peer_load import tree_cpu_seconds
 from kvmesh.cluster.measure.benchmarks.support.queue_flood_load import FloodPlan, FloodRun, summarize
 from kvmesh.cluster.measure.shared_dir import stories_model
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                          max_num_seqs=args.max_num_seqs, cli=shlex.split(args.kvmesh_cmd),
                          router_args=["--admission-max-queued", str(args.max_queued), "--admission-user-tenants",
                                       *args.router_arg])
-    plan = FloodPlan(Tenant("flood", args.flood_key), Tenant("light", args.light_key), args.clients, args.seconds,
+    plan = FloodPlan(LoadTenant("flood", args.flood_key), LoadTenant("light", args.light_key), args.clients, args.seconds,
                      args.period_s, args.light_tokens, args.flood_tokens, alone_s=args.alone_s)
     cluster = None if args.url else Cluster(shape)
     try:

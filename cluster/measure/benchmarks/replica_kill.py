@@ -51,7 +51,7 @@ LEAK = re.compile(r"\b\w*(Error|Exception)\b|Traceback|TCPTransport|0x[0-9a-f]{6
 """What a Python exception's text looks like in an answer (a 5xx or an error event must not carry one)."""
 
 
-class Replica:
+class ReplicaProcess:
     """One ``kvmesh replica`` process on fixed ports (so a restarted one is the same replica to the router)."""
 
     def __init__(self, model: str, name: str, role: str = "both") -> None:
@@ -160,7 +160,7 @@ async def load(url: str, args, stop_at: float) -> list[dict]:
     return results
 
 
-def trial(index: int, url: str, replicas: list[Replica], args) -> dict:
+def trial(index: int, url: str, replicas: list[ReplicaProcess], args) -> dict:
     """One load with one kill; the killed replica restarted and back in rotation at the end."""
     before = call("GET", url + "/metrics", timeout=10.0).text
 
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.model).is_dir():
         ap.error(f"model directory {args.model} not found (needs ../shared beside the checkout)")
     roles = args.roles.split(",") if args.roles else ["both"] * args.replicas
-    replicas = [Replica(args.model, f"r{i}", role) for i, role in enumerate(roles)]
+    replicas = [ReplicaProcess(args.model, f"r{i}", role) for i, role in enumerate(roles)]
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     router = None

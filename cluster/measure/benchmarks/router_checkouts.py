@@ -21,20 +21,27 @@ from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.router_parse import HERE, write_tree_comparison
 from kvmesh.cluster.measure.benchmarks.router_peers import LLAMA2_CHAT_TEMPLATE, PATHS, STORIES, workloads
-from kvmesh.cluster.measure.benchmarks.support import peer_load as pl
+from kvmesh.cluster.measure.benchmarks.support.peer_load import (
+    free_port,
+    pinned,
+    run_wrk,
+    start_stub_replicas,
+    tree_cpu_seconds,
+    wait_http,
+)
 
 
 def _router(tree: Path, stubs: list[str], template: str) -> tuple[subprocess.Popen, str]:
-    port = pl.free_port()
+    port = free_port()
     args = ["router", "--model", str(STORIES), "--max-model-len", "8192", "--chat-template", template,
             "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port)]
     args += [x for url in stubs for x in ("--replica", url)]
     code = (f"import sys, pathlib; sys.path.insert(0, {str(Path(__file__).parent)!r}); import router_parse; "
             f"router_parse.use_tree(pathlib.Path({str(tree)!r})); from kvmesh.cluster.cli import main; "
             f"sys.exit(main({args!r}))")
-    proc = subprocess.Popen(pl.pinned([sys.executable, "-c", code], 0))
+    proc = subprocess.Popen(pinned([sys.executable, "-c", code], 0))
     url = f"http://127.0.0.1:{port}"
-    pl.wait_http(url, proc=proc)
+    wait_http(url, proc=proc)
     return proc, url
 
 
@@ -55,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as f:
         f.write(LLAMA2_CHAT_TEMPLATE)
     try:
-        stubs = pl.start_stub_replicas(procs)
+        stubs = start_stub_replicas(procs)
         routers = {}
         for tree_name, tree in trees.items():
             routers[tree_name] = _router(tree, stubs, f.name)
@@ -64,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(args.rounds):
             for workload, items in bodies.items():
                 for tree_name, (proc, url) in routers.items():
-                    pl.run_wrk(url, PATHS[workload], items, 64, 1.0, cpu=1)  # warm
-                    cpu0 = pl.tree_cpu_seconds(proc.pid)
-                    sat = pl.run_wrk(url, PATHS[workload], items, 64, args.duration, cpu=1)
-                    ms = 1e3 * (pl.tree_cpu_seconds(proc.pid) - cpu0) / max(sat["requests"], 1)
+                    run_wrk(url, PATHS[workload], items, 64, 1.0, cpu=1)  # warm
+                    cpu0 = tree_cpu_seconds(proc.pid)
+                    sat = run_wrk(url, PATHS[workload], items, 64, args.duration, cpu=1)
+                    ms = 1e3 * (tree_cpu_seconds(proc.pid) - cpu0) / max(sat["requests"], 1)
                     rows.append({"round": rnd, "tree": tree_name, "workload": workload, "cpu_ms_per_request": ms,
                                  "requests": sat["requests"], "errors": sat["socket_errors"] + sat["status_errors"]})
                     print(f"round {rnd} {workload:<9} {tree_name:<6} {ms:.3f} ms CPU/req", flush=True)

@@ -30,7 +30,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks.support import peer_load as pl
+from kvmesh.cluster.measure.benchmarks.support.peer_load import (
+    added_latency,
+    free_port,
+    pinned,
+    run_wrk,
+    shutil,
+    start_stub_replicas,
+    stop_processes,
+    tree_cpu_seconds,
+    wait_http,
+)
 from kvmesh.cluster.measure.shared_dir import stories_model
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -94,7 +104,7 @@ def router_commands(args, replicas: list[str], template_file: str) -> tuple[dict
             continue
         found[name] = [str(hits[0]), *extra, "--worker-urls", *replicas, "--policy", "cache_aware",
                        "--host", "127.0.0.1", "--log-level", "warn" if name == "sglang-router" else "warning",
-                       "--prometheus-host", "127.0.0.1", "--prometheus-port", str(pl.free_port())]
+                       "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
     return found, skipped
 
 
@@ -104,11 +114,11 @@ def measure(args, routers: dict, bodies: dict, direct: str, rounds: int) -> list
         for workload, items in bodies.items():
             for name, (proc, url) in routers.items():
                 path = PATHS[workload]
-                pl.added_latency(url, direct, path, items, min(len(items), 64))  # warm: connections, caches
-                cpu0 = pl.tree_cpu_seconds(proc.pid)
-                sat = pl.run_wrk(url, path, items, 64, args.duration, cpu=1)
-                cpu = pl.tree_cpu_seconds(proc.pid) - cpu0
-                lat = pl.added_latency(url, direct, path, items, args.latency_requests)
+                added_latency(url, direct, path, items, min(len(items), 64))  # warm: connections, caches
+                cpu0 = tree_cpu_seconds(proc.pid)
+                sat = run_wrk(url, path, items, 64, args.duration, cpu=1)
+                cpu = tree_cpu_seconds(proc.pid) - cpu0
+                lat = added_latency(url, direct, path, items, args.latency_requests)
                 row = {"round": rnd, "router": name, "workload": workload, **lat,
                        "requests_per_s": sat["requests"] / sat["duration_s"], "saturation": sat,
                        "cpu_ms_per_request": 1e3 * cpu / max(sat["requests"], 1)}
@@ -206,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.duration, args.latency_requests = 1, 2.0, 100
-    if pl.shutil.which("wrk") is None:
+    if shutil.which("wrk") is None:
         print("kvmesh bench router-peers: needs wrk for the saturation load (apt-get install wrk)", file=sys.stderr)
         return 2
     from kvmesh.replica.serving.tokenizer import load_tokenizer
@@ -218,18 +228,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as f:
         f.write(LLAMA2_CHAT_TEMPLATE)
     try:
-        stubs = pl.start_stub_replicas(procs)
+        stubs = start_stub_replicas(procs)
         commands, skipped = router_commands(args, stubs, f.name)
         for name, why in skipped.items():
             print(f"skipped {name}: {why}")
         for name, cmd in commands.items():
-            port = pl.free_port()
+            port = free_port()
             log = open(Path(tempfile.gettempdir()) / f"kvmesh-bench-{name}.log", "w")  # noqa: SIM115
-            p = subprocess.Popen(pl.pinned([*cmd, "--port", str(port)], 0), stdout=log, stderr=subprocess.STDOUT)
+            p = subprocess.Popen(pinned([*cmd, "--port", str(port)], 0), stdout=log, stderr=subprocess.STDOUT)
             procs.append(p)
             url = f"http://127.0.0.1:{port}"
             try:
-                pl.wait_http(url, proc=p)
+                wait_http(url, proc=p)
             except RuntimeError as e:
                 raise RuntimeError(f"{e}; its output is in {log.name}") from None
             routers[name] = (p, url)
@@ -237,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)  # first health polls settle
         rows = measure(args, routers, bodies, stubs[0], args.rounds)
     finally:
-        pl.stop_processes(procs, 15)
+        stop_processes(procs, 15)
         os.unlink(f.name)
     summary = summarize(rows)
     out = Path(args.out)

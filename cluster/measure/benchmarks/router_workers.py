@@ -25,7 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-from kvmesh.cluster.measure.benchmarks.support import peer_load as pl
+from kvmesh.cluster.measure.benchmarks.support.peer_load import (
+    free_port,
+    pinned,
+    run_wrk,
+    shutil,
+    start_stub_replicas,
+    tree_cpu_seconds,
+    wait_http,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 STORIES = ROOT.parent / "shared" / "models" / "stories260K" / "hf"
@@ -54,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--duration", type=float, default=4.0, help="seconds of saturation per measurement")
     args = ap.parse_args(argv)
-    if pl.shutil.which("wrk") is None:
+    if shutil.which("wrk") is None:
         print("kvmesh bench router-workers: needs wrk (apt-get install wrk)", file=sys.stderr)
         return 2
     bodies = workloads(load_tokenizer(args.model, max_model_len=8192))["token_ids"]
@@ -64,28 +72,28 @@ def main(argv: list[str] | None = None) -> int:
     procs = []
     rows = []
     try:
-        stub = pl.start_stub_replicas(procs, 1)[0]
+        stub = start_stub_replicas(procs, 1)[0]
         routers = {}
         for name, workers in (("1-worker", 1), ("2-workers", 2)):
-            port = pl.free_port()
+            port = free_port()
             cmd = [sys.executable, "-m", "kvmesh.cluster.cli", "router", "--model", args.model, "--max-model-len",
                    "8192", "--log-level", "warning", "--host", "127.0.0.1", "--replica", stub, "--port", str(port),
                    "--workers", str(workers)]
-            procs.append(subprocess.Popen(pl.pinned(cmd, 0), stderr=subprocess.DEVNULL))
+            procs.append(subprocess.Popen(pinned(cmd, 0), stderr=subprocess.DEVNULL))
             routers[name] = (procs[-1], f"http://127.0.0.1:{port}")
         for proc, url in routers.values():
-            pl.wait_http(url, proc=proc)
+            wait_http(url, proc=proc)
         time.sleep(5)  # workers finish starting (each its own tokenizer and event feed)
         variants = [*routers.items(), ("1-worker+hog", routers["1-worker"])]
         for rnd in range(args.rounds):
             for name, (proc, url) in variants:
-                hog = (subprocess.Popen(pl.pinned([sys.executable, "-c", "while True: pass"], 0))
+                hog = (subprocess.Popen(pinned([sys.executable, "-c", "while True: pass"], 0))
                        if name.endswith("+hog") else None)
                 try:
-                    pl.run_wrk(url, path, bodies, 64, 1, cpu=1)  # warm
-                    cpu0, ctx0 = pl.tree_cpu_seconds(proc.pid), _context_switches(proc.pid)
-                    sat = pl.run_wrk(url, path, bodies, 64, args.duration, cpu=1)
-                    cpu, ctx = pl.tree_cpu_seconds(proc.pid) - cpu0, _context_switches(proc.pid) - ctx0
+                    run_wrk(url, path, bodies, 64, 1, cpu=1)  # warm
+                    cpu0, ctx0 = tree_cpu_seconds(proc.pid), _context_switches(proc.pid)
+                    sat = run_wrk(url, path, bodies, 64, args.duration, cpu=1)
+                    cpu, ctx = tree_cpu_seconds(proc.pid) - cpu0, _context_switches(proc.pid) - ctx0
                 finally:
                     if hog is not None:
                         hog.kill()

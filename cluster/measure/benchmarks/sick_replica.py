@@ -20,7 +20,6 @@ before and after). No flag sets a router option: what is measured is the default
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import os
 import shlex
@@ -28,6 +27,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kvmesh.cluster.measure.benchmarks.startup import _free_port
@@ -108,7 +108,7 @@ def stream(url: str, i: int, timeout: float) -> dict:
 
 
 def wave(fn, url: str, start: int, args) -> list[dict]:
-    with cf.ThreadPoolExecutor(args.concurrency) as pool:
+    with ThreadPoolExecutor(args.concurrency) as pool:
         return list(pool.map(lambda i: fn(url, start + i, args.client_timeout), range(args.concurrency)))
 
 

@@ -65,25 +65,30 @@ def synthetic_compiler(vocab: int):
 
 def mask_step_ms(num_rows: int, compiler, args, device) -> dict[str, float]:
     import torch
-    from kvmesh.replica.engine import xgrammar_backend as xb
+    from kvmesh.replica.engine.xgrammar_backend import (
+        BitmaskFiller,
+        GrammarMatcher,
+        allocate_bitmask,
+        as_numpy,
+    )
     from kvmesh.replica.sample.grammar_mask import grammar_rows
     from kvmesh.replica.sample.sampler import Sampler, SamplingMetadata
     from kvmesh.replica.step.scheduler_output import GrammarBitmask
 
     compiled = compiler.compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
-    matchers = [xb.GrammarMatcher(compiled) for _ in range(num_rows)]
+    matchers = [GrammarMatcher(compiled) for _ in range(num_rows)]
     for m in matchers:  # inside the first string value, where most tokens are allowed
         assert all(m.accept(ord(ch) - FIRST_CHAR) for ch in '{"name": "')  # one token per character
-    filler = xb.BitmaskFiller(1)  # the engine's default (StructuredOutputsConfig.fill_threads)
+    filler = BitmaskFiller(1)  # the engine's default (StructuredOutputsConfig.fill_threads)
     ids = [f"r{i}" for i in range(num_rows)]
     logits = torch.randn(num_rows, args.vocab, device=device)
     sampler, plain = Sampler(), SamplingMetadata(None, None, None, None, None)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def fill() -> GrammarBitmask:
-        bitmask = xb.allocate_bitmask(num_rows, args.vocab)
+        bitmask = allocate_bitmask(num_rows, args.vocab)
         filler.fill(matchers, bitmask)
-        return GrammarBitmask(ids, xb.as_numpy(bitmask))
+        return GrammarBitmask(ids, as_numpy(bitmask))
 
     def masked(grammar: GrammarBitmask) -> torch.Tensor:
         md = SamplingMetadata(None, None, None, None, None)

@@ -58,7 +58,7 @@ def make_prompts(tok, n: int, tokens: int) -> list[str]:
 
 def bodies(tok, texts: list[str], chat: bool) -> dict[bool, list[bytes]]:
     """forwarding on/off -> the bytes a router sends a kvmesh replica for each prompt."""
-    from kvmesh.replica.openai import protocol as p
+    from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.router.http.proxy_request import ProxyRequest
     from kvmesh.router.http.token_forwarding import KVMESH
 
@@ -66,7 +66,7 @@ def bodies(tok, texts: list[str], chat: bool) -> dict[bool, list[bytes]]:
     for text in texts:
         raw = ({"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text})
         raw.update(max_tokens=1, temperature=0)
-        req = (p.ChatCompletionRequest if chat else p.CompletionRequest).model_validate(raw)
+        req = (ChatCompletionRequest if chat else CompletionRequest).model_validate(raw)
         ids = tok.render_chat(req.template_messages()) if chat else tok.render_completion(text)
         data = json.dumps(raw).encode()
         for on in (True, False):
@@ -76,12 +76,12 @@ def bodies(tok, texts: list[str], chat: bool) -> dict[bool, list[bytes]]:
 
 def rewrite_cost_us(tok, texts: list[str], chat: bool, n: int = 300) -> float:
     """Router CPU (us) to build one rewritten body (decode the client's JSON, set the ids, encode)."""
-    from kvmesh.replica.openai import protocol as p
+    from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.router.http.proxy_request import ProxyRequest
     from kvmesh.router.http.token_forwarding import KVMESH
 
     raw = {"messages": [{"role": "user", "content": texts[0]}]} if chat else {"prompt": texts[0]}
-    req = (p.ChatCompletionRequest if chat else p.CompletionRequest).model_validate(raw)
+    req = (ChatCompletionRequest if chat else CompletionRequest).model_validate(raw)
     ids, data = list(range(1, 481)), json.dumps(raw).encode()
     t0 = time.process_time()
     for _ in range(n):
@@ -108,7 +108,7 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-class KeepAliveClient:
+class SequentialClient:
     """One keep-alive HTTP/1.1 connection (stdlib): all a sequential benchmark needs."""
 
     def __init__(self, url: str) -> None:
@@ -130,7 +130,7 @@ class KeepAliveClient:
         self.connection.close()
 
 
-def run_round(client: KeepAliveClient, pid: int, path: str, payloads: list[bytes], n: int) -> tuple[float, float]:
+def run_round(client: SequentialClient, pid: int, path: str, payloads: list[bytes], n: int) -> tuple[float, float]:
     """(replica CPU ms, client wall ms) per request over ``n`` requests."""
     cpu0, t0 = proc_cpu_s(pid), time.perf_counter()
     for i in range(n):
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
         url = json.loads(line)["http_url"]
         results: dict = {"prompt_tokens": len(tok.render_completion(texts[0])), "requests_per_round": args.requests,
                          "rounds": args.rounds, "workloads": {}}
-        client = KeepAliveClient(url)
+        client = SequentialClient(url)
         try:
             for name, chat in (("completions", False), ("chat", True)):
                 path = "/v1/chat/completions" if chat else "/v1/completions"

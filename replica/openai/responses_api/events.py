@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 
 from kvmesh.replica.serving.json_types import JSONObject
 
-from . import output as o
+from .output import finished, function_call_item, message_item, new_id, reasoning_item, text_part
 
 
 def sse_event(event: JSONObject) -> bytes:
@@ -90,7 +90,7 @@ class ResponseEvents:
         item = self._open
         if item is None or item["type"] != kind:
             events += self._close()
-            item = o.reasoning_item("", "in_progress") if kind == "reasoning" else o.message_item("", "in_progress")
+            item = reasoning_item("", "in_progress") if kind == "reasoning" else message_item("", "in_progress")
             events += self._add(item)
         item["content"][0]["text"] += text
         name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
@@ -106,7 +106,7 @@ class ResponseEvents:
         item = self._calls.get(index)
         if item is None:
             events += self._close()
-            item = o.function_call_item(call.get("id") or o.new_id("call"), function.get("name", ""), "",
+            item = function_call_item(call.get("id") or new_id("call"), function.get("name", ""), "",
                                         "in_progress")
             self._calls[index] = item
             events += self._add(item)
@@ -123,7 +123,7 @@ class ResponseEvents:
         events = [self._event("response.output_item.added", output_index=index, item=item)]
         if item["type"] == "message":
             events.append(self._event("response.content_part.added", item_id=item["id"], output_index=index,
-                                      content_index=0, part=o.text_part("")))
+                                      content_index=0, part=text_part("")))
         return events
 
     def _close(self) -> list[bytes]:
@@ -152,9 +152,9 @@ class ResponseEvents:
         """The done events of every open item; ``response`` is then the finished Response (``completed`` sends it)."""
         events = self._close()
         if not self.output:  # an answer with no text at all is still one (empty) message, as a whole answer is
-            events += self._add(o.message_item("", "in_progress"))
+            events += self._add(message_item("", "in_progress"))
             events += self._close()
-        self.response = o.finished(self.response, self.output, self.finish_reason, self.usage)
+        self.response = finished(self.response, self.output, self.finish_reason, self.usage)
         return events
 
     def completed(self) -> bytes:

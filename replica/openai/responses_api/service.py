@@ -23,8 +23,8 @@ from kvmesh.replica.serving.errors import ProtocolError, echo
 from kvmesh.replica.serving.json_types import JSONObject
 from pydantic import JsonValue
 
-from . import output as o
 from .events import ResponseEvents, sse_data
+from .output import assistant_message, from_chat, new_id, response_object
 from .request import ResponsesRequest
 from .store import ResponseStore
 
@@ -106,11 +106,11 @@ class ResponsesService:
             raise ProtocolError(e.message, e.status_code, responses_param(e.param)) from None
         if answer.status != 200:  # its headers kept (a 429's Retry-After)
             return Answer(answer.status, renamed_error(answer.body), headers=answer.headers)
-        response = o.response_object(req, o.new_id("resp"), model)
+        response = response_object(req, new_id("resp"), model)
         if answer.stream is not None:
             return Answer(200, stream=self._events(req, tenant, response, conversation, answer.stream),
                           headers={**answer.headers, "content-type": "text/event-stream", "cache-control": "no-cache"})
-        done = await self._keep(req, tenant, o.from_chat(response, json.loads(answer.body)), conversation)
+        done = await self._keep(req, tenant, from_chat(response, json.loads(answer.body)), conversation)
         return Answer(200, json.dumps(done, ensure_ascii=False).encode(), headers=answer.headers)
 
     async def _keep(self, req: ResponsesRequest, tenant: str, response: JSONObject,
@@ -118,7 +118,7 @@ class ResponsesService:
         """Store ``response`` with its conversation when asked; ``"store": false`` when it exceeds a bound alone."""
         if not req.store or response["status"] == "failed":
             return response
-        whole = [*conversation, o.assistant_message(response["output"])]
+        whole = [*conversation, assistant_message(response["output"])]
         if not await self._stored(self.store.put, tenant, response, whole):
             return {**response, "store": False}
         return response

@@ -31,18 +31,17 @@ from kvmesh.router.routing.cost.pull import PullPriors, can_pull, pull_seconds
 def price_all(loads: Mapping[ReplicaId, ReplicaLoad], device: Mapping[ReplicaId, int], host: Mapping[ReplicaId, int],
               prompt_tokens: int, block_size: int, step_tokens: float, pulls: PullPriors | None = None,
               lora_name: str | None = None, fleet: FleetRates | None = None,
-              only: ReplicaId | None = None) -> Mapping[ReplicaId, TTFTEstimate]:
+              only: ReplicaId | None = None) -> Prices:
     """``TTFTEstimate`` of every replica in ``loads`` (``only``: of that one) for a prompt of ``prompt_tokens``
     (``device``/``host``: leading prompt blocks each holds per tier). ``loads`` as ``CandidateLoads`` (the
     router's columns) are priced in one vectorised pass (``price_columns``); a plain mapping one by one."""
-    columns = isinstance(loads, CandidateLoads)
     if fleet is None:
-        fleet = loads.fleet() if columns else FleetRates.of(loads.values())
+        fleet = loads.fleet() if isinstance(loads, CandidateLoads) else FleetRates.of(loads.values())
     price_one, holder, best = _pricer(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name,
                                       fleet)
     if only is not None:
-        return {only: price_one(only)}
-    if columns:
+        return Prices.of({only: price_one(only)})
+    if isinstance(loads, CandidateLoads):
         return price_columns(loads, device, host, prompt_tokens, block_size, step_tokens, pulls, lora_name, fleet,
                              holder, best)
     return Prices.of({rid: price_one(rid) for rid in loads})

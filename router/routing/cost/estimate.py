@@ -96,7 +96,7 @@ def prefill_s_per_token(load: ReplicaLoad, fleet: FleetRates) -> float | None:
     return 1.0 / rate if rate and rate > 0 else fleet.prefill_s_per_token
 
 
-def decode_step_s(load: ReplicaLoad, fleet: FleetRates, batch: int, context_tokens: int,
+def decode_step_s(load: ReplicaLoad, fleet: FleetRates, batch: int, context_tokens: float,
                   s_per_token: float) -> float:
     """Seconds of one decode step of ``batch`` sequences over ``context_tokens`` on this replica."""
     if batch <= 0:

@@ -51,7 +51,8 @@ class FleetRates:
             step = load.decode_step
             if step is not None and step.step_s is not None:
                 coef = (step.step_s, step.s_per_seq or 0.0, step.s_per_context_token or 0.0)
-                decode = coef if decode is None else tuple(max(a, b) for a, b in zip(decode, coef, strict=True))
+                decode = coef if decode is None else (
+                    max(decode[0], coef[0]), max(decode[1], coef[1]), max(decode[2], coef[2]))
         return cls(prefill, decode, h2d, pull, fixed, lora, block)
 
 

@@ -144,7 +144,7 @@ class LoadColumns:
         if cached is not None and cached[0] == self.rates_version:
             return cached[1]
         coef = mask & self.coef_valid
-        decode = (tuple(float(c[coef].max()) for c in (self.coef0, self.coef1, self.coef2))
+        decode = ((float(self.coef0[coef].max()), float(self.coef1[coef].max()), float(self.coef2[coef].max()))
                   if coef.any() else None)
         block = self.block_bytes[mask]
         block = block[block != 0]
@@ -218,7 +218,7 @@ class CandidateLoads(Mapping[ReplicaId, ReplicaLoad]):
         return self.columns.loads[row]
 
     def __contains__(self, replica_id: object) -> bool:
-        row = self.columns.row(replica_id)
+        row = self.columns.row(replica_id)  # type: ignore[arg-type]  # a Mapping is asked with any key
         return row is not None and bool(self.mask[row])
 
     def __iter__(self) -> Iterator[ReplicaId]:

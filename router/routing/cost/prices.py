@@ -59,7 +59,7 @@ class Prices(Mapping[ReplicaId, TTFTEstimate]):
         return found
 
     def __contains__(self, replica_id: object) -> bool:
-        row = self.row_of(replica_id)
+        row = self.row_of(replica_id)  # type: ignore[arg-type]  # a Mapping is asked with any key
         return row is not None and bool(self.mask[row])
 
     def __iter__(self) -> Iterator[ReplicaId]:

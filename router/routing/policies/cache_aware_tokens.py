@@ -129,7 +129,7 @@ class CacheAwareTokensPolicy(Policy):
         churn = self._churn_factor(loads)
         out = {}
         for rid, load in loads.items():
-            uncached = prompt - bs * get(rid, 0)
+            uncached: float = prompt - bs * get(rid, 0)
             uncached = uncached if uncached > 0 else 0
             backlog = load.prefill_backlog
             steps = self._steps(backlog + uncached)
@@ -220,7 +220,7 @@ class CacheAwareTokensPolicy(Policy):
         best_cost, ties = math.inf, []
         for rid, load in loads.items():
             cached = get(rid)
-            cost = prompt - bs * cached if cached else prompt
+            cost: float = prompt - bs * cached if cached else prompt
             if cost < 0:
                 cost = 0
             backlog = load.prefill_backlog

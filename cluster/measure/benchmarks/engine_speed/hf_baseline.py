@@ -12,7 +12,7 @@ import statistics
 import time
 
 from kvmesh.cluster.measure.benchmarks.engine_speed.timing import Clock
-from kvmesh.cluster.measure.benchmarks.engine_speed.workload import Workload, make_workload
+from kvmesh.cluster.measure.benchmarks.engine_speed.workload import SpeedWorkload, make_workload
 
 PAD_ID = 0
 
@@ -38,7 +38,7 @@ def _generate(model, prompts: list[list[int]], new_tokens: int, device, streamer
                        do_sample=False, streamer=streamer)
 
 
-def hf_workload(model, workload: Workload, batch_size: int, device) -> dict:
+def hf_workload(model, workload: SpeedWorkload, batch_size: int, device) -> dict:
     from tqdm import tqdm
 
     clock = Clock(device)

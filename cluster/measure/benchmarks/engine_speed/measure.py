@@ -15,7 +15,7 @@ from kvmesh.cluster.measure.benchmarks.engine_speed.decode import decode_step_ti
 from kvmesh.cluster.measure.benchmarks.engine_speed.timing import Clock
 from kvmesh.cluster.measure.benchmarks.engine_speed.ttft import ttft
 from kvmesh.cluster.measure.benchmarks.engine_speed.variants import EngineVariant
-from kvmesh.cluster.measure.benchmarks.engine_speed.workload import Workload, run_workload, warm_up
+from kvmesh.cluster.measure.benchmarks.engine_speed.workload import SpeedWorkload, run_workload, warm_up
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Plan:
     """The model every engine loads."""
     device: torch.device
     """Where the engines run."""
-    workload: Workload
+    workload: SpeedWorkload
     """The throughput workload."""
     decode_batches: tuple[int, ...]
     """Running sequences at which decode steps are timed."""

@@ -11,7 +11,7 @@ FIRST_TOKEN_ID = 3  # below: Llama's <unk>, <s>, </s>
 
 
 @dataclass(frozen=True)
-class Workload:
+class SpeedWorkload:
     """Prompts and the number of tokens each request generates (EOS ignored)."""
 
     prompts: list[list[int]]
@@ -33,10 +33,10 @@ def random_tokens(rng: random.Random, n: int, vocab_size: int) -> list[int]:
 
 
 def make_workload(seed: int | str, num_requests: int, prompt_len: tuple[int, int], output_len: tuple[int, int],
-                  vocab_size: int) -> Workload:
+                  vocab_size: int) -> SpeedWorkload:
     rng = random.Random(seed)
     prompts = [random_tokens(rng, rng.randint(*prompt_len), vocab_size) for _ in range(num_requests)]
-    return Workload(prompts, [rng.randint(*output_len) for _ in range(num_requests)])
+    return SpeedWorkload(prompts, [rng.randint(*output_len) for _ in range(num_requests)])
 
 
 def greedy(max_tokens: int):
@@ -54,7 +54,7 @@ def warm_up(engine, vocab_size: int) -> None:
         engine.step()
 
 
-def run_workload(engine, workload: Workload, device, label: str) -> dict:
+def run_workload(engine, workload: SpeedWorkload, device, label: str) -> dict:
     """Add every request, step until all finish; wall/CPU time, tok/s and CPU ms per output token."""
     from tqdm import tqdm
 

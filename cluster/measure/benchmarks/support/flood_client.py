@@ -1,6 +1,6 @@
 """The flood benchmark's client side (flood.py): what it sends through the router and what it sees there.
 
-``Client`` sends completions one at a time (a shared prefix plus a fresh suffix, with the route receipt);
+``FloodClient`` sends completions one at a time (a shared prefix plus a fresh suffix, with the route receipt);
 ``phase`` sends them for a while, sampling the router's RSS and, through ``Watch``, what the router says of
 the honest replica; ``follow_ups`` checks that prompts the honest replica answered are still routed for
 its cache; ``summarize`` and ``latency_buckets`` make the per-phase numbers and the plotted series.
@@ -25,7 +25,7 @@ def rss_mb(pid: int) -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-class Client:
+class FloodClient:
     """One keep-alive connection to the router; completions one at a time."""
 
     def __init__(self, url: str) -> None:
@@ -84,7 +84,7 @@ class Watch:
                 "others_degraded": sorted({r for x in s for r in x["others_degraded"]})}
 
 
-def phase(client: Client, seconds: float, rss_pid: int, samples: list, rss_cap_mb: float,
+def phase(client: FloodClient, seconds: float, rss_pid: int, samples: list, rss_cap_mb: float,
            watch: Watch) -> list[dict]:
     """Requests for ``seconds`` while sampling the router's RSS and its word on the honest replica; stops
     early past ``rss_cap_mb`` (a router without the bounds would take the machine down)."""
@@ -114,7 +114,7 @@ def summarize(reqs: list[dict]) -> dict:
             "latency_p50_ms": pct(0.5), "latency_p99_ms": pct(0.99), "latency_max_ms": ms[-1] if ms else None}
 
 
-def follow_ups(client: Client, earlier: list[dict], n: int = 6) -> dict:
+def follow_ups(client: FloodClient, earlier: list[dict], n: int = 6) -> dict:
     """``n`` follow-ups, each an earlier prompt the honest replica answered plus 16 fresh tokens: routed
     for the cache ("cache" to "healthy") and given it (cached >= the earlier prompt's full blocks)?"""
     base = [r for r in earlier if r["ok"] and r["replica"] == "healthy"][-n:]

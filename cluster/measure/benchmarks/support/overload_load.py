@@ -22,7 +22,7 @@ STORY = ("there was a little girl named Lily. She loved to play in the park with
 
 
 @dataclass(frozen=True, slots=True)
-class Tenant:
+class LoadTenant:
     user: str
     """The request's ``user`` field (the tenant's name to a router without keys)."""
     api_key: str | None = None
@@ -42,7 +42,7 @@ class Driver:
     in_flight: int = 0
     _n: int = 0
 
-    def body(self, tenant: Tenant, max_tokens: int, priority: int | None) -> tuple[dict, dict]:
+    def body(self, tenant: LoadTenant, max_tokens: int, priority: int | None) -> tuple[dict, dict]:
         """(JSON body, headers) of one request: a fresh prompt (a unique number first, so nothing is cached)."""
         self._n += 1
         body = {"prompt": f"{self._n} Once upon a time, {STORY}", "max_tokens": max_tokens, "stream": True,
@@ -56,7 +56,7 @@ class Driver:
             headers[self.priority_header] = str(priority)
         return body, headers
 
-    async def one(self, session: aiohttp.ClientSession, phase: str, cls: str, tenant: Tenant, max_tokens: int,
+    async def one(self, session: aiohttp.ClientSession, phase: str, cls: str, tenant: LoadTenant, max_tokens: int,
                   priority: int | None = None) -> dict:
         """Send one request and record how it ended (never raises, except CancelledError after recording)."""
         body, headers = self.body(tenant, max_tokens, priority)

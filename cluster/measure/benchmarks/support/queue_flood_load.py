@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
-from kvmesh.cluster.measure.benchmarks.support.overload_load import STORY, Tenant, open_session
+from kvmesh.cluster.measure.benchmarks.support.overload_load import STORY, LoadTenant, open_session
 from kvmesh.router.admission.fair_share import weighted_tokens
 
 
@@ -29,8 +29,8 @@ from kvmesh.router.admission.fair_share import weighted_tokens
 class FloodPlan:
     """What the two tenants send."""
 
-    flood: Tenant
-    light: Tenant
+    flood: LoadTenant
+    light: LoadTenant
     clients: int = 24
     """The flooding tenant's closed-loop clients."""
     seconds: float = 15.0
@@ -57,7 +57,7 @@ class FloodRun:
     t0: float = 0.0
     _n: int = 0
 
-    async def one(self, session: aiohttp.ClientSession, cls: str, tenant: Tenant, max_tokens: int) -> dict:
+    async def one(self, session: aiohttp.ClientSession, cls: str, tenant: LoadTenant, max_tokens: int) -> dict:
         """One request; its record (status, latency, the 429's reason and message, the usage when served)."""
         self._n += 1
         body = {"prompt": f"{self._n} Once upon a time, {STORY}", "max_tokens": max_tokens, "ignore_eos": True,
@@ -89,7 +89,7 @@ class FloodRun:
         p = self.plan
         async with open_session() as session:
             self.t0 = time.monotonic()
-            warm = Tenant("warmup", p.light.api_key)  # a keys file names no warm-up tenant: the light key's then
+            warm = LoadTenant("warmup", p.light.api_key)  # a keys file names no warm-up tenant: the light key's then
             await asyncio.gather(*(self.one(session, "warmup", warm, p.flood_tokens) for _ in range(p.warmup)))
             await self._light(session, "light_alone", time.monotonic() + p.alone_s)
             self.t0 = time.monotonic()

@@ -13,7 +13,7 @@ from pathlib import Path
 from kvmesh.cluster.measure.benchmarks.support.peer_load import tree_cpu_seconds
 
 
-class Fleet:
+class ServeProcess:
     """``kvmesh serve --config FILE`` as a process, and its router's URL and admin key."""
 
     def __init__(self, config: dict, work: Path) -> None:
