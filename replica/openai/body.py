@@ -5,7 +5,8 @@ bytes are counted as they stream in (chunked bodies, lying lengths), and the who
 arrive within ``body_timeout_s`` (slow senders get a 408). JSON is decoded with msgspec, which
 refuses what Python's ``json`` accepts and nothing downstream can handle: NaN/Infinity, lone UTF-16
 surrogates (``"\\ud800"``), invalid UTF-8, nesting beyond the recursion limit. Bodies above
-``_INLINE_BYTES`` are decoded and validated off the event loop, and the heap they leave is trimmed (heap_trim.py).
+``_INLINE_BYTES`` are decoded and validated off the event loop (and a router's upstream body of one encoded there), and the heap they
+leave is trimmed (heap_trim.py).
 """
 
 from __future__ import annotations
@@ -100,3 +101,11 @@ async def decode_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M]) -
         return decode_body(raw, model_cls)
     after_large_body(len(raw), offload)  # what it is decoded into is handed back soon after (heap_trim.py)
     return await offload(decode_body, raw, model_cls)
+
+
+async def encode_off_loop(body: JSONObject, size: int, offload: Offload) -> bytes:
+    """``body`` as JSON bytes, encoded through ``offload`` when the body it came from had more than
+    ``_INLINE_BYTES`` (``size``), as it was decoded."""
+    if size <= _INLINE_BYTES:
+        return msgspec.json.encode(body)
+    return await offload(msgspec.json.encode, body)

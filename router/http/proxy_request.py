@@ -21,10 +21,12 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
+from kvmesh.replica.openai.body import encode_off_loop
 from kvmesh.replica.openai.compile_tenant import tenant_header
 from kvmesh.router.http.token_forwarding import KVMESH, TEXT, VLLM, VLLM_TOKENIZING_KEYS, UpstreamKind
 
 if TYPE_CHECKING:
+    from kvmesh.replica.openai.body import Offload
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
     from kvmesh.replica.serving.json_types import JSONObject
     from kvmesh.replica.serving.sampling_params import SamplingParams
@@ -55,6 +57,9 @@ class ProxyRequest:
     _: KW_ONLY
     path: str = "/v1/completions"
     """The path it goes to upstream."""
+    size: int = 0
+    """Bytes of the body the client sent: a large one's upstream bodies are encoded off the loop, as it was
+    decoded (``encoded_for``)."""
     session_id: str | None = None
     """``x-session-id`` or the body's ``user``: soft affinity to the replica of the last turn."""
     wants_receipt: bool = False
@@ -133,8 +138,16 @@ class ProxyRequest:
         return kind != VLLM or VLLM_TOKENIZING_KEYS.isdisjoint(self.body)  # vLLM would tokenize it otherwise
 
     def for_kind(self, kind: UpstreamKind, by_priority: bool = False) -> bytes:
-        """The body an upstream of ``kind`` gets, encoded once: the client's fields with what the router decided
-        set on them (its token ids where ``kind`` takes them, ``kv_transfer_params`` when the router set them);
+        """The body an upstream of ``kind`` gets, encoded once (``fields_for``)."""
+        return msgspec.json.encode(self.fields_for(kind, by_priority))
+
+    async def encoded_for(self, kind: UpstreamKind, by_priority: bool, offload: Offload) -> bytes:
+        """``for_kind``, through ``offload`` (``PromptRenderer.run``) for a large body, so the loop stays free."""
+        return await encode_off_loop(self.fields_for(kind, by_priority), self.size, offload)
+
+    def fields_for(self, kind: UpstreamKind, by_priority: bool = False) -> JSONObject:
+        """The JSON object an upstream of ``kind`` gets: the client's fields with what the router decided set on
+        them (its token ids where ``kind`` takes them, ``kv_transfer_params`` when the router set them);
         ``by_priority`` (it schedules by priority), with the granted priority; else with no priority at all."""
         body = dict(self.body)
         if self.forwards_ids(kind):
@@ -151,5 +164,5 @@ class ProxyRequest:
             body.pop("priority", None)
         if self.kv_transfer_params is not None:
             body["kv_transfer_params"] = self.kv_transfer_params
-        return msgspec.json.encode(body)
+        return body
 

@@ -89,7 +89,7 @@ class RequestReader:
         raw = await http.body()
         t0 = time.perf_counter_ns()
         body, req, prompts, params, pool = await self._validate(raw, chat)
-        request = ProxyRequest(body, req, prompts, chat, svc.config.tokenize.forward_token_ids, path=path,
+        request = ProxyRequest(body, req, prompts, chat, svc.config.tokenize.forward_token_ids, path=path, size=len(raw),
                                session_id=http.header(SESSION_HEADER) or req.user,
                                wants_receipt=http.header(HEADER_OPT_IN_BYTES) is not None,
                                tokenize_ns=time.perf_counter_ns() - t0, sampling_params=params, model_pool=pool)

@@ -151,3 +151,21 @@ def test_an_upstream_that_is_not_kvmesh_gets_completion_ids_and_chat_as_sent(fak
     wait_for(lambda: off.runtime.router.healthy, what="a replica healthy")
     r = httpx.post(off.url + "/v1/completions", json={"prompt": text, "max_tokens": 2}, timeout=20)
     assert r.json()["usage"]["prompt_tokens"] == len(text.encode())
+
+
+@pytest.mark.parametrize("size, off_loop", [(1000, False), (1 << 20, True)])
+def test_a_large_bodys_upstream_body_is_encoded_off_the_loop(size, off_loop):
+    import asyncio
+
+    calls = []
+
+    async def offload(fn, *args):
+        calls.append(fn)
+        return fn(*args)
+
+    raw = {"prompt": "Once", "seed": 1}
+    req = p.CompletionRequest.model_validate(raw)
+    request = ProxyRequest(dict(raw), req, IDS[:1], False, True, size=size, priority=2)
+    sent = asyncio.run(request.encoded_for(KVMESH, True, offload))
+    assert msgspec.json.decode(sent) == {"prompt": IDS[0], "seed": 1, "priority": 2}
+    assert sent == request.for_kind(KVMESH, True) and bool(calls) == off_loop
