@@ -5,7 +5,8 @@ bytes are counted as they stream in (chunked bodies, lying lengths), and the who
 arrive within ``body_timeout_s`` (slow senders get a 408). JSON is decoded with msgspec, which
 refuses what Python's ``json`` accepts and nothing downstream can handle: NaN/Infinity, lone UTF-16
 surrogates (``"\\ud800"``), invalid UTF-8, nesting beyond the recursion limit. Bodies above
-``_INLINE_BYTES`` are decoded and validated off the event loop, and the heap they leave is trimmed (heap_trim.py).
+``_INLINE_BYTES`` are decoded and validated off the event loop (and a router's upstream body of one encoded there), and the heap they
+leave is trimmed (heap_trim.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kvmesh.replica.openai.config import FrontendConfig
 from kvmesh.replica.openai.errors import parse_request
 from kvmesh.replica.openai.heap_trim import after_large_body
 from kvmesh.replica.serving.errors import ProtocolError, echo
+from kvmesh.replica.serving.json_types import JSONObject
 from pydantic import BaseModel, JsonValue
 from starlette.requests import ClientDisconnect
 
@@ -84,7 +86,26 @@ async def read_request(http: Request, model_cls: type[M], config: FrontendConfig
 
 async def parse_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M]) -> M:
     """``parse_body``, on the loop for small bodies and through ``offload`` for large ones."""
+    return (await decode_off_loop(raw, model_cls, offload))[1]
+
+
+def decode_body(raw: bytes, model_cls: type[M]) -> tuple[JSONObject, M]:
+    """``parse_body``, with the JSON object it validated (every field the client sent, unknown ones too)."""
+    body = decode_json(raw)
+    return body, parse_request(model_cls, body)  # parse_request refuses anything but an object
+
+
+async def decode_off_loop(raw: bytes, model_cls: type[M], offload: Offload[M]) -> tuple[JSONObject, M]:
+    """``decode_body``, on the loop for small bodies and through ``offload`` for large ones."""
     if len(raw) <= _INLINE_BYTES:
-        return parse_body(raw, model_cls)
+        return decode_body(raw, model_cls)
     after_large_body(len(raw), offload)  # what it is decoded into is handed back soon after (heap_trim.py)
-    return await offload(parse_body, raw, model_cls)
+    return await offload(decode_body, raw, model_cls)
+
+
+async def encode_off_loop(body: JSONObject, size: int, offload: Offload) -> bytes:
+    """``body`` as JSON bytes, encoded through ``offload`` when the body it came from had more than
+    ``_INLINE_BYTES`` (``size``), as it was decoded."""
+    if size <= _INLINE_BYTES:
+        return msgspec.json.encode(body)
+    return await offload(msgspec.json.encode, body)

@@ -38,7 +38,7 @@ class DraftRow:
     """Tokens fed this forward."""
 
 
-class DraftModel(Protocol):
+class DraftModelInterface(Protocol):
     """The draft model and its KV cache (worker/draft_model.py)."""
 
     device: torch.device
@@ -79,7 +79,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class DraftModelProposer:
-    def __init__(self, config: SpeculativeConfig, model: DraftModel, seed: int) -> None:
+    def __init__(self, config: SpeculativeConfig, model: DraftModelInterface, seed: int) -> None:
         self.model, self.k, self.block_size = model, config.num_speculative_tokens, model.block_size
         self.free = list(range(model.num_blocks - 1, 0, -1))
         self.states: OrderedDict[str, DraftState] = OrderedDict()  # least recently drafted first

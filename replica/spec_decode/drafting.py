@@ -28,7 +28,7 @@ from kvmesh.replica.spec_decode.ngram_proposer import NgramProposer
 if TYPE_CHECKING:
     import torch
     from kvmesh.replica.serving.sampling_params import SamplingParams
-    from kvmesh.replica.spec_decode.draft_proposer import DraftModel, DraftModelProposer
+    from kvmesh.replica.spec_decode.draft_proposer import DraftModelInterface, DraftModelProposer
     from kvmesh.replica.step.outputs import ModelRunnerOutput
     from kvmesh.replica.step.scheduler_output import ScheduledRequest
 
@@ -54,7 +54,7 @@ class Scheduling(Protocol):
     running: list[Request]
 
 
-LoadDraftModel = Callable[[EngineSettings, int, int, int], "DraftModel"]
+LoadDraftModel = Callable[[EngineSettings, int, int, int], "DraftModelInterface"]
 """(engine config, target vocabulary size, max_model_len, target's KV blocks) -> the draft model (the executor's
 ``local_draft_model``)."""
 

@@ -10,7 +10,7 @@ is not JSON (nothing reached the client yet). Each failure counts towards ejecti
 replica it went to answered it so; a 4xx is the request's own and goes back as it is. Once bytes flow they go to the client (relay.py),
 and a stream that breaks or stalls then goes on from another replica (migration.py). A client that disconnects before its
 answer cancels the upstream request (the replica sees the connection close and aborts it). Each
-replica gets the body in the form it takes (``ProxyRequest.for_kind``: tokenize once); a stream's
+replica gets the body in the form it takes (``ProxyRequest.encoded_for``: tokenize once); a stream's
 asks for ``"return_token_ids": true``.
 """
 
@@ -224,7 +224,8 @@ class Forwarder:
                     decision: RouteDecision, patience: Patience | None) -> Opened | Exception:
         """Send the request and wait for the first body bytes (or the error that came instead)."""
         try:
-            body = request.for_kind(kind, schedules_by_priority(self.runtime.router, decision.replica_id))
+            by_priority = schedules_by_priority(self.runtime.router, decision.replica_id)
+            body = await request.encoded_for(kind, by_priority, self.runtime.renderer.run)
             upstream = await self.runtime.pool.post(url, request.path, body, headers, patience)
         except UPSTREAM_ERRORS as e:
             return e

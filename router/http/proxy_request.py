@@ -1,29 +1,34 @@
 """One proxied request, the one object that carries it from the router's socket to its upstream call.
 
-What the client sent (``raw``, the validated ``req``), what the router made of it (the prompts' token
-ids, the sampling parameters, the session and receipt asks) and, per kind of upstream, the bytes that
-upstream gets: the client's own, or them with the router's token ids (tokenize once, the table of
-router/http/token_forwarding.py). A stream also carries its ``MigratingStream`` (router/http/migration.py);
-a continuation on another replica is a ``ProxyRequest`` of its own (``continuation``).
+What the client sent (``body``: its JSON object, decoded once; ``req``: that object validated), what the router
+made of it (the prompts' token ids, the sampling parameters, the session and receipt asks, the granted priority,
+the KV parameters) and, per kind of upstream, the body that upstream gets: the client's object with what the
+router decided set on it, encoded once (``for_kind``; tokenize once: router/http/token_forwarding.py). A stream
+also carries its ``MigratingStream`` (router/http/migration.py); a continuation on another replica is a
+``ProxyRequest`` of its own (``continuation``).
 
 Rewriting is exact: a replica range-checks token ids and uses them as they are, and the router computed
 them with the replica's own rules (replica/serving/tokenizer.py). ``echo`` is excluded because the echoed
-text must be the client's own; a batch of prompts is rewritten only as a whole. Everything else in the body
-(``cache_salt``, sampling parameters, ``stream``, ``return_token_ids``) is kept as sent, but ``priority``: a
-replica that schedules by priority gets the one the router granted (router/http/caller.py), any other none.
+text must be the client's own; a batch of prompts is rewritten only as a whole. Every other field of the body,
+those the router does not know included, goes as sent (``cache_salt``, sampling parameters, ``stream``,
+``return_token_ids``), but ``priority``: a replica that schedules by priority gets the one the router granted
+(router/http/caller.py), any other none. A client's duplicate keys were settled when its body was decoded
+(the last wins, as in the replica's decoder); the body sent has each key once.
 """
-
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
+from kvmesh.replica.openai.body import encode_off_loop
 from kvmesh.replica.openai.compile_tenant import tenant_header
-from kvmesh.router.http.token_forwarding import KVMESH, QUOTED_VLLM_TOKENIZING_KEYS, TEXT, VLLM, UpstreamKind
+from kvmesh.router.http.token_forwarding import KVMESH, TEXT, VLLM, VLLM_TOKENIZING_KEYS, UpstreamKind
 
 if TYPE_CHECKING:
+    from kvmesh.replica.openai.body import Offload
     from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from kvmesh.replica.serving.json_types import JSONObject
     from kvmesh.replica.serving.sampling_params import SamplingParams
     from kvmesh.router.admission.tenants import Tenant
     from kvmesh.router.http.migration import MigratingStream
@@ -35,12 +40,13 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False)
 class ProxyRequest:
-    """One request through the proxy (see the module doc). Rewritten bodies are built once, on first use."""
+    """One request through the proxy (see the module doc): each upstream body is encoded once, when it is sent."""
 
-    raw: bytes
-    """The body as the client sent it (plus ``return_token_ids`` for a stream the router may migrate)."""
+    body: JSONObject
+    """The JSON object the client sent, decoded once: every field, those the router does not know too (plus
+    ``return_token_ids`` for a stream the router may migrate); a continuation's, the router's own."""
     req: OpenAIRequest | None = None
-    """The validated body (None for a continuation, whose body the router wrote)."""
+    """``body`` validated (None for a continuation, whose body the router wrote)."""
     prompts: list[list[int]] = field(default_factory=list)
     """Token ids the router computed, one list per prompt (empty: none, e.g. no tokenizer)."""
     chat: bool = False
@@ -51,6 +57,9 @@ class ProxyRequest:
     _: KW_ONLY
     path: str = "/v1/completions"
     """The path it goes to upstream."""
+    size: int = 0
+    """Bytes of the body the client sent: a large one's upstream bodies are encoded off the loop, as it was
+    decoded (``encoded_for``)."""
     session_id: str | None = None
     """``x-session-id`` or the body's ``user``: soft affinity to the replica of the last turn."""
     wants_receipt: bool = False
@@ -80,7 +89,6 @@ class ProxyRequest:
     """``cache_salt``: the router's keys of this request are salted with it, as the replica's."""
     route_ids: list[int] = field(init=False)
     """The token ids it is routed by (a batch of prompts goes to one replica, by its first)."""
-    _built: dict[str, bytes] = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.prompts = self.prompts or []
@@ -93,7 +101,7 @@ class ProxyRequest:
                      model_pool: ModelPool | None = None, priority: int | None = None) -> ProxyRequest:
         """A stream's continuation on another replica (of its model's pool): a token-in completion the router
         wrote itself, at the stream's granted ``priority``."""
-        request = cls(msgspec.json.encode(body), model_pool=model_pool, priority=priority)
+        request = cls(body, model_pool=model_pool, priority=priority)
         request.route_ids, request.salt = route_ids, salt
         return request
 
@@ -114,8 +122,7 @@ class ProxyRequest:
     def ask_for_token_ids(self) -> None:
         """Streams: ask every upstream for the token ids behind the text (a stream migrates by them,
         router/http/migration.py)."""
-        self.raw = with_token_ids_asked(self.raw)
-        self._built.clear()
+        self.body["return_token_ids"] = True
 
     def forwards_ids(self, kind: UpstreamKind) -> bool:
         """Whether an upstream of ``kind`` gets the router's token ids for this request."""
@@ -128,55 +135,34 @@ class ProxyRequest:
             return False  # the echoed prompt must be the client's text, not the ids decoded
         if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
             return False  # already token ids
-        if kind == VLLM:
-            return not self._names_vllm_tokenizing_key()
-        return True
+        return kind != VLLM or VLLM_TOKENIZING_KEYS.isdisjoint(self.body)  # vLLM would tokenize it otherwise
 
     def for_kind(self, kind: UpstreamKind, by_priority: bool = False) -> bytes:
-        """The bytes to send to an upstream of ``kind`` (with ``kv_transfer_params`` when the router set them):
+        """The body an upstream of ``kind`` gets, encoded once (``fields_for``)."""
+        return msgspec.json.encode(self.fields_for(kind, by_priority))
+
+    async def encoded_for(self, kind: UpstreamKind, by_priority: bool, offload: Offload) -> bytes:
+        """``for_kind``, through ``offload`` (``PromptRenderer.run``) for a large body, so the loop stays free."""
+        return await encode_off_loop(self.fields_for(kind, by_priority), self.size, offload)
+
+    def fields_for(self, kind: UpstreamKind, by_priority: bool = False) -> JSONObject:
+        """The JSON object an upstream of ``kind`` gets: the client's fields with what the router decided set on
+        them (its token ids where ``kind`` takes them, ``kv_transfer_params`` when the router set them);
         ``by_priority`` (it schedules by priority), with the granted priority; else with no priority at all."""
-        if not self.forwards_ids(kind):
-            body = self.raw
+        body = dict(self.body)
+        if self.forwards_ids(kind):
+            if self.chat:
+                body["prompt_token_ids"] = self.prompts[0]
+            else:  # one prompt stays one; a batch becomes a batch of id lists, in order
+                prompt = body["prompt"]
+                single = not (isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int))
+                assert len(self.prompts) == (1 if single else len(prompt)), "one id list per prompt"
+                body["prompt"] = self.prompts[0] if single else self.prompts
+        if by_priority:
+            body["priority"] = self.priority or 0
         else:
-            key = "prompt_token_ids" if self.chat else "prompt"
-            if key not in self._built:
-                self._built[key] = self._chat_body() if self.chat else self._completion_body()
-            body = self._built[key]
-        if by_priority:  # the last key: it wins over the client's (JSON's rule, vLLM's and kvmesh's parsers)
-            body = body.rstrip()[:-1] + b',"priority":' + str(self.priority or 0).encode() + b"}"
-        elif b'"priority"' in body:  # a key, or a string value: then nothing is popped
-            decoded = msgspec.json.decode(body)
-            decoded.pop("priority", None)
-            body = msgspec.json.encode(decoded)
-        if self.kv_transfer_params is not None:  # the last key: it wins over a duplicate (JSON's rule)
-            body = body.rstrip()[:-1] + b',"kv_transfer_params":' + msgspec.json.encode(self.kv_transfer_params) + b"}"
+            body.pop("priority", None)
+        if self.kv_transfer_params is not None:
+            body["kv_transfer_params"] = self.kv_transfer_params
         return body
 
-    def _chat_body(self) -> bytes:
-        head = self.raw.rstrip()
-        if head.endswith(b"}") and b'"prompt_token_ids"' not in head:  # appended: the messages are not re-encoded
-            return head[:-1] + b',"prompt_token_ids":' + msgspec.json.encode(self.prompts[0]) + b"}"
-        body = msgspec.json.decode(self.raw)  # e.g. the name nested in another object
-        body["prompt_token_ids"] = self.prompts[0]
-        return msgspec.json.encode(body)
-
-    def _completion_body(self) -> bytes:
-        body = msgspec.json.decode(self.raw)  # one prompt stays one; a batch becomes a batch of id lists, in order
-        prompt = body["prompt"]
-        single = not (isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int))
-        assert len(self.prompts) == (1 if single else len(prompt)), "one id list per prompt"
-        body["prompt"] = self.prompts[0] if single else self.prompts
-        return msgspec.json.encode(body)
-
-    def _names_vllm_tokenizing_key(self) -> bool:
-        # A quoted name in the raw JSON: a key, or a string value (then the body just goes as sent);
-        # inside a string, a quote is escaped, so prompt text cannot match.
-        raw = self.raw
-        return any(quoted in raw for quoted in QUOTED_VLLM_TOKENIZING_KEYS)
-
-
-def with_token_ids_asked(raw: bytes) -> bytes:
-    """The request body with ``"return_token_ids": true`` as its last key (JSON's last duplicate wins)."""
-    body = raw.rstrip()
-    assert body.endswith(b"}"), "a validated request body is a JSON object"
-    return body[:-1] + b',"return_token_ids":true}'

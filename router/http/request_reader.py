@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from kvmesh.replica.openai.body import parse_off_loop
+from kvmesh.replica.openai.body import decode_off_loop
 from kvmesh.replica.openai.grammar_limits import check_grammar_limits
 from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kvmesh.replica.serving.json_types import JSONObject
 from kvmesh.router.http.caller import identify
 from kvmesh.router.http.messages import HttpRequest
 from kvmesh.router.http.migration import MigratingStream
@@ -51,34 +52,35 @@ class RequestReader:
     async def parse(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[int]]:
         """Validate the body and render its prompts exactly as the replica will (ProtocolError on bad input);
         the token ids to route by (a batch of prompts goes to one replica, by its first prompt)."""
-        req, prompts = await self.parse_prompts(raw, chat)
+        _, req, prompts = await self.parse_prompts(raw, chat)
         return req, prompts[0] if prompts else []
 
-    async def parse_prompts(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]]]:
-        """``parse``, with the token ids of every prompt of the request (none without a tokenizer)."""
-        req, prompts, _, _ = await self._validate(raw, chat)
-        return req, prompts
+    async def parse_prompts(self, raw: bytes, chat: bool) -> tuple[JSONObject, OpenAIRequest, list[list[int]]]:
+        """``parse``, with the body's JSON object and the token ids of every prompt of the request (none without a
+        tokenizer)."""
+        body, req, prompts, _, _ = await self._validate(raw, chat)
+        return body, req, prompts
 
-    async def _validate(self, raw: bytes, chat: bool) -> tuple[OpenAIRequest, list[list[int]], SamplingParams | None,
-                                                                ModelPool | None]:
-        """The body, the token ids of its prompts (by its model's tokenizer), the first prompt's sampling
-        parameters, each prompt checked against the context as the replica checks it, and the pool its
-        ``"model"`` picks (router/routing/model_pools.py; 400/404 for none)."""
+    async def _validate(self, raw: bytes, chat: bool) -> tuple[JSONObject, OpenAIRequest, list[list[int]],
+                                                                SamplingParams | None, ModelPool | None]:
+        """The body's JSON object (decoded once) and that object validated, the token ids of its prompts (by its
+        model's tokenizer), the first prompt's sampling parameters, each prompt checked against the context as the
+        replica checks it, and the pool its ``"model"`` picks (router/routing/model_pools.py; 400/404 for none)."""
         svc = self.runtime
         model_cls: type[OpenAIRequest] = ChatCompletionRequest if chat else CompletionRequest
-        req = await parse_off_loop(raw, model_cls, svc.renderer.run)
+        body, req = await decode_off_loop(raw, model_cls, svc.renderer.run)
         refuse_router_only(req)  # on the decoded body, as the replica decodes it (router_only.py)
         check_grammar_limits(req, svc.renderer.config)  # before any replica is asked (grammar_limits.py)
         pool = svc.pool_for(req.model)
         tokenizer, renderer = svc.frontend_for(pool)
         if tokenizer is None:  # no tokenizer for its model: load-only routing, the replica validates
-            return req, [], None, pool
+            return body, req, [], None, pool
         if isinstance(req, ChatCompletionRequest):
             prompts = [await renderer.request(req)]
         else:  # a batch of prompts is routed by its first; every prompt is checked, as the replica does
             prompts = await renderer.prompts(req)
         params: list[SamplingParams] = [req.to_sampling_params(len(ids), tokenizer.max_model_len) for ids in prompts]
-        return req, prompts, params[0] if params else None, pool
+        return body, req, prompts, params[0] if params else None, pool
 
     async def read(self, http: HttpRequest, path: str, chat: bool) -> ProxyRequest:
         """The client's request: validated, tokenized, its tenant and priority (caller.py), a stream's migration state."""
@@ -86,8 +88,8 @@ class RequestReader:
         refuse_router_only_headers(http)
         raw = await http.body()
         t0 = time.perf_counter_ns()
-        req, prompts, params, pool = await self._validate(raw, chat)
-        request = ProxyRequest(raw, req, prompts, chat, svc.config.tokenize.forward_token_ids, path=path,
+        body, req, prompts, params, pool = await self._validate(raw, chat)
+        request = ProxyRequest(body, req, prompts, chat, svc.config.tokenize.forward_token_ids, path=path, size=len(raw),
                                session_id=http.header(SESSION_HEADER) or req.user,
                                wants_receipt=http.header(HEADER_OPT_IN_BYTES) is not None,
                                tokenize_ns=time.perf_counter_ns() - t0, sampling_params=params, model_pool=pool)

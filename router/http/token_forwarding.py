@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     from kvmesh.replica.serving.tokenizer import Tokenizer
 VLLM_TOKENIZING_KEYS = frozenset({"add_special_tokens", "truncate_prompt_tokens", "prompt_embeds"})
 """vLLM completion options that change a text prompt's ids (kvmesh ignores them): such bodies go as sent."""
-QUOTED_VLLM_TOKENIZING_KEYS = tuple(f'"{key}"'.encode() for key in sorted(VLLM_TOKENIZING_KEYS))
-"""The same, as they appear in raw JSON (built once: formatting them per request cost ~5 µs)."""
 ServerInfo = dict[str, object]
 """A replica's ``/server_info`` JSON object (free-form: each kind of server says what it says)."""
 

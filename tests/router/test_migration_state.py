@@ -9,7 +9,8 @@ import pytest
 from kvmesh.replica.openai.body import parse_body
 from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvmesh.router.http.migration import MigratingStream, SseSplitter
-from kvmesh.router.http.proxy_request import with_token_ids_asked
+from kvmesh.router.http.proxy_request import ProxyRequest
+from kvmesh.router.http.token_forwarding import KVMESH, TEXT
 
 
 def chunk(text: str, ids: list[int] | None, finish: str | None = None, prompt_ids: list[int] | None = None) -> bytes:
@@ -27,10 +28,15 @@ def completion(**fields) -> CompletionRequest:
     return CompletionRequest(prompt=[1, 2, 3], stream=True, **fields)
 
 
-def test_token_id_request_wins_over_the_clients_own_false():
-    raw = json.dumps({"prompt": "hi", "stream": True, "return_token_ids": False}).encode()
-    req = parse_body(with_token_ids_asked(raw), CompletionRequest)
-    assert req.return_token_ids is True and req.prompt == "hi"
+@pytest.mark.parametrize("kind", [KVMESH, TEXT])
+def test_token_id_request_wins_over_the_clients_own_false(kind):
+    raw = json.dumps({"prompt": "hi", "stream": True, "return_token_ids": False, "unknown_field": [1]}).encode()
+    request = ProxyRequest(msgspec.json.decode(raw), parse_body(raw, CompletionRequest), [[1, 2]], False, True)
+    request.ask_for_token_ids()
+    sent = request.for_kind(kind)
+    req = parse_body(sent, CompletionRequest)
+    assert req.return_token_ids is True and sent.count(b'"return_token_ids"') == 1
+    assert req.prompt == ([1, 2] if kind == KVMESH else "hi") and json.loads(sent)["unknown_field"] == [1]
 
 
 def test_sse_splitter_reassembles_events_cut_anywhere():

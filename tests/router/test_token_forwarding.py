@@ -17,9 +17,8 @@ IDS = [[1, 400, 401, 402], [1, 500]]
 def body_for(raw: dict, kind: str, prompts=IDS, enabled=True) -> dict:
     chat = "messages" in raw
     req = (ChatCompletionRequest if chat else CompletionRequest).model_validate(raw)
-    data = json.dumps(raw).encode()
     prompts = prompts[:1] if chat else prompts[:len(req.prompts())]
-    return json.loads(ProxyRequest(data, req, prompts, chat, enabled).for_kind(kind))
+    return json.loads(ProxyRequest(dict(raw), req, prompts, chat, enabled).for_kind(kind))
 
 
 def test_kvmesh_replica_gets_completion_ids_and_keeps_every_other_field():
@@ -56,7 +55,7 @@ def test_chat_ids_go_to_kvmesh_replicas_only():
 def test_chat_ids_are_added_to_the_body_as_sent():
     raw = b'{"messages": [{"role": "user", "content": "hi \\u00e9}"}], "seed": 9}  \n'
     req = ChatCompletionRequest.model_validate(json.loads(raw))
-    sent = ProxyRequest(raw, req, IDS[:1], True, True).for_kind(KVMESH)
+    sent = ProxyRequest(msgspec.json.decode(raw), req, IDS[:1], True, True).for_kind(KVMESH)
     assert json.loads(sent) == {**json.loads(raw), "prompt_token_ids": IDS[0]}
     assert msgspec.json.decode(sent) == json.loads(sent)  # no duplicate keys for decoders to disagree on
     assert sent.count(b'"prompt_token_ids"') == 1
@@ -66,8 +65,33 @@ def test_chat_ids_are_the_top_level_field_when_the_name_is_nested_in_the_body():
     # A client may not send prompt_token_ids (router_only.py); the name inside another object is not the field.
     raw = b'{"messages": [{"role": "user", "content": "hi"}], "metadata": {"prompt_token_ids": [7]}}'
     req = ChatCompletionRequest.model_validate(json.loads(raw))
-    sent = msgspec.json.decode(ProxyRequest(raw, req, IDS[:1], True, True).for_kind(KVMESH))
+    sent = msgspec.json.decode(ProxyRequest(msgspec.json.decode(raw), req, IDS[:1], True, True).for_kind(KVMESH))
     assert sent["prompt_token_ids"] == IDS[0] and sent["metadata"] == {"prompt_token_ids": [7]}
+
+
+def test_vllm_tokenizing_options_are_keys_not_values():
+    assert body_for({"prompt": "Once", "user": "add_special_tokens"}, VLLM)["prompt"] == IDS[0]
+    assert body_for({"prompt": "Once", "metadata": {"add_special_tokens": 1}}, VLLM)["prompt"] == IDS[0]
+
+
+@pytest.mark.parametrize("by_priority", [True, False])
+def test_every_key_goes_once_with_what_the_router_decided(by_priority):
+    # The client's duplicate keys were settled by the decoder (the last wins); the body sent names each key once.
+    raw = b'{"prompt": "Once", "priority": 5, "kv_transfer_params": {"do_remote_decode": true}, "priority": 7}'
+    req = CompletionRequest.model_validate(msgspec.json.decode(raw))
+    request = ProxyRequest(msgspec.json.decode(raw), req, IDS[:1], False, True, priority=3)
+    request.kv_transfer_params = {"do_remote_prefill": True}
+    sent = request.for_kind(KVMESH, by_priority=by_priority)
+    assert sent.count(b'"priority"') == int(by_priority) and sent.count(b'"kv_transfer_params"') == 1
+    assert msgspec.json.decode(sent) == {"prompt": IDS[0], "kv_transfer_params": {"do_remote_prefill": True},
+                                         **({"priority": 3} if by_priority else {})}
+
+
+def test_unknown_fields_go_to_the_replica_unchanged():
+    raw = {"prompt": "Once", "an_extension": {"a": [1, 2.5, None]}, "some_future_field": "x" * 3, "nested": {"k": {}}}
+    for kind in (KVMESH, VLLM, TEXT):
+        sent = body_for(raw, kind)
+        assert {k: sent[k] for k in raw if k != "prompt"} == {k: v for k, v in raw.items() if k != "prompt"}
 
 
 @pytest.mark.parametrize("raw", [{"prompt": "Once"}, {"messages": [{"role": "user", "content": "hi"}]}])
@@ -80,7 +104,7 @@ def test_nothing_is_rewritten_when_off_or_for_a_mismatched_tokenizer(raw):
 def test_streams_ask_for_token_ids_in_the_rewritten_body_too():
     raw = {"prompt": "Once", "stream": True}
     req = CompletionRequest.model_validate(raw)
-    body = ProxyRequest(msgspec.json.encode(raw), req, IDS[:1], False, True)
+    body = ProxyRequest(dict(raw), req, IDS[:1], False, True)
     body.ask_for_token_ids()
     for kind in (KVMESH, TEXT):
         assert json.loads(body.for_kind(kind))["return_token_ids"] is True
@@ -127,3 +151,21 @@ def test_an_upstream_that_is_not_kvmesh_gets_completion_ids_and_chat_as_sent(fak
     wait_for(lambda: off.runtime.router.healthy, what="a replica healthy")
     r = httpx.post(off.url + "/v1/completions", json={"prompt": text, "max_tokens": 2}, timeout=20)
     assert r.json()["usage"]["prompt_tokens"] == len(text.encode())
+
+
+@pytest.mark.parametrize("size, off_loop", [(1000, False), (1 << 20, True)])
+def test_a_large_bodys_upstream_body_is_encoded_off_the_loop(size, off_loop):
+    import asyncio
+
+    calls = []
+
+    async def offload(fn, *args):
+        calls.append(fn)
+        return fn(*args)
+
+    raw = {"prompt": "Once", "seed": 1}
+    req = CompletionRequest.model_validate(raw)
+    request = ProxyRequest(dict(raw), req, IDS[:1], False, True, size=size, priority=2)
+    sent = asyncio.run(request.encoded_for(KVMESH, True, offload))
+    assert msgspec.json.decode(sent) == {"prompt": IDS[0], "seed": 1, "priority": 2}
+    assert sent == request.for_kind(KVMESH, True) and bool(calls) == off_loop

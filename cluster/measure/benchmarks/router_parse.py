@@ -55,10 +55,11 @@ async def _one(fwd, raw: bytes, chat: bool):
     from kvmesh.router.http.proxy_request import ProxyRequest
     from kvmesh.router.http.token_forwarding import KVMESH
 
-    req, prompts = await fwd.reader.parse_prompts(raw, chat)
+    parsed = await fwd.reader.parse_prompts(raw, chat)
+    decoded, req, prompts = parsed if len(parsed) == 3 else (raw, *parsed)  # a --tree whose request keeps the bytes
     ids = prompts[0] if prompts else []
     decision = fwd.runtime.router.route(ids, req.cache_salt, exclude=[], session_id=req.user)
-    body = ProxyRequest(raw, req, prompts, chat, fwd.runtime.config.tokenize.forward_token_ids).for_kind(KVMESH)
+    body = ProxyRequest(decoded, req, prompts, chat, fwd.runtime.config.tokenize.forward_token_ids).for_kind(KVMESH)
     return decision.replica_id, body
 
 
