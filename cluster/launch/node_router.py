@@ -23,7 +23,7 @@ from kvmesh.replica.serving.errors import ProtocolError
 from kvmesh.router.control.admin_routes import answered_by_owner
 from kvmesh.router.control.follow import FOLLOW_INTERVAL_S, apply_rows
 from kvmesh.router.control.rows import ReplicaList
-from kvmesh.router.http.messages import Request, Response
+from kvmesh.router.http.messages import HttpRequest, Response
 
 if TYPE_CHECKING:
     from kvmesh.router.config import RouterConfig
@@ -74,7 +74,7 @@ class BoardFollower:
             self.healthy_seen = apply_rows(self.runtime, ReplicaList.decode(raw).replicas)
 
 
-async def refuse_owner_request(request: Request) -> Response:
+async def refuse_owner_request(request: HttpRequest) -> Response:
     raise ProtocolError("this router follows the replica set kvmesh serve owns; send replica-set and /admin/* "
                         "requests to serve's control router (its URL is in `kvmesh serve`'s output and the cluster "
                         "record kvmesh scale/drain read)", 421)
