@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from kvmesh.events.publish.load_ledger import LoadLedger
 
 if TYPE_CHECKING:
-    from kvmesh.events.load import ReplicaLoadUpdate
     from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
+    from kvmesh.events.load import ReplicaLoadUpdate
 
 
 class LoadPublishing:
