@@ -43,9 +43,10 @@ class ReplicaLoadUpdate(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     prefill_tokens_per_s: float | None = None
     """Prompt tokens per second it measured itself computing (None: not measured yet)."""
     decode_step_s: float | None = None
-    """Seconds of its last decode steps, measured (None: not measured yet)."""
+    """Seconds a decode step takes besides its sequences, as measured (``/load``'s ``decode_step.step_s``; None:
+    not measured yet)."""
     engine_steps: int = 0
-    """Engine steps run since it started (the step the load is as of)."""
+    """Decode steps it measured since it started (what the load is as of)."""
     arrival_rate: float = 0.0
     """Requests per second it accepted, from every router, exponentially decayed over 30 s."""
     recent_prefill: float = 0.0

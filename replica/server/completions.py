@@ -26,6 +26,7 @@ from kvmesh.replica.openai import responses as r
 from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.compile_tenant import compile_tenant
 from kvmesh.replica.openai.grammar_limits import check_grammar_limits
+from kvmesh.replica.openai.router_booking import router_booking
 from kvmesh.replica.server import chat_answer, compile_seconds, kv_plane, kv_request
 from kvmesh.replica.server import parallel_sampling as ps
 from kvmesh.replica.server.output_usage import check_failed, total_usage, usage_of
@@ -96,6 +97,7 @@ class OpenAIHandlers:
         candidates = ps.plan_candidates(request_id, prompts, params, req.n, best_of,
                                         params[0].logprobs is not None, req.stream)
         kv = kv_request.engine_params(self.state, req, prompts, http)  # a pull before it runs, a lease at its end
+        booking = router_booking(http, self.state.server.internal_key)  # a 403 from anyone but the router
         try:  # queues the requests now (a 400 before any byte is sent); a client leaving during a pull or a compile
             streams = await kv_request.start_or_leave(ps.start_all(  # aborts them
                 client, candidates, req.cache_salt, self.state.loras.request_for(req.model), req.priority, kv),
@@ -103,6 +105,8 @@ class OpenAIHandlers:
             kv_headers = {**await kv_request.pull_headers(req, kv, streams),  **await compile_seconds.compile_headers(streams, bool(constraints))}
             if isinstance(req, p.CompletionRequest) and req.prompt_only:
                 streams = [ps.without_output(stream) for stream in streams]
+            if self.state.load_publishing is not None:  # its load counts it from now on
+                self.state.load_publishing.accept(booking, [c.request_id for c in candidates], len(prompts[0]))
         except ValueError as e:  # a SamplingParamsError names the field
             raise ProtocolError(str(e), param=e.param if isinstance(e, SamplingParamsError) else None) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere

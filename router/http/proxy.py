@@ -139,8 +139,8 @@ class Forwarder:
                     with reserved(svc.router.loads, rid):  # its slot is taken while a split's prefill call runs
                         await self.handoff.prepare(request, decision)
                 with InFlight(svc.router.loads, decision, len(request.route_ids)) as flight:
-                    opened = await self._open(replica.spec.url, request, replica.accepts or TEXT, headers, decision,
-                                              svc.patience(rid))
+                    opened = await self._open(replica.spec.url, request, replica.accepts or TEXT,
+                                              {**headers, **flight.headers()}, decision, svc.patience(rid))
                     status = None if isinstance(opened, Exception) else opened.upstream.status
                     if status is not None and status >= 500:
                         held.append((rid, status))

@@ -4,7 +4,8 @@ A replica that publishes its load (events/load.py, ``ReplicaLoadUpdate``) counts
 whichever router sent it, and says per router the highest booking number it accepted from it. Between two
 updates a router adds to that load only its own bookings above that number::
 
-    book(tokens)        -> n          the request carries "<router id>:<n>" (ROUTER_HEADER) to the replica
+    book(tokens)        -> n          the request carries "<router id>:<n>:<tokens>" to the replica
+                                      (replica/openai/router_booking.py)
     acknowledge(m, now)               the update says the replica accepted up to m: bookings <= m are counted there
     unacked_requests / unacked_tokens what the router adds to the published load
 
@@ -17,30 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["ROUTER_HEADER", "Bookings", "booking_header", "parse_booking"]
-
-ROUTER_HEADER = "x-kvmesh-router"
-"""The router's header on a request to a replica: ``<router id>:<booking number>``, echoed back in the replica's
-published load (the highest booking number it accepted per router id)."""
-MAX_ROUTER_ID_CHARS = 64
-"""A longer router id is refused by the replica (ids are short: a host and a process)."""
-MAX_ROUTERS_PER_REPLICA = 256
-"""Router ids a replica keeps accepted counts for; the least recently seen is forgotten beyond it."""
-
-
-def booking_header(router_id: str, number: int) -> dict[str, str]:
-    """The header a router sends with booking ``number`` of ``router_id``."""
-    return {ROUTER_HEADER: f"{router_id}:{number}"}
-
-
-def parse_booking(value: str) -> tuple[str, int]:
-    """``(router id, booking number)`` of a ``ROUTER_HEADER`` value; ValueError saying what is wrong."""
-    router_id, sep, number = value.rpartition(":")
-    if not sep or not router_id or len(router_id) > MAX_ROUTER_ID_CHARS or not number.isdigit():
-        raise ValueError(f"header {ROUTER_HEADER} must be '<router id of 1 to {MAX_ROUTER_ID_CHARS} characters>:"
-                         f"<booking number>', got {value[:80]!r}")
-    return router_id, int(number)
-
+__all__ = ["Bookings"]
 
 class Bookings:
     """This router's bookings on one replica, numbered from 1, and which the replica has not acknowledged."""
