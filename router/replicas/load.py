@@ -14,6 +14,10 @@ import msgspec
 from kvmesh.events.load import ReplicaLoadUpdate
 from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRALoad
 
+PUBLISHED_FRESH_S = 2.0
+"""Seconds a replica's published load is taken over its ``/load`` polls (a replica publishes at least every few
+milliseconds while it has requests, and once a second or so when idle: older, its stream stopped)."""
+
 ForeignLoad = dict[str, object]
 """Another server's ``/load`` JSON (not kvmesh's ``LoadReport``): the same numbers under other names."""
 
@@ -101,6 +105,8 @@ class ReplicaLoad:
     (the replica's load comes from ``/load`` polls)."""
     published_ts: float = 0.0
     """Its ``ts`` (a restarted replica numbers its updates from 0 again, at a later time)."""
+    published_at: float = 0.0
+    """``time.monotonic()`` when this router applied it."""
     watcher: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     """Called after any field is set (the tracker's columns re-read this replica before the next decision,
     router/routing/cost/load_columns.py); None: nothing watches it."""
@@ -172,6 +178,7 @@ class ReplicaLoad:
         if self.published_seq is not None and (update.ts, update.seq) <= (self.published_ts, self.published_seq):
             return False
         self.published_seq, self.published_ts = update.seq, update.ts
+        self.published_at = time.monotonic()
         self.num_running, self.num_waiting = update.num_running, update.num_waiting
         self.kv_usage, self.queued_prefill_tokens = update.kv_usage, update.queued_prefill_tokens
         if update.prefill_tokens_per_s is not None:
@@ -184,7 +191,7 @@ class ReplicaLoad:
         of its own, ``apply_published``), or another server's JSON in a few other spellings (unknown keys are
         ignored; missing ones keep their value)."""
         if isinstance(report, LoadReport):
-            if self.published_seq is None:  # else the replica's published load is newer than a poll's
+            if self.published_seq is None or time.monotonic() - self.published_at > PUBLISHED_FRESH_S:
                 self.num_running, self.num_waiting = report.num_requests_running, report.num_requests_waiting
                 self.kv_usage, self.queued_prefill_tokens = report.kv_cache_usage, report.num_waiting_prefill_tokens
             self.prefill_tokens_per_s, self.kv_block_bytes = report.prefill_tokens_per_s, report.kv_block_bytes
