@@ -106,7 +106,7 @@ class ReplicaLoad:
     published_ts: float = 0.0
     """Its ``ts`` (a restarted replica numbers its updates from 0 again, at a later time)."""
     published_at: float = 0.0
-    """``time.monotonic()`` when this router applied it."""
+    """When this router applied it (``time.monotonic()``, or the clock ``apply_published`` was given)."""
     watcher: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     """Called after any field is set (the tracker's columns re-read this replica before the next decision,
     router/routing/cost/load_columns.py); None: nothing watches it."""
@@ -172,13 +172,13 @@ class ReplicaLoad:
         """Requests all router processes of this host sent here that have not finished."""
         return self.in_flight + self.peer_in_flight
 
-    def apply_published(self, update: ReplicaLoadUpdate) -> bool:
+    def apply_published(self, update: ReplicaLoadUpdate, now: float | None = None) -> bool:
         """Take the load the replica published (events/load.py); False (nothing taken) when it is older than the
         last one applied (by its ``ts``, then its ``seq``). The caller sets ``unacked_*`` from its bookings."""
         if self.published_seq is not None and (update.ts, update.seq) <= (self.published_ts, self.published_seq):
             return False
         self.published_seq, self.published_ts = update.seq, update.ts
-        self.published_at = time.monotonic()
+        self.published_at = time.monotonic() if now is None else now
         self.num_running, self.num_waiting = update.num_running, update.num_waiting
         self.kv_usage, self.queued_prefill_tokens = update.kv_usage, update.queued_prefill_tokens
         if update.prefill_tokens_per_s is not None:
@@ -186,12 +186,14 @@ class ReplicaLoad:
         self.reported_at = time.monotonic()
         return True
 
-    def update_report(self, report: LoadReport | ForeignLoad) -> None:
+    def update_report(self, report: LoadReport | ForeignLoad, now: float | None = None) -> None:
         """Take a replica's ``/load``: kvmesh's ``LoadReport`` (its counts only while the replica publishes no load
         of its own, ``apply_published``), or another server's JSON in a few other spellings (unknown keys are
-        ignored; missing ones keep their value)."""
+        ignored; missing ones keep their value); ``now``: the clock of ``apply_published``, ``time.monotonic()``
+        when None."""
         if isinstance(report, LoadReport):
-            if self.published_seq is None or time.monotonic() - self.published_at > PUBLISHED_FRESH_S:
+            now = time.monotonic() if now is None else now
+            if self.published_seq is None or now - self.published_at > PUBLISHED_FRESH_S:
                 self.num_running, self.num_waiting = report.num_requests_running, report.num_requests_waiting
                 self.kv_usage, self.queued_prefill_tokens = report.kv_cache_usage, report.num_waiting_prefill_tokens
             self.prefill_tokens_per_s, self.kv_block_bytes = report.prefill_tokens_per_s, report.kv_block_bytes

@@ -114,12 +114,12 @@ class LoadTracker:
         its request rate and decayed prompt sums over every router's requests (``now``: the clock of
         ``on_dispatch``)."""
         load = self.loads.get(replica_id)
-        if load is None or not load.apply_published(update):
+        now = time.monotonic() if now is None else now
+        if load is None or not load.apply_published(update, now):
             return
         bookings = self.bookings.get(replica_id)
         if bookings is None:
             bookings = self.bookings[replica_id] = Bookings()
-        now = time.monotonic() if now is None else now
         bookings.acknowledge(update.accepted.get(self.router_id, 0), now, BOOKING_MAX_AGE_S)
         self._set_unacked(load, bookings)
         if update.churn_tau_s == self.churn_tau_s:  # the fleet's rates, which this router sees only its share of

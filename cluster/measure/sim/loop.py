@@ -297,7 +297,7 @@ class Simulation:
             elif kind == ADMIT:
                 self.admission.pump(now, expire=True)
             elif kind == POLL:
-                self.router.poll(payload, self.replicas)
+                self.router.poll(payload, self.replicas, now)
                 if self.busy():
                     self.push(now + self.config.load_poll_s, POLL, payload)
             else:

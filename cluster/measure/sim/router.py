@@ -214,13 +214,13 @@ class SimRouter:
         for router in self.routers:
             router.loads.apply_published(rid, update, now)
 
-    def poll(self, k: int, replicas: list[SimReplica]) -> None:
-        """Router ``k`` reads the ``/load`` of every replica it knows (as ``RouterRuntime`` polls it)."""
+    def poll(self, k: int, replicas: list[SimReplica], now: float) -> None:
+        """Router ``k`` reads the ``/load`` of every replica it knows at ``now`` (as ``RouterRuntime`` polls it)."""
         loads = self.routers[k].loads.loads
         aware = self.config.lora.adapter_aware
         for rep in replicas:
             if rep.replica_id in loads:
-                loads[rep.replica_id].update_report(rep.load_report())
+                loads[rep.replica_id].update_report(rep.load_report(), now)
                 report_lora(loads[rep.replica_id], rep.lora.section(rep.running) if aware else None)
 
     def add_replica(self, rid: str, role: str = "both") -> None:
