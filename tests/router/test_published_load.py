@@ -132,3 +132,20 @@ def test_the_booking_header_round_trips_and_a_malformed_one_is_refused_by_name()
     for bad in ("", "id:7", "id:x:3", ":7:3", "a" * 65 + ":1:1", "id:²:3", "id:1:-3"):
         with pytest.raises(ValueError, match="x-kvmesh-router"):
             parse_booking(bad)
+
+
+@pytest.mark.parametrize("name", ["x-kvmesh-router", "X-KvMesh-Router"])
+def test_a_client_may_not_book_its_request_on_a_routers_load(fakes, start_router, name):
+    import httpx
+
+    from .conftest import fake_stats, wait_for
+
+    router = start_router([fakes[0].spec])
+    wait_for(lambda: router.runtime.router.healthy, what="the replica healthy")
+    fakes[0].configure(reset_stats=True)
+    r = httpx.post(router.url + "/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 2},
+                   headers={name: "forged:1:0"}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "x-kvmesh-router" and "the router sets it" in error["message"], error
+    assert fake_stats(fakes[0])["tenants_seen"] == []  # nothing reached the replica
