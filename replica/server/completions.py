@@ -79,7 +79,14 @@ class OpenAIHandlers:
         check_grammar_limits(req, self.state.frontend)
         kv_plane.check_transfer_params(self.state.server, http, req)
         req._compile_tenant = compile_tenant(http, self.state.server.internal_key)
+        router_booking(http, self.state.server.internal_key)  # a 403 from anyone but the router, before any work
         return req
+
+    def _count_load(self, http: Request, candidates: list[ps.Candidate], prompts: list[list[int]]) -> None:
+        """The request is queued: the load the replica publishes counts it, booked on its router (load_publishing.py)."""
+        if self.state.load_publishing is not None:
+            booking = router_booking(http, self.state.server.internal_key)
+            self.state.load_publishing.accept(booking, [c.request_id for c in candidates], len(prompts[0]))
 
     # ------------------------------------------------------------ shared path
     async def _serve(self, http: Request, req: OpenAIRequest, prompts: list[list[int]]) -> Response:
@@ -93,11 +100,9 @@ class OpenAIHandlers:
             except SamplingParamsError as e:
                 raise ProtocolError(str(e), param=e.param) from None
         request_id = r.random_id("chatcmpl" if isinstance(req, p.ChatCompletionRequest) else "cmpl")
-        best_of = req.best_of if isinstance(req, p.CompletionRequest) else None
-        candidates = ps.plan_candidates(request_id, prompts, params, req.n, best_of,
-                                        params[0].logprobs is not None, req.stream)
+        candidates = ps.plan_candidates(request_id, prompts, params, req.n, req.best_of if isinstance(
+            req, p.CompletionRequest) else None, params[0].logprobs is not None, req.stream)
         kv = kv_request.engine_params(self.state, req, prompts, http)  # a pull before it runs, a lease at its end
-        booking = router_booking(http, self.state.server.internal_key)  # a 403 from anyone but the router
         try:  # queues the requests now (a 400 before any byte is sent); a client leaving during a pull or a compile
             streams = await kv_request.start_or_leave(ps.start_all(  # aborts them
                 client, candidates, req.cache_salt, self.state.loras.request_for(req.model), req.priority, kv),
@@ -105,8 +110,7 @@ class OpenAIHandlers:
             kv_headers = {**await kv_request.pull_headers(req, kv, streams),  **await compile_seconds.compile_headers(streams, bool(constraints))}
             if isinstance(req, p.CompletionRequest) and req.prompt_only:
                 streams = [ps.without_output(stream) for stream in streams]
-            if self.state.load_publishing is not None:  # its load counts it from now on
-                self.state.load_publishing.accept(booking, [c.request_id for c in candidates], len(prompts[0]))
+            self._count_load(http, candidates, prompts)
         except ValueError as e:  # a SamplingParamsError names the field
             raise ProtocolError(str(e), param=e.param if isinstance(e, SamplingParamsError) else None) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere
