@@ -165,9 +165,6 @@ class SimConfig:
     load_publish_interval_s: float = 0.005
     """Least seconds between two of a replica's published loads: a change (a step's end, a request accepted)
     within it is published when it ends."""
-    load_publish_on_accept: bool = False
-    """A replica publishes its load at once when it accepts a request, whatever ``load_publish_interval_s`` (other
-    changes wait for it): a request another router sent shows after the lag alone."""
     load_publish_lag_s: float = 0.001
     """Seconds from a replica's step end to its published load reaching the routers (send, network, apply)."""
     share_sessions: bool = False

@@ -42,9 +42,6 @@ class LoadPublishing:
     def wait(self, replica_id: str, now: float, interval_s: float, due: bool) -> float | None:
         """Seconds until ``replica_id`` may publish a change made at ``now`` (0: now; None: an update is already
         due then). ``due``: the wait asked for before is over."""
-        if interval_s <= 0:  # no interval (or a change published at once): now, whatever is due
-            self._published_at[replica_id] = now
-            return 0.0
         if due:
             self._due.discard(replica_id)
         elif replica_id in self._due:
