@@ -1,7 +1,7 @@
 """A replica publishes its own load on its event stream (events/load.py), for every router at once.
 
     handler   accept(booking, request ids, prompt tokens)   a request was queued (completions.py)
-    thread    every ``interval_s`` while the engine has requests (at once after an accept, at most that often):
+    thread    every ``interval_s`` while the engine has requests, and when one is accepted while it has none:
               the load, if it changed since the last update -> ``ZmqEventPublisher.publish_load``
 
 The load is read racily off the engine thread's state, as ``/load`` reads it (engine/load_fields.py). A request
@@ -88,6 +88,7 @@ class LoadPublishing:
 
     def _run(self) -> None:
         while not self._stop:
+            self._wake.clear()
             try:
                 update = self.update()
                 if update is not None:
@@ -95,9 +96,6 @@ class LoadPublishing:
             except Exception:  # pragma: no cover - a bug here must not stop the replica
                 logger.exception("publishing the replica's load failed; routers fall back to polling /load")
                 return
-            busy = bool(self.engine.scheduler.requests)
-            self._wake.wait(self.interval_s if busy else IDLE_WAIT_S)
-            self._wake.clear()
-            if busy:
-                continue
-            time.sleep(self.interval_s)  # an accept woke it: at most one update per interval
+            time.sleep(self.interval_s)  # at most one update per interval
+            if not self.engine.scheduler.requests:  # idle: until a request is accepted (or a second passed)
+                self._wake.wait(IDLE_WAIT_S)
