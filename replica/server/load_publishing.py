@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 1.0
 """Seconds the thread sleeps while the engine has no requests (an accept wakes it)."""
+FORGET_S = 1.0
+"""Seconds after its accept a request's expected cache is forgotten once it is not in the engine."""
+_NONE = (0, 0.0)
 
 
 class LoadPublishing:
@@ -38,7 +41,8 @@ class LoadPublishing:
         self.engine, self.publisher, self.interval_s = engine, publisher, interval_s
         self.ledger = LoadLedger()
         self._lock = threading.Lock()
-        self._cached: dict[str, int] = {}  # engine request id -> prompt tokens its router expected cached
+        self._cached: dict[str, tuple[int, float]] = {}  # engine request id -> (prompt tokens its router expected
+        # cached, when accepted): kept until it left the engine (or never joined it within FORGET_S)
         self._last: tuple | None = None
         self._wake = threading.Event()
         self._stop = False
@@ -59,8 +63,9 @@ class LoadPublishing:
         with self._lock:
             self.ledger.accept(None if booking is None else booking[:2], prompt_tokens, uncached, time.monotonic())
             if booking is not None:
+                now = time.monotonic()
                 for rid in request_ids:
-                    self._cached[rid] = prompt_tokens - uncached
+                    self._cached[rid] = (prompt_tokens - uncached, now)
         self._wake.set()
 
     def update(self, force: bool = False) -> ReplicaLoadUpdate | None:
@@ -70,11 +75,11 @@ class LoadPublishing:
         requests = read_racily(lambda: list(sched.requests.values()))
         with self._lock:
             cached = self._cached
-            if len(cached) > len(requests):  # finished ones leave
-                live = {r.request_id for r in requests}
-                for rid in [rid for rid in cached if rid not in live]:
-                    del cached[rid]
-            queued = sum(max(0, r.num_prompt_tokens - max(r.num_computed_tokens, cached.get(r.request_id, 0)))
+            live = {r.request_id for r in requests} if cached else ()
+            horizon = time.monotonic() - FORGET_S  # the engine thread may not have taken a new one in yet
+            for rid in [rid for rid, (_, at) in cached.items() if rid not in live and at < horizon]:
+                del cached[rid]
+            queued = sum(max(0, r.num_prompt_tokens - max(r.num_computed_tokens, cached.get(r.request_id, _NONE)[0]))
                          for r in requests)
             running, waiting = len(sched.running), len(sched.waiting)
             key = (running, waiting, queued, tuple(self.ledger.accepted.items()))
