@@ -47,6 +47,10 @@ class PublisherConfig:
     """Bytes of answers that may go out at once (the byte bucket's size): bounds what peers that
     never read can make this process hold."""
 
+    load_interval_s: float = 0.005
+    """Least seconds between two of the replica's load updates (events/load.py), sent on the replay socket to
+    the routers that ask, when its load changed; 0 = it publishes no load (routers poll ``/load``)."""
+
     curve_secret_key: str | None = field(default=None, repr=False)
     """SECRET: this publisher's CURVE secret key (Z85). Set -> the PUB and replay sockets are CURVE
     servers: encrypted, and only peers that know the matching public key connect. None: plain
@@ -56,6 +60,8 @@ class PublisherConfig:
     peer that knows this publisher's public key."""
 
     def __post_init__(self) -> None:
+        if not self.load_interval_s >= 0:
+            raise ValueError(f"load_interval_s must be >= 0 seconds (0 = no load updates), got {self.load_interval_s}")
         if self.curve_secret_key is not None:
             curve.check_key(self.curve_secret_key, "secret")
             curve.require_curve()

@@ -11,6 +11,9 @@
                                            [b"", SNAPSHOT_TAG, next_seq, b""]     end of snapshot
     snapshot refused     ROUTER -> DEALER  [b"", SNAPSHOT_TAG, 0xFF*8, b""]     busy (over the socket's
                                                                                 limits): ask again later
+    load request         DEALER -> ROUTER  [b"", LOAD_REQUEST]         (kvmesh; 11 bytes) the replica's load
+    load update          ROUTER -> DEALER  [b"", LOAD_TAG, seq, ReplicaLoadUpdate]   the latest at once, then
+                                                                each later one for the lease (events/load.py)
 
 ``next_seq`` is the seq of the first live batch that is *not* part of the snapshot: the snapshot
 equals the state after applying every batch with ``seq < next_seq``. A chunk is an ordinary
@@ -37,6 +40,10 @@ MAX_REQUEST_BYTES = 4096
 """Largest frame a replay/snapshot socket accepts from a peer (ZeroMQ drops a peer that sends a bigger
 one). A request frame is 8 bytes (start_seq) or 15 (``SNAPSHOT_REQUEST``); ZeroMQ's own handshake
 commands pass the same check (a CURVE INITIATE is ~300 bytes plus metadata), hence the room."""
+LOAD_REQUEST = b"kvmesh:load"
+"""Request frame of a replica's load updates (events/load.py); 11 bytes, never a seq's 8."""
+LOAD_TAG = b"\x00kvmesh:load"
+"""Topic frame of load updates: the load's topic of its own, on the replay socket, which only askers receive."""
 SNAPSHOT_TAG = b"\x00kvmesh:snapshot"
 """Topic frame of snapshot answers; starts with NUL so it cannot be a real (UTF-8 text) topic."""
 

@@ -89,6 +89,10 @@ class ReplicaRuntime:
                                 extra_info={"replica_id": replica_id, **_event_info(publisher, events)})
             if kv_transfer.enabled:
                 state.kv_transfer = _kv_transfer_service(kv_transfer, llm, state, replica_id)
+            if publisher is not None and publisher.replay_endpoint is not None and events.load_interval_s > 0:
+                from kvmesh.replica.server.load_publishing import LoadPublishing
+
+                state.load_publishing = LoadPublishing(llm.engine, publisher, events.load_interval_s).start()
             http = HTTPServer(build_app(state), host=server.host, port=server.port, frontend=frontend,
                               name="replica-http")
             http.start_in_thread()
@@ -149,6 +153,8 @@ class ReplicaRuntime:
             time.sleep(0.2)  # let the streams receive their final "abort" output
         self.http.stop_thread()
         self.state.renderer.close()
+        if self.state.load_publishing is not None:
+            self.state.load_publishing.close()
         llm.shutdown()
         if self.state.kv_transfer is not None:
             self.state.kv_transfer.agent.close()

@@ -13,9 +13,10 @@
 
 The router's rooms (ARCHITECTURE.md, "The router"), one way down: control -> http -> routing -> replicas.
 
-    router/replicas  the replica record and the set of them: itself and the serving core only
+    router/replicas  the replica record and the set of them: itself, the serving core and the load message only
     router/admission admission's policy core (queue, tenants, fair share, limits, deadlines): itself only, no I/O
-    router/routing   routing itself, the compiled fast path, kvcache hashing and reuse, the event schema, the serving
+    router/routing   routing itself, the compiled fast path, kvcache hashing and reuse, the event schema and the load
+                     message, the serving
                      core -- no HTTP library, never the data plane or control (pure decisions, no I/O)
     router/http      the data plane: never control (it reaches the running router through the
                      ``Replicas`` protocol of proxy.py), never aiohttp (its own client) or FastAPI
@@ -53,9 +54,10 @@ TYPE_ONLY = {"router/replicas": ("kvmesh.router.admission.room",)}
 # Per room of the router: the kvmesh modules it may import (prefixes) and the third-party modules it may not.
 _HTTP_LIBS = ("fastapi", "starlette", "uvicorn", "aiohttp", "httptools", "httpx")
 ROOMS = {
-    "router/replicas": (("kvmesh.router.replicas", "kvmesh.replica.serving") + TYPE_ONLY["router/replicas"], _HTTP_LIBS),
+    "router/replicas": (("kvmesh.router.replicas", "kvmesh.replica.serving", "kvmesh.events.load") + TYPE_ONLY["router/replicas"], _HTTP_LIBS),
     "router/routing": (("kvmesh.router.routing", "kvmesh.router.replicas", "kvmesh.router._fastpath", "kvmesh.kvcache.hashing",
-                        "kvmesh.kvcache.reuse", "kvmesh.events.schema", "kvmesh.replica.serving"), _HTTP_LIBS),
+                        "kvmesh.kvcache.reuse", "kvmesh.events.schema", "kvmesh.events.load", "kvmesh.replica.serving"),
+                       _HTTP_LIBS),
     "router/admission": (("kvmesh.router.admission",), _HTTP_LIBS),
     "router/http": (("kvmesh.router.http", "kvmesh.router.replicas", "kvmesh.router.routing", "kvmesh.router.admission", "kvmesh.router.config",
                      "kvmesh.replica.serving",

@@ -39,6 +39,7 @@ import zmq
 from kvmesh.events import curve
 from kvmesh.events.config import PublisherConfig
 from kvmesh.events.endpoints import attach, offset_port, parse_listen_endpoint, parse_pub_endpoint
+from kvmesh.events.load import ReplicaLoadUpdate, encode_load_update
 from kvmesh.events.publish.publisher_io import PublisherIO
 from kvmesh.events.schema import AllBlocksCleared, BlockStored, KVEvent, KVEventBatch
 from kvmesh.events.wire import MAX_REQUEST_BYTES
@@ -70,6 +71,7 @@ class ZmqEventPublisher:
         """The PUB address, port resolved (for a connect: the address connected to)."""
         replay, self.replay_endpoint = _bind_replay(ctx, config, data_parallel_rank, pub)
         """The bound replay/snapshot ROUTER address, port resolved; None when disabled."""
+        self._replay_disabled = replay is None
         wake_recv, self._wake = _wake_pair(ctx, f"inproc://kvmesh-publisher-wake-{id(self)}-{time.monotonic_ns()}")
         self._wake_lock = threading.Lock()
         self._queue: deque[KVEventBatch] = deque()
@@ -138,6 +140,20 @@ class ZmqEventPublisher:
             self._queue.append(batch)
         if not self._io.busy:  # a busy I/O thread re-checks the queue before it sleeps
             self._kick()
+
+    def publish_load(self, update: ReplicaLoadUpdate) -> None:
+        """Send the replica's load to the routers that asked for it (events/load.py); returns at once. Needs the
+        replay socket (without one there is nowhere to ask)."""
+        if self._closed or self._replay_disabled:
+            return
+        self._io.loads.offer(update.seq, encode_load_update(update))
+        if not self._io.busy:
+            self._kick()
+
+    @property
+    def load_subscribers(self) -> int:
+        """Routers whose request for the replica's load is recent enough that they get its updates."""
+        return self._io.loads.count
 
     def _overflow(self, batch: KVEventBatch) -> None:
         if self._snapshot_source is not None:

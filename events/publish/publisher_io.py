@@ -15,10 +15,11 @@ from collections import deque
 import zmq
 from kvmesh.events.codec import encode_batch
 from kvmesh.events.config import PublisherConfig
+from kvmesh.events.publish.load_subscribers import LoadSubscribers
 from kvmesh.events.ratelimit import TokenBucket
 from kvmesh.events.schema import KVEvent, KVEventBatch
 from kvmesh.events.state import CachedBlockSet
-from kvmesh.events.wire import END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
+from kvmesh.events.wire import END_SEQ, LOAD_REQUEST, SNAPSHOT_REQUEST, SNAPSHOT_TAG, pack_seq, unpack_seq
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class PublisherIO:
         """Subscriptions covering ``topic`` from the peers connected now (the XPUB's reports)."""
         self.subscribed = threading.Condition()
         """Notified whenever ``subscribers`` changes."""
+        self.loads = LoadSubscribers()
+        """Routers that asked for the replica's load, and its latest update (events/load.py)."""
         self._stopping = False
         self.busy = False
         self._warned: set[str] = set()
@@ -133,6 +136,8 @@ class PublisherIO:
         if sent:
             with self._space:
                 self._space.notify_all()
+        if self._replay is not None and self.loads.pending():
+            self.loads.send_offered(self._replay)
 
     def _send(self, batch: KVEventBatch) -> None:
         seq = self.next_seq
@@ -169,6 +174,12 @@ class PublisherIO:
                 self._bad_request(f"expected [identity, b'', request], got {len(frames)} frames")
                 continue
             identity, _, request = frames
+            if request == LOAD_REQUEST:
+                if self._requests.take():
+                    self.loads.subscribe(self._replay, identity)
+                else:
+                    self.stats["throttled"] += 1
+                continue
             snapshot = request == SNAPSHOT_REQUEST
             if not snapshot and len(request) != 8:
                 self._bad_request(f"request frame of {len(request)} bytes is neither a seq nor a snapshot")

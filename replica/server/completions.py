@@ -25,6 +25,7 @@ from kvmesh.replica.openai.body import read_request
 from kvmesh.replica.openai.compile_tenant import compile_tenant
 from kvmesh.replica.openai.grammar_limits import check_grammar_limits
 from kvmesh.replica.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kvmesh.replica.openai.router_booking import router_booking
 from kvmesh.replica.server import chat_answer, compile_seconds, kv_plane, kv_request, parallel_sampling
 from kvmesh.replica.server.output_usage import check_failed, total_usage, usage_of
 from kvmesh.replica.server.parallel_sampling import Outputs
@@ -76,7 +77,14 @@ class OpenAIHandlers:
         check_grammar_limits(req, self.state.frontend)
         kv_plane.check_transfer_params(self.state.server, http, req)
         req._compile_tenant = compile_tenant(http, self.state.server.internal_key)
+        router_booking(http, self.state.server.internal_key)  # a 403 from anyone but the router, before any work
         return req
+
+    def _count_load(self, http: Request, candidates: list[parallel_sampling.Candidate], prompts: list[list[int]]) -> None:
+        """The request is queued: the load the replica publishes counts it, booked on its router (load_publishing.py)."""
+        if self.state.load_publishing is not None:
+            booking = router_booking(http, self.state.server.internal_key)
+            self.state.load_publishing.accept(booking, [c.request_id for c in candidates], len(prompts[0]))
 
     # ------------------------------------------------------------ shared path
     async def _serve(self, http: Request, req: OpenAIRequest, prompts: list[list[int]]) -> Response:
@@ -101,6 +109,7 @@ class OpenAIHandlers:
             kv_headers = {**await kv_request.pull_headers(req, kv, streams),  **await compile_seconds.compile_headers(streams, bool(constraints))}
             if isinstance(req, CompletionRequest) and req.prompt_only:
                 streams = [parallel_sampling.without_output(stream) for stream in streams]
+            self._count_load(http, candidates, prompts)
         except ValueError as e:  # a SamplingParamsError names the field
             raise ProtocolError(str(e), param=e.param if isinstance(e, SamplingParamsError) else None) from None
         except RuntimeError as e:  # draining or broken: a router should retry elsewhere

@@ -17,6 +17,7 @@ from kvmesh.replica.serving.tokenizer import Tokenizer
 if TYPE_CHECKING:
     from kvmesh.replica.engine.async_llm import AsyncLLM
     from kvmesh.replica.server.kv_transfer import KVTransferService
+    from kvmesh.replica.server.load_publishing import LoadPublishing
 
 Info = dict[str, str | int | bool | None]
 """A JSON object of scalars (``/server_info``, ``/model_info``, metric labels)."""
@@ -47,6 +48,9 @@ class ServerState:
         self.loras = ServedLoRAs(engine_client, self.model_aliases, engine_client.config.enable_lora,
                                  engine_client.list_loras())  # --lora-modules, registered by the engine at start
         """The LoRA adapters served by name (``"model": "<adapter>"``, /v1/load_lora_adapter)."""
+        self.load_publishing: LoadPublishing | None = None
+        """The replica's load updates on its event stream (runtime.py starts them with a replay socket); None:
+        it publishes no load."""
 
     def check_model(self, model: str | None) -> None:
         """A 404 unless ``model`` is unset, the base model (its served name or any form of its path) or a loaded

@@ -14,11 +14,13 @@ sends; the subscriber bounds what decoding it costs (``degraded_source_bytes_per
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
 from kvmesh.events.schema import AllBlocksCleared, BlockStored
 from kvmesh.events.subscribe.health import DEGRADED, RECOVERED, SNAPSHOT_APPLIED, UNRECOVERED
+from kvmesh.router.control.published_loads import PublishedLoads
 from kvmesh.router.replicas.replica import BAD_FRAMES
 from kvmesh.router.routing.kv_router import KVRouter
 
@@ -42,6 +44,8 @@ class EventFeed:
         """The KV event feed's subscriber (made by ``start``)."""
         self.replicas = router.replicas
         """The router's replicas: each record's ``stream`` says whether it is quarantined (``StreamState``)."""
+        self.loads: PublishedLoads | None = None
+        """The replicas' published loads (router/control/published_loads.py; made by ``start``)."""
 
     def on_batch(self, source: str, seq: int, batch) -> None:
         """Apply one batch (subscriber thread). Raising drops it: the subscriber counts it as a
@@ -97,10 +101,18 @@ class EventFeed:
             self.stream_watch.on_snapshot(source)
 
     def start(self) -> None:
-        """Start the subscriber (in the router's event loop)."""
+        """Start the subscriber and the load feed (in the router's event loop)."""
         from kvmesh.events.subscribe.subscriber import EventSubscriber
 
         self.subscriber = EventSubscriber(on_batch=self.on_batch, config=self.config, on_status=self.on_status).start()
+        self.loads = PublishedLoads(self.router, self.config, asyncio.get_running_loop())
+
+    def close(self) -> None:
+        """Stop following the replicas' events and loads (blocks up to a few seconds)."""
+        if self.loads is not None:
+            self.loads.close()
+        if self.subscriber is not None:
+            self.subscriber.close()
 
     def _quarantine(self, source: str, on: bool) -> None:
         replica = self.replicas.get(source)

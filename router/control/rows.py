@@ -52,6 +52,11 @@ class ReplicaRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The base model it serves (its ``/v1/models``; router/control/models.py); None: not reported (yet)."""
     adapters: list[str] = msgspec.field(default_factory=list)
     """The LoRA adapters it has (its ``/v1/models`` and ``/load``)."""
+    decode_load: int = 0
+    """Requests sharing its decode steps as this router sees them (``ReplicaLoad.decode_load``)."""
+    load_seq: int | None = None
+    """``seq`` of the last load it published that this router applied (events/load.py); None: none (its ``/load``
+    polls count)."""
 
 
 class ReplicaList(msgspec.Struct):
@@ -80,4 +85,5 @@ def replica_row(replica: Replica, now: float) -> ReplicaRow:
                       ejected_for_s=round(max(0.0, ejected_until - now) if ejected_until is not None else 0.0, 1),
                       ejections=health.ejections, last_failure=health.last_failure,
                       model=served.base if served is not None else None,
-                      adapters=sorted(served.adapters) if served is not None else [])
+                      adapters=sorted(served.adapters) if served is not None else [],
+                      decode_load=load.decode_load, load_seq=load.published_seq)

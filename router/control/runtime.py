@@ -160,8 +160,7 @@ class RouterRuntime:
         await self.kv_peers.stop()
         await self.probes.stop()
         await self.health.stop()
-        if self.subscriber is not None:
-            await asyncio.to_thread(self.subscriber.close)
+        await asyncio.to_thread(self.feed.close)
         self.calls.close()
         self.renderer.close()
         self.models.close()

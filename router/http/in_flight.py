@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvmesh.replica.openai.router_booking import booking_header
 from kvmesh.router.replicas.replica import ReplicaId
 
 if TYPE_CHECKING:
@@ -31,11 +32,19 @@ class InFlight:
         self.prompt_tokens = prompt_tokens
         self.had_output = False
         """``on_first_output`` ran: the replica answered."""
+        self.booking: int | None = None
+        """Its booking number on a replica that publishes its load (router/routing/bookings.py); None: none."""
 
     def __enter__(self) -> InFlight:
         d = self.decision
-        self.loads.on_dispatch(d.replica_id, d.uncached_tokens, prompt_tokens=self.prompt_tokens)
+        self.booking = self.loads.on_dispatch(d.replica_id, d.uncached_tokens, prompt_tokens=self.prompt_tokens)
         return self
+
+    def headers(self) -> dict[str, str]:
+        """The booking's header to the replica (none when it does not publish its load)."""
+        if self.booking is None:
+            return {}
+        return booking_header(self.loads.router_id, self.booking, self.decision.uncached_tokens)
 
     def answered(self) -> None:
         """The replica answered (its first bytes, or the last attempt's error passed through): its prefill is done,

@@ -142,8 +142,8 @@ class Forwarder:
                     with reserved(svc.router.loads, rid):  # its slot is taken while a split's prefill call runs
                         await self.handoff.prepare(request, decision)
                 with InFlight(svc.router.loads, decision, len(request.route_ids)) as flight:
-                    opened = await self._open(replica.spec.url, request, replica.accepts or TEXT, headers, decision,
-                                              svc.patience(rid))
+                    opened = await self._open(replica.spec.url, request, replica.accepts or TEXT,
+                                              {**headers, **flight.headers()}, decision, svc.patience(rid))
                     if isinstance(opened, Exception):  # a failed connection or deadline: the 5xx before it count
                         settle_5xx(svc, held, answered_elsewhere=True)
                     elif opened.upstream.status >= 500:

@@ -8,6 +8,8 @@
     x-kvmesh-tenant      a header     the tenant the router's key check found, for the replica's grammar compile
                                       turns (replica/openai/compile_tenant.py): a client naming its own would pick
                                       whose turns its compiles take
+    x-kvmesh-router      a header     the router's booking of the request on the replica's published load
+                                      (replica/openai/router_booking.py): a forged one would hide load from a router
 
 The test is on the DECODED body, the same decode the replica makes (msgspec, then the pydantic model:
 escapes resolved, the last duplicate key wins), never on its bytes: ``"kv_transfer\\u005fparams"`` is the
@@ -20,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvmesh.replica.openai.compile_tenant import TENANT_HEADER
+from kvmesh.replica.openai.router_booking import ROUTER_HEADER
 from kvmesh.replica.serving.errors import ProtocolError
 
 if TYPE_CHECKING:
@@ -46,6 +49,8 @@ def refuse_router_only(req: SamplingFields) -> None:
 ROUTER_ONLY_HEADERS = {
     TENANT_HEADER: "the router sets it (the tenant your API key names, whose turn a grammar compile takes); remove "
                    "it from the request",
+    ROUTER_HEADER: "the router sets it (its booking of the request on the replica's published load); remove it from "
+                   "the request",
 }
 """Header -> why a client may not send it."""
 

@@ -11,7 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
+from kvmesh.events.load import ReplicaLoadUpdate
 from kvmesh.replica.serving.load_report import DecodeStepLoad, LoadReport, LoRALoad
+
+PUBLISHED_FRESH_S = 2.0
+"""Seconds a replica's published load is taken over its ``/load`` polls (a replica publishes at least every few
+milliseconds while it has requests, and once a second or so when idle: older, its stream stopped)."""
 
 ForeignLoad = dict[str, object]
 """Another server's ``/load`` JSON (not kvmesh's ``LoadReport``): the same numbers under other names."""
@@ -90,6 +95,18 @@ class ReplicaLoad:
     table, as of ``LoadTracker.refresh``; 0 for a router alone)."""
     peer_pending_prefill_tokens: int = 0
     """Their uncached prompt tokens that have produced no output yet (idem)."""
+    unacked_requests: int = 0
+    """This router's requests sent here that the replica's last published load does not count yet
+    (router/routing/bookings.py; 0 when the replica does not publish its load)."""
+    unacked_prefill_tokens: int = 0
+    """Their uncached prompt tokens."""
+    published_seq: int | None = None
+    """``seq`` of the last load the replica published (events/load.py) that this router applied; None: none yet
+    (the replica's load comes from ``/load`` polls)."""
+    published_ts: float = 0.0
+    """Its ``ts`` (a restarted replica numbers its updates from 0 again, at a later time)."""
+    published_at: float = 0.0
+    """When this router applied it (``time.monotonic()``, or the clock ``apply_published`` was given)."""
     watcher: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     """Called after any field is set (the tracker's columns re-read this replica before the next decision,
     router/routing/cost/load_columns.py); None: nothing watches it."""
@@ -117,12 +134,13 @@ class ReplicaLoad:
     @property
     def prefill_backlog(self) -> int:
         """Prompt tokens the replica must prefill before a new request's own prefill starts."""
-        return max(self.pending_prefill_tokens + self.peer_pending_prefill_tokens, self.queued_prefill_tokens)
+        return max(self.pending_prefill_tokens + self.peer_pending_prefill_tokens,
+                   self.queued_prefill_tokens + self.unacked_prefill_tokens)
 
     @property
     def decode_load(self) -> int:
         """Requests sharing the replica's decode steps."""
-        return max(self.in_flight + self.peer_in_flight, self.num_running + self.num_waiting)
+        return max(self.in_flight + self.peer_in_flight, self.num_running + self.num_waiting + self.unacked_requests)
 
     def load_back_s(self, num_blocks: int) -> float:
         """Seconds to load ``num_blocks`` back from the host tier (0 when the replica reported no bandwidth)."""
@@ -154,12 +172,30 @@ class ReplicaLoad:
         """Requests all router processes of this host sent here that have not finished."""
         return self.in_flight + self.peer_in_flight
 
-    def update_report(self, report: LoadReport | ForeignLoad) -> None:
-        """Take a replica's ``/load``: kvmesh's ``LoadReport``, or another server's JSON in a few other
-        spellings (unknown keys are ignored; missing ones keep their value)."""
+    def apply_published(self, update: ReplicaLoadUpdate, now: float | None = None) -> bool:
+        """Take the load the replica published (events/load.py); False (nothing taken) when it is older than the
+        last one applied (by its ``ts``, then its ``seq``). The caller sets ``unacked_*`` from its bookings."""
+        if self.published_seq is not None and (update.ts, update.seq) <= (self.published_ts, self.published_seq):
+            return False
+        self.published_seq, self.published_ts = update.seq, update.ts
+        self.published_at = time.monotonic() if now is None else now
+        self.num_running, self.num_waiting = update.num_running, update.num_waiting
+        self.kv_usage, self.queued_prefill_tokens = update.kv_usage, update.queued_prefill_tokens
+        if update.prefill_tokens_per_s is not None:
+            self.prefill_tokens_per_s = update.prefill_tokens_per_s
+        self.reported_at = time.monotonic()
+        return True
+
+    def update_report(self, report: LoadReport | ForeignLoad, now: float | None = None) -> None:
+        """Take a replica's ``/load``: kvmesh's ``LoadReport`` (its counts only while the replica publishes no load
+        of its own, ``apply_published``), or another server's JSON in a few other spellings (unknown keys are
+        ignored; missing ones keep their value); ``now``: the clock of ``apply_published``, ``time.monotonic()``
+        when None."""
         if isinstance(report, LoadReport):
-            self.num_running, self.num_waiting = report.num_requests_running, report.num_requests_waiting
-            self.kv_usage, self.queued_prefill_tokens = report.kv_cache_usage, report.num_waiting_prefill_tokens
+            now = time.monotonic() if now is None else now
+            if self.published_seq is None or now - self.published_at > PUBLISHED_FRESH_S:
+                self.num_running, self.num_waiting = report.num_requests_running, report.num_requests_waiting
+                self.kv_usage, self.queued_prefill_tokens = report.kv_cache_usage, report.num_waiting_prefill_tokens
             self.prefill_tokens_per_s, self.kv_block_bytes = report.prefill_tokens_per_s, report.kv_block_bytes
             self.h2d_bytes_per_s, self.num_host_kv_blocks = report.h2d_bytes_per_s, report.num_host_kv_blocks
             self.host_kv_usage, self.decode_step, self.lora = report.host_kv_cache_usage, report.decode_step, report.lora

@@ -10,28 +10,40 @@ properties below.
 from __future__ import annotations
 
 import math
+import os
 import time
+import uuid
 from typing import TYPE_CHECKING
 
+from kvmesh.events.load import ReplicaLoadUpdate
 from kvmesh.router.replicas.load import ReplicaLoad
 from kvmesh.router.replicas.replica import READY, Replica, ReplicaId
 from kvmesh.router.replicas.replica_set import ReplicaSet
 from kvmesh.router.replicas.views import FieldView
+from kvmesh.router.routing.bookings import Bookings
 
 if TYPE_CHECKING:
     from kvmesh.router.routing.shared_loads import SharedLoadTable
 
-__all__ = ["ARRIVAL_TAU_S", "LoadTracker"]
+__all__ = ["ARRIVAL_TAU_S", "BOOKING_MAX_AGE_S", "LoadTracker", "new_router_id"]
 
 ARRIVAL_TAU_S = 30.0
 """Time constant of ``ReplicaLoad.arrival_rate``: the window over which a replica's request rate is counted."""
+BOOKING_MAX_AGE_S = 2.0
+"""Seconds after which a booking no published load acknowledged is taken for lost (its request failed on the way)."""
+
+
+def new_router_id() -> str:
+    """An id for one router process, unique across hosts and restarts (its bookings are numbered from 1)."""
+    return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 class LoadTracker:
     """The router's per-replica loads (each on its replica's record); dispatch/first-token/finish keep the counters
     exact. ``replicas``: the router's set (None: a set of its own, whose replicas ``add_replica`` registers)."""
 
-    def __init__(self, replicas: ReplicaSet | None = None, churn_tau_s: float = 300.0) -> None:
+    def __init__(self, replicas: ReplicaSet | None = None, churn_tau_s: float = 300.0,
+                 router_id: str | None = None) -> None:
         if not churn_tau_s > 0:
             raise ValueError(f"churn_tau_s must be > 0 seconds, got {churn_tau_s}")
         self.replicas = ReplicaSet() if replicas is None else replicas
@@ -47,6 +59,10 @@ class LoadTracker:
         """This process's row in ``shared`` (None: it only reads, e.g. serve's control router)."""
         self._slotted: list | None = None
         self._num_slots = 0
+        self.router_id = router_id or new_router_id()
+        """This router's id in the replicas' published loads (``accepted``; router/routing/bookings.py)."""
+        self.bookings: dict[ReplicaId, Bookings] = {}
+        """Replica -> this router's requests it has not acknowledged yet (only replicas that publish their load)."""
         self.replicas.on_added(self._added, locked=True)
         self.replicas.on_removed(self._removed, locked=True)
 
@@ -97,23 +113,66 @@ class LoadTracker:
         if self.shared is not None:
             replica.load.shared_slot = self.shared.slot(replica.id)  # an id seen before gets its old column
 
+    def apply_published(self, replica_id: ReplicaId, update: ReplicaLoadUpdate, now: float | None = None) -> None:
+        """Take the load ``replica_id`` published: its counts, plus this router's bookings it does not count yet, and
+        its request rate and decayed prompt sums over every router's requests (``now``: the clock of
+        ``on_dispatch``)."""
+        load = self.loads.get(replica_id)
+        now = time.monotonic() if now is None else now
+        if load is None or not load.apply_published(update, now):
+            return
+        bookings = self.bookings.get(replica_id)
+        if bookings is None:
+            bookings = self.bookings[replica_id] = Bookings()
+        bookings.acknowledge(update.accepted.get(self.router_id, 0), now, BOOKING_MAX_AGE_S)
+        self._set_unacked(load, bookings)
+        if update.churn_tau_s == self.churn_tau_s:  # the fleet's rates, which this router sees only its share of
+            scale = self._churn_scale(now)
+            load.recent_prefill = update.recent_prefill * scale
+            load.recent_prompt = update.recent_prompt * scale
+            load.recent_requests = update.recent_requests * scale
+            load.arrival_rate, load.last_dispatch = update.arrival_rate, now
+
+    def stop_published(self, replica_id: ReplicaId) -> None:
+        """``replica_id``'s published load stopped (its stream was lost): its ``/load`` polls count again."""
+        bookings = self.bookings.pop(replica_id, None)
+        load = self.loads.get(replica_id)
+        if load is not None and bookings is not None:
+            load.published_seq = None
+            bookings.forget()
+            self._set_unacked(load, bookings)
+
+    @staticmethod
+    def _set_unacked(load: ReplicaLoad, bookings: Bookings) -> None:
+        if load.unacked_requests != bookings.unacked_requests:
+            load.unacked_requests = bookings.unacked_requests
+        if load.unacked_prefill_tokens != bookings.unacked_tokens:
+            load.unacked_prefill_tokens = bookings.unacked_tokens
+
     def _removed(self, replica: Replica) -> None:
+        self.bookings.pop(replica.id, None)
         self._slotted = None
         slot = replica.load.shared_slot
         if self.row is not None and slot is not None:
             self.shared.write(self.row, slot, 0, 0)  # its requests no longer count here
 
     def on_dispatch(self, replica_id: ReplicaId, uncached_tokens: int, now: float | None = None,
-                    prompt_tokens: int = 0) -> None:
+                    prompt_tokens: int = 0) -> int | None:
         """A request of ``prompt_tokens`` was sent; it will prefill ``uncached_tokens`` tokens there (``now``: the
-        clock the churn decays by, ``time.monotonic()`` when None)."""
+        clock the churn decays by, ``time.monotonic()`` when None). Returns its booking number when the replica
+        publishes its load (the request carries it: ``bookings.booking_header``), else None."""
         load = self.loads.get(replica_id)
+        number = None
         if load is not None:
             load.in_flight += 1
             load.pending_prefill_tokens += uncached_tokens
             if self.shared is not None:
                 self._publish(load)
             now = time.monotonic() if now is None else now
+            bookings = self.bookings.get(replica_id)
+            if bookings is not None:
+                number = bookings.book(uncached_tokens, now)
+                self._set_unacked(load, bookings)
             scale = self._churn_scale(now)  # may rebase recent_prefill
             load.recent_prefill += uncached_tokens * scale
             load.recent_prompt += max(prompt_tokens, uncached_tokens) * scale
@@ -121,6 +180,7 @@ class LoadTracker:
             gap = 0.0 if load.last_dispatch is None else max(0.0, now - load.last_dispatch)
             load.arrival_rate = load.arrival_rate * math.exp(-gap / ARRIVAL_TAU_S) + 1 / ARRIVAL_TAU_S
             load.last_dispatch = now
+        return number
 
     def _churn_scale(self, now: float) -> float:
         # Decay without touching every replica: a dispatch at `now` weighs exp((now - t0) / tau);

@@ -122,3 +122,39 @@ def test_shared_loads_count_every_routers_dispatches_in_each_router():
         sim.on_first_tokens(rid, [reqs[0]])
         sim.on_finished(rid, [reqs[0]])
         assert all(r.loads.loads[rid].in_flight == 0 for r in sim.routers)
+
+
+def _views(sim_run, rid: str) -> set[tuple[int, int, int]]:
+    """Each router's (published seq, decode load, prefill backlog) of replica ``rid``."""
+    return {(r.loads.loads[rid].published_seq, r.loads.loads[rid].decode_load, r.loads.loads[rid].prefill_backlog)
+            for r in sim_run.router.routers}
+
+
+def test_published_loads_give_every_router_the_same_view_and_book_only_their_own_requests():
+    from kvmesh.cluster.measure.sim import loop
+
+    seen: list[set] = []
+    original = loop.Simulation.dispatch
+
+    def dispatch(self, req, now):  # every router's view of every replica, just before each decision
+        seen.extend(_views(self, rep.replica_id) for rep in self.replicas)
+        original(self, req, now)
+
+    reqs = requests_from_mooncake(_trace(), 0.01, 32, trace_block_tokens=32)  # 100x the rate: queues form
+    config = replace(CFG, num_routers=3, published_loads=True, load_publish_lag_s=0.0, load_publish_interval_s=0.0)
+    loop.Simulation.dispatch = dispatch
+    try:
+        run = run_policy("cache_aware", reqs, config, 16, BlockTokenCache(32, 256))
+    finally:
+        loop.Simulation.dispatch = original
+    # booked from the replicas' first update on (the first request comes before it), each by its own router
+    assert run.requests[0].booking is None
+    assert all(r.booking is not None and r.booking[0] == run.router.routers[r.router_index].loads.router_id
+               for r in run.requests[1:])
+    assert any(len({(seq, load) for seq, load, _ in views}) == 1 and max(load for _, load, _ in views) > 1
+               for views in seen)  # a queue every router sees alike
+    # with no lag, routers differ only by their own bookings the replica did not count yet: none here
+    assert all(len({seq for seq, _, _ in views}) == 1 for views in seen)
+    for router in run.router.routers:
+        for rep in run.replicas:
+            assert router.loads.loads[rep.replica_id].unacked_requests == 0

@@ -142,6 +142,12 @@ def replications_table(docs: list[dict]) -> str:
     return table(docs)
 
 
+def routers_published_table(docs: list[dict]) -> str:
+    from kvmesh.cluster.measure.benchmarks.routers_published import table
+
+    return table(docs)
+
+
 def queue_flood_table(docs: list[dict]) -> str:
     from kvmesh.cluster.measure.benchmarks.queue_flood import table_of
 
@@ -154,7 +160,8 @@ RENDERERS: dict[str, Callable[[dict], str]] = {"sim": sim_table, "matrix": matri
                                                "fp8_aot": fp8_aot_table, "spec_decode": spec_decode_table}
 MANY_RENDERERS: dict[str, Callable[[list[dict]], str]] = {"queue_flood": queue_flood_table,
                                                           "matrix_noise": matrix_noise_table,
-                                                          "replications": replications_table}
+                                                          "replications": replications_table,
+                                                          "routers_published": routers_published_table}
 """Kinds whose table has a row per results file (FILE may be a pattern)."""
 
 

@@ -157,6 +157,16 @@ class SimConfig:
     share_loads: bool = False
     """With several routers: every router counts every router's dispatches, first tokens and
     finishes (in-flight counts shared, e.g. through shared memory between router workers)."""
+    published_loads: bool = False
+    """Every replica publishes its load (running, waiting, queued prefill tokens, and per router the requests it
+    accepted) when it changes, at most every ``load_publish_interval_s``, and every router takes it
+    ``load_publish_lag_s`` later, adding only its own requests the replica had not counted yet (events/load.py;
+    no shared memory)."""
+    load_publish_interval_s: float = 0.005
+    """Least seconds between two of a replica's published loads: a change (a step's end, a request accepted)
+    within it is published when it ends."""
+    load_publish_lag_s: float = 0.001
+    """Seconds from a replica's step end to its published load reaching the routers (send, network, apply)."""
     share_sessions: bool = False
     """With several routers: a session pin made by one router is made in all (one shared session
     table); without it each router pins only the turns it routed, and its pins go stale."""
@@ -221,6 +231,9 @@ class SimConfig:
             raise ValueError(f"num_routers must be >= 1, got {self.num_routers}")
         if self.router_spread not in ROUTER_SPREADS:
             raise ValueError(f"router_spread must be one of {ROUTER_SPREADS}, got {self.router_spread!r}")
+        if self.load_publish_lag_s < 0 or self.load_publish_interval_s < 0:
+            raise ValueError(f"load_publish_lag_s and load_publish_interval_s must be >= 0 seconds, got "
+                             f"{self.load_publish_lag_s} and {self.load_publish_interval_s}")
         if self.load_poll_s < 0:
             raise ValueError(f"load_poll_s must be >= 0 (0 = no polling), got {self.load_poll_s}")
         check_policy_kwargs(self.policy_kwargs)

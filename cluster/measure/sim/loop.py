@@ -32,13 +32,14 @@ from typing import Protocol
 from kvmesh.cluster.measure.sim.admission import make_admission
 from kvmesh.cluster.measure.sim.config import SimConfig
 from kvmesh.cluster.measure.sim.lora import ModelPools
+from kvmesh.cluster.measure.sim.published import SimLoadPublishing
 from kvmesh.cluster.measure.sim.replica import SimReplica, SimRequest
 from kvmesh.cluster.measure.sim.router import SimRouter
 from kvmesh.cluster.measure.sim.transfer import plan_peer_pull, plan_split_handoff
 from kvmesh.cluster.measure.workloads.block_tokens import BlockTokenCache
 from kvmesh.events.schema import KVEvent
 
-STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT, MOVED, ADMIT = range(7)
+STEP_END, EVENTS, POLL, FLEET_TIMER, FLEET_EVENT, MOVED, ADMIT, LOAD, LOAD_DUE = range(9)
 _RECURRING = (POLL, FLEET_TIMER)
 
 Payload = tuple[SimReplica, int] | tuple[str, list[KVEvent]] | tuple[SimReplica, SimRequest] | str | None
@@ -137,6 +138,9 @@ class Simulation:
         self._moving = 0  # requests in a KV transfer
         self.route_s = 0.0
         self.admission = make_admission(config, self)
+        self.publishing = SimLoadPublishing() if config.published_loads else None
+        """What the replicas accepted per router and publish after their steps (sim/published.py); None: they
+        do not publish their load."""
 
     def push(self, at: float, kind: int, payload: Payload) -> None:
         if kind not in _RECURRING:
@@ -197,6 +201,9 @@ class Simulation:
 
     def enqueue(self, rep: SimReplica, req: SimRequest, now: float) -> None:
         rep.add(req)
+        if self.publishing is not None:
+            self.publishing.accept(rep.replica_id, req, now)
+            self.publish_load(rep, now)
         if rep.step is None:
             self.start(rep, now)
         else:
@@ -226,13 +233,34 @@ class Simulation:
             decode = self.by_id[req.replica_id]
             self.move(decode, req, now + plan_split_handoff(req, decode))
         self.flush(rep, now)
+        self.publish_load(rep, now)
         self.start(rep, now)
         self.fleet.after_step(self, rep, now)
         if self.admission is not None:
             self.admission.finished(finished, now)
             self.admission.pump(now)
 
+    def publish_load(self, rep: SimReplica, now: float, force: bool = False, due: bool = False) -> None:
+        """``rep``'s load changed (a step ended, a request joined): published now if its last update is
+        ``load_publish_interval_s`` old, else when it is (``due``: that time came); every router takes it
+        ``load_publish_lag_s`` later."""
+        publishing = self.publishing
+        if publishing is None:
+            return
+        wait = publishing.wait(rep.replica_id, now, self.config.load_publish_interval_s, due)
+        if wait is None:
+            return
+        if wait > 0:
+            self.push(now + wait, LOAD_DUE, rep)
+            return
+        update = publishing.update(rep, now, rep.num_steps, force)
+        if update is not None:
+            self.push(now + self.config.load_publish_lag_s, LOAD, (rep.replica_id, update))
+
     def _schedule_polls(self) -> None:
+        if self.requests:  # a replica's first update: empty (routers book on it from then on)
+            for rep in self.replicas:
+                self.publish_load(rep, self.requests[0].arrival_s, force=True)
         poll, n = self.config.load_poll_s, self.config.num_routers
         if poll > 0 and self.requests:
             t0 = self.requests[0].arrival_s
@@ -259,13 +287,17 @@ class Simulation:
                 self.step_end(*payload, now)
             elif kind == EVENTS:
                 self.router.apply(*payload)
+            elif kind == LOAD:
+                self.router.apply_load(*payload, now)
+            elif kind == LOAD_DUE:
+                self.publish_load(payload, now, due=True)
             elif kind == MOVED:
                 self._moving -= 1
                 self.enqueue(*payload, now)
             elif kind == ADMIT:
                 self.admission.pump(now, expire=True)
             elif kind == POLL:
-                self.router.poll(payload, self.replicas)
+                self.router.poll(payload, self.replicas, now)
                 if self.busy():
                     self.push(now + self.config.load_poll_s, POLL, payload)
             else:

@@ -33,6 +33,7 @@ class SimRequest:
     """The base model it names, when the workload has several (sim/lora.py ``ModelPools``)."""
     # -- measured --
     router_index: int = 0  # which of the simulated routers routed it
+    booking: tuple[str, int] | None = None  # (router id, booking number) when its replica publishes its load
     receipt: RouteReceipt | None = None  # router/routing/receipts.py
     replica_id: str = ""  # its replica ("": not routed yet)
     predicted_hit_tokens: int = 0  # the router's match for the chosen replica, in tokens

@@ -39,6 +39,7 @@ from kvmesh.router.routing.policies import Policy
 from kvmesh.router.routing.tier_matches import TierMatches
 
 if TYPE_CHECKING:
+    from kvmesh.events.load import ReplicaLoadUpdate
     from kvmesh.router.routing.kv_router import KVRouter, RouteDecision
 
 
@@ -126,8 +127,7 @@ class SimRouter:
             skipped = None if pid is not None else SPLIT_NO_ROOM
         if pid is not None:
             self._split(req, k, decision.keys, pid)
-        for tracker in self._trackers(k):
-            tracker.on_dispatch(rid, self._uncached(req), now=now, prompt_tokens=req.num_prompt_tokens)
+        self._dispatch(k, rid, req, now)
         self.decisions[req.request_id] = decision
         if session is not None and self.config.share_sessions:
             for other in self.routers:
@@ -160,8 +160,15 @@ class SimRouter:
         bs = self.block_size
         leg.predicted_hit_tokens = reusable_tokens(matched, req.num_prompt_tokens, bs)  # as KVRouter counts
         router.index.predict(pid, keys, now=req.arrival_s, start=matched)
+        self._dispatch(k, pid, leg, req.arrival_s)
+
+    def _dispatch(self, k: int, rid: str, req: SimRequest, now: float) -> None:
+        """Router ``k`` counts ``req`` on ``rid`` (every router with ``share_loads``); its booking, when ``rid``
+        publishes its load, goes with it (sim/published.py)."""
         for tracker in self._trackers(k):
-            tracker.on_dispatch(pid, self._uncached(leg), now=req.arrival_s, prompt_tokens=leg.num_prompt_tokens)
+            number = tracker.on_dispatch(rid, self._uncached(req), now=now, prompt_tokens=req.num_prompt_tokens)
+            if number is not None and tracker is self.routers[k].loads:
+                req.booking = (tracker.router_id, number)
 
     def _trackers(self, k: int) -> list[LoadTracker]:
         """The load trackers that count router ``k``'s requests: its own, or all with ``share_loads``."""
@@ -202,13 +209,18 @@ class SimRouter:
         self.apply_s += time.perf_counter() - t0
         self.num_events += len(events)
 
-    def poll(self, k: int, replicas: list[SimReplica]) -> None:
-        """Router ``k`` reads the ``/load`` of every replica it knows (as ``RouterRuntime`` polls it)."""
+    def apply_load(self, rid: str, update: ReplicaLoadUpdate, now: float) -> None:
+        """Every router takes the load replica ``rid`` published (``published_loads``)."""
+        for router in self.routers:
+            router.loads.apply_published(rid, update, now)
+
+    def poll(self, k: int, replicas: list[SimReplica], now: float) -> None:
+        """Router ``k`` reads the ``/load`` of every replica it knows at ``now`` (as ``RouterRuntime`` polls it)."""
         loads = self.routers[k].loads.loads
         aware = self.config.lora.adapter_aware
         for rep in replicas:
             if rep.replica_id in loads:
-                loads[rep.replica_id].update_report(rep.load_report())
+                loads[rep.replica_id].update_report(rep.load_report(), now)
                 report_lora(loads[rep.replica_id], rep.lora.section(rep.running) if aware else None)
 
     def add_replica(self, rid: str, role: str = "both") -> None:

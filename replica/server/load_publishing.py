@@ -1,0 +1,106 @@
+"""A replica publishes its own load on its event stream (events/load.py), for every router at once.
+
+    handler   accept(booking, request ids, prompt tokens)   a request was queued (completions.py)
+    thread    every ``interval_s`` while the engine has requests, and when one is accepted while it has none:
+              the load, if it changed since the last update -> ``ZmqEventPublisher.publish_load``
+
+The load is read racily off the engine thread's state, as ``/load`` reads it (engine/load_fields.py). A request
+the engine has not started computing counts its prompt less the prefix its router expected cached (the
+booking's uncached tokens, replica/openai/router_booking.py): without a booking, its whole prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from kvmesh.events.publish.load_ledger import LoadLedger
+from kvmesh.replica.engine.load_fields import read_racily
+
+if TYPE_CHECKING:
+    from kvmesh.events.load import ReplicaLoadUpdate
+    from kvmesh.events.publish.publisher import ZmqEventPublisher
+    from kvmesh.replica.engine.llm_engine import LLMEngine
+    from kvmesh.replica.openai.router_booking import Booking
+
+logger = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 1.0
+"""Seconds the thread sleeps while the engine has no requests (an accept wakes it)."""
+FORGET_S = 1.0
+"""Seconds after its accept a request's expected cache is forgotten once it is not in the engine."""
+_NONE = (0, 0.0)
+
+
+class LoadPublishing:
+    """The replica's load updates: what it accepted per router, and the thread that publishes."""
+
+    def __init__(self, engine: LLMEngine, publisher: ZmqEventPublisher, interval_s: float) -> None:
+        self.engine, self.publisher, self.interval_s = engine, publisher, interval_s
+        self.ledger = LoadLedger()
+        self._lock = threading.Lock()
+        self._cached: dict[str, tuple[int, float]] = {}  # engine request id -> (prompt tokens its router expected
+        # cached, when accepted): kept until it left the engine (or never joined it within FORGET_S)
+        self._last: tuple | None = None
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="kvmesh-load-publisher", daemon=True)
+
+    def start(self) -> LoadPublishing:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=2.0)
+
+    def accept(self, booking: Booking | None, request_ids: list[str], prompt_tokens: int) -> None:
+        """A request's engine requests ``request_ids`` were queued (handler thread)."""
+        uncached = prompt_tokens if booking is None else min(prompt_tokens, booking[2])
+        with self._lock:
+            self.ledger.accept(None if booking is None else booking[:2], prompt_tokens, uncached, time.monotonic())
+            if booking is not None:
+                now = time.monotonic()
+                for rid in request_ids:
+                    self._cached[rid] = (prompt_tokens - uncached, now)
+        self._wake.set()
+
+    def update(self, force: bool = False) -> ReplicaLoadUpdate | None:
+        """The load to publish now; None when it did not change since the last (unless ``force``)."""
+        engine = self.engine
+        sched = engine.scheduler
+        requests = read_racily(lambda: list(sched.requests.values()))
+        with self._lock:
+            cached = self._cached
+            live = {r.request_id for r in requests} if cached else ()
+            horizon = time.monotonic() - FORGET_S  # the engine thread may not have taken a new one in yet
+            for rid in [rid for rid, (_, at) in cached.items() if rid not in live and at < horizon]:
+                del cached[rid]
+            queued = sum(max(0, r.num_prompt_tokens - max(r.num_computed_tokens, cached.get(r.request_id, _NONE)[0]))
+                         for r in requests)
+            running, waiting = len(sched.running), len(sched.waiting)
+            key = (running, waiting, queued, tuple(self.ledger.accepted.items()))
+            if key == self._last and not force:
+                return None
+            self._last = key
+            step = engine.decode_step_time.coefficients()
+            return self.ledger.update(
+                time.monotonic(), time.time(), running, waiting, queued, float(engine.kv_cache_manager.usage),
+                engine.prefill_rate.tokens_per_s, None if step is None else step[0], engine.decode_step_time.num_steps)
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.clear()
+            try:
+                update = self.update()
+                if update is not None:
+                    self.publisher.publish_load(update)
+            except Exception:  # pragma: no cover - a bug here must not stop the replica
+                logger.exception("publishing the replica's load failed; routers fall back to polling /load")
+                return
+            time.sleep(self.interval_s)  # at most one update per interval
+            if not self.engine.scheduler.requests:  # idle: until a request is accepted (or a second passed)
+                self._wake.wait(IDLE_WAIT_S)
